@@ -1,0 +1,257 @@
+package bnn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// DefaultPriorSigma is torchbnn's customary prior standard deviation, N(0, 0.1^2).
+const DefaultPriorSigma = 0.1
+
+// DefaultHidden is the paper's tabular architecture: D -> 64 -> 32 -> C.
+var DefaultHidden = []int{64, 32}
+
+// Layer is one Bayesian linear layer (torchbnn BayesLinear). Weights are row-major with shape
+// (Out, In), as in PyTorch: WeightMu[o*In+i] is the weight from input i to output o.
+type Layer struct {
+	Name           string
+	In, Out        int
+	WeightMu       []float64
+	WeightLogSigma []float64
+	BiasMu         []float64
+	BiasLogSigma   []float64
+}
+
+// NumParams is the number of stochastic parameters of the layer (weights and biases).
+func (l *Layer) NumParams() int { return l.In*l.Out + l.Out }
+
+// Scaler standardises raw features: z = (x - Mean) / Std.
+type Scaler struct {
+	Mean []float64 `json:"mean"`
+	Std  []float64 `json:"std"`
+}
+
+// FitScaler computes per-feature mean and standard deviation of the rows of X. A constant
+// feature gets Std = 1 so that it maps to 0 instead of NaN.
+func FitScaler(X [][]float64) Scaler {
+	d := len(X[0])
+	s := Scaler{Mean: make([]float64, d), Std: make([]float64, d)}
+	for _, x := range X {
+		for j, v := range x {
+			s.Mean[j] += v
+		}
+	}
+	n := float64(len(X))
+	for j := range s.Mean {
+		s.Mean[j] /= n
+	}
+	for _, x := range X {
+		for j, v := range x {
+			dv := v - s.Mean[j]
+			s.Std[j] += dv * dv
+		}
+	}
+	for j := range s.Std {
+		s.Std[j] = math.Sqrt(s.Std[j] / n)
+		if s.Std[j] < 1e-12 {
+			s.Std[j] = 1
+		}
+	}
+	return s
+}
+
+// Apply writes the standardised x into dst (len(dst) == len(x)).
+func (s *Scaler) Apply(dst, x []float64) {
+	for j, v := range x {
+		dst[j] = (v - s.Mean[j]) / s.Std[j]
+	}
+}
+
+// Model is a posterior over the weights of a Bayesian MLP, plus what is needed to use it on raw
+// records: the feature scaler, the feature and class names. Layers[len-1] is the last layer, the
+// only one cfguard's online updates change.
+type Model struct {
+	Layers     []Layer
+	Scaler     Scaler
+	Features   []string // optional feature names, len == input dimension when set
+	Classes    []string // class names; label i is Classes[i]
+	PriorSigma float64
+	// Version counts accepted posterior updates; training gives version 0.
+	Version uint64
+}
+
+// New returns a freshly initialised model with torchbnn's initialisation:
+// mu ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) and log_sigma = log(priorSigma), for weights and biases.
+func New(inputs int, hidden []int, classes []string, priorSigma float64, rng *rand.Rand) *Model {
+	if priorSigma <= 0 {
+		priorSigma = DefaultPriorSigma
+	}
+	sizes := append(append([]int{inputs}, hidden...), len(classes))
+	m := &Model{Classes: append([]string(nil), classes...), PriorSigma: priorSigma}
+	ls := math.Log(priorSigma)
+	for k := 0; k+1 < len(sizes); k++ {
+		in, out := sizes[k], sizes[k+1]
+		bound := 1 / math.Sqrt(float64(in))
+		l := Layer{Name: fmt.Sprintf("fc%d", k+1), In: in, Out: out,
+			WeightMu: make([]float64, in*out), WeightLogSigma: make([]float64, in*out),
+			BiasMu: make([]float64, out), BiasLogSigma: make([]float64, out)}
+		for i := range l.WeightMu {
+			l.WeightMu[i] = (2*rng.Float64() - 1) * bound
+			l.WeightLogSigma[i] = ls
+		}
+		for i := range l.BiasMu {
+			l.BiasMu[i] = (2*rng.Float64() - 1) * bound
+			l.BiasLogSigma[i] = ls
+		}
+		m.Layers = append(m.Layers, l)
+	}
+	m.Scaler = Scaler{Mean: make([]float64, inputs), Std: make([]float64, inputs)}
+	for j := range m.Scaler.Std {
+		m.Scaler.Std[j] = 1
+	}
+	return m
+}
+
+// Inputs is the input (feature) dimension.
+func (m *Model) Inputs() int { return m.Layers[0].In }
+
+// NumClasses is the output dimension.
+func (m *Model) NumClasses() int { return m.Layers[len(m.Layers)-1].Out }
+
+// Last returns the last layer, the one online updates change.
+func (m *Model) Last() *Layer { return &m.Layers[len(m.Layers)-1] }
+
+// NumParams is the number of stochastic parameters over all layers.
+func (m *Model) NumParams() int {
+	n := 0
+	for i := range m.Layers {
+		n += m.Layers[i].NumParams()
+	}
+	return n
+}
+
+// ClassIndex returns the index of a class name, or -1.
+func (m *Model) ClassIndex(name string) int {
+	for i, c := range m.Classes {
+		if c == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Clone returns a deep copy.
+func (m *Model) Clone() *Model {
+	c := *m
+	c.Layers = make([]Layer, len(m.Layers))
+	for i, l := range m.Layers {
+		c.Layers[i] = Layer{Name: l.Name, In: l.In, Out: l.Out,
+			WeightMu: clone(l.WeightMu), WeightLogSigma: clone(l.WeightLogSigma),
+			BiasMu: clone(l.BiasMu), BiasLogSigma: clone(l.BiasLogSigma)}
+	}
+	c.Scaler = Scaler{Mean: clone(m.Scaler.Mean), Std: clone(m.Scaler.Std)}
+	c.Features = append([]string(nil), m.Features...)
+	c.Classes = append([]string(nil), m.Classes...)
+	return &c
+}
+
+func clone(x []float64) []float64 { return append([]float64(nil), x...) }
+
+// ErrInvalidModel is wrapped by every error Validate returns.
+var ErrInvalidModel = errors.New("invalid model")
+
+// Validate checks shapes, chaining of layer sizes, and that every parameter is finite. A
+// log-sigma is finite exactly when sigma = exp(log_sigma) is positive and finite, so a model that
+// validates has a proper Gaussian for every parameter.
+func (m *Model) Validate() error {
+	if len(m.Layers) == 0 {
+		return fmt.Errorf("%w: no layers", ErrInvalidModel)
+	}
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		if l.In <= 0 || l.Out <= 0 {
+			return fmt.Errorf("%w: layer %q has shape %dx%d", ErrInvalidModel, l.Name, l.Out, l.In)
+		}
+		if k > 0 && m.Layers[k-1].Out != l.In {
+			return fmt.Errorf("%w: layer %q takes %d inputs but layer %q gives %d",
+				ErrInvalidModel, l.Name, l.In, m.Layers[k-1].Name, m.Layers[k-1].Out)
+		}
+		for _, a := range []struct {
+			name string
+			v    []float64
+			n    int
+		}{{"weight_mu", l.WeightMu, l.In * l.Out}, {"weight_log_sigma", l.WeightLogSigma, l.In * l.Out},
+			{"bias_mu", l.BiasMu, l.Out}, {"bias_log_sigma", l.BiasLogSigma, l.Out}} {
+			if len(a.v) != a.n {
+				return fmt.Errorf("%w: %s.%s has %d values, want %d", ErrInvalidModel, l.Name, a.name, len(a.v), a.n)
+			}
+			for i, v := range a.v {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					return fmt.Errorf("%w: %s.%s[%d] = %v", ErrInvalidModel, l.Name, a.name, i, v)
+				}
+			}
+			// exp(log_sigma) must be a positive, finite, normal float64.
+			if a.name == "weight_log_sigma" || a.name == "bias_log_sigma" {
+				for i, v := range a.v {
+					if v < -700 || v > 700 {
+						return fmt.Errorf("%w: %s.%s[%d] = %v gives sigma outside float64 range", ErrInvalidModel, l.Name, a.name, i, v)
+					}
+				}
+			}
+		}
+	}
+	d := m.Inputs()
+	if len(m.Scaler.Mean) != d || len(m.Scaler.Std) != d {
+		return fmt.Errorf("%w: scaler has %d/%d entries, want %d", ErrInvalidModel, len(m.Scaler.Mean), len(m.Scaler.Std), d)
+	}
+	for j := 0; j < d; j++ {
+		if !(m.Scaler.Std[j] > 0) || math.IsInf(m.Scaler.Std[j], 0) || math.IsNaN(m.Scaler.Mean[j]) || math.IsInf(m.Scaler.Mean[j], 0) {
+			return fmt.Errorf("%w: scaler entry %d has mean %v std %v", ErrInvalidModel, j, m.Scaler.Mean[j], m.Scaler.Std[j])
+		}
+	}
+	if len(m.Features) != 0 && len(m.Features) != d {
+		return fmt.Errorf("%w: %d feature names for %d inputs", ErrInvalidModel, len(m.Features), d)
+	}
+	if len(m.Classes) != m.NumClasses() {
+		return fmt.Errorf("%w: %d class names for %d outputs", ErrInvalidModel, len(m.Classes), m.NumClasses())
+	}
+	if !(m.PriorSigma > 0) {
+		return fmt.Errorf("%w: prior sigma %v", ErrInvalidModel, m.PriorSigma)
+	}
+	return nil
+}
+
+// SameBody reports whether every layer but the last is bit-for-bit identical in a and b. Only
+// then does KL(a || b) reduce to the last layer's terms.
+func SameBody(a, b *Model) bool {
+	if len(a.Layers) != len(b.Layers) {
+		return false
+	}
+	for k := 0; k+1 < len(a.Layers); k++ {
+		if !LayersEqual(&a.Layers[k], &b.Layers[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// LayersEqual reports whether two layers have the same shape and bit-for-bit equal parameters.
+func LayersEqual(a, b *Layer) bool {
+	return a.In == b.In && a.Out == b.Out && bitsEqual(a.WeightMu, b.WeightMu) &&
+		bitsEqual(a.WeightLogSigma, b.WeightLogSigma) && bitsEqual(a.BiasMu, b.BiasMu) &&
+		bitsEqual(a.BiasLogSigma, b.BiasLogSigma)
+}
+
+func bitsEqual(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,142 @@
+// Package safetensors reads and writes the safetensors format: an 8-byte little-endian header
+// length N, N bytes of JSON header mapping tensor names to {dtype, shape, data_offsets}, then the
+// raw little-endian tensor bytes. Only F64 and F32 tensors are supported; F32 is widened to
+// float64 on read so that torch-exported (float32) posteriors load.
+package safetensors
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Tensor is a named dense array.
+type Tensor struct {
+	Shape []int
+	Data  []float64
+}
+
+// ErrCorrupt is wrapped by every decoding error.
+var ErrCorrupt = errors.New("corrupt safetensors data")
+
+type entry struct {
+	Dtype       string `json:"dtype"`
+	Shape       []int  `json:"shape"`
+	DataOffsets [2]int `json:"data_offsets"`
+}
+
+// maxHeader bounds the JSON header so that a garbage length cannot make us allocate gigabytes.
+const maxHeader = 100 << 20
+
+// Encode serialises tensors as F64 with the given metadata (may be nil). Names are written in
+// sorted order, so the encoding is deterministic.
+func Encode(tensors map[string]Tensor, metadata map[string]string) ([]byte, error) {
+	names := make([]string, 0, len(tensors))
+	for n := range tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	header := map[string]any{}
+	if len(metadata) > 0 {
+		header["__metadata__"] = metadata
+	}
+	off := 0
+	for _, n := range names {
+		t := tensors[n]
+		if prod(t.Shape) != len(t.Data) {
+			return nil, fmt.Errorf("tensor %q: shape %v holds %d values, data has %d", n, t.Shape, prod(t.Shape), len(t.Data))
+		}
+		header[n] = entry{Dtype: "F64", Shape: t.Shape, DataOffsets: [2]int{off, off + 8*len(t.Data)}}
+		off += 8 * len(t.Data)
+	}
+	hj, err := json.Marshal(header)
+	if err != nil {
+		return nil, err
+	}
+	for len(hj)%8 != 0 { // align the data section, as the reference writer does
+		hj = append(hj, ' ')
+	}
+	buf := make([]byte, 8+len(hj)+off)
+	binary.LittleEndian.PutUint64(buf, uint64(len(hj)))
+	copy(buf[8:], hj)
+	p := 8 + len(hj)
+	for _, n := range names {
+		for _, v := range tensors[n].Data {
+			binary.LittleEndian.PutUint64(buf[p:], math.Float64bits(v))
+			p += 8
+		}
+	}
+	return buf, nil
+}
+
+// Decode parses a safetensors file, checking that every byte range lies inside the data section,
+// that ranges match shape and dtype, and that the ranges cover the data section exactly.
+func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
+	if len(b) < 8 {
+		return nil, nil, fmt.Errorf("%w: %d bytes is shorter than the 8-byte header length", ErrCorrupt, len(b))
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > maxHeader || n > uint64(len(b)-8) {
+		return nil, nil, fmt.Errorf("%w: header length %d exceeds file size %d (truncated?)", ErrCorrupt, n, len(b))
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+		return nil, nil, fmt.Errorf("%w: header: %v", ErrCorrupt, err)
+	}
+	data := b[8+n:]
+	var meta map[string]string
+	out := map[string]Tensor{}
+	covered := 0
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			if err := json.Unmarshal(msg, &meta); err != nil {
+				return nil, nil, fmt.Errorf("%w: metadata: %v", ErrCorrupt, err)
+			}
+			continue
+		}
+		var e entry
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, nil, fmt.Errorf("%w: tensor %q: %v", ErrCorrupt, name, err)
+		}
+		width := map[string]int{"F64": 8, "F32": 4}[e.Dtype]
+		if width == 0 {
+			return nil, nil, fmt.Errorf("%w: tensor %q has unsupported dtype %q", ErrCorrupt, name, e.Dtype)
+		}
+		lo, hi := e.DataOffsets[0], e.DataOffsets[1]
+		count := prod(e.Shape)
+		if lo < 0 || hi < lo || hi > len(data) {
+			return nil, nil, fmt.Errorf("%w: tensor %q spans bytes [%d,%d) of a %d-byte data section (truncated?)", ErrCorrupt, name, lo, hi, len(data))
+		}
+		if count < 0 || hi-lo != count*width {
+			return nil, nil, fmt.Errorf("%w: tensor %q: shape %v needs %d bytes, range has %d", ErrCorrupt, name, e.Shape, count*width, hi-lo)
+		}
+		t := Tensor{Shape: e.Shape, Data: make([]float64, count)}
+		for i := range t.Data {
+			if width == 8 {
+				t.Data[i] = math.Float64frombits(binary.LittleEndian.Uint64(data[lo+8*i:]))
+			} else {
+				t.Data[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(data[lo+4*i:])))
+			}
+		}
+		out[name] = t
+		covered += hi - lo
+	}
+	if covered != len(data) {
+		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, covered, len(data))
+	}
+	return out, meta, nil
+}
+
+func prod(shape []int) int {
+	p := 1
+	for _, s := range shape {
+		if s < 0 {
+			return -1
+		}
+		p *= s
+	}
+	return p
+}
