@@ -51,11 +51,27 @@ var ErrModelFile = errors.New("bad model file")
 // The weights are written first and the sidecar, which carries their checksum, last: a crash in
 // between leaves a pair that Load rejects as mismatched rather than a silently mixed model.
 func Save(dir string, m *Model) error {
-	if err := m.Validate(); err != nil {
+	sidecar, weights, err := Encode(m)
+	if err != nil {
 		return fmt.Errorf("save model: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("save model: %w", err)
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, WeightsFile), weights); err != nil {
+		return fmt.Errorf("save model: %w", err)
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, SidecarFile), sidecar); err != nil {
+		return fmt.Errorf("save model: %w", err)
+	}
+	return nil
+}
+
+// Encode serialises a valid model to the bytes of its two files: the JSON sidecar and the
+// safetensors weights (F64, so that a round trip is bit-exact). Decode inverts it.
+func Encode(m *Model) (sidecar, weights []byte, err error) {
+	if err := m.Validate(); err != nil {
+		return nil, nil, err
 	}
 	tensors := map[string]safetensors.Tensor{}
 	sc := Sidecar{Format: "cfguard-bnn", FormatVersion: FormatVersion, Activation: "relu", Output: "log_softmax",
@@ -67,23 +83,17 @@ func Save(dir string, m *Model) error {
 		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
 		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
 	}
-	w, err := safetensors.Encode(tensors, map[string]string{"format": "cfguard-bnn"})
+	weights, err = safetensors.Encode(tensors, map[string]string{"format": "cfguard-bnn"})
 	if err != nil {
-		return fmt.Errorf("save model: %w", err)
+		return nil, nil, err
 	}
-	sum := sha256.Sum256(w)
+	sum := sha256.Sum256(weights)
 	sc.WeightsSHA256 = hex.EncodeToString(sum[:])
 	js, err := json.MarshalIndent(sc, "", "  ")
 	if err != nil {
-		return fmt.Errorf("save model: %w", err)
+		return nil, nil, err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, WeightsFile), w); err != nil {
-		return fmt.Errorf("save model: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, SidecarFile), append(js, '\n')); err != nil {
-		return fmt.Errorf("save model: %w", err)
-	}
-	return nil
+	return append(js, '\n'), weights, nil
 }
 
 // Load reads a model directory written by Save (or by a torchbnn export with the same key names
