@@ -1,0 +1,119 @@
+package bnn
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/internal/safetensors"
+)
+
+func TestSaveLoadRoundTripIsBitExact(t *testing.T) {
+	m := smallModel(9)
+	m.Features = []string{"a", "b", "c"}
+	m.Version = 12
+	m.Layers[2].WeightMu[0] = math.Nextafter(0.1, 1) // a value float32 could not hold
+	dir := t.TempDir()
+	if err := Save(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !SameBody(m, got) || !LayersEqual(m.Last(), got.Last()) || got.Version != 12 ||
+		strings.Join(got.Classes, ",") != "no,yes,maybe" || strings.Join(got.Features, ",") != "a,b,c" ||
+		got.Scaler.Std[1] != 0.5 || got.PriorSigma != m.PriorSigma {
+		t.Fatalf("round trip changed the model")
+	}
+	// No temporary files are left behind.
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 2 {
+		t.Fatalf("directory holds %d entries, want 2", len(ents))
+	}
+}
+
+func TestLoadRejectsBadFiles(t *testing.T) {
+	m := smallModel(10)
+	sidecar, weights, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := append([]byte(nil), weights...)
+	flip[len(flip)-3] ^= 0x40
+	other := smallModel(11)
+	other.Layers[1].Out, other.Layers[2].In = 6, 6
+	other.Layers[1].WeightMu = make([]float64, 6*5)
+	other.Layers[1].WeightLogSigma = make([]float64, 6*5)
+	other.Layers[1].BiasMu, other.Layers[1].BiasLogSigma = make([]float64, 6), make([]float64, 6)
+	other.Layers[2].WeightMu, other.Layers[2].WeightLogSigma = make([]float64, 3*6), make([]float64, 3*6)
+	otherSidecar, otherWeights, err := Encode(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name             string
+		sidecar, weights []byte
+		want             string
+	}{
+		{"truncated weights", sidecar, weights[:len(weights)/2], "sha256"},
+		{"flipped byte", sidecar, flip, "sha256"},
+		{"weights from another save", sidecar, otherWeights, "sha256"},
+		{"sidecar from another save", otherSidecar, weights, "sha256"},
+		{"truncated sidecar", sidecar[:len(sidecar)/2], weights, "model.json"},
+		{"empty weights", sidecar, nil, "sha256"},
+		{"wrong format", []byte(`{"format":"other","format_version":1}`), weights, "format"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode(tc.sidecar, tc.weights)
+			if err == nil || !errors.Is(err, ErrModelFile) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrModelFile mentioning %q", err, tc.want)
+			}
+		})
+	}
+	// Without a checksum (a hand-written torch export) structural checks still apply.
+	noSum := []byte(strings.Replace(string(sidecar), `"weights_sha256"`, `"ignored"`, 1))
+	if _, err := Decode(noSum, weights[:len(weights)-8]); err == nil || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("truncated weights without checksum: %v", err)
+	}
+	// A NaN parameter inside a well-formed file is caught by validation.
+	bad := smallModel(12)
+	tensors := map[string]safetensors.Tensor{}
+	for _, l := range bad.Layers {
+		wm := append([]float64(nil), l.WeightMu...)
+		if l.Name == "fc2" {
+			wm[0] = math.NaN()
+		}
+		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: wm}
+		tensors[l.Name+".weight_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightLogSigma}
+		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
+		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
+	}
+	w, _ := safetensors.Encode(tensors, nil)
+	if _, err := Decode(noSum, w); err == nil || !strings.Contains(err.Error(), "fc2.weight_mu") {
+		t.Fatalf("NaN weight: %v", err)
+	}
+	// Missing files name the file.
+	if _, err := Load(filepath.Join(t.TempDir(), "nope")); err == nil || !strings.Contains(err.Error(), "model.json") {
+		t.Fatalf("missing dir: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	sidecar, weights, _ := Encode(smallModel(13))
+	f.Add(weights)
+	f.Add(weights[:40])
+	f.Fuzz(func(t *testing.T, w []byte) {
+		noSum := []byte(strings.Replace(string(sidecar), `"weights_sha256"`, `"ignored"`, 1))
+		m, err := Decode(noSum, w)
+		if err == nil {
+			if verr := m.Validate(); verr != nil {
+				t.Fatalf("Decode returned an invalid model: %v", verr)
+			}
+		}
+	})
+}

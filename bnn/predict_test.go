@@ -1,0 +1,190 @@
+package bnn
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func smallModel(seed uint64) *Model {
+	m := New(3, []int{5, 4}, []string{"no", "yes", "maybe"}, 0.1, rand.New(rand.NewPCG(seed, 1)))
+	m.Scaler = Scaler{Mean: []float64{1, -1, 0.5}, Std: []float64{2, 0.5, 1}}
+	return m
+}
+
+// naiveProbs is an independent reference forward pass: plain loops, no BLAS.
+func naiveProbs(m *Model, net *Net, x []float64) []float64 {
+	h := make([]float64, len(x))
+	for j := range x {
+		h[j] = (x[j] - m.Scaler.Mean[j]) / m.Scaler.Std[j]
+	}
+	for k, l := range m.Layers {
+		o := make([]float64, l.Out)
+		for r := 0; r < l.Out; r++ {
+			s := net.B[k][r]
+			for c := 0; c < l.In; c++ {
+				s += net.W[k][r*l.In+c] * h[c]
+			}
+			if k < len(m.Layers)-1 && s < 0 {
+				s = 0
+			}
+			o[r] = s
+		}
+		h = o
+	}
+	mx := math.Inf(-1)
+	for _, v := range h {
+		mx = math.Max(mx, v)
+	}
+	z := 0.0
+	for i := range h {
+		h[i] = math.Exp(h[i] - mx)
+		z += h[i]
+	}
+	for i := range h {
+		h[i] /= z
+	}
+	return h
+}
+
+func TestPredictMatchesNaiveReference(t *testing.T) {
+	m := smallModel(1)
+	X := [][]float64{{0, 0, 0}, {1, 2, 3}, {-4, 0.5, 9}, {10, -10, 0}}
+	const S = 50
+	p, err := m.Predict(X, S, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := m.NewNet()
+	for i, x := range X {
+		mean := make([]float64, 3)
+		sq := make([]float64, 3)
+		for s := 0; s < S; s++ {
+			m.Sample(SampleSeed(42, s), net)
+			for c, f := range naiveProbs(m, net, x) {
+				mean[c] += f / S
+				sq[c] += f * f
+			}
+		}
+		sum := 0.0
+		for c := 0; c < 3; c++ {
+			v := (sq[c] - S*mean[c]*mean[c]) / (S - 1)
+			if math.Abs(p.P(i, c)-mean[c]) > 1e-12 || math.Abs(p.V(i, c)-v) > 1e-12 {
+				t.Fatalf("input %d class %d: got (%v, %v), reference (%v, %v)", i, c, p.P(i, c), p.V(i, c), mean[c], v)
+			}
+			sum += p.P(i, c)
+		}
+		if math.Abs(sum-1) > 1e-12 {
+			t.Fatalf("input %d: probabilities sum to %v", i, sum)
+		}
+	}
+}
+
+func TestPredictDeterministicAndSeeded(t *testing.T) {
+	m := smallModel(2)
+	X := [][]float64{{1, 2, 3}, {0, 0, 1}}
+	a, _ := m.Predict(X, 20, 7)
+	b, _ := m.Predict(X, 20, 7)
+	c, _ := m.Predict(X, 20, 8)
+	for i := range a.Mean {
+		if a.Mean[i] != b.Mean[i] || a.Var[i] != b.Var[i] {
+			t.Fatal("same seed gave different results")
+		}
+	}
+	same := true
+	for i := range a.Mean {
+		same = same && a.Mean[i] == c.Mean[i]
+	}
+	if same {
+		t.Fatal("different seeds gave identical results")
+	}
+}
+
+// With sigma -> 0 the posterior is a point mass: zero variance, and the mean is the
+// deterministic forward pass of the means.
+func TestPredictPointMass(t *testing.T) {
+	m := smallModel(3)
+	for k := range m.Layers {
+		for i := range m.Layers[k].WeightLogSigma {
+			m.Layers[k].WeightLogSigma[i] = -40
+		}
+		for i := range m.Layers[k].BiasLogSigma {
+			m.Layers[k].BiasLogSigma[i] = -40
+		}
+	}
+	x := []float64{0.3, -2, 4}
+	p, err := m.Predict([][]float64{x}, 10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := m.NewNet()
+	m.Mean(net)
+	want := naiveProbs(m, net, x)
+	for c := range want {
+		if math.Abs(p.P(0, c)-want[c]) > 1e-12 || p.V(0, c) > 1e-20 {
+			t.Fatalf("class %d: mean %v var %v, want %v and 0", c, p.P(0, c), p.V(0, c), want[c])
+		}
+	}
+}
+
+func TestPredictRejectsBadInput(t *testing.T) {
+	m := smallModel(4)
+	for name, X := range map[string][][]float64{
+		"empty":     {},
+		"dimension": {{1, 2}},
+		"nan":       {{1, math.NaN(), 2}},
+		"inf":       {{math.Inf(1), 0, 0}},
+	} {
+		if _, err := m.Predict(X, 10, 1); err == nil {
+			t.Errorf("%s: want an error", name)
+		}
+	}
+	if _, err := m.Predict([][]float64{{1, 2, 3}}, 1, 1); err == nil {
+		t.Error("one sample gives no variance: want an error")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	breakers := map[string]func(m *Model){
+		"nan mu":         func(m *Model) { m.Layers[1].WeightMu[0] = math.NaN() },
+		"inf log sigma":  func(m *Model) { m.Layers[0].BiasLogSigma[0] = math.Inf(1) },
+		"huge log sigma": func(m *Model) { m.Layers[0].BiasLogSigma[0] = 800 },
+		"short bias":     func(m *Model) { m.Layers[2].BiasMu = m.Layers[2].BiasMu[:1] },
+		"chain":          func(m *Model) { m.Layers[1].In = 7 },
+		"classes":        func(m *Model) { m.Classes = m.Classes[:2] },
+		"scaler std":     func(m *Model) { m.Scaler.Std[1] = 0 },
+		"features":       func(m *Model) { m.Features = []string{"a"} },
+		"prior":          func(m *Model) { m.PriorSigma = 0 },
+	}
+	if err := smallModel(5).Validate(); err != nil {
+		t.Fatalf("fresh model invalid: %v", err)
+	}
+	for name, br := range breakers {
+		m := smallModel(5)
+		br(m)
+		if err := m.Validate(); err == nil {
+			t.Errorf("%s: Validate accepted a broken model", name)
+		}
+	}
+}
+
+func TestCloneIsDeep(t *testing.T) {
+	m := smallModel(6)
+	c := m.Clone()
+	c.Layers[0].WeightMu[0] += 1
+	c.Scaler.Mean[0] += 1
+	c.Classes[0] = "changed"
+	if m.Layers[0].WeightMu[0] == c.Layers[0].WeightMu[0] || m.Scaler.Mean[0] == c.Scaler.Mean[0] || m.Classes[0] == "changed" {
+		t.Fatal("Clone shares memory with the original")
+	}
+	if !SameBody(m, m.Clone()) {
+		t.Fatal("a clone should have the same body")
+	}
+}
+
+func TestFitScaler(t *testing.T) {
+	s := FitScaler([][]float64{{1, 5}, {3, 5}})
+	if s.Mean[0] != 2 || s.Std[0] != 1 || s.Mean[1] != 5 || s.Std[1] != 1 {
+		t.Fatalf("scaler %+v", s)
+	}
+}
