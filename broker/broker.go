@@ -1,0 +1,242 @@
+// Package broker runs an embedded Kafka-protocol broker (franz-go's kfake) on a loopback
+// address, so that cfguard can be demonstrated and tested end to end without an external
+// Kafka cluster. It is a single-node broker: one listener, replication factor 1.
+//
+// It is not a production Kafka: kfake keeps every partition in one process, rejects produce
+// batches larger than message.max.bytes (1048588 bytes by default), and with DataDir set it
+// persists topics, records and committed group offsets to disk (fsync on segment roll and on
+// Close, like Kafka's default log.flush settings), so a clean Close followed by Start with the
+// same DataDir sees the same data. A crash may lose the last unsynced batches.
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// SASL mechanisms understood by Config.SASL.
+const (
+	MechanismPlain       = "PLAIN"
+	MechanismScramSHA256 = "SCRAM-SHA-256"
+	MechanismScramSHA512 = "SCRAM-SHA-512"
+)
+
+// SASLConfig makes the broker require SASL authentication of every connection, with a single
+// superuser. Its fields match stream.SASL, so one converts to the other.
+type SASLConfig struct {
+	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	Mechanism string
+	User      string
+	Password  string
+}
+
+// Config configures Start.
+type Config struct {
+	// Listen is the host:port to listen on. The host must be a loopback address or
+	// "localhost"; port 0 picks a free port (see Broker.Addrs).
+	// Default: "127.0.0.1:0".
+	Listen string
+	// DataDir, when set, makes the broker persist its state there and reload it on Start.
+	// Default: "" (memory only; everything is lost on Close).
+	DataDir string
+	// SyncWrites fsyncs every produced batch before acknowledging it (slower, crash-safe).
+	// Default: false.
+	SyncWrites bool
+	// Topics are created on Start if they do not exist yet (they may exist in DataDir).
+	Topics []string
+	// Partitions is the partition count of each topic created on Start.
+	// Default: 1.
+	Partitions int
+	// TLS, when set, makes the listener speak TLS only. It must carry a certificate.
+	TLS *tls.Config
+	// SASL, when set, makes the broker require SASL authentication.
+	SASL *SASLConfig
+}
+
+// Broker is a running embedded broker. Close stops it; so does cancelling the context given
+// to Start.
+type Broker struct {
+	c     *kfake.Cluster
+	addrs []string
+	log   *slog.Logger
+
+	once sync.Once
+	stop chan struct{} // closed by Close
+	done chan struct{} // closed when the cluster is shut down and the watcher has exited
+
+	// mu guards the cluster against admin calls after shutdown: kfake's admin functions block
+	// forever once the cluster has stopped.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// Start validates cfg, starts the broker and creates cfg.Topics. The broker runs until Close
+// or until ctx is cancelled.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			// kfake asks for 127.0.0.1:<port>; we listen where the config says.
+			return net.Listen(network, cfg.Listen)
+		}),
+		kfake.WithLogger(kfakeLogger{log}),
+		kfake.ClusterID("cfguard"),
+	}
+	if cfg.DataDir != "" {
+		opts = append(opts, kfake.DataDir(cfg.DataDir))
+		if cfg.SyncWrites {
+			opts = append(opts, kfake.SyncWrites())
+		}
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kfake.TLS(cfg.TLS))
+	}
+	if cfg.SASL != nil {
+		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(cfg.SASL.Mechanism, cfg.SASL.User, cfg.SASL.Password))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
+	}
+	b := &Broker{c: c, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	go b.watch(ctx)
+	log.Info("embedded kafka broker started", "addrs", b.addrs, "data_dir", cfg.DataDir,
+		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics)
+	return b, nil
+}
+
+func (cfg *Config) applyDefaults() error {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("broker: Listen %q: %w", cfg.Listen, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("broker: Listen %q: host must be a loopback address or localhost", cfg.Listen)
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 1
+	}
+	if cfg.Partitions < 0 || cfg.Partitions > 1<<16 {
+		return fmt.Errorf("broker: Partitions %d: want 1..65536", cfg.Partitions)
+	}
+	seen := make(map[string]bool, len(cfg.Topics))
+	for _, t := range cfg.Topics {
+		if t == "" || seen[t] {
+			return fmt.Errorf("broker: Topics: empty or duplicate topic %q", t)
+		}
+		seen[t] = true
+	}
+	if cfg.TLS != nil && len(cfg.TLS.Certificates) == 0 && cfg.TLS.GetCertificate == nil {
+		return errors.New("broker: TLS: config has no certificate")
+	}
+	if s := cfg.SASL; s != nil {
+		switch s.Mechanism {
+		case MechanismPlain, MechanismScramSHA256, MechanismScramSHA512:
+		default:
+			return fmt.Errorf("broker: SASL.Mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
+		}
+		if s.User == "" || s.Password == "" {
+			return errors.New("broker: SASL: User and Password must be set")
+		}
+	}
+	return nil
+}
+
+// ensureTopics creates the topics that do not exist yet. A topic reloaded from DataDir keeps
+// its partition count; a mismatch is logged, not fixed (partitions cannot be removed).
+func (b *Broker) ensureTopics(topics []string, partitions int32) error {
+	for _, t := range topics {
+		if b.c.TopicInfo(t) != nil {
+			if n := int32(len(b.c.PartitionInfos(t))); n != partitions {
+				b.log.Warn("existing topic has a different partition count", "topic", t, "partitions", n, "configured", partitions)
+			}
+			continue
+		}
+		if err := b.c.CreateTopic(t, partitions, nil); err != nil {
+			return fmt.Errorf("broker: creating topic %q: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// watch shuts the cluster down when ctx is cancelled or Close is called.
+func (b *Broker) watch(ctx context.Context) {
+	defer close(b.done)
+	select {
+	case <-ctx.Done():
+	case <-b.stop:
+	}
+	b.mu.Lock()
+	b.closed = true
+	b.c.Close() // persists state when DataDir is set
+	b.mu.Unlock()
+	b.log.Info("embedded kafka broker stopped", "addrs", b.addrs)
+}
+
+// Addrs returns the host:port the broker listens on (one entry: it is a single node).
+func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
+
+// Done is closed once the broker has stopped (after Close, or after Start's context ends).
+func (b *Broker) Done() <-chan struct{} { return b.done }
+
+// Close stops the broker, persists its state when DataDir is set, and waits until it has
+// stopped. It is safe to call more than once and after the context was cancelled.
+func (b *Broker) Close() {
+	b.once.Do(func() { close(b.stop) })
+	<-b.done
+}
+
+// HighWatermarks returns, per partition, the offset the next produced record will get, or
+// nil when the topic does not exist or the broker has stopped. Tests use it to wait for
+// records to land.
+func (b *Broker) HighWatermarks(topic string) []int64 {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return nil
+	}
+	infos := b.c.PartitionInfos(topic)
+	if infos == nil {
+		return nil
+	}
+	hw := make([]int64, len(infos))
+	for _, p := range infos {
+		if int(p.Partition) < len(hw) {
+			hw[p.Partition] = p.HighWatermark
+		}
+	}
+	return hw
+}
+
+// kfakeLogger forwards kfake's warnings and errors to slog; its info and debug lines (one per
+// request) are dropped.
+type kfakeLogger struct{ log *slog.Logger }
+
+func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
+	switch level {
+	case kfake.LogLevelError:
+		l.log.Error("kfake: " + fmt.Sprintf(format, args...))
+	case kfake.LogLevelWarn:
+		l.log.Warn("kfake: " + fmt.Sprintf(format, args...))
+	}
+}
