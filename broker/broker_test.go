@@ -22,7 +22,10 @@ func testLogger(t *testing.T) *slog.Logger {
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 func start(t *testing.T, ctx context.Context, cfg broker.Config) *broker.Broker {
 	t.Helper()
