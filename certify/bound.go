@@ -65,7 +65,12 @@ func VarUpper(v1, kl float64, mode Mode) float64 {
 //	(1 - delta) - 2 sqrt(KL/2) >= 1/2  <=>  KL <= (1/2 - delta)^2 / 2      (0.10125 at delta = 0.05)
 //
 // It returns 0 when delta >= 1/2 (no budget).
-func KLBudget(delta float64) float64 { return KLBudgetForP1(1 - delta) }
+func KLBudget(delta float64) float64 {
+	if delta >= 0.5 {
+		return 0
+	}
+	return (0.5 - delta) * (0.5 - delta) / 2 // not KLBudgetForP1(1-delta): 1-0.05 rounds below 0.95
+}
 
 // KLBudgetForP1 is the per-CE budget from its observed p1: KL <= (p1 - 1/2)^2 / 2 (0 if p1 <= 1/2).
 func KLBudgetForP1(p1 float64) float64 {
