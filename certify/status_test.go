@@ -1,0 +1,218 @@
+package certify
+
+import (
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// Hand-computed values (sqrt by hand to 7 digits):
+//
+//	sqrt(0.000330/2) = sqrt(0.000165) = 0.0128452     paper row 1: 0.9977 - 2*0.0128452 = 0.9720
+//	sqrt(0.000355/2) = 0.0133229                      row 2: 0.9981 - 0.0266458 = 0.9715 (paper prints 0.9714)
+//	sqrt(0.000096/2) = 0.0069282                      row 3: 0.9971 - 0.0138564 = 0.9832
+//	sqrt(0.000423/2) = 0.0145430                      row 4: 0.9976 - 0.0290861 = 0.9685
+//	sqrt(0.000477/2) = 0.0154434                      row 5: 0.9998 - 0.0308869 = 0.9689
+//	Hoeffding S=1000, alpha=0.01: sqrt(ln(100)/2000) = sqrt(0.00230259) = 0.0479853
+//	sqrt(1 - exp(-0.00033)) = sqrt(0.00032995) = 0.0181645 > 0.0128452, so tight TV_ub = 0.0128452
+//	KL = 2: tight TV_ub = min(1, sqrt(1 - exp(-2)) = 0.9298730) = 0.9298730
+func TestPolicyBounds(t *testing.T) {
+	paper := Policy{Mode: Paper, EpsilonMax: 0.05}
+	wide := Policy{Mode: Paper, EpsilonMax: 0.1}
+	tight := Policy{Mode: Tight, EpsilonMax: 0.05}
+	hoef := Policy{Mode: Paper, EpsilonMax: 0.05, Hoeffding: true, Alpha: 0.01}
+	cert := func(p1, v1 float64) Certificate {
+		return Certificate{P1: p1, Var1: v1, Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+	}
+	tests := []struct {
+		name      string
+		pol       Policy
+		c         Certificate
+		kl        float64
+		lower     float64 // to 4 decimals
+		upper     float64 // to 4 decimals
+		certified bool
+	}{
+		// Paper table, V1 = 0.001: the mean bound holds but 0.001 + 6*0.0128452 = 0.0781 > 0.05.
+		{"paper row 1, default ceiling", paper, cert(0.9977, 0.001), 0.000330, 0.9720, 0.0781, false},
+		{"paper row 1, ceiling 0.1", wide, cert(0.9977, 0.001), 0.000330, 0.9720, 0.0781, true},
+		{"paper row 2", wide, cert(0.9981, 0.001), 0.000355, 0.9715, 0.0809, true},
+		{"paper row 3", paper, cert(0.9971, 0.001), 0.000096, 0.9832, 0.0426, true},
+		{"paper row 4", wide, cert(0.9976, 0.001), 0.000423, 0.9685, 0.0883, true},
+		{"paper row 5", wide, cert(0.9998, 0.001), 0.000477, 0.9689, 0.0937, true},
+		// Tight mode halves the slack: 0.9977 - 0.0128452, 0.001 + 3*0.0128452.
+		{"tight row 1", tight, cert(0.9977, 0.001), 0.000330, 0.9849, 0.0395, true},
+		// Hoeffding: 0.99 - 0.0479853 = 0.9420; minus 2 sqrt(0.005) = 0.1414214 gives 0.8006.
+		{"hoeffding lcb", hoef, cert(0.99, 0.001), 0.01, 0.8006, 0.4253, false},
+		{"hoeffding lcb, no drift", hoef, cert(0.99, 0.001), 0, 0.9420, 0.0010, true},
+		// Mean bound fails: 0.96 - 2 sqrt(0.06) = 0.96 - 0.4898979 = 0.4701.
+		{"mean bound fails", Policy{Mode: Paper, EpsilonMax: 0.25}, cert(0.96, 0.001), 0.12, 0.4701, 1.4707, false},
+		// EpsilonMax = 0: the CE's own eps is the ceiling. 0.004 + 6 sqrt(0.5e-6) = 0.004 + 0.0042426.
+		{"strict ceiling = eps", Policy{Mode: Paper}, cert(0.99, 0.004), 1e-6, 0.9886, 0.0082, true},
+		{"strict ceiling = eps, fails", Policy{Mode: Paper}, cert(0.99, 0.004), 4e-6, 0.9872, 0.0125, false},
+		// Tight variance cap at 1/4: 0.2 + 3 min(sqrt(1), sqrt(1-e^-2)) = 0.2 + 3*0.9298 -> 0.25.
+		{"tight variance cap", Policy{Mode: Tight, EpsilonMax: 0.25}, Certificate{P1: 0.99, Var1: 0.2, Samples: 10, Delta: 0.05, Epsilon: 0.25}, 2, 0.0601, 0.25, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := tt.pol.Bounds(tt.c, tt.kl)
+			if math.Abs(b.ProbLower-tt.lower) > 0.5e-4 {
+				t.Errorf("ProbLower = %.6f, want %.4f", b.ProbLower, tt.lower)
+			}
+			if math.Abs(b.VarUpper-tt.upper) > 0.5e-4 {
+				t.Errorf("VarUpper = %.6f, want %.4f", b.VarUpper, tt.upper)
+			}
+			if b.Certified != tt.certified {
+				t.Errorf("Certified = %v, want %v (bounds %+v)", b.Certified, tt.certified, b)
+			}
+		})
+	}
+}
+
+// The paper's table quotes 0.9714 for row 2, but 0.9981 - sqrt(0.00071) = 0.97145 rounds to
+// 0.9715 (or truncates to 0.9714); our value must agree with the paper to within rounding.
+func TestPaperTableWithinRounding(t *testing.T) {
+	rows := []struct{ p1, kl, paper float64 }{
+		{0.9977, 0.000330, 0.9720}, {0.9981, 0.000355, 0.9714}, {0.9971, 0.000096, 0.9832},
+		{0.9976, 0.000423, 0.9685}, {0.9998, 0.000477, 0.9689},
+	}
+	for _, r := range rows {
+		got := DefaultPolicy().Bounds(Certificate{P1: r.p1, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01}, r.kl).ProbLower
+		if math.Abs(got-r.paper) > 1e-4 {
+			t.Errorf("p1=%v KL=%v: bound %.5f, paper %.4f", r.p1, r.kl, got, r.paper)
+		}
+	}
+}
+
+// The bounds cross their thresholds exactly at the closed-form budgets of bound.go:
+// KL <= (p1 - 1/2)^2 / 2 (Theorem 1) and KL <= (budget - V1)^2 / 18 (Theorem 2). (At the
+// Theorem 1 edge Theorem 2 has long failed, so that edge is checked on ProbLower itself.)
+func TestBudgetEdges(t *testing.T) {
+	p := Policy{Mode: Paper, EpsilonMax: 0.25}
+	c := Certificate{P1: 0.97, Var1: 0, Samples: 100, Delta: 0.05, Epsilon: 0.01}
+	klp := KLBudgetForP1(c.P1)
+	if p.Bounds(c, klp*(1-1e-9)).ProbLower < 0.5 || p.Bounds(c, klp*(1+1e-9)).ProbLower >= 0.5 {
+		t.Errorf("Theorem 1 edge at KL = %v not where the closed form puts it", klp)
+	}
+	p = Policy{Mode: Paper, EpsilonMax: 0.05}
+	c = Certificate{P1: 0.999, Var1: 0.01, Samples: 100, Delta: 0.05, Epsilon: 0.01}
+	klv := VarBudget(c.Var1, p.EpsilonMax) // (0.04)^2/18 = 8.89e-5
+	if math.Abs(klv-8.8889e-5) > 1e-8 {
+		t.Fatalf("VarBudget = %v, want 8.8889e-5", klv)
+	}
+	if !p.Bounds(c, klv*(1-1e-9)).Certified || p.Bounds(c, klv*(1+1e-9)).Certified {
+		t.Errorf("Theorem 2 edge at KL = %v not where the closed form puts it", klv)
+	}
+}
+
+// Evaluate with a per-anchor Slack must agree with ProbLower / VarUpper computed directly.
+func TestEvaluateMatchesBoundFunctions(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		mode := Paper
+		if i%2 == 1 {
+			mode = Tight
+		}
+		p := Policy{Mode: mode, EpsilonMax: rng.Float64() * 0.25, Hoeffding: i%3 == 0, Alpha: 0.05}
+		c := Certificate{P1: rng.Float64(), Var1: rng.Float64() / 4, Samples: 1 + rng.IntN(5000), Delta: 0.05, Epsilon: 0.01}
+		kl := math.Exp(rng.Float64()*20 - 15)
+		b := p.Bounds(c, kl)
+		p1 := c.P1
+		if p.Hoeffding {
+			p1 = HoeffdingLower(c.P1, c.Samples, p.Alpha)
+		}
+		if b.ProbLower != ProbLower(p1, kl, mode) || b.VarUpper != VarUpper(c.Var1, kl, mode) {
+			t.Fatalf("case %d: Evaluate %+v disagrees with ProbLower %v / VarUpper %v", i, b, ProbLower(p1, kl, mode), VarUpper(c.Var1, kl, mode))
+		}
+		want := b.ProbLower >= 0.5 && b.VarUpper <= math.Max(p.EpsilonMax, c.Epsilon)
+		if b.Certified != want {
+			t.Fatalf("case %d: Certified = %v, want %v", i, b.Certified, want)
+		}
+	}
+}
+
+func TestJudgeAndObserved(t *testing.T) {
+	p := DefaultPolicy()
+	in := Certificate{P1: 0.99, Var1: 0.001, Samples: 500, Delta: 0.05, Epsilon: 0.01}
+	tests := []struct {
+		name   string
+		c      Certificate
+		kl     float64
+		want   Status
+		needMC bool
+	}{
+		{"in set, no drift", in, 0, Certified, false},
+		{"in set, drift beyond variance budget", in, 1e-3, 0, true},
+		{"p1 below 1-delta", Certificate{P1: 0.94, Var1: 0.001, Samples: 500, Delta: 0.05, Epsilon: 0.01}, 0, Uncertified, false},
+		{"var1 above eps", Certificate{P1: 0.99, Var1: 0.02, Samples: 500, Delta: 0.05, Epsilon: 0.01}, 0, Uncertified, false},
+	}
+	for _, tt := range tests {
+		s, mc := p.Judge(tt.c, p.Bounds(tt.c, tt.kl))
+		if s != tt.want || mc != tt.needMC {
+			t.Errorf("%s: Judge = (%v, %v), want (%v, %v)", tt.name, s, mc, tt.want, tt.needMC)
+		}
+	}
+	obs := []struct {
+		p2             float64
+		argmax, target int
+		want           Status
+	}{
+		{0.7, 1, 1, AtRisk}, {0.5, 1, 1, AtRisk}, {0.4999, 1, 1, Invalidated}, {0.5, 0, 1, Invalidated}, {0.9, 2, 1, Invalidated},
+	}
+	for _, o := range obs {
+		if got := Observed(o.p2, o.argmax, o.target); got != o.want {
+			t.Errorf("Observed(%v, %d, %d) = %v, want %v", o.p2, o.argmax, o.target, got, o.want)
+		}
+	}
+}
+
+func TestStatusText(t *testing.T) {
+	for _, s := range Statuses() {
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Status
+		if err := json.Unmarshal(b, &back); err != nil || back != s {
+			t.Errorf("%v: round trip gave %v, %v (json %s)", s, back, err, b)
+		}
+	}
+	if _, err := ParseStatus("valid"); err == nil {
+		t.Error("ParseStatus accepted an unknown name")
+	}
+	if _, err := json.Marshal(Status(0)); err == nil {
+		t.Error("zero Status marshalled")
+	}
+}
+
+func TestPolicyValidate(t *testing.T) {
+	bad := []Policy{
+		{Mode: "loose", EpsilonMax: 0.05},
+		{Mode: Paper, EpsilonMax: -0.1},
+		{Mode: Paper, EpsilonMax: 0.3},
+		{Mode: Paper, EpsilonMax: math.NaN()},
+		{Mode: Paper, EpsilonMax: 0.05, Hoeffding: true, Alpha: 0},
+	}
+	for _, p := range bad {
+		if p.Validate() == nil {
+			t.Errorf("%+v validated", p)
+		}
+	}
+	if err := DefaultPolicy().Validate(); err != nil {
+		t.Errorf("default policy: %v", err)
+	}
+	badCert := []Certificate{
+		{P1: 1.1, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0.3, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0, Samples: 0, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0.5, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0},
+		{P1: math.NaN(), Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+	}
+	for _, c := range badCert {
+		if c.Validate() == nil {
+			t.Errorf("%+v validated", c)
+		}
+	}
+}
