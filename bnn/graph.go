@@ -1,0 +1,508 @@
+package bnn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// ErrNonFinite is wrapped by every error about a loss, gradient or parameter that became NaN or
+// infinite; training and updates refuse such results.
+var ErrNonFinite = errors.New("non-finite value")
+
+// GraphConfig says what a Graph computes.
+type GraphConfig struct {
+	// Batch is the number of rows of the graph's input; shorter minibatches are padded with
+	// rows of weight 0. Required (>= 1).
+	Batch int
+	// Samples is the number of Monte-Carlo weight draws per step; the NLL is their mean.
+	// Default 1 (torchbnn's single draw per forward pass).
+	Samples int
+	// LastOnly makes only the last layer trainable. The body's weights are still sampled in
+	// every forward pass (w = mu + sigma*eps), but their (mu, log_sigma) are constants.
+	LastOnly bool
+	// KLScale multiplies the KL term of the loss (kl_weight / N in Train). 0 leaves the KL out of
+	// the loss; it is still computed and reported.
+	KLScale float64
+	// Anchor, when set, replaces the N(0, PriorSigma^2) prior in the KL term by the anchor's own
+	// posterior for the trainable layers (variational continual learning: KL(q || q_prev)).
+	// It must have the model's shape.
+	Anchor *Model
+}
+
+// Param is one trainable block of parameters in a Graph, e.g. "fc3.weight_mu". Value aliases the
+// graph's storage: an optimiser updates it in place and the next Run sees the change. Weights are
+// stored transposed relative to Layer (In x Out, row-major); the layout is irrelevant to an
+// element-wise optimiser, and Graph.WriteTo converts back. Grad holds d loss / d Value after Run.
+type Param struct {
+	Name  string
+	Value []float64
+	Grad  []float64
+}
+
+// Eval is what one Run computed on the current minibatch and noise.
+type Eval struct {
+	Loss    float64 // NLL + KLScale * KL
+	NLL     float64 // mean over the batch's rows and the Samples draws of -log p(y | x, w)
+	KL      float64 // KL(q || target) summed over the trainable layers' parameters
+	Correct int     // rows whose first draw's argmax equals the label
+	Rows    int     // rows in the minibatch
+}
+
+// Graph is the Bayes-by-backprop objective of a Model as a gorgonia expression graph. It is
+// built once and run for every minibatch: the inputs (rows, labels, noise) are rebound with
+// gorgonia.Let and the parameters are updated in place, so no graph is rebuilt per step.
+//
+// For every layer k and draw s the forward pass samples (reparameterisation trick)
+//
+//	W_k = mu_k + exp(log_sigma_k) * eps_{s,k},   eps ~ N(0, 1) fed by DrawEps or SetEps,
+//
+// applies ReLU between layers and log-softmax at the end, and the loss is
+//
+//	loss = (1/S) sum_s (1/B) sum_i -log p(y_i | x_i, W_s) + KLScale * KL(q || target),
+//	KL(q || N(m0, s0^2)) = sum_j [ log s0_j - log_sigma_j + (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2) - 1/2 ],
+//
+// summed over the trainable layers' weights and biases, with target N(0, PriorSigma^2) or, when
+// GraphConfig.Anchor is set, the anchor's (mu, sigma) per parameter.
+//
+// A Graph is not safe for concurrent use. Close releases it.
+type Graph struct {
+	cfg     GraphConfig
+	g       *G.ExprGraph
+	vm      G.VM
+	layers  []graphLayer
+	x, t    *G.Node
+	xv, tv  *tensor.Dense
+	eps     [][]*G.Node // eps[s][2k] weight noise, eps[s][2k+1] bias noise of layer k
+	epsv    [][]*tensor.Dense
+	params  []Param
+	read    []G.Value // loss, nll, klVar, logp0, then one gradient per param
+	klConst float64
+	targets []klTarget // one per (mu, log_sigma) pair of the trainable layers
+	rows    int
+	labels  []int
+	classes int
+}
+
+// klTarget is the Gaussian N(m0, exp(ls0)^2) that one block of parameters is pulled towards,
+// in graph layout; m0 == nil means 0.
+type klTarget struct {
+	mu, ls  []float64 // the parameters (aliases of graph storage)
+	m0, ls0 []float64
+	lsPrior float64 // used when ls0 == nil
+}
+
+type graphLayer struct {
+	in, out   int
+	trainable bool
+	// Storage in graph layout. For trainable layers these are the parameters; for constant
+	// layers ls holds sigma = exp(log_sigma) precomputed.
+	muW, lsW, muB, lsB []float64
+}
+
+// NewGraph builds the objective for m; m itself is not referenced afterwards (its parameters
+// are copied into the graph). See GraphConfig for the options.
+func NewGraph(m *Model, cfg GraphConfig) (gr *Graph, err error) {
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("graph: %w", err)
+	}
+	if cfg.Batch < 1 {
+		return nil, fmt.Errorf("graph: batch size %d, want >= 1", cfg.Batch)
+	}
+	if cfg.Samples == 0 {
+		cfg.Samples = 1
+	}
+	if cfg.Samples < 1 {
+		return nil, fmt.Errorf("graph: samples %d, want >= 1", cfg.Samples)
+	}
+	if math.IsNaN(cfg.KLScale) || math.IsInf(cfg.KLScale, 0) || cfg.KLScale < 0 {
+		return nil, fmt.Errorf("graph: KL scale %v, want finite and >= 0", cfg.KLScale)
+	}
+	if cfg.Anchor != nil {
+		if err := sameShape(m, cfg.Anchor); err != nil {
+			return nil, fmt.Errorf("graph: anchor: %w", err)
+		}
+	}
+	// gorgonia reports some construction failures by panicking (G.Must and the VM constructor).
+	defer func() {
+		if r := recover(); r != nil {
+			gr, err = nil, fmt.Errorf("graph: building gorgonia graph: %v", r)
+		}
+	}()
+	gr = &Graph{cfg: cfg, g: G.NewGraph(), classes: m.NumClasses()}
+	gr.build(m)
+	return gr, nil
+}
+
+func sameShape(a, b *Model) error {
+	if len(a.Layers) != len(b.Layers) {
+		return fmt.Errorf("%d layers, want %d", len(b.Layers), len(a.Layers))
+	}
+	for k := range a.Layers {
+		if a.Layers[k].In != b.Layers[k].In || a.Layers[k].Out != b.Layers[k].Out {
+			return fmt.Errorf("layer %d is %dx%d, want %dx%d", k, b.Layers[k].Out, b.Layers[k].In, a.Layers[k].Out, a.Layers[k].In)
+		}
+	}
+	return nil
+}
+
+// transposeIn returns src (rows x cols, row-major) transposed into a new slice.
+func transpose(src []float64, rows, cols int) []float64 {
+	dst := make([]float64, len(src))
+	for r := 0; r < rows; r++ {
+		for c := 0; c < cols; c++ {
+			dst[c*rows+r] = src[r*cols+c]
+		}
+	}
+	return dst
+}
+
+func expAll(v []float64) []float64 {
+	for i := range v {
+		v[i] = math.Exp(v[i])
+	}
+	return v
+}
+
+func (gr *Graph) input(name string, data []float64, shape ...int) (*G.Node, *tensor.Dense) {
+	t := tensor.New(tensor.WithBacking(data), tensor.WithShape(shape...))
+	return G.NewTensor(gr.g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
+}
+
+// build constructs the graph; it panics (recovered by NewGraph) on gorgonia errors.
+func (gr *Graph) build(m *Model) {
+	cfg, g := gr.cfg, gr.g
+	d, c, last := m.Inputs(), m.NumClasses(), len(m.Layers)-1
+	gr.x, gr.xv = gr.input("x", make([]float64, cfg.Batch*d), cfg.Batch, d)
+	gr.t, gr.tv = gr.input("target_weights", make([]float64, cfg.Batch*c), cfg.Batch, c)
+
+	type nodes struct{ muW, sW, muB, sB, lsW, lsB *G.Node }
+	ln := make([]nodes, len(m.Layers))
+	var wrt G.Nodes
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		gl := graphLayer{in: l.In, out: l.Out, trainable: !cfg.LastOnly || k == last,
+			muW: transpose(l.WeightMu, l.Out, l.In), lsW: transpose(l.WeightLogSigma, l.Out, l.In),
+			muB: clone(l.BiasMu), lsB: clone(l.BiasLogSigma)}
+		var n nodes
+		n.muW, _ = gr.input(l.Name+".weight_mu", gl.muW, l.In, l.Out)
+		n.muB, _ = gr.input(l.Name+".bias_mu", gl.muB, 1, l.Out)
+		if gl.trainable {
+			n.lsW, _ = gr.input(l.Name+".weight_log_sigma", gl.lsW, l.In, l.Out)
+			n.lsB, _ = gr.input(l.Name+".bias_log_sigma", gl.lsB, 1, l.Out)
+			n.sW, n.sB = G.Must(G.Exp(n.lsW)), G.Must(G.Exp(n.lsB))
+			for _, p := range []struct {
+				node *G.Node
+				v    []float64
+			}{{n.muW, gl.muW}, {n.lsW, gl.lsW}, {n.muB, gl.muB}, {n.lsB, gl.lsB}} {
+				gr.params = append(gr.params, Param{Name: p.node.Name(), Value: p.v, Grad: make([]float64, len(p.v))})
+				wrt = append(wrt, p.node)
+			}
+		} else {
+			n.sW, _ = gr.input(l.Name+".weight_sigma", expAll(gl.lsW), l.In, l.Out)
+			n.sB, _ = gr.input(l.Name+".bias_sigma", expAll(gl.lsB), 1, l.Out)
+		}
+		ln[k] = n
+		gr.layers = append(gr.layers, gl)
+	}
+
+	// Forward passes, one per Monte-Carlo draw; the target weights carry 1/(rows*S).
+	var nll, logp0 *G.Node
+	for s := 0; s < cfg.Samples; s++ {
+		var eps []*G.Node
+		var epsv []*tensor.Dense
+		h := gr.x
+		for k := range m.Layers {
+			l := &m.Layers[k]
+			eW, eWv := gr.input(fmt.Sprintf("eps%d.%s.weight", s, l.Name), make([]float64, l.In*l.Out), l.In, l.Out)
+			eB, eBv := gr.input(fmt.Sprintf("eps%d.%s.bias", s, l.Name), make([]float64, l.Out), 1, l.Out)
+			eps, epsv = append(eps, eW, eB), append(epsv, eWv, eBv)
+			w := G.Must(G.Add(ln[k].muW, G.Must(G.HadamardProd(ln[k].sW, eW))))
+			b := G.Must(G.Add(ln[k].muB, G.Must(G.HadamardProd(ln[k].sB, eB))))
+			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
+			if k != last {
+				h = G.Must(G.Rectify(h))
+			}
+		}
+		logp := G.Must(G.LogSoftMax(h))
+		if s == 0 {
+			logp0 = logp
+		}
+		term := G.Must(G.Neg(G.Must(G.Sum(G.Must(G.HadamardProd(gr.t, logp))))))
+		if nll == nil {
+			nll = term
+		} else {
+			nll = G.Must(G.Add(nll, term))
+		}
+		gr.eps, gr.epsv = append(gr.eps, eps), append(gr.epsv, epsv)
+	}
+
+	// KL(q || target) over the trainable layers, without its constant sum_j (log s0_j - 1/2),
+	// which is kept in klConst.
+	var klVar *G.Node
+	add := func(n *G.Node) {
+		if klVar == nil {
+			klVar = n
+		} else {
+			klVar = G.Must(G.Add(klVar, n))
+		}
+	}
+	lp := math.Log(m.PriorSigma)
+	for k := range m.Layers {
+		if !gr.layers[k].trainable {
+			continue
+		}
+		l := &m.Layers[k]
+		n := ln[k]
+		for _, p := range []struct {
+			mu, ls, s *G.Node
+			name      string
+			a         func(*Layer) ([]float64, []float64)
+			v         func(gl *graphLayer, ls bool) []float64
+		}{
+			{n.muW, n.lsW, n.sW, "weight", func(a *Layer) ([]float64, []float64) { return a.WeightMu, a.WeightLogSigma },
+				func(gl *graphLayer, ls bool) []float64 { return pick(ls, gl.lsW, gl.muW) }},
+			{n.muB, n.lsB, n.sB, "bias", func(a *Layer) ([]float64, []float64) { return a.BiasMu, a.BiasLogSigma },
+				func(gl *graphLayer, ls bool) []float64 { return pick(ls, gl.lsB, gl.muB) }},
+		} {
+			shape := p.mu.Shape().Clone()
+			quad := G.Must(G.Square(p.s)) // sigma^2 (+ (mu - m0)^2 below)
+			if cfg.Anchor == nil {
+				quad = G.Must(G.Add(quad, G.Must(G.Square(p.mu))))
+				quad = G.Must(G.Mul(G.Must(G.Sum(quad)), G.NewConstant(0.5/(m.PriorSigma*m.PriorSigma))))
+				gr.klConst += float64(shape.TotalSize()) * (lp - 0.5)
+				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), lsPrior: lp})
+			} else {
+				am, als := p.a(&cfg.Anchor.Layers[k])
+				m0, ls0 := am, als
+				if p.name == "weight" {
+					m0, ls0 = transpose(am, l.Out, l.In), transpose(als, l.Out, l.In)
+				}
+				half := make([]float64, len(ls0)) // 1 / (2 s0^2)
+				for i, v := range ls0 {
+					half[i] = 0.5 * math.Exp(-2*v)
+					gr.klConst += v - 0.5
+				}
+				m0n := G.NewConstant(tensor.New(tensor.WithBacking(clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_anchor", l.Name, p.name)))
+				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_anchor", l.Name, p.name)))
+				quad = G.Must(G.Add(quad, G.Must(G.Square(G.Must(G.Sub(p.mu, m0n))))))
+				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: clone(m0), ls0: clone(ls0)})
+				quad = G.Must(G.Sum(G.Must(G.HadamardProd(quad, hn))))
+			}
+			add(G.Must(G.Sub(quad, G.Must(G.Sum(p.ls)))))
+		}
+	}
+	loss := nll
+	if cfg.KLScale != 0 {
+		loss = G.Must(G.Add(nll, G.Must(G.Mul(klVar, G.NewConstant(cfg.KLScale)))))
+	}
+	grads, err := G.Grad(loss, wrt...)
+	if err != nil {
+		panic(err)
+	}
+	reads := append(G.Nodes{loss, nll, klVar, logp0}, grads...)
+	gr.read = make([]G.Value, len(reads))
+	for i, n := range reads {
+		G.Read(n, &gr.read[i])
+	}
+	gr.vm = G.NewTapeMachine(g)
+}
+
+func pick(c bool, a, b []float64) []float64 {
+	if c {
+		return a
+	}
+	return b
+}
+
+// KL is KL(q || target) of the current parameters, summed over the trainable layers, computed in
+// plain Go in the numerically careful form (exact 0 when q equals the target)
+//
+//	sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j.
+//
+// Run's Eval.KL is the same quantity evaluated inside the graph, before the optimiser's step.
+func (gr *Graph) KL() float64 {
+	s := 0.0
+	for _, t := range gr.targets {
+		for j, mu := range t.mu {
+			m0, ls0 := 0.0, t.lsPrior
+			if t.ls0 != nil {
+				m0, ls0 = t.m0[j], t.ls0[j]
+			}
+			d, dm := t.ls[j]-ls0, mu-m0
+			s += 0.5*(math.Expm1(2*d)-2*d) + 0.5*dm*dm*math.Exp(-2*ls0)
+		}
+	}
+	return s
+}
+
+// Params returns the trainable parameter blocks, in layer order and (weight_mu,
+// weight_log_sigma, bias_mu, bias_log_sigma) within a layer. The slices alias the graph.
+func (gr *Graph) Params() []Param { return gr.params }
+
+// Batch is the graph's row capacity.
+func (gr *Graph) Batch() int { return gr.cfg.Batch }
+
+// SetBatch binds a minibatch of standardised rows (at most Batch of them) and their labels.
+// Missing rows are zero with weight 0, so they do not contribute to the loss.
+func (gr *Graph) SetBatch(rows [][]float64, labels []int) error {
+	n, d := len(rows), gr.layers[0].in
+	if n == 0 || n > gr.cfg.Batch || len(labels) != n {
+		return fmt.Errorf("graph: batch of %d rows and %d labels, want 1..%d of each", n, len(labels), gr.cfg.Batch)
+	}
+	xs, ts := gr.xv.Data().([]float64), gr.tv.Data().([]float64)
+	clear(xs)
+	clear(ts)
+	w := 1 / float64(n*gr.cfg.Samples)
+	for i, r := range rows {
+		if len(r) != d {
+			return fmt.Errorf("graph: row %d has %d features, want %d", i, len(r), d)
+		}
+		if labels[i] < 0 || labels[i] >= gr.classes {
+			return fmt.Errorf("graph: label %d of row %d out of range [0, %d)", labels[i], i, gr.classes)
+		}
+		copy(xs[i*d:], r)
+		ts[i*gr.classes+labels[i]] = w
+	}
+	gr.rows, gr.labels = n, append(gr.labels[:0], labels...)
+	if err := G.Let(gr.x, gr.xv); err != nil {
+		return fmt.Errorf("graph: %w", err)
+	}
+	return G.Let(gr.t, gr.tv)
+}
+
+// DrawEps draws fresh standard-normal noise for every draw, layer, weight and bias, in that
+// order, from rng; the result is a deterministic function of rng's state.
+func (gr *Graph) DrawEps(rng *rand.Rand) {
+	for s := range gr.epsv {
+		for _, t := range gr.epsv[s] {
+			v := t.Data().([]float64)
+			for i := range v {
+				v[i] = rng.NormFloat64()
+			}
+		}
+	}
+}
+
+// SetEps sets every noise value to f(draw, layer, isBias, index); index follows the model's
+// layout (Out x In for weights). Used to evaluate the objective at a fixed noise, e.g. to
+// check gradients against finite differences.
+func (gr *Graph) SetEps(f func(draw, layer int, bias bool, index int) float64) {
+	for s := range gr.epsv {
+		for k, gl := range gr.layers {
+			w := gr.epsv[s][2*k].Data().([]float64)
+			for o := 0; o < gl.out; o++ {
+				for i := 0; i < gl.in; i++ {
+					w[i*gl.out+o] = f(s, k, false, o*gl.in+i)
+				}
+			}
+			b := gr.epsv[s][2*k+1].Data().([]float64)
+			for o := range b {
+				b[o] = f(s, k, true, o)
+			}
+		}
+	}
+}
+
+// Run evaluates the loss and its gradient for the bound minibatch and noise, filling every
+// Param.Grad. It fails with ErrNonFinite if the loss or any gradient is NaN or infinite.
+func (gr *Graph) Run() (Eval, error) {
+	if gr.rows == 0 {
+		return Eval{}, errors.New("graph: no batch bound (call SetBatch)")
+	}
+	for s := range gr.eps {
+		for i, n := range gr.eps[s] {
+			if err := G.Let(n, gr.epsv[s][i]); err != nil {
+				return Eval{}, fmt.Errorf("graph: %w", err)
+			}
+		}
+	}
+	defer gr.vm.Reset()
+	if err := gr.vm.RunAll(); err != nil {
+		return Eval{}, fmt.Errorf("graph: run: %w", err)
+	}
+	scalar := func(v G.Value) float64 { return v.Data().(float64) }
+	ev := Eval{Loss: scalar(gr.read[0]), NLL: scalar(gr.read[1]), KL: scalar(gr.read[2]) + gr.klConst, Rows: gr.rows}
+	ev.Loss += gr.cfg.KLScale * gr.klConst
+	logp := gr.read[3].Data().([]float64)
+	for i := 0; i < gr.rows; i++ {
+		row := logp[i*gr.classes : (i+1)*gr.classes]
+		best := 0
+		for c := range row {
+			if row[c] > row[best] {
+				best = c
+			}
+		}
+		if best == gr.labels[i] {
+			ev.Correct++
+		}
+	}
+	if !finite(ev.Loss) || !finite(ev.NLL) || !finite(ev.KL) {
+		return ev, fmt.Errorf("graph: loss %v (NLL %v, KL %v): %w", ev.Loss, ev.NLL, ev.KL, ErrNonFinite)
+	}
+	for i := range gr.params {
+		g := gr.read[4+i].Data().([]float64)
+		for j, v := range g {
+			if !finite(v) {
+				return ev, fmt.Errorf("graph: gradient of %s[%d] is %v: %w", gr.params[i].Name, j, v, ErrNonFinite)
+			}
+		}
+		copy(gr.params[i].Grad, g)
+	}
+	return ev, nil
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// WriteTo copies the trainable layers' current (mu, log_sigma) into m, which must have the shape
+// of the model the graph was built from. Layers that are not trainable are left untouched. It
+// fails with ErrNonFinite, leaving m unchanged, if any value is NaN, infinite, or a log-sigma
+// outside [-700, 700] (sigma not a positive normal float64).
+func (gr *Graph) WriteTo(m *Model) error {
+	if len(m.Layers) != len(gr.layers) {
+		return fmt.Errorf("graph: model has %d layers, graph %d", len(m.Layers), len(gr.layers))
+	}
+	for k, gl := range gr.layers {
+		l := &m.Layers[k]
+		if l.In != gl.in || l.Out != gl.out {
+			return fmt.Errorf("graph: layer %d is %dx%d, graph has %dx%d", k, l.Out, l.In, gl.out, gl.in)
+		}
+		if !gl.trainable {
+			continue
+		}
+		for _, p := range []struct {
+			name string
+			v    []float64
+			ls   bool
+		}{{"weight_mu", gl.muW, false}, {"weight_log_sigma", gl.lsW, true}, {"bias_mu", gl.muB, false}, {"bias_log_sigma", gl.lsB, true}} {
+			for i, v := range p.v {
+				if !finite(v) || (p.ls && (v < -700 || v > 700)) {
+					return fmt.Errorf("graph: %s.%s[%d] = %v: %w", l.Name, p.name, i, v, ErrNonFinite)
+				}
+			}
+		}
+	}
+	for k, gl := range gr.layers {
+		if !gl.trainable {
+			continue
+		}
+		l := &m.Layers[k]
+		copy(l.WeightMu, transpose(gl.muW, gl.in, gl.out))
+		copy(l.WeightLogSigma, transpose(gl.lsW, gl.in, gl.out))
+		copy(l.BiasMu, gl.muB)
+		copy(l.BiasLogSigma, gl.lsB)
+	}
+	return nil
+}
+
+// Close releases the graph's machine.
+func (gr *Graph) Close() error {
+	if gr.vm == nil {
+		return nil
+	}
+	return gr.vm.Close()
+}
