@@ -109,7 +109,7 @@ func perturbed(m *Model, seed uint64, scale float64) *Model {
 //
 //	|g - (L(p+h) - L(p-h))/(2h)| <= 1e-6 * max(1, |g|),  h = 1e-5.
 //
-// The truncation error of the central difference is O(h^2 L”') ~ 1e-10 and the rounding error
+// The truncation error of the central difference is O(h^2 * third derivative) ~ 1e-10 and the rounding error
 // O(1e-16 |L| / h) ~ 1e-11, so 1e-6 is generous yet catches any wrong term.
 func TestGraphObjectiveAndGradient(t *testing.T) {
 	classes := []string{"a", "b", "c"}
