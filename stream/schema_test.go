@@ -1,0 +1,288 @@
+package stream
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testSchema(t testing.TB) *Schema {
+	t.Helper()
+	s, err := NewSchema([]string{"a", "b", "c"}, []string{"benign", "malicious"}, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestDecodeGood(t *testing.T) {
+	s := testSchema(t)
+	ts := time.Date(2024, 5, 6, 7, 8, 9, 500_000_000, time.UTC)
+	for _, tc := range []struct {
+		name string
+		in   string
+		want Record
+	}{
+		{"array and index", `{"id":"r1","features":[1,2.5,-3e2],"label":1}`,
+			Record{ID: "r1", X: []float64{1, 2.5, -300}, Label: 1}},
+		{"array and class name", `{"id":"r2","features":[0,0,0],"label":"benign"}`,
+			Record{ID: "r2", X: []float64{0, 0, 0}, Label: 0}},
+		{"map in any order and name", `{"label":"malicious","features":{"c":3,"a":1,"b":2},"id":"r3"}`,
+			Record{ID: "r3", X: []float64{1, 2, 3}, Label: 1}},
+		{"map and index", `{"id":"r4","features":{"a":-0.5,"b":1E-3,"c":0},"label":0}`,
+			Record{ID: "r4", X: []float64{-0.5, 0.001, 0}, Label: 0}},
+		{"integral float label", `{"id":"r5","features":[1,2,3],"label":1.0}`,
+			Record{ID: "r5", X: []float64{1, 2, 3}, Label: 1}},
+		{"ts RFC 3339", `{"id":"r6","features":[1,2,3],"label":0,"ts":"2024-05-06T07:08:09.5Z"}`,
+			Record{ID: "r6", X: []float64{1, 2, 3}, Time: ts}},
+		{"ts Unix seconds", `{"id":"r7","features":[1,2,3],"label":0,"ts":1714979289.5}`,
+			Record{ID: "r7", X: []float64{1, 2, 3}, Time: ts}},
+		{"ts null", `{"id":"r8","features":[1,2,3],"label":0,"ts":null}`,
+			Record{ID: "r8", X: []float64{1, 2, 3}}},
+		{"whitespace and escapes", " {\n\t\"id\" : \"r\\u00e9\\n\" , \"feat\\u0075res\":[ 1 , 2 , 3 ] ,\"label\":\"ben\\u0069gn\" }\r\n",
+			Record{ID: "ré\n", X: []float64{1, 2, 3}, Label: 0}},
+		{"largest finite", `{"id":"r9","features":[1.7976931348623157e308,-1.7976931348623157e308,4.9e-324],"label":1}`,
+			Record{ID: "r9", X: []float64{math.MaxFloat64, -math.MaxFloat64, 5e-324}, Label: 1}},
+		{"underflow to zero is finite", `{"id":"r10","features":[1e-400,0,0],"label":1}`,
+			Record{ID: "r10", X: []float64{0, 0, 0}, Label: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.Decode([]byte(tc.in))
+			if err != nil {
+				t.Fatalf("Decode(%s): %v", tc.in, err)
+			}
+			if got.ID != tc.want.ID || !slices.Equal(got.X, tc.want.X) || got.Label != tc.want.Label || !got.Time.Equal(tc.want.Time) {
+				t.Fatalf("Decode(%s) = %+v, want %+v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecodeBad(t *testing.T) {
+	s := testSchema(t)
+	for _, tc := range []struct {
+		name, in, reason string
+	}{
+		{"empty", ``, ReasonBadJSON},
+		{"syntax", `{"id":"x",`, ReasonBadJSON},
+		{"array top level", `[1,2,3]`, ReasonBadJSON},
+		{"string top level", `"x"`, ReasonBadJSON},
+		{"trailing data", `{"id":"x","features":[1,2,3],"label":0} {}`, ReasonBadJSON},
+		{"trailing comma", `{"id":"x","features":[1,2,3],"label":0,}`, ReasonBadJSON},
+		{"NaN literal", `{"id":"x","features":[NaN,2,3],"label":0}`, ReasonBadJSON},
+		{"hex number", `{"id":"x","features":[0x1,2,3],"label":0}`, ReasonBadJSON},
+		{"leading plus", `{"id":"x","features":[+1,2,3],"label":0}`, ReasonBadJSON},
+		{"leading zero", `{"id":"x","features":[01,2,3],"label":0}`, ReasonBadJSON},
+		{"bare dot", `{"id":"x","features":[.5,2,3],"label":0}`, ReasonBadJSON},
+		{"control char", "{\"id\":\"a\tb\",\"features\":[1,2,3],\"label\":0}", ReasonBadJSON},
+		{"bad escape", `{"id":"a\qb","features":[1,2,3],"label":0}`, ReasonBadJSON},
+		{"unknown field wins over later syntax error", `{"extra":1,"id":`, ReasonBadJSON},
+		{"too large", `{"id":"` + strings.Repeat("x", 600) + `","features":[1,2,3],"label":0}`, ReasonTooLarge},
+		{"unknown field", `{"id":"x","features":[1,2,3],"label":0,"weight":2}`, ReasonUnknownField},
+		{"case matters", `{"ID":"x","features":[1,2,3],"label":0}`, ReasonUnknownField},
+		{"duplicate field", `{"id":"x","features":[1,2,3],"label":0,"label":1}`, ReasonDuplicateField},
+		{"duplicate after null", `{"id":null,"id":"x","features":[1,2,3],"label":0}`, ReasonDuplicateField},
+		{"duplicate feature", `{"id":"x","features":{"a":1,"b":2,"a":3,"c":4},"label":0}`, ReasonDuplicateField},
+		{"no id", `{"features":[1,2,3],"label":0}`, ReasonMissingField},
+		{"null id", `{"id":null,"features":[1,2,3],"label":0}`, ReasonMissingField},
+		{"no features", `{"id":"x","label":0}`, ReasonMissingField},
+		{"no label", `{"id":"x","features":[1,2,3]}`, ReasonMissingField},
+		{"null label", `{"id":"x","features":[1,2,3],"label":null}`, ReasonMissingField},
+		{"empty object", `{}`, ReasonMissingField},
+		{"numeric id", `{"id":7,"features":[1,2,3],"label":0}`, ReasonBadType},
+		{"features string", `{"id":"x","features":"1,2,3","label":0}`, ReasonBadType},
+		{"feature string", `{"id":"x","features":[1,"2",3],"label":0}`, ReasonBadType},
+		{"feature null", `{"id":"x","features":[1,null,3],"label":0}`, ReasonBadType},
+		{"feature bool", `{"id":"x","features":{"a":1,"b":true,"c":3},"label":0}`, ReasonBadType},
+		{"nested array", `{"id":"x","features":[[1],2,3],"label":0}`, ReasonBadType},
+		{"label bool", `{"id":"x","features":[1,2,3],"label":true}`, ReasonBadType},
+		{"empty id", `{"id":"","features":[1,2,3],"label":0}`, ReasonBadID},
+		{"blank id", `{"id":"  ","features":[1,2,3],"label":0}`, ReasonBadID},
+		{"long id", `{"id":"` + strings.Repeat("x", MaxIDBytes+1) + `","features":[1,2,3],"label":0}`, ReasonBadID},
+		{"invalid utf8 id", "{\"id\":\"\xff\",\"features\":[1,2,3],\"label\":0}", ReasonBadID},
+		{"too few", `{"id":"x","features":[1,2],"label":0}`, ReasonWrongDimension},
+		{"too many", `{"id":"x","features":[1,2,3,4],"label":0}`, ReasonWrongDimension},
+		{"empty array", `{"id":"x","features":[],"label":0}`, ReasonWrongDimension},
+		{"NaN string", `{"id":"x","features":[1,"NaN",3],"label":0}`, ReasonNotFinite},
+		{"Infinity string", `{"id":"x","features":{"a":"-Infinity","b":2,"c":3},"label":0}`, ReasonNotFinite},
+		{"overflow", `{"id":"x","features":[1,2,1e999],"label":0}`, ReasonNotFinite},
+		{"negative overflow", `{"id":"x","features":[-1.8e308,2,3],"label":0}`, ReasonNotFinite},
+		{"unknown feature", `{"id":"x","features":{"a":1,"b":2,"z":3},"label":0}`, ReasonUnknownFeature},
+		{"missing feature", `{"id":"x","features":{"a":1,"b":2},"label":0}`, ReasonMissingFeature},
+		{"empty feature map", `{"id":"x","features":{},"label":0}`, ReasonMissingFeature},
+		{"label out of range", `{"id":"x","features":[1,2,3],"label":2}`, ReasonUnknownLabel},
+		{"negative label", `{"id":"x","features":[1,2,3],"label":-1}`, ReasonUnknownLabel},
+		{"fractional label", `{"id":"x","features":[1,2,3],"label":0.5}`, ReasonUnknownLabel},
+		{"huge label", `{"id":"x","features":[1,2,3],"label":1e999}`, ReasonUnknownLabel},
+		{"unknown class", `{"id":"x","features":[1,2,3],"label":"Benign"}`, ReasonUnknownLabel},
+		{"ts garbage", `{"id":"x","features":[1,2,3],"label":0,"ts":"yesterday"}`, ReasonBadTimestamp},
+		{"ts negative", `{"id":"x","features":[1,2,3],"label":0,"ts":-5}`, ReasonBadTimestamp},
+		{"ts year 10000", `{"id":"x","features":[1,2,3],"label":0,"ts":253402300800}`, ReasonBadTimestamp},
+		{"ts bool", `{"id":"x","features":[1,2,3],"label":0,"ts":false}`, ReasonBadTimestamp},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := s.Decode([]byte(tc.in))
+			var de *DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("Decode(%q) = %+v, %v; want a *DecodeError", tc.in, rec, err)
+			}
+			if de.Reason != tc.reason {
+				t.Fatalf("Decode(%q) reason %q (%s), want %q", tc.in, de.Reason, de.Detail, tc.reason)
+			}
+			if !errors.Is(err, ErrDecode) || de.Detail == "" {
+				t.Fatalf("error %v: not ErrDecode or no detail", err)
+			}
+			// The reason codes are a closed set.
+			if !slices.Contains(Reasons(), de.Reason) {
+				t.Fatalf("reason %q not in Reasons()", de.Reason)
+			}
+		})
+	}
+}
+
+func TestNewSchemaRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		features, classes []string
+	}{
+		{"no features", nil, []string{"a", "b"}},
+		{"one class", []string{"x"}, []string{"a"}},
+		{"duplicate feature", []string{"x", "x"}, []string{"a", "b"}},
+		{"empty feature", []string{""}, []string{"a", "b"}},
+		{"duplicate class", []string{"x"}, []string{"a", "a"}},
+	} {
+		if _, err := NewSchema(tc.features, tc.classes, 0); err == nil {
+			t.Errorf("%s: NewSchema accepted %v / %v", tc.name, tc.features, tc.classes)
+		}
+	}
+	s, err := NewSchema([]string{"x"}, []string{"a", "b"}, 0)
+	if err != nil || s.MaxBytes() != DefaultMaxRecordBytes {
+		t.Fatalf("default max bytes: %v, %v", s, err)
+	}
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	s := testSchema(t)
+	in := Record{ID: "e1", X: []float64{0.1, -2, 3e10}, Label: 1, Time: time.Unix(1700000000, 123).UTC()}
+	b, err := s.Encode(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.Decode(b)
+	if err != nil {
+		t.Fatalf("Decode(Encode(r)) = %v for %s", err, b)
+	}
+	if out.ID != in.ID || !slices.Equal(out.X, in.X) || out.Label != in.Label || !out.Time.Equal(in.Time) {
+		t.Fatalf("round trip %+v -> %s -> %+v", in, b, out)
+	}
+	for _, bad := range []Record{
+		{ID: "e", X: []float64{1, 2}, Label: 0},
+		{ID: "e", X: []float64{1, math.NaN(), 3}, Label: 0},
+		{ID: "e", X: []float64{1, 2, 3}, Label: 2},
+		{ID: "", X: []float64{1, 2, 3}, Label: 0},
+	} {
+		if b, err := s.Encode(bad); err == nil {
+			t.Errorf("Encode(%+v) = %s, want an error", bad, b)
+		}
+	}
+}
+
+// FuzzDecode checks that Decode never panics, that everything it accepts is valid, and that
+// it agrees with encoding/json on what the accepted document says.
+func FuzzDecode(f *testing.F) {
+	for _, seed := range []string{
+		`{"id":"r1","features":[1,2.5,-3e2],"label":1}`,
+		`{"label":"malicious","features":{"c":3,"a":1,"b":2},"id":"r3"}`,
+		`{"id":"r6","features":[1,2,3],"label":0,"ts":"2024-05-06T07:08:09.5Z"}`,
+		`{"id":"r7","features":[1,2,3],"label":0,"ts":1714979289.5}`,
+		`{"id":"r\u00e9","features":[1,"NaN",3],"label":0}`,
+		`{"id":"x","features":{"a":1,"b":2,"a":3},"label":0}`,
+		`{"id":"x","features":[1,2,1e999],"label":2}`,
+		`[]`, `{}`, `{"id":`, "",
+	} {
+		f.Add([]byte(seed))
+	}
+	s := testSchema(f)
+	// Re-encoding may be longer than the input (1e300 becomes 1e+300), so it gets room.
+	roomy, err := NewSchema(s.features, s.classes, 4*s.MaxBytes())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rec, err := s.Decode(data)
+		if err != nil {
+			var de *DecodeError
+			if !errors.As(err, &de) || !slices.Contains(Reasons(), de.Reason) {
+				t.Fatalf("Decode error %v is not a DecodeError with a known reason", err)
+			}
+			if de.Reason != ReasonBadJSON && de.Reason != ReasonTooLarge && !json.Valid(data) {
+				t.Fatalf("invalid JSON %q got reason %q", data, de.Reason)
+			}
+			return
+		}
+		if len(data) > s.MaxBytes() || !json.Valid(data) {
+			t.Fatalf("accepted oversized or invalid JSON %q", data)
+		}
+		if checkID(rec.ID) != nil || len(rec.X) != s.Dim() || rec.Label < 0 || rec.Label >= len(s.classes) {
+			t.Fatalf("accepted invalid record %+v from %q", rec, data)
+		}
+		for _, v := range rec.X {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Fatalf("accepted non-finite feature in %+v from %q", rec, data)
+			}
+		}
+		// Independent reading with encoding/json.
+		var doc map[string]json.RawMessage
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatalf("encoding/json rejects accepted %q: %v", data, err)
+		}
+		var id string
+		if err := json.Unmarshal(doc["id"], &id); err != nil || id != rec.ID {
+			t.Fatalf("id: encoding/json says %q (%v), we say %q", id, err, rec.ID)
+		}
+		var arr []float64
+		var obj map[string]float64
+		if json.Unmarshal(doc["features"], &arr) == nil {
+			if !slices.Equal(arr, rec.X) {
+				t.Fatalf("features: encoding/json says %v, we say %v", arr, rec.X)
+			}
+		} else if err := json.Unmarshal(doc["features"], &obj); err == nil {
+			for j, name := range s.features {
+				if obj[name] != rec.X[j] {
+					t.Fatalf("feature %s: encoding/json says %v, we say %v", name, obj[name], rec.X[j])
+				}
+			}
+		} else {
+			t.Fatalf("features %s unreadable by encoding/json: %v", doc["features"], err)
+		}
+		var label any
+		if err := json.Unmarshal(doc["label"], &label); err != nil {
+			t.Fatal(err)
+		}
+		switch l := label.(type) {
+		case float64:
+			if int(l) != rec.Label {
+				t.Fatalf("label: encoding/json says %v, we say %d", l, rec.Label)
+			}
+		case string:
+			if s.classes[rec.Label] != l {
+				t.Fatalf("label: encoding/json says %q, we say %d", l, rec.Label)
+			}
+		default:
+			t.Fatalf("label %s accepted", doc["label"])
+		}
+		// Whatever we accept re-encodes to something we accept with the same content.
+		b, err := roomy.Encode(rec)
+		if err != nil {
+			t.Fatalf("Encode(%+v): %v", rec, err)
+		}
+		again, err := roomy.Decode(b)
+		if err != nil || again.ID != rec.ID || !slices.Equal(again.X, rec.X) || again.Label != rec.Label || !again.Time.Equal(rec.Time) {
+			t.Fatalf("re-encode %+v -> %s -> %+v, %v", rec, b, again, err)
+		}
+	})
+}
