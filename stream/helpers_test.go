@@ -1,0 +1,158 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+const (
+	recordsTopic = "records"
+	deadTopic    = "records-dlq"
+	eventsTopic  = "events"
+)
+
+func testLog(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tbWriter struct{ t testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// startBroker starts an embedded broker with the test topics; it is closed when the test ends.
+func startBroker(t testing.TB, cfg broker.Config) *broker.Broker {
+	t.Helper()
+	if cfg.Topics == nil {
+		cfg.Topics = []string{recordsTopic, deadTopic, eventsTopic}
+	}
+	b, err := broker.Start(context.Background(), cfg, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+func plainConn(b *broker.Broker) ConnConfig {
+	return ConnConfig{Brokers: b.Addrs(), DialTimeout: 5 * time.Second}
+}
+
+// partitionByKey sends a message with key "p<N>/..." to partition N, others to 0.
+var partitionByKey = kafka.BalancerFunc(func(m kafka.Message, partitions ...int) int {
+	k := string(m.Key)
+	if i := strings.IndexByte(k, '/'); strings.HasPrefix(k, "p") && i > 1 {
+		if n, err := strconv.Atoi(k[1:i]); err == nil && n < len(partitions) {
+			return partitions[n]
+		}
+	}
+	return partitions[0]
+})
+
+// produce writes raw values (key "p<partition>/<i>") and waits for the acknowledgement.
+func produce(t testing.TB, conn ConnConfig, topic string, partition int, values ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := conn.applyDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	tr := conn.transport(ctx)
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: topic, Balancer: partitionByKey,
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 10000, Transport: tr}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(values))
+	for i, v := range values {
+		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "p%d/%d", partition, i), Value: []byte(v)}
+	}
+	for len(msgs) > 0 {
+		n := min(len(msgs), 2000)
+		if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
+			t.Fatalf("producing to %s: %v", topic, err)
+		}
+		msgs = msgs[n:]
+	}
+}
+
+// goodRecord is a valid record for testSchema.
+func goodRecord(id string, i int) string {
+	return fmt.Sprintf(`{"id":%q,"features":[%d,%d.5,-%d],"label":%d}`, id, i, i, i, i%2)
+}
+
+func goodRecords(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = goodRecord(fmt.Sprintf("%s%d", prefix, i), i)
+	}
+	return out
+}
+
+func consumerConfig(conn ConnConfig, group string) ConsumerConfig {
+	return ConsumerConfig{
+		Conn: conn, Topic: recordsTopic, GroupID: group, DeadLetterTopic: deadTopic,
+		MaxRecords: 1000, MaxWait: 300 * time.Millisecond,
+		FetchWait: 100 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
+	}
+}
+
+func newConsumer(t testing.TB, cfg ConsumerConfig) *Consumer {
+	t.Helper()
+	c, err := NewConsumer(context.Background(), cfg, testSchema(t), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// collect calls Next until want good records arrived or the deadline passes.
+func collect(t testing.TB, c *Consumer, want int, within time.Duration) []*Increment {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	var incs []*Increment
+	got := 0
+	for got < want {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("Next after %d of %d records: %v", got, want, err)
+		}
+		incs = append(incs, inc)
+		got += len(inc.Records)
+	}
+	return incs
+}
+
+func ids(incs []*Increment) []string {
+	var out []string
+	for _, inc := range incs {
+		for _, r := range inc.Records {
+			out = append(out, r.ID)
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
