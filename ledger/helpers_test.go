@@ -1,0 +1,107 @@
+package ledger
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// testModel is a small posterior (3 -> 6 -> 2) whose class "yes" (1) has logit bias `bias`
+// above class 0, so p(yes | x) is near sigmoid(bias) for inputs in [-1, 1]^3.
+func testModel(bias float64) *bnn.Model {
+	m := bnn.New(3, []int{6}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(7, 8)))
+	last := m.Last()
+	last.BiasMu[0], last.BiasMu[1] = 0, bias
+	return m
+}
+
+// drift returns a copy of m with the next version and class 1's bias mean moved by d. With
+// sigma = 0.1 its KL from m is d^2 / (2 * 0.01) = 50 d^2; from an anchor n such steps back it is
+// 50 (n d)^2, not n * 50 d^2.
+func drift(m *bnn.Model, d float64) *bnn.Model {
+	c := m.Clone()
+	c.Version = m.Version + 1
+	c.Last().BiasMu[1] += d
+	return c
+}
+
+// measure estimates p(target | xcf) and its variance under m, as a CE generator would.
+func measure(t testing.TB, m *bnn.Model, xcf []float64, target, samples int, seed uint64) (p, v float64) {
+	t.Helper()
+	pred, err := m.Predict([][]float64{xcf}, samples, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pred.P(0, target), pred.V(0, target)
+}
+
+// newCE measures a CE for a random x' under m (anchor m.Version), target "yes".
+func newCE(t testing.TB, m *bnn.Model, rng *rand.Rand) *CE {
+	x := []float64{rng.Float64()*2 - 1, rng.Float64()*2 - 1, rng.Float64()*2 - 1}
+	xcf := []float64{rng.Float64()*2 - 1, rng.Float64()*2 - 1, rng.Float64()*2 - 1}
+	p, v := measure(t, m, xcf, 1, 400, rng.Uint64())
+	return &CE{X: x, XCF: xcf, Target: 1, AnchorVersion: m.Version, P1: p, Var1: v, Samples: 400, Delta: 0.05, Epsilon: 0.01}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// openTest opens a ledger in a fresh temp dir, closed at cleanup.
+func openTest(t testing.TB, opts Options) (*Ledger, string) {
+	t.Helper()
+	dir := t.TempDir()
+	if opts.Logger == nil {
+		opts.Logger = quietLogger()
+	}
+	l, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l, dir
+}
+
+// install checkpoints m as the first posterior.
+func install(t testing.TB, l *Ledger, m *bnn.Model) {
+	t.Helper()
+	if err := l.Checkpoint(&Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// commit promotes m through Commit.
+func commit(t testing.TB, l *Ledger, m *bnn.Model, seed uint64) (Report, []StatusChange) {
+	t.Helper()
+	rep, ch, err := l.Commit(context.Background(), &Checkpoint{Model: m}, RecertifyOptions{Samples: 300, Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, ch
+}
+
+// countByScan counts statuses by listing every CE.
+func countByScan(t testing.TB, l *Ledger) map[certify.Status]int {
+	t.Helper()
+	out := map[certify.Status]int{}
+	for _, s := range certify.Statuses() {
+		out[s] = 0
+	}
+	after := ""
+	for {
+		page, err := l.List(0, 1000, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return out
+		}
+		for _, ce := range page {
+			out[ce.Status]++
+		}
+		after = page[len(page)-1].ID
+	}
+}

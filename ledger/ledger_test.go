@@ -1,0 +1,384 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+func TestModelBlobRoundTrip(t *testing.T) {
+	m := testModel(4)
+	m.Version = 17
+	blob, err := encodeModel(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := decodeModel(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Version != 17 || len(back.Layers) != len(m.Layers) || !reflect.DeepEqual(back.Classes, m.Classes) {
+		t.Fatalf("round trip changed the model: %+v", back)
+	}
+	for k := range m.Layers {
+		if !bnn.LayersEqual(&m.Layers[k], &back.Layers[k]) {
+			t.Errorf("layer %d differs after round trip", k)
+		}
+	}
+	for _, cut := range []int{3, len(modelMagic) + 2, len(blob) - 1} {
+		if _, err := decodeModel(blob[:cut]); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("blob cut at %d: err %v, want ErrCorrupt", cut, err)
+		}
+	}
+	flip := append([]byte(nil), blob...)
+	flip[len(flip)-3] ^= 0x40 // a weight byte: the sidecar's SHA-256 no longer matches
+	if _, err := decodeModel(flip); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("flipped weight byte: err %v, want ErrCorrupt", err)
+	}
+	bad := m.Clone()
+	bad.Last().WeightMu[0] = math.NaN()
+	if _, err := encodeModel(bad); !errors.Is(err, ErrInvalid) {
+		t.Errorf("NaN model: err %v, want ErrInvalid", err)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	p2 := 0.42
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	h := header{status: certify.AtRisk, target: 3, anchor: 1 << 40, p1: 0.97, var1: 0.003, delta: 0.05, epsilon: 0.01, samples: 1000, updated: at.UnixNano()}
+	got, err := decodeHeader(h.encode())
+	if err != nil || got != h {
+		t.Fatalf("header round trip: %+v, %v; want %+v", got, err, h)
+	}
+	b := body{created: at.UnixNano(), x: []float64{1, -2.5, math.MaxFloat64}, xcf: []float64{0, math.SmallestNonzeroFloat64, 3},
+		history: []StatusChange{
+			{At: at, From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 9, KL: 1e-4, Bound: 0.93, VarBound: 0.07, P2: &p2},
+			{At: at.Add(time.Second), From: certify.AtRisk, To: certify.Certified, PosteriorVersion: 10, KL: 2e-5, Bound: 0.96, VarBound: 0.03},
+		}}
+	gb, err := decodeBody(b.encode(), true)
+	if err != nil || !reflect.DeepEqual(gb, b) {
+		t.Fatalf("body round trip:\n got %+v, %v\nwant %+v", gb, err, b)
+	}
+	enc := b.encode()
+	for _, cut := range []int{0, 5, 12, len(enc) - 1} {
+		if _, err := decodeBody(enc[:cut], true); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("body cut at %d: err %v, want ErrCorrupt", cut, err)
+		}
+	}
+	if _, err := decodeHeader(h.encode()[:63]); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("short header: err %v", err)
+	}
+	var hist []StatusChange
+	for i := 0; i < MaxHistory+5; i++ {
+		hist = appendHistory(hist, StatusChange{ID: "x", PosteriorVersion: uint64(i)})
+	}
+	if len(hist) != MaxHistory || hist[0].PosteriorVersion != 5 || hist[0].ID != "" {
+		t.Errorf("history keeps %d entries from version %d", len(hist), hist[0].PosteriorVersion)
+	}
+}
+
+func TestPutValidation(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	if err := l.Put(&CE{XCF: []float64{1, 2, 3}}); !errors.Is(err, ErrNoPosterior) {
+		t.Fatalf("put without posterior: %v", err)
+	}
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(1, 1))
+	good := func() *CE { return newCE(t, m, rng) }
+	tests := []struct {
+		name string
+		edit func(*CE)
+		want error
+	}{
+		{"short x_cf", func(c *CE) { c.XCF = c.XCF[:2] }, ErrInvalid},
+		{"NaN in x", func(c *CE) { c.X[1] = math.NaN() }, ErrInvalid},
+		{"target out of range", func(c *CE) { c.Target = 2 }, ErrInvalid},
+		{"p1 above 1", func(c *CE) { c.P1 = 1.5 }, ErrInvalid},
+		{"no samples", func(c *CE) { c.Samples = 0 }, ErrInvalid},
+		{"bad id", func(c *CE) { c.ID = "a b" }, ErrInvalid},
+		{"unknown anchor", func(c *CE) { c.AnchorVersion = 99 }, ErrUnknownAnchor},
+	}
+	for _, tt := range tests {
+		c := good()
+		tt.edit(c)
+		if err := l.Put(c); !errors.Is(err, tt.want) {
+			t.Errorf("%s: err %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	a, b := good(), good()
+	a.ID, b.ID = "dup", "dup"
+	if err := l.Put(a, b); !errors.Is(err, ErrExists) {
+		t.Errorf("duplicate in batch: %v", err)
+	}
+	if err := l.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	c := good()
+	c.ID = "dup"
+	if err := l.Put(c); !errors.Is(err, ErrExists) {
+		t.Errorf("duplicate of stored: %v", err)
+	}
+	// A rejected batch stores nothing: one CE is stored ("dup").
+	if n, err := l.Counts(); err != nil || sum(n) != 1 {
+		t.Errorf("counts after rejected puts: %v, %v", n, err)
+	}
+}
+
+func sum(m map[certify.Status]int) int {
+	s := 0
+	for _, n := range m {
+		s += n
+	}
+	return s
+}
+
+// Registering under the current posterior: certified (in set, KL = 0) or uncertified (outside),
+// the current posterior stored as an anchor, the derived bound equal to p1 at KL = 0.
+func TestPutStatuses(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(2, 2))
+	in := newCE(t, m, rng)
+	out := newCE(t, m, rng)
+	out.P1 = 0.9 // below 1 - delta
+	if err := l.Put(in, out); err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != certify.Certified || out.Status != certify.Uncertified {
+		t.Fatalf("statuses %v, %v; want certified, uncertified (p1 %v var1 %v)", in.Status, out.Status, in.P1, in.Var1)
+	}
+	got, err := l.Get(in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Bound != in.P1 || got.KLFromAnchor != 0 || got.Status != certify.Certified || !reflect.DeepEqual(got.XCF, in.XCF) {
+		t.Errorf("stored CE %+v", got)
+	}
+	anchors, err := l.Anchors()
+	if err != nil || len(anchors) != 1 || anchors[0].Version != m.Version || anchors[0].Refs != 1 {
+		t.Errorf("anchors %+v, %v; want version %d with 1 reference (uncertified CEs hold none)", anchors, err, m.Version)
+	}
+	if _, err := l.Get("nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get unknown: %v", err)
+	}
+}
+
+// A CE registered against an older, still-live anchor is judged at KL(q_now || q_anchor), with
+// a Monte-Carlo check when the bound fails.
+func TestPutOlderAnchor(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(3, 3))
+	keep := newCE(t, m0, rng) // keeps anchor 0 alive
+	late := newCE(t, m0, rng) // measured under m0, registered after m1
+	if err := l.Put(keep); err != nil {
+		t.Fatal(err)
+	}
+	m1 := drift(m0, -0.05) // KL = 50 * 0.0025 = 0.125: beyond every budget
+	commit(t, l, m1, 1)
+	if err := l.Put(late); err != nil {
+		t.Fatal(err)
+	}
+	kl, _, _ := certify.KL(m1, m0)
+	if math.Abs(late.KLFromAnchor-kl) > 1e-15 || math.Abs(kl-0.125) > 1e-12 {
+		t.Errorf("KL from anchor %v, want KL(m1||m0) = %v = 0.125", late.KLFromAnchor, kl)
+	}
+	if late.Status != certify.AtRisk {
+		t.Errorf("late CE status %v, want at_risk (bound fails, p under m1 still > 1/2)", late.Status)
+	}
+}
+
+func TestReopenIdenticalState(t *testing.T) {
+	l, dir := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(4, 4))
+	var ces []*CE
+	for i := 0; i < 50; i++ {
+		ces = append(ces, newCE(t, m, rng))
+	}
+	if err := l.Put(ces...); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		m = drift(m, -0.004)
+		if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(10 * (i + 1)), 3: 7},
+			Applied: 10, Counters: map[string]int64{"updates_promoted": 1}, Step: &Step{Version: m.Version, KL: 8e-4, Outcome: "promoted"}},
+			RecertifyOptions{Samples: 200, Seed: 9}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap := func(l *Ledger) string {
+		t.Helper()
+		st, err := l.State()
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := l.List(0, 10000, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		an, _ := l.Anchors()
+		hist, _ := l.KLHistory(0)
+		cur, err := l.Current()
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob, _ := encodeModel(cur)
+		b, err := json.Marshal([]any{st, all, an, hist, blob})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := snap(l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if after := snap(l2); after != before {
+		t.Errorf("state differs after reopen:\nbefore %.400s\nafter  %.400s", before, after)
+	}
+	st, _ := l2.State()
+	if st.Applied != 30 || st.Offsets[0] != 30 || st.Offsets[3] != 7 || st.Counters["updates_promoted"] != 3 || st.PosteriorVersion != 3 {
+		t.Errorf("state %+v", st)
+	}
+	// A second Open of the same file waits for the lock and fails clearly.
+	if _, err := Open(dir, Options{LockTimeout: 50 * time.Millisecond}); err == nil {
+		t.Error("second Open of a locked ledger succeeded")
+	}
+}
+
+func TestFailedCheckpointWritesNothing(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(5, 5))
+	if err := l.Put(newCE(t, m, rng), newCE(t, m, rng)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(&Checkpoint{Offsets: map[int]int64{0: 5}, Applied: 5}); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		st, err := l.State()
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, _ := l.List(0, 100, "")
+		an, _ := l.Anchors()
+		hist, _ := l.KLHistory(0)
+		b, _ := json.Marshal([]any{st, all, an, hist})
+		return string(b)
+	}
+	before := state()
+	next := drift(m, -0.001)
+	rep, changes, err := l.Recertify(context.Background(), next, RecertifyOptions{Samples: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nan := drift(m, 0)
+	nan.Last().BiasMu[0] = math.Inf(1)
+	stale := func() (*Report, []StatusChange) {
+		r, ch, err := l.Recertify(context.Background(), next, RecertifyOptions{Samples: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Generation-- // as if CEs had been registered since
+		return &r, ch
+	}
+	sr, sch := stale()
+	old := m.Clone()
+	tests := []struct {
+		name string
+		c    *Checkpoint
+		want error
+	}{
+		{"invalid model", &Checkpoint{Model: nan, Offsets: map[int]int64{0: 9}, Applied: 4}, ErrInvalid},
+		{"version does not advance", &Checkpoint{Model: func() *bnn.Model { o := drift(old, 0.1); o.Version = 0; return o }(), Offsets: map[int]int64{0: 9}}, ErrVersion},
+		{"posterior change without re-certification", &Checkpoint{Model: next, Offsets: map[int]int64{0: 9}}, ErrNotRecertified},
+		{"report for another posterior", &Checkpoint{Model: drift(m, -0.002), Recertified: &rep, Changes: changes}, ErrNotRecertified},
+		{"stale report", &Checkpoint{Model: next, Recertified: sr, Changes: sch, Offsets: map[int]int64{0: 9}}, ErrStale},
+		{"negative offset", &Checkpoint{Offsets: map[int]int64{0: -1}}, ErrInvalid},
+		{"negative counter delta", &Checkpoint{Counters: map[string]int64{"x": -1}}, ErrInvalid},
+		{"changes without report", &Checkpoint{Changes: []StatusChange{{ID: "a", From: certify.Certified, To: certify.AtRisk}}}, ErrInvalid},
+		{"infinite step KL", &Checkpoint{Step: &Step{KL: math.Inf(1)}}, ErrInvalid},
+	}
+	for _, tt := range tests {
+		if err := l.Checkpoint(tt.c); !errors.Is(err, tt.want) {
+			t.Errorf("%s: err %v, want %v", tt.name, err, tt.want)
+		}
+		if after := state(); after != before {
+			t.Fatalf("%s: failed checkpoint changed the state:\nbefore %.300s\nafter  %.300s", tt.name, before, after)
+		}
+	}
+	// The good report still applies.
+	if err := l.Checkpoint(&Checkpoint{Model: next, Recertified: &rep, Changes: changes, Offsets: map[int]int64{0: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := l.State(); st.PosteriorVersion != next.Version || st.Offsets[0] != 9 {
+		t.Errorf("state after good checkpoint %+v", st)
+	}
+}
+
+// Puts between Recertify and Checkpoint make the report stale; Commit never is.
+func TestStaleAfterPut(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(6, 6))
+	if err := l.Put(newCE(t, m, rng)); err != nil {
+		t.Fatal(err)
+	}
+	next := drift(m, -0.001)
+	rep, ch, err := l.Recertify(context.Background(), next, RecertifyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Put(newCE(t, m, rng)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(&Checkpoint{Model: next, Recertified: &rep, Changes: ch}); !errors.Is(err, ErrStale) {
+		t.Fatalf("checkpoint after put: %v, want ErrStale", err)
+	}
+	rep, _ = commit(t, l, next, 1)
+	if rep.Checked != 2 {
+		t.Errorf("commit checked %d CEs, want 2", rep.Checked)
+	}
+}
+
+func TestKLHistoryRing(t *testing.T) {
+	l, _ := openTest(t, Options{KLHistory: 5})
+	m := testModel(4)
+	install(t, l, m)
+	for i := 1; i <= 8; i++ {
+		if err := l.Checkpoint(&Checkpoint{Step: &Step{Version: uint64(i), KL: float64(i) * 1e-4, Outcome: "rejected"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := l.KLHistory(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 5 || h[0].Seq != 4 || h[4].Seq != 8 || h[4].KL != 8e-4 || h[4].Outcome != "rejected" {
+		t.Errorf("history %+v, want seq 4..8", h)
+	}
+	if h2, _ := l.KLHistory(2); len(h2) != 2 || h2[1].Seq != 8 {
+		t.Errorf("last 2: %+v", h2)
+	}
+}
