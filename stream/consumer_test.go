@@ -1,21 +1,396 @@
 package stream
 
 import (
-	"github.com/cfguard/cfguard/broker"
+	"context"
+	"errors"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
 )
 
-func TestConsumeGoodRecords(t *testing.T) {
+// readTopic reads n messages from partition 0 of topic, from the start, without a group.
+func readTopic(t *testing.T, conn ConnConfig, topic string, n int) []kafka.Message {
+	t.Helper()
+	if err := conn.applyDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: conn.Brokers, Topic: topic, Dialer: conn.dialer(), MaxWait: 50 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out []kafka.Message
+	for len(out) < n {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading %s after %d of %d messages: %v", topic, len(out), n, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func TestConsumeBothForms(t *testing.T) {
 	b := startBroker(t, broker.Config{})
 	conn := plainConn(b)
-	produce(t, conn, recordsTopic, 0, goodRecords("r", 10)...)
-	start := time.Now()
-	c := newConsumer(t, consumerConfig(conn, "g1"))
-	incs := collect(t, c, 10, 20*time.Second)
-	t.Logf("first 10 records after %v in %d increments", time.Since(start), len(incs))
-	if got, want := ids(incs), []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"}; !slices.Equal(got, want) {
-		t.Fatalf("ids %v, want %v", got, want)
+	produce(t, conn, recordsTopic, 0,
+		`{"id":"arr-idx","features":[1,2,3],"label":1}`,
+		`{"id":"arr-name","features":[4,5,6],"label":"benign","ts":"2024-01-02T03:04:05Z"}`,
+		`{"id":"map-idx","features":{"c":9,"b":8,"a":7},"label":0,"ts":1700000000}`,
+		`{"id":"map-name","features":{"a":-1,"b":-2,"c":-3},"label":"malicious"}`,
+	)
+	before := time.Now().Add(-time.Minute)
+	c := newConsumer(t, consumerConfig(conn, "forms"))
+	incs := collect(t, c, 4, 20*time.Second)
+	want := []Record{
+		{ID: "arr-idx", X: []float64{1, 2, 3}, Label: 1, Offset: 0},
+		{ID: "arr-name", X: []float64{4, 5, 6}, Label: 0, Offset: 1, Time: time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)},
+		{ID: "map-idx", X: []float64{7, 8, 9}, Label: 0, Offset: 2, Time: time.Unix(1700000000, 0)},
+		{ID: "map-name", X: []float64{-1, -2, -3}, Label: 1, Offset: 3},
+	}
+	var got []Record
+	for _, inc := range incs {
+		got = append(got, inc.Records...)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d records, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.ID != w.ID || !slices.Equal(g.X, w.X) || g.Label != w.Label || g.Partition != 0 || g.Offset != w.Offset {
+			t.Errorf("record %d = %+v, want %+v", i, g, w)
+		}
+		// Without ts, Time is the Kafka message time, which the producer set just now.
+		if !w.Time.IsZero() && !g.Time.Equal(w.Time) || w.Time.IsZero() && g.Time.Before(before) {
+			t.Errorf("record %s time %v, want %v", g.ID, g.Time, w.Time)
+		}
+	}
+	X, y := incs[0].XY()
+	if len(X) != len(incs[0].Records) || !slices.Equal(X[0], got[0].X) || y[0] != got[0].Label {
+		t.Errorf("XY() = %v, %v", X, y)
+	}
+	if s := c.Stats(); s.Decoded != 4 || s.Fetched != 4 || s.Increments != int64(len(incs)) {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestDeadLetters(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	// One bad record per reason, each between two good ones.
+	bad := map[string]string{
+		ReasonBadJSON:        `{"id":"b1","features":[1,2,3],"label":0`,
+		ReasonTooLarge:       `{"id":"b2","features":[1,2,3],"label":0,"pad":"` + strings.Repeat("x", 600) + `"}`,
+		ReasonUnknownField:   `{"id":"b3","features":[1,2,3],"label":0,"weight":2}`,
+		ReasonDuplicateField: `{"id":"b4","features":[1,2,3],"label":0,"label":1}`,
+		ReasonMissingField:   `{"id":"b5","features":[1,2,3]}`,
+		ReasonBadType:        `{"id":"b6","features":[1,"2",3],"label":0}`,
+		ReasonBadID:          `{"id":"","features":[1,2,3],"label":0}`,
+		ReasonWrongDimension: `{"id":"b8","features":[1,2],"label":0}`,
+		ReasonNotFinite:      `{"id":"b9","features":[1,"NaN",3],"label":0}`,
+		ReasonUnknownFeature: `{"id":"b10","features":{"a":1,"b":2,"zz":3},"label":0}`,
+		ReasonMissingFeature: `{"id":"b11","features":{"a":1,"b":2},"label":0}`,
+		ReasonUnknownLabel:   `{"id":"b12","features":[1,2,3],"label":"spam"}`,
+		ReasonBadTimestamp:   `{"id":"b13","features":[1,2,3],"label":0,"ts":"soon"}`,
+	}
+	var values, wantGood, wantReasons []string
+	values = append(values, goodRecord("g0", 0))
+	wantGood = append(wantGood, "g0")
+	for i, reason := range Reasons() {
+		values = append(values, bad[reason], goodRecord(fmt.Sprintf("g%d", i+1), i+1))
+		wantGood = append(wantGood, fmt.Sprintf("g%d", i+1))
+		wantReasons = append(wantReasons, reason)
+	}
+	if len(bad) != len(Reasons()) {
+		t.Fatalf("test covers %d reasons, there are %d", len(bad), len(Reasons()))
+	}
+	produce(t, conn, recordsTopic, 0, values...)
+
+	cfg := consumerConfig(conn, "dlq")
+	c := newConsumer(t, cfg)
+	incs := collect(t, c, len(wantGood), 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, wantGood) {
+		t.Fatalf("good ids %v, want %v", got, wantGood)
+	}
+	nDead := 0
+	for _, inc := range incs {
+		nDead += inc.DeadLettered
+	}
+	if nDead != len(wantReasons) {
+		t.Fatalf("increments report %d dead letters, want %d", nDead, len(wantReasons))
+	}
+	// The dead letters are on the broker as soon as Next has returned: before any commit.
+	if hw := b.HighWatermarks(deadTopic); len(hw) != 1 || hw[0] != int64(len(wantReasons)) {
+		t.Fatalf("dead-letter topic high watermark %v before commit, want [%d]", hw, len(wantReasons))
+	}
+	dl := readTopic(t, conn, deadTopic, len(wantReasons))
+	for i, m := range dl {
+		reason := wantReasons[i]
+		srcOffset := int64(2*i + 1)
+		if got := header(m, HeaderReason); got != reason {
+			t.Errorf("dead letter %d: reason %q, want %q", i, got, reason)
+		}
+		if header(m, HeaderError) == "" {
+			t.Errorf("dead letter %d (%s): no error detail", i, reason)
+		}
+		if header(m, HeaderSourceTopic) != recordsTopic || header(m, HeaderSourcePartition) != "0" ||
+			header(m, HeaderSourceOffset) != strconv.FormatInt(srcOffset, 10) {
+			t.Errorf("dead letter %d (%s): source headers %v", i, reason, m.Headers)
+		}
+		if string(m.Value) != bad[reason] || string(m.Key) != fmt.Sprintf("p0/%d", srcOffset) {
+			t.Errorf("dead letter %d (%s): key %q value %q, want the original", i, reason, m.Key, m.Value)
+		}
+	}
+	s := c.Stats()
+	for _, r := range Reasons() {
+		if s.DeadLettered[r] != 1 {
+			t.Errorf("Stats().DeadLettered[%s] = %d, want 1", r, s.DeadLettered[r])
+		}
+	}
+	// Committing and restarting shows the bad records are consumed for good.
+	for _, inc := range incs {
+		if err := c.Commit(context.Background(), inc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	produce(t, conn, recordsTopic, 0, goodRecord("after", 99))
+	c2 := newConsumer(t, cfg)
+	if got := ids(collect(t, c2, 1, 20*time.Second)); !slices.Equal(got, []string{"after"}) {
+		t.Fatalf("after commit and restart got %v, want [after]", got)
+	}
+}
+
+func TestIncrementBounds(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("r", 25)...)
+	cfg := consumerConfig(conn, "bounds")
+	cfg.MaxRecords = 10
+	cfg.MaxWait = 400 * time.Millisecond
+	c := newConsumer(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var sizes []int
+	var last time.Duration
+	for range 3 {
+		t0 := time.Now()
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = time.Since(t0)
+		sizes = append(sizes, len(inc.Records))
+		if inc.NextOffsets[0] != int64(sumInts(sizes)) {
+			t.Fatalf("increment %d NextOffsets %v, want {0:%d}", len(sizes), inc.NextOffsets, sumInts(sizes))
+		}
+	}
+	if !slices.Equal(sizes, []int{10, 10, 5}) {
+		t.Fatalf("increment sizes %v, want [10 10 5]", sizes)
+	}
+	// The last increment was cut by MaxWait, which starts when its first message arrives,
+	// during this call.
+	if last < cfg.MaxWait {
+		t.Fatalf("short increment returned after %v, before MaxWait %v", last, cfg.MaxWait)
+	}
+	// Nothing more: Next does not return empty increments; it waits for the context.
+	short, cancelShort := context.WithTimeout(ctx, 3*cfg.MaxWait)
+	defer cancelShort()
+	if inc, err := c.Next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Next on an idle topic = %+v, %v; want DeadlineExceeded", inc, err)
+	}
+	// A single record arriving later is returned within MaxWait.
+	produce(t, conn, recordsTopic, 0, goodRecord("late", 1))
+	t0 := time.Now()
+	inc, err := c.Next(ctx)
+	if err != nil || len(inc.Records) != 1 || inc.Records[0].ID != "late" {
+		t.Fatalf("late record: %+v, %v", inc, err)
+	}
+	t.Logf("late record returned after %v (MaxWait %v)", time.Since(t0), cfg.MaxWait)
+}
+
+func sumInts(xs []int) int {
+	s := 0
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+func TestCommitOnlyByCommit(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("a", 5)...)
+	cfg := consumerConfig(conn, "commit")
+
+	c1 := newConsumer(t, cfg)
+	first := ids(collect(t, c1, 5, 20*time.Second))
+	if err := c1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Not committed: a new member of the group gets the same records again.
+	c2 := newConsumer(t, cfg)
+	incs := collect(t, c2, 5, 20*time.Second)
+	if again := ids(incs); !slices.Equal(again, first) {
+		t.Fatalf("without Commit the restarted consumer got %v, want %v again", again, first)
+	}
+	for _, inc := range incs {
+		if err := c2.Commit(context.Background(), inc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := c2.Stats(); s.Commits != int64(len(incs)) {
+		t.Fatalf("Stats().Commits = %d, want %d", s.Commits, len(incs))
+	}
+	c2.Close()
+	// Committed: the next member starts after them.
+	produce(t, conn, recordsTopic, 0, goodRecords("b", 2)...)
+	c3 := newConsumer(t, cfg)
+	if got := ids(collect(t, c3, 2, 20*time.Second)); !slices.Equal(got, []string{"b0", "b1"}) {
+		t.Fatalf("after Commit the restarted consumer got %v, want [b0 b1]", got)
+	}
+}
+
+func TestResumeSkipsApplied(t *testing.T) {
+	b := startBroker(t, broker.Config{Topics: []string{recordsTopic, deadTopic}, Partitions: 2})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("p0-", 5)...)
+	produce(t, conn, recordsTopic, 1, goodRecords("p1-", 5)...)
+	cfg := consumerConfig(conn, "resume")
+	cfg.Resume = map[int]int64{0: 3, 1: 1} // the checkpoint says these were applied
+	c := newConsumer(t, cfg)
+	incs := collect(t, c, 6, 20*time.Second)
+	got := ids(incs)
+	slices.Sort(got)
+	if want := []string{"p0-3", "p0-4", "p1-1", "p1-2", "p1-3", "p1-4"}; !slices.Equal(got, want) {
+		t.Fatalf("after Resume got %v, want %v", got, want)
+	}
+	skipped := 0
+	next := map[int]int64{}
+	for _, inc := range incs {
+		skipped += inc.Skipped
+		for p, o := range inc.NextOffsets {
+			next[p] = max(next[p], o)
+		}
+		if err := c.Commit(context.Background(), inc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if skipped != 4 || next[0] != 5 || next[1] != 5 {
+		t.Fatalf("skipped %d (want 4), next offsets %v (want 0:5 1:5)", skipped, next)
+	}
+	c.Close()
+
+	// A crash after the checkpoint but before Commit: the group offsets are behind the
+	// checkpoint. Replay with a fresh group and a checkpoint covering everything: the
+	// increment holds no records, only skipped messages, and is returned so that they
+	// get committed.
+	produce(t, conn, recordsTopic, 0, goodRecord("new", 1))
+	cfg.GroupID = "resume-crash"
+	cfg.Resume = map[int]int64{0: 5, 1: 5}
+	c2 := newConsumer(t, cfg)
+	incs = collect(t, c2, 1, 20*time.Second)
+	skipped = 0
+	for _, inc := range incs {
+		skipped += inc.Skipped
+	}
+	if got := ids(incs); !slices.Equal(got, []string{"new"}) || skipped != 10 {
+		t.Fatalf("replay got %v with %d skipped; want [new] with 10 skipped", got, skipped)
+	}
+}
+
+func TestPendingSurvivesCancelledNext(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("r", 3)...)
+	cfg := consumerConfig(conn, "pending")
+	cfg.MaxWait = 1500 * time.Millisecond
+	c := newConsumer(t, cfg)
+	// Wait for the records to be fetched into the pending increment, then give up early.
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := c.Next(ctx); errc <- err }()
+	waitFor(t, "3 pending records", 20*time.Second, func() bool { return c.Stats().Pending == 3 })
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Next: %v", err)
+	}
+	// Nothing fetched was lost.
+	if got := ids(collect(t, c, 3, 20*time.Second)); !slices.Equal(got, []string{"r0", "r1", "r2"}) {
+		t.Fatalf("after a cancelled Next got %v, want [r0 r1 r2]", got)
+	}
+}
+
+func TestConsumerStopsOnContextCancel(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := NewConsumer(ctx, consumerConfig(conn, "cancel"), testSchema(t), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := c.Next(context.Background()); errc <- err }()
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("Next after the consumer's context ended: %v, want ErrClosed", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Next did not return within 20s of the consumer's context ending")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConsumerConfigRejected(t *testing.T) {
+	good := ConsumerConfig{Conn: ConnConfig{Brokers: []string{"127.0.0.1:1"}}, Topic: "t", GroupID: "g", DeadLetterTopic: "d"}
+	for _, tc := range []struct {
+		name string
+		edit func(*ConsumerConfig)
+		want string
+	}{
+		{"no brokers", func(c *ConsumerConfig) { c.Conn.Brokers = nil }, "Brokers"},
+		{"bad broker", func(c *ConsumerConfig) { c.Conn.Brokers = []string{"localhost"} }, "host:port"},
+		{"no topic", func(c *ConsumerConfig) { c.Topic = "" }, "Topic"},
+		{"no group", func(c *ConsumerConfig) { c.GroupID = "" }, "GroupID"},
+		{"no dlq", func(c *ConsumerConfig) { c.DeadLetterTopic = "" }, "DeadLetterTopic"},
+		{"dlq is topic", func(c *ConsumerConfig) { c.DeadLetterTopic = "t" }, "differ"},
+		{"negative max records", func(c *ConsumerConfig) { c.MaxRecords = -1 }, "MaxRecords"},
+		{"negative max wait", func(c *ConsumerConfig) { c.MaxWait = -time.Second }, "MaxWait"},
+		{"retry bounds", func(c *ConsumerConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }, "RetryMax"},
+		{"bad resume", func(c *ConsumerConfig) { c.Resume = map[int]int64{0: -1} }, "Resume"},
+		{"sasl mechanism", func(c *ConsumerConfig) { c.Conn.SASL = &SASL{Mechanism: "GSSAPI", User: "u"} }, "GSSAPI"},
+		{"sasl user", func(c *ConsumerConfig) { c.Conn.SASL = &SASL{Mechanism: "PLAIN"} }, "User"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good
+			tc.edit(&cfg)
+			c, err := NewConsumer(context.Background(), cfg, testSchema(t), nil)
+			if err == nil {
+				c.Close()
+				t.Fatal("NewConsumer accepted a bad config")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not name %q", err, tc.want)
+			}
+		})
 	}
 }
