@@ -25,14 +25,34 @@ func (m *Model) NewNet() *Net {
 }
 
 // Sample draws every parameter into dst: w = mu + exp(log_sigma) * e, e ~ N(0, 1).
-func (m *Model) Sample(rng *rand.Rand, dst *Net) {
+func (m *Model) Sample(rng *rand.Rand, dst *Net) { m.sampleWith(m.sigmas(), rng, dst) }
+
+// sigmas returns exp(log_sigma) for every parameter, in the layout of a Net, so that repeated
+// draws need no transcendental functions.
+func (m *Model) sigmas() *Net {
+	s := m.NewNet()
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		for i, ls := range l.WeightLogSigma {
+			s.W[k][i] = math.Exp(ls)
+		}
+		for i, ls := range l.BiasLogSigma {
+			s.B[k][i] = math.Exp(ls)
+		}
+	}
+	return s
+}
+
+// sampleWith draws w = mu + sigma * e with precomputed sigmas (see sigmas). The order of draws
+// is the same as Sample's, so results agree bit for bit.
+func (m *Model) sampleWith(sig *Net, rng *rand.Rand, dst *Net) {
 	for k := range m.Layers {
 		l := &m.Layers[k]
 		for i, mu := range l.WeightMu {
-			dst.W[k][i] = mu + math.Exp(l.WeightLogSigma[i])*rng.NormFloat64()
+			dst.W[k][i] = mu + sig.W[k][i]*rng.NormFloat64()
 		}
 		for i, mu := range l.BiasMu {
-			dst.B[k][i] = mu + math.Exp(l.BiasLogSigma[i])*rng.NormFloat64()
+			dst.B[k][i] = mu + sig.B[k][i]*rng.NormFloat64()
 		}
 	}
 }
@@ -162,12 +182,12 @@ func (m *Model) Predict(X [][]float64, samples int, seed uint64) (*Predictive, e
 	}
 	n, c := len(X), m.NumClasses()
 	p := &Predictive{N: n, C: c, S: samples, Mean: make([]float64, n*c), Var: make([]float64, n*c)}
-	net := m.NewNet()
+	net, sig := m.NewNet(), m.sigmas()
 	probs := mat.NewDense(n, c, nil)
 	var work []*mat.Dense
 	// Welford's running mean and sum of squared deviations (kept in Var until the end).
 	for s := 0; s < samples; s++ {
-		m.Sample(SampleSeed(seed, s), net)
+		m.sampleWith(sig, SampleSeed(seed, s), net)
 		work = net.Probs(z, probs, work)
 		raw := probs.RawMatrix().Data
 		k := float64(s + 1)
