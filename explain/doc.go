@@ -1,0 +1,38 @@
+// Package explain generates counterfactual explanations (CEs) for a Bayesian MLP (package bnn):
+// PSCE, the paper's probabilistically safe counterfactuals, and two baselines, Wachter et al.'s
+// gradient search and Schut et al.'s greedy search. It also holds the generative models the
+// search and its evaluation need: a variational autoencoder (VAE) for PSCE's plausibility terms
+// and plain autoencoders (AE) for the IM1 metric.
+//
+// Everything works in the model's standardised feature space z = (x - mean) / std (the model's
+// Scaler); callers pass and receive raw features.
+//
+// # PSCE
+//
+// Starting at x' = x, PSCE minimises with Adam (paper, Section "Generating Counterfactuals")
+//
+//	L(x') = l_class L_clf + l_delta L_delta + l_latent L_ldist + l_var L_var - l_elbo ELBO(x')
+//	L_clf   = -E_w[ log p(y' | x', w) ]
+//	L_delta = max((1 - delta) - E_w[ p(y' | x', w) ], 0)
+//	L_var   = max(Var_w[ p(y' | x', w) ] - eps, 0)
+//	L_ldist = || mu_enc(x) - mu_enc(x') ||^2
+//	ELBO    = E_q(z|x')[ log N(x'; dec(z), obs_var I) ] - KL(q(z|x') || N(0, I))
+//
+// until x' lies in the <delta,eps>-set
+//
+//	S_<delta,eps> = { x' : E_w[p(y'|x',w)] >= 1 - delta  and  Var_w[p(y'|x',w)] <= eps }
+//
+// and is classified as y'. The expectations over the posterior q(w) are Monte-Carlo means over S
+// sampled networks per iteration (see Config.Samples and Config.PoolSize for how they are drawn);
+// the variance uses the unbiased 1/(S-1) estimator. Gradients with respect to x' flow through the
+// sampled networks and the VAE by gorgonia's symbolic differentiation; the graph is built once and
+// only its inputs (sampled weights, ELBO noise) are rebound between iterations.
+//
+// Set membership and validity are never taken from the optimiser's own minibatch: an iterate is
+// accepted only if an independent ensemble of Config.CheckSamples draws confirms it, and the
+// reported P1 and Var1 come from a third, fresh estimate (bnn.Model.Predict with
+// Config.FinalSamples draws), so that stopping on a lucky estimate does not bias what is reported.
+//
+// A Generate call that ends without a valid counterfactual returns an error wrapping ErrNotFound
+// (a *NotFoundError carrying the best attempt); a Result is always valid.
+package explain

@@ -1,0 +1,269 @@
+package explain
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/dataset"
+)
+
+// blobs is a two-class data set in d dimensions: class 0 around -1.5, class 1 around +1.5 in
+// every feature, unit variance, raw features shifted and scaled so that standardisation matters.
+func blobs(n, d int, seed uint64) *dataset.Set {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	s := &dataset.Set{NumClasses: 2}
+	for i := 0; i < n; i++ {
+		y := i % 2
+		x := make([]float64, d)
+		for j := range x {
+			x[j] = 10 + 3*float64(j) + 2*(float64(2*y-1)*1.5+rng.NormFloat64())
+		}
+		s.X = append(s.X, x)
+		s.Y = append(s.Y, y)
+	}
+	return s
+}
+
+var (
+	blobOnce  sync.Once
+	blobModel *bnn.Model
+	blobVAE   *VAE
+	blobSet   *dataset.Set
+	blobErr   error
+)
+
+// blobFixture trains (once per test binary) a BNN and a VAE on blobs.
+func blobFixture(t *testing.T) (*bnn.Model, *VAE, *dataset.Set) {
+	t.Helper()
+	blobOnce.Do(func() {
+		blobSet = blobs(300, 4, 1)
+		blobModel, _, blobErr = bnn.Fit(context.Background(), blobSet, []string{"neg", "pos"}, bnn.TrainConfig{Seed: 1, Epochs: 40, Hidden: []int{16, 8}})
+		if blobErr != nil {
+			return
+		}
+		blobVAE, _, blobErr = TrainVAE(context.Background(), blobModel, blobSet.X, TrainConfig{Seed: 1, Epochs: 30, Hidden: 16, Latent: 2})
+	})
+	if blobErr != nil {
+		t.Fatal(blobErr)
+	}
+	return blobModel, blobVAE, blobSet
+}
+
+func TestGenerateBadRequests(t *testing.T) {
+	m, v, set := blobFixture(t)
+	g := NewGenerator(m, v, Config{Seed: 1})
+	x := set.X[0] // class 0
+	nan := append([]float64(nil), x...)
+	nan[2] = math.NaN()
+	inf := append([]float64(nil), x...)
+	inf[1] = math.Inf(-1)
+	for _, tc := range []struct {
+		name   string
+		x      []float64
+		target int
+		want   string
+	}{
+		{"short", x[:3], 1, "x has 3 features, model expects 4"},
+		{"long", append(append([]float64(nil), x...), 1), 1, "x has 5 features"},
+		{"empty", nil, 1, "x has 0 features"},
+		{"nan", nan, 1, "feature 2 is NaN"},
+		{"inf", inf, 1, "feature 1 is -Inf"},
+		{"target too big", x, 2, "target class 2, want -1 (any other class) or 0..1"},
+		{"target negative", x, -2, "target class -2"},
+		{"already target", x, 0, "already classified as target class 0 (neg)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := g.Generate(context.Background(), tc.x, tc.target)
+			if r != nil || !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got (%v, %v), want ErrInvalidInput containing %q", r, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestGeneratorConfigErrors(t *testing.T) {
+	m, v, set := blobFixture(t)
+	other := m.Clone()
+	other.Scaler.Mean[0] += 1
+	bad := m.Clone()
+	bad.Layers[0].WeightMu[0] = math.NaN()
+	for _, tc := range []struct {
+		name string
+		g    *Generator
+		want string
+	}{
+		{"nil model", NewGenerator(nil, v, Config{}), "nil model"},
+		{"invalid model", NewGenerator(bad, v, Config{}), "weight_mu[0] = NaN"},
+		{"psce without vae", NewGenerator(m, nil, Config{}), "psce needs a VAE"},
+		{"vae for another scaler", NewGenerator(other, v, Config{}), "scaler differs at feature 0"},
+		{"delta", NewGenerator(m, v, Config{Delta: 0.7}), "delta 0.7"},
+		{"method", NewGenerator(m, v, Config{Method: "dice"}), `unknown counterfactual method "dice"`},
+		{"negative weight", NewGenerator(m, v, Config{Weights: &Weights{Class: -1}}), "weight class = -1"},
+		{"pool", NewGenerator(m, v, Config{Samples: 64, PoolSize: 10}), "pool_size 10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.g.Generate(context.Background(), set.X[0], 1)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrConfig containing %q", err, tc.want)
+			}
+		})
+	}
+	// The baselines do not need a VAE.
+	if _, err := NewGenerator(m, nil, Config{Method: MethodWachter}).Generate(context.Background(), set.X[0], 1); err != nil {
+		t.Fatalf("wachter without vae: %v", err)
+	}
+}
+
+// TestGenerateBlobs checks each method's contract on an easy problem: the result is valid under
+// an independent estimate, the reported P1/Var1 are reproducible with m.Predict and the Result's
+// seed, PSCE's result is in the set, and equal seeds give identical results.
+func TestGenerateBlobs(t *testing.T) {
+	m, v, set := blobFixture(t)
+	for _, method := range []Method{MethodPSCE, MethodWachter, MethodSchut} {
+		t.Run(string(method), func(t *testing.T) {
+			g := NewGenerator(m, v, Config{Method: method, Seed: 7})
+			for i := 0; i < 4; i++ {
+				x := set.X[i]
+				r, err := g.Generate(context.Background(), x, -1)
+				if err != nil {
+					t.Fatalf("row %d: %v", i, err)
+				}
+				if r.Target != 1-set.Y[i] || r.Original != set.Y[i] {
+					t.Errorf("row %d: original %d target %d, label %d", i, r.Original, r.Target, set.Y[i])
+				}
+				p, err := m.Predict([][]float64{r.XCF}, r.Samples, r.Seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.P(0, r.Target) != r.P1 || p.V(0, r.Target) != r.Var1 {
+					t.Errorf("row %d: reported p1 %v var1 %v, m.Predict gives %v %v", i, r.P1, r.Var1, p.P(0, r.Target), p.V(0, r.Target))
+				}
+				// An independent estimate with other draws agrees on validity.
+				q, _ := m.Predict([][]float64{r.XCF}, 2000, 12345)
+				if q.Argmax(0) != r.Target || !r.Valid {
+					t.Errorf("row %d: not valid (independent p %v)", i, q.P(0, r.Target))
+				}
+				if method == MethodPSCE && (!r.InSet || r.P1 < 0.95 || r.Var1 > 0.01 || !r.Certified) {
+					t.Errorf("row %d: psce result not in the set: %+v", i, r)
+				}
+				// Schut may run out of feature changes (4 features x 10 here) short of its
+				// confidence; the result is then valid but must say so.
+				if method == MethodSchut && r.P1 < 0.95 && !strings.Contains(r.Reason, "changed 10 times") {
+					t.Errorf("row %d: schut stopped at p %v < 0.95 without saying why (%q)", i, r.P1, r.Reason)
+				}
+				again, err := NewGenerator(m, v, Config{Method: method, Seed: 7}).Generate(context.Background(), x, -1)
+				if err != nil || !equalFloats(again.XCF, r.XCF) || again.Iterations != r.Iterations {
+					t.Errorf("row %d: same seed gave a different result (%v)", i, err)
+				}
+			}
+		})
+	}
+}
+
+func equalFloats(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGenerateNotFound: with one iteration allowed, PSCE cannot reach the set and must not return
+// a Result; the error carries the best attempt.
+func TestGenerateNotFound(t *testing.T) {
+	m, v, set := blobFixture(t)
+	g := NewGenerator(m, v, Config{MaxIter: 1, Seed: 1})
+	r, err := g.Generate(context.Background(), set.X[0], 1)
+	var nf *NotFoundError
+	if r != nil || !errors.As(err, &nf) || !errors.Is(err, ErrNotFound) {
+		t.Fatalf("got (%v, %v), want a *NotFoundError", r, err)
+	}
+	if nf.Best == nil || nf.Best.Valid || nf.Best.Iterations != 1 || !strings.Contains(nf.Reason, "iteration cap 1") {
+		t.Errorf("best attempt %+v, reason %q", nf.Best, nf.Reason)
+	}
+}
+
+func TestGenerateContext(t *testing.T) {
+	m, v, set := blobFixture(t)
+	g := NewGenerator(m, v, Config{Seed: 1, Weights: &Weights{Class: 0, ELBO: 1}}) // never reaches the set
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := g.Generate(ctx, set.X[0], 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := g.Generate(ctx, set.X[0], 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("deadline: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Generate returned %v after a 50ms deadline", d)
+	}
+}
+
+// TestBreastCancerPSCEvsWachter is the CI-sized comparison on the paper's data: PSCE's
+// counterfactuals are valid and in the <delta,eps>-set far more often than Wachter's (which stops
+// as soon as the class flips), and every returned Result is valid.
+func TestBreastCancerPSCEvsWachter(t *testing.T) {
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	train, test := set.Split(0.8, 1)
+	ctx := context.Background()
+	m, _, err := bnn.Fit(ctx, train, ds.Classes, bnn.TrainConfig{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epochs := 100
+	n := 10
+	if testing.Short() {
+		epochs, n = 40, 5
+	}
+	v, _, err := TrainVAE(ctx, m, train.X, TrainConfig{Seed: 1, Epochs: epochs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(method Method) (valid, inSet int) {
+		g := NewGenerator(m, v, Config{Method: method, Seed: 1})
+		for i := 0; i < n; i++ {
+			r, err := g.Generate(ctx, test.X[i], -1)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s row %d: %v", method, i, err)
+			}
+			if !r.Valid {
+				t.Errorf("%s row %d: invalid result returned without error", method, i)
+			}
+			valid++
+			if r.InSet {
+				inSet++
+			}
+		}
+		return valid, inSet
+	}
+	pv, ps := count(MethodPSCE)
+	wv, ws := count(MethodWachter)
+	t.Logf("of %d: psce valid %d in-set %d; wachter valid %d in-set %d", n, pv, ps, wv, ws)
+	if pv < n*9/10 || ps < n*9/10 {
+		t.Errorf("psce: valid %d, in set %d of %d; want >= 90%%", pv, ps, n)
+	}
+	if ps < ws+n/2 {
+		t.Errorf("psce in set %d, wachter %d of %d: want psce ahead by half the instances", ps, ws, n)
+	}
+}

@@ -1,0 +1,307 @@
+package explain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// dense is a fully connected layer in PyTorch's layout: W is Out x In, row-major, and
+//
+//	y = W x + b.
+type dense struct {
+	In, Out int
+	W, B    []float64
+}
+
+// newDense initialises a layer as torch.nn.Linear does: W, b ~ U(-1/sqrt(In), 1/sqrt(In)).
+func newDense(in, out int, rng *rand.Rand) dense {
+	l := dense{In: in, Out: out, W: make([]float64, in*out), B: make([]float64, out)}
+	bound := 1 / math.Sqrt(float64(in))
+	for i := range l.W {
+		l.W[i] = (2*rng.Float64() - 1) * bound
+	}
+	for i := range l.B {
+		l.B[i] = (2*rng.Float64() - 1) * bound
+	}
+	return l
+}
+
+// forward writes W x + b into dst (len Out), applying ReLU when relu is set.
+func (l *dense) forward(dst, x []float64, relu bool) {
+	for o := 0; o < l.Out; o++ {
+		row := l.W[o*l.In : (o+1)*l.In]
+		s := l.B[o]
+		for i, v := range x {
+			s += row[i] * v
+		}
+		if relu && s < 0 {
+			s = 0
+		}
+		dst[o] = s
+	}
+}
+
+func (l *dense) finite() error {
+	for i, v := range l.W {
+		if !finite(v) {
+			return fmt.Errorf("weight[%d] = %v", i, v)
+		}
+	}
+	for i, v := range l.B {
+		if !finite(v) {
+			return fmt.Errorf("bias[%d] = %v", i, v)
+		}
+	}
+	return nil
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// adam is Adam (Kingma and Ba 2015) with PyTorch's defaults (beta1 0.9, beta2 0.999, eps 1e-8)
+// on one vector p with gradient g, at step t:
+//
+//	m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
+//	p -= lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
+//
+// It moves x' in the counterfactual searches; every coordinate moves by at most about lr per step.
+type adam struct {
+	lr   float64
+	t    int
+	m, v []float64
+}
+
+func newAdam(n int, lr float64) *adam {
+	return &adam{lr: lr, m: make([]float64, n), v: make([]float64, n)}
+}
+
+func (a *adam) step(p, g []float64) {
+	const b1, b2, eps = 0.9, 0.999, 1e-8
+	a.t++
+	c1 := 1 - math.Pow(b1, float64(a.t))
+	c2 := 1 - math.Pow(b2, float64(a.t))
+	for j, gj := range g {
+		a.m[j] = b1*a.m[j] + (1-b1)*gj
+		a.v[j] = b2*a.v[j] + (1-b2)*gj*gj
+		p[j] -= a.lr * (a.m[j] / c1) / (math.Sqrt(a.v[j]/c2) + eps)
+	}
+}
+
+// TrainConfig configures the minibatch training of the VAE and the autoencoders. Zero fields
+// take the defaults in brackets.
+type TrainConfig struct {
+	Hidden    int     // width of the hidden layers [40, the paper's tabular architecture]
+	Latent    int     // latent dimension D_z [8; the paper does not state it for tabular data]
+	Epochs    int     // passes over the data [200]
+	BatchSize int     // rows per Adam step [64; smaller data sets use all rows]
+	LR        float64 // Adam learning rate [1e-3]
+	Seed      uint64  // seeds initialisation, shuffling and the VAE's noise
+}
+
+// Defaults of TrainConfig.
+const (
+	DefaultHidden    = 40
+	DefaultLatent    = 8
+	DefaultEpochs    = 200
+	DefaultBatchSize = 64
+	DefaultTrainLR   = 1e-3
+)
+
+func (c TrainConfig) withDefaults(rows int) TrainConfig {
+	if c.Hidden == 0 {
+		c.Hidden = DefaultHidden
+	}
+	if c.Latent == 0 {
+		c.Latent = DefaultLatent
+	}
+	if c.Epochs == 0 {
+		c.Epochs = DefaultEpochs
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchSize > rows {
+		c.BatchSize = rows
+	}
+	if c.LR == 0 {
+		c.LR = DefaultTrainLR
+	}
+	return c
+}
+
+func (c TrainConfig) validate() error {
+	switch {
+	case c.Hidden < 1:
+		return fmt.Errorf("hidden width %d, want >= 1", c.Hidden)
+	case c.Latent < 1:
+		return fmt.Errorf("latent dimension %d, want >= 1", c.Latent)
+	case c.Epochs < 1:
+		return fmt.Errorf("epochs %d, want >= 1", c.Epochs)
+	case c.BatchSize < 1:
+		return fmt.Errorf("batch size %d, want >= 1", c.BatchSize)
+	case !(c.LR > 0) || math.IsInf(c.LR, 0):
+		return fmt.Errorf("learning rate %v, want finite and > 0", c.LR)
+	}
+	return nil
+}
+
+// checkRows verifies that Z is a non-empty matrix of finite values with d columns.
+func checkRows(Z [][]float64, d int) error {
+	if len(Z) == 0 {
+		return errors.New("no rows")
+	}
+	for i, z := range Z {
+		if len(z) != d {
+			return fmt.Errorf("row %d has %d features, want %d", i, len(z), d)
+		}
+		for j, v := range z {
+			if !finite(v) {
+				return fmt.Errorf("row %d feature %d is %v", i, j, v)
+			}
+		}
+	}
+	return nil
+}
+
+// gtrainer runs minibatch Adam on a loss built as a gorgonia graph over dense layers. The graph
+// has a (Batch x D) input X and optionally a (Batch x Noise) input E of standard normal noise;
+// both are refilled in place and rebound with gorgonia.Let before every step.
+type gtrainer struct {
+	g        *G.ExprGraph
+	vm       G.VM
+	x, e     *G.Node
+	xv, ev   *tensor.Dense
+	params   G.Nodes
+	layers   []*dense
+	lossVal  G.Value
+	batch, d int
+}
+
+// affine returns h W^T + b for a (B x In) node h, with W and b bound to l's storage.
+func (t *gtrainer) affine(h *G.Node, l *dense, name string) (*G.Node, error) {
+	w := G.NewMatrix(t.g, tensor.Float64, G.WithShape(l.Out, l.In), G.WithName(name+".weight"),
+		G.WithValue(tensor.New(tensor.WithShape(l.Out, l.In), tensor.WithBacking(l.W))))
+	b := G.NewMatrix(t.g, tensor.Float64, G.WithShape(1, l.Out), G.WithName(name+".bias"),
+		G.WithValue(tensor.New(tensor.WithShape(1, l.Out), tensor.WithBacking(l.B))))
+	t.params = append(t.params, w, b)
+	t.layers = append(t.layers, l)
+	wt, err := G.Transpose(w)
+	if err != nil {
+		return nil, err
+	}
+	hw, err := G.Mul(h, wt)
+	if err != nil {
+		return nil, err
+	}
+	return G.BroadcastAdd(hw, b, nil, []byte{0})
+}
+
+func newTrainer(batch, d, noise int) *gtrainer {
+	t := &gtrainer{g: G.NewGraph(), batch: batch, d: d}
+	t.xv = tensor.New(tensor.WithShape(batch, d), tensor.WithBacking(make([]float64, batch*d)))
+	t.x = G.NewMatrix(t.g, tensor.Float64, G.WithShape(batch, d), G.WithName("X"), G.WithValue(t.xv))
+	if noise > 0 {
+		t.ev = tensor.New(tensor.WithShape(batch, noise), tensor.WithBacking(make([]float64, batch*noise)))
+		t.e = G.NewMatrix(t.g, tensor.Float64, G.WithShape(batch, noise), G.WithName("E"), G.WithValue(t.ev))
+	}
+	return t
+}
+
+// compile differentiates loss with respect to every parameter and builds the tape machine.
+func (t *gtrainer) compile(loss *G.Node) error {
+	G.Read(loss, &t.lossVal)
+	if _, err := G.Grad(loss, t.params...); err != nil {
+		return err
+	}
+	t.vm = G.NewTapeMachine(t.g, G.BindDualValues(t.params...))
+	return nil
+}
+
+// run trains for epochs passes over Z with seeded shuffling. Each step fills the batch with the
+// next rows of a running permutation (wrapping into a fresh one), so every step has a full batch
+// and every row is seen once per epoch up to the wrap. It returns the mean loss of the last epoch.
+func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float64, rng *rand.Rand) (float64, error) {
+	defer t.vm.Close()
+	solver := G.NewAdamSolver(G.WithLearnRate(lr))
+	n := len(Z)
+	stepsPerEpoch := (n + t.batch - 1) / t.batch
+	perm := rng.Perm(n)
+	pos := 0
+	xb := t.xv.Data().([]float64)
+	var eb []float64
+	if t.ev != nil {
+		eb = t.ev.Data().([]float64)
+	}
+	last := math.NaN()
+	for ep := 0; ep < epochs; ep++ {
+		sum := 0.0
+		for s := 0; s < stepsPerEpoch; s++ {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			for r := 0; r < t.batch; r++ {
+				if pos == n {
+					perm, pos = rng.Perm(n), 0
+				}
+				copy(xb[r*t.d:(r+1)*t.d], Z[perm[pos]])
+				pos++
+			}
+			for i := range eb {
+				eb[i] = rng.NormFloat64()
+			}
+			if err := G.Let(t.x, t.xv); err != nil {
+				return 0, err
+			}
+			if t.e != nil {
+				if err := G.Let(t.e, t.ev); err != nil {
+					return 0, err
+				}
+			}
+			if err := t.vm.RunAll(); err != nil {
+				return 0, fmt.Errorf("training step: %w", err)
+			}
+			l := t.lossVal.Data().(float64)
+			if !finite(l) {
+				return 0, fmt.Errorf("training loss became %v at epoch %d", l, ep+1)
+			}
+			sum += l
+			if err := solver.Step(G.NodesToValueGrads(t.params)); err != nil {
+				return 0, fmt.Errorf("adam step: %w", err)
+			}
+			t.vm.Reset()
+		}
+		last = sum / float64(stepsPerEpoch)
+	}
+	// The solver updates the nodes' values in place; copy them back explicitly rather than rely
+	// on the aliasing of the backing slices.
+	for i, p := range t.params {
+		data := p.Value().Data().([]float64)
+		l := t.layers[i/2]
+		if i%2 == 0 {
+			copy(l.W, data)
+		} else {
+			copy(l.B, data)
+		}
+	}
+	for _, l := range t.layers {
+		if err := l.finite(); err != nil {
+			return 0, fmt.Errorf("training produced a non-finite parameter: %v", err)
+		}
+	}
+	return last, nil
+}
+
+// build runs fn (which adds nodes to t) and turns gorgonia's construction panics into errors.
+func build(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("building gorgonia graph: %v", r)
+		}
+	}()
+	return fn()
+}

@@ -1,0 +1,381 @@
+package explain
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/cfguard/cfguard/bnn"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// Weights are the lambdas of the counterfactual objective (see the package documentation):
+//
+//	L = Class L_clf + Delta L_delta + Latent L_ldist + Var L_var - ELBO * ELBO(x') + Prox ||x' - x||^2
+//
+// Prox is Wachter's input-space proximity (in standardised units); PSCE leaves it 0.
+type Weights struct {
+	Class, Delta, Latent, Var, ELBO, Prox float64
+}
+
+// PaperWeights are the paper's PSCE weights for the Wisconsin Breast Cancer data (supplementary
+// Table "Hyperparameters ... Wisconsin Breast Cancer Dataset").
+var PaperWeights = Weights{Class: 0.1, Delta: 0.2, Latent: 0.2, Var: 0.1, ELBO: 0.1}
+
+// DefaultWeights are PSCE's defaults: the paper's breast-cancer regularisers (Latent 0.2, ELBO
+// 0.1, Var 0.1) with Class and Delta raised to 1, the values the paper itself uses for
+// lambda_class on Spambase/Credit and for lambda_delta on MNIST. The paper selected its weights
+// "based on the validity of counterfactuals" for its own VAE, whose latent size and likelihood it
+// does not state; with ours (Latent 8, ObsVar 1) the literal breast-cancer weights put the
+// objective's minimum outside the <0.05,0.01>-set for most inputs. Measured on breast_cancer
+// (seed 1, 20 test rows, 500-iteration cap): PaperWeights reach the set for 6/20 (valid 19/20),
+// DefaultWeights for 20/20, with mean distance to the target class's training rows 6.70 against
+// 7.08 for the paper's weights with per-dimension (mean) reductions and 7.34 for the paper's
+// Spambase/Credit weights. Selected by the paper's criterion, re-applied to our VAE.
+var DefaultWeights = Weights{Class: 1, Delta: 1, Latent: 0.2, Var: 0.1, ELBO: 0.1}
+
+// WachterWeights are the baseline's: cross-entropy plus L2 proximity with the paper's BayesCF
+// lambda_prox for breast cancer (0.1).
+var WachterWeights = Weights{Class: 1, Prox: 0.1}
+
+func (w Weights) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"class", w.Class}, {"delta", w.Delta}, {"latent", w.Latent}, {"var", w.Var}, {"elbo", w.ELBO}, {"prox", w.Prox}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("weight %s = %v, want finite and >= 0", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// Term indexes the objective's terms in objectiveEval.Terms.
+type Term int
+
+// The objective's terms, in the order of objectiveEval.Terms.
+const (
+	TermClf Term = iota
+	TermDelta
+	TermLatent
+	TermVar
+	TermELBO
+	TermProx
+	numTerms
+)
+
+func (t Term) String() string {
+	return [...]string{"L_clf", "L_delta", "L_ldist", "L_var", "ELBO", "L_prox"}[t]
+}
+
+// objective is the counterfactual loss as one gorgonia graph over x' (standardised, length D):
+//
+//	probabilities of S sampled networks: layer 0 as one stacked matrix-vector product
+//	(S*Out x In) x' and the later layers as batched products over the S draws, ReLU between
+//	layers, log-softmax at the end; then the terms of Weights and d L / d x'.
+//
+// The graph is built once; per evaluation only its inputs are rebound with gorgonia.Let: x', the
+// S sampled networks, the ELBO noise, the anchors and the scalars. Only the nodes that the loss,
+// the terms and the gradient depend on are compiled (gorgonia also builds gradient expressions
+// for the weights, which we never need). An objective is not safe for concurrent use.
+type objective struct {
+	S, D, C int
+	hasVAE  bool
+
+	g  *G.ExprGraph
+	vm G.VM
+
+	x        *G.Node
+	xv       *tensor.Dense
+	wn, bn   []*G.Node
+	wv, bv   []*tensor.Dense
+	oh, x0   *G.Node
+	ohv, x0v *tensor.Dense
+	mu0      *G.Node
+	mu0v     *tensor.Dense
+	zeta     *G.Node
+	zetav    *tensor.Dense
+	lam      [numTerms]*G.Node
+	thr, eps *G.Node
+
+	total, lp, grad G.Value
+	terms           [numTerms]G.Value
+	hasTerm         [numTerms]bool
+}
+
+// objectiveEval is one evaluation: the loss, its terms (unweighted), the S x C sampled
+// probabilities and the gradient with respect to x'.
+type objectiveEval struct {
+	Total float64
+	Terms [numTerms]float64
+	Probs []float64 // S*C, row s is draw s
+	Grad  []float64
+}
+
+// newObjective builds the graph for m's architecture, S draws per evaluation, and (if v is not
+// nil) the VAE terms with v's weights bound as constants.
+func newObjective(m *bnn.Model, v *VAE, S int) (o *objective, err error) {
+	if S < 2 {
+		return nil, fmt.Errorf("objective: %d samples, want >= 2", S)
+	}
+	o = &objective{S: S, D: m.Inputs(), C: m.NumClasses(), hasVAE: v != nil, g: G.NewGraph()}
+	err = build(func() error { return o.build(m, v) })
+	if err != nil {
+		return nil, fmt.Errorf("objective: %w", err)
+	}
+	return o, nil
+}
+
+func vecNode(g *G.ExprGraph, name string, n int) (*G.Node, *tensor.Dense) {
+	t := tensor.New(tensor.WithShape(n), tensor.WithBacking(make([]float64, n)))
+	return G.NewVector(g, tensor.Float64, G.WithShape(n), G.WithName(name), G.WithValue(t)), t
+}
+
+func tensorNode(g *G.ExprGraph, name string, shape ...int) (*G.Node, *tensor.Dense) {
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	t := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(make([]float64, n)))
+	return G.NewTensor(g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
+}
+
+func constMatrix(g *G.ExprGraph, name string, rows, cols int, data []float64) *G.Node {
+	t := tensor.New(tensor.WithShape(rows, cols), tensor.WithBacking(append([]float64(nil), data...)))
+	return G.NewMatrix(g, tensor.Float64, G.WithShape(rows, cols), G.WithName(name), G.WithValue(t))
+}
+
+func constVector(g *G.ExprGraph, name string, data []float64) *G.Node {
+	t := tensor.New(tensor.WithShape(len(data)), tensor.WithBacking(append([]float64(nil), data...)))
+	return G.NewVector(g, tensor.Float64, G.WithShape(len(data)), G.WithName(name), G.WithValue(t))
+}
+
+func (o *objective) build(m *bnn.Model, v *VAE) error {
+	var err error
+	must := func(n *G.Node, e error) *G.Node {
+		if e != nil && err == nil {
+			err = e
+		}
+		return n
+	}
+	g, S := o.g, o.S
+	o.x, o.xv = vecNode(g, "x", o.D)
+	o.oh, o.ohv = vecNode(g, "onehot", o.C)
+	o.x0, o.x0v = vecNode(g, "x0", o.D)
+	for t := range o.lam {
+		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+Term(t).String()), G.WithValue(0.0))
+	}
+	o.thr = G.NewScalar(g, tensor.Float64, G.WithName("one_minus_delta"), G.WithValue(0.95))
+	o.eps = G.NewScalar(g, tensor.Float64, G.WithName("eps"), G.WithValue(0.01))
+
+	// Sampled networks.
+	nl := len(m.Layers)
+	o.wn, o.bn = make([]*G.Node, nl), make([]*G.Node, nl)
+	o.wv, o.bv = make([]*tensor.Dense, nl), make([]*tensor.Dense, nl)
+	var h *G.Node
+	for k, l := range m.Layers {
+		last := k == nl-1
+		if k == 0 {
+			o.wn[0], o.wv[0] = tensorNode(g, "w0", S*l.Out, l.In)
+			o.bn[0], o.bv[0] = vecNode(g, "b0", S*l.Out)
+			h = must(G.Add(must(G.Mul(o.wn[0], o.x)), o.bn[0])) // (S*Out)
+		} else {
+			o.wn[k], o.wv[k] = tensorNode(g, fmt.Sprintf("w%d", k), S, l.Out, l.In)
+			o.bn[k], o.bv[k] = tensorNode(g, fmt.Sprintf("b%d", k), S, 1, l.Out)
+			h = must(G.Add(must(G.BatchedMatMul(h, o.wn[k], false, true)), o.bn[k])) // (S,1,Out)
+		}
+		if last {
+			h = must(G.Reshape(h, tensor.Shape{S, l.Out}))
+			break
+		}
+		h = must(G.Rectify(h))
+		if k == 0 {
+			h = must(G.Reshape(h, tensor.Shape{S, 1, l.Out}))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	lp := must(G.LogSoftMax(h, 1))         // (S, C): log p(c | x', w_s)
+	lpt := must(G.Mul(lp, o.oh))           // (S): log p(y' | x', w_s)
+	p := must(G.Exp(lpt))                  // (S)
+	ep := must(G.Mean(p))                  // E_w[p]
+	dev := must(G.Sub(p, ep))              // p_s - E_w[p]
+	ss := must(G.Sum(must(G.Square(dev)))) // sum of squared deviations
+	varp := must(G.Mul(ss, G.NewConstant(1/float64(S-1))))
+	var terms [numTerms]*G.Node
+	terms[TermClf] = must(G.Neg(must(G.Mean(lpt))))
+	terms[TermDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
+	terms[TermVar] = must(G.Rectify(must(G.Sub(varp, o.eps))))
+	terms[TermProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
+	if err != nil {
+		return err
+	}
+	if v != nil {
+		o.mu0, o.mu0v = vecNode(g, "mu0", v.Latent)
+		o.zeta, o.zetav = vecNode(g, "zeta", v.Latent)
+		aff := func(l *dense, name string, in *G.Node) *G.Node {
+			w := constMatrix(g, name+".weight", l.Out, l.In, l.W)
+			b := constVector(g, name+".bias", l.B)
+			return must(G.Add(must(G.Mul(w, in)), b))
+		}
+		eh := must(G.Rectify(aff(&v.enc, "encoder.fc1", o.x)))
+		mu := aff(&v.mu, "encoder.mu", eh)
+		lv := aff(&v.logvar, "encoder.logvar", eh)
+		if err != nil {
+			return err
+		}
+		sd := must(G.Exp(must(G.Mul(lv, G.NewConstant(0.5)))))
+		u := must(G.Add(mu, must(G.HadamardProd(sd, o.zeta))))
+		dh := must(G.Rectify(aff(&v.dec, "decoder.fc1", u)))
+		zh := aff(&v.out, "decoder.out", dh)
+		if err != nil {
+			return err
+		}
+		se := must(G.Sum(must(G.Square(must(G.Sub(o.x, zh))))))
+		logConst := float64(v.Inputs) / 2 * math.Log(2*math.Pi*v.ObsVar)
+		rec := must(G.Sub(must(G.Mul(se, G.NewConstant(-1/(2*v.ObsVar)))), G.NewConstant(logConst)))
+		klTerms := must(G.Sub(must(G.Add(must(G.Square(mu)), must(G.Exp(lv)))), must(G.Add(lv, G.NewConstant(1.0)))))
+		kl := must(G.Mul(must(G.Sum(klTerms)), G.NewConstant(0.5)))
+		terms[TermELBO] = must(G.Sub(rec, kl))
+		terms[TermLatent] = must(G.Sum(must(G.Square(must(G.Sub(mu, o.mu0))))))
+		if err != nil {
+			return err
+		}
+	}
+	var total *G.Node
+	roots := G.Nodes{}
+	for t, n := range terms {
+		if n == nil {
+			continue
+		}
+		o.hasTerm[t] = true
+		roots = append(roots, G.Read(n, &o.terms[t]))
+		weighted := must(G.Mul(n, o.lam[t]))
+		if Term(t) == TermELBO {
+			weighted = must(G.Neg(weighted))
+		}
+		if total == nil {
+			total = weighted
+		} else {
+			total = must(G.Add(total, weighted))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	roots = append(roots, G.Read(total, &o.total), G.Read(lp, &o.lp))
+	grads, err := G.Grad(total, o.x)
+	if err != nil {
+		return err
+	}
+	roots = append(roots, G.Read(grads[0], &o.grad))
+	o.vm = G.NewTapeMachine(g.SubgraphRoots(roots...))
+	return nil
+}
+
+// setNets copies the S networks into the graph's weight inputs (layer 0 stacked, the others
+// batched; both are the networks' own Out x In layouts laid end to end).
+func (o *objective) setNets(nets []*bnn.Net) error {
+	if len(nets) != o.S {
+		return fmt.Errorf("objective: %d networks, want %d", len(nets), o.S)
+	}
+	for k := range o.wv {
+		wd := o.wv[k].Data().([]float64)
+		bd := o.bv[k].Data().([]float64)
+		nw, nb := len(nets[0].W[k]), len(nets[0].B[k])
+		for s, n := range nets {
+			copy(wd[s*nw:(s+1)*nw], n.W[k])
+			copy(bd[s*nb:(s+1)*nb], n.B[k])
+		}
+		if err := G.Let(o.wn[k], o.wv[k]); err != nil {
+			return err
+		}
+		if err := G.Let(o.bn[k], o.bv[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setProblem binds the target class, the anchors (x0 for L_prox, mu0 for L_ldist), the weights
+// and the thresholds.
+func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, eps float64) error {
+	oh := o.ohv.Data().([]float64)
+	for c := range oh {
+		oh[c] = 0
+	}
+	oh[target] = 1
+	copy(o.x0v.Data().([]float64), x0)
+	if err := G.Let(o.oh, o.ohv); err != nil {
+		return err
+	}
+	if err := G.Let(o.x0, o.x0v); err != nil {
+		return err
+	}
+	if o.hasVAE {
+		copy(o.mu0v.Data().([]float64), mu0)
+		if err := G.Let(o.mu0, o.mu0v); err != nil {
+			return err
+		}
+	}
+	ws := [numTerms]float64{w.Class, w.Delta, w.Latent, w.Var, w.ELBO, w.Prox}
+	for t, v := range ws {
+		if err := G.Let(o.lam[t], v); err != nil {
+			return err
+		}
+	}
+	if err := G.Let(o.thr, 1-delta); err != nil {
+		return err
+	}
+	return G.Let(o.eps, eps)
+}
+
+// setZeta binds the ELBO's reparameterisation noise (ignored without a VAE).
+func (o *objective) setZeta(e []float64) error {
+	if !o.hasVAE {
+		return nil
+	}
+	copy(o.zetav.Data().([]float64), e)
+	return G.Let(o.zeta, o.zetav)
+}
+
+// eval runs the graph at x' = z and fills out (reusing its slices).
+func (o *objective) eval(z []float64, out *objectiveEval) error {
+	copy(o.xv.Data().([]float64), z)
+	if err := G.Let(o.x, o.xv); err != nil {
+		return err
+	}
+	o.vm.Reset()
+	if err := o.vm.RunAll(); err != nil {
+		return fmt.Errorf("objective: %w", err)
+	}
+	out.Total = o.total.Data().(float64)
+	for t := range o.terms {
+		out.Terms[t] = 0
+		if o.hasTerm[t] {
+			out.Terms[t] = o.terms[t].Data().(float64)
+		}
+	}
+	lp := o.lp.Data().([]float64)
+	if cap(out.Probs) < len(lp) {
+		out.Probs = make([]float64, len(lp))
+	}
+	out.Probs = out.Probs[:len(lp)]
+	for i, v := range lp {
+		out.Probs[i] = math.Exp(v)
+	}
+	gd := o.grad.Data().([]float64)
+	if cap(out.Grad) < len(gd) {
+		out.Grad = make([]float64, len(gd))
+	}
+	out.Grad = out.Grad[:len(gd)]
+	copy(out.Grad, gd)
+	return nil
+}
+
+func (o *objective) close() {
+	if o.vm != nil {
+		o.vm.Close()
+	}
+}
