@@ -149,7 +149,7 @@ func Ping(ctx context.Context, conn ConnConfig, topics ...string) error {
 				return fmt.Errorf("stream: ping: topic %q: %w", t.Name, t.Error)
 			}
 		}
-		if len(md.Topics) != len(topics) {
+		if len(topics) > 0 && len(md.Topics) != len(topics) {
 			return fmt.Errorf("stream: ping: asked for topics %q, broker %s described %d", topics, addr, len(md.Topics))
 		}
 		return nil

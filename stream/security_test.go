@@ -1,0 +1,127 @@
+package stream
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+// selfSigned returns a server TLS config with a fresh self-signed certificate for 127.0.0.1
+// and a client TLS config that trusts exactly that certificate.
+func selfSigned(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: "cfguard test broker"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}}, MinVersion: tls.VersionTLS12}
+	client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return server, client
+}
+
+// roundTrip produces three records over conn and consumes them with a Consumer over conn.
+func roundTrip(t *testing.T, conn ConnConfig, group string) {
+	t.Helper()
+	produce(t, conn, recordsTopic, 0, goodRecords(group, 3)...)
+	c := newConsumer(t, consumerConfig(conn, group))
+	incs := collect(t, c, 3, 20*time.Second)
+	if got, want := ids(incs), []string{group + "0", group + "1", group + "2"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, inc := range incs {
+		if err := c.Commit(context.Background(), inc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func pingFails(t *testing.T, conn ConnConfig, why string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn.DialTimeout = 2 * time.Second
+	if err := Ping(ctx, conn, recordsTopic); err == nil {
+		t.Fatalf("Ping succeeded %s", why)
+	} else {
+		t.Logf("Ping %s: %v", why, err)
+	}
+}
+
+func TestTLS(t *testing.T) {
+	server, client := selfSigned(t)
+	b := startBroker(t, broker.Config{TLS: server})
+	conn := plainConn(b)
+	conn.TLS = client
+	if err := Ping(context.Background(), conn, recordsTopic, deadTopic); err != nil {
+		t.Fatalf("Ping over TLS: %v", err)
+	}
+	roundTrip(t, conn, "tls")
+
+	pingFails(t, plainConn(b), "without TLS against a TLS listener")
+	_, other := selfSigned(t)
+	untrusted := plainConn(b)
+	untrusted.TLS = other
+	pingFails(t, untrusted, "trusting a different certificate")
+}
+
+func TestSASL(t *testing.T) {
+	for _, mech := range []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512} {
+		t.Run(mech, func(t *testing.T) {
+			b := startBroker(t, broker.Config{SASL: &broker.SASLConfig{Mechanism: mech, User: "cfguard", Password: "s3cret"}})
+			conn := plainConn(b)
+			conn.SASL = &SASL{Mechanism: mech, User: "cfguard", Password: "s3cret"}
+			if err := Ping(context.Background(), conn, recordsTopic); err != nil {
+				t.Fatalf("Ping with %s: %v", mech, err)
+			}
+			roundTrip(t, conn, "sasl")
+
+			wrong := plainConn(b)
+			wrong.SASL = &SASL{Mechanism: mech, User: "cfguard", Password: "guess"}
+			pingFails(t, wrong, "with a wrong password")
+			pingFails(t, plainConn(b), "without SASL")
+		})
+	}
+}
+
+func TestSASLOverTLS(t *testing.T) {
+	server, client := selfSigned(t)
+	sasl := broker.SASLConfig{Mechanism: MechanismScramSHA512, User: "cfguard", Password: "s3cret"}
+	b := startBroker(t, broker.Config{TLS: server, SASL: &sasl})
+	conn := plainConn(b)
+	conn.TLS = client
+	conn.SASL = (*SASL)(&sasl) // the two config types convert
+	roundTrip(t, conn, "both")
+}
