@@ -45,7 +45,8 @@ func LoadCSV(path string) (*Set, error) {
 func Parse(r io.Reader) (*Set, error) {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = true
-	header, err := cr.Read()
+	rec, err := cr.Read()
+	header := append([]string(nil), rec...) // ReuseRecord: later reads overwrite rec
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading header: %v", ErrFormat, err)
 	}

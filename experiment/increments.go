@@ -141,6 +141,7 @@ func (r *IncrementsResult) AllHold() bool {
 // WriteJSONRows writes one JSON object per update, one per line.
 func (r *IncrementsResult) WriteJSONRows(w io.Writer) error {
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // keep "95%->96%" readable
 	for _, row := range r.Rows {
 		if err := enc.Encode(row); err != nil {
 			return err

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestBoundReproducesPaperRow(t *testing.T) {
+	code, out, errs := runCLI(t, "bound", "--p1", "0.9977", "--kl", "0.000330", "--var1", "0.001")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var r struct {
+		P2Lower, Var2Upper, KLMax float64
+	}
+	dec := json.NewDecoder(strings.NewReader(strings.NewReplacer("p2_lower", "P2Lower", "var2_upper", "Var2Upper", `"kl_max"`, `"KLMax"`).Replace(out)))
+	if err := dec.Decode(&r); err != nil {
+		t.Fatal(err)
+	}
+	if r.P2Lower < 0.97195 || r.P2Lower > 0.97205 || r.KLMax != 0.10125 || r.Var2Upper <= 0.001 {
+		t.Fatalf("bound output %s", out)
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"bound", "--p1", "1.5", "--kl", "0"},
+		{"bound", "--p1", "0.9", "--kl", "-1"},
+		{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"},
+		{"kl", "--old", "x"},
+		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"},
+		{"experiment", "nope"},
+	} {
+		if code, _, _ := runCLI(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+func TestTrainThenKL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains two models")
+	}
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for i, out := range []string{a, b} {
+		code, stdout, stderr := runCLI(t, "train", "--data", "breast_cancer", "--out", out, "--seed", []string{"1", "2"}[i], "--epochs", "5")
+		if code != 0 {
+			t.Fatalf("train exit %d: %s", code, stderr)
+		}
+		if !strings.Contains(stdout, "test_accuracy") || !strings.Contains(stderr, "epoch=5") {
+			t.Fatalf("train output lacks accuracy or progress: %s / %s", stdout, stderr)
+		}
+	}
+	code, out, errs := runCLI(t, "kl", "--old", a, "--new", a)
+	if code != 0 || !strings.HasPrefix(out, `{"direction":"KL(new || old)","kl":0,"params":4130`) {
+		t.Fatalf("kl of a model with itself: %d %s %s", code, out, errs)
+	}
+	code, out, _ = runCLI(t, "kl", "--old", a, "--new", b)
+	var r struct{ KL float64 }
+	json.Unmarshal([]byte(out), &r)
+	if code != 0 || !(r.KL > 0) {
+		t.Fatalf("kl between different models: %d %s", code, out)
+	}
+	// A truncated model file is refused with a clear error.
+	w := filepath.Join(b, "model.safetensors")
+	raw, _ := os.ReadFile(w)
+	os.WriteFile(w, raw[:len(raw)/3], 0o644)
+	code, _, errs = runCLI(t, "kl", "--old", a, "--new", b)
+	if code != 1 || !strings.Contains(errs, "truncated") {
+		t.Fatalf("truncated model: exit %d, %s", code, errs)
+	}
+}
+
+func TestTrainRejectsBadCSV(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"shape": "a,b,label\n1,2,0\n1,0\n",
+		"nan":   "a,b,label\n1,2,1\n1,NaN,0\n",
+		"label": "a,b,label\n1,2,0\n1,2,x\n",
+	} {
+		p := filepath.Join(dir, name+".csv")
+		os.WriteFile(p, []byte(text), 0o644)
+		code, _, errs := runCLI(t, "train", "--data", p, "--out", filepath.Join(dir, "m"))
+		if code != 1 || !strings.Contains(errs, "line 3") || (name == "nan" && !strings.Contains(errs, `column "b"`)) {
+			t.Errorf("%s: exit %d, %s", name, code, errs)
+		}
+	}
+}
