@@ -190,7 +190,14 @@ type Bounds struct {
 }
 
 // VarBudget is the variance ceiling for a CE admitted with threshold eps: max(EpsilonMax, eps).
-func (p Policy) VarBudget(eps float64) float64 { return math.Max(p.EpsilonMax, eps) }
+// (Plain comparisons, not math.Max: this runs once per stored CE per update, and inputs are
+// validated finite.)
+func (p Policy) VarBudget(eps float64) float64 {
+	if eps > p.EpsilonMax {
+		return eps
+	}
+	return p.EpsilonMax
+}
 
 // StartP1 is the p1 Theorem 1 starts from: c.P1, or HoeffdingLower(c.P1, c.Samples, Alpha) when
 // the policy asks for it.
@@ -210,11 +217,53 @@ func (p Policy) Evaluate(c Certificate, s Slack) Bounds {
 	b := Bounds{P1: p.StartP1(c), VarBudget: p.VarBudget(c.Epsilon)}
 	b.ProbLower = b.P1 - s.Mean
 	b.VarUpper = c.Var1 + s.Var
-	if s.tight {
-		b.VarUpper = math.Min(b.VarUpper, 0.25)
+	if s.tight && b.VarUpper > 0.25 {
+		b.VarUpper = 0.25
 	}
 	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarBudget
 	return b
+}
+
+// Gate is Evaluate specialised to one policy and one slack, for scans over many certificates
+// (the ledger judges every stored CE under an anchor with one Gate). Check does the same float
+// operations as Evaluate in the same order, so it gives bit-identical answers.
+type Gate struct {
+	hoeffding    bool
+	logInvAlpha  float64 // ln(1/alpha)
+	epsMax       float64
+	mean, vslack float64
+	tight        bool
+}
+
+// Gate fixes the policy and the slack.
+func (p Policy) Gate(s Slack) Gate {
+	g := Gate{hoeffding: p.Hoeffding, epsMax: p.EpsilonMax, mean: s.Mean, vslack: s.Var, tight: s.tight}
+	if p.Hoeffding {
+		g.logInvAlpha = math.Log(1 / p.Alpha)
+	}
+	return g
+}
+
+// Check returns Theorem 1's bound (Bounds.ProbLower) and whether both bounds hold
+// (Bounds.Certified) for a certificate with the given p1, V1, eps and samples.
+func (g *Gate) Check(p1, v1, eps float64, samples int) (lower float64, certified bool) {
+	if g.hoeffding {
+		if samples <= 0 {
+			p1 = math.Inf(-1)
+		} else {
+			p1 -= math.Sqrt(g.logInvAlpha / (2 * float64(samples)))
+		}
+	}
+	lower = p1 - g.mean
+	vu := v1 + g.vslack
+	if g.tight && vu > 0.25 {
+		vu = 0.25
+	}
+	budget := g.epsMax
+	if eps > budget {
+		budget = eps
+	}
+	return lower, lower >= 0.5 && vu <= budget
 }
 
 // Bounds evaluates a certificate at KL(q_now || q_anchor); see Evaluate.

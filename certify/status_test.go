@@ -106,7 +106,8 @@ func TestBudgetEdges(t *testing.T) {
 	}
 }
 
-// Evaluate with a per-anchor Slack must agree with ProbLower / VarUpper computed directly.
+// Evaluate with a per-anchor Slack must agree with ProbLower / VarUpper computed directly, and
+// Gate.Check with Evaluate bit for bit.
 func TestEvaluateMatchesBoundFunctions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 2000; i++ {
@@ -124,6 +125,10 @@ func TestEvaluateMatchesBoundFunctions(t *testing.T) {
 		}
 		if b.ProbLower != ProbLower(p1, kl, mode) || b.VarUpper != VarUpper(c.Var1, kl, mode) {
 			t.Fatalf("case %d: Evaluate %+v disagrees with ProbLower %v / VarUpper %v", i, b, ProbLower(p1, kl, mode), VarUpper(c.Var1, kl, mode))
+		}
+		g := p.Gate(p.Slack(kl))
+		if lower, ok := g.Check(c.P1, c.Var1, c.Epsilon, c.Samples); math.Float64bits(lower) != math.Float64bits(b.ProbLower) || ok != b.Certified {
+			t.Fatalf("case %d: Gate.Check = (%v, %v), Evaluate %+v", i, lower, ok, b)
 		}
 		want := b.ProbLower >= 0.5 && b.VarUpper <= math.Max(p.EpsilonMax, c.Epsilon)
 		if b.Certified != want {

@@ -285,6 +285,10 @@ func (a anchorMeta) encode() []byte {
 // model returns the decoded posterior stored under version (the current one or an anchor),
 // from the cache when possible. The result is shared: callers must not modify it.
 func (l *Ledger) model(tx *bolt.Tx, version uint64) (*bnn.Model, error) {
+	// The cache says what a version decodes to, never whether it is still stored.
+	if c := readCur(tx); (!c.ok || c.version != version) && tx.Bucket(bAnchors).Get(u64bytes(version)) == nil {
+		return nil, fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, version)
+	}
 	l.cmu.Lock()
 	m := l.models[version]
 	l.cmu.Unlock()

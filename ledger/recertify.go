@@ -48,6 +48,7 @@ type Report struct {
 type liveAnchor struct {
 	version uint64
 	slack   certify.Slack
+	gate    certify.Gate
 }
 
 // mcItem is a CE whose bound failed and which waits for the Monte-Carlo pass.
@@ -159,7 +160,8 @@ func (l *Ledger) liveAnchors(tx *bolt.Tx, current *bnn.Model, rep *Report) ([]li
 			return fmt.Errorf("anchor %d: %w", ver, err)
 		}
 		index[ver] = len(out)
-		out = append(out, liveAnchor{version: ver, slack: l.opts.Policy.Slack(kl)})
+		slack := l.opts.Policy.Slack(kl)
+		out = append(out, liveAnchor{version: ver, slack: slack, gate: l.opts.Policy.Gate(slack)})
 		rep.AnchorKL[ver] = kl
 		rep.MaxAnchorKL = math.Max(rep.MaxAnchorKL, kl)
 		return nil
@@ -202,21 +204,27 @@ func (l *Ledger) boundPass(ctx context.Context, tx *bolt.Tx, anchors []liveAncho
 			}
 			lastV, lastI = av, i
 		}
-		slack := anchors[lastI].slack
-		cert := certify.Certificate{P1: f64(v, hP1), Var1: f64(v, hVar1), Samples: int(binary.LittleEndian.Uint32(v[hSamples:])),
-			Delta: f64(v, hDelta), Epsilon: f64(v, hEps)}
-		b := pol.Evaluate(cert, slack)
+		a := &anchors[lastI]
+		samples := int(binary.LittleEndian.Uint32(v[hSamples:]))
+		lower, ok := a.gate.Check(f64(v, hP1), f64(v, hVar1), f64(v, hEps), samples)
 		rep.Checked++
-		rep.MinBound = math.Min(rep.MinBound, b.ProbLower)
-		if b.Certified {
+		if lower < rep.MinBound {
+			rep.MinBound = lower
+		}
+		if ok && from == certify.Certified {
 			cnt.add(certify.Certified, 1)
-			if from != certify.Certified {
-				changes = append(changes, StatusChange{ID: string(k), At: now, From: from, To: certify.Certified,
-					PosteriorVersion: rep.PosteriorVersion, KL: slack.KL, Bound: b.ProbLower, VarBound: b.VarUpper})
-			}
 			continue
 		}
-		mc = append(mc, mcItem{id: string(k), from: from, target: int(binary.LittleEndian.Uint32(v[hTarget:])), b: b, kl: slack.KL})
+		// Slow path (a change or a Monte-Carlo check): the full bounds for the record.
+		b := pol.Evaluate(certify.Certificate{P1: f64(v, hP1), Var1: f64(v, hVar1), Samples: samples,
+			Delta: f64(v, hDelta), Epsilon: f64(v, hEps)}, a.slack)
+		if ok {
+			cnt.add(certify.Certified, 1)
+			changes = append(changes, StatusChange{ID: string(k), At: now, From: from, To: certify.Certified,
+				PosteriorVersion: rep.PosteriorVersion, KL: a.slack.KL, Bound: b.ProbLower, VarBound: b.VarUpper})
+			continue
+		}
+		mc = append(mc, mcItem{id: string(k), from: from, target: int(binary.LittleEndian.Uint32(v[hTarget:])), b: b, kl: a.slack.KL})
 	}
 	return changes, mc, nil
 }
