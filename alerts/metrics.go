@@ -1,0 +1,210 @@
+// Package alerts is cfguard's Prometheus metrics and the alerting rules written against them.
+//
+// NewMetrics registers every metric on the Registerer it is given (never the default registry)
+// and creates every label value of the bounded label sets up front, so series exist at 0 from the
+// first scrape and alerts that compare against them work before the first event. The rules
+// (rules.yml, embedded, see Rules) only reference metrics defined here; a test enforces that, and
+// rules_test.yml holds promtool unit tests for every alert.
+package alerts
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// UpdateOutcome is what became of one posterior update; the label set of cfguard_updates_total.
+type UpdateOutcome string
+
+// Update outcomes.
+const (
+	UpdatePromoted UpdateOutcome = "promoted" // became the current posterior as computed
+	UpdateClipped  UpdateOutcome = "clipped"  // step scaled down to the budget, then promoted
+	UpdateRejected UpdateOutcome = "rejected" // refused (KL over budget); posterior kept
+	UpdateFailed   UpdateOutcome = "failed"   // the update itself failed (non-finite, bad data); posterior kept
+)
+
+// UpdateOutcomes lists every outcome (the label values created up front).
+func UpdateOutcomes() []UpdateOutcome {
+	return []UpdateOutcome{UpdatePromoted, UpdateClipped, UpdateRejected, UpdateFailed}
+}
+
+// RecordResult is what became of one consumed record; the label set of cfguard_records_total.
+type RecordResult string
+
+// Record results.
+const (
+	RecordApplied      RecordResult = "applied"       // used in a promoted (or clipped) update
+	RecordDeadLettered RecordResult = "dead_lettered" // unparseable or invalid, sent to the dead-letter topic
+	RecordSkipped      RecordResult = "skipped"       // deliberately not used (e.g. applied before a restart)
+	RecordFailed       RecordResult = "failed"        // in an increment whose update failed
+	RecordHeld         RecordResult = "held"          // in an increment whose update was rejected
+)
+
+// RecordResults lists every result (the label values created up front).
+func RecordResults() []RecordResult {
+	return []RecordResult{RecordApplied, RecordDeadLettered, RecordSkipped, RecordFailed, RecordHeld}
+}
+
+// Metric names, as the rules reference them.
+const (
+	NamePosteriorKL          = "cfguard_posterior_kl"
+	NamePosteriorKLMaxAnchor = "cfguard_posterior_kl_max_anchor"
+	NameKLBudget             = "cfguard_kl_budget"
+	NameKLOverBudget         = "cfguard_kl_over_budget"
+	NameCounterfactuals      = "cfguard_counterfactuals"
+	NameBoundMin             = "cfguard_counterfactual_bound_min"
+	NameUpdates              = "cfguard_updates_total"
+	NameRecords              = "cfguard_records_total"
+	NameRecertDuration       = "cfguard_recertification_duration_seconds"
+	NameConsumerLag          = "cfguard_consumer_lag"
+	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
+	NamePosteriorVersion     = "cfguard_posterior_version"
+)
+
+// Metrics are one daemon's metrics. Label values come only from certify.Statuses,
+// UpdateOutcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
+// Methods are safe for concurrent use.
+type Metrics struct {
+	stepKL, maxAnchorKL, klBudget, klOverBudget prometheus.Gauge
+	boundMin, consumerLag, lastIngest, version  prometheus.Gauge
+	counterfactuals                             *prometheus.GaugeVec
+	updates, records                            *prometheus.CounterVec
+	recertDuration                              prometheus.Histogram
+
+	mu                   sync.Mutex // guards the three values behind klOverBudget
+	step, anchor, budget float64
+}
+
+// NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
+// already holds metrics of these names (a programming error).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
+	gauge := func(name, help string) prometheus.Gauge {
+		return f.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
+	m := &Metrics{
+		stepKL:       gauge(NamePosteriorKL, "KL(q_new || q_prev) of the last posterior update (nats, summed over parameters)."),
+		maxAnchorKL:  gauge(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to."),
+		klBudget:     gauge(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 under which Theorem 1 keeps a delta-safe counterfactual valid."),
+		klOverBudget: gauge(NameKLOverBudget, "1 while the last step's KL or the largest KL from a live anchor exceeds the KL budget, else 0."),
+		boundMin:     gauge(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') over counterfactuals holding a certificate (1 if none)."),
+		consumerLag:  gauge(NameConsumerLag, "Records in the input topic not yet consumed, summed over partitions."),
+		lastIngest:   gauge(NameLastIngest, "Unix time at which a record was last applied (0 until the first)."),
+		version:      gauge(NamePosteriorVersion, "Version of the current posterior."),
+		counterfactuals: f.NewGaugeVec(prometheus.GaugeOpts{Name: NameCounterfactuals,
+			Help: "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified)."}, []string{"status"}),
+		updates: f.NewCounterVec(prometheus.CounterOpts{Name: NameUpdates,
+			Help: "Posterior updates by outcome (promoted, clipped, rejected, failed)."}, []string{"outcome"}),
+		records: f.NewCounterVec(prometheus.CounterOpts{Name: NameRecords,
+			Help: "Consumed records by result (applied, dead_lettered, skipped, failed, held)."}, []string{"result"}),
+		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
+			Help:    "Time to re-certify every stored counterfactual after an update.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
+	}
+	for _, s := range certify.Statuses() {
+		m.counterfactuals.WithLabelValues(s.String())
+	}
+	for _, o := range UpdateOutcomes() {
+		m.updates.WithLabelValues(string(o))
+	}
+	for _, r := range RecordResults() {
+		m.records.WithLabelValues(string(r))
+	}
+	m.boundMin.Set(1)
+	return m
+}
+
+// SetKLBudget sets the budget, e.g. certify.KLBudget(delta).
+func (m *Metrics) SetKLBudget(budget float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.budget = budget
+	m.klBudget.Set(budget)
+	m.updateOverBudget()
+}
+
+// SetStepKL records the last update's KL(q_new || q_prev), also for rejected updates.
+func (m *Metrics) SetStepKL(kl float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.step = kl
+	m.stepKL.Set(kl)
+	m.updateOverBudget()
+}
+
+// SetMaxAnchorKL records the largest KL(q_now || q_anchor) over live anchors.
+func (m *Metrics) SetMaxAnchorKL(kl float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.anchor = kl
+	m.maxAnchorKL.Set(kl)
+	m.updateOverBudget()
+}
+
+// updateOverBudget sets cfguard_kl_over_budget = [max(step KL, max anchor KL) > budget].
+func (m *Metrics) updateOverBudget() {
+	over := 0.0
+	if math.Max(m.step, m.anchor) > m.budget {
+		over = 1
+	}
+	m.klOverBudget.Set(over)
+}
+
+// SetCounts sets cfguard_counterfactuals for every status (absent statuses become 0).
+func (m *Metrics) SetCounts(counts map[certify.Status]int) {
+	for _, s := range certify.Statuses() {
+		m.counterfactuals.WithLabelValues(s.String()).Set(float64(counts[s]))
+	}
+}
+
+// ObserveRecertification records one re-certification (the fields of ledger.Report): counts by
+// status, the smallest Theorem 1 bound, the largest anchor KL and how long it took.
+func (m *Metrics) ObserveRecertification(counts map[certify.Status]int, minBound, maxAnchorKL float64, took time.Duration) {
+	m.SetCounts(counts)
+	m.boundMin.Set(minBound)
+	m.SetMaxAnchorKL(maxAnchorKL)
+	m.recertDuration.Observe(took.Seconds())
+}
+
+// IncUpdate counts one update outcome. An outcome outside UpdateOutcomes is refused and creates
+// no series.
+func (m *Metrics) IncUpdate(o UpdateOutcome) error {
+	for _, known := range UpdateOutcomes() {
+		if o == known {
+			m.updates.WithLabelValues(string(o)).Inc()
+			return nil
+		}
+	}
+	return fmt.Errorf("alerts: unknown update outcome %q", o)
+}
+
+// AddRecords counts n records with result r; applied records (n > 0) also set
+// cfguard_last_ingest_timestamp_seconds to at. A result outside RecordResults is refused.
+func (m *Metrics) AddRecords(r RecordResult, n int, at time.Time) error {
+	if n < 0 {
+		return fmt.Errorf("alerts: negative record count %d", n)
+	}
+	for _, known := range RecordResults() {
+		if r == known {
+			m.records.WithLabelValues(string(r)).Add(float64(n))
+			if r == RecordApplied && n > 0 {
+				m.lastIngest.Set(float64(at.UnixNano()) / 1e9)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("alerts: unknown record result %q", r)
+}
+
+// SetConsumerLag sets the total consumer lag in records.
+func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
+
+// SetPosteriorVersion sets the current posterior's version.
+func (m *Metrics) SetPosteriorVersion(v uint64) { m.version.Set(float64(v)) }
