@@ -24,7 +24,9 @@
 //
 // and is classified as y'. The expectations over the posterior q(w) are Monte-Carlo means over S
 // sampled networks per iteration (see Config.Samples and Config.PoolSize for how they are drawn);
-// the variance uses the unbiased 1/(S-1) estimator. Gradients with respect to x' flow through the
+// the variance uses the unbiased 1/(S-1) estimator; the ELBO uses one reparameterised latent draw
+// per iteration. The default weights are DefaultWeights; PaperWeights are the paper's literal
+// breast-cancer values (see DefaultWeights for why they differ). Gradients with respect to x' flow through the
 // sampled networks and the VAE by gorgonia's symbolic differentiation; the graph is built once and
 // only its inputs (sampled weights, ELBO noise) are rebound between iterations.
 //

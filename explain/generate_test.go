@@ -267,3 +267,39 @@ func TestBreastCancerPSCEvsWachter(t *testing.T) {
 		t.Errorf("psce in set %d, wachter %d of %d: want psce ahead by half the instances", ps, ws, n)
 	}
 }
+
+// TestGenerateConcurrent: one Generator serves concurrent calls (the daemon's HTTP handler) and
+// each gets the result a lone call would.
+func TestGenerateConcurrent(t *testing.T) {
+	m, v, set := blobFixture(t)
+	g := NewGenerator(m, v, Config{Seed: 3})
+	want := make([]*Result, 4)
+	for i := range want {
+		r, err := g.Generate(context.Background(), set.X[i], -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = r
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for k := 0; k < 8; k++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r, err := g.Generate(context.Background(), set.X[i], -1)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if !equalFloats(r.XCF, want[i].XCF) {
+				errs <- errors.New("concurrent call gave a different counterfactual")
+			}
+		}(k % 4)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
