@@ -50,13 +50,15 @@ func meanSlack(kl float64, mode Mode) float64 {
 // bound fails stays visible; a bound below 0 says nothing.
 func ProbLower(p1, kl float64, mode Mode) float64 { return p1 - meanSlack(kl, mode) }
 
-// VarUpper is Theorem 2 with an observed V1: an upper bound on V2 = Var_{q2}[f]. In tight mode it
-// is also capped at 1/4, the largest variance of a [0, 1]-valued variable.
+// VarUpper is Theorem 2 with an observed V1: an upper bound on V2 = Var_{q2}[f], capped in both
+// modes at 1/4, the largest variance of a [0, 1]-valued variable (so a budget of 1/4 never fails):
+//
+//	paper: min(V1 + 6 sqrt(KL/2), 1/4)     tight: min(V1 + 3 TV_ub, 1/4)
 func VarUpper(v1, kl float64, mode Mode) float64 {
 	if mode == Tight {
 		return math.Min(v1+3*TVUpper(kl), 0.25)
 	}
-	return v1 + 6*Pinsker(kl)
+	return math.Min(v1+6*Pinsker(kl), 0.25)
 }
 
 // KLBudget is the largest KL(q2 || q1) for which Theorem 1 (paper mode) keeps a CE with

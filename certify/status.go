@@ -165,14 +165,13 @@ func (c Certificate) InSet() bool { return InSet(c.P1, c.Var1, c.Delta, c.Epsilo
 // Var. It depends only on KL and the mode, so it is computed once per anchor, not once per CE.
 type Slack struct {
 	KL, Mean, Var float64
-	tight         bool
 }
 
 // Slack returns (2 sqrt(KL/2), 6 sqrt(KL/2)) in paper mode and (TV_ub, 3 TV_ub) in tight mode.
 func (p Policy) Slack(kl float64) Slack {
 	if p.Mode == Tight {
 		tv := TVUpper(kl)
-		return Slack{KL: kl, Mean: tv, Var: 3 * tv, tight: true}
+		return Slack{KL: kl, Mean: tv, Var: 3 * tv}
 	}
 	s := Pinsker(kl)
 	return Slack{KL: kl, Mean: 2 * s, Var: 6 * s}
@@ -183,7 +182,7 @@ type Bounds struct {
 	// P1 is what Theorem 1 starts from: the estimate p1, or its Hoeffding lower bound.
 	P1 float64
 	// ProbLower is Theorem 1's bound on p_now (not clipped at 0); VarUpper is Theorem 2's bound on
-	// V_now (capped at 1/4 in tight mode); VarBudget is the ceiling VarUpper is compared with.
+	// V_now (capped at 1/4, the largest variance of a [0,1] variable, in both modes); VarBudget is the ceiling VarUpper is compared with.
 	ProbLower, VarUpper, VarBudget float64
 	// Certified is ProbLower >= 1/2 && VarUpper <= VarBudget.
 	Certified bool
@@ -210,14 +209,14 @@ func (p Policy) StartP1(c Certificate) float64 {
 
 // Evaluate applies a precomputed slack to a certificate:
 //
-//	ProbLower = p1' - s.Mean,   VarUpper = V1 + s.Var  (min with 1/4 in tight mode)
+//	ProbLower = p1' - s.Mean,   VarUpper = min(V1 + s.Var, 1/4)
 //
 // Equal to ProbLower(p1', KL, mode) and VarUpper(V1, KL, mode).
 func (p Policy) Evaluate(c Certificate, s Slack) Bounds {
 	b := Bounds{P1: p.StartP1(c), VarBudget: p.VarBudget(c.Epsilon)}
 	b.ProbLower = b.P1 - s.Mean
 	b.VarUpper = c.Var1 + s.Var
-	if s.tight && b.VarUpper > 0.25 {
+	if b.VarUpper > 0.25 {
 		b.VarUpper = 0.25
 	}
 	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarBudget
@@ -232,12 +231,11 @@ type Gate struct {
 	logInvAlpha  float64 // ln(1/alpha)
 	epsMax       float64
 	mean, vslack float64
-	tight        bool
 }
 
 // Gate fixes the policy and the slack.
 func (p Policy) Gate(s Slack) Gate {
-	g := Gate{hoeffding: p.Hoeffding, epsMax: p.EpsilonMax, mean: s.Mean, vslack: s.Var, tight: s.tight}
+	g := Gate{hoeffding: p.Hoeffding, epsMax: p.EpsilonMax, mean: s.Mean, vslack: s.Var}
 	if p.Hoeffding {
 		g.logInvAlpha = math.Log(1 / p.Alpha)
 	}
@@ -256,7 +254,7 @@ func (g *Gate) Check(p1, v1, eps float64, samples int) (lower float64, certified
 	}
 	lower = p1 - g.mean
 	vu := v1 + g.vslack
-	if g.tight && vu > 0.25 {
+	if vu > 0.25 {
 		vu = 0.25
 	}
 	budget := g.epsMax

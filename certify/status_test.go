@@ -44,10 +44,10 @@ func TestPolicyBounds(t *testing.T) {
 		// Tight mode halves the slack: 0.9977 - 0.0128452, 0.001 + 3*0.0128452.
 		{"tight row 1", tight, cert(0.9977, 0.001), 0.000330, 0.9849, 0.0395, true},
 		// Hoeffding: 0.99 - 0.0479853 = 0.9420; minus 2 sqrt(0.005) = 0.1414214 gives 0.8006.
-		{"hoeffding lcb", hoef, cert(0.99, 0.001), 0.01, 0.8006, 0.4253, false},
+		{"hoeffding lcb", hoef, cert(0.99, 0.001), 0.01, 0.8006, 0.25 /* V1 + 6 sqrt(KL/2) = 0.4253, capped */, false},
 		{"hoeffding lcb, no drift", hoef, cert(0.99, 0.001), 0, 0.9420, 0.0010, true},
 		// Mean bound fails: 0.96 - 2 sqrt(0.06) = 0.96 - 0.4898979 = 0.4701.
-		{"mean bound fails", Policy{Mode: Paper, EpsilonMax: 0.25}, cert(0.96, 0.001), 0.12, 0.4701, 1.4707, false},
+		{"mean bound fails", Policy{Mode: Paper, EpsilonMax: 0.25}, cert(0.96, 0.001), 0.12, 0.4701, 0.25 /* 1.4707 capped at 1/4 */, false},
 		// EpsilonMax = 0: the CE's own eps is the ceiling. 0.004 + 6 sqrt(0.5e-6) = 0.004 + 0.0042426.
 		{"strict ceiling = eps", Policy{Mode: Paper}, cert(0.99, 0.004), 1e-6, 0.9886, 0.0082, true},
 		{"strict ceiling = eps, fails", Policy{Mode: Paper}, cert(0.99, 0.004), 4e-6, 0.9872, 0.0125, false},
