@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -163,6 +164,11 @@ type Stats struct {
 // Consumer reads labelled records from a topic as a member of a consumer group and hands
 // them out in increments; see the package documentation for the offset discipline. Next and
 // Commit may be called from different goroutines, but Next from one at a time.
+//
+// Next fetches in batches: one blocking FetchMessage, then as many more as kafka-go has
+// already queued (ReaderStats.QueueLength), so they return at once. Each batch is decoded on
+// up to GOMAXPROCS goroutines (decoding is most of the per-record cost) and filed in offset
+// order.
 type Consumer struct {
 	cfg    ConsumerConfig
 	schema *Schema
@@ -177,14 +183,13 @@ type Consumer struct {
 	mu   sync.Mutex
 	skip map[int]int64 // drop offsets below skip[partition]
 
-	fetched, decoded, skipped, increments, commits, retries, pendingN atomic.Int64
-	deadMu                                                            sync.Mutex
-	dead                                                              map[string]int64
+	fetchedN, decoded, skipped, increments, commits, retries, pendingN atomic.Int64
+	deadMu                                                             sync.Mutex
+	dead                                                               map[string]int64
 
-	closeOnce sync.Once
-	closing   chan struct{}
-	closed    chan struct{}
-	closeErr  error
+	cancel   context.CancelFunc // ends the fetcher
+	done     chan struct{}      // closed when the fetcher has stopped and everything is closed
+	closeErr error
 }
 
 // pending is the increment being built. It survives an error return from Next, so that
@@ -196,7 +201,6 @@ type pending struct {
 	nDead   int          // written to the dead-letter topic
 	skipped int
 	next    map[int]int64
-	last    map[int]kafka.Message
 }
 
 type deadLetter struct {
@@ -219,7 +223,33 @@ func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *s
 		return nil, err
 	}
 	log = log.With("topic", cfg.Topic, "group", cfg.GroupID)
-	rc := kafka.ReaderConfig{
+	rc := readerConfig(&cfg, log)
+	// NewReader panics on an invalid config; validate first.
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("stream: consumer config: %w", err)
+	}
+	c := &Consumer{
+		cfg: cfg, schema: schema, log: log,
+		skip: make(map[int]int64), dead: make(map[string]int64),
+		done: make(chan struct{}),
+	}
+	for _, r := range Reasons() {
+		c.dead[r] = 0
+	}
+	c.Resume(cfg.Resume)
+	var lctx context.Context
+	lctx, c.cancel = context.WithCancel(ctx)
+	c.tr = cfg.Conn.transport(lctx)
+	c.dlq = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, log)
+	c.r = kafka.NewReader(rc)
+	go c.run(lctx)
+	return c, nil
+}
+
+// readerConfig is the kafka-go reader configuration of a consumer (the benchmark's plain
+// baseline uses it too, so that both read the same way).
+func readerConfig(cfg *ConsumerConfig, log *slog.Logger) kafka.ReaderConfig {
+	return kafka.ReaderConfig{
 		Brokers:           cfg.Conn.Brokers,
 		GroupID:           cfg.GroupID,
 		Topic:             cfg.Topic,
@@ -238,24 +268,6 @@ func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *s
 		ReadBackoffMax:    cfg.RetryMax,
 		ErrorLogger:       kafka.LoggerFunc(func(f string, a ...any) { log.Warn("kafka-go reader: " + fmt.Sprintf(f, a...)) }),
 	}
-	// NewReader panics on an invalid config; validate first.
-	if err := rc.Validate(); err != nil {
-		return nil, fmt.Errorf("stream: consumer config: %w", err)
-	}
-	c := &Consumer{
-		cfg: cfg, schema: schema, log: log,
-		skip: make(map[int]int64), dead: make(map[string]int64),
-		closing: make(chan struct{}), closed: make(chan struct{}),
-	}
-	for _, r := range Reasons() {
-		c.dead[r] = 0
-	}
-	c.Resume(cfg.Resume)
-	c.tr = cfg.Conn.transport(ctx)
-	c.dlq = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, log)
-	c.r = kafka.NewReader(rc)
-	go c.watch(ctx)
-	return c, nil
 }
 
 // newWriter is a synchronous writer that waits for all in-sync replicas. Batching comes from
@@ -275,15 +287,48 @@ func newWriter(brokers []string, topic string, tr *kafka.Transport, log *slog.Lo
 	}
 }
 
-// watch closes the reader and writer when ctx ends or Close is called.
-func (c *Consumer) watch(ctx context.Context) {
-	defer close(c.closed)
-	select {
-	case <-ctx.Done():
-	case <-c.closing:
-	}
+// run closes the reader, the writer and the connections once ctx ends (or Close is called).
+func (c *Consumer) run(ctx context.Context) {
+	defer close(c.done)
+	<-ctx.Done()
 	c.closeErr = errors.Join(c.r.Close(), c.dlq.Close())
 	c.tr.CloseIdleConnections()
+}
+
+// fetch returns the next message, retrying broker errors with backoff. The decision to retry
+// is made here, where the error is understood; the context is checked first.
+func (c *Consumer) fetch(ctx context.Context) (kafka.Message, error) {
+	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	for {
+		m, err := c.r.FetchMessage(ctx)
+		if err == nil {
+			c.fetchedN.Add(1)
+			return m, nil
+		}
+		if ctx.Err() != nil {
+			return kafka.Message{}, ctx.Err()
+		}
+		if errors.Is(err, io.EOF) || c.closed() {
+			return kafka.Message{}, ErrClosed
+		}
+		if !retryable(err) {
+			return kafka.Message{}, fmt.Errorf("stream: fetching from %s: %w", c.cfg.Topic, err)
+		}
+		c.retries.Add(1)
+		c.log.Warn("fetch failed; retrying", "err", err)
+		if err := bo.wait(ctx); err != nil {
+			return kafka.Message{}, err
+		}
+	}
+}
+
+func (c *Consumer) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Close leaves the group and closes the connections, then waits for every goroutine to stop.
@@ -291,8 +336,8 @@ func (c *Consumer) watch(ctx context.Context) {
 // the increment being built that were not written yet are not written; their records are
 // delivered again too.
 func (c *Consumer) Close() error {
-	c.closeOnce.Do(func() { close(c.closing) })
-	<-c.closed
+	c.cancel()
+	<-c.done
 	return c.closeErr
 }
 
@@ -316,36 +361,56 @@ func (c *Consumer) Resume(next map[int]int64) {
 // Bad records are written to the dead-letter topic before Next returns.
 //
 // Within one Consumer no offset is returned twice: a message delivered again (after a
-// rebalance) below what earlier increments covered is skipped. Fetch and dead-letter errors
-// are retried with backoff until ctx ends; on an error return, what was fetched stays pending
-// for the next call.
+// rebalance) below what earlier increments covered is skipped. Broker errors are retried with
+// backoff; Next returns an error only when ctx ends, the consumer is closed (ErrClosed), or a
+// broker error cannot be retried. On an error return, what was fetched stays pending for the
+// next call.
 func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 	c.nextMu.Lock()
 	defer c.nextMu.Unlock()
 	p := &c.pending
+	// fctx carries the increment's deadline once it has a first message; it is made once
+	// per call, not per fetch.
+	fctx, withDeadline := ctx, false
+	var batch []kafka.Message
 	for len(p.records) < c.cfg.MaxRecords {
 		if len(p.dead) >= deadLetterBatch {
 			if err := c.flushDead(ctx); err != nil {
 				return nil, err
 			}
 		}
-		fctx, cancel := ctx, context.CancelFunc(func() {})
 		if !p.empty() {
 			deadline := p.first.Add(c.cfg.MaxWait)
 			if !time.Now().Before(deadline) {
 				break
 			}
-			fctx, cancel = context.WithDeadline(ctx, deadline)
+			if !withDeadline {
+				var cancel context.CancelFunc
+				fctx, cancel = context.WithDeadline(ctx, deadline)
+				defer cancel() // once: guarded by withDeadline
+				withDeadline = true
+			}
 		}
 		m, err := c.fetch(fctx)
-		cancel()
 		if err != nil {
 			if ctx.Err() == nil && !p.empty() && fctx.Err() != nil {
 				break // MaxWait elapsed
 			}
 			return nil, err
 		}
-		c.handle(m)
+		// What kafka-go has queued already comes without waiting. Its queue length may count
+		// a stale message FetchMessage drops after a rebalance; then the fetch waits, bounded
+		// by the increment's deadline, and an error leaves the batch so far to be filed.
+		batch = append(batch[:0], m)
+		more := min(int(c.r.Stats().QueueLength), c.cfg.MaxRecords-len(p.records)-1)
+		for range more {
+			m, err := c.fetch(fctx)
+			if err != nil {
+				break
+			}
+			batch = append(batch, m)
+		}
+		c.handle(batch)
 	}
 	if err := c.flushDead(ctx); err != nil {
 		return nil, err
@@ -353,82 +418,86 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 	return c.take(), nil
 }
 
-// fetch returns the next message, retrying broker errors with backoff. The decision to retry
-// is made here, where the error is understood; the context is checked first.
-func (c *Consumer) fetch(ctx context.Context) (kafka.Message, error) {
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
-	for {
-		m, err := c.r.FetchMessage(ctx)
-		if err == nil {
-			c.fetched.Add(1)
-			return m, nil
-		}
-		if ctx.Err() != nil {
-			return kafka.Message{}, ctx.Err()
-		}
-		if c.isClosed() || errors.Is(err, io.EOF) {
-			return kafka.Message{}, ErrClosed
-		}
-		if !retryable(err) {
-			return kafka.Message{}, fmt.Errorf("stream: fetching from %s: %w", c.cfg.Topic, err)
-		}
-		c.retries.Add(1)
-		c.log.Warn("fetch failed; retrying", "err", err)
-		if err := bo.wait(ctx); err != nil {
-			return kafka.Message{}, err
-		}
-	}
-}
-
-func (c *Consumer) isClosed() bool {
-	select {
-	case <-c.closing:
-		return true
-	case <-c.closed:
-		return true
-	default:
-		return false
-	}
-}
-
-// handle files one fetched message into the pending increment.
-func (c *Consumer) handle(m kafka.Message) {
+// handle files a batch of fetched messages, in order, into the pending increment: skipped,
+// dead-lettered or decoded. Decoding runs in parallel.
+func (c *Consumer) handle(batch []kafka.Message) {
 	p := &c.pending
 	if p.empty() {
 		p.first = time.Now()
 		p.next = make(map[int]int64)
-		p.last = make(map[int]kafka.Message)
+		p.records = make([]Record, 0, min(c.cfg.MaxRecords, 4096))
 	}
+	keep := make([]bool, len(batch))
 	c.mu.Lock()
-	floor := c.skip[m.Partition]
+	for i, m := range batch {
+		floor := c.skip[m.Partition]
+		if n, ok := p.next[m.Partition]; ok && n > floor {
+			floor = n // a redelivery of something already in this increment
+		}
+		keep[i] = m.Offset >= floor
+		if m.Offset+1 > p.next[m.Partition] {
+			p.next[m.Partition] = m.Offset + 1
+		}
+	}
 	c.mu.Unlock()
-	if n, ok := p.next[m.Partition]; ok && n > floor {
-		floor = n // a redelivery of something already in this increment
+	results := c.schema.decodeAll(batch, keep)
+	for i, m := range batch {
+		if !keep[i] {
+			p.skipped++
+			c.skipped.Add(1)
+			continue
+		}
+		rec, err := results[i].rec, results[i].err
+		if err != nil {
+			p.dead = append(p.dead, deadLetter{msg: deadLetterMessage(m, err), reason: err.Reason})
+			c.log.Debug("record dead-lettered", "partition", m.Partition, "offset", m.Offset, "reason", err.Reason, "detail", err.Detail)
+			continue
+		}
+		rec.Partition, rec.Offset = m.Partition, m.Offset
+		if rec.Time.IsZero() {
+			rec.Time = m.Time
+		}
+		p.records = append(p.records, rec)
+		c.decoded.Add(1)
 	}
-	if m.Offset+1 > p.next[m.Partition] {
-		p.next[m.Partition] = m.Offset + 1
-		p.last[m.Partition] = kafka.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
-	}
-	if m.Offset < floor {
-		p.skipped++
-		c.skipped.Add(1)
-		return
-	}
-	rec, err := c.schema.Decode(m.Value)
-	if err != nil {
-		var de *DecodeError
-		errors.As(err, &de)
-		p.dead = append(p.dead, deadLetter{msg: deadLetterMessage(m, de), reason: de.Reason})
-		c.log.Debug("record dead-lettered", "partition", m.Partition, "offset", m.Offset, "reason", de.Reason, "detail", de.Detail)
-		return
-	}
-	rec.Partition, rec.Offset = m.Partition, m.Offset
-	if rec.Time.IsZero() {
-		rec.Time = m.Time
-	}
-	p.records = append(p.records, rec)
-	c.decoded.Add(1)
 	c.pendingN.Store(int64(len(p.records)))
+}
+
+type decodeResult struct {
+	rec Record
+	err *DecodeError
+}
+
+// decodeAll decodes the values of batch[i] where keep[i], on up to GOMAXPROCS goroutines
+// (joined before it returns) when the batch is large enough to pay for them.
+func (s *Schema) decodeAll(batch []kafka.Message, keep []bool) []decodeResult {
+	out := make([]decodeResult, len(batch))
+	one := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if keep[i] {
+				rec, err := s.Decode(batch[i].Value)
+				if err != nil {
+					out[i].err = err.(*DecodeError)
+				} else {
+					out[i].rec = rec
+				}
+			}
+		}
+	}
+	const minPerWorker = 32
+	workers := min(runtime.GOMAXPROCS(0), len(batch)/minPerWorker, 8)
+	if workers <= 1 {
+		one(0, len(batch))
+		return out
+	}
+	var wg sync.WaitGroup
+	chunk := (len(batch) + workers - 1) / workers
+	for lo := chunk; lo < len(batch); lo += chunk {
+		wg.Go(func() { one(lo, min(lo+chunk, len(batch))) })
+	}
+	one(0, chunk)
+	wg.Wait()
+	return out
 }
 
 func deadLetterMessage(m kafka.Message, de *DecodeError) kafka.Message {
@@ -481,7 +550,7 @@ func (c *Consumer) flushDead(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if c.isClosed() || errors.Is(err, io.ErrClosedPipe) {
+		if errors.Is(err, io.ErrClosedPipe) {
 			return ErrClosed
 		}
 		if !retryable(err) {
@@ -514,8 +583,8 @@ func (c *Consumer) take() *Increment {
 	p := &c.pending
 	inc := &Increment{Records: p.records, DeadLettered: p.nDead, Skipped: p.skipped,
 		NextOffsets: maps.Clone(p.next), topic: c.cfg.Topic}
-	for _, m := range p.last {
-		inc.msgs = append(inc.msgs, m)
+	for part, next := range p.next {
+		inc.msgs = append(inc.msgs, kafka.Message{Topic: c.cfg.Topic, Partition: part, Offset: next - 1})
 	}
 	c.Resume(p.next)
 	c.pending = pending{}
@@ -544,7 +613,7 @@ func (c *Consumer) Commit(ctx context.Context, inc *Increment) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("stream: committing %v: %w", inc.NextOffsets, ctx.Err())
 		}
-		if c.isClosed() || errors.Is(err, io.ErrClosedPipe) {
+		if errors.Is(err, io.ErrClosedPipe) {
 			return ErrClosed
 		}
 		if !retryable(err) {
@@ -562,7 +631,7 @@ func (c *Consumer) Commit(ctx context.Context, inc *Increment) error {
 func (c *Consumer) Stats() Stats {
 	s := Stats{
 		Lag:     c.r.Stats().Lag,
-		Fetched: c.fetched.Load(), Decoded: c.decoded.Load(), Skipped: c.skipped.Load(),
+		Fetched: c.fetchedN.Load(), Decoded: c.decoded.Load(), Skipped: c.skipped.Load(),
 		Increments: c.increments.Load(), Commits: c.commits.Load(), Retries: c.retries.Load(),
 		Pending: c.pendingN.Load(),
 	}

@@ -367,7 +367,7 @@ func (s *Schema) featureArray(p *scanner, rec *Record) *DecodeError {
 			if n == d {
 				return decodeErr(ReasonWrongDimension, "more than %d features", d)
 			}
-			v, err := p.number(func() string { return fmt.Sprintf("feature %d (%s)", n, s.features[n]) })
+			v, err := p.featureNumber(s, n, false)
 			if err != nil {
 				return err
 			}
@@ -406,13 +406,20 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 			if err != nil {
 				return err
 			}
-			j, ok := s.featureIdx[string(raw)]
-			if esc {
+			// Producers usually write the features in the model's order: try position n
+			// before hashing.
+			j, ok := n, false
+			switch {
+			case esc:
 				name, err := unquote(raw, esc)
 				if err != nil {
 					return err
 				}
 				j, ok = s.featureIdx[name]
+			case n < d && string(raw) == s.features[n]:
+				ok = true
+			default:
+				j, ok = s.featureIdx[string(raw)]
 			}
 			if !ok {
 				name, _ := unquote(raw, esc)
@@ -429,7 +436,7 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 			}
 			p.i++
 			p.ws()
-			v, derr := p.number(func() string { return fmt.Sprintf("feature %q", s.features[j]) })
+			v, derr := p.featureNumber(s, j, true)
 			if derr != nil {
 				return derr
 			}
@@ -481,11 +488,11 @@ func (s *Schema) label(p *scanner, rec *Record) (bool, *DecodeError) {
 		rec.Label = j
 		return true, nil
 	case ch == '-' || (ch >= '0' && ch <= '9'):
-		lit, err := p.numberLiteral()
+		lit, fv, ok, err := p.numberLiteral()
 		if err != nil {
 			return false, err
 		}
-		v, perr := strconv.ParseFloat(string(lit), 64)
+		v, perr := parseNumber(lit, fv, ok)
 		if perr != nil || v != math.Trunc(v) || v < 0 || v >= float64(c) {
 			return false, decodeErr(ReasonUnknownLabel, "label %s is not a class index in [0, %d)", clip(string(lit)), c)
 		}
@@ -516,11 +523,11 @@ func (s *Schema) timestamp(p *scanner, rec *Record) *DecodeError {
 		rec.Time = t
 		return nil
 	case ch == '-' || (ch >= '0' && ch <= '9'):
-		lit, err := p.numberLiteral()
+		lit, fv, ok, err := p.numberLiteral()
 		if err != nil {
 			return err
 		}
-		v, perr := strconv.ParseFloat(string(lit), 64)
+		v, perr := parseNumber(lit, fv, ok)
 		if perr != nil || v < 0 || v > maxUnixSeconds {
 			return decodeErr(ReasonBadTimestamp, "ts %s is not Unix seconds in [0, %d]", clip(string(lit)), int64(maxUnixSeconds))
 		}
@@ -664,58 +671,114 @@ func unquote(raw []byte, esc bool) (string, *DecodeError) {
 //
 //	-? (0 | [1-9][0-9]*) (\.[0-9]+)? ([eE][+-]?[0-9]+)?
 //
-// (strconv.ParseFloat alone would also take "inf", "0x1p3", "+1", ".5" and "1_0").
-func (p *scanner) numberLiteral() ([]byte, *DecodeError) {
-	start := p.i
-	bad := func() ([]byte, *DecodeError) {
-		return nil, decodeErr(ReasonBadJSON, "malformed number at byte %d", start)
+// (strconv.ParseFloat alone would also take "inf", "0x1p3", "+1", ".5" and "1_0"). When the
+// literal is m * 10^e with an integer m < 2^53 and |e| <= 22 it also returns the value, with
+// ok = true: m and 10^e are then exact float64 values, so one multiplication or division,
+// correctly rounded, gives the correctly rounded result (Clinger's fast path, the same one
+// strconv takes first). Otherwise the caller falls back to strconv.ParseFloat.
+func (p *scanner) numberLiteral() (lit []byte, v float64, ok bool, err *DecodeError) {
+	b, i := p.b, p.i
+	start := i
+	neg := i < len(b) && b[i] == '-'
+	if neg {
+		i++
 	}
-	if p.peek() == '-' {
-		p.i++
+	// All digits, integer and fraction, go into mant; leading zeros add nothing. With at most
+	// 19 digits mant cannot overflow (10^19 < 2^64).
+	var mant uint64
+	intStart := i
+	for i < len(b) && b[i]-'0' <= 9 {
+		mant = mant*10 + uint64(b[i]-'0')
+		i++
 	}
-	switch c := p.peek(); {
-	case c == '0':
-		p.i++
-	case c >= '1' && c <= '9':
-		p.digits()
-	default:
-		return bad()
+	nInt := i - intStart
+	if nInt == 0 || (nInt > 1 && b[intStart] == '0') {
+		return p.badNumber(start)
 	}
-	if p.peek() == '.' {
-		p.i++
-		if p.digits() == 0 {
-			return bad()
+	nFrac := 0
+	if i < len(b) && b[i] == '.' {
+		i++
+		fracStart := i
+		for i < len(b) && b[i]-'0' <= 9 {
+			mant = mant*10 + uint64(b[i]-'0')
+			i++
+		}
+		if nFrac = i - fracStart; nFrac == 0 {
+			return p.badNumber(start)
 		}
 	}
-	if c := p.peek(); c == 'e' || c == 'E' {
-		p.i++
-		if c := p.peek(); c == '+' || c == '-' {
-			p.i++
+	exp := -nFrac
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		sign := 1
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			if b[i] == '-' {
+				sign = -1
+			}
+			i++
 		}
-		if p.digits() == 0 {
-			return bad()
+		e, expStart := 0, i
+		for i < len(b) && b[i]-'0' <= 9 {
+			if e < 100000 {
+				e = e*10 + int(b[i]-'0')
+			}
+			i++
 		}
+		if i == expStart {
+			return p.badNumber(start)
+		}
+		exp += sign * e
 	}
-	return p.b[start:p.i], nil
+	p.i = i
+	lit = b[start:i]
+	if nInt+nFrac > 19 || mant >= 1<<53 || exp < -22 || exp > 22 {
+		return lit, 0, false, nil // mant may have wrapped: only the literal is used
+	}
+	v = float64(mant)
+	if exp < 0 {
+		v /= pow10[-exp]
+	} else {
+		v *= pow10[exp]
+	}
+	if neg {
+		v = -v
+	}
+	return lit, v, true, nil
 }
 
-func (p *scanner) digits() int {
-	n := 0
-	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-		p.i++
-		n++
-	}
-	return n
+func (p *scanner) badNumber(start int) ([]byte, float64, bool, *DecodeError) {
+	return nil, 0, false, decodeErr(ReasonBadJSON, "malformed number at byte %d", start)
 }
 
-// number scans a feature value: a finite number. what names the feature for error details
-// (built only on failure).
-func (p *scanner) number(what func() string) (float64, *DecodeError) {
+// pow10 holds the powers of ten that are exact float64 values.
+var pow10 = [23]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+	1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
+
+// parseNumber returns the value of a literal from numberLiteral.
+func parseNumber(lit []byte, v float64, ok bool) (float64, error) {
+	if ok {
+		return v, nil
+	}
+	return strconv.ParseFloat(string(lit), 64)
+}
+
+// featureNumber scans the value of feature j: a finite number. byName says how the feature
+// was given, for error details.
+func (p *scanner) featureNumber(s *Schema, j int, byName bool) (float64, *DecodeError) {
+	what := func() string {
+		if byName {
+			return fmt.Sprintf("feature %q", s.features[j])
+		}
+		return fmt.Sprintf("feature %d (%s)", j, s.features[j])
+	}
 	switch c := p.peek(); {
-	case c == '-' || (c >= '0' && c <= '9'):
-		lit, err := p.numberLiteral()
+	case c == '-' || c-'0' <= 9:
+		lit, v, ok, err := p.numberLiteral()
 		if err != nil {
 			return 0, err
+		}
+		if ok {
+			return v, nil
 		}
 		v, perr := strconv.ParseFloat(string(lit), 64)
 		if perr != nil { // only ErrRange is possible after the grammar check

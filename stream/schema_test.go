@@ -3,8 +3,11 @@ package stream
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -285,4 +288,50 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encode %+v -> %s -> %+v, %v", rec, b, again, err)
 		}
 	})
+}
+
+// TestNumberFastPath checks the Clinger fast path bit for bit against strconv.ParseFloat on
+// literals of every shape: short and long mantissas, leading zeros, exponents at and past the
+// exact range.
+func TestNumberFastPath(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	lits := []string{"0", "-0", "0.0", "1", "-1", "0.1", "0.3", "123456789012345678", "9007199254740993",
+		"9007199254740992", "1e22", "1e23", "1e-22", "1e-23", "4.35", "0.000001", "1.7976931348623157e308",
+		"12345678901234567890", "0.1234567890123456789", "100000000000000000000000", "5e-324", "2.5E+3"}
+	for range 20000 {
+		var sb strings.Builder
+		if rng.IntN(2) == 0 {
+			sb.WriteByte('-')
+		}
+		sb.WriteString(strconv.FormatUint(rng.Uint64N(1<<uint(rng.IntN(64))), 10))
+		if rng.IntN(2) == 0 {
+			sb.WriteByte('.')
+			sb.WriteString(strings.Repeat("0", rng.IntN(4)))
+			sb.WriteString(strconv.FormatUint(rng.Uint64N(1<<uint(rng.IntN(60)+1)), 10))
+		}
+		if rng.IntN(3) == 0 {
+			fmt.Fprintf(&sb, "e%d", rng.IntN(60)-30)
+		}
+		lits = append(lits, sb.String())
+	}
+	fast := 0
+	for _, lit := range lits {
+		p := scanner{b: []byte(lit)}
+		l, v, ok, derr := p.numberLiteral()
+		if derr != nil || string(l) != lit {
+			t.Fatalf("numberLiteral(%q) = %q, %v", lit, l, derr)
+		}
+		got, err := parseNumber(l, v, ok)
+		want, werr := strconv.ParseFloat(lit, 64)
+		if (err == nil) != (werr == nil) || math.Float64bits(got) != math.Float64bits(want) {
+			t.Fatalf("%q: got %v (%v, fast %v), strconv says %v (%v)", lit, got, err, ok, want, werr)
+		}
+		if ok {
+			fast++
+		}
+	}
+	t.Logf("%d of %d literals took the fast path", fast, len(lits))
+	if fast < len(lits)/4 {
+		t.Fatalf("fast path taken for only %d of %d literals", fast, len(lits))
+	}
 }
