@@ -39,6 +39,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"run", "--config FILE", "run the daemon (the repo's config.yaml: embedded broker, bundled model)", cmdRun},
 		{"train", "--data FILE.csv --out DIR [--seed N] [--epochs N]", "train a Bayesian MLP and write model.safetensors + model.json", cmdTrain},
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+)
+
+// cmdRun loads the configuration and runs the daemon until SIGINT/SIGTERM.
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	path := fs.String("config", "config.yaml", "configuration file (see config.yaml and README.md)")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg, err := config.LoadFile(*path)
+	if err != nil {
+		if errors.Is(err, config.ErrInvalid) {
+			return errors.Join(errUsage, err)
+		}
+		return err
+	}
+	log := newLogger(stderr, cfg.Log)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
+	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
+		return err
+	}
+	log.Info("cfguard stopped")
+	return nil
+}
+
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,236 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/explain"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// Options are what Run needs from its caller.
+type Options struct {
+	Config *config.Config
+	Logger *slog.Logger
+	// Registry receives the daemon's metrics and is served on /metrics. Default: a new registry.
+	Registry *prometheus.Registry
+	// Ready, when set, receives the daemon once it serves (tests use it to find addresses).
+	Ready chan<- *Daemon
+}
+
+// Daemon is a running cfguard. Its exported methods are safe for concurrent use.
+type Daemon struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	metrics *alerts.Metrics
+	own     *daemonMetrics
+	ledger  *ledger.Ledger
+	conn    stream.ConnConfig
+	pub     *stream.Publisher
+	policy  certify.Policy
+	budget  float64 // KL budget of one step, (0.5 - delta)^2 / 2
+
+	httpAddr   net.Addr
+	brokerAddr []string
+
+	// mu serialises posterior transitions (increments, audits) with registrations, so that a
+	// CE is always anchored to the posterior that is current when it is stored.
+	mu  sync.Mutex
+	cur *bnn.Model // guarded by mu for writes; read with current()
+	rmu sync.RWMutex
+
+	vae        *explain.VAE // nil until vaeReady is closed (and stays nil without training data)
+	vaeReady   chan struct{}
+	genMu      sync.Mutex
+	gen        *explain.Generator // for genVersion; rebuilt lazily after an update
+	genVersion uint64
+	genSlots   chan struct{}
+
+	ready chan struct{} // closed once the consumer runs
+}
+
+// HTTPAddr is the API's listening address.
+func (d *Daemon) HTTPAddr() string { return d.httpAddr.String() }
+
+// BrokerAddrs are the Kafka bootstrap addresses in use (the embedded broker's, when embedded).
+func (d *Daemon) BrokerAddrs() []string { return append([]string(nil), d.brokerAddr...) }
+
+func (d *Daemon) current() *bnn.Model {
+	d.rmu.RLock()
+	defer d.rmu.RUnlock()
+	return d.cur
+}
+
+func (d *Daemon) setCurrent(m *bnn.Model) {
+	d.rmu.Lock()
+	d.cur = m
+	d.rmu.Unlock()
+	d.genMu.Lock()
+	d.gen = nil // the generator samples the posterior; rebuild for the new one
+	d.genMu.Unlock()
+}
+
+// Run starts the daemon and blocks until ctx is cancelled or a component fails. Resources are
+// released in reverse order of acquisition, each right after it was acquired.
+func Run(ctx context.Context, opts Options) (err error) {
+	cfg := opts.Config
+	if cfg == nil {
+		return errors.New("daemon: no configuration")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	mode, err := certify.ParseMode(cfg.Certify.Mode)
+	if err != nil {
+		return err
+	}
+	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
+		policy:   certify.Policy{Mode: mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
+		genSlots: make(chan struct{}, cfg.Explain.Concurrency), ready: make(chan struct{}), vaeReady: make(chan struct{})}
+	d.metrics.SetKLBudget(d.budget)
+
+	// life outlives the components: the broker and the publisher stop in cleanup, after every
+	// component has returned, so the consumer never reads from a broker that is going away.
+	life, stopLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLife()
+	var cleanup []func()
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		return fmt.Errorf("state_dir: %w", err)
+	}
+	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, MCSamples: cfg.Certify.Samples, Logger: log})
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { d.ledger.Close() })
+
+	if err := d.bootstrapModel(ctx); err != nil {
+		return err
+	}
+
+	tlsCfg, err := clientTLS(cfg.Kafka.TLS)
+	if err != nil {
+		return err
+	}
+	d.conn = stream.ConnConfig{Brokers: cfg.Kafka.Brokers, TLS: tlsCfg, ClientID: cfg.Kafka.ClientID}
+	if cfg.Kafka.SASL.Mechanism != "" {
+		d.conn.SASL = &stream.SASL{Mechanism: cfg.Kafka.SASL.Mechanism, User: cfg.Kafka.SASL.Username, Password: cfg.Kafka.SASL.Password}
+	}
+	if cfg.Embedded() {
+		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"),
+			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1}, log.With("component", "broker"))
+		if err != nil {
+			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
+		}
+		cleanup = append(cleanup, b.Close)
+		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
+		log.Info("embedded Kafka-protocol broker started", "addrs", b.Addrs(), "topic", cfg.Kafka.Topic)
+	}
+	d.brokerAddr = d.conn.Brokers
+
+	d.pub, err = stream.NewPublisher(life, stream.PublisherConfig{Conn: d.conn, Topic: cfg.Kafka.EventsTopic}, log.With("component", "events"))
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { d.pub.Close() })
+
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+	}
+	d.httpAddr = ln.Addr()
+	srv := &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
+
+	if err := d.refreshGauges(); err != nil {
+		return err
+	}
+
+	// The components. The first to fail cancels the others; Run returns its error.
+	g := newGroup(ctx)
+	g.Go("http", func(ctx context.Context) error {
+		go func() {
+			<-ctx.Done()
+			sctx, c := context.WithTimeout(context.Background(), cfg.HTTP.ShutdownTimeout)
+			defer c()
+			srv.Shutdown(sctx)
+		}()
+		log.Info("HTTP API listening", "addr", d.httpAddr.String())
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go("ingest", d.ingest)
+	g.Go("audit", d.auditSchedule)
+	g.Go("vae", d.provideVAE)
+	if opts.Ready != nil {
+		opts.Ready <- d
+	}
+	return g.Wait()
+}
+
+func alphaOr(a float64) float64 {
+	if a > 0 {
+		return a
+	}
+	return certify.DefaultAlpha
+}
+
+// clientTLS builds the Kafka client's TLS configuration from kafka.tls.
+func clientTLS(c config.TLS) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
+		}
+		t.RootCAs = pool
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}

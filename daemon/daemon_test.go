@@ -1,0 +1,429 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+type running struct {
+	d      *Daemon
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+	base   string
+}
+
+// startDaemon runs a daemon in-process on loopback: embedded broker, bundled model, HTTP API,
+// all on ephemeral ports, state in a temporary directory. The test's cleanup stops it.
+func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
+	t.Helper()
+	c := config.Default()
+	c.StateDir = t.TempDir()
+	c.HTTP.Listen = "127.0.0.1:0"
+	c.Kafka.EmbeddedListen = "127.0.0.1:0"
+	c.Kafka.MaxRecords = 32
+	c.Kafka.MaxWait = 300 * time.Millisecond
+	c.Certify.Samples = 400
+	c.Audit.Schedule = ""
+	if mutate != nil {
+		mutate(&c)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	reg := prometheus.NewRegistry()
+	ready := make(chan *Daemon, 1)
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: reg, Ready: ready}) }()
+	r := &running{reg: reg, cancel: cancel, done: done}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("daemon did not stop within 30 s of cancel")
+		}
+	})
+	select {
+	case r.d = <-ready:
+	case err := <-done:
+		t.Fatalf("daemon failed to start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	r.base = "http://" + r.d.HTTPAddr()
+	waitFor(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *running) get(t *testing.T, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(r.base + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (r *running) do(t *testing.T, method, path, token string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, r.base+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func (r *running) metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}
+
+// produce writes JSON records to the daemon's topic over TCP with kafka-go.
+func (r *running) produce(t *testing.T, values ...[]byte) {
+	t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 500}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(values))
+	for i, v := range values {
+		msgs[i] = kafka.Message{Value: v}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func record(id string, x []float64, label any) []byte {
+	b, _ := json.Marshal(map[string]any{"id": id, "features": x, "label": label})
+	return b
+}
+
+// registerCEs picks malignant rows x and benign rows x_cf that the current posterior puts in the
+// <delta, eps>-set for "benign", and registers n pairs through the API.
+func registerCEs(t *testing.T, r *running, data *dataset.Set, n int) []string {
+	t.Helper()
+	m := r.d.current()
+	p, err := m.Predict(data.X, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xs, cfs []int
+	for i := range data.X {
+		switch {
+		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
+			xs = append(xs, i)
+		case p.P(i, 1) > 0.985 && p.V(i, 1) < 0.002:
+			cfs = append(cfs, i)
+		}
+	}
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	var ids []string
+	for k := 0; k < n; k++ {
+		id := fmt.Sprintf("ce-%d", k)
+		code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
+		if code != http.StatusCreated {
+			t.Fatalf("register %s: %d %s", id, code, body)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func bundled(t *testing.T) *dataset.Set {
+	s, _, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestEndToEndCleanStream(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	ids := registerCEs(t, r, data, 4)
+	if got := r.metric(t, "cfguard_counterfactuals", "status", "certified"); got != 4 {
+		t.Fatalf("certified = %v, want 4", got)
+	}
+	// 96 good records in the data's own labels, and bad ones of several kinds.
+	var vals [][]byte
+	for i := 0; i < 96; i++ {
+		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	vals = append(vals, []byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien"),
+		[]byte(`{"id":"nan","features":[`+strings.Repeat("1,", 29)+`"NaN"],"label":0}`))
+	version0 := r.d.current().Version
+	snapshot := r.d.current().Clone()
+	r.produce(t, vals...)
+	waitFor(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	waitFor(t, 10*time.Second, "4 dead letters", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 4 })
+	if v := r.d.current().Version; v != version0+3 {
+		t.Fatalf("posterior version %d, want %d (three increments of 32)", v, version0+3)
+	}
+	if kl := r.metric(t, "cfguard_posterior_kl"); !(kl > 0 && kl < r.d.budget) {
+		t.Fatalf("step KL %v, want in (0, budget) at lr 1e-5", kl)
+	}
+	if r.metric(t, "cfguard_kl_over_budget") != 0 {
+		t.Fatal("KL over budget on a clean stream")
+	}
+	if a := r.metric(t, "cfguard_posterior_kl_max_anchor"); !(a > r.metric(t, "cfguard_posterior_kl")) {
+		t.Fatalf("anchor KL %v should exceed the last step's", a)
+	}
+	// The body of the network never changes; only the last layer does.
+	if !bnn.SameBody(snapshot, r.d.current()) {
+		t.Fatal("an update changed the body of the network")
+	}
+	code, body := r.get(t, "/v1/counterfactuals/"+ids[0])
+	var ce ledger.CE
+	if code != 200 || json.Unmarshal(body, &ce) != nil || ce.Status.String() != "certified" || ce.KLFromAnchor <= 0 || ce.Bound >= ce.P1 {
+		t.Fatalf("get %s: %d %s", ids[0], code, body)
+	}
+	code, body = r.get(t, "/v1/model")
+	if code != 200 || !bytes.Contains(body, []byte(`"kl_history"`)) || !bytes.Contains(body, []byte(`"applied":96`)) {
+		t.Fatalf("model: %d %s", code, body)
+	}
+	// The metrics endpoint serves the same registry.
+	code, body = r.get(t, "/metrics")
+	if code != 200 || !bytes.Contains(body, []byte("cfguard_kl_budget 0.10125")) {
+		t.Fatalf("/metrics: %d", code)
+	}
+	if err := testutil.GatherAndCompare(r.reg, strings.NewReader("# HELP cfguard_kl_budget KL budget (0.5 - delta)^2 / 2 under which Theorem 1 keeps a delta-safe counterfactual valid.\n# TYPE cfguard_kl_budget gauge\ncfguard_kl_budget 0.10125\n"), "cfguard_kl_budget"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3 })
+	data := bundled(t)
+	ids := registerCEs(t, r, data, 6)
+	// Labels flipped in a region: benign rows labelled malignant.
+	var vals [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(vals) < 96 {
+			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+		}
+	}
+	r.produce(t, vals...)
+	waitFor(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	if r.metric(t, "cfguard_kl_over_budget") != 1 || r.metric(t, "cfguard_posterior_kl_max_anchor") <= r.d.budget {
+		t.Fatalf("drift at lr 1e-3 should put KL over budget: step %v, anchor %v", r.metric(t, "cfguard_posterior_kl"), r.metric(t, "cfguard_posterior_kl_max_anchor"))
+	}
+	flagged := r.metric(t, "cfguard_counterfactuals", "status", "at_risk") + r.metric(t, "cfguard_counterfactuals", "status", "invalidated")
+	if flagged == 0 {
+		t.Fatal("no counterfactual flagged after the drift")
+	}
+	// Status changes went to the events topic.
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	changed, overBudget := map[string]bool{}, false
+	for len(changed) < int(flagged) || !overBudget {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("events: saw %d status changes (want %v) and over-budget %v: %v", len(changed), flagged, overBudget, err)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		switch e.Type {
+		case "status_changed":
+			if string(m.Key) != e.ID || e.From != "certified" {
+				t.Fatalf("event %s", m.Value)
+			}
+			changed[e.ID] = true
+		case "kl_over_budget":
+			overBudget = e.KL > e.Budget
+		}
+	}
+	for id := range changed {
+		code, body := r.get(t, "/v1/counterfactuals/"+id)
+		var ce ledger.CE
+		json.Unmarshal(body, &ce)
+		if code != 200 || ce.Status.String() == "certified" || len(ce.History) == 0 {
+			t.Fatalf("%s after drift: %s", id, body)
+		}
+	}
+	_ = ids
+}
+
+func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
+	// Every step stays under the budget, but the anchor KL does not: many small steps.
+	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-4; c.Kafka.MaxRecords = 16 })
+	data := bundled(t)
+	registerCEs(t, r, data, 4)
+	var vals [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(vals) < 320 {
+			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], 0))
+		}
+	}
+	r.produce(t, vals...)
+	waitFor(t, 60*time.Second, "320 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 320 })
+	hist, err := r.d.ledger.KLHistory(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, s := range hist {
+		if s.KL > r.d.budget {
+			t.Fatalf("step %d KL %v over budget: the scenario needs small steps", s.PosteriorVersion, s.KL)
+		}
+		sum += s.KL
+	}
+	anchor := r.metric(t, "cfguard_posterior_kl_max_anchor")
+	if anchor <= r.d.budget {
+		t.Fatalf("anchor KL %v not over budget %v after %d steps", anchor, r.d.budget, len(hist))
+	}
+	if r.metric(t, "cfguard_counterfactuals", "status", "certified") == 4 {
+		t.Fatal("no CE flagged although the anchor KL is over budget")
+	}
+	t.Logf("%d steps, max step KL under %.4f, sum of step KLs %.4f, KL from anchor %.4f", len(hist), r.d.budget, sum, anchor)
+}
+
+func TestAPIRejectsBadRequests(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token = "t0ken" })
+	data := bundled(t)
+	x := data.X[0]
+	cases := []struct {
+		name, method, path, token string
+		body                      any
+		want                      int
+	}{
+		{"no token", "POST", "/v1/counterfactuals", "", map[string]any{"x": x, "x_cf": x, "target": 1}, 401},
+		{"wrong token", "POST", "/v1/audit", "nope", nil, 401},
+		{"bad json", "POST", "/v1/counterfactuals", "t0ken", "{", 400},
+		{"unknown field", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x, "target": 1, "extra": 1}, 400},
+		{"wrong dimension", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x[:5], "x_cf": x, "target": 1}, 400},
+		{"unknown target", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x, "target": "alien"}, 400},
+		{"target out of range", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x, "target": 7}, 400},
+		{"no target", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x}, 400},
+		{"not a counterfactual", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x, "target": data.Y[0]}, 422},
+		{"explain wrong dimension", "POST", "/v1/explain", "t0ken", map[string]any{"x": x[:3]}, 400},
+		{"explain unknown target", "POST", "/v1/explain", "t0ken", map[string]any{"x": x, "target": "alien"}, 400},
+		{"list bad status", "GET", "/v1/counterfactuals?status=nope", "", nil, 400},
+		{"missing", "GET", "/v1/counterfactuals/none", "", nil, 404},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var code int
+			var body []byte
+			if s, ok := tc.body.(string); ok {
+				req, _ := http.NewRequest(tc.method, r.base+tc.path, strings.NewReader(s))
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				code = resp.StatusCode
+				body, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			} else {
+				code, body = r.do(t, tc.method, tc.path, tc.token, tc.body)
+			}
+			if code != tc.want || !bytes.Contains(body, []byte(`"error"`)) {
+				t.Fatalf("%s %s: %d %s, want %d with an error", tc.method, tc.path, code, body, tc.want)
+			}
+		})
+	}
+	// NaN cannot be written in JSON; a string in its place is a bad request, not a crash.
+	code, _ := r.do(t, "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": append([]any{"NaN"}, anySlice(x[1:])...), "x_cf": x, "target": 1})
+	if code != 400 {
+		t.Fatalf("NaN feature: %d", code)
+	}
+	if code, _ := r.do(t, "POST", "/v1/audit", "t0ken", nil); code != 200 {
+		t.Fatalf("audit with token: %d", code)
+	}
+}
+
+func anySlice(x []float64) []any {
+	out := make([]any, len(x))
+	for i, v := range x {
+		out[i] = v
+	}
+	return out
+}

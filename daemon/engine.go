@@ -1,0 +1,222 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/update"
+)
+
+// Update outcomes (metric label values and KL-history entries).
+const (
+	outcomePromoted = "promoted" // applied as computed
+	outcomeClipped  = "clipped"  // applied after scaling the step down to the budget
+	outcomeRejected = "rejected" // KL over budget with on_breach: reject; posterior kept
+	outcomeFailed   = "failed"   // the update itself failed (non-finite, bad data); posterior kept
+)
+
+// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish,
+// commit. A failure to checkpoint stops the daemon (the offsets stay uncommitted, so a restart
+// redoes the increment); a failed update is recorded and skipped.
+func (d *Daemon) ingest(ctx context.Context) error {
+	m := d.current()
+	features := m.Features
+	if len(features) == 0 {
+		for j := 0; j < m.Inputs(); j++ {
+			features = append(features, fmt.Sprintf("x%d", j))
+		}
+	}
+	schema, err := stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
+	if err != nil {
+		return err
+	}
+	resume, err := d.ledger.Offsets()
+	if err != nil {
+		return err
+	}
+	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
+		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxWait: d.cfg.Kafka.MaxWait,
+		Resume: resume}, schema, d.log.With("component", "consumer"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	close(d.ready)
+	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
+	var lastDead map[string]int64
+	for {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		st := c.Stats()
+		d.metrics.SetConsumerLag(st.Lag)
+		lastDead = d.countDeadLetters(st.DeadLettered, lastDead)
+		if err := d.apply(ctx, inc); err != nil {
+			if ctx.Err() != nil {
+				return nil // abandoned mid-way: nothing was checkpointed or committed
+			}
+			return err
+		}
+		if err := c.Commit(ctx, inc); err != nil {
+			if ctx.Err() != nil {
+				return nil // the checkpoint holds the offsets; the restart skips these records
+			}
+			return err
+		}
+	}
+}
+
+// countDeadLetters adds the consumer's new dead letters, by reason, to the records counter.
+func (d *Daemon) countDeadLetters(now, before map[string]int64) map[string]int64 {
+	for reason, n := range now {
+		if delta := n - before[reason]; delta > 0 {
+			d.metrics.AddRecords(alerts.RecordDeadLettered, int(delta), time.Now())
+		}
+	}
+	out := make(map[string]int64, len(now))
+	for k, v := range now {
+		out[k] = v
+	}
+	return out
+}
+
+// apply runs one increment through the update and the policy and checkpoints the result. It
+// returns an error only when the checkpoint could not be written.
+func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prev := d.current()
+	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
+	if inc.DeadLettered > 0 {
+		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
+	}
+	if inc.Skipped > 0 {
+		cp.Counters["skipped"] = int64(inc.Skipped)
+		d.metrics.AddRecords(alerts.RecordSkipped, inc.Skipped, time.Now())
+	}
+	if len(inc.Records) == 0 {
+		return d.ledger.Checkpoint(cp)
+	}
+	X, y := inc.XY()
+	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Steps: d.cfg.Update.Steps,
+		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples,
+		Seed: d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15} // deterministic per version: replays agree
+	start := time.Now()
+	next, _, err := update.LastLayer(ctx, prev, X, y, ucfg)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The posterior is untouched. The records are consumed (their offsets checkpointed) so
+		// the stream does not wedge on them; the failure is counted, logged and published.
+		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
+		d.metrics.IncUpdate(alerts.UpdateFailed)
+		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
+		cp.Counters["failed"] = int64(len(inc.Records))
+		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: 0, Outcome: outcomeFailed}
+		if err := d.ledger.Checkpoint(cp); err != nil {
+			return err
+		}
+		d.publish(ctx, []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
+		return nil
+	}
+	kl, _, err := certify.KL(next, prev)
+	if err != nil {
+		return err
+	}
+	outcome, over := outcomePromoted, kl > d.budget
+	d.metrics.SetStepKL(kl)
+	var events []event
+	if over {
+		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version, KL: kl, Budget: d.budget, Policy: d.cfg.Certify.OnBreach})
+		switch d.cfg.Certify.OnBreach {
+		case "reject":
+			outcome = outcomeRejected
+		case "clip":
+			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
+			if err != nil {
+				return fmt.Errorf("clip: %w", err)
+			}
+			next, outcome = clipped, outcomeClipped
+			if kl, _, err = certify.KL(next, prev); err != nil {
+				return err
+			}
+			d.log.Warn("step KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
+		}
+	}
+	if outcome == outcomeRejected {
+		d.log.Warn("step KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
+		d.metrics.IncUpdate(alerts.UpdateRejected)
+		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
+		cp.Counters["held"] = int64(len(inc.Records))
+		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: kl, Outcome: outcomeRejected}
+		if err := d.ledger.Checkpoint(cp); err != nil {
+			return err
+		}
+		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
+		d.publish(ctx, events)
+		return nil
+	}
+	cp.Model, cp.Applied = next, int64(len(inc.Records))
+	cp.Step = &ledger.Step{Version: next.Version, KL: kl, Outcome: outcome}
+	rep, changes, err := d.ledger.Commit(ctx, cp, ledger.RecertifyOptions{Samples: d.cfg.Certify.Samples, Seed: next.Version})
+	if err != nil {
+		return err
+	}
+	d.setCurrent(next)
+	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
+	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
+	d.observeReport(rep)
+	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
+		"budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "min_bound", rep.MinBound,
+		"changed", len(changes), "monte_carlo", rep.MonteCarlo, "took", time.Since(start).Round(time.Millisecond))
+	d.publish(ctx, append(events, changeEvents(changes)...))
+	return nil
+}
+
+// observeReport sets the gauges a re-certification determines.
+func (d *Daemon) observeReport(rep ledger.Report) {
+	d.metrics.SetPosteriorVersion(rep.PosteriorVersion)
+	d.metrics.ObserveRecertification(rep.Counts, rep.MinBound, rep.MaxAnchorKL, rep.Duration)
+}
+
+// refreshGauges sets every state gauge from the ledger (at start, and after registrations).
+func (d *Daemon) refreshGauges() error {
+	st, err := d.ledger.State()
+	if err != nil {
+		return err
+	}
+	d.metrics.SetPosteriorVersion(st.PosteriorVersion)
+	d.metrics.SetCounts(st.Counts)
+	return nil
+}
+
+func recordIDs(inc *stream.Increment) []string {
+	ids := make([]string, len(inc.Records))
+	for i, r := range inc.Records {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+// heldRecords carries a rejected increment's records in its event, so that they can be
+// replayed once an operator decides (they are not applied, and their offsets are committed).
+func heldRecords(inc *stream.Increment) []heldRecord {
+	out := make([]heldRecord, len(inc.Records))
+	for i, r := range inc.Records {
+		out[i] = heldRecord{ID: r.ID, Features: r.X, Label: r.Label, Partition: r.Partition, Offset: r.Offset}
+	}
+	return out
+}
+
+var errNotCounterfactual = errors.New("not a counterfactual")
