@@ -394,7 +394,13 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 	p.i++ // '{'
 	d := len(s.features)
 	rec.X = make([]float64, d)
-	seen := make([]bool, d)
+	var seenBuf [256]bool // no allocation for models with up to 256 features
+	seen := seenBuf[:0]
+	if d <= len(seenBuf) {
+		seen = seenBuf[:d]
+	} else {
+		seen = make([]bool, d)
+	}
 	n := 0
 	p.ws()
 	if p.peek() == '}' {
