@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -393,4 +394,61 @@ func TestConsumerConfigRejected(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestDeadLetterTruncatesHugeValue(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	huge := `{"id":"huge","features":[1,2,3],"label":0,"pad":"` + strings.Repeat("x", maxDeadLetterValue+1000) + `"}`
+	produce(t, conn, recordsTopic, 0, huge, goodRecord("after", 1))
+	c := newConsumer(t, consumerConfig(conn, "huge"))
+	incs := collect(t, c, 1, 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, []string{"after"}) || incs[0].DeadLettered != 1 {
+		t.Fatalf("got %v with %d dead letters", got, incs[0].DeadLettered)
+	}
+	m := readTopic(t, conn, deadTopic, 1)[0]
+	if header(m, HeaderReason) != ReasonTooLarge || len(m.Value) != maxDeadLetterValue ||
+		header(m, HeaderTruncated) != strconv.Itoa(len(huge)) || string(m.Value) != huge[:maxDeadLetterValue] {
+		t.Fatalf("dead letter: reason %q, %d bytes, truncated header %q",
+			header(m, HeaderReason), len(m.Value), header(m, HeaderTruncated))
+	}
+}
+
+// TestCloseJoinsGoroutines checks that a Consumer and a Publisher leave no goroutine behind
+// once closed (kafka-go's included), whether closed by Close or by their context.
+func TestCloseJoinsGoroutines(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("r", 3)...)
+	before := runtime.NumGoroutine()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := NewConsumer(ctx, consumerConfig(conn, "leak"), testSchema(t), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPublisher(ctx, PublisherConfig{Conn: conn, Topic: eventsTopic}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	incs := collect(t, c, 3, 20*time.Second)
+	if err := c.Commit(ctx, incs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, "k", map[string]int{"n": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if runtime.NumGoroutine() <= before {
+		t.Fatal("consumer and publisher started no goroutines: the check below would prove nothing")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // the publisher stops with its context
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, fmt.Sprintf("goroutines back to %d", before), 10*time.Second, func() bool {
+		return runtime.NumGoroutine() <= before
+	})
 }
