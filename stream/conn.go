@@ -115,7 +115,10 @@ func (c *ConnConfig) dialer() *kafka.Dialer {
 func (c *ConnConfig) transport(ctx context.Context) *kafka.Transport {
 	m, _ := c.mechanism()
 	return &kafka.Transport{
-		Context:     ctx,
+		Context: ctx,
+		// kafka-go caches metadata, errors included, for 6s by default; 2s lets writers see a
+		// topic created or a leader moved sooner, for one small request per 2s.
+		MetadataTTL: 2 * time.Second,
 		Dial:        (&net.Dialer{Timeout: c.DialTimeout}).DialContext,
 		DialTimeout: c.DialTimeout,
 		ClientID:    c.ClientID,
