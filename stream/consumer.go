@@ -187,8 +187,8 @@ type Consumer struct {
 	deadMu                                                             sync.Mutex
 	dead                                                               map[string]int64
 
-	cancel   context.CancelFunc // ends the fetcher
-	done     chan struct{}      // closed when the fetcher has stopped and everything is closed
+	cancel   context.CancelFunc // ends run
+	done     chan struct{}      // closed once run has closed the reader, writer and connections
 	closeErr error
 }
 
@@ -209,6 +209,13 @@ type deadLetter struct {
 }
 
 func (p *pending) empty() bool { return p.first.IsZero() }
+
+// begin starts an increment at the arrival of its first message.
+func (p *pending) begin(maxRecords int) {
+	p.first = time.Now()
+	p.next = make(map[int]int64)
+	p.records = make([]Record, 0, min(maxRecords, 4096))
+}
 
 // NewConsumer validates cfg, joins the group and returns a Consumer. Its connections and
 // goroutines stop when ctx ends or on Close.
@@ -398,9 +405,17 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 			}
 			return nil, err
 		}
+		if p.empty() {
+			p.begin(c.cfg.MaxRecords)
+			var cancel context.CancelFunc
+			fctx, cancel = context.WithDeadline(ctx, p.first.Add(c.cfg.MaxWait))
+			defer cancel() // once: the increment is no longer empty
+			withDeadline = true
+		}
 		// What kafka-go has queued already comes without waiting. Its queue length may count
 		// a stale message FetchMessage drops after a rebalance; then the fetch waits, bounded
-		// by the increment's deadline, and an error leaves the batch so far to be filed.
+		// by the increment's deadline (set above), and an error leaves the batch so far to be
+		// filed.
 		batch = append(batch[:0], m)
 		more := min(int(c.r.Stats().QueueLength), c.cfg.MaxRecords-len(p.records)-1)
 		for range more {
@@ -422,11 +437,6 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 // dead-lettered or decoded. Decoding runs in parallel.
 func (c *Consumer) handle(batch []kafka.Message) {
 	p := &c.pending
-	if p.empty() {
-		p.first = time.Now()
-		p.next = make(map[int]int64)
-		p.records = make([]Record, 0, min(c.cfg.MaxRecords, 4096))
-	}
 	keep := make([]bool, len(batch))
 	c.mu.Lock()
 	for i, m := range batch {
