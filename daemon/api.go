@@ -352,7 +352,8 @@ func (d *Daemon) handleExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), d.cfg.Explain.Timeout)
 	defer cancel()
-	select { // the VAE is trained in the background on first start
+	d.wantOnce.Do(func() { close(d.wantVAE) })
+	select { // the VAE is trained on the first explanation request, then kept in state_dir/vae
 	case <-d.vaeReady:
 	case <-ctx.Done():
 		writeError(w, http.StatusServiceUnavailable, "explain: the VAE is still being trained; retry shortly")

@@ -57,8 +57,16 @@ func (d *Daemon) bootstrapModel(ctx context.Context) error {
 }
 
 // provideVAE is the component that makes the VAE available to /v1/explain without delaying
-// start-up: it loads or trains it, closes vaeReady, then waits for ctx.
+// start-up: a saved VAE is loaded at once; otherwise it is trained (seconds of CPU) when the
+// first explanation asks for it (wantVAE), then saved. vaeReady is closed when it is available.
 func (d *Daemon) provideVAE(ctx context.Context) error {
+	if _, err := os.Stat(filepath.Join(d.cfg.StateDir, "vae")); err != nil {
+		select {
+		case <-d.wantVAE:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	if err := d.loadOrTrainVAE(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

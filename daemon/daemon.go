@@ -60,6 +60,8 @@ type Daemon struct {
 
 	vae        *explain.VAE // nil until vaeReady is closed (and stays nil without training data)
 	vaeReady   chan struct{}
+	wantVAE    chan struct{} // closed (once) by the first explanation request
+	wantOnce   sync.Once
 	genMu      sync.Mutex
 	gen        *explain.Generator // for genVersion; rebuilt lazily after an update
 	genVersion uint64
@@ -113,7 +115,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy:   certify.Policy{Mode: mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
-		genSlots: make(chan struct{}, cfg.Explain.Concurrency), ready: make(chan struct{}), vaeReady: make(chan struct{})}
+		genSlots: make(chan struct{}, cfg.Explain.Concurrency), ready: make(chan struct{}), vaeReady: make(chan struct{}), wantVAE: make(chan struct{})}
 	d.metrics.SetKLBudget(d.budget)
 
 	// life outlives the components: the broker and the publisher stop in cleanup, after every
