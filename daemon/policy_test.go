@@ -1,0 +1,177 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// flipped returns n benign rows labelled malignant: a drift that moves the decision boundary.
+func flipped(data *dataset.Set, n int) [][]byte {
+	var vals [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(vals) < n {
+			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], 0))
+		}
+	}
+	return vals
+}
+
+func TestRejectPolicyKeepsThePosterior(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3; c.Certify.OnBreach = "reject" })
+	data := bundled(t)
+	registerCEs(t, r, data, 3)
+	before := r.d.current()
+	r.produce(t, flipped(data, 64)...)
+	waitFor(t, 30*time.Second, "64 held records", func() bool { return r.metric(t, "cfguard_records_total", "result", "held") == 64 })
+	if r.d.current() != before || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
+		t.Fatal("a rejected update changed the posterior")
+	}
+	if r.metric(t, "cfguard_updates_total", "outcome", "rejected") != 2 || r.metric(t, "cfguard_kl_over_budget") != 1 {
+		t.Fatal("rejections not counted or not alerted")
+	}
+	if r.metric(t, "cfguard_counterfactuals", "status", "certified") != 3 {
+		t.Fatal("CEs changed status although the posterior was kept")
+	}
+	st, _ := r.d.ledger.State()
+	if st.Counters["held"] != 64 || st.Offsets[0] < 64 {
+		t.Fatalf("held increments not checkpointed: %+v", st)
+	}
+}
+
+func TestClipPolicyMeetsTheBudget(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3; c.Certify.OnBreach = "clip" })
+	data := bundled(t)
+	r.produce(t, flipped(data, 64)...)
+	waitFor(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	if r.metric(t, "cfguard_updates_total", "outcome", "clipped") == 0 {
+		t.Fatal("no update was clipped at lr 1e-3")
+	}
+	hist, _ := r.d.ledger.KLHistory(10)
+	for _, s := range hist {
+		if s.KL > r.d.budget*(1+1e-9) {
+			t.Fatalf("clipped step %d has KL %v over the budget %v", s.PosteriorVersion, s.KL, r.d.budget)
+		}
+	}
+	if kl := r.metric(t, "cfguard_posterior_kl"); kl < 0.5*r.d.budget {
+		t.Fatalf("clipping should use most of the budget, got KL %v", kl)
+	}
+}
+
+// TestKcatProducer feeds the daemon with Debian's kcat, a Kafka client we did not write.
+func TestKcatProducer(t *testing.T) {
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
+			t.Fatal("kcat not on PATH and CFGUARD_REQUIRE_TOOLS=1 (install the Debian package kcat)")
+		}
+		t.Skip("kcat not on PATH")
+	}
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	var in bytes.Buffer
+	for i := 0; i < 64; i++ {
+		in.Write(record(fmt.Sprintf("k%d", i), data.X[i], []string{"malignant", "benign"}[data.Y[i]]))
+		in.WriteByte('\n')
+	}
+	in.WriteString("{\"id\":\"broken\"\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kcat, "-P", "-b", r.d.BrokerAddrs()[0], "-t", r.d.cfg.Kafka.Topic)
+	cmd.Stdin = &in
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kcat: %v: %s", err, out)
+	}
+	waitFor(t, 30*time.Second, "64 applied records from kcat", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitFor(t, 10*time.Second, "one dead letter", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1 })
+	// Read the dead letter back with kcat too, with its reason header.
+	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", r.d.BrokerAddrs()[0], "-t", r.d.cfg.Kafka.DeadLetterTopic, "-e", "-f", "%h|%s\n").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "cfguard-reason=bad_json") || !strings.Contains(string(out), `{"id":"broken"`) {
+		t.Fatalf("dead letter via kcat: %v: %s", err, out)
+	}
+}
+
+// TestExternalBrokerWithSASL points kafka.brokers at a broker that requires SCRAM: the embedded
+// broker stays off, and the daemon authenticates.
+func TestExternalBrokerWithSASL(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1,
+		SASL: &broker.SASLConfig{Mechanism: "SCRAM-SHA-256", User: "cfguard", Password: "pw"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := startDaemon(t, func(c *config.Config) {
+		c.Kafka.Brokers = b.Addrs()
+		c.Kafka.SASL = config.SASL{Mechanism: "SCRAM-SHA-256", Username: "cfguard", Password: "pw"}
+	})
+	if got := r.d.BrokerAddrs(); len(got) != 1 || got[0] != b.Addrs()[0] {
+		t.Fatalf("daemon uses %v, want the external broker %v", got, b.Addrs())
+	}
+	if code, _ := r.get(t, "/readyz"); code != 200 {
+		t.Fatalf("readyz %d with SASL", code)
+	}
+}
+
+func TestReadyzFailsWhenBrokerGone(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	b.Close()
+	waitFor(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
+}
+
+func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the VAE")
+	}
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	var x []float64
+	p, _ := r.d.current().Predict(data.X[:40], 200, 1)
+	for i := 0; i < 40; i++ {
+		if p.Argmax(i) == 0 && p.P(i, 0) > 0.9 {
+			x = data.X[i]
+			break
+		}
+	}
+	code, body := r.do(t, "POST", "/v1/explain", "", map[string]any{"id": "psce-1", "x": x, "target": "benign"})
+	if code != http.StatusCreated {
+		t.Fatalf("explain: %d %s", code, body)
+	}
+	var resp struct {
+		Counterfactual ledger.CE `json:"counterfactual"`
+		Generation     struct {
+			InSet, Valid bool
+			P1           float64
+		} `json:"generation"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatal(err)
+	}
+	ce := resp.Counterfactual
+	if ce.ID != "psce-1" || ce.Status != certify.Certified || ce.P1 < 0.95 || ce.Var1 > 0.01 || !resp.Generation.Valid {
+		t.Fatalf("explain stored %+v", ce)
+	}
+	if ce.AnchorVersion != r.d.current().Version {
+		t.Fatal("the CE is not anchored to the current posterior")
+	}
+}
