@@ -13,13 +13,15 @@ import (
 	"syscall"
 
 	_ "go4.org/unsafe/assume-no-moving-gc" // gorgonia's guard, at a version that knows Go 1.26
+
+	"github.com/cfguard/cfguard/config"
 )
 
 // Exit codes.
 const (
 	exitOK    = 0
 	exitError = 1
-	exitUsage = 2 // bad flags, bad configuration
+	exitUsage = 2 // bad flags, bad configuration (config.ErrInvalid)
 )
 
 // errUsage marks errors that should exit with code 2.
@@ -71,7 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return exitOK
-		case errors.Is(err, errUsage):
+		case errors.Is(err, errUsage), errors.Is(err, config.ErrInvalid):
 			fmt.Fprintf(stderr, "cfguard %s: %v\n", c.name, err)
 			return exitUsage
 		default:

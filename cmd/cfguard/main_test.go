@@ -101,3 +101,12 @@ func TestTrainRejectsBadCSV(t *testing.T) {
 		}
 	}
 }
+
+func TestRunRejectsBadConfigWithExit2(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte("certify:\n  delta: 0.7\n"), 0o644)
+	code, _, errs := runCLI(t, "run", "--config", p)
+	if code != 2 || !strings.Contains(errs, "certify.delta: 0.7") {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"io"
 	"log/slog"
@@ -23,10 +22,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	cfg, err := config.LoadFile(*path)
 	if err != nil {
-		if errors.Is(err, config.ErrInvalid) {
-			return errors.Join(errUsage, err)
-		}
-		return err
+		return err // config.ErrInvalid: exit code 2
 	}
 	log := newLogger(stderr, cfg.Log)
 	reg := prometheus.NewRegistry()
