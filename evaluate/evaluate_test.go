@@ -65,6 +65,30 @@ func TestIM1IsTheRatioOfReconstructionErrors(t *testing.T) {
 	}
 }
 
+func TestParseMethods(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{"", "psce wachter schut", ""},
+		{"psce, schut", "psce schut", ""},
+		{"psce-paper", "psce-paper", ""},
+		{"psce,dice", "", `unknown method "dice"`},
+		{"psce,psce", "", `"psce" listed twice`},
+		{"psce,", "", `unknown method ""`},
+	} {
+		got, err := ParseMethods(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %v, want error %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, " ") != tc.want {
+			t.Errorf("%q: got %v %v, want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	set, _, _ := assets.Load("breast_cancer")
 	for _, tc := range []struct {
