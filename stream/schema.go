@@ -357,37 +357,98 @@ func (s *Schema) featureArray(p *scanner, rec *Record) *DecodeError {
 	p.i++ // '['
 	d := len(s.features)
 	rec.X = make([]float64, d)
-	n := 0
-	p.ws()
-	if p.peek() == ']' {
-		p.i++
+	X := rec.X
+	b, i, n := p.b, p.i, 0
+	i = skipWS(b, i)
+	if i < len(b) && b[i] == ']' {
+		i++
 	} else {
 		for {
-			p.ws()
+			i = skipWS(b, i)
 			if n == d {
 				return decodeErr(ReasonWrongDimension, "more than %d features", d)
 			}
-			v, err := p.featureNumber(s, n, false)
-			if err != nil {
-				return err
+			v, j, ok := fastFloat(b, i)
+			if !ok { // exponent, many digits, not a number: the careful path
+				p.i = i
+				var err *DecodeError
+				if v, err = p.featureNumber(s, n, false); err != nil {
+					return err
+				}
+				j = p.i
 			}
-			rec.X[n] = v
+			X[n] = v
 			n++
-			p.ws()
-			c := p.peek()
-			p.i++
+			i = skipWS(b, j)
+			if i >= len(b) {
+				return decodeErr(ReasonBadJSON, "unterminated feature array")
+			}
+			c := b[i]
+			i++
 			if c == ']' {
 				break
 			}
 			if c != ',' {
-				return decodeErr(ReasonBadJSON, "expected ',' or ']' at byte %d", p.i-1)
+				return decodeErr(ReasonBadJSON, "expected ',' or ']' at byte %d", i-1)
 			}
 		}
 	}
+	p.i = i
 	if n != d {
 		return decodeErr(ReasonWrongDimension, "%d features, want %d", n, d)
 	}
 	return nil
+}
+
+// skipWS returns the index of the first non-whitespace byte of b at or after i.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// fastFloat parses the common number shape -?[0-9]+(\.[0-9]+)? at b[i:] when it is exact by
+// Clinger's fast path (at most 19 digits, mantissa < 2^53, at most 22 fraction digits), and
+// returns the value and the index after it. Anything else (an exponent, a leading zero
+// followed by digits, a string, ...) gives ok = false and is left to numberLiteral, which
+// knows the whole grammar and the error messages.
+func fastFloat(b []byte, i int) (v float64, end int, ok bool) {
+	neg := i < len(b) && b[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	var mant uint64
+	for i < len(b) && b[i]-'0' <= 9 {
+		mant = mant*10 + uint64(b[i]-'0')
+		i++
+	}
+	nInt := i - start
+	if nInt == 0 || (nInt > 1 && b[start] == '0') {
+		return 0, 0, false
+	}
+	nFrac := 0
+	if i < len(b) && b[i] == '.' {
+		i++
+		fs := i
+		for i < len(b) && b[i]-'0' <= 9 {
+			mant = mant*10 + uint64(b[i]-'0')
+			i++
+		}
+		nFrac = i - fs
+		if nFrac == 0 {
+			return 0, 0, false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') || nInt+nFrac > 19 || mant >= 1<<53 || nFrac > 22 {
+		return 0, 0, false
+	}
+	v = float64(mant) / pow10[nFrac]
+	if neg {
+		v = -v
+	}
+	return v, i, true
 }
 
 func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
@@ -442,9 +503,14 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 			}
 			p.i++
 			p.ws()
-			v, derr := p.featureNumber(s, j, true)
-			if derr != nil {
-				return derr
+			v, end, ok := fastFloat(p.b, p.i)
+			if ok {
+				p.i = end
+			} else {
+				var derr *DecodeError
+				if v, derr = p.featureNumber(s, j, true); derr != nil {
+					return derr
+				}
 			}
 			rec.X[j] = v
 			p.ws()

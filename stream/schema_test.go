@@ -290,7 +290,7 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// TestNumberFastPath checks the Clinger fast path bit for bit against strconv.ParseFloat on
+// TestNumberFastPath checks the Clinger fast paths (numberLiteral's and fastFloat's) bit for bit against strconv.ParseFloat on
 // literals of every shape: short and long mantissas, leading zeros, exponents at and past the
 // exact range.
 func TestNumberFastPath(t *testing.T) {
@@ -328,6 +328,10 @@ func TestNumberFastPath(t *testing.T) {
 		}
 		if ok {
 			fast++
+		}
+		// The array/map fast path agrees too, wherever it answers.
+		if fv, end, fok := fastFloat([]byte(lit), 0); fok && (end != len(lit) || math.Float64bits(fv) != math.Float64bits(want)) {
+			t.Fatalf("fastFloat(%q) = %v up to %d, strconv says %v", lit, fv, end, want)
 		}
 	}
 	t.Logf("%d of %d literals took the fast path", fast, len(lits))
