@@ -103,6 +103,7 @@ type Record struct {
 // are ReasonBadType. A Schema is immutable and safe for concurrent use.
 type Schema struct {
 	features   []string
+	plain      []bool // features[j] is written in JSON as is, between quotes
 	featureIdx map[string]int
 	classes    []string
 	classIdx   map[string]int
@@ -131,6 +132,7 @@ func NewSchema(features, classes []string, maxBytes int) (*Schema, error) {
 			return nil, fmt.Errorf("stream: feature %d: empty or duplicate name %q", i, f)
 		}
 		s.featureIdx[f] = i
+		s.plain = append(s.plain, isPlainJSON(f))
 	}
 	for i, c := range classes {
 		if _, dup := s.classIdx[c]; dup || c == "" {
@@ -463,46 +465,50 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 		seen = make([]bool, d)
 	}
 	n := 0
-	p.ws()
+	p.i = skipWS(p.b, p.i)
 	if p.peek() == '}' {
 		p.i++
 	} else {
 		for {
-			p.ws()
-			raw, esc, err := p.str()
-			if err != nil {
-				return err
-			}
-			// Producers usually write the features in the model's order: try position n
-			// before hashing.
+			p.i = skipWS(p.b, p.i)
+			// Producers usually write the features in the model's order: if the key at hand
+			// is, byte for byte, "<name of feature n>", take it without scanning or hashing.
 			j, ok := n, false
-			switch {
-			case esc:
-				name, err := unquote(raw, esc)
+			if n < d && s.plain[n] {
+				name, b, i := s.features[n], p.b, p.i
+				if end := i + 1 + len(name); end < len(b) && b[i] == '"' && b[end] == '"' && string(b[i+1:end]) == name {
+					p.i, ok = end+1, true
+				}
+			}
+			if !ok {
+				raw, esc, err := p.str()
 				if err != nil {
 					return err
 				}
-				j, ok = s.featureIdx[name]
-			case n < d && string(raw) == s.features[n]:
-				ok = true
-			default:
-				j, ok = s.featureIdx[string(raw)]
-			}
-			if !ok {
-				name, _ := unquote(raw, esc)
-				return decodeErr(ReasonUnknownFeature, "unknown feature %q", clip(name))
+				if esc {
+					name, err := unquote(raw, esc)
+					if err != nil {
+						return err
+					}
+					j, ok = s.featureIdx[name]
+				} else {
+					j, ok = s.featureIdx[string(raw)]
+				}
+				if !ok {
+					name, _ := unquote(raw, esc)
+					return decodeErr(ReasonUnknownFeature, "unknown feature %q", clip(name))
+				}
 			}
 			if seen[j] {
 				return decodeErr(ReasonDuplicateField, "feature %q appears twice", s.features[j])
 			}
 			seen[j] = true
 			n++
-			p.ws()
+			p.i = skipWS(p.b, p.i)
 			if p.peek() != ':' {
 				return decodeErr(ReasonBadJSON, "expected ':' at byte %d", p.i)
 			}
-			p.i++
-			p.ws()
+			p.i = skipWS(p.b, p.i+1)
 			v, end, ok := fastFloat(p.b, p.i)
 			if ok {
 				p.i = end
@@ -513,7 +519,7 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 				}
 			}
 			rec.X[j] = v
-			p.ws()
+			p.i = skipWS(p.b, p.i)
 			c := p.peek()
 			p.i++
 			if c == '}' {
@@ -534,6 +540,17 @@ func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 		return decodeErr(ReasonMissingFeature, "%d of %d features missing, e.g. %q", d-n, d, missing)
 	}
 	return nil
+}
+
+// isPlainJSON reports whether name appears in a JSON string as it is: no quote, backslash,
+// control character or invalid UTF-8 that an encoder would escape or replace.
+func isPlainJSON(name string) bool {
+	for _, c := range []byte(name) {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return false
+		}
+	}
+	return utf8.ValidString(name)
 }
 
 // label parses the label value; null counts as absent.

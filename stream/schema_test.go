@@ -339,3 +339,27 @@ func TestNumberFastPath(t *testing.T) {
 		t.Fatalf("fast path taken for only %d of %d literals", fast, len(lits))
 	}
 }
+
+// TestFeatureMapKeys covers the fast key match and its fallbacks: names that need escaping,
+// keys that merely start like the expected name, escaped keys and out-of-order keys.
+func TestFeatureMapKeys(t *testing.T) {
+	s, err := NewSchema([]string{"a\"q", "x<y", "f1", "f10"}, []string{"n", "p"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []string{
+		`{"id":"k","label":0,"features":{"a\"q":1,"x<y":2,"f1":3,"f10":4}}`,
+		`{"id":"k","label":0,"features":{"f10":4,"f1":3,"x\u003cy":2,"a\u0022q":1}}`,
+		`{"id":"k","label":0,"features":{ "a\"q" : 1 , "x<y":2,"f1":3 ,"f10":4 }}`,
+	} {
+		rec, err := s.Decode([]byte(in))
+		if err != nil || !slices.Equal(rec.X, []float64{1, 2, 3, 4}) {
+			t.Errorf("Decode(%s) = %v, %v; want features [1 2 3 4]", in, rec.X, err)
+		}
+	}
+	rec, err := s.Decode([]byte(`{"id":"k","label":0,"features":{"a\"q":1,"x<y":2,"f10":4,"f10":3}}`))
+	var de *DecodeError
+	if !errors.As(err, &de) || de.Reason != ReasonDuplicateField {
+		t.Fatalf("duplicate f10 accepted: %v, %v", rec, err)
+	}
+}
