@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -450,47 +451,51 @@ func (c *Consumer) handle(batch []kafka.Message) {
 		}
 	}
 	c.mu.Unlock()
-	results := c.schema.decodeAll(batch, keep)
+	// Decode straight into the increment's record slice, then close the gaps left by
+	// skipped and bad messages.
+	base := len(p.records)
+	p.records = slices.Grow(p.records, len(batch))[:base+len(batch)]
+	errs := c.schema.decodeAll(batch, keep, p.records[base:])
+	w := base
 	for i, m := range batch {
-		if !keep[i] {
+		switch {
+		case !keep[i]:
 			p.skipped++
 			c.skipped.Add(1)
-			continue
-		}
-		rec, err := results[i].rec, results[i].err
-		if err != nil {
+		case errs[i] != nil:
+			err := errs[i]
 			p.dead = append(p.dead, deadLetter{msg: deadLetterMessage(m, err), reason: err.Reason})
 			c.log.Debug("record dead-lettered", "partition", m.Partition, "offset", m.Offset, "reason", err.Reason, "detail", err.Detail)
-			continue
+		default:
+			rec := &p.records[w]
+			if w != base+i {
+				*rec = p.records[base+i]
+			}
+			rec.Partition, rec.Offset = m.Partition, m.Offset
+			if rec.Time.IsZero() {
+				rec.Time = m.Time
+			}
+			w++
 		}
-		rec.Partition, rec.Offset = m.Partition, m.Offset
-		if rec.Time.IsZero() {
-			rec.Time = m.Time
-		}
-		p.records = append(p.records, rec)
-		c.decoded.Add(1)
 	}
+	clear(p.records[w : base+len(batch)]) // drop what the gaps still reference
+	p.records = p.records[:w]
+	c.decoded.Add(int64(w - base))
 	c.pendingN.Store(int64(len(p.records)))
 }
 
-type decodeResult struct {
-	rec Record
-	err *DecodeError
-}
-
-// decodeAll decodes the values of batch[i] where keep[i], on up to GOMAXPROCS goroutines
-// (joined before it returns) when the batch is large enough to pay for them.
-func (s *Schema) decodeAll(batch []kafka.Message, keep []bool) []decodeResult {
-	out := make([]decodeResult, len(batch))
+// decodeAll decodes the values of batch[i] where keep[i] into out[i], on up to GOMAXPROCS
+// goroutines (joined before it returns) when the batch is large enough to pay for them. The
+// features of the whole batch share one array (each record's X has its own capacity, so an
+// append to it cannot spill into the next). It returns the decode errors, nil where fine.
+func (s *Schema) decodeAll(batch []kafka.Message, keep []bool, out []Record) []*DecodeError {
+	errs := make([]*DecodeError, len(batch))
+	d := len(s.features)
+	slab := make([]float64, len(batch)*d)
 	one := func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			if keep[i] {
-				rec, err := s.Decode(batch[i].Value)
-				if err != nil {
-					out[i].err = err.(*DecodeError)
-				} else {
-					out[i].rec = rec
-				}
+				out[i], errs[i] = s.decodeInto(batch[i].Value, slab[i*d:(i+1)*d:(i+1)*d])
 			}
 		}
 	}
@@ -498,7 +503,7 @@ func (s *Schema) decodeAll(batch []kafka.Message, keep []bool) []decodeResult {
 	workers := min(runtime.GOMAXPROCS(0), len(batch)/minPerWorker, 8)
 	if workers <= 1 {
 		one(0, len(batch))
-		return out
+		return errs
 	}
 	var wg sync.WaitGroup
 	chunk := (len(batch) + workers - 1) / workers
@@ -507,7 +512,7 @@ func (s *Schema) decodeAll(batch []kafka.Message, keep []bool) []decodeResult {
 	}
 	one(0, chunk)
 	wg.Wait()
-	return out
+	return errs
 }
 
 func deadLetterMessage(m kafka.Message, de *DecodeError) kafka.Message {

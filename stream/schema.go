@@ -158,10 +158,20 @@ func (s *Schema) MaxBytes() int { return s.maxBytes }
 // Decode parses and validates one record. On failure it returns a *DecodeError; a document
 // that is not valid JSON always gets ReasonBadJSON, whatever else is wrong with it.
 func (s *Schema) Decode(data []byte) (Record, error) {
+	rec, err := s.decodeInto(data, nil)
+	if err != nil {
+		return Record{}, err
+	}
+	return rec, nil
+}
+
+// decodeInto is Decode with a typed error and, optionally, the array for the features (see
+// decode).
+func (s *Schema) decodeInto(data []byte, x []float64) (Record, *DecodeError) {
 	if len(data) > s.maxBytes {
 		return Record{}, decodeErr(ReasonTooLarge, "record is %d bytes, limit %d", len(data), s.maxBytes)
 	}
-	rec, err := s.decode(data)
+	rec, err := s.decode(data, x)
 	if err != nil {
 		// The scanner stops at the first problem; a later syntax error must still win, so
 		// that the reason does not depend on the order of the members.
@@ -212,7 +222,10 @@ func (s *Schema) Encode(r Record) ([]byte, error) {
 // decode walks the object once. It is a strict JSON scanner for exactly our shape: every
 // value position has an expected type, so it never has to skip an arbitrary value, and it
 // consumes the whole input, so a document it accepts is valid JSON.
-func (s *Schema) decode(data []byte) (Record, *DecodeError) {
+//
+// x, when len(x) == Dim(), receives the features (the consumer hands out slices of one array
+// per batch); otherwise they get a fresh slice.
+func (s *Schema) decode(data []byte, x []float64) (Record, *DecodeError) {
 	p := scanner{b: data}
 	p.ws()
 	if p.peek() != '{' {
@@ -225,6 +238,7 @@ func (s *Schema) decode(data []byte) (Record, *DecodeError) {
 		haveID, haveX, haveY         bool // with a non-null value
 		derr                         *DecodeError
 	)
+	rec.X = x
 	p.ws()
 	if p.peek() == '}' {
 		p.i++
@@ -358,7 +372,9 @@ func (s *Schema) featureValue(p *scanner, rec *Record) (bool, *DecodeError) {
 func (s *Schema) featureArray(p *scanner, rec *Record) *DecodeError {
 	p.i++ // '['
 	d := len(s.features)
-	rec.X = make([]float64, d)
+	if len(rec.X) != d {
+		rec.X = make([]float64, d)
+	}
 	X := rec.X
 	b, i, n := p.b, p.i, 0
 	i = skipWS(b, i)
@@ -456,7 +472,9 @@ func fastFloat(b []byte, i int) (v float64, end int, ok bool) {
 func (s *Schema) featureMap(p *scanner, rec *Record) *DecodeError {
 	p.i++ // '{'
 	d := len(s.features)
-	rec.X = make([]float64, d)
+	if len(rec.X) != d {
+		rec.X = make([]float64, d)
+	}
 	var seenBuf [256]bool // no allocation for models with up to 256 features
 	seen := seenBuf[:0]
 	if d <= len(seenBuf) {
