@@ -14,20 +14,19 @@ import (
 // Reason codes carried by DecodeError.Reason and by the cfguard-reason header of dead letters.
 // They form a closed set (see Reasons), so they are safe as metric label values.
 const (
-	ReasonBadJSON          = "bad_json"           // not a JSON object (syntax error, empty, array, ...)
-	ReasonTooLarge         = "too_large"          // more bytes than the schema's limit
-	ReasonUnknownField     = "unknown_field"      // a top-level key other than id, features, label, ts
-	ReasonDuplicateField   = "duplicate_field"    // a key repeated in the record or in its feature map
-	ReasonMissingField     = "missing_field"      // id, features or label absent or null
-	ReasonBadType          = "bad_type"           // a value of the wrong JSON type
-	ReasonBadID            = "bad_id"             // id empty, blank, too long or not UTF-8
-	ReasonWrongDimension   = "wrong_dimension"    // feature array of the wrong length
-	ReasonNotFinite        = "not_finite"         // a feature that is NaN, ±Inf or overflows float64
-	ReasonUnknownFeature   = "unknown_feature"    // a feature map key the model does not know
-	ReasonMissingFeature   = "missing_feature"    // a feature map without some model feature
-	ReasonUnknownLabel     = "unknown_label"      // label not a class index in range nor a class name
-	ReasonBadTimestamp     = "bad_timestamp"      // ts neither RFC 3339 nor Unix seconds in range
-	ReasonDeadLetterFailed = "dead_letter_failed" // not a decode reason: used only in logs
+	ReasonBadJSON        = "bad_json"        // not a JSON object (syntax error, empty, array, ...)
+	ReasonTooLarge       = "too_large"       // more bytes than the schema's limit
+	ReasonUnknownField   = "unknown_field"   // a top-level key other than id, features, label, ts
+	ReasonDuplicateField = "duplicate_field" // a key repeated in the record or in its feature map
+	ReasonMissingField   = "missing_field"   // id, features or label absent or null
+	ReasonBadType        = "bad_type"        // a value of the wrong JSON type
+	ReasonBadID          = "bad_id"          // id empty, blank, too long or not UTF-8
+	ReasonWrongDimension = "wrong_dimension" // feature array of the wrong length
+	ReasonNotFinite      = "not_finite"      // a feature that is NaN, ±Inf or overflows float64
+	ReasonUnknownFeature = "unknown_feature" // a feature map key the model does not know
+	ReasonMissingFeature = "missing_feature" // a feature map without some model feature
+	ReasonUnknownLabel   = "unknown_label"   // label not a class index in range nor a class name
+	ReasonBadTimestamp   = "bad_timestamp"   // ts neither RFC 3339 nor Unix seconds in range
 )
 
 // Reasons returns the decode reason codes, in a fixed order (for creating metric series up
