@@ -151,7 +151,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		d.conn.SASL = &stream.SASL{Mechanism: cfg.Kafka.SASL.Mechanism, User: cfg.Kafka.SASL.Username, Password: cfg.Kafka.SASL.Password}
 	}
 	if cfg.Embedded() {
-		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"),
+		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
+		// a crash of the daemon (and of the broker inside it).
+		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
 			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1}, log.With("component", "broker"))
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)

@@ -235,3 +235,74 @@ func TestCrashConsistency(t *testing.T) {
 		t.Fatal("the crashed run's posterior differs from the uninterrupted run's")
 	}
 }
+
+// TestEmbeddedBrokerKeepsAcknowledgedRecords produces to the daemon's embedded broker, kills
+// the daemon (and so the broker) with SIGKILL as soon as the records are acknowledged, restarts
+// it, and requires every record to be applied. This is a process crash: kfake has written the
+// records to the OS by then with or without its SyncWrites option (measured: the test passes
+// without it). The daemon still sets SyncWrites, which fsyncs each batch, for machine crashes,
+// which a test here cannot produce.
+func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills daemon processes")
+	}
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := bnn.Fit(context.Background(), set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	modelDir := filepath.Join(dir, "model")
+	if err := bnn.Save(modelDir, m); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr, brokerAddr := freePort(t), freePort(t)
+	cfg := writeConfig(t, dir, "", httpAddr, "cfguard", modelDir)
+	raw, _ := os.ReadFile(cfg)
+	// One open increment holds every record until max_wait: at the kill nothing is applied yet, so
+	// after the restart the records can only come from the embedded broker's disk.
+	text := strings.Replace(string(raw), "  brokers: []\n", "  brokers: []\n  embedded_listen: "+brokerAddr+"\n", 1)
+	text = strings.Replace(text, "  max_records: 16\n", "  max_records: 1000\n", 1)
+	os.WriteFile(cfg, []byte(text), 0o644)
+	c := startChild(t, cfg, httpAddr)
+	waitUntil := time.Now().Add(60 * time.Second)
+	for c.applied() < 0 {
+		if time.Now().After(waitUntil) {
+			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	const n = 48
+	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: n}
+	var msgs []kafka.Message
+	for i := 0; i < n; i++ {
+		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i], "label": set.Y[i]})
+		msgs = append(msgs, kafka.Message{Value: v})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if got := c.applied(); got != 0 {
+		t.Fatalf("%d records applied before the kill; the test needs them pending", got)
+	}
+	c.cmd.Process.Signal(syscall.SIGKILL) // right after the acknowledgement
+	c.cmd.Wait()
+	c = startChild(t, cfg, httpAddr)
+	waitUntil = time.Now().Add(90 * time.Second)
+	for c.applied() != n {
+		if time.Now().After(waitUntil) {
+			t.Fatalf("applied %d of %d acknowledged records after the crash; log:\n%s", c.applied(), n, c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
