@@ -16,7 +16,9 @@ import (
 func cmdExperiment(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprintf(stderr, "Usage:\n  cfguard experiment increments --data FILE.csv [--seed N] [--lr 1e-5] [--sweep 1e-5,1e-4,1e-3] [--out DIR]\n"+
-			"      the paper's incremental-update table: one JSON row per update, and a plot in DIR\n")
+			"      the paper's incremental-update table: one JSON row per update, and a plot in DIR\n"+
+			"  cfguard experiment psce --data FILE.csv [--seeds 5] [--instances 100] [--method psce,wachter,schut] [--json]\n"+
+			"      PSCE against Wachter and Schut: validity, IM1, implausibility, robustness ratio, <delta,eps>-set, survival\n")
 		if len(args) == 0 {
 			return fmt.Errorf("%w: name an experiment", errUsage)
 		}
@@ -25,8 +27,10 @@ func cmdExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	switch args[0] {
 	case "increments":
 		return cmdIncrements(ctx, args[1:], stdout, stderr)
+	case "psce":
+		return cmdPSCE(ctx, args[1:], stdout, stderr)
 	}
-	return fmt.Errorf("%w: unknown experiment %q (increments)", errUsage, args[0])
+	return fmt.Errorf("%w: unknown experiment %q (increments, psce)", errUsage, args[0])
 }
 
 func parseFloats(s string) ([]float64, error) {
