@@ -202,7 +202,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if opts.Ready != nil {
 		opts.Ready <- d
 	}
-	return g.Wait()
+	// Shutdown: the HTTP server drains for http.shutdown_timeout; an increment in flight is
+	// abandoned (not checkpointed, not committed: the restart redoes it) or finished.
+	return g.Wait(cfg.HTTP.ShutdownTimeout + 5*time.Second)
 }
 
 func alphaOr(a float64) float64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // group runs components until the first returns; then it cancels the rest and waits for them.
@@ -37,8 +38,24 @@ func (g *group) Go(name string, fn func(ctx context.Context) error) {
 }
 
 // Wait blocks until every component returned and gives the first failure (nil on cancel).
-func (g *group) Wait() error {
-	g.wg.Wait()
+// Once the group is stopping (cancelled, or a component returned), the components get at most
+// deadline to return; after that Wait gives up on them with an error, so that a stuck component
+// cannot keep the process from exiting.
+func (g *group) Wait(deadline time.Duration) error {
+	done := make(chan struct{})
+	go func() {
+		g.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-g.ctx.Done():
+		select {
+		case <-done:
+		case <-time.After(deadline):
+			return fmt.Errorf("components still running %v after shutdown began", deadline)
+		}
+	}
 	g.cancel()
 	return g.err
 }
