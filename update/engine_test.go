@@ -1,0 +1,286 @@
+package update
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+var engines = []string{EngineGo, EngineGorgonia}
+
+// engineProblem is a breast-cancer model (30 -> 64 -> 32 -> 2) whose last layer was moved off
+// prev's, so that the vcl KL and its gradient are not zero, with standardised rows.
+func engineProblem(t *testing.T, rows int) (q, prev *bnn.Model, z [][]float64, y []int) {
+	t.Helper()
+	m0, test := trained(t)
+	zd, err := m0.Standardize(test.X[:rows])
+	if err != nil {
+		t.Fatal(err)
+	}
+	z = make([][]float64, rows)
+	for i := range z {
+		z[i] = zd.RawRowView(i)
+	}
+	prev, q = m0.Clone(), m0.Clone()
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, v := range [][]float64{q.Last().WeightMu, q.Last().WeightLogSigma, q.Last().BiasMu, q.Last().BiasLogSigma} {
+		for i := range v {
+			v[i] += 0.05 * rng.NormFloat64()
+		}
+	}
+	return q, prev, z, test.Y[:rows]
+}
+
+// relErr is the largest |a_j - b_j| / max(|b_j|, floor * max_j |b_j|) over a block: elementwise
+// relative error, with a floor so that components that cancel to nearly 0 are judged against
+// the block's scale rather than their own.
+func relErr(a, b []float64, floor float64) float64 {
+	scale := 0.0
+	for _, v := range b {
+		scale = math.Max(scale, math.Abs(v))
+	}
+	worst := 0.0
+	for j := range a {
+		den := math.Max(math.Abs(b[j]), floor*scale)
+		if den == 0 {
+			if a[j] != 0 {
+				return math.Inf(1)
+			}
+			continue
+		}
+		worst = math.Max(worst, math.Abs(a[j]-b[j])/den)
+	}
+	return worst
+}
+
+func rel(a, b float64) float64 {
+	if a == b {
+		return 0
+	}
+	return math.Abs(a-b) / math.Max(math.Abs(a), math.Abs(b))
+}
+
+// TestGoObjectiveMatchesGraph is the strongest check of the Go engine: for the same parameters,
+// minibatch and noise, its loss, NLL, KL and every gradient component equal bnn.Graph's (gorgonia
+// autodiff) within 1e-10 relative (per gradient block, components below 1e-3 of the block's
+// largest are judged against 1e-3 of it; measured: at most ~5e-12). The noise is fed both ways: by
+// SetEps with a fixed function, and by DrawEps from two copies of one seeded rng, which also
+// checks that both engines consume the rng in the same order. The comparison is repeated over
+// 10 Adam steps taken in lockstep, so it covers parameters away from the starting point.
+func TestGoObjectiveMatchesGraph(t *testing.T) {
+	q, prev, z, y := engineProblem(t, 12)
+	for _, tc := range []struct {
+		objective     string
+		samples, rows int
+		batch         int
+		klWeight      float64
+		draw          bool
+	}{
+		{ObjectivePrior, 1, 12, 12, 0, true},
+		{ObjectiveVCL, 1, 12, 12, 0, true},
+		{ObjectivePrior, 3, 12, 12, 0.7, false},
+		{ObjectiveVCL, 2, 12, 12, 0.7, true},
+		{ObjectiveVCL, 2, 7, 12, 5, false}, // a short batch: the graph pads with weight-0 rows
+		{ObjectivePrior, 1, 5, 5, 1e-9, true},
+	} {
+		name := fmt.Sprintf("%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
+		t.Run(name, func(t *testing.T) {
+			cfg := Config{Objective: tc.objective, Samples: tc.samples, KLWeight: tc.klWeight, BatchSize: tc.batch}.withDefaults()
+			var objs [2]objective
+			for i, e := range engines {
+				cfg.Engine = e
+				// N = 40 rows in the "update": KLScale = klw/40; vcl pulls towards prev.
+				o, err := newObjectiveAnchored(q, prev, 40, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer o.Close()
+				objs[i] = o
+				if err := o.SetBatch(z[:tc.rows], y[:tc.rows]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			goOpt := bnn.NewAdam(objs[0].Params(), 1e-2)
+			grOpt := bnn.NewAdam(objs[1].Params(), 1e-2)
+			worst := 0.0
+			for step := 0; step < 10; step++ {
+				if tc.draw {
+					objs[0].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
+					objs[1].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
+				} else {
+					f := func(s, k int, bias bool, i int) float64 {
+						b := uint64(0)
+						if bias {
+							b = 1
+						}
+						return rand.New(rand.NewPCG(uint64(step)<<50|uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
+					}
+					objs[0].SetEps(f)
+					objs[1].SetEps(f)
+				}
+				evGo, err := objs[0].Run()
+				if err != nil {
+					t.Fatal(err)
+				}
+				evGr, err := objs[1].Run()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if evGo.Rows != evGr.Rows || evGo.Correct != evGr.Correct {
+					t.Errorf("step %d: rows/correct %d/%d, graph %d/%d", step, evGo.Rows, evGo.Correct, evGr.Rows, evGr.Correct)
+				}
+				for _, v := range []struct {
+					name   string
+					go_, g float64
+				}{{"loss", evGo.Loss, evGr.Loss}, {"NLL", evGo.NLL, evGr.NLL}, {"KL", evGo.KL, evGr.KL}} {
+					e := rel(v.go_, v.g)
+					worst = math.Max(worst, e)
+					if e > 1e-10 {
+						t.Errorf("step %d: %s %.17g, graph %.17g (relative error %.2g)", step, v.name, v.go_, v.g, e)
+					}
+				}
+				pg, pr := objs[0].Params(), objs[1].Params()
+				for b := range pr {
+					if pg[b].Name != pr[b].Name {
+						t.Fatalf("block %d is %s, graph's %s", b, pg[b].Name, pr[b].Name)
+					}
+					e := relErr(pg[b].Grad, pr[b].Grad, 1e-3)
+					worst = math.Max(worst, e)
+					if e > 1e-10 {
+						t.Errorf("step %d: gradient of %s: relative error %.3g\n go    %.6g\n graph %.6g", step, pr[b].Name, e, pg[b].Grad, pr[b].Grad)
+					}
+				}
+				goOpt.Step(pg)
+				grOpt.Step(pr)
+			}
+			t.Logf("largest relative difference over 10 steps: %.3g", worst)
+		})
+	}
+}
+
+// newObjectiveAnchored is newObjective for the parameters q with prev as the update's previous
+// posterior (the vcl anchor; ignored by the prior objective).
+func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, error) {
+	gc := graphConfig(anchor, n, cfg)
+	if cfg.Engine == EngineGorgonia {
+		return bnn.NewGraph(q, gc)
+	}
+	return newGoObjective(q, gc)
+}
+
+// TestGoObjectiveFiniteDifferences checks the Go engine's hand-written gradient against central
+// finite differences of its own loss at fixed noise (h = 1e-5; truncation ~1e-10, rounding
+// ~1e-11; tolerance 1e-7 * max(1, |g|)), for both objectives and two draws, on every parameter
+// of the last layer.
+func TestGoObjectiveFiniteDifferences(t *testing.T) {
+	q, prev, z, y := engineProblem(t, 9)
+	for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
+		t.Run(objective, func(t *testing.T) {
+			cfg := Config{Objective: objective, Samples: 2, KLWeight: 3, Engine: EngineGo}.withDefaults()
+			o, err := newObjectiveAnchored(q, prev, 9, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.SetBatch(z, y); err != nil {
+				t.Fatal(err)
+			}
+			o.DrawEps(rand.New(rand.NewPCG(4, 4)))
+			if _, err := o.Run(); err != nil {
+				t.Fatal(err)
+			}
+			ps := o.Params()
+			grads := make([][]float64, len(ps))
+			for b, p := range ps {
+				grads[b] = clone(p.Grad)
+			}
+			loss := func() float64 {
+				ev, err := o.Run()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ev.Loss
+			}
+			checked := 0
+			for b, p := range ps {
+				for j := range p.Value {
+					const h = 1e-5
+					orig := p.Value[j]
+					p.Value[j] = orig + h
+					up := loss()
+					p.Value[j] = orig - h
+					down := loss()
+					p.Value[j] = orig
+					fd, g := (up-down)/(2*h), grads[b][j]
+					if math.Abs(g-fd) > 1e-7*math.Max(1, math.Abs(g)) {
+						t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, g, fd)
+					}
+					checked++
+				}
+			}
+			if checked != 2*(q.Last().In*q.Last().Out+q.Last().Out) {
+				t.Errorf("checked %d components", checked)
+			}
+		})
+	}
+}
+
+// TestEnginesAgreeEndToEnd runs LastLayer with both engines from the same prev, data and seed.
+// Both draw the same minibatches and the same noise (one rng per step, consumed in the same
+// order), so they differ only by rounding; KL(q_new || q_prev) agrees within 1e-6 relative
+// (measured: at most ~1e-14) and every last-layer parameter within 1e-9 absolute.
+func TestEnginesAgreeEndToEnd(t *testing.T) {
+	m, test := trained(t)
+	for _, tc := range []struct {
+		rows int
+		cfg  Config
+	}{
+		{64, Config{}}, // the daemon's default: prior, lr 1e-5, 50 steps, batch 64
+		{64, Config{Objective: ObjectiveVCL, Seed: 5}},
+		{40, Config{Objective: ObjectiveVCL, LR: 1e-3, BatchSize: 16, Samples: 2, Steps: 30, Seed: 7}},
+		{25, Config{LR: 1e-2, BatchSize: 10, Steps: 40, KLWeight: 2, Seed: 8}},
+	} {
+		t.Run(fmt.Sprintf("%s/rows=%d/lr=%g", tc.cfg.withDefaults().Objective, tc.rows, tc.cfg.withDefaults().LR), func(t *testing.T) {
+			var outs [2]*bnn.Model
+			var sts [2]Stats
+			for i, e := range engines {
+				cfg := tc.cfg
+				cfg.Engine = e
+				next, st, err := LastLayer(context.Background(), m, test.X[:tc.rows], test.Y[:tc.rows], cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs[i], sts[i] = next, st
+			}
+			g, r := sts[0], sts[1]
+			t.Logf("KL go %.12g, gorgonia %.12g (relative %.2g); loss %.6g -> %.6g", g.KL, r.KL, rel(g.KL, r.KL), g.LossStart, g.LossEnd)
+			if e := rel(g.KL, r.KL); !(e <= 1e-6) || !(g.KL > 0) {
+				t.Errorf("KL go %.15g, gorgonia %.15g: relative difference %.3g", g.KL, r.KL, e)
+			}
+			for _, v := range [][2]float64{{g.LossStart, r.LossStart}, {g.LossEnd, r.LossEnd}, {g.NLLStart, r.NLLStart}, {g.NLLEnd, r.NLLEnd}} {
+				if rel(v[0], v[1]) > 1e-9 {
+					t.Errorf("stats differ: go %+v, gorgonia %+v", g, r)
+					break
+				}
+			}
+			a, b := outs[0].Last(), outs[1].Last()
+			for k, pair := range [][2][]float64{{a.WeightMu, b.WeightMu}, {a.WeightLogSigma, b.WeightLogSigma}, {a.BiasMu, b.BiasMu}, {a.BiasLogSigma, b.BiasLogSigma}} {
+				for j := range pair[0] {
+					if d := math.Abs(pair[0][j] - pair[1][j]); d > 1e-9 {
+						t.Fatalf("block %d [%d]: go %.15g, gorgonia %.15g", k, j, pair[0][j], pair[1][j])
+					}
+				}
+			}
+			if !bnn.SameBody(outs[0], m) || outs[0].Version != m.Version+1 {
+				t.Error("go engine: body changed or version wrong")
+			}
+			if kl, _, err := certify.KL(outs[0], outs[1]); err != nil || kl > 1e-12 {
+				t.Errorf("KL between the two engines' results %v (%v)", kl, err)
+			}
+		})
+	}
+}
