@@ -50,21 +50,21 @@ func (w Weights) validate() error {
 	return nil
 }
 
-// Term indexes the objective's terms in objectiveEval.Terms.
-type Term int
+// term indexes the objective's terms in objectiveEval.Terms.
+type term int
 
 // The objective's terms, in the order of objectiveEval.Terms.
 const (
-	TermClf Term = iota
-	TermDelta
-	TermLatent
-	TermVar
-	TermELBO
-	TermProx
+	termClf term = iota
+	termDelta
+	termLatent
+	termVar
+	termELBO
+	termProx
 	numTerms
 )
 
-func (t Term) String() string {
+func (t term) String() string {
 	return [...]string{"L_clf", "L_delta", "L_ldist", "L_var", "ELBO", "L_prox"}[t]
 }
 
@@ -163,7 +163,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 	o.oh, o.ohv = vecNode(g, "onehot", o.C)
 	o.x0, o.x0v = vecNode(g, "x0", o.D)
 	for t := range o.lam {
-		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+Term(t).String()), G.WithValue(0.0))
+		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+term(t).String()), G.WithValue(0.0))
 	}
 	o.thr = G.NewScalar(g, tensor.Float64, G.WithName("one_minus_delta"), G.WithValue(0.95))
 	o.eps = G.NewScalar(g, tensor.Float64, G.WithName("eps"), G.WithValue(0.01))
@@ -204,10 +204,10 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 	ss := must(G.Sum(must(G.Square(dev)))) // sum of squared deviations
 	varp := must(G.Mul(ss, G.NewConstant(1/float64(S-1))))
 	var terms [numTerms]*G.Node
-	terms[TermClf] = must(G.Neg(must(G.Mean(lpt))))
-	terms[TermDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
-	terms[TermVar] = must(G.Rectify(must(G.Sub(varp, o.eps))))
-	terms[TermProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
+	terms[termClf] = must(G.Neg(must(G.Mean(lpt))))
+	terms[termDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
+	terms[termVar] = must(G.Rectify(must(G.Sub(varp, o.eps))))
+	terms[termProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
 	if err != nil {
 		return err
 	}
@@ -237,8 +237,8 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 		rec := must(G.Sub(must(G.Mul(se, G.NewConstant(-1/(2*v.ObsVar)))), G.NewConstant(logConst)))
 		klTerms := must(G.Sub(must(G.Add(must(G.Square(mu)), must(G.Exp(lv)))), must(G.Add(lv, G.NewConstant(1.0)))))
 		kl := must(G.Mul(must(G.Sum(klTerms)), G.NewConstant(0.5)))
-		terms[TermELBO] = must(G.Sub(rec, kl))
-		terms[TermLatent] = must(G.Sum(must(G.Square(must(G.Sub(mu, o.mu0))))))
+		terms[termELBO] = must(G.Sub(rec, kl))
+		terms[termLatent] = must(G.Sum(must(G.Square(must(G.Sub(mu, o.mu0))))))
 		if err != nil {
 			return err
 		}
@@ -252,7 +252,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 		o.hasTerm[t] = true
 		roots = append(roots, G.Read(n, &o.terms[t]))
 		weighted := must(G.Mul(n, o.lam[t]))
-		if Term(t) == TermELBO {
+		if term(t) == termELBO {
 			weighted = must(G.Neg(weighted))
 		}
 		if total == nil {

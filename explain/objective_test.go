@@ -58,7 +58,7 @@ func referenceTerms(nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target 
 	for s, n := range nets {
 		n.Probs(zm, out, nil)
 		ps[s] = out.At(0, target)
-		r[TermClf] -= math.Log(ps[s]) / float64(len(nets))
+		r[termClf] -= math.Log(ps[s]) / float64(len(nets))
 	}
 	mean := 0.0
 	for _, p := range ps {
@@ -68,17 +68,17 @@ func referenceTerms(nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target 
 	for _, p := range ps {
 		vr += (p - mean) * (p - mean) / float64(len(ps)-1)
 	}
-	r[TermDelta] = math.Max(1-delta-mean, 0)
-	r[TermVar] = math.Max(vr-eps, 0)
+	r[termDelta] = math.Max(1-delta-mean, 0)
+	r[termVar] = math.Max(vr-eps, 0)
 	for j := range z {
-		r[TermProx] += (z[j] - x0[j]) * (z[j] - x0[j])
+		r[termProx] += (z[j] - x0[j]) * (z[j] - x0[j])
 	}
 	if v != nil {
 		mu, _ := v.Encode(z)
 		for k := range mu {
-			r[TermLatent] += (mu[k] - mu0[k]) * (mu[k] - mu0[k])
+			r[termLatent] += (mu[k] - mu0[k]) * (mu[k] - mu0[k])
 		}
-		r[TermELBO] = v.ELBOWith(z, zeta)
+		r[termELBO] = v.ELBOWith(z, zeta)
 	}
 	return r
 }
@@ -112,7 +112,7 @@ func TestObjectiveMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := referenceTerms(nets, v, z, x0, mu0, zeta, 2, delta, eps)
-	for term := Term(0); term < numTerms; term++ {
+	for term := term(0); term < numTerms; term++ {
 		if d := math.Abs(ev.Terms[term] - ref[term]); d > 1e-10*math.Max(1, math.Abs(ref[term])) {
 			t.Errorf("%v: graph %v, reference %v", term, ev.Terms[term], ref[term])
 		}
@@ -120,7 +120,7 @@ func TestObjectiveMatchesReference(t *testing.T) {
 			t.Errorf("%v is 0 in this set-up; the test would not exercise it", term)
 		}
 	}
-	want := 1.5*ref[TermClf] + 0.7*ref[TermDelta] + 0.3*ref[TermLatent] + 2*ref[TermVar] - 0.2*ref[TermELBO] + 0.4*ref[TermProx]
+	want := 1.5*ref[termClf] + 0.7*ref[termDelta] + 0.3*ref[termLatent] + 2*ref[termVar] - 0.2*ref[termELBO] + 0.4*ref[termProx]
 	if math.Abs(ev.Total-want) > 1e-10*math.Abs(want) {
 		t.Errorf("total %v, want %v", ev.Total, want)
 	}
@@ -155,7 +155,7 @@ func TestObjectiveGradients(t *testing.T) {
 			t.Fatal(err)
 		}
 		z, x0, mu0 := randVec(rng, 6), randVec(rng, 6), randVec(rng, 3)
-		for term := Term(0); term < numTerms; term++ {
+		for term := term(0); term < numTerms; term++ {
 			var w Weights
 			ws := []*float64{&w.Class, &w.Delta, &w.Latent, &w.Var, &w.ELBO, &w.Prox}
 			*ws[term] = 1
@@ -185,7 +185,7 @@ func TestObjectiveGradients(t *testing.T) {
 					t.Fatal(err)
 				}
 				fd := (ep.Total - em.Total) / (2 * h)
-				if term == TermELBO {
+				if term == termELBO {
 					fd = -fd // the objective subtracts the ELBO; compare d ELBO / d x'
 					grad[j] = -ev.Grad[j]
 				}
@@ -215,11 +215,11 @@ func TestObjectiveWithoutVAE(t *testing.T) {
 	if err := o.eval([]float64{1, -1, 0.5, 2}, &ev); err != nil {
 		t.Fatal(err)
 	}
-	if ev.Terms[TermELBO] != 0 || ev.Terms[TermLatent] != 0 {
-		t.Errorf("VAE terms %v %v without a VAE", ev.Terms[TermELBO], ev.Terms[TermLatent])
+	if ev.Terms[termELBO] != 0 || ev.Terms[termLatent] != 0 {
+		t.Errorf("VAE terms %v %v without a VAE", ev.Terms[termELBO], ev.Terms[termLatent])
 	}
-	if want := 0.1 * (1 + 1 + 0.25 + 4); math.Abs(ev.Total-ev.Terms[TermClf]-want) > 1e-12 {
-		t.Errorf("total - L_clf = %v, want prox %v", ev.Total-ev.Terms[TermClf], want)
+	if want := 0.1 * (1 + 1 + 0.25 + 4); math.Abs(ev.Total-ev.Terms[termClf]-want) > 1e-12 {
+		t.Errorf("total - L_clf = %v, want prox %v", ev.Total-ev.Terms[termClf], want)
 	}
 	_ = context.Background()
 }
