@@ -55,13 +55,7 @@ func Save(dir string, m *Model) error {
 	if err != nil {
 		return fmt.Errorf("save model: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("save model: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, WeightsFile), weights); err != nil {
-		return fmt.Errorf("save model: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, SidecarFile), sidecar); err != nil {
+	if err := atomicfile.WriteFiles(dir, atomicfile.File{Name: WeightsFile, Data: weights}, atomicfile.File{Name: SidecarFile, Data: sidecar}); err != nil {
 		return fmt.Errorf("save model: %w", err)
 	}
 	return nil

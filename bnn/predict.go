@@ -115,13 +115,15 @@ func (n *Net) Probs(z *mat.Dense, out *mat.Dense, work []*mat.Dense) []*mat.Dens
 		h = a
 	}
 	for i := 0; i < rows; i++ {
-		softmax(out.RawRowView(i), h.RawRowView(i))
+		Softmax(out.RawRowView(i), h.RawRowView(i))
 	}
 	return work
 }
 
-// softmax writes softmax(logits) into dst, stable against overflow.
-func softmax(dst, logits []float64) {
+// Softmax writes softmax(logits) into dst (len(dst) == len(logits)), stable against overflow:
+//
+//	dst_j = exp(l_j - max l) / sum_k exp(l_k - max l)
+func Softmax(dst, logits []float64) {
 	mx := math.Inf(-1)
 	for _, v := range logits {
 		mx = math.Max(mx, v)

@@ -350,7 +350,7 @@ func ensembleEstimate(nets []*bnn.Net, z []float64) estimate {
 			}
 			h = out
 		}
-		softmaxInto(probs, h)
+		bnn.Softmax(probs, h)
 		kf := float64(s + 1)
 		for j, f := range probs { // Welford, as bnn.Predict
 			d := f - e.mean[j]
@@ -362,21 +362,6 @@ func ensembleEstimate(nets []*bnn.Net, z []float64) estimate {
 		e.vr[j] /= float64(len(nets) - 1)
 	}
 	return e
-}
-
-func softmaxInto(dst, logits []float64) {
-	mx := math.Inf(-1)
-	for _, v := range logits {
-		mx = math.Max(mx, v)
-	}
-	s := 0.0
-	for j, v := range logits {
-		dst[j] = math.Exp(v - mx)
-		s += dst[j]
-	}
-	for j := range dst {
-		dst[j] /= s
-	}
 }
 
 // meets is the method's stopping rule on an estimate.

@@ -85,13 +85,7 @@ func SaveVAE(dir string, v *VAE) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("save vae: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, VAEWeightsFile), w); err != nil {
-		return fmt.Errorf("save vae: %w", err)
-	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, VAESidecarFile), js); err != nil {
+	if err := atomicfile.WriteFiles(dir, atomicfile.File{Name: VAEWeightsFile, Data: w}, atomicfile.File{Name: VAESidecarFile, Data: js}); err != nil {
 		return fmt.Errorf("save vae: %w", err)
 	}
 	return nil

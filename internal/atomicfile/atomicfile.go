@@ -55,3 +55,24 @@ func SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// File is one file of a set written by WriteFiles.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// WriteFiles creates dir if needed and writes each file atomically, in order. The set as a
+// whole is not atomic: write last the file that vouches for the others (e.g. a sidecar holding
+// their checksums), so that a crash in between leaves a set its reader rejects.
+func WriteFiles(dir string, files ...File) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := WriteFile(filepath.Join(dir, f.Name), f.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
