@@ -6,7 +6,9 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"gonum.org/v1/gonum/mat"
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas64"
+	"gonum.org/v1/gonum/floats"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -51,7 +53,7 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 // every layer is sampled (the body's (mu, sigma) are constants, but still sampled):
 //
 //	W_k = mu_k + sigma_k * eps_{s,k},   sigma = exp(log_sigma),   eps ~ N(0, 1),
-//	h_r = relu(... relu(x_r W_1 + b_1) ...)           (body, gonum BLAS on the whole batch)
+//	h_r = relu(... relu(x_r W_1 + b_1) ...)           (body; see forwardBody)
 //	z_r = h_r W + b                                     (last layer, W of shape H x C)
 //	loss = (1/(S B)) sum_{s,r} -log softmax(z_r)[y_r] + KLScale * KL(q_L || N(m0, s0^2)),
 //	KL = sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j,
@@ -87,15 +89,13 @@ type goObjective struct {
 	m0W, ls0W, ivW     []float64 // ivW = exp(-2 ls0W) = 1/s0^2
 	m0B, ls0B, ivB     []float64
 	epsW, epsB         [][]float64 // per draw, the last layer's noise
-	sigW, sigB, wL, bL []float64   // work: sigma, sampled weights
-	gW, gB             []float64   // work: dL/dW, dL/db of one draw
+	sigW, sigB, wT, bL []float64   // work: sigma, sampled weights (wT is C x H)
+	gT, gB             []float64   // work: dL/dW (C x H), dL/db of one draw
 
 	rows   int
 	labels []int
-	xbuf   []float64
-	x      *mat.Dense   // rows x inputs
-	acts   []*mat.Dense // per body layer, rows x out
-	abuf   [][]float64
+	x      []float64   // the bound rows, Batch x inputs
+	acts   [][]float64 // per body layer, its activations, Batch x out
 }
 
 // frozenLayer is a body layer: its (mu, sigma) in graph layout (weights In x Out) and, per draw,
@@ -104,8 +104,8 @@ type frozenLayer struct {
 	in, out   int
 	muW, sigW []float64
 	muB, sigB []float64
-	w         []*mat.Dense // per draw, In x Out
-	b         [][]float64  // per draw
+	w         [][]float64 // per draw, In x Out
+	b         [][]float64 // per draw
 }
 
 func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
@@ -133,19 +133,18 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	}
 	h, c := last.In, last.Out
 	o := &goObjective{batch: cfg.Batch, samples: cfg.Samples, inputs: m.Inputs(), hid: h, cls: c,
-		klScale: cfg.KLScale, xbuf: make([]float64, cfg.Batch*m.Inputs())}
+		klScale: cfg.KLScale, x: make([]float64, cfg.Batch*m.Inputs())}
 	for k := 0; k+1 < len(m.Layers); k++ {
 		l := &m.Layers[k]
 		fl := frozenLayer{in: l.In, out: l.Out, muW: transpose(l.WeightMu, l.Out, l.In),
 			sigW: expAll(transpose(l.WeightLogSigma, l.Out, l.In)), muB: clone(l.BiasMu), sigB: expAll(clone(l.BiasLogSigma))}
 		for s := 0; s < cfg.Samples; s++ {
-			fl.w = append(fl.w, mat.NewDense(l.In, l.Out, nil))
+			fl.w = append(fl.w, make([]float64, l.In*l.Out))
 			fl.b = append(fl.b, make([]float64, l.Out))
 		}
 		o.body = append(o.body, fl)
-		o.abuf = append(o.abuf, make([]float64, cfg.Batch*l.Out))
+		o.acts = append(o.acts, make([]float64, cfg.Batch*l.Out))
 	}
-	o.acts = make([]*mat.Dense, len(o.body))
 	for _, p := range []struct {
 		name string
 		v    []float64
@@ -166,8 +165,8 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	for s := 0; s < cfg.Samples; s++ {
 		o.epsW, o.epsB = append(o.epsW, make([]float64, h*c)), append(o.epsB, make([]float64, c))
 	}
-	o.sigW, o.sigB, o.wL, o.bL = make([]float64, h*c), make([]float64, c), make([]float64, h*c), make([]float64, c)
-	o.gW, o.gB = make([]float64, h*c), make([]float64, c)
+	o.sigW, o.sigB, o.wT, o.bL = make([]float64, h*c), make([]float64, c), make([]float64, h*c), make([]float64, c)
+	o.gT, o.gB = make([]float64, h*c), make([]float64, c)
 	return o, nil
 }
 
@@ -226,13 +225,7 @@ func (o *goObjective) SetBatch(rows [][]float64, labels []int) error {
 		}
 	}
 	for i, r := range rows {
-		copy(o.xbuf[i*d:], r)
-	}
-	if n != o.rows {
-		o.x = mat.NewDense(n, d, o.xbuf[:n*d])
-		for k, fl := range o.body {
-			o.acts[k] = mat.NewDense(n, fl.out, o.abuf[k][:n*fl.out])
-		}
+		copy(o.x[i*d:], r)
 	}
 	o.rows, o.labels = n, append(o.labels[:0], labels...)
 	return nil
@@ -243,7 +236,7 @@ func (o *goObjective) SetBatch(rows [][]float64, labels []int) error {
 func (o *goObjective) DrawEps(rng *rand.Rand) {
 	for s := 0; s < o.samples; s++ {
 		for _, fl := range o.body {
-			w := fl.w[s].RawMatrix().Data
+			w := fl.w[s]
 			for i, mu := range fl.muW {
 				w[i] = mu + fl.sigW[i]*rng.NormFloat64()
 			}
@@ -265,7 +258,7 @@ func (o *goObjective) DrawEps(rng *rand.Rand) {
 func (o *goObjective) SetEps(f func(draw, layer int, bias bool, index int) float64) {
 	for s := 0; s < o.samples; s++ {
 		for k, fl := range o.body {
-			w := fl.w[s].RawMatrix().Data
+			w := fl.w[s]
 			for i := 0; i < fl.in; i++ {
 				for j := 0; j < fl.out; j++ {
 					g := i*fl.out + j
@@ -319,25 +312,23 @@ func (o *goObjective) Run() (bnn.Eval, error) {
 	for s := 0; s < o.samples; s++ {
 		h := o.forwardBody(s)
 		eW, eB := o.epsW[s], o.epsB[s]
-		for j, mu := range muW {
-			o.wL[j] = mu + o.sigW[j]*eW[j]
+		// The sampled last layer, transposed (C x H) so that logits and gradients are
+		// length-H dot products and axpys on the rows of h.
+		for i := 0; i < o.hid; i++ {
+			for j := 0; j < c; j++ {
+				g := i*c + j
+				o.wT[j*o.hid+i] = muW[g] + o.sigW[g]*eW[g]
+			}
 		}
 		for j, mu := range muB {
 			o.bL[j] = mu + o.sigB[j]*eB[j]
 		}
-		clear(o.gW)
+		clear(o.gT)
 		clear(o.gB)
 		for r := 0; r < o.rows; r++ {
-			hr := h.RawRowView(r)
-			copy(z, o.bL)
-			for i, hv := range hr {
-				if hv == 0 {
-					continue
-				}
-				w := o.wL[i*c : i*c+c]
-				for j := range z {
-					z[j] += hv * w[j]
-				}
+			hr := h[r*o.hid : (r+1)*o.hid]
+			for j := range z {
+				z[j] = o.bL[j] + floats.Dot(hr, o.wT[j*o.hid:(j+1)*o.hid])
 			}
 			mx, best := z[0], 0
 			for j, v := range z {
@@ -363,20 +354,15 @@ func (o *goObjective) Run() (bnn.Eval, error) {
 			z[y] -= scale
 			for j, d := range z {
 				o.gB[j] += d
-			}
-			for i, hv := range hr {
-				if hv == 0 {
-					continue
-				}
-				g := o.gW[i*c : i*c+c]
-				for j, d := range z {
-					g[j] += hv * d
-				}
+				floats.AddScaled(o.gT[j*o.hid:(j+1)*o.hid], d, hr)
 			}
 		}
-		for j, g := range o.gW {
-			gmW[j] += g
-			glW[j] += g * o.sigW[j] * eW[j]
+		for i := 0; i < o.hid; i++ {
+			for j := 0; j < c; j++ {
+				g, gt := i*c+j, o.gT[j*o.hid+i]
+				gmW[g] += gt
+				glW[g] += gt * o.sigW[g] * eW[g]
+			}
 		}
 		for j, g := range o.gB {
 			gmB[j] += g
@@ -398,27 +384,29 @@ func (o *goObjective) Run() (bnn.Eval, error) {
 	return ev, nil
 }
 
-// forwardBody returns the body's output for the bound rows under draw s's weights:
-// relu(... relu(x W_1 + b_1) ...), rows x H. With no body layers it is x itself.
-func (o *goObjective) forwardBody(s int) *mat.Dense {
-	h := o.x
+// forwardBody returns the body's output for the bound rows under draw s's weights,
+// relu(... relu(x W_1 + b_1) ...), rows x H row-major; with no body layers it is x itself.
+// One gonum Dgemm per layer on the whole batch, then bias and ReLU in one pass. (Measured
+// against row-by-row axpys over only the nonzero inputs, which avoids Dgemm's unpredictable
+// skip-a-zero branch after a ReLU: Dgemm was still 10-25% faster per layer, the saved branches
+// costing less than the extra calls.)
+func (o *goObjective) forwardBody(s int) []float64 {
+	h, width := o.x, o.inputs
 	for k := range o.body {
 		fl := &o.body[k]
-		a := o.acts[k]
-		a.Mul(h, fl.w[s])
-		b := fl.b[s]
-		raw := a.RawMatrix()
-		for r := 0; r < raw.Rows; r++ {
-			row := raw.Data[r*raw.Stride : r*raw.Stride+raw.Cols]
+		out, b := o.acts[k], fl.b[s]
+		blas64.Gemm(blas.NoTrans, blas.NoTrans, 1,
+			blas64.General{Rows: o.rows, Cols: width, Stride: width, Data: h},
+			blas64.General{Rows: fl.in, Cols: fl.out, Stride: fl.out, Data: fl.w[s]},
+			0, blas64.General{Rows: o.rows, Cols: fl.out, Stride: fl.out, Data: out})
+		for r := 0; r < o.rows; r++ {
+			row := out[r*fl.out : (r+1)*fl.out]
+			b := b[:len(row)]
 			for j, v := range row {
-				if v += b[j]; v > 0 {
-					row[j] = v
-				} else {
-					row[j] = 0
-				}
+				row[j] = max(v+b[j], 0) // ReLU; NaN stays NaN
 			}
 		}
-		h = a
+		h, width = out, fl.out
 	}
 	return h
 }

@@ -2,9 +2,11 @@ package update
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -282,5 +284,42 @@ func TestEnginesAgreeEndToEnd(t *testing.T) {
 				t.Errorf("KL between the two engines' results %v (%v)", kl, err)
 			}
 		})
+	}
+}
+
+// engineObjectives is every (engine, objective) pair.
+func engineObjectives() []struct{ engine, objective string } {
+	var out []struct{ engine, objective string }
+	for _, e := range engines {
+		for _, o := range []string{ObjectivePrior, ObjectiveVCL} {
+			out = append(out, struct{ engine, objective string }{e, o})
+		}
+	}
+	return out
+}
+
+// countdown is a context whose Err turns to context.Canceled after n calls.
+type countdown struct {
+	context.Context
+	n int
+}
+
+func (c *countdown) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestLastLayerCancelledMidway cancels after 7 steps: both engines stop with ctx's error and
+// return no model.
+func TestLastLayerCancelledMidway(t *testing.T) {
+	m, test := trained(t)
+	for _, engine := range engines {
+		ctx := &countdown{Context: context.Background(), n: 7}
+		next, st, err := LastLayer(ctx, m, test.X[:20], test.Y[:20], Config{Engine: engine})
+		if !errors.Is(err, context.Canceled) || next != nil || st.Steps != 7 || !strings.Contains(err.Error(), "step 8") {
+			t.Errorf("%s: err %v, model %v, %d steps", engine, err, next != nil, st.Steps)
+		}
 	}
 }

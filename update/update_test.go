@@ -92,10 +92,10 @@ func refUpdateLoss(q, prev *bnn.Model, z [][]float64, y []int, samples int, eps 
 	return nll + klWeight*kl/float64(len(z))
 }
 
-// TestObjectiveGradient checks, for both objectives, that the graph LastLayer optimises equals
-// the plain-Go objective and that its gradient w.r.t. the last layer's mu and log_sigma matches
-// central finite differences of that plain-Go objective (h = 1e-5, tolerance
-// 1e-6 * max(1, |g|); truncation ~1e-10, rounding ~1e-11).
+// TestObjectiveGradient checks, for both engines and objectives, that the objective LastLayer
+// optimises equals an independent plain-Go evaluation (refUpdateLoss) and that its gradient
+// w.r.t. the last layer's mu and log_sigma matches central finite differences of that
+// evaluation (h = 1e-5, tolerance 1e-6 * max(1, |g|); truncation ~1e-10, rounding ~1e-11).
 func TestObjectiveGradient(t *testing.T) {
 	m0, test := trained(t)
 	rows := 5
@@ -124,11 +124,11 @@ func TestObjectiveGradient(t *testing.T) {
 		}
 		return rand.New(rand.NewPCG(uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
 	}
-	for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
-		t.Run(objective, func(t *testing.T) {
-			cfg := Config{Objective: objective, Samples: 2, KLWeight: 0.7}.withDefaults()
-			gc := graphConfig(prev, rows, cfg)
-			gr, err := bnn.NewGraph(q, gc)
+	for _, tc := range engineObjectives() {
+		objective := tc.objective
+		t.Run(tc.engine+"/"+objective, func(t *testing.T) {
+			cfg := Config{Objective: objective, Samples: 2, KLWeight: 0.7, Engine: tc.engine}.withDefaults()
+			gr, err := newObjectiveAnchored(q, prev, rows, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,11 +141,10 @@ func TestObjectiveGradient(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The graph's loss differs from the reference by a constant for the prior objective
-			// only through the body's KL, which the update leaves out (it cannot change).
+			// The body's KL is left out of the objective (it cannot change).
 			want := refUpdateLoss(q, prev, z, y, 2, eps, objective, 0.7)
 			if math.Abs(ev.Loss-want) > 1e-10*math.Max(1, math.Abs(want)) {
-				t.Fatalf("graph loss %.15g, plain Go %.15g", ev.Loss, want)
+				t.Fatalf("%s loss %.15g, reference %.15g", tc.engine, ev.Loss, want)
 			}
 			// Finite differences of the plain-Go objective, on the model layout.
 			l := q.Last()
@@ -167,7 +166,7 @@ func TestObjectiveGradient(t *testing.T) {
 				weight := bi < 2
 				for j := range model {
 					gj := j
-					if weight { // graph layout is In x Out
+					if weight { // both engines' layout is In x Out
 						o, i := j/l.In, j%l.In
 						gj = i*l.Out + o
 					}
@@ -186,8 +185,9 @@ func TestLastLayerKeepsPrevAndBody(t *testing.T) {
 	prev := m.Clone()
 	prev.Version = 4
 	snapshot := prev.Clone()
-	for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
-		next, st, err := LastLayer(context.Background(), prev, test.X[:20], test.Y[:20], Config{Objective: objective, LR: 1e-3, Seed: 1})
+	for _, tc := range engineObjectives() {
+		objective := tc.engine + "/" + tc.objective
+		next, st, err := LastLayer(context.Background(), prev, test.X[:20], test.Y[:20], Config{Objective: tc.objective, LR: 1e-3, Seed: 1, Engine: tc.engine})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +207,7 @@ func TestLastLayerKeepsPrevAndBody(t *testing.T) {
 		if err != nil || kl != st.KL || !(kl > 0) {
 			t.Errorf("%s: stats KL %v, certify.KL %v (%v)", objective, st.KL, kl, err)
 		}
-		if st.Steps != DefaultSteps || st.Rows != 20 || st.Objective != objective {
+		if st.Steps != DefaultSteps || st.Rows != 20 || st.Objective != tc.objective {
 			t.Errorf("%s: stats %+v", objective, st)
 		}
 		if err := next.Validate(); err != nil {
@@ -218,19 +218,21 @@ func TestLastLayerKeepsPrevAndBody(t *testing.T) {
 
 func TestLastLayerDeterministic(t *testing.T) {
 	m, test := trained(t)
-	run := func(seed uint64) *bnn.Model {
-		next, _, err := LastLayer(context.Background(), m, test.X[:100], test.Y[:100], Config{LR: 1e-4, Steps: 10, BatchSize: 32, Samples: 2, Seed: seed})
-		if err != nil {
-			t.Fatal(err)
+	for _, engine := range engines {
+		run := func(seed uint64) *bnn.Model {
+			next, _, err := LastLayer(context.Background(), m, test.X[:100], test.Y[:100], Config{LR: 1e-4, Steps: 10, BatchSize: 32, Samples: 2, Seed: seed, Engine: engine})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return next
 		}
-		return next
-	}
-	a, b, c := run(1), run(1), run(2)
-	if !bnn.LayersEqual(a.Last(), b.Last()) {
-		t.Error("same seed, different results")
-	}
-	if bnn.LayersEqual(a.Last(), c.Last()) {
-		t.Error("different seeds, identical results")
+		a, b, c := run(1), run(1), run(2)
+		if !bnn.LayersEqual(a.Last(), b.Last()) {
+			t.Errorf("%s: same seed, different results", engine)
+		}
+		if bnn.LayersEqual(a.Last(), c.Last()) {
+			t.Errorf("%s: different seeds, identical results", engine)
+		}
 	}
 }
 
@@ -243,13 +245,15 @@ func TestLastLayerLearns(t *testing.T) {
 	for i := range y {
 		y[i] = 1 - test.Y[i]
 	}
-	_, st, err := LastLayer(context.Background(), m, test.X[:10], y, Config{Objective: ObjectiveVCL, LR: 1e-2, Steps: 30, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("NLL %.4f -> %.4f, loss %.4f -> %.4f, KL %.4g", st.NLLStart, st.NLLEnd, st.LossStart, st.LossEnd, st.KL)
-	if !(st.NLLEnd < st.NLLStart) || !(st.LossEnd < st.LossStart) {
-		t.Errorf("loss did not fall: %+v", st)
+	for _, engine := range engines {
+		_, st, err := LastLayer(context.Background(), m, test.X[:10], y, Config{Objective: ObjectiveVCL, LR: 1e-2, Steps: 30, Seed: 1, Engine: engine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: NLL %.4f -> %.4f, loss %.4f -> %.4f, KL %.4g", engine, st.NLLStart, st.NLLEnd, st.LossStart, st.LossEnd, st.KL)
+		if !(st.NLLEnd < st.NLLStart) || !(st.LossEnd < st.LossStart) {
+			t.Errorf("%s: loss did not fall: %+v", engine, st)
+		}
 	}
 }
 
@@ -280,6 +284,7 @@ func TestLastLayerRejects(t *testing.T) {
 		{"label count", context.Background(), X, y[:3], Config{}, "3 labels for 4 rows", nil},
 		{"no rows", context.Background(), nil, nil, Config{}, "no inputs", nil},
 		{"unknown objective", context.Background(), X, y, Config{Objective: "sgd"}, `objective "sgd"`, nil},
+		{"unknown engine", context.Background(), X, y, Config{Engine: "torch"}, `engine "torch"`, nil},
 		{"negative lr", context.Background(), X, y, Config{LR: -1}, "lr -1", nil},
 		{"NaN lr", context.Background(), X, y, Config{LR: math.NaN()}, "lr NaN", nil},
 		{"negative steps", context.Background(), X, y, Config{Steps: -2}, "steps -2", nil},
@@ -288,24 +293,30 @@ func TestLastLayerRejects(t *testing.T) {
 		// An absurd learning rate drives the parameters to Inf: refused, prev kept.
 		{"diverging", context.Background(), X, y, Config{LR: 1e300, Steps: 5}, "", ErrRefused},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			next, _, err := LastLayer(tc.ctx, prev, tc.X, tc.y, tc.cfg)
-			if err == nil {
-				t.Fatal("no error")
+		for _, engine := range engines {
+			cfg := tc.cfg
+			if cfg.Engine == "" {
+				cfg.Engine = engine
 			}
-			if next != nil {
-				t.Error("a model was returned with an error")
-			}
-			if tc.want != "" && !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error %q does not mention %q", err, tc.want)
-			}
-			if tc.is != nil && !errors.Is(err, tc.is) {
-				t.Errorf("error %q is not %v", err, tc.is)
-			}
-			if !reflect.DeepEqual(prev, snapshot) {
-				t.Error("prev modified")
-			}
-		})
+			t.Run(engine+"/"+tc.name, func(t *testing.T) {
+				next, _, err := LastLayer(tc.ctx, prev, tc.X, tc.y, cfg)
+				if err == nil {
+					t.Fatal("no error")
+				}
+				if next != nil {
+					t.Error("a model was returned with an error")
+				}
+				if tc.want != "" && !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %q does not mention %q", err, tc.want)
+				}
+				if tc.is != nil && !errors.Is(err, tc.is) {
+					t.Errorf("error %q is not %v", err, tc.is)
+				}
+				if !reflect.DeepEqual(prev, snapshot) {
+					t.Error("prev modified")
+				}
+			})
+		}
 	}
 }
 
@@ -319,26 +330,30 @@ func TestLastLayerRejects(t *testing.T) {
 func TestKLGrowsWithLR(t *testing.T) {
 	m, test := trained(t)
 	lrs := []float64{1e-5, 1e-4, 1e-3}
-	for _, rows := range []int{5, 50} {
+	for _, c := range []struct {
+		engine string
+		rows   int
+	}{{EngineGo, 5}, {EngineGo, 50}, {EngineGorgonia, 5}, {EngineGorgonia, 50}} {
+		rows := c.rows
 		X, y := test.X[10:10+rows], test.Y[10:10+rows]
 		kls := map[string][]float64{}
 		for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
 			for _, lr := range lrs {
-				_, st, err := LastLayer(context.Background(), m, X, y, Config{Objective: objective, LR: lr, Seed: 9})
+				_, st, err := LastLayer(context.Background(), m, X, y, Config{Objective: objective, LR: lr, Seed: 9, Engine: c.engine})
 				if err != nil {
 					t.Fatal(err)
 				}
 				kls[objective] = append(kls[objective], st.KL)
 			}
 			k := kls[objective]
-			t.Logf("%d rows, %s: KL at lr 1e-5, 1e-4, 1e-3 = %.3g, %.3g, %.3g", rows, objective, k[0], k[1], k[2])
+			t.Logf("%s, %d rows, %s: KL at lr 1e-5, 1e-4, 1e-3 = %.3g, %.3g, %.3g", c.engine, rows, objective, k[0], k[1], k[2])
 		}
 		if k := kls[ObjectivePrior]; !(0 < k[0] && k[0] < k[1] && k[1] < k[2]) {
-			t.Errorf("%d rows, prior: KL does not grow with lr: %v", rows, k)
+			t.Errorf("%s, %d rows, prior: KL does not grow with lr: %v", c.engine, rows, k)
 		}
 		for i, lr := range lrs {
 			if p, v := kls[ObjectivePrior][i], kls[ObjectiveVCL][i]; !(v < p) {
-				t.Errorf("%d rows, lr %g: vcl KL %.4g not below prior KL %.4g", rows, lr, v, p)
+				t.Errorf("%s, %d rows, lr %g: vcl KL %.4g not below prior KL %.4g", c.engine, rows, lr, v, p)
 			}
 		}
 	}
