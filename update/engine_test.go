@@ -38,6 +38,32 @@ func engineProblem(t *testing.T, rows int) (q, prev *bnn.Model, z [][]float64, y
 	return q, prev, z, test.Y[:rows]
 }
 
+// randomProblem is a torchbnn-initialised network 6 -> hidden -> classes, a copy whose last
+// layer was moved off it, and rows of standard-normal features with random labels.
+func randomProblem(hidden []int, classes, rows int) (q, prev *bnn.Model, z [][]float64, y []int) {
+	rng := rand.New(rand.NewPCG(11, uint64(len(hidden))))
+	names := make([]string, classes)
+	for i := range names {
+		names[i] = fmt.Sprint("class", i)
+	}
+	prev = bnn.New(6, hidden, names, 0.1, rng)
+	q = prev.Clone()
+	for _, v := range [][]float64{q.Last().WeightMu, q.Last().WeightLogSigma, q.Last().BiasMu, q.Last().BiasLogSigma} {
+		for i := range v {
+			v[i] += 0.1 * rng.NormFloat64()
+		}
+	}
+	z, y = make([][]float64, rows), make([]int, rows)
+	for i := range z {
+		z[i] = make([]float64, 6)
+		for j := range z[i] {
+			z[i][j] = rng.NormFloat64()
+		}
+		y[i] = rng.IntN(classes)
+	}
+	return q, prev, z, y
+}
+
 // relErr is the largest |a_j - b_j| / max(|b_j|, floor * max_j |b_j|) over a block: elementwise
 // relative error, with a floor so that components that cancel to nearly 0 are judged against
 // the block's scale rather than their own.
@@ -73,25 +99,40 @@ func rel(a, b float64) float64 {
 // largest are judged against 1e-3 of it; measured: at most ~5e-12). The noise is fed both ways: by
 // SetEps with a fixed function, and by DrawEps from two copies of one seeded rng, which also
 // checks that both engines consume the rng in the same order. The comparison is repeated over
-// 10 Adam steps taken in lockstep, so it covers parameters away from the starting point.
+// 10 Adam steps taken in lockstep, so it covers parameters away from the starting point, and
+// runs on the paper's architecture and on networks with no body, three body layers, 3 and 4
+// classes.
 func TestGoObjectiveMatchesGraph(t *testing.T) {
-	q, prev, z, y := engineProblem(t, 12)
+	bq, bprev, bz, by := engineProblem(t, 12)
 	for _, tc := range []struct {
+		hidden        []int // nil: the trained breast-cancer network 30 -> 64 -> 32 -> 2
+		classes       int
 		objective     string
 		samples, rows int
 		batch         int
 		klWeight      float64
 		draw          bool
 	}{
-		{ObjectivePrior, 1, 12, 12, 0, true},
-		{ObjectiveVCL, 1, 12, 12, 0, true},
-		{ObjectivePrior, 3, 12, 12, 0.7, false},
-		{ObjectiveVCL, 2, 12, 12, 0.7, true},
-		{ObjectiveVCL, 2, 7, 12, 5, false}, // a short batch: the graph pads with weight-0 rows
-		{ObjectivePrior, 1, 5, 5, 1e-9, true},
+		{nil, 2, ObjectivePrior, 1, 12, 12, 0, true},
+		{nil, 2, ObjectiveVCL, 1, 12, 12, 0, true},
+		{nil, 2, ObjectivePrior, 3, 12, 12, 0.7, false},
+		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true},
+		{nil, 2, ObjectiveVCL, 2, 7, 12, 5, false}, // a short batch: the graph pads with weight-0 rows
+		{nil, 2, ObjectivePrior, 1, 5, 5, 1e-9, true},
+		{[]int{}, 3, ObjectiveVCL, 2, 12, 12, 1, true},           // no body: softmax regression
+		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false}, // three body layers, four classes
+		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true},
 	} {
-		name := fmt.Sprintf("%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
+		arch := "breast_cancer"
+		if tc.hidden != nil {
+			arch = fmt.Sprintf("6-%v-%d", tc.hidden, tc.classes)
+		}
+		name := fmt.Sprintf("%s/%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", arch, tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
 		t.Run(name, func(t *testing.T) {
+			q, prev, z, y := bq, bprev, bz, by
+			if tc.hidden != nil {
+				q, prev, z, y = randomProblem(tc.hidden, tc.classes, 12)
+			}
 			cfg := Config{Objective: tc.objective, Samples: tc.samples, KLWeight: tc.klWeight, BatchSize: tc.batch}.withDefaults()
 			var objs [2]objective
 			for i, e := range engines {
