@@ -330,28 +330,11 @@ func (o *goObjective) Run() (bnn.Eval, error) {
 			for j := range z {
 				z[j] = o.bL[j] + floats.Dot(hr, o.wT[j*o.hid:(j+1)*o.hid])
 			}
-			mx, best := z[0], 0
-			for j, v := range z {
-				if v > mx {
-					mx, best = v, j
-				}
-			}
+			nll, best := softmaxNLL(z, o.labels[r], scale)
+			ev.NLL += nll
 			if s == 0 && best == o.labels[r] {
 				ev.Correct++
 			}
-			y := o.labels[r]
-			zy := z[y] - mx
-			sum := 0.0
-			for j, v := range z {
-				z[j] = math.Exp(v - mx) // now the unnormalised softmax
-				sum += z[j]
-			}
-			// -log softmax(z)[y] = log sum_j exp(z_j - mx) - (z_y - mx).
-			ev.NLL += (math.Log(sum) - zy) * scale
-			for j := range z {
-				z[j] = z[j] / sum * scale // dL/dz_j = (softmax_j - [j == y]) / (S B)
-			}
-			z[y] -= scale
 			for j, d := range z {
 				o.gB[j] += d
 				floats.AddScaled(o.gT[j*o.hid:(j+1)*o.hid], d, hr)
@@ -382,6 +365,31 @@ func (o *goObjective) Run() (bnn.Eval, error) {
 		}
 	}
 	return ev, nil
+}
+
+// softmaxNLL returns scale * -log softmax(z)[y] and argmax(z) (the first, on ties), and
+// overwrites the logits z with the NLL term's gradient,
+//
+//	scale * (softmax(z) - onehot(y)),
+//
+// computed stably: -log softmax(z)[y] = log sum_j exp(z_j - max z) - (z_y - max z).
+func softmaxNLL(z []float64, y int, scale float64) (nll float64, best int) {
+	mx := z[0]
+	for j, v := range z {
+		if v > mx {
+			mx, best = v, j
+		}
+	}
+	zy, sum := z[y]-mx, 0.0
+	for j, v := range z {
+		z[j] = math.Exp(v - mx)
+		sum += z[j]
+	}
+	for j := range z {
+		z[j] = z[j] / sum * scale
+	}
+	z[y] -= scale
+	return (math.Log(sum) - zy) * scale, best
 }
 
 // forwardBody returns the body's output for the bound rows under draw s's weights,
