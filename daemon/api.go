@@ -123,6 +123,9 @@ func checkVector(name string, x []float64, d int) error {
 	return nil
 }
 
+// errNotCounterfactual: x_cf is not classified as the target, or x already is.
+var errNotCounterfactual = errors.New("not a counterfactual")
+
 type registerRequest struct {
 	ID     string    `json:"id"`
 	X      []float64 `json:"x"`
