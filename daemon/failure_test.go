@@ -1,0 +1,53 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+)
+
+// TestFailedUpdateKeepsThePosterior serves a model whose last-layer means are so large that
+// the logits overflow: every update's loss is non-finite, update.LastLayer refuses it, and the
+// daemon must keep the posterior bit for bit, count the failure, and still consume the records.
+func TestFailedUpdateKeepsThePosterior(t *testing.T) {
+	data := bundled(t)
+	m, _, err := bnn.Fit(context.Background(), data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := m.Last()
+	for i := range last.WeightMu {
+		last.WeightMu[i] = 1e306 * float64(1-2*(i%2))
+	}
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := bnn.Save(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	r := startDaemon(t, func(c *config.Config) { c.Model.Path = dir })
+	before := r.d.current()
+	var vals [][]byte
+	for i := 0; i < 32; i++ {
+		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, vals...)
+	waitFor(t, 30*time.Second, "32 failed records", func() bool { return r.metric(t, "cfguard_records_total", "result", "failed") == 32 })
+	if r.metric(t, "cfguard_updates_total", "outcome", "failed") != 1 || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
+		t.Fatal("the failure was not counted as one failed update")
+	}
+	now := r.d.current()
+	if now != before || now.Version != before.Version || !bnn.LayersEqual(now.Last(), before.Last()) {
+		t.Fatal("a failed update changed the posterior")
+	}
+	st, err := r.d.ledger.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PosteriorVersion != before.Version || st.Offsets[0] != 32 || st.Counters["failed"] != 32 {
+		t.Fatalf("checkpoint after the failure: %+v", st)
+	}
+}
