@@ -104,28 +104,38 @@ type graphLayer struct {
 	muW, lsW, muB, lsB []float64
 }
 
-// NewGraph builds the objective for m; m itself is not referenced afterwards (its parameters
-// are copied into the graph). See GraphConfig for the options.
-func NewGraph(m *Model, cfg GraphConfig) (gr *Graph, err error) {
+// Check validates cfg for model m and returns it with defaults applied (Samples 0 -> 1). Every
+// engine that computes this objective (the gorgonia graph here, update's plain-Go engine) checks
+// its configuration with it.
+func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("graph: %w", err)
+		return cfg, err
 	}
 	if cfg.Batch < 1 {
-		return nil, fmt.Errorf("graph: batch size %d, want >= 1", cfg.Batch)
+		return cfg, fmt.Errorf("batch size %d, want >= 1", cfg.Batch)
 	}
 	if cfg.Samples == 0 {
 		cfg.Samples = 1
 	}
 	if cfg.Samples < 1 {
-		return nil, fmt.Errorf("graph: samples %d, want >= 1", cfg.Samples)
+		return cfg, fmt.Errorf("samples %d, want >= 1", cfg.Samples)
 	}
 	if math.IsNaN(cfg.KLScale) || math.IsInf(cfg.KLScale, 0) || cfg.KLScale < 0 {
-		return nil, fmt.Errorf("graph: KL scale %v, want finite and >= 0", cfg.KLScale)
+		return cfg, fmt.Errorf("KL scale %v, want finite and >= 0", cfg.KLScale)
 	}
 	if cfg.Anchor != nil {
 		if err := sameShape(m, cfg.Anchor); err != nil {
-			return nil, fmt.Errorf("graph: anchor: %w", err)
+			return cfg, fmt.Errorf("anchor: %w", err)
 		}
+	}
+	return cfg, nil
+}
+
+// NewGraph builds the objective for m; m itself is not referenced afterwards (its parameters
+// are copied into the graph). See GraphConfig for the options.
+func NewGraph(m *Model, cfg GraphConfig) (gr *Graph, err error) {
+	if cfg, err = cfg.Check(m); err != nil {
+		return nil, fmt.Errorf("graph: %w", err)
 	}
 	// gorgonia reports some construction failures by panicking (G.Must and the VM constructor).
 	defer func() {

@@ -109,28 +109,11 @@ type frozenLayer struct {
 }
 
 func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
-	if err := m.Validate(); err != nil {
+	cfg, err := cfg.Check(m)
+	if err != nil {
 		return nil, fmt.Errorf("go engine: %w", err)
 	}
-	if cfg.Batch < 1 {
-		return nil, fmt.Errorf("go engine: batch size %d, want >= 1", cfg.Batch)
-	}
-	if cfg.Samples == 0 {
-		cfg.Samples = 1
-	}
-	if cfg.Samples < 1 {
-		return nil, fmt.Errorf("go engine: samples %d, want >= 1", cfg.Samples)
-	}
-	if !(cfg.KLScale >= 0) || math.IsInf(cfg.KLScale, 0) {
-		return nil, fmt.Errorf("go engine: KL scale %v, want finite and >= 0", cfg.KLScale)
-	}
 	last := m.Last()
-	if cfg.Anchor != nil {
-		a := cfg.Anchor
-		if len(a.Layers) != len(m.Layers) || a.Last().In != last.In || a.Last().Out != last.Out {
-			return nil, errors.New("go engine: anchor's last layer does not have the model's shape")
-		}
-	}
 	h, c := last.In, last.Out
 	o := &goObjective{batch: cfg.Batch, samples: cfg.Samples, inputs: m.Inputs(), hid: h, cls: c,
 		klScale: cfg.KLScale, x: make([]float64, cfg.Batch*m.Inputs())}
