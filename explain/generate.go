@@ -614,6 +614,17 @@ func (g *Generator) descend(ctx context.Context, o *objective, z0 []float64, tar
 	s := g.newSearch(o, target)
 	z := append([]float64(nil), z0...)
 	opt := newAdam(len(z), g.cfg.LR)
+	return g.run(ctx, s, z, z0, target, func(int) string {
+		opt.step(z, s.ev.Grad)
+		return ""
+	})
+}
+
+// run drives a search from z (modified in place): at each iteration it checks ctx, evaluates the
+// objective at z, returns the result once the stopping rule is met, gives up at the iteration
+// cap, and otherwise lets the method move z with step, which returns a non-empty reason when the
+// method cannot go on.
+func (g *Generator) run(ctx context.Context, s *search, z, z0 []float64, target int, step func(it int) string) (*Result, error) {
 	for it := 0; ; it++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -627,7 +638,9 @@ func (g *Generator) descend(ctx context.Context, o *objective, z0 []float64, tar
 		if it == g.cfg.MaxIter {
 			return g.giveUp(z, z0, target, it, fmt.Sprintf("stopped at the iteration cap %d", g.cfg.MaxIter)), nil
 		}
-		opt.step(z, s.ev.Grad)
+		if why := step(it); why != "" {
+			return g.giveUp(z, z0, target, it, why), nil
+		}
 	}
 }
 
@@ -639,19 +652,7 @@ func (g *Generator) schut(ctx context.Context, o *objective, z0 []float64, targe
 	s := g.newSearch(o, target)
 	z := append([]float64(nil), z0...)
 	changes := make([]int, len(z))
-	for it := 0; ; it++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if err := s.evalAt(z); err != nil {
-			return g.giveUp(z, z0, target, it, "objective failed ("+err.Error()+")"), nil
-		}
-		if r := s.done(z, z0, it); r != nil {
-			return r, nil
-		}
-		if it == g.cfg.MaxIter {
-			return g.giveUp(z, z0, target, it, fmt.Sprintf("stopped at the iteration cap %d", g.cfg.MaxIter)), nil
-		}
+	return g.run(ctx, s, z, z0, target, func(int) string {
 		// The gradient is of L_clf = -E[log p(y'|x')]: moving against it raises the target.
 		best := -1
 		for j, gj := range s.ev.Grad {
@@ -660,9 +661,10 @@ func (g *Generator) schut(ctx context.Context, o *objective, z0 []float64, targe
 			}
 		}
 		if best < 0 {
-			return g.giveUp(z, z0, target, it, fmt.Sprintf("every feature was changed %d times", g.cfg.MaxChanges)), nil
+			return fmt.Sprintf("every feature was changed %d times", g.cfg.MaxChanges)
 		}
 		z[best] -= g.cfg.Step * math.Copysign(1, s.ev.Grad[best])
 		changes[best]++
-	}
+		return ""
+	})
 }
