@@ -48,7 +48,6 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	defer c.Close()
 	close(d.ready)
 	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
-	var lastDead map[string]int64
 	for {
 		inc, err := c.Next(ctx)
 		if err != nil {
@@ -57,9 +56,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			}
 			return err
 		}
-		st := c.Stats()
-		d.metrics.SetConsumerLag(st.Lag)
-		lastDead = d.countDeadLetters(st.DeadLettered, lastDead)
+		d.metrics.SetConsumerLag(c.Stats().Lag)
 		if err := d.apply(ctx, inc); err != nil {
 			if ctx.Err() != nil {
 				return nil // abandoned mid-way: nothing was checkpointed or committed
@@ -75,20 +72,6 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	}
 }
 
-// countDeadLetters adds the consumer's new dead letters, by reason, to the records counter.
-func (d *Daemon) countDeadLetters(now, before map[string]int64) map[string]int64 {
-	for reason, n := range now {
-		if delta := n - before[reason]; delta > 0 {
-			d.metrics.AddRecords(alerts.RecordDeadLettered, int(delta), time.Now())
-		}
-	}
-	out := make(map[string]int64, len(now))
-	for k, v := range now {
-		out[k] = v
-	}
-	return out
-}
-
 // apply runs one increment through the update and the policy and checkpoints the result. It
 // returns an error only when the checkpoint could not be written. It is long on purpose: it
 // reads top to bottom as the pipeline (update, KL, policy, re-certify + checkpoint, events), and
@@ -100,6 +83,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
 	if inc.DeadLettered > 0 {
 		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
+		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
 	}
 	if inc.Skipped > 0 {
 		cp.Counters["skipped"] = int64(inc.Skipped)
