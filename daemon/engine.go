@@ -63,6 +63,9 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			}
 			return err
 		}
+		// Counted once durable, like everything apply reports.
+		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
+		d.metrics.AddRecords(alerts.RecordSkipped, inc.Skipped, time.Now())
 		if err := c.Commit(ctx, inc); err != nil {
 			if ctx.Err() != nil {
 				return nil // the checkpoint holds the offsets; the restart skips these records
@@ -72,8 +75,9 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	}
 }
 
-// apply runs one increment through the update and the policy and checkpoints the result. It
-// returns an error only when the checkpoint could not be written. It is long on purpose: it
+// apply runs one increment through the update and the policy and checkpoints the result; metrics
+// change only after the checkpoint they describe is durable. It returns an error only when the
+// checkpoint could not be written. It is long on purpose: it
 // reads top to bottom as the pipeline (update, KL, policy, re-certify + checkpoint, events), and
 // every branch ends in exactly one checkpoint, which stays visible in one place.
 func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
@@ -83,11 +87,9 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
 	if inc.DeadLettered > 0 {
 		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
-		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
 	}
 	if inc.Skipped > 0 {
 		cp.Counters["skipped"] = int64(inc.Skipped)
-		d.metrics.AddRecords(alerts.RecordSkipped, inc.Skipped, time.Now())
 	}
 	if len(inc.Records) == 0 {
 		return d.ledger.Checkpoint(cp)
@@ -105,13 +107,13 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		// The posterior is untouched. The records are consumed (their offsets checkpointed) so
 		// the stream does not wedge on them; the failure is counted, logged and published.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
-		d.metrics.IncUpdate(alerts.UpdateFailed)
-		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
 		cp.Counters["failed"] = int64(len(inc.Records))
 		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: 0, Outcome: outcomeFailed}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
+		d.metrics.IncUpdate(alerts.UpdateFailed)
+		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
 		d.publish(ctx, []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
 		return nil
 	}
@@ -141,13 +143,13 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	}
 	if outcome == outcomeRejected {
 		d.log.Warn("step KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
-		d.metrics.IncUpdate(alerts.UpdateRejected)
-		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
 		cp.Counters["held"] = int64(len(inc.Records))
 		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: kl, Outcome: outcomeRejected}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
+		d.metrics.IncUpdate(alerts.UpdateRejected)
+		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
 		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
 		d.publish(ctx, events)
 		return nil
