@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -45,7 +46,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer closeConsumer(c, d.log)
 	close(d.ready)
 	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
 	for {
@@ -72,6 +73,26 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			}
 			return err
 		}
+	}
+}
+
+// consumerCloseTimeout bounds how long shutdown waits for the consumer to leave its group.
+const consumerCloseTimeout = 5 * time.Second
+
+// closeConsumer closes c, giving up after consumerCloseTimeout: kafka-go's group leave has been
+// seen to block for over 15 s. Nothing is lost by not waiting: offsets were committed
+// synchronously after each checkpoint, and the broker expires a member that did not leave after
+// its session timeout. The close goroutine ends when kafka-go returns.
+func closeConsumer(c *stream.Consumer, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		c.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(consumerCloseTimeout):
+		log.Warn("the consumer did not leave its group in time; the broker will expire it", "waited", consumerCloseTimeout)
 	}
 }
 
