@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/cfguard/cfguard/assets"
 )
 
 // Config is the whole daemon configuration. Key names are a stable contract (scripts rely on
@@ -29,7 +33,12 @@ type Config struct {
 	Explain  Explain `yaml:"explain"`
 	Audit    Audit   `yaml:"audit"`
 	Log      Log     `yaml:"log"`
+
+	empty bool // the text held no keys: every value is a default
 }
+
+// Empty reports whether the configuration text held no keys, so that every value is a default.
+func (c *Config) Empty() bool { return c.empty }
 
 // HTTP configures the API server.
 type HTTP struct {
@@ -159,13 +168,31 @@ func Load(text string) (*Config, error) {
 	c := Default()
 	dec := yaml.NewDecoder(strings.NewReader(text))
 	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) { // empty text: all defaults
+	err := dec.Decode(&c)
+	if err != nil && !errors.Is(err, io.EOF) { // EOF: empty text, all defaults
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	c.empty = errors.Is(err, io.EOF) || noKeys(text)
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// noKeys reports whether YAML text is a document without keys ("", comments only, "{}", "~").
+func noKeys(text string) bool {
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &n); err != nil {
+		return false
+	}
+	if n.Kind == 0 {
+		return true
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		c := n.Content[0]
+		return c.Kind == yaml.MappingNode && len(c.Content) == 0 || c.Kind == yaml.ScalarNode && c.Tag == "!!null"
+	}
+	return false
 }
 
 // LoadFile reads and parses a configuration file, then applies environment overrides for
@@ -193,7 +220,58 @@ func LoadFile(path string) (*Config, error) {
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
 	}
+	if err := c.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	return c, nil
+}
+
+// CheckFiles checks that the files the configuration names exist and are what they should be:
+// model.path a directory with the model's two files, the TLS files readable. Validate does not
+// touch the file system; LoadFile calls both.
+func (c *Config) CheckFiles() error {
+	var errs []error
+	if c.Model.Path != "" {
+		for _, name := range []string{"model.json", "model.safetensors"} {
+			p := filepath.Join(c.Model.Path, name)
+			if st, err := os.Stat(p); err != nil {
+				errs = append(errs, fmt.Errorf("model.path: %s: %w (a model directory holds model.json and model.safetensors; see cfguard train and cfguard import)", c.Model.Path, err))
+				break
+			} else if !st.Mode().IsRegular() {
+				errs = append(errs, fmt.Errorf("model.path: %s is not a regular file", p))
+			}
+		}
+	}
+	for key, p := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
+		if p == "" {
+			continue
+		}
+		if f, err := os.Open(p); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", key, err))
+		} else {
+			f.Close()
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	}
+	return nil
+}
+
+// checkSchedule parses a robfig/cron spec (five fields or a descriptor). "@every D" needs a
+// positive D of at least one second: cron would silently run "@every -1s" every second.
+func checkSchedule(spec string) error {
+	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return err
+		}
+		if d < time.Second {
+			return fmt.Errorf("the interval must be at least 1s, got %v", d)
+		}
+	}
+	_, err := cron.ParseStandard(spec)
+	return err
 }
 
 // Embedded reports whether the daemon should start its own broker.
@@ -217,6 +295,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Model.Path == "" && c.Model.Dataset == "" {
 		bad("model.dataset", `""`, "needed when model.path is empty")
+	}
+	if c.Model.Dataset != "" {
+		if _, ok := assets.Lookup(c.Model.Dataset); !ok {
+			bad("model.dataset", c.Model.Dataset, fmt.Sprintf("not a bundled data set (have %s)", strings.Join(assets.Names(), ", ")))
+		}
 	}
 	if c.Model.Epochs < 0 {
 		bad("model.epochs", c.Model.Epochs, "must be >= 0")
@@ -300,7 +383,7 @@ func (c *Config) Validate() error {
 		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must all be positive")
 	}
 	if c.Audit.Schedule != "" {
-		if _, err := cron.ParseStandard(c.Audit.Schedule); err != nil {
+		if err := checkSchedule(c.Audit.Schedule); err != nil {
 			bad("audit.schedule", c.Audit.Schedule, err.Error())
 		}
 	}
@@ -316,4 +399,46 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
 	return nil
+}
+
+// redacted replaces a secret's value when a configuration is printed.
+const redacted = "<redacted>"
+
+// YAML renders the effective configuration: every key with its value (defaults included),
+// durations as Go duration strings ("10s"), secrets that are set replaced by "<redacted>".
+// Load of the output (with the secrets put back) gives the same configuration.
+func (c *Config) YAML() ([]byte, error) {
+	r := *c
+	if r.HTTP.Token != "" {
+		r.HTTP.Token = redacted
+	}
+	if r.Kafka.SASL.Password != "" {
+		r.Kafka.SASL.Password = redacted
+	}
+	var n yaml.Node
+	if err := n.Encode(&r); err != nil {
+		return nil, err
+	}
+	durationsAsText(&n, reflect.ValueOf(r))
+	return yaml.Marshal(&n)
+}
+
+// durationsAsText rewrites the nodes of time.Duration fields (which yaml encodes as integer
+// nanoseconds) as duration strings, walking the node tree beside the struct it was encoded from.
+func durationsAsText(n *yaml.Node, v reflect.Value) {
+	if v.Type() == reflect.TypeFor[time.Duration]() {
+		n.Tag, n.Value = "", time.Duration(v.Int()).String()
+		return
+	}
+	if v.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
+		return
+	}
+	t := v.Type()
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		for j := 0; j < t.NumField(); j++ {
+			if name, _, _ := strings.Cut(t.Field(j).Tag.Get("yaml"), ","); name == n.Content[i].Value {
+				durationsAsText(n.Content[i+1], v.Field(j))
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,10 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"huge record":        {"kafka:\n  max_record_bytes: 5000000\n", "kafka.max_record_bytes"},
 		"not a mapping":      {"- a\n- b\n", "cannot unmarshal"},
 		"learning rate zero": {"update:\n  learning_rate: 0\n", "update.learning_rate"},
+		"negative interval":  {"audit:\n  schedule: \"@every -1s\"\n", "audit.schedule"},
+		"zero interval":      {"audit:\n  schedule: \"@every 0s\"\n", "audit.schedule"},
+		"sub-second":         {"audit:\n  schedule: \"@every 10ms\"\n", "audit.schedule"},
+		"unknown data set":   {"model:\n  dataset: nosuch\n", "model.dataset"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -93,4 +98,73 @@ func FuzzLoad(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestFilesNamedByTheConfigMustExist(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ text, want string }{
+		"model path":   {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
+		"model file":   {"model:\n  path: " + dir + "\n", "model.json"},
+		"tls ca":       {"kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "c.yaml")
+			if err := os.WriteFile(p, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadFile(p)
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestEmptyConfigIsAllDefaults(t *testing.T) {
+	for _, text := range []string{"", "# nothing\n", "{}\n", "~\n", "---\n"} {
+		c, err := Load(text)
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		if !c.Empty() {
+			t.Errorf("%q: Empty() = false", text)
+		}
+	}
+	c, err := Load("log:\n  level: debug\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Empty() {
+		t.Error("a config with a key is not empty")
+	}
+}
+
+// TestYAMLRoundTrip: the printed effective configuration loads back to the same configuration
+// (secrets aside, which are redacted), with durations as duration strings.
+func TestYAMLRoundTrip(t *testing.T) {
+	c, err := LoadFile("testdata/good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Kafka.SASL.Password = "hunter2"
+	out, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"max_wait: 250ms", "shutdown_timeout: 10s", "token: <redacted>", "password: <redacted>"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("printed config lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "hunter2") || strings.Contains(string(out), "s3cret") {
+		t.Fatalf("printed config shows a secret:\n%s", out)
+	}
+	back, err := Load(string(out))
+	if err != nil {
+		t.Fatalf("printed config does not load: %v\n%s", err, out)
+	}
+	back.HTTP.Token, back.Kafka.SASL.Password = c.HTTP.Token, c.Kafka.SASL.Password
+	if !reflect.DeepEqual(*back, *c) {
+		t.Fatalf("round trip changed the config:\n got %+v\nwant %+v", *back, *c)
+	}
 }

@@ -46,6 +46,8 @@ func commands() []command {
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},
 		{"experiment", "increments|psce ...", "the paper's experiments (see cfguard experiment --help)", cmdExperiment},
+		{"check-config", "--config FILE", "validate a configuration and print it with every default (exit 2 if invalid)", cmdCheckConfig},
+		{"version", "[--json]", "print the module version, commit and Go version", cmdVersion},
 	}
 }
 

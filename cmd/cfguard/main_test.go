@@ -143,3 +143,34 @@ func TestExperimentPSCEJSON(t *testing.T) {
 		t.Fatalf("methods %v", methods)
 	}
 }
+
+func TestCheckConfig(t *testing.T) {
+	code, out, errs := runCLI(t, "check-config", "--config", filepath.Join("..", "..", "config.yaml"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"is valid", "max_wait: 5s", "topic: cfguard.records", "delta: 0.05"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("audit:\n  schedule: \"@every -1s\"\n"), 0o644)
+	if code, _, errs := runCLI(t, "check-config", "--config", bad); code != 2 || !strings.Contains(errs, "audit.schedule") {
+		t.Fatalf("invalid config: exit %d, stderr %q; want 2 naming audit.schedule", code, errs)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, errs := runCLI(t, "version", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var v struct{ Module, Version, Go string }
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Module != "github.com/cfguard/cfguard" || !strings.HasPrefix(v.Go, "go1.") || v.Version == "" {
+		t.Fatalf("version %+v", v)
+	}
+}

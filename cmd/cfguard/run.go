@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 
@@ -25,6 +26,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err // config.ErrInvalid: exit code 2
 	}
 	log := newLogger(stderr, cfg.Log)
+	if cfg.Empty() {
+		// An empty file is valid, but say what it means rather than run silently on defaults.
+		out, err := cfg.YAML()
+		if err != nil {
+			return err
+		}
+		log.Warn("the configuration file holds no keys: running with every default, printed below", "config", *path)
+		fmt.Fprintf(stderr, "%s", out)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
