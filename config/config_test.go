@@ -103,9 +103,9 @@ func FuzzLoad(f *testing.F) {
 func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 	dir := t.TempDir()
 	for name, tc := range map[string]struct{ text, want string }{
-		"model path":   {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
-		"model file":   {"model:\n  path: " + dir + "\n", "model.json"},
-		"tls ca":       {"kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
+		"model path": {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
+		"model file": {"model:\n  path: " + dir + "\n", "model.json"},
+		"tls ca":     {"kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "c.yaml")
