@@ -43,9 +43,14 @@ func (c *Config) Empty() bool { return c.empty }
 // HTTP configures the API server.
 type HTTP struct {
 	Listen string `yaml:"listen"` // Default: 127.0.0.1:8080.
-	// Token, when set, is required as "Authorization: Bearer <token>" on mutating endpoints.
-	// Default: empty (no auth). The environment variable CFGUARD_HTTP_TOKEN overrides it.
-	Token           string        `yaml:"token"`
+	// Token, when set, is required as "Authorization: Bearer <token>" on every /v1/ endpoint
+	// (stored CEs hold applicants' features). Default: empty (no auth). The environment variable
+	// CFGUARD_HTTP_TOKEN overrides it.
+	Token string `yaml:"token"`
+	// MetricsToken, when set, is required as a bearer token on /metrics (Prometheus:
+	// authorization.credentials). Default: empty (/metrics open, like /healthz and /readyz).
+	// CFGUARD_HTTP_METRICS_TOKEN overrides it.
+	MetricsToken    string        `yaml:"metrics_token"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"` // Default: 10s.
 	MaxBodyBytes    int64         `yaml:"max_body_bytes"`   // Default: 1 MiB.
 }
@@ -216,6 +221,9 @@ func LoadFile(path string) (*Config, error) {
 	}
 	if v := os.Getenv("CFGUARD_HTTP_TOKEN"); v != "" {
 		c.HTTP.Token = v
+	}
+	if v := os.Getenv("CFGUARD_HTTP_METRICS_TOKEN"); v != "" {
+		c.HTTP.MetricsToken = v
 	}
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
@@ -411,6 +419,9 @@ func (c *Config) YAML() ([]byte, error) {
 	r := *c
 	if r.HTTP.Token != "" {
 		r.HTTP.Token = redacted
+	}
+	if r.HTTP.MetricsToken != "" {
+		r.HTTP.MetricsToken = redacted
 	}
 	if r.Kafka.SASL.Password != "" {
 		r.Kafka.SASL.Password = redacted

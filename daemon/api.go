@@ -6,45 +6,91 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/ledger"
-	"github.com/cfguard/cfguard/stream"
 )
 
-// routes is the HTTP API. Mutating endpoints need "Authorization: Bearer <http.token>" when a
-// token is configured.
-func (d *Daemon) routes() http.Handler {
+// stateReader is what the API reads from the ledger directly (reads never wait for writers).
+type stateReader interface {
+	Get(id string) (*ledger.CE, error)
+	List(status certify.Status, limit int, after string) ([]*ledger.CE, error)
+	State() (ledger.State, error)
+	KLHistory(n int) ([]ledger.KLStep, error)
+	Anchors() ([]ledger.Anchor, error)
+}
+
+// core is what the API asks of the daemon: the current posterior and everything that changes
+// state. *Daemon implements it.
+type core interface {
+	current() *bnn.Model
+	posteriorFiles() (*posteriorFiles, error)
+	register(ctx context.Context, r registration) (*ledger.CE, error)
+	forget(id string) error
+	audit(ctx context.Context) (ledger.AuditReport, error)
+	auditStatus() auditStatus
+	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
+	readiness(ctx context.Context) error
+}
+
+// apiConfig is the API's share of the configuration.
+type apiConfig struct {
+	token, metricsToken string
+	maxBodyBytes        int64
+	explainTimeout      time.Duration
+	// Reported by GET /v1/model.
+	budget, delta, epsilon float64
+	mode, onBreach         string
+}
+
+// api is cfguard's HTTP API. When http.token is set, every /v1/ endpoint needs
+// "Authorization: Bearer <token>" (CEs hold applicants' features); /healthz and /readyz stay
+// open, and /metrics needs http.metrics_token when that is set.
+type api struct {
+	cfg     apiConfig
+	state   stateReader
+	core    core
+	exp     *explainer
+	metrics http.Handler
+}
+
+// routes registers every endpoint; docs/openapi.yaml documents the same set (a test checks).
+func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/counterfactuals", d.auth(d.handleRegister))
-	mux.Handle("GET /v1/counterfactuals", http.HandlerFunc(d.handleList))
-	mux.Handle("GET /v1/counterfactuals/{id}", http.HandlerFunc(d.handleGet))
-	mux.Handle("DELETE /v1/counterfactuals/{id}", d.auth(d.handleDelete))
-	mux.Handle("POST /v1/explain", d.auth(d.handleExplain))
-	mux.Handle("GET /v1/model", http.HandlerFunc(d.handleModel))
-	mux.Handle("POST /v1/audit", d.auth(d.handleAudit))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
+	v1 := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, a.auth(a.cfg.token, h)) }
+	v1("POST /v1/counterfactuals", a.handleRegister)
+	v1("GET /v1/counterfactuals", a.handleList)
+	v1("GET /v1/counterfactuals/{id}", a.handleGet)
+	v1("DELETE /v1/counterfactuals/{id}", a.handleDelete)
+	v1("POST /v1/explain", a.handleExplain)
+	v1("POST /v1/predict", a.handlePredict)
+	v1("GET /v1/model", a.handleModel)
+	v1("GET /v1/model/posterior", a.handlePosterior)
+	v1("GET /v1/model/posterior/sidecar", a.handlePosterior)
+	v1("POST /v1/audit", a.handleAudit)
+	v1("GET /v1/audit", a.handleAuditStatus)
+	mux.Handle("GET /metrics", a.auth(a.cfg.metricsToken, a.metrics.ServeHTTP))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	mux.HandleFunc("GET /readyz", d.handleReady)
-	return http.MaxBytesHandler(mux, d.cfg.HTTP.MaxBodyBytes)
+	mux.HandleFunc("GET /readyz", a.handleReady)
+	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
 }
 
-func (d *Daemon) auth(h http.HandlerFunc) http.Handler {
+// auth requires "Authorization: Bearer <token>" when token is not empty.
+func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if tok := d.cfg.HTTP.Token; tok != "" {
+		if token != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok)) != 1 {
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="cfguard"`)
 				writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 				return
@@ -59,25 +105,36 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	enc.Encode(v)
+	enc.Encode(v) // the status line is out; a client that went away is not ours to report
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, map[string]string{"error": msg})
 }
 
-// decodeBody decodes a JSON request strictly (unknown fields are errors).
+// retryLater answers 429 or 409 with Retry-After (whole seconds, at least 1).
+func retryLater(w http.ResponseWriter, code int, after time.Duration, msg string) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(after.Seconds())))))
+	writeError(w, code, msg)
+}
+
+// decodeBody decodes one JSON value strictly: unknown fields and anything after the value are
+// errors.
 func decodeBody(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("request body over %d bytes", mbe.Limit)
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			return errors.New("bad JSON: trailing data after the request body's JSON value")
 		}
-		return fmt.Errorf("bad JSON: %v", err)
+		return nil
 	}
-	return nil
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return fmt.Errorf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)
+	}
+	return fmt.Errorf("bad JSON: %v", err)
 }
 
 // target is a class given by index or by name.
@@ -111,6 +168,7 @@ func (t *target) resolve(classes []string) (int, error) {
 	return t.index, nil
 }
 
+// checkVector checks one input against the posterior's input dimension.
 func checkVector(name string, x []float64, d int) error {
 	if len(x) != d {
 		return fmt.Errorf("%s has %d features, the model takes %d", name, len(x), d)
@@ -123,8 +181,18 @@ func checkVector(name string, x []float64, d int) error {
 	return nil
 }
 
-// errNotCounterfactual: x_cf is not classified as the target, or x already is.
-var errNotCounterfactual = errors.New("not a counterfactual")
+// registerStatus maps register's errors to HTTP status codes.
+func registerStatus(err error) int {
+	switch {
+	case errors.Is(err, errBadRequest), errors.Is(err, ledger.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, ledger.ErrExists):
+		return http.StatusConflict
+	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
+		return http.StatusUnprocessableEntity
+	}
+	return http.StatusInternalServerError
+}
 
 type registerRequest struct {
 	ID     string    `json:"id"`
@@ -133,77 +201,25 @@ type registerRequest struct {
 	Target target    `json:"target"`
 }
 
-// handleRegister stores a counterfactual: p1 and Var1 are measured under the current posterior
-// (certify.samples draws), the CE is anchored to it, and <delta, epsilon>-set membership decides
-// certified vs uncertified (or refusal, with certify.uncertified: refuse).
-func (d *Daemon) handleRegister(w http.ResponseWriter, r *http.Request) {
+// handleRegister stores a counterfactual: p1 and Var1 are measured under the current posterior,
+// the CE is anchored to it, and <delta, epsilon>-set membership decides certified vs
+// uncertified (or refusal, with certify.uncertified: refuse).
+func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var req registerRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	ce, code, err := d.register(r.Context(), req.ID, req.X, req.XCF, req.Target)
+	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
 	if err != nil {
-		writeError(w, code, err.Error())
+		writeError(w, registerStatus(err), err.Error())
 		return
 	}
 	writeJSON(w, http.StatusCreated, ce)
 }
 
-// register measures, checks and stores a CE; it returns an HTTP status for errors.
-func (d *Daemon) register(ctx context.Context, id string, x, xcf []float64, tg target) (*ledger.CE, int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.current()
-	if !tg.set {
-		return nil, http.StatusBadRequest, errors.New("target is required (class index or name)")
-	}
-	t, err := tg.resolve(m.Classes)
-	if err != nil {
-		return nil, http.StatusBadRequest, err
-	}
-	if err := checkVector("x", x, m.Inputs()); err != nil {
-		return nil, http.StatusBadRequest, err
-	}
-	if err := checkVector("x_cf", xcf, m.Inputs()); err != nil {
-		return nil, http.StatusBadRequest, err
-	}
-	S := d.cfg.Certify.Samples
-	p, err := m.Predict([][]float64{xcf, x}, S, m.Version^0x5eed)
-	if err != nil {
-		return nil, http.StatusBadRequest, err
-	}
-	if orig := p.Argmax(1); orig == t {
-		return nil, http.StatusUnprocessableEntity, fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
-	}
-	if p.Argmax(0) != t {
-		return nil, http.StatusUnprocessableEntity, fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[p.Argmax(0)], p.P(0, t), m.Classes[t])
-	}
-	ce := &ledger.CE{ID: id, X: x, XCF: xcf, Target: t, AnchorVersion: m.Version, P1: p.P(0, t), Var1: p.V(0, t),
-		Samples: S, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-	if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == "refuse" {
-		return nil, http.StatusUnprocessableEntity, fmt.Errorf("outside the <delta, epsilon>-set: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
-			ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
-	}
-	if err := d.ledger.Put(ce); err != nil {
-		switch {
-		case errors.Is(err, ledger.ErrExists):
-			return nil, http.StatusConflict, err
-		case errors.Is(err, ledger.ErrInvalid):
-			return nil, http.StatusBadRequest, err
-		}
-		return nil, http.StatusInternalServerError, err
-	}
-	d.refreshGauges()
-	stored, err := d.ledger.Get(ce.ID)
-	if err != nil {
-		return nil, http.StatusInternalServerError, err
-	}
-	return stored, 0, nil
-}
-
-func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) {
-	ce, err := d.ledger.Get(r.PathValue("id"))
+func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
+	ce, err := a.state.Get(r.PathValue("id"))
 	if errors.Is(err, ledger.ErrNotFound) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
@@ -215,10 +231,8 @@ func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ce)
 }
 
-func (d *Daemon) handleDelete(w http.ResponseWriter, r *http.Request) {
-	d.mu.Lock()
-	err := d.ledger.Delete(r.PathValue("id"))
-	d.mu.Unlock()
+func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
+	err := a.core.forget(r.PathValue("id"))
 	if errors.Is(err, ledger.ErrNotFound) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
@@ -227,13 +241,12 @@ func (d *Daemon) handleDelete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	d.refreshGauges()
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleList lists CEs: ?status=certified|at_risk|invalidated|uncertified (required),
 // &limit=N (default 100, max 1000), &after=ID (paging).
-func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	st, err := certify.ParseStatus(q.Get("status"))
 	if err != nil {
@@ -247,7 +260,7 @@ func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ces, err := d.ledger.List(st, limit, q.Get("after"))
+	ces, err := a.state.List(st, limit, q.Get("after"))
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -260,54 +273,167 @@ func (d *Daemon) handleList(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleModel reports the posterior: version, shape, the KL budget and history, anchors, counts.
-func (d *Daemon) handleModel(w http.ResponseWriter, r *http.Request) {
-	m := d.current()
-	st, err := d.ledger.State()
+func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
+	m := a.core.current()
+	st, err := a.state.State()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	hist, err := d.ledger.KLHistory(100)
+	hist, err := a.state.KLHistory(100)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	anchors, err := d.ledger.Anchors()
+	anchors, err := a.state.Anchors()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"posterior_version": m.Version, "classes": m.Classes, "features": m.Features, "params": m.NumParams(),
-		"kl_budget": d.budget, "delta": d.cfg.Certify.Delta, "epsilon": d.cfg.Certify.Epsilon, "mode": d.cfg.Certify.Mode,
-		"on_breach": d.cfg.Certify.OnBreach, "kl_history": hist, "anchors": anchors, "applied": st.Applied,
+		"kl_budget": a.cfg.budget, "delta": a.cfg.delta, "epsilon": a.cfg.epsilon, "mode": a.cfg.mode,
+		"on_breach": a.cfg.onBreach, "kl_history": hist, "anchors": anchors, "applied": st.Applied,
 		"offsets": st.Offsets, "counters": st.Counters, "counterfactuals": countsByName(st.Counts),
 	})
 }
 
-func (d *Daemon) handleAudit(w http.ResponseWriter, r *http.Request) {
-	rep, err := d.audit(r.Context())
+// Headers of the posterior endpoints.
+const (
+	headerPosteriorVersion = "Cfguard-Posterior-Version"
+	headerWeightsSHA256    = "Cfguard-Weights-Sha256"
+)
+
+// handlePosterior serves the current posterior in the format model.path reads: the weights as
+// safetensors with torchbnn key names (GET /v1/model/posterior) and the JSON sidecar carrying
+// the scaler, classes, architecture and the weights' SHA-256 (GET /v1/model/posterior/sidecar).
+// Both carry the posterior version and the weights' SHA-256 as headers, and an ETag (the
+// SHA-256 of the body) honoured by If-None-Match, so a model server can poll cheaply and check
+// that the two halves belong together.
+func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
+	pf, err := a.core.posteriorFiles()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, rep)
+	body, etag, ctype := pf.weights, pf.weightsETag, "application/octet-stream"
+	if strings.HasSuffix(r.URL.Path, "/sidecar") {
+		body, etag, ctype = pf.sidecar, pf.sidecarETag, "application/json"
+	}
+	h := w.Header()
+	h.Set("ETag", etag)
+	h.Set(headerPosteriorVersion, strconv.FormatUint(pf.version, 10))
+	h.Set(headerWeightsSHA256, pf.weightsSHA256)
+	h.Set("Cache-Control", "no-cache")
+	if matchesETag(r.Header.Get("If-None-Match"), etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	h.Set("Content-Type", ctype)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
 }
 
-func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
-	select {
-	case <-d.ready:
-	default:
-		writeError(w, http.StatusServiceUnavailable, "starting")
+// matchesETag reports whether an If-None-Match header value lists etag (or is "*").
+func matchesETag(header, etag string) bool {
+	for _, v := range strings.Split(header, ",") {
+		v = strings.TrimPrefix(strings.TrimSpace(v), "W/")
+		if v == etag || v == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// predictRequest is one input (x) or a batch (xs).
+type predictRequest struct {
+	X  []float64   `json:"x"`
+	XS [][]float64 `json:"xs"`
+}
+
+// prediction is the predictive of one input under the current posterior.
+type prediction struct {
+	Class string    `json:"class"`
+	Index int       `json:"index"`
+	P     []float64 `json:"p"`   // E_q[p(c | x, w)] per class
+	Var   []float64 `json:"var"` // Var_q[p(c | x, w)] per class
+}
+
+// maxPredictBatch bounds one /v1/predict request.
+const maxPredictBatch = 10000
+
+// handlePredict answers p, Var and the class under the current posterior, with its version, for
+// model servers that delegate prediction.
+func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
+	var req predictRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	xs := req.XS
+	if (req.X == nil) == (req.XS == nil) {
+		writeError(w, http.StatusBadRequest, "give exactly one of x (one input) or xs (a batch)")
+		return
+	}
+	if req.X != nil {
+		xs = [][]float64{req.X}
+	}
+	if len(xs) == 0 || len(xs) > maxPredictBatch {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
+		return
+	}
+	m := a.core.current()
+	for i, x := range xs {
+		if err := checkVector(fmt.Sprintf("xs[%d]", i), x, m.Inputs()); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	p, err := a.core.predict(r.Context(), m, xs)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	out := make([]prediction, len(xs))
+	for i := range out {
+		c := p.Argmax(i)
+		out[i] = prediction{Class: m.Classes[c], Index: c, P: p.Mean[i*p.C : (i+1)*p.C], Var: p.Var[i*p.C : (i+1)*p.C]}
+	}
+	resp := map[string]any{"posterior_version": m.Version, "samples": p.S}
+	if req.X != nil {
+		resp["prediction"] = out[0]
+	} else {
+		resp["predictions"] = out
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
+	rep, err := a.core.audit(r.Context())
+	var busy *auditBusyError
+	switch {
+	case errors.As(err, &busy):
+		retryLater(w, http.StatusConflict, busy.remaining, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, rep)
+	}
+}
+
+func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.core.auditStatus())
+}
+
+func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := stream.Ping(ctx, d.conn, d.cfg.Kafka.Topic); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "broker unreachable: "+err.Error())
+	if err := a.core.readiness(ctx); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "posterior_version": d.current().Version})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "posterior_version": a.core.current().Version})
 }
 
 type explainRequest struct {
@@ -317,15 +443,19 @@ type explainRequest struct {
 	Method string    `json:"method"`
 }
 
+// explainRetryAfter is the Retry-After of a 429 from /v1/explain: a typical generation takes
+// well under a second, so a client retrying after this long usually finds a free slot.
+const explainRetryAfter = 2 * time.Second
+
 // handleExplain generates a counterfactual with PSCE (or method: wachter|schut), certifies it
 // and stores it anchored to the current posterior, so the daemon re-certifies it from then on.
-func (d *Daemon) handleExplain(w http.ResponseWriter, r *http.Request) {
+func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	var req explainRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	m := d.current()
+	m := a.core.current()
 	if err := checkVector("x", req.X, m.Inputs()); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -346,54 +476,38 @@ func (d *Daemon) handleExplain(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	select { // bounded concurrency: generation is CPU-heavy
-	case d.genSlots <- struct{}{}:
-		defer func() { <-d.genSlots }()
-	default:
-		writeError(w, http.StatusTooManyRequests, "explain: too many generations running; retry later")
+	release, err := a.exp.acquire()
+	if err != nil {
+		retryLater(w, http.StatusTooManyRequests, explainRetryAfter, err.Error())
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), d.cfg.Explain.Timeout)
+	defer release()
+	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.explainTimeout)
 	defer cancel()
-	d.wantOnce.Do(func() { close(d.wantVAE) })
-	select { // the VAE is trained on the first explanation request, then kept in state_dir/vae
-	case <-d.vaeReady:
-	case <-ctx.Done():
-		writeError(w, http.StatusServiceUnavailable, "explain: the VAE is still being trained; retry shortly")
-		return
-	}
-	gen := d.generator(m, method)
-	res, err := gen.Generate(ctx, req.X, t)
+	res, err := a.exp.generate(ctx, m, req.X, t, method)
 	if err != nil {
 		var nf *explain.NotFoundError
 		switch {
+		case errors.Is(err, errVAEPending):
+			retryLater(w, http.StatusServiceUnavailable, explainRetryAfter, err.Error())
 		case errors.Is(err, explain.ErrInvalidInput):
 			writeError(w, http.StatusBadRequest, err.Error())
 		case errors.As(err, &nf):
 			writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"error": err.Error(), "reason": nf.Reason, "best_attempt": nf.Best})
 		case errors.Is(err, context.DeadlineExceeded):
-			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("explain: no counterfactual within explain.timeout %v", d.cfg.Explain.Timeout))
+			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("explain: no counterfactual within explain.timeout %v", a.cfg.explainTimeout))
 		default:
 			writeError(w, http.StatusInternalServerError, err.Error())
 		}
 		return
 	}
-	ce, code, err := d.register(r.Context(), req.ID, req.X, res.XCF, target{set: true, index: res.Target})
+	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
 	if err != nil {
-		writeJSON(w, code, map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
+		writeJSON(w, registerStatus(err), map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"counterfactual": ce, "generation": res})
 }
 
-// generator returns a Generator for the current posterior (one per method, rebuilt after updates).
-func (d *Daemon) generator(m *bnn.Model, method explain.Method) *explain.Generator {
-	d.genMu.Lock()
-	defer d.genMu.Unlock()
-	if d.gen == nil || d.gen.Config().Method != method || d.genVersion != m.Version {
-		cfg := explain.DefaultConfig(method)
-		cfg.MaxIter, cfg.Delta, cfg.Eps, cfg.Seed = d.cfg.Explain.MaxIterations, d.cfg.Certify.Delta, d.cfg.Certify.Epsilon, m.Version
-		d.gen, d.genVersion = explain.NewGenerator(m, d.vae, cfg), m.Version
-	}
-	return d.gen
-}
+// etagOf is a strong ETag for a body: its SHA-256 in hex, quoted.
+func etagOf(sum string) string { return `"` + sum + `"` }

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -9,7 +11,68 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// auditSchedule runs full audits on audit.schedule until ctx ends.
+// auditStatus is GET /v1/audit: the running audit, if any, and the last one that finished.
+type auditStatus struct {
+	Running      bool                `json:"running"`
+	Trigger      string              `json:"trigger,omitempty"` // "schedule" or "api"
+	StartedAt    *time.Time          `json:"started_at,omitempty"`
+	Last         *ledger.AuditReport `json:"last,omitempty"`
+	LastError    string              `json:"last_error,omitempty"`
+	LastFinished *time.Time          `json:"last_finished,omitempty"`
+}
+
+// auditBusyError: an audit is already running; only one runs at a time.
+type auditBusyError struct {
+	trigger   string
+	started   time.Time
+	remaining time.Duration // a guess for Retry-After: as long as the last audit took
+}
+
+func (e *auditBusyError) Error() string {
+	return fmt.Sprintf("an audit (%s) has been running since %s; one audit runs at a time", e.trigger, e.started.Format(time.RFC3339))
+}
+
+// auditor lets one audit run at a time and remembers the last result.
+type auditor struct {
+	mu       sync.Mutex
+	st       auditStatus
+	lastTook time.Duration
+}
+
+// begin marks an audit as running, or says which one already is.
+func (a *auditor) begin(trigger string, now time.Time) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.st.Running {
+		return &auditBusyError{trigger: a.st.Trigger, started: *a.st.StartedAt, remaining: max(time.Second, a.lastTook-now.Sub(*a.st.StartedAt))}
+	}
+	a.st.Running, a.st.Trigger, a.st.StartedAt = true, trigger, &now
+	return nil
+}
+
+func (a *auditor) end(rep ledger.AuditReport, err error, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lastTook = now.Sub(*a.st.StartedAt)
+	a.st.Running, a.st.Trigger, a.st.StartedAt = false, "", nil
+	a.st.LastFinished, a.st.LastError = &now, ""
+	if err != nil {
+		a.st.LastError = err.Error()
+		return
+	}
+	a.st.Last = &rep
+}
+
+func (a *auditor) status() auditStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.st
+}
+
+func (d *Daemon) auditStatus() auditStatus { return d.audits.status() }
+
+// auditSchedule runs full audits on audit.schedule until ctx ends. A scheduled audit that finds
+// another one running is skipped (and logged).
 func (d *Daemon) auditSchedule(ctx context.Context) error {
 	if d.cfg.Audit.Schedule == "" {
 		<-ctx.Done()
@@ -17,8 +80,8 @@ func (d *Daemon) auditSchedule(ctx context.Context) error {
 	}
 	c := cron.New(cron.WithParser(cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)))
 	if _, err := c.AddFunc(d.cfg.Audit.Schedule, func() {
-		if _, err := d.audit(ctx); err != nil && ctx.Err() == nil {
-			d.log.Error("scheduled audit failed", "err", err)
+		if _, err := d.runAudit(ctx, "schedule"); err != nil && ctx.Err() == nil {
+			d.log.Error("scheduled audit not run or failed", "err", err)
 		}
 	}); err != nil {
 		return err
@@ -29,9 +92,23 @@ func (d *Daemon) auditSchedule(ctx context.Context) error {
 	return nil
 }
 
-// audit re-evaluates every stored CE by Monte-Carlo under the current posterior and re-anchors
-// the ones that are in the <delta, epsilon>-set there.
+// audit is POST /v1/audit.
 func (d *Daemon) audit(ctx context.Context) (ledger.AuditReport, error) {
+	return d.runAudit(ctx, "api")
+}
+
+// runAudit re-evaluates every stored CE by Monte-Carlo under the current posterior and
+// re-anchors the ones that are in the <delta, epsilon>-set there. One audit runs at a time.
+func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditReport, error) {
+	if err := d.audits.begin(trigger, time.Now()); err != nil {
+		return ledger.AuditReport{}, err
+	}
+	rep, err := d.auditOnce(ctx)
+	d.audits.end(rep, err, time.Now())
+	return rep, err
+}
+
+func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := d.current()
@@ -42,7 +119,9 @@ func (d *Daemon) audit(ctx context.Context) (ledger.AuditReport, error) {
 		return rep, err
 	}
 	d.own.audits.Inc()
-	d.refreshGauges()
+	if err := d.refreshGauges(); err != nil {
+		d.log.Error("refreshing gauges after an audit", "err", err)
+	}
 	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "took", time.Since(start).Round(time.Millisecond))
 	d.publish(ctx, append(changeEvents(changes), event{Type: "audit_completed", PosteriorVersion: m.Version, Counts: countsByName(rep.Counts)}))
 	return rep, nil

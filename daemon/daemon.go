@@ -15,13 +15,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -47,7 +47,7 @@ type Daemon struct {
 	conn    stream.ConnConfig
 	pub     *stream.Publisher
 	policy  certify.Policy
-	budget  float64 // KL budget of one step, (0.5 - delta)^2 / 2
+	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
 	httpAddr   net.Addr
 	brokerAddr []string
@@ -58,14 +58,9 @@ type Daemon struct {
 	cur *bnn.Model // guarded by mu for writes; read with current()
 	rmu sync.RWMutex
 
-	vae        *explain.VAE // nil until vaeReady is closed (and stays nil without training data)
-	vaeReady   chan struct{}
-	wantVAE    chan struct{} // closed (once) by the first explanation request
-	wantOnce   sync.Once
-	genMu      sync.Mutex
-	gen        *explain.Generator // for genVersion; rebuilt lazily after an update
-	genVersion uint64
-	genSlots   chan struct{}
+	exp    *explainer
+	audits auditor
+	files  posteriorCache
 
 	ready chan struct{} // closed once the consumer runs
 }
@@ -86,9 +81,6 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 	d.rmu.Lock()
 	d.cur = m
 	d.rmu.Unlock()
-	d.genMu.Lock()
-	d.gen = nil // the generator samples the posterior; rebuild for the new one
-	d.genMu.Unlock()
 }
 
 // Run starts the daemon and blocks until ctx is cancelled or a component fails. Resources are
@@ -114,18 +106,21 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
-		policy:   certify.Policy{Mode: mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
-		genSlots: make(chan struct{}, cfg.Explain.Concurrency), ready: make(chan struct{}), vaeReady: make(chan struct{}), wantVAE: make(chan struct{})}
+		policy: certify.Policy{Mode: mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
+		ready:  make(chan struct{})}
 	d.metrics.SetKLBudget(d.budget)
+	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
+		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
+		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))
 
-	// life outlives the components: the broker and the publisher stop in cleanup, after every
+	// life outlives the components: the broker and the publisher stop in teardown, after every
 	// component has returned, so the consumer never reads from a broker that is going away.
 	life, stopLife := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLife()
-	var cleanup []func()
+	td := teardown{log: log}
 	defer func() {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
+		if terr := td.run(); terr != nil {
+			err = errors.Join(err, terr)
 		}
 	}()
 
@@ -136,7 +131,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	cleanup = append(cleanup, func() { d.ledger.Close() })
+	td.add("ledger", d.ledger.Close)
 
 	if err := d.bootstrapModel(ctx); err != nil {
 		return err
@@ -158,7 +153,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}
-		cleanup = append(cleanup, b.Close)
+		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		log.Info("embedded Kafka-protocol broker started", "addrs", b.Addrs(), "topic", cfg.Kafka.Topic)
 	}
@@ -168,14 +163,18 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	cleanup = append(cleanup, func() { d.pub.Close() })
+	td.add("event publisher", d.pub.Close)
 
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
 	}
 	d.httpAddr = ln.Addr()
-	srv := &http.Server{Handler: d.routes(), ReadHeaderTimeout: 10 * time.Second}
+	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
+		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
+		mode: cfg.Certify.Mode, onBreach: cfg.Certify.OnBreach},
+		state: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
+	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}
 
 	if err := d.refreshGauges(); err != nil {
 		return err
@@ -184,27 +183,44 @@ func Run(ctx context.Context, opts Options) (err error) {
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
 	g.Go("http", func(ctx context.Context) error {
+		stopped := make(chan error, 1)
 		go func() {
 			<-ctx.Done()
 			sctx, c := context.WithTimeout(context.Background(), cfg.HTTP.ShutdownTimeout)
 			defer c()
-			srv.Shutdown(sctx)
+			stopped <- srv.Shutdown(sctx)
 		}()
 		log.Info("HTTP API listening", "addr", d.httpAddr.String())
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
+		if err := <-stopped; err != nil {
+			return fmt.Errorf("draining within http.shutdown_timeout %v: %w", cfg.HTTP.ShutdownTimeout, err)
+		}
 		return nil
 	})
 	g.Go("ingest", d.ingest)
 	g.Go("audit", d.auditSchedule)
-	g.Go("vae", d.provideVAE)
+	g.Go("explain", d.exp.run)
 	if opts.Ready != nil {
 		opts.Ready <- d
 	}
 	// Shutdown: the HTTP server drains for http.shutdown_timeout; an increment in flight is
 	// abandoned (not checkpointed, not committed: the restart redoes it) or finished.
 	return g.Wait(cfg.HTTP.ShutdownTimeout + 5*time.Second)
+}
+
+// readiness is /readyz: the consumer runs and the broker answers.
+func (d *Daemon) readiness(ctx context.Context) error {
+	select {
+	case <-d.ready:
+	default:
+		return errors.New("starting")
+	}
+	if err := stream.Ping(ctx, d.conn, d.cfg.Kafka.Topic); err != nil {
+		return fmt.Errorf("broker unreachable: %w", err)
+	}
+	return nil
 }
 
 func alphaOr(a float64) float64 {

@@ -385,8 +385,8 @@ func TestAPIRejectsBadRequests(t *testing.T) {
 		{"not a counterfactual", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"x": x, "x_cf": x, "target": data.Y[0]}, 422},
 		{"explain wrong dimension", "POST", "/v1/explain", "t0ken", map[string]any{"x": x[:3]}, 400},
 		{"explain unknown target", "POST", "/v1/explain", "t0ken", map[string]any{"x": x, "target": "alien"}, 400},
-		{"list bad status", "GET", "/v1/counterfactuals?status=nope", "", nil, 400},
-		{"missing", "GET", "/v1/counterfactuals/none", "", nil, 404},
+		{"list bad status", "GET", "/v1/counterfactuals?status=nope", "t0ken", nil, 400},
+		{"missing", "GET", "/v1/counterfactuals/none", "t0ken", nil, 404},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

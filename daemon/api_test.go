@@ -1,0 +1,263 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// rawDo sends a request with a raw body and headers and returns the response with its body read.
+func (r *running) rawDo(t *testing.T, method, path, body string, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, r.base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// TestTokenGuardsEveryV1Endpoint: with http.token set, reads of stored CEs (applicants'
+// features) need it too; health and readiness stay open; /metrics needs its own token when set.
+func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token, c.HTTP.MetricsToken = "t0ken", "m3trics" })
+	for _, p := range []string{"/v1/counterfactuals?status=certified", "/v1/counterfactuals/x", "/v1/model",
+		"/v1/model/posterior", "/v1/model/posterior/sidecar", "/v1/audit"} {
+		resp, _ := r.rawDo(t, "GET", p, "", nil)
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("GET %s without a token: %d, want 401 with WWW-Authenticate", p, resp.StatusCode)
+		}
+		resp, _ = r.rawDo(t, "GET", p, "", map[string]string{"Authorization": "Bearer m3trics"})
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET %s with the metrics token: %d, want 401", p, resp.StatusCode)
+		}
+	}
+	for _, p := range []string{"/v1/predict", "/v1/counterfactuals", "/v1/explain", "/v1/audit"} {
+		if resp, _ := r.rawDo(t, "POST", p, "{}", nil); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("POST %s without a token: %d, want 401", p, resp.StatusCode)
+		}
+	}
+	if resp, _ := r.rawDo(t, "GET", "/v1/model", "", map[string]string{"Authorization": "Bearer t0ken"}); resp.StatusCode != 200 {
+		t.Errorf("GET /v1/model with the token: %d", resp.StatusCode)
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if code, _ := r.get(t, p); code != 200 {
+			t.Errorf("GET %s: %d, want 200 without a token", p, code)
+		}
+	}
+	if code, _ := r.get(t, "/metrics"); code != http.StatusUnauthorized {
+		t.Errorf("GET /metrics without the metrics token: %d, want 401", code)
+	}
+	resp, body := r.rawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer m3trics"})
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("cfguard_posterior_version")) {
+		t.Errorf("GET /metrics with its token: %d", resp.StatusCode)
+	}
+}
+
+func TestJSONBodiesAreStrict(t *testing.T) {
+	r := startDaemon(t, nil)
+	x, _ := json.Marshal(bundled(t).X[0])
+	for name, body := range map[string]string{
+		"trailing object": `{"x":` + string(x) + `}{"x":` + string(x) + `}`,
+		"trailing junk":   `{"x":` + string(x) + `} trailing`,
+		"unknown field":   `{"x":` + string(x) + `,"z":1}`,
+		"both x and xs":   `{"x":` + string(x) + `,"xs":[` + string(x) + `]}`,
+		"neither":         `{}`,
+	} {
+		resp, b := r.rawDo(t, "POST", "/v1/predict", body, nil)
+		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(`"error"`)) {
+			t.Errorf("%s: %d %s, want 400 with an error", name, resp.StatusCode, b)
+		}
+	}
+	// Whitespace after the value is not trailing data.
+	if resp, b := r.rawDo(t, "POST", "/v1/predict", `{"x":`+string(x)+"}\n\n", nil); resp.StatusCode != 200 {
+		t.Errorf("a body ending in newlines: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestPosteriorEndpointServesTheCertifiedPosterior: GET /v1/model/posterior and its sidecar are
+// the current posterior in model.path's format, bit for bit, with the version and an ETag that
+// If-None-Match honours; after an update both change together.
+func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
+	r := startDaemon(t, nil)
+	fetch := func(path, etag string) (*http.Response, []byte) {
+		h := map[string]string{}
+		if etag != "" {
+			h["If-None-Match"] = etag
+		}
+		return r.rawDo(t, "GET", path, "", h)
+	}
+	resp, weights := fetch("/v1/model/posterior", "")
+	sresp, sidecar := fetch("/v1/model/posterior/sidecar", "")
+	if resp.StatusCode != 200 || sresp.StatusCode != 200 {
+		t.Fatalf("posterior %d, sidecar %d", resp.StatusCode, sresp.StatusCode)
+	}
+	m, err := bnn.Decode(sidecar, weights)
+	if err != nil {
+		t.Fatalf("the served files do not load as a model directory would: %v", err)
+	}
+	cur := r.d.current()
+	wantSide, wantW, err := bnn.Encode(cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(weights, wantW) || !bytes.Equal(sidecar, wantSide) || m.Version != cur.Version {
+		t.Fatal("served posterior differs from the current one")
+	}
+	sum := sha256.Sum256(weights)
+	if got := resp.Header.Get(headerWeightsSHA256); got != hex.EncodeToString(sum[:]) || sresp.Header.Get(headerWeightsSHA256) != got {
+		t.Fatalf("weights sha256 header %q", got)
+	}
+	if v := resp.Header.Get(headerPosteriorVersion); v != strconv.FormatUint(cur.Version, 10) {
+		t.Fatalf("version header %q, want %d", v, cur.Version)
+	}
+	etag := resp.Header.Get("ETag")
+	if r2, b := fetch("/v1/model/posterior", etag); r2.StatusCode != http.StatusNotModified || len(b) != 0 {
+		t.Fatalf("If-None-Match with the current ETag: %d (%d bytes), want 304", r2.StatusCode, len(b))
+	}
+	// An update makes a new version; the old ETag no longer matches.
+	data := bundled(t)
+	var recs [][]byte
+	for i := 0; i < 32; i++ {
+		recs = append(recs, record("u"+strconv.Itoa(i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, recs...)
+	waitFor(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > cur.Version })
+	r3, b3 := fetch("/v1/model/posterior", etag)
+	if r3.StatusCode != 200 || bytes.Equal(b3, weights) || r3.Header.Get(headerPosteriorVersion) == strconv.FormatUint(cur.Version, 10) {
+		t.Fatalf("after an update: %d, same bytes %v, version %s", r3.StatusCode, bytes.Equal(b3, weights), r3.Header.Get(headerPosteriorVersion))
+	}
+}
+
+func TestPredictEndpoint(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"xs": data.X[:20]})
+	if code != 200 {
+		t.Fatalf("predict: %d %s", code, body)
+	}
+	var resp struct {
+		PosteriorVersion uint64 `json:"posterior_version"`
+		Samples          int
+		Predictions      []prediction
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatal(err)
+	}
+	m := r.d.current()
+	want, err := m.Predict(data.X[:20], r.d.cfg.Certify.Samples, m.Version^0x9ed1c7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.PosteriorVersion != m.Version || resp.Samples != r.d.cfg.Certify.Samples || len(resp.Predictions) != 20 {
+		t.Fatalf("predict response %+v", resp)
+	}
+	agree := 0
+	for i, p := range resp.Predictions {
+		if p.Index != want.Argmax(i) || p.Class != m.Classes[p.Index] || p.P[p.Index] != want.P(i, p.Index) || p.Var[p.Index] != want.V(i, p.Index) {
+			t.Fatalf("prediction %d: %+v, want class %d p %v", i, p, want.Argmax(i), want.P(i, want.Argmax(i)))
+		}
+		if p.Index == data.Y[i] {
+			agree++
+		}
+	}
+	if agree < 16 {
+		t.Fatalf("the posterior predicts only %d of 20 training labels", agree)
+	}
+	code, body = r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]})
+	if code != 200 || !bytes.Contains(body, []byte(`"prediction":{`)) {
+		t.Fatalf("single predict: %d %s", code, body)
+	}
+}
+
+func TestExplainBusyAnswers429WithRetryAfter(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Explain.Concurrency = 1 })
+	release, err := r.d.exp.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	x, _ := json.Marshal(bundled(t).X[0])
+	resp, body := r.rawDo(t, "POST", "/v1/explain", `{"x":`+string(x)+`}`, nil)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("explain with every slot taken: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}
+
+// fakeCore answers the API with canned results, to test its status mapping in isolation.
+type fakeCore struct {
+	m        *bnn.Model
+	auditErr error
+}
+
+func (f *fakeCore) current() *bnn.Model                      { return f.m }
+func (f *fakeCore) posteriorFiles() (*posteriorFiles, error) { return encodePosterior(f.m) }
+func (f *fakeCore) forget(string) error                      { return ledger.ErrNotFound }
+func (f *fakeCore) auditStatus() auditStatus                 { return auditStatus{} }
+func (f *fakeCore) readiness(context.Context) error          { return nil }
+func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
+	return ledger.AuditReport{}, f.auditErr
+}
+func (f *fakeCore) register(context.Context, registration) (*ledger.CE, error) {
+	return nil, ledger.ErrExists
+}
+func (f *fakeCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	return m.Predict(xs, 2, 1)
+}
+
+func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
+	var a auditor
+	t0 := time.Now()
+	if err := a.begin("schedule", t0); err != nil {
+		t.Fatal(err)
+	}
+	err := a.begin("api", t0.Add(time.Second))
+	var busy *auditBusyError
+	if !errors.As(err, &busy) || busy.trigger != "schedule" {
+		t.Fatalf("second audit: %v, want auditBusyError naming the scheduled one", err)
+	}
+	if st := a.status(); !st.Running || st.Trigger != "schedule" {
+		t.Fatalf("status %+v", st)
+	}
+	a.end(ledger.AuditReport{Evaluated: 3}, nil, t0.Add(4*time.Second))
+	if st := a.status(); st.Running || st.Last == nil || st.Last.Evaluated != 3 {
+		t.Fatalf("status after end %+v", st)
+	}
+	if err := a.begin("api", t0.Add(5*time.Second)); err != nil {
+		t.Fatalf("an audit after the last ended: %v", err)
+	}
+	// The API maps the busy error to 409 with Retry-After.
+	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	api := &api{cfg: apiConfig{maxBodyBytes: 1 << 20}, metrics: http.NotFoundHandler(), core: &fakeCore{m: m, auditErr: &auditBusyError{trigger: "schedule", started: t0, remaining: 2500 * time.Millisecond}}}
+	rec := httptest.NewRecorder()
+	api.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/audit", nil))
+	if rec.Code != http.StatusConflict || rec.Header().Get("Retry-After") != "3" {
+		t.Fatalf("busy audit: %d Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}

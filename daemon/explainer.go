@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/explain"
+)
+
+// errBusy: every generation slot is taken; the client should retry later.
+var errBusy = errors.New("explain: too many generations running; retry later")
+
+// errVAEPending: the VAE is still being trained for the first explanation.
+var errVAEPending = errors.New("explain: the VAE is still being trained; retry shortly")
+
+// explainer generates counterfactuals for /v1/explain. It owns the VAE's lifecycle (loaded from
+// <state_dir>/vae, or trained when the first explanation asks for it and saved there), one
+// Generator for the current (method, posterior version), and the slots that bound concurrent
+// generations (explain.concurrency).
+type explainer struct {
+	dir       string // <state_dir>/vae
+	dataset   string // bundled data set the VAE is trained on
+	seed      uint64
+	maxIter   int
+	delta     float64
+	epsilon   float64
+	log       *slog.Logger
+	posterior func() *bnn.Model
+
+	slots    chan struct{}
+	want     chan struct{} // closed (once) by the first explanation request
+	wantOnce sync.Once
+	ready    chan struct{} // closed once vae is set (it stays nil without training data)
+	vae      *explain.VAE
+
+	mu     sync.Mutex
+	gen    *explain.Generator
+	genFor uint64 // posterior version gen samples
+}
+
+type explainerConfig struct {
+	stateDir, dataset string
+	seed              uint64
+	maxIterations     int
+	concurrency       int
+	delta, epsilon    float64
+}
+
+func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
+	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
+		delta: c.delta, epsilon: c.epsilon, log: log, posterior: posterior,
+		slots: make(chan struct{}, c.concurrency), want: make(chan struct{}), ready: make(chan struct{})}
+}
+
+// run is the component that makes the VAE available without delaying start-up: a saved VAE is
+// loaded at once; otherwise it is trained (seconds of CPU) when the first explanation asks for
+// it, then saved.
+func (e *explainer) run(ctx context.Context) error {
+	if _, err := os.Stat(e.dir); err != nil {
+		select {
+		case <-e.want:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	if err := e.loadOrTrain(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	close(e.ready)
+	<-ctx.Done()
+	return nil
+}
+
+// loadOrTrain provides the VAE that PSCE's plausibility term needs: <state_dir>/vae if present,
+// else trained on the bundled data set (in the model's standardised space) and saved. Without
+// training data (a user model and no bundled set of its dimension), generation runs without it.
+func (e *explainer) loadOrTrain(ctx context.Context) error {
+	if _, err := os.Stat(e.dir); err == nil {
+		v, err := explain.LoadVAE(e.dir)
+		if err != nil {
+			return fmt.Errorf("%s: %w", e.dir, err)
+		}
+		e.vae = v
+		return nil
+	}
+	m := e.posterior()
+	set, _, err := assets.Load(e.dataset)
+	if err != nil || len(set.Features) != m.Inputs() {
+		e.log.Warn("no training data for the VAE: /v1/explain runs PSCE without its plausibility term", "dataset", e.dataset)
+		return nil
+	}
+	e.log.Info("training the VAE for PSCE (first explanation)", "rows", set.Len())
+	v, _, err := explain.TrainVAE(ctx, m, set.X, explain.TrainConfig{Seed: e.seed})
+	if err != nil {
+		return fmt.Errorf("training the VAE: %w", err)
+	}
+	if err := explain.SaveVAE(e.dir, v); err != nil {
+		return err
+	}
+	e.vae = v
+	return nil
+}
+
+// acquire takes a generation slot without waiting; release gives it back.
+func (e *explainer) acquire() (release func(), err error) {
+	select {
+	case e.slots <- struct{}{}:
+		return func() { <-e.slots }, nil
+	default:
+		return nil, errBusy
+	}
+}
+
+// generate runs one generation for x under posterior m (the caller holds a slot). target < 0
+// picks the other class.
+func (e *explainer) generate(ctx context.Context, m *bnn.Model, x []float64, target int, method explain.Method) (*explain.Result, error) {
+	e.wantOnce.Do(func() { close(e.want) })
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		return nil, errVAEPending
+	}
+	return e.generator(m, method).Generate(ctx, x, target)
+}
+
+// generator returns the Generator for (m's version, method), rebuilt when either changes (a
+// Generator samples its posterior once).
+func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Generator {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
+		cfg := explain.DefaultConfig(method)
+		cfg.MaxIter, cfg.Delta, cfg.Eps, cfg.Seed = e.maxIter, e.delta, e.epsilon, m.Version
+		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
+	}
+	return e.gen
+}

@@ -1,0 +1,63 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"sync"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// posteriorFiles are the two files of one posterior version in the format model.path reads
+// (bnn.Encode): the JSON sidecar and the safetensors weights, with their ETags.
+type posteriorFiles struct {
+	version                  uint64
+	sidecar, weights         []byte
+	weightsSHA256            string
+	sidecarETag, weightsETag string
+}
+
+func encodePosterior(m *bnn.Model) (*posteriorFiles, error) {
+	sidecar, weights, err := bnn.Encode(m)
+	if err != nil {
+		return nil, err
+	}
+	ws, ss := sha256.Sum256(weights), sha256.Sum256(sidecar)
+	w := hex.EncodeToString(ws[:])
+	return &posteriorFiles{version: m.Version, sidecar: sidecar, weights: weights, weightsSHA256: w,
+		weightsETag: etagOf(w), sidecarETag: etagOf(hex.EncodeToString(ss[:]))}, nil
+}
+
+// posteriorCache keeps the encoded files of the latest posterior asked for: versions are unique
+// per posterior, so a version names its bytes.
+type posteriorCache struct {
+	mu sync.Mutex
+	pf *posteriorFiles
+}
+
+func (c *posteriorCache) get(m *bnn.Model) (*posteriorFiles, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pf != nil && c.pf.version == m.Version {
+		return c.pf, nil
+	}
+	pf, err := encodePosterior(m)
+	if err != nil {
+		return nil, err
+	}
+	c.pf = pf
+	return pf, nil
+}
+
+// posteriorFiles returns the current posterior's files.
+func (d *Daemon) posteriorFiles() (*posteriorFiles, error) { return d.files.get(d.current()) }
+
+// predict estimates the predictive of xs under m with certify.samples draws, seeded by the
+// posterior version, so equal requests under one version get equal answers.
+func (d *Daemon) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return m.Predict(xs, d.cfg.Certify.Samples, m.Version^0x9ed1c7)
+}
