@@ -63,6 +63,10 @@ type Model struct {
 	Dataset string `yaml:"dataset"` // Default: breast_cancer (bundled).
 	Seed    uint64 `yaml:"seed"`    // Default: 1.
 	Epochs  int    `yaml:"epochs"`  // Default: 0 = the trainer's default.
+	// ExportDir receives each promoted posterior in the format Path reads (model.safetensors +
+	// model.json, each written atomically), for a model server on a shared volume. It is an
+	// export of the ledger's posterior, never read back. Default: empty = <state_dir>/export.
+	ExportDir string `yaml:"export_dir"`
 }
 
 // Kafka configures the input stream, dead letters and events.
@@ -280,6 +284,14 @@ func checkSchedule(spec string) error {
 	}
 	_, err := cron.ParseStandard(spec)
 	return err
+}
+
+// ExportDir is model.export_dir, or <state_dir>/export when it is empty.
+func (c *Config) ExportDir() string {
+	if c.Model.ExportDir != "" {
+		return c.Model.ExportDir
+	}
+	return filepath.Join(c.StateDir, "export")
 }
 
 // Embedded reports whether the daemon should start its own broker.

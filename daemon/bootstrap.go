@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/cfguard/cfguard/assets"
@@ -13,9 +14,10 @@ import (
 
 // bootstrapModel sets the current posterior: the ledger's when it has one (a restart), else the
 // model directory model.path, else a model trained on the bundled data set model.dataset. A new
-// posterior is checkpointed before anything else happens, and also written to
-// <state_dir>/model for inspection with `cfguard kl`.
+// posterior is checkpointed before anything else happens. The ledger is the only source of
+// truth for the posterior; model.export_dir holds a copy of it (see exporter).
 func (d *Daemon) bootstrapModel(ctx context.Context) error {
+	d.noteLegacyModelDir()
 	m, err := d.ledger.Current()
 	switch {
 	case err == nil:
@@ -47,9 +49,17 @@ func (d *Daemon) bootstrapModel(ctx context.Context) error {
 	if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
 		return err
 	}
-	if err := bnn.Save(filepath.Join(d.cfg.StateDir, "model"), m); err != nil {
-		return err
-	}
 	d.setCurrent(m)
 	return nil
+}
+
+// noteLegacyModelDir: releases before the export wrote the first posterior to <state_dir>/model
+// and never updated it. It is not read and not deleted (it is the operator's); say so once.
+func (d *Daemon) noteLegacyModelDir() {
+	dir := filepath.Join(d.cfg.StateDir, "model")
+	if _, err := os.Stat(filepath.Join(dir, bnn.SidecarFile)); err == nil && dir != d.cfg.ExportDir() {
+		d.log.Warn("state_dir/model is a stale copy of the first posterior from an older release and is not used: "+
+			"the ledger holds the posterior and model.export_dir receives each promoted one; remove the directory when convenient",
+			"dir", dir, "export_dir", d.cfg.ExportDir())
+	}
 }

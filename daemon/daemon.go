@@ -61,6 +61,7 @@ type Daemon struct {
 	exp    *explainer
 	audits auditor
 	files  posteriorCache
+	export *exporter
 
 	ready chan struct{} // closed once the consumer runs
 }
@@ -136,6 +137,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := d.bootstrapModel(ctx); err != nil {
 		return err
 	}
+	d.export = newExporter(cfg.ExportDir(), &d.files, d.current, log.With("component", "export"), d.own)
 
 	tlsCfg, err := clientTLS(cfg.Kafka.TLS)
 	if err != nil {
@@ -202,6 +204,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("ingest", d.ingest)
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
+	g.Go("export", d.export.run)
 	if opts.Ready != nil {
 		opts.Ready <- d
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,7 +32,26 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// logBuffer keeps what a daemon logged, for tests that check a message.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 type running struct {
+	logs   *logBuffer
 	d      *Daemon
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
@@ -58,9 +78,10 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	reg := prometheus.NewRegistry()
 	ready := make(chan *Daemon, 1)
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logs := &logBuffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: reg, Ready: ready}) }()
-	r := &running{reg: reg, cancel: cancel, done: done}
+	r := &running{reg: reg, cancel: cancel, done: done, logs: logs}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -82,6 +103,21 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	r.base = "http://" + r.d.HTTPAddr()
 	waitFor(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
+}
+
+// stop stops the daemon and waits for it, failing the test if it returns an error.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("daemon stopped with %v", err)
+		}
+		r.done <- nil // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not stop within 30 s")
+	}
 }
 
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {

@@ -182,6 +182,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		return err
 	}
 	d.setCurrent(next)
+	d.export.changed()
 	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
 	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
 	d.observeReport(rep)

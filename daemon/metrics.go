@@ -9,6 +9,9 @@ import (
 type daemonMetrics struct {
 	events *prometheus.CounterVec // cfguard_events_total{result="published"|"failed"}
 	audits prometheus.Counter     // cfguard_audits_total
+
+	exportVersion prometheus.Gauge   // cfguard_export_posterior_version
+	exportErrors  prometheus.Counter // cfguard_export_errors_total
 }
 
 func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
@@ -17,6 +20,10 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_events_total",
 			Help: "Events sent to the events topic, by result (published, failed)."}, []string{"result"}),
 		audits: f.NewCounter(prometheus.CounterOpts{Name: "cfguard_audits_total", Help: "Full audits completed."}),
+		exportVersion: f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_export_posterior_version",
+			Help: "Posterior version last written to model.export_dir."}),
+		exportErrors: f.NewCounter(prometheus.CounterOpts{Name: "cfguard_export_errors_total",
+			Help: "Failed writes of the posterior export (retried)."}),
 	}
 	m.events.WithLabelValues("published")
 	m.events.WithLabelValues("failed")

@@ -1,0 +1,125 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/atomicfile"
+)
+
+// exporter writes the current posterior to model.export_dir (default <state_dir>/export) in the
+// format model.path reads, for a model server on a shared volume. The ledger is the source of
+// truth; the export is a copy of it that is never read back. Each file is written atomically
+// (temp file, fsync, rename, directory fsync), the weights first and the sidecar, which carries
+// their SHA-256, last: a reader sees the old pair, the new pair, or a pair whose checksum
+// disagrees (and retries), never a silently mixed model.
+//
+// It runs beside ingestion and coalesces: after a burst of updates it writes the latest
+// posterior once. At start it checks what the directory holds and rewrites a missing, damaged
+// or stale export, saying so in the log.
+type exporter struct {
+	dir     string
+	files   *posteriorCache
+	current func() *bnn.Model
+	log     *slog.Logger
+	kick    chan struct{} // capacity 1: "the posterior changed"
+
+	version prometheus.Gauge   // cfguard_export_posterior_version
+	errors  prometheus.Counter // cfguard_export_errors_total
+	written uint64             // version last written (run's goroutine only)
+}
+
+func newExporter(dir string, files *posteriorCache, current func() *bnn.Model, log *slog.Logger, m *daemonMetrics) *exporter {
+	return &exporter{dir: dir, files: files, current: current, log: log, kick: make(chan struct{}, 1),
+		version: m.exportVersion, errors: m.exportErrors}
+}
+
+// changed tells the exporter that the posterior changed; it never blocks.
+func (e *exporter) changed() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the component. A failed write is logged and counted, and retried at the next change or
+// after exportRetry: the export is a convenience, never a reason to stop certifying.
+func (e *exporter) run(ctx context.Context) error {
+	e.verify()
+	retry := time.NewTicker(exportRetry)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.kick:
+		case <-retry.C:
+		}
+		if e.written == e.current().Version {
+			continue
+		}
+		e.write("posterior promoted")
+	}
+}
+
+// exportRetry is how often a failed export is tried again without a new posterior.
+const exportRetry = 30 * time.Second
+
+func (e *exporter) write(why string) {
+	m := e.current()
+	pf, err := e.files.get(m)
+	if err == nil {
+		err = atomicfile.WriteFiles(e.dir, atomicfile.File{Name: bnn.WeightsFile, Data: pf.weights}, atomicfile.File{Name: bnn.SidecarFile, Data: pf.sidecar})
+	}
+	if err != nil {
+		e.errors.Inc()
+		e.log.Error("writing the posterior export failed; will retry", "dir", e.dir, "posterior_version", m.Version, "err", err)
+		return
+	}
+	e.written = m.Version
+	e.version.Set(float64(m.Version))
+	e.log.Debug("posterior exported", "dir", e.dir, "posterior_version", m.Version, "why", why)
+}
+
+// verify compares the export directory with the current posterior at start and rewrites it when
+// it is missing, damaged or stale, logging which.
+func (e *exporter) verify() {
+	m := e.current()
+	pf, err := e.files.get(m)
+	if err != nil {
+		e.errors.Inc()
+		e.log.Error("encoding the posterior for export", "err", err)
+		return
+	}
+	side, serr := os.ReadFile(filepath.Join(e.dir, bnn.SidecarFile))
+	w, werr := os.ReadFile(filepath.Join(e.dir, bnn.WeightsFile))
+	switch {
+	case errors.Is(serr, fs.ErrNotExist) && errors.Is(werr, fs.ErrNotExist):
+		e.write("first export")
+		return
+	case serr == nil && werr == nil && bytes.Equal(side, pf.sidecar) && bytes.Equal(w, pf.weights):
+		e.written = m.Version
+		e.version.Set(float64(m.Version))
+		return
+	}
+	why := "stale (an older posterior)"
+	if serr != nil || werr != nil {
+		why = fmt.Sprintf("unreadable (%v)", errors.Join(serr, werr))
+	} else if old, err := bnn.Decode(side, w); err != nil {
+		why = fmt.Sprintf("damaged (%v)", err)
+	} else if old.Version == m.Version {
+		why = "different from the ledger's posterior of the same version"
+	}
+	e.log.Warn("the posterior export was "+why+"; rewriting it from the ledger, which is the source of truth", "dir", e.dir, "posterior_version", m.Version)
+	e.write("repair")
+}

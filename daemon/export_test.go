@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+)
+
+// exportMatches reports whether dir holds exactly the files of the daemon's current posterior.
+func exportMatches(t *testing.T, r *running, dir string) bool {
+	t.Helper()
+	side, err1 := os.ReadFile(filepath.Join(dir, bnn.SidecarFile))
+	w, err2 := os.ReadFile(filepath.Join(dir, bnn.WeightsFile))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	pf, err := r.d.posteriorFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Equal(side, pf.sidecar) && bytes.Equal(w, pf.weights)
+}
+
+// TestExportFollowsThePosteriorAndRepairsItself: model.export_dir receives the current posterior
+// at start and after each promotion; a damaged or deleted export is rewritten at the next start,
+// and the daemon says so.
+func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
+	state, export := t.TempDir(), filepath.Join(t.TempDir(), "shared")
+	mutate := func(c *config.Config) { c.StateDir, c.Model.ExportDir = state, export }
+	r := startDaemon(t, mutate)
+	waitFor(t, 10*time.Second, "the first export", func() bool { return exportMatches(t, r, export) })
+	v0 := r.d.current().Version
+	data := bundled(t)
+	var recs [][]byte
+	for i := 0; i < 32; i++ {
+		recs = append(recs, record("e"+strconv.Itoa(i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, recs...)
+	waitFor(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > v0 })
+	waitFor(t, 10*time.Second, "the export of the update", func() bool { return exportMatches(t, r, export) })
+	if got := r.metric(t, "cfguard_export_posterior_version"); got != float64(r.d.current().Version) {
+		t.Fatalf("cfguard_export_posterior_version %v, want %d", got, r.d.current().Version)
+	}
+	r.stop(t)
+
+	for name, damage := range map[string]func(){
+		"truncated weights": func() { os.Truncate(filepath.Join(export, bnn.WeightsFile), 100) },
+		"deleted sidecar":   func() { os.Remove(filepath.Join(export, bnn.SidecarFile)) },
+		"flipped byte": func() {
+			p := filepath.Join(export, bnn.WeightsFile)
+			b, _ := os.ReadFile(p)
+			b[len(b)/2] ^= 0x40
+			os.WriteFile(p, b, 0o644)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			damage()
+			r := startDaemon(t, mutate)
+			waitFor(t, 10*time.Second, "the repaired export", func() bool { return exportMatches(t, r, export) })
+			if !strings.Contains(r.logs.String(), "rewriting it from the ledger") {
+				t.Fatalf("the repair was not logged:\n%s", r.logs.String())
+			}
+			r.stop(t)
+		})
+	}
+}
