@@ -5,9 +5,10 @@ package config
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/certify"
 )
 
 // Config is the whole daemon configuration. Key names are a stable contract (scripts rely on
@@ -120,7 +122,7 @@ type Certify struct {
 	// EpsilonMax is the variance a certified CE may reach under Theorem 2. Default: 0.25 (any
 	// [0,1]-valued variance), i.e. only Theorem 1 constrains; lower it to make Theorem 2 bite.
 	EpsilonMax float64 `yaml:"epsilon_max"`
-	Mode       string  `yaml:"mode"`    // paper or tight. Default: paper.
+	Mode       certify.Mode `yaml:"mode"`    // paper or tight. Default: paper.
 	Samples    int     `yaml:"samples"` // Monte-Carlo samples for p and Var. Default: 1000.
 	// HoeffdingAlpha > 0 starts certificates from the Hoeffding lower confidence bound of p1 at
 	// confidence 1 - alpha. Default: 0 (off, as in the paper).
@@ -128,10 +130,10 @@ type Certify struct {
 	// OnBreach is the policy when a step's KL exceeds the budget: alert (promote and alert),
 	// reject (keep the old posterior, hold the increment, alert), clip (scale the step down to the
 	// budget). Default: alert.
-	OnBreach string `yaml:"on_breach"`
+	OnBreach certify.OnBreach `yaml:"on_breach"`
 	// Uncertified: what to do with a registered CE outside the <delta, epsilon>-set: refuse or
 	// store (as uncertified). Default: refuse.
-	Uncertified string `yaml:"uncertified"`
+	Uncertified certify.OutsideSet `yaml:"uncertified"`
 }
 
 // Explain configures counterfactual generation.
@@ -148,8 +150,27 @@ type Audit struct {
 
 // Log configures log/slog.
 type Log struct {
-	Level  string `yaml:"level"`  // debug, info, warn, error. Default: info.
-	Format string `yaml:"format"` // text or json. Default: text.
+	Level  slog.Level `yaml:"level"`  // debug, info, warn, error. Default: info.
+	Format LogFormat  `yaml:"format"` // text or json. Default: text.
+}
+
+// LogFormat is log.format: the log/slog handler.
+type LogFormat string
+
+// Log formats.
+const (
+	LogText LogFormat = "text" // slog.TextHandler: key=value lines
+	LogJSON LogFormat = "json" // slog.JSONHandler: one JSON object per line
+)
+
+// UnmarshalText accepts text or json.
+func (f *LogFormat) UnmarshalText(b []byte) error {
+	switch v := LogFormat(b); v {
+	case LogText, LogJSON:
+		*f = v
+		return nil
+	}
+	return fmt.Errorf("unknown log format %q (want text or json)", b)
 }
 
 // Default returns the configuration with every default applied.
@@ -162,30 +183,161 @@ func Default() Config {
 			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: 64,
 			MaxWait: 5 * time.Second, MaxRecordBytes: 65536},
 		Update:  Update{Objective: "prior", LearningRate: 1e-5, Seed: 1},
-		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: 0.25, Mode: "paper", Samples: 1000, OnBreach: "alert", Uncertified: "refuse"},
+		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: 0.25, Mode: certify.Paper, Samples: 1000, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
 		Audit:   Audit{Schedule: "@every 1h"},
-		Log:     Log{Level: "info", Format: "text"},
+		Log:     Log{Level: slog.LevelInfo, Format: LogText},
 	}
 }
 
 // ErrInvalid is wrapped by every error from Load and Validate.
 var ErrInvalid = errors.New("invalid configuration")
 
-// Load parses YAML text over the defaults, rejecting unknown keys, then validates.
+// Load parses YAML text over the defaults, rejecting unknown keys, then validates. Every error
+// names its key path (certify.on_breach) and line.
 func Load(text string) (*Config, error) {
 	c := Default()
-	dec := yaml.NewDecoder(strings.NewReader(text))
-	dec.KnownFields(true)
-	err := dec.Decode(&c)
-	if err != nil && !errors.Is(err, io.EOF) { // EOF: empty text, all defaults
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	c.empty = errors.Is(err, io.EOF) || noKeys(text)
+	c.empty = noKeys(text)
+	if !c.empty {
+		root := doc.Content[0]
+		if root.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("%w: line %d: the configuration must be a mapping of keys (http:, kafka:, ...), got %s", ErrInvalid, root.Line, nodeKind(root))
+		}
+		if errs := decodeStrict(root, reflect.ValueOf(&c).Elem(), ""); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+		}
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// decodeStrict decodes node n into v (a struct field or the Config), walking mappings beside
+// the struct so that each error carries its key path: unknown and repeated keys are errors, and a
+// value that does not decode (a bad number, an unknown enum name) is reported under its key.
+// Keys absent from the text keep their defaults.
+func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if v.Kind() != reflect.Struct {
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			return []error{fmt.Errorf("%s (line %d): %s", path, n.Line, yamlMessage(err))}
+		}
+		return nil
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil // "kafka:" with nothing under it: every default stays
+	}
+	if n.Kind != yaml.MappingNode {
+		return []error{fmt.Errorf("%s (line %d): want a mapping of keys, got %s", path, n.Line, nodeKind(n))}
+	}
+	var errs []error
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		key := k.Value
+		if path != "" {
+			key = path + "." + k.Value
+		}
+		if line, dup := seen[k.Value]; dup {
+			errs = append(errs, fmt.Errorf("%s (line %d): given twice (first on line %d)", key, k.Line, line))
+			continue
+		}
+		seen[k.Value] = k.Line
+		f, names := fieldByKey(v, k.Value)
+		if !f.IsValid() {
+			errs = append(errs, fmt.Errorf("%s (line %d): unknown key%s", key, k.Line, suggest(k.Value, names)))
+			continue
+		}
+		errs = append(errs, decodeStrict(n.Content[i+1], f, key)...)
+	}
+	return errs
+}
+
+// fieldByKey returns the field of struct v whose yaml tag is key (invalid if none), and every
+// key v accepts.
+func fieldByKey(v reflect.Value, key string) (reflect.Value, []string) {
+	var names []string
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		if name == key {
+			return v.Field(i), nil
+		}
+		names = append(names, name)
+	}
+	return reflect.Value{}, names
+}
+
+// suggest names the accepted key closest to a misspelt one (edit distance <= 2).
+func suggest(key string, names []string) string {
+	best, bestD := "", 3
+	for _, n := range names {
+		if d := editDistance(key, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best == "" {
+		return fmt.Sprintf(" (accepted here: %s)", strings.Join(names, ", "))
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+// yamlMessage strips yaml's "yaml: unmarshal errors: line N:" wrapping (decodeStrict gives the
+// line itself).
+func yamlMessage(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs := make([]string, len(te.Errors))
+		for i, e := range te.Errors {
+			if _, rest, ok := strings.Cut(e, ": "); ok && strings.HasPrefix(e, "line ") {
+				e = rest
+			}
+			msgs[i] = e
+		}
+		return strings.Join(msgs, "; ")
+	}
+	return err.Error()
+}
+
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	}
+	return fmt.Sprintf("the value %q", n.Value)
 }
 
 // noKeys reports whether YAML text is a document without keys ("", comments only, "{}", "~").
@@ -382,22 +534,25 @@ func (c *Config) Validate() error {
 	if !(c.Certify.EpsilonMax >= c.Certify.Epsilon && c.Certify.EpsilonMax <= 0.25) {
 		bad("certify.epsilon_max", c.Certify.EpsilonMax, "must be in [certify.epsilon, 0.25]")
 	}
-	if c.Certify.Mode != "paper" && c.Certify.Mode != "tight" {
-		bad("certify.mode", c.Certify.Mode, "must be paper or tight")
-	}
 	if c.Certify.Samples < 2 {
 		bad("certify.samples", c.Certify.Samples, "must be >= 2")
 	}
 	if c.Certify.HoeffdingAlpha < 0 || c.Certify.HoeffdingAlpha >= 1 {
 		bad("certify.hoeffding_alpha", c.Certify.HoeffdingAlpha, "must be in [0, 1)")
 	}
-	switch c.Certify.OnBreach {
-	case "alert", "reject", "clip":
-	default:
-		bad("certify.on_breach", c.Certify.OnBreach, "must be alert, reject or clip")
-	}
-	if c.Certify.Uncertified != "refuse" && c.Certify.Uncertified != "store" {
-		bad("certify.uncertified", c.Certify.Uncertified, "must be refuse or store")
+	// Enums are checked when decoded (UnmarshalText); a Config built in code is checked here.
+	for _, e := range []struct {
+		key, text string
+		into      encoding.TextUnmarshaler
+	}{
+		{"certify.mode", string(c.Certify.Mode), new(certify.Mode)},
+		{"certify.on_breach", string(c.Certify.OnBreach), new(certify.OnBreach)},
+		{"certify.uncertified", string(c.Certify.Uncertified), new(certify.OutsideSet)},
+		{"log.format", string(c.Log.Format), new(LogFormat)},
+	} {
+		if err := e.into.UnmarshalText([]byte(e.text)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.key, err))
+		}
 	}
 	if c.Explain.Timeout <= 0 || c.Explain.MaxIterations <= 0 || c.Explain.Concurrency <= 0 {
 		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must all be positive")
@@ -406,14 +561,6 @@ func (c *Config) Validate() error {
 		if err := checkSchedule(c.Audit.Schedule); err != nil {
 			bad("audit.schedule", c.Audit.Schedule, err.Error())
 		}
-	}
-	switch c.Log.Level {
-	case "debug", "info", "warn", "error":
-	default:
-		bad("log.level", c.Log.Level, "must be debug, info, warn or error")
-	}
-	if c.Log.Format != "text" && c.Log.Format != "json" {
-		bad("log.format", c.Log.Format, "must be text or json")
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))

@@ -102,12 +102,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	mode, err := certify.ParseMode(cfg.Certify.Mode)
-	if err != nil {
-		return err
-	}
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
-		policy: certify.Policy{Mode: mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
+		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{})}
 	d.metrics.SetKLBudget(d.budget)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
@@ -174,7 +170,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	d.httpAddr = ln.Addr()
 	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
-		mode: cfg.Certify.Mode, onBreach: cfg.Certify.OnBreach},
+		mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
 		state: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
 	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}
 

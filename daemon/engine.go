@@ -146,11 +146,11 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	d.metrics.SetStepKL(kl)
 	var events []event
 	if over {
-		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version, KL: kl, Budget: d.budget, Policy: d.cfg.Certify.OnBreach})
+		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version, KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		switch d.cfg.Certify.OnBreach {
-		case "reject":
+		case certify.Reject:
 			outcome = outcomeRejected
-		case "clip":
+		case certify.Clip:
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
 			if err != nil {
 				return fmt.Errorf("clip: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -55,7 +56,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	}
 	ce := &ledger.CE{ID: r.id, X: r.x, XCF: r.xcf, Target: t, AnchorVersion: m.Version, P1: p.P(0, t), Var1: p.V(0, t),
 		Samples: S, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-	if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == "refuse" {
+	if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == certify.Refuse {
 		return nil, fmt.Errorf("%w: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
 			errOutsideSet, ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
 	}

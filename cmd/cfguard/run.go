@@ -46,10 +46,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 func newLogger(w io.Writer, c config.Log) *slog.Logger {
-	var lvl slog.Level
-	lvl.UnmarshalText([]byte(c.Level))
-	opts := &slog.HandlerOptions{Level: lvl}
-	if c.Format == "json" {
+	opts := &slog.HandlerOptions{Level: c.Level}
+	if c.Format == config.LogJSON {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
