@@ -121,9 +121,9 @@ type Certify struct {
 	Epsilon float64 `yaml:"epsilon"`
 	// EpsilonMax is the variance a certified CE may reach under Theorem 2. Default: 0.25 (any
 	// [0,1]-valued variance), i.e. only Theorem 1 constrains; lower it to make Theorem 2 bite.
-	EpsilonMax float64 `yaml:"epsilon_max"`
+	EpsilonMax float64      `yaml:"epsilon_max"`
 	Mode       certify.Mode `yaml:"mode"`    // paper or tight. Default: paper.
-	Samples    int     `yaml:"samples"` // Monte-Carlo samples for p and Var. Default: 1000.
+	Samples    int          `yaml:"samples"` // Monte-Carlo samples for p and Var. Default: 1000.
 	// HoeffdingAlpha > 0 starts certificates from the Hoeffding lower confidence bound of p1 at
 	// confidence 1 - alpha. Default: 0 (off, as in the paper).
 	HoeffdingAlpha float64 `yaml:"hoeffding_alpha"`
