@@ -62,26 +62,49 @@ type api struct {
 	metrics http.Handler
 }
 
-// routes registers every endpoint; docs/openapi.yaml documents the same set (a test checks).
+// endpoint is one route of the API.
+type endpoint struct {
+	pattern string // http.ServeMux pattern: "METHOD /path"
+	auth    string // "token" (http.token), "metrics" (http.metrics_token) or "" (open)
+	handler http.HandlerFunc
+}
+
+// endpoints lists every route; docs/openapi.yaml documents the same set (a test checks both ways).
+func (a *api) endpoints() []endpoint {
+	return []endpoint{
+		{"POST /v1/counterfactuals", "token", a.handleRegister},
+		{"GET /v1/counterfactuals", "token", a.handleList},
+		{"GET /v1/counterfactuals/{id}", "token", a.handleGet},
+		{"DELETE /v1/counterfactuals/{id}", "token", a.handleDelete},
+		{"POST /v1/explain", "token", a.handleExplain},
+		{"POST /v1/predict", "token", a.handlePredict},
+		{"GET /v1/model", "token", a.handleModel},
+		{"GET /v1/model/posterior", "token", a.handlePosterior},
+		{"GET /v1/model/posterior/sidecar", "token", a.handlePosterior},
+		{"POST /v1/audit", "token", a.handleAudit},
+		{"GET /v1/audit", "token", a.handleAuditStatus},
+		{"GET /metrics", "metrics", a.metrics.ServeHTTP},
+		{"GET /healthz", "", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		}},
+		{"GET /readyz", "", a.handleReady},
+	}
+}
+
+// routes is the API's handler: every endpoint behind its authentication, bodies bounded by
+// http.max_body_bytes.
 func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
-	v1 := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, a.auth(a.cfg.token, h)) }
-	v1("POST /v1/counterfactuals", a.handleRegister)
-	v1("GET /v1/counterfactuals", a.handleList)
-	v1("GET /v1/counterfactuals/{id}", a.handleGet)
-	v1("DELETE /v1/counterfactuals/{id}", a.handleDelete)
-	v1("POST /v1/explain", a.handleExplain)
-	v1("POST /v1/predict", a.handlePredict)
-	v1("GET /v1/model", a.handleModel)
-	v1("GET /v1/model/posterior", a.handlePosterior)
-	v1("GET /v1/model/posterior/sidecar", a.handlePosterior)
-	v1("POST /v1/audit", a.handleAudit)
-	v1("GET /v1/audit", a.handleAuditStatus)
-	mux.Handle("GET /metrics", a.auth(a.cfg.metricsToken, a.metrics.ServeHTTP))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", a.handleReady)
+	for _, e := range a.endpoints() {
+		var h http.Handler = e.handler
+		switch e.auth {
+		case "token":
+			h = a.auth(a.cfg.token, e.handler)
+		case "metrics":
+			h = a.auth(a.cfg.metricsToken, e.handler)
+		}
+		mux.Handle(e.pattern, h)
+	}
 	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
 }
 
