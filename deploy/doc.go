@@ -1,0 +1,16 @@
+// Package deploy holds no code: it is the home of the tests that keep cfguard's deployment
+// files honest (the Dockerfile, deploy/kubernetes, deploy/prometheus, deploy/grafana).
+//
+// They check the files against the real things they describe, without a Docker engine or a
+// cluster: the Dockerfile's build script is run on exactly the build context .dockerignore lets
+// through and must produce a static binary that starts and passes its health check; the
+// Kubernetes manifests are decoded strictly into the Kubernetes API's own Go types (unknown or
+// repeated fields are errors, as with the API server's strict field validation) and checked
+// against each other and the daemon's configuration; the Prometheus and Alertmanager
+// configurations pass promtool and amtool; the Grafana dashboard only queries metrics a running
+// daemon serves; and an end-to-end test runs a daemon, Prometheus and Alertmanager on loopback
+// and waits for CfguardCounterfactualsInvalidated to reach Alertmanager after drift.
+//
+// Tools the tests run (promtool, amtool, prometheus, prometheus-alertmanager, file, ldd) are
+// skipped with a message when absent, and required when CFGUARD_REQUIRE_TOOLS=1 (.ci/run).
+package deploy

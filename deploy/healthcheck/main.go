@@ -1,0 +1,69 @@
+// Command cfguard-healthcheck is the container image's HEALTHCHECK. The final image has no
+// shell and no curl, so Docker runs this static binary: it sends GET to a cfguard health URL
+// and exits 0 when the answer is 200 within the timeout, 1 otherwise (with the reason on
+// stderr), which is what Docker's HEALTHCHECK and compose's "condition: service_healthy" read.
+//
+//	cfguard-healthcheck [-timeout 3s] [URL]   (default URL: http://127.0.0.1:8080/healthz)
+//
+// /healthz and /readyz need no token, so the check never holds a secret.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+// DefaultURL is cfguard's liveness endpoint at the image's http.listen (0.0.0.0:8080).
+const DefaultURL = "http://127.0.0.1:8080/healthz"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cfguard-healthcheck", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	timeout := fs.Duration("timeout", 3*time.Second, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	url := DefaultURL
+	switch fs.NArg() {
+	case 0:
+	case 1:
+		url = fs.Arg(0)
+	default:
+		fmt.Fprintf(stderr, "cfguard-healthcheck: at most one URL, got %v\n", fs.Args())
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if err := check(ctx, url); err != nil {
+		fmt.Fprintf(stderr, "cfguard-healthcheck: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// check sends GET url and wants 200.
+func check(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	return nil
+}

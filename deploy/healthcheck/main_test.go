@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHealthcheckExitCodes(t *testing.T) {
+	slow := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz":
+			w.Write([]byte(`{"status":"ok"}`))
+		case "/readyz":
+			http.Error(w, `{"error":"broker unreachable"}`, http.StatusServiceUnavailable)
+		case "/slow":
+			<-slow
+		}
+	}))
+	defer srv.Close()
+	defer close(slow) // before Close, which waits for the handler
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String() + "/healthz"
+	ln.Close()
+
+	cases := []struct {
+		name string
+		args []string
+		want int
+		msg  string // in stderr
+	}{
+		{"healthy", []string{srv.URL + "/healthz"}, 0, ""},
+		{"not ready", []string{srv.URL + "/readyz"}, 1, "503"},
+		{"nothing listening", []string{closed}, 1, "connection refused"},
+		{"too slow", []string{"-timeout", "200ms", srv.URL + "/slow"}, 1, "deadline exceeded"},
+		{"two URLs", []string{srv.URL, srv.URL}, 2, "at most one URL"},
+		{"bad flag", []string{"-nope"}, 2, "flag provided but not defined"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			start := time.Now()
+			if got := run(tc.args, &stderr); got != tc.want {
+				t.Fatalf("exit %d, want %d (stderr %q)", got, tc.want, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.msg) {
+				t.Fatalf("stderr %q does not say %q", stderr.String(), tc.msg)
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("took %v", time.Since(start))
+			}
+		})
+	}
+}
