@@ -45,6 +45,7 @@ func commands() []command {
 		{"train", "--data FILE.csv --out DIR [--seed N] [--epochs N]", "train a Bayesian MLP and write model.safetensors + model.json", cmdTrain},
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},
+		{"import", "--weights FILE.safetensors --classes a,b --scaler-from CSV|--no-scaler --out DIR", "write a model directory from a torchbnn state_dict", cmdImport},
 	}
 }
 
