@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -86,5 +88,41 @@ func TestPSCEJSON(t *testing.T) {
 	}
 	if strings.Join(methods, ",") != "psce,wachter" {
 		t.Fatalf("methods %v", methods)
+	}
+}
+
+// TestIncrements: one learning rate (no sweep) prints one JSON row per update with the paper's
+// columns and writes the same rows and the plot to --out.
+func TestIncrements(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model")
+	}
+	out := t.TempDir()
+	code, stdout, errs := runCLI(t, "increments", "--data", "breast_cancer", "--sweep", "", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	rows := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want 5 updates:\n%s", len(rows), stdout)
+	}
+	for _, r := range rows {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(r), &row); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"update", "p1", "p2", "kl", "bound", "holds"} {
+			if _, ok := row[k]; !ok {
+				t.Fatalf("row %s lacks %q", r, k)
+			}
+		}
+	}
+	jsonl, err := os.ReadFile(filepath.Join(out, "increments.jsonl"))
+	if err != nil || string(jsonl) != stdout {
+		t.Errorf("increments.jsonl differs from stdout: %v", err)
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "increments.svg"))
+	if err != nil || !strings.Contains(string(svg), "<svg") {
+		t.Errorf("increments.svg: %v, %d bytes", err, len(svg))
 	}
 }
