@@ -1,6 +1,7 @@
 package torchbnn
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/update"
 )
 
 // tensor is one entry of a test state_dict; dtype is F32, F64 or I64.
@@ -302,5 +305,33 @@ func TestImportErrors(t *testing.T) {
 	}
 	if _, err := Import([]byte("not safetensors"), opts(m)); !errors.Is(err, ErrStateDict) {
 		t.Errorf("garbage: %v", err)
+	}
+}
+
+// TestImportedModelUpdates: an imported model, with torch's layer names, is a working cfguard
+// posterior: the last-layer update accepts it, changes only that layer, and KL sees the change.
+func TestImportedModelUpdates(t *testing.T) {
+	m := testModel(4, 3)
+	got, err := Import(encode(t, stateDict(m, []string{"0", "2", "4"}, "F32")), opts(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var X [][]float64
+	var y []int
+	for i := 0; i < 32; i++ {
+		x := make([]float64, 5)
+		for j := range x {
+			x[j] = rng.NormFloat64() * 3
+		}
+		X, y = append(X, x), append(y, i%2)
+	}
+	next, _, err := update.LastLayer(context.Background(), got, X, y, update.Config{LR: 1e-2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kl, _, err := certify.KL(next, got)
+	if err != nil || !(kl > 0) || !bnn.SameBody(next, got) || next.Last().Name != "4" || next.Version != 1 {
+		t.Fatalf("kl %v (%v), same body %v, last layer %q, version %d", kl, err, bnn.SameBody(next, got), next.Last().Name, next.Version)
 	}
 }
