@@ -45,7 +45,7 @@ func commands() []command {
 		{"train", "--data FILE.csv --out DIR [--seed N] [--epochs N]", "train a Bayesian MLP and write model.safetensors + model.json", cmdTrain},
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},
-		{"experiment", "increments|psce ...", "the paper's experiments (see cfguard experiment --help)", cmdExperiment},
+		{"import", "--weights FILE.safetensors --classes a,b --scaler-from CSV|--no-scaler --out DIR", "write a model directory from a torchbnn state_dict", cmdImport},
 		{"check-config", "--config FILE", "validate a configuration and print it with every default (exit 2 if invalid)", cmdCheckConfig},
 		{"version", "[--json]", "print the module version, commit and Go version", cmdVersion},
 	}
@@ -56,7 +56,8 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  cfguard %s %s\n      %s\n", c.name, c.args, c.help)
 	}
-	fmt.Fprintf(w, "\nRun 'cfguard COMMAND --help' for a command's flags. README.md documents every config key, metric and endpoint.\n")
+	fmt.Fprintf(w, "\nRun 'cfguard COMMAND --help' for a command's flags. README.md documents every config key, metric and endpoint.\n"+
+		"The paper's experiments are a separate command: cfguard-lab (go run ./cmd/cfguard-lab --help).\n")
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

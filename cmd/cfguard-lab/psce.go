@@ -12,7 +12,7 @@ import (
 // cmdPSCE compares counterfactual generators on the paper's metrics plus survival under
 // last-layer updates: a paper-style table, or one JSON object per method with --json.
 func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("experiment psce", flag.ContinueOnError)
+	fs := flag.NewFlagSet("psce", flag.ContinueOnError)
 	data := fs.String("data", "", "CSV file or bundled data set name")
 	classes := fs.String("classes", "", "comma-separated class names")
 	seeds := fs.Int("seeds", 5, "number of seeds (train/test splits and models)")
