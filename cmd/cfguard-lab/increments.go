@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"flag"
 	"fmt"
@@ -22,20 +24,20 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 	sweep := fs.String("sweep", "1e-5,1e-4,1e-3", "learning rates to sweep as well (\"\" for none)")
 	objective := fs.String("objective", "prior", "update objective: prior (paper) or vcl")
 	out := fs.String("out", "out", "directory for the plot and the rows")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if err := required("data", *data); err != nil {
+	if err := cli.Required("data", *data); err != nil {
 		return err
 	}
 	if !(*lr > 0) {
-		return fmt.Errorf("%w: --lr must be positive", errUsage)
+		return fmt.Errorf("%w: --lr must be positive", cli.ErrUsage)
 	}
 	lrs, err := parseFloats(*sweep)
 	if err != nil {
 		return err
 	}
-	set, names, err := loadData(*data, *classes)
+	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
 		return err
 	}

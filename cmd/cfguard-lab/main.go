@@ -5,6 +5,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"errors"
 	"flag"
@@ -24,8 +26,7 @@ const (
 	exitUsage = 2 // bad flags or arguments
 )
 
-// errUsage marks errors that should exit with code 2.
-var errUsage = errors.New("usage")
+// cli.ErrUsage marks errors that should exit with code 2.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,7 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return exitOK
-		case errors.Is(err, errUsage):
+		case errors.Is(err, cli.ErrUsage):
 			fmt.Fprintf(stderr, "cfguard-lab %s: %v\n", c.name, err)
 			return exitUsage
 		default:

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"errors"
 	"flag"
@@ -32,19 +34,19 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 	activation := fs.String("activation", "relu", "activation between layers; only relu until bnn supports others")
 	layers := fs.String("layers", "", "comma-separated layer prefixes in network order, when the shapes leave it ambiguous")
 	out := fs.String("out", "", "model directory to create (model.safetensors + model.json)")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	for _, r := range [][2]string{{"weights", *weights}, {"classes", *classes}, {"out", *out}} {
-		if err := required(r[0], r[1]); err != nil {
+		if err := cli.Required(r[0], r[1]); err != nil {
 			return err
 		}
 	}
 	if (*scalerFrom == "") == !*noScaler {
-		return fmt.Errorf("%w: give exactly one of --scaler-from CSV (fit the scaler the model was trained with) and --no-scaler (it takes raw features)", errUsage)
+		return fmt.Errorf("%w: give exactly one of --scaler-from CSV (fit the scaler the model was trained with) and --no-scaler (it takes raw features)", cli.ErrUsage)
 	}
 	if !(*priorSigma > 0) || math.IsInf(*priorSigma, 0) {
-		return fmt.Errorf("%w: --prior-sigma must be a finite number > 0, got %v", errUsage, *priorSigma)
+		return fmt.Errorf("%w: --prior-sigma must be a finite number > 0, got %v", cli.ErrUsage, *priorSigma)
 	}
 	if err := refuseExistingModel(*out); err != nil {
 		return err
@@ -59,7 +61,7 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 			return fmt.Errorf("--scaler-from: %w", err)
 		}
 		if set.NumClasses > len(opts.Classes) {
-			return fmt.Errorf("%w: --scaler-from %s has labels 0..%d but --classes names %d", errUsage, *scalerFrom, set.NumClasses-1, len(opts.Classes))
+			return fmt.Errorf("%w: --scaler-from %s has labels 0..%d but --classes names %d", cli.ErrUsage, *scalerFrom, set.NumClasses-1, len(opts.Classes))
 		}
 		sc := bnn.FitScaler(set.X)
 		opts.Scaler, opts.Features = &sc, set.Features
@@ -72,7 +74,7 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 	var oe *torchbnn.OptionError
 	switch {
 	case errors.As(err, &oe):
-		return fmt.Errorf("%w: %s: %v", errUsage, importFlags[oe.Option], err)
+		return fmt.Errorf("%w: %s: %v", cli.ErrUsage, importFlags[oe.Option], err)
 	case err != nil:
 		return fmt.Errorf("--weights %s: %w", *weights, err)
 	}
@@ -96,7 +98,7 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 func refuseExistingModel(dir string) error {
 	for _, name := range []string{bnn.SidecarFile, bnn.WeightsFile} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-			return fmt.Errorf("%w: --out %s already holds %s; import writes a new model directory, choose another or remove it", errUsage, dir, name)
+			return fmt.Errorf("%w: --out %s already holds %s; import writes a new model directory, choose another or remove it", cli.ErrUsage, dir, name)
 		}
 	}
 	return nil

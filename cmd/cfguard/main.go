@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"errors"
 	"flag"
@@ -24,8 +26,7 @@ const (
 	exitUsage = 2 // bad flags, bad configuration (config.ErrInvalid)
 )
 
-// errUsage marks errors that should exit with code 2.
-var errUsage = errors.New("usage")
+// cli.ErrUsage marks errors that should exit with code 2.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return exitOK
-		case errors.Is(err, errUsage), errors.Is(err, config.ErrInvalid):
+		case errors.Is(err, cli.ErrUsage), errors.Is(err, config.ErrInvalid):
 			fmt.Fprintf(stderr, "cfguard %s: %v\n", c.name, err)
 			return exitUsage
 		default:
@@ -87,26 +88,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "cfguard: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return exitUsage
-}
-
-// parseFlags parses a command's flags; flag errors become errUsage.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %v", errUsage, fs.Args())
-	}
-	return nil
-}
-
-func required(name, v string) error {
-	if v == "" {
-		return fmt.Errorf("%w: --%s is required", errUsage, name)
-	}
-	return nil
 }
