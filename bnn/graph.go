@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 
 	G "gorgonia.org/gorgonia"
+
+	"github.com/cfguard/cfguard/internal/vec"
 	"gorgonia.org/tensor"
 )
 
@@ -160,24 +162,6 @@ func sameShape(a, b *Model) error {
 	return nil
 }
 
-// transposeIn returns src (rows x cols, row-major) transposed into a new slice.
-func transpose(src []float64, rows, cols int) []float64 {
-	dst := make([]float64, len(src))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			dst[c*rows+r] = src[r*cols+c]
-		}
-	}
-	return dst
-}
-
-func expAll(v []float64) []float64 {
-	for i := range v {
-		v[i] = math.Exp(v[i])
-	}
-	return v
-}
-
 func (gr *Graph) input(name string, data []float64, shape ...int) (*G.Node, *tensor.Dense) {
 	t := tensor.New(tensor.WithBacking(data), tensor.WithShape(shape...))
 	return G.NewTensor(gr.g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
@@ -196,8 +180,8 @@ func (gr *Graph) build(m *Model) {
 	for k := range m.Layers {
 		l := &m.Layers[k]
 		gl := graphLayer{in: l.In, out: l.Out, trainable: !cfg.LastOnly || k == last,
-			muW: transpose(l.WeightMu, l.Out, l.In), lsW: transpose(l.WeightLogSigma, l.Out, l.In),
-			muB: clone(l.BiasMu), lsB: clone(l.BiasLogSigma)}
+			muW: vec.Transpose(l.WeightMu, l.Out, l.In), lsW: vec.Transpose(l.WeightLogSigma, l.Out, l.In),
+			muB: vec.Clone(l.BiasMu), lsB: vec.Clone(l.BiasLogSigma)}
 		var n nodes
 		n.muW, _ = gr.input(l.Name+".weight_mu", gl.muW, l.In, l.Out)
 		n.muB, _ = gr.input(l.Name+".bias_mu", gl.muB, 1, l.Out)
@@ -213,8 +197,8 @@ func (gr *Graph) build(m *Model) {
 				wrt = append(wrt, p.node)
 			}
 		} else {
-			n.sW, _ = gr.input(l.Name+".weight_sigma", expAll(gl.lsW), l.In, l.Out)
-			n.sB, _ = gr.input(l.Name+".bias_sigma", expAll(gl.lsB), 1, l.Out)
+			n.sW, _ = gr.input(l.Name+".weight_sigma", vec.ExpInPlace(gl.lsW), l.In, l.Out)
+			n.sB, _ = gr.input(l.Name+".bias_sigma", vec.ExpInPlace(gl.lsB), 1, l.Out)
 		}
 		ln[k] = n
 		gr.layers = append(gr.layers, gl)
@@ -290,17 +274,17 @@ func (gr *Graph) build(m *Model) {
 				am, als := p.a(&cfg.Anchor.Layers[k])
 				m0, ls0 := am, als
 				if p.name == "weight" {
-					m0, ls0 = transpose(am, l.Out, l.In), transpose(als, l.Out, l.In)
+					m0, ls0 = vec.Transpose(am, l.Out, l.In), vec.Transpose(als, l.Out, l.In)
 				}
 				half := make([]float64, len(ls0)) // 1 / (2 s0^2)
 				for i, v := range ls0 {
 					half[i] = 0.5 * math.Exp(-2*v)
 					gr.klConst += v - 0.5
 				}
-				m0n := G.NewConstant(tensor.New(tensor.WithBacking(clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_anchor", l.Name, p.name)))
+				m0n := G.NewConstant(tensor.New(tensor.WithBacking(vec.Clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_anchor", l.Name, p.name)))
 				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_anchor", l.Name, p.name)))
 				quad = G.Must(G.Add(quad, G.Must(G.Square(G.Must(G.Sub(p.mu, m0n))))))
-				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: clone(m0), ls0: clone(ls0)})
+				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: vec.Clone(m0), ls0: vec.Clone(ls0)})
 				quad = G.Must(G.Sum(G.Must(G.HadamardProd(quad, hn))))
 			}
 			add(G.Must(G.Sub(quad, G.Must(G.Sum(p.ls)))))
@@ -501,8 +485,8 @@ func (gr *Graph) WriteTo(m *Model) error {
 			continue
 		}
 		l := &m.Layers[k]
-		copy(l.WeightMu, transpose(gl.muW, gl.in, gl.out))
-		copy(l.WeightLogSigma, transpose(gl.lsW, gl.in, gl.out))
+		copy(l.WeightMu, vec.Transpose(gl.muW, gl.in, gl.out))
+		copy(l.WeightLogSigma, vec.Transpose(gl.lsW, gl.in, gl.out))
 		copy(l.BiasMu, gl.muB)
 		copy(l.BiasLogSigma, gl.lsB)
 	}

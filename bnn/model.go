@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 // DefaultPriorSigma is torchbnn's customary prior standard deviation, N(0, 0.1^2).
@@ -148,16 +150,14 @@ func (m *Model) Clone() *Model {
 	c.Layers = make([]Layer, len(m.Layers))
 	for i, l := range m.Layers {
 		c.Layers[i] = Layer{Name: l.Name, In: l.In, Out: l.Out,
-			WeightMu: clone(l.WeightMu), WeightLogSigma: clone(l.WeightLogSigma),
-			BiasMu: clone(l.BiasMu), BiasLogSigma: clone(l.BiasLogSigma)}
+			WeightMu: vec.Clone(l.WeightMu), WeightLogSigma: vec.Clone(l.WeightLogSigma),
+			BiasMu: vec.Clone(l.BiasMu), BiasLogSigma: vec.Clone(l.BiasLogSigma)}
 	}
-	c.Scaler = Scaler{Mean: clone(m.Scaler.Mean), Std: clone(m.Scaler.Std)}
+	c.Scaler = Scaler{Mean: vec.Clone(m.Scaler.Mean), Std: vec.Clone(m.Scaler.Std)}
 	c.Features = append([]string(nil), m.Features...)
 	c.Classes = append([]string(nil), m.Classes...)
 	return &c
 }
-
-func clone(x []float64) []float64 { return append([]float64(nil), x...) }
 
 // ErrInvalidModel is wrapped by every error Validate returns.
 var ErrInvalidModel = errors.New("invalid model")

@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/gonum/floats"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 // Engines accepted by Config.Engine.
@@ -119,8 +120,8 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 		klScale: cfg.KLScale, x: make([]float64, cfg.Batch*m.Inputs())}
 	for k := 0; k+1 < len(m.Layers); k++ {
 		l := &m.Layers[k]
-		fl := frozenLayer{in: l.In, out: l.Out, muW: transpose(l.WeightMu, l.Out, l.In),
-			sigW: expAll(transpose(l.WeightLogSigma, l.Out, l.In)), muB: clone(l.BiasMu), sigB: expAll(clone(l.BiasLogSigma))}
+		fl := frozenLayer{in: l.In, out: l.Out, muW: vec.Transpose(l.WeightMu, l.Out, l.In),
+			sigW: vec.ExpInPlace(vec.Transpose(l.WeightLogSigma, l.Out, l.In)), muB: vec.Clone(l.BiasMu), sigB: vec.ExpInPlace(vec.Clone(l.BiasLogSigma))}
 		for s := 0; s < cfg.Samples; s++ {
 			fl.w = append(fl.w, make([]float64, l.In*l.Out))
 			fl.b = append(fl.b, make([]float64, l.Out))
@@ -131,14 +132,14 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	for _, p := range []struct {
 		name string
 		v    []float64
-	}{{"weight_mu", transpose(last.WeightMu, c, h)}, {"weight_log_sigma", transpose(last.WeightLogSigma, c, h)},
-		{"bias_mu", clone(last.BiasMu)}, {"bias_log_sigma", clone(last.BiasLogSigma)}} {
+	}{{"weight_mu", vec.Transpose(last.WeightMu, c, h)}, {"weight_log_sigma", vec.Transpose(last.WeightLogSigma, c, h)},
+		{"bias_mu", vec.Clone(last.BiasMu)}, {"bias_log_sigma", vec.Clone(last.BiasLogSigma)}} {
 		o.params = append(o.params, bnn.Param{Name: last.Name + "." + p.name, Value: p.v, Grad: make([]float64, len(p.v))})
 	}
 	if a := cfg.Anchor; a != nil {
 		al := a.Last()
-		o.m0W, o.ls0W = transpose(al.WeightMu, c, h), transpose(al.WeightLogSigma, c, h)
-		o.m0B, o.ls0B = clone(al.BiasMu), clone(al.BiasLogSigma)
+		o.m0W, o.ls0W = vec.Transpose(al.WeightMu, c, h), vec.Transpose(al.WeightLogSigma, c, h)
+		o.m0B, o.ls0B = vec.Clone(al.BiasMu), vec.Clone(al.BiasLogSigma)
 	} else {
 		lp := math.Log(m.PriorSigma)
 		o.m0W, o.ls0W = make([]float64, h*c), fill(make([]float64, h*c), lp)
@@ -151,25 +152,6 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	o.sigW, o.sigB, o.wT, o.bL = make([]float64, h*c), make([]float64, c), make([]float64, h*c), make([]float64, c)
 	o.gT, o.gB = make([]float64, h*c), make([]float64, c)
 	return o, nil
-}
-
-func transpose(src []float64, rows, cols int) []float64 {
-	dst := make([]float64, len(src))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			dst[c*rows+r] = src[r*cols+c]
-		}
-	}
-	return dst
-}
-
-func clone(v []float64) []float64 { return append([]float64(nil), v...) }
-
-func expAll(v []float64) []float64 {
-	for i := range v {
-		v[i] = math.Exp(v[i])
-	}
-	return v
 }
 
 func fill(v []float64, x float64) []float64 {
@@ -433,8 +415,8 @@ func (o *goObjective) WriteTo(m *bnn.Model) error {
 			}
 		}
 	}
-	copy(l.WeightMu, transpose(o.params[0].Value, o.hid, o.cls))
-	copy(l.WeightLogSigma, transpose(o.params[1].Value, o.hid, o.cls))
+	copy(l.WeightMu, vec.Transpose(o.params[0].Value, o.hid, o.cls))
+	copy(l.WeightLogSigma, vec.Transpose(o.params[1].Value, o.hid, o.cls))
 	copy(l.BiasMu, o.params[2].Value)
 	copy(l.BiasLogSigma, o.params[3].Value)
 	return nil

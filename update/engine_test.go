@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 var engines = []string{EngineGo, EngineGorgonia}
@@ -239,7 +240,7 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 			ps := o.Params()
 			grads := make([][]float64, len(ps))
 			for b, p := range ps {
-				grads[b] = clone(p.Grad)
+				grads[b] = vec.Clone(p.Grad)
 			}
 			loss := func() float64 {
 				ev, err := o.Run()
