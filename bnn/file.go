@@ -3,6 +3,7 @@ package bnn
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cfguard/cfguard/internal/safetensors"
 	"github.com/cfguard/cfguard/internal/sidecar"
@@ -19,17 +20,21 @@ const (
 // Sidecar is the JSON description stored beside the weights: architecture, scaler, names, and
 // the SHA-256 of the weights file, which ties the pair together.
 type Sidecar struct {
-	Format           string        `json:"format"`
-	FormatVersion    int           `json:"format_version"`
-	Layers           []LayerSchema `json:"layers"`
-	Activation       string        `json:"activation"`
-	Output           string        `json:"output"`
-	PriorSigma       float64       `json:"prior_sigma"`
-	Scaler           Scaler        `json:"scaler"`
-	Features         []string      `json:"features,omitempty"`
-	Classes          []string      `json:"classes"`
-	PosteriorVersion uint64        `json:"posterior_version"`
-	WeightsSHA256    string        `json:"weights_sha256"`
+	Format        string        `json:"format"`
+	FormatVersion int           `json:"format_version"`
+	Layers        []LayerSchema `json:"layers"`
+	// Activation follows every layer but the last: relu, tanh or sigmoid (Model.Activation).
+	// Required; Decode refuses anything else by name.
+	Activation string `json:"activation"`
+	// Output is what follows the last layer: log_softmax (what Save writes) or softmax, which
+	// give the same class probabilities. Decode refuses anything else by name.
+	Output           string   `json:"output"`
+	PriorSigma       float64  `json:"prior_sigma"`
+	Scaler           Scaler   `json:"scaler"`
+	Features         []string `json:"features,omitempty"`
+	Classes          []string `json:"classes"`
+	PosteriorVersion uint64   `json:"posterior_version"`
+	WeightsSHA256    string   `json:"weights_sha256"`
 }
 
 // LayerSchema names a layer and its shape; tensors are "<name>.weight_mu" and so on.
@@ -68,7 +73,7 @@ func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 		return nil, nil, err
 	}
 	tensors := map[string]safetensors.Tensor{}
-	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: "relu", Output: "log_softmax",
+	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: m.Activation.String(), Output: "log_softmax",
 		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version}
 	for _, l := range m.Layers {
 		sc.Layers = append(sc.Layers, LayerSchema{Name: l.Name, In: l.In, Out: l.Out})
@@ -107,7 +112,11 @@ func Decode(sidecarJSON, weights []byte) (*Model, error) {
 	if len(sc.Layers) == 0 {
 		return nil, fmt.Errorf("%w: %s lists no layers", ErrModelFile, SidecarFile)
 	}
-	m := &Model{Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion}
+	act, err := sidecarActivation(sc)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Activation: act, Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion}
 	for _, ls := range sc.Layers {
 		l := Layer{Name: ls.Name, In: ls.In, Out: ls.Out}
 		for _, p := range []struct {
@@ -129,4 +138,25 @@ func Decode(sidecarJSON, weights []byte) (*Model, error) {
 		return nil, fmt.Errorf("%w: %v", ErrModelFile, err)
 	}
 	return m, nil
+}
+
+// Outputs accepted in the sidecar's "output" field: both name a softmax over the last layer's
+// logits (torchbnn models end in log_softmax; the probabilities are the same).
+var sidecarOutputs = []string{"log_softmax", "softmax"}
+
+// sidecarActivation checks the sidecar's "activation" and "output" fields and returns the
+// activation. Anything cfguard cannot evaluate is refused by name, never served as something else.
+func sidecarActivation(sc Sidecar) (Activation, error) {
+	if sc.Activation == "" {
+		return 0, fmt.Errorf("%w: %s has no field \"activation\" (want relu, tanh or sigmoid)", ErrModelFile, SidecarFile)
+	}
+	act, err := ParseActivation(sc.Activation)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: field \"activation\": %v", ErrModelFile, SidecarFile, err)
+	}
+	if !slices.Contains(sidecarOutputs, sc.Output) {
+		return 0, fmt.Errorf("%w: %s: field \"output\" is %q; cfguard evaluates a softmax output only (want log_softmax or softmax)",
+			ErrModelFile, SidecarFile, sc.Output)
+	}
+	return act, nil
 }

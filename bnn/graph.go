@@ -63,7 +63,7 @@ type Eval struct {
 //
 //	W_k = mu_k + exp(log_sigma_k) * eps_{s,k},   eps ~ N(0, 1) fed by DrawEps or SetEps,
 //
-// applies ReLU between layers and log-softmax at the end, and the loss is
+// applies the model's activation between layers and log-softmax at the end, and the loss is
 //
 //	loss = (1/S) sum_s (1/B) sum_i -log p(y_i | x_i, W_s) + KLScale * KL(q || target),
 //	KL(q || N(m0, s0^2)) = sum_j [ log s0_j - log_sigma_j + (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2) - 1/2 ],
@@ -219,7 +219,7 @@ func (gr *Graph) build(m *Model) {
 			b := G.Must(G.Add(ln[k].muB, G.Must(G.HadamardProd(ln[k].sB, eB))))
 			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
 			if k != last {
-				h = G.Must(G.Rectify(h))
+				h = G.Must(ActivationNode(m.Activation, h))
 			}
 		}
 		logp := G.Must(G.LogSoftMax(h))
@@ -304,6 +304,19 @@ func (gr *Graph) build(m *Model) {
 		G.Read(n, &gr.read[i])
 	}
 	gr.vm = G.NewTapeMachine(g)
+}
+
+// ActivationNode applies a to every element of n in a gorgonia graph: Rectify, Tanh or Sigmoid.
+func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
+	switch a {
+	case ReLU:
+		return G.Rectify(n)
+	case Tanh:
+		return G.Tanh(n)
+	case Sigmoid:
+		return G.Sigmoid(n)
+	}
+	return nil, fmt.Errorf("unknown activation %d", uint8(a))
 }
 
 func pick(c bool, a, b []float64) []float64 {

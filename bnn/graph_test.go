@@ -36,8 +36,8 @@ func refObjective(m *Model, rows [][]float64, y []int, samples int, eps func(s, 
 						j := o*l.In + i
 						b += (l.WeightMu[j] + math.Exp(l.WeightLogSigma[j])*eps(s, k, false, j)) * h[i]
 					}
-					if k < len(m.Layers)-1 && b < 0 {
-						b = 0
+					if k < len(m.Layers)-1 {
+						b = naiveAct(m, b)
 					}
 					a[o] = b
 				}
@@ -128,73 +128,76 @@ func TestGraphObjectiveAndGradient(t *testing.T) {
 		{"last layer, anchor (vcl)", GraphConfig{Batch: 6, Samples: 3, LastOnly: true, KLScale: 0.5}, 6, true},
 		{"all layers, anchor, no KL in loss", GraphConfig{Batch: 7, LastOnly: false, KLScale: 0}, 6, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var anchor *Model
-			if tc.anchored {
-				anchor = perturbed(base, 9, 0.05)
-				tc.cfg.Anchor = anchor
-			}
-			gr, err := NewGraph(base, tc.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gr.Close()
-			eps := fixedEps(42)
-			gr.SetEps(eps)
-			if err := gr.SetBatch(X[:tc.rows], y[:tc.rows]); err != nil {
-				t.Fatal(err)
-			}
-			ev, err := gr.Run()
-			if err != nil {
-				t.Fatal(err)
-			}
-			samples := max(tc.cfg.Samples, 1)
-			wantLoss, wantNLL, wantKL := refObjective(base, X[:tc.rows], y[:tc.rows], samples, eps, tc.cfg.LastOnly, tc.cfg.KLScale, anchor)
-			for _, c := range []struct {
-				name      string
-				got, want float64
-			}{{"loss", ev.Loss, wantLoss}, {"nll", ev.NLL, wantNLL}, {"kl", ev.KL, wantKL}} {
-				if math.Abs(c.got-c.want) > 1e-10*math.Max(1, math.Abs(c.want)) {
-					t.Errorf("%s = %.15g, plain Go gives %.15g", c.name, c.got, c.want)
+		for _, act := range []Activation{ReLU, Tanh, Sigmoid} {
+			base.Activation = act
+			t.Run(tc.name+", "+act.String(), func(t *testing.T) {
+				var anchor *Model
+				if tc.anchored {
+					anchor = perturbed(base, 9, 0.05)
+					tc.cfg.Anchor = anchor
 				}
-			}
-			if got := gr.KL(); math.Abs(got-wantKL) > 1e-10*math.Max(1, wantKL) {
-				t.Errorf("Graph.KL() = %.15g, plain Go gives %.15g", got, wantKL)
-			}
-			const h = 1e-5
-			checked := 0
-			for _, p := range gr.Params() {
-				grad := append([]float64(nil), p.Grad...)
-				for j := range p.Value {
-					orig := p.Value[j]
-					p.Value[j] = orig + h
-					up, err := gr.Run()
-					if err != nil {
-						t.Fatal(err)
-					}
-					p.Value[j] = orig - h
-					down, err := gr.Run()
-					if err != nil {
-						t.Fatal(err)
-					}
-					p.Value[j] = orig
-					fd := (up.Loss - down.Loss) / (2 * h)
-					if math.Abs(grad[j]-fd) > 1e-6*math.Max(1, math.Abs(grad[j])) {
-						t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, grad[j], fd)
-					}
-					checked++
+				gr, err := NewGraph(base, tc.cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			want := 0
-			for k, l := range base.Layers {
-				if !tc.cfg.LastOnly || k == len(base.Layers)-1 {
-					want += 2 * l.NumParams()
+				defer gr.Close()
+				eps := fixedEps(42)
+				gr.SetEps(eps)
+				if err := gr.SetBatch(X[:tc.rows], y[:tc.rows]); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if checked != want {
-				t.Errorf("checked %d parameters, want %d", checked, want)
-			}
-		})
+				ev, err := gr.Run()
+				if err != nil {
+					t.Fatal(err)
+				}
+				samples := max(tc.cfg.Samples, 1)
+				wantLoss, wantNLL, wantKL := refObjective(base, X[:tc.rows], y[:tc.rows], samples, eps, tc.cfg.LastOnly, tc.cfg.KLScale, anchor)
+				for _, c := range []struct {
+					name      string
+					got, want float64
+				}{{"loss", ev.Loss, wantLoss}, {"nll", ev.NLL, wantNLL}, {"kl", ev.KL, wantKL}} {
+					if math.Abs(c.got-c.want) > 1e-10*math.Max(1, math.Abs(c.want)) {
+						t.Errorf("%s = %.15g, plain Go gives %.15g", c.name, c.got, c.want)
+					}
+				}
+				if got := gr.KL(); math.Abs(got-wantKL) > 1e-10*math.Max(1, wantKL) {
+					t.Errorf("Graph.KL() = %.15g, plain Go gives %.15g", got, wantKL)
+				}
+				const h = 1e-5
+				checked := 0
+				for _, p := range gr.Params() {
+					grad := append([]float64(nil), p.Grad...)
+					for j := range p.Value {
+						orig := p.Value[j]
+						p.Value[j] = orig + h
+						up, err := gr.Run()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.Value[j] = orig - h
+						down, err := gr.Run()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.Value[j] = orig
+						fd := (up.Loss - down.Loss) / (2 * h)
+						if math.Abs(grad[j]-fd) > 1e-6*math.Max(1, math.Abs(grad[j])) {
+							t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, grad[j], fd)
+						}
+						checked++
+					}
+				}
+				want := 0
+				for k, l := range base.Layers {
+					if !tc.cfg.LastOnly || k == len(base.Layers)-1 {
+						want += 2 * l.NumParams()
+					}
+				}
+				if checked != want {
+					t.Errorf("checked %d parameters, want %d", checked, want)
+				}
+			})
+		}
 	}
 }
 

@@ -31,6 +31,9 @@ type TrainConfig struct {
 	Seed      uint64  // seeds shuffling and the weight noise; equal seeds give bit-identical models.
 	// Hidden is the hidden layer widths for Fit (Train keeps the model's). Default DefaultHidden.
 	Hidden []int
+	// Activation is the hidden layers' non-linearity for Fit (Train keeps the model's). Default
+	// ReLU (the zero value).
+	Activation Activation
 	// PriorSigma is the prior N(0, PriorSigma^2) of the KL term. Default: the model's
 	// PriorSigma in Train, DefaultPriorSigma in Fit. Train records it in the model on success.
 	PriorSigma float64
@@ -92,6 +95,9 @@ func (cfg TrainConfig) validate() error {
 		return fmt.Errorf("train: KL weight %v, want finite and >= 0", cfg.KLWeight)
 	case cfg.PriorSigma < 0 || math.IsNaN(cfg.PriorSigma) || math.IsInf(cfg.PriorSigma, 0):
 		return fmt.Errorf("train: prior sigma %v, want finite and > 0 (or 0 for the default)", cfg.PriorSigma)
+	}
+	if !cfg.Activation.valid() {
+		return fmt.Errorf("train: unknown activation %d", uint8(cfg.Activation))
 	}
 	for i, h := range cfg.Hidden {
 		if h < 1 {
@@ -220,7 +226,8 @@ func checkParams(ps []Param) error {
 }
 
 // Fit trains a new model on a data set: it fits the scaler on set.X, initialises a network
-// set.Features -> cfg.Hidden -> len(classes) with torchbnn's initialisation (seeded by cfg.Seed)
+// set.Features -> cfg.Hidden -> len(classes) with cfg.Activation between layers and torchbnn's
+// initialisation (seeded by cfg.Seed)
 // and prior sigma cfg.PriorSigma (default DefaultPriorSigma), and runs Train. classes names the
 // labels; every label must be below len(classes), and there must be at least two classes.
 func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfig) (*Model, TrainStats, error) {
@@ -259,6 +266,7 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 		ps = DefaultPriorSigma
 	}
 	m := New(d, cfg.Hidden, classes, ps, rand.New(rand.NewPCG(cfg.Seed, 0x1417)))
+	m.Activation = cfg.Activation
 	m.Scaler = FitScaler(set.X)
 	m.Features = append([]string(nil), set.Features...)
 	if len(m.Features) == 0 {

@@ -323,7 +323,7 @@ func (e estimate) argmax() int {
 }
 
 // ensembleEstimate is the posterior predictive of z over the given networks, computed in plain Go.
-func ensembleEstimate(nets []*bnn.Net, z []float64) estimate {
+func ensembleEstimate(act bnn.Activation, nets []*bnn.Net, z []float64) estimate {
 	nl := len(nets[0].W)
 	c := len(nets[0].B[nl-1])
 	bufs := make([][]float64, nl)
@@ -343,8 +343,8 @@ func ensembleEstimate(nets []*bnn.Net, z []float64) estimate {
 				for i, hv := range h {
 					v += row[i] * hv
 				}
-				if k < nl-1 && v < 0 {
-					v = 0
+				if k < nl-1 {
+					v = act.Apply(v)
 				}
 				out[o] = v
 			}
@@ -434,7 +434,7 @@ func (g *Generator) Generate(ctx context.Context, x []float64, target int) (*Res
 	g.ensembles()
 	z0 := make([]float64, d)
 	g.m.Scaler.Apply(z0, x)
-	e0 := ensembleEstimate(g.check, z0)
+	e0 := ensembleEstimate(g.m.Activation, g.check, z0)
 	orig := e0.argmax()
 	if target == -1 {
 		for k := 0; k < c; k++ {
@@ -538,7 +538,7 @@ func (s *search) done(z, z0 []float64, it int) *Result {
 	if !s.g.gate(s.ev.Probs, s.o.C, s.target) {
 		return nil
 	}
-	if !s.g.meets(ensembleEstimate(s.g.check, z), s.target) {
+	if !s.g.meets(ensembleEstimate(s.g.m.Activation, s.g.check, z), s.target) {
 		s.cooldown = 5
 		return nil
 	}

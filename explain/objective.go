@@ -71,8 +71,8 @@ func (t term) String() string {
 // objective is the counterfactual loss as one gorgonia graph over x' (standardised, length D):
 //
 //	probabilities of S sampled networks: layer 0 as one stacked matrix-vector product
-//	(S*Out x In) x' and the later layers as batched products over the S draws, ReLU between
-//	layers, log-softmax at the end; then the terms of Weights and d L / d x'.
+//	(S*Out x In) x' and the later layers as batched products over the S draws, the model's
+//	activation between layers, log-softmax at the end; then the terms of Weights and d L / d x'.
 //
 // The graph is built once; per evaluation only its inputs are rebound with gorgonia.Let: x', the
 // S sampled networks, the ELBO noise, the anchors and the scalars. Only the nodes that the loss,
@@ -188,7 +188,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 			h = must(G.Reshape(h, tensor.Shape{S, l.Out}))
 			break
 		}
-		h = must(G.Rectify(h))
+		h = must(bnn.ActivationNode(m.Activation, h))
 		if k == 0 {
 			h = must(G.Reshape(h, tensor.Shape{S, 1, l.Out}))
 		}

@@ -1,0 +1,334 @@
+package bnn
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+
+	"gonum.org/v1/gonum/blas/gonum"
+	"gonum.org/v1/gonum/floats"
+)
+
+// The predictive engine: S sampled networks applied to N inputs, in float64 or float32, with the
+// softmax and the running moments in float64.
+//
+// Layout. A sampled network is held as wnet: per layer, the weight transposed (In x Out,
+// row-major, wt[i*Out+o] = W[o][i]) and the bias. Many inputs (N >= chunkMin) go through in chunks
+// of up to chunkRows inputs held transposed (features x inputs), so that a layer is one matrix
+// product
+//
+//	H_k = act(W_k H_{k-1} + b_k)      (Out x rows) = (Out x In)(In x rows)
+//
+// computed by the build's gemm (gemmTN: gonum's pure-Go Dgemm/Sgemm, whose kernels are axpys over
+// the chunk's inputs, in the default build; OpenBLAS with -tags openblas), followed by one fused
+// pass that adds the bias and applies the activation while the block is in cache. Few inputs go
+// one at a time, each layer as axpys of the weight's rows scaled by the nonzero inputs (zeros
+// after a ReLU cost nothing).
+//
+// Both paths add the products of an output in the same order, w_0 h_0 + w_1 h_1 + ..., starting
+// from zero and adding the bias last, without fused multiply-adds, so in the default build a
+// probability does not depend on which other inputs share the call (bit for bit; see
+// TestEngineBatchIndependent); OpenBLAS sums in its own order, so with -tags openblas results
+// agree to rounding only.
+const (
+	chunkRows = 192 // inputs per chunk: one layer's block of 64 x 192 float64s stays in L2
+	chunkMin  = 32  // fewer inputs than this go one at a time
+)
+
+// float is the element type of the forward passes.
+type float interface{ ~float32 | ~float64 }
+
+// linalg is what the engine needs from a BLAS, per element type.
+type linalg[F float] interface {
+	// axpy sets y += alpha x (len(y) == len(x)), as separate multiplies and adds.
+	axpy(alpha F, x, y []F)
+	// gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major.
+	gemmTN(m, n, k int, a, b, c []F)
+}
+
+// wnet is one sampled network in the engine's layout (see above).
+type wnet[F float] struct {
+	wt, b [][]F
+}
+
+// arch is what the engine needs to know about a model besides its weights.
+type arch struct {
+	sizes []int // sizes[0] inputs, sizes[k+1] outputs of layer k
+	act   Activation
+}
+
+func (m *Model) arch() arch {
+	a := arch{sizes: []int{m.Inputs()}, act: m.Activation}
+	for _, l := range m.Layers {
+		a.sizes = append(a.sizes, l.Out)
+	}
+	return a
+}
+
+func (a arch) layers() int { return len(a.sizes) - 1 }
+
+func (a arch) classes() int { return a.sizes[len(a.sizes)-1] }
+
+// params is the number of weights and biases of one network.
+func (a arch) params() int {
+	n := 0
+	for k := 0; k < a.layers(); k++ {
+		n += (a.sizes[k] + 1) * a.sizes[k+1]
+	}
+	return n
+}
+
+// newWnet allocates a network shaped like a, in one block.
+func newWnet[F float](a arch) wnet[F] {
+	return wnetIn(a, make([]F, a.params()))
+}
+
+// wnetIn lays a network shaped like a over block (len a.params()).
+func wnetIn[F float](a arch, block []F) wnet[F] {
+	n := wnet[F]{wt: make([][]F, a.layers()), b: make([][]F, a.layers())}
+	for k := 0; k < a.layers(); k++ {
+		in, out := a.sizes[k], a.sizes[k+1]
+		n.wt[k], block = block[:in*out:in*out], block[in*out:]
+		n.b[k], block = block[:out:out], block[out:]
+	}
+	return n
+}
+
+// sampleWnet draws w = mu + sigma e (e ~ N(0, 1)) for every parameter of m into dst, rounding to
+// F. The draws come in Sample's order (per layer, the weights in Layer order, then the biases), so
+// that a seed gives the same networks as Sample.
+func sampleWnet[F float](m *Model, sig *Net, rng *rand.Rand, dst wnet[F]) {
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		wt, sw := dst.wt[k], sig.W[k]
+		for o := 0; o < l.Out; o++ {
+			for i := 0; i < l.In; i++ {
+				j := o*l.In + i
+				wt[i*l.Out+o] = F(l.WeightMu[j] + sw[j]*rng.NormFloat64())
+			}
+		}
+		for o, mu := range l.BiasMu {
+			dst.b[k][o] = F(mu + sig.B[k][o]*rng.NormFloat64())
+		}
+	}
+}
+
+// biasAct sets row[i] = act(row[i] + bias), or row[i] + bias for the output layer (act < 0).
+func biasAct[F float](row []F, bias F, act Activation, output bool) {
+	switch {
+	case output:
+		for i, v := range row {
+			row[i] = v + bias
+		}
+	case act == ReLU:
+		for i, v := range row {
+			row[i] = max(v+bias, 0) // NaN stays NaN
+		}
+	case act == Tanh:
+		for i, v := range row {
+			row[i] = F(math.Tanh(float64(v + bias)))
+		}
+	default:
+		for i, v := range row {
+			row[i] = F(sigmoid(float64(v + bias)))
+		}
+	}
+}
+
+// forwardChunk computes the logits (C x rows, row-major) of the rows inputs held transposed in x
+// (In x rows) under network n. bufs holds one Out x chunkRows block per layer.
+func forwardChunk[F float](la linalg[F], a arch, n wnet[F], x []F, rows int, bufs [][]F) []F {
+	h := x
+	last := a.layers() - 1
+	for k := 0; k <= last; k++ {
+		in, out := a.sizes[k], a.sizes[k+1]
+		o := bufs[k][:out*rows]
+		la.gemmTN(out, rows, in, n.wt[k], h, o)
+		for j := 0; j < out; j++ {
+			biasAct(o[j*rows:(j+1)*rows], n.b[k][j], a.act, k == last)
+		}
+		h = o
+	}
+	return h
+}
+
+// forwardOne computes the logits of one input x under network n; bufs holds one Out-vector per
+// layer.
+func forwardOne[F float](la linalg[F], a arch, n wnet[F], x []F, bufs [][]F) []F {
+	h := x
+	last := a.layers() - 1
+	for k := 0; k <= last; k++ {
+		out := a.sizes[k+1]
+		o := bufs[k][:out]
+		clear(o)
+		wt := n.wt[k]
+		for i, v := range h {
+			if v != 0 { // adding v * w = 0 changes nothing
+				la.axpy(v, wt[i*out:(i+1)*out], o)
+			}
+		}
+		for j, b := range n.b[k] {
+			o[j] += b
+		}
+		if k != last {
+			for j := range o {
+				o[j] = F(a.act.Apply(float64(o[j])))
+			}
+		}
+		h = o
+	}
+	return h
+}
+
+// batch is the standardised inputs of one predictive call, rounded to F, in the layout the
+// engine runs them in: chunks (In x rows each) or single rows.
+type batch[F float] struct {
+	n      int
+	chunks [][]F
+	rows   [][]F
+}
+
+func newBatch[F float](z [][]float64, d int) batch[F] {
+	b := batch[F]{n: len(z)}
+	if len(z) < chunkMin {
+		for _, r := range z {
+			row := make([]F, d)
+			for j, v := range r {
+				row[j] = F(v)
+			}
+			b.rows = append(b.rows, row)
+		}
+		return b
+	}
+	for lo := 0; lo < len(z); lo += chunkRows {
+		rows := min(chunkRows, len(z)-lo)
+		c := make([]F, d*rows)
+		for r := 0; r < rows; r++ {
+			for j, v := range z[lo+r] {
+				c[j*rows+r] = F(v)
+			}
+		}
+		b.chunks = append(b.chunks, c)
+	}
+	return b
+}
+
+// moments accumulates Welford's running mean and sum of squared deviations of the class
+// probabilities, per input and class, in float64.
+type moments struct {
+	p     *Predictive
+	probs []float64 // one input's probabilities
+}
+
+// addChunk folds the logits (C x rows) of inputs lo..lo+rows-1 under draw number k (1-based).
+func addChunk[F float](mo *moments, lo, rows int, logits []F, k int) {
+	c, inv := mo.p.C, 1/float64(k)
+	for r := 0; r < rows; r++ {
+		for j := 0; j < c; j++ {
+			mo.probs[j] = float64(logits[j*rows+r])
+		}
+		mo.fold(lo+r, inv)
+	}
+}
+
+// addOne folds the logits of input i under draw number k (1-based).
+func addOne[F float](mo *moments, i int, logits []F, k int) {
+	for j, v := range logits {
+		mo.probs[j] = float64(v)
+	}
+	mo.fold(i, 1/float64(k))
+}
+
+// fold turns mo.probs from logits into probabilities and folds them into input i's moments:
+//
+//	d = f - mean,  mean += d / k,  m2 += d (f - mean).
+func (mo *moments) fold(i int, inv float64) {
+	Softmax(mo.probs, mo.probs)
+	c := mo.p.C
+	mean, m2 := mo.p.Mean[i*c:(i+1)*c], mo.p.Var[i*c:(i+1)*c]
+	for j, f := range mo.probs {
+		d := f - mean[j]
+		mean[j] += d * inv
+		m2[j] += d * (f - mean[j])
+	}
+}
+
+// finish turns the sums of squared deviations into unbiased variances.
+func (mo *moments) finish() {
+	s := float64(mo.p.S - 1)
+	for i := range mo.p.Var {
+		mo.p.Var[i] /= s
+	}
+}
+
+// predictive runs the S networks net(0..S-1) over the inputs z (standardised, float64) and returns
+// the Monte-Carlo predictive. It checks ctx before every network.
+func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float64, samples int, prec Precision, net func(s int) wnet[F]) (*Predictive, error) {
+	n, c := len(z), a.classes()
+	p := &Predictive{N: n, C: c, S: samples, Precision: prec, Mean: make([]float64, n*c), Var: make([]float64, n*c)}
+	mo := &moments{p: p, probs: make([]float64, c)}
+	in := newBatch[F](z, a.sizes[0])
+	bufs := make([][]F, a.layers())
+	for k := range bufs {
+		w := a.sizes[k+1]
+		if in.chunks != nil {
+			w *= chunkRows
+		}
+		bufs[k] = make([]F, w)
+	}
+	for s := 0; s < samples; s++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		w := net(s)
+		if in.chunks != nil {
+			for ci, x := range in.chunks {
+				lo := ci * chunkRows
+				rows := min(chunkRows, n-lo)
+				addChunk(mo, lo, rows, forwardChunk(la, a, w, x, rows, bufs), s+1)
+			}
+			continue
+		}
+		for i, x := range in.rows {
+			addOne(mo, i, forwardOne(la, a, w, x, bufs), s+1)
+		}
+	}
+	mo.finish()
+	return p, nil
+}
+
+// axpyScalar is y += alpha x in plain Go; the conversion keeps the multiply and the add separate
+// (no fused multiply-add), as in gonum's assembly.
+func axpyScalar[F float](alpha F, x, y []F) {
+	x = x[:len(y)]
+	for j := range y {
+		y[j] += F(alpha * x[j])
+	}
+}
+
+// la64 and la32 are the engine's BLAS for float64 and float32. axpy is always plain Go and
+// gonum's assembly (an OpenBLAS call per short vector would cost more than it saves); gemmTN is
+// the build's: blas_gonum.go or blas_openblas.go.
+type (
+	la64 struct{}
+	la32 struct{}
+)
+
+// axpyAsm is the length from which gonum's assembly axpy beats the plain loop.
+const axpyAsm = 8
+
+func (la64) axpy(alpha float64, x, y []float64) {
+	if len(y) < axpyAsm {
+		axpyScalar(alpha, x, y)
+		return
+	}
+	floats.AddScaled(y, alpha, x)
+}
+
+func (la32) axpy(alpha float32, x, y []float32) {
+	if len(y) < axpyAsm {
+		axpyScalar(alpha, x, y)
+		return
+	}
+	gonum.Implementation{}.Saxpy(len(y), alpha, x, 1, y, 1)
+}
