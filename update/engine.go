@@ -54,7 +54,7 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 // every layer is sampled (the body's (mu, sigma) are constants, but still sampled):
 //
 //	W_k = mu_k + sigma_k * eps_{s,k},   sigma = exp(log_sigma),   eps ~ N(0, 1),
-//	h_r = relu(... relu(x_r W_1 + b_1) ...)           (body; see forwardBody)
+//	h_r = act(... act(x_r W_1 + b_1) ...)             (body, the model's activation; see forwardBody)
 //	z_r = h_r W + b                                     (last layer, W of shape H x C)
 //	loss = (1/(S B)) sum_{s,r} -log softmax(z_r)[y_r] + KLScale * KL(q_L || N(m0, s0^2)),
 //	KL = sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j,
@@ -68,7 +68,9 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 //	dL/dmu         = dL/dW                          (W = mu + sigma eps)
 //	dL/dlog_sigma  = dL/dW * sigma * eps            (dW/dlog_sigma = sigma eps)
 //
-// summed over draws, plus the KL term's
+// summed over draws (the body is constant, so the activation's derivative never enters: h_r is
+// the same function of the draw for every activation, and only its value is needed), plus the KL
+// term's
 //
 //	dKL/dmu_j = (mu_j - m0_j) / s0_j^2,   dKL/dlog_sigma_j = exp(2 d_j) - 1,
 //
@@ -82,6 +84,7 @@ type goObjective struct {
 	batch, samples   int
 	inputs, hid, cls int
 	klScale          float64
+	act              bnn.Activation
 	body             []frozenLayer
 
 	// The last layer's parameters (params[0..3] = weight_mu, weight_log_sigma, bias_mu,
@@ -117,7 +120,7 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	last := m.Last()
 	h, c := last.In, last.Out
 	o := &goObjective{batch: cfg.Batch, samples: cfg.Samples, inputs: m.Inputs(), hid: h, cls: c,
-		klScale: cfg.KLScale, x: make([]float64, cfg.Batch*m.Inputs())}
+		klScale: cfg.KLScale, act: m.Activation, x: make([]float64, cfg.Batch*m.Inputs())}
 	for k := 0; k+1 < len(m.Layers); k++ {
 		l := &m.Layers[k]
 		fl := frozenLayer{in: l.In, out: l.Out, muW: vec.Transpose(l.WeightMu, l.Out, l.In),
@@ -358,8 +361,8 @@ func softmaxNLL(z []float64, y int, scale float64) (nll float64, best int) {
 }
 
 // forwardBody returns the body's output for the bound rows under draw s's weights,
-// relu(... relu(x W_1 + b_1) ...), rows x H row-major; with no body layers it is x itself.
-// One gonum Dgemm per layer on the whole batch, then bias and ReLU in one pass. (Measured
+// act(... act(x W_1 + b_1) ...), rows x H row-major; with no body layers it is x itself.
+// One gonum Dgemm per layer on the whole batch, then bias and activation in one pass. (Measured
 // against row-by-row axpys over only the nonzero inputs, which avoids Dgemm's unpredictable
 // skip-a-zero branch after a ReLU: Dgemm was still 10-25% faster per layer, the saved branches
 // costing less than the extra calls.)
@@ -375,8 +378,14 @@ func (o *goObjective) forwardBody(s int) []float64 {
 		for r := 0; r < o.rows; r++ {
 			row := out[r*fl.out : (r+1)*fl.out]
 			b := b[:len(row)]
+			if o.act == bnn.ReLU {
+				for j, v := range row {
+					row[j] = max(v+b[j], 0) // NaN stays NaN
+				}
+				continue
+			}
 			for j, v := range row {
-				row[j] = max(v+b[j], 0) // ReLU; NaN stays NaN
+				row[j] = o.act.Apply(v + b[j])
 			}
 		}
 		h, width = out, fl.out

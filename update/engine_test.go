@@ -113,27 +113,33 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 		batch         int
 		klWeight      float64
 		draw          bool
+		act           bnn.Activation // ReLU unless set
 	}{
-		{nil, 2, ObjectivePrior, 1, 12, 12, 0, true},
-		{nil, 2, ObjectiveVCL, 1, 12, 12, 0, true},
-		{nil, 2, ObjectivePrior, 3, 12, 12, 0.7, false},
-		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true},
-		{nil, 2, ObjectiveVCL, 2, 7, 12, 5, false}, // a short batch: the graph pads with weight-0 rows
-		{nil, 2, ObjectivePrior, 1, 5, 5, 1e-9, true},
-		{[]int{}, 3, ObjectiveVCL, 2, 12, 12, 1, true},           // no body: softmax regression
-		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false}, // three body layers, four classes
-		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true},
+		{nil, 2, ObjectivePrior, 1, 12, 12, 0, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 1, 12, 12, 0, true, bnn.ReLU},
+		{nil, 2, ObjectivePrior, 3, 12, 12, 0.7, false, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 7, 12, 5, false, bnn.ReLU}, // a short batch: the graph pads with weight-0 rows
+		{nil, 2, ObjectivePrior, 1, 5, 5, 1e-9, true, bnn.ReLU},
+		{[]int{}, 3, ObjectiveVCL, 2, 12, 12, 1, true, bnn.ReLU},           // no body: softmax regression
+		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false, bnn.ReLU}, // three body layers, four classes
+		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true, bnn.Tanh},
+		{nil, 2, ObjectivePrior, 1, 12, 12, 0.7, false, bnn.Sigmoid},
+		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true, bnn.Tanh},
+		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false, bnn.Sigmoid},
 	} {
 		arch := "breast_cancer"
 		if tc.hidden != nil {
 			arch = fmt.Sprintf("6-%v-%d", tc.hidden, tc.classes)
 		}
-		name := fmt.Sprintf("%s/%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", arch, tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
+		name := fmt.Sprintf("%s/%s/%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", arch, tc.act, tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
 		t.Run(name, func(t *testing.T) {
 			q, prev, z, y := bq, bprev, bz, by
 			if tc.hidden != nil {
 				q, prev, z, y = randomProblem(tc.hidden, tc.classes, 12)
 			}
+			q, prev = withActivation(q, tc.act), withActivation(prev, tc.act)
 			cfg := Config{Objective: tc.objective, Samples: tc.samples, KLWeight: tc.klWeight, BatchSize: tc.batch}.withDefaults()
 			var objs [2]objective
 			for i, e := range engines {
@@ -207,6 +213,13 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 	}
 }
 
+// withActivation returns a copy of m evaluated with act between layers.
+func withActivation(m *bnn.Model, act bnn.Activation) *bnn.Model {
+	c := m.Clone()
+	c.Activation = act
+	return c
+}
+
 // newObjectiveAnchored is newObjective for the parameters q with prev as the update's previous
 // posterior (the vcl anchor; ignored by the prior objective).
 func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, error) {
@@ -219,12 +232,19 @@ func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, e
 
 // TestGoObjectiveFiniteDifferences checks the Go engine's hand-written gradient against central
 // finite differences of its own loss at fixed noise (h = 1e-5; truncation ~1e-10, rounding
-// ~1e-11; tolerance 1e-7 * max(1, |g|)), for both objectives and two draws, on every parameter
-// of the last layer.
+// ~1e-11; tolerance 1e-7 * max(1, |g|)), for both objectives, two draws and every activation, on
+// every parameter of the last layer. (That the loss itself evaluates the activation is checked
+// against gorgonia's graph in TestGoObjectiveMatchesGraph.)
 func TestGoObjectiveFiniteDifferences(t *testing.T) {
-	q, prev, z, y := engineProblem(t, 9)
-	for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
-		t.Run(objective, func(t *testing.T) {
+	q0, prev0, z, y := engineProblem(t, 9)
+	for _, tc := range []struct {
+		objective string
+		act       bnn.Activation
+	}{{ObjectivePrior, bnn.ReLU}, {ObjectiveVCL, bnn.ReLU}, {ObjectivePrior, bnn.Tanh}, {ObjectiveVCL, bnn.Tanh},
+		{ObjectivePrior, bnn.Sigmoid}, {ObjectiveVCL, bnn.Sigmoid}} {
+		objective := tc.objective
+		q, prev := withActivation(q0, tc.act), withActivation(prev0, tc.act)
+		t.Run(objective+"/"+tc.act.String(), func(t *testing.T) {
 			cfg := Config{Objective: objective, Samples: 2, KLWeight: 3, Engine: EngineGo}.withDefaults()
 			o, err := newObjectiveAnchored(q, prev, 9, cfg)
 			if err != nil {
