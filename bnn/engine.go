@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"sync"
 
 	"gonum.org/v1/gonum/blas/gonum"
 	"gonum.org/v1/gonum/floats"
@@ -253,48 +254,87 @@ func (mo *moments) fold(i int, inv float64) {
 	}
 }
 
-// finish turns the sums of squared deviations into unbiased variances.
-func (mo *moments) finish() {
-	s := float64(mo.p.S - 1)
-	for i := range mo.p.Var {
+// finish turns the sums of squared deviations of inputs lo..hi-1 into unbiased variances.
+func (mo *moments) finish(lo, hi int) {
+	s, c := float64(mo.p.S-1), mo.p.C
+	for i := lo * c; i < hi*c; i++ {
 		mo.p.Var[i] /= s
 	}
 }
 
 // predictive runs the S networks net(0..S-1) over the inputs z (standardised, float64) and returns
-// the Monte-Carlo predictive. It checks ctx before every network.
-func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float64, samples int, prec Precision, net func(s int) wnet[F]) (*Predictive, error) {
+// the Monte-Carlo predictive. With workers > 1 and enough inputs, disjoint ranges of chunks run
+// on that many goroutines (net must then be safe for concurrent use); each input's result is the
+// same either way. Every goroutine checks ctx before every network and all have returned when
+// predictive returns.
+func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float64, samples int, prec Precision, workers int, net func(s int) wnet[F]) (*Predictive, error) {
 	n, c := len(z), a.classes()
 	p := &Predictive{N: n, C: c, S: samples, Precision: prec, Mean: make([]float64, n*c), Var: make([]float64, n*c)}
-	mo := &moments{p: p, probs: make([]float64, c)}
 	in := newBatch[F](z, a.sizes[0])
+	if in.rows != nil {
+		return p, predictRows(ctx, la, a, in.rows, p, net)
+	}
+	workers = max(1, min(workers, len(in.chunks)/2))
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		lo, hi := w*len(in.chunks)/workers, (w+1)*len(in.chunks)/workers
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[w] = predictChunks(ctx, la, a, in.chunks, lo, hi, p, net)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err // every worker fails the same way: ctx ended
+		}
+	}
+	return p, nil
+}
+
+// predictChunks folds the S networks over chunks lo..hi-1 into p, then turns their sums of
+// squared deviations into variances.
+func predictChunks[F float](ctx context.Context, la linalg[F], a arch, chunks [][]F, lo, hi int, p *Predictive, net func(s int) wnet[F]) error {
+	mo := &moments{p: p, probs: make([]float64, p.C)}
 	bufs := make([][]F, a.layers())
 	for k := range bufs {
-		w := a.sizes[k+1]
-		if in.chunks != nil {
-			w *= chunkRows
-		}
-		bufs[k] = make([]F, w)
+		bufs[k] = make([]F, a.sizes[k+1]*chunkRows)
 	}
-	for s := 0; s < samples; s++ {
+	for s := 0; s < p.S; s++ {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		w := net(s)
-		if in.chunks != nil {
-			for ci, x := range in.chunks {
-				lo := ci * chunkRows
-				rows := min(chunkRows, n-lo)
-				addChunk(mo, lo, rows, forwardChunk(la, a, w, x, rows, bufs), s+1)
-			}
-			continue
+		for ci := lo; ci < hi; ci++ {
+			first := ci * chunkRows
+			rows := min(chunkRows, p.N-first)
+			addChunk(mo, first, rows, forwardChunk(la, a, w, chunks[ci], rows, bufs), s+1)
 		}
-		for i, x := range in.rows {
+	}
+	mo.finish(lo*chunkRows, min(hi*chunkRows, p.N))
+	return nil
+}
+
+// predictRows is predictChunks for inputs taken one at a time.
+func predictRows[F float](ctx context.Context, la linalg[F], a arch, rows [][]F, p *Predictive, net func(s int) wnet[F]) error {
+	mo := &moments{p: p, probs: make([]float64, p.C)}
+	bufs := make([][]F, a.layers())
+	for k := range bufs {
+		bufs[k] = make([]F, a.sizes[k+1])
+	}
+	for s := 0; s < p.S; s++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		w := net(s)
+		for i, x := range rows {
 			addOne(mo, i, forwardOne(la, a, w, x, bufs), s+1)
 		}
 	}
-	mo.finish()
-	return p, nil
+	mo.finish(0, p.N)
+	return nil
 }
 
 // axpyScalar is y += alpha x in plain Go; the conversion keeps the multiply and the add separate

@@ -68,7 +68,10 @@ func (m *Model) Mean(dst *Net) {
 
 // Standardize returns the scaled inputs as an N x D matrix, checking dimensions and finiteness.
 func (m *Model) Standardize(X [][]float64) (*mat.Dense, error) {
-	d := m.Inputs()
+	return standardize(&m.Scaler, m.Inputs(), X)
+}
+
+func standardize(sc *Scaler, d int, X [][]float64) (*mat.Dense, error) {
 	if len(X) == 0 {
 		return nil, fmt.Errorf("no inputs")
 	}
@@ -82,7 +85,7 @@ func (m *Model) Standardize(X [][]float64) (*mat.Dense, error) {
 				return nil, fmt.Errorf("input %d feature %d is %v", i, j, v)
 			}
 		}
-		m.Scaler.Apply(z.RawRowView(i), x)
+		sc.Apply(z.RawRowView(i), x)
 	}
 	return z, nil
 }
@@ -168,13 +171,13 @@ func (m *Model) PredictWith(ctx context.Context, X [][]float64, samples int, see
 	a, sig := m.arch(), m.sigmas()
 	if prec == Float32 {
 		w := newWnet[float32](a)
-		return predictive(ctx, la32{}, a, z, samples, prec, func(s int) wnet[float32] {
+		return predictive(ctx, la32{}, a, z, samples, prec, 1, func(s int) wnet[float32] {
 			sampleWnet(m, sig, SampleSeed(seed, s), w)
 			return w
 		})
 	}
 	w := newWnet[float64](a)
-	return predictive(ctx, la64{}, a, z, samples, prec, func(s int) wnet[float64] {
+	return predictive(ctx, la64{}, a, z, samples, prec, 1, func(s int) wnet[float64] {
 		sampleWnet(m, sig, SampleSeed(seed, s), w)
 		return w
 	})
@@ -189,7 +192,11 @@ func checkPrecision(p Precision) error {
 
 // standardizeRows is Standardize as a slice of rows.
 func (m *Model) standardizeRows(X [][]float64) ([][]float64, error) {
-	zm, err := m.Standardize(X)
+	return standardizeRows(&m.Scaler, m.Inputs(), X)
+}
+
+func standardizeRows(sc *Scaler, d int, X [][]float64) ([][]float64, error) {
+	zm, err := standardize(sc, d, X)
 	if err != nil {
 		return nil, err
 	}
