@@ -74,7 +74,7 @@ func BenchmarkPredictBaselineForward(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		for s := 0; s < S; s++ {
 			for ci, x := range in.chunks {
-				forwardChunk[float64](la64{}, a, mean, x, min(chunkRows, len(X)-ci*chunkRows), bufs)
+				forwardChunk(a, mean, x, min(chunkRows, len(X)-ci*chunkRows), bufs)
 			}
 		}
 	}

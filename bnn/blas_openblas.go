@@ -19,6 +19,7 @@ import "C"
 
 import (
 	"sync"
+	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/netlib/blas/netlib"
@@ -35,10 +36,11 @@ func openblas() netlib.Implementation {
 	return netlib.Implementation{}
 }
 
-func (la64) gemmTN(m, n, k int, a, b, c []float64) {
-	openblas().Dgemm(blas.Trans, blas.NoTrans, m, n, k, 1, a, m, b, n, 0, c, n)
-}
-
-func (la32) gemmTN(m, n, k int, a, b, c []float32) {
-	openblas().Sgemm(blas.Trans, blas.NoTrans, m, n, k, 1, a, m, b, n, 0, c, n)
+// gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major, with OpenBLAS.
+func gemmTN[F float](m, n, k int, a, b, c []F) {
+	if unsafe.Sizeof(a[0]) == 8 {
+		openblas().Dgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float64](a), m, as[float64](b), n, 0, as[float64](c), n)
+		return
+	}
+	openblas().Sgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float32](a), m, as[float32](b), n, 0, as[float32](c), n)
 }

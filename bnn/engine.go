@@ -5,9 +5,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"unsafe"
 
+	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
-	"gonum.org/v1/gonum/floats"
 )
 
 // The predictive engine: S sampled networks applied to N inputs, in float64 or float32, with the
@@ -23,8 +24,8 @@ import (
 // computed by the build's gemm (gemmTN: gonum's pure-Go Dgemm/Sgemm, whose kernels are axpys over
 // the chunk's inputs, in the default build; OpenBLAS with -tags openblas), followed by one fused
 // pass that adds the bias and applies the activation while the block is in cache. Few inputs go
-// one at a time, each layer as axpys of the weight's rows scaled by the nonzero inputs (zeros
-// after a ReLU cost nothing).
+// one at a time, each layer one gonum gemv (always pure Go: a cgo call per small product would
+// cost more than it saves).
 //
 // Both paths add the products of an output in the same order, w_0 h_0 + w_1 h_1 + ..., starting
 // from zero and adding the bias last, without fused multiply-adds, so in the default build a
@@ -37,15 +38,7 @@ const (
 )
 
 // float is the element type of the forward passes.
-type float interface{ ~float32 | ~float64 }
-
-// linalg is what the engine needs from a BLAS, per element type.
-type linalg[F float] interface {
-	// axpy sets y += alpha x (len(y) == len(x)), as separate multiplies and adds.
-	axpy(alpha F, x, y []F)
-	// gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major.
-	gemmTN(m, n, k int, a, b, c []F)
-}
+type float interface{ float32 | float64 }
 
 // wnet is one sampled network in the engine's layout (see above).
 type wnet[F float] struct {
@@ -136,15 +129,39 @@ func biasAct[F float](row []F, bias F, act Activation, output bool) {
 	}
 }
 
+// biasActVec sets o[j] = act(o[j] + b[j]), or o[j] + b[j] for the output layer: biasAct with a
+// bias per element.
+func biasActVec[F float](o, b []F, act Activation, output bool) {
+	b = b[:len(o)]
+	switch {
+	case output:
+		for j, v := range o {
+			o[j] = v + b[j]
+		}
+	case act == ReLU:
+		for j, v := range o {
+			o[j] = max(v+b[j], 0)
+		}
+	case act == Tanh:
+		for j, v := range o {
+			o[j] = F(math.Tanh(float64(v + b[j])))
+		}
+	default:
+		for j, v := range o {
+			o[j] = F(sigmoid(float64(v + b[j])))
+		}
+	}
+}
+
 // forwardChunk computes the logits (C x rows, row-major) of the rows inputs held transposed in x
 // (In x rows) under network n. bufs holds one Out x chunkRows block per layer.
-func forwardChunk[F float](la linalg[F], a arch, n wnet[F], x []F, rows int, bufs [][]F) []F {
+func forwardChunk[F float](a arch, n wnet[F], x []F, rows int, bufs [][]F) []F {
 	h := x
 	last := a.layers() - 1
 	for k := 0; k <= last; k++ {
 		in, out := a.sizes[k], a.sizes[k+1]
 		o := bufs[k][:out*rows]
-		la.gemmTN(out, rows, in, n.wt[k], h, o)
+		gemmTN(out, rows, in, n.wt[k], h, o)
 		for j := 0; j < out; j++ {
 			biasAct(o[j*rows:(j+1)*rows], n.b[k][j], a.act, k == last)
 		}
@@ -155,27 +172,14 @@ func forwardChunk[F float](la linalg[F], a arch, n wnet[F], x []F, rows int, buf
 
 // forwardOne computes the logits of one input x under network n; bufs holds one Out-vector per
 // layer.
-func forwardOne[F float](la linalg[F], a arch, n wnet[F], x []F, bufs [][]F) []F {
+func forwardOne[F float](a arch, n wnet[F], x []F, bufs [][]F) []F {
 	h := x
 	last := a.layers() - 1
 	for k := 0; k <= last; k++ {
 		out := a.sizes[k+1]
 		o := bufs[k][:out]
-		clear(o)
-		wt := n.wt[k]
-		for i, v := range h {
-			if v != 0 { // adding v * w = 0 changes nothing
-				la.axpy(v, wt[i*out:(i+1)*out], o)
-			}
-		}
-		for j, b := range n.b[k] {
-			o[j] += b
-		}
-		if k != last {
-			for j := range o {
-				o[j] = F(a.act.Apply(float64(o[j])))
-			}
-		}
+		gemvT(a.sizes[k], out, n.wt[k], h, o)
+		biasActVec(o, n.b[k], a.act, k == last)
 		h = o
 	}
 	return h
@@ -267,12 +271,12 @@ func (mo *moments) finish(lo, hi int) {
 // on that many goroutines (net must then be safe for concurrent use); each input's result is the
 // same either way. Every goroutine checks ctx before every network and all have returned when
 // predictive returns.
-func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float64, samples int, prec Precision, workers int, net func(s int) wnet[F]) (*Predictive, error) {
+func predictive[F float](ctx context.Context, a arch, z [][]float64, samples int, prec Precision, workers int, net func(s int) wnet[F]) (*Predictive, error) {
 	n, c := len(z), a.classes()
 	p := &Predictive{N: n, C: c, S: samples, Precision: prec, Mean: make([]float64, n*c), Var: make([]float64, n*c)}
 	in := newBatch[F](z, a.sizes[0])
 	if in.rows != nil {
-		return p, predictRows(ctx, la, a, in.rows, p, net)
+		return p, predictRows(ctx, a, in.rows, p, net)
 	}
 	workers = max(1, min(workers, len(in.chunks)/2))
 	errs := make([]error, workers)
@@ -282,7 +286,7 @@ func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float6
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[w] = predictChunks(ctx, la, a, in.chunks, lo, hi, p, net)
+			errs[w] = predictChunks(ctx, a, in.chunks, lo, hi, p, net)
 		}()
 	}
 	wg.Wait()
@@ -296,7 +300,7 @@ func predictive[F float](ctx context.Context, la linalg[F], a arch, z [][]float6
 
 // predictChunks folds the S networks over chunks lo..hi-1 into p, then turns their sums of
 // squared deviations into variances.
-func predictChunks[F float](ctx context.Context, la linalg[F], a arch, chunks [][]F, lo, hi int, p *Predictive, net func(s int) wnet[F]) error {
+func predictChunks[F float](ctx context.Context, a arch, chunks [][]F, lo, hi int, p *Predictive, net func(s int) wnet[F]) error {
 	mo := &moments{p: p, probs: make([]float64, p.C)}
 	bufs := make([][]F, a.layers())
 	for k := range bufs {
@@ -310,7 +314,7 @@ func predictChunks[F float](ctx context.Context, la linalg[F], a arch, chunks []
 		for ci := lo; ci < hi; ci++ {
 			first := ci * chunkRows
 			rows := min(chunkRows, p.N-first)
-			addChunk(mo, first, rows, forwardChunk(la, a, w, chunks[ci], rows, bufs), s+1)
+			addChunk(mo, first, rows, forwardChunk(a, w, chunks[ci], rows, bufs), s+1)
 		}
 	}
 	mo.finish(lo*chunkRows, min(hi*chunkRows, p.N))
@@ -318,7 +322,7 @@ func predictChunks[F float](ctx context.Context, la linalg[F], a arch, chunks []
 }
 
 // predictRows is predictChunks for inputs taken one at a time.
-func predictRows[F float](ctx context.Context, la linalg[F], a arch, rows [][]F, p *Predictive, net func(s int) wnet[F]) error {
+func predictRows[F float](ctx context.Context, a arch, rows [][]F, p *Predictive, net func(s int) wnet[F]) error {
 	mo := &moments{p: p, probs: make([]float64, p.C)}
 	bufs := make([][]F, a.layers())
 	for k := range bufs {
@@ -330,45 +334,26 @@ func predictRows[F float](ctx context.Context, la linalg[F], a arch, rows [][]F,
 		}
 		w := net(s)
 		for i, x := range rows {
-			addOne(mo, i, forwardOne(la, a, w, x, bufs), s+1)
+			addOne(mo, i, forwardOne(a, w, x, bufs), s+1)
 		}
 	}
 	mo.finish(0, p.N)
 	return nil
 }
 
-// axpyScalar is y += alpha x in plain Go; the conversion keeps the multiply and the add separate
-// (no fused multiply-add), as in gonum's assembly.
-func axpyScalar[F float](alpha F, x, y []F) {
-	x = x[:len(y)]
-	for j := range y {
-		y[j] += F(alpha * x[j])
-	}
-}
-
-// la64 and la32 are the engine's BLAS for float64 and float32. axpy is always plain Go and
-// gonum's assembly (an OpenBLAS call per short vector would cost more than it saves); gemmTN is
-// the build's: blas_gonum.go or blas_openblas.go.
-type (
-	la64 struct{}
-	la32 struct{}
-)
-
-// axpyAsm is the length from which gonum's assembly axpy beats the plain loop.
-const axpyAsm = 8
-
-func (la64) axpy(alpha float64, x, y []float64) {
-	if len(y) < axpyAsm {
-		axpyScalar(alpha, x, y)
+// gemvT sets y = a^T x for a (m x n, row-major), x (m) and y (n) with gonum's gemv, in every
+// build (a cgo call per input would cost more than it saves): y[o] = sum_i a[i, o] x[i], adding
+// the products for i = 0, 1, ... in order from zero, as gemmTN does for each column of a chunk.
+func gemvT[F float](m, n int, a, x, y []F) {
+	if unsafe.Sizeof(a[0]) == 8 {
+		gonum.Implementation{}.Dgemv(blas.Trans, m, n, 1, as[float64](a), n, as[float64](x), 1, 0, as[float64](y), 1)
 		return
 	}
-	floats.AddScaled(y, alpha, x)
+	gonum.Implementation{}.Sgemv(blas.Trans, m, n, 1, as[float32](a), n, as[float32](x), 1, 0, as[float32](y), 1)
 }
 
-func (la32) axpy(alpha float32, x, y []float32) {
-	if len(y) < axpyAsm {
-		axpyScalar(alpha, x, y)
-		return
-	}
-	gonum.Implementation{}.Saxpy(len(y), alpha, x, 1, y, 1)
+// as reinterprets a []F as a []T of the same element type; gemvT and gemmTN call it only with
+// T == F, to reach the non-generic BLAS functions.
+func as[T, F float](v []F) []T {
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(v))), len(v))
 }

@@ -39,8 +39,7 @@ type Pool struct {
 	prec    Precision
 	arch    arch
 	scaler  Scaler
-	block64 []float64
-	block32 []float32
+	size    int // elements of all networks' weights and biases
 	nets64  []wnet[float64]
 	nets32  []wnet[float32]
 }
@@ -61,20 +60,22 @@ func NewPool(m *Model, samples int, seed uint64, prec Precision) (*Pool, error) 
 		scaler: Scaler{Mean: append([]float64(nil), m.Scaler.Mean...), Std: append([]float64(nil), m.Scaler.Std...)}}
 	n := a.params()
 	if prec == Float32 {
-		p.block32 = make([]float32, samples*n)
+		block := make([]float32, samples*n)
 		for s := 0; s < samples; s++ {
-			w := wnetIn(a, p.block32[s*n:(s+1)*n])
+			w := wnetIn(a, block[s*n:(s+1)*n])
 			sampleWnet(m, sig, SampleSeed(seed, s), w)
 			p.nets32 = append(p.nets32, w)
 		}
+		p.size = len(block)
 		return p, nil
 	}
-	p.block64 = make([]float64, samples*n)
+	block := make([]float64, samples*n)
 	for s := 0; s < samples; s++ {
-		w := wnetIn(a, p.block64[s*n:(s+1)*n])
+		w := wnetIn(a, block[s*n:(s+1)*n])
 		sampleWnet(m, sig, SampleSeed(seed, s), w)
 		p.nets64 = append(p.nets64, w)
 	}
+	p.size = len(block)
 	return p, nil
 }
 
@@ -92,7 +93,10 @@ func (p *Pool) Precision() Precision { return p.prec }
 
 // Bytes is the memory held by the networks' weights and biases.
 func (p *Pool) Bytes() int {
-	return len(p.block64)*int(unsafe.Sizeof(float64(0))) + len(p.block32)*int(unsafe.Sizeof(float32(0)))
+	if p.prec == Float32 {
+		return p.size * int(unsafe.Sizeof(float32(0)))
+	}
+	return p.size * int(unsafe.Sizeof(float64(0)))
 }
 
 // Predict estimates the posterior predictive of every class for the raw inputs X with the
@@ -106,7 +110,7 @@ func (p *Pool) Predict(ctx context.Context, X [][]float64) (*Predictive, error) 
 	}
 	workers := runtime.GOMAXPROCS(0)
 	if p.prec == Float32 {
-		return predictive(ctx, la32{}, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float32] { return p.nets32[s] })
+		return predictive(ctx, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float32] { return p.nets32[s] })
 	}
-	return predictive(ctx, la64{}, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float64] { return p.nets64[s] })
+	return predictive(ctx, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float64] { return p.nets64[s] })
 }

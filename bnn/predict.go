@@ -171,13 +171,13 @@ func (m *Model) PredictWith(ctx context.Context, X [][]float64, samples int, see
 	a, sig := m.arch(), m.sigmas()
 	if prec == Float32 {
 		w := newWnet[float32](a)
-		return predictive(ctx, la32{}, a, z, samples, prec, 1, func(s int) wnet[float32] {
+		return predictive(ctx, a, z, samples, prec, 1, func(s int) wnet[float32] {
 			sampleWnet(m, sig, SampleSeed(seed, s), w)
 			return w
 		})
 	}
 	w := newWnet[float64](a)
-	return predictive(ctx, la64{}, a, z, samples, prec, 1, func(s int) wnet[float64] {
+	return predictive(ctx, a, z, samples, prec, 1, func(s int) wnet[float64] {
 		sampleWnet(m, sig, SampleSeed(seed, s), w)
 		return w
 	})

@@ -45,7 +45,7 @@ func BenchmarkTrainStepBaselineForward(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		sampleWnet(m, sig, rng, net)
-		forwardChunk[float64](la64{}, a, net, in.chunks[0], len(rows), bufs)
+		forwardChunk(a, net, in.chunks[0], len(rows), bufs)
 	}
 }
 
