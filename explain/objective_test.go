@@ -78,7 +78,7 @@ func netProbs(act bnn.Activation, n *bnn.Net, z []float64) []float64 {
 
 // referenceTerms computes the objective's terms in plain Go (netProbs and the VAE's ELBOWith),
 // independently of the gorgonia graph.
-func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, eps float64) [numTerms]float64 {
+func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, epsilon float64) [numTerms]float64 {
 	var r [numTerms]float64
 	ps := make([]float64, len(nets))
 	for s, n := range nets {
@@ -94,7 +94,7 @@ func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zet
 		vr += (p - mean) * (p - mean) / float64(len(ps)-1)
 	}
 	r[termDelta] = math.Max(1-delta-mean, 0)
-	r[termVar] = math.Max(vr-eps, 0)
+	r[termVar] = math.Max(vr-epsilon, 0)
 	for j := range z {
 		r[termProx] += (z[j] - x0[j]) * (z[j] - x0[j])
 	}
@@ -132,9 +132,9 @@ func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 	if err := o.setNets(nets); err != nil {
 		t.Fatal(err)
 	}
-	// delta and eps chosen so that both hinges are active.
-	const delta, eps = 0.01, 1e-6
-	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4}, delta, eps); err != nil {
+	// delta and epsilon chosen so that both hinges are active.
+	const delta, epsilon = 0.01, 1e-6
+	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4}, delta, epsilon); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.setZeta(zeta); err != nil {
@@ -144,7 +144,7 @@ func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 	if err := o.eval(z, &ev); err != nil {
 		t.Fatal(err)
 	}
-	ref := referenceTerms(act, nets, v, z, x0, mu0, zeta, 2, delta, eps)
+	ref := referenceTerms(act, nets, v, z, x0, mu0, zeta, 2, delta, epsilon)
 	for term := term(0); term < numTerms; term++ {
 		if d := math.Abs(ev.Terms[term] - ref[term]); d > 1e-10*math.Max(1, math.Abs(ref[term])) {
 			t.Errorf("%v: graph %v, reference %v", term, ev.Terms[term], ref[term])
@@ -199,7 +199,7 @@ func testObjectiveGradients(t *testing.T, act bnn.Activation) {
 			var w Weights
 			ws := []*float64{&w.Class, &w.Delta, &w.Latent, &w.Var, &w.ELBO, &w.Prox}
 			*ws[term] = 1
-			// delta = 0.001 and eps = 0 keep the hinges active (checked below).
+			// delta = 0.001 and epsilon = 0 keep the hinges active (checked below).
 			if err := o.setProblem(trial%2, x0, mu0, w, 0.001, 0); err != nil {
 				t.Fatal(err)
 			}
