@@ -21,7 +21,7 @@ type GraphConfig struct {
 	// Batch is the number of rows of the graph's input; shorter minibatches are padded with
 	// rows of weight 0. Required (>= 1).
 	Batch int
-	// Samples is the number of Monte-Carlo weight draws per step; the NLL is their mean.
+	// Samples is the number of Monte-Carlo weight draws per iteration; the NLL is their mean.
 	// Default 1 (torchbnn's single draw per forward pass).
 	Samples int
 	// LastOnly makes only the last layer trainable. The body's weights are still sampled in
@@ -30,10 +30,10 @@ type GraphConfig struct {
 	// KLScale multiplies the KL term of the loss (kl_weight / N in Train). 0 leaves the KL out of
 	// the loss; it is still computed and reported.
 	KLScale float64
-	// Anchor, when set, replaces the N(0, PriorSigma^2) prior in the KL term by the anchor's own
-	// posterior for the trainable layers (variational continual learning: KL(q || q_prev)).
-	// It must have the model's shape.
-	Anchor *Model
+	// Prev, the previous posterior q_prev, when set, replaces the N(0, PriorSigma^2) prior in the
+	// KL term by q_prev's own (mu, sigma) for the trainable layers (variational continual
+	// learning: KL(q || q_prev)). It must have the model's shape and activation.
+	Prev *Model
 }
 
 // Param is one trainable block of parameters in a Graph, e.g. "fc3.weight_mu". Value aliases the
@@ -57,7 +57,7 @@ type Eval struct {
 
 // Graph is the Bayes-by-backprop objective of a Model as a gorgonia expression graph. It is
 // built once and run for every minibatch: the inputs (rows, labels, noise) are rebound with
-// gorgonia.Let and the parameters are updated in place, so no graph is rebuilt per step.
+// gorgonia.Let and the parameters are updated in place, so no graph is rebuilt per iteration.
 //
 // For every layer k and draw s the forward pass samples (reparameterisation trick)
 //
@@ -69,7 +69,7 @@ type Eval struct {
 //	KL(q || N(m0, s0^2)) = sum_j [ log s0_j - log_sigma_j + (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2) - 1/2 ],
 //
 // summed over the trainable layers' weights and biases, with target N(0, PriorSigma^2) or, when
-// GraphConfig.Anchor is set, the anchor's (mu, sigma) per parameter.
+// GraphConfig.Prev is set, the previous posterior's (mu, sigma) per parameter.
 //
 // A Graph is not safe for concurrent use. Close releases it.
 type Graph struct {
@@ -125,9 +125,12 @@ func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 	if math.IsNaN(cfg.KLScale) || math.IsInf(cfg.KLScale, 0) || cfg.KLScale < 0 {
 		return cfg, fmt.Errorf("KL scale %v, want finite and >= 0", cfg.KLScale)
 	}
-	if cfg.Anchor != nil {
-		if err := sameShape(m, cfg.Anchor); err != nil {
-			return cfg, fmt.Errorf("anchor: %w", err)
+	if cfg.Prev != nil {
+		if err := sameShape(m, cfg.Prev); err != nil {
+			return cfg, fmt.Errorf("previous posterior: %w", err)
+		}
+		if cfg.Prev.Activation != m.Activation {
+			return cfg, fmt.Errorf("previous posterior: activation %v, model %v", cfg.Prev.Activation, m.Activation)
 		}
 	}
 	return cfg, nil
@@ -265,13 +268,13 @@ func (gr *Graph) build(m *Model) {
 		} {
 			shape := p.mu.Shape().Clone()
 			quad := G.Must(G.Square(p.s)) // sigma^2 (+ (mu - m0)^2 below)
-			if cfg.Anchor == nil {
+			if cfg.Prev == nil {
 				quad = G.Must(G.Add(quad, G.Must(G.Square(p.mu))))
 				quad = G.Must(G.Mul(G.Must(G.Sum(quad)), G.NewConstant(0.5/(m.PriorSigma*m.PriorSigma))))
 				gr.klConst += float64(shape.TotalSize()) * (lp - 0.5)
 				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), lsPrior: lp})
 			} else {
-				am, als := p.a(&cfg.Anchor.Layers[k])
+				am, als := p.a(&cfg.Prev.Layers[k])
 				m0, ls0 := am, als
 				if p.name == "weight" {
 					m0, ls0 = vec.Transpose(am, l.Out, l.In), vec.Transpose(als, l.Out, l.In)
@@ -281,8 +284,8 @@ func (gr *Graph) build(m *Model) {
 					half[i] = 0.5 * math.Exp(-2*v)
 					gr.klConst += v - 0.5
 				}
-				m0n := G.NewConstant(tensor.New(tensor.WithBacking(vec.Clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_anchor", l.Name, p.name)))
-				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_anchor", l.Name, p.name)))
+				m0n := G.NewConstant(tensor.New(tensor.WithBacking(vec.Clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_prev", l.Name, p.name)))
+				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_prev", l.Name, p.name)))
 				quad = G.Must(G.Add(quad, G.Must(G.Square(G.Must(G.Sub(p.mu, m0n))))))
 				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: vec.Clone(m0), ls0: vec.Clone(ls0)})
 				quad = G.Must(G.Sum(G.Must(G.HadamardProd(quad, hn))))
@@ -331,7 +334,7 @@ func pick(c bool, a, b []float64) []float64 {
 //
 //	sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j.
 //
-// Run's Eval.KL is the same quantity evaluated inside the graph, before the optimiser's step.
+// Run's Eval.KL is the same quantity evaluated inside the graph, before the optimiser's iteration.
 func (gr *Graph) KL() float64 {
 	s := 0.0
 	for _, t := range gr.targets {

@@ -54,13 +54,13 @@ type EpochStats struct {
 
 // TrainStats summarises a training run: the last epoch's figures plus totals.
 type TrainStats struct {
-	Epochs   int
-	Steps    int // Adam steps taken
-	Loss     float64
-	NLL      float64
-	KL       float64
-	Accuracy float64
-	Duration time.Duration
+	Epochs     int
+	Iterations int // Adam iterations taken
+	Loss       float64
+	NLL        float64
+	KL         float64
+	Accuracy   float64
+	Duration   time.Duration
 }
 
 // withDefaults returns cfg with zero fields replaced by the defaults.
@@ -123,7 +123,7 @@ func CheckLabels(y []int, rows, classes int) error {
 
 // Train fits every layer of m to (X, y) in place by Bayes-by-backprop (Blundell et al. 2015)
 // with Adam. X holds raw features; they are standardised with m.Scaler. Each minibatch B of a
-// seeded shuffle takes one Adam step on
+// seeded shuffle takes one Adam iteration on
 //
 //	loss = (1/|B|) sum_{i in B} -log p(y_i | x_i, w) + KLWeight * KL(q || N(0, PriorSigma^2)) / N,
 //	w = mu + exp(log_sigma) * eps,   eps ~ N(0, 1) drawn afresh for every minibatch,
@@ -184,10 +184,10 @@ func Train(ctx context.Context, m *Model, X [][]float64, y []int, cfg TrainConfi
 			gr.DrawEps(rng)
 			ev, err := gr.Run()
 			if err != nil {
-				return st, fmt.Errorf("train: epoch %d step %d: %w", epoch, st.Steps+1, err)
+				return st, fmt.Errorf("train: epoch %d iteration %d: %w", epoch, st.Iterations+1, err)
 			}
 			opt.Step(gr.Params())
-			st.Steps++
+			st.Iterations++
 			w := float64(ev.Rows) / float64(n)
 			es.Loss += w * ev.Loss
 			es.NLL += w * ev.NLL
@@ -281,12 +281,12 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 
 // Adam is the Adam optimiser (Kingma and Ba 2015) with PyTorch's defaults
 // (beta1 = 0.9, beta2 = 0.999, eps = 1e-8) and no weight decay. For each parameter p with
-// gradient g, at step t:
+// gradient g, at iteration t:
 //
 //	m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
 //	p -= LR * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
 //
-// Each step moves a parameter by at most about LR, whatever the gradient's scale.
+// Each iteration moves a parameter by at most about LR, whatever the gradient's scale.
 type Adam struct {
 	LR, Beta1, Beta2, Eps float64
 	t                     int

@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// BenchmarkTrainStep is one Bayes-by-backprop step on the paper's tabular architecture
+// BenchmarkTrainStep is one Bayes-by-backprop iteration on the paper's tabular architecture
 // (30 -> 64 -> 32 -> 2) with a batch of 64: fresh noise, the gorgonia forward and backward
-// pass, and an Adam step. BenchmarkTrainStepBaselineForward is the reference in the same run:
+// pass, and an Adam iteration. BenchmarkTrainStepBaselineForward is the reference in the same run:
 // one sampled forward pass through the predictive engine over the same batch, no gradient.
 // Their ratio is the price of the gradient and of gorgonia's per-op overhead.
 func BenchmarkTrainStep(b *testing.B) {

@@ -60,7 +60,7 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 //	KL = sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j,
 //
 // where the KL runs over the last layer's weights and biases, (m0, s0) = (0, PriorSigma) for the
-// prior objective and the anchor's (mu, sigma) per parameter for vcl, and KLScale =
+// prior objective and the previous posterior's (mu, sigma) per parameter for vcl, and KLScale =
 // KLWeight / N (N rows in the update). The gradient, per draw s (eps, sigma of the last layer):
 //
 //	dL/dz_r        = (softmax(z_r) - onehot(y_r)) / (S B)
@@ -139,7 +139,7 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 		{"bias_mu", vec.Clone(last.BiasMu)}, {"bias_log_sigma", vec.Clone(last.BiasLogSigma)}} {
 		o.params = append(o.params, bnn.Param{Name: last.Name + "." + p.name, Value: p.v, Grad: make([]float64, len(p.v))})
 	}
-	if a := cfg.Anchor; a != nil {
+	if a := cfg.Prev; a != nil {
 		al := a.Last()
 		o.m0W, o.ls0W = vec.Transpose(al.WeightMu, c, h), vec.Transpose(al.WeightLogSigma, c, h)
 		o.m0B, o.ls0B = vec.Clone(al.BiasMu), vec.Clone(al.BiasLogSigma)

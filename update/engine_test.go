@@ -100,7 +100,7 @@ func rel(a, b float64) float64 {
 // largest are judged against 1e-3 of it; measured: at most ~5e-12). The noise is fed both ways: by
 // SetEps with a fixed function, and by DrawEps from two copies of one seeded rng, which also
 // checks that both engines consume the rng in the same order. The comparison is repeated over
-// 10 Adam steps taken in lockstep, so it covers parameters away from the starting point, and
+// 10 Adam iterations taken in lockstep, so it covers parameters away from the starting point, and
 // runs on the paper's architecture and on networks with no body, three body layers, 3 and 4
 // classes.
 func TestGoObjectiveMatchesGraph(t *testing.T) {
@@ -145,7 +145,7 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 			for i, e := range engines {
 				cfg.Engine = e
 				// N = 40 rows in the "update": KLScale = klw/40; vcl pulls towards prev.
-				o, err := newObjectiveAnchored(q, prev, 40, cfg)
+				o, err := newObjectiveWithPrev(q, prev, 40, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -158,17 +158,17 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 			goOpt := bnn.NewAdam(objs[0].Params(), 1e-2)
 			grOpt := bnn.NewAdam(objs[1].Params(), 1e-2)
 			worst := 0.0
-			for step := 0; step < 10; step++ {
+			for it := 0; it < 10; it++ {
 				if tc.draw {
-					objs[0].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
-					objs[1].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
+					objs[0].DrawEps(rand.New(rand.NewPCG(uint64(it), 77)))
+					objs[1].DrawEps(rand.New(rand.NewPCG(uint64(it), 77)))
 				} else {
 					f := func(s, k int, bias bool, i int) float64 {
 						b := uint64(0)
 						if bias {
 							b = 1
 						}
-						return rand.New(rand.NewPCG(uint64(step)<<50|uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
+						return rand.New(rand.NewPCG(uint64(it)<<50|uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
 					}
 					objs[0].SetEps(f)
 					objs[1].SetEps(f)
@@ -182,7 +182,7 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					t.Fatal(err)
 				}
 				if evGo.Rows != evGr.Rows || evGo.Correct != evGr.Correct {
-					t.Errorf("step %d: rows/correct %d/%d, graph %d/%d", step, evGo.Rows, evGo.Correct, evGr.Rows, evGr.Correct)
+					t.Errorf("iteration %d: rows/correct %d/%d, graph %d/%d", it, evGo.Rows, evGo.Correct, evGr.Rows, evGr.Correct)
 				}
 				for _, v := range []struct {
 					name   string
@@ -191,7 +191,7 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					e := rel(v.go_, v.g)
 					worst = math.Max(worst, e)
 					if e > 1e-10 {
-						t.Errorf("step %d: %s %.17g, graph %.17g (relative error %.2g)", step, v.name, v.go_, v.g, e)
+						t.Errorf("iteration %d: %s %.17g, graph %.17g (relative error %.2g)", it, v.name, v.go_, v.g, e)
 					}
 				}
 				pg, pr := objs[0].Params(), objs[1].Params()
@@ -202,13 +202,13 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					e := relErr(pg[b].Grad, pr[b].Grad, 1e-3)
 					worst = math.Max(worst, e)
 					if e > 1e-10 {
-						t.Errorf("step %d: gradient of %s: relative error %.3g\n go    %.6g\n graph %.6g", step, pr[b].Name, e, pg[b].Grad, pr[b].Grad)
+						t.Errorf("iteration %d: gradient of %s: relative error %.3g\n go    %.6g\n graph %.6g", it, pr[b].Name, e, pg[b].Grad, pr[b].Grad)
 					}
 				}
 				goOpt.Step(pg)
 				grOpt.Step(pr)
 			}
-			t.Logf("largest relative difference over 10 steps: %.3g", worst)
+			t.Logf("largest relative difference over 10 iterations: %.3g", worst)
 		})
 	}
 }
@@ -220,10 +220,10 @@ func withActivation(m *bnn.Model, act bnn.Activation) *bnn.Model {
 	return c
 }
 
-// newObjectiveAnchored is newObjective for the parameters q with prev as the update's previous
-// posterior (the vcl anchor; ignored by the prior objective).
-func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, error) {
-	gc := graphConfig(anchor, n, cfg)
+// newObjectiveWithPrev is newObjective for the parameters q with prev as the update's previous
+// posterior (vcl's KL target; ignored by the prior objective).
+func newObjectiveWithPrev(q, prev *bnn.Model, n int, cfg Config) (objective, error) {
+	gc := graphConfig(prev, n, cfg)
 	if cfg.Engine == EngineGorgonia {
 		return bnn.NewGraph(q, gc)
 	}
@@ -246,7 +246,7 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 		q, prev := withActivation(q0, tc.act), withActivation(prev0, tc.act)
 		t.Run(objective+"/"+tc.act.String(), func(t *testing.T) {
 			cfg := Config{Objective: objective, Samples: 2, KLWeight: 3, Engine: EngineGo}.withDefaults()
-			o, err := newObjectiveAnchored(q, prev, 9, cfg)
+			o, err := newObjectiveWithPrev(q, prev, 9, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -294,7 +294,7 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 }
 
 // TestEnginesAgreeEndToEnd runs LastLayer with both engines from the same prev, data and seed.
-// Both draw the same minibatches and the same noise (one rng per step, consumed in the same
+// Both draw the same minibatches and the same noise (one rng per iteration, consumed in the same
 // order), so they differ only by rounding; KL(q_new || q_prev) agrees within 1e-6 relative
 // (measured: at most ~1e-14) and every last-layer parameter within 1e-9 absolute.
 func TestEnginesAgreeEndToEnd(t *testing.T) {
@@ -303,10 +303,10 @@ func TestEnginesAgreeEndToEnd(t *testing.T) {
 		rows int
 		cfg  Config
 	}{
-		{64, Config{}}, // the daemon's default: prior, lr 1e-5, 50 steps, batch 64
+		{64, Config{}}, // the daemon's default: prior, lr 1e-5, 50 iterations, batch 64
 		{64, Config{Objective: ObjectiveVCL, Seed: 5}},
-		{40, Config{Objective: ObjectiveVCL, LR: 1e-3, BatchSize: 16, Samples: 2, Steps: 30, Seed: 7}},
-		{25, Config{LR: 1e-2, BatchSize: 10, Steps: 40, KLWeight: 2, Seed: 8}},
+		{40, Config{Objective: ObjectiveVCL, LR: 1e-3, BatchSize: 16, Samples: 2, Iterations: 30, Seed: 7}},
+		{25, Config{LR: 1e-2, BatchSize: 10, Iterations: 40, KLWeight: 2, Seed: 8}},
 	} {
 		t.Run(fmt.Sprintf("%s/rows=%d/lr=%g", tc.cfg.withDefaults().Objective, tc.rows, tc.cfg.withDefaults().LR), func(t *testing.T) {
 			var outs [2]*bnn.Model
@@ -373,15 +373,15 @@ func (c *countdown) Err() error {
 	return nil
 }
 
-// TestLastLayerCancelledMidway cancels after 7 steps: both engines stop with ctx's error and
+// TestLastLayerCancelledMidway cancels after 7 iterations: both engines stop with ctx's error and
 // return no model.
 func TestLastLayerCancelledMidway(t *testing.T) {
 	m, test := trained(t)
 	for _, engine := range engines {
 		ctx := &countdown{Context: context.Background(), n: 7}
 		next, st, err := LastLayer(ctx, m, test.X[:20], test.Y[:20], Config{Engine: engine})
-		if !errors.Is(err, context.Canceled) || next != nil || st.Steps != 7 || !strings.Contains(err.Error(), "step 8") {
-			t.Errorf("%s: err %v, model %v, %d steps", engine, err, next != nil, st.Steps)
+		if !errors.Is(err, context.Canceled) || next != nil || st.Iterations != 7 || !strings.Contains(err.Error(), "iteration 8") {
+			t.Errorf("%s: err %v, model %v, %d iterations", engine, err, next != nil, st.Iterations)
 		}
 	}
 }
