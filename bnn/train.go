@@ -280,22 +280,22 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 }
 
 // Adam is the Adam optimiser (Kingma and Ba 2015) with PyTorch's defaults
-// (beta1 = 0.9, beta2 = 0.999, eps = 1e-8) and no weight decay. For each parameter p with
+// (beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8) and no weight decay. For each parameter p with
 // gradient g, at iteration t:
 //
 //	m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
-//	p -= LR * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
+//	p -= LR * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon).
 //
 // Each iteration moves a parameter by at most about LR, whatever the gradient's scale.
 type Adam struct {
-	LR, Beta1, Beta2, Eps float64
-	t                     int
-	m, v                  [][]float64
+	LR, Beta1, Beta2, Epsilon float64
+	t                         int
+	m, v                      [][]float64
 }
 
 // NewAdam returns an optimiser for params with zeroed moments.
 func NewAdam(params []Param, lr float64) *Adam {
-	a := &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+	a := &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Epsilon: 1e-8}
 	for _, p := range params {
 		a.m = append(a.m, make([]float64, len(p.Value)))
 		a.v = append(a.v, make([]float64, len(p.Value)))
@@ -314,7 +314,7 @@ func (a *Adam) Step(params []Param) {
 		for j, g := range p.Grad {
 			m[j] = a.Beta1*m[j] + (1-a.Beta1)*g
 			v[j] = a.Beta2*v[j] + (1-a.Beta2)*g*g
-			p.Value[j] -= a.LR * (m[j] / c1) / (math.Sqrt(v[j]/c2) + a.Eps)
+			p.Value[j] -= a.LR * (m[j] / c1) / (math.Sqrt(v[j]/c2) + a.Epsilon)
 		}
 	}
 }
