@@ -392,7 +392,7 @@ func (d *Daemon) generator(m *bnn.Model, method explain.Method) *explain.Generat
 	defer d.genMu.Unlock()
 	if d.gen == nil || d.gen.Config().Method != method || d.genVersion != m.Version {
 		cfg := explain.DefaultConfig(method)
-		cfg.MaxIter, cfg.Delta, cfg.Eps, cfg.Seed = d.cfg.Explain.MaxIterations, d.cfg.Certify.Delta, d.cfg.Certify.Epsilon, m.Version
+		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed = d.cfg.Explain.MaxIterations, d.cfg.Certify.Delta, d.cfg.Certify.Epsilon, m.Version
 		d.gen, d.genVersion = explain.NewGenerator(m, d.vae, cfg), m.Version
 	}
 	return d.gen
