@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -142,7 +140,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
-	tlsCfg, err := clientTLS(cfg.Kafka.TLS)
+	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
 	if err != nil {
 		return err
 	}
@@ -212,31 +210,4 @@ func alphaOr(a float64) float64 {
 		return a
 	}
 	return certify.DefaultAlpha
-}
-
-// clientTLS builds the Kafka client's TLS configuration from kafka.tls.
-func clientTLS(c config.TLS) (*tls.Config, error) {
-	if !c.Enabled {
-		return nil, nil
-	}
-	t := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
-		}
-		t.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
-		}
-		t.Certificates = []tls.Certificate{cert}
-	}
-	return t, nil
 }
