@@ -65,7 +65,8 @@ type Daemon struct {
 	genVersion uint64
 	genSlots   chan struct{}
 
-	ready chan struct{} // closed once the consumer runs
+	ready    chan struct{}    // closed once the consumer runs
+	consumer *stream.Consumer // set before ready is closed; its Health answers /readyz
 }
 
 // HTTPAddr is the API's listening address.
@@ -152,7 +153,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
 		// a crash of the daemon (and of the broker inside it).
 		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
-			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1}, log.With("component", "broker"))
+			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
+			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes}, log.With("component", "broker"))
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}

@@ -78,9 +78,11 @@ func (p pass) nsPerRecord() (wall, cpu float64) {
 }
 
 // plainPass reads every record with a plain kafka-go group reader (FetchMessage only), with
-// the consumer's reader settings and a fresh group. The clock starts at the first message.
+// the consumer's fetch settings and a fresh group. The clock starts at the first message.
 func plainPass(b *testing.B, cfg ConsumerConfig) pass {
-	r := kafka.NewReader(readerConfig(&cfg, testLog(b)))
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Conn.Brokers, GroupID: cfg.GroupID, Topic: cfg.Topic,
+		Dialer: cfg.Conn.dialer(), QueueCapacity: 1024, MinBytes: 1, MaxBytes: cfg.FetchMaxBytes, MaxWait: cfg.FetchWait,
+		StartOffset: kafka.FirstOffset})
 	defer r.Close()
 	ctx := context.Background()
 	if _, err := r.FetchMessage(ctx); err != nil {
