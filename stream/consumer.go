@@ -280,8 +280,8 @@ func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *s
 	log = log.With("topic", cfg.Topic, "group", cfg.GroupID)
 	c := &Consumer{
 		cfg: cfg, schema: schema, log: log,
-		out:    newOutage(log, "kafka consumer"),
-		group:  newOutage(log, "kafka group offset commit"),
+		out:    newOutage(log, "kafka broker operations"),
+		group:  newOutage(log, "group offset commits"),
 		chunks: make(chan *chunk, 4096), spaceCh: make(chan struct{}),
 		stopped: make(chan struct{}), done: make(chan struct{}), failed: make(chan struct{}),
 		parts: make(map[int]*partState), handed: make(map[int]int64),

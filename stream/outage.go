@@ -23,7 +23,7 @@ import (
 // outage only decides what is written.
 type outage struct {
 	log  *slog.Logger
-	what string // names the operations in the log lines, e.g. "kafka consumer"
+	what string // names the operations in the log lines, e.g. "kafka broker operations"
 
 	mu         sync.Mutex
 	failing    map[string]bool
@@ -54,7 +54,7 @@ func (o *outage) fail(source string, err error) {
 	if len(o.failing) == 0 {
 		o.failing[source] = true
 		o.start, o.attempts, o.suppressed = time.Now(), 1, 0
-		o.log.Warn(o.what+": broker operations failing; retrying with backoff (further failures are counted, not logged, until they all succeed again)",
+		o.log.Warn(o.what+" failing; retrying with backoff (further failures are counted, not logged, until they all succeed again)",
 			"source", source, "err", err)
 		return
 	}
@@ -74,7 +74,7 @@ func (o *outage) ok(source string) {
 		return
 	}
 	o.outages++
-	o.log.Info(o.what+": broker operations succeed again", "outage", time.Since(o.start).Round(time.Millisecond),
+	o.log.Info(o.what+" succeed again", "outage", time.Since(o.start).Round(time.Millisecond),
 		"failed_attempts", o.attempts, "suppressed_log_lines", o.suppressed)
 }
 

@@ -53,7 +53,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger) (*
 		return nil, errors.New("stream: publisher Topic is required")
 	}
 	tr := cfg.Conn.transport(ctx)
-	out := newOutage(log.With("topic", cfg.Topic), "kafka event publisher")
+	out := newOutage(log.With("topic", cfg.Topic), "event publishing")
 	p := &Publisher{topic: cfg.Topic, tr: tr, out: out,
 		w:       newWriter(cfg.Conn.Brokers, cfg.Topic, tr, out.kafkaLogger("kafka-go event writer")),
 		closing: make(chan struct{}), closed: make(chan struct{})}
