@@ -217,7 +217,7 @@ type Stats struct {
 // It is not a member of a consumer group: it reads each partition from the checkpointed
 // offset it was given, so a restart after a crash reads again at once, without waiting for a
 // group's session timeout or rebalance. One reader goroutine per partition fetches, decodes
-// and dead-letters in the background, up to MaxRecordsBacklog records ahead (nothing is
+// and dead-letters in the background, up to 2 x MaxRecordsBacklog records ahead (nothing is
 // committed early: group commits follow MarkDurable); Next assembles increments from what
 // they have ready.
 type Consumer struct {

@@ -41,7 +41,7 @@
 // update costs the same whatever its size (a fixed number of Adam iterations on minibatches),
 // and its KL is bounded by the learning rate times the iterations, not by the increment's size.
 // The next increment is fetched, decoded and dead-lettered in the background (up to
-// 2 x MaxRecordsBacklog records ahead) while the current one is applied.
+// 2 x MaxRecordsBacklog records ahead, plus one fetch) while the current one is applied.
 //
 // # Retention and gaps
 //

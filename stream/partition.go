@@ -276,13 +276,15 @@ func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, re
 	return true // in range again (the log moved meanwhile): fetch again
 }
 
-// deliver queues ch for Next once the prefetch has room: at most 2 x MaxRecordsBacklog
-// records fetched and not handed out (a chunk larger than that goes alone).
+// deliver queues ch for Next once the prefetch has room: while fewer than 2 x
+// MaxRecordsBacklog records are fetched and not handed out. So the prefetch holds at most that
+// plus one fetch, and Next, which waits only while it holds fewer than MaxRecords <=
+// MaxRecordsBacklog records, never waits for room it is itself holding.
 func (c *Consumer) deliver(ctx context.Context, ps *partState, ch *chunk) bool {
 	limit := 2 * c.cfg.MaxRecordsBacklog
 	for {
 		c.mu.Lock()
-		if c.buffered == 0 || c.buffered+len(ch.recs) <= limit {
+		if c.buffered < limit {
 			c.buffered += len(ch.recs)
 			ps.waiting = false
 			c.mu.Unlock()

@@ -66,8 +66,8 @@ func appendInt(b []byte, i int) []byte {
 }
 
 // TestPrefetchIsBounded: while Next is not called, the readers fetch and decode ahead, but no
-// more than 2 x MaxRecordsBacklog records (plus the fetch in flight); Next then drains them and
-// the readers go on.
+// more than 2 x MaxRecordsBacklog records plus one fetch; Next then drains them and the readers
+// go on.
 func TestPrefetchIsBounded(t *testing.T) {
 	b := startBroker(t, broker.Config{})
 	conn := plainConn(b)
@@ -83,7 +83,7 @@ func TestPrefetchIsBounded(t *testing.T) {
 	waitFor(t, "the prefetch to fill", 20*time.Second, func() bool { return c.Stats().Pending >= int64(2*cfg.MaxRecordsBacklog-70) })
 	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
 	s := c.Stats()
-	if s.Pending > int64(2*cfg.MaxRecordsBacklog) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) {
+	if s.Pending >= int64(2*cfg.MaxRecordsBacklog+100) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) { // one fetch is ~60 records
 		t.Fatalf("prefetched %d records (fetched %d) with MaxRecordsBacklog %d", s.Pending, s.Fetched, cfg.MaxRecordsBacklog)
 	}
 	if h := c.Health(); !h.Ready {
@@ -171,5 +171,37 @@ func TestCheckpointPastTheEnd(t *testing.T) {
 	waitFor(t, "ready again", 10*time.Second, func() bool { return c.Health().Ready })
 	if n := lines.count(slog.LevelError, "past the partition's end"); n != 1 {
 		t.Fatalf("%d ERROR lines, want 1", n)
+	}
+}
+
+// TestFullIncrementsDoNotWaitForRoom: when a fetch brings more records than the prefetch has
+// room for, Next must still complete increments of MaxRecords at once, not after MaxWait (the
+// reader may not wait for room that the increment Next is building holds).
+func TestFullIncrementsDoNotWaitForRoom(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	// Batches of 1900, one per fetch: after an increment of 1000 from the first, 900 are left,
+	// fewer than MaxRecords, and 900 + 1900 is more than the 2000 the prefetch holds.
+	const batch = 1900
+	values := goodRecords("r", 3*batch)
+	for i := 0; i < len(values); i += batch {
+		produce(t, conn, recordsTopic, 0, values[i:i+batch]...)
+	}
+	cfg := consumerConfig(conn, "room")
+	cfg.MaxRecords, cfg.MaxRecordsBacklog, cfg.MaxWait = 1000, 1000, time.Minute
+	cfg.FetchMaxBytes = 1 << 10 // a fetch returns one whole batch
+	c := newConsumer(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for got := 0; got < 5000; {
+		t0 := time.Now()
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d records: %v", got, err)
+		}
+		if took := time.Since(t0); len(inc.Records) != 1000 || took > 5*time.Second {
+			t.Fatalf("after %d records: an increment of %d after %v; want 1000 at once", got, len(inc.Records), took)
+		}
+		got += len(inc.Records)
 	}
 }
