@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/ledger"
-	"github.com/cfguard/cfguard/stream"
 )
 
 // routes is the HTTP API. Mutating endpoints need "Authorization: Bearer <http.token>" when a
@@ -301,10 +299,9 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "starting")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if err := stream.Ping(ctx, d.conn, d.cfg.Kafka.Topic); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "broker unreachable: "+err.Error())
+	// The consumer's own traffic keeps its health current: no request per probe.
+	if h := d.consumer.Health(); !h.Ready {
+		writeError(w, http.StatusServiceUnavailable, "consumer not ready: "+strings.Join(h.Reasons, "; "))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "posterior_version": d.current().Version})

@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,7 +65,8 @@ type Daemon struct {
 	genVersion uint64
 	genSlots   chan struct{}
 
-	ready chan struct{} // closed once the consumer runs
+	ready    chan struct{}    // closed once the consumer runs
+	consumer *stream.Consumer // set before ready is closed; its Health answers /readyz
 }
 
 // HTTPAddr is the API's listening address.
@@ -142,7 +141,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
-	tlsCfg, err := clientTLS(cfg.Kafka.TLS)
+	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
 	if err != nil {
 		return err
 	}
@@ -154,7 +153,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
 		// a crash of the daemon (and of the broker inside it).
 		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
-			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1}, log.With("component", "broker"))
+			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
+			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes}, log.With("component", "broker"))
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}
@@ -212,31 +212,4 @@ func alphaOr(a float64) float64 {
 		return a
 	}
 	return certify.DefaultAlpha
-}
-
-// clientTLS builds the Kafka client's TLS configuration from kafka.tls.
-func clientTLS(c config.TLS) (*tls.Config, error) {
-	if !c.Enabled {
-		return nil, nil
-	}
-	t := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
-		}
-		t.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
-		}
-		t.Certificates = []tls.Certificate{cert}
-	}
-	return t, nil
 }

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -21,9 +20,11 @@ const (
 	outcomeFailed   = "failed"   // the update itself failed (non-finite, bad data); posterior kept
 )
 
-// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish,
-// commit. A failure to checkpoint stops the daemon (the offsets stay uncommitted, so a restart
-// redoes the increment); a failed update is recorded and skipped.
+// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish, then
+// tell the consumer the increment is durable (it commits the offsets to the group in the
+// background, for Kafka tooling). The checkpoint's offsets are where a restart reads again, so
+// a failure to checkpoint stops the daemon and the restart redoes the increment; a failed
+// update is recorded and skipped.
 func (d *Daemon) ingest(ctx context.Context) error {
 	m := d.current()
 	features := m.Features
@@ -41,12 +42,13 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		return err
 	}
 	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
-		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxWait: d.cfg.Kafka.MaxWait,
-		Resume: resume}, schema, d.log.With("component", "consumer"))
+		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume}, schema, d.log.With("component", "consumer"))
 	if err != nil {
 		return err
 	}
-	defer closeConsumer(c, d.log)
+	defer c.Close()
+	d.consumer = c
 	close(d.ready)
 	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
 	for {
@@ -66,33 +68,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		}
 		// Counted once durable, like everything apply reports.
 		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
-		d.metrics.AddRecords(alerts.RecordSkipped, inc.Skipped, time.Now())
-		if err := c.Commit(ctx, inc); err != nil {
-			if ctx.Err() != nil {
-				return nil // the checkpoint holds the offsets; the restart skips these records
-			}
-			return err
-		}
-	}
-}
-
-// consumerCloseTimeout bounds how long shutdown waits for the consumer to leave its group.
-const consumerCloseTimeout = 5 * time.Second
-
-// closeConsumer closes c, giving up after consumerCloseTimeout: kafka-go's group leave has been
-// seen to block for over 15 s. Nothing is lost by not waiting: offsets were committed
-// synchronously after each checkpoint, and the broker expires a member that did not leave after
-// its session timeout. The close goroutine ends when kafka-go returns.
-func closeConsumer(c *stream.Consumer, log *slog.Logger) {
-	done := make(chan struct{})
-	go func() {
-		c.Close()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(consumerCloseTimeout):
-		log.Warn("the consumer did not leave its group in time; the broker will expire it", "waited", consumerCloseTimeout)
+		c.MarkDurable(inc)
 	}
 }
 
@@ -109,8 +85,8 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	if inc.DeadLettered > 0 {
 		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
 	}
-	if inc.Skipped > 0 {
-		cp.Counters["skipped"] = int64(inc.Skipped)
+	if lost := inc.Lost(); lost > 0 { // deleted by the broker before they were read (logged by the consumer)
+		cp.Counters["lost"] = lost
 	}
 	if len(inc.Records) == 0 {
 		return d.ledger.Checkpoint(cp)
