@@ -90,7 +90,7 @@ func buildFixture(f *benchFixture) error {
 				ces = append(ces, &CE{ID: fmt.Sprintf("ce-%08d", i), X: x, XCF: xcf, Target: 1, AnchorVersion: m.Version,
 					P1: 0.96 + 0.039*rng.Float64(), Var1: 0.005 * rng.Float64(), Samples: 1000, Delta: 0.05, Epsilon: 0.01})
 			}
-			if err := f.l.Put(ces...); err != nil {
+			if err := f.l.Put(bg, ces...); err != nil {
 				return err
 			}
 		}
@@ -100,7 +100,7 @@ func buildFixture(f *benchFixture) error {
 		return err
 	}
 	m1 := drift(m0, 1e-4)
-	if _, _, err := f.l.Commit(context.Background(), &Checkpoint{Model: m1}, RecertifyOptions{}); err != nil {
+	if _, _, err := f.l.Commit(context.Background(), &Checkpoint{Model: m1}); err != nil {
 		return err
 	}
 	if err := put(m1, f.n/2, f.n); err != nil {
@@ -163,11 +163,11 @@ func scanValues(b *testing.B, f *benchFixture, buckets ...[]byte) {
 }
 
 func recertifySteady(ctx context.Context, b *testing.B, f *benchFixture) {
-	rep, changes, err := f.l.Recertify(ctx, f.next, RecertifyOptions{})
+	rep, changes, err := f.l.Recertify(ctx, f.next)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if rep.Checked != f.n || len(changes) != 0 || rep.MonteCarlo != 0 || len(rep.AnchorKL) != 2 {
+	if rep.Checked != f.n || len(changes) != 0 || rep.Changed != 0 || len(rep.AnchorKL) != 2 {
 		b.Fatalf("report %+v, %d changes: want every CE certified by bound", rep, len(changes))
 	}
 }
@@ -259,11 +259,11 @@ func BenchmarkCommit1M(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		cur = drift(cur, 1e-7*float64(1-2*(i%2)))
 		rep, changes, err := f.l.Commit(ctx, &Checkpoint{Model: cur, Offsets: map[int]int64{0: int64(cur.Version)}, Applied: 1,
-			Step: &Step{Version: cur.Version, KL: 1e-12, Outcome: "promoted"}}, RecertifyOptions{})
+			Update: &UpdateRecord{Version: cur.Version, KL: 1e-12, Outcome: certify.OutcomePromoted}})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(changes) != 0 || rep.MonteCarlo != 0 {
+		if len(changes) != 0 || rep.Changed != 0 {
 			b.Fatalf("report %+v: want a steady-state step", rep)
 		}
 	}

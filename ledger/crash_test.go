@@ -23,7 +23,7 @@ func TestCrashWriter(t *testing.T) {
 	if dir == "" {
 		t.Skip("child process of TestKilledMidCheckpoint")
 	}
-	l, err := Open(dir, Options{Logger: quietLogger(), MCSamples: 20})
+	l, err := Open(dir, Options{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,13 +36,13 @@ func TestCrashWriter(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for step := 0; time.Now().Before(deadline); step++ {
 		if step%3 == 0 { // keep registering, so anchors and counts keep changing
-			if err := l.Put(newCE(t, m, rng), newCE(t, m, rng)); err != nil {
+			if err := l.Put(bg, newCE(t, m, rng), newCE(t, m, rng)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		m = drift(m, -0.02*rng.Float64()) // some steps flip statuses (Monte-Carlo, history writes)
 		_, _, err := l.Commit(context.Background(), &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(m.Version)}, Applied: 1,
-			Step: &Step{Version: m.Version, KL: 1e-4, Outcome: "promoted"}}, RecertifyOptions{Samples: 20, Seed: m.Version})
+			Update: &UpdateRecord{Version: m.Version, KL: 1e-4, Outcome: certify.OutcomePromoted}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func checkConsistent(t *testing.T, dir string) int64 {
 	if err != nil || cur.Version != st.PosteriorVersion {
 		t.Fatalf("current posterior: %v, %v; state says version %d", cur, err, st.PosteriorVersion)
 	}
-	if _, _, err := l.Recertify(context.Background(), drift(cur, -0.001), RecertifyOptions{Samples: 20}); err != nil {
+	if _, _, err := l.Recertify(context.Background(), drift(cur, -0.001)); err != nil {
 		t.Fatal(err)
 	}
 	return int64(st.PosteriorVersion)
