@@ -35,8 +35,8 @@ type BackupInfo struct {
 // stops when ctx ends. Restore installs such a file; Verify checks one.
 //
 // A long backup holds its read transaction: bbolt cannot reuse the pages it reads, so the file
-// may grow meanwhile, and a commit that must remap the file waits for it (the map is made large
-// at Open so that this is rare).
+// may grow meanwhile, and a commit that must grow bbolt's memory map (it doubles, so this is
+// rare) waits for the backup to finish.
 func (l *Ledger) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
 	var info BackupInfo
 	err := l.view(func(tx *bolt.Tx) error {

@@ -18,10 +18,6 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// mmapSize is bbolt's initial memory map: large enough that commits rarely remap, since a remap
-// waits for every open read transaction (an online Backup is one).
-const mmapSize = 1 << 30
-
 // Open opens <stateDir>/cfguard.db, creating it only when it does not exist.
 //
 // It takes the state directory's lock first (PIDFileName, flock, holding this process's pid): a
@@ -287,7 +283,7 @@ func boltOpen(path string, f *os.File, readOnly bool) (db *bolt.DB, err error) {
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 10 * time.Millisecond, ReadOnly: readOnly,
-		FreelistType: bolt.FreelistMapType, InitialMmapSize: mmapSize, OpenFile: open})
+		FreelistType: bolt.FreelistMapType, OpenFile: open})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}
