@@ -112,6 +112,11 @@ func (l *Ledger) indexKeys(id []byte, h *header) (k [4][]byte) {
 
 // writeTx collects what one write transaction changes: headers with their index entries,
 // status counts, status changes (history and outbox), and outbox entries.
+//
+// Index entries are not written as each CE changes but collected and applied in key order when
+// the transaction finishes: bbolt keeps a leaf's new entries in one in-memory node until commit,
+// and inserting n keys in random order into one node moves O(n^2) entries (10^5 status changes
+// at once took seconds that way).
 type writeTx struct {
 	l        *Ledger
 	tx       *bolt.Tx
@@ -120,7 +125,13 @@ type writeTx struct {
 	changes  []StatusChange
 	outSeq   uint64
 	outDirty bool
-	idx      [4]*bolt.Bucket
+	idx      [4][]idxOp
+}
+
+// idxOp is one pending index change: put or delete key.
+type idxOp struct {
+	key []byte
+	put bool
 }
 
 func (l *Ledger) newWriteTx(tx *bolt.Tx, now time.Time) (*writeTx, error) {
@@ -131,9 +142,6 @@ func (l *Ledger) newWriteTx(tx *bolt.Tx, now time.Time) (*writeTx, error) {
 	}
 	if w.outSeq, err = metaU64(tx, kOutboxSeq); err != nil {
 		return nil, err
-	}
-	for i, b := range indexBuckets {
-		w.idx[i] = tx.Bucket(b)
 	}
 	return w, nil
 }
@@ -168,25 +176,50 @@ func (w *writeTx) deleteCE(id []byte, old *header) error {
 
 func (w *writeTx) moveIndex(id []byte, old, h *header) error {
 	ok, nk := w.l.indexKeys(id, old), w.l.indexKeys(id, h)
-	for i, b := range w.idx {
+	for i := range w.idx {
 		if bytes.Equal(ok[i], nk[i]) {
 			continue
 		}
 		if ok[i] != nil {
-			if b.Get(ok[i]) == nil {
-				return corruptf("counterfactual %q: its %s entry is missing", id, indexBuckets[i])
-			}
-			if err := b.Delete(ok[i]); err != nil {
-				return err
-			}
+			w.idx[i] = append(w.idx[i], idxOp{key: ok[i]})
 		}
 		if nk[i] != nil {
-			if err := b.Put(nk[i], seal(nk[i], nil)); err != nil {
-				return err
-			}
+			w.idx[i] = append(w.idx[i], idxOp{key: nk[i], put: true})
 		}
 	}
 	return nil
+}
+
+// applyIndex writes the pending index changes in key order (changes to one key keep their order).
+func (w *writeTx) applyIndex() error {
+	for i, ops := range w.idx {
+		slices.SortStableFunc(ops, func(a, b idxOp) int { return bytes.Compare(a.key, b.key) })
+		b := w.tx.Bucket(indexBuckets[i])
+		for _, op := range ops {
+			if op.put {
+				if err := b.Put(op.key, seal(op.key, nil)); err != nil {
+					return err
+				}
+				continue
+			}
+			if b.Get(op.key) == nil {
+				return corruptf("counterfactual %q: its %s entry is missing", op.key[len(op.key)-idLen(i, op.key):], indexBuckets[i])
+			}
+			if err := b.Delete(op.key); err != nil {
+				return err
+			}
+		}
+		w.idx[i] = nil
+	}
+	return nil
+}
+
+// idLen is the length of the CE id at the end of an index key of bucket i.
+func idLen(i int, key []byte) int {
+	if i == 3 {
+		return len(key) - 8
+	}
+	return len(key) - 16
 }
 
 // recordChange appends ch to the CE's history, puts it in the outbox (Options.EncodeChange)
@@ -244,6 +277,9 @@ func (w *writeTx) finish() error {
 
 // finishNoGen is finish for a transaction that changed no CE and no posterior.
 func (w *writeTx) finishNoGen() error {
+	if err := w.applyIndex(); err != nil {
+		return err
+	}
 	if err := w.cnt.put(w.tx); err != nil {
 		return err
 	}

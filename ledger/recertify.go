@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -83,6 +85,8 @@ func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model) (Report, []S
 	if err != nil {
 		return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err)
 	}
+	// In ID order: deterministic, and the order the records are stored in.
+	slices.SortFunc(r.changes, func(a, b StatusChange) int { return strings.Compare(a.ID, b.ID) })
 	for _, ch := range r.changes {
 		cnt.add(ch.From, -1)
 		cnt.add(ch.To, 1)
