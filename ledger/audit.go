@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,6 +35,12 @@ type AuditReport struct {
 	Duration   time.Duration `json:"duration_ns"`
 }
 
+// errMoved: the predictor's posterior changed while it sampled a batch. The batch is read and
+// sampled again under the new one, up to maxMoves times in a row.
+var errMoved = fmt.Errorf("%w: the predictor moved to another posterior during a batch", ErrStale)
+
+const maxMoves = 8
+
 // auditItem is one CE of an audit batch as read.
 type auditItem struct {
 	id  []byte
@@ -56,7 +63,8 @@ type auditItem struct {
 // The audit runs in batches of Options.MCBatch CEs: each is read in a read transaction, sampled
 // without any lock, and written in one short transaction under the writer lock, so checkpoints
 // interleave. Each batch is evaluated under p's posterior as of its reading (p.Version(), which
-// must then be the current posterior or one this audit already used). If ingestion promotes a
+// must then be the current posterior or one this audit already used; if it changes while the
+// batch is sampled, the batch is read and sampled again). If ingestion promotes a
 // new posterior meanwhile, the batch is still written: q is kept as an anchor (its snapshot
 // stored if no CE held it), KL(q_now || q) computed with certify.KL, and the re-anchored CEs
 // judged at that KL. So an audit is never stale because ingestion continued. Status changes go
@@ -78,7 +86,7 @@ func (l *Ledger) Audit(ctx context.Context, p Predictor, opts AuditOptions) (Aud
 		return err
 	})
 	var after []byte
-	for err == nil {
+	for moved := 0; err == nil; {
 		if err = ctx.Err(); err != nil {
 			break
 		}
@@ -87,11 +95,15 @@ func (l *Ledger) Audit(ctx context.Context, p Predictor, opts AuditOptions) (Aud
 		if batch, v, err = a.read(after); err != nil || len(batch) == 0 {
 			break
 		}
-		after = batch[len(batch)-1].id
 		var pred *bnn.Predictive
-		if pred, err = a.predict(ctx, batch, v); err != nil {
+		if pred, err = a.predict(ctx, batch, v); errors.Is(err, errMoved) && moved < maxMoves {
+			moved, err = moved+1, nil // the predictor follows a new posterior: read the batch again
+			continue
+		}
+		if err != nil {
 			break
 		}
+		moved, after = 0, batch[len(batch)-1].id
 		err = a.write(batch, v, pred)
 		a.rep.Evaluated += len(batch)
 		a.rep.Batches++
@@ -187,7 +199,7 @@ func (a *audit) predict(ctx context.Context, batch []auditItem, v uint64) (*bnn.
 		err = fmt.Errorf("predictor returned %v results for %d inputs", pred, len(xs))
 	}
 	if err == nil && a.p.Version() != v {
-		err = fmt.Errorf("%w: the predictor moved from posterior version %d to %d during a batch", ErrStale, v, a.p.Version())
+		err = fmt.Errorf("%w: from posterior version %d to %d", errMoved, v, a.p.Version())
 	}
 	return pred, err
 }
