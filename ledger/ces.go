@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -456,6 +455,3 @@ func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, er
 	}
 	return out, nil
 }
-
-// anchorVersion decodes an index key's anchor.
-func anchorVersion(k []byte) uint64 { return binary.BigEndian.Uint64(k) }

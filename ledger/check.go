@@ -15,7 +15,7 @@ import (
 // status counts and anchor references against the CEs, every CE's status against its bounds
 // at its anchor's stored KL (certified iff they hold), the four indexes against the CEs (each
 // expected entry present, no other entry), the KL history and the outbox against their meta
-// sequence numbers. It fills in the counts of info. O(stored CEs); Verify runs it.
+// sequence numbers. It fills in info. O(stored CEs); Verify runs it.
 func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := l.checkSmall(tx); err != nil {
 		return err
@@ -31,26 +31,38 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 		if a.klVersion != c.version && a.refs > 0 {
 			return corruptf("anchor %d holds KL from posterior version %d, current is %d", v, a.klVersion, c.version)
 		}
-		if _, err := l.model(tx, v); err != nil {
-			return err
-		}
-		return nil
+		_, err := l.model(tx, v)
+		return err
 	})
 	if err != nil {
 		return err
 	}
 	info.Anchors = len(anchors)
+	if err := l.checkCEs(tx, anchors, info); err != nil {
+		return err
+	}
+	if info.Offsets, err = readOffsets(tx); err != nil {
+		return err
+	}
+	if _, err := readCounters(tx); err != nil {
+		return err
+	}
+	if err := checkSequences(tx, info); err != nil {
+		return err
+	}
+	o, err := getSealed(tx.Bucket(bMeta), kOrigin, "meta origin")
+	info.Origin = string(o)
+	return err
+}
+
+// checkCEs reads every CE and checks counts, anchor references, statuses and index entries.
+func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info) error {
 	var cnt counts
 	refs := map[uint64]uint64{}
 	var entries [4]int
-	idx := [4]*bolt.Bucket{}
-	for i, b := range indexBuckets {
-		idx[i] = tx.Bucket(b)
-	}
 	pol := l.opts.Policy
-	err = tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
-		ce, err := l.load(tx, k, v)
-		if err != nil {
+	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
+		if _, err := l.load(tx, k, v); err != nil {
 			return err
 		}
 		p, _ := unseal(k, v)
@@ -64,13 +76,12 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 				return corruptf("counterfactual %q is %v but its bounds at its anchor's KL %v say certified = %v", k, h.status, a.kl, holds)
 			}
 		}
-		_ = ce
 		for i, key := range l.indexKeys(k, &h) {
 			if key == nil {
 				continue
 			}
 			entries[i]++
-			val := idx[i].Get(key)
+			val := tx.Bucket(indexBuckets[i]).Get(key)
 			if val == nil {
 				return corruptf("counterfactual %q has no %s entry", k, indexBuckets[i])
 			}
@@ -86,9 +97,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if n := tx.Bucket(bBodies).Stats().KeyN; n != info.CEs {
 		return corruptf("%d counterfactual bodies for %d headers", n, info.CEs)
 	}
-	for i, b := range idx {
-		if n := b.Stats().KeyN; n != entries[i] {
-			return corruptf("%s has %d entries, the counterfactuals need %d", indexBuckets[i], n, entries[i])
+	for i, b := range indexBuckets {
+		if n := tx.Bucket(b).Stats().KeyN; n != entries[i] {
+			return corruptf("%s has %d entries, the counterfactuals need %d", b, n, entries[i])
 		}
 	}
 	stored, err := readCounts(tx)
@@ -108,12 +119,12 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	for v := range refs {
 		return corruptf("counterfactuals refer to anchor %d, which is not stored", v)
 	}
-	if info.Offsets, err = readOffsets(tx); err != nil {
-		return err
-	}
-	if _, err := readCounters(tx); err != nil {
-		return err
-	}
+	return nil
+}
+
+// checkSequences decodes the KL history and the outbox and checks them against their meta
+// sequence numbers.
+func checkSequences(tx *bolt.Tx, info *Info) error {
 	if err := checkSeq(tx, bKLHistory, kKLSeq, 0, func(k, p []byte) error {
 		_, err := decodeKLEntry(k, p)
 		info.KLHistory++
@@ -138,9 +149,7 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 		}
 		return err
 	}
-	o, err := getSealed(tx.Bucket(bMeta), kOrigin, "meta origin")
-	info.Origin = string(o)
-	return err
+	return nil
 }
 
 // checkSeq decodes every entry of a sequence-keyed bucket: keys must be in (floor, meta seq].

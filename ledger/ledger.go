@@ -97,14 +97,12 @@ type Ledger struct {
 
 	// dbmu guards the bbolt handle, which is replaced after a failed commit or a panic.
 	dbmu    sync.RWMutex
-	db      *bolt.DB      // nil between a failure and the reopen that follows it
-	raw     *os.File      // a second handle on the file, to save and restore a meta page
-	geom    geometry      // as read by the last open
-	pending *metaRestore  // a meta page to put back before the next open
-	openErr error         // why the last reopen failed
-	closed  bool          //
-	failed  func() error  // test seam: runs after each successful bbolt commit (see update)
-	opened  func(*Ledger) // test seam: runs after each (re)open
+	db      *bolt.DB     // nil between a failure and the reopen that follows it
+	raw     *os.File     // a second handle on the file, to save and restore a meta page
+	geom    geometry     // as read by the last open
+	pending *metaRestore // a meta page to put back before the next open
+	closed  bool
+	failed  func() error // test seam: runs after each successful bbolt commit (see update)
 
 	// Decoded posteriors by version (current and anchors; immutable once stored).
 	cmu    sync.Mutex

@@ -239,10 +239,7 @@ func (l *Ledger) openLocked() error {
 		return fmt.Errorf("ledger: open %s: %w", l.path, err)
 	}
 	ok = true
-	l.db, l.raw, l.geom, l.openErr = db, raw, g, nil
-	if l.opened != nil {
-		l.opened(l)
-	}
+	l.db, l.raw, l.geom = db, raw, g
 	return nil
 }
 

@@ -154,8 +154,8 @@ func decodeHeader(v []byte) (header, error) {
 		return header{}, corruptf("header status %d", v[hStatus])
 	}
 	if v[0] == headerFormat {
-		if v[hFlags]&^flagConfirmed != 0 {
-			return header{}, corruptf("header flags %#x", v[hFlags])
+		if v[hFlags]&^flagConfirmed != 0 || v[3] != 0 || binary.LittleEndian.Uint32(v[52:]) != 0 {
+			return header{}, corruptf("header flags %#x or reserved bytes set", v[hFlags])
 		}
 		h.confirmed = v[hFlags]&flagConfirmed != 0
 		h.cv = binary.LittleEndian.Uint64(v[hConfirmed:])
@@ -243,7 +243,7 @@ func decodeBody(v []byte, withHistory bool) (body, error) {
 	b.created = int64(binary.LittleEndian.Uint64(v[1:]))
 	p := 9
 	for _, dst := range []*[]float64{&b.x, &b.xcf} {
-		n, k := binary.Uvarint(v[p:])
+		n, k := uvarint(v[p:])
 		if k <= 0 || n > maxVectorLen || n > uint64(len(v)-p-k)/8 {
 			return bad("vector length")
 		}
@@ -255,7 +255,7 @@ func decodeBody(v []byte, withHistory bool) (body, error) {
 		}
 		*dst = xs
 	}
-	n, k := binary.Uvarint(v[p:])
+	n, k := uvarint(v[p:])
 	if k <= 0 || n > maxHistoryRecs || uint64(len(v)-p-k) != n*histSize {
 		return bad("history length")
 	}
@@ -277,10 +277,22 @@ func decodeBody(v []byte, withHistory bool) (body, error) {
 		h.KL, h.Bound, h.VarBound = f64(v, p+18), f64(v, p+26), f64(v, p+34)
 		if p2 := f64(v, p+42); !math.IsNaN(p2) {
 			h.P2 = &p2
+		} else if math.Float64bits(p2) != math.Float64bits(math.NaN()) {
+			return bad("history entry p2")
 		}
 		p += histSize
 	}
 	return b, nil
+}
+
+// uvarint is binary.Uvarint accepting only the shortest encoding (what AppendUvarint writes),
+// so that every accepted record has one byte representation.
+func uvarint(b []byte) (uint64, int) {
+	n, k := binary.Uvarint(b)
+	if k > 1 && b[k-1] == 0 {
+		return 0, 0
+	}
+	return n, k
 }
 
 // appendHistory adds c to h, keeping the last MaxHistory entries.
@@ -380,7 +392,7 @@ func decodeOutboxEntry(k, v []byte) (OutboxEntry, error) {
 	if len(k) != 8 {
 		return OutboxEntry{}, corruptf("key of %d bytes", len(k))
 	}
-	n, p := binary.Uvarint(v)
+	n, p := uvarint(v)
 	if p <= 0 || n > maxOutboxKey || n > uint64(len(v)-p) {
 		return OutboxEntry{}, corruptf("key length")
 	}

@@ -35,7 +35,6 @@ func (l *Ledger) acquire() (db *bolt.DB, release func(), err error) {
 		l.dbmu.Lock()
 		if l.db == nil && !l.closed {
 			if err := l.openLocked(); err != nil {
-				l.openErr = err
 				l.dbmu.Unlock()
 				return nil, nil, fmt.Errorf("ledger: reopening after a failure: %w", err)
 			}
@@ -131,6 +130,5 @@ func (l *Ledger) reopen(restore *metaRestore) error {
 	if restore != nil {
 		l.pending = restore
 	}
-	l.openErr = l.openLocked()
-	return l.openErr
+	return l.openLocked()
 }
