@@ -183,7 +183,7 @@ func (d *Daemon) register(ctx context.Context, id string, x, xcf []float64, tg t
 		return nil, http.StatusUnprocessableEntity, fmt.Errorf("outside the <delta, epsilon>-set: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
 			ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
 	}
-	if err := d.ledger.Put(ce); err != nil {
+	if err := d.ledger.Put(ctx, ce); err != nil {
 		switch {
 		case errors.Is(err, ledger.ErrExists):
 			return nil, http.StatusConflict, err

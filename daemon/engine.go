@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -105,7 +106,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		// the stream does not wedge on them; the failure is counted, logged and published.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
 		cp.Counters["failed"] = int64(len(inc.Records))
-		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: 0, Outcome: outcomeFailed}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.Outcome(outcomeFailed)}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
@@ -141,7 +142,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	if outcome == outcomeRejected {
 		d.log.Warn("step KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
 		cp.Counters["held"] = int64(len(inc.Records))
-		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: kl, Outcome: outcomeRejected}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.Outcome(outcomeRejected)}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
@@ -152,20 +153,64 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		return nil
 	}
 	cp.Model, cp.Applied = next, int64(len(inc.Records))
-	cp.Step = &ledger.Step{Version: next.Version, KL: kl, Outcome: outcome}
-	rep, changes, err := d.ledger.Commit(ctx, cp, ledger.RecertifyOptions{Samples: d.cfg.Certify.Samples, Seed: next.Version})
+	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: certify.Outcome(outcome)}
+	rep, changes, err := d.ledger.Commit(ctx, cp)
 	if err != nil {
 		return err
 	}
+	confirmed, err := d.confirmAll(ctx, next)
+	if err != nil {
+		d.log.Error("confirming counterfactuals whose bound fails; they stay at_risk until the next increment", "err", err)
+	}
+	changes = mergeChanges(changes, confirmed)
 	d.setCurrent(next)
 	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
 	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
 	d.observeReport(rep)
+	if len(confirmed) > 0 {
+		d.refreshGauges()
+	}
 	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
 		"budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "min_bound", rep.MinBound,
-		"changed", len(changes), "monte_carlo", rep.MonteCarlo, "took", time.Since(start).Round(time.Millisecond))
+		"changed", len(changes), "candidates", rep.Candidates, "confirmed", len(confirmed), "took", time.Since(start).Round(time.Millisecond))
 	d.publish(ctx, append(events, changeEvents(changes)...))
 	return nil
+}
+
+// confirmAll gives every CE whose bound fails a Monte-Carlo verdict under m (the seed is the
+// posterior version, as before), the way Commit itself did before it stopped sampling under the
+// ledger's writer lock. Kept here until the daemon confirms in the background.
+func (d *Daemon) confirmAll(ctx context.Context, m *bnn.Model) ([]ledger.StatusChange, error) {
+	p := ledger.NewModelPredictor(m, d.cfg.Certify.Samples, m.Version)
+	var all []ledger.StatusChange
+	for {
+		rep, ch, err := d.ledger.Confirm(ctx, p, ledger.DefaultMCBatch)
+		all = append(all, ch...)
+		if err != nil || !rep.More || rep.Discarded {
+			return all, err
+		}
+	}
+}
+
+// mergeChanges folds each change of b into the change of a for the same CE, so that one
+// increment publishes one event per CE (certified -> invalidated rather than certified ->
+// at_risk, then at_risk -> invalidated), as when Commit sampled at once.
+func mergeChanges(a, b []ledger.StatusChange) []ledger.StatusChange {
+	at := make(map[string]int, len(a))
+	for i, ch := range a {
+		at[ch.ID] = i
+	}
+	out := append([]ledger.StatusChange(nil), a...)
+	for _, ch := range b {
+		i, ok := at[ch.ID]
+		if !ok {
+			out = append(out, ch)
+			continue
+		}
+		ch.From = out[i].From
+		out[i] = ch
+	}
+	return out
 }
 
 // observeReport sets the gauges a re-certification determines.
