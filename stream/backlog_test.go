@@ -54,7 +54,7 @@ func TestUpdateKLDoesNotGrowWithIncrementSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := update.Config{Objective: update.ObjectivePrior, LR: update.DefaultLR, Seed: 7} // the daemon's defaults
-	steps := update.DefaultSteps
+	steps := update.DefaultIterations
 	const b1, b2 = 0.9, 0.999 // bnn.NewAdam's
 	var D float64
 	for i := 1; i <= steps; i++ {

@@ -21,7 +21,7 @@ const (
 	// DefaultMaxRecordsBacklog caps the increment size while the consumer is behind. It was
 	// picked by measurement (BenchmarkIngestEndToEnd in package daemon: end-to-end ingest
 	// relative to plain kafka-go grows with the cap and levels off near 1024), and it is below
-	// update.DefaultSteps x update.DefaultBatchSize = 3200, so that the update's minibatches
+	// update.DefaultIterations x update.DefaultBatchSize = 3200, so that the update's minibatches
 	// still visit every record of an increment at least once. An update's cost and its KL do
 	// not grow with the increment's size (see TestUpdateKLDoesNotGrowWithIncrementSize).
 	DefaultMaxRecordsBacklog = 1024
