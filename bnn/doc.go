@@ -6,11 +6,18 @@
 //	w ~ N(mu, sigma^2),   sigma = exp(log_sigma),
 //
 // stored as (weight_mu, weight_log_sigma, bias_mu, bias_log_sigma) per layer, exactly as torchbnn's
-// BayesLinear names them. Every forward pass draws fresh weights. The default architecture is the
-// paper's tabular network D -> 64 -> 32 -> C with ReLU between layers and log-softmax at the end.
-// Feature standardisation (x - mean) / std is part of the model, so callers pass raw features.
+// BayesLinear names them. A forward pass uses one draw of every weight. The default architecture
+// is the paper's tabular network D -> 64 -> 32 -> C with an Activation (ReLU unless the model file
+// says tanh or sigmoid) between layers and a softmax at the end. Feature standardisation
+// (x - mean) / std is part of the model, so callers pass raw features.
 //
 // The package holds the posterior (Model), sampling and the Monte-Carlo posterior predictive
-// (Predictive), the model files (Save, Load), and Bayes-by-backprop training (Train). Hot loops are
-// plain Go and gonum; gorgonia is used only where gradients are needed.
+// (Predict, PredictWith; Predictive), draws shared across calls for one posterior version (Pool),
+// the model files (Save, Load), and Bayes-by-backprop training (Train, Fit, Graph, Adam).
+//
+// The predictive's forward passes run in float64 or float32 (Precision; the posterior, the softmax
+// and the moments are always float64) through a chunked engine (engine.go) whose matrix products
+// are gonum's pure-Go BLAS by default, or OpenBLAS when built with -tags openblas (Backend says
+// which). Hot loops are plain Go, gonum and optionally OpenBLAS; gorgonia is used only where
+// gradients are needed.
 package bnn

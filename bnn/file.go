@@ -1,16 +1,12 @@
 package bnn
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"slices"
 
-	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/safetensors"
+	"github.com/cfguard/cfguard/internal/sidecar"
 )
 
 // File names inside a model directory.
@@ -24,17 +20,21 @@ const (
 // Sidecar is the JSON description stored beside the weights: architecture, scaler, names, and
 // the SHA-256 of the weights file, which ties the pair together.
 type Sidecar struct {
-	Format           string        `json:"format"`
-	FormatVersion    int           `json:"format_version"`
-	Layers           []LayerSchema `json:"layers"`
-	Activation       string        `json:"activation"`
-	Output           string        `json:"output"`
-	PriorSigma       float64       `json:"prior_sigma"`
-	Scaler           Scaler        `json:"scaler"`
-	Features         []string      `json:"features,omitempty"`
-	Classes          []string      `json:"classes"`
-	PosteriorVersion uint64        `json:"posterior_version"`
-	WeightsSHA256    string        `json:"weights_sha256"`
+	Format        string        `json:"format"`
+	FormatVersion int           `json:"format_version"`
+	Layers        []LayerSchema `json:"layers"`
+	// Activation follows every layer but the last: relu, tanh or sigmoid (Model.Activation).
+	// Required; Decode refuses anything else by name.
+	Activation string `json:"activation"`
+	// Output is what follows the last layer: log_softmax (what Save writes) or softmax, which
+	// give the same class probabilities. Decode refuses anything else by name.
+	Output           string   `json:"output"`
+	PriorSigma       float64  `json:"prior_sigma"`
+	Scaler           Scaler   `json:"scaler"`
+	Features         []string `json:"features,omitempty"`
+	Classes          []string `json:"classes"`
+	PosteriorVersion uint64   `json:"posterior_version"`
+	WeightsSHA256    string   `json:"weights_sha256"`
 }
 
 // LayerSchema names a layer and its shape; tensors are "<name>.weight_mu" and so on.
@@ -47,15 +47,20 @@ type LayerSchema struct {
 // ErrModelFile is wrapped by every Load error about the files' content.
 var ErrModelFile = errors.New("bad model file")
 
+// modelFiles is the two-file format of a model (see internal/sidecar). The checksum is optional
+// so that a hand-written torchbnn export loads; structural checks apply either way.
+var modelFiles = sidecar.Kind{Format: "cfguard-bnn", Version: FormatVersion, Sidecar: SidecarFile, Weights: WeightsFile,
+	ChecksumOptional: true, Err: ErrModelFile}
+
 // Save writes m to dir (created if needed) as model.safetensors and model.json, each atomically.
 // The weights are written first and the sidecar, which carries their checksum, last: a crash in
 // between leaves a pair that Load rejects as mismatched rather than a silently mixed model.
 func Save(dir string, m *Model) error {
-	sidecar, weights, err := Encode(m)
+	sc, weights, err := Encode(m)
 	if err != nil {
 		return fmt.Errorf("save model: %w", err)
 	}
-	if err := atomicfile.WriteFiles(dir, atomicfile.File{Name: WeightsFile, Data: weights}, atomicfile.File{Name: SidecarFile, Data: sidecar}); err != nil {
+	if err := modelFiles.Save(dir, sc, weights); err != nil {
 		return fmt.Errorf("save model: %w", err)
 	}
 	return nil
@@ -63,12 +68,12 @@ func Save(dir string, m *Model) error {
 
 // Encode serialises a valid model to the bytes of its two files: the JSON sidecar and the
 // safetensors weights (F64, so that a round trip is bit-exact). Decode inverts it.
-func Encode(m *Model) (sidecar, weights []byte, err error) {
+func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 	if err := m.Validate(); err != nil {
 		return nil, nil, err
 	}
 	tensors := map[string]safetensors.Tensor{}
-	sc := Sidecar{Format: "cfguard-bnn", FormatVersion: FormatVersion, Activation: "relu", Output: "log_softmax",
+	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: m.Activation.String(), Output: "log_softmax",
 		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version}
 	for _, l := range m.Layers {
 		sc.Layers = append(sc.Layers, LayerSchema{Name: l.Name, In: l.In, Out: l.Out})
@@ -77,28 +82,20 @@ func Encode(m *Model) (sidecar, weights []byte, err error) {
 		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
 		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
 	}
-	weights, err = safetensors.Encode(tensors, map[string]string{"format": "cfguard-bnn"})
-	if err != nil {
+	if weights, sc.WeightsSHA256, err = modelFiles.EncodeWeights(tensors); err != nil {
 		return nil, nil, err
 	}
-	sum := sha256.Sum256(weights)
-	sc.WeightsSHA256 = hex.EncodeToString(sum[:])
-	js, err := json.MarshalIndent(sc, "", "  ")
-	if err != nil {
+	if sidecarJSON, err = modelFiles.MarshalSidecar(sc, sc.WeightsSHA256); err != nil {
 		return nil, nil, err
 	}
-	return append(js, '\n'), weights, nil
+	return sidecarJSON, weights, nil
 }
 
 // Load reads a model directory written by Save (or by a torchbnn export with the same key names
 // and a sidecar). Truncated, mismatched or corrupt files are rejected with an error that names
 // the file and what is wrong; the returned model always passes Validate.
 func Load(dir string) (*Model, error) {
-	js, err := os.ReadFile(filepath.Join(dir, SidecarFile))
-	if err != nil {
-		return nil, fmt.Errorf("load model: %w", err)
-	}
-	w, err := os.ReadFile(filepath.Join(dir, WeightsFile))
+	js, w, err := modelFiles.Read(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load model: %w", err)
 	}
@@ -108,27 +105,18 @@ func Load(dir string) (*Model, error) {
 // Decode builds a model from sidecar JSON and safetensors bytes; see Load.
 func Decode(sidecarJSON, weights []byte) (*Model, error) {
 	var sc Sidecar
-	if err := json.Unmarshal(sidecarJSON, &sc); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrModelFile, SidecarFile, err)
-	}
-	if sc.Format != "cfguard-bnn" || sc.FormatVersion != FormatVersion {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want cfguard-bnn version %d", ErrModelFile, SidecarFile, sc.Format, sc.FormatVersion, FormatVersion)
-	}
-	if sc.WeightsSHA256 != "" {
-		sum := sha256.Sum256(weights)
-		if got := hex.EncodeToString(sum[:]); got != sc.WeightsSHA256 {
-			return nil, fmt.Errorf("%w: %s has sha256 %s but %s expects %s (truncated, or from another save)", ErrModelFile, WeightsFile, got[:12], SidecarFile, sc.WeightsSHA256[:min(12, len(sc.WeightsSHA256))])
-		}
-	}
-	tensors, _, err := safetensors.Decode(weights)
+	tensors, err := modelFiles.Decode(sidecarJSON, weights, &sc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrModelFile, WeightsFile, err)
+		return nil, err
 	}
 	if len(sc.Layers) == 0 {
 		return nil, fmt.Errorf("%w: %s lists no layers", ErrModelFile, SidecarFile)
 	}
-	m := &Model{Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion}
-	want := 0
+	act, err := sidecarActivation(sc)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Activation: act, Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion}
 	for _, ls := range sc.Layers {
 		l := Layer{Name: ls.Name, In: ls.In, Out: ls.Out}
 		for _, p := range []struct {
@@ -137,24 +125,38 @@ func Decode(sidecarJSON, weights []byte) (*Model, error) {
 			shape  []int
 		}{{"weight_mu", &l.WeightMu, []int{ls.Out, ls.In}}, {"weight_log_sigma", &l.WeightLogSigma, []int{ls.Out, ls.In}},
 			{"bias_mu", &l.BiasMu, []int{ls.Out}}, {"bias_log_sigma", &l.BiasLogSigma, []int{ls.Out}}} {
-			key := ls.Name + "." + p.suffix
-			t, ok := tensors[key]
-			if !ok {
-				return nil, fmt.Errorf("%w: %s has no tensor %q", ErrModelFile, WeightsFile, key)
+			if *p.dst, err = modelFiles.Take(tensors, ls.Name+"."+p.suffix, p.shape...); err != nil {
+				return nil, err
 			}
-			if fmt.Sprint(t.Shape) != fmt.Sprint(p.shape) {
-				return nil, fmt.Errorf("%w: tensor %q has shape %v, sidecar says %v", ErrModelFile, key, t.Shape, p.shape)
-			}
-			*p.dst = t.Data
-			want++
 		}
 		m.Layers = append(m.Layers, l)
 	}
-	if len(tensors) != want {
-		return nil, fmt.Errorf("%w: %s has %d tensors, sidecar describes %d", ErrModelFile, WeightsFile, len(tensors), want)
+	if err := modelFiles.NoneLeft(tensors); err != nil {
+		return nil, err
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrModelFile, err)
 	}
 	return m, nil
+}
+
+// Outputs accepted in the sidecar's "output" field: both name a softmax over the last layer's
+// logits (torchbnn models end in log_softmax; the probabilities are the same).
+var sidecarOutputs = []string{"log_softmax", "softmax"}
+
+// sidecarActivation checks the sidecar's "activation" and "output" fields and returns the
+// activation. Anything cfguard cannot evaluate is refused by name, never served as something else.
+func sidecarActivation(sc Sidecar) (Activation, error) {
+	if sc.Activation == "" {
+		return 0, fmt.Errorf("%w: %s has no field \"activation\" (want relu, tanh or sigmoid)", ErrModelFile, SidecarFile)
+	}
+	act, err := ParseActivation(sc.Activation)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: field \"activation\": %v", ErrModelFile, SidecarFile, err)
+	}
+	if !slices.Contains(sidecarOutputs, sc.Output) {
+		return 0, fmt.Errorf("%w: %s: field \"output\" is %q; cfguard evaluates a softmax output only (want log_softmax or softmax)",
+			ErrModelFile, SidecarFile, sc.Output)
+	}
+	return act, nil
 }

@@ -1,6 +1,7 @@
 package bnn
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -116,4 +117,64 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSidecarActivationAndOutput: the sidecar's activation is honoured (a tanh model round-trips
+// as tanh and predicts as before), its output must be a softmax, and anything else is refused by
+// name, naming model.json and the field, never served as ReLU.
+func TestSidecarActivationAndOutput(t *testing.T) {
+	m := handModel(Tanh)
+	sc, w, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(sc), `"activation": "tanh"`) {
+		t.Fatalf("sidecar does not record tanh:\n%s", sc)
+	}
+	got, err := Decode(sc, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := [][]float64{{0.3}}
+	a, _ := m.Predict(x, 2, 1)
+	b, _ := got.Predict(x, 2, 1)
+	if got.Activation != Tanh || a.P(0, 1) != b.P(0, 1) {
+		t.Fatalf("round trip: activation %v, p %v vs %v", got.Activation, b.P(0, 1), a.P(0, 1))
+	}
+	edit := func(field, value string) []byte {
+		var js map[string]any
+		if err := json.Unmarshal(sc, &js); err != nil {
+			t.Fatal(err)
+		}
+		if value == "<absent>" {
+			delete(js, field)
+		} else {
+			js[field] = value
+		}
+		out, _ := json.Marshal(js)
+		return out
+	}
+	if got, err := Decode(edit("output", "softmax"), w); err != nil || got.Activation != Tanh {
+		t.Fatalf(`output "softmax" is a softmax too: %v`, err)
+	}
+	for _, tc := range []struct {
+		field, value string
+		want         []string
+	}{
+		{"activation", "gelu", []string{"model.json", `"activation"`, `"gelu"`, "relu, tanh or sigmoid"}},
+		{"activation", "ReLU", []string{"model.json", `"activation"`, `"ReLU"`}},
+		{"activation", "<absent>", []string{"model.json", `no field "activation"`}},
+		{"output", "sigmoid", []string{"model.json", `"output"`, `"sigmoid"`, "log_softmax or softmax"}},
+		{"output", "<absent>", []string{"model.json", `"output"`}},
+	} {
+		_, err := Decode(edit(tc.field, tc.value), w)
+		if !errors.Is(err, ErrModelFile) {
+			t.Fatalf("%s = %s: got %v, want ErrModelFile", tc.field, tc.value, err)
+		}
+		for _, s := range tc.want {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%s = %s: error %q does not mention %s", tc.field, tc.value, err, s)
+			}
+		}
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 
 	G "gorgonia.org/gorgonia"
+
+	"github.com/cfguard/cfguard/internal/vec"
 	"gorgonia.org/tensor"
 )
 
@@ -19,7 +21,7 @@ type GraphConfig struct {
 	// Batch is the number of rows of the graph's input; shorter minibatches are padded with
 	// rows of weight 0. Required (>= 1).
 	Batch int
-	// Samples is the number of Monte-Carlo weight draws per step; the NLL is their mean.
+	// Samples is the number of Monte-Carlo weight draws per iteration; the NLL is their mean.
 	// Default 1 (torchbnn's single draw per forward pass).
 	Samples int
 	// LastOnly makes only the last layer trainable. The body's weights are still sampled in
@@ -28,10 +30,10 @@ type GraphConfig struct {
 	// KLScale multiplies the KL term of the loss (kl_weight / N in Train). 0 leaves the KL out of
 	// the loss; it is still computed and reported.
 	KLScale float64
-	// Anchor, when set, replaces the N(0, PriorSigma^2) prior in the KL term by the anchor's own
-	// posterior for the trainable layers (variational continual learning: KL(q || q_prev)).
-	// It must have the model's shape.
-	Anchor *Model
+	// Prev, the previous posterior q_prev, when set, replaces the N(0, PriorSigma^2) prior in the
+	// KL term by q_prev's own (mu, sigma) for the trainable layers (variational continual
+	// learning: KL(q || q_prev)). It must have the model's shape and activation.
+	Prev *Model
 }
 
 // Param is one trainable block of parameters in a Graph, e.g. "fc3.weight_mu". Value aliases the
@@ -55,19 +57,19 @@ type Eval struct {
 
 // Graph is the Bayes-by-backprop objective of a Model as a gorgonia expression graph. It is
 // built once and run for every minibatch: the inputs (rows, labels, noise) are rebound with
-// gorgonia.Let and the parameters are updated in place, so no graph is rebuilt per step.
+// gorgonia.Let and the parameters are updated in place, so no graph is rebuilt per iteration.
 //
 // For every layer k and draw s the forward pass samples (reparameterisation trick)
 //
 //	W_k = mu_k + exp(log_sigma_k) * eps_{s,k},   eps ~ N(0, 1) fed by DrawEps or SetEps,
 //
-// applies ReLU between layers and log-softmax at the end, and the loss is
+// applies the model's activation between layers and log-softmax at the end, and the loss is
 //
 //	loss = (1/S) sum_s (1/B) sum_i -log p(y_i | x_i, W_s) + KLScale * KL(q || target),
 //	KL(q || N(m0, s0^2)) = sum_j [ log s0_j - log_sigma_j + (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2) - 1/2 ],
 //
 // summed over the trainable layers' weights and biases, with target N(0, PriorSigma^2) or, when
-// GraphConfig.Anchor is set, the anchor's (mu, sigma) per parameter.
+// GraphConfig.Prev is set, the previous posterior's (mu, sigma) per parameter.
 //
 // A Graph is not safe for concurrent use. Close releases it.
 type Graph struct {
@@ -123,9 +125,12 @@ func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 	if math.IsNaN(cfg.KLScale) || math.IsInf(cfg.KLScale, 0) || cfg.KLScale < 0 {
 		return cfg, fmt.Errorf("KL scale %v, want finite and >= 0", cfg.KLScale)
 	}
-	if cfg.Anchor != nil {
-		if err := sameShape(m, cfg.Anchor); err != nil {
-			return cfg, fmt.Errorf("anchor: %w", err)
+	if cfg.Prev != nil {
+		if err := sameShape(m, cfg.Prev); err != nil {
+			return cfg, fmt.Errorf("previous posterior: %w", err)
+		}
+		if cfg.Prev.Activation != m.Activation {
+			return cfg, fmt.Errorf("previous posterior: activation %v, model %v", cfg.Prev.Activation, m.Activation)
 		}
 	}
 	return cfg, nil
@@ -160,24 +165,6 @@ func sameShape(a, b *Model) error {
 	return nil
 }
 
-// transposeIn returns src (rows x cols, row-major) transposed into a new slice.
-func transpose(src []float64, rows, cols int) []float64 {
-	dst := make([]float64, len(src))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			dst[c*rows+r] = src[r*cols+c]
-		}
-	}
-	return dst
-}
-
-func expAll(v []float64) []float64 {
-	for i := range v {
-		v[i] = math.Exp(v[i])
-	}
-	return v
-}
-
 func (gr *Graph) input(name string, data []float64, shape ...int) (*G.Node, *tensor.Dense) {
 	t := tensor.New(tensor.WithBacking(data), tensor.WithShape(shape...))
 	return G.NewTensor(gr.g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
@@ -196,8 +183,8 @@ func (gr *Graph) build(m *Model) {
 	for k := range m.Layers {
 		l := &m.Layers[k]
 		gl := graphLayer{in: l.In, out: l.Out, trainable: !cfg.LastOnly || k == last,
-			muW: transpose(l.WeightMu, l.Out, l.In), lsW: transpose(l.WeightLogSigma, l.Out, l.In),
-			muB: clone(l.BiasMu), lsB: clone(l.BiasLogSigma)}
+			muW: vec.Transpose(l.WeightMu, l.Out, l.In), lsW: vec.Transpose(l.WeightLogSigma, l.Out, l.In),
+			muB: vec.Clone(l.BiasMu), lsB: vec.Clone(l.BiasLogSigma)}
 		var n nodes
 		n.muW, _ = gr.input(l.Name+".weight_mu", gl.muW, l.In, l.Out)
 		n.muB, _ = gr.input(l.Name+".bias_mu", gl.muB, 1, l.Out)
@@ -213,8 +200,8 @@ func (gr *Graph) build(m *Model) {
 				wrt = append(wrt, p.node)
 			}
 		} else {
-			n.sW, _ = gr.input(l.Name+".weight_sigma", expAll(gl.lsW), l.In, l.Out)
-			n.sB, _ = gr.input(l.Name+".bias_sigma", expAll(gl.lsB), 1, l.Out)
+			n.sW, _ = gr.input(l.Name+".weight_sigma", vec.ExpInPlace(gl.lsW), l.In, l.Out)
+			n.sB, _ = gr.input(l.Name+".bias_sigma", vec.ExpInPlace(gl.lsB), 1, l.Out)
 		}
 		ln[k] = n
 		gr.layers = append(gr.layers, gl)
@@ -235,7 +222,7 @@ func (gr *Graph) build(m *Model) {
 			b := G.Must(G.Add(ln[k].muB, G.Must(G.HadamardProd(ln[k].sB, eB))))
 			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
 			if k != last {
-				h = G.Must(G.Rectify(h))
+				h = G.Must(ActivationNode(m.Activation, h))
 			}
 		}
 		logp := G.Must(G.LogSoftMax(h))
@@ -281,26 +268,26 @@ func (gr *Graph) build(m *Model) {
 		} {
 			shape := p.mu.Shape().Clone()
 			quad := G.Must(G.Square(p.s)) // sigma^2 (+ (mu - m0)^2 below)
-			if cfg.Anchor == nil {
+			if cfg.Prev == nil {
 				quad = G.Must(G.Add(quad, G.Must(G.Square(p.mu))))
 				quad = G.Must(G.Mul(G.Must(G.Sum(quad)), G.NewConstant(0.5/(m.PriorSigma*m.PriorSigma))))
 				gr.klConst += float64(shape.TotalSize()) * (lp - 0.5)
 				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), lsPrior: lp})
 			} else {
-				am, als := p.a(&cfg.Anchor.Layers[k])
+				am, als := p.a(&cfg.Prev.Layers[k])
 				m0, ls0 := am, als
 				if p.name == "weight" {
-					m0, ls0 = transpose(am, l.Out, l.In), transpose(als, l.Out, l.In)
+					m0, ls0 = vec.Transpose(am, l.Out, l.In), vec.Transpose(als, l.Out, l.In)
 				}
 				half := make([]float64, len(ls0)) // 1 / (2 s0^2)
 				for i, v := range ls0 {
 					half[i] = 0.5 * math.Exp(-2*v)
 					gr.klConst += v - 0.5
 				}
-				m0n := G.NewConstant(tensor.New(tensor.WithBacking(clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_anchor", l.Name, p.name)))
-				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_anchor", l.Name, p.name)))
+				m0n := G.NewConstant(tensor.New(tensor.WithBacking(vec.Clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_prev", l.Name, p.name)))
+				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_prev", l.Name, p.name)))
 				quad = G.Must(G.Add(quad, G.Must(G.Square(G.Must(G.Sub(p.mu, m0n))))))
-				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: clone(m0), ls0: clone(ls0)})
+				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: vec.Clone(m0), ls0: vec.Clone(ls0)})
 				quad = G.Must(G.Sum(G.Must(G.HadamardProd(quad, hn))))
 			}
 			add(G.Must(G.Sub(quad, G.Must(G.Sum(p.ls)))))
@@ -322,6 +309,19 @@ func (gr *Graph) build(m *Model) {
 	gr.vm = G.NewTapeMachine(g)
 }
 
+// ActivationNode applies a to every element of n in a gorgonia graph: Rectify, Tanh or Sigmoid.
+func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
+	switch a {
+	case ReLU:
+		return G.Rectify(n)
+	case Tanh:
+		return G.Tanh(n)
+	case Sigmoid:
+		return G.Sigmoid(n)
+	}
+	return nil, fmt.Errorf("unknown activation %d", uint8(a))
+}
+
 func pick(c bool, a, b []float64) []float64 {
 	if c {
 		return a
@@ -334,7 +334,7 @@ func pick(c bool, a, b []float64) []float64 {
 //
 //	sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j.
 //
-// Run's Eval.KL is the same quantity evaluated inside the graph, before the optimiser's step.
+// Run's Eval.KL is the same quantity evaluated inside the graph, before the optimiser's iteration.
 func (gr *Graph) KL() float64 {
 	s := 0.0
 	for _, t := range gr.targets {
@@ -501,8 +501,8 @@ func (gr *Graph) WriteTo(m *Model) error {
 			continue
 		}
 		l := &m.Layers[k]
-		copy(l.WeightMu, transpose(gl.muW, gl.in, gl.out))
-		copy(l.WeightLogSigma, transpose(gl.lsW, gl.in, gl.out))
+		copy(l.WeightMu, vec.Transpose(gl.muW, gl.in, gl.out))
+		copy(l.WeightLogSigma, vec.Transpose(gl.lsW, gl.in, gl.out))
 		copy(l.BiasMu, gl.muB)
 		copy(l.BiasLogSigma, gl.lsB)
 	}

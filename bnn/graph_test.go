@@ -23,7 +23,7 @@ func fixedEps(seed uint64) func(s, k int, bias bool, i int) float64 {
 // refObjective computes the graph's loss in plain Go, independently of gorgonia:
 // (1/S) sum_s mean_i -log softmax(f(x_i; W_s))[y_i] + scale * KL(q_trainable || target).
 func refObjective(m *Model, rows [][]float64, y []int, samples int, eps func(s, k int, bias bool, i int) float64,
-	lastOnly bool, scale float64, anchor *Model) (loss, nll, kl float64) {
+	lastOnly bool, scale float64, prev *Model) (loss, nll, kl float64) {
 	for s := 0; s < samples; s++ {
 		for r, x := range rows {
 			h := x
@@ -36,8 +36,8 @@ func refObjective(m *Model, rows [][]float64, y []int, samples int, eps func(s, 
 						j := o*l.In + i
 						b += (l.WeightMu[j] + math.Exp(l.WeightLogSigma[j])*eps(s, k, false, j)) * h[i]
 					}
-					if k < len(m.Layers)-1 && b < 0 {
-						b = 0
+					if k < len(m.Layers)-1 {
+						b = naiveAct(m, b)
 					}
 					a[o] = b
 				}
@@ -63,8 +63,8 @@ func refObjective(m *Model, rows [][]float64, y []int, samples int, eps func(s, 
 		ls := append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
 		for j := range mu {
 			m0, ls0 := 0.0, math.Log(m.PriorSigma)
-			if anchor != nil {
-				a := &anchor.Layers[k]
+			if prev != nil {
+				a := &prev.Layers[k]
 				m0 = append(append([]float64(nil), a.WeightMu...), a.BiasMu...)[j]
 				ls0 = append(append([]float64(nil), a.WeightLogSigma...), a.BiasLogSigma...)[j]
 			}
@@ -89,7 +89,7 @@ func smallProblem(seed uint64, n, d, classes int) ([][]float64, []int) {
 }
 
 // perturbed returns a copy of m with every mu and log_sigma moved by a small random amount, so
-// that an anchor differs from the model.
+// that a previous posterior differs from the model.
 func perturbed(m *Model, seed uint64, scale float64) *Model {
 	rng := rand.New(rand.NewPCG(seed, 11))
 	c := m.Clone()
@@ -120,81 +120,84 @@ func TestGraphObjectiveAndGradient(t *testing.T) {
 		name     string
 		cfg      GraphConfig
 		rows     int
-		anchored bool
+		withPrev bool
 	}{
 		{"all layers, prior, one draw, full batch", GraphConfig{Batch: 6, KLScale: 0.05}, 6, false},
 		{"all layers, prior, two draws, padded batch", GraphConfig{Batch: 6, Samples: 2, KLScale: 0.2}, 4, false},
 		{"last layer, prior", GraphConfig{Batch: 6, Samples: 2, LastOnly: true, KLScale: 0.1}, 5, false},
-		{"last layer, anchor (vcl)", GraphConfig{Batch: 6, Samples: 3, LastOnly: true, KLScale: 0.5}, 6, true},
-		{"all layers, anchor, no KL in loss", GraphConfig{Batch: 7, LastOnly: false, KLScale: 0}, 6, true},
+		{"last layer, previous posterior (vcl)", GraphConfig{Batch: 6, Samples: 3, LastOnly: true, KLScale: 0.5}, 6, true},
+		{"all layers, previous posterior, no KL in loss", GraphConfig{Batch: 7, LastOnly: false, KLScale: 0}, 6, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var anchor *Model
-			if tc.anchored {
-				anchor = perturbed(base, 9, 0.05)
-				tc.cfg.Anchor = anchor
-			}
-			gr, err := NewGraph(base, tc.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer gr.Close()
-			eps := fixedEps(42)
-			gr.SetEps(eps)
-			if err := gr.SetBatch(X[:tc.rows], y[:tc.rows]); err != nil {
-				t.Fatal(err)
-			}
-			ev, err := gr.Run()
-			if err != nil {
-				t.Fatal(err)
-			}
-			samples := max(tc.cfg.Samples, 1)
-			wantLoss, wantNLL, wantKL := refObjective(base, X[:tc.rows], y[:tc.rows], samples, eps, tc.cfg.LastOnly, tc.cfg.KLScale, anchor)
-			for _, c := range []struct {
-				name      string
-				got, want float64
-			}{{"loss", ev.Loss, wantLoss}, {"nll", ev.NLL, wantNLL}, {"kl", ev.KL, wantKL}} {
-				if math.Abs(c.got-c.want) > 1e-10*math.Max(1, math.Abs(c.want)) {
-					t.Errorf("%s = %.15g, plain Go gives %.15g", c.name, c.got, c.want)
+		for _, act := range []Activation{ReLU, Tanh, Sigmoid} {
+			base.Activation = act
+			t.Run(tc.name+", "+act.String(), func(t *testing.T) {
+				var prev *Model
+				if tc.withPrev {
+					prev = perturbed(base, 9, 0.05)
+					tc.cfg.Prev = prev
 				}
-			}
-			if got := gr.KL(); math.Abs(got-wantKL) > 1e-10*math.Max(1, wantKL) {
-				t.Errorf("Graph.KL() = %.15g, plain Go gives %.15g", got, wantKL)
-			}
-			const h = 1e-5
-			checked := 0
-			for _, p := range gr.Params() {
-				grad := append([]float64(nil), p.Grad...)
-				for j := range p.Value {
-					orig := p.Value[j]
-					p.Value[j] = orig + h
-					up, err := gr.Run()
-					if err != nil {
-						t.Fatal(err)
-					}
-					p.Value[j] = orig - h
-					down, err := gr.Run()
-					if err != nil {
-						t.Fatal(err)
-					}
-					p.Value[j] = orig
-					fd := (up.Loss - down.Loss) / (2 * h)
-					if math.Abs(grad[j]-fd) > 1e-6*math.Max(1, math.Abs(grad[j])) {
-						t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, grad[j], fd)
-					}
-					checked++
+				gr, err := NewGraph(base, tc.cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			want := 0
-			for k, l := range base.Layers {
-				if !tc.cfg.LastOnly || k == len(base.Layers)-1 {
-					want += 2 * l.NumParams()
+				defer gr.Close()
+				eps := fixedEps(42)
+				gr.SetEps(eps)
+				if err := gr.SetBatch(X[:tc.rows], y[:tc.rows]); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if checked != want {
-				t.Errorf("checked %d parameters, want %d", checked, want)
-			}
-		})
+				ev, err := gr.Run()
+				if err != nil {
+					t.Fatal(err)
+				}
+				samples := max(tc.cfg.Samples, 1)
+				wantLoss, wantNLL, wantKL := refObjective(base, X[:tc.rows], y[:tc.rows], samples, eps, tc.cfg.LastOnly, tc.cfg.KLScale, prev)
+				for _, c := range []struct {
+					name      string
+					got, want float64
+				}{{"loss", ev.Loss, wantLoss}, {"nll", ev.NLL, wantNLL}, {"kl", ev.KL, wantKL}} {
+					if math.Abs(c.got-c.want) > 1e-10*math.Max(1, math.Abs(c.want)) {
+						t.Errorf("%s = %.15g, plain Go gives %.15g", c.name, c.got, c.want)
+					}
+				}
+				if got := gr.KL(); math.Abs(got-wantKL) > 1e-10*math.Max(1, wantKL) {
+					t.Errorf("Graph.KL() = %.15g, plain Go gives %.15g", got, wantKL)
+				}
+				const h = 1e-5
+				checked := 0
+				for _, p := range gr.Params() {
+					grad := append([]float64(nil), p.Grad...)
+					for j := range p.Value {
+						orig := p.Value[j]
+						p.Value[j] = orig + h
+						up, err := gr.Run()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.Value[j] = orig - h
+						down, err := gr.Run()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.Value[j] = orig
+						fd := (up.Loss - down.Loss) / (2 * h)
+						if math.Abs(grad[j]-fd) > 1e-6*math.Max(1, math.Abs(grad[j])) {
+							t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, grad[j], fd)
+						}
+						checked++
+					}
+				}
+				want := 0
+				for k, l := range base.Layers {
+					if !tc.cfg.LastOnly || k == len(base.Layers)-1 {
+						want += 2 * l.NumParams()
+					}
+				}
+				if checked != want {
+					t.Errorf("checked %d parameters, want %d", checked, want)
+				}
+			})
+		}
 	}
 }
 
@@ -238,7 +241,8 @@ func TestGraphBadInput(t *testing.T) {
 		{"zero batch", GraphConfig{}},
 		{"negative samples", GraphConfig{Batch: 1, Samples: -1}},
 		{"NaN KL scale", GraphConfig{Batch: 1, KLScale: math.NaN()}},
-		{"anchor of another shape", GraphConfig{Batch: 1, Anchor: New(3, []int{5}, []string{"x", "y"}, 0.1, rand.New(rand.NewPCG(1, 1)))}},
+		{"previous posterior of another shape", GraphConfig{Batch: 1, Prev: New(3, []int{5}, []string{"x", "y"}, 0.1, rand.New(rand.NewPCG(1, 1)))}},
+		{"previous posterior with another activation", GraphConfig{Batch: 1, Prev: func() *Model { p := m.Clone(); p.Activation = Tanh; return p }()}},
 	} {
 		if _, err := NewGraph(m, tc.cfg); err == nil {
 			t.Errorf("%s: no error", tc.name)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 // DefaultPriorSigma is torchbnn's customary prior standard deviation, N(0, 0.1^2).
@@ -70,10 +72,14 @@ func (s *Scaler) Apply(dst, x []float64) {
 }
 
 // Model is a posterior over the weights of a Bayesian MLP, plus what is needed to use it on raw
-// records: the feature scaler, the feature and class names. Layers[len-1] is the last layer, the
-// only one cfguard's online updates change.
+// records: the activation between layers, the feature scaler, the feature and class names.
+// Layers[len-1] is the last layer, the only one cfguard's online updates change; its outputs are
+// logits, turned into class probabilities by a softmax.
 type Model struct {
-	Layers     []Layer
+	Layers []Layer
+	// Activation follows every layer but the last (ReLU, the zero value, unless the model file
+	// says otherwise); every evaluation of the network honours it.
+	Activation Activation
 	Scaler     Scaler
 	Features   []string // optional feature names, len == input dimension when set
 	Classes    []string // class names; label i is Classes[i]
@@ -82,8 +88,9 @@ type Model struct {
 	Version uint64
 }
 
-// New returns a freshly initialised model with torchbnn's initialisation:
+// New returns a freshly initialised ReLU model with torchbnn's initialisation:
 // mu ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) and log_sigma = log(priorSigma), for weights and biases.
+// Set Activation on the result for another non-linearity.
 func New(inputs int, hidden []int, classes []string, priorSigma float64, rng *rand.Rand) *Model {
 	if priorSigma <= 0 {
 		priorSigma = DefaultPriorSigma
@@ -148,16 +155,14 @@ func (m *Model) Clone() *Model {
 	c.Layers = make([]Layer, len(m.Layers))
 	for i, l := range m.Layers {
 		c.Layers[i] = Layer{Name: l.Name, In: l.In, Out: l.Out,
-			WeightMu: clone(l.WeightMu), WeightLogSigma: clone(l.WeightLogSigma),
-			BiasMu: clone(l.BiasMu), BiasLogSigma: clone(l.BiasLogSigma)}
+			WeightMu: vec.Clone(l.WeightMu), WeightLogSigma: vec.Clone(l.WeightLogSigma),
+			BiasMu: vec.Clone(l.BiasMu), BiasLogSigma: vec.Clone(l.BiasLogSigma)}
 	}
-	c.Scaler = Scaler{Mean: clone(m.Scaler.Mean), Std: clone(m.Scaler.Std)}
+	c.Scaler = Scaler{Mean: vec.Clone(m.Scaler.Mean), Std: vec.Clone(m.Scaler.Std)}
 	c.Features = append([]string(nil), m.Features...)
 	c.Classes = append([]string(nil), m.Classes...)
 	return &c
 }
-
-func clone(x []float64) []float64 { return append([]float64(nil), x...) }
 
 // ErrInvalidModel is wrapped by every error Validate returns.
 var ErrInvalidModel = errors.New("invalid model")
@@ -168,6 +173,9 @@ var ErrInvalidModel = errors.New("invalid model")
 func (m *Model) Validate() error {
 	if len(m.Layers) == 0 {
 		return fmt.Errorf("%w: no layers", ErrInvalidModel)
+	}
+	if !m.Activation.valid() {
+		return fmt.Errorf("%w: unknown activation %d", ErrInvalidModel, uint8(m.Activation))
 	}
 	for k := range m.Layers {
 		l := &m.Layers[k]

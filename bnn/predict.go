@@ -1,6 +1,7 @@
 package bnn
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -67,7 +68,10 @@ func (m *Model) Mean(dst *Net) {
 
 // Standardize returns the scaled inputs as an N x D matrix, checking dimensions and finiteness.
 func (m *Model) Standardize(X [][]float64) (*mat.Dense, error) {
-	d := m.Inputs()
+	return standardize(&m.Scaler, m.Inputs(), X)
+}
+
+func standardize(sc *Scaler, d int, X [][]float64) (*mat.Dense, error) {
 	if len(X) == 0 {
 		return nil, fmt.Errorf("no inputs")
 	}
@@ -81,43 +85,9 @@ func (m *Model) Standardize(X [][]float64) (*mat.Dense, error) {
 				return nil, fmt.Errorf("input %d feature %d is %v", i, j, v)
 			}
 		}
-		m.Scaler.Apply(z.RawRowView(i), x)
+		sc.Apply(z.RawRowView(i), x)
 	}
 	return z, nil
-}
-
-// Probs computes softmax class probabilities of the net for standardised inputs z (N x D) into
-// out (N x C). work holds per-layer activations and is reused between calls; pass nil at first.
-func (n *Net) Probs(z *mat.Dense, out *mat.Dense, work []*mat.Dense) []*mat.Dense {
-	rows, _ := z.Dims()
-	if work == nil {
-		work = make([]*mat.Dense, len(n.W))
-	}
-	h := z
-	for k := range n.W {
-		outDim := len(n.B[k])
-		inDim := len(n.W[k]) / outDim
-		if work[k] == nil {
-			work[k] = mat.NewDense(rows, outDim, nil)
-		}
-		a := work[k]
-		a.Mul(h, mat.NewDense(outDim, inDim, n.W[k]).T())
-		last := k == len(n.W)-1
-		for i := 0; i < rows; i++ {
-			row := a.RawRowView(i)
-			for j := range row {
-				row[j] += n.B[k][j]
-				if !last && row[j] < 0 {
-					row[j] = 0
-				}
-			}
-		}
-		h = a
-	}
-	for i := 0; i < rows; i++ {
-		Softmax(out.RawRowView(i), h.RawRowView(i))
-	}
-	return work
 }
 
 // Softmax writes softmax(logits) into dst (len(dst) == len(logits)), stable against overflow:
@@ -143,9 +113,11 @@ func Softmax(dst, logits []float64) {
 //	Mean[i*C+c] = (1/S) sum_s f_c(x_i; w_s)                       ~ E_q[f_c(x_i; w)]
 //	Var[i*C+c]  = 1/(S-1) sum_s (f_c(x_i; w_s) - Mean[i*C+c])^2    ~ Var_q[f_c(x_i; w)]
 //
-// with w_s ~ q drawn independently. Every input shares the same S weight draws.
+// with w_s ~ q drawn independently. Every input shares the same S weight draws. Precision is the
+// precision the forward passes ran in.
 type Predictive struct {
 	N, C, S   int
+	Precision Precision
 	Mean, Var []float64
 }
 
@@ -173,34 +145,64 @@ func SampleSeed(seed uint64, s int) *rand.Rand {
 }
 
 // Predict estimates the posterior predictive of every class for the raw inputs X with S
-// Monte-Carlo weight draws (S >= 2). The result is a deterministic function of (m, X, S, seed).
+// Monte-Carlo weight draws (S >= 2) in float64: PredictWith(context.Background(), X, samples,
+// seed, Float64).
 func (m *Model) Predict(X [][]float64, samples int, seed uint64) (*Predictive, error) {
+	return m.PredictWith(context.Background(), X, samples, seed, Float64)
+}
+
+// PredictWith estimates the posterior predictive of every class for the raw inputs X with S
+// Monte-Carlo weight draws (S >= 2), the forward passes in the given precision. Draw s is
+// Sample(SampleSeed(seed, s)), so the result is a deterministic function of (m, X, S, seed,
+// precision) and equals NewPool(m, S, seed, precision).Predict(X). Every draw is made afresh; to
+// reuse draws across calls, use a Pool. It returns ctx's error if ctx ends first (checked before
+// every draw).
+func (m *Model) PredictWith(ctx context.Context, X [][]float64, samples int, seed uint64, prec Precision) (*Predictive, error) {
 	if samples < 2 {
 		return nil, fmt.Errorf("need at least 2 samples for a variance, got %d", samples)
 	}
-	z, err := m.Standardize(X)
+	if err := checkPrecision(prec); err != nil {
+		return nil, err
+	}
+	z, err := m.standardizeRows(X)
 	if err != nil {
 		return nil, err
 	}
-	n, c := len(X), m.NumClasses()
-	p := &Predictive{N: n, C: c, S: samples, Mean: make([]float64, n*c), Var: make([]float64, n*c)}
-	net, sig := m.NewNet(), m.sigmas()
-	probs := mat.NewDense(n, c, nil)
-	var work []*mat.Dense
-	// Welford's running mean and sum of squared deviations (kept in Var until the end).
-	for s := 0; s < samples; s++ {
-		m.sampleWith(sig, SampleSeed(seed, s), net)
-		work = net.Probs(z, probs, work)
-		raw := probs.RawMatrix().Data
-		k := float64(s + 1)
-		for i, f := range raw {
-			d := f - p.Mean[i]
-			p.Mean[i] += d / k
-			p.Var[i] += d * (f - p.Mean[i])
-		}
+	a, sig := m.arch(), m.sigmas()
+	if prec == Float32 {
+		w := newWnet[float32](a)
+		return predictive(ctx, a, z, samples, prec, 1, func(s int) wnet[float32] {
+			sampleWnet(m, sig, SampleSeed(seed, s), w)
+			return w
+		})
 	}
-	for i := range p.Var {
-		p.Var[i] /= float64(samples - 1)
+	w := newWnet[float64](a)
+	return predictive(ctx, a, z, samples, prec, 1, func(s int) wnet[float64] {
+		sampleWnet(m, sig, SampleSeed(seed, s), w)
+		return w
+	})
+}
+
+func checkPrecision(p Precision) error {
+	if p != Float64 && p != Float32 {
+		return fmt.Errorf("unknown precision %d (want Float64 or Float32)", uint8(p))
 	}
-	return p, nil
+	return nil
+}
+
+// standardizeRows is Standardize as a slice of rows.
+func (m *Model) standardizeRows(X [][]float64) ([][]float64, error) {
+	return standardizeRows(&m.Scaler, m.Inputs(), X)
+}
+
+func standardizeRows(sc *Scaler, d int, X [][]float64) ([][]float64, error) {
+	zm, err := standardize(sc, d, X)
+	if err != nil {
+		return nil, err
+	}
+	z := make([][]float64, len(X))
+	for i := range z {
+		z[i] = zm.RawRowView(i)
+	}
+	return z, nil
 }

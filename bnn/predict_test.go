@@ -12,6 +12,20 @@ func smallModel(seed uint64) *Model {
 	return m
 }
 
+// naiveAct applies the model's activation, written out independently of Activation.Apply.
+func naiveAct(m *Model, s float64) float64 {
+	switch m.Activation {
+	case Tanh:
+		return math.Tanh(s)
+	case Sigmoid:
+		return 1 / (1 + math.Exp(-s))
+	}
+	if s < 0 {
+		return 0
+	}
+	return s
+}
+
 // naiveProbs is an independent reference forward pass: plain loops, no BLAS.
 func naiveProbs(m *Model, net *Net, x []float64) []float64 {
 	h := make([]float64, len(x))
@@ -25,8 +39,8 @@ func naiveProbs(m *Model, net *Net, x []float64) []float64 {
 			for c := 0; c < l.In; c++ {
 				s += net.W[k][r*l.In+c] * h[c]
 			}
-			if k < len(m.Layers)-1 && s < 0 {
-				s = 0
+			if k < len(m.Layers)-1 {
+				s = naiveAct(m, s)
 			}
 			o[r] = s
 		}

@@ -31,6 +31,9 @@ type TrainConfig struct {
 	Seed      uint64  // seeds shuffling and the weight noise; equal seeds give bit-identical models.
 	// Hidden is the hidden layer widths for Fit (Train keeps the model's). Default DefaultHidden.
 	Hidden []int
+	// Activation is the hidden layers' non-linearity for Fit (Train keeps the model's). Default
+	// ReLU (the zero value).
+	Activation Activation
 	// PriorSigma is the prior N(0, PriorSigma^2) of the KL term. Default: the model's
 	// PriorSigma in Train, DefaultPriorSigma in Fit. Train records it in the model on success.
 	PriorSigma float64
@@ -51,13 +54,13 @@ type EpochStats struct {
 
 // TrainStats summarises a training run: the last epoch's figures plus totals.
 type TrainStats struct {
-	Epochs   int
-	Steps    int // Adam steps taken
-	Loss     float64
-	NLL      float64
-	KL       float64
-	Accuracy float64
-	Duration time.Duration
+	Epochs     int
+	Iterations int // Adam iterations taken
+	Loss       float64
+	NLL        float64
+	KL         float64
+	Accuracy   float64
+	Duration   time.Duration
 }
 
 // withDefaults returns cfg with zero fields replaced by the defaults.
@@ -93,6 +96,9 @@ func (cfg TrainConfig) validate() error {
 	case cfg.PriorSigma < 0 || math.IsNaN(cfg.PriorSigma) || math.IsInf(cfg.PriorSigma, 0):
 		return fmt.Errorf("train: prior sigma %v, want finite and > 0 (or 0 for the default)", cfg.PriorSigma)
 	}
+	if !cfg.Activation.valid() {
+		return fmt.Errorf("train: unknown activation %d", uint8(cfg.Activation))
+	}
 	for i, h := range cfg.Hidden {
 		if h < 1 {
 			return fmt.Errorf("train: hidden layer %d has width %d, want >= 1", i, h)
@@ -117,7 +123,7 @@ func CheckLabels(y []int, rows, classes int) error {
 
 // Train fits every layer of m to (X, y) in place by Bayes-by-backprop (Blundell et al. 2015)
 // with Adam. X holds raw features; they are standardised with m.Scaler. Each minibatch B of a
-// seeded shuffle takes one Adam step on
+// seeded shuffle takes one Adam iteration on
 //
 //	loss = (1/|B|) sum_{i in B} -log p(y_i | x_i, w) + KLWeight * KL(q || N(0, PriorSigma^2)) / N,
 //	w = mu + exp(log_sigma) * eps,   eps ~ N(0, 1) drawn afresh for every minibatch,
@@ -178,10 +184,10 @@ func Train(ctx context.Context, m *Model, X [][]float64, y []int, cfg TrainConfi
 			gr.DrawEps(rng)
 			ev, err := gr.Run()
 			if err != nil {
-				return st, fmt.Errorf("train: epoch %d step %d: %w", epoch, st.Steps+1, err)
+				return st, fmt.Errorf("train: epoch %d iteration %d: %w", epoch, st.Iterations+1, err)
 			}
 			opt.Step(gr.Params())
-			st.Steps++
+			st.Iterations++
 			w := float64(ev.Rows) / float64(n)
 			es.Loss += w * ev.Loss
 			es.NLL += w * ev.NLL
@@ -220,7 +226,8 @@ func checkParams(ps []Param) error {
 }
 
 // Fit trains a new model on a data set: it fits the scaler on set.X, initialises a network
-// set.Features -> cfg.Hidden -> len(classes) with torchbnn's initialisation (seeded by cfg.Seed)
+// set.Features -> cfg.Hidden -> len(classes) with cfg.Activation between layers and torchbnn's
+// initialisation (seeded by cfg.Seed)
 // and prior sigma cfg.PriorSigma (default DefaultPriorSigma), and runs Train. classes names the
 // labels; every label must be below len(classes), and there must be at least two classes.
 func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfig) (*Model, TrainStats, error) {
@@ -259,6 +266,7 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 		ps = DefaultPriorSigma
 	}
 	m := New(d, cfg.Hidden, classes, ps, rand.New(rand.NewPCG(cfg.Seed, 0x1417)))
+	m.Activation = cfg.Activation
 	m.Scaler = FitScaler(set.X)
 	m.Features = append([]string(nil), set.Features...)
 	if len(m.Features) == 0 {
@@ -272,22 +280,22 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 }
 
 // Adam is the Adam optimiser (Kingma and Ba 2015) with PyTorch's defaults
-// (beta1 = 0.9, beta2 = 0.999, eps = 1e-8) and no weight decay. For each parameter p with
-// gradient g, at step t:
+// (beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8) and no weight decay. For each parameter p with
+// gradient g, at iteration t:
 //
 //	m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
-//	p -= LR * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
+//	p -= LR * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon).
 //
-// Each step moves a parameter by at most about LR, whatever the gradient's scale.
+// Each iteration moves a parameter by at most about LR, whatever the gradient's scale.
 type Adam struct {
-	LR, Beta1, Beta2, Eps float64
-	t                     int
-	m, v                  [][]float64
+	LR, Beta1, Beta2, Epsilon float64
+	t                         int
+	m, v                      [][]float64
 }
 
 // NewAdam returns an optimiser for params with zeroed moments.
 func NewAdam(params []Param, lr float64) *Adam {
-	a := &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+	a := &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Epsilon: 1e-8}
 	for _, p := range params {
 		a.m = append(a.m, make([]float64, len(p.Value)))
 		a.v = append(a.v, make([]float64, len(p.Value)))
@@ -306,7 +314,7 @@ func (a *Adam) Step(params []Param) {
 		for j, g := range p.Grad {
 			m[j] = a.Beta1*m[j] + (1-a.Beta1)*g
 			v[j] = a.Beta2*v[j] + (1-a.Beta2)*g*g
-			p.Value[j] -= a.LR * (m[j] / c1) / (math.Sqrt(v[j]/c2) + a.Eps)
+			p.Value[j] -= a.LR * (m[j] / c1) / (math.Sqrt(v[j]/c2) + a.Epsilon)
 		}
 	}
 }

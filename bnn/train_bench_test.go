@@ -3,14 +3,12 @@ package bnn
 import (
 	"math/rand/v2"
 	"testing"
-
-	"gonum.org/v1/gonum/mat"
 )
 
-// BenchmarkTrainStep is one Bayes-by-backprop step on the paper's tabular architecture
+// BenchmarkTrainStep is one Bayes-by-backprop iteration on the paper's tabular architecture
 // (30 -> 64 -> 32 -> 2) with a batch of 64: fresh noise, the gorgonia forward and backward
-// pass, and an Adam step. BenchmarkTrainStepBaselineForward is the reference in the same run:
-// one plain-Go sampled forward pass (bnn.Sample + Net.Probs) over the same batch, no gradient.
+// pass, and an Adam iteration. BenchmarkTrainStepBaselineForward is the reference in the same run:
+// one sampled forward pass through the predictive engine over the same batch, no gradient.
 // Their ratio is the price of the gradient and of gorgonia's per-op overhead.
 func BenchmarkTrainStep(b *testing.B) {
 	m, rows, y := benchTrainBatch()
@@ -36,18 +34,18 @@ func BenchmarkTrainStep(b *testing.B) {
 
 func BenchmarkTrainStepBaselineForward(b *testing.B) {
 	m, rows, _ := benchTrainBatch()
-	z := mat.NewDense(len(rows), m.Inputs(), nil)
-	for i, r := range rows {
-		copy(z.RawRowView(i), r)
+	a := m.arch()
+	in := newBatch[float64](rows, a.sizes[0])
+	net, sig := newWnet[float64](a), m.sigmas()
+	bufs := make([][]float64, a.layers())
+	for k := range bufs {
+		bufs[k] = make([]float64, a.sizes[k+1]*chunkRows)
 	}
-	net := m.NewNet()
-	probs := mat.NewDense(len(rows), m.NumClasses(), nil)
-	var work []*mat.Dense
 	rng := rand.New(rand.NewPCG(1, 1))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		m.Sample(rng, net)
-		work = net.Probs(z, probs, work)
+		sampleWnet(m, sig, rng, net)
+		forwardChunk(a, net, in.chunks[0], len(rows), bufs)
 	}
 }
 

@@ -7,6 +7,15 @@
 // persists topics, records and committed group offsets to disk (fsync on segment roll and on
 // Close, like Kafka's default log.flush settings), so a clean Close followed by Start with the
 // same DataDir sees the same data. A crash may lose the last unsynced batches.
+//
+// Retention keeps it bounded: every RetentionCheckInterval the broker deletes, in every
+// partition of every topic, the oldest records older than Retention (by their timestamp) and
+// the oldest records past RetentionBytes of log (Kafka's retention.ms and retention.bytes,
+// per partition). Logs are stored in segments of at most RetentionBytes/4 (between 64 KiB and
+// 16 MiB); a segment's files are deleted once all its records are, so a partition's data on
+// disk stays below about RetentionBytes plus one segment. The log of committed group offsets
+// is compacted once it passes 1 MiB. A consumer that falls further behind than retention loses
+// records: cfguard's consumer reports such a gap (stream.Gap).
 package broker
 
 import (
@@ -16,7 +25,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -36,6 +47,17 @@ type SASLConfig struct {
 	User      string
 	Password  string
 }
+
+// Retention defaults. The configuration layer takes its defaults from here.
+const (
+	// DefaultRetention is how long records are kept: 7 days, Kafka's default.
+	DefaultRetention = 7 * 24 * time.Hour
+	// DefaultRetentionBytes bounds each partition's log: 256 MiB, about 850,000 records of
+	// ~315 bytes (a record of 30 features as the daemon stores it).
+	DefaultRetentionBytes = 256 << 20
+	// DefaultRetentionCheckInterval is how often retention is applied.
+	DefaultRetentionCheckInterval = time.Minute
+)
 
 // Config configures Start.
 type Config struct {
@@ -58,6 +80,45 @@ type Config struct {
 	TLS *tls.Config
 	// SASL, when set, makes the broker require SASL authentication.
 	SASL *SASLConfig
+	// Retention is the age (by record timestamp) after which records are deleted.
+	// Default: DefaultRetention. Negative: no age limit.
+	Retention time.Duration
+	// RetentionBytes bounds each partition's log; the oldest records beyond it are deleted.
+	// Default: DefaultRetentionBytes. Negative: no size limit.
+	RetentionBytes int64
+	// RetentionCheckInterval is how often retention is applied.
+	// Default: DefaultRetentionCheckInterval.
+	RetentionCheckInterval time.Duration
+}
+
+// stateLogCompactBytes bounds the broker's log of group offset commits (see
+// retentionConfigs).
+const stateLogCompactBytes = 1 << 20
+
+// segmentBytes is the segment size for a retention size: a quarter of it, between 64 KiB and
+// 16 MiB, so that deleting whole segments tracks the limit closely.
+func (cfg *Config) segmentBytes() int64 {
+	if cfg.RetentionBytes < 0 {
+		return 16 << 20
+	}
+	return min(max(cfg.RetentionBytes/4, 64<<10), 16<<20)
+}
+
+// retentionConfigs are the kfake broker configs that implement retention (they apply to every
+// topic, including topics reloaded from DataDir that were created without them).
+func (cfg *Config) retentionConfigs() map[string]string {
+	ms := int64(-1)
+	if cfg.Retention >= 0 {
+		ms = cfg.Retention.Milliseconds()
+	}
+	return map[string]string{
+		"log.retention.ms":    strconv.FormatInt(ms, 10),
+		"log.retention.bytes": strconv.FormatInt(max(cfg.RetentionBytes, -1), 10),
+		"log.segment.bytes":   strconv.FormatInt(cfg.segmentBytes(), 10),
+		// The log of group offset commits is rewritten with the latest commit per partition
+		// once it passes this size (kfake's default is 10 MiB).
+		"state.log.compact.bytes": strconv.Itoa(stateLogCompactBytes),
+	}
 }
 
 // Broker is a running embedded broker. Close stops it; so does cancelling the context given
@@ -94,6 +155,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
 		}),
 		kfake.WithLogger(kfakeLogger{log}),
 		kfake.ClusterID("cfguard"),
+		kfake.BrokerConfigs(cfg.retentionConfigs()),
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
@@ -116,9 +178,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
 		c.Close()
 		return nil, err
 	}
-	go b.watch(ctx)
+	go b.watch(ctx, cfg.RetentionCheckInterval)
 	log.Info("embedded kafka broker started", "addrs", b.addrs, "data_dir", cfg.DataDir,
-		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics)
+		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics,
+		"retention", cfg.Retention, "retention_bytes", cfg.RetentionBytes)
 	return b, nil
 }
 
@@ -135,6 +198,18 @@ func (cfg *Config) applyDefaults() error {
 	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = 1
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.RetentionBytes == 0 {
+		cfg.RetentionBytes = DefaultRetentionBytes
+	}
+	if cfg.RetentionCheckInterval == 0 {
+		cfg.RetentionCheckInterval = DefaultRetentionCheckInterval
+	}
+	if cfg.RetentionCheckInterval < 0 {
+		return fmt.Errorf("broker: RetentionCheckInterval %v: must be positive", cfg.RetentionCheckInterval)
 	}
 	if cfg.Partitions < 0 || cfg.Partitions > 1<<16 {
 		return fmt.Errorf("broker: Partitions %d: want 1..65536", cfg.Partitions)
@@ -179,12 +254,22 @@ func (b *Broker) ensureTopics(topics []string, partitions int32) error {
 	return nil
 }
 
-// watch shuts the cluster down when ctx is cancelled or Close is called.
-func (b *Broker) watch(ctx context.Context) {
+// watch applies retention every interval and shuts the cluster down when ctx is cancelled
+// or Close is called.
+func (b *Broker) watch(ctx context.Context, interval time.Duration) {
 	defer close(b.done)
-	select {
-	case <-ctx.Done():
-	case <-b.stop:
+	t := time.NewTicker(interval)
+	defer t.Stop()
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-b.stop:
+			break wait
+		case <-t.C:
+			b.ApplyRetention()
+		}
 	}
 	b.mu.Lock()
 	b.closed = true
@@ -206,10 +291,30 @@ func (b *Broker) Close() {
 	<-b.done
 }
 
+// ApplyRetention deletes the records past retention now, instead of at the next check. It
+// does nothing once the broker has stopped.
+func (b *Broker) ApplyRetention() {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if !b.closed {
+		b.c.ApplyRetention()
+	}
+}
+
+// LogStartOffsets returns, per partition, the first offset still stored (records before it
+// were deleted by retention), or nil when the topic does not exist or the broker has stopped.
+func (b *Broker) LogStartOffsets(topic string) []int64 {
+	return b.partitionOffsets(topic, func(p *kfake.PartitionInfo) int64 { return p.LogStartOffset })
+}
+
 // HighWatermarks returns, per partition, the offset the next produced record will get, or
 // nil when the topic does not exist or the broker has stopped. Tests use it to wait for
 // records to land.
 func (b *Broker) HighWatermarks(topic string) []int64 {
+	return b.partitionOffsets(topic, func(p *kfake.PartitionInfo) int64 { return p.HighWatermark })
+}
+
+func (b *Broker) partitionOffsets(topic string, get func(*kfake.PartitionInfo) int64) []int64 {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
@@ -219,13 +324,13 @@ func (b *Broker) HighWatermarks(topic string) []int64 {
 	if infos == nil {
 		return nil
 	}
-	hw := make([]int64, len(infos))
+	out := make([]int64, len(infos))
 	for _, p := range infos {
-		if int(p.Partition) < len(hw) {
-			hw[p.Partition] = p.HighWatermark
+		if int(p.Partition) < len(out) {
+			out[p.Partition] = get(p)
 		}
 	}
-	return hw
+	return out
 }
 
 // kfakeLogger forwards kfake's warnings and errors to slog; its info and debug lines (one per

@@ -19,7 +19,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // Config is the whole daemon configuration. Key names are a stable contract (scripts rely on
@@ -74,18 +76,27 @@ type Model struct {
 // Kafka configures the input stream, dead letters and events.
 type Kafka struct {
 	// Brokers of a real cluster. Default: empty, meaning: start the embedded Kafka-protocol broker.
-	Brokers         []string      `yaml:"brokers"`
-	EmbeddedListen  string        `yaml:"embedded_listen"`   // Default: 127.0.0.1:9092.
-	Topic           string        `yaml:"topic"`             // Default: cfguard.records.
-	DeadLetterTopic string        `yaml:"dead_letter_topic"` // Default: cfguard.records.dlq.
-	EventsTopic     string        `yaml:"events_topic"`      // Default: cfguard.events.
-	GroupID         string        `yaml:"group_id"`          // Default: cfguard.
-	ClientID        string        `yaml:"client_id"`         // Default: cfguard.
-	MaxRecords      int           `yaml:"max_records"`       // Records per increment. Default: 64.
-	MaxWait         time.Duration `yaml:"max_wait"`          // Longest an increment stays open. Default: 5s.
-	MaxRecordBytes  int           `yaml:"max_record_bytes"`  // Larger records are dead-lettered. Default: 65536.
-	TLS             TLS           `yaml:"tls"`
-	SASL            SASL          `yaml:"sasl"`
+	Brokers         []string `yaml:"brokers"`
+	EmbeddedListen  string   `yaml:"embedded_listen"`   // Default: 127.0.0.1:9092.
+	Topic           string   `yaml:"topic"`             // Default: cfguard.records.
+	DeadLetterTopic string   `yaml:"dead_letter_topic"` // Default: cfguard.records.dlq.
+	EventsTopic     string   `yaml:"events_topic"`      // Default: cfguard.events.
+	GroupID         string   `yaml:"group_id"`          // Default: cfguard.
+	ClientID        string   `yaml:"client_id"`         // Default: cfguard.
+	MaxRecords      int      `yaml:"max_records"`       // Records per increment. Default: stream.DefaultMaxRecords (64).
+	// MaxRecordsBacklog is the most records per increment while the consumer is behind.
+	// Default: stream.DefaultMaxRecordsBacklog (1024).
+	MaxRecordsBacklog int           `yaml:"max_records_backlog"`
+	MaxWait           time.Duration `yaml:"max_wait"`         // Longest an increment stays open. Default: stream.DefaultMaxWait (5s).
+	MaxRecordBytes    int           `yaml:"max_record_bytes"` // Larger records are dead-lettered. Default: 65536.
+	// EmbeddedRetention is how long the embedded broker keeps records. Default:
+	// broker.DefaultRetention (168h). Negative: no age limit.
+	EmbeddedRetention time.Duration `yaml:"embedded_retention"`
+	// EmbeddedRetentionBytes bounds each partition of the embedded broker. Default:
+	// broker.DefaultRetentionBytes (256 MiB). Negative: no size limit.
+	EmbeddedRetentionBytes int64 `yaml:"embedded_retention_bytes"`
+	TLS                    TLS   `yaml:"tls"`
+	SASL                   SASL  `yaml:"sasl"`
 }
 
 // TLS for the Kafka connection (and, for the embedded broker, its listener).
@@ -180,8 +191,9 @@ func Default() Config {
 		StateDir: "./state",
 		Model:    Model{Dataset: "breast_cancer", Seed: 1},
 		Kafka: Kafka{EmbeddedListen: "127.0.0.1:9092", Topic: "cfguard.records", DeadLetterTopic: "cfguard.records.dlq",
-			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: 64,
-			MaxWait: 5 * time.Second, MaxRecordBytes: 65536},
+			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: stream.DefaultMaxRecords,
+			MaxRecordsBacklog: stream.DefaultMaxRecordsBacklog, MaxWait: stream.DefaultMaxWait, MaxRecordBytes: 65536,
+			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
 		Update:  Update{Objective: "prior", LearningRate: 1e-5, Seed: 1},
 		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: 0.25, Mode: certify.Paper, Samples: 1000, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
@@ -499,8 +511,17 @@ func (c *Config) Validate() error {
 	if c.Kafka.MaxRecords <= 0 {
 		bad("kafka.max_records", c.Kafka.MaxRecords, "must be positive")
 	}
+	if c.Kafka.MaxRecordsBacklog < c.Kafka.MaxRecords {
+		bad("kafka.max_records_backlog", c.Kafka.MaxRecordsBacklog, fmt.Sprintf("must be >= kafka.max_records (%d)", c.Kafka.MaxRecords))
+	}
 	if c.Kafka.MaxWait <= 0 {
 		bad("kafka.max_wait", c.Kafka.MaxWait, "must be positive")
+	}
+	if c.Kafka.EmbeddedRetention == 0 {
+		bad("kafka.embedded_retention", c.Kafka.EmbeddedRetention, "must be positive, or negative for no age limit")
+	}
+	if c.Kafka.EmbeddedRetentionBytes == 0 {
+		bad("kafka.embedded_retention_bytes", c.Kafka.EmbeddedRetentionBytes, "must be positive, or negative for no size limit")
 	}
 	if c.Kafka.MaxRecordBytes <= 0 || c.Kafka.MaxRecordBytes > 900_000 {
 		bad("kafka.max_record_bytes", c.Kafka.MaxRecordBytes, "must be in (0, 900000] (brokers reject ~1 MB batches)")

@@ -24,7 +24,7 @@ type stateReader interface {
 	Get(id string) (*ledger.CE, error)
 	List(status certify.Status, limit int, after string) ([]*ledger.CE, error)
 	State() (ledger.State, error)
-	KLHistory(n int) ([]ledger.KLStep, error)
+	KLHistory(n int) ([]ledger.KLEntry, error)
 	Anchors() ([]ledger.Anchor, error)
 }
 

@@ -114,7 +114,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	m := d.current()
 	start := time.Now()
 	d.log.Info("audit started", "posterior_version", m.Version)
-	rep, changes, err := d.ledger.Audit(ctx, m, d.cfg.Certify.Samples, m.Version^0xa0d17)
+	rep, changes, err := d.ledger.Audit(ctx, ledger.NewModelPredictor(m, d.cfg.Certify.Samples, m.Version^0xa0d17), ledger.AuditOptions{})
 	if err != nil {
 		return rep, err
 	}

@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +62,8 @@ type Daemon struct {
 	files  posteriorCache
 	export *exporter
 
-	ready chan struct{} // closed once the consumer runs
+	ready    chan struct{}    // closed once the consumer runs
+	consumer *stream.Consumer // set before ready is closed; its Health answers /readyz
 }
 
 // HTTPAddr is the API's listening address.
@@ -124,7 +124,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, MCSamples: cfg.Certify.Samples, Logger: log})
+	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	d.export = newExporter(cfg.ExportDir(), &d.files, d.current, log.With("component", "export"), d.own)
 
-	tlsCfg, err := clientTLS(cfg.Kafka.TLS)
+	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
 	if err != nil {
 		return err
 	}
@@ -147,7 +147,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
 		// a crash of the daemon (and of the broker inside it).
 		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
-			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1}, log.With("component", "broker"))
+			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
+			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes}, log.With("component", "broker"))
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}
@@ -209,15 +210,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	return g.Wait(cfg.HTTP.ShutdownTimeout + 5*time.Second)
 }
 
-// readiness is /readyz: the consumer runs and the broker answers.
+// readiness is /readyz: the daemon has started and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
 		return errors.New("starting")
 	}
-	if err := stream.Ping(ctx, d.conn, d.cfg.Kafka.Topic); err != nil {
-		return fmt.Errorf("broker unreachable: %w", err)
+	// The consumer's own traffic keeps its health current: no broker request per probe.
+	if h := d.consumer.Health(); !h.Ready {
+		return errors.New("consumer not ready: " + strings.Join(h.Reasons, "; "))
 	}
 	return nil
 }
@@ -227,31 +229,4 @@ func alphaOr(a float64) float64 {
 		return a
 	}
 	return certify.DefaultAlpha
-}
-
-// clientTLS builds the Kafka client's TLS configuration from kafka.tls.
-func clientTLS(c config.TLS) (*tls.Config, error) {
-	if !c.Enabled {
-		return nil, nil
-	}
-	t := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", c.CAFile)
-		}
-		t.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
-		}
-		t.Certificates = []tls.Certificate{cert}
-	}
-	return t, nil
 }

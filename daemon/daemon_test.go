@@ -67,7 +67,7 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	c.StateDir = t.TempDir()
 	c.HTTP.Listen = "127.0.0.1:0"
 	c.Kafka.EmbeddedListen = "127.0.0.1:0"
-	c.Kafka.MaxRecords = 32
+	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32 // increments of a fixed size: tests count them
 	c.Kafka.MaxWait = 300 * time.Millisecond
 	c.Certify.Samples = 400
 	c.Audit.Schedule = ""
@@ -369,7 +369,10 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 
 func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
 	// Every step stays under the budget, but the anchor KL does not: many small steps.
-	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-4; c.Kafka.MaxRecords = 16 })
+	r := startDaemon(t, func(c *config.Config) {
+		c.Update.LearningRate = 1e-4
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 16, 16
+	})
 	data := bundled(t)
 	registerCEs(t, r, data, 4)
 	var vals [][]byte

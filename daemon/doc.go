@@ -7,10 +7,11 @@
 //	Kafka topic --stream.Consumer--> increment --update.LastLayer--> candidate posterior
 //	  --certify.KL vs budget--> policy (alert | reject | clip)
 //	  --ledger.Commit (re-certify every CE by its anchor KL, checkpoint offsets, one fsynced tx)-->
-//	  events topic, metrics --> Kafka offset commit
+//	  events topic, metrics --> consumer.MarkDurable (informational group offset commit)
 //
-// Offsets are committed to Kafka only after the checkpoint is durable; after a crash the
-// checkpoint's offsets are the truth (records below them are skipped as already applied).
+// The checkpoint's offsets are the truth: the consumer reads each partition from them at start
+// (see package stream); group offsets are committed after the checkpoint, asynchronously, only
+// for Kafka tooling.
 //
 // Run starts everything and returns when ctx is cancelled (nil) or a component fails (its error).
 // main handles signals; nothing here calls os.Exit.

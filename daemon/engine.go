@@ -3,10 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -21,9 +21,11 @@ const (
 	outcomeFailed   = "failed"   // the update itself failed (non-finite, bad data); posterior kept
 )
 
-// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish,
-// commit. A failure to checkpoint stops the daemon (the offsets stay uncommitted, so a restart
-// redoes the increment); a failed update is recorded and skipped.
+// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish, then
+// tell the consumer the increment is durable (it commits the offsets to the group in the
+// background, for Kafka tooling). The checkpoint's offsets are where a restart reads again, so
+// a failure to checkpoint stops the daemon and the restart redoes the increment; a failed
+// update is recorded and skipped.
 func (d *Daemon) ingest(ctx context.Context) error {
 	m := d.current()
 	features := m.Features
@@ -41,12 +43,13 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		return err
 	}
 	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
-		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxWait: d.cfg.Kafka.MaxWait,
-		Resume: resume}, schema, d.log.With("component", "consumer"))
+		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume}, schema, d.log.With("component", "consumer"))
 	if err != nil {
 		return err
 	}
-	defer closeConsumer(c, d.log)
+	defer c.Close()
+	d.consumer = c
 	close(d.ready)
 	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
 	for {
@@ -66,33 +69,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		}
 		// Counted once durable, like everything apply reports.
 		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
-		d.metrics.AddRecords(alerts.RecordSkipped, inc.Skipped, time.Now())
-		if err := c.Commit(ctx, inc); err != nil {
-			if ctx.Err() != nil {
-				return nil // the checkpoint holds the offsets; the restart skips these records
-			}
-			return err
-		}
-	}
-}
-
-// consumerCloseTimeout bounds how long shutdown waits for the consumer to leave its group.
-const consumerCloseTimeout = 5 * time.Second
-
-// closeConsumer closes c, giving up after consumerCloseTimeout: kafka-go's group leave has been
-// seen to block for over 15 s. Nothing is lost by not waiting: offsets were committed
-// synchronously after each checkpoint, and the broker expires a member that did not leave after
-// its session timeout. The close goroutine ends when kafka-go returns.
-func closeConsumer(c *stream.Consumer, log *slog.Logger) {
-	done := make(chan struct{})
-	go func() {
-		c.Close()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(consumerCloseTimeout):
-		log.Warn("the consumer did not leave its group in time; the broker will expire it", "waited", consumerCloseTimeout)
+		c.MarkDurable(inc)
 	}
 }
 
@@ -109,14 +86,14 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	if inc.DeadLettered > 0 {
 		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
 	}
-	if inc.Skipped > 0 {
-		cp.Counters["skipped"] = int64(inc.Skipped)
+	if lost := inc.Lost(); lost > 0 { // deleted by the broker before they were read (logged by the consumer)
+		cp.Counters["lost"] = lost
 	}
 	if len(inc.Records) == 0 {
 		return d.ledger.Checkpoint(cp)
 	}
 	X, y := inc.XY()
-	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Steps: d.cfg.Update.Steps,
+	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Steps,
 		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples,
 		Seed: d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15} // deterministic per version: replays agree
 	start := time.Now()
@@ -129,7 +106,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		// the stream does not wedge on them; the failure is counted, logged and published.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
 		cp.Counters["failed"] = int64(len(inc.Records))
-		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: 0, Outcome: outcomeFailed}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.Outcome(outcomeFailed)}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
@@ -165,7 +142,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	if outcome == outcomeRejected {
 		d.log.Warn("step KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
 		cp.Counters["held"] = int64(len(inc.Records))
-		cp.Step = &ledger.Step{Version: prev.Version + 1, KL: kl, Outcome: outcomeRejected}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.Outcome(outcomeRejected)}
 		if err := d.ledger.Checkpoint(cp); err != nil {
 			return err
 		}
@@ -176,21 +153,65 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		return nil
 	}
 	cp.Model, cp.Applied = next, int64(len(inc.Records))
-	cp.Step = &ledger.Step{Version: next.Version, KL: kl, Outcome: outcome}
-	rep, changes, err := d.ledger.Commit(ctx, cp, ledger.RecertifyOptions{Samples: d.cfg.Certify.Samples, Seed: next.Version})
+	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: certify.Outcome(outcome)}
+	rep, changes, err := d.ledger.Commit(ctx, cp)
 	if err != nil {
 		return err
 	}
+	confirmed, err := d.confirmAll(ctx, next)
+	if err != nil {
+		d.log.Error("confirming counterfactuals whose bound fails; they stay at_risk until the next increment", "err", err)
+	}
+	changes = mergeChanges(changes, confirmed)
 	d.setCurrent(next)
 	d.export.changed()
 	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
 	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
 	d.observeReport(rep)
+	if len(confirmed) > 0 {
+		d.refreshGauges()
+	}
 	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
 		"budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "min_bound", rep.MinBound,
-		"changed", len(changes), "monte_carlo", rep.MonteCarlo, "took", time.Since(start).Round(time.Millisecond))
+		"changed", len(changes), "candidates", rep.Candidates, "confirmed", len(confirmed), "took", time.Since(start).Round(time.Millisecond))
 	d.publish(ctx, append(events, changeEvents(changes)...))
 	return nil
+}
+
+// confirmAll gives every CE whose bound fails a Monte-Carlo verdict under m (the seed is the
+// posterior version, as before), the way Commit itself did before it stopped sampling under the
+// ledger's writer lock. Kept here until the daemon confirms in the background.
+func (d *Daemon) confirmAll(ctx context.Context, m *bnn.Model) ([]ledger.StatusChange, error) {
+	p := ledger.NewModelPredictor(m, d.cfg.Certify.Samples, m.Version)
+	var all []ledger.StatusChange
+	for {
+		rep, ch, err := d.ledger.Confirm(ctx, p, ledger.DefaultMCBatch)
+		all = append(all, ch...)
+		if err != nil || !rep.More || rep.Discarded {
+			return all, err
+		}
+	}
+}
+
+// mergeChanges folds each change of b into the change of a for the same CE, so that one
+// increment publishes one event per CE (certified -> invalidated rather than certified ->
+// at_risk, then at_risk -> invalidated), as when Commit sampled at once.
+func mergeChanges(a, b []ledger.StatusChange) []ledger.StatusChange {
+	at := make(map[string]int, len(a))
+	for i, ch := range a {
+		at[ch.ID] = i
+	}
+	out := append([]ledger.StatusChange(nil), a...)
+	for _, ch := range b {
+		i, ok := at[ch.ID]
+		if !ok {
+			out = append(out, ch)
+			continue
+		}
+		ch.From = out[i].From
+		out[i] = ch
+	}
+	return out
 }
 
 // observeReport sets the gauges a re-certification determines.

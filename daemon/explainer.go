@@ -140,7 +140,7 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	defer e.mu.Unlock()
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
 		cfg := explain.DefaultConfig(method)
-		cfg.MaxIter, cfg.Delta, cfg.Eps, cfg.Seed = e.maxIter, e.delta, e.epsilon, m.Version
+		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed = e.maxIter, e.delta, e.epsilon, m.Version
 		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
 	}
 	return e.gen

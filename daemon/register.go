@@ -60,7 +60,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		return nil, fmt.Errorf("%w: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
 			errOutsideSet, ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
 	}
-	if err := d.ledger.Put(ce); err != nil {
+	if err := d.ledger.Put(ctx, ce); err != nil {
 		return nil, err
 	}
 	if err := d.refreshGauges(); err != nil {

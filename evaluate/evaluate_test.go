@@ -125,7 +125,7 @@ func TestRunBreastCancer(t *testing.T) {
 	var logs bytes.Buffer
 	sums, err := Run(context.Background(), Config{Data: set, Classes: ds.Classes, Seeds: 1, Instances: n,
 		Methods: []string{"psce", "wachter"}, VAE: explain.TrainConfig{Epochs: epochs}, AE: explain.TrainConfig{Epochs: epochs},
-		SkipFreshRR: testing.Short(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		SkipSameSeedRR: testing.Short(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,6 +151,17 @@ func TestRunBreastCancer(t *testing.T) {
 		t.Errorf("survival psce %v (bound %v), wachter %v (bound %v)", psce.Survival.Mean, psce.SurvivalBound.Mean,
 			wachter.Survival.Mean, wachter.SurvivalBound.Mean)
 	}
+	// The headline robustness ratio is the fresh-seed one: a rerun with the same seed shares every
+	// posterior draw with the original search and lands next to it, the fresh seed does not.
+	if testing.Short() {
+		if !math.IsNaN(psce.RobustnessRatioSameSeed.Mean) || math.IsNaN(psce.RobustnessRatio.Mean) {
+			t.Errorf("short run: same-seed ratio %v (want skipped), fresh %v (want measured)",
+				psce.RobustnessRatioSameSeed.Mean, psce.RobustnessRatio.Mean)
+		}
+	} else if !(psce.RobustnessRatio.Mean > 10*psce.RobustnessRatioSameSeed.Mean) {
+		t.Errorf("psce robustness_ratio %v is not well above robustness_ratio_same_seed %v: is the headline the fresh-seed ratio?",
+			psce.RobustnessRatio.Mean, psce.RobustnessRatioSameSeed.Mean)
+	}
 	for _, s := range sums {
 		if s.BoundHolds.Mean != 1 {
 			t.Errorf("%s: Theorem 1's bound failed for a fraction %v of counterfactuals", s.Method, 1-s.BoundHolds.Mean)
@@ -168,7 +179,7 @@ func TestRunBreastCancer(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines++
-		for _, k := range []string{"method", "validity", "im1", "implausibility", "robustness_ratio", "in_set", "survival"} {
+		for _, k := range []string{"method", "validity", "im1", "implausibility", "robustness_ratio", "robustness_ratio_same_seed", "in_set", "survival"} {
 			if _, ok := obj[k]; !ok {
 				t.Errorf("JSON object lacks %q: %s", k, sc.Text())
 			}
@@ -182,7 +193,7 @@ func TestRunBreastCancer(t *testing.T) {
 	if lines != 2 {
 		t.Errorf("%d JSON lines, want 2", lines)
 	}
-	for _, want := range []string{"Validity % (↑)", "Survival after 5 updates", "psce", "wachter"} {
+	for _, want := range []string{"Validity % (↑)", "Survival after 5 updates", "Robustness ratio 1e-3 (↓)", "same seed, deterministic rerun", "psce", "wachter"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}

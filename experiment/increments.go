@@ -61,7 +61,7 @@ type IncrementsConfig struct {
 	LR float64
 	// Objective is the update objective, "prior" (default, the paper's) or "vcl".
 	Objective string
-	// Steps is the number of Adam steps per update. Default update.DefaultSteps.
+	// Steps is the number of Adam iterations per update. Default update.DefaultIterations.
 	Steps int
 	// Samples is the number of posterior draws used to estimate p = E_q[p(y'|x', w)] and
 	// V = Var_q[p(y'|x', w)]. Default DefaultSamples.
@@ -158,7 +158,7 @@ func (cfg IncrementsConfig) withDefaults() IncrementsConfig {
 		cfg.Objective = update.ObjectivePrior
 	}
 	if cfg.Steps == 0 {
-		cfg.Steps = update.DefaultSteps
+		cfg.Steps = update.DefaultIterations
 	}
 	if cfg.Samples == 0 {
 		cfg.Samples = DefaultSamples
@@ -196,7 +196,7 @@ func (cfg IncrementsConfig) validate() error {
 	case cfg.UpdateData != Cumulative && cfg.UpdateData != NewOnly:
 		return fmt.Errorf("increments: update data %q, want %q or %q", cfg.UpdateData, Cumulative, NewOnly)
 	}
-	return update.Config{Objective: cfg.Objective, LR: cfg.LR, Steps: cfg.Steps}.Validate()
+	return update.Config{Objective: cfg.Objective, LR: cfg.LR, Iterations: cfg.Steps}.Validate()
 }
 
 // setup is everything before the updates: split, anchor, CE. SweepLR shares one between runs.
@@ -417,7 +417,7 @@ func (s *setup) run(ctx context.Context, cfg IncrementsConfig, log *slog.Logger)
 		}
 		rows := s.train.Subset(seqFrom(lo, hi))
 		next, st, err := update.LastLayer(ctx, prev, rows.X, rows.Y, update.Config{Objective: cfg.Objective,
-			LR: cfg.LR, Steps: cfg.Steps, Seed: cfg.Seed + uint64(u)})
+			LR: cfg.LR, Iterations: cfg.Steps, Seed: cfg.Seed + uint64(u)})
 		if err != nil {
 			return nil, fmt.Errorf("increments: update %d: %w", u, err)
 		}

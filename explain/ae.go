@@ -19,8 +19,9 @@ type AE struct {
 	enc1, enc2, dec1, out  dense
 }
 
-// TrainAE fits an autoencoder to the rows Z by minibatch Adam (gorgonia) on the mean squared
-// reconstruction error per row. The result is a deterministic function of (Z, cfg).
+// TrainAE fits an autoencoder to the rows Z by minibatch Adam (bnn.Adam on gorgonia's gradients)
+// on the mean squared reconstruction error per row. The result is a deterministic function of
+// (Z, cfg).
 func TrainAE(ctx context.Context, Z [][]float64, cfg TrainConfig) (*AE, float64, error) {
 	if len(Z) == 0 {
 		return nil, 0, fmt.Errorf("train ae: no rows")

@@ -16,12 +16,14 @@ import (
 //
 //	go test ./explain -run '^$' -bench . -benchtime 20x
 //
-// BenchmarkGeneratePSCE (one counterfactual, 2000-iteration cap) against
-// BenchmarkPredict1000 (one m.Predict of the 1000 draws a Result's P1 is estimated with) and
+// BenchmarkGeneratePSCE (one counterfactual, 2000-iteration cap; its confirmation and final
+// ensembles are bnn.Pools drawn once per Generator, outside the timer) against
+// BenchmarkPoolPredict1000 (the final estimate from the pool: one input, 1000 networks),
+// BenchmarkPredict1000 (the same estimate with fresh draws, as before the pools) and
 // BenchmarkPredictSameDraws (one m.Predict with as many draws as the search evaluated networks,
 // (iterations+1) x Samples, averaged over the benchmark's rows); BenchmarkObjectiveEval (one
 // iteration: gorgonia forward and backward over S = 32 networks and the VAE) against
-// BenchmarkPredict32.
+// BenchmarkPredict32. BenchmarkGeneratePSCEFloat32 runs the ensembles in float32.
 
 var (
 	benchOnce sync.Once
@@ -94,6 +96,11 @@ func benchGenerate(b *testing.B, cfg Config) {
 
 func BenchmarkGeneratePSCE(b *testing.B) { benchGenerate(b, Config{Seed: 1}) }
 
+// BenchmarkGeneratePSCEFloat32 is PSCE with its confirmation and final ensembles in float32.
+func BenchmarkGeneratePSCEFloat32(b *testing.B) {
+	benchGenerate(b, Config{Seed: 1, Precision: bnn.Float32})
+}
+
 // BenchmarkGeneratePSCEPaperWeights is the slow case: with the paper's literal weights most
 // searches run to the 2000-iteration cap.
 func BenchmarkGeneratePSCEPaperWeights(b *testing.B) {
@@ -115,6 +122,24 @@ func benchPredict(b *testing.B, samples int) {
 }
 
 func BenchmarkPredict1000(b *testing.B) { benchPredict(b, 1000) }
+
+func BenchmarkPoolPredict1000(b *testing.B) {
+	m, _, test := benchFixture(b)
+	for _, prec := range []bnn.Precision{bnn.Float64, bnn.Float32} {
+		b.Run(prec.String(), func(b *testing.B) {
+			pool, err := bnn.NewPool(m, 1000, 1, prec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := pool.Predict(context.Background(), [][]float64{test.X[i%benchRows]}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
 
 func BenchmarkPredict32(b *testing.B) { benchPredict(b, 32) }
 

@@ -14,26 +14,34 @@
 //	L(x') = l_class L_clf + l_delta L_delta + l_latent L_ldist + l_var L_var - l_elbo ELBO(x')
 //	L_clf   = -E_w[ log p(y' | x', w) ]
 //	L_delta = max((1 - delta) - E_w[ p(y' | x', w) ], 0)
-//	L_var   = max(Var_w[ p(y' | x', w) ] - eps, 0)
+//	L_var   = max(Var_w[ p(y' | x', w) ] - epsilon, 0)
 //	L_ldist = || mu_enc(x) - mu_enc(x') ||^2
 //	ELBO    = E_q(z|x')[ log N(x'; dec(z), obs_var I) ] - KL(q(z|x') || N(0, I))
 //
-// until x' lies in the <delta,eps>-set
+// until x' lies in the <delta, epsilon>-set (certify.InSet)
 //
-//	S_<delta,eps> = { x' : E_w[p(y'|x',w)] >= 1 - delta  and  Var_w[p(y'|x',w)] <= eps }
+//	S_<delta,epsilon> = { x' : E_w[p(y'|x',w)] >= 1 - delta  and  Var_w[p(y'|x',w)] <= epsilon }
 //
 // and is classified as y'. The expectations over the posterior q(w) are Monte-Carlo means over S
 // sampled networks per iteration (see Config.Samples and Config.PoolSize for how they are drawn);
 // the variance uses the unbiased 1/(S-1) estimator; the ELBO uses one reparameterised latent draw
 // per iteration. The default weights are DefaultWeights; PaperWeights are the paper's literal
-// breast-cancer values (see DefaultWeights for why they differ). Gradients with respect to x' flow through the
-// sampled networks and the VAE by gorgonia's symbolic differentiation; the graph is built once and
-// only its inputs (sampled weights, ELBO noise) are rebound between iterations.
+// breast-cancer values (see DefaultWeights for why they differ). Gradients with respect to x'
+// flow through the sampled networks and the VAE by gorgonia's symbolic differentiation; the graph
+// is built once and only its inputs (sampled weights, ELBO noise) are rebound between iterations.
+// The optimiser is bnn.Adam, as everywhere in cfguard.
 //
-// Set membership and validity are never taken from the optimiser's own minibatch: an iterate is
-// accepted only if an independent ensemble of Config.CheckSamples draws confirms it, and the
-// reported P1 and Var1 come from a third, fresh estimate (bnn.Model.Predict with
-// Config.FinalSamples draws), so that stopping on a lucky estimate does not bias what is reported.
+// Set membership and validity are never taken from the optimiser's own minibatch. An iterate is
+// accepted only if two further ensembles agree: a confirmation ensemble of Config.CheckSamples
+// draws, then the final ensemble of Config.FinalSamples draws, whose estimate is also what the
+// Result reports as P1 and Var1. Both are bnn.Pools drawn once per Generator and shared by every
+// iteration and every Generate call (common random numbers), so the final draws gate stopping as
+// well as measure the result: x' is accepted where these draws say it meets the rule, and P1 is
+// measured on the draws that accepted it, which biases it (slightly, at 1000 draws) towards
+// success. Hoeffding's P1Lower assumes draws independent of x', so for a Result it is optimistic
+// by that selection, and with shared draws it holds per CE, not jointly over many CEs (see
+// bnn.Pool). A caller that needs an estimate independent of the search draws its own, as the
+// daemon does when it registers a CE.
 //
 // A Generate call that ends without a valid counterfactual returns an error wrapping ErrNotFound
 // (a *NotFoundError carrying the best attempt); a Result is always valid.

@@ -108,6 +108,9 @@ func TestGeneratorConfigErrors(t *testing.T) {
 		{"method", NewGenerator(m, v, Config{Method: "dice"}), `unknown counterfactual method "dice"`},
 		{"negative weight", NewGenerator(m, v, Config{Weights: &Weights{Class: -1}}), "weight class = -1"},
 		{"pool", NewGenerator(m, v, Config{Samples: 64, PoolSize: 10}), "pool_size 10"},
+		{"precision", NewGenerator(m, v, Config{Precision: 7}), "precision Precision(7)"},
+		{"epsilon", NewGenerator(m, v, Config{Epsilon: 0.3}), "epsilon 0.3"},
+		{"move size", NewGenerator(m, v, Config{MoveSize: -1}), "move_size -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.g.Generate(context.Background(), set.X[0], 1)
@@ -151,7 +154,7 @@ func TestGenerateBlobs(t *testing.T) {
 				if q.Argmax(0) != r.Target || !r.Valid {
 					t.Errorf("row %d: not valid (independent p %v)", i, q.P(0, r.Target))
 				}
-				if method == MethodPSCE && (!r.InSet || r.P1 < 0.95 || r.Var1 > 0.01 || !r.Certified) {
+				if method == MethodPSCE && (!r.InSet || r.P1 < 0.95 || r.Var1 > 0.01 || !r.Confirmed) {
 					t.Errorf("row %d: psce result not in the set: %+v", i, r)
 				}
 				// Schut may run out of feature changes (4 features x 10 here) short of its
@@ -165,6 +168,37 @@ func TestGenerateBlobs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGenerateSharesEnsembles: the confirmation and final ensembles are drawn once per Generator
+// (bnn.Pools of CheckSamples and FinalSamples networks) and every call uses all of them; in
+// float32 a Result's P1 and Var1 are reproduced by PredictWith in float32 with its seed.
+func TestGenerateSharesEnsembles(t *testing.T) {
+	m, v, set := blobFixture(t)
+	g := NewGenerator(m, v, Config{Seed: 5, Precision: bnn.Float32, CheckSamples: 300, FinalSamples: 700})
+	var check, final *bnn.Pool
+	for i := 0; i < 3; i++ {
+		r, err := g.Generate(context.Background(), set.X[i], -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			check, final = g.checkPool, g.finalPool
+		}
+		if g.checkPool != check || g.finalPool != final {
+			t.Fatal("a Generate call drew new ensembles")
+		}
+		if check.Samples() != 300 || final.Samples() != 700 || r.Samples != 700 || r.Precision != bnn.Float32 || r.PosteriorVersion != m.Version {
+			t.Fatalf("ensembles of %d and %d draws, result says %d draws in %v (version %d)", check.Samples(), final.Samples(), r.Samples, r.Precision, r.PosteriorVersion)
+		}
+		p, err := m.PredictWith(context.Background(), [][]float64{r.XCF}, r.Samples, r.Seed, r.Precision)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.P(0, r.Target) != r.P1 || p.V(0, r.Target) != r.Var1 {
+			t.Errorf("row %d: reported (%v, %v), PredictWith gives (%v, %v)", i, r.P1, r.Var1, p.P(0, r.Target), p.V(0, r.Target))
+		}
 	}
 }
 
@@ -215,7 +249,7 @@ func TestGenerateContext(t *testing.T) {
 }
 
 // TestBreastCancerPSCEvsWachter is the CI-sized comparison on the paper's data: PSCE's
-// counterfactuals are valid and in the <delta,eps>-set far more often than Wachter's (which stops
+// counterfactuals are valid and in the <delta, epsilon>-set far more often than Wachter's (which stops
 // as soon as the class flips), and every returned Result is valid.
 func TestBreastCancerPSCEvsWachter(t *testing.T) {
 	set, ds, err := assets.Load("breast_cancer")

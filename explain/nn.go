@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/cfguard/cfguard/bnn"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -63,42 +64,13 @@ func (l *dense) finite() error {
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// adam is Adam (Kingma and Ba 2015) with PyTorch's defaults (beta1 0.9, beta2 0.999, eps 1e-8)
-// on one vector p with gradient g, at step t:
-//
-//	m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2,
-//	p -= lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps).
-//
-// It moves x' in the counterfactual searches; every coordinate moves by at most about lr per step.
-type adam struct {
-	lr   float64
-	t    int
-	m, v []float64
-}
-
-func newAdam(n int, lr float64) *adam {
-	return &adam{lr: lr, m: make([]float64, n), v: make([]float64, n)}
-}
-
-func (a *adam) step(p, g []float64) {
-	const b1, b2, eps = 0.9, 0.999, 1e-8
-	a.t++
-	c1 := 1 - math.Pow(b1, float64(a.t))
-	c2 := 1 - math.Pow(b2, float64(a.t))
-	for j, gj := range g {
-		a.m[j] = b1*a.m[j] + (1-b1)*gj
-		a.v[j] = b2*a.v[j] + (1-b2)*gj*gj
-		p[j] -= a.lr * (a.m[j] / c1) / (math.Sqrt(a.v[j]/c2) + eps)
-	}
-}
-
 // TrainConfig configures the minibatch training of the VAE and the autoencoders. Zero fields
 // take the defaults in brackets.
 type TrainConfig struct {
 	Hidden    int     // width of the hidden layers [40, the paper's tabular architecture]
 	Latent    int     // latent dimension D_z [8; the paper does not state it for tabular data]
 	Epochs    int     // passes over the data [200]
-	BatchSize int     // rows per Adam step [64; smaller data sets use all rows]
+	BatchSize int     // rows per Adam iteration [64; smaller data sets use all rows]
 	LR        float64 // Adam learning rate [1e-3]
 	Seed      uint64  // seeds initialisation, shuffling and the VAE's noise
 }
@@ -170,7 +142,7 @@ func checkRows(Z [][]float64, d int) error {
 
 // gtrainer runs minibatch Adam on a loss built as a gorgonia graph over dense layers. The graph
 // has a (Batch x D) input X and optionally a (Batch x Noise) input E of standard normal noise;
-// both are refilled in place and rebound with gorgonia.Let before every step.
+// both are refilled in place and rebound with gorgonia.Let before every iteration.
 type gtrainer struct {
 	g        *G.ExprGraph
 	vm       G.VM
@@ -222,14 +194,28 @@ func (t *gtrainer) compile(loss *G.Node) error {
 	return nil
 }
 
-// run trains for epochs passes over Z with seeded shuffling. Each step fills the batch with the
-// next rows of a running permutation (wrapping into a fresh one), so every step has a full batch
-// and every row is seen once per epoch up to the wrap. It returns the mean loss of the last epoch.
+// run trains for epochs passes over Z with seeded shuffling. Each iteration fills the batch with
+// the next rows of a running permutation (wrapping into a fresh one), so every iteration has a
+// full batch and every row is seen once per epoch up to the wrap. It returns the mean loss of the
+// last epoch.
+//
+// The optimiser is bnn.Adam, the project's one Adam, not gorgonia's solver: gorgonia computes the
+// gradients (autodiff), and the update runs on the layers' own slices, which the graph's
+// parameter nodes are bound to (their values alias dense.W and dense.B), so the next run sees it.
+// Gorgonia accumulates gradients across runs; run reads and zeroes them after every run.
 func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float64, rng *rand.Rand) (float64, error) {
 	defer t.vm.Close()
-	solver := G.NewAdamSolver(G.WithLearnRate(lr))
+	params := make([]bnn.Param, len(t.params))
+	for i, n := range t.params {
+		v := t.layers[i/2].W
+		if i%2 == 1 {
+			v = t.layers[i/2].B
+		}
+		params[i] = bnn.Param{Name: n.Name(), Value: v, Grad: make([]float64, len(v))}
+	}
+	opt := bnn.NewAdam(params, lr)
 	n := len(Z)
-	stepsPerEpoch := (n + t.batch - 1) / t.batch
+	itersPerEpoch := (n + t.batch - 1) / t.batch
 	perm := rng.Perm(n)
 	pos := 0
 	xb := t.xv.Data().([]float64)
@@ -240,7 +226,7 @@ func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float6
 	last := math.NaN()
 	for ep := 0; ep < epochs; ep++ {
 		sum := 0.0
-		for s := 0; s < stepsPerEpoch; s++ {
+		for it := 0; it < itersPerEpoch; it++ {
 			if err := ctx.Err(); err != nil {
 				return 0, err
 			}
@@ -263,30 +249,20 @@ func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float6
 				}
 			}
 			if err := t.vm.RunAll(); err != nil {
-				return 0, fmt.Errorf("training step: %w", err)
+				return 0, fmt.Errorf("training iteration: %w", err)
 			}
 			l := t.lossVal.Data().(float64)
 			if !finite(l) {
 				return 0, fmt.Errorf("training loss became %v at epoch %d", l, ep+1)
 			}
 			sum += l
-			if err := solver.Step(G.NodesToValueGrads(t.params)); err != nil {
-				return 0, fmt.Errorf("adam step: %w", err)
+			if err := t.readGrads(params); err != nil {
+				return 0, err
 			}
+			opt.Step(params)
 			t.vm.Reset()
 		}
-		last = sum / float64(stepsPerEpoch)
-	}
-	// The solver updates the nodes' values in place; copy them back explicitly rather than rely
-	// on the aliasing of the backing slices.
-	for i, p := range t.params {
-		data := p.Value().Data().([]float64)
-		l := t.layers[i/2]
-		if i%2 == 0 {
-			copy(l.W, data)
-		} else {
-			copy(l.B, data)
-		}
+		last = sum / float64(itersPerEpoch)
 	}
 	for _, l := range t.layers {
 		if err := l.finite(); err != nil {
@@ -294,6 +270,27 @@ func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float6
 		}
 	}
 	return last, nil
+}
+
+// readGrads copies every parameter node's gradient into params[i].Grad and zeroes the node's, so
+// that the next run does not add to it. The parameters' values must be the layers' slices.
+func (t *gtrainer) readGrads(params []bnn.Param) error {
+	for i, n := range t.params {
+		g, err := n.Grad()
+		if err != nil {
+			return fmt.Errorf("gradient of %s: %w", n.Name(), err)
+		}
+		d, ok := g.Data().([]float64)
+		if !ok || len(d) != len(params[i].Grad) {
+			return fmt.Errorf("gradient of %s has %T of %d values, want %d float64s", n.Name(), g.Data(), len(d), len(params[i].Grad))
+		}
+		copy(params[i].Grad, d)
+		clear(d)
+		if v := n.Value().Data().([]float64); &v[0] != &params[i].Value[0] {
+			return fmt.Errorf("parameter %s is no longer bound to its layer's storage (internal error)", n.Name())
+		}
+	}
+	return nil
 }
 
 // build runs fn (which adds nodes to t) and turns gorgonia's construction panics into errors.

@@ -71,8 +71,8 @@ func (t term) String() string {
 // objective is the counterfactual loss as one gorgonia graph over x' (standardised, length D):
 //
 //	probabilities of S sampled networks: layer 0 as one stacked matrix-vector product
-//	(S*Out x In) x' and the later layers as batched products over the S draws, ReLU between
-//	layers, log-softmax at the end; then the terms of Weights and d L / d x'.
+//	(S*Out x In) x' and the later layers as batched products over the S draws, the model's
+//	activation between layers, log-softmax at the end; then the terms of Weights and d L / d x'.
 //
 // The graph is built once; per evaluation only its inputs are rebound with gorgonia.Let: x', the
 // S sampled networks, the ELBO noise, the anchors and the scalars. Only the nodes that the loss,
@@ -85,18 +85,18 @@ type objective struct {
 	g  *G.ExprGraph
 	vm G.VM
 
-	x        *G.Node
-	xv       *tensor.Dense
-	wn, bn   []*G.Node
-	wv, bv   []*tensor.Dense
-	oh, x0   *G.Node
-	ohv, x0v *tensor.Dense
-	mu0      *G.Node
-	mu0v     *tensor.Dense
-	zeta     *G.Node
-	zetav    *tensor.Dense
-	lam      [numTerms]*G.Node
-	thr, eps *G.Node
+	x            *G.Node
+	xv           *tensor.Dense
+	wn, bn       []*G.Node
+	wv, bv       []*tensor.Dense
+	oh, x0       *G.Node
+	ohv, x0v     *tensor.Dense
+	mu0          *G.Node
+	mu0v         *tensor.Dense
+	zeta         *G.Node
+	zetav        *tensor.Dense
+	lam          [numTerms]*G.Node
+	thr, epsilon *G.Node // 1 - delta and epsilon
 
 	total, lp, grad G.Value
 	terms           [numTerms]G.Value
@@ -166,7 +166,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+term(t).String()), G.WithValue(0.0))
 	}
 	o.thr = G.NewScalar(g, tensor.Float64, G.WithName("one_minus_delta"), G.WithValue(0.95))
-	o.eps = G.NewScalar(g, tensor.Float64, G.WithName("eps"), G.WithValue(0.01))
+	o.epsilon = G.NewScalar(g, tensor.Float64, G.WithName("epsilon"), G.WithValue(0.01))
 
 	// Sampled networks.
 	nl := len(m.Layers)
@@ -188,7 +188,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 			h = must(G.Reshape(h, tensor.Shape{S, l.Out}))
 			break
 		}
-		h = must(G.Rectify(h))
+		h = must(bnn.ActivationNode(m.Activation, h))
 		if k == 0 {
 			h = must(G.Reshape(h, tensor.Shape{S, 1, l.Out}))
 		}
@@ -206,7 +206,7 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 	var terms [numTerms]*G.Node
 	terms[termClf] = must(G.Neg(must(G.Mean(lpt))))
 	terms[termDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
-	terms[termVar] = must(G.Rectify(must(G.Sub(varp, o.eps))))
+	terms[termVar] = must(G.Rectify(must(G.Sub(varp, o.epsilon))))
 	terms[termProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
 	if err != nil {
 		return err
@@ -300,7 +300,7 @@ func (o *objective) setNets(nets []*bnn.Net) error {
 
 // setProblem binds the target class, the anchors (x0 for L_prox, mu0 for L_ldist), the weights
 // and the thresholds.
-func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, eps float64) error {
+func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, epsilon float64) error {
 	oh := o.ohv.Data().([]float64)
 	for c := range oh {
 		oh[c] = 0
@@ -328,7 +328,7 @@ func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, 
 	if err := G.Let(o.thr, 1-delta); err != nil {
 		return err
 	}
-	return G.Let(o.eps, eps)
+	return G.Let(o.epsilon, epsilon)
 }
 
 // setZeta binds the ELBO's reparameterisation noise (ignored without a VAE).

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
-	"gonum.org/v1/gonum/mat"
 )
 
 // testModel is an untrained model with non-trivial weights and posterior spread.
@@ -47,17 +46,43 @@ func sampleNets(m *bnn.Model, n int, seed uint64) []*bnn.Net {
 	return nets
 }
 
-// referenceTerms computes the objective's terms in plain Go (bnn's forward pass and the VAE's
-// ELBOWith), independently of the gorgonia graph.
-func referenceTerms(nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, eps float64) [numTerms]float64 {
+// netProbs is the softmax output of one sampled network at a standardised z, in plain loops with
+// the activation written out (independent of bnn's engine and of the graph).
+func netProbs(act bnn.Activation, n *bnn.Net, z []float64) []float64 {
+	h := z
+	for k := range n.W {
+		out := make([]float64, len(n.B[k]))
+		for o := range out {
+			s := n.B[k][o]
+			for i, v := range h {
+				s += n.W[k][o*len(h)+i] * v
+			}
+			if k < len(n.W)-1 {
+				switch act {
+				case bnn.Tanh:
+					s = math.Tanh(s)
+				case bnn.Sigmoid:
+					s = 1 / (1 + math.Exp(-s))
+				default:
+					s = math.Max(s, 0)
+				}
+			}
+			out[o] = s
+		}
+		h = out
+	}
+	p := make([]float64, len(h))
+	bnn.Softmax(p, h)
+	return p
+}
+
+// referenceTerms computes the objective's terms in plain Go (netProbs and the VAE's ELBOWith),
+// independently of the gorgonia graph.
+func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, epsilon float64) [numTerms]float64 {
 	var r [numTerms]float64
-	c := len(nets[0].B[len(nets[0].B)-1])
-	zm := mat.NewDense(1, len(z), append([]float64(nil), z...))
-	out := mat.NewDense(1, c, nil)
 	ps := make([]float64, len(nets))
 	for s, n := range nets {
-		n.Probs(zm, out, nil)
-		ps[s] = out.At(0, target)
+		ps[s] = netProbs(act, n, z)[target]
 		r[termClf] -= math.Log(ps[s]) / float64(len(nets))
 	}
 	mean := 0.0
@@ -69,7 +94,7 @@ func referenceTerms(nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target 
 		vr += (p - mean) * (p - mean) / float64(len(ps)-1)
 	}
 	r[termDelta] = math.Max(1-delta-mean, 0)
-	r[termVar] = math.Max(vr-eps, 0)
+	r[termVar] = math.Max(vr-epsilon, 0)
 	for j := range z {
 		r[termProx] += (z[j] - x0[j]) * (z[j] - x0[j])
 	}
@@ -83,9 +108,17 @@ func referenceTerms(nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target 
 	return r
 }
 
-// TestObjectiveMatchesReference checks the graph's forward values against plain Go.
+// TestObjectiveMatchesReference checks the graph's forward values against plain Go, for every
+// activation of the model.
 func TestObjectiveMatchesReference(t *testing.T) {
+	for _, act := range []bnn.Activation{bnn.ReLU, bnn.Tanh, bnn.Sigmoid} {
+		t.Run(act.String(), func(t *testing.T) { testObjectiveMatchesReference(t, act) })
+	}
+}
+
+func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 	m := testModel(t, 5, []int{7, 6}, 3, 1)
+	m.Activation = act
 	v := testVAE(t, m, 3, 2)
 	const S = 6
 	o, err := newObjective(m, v, S)
@@ -99,9 +132,9 @@ func TestObjectiveMatchesReference(t *testing.T) {
 	if err := o.setNets(nets); err != nil {
 		t.Fatal(err)
 	}
-	// delta and eps chosen so that both hinges are active.
-	const delta, eps = 0.01, 1e-6
-	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4}, delta, eps); err != nil {
+	// delta and epsilon chosen so that both hinges are active.
+	const delta, epsilon = 0.01, 1e-6
+	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4}, delta, epsilon); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.setZeta(zeta); err != nil {
@@ -111,7 +144,7 @@ func TestObjectiveMatchesReference(t *testing.T) {
 	if err := o.eval(z, &ev); err != nil {
 		t.Fatal(err)
 	}
-	ref := referenceTerms(nets, v, z, x0, mu0, zeta, 2, delta, eps)
+	ref := referenceTerms(act, nets, v, z, x0, mu0, zeta, 2, delta, epsilon)
 	for term := term(0); term < numTerms; term++ {
 		if d := math.Abs(ev.Terms[term] - ref[term]); d > 1e-10*math.Max(1, math.Abs(ref[term])) {
 			t.Errorf("%v: graph %v, reference %v", term, ev.Terms[term], ref[term])
@@ -136,9 +169,16 @@ func randVec(rng *rand.Rand, n int) []float64 {
 
 // TestObjectiveGradients checks d term / d x' of every term (each alone, weight 1) against
 // central finite differences of the graph's own forward value, with fixed sampled networks and
-// fixed ELBO noise, at several random points.
+// fixed ELBO noise, at several random points, for every activation of the model.
 func TestObjectiveGradients(t *testing.T) {
+	for _, act := range []bnn.Activation{bnn.ReLU, bnn.Tanh, bnn.Sigmoid} {
+		t.Run(act.String(), func(t *testing.T) { testObjectiveGradients(t, act) })
+	}
+}
+
+func testObjectiveGradients(t *testing.T, act bnn.Activation) {
 	m := testModel(t, 6, []int{9, 7}, 2, 5)
+	m.Activation = act
 	v := testVAE(t, m, 3, 6)
 	const S = 8
 	o, err := newObjective(m, v, S)
@@ -159,7 +199,7 @@ func TestObjectiveGradients(t *testing.T) {
 			var w Weights
 			ws := []*float64{&w.Class, &w.Delta, &w.Latent, &w.Var, &w.ELBO, &w.Prox}
 			*ws[term] = 1
-			// delta = 0.001 and eps = 0 keep the hinges active (checked below).
+			// delta = 0.001 and epsilon = 0 keep the hinges active (checked below).
 			if err := o.setProblem(trial%2, x0, mu0, w, 0.001, 0); err != nil {
 				t.Fatal(err)
 			}

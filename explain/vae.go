@@ -121,8 +121,8 @@ func (v *VAE) Compatible(m *bnn.Model) error {
 }
 
 // TrainVAE fits a VAE to the raw rows X, standardised with m's scaler, by minimising the mean
-// -ELBO of minibatches (one reparameterised draw per row) with gorgonia's Adam. The result is a
-// deterministic function of (m.Scaler, X, cfg).
+// -ELBO of minibatches (one reparameterised draw per row) with bnn.Adam on gorgonia's gradients.
+// The result is a deterministic function of (m.Scaler, X, cfg).
 func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig) (*VAE, VAEStats, error) {
 	start := time.Now()
 	if m == nil {

@@ -1,18 +1,12 @@
 package explain
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sort"
 
 	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/safetensors"
+	"github.com/cfguard/cfguard/internal/sidecar"
 )
 
 // File names of a saved VAE; they live beside the model's model.safetensors and model.json.
@@ -40,8 +34,11 @@ type VAESidecar struct {
 	WeightsSHA256 string     `json:"weights_sha256"`
 }
 
-// vaeLayers names the VAE's layers as they appear in the weights file ("<name>.weight" with shape
-// (out, in) and "<name>.bias" with shape (out)), with their shapes.
+// vaeFiles is the two-file format of a VAE (see internal/sidecar); the checksum is required.
+var vaeFiles = sidecar.Kind{Format: "cfguard-vae", Version: VAEFormatVersion, Sidecar: VAESidecarFile, Weights: VAEWeightsFile, Err: ErrVAEFile}
+
+// layers names the VAE's layers as they appear in the weights file ("<name>.weight" with shape
+// (out, in) and "<name>.bias" with shape (out)).
 func (v *VAE) layers() []struct {
 	name string
 	l    *dense
@@ -54,7 +51,7 @@ func (v *VAE) layers() []struct {
 }
 
 // EncodeVAE serialises v as (sidecar JSON, safetensors bytes).
-func EncodeVAE(v *VAE) (sidecar, weights []byte, err error) {
+func EncodeVAE(v *VAE) (sidecarJSON, weights []byte, err error) {
 	if err := v.validate(); err != nil {
 		return nil, nil, fmt.Errorf("save vae: %w", err)
 	}
@@ -63,18 +60,15 @@ func EncodeVAE(v *VAE) (sidecar, weights []byte, err error) {
 		tensors[nl.name+".weight"] = safetensors.Tensor{Shape: []int{nl.l.Out, nl.l.In}, Data: nl.l.W}
 		tensors[nl.name+".bias"] = safetensors.Tensor{Shape: []int{nl.l.Out}, Data: nl.l.B}
 	}
-	weights, err = safetensors.Encode(tensors, map[string]string{"format": "cfguard-vae"})
-	if err != nil {
+	sc := VAESidecar{Format: vaeFiles.Format, FormatVersion: VAEFormatVersion, Inputs: v.Inputs, Hidden: v.Hidden,
+		Latent: v.Latent, Activation: "relu", ObsVar: v.ObsVar, Scaler: v.Scaler}
+	if weights, sc.WeightsSHA256, err = vaeFiles.EncodeWeights(tensors); err != nil {
 		return nil, nil, fmt.Errorf("save vae: %w", err)
 	}
-	sum := sha256.Sum256(weights)
-	sc := VAESidecar{Format: "cfguard-vae", FormatVersion: VAEFormatVersion, Inputs: v.Inputs, Hidden: v.Hidden,
-		Latent: v.Latent, Activation: "relu", ObsVar: v.ObsVar, Scaler: v.Scaler, WeightsSHA256: hex.EncodeToString(sum[:])}
-	js, err := json.MarshalIndent(sc, "", "  ")
-	if err != nil {
+	if sidecarJSON, err = vaeFiles.MarshalSidecar(sc, sc.WeightsSHA256); err != nil {
 		return nil, nil, fmt.Errorf("save vae: %w", err)
 	}
-	return append(js, '\n'), weights, nil
+	return sidecarJSON, weights, nil
 }
 
 // SaveVAE writes v to dir (created if needed) as vae.safetensors and vae.json, each atomically.
@@ -85,7 +79,7 @@ func SaveVAE(dir string, v *VAE) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFiles(dir, atomicfile.File{Name: VAEWeightsFile, Data: w}, atomicfile.File{Name: VAESidecarFile, Data: js}); err != nil {
+	if err := vaeFiles.Save(dir, js, w); err != nil {
 		return fmt.Errorf("save vae: %w", err)
 	}
 	return nil
@@ -94,11 +88,7 @@ func SaveVAE(dir string, v *VAE) error {
 // LoadVAE reads a VAE written by SaveVAE. Truncated, mismatched or corrupt files are rejected with
 // an error wrapping ErrVAEFile that names the file and what is wrong.
 func LoadVAE(dir string) (*VAE, error) {
-	js, err := os.ReadFile(filepath.Join(dir, VAESidecarFile))
-	if err != nil {
-		return nil, fmt.Errorf("load vae: %w", err)
-	}
-	w, err := os.ReadFile(filepath.Join(dir, VAEWeightsFile))
+	js, w, err := vaeFiles.Read(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load vae: %w", err)
 	}
@@ -112,24 +102,12 @@ func LoadVAE(dir string) (*VAE, error) {
 // DecodeVAE builds a VAE from sidecar JSON and safetensors bytes; see LoadVAE.
 func DecodeVAE(sidecarJSON, weights []byte) (*VAE, error) {
 	var sc VAESidecar
-	if err := json.Unmarshal(sidecarJSON, &sc); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrVAEFile, VAESidecarFile, err)
-	}
-	if sc.Format != "cfguard-vae" || sc.FormatVersion != VAEFormatVersion {
-		return nil, fmt.Errorf("%w: %s: format %q version %d, want cfguard-vae version %d",
-			ErrVAEFile, VAESidecarFile, sc.Format, sc.FormatVersion, VAEFormatVersion)
+	tensors, err := vaeFiles.Decode(sidecarJSON, weights, &sc)
+	if err != nil {
+		return nil, err
 	}
 	if sc.Activation != "relu" {
-		return nil, fmt.Errorf("%w: %s: activation %q, want relu", ErrVAEFile, VAESidecarFile, sc.Activation)
-	}
-	sum := sha256.Sum256(weights)
-	if got := hex.EncodeToString(sum[:]); got != sc.WeightsSHA256 {
-		return nil, fmt.Errorf("%w: %s has sha256 %s but %s expects %q (truncated, corrupt, or from another save)",
-			ErrVAEFile, VAEWeightsFile, got[:12], VAESidecarFile, sc.WeightsSHA256)
-	}
-	tensors, _, err := safetensors.Decode(weights)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrVAEFile, VAEWeightsFile, err)
+		return nil, fmt.Errorf("%w: %s: field \"activation\" is %q; the VAE supports only relu", ErrVAEFile, VAESidecarFile, sc.Activation)
 	}
 	if sc.Inputs < 1 || sc.Hidden < 1 || sc.Latent < 1 {
 		return nil, fmt.Errorf("%w: %s: inputs %d hidden %d latent %d, want all >= 1", ErrVAEFile, VAESidecarFile, sc.Inputs, sc.Hidden, sc.Latent)
@@ -139,33 +117,18 @@ func DecodeVAE(sidecarJSON, weights []byte) (*VAE, error) {
 		"encoder.fc1": {sc.Hidden, sc.Inputs}, "encoder.mu": {sc.Latent, sc.Hidden}, "encoder.logvar": {sc.Latent, sc.Hidden},
 		"decoder.fc1": {sc.Hidden, sc.Latent}, "decoder.out": {sc.Inputs, sc.Hidden},
 	}
-	want := 0
 	for _, nl := range v.layers() {
 		sh := shapes[nl.name]
 		nl.l.Out, nl.l.In = sh[0], sh[1]
-		for _, p := range []struct {
-			key   string
-			dst   *[]float64
-			shape []int
-		}{{nl.name + ".weight", &nl.l.W, []int{sh[0], sh[1]}}, {nl.name + ".bias", &nl.l.B, []int{sh[0]}}} {
-			t, ok := tensors[p.key]
-			if !ok {
-				return nil, fmt.Errorf("%w: %s has no tensor %q", ErrVAEFile, VAEWeightsFile, p.key)
-			}
-			if fmt.Sprint(t.Shape) != fmt.Sprint(p.shape) {
-				return nil, fmt.Errorf("%w: tensor %q has shape %v, sidecar implies %v", ErrVAEFile, p.key, t.Shape, p.shape)
-			}
-			*p.dst = t.Data
-			want++
+		if nl.l.W, err = vaeFiles.Take(tensors, nl.name+".weight", sh[0], sh[1]); err != nil {
+			return nil, err
+		}
+		if nl.l.B, err = vaeFiles.Take(tensors, nl.name+".bias", sh[0]); err != nil {
+			return nil, err
 		}
 	}
-	if len(tensors) != want {
-		var names []string
-		for k := range tensors {
-			names = append(names, k)
-		}
-		sort.Strings(names)
-		return nil, fmt.Errorf("%w: %s has %d tensors %v, sidecar describes %d", ErrVAEFile, VAEWeightsFile, len(tensors), names, want)
+	if err := vaeFiles.NoneLeft(tensors); err != nil {
+		return nil, err
 	}
 	if err := v.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrVAEFile, err)

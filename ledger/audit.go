@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,216 +12,342 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
+// AuditOptions tune Audit.
+type AuditOptions struct {
+	// Progress, if set, is called after each batch with the CEs evaluated so far and the number
+	// stored when the audit started.
+	Progress func(done, total int)
+}
+
 // AuditReport summarises a full audit.
 type AuditReport struct {
+	// PosteriorVersion is the version the audit started under. Batches evaluated under a
+	// posterior that was no longer current when they were written are counted in Behind.
 	PosteriorVersion uint64                 `json:"posterior_version"`
 	Counts           map[certify.Status]int `json:"counts"`
 	// Evaluated is the number of CEs sampled; Reanchored how many were re-certified under the
-	// current posterior; Changed how many changed status.
+	// posterior of their batch; Changed how many changed status.
 	Evaluated  int           `json:"evaluated"`
 	Reanchored int           `json:"reanchored"`
 	Changed    int           `json:"changed"`
+	Batches    int           `json:"batches"`
+	Behind     int           `json:"behind"`
 	Duration   time.Duration `json:"duration_ns"`
 }
 
+// errMoved: the predictor's posterior changed while it sampled a batch. The batch is read and
+// sampled again under the new one, up to maxMoves times in a row.
+var errMoved = fmt.Errorf("%w: the predictor moved to another posterior during a batch", ErrStale)
+
+const maxMoves = 8
+
 // auditItem is one CE of an audit batch as read.
 type auditItem struct {
-	id  string
+	id  []byte
 	h   header
 	xcf []float64
 }
 
-// Audit re-evaluates every stored CE by Monte-Carlo under `current`, which must be the ledger's
-// current posterior (else ErrStale), with `samples` draws and `seed`:
+// Audit re-evaluates every stored CE by Monte-Carlo with p, whose posterior must be the current
+// one when the audit starts (else ErrStale):
 //
-//	p2 = E_q_now[f], V2 = Var_q_now[f]  (S draws),  f(w) = p(target | x', w)
+//	p2 = E_q[f], V2 = Var_q[f]  (p's S draws),  f(w) = p(target | x', w)
 //
-// A CE in its <delta, eps>-set under q_now (p2 >= 1 - delta, V2 <= eps, argmax = target) is
-// re-anchored: anchor = current version, (p1, V1, S) = (p2, V2, samples), status certified. This
-// is how uncertified CEs enter the set and how drifted CEs get a fresh budget. Any other CE
-// that holds a certificate keeps its anchor and becomes at_risk (p2 >= 1/2 and argmax = target)
-// or invalidated; uncertified CEs outside the set stay uncertified.
+// A CE in its <delta, epsilon>-set under q (p2 >= 1 - delta, V2 <= epsilon, argmax = target) is
+// re-anchored to q: anchor = q's version, (p1, V1, S) = (p2, V2, S), and its status is judged
+// by its bounds at KL(q_now || q). This is how uncertified CEs enter the set and how drifted CEs
+// get a fresh budget. A CE outside the set keeps its certificate; if its bound fails and q is
+// current its Monte-Carlo verdict is recorded (at_risk or invalidated, as Confirm does). A
+// certified CE outside the set stays certified: the bound decides.
 //
-// The audit runs in batches of Options.MCBatch CEs, each written in its own transaction under the
-// writer lock, so checkpoints can interleave; if one replaces the current posterior the audit
-// stops with ErrStale and the batches written so far stand (each is consistent on its own).
-func (l *Ledger) Audit(ctx context.Context, current *bnn.Model, samples int, seed uint64) (AuditReport, []StatusChange, error) {
+// The audit runs in batches of Options.MCBatch CEs: each is read in a read transaction, sampled
+// without any lock, and written in one short transaction under the writer lock, so checkpoints
+// interleave. Each batch is evaluated under p's posterior as of its reading (p.Version(), which
+// must then be the current posterior or one this audit already used; if it changes while the
+// batch is sampled, the batch is read and sampled again). If ingestion promotes a
+// new posterior meanwhile, the batch is still written: q is kept as an anchor (its snapshot
+// stored if no CE held it), KL(q_now || q) computed with certify.KL, and the re-anchored CEs
+// judged at that KL. So an audit is never stale because ingestion continued. Status changes go
+// to the outbox in their batch's transaction.
+func (l *Ledger) Audit(ctx context.Context, p Predictor, opts AuditOptions) (AuditReport, []StatusChange, error) {
 	start := time.Now()
-	if samples < 2 {
-		return AuditReport{}, nil, fmt.Errorf("ledger: audit: %w: samples = %d, want >= 2", ErrInvalid, samples)
-	}
-	blob, err := encodeModel(current)
-	if err != nil {
-		return AuditReport{}, nil, fmt.Errorf("ledger: audit: %w", err)
-	}
-	want := cur{ok: true, version: current.Version, sha: fingerprint(blob)}
-	rep := AuditReport{PosteriorVersion: current.Version}
-	var changes []StatusChange
-	after := ""
-	for {
-		if err := ctx.Err(); err != nil {
-			return rep, changes, fmt.Errorf("ledger: audit: %w", err)
-		}
-		batch, err := l.auditRead(want, after)
+	a := &audit{l: l, p: p, models: map[uint64]*bnn.Model{}}
+	a.rep.PosteriorVersion = p.Version()
+	err := l.view(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
 		if err != nil {
-			return rep, changes, fmt.Errorf("ledger: audit: %w", err)
+			return err
 		}
-		if len(batch) == 0 {
+		if !c.ok || c.version != a.rep.PosteriorVersion {
+			return fmt.Errorf("%w: posterior version %d is not current", ErrStale, a.rep.PosteriorVersion)
+		}
+		cnt, err := readCounts(tx)
+		a.total = int(cnt[0] + cnt[1] + cnt[2] + cnt[3])
+		return err
+	})
+	var after []byte
+	for moved := 0; err == nil; {
+		if err = ctx.Err(); err != nil {
 			break
 		}
-		after = batch[len(batch)-1].id
-		xs := make([][]float64, len(batch))
-		for i := range batch {
-			xs[i] = batch[i].xcf
+		var batch []auditItem
+		var v uint64
+		if batch, v, err = a.read(after); err != nil || len(batch) == 0 {
+			break
 		}
-		pred, err := current.Predict(xs, samples, seed)
-		if err != nil {
-			return rep, changes, fmt.Errorf("ledger: audit: monte-carlo: %w", err)
+		var pred *bnn.Predictive
+		if pred, err = a.predict(ctx, batch, v); errors.Is(err, errMoved) && moved < maxMoves {
+			moved, err = moved+1, nil // the predictor follows a new posterior: read the batch again
+			continue
 		}
-		ch, err := l.auditWrite(want, batch, pred, samples, &rep)
-		changes = append(changes, ch...)
 		if err != nil {
-			return rep, changes, fmt.Errorf("ledger: audit: %w", err)
+			break
+		}
+		moved, after = 0, batch[len(batch)-1].id
+		err = a.write(batch, v, pred)
+		a.rep.Evaluated += len(batch)
+		a.rep.Batches++
+		if err == nil && opts.Progress != nil {
+			opts.Progress(a.rep.Evaluated, a.total)
 		}
 	}
-	cnts, err := l.Counts()
+	if err == nil {
+		var cnt map[certify.Status]int
+		if cnt, err = l.Counts(); err == nil {
+			a.rep.Counts = cnt
+		}
+	}
+	a.rep.Changed, a.rep.Duration = len(a.changes), time.Since(start)
 	if err != nil {
-		return rep, changes, fmt.Errorf("ledger: audit: %w", err)
+		return a.rep, a.changes, fmt.Errorf("ledger: audit: %w", err)
 	}
-	rep.Counts, rep.Changed, rep.Duration = cnts, len(changes), time.Since(start)
-	return rep, changes, nil
+	return a.rep, a.changes, nil
 }
 
-// auditRead reads the next batch of CEs after `after`, checking the current posterior.
-func (l *Ledger) auditRead(want cur, after string) ([]auditItem, error) {
+// audit is one Audit in progress.
+type audit struct {
+	l       *Ledger
+	p       Predictor
+	models  map[uint64]*bnn.Model // posteriors batches were evaluated under
+	total   int
+	rep     AuditReport
+	changes []StatusChange
+}
+
+// read returns the next batch after `after` and the posterior version it will be evaluated under.
+func (a *audit) read(after []byte) ([]auditItem, uint64, error) {
 	var batch []auditItem
-	err := l.db.View(func(tx *bolt.Tx) error {
-		if readCur(tx) != want {
-			return fmt.Errorf("%w: posterior version %d is not current", ErrStale, want.version)
+	v := a.p.Version()
+	err := a.l.view(func(tx *bolt.Tx) error {
+		if _, held := a.models[v]; !held {
+			c, err := readCur(tx)
+			if err != nil {
+				return err
+			}
+			if c.version != v {
+				return fmt.Errorf("%w: the predictor is for posterior version %d, current is %d", ErrStale, v, c.version)
+			}
+			m, err := a.l.model(tx, v)
+			if err != nil {
+				return err
+			}
+			a.models[v] = m
 		}
 		c := tx.Bucket(bHeaders).Cursor()
-		bodies := tx.Bucket(bBodies)
-		k, v := c.First()
-		if after != "" {
-			if k, v = c.Seek([]byte(after)); k != nil && string(k) == after {
-				k, v = c.Next()
+		k, val := c.First()
+		if after != nil {
+			if k, val = c.Seek(after); k != nil && string(k) == string(after) {
+				k, val = c.Next()
 			}
 		}
-		for ; k != nil && len(batch) < l.opts.MCBatch; k, v = c.Next() {
-			h, err := decodeHeader(v)
-			if err != nil {
-				return fmt.Errorf("counterfactual %q: %w", k, err)
+		for ; k != nil && len(batch) < a.l.opts.MCBatch; k, val = c.Next() {
+			id := append([]byte(nil), k...)
+			p, ok := unseal(k, val)
+			if !ok {
+				return corruptf("counterfactual %q: header checksum mismatch", k)
 			}
-			bd, err := decodeBody(bodies.Get(k), false)
+			h, err := decodeHeader(p)
 			if err != nil {
-				return fmt.Errorf("counterfactual %q: %w", k, err)
+				return inRecord(err, "counterfactual %q: header", k)
 			}
-			batch = append(batch, auditItem{id: string(k), h: h, xcf: bd.xcf})
+			raw, err := getSealed(tx.Bucket(bBodies), id, "body")
+			if err == nil && raw == nil {
+				err = corruptf("body is missing")
+			}
+			if err != nil {
+				return inRecord(err, "counterfactual %q", id)
+			}
+			bd, err := decodeBody(raw, false)
+			if err != nil {
+				return inRecord(err, "counterfactual %q", id)
+			}
+			batch = append(batch, auditItem{id: id, h: h, xcf: bd.xcf})
 		}
 		return nil
 	})
-	return batch, err
+	return batch, v, err
 }
 
-// auditWrite applies one batch's Monte-Carlo results in one transaction.
-func (l *Ledger) auditWrite(want cur, batch []auditItem, pred *bnn.Predictive, samples int, rep *AuditReport) ([]StatusChange, error) {
+// predict samples a batch with p, which must still be version v afterwards (else once more).
+func (a *audit) predict(ctx context.Context, batch []auditItem, v uint64) (*bnn.Predictive, error) {
+	xs := make([][]float64, len(batch))
+	for i := range batch {
+		xs[i] = batch[i].xcf
+	}
+	pred, err := a.p.Predict(ctx, xs)
+	if err == nil && (pred == nil || pred.N != len(xs)) {
+		err = fmt.Errorf("predictor returned %v results for %d inputs", pred, len(xs))
+	}
+	if err == nil && a.p.Version() != v {
+		err = fmt.Errorf("%w: from posterior version %d to %d", errMoved, v, a.p.Version())
+	}
+	return pred, err
+}
+
+// write applies one batch's Monte-Carlo results (evaluated under version v) in one transaction.
+func (a *audit) write(batch []auditItem, v uint64, pred *bnn.Predictive) error {
+	l := a.l
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	now := l.opts.Now().UTC()
-	pol := l.opts.Policy
 	var changes []StatusChange
 	reanchored := 0
-	err := l.db.Update(func(tx *bolt.Tx) error {
+	behind := false
+	err := l.update(func(tx *bolt.Tx) error {
 		changes, reanchored = nil, 0
-		if readCur(tx) != want {
-			return fmt.Errorf("%w: posterior version %d is no longer current", ErrStale, want.version)
+		now, err := readCur(tx)
+		if err != nil {
+			return err
 		}
-		hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
-		cnt := readCounts(tx)
-		for i, it := range batch {
-			key := []byte(it.id)
-			raw := hdrs.Get(key)
-			if raw == nil {
-				continue // deleted since read
-			}
-			h, err := decodeHeader(raw)
+		behind = now.version != v
+		w, err := l.newWriteTx(tx, l.opts.Now().UTC())
+		if err != nil {
+			return err
+		}
+		kl, err := a.anchorKL(tx, now, v)
+		if err != nil {
+			return err
+		}
+		for i := range batch {
+			moved, err := a.apply(w, now, v, kl, &batch[i], pred, i)
 			if err != nil {
-				return fmt.Errorf("counterfactual %q: %w", it.id, err)
-			}
-			p2, v2, am := pred.P(i, h.target), pred.V(i, h.target), pred.Argmax(i)
-			from := h.status
-			var kl float64
-			var b certify.Bounds
-			if from != certify.Uncertified {
-				a, err := l.anchorKL(tx, h.anchor)
-				if err != nil {
-					return fmt.Errorf("counterfactual %q: %w", it.id, err)
-				}
-				kl, b = a, pol.Bounds(h.certificate(), a)
-			}
-			to, moved := from, false
-			switch {
-			case certify.InSet(p2, v2, h.delta, h.epsilon) && am == h.target:
-				if from != certify.Uncertified {
-					if err := l.ref(tx, want, h.anchor, -1, 0, now); err != nil {
-						return err
-					}
-				}
-				if err := l.ref(tx, want, want.version, 1, 0, now); err != nil {
-					return err
-				}
-				h.anchor, h.p1, h.var1, h.samples = want.version, p2, v2, samples
-				to, moved = certify.Certified, true
-				reanchored++
-			case from != certify.Uncertified:
-				to = certify.Observed(p2, am, h.target)
-			}
-			if to == from && !moved {
-				continue
-			}
-			h.updated = now.UnixNano()
-			if to != from {
-				h.status = to
-				ch := StatusChange{ID: it.id, At: now, From: from, To: to, PosteriorVersion: want.version, KL: kl,
-					Bound: b.ProbLower, VarBound: b.VarUpper, P2: &p2}
-				bd, err := decodeBody(bodies.Get(key), true)
-				if err != nil {
-					return fmt.Errorf("counterfactual %q: %w", it.id, err)
-				}
-				bd.history = appendHistory(bd.history, ch)
-				if err := bodies.Put(key, bd.encode()); err != nil {
-					return err
-				}
-				cnt.add(from, -1)
-				cnt.add(to, 1)
-				changes = append(changes, ch)
-			}
-			if err := hdrs.Put(key, h.encode()); err != nil {
 				return err
 			}
+			if moved {
+				reanchored++
+			}
 		}
-		if err := cnt.put(tx); err != nil {
+		if err := l.gcAnchors(tx, now.version); err != nil {
 			return err
 		}
-		if err := l.gcAnchors(tx, want.version); err != nil {
-			return err
-		}
-		return bumpGen(tx)
+		changes = w.changes
+		return w.finish()
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	rep.Evaluated += len(batch)
-	rep.Reanchored += reanchored
-	return changes, nil
+	a.rep.Reanchored += reanchored
+	if behind {
+		a.rep.Behind++
+	}
+	a.changes = append(a.changes, changes...)
+	return nil
 }
 
-// anchorKL is the stored KL(q_now || q_anchor) of a live anchor.
-func (l *Ledger) anchorKL(tx *bolt.Tx, version uint64) (float64, error) {
-	raw := tx.Bucket(bAnchors).Get(u64bytes(version))
-	if raw == nil {
-		return 0, fmt.Errorf("%w: anchor %d is not stored", ErrCorrupt, version)
+// anchorKL is KL(q_now || q_v): 0 when v is current, the stored KL when v is a live anchor, and
+// otherwise computed from the posterior the audit holds for v.
+func (a *audit) anchorKL(tx *bolt.Tx, now cur, v uint64) (float64, error) {
+	if now.version == v {
+		return 0, nil
 	}
-	a, err := decodeAnchor(raw)
-	return a.kl, err
+	an, ok, err := readAnchor(tx, v)
+	if err != nil || ok {
+		return an.kl, err
+	}
+	qNow, err := a.l.model(tx, now.version)
+	if err != nil {
+		return 0, err
+	}
+	kl, _, err := certify.KL(qNow, a.models[v])
+	if err != nil {
+		return 0, fmt.Errorf("KL from posterior version %d to %d: %w", now.version, v, err)
+	}
+	return kl, nil
+}
+
+// apply writes one CE's audit result; it reports whether the CE was re-anchored.
+func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, pred *bnn.Predictive, i int) (bool, error) {
+	tx, pol := w.tx, a.l.opts.Policy
+	h, ok, err := readHeader(tx, it.id)
+	if err != nil || !ok || !sameCertificate(&h, &it.h) {
+		return false, err // deleted, re-registered or re-anchored since read: its result is moot
+	}
+	p2, v2, am := pred.P(i, h.target), pred.V(i, h.target), pred.Argmax(i)
+	nh := h
+	moved := certify.InSet(p2, v2, h.delta, h.epsilon) && am == h.target
+	switch {
+	case moved:
+		if h.status != certify.Uncertified {
+			if err := a.l.ref(tx, now, h.anchor, -1, 0, w.now); err != nil {
+				return false, err
+			}
+		}
+		if err := a.refAnchor(tx, now, v, kl, w.now); err != nil {
+			return false, err
+		}
+		nh.anchor, nh.p1, nh.var1, nh.samples = v, p2, v2, pred.S
+		nh.status, nh.confirmed, nh.cv = certify.Certified, false, 0
+		if !pol.Bounds(nh.certificate(), kl).Certified {
+			nh.status = certify.AtRisk
+			if v == now.version { // measured under q_now itself: a verdict
+				nh.status, nh.confirmed, nh.cv = certify.Observed(p2, am, h.target), true, v
+			}
+		}
+	case h.failing() && v == now.version:
+		nh.status, nh.confirmed, nh.cv = certify.Observed(p2, am, h.target), true, v
+	default:
+		return false, nil // uncertified outside the set, certified (the bound holds), or a stale verdict
+	}
+	nh.updated = w.now.UnixNano()
+	if err := w.putHeader(it.id, &h, &nh); err != nil {
+		return false, err
+	}
+	if nh.status != h.status {
+		ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: now.version, KL: kl, P2: &p2}
+		if !moved {
+			ch.KL = 0
+			if an, ok, err := readAnchor(tx, h.anchor); err != nil || !ok {
+				if err == nil {
+					err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
+				}
+				return false, err
+			} else {
+				ch.KL = an.kl
+			}
+		}
+		b := pol.Bounds(nh.certificate(), ch.KL)
+		ch.Bound, ch.VarBound = b.ProbLower, b.VarUpper
+		if err := w.recordChange(it.id, ch); err != nil {
+			return false, err
+		}
+	}
+	return moved, nil
+}
+
+// refAnchor adds a reference to anchor v, storing the audit's snapshot of it (with KL kl from the
+// current posterior) when it is neither stored nor current.
+func (a *audit) refAnchor(tx *bolt.Tx, now cur, v uint64, kl float64, at time.Time) error {
+	if _, ok, err := readAnchor(tx, v); err != nil || ok || v == now.version {
+		if err != nil {
+			return err
+		}
+		return a.l.ref(tx, now, v, 1, 0, at)
+	}
+	blob, err := encodeModel(a.models[v])
+	if err != nil {
+		return err
+	}
+	if err := putSealed(tx.Bucket(bAnchorModels), u64bytes(v), blob); err != nil {
+		return err
+	}
+	return putAnchor(tx, v, anchorMeta{refs: 1, kl: kl, klVersion: now.version, created: at.UnixNano()})
 }

@@ -3,12 +3,15 @@ package ledger
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
@@ -17,13 +20,15 @@ import (
 const crashDirEnv = "CFGUARD_LEDGER_CRASH_DIR"
 
 // TestCrashWriter is the child of TestKilledMidCheckpoint: it commits posterior updates, each
-// checkpoint recording offset = posterior version, until killed (or 30 s pass).
+// checkpoint recording offset = posterior version and an "update" event with the version, and
+// confirms the CEs whose bound fails after each, until killed (or 30 s pass). Every status change
+// goes to the outbox (EncodeChange).
 func TestCrashWriter(t *testing.T) {
 	dir := os.Getenv(crashDirEnv)
 	if dir == "" {
 		t.Skip("child process of TestKilledMidCheckpoint")
 	}
-	l, err := Open(dir, Options{Logger: quietLogger(), MCSamples: 20})
+	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,17 +41,19 @@ func TestCrashWriter(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for step := 0; time.Now().Before(deadline); step++ {
 		if step%3 == 0 { // keep registering, so anchors and counts keep changing
-			if err := l.Put(newCE(t, m, rng), newCE(t, m, rng)); err != nil {
+			if err := l.Put(bg, newCE(t, m, rng), newCE(t, m, rng)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		m = drift(m, -0.02*rng.Float64()) // some steps flip statuses (Monte-Carlo, history writes)
+		m = drift(m, -0.02*rng.Float64()+0.004) // some steps flip statuses, both ways
 		_, _, err := l.Commit(context.Background(), &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(m.Version)}, Applied: 1,
-			Step: &Step{Version: m.Version, KL: 1e-4, Outcome: "promoted"}}, RecertifyOptions{Samples: 20, Seed: m.Version})
+			Update: &UpdateRecord{Version: m.Version, KL: 1e-4, Outcome: certify.OutcomePromoted},
+			Events: []OutboxEntry{{Key: "update", Value: []byte(fmt.Sprint(m.Version))}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fmt.Printf("committed %d\n", m.Version)
+		confirmAll(t, l, m, 20, m.Version)
 	}
 }
 
@@ -60,7 +67,7 @@ func TestKilledMidCheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(42, 42))
 	var lastSeen int64
-	for round := 0; round < 3; round++ {
+	for round := 0; round < 8; round++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashWriter$", "-test.count=1")
 		cmd.Env = append(os.Environ(), crashDirEnv+"="+dir)
@@ -140,13 +147,77 @@ func checkConsistent(t *testing.T, dir string) int64 {
 	if err != nil || len(hist) != 1 || hist[0].PosteriorVersion != st.PosteriorVersion {
 		t.Fatalf("last KL step %+v (%v), posterior %d", hist, err, st.PosteriorVersion)
 	}
+	checkInvariants(t, l)
+	checkOutbox(t, l, all, st.PosteriorVersion)
 	// The ledger keeps working after the crash.
 	cur, err := l.Current()
 	if err != nil || cur.Version != st.PosteriorVersion {
 		t.Fatalf("current posterior: %v, %v; state says version %d", cur, err, st.PosteriorVersion)
 	}
-	if _, _, err := l.Recertify(context.Background(), drift(cur, -0.001), RecertifyOptions{Samples: 20}); err != nil {
+	if _, _, err := l.Recertify(context.Background(), drift(cur, -0.001)); err != nil {
 		t.Fatal(err)
 	}
 	return int64(st.PosteriorVersion)
+}
+
+// checkInvariants runs the full record check Verify runs on the open ledger.
+func checkInvariants(t testing.TB, l *Ledger) {
+	t.Helper()
+	var info Info
+	if err := l.view(func(tx *bolt.Tx) error { return l.checkAll(tx, &info) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkOutbox checks that the outbox holds every status change the CEs' histories record and one
+// "update" event per committed posterior version 1..version, with contiguous sequence numbers.
+func checkOutbox(t *testing.T, l *Ledger, all []*CE, version uint64) {
+	t.Helper()
+	out, err := l.Outbox(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := l.OutboxLen(); n != len(out) {
+		t.Fatalf("OutboxLen %d, Outbox returned %d", n, len(out))
+	}
+	changes := map[string]int{}
+	updates := map[uint64]int{}
+	for i, e := range out {
+		if e.Seq != uint64(i+1) {
+			t.Fatalf("outbox entry %d has seq %d: not contiguous", i, e.Seq)
+		}
+		if e.Key == "update" {
+			var v uint64
+			fmt.Sscan(string(e.Value), &v)
+			updates[v]++
+			continue
+		}
+		var ch StatusChange
+		if err := json.Unmarshal(e.Value, &ch); err != nil || ch.ID != e.Key {
+			t.Fatalf("outbox entry %d: %s (%v)", e.Seq, e.Value, err)
+		}
+		ch.P2 = nil
+		b, _ := json.Marshal(ch)
+		changes[string(b)]++
+	}
+	for v := uint64(1); v <= version; v++ {
+		if updates[v] != 1 {
+			t.Fatalf("the outbox holds %d update events for committed posterior version %d", updates[v], v)
+		}
+	}
+	if len(updates) != int(version) {
+		t.Fatalf("the outbox holds update events for %d versions, %d were committed", len(updates), version)
+	}
+	n := 0
+	for _, ce := range all {
+		for _, h := range ce.History {
+			h.P2 = nil
+			b, _ := json.Marshal(h)
+			if changes[string(b)] == 0 {
+				t.Fatalf("status change %s is in the CE's history but not in the outbox", b)
+			}
+			n++
+		}
+	}
+	t.Logf("outbox: %d status changes (%d in histories), %d update events", len(out)-len(updates), n, len(updates))
 }

@@ -1,34 +1,101 @@
 // Package ledger is cfguard's durable state and the re-certification of stored counterfactuals.
 //
 // Everything lives in one bbolt file, <state_dir>/cfguard.db: the current posterior, the anchor
-// posteriors that stored counterfactuals (CEs) were certified under, the CEs, the consumed Kafka
-// offsets, counters and a bounded KL history. Each change is one bbolt transaction, fsynced on
-// commit, so a crash leaves either the state before a checkpoint or the state after it.
+// posteriors that stored counterfactuals (CEs) were certified under, the CEs and their indexes,
+// the consumed Kafka offsets, counters, a bounded KL history and an event outbox. Each change is
+// one bbolt transaction, fsynced on commit, so a crash leaves either the state before a
+// checkpoint or the state after it.
+//
+// # Buckets (schema 2)
+//
+//	meta           schema, current posterior (blob, SHA-256, version), CE generation, status
+//	               counts, applied records, KL history and outbox sequence numbers, origin of the
+//	               first posterior, fingerprint of the policy the indexes were built for
+//	offsets        partition -> next offset to consume
+//	counters       name -> count
+//	ce_hdr         CE id -> 72-byte header: status, Monte-Carlo verdict version, target, anchor,
+//	               p1, V1, delta, epsilon, samples, updated-at (see record.go)
+//	ce_body        CE id -> x, x', created-at, the last MaxHistory status changes
+//	anchors        version -> references, KL(q_now || q_anchor) and the version it was computed at
+//	anchor_models  version -> the anchor posterior
+//	kl_history     sequence -> one update: update KL, max anchor KL, outcome
+//	outbox         sequence -> event key and value, waiting to be published
+//	idx_p1, idx_var, idx_cert, idx_fail   the indexes (below)
+//
+// Every value ends in a CRC-32C of its key and payload: bbolt checks its page structure and meta
+// pages but not the bytes of values, so without it a damaged byte in a record would be read as
+// a different number.
 //
 // # Anchors, not sums
 //
 // A CE's certificate (p1, V1) was measured under its anchor posterior q_a. After any number of
 // updates its bounds use the KL from that anchor directly,
 //
-//	p_now >= p1 - 2 sqrt(KL(q_now || q_a) / 2)        (Theorem 1)
-//	V_now <= V1 + 6 sqrt(KL(q_now || q_a) / 2)        (Theorem 2)
+//	p_now >= p1' - 2 sqrt(KL(q_now || q_a) / 2)        (Theorem 1; p1' = p1 or its Hoeffding lower bound)
+//	V_now <= V1 + 6 sqrt(KL(q_now || q_a) / 2)         (Theorem 2)
 //
-// never a sum of per-step KLs (KL is not a metric). So an anchor posterior is kept as long as one
-// CE refers to it (reference counted) and released afterwards; the current posterior is always
-// kept. Judging (constants, variance budget, Hoeffding p1) is certify.Policy.
+// never a sum of update KLs (KL is not a metric). So an anchor posterior is kept as long as one
+// CE refers to it (reference counted) and released afterwards. Judging (constants, variance
+// ceiling, Hoeffding p1) is certify.Policy. Bound, VarBound and KLFromAnchor are derived on read
+// from the anchor's stored KL, so an update that changes no status writes nothing per CE.
 //
-// # Re-certification at scale
+// # Re-certification that scales with change
 //
-// Recertify computes KL(q_now || q_a) once per live anchor, then walks the CEs' 64-byte headers
-// (bucket ce_hdr: status, anchor, p1, V1, delta, eps, samples) doing arithmetic in place; the
-// vectors and history live in a separate bucket (ce_body) read only for CEs whose bound fails,
-// which get one batched Monte-Carlo pass. Bound, VarBound and KLFromAnchor are not stored per CE
-// but derived on read from the anchor's stored KL, so a step that changes no status writes
-// nothing per CE.
+// With an anchor's KL fixed, whether a CE is certified is a threshold on its p1' (Theorem 1)
+// and on its variance headroom ceiling(epsilon) - V1 (Theorem 2). idx_p1 and idx_var keep every
+// CE holding a certificate sorted by anchor and by each key, so when an update moves an anchor's
+// KL from k_old to k_new, Recertify reads only the CEs whose keys lie between the two thresholds
+// and judges them exactly as a scan of every CE would (index.go). idx_cert (certified CEs by
+// p1') gives the smallest Theorem 1 bound at once. An update that changes no status costs one
+// KL per live anchor and a few index seeks, whatever the number of CEs stored. The indexes
+// depend on the policy: Open rebuilds them, re-judging every CE, when the policy changes.
+//
+// # at_risk, then confirmed
+//
+// Re-certification never samples. A CE whose bound fails becomes at_risk at once, unconfirmed
+// (its StatusChange has no P2). Confirm, run by the daemon in the background, takes such CEs from
+// idx_fail (sorted by the posterior version of their last Monte-Carlo verdict, none first), samples
+// them under the current posterior without holding the writer lock, and writes at_risk
+// (confirmed: p2 >= 1/2 and the target is the argmax) or invalidated in one short transaction,
+// discarding the batch if the posterior changed meanwhile. A new posterior makes every verdict
+// stale, so Confirm samples the failing CEs again, in bounded batches. A CE whose bound holds
+// again is certified by the bound, whatever its last verdict. Audit re-measures every CE in
+// batches, also outside the lock, and re-anchors those in their <delta, epsilon>-set to the
+// posterior they were sampled under, even if ingestion promoted another meanwhile.
+//
+// # The outbox
+//
+// Every status change the ledger writes (Commit, Checkpoint, Confirm, Audit, a policy change at
+// Open) is put in the outbox in its own transaction through Options.EncodeChange, and so are
+// Checkpoint.Events. A publisher reads Outbox in order, publishes, and calls AckOutbox: events are
+// delivered at least once, in order, and never describe a change that was not committed.
+//
+// # Errors and recovery
+//
+// Open creates the file only when it is missing (built under a temporary name and linked into
+// place). It takes the state directory's lock (cfguard.pid, with the holder's pid) without
+// waiting: a second Open fails at once with ErrLocked. Before bbolt opens an existing file for
+// writing, Open checks its meta pages, its size against the high-water mark of its last
+// transaction, and walks its page tree (walk.go): an empty, truncated or damaged file is refused
+// with a *CorruptError (ErrCorrupt) that names the file, says what is wrong and how to recover
+// (move it aside, then restore a backup with `cfguard restore` or start over), and nothing is
+// written to it. Damaged records found later, and panics or memory faults inside bbolt, are
+// reported the same way; a panic also makes the ledger reopen the file (with the checks) before
+// its next operation.
+//
+// A commit that fails (no space, file size limit, failed fsync) returns ErrWrite and leaves the
+// ledger exactly as before the call: bbolt is closed and the file reopened, and if the failed
+// commit's meta page reached the page cache (where a failed fsync leaves it, and where every later
+// read would find it), the page it overwrote is put back first. The caller can retry once space
+// is available.
+//
+// Backup streams a consistent snapshot while writers continue; Verify checks a file (structure,
+// bbolt's tx.Check, every record and the invariants between them) without writing or locking it
+// exclusively; Restore verifies a backup and installs it, never over an existing ledger.
 //
 // # Atomicity with the consumer
 //
-// The daemon's increment is: update -> Recertify(q_new) -> Checkpoint{Model: q_new,
-// Recertified, Changes, Offsets, ...} -> commit Kafka offsets. Checkpoint refuses a report made
-// before CEs were registered or changed (ErrStale); Commit does both steps under the writer lock.
+// The daemon's increment is: update -> Commit{Model: q_new, Offsets, Update, Events} (re-certify
+// and checkpoint under one lock, one transaction) -> commit Kafka offsets -> Confirm. Checkpoint
+// with a report from Recertify refuses it if CEs changed in between (ErrStale).
 package ledger

@@ -73,14 +73,61 @@ func install(t testing.TB, l *Ledger, m *bnn.Model) {
 	}
 }
 
-// commit promotes m through Commit.
+// bg is the context of calls that are not about cancellation.
+var bg = context.Background()
+
+// commit promotes m through Commit, then confirms every CE whose bound fails with 300 draws and
+// seed (what Commit did itself before Confirm existed). The changes are merged per CE and the
+// report's counts are those after confirmation.
 func commit(t testing.TB, l *Ledger, m *bnn.Model, seed uint64) (Report, []StatusChange) {
 	t.Helper()
-	rep, ch, err := l.Commit(context.Background(), &Checkpoint{Model: m}, RecertifyOptions{Samples: 300, Seed: seed})
+	rep, ch, err := l.Commit(bg, &Checkpoint{Model: m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rep, ch
+	conf := confirmAll(t, l, m, 300, seed)
+	if rep.Counts, err = l.Counts(); err != nil {
+		t.Fatal(err)
+	}
+	return rep, mergeChanges(ch, conf)
+}
+
+// confirmAll calls Confirm until no CE lacks a verdict at m's version.
+func confirmAll(t testing.TB, l *Ledger, m *bnn.Model, samples int, seed uint64) []StatusChange {
+	t.Helper()
+	p := NewModelPredictor(m, samples, seed)
+	var all []StatusChange
+	for {
+		rep, ch, err := l.Confirm(bg, p, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ch...)
+		if rep.Discarded {
+			t.Fatalf("confirm discarded: %+v", rep)
+		}
+		if !rep.More {
+			return all
+		}
+	}
+}
+
+// mergeChanges folds each change of b into a's change of the same CE (From of a, the rest of b).
+func mergeChanges(a, b []StatusChange) []StatusChange {
+	at := map[string]int{}
+	for i, ch := range a {
+		at[ch.ID] = i
+	}
+	out := append([]StatusChange(nil), a...)
+	for _, ch := range b {
+		if i, ok := at[ch.ID]; ok {
+			ch.From = out[i].From
+			out[i] = ch
+		} else {
+			out = append(out, ch)
+		}
+	}
+	return out
 }
 
 // countByScan counts statuses by listing every CE.

@@ -2,12 +2,9 @@ package ledger
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -17,41 +14,37 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// FileName is the database file inside the state directory.
-const FileName = "cfguard.db"
+// FileName is the database file inside the state directory; PIDFileName is the lock file beside
+// it, holding the pid of the process that has the ledger open.
+const (
+	FileName    = "cfguard.db"
+	PIDFileName = "cfguard.pid"
+)
 
-// schemaVersion is stored in the meta bucket; Open refuses other versions.
-const schemaVersion = 1
+// schemaVersion is stored in the meta bucket. Schema 1 (no record checksums, no indexes, no
+// outbox) is migrated at Open; later versions are refused.
+const schemaVersion = 2
 
-// Errors. Every error the package returns about bad input wraps ErrInvalid and names the field.
-var (
-	ErrInvalid        = errors.New("invalid input")
-	ErrNotFound       = errors.New("counterfactual not found")
-	ErrExists         = errors.New("counterfactual id already stored")
-	ErrNoPosterior    = errors.New("no current posterior (checkpoint a model first)")
-	ErrUnknownAnchor  = errors.New("anchor posterior not stored")
-	ErrVersion        = errors.New("posterior version does not advance")
-	ErrNotRecertified = errors.New("posterior change without a matching re-certification")
-	// ErrStale: the store changed (CEs registered, deleted or audited, or a new current posterior)
-	// between Recertify (or an audit batch) and the write; nothing was written; run it again.
-	ErrStale   = errors.New("re-certification is stale")
-	ErrCorrupt = errors.New("ledger corrupt")
+// Defaults of Options.
+const (
+	DefaultMCBatch   = 4096
+	DefaultKLHistory = 1000
 )
 
 // Options configure a Ledger. The zero value is usable: defaults are applied by Open.
 type Options struct {
-	// Policy judges certificates. Default: certify.DefaultPolicy().
+	// Policy judges certificates. Default: certify.DefaultPolicy(). The indexes depend on it:
+	// Open rebuilds them (and re-judges every CE) when it differs from the one they were built for.
 	Policy certify.Policy
-	// MCSamples is the number of Monte-Carlo draws used when a bound fails and the caller gives
-	// none (RecertifyOptions.Samples = 0, and Put of a CE anchored before the current posterior).
-	// Default: 200.
-	MCSamples int
-	// MCBatch is how many CEs go into one bnn.Model.Predict call, bounding memory. Default: 4096.
+	// MCBatch is how many CEs one audit batch samples (one Predict call, one short write
+	// transaction). Default: DefaultMCBatch.
 	MCBatch int
-	// KLHistory is how many checkpoint steps the KL history keeps. Default: 1000.
+	// KLHistory is how many updates the KL history keeps. Default: DefaultKLHistory.
 	KLHistory int
-	// LockTimeout is how long Open waits for another process's lock on the file. Default: 2s.
-	LockTimeout time.Duration
+	// EncodeChange, when set, turns each status change the ledger writes (Commit, Checkpoint,
+	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
+	// transaction. Nil: status changes are not put in the outbox.
+	EncodeChange func(StatusChange) OutboxEntry
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Default: time.Now.
@@ -65,26 +58,17 @@ func (o *Options) defaults() error {
 	if err := o.Policy.Validate(); err != nil {
 		return fmt.Errorf("%w: ledger options: %w", ErrInvalid, err)
 	}
-	if o.MCSamples == 0 {
-		o.MCSamples = 200
-	}
-	if o.MCSamples < 2 {
-		return fmt.Errorf("%w: ledger options: mc_samples = %d, want >= 2", ErrInvalid, o.MCSamples)
-	}
 	if o.MCBatch == 0 {
-		o.MCBatch = 4096
+		o.MCBatch = DefaultMCBatch
 	}
 	if o.MCBatch < 1 {
 		return fmt.Errorf("%w: ledger options: mc_batch = %d, want >= 1", ErrInvalid, o.MCBatch)
 	}
 	if o.KLHistory == 0 {
-		o.KLHistory = 1000
+		o.KLHistory = DefaultKLHistory
 	}
 	if o.KLHistory < 1 {
 		return fmt.Errorf("%w: ledger options: kl_history = %d, want >= 1", ErrInvalid, o.KLHistory)
-	}
-	if o.LockTimeout == 0 {
-		o.LockTimeout = 2 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -95,39 +79,30 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// Bucket and meta key names.
-var (
-	bMeta         = []byte("meta")
-	bCounters     = []byte("counters")
-	bOffsets      = []byte("offsets")
-	bHeaders      = []byte("ce_hdr")
-	bBodies       = []byte("ce_body")
-	bAnchors      = []byte("anchors")
-	bAnchorModels = []byte("anchor_models")
-	bKLHistory    = []byte("kl_history")
-
-	kSchema  = []byte("schema")
-	kCurrent = []byte("current")     // posterior blob
-	kCurSHA  = []byte("current_sha") // SHA-256 of the blob
-	kCurVer  = []byte("current_version")
-	kGen     = []byte("generation")
-	kCounts  = []byte("counts") // 4 x u64 by status - 1
-	kApplied = []byte("applied")
-	kKLSeq   = []byte("kl_seq")
-)
-
 // Ledger is cfguard's durable state: the current posterior, the anchor posteriors stored
-// counterfactuals were certified under, the CEs, consumed offsets and counters, in one bbolt file.
-// Every change is one bbolt transaction, fsynced on commit. A Ledger is safe for concurrent use:
-// reads run in parallel with each other and with one writer.
+// counterfactuals were certified under, the CEs and their indexes, consumed offsets, counters,
+// the KL history and the event outbox, in one bbolt file. Every change is one bbolt
+// transaction, fsynced on commit. A Ledger is safe for concurrent use: reads run in parallel
+// with each other and with one writer.
 type Ledger struct {
-	db   *bolt.DB
-	opts Options
-	log  *slog.Logger
+	dir, path string
+	opts      Options
+	log       *slog.Logger
+	lock      *os.File // PIDFileName, flocked for the Ledger's lifetime
+	created   bool
 
-	// wmu serialises the ledger's own writers (Put, Delete, Checkpoint, Commit, audit batches),
-	// so that Commit can hold it across re-certification and checkpoint.
+	// wmu serialises the ledger's own writers, so that Commit can hold it across
+	// re-certification and checkpoint, and Confirm and Audit can write short batches.
 	wmu sync.Mutex
+
+	// dbmu guards the bbolt handle, which is replaced after a failed commit or a panic.
+	dbmu    sync.RWMutex
+	db      *bolt.DB     // nil between a failure and the reopen that follows it
+	raw     *os.File     // a second handle on the file, to save and restore a meta page
+	geom    geometry     // as read by the last open
+	pending *metaRestore // a meta page to put back before the next open
+	closed  bool
+	failed  func() error // test seam: runs after each successful bbolt commit (see update)
 
 	// Decoded posteriors by version (current and anchors; immutable once stored).
 	cmu    sync.Mutex
@@ -137,62 +112,15 @@ type Ledger struct {
 // maxCachedModels bounds the decoded-posterior cache.
 const maxCachedModels = 256
 
-// Open opens (creating if needed) <stateDir>/cfguard.db.
-func Open(stateDir string, opts Options) (*Ledger, error) {
-	if err := opts.defaults(); err != nil {
-		return nil, err
-	}
-	if stateDir == "" {
-		return nil, fmt.Errorf("%w: ledger: empty state dir", ErrInvalid)
-	}
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return nil, fmt.Errorf("ledger: state dir: %w", err)
-	}
-	path := filepath.Join(stateDir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	l := &Ledger{db: db, opts: opts, log: opts.Logger, models: map[uint64]*bnn.Model{}}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bMeta, bCounters, bOffsets, bHeaders, bBodies, bAnchors, bAnchorModels, bKLHistory} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bMeta)
-		if v := meta.Get(kSchema); v == nil {
-			return meta.Put(kSchema, u64bytes(schemaVersion))
-		} else if len(v) != 8 || binary.BigEndian.Uint64(v) != schemaVersion {
-			return fmt.Errorf("%w: schema version %x, this build reads %d", ErrCorrupt, v, schemaVersion)
-		}
-		return nil
-	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
-	}
-	return l, nil
-}
-
-// Close closes the database. Pending reads finish first.
-func (l *Ledger) Close() error { return l.db.Close() }
-
 // Path is the database file.
-func (l *Ledger) Path() string { return l.db.Path() }
+func (l *Ledger) Path() string { return l.path }
+
+// Created reports whether this Open created the file (the first start). Only a missing file is
+// created; an existing file that is empty or damaged is an error, never reinitialised.
+func (l *Ledger) Created() bool { return l.created }
 
 // Policy is the certificate policy the ledger judges with.
 func (l *Ledger) Policy() certify.Policy { return l.opts.Policy }
-
-func u64bytes(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
-
-func getU64(b *bolt.Bucket, k []byte) uint64 {
-	v := b.Get(k)
-	if len(v) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(v)
-}
 
 // cur is what the meta bucket says about the current posterior.
 type cur struct {
@@ -201,93 +129,97 @@ type cur struct {
 	sha     [32]byte
 }
 
-func readCur(tx *bolt.Tx) cur {
+func readCur(tx *bolt.Tx) (cur, error) {
 	meta := tx.Bucket(bMeta)
-	sha := meta.Get(kCurSHA)
+	sha, err := getSealed(meta, kCurSHA, "meta current_sha")
+	if err != nil || sha == nil {
+		return cur{}, err
+	}
 	if len(sha) != 32 {
-		return cur{}
+		return cur{}, corruptf("meta current_sha of %d bytes", len(sha))
 	}
-	c := cur{ok: true, version: getU64(meta, kCurVer)}
+	v, err := getU64(meta, kCurVer, "meta current_version")
+	if err != nil {
+		return cur{}, err
+	}
+	c := cur{ok: true, version: v}
 	copy(c.sha[:], sha)
-	return c
+	return c, nil
 }
 
-// counts are the per-status CE counts kept in meta, indexed by status - 1.
-type counts [4]int64
-
-func readCounts(tx *bolt.Tx) counts {
-	var c counts
-	v := tx.Bucket(bMeta).Get(kCounts)
-	if len(v) == 8*len(c) {
-		for i := range c {
-			c[i] = int64(binary.BigEndian.Uint64(v[8*i:]))
-		}
+func readCounts(tx *bolt.Tx) (counts, error) {
+	v, err := getSealed(tx.Bucket(bMeta), kCounts, "meta counts")
+	if err != nil {
+		return counts{}, err
 	}
-	return c
+	c, err := decodeCounts(v)
+	return c, inRecord(err, "meta counts")
 }
-
-func (c *counts) add(s certify.Status, d int64) { c[s-1] += d }
 
 func (c counts) put(tx *bolt.Tx) error {
-	v := make([]byte, 0, 8*len(c))
-	for _, n := range c {
-		if n < 0 {
-			return fmt.Errorf("%w: negative status count", ErrCorrupt)
-		}
-		v = binary.BigEndian.AppendUint64(v, uint64(n))
+	v, err := c.encode()
+	if err != nil {
+		return err
 	}
-	return tx.Bucket(bMeta).Put(kCounts, v)
+	return putSealed(tx.Bucket(bMeta), kCounts, v)
 }
-
-func (c counts) asMap() map[certify.Status]int {
-	m := make(map[certify.Status]int, len(c))
-	for _, s := range certify.Statuses() {
-		m[s] = int(c[s-1])
-	}
-	return m
-}
-
-func (c counts) total() int64 { return c[0] + c[1] + c[2] + c[3] }
 
 func bumpGen(tx *bolt.Tx) error {
-	meta := tx.Bucket(bMeta)
-	return meta.Put(kGen, u64bytes(getU64(meta, kGen)+1))
-}
-
-// anchorMeta is the small record kept per anchor posterior in bucket anchors (the model bytes
-// are in anchor_models under the same key):
-//
-//	refs u64 (CEs holding a certificate under it), kl f64 = KL(q_now || q_anchor),
-//	klVersion u64 (the current version kl was computed against), created unix ns i64
-type anchorMeta struct {
-	refs      uint64
-	kl        float64
-	klVersion uint64
-	created   int64
-}
-
-func decodeAnchor(v []byte) (anchorMeta, error) {
-	if len(v) != 32 {
-		return anchorMeta{}, fmt.Errorf("%w: anchor record of %d bytes", ErrCorrupt, len(v))
+	g, err := metaU64(tx, kGen)
+	if err != nil {
+		return err
 	}
-	return anchorMeta{refs: binary.BigEndian.Uint64(v), kl: math.Float64frombits(binary.BigEndian.Uint64(v[8:])),
-		klVersion: binary.BigEndian.Uint64(v[16:]), created: int64(binary.BigEndian.Uint64(v[24:]))}, nil
+	return putU64(tx.Bucket(bMeta), kGen, g+1)
 }
 
-func (a anchorMeta) encode() []byte {
-	v := make([]byte, 0, 32)
-	v = binary.BigEndian.AppendUint64(v, a.refs)
-	v = binary.BigEndian.AppendUint64(v, math.Float64bits(a.kl))
-	v = binary.BigEndian.AppendUint64(v, a.klVersion)
-	return binary.BigEndian.AppendUint64(v, uint64(a.created))
+// readAnchor reads the record of anchor v (ok = false when not stored).
+func readAnchor(tx *bolt.Tx, v uint64) (anchorMeta, bool, error) {
+	raw, err := getSealed(tx.Bucket(bAnchors), u64bytes(v), fmt.Sprintf("anchor %d", v))
+	if err != nil || raw == nil {
+		return anchorMeta{}, false, err
+	}
+	a, err := decodeAnchor(raw)
+	return a, true, inRecord(err, "anchor %d", v)
+}
+
+func putAnchor(tx *bolt.Tx, v uint64, a anchorMeta) error {
+	return putSealed(tx.Bucket(bAnchors), u64bytes(v), a.encode())
+}
+
+// forEachAnchor calls fn for every anchor record, in version order.
+func forEachAnchor(tx *bolt.Tx, fn func(v uint64, a anchorMeta) error) error {
+	return tx.Bucket(bAnchors).ForEach(func(k, raw []byte) error {
+		if len(k) != 8 {
+			return corruptf("anchor key %x", k)
+		}
+		v := binary.BigEndian.Uint64(k)
+		p, ok := unseal(k, raw)
+		if !ok {
+			return corruptf("anchor %d: checksum mismatch", v)
+		}
+		a, err := decodeAnchor(p)
+		if err != nil {
+			return inRecord(err, "anchor %d", v)
+		}
+		return fn(v, a)
+	})
 }
 
 // model returns the decoded posterior stored under version (the current one or an anchor),
 // from the cache when possible. The result is shared: callers must not modify it.
 func (l *Ledger) model(tx *bolt.Tx, version uint64) (*bnn.Model, error) {
-	// The cache says what a version decodes to, never whether it is still stored.
-	if c := readCur(tx); (!c.ok || c.version != version) && tx.Bucket(bAnchors).Get(u64bytes(version)) == nil {
-		return nil, fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, version)
+	c, err := readCur(tx)
+	if err != nil {
+		return nil, err
+	}
+	isCur := c.ok && c.version == version
+	if !isCur {
+		if _, ok, err := readAnchor(tx, version); err != nil || !ok {
+			if err == nil {
+				err = fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, version)
+			}
+			return nil, err
+		}
 	}
 	l.cmu.Lock()
 	m := l.models[version]
@@ -296,20 +228,23 @@ func (l *Ledger) model(tx *bolt.Tx, version uint64) (*bnn.Model, error) {
 		return m, nil
 	}
 	var blob []byte
-	if c := readCur(tx); c.ok && c.version == version {
-		blob = tx.Bucket(bMeta).Get(kCurrent)
+	what := fmt.Sprintf("posterior version %d", version)
+	if isCur {
+		blob, err = getSealed(tx.Bucket(bMeta), kCurrent, what+" (current)")
 	} else {
-		blob = tx.Bucket(bAnchorModels).Get(u64bytes(version))
+		blob, err = getSealed(tx.Bucket(bAnchorModels), u64bytes(version), what+" (anchor)")
+	}
+	if err != nil {
+		return nil, err
 	}
 	if blob == nil {
-		return nil, fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, version)
+		return nil, corruptf("%s is recorded but its blob is missing", what)
 	}
-	m, err := decodeModel(blob)
-	if err != nil {
-		return nil, fmt.Errorf("posterior version %d: %w", version, err)
+	if m, err = decodeModel(blob); err != nil {
+		return nil, inRecord(err, "%s", what)
 	}
 	if m.Version != version {
-		return nil, fmt.Errorf("%w: posterior stored as version %d says version %d", ErrCorrupt, version, m.Version)
+		return nil, corruptf("posterior stored as version %d says version %d", version, m.Version)
 	}
 	l.cmu.Lock()
 	if len(l.models) >= maxCachedModels {
@@ -326,12 +261,14 @@ func (l *Ledger) model(tx *bolt.Tx, version uint64) (*bnn.Model, error) {
 // Current returns a copy of the current posterior, or ErrNoPosterior.
 func (l *Ledger) Current() (*bnn.Model, error) {
 	var m *bnn.Model
-	err := l.db.View(func(tx *bolt.Tx) error {
-		c := readCur(tx)
+	err := l.view(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
 		if !c.ok {
 			return ErrNoPosterior
 		}
-		var err error
 		m, err = l.model(tx, c.version)
 		return err
 	})
@@ -339,6 +276,21 @@ func (l *Ledger) Current() (*bnn.Model, error) {
 		return nil, fmt.Errorf("ledger: current posterior: %w", err)
 	}
 	return m.Clone(), nil
+}
+
+// Origin returns where the first posterior came from, as given by the checkpoint that stored
+// it (Checkpoint.Origin), or "" when none was given.
+func (l *Ledger) Origin() (string, error) {
+	var o string
+	err := l.view(func(tx *bolt.Tx) error {
+		v, err := getSealed(tx.Bucket(bMeta), kOrigin, "meta origin")
+		o = string(v)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("ledger: origin: %w", err)
+	}
+	return o, nil
 }
 
 // State is a consistent snapshot of the ledger's scalars.
@@ -351,36 +303,57 @@ type State struct {
 	Counts           map[certify.Status]int `json:"counts"`
 	Anchors          int                    `json:"anchors"`
 	Generation       uint64                 `json:"generation"`
+	OutboxLen        int                    `json:"outbox_len"`
 }
 
 // State reads every scalar in one transaction.
 func (l *Ledger) State() (State, error) {
 	var s State
-	err := l.db.View(func(tx *bolt.Tx) error {
-		c := readCur(tx)
+	err := l.view(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
 		s.HasPosterior, s.PosteriorVersion = c.ok, c.version
-		meta := tx.Bucket(bMeta)
-		s.Applied = int64(getU64(meta, kApplied))
-		s.Generation = getU64(meta, kGen)
-		s.Counts = readCounts(tx).asMap()
-		s.Anchors = tx.Bucket(bAnchors).Stats().KeyN
-		var err error
+		applied, err := metaU64(tx, kApplied)
+		if err != nil {
+			return err
+		}
+		s.Applied = int64(applied)
+		if s.Generation, err = metaU64(tx, kGen); err != nil {
+			return err
+		}
+		cnt, err := readCounts(tx)
+		if err != nil {
+			return err
+		}
+		s.Counts = cnt.asMap()
+		if err := forEachAnchor(tx, func(uint64, anchorMeta) error { s.Anchors++; return nil }); err != nil {
+			return err
+		}
+		if s.OutboxLen, err = outboxLen(tx); err != nil {
+			return err
+		}
 		if s.Offsets, err = readOffsets(tx); err != nil {
 			return err
 		}
 		s.Counters, err = readCounters(tx)
 		return err
 	})
-	return s, err
+	if err != nil {
+		return State{}, fmt.Errorf("ledger: state: %w", err)
+	}
+	return s, nil
 }
 
 func readOffsets(tx *bolt.Tx) (map[int]int64, error) {
 	m := map[int]int64{}
 	err := tx.Bucket(bOffsets).ForEach(func(k, v []byte) error {
-		if len(k) != 4 || len(v) != 8 {
-			return fmt.Errorf("%w: offset record %x=%x", ErrCorrupt, k, v)
+		p, ok := unseal(k, v)
+		if len(k) != 4 || !ok || len(p) != 8 {
+			return corruptf("offsets: record %x (%d bytes) is damaged", k, len(v))
 		}
-		m[int(binary.BigEndian.Uint32(k))] = int64(binary.BigEndian.Uint64(v))
+		m[int(binary.BigEndian.Uint32(k))] = int64(binary.BigEndian.Uint64(p))
 		return nil
 	})
 	return m, err
@@ -389,10 +362,11 @@ func readOffsets(tx *bolt.Tx) (map[int]int64, error) {
 func readCounters(tx *bolt.Tx) (map[string]int64, error) {
 	m := map[string]int64{}
 	err := tx.Bucket(bCounters).ForEach(func(k, v []byte) error {
-		if len(v) != 8 {
-			return fmt.Errorf("%w: counter %q", ErrCorrupt, k)
+		p, ok := unseal(k, v)
+		if !ok || len(p) != 8 {
+			return corruptf("counter %q (%d bytes) is damaged", k, len(v))
 		}
-		m[string(k)] = int64(binary.BigEndian.Uint64(v))
+		m[string(k)] = int64(binary.BigEndian.Uint64(p))
 		return nil
 	})
 	return m, err
@@ -401,15 +375,21 @@ func readCounters(tx *bolt.Tx) (map[string]int64, error) {
 // Offsets returns the next offset to consume per partition, as of the last checkpoint.
 func (l *Ledger) Offsets() (map[int]int64, error) {
 	var m map[int]int64
-	err := l.db.View(func(tx *bolt.Tx) (err error) { m, err = readOffsets(tx); return err })
-	return m, err
+	err := l.view(func(tx *bolt.Tx) (err error) { m, err = readOffsets(tx); return err })
+	if err != nil {
+		return nil, fmt.Errorf("ledger: offsets: %w", err)
+	}
+	return m, nil
 }
 
 // Counts returns the number of stored CEs per status (every status present, possibly 0).
 func (l *Ledger) Counts() (map[certify.Status]int, error) {
 	var c counts
-	err := l.db.View(func(tx *bolt.Tx) error { c = readCounts(tx); return nil })
-	return c.asMap(), err
+	err := l.view(func(tx *bolt.Tx) (err error) { c, err = readCounts(tx); return err })
+	if err != nil {
+		return nil, fmt.Errorf("ledger: counts: %w", err)
+	}
+	return c.asMap(), nil
 }
 
 // Anchor describes one stored anchor posterior.
@@ -426,67 +406,42 @@ type Anchor struct {
 // Anchors lists the stored anchor posteriors by version.
 func (l *Ledger) Anchors() ([]Anchor, error) {
 	var out []Anchor
-	err := l.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bAnchors).ForEach(func(k, v []byte) error {
-			a, err := decodeAnchor(v)
-			if err != nil {
-				return err
-			}
-			out = append(out, Anchor{Version: binary.BigEndian.Uint64(k), Refs: int(a.refs), KL: a.kl,
-				KLVersion: a.klVersion, CreatedAt: time.Unix(0, a.created).UTC()})
+	err := l.view(func(tx *bolt.Tx) error {
+		return forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+			out = append(out, Anchor{Version: v, Refs: int(a.refs), KL: a.kl, KLVersion: a.klVersion,
+				CreatedAt: time.Unix(0, a.created).UTC()})
 			return nil
 		})
 	})
-	return out, err
+	if err != nil {
+		return nil, fmt.Errorf("ledger: anchors: %w", err)
+	}
+	return out, nil
 }
 
-// KLStep is one entry of the KL history.
-type KLStep struct {
-	Seq              uint64    `json:"seq"`
-	At               time.Time `json:"at"`
-	PosteriorVersion uint64    `json:"posterior_version"`
-	// KL is the step's KL(q_new || q_prev); MaxAnchorKL the largest KL(q_now || q_anchor) over live
-	// anchors after the step (0 when the checkpoint carried no re-certification).
-	KL          float64 `json:"kl"`
-	MaxAnchorKL float64 `json:"max_anchor_kl"`
-	Outcome     string  `json:"outcome"`
-}
-
-// KLHistory returns the last n steps (all kept ones if n <= 0), oldest first.
-func (l *Ledger) KLHistory(n int) ([]KLStep, error) {
-	var out []KLStep
-	err := l.db.View(func(tx *bolt.Tx) error {
+// KLHistory returns the last n entries (all kept ones if n <= 0), oldest first.
+func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
+	var out []KLEntry
+	err := l.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bKLHistory).Cursor()
 		for k, v := c.Last(); k != nil && (n <= 0 || len(out) < n); k, v = c.Prev() {
-			s, err := decodeKLStep(k, v)
+			p, ok := unseal(k, v)
+			if !ok {
+				return corruptf("kl history entry %x: checksum mismatch", k)
+			}
+			s, err := decodeKLEntry(k, p)
 			if err != nil {
-				return err
+				return inRecord(err, "kl history entry %x", k)
 			}
 			out = append(out, s)
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: kl history: %w", err)
+	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
 		out[i], out[j] = out[j], out[i]
 	}
-	return out, err
-}
-
-func (s KLStep) encode() []byte {
-	v := make([]byte, 0, 33+len(s.Outcome))
-	v = binary.BigEndian.AppendUint64(v, uint64(s.At.UnixNano()))
-	v = binary.BigEndian.AppendUint64(v, s.PosteriorVersion)
-	v = binary.BigEndian.AppendUint64(v, math.Float64bits(s.KL))
-	v = binary.BigEndian.AppendUint64(v, math.Float64bits(s.MaxAnchorKL))
-	v = append(v, byte(len(s.Outcome)))
-	return append(v, s.Outcome...)
-}
-
-func decodeKLStep(k, v []byte) (KLStep, error) {
-	if len(k) != 8 || len(v) < 33 || len(v) != 33+int(v[32]) {
-		return KLStep{}, fmt.Errorf("%w: kl history record", ErrCorrupt)
-	}
-	return KLStep{Seq: binary.BigEndian.Uint64(k), At: time.Unix(0, int64(binary.BigEndian.Uint64(v))).UTC(),
-		PosteriorVersion: binary.BigEndian.Uint64(v[8:]), KL: math.Float64frombits(binary.BigEndian.Uint64(v[16:])),
-		MaxAnchorKL: math.Float64frombits(binary.BigEndian.Uint64(v[24:])), Outcome: string(v[33:])}, nil
+	return out, nil
 }

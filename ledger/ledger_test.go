@@ -88,7 +88,7 @@ func TestRecordRoundTrip(t *testing.T) {
 func TestPutValidation(t *testing.T) {
 	l, _ := openTest(t, Options{})
 	m := testModel(4)
-	if err := l.Put(&CE{XCF: []float64{1, 2, 3}}); !errors.Is(err, ErrNoPosterior) {
+	if err := l.Put(bg, &CE{XCF: []float64{1, 2, 3}}); !errors.Is(err, ErrNoPosterior) {
 		t.Fatalf("put without posterior: %v", err)
 	}
 	install(t, l, m)
@@ -110,21 +110,21 @@ func TestPutValidation(t *testing.T) {
 	for _, tt := range tests {
 		c := good()
 		tt.edit(c)
-		if err := l.Put(c); !errors.Is(err, tt.want) {
+		if err := l.Put(bg, c); !errors.Is(err, tt.want) {
 			t.Errorf("%s: err %v, want %v", tt.name, err, tt.want)
 		}
 	}
 	a, b := good(), good()
 	a.ID, b.ID = "dup", "dup"
-	if err := l.Put(a, b); !errors.Is(err, ErrExists) {
+	if err := l.Put(bg, a, b); !errors.Is(err, ErrExists) {
 		t.Errorf("duplicate in batch: %v", err)
 	}
-	if err := l.Put(a); err != nil {
+	if err := l.Put(bg, a); err != nil {
 		t.Fatal(err)
 	}
 	c := good()
 	c.ID = "dup"
-	if err := l.Put(c); !errors.Is(err, ErrExists) {
+	if err := l.Put(bg, c); !errors.Is(err, ErrExists) {
 		t.Errorf("duplicate of stored: %v", err)
 	}
 	// A rejected batch stores nothing: one CE is stored ("dup").
@@ -151,7 +151,7 @@ func TestPutStatuses(t *testing.T) {
 	in := newCE(t, m, rng)
 	out := newCE(t, m, rng)
 	out.P1 = 0.9 // below 1 - delta
-	if err := l.Put(in, out); err != nil {
+	if err := l.Put(bg, in, out); err != nil {
 		t.Fatal(err)
 	}
 	if in.Status != certify.Certified || out.Status != certify.Uncertified {
@@ -182,12 +182,12 @@ func TestPutOlderAnchor(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	keep := newCE(t, m0, rng) // keeps anchor 0 alive
 	late := newCE(t, m0, rng) // measured under m0, registered after m1
-	if err := l.Put(keep); err != nil {
+	if err := l.Put(bg, keep); err != nil {
 		t.Fatal(err)
 	}
 	m1 := drift(m0, -0.05) // KL = 50 * 0.0025 = 0.125: beyond every budget
 	commit(t, l, m1, 1)
-	if err := l.Put(late); err != nil {
+	if err := l.Put(bg, late); err != nil {
 		t.Fatal(err)
 	}
 	kl, _, _ := certify.KL(m1, m0)
@@ -208,14 +208,13 @@ func TestReopenIdenticalState(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		ces = append(ces, newCE(t, m, rng))
 	}
-	if err := l.Put(ces...); err != nil {
+	if err := l.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
 		m = drift(m, -0.004)
 		if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(10 * (i + 1)), 3: 7},
-			Applied: 10, Counters: map[string]int64{"updates_promoted": 1}, Step: &Step{Version: m.Version, KL: 8e-4, Outcome: "promoted"}},
-			RecertifyOptions{Samples: 200, Seed: 9}); err != nil {
+			Applied: 10, Counters: map[string]int64{"updates_promoted": 1}, Update: &UpdateRecord{Version: m.Version, KL: 8e-4, Outcome: certify.OutcomePromoted}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -258,9 +257,9 @@ func TestReopenIdenticalState(t *testing.T) {
 	if st.Applied != 30 || st.Offsets[0] != 30 || st.Offsets[3] != 7 || st.Counters["updates_promoted"] != 3 || st.PosteriorVersion != 3 {
 		t.Errorf("state %+v", st)
 	}
-	// A second Open of the same file waits for the lock and fails clearly.
-	if _, err := Open(dir, Options{LockTimeout: 50 * time.Millisecond}); err == nil {
-		t.Error("second Open of a locked ledger succeeded")
+	// A second Open of the same directory fails at once, naming the holder.
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrLocked) {
+		t.Errorf("second Open of a locked ledger: %v, want ErrLocked", err)
 	}
 }
 
@@ -269,7 +268,7 @@ func TestFailedCheckpointWritesNothing(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(newCE(t, m, rng), newCE(t, m, rng)); err != nil {
+	if err := l.Put(bg, newCE(t, m, rng), newCE(t, m, rng)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Checkpoint(&Checkpoint{Offsets: map[int]int64{0: 5}, Applied: 5}); err != nil {
@@ -288,14 +287,14 @@ func TestFailedCheckpointWritesNothing(t *testing.T) {
 	}
 	before := state()
 	next := drift(m, -0.001)
-	rep, changes, err := l.Recertify(context.Background(), next, RecertifyOptions{Samples: 100})
+	rep, changes, err := l.Recertify(context.Background(), next)
 	if err != nil {
 		t.Fatal(err)
 	}
 	nan := drift(m, 0)
 	nan.Last().BiasMu[0] = math.Inf(1)
 	stale := func() (*Report, []StatusChange) {
-		r, ch, err := l.Recertify(context.Background(), next, RecertifyOptions{Samples: 100})
+		r, ch, err := l.Recertify(context.Background(), next)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +316,8 @@ func TestFailedCheckpointWritesNothing(t *testing.T) {
 		{"negative offset", &Checkpoint{Offsets: map[int]int64{0: -1}}, ErrInvalid},
 		{"negative counter delta", &Checkpoint{Counters: map[string]int64{"x": -1}}, ErrInvalid},
 		{"changes without report", &Checkpoint{Changes: []StatusChange{{ID: "a", From: certify.Certified, To: certify.AtRisk}}}, ErrInvalid},
-		{"infinite step KL", &Checkpoint{Step: &Step{KL: math.Inf(1)}}, ErrInvalid},
+		{"infinite update KL", &Checkpoint{Update: &UpdateRecord{KL: math.Inf(1), Outcome: certify.OutcomePromoted}}, ErrInvalid},
+		{"unknown outcome", &Checkpoint{Update: &UpdateRecord{KL: 0.1, Outcome: "accepted"}}, ErrInvalid},
 	}
 	for _, tt := range tests {
 		if err := l.Checkpoint(tt.c); !errors.Is(err, tt.want) {
@@ -342,15 +342,15 @@ func TestStaleAfterPut(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(6, 6))
-	if err := l.Put(newCE(t, m, rng)); err != nil {
+	if err := l.Put(bg, newCE(t, m, rng)); err != nil {
 		t.Fatal(err)
 	}
 	next := drift(m, -0.001)
-	rep, ch, err := l.Recertify(context.Background(), next, RecertifyOptions{})
+	rep, ch, err := l.Recertify(context.Background(), next)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Put(newCE(t, m, rng)); err != nil {
+	if err := l.Put(bg, newCE(t, m, rng)); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Checkpoint(&Checkpoint{Model: next, Recertified: &rep, Changes: ch}); !errors.Is(err, ErrStale) {
@@ -367,7 +367,7 @@ func TestKLHistoryRing(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	for i := 1; i <= 8; i++ {
-		if err := l.Checkpoint(&Checkpoint{Step: &Step{Version: uint64(i), KL: float64(i) * 1e-4, Outcome: "rejected"}}); err != nil {
+		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: uint64(i), KL: float64(i) * 1e-4, Outcome: certify.OutcomeRejected}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,10 +1,13 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,26 +16,19 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// RecertifyOptions tune the Monte-Carlo fallback of Recertify.
-type RecertifyOptions struct {
-	// Samples is the number of posterior draws for CEs whose bound fails. Default: Options.MCSamples.
-	Samples int
-	// Seed makes the Monte-Carlo pass reproducible.
-	Seed uint64
-}
-
 // Report summarises one re-certification.
 type Report struct {
 	// PosteriorVersion is the version of the posterior re-certified against.
 	PosteriorVersion uint64 `json:"posterior_version"`
 	// Counts are the CEs per status after the changes.
 	Counts map[certify.Status]int `json:"counts"`
-	// Checked is the number of CEs holding a certificate (all but uncertified); MonteCarlo how many
-	// of them failed the bound and were sampled; Changed how many changed status.
+	// Checked is the number of CEs holding a certificate (all but uncertified): each is judged,
+	// most without being read (see index.go). Candidates is how many were read because their
+	// anchor's KL moved across one of their thresholds; Changed how many changed status.
 	Checked    int `json:"checked"`
-	MonteCarlo int `json:"monte_carlo"`
+	Candidates int `json:"candidates"`
 	Changed    int `json:"changed"`
-	// MinBound is the smallest Theorem 1 bound over checked CEs (1 when there are none).
+	// MinBound is the smallest Theorem 1 bound over certified CEs (1 when there are none).
 	MinBound float64 `json:"min_bound"`
 	// AnchorKL is KL(q_now || q_anchor) per live anchor version; MaxAnchorKL its largest value.
 	AnchorKL    map[uint64]float64 `json:"anchor_kl"`
@@ -44,199 +40,191 @@ type Report struct {
 	fp         [32]byte
 }
 
-// liveAnchor is one anchor in the bound pass: its version and the slack its KL allows.
-type liveAnchor struct {
-	version uint64
-	slack   certify.Slack
-	gate    certify.Gate
-}
-
-// mcItem is a CE whose bound failed and which waits for the Monte-Carlo pass.
-type mcItem struct {
-	id     string
-	from   certify.Status
-	target int
-	b      certify.Bounds
-	kl     float64
-	xcf    []float64
-}
-
-// Recertify re-judges every stored CE against the posterior `current` (not yet stored), without
-// writing anything. KL(current || q_anchor) is computed once per live anchor with certify.KL;
-// each CE is then judged by arithmetic on its fixed-size header (Theorems 1 and 2 under the
-// ledger's Policy: certified iff p1' - slack_p >= 1/2 and V1 + slack_V <= budget). Only CEs
-// whose bound fails are read in full and get a Monte-Carlo estimate under `current`, all in
-// batched Predict calls with opts.Seed: at_risk if p2 >= 1/2 and argmax = target, else
-// invalidated. Uncertified CEs keep their status.
+// Recertify re-judges every stored CE holding a certificate against the posterior `current`
+// (not yet stored), without writing anything. KL(current || q_anchor) is computed once per live
+// anchor with certify.KL; each CE is certified iff Theorems 1 and 2 hold at its anchor's KL
+// under the ledger's Policy:
+//
+//	p1' - slack_p(KL) >= 1/2   and   min(V1 + slack_V(KL), 1/4) <= max(epsilon_max, epsilon)
+//
+// Only CEs whose verdict can change are read: those the indexes place between the thresholds
+// of the anchor's stored KL and its new one (see index.go). A CE whose bound starts failing
+// becomes at_risk, unconfirmed (StatusChange.P2 = nil): Recertify runs no Monte-Carlo; Confirm
+// samples such CEs later. A CE whose bound holds again becomes certified. Uncertified CEs keep
+// their status.
 //
 // The report and changes are to be persisted with Checkpoint{Model: current, Recertified: &rep,
 // Changes: changes} (or use Commit, which does both under one lock).
-func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model, opts RecertifyOptions) (Report, []StatusChange, error) {
+func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model) (Report, []StatusChange, error) {
 	start := time.Now()
-	samples := opts.Samples
-	if samples == 0 {
-		samples = l.opts.MCSamples
-	}
-	if samples < 2 {
-		return Report{}, nil, fmt.Errorf("ledger: recertify: %w: samples = %d, want >= 2", ErrInvalid, samples)
-	}
 	blob, err := encodeModel(current)
 	if err != nil {
 		return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err)
 	}
 	rep := Report{PosteriorVersion: current.Version, AnchorKL: map[uint64]float64{}, MinBound: 1, fp: fingerprint(blob)}
-	now := l.opts.Now().UTC()
-	var (
-		cnt     counts
-		changes []StatusChange
-		mc      []mcItem
-	)
-	err = l.db.View(func(tx *bolt.Tx) error {
-		rep.Generation = getU64(tx.Bucket(bMeta), kGen)
-		anchors, index, err := l.liveAnchors(tx, current, &rep)
-		if err != nil {
+	r := &recert{l: l, rep: &rep, now: l.opts.Now().UTC(), seen: map[string]bool{}}
+	var cnt counts
+	err = l.view(func(tx *bolt.Tx) error {
+		var err error
+		if rep.Generation, err = metaU64(tx, kGen); err != nil {
 			return err
 		}
-		changes, mc, err = l.boundPass(ctx, tx, anchors, index, &rep, &cnt, now)
-		if err != nil {
+		if cnt, err = readCounts(tx); err != nil {
 			return err
 		}
-		bodies := tx.Bucket(bBodies)
-		for i := range mc {
-			bd, err := decodeBody(bodies.Get([]byte(mc[i].id)), false)
-			if err != nil {
-				return fmt.Errorf("counterfactual %q: %w", mc[i].id, err)
+		return forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+			if a.refs == 0 {
+				return nil
 			}
-			mc[i].xcf = bd.xcf
-		}
-		return nil
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return r.anchor(tx, current, v, a)
+		})
 	})
 	if err != nil {
 		return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err)
 	}
-	if len(mc) > 0 {
-		xs := make([][]float64, len(mc))
-		for i := range mc {
-			xs[i] = mc[i].xcf
-		}
-		pred, err := l.predict(ctx, current, xs, samples, opts.Seed)
-		if err != nil {
-			return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err)
-		}
-		for i, it := range mc {
-			p2 := pred.P(i, it.target)
-			s := certify.Observed(p2, pred.Argmax(i), it.target)
-			cnt.add(s, 1)
-			if s != it.from {
-				changes = append(changes, StatusChange{ID: it.id, At: now, From: it.from, To: s, PosteriorVersion: current.Version,
-					KL: it.kl, Bound: it.b.ProbLower, VarBound: it.b.VarUpper, P2: &p2})
-			}
-		}
+	// In ID order: deterministic, and the order the records are stored in.
+	slices.SortFunc(r.changes, func(a, b StatusChange) int { return strings.Compare(a.ID, b.ID) })
+	for _, ch := range r.changes {
+		cnt.add(ch.From, -1)
+		cnt.add(ch.To, 1)
 	}
-	rep.MonteCarlo, rep.Changed, rep.Counts = len(mc), len(changes), cnt.asMap()
+	rep.Counts, rep.Changed = cnt.asMap(), len(r.changes)
+	rep.Checked = int(cnt[certify.Certified-1] + cnt[certify.AtRisk-1] + cnt[certify.Invalidated-1])
 	rep.Duration = time.Since(start)
-	return rep, changes, nil
+	return rep, r.changes, nil
 }
 
-// liveAnchors computes KL(current || q_anchor) once per anchor that CEs refer to.
-func (l *Ledger) liveAnchors(tx *bolt.Tx, current *bnn.Model, rep *Report) ([]liveAnchor, map[uint64]int, error) {
-	var out []liveAnchor
-	index := map[uint64]int{}
-	err := tx.Bucket(bAnchors).ForEach(func(k, v []byte) error {
-		a, err := decodeAnchor(v)
-		if err != nil {
-			return err
-		}
-		if a.refs == 0 {
+// recert is one re-certification in progress.
+type recert struct {
+	l       *Ledger
+	rep     *Report
+	now     time.Time
+	seen    map[string]bool
+	changes []StatusChange
+}
+
+// anchor re-judges the CEs under anchor v whose verdict the move of its KL can change, and
+// folds the anchor's certified CEs into MinBound.
+func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta) error {
+	pol := r.l.opts.Policy
+	m, err := r.l.model(tx, v)
+	if err != nil {
+		return err
+	}
+	kl, _, err := certify.KL(current, m)
+	if err != nil {
+		return fmt.Errorf("anchor %d: %w", v, err)
+	}
+	r.rep.AnchorKL[v] = kl
+	r.rep.MaxAnchorKL = math.Max(r.rep.MaxAnchorKL, kl)
+	so, sn := pol.Slack(a.kl), pol.Slack(kl)
+	gate := pol.Gate(sn)
+	first := len(r.changes)
+	visit := func(id []byte) error {
+		if r.seen[string(id)] {
 			return nil
 		}
-		ver := binary.BigEndian.Uint64(k)
-		m, err := l.model(tx, ver)
+		r.seen[string(id)] = true
+		r.rep.Candidates++
+		h, ok, err := readHeader(tx, id)
+		if err == nil && (!ok || h.anchor != v || h.status == certify.Uncertified) {
+			err = corruptf("index entry of counterfactual %q under anchor %d has no matching record", id, v)
+		}
 		if err != nil {
 			return err
 		}
-		kl, _, err := certify.KL(current, m)
-		if err != nil {
-			return fmt.Errorf("anchor %d: %w", ver, err)
+		_, holds := gate.Check(h.p1, h.var1, h.epsilon, h.samples)
+		to := h.status
+		switch {
+		case holds && h.status != certify.Certified:
+			to = certify.Certified
+		case !holds && h.status == certify.Certified:
+			to = certify.AtRisk
+		default:
+			return nil
 		}
-		index[ver] = len(out)
-		slack := l.opts.Policy.Slack(kl)
-		out = append(out, liveAnchor{version: ver, slack: slack, gate: l.opts.Policy.Gate(slack)})
-		rep.AnchorKL[ver] = kl
-		rep.MaxAnchorKL = math.Max(rep.MaxAnchorKL, kl)
+		b := pol.Evaluate(h.certificate(), sn)
+		r.changes = append(r.changes, StatusChange{ID: string(id), At: r.now, From: h.status, To: to,
+			PosteriorVersion: current.Version, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper})
 		return nil
-	})
-	return out, index, err
-}
-
-// boundPass walks every CE header once. It allocates only for CEs that change status or need
-// Monte-Carlo; everything else is arithmetic on the header bytes in place.
-func (l *Ledger) boundPass(ctx context.Context, tx *bolt.Tx, anchors []liveAnchor, index map[uint64]int,
-	rep *Report, cnt *counts, now time.Time) ([]StatusChange, []mcItem, error) {
-	pol := l.opts.Policy
-	var (
-		changes []StatusChange
-		mc      []mcItem
-		lastV   uint64
-		lastI   = -1
-	)
-	c := tx.Bucket(bHeaders).Cursor()
-	n := 0
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if n++; n&8191 == 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, nil, err
-			}
-		}
-		if len(v) != headerSize || v[0] != recordFormat {
-			return nil, nil, fmt.Errorf("%w: counterfactual %q: header of %d bytes", ErrCorrupt, k, len(v))
-		}
-		from := certify.Status(v[hStatus])
-		if from == certify.Uncertified {
-			cnt.add(from, 1)
-			continue
-		}
-		av := binary.LittleEndian.Uint64(v[hAnchor:])
-		if lastI < 0 || av != lastV {
-			i, ok := index[av]
-			if !ok {
-				return nil, nil, fmt.Errorf("%w: counterfactual %q refers to anchor %d, which is not live", ErrCorrupt, k, av)
-			}
-			lastV, lastI = av, i
-		}
-		a := &anchors[lastI]
-		samples := int(binary.LittleEndian.Uint32(v[hSamples:]))
-		lower, ok := a.gate.Check(f64(v, hP1), f64(v, hVar1), f64(v, hEps), samples)
-		rep.Checked++
-		if lower < rep.MinBound {
-			rep.MinBound = lower
-		}
-		if ok && from == certify.Certified {
-			cnt.add(certify.Certified, 1)
-			continue
-		}
-		// Slow path (a change or a Monte-Carlo check): the full bounds for the record.
-		b := pol.Evaluate(certify.Certificate{P1: f64(v, hP1), Var1: f64(v, hVar1), Samples: samples,
-			Delta: f64(v, hDelta), Epsilon: f64(v, hEps)}, a.slack)
-		if ok {
-			cnt.add(certify.Certified, 1)
-			changes = append(changes, StatusChange{ID: string(k), At: now, From: from, To: certify.Certified,
-				PosteriorVersion: rep.PosteriorVersion, KL: a.slack.KL, Bound: b.ProbLower, VarBound: b.VarUpper})
-			continue
-		}
-		mc = append(mc, mcItem{id: string(k), from: from, target: int(binary.LittleEndian.Uint32(v[hTarget:])), b: b, kl: a.slack.KL})
 	}
-	return changes, mc, nil
+	if so.Mean != sn.Mean {
+		lo, hi := 0.5+math.Min(so.Mean, sn.Mean), 0.5+math.Max(so.Mean, sn.Mean)
+		if err := scanIndex(tx.Bucket(bIdxP1), v, lo-margin(lo), hi+margin(hi), visit); err != nil {
+			return err
+		}
+	}
+	if so.Var != sn.Var {
+		lo, hi := math.Min(so.Var, sn.Var), math.Max(so.Var, sn.Var)
+		if err := scanIndex(tx.Bucket(bIdxVar), v, lo-margin(lo), hi+margin(hi), visit); err != nil {
+			return err
+		}
+	}
+	return r.minBound(tx, v, sn, r.changes[first:])
 }
 
-// Step describes the update a checkpoint records in the KL history.
-type Step struct {
-	// Version is the posterior version the update produced (or proposed, if rejected).
+func margin(x float64) float64 { return scanMargin * math.Max(1, math.Abs(x)) }
+
+// minBound folds into MinBound the smallest Theorem 1 bound p1' - slack_p over the CEs under
+// anchor v that are certified after this re-certification: the first idx_cert entry that did
+// not just lose its certificate, and the CEs that just gained one.
+func (r *recert) minBound(tx *bolt.Tx, v uint64, sn certify.Slack, changes []StatusChange) error {
+	pol := r.l.opts.Policy
+	lost := map[string]bool{}
+	for _, ch := range changes {
+		if ch.To == certify.Certified {
+			h, _, err := readHeader(tx, []byte(ch.ID))
+			if err != nil {
+				return err
+			}
+			r.rep.MinBound = math.Min(r.rep.MinBound, pol.StartP1(h.certificate())-sn.Mean)
+		} else {
+			lost[ch.ID] = true
+		}
+	}
+	prefix := u64bytes(v)
+	c := tx.Bucket(bIdxCert).Cursor()
+	for k, val := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, val = c.Next() {
+		if _, ok := unseal(k, val); !ok || len(k) < 16 {
+			return corruptf("idx_cert entry %x is damaged", k)
+		}
+		if lost[string(k[16:])] {
+			continue
+		}
+		r.rep.MinBound = math.Min(r.rep.MinBound, keyFloat(k[8:16])-sn.Mean)
+		break
+	}
+	return nil
+}
+
+// scanIndex calls fn with the id of every entry of an anchor-keyed index with anchor v and key
+// value in [lo, hi].
+func scanIndex(b *bolt.Bucket, v uint64, lo, hi float64, fn func(id []byte) error) error {
+	c := b.Cursor()
+	for k, val := c.Seek(idxKey(v, lo, nil)); k != nil; k, val = c.Next() {
+		if len(k) < 16 || binary.BigEndian.Uint64(k) != v || keyFloat(k[8:16]) > hi {
+			return nil
+		}
+		if _, ok := unseal(k, val); !ok {
+			return corruptf("index entry %x is damaged", k)
+		}
+		if err := fn(k[16:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// UpdateRecord describes the update a checkpoint records in the KL history.
+type UpdateRecord struct {
+	// Version is the posterior version the update produced (or proposed, if not promoted).
 	Version uint64
-	// KL is the step's KL(q_new || q_prev).
-	KL float64
-	// Outcome is a short word from a bounded set, e.g. promoted, rejected, clipped, failed.
-	Outcome string
+	// KL is the update KL, KL(q_new || q_prev).
+	KL      float64
+	Outcome certify.Outcome
 }
 
 // Checkpoint is everything one increment of the daemon persists, written in one transaction.
@@ -244,12 +232,15 @@ type Checkpoint struct {
 	// Model becomes the current posterior (nil keeps the current one). Its version must exceed the
 	// current version unless it is bit-identical to the current posterior.
 	Model *bnn.Model
+	// Origin names where the first posterior came from (a model path, a data set). It is stored
+	// with the first posterior; a checkpoint naming a different one is refused with ErrOrigin.
+	Origin string
 	// Recertified and Changes are what Recertify returned for Model. They are required when Model
 	// replaces the current posterior while CEs hold certificates.
 	Recertified *Report
 	Changes     []StatusChange
-	// Step, if not nil, is appended to the KL history.
-	Step *Step
+	// Update, if not nil, is appended to the KL history.
+	Update *UpdateRecord
 	// Offsets are the next offsets to consume per partition (absolute, replacing the stored ones
 	// for the partitions given).
 	Offsets map[int]int64
@@ -257,40 +248,52 @@ type Checkpoint struct {
 	Applied int64
 	// Counters are added to the named counters (non-negative deltas).
 	Counters map[string]int64
+	// Events are put in the outbox in this transaction (their Seq is assigned by the ledger),
+	// after the status changes.
+	Events []OutboxEntry
 }
 
 func (c *Checkpoint) validate() error {
 	for p, off := range c.Offsets {
 		if p < 0 || p > math.MaxInt32 || off < 0 {
-			return fmt.Errorf("%w: offset %d for partition %d", ErrInvalid, off, p)
+			return invalidf("offset %d for partition %d", off, p)
 		}
 	}
 	if c.Applied < 0 {
-		return fmt.Errorf("%w: applied = %d, want >= 0", ErrInvalid, c.Applied)
+		return invalidf("applied = %d, want >= 0", c.Applied)
 	}
 	for name, d := range c.Counters {
 		if name == "" || len(name) > 64 || d < 0 {
-			return fmt.Errorf("%w: counter %q += %d (want a name of 1-64 bytes and a delta >= 0)", ErrInvalid, name, d)
+			return invalidf("counter %q += %d (want a name of 1-64 bytes and a delta >= 0)", name, d)
 		}
 	}
-	if s := c.Step; s != nil && (!(s.KL >= 0) || math.IsInf(s.KL, 0) || len(s.Outcome) > 64) {
-		return fmt.Errorf("%w: step kl = %v, outcome %q (want a finite kl >= 0 and an outcome of at most 64 bytes)", ErrInvalid, s.KL, s.Outcome)
+	if u := c.Update; u != nil && (!(u.KL >= 0) || math.IsInf(u.KL, 0) || !u.Outcome.Valid()) {
+		return invalidf("update kl = %v, outcome %q (want a finite kl >= 0 and one of %v)", u.KL, u.Outcome, certify.Outcomes())
 	}
 	if c.Recertified == nil && len(c.Changes) > 0 {
-		return fmt.Errorf("%w: %d status changes without the re-certification report they came from", ErrInvalid, len(c.Changes))
+		return invalidf("%d status changes without the re-certification report they came from", len(c.Changes))
 	}
 	for _, ch := range c.Changes {
 		if !ch.From.Valid() || !ch.To.Valid() {
-			return fmt.Errorf("%w: status change of %q from %d to %d", ErrInvalid, ch.ID, ch.From, ch.To)
+			return invalidf("status change of %q from %d to %d", ch.ID, ch.From, ch.To)
+		}
+	}
+	if len(c.Origin) > 4096 {
+		return invalidf("origin of %d bytes (at most 4096)", len(c.Origin))
+	}
+	for i, e := range c.Events {
+		if len(e.Key) > maxOutboxKey {
+			return invalidf("event %d: key of %d bytes (at most %d)", i, len(e.Key), maxOutboxKey)
 		}
 	}
 	return nil
 }
 
 // Checkpoint writes c in one bbolt transaction (fsynced on commit): the new current posterior,
-// the anchors' KL from it, the CE status changes, offsets, counters and the KL history; then
-// releases anchors no CE refers to any more. On any error nothing is written. ErrStale means
-// the CEs changed since Recertify ran: re-certify and try again (or use Commit).
+// the anchors' KL from it, the CE status changes (with their outbox entries), offsets,
+// counters, the KL history and c.Events; then releases anchors no CE refers to any more. On any
+// error nothing is written. ErrStale means the CEs changed since Recertify ran: re-certify and
+// try again (or use Commit). ErrWrite means the commit failed (see ErrWrite).
 func (l *Ledger) Checkpoint(c *Checkpoint) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
@@ -299,8 +302,8 @@ func (l *Ledger) Checkpoint(c *Checkpoint) error {
 
 // Commit re-certifies against c.Model (when given) and checkpoints, holding the writer lock
 // across both so that the result cannot go stale. It returns the re-certification (zero Report
-// when c.Model is nil).
-func (l *Ledger) Commit(ctx context.Context, c *Checkpoint, opts RecertifyOptions) (Report, []StatusChange, error) {
+// when c.Model is nil). Like Recertify it runs no Monte-Carlo: call Confirm afterwards.
+func (l *Ledger) Commit(ctx context.Context, c *Checkpoint) (Report, []StatusChange, error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	var (
@@ -309,7 +312,7 @@ func (l *Ledger) Commit(ctx context.Context, c *Checkpoint, opts RecertifyOption
 	)
 	if c.Model != nil {
 		var err error
-		if rep, changes, err = l.Recertify(ctx, c.Model, opts); err != nil {
+		if rep, changes, err = l.Recertify(ctx, c.Model); err != nil {
 			return Report{}, nil, err
 		}
 		c.Recertified, c.Changes = &rep, changes
@@ -332,8 +335,11 @@ func (l *Ledger) checkpoint(c *Checkpoint) error {
 		}
 	}
 	now := l.opts.Now().UTC()
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		old := readCur(tx)
+	err := l.update(func(tx *bolt.Tx) error {
+		old, err := readCur(tx)
+		if err != nil {
+			return err
+		}
 		next := old
 		if blob != nil {
 			fp := fingerprint(blob)
@@ -344,31 +350,44 @@ func (l *Ledger) checkpoint(c *Checkpoint) error {
 				next = cur{ok: true, version: c.Model.Version, sha: fp}
 			}
 		}
-		changed, err := l.applyRecertification(tx, c, old, next, now)
+		if err := checkOrigin(tx, c.Origin); err != nil {
+			return err
+		}
+		w, err := l.newWriteTx(tx, now)
+		if err != nil {
+			return err
+		}
+		changed, err := l.applyRecertification(w, c, old, next)
 		if err != nil {
 			return err
 		}
 		if next != old {
 			meta := tx.Bucket(bMeta)
-			if err := meta.Put(kCurrent, blob); err != nil {
+			if err := putSealed(meta, kCurrent, blob); err != nil {
 				return err
 			}
-			if err := meta.Put(kCurSHA, next.sha[:]); err != nil {
+			if err := putSealed(meta, kCurSHA, next.sha[:]); err != nil {
 				return err
 			}
-			if err := meta.Put(kCurVer, u64bytes(next.version)); err != nil {
-				return err
-			}
-		}
-		if next != old || changed {
-			if err := bumpGen(tx); err != nil {
+			if err := putU64(meta, kCurVer, next.version); err != nil {
 				return err
 			}
 		}
 		if err := l.gcAnchors(tx, next.version); err != nil {
 			return err
 		}
-		return l.writeProgress(tx, c, now)
+		if err := l.writeProgress(tx, c, now); err != nil {
+			return err
+		}
+		for _, e := range c.Events {
+			if err := w.enqueue(e); err != nil {
+				return err
+			}
+		}
+		if next == old && !changed {
+			return w.finishNoGen()
+		}
+		return w.finish()
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: checkpoint: %w", err)
@@ -376,141 +395,154 @@ func (l *Ledger) checkpoint(c *Checkpoint) error {
 	return nil
 }
 
+// checkOrigin stores origin if none is stored and refuses a different one.
+func checkOrigin(tx *bolt.Tx, origin string) error {
+	if origin == "" {
+		return nil
+	}
+	meta := tx.Bucket(bMeta)
+	stored, err := getSealed(meta, kOrigin, "meta origin")
+	switch {
+	case err != nil:
+		return err
+	case stored == nil:
+		return putSealed(meta, kOrigin, []byte(origin))
+	case string(stored) != origin:
+		return fmt.Errorf("%w: the ledger's first posterior came from %q, this checkpoint names %q", ErrOrigin, stored, origin)
+	}
+	return nil
+}
+
 // applyRecertification checks that c.Recertified belongs to the posterior that is current after
 // this checkpoint and to the CEs as stored, then records the anchors' KL and the status changes.
-func (l *Ledger) applyRecertification(tx *bolt.Tx, c *Checkpoint, old, next cur, now time.Time) (bool, error) {
-	anchors := tx.Bucket(bAnchors)
-	live := 0
-	err := anchors.ForEach(func(_, v []byte) error {
-		a, err := decodeAnchor(v)
+func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) (bool, error) {
+	tx := w.tx
+	live := map[uint64]anchorMeta{}
+	if err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
 		if a.refs > 0 {
-			live++
+			live[v] = a
 		}
-		return err
-	})
-	if err != nil {
+		return nil
+	}); err != nil {
 		return false, err
 	}
 	r := c.Recertified
 	if r == nil {
-		if next != old && live > 0 {
-			return false, fmt.Errorf("%w: posterior %d replaces %d while %d anchors hold certificates", ErrNotRecertified, next.version, old.version, live)
+		if next != old && len(live) > 0 {
+			return false, fmt.Errorf("%w: posterior %d replaces %d while %d anchors hold certificates", ErrNotRecertified, next.version, old.version, len(live))
 		}
 		return false, nil
 	}
 	if !next.ok || r.fp != next.sha {
 		return false, fmt.Errorf("%w: the report is for posterior version %d, which is not the posterior this checkpoint makes current", ErrNotRecertified, r.PosteriorVersion)
 	}
-	if g := getU64(tx.Bucket(bMeta), kGen); g != r.Generation {
-		return false, fmt.Errorf("%w: counterfactuals changed since re-certification (generation %d, now %d)", ErrStale, r.Generation, g)
-	}
-	var updates [][2][]byte
-	err = anchors.ForEach(func(k, v []byte) error {
-		a, err := decodeAnchor(v)
-		if err != nil || a.refs == 0 {
-			return err
+	if g, err := metaU64(tx, kGen); err != nil || g != r.Generation {
+		if err == nil {
+			err = fmt.Errorf("%w: counterfactuals changed since re-certification (generation %d, now %d)", ErrStale, r.Generation, g)
 		}
-		kl, ok := r.AnchorKL[binary.BigEndian.Uint64(k)]
-		if !ok {
-			return fmt.Errorf("%w: anchor %d is not in the re-certification", ErrStale, binary.BigEndian.Uint64(k))
-		}
-		a.kl, a.klVersion = kl, next.version
-		updates = append(updates, [2][]byte{append([]byte(nil), k...), a.encode()})
-		return nil
-	})
-	if err != nil {
 		return false, err
 	}
-	for _, u := range updates {
-		if err := anchors.Put(u[0], u[1]); err != nil {
+	for v, a := range live {
+		kl, ok := r.AnchorKL[v]
+		if !ok {
+			return false, fmt.Errorf("%w: anchor %d is not in the re-certification", ErrStale, v)
+		}
+		a.kl, a.klVersion = kl, next.version
+		if err := putAnchor(tx, v, a); err != nil {
 			return false, err
 		}
 	}
-	if len(c.Changes) == 0 {
-		return false, nil
-	}
-	cnt := readCounts(tx)
 	for _, ch := range c.Changes {
-		if ch.At.IsZero() {
-			ch.At = now
-		}
 		ch.PosteriorVersion = next.version
-		if err := setStatus(tx, ch, &cnt); err != nil {
+		if err := w.applyChange(ch, nil); err != nil {
 			return false, err
 		}
 	}
-	return true, cnt.put(tx)
+	return len(c.Changes) > 0, nil
 }
 
-// setStatus applies one status change to a stored CE: header status and time, history entry.
-func setStatus(tx *bolt.Tx, ch StatusChange, cnt *counts) error {
-	hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
-	key := []byte(ch.ID)
-	raw := hdrs.Get(key)
-	if raw == nil {
-		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, ch.ID)
-	}
-	h, err := decodeHeader(raw)
+// applyChange moves a stored CE from ch.From to ch.To and records the change. A CE entering
+// at_risk or invalidated is confirmed at *confirmed when that is given (a Monte-Carlo verdict),
+// unconfirmed otherwise.
+func (w *writeTx) applyChange(ch StatusChange, confirmed *uint64) error {
+	id := []byte(ch.ID)
+	h, ok, err := readHeader(w.tx, id)
 	if err != nil {
-		return fmt.Errorf("counterfactual %q: %w", ch.ID, err)
-	}
-	if h.status != ch.From {
-		return fmt.Errorf("%w: counterfactual %q is %v, change expects %v", ErrStale, ch.ID, h.status, ch.From)
-	}
-	if ch.From == certify.Uncertified || ch.To == certify.Uncertified {
-		return fmt.Errorf("%w: counterfactual %q: re-certification cannot move %v to %v", ErrInvalid, ch.ID, ch.From, ch.To)
-	}
-	bd, err := decodeBody(bodies.Get(key), true)
-	if err != nil {
-		return fmt.Errorf("counterfactual %q: %w", ch.ID, err)
-	}
-	h.status, h.updated = ch.To, ch.At.UnixNano()
-	bd.history = appendHistory(bd.history, ch)
-	cnt.add(ch.From, -1)
-	cnt.add(ch.To, 1)
-	if err := hdrs.Put(key, h.encode()); err != nil {
 		return err
 	}
-	return bodies.Put(key, bd.encode())
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, ch.ID)
+	case h.status != ch.From:
+		return fmt.Errorf("%w: counterfactual %q is %v, change expects %v", ErrStale, ch.ID, h.status, ch.From)
+	case ch.From == certify.Uncertified || ch.To == certify.Uncertified:
+		return invalidf("counterfactual %q: re-certification cannot move %v to %v", ch.ID, ch.From, ch.To)
+	}
+	nh := h
+	nh.status, nh.confirmed, nh.cv = ch.To, false, 0
+	if confirmed != nil && nh.failing() {
+		nh.confirmed, nh.cv = true, *confirmed
+	}
+	if ch.At.IsZero() {
+		ch.At = w.now
+	}
+	nh.updated = ch.At.UnixNano()
+	if err := w.putHeader(id, &h, &nh); err != nil {
+		return err
+	}
+	return w.recordChange(id, ch)
 }
 
 // writeProgress stores offsets, counters and the KL history entry of a checkpoint.
 func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error {
 	offs := tx.Bucket(bOffsets)
 	for p, off := range c.Offsets {
-		if err := offs.Put(binary.BigEndian.AppendUint32(nil, uint32(p)), u64bytes(uint64(off))); err != nil {
+		if err := putSealed(offs, binary.BigEndian.AppendUint32(nil, uint32(p)), u64bytes(uint64(off))); err != nil {
 			return err
 		}
 	}
 	meta := tx.Bucket(bMeta)
 	if c.Applied > 0 {
-		if err := meta.Put(kApplied, u64bytes(getU64(meta, kApplied)+uint64(c.Applied))); err != nil {
+		applied, err := metaU64(tx, kApplied)
+		if err != nil {
+			return err
+		}
+		if err := putU64(meta, kApplied, applied+uint64(c.Applied)); err != nil {
 			return err
 		}
 	}
 	ctrs := tx.Bucket(bCounters)
 	for name, d := range c.Counters {
-		if err := ctrs.Put([]byte(name), u64bytes(getU64(ctrs, []byte(name))+uint64(d))); err != nil {
+		n, err := getU64(ctrs, []byte(name), fmt.Sprintf("counter %q", name))
+		if err != nil {
+			return err
+		}
+		if err := putU64(ctrs, []byte(name), n+uint64(d)); err != nil {
 			return err
 		}
 	}
-	if c.Step == nil {
+	if c.Update == nil {
 		return nil
 	}
-	seq := getU64(meta, kKLSeq) + 1
-	s := KLStep{Seq: seq, At: now, PosteriorVersion: c.Step.Version, KL: c.Step.KL, Outcome: c.Step.Outcome}
+	last, err := metaU64(tx, kKLSeq)
+	if err != nil {
+		return err
+	}
+	seq := last + 1
+	s := KLEntry{Seq: seq, At: now, PosteriorVersion: c.Update.Version, KL: c.Update.KL, Outcome: c.Update.Outcome}
 	if c.Recertified != nil {
 		s.MaxAnchorKL = c.Recertified.MaxAnchorKL
 	}
 	hist := tx.Bucket(bKLHistory)
-	if err := hist.Put(u64bytes(seq), s.encode()); err != nil {
+	if err := putSealed(hist, u64bytes(seq), s.encode()); err != nil {
 		return err
 	}
-	if err := meta.Put(kKLSeq, u64bytes(seq)); err != nil {
+	if err := putU64(meta, kKLSeq, seq); err != nil {
 		return err
 	}
+	keep := min(uint64(l.opts.KLHistory), seq)
 	cur := hist.Cursor()
-	for k, _ := cur.First(); k != nil && binary.BigEndian.Uint64(k) <= seq-uint64(min(uint64(l.opts.KLHistory), seq)); k, _ = cur.First() {
+	for k, _ := cur.First(); k != nil && binary.BigEndian.Uint64(k) <= seq-keep; k, _ = cur.First() {
 		if err := cur.Delete(); err != nil {
 			return err
 		}

@@ -15,25 +15,32 @@ import (
 // checkMC verifies every Monte-Carlo change against an independent Predict of that CE alone
 // with the same samples and seed (bnn shares weight draws across inputs, so p2 of one input
 // does not depend on the batch it was in).
+//
+// A change without P2 (the bound decided) whose CE has since been confirmed under m is checked
+// the same way against the CE's status.
 func checkMC(t *testing.T, l *Ledger, m *bnn.Model, changes []StatusChange, samples int, seed uint64) {
 	t.Helper()
 	for _, ch := range changes {
-		if ch.P2 == nil {
-			continue
-		}
 		ce, err := l.Get(ch.ID)
 		if err != nil {
 			t.Fatal(err)
+		}
+		to := ch.To
+		if ch.P2 == nil {
+			if ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != m.Version {
+				continue
+			}
+			to = ce.Status
 		}
 		pred, err := m.Predict([][]float64{ce.XCF}, samples, seed)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p := pred.P(0, ce.Target); math.Abs(p-*ch.P2) > 1e-12 {
+		if p := pred.P(0, ce.Target); ch.P2 != nil && math.Abs(p-*ch.P2) > 1e-12 {
 			t.Errorf("%s: p2 %v, independent Predict %v", ch.ID, *ch.P2, p)
 		}
-		if want := certify.Observed(pred.P(0, ce.Target), pred.Argmax(0), ce.Target); ch.To != want {
-			t.Errorf("%s: status %v, independent Monte-Carlo says %v", ch.ID, ch.To, want)
+		if want := certify.Observed(pred.P(0, ce.Target), pred.Argmax(0), ce.Target); to != want {
+			t.Errorf("%s: status %v, independent Monte-Carlo says %v", ch.ID, to, want)
 		}
 	}
 }
@@ -50,7 +57,7 @@ func TestCumulativeDriftFlagsCEs(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		ces = append(ces, newCE(t, m0, rng))
 	}
-	if err := l.Put(ces...); err != nil {
+	if err := l.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
 	pol := l.Policy()
@@ -123,14 +130,23 @@ func TestStatusTransitions(t *testing.T) {
 	for i := 0; i < 60; i++ {
 		ces = append(ces, newCE(t, m0, rng))
 	}
-	if err := l.Put(ces...); err != nil {
+	if err := l.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
 	// Move "yes" down to bias -0.19: p(yes | x') straddles 1/2 across x' (0.525 to 0.57 at bias 0).
 	m1 := toBias(m0, -0.19)
 	rep, changes := commit(t, l, m1, 21)
-	if rep.MonteCarlo != len(ces) || rep.Changed != len(ces) || len(changes) != len(ces) {
-		t.Fatalf("report %+v with %d changes; want every CE sampled and changed", rep, len(changes))
+	if rep.Changed != len(ces) || len(changes) != len(ces) {
+		t.Fatalf("report %+v with %d changes; want every CE changed", rep, len(changes))
+	}
+	for _, ch := range changes {
+		ce, err := l.Get(ch.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.From != certify.Certified || ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != m1.Version {
+			t.Fatalf("change %+v, CE confirmed at %v: want certified -> a Monte-Carlo verdict at version %d", ch, ce.ConfirmedVersion, m1.Version)
+		}
 	}
 	checkMC(t, l, m1, changes, 300, 21)
 	if rep.Counts[certify.AtRisk] == 0 || rep.Counts[certify.Invalidated] == 0 {
@@ -140,14 +156,17 @@ func TestStatusTransitions(t *testing.T) {
 		t.Fatalf("counts by scan %v, report %v", cnt, rep.Counts)
 	}
 	// Same statuses under the same posterior and seed: no changes.
-	if _, again, err := l.Recertify(context.Background(), m1, RecertifyOptions{Samples: 300, Seed: 21}); err != nil || len(again) != 0 {
+	if _, again, err := l.Recertify(context.Background(), m1); err != nil || len(again) != 0 {
 		t.Fatalf("re-certifying unchanged: %d changes, %v", len(again), err)
+	}
+	if crep, again, err := l.Confirm(bg, NewModelPredictor(m1, 300, 21), 100); err != nil || len(again) != 0 || crep.Picked != 0 {
+		t.Fatalf("confirming again at the same version: %+v, %d changes, %v", crep, len(again), err)
 	}
 	// Back to the anchor's parameters under a new version: KL = 0, all certified by bound.
 	m2 := m0.Clone()
 	m2.Version = m1.Version + 1
 	rep, changes = commit(t, l, m2, 22)
-	if rep.Counts[certify.Certified] != len(ces) || rep.MonteCarlo != 0 || rep.MaxAnchorKL != 0 {
+	if rep.Counts[certify.Certified] != len(ces) || rep.Changed != len(ces) || rep.MaxAnchorKL != 0 {
 		t.Fatalf("after return: %+v", rep)
 	}
 	for _, ch := range changes {
@@ -159,8 +178,11 @@ func TestStatusTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ce.History) != 2 || ce.History[0].From != certify.Certified || ce.History[1].To != certify.Certified ||
-		ce.History[0].PosteriorVersion != m1.Version || ce.History[1].PosteriorVersion != m2.Version || ce.History[0].ID != ce.ID {
+	// certified -> at_risk by the bound, possibly at_risk -> invalidated by Confirm, then back.
+	h := ce.History
+	if n := len(h); n < 2 || n > 3 || h[0].From != certify.Certified || h[0].To != certify.AtRisk || h[0].P2 != nil ||
+		h[n-1].To != certify.Certified || h[0].PosteriorVersion != m1.Version || h[n-1].PosteriorVersion != m2.Version ||
+		h[0].ID != ce.ID || n == 3 && (h[1].To != certify.Invalidated || h[1].P2 == nil) {
 		t.Errorf("history %+v", ce.History)
 	}
 }
@@ -198,13 +220,13 @@ func TestAnchorGC(t *testing.T) {
 		t.Fatalf("anchors before any CE: %v", v)
 	}
 	a := newCE(t, m0, rng)
-	if err := l.Put(a); err != nil {
+	if err := l.Put(bg, a); err != nil {
 		t.Fatal(err)
 	}
 	m1 := drift(m0, -0.001)
 	commit(t, l, m1, 1)
 	b := newCE(t, m1, rng)
-	if err := l.Put(b); err != nil {
+	if err := l.Put(bg, b); err != nil {
 		t.Fatal(err)
 	}
 	if v := versions(); len(v) != 2 || v[0] != 0 || v[1] != 1 {
@@ -232,7 +254,7 @@ func TestAnchorGC(t *testing.T) {
 	}
 	// The released anchor cannot be used to register any more.
 	late := newCE(t, m1, rng)
-	if err := l.Put(late); !errors.Is(err, ErrUnknownAnchor) {
+	if err := l.Put(bg, late); !errors.Is(err, ErrUnknownAnchor) {
 		t.Errorf("put under a released anchor: %v", err)
 	}
 	if err := l.Delete("nope"); !errors.Is(err, ErrNotFound) {
@@ -251,7 +273,7 @@ func TestAudit(t *testing.T) {
 	}
 	outside := newCE(t, m0, rng)
 	outside.P1 = 0.9 // registered outside the set although the model is confident there
-	if err := l.Put(append(ces, outside)...); err != nil {
+	if err := l.Put(bg, append(ces, outside)...); err != nil {
 		t.Fatal(err)
 	}
 	// KL 50 * 1e-4 = 5e-3: past the variance budget, p still ~0.98: all at_risk.
@@ -260,10 +282,10 @@ func TestAudit(t *testing.T) {
 	if rep.Counts[certify.AtRisk] != len(ces) {
 		t.Fatalf("after drift %v, want %d at_risk", rep.Counts, len(ces))
 	}
-	if _, _, err := l.Audit(context.Background(), m0, 300, 5); !errors.Is(err, ErrStale) {
+	if _, _, err := l.Audit(bg, NewModelPredictor(m0, 300, 5), AuditOptions{}); !errors.Is(err, ErrStale) {
 		t.Errorf("audit with a non-current posterior: %v", err)
 	}
-	arep, changes, err := l.Audit(context.Background(), m1, 300, 5)
+	arep, changes, err := l.Audit(bg, NewModelPredictor(m1, 300, 5), AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +314,7 @@ func TestAudit(t *testing.T) {
 	// A large drift: audit leaves anchors in place for CEs not back in their set.
 	m3 := toBias(m2, -0.19)
 	commit(t, l, m3, 3)
-	arep, changes, err = l.Audit(context.Background(), m3, 300, 6)
+	arep, changes, err = l.Audit(bg, NewModelPredictor(m3, 300, 6), AuditOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +343,7 @@ func TestConcurrentReadsDuringCheckpoints(t *testing.T) {
 	for i := 0; i < n; i++ {
 		ces = append(ces, newCE(t, m, rng))
 	}
-	if err := l.Put(ces...); err != nil {
+	if err := l.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -365,7 +387,7 @@ func TestConcurrentReadsDuringCheckpoints(t *testing.T) {
 	})
 	for i := 0; i < 15; i++ {
 		m = drift(m, -0.003)
-		if _, _, err := l.Commit(ctx, &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(i)}}, RecertifyOptions{Samples: 50, Seed: uint64(i)}); err != nil {
+		if _, _, err := l.Commit(ctx, &Checkpoint{Model: m, Offsets: map[int]int64{0: int64(i)}}); err != nil {
 			cancel()
 			t.Fatal(err)
 		}
@@ -384,12 +406,12 @@ func TestRecertifyCancelled(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(15, 15))
-	if err := l.Put(newCE(t, m, rng)); err != nil {
+	if err := l.Put(bg, newCE(t, m, rng)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, _, err := l.Recertify(ctx, drift(m, -4), RecertifyOptions{}); !errors.Is(err, context.Canceled) {
+	if _, _, err := l.Recertify(ctx, drift(m, -4)); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled recertify: %v", err)
 	}
 }

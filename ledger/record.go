@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"time"
 
@@ -17,23 +16,29 @@ import (
 // Bound, VarBound and KLFromAnchor are not stored per record: they are derived on read from the
 // anchor's KL(q_now || q_anchor) as of the last checkpoint, so that a re-certification that changes
 // no status writes nothing per CE. They are 0 for uncertified CEs, which hold no certificate.
+//
+// ConfirmedVersion is set for an at_risk or invalidated CE whose status was decided by a
+// Monte-Carlo estimate: the posterior version of that estimate. It is nil while the status rests
+// on the failed bound alone (at_risk, unconfirmed: Confirm will sample it), and for certified and
+// uncertified CEs.
 type CE struct {
-	ID            string         `json:"id"`
-	X             []float64      `json:"x"`
-	XCF           []float64      `json:"x_cf"`
-	Target        int            `json:"target"`
-	AnchorVersion uint64         `json:"anchor_version"`
-	P1            float64        `json:"p1"`
-	Var1          float64        `json:"var1"`
-	Samples       int            `json:"samples"`
-	Delta         float64        `json:"delta"`
-	Epsilon       float64        `json:"epsilon"`
-	Status        certify.Status `json:"status"`
-	Bound         float64        `json:"bound"`
-	VarBound      float64        `json:"var_bound"`
-	KLFromAnchor  float64        `json:"kl_from_anchor"`
-	CreatedAt     time.Time      `json:"created_at"`
-	UpdatedAt     time.Time      `json:"updated_at"`
+	ID               string         `json:"id"`
+	X                []float64      `json:"x"`
+	XCF              []float64      `json:"x_cf"`
+	Target           int            `json:"target"`
+	AnchorVersion    uint64         `json:"anchor_version"`
+	P1               float64        `json:"p1"`
+	Var1             float64        `json:"var1"`
+	Samples          int            `json:"samples"`
+	Delta            float64        `json:"delta"`
+	Epsilon          float64        `json:"epsilon"`
+	Status           certify.Status `json:"status"`
+	ConfirmedVersion *uint64        `json:"confirmed_version,omitempty"`
+	Bound            float64        `json:"bound"`
+	VarBound         float64        `json:"var_bound"`
+	KLFromAnchor     float64        `json:"kl_from_anchor"`
+	CreatedAt        time.Time      `json:"created_at"`
+	UpdatedAt        time.Time      `json:"updated_at"`
 	// History holds the last MaxHistory status changes, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }
@@ -45,7 +50,8 @@ func (c *CE) Certificate() certify.Certificate {
 
 // StatusChange records one transition of a CE's status. KL is KL(q_now || q_anchor) and Bound,
 // VarBound are Theorems 1 and 2 at that KL; P2 is the Monte-Carlo estimate of p(Target | XCF)
-// under q_now when one was taken (nil when the bound alone decided).
+// under q_now when one decided the change (Confirm, Audit), nil when the bound alone did
+// (Commit, Recertify).
 type StatusChange struct {
 	ID               string         `json:"id,omitempty"`
 	At               time.Time      `json:"at"`
@@ -62,38 +68,47 @@ type StatusChange struct {
 const MaxHistory = 32
 
 // Record layout. A CE is two values under the same key (its ID): a fixed-size header in bucket
-// ce_hdr holding everything re-certification by bound reads, and a body in ce_body with the
-// vectors and the history. The bound pass reads headers only, at fixed offsets, without decoding
-// or allocating; the body is read only for the Monte-Carlo fallback, Get and List.
+// ce_hdr holding everything judging reads, and a body in ce_body with the vectors and the
+// history. Both are sealed (a CRC-32C of key and payload follows the payload, see seal).
 //
-//	header (64 bytes, little endian)
-//	  0 format (1)   1 status   2..3 reserved   4 target u32   8 anchor version u64
-//	 16 p1 f64      24 var1 f64   32 delta f64   40 epsilon f64   48 samples u32   52 reserved
-//	 56 updated-at unix ns i64
+//	header payload (72 bytes, little endian), format 2
+//	  0 format (2)   1 status   2 flags (bit 0: confirmed)   3 reserved   4 target u32
+//	  8 anchor version u64   16 p1 f64   24 var1 f64   32 delta f64   40 epsilon f64
+//	 48 samples u32   52 reserved   56 updated-at unix ns i64   64 confirmed version u64
 //
-//	body
+// Format 1 (schema 1) was the first 64 bytes with format 1 and no checksum; Open migrates it.
+//
+//	body payload
 //	  format (1), created-at unix ns i64, uvarint n, n x f64 (X), uvarint n, n x f64 (XCF),
 //	  uvarint h, h x 50-byte history entries:
 //	  at i64, from u8, to u8, posterior version u64, kl f64, bound f64, var bound f64, p2 f64 (NaN = none)
 const (
-	headerSize   = 64
-	recordFormat = 1
-	histSize     = 50
-
-	hStatus  = 1
-	hTarget  = 4
-	hAnchor  = 8
-	hP1      = 16
-	hVar1    = 24
-	hDelta   = 32
-	hEps     = 40
-	hSamples = 48
-	hUpdated = 56
+	headerSize     = 72
+	headerFormat   = 2
+	header1Size    = 64
+	bodyFormat     = 1
+	histSize       = 50
+	flagConfirmed  = 1
+	hStatus        = 1
+	hFlags         = 2
+	hTarget        = 4
+	hAnchor        = 8
+	hP1            = 16
+	hVar1          = 24
+	hDelta         = 32
+	hEps           = 40
+	hSamples       = 48
+	hUpdated       = 56
+	hConfirmed     = 64
+	maxVectorLen   = 1 << 20
+	maxHistoryRecs = 1 << 16
 )
 
 // header is the decoded fixed-size part of a record.
 type header struct {
 	status         certify.Status
+	confirmed      bool   // the status of a failing CE was decided by Monte-Carlo ...
+	cv             uint64 // ... under this posterior version
 	target         int
 	anchor         uint64
 	p1, var1       float64
@@ -106,15 +121,23 @@ func (h *header) certificate() certify.Certificate {
 	return certify.Certificate{P1: h.p1, Var1: h.var1, Samples: h.samples, Delta: h.delta, Epsilon: h.epsilon}
 }
 
+// failing reports whether the CE holds a certificate whose bound fails (at_risk, invalidated).
+func (h *header) failing() bool { return h.status == certify.AtRisk || h.status == certify.Invalidated }
+
 func f64(b []byte, off int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[off:])) }
 
 func putF64(b []byte, off int, v float64) {
 	binary.LittleEndian.PutUint64(b[off:], math.Float64bits(v))
 }
 
+// decodeHeader parses a header payload (already unsealed). It accepts format 1 (64 bytes) for
+// the schema-1 migration.
 func decodeHeader(v []byte) (header, error) {
-	if len(v) != headerSize || v[0] != recordFormat {
-		return header{}, fmt.Errorf("%w: header of %d bytes, format %d", ErrCorrupt, len(v), firstByte(v))
+	switch {
+	case len(v) == headerSize && v[0] == headerFormat:
+	case len(v) == header1Size && v[0] == 1:
+	default:
+		return header{}, corruptf("header of %d bytes, format %d", len(v), firstByte(v))
 	}
 	h := header{
 		status:  certify.Status(v[hStatus]),
@@ -128,7 +151,22 @@ func decodeHeader(v []byte) (header, error) {
 		updated: int64(binary.LittleEndian.Uint64(v[hUpdated:])),
 	}
 	if !h.status.Valid() {
-		return header{}, fmt.Errorf("%w: header status %d", ErrCorrupt, v[hStatus])
+		return header{}, corruptf("header status %d", v[hStatus])
+	}
+	if v[0] == headerFormat {
+		if v[hFlags]&^flagConfirmed != 0 || v[3] != 0 || binary.LittleEndian.Uint32(v[52:]) != 0 {
+			return header{}, corruptf("header flags %#x or reserved bytes set", v[hFlags])
+		}
+		h.confirmed = v[hFlags]&flagConfirmed != 0
+		h.cv = binary.LittleEndian.Uint64(v[hConfirmed:])
+		if !h.confirmed && h.cv != 0 || h.confirmed && !h.failing() {
+			return header{}, corruptf("header: confirmed flag %v with version %d for status %v", h.confirmed, h.cv, h.status)
+		}
+	}
+	for _, x := range []float64{h.p1, h.var1, h.delta, h.epsilon} {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return header{}, corruptf("header holds a non-finite number (p1 %v var1 %v delta %v epsilon %v)", h.p1, h.var1, h.delta, h.epsilon)
+		}
 	}
 	return h, nil
 }
@@ -140,10 +178,15 @@ func firstByte(v []byte) int {
 	return int(v[0])
 }
 
+// encode returns the format-2 payload.
 func (h *header) encode() []byte {
 	v := make([]byte, headerSize)
-	v[0] = recordFormat
+	v[0] = headerFormat
 	v[hStatus] = byte(h.status)
+	if h.confirmed {
+		v[hFlags] = flagConfirmed
+		binary.LittleEndian.PutUint64(v[hConfirmed:], h.cv)
+	}
 	binary.LittleEndian.PutUint32(v[hTarget:], uint32(h.target))
 	binary.LittleEndian.PutUint64(v[hAnchor:], h.anchor)
 	putF64(v, hP1, h.p1)
@@ -165,7 +208,7 @@ type body struct {
 func (b *body) encode() []byte {
 	n := 1 + 8 + 3*binary.MaxVarintLen64 + 8*(len(b.x)+len(b.xcf)) + histSize*len(b.history)
 	v := make([]byte, 0, n)
-	v = append(v, recordFormat)
+	v = append(v, bodyFormat)
 	v = binary.LittleEndian.AppendUint64(v, uint64(b.created))
 	for _, xs := range [][]float64{b.x, b.xcf} {
 		v = binary.AppendUvarint(v, uint64(len(xs)))
@@ -189,21 +232,19 @@ func (b *body) encode() []byte {
 	return v
 }
 
-// decodeBody parses a body; withHistory = false skips the history (the Monte-Carlo pass needs
+// decodeBody parses a body payload; withHistory = false skips the history (Monte-Carlo needs
 // only XCF).
 func decodeBody(v []byte, withHistory bool) (body, error) {
 	var b body
-	bad := func(what string) (body, error) {
-		return body{}, fmt.Errorf("%w: body (%d bytes): %s", ErrCorrupt, len(v), what)
-	}
-	if len(v) < 9 || v[0] != recordFormat {
+	bad := func(what string) (body, error) { return body{}, corruptf("body (%d bytes): %s", len(v), what) }
+	if len(v) < 9 || v[0] != bodyFormat {
 		return bad("short or unknown format")
 	}
 	b.created = int64(binary.LittleEndian.Uint64(v[1:]))
 	p := 9
 	for _, dst := range []*[]float64{&b.x, &b.xcf} {
-		n, k := binary.Uvarint(v[p:])
-		if k <= 0 || n > uint64(len(v)-p-k)/8 {
+		n, k := uvarint(v[p:])
+		if k <= 0 || n > maxVectorLen || n > uint64(len(v)-p-k)/8 {
 			return bad("vector length")
 		}
 		p += k
@@ -214,27 +255,44 @@ func decodeBody(v []byte, withHistory bool) (body, error) {
 		}
 		*dst = xs
 	}
-	n, k := binary.Uvarint(v[p:])
-	if k <= 0 || n > uint64(len(v)-p-k)/histSize || uint64(len(v)-p-k) != n*histSize {
+	n, k := uvarint(v[p:])
+	if k <= 0 || n > maxHistoryRecs || uint64(len(v)-p-k) != n*histSize {
 		return bad("history length")
 	}
 	p += k
 	if !withHistory {
 		return b, nil
 	}
-	b.history = make([]StatusChange, n)
+	if n > 0 {
+		b.history = make([]StatusChange, n)
+	}
 	for i := range b.history {
 		h := &b.history[i]
 		h.At = time.Unix(0, int64(binary.LittleEndian.Uint64(v[p:]))).UTC()
 		h.From, h.To = certify.Status(v[p+8]), certify.Status(v[p+9])
+		if !h.From.Valid() || !h.To.Valid() {
+			return bad("history entry status")
+		}
 		h.PosteriorVersion = binary.LittleEndian.Uint64(v[p+10:])
 		h.KL, h.Bound, h.VarBound = f64(v, p+18), f64(v, p+26), f64(v, p+34)
 		if p2 := f64(v, p+42); !math.IsNaN(p2) {
 			h.P2 = &p2
+		} else if math.Float64bits(p2) != math.Float64bits(math.NaN()) {
+			return bad("history entry p2")
 		}
 		p += histSize
 	}
 	return b, nil
+}
+
+// uvarint is binary.Uvarint accepting only the shortest encoding (what AppendUvarint writes),
+// so that every accepted record has one byte representation.
+func uvarint(b []byte) (uint64, int) {
+	n, k := binary.Uvarint(b)
+	if k > 1 && b[k-1] == 0 {
+		return 0, 0
+	}
+	return n, k
 }
 
 // appendHistory adds c to h, keeping the last MaxHistory entries.
@@ -245,4 +303,140 @@ func appendHistory(h []StatusChange, c StatusChange) []StatusChange {
 		h = h[len(h)-MaxHistory:]
 	}
 	return h
+}
+
+// anchorMeta is the small record kept per anchor posterior in bucket anchors (the model bytes
+// are in anchor_models under the same key):
+//
+//	refs u64 (CEs holding a certificate under it), kl f64 = KL(q_now || q_anchor),
+//	klVersion u64 (the current version kl was computed against), created unix ns i64
+type anchorMeta struct {
+	refs      uint64
+	kl        float64
+	klVersion uint64
+	created   int64
+}
+
+func decodeAnchor(v []byte) (anchorMeta, error) {
+	if len(v) != 32 {
+		return anchorMeta{}, corruptf("record of %d bytes, want 32", len(v))
+	}
+	a := anchorMeta{refs: binary.BigEndian.Uint64(v), kl: math.Float64frombits(binary.BigEndian.Uint64(v[8:])),
+		klVersion: binary.BigEndian.Uint64(v[16:]), created: int64(binary.BigEndian.Uint64(v[24:]))}
+	if !(a.kl >= 0) || math.IsInf(a.kl, 0) {
+		return anchorMeta{}, corruptf("kl %v", a.kl)
+	}
+	return a, nil
+}
+
+func (a anchorMeta) encode() []byte {
+	v := make([]byte, 0, 32)
+	v = binary.BigEndian.AppendUint64(v, a.refs)
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(a.kl))
+	v = binary.BigEndian.AppendUint64(v, a.klVersion)
+	return binary.BigEndian.AppendUint64(v, uint64(a.created))
+}
+
+// KLEntry is one entry of the KL history: one update, promoted or not.
+type KLEntry struct {
+	Seq              uint64    `json:"seq"`
+	At               time.Time `json:"at"`
+	PosteriorVersion uint64    `json:"posterior_version"`
+	// KL is the update KL, KL(q_new || q_prev); MaxAnchorKL the largest KL(q_now || q_anchor)
+	// over live anchors after the checkpoint (0 when it carried no re-certification).
+	KL          float64         `json:"kl"`
+	MaxAnchorKL float64         `json:"max_anchor_kl"`
+	Outcome     certify.Outcome `json:"outcome"`
+}
+
+func (s KLEntry) encode() []byte {
+	v := make([]byte, 0, 33+len(s.Outcome))
+	v = binary.BigEndian.AppendUint64(v, uint64(s.At.UnixNano()))
+	v = binary.BigEndian.AppendUint64(v, s.PosteriorVersion)
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(s.KL))
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(s.MaxAnchorKL))
+	v = append(v, byte(len(s.Outcome)))
+	return append(v, s.Outcome...)
+}
+
+func decodeKLEntry(k, v []byte) (KLEntry, error) {
+	if len(k) != 8 || len(v) < 33 || len(v) != 33+int(v[32]) {
+		return KLEntry{}, corruptf("record of %d bytes", len(v))
+	}
+	o, err := certify.ParseOutcome(string(v[33:]))
+	if err != nil {
+		return KLEntry{}, corruptf("%v", err)
+	}
+	return KLEntry{Seq: binary.BigEndian.Uint64(k), At: time.Unix(0, int64(binary.BigEndian.Uint64(v))).UTC(),
+		PosteriorVersion: binary.BigEndian.Uint64(v[8:]), KL: math.Float64frombits(binary.BigEndian.Uint64(v[16:])),
+		MaxAnchorKL: math.Float64frombits(binary.BigEndian.Uint64(v[24:])), Outcome: o}, nil
+}
+
+// OutboxEntry is one event waiting to be published: a message key and value, with the sequence
+// number the ledger gave it (increasing, never reused).
+type OutboxEntry struct {
+	Seq   uint64 `json:"seq"`
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// maxOutboxKey bounds an outbox entry's key.
+const maxOutboxKey = 1 << 12
+
+func (e *OutboxEntry) encode() []byte {
+	v := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(e.Key)+len(e.Value)), uint64(len(e.Key)))
+	return append(append(v, e.Key...), e.Value...)
+}
+
+func decodeOutboxEntry(k, v []byte) (OutboxEntry, error) {
+	if len(k) != 8 {
+		return OutboxEntry{}, corruptf("key of %d bytes", len(k))
+	}
+	n, p := uvarint(v)
+	if p <= 0 || n > maxOutboxKey || n > uint64(len(v)-p) {
+		return OutboxEntry{}, corruptf("key length")
+	}
+	return OutboxEntry{Seq: binary.BigEndian.Uint64(k), Key: string(v[p : p+int(n)]),
+		Value: append([]byte{}, v[p+int(n):]...)}, nil
+}
+
+// counts are the per-status CE counts kept in meta, indexed by status - 1.
+type counts [4]int64
+
+func decodeCounts(v []byte) (counts, error) {
+	var c counts
+	if v == nil {
+		return c, nil
+	}
+	if len(v) != 8*len(c) {
+		return c, corruptf("status counts of %d bytes", len(v))
+	}
+	for i := range c {
+		c[i] = int64(binary.BigEndian.Uint64(v[8*i:]))
+		if c[i] < 0 {
+			return c, corruptf("negative status count")
+		}
+	}
+	return c, nil
+}
+
+func (c *counts) add(s certify.Status, d int64) { c[s-1] += d }
+
+func (c counts) encode() ([]byte, error) {
+	v := make([]byte, 0, 8*len(c))
+	for _, n := range c {
+		if n < 0 {
+			return nil, corruptf("a status count would become negative (%v)", c)
+		}
+		v = binary.BigEndian.AppendUint64(v, uint64(n))
+	}
+	return v, nil
+}
+
+func (c counts) asMap() map[certify.Status]int {
+	m := make(map[certify.Status]int, len(c))
+	for _, s := range certify.Statuses() {
+		m[s] = int(c[s-1])
+	}
+	return m
 }

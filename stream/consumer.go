@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,24 +14,32 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// Dead-letter headers. The original key and value are kept as they were.
+// Defaults of ConsumerConfig. The configuration layer takes its defaults from here.
 const (
-	HeaderReason          = "cfguard-reason"           // a Reason* code
-	HeaderError           = "cfguard-error"            // human detail
-	HeaderSourceTopic     = "cfguard-source-topic"     // where the record was read
-	HeaderSourcePartition = "cfguard-source-partition" // decimal
-	HeaderSourceOffset    = "cfguard-source-offset"    // decimal
-	HeaderTruncated       = "cfguard-truncated"        // original value size, when the value was cut
-)
-
-const (
-	// maxDeadLetterValue bounds the value copied to the dead-letter topic, well below the
-	// broker's default 1 MB batch limit; longer values are cut and HeaderTruncated set.
-	maxDeadLetterValue = 256 << 10
-	// deadLetterBatch is how many dead letters Next buffers before writing them.
-	deadLetterBatch = 256
-	// writerBatchBytes bounds a produce request (Kafka's and kfake's default limit is 1048588).
-	writerBatchBytes = 1_000_000
+	// DefaultMaxRecords is the increment size while the consumer keeps up.
+	DefaultMaxRecords = 64
+	// DefaultMaxRecordsBacklog caps the increment size while the consumer is behind. It was
+	// picked by measurement (BenchmarkIngestEndToEnd in package daemon: end-to-end ingest
+	// relative to plain kafka-go grows with the cap and levels off near 1024), and it is below
+	// update.DefaultIterations x update.DefaultBatchSize = 3200, so that the update's minibatches
+	// still visit every record of an increment at least once. An update's cost and its KL do
+	// not grow with the increment's size (see TestUpdateKLDoesNotGrowWithIncrementSize).
+	DefaultMaxRecordsBacklog = 1024
+	// DefaultMaxWait is how long an increment stays open after its first record arrived.
+	DefaultMaxWait = 5 * time.Second
+	// DefaultFetchWait is the longest a fetch waits at the broker for new records.
+	DefaultFetchWait = 500 * time.Millisecond
+	// DefaultFetchMaxBytes bounds one fetch response (and so one prefetched chunk).
+	DefaultFetchMaxBytes = 1 << 20
+	// DefaultRefreshInterval is the period of the metadata and offsets refresh.
+	DefaultRefreshInterval = 2 * time.Second
+	// DefaultCommitInterval is the shortest interval between two group offset commits.
+	DefaultCommitInterval = time.Second
+	// DefaultRetryMin and DefaultRetryMax bound the backoff between retries.
+	DefaultRetryMin = 100 * time.Millisecond
+	DefaultRetryMax = 5 * time.Second
+	// DefaultStallAfter is the readiness bound (see Consumer.Health).
+	DefaultStallAfter = 15 * time.Second
 )
 
 // ConsumerConfig configures a Consumer.
@@ -42,31 +47,43 @@ type ConsumerConfig struct {
 	Conn ConnConfig
 	// Topic holds the labelled records. Required.
 	Topic string
-	// GroupID is the consumer group; its committed offsets say where to resume. Required.
+	// GroupID is the consumer group the consumer commits its offsets to, as a simple
+	// consumer that never joins the group: the commits are informational (they let Kafka
+	// tooling show the consumer's lag); where to read is decided by Resume. It must be unique
+	// per daemon: a group with active members refuses the commits. Required.
 	GroupID string
 	// DeadLetterTopic receives the records that fail validation. Required, not Topic.
 	DeadLetterTopic string
-	// MaxRecords is the most good records in one increment.
-	// Default: 256.
+	// MaxRecords is the most good records in one increment while the consumer keeps up.
+	// Default: DefaultMaxRecords.
 	MaxRecords int
-	// MaxWait is the longest an increment stays open after its first message.
-	// Default: 2s.
+	// MaxRecordsBacklog is the most good records in one increment while the consumer is
+	// behind (more than MaxRecords records are already fetched and decoded). It also bounds
+	// the prefetch. Default: DefaultMaxRecordsBacklog, or MaxRecords if that is larger.
+	MaxRecordsBacklog int
+	// MaxWait is the longest an increment stays open after its first record arrived.
+	// Default: DefaultMaxWait.
 	MaxWait time.Duration
-	// Resume, when set, is the checkpointed next offset per partition: messages below it
-	// were applied before and are skipped (see Consumer.Resume).
+	// Resume is the checkpointed next offset per partition: reading starts there. Partitions
+	// without an entry start at their earliest offset.
 	Resume map[int]int64
 	// FetchWait is the longest a fetch waits at the broker for new data.
-	// Default: 500ms.
+	// Default: DefaultFetchWait.
 	FetchWait time.Duration
-	// SessionTimeout is the group session timeout (kfake and Kafka require >= 6s).
-	// Default: 10s.
-	SessionTimeout time.Duration
-	// HeartbeatInterval is the group heartbeat period.
-	// Default: 1s.
-	HeartbeatInterval time.Duration
-	// RetryMin and RetryMax bound the backoff between retries of failed broker operations.
-	// Default: 100ms and 10s.
+	// FetchMaxBytes bounds one fetch response. Default: DefaultFetchMaxBytes.
+	FetchMaxBytes int
+	// RefreshInterval is the period of the metadata refresh (new partitions are picked up)
+	// and of the offsets refresh (high watermarks, log start offsets; it is also the
+	// broker-liveness probe while no fetch is running). Default: DefaultRefreshInterval.
+	RefreshInterval time.Duration
+	// CommitInterval is the shortest interval between two group offset commits; durable
+	// offsets that arrive meanwhile are coalesced into the next. Default: DefaultCommitInterval.
+	CommitInterval time.Duration
+	// RetryMin and RetryMax bound the exponential backoff (with jitter) between retries of
+	// failed broker operations. Default: DefaultRetryMin and DefaultRetryMax.
 	RetryMin, RetryMax time.Duration
+	// StallAfter is the readiness bound of Health. Default: DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 func (c *ConsumerConfig) applyDefaults() error {
@@ -83,19 +100,27 @@ func (c *ConsumerConfig) applyDefaults() error {
 	case c.DeadLetterTopic == c.Topic:
 		return fmt.Errorf("stream: DeadLetterTopic %q must differ from Topic", c.DeadLetterTopic)
 	}
-	setDefault(&c.MaxRecords, 256)
-	setDefault(&c.MaxWait, 2*time.Second)
-	setDefault(&c.FetchWait, 500*time.Millisecond)
-	setDefault(&c.SessionTimeout, 10*time.Second)
-	setDefault(&c.HeartbeatInterval, time.Second)
-	setDefault(&c.RetryMin, 100*time.Millisecond)
-	setDefault(&c.RetryMax, 10*time.Second)
-	for name, v := range map[string]int64{"MaxRecords": int64(c.MaxRecords), "MaxWait": int64(c.MaxWait),
-		"FetchWait": int64(c.FetchWait), "SessionTimeout": int64(c.SessionTimeout),
-		"HeartbeatInterval": int64(c.HeartbeatInterval), "RetryMin": int64(c.RetryMin)} {
+	for name, v := range map[string]int64{"MaxRecords": int64(c.MaxRecords), "MaxRecordsBacklog": int64(c.MaxRecordsBacklog),
+		"MaxWait": int64(c.MaxWait), "FetchWait": int64(c.FetchWait), "FetchMaxBytes": int64(c.FetchMaxBytes),
+		"RefreshInterval": int64(c.RefreshInterval), "CommitInterval": int64(c.CommitInterval),
+		"RetryMin": int64(c.RetryMin), "RetryMax": int64(c.RetryMax), "StallAfter": int64(c.StallAfter)} {
 		if v < 0 {
 			return fmt.Errorf("stream: consumer %s must be positive, got %d", name, v)
 		}
+	}
+	explicitBacklog := c.MaxRecordsBacklog != 0
+	setDefault(&c.MaxRecords, DefaultMaxRecords)
+	setDefault(&c.MaxRecordsBacklog, max(DefaultMaxRecordsBacklog, c.MaxRecords))
+	setDefault(&c.MaxWait, DefaultMaxWait)
+	setDefault(&c.FetchWait, DefaultFetchWait)
+	setDefault(&c.FetchMaxBytes, DefaultFetchMaxBytes)
+	setDefault(&c.RefreshInterval, DefaultRefreshInterval)
+	setDefault(&c.CommitInterval, DefaultCommitInterval)
+	setDefault(&c.RetryMin, DefaultRetryMin)
+	setDefault(&c.RetryMax, max(DefaultRetryMax, c.RetryMin))
+	setDefault(&c.StallAfter, DefaultStallAfter)
+	if explicitBacklog && c.MaxRecordsBacklog < c.MaxRecords {
+		return fmt.Errorf("stream: consumer MaxRecordsBacklog %d < MaxRecords %d", c.MaxRecordsBacklog, c.MaxRecords)
 	}
 	if c.RetryMax < c.RetryMin {
 		return fmt.Errorf("stream: consumer RetryMax %v < RetryMin %v", c.RetryMax, c.RetryMin)
@@ -115,23 +140,40 @@ func setDefault[T comparable](v *T, def T) {
 	}
 }
 
+// Gap is a range of offsets of one partition whose records were deleted by the broker
+// (retention) before the consumer read them: records [From, To) are lost.
+type Gap struct {
+	Partition int
+	From, To  int64
+}
+
+// Records is the number of records lost.
+func (g Gap) Records() int64 { return g.To - g.From }
+
 // Increment is a batch of good records ready to be applied, with the bookkeeping needed to
-// commit it.
+// checkpoint it.
 type Increment struct {
-	// Records are the decoded records, in fetch order (per partition, in offset order).
+	// Records are the decoded records, in offset order per partition.
 	Records []Record
 	// DeadLettered counts messages of this increment written to the dead-letter topic.
 	DeadLettered int
-	// Skipped counts messages dropped because they were below the resume offset of their
-	// partition (already applied) or delivered twice.
-	Skipped int
-	// NextOffsets maps each partition seen in this increment to its last offset + 1: the
-	// offset to resume from once the increment is applied. Checkpoint the per-partition
-	// maximum over increments.
+	// Gaps are the records lost before this increment's records (see Gap); NextOffsets is
+	// past them.
+	Gaps []Gap
+	// NextOffsets maps each partition seen in this increment to the offset to resume from once
+	// the increment is applied (its last offset + 1). Checkpoint them.
 	NextOffsets map[int]int64
 
 	topic string
-	msgs  []kafka.Message // one per partition, at NextOffsets-1, for CommitMessages
+}
+
+// Lost is the number of records of the increment's gaps.
+func (inc *Increment) Lost() int64 {
+	var n int64
+	for _, g := range inc.Gaps {
+		n += g.Records()
+	}
+	return n
 }
 
 // XY returns the features and labels of the records, for update.LastLayer.
@@ -146,80 +188,85 @@ func (inc *Increment) XY() ([][]float64, []int) {
 
 // Stats is a snapshot of a Consumer's counters (totals since it started).
 type Stats struct {
-	// Lag is kafka-go's ReaderStats.Lag: how far the last fetch was behind the partition's
-	// high watermark.
+	// Lag is, summed over partitions, the high watermark (as of the last fetch or refresh)
+	// minus the next offset Next will hand out: records produced and not yet handed out.
 	Lag int64
-	// Fetched counts messages fetched, Decoded good records, Skipped dropped ones.
-	Fetched, Decoded, Skipped int64
+	// Fetched counts messages fetched, Decoded good records.
+	Fetched, Decoded int64
 	// DeadLettered counts messages written to the dead-letter topic, by reason code.
 	DeadLettered map[string]int64
-	// Increments counts increments returned by Next; Commits successful Commit calls.
+	// Lost counts records deleted by the broker before they were read (see Gap).
+	Lost int64
+	// Increments counts increments returned by Next; Commits successful group offset commits.
 	Increments, Commits int64
-	// Retries counts broker operations (fetch, commit, dead-letter write) that failed and
-	// were retried.
+	// Committed is the last offset per partition committed to the group.
+	Committed map[int]int64
+	// Retries counts broker operations (fetch, refresh, commit, dead-letter write) that failed
+	// and were retried.
 	Retries int64
-	// Pending is the number of good records in the increment being built.
+	// Pending is the number of good records fetched and decoded but not handed out yet.
 	Pending int64
+	// Partitions is the topic's partition count, as of the last metadata refresh.
+	Partitions int
 }
 
-// Consumer reads labelled records from a topic as a member of a consumer group and hands
-// them out in increments; see the package documentation for the offset discipline. Next and
-// Commit may be called from different goroutines, but Next from one at a time.
+// Consumer reads labelled records from every partition of a topic and hands them out in
+// increments; see the package documentation for the offset discipline. Next may be called
+// from one goroutine at a time; the other methods from any.
 //
-// Next fetches in batches: one blocking FetchMessage, then as many more as kafka-go has
-// already queued (ReaderStats.QueueLength), so they return at once. Each batch is decoded on
-// up to GOMAXPROCS goroutines (decoding is most of the per-record cost) and filed in offset
-// order.
+// It is not a member of a consumer group: it reads each partition from the checkpointed
+// offset it was given, so a restart after a crash reads again at once, without waiting for a
+// group's session timeout or rebalance. One reader goroutine per partition fetches, decodes
+// and dead-letters in the background, up to 2 x MaxRecordsBacklog records ahead (nothing is
+// committed early: group commits follow MarkDurable); Next assembles increments from what
+// they have ready.
 type Consumer struct {
 	cfg    ConsumerConfig
 	schema *Schema
 	log    *slog.Logger
-	r      *kafka.Reader
-	dlq    *kafka.Writer
 	tr     *kafka.Transport
+	cl     *kafka.Client
+	dlq    *kafka.Writer
+	out    *outage // broker outages: one WARN when they start, one INFO when they end
+	group  *outage // group commits refused while the broker answers
 
-	nextMu  sync.Mutex // serialises Next, guards pending
-	pending pending
+	chunks chan *chunk // from the readers to Next, in offset order per partition
 
-	mu   sync.Mutex
-	skip map[int]int64 // drop offsets below skip[partition]
+	stopped  chan struct{} // closed when the consumer's context ends (Close, or the caller's)
+	done     chan struct{} // closed once every goroutine has stopped and the connections are closed
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	failOnce sync.Once
+	failed   chan struct{} // closed on an error no retry can fix
+	failErr  error
 
-	fetchedN, decoded, skipped, increments, commits, retries, pendingN atomic.Int64
-	deadMu                                                             sync.Mutex
-	dead                                                               map[string]int64
+	mu          sync.Mutex
+	parts       map[int]*partState
+	nparts      int       // partitions in the last metadata
+	metaOK      bool      // metadata seen at least once
+	topicErr    error     // from the last metadata: the topic is missing or unreadable
+	brokerReply time.Time // last time the broker answered
+	lastErr     error     // last broker error
+	handed      map[int]int64
+	buffered    int           // records fetched and decoded, not handed out yet (the prefetch)
+	spaceCh     chan struct{} // closed (and replaced) when Next hands records out
 
-	cancel   context.CancelFunc // ends run
-	done     chan struct{}      // closed once run has closed the reader, writer and connections
-	closeErr error
+	nextMu sync.Mutex // serialises Next; guards pend and carry
+	pend   pending
+	carry  *chunk
+
+	commitMu  sync.Mutex
+	durable   map[int]int64
+	committed map[int]int64
+	wake      chan struct{}
+
+	fetched, decoded, lost, increments, commits, retries atomic.Int64
+	deadMu                                               sync.Mutex
+	dead                                                 map[string]int64
 }
 
-// pending is the increment being built. It survives an error return from Next, so that
-// nothing fetched is lost: the next call carries on with it.
-type pending struct {
-	first   time.Time // arrival of the first message; zero when empty
-	records []Record
-	dead    []deadLetter // waiting to be written
-	nDead   int          // written to the dead-letter topic
-	skipped int
-	next    map[int]int64
-}
-
-type deadLetter struct {
-	msg    kafka.Message
-	reason string
-}
-
-func (p *pending) empty() bool { return p.first.IsZero() }
-
-// begin starts an increment at the arrival of its first message.
-func (p *pending) begin(maxRecords int) {
-	p.first = time.Now()
-	p.next = make(map[int]int64)
-	p.records = make([]Record, 0, min(maxRecords, 4096))
-}
-
-// NewConsumer validates cfg, joins the group and returns a Consumer. Its connections and
-// goroutines stop when ctx ends or on Close.
+// NewConsumer validates cfg and starts reading. Its connections and goroutines stop when ctx
+// ends or on Close.
 func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *slog.Logger) (*Consumer, error) {
 	if schema == nil {
 		return nil, errors.New("stream: NewConsumer needs a Schema")
@@ -231,427 +278,350 @@ func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *s
 		return nil, err
 	}
 	log = log.With("topic", cfg.Topic, "group", cfg.GroupID)
-	rc := readerConfig(&cfg, log)
-	// NewReader panics on an invalid config; validate first.
-	if err := rc.Validate(); err != nil {
-		return nil, fmt.Errorf("stream: consumer config: %w", err)
-	}
 	c := &Consumer{
 		cfg: cfg, schema: schema, log: log,
-		skip: make(map[int]int64), dead: make(map[string]int64),
-		done: make(chan struct{}),
+		out:    newOutage(log, "kafka broker operations"),
+		group:  newOutage(log, "group offset commits"),
+		chunks: make(chan *chunk, 4096), spaceCh: make(chan struct{}),
+		stopped: make(chan struct{}), done: make(chan struct{}), failed: make(chan struct{}),
+		parts: make(map[int]*partState), handed: make(map[int]int64),
+		durable: make(map[int]int64), committed: make(map[int]int64), wake: make(chan struct{}, 1),
+		dead: make(map[string]int64),
 	}
 	for _, r := range Reasons() {
 		c.dead[r] = 0
 	}
-	c.Resume(cfg.Resume)
-	var lctx context.Context
-	lctx, c.cancel = context.WithCancel(ctx)
-	c.tr = cfg.Conn.transport(lctx)
-	c.dlq = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, log)
-	c.r = kafka.NewReader(rc)
-	go c.run(lctx)
+	for p, off := range cfg.Resume {
+		c.handed[p] = off
+	}
+	// The transport outlives the consumer's context by the final commit (see run).
+	trCtx, stopTransport := context.WithCancel(context.WithoutCancel(ctx))
+	c.tr = cfg.Conn.transport(trCtx)
+	c.cl = &kafka.Client{Addr: kafka.TCP(cfg.Conn.Brokers...), Transport: c.tr, Timeout: cfg.Conn.DialTimeout + 2*cfg.FetchWait}
+	c.dlq = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, c.out.kafkaLogger("kafka-go dead-letter writer"))
+	lctx, cancel := context.WithCancel(ctx)
+	c.cancel = cancel
+	c.wg.Add(2)
+	go func() { defer c.wg.Done(); c.refreshLoop(lctx) }()
+	go func() { defer c.wg.Done(); c.commitLoop(lctx) }()
+	go c.run(lctx, stopTransport)
 	return c, nil
 }
 
-// readerConfig is the kafka-go reader configuration of a consumer (the benchmark's plain
-// baseline uses it too, so that both read the same way).
-func readerConfig(cfg *ConsumerConfig, log *slog.Logger) kafka.ReaderConfig {
-	return kafka.ReaderConfig{
-		Brokers:           cfg.Conn.Brokers,
-		GroupID:           cfg.GroupID,
-		Topic:             cfg.Topic,
-		Dialer:            cfg.Conn.dialer(),
-		QueueCapacity:     1024,
-		MinBytes:          1,
-		MaxBytes:          4 << 20,
-		MaxWait:           cfg.FetchWait,
-		HeartbeatInterval: cfg.HeartbeatInterval,
-		SessionTimeout:    cfg.SessionTimeout,
-		RebalanceTimeout:  cfg.SessionTimeout,
-		JoinGroupBackoff:  cfg.RetryMin,
-		StartOffset:       kafka.FirstOffset,
-		CommitInterval:    0, // synchronous: CommitMessages returns once the broker has the offsets
-		ReadBackoffMin:    cfg.RetryMin,
-		ReadBackoffMax:    cfg.RetryMax,
-		ErrorLogger:       kafka.LoggerFunc(func(f string, a ...any) { log.Warn("kafka-go reader: " + fmt.Sprintf(f, a...)) }),
-	}
-}
-
-// newWriter is a synchronous writer that waits for all in-sync replicas. Batching comes from
-// the caller passing many messages to one WriteMessages call, so the batch timeout is short.
-func newWriter(brokers []string, topic string, tr *kafka.Transport, log *slog.Logger) *kafka.Writer {
-	return &kafka.Writer{
-		Addr:         kafka.TCP(brokers...),
-		Topic:        topic,
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    1000,
-		BatchBytes:   writerBatchBytes,
-		BatchTimeout: time.Millisecond,
-		MaxAttempts:  3,
-		Transport:    tr,
-		ErrorLogger:  kafka.LoggerFunc(func(f string, a ...any) { log.Warn("kafka-go writer: " + fmt.Sprintf(f, a...)) }),
-	}
-}
-
-// run closes the reader, the writer and the connections once ctx ends (or Close is called).
-func (c *Consumer) run(ctx context.Context) {
+// run waits for the end, then stops everything in order: the goroutines, a last commit of
+// what is durable (bounded), the writer and the connections.
+func (c *Consumer) run(ctx context.Context, stopTransport context.CancelFunc) {
 	defer close(c.done)
 	<-ctx.Done()
-	c.closeErr = errors.Join(c.r.Close(), c.dlq.Close())
+	close(c.stopped)
+	c.wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), finalCommitTimeout)
+	if err := c.commitDurable(fctx); err != nil {
+		c.log.Warn("last group offset commit failed; the group's offsets stay behind the checkpoint (they are informational)", "err", err)
+	}
+	cancel()
+	c.dlq.Close()
+	stopTransport()
 	c.tr.CloseIdleConnections()
 }
 
-// fetch returns the next message, retrying broker errors with backoff. The decision to retry
-// is made here, where the error is understood; the context is checked first.
-func (c *Consumer) fetch(ctx context.Context) (kafka.Message, error) {
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
-	for {
-		m, err := c.r.FetchMessage(ctx)
-		if err == nil {
-			c.fetchedN.Add(1)
-			return m, nil
-		}
-		if ctx.Err() != nil {
-			return kafka.Message{}, ctx.Err()
-		}
-		if errors.Is(err, io.EOF) || c.closed() {
-			return kafka.Message{}, ErrClosed
-		}
-		if !retryable(err) {
-			return kafka.Message{}, fmt.Errorf("stream: fetching from %s: %w", c.cfg.Topic, err)
-		}
-		c.retries.Add(1)
-		c.log.Warn("fetch failed; retrying", "err", err)
-		if err := bo.wait(ctx); err != nil {
-			return kafka.Message{}, err
-		}
-	}
-}
+// finalCommitTimeout bounds the last group commit at Close.
+const finalCommitTimeout = 3 * time.Second
 
-func (c *Consumer) closed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Close leaves the group and closes the connections, then waits for every goroutine to stop.
-// Messages fetched but not committed are delivered again to the next member. Dead letters of
-// the increment being built that were not written yet are not written; their records are
-// delivered again too.
+// Close stops the readers, commits the durable offsets to the group one last time (for at
+// most a few seconds), closes the connections and waits for every goroutine to stop. Records
+// fetched but not handed out, or handed out but not marked durable, are read again by the
+// next consumer started from the checkpoint.
 func (c *Consumer) Close() error {
 	c.cancel()
 	<-c.done
-	return c.closeErr
-}
-
-// Resume makes the consumer drop, count as Skipped and commit the messages whose offset is
-// below next[partition]: the checkpoint's per-partition next offsets. It only ever raises the
-// thresholds. Call it before the first Next.
-func (c *Consumer) Resume(next map[int]int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for p, off := range next {
-		if off > c.skip[p] {
-			c.skip[p] = off
-		}
-	}
-}
-
-// Next returns the next increment: it is complete when it holds MaxRecords good records, or
-// when MaxWait has passed since its first message arrived, whichever is first. Before the
-// first message Next waits as long as ctx allows. An increment without good records is
-// returned only when it has dead-lettered or skipped messages whose offsets need committing.
-// Bad records are written to the dead-letter topic before Next returns.
-//
-// Within one Consumer no offset is returned twice: a message delivered again (after a
-// rebalance) below what earlier increments covered is skipped. Broker errors are retried with
-// backoff; Next returns an error only when ctx ends, the consumer is closed (ErrClosed), or a
-// broker error cannot be retried. On an error return, what was fetched stays pending for the
-// next call.
-func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
-	c.nextMu.Lock()
-	defer c.nextMu.Unlock()
-	p := &c.pending
-	// fctx carries the increment's deadline once it has a first message; it is made once
-	// per call, not per fetch.
-	fctx, withDeadline := ctx, false
-	var batch []kafka.Message
-	for len(p.records) < c.cfg.MaxRecords {
-		if len(p.dead) >= deadLetterBatch {
-			if err := c.flushDead(ctx); err != nil {
-				return nil, err
-			}
-		}
-		if !p.empty() {
-			deadline := p.first.Add(c.cfg.MaxWait)
-			if !time.Now().Before(deadline) {
-				break
-			}
-			if !withDeadline {
-				var cancel context.CancelFunc
-				fctx, cancel = context.WithDeadline(ctx, deadline)
-				defer cancel() // once: guarded by withDeadline
-				withDeadline = true
-			}
-		}
-		m, err := c.fetch(fctx)
-		if err != nil {
-			if ctx.Err() == nil && !p.empty() && fctx.Err() != nil {
-				break // MaxWait elapsed
-			}
-			return nil, err
-		}
-		if p.empty() {
-			p.begin(c.cfg.MaxRecords)
-			var cancel context.CancelFunc
-			fctx, cancel = context.WithDeadline(ctx, p.first.Add(c.cfg.MaxWait))
-			defer cancel() // once: the increment is no longer empty
-			withDeadline = true
-		}
-		// What kafka-go has queued already comes without waiting. Its queue length may count
-		// a stale message FetchMessage drops after a rebalance; then the fetch waits, bounded
-		// by the increment's deadline (set above), and an error leaves the batch so far to be
-		// filed.
-		batch = append(batch[:0], m)
-		more := min(int(c.r.Stats().QueueLength), c.cfg.MaxRecords-len(p.records)-1)
-		for range more {
-			m, err := c.fetch(fctx)
-			if err != nil {
-				break
-			}
-			batch = append(batch, m)
-		}
-		c.handle(batch)
-	}
-	if err := c.flushDead(ctx); err != nil {
-		return nil, err
-	}
-	return c.take(), nil
-}
-
-// handle files a batch of fetched messages, in order, into the pending increment: skipped,
-// dead-lettered or decoded. Decoding runs in parallel.
-func (c *Consumer) handle(batch []kafka.Message) {
-	p := &c.pending
-	keep := make([]bool, len(batch))
-	c.mu.Lock()
-	for i, m := range batch {
-		floor := c.skip[m.Partition]
-		if n, ok := p.next[m.Partition]; ok && n > floor {
-			floor = n // a redelivery of something already in this increment
-		}
-		keep[i] = m.Offset >= floor
-		if m.Offset+1 > p.next[m.Partition] {
-			p.next[m.Partition] = m.Offset + 1
-		}
-	}
-	c.mu.Unlock()
-	// Decode straight into the increment's record slice, then close the gaps left by
-	// skipped and bad messages.
-	base := len(p.records)
-	p.records = slices.Grow(p.records, len(batch))[:base+len(batch)]
-	errs := c.schema.decodeAll(batch, keep, p.records[base:])
-	w := base
-	for i, m := range batch {
-		switch {
-		case !keep[i]:
-			p.skipped++
-			c.skipped.Add(1)
-		case errs[i] != nil:
-			err := errs[i]
-			p.dead = append(p.dead, deadLetter{msg: deadLetterMessage(m, err), reason: err.Reason})
-			c.log.Debug("record dead-lettered", "partition", m.Partition, "offset", m.Offset, "reason", err.Reason, "detail", err.Detail)
-		default:
-			rec := &p.records[w]
-			if w != base+i {
-				*rec = p.records[base+i]
-			}
-			rec.Partition, rec.Offset = m.Partition, m.Offset
-			if rec.Time.IsZero() {
-				rec.Time = m.Time
-			}
-			w++
-		}
-	}
-	clear(p.records[w : base+len(batch)]) // drop what the gaps still reference
-	p.records = p.records[:w]
-	c.decoded.Add(int64(w - base))
-	c.pendingN.Store(int64(len(p.records)))
-}
-
-// decodeAll decodes the values of batch[i] where keep[i] into out[i], on up to GOMAXPROCS
-// goroutines (joined before it returns) when the batch is large enough to pay for them. The
-// features of the whole batch share one array (each record's X has its own capacity, so an
-// append to it cannot spill into the next). It returns the decode errors, nil where fine.
-func (s *Schema) decodeAll(batch []kafka.Message, keep []bool, out []Record) []*DecodeError {
-	errs := make([]*DecodeError, len(batch))
-	d := len(s.features)
-	slab := make([]float64, len(batch)*d)
-	one := func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			if keep[i] {
-				out[i], errs[i] = s.decodeInto(batch[i].Value, slab[i*d:(i+1)*d:(i+1)*d])
-			}
-		}
-	}
-	const minPerWorker = 32
-	workers := min(runtime.GOMAXPROCS(0), len(batch)/minPerWorker, 8)
-	if workers <= 1 {
-		one(0, len(batch))
-		return errs
-	}
-	var wg sync.WaitGroup
-	chunk := (len(batch) + workers - 1) / workers
-	for lo := chunk; lo < len(batch); lo += chunk {
-		wg.Go(func() { one(lo, min(lo+chunk, len(batch))) })
-	}
-	one(0, chunk)
-	wg.Wait()
-	return errs
-}
-
-func deadLetterMessage(m kafka.Message, de *DecodeError) kafka.Message {
-	h := make([]kafka.Header, 0, 6+len(m.Headers))
-	h = append(h,
-		kafka.Header{Key: HeaderReason, Value: []byte(de.Reason)},
-		kafka.Header{Key: HeaderError, Value: []byte(de.Detail)},
-		kafka.Header{Key: HeaderSourceTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(m.Partition), 10)},
-		kafka.Header{Key: HeaderSourceOffset, Value: strconv.AppendInt(nil, m.Offset, 10)},
-	)
-	value := m.Value
-	if len(value) > maxDeadLetterValue {
-		h = append(h, kafka.Header{Key: HeaderTruncated, Value: strconv.AppendInt(nil, int64(len(value)), 10)})
-		value = value[:maxDeadLetterValue]
-	}
-	h = append(h, m.Headers...)
-	return kafka.Message{Key: m.Key, Value: value, Headers: h, Time: m.Time}
-}
-
-// flushDead writes the pending dead letters, retrying what failed until ctx ends.
-func (c *Consumer) flushDead(ctx context.Context) error {
-	p := &c.pending
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
-	for len(p.dead) > 0 {
-		msgs := make([]kafka.Message, len(p.dead))
-		for i, d := range p.dead {
-			msgs[i] = d.msg
-		}
-		err := c.dlq.WriteMessages(ctx, msgs...)
-		var failed []deadLetter
-		var werrs kafka.WriteErrors
-		switch {
-		case err == nil:
-		case errors.As(err, &werrs) && len(werrs) == len(msgs):
-			for i, e := range werrs {
-				if e != nil {
-					failed = append(failed, p.dead[i])
-				}
-			}
-		default:
-			failed = p.dead
-		}
-		c.countDead(p.dead, failed)
-		p.nDead += len(p.dead) - len(failed)
-		p.dead = failed
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, io.ErrClosedPipe) {
-			return ErrClosed
-		}
-		if !retryable(err) {
-			return fmt.Errorf("stream: writing %d dead letters to %s: %w", len(failed), c.cfg.DeadLetterTopic, err)
-		}
-		c.retries.Add(1)
-		c.log.Warn("dead-letter write failed; retrying", "dead_letters", len(failed), "err", err)
-		if err := bo.wait(ctx); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
-// countDead adds the written dead letters (all minus failed, which is a subsequence) to the
-// per-reason totals.
-func (c *Consumer) countDead(all, failed []deadLetter) {
-	c.deadMu.Lock()
-	defer c.deadMu.Unlock()
-	for _, d := range all {
-		c.dead[d.reason]++
+// fail records an error that retrying cannot fix; Next returns it.
+func (c *Consumer) fail(err error) {
+	c.failOnce.Do(func() {
+		c.failErr = err
+		close(c.failed)
+		c.log.Error("consumer stopped by an error that retrying cannot fix", "err", err)
+	})
+}
+
+// pending is the increment being built. It survives an error return from Next, so that
+// nothing taken from the readers is lost: the next call carries on with it.
+type pending struct {
+	first time.Time // arrival of its first item; zero when empty
+	recs  []Record
+	dead  int
+	gaps  []Gap
+	next  map[int]int64
+}
+
+func (p *pending) empty() bool { return p.first.IsZero() }
+
+// take moves ch's items, in offset order, into p until p holds limit records (the dead
+// letters right after the limit-th record stay in ch). It reports whether ch is used up.
+func (p *pending) take(ch *chunk, limit int) bool {
+	if p.empty() {
+		p.first, p.next = ch.at, make(map[int]int64)
 	}
-	for _, d := range failed {
-		c.dead[d.reason]--
+	if ch.gap != nil {
+		p.gaps = append(p.gaps, *ch.gap)
+		p.next[ch.part] = max(p.next[ch.part], ch.gap.To)
+		ch.gap = nil
+	}
+	for ch.ri < len(ch.recs) || ch.di < len(ch.dead) {
+		if len(p.recs) >= limit {
+			return false
+		}
+		if ch.di == len(ch.dead) { // only records left: take them in one go
+			k := min(len(ch.recs), ch.ri+limit-len(p.recs))
+			p.recs = append(p.recs, ch.recs[ch.ri:k]...)
+			ch.ri = k
+			p.next[ch.part] = ch.recs[k-1].Offset + 1
+			continue
+		}
+		if ch.ri < len(ch.recs) && ch.recs[ch.ri].Offset < ch.dead[ch.di].offset {
+			p.recs = append(p.recs, ch.recs[ch.ri])
+			p.next[ch.part] = ch.recs[ch.ri].Offset + 1
+			ch.ri++
+			continue
+		}
+		p.dead++
+		p.next[ch.part] = ch.dead[ch.di].offset + 1
+		ch.di++
+	}
+	p.next[ch.part] = max(p.next[ch.part], ch.next)
+	return true
+}
+
+// Next returns the next increment. While the consumer keeps up, an increment is complete when
+// it holds MaxRecords good records, or when MaxWait has passed since its first record arrived
+// (records prefetched while the previous increment was applied have been waiting already). When
+// more records than that are already fetched and decoded, the consumer is behind and the
+// increment takes them, up to MaxRecordsBacklog. Before the first record Next waits as long as
+// ctx allows. An increment without good records is returned only when it has dead letters or
+// gaps to checkpoint. The dead letters of an increment are written before Next returns it.
+//
+// Within one Consumer no offset is handed out twice. Broker errors are retried with backoff
+// in the background; Next returns an error only when ctx ends (what was taken stays pending
+// for the next call), the consumer is closed (ErrClosed), or a broker error cannot be retried.
+func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
+	c.nextMu.Lock()
+	defer c.nextMu.Unlock()
+	p := &c.pend
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		for len(p.recs) < c.cfg.MaxRecordsBacklog {
+			ch := c.carry
+			if ch == nil {
+				select {
+				case ch = <-c.chunks:
+				default:
+				}
+			}
+			if ch == nil {
+				break
+			}
+			if p.take(ch, c.cfg.MaxRecordsBacklog) {
+				c.carry = nil
+			} else {
+				c.carry = ch
+			}
+		}
+		if len(p.recs) >= c.cfg.MaxRecords {
+			return c.finish(), nil
+		}
+		var deadline <-chan time.Time
+		if !p.empty() {
+			d := time.Until(p.first.Add(c.cfg.MaxWait))
+			if d <= 0 {
+				return c.finish(), nil
+			}
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			deadline = timer.C
+		}
+		select {
+		case ch := <-c.chunks:
+			c.carry = ch
+		case <-deadline:
+			return c.finish(), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.stopped:
+			return nil, ErrClosed
+		case <-c.failed:
+			return nil, c.failErr
+		}
 	}
 }
 
-// take turns the pending increment into an Increment and raises the skip thresholds to it.
-func (c *Consumer) take() *Increment {
-	p := &c.pending
-	inc := &Increment{Records: p.records, DeadLettered: p.nDead, Skipped: p.skipped,
-		NextOffsets: maps.Clone(p.next), topic: c.cfg.Topic}
-	for part, next := range p.next {
-		inc.msgs = append(inc.msgs, kafka.Message{Topic: c.cfg.Topic, Partition: part, Offset: next - 1})
-	}
-	c.Resume(p.next)
-	c.pending = pending{}
-	c.pendingN.Store(0)
+// finish turns the pending increment into an Increment.
+func (c *Consumer) finish() *Increment {
+	p := &c.pend
+	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic}
+	c.mu.Lock()
+	maps.Copy(c.handed, p.next)
+	c.buffered -= len(p.recs)
+	close(c.spaceCh) // wakes the readers waiting for room
+	c.spaceCh = make(chan struct{})
+	c.mu.Unlock()
+	c.pend = pending{}
 	c.increments.Add(1)
 	return inc
 }
 
-// Commit commits the increment's offsets to the group: each partition's NextOffsets. Call it
-// only after the increment's effect is durable. Broker errors are retried with backoff until
-// ctx ends. A failed commit loses nothing: the messages come again and Resume skips them.
-func (c *Consumer) Commit(ctx context.Context, inc *Increment) error {
-	if inc == nil || len(inc.msgs) == 0 {
-		return nil
+// MarkDurable tells the consumer that inc's effect is durable (checkpointed): its offsets may
+// be committed to the group. The commit happens in the background, coalesced with later ones
+// (at most one per CommitInterval), and retried with backoff until it succeeds or a later one
+// supersedes it; it is informational, so nothing waits for it. inc must come from this
+// consumer's Next.
+func (c *Consumer) MarkDurable(inc *Increment) {
+	if inc == nil || len(inc.NextOffsets) == 0 {
+		return
 	}
 	if inc.topic != c.cfg.Topic {
-		return fmt.Errorf("stream: increment is from topic %q, consumer reads %q", inc.topic, c.cfg.Topic)
+		c.log.Error("MarkDurable: increment from another consumer ignored", "increment_topic", inc.topic)
+		return
 	}
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
-	for {
-		err := c.r.CommitMessages(ctx, inc.msgs...)
-		if err == nil {
-			c.commits.Add(1)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("stream: committing %v: %w", inc.NextOffsets, ctx.Err())
-		}
-		if errors.Is(err, io.ErrClosedPipe) {
-			return ErrClosed
-		}
-		if !retryable(err) {
-			return fmt.Errorf("stream: committing %v: %w", inc.NextOffsets, err)
-		}
-		c.retries.Add(1)
-		c.log.Warn("commit failed; retrying", "offsets", inc.NextOffsets, "err", err)
-		if err := bo.wait(ctx); err != nil {
-			return fmt.Errorf("stream: committing %v: %w", inc.NextOffsets, err)
-		}
+	c.commitMu.Lock()
+	for p, off := range inc.NextOffsets {
+		c.durable[p] = max(c.durable[p], off)
+	}
+	c.commitMu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
 	s := Stats{
-		Lag:     c.r.Stats().Lag,
-		Fetched: c.fetchedN.Load(), Decoded: c.decoded.Load(), Skipped: c.skipped.Load(),
+		Fetched: c.fetched.Load(), Decoded: c.decoded.Load(), Lost: c.lost.Load(),
 		Increments: c.increments.Load(), Commits: c.commits.Load(), Retries: c.retries.Load(),
-		Pending: c.pendingN.Load(),
 	}
+	c.mu.Lock()
+	for p, ps := range c.parts {
+		if from, ok := c.handed[p]; ok || ps.hwm > 0 {
+			s.Lag += max(0, ps.hwm-max(from, ps.logStart))
+		}
+	}
+	s.Pending = int64(c.buffered)
+	s.Partitions = c.nparts
+	c.mu.Unlock()
+	c.commitMu.Lock()
+	s.Committed = maps.Clone(c.committed)
+	c.commitMu.Unlock()
 	c.deadMu.Lock()
 	s.DeadLettered = maps.Clone(c.dead)
 	c.deadMu.Unlock()
 	return s
+}
+
+// Health is a snapshot of the consumer's readiness; see Consumer.Health.
+type Health struct {
+	// Ready is true when every condition holds; Reasons says which do not.
+	Ready   bool
+	Reasons []string
+	// LastBrokerReply is the last time the broker answered a request (fetch, offsets, metadata).
+	LastBrokerReply time.Time
+	// Partitions is the topic's partition count; Readers the partition readers running.
+	Partitions, Readers int
+	// CaughtUp is true when every partition has been read up to its high watermark.
+	CaughtUp bool
+}
+
+// Health reports whether the consumer works, from state its own traffic keeps current: it
+// makes no request. It is ready when
+//
+//  1. the broker answered within StallAfter: fetches answer at least every FetchWait while
+//     they run, and the offsets refresh asks every RefreshInterval, so a live broker is never
+//     older than about RefreshInterval;
+//  2. the topic's metadata has been read, names the topic, and every partition is held by a
+//     running reader (a reader stops only on an error no retry fixes);
+//  3. every partition has fetched within StallAfter, or has nothing to fetch (its position is
+//     at its high watermark), or is waiting for Next to make room (the daemon is busy: that is
+//     backpressure, not a stall).
+//
+// So a consumer whose broker goes away turns unready within StallAfter, and ready again
+// within about max(RefreshInterval, RetryMax) + FetchWait after the broker answers again
+// (the readers' backoff is capped at RetryMax).
+func (c *Consumer) Health() Health {
+	now := time.Now()
+	bound := c.cfg.StallAfter
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := Health{LastBrokerReply: c.brokerReply, Partitions: c.nparts, CaughtUp: true}
+	var why []string
+	select {
+	case <-c.failed:
+		why = append(why, "stopped: "+c.failErr.Error())
+	default:
+	}
+	if since := now.Sub(c.brokerReply); since > bound {
+		msg := "the broker has not answered yet"
+		if !c.brokerReply.IsZero() {
+			msg = fmt.Sprintf("the broker has not answered for %v (bound %v)", since.Round(time.Millisecond), bound)
+		}
+		if c.lastErr != nil {
+			msg += ": " + c.lastErr.Error()
+		}
+		why = append(why, msg)
+	}
+	switch {
+	case !c.metaOK:
+		why = append(why, "no metadata for topic "+c.cfg.Topic+" yet")
+	case c.topicErr != nil:
+		why = append(why, fmt.Sprintf("topic %s: %v", c.cfg.Topic, c.topicErr))
+	}
+	for _, p := range slices.Sorted(maps.Keys(c.parts)) {
+		ps := c.parts[p]
+		if ps.running {
+			h.Readers++
+		} else if p < c.nparts {
+			why = append(why, fmt.Sprintf("partition %d: no running reader", p))
+		}
+		caughtUp := ps.next >= 0 && ps.next >= ps.hwm
+		if !caughtUp {
+			h.CaughtUp = false
+		}
+		switch {
+		case ps.ahead:
+			why = append(why, fmt.Sprintf("partition %d: checkpointed offset %d is past the partition's end %d", p, ps.next, ps.hwm))
+		case caughtUp || ps.waiting:
+		case now.Sub(ps.lastFetch) > bound:
+			why = append(why, fmt.Sprintf("partition %d: no fetch for %v with %d records to read", p, now.Sub(ps.lastFetch).Round(time.Millisecond), ps.hwm-ps.next))
+		}
+	}
+	if c.metaOK && c.topicErr == nil && h.Readers < c.nparts {
+		why = append(why, fmt.Sprintf("%d of %d partitions have a running reader", h.Readers, c.nparts))
+	}
+	h.Ready, h.Reasons = len(why) == 0, why
+	return h
+}
+
+// answered notes that the broker answered (any request).
+func (c *Consumer) answered() {
+	c.mu.Lock()
+	c.brokerReply = time.Now()
+	c.mu.Unlock()
+}
+
+// failedAttempt counts a failed broker operation and tells the outage log.
+func (c *Consumer) failedAttempt(source string, err error) {
+	c.retries.Add(1)
+	c.out.fail(source, err)
+	c.mu.Lock()
+	c.lastErr = err
+	c.mu.Unlock()
 }

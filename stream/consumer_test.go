@@ -163,14 +163,10 @@ func TestDeadLetters(t *testing.T) {
 			t.Errorf("Stats().DeadLettered[%s] = %d, want 1", r, s.DeadLettered[r])
 		}
 	}
-	// Committing and restarting shows the bad records are consumed for good.
-	for _, inc := range incs {
-		if err := c.Commit(context.Background(), inc); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Restarting from the checkpoint shows the bad records are consumed for good.
 	c.Close()
 	produce(t, conn, recordsTopic, 0, goodRecord("after", 99))
+	cfg.Resume = checkpoint(incs)
 	c2 := newConsumer(t, cfg)
 	if got := ids(collect(t, c2, 1, 20*time.Second)); !slices.Equal(got, []string{"after"}) {
 		t.Fatalf("after commit and restart got %v, want [after]", got)
@@ -182,20 +178,18 @@ func TestIncrementBounds(t *testing.T) {
 	conn := plainConn(b)
 	produce(t, conn, recordsTopic, 0, goodRecords("r", 25)...)
 	cfg := consumerConfig(conn, "bounds")
-	cfg.MaxRecords = 10
+	cfg.MaxRecords, cfg.MaxRecordsBacklog = 10, 10 // increments of a fixed size
 	cfg.MaxWait = 400 * time.Millisecond
+	produced := time.Now() // the records arrive after this
 	c := newConsumer(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var sizes []int
-	var last time.Duration
 	for range 3 {
-		t0 := time.Now()
 		inc, err := c.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		last = time.Since(t0)
 		sizes = append(sizes, len(inc.Records))
 		if inc.NextOffsets[0] != int64(sumInts(sizes)) {
 			t.Fatalf("increment %d NextOffsets %v, want {0:%d}", len(sizes), inc.NextOffsets, sumInts(sizes))
@@ -204,10 +198,10 @@ func TestIncrementBounds(t *testing.T) {
 	if !slices.Equal(sizes, []int{10, 10, 5}) {
 		t.Fatalf("increment sizes %v, want [10 10 5]", sizes)
 	}
-	// The last increment was cut by MaxWait, which starts when its first message arrives,
-	// during this call.
-	if last < cfg.MaxWait {
-		t.Fatalf("short increment returned after %v, before MaxWait %v", last, cfg.MaxWait)
+	// The last increment was cut by MaxWait, which starts when its first record arrived:
+	// after the records were produced.
+	if waited := time.Since(produced); waited < cfg.MaxWait {
+		t.Fatalf("short increment returned %v after the records were produced, before MaxWait %v", waited, cfg.MaxWait)
 	}
 	// Nothing more: Next does not return empty increments; it waits for the context.
 	short, cancelShort := context.WithTimeout(ctx, 3*cfg.MaxWait)
@@ -233,85 +227,40 @@ func sumInts(xs []int) int {
 	return s
 }
 
-func TestCommitOnlyByCommit(t *testing.T) {
-	b := startBroker(t, broker.Config{})
-	conn := plainConn(b)
-	produce(t, conn, recordsTopic, 0, goodRecords("a", 5)...)
-	cfg := consumerConfig(conn, "commit")
-
-	c1 := newConsumer(t, cfg)
-	first := ids(collect(t, c1, 5, 20*time.Second))
-	if err := c1.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Not committed: a new member of the group gets the same records again.
-	c2 := newConsumer(t, cfg)
-	incs := collect(t, c2, 5, 20*time.Second)
-	if again := ids(incs); !slices.Equal(again, first) {
-		t.Fatalf("without Commit the restarted consumer got %v, want %v again", again, first)
-	}
-	for _, inc := range incs {
-		if err := c2.Commit(context.Background(), inc); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if s := c2.Stats(); s.Commits != int64(len(incs)) {
-		t.Fatalf("Stats().Commits = %d, want %d", s.Commits, len(incs))
-	}
-	c2.Close()
-	// Committed: the next member starts after them.
-	produce(t, conn, recordsTopic, 0, goodRecords("b", 2)...)
-	c3 := newConsumer(t, cfg)
-	if got := ids(collect(t, c3, 2, 20*time.Second)); !slices.Equal(got, []string{"b0", "b1"}) {
-		t.Fatalf("after Commit the restarted consumer got %v, want [b0 b1]", got)
-	}
-}
-
-func TestResumeSkipsApplied(t *testing.T) {
-	b := startBroker(t, broker.Config{Topics: []string{recordsTopic, deadTopic}, Partitions: 2})
-	conn := plainConn(b)
-	produce(t, conn, recordsTopic, 0, goodRecords("p0-", 5)...)
-	produce(t, conn, recordsTopic, 1, goodRecords("p1-", 5)...)
-	cfg := consumerConfig(conn, "resume")
-	cfg.Resume = map[int]int64{0: 3, 1: 1} // the checkpoint says these were applied
-	c := newConsumer(t, cfg)
-	incs := collect(t, c, 6, 20*time.Second)
-	got := ids(incs)
-	slices.Sort(got)
-	if want := []string{"p0-3", "p0-4", "p1-1", "p1-2", "p1-3", "p1-4"}; !slices.Equal(got, want) {
-		t.Fatalf("after Resume got %v, want %v", got, want)
-	}
-	skipped := 0
+// checkpoint is what a daemon would checkpoint after applying incs: the largest next offset
+// per partition.
+func checkpoint(incs []*Increment) map[int]int64 {
 	next := map[int]int64{}
 	for _, inc := range incs {
-		skipped += inc.Skipped
 		for p, o := range inc.NextOffsets {
 			next[p] = max(next[p], o)
 		}
-		if err := c.Commit(context.Background(), inc); err != nil {
-			t.Fatal(err)
-		}
 	}
-	if skipped != 4 || next[0] != 5 || next[1] != 5 {
-		t.Fatalf("skipped %d (want 4), next offsets %v (want 0:5 1:5)", skipped, next)
-	}
-	c.Close()
+	return next
+}
 
-	// A crash after the checkpoint but before Commit: the group offsets are behind the
-	// checkpoint. Replay with a fresh group and a checkpoint covering everything: the
-	// increment holds no records, only skipped messages, and is returned so that they
-	// get committed.
-	produce(t, conn, recordsTopic, 0, goodRecord("new", 1))
-	cfg.GroupID = "resume-crash"
-	cfg.Resume = map[int]int64{0: 5, 1: 5}
-	c2 := newConsumer(t, cfg)
-	incs = collect(t, c2, 1, 20*time.Second)
-	skipped = 0
-	for _, inc := range incs {
-		skipped += inc.Skipped
+// TestResumeStartsAtCheckpoint: each partition is read from its checkpointed next offset, and a
+// partition without one from its earliest offset; nothing below the checkpoint is fetched.
+func TestResumeStartsAtCheckpoint(t *testing.T) {
+	b := startBroker(t, broker.Config{Topics: []string{recordsTopic, deadTopic}, Partitions: 3})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("p0-", 5)...)
+	produce(t, conn, recordsTopic, 1, goodRecords("p1-", 5)...)
+	produce(t, conn, recordsTopic, 2, goodRecords("p2-", 2)...)
+	cfg := consumerConfig(conn, "resume")
+	cfg.Resume = map[int]int64{0: 3, 1: 1} // the checkpoint says these were applied
+	c := newConsumer(t, cfg)
+	incs := collect(t, c, 8, 20*time.Second)
+	got := ids(incs)
+	slices.Sort(got)
+	if want := []string{"p0-3", "p0-4", "p1-1", "p1-2", "p1-3", "p1-4", "p2-0", "p2-1"}; !slices.Equal(got, want) {
+		t.Fatalf("after Resume got %v, want %v", got, want)
 	}
-	if got := ids(incs); !slices.Equal(got, []string{"new"}) || skipped != 10 {
-		t.Fatalf("replay got %v with %d skipped; want [new] with 10 skipped", got, skipped)
+	if next := checkpoint(incs); next[0] != 5 || next[1] != 5 || next[2] != 2 {
+		t.Fatalf("next offsets %v, want 0:5 1:5 2:2", next)
+	}
+	if s := c.Stats(); s.Fetched != 8 || s.Partitions != 3 {
+		t.Fatalf("fetched %d messages of 3 partitions (%d): records below the checkpoint were fetched", s.Fetched, s.Partitions)
 	}
 }
 
@@ -376,6 +325,7 @@ func TestConsumerConfigRejected(t *testing.T) {
 		{"dlq is topic", func(c *ConsumerConfig) { c.DeadLetterTopic = "t" }, "differ"},
 		{"negative max records", func(c *ConsumerConfig) { c.MaxRecords = -1 }, "MaxRecords"},
 		{"negative max wait", func(c *ConsumerConfig) { c.MaxWait = -time.Second }, "MaxWait"},
+		{"backlog below max records", func(c *ConsumerConfig) { c.MaxRecords, c.MaxRecordsBacklog = 100, 10 }, "MaxRecordsBacklog"},
 		{"retry bounds", func(c *ConsumerConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }, "RetryMax"},
 		{"bad resume", func(c *ConsumerConfig) { c.Resume = map[int]int64{0: -1} }, "Resume"},
 		{"sasl mechanism", func(c *ConsumerConfig) { c.Conn.SASL = &SASL{Mechanism: "GSSAPI", User: "u"} }, "GSSAPI"},
@@ -432,9 +382,7 @@ func TestCloseJoinsGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	incs := collect(t, c, 3, 20*time.Second)
-	if err := c.Commit(ctx, incs[0]); err != nil {
-		t.Fatal(err)
-	}
+	c.MarkDurable(incs[0])
 	if err := p.Publish(ctx, "k", map[string]int{"n": 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -28,9 +28,7 @@ func TestBrokerRestart(t *testing.T) {
 	ccfg := consumerConfig(conn, "restart")
 	c := newConsumer(t, ccfg)
 	for _, inc := range collect(t, c, 3, 20*time.Second) {
-		if err := c.Commit(context.Background(), inc); err != nil {
-			t.Fatal(err)
-		}
+		c.MarkDurable(inc)
 	}
 
 	b.Close()

@@ -32,6 +32,7 @@ type Publisher struct {
 	topic string
 	w     *kafka.Writer
 	tr    *kafka.Transport
+	out   *outage // keeps kafka-go's error lines to one WARN per outage
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -52,8 +53,9 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger) (*
 		return nil, errors.New("stream: publisher Topic is required")
 	}
 	tr := cfg.Conn.transport(ctx)
-	p := &Publisher{topic: cfg.Topic, tr: tr,
-		w:       newWriter(cfg.Conn.Brokers, cfg.Topic, tr, log.With("topic", cfg.Topic)),
+	out := newOutage(log.With("topic", cfg.Topic), "event publishing")
+	p := &Publisher{topic: cfg.Topic, tr: tr, out: out,
+		w:       newWriter(cfg.Conn.Brokers, cfg.Topic, tr, out.kafkaLogger("kafka-go event writer")),
 		closing: make(chan struct{}), closed: make(chan struct{})}
 	go func() {
 		defer close(p.closed)
@@ -91,8 +93,11 @@ func (p *Publisher) PublishBatch(ctx context.Context, events []Event) error {
 		if errors.Is(err, io.ErrClosedPipe) {
 			return ErrClosed
 		}
-		return fmt.Errorf("stream: publishing %d events to %s: %w", len(events), p.topic, err)
+		err = fmt.Errorf("stream: publishing %d events to %s: %w", len(events), p.topic, err)
+		p.out.fail("publish", err)
+		return err
 	}
+	p.out.ok("publish")
 	return nil
 }
 

@@ -52,6 +52,10 @@ func TestDecodeGood(t *testing.T) {
 			Record{ID: "r9", X: []float64{math.MaxFloat64, -math.MaxFloat64, 5e-324}, Label: 1}},
 		{"underflow to zero is finite", `{"id":"r10","features":[1e-400,0,0],"label":1}`,
 			Record{ID: "r10", X: []float64{0, 0, 0}, Label: 1}},
+		{"no id", `{"features":[1,2,3],"label":0}`,
+			Record{X: []float64{1, 2, 3}}},
+		{"null id", `{"id":null,"features":[1,2,3],"label":"malicious"}`,
+			Record{X: []float64{1, 2, 3}, Label: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.Decode([]byte(tc.in))
@@ -90,8 +94,6 @@ func TestDecodeBad(t *testing.T) {
 		{"duplicate field", `{"id":"x","features":[1,2,3],"label":0,"label":1}`, ReasonDuplicateField},
 		{"duplicate after null", `{"id":null,"id":"x","features":[1,2,3],"label":0}`, ReasonDuplicateField},
 		{"duplicate feature", `{"id":"x","features":{"a":1,"b":2,"a":3,"c":4},"label":0}`, ReasonDuplicateField},
-		{"no id", `{"features":[1,2,3],"label":0}`, ReasonMissingField},
-		{"null id", `{"id":null,"features":[1,2,3],"label":0}`, ReasonMissingField},
 		{"no features", `{"id":"x","label":0}`, ReasonMissingField},
 		{"no label", `{"id":"x","features":[1,2,3]}`, ReasonMissingField},
 		{"null label", `{"id":"x","features":[1,2,3],"label":null}`, ReasonMissingField},
@@ -186,7 +188,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		{ID: "e", X: []float64{1, 2}, Label: 0},
 		{ID: "e", X: []float64{1, math.NaN(), 3}, Label: 0},
 		{ID: "e", X: []float64{1, 2, 3}, Label: 2},
-		{ID: "", X: []float64{1, 2, 3}, Label: 0},
+		{ID: " ", X: []float64{1, 2, 3}, Label: 0},
 	} {
 		if b, err := s.Encode(bad); err == nil {
 			t.Errorf("Encode(%+v) = %s, want an error", bad, b)
@@ -230,7 +232,7 @@ func FuzzDecode(f *testing.F) {
 		if len(data) > s.MaxBytes() || !json.Valid(data) {
 			t.Fatalf("accepted oversized or invalid JSON %q", data)
 		}
-		if checkID(rec.ID) != nil || len(rec.X) != s.Dim() || rec.Label < 0 || rec.Label >= len(s.classes) {
+		if (rec.ID != "" && checkID(rec.ID) != nil) || len(rec.X) != s.Dim() || rec.Label < 0 || rec.Label >= len(s.classes) {
 			t.Fatalf("accepted invalid record %+v from %q", rec, data)
 		}
 		for _, v := range rec.X {
@@ -243,9 +245,14 @@ func FuzzDecode(f *testing.F) {
 		if err := json.Unmarshal(data, &doc); err != nil {
 			t.Fatalf("encoding/json rejects accepted %q: %v", data, err)
 		}
-		var id string
-		if err := json.Unmarshal(doc["id"], &id); err != nil || id != rec.ID {
-			t.Fatalf("id: encoding/json says %q (%v), we say %q", id, err, rec.ID)
+		var id *string // absent and null both mean no id
+		if raw, ok := doc["id"]; ok {
+			if err := json.Unmarshal(raw, &id); err != nil {
+				t.Fatalf("id %s: %v", raw, err)
+			}
+		}
+		if (id == nil) != (rec.ID == "") || id != nil && *id != rec.ID {
+			t.Fatalf("id: encoding/json says %v, we say %q", id, rec.ID)
 		}
 		var arr []float64
 		var obj map[string]float64
@@ -290,14 +297,15 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// TestNumberFastPath checks the Clinger fast paths (numberLiteral's and fastFloat's) bit for bit against strconv.ParseFloat on
-// literals of every shape: short and long mantissas, leading zeros, exponents at and past the
-// exact range.
+// TestNumberFastPath checks scanNumber's Clinger fast path, and scanner.number's fallback,
+// bit for bit against strconv.ParseFloat on literals of every shape: short and long mantissas,
+// leading zeros, exponents at and past the exact range.
 func TestNumberFastPath(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	lits := []string{"0", "-0", "0.0", "1", "-1", "0.1", "0.3", "123456789012345678", "9007199254740993",
 		"9007199254740992", "1e22", "1e23", "1e-22", "1e-23", "4.35", "0.000001", "1.7976931348623157e308",
-		"12345678901234567890", "0.1234567890123456789", "100000000000000000000000", "5e-324", "2.5E+3"}
+		"12345678901234567890", "0.1234567890123456789", "100000000000000000000000", "5e-324", "2.5E+3",
+		"1e999", "-1e999", "1e-400"}
 	for range 20000 {
 		var sb strings.Builder
 		if rng.IntN(2) == 0 {
@@ -316,27 +324,31 @@ func TestNumberFastPath(t *testing.T) {
 	}
 	fast := 0
 	for _, lit := range lits {
-		p := scanner{b: []byte(lit)}
-		l, v, ok, derr := p.numberLiteral()
-		if derr != nil || string(l) != lit {
-			t.Fatalf("numberLiteral(%q) = %q, %v", lit, l, derr)
+		want, _ := strconv.ParseFloat(lit, 64) // ±Inf past the range, as number returns
+		end, v, exact, ok := scanNumber([]byte(lit), 0)
+		if !ok || end != len(lit) {
+			t.Fatalf("scanNumber(%q) = end %d, ok %v", lit, end, ok)
 		}
-		got, err := parseNumber(l, v, ok)
-		want, werr := strconv.ParseFloat(lit, 64)
-		if (err == nil) != (werr == nil) || math.Float64bits(got) != math.Float64bits(want) {
-			t.Fatalf("%q: got %v (%v, fast %v), strconv says %v (%v)", lit, got, err, ok, want, werr)
-		}
-		if ok {
+		if exact {
 			fast++
+			if math.Float64bits(v) != math.Float64bits(want) {
+				t.Fatalf("%q: fast path says %v, strconv says %v", lit, v, want)
+			}
 		}
-		// The array/map fast path agrees too, wherever it answers.
-		if fv, end, fok := fastFloat([]byte(lit), 0); fok && (end != len(lit) || math.Float64bits(fv) != math.Float64bits(want)) {
-			t.Fatalf("fastFloat(%q) = %v up to %d, strconv says %v", lit, fv, end, want)
+		p := scanner{b: []byte(lit)}
+		l, got, derr := p.number()
+		if derr != nil || string(l) != lit || math.Float64bits(got) != math.Float64bits(want) {
+			t.Fatalf("number(%q) = %q, %v, %v; strconv says %v", lit, l, got, derr, want)
 		}
 	}
 	t.Logf("%d of %d literals took the fast path", fast, len(lits))
 	if fast < len(lits)/4 {
 		t.Fatalf("fast path taken for only %d of %d literals", fast, len(lits))
+	}
+	for _, bad := range []string{"", "-", "+1", ".5", "01", "1.", "1e", "1e+", "0x1", "inf", "NaN", "-.5"} {
+		if end, _, _, ok := scanNumber([]byte(bad), 0); ok && end == len(bad) {
+			t.Errorf("scanNumber accepted %q", bad)
+		}
 	}
 }
 

@@ -8,9 +8,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,9 +66,7 @@ func roundTrip(t *testing.T, conn ConnConfig, group string) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	for _, inc := range incs {
-		if err := c.Commit(context.Background(), inc); err != nil {
-			t.Fatal(err)
-		}
+		c.MarkDurable(inc)
 	}
 }
 
@@ -124,4 +126,67 @@ func TestSASLOverTLS(t *testing.T) {
 	conn.TLS = client
 	conn.SASL = (*SASL)(&sasl) // the two config types convert
 	roundTrip(t, conn, "both")
+}
+
+// writePEM writes the server's certificate (and key) of a selfSigned config as PEM files.
+func writePEM(t *testing.T, server *tls.Config) (certFile, keyFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	cert := server.Certificates[0]
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	der, err := x509.MarshalECPrivateKey(cert.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// TestLoadTLS builds client configurations from files: one that trusts the broker's CA file
+// talks to a TLS broker; bad files give errors that name the configuration key.
+func TestLoadTLS(t *testing.T) {
+	server, _ := selfSigned(t)
+	certFile, keyFile := writePEM(t, server)
+	if c, err := LoadTLS(TLSFiles{CAFile: certFile}); c != nil || err != nil {
+		t.Fatalf("disabled: %v, %v; want nil, nil", c, err)
+	}
+	client, err := LoadTLS(TLSFiles{Enabled: true, CAFile: certFile, CertFile: certFile, KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if client.MinVersion != tls.VersionTLS12 || len(client.Certificates) != 1 {
+		t.Fatalf("client config %+v", client)
+	}
+	b := startBroker(t, broker.Config{TLS: server})
+	conn := plainConn(b)
+	conn.TLS = client
+	if err := Ping(context.Background(), conn, recordsTopic); err != nil {
+		t.Fatalf("Ping with LoadTLS's config: %v", err)
+	}
+	garbage := filepath.Join(t.TempDir(), "garbage.pem")
+	os.WriteFile(garbage, []byte("not a certificate"), 0o600)
+	for _, tc := range []struct {
+		name  string
+		files TLSFiles
+		want  string
+	}{
+		{"missing CA file", TLSFiles{CAFile: filepath.Join(t.TempDir(), "nope.pem")}, "kafka.tls.ca_file"},
+		{"CA file without PEM", TLSFiles{CAFile: garbage}, "kafka.tls.ca_file: " + garbage + " holds no PEM"},
+		{"cert without key", TLSFiles{CertFile: certFile}, "kafka.tls.key_file"},
+		{"key without cert", TLSFiles{KeyFile: keyFile}, "kafka.tls.cert_file"},
+		{"bad key pair", TLSFiles{CertFile: certFile, KeyFile: garbage}, "kafka.tls.cert_file " + certFile + " / kafka.tls.key_file " + garbage},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.files.Enabled = true
+			c, err := LoadTLS(tc.files)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("LoadTLS = %v, %v; want an error containing %q", c, err, tc.want)
+			}
+		})
+	}
 }

@@ -29,7 +29,7 @@ func benchUpdate(b *testing.B, m *bnn.Model, X [][]float64, y []int, engine stri
 	}
 }
 
-// BenchmarkLastLayer times one increment (64 records, default config: 50 Adam steps) with each
+// BenchmarkLastLayer times one increment (64 records, default config: 50 Adam iterations) with each
 // engine. The ratio sub-benchmark interleaves the two in every iteration and reports
 // gorgonia-time / go-time, which a shared, loaded machine disturbs far less than comparing
 // separate benchmarks run at different moments.

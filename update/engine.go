@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/gonum/floats"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 // Engines accepted by Config.Engine.
@@ -53,13 +54,13 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 // every layer is sampled (the body's (mu, sigma) are constants, but still sampled):
 //
 //	W_k = mu_k + sigma_k * eps_{s,k},   sigma = exp(log_sigma),   eps ~ N(0, 1),
-//	h_r = relu(... relu(x_r W_1 + b_1) ...)           (body; see forwardBody)
+//	h_r = act(... act(x_r W_1 + b_1) ...)             (body, the model's activation; see forwardBody)
 //	z_r = h_r W + b                                     (last layer, W of shape H x C)
 //	loss = (1/(S B)) sum_{s,r} -log softmax(z_r)[y_r] + KLScale * KL(q_L || N(m0, s0^2)),
 //	KL = sum_j [ (exp(2 d_j) - 1 - 2 d_j) / 2 + (mu_j - m0_j)^2 / (2 s0_j^2) ],   d_j = log_sigma_j - log s0_j,
 //
 // where the KL runs over the last layer's weights and biases, (m0, s0) = (0, PriorSigma) for the
-// prior objective and the anchor's (mu, sigma) per parameter for vcl, and KLScale =
+// prior objective and the previous posterior's (mu, sigma) per parameter for vcl, and KLScale =
 // KLWeight / N (N rows in the update). The gradient, per draw s (eps, sigma of the last layer):
 //
 //	dL/dz_r        = (softmax(z_r) - onehot(y_r)) / (S B)
@@ -67,7 +68,9 @@ func newObjective(prev *bnn.Model, n int, cfg Config) (objective, error) {
 //	dL/dmu         = dL/dW                          (W = mu + sigma eps)
 //	dL/dlog_sigma  = dL/dW * sigma * eps            (dW/dlog_sigma = sigma eps)
 //
-// summed over draws, plus the KL term's
+// summed over draws (the body is constant, so the activation's derivative never enters: h_r is
+// the same function of the draw for every activation, and only its value is needed), plus the KL
+// term's
 //
 //	dKL/dmu_j = (mu_j - m0_j) / s0_j^2,   dKL/dlog_sigma_j = exp(2 d_j) - 1,
 //
@@ -81,6 +84,7 @@ type goObjective struct {
 	batch, samples   int
 	inputs, hid, cls int
 	klScale          float64
+	act              bnn.Activation
 	body             []frozenLayer
 
 	// The last layer's parameters (params[0..3] = weight_mu, weight_log_sigma, bias_mu,
@@ -116,11 +120,11 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	last := m.Last()
 	h, c := last.In, last.Out
 	o := &goObjective{batch: cfg.Batch, samples: cfg.Samples, inputs: m.Inputs(), hid: h, cls: c,
-		klScale: cfg.KLScale, x: make([]float64, cfg.Batch*m.Inputs())}
+		klScale: cfg.KLScale, act: m.Activation, x: make([]float64, cfg.Batch*m.Inputs())}
 	for k := 0; k+1 < len(m.Layers); k++ {
 		l := &m.Layers[k]
-		fl := frozenLayer{in: l.In, out: l.Out, muW: transpose(l.WeightMu, l.Out, l.In),
-			sigW: expAll(transpose(l.WeightLogSigma, l.Out, l.In)), muB: clone(l.BiasMu), sigB: expAll(clone(l.BiasLogSigma))}
+		fl := frozenLayer{in: l.In, out: l.Out, muW: vec.Transpose(l.WeightMu, l.Out, l.In),
+			sigW: vec.ExpInPlace(vec.Transpose(l.WeightLogSigma, l.Out, l.In)), muB: vec.Clone(l.BiasMu), sigB: vec.ExpInPlace(vec.Clone(l.BiasLogSigma))}
 		for s := 0; s < cfg.Samples; s++ {
 			fl.w = append(fl.w, make([]float64, l.In*l.Out))
 			fl.b = append(fl.b, make([]float64, l.Out))
@@ -131,14 +135,14 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	for _, p := range []struct {
 		name string
 		v    []float64
-	}{{"weight_mu", transpose(last.WeightMu, c, h)}, {"weight_log_sigma", transpose(last.WeightLogSigma, c, h)},
-		{"bias_mu", clone(last.BiasMu)}, {"bias_log_sigma", clone(last.BiasLogSigma)}} {
+	}{{"weight_mu", vec.Transpose(last.WeightMu, c, h)}, {"weight_log_sigma", vec.Transpose(last.WeightLogSigma, c, h)},
+		{"bias_mu", vec.Clone(last.BiasMu)}, {"bias_log_sigma", vec.Clone(last.BiasLogSigma)}} {
 		o.params = append(o.params, bnn.Param{Name: last.Name + "." + p.name, Value: p.v, Grad: make([]float64, len(p.v))})
 	}
-	if a := cfg.Anchor; a != nil {
+	if a := cfg.Prev; a != nil {
 		al := a.Last()
-		o.m0W, o.ls0W = transpose(al.WeightMu, c, h), transpose(al.WeightLogSigma, c, h)
-		o.m0B, o.ls0B = clone(al.BiasMu), clone(al.BiasLogSigma)
+		o.m0W, o.ls0W = vec.Transpose(al.WeightMu, c, h), vec.Transpose(al.WeightLogSigma, c, h)
+		o.m0B, o.ls0B = vec.Clone(al.BiasMu), vec.Clone(al.BiasLogSigma)
 	} else {
 		lp := math.Log(m.PriorSigma)
 		o.m0W, o.ls0W = make([]float64, h*c), fill(make([]float64, h*c), lp)
@@ -151,25 +155,6 @@ func newGoObjective(m *bnn.Model, cfg bnn.GraphConfig) (*goObjective, error) {
 	o.sigW, o.sigB, o.wT, o.bL = make([]float64, h*c), make([]float64, c), make([]float64, h*c), make([]float64, c)
 	o.gT, o.gB = make([]float64, h*c), make([]float64, c)
 	return o, nil
-}
-
-func transpose(src []float64, rows, cols int) []float64 {
-	dst := make([]float64, len(src))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			dst[c*rows+r] = src[r*cols+c]
-		}
-	}
-	return dst
-}
-
-func clone(v []float64) []float64 { return append([]float64(nil), v...) }
-
-func expAll(v []float64) []float64 {
-	for i := range v {
-		v[i] = math.Exp(v[i])
-	}
-	return v
 }
 
 func fill(v []float64, x float64) []float64 {
@@ -376,8 +361,8 @@ func softmaxNLL(z []float64, y int, scale float64) (nll float64, best int) {
 }
 
 // forwardBody returns the body's output for the bound rows under draw s's weights,
-// relu(... relu(x W_1 + b_1) ...), rows x H row-major; with no body layers it is x itself.
-// One gonum Dgemm per layer on the whole batch, then bias and ReLU in one pass. (Measured
+// act(... act(x W_1 + b_1) ...), rows x H row-major; with no body layers it is x itself.
+// One gonum Dgemm per layer on the whole batch, then bias and activation in one pass. (Measured
 // against row-by-row axpys over only the nonzero inputs, which avoids Dgemm's unpredictable
 // skip-a-zero branch after a ReLU: Dgemm was still 10-25% faster per layer, the saved branches
 // costing less than the extra calls.)
@@ -393,8 +378,14 @@ func (o *goObjective) forwardBody(s int) []float64 {
 		for r := 0; r < o.rows; r++ {
 			row := out[r*fl.out : (r+1)*fl.out]
 			b := b[:len(row)]
+			if o.act == bnn.ReLU {
+				for j, v := range row {
+					row[j] = max(v+b[j], 0) // NaN stays NaN
+				}
+				continue
+			}
 			for j, v := range row {
-				row[j] = max(v+b[j], 0) // ReLU; NaN stays NaN
+				row[j] = o.act.Apply(v + b[j])
 			}
 		}
 		h, width = out, fl.out
@@ -433,8 +424,8 @@ func (o *goObjective) WriteTo(m *bnn.Model) error {
 			}
 		}
 	}
-	copy(l.WeightMu, transpose(o.params[0].Value, o.hid, o.cls))
-	copy(l.WeightLogSigma, transpose(o.params[1].Value, o.hid, o.cls))
+	copy(l.WeightMu, vec.Transpose(o.params[0].Value, o.hid, o.cls))
+	copy(l.WeightLogSigma, vec.Transpose(o.params[1].Value, o.hid, o.cls))
 	copy(l.BiasMu, o.params[2].Value)
 	copy(l.BiasLogSigma, o.params[3].Value)
 	return nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/vec"
 )
 
 var engines = []string{EngineGo, EngineGorgonia}
@@ -99,7 +100,7 @@ func rel(a, b float64) float64 {
 // largest are judged against 1e-3 of it; measured: at most ~5e-12). The noise is fed both ways: by
 // SetEps with a fixed function, and by DrawEps from two copies of one seeded rng, which also
 // checks that both engines consume the rng in the same order. The comparison is repeated over
-// 10 Adam steps taken in lockstep, so it covers parameters away from the starting point, and
+// 10 Adam iterations taken in lockstep, so it covers parameters away from the starting point, and
 // runs on the paper's architecture and on networks with no body, three body layers, 3 and 4
 // classes.
 func TestGoObjectiveMatchesGraph(t *testing.T) {
@@ -112,33 +113,39 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 		batch         int
 		klWeight      float64
 		draw          bool
+		act           bnn.Activation // ReLU unless set
 	}{
-		{nil, 2, ObjectivePrior, 1, 12, 12, 0, true},
-		{nil, 2, ObjectiveVCL, 1, 12, 12, 0, true},
-		{nil, 2, ObjectivePrior, 3, 12, 12, 0.7, false},
-		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true},
-		{nil, 2, ObjectiveVCL, 2, 7, 12, 5, false}, // a short batch: the graph pads with weight-0 rows
-		{nil, 2, ObjectivePrior, 1, 5, 5, 1e-9, true},
-		{[]int{}, 3, ObjectiveVCL, 2, 12, 12, 1, true},           // no body: softmax regression
-		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false}, // three body layers, four classes
-		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true},
+		{nil, 2, ObjectivePrior, 1, 12, 12, 0, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 1, 12, 12, 0, true, bnn.ReLU},
+		{nil, 2, ObjectivePrior, 3, 12, 12, 0.7, false, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 7, 12, 5, false, bnn.ReLU}, // a short batch: the graph pads with weight-0 rows
+		{nil, 2, ObjectivePrior, 1, 5, 5, 1e-9, true, bnn.ReLU},
+		{[]int{}, 3, ObjectiveVCL, 2, 12, 12, 1, true, bnn.ReLU},           // no body: softmax regression
+		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false, bnn.ReLU}, // three body layers, four classes
+		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true, bnn.ReLU},
+		{nil, 2, ObjectiveVCL, 2, 12, 12, 0.7, true, bnn.Tanh},
+		{nil, 2, ObjectivePrior, 1, 12, 12, 0.7, false, bnn.Sigmoid},
+		{[]int{9, 7, 5}, 4, ObjectiveVCL, 2, 10, 12, 1, true, bnn.Tanh},
+		{[]int{9, 7, 5}, 4, ObjectivePrior, 1, 12, 12, 1, false, bnn.Sigmoid},
 	} {
 		arch := "breast_cancer"
 		if tc.hidden != nil {
 			arch = fmt.Sprintf("6-%v-%d", tc.hidden, tc.classes)
 		}
-		name := fmt.Sprintf("%s/%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", arch, tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
+		name := fmt.Sprintf("%s/%s/%s/S=%d/rows=%d/batch=%d/klw=%g/draw=%v", arch, tc.act, tc.objective, tc.samples, tc.rows, tc.batch, tc.klWeight, tc.draw)
 		t.Run(name, func(t *testing.T) {
 			q, prev, z, y := bq, bprev, bz, by
 			if tc.hidden != nil {
 				q, prev, z, y = randomProblem(tc.hidden, tc.classes, 12)
 			}
+			q, prev = withActivation(q, tc.act), withActivation(prev, tc.act)
 			cfg := Config{Objective: tc.objective, Samples: tc.samples, KLWeight: tc.klWeight, BatchSize: tc.batch}.withDefaults()
 			var objs [2]objective
 			for i, e := range engines {
 				cfg.Engine = e
 				// N = 40 rows in the "update": KLScale = klw/40; vcl pulls towards prev.
-				o, err := newObjectiveAnchored(q, prev, 40, cfg)
+				o, err := newObjectiveWithPrev(q, prev, 40, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -151,17 +158,17 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 			goOpt := bnn.NewAdam(objs[0].Params(), 1e-2)
 			grOpt := bnn.NewAdam(objs[1].Params(), 1e-2)
 			worst := 0.0
-			for step := 0; step < 10; step++ {
+			for it := 0; it < 10; it++ {
 				if tc.draw {
-					objs[0].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
-					objs[1].DrawEps(rand.New(rand.NewPCG(uint64(step), 77)))
+					objs[0].DrawEps(rand.New(rand.NewPCG(uint64(it), 77)))
+					objs[1].DrawEps(rand.New(rand.NewPCG(uint64(it), 77)))
 				} else {
 					f := func(s, k int, bias bool, i int) float64 {
 						b := uint64(0)
 						if bias {
 							b = 1
 						}
-						return rand.New(rand.NewPCG(uint64(step)<<50|uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
+						return rand.New(rand.NewPCG(uint64(it)<<50|uint64(s)<<40|uint64(k)<<32|b<<31|uint64(i), 5)).NormFloat64()
 					}
 					objs[0].SetEps(f)
 					objs[1].SetEps(f)
@@ -175,7 +182,7 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					t.Fatal(err)
 				}
 				if evGo.Rows != evGr.Rows || evGo.Correct != evGr.Correct {
-					t.Errorf("step %d: rows/correct %d/%d, graph %d/%d", step, evGo.Rows, evGo.Correct, evGr.Rows, evGr.Correct)
+					t.Errorf("iteration %d: rows/correct %d/%d, graph %d/%d", it, evGo.Rows, evGo.Correct, evGr.Rows, evGr.Correct)
 				}
 				for _, v := range []struct {
 					name   string
@@ -184,7 +191,7 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					e := rel(v.go_, v.g)
 					worst = math.Max(worst, e)
 					if e > 1e-10 {
-						t.Errorf("step %d: %s %.17g, graph %.17g (relative error %.2g)", step, v.name, v.go_, v.g, e)
+						t.Errorf("iteration %d: %s %.17g, graph %.17g (relative error %.2g)", it, v.name, v.go_, v.g, e)
 					}
 				}
 				pg, pr := objs[0].Params(), objs[1].Params()
@@ -195,21 +202,28 @@ func TestGoObjectiveMatchesGraph(t *testing.T) {
 					e := relErr(pg[b].Grad, pr[b].Grad, 1e-3)
 					worst = math.Max(worst, e)
 					if e > 1e-10 {
-						t.Errorf("step %d: gradient of %s: relative error %.3g\n go    %.6g\n graph %.6g", step, pr[b].Name, e, pg[b].Grad, pr[b].Grad)
+						t.Errorf("iteration %d: gradient of %s: relative error %.3g\n go    %.6g\n graph %.6g", it, pr[b].Name, e, pg[b].Grad, pr[b].Grad)
 					}
 				}
 				goOpt.Step(pg)
 				grOpt.Step(pr)
 			}
-			t.Logf("largest relative difference over 10 steps: %.3g", worst)
+			t.Logf("largest relative difference over 10 iterations: %.3g", worst)
 		})
 	}
 }
 
-// newObjectiveAnchored is newObjective for the parameters q with prev as the update's previous
-// posterior (the vcl anchor; ignored by the prior objective).
-func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, error) {
-	gc := graphConfig(anchor, n, cfg)
+// withActivation returns a copy of m evaluated with act between layers.
+func withActivation(m *bnn.Model, act bnn.Activation) *bnn.Model {
+	c := m.Clone()
+	c.Activation = act
+	return c
+}
+
+// newObjectiveWithPrev is newObjective for the parameters q with prev as the update's previous
+// posterior (vcl's KL target; ignored by the prior objective).
+func newObjectiveWithPrev(q, prev *bnn.Model, n int, cfg Config) (objective, error) {
+	gc := graphConfig(prev, n, cfg)
 	if cfg.Engine == EngineGorgonia {
 		return bnn.NewGraph(q, gc)
 	}
@@ -218,14 +232,21 @@ func newObjectiveAnchored(q, anchor *bnn.Model, n int, cfg Config) (objective, e
 
 // TestGoObjectiveFiniteDifferences checks the Go engine's hand-written gradient against central
 // finite differences of its own loss at fixed noise (h = 1e-5; truncation ~1e-10, rounding
-// ~1e-11; tolerance 1e-7 * max(1, |g|)), for both objectives and two draws, on every parameter
-// of the last layer.
+// ~1e-11; tolerance 1e-7 * max(1, |g|)), for both objectives, two draws and every activation, on
+// every parameter of the last layer. (That the loss itself evaluates the activation is checked
+// against gorgonia's graph in TestGoObjectiveMatchesGraph.)
 func TestGoObjectiveFiniteDifferences(t *testing.T) {
-	q, prev, z, y := engineProblem(t, 9)
-	for _, objective := range []string{ObjectivePrior, ObjectiveVCL} {
-		t.Run(objective, func(t *testing.T) {
+	q0, prev0, z, y := engineProblem(t, 9)
+	for _, tc := range []struct {
+		objective string
+		act       bnn.Activation
+	}{{ObjectivePrior, bnn.ReLU}, {ObjectiveVCL, bnn.ReLU}, {ObjectivePrior, bnn.Tanh}, {ObjectiveVCL, bnn.Tanh},
+		{ObjectivePrior, bnn.Sigmoid}, {ObjectiveVCL, bnn.Sigmoid}} {
+		objective := tc.objective
+		q, prev := withActivation(q0, tc.act), withActivation(prev0, tc.act)
+		t.Run(objective+"/"+tc.act.String(), func(t *testing.T) {
 			cfg := Config{Objective: objective, Samples: 2, KLWeight: 3, Engine: EngineGo}.withDefaults()
-			o, err := newObjectiveAnchored(q, prev, 9, cfg)
+			o, err := newObjectiveWithPrev(q, prev, 9, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +260,7 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 			ps := o.Params()
 			grads := make([][]float64, len(ps))
 			for b, p := range ps {
-				grads[b] = clone(p.Grad)
+				grads[b] = vec.Clone(p.Grad)
 			}
 			loss := func() float64 {
 				ev, err := o.Run()
@@ -273,7 +294,7 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 }
 
 // TestEnginesAgreeEndToEnd runs LastLayer with both engines from the same prev, data and seed.
-// Both draw the same minibatches and the same noise (one rng per step, consumed in the same
+// Both draw the same minibatches and the same noise (one rng per iteration, consumed in the same
 // order), so they differ only by rounding; KL(q_new || q_prev) agrees within 1e-6 relative
 // (measured: at most ~1e-14) and every last-layer parameter within 1e-9 absolute.
 func TestEnginesAgreeEndToEnd(t *testing.T) {
@@ -282,10 +303,10 @@ func TestEnginesAgreeEndToEnd(t *testing.T) {
 		rows int
 		cfg  Config
 	}{
-		{64, Config{}}, // the daemon's default: prior, lr 1e-5, 50 steps, batch 64
+		{64, Config{}}, // the daemon's default: prior, lr 1e-5, 50 iterations, batch 64
 		{64, Config{Objective: ObjectiveVCL, Seed: 5}},
-		{40, Config{Objective: ObjectiveVCL, LR: 1e-3, BatchSize: 16, Samples: 2, Steps: 30, Seed: 7}},
-		{25, Config{LR: 1e-2, BatchSize: 10, Steps: 40, KLWeight: 2, Seed: 8}},
+		{40, Config{Objective: ObjectiveVCL, LR: 1e-3, BatchSize: 16, Samples: 2, Iterations: 30, Seed: 7}},
+		{25, Config{LR: 1e-2, BatchSize: 10, Iterations: 40, KLWeight: 2, Seed: 8}},
 	} {
 		t.Run(fmt.Sprintf("%s/rows=%d/lr=%g", tc.cfg.withDefaults().Objective, tc.rows, tc.cfg.withDefaults().LR), func(t *testing.T) {
 			var outs [2]*bnn.Model
@@ -352,15 +373,15 @@ func (c *countdown) Err() error {
 	return nil
 }
 
-// TestLastLayerCancelledMidway cancels after 7 steps: both engines stop with ctx's error and
+// TestLastLayerCancelledMidway cancels after 7 iterations: both engines stop with ctx's error and
 // return no model.
 func TestLastLayerCancelledMidway(t *testing.T) {
 	m, test := trained(t)
 	for _, engine := range engines {
 		ctx := &countdown{Context: context.Background(), n: 7}
 		next, st, err := LastLayer(ctx, m, test.X[:20], test.Y[:20], Config{Engine: engine})
-		if !errors.Is(err, context.Canceled) || next != nil || st.Steps != 7 || !strings.Contains(err.Error(), "step 8") {
-			t.Errorf("%s: err %v, model %v, %d steps", engine, err, next != nil, st.Steps)
+		if !errors.Is(err, context.Canceled) || next != nil || st.Iterations != 7 || !strings.Contains(err.Error(), "iteration 8") {
+			t.Errorf("%s: err %v, model %v, %d iterations", engine, err, next != nil, st.Iterations)
 		}
 	}
 }

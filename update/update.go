@@ -1,5 +1,5 @@
 // Package update applies cfguard's online posterior updates: a few small-learning-rate Adam
-// steps on the last layer of a Bayesian MLP, the body kept bit-for-bit, so that the change
+// iterations on the last layer of a Bayesian MLP, the body kept bit-for-bit, so that the change
 // KL(q_new || q_prev) is small, cheap to compute exactly (last layer only), and certifiable with
 // the paper's Theorems 1 and 2. It also offers the trust-region helpers the daemon's "clip"
 // policy uses: Interpolate and ClipToBudget.
@@ -14,8 +14,9 @@
 // body too; its parameters are just not trained, so the body's share of the prior KL is a
 // constant and is left out). vcl penalises exactly the divergence that certification pays for;
 // prior keeps it small only through the small learning rate. Measured on breast_cancer (50 Adam
-// steps, 5 or 50 new rows, 5 seeds): KL(q_new || q_prev) under prior is ~7e-4, ~0.07 and ~5 at
-// lr 1e-5, 1e-4 and 1e-3 (Adam moves each parameter by about lr per step, so KL ~ lr^2); vcl's is
+// iterations, 5 or 50 new rows, 5 seeds): KL(q_new || q_prev) under prior is ~7e-4, ~0.07 and ~5
+// at lr 1e-5, 1e-4 and 1e-3 (Adam moves each parameter by about lr per iteration, so
+// KL ~ lr^2); vcl's is
 // 2 to 1000 times smaller at the same lr, and saturates at the vcl optimum instead of growing.
 //
 // The objective and its gradient are evaluated by one of two engines (Config.Engine) that see
@@ -46,10 +47,10 @@ const (
 const (
 	// DefaultLR is the paper's learning rate for model changes (Section "Robustness Under Model
 	// Changes"): small enough that Theorem 1's bound stays meaningful.
-	DefaultLR        = 1e-5
-	DefaultSteps     = 50
-	DefaultBatchSize = 64
-	DefaultSamples   = 1
+	DefaultLR         = 1e-5
+	DefaultIterations = 50
+	DefaultBatchSize  = 64
+	DefaultSamples    = 1
 	// DefaultVCLKLWeight is the KL weight of the vcl objective (the variational free energy has
 	// weight 1). The prior objective's default is bnn.DefaultKLWeight, as in training.
 	DefaultVCLKLWeight = 1.0
@@ -62,14 +63,14 @@ type Config struct {
 	Objective string
 	// LR is Adam's learning rate. Default DefaultLR (1e-5).
 	LR float64
-	// Steps is the number of Adam steps. Default DefaultSteps.
-	Steps int
-	// BatchSize is the number of rows per step; with more rows than that, steps walk through
+	// Iterations is the number of Adam iterations. Default DefaultIterations.
+	Iterations int
+	// BatchSize is the number of rows per iteration; with more rows than that, iterations walk through
 	// seeded shuffles of the data. Default DefaultBatchSize.
 	BatchSize int
 	// KLWeight scales the KL term. Default bnn.DefaultKLWeight (prior) or DefaultVCLKLWeight (vcl).
 	KLWeight float64
-	// Samples is the number of weight draws averaged in each step's NLL. Default DefaultSamples.
+	// Samples is the number of weight draws averaged in each iteration's NLL. Default DefaultSamples.
 	Samples int
 	// Seed seeds the minibatch order and the weight noise; equal seeds give bit-identical results.
 	Seed uint64
@@ -85,7 +86,7 @@ type Config struct {
 // same weight noise, for the parameters before and after the update, so they are comparable.
 type Stats struct {
 	Objective          string
-	Steps              int
+	Iterations         int
 	Rows               int
 	LossStart, LossEnd float64
 	NLLStart, NLLEnd   float64
@@ -109,8 +110,8 @@ func (cfg Config) withDefaults() Config {
 	if cfg.LR == 0 {
 		cfg.LR = DefaultLR
 	}
-	if cfg.Steps == 0 {
-		cfg.Steps = DefaultSteps
+	if cfg.Iterations == 0 {
+		cfg.Iterations = DefaultIterations
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = DefaultBatchSize
@@ -138,8 +139,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("update: engine %q, want %q or %q", c.Engine, EngineGo, EngineGorgonia)
 	case !(c.LR > 0) || math.IsInf(c.LR, 0):
 		return fmt.Errorf("update: lr %v, want finite and > 0", c.LR)
-	case c.Steps < 1:
-		return fmt.Errorf("update: steps %d, want >= 1", c.Steps)
+	case c.Iterations < 1:
+		return fmt.Errorf("update: iterations %d, want >= 1", c.Iterations)
 	case c.BatchSize < 1:
 		return fmt.Errorf("update: batch size %d, want >= 1", c.BatchSize)
 	case c.Samples < 1:
@@ -151,13 +152,13 @@ func (cfg Config) Validate() error {
 }
 
 // LastLayer returns a new posterior: prev with its last layer trained on the raw rows (X, y) by
-// cfg.Steps Adam steps of the chosen objective (see the package comment). The result's body
+// cfg.Iterations Adam iterations of the chosen objective (see the package comment). The result's body
 // layers are bit-for-bit prev's, its Version is prev.Version+1, and it is a deterministic
 // function of (prev, X, y, cfg).
 //
 // prev is never modified, whatever happens. Bad input (empty, wrong width, NaN/Inf, label out of
 // range) and bad configuration give an error naming the problem; a cancelled ctx (checked before
-// every step) returns ctx's error; a result with a NaN/Inf value or an unusable sigma is refused
+// every iteration) returns ctx's error; a result with a NaN/Inf value or an unusable sigma is refused
 // with an error wrapping ErrRefused (and bnn.ErrNonFinite). No model is returned with an error.
 func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg Config) (*bnn.Model, Stats, error) {
 	start := time.Now()
@@ -184,9 +185,9 @@ func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg
 
 	st := Stats{Objective: cfg.Objective, Rows: n}
 	order := rand.New(rand.NewPCG(cfg.Seed, 0x0bde))
-	noise := func(step int) *rand.Rand { return rand.New(rand.NewPCG(cfg.Seed, 0xe95<<32|uint64(step))) }
+	noise := func(it int) *rand.Rand { return rand.New(rand.NewPCG(cfg.Seed, 0xe95<<32|uint64(it))) }
 	var perm []int
-	pos := n // forces a shuffle before the first step
+	pos := n // forces a shuffle before the first iteration
 	next := func() []int {
 		idx := make([]int, 0, gr.Batch())
 		for len(idx) < gr.Batch() {
@@ -207,27 +208,27 @@ func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg
 	}
 	var first []int
 	opt := bnn.NewAdam(gr.Params(), cfg.LR)
-	for step := 0; step < cfg.Steps; step++ {
+	for it := 0; it < cfg.Iterations; it++ {
 		if err := ctx.Err(); err != nil {
-			return nil, st, fmt.Errorf("update: step %d: %w", step+1, err)
+			return nil, st, fmt.Errorf("update: iteration %d: %w", it+1, err)
 		}
 		idx := next()
-		if step == 0 {
+		if it == 0 {
 			first = idx
 		}
 		if err := bind(idx); err != nil {
 			return nil, st, fmt.Errorf("update: %w", err)
 		}
-		gr.DrawEps(noise(step))
+		gr.DrawEps(noise(it))
 		ev, err := gr.Run()
 		if err != nil {
-			return nil, st, fmt.Errorf("update: step %d: %w: %w", step+1, ErrRefused, err)
+			return nil, st, fmt.Errorf("update: iteration %d: %w: %w", it+1, ErrRefused, err)
 		}
-		if step == 0 {
+		if it == 0 {
 			st.LossStart, st.NLLStart = ev.Loss, ev.NLL
 		}
 		opt.Step(gr.Params())
-		st.Steps++
+		st.Iterations++
 	}
 	// The first minibatch and noise again, at the final parameters.
 	if err := bind(first); err != nil {
@@ -264,7 +265,7 @@ func graphConfig(prev *bnn.Model, n int, cfg Config) bnn.GraphConfig {
 	g := bnn.GraphConfig{Batch: min(cfg.BatchSize, n), Samples: cfg.Samples, LastOnly: true,
 		KLScale: cfg.KLWeight / float64(n)}
 	if cfg.Objective == ObjectiveVCL {
-		g.Anchor = prev
+		g.Prev = prev
 	}
 	return g
 }
@@ -302,13 +303,13 @@ func Interpolate(prev, next *bnn.Model, t float64) *bnn.Model {
 	return out
 }
 
-// ClipToBudget scales the step from prev to next back, if needed, so that the result q_t =
+// ClipToBudget scales the update from prev to next back, if needed, so that the result q_t =
 // Interpolate(prev, next, t) satisfies KL(q_t || prev) <= budget, with the largest such t in
 // [0, 1] (to within 1e-12, found by bisection). When next is already within budget it returns a
 // copy of next and t = 1.
 //
-// Along this path the KL is monotone non-decreasing in t for any step size, not only small
-// ones: per parameter, with step (dm, dl),
+// Along this path the KL is monotone non-decreasing in t for any size of update, not only small
+// ones: per parameter, with change (dm, dl),
 //
 //	KL_j(t) = (exp(2 t dl) - 1 - 2 t dl) / 2 + t^2 dm^2 / (2 s_prev^2),
 //	dKL_j/dt = dl (exp(2 t dl) - 1) + t dm^2 / s_prev^2 >= 0  for t >= 0,
@@ -327,7 +328,7 @@ func ClipToBudget(prev, next *bnn.Model, budget float64) (*bnn.Model, float64, e
 		return nil, 0, fmt.Errorf("clip: %w", err)
 	}
 	if !bnn.SameBody(prev, next) {
-		return nil, 0, errors.New("clip: the models' bodies differ; only last-layer steps can be clipped")
+		return nil, 0, errors.New("clip: the models' bodies differ; only last-layer updates can be clipped")
 	}
 	kl := func(t float64) float64 {
 		k, _, err := certify.KL(Interpolate(prev, next, t), prev)

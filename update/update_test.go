@@ -128,7 +128,7 @@ func TestObjectiveGradient(t *testing.T) {
 		objective := tc.objective
 		t.Run(tc.engine+"/"+objective, func(t *testing.T) {
 			cfg := Config{Objective: objective, Samples: 2, KLWeight: 0.7, Engine: tc.engine}.withDefaults()
-			gr, err := newObjectiveAnchored(q, prev, rows, cfg)
+			gr, err := newObjectiveWithPrev(q, prev, rows, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -207,7 +207,7 @@ func TestLastLayerKeepsPrevAndBody(t *testing.T) {
 		if err != nil || kl != st.KL || !(kl > 0) {
 			t.Errorf("%s: stats KL %v, certify.KL %v (%v)", objective, st.KL, kl, err)
 		}
-		if st.Steps != DefaultSteps || st.Rows != 20 || st.Objective != tc.objective {
+		if st.Iterations != DefaultIterations || st.Rows != 20 || st.Objective != tc.objective {
 			t.Errorf("%s: stats %+v", objective, st)
 		}
 		if err := next.Validate(); err != nil {
@@ -220,7 +220,7 @@ func TestLastLayerDeterministic(t *testing.T) {
 	m, test := trained(t)
 	for _, engine := range engines {
 		run := func(seed uint64) *bnn.Model {
-			next, _, err := LastLayer(context.Background(), m, test.X[:100], test.Y[:100], Config{LR: 1e-4, Steps: 10, BatchSize: 32, Samples: 2, Seed: seed, Engine: engine})
+			next, _, err := LastLayer(context.Background(), m, test.X[:100], test.Y[:100], Config{LR: 1e-4, Iterations: 10, BatchSize: 32, Samples: 2, Seed: seed, Engine: engine})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +246,7 @@ func TestLastLayerLearns(t *testing.T) {
 		y[i] = 1 - test.Y[i]
 	}
 	for _, engine := range engines {
-		_, st, err := LastLayer(context.Background(), m, test.X[:10], y, Config{Objective: ObjectiveVCL, LR: 1e-2, Steps: 30, Seed: 1, Engine: engine})
+		_, st, err := LastLayer(context.Background(), m, test.X[:10], y, Config{Objective: ObjectiveVCL, LR: 1e-2, Iterations: 30, Seed: 1, Engine: engine})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -287,11 +287,11 @@ func TestLastLayerRejects(t *testing.T) {
 		{"unknown engine", context.Background(), X, y, Config{Engine: "torch"}, `engine "torch"`, nil},
 		{"negative lr", context.Background(), X, y, Config{LR: -1}, "lr -1", nil},
 		{"NaN lr", context.Background(), X, y, Config{LR: math.NaN()}, "lr NaN", nil},
-		{"negative steps", context.Background(), X, y, Config{Steps: -2}, "steps -2", nil},
+		{"negative iterations", context.Background(), X, y, Config{Iterations: -2}, "iterations -2", nil},
 		{"negative kl weight", context.Background(), X, y, Config{KLWeight: -1}, "kl weight", nil},
 		{"cancelled", cancelled, X, y, Config{}, "", context.Canceled},
 		// An absurd learning rate drives the parameters to Inf: refused, prev kept.
-		{"diverging", context.Background(), X, y, Config{LR: 1e300, Steps: 5}, "", ErrRefused},
+		{"diverging", context.Background(), X, y, Config{LR: 1e300, Iterations: 5}, "", ErrRefused},
 	} {
 		for _, engine := range engines {
 			cfg := tc.cfg
@@ -321,12 +321,12 @@ func TestLastLayerRejects(t *testing.T) {
 }
 
 // TestKLGrowsWithLR checks the premise of the paper's learning-rate choice: with the paper's
-// objective, on the same data, steps and seed, KL(q_new || q_prev) at lr 1e-5 < 1e-4 < 1e-3.
+// objective, on the same data, iterations and seed, KL(q_new || q_prev) at lr 1e-5 < 1e-4 < 1e-3.
 //
 // It also checks what we measured before writing it down (5 seeds x {5, 50} rows x 3 lrs, vcl/prior
 // KL ratio between 0.001 and 0.5 in all 30 cases): vcl moves the posterior less than prior at
-// the same lr and steps. vcl's KL is not always monotone in lr: its objective has an optimum at
-// a fixed distance from q_prev, which larger steps merely reach sooner, so that is only logged.
+// the same lr and iterations. vcl's KL is not always monotone in lr: its objective has an optimum at
+// a fixed distance from q_prev, which larger learning rates merely reach sooner, so that is only logged.
 func TestKLGrowsWithLR(t *testing.T) {
 	m, test := trained(t)
 	lrs := []float64{1e-5, 1e-4, 1e-3}

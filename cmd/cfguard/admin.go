@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"encoding/json"
 	"flag"
@@ -17,7 +19,7 @@ import (
 func cmdCheckConfig(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "configuration file to check")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	cfg, err := config.LoadFile(*path)
@@ -70,7 +72,7 @@ func readBuildInfo() buildInfo {
 func cmdVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	b := readBuildInfo()

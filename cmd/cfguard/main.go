@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"errors"
 	"flag"
@@ -24,8 +26,7 @@ const (
 	exitUsage = 2 // bad flags, bad configuration (config.ErrInvalid)
 )
 
-// errUsage marks errors that should exit with code 2.
-var errUsage = errors.New("usage")
+// cli.ErrUsage marks errors that should exit with code 2.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -45,7 +46,7 @@ func commands() []command {
 		{"train", "--data FILE.csv --out DIR [--seed N] [--epochs N]", "train a Bayesian MLP and write model.safetensors + model.json", cmdTrain},
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},
-		{"experiment", "increments|psce ...", "the paper's experiments (see cfguard experiment --help)", cmdExperiment},
+		{"import", "--weights FILE.safetensors --classes a,b --scaler-from CSV|--no-scaler --out DIR", "write a model directory from a torchbnn state_dict", cmdImport},
 		{"check-config", "--config FILE", "validate a configuration and print it with every default (exit 2 if invalid)", cmdCheckConfig},
 		{"version", "[--json]", "print the module version, commit and Go version", cmdVersion},
 	}
@@ -56,7 +57,8 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  cfguard %s %s\n      %s\n", c.name, c.args, c.help)
 	}
-	fmt.Fprintf(w, "\nRun 'cfguard COMMAND --help' for a command's flags. README.md documents every config key, metric and endpoint.\n")
+	fmt.Fprintf(w, "\nRun 'cfguard COMMAND --help' for a command's flags. README.md documents every config key, metric and endpoint.\n"+
+		"The paper's experiments are a separate command: cfguard-lab (go run ./cmd/cfguard-lab --help).\n")
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -75,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return exitOK
-		case errors.Is(err, errUsage), errors.Is(err, config.ErrInvalid):
+		case errors.Is(err, cli.ErrUsage), errors.Is(err, config.ErrInvalid):
 			fmt.Fprintf(stderr, "cfguard %s: %v\n", c.name, err)
 			return exitUsage
 		default:
@@ -86,26 +88,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "cfguard: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return exitUsage
-}
-
-// parseFlags parses a command's flags; flag errors become errUsage.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %v", errUsage, fs.Args())
-	}
-	return nil
-}
-
-func required(name, v string) error {
-	if v == "" {
-		return fmt.Errorf("%w: --%s is required", errUsage, name)
-	}
-	return nil
 }

@@ -43,7 +43,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"},
 		{"kl", "--old", "x"},
 		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"},
-		{"experiment", "nope"},
+		{"experiment", "psce"}, // moved to cfguard-lab
 	} {
 		if code, _, _ := runCLI(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
@@ -108,39 +108,6 @@ func TestRunRejectsBadConfigWithExit2(t *testing.T) {
 	code, _, errs := runCLI(t, "run", "--config", p)
 	if code != 2 || !strings.Contains(errs, "certify.delta: 0.7") {
 		t.Fatalf("exit %d: %s", code, errs)
-	}
-}
-
-// The --json contract scripts rely on: one object per method with these keys, fractions in [0,1].
-func TestExperimentPSCEJSON(t *testing.T) {
-	if testing.Short() {
-		t.Skip("trains models and generates counterfactuals")
-	}
-	code, out, errs := runCLI(t, "experiment", "psce", "--data", "breast_cancer", "--seeds", "1", "--instances", "3", "--method", "psce,wachter", "--json")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
-	dec := json.NewDecoder(strings.NewReader(out))
-	var methods []string
-	for dec.More() {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range []string{"method", "validity", "im1", "implausibility", "robustness_ratio", "in_set", "survival"} {
-			if _, ok := m[k]; !ok {
-				t.Fatalf("object %v lacks %q", m, k)
-			}
-		}
-		for _, k := range []string{"validity", "in_set", "survival"} {
-			if v, _ := m[k].(float64); v < 0 || v > 1 {
-				t.Fatalf("%s = %v, want a fraction", k, m[k])
-			}
-		}
-		methods = append(methods, m["method"].(string))
-	}
-	if strings.Join(methods, ",") != "psce,wachter" {
-		t.Fatalf("methods %v", methods)
 	}
 }
 

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"encoding/json"
 	"flag"
@@ -22,13 +24,13 @@ func cmdKL(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kl", flag.ContinueOnError)
 	oldDir := fs.String("old", "", "model directory of the old posterior q1")
 	newDir := fs.String("new", "", "model directory of the new posterior q2")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if err := required("old", *oldDir); err != nil {
+	if err := cli.Required("old", *oldDir); err != nil {
 		return err
 	}
-	if err := required("new", *newDir); err != nil {
+	if err := cli.Required("new", *newDir); err != nil {
 		return err
 	}
 	q1, err := bnn.Load(*oldDir)
@@ -68,27 +70,27 @@ func cmdBound(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	var1 := fs.Float64("var1", math.NaN(), "optional: predictive variance under the old posterior")
 	delta := fs.Float64("delta", 0.05, "delta of the delta-safe set, in (0, 0.5)")
 	mode := fs.String("mode", "paper", "paper (Theorems 1, 2) or tight (TV bound)")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	m, err := certify.ParseMode(*mode)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	switch {
 	case !(*p1 >= 0 && *p1 <= 1):
-		return fmt.Errorf("%w: --p1 must be in [0, 1], got %v", errUsage, *p1)
+		return fmt.Errorf("%w: --p1 must be in [0, 1], got %v", cli.ErrUsage, *p1)
 	case !(*kl >= 0) || math.IsInf(*kl, 0):
-		return fmt.Errorf("%w: --kl must be a finite number >= 0, got %v", errUsage, *kl)
+		return fmt.Errorf("%w: --kl must be a finite number >= 0, got %v", cli.ErrUsage, *kl)
 	case !(*delta > 0 && *delta < 0.5):
-		return fmt.Errorf("%w: --delta must be in (0, 0.5), got %v", errUsage, *delta)
+		return fmt.Errorf("%w: --delta must be in (0, 0.5), got %v", cli.ErrUsage, *delta)
 	}
 	r := boundResult{Mode: string(m), P1: *p1, KL: *kl, Delta: *delta,
 		P2Lower: certify.ProbLower(*p1, *kl, m), KLMax: certify.KLBudget(*delta), KLMaxForP1: certify.KLBudgetForP1(*p1)}
 	r.StillValid = r.P2Lower >= 0.5
 	if !math.IsNaN(*var1) {
 		if !(*var1 >= 0 && *var1 <= 0.25) {
-			return fmt.Errorf("%w: --var1 must be in [0, 0.25], got %v", errUsage, *var1)
+			return fmt.Errorf("%w: --var1 must be in [0, 0.25], got %v", cli.ErrUsage, *var1)
 		}
 		v := certify.VarUpper(*var1, *kl, m)
 		r.Var1, r.Var2Upper = var1, &v

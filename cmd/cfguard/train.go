@@ -1,54 +1,17 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"strings"
 
-	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/dataset"
 )
-
-// loadData reads --data (a CSV path) or, when the path does not exist and names a bundled data
-// set (breast_cancer, german_credit, spambase), the embedded copy. Class names come from
-// --classes, else from the bundled set, else "0".."C-1".
-func loadData(path, classes string) (*dataset.Set, []string, error) {
-	var set *dataset.Set
-	var names []string
-	if _, err := os.Stat(path); err != nil {
-		if _, ok := assets.Lookup(path); !ok {
-			return nil, nil, fmt.Errorf("--data %s: %w (bundled data sets: %v)", path, err, assets.Names())
-		}
-		s, d, err := assets.Load(path)
-		if err != nil {
-			return nil, nil, err
-		}
-		set, names = s, d.Classes
-	} else {
-		s, err := dataset.LoadCSV(path)
-		if err != nil {
-			return nil, nil, err
-		}
-		set = s
-	}
-	if classes != "" {
-		names = strings.Split(classes, ",")
-	}
-	if names == nil {
-		for c := 0; c < set.NumClasses; c++ {
-			names = append(names, fmt.Sprint(c))
-		}
-	}
-	if len(names) < set.NumClasses {
-		return nil, nil, fmt.Errorf("%w: %d class names for labels 0..%d", errUsage, len(names), set.NumClasses-1)
-	}
-	return set, names, nil
-}
 
 func cliLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -63,19 +26,19 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	epochs := fs.Int("epochs", 0, "training epochs (0 = default)")
 	holdout := fs.Float64("holdout", 0.2, "fraction held out to report test accuracy (0 = train on everything)")
 	classes := fs.String("classes", "", "comma-separated class names for labels 0..C-1")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if err := required("data", *data); err != nil {
+	if err := cli.Required("data", *data); err != nil {
 		return err
 	}
-	if err := required("out", *out); err != nil {
+	if err := cli.Required("out", *out); err != nil {
 		return err
 	}
 	if *holdout < 0 || *holdout >= 1 {
-		return fmt.Errorf("%w: --holdout must be in [0, 1)", errUsage)
+		return fmt.Errorf("%w: --holdout must be in [0, 1)", cli.ErrUsage)
 	}
-	set, names, err := loadData(*data, *classes)
+	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,8 @@ import (
 	"path/filepath"
 )
 
-// WriteFile atomically replaces path with data (mode 0o644).
+// WriteFile atomically replaces path with data (mode 0o644). On any error before the rename the
+// old file is untouched and the temporary file is removed; every error names path.
 func WriteFile(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -47,7 +48,7 @@ func WriteFile(path string, data []byte) error {
 func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("fsync dir: %w", err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {

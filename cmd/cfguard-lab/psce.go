@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"flag"
 	"fmt"
@@ -12,7 +14,7 @@ import (
 // cmdPSCE compares counterfactual generators on the paper's metrics plus survival under
 // last-layer updates: a paper-style table, or one JSON object per method with --json.
 func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("experiment psce", flag.ContinueOnError)
+	fs := flag.NewFlagSet("psce", flag.ContinueOnError)
 	data := fs.String("data", "", "CSV file or bundled data set name")
 	classes := fs.String("classes", "", "comma-separated class names")
 	seeds := fs.Int("seeds", 5, "number of seeds (train/test splits and models)")
@@ -20,20 +22,20 @@ func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	instances := fs.Int("instances", 100, "test instances per seed")
 	methods := fs.String("method", "psce,wachter,schut", "comma-separated methods")
 	asJSON := fs.Bool("json", false, "print one JSON object per method instead of the table")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if err := required("data", *data); err != nil {
+	if err := cli.Required("data", *data); err != nil {
 		return err
 	}
 	if *seeds < 1 || *instances < 1 {
-		return fmt.Errorf("%w: --seeds and --instances must be positive", errUsage)
+		return fmt.Errorf("%w: --seeds and --instances must be positive", cli.ErrUsage)
 	}
 	ms, err := evaluate.ParseMethods(*methods)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
-	set, names, err := loadData(*data, *classes)
+	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
 		return err
 	}

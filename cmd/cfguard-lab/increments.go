@@ -1,57 +1,22 @@
 package main
 
 import (
+	"github.com/cfguard/cfguard/internal/cli"
+
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/cfguard/cfguard/experiment"
 )
 
-func cmdExperiment(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintf(stderr, "Usage:\n  cfguard experiment increments --data FILE.csv [--seed N] [--lr 1e-5] [--sweep 1e-5,1e-4,1e-3] [--out DIR]\n"+
-			"      the paper's incremental-update table: one JSON row per update, and a plot in DIR\n"+
-			"  cfguard experiment psce --data FILE.csv [--seeds 5] [--instances 100] [--method psce,wachter,schut] [--json]\n"+
-			"      PSCE against Wachter and Schut: validity, IM1, implausibility, robustness ratio, <delta,eps>-set, survival\n")
-		if len(args) == 0 {
-			return fmt.Errorf("%w: name an experiment", errUsage)
-		}
-		return flag.ErrHelp
-	}
-	switch args[0] {
-	case "increments":
-		return cmdIncrements(ctx, args[1:], stdout, stderr)
-	case "psce":
-		return cmdPSCE(ctx, args[1:], stdout, stderr)
-	}
-	return fmt.Errorf("%w: unknown experiment %q (increments, psce)", errUsage, args[0])
-}
-
-func parseFloats(s string) ([]float64, error) {
-	var out []float64
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		v, err := strconv.ParseFloat(f, 64)
-		if err != nil || !(v > 0) {
-			return nil, fmt.Errorf("%w: %q is not a positive number", errUsage, f)
-		}
-		out = append(out, v)
-	}
-	return out, nil
-}
-
 // cmdIncrements runs the paper's incremental-update experiment: one JSON row per update for
 // --lr, then the rows of the other sweep learning rates; writes DIR/increments.svg.
 func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("experiment increments", flag.ContinueOnError)
+	fs := flag.NewFlagSet("increments", flag.ContinueOnError)
 	data := fs.String("data", "", "CSV file or bundled data set name")
 	classes := fs.String("classes", "", "comma-separated class names")
 	seed := fs.Uint64("seed", 1, "random seed")
@@ -59,20 +24,20 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 	sweep := fs.String("sweep", "1e-5,1e-4,1e-3", "learning rates to sweep as well (\"\" for none)")
 	objective := fs.String("objective", "prior", "update objective: prior (paper) or vcl")
 	out := fs.String("out", "out", "directory for the plot and the rows")
-	if err := parseFlags(fs, args, stderr); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if err := required("data", *data); err != nil {
+	if err := cli.Required("data", *data); err != nil {
 		return err
 	}
 	if !(*lr > 0) {
-		return fmt.Errorf("%w: --lr must be positive", errUsage)
+		return fmt.Errorf("%w: --lr must be positive", cli.ErrUsage)
 	}
 	lrs, err := parseFloats(*sweep)
 	if err != nil {
 		return err
 	}
-	set, names, err := loadData(*data, *classes)
+	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,155 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+// dirBytes is the total size of the regular files under dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += info.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// record is a value of the size cfguard's records have (30 features as JSON).
+func record(i int) string {
+	return fmt.Sprintf(`{"id":"r%d","features":[%s],"label":%d}`, i, strings.TrimSuffix(strings.Repeat("-12.345678,", 30), ","), i%2)
+}
+
+// churn produces rounds of n records to topic and reads each round back with a group reader
+// (as cfguard does: what is read is behind the consumer), returning the data directory's size
+// after each round.
+func churn(t *testing.T, b *broker.Broker, dir string, rounds, n int) []int64 {
+	t.Helper()
+	addr := b.Addrs()[0]
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: "records", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
+	defer w.Close()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "records", GroupID: "churn", MaxWait: 50 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var sizes []int64
+	for round := range rounds {
+		msgs := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Value: []byte(record(round*n + i))}
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			t.Fatalf("round %d: produce: %v", round, err)
+		}
+		var m kafka.Message
+		for range n {
+			var err error
+			if m, err = r.FetchMessage(ctx); err != nil {
+				t.Fatalf("round %d: consume: %v", round, err)
+			}
+		}
+		if err := r.CommitMessages(ctx, m); err != nil { // once per round, as cfguard's commits are coalesced
+			t.Fatal(err)
+		}
+		b.ApplyRetention()
+		sizes = append(sizes, dirBytes(t, dir))
+	}
+	return sizes
+}
+
+// TestRetentionBoundsDataDir produces and consumes many times the retention size through a
+// broker with a data directory: with retention the directory stays below the bound the
+// package documents (RetentionBytes plus one segment, plus metadata), segment files are
+// deleted and the log start offset moves; without retention (the control) it grows past it.
+func TestRetentionBoundsDataDir(t *testing.T) {
+	rounds, n := 10, 2000 // ~6 MB through a 256 KiB retention
+	if !testing.Short() {
+		rounds = 60 // ~38 MB
+	}
+	const retention = 256 << 10
+	run := func(t *testing.T, retentionBytes int64) (sizes []int64, logStart, hw int64) {
+		dir := t.TempDir()
+		b := start(t, context.Background(), broker.Config{DataDir: dir, Topics: []string{"records"},
+			RetentionBytes: retentionBytes, RetentionCheckInterval: time.Hour})
+		sizes = churn(t, b, dir, rounds, n)
+		return sizes, b.LogStartOffsets("records")[0], b.HighWatermarks("records")[0]
+	}
+	bound := int64(retention + retention/4 + 64<<10) // retention, one segment, metadata files
+	sizes, logStart, hw := run(t, retention)
+	t.Logf("retention %d B: data dir after each round of %d records: %v bytes (log start %d of %d)", retention, n, sizes, logStart, hw)
+	for i, sz := range sizes {
+		if sz > bound {
+			t.Fatalf("round %d: data dir is %d bytes, over the bound %d", i, sz, bound)
+		}
+	}
+	if total := int64(rounds * n * len(record(0))); total < 10*bound {
+		t.Fatalf("the test moves only %d bytes; it needs many times the bound %d", total, bound)
+	}
+	if logStart == 0 || hw != int64(rounds*n) {
+		t.Fatalf("log start %d, high watermark %d: retention deleted nothing, or offsets changed", logStart, hw)
+	}
+	controlSizes, _, _ := run(t, -1)
+	if last := controlSizes[len(controlSizes)-1]; last <= bound {
+		t.Fatalf("without retention the data dir is %d bytes, within the bound %d: the test cannot tell", last, bound)
+	}
+	t.Logf("without retention: %v bytes", controlSizes)
+}
+
+// TestRetentionByAge deletes records older than Retention (by timestamp), on the broker's own
+// schedule, and their segment files with them.
+func TestRetentionByAge(t *testing.T) {
+	dir := t.TempDir()
+	b := start(t, context.Background(), broker.Config{DataDir: dir, Topics: []string{"records"},
+		Retention: 300 * time.Millisecond, RetentionCheckInterval: 100 * time.Millisecond})
+	var values []string
+	for i := range 3000 { // ~1 MB: several 64 KiB segments
+		values = append(values, record(i))
+	}
+	produce(t, b.Addrs()[0], "records", values...)
+	before := dirBytes(t, dir)
+	deadline := time.Now().Add(10 * time.Second)
+	for b.LogStartOffsets("records")[0] < 3000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("log start %d after 10s, want 3000", b.LogStartOffsets("records")[0])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	after := dirBytes(t, dir)
+	t.Logf("data dir %d bytes before, %d after the records expired", before, after)
+	if after > before/4 {
+		t.Fatalf("data dir %d bytes after every record expired (was %d): segments not deleted", after, before)
+	}
+	produce(t, b.Addrs()[0], "records", "fresh")
+	if got := readAll(t, b.Addrs()[0], "records", 1); got[0] != "fresh" {
+		t.Fatalf("after expiry read %q, want the fresh record", got)
+	}
+}
+
+func TestRetentionConfigRejected(t *testing.T) {
+	if b, err := broker.Start(context.Background(), broker.Config{RetentionCheckInterval: -time.Second}, nil); err == nil {
+		b.Close()
+		t.Fatal("Start accepted a negative RetentionCheckInterval")
+	}
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"experiment", "psce"}, // the old cfguard spelling
+		{"psce"},               // --data is required
+		{"psce", "--data", "breast_cancer", "--seeds", "0"},
+		{"psce", "--data", "breast_cancer", "--method", "psce,dice"},
+		{"psce", "--data", "breast_cancer", "extra"},
+		{"increments", "--data", "breast_cancer", "--lr", "0"},
+		{"increments", "--data", "breast_cancer", "--sweep", "1e-5,x"},
+		{"increments", "--data", "breast_cancer", "--classes", "one"},
+	} {
+		if code, _, errs := runCLI(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errs)
+		}
+	}
+}
+
+func TestHelpAndErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"--help"}, 0, "cfguard-lab psce --data"},
+		{[]string{"psce", "--help"}, 0, ""},
+		{[]string{"increments", "--data", "no-such-file.csv"}, 1, "bundled data sets"},
+	} {
+		code, out, errs := runCLI(t, tc.args...)
+		if code != tc.code || !strings.Contains(out+errs, tc.out) {
+			t.Errorf("%v: exit %d, want %d with %q in\n%s%s", tc.args, code, tc.code, tc.out, out, errs)
+		}
+	}
+}
+
+// The --json contract scripts rely on: one object per method with these keys, fractions in [0,1].
+// robustness_ratio is the fresh-seed figure (the paper's, stochastic generator), never smaller
+// than zero; robustness_ratio_same_seed is the deterministic rerun's.
+func TestPSCEJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains models and generates counterfactuals")
+	}
+	code, out, errs := runCLI(t, "psce", "--data", "breast_cancer", "--seeds", "1", "--instances", "3", "--method", "psce,wachter", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	var methods []string
+	for dec.More() {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"method", "validity", "im1", "implausibility", "robustness_ratio", "robustness_ratio_same_seed", "in_set", "survival"} {
+			if _, ok := m[k]; !ok {
+				t.Fatalf("object %v lacks %q", m, k)
+			}
+		}
+		if _, ok := m["robustness_ratio_fresh"]; ok {
+			t.Errorf("object %v still has the old key robustness_ratio_fresh", m)
+		}
+		for _, k := range []string{"validity", "in_set", "survival"} {
+			if v, _ := m[k].(float64); v < 0 || v > 1 {
+				t.Fatalf("%s = %v, want a fraction", k, m[k])
+			}
+		}
+		methods = append(methods, m["method"].(string))
+	}
+	if strings.Join(methods, ",") != "psce,wachter" {
+		t.Fatalf("methods %v", methods)
+	}
+}
+
+// TestIncrements: one learning rate (no sweep) prints one JSON row per update with the paper's
+// columns and writes the same rows and the plot to --out.
+func TestIncrements(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model")
+	}
+	out := t.TempDir()
+	code, stdout, errs := runCLI(t, "increments", "--data", "breast_cancer", "--sweep", "", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	rows := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want 5 updates:\n%s", len(rows), stdout)
+	}
+	for _, r := range rows {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(r), &row); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"update", "p1", "p2", "kl", "bound", "holds"} {
+			if _, ok := row[k]; !ok {
+				t.Fatalf("row %s lacks %q", r, k)
+			}
+		}
+	}
+	jsonl, err := os.ReadFile(filepath.Join(out, "increments.jsonl"))
+	if err != nil || string(jsonl) != stdout {
+		t.Errorf("increments.jsonl differs from stdout: %v", err)
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "increments.svg"))
+	if err != nil || !strings.Contains(string(svg), "<svg") {
+		t.Errorf("increments.svg: %v, %d bytes", err, len(svg))
+	}
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// embeddedConfig writes a config for a daemon with its embedded broker, the bundled model (a
+// few training epochs) and its state under dir, on the given loopback addresses.
+func embeddedConfig(t *testing.T, dir, stateDir, httpAddr, brokerAddr, extra string) string {
+	t.Helper()
+	text := fmt.Sprintf(`http:
+  listen: %s
+state_dir: %s
+model:
+  dataset: breast_cancer
+  epochs: 5
+kafka:
+  embedded_listen: %s
+  max_records: 16
+  max_wait: 500ms
+certify:
+  samples: 200
+audit:
+  schedule: ""
+%s`, httpAddr, stateDir, brokerAddr, extra)
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// exitOf waits for a child that should stop by itself within limit and returns its exit code.
+func exitOf(t *testing.T, c *child, limit time.Duration) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- c.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(limit):
+		c.cmd.Process.Kill()
+		<-done
+		t.Fatalf("the daemon was still running after %v; log:\n%s", limit, c.log.String())
+		return -1
+	}
+}
+
+// firstStart runs a daemon on a new state directory until it serves, then stops it with
+// SIGTERM; it returns the config path and the ledger's path.
+func firstStart(t *testing.T) (cfg, db string) {
+	t.Helper()
+	dir := t.TempDir()
+	httpAddr := freePort(t)
+	cfg = embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, freePort(t), "")
+	c := startChild(t, cfg, httpAddr)
+	deadline := time.Now().Add(60 * time.Second)
+	for c.applied() < 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitOf(t, c, 30*time.Second); code != 0 {
+		t.Fatalf("first start: exit %d; log:\n%s", code, c.log.String())
+	}
+	return cfg, filepath.Join(dir, "state", "cfguard.db")
+}
+
+func fileSum(t *testing.T, p string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// TestDamagedLedgerStopsTheDaemon: only a missing ledger means "first start". An existing one
+// that is empty, truncated or has flipped bytes stops the daemon with exit code 1 and an error
+// that names the ledger file and how to recover, without a panic, and nothing is written over
+// it (no training, no export).
+func TestDamagedLedgerStopsTheDaemon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemon processes")
+	}
+	cfg, db := firstStart(t)
+	good, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Dir(db)
+	for name, damage := range map[string]func() error{
+		"empty":     func() error { return os.WriteFile(db, nil, 0o600) },
+		"truncated": func() error { return os.WriteFile(db, good[:len(good)/2], 0o600) },
+		"truncated to a page": func() error {
+			return os.WriteFile(db, good[:4096], 0o600)
+		},
+		"meta pages zeroed": func() error {
+			b := bytes.Clone(good)
+			clear(b[:2*4096])
+			return os.WriteFile(db, b, 0o600)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := damage(); err != nil {
+				t.Fatal(err)
+			}
+			os.RemoveAll(filepath.Join(state, "export"))
+			before := fileSum(t, db)
+			c := startChild(t, cfg, freePort(t))
+			code := exitOf(t, c, 30*time.Second)
+			log := c.log.String()
+			if code != 1 {
+				t.Fatalf("exit %d, want 1; log:\n%s", code, log)
+			}
+			if !strings.Contains(log, db) || strings.Contains(log, "model.json") {
+				t.Fatalf("the error does not name %s (or blames model.json); log:\n%s", db, log)
+			}
+			if !strings.Contains(log, "restore") || !strings.Contains(log, "move") {
+				t.Fatalf("the error does not say how to recover (restore a backup, or move the file aside); log:\n%s", log)
+			}
+			if strings.Contains(log, "panic") || strings.Contains(log, "goroutine ") {
+				t.Fatalf("the daemon panicked; log:\n%s", log)
+			}
+			if strings.Contains(log, "training the bundled model") {
+				t.Fatalf("the daemon treated a damaged ledger as a first start; log:\n%s", log)
+			}
+			if fileSum(t, db) != before {
+				t.Fatal("the damaged ledger was written to")
+			}
+			if _, err := os.Stat(filepath.Join(state, "export")); err == nil {
+				t.Fatal("an export was written from a damaged ledger")
+			}
+		})
+	}
+}
+
+// TestSecondDaemonOnOneStateDirExitsAtOnce: a second daemon on the same state_dir must say that
+// another process holds the ledger and exit at once, not after a lock timeout.
+func TestSecondDaemonOnOneStateDirExitsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemon processes")
+	}
+	dir := t.TempDir()
+	httpAddr := freePort(t)
+	cfg := embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, freePort(t), "")
+	first := startChild(t, cfg, httpAddr)
+	deadline := time.Now().Add(60 * time.Second)
+	for first.applied() < 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not start; log:\n%s", first.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Same state_dir, other ports, so that only the ledger can collide.
+	cfg2 := embeddedConfig(t, t.TempDir(), filepath.Join(dir, "state"), freePort(t), freePort(t), "")
+	start := time.Now()
+	second := startChild(t, cfg2, freePort(t))
+	code := exitOf(t, second, 10*time.Second)
+	took := time.Since(start)
+	log := second.log.String()
+	if code != 1 || !strings.Contains(log, "another process") || !strings.Contains(log, filepath.Join(dir, "state")) {
+		t.Fatalf("second daemon: exit %d; want 1 saying another process holds the state dir; log:\n%s", code, log)
+	}
+	if took > 1500*time.Millisecond {
+		t.Fatalf("the second daemon took %v to give up; it must not wait for a lock timeout", took)
+	}
+	if first.applied() < 0 {
+		t.Fatalf("the first daemon stopped answering; log:\n%s", first.log.String())
+	}
+	first.cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitOf(t, first, 30*time.Second); code != 0 {
+		t.Fatalf("first daemon exit %d", code)
+	}
+}
+
+// TestConfigNamingAnotherModelIsRefused: once a ledger exists, a config whose model differs from
+// the one the ledger started from is refused (exit 2) with a message that says how to start
+// over, instead of being silently ignored.
+func TestConfigNamingAnotherModelIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemon processes")
+	}
+	cfg, db := firstStart(t)
+	text, _ := os.ReadFile(cfg)
+	changed := strings.Replace(string(text), "dataset: breast_cancer", "dataset: german_credit", 1)
+	if changed == string(text) {
+		t.Fatal("the config edit did not apply")
+	}
+	os.WriteFile(cfg, []byte(changed), 0o644)
+	before := fileSum(t, db)
+	c := startChild(t, cfg, freePort(t))
+	code := exitOf(t, c, 30*time.Second)
+	log := c.log.String()
+	if code != 2 || !strings.Contains(log, "german_credit") || !strings.Contains(log, "breast_cancer") || !strings.Contains(log, "state_dir") {
+		t.Fatalf("exit %d; want 2 naming both models and how to start over; log:\n%s", code, log)
+	}
+	if fileSum(t, db) != before {
+		t.Fatal("the ledger was written to")
+	}
+}

@@ -1,0 +1,79 @@
+// Package cli holds what cfguard's commands (cmd/cfguard, cmd/cfguard-lab) share: flag parsing
+// whose errors are usage errors (exit code 2), and loading a data set given as --data. It links
+// nothing heavy, so that neither command pulls in the other's dependencies.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/dataset"
+)
+
+// ErrUsage marks errors that a command reports with exit code 2: bad flags or arguments.
+var ErrUsage = errors.New("usage")
+
+// ParseFlags parses a command's flags; flag errors and stray arguments wrap ErrUsage, and -h
+// returns flag.ErrHelp.
+func ParseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %v", ErrUsage, fs.Args())
+	}
+	return nil
+}
+
+// Required is a usage error when flag --name is empty.
+func Required(name, v string) error {
+	if v == "" {
+		return fmt.Errorf("%w: --%s is required", ErrUsage, name)
+	}
+	return nil
+}
+
+// LoadData reads --data: a CSV path or, when no such file exists and the name is a bundled data
+// set (breast_cancer, german_credit, spambase), the embedded copy. Class names come from
+// classes (comma-separated), else from the bundled set, else "0".."C-1".
+func LoadData(path, classes string) (*dataset.Set, []string, error) {
+	var set *dataset.Set
+	var names []string
+	if _, err := os.Stat(path); err != nil {
+		if _, ok := assets.Lookup(path); !ok {
+			return nil, nil, fmt.Errorf("--data %s: %w (bundled data sets: %v)", path, err, assets.Names())
+		}
+		s, d, err := assets.Load(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		set, names = s, d.Classes
+	} else {
+		s, err := dataset.LoadCSV(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		set = s
+	}
+	if classes != "" {
+		names = strings.Split(classes, ",")
+	}
+	if names == nil {
+		for c := 0; c < set.NumClasses; c++ {
+			names = append(names, fmt.Sprint(c))
+		}
+	}
+	if len(names) < set.NumClasses {
+		return nil, nil, fmt.Errorf("%w: %d class names for labels 0..%d", ErrUsage, len(names), set.NumClasses-1)
+	}
+	return set, names, nil
+}

@@ -1,0 +1,277 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// BackupInfo describes the snapshot a Backup wrote: everything in it was committed together.
+type BackupInfo struct {
+	TxID             uint64                 `json:"txid"`
+	HasPosterior     bool                   `json:"has_posterior"`
+	PosteriorVersion uint64                 `json:"posterior_version"`
+	Offsets          map[int]int64          `json:"offsets"`
+	Counts           map[certify.Status]int `json:"counts"`
+	Anchors          int                    `json:"anchors"`
+	OutboxLen        int                    `json:"outbox_len"`
+	Size             int64                  `json:"size"`
+}
+
+// Backup streams a consistent snapshot of the ledger to w: a complete bbolt file as of one
+// transaction (bbolt's Tx.WriteTo in a read transaction), while writers keep committing. It
+// stops when ctx ends. Restore installs such a file; Verify checks one.
+//
+// A long backup holds its read transaction: bbolt cannot reuse the pages it reads, so the file
+// may grow meanwhile, and a commit that must grow bbolt's memory map (it doubles, so this is
+// rare) waits for the backup to finish.
+func (l *Ledger) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
+	var info BackupInfo
+	err := l.view(func(tx *bolt.Tx) error {
+		info = BackupInfo{TxID: uint64(tx.ID())}
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
+		info.HasPosterior, info.PosteriorVersion = c.ok, c.version
+		if info.Offsets, err = readOffsets(tx); err != nil {
+			return err
+		}
+		cnt, err := readCounts(tx)
+		if err != nil {
+			return err
+		}
+		info.Counts = cnt.asMap()
+		if err := forEachAnchor(tx, func(uint64, anchorMeta) error { info.Anchors++; return nil }); err != nil {
+			return err
+		}
+		if info.OutboxLen, err = outboxLen(tx); err != nil {
+			return err
+		}
+		info.Size, err = tx.WriteTo(&ctxWriter{ctx: ctx, w: w})
+		return err
+	})
+	if err != nil {
+		return info, fmt.Errorf("ledger: backup: %w", err)
+	}
+	return info, nil
+}
+
+// ctxWriter fails writes once ctx has ended.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
+
+// Info describes a ledger file as Verify found it.
+type Info struct {
+	Path      string `json:"path"`
+	Size      int64  `json:"size"`
+	PageSize  int    `json:"page_size"`
+	TxID      uint64 `json:"txid"`
+	Pages     int    `json:"pages"`
+	FreePages int    `json:"free_pages"`
+	Schema    uint64 `json:"schema"`
+	// MetaDamaged says why one of the two meta pages is invalid ("" when both are valid); the
+	// file is then read at the transaction the other one records.
+	MetaDamaged      string                 `json:"meta_damaged,omitempty"`
+	Policy           string                 `json:"policy"`
+	HasPosterior     bool                   `json:"has_posterior"`
+	PosteriorVersion uint64                 `json:"posterior_version"`
+	Origin           string                 `json:"origin"`
+	Offsets          map[int]int64          `json:"offsets"`
+	Counts           map[certify.Status]int `json:"counts"`
+	CEs              int                    `json:"counterfactuals"`
+	Anchors          int                    `json:"anchors"`
+	KLHistory        int                    `json:"kl_history"`
+	OutboxLen        int                    `json:"outbox_len"`
+}
+
+// Verify checks the ledger file at path without writing to it or taking more than a shared lock
+// (so Verifies run side by side; a file another process has open for writing gives ErrLocked):
+// the meta pages and size, the page tree (walk.go), bbolt's own tx.Check, and, for a schema-2
+// file, every record and the invariants between them (counts, anchor references, statuses
+// against their bounds, the indexes, the KL history, the outbox). A schema-1 file gets the
+// structural checks; Open migrates it and checks its records then.
+func Verify(path string) (Info, error) {
+	info := Info{Path: path}
+	f, err := os.Open(path)
+	if err != nil {
+		return info, fmt.Errorf("ledger: verify: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return info, fmt.Errorf("%w: a process has %s open for writing; verify a Backup of it instead", ErrLocked, path)
+		}
+		return info, fmt.Errorf("ledger: verify: lock %s: %w", path, err)
+	}
+	g, err := readMetas(f)
+	if err != nil {
+		return info, corrupt(path, err)
+	}
+	info.Size, info.PageSize, info.TxID = g.size, g.pageSize, g.meta.txid
+	if !g.other.valid {
+		info.MetaDamaged = fmt.Sprintf("meta page %d: %s", 1-g.slot, g.other.why)
+	}
+	st, err := walkFile(f, g)
+	if err != nil {
+		return info, corrupt(path, err)
+	}
+	info.Pages, info.FreePages = st.Pages, st.FreePages
+	db, err := boltOpen(path, f, true)
+	if err != nil {
+		return info, err
+	}
+	ok = true
+	defer db.Close()
+	err, _ = guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error { return verifyTx(tx, path, &info) })
+	})
+	if err != nil {
+		return info, corrupt(path, fmt.Errorf("ledger: verify: %w", err))
+	}
+	return info, nil
+}
+
+// verifyTx runs bbolt's check and, for schema 2, checkAll.
+func verifyTx(tx *bolt.Tx, path string, info *Info) error {
+	var first error
+	for err := range tx.Check() {
+		if first == nil {
+			first = corruptf("bbolt check: %v", err)
+		}
+	}
+	if first != nil {
+		return first
+	}
+	meta := tx.Bucket(bMeta)
+	if meta == nil {
+		return corruptf("bucket %q is missing (not a cfguard ledger?)", bMeta)
+	}
+	if raw := meta.Get(kSchema); len(raw) == 8 && bytes.Equal(raw, u64bytes(1)) {
+		info.Schema = 1
+		return nil
+	}
+	var err error
+	if info.Schema, err = metaU64(tx, kSchema); err != nil {
+		return err
+	}
+	if info.Schema != schemaVersion {
+		return corruptf("schema %d; this build reads 1 and %d", info.Schema, schemaVersion)
+	}
+	for _, b := range allBuckets {
+		if tx.Bucket(b) == nil {
+			return corruptf("bucket %q is missing", b)
+		}
+	}
+	fp, err := getSealed(meta, kPolicy, "meta policy")
+	if err != nil {
+		return err
+	}
+	pol, err := parsePolicyFingerprint(string(fp))
+	if err != nil {
+		return err
+	}
+	info.Policy = string(fp)
+	l := &Ledger{path: path, opts: Options{Policy: pol}, log: slog.New(slog.DiscardHandler), models: map[uint64]*bnn.Model{}}
+	return l.checkAll(tx, info)
+}
+
+// Restore installs the ledger file src as <stateDir>/cfguard.db. It verifies src, refuses when
+// the state directory already holds a ledger (it never replaces one: move that aside first) or
+// is locked by a running process, copies src to a temporary file beside the target, fsyncs and
+// verifies the copy, links it into place (a link, unlike a rename, fails if the target appeared
+// meanwhile), and fsyncs the directory. It returns what Verify found in the installed file.
+func Restore(src, stateDir string) (Info, error) {
+	if _, err := Verify(src); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	dst := filepath.Join(stateDir, FileName)
+	lock, err := lockStateDir(stateDir, dst)
+	if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	defer lock.Close()
+	exists := func() error {
+		if _, err := os.Lstat(dst); err == nil {
+			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s.old)",
+				fs.ErrExist, dst, dst, dst)
+		}
+		return nil
+	}
+	if err := exists(); err != nil {
+		return Info{}, err
+	}
+	tmp := fmt.Sprintf("%s.restore-%d", dst, os.Getpid())
+	defer os.Remove(tmp)
+	if err := copyFile(src, tmp); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
+	}
+	info, err := Verify(tmp)
+	if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
+	}
+	if err := exists(); err != nil {
+		return Info{}, err
+	}
+	if err := os.Link(tmp, dst); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return Info{}, exists()
+		}
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	if err := syncDir(stateDir); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: sync %s: %w", stateDir, err)
+	}
+	info.Path = dst
+	return info, nil
+}
+
+// copyFile copies src to a new file dst and fsyncs it.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

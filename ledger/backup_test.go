@@ -1,0 +1,202 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// slowWriter writes to w, pausing after every chunk, so that a backup spans many commits.
+type slowWriter struct {
+	w     io.Writer
+	pause time.Duration
+}
+
+func (s *slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(s.pause)
+	return s.w.Write(p)
+}
+
+// offsetFor is the offset the load test checkpoints together with posterior version v.
+func offsetFor(v uint64) int64 { return int64(v)*7 + 3 }
+
+// Backups taken while a writer keeps committing are consistent snapshots: each verifies, and
+// its (posterior version, offset) pair is one a single checkpoint committed together.
+func TestBackupUnderLoad(t *testing.T) {
+	l, _ := openTest(t, Options{EncodeChange: encodeChangeJSON})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(31, 31))
+	for b := 0; b < 10; b++ {
+		var ces []*CE
+		for i := 0; i < 200; i++ {
+			ces = append(ces, newCE(t, m, rng))
+		}
+		if err := l.Put(bg, ces...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		committed sync.Map // posterior version -> offset committed with it
+		last      atomic.Uint64
+		stop      = make(chan struct{})
+		wg        sync.WaitGroup
+		werr      error
+	)
+	committed.Store(m.Version, int64(-1)) // installed without an offset
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cur := m
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			next := drift(cur, 1e-5*float64(1-2*(i%2)))
+			if _, _, err := l.Commit(bg, &Checkpoint{Model: next, Offsets: map[int]int64{0: offsetFor(next.Version)}, Applied: 1,
+				Update: &UpdateRecord{Version: next.Version, KL: 1e-8, Outcome: certify.OutcomePromoted}}); err != nil {
+				werr = err
+				return
+			}
+			committed.Store(next.Version, offsetFor(next.Version))
+			last.Store(next.Version)
+			cur = next
+		}
+	}()
+	dir := t.TempDir()
+	spanned := 0
+	for b := 0; b < 4; b++ {
+		path := filepath.Join(dir, fmt.Sprintf("backup-%d.db", b))
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := last.Load()
+		info, err := l.Backup(bg, &slowWriter{w: f, pause: 2 * time.Millisecond})
+		after := last.Load()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before+1 {
+			spanned++
+		}
+		v, err := Verify(path)
+		if err != nil {
+			t.Fatalf("backup %d: %v", b, err)
+		}
+		want, ok := committed.Load(v.PosteriorVersion)
+		got, hasOff := v.Offsets[0]
+		switch {
+		case !ok:
+			t.Fatalf("backup %d holds posterior version %d, which was never committed", b, v.PosteriorVersion)
+		case want.(int64) == -1 && hasOff, want.(int64) != -1 && got != want.(int64):
+			t.Fatalf("backup %d: posterior version %d with offset %d; that checkpoint committed offset %v", b, v.PosteriorVersion, got, want)
+		case v.PosteriorVersion != info.PosteriorVersion || v.Size != info.Size || v.TxID != info.TxID ||
+			!equalCounts(v.Counts, info.Counts) || fmt.Sprint(v.Offsets) != fmt.Sprint(info.Offsets):
+			t.Fatalf("backup %d: Backup said %+v, Verify found %+v", b, info, v)
+		}
+		t.Logf("backup %d: %d bytes at posterior version %d (writer went from %d to %d meanwhile)", b, info.Size, info.PosteriorVersion, before, after)
+	}
+	close(stop)
+	wg.Wait()
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	if spanned == 0 {
+		t.Fatal("no backup overlapped a commit: the test did not exercise concurrency")
+	}
+	// A backup restores into a working ledger holding what Verify said.
+	state := filepath.Join(t.TempDir(), "state")
+	info, err := Restore(filepath.Join(dir, "backup-3.db"), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(state, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	st, err := r.State()
+	if err != nil || st.PosteriorVersion != info.PosteriorVersion || !equalCounts(st.Counts, info.Counts) {
+		t.Fatalf("restored state %+v (%v), verified %+v", st, err, info)
+	}
+	if cur, err := r.Current(); err != nil || cur.Version != info.PosteriorVersion {
+		t.Fatalf("restored posterior: %v, %v", cur, err)
+	}
+}
+
+func TestRestoreRefuses(t *testing.T) {
+	src := t.TempDir()
+	richLedger(t, src)
+	backup := filepath.Join(src, FileName)
+	// Two Verifies side by side: shared locks.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, errs[i] = Verify(backup) }()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("concurrent Verify: %v, %v", errs[0], errs[1])
+	}
+	// Into a state dir that holds a ledger: never replaced.
+	state := t.TempDir()
+	l, err := Open(state, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Restore(backup, state); !errors.Is(err, ErrLocked) {
+		t.Errorf("restore into a running ledger's dir: %v, want ErrLocked", err)
+	}
+	l.Close()
+	before := fileHash(t, filepath.Join(state, FileName))
+	_, err = Restore(backup, state)
+	if !errors.Is(err, fs.ErrExist) || !strings.Contains(err.Error(), "mv ") {
+		t.Errorf("restore over an existing ledger: %v, want fs.ErrExist saying to move it aside", err)
+	}
+	if fileHash(t, filepath.Join(state, FileName)) != before {
+		t.Fatal("restore changed the existing ledger")
+	}
+	// A damaged backup is refused, naming it; nothing is installed.
+	data, _ := os.ReadFile(backup)
+	bad := filepath.Join(t.TempDir(), "bad.db")
+	os.WriteFile(bad, data[:len(data)/3], 0o600)
+	empty := filepath.Join(t.TempDir(), "state")
+	if _, err := Restore(bad, empty); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), bad) {
+		t.Errorf("restore of a truncated backup: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(empty, FileName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused restore installed a file: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(empty, "*.restore-*")); len(left) != 0 {
+		t.Errorf("restore left temporary files: %v", left)
+	}
+	// The good one installs and opens.
+	info, err := Restore(backup, empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(empty, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if o, _ := r.Origin(); o != info.Origin || o != "test:testModel(4)" {
+		t.Errorf("restored origin %q, verified %q", o, info.Origin)
+	}
+}

@@ -1,0 +1,194 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// checkAll decodes every record of a schema-2 ledger and checks the invariants between them:
+// status counts and anchor references against the CEs, every CE's status against its bounds
+// at its anchor's stored KL (certified iff they hold), the four indexes against the CEs (each
+// expected entry present, no other entry), the KL history and the outbox against their meta
+// sequence numbers. It fills in info. O(stored CEs); Verify runs it.
+func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
+	if err := l.checkSmall(tx); err != nil {
+		return err
+	}
+	c, err := readCur(tx)
+	if err != nil {
+		return err
+	}
+	info.HasPosterior, info.PosteriorVersion = c.ok, c.version
+	anchors := map[uint64]anchorMeta{}
+	err = forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+		anchors[v] = a
+		if a.klVersion != c.version && a.refs > 0 {
+			return corruptf("anchor %d holds KL from posterior version %d, current is %d", v, a.klVersion, c.version)
+		}
+		_, err := l.model(tx, v)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	info.Anchors = len(anchors)
+	if err := l.checkCEs(tx, anchors, info); err != nil {
+		return err
+	}
+	if info.Offsets, err = readOffsets(tx); err != nil {
+		return err
+	}
+	if _, err := readCounters(tx); err != nil {
+		return err
+	}
+	if err := checkSequences(tx, info); err != nil {
+		return err
+	}
+	o, err := getSealed(tx.Bucket(bMeta), kOrigin, "meta origin")
+	info.Origin = string(o)
+	return err
+}
+
+// checkCEs reads every CE and checks counts, anchor references, statuses and index entries.
+func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info) error {
+	var cnt counts
+	refs := map[uint64]uint64{}
+	var entries [4]int
+	pol := l.opts.Policy
+	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
+		if _, err := l.load(tx, k, v); err != nil {
+			return err
+		}
+		p, _ := unseal(k, v)
+		h, _ := decodeHeader(p)
+		cnt.add(h.status, 1)
+		info.CEs++
+		if h.status != certify.Uncertified {
+			refs[h.anchor]++
+			a := anchors[h.anchor]
+			if holds := pol.Bounds(h.certificate(), a.kl).Certified; holds != (h.status == certify.Certified) {
+				return corruptf("counterfactual %q is %v but its bounds at its anchor's KL %v say certified = %v", k, h.status, a.kl, holds)
+			}
+		}
+		for i, key := range l.indexKeys(k, &h) {
+			if key == nil {
+				continue
+			}
+			entries[i]++
+			val := tx.Bucket(indexBuckets[i]).Get(key)
+			if val == nil {
+				return corruptf("counterfactual %q has no %s entry", k, indexBuckets[i])
+			}
+			if _, ok := unseal(key, val); !ok {
+				return corruptf("%s entry of counterfactual %q: checksum mismatch", indexBuckets[i], k)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n := tx.Bucket(bBodies).Stats().KeyN; n != info.CEs {
+		return corruptf("%d counterfactual bodies for %d headers", n, info.CEs)
+	}
+	for i, b := range indexBuckets {
+		if n := tx.Bucket(b).Stats().KeyN; n != entries[i] {
+			return corruptf("%s has %d entries, the counterfactuals need %d", b, n, entries[i])
+		}
+	}
+	stored, err := readCounts(tx)
+	if err != nil {
+		return err
+	}
+	if stored != cnt {
+		return corruptf("meta counts %v, the counterfactuals are %v", stored.asMap(), cnt.asMap())
+	}
+	info.Counts = cnt.asMap()
+	for v, a := range anchors {
+		if a.refs != refs[v] {
+			return corruptf("anchor %d has %d references, %d counterfactuals hold a certificate under it", v, a.refs, refs[v])
+		}
+		delete(refs, v)
+	}
+	for v := range refs {
+		return corruptf("counterfactuals refer to anchor %d, which is not stored", v)
+	}
+	return nil
+}
+
+// checkSequences decodes the KL history and the outbox and checks them against their meta
+// sequence numbers.
+func checkSequences(tx *bolt.Tx, info *Info) error {
+	if err := checkSeq(tx, bKLHistory, kKLSeq, 0, func(k, p []byte) error {
+		_, err := decodeKLEntry(k, p)
+		info.KLHistory++
+		return err
+	}); err != nil {
+		return err
+	}
+	acked, err := metaU64(tx, kOutboxAcked)
+	if err != nil {
+		return err
+	}
+	if err := checkSeq(tx, bOutbox, kOutboxSeq, acked, func(k, p []byte) error {
+		_, err := decodeOutboxEntry(k, p)
+		info.OutboxLen++
+		return err
+	}); err != nil {
+		return err
+	}
+	if n, err := outboxLen(tx); err != nil || n != info.OutboxLen {
+		if err == nil {
+			err = corruptf("the outbox holds %d entries, its sequence numbers say %d", info.OutboxLen, n)
+		}
+		return err
+	}
+	return nil
+}
+
+// checkSeq decodes every entry of a sequence-keyed bucket: keys must be in (floor, meta seq].
+func checkSeq(tx *bolt.Tx, bucket, seqKey []byte, floor uint64, decode func(k, p []byte) error) error {
+	last, err := metaU64(tx, seqKey)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+		p, ok := unseal(k, v)
+		if !ok || len(k) != 8 {
+			return corruptf("%s entry %x: checksum mismatch", bucket, k)
+		}
+		if s := binary.BigEndian.Uint64(k); s <= floor || s > last {
+			return corruptf("%s entry %d outside (%d, %d]", bucket, s, floor, last)
+		}
+		return inRecord(decode(k, p), "%s entry %x", bucket, k)
+	})
+}
+
+// parsePolicyFingerprint is the inverse of policyFingerprint.
+func parsePolicyFingerprint(fp string) (certify.Policy, error) {
+	var mode, eps, alpha string
+	if _, err := fmt.Sscanf(strings.ReplaceAll(fp, ";", ""), "index v1 mode %s epsilon_max %s hoeffding alpha %s", &mode, &eps, &alpha); err != nil {
+		return certify.Policy{}, corruptf("meta policy %q: %v", fp, err)
+	}
+	p := certify.Policy{Mode: certify.Mode(mode), Alpha: certify.DefaultAlpha}
+	var err error
+	if p.EpsilonMax, err = strconv.ParseFloat(eps, 64); err != nil {
+		return p, corruptf("meta policy %q: %v", fp, err)
+	}
+	if alpha != "off" {
+		p.Hoeffding = true
+		if p.Alpha, err = strconv.ParseFloat(alpha, 64); err != nil {
+			return p, corruptf("meta policy %q: %v", fp, err)
+		}
+	}
+	if err := p.Validate(); err != nil || policyFingerprint(p) != fp {
+		return p, corruptf("meta policy %q does not parse back (%v)", fp, err)
+	}
+	return p, nil
+}

@@ -1,0 +1,180 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// cheapCEs makes n CEs under m with random x' and a plausible certificate, without measuring
+// each (registration cost is not what these tests are about).
+func cheapCEs(m *bnn.Model, rng *rand.Rand, prefix string, n int) []*CE {
+	ces := make([]*CE, n)
+	for i := range ces {
+		x := []float64{rng.Float64()*2 - 1, rng.Float64()*2 - 1, rng.Float64()*2 - 1}
+		xcf := []float64{rng.Float64()*2 - 1, rng.Float64()*2 - 1, rng.Float64()*2 - 1}
+		ces[i] = &CE{ID: fmt.Sprintf("%s-%07d", prefix, i), X: x, XCF: xcf, Target: 1, AnchorVersion: m.Version,
+			P1: 0.96 + 0.03*rng.Float64(), Var1: 0.002 * rng.Float64(), Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+	}
+	return ces
+}
+
+// 10^5 CEs fail at once. Commit only marks them at_risk (no Monte-Carlo under the writer lock);
+// Confirm batches then give each a verdict, and the verdicts are exactly those of one
+// brute-force Monte-Carlo pass over every CE with the same draws and seed.
+func TestConfirmManyFailing(t *testing.T) {
+	n := 100_000
+	if testing.Short() {
+		n = 10_000
+	}
+	l, _ := openTest(t, Options{})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(71, 71))
+	for lo := 0; lo < n; lo += 20_000 {
+		if err := l.Put(bg, cheapCEs(m0, rng, fmt.Sprintf("many%d", lo), min(20_000, n-lo))...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m1 := toBias(m0, -0.19) // p(yes) straddles 1/2: both verdicts occur
+	start := time.Now()
+	rep, changes, err := l.Commit(bg, &Checkpoint{Model: m1})
+	commitTook := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) != n || rep.Counts[certify.AtRisk] != n {
+		t.Fatalf("commit: %d changes, counts %v; want all %d at_risk", len(changes), rep.Counts, n)
+	}
+	for _, ch := range changes[:10] {
+		if ch.P2 != nil || ch.To != certify.AtRisk {
+			t.Fatalf("commit change %+v: want at_risk without Monte-Carlo", ch)
+		}
+	}
+	const samples, seed = 64, 9
+	p := NewModelPredictor(m1, samples, seed)
+	start = time.Now()
+	calls, confirmed := 0, 0
+	for {
+		crep, _, err := l.Confirm(bg, p, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls++
+		confirmed += crep.Confirmed
+		if crep.Discarded || crep.Skipped != 0 {
+			t.Fatalf("confirm: %+v", crep)
+		}
+		if !crep.More {
+			break
+		}
+	}
+	confirmTook := time.Since(start)
+	if confirmed != n {
+		t.Fatalf("confirmed %d of %d", confirmed, n)
+	}
+	all, err := l.List(0, 10000, "")
+	var xs [][]float64
+	var stored []*CE
+	for after := ""; err == nil; all, err = l.List(0, 10000, after) {
+		if len(all) == 0 {
+			break
+		}
+		for _, ce := range all {
+			xs = append(xs, ce.XCF)
+			stored = append(stored, ce)
+		}
+		after = all[len(all)-1].ID
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	pred, err := m1.Predict(xs, samples, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := map[certify.Status]int{}
+	for i, ce := range stored {
+		want := certify.Observed(pred.P(i, 1), pred.Argmax(i), 1)
+		if ce.Status != want || ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != m1.Version {
+			t.Fatalf("%s: %v confirmed at %v; brute-force Monte-Carlo says %v at version %d", ce.ID, ce.Status, ce.ConfirmedVersion, want, m1.Version)
+		}
+		cnt[want]++
+	}
+	if cnt[certify.AtRisk] == 0 || cnt[certify.Invalidated] == 0 {
+		t.Fatalf("verdicts %v: want both", cnt)
+	}
+	// Nothing is left to confirm at this version.
+	if crep, _, err := l.Confirm(bg, p, 10); err != nil || crep.Picked != 0 || crep.More {
+		t.Fatalf("confirm after convergence: %+v, %v", crep, err)
+	}
+	checkInvariants(t, l)
+	t.Logf("%d CEs failing at once: Commit took %v (%d changes, %d candidates read); %d Confirm calls took %v; verdicts %v",
+		n, commitTook, len(changes), rep.Candidates, calls, confirmTook, cnt)
+}
+
+// sneakyPredictor runs during-Predict actions (another writer) before predicting.
+type sneakyPredictor struct {
+	*ModelPredictor
+	during func()
+}
+
+func (s *sneakyPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
+	if s.during != nil {
+		s.during()
+	}
+	return s.ModelPredictor.Predict(ctx, X)
+}
+
+// Confirm samples without the writer lock: a checkpoint can run meanwhile. If it changed the
+// posterior, the batch is discarded and nothing is written; CEs deleted meanwhile are skipped.
+func TestConfirmRacesWriters(t *testing.T) {
+	l, _ := openTest(t, Options{EncodeChange: encodeChangeJSON})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(72, 72))
+	ces := cheapCEs(m0, rng, "race", 50)
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	m1 := toBias(m0, -0.19)
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
+		t.Fatal(err)
+	}
+	// A checkpoint promotes m2 while m1's batch is being sampled.
+	m2 := drift(m1, -0.0001)
+	before := writeState(t, l)
+	p := &sneakyPredictor{ModelPredictor: NewModelPredictor(m1, 32, 1), during: func() {
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+			t.Error(err)
+		}
+	}}
+	crep, changes, err := l.Confirm(bg, p, 100)
+	if err != nil || !crep.Discarded || len(changes) != 0 || crep.Confirmed != 0 {
+		t.Fatalf("confirm across a posterior change: %+v, %d changes, %v; want discarded", crep, len(changes), err)
+	}
+	if after := writeState(t, l); after == before {
+		t.Fatal("the concurrent commit did not happen")
+	}
+	// Under m2, a CE deleted while sampling is skipped, the others get verdicts.
+	p = &sneakyPredictor{ModelPredictor: NewModelPredictor(m2, 32, 1), during: func() {
+		if err := l.Delete(ces[0].ID); err != nil {
+			t.Error(err)
+		}
+	}}
+	crep, _, err = l.Confirm(bg, p, 100)
+	if err != nil || crep.Discarded || crep.Skipped != 1 || crep.Confirmed != len(ces)-1 {
+		t.Fatalf("confirm with a delete meanwhile: %+v, %v", crep, err)
+	}
+	// A predictor for a posterior that is not current does nothing.
+	crep, _, err = l.Confirm(bg, NewModelPredictor(m1, 32, 1), 100)
+	if err != nil || !crep.Discarded || crep.Picked != 0 {
+		t.Fatalf("confirm with a stale predictor: %+v, %v", crep, err)
+	}
+	checkInvariants(t, l)
+}

@@ -1,0 +1,251 @@
+package ledger
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+func TestFloatKeyOrder(t *testing.T) {
+	vals := []float64{math.Inf(-1), -math.MaxFloat64, -1, -math.SmallestNonzeroFloat64, 0, math.SmallestNonzeroFloat64,
+		1e-300, 0.5, 0.5000000000000001, 1, math.MaxFloat64, math.Inf(1)}
+	var prev []byte
+	for _, v := range vals {
+		k := make([]byte, 8)
+		floatKey(k, v)
+		if back := keyFloat(k); back != v {
+			t.Fatalf("keyFloat(floatKey(%v)) = %v", v, back)
+		}
+		if prev != nil && string(prev) >= string(k) {
+			t.Fatalf("key of %v not above the previous", v)
+		}
+		prev = k
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := 0; i < 10000; i++ {
+		a, b := rng.NormFloat64()*math.Pow(10, rng.Float64()*20-10), rng.NormFloat64()*math.Pow(10, rng.Float64()*20-10)
+		ka, kb := make([]byte, 8), make([]byte, 8)
+		floatKey(ka, a)
+		floatKey(kb, b)
+		if (a < b) != (string(ka) < string(kb)) {
+			t.Fatalf("order of %v, %v not kept", a, b)
+		}
+	}
+}
+
+// bruteForce judges every stored CE against next from scratch (List, certify.KL per CE's
+// anchor, Policy.Bounds) and returns the changes Recertify must make, the counts after them and
+// the smallest Theorem 1 bound over certified CEs.
+func bruteForce(t *testing.T, l *Ledger, next *bnn.Model, models map[uint64]*bnn.Model) (map[string]string, map[certify.Status]int, float64) {
+	t.Helper()
+	pol := l.Policy()
+	changes := map[string]string{}
+	cnt := map[certify.Status]int{}
+	minBound := 1.0
+	all, err := l.List(0, 10000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ce := range all {
+		s := ce.Status
+		if s != certify.Uncertified {
+			kl, _, err := certify.KL(next, models[ce.AnchorVersion])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := pol.Bounds(ce.Certificate(), kl)
+			switch {
+			case b.Certified && s != certify.Certified:
+				s = certify.Certified
+			case !b.Certified && s == certify.Certified:
+				s = certify.AtRisk
+			}
+			if b.Certified {
+				minBound = math.Min(minBound, b.ProbLower)
+			}
+		}
+		if s != ce.Status {
+			changes[ce.ID] = fmt.Sprintf("%v->%v", ce.Status, s)
+		}
+		cnt[s]++
+	}
+	return changes, cnt, minBound
+}
+
+// Indexed re-certification against a full brute-force evaluation, over random policies, random
+// certificates near every threshold, several anchors, and random sequences of posteriors whose
+// KL from each anchor goes up and down, with registrations, deletions and Monte-Carlo verdicts
+// in between. Changes, counts, MinBound and anchor KLs must agree exactly, and the stored
+// records and indexes must pass the full check after every commit.
+func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
+	policies := []certify.Policy{
+		certify.DefaultPolicy(),
+		{Mode: certify.Tight, EpsilonMax: 0.05, Alpha: 0.01},
+		{Mode: certify.Paper, EpsilonMax: 0, Hoeffding: true, Alpha: 0.05},
+		{Mode: certify.Tight, EpsilonMax: 0.25, Hoeffding: true, Alpha: 0.01},
+		{Mode: certify.Paper, EpsilonMax: 0.02, Alpha: 0.01},
+	}
+	steps := 30
+	if testing.Short() {
+		steps = 10
+	}
+	for pi, pol := range policies {
+		t.Run(fmt.Sprintf("%s-eps%v-hoeffding%v", pol.Mode, pol.EpsilonMax, pol.Hoeffding), func(t *testing.T) {
+			seed := uint64(100 + pi)
+			t.Logf("seed %d", seed)
+			rng := rand.New(rand.NewPCG(seed, 7))
+			l, _ := openTest(t, Options{Policy: pol, EncodeChange: encodeChangeJSON})
+			m := testModel(4)
+			install(t, l, m)
+			models := map[uint64]*bnn.Model{m.Version: m}
+			randomCE := func(m *bnn.Model) *CE {
+				ce := newCE(t, m, rng)
+				// Certificates spread over the thresholds: p1 in [0.55, 1), V1 in [0, 0.05].
+				ce.P1 = 0.55 + 0.45*rng.Float64()
+				ce.Var1 = 0.05 * rng.Float64() * rng.Float64()
+				ce.Delta = 0.02 + 0.4*rng.Float64()
+				ce.Epsilon = 0.001 + 0.06*rng.Float64()
+				ce.Samples = []int{10, 100, 1000, 20000}[rng.IntN(4)]
+				return ce
+			}
+			put := func(n int) {
+				var ces []*CE
+				for i := 0; i < n; i++ {
+					ces = append(ces, randomCE(m))
+				}
+				if err := l.Put(bg, ces...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			put(150)
+			changed, candidates, checked := 0, 0, 0
+			for step := 0; step < steps; step++ {
+				// Drift the bias by a random amount on a log scale, either way, sometimes back
+				// exactly to an anchor.
+				next := drift(m, math.Copysign(math.Pow(10, -4+2.8*rng.Float64()), rng.Float64()-0.5))
+				if rng.IntN(6) == 0 {
+					vs := slices.Collect(mapKeys(models))
+					back := models[vs[rng.IntN(len(vs))]].Clone()
+					back.Version = m.Version + 1
+					next = back
+				}
+				want, wantCnt, wantMin := bruteForce(t, l, next, models)
+				rep, changes, err := l.Recertify(bg, next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := map[string]string{}
+				for _, ch := range changes {
+					got[ch.ID] = fmt.Sprintf("%v->%v", ch.From, ch.To)
+					if ch.P2 != nil {
+						t.Fatalf("step %d: Recertify sampled: %+v", step, ch)
+					}
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d: indexed changes differ from brute force:\n got %v\nwant %v", step, got, want)
+				}
+				if !equalCounts(rep.Counts, wantCnt) || rep.MinBound != wantMin {
+					t.Fatalf("step %d: report counts %v min bound %v; brute force %v, %v", step, rep.Counts, rep.MinBound, wantCnt, wantMin)
+				}
+				for v, kl := range rep.AnchorKL {
+					if want, _, _ := certify.KL(next, models[v]); kl != want {
+						t.Fatalf("step %d: anchor %d KL %v, certify.KL %v", step, v, kl, want)
+					}
+				}
+				if _, _, err := l.Commit(bg, &Checkpoint{Model: next}); err != nil {
+					t.Fatal(err)
+				}
+				m = next
+				changed += len(changes)
+				candidates += rep.Candidates
+				checked += rep.Checked
+				// Something else happens between updates.
+				switch rng.IntN(4) {
+				case 0:
+					put(20)
+					models[m.Version] = m
+				case 1:
+					confirmAll(t, l, m, 50, uint64(step))
+				case 2:
+					all, _ := l.List(0, 10000, "")
+					for i := 0; i < 10 && len(all) > 0; i++ {
+						j := rng.IntN(len(all))
+						if err := l.Delete(all[j].ID); err != nil {
+							t.Fatal(err)
+						}
+						all = slices.Delete(all, j, j+1)
+					}
+				}
+				checkInvariants(t, l)
+				an, _ := l.Anchors()
+				live := map[uint64]bool{}
+				for _, a := range an {
+					live[a.Version] = true
+				}
+				for v := range models {
+					if !live[v] && v != m.Version {
+						delete(models, v)
+					}
+				}
+			}
+			t.Logf("%d steps: %d status changes; %d candidates read for %d CE judgements", steps, changed, candidates, checked)
+			if changed == 0 {
+				t.Fatal("no status changed: the drifts miss every threshold")
+			}
+		})
+	}
+}
+
+func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// A policy change at Open rebuilds the indexes and re-judges every CE, recording the changes.
+func TestPolicyChangeRebuilds(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(61, 61))
+	var ces []*CE
+	for i := 0; i < 60; i++ {
+		ces = append(ces, newCE(t, m, rng))
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, l, drift(m, -0.002), 1) // KL 2e-4: variance slack 0.06 in paper mode (past 0.05), 0.03 in tight mode
+	before, _ := l.Counts()
+	outBefore, _ := l.OutboxLen()
+	l.Close()
+	// Tight mode has half the constants: some at_risk CEs are certified again.
+	tight := certify.Policy{Mode: certify.Tight, EpsilonMax: certify.DefaultEpsilonMax, Alpha: certify.DefaultAlpha}
+	l, err = Open(dir, Options{Logger: quietLogger(), Policy: tight, EncodeChange: encodeChangeJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	after, _ := l.Counts()
+	outAfter, _ := l.OutboxLen()
+	if before[certify.AtRisk]+before[certify.Invalidated] == 0 || after[certify.Certified] <= before[certify.Certified] {
+		t.Fatalf("counts under paper %v, under tight %v: want more certified", before, after)
+	}
+	if outAfter-outBefore != after[certify.Certified]-before[certify.Certified] {
+		t.Fatalf("%d outbox entries for %d re-certified CEs", outAfter-outBefore, after[certify.Certified]-before[certify.Certified])
+	}
+	checkInvariants(t, l)
+}

@@ -1,0 +1,138 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Dead-letter headers. The original key and value are kept as they were.
+const (
+	HeaderReason          = "cfguard-reason"           // a Reason* code
+	HeaderError           = "cfguard-error"            // human detail
+	HeaderSourceTopic     = "cfguard-source-topic"     // where the record was read
+	HeaderSourcePartition = "cfguard-source-partition" // decimal
+	HeaderSourceOffset    = "cfguard-source-offset"    // decimal
+	HeaderTruncated       = "cfguard-truncated"        // original value size, when the value was cut
+)
+
+const (
+	// maxDeadLetterValue bounds the value copied to the dead-letter topic, well below the
+	// broker's default 1 MB batch limit; longer values are cut and HeaderTruncated set.
+	maxDeadLetterValue = 256 << 10
+	// writerBatchBytes bounds a produce request (Kafka's and kfake's default limit is 1048588).
+	writerBatchBytes = 1_000_000
+)
+
+// newWriter is a synchronous writer that waits for all in-sync replicas. Batching comes from
+// the caller passing many messages to one WriteMessages call, so the batch timeout is short.
+// Its own error lines go to errLog.
+func newWriter(brokers []string, topic string, tr *kafka.Transport, errLog kafka.Logger) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(brokers...),
+		Topic:        topic,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    1000,
+		BatchBytes:   writerBatchBytes,
+		BatchTimeout: time.Millisecond,
+		MaxAttempts:  3,
+		Transport:    tr,
+		ErrorLogger:  errLog,
+	}
+}
+
+func deadLetterMessage(topic string, part int, offset int64, key, value []byte, headers []kafka.Header, at time.Time, de *DecodeError) kafka.Message {
+	h := make([]kafka.Header, 0, 6+len(headers))
+	h = append(h,
+		kafka.Header{Key: HeaderReason, Value: []byte(de.Reason)},
+		kafka.Header{Key: HeaderError, Value: []byte(de.Detail)},
+		kafka.Header{Key: HeaderSourceTopic, Value: []byte(topic)},
+		kafka.Header{Key: HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(part), 10)},
+		kafka.Header{Key: HeaderSourceOffset, Value: strconv.AppendInt(nil, offset, 10)},
+	)
+	if len(value) > maxDeadLetterValue {
+		h = append(h, kafka.Header{Key: HeaderTruncated, Value: strconv.AppendInt(nil, int64(len(value)), 10)})
+		value = value[:maxDeadLetterValue]
+	}
+	h = append(h, headers...)
+	return kafka.Message{Key: key, Value: value, Headers: h, Time: at}
+}
+
+// writeDead writes ch's dead letters, retrying what failed with backoff until ctx ends. It
+// returns false when the reader must stop (ctx ended, the consumer is closing, or an error no
+// retry fixes, which stops the consumer).
+func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
+	const src = "dead-letter write"
+	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	todo := ch.deadMarksAndMsgs()
+	for len(todo) > 0 {
+		msgs := make([]kafka.Message, len(todo))
+		for i, d := range todo {
+			msgs[i] = d.msg
+		}
+		err := c.dlq.WriteMessages(ctx, msgs...)
+		var failed []pendingDead
+		var werrs kafka.WriteErrors
+		switch {
+		case err == nil:
+		case errors.As(err, &werrs) && len(werrs) == len(msgs):
+			for i, e := range werrs {
+				if e != nil {
+					failed = append(failed, todo[i])
+				}
+			}
+		default:
+			failed = todo
+		}
+		c.countDead(todo, failed)
+		todo = failed
+		switch {
+		case err == nil:
+			c.out.ok(src)
+		case ctx.Err() != nil, errors.Is(err, io.ErrClosedPipe):
+			return false
+		case !retryable(err):
+			c.fail(fmt.Errorf("stream: writing %d dead letters to %s: %w", len(failed), c.cfg.DeadLetterTopic, err))
+			return false
+		default:
+			c.failedAttempt(src, err)
+			if bo.wait(ctx) != nil {
+				return false
+			}
+		}
+	}
+	ch.deadMsgs = nil
+	return true
+}
+
+type pendingDead struct {
+	reason string
+	msg    kafka.Message
+}
+
+func (ch *chunk) deadMarksAndMsgs() []pendingDead {
+	out := make([]pendingDead, len(ch.dead))
+	for i, d := range ch.dead {
+		out[i] = pendingDead{reason: d.reason, msg: ch.deadMsgs[i]}
+	}
+	return out
+}
+
+// countDead adds the written dead letters (all minus failed, which is a subsequence) to the
+// per-reason totals.
+func (c *Consumer) countDead(all, failed []pendingDead) {
+	c.deadMu.Lock()
+	defer c.deadMu.Unlock()
+	for _, d := range all {
+		c.dead[d.reason]++
+	}
+	for _, d := range failed {
+		c.dead[d.reason]--
+	}
+}

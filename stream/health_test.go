@@ -1,0 +1,114 @@
+package stream
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+// TestHealthFollowsTheBroker stops the broker under a running consumer: Health turns unready
+// within StallAfter, says why, and turns ready again within max(RefreshInterval, RetryMax) +
+// FetchWait of the broker's return (plus a second of slack for the restart and the polling).
+func TestHealthFollowsTheBroker(t *testing.T) {
+	bcfg := broker.Config{Listen: deadAddr(t), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	b := startBroker(t, bcfg)
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("before", 3)...)
+	cfg := consumerConfig(conn, "health")
+	cfg.StallAfter, cfg.RefreshInterval, cfg.RetryMax = 2*time.Second, 200*time.Millisecond, 500*time.Millisecond
+	c := newConsumer(t, cfg)
+	if h := c.Health(); h.Ready {
+		t.Fatalf("ready before anything was read: %+v", h)
+	}
+	collect(t, c, 3, 20*time.Second)
+	waitFor(t, "ready", 10*time.Second, func() bool { return c.Health().Ready })
+	if h := c.Health(); h.Partitions != 1 || h.Readers != 1 || !h.CaughtUp {
+		t.Fatalf("health %+v", h)
+	}
+
+	b.Close()
+	stopped := time.Now()
+	waitFor(t, "unready", cfg.StallAfter+5*time.Second, func() bool { return !c.Health().Ready })
+	took := time.Since(stopped)
+	h := c.Health()
+	t.Logf("unready %v after the broker stopped: %q", took, h.Reasons)
+	if took > cfg.StallAfter+300*time.Millisecond {
+		t.Fatalf("unready only %v after the broker stopped; the bound is %v", took, cfg.StallAfter)
+	}
+	if !slices.ContainsFunc(h.Reasons, func(r string) bool { return strings.Contains(r, "broker has not answered") }) {
+		t.Fatalf("reasons %q do not name the broker", h.Reasons)
+	}
+
+	b2 := startBroker(t, bcfg)
+	restarted := time.Now()
+	bound := max(cfg.RefreshInterval, cfg.RetryMax) + cfg.FetchWait + time.Second
+	waitFor(t, "ready again", 10*time.Second, func() bool { return c.Health().Ready })
+	took = time.Since(restarted)
+	t.Logf("ready %v after the broker restarted (bound %v)", took, bound)
+	if took > bound {
+		t.Fatalf("ready again only %v after the broker restarted; the bound is %v", took, bound)
+	}
+	produce(t, plainConn(b2), recordsTopic, 0, goodRecords("after", 2)...)
+	if got := ids(collect(t, c, 2, 20*time.Second)); !slices.Equal(got, []string{"after0", "after1"}) {
+		t.Fatalf("after the restart read %v", got)
+	}
+}
+
+// TestOutageLogsTwoLines stops the broker for a few seconds under a consumer with the default
+// retry settings: the outage writes one WARN line when it starts and one INFO line when it
+// ends, with its duration, the failed attempts and the suppressed lines; the consumer reads on.
+func TestOutageLogsTwoLines(t *testing.T) { outageLines(t, 3*time.Second) }
+
+// TestOutageLogsTwoLines31s is the outage of the issue (31 s; 601 WARN lines before).
+func TestOutageLogsTwoLines31s(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 31 s broker outage")
+	}
+	outageLines(t, 31*time.Second)
+}
+
+func outageLines(t *testing.T, outage time.Duration) {
+	bcfg := broker.Config{Listen: deadAddr(t), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	b := startBroker(t, bcfg)
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("before", 3)...)
+	log, lines := newLogLines(nil)
+	cfg := ConsumerConfig{Conn: conn, Topic: recordsTopic, GroupID: "outage", DeadLetterTopic: deadTopic,
+		MaxRecords: 3, MaxWait: 300 * time.Millisecond} // the retry settings are the defaults
+	c, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	collect(t, c, 3, 30*time.Second)
+	b.Close()
+	time.Sleep(outage)
+	b2 := startBroker(t, bcfg)
+	produce(t, plainConn(b2), recordsTopic, 0, goodRecords("after", 2)...)
+	if got := ids(collect(t, c, 2, 60*time.Second)); !slices.Equal(got, []string{"after0", "after1"}) {
+		t.Fatalf("after the outage read %v", got)
+	}
+	time.Sleep(time.Second) // let the summary be written
+	warn, info, errs := lines.count(slog.LevelWarn, ""), lines.count(slog.LevelInfo, ""), lines.atLeast(slog.LevelError)
+	t.Logf("%v outage: %d WARN, %d INFO, %d ERROR lines", outage, warn, info, errs)
+	for _, l := range []slog.Level{slog.LevelWarn, slog.LevelInfo} {
+		if v, ok := lines.attr(l, "", "err"); ok {
+			t.Logf("first %s: %s", l, v)
+		}
+	}
+	if warn != 1 || info != 1 || errs != 0 {
+		t.Fatalf("%d WARN, %d INFO, %d ERROR lines for one outage; want 1 WARN, 1 INFO", warn, info, errs)
+	}
+	attempts, _ := lines.attr(slog.LevelInfo, "succeed again", "failed_attempts")
+	suppressed, _ := lines.attr(slog.LevelInfo, "succeed again", "suppressed_log_lines")
+	took, _ := lines.attr(slog.LevelInfo, "succeed again", "outage")
+	t.Logf("summary: outage %v, %v failed attempts, %v lines suppressed", took, attempts, suppressed)
+	if attempts.Int64() < 2 || took.Duration() < outage {
+		t.Fatalf("summary says %v failed attempts over %v, want >= 2 over >= %v", attempts, took, outage)
+	}
+}

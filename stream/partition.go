@@ -1,0 +1,459 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+)
+
+// partState is one partition's reading state, guarded by Consumer.mu.
+type partState struct {
+	part      int
+	next      int64 // next offset to fetch; -1 until the earliest offset is known
+	hwm       int64 // high watermark, as of the last fetch or refresh
+	logStart  int64 // log start offset, likewise
+	lastFetch time.Time
+	waiting   bool // waiting for Next to make room (backpressure)
+	running   bool
+	ahead     bool // next is past the partition's end (see outOfRange)
+}
+
+// chunk is what one fetch of one partition yields, decoded: the good records and the dead
+// letters (written before the chunk is queued), in offset order, and the gap found before them.
+type chunk struct {
+	part   int
+	at     time.Time // when it was fetched
+	gap    *Gap
+	recs   []Record
+	dead   []deadMark
+	next   int64 // the offset after the chunk
+	ri, di int   // how far Next has taken it
+
+	deadMsgs []kafka.Message // the dead letters to write, parallel to dead; dropped once written
+}
+
+// deadMark is a dead-lettered message's place in a chunk.
+type deadMark struct {
+	offset int64
+	reason string
+}
+
+// refreshLoop reads the topic's metadata and offsets every RefreshInterval, starting a reader
+// for every partition it has not seen yet.
+func (c *Consumer) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.RefreshInterval)
+	defer t.Stop()
+	for {
+		c.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Consumer) refresh(ctx context.Context) {
+	md, err := c.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{c.cfg.Topic}})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.failedAttempt("metadata", err)
+		}
+		return
+	}
+	c.out.ok("metadata")
+	var topic *kafka.Topic
+	for i := range md.Topics {
+		if md.Topics[i].Name == c.cfg.Topic {
+			topic = &md.Topics[i]
+		}
+	}
+	c.mu.Lock()
+	c.metaOK = true
+	switch {
+	case topic == nil:
+		c.topicErr = errors.New("not in the broker's metadata")
+	case topic.Error != nil:
+		c.topicErr = topic.Error
+	default:
+		c.topicErr = nil
+	}
+	if c.topicErr != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.nparts = len(topic.Partitions)
+	var parts []int
+	for _, p := range topic.Partitions {
+		parts = append(parts, p.ID)
+		if _, ok := c.parts[p.ID]; ok {
+			continue
+		}
+		next, ok := c.cfg.Resume[p.ID]
+		if !ok {
+			next = -1
+		}
+		ps := &partState{part: p.ID, next: next, running: true}
+		c.parts[p.ID] = ps
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); c.readPartition(ctx, ps) }()
+	}
+	c.mu.Unlock()
+
+	// The offsets are a real round trip (metadata may come from the transport's cache): they
+	// keep the lag current while the readers wait for room, and they show the broker answers.
+	reqs := make([]kafka.OffsetRequest, 0, 2*len(parts))
+	for _, p := range parts {
+		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	}
+	res, err := c.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{c.cfg.Topic: reqs}})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.failedAttempt("offsets", err)
+		}
+		return
+	}
+	c.out.ok("offsets")
+	c.answered()
+	c.mu.Lock()
+	for _, po := range res.Topics[c.cfg.Topic] {
+		if ps := c.parts[po.Partition]; ps != nil && po.Error == nil {
+			ps.logStart, ps.hwm = po.FirstOffset, po.LastOffset
+		}
+	}
+	c.mu.Unlock()
+}
+
+// listOffsets returns a partition's log start offset and high watermark.
+func (c *Consumer) listOffsets(ctx context.Context, part int) (first, last int64, err error) {
+	res, err := c.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		c.cfg.Topic: {kafka.FirstOffsetOf(part), kafka.LastOffsetOf(part)}}})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, po := range res.Topics[c.cfg.Topic] {
+		if po.Partition == part {
+			return po.FirstOffset, po.LastOffset, po.Error
+		}
+	}
+	return 0, 0, fmt.Errorf("stream: no offsets for partition %d of %s in the broker's answer", part, c.cfg.Topic)
+}
+
+// readPartition fetches one partition from its position until ctx ends, decodes what it
+// fetches, writes the dead letters and queues the result for Next. Errors are retried with
+// backoff (reset after every success); an error no retry fixes stops the consumer.
+func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
+	src := "partition " + strconv.Itoa(ps.part)
+	defer func() {
+		c.mu.Lock()
+		ps.running = false
+		c.mu.Unlock()
+		c.out.ok(src) // a stopped reader is not failing any more
+	}()
+	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	retry := func(err error) bool {
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case !retryable(err):
+			c.fail(fmt.Errorf("stream: reading partition %d of %s: %w", ps.part, c.cfg.Topic, err))
+			return false
+		}
+		c.failedAttempt(src, err)
+		return bo.wait(ctx) == nil
+	}
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		next := ps.next
+		c.mu.Unlock()
+		if next < 0 { // no checkpoint: the earliest offset
+			first, _, err := c.listOffsets(ctx, ps.part)
+			if err != nil {
+				if !retry(err) {
+					return
+				}
+				continue
+			}
+			c.mu.Lock()
+			ps.next = first
+			if _, ok := c.handed[ps.part]; !ok {
+				c.handed[ps.part] = first
+			}
+			c.mu.Unlock()
+			continue
+		}
+		res, err := c.cl.Fetch(ctx, &kafka.FetchRequest{Topic: c.cfg.Topic, Partition: ps.part, Offset: next,
+			MinBytes: 1, MaxBytes: int64(c.cfg.FetchMaxBytes), MaxWait: c.cfg.FetchWait})
+		if err == nil && res.Error != nil {
+			err = res.Error
+		}
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			c.answered()
+			if !c.outOfRange(ctx, ps, next, retry) {
+				return
+			}
+			continue
+		}
+		if err != nil {
+			if !retry(err) {
+				return
+			}
+			continue
+		}
+		c.out.ok(src)
+		bo.reset()
+		c.answered()
+		ch, err := c.readChunk(ps.part, res.Records, next)
+		if err != nil {
+			if !retry(fmt.Errorf("reading the fetched records: %w", err)) {
+				return
+			}
+			continue
+		}
+		c.mu.Lock()
+		ps.hwm, ps.logStart, ps.lastFetch, ps.ahead = res.HighWatermark, res.LogStartOffset, time.Now(), false
+		if ch.next > ps.next {
+			ps.next = ch.next
+		}
+		c.mu.Unlock()
+		if len(ch.recs) == 0 && len(ch.dead) == 0 {
+			continue // nothing new, or only transaction markers
+		}
+		if len(ch.dead) > 0 && !c.writeDead(ctx, ch) {
+			return
+		}
+		if !c.deliver(ctx, ps, ch) {
+			return
+		}
+	}
+}
+
+// outOfRange handles a fetch refused because next is outside the partition's log. Below the
+// log start the records were deleted before they were read: the gap is reported (an ERROR line
+// and a Gap in the next increment) and reading goes on from the log start. Past the end, the
+// checkpoint is ahead of the broker (the topic was recreated, or the broker lost records): the
+// reader does not move backwards, since that could apply an offset twice; it logs an ERROR
+// once, reports itself not ready and waits for the log to reach its position. It returns false
+// when the reader must stop.
+func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, retry func(error) bool) bool {
+	first, last, err := c.listOffsets(ctx, ps.part)
+	if err != nil {
+		return retry(err)
+	}
+	c.mu.Lock()
+	ps.logStart, ps.hwm = first, last
+	c.mu.Unlock()
+	switch {
+	case next < first:
+		gap := Gap{Partition: ps.part, From: next, To: first}
+		c.lost.Add(gap.Records())
+		c.log.Error("records were deleted by the broker (retention) before they were read; they will not be applied",
+			"partition", ps.part, "from", gap.From, "to", gap.To, "lost", gap.Records())
+		c.mu.Lock()
+		ps.next = first
+		c.mu.Unlock()
+		return c.deliver(ctx, ps, &chunk{part: ps.part, at: time.Now(), gap: &gap, next: first})
+	case next > last:
+		c.mu.Lock()
+		was := ps.ahead
+		ps.ahead = true
+		c.mu.Unlock()
+		if !was {
+			c.log.Error("the checkpointed offset is past the partition's end (topic recreated, or records lost by the broker); waiting for the log to reach it, records produced below it will not be read",
+				"partition", ps.part, "checkpointed", next, "end", last)
+		}
+		return sleep(ctx, c.cfg.RetryMax) == nil
+	}
+	return true // in range again (the log moved meanwhile): fetch again
+}
+
+// deliver queues ch for Next once the prefetch has room: while fewer than 2 x
+// MaxRecordsBacklog records are fetched and not handed out. So the prefetch holds at most that
+// plus one fetch, and Next, which waits only while it holds fewer than MaxRecords <=
+// MaxRecordsBacklog records, never waits for room it is itself holding.
+func (c *Consumer) deliver(ctx context.Context, ps *partState, ch *chunk) bool {
+	limit := 2 * c.cfg.MaxRecordsBacklog
+	for {
+		c.mu.Lock()
+		if c.buffered < limit {
+			c.buffered += len(ch.recs)
+			ps.waiting = false
+			c.mu.Unlock()
+			break
+		}
+		ps.waiting = true
+		room := c.spaceCh
+		c.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	select {
+	case c.chunks <- ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// readChunk reads the records of a fetch response at or after from (a response may start
+// with records before the offset asked for), decodes them and files them: good records, or
+// dead letters to write. Records without an id are named by DefaultID.
+func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chunk, error) {
+	ch := &chunk{part: part, at: time.Now(), next: from}
+	type msg struct {
+		offset     int64
+		time       time.Time
+		key, value []byte
+		headers    []kafka.Header
+	}
+	var msgs []msg
+	err := eachRecord(rr, func(r *kafka.Record, control bool) error {
+		if r.Offset < from {
+			return nil
+		}
+		ch.next = max(ch.next, r.Offset+1)
+		if control {
+			return nil // a transaction marker: not a message
+		}
+		m := msg{offset: r.Offset, time: r.Time}
+		for _, h := range r.Headers { // the reader reuses them
+			m.headers = append(m.headers, kafka.Header{Key: h.Key, Value: slices.Clone(h.Value)})
+		}
+		var err error
+		if m.key, err = readBytes(r.Key); err == nil {
+			m.value, err = readBytes(r.Value)
+		}
+		msgs = append(msgs, m)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.fetched.Add(int64(len(msgs)))
+	values := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		values[i] = m.value
+	}
+	recs := make([]Record, len(msgs))
+	errs := c.schema.decodeAll(values, recs)
+	w := 0
+	for i, m := range msgs {
+		if errs[i] != nil {
+			ch.dead = append(ch.dead, deadMark{offset: m.offset, reason: errs[i].Reason})
+			ch.deadMsgs = append(ch.deadMsgs, deadLetterMessage(c.cfg.Topic, part, m.offset, m.key, m.value, m.headers, m.time, errs[i]))
+			c.log.Debug("record dead-lettered", "partition", part, "offset", m.offset, "reason", errs[i].Reason, "detail", errs[i].Detail)
+			continue
+		}
+		rec := recs[i]
+		rec.Partition, rec.Offset = part, m.offset
+		if rec.Time.IsZero() {
+			rec.Time = m.time
+		}
+		if rec.ID == "" {
+			rec.ID = DefaultID(c.cfg.Topic, part, m.offset)
+		}
+		recs[w] = rec
+		w++
+	}
+	clear(recs[w:])
+	ch.recs = recs[:w]
+	c.decoded.Add(int64(w))
+	return ch, nil
+}
+
+// eachRecord calls fn for every record of rr in order, telling transaction markers (control
+// records) apart: they take offsets but are not messages.
+func eachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) error) error {
+	batches := []kafka.RecordReader{rr}
+	if s, ok := rr.(*protocol.RecordStream); ok {
+		batches = s.Records
+	}
+	for _, b := range batches {
+		_, control := b.(*protocol.ControlBatch)
+		if cb, ok := b.(*protocol.ControlBatch); ok {
+			b = cb.Records
+		}
+		for {
+			r, err := b.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			err = fn(r, control)
+			closeBytes(r.Key)
+			closeBytes(r.Value)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func readBytes(b kafka.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	return protocol.ReadAll(b)
+}
+
+func closeBytes(b kafka.Bytes) {
+	if b != nil {
+		b.Close()
+	}
+}
+
+// decodeAll decodes values[i] into out[i], on up to GOMAXPROCS goroutines (joined before it
+// returns) when there are enough to pay for them. The features of all records share one array
+// (each record's X has its own capacity, so an append to it cannot spill into the next). It
+// returns the decode errors, nil where fine.
+func (s *Schema) decodeAll(values [][]byte, out []Record) []*DecodeError {
+	errs := make([]*DecodeError, len(values))
+	d := len(s.features)
+	slab := make([]float64, len(values)*d)
+	one := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			out[i], errs[i] = s.decodeInto(values[i], slab[i*d:(i+1)*d:(i+1)*d])
+		}
+	}
+	const minPerWorker = 64
+	workers := min(runtime.GOMAXPROCS(0), len(values)/minPerWorker, 8)
+	if workers <= 1 {
+		one(0, len(values))
+		return errs
+	}
+	var wg sync.WaitGroup
+	chunk := (len(values) + workers - 1) / workers
+	for lo := chunk; lo < len(values); lo += chunk {
+		wg.Go(func() { one(lo, min(lo+chunk, len(values))) })
+	}
+	one(0, chunk)
+	wg.Wait()
+	return errs
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

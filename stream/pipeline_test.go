@@ -1,0 +1,207 @@
+package stream
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+// TestBacklogGrowsIncrements: with more records fetched and decoded than MaxRecords, the
+// consumer is behind and increments take up to MaxRecordsBacklog; once it keeps up they are
+// back to MaxRecords or MaxWait. Records stay in order and none is lost or doubled.
+func TestBacklogGrowsIncrements(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("r", 250)...)
+	cfg := consumerConfig(conn, "backlog")
+	cfg.MaxRecords, cfg.MaxRecordsBacklog, cfg.MaxWait = 10, 100, 300*time.Millisecond
+	c := newConsumer(t, cfg)
+	waitFor(t, "the backlog to be prefetched", 20*time.Second, func() bool { return c.Stats().Pending >= 200 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var sizes []int
+	var got []string
+	for len(got) < 250 {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(inc.Records))
+		got = append(got, ids([]*Increment{inc})...)
+	}
+	if !slices.Equal(sizes, []int{100, 100, 50}) {
+		t.Fatalf("increment sizes %v behind by 250 records, want [100 100 50]", sizes)
+	}
+	if !slices.Equal(got, goodRecordIDs("r", 250)) {
+		t.Fatalf("records out of order, lost or doubled: %v", got)
+	}
+	// Keeping up: fewer than MaxRecords records wait for MaxWait, as before.
+	t0 := time.Now()
+	produce(t, conn, recordsTopic, 0, goodRecords("s", 5)...)
+	inc, err := c.Next(ctx)
+	if err != nil || len(inc.Records) != 5 || time.Since(t0) < cfg.MaxWait {
+		t.Fatalf("5 records while keeping up: %d records after %v (MaxWait %v), %v", len(inc.Records), time.Since(t0), cfg.MaxWait, err)
+	}
+}
+
+func goodRecordIDs(prefix string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, prefix+itoa(i))
+	}
+	return out
+}
+
+func itoa(i int) string { return string(appendInt(nil, i)) }
+
+func appendInt(b []byte, i int) []byte {
+	if i >= 10 {
+		b = appendInt(b, i/10)
+	}
+	return append(b, byte('0'+i%10))
+}
+
+// TestPrefetchIsBounded: while Next is not called, the readers fetch and decode ahead, but no
+// more than 2 x MaxRecordsBacklog records plus one fetch; Next then drains them and the readers
+// go on.
+func TestPrefetchIsBounded(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	const n = 3000
+	values := goodRecords("r", n)
+	for i := 0; i < n; i += 50 { // small batches: a fetch returns whole batches
+		produce(t, conn, recordsTopic, 0, values[i:i+50]...)
+	}
+	cfg := consumerConfig(conn, "prefetch")
+	cfg.MaxRecords, cfg.MaxRecordsBacklog = 50, 100
+	cfg.FetchMaxBytes = 4 << 10 // ~60 records per fetch
+	c := newConsumer(t, cfg)
+	waitFor(t, "the prefetch to fill", 20*time.Second, func() bool { return c.Stats().Pending >= int64(2*cfg.MaxRecordsBacklog-70) })
+	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
+	s := c.Stats()
+	if s.Pending >= int64(2*cfg.MaxRecordsBacklog+100) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) { // one fetch is ~60 records
+		t.Fatalf("prefetched %d records (fetched %d) with MaxRecordsBacklog %d", s.Pending, s.Fetched, cfg.MaxRecordsBacklog)
+	}
+	if h := c.Health(); !h.Ready {
+		t.Fatalf("a consumer waiting for Next is not ready: %v", h.Reasons)
+	}
+	t.Logf("prefetched %d records, fetched %d, lag %d", s.Pending, s.Fetched, s.Lag)
+	if got := ids(collect(t, c, n, 30*time.Second)); !slices.Equal(got, goodRecordIDs("r", n)) {
+		t.Fatal("records out of order, lost or doubled after draining the prefetch")
+	}
+}
+
+// TestGapReportedOnce: a checkpoint below the partition's log start offset (retention deleted
+// records while the daemon was down) is not skipped silently: the first increment carries the
+// gap, NextOffsets is past it, Stats.Lost counts it, and one ERROR line names the range.
+func TestGapReportedOnce(t *testing.T) {
+	b := startBroker(t, broker.Config{RetentionBytes: 64 << 10, RetentionCheckInterval: time.Hour})
+	conn := plainConn(b)
+	for range 20 { // 20 batches of 100 small records, ~8 KB each: retention keeps the last few
+		produce(t, conn, recordsTopic, 0, goodRecords("r", 100)...)
+	}
+	b.ApplyRetention()
+	start := b.LogStartOffsets(recordsTopic)[0]
+	if start == 0 || start >= 2000 {
+		t.Fatalf("log start offset %d after retention; the test needs 0 < start < 2000", start)
+	}
+	log, lines := newLogLines(t)
+	cfg := consumerConfig(conn, "gap")
+	cfg.Resume = map[int]int64{0: 5}
+	cfg.MaxRecordsBacklog = 5000
+	c, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	incs := collect(t, c, int(2000-start), 20*time.Second)
+	want := Gap{Partition: 0, From: 5, To: start}
+	if g := incs[0].Gaps; len(g) != 1 || g[0] != want || incs[0].Lost() != start-5 {
+		t.Fatalf("first increment's gaps %v, want [%v]", g, want)
+	}
+	if first := incs[0].Records[0]; first.Offset != start {
+		t.Fatalf("first record at offset %d, want the log start %d", first.Offset, start)
+	}
+	if next := checkpoint(incs); next[0] != 2000 {
+		t.Fatalf("next offset %d, want 2000", next[0])
+	}
+	if s := c.Stats(); s.Lost != start-5 {
+		t.Fatalf("Stats().Lost = %d, want %d", s.Lost, start-5)
+	}
+	if n := lines.count(slog.LevelError, "deleted by the broker"); n != 1 || lines.atLeast(slog.LevelError) != 1 {
+		t.Fatalf("%d ERROR lines about the gap (%d in all), want 1", n, lines.atLeast(slog.LevelError))
+	}
+	if v, _ := lines.attr(slog.LevelError, "deleted by the broker", "lost"); v.Int64() != start-5 {
+		t.Fatalf("the ERROR line says %v records lost, want %d", v, start-5)
+	}
+	// A consumer without a checkpoint starts at the log start: nothing is lost.
+	cfg.Resume, cfg.GroupID = nil, "gap-fresh"
+	c2 := newConsumer(t, cfg)
+	if incs := collect(t, c2, int(2000-start), 20*time.Second); len(incs[0].Gaps) != 0 || c2.Stats().Lost != 0 {
+		t.Fatalf("a consumer without a checkpoint reported gaps %v", incs[0].Gaps)
+	}
+}
+
+// TestCheckpointPastTheEnd: a checkpoint beyond the partition's end (the topic was recreated, or
+// the broker lost records) never makes the consumer read backwards: it reports itself not
+// ready, logs one ERROR, and reads once the log reaches its position.
+func TestCheckpointPastTheEnd(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("old", 10)...)
+	log, lines := newLogLines(t)
+	cfg := consumerConfig(conn, "ahead")
+	cfg.Resume = map[int]int64{0: 30}
+	c, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitFor(t, "the consumer to see the problem", 10*time.Second, func() bool { return !c.Health().Ready && lines.count(slog.LevelError, "past the partition's end") == 1 })
+	t.Logf("health: %v", c.Health().Reasons)
+	produce(t, conn, recordsTopic, 0, goodRecords("new", 25)...) // offsets 10..34
+	incs := collect(t, c, 5, 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, []string{"new20", "new21", "new22", "new23", "new24"}) {
+		t.Fatalf("read %v, want the records from offset 30 on", got)
+	}
+	waitFor(t, "ready again", 10*time.Second, func() bool { return c.Health().Ready })
+	if n := lines.count(slog.LevelError, "past the partition's end"); n != 1 {
+		t.Fatalf("%d ERROR lines, want 1", n)
+	}
+}
+
+// TestFullIncrementsDoNotWaitForRoom: when a fetch brings more records than the prefetch has
+// room for, Next must still complete increments of MaxRecords at once, not after MaxWait (the
+// reader may not wait for room that the increment Next is building holds).
+func TestFullIncrementsDoNotWaitForRoom(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	// Batches of 1900, one per fetch: after an increment of 1000 from the first, 900 are left,
+	// fewer than MaxRecords, and 900 + 1900 is more than the 2000 the prefetch holds.
+	const batch = 1900
+	values := goodRecords("r", 3*batch)
+	for i := 0; i < len(values); i += batch {
+		produce(t, conn, recordsTopic, 0, values[i:i+batch]...)
+	}
+	cfg := consumerConfig(conn, "room")
+	cfg.MaxRecords, cfg.MaxRecordsBacklog, cfg.MaxWait = 1000, 1000, time.Minute
+	cfg.FetchMaxBytes = 1 << 10 // a fetch returns one whole batch
+	c := newConsumer(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for got := 0; got < 5000; {
+		t0 := time.Now()
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d records: %v", got, err)
+		}
+		if took := time.Since(t0); len(inc.Records) != 1000 || took > 5*time.Second {
+			t.Fatalf("after %d records: an increment of %d after %v; want 1000 at once", got, len(inc.Records), took)
+		}
+		got += len(inc.Records)
+	}
+}
