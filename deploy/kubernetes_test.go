@@ -339,7 +339,7 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 			t.Errorf("Service port %s targets %s, which no container declares", sp.Name, sp.TargetPort.String())
 		}
 	}
-	// The tokens come from the Secret the README tells you to create.
+	// The tokens come from the Secret docs/DEPLOY.md tells you to create.
 	secretKeys := map[string]string{}
 	for _, c := range []*corev1.Container{cf, ms} {
 		for _, e := range c.Env {
@@ -354,13 +354,13 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 			t.Errorf("%s from secret %q, want %q", env, secretKeys[env], want)
 		}
 	}
-	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	guide, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "DEPLOY.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"kubectl create secret generic cfguard", "--from-literal=http-token=", "--from-literal=metrics-token=", "kubectl apply -f deploy/kubernetes/"} {
-		if !bytes.Contains(readme, []byte(want)) {
-			t.Errorf("README.md does not show %q", want)
+		if !bytes.Contains(guide, []byte(want)) {
+			t.Errorf("docs/DEPLOY.md does not show %q", want)
 		}
 	}
 }
