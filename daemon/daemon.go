@@ -172,7 +172,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
 		mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
-		state: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
+		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
 	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}
 
 	if err := d.refreshGauges(); err != nil {
