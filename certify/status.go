@@ -78,9 +78,10 @@ func (s *Status) UnmarshalText(b []byte) error {
 // Defaults of Policy.
 const (
 	// DefaultEpsilonMax is the default variance ceiling for Theorem 2 (config certify.epsilon_max):
-	// five times the paper's eps = 0.01. With V1 = eps = 0.01 it tolerates
-	// KL <= (0.05 - 0.01)^2 / 18 = 8.9e-5 in paper mode (3.6e-4 in tight mode).
-	DefaultEpsilonMax = 0.05
+	// 1/4, the largest variance of a [0,1]-valued variable, so by default only Theorem 1 decides.
+	// Lower it to make Theorem 2 bite: at 0.05 (five times the paper's eps = 0.01) a CE with
+	// V1 = 0.01 tolerates KL <= (0.05 - 0.01)^2 / 18 = 8.9e-5 in paper mode (3.6e-4 in tight mode).
+	DefaultEpsilonMax = 0.25
 	// DefaultAlpha is the default Hoeffding miss probability for p1's lower confidence bound.
 	DefaultAlpha = 0.01
 )
@@ -108,7 +109,7 @@ type Policy struct {
 	Alpha      float64
 }
 
-// DefaultPolicy is paper mode, EpsilonMax = 0.05, point-estimate p1 (Hoeffding off, Alpha = 0.01).
+// DefaultPolicy is paper mode, EpsilonMax = DefaultEpsilonMax (1/4), point-estimate p1 (Hoeffding off, Alpha = 0.01).
 func DefaultPolicy() Policy {
 	return Policy{Mode: Paper, EpsilonMax: DefaultEpsilonMax, Alpha: DefaultAlpha}
 }

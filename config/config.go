@@ -205,7 +205,7 @@ func Default() Config {
 			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
 		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
 			Samples: update.DefaultSamples, Seed: 1},
-		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: 0.25, Mode: certify.Paper, Samples: certify.DefaultSamples, OnBreach: certify.Alert, Uncertified: certify.Refuse},
+		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
