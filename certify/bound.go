@@ -82,10 +82,10 @@ func KLBudgetForP1(p1 float64) float64 {
 	return (p1 - 0.5) * (p1 - 0.5) / 2
 }
 
-// VarBudget is the largest KL for which Theorem 2 keeps V2 <= epsMax from V1 <= eps:
+// KLBudgetForVar is the largest KL for which Theorem 2 keeps V2 <= epsMax from V1 <= eps:
 //
 //	eps + 6 sqrt(KL/2) <= epsMax  <=>  KL <= (epsMax - eps)^2 / 18        (0 if eps >= epsMax)
-func VarBudget(eps, epsMax float64) float64 {
+func KLBudgetForVar(eps, epsMax float64) float64 {
 	if eps >= epsMax {
 		return 0
 	}

@@ -41,11 +41,11 @@ func TestBudgets(t *testing.T) {
 		t.Fatal("no budget expected when p1 <= 1/2")
 	}
 	// Variance budget: eps + 6 sqrt(KL/2) <= epsMax at the budget, with equality.
-	vb := VarBudget(0.004, 0.01)
+	vb := KLBudgetForVar(0.004, 0.01)
 	if math.Abs(VarUpper(0.004, vb, Paper)-0.01) > 1e-15 || math.Abs(vb-0.000036/18) > 1e-18 {
-		t.Fatalf("VarBudget = %v", vb)
+		t.Fatalf("KLBudgetForVar = %v", vb)
 	}
-	if VarBudget(0.02, 0.01) != 0 {
+	if KLBudgetForVar(0.02, 0.01) != 0 {
 		t.Fatal("no variance budget when eps >= epsMax")
 	}
 }

@@ -78,9 +78,10 @@ func (s *Status) UnmarshalText(b []byte) error {
 // Defaults of Policy.
 const (
 	// DefaultEpsilonMax is the default variance ceiling for Theorem 2 (config certify.epsilon_max):
-	// five times the paper's eps = 0.01. With V1 = eps = 0.01 it tolerates
-	// KL <= (0.05 - 0.01)^2 / 18 = 8.9e-5 in paper mode (3.6e-4 in tight mode).
-	DefaultEpsilonMax = 0.05
+	// 1/4, the largest variance of a [0,1]-valued variable, so by default only Theorem 1 decides.
+	// Lower it to make Theorem 2 bite: at 0.05 (five times the paper's eps = 0.01) a CE with
+	// V1 = 0.01 tolerates KL <= (0.05 - 0.01)^2 / 18 = 8.9e-5 in paper mode (3.6e-4 in tight mode).
+	DefaultEpsilonMax = 0.25
 	// DefaultAlpha is the default Hoeffding miss probability for p1's lower confidence bound.
 	DefaultAlpha = 0.01
 )
@@ -108,7 +109,7 @@ type Policy struct {
 	Alpha      float64
 }
 
-// DefaultPolicy is paper mode, EpsilonMax = 0.05, point-estimate p1 (Hoeffding off, Alpha = 0.01).
+// DefaultPolicy is paper mode, EpsilonMax = DefaultEpsilonMax (1/4), point-estimate p1 (Hoeffding off, Alpha = 0.01).
 func DefaultPolicy() Policy {
 	return Policy{Mode: Paper, EpsilonMax: DefaultEpsilonMax, Alpha: DefaultAlpha}
 }
@@ -182,16 +183,16 @@ type Bounds struct {
 	// P1 is what Theorem 1 starts from: the estimate p1, or its Hoeffding lower bound.
 	P1 float64
 	// ProbLower is Theorem 1's bound on p_now (not clipped at 0); VarUpper is Theorem 2's bound on
-	// V_now (capped at 1/4, the largest variance of a [0,1] variable, in both modes); VarBudget is the ceiling VarUpper is compared with.
-	ProbLower, VarUpper, VarBudget float64
-	// Certified is ProbLower >= 1/2 && VarUpper <= VarBudget.
+	// V_now (capped at 1/4, the largest variance of a [0,1] variable, in both modes); VarCeiling is the ceiling VarUpper is compared with.
+	ProbLower, VarUpper, VarCeiling float64
+	// Certified is ProbLower >= 1/2 && VarUpper <= VarCeiling.
 	Certified bool
 }
 
-// VarBudget is the variance ceiling for a CE admitted with threshold eps: max(EpsilonMax, eps).
+// VarCeiling is the variance ceiling for a CE admitted with threshold eps: max(EpsilonMax, eps).
 // (Plain comparisons, not math.Max: this runs once per stored CE per update, and inputs are
 // validated finite.)
-func (p Policy) VarBudget(eps float64) float64 {
+func (p Policy) VarCeiling(eps float64) float64 {
 	if eps > p.EpsilonMax {
 		return eps
 	}
@@ -213,13 +214,13 @@ func (p Policy) StartP1(c Certificate) float64 {
 //
 // Equal to ProbLower(p1', KL, mode) and VarUpper(V1, KL, mode).
 func (p Policy) Evaluate(c Certificate, s Slack) Bounds {
-	b := Bounds{P1: p.StartP1(c), VarBudget: p.VarBudget(c.Epsilon)}
+	b := Bounds{P1: p.StartP1(c), VarCeiling: p.VarCeiling(c.Epsilon)}
 	b.ProbLower = b.P1 - s.Mean
 	b.VarUpper = c.Var1 + s.Var
 	if b.VarUpper > 0.25 {
 		b.VarUpper = 0.25
 	}
-	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarBudget
+	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarCeiling
 	return b
 }
 

@@ -97,9 +97,9 @@ func TestBudgetEdges(t *testing.T) {
 	}
 	p = Policy{Mode: Paper, EpsilonMax: 0.05}
 	c = Certificate{P1: 0.999, Var1: 0.01, Samples: 100, Delta: 0.05, Epsilon: 0.01}
-	klv := VarBudget(c.Var1, p.EpsilonMax) // (0.04)^2/18 = 8.89e-5
+	klv := KLBudgetForVar(c.Var1, p.EpsilonMax) // (0.04)^2/18 = 8.89e-5
 	if math.Abs(klv-8.8889e-5) > 1e-8 {
-		t.Fatalf("VarBudget = %v, want 8.8889e-5", klv)
+		t.Fatalf("KLBudgetForVar = %v, want 8.8889e-5", klv)
 	}
 	if !p.Bounds(c, klv*(1-1e-9)).Certified || p.Bounds(c, klv*(1+1e-9)).Certified {
 		t.Errorf("Theorem 2 edge at KL = %v not where the closed form puts it", klv)
@@ -139,6 +139,7 @@ func TestEvaluateMatchesBoundFunctions(t *testing.T) {
 
 func TestJudgeAndObserved(t *testing.T) {
 	p := DefaultPolicy()
+	p.EpsilonMax = 0.05 // a ceiling that Theorem 2 can reach
 	in := Certificate{P1: 0.99, Var1: 0.001, Samples: 500, Delta: 0.05, Epsilon: 0.01}
 	tests := []struct {
 		name   string

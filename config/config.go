@@ -19,9 +19,11 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/update"
 )
 
 // Config is the whole daemon configuration. Key names are a stable contract (scripts rely on
@@ -119,10 +121,13 @@ type SASL struct {
 type Update struct {
 	Objective    string  `yaml:"objective"`     // prior (paper) or vcl. Default: prior.
 	LearningRate float64 `yaml:"learning_rate"` // Adam step size. Default: 1e-5 (the paper's).
-	Steps        int     `yaml:"steps"`         // Optimiser steps per increment. Default: 0 = updater's default.
-	KLWeight     float64 `yaml:"kl_weight"`     // Default: 0 = updater's default.
-	Samples      int     `yaml:"samples"`       // Weight samples per step. Default: 0 = updater's default.
-	Seed         uint64  `yaml:"seed"`          // Default: 1.
+	// Iterations is the number of Adam iterations per update. Default: update.DefaultIterations.
+	Iterations int `yaml:"iterations"`
+	// KLWeight scales the objective's KL term. Default: 0, meaning the objective's own weight
+	// (bnn.DefaultKLWeight for prior, update.DefaultVCLKLWeight for vcl).
+	KLWeight float64 `yaml:"kl_weight"`
+	Samples  int     `yaml:"samples"` // Weight draws per iteration's NLL. Default: update.DefaultSamples.
+	Seed     uint64  `yaml:"seed"`    // Default: 1.
 }
 
 // Certify configures the guarantee.
@@ -134,7 +139,11 @@ type Certify struct {
 	// [0,1]-valued variance), i.e. only Theorem 1 constrains; lower it to make Theorem 2 bite.
 	EpsilonMax float64      `yaml:"epsilon_max"`
 	Mode       certify.Mode `yaml:"mode"`    // paper or tight. Default: paper.
-	Samples    int          `yaml:"samples"` // Monte-Carlo samples for p and Var. Default: 1000.
+	Samples    int          `yaml:"samples"` // Monte-Carlo samples for p and Var. Default: certify.DefaultSamples.
+	// Precision of the Monte-Carlo forward passes: float64, or float32 (about twice as fast; its
+	// rounding moves p by ~1e-5, far under the Monte-Carlo error; see bnn.Precision). The posterior,
+	// KL and bounds stay float64. Default: float64.
+	Precision bnn.Precision `yaml:"precision"`
 	// HoeffdingAlpha > 0 starts certificates from the Hoeffding lower confidence bound of p1 at
 	// confidence 1 - alpha. Default: 0 (off, as in the paper).
 	HoeffdingAlpha float64 `yaml:"hoeffding_alpha"`
@@ -194,8 +203,9 @@ func Default() Config {
 			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: stream.DefaultMaxRecords,
 			MaxRecordsBacklog: stream.DefaultMaxRecordsBacklog, MaxWait: stream.DefaultMaxWait, MaxRecordBytes: 65536,
 			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
-		Update:  Update{Objective: "prior", LearningRate: 1e-5, Seed: 1},
-		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: 0.25, Mode: certify.Paper, Samples: 1000, OnBreach: certify.Alert, Uncertified: certify.Refuse},
+		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
+			Samples: update.DefaultSamples, Seed: 1},
+		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
@@ -264,13 +274,20 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 		seen[k.Value] = k.Line
 		f, names := fieldByKey(v, k.Value)
 		if !f.IsValid() {
-			errs = append(errs, fmt.Errorf("%s (line %d): unknown key%s", key, k.Line, suggest(k.Value, names)))
+			hint := suggest(k.Value, names)
+			if now, ok := renamedKeys[key]; ok {
+				hint = fmt.Sprintf(" (renamed %s)", now)
+			}
+			errs = append(errs, fmt.Errorf("%s (line %d): unknown key%s", key, k.Line, hint))
 			continue
 		}
 		errs = append(errs, decodeStrict(n.Content[i+1], f, key)...)
 	}
 	return errs
 }
+
+// renamedKeys maps keys of earlier releases to their names now.
+var renamedKeys = map[string]string{"update.steps": "update.iterations"}
 
 // fieldByKey returns the field of struct v whose yaml tag is key (invalid if none), and every
 // key v accepts.
@@ -543,8 +560,14 @@ func (c *Config) Validate() error {
 	if !(c.Update.LearningRate > 0) || c.Update.LearningRate > 1 {
 		bad("update.learning_rate", c.Update.LearningRate, "must be in (0, 1]")
 	}
-	if c.Update.Steps < 0 || c.Update.Samples < 0 || c.Update.KLWeight < 0 {
-		bad("update", fmt.Sprintf("steps=%d samples=%d kl_weight=%v", c.Update.Steps, c.Update.Samples, c.Update.KLWeight), "must be >= 0")
+	if c.Update.Iterations < 1 {
+		bad("update.iterations", c.Update.Iterations, "must be >= 1")
+	}
+	if c.Update.Samples < 1 {
+		bad("update.samples", c.Update.Samples, "must be >= 1")
+	}
+	if c.Update.KLWeight < 0 {
+		bad("update.kl_weight", c.Update.KLWeight, "must be >= 0 (0: the objective's own weight)")
 	}
 	if !(c.Certify.Delta > 0 && c.Certify.Delta < 0.5) {
 		bad("certify.delta", c.Certify.Delta, "must be in (0, 0.5)")

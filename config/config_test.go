@@ -65,6 +65,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"format":             {"log:\n  format: xml\n", "log.format"},
 		"bad type has key":   {"certify:\n  delta: lots\n", "certify.delta (line 2)"},
 		"suggestion":         {"kafka:\n  max_recods: 3\n", `did you mean "max_records"`},
+		"renamed key":        {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},
+		"precision":          {"certify:\n  precision: float16\n", "float16"},
 		"twice":              {"kafka:\n  topic: a\n  topic: b\n", "kafka.topic (line 3): given twice"},
 		"learning rate zero": {"update:\n  learning_rate: 0\n", "update.learning_rate"},
 		"negative interval":  {"audit:\n  schedule: \"@every -1s\"\n", "audit.schedule"},

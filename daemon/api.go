@@ -57,6 +57,7 @@ type apiConfig struct {
 type api struct {
 	cfg     apiConfig
 	state   stateReader
+	backup  backupSource
 	core    core
 	exp     *explainer
 	metrics http.Handler
@@ -83,6 +84,7 @@ func (a *api) endpoints() []endpoint {
 		{"GET /v1/model/posterior/sidecar", "token", a.handlePosterior},
 		{"POST /v1/audit", "token", a.handleAudit},
 		{"GET /v1/audit", "token", a.handleAuditStatus},
+		{"GET /v1/backup", "token", a.handleBackup},
 		{"GET /metrics", "metrics", a.metrics.ServeHTTP},
 		{"GET /healthz", "", func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -171,7 +171,12 @@ func TestPredictEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := r.d.current()
-	want, err := m.Predict(data.X[:20], r.d.cfg.Certify.Samples, m.Version^0x9ed1c7)
+	// The version's shared draws, made independently of the daemon's cache.
+	pool, err := bnn.NewPool(m, r.d.cfg.Certify.Samples, m.Version^poolSeed, bnn.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pool.Predict(context.Background(), data.X[:20])
 	if err != nil {
 		t.Fatal(err)
 	}

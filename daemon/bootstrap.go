@@ -2,13 +2,16 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -18,9 +21,16 @@ import (
 // truth for the posterior; model.export_dir holds a copy of it (see exporter).
 func (d *Daemon) bootstrapModel(ctx context.Context) error {
 	d.noteLegacyModelDir()
+	origin, err := configOrigin(d.cfg)
+	if err != nil {
+		return err
+	}
 	m, err := d.ledger.Current()
 	switch {
 	case err == nil:
+		if err := d.checkOrigin(origin); err != nil {
+			return err
+		}
 		d.log.Info("resuming from the state store", "posterior_version", m.Version, "state_dir", d.cfg.StateDir)
 		d.setCurrent(m)
 		return nil
@@ -46,7 +56,7 @@ func (d *Daemon) bootstrapModel(ctx context.Context) error {
 			return fmt.Errorf("training on %s: %w", ds.Name, err)
 		}
 	}
-	if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+	if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m, Origin: origin}); err != nil {
 		return err
 	}
 	d.setCurrent(m)
@@ -62,4 +72,52 @@ func (d *Daemon) noteLegacyModelDir() {
 			"the ledger holds the posterior and model.export_dir receives each promoted one; remove the directory when convenient",
 			"dir", dir, "export_dir", d.cfg.ExportDir())
 	}
+}
+
+// configOrigin names the first posterior the configuration asks for: the SHA-256 of
+// model.path's weights file, or the bundled data set with its training seed and epochs. The
+// ledger stores it with its first posterior (ledger.Checkpoint.Origin).
+func configOrigin(c *config.Config) (string, error) {
+	if c.Model.Path != "" {
+		f := filepath.Join(c.Model.Path, bnn.WeightsFile)
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", fmt.Errorf("model.path: %w", err)
+		}
+		return fmt.Sprintf("model.path %s (weights sha256 %x)", c.Model.Path, sha256.Sum256(b)), nil
+	}
+	return fmt.Sprintf("model.dataset %s (model.seed %d, model.epochs %d)", c.Model.Dataset, c.Model.Seed, c.Model.Epochs), nil
+}
+
+// checkOrigin refuses a configuration whose model.* keys name another first posterior than the
+// one the ledger grew from: the ledger is the source of truth, and a silently ignored model.path
+// or model.dataset would let an operator believe another model is being certified. A model.path
+// that moved but holds the same weights is accepted (the hash is what is compared).
+func (d *Daemon) checkOrigin(want string) error {
+	have, err := d.ledger.Origin()
+	if err != nil {
+		return err
+	}
+	switch {
+	case have == "":
+		d.log.Warn("the ledger records no origin for its first posterior (written by an older release); model.* keys are not checked against it",
+			"ledger", d.ledger.Path())
+		return nil
+	case sameOrigin(have, want):
+		return nil
+	}
+	return fmt.Errorf("%w: state_dir %s holds a ledger whose first posterior came from %s, but the configuration names %s. "+
+		"The ledger is the source of truth and was not changed. To keep it, restore the model.* keys; to start over with the new model, "+
+		"set state_dir to an empty directory (or move %s aside)", config.ErrInvalid, d.cfg.StateDir, have, want, d.ledger.Path())
+}
+
+// sameOrigin compares two origins; for model.path only the weights' hash counts.
+func sameOrigin(a, b string) bool {
+	hash := func(s string) string {
+		if i := strings.LastIndex(s, "(weights sha256 "); i >= 0 && strings.HasPrefix(s, "model.path ") {
+			return s[i:]
+		}
+		return s
+	}
+	return hash(a) == hash(b)
 }

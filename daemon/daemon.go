@@ -43,6 +43,7 @@ type Daemon struct {
 	metrics *alerts.Metrics
 	own     *daemonMetrics
 	ledger  *ledger.Ledger
+	pools   *pools // the current posterior version's shared Monte-Carlo draws
 	conn    stream.ConnConfig
 	pub     *stream.Publisher
 	policy  certify.Policy
@@ -104,7 +105,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
-		ready:  make(chan struct{})}
+		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision}}
 	d.metrics.SetKLBudget(d.budget)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
@@ -172,7 +173,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
 		mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
-		state: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
+		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
 	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}
 
 	if err := d.refreshGauges(); err != nil {

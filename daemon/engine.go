@@ -93,7 +93,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		return d.ledger.Checkpoint(cp)
 	}
 	X, y := inc.XY()
-	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Steps,
+	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Iterations,
 		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples,
 		Seed: d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15} // deterministic per version: replays agree
 	start := time.Now()

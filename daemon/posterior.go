@@ -59,5 +59,9 @@ func (d *Daemon) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bn
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return m.Predict(xs, d.cfg.Certify.Samples, m.Version^0x9ed1c7)
+	pool, err := d.pools.get(m)
+	if err != nil {
+		return nil, err
+	}
+	return pool.Predict(ctx, xs)
 }

@@ -44,7 +44,11 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
 	}
 	S := d.cfg.Certify.Samples
-	p, err := m.Predict([][]float64{r.xcf, r.x}, S, m.Version^0x5eed)
+	pool, err := d.pools.get(m)
+	if err != nil {
+		return nil, err
+	}
+	p, err := pool.Predict(ctx, [][]float64{r.xcf, r.x})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
 	}

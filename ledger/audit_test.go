@@ -46,7 +46,7 @@ func (f *followingPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.P
 
 // auditFixture stores 60 CEs under m0 and promotes m1 past their variance ceiling (all at_risk).
 func auditFixture(t *testing.T, batch int) (*Ledger, []*CE, *bnn.Model) {
-	l, _ := openTest(t, Options{MCBatch: batch, EncodeChange: encodeChangeJSON})
+	l, _ := openTest(t, Options{Policy: testPolicy(), MCBatch: batch, EncodeChange: encodeChangeJSON})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(81, 81))

@@ -34,7 +34,7 @@ func offsetFor(v uint64) int64 { return int64(v)*7 + 3 }
 // Backups taken while a writer keeps committing are consistent snapshots: each verifies, and
 // its (posterior version, offset) pair is one a single checkpoint committed together.
 func TestBackupUnderLoad(t *testing.T) {
-	l, _ := openTest(t, Options{EncodeChange: encodeChangeJSON})
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(31, 31))
@@ -125,7 +125,7 @@ func TestBackupUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Open(state, Options{Logger: quietLogger()})
+	r, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestRestoreRefuses(t *testing.T) {
 	}
 	// Into a state dir that holds a ledger: never replaced.
 	state := t.TempDir()
-	l, err := Open(state, Options{Logger: quietLogger()})
+	l, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestRestoreRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Open(empty, Options{Logger: quietLogger()})
+	r, err := Open(empty, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func buildFixture(f *benchFixture) error {
 	if f.dir, err = os.MkdirTemp("", "cfguard-ledger-bench-"); err != nil {
 		return err
 	}
-	if f.l, err = Open(f.dir, Options{Logger: quietLogger()}); err != nil {
+	if f.l, err = Open(f.dir, Options{Policy: testPolicy(), Logger: quietLogger()}); err != nil {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(99, 1))
@@ -280,7 +280,7 @@ func BenchmarkGrowth(b *testing.B) {
 // Open); BenchmarkVerify the full check of every record (Verify).
 func BenchmarkOpen(b *testing.B) {
 	perSizeClosed(b, func(b *testing.B, dir string) {
-		l, err := Open(dir, Options{Logger: quietLogger()})
+		l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -338,7 +338,7 @@ func perSizeClosed(b *testing.B, fn func(b *testing.B, dir string)) {
 			f.l.Close()
 			defer func() {
 				var err error
-				if f.l, err = Open(f.dir, Options{Logger: quietLogger()}); err != nil {
+				if f.l, err = Open(f.dir, Options{Policy: testPolicy(), Logger: quietLogger()}); err != nil {
 					b.Fatal(err)
 				}
 			}()
@@ -413,7 +413,7 @@ func BenchmarkCommitAllFailing(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		dir := b.TempDir()
-		l, err := Open(dir, Options{Logger: quietLogger()})
+		l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 		if err != nil {
 			b.Fatal(err)
 		}

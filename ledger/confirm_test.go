@@ -32,7 +32,7 @@ func TestConfirmManyFailing(t *testing.T) {
 	if testing.Short() {
 		n = 10_000
 	}
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(71, 71))
@@ -134,7 +134,7 @@ func (s *sneakyPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Pred
 // Confirm samples without the writer lock: a checkpoint can run meanwhile. If it changed the
 // posterior, the batch is discarded and nothing is written; CEs deleted meanwhile are skipped.
 func TestConfirmRacesWriters(t *testing.T) {
-	l, _ := openTest(t, Options{EncodeChange: encodeChangeJSON})
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(72, 72))

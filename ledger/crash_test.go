@@ -28,7 +28,7 @@ func TestCrashWriter(t *testing.T) {
 	if dir == "" {
 		t.Skip("child process of TestKilledMidCheckpoint")
 	}
-	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestKilledMidCheckpoint(t *testing.T) {
 // checkConsistent opens the ledger in dir and checks its invariants; it returns the version.
 func checkConsistent(t *testing.T, dir string) int64 {
 	t.Helper()
-	l, err := Open(dir, Options{Logger: quietLogger()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

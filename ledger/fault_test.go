@@ -37,7 +37,7 @@ func encodeChangeJSON(ch StatusChange) OutboxEntry {
 // offsets, counters, a KL history and outbox entries. It returns the last posterior.
 func richLedger(t testing.TB, dir string) *bnn.Model {
 	t.Helper()
-	l, err := Open(dir, Options{Logger: quietLogger(), Now: fixedClock(), EncodeChange: encodeChangeJSON})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowP
 			t.Fatalf("%s: the damaged file was written to", what)
 		}
 	}()
-	l, err := Open(dir, Options{Logger: quietLogger(), Now: fixedClock()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock()})
 	if err != nil {
 		checkCorruptError(t, err, path, what)
 		return refused
@@ -249,7 +249,7 @@ func buildFaultFixture(t *testing.T) faultFixture {
 	dir := t.TempDir()
 	richLedger(t, dir)
 	read := func() string {
-		l, err := Open(dir, Options{Logger: quietLogger(), Now: fixedClock()})
+		l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -263,7 +263,7 @@ func buildFaultFixture(t *testing.T) faultFixture {
 	var fx faultFixture
 	fx.prev = read()
 	// The last transaction: one counter.
-	l, err := Open(dir, Options{Logger: quietLogger(), Now: fixedClock()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestOpenEmptyFileRefused(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Open(dir, Options{Logger: quietLogger()})
+	_, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err == nil {
 		t.Fatal("Open initialised an existing empty file")
 	}
@@ -310,7 +310,7 @@ func TestOpenEmptyFileRefused(t *testing.T) {
 		t.Fatalf("the empty file now has %d bytes", fi.Size())
 	}
 	os.Remove(path)
-	l, err := Open(dir, Options{Logger: quietLogger()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestOpenEmptyFileRefused(t *testing.T) {
 		t.Error("Created() = false after creating a missing file")
 	}
 	l.Close()
-	l, err = Open(dir, Options{Logger: quietLogger()})
+	l, err = Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,9 +408,9 @@ func TestFlipEveryPage(t *testing.T) {
 // A second Open of the same state directory fails at once with ErrLocked naming the file and
 // this process, in the same process (flock is per open file description).
 func TestSecondOpenLockedAtOnce(t *testing.T) {
-	l, dir := openTest(t, Options{})
+	l, dir := openTest(t, Options{Policy: testPolicy()})
 	start := time.Now()
-	_, err := Open(dir, Options{Logger: quietLogger()})
+	_, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	took := time.Since(start)
 	if !errors.Is(err, ErrLocked) {
 		t.Fatalf("second Open: %v, want ErrLocked", err)
@@ -425,7 +425,7 @@ func TestSecondOpenLockedAtOnce(t *testing.T) {
 		t.Errorf("Verify of an open ledger: %v, want ErrLocked", err)
 	}
 	l.Close()
-	l2, err := Open(dir, Options{Logger: quietLogger()})
+	l2, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatalf("Open after Close: %v", err)
 	}
@@ -441,7 +441,7 @@ func TestLockHolder(t *testing.T) {
 	if dir == "" {
 		t.Skip("child process of TestLockedByAnotherProcess")
 	}
-	l, err := Open(dir, Options{Logger: quietLogger()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +473,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	for sc.Scan() && sc.Text() != "holding" {
 	}
 	start := time.Now()
-	_, err = Open(dir, Options{Logger: quietLogger()})
+	_, err = Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if !errors.Is(err, ErrLocked) || time.Since(start) > 500*time.Millisecond {
 		t.Fatalf("Open while another process holds the ledger: %v after %v, want ErrLocked at once", err, time.Since(start))
 	}
@@ -484,7 +484,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("lock holder: %v", err)
 	}
-	l, err := Open(dir, Options{Logger: quietLogger()})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatalf("Open after the holder exited: %v", err)
 	}
@@ -493,7 +493,7 @@ func TestLockedByAnotherProcess(t *testing.T) {
 
 // A damaged posterior inside the ledger is reported as the ledger's record, not as a model file.
 func TestDamagedPosteriorNamesTheRecord(t *testing.T) {
-	l, dir := openTest(t, Options{})
+	l, dir := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	path := l.Path()
@@ -511,7 +511,7 @@ func TestDamagedPosteriorNamesTheRecord(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Open(dir, Options{Logger: quietLogger()})
+	_, err = Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err == nil {
 		t.Fatal("Open accepted a changed posterior")
 	}

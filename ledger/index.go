@@ -84,7 +84,7 @@ func failKey(h *header, id []byte) []byte {
 
 // varHeadroom is ceiling(epsilon) - V1, or +Inf when the ceiling is at least 1/4.
 func varHeadroom(pol certify.Policy, v1, eps float64) float64 {
-	c := pol.VarBudget(eps)
+	c := pol.VarCeiling(eps)
 	if c >= 0.25 {
 		return math.Inf(1)
 	}

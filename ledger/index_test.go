@@ -214,7 +214,7 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 // A policy change at Open rebuilds the indexes and re-judges every CE, recording the changes.
 func TestPolicyChangeRebuilds(t *testing.T) {
 	dir := t.TempDir()
-	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestRecordRoundTrip(t *testing.T) {
 }
 
 func TestPutValidation(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	if err := l.Put(bg, &CE{XCF: []float64{1, 2, 3}}); !errors.Is(err, ErrNoPosterior) {
 		t.Fatalf("put without posterior: %v", err)
@@ -144,7 +144,7 @@ func sum(m map[certify.Status]int) int {
 // Registering under the current posterior: certified (in set, KL = 0) or uncertified (outside),
 // the current posterior stored as an anchor, the derived bound equal to p1 at KL = 0.
 func TestPutStatuses(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(2, 2))
@@ -176,7 +176,7 @@ func TestPutStatuses(t *testing.T) {
 // A CE registered against an older, still-live anchor is judged at KL(q_now || q_anchor), with
 // a Monte-Carlo check when the bound fails.
 func TestPutOlderAnchor(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(3, 3))
@@ -200,7 +200,7 @@ func TestPutOlderAnchor(t *testing.T) {
 }
 
 func TestReopenIdenticalState(t *testing.T) {
-	l, dir := openTest(t, Options{})
+	l, dir := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(4, 4))
@@ -245,7 +245,7 @@ func TestReopenIdenticalState(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := Open(dir, Options{Logger: quietLogger()})
+	l2, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,13 +258,13 @@ func TestReopenIdenticalState(t *testing.T) {
 		t.Errorf("state %+v", st)
 	}
 	// A second Open of the same directory fails at once, naming the holder.
-	if _, err := Open(dir, Options{}); !errors.Is(err, ErrLocked) {
+	if _, err := Open(dir, Options{Policy: testPolicy()}); !errors.Is(err, ErrLocked) {
 		t.Errorf("second Open of a locked ledger: %v, want ErrLocked", err)
 	}
 }
 
 func TestFailedCheckpointWritesNothing(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(5, 5))
@@ -338,7 +338,7 @@ func TestFailedCheckpointWritesNothing(t *testing.T) {
 
 // Puts between Recertify and Checkpoint make the report stale; Commit never is.
 func TestStaleAfterPut(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(6, 6))
@@ -363,7 +363,7 @@ func TestStaleAfterPut(t *testing.T) {
 }
 
 func TestKLHistoryRing(t *testing.T) {
-	l, _ := openTest(t, Options{KLHistory: 5})
+	l, _ := openTest(t, Options{Policy: testPolicy(), KLHistory: 5})
 	m := testModel(4)
 	install(t, l, m)
 	for i := 1; i <= 8; i++ {
@@ -381,4 +381,13 @@ func TestKLHistoryRing(t *testing.T) {
 	if h2, _ := l.KLHistory(2); len(h2) != 2 || h2[1].Seq != 8 {
 		t.Errorf("last 2: %+v", h2)
 	}
+}
+
+// testPolicy is the policy the ledger's tests are written for: paper mode with a variance
+// ceiling of 0.05, low enough for Theorem 2 to bite under small drifts (the daemon's default,
+// certify.DefaultEpsilonMax, is 1/4: no variance constraint).
+func testPolicy() certify.Policy {
+	p := certify.DefaultPolicy()
+	p.EpsilonMax = 0.05
+	return p
 }

@@ -45,7 +45,7 @@ func TestMigrateSchema1(t *testing.T) {
 	if info, err := Verify(path); err != nil || info.Schema != 1 {
 		t.Fatalf("Verify of the schema-1 file: %+v, %v", info, err)
 	}
-	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}

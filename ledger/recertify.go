@@ -137,7 +137,7 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 			return err
 		}
 		_, holds := gate.Check(h.p1, h.var1, h.epsilon, h.samples)
-		to := h.status
+		var to certify.Status
 		switch {
 		case holds && h.status != certify.Certified:
 			to = certify.Certified

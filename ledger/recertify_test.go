@@ -49,7 +49,7 @@ func checkMC(t *testing.T, l *Ledger, m *bnn.Model, changes []StatusChange, samp
 // KL(q_now || q_anchor) computed directly: for repeated mean shifts it is 50 (n d)^2, which
 // outgrows the sum of step KLs n * 50 d^2, so summing would keep certifying CEs it must not.
 func TestCumulativeDriftFlagsCEs(t *testing.T) {
-	l, _ := openTest(t, Options{MCBatch: 7})
+	l, _ := openTest(t, Options{Policy: testPolicy(), MCBatch: 7})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(10, 10))
@@ -122,7 +122,7 @@ func TestCumulativeDriftFlagsCEs(t *testing.T) {
 
 // certified -> at_risk / invalidated -> certified again when the posterior returns to the anchor.
 func TestStatusTransitions(t *testing.T) {
-	l, _ := openTest(t, Options{MCBatch: 5})
+	l, _ := openTest(t, Options{Policy: testPolicy(), MCBatch: 5})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(11, 11))
@@ -200,7 +200,7 @@ func equalCounts(a, b map[certify.Status]int) bool {
 }
 
 func TestAnchorGC(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(12, 12))
@@ -263,7 +263,7 @@ func TestAnchorGC(t *testing.T) {
 }
 
 func TestAudit(t *testing.T) {
-	l, _ := openTest(t, Options{MCBatch: 8})
+	l, _ := openTest(t, Options{Policy: testPolicy(), MCBatch: 8})
 	m0 := testModel(4)
 	install(t, l, m0)
 	rng := rand.New(rand.NewPCG(13, 13))
@@ -334,7 +334,7 @@ func TestAudit(t *testing.T) {
 
 // Readers see consistent snapshots while checkpoints run (run with -race).
 func TestConcurrentReadsDuringCheckpoints(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(14, 14))
@@ -402,7 +402,7 @@ func TestConcurrentReadsDuringCheckpoints(t *testing.T) {
 
 // Recertify stops when its context is cancelled.
 func TestRecertifyCancelled(t *testing.T) {
-	l, _ := openTest(t, Options{})
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(15, 15))

@@ -58,7 +58,7 @@ func writeState(t testing.TB, l *Ledger) string {
 // state exactly as before; the ledger must keep working; after free, the same checkpoint
 // succeeds once: nothing lost, nothing doubled; the file then verifies.
 func failedWriteScenario(t testing.TB, dir string, fill, free func(), wantErrno syscall.Errno) {
-	l, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func failedWriteScenario(t testing.TB, dir string, fill, free func(), wantErrno 
 	if _, err := Verify(path); err != nil {
 		t.Fatalf("the file after failed writes: %v", err)
 	}
-	l2, err := Open(dir, Options{Logger: quietLogger()})
+	l2, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestWriteFailsFileSizeLimit(t *testing.T) {
 // that case, and the ledger must still end up exactly as before: it puts the overwritten meta
 // page back.
 func TestFailedFinalSyncPutsMetaBack(t *testing.T) {
-	l, dir := openTest(t, Options{EncodeChange: encodeChangeJSON})
+	l, dir := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(43, 43))
@@ -315,7 +315,7 @@ func TestFailedFinalSyncPutsMetaBack(t *testing.T) {
 	}
 	// The same holds for a fresh Open of the file (what a restart would read).
 	l.Close()
-	l2, err := Open(dir, Options{Logger: quietLogger(), EncodeChange: encodeChangeJSON})
+	l2, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,13 +78,6 @@ func (o *outage) ok(source string) {
 		"failed_attempts", o.attempts, "suppressed_log_lines", o.suppressed)
 }
 
-// active reports whether an outage is going on.
-func (o *outage) active() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.failing) > 0
-}
-
 // kafkaLogger is a kafka-go ErrorLogger that writes through the outage: suppressed (and
 // counted) while an outage is going on, otherwise WARN at most once per lineEvery.
 func (o *outage) kafkaLogger(prefix string) kafka.Logger {

@@ -60,8 +60,8 @@ type Options struct {
 	// PriorSigma is the standard deviation of the N(0, sigma^2) prior the posterior was trained
 	// against [bnn.DefaultPriorSigma, torchbnn's customary 0.1].
 	PriorSigma float64
-	// Activation between layers: "" or "relu". (bnn's networks are ReLU MLPs; other activations
-	// are refused until bnn supports them.)
+	// Activation between layers: relu (or ""), tanh or sigmoid (bnn.ParseActivation); it is
+	// written to model.json and used by every forward pass.
 	Activation string
 	// Layers optionally gives the layer order by prefix (e.g. "fc1", "fc2", "out").
 	Layers []string
@@ -147,12 +147,8 @@ func Import(weights []byte, opts Options) (*bnn.Model, error) {
 }
 
 func checkOptions(opts Options) error {
-	switch opts.Activation {
-	case "", "relu":
-	case "tanh", "sigmoid":
-		return optionErr("Activation", "activation %q is not supported yet: cfguard's networks are ReLU MLPs until bnn gains other activations; only relu imports", opts.Activation)
-	default:
-		return optionErr("Activation", "unknown activation %q (want relu)", opts.Activation)
+	if _, err := activation(opts.Activation); err != nil {
+		return optionErr("Activation", "%v", err)
 	}
 	if len(opts.Classes) < 2 {
 		return optionErr("Classes", "%d class names, want one per output logit (at least 2)", len(opts.Classes))
@@ -436,8 +432,12 @@ func sizeOrAny(n int) string {
 
 // build assembles and validates the model.
 func build(layers []*layer, opts Options, sigma float64) (*bnn.Model, error) {
+	act, err := activation(opts.Activation)
+	if err != nil {
+		return nil, optionErr("Activation", "%v", err)
+	}
 	m := &bnn.Model{Classes: append([]string(nil), opts.Classes...), PriorSigma: sigma,
-		Features: append([]string(nil), opts.Features...)}
+		Features: append([]string(nil), opts.Features...), Activation: act}
 	for _, l := range layers {
 		m.Layers = append(m.Layers, bnn.Layer{Name: l.prefix, In: l.in, Out: l.out,
 			WeightMu: l.tensors[weightMu].Data, WeightLogSigma: l.tensors[weightLogSigma].Data,
@@ -465,4 +465,12 @@ func build(layers []*layer, opts Options, sigma float64) (*bnn.Model, error) {
 		return nil, fmt.Errorf("%w: %w", ErrStateDict, err)
 	}
 	return m, nil
+}
+
+// activation parses Options.Activation; "" is ReLU, torchbnn's usual choice.
+func activation(name string) (bnn.Activation, error) {
+	if name == "" {
+		return bnn.ReLU, nil
+	}
+	return bnn.ParseActivation(name)
 }

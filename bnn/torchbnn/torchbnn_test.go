@@ -271,8 +271,7 @@ func TestImportErrors(t *testing.T) {
 			o.Scaler = &bnn.Scaler{Mean: make([]float64, 5), Std: []float64{1, 1, 0, 1, 1}}
 		}, "Scaler", "scaler feature 2 has mean 0 and standard deviation 0"},
 		{"features", func(_ map[string]tensor, o *Options) { o.Features = []string{"a"} }, "Features", "1 feature names"},
-		{"tanh", func(_ map[string]tensor, o *Options) { o.Activation = "tanh" }, "Activation", `activation "tanh" is not supported yet`},
-		{"gelu", func(_ map[string]tensor, o *Options) { o.Activation = "gelu" }, "Activation", `unknown activation "gelu"`},
+		{"gelu", func(_ map[string]tensor, o *Options) { o.Activation = "gelu" }, "Activation", `unknown activation "gelu" (want relu, tanh or sigmoid)`},
 		{"layers unknown", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1", "fc9"} }, "Layers", `"fc9" is not a layer of the file`},
 		{"layers partial", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1"} }, "Layers", "lists 1 of the file's 2 layers"},
 		{"layers do not chain", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc2", "fc1"} }, "", `layer "fc1" (5 -> 4) follows layer "fc2" (4 -> 2) but takes 5 inputs, not 2`},
@@ -333,5 +332,47 @@ func TestImportedModelUpdates(t *testing.T) {
 	kl, _, err := certify.KL(next, got)
 	if err != nil || !(kl > 0) || !bnn.SameBody(next, got) || next.Last().Name != "4" || next.Version != 1 {
 		t.Fatalf("kl %v (%v), same body %v, last layer %q, version %d", kl, err, bnn.SameBody(next, got), next.Last().Name, next.Version)
+	}
+}
+
+// TestImportActivation: --activation reaches the model and its model.json, and the predictive
+// is the one of that activation (equal to the source model's with the same activation, and not
+// to the ReLU one).
+func TestImportActivation(t *testing.T) {
+	for _, act := range []bnn.Activation{bnn.Tanh, bnn.Sigmoid} {
+		m := testModel(4, 3)
+		m.Activation = act
+		w := encode(t, stateDict(m, []string{"0", "2", "10"}, "F64"))
+		o := opts(m)
+		o.Activation = act.String()
+		got, err := Import(w, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := bnn.Save(dir, got); err != nil {
+			t.Fatal(err)
+		}
+		back, err := bnn.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.Activation != act {
+			t.Fatalf("%v: imported and reloaded as %v", act, back.Activation)
+		}
+		x := [][]float64{{1, 2, 3, 4, 5}, {-3, 0, 7, 1, 2}}
+		want, _ := m.Predict(x, 200, 3)
+		got2, _ := back.Predict(x, 200, 3)
+		relu := m.Clone()
+		relu.Activation = bnn.ReLU
+		other, _ := relu.Predict(x, 200, 3)
+		same, differs := true, false
+		for i := range want.Mean {
+			same = same && want.Mean[i] == got2.Mean[i]
+			differs = differs || other.Mean[i] != got2.Mean[i]
+		}
+		if !same || !differs {
+			t.Fatalf("%v: predictive equal to the source's: %v, differs from ReLU's: %v", act, same, differs)
+		}
 	}
 }

@@ -45,9 +45,10 @@ func freePort(t *testing.T) string {
 }
 
 type child struct {
-	cmd  *exec.Cmd
-	http string
-	log  *bytes.Buffer
+	cmd   *exec.Cmd
+	http  string
+	log   *bytes.Buffer
+	token string // http.token, when the configuration sets one
 }
 
 // startChild runs `cfguard run --config cfg` in a new process.
@@ -73,7 +74,11 @@ func startChild(t *testing.T, cfgPath, httpAddr string) *child {
 // applied asks the daemon how many records it has applied (-1 if it does not answer).
 func (c *child) applied() int64 {
 	cl := http.Client{Timeout: time.Second}
-	resp, err := cl.Get("http://" + c.http + "/v1/model")
+	req, _ := http.NewRequest(http.MethodGet, "http://"+c.http+"/v1/model", nil)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := cl.Do(req)
 	if err != nil {
 		return -1
 	}

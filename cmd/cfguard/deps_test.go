@@ -2,8 +2,6 @@ package main
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -24,11 +22,7 @@ var experimentOnly = []string{
 // goList returns `go list -deps pkg`, one import path per element.
 func goList(t *testing.T, pkg string) []string {
 	t.Helper()
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out, err := exec.Command(gobin, "list", "-deps", pkg).Output()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
 	if err != nil {
 		t.Fatalf("go list -deps %s: %v", pkg, err)
 	}

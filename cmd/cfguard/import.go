@@ -31,7 +31,7 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 	scalerFrom := fs.String("scaler-from", "", "CSV (features, last column label) to fit the feature scaler on: the data the model was trained on")
 	noScaler := fs.Bool("no-scaler", false, "the model takes raw features: write the identity scaler")
 	priorSigma := fs.Float64("prior-sigma", bnn.DefaultPriorSigma, "standard deviation of the N(0, sigma^2) prior the model was trained with")
-	activation := fs.String("activation", "relu", "activation between layers; only relu until bnn supports others")
+	activation := fs.String("activation", "relu", "activation between layers: relu, tanh or sigmoid")
 	layers := fs.String("layers", "", "comma-separated layer prefixes in network order, when the shapes leave it ambiguous")
 	out := fs.String("out", "", "model directory to create (model.safetensors + model.json)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {

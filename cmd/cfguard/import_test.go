@@ -174,7 +174,7 @@ func TestImportFlags(t *testing.T) {
 		{"both scaler choices", []string{"--weights", w, "--classes", "no,yes", "--no-scaler", "--scaler-from", csv, "--out", out("x")}, 2, "exactly one of --scaler-from"},
 		{"missing classes", []string{"--weights", w, "--no-scaler", "--out", out("x")}, 2, "--classes is required"},
 		{"classes", []string{"--weights", w, "--classes", "a,b,c", "--no-scaler", "--out", out("x")}, 2, "--classes: torchbnn: 3 class names"},
-		{"activation", []string{"--weights", w, "--classes", "no,yes", "--no-scaler", "--activation", "tanh", "--out", out("x")}, 2, `--activation: torchbnn: activation "tanh" is not supported yet`},
+		{"activation", []string{"--weights", w, "--classes", "no,yes", "--no-scaler", "--activation", "gelu", "--out", out("x")}, 2, `--activation: torchbnn: unknown activation "gelu"`},
 		{"prior sigma", []string{"--weights", w, "--classes", "no,yes", "--no-scaler", "--prior-sigma", "0", "--out", out("x")}, 2, "--prior-sigma must be a finite number > 0"},
 		{"scaler dimension", []string{"--weights", w, "--classes", "no,yes", "--scaler-from", csv2, "--out", out("y")}, 2, "--scaler-from: torchbnn: the scaler has 2 features"},
 		{"scaler csv", []string{"--weights", w, "--classes", "no,yes", "--scaler-from", filepath.Join(dir, "nope.csv"), "--out", out("y")}, 1, "--scaler-from: open"},

@@ -47,6 +47,8 @@ func commands() []command {
 		{"kl", "--old DIR --new DIR", "print {\"kl\": KL(new || old), \"params\": N} for two model directories", cmdKL},
 		{"bound", "--p1 P --kl K [--var1 V] [--delta D] [--mode paper|tight]", "print the Theorem 1/2 bounds and the KL budget as JSON", cmdBound},
 		{"import", "--weights FILE.safetensors --classes a,b --scaler-from CSV|--no-scaler --out DIR", "write a model directory from a torchbnn state_dict", cmdImport},
+		{"backup", "--config FILE --out FILE", "write a verified, consistent snapshot of a running daemon's ledger (GET /v1/backup)", cmdBackup},
+		{"restore", "--config FILE --from FILE", "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", cmdRestore},
 		{"check-config", "--config FILE", "validate a configuration and print it with every default (exit 2 if invalid)", cmdCheckConfig},
 		{"version", "[--json]", "print the module version, commit and Go version", cmdVersion},
 	}

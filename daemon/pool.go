@@ -1,0 +1,43 @@
+package daemon
+
+import (
+	"sync"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// poolSeed mixes into a posterior version to seed its shared draws, so that a restart (and a
+// replay) measures with the same networks.
+const poolSeed = 0x5eed
+
+// pools keeps the Monte-Carlo draws of the current posterior version (bnn.Pool): certify.samples
+// networks in certify.precision, drawn once per version and shared by registration, /v1/predict
+// and the confirmation of at-risk CEs, instead of fresh draws per call. Sharing draws across CEs
+// is common random numbers: each CE's estimate keeps its distribution (and Hoeffding's guarantee
+// holds per CE), but the errors of two CEs measured under one version are not independent, so a
+// guarantee is per CE, never joint over CEs.
+type pools struct {
+	samples int
+	prec    bnn.Precision
+
+	mu   sync.Mutex
+	pool *bnn.Pool // of the last version asked for
+}
+
+// get returns the pool of m's version, drawing it on first use. Callers asking for the same
+// version wait for one draw; an older version than the cached one gets its own pool, uncached.
+func (p *pools) get(m *bnn.Model) (*bnn.Pool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pool != nil && p.pool.Version() == m.Version {
+		return p.pool, nil
+	}
+	pool, err := bnn.NewPool(m, p.samples, m.Version^poolSeed, p.prec)
+	if err != nil {
+		return nil, err
+	}
+	if p.pool == nil || m.Version > p.pool.Version() {
+		p.pool = pool
+	}
+	return pool, nil
+}
