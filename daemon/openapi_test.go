@@ -474,8 +474,15 @@ func (c *conformance) route(method, path string) string {
 	return ""
 }
 
-// send makes the request and checks the answer; it returns the status and body.
+// send makes the request and checks the answer; it returns the status, headers and body.
 func (c *conformance) send(method, path, token string, header map[string]string, body string, want int) (int, http.Header, []byte) {
+	c.t.Helper()
+	code, h, _, b := c.sendTrailer(method, path, token, header, body, want)
+	return code, h, b
+}
+
+// sendTrailer is send that also returns the response's trailers.
+func (c *conformance) sendTrailer(method, path, token string, header map[string]string, body string, want int) (int, http.Header, http.Header, []byte) {
 	t := c.t
 	t.Helper()
 	req, err := http.NewRequest(method, c.r.base+path, strings.NewReader(body))
@@ -508,7 +515,7 @@ func (c *conformance) send(method, path, token string, header map[string]string,
 	doc, ok := responses[strconv.Itoa(resp.StatusCode)]
 	if !ok {
 		t.Errorf("%s: status not documented for %s", where, pattern)
-		return resp.StatusCode, resp.Header, b
+		return resp.StatusCode, resp.Header, resp.Trailer, b
 	}
 	r := c.doc.resolve(t, doc)
 	headers, _ := r["headers"].(map[string]any)
@@ -539,20 +546,20 @@ func (c *conformance) send(method, path, token string, header map[string]string,
 		if len(b) != 0 {
 			t.Errorf("%s: documented without a body, got %q", where, b)
 		}
-		return resp.StatusCode, resp.Header, b
+		return resp.StatusCode, resp.Header, resp.Trailer, b
 	}
 	ctype, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
 	media, ok := content[strings.TrimSpace(ctype)].(map[string]any)
 	if !ok {
 		t.Errorf("%s: Content-Type %q, documented %v", where, resp.Header.Get("Content-Type"), content)
-		return resp.StatusCode, resp.Header, b
+		return resp.StatusCode, resp.Header, resp.Trailer, b
 	}
 	if ctype == "application/json" {
 		for _, e := range (validator{t, c.doc}).check(where, media["schema"].(map[string]any), decodeJSONNumbers(t, b)) {
 			t.Error(e)
 		}
 	}
-	return resp.StatusCode, resp.Header, b
+	return resp.StatusCode, resp.Header, resp.Trailer, b
 }
 
 // TestOpenAPIDescribesAnswers runs a daemon and checks its answers to requests on every route
@@ -655,6 +662,24 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	release()
 	if !testing.Short() {
 		c.send("POST", "/v1/explain", token, nil, js(map[string]any{"id": "psce-1", "x": data.X[xs[0]], "target": "benign"}), 201)
+	}
+
+	// A backup: the ledger file, its outcome in the documented trailers.
+	c.send("GET", "/v1/backup", "", nil, "", 401)
+	_, _, trailer, backup := c.sendTrailer("GET", "/v1/backup", token, nil, "", 200)
+	documented := c.doc.resolve(t, c.ops["GET /v1/backup"]["responses"].(map[string]any)["200"])["x-trailers"].(map[string]any)
+	for name := range trailer {
+		if documented[name] == nil {
+			t.Errorf("GET /v1/backup: trailer %s is not documented", name)
+		}
+	}
+	for _, name := range []string{"Cfguard-Backup-Txid", "Cfguard-Backup-Posterior-Version"} {
+		if _, err := strconv.ParseUint(trailer.Get(name), 10, 64); err != nil {
+			t.Errorf("GET /v1/backup: trailer %s = %q, want an integer", name, trailer.Get(name))
+		}
+	}
+	if e := trailer.Get("Cfguard-Backup-Error"); e != "" || len(backup) == 0 {
+		t.Errorf("GET /v1/backup: %d bytes, error trailer %q", len(backup), e)
 	}
 
 	c.send("DELETE", "/v1/counterfactuals/ce-0", token, nil, "", 204)
