@@ -20,6 +20,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/atomicfile"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // pythonTorch returns Debian's python3 when it imports torch and numpy. Without them the test is
@@ -162,19 +163,6 @@ func healthz(t *testing.T, url string) health {
 	return h
 }
 
-// waitFor polls cond every 50 ms until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > deadline {
-			t.Fatalf("%s: not within %v", what, deadline)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // goSamples is the number of draws of cfguard's predictive in the comparisons.
 const goSamples = 20000
 
@@ -311,7 +299,7 @@ func TestModelServerFollowsExports(t *testing.T) {
 	if err := atomicfile.WriteFile(dir+"/"+bnn.SidecarFile, sidecar8); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a refused reload of the mixed pair", 10*time.Second, func() bool { return healthz(t, url).ReloadsRefused >= 1 })
+	waitfor.Cond(t, 10*time.Second, "a refused reload of the mixed pair", func() bool { return healthz(t, url).ReloadsRefused >= 1 })
 	got = predict(t, url, xs)
 	if got.PosteriorVersion != 7 {
 		t.Fatalf("serving version %d from a mixed pair, want 7", got.PosteriorVersion)
@@ -320,7 +308,7 @@ func TestModelServerFollowsExports(t *testing.T) {
 	if err := atomicfile.WriteFile(dir+"/"+bnn.WeightsFile, weights8); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, "version 8", 5*time.Second, func() bool { return healthz(t, url).PosteriorVersion == 8 })
+	took := waitfor.Cond(t, 5*time.Second, "version 8", func() bool { return healthz(t, url).PosteriorVersion == 8 })
 	got = predict(t, url, xs)
 	if got.PosteriorVersion != 8 {
 		t.Fatalf("version %d, want 8", got.PosteriorVersion)
@@ -340,7 +328,7 @@ func TestModelServerFollowsExports(t *testing.T) {
 	if err := bnn.Save(dir, m9); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, "version 9", 5*time.Second, func() bool { return healthz(t, url).PosteriorVersion == 9 })
+	took = waitfor.Cond(t, 5*time.Second, "version 9", func() bool { return healthz(t, url).PosteriorVersion == 9 })
 	got = predict(t, url, xs)
 	t.Logf("version 9 served %v after bnn.Save; largest |diff|/tolerance %.3f", took, compare(t, got, cfguardPredictive(t, m9, xs), true))
 	if r := compare(t, got, want8, false); r <= 1 {

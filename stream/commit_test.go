@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // groupOffsets is what Kafka tooling sees of a group: its committed offsets for the records
@@ -69,7 +70,7 @@ func TestGroupCommitsFollowMarkDurable(t *testing.T) {
 	for _, inc := range incs {
 		c.MarkDurable(inc)
 	}
-	waitFor(t, "the group offsets", 10*time.Second, func() bool {
+	waitfor.Cond(t, 10*time.Second, "the group offsets", func() bool {
 		got := groupOffsets(t, conn, "durable", 0, 1)
 		return got[0] == 20 && got[1] == 10
 	})
@@ -137,7 +138,7 @@ func TestGroupWithMembersRefusesCommits(t *testing.T) {
 		t.Fatalf("read %v", got)
 	}
 	c.MarkDurable(incs[len(incs)-1])
-	waitFor(t, "refused commits", 10*time.Second, func() bool { return c.Stats().Retries >= 3 })
+	waitfor.Cond(t, 10*time.Second, "refused commits", func() bool { return c.Stats().Retries >= 3 })
 	if n := lines.count(slog.LevelWarn, "group offset commits failing"); n != 1 {
 		t.Fatalf("%d WARN lines about the refused commits, want 1", n)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // readTopic reads n messages from partition 0 of topic, from the start, without a group.
@@ -275,7 +276,7 @@ func TestPendingSurvivesCancelledNext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := c.Next(ctx); errc <- err }()
-	waitFor(t, "3 pending records", 20*time.Second, func() bool { return c.Stats().Pending == 3 })
+	waitfor.Cond(t, 20*time.Second, "3 pending records", func() bool { return c.Stats().Pending == 3 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Next: %v", err)
@@ -396,7 +397,7 @@ func TestCloseJoinsGoroutines(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, fmt.Sprintf("goroutines back to %d", before), 10*time.Second, func() bool {
+	waitfor.Cond(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", before), func() bool {
 		return runtime.NumGoroutine() <= before
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestHealthFollowsTheBroker stops the broker under a running consumer: Health turns unready
@@ -26,14 +27,14 @@ func TestHealthFollowsTheBroker(t *testing.T) {
 		t.Fatalf("ready before anything was read: %+v", h)
 	}
 	collect(t, c, 3, 20*time.Second)
-	waitFor(t, "ready", 10*time.Second, func() bool { return c.Health().Ready })
+	waitfor.Cond(t, 10*time.Second, "ready", func() bool { return c.Health().Ready })
 	if h := c.Health(); h.Partitions != 1 || h.Readers != 1 || !h.CaughtUp {
 		t.Fatalf("health %+v", h)
 	}
 
 	b.Close()
 	stopped := time.Now()
-	waitFor(t, "unready", cfg.StallAfter+5*time.Second, func() bool { return !c.Health().Ready })
+	waitfor.Cond(t, cfg.StallAfter+5*time.Second, "unready", func() bool { return !c.Health().Ready })
 	took := time.Since(stopped)
 	h := c.Health()
 	t.Logf("unready %v after the broker stopped: %q", took, h.Reasons)
@@ -47,7 +48,7 @@ func TestHealthFollowsTheBroker(t *testing.T) {
 	b2 := startBroker(t, bcfg)
 	restarted := time.Now()
 	bound := max(cfg.RefreshInterval, cfg.RetryMax) + cfg.FetchWait + time.Second
-	waitFor(t, "ready again", 10*time.Second, func() bool { return c.Health().Ready })
+	waitfor.Cond(t, 10*time.Second, "ready again", func() bool { return c.Health().Ready })
 	took = time.Since(restarted)
 	t.Logf("ready %v after the broker restarted (bound %v)", took, bound)
 	if took > bound {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestBacklogGrowsIncrements: with more records fetched and decoded than MaxRecords, the
@@ -20,7 +21,7 @@ func TestBacklogGrowsIncrements(t *testing.T) {
 	cfg := consumerConfig(conn, "backlog")
 	cfg.MaxRecords, cfg.MaxRecordsBacklog, cfg.MaxWait = 10, 100, 300*time.Millisecond
 	c := newConsumer(t, cfg)
-	waitFor(t, "the backlog to be prefetched", 20*time.Second, func() bool { return c.Stats().Pending >= 200 })
+	waitfor.Cond(t, 20*time.Second, "the backlog to be prefetched", func() bool { return c.Stats().Pending >= 200 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var sizes []int
@@ -80,7 +81,7 @@ func TestPrefetchIsBounded(t *testing.T) {
 	cfg.MaxRecords, cfg.MaxRecordsBacklog = 50, 100
 	cfg.FetchMaxBytes = 4 << 10 // ~60 records per fetch
 	c := newConsumer(t, cfg)
-	waitFor(t, "the prefetch to fill", 20*time.Second, func() bool { return c.Stats().Pending >= int64(2*cfg.MaxRecordsBacklog-70) })
+	waitfor.Cond(t, 20*time.Second, "the prefetch to fill", func() bool { return c.Stats().Pending >= int64(2*cfg.MaxRecordsBacklog-70) })
 	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
 	s := c.Stats()
 	if s.Pending >= int64(2*cfg.MaxRecordsBacklog+100) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) { // one fetch is ~60 records
@@ -161,14 +162,14 @@ func TestCheckpointPastTheEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	waitFor(t, "the consumer to see the problem", 10*time.Second, func() bool { return !c.Health().Ready && lines.count(slog.LevelError, "past the partition's end") == 1 })
+	waitfor.Cond(t, 10*time.Second, "the consumer to see the problem", func() bool { return !c.Health().Ready && lines.count(slog.LevelError, "past the partition's end") == 1 })
 	t.Logf("health: %v", c.Health().Reasons)
 	produce(t, conn, recordsTopic, 0, goodRecords("new", 25)...) // offsets 10..34
 	incs := collect(t, c, 5, 20*time.Second)
 	if got := ids(incs); !slices.Equal(got, []string{"new20", "new21", "new22", "new23", "new24"}) {
 		t.Fatalf("read %v, want the records from offset 30 on", got)
 	}
-	waitFor(t, "ready again", 10*time.Second, func() bool { return c.Health().Ready })
+	waitfor.Cond(t, 10*time.Second, "ready again", func() bool { return c.Health().Ready })
 	if n := lines.count(slog.LevelError, "past the partition's end"); n != 1 {
 		t.Fatalf("%d ERROR lines, want 1", n)
 	}
