@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -424,7 +425,7 @@ func TestStaticBuild(t *testing.T) {
 		}
 		return 0, string(out)
 	}
-	waitFor(t, 60*time.Second, "cfguard-healthcheck /healthz to pass", func() bool {
+	waitfor.Cond(t, 60*time.Second, "cfguard-healthcheck /healthz to pass", func() bool {
 		select {
 		case err := <-exited:
 			t.Fatalf("cfguard exited before it was healthy: %v\n%s", err, logs.String())
@@ -433,12 +434,12 @@ func TestStaticBuild(t *testing.T) {
 		code, _ := check("http://" + addr + "/healthz")
 		return code == 0
 	})
-	waitFor(t, 30*time.Second, "cfguard-healthcheck /readyz to pass", func() bool { code, _ := check("http://" + addr + "/readyz"); return code == 0 })
+	waitfor.Cond(t, 30*time.Second, "cfguard-healthcheck /readyz to pass", func() bool { code, _ := check("http://" + addr + "/readyz"); return code == 0 })
 	if code, out := check("http://" + addr + "/nope"); code != 1 {
 		t.Errorf("cfguard-healthcheck on a 404: exit %d (%s), want 1", code, out)
 	}
 	// The posterior export lands in the volume.
-	waitFor(t, 10*time.Second, "the export in state_dir/export", func() bool {
+	waitfor.Cond(t, 10*time.Second, "the export in state_dir/export", func() bool {
 		_, e1 := os.Stat(filepath.Join(dir, "state", "export", "model.json"))
 		_, e2 := os.Stat(filepath.Join(dir, "state", "export", "model.safetensors"))
 		return e1 == nil && e2 == nil

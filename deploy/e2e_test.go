@@ -24,6 +24,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // process is an external program a test started; the test's cleanup stops it.
@@ -69,7 +70,7 @@ func startProcess(t *testing.T, name, path string, args ...string) *process {
 // waitReady waits for GET url to answer 200 while the process runs.
 func (p *process) waitReady(t *testing.T, url string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, p.name+" to be ready", func() bool {
+	waitfor.Cond(t, 30*time.Second, p.name+" to be ready", func() bool {
 		select {
 		case <-p.exited:
 			t.Fatalf("%s exited: %v\n%s", p.name, p.err, p.out.String())
@@ -388,7 +389,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address="+promAddr, "--log.level=warn")
 	promBase := "http://" + promAddr
 	promProc.waitReady(t, promBase+"/-/ready")
-	waitFor(t, 20*time.Second, "Prometheus to scrape cfguard with the metrics token (up == 1)", func() bool {
+	waitfor.Cond(t, 20*time.Second, "Prometheus to scrape cfguard with the metrics token (up == 1)", func() bool {
 		v, ok := promValue(t, promBase, `up{job="cfguard"}`)
 		return ok && v == "1"
 	})
@@ -400,7 +401,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 	}
 	const n = 6
 	registerCounterfactuals(t, d, token, data.X, n)
-	waitFor(t, 20*time.Second, "Prometheus to see the certified counterfactuals", func() bool {
+	waitfor.Cond(t, 20*time.Second, "Prometheus to see the certified counterfactuals", func() bool {
 		c, ok1 := promValue(t, promBase, `cfguard_counterfactuals{job="cfguard",status="certified"}`)
 		i, ok2 := promValue(t, promBase, `cfguard_counterfactuals{job="cfguard",status="invalidated"}`)
 		return ok1 && ok2 && c == fmt.Sprint(n) && i == "0"

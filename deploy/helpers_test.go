@@ -20,6 +20,7 @@ import (
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // repoRoot is the module's root (the tests run in deploy/).
@@ -62,18 +63,6 @@ func freePort(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// waitFor polls cond every 50 ms until it holds, failing the test after limit.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // httpGet returns the status and body of GET url with an optional bearer token.
@@ -137,7 +126,7 @@ func startDaemon(t testing.TB, cfg config.Config) *daemon.Daemon {
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not start within 60 s")
 	}
-	waitFor(t, 20*time.Second, "the daemon's /readyz", func() bool {
+	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
 		code, _, err := httpGet("http://"+d.HTTPAddr()+"/readyz", "")
 		return err == nil && code == 200
 	})
