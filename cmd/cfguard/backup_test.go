@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,10 +52,9 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	httpAddr := freePort(t)
-	cfg := writeConfig(t, dir, b.Addrs()[0], httpAddr, "backup", modelDir)
+	cfg := writeConfig(t, dir, b.Addrs()[0], anyPort, "backup", modelDir)
 	editConfig(t, cfg, "http:\n", "http:\n  token: s3cret\n")
-	c := startChild(t, cfg, httpAddr)
+	c := startChild(t, cfg, anyPort)
 	c.token = "s3cret"
 
 	// 24 increments of 16 records, produced at a pace so that the backup lands mid-stream.
@@ -90,7 +90,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	waitApplied(c, 4*per)
 
 	out := filepath.Join(t.TempDir(), "cfguard.backup")
-	code, stdout, stderr := runCLI(t, "backup", "--config", cfg, "--out", out)
+	code, stdout, stderr := runCLI(t, "backup", "--config", cfg, "--url", "http://"+c.addr(), "--out", out)
 	if code != 0 {
 		t.Fatalf("cfguard backup: exit %d: %s", code, stderr)
 	}
@@ -127,7 +127,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if code, _, stderr := runCLI(t, "restore", "--config", cfg, "--from", out); code != 0 {
 		t.Fatalf("cfguard restore: exit %d: %s", code, stderr)
 	}
-	c = startChild(t, cfg, httpAddr)
+	c = startChild(t, cfg, anyPort)
 	c.token = "s3cret"
 	waitApplied(c, good)
 	c.cmd.Process.Signal(syscall.SIGTERM)
@@ -149,7 +149,22 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 func TestBackupRefusals(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("http:\n  listen: %s\nstate_dir: %s\n", freePort(t), filepath.Join(dir, "state"))), 0o644)
+	// A port this test holds, where nothing answers HTTP: each connection is closed at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	os.WriteFile(cfg, []byte(fmt.Sprintf("http:\n  listen: %s\nstate_dir: %s\n", ln.Addr(), filepath.Join(dir, "state"))), 0o644)
 	existing := filepath.Join(dir, "taken")
 	os.WriteFile(existing, []byte("mine"), 0o644)
 	if code, _, stderr := runCLI(t, "backup", "--config", cfg, "--out", existing); code != 2 || !strings.Contains(stderr, "never overwrites") {

@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,21 +34,64 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// anyPort is the listen address tests give a child daemon: it binds an ephemeral port and logs
+// which (child.addr), so that no test reserves a port, frees it and hopes nobody takes it before
+// the child binds it (under parallel test binaries somebody did).
+const anyPort = "127.0.0.1:0"
+
+// syncBuffer is a child's log: written by exec's copying goroutine, read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// logged returns the value of key in the first log line with msg="msg" ("" if none yet),
+// without the brackets slog puts around a list.
+func (s *syncBuffer) logged(msg, key string) string {
+	for _, line := range strings.Split(s.String(), "\n") {
+		if !strings.Contains(line, `msg="`+msg+`"`) {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
+				return strings.Trim(v, "[]")
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return ""
 }
 
 type child struct {
 	cmd   *exec.Cmd
-	http  string
-	log   *bytes.Buffer
+	http  string // the configured http.listen (anyPort: see addr)
+	log   *syncBuffer
 	token string // http.token, when the configuration sets one
+}
+
+// addr is the child's HTTP address: the configured one, or with anyPort the one it logged ("" if
+// it has not yet).
+func (c *child) addr() string {
+	if c.http != anyPort {
+		return c.http
+	}
+	return c.log.logged("HTTP API listening", "addr")
+}
+
+// brokerAddr is the address of the child's embedded broker as it logged it ("" if not yet).
+func (c *child) brokerAddr() string {
+	return c.log.logged("embedded Kafka-protocol broker started", "addrs")
 }
 
 // startChild runs `cfguard run --config cfg` in a new process.
@@ -56,12 +99,12 @@ func startChild(t *testing.T, cfgPath, httpAddr string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "run", "--config", cfgPath)
 	cmd.Env = append(os.Environ(), "CFGUARD_TEST_MAIN=1")
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, http: httpAddr, log: &log}
+	c := &child{cmd: cmd, http: httpAddr, log: log}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
@@ -73,8 +116,12 @@ func startChild(t *testing.T, cfgPath, httpAddr string) *child {
 
 // applied asks the daemon how many records it has applied (-1 if it does not answer).
 func (c *child) applied() int64 {
+	addr := c.addr()
+	if addr == "" {
+		return -1
+	}
 	cl := http.Client{Timeout: time.Second}
-	req, _ := http.NewRequest(http.MethodGet, "http://"+c.http+"/v1/model", nil)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/model", nil)
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
@@ -210,7 +257,7 @@ func TestCrashConsistency(t *testing.T) {
 	// inside increments too, then lets the last process finish and stops it with SIGTERM.
 	run := func(name string, killAt []int64, rng *rand.Rand) (ledger.State, []byte) {
 		dir := t.TempDir()
-		httpAddr := freePort(t)
+		httpAddr := anyPort
 		cfg := writeConfig(t, dir, brokerAddr, httpAddr, name, modelDir)
 		for k := 0; ; k++ {
 			c := startChild(t, cfg, httpAddr)
@@ -287,11 +334,11 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	if err := bnn.Save(modelDir, m); err != nil {
 		t.Fatal(err)
 	}
-	httpAddr, brokerAddr := freePort(t), freePort(t)
+	httpAddr := anyPort
 	cfg := writeConfig(t, dir, "", httpAddr, "cfguard", modelDir)
 	// One open increment holds every record until max_wait: at the kill nothing is applied yet, so
 	// after the restart the records can only come from the embedded broker's disk.
-	editConfig(t, cfg, "  brokers: []\n", "  brokers: []\n  embedded_listen: "+brokerAddr+"\n")
+	editConfig(t, cfg, "  brokers: []\n", "  brokers: []\n  embedded_listen: "+anyPort+"\n")
 	editConfig(t, cfg, "  max_records: 16\n  max_records_backlog: 16\n", "  max_records: 1000\n  max_records_backlog: 1000\n")
 	c := startChild(t, cfg, httpAddr)
 	waitUntil := time.Now().Add(60 * time.Second)
@@ -302,6 +349,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	const n = 48
+	brokerAddr := c.brokerAddr()
 	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: n}
 	var msgs []kafka.Message
 	for i := 0; i < n; i++ {
@@ -409,7 +457,7 @@ func restartTrials(t *testing.T, trials int) {
 		}
 	}
 
-	httpAddr := freePort(t)
+	httpAddr := anyPort
 	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "restarts", modelDir)
 	c := startChild(t, cfg, httpAddr)
 	produce16()

@@ -68,8 +68,8 @@ func exitOf(t *testing.T, c *child, limit time.Duration) int {
 func firstStart(t *testing.T) (cfg, db string) {
 	t.Helper()
 	dir := t.TempDir()
-	httpAddr := freePort(t)
-	cfg = embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, freePort(t), "")
+	httpAddr := anyPort
+	cfg = embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, anyPort, "")
 	c := startChild(t, cfg, httpAddr)
 	deadline := time.Now().Add(60 * time.Second)
 	for c.applied() < 0 {
@@ -126,7 +126,7 @@ func TestDamagedLedgerStopsTheDaemon(t *testing.T) {
 			}
 			os.RemoveAll(filepath.Join(state, "export"))
 			before := fileSum(t, db)
-			c := startChild(t, cfg, freePort(t))
+			c := startChild(t, cfg, anyPort)
 			code := exitOf(t, c, 30*time.Second)
 			log := c.log.String()
 			if code != 1 {
@@ -161,8 +161,8 @@ func TestSecondDaemonOnOneStateDirExitsAtOnce(t *testing.T) {
 		t.Skip("starts daemon processes")
 	}
 	dir := t.TempDir()
-	httpAddr := freePort(t)
-	cfg := embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, freePort(t), "")
+	httpAddr := anyPort
+	cfg := embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, anyPort, "")
 	first := startChild(t, cfg, httpAddr)
 	deadline := time.Now().Add(60 * time.Second)
 	for first.applied() < 0 {
@@ -172,9 +172,9 @@ func TestSecondDaemonOnOneStateDirExitsAtOnce(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// Same state_dir, other ports, so that only the ledger can collide.
-	cfg2 := embeddedConfig(t, t.TempDir(), filepath.Join(dir, "state"), freePort(t), freePort(t), "")
+	cfg2 := embeddedConfig(t, t.TempDir(), filepath.Join(dir, "state"), anyPort, anyPort, "")
 	start := time.Now()
-	second := startChild(t, cfg2, freePort(t))
+	second := startChild(t, cfg2, anyPort)
 	code := exitOf(t, second, 10*time.Second)
 	took := time.Since(start)
 	log := second.log.String()
@@ -208,7 +208,7 @@ func TestConfigNamingAnotherModelIsRefused(t *testing.T) {
 	}
 	os.WriteFile(cfg, []byte(changed), 0o644)
 	before := fileSum(t, db)
-	c := startChild(t, cfg, freePort(t))
+	c := startChild(t, cfg, anyPort)
 	code := exitOf(t, c, 30*time.Second)
 	log := c.log.String()
 	if code != 2 || !strings.Contains(log, "german_credit") || !strings.Contains(log, "breast_cancer") || !strings.Contains(log, "state_dir") {
