@@ -106,11 +106,14 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 			return nil, nil, fmt.Errorf("%w: tensor %q has unsupported dtype %q", ErrCorrupt, name, e.Dtype)
 		}
 		lo, hi := e.DataOffsets[0], e.DataOffsets[1]
-		count := prod(e.Shape)
 		if lo < 0 || hi < lo || hi > len(data) {
 			return nil, nil, fmt.Errorf("%w: tensor %q spans bytes [%d,%d) of a %d-byte data section (truncated?)", ErrCorrupt, name, lo, hi, len(data))
 		}
-		if count < 0 || hi-lo != count*width {
+		count, ok := elements(e.Shape, len(data))
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: tensor %q: shape %v has a negative dimension or more elements than the %d-byte data section holds", ErrCorrupt, name, e.Shape, len(data))
+		}
+		if hi-lo != count*width {
 			return nil, nil, fmt.Errorf("%w: tensor %q: shape %v needs %d bytes, range has %d", ErrCorrupt, name, e.Shape, count*width, hi-lo)
 		}
 		t := Tensor{Shape: e.Shape, Data: make([]float64, count)}
@@ -128,6 +131,31 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, covered, len(data))
 	}
 	return out, meta, nil
+}
+
+// elements is the number of elements of shape, if no dimension is negative and it is at most
+// limit. It never overflows: a product that would pass limit stops early (an element takes at
+// least one byte, so limit = the data section's size rejects no valid file).
+func elements(shape []int, limit int) (int, bool) {
+	n := 1
+	for _, s := range shape {
+		switch {
+		case s < 0:
+			return 0, false
+		case s == 0:
+			n = 0
+		}
+	}
+	if n == 0 {
+		return 0, true
+	}
+	for _, s := range shape {
+		if s > limit/n {
+			return 0, false
+		}
+		n *= s
+	}
+	return n, true
 }
 
 func prod(shape []int) int {
