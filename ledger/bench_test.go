@@ -45,6 +45,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	closeAuditBench()
 	for _, f := range fixtures {
 		if f.l != nil {
 			f.l.Close()
