@@ -112,7 +112,8 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 // auditOnce runs ledger.Audit without the daemon's lock: the ledger reads, samples and writes
 // in batches (ledger.Options.MCBatch), each written in one short transaction with its status
 // changes in the outbox, so increments keep being applied meanwhile. The networks are one
-// bnn.Pool drawn for the audit (seed = version ^ 0xa0d17, as before). audit_completed goes to
+// bnn.Pool drawn for the audit (seed = version ^ 0xa0d17, as before), evaluated on one core
+// (backgroundPredictor). audit_completed goes to
 // the outbox in its own checkpoint (posterior and offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	m := d.current()
@@ -123,7 +124,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 		return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, err)
 	}
 	last := start
-	rep, _, err := d.ledger.Audit(ctx, pool, ledger.AuditOptions{Progress: func(done, total int) {
+	rep, _, err := d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
 		d.outbox.notify()
 		if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 			last = now

@@ -28,7 +28,8 @@ const confirmPoll = 30 * time.Second
 //
 // so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
 // The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
-// same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline. A new
+// same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
+// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A new
 // posterior makes every verdict stale: a batch sampled under an older one is discarded by the
 // ledger and the confirmer starts over under the new one.
 type confirmer struct {
@@ -109,7 +110,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pending = counts[certify.AtRisk] + counts[certify.Invalidated]
 			c.metrics.SetUnconfirmed(c.pending)
 		}
-		rep, changes, err := c.l.Confirm(ctx, c.pool, c.batch)
+		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool}, c.batch)
 		if err != nil {
 			return err
 		}
