@@ -47,7 +47,7 @@ type confirmer struct {
 	failedAt time.Time
 }
 
-const confirmBatch = ledger.DefaultMCBatch
+const confirmBatch = backgroundBatch
 
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, samples int, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
 	if samples < 2 {

@@ -128,7 +128,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log, EncodeChange: encodeChange})
+	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log, EncodeChange: encodeChange, MCBatch: backgroundBatch})
 	if err != nil {
 		return err
 	}
