@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
@@ -89,8 +90,21 @@ func (e event) entry(now time.Time) ledger.OutboxEntry {
 		v, _ = json.Marshal(event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
 			Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
 	}
+	if len(v) > maxEventBytes {
+		// The events topic takes messages of about 1 MB (stream); an increment_held of many
+		// records is larger. The records stay in the input topic (offsets are in the update's
+		// KL history entry and the checkpoint), so the event says so instead of carrying them.
+		n := max(len(e.Held), len(e.Records))
+		e.Held, e.Records = nil, nil
+		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted)", len(v), maxEventBytes, n))
+		v, _ = json.Marshal(e)
+	}
 	return ledger.OutboxEntry{Key: key, Value: v}
 }
+
+// maxEventBytes bounds one event's JSON: the stream publisher refuses messages of about 1 MB,
+// and an outbox entry it refuses would block every later one.
+const maxEventBytes = 900_000
 
 // outboxEntries encodes events for Checkpoint.Events, stamped now.
 func outboxEntries(events []event) []ledger.OutboxEntry {
