@@ -111,7 +111,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 			return ctx.Err()
 		}
 		// The posterior is untouched. The records are consumed (their offsets checkpointed) so
-		// the stream does not wedge on them; the failure is counted, logged and published.
+		// the stream does not wedge on them; the failure is counted, logged and put in the outbox.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
 		cp.Counters["failed"] = int64(len(inc.Records))
 		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.Outcome(outcomeFailed)}
