@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -113,24 +114,39 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 // in batches (ledger.Options.MCBatch), each written in one short transaction with its status
 // changes in the outbox, so increments keep being applied meanwhile. The networks are one
 // bnn.Pool drawn for the audit (seed = version ^ 0xa0d17, as before), evaluated on one core
-// (backgroundPredictor). audit_completed goes to
-// the outbox in its own checkpoint (posterior and offsets untouched).
+// (backgroundPredictor). audit_completed goes to the outbox in its own checkpoint (posterior
+// and offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
-	m := d.current()
 	start := time.Now()
-	d.log.Info("audit started", "posterior_version", m.Version)
-	pool, err := bnn.NewPool(m, max(2, d.cfg.Certify.Samples), m.Version^0xa0d17, bnn.Float64)
-	if err != nil {
-		return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, err)
-	}
-	last := start
-	rep, _, err := d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
-		d.outbox.notify()
-		if now := time.Now(); now.Sub(last) >= auditProgressEvery {
-			last = now
-			d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
+	var (
+		rep ledger.AuditReport
+		err error
+	)
+	// ledger.Audit needs the predictor's posterior to be current when it starts; ingestion may
+	// promote another between reading d.current() and that check (the audit no longer holds
+	// d.mu). Such a start is refused with ErrStale before anything is evaluated: take the new
+	// posterior and start again, a bounded number of times.
+	for attempt := 1; ; attempt++ {
+		m := d.current()
+		if attempt == 1 {
+			d.log.Info("audit started", "posterior_version", m.Version)
 		}
-	}})
+		pool, perr := bnn.NewPool(m, max(2, d.cfg.Certify.Samples), m.Version^0xa0d17, bnn.Float64)
+		if perr != nil {
+			return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, perr)
+		}
+		last := time.Now()
+		rep, _, err = d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
+			d.outbox.notify()
+			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
+				last = now
+				d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
+			}
+		}})
+		if !errors.Is(err, ledger.ErrStale) || rep.Evaluated > 0 || attempt == auditStartAttempts || ctx.Err() != nil {
+			break
+		}
+	}
 	d.outbox.notify()
 	if err != nil {
 		return rep, err
@@ -151,5 +167,9 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	return rep, nil
 }
 
-// auditProgressEvery bounds the audit's progress log lines.
-const auditProgressEvery = 10 * time.Second
+// auditProgressEvery bounds the audit's progress log lines; auditStartAttempts bounds the starts
+// refused because ingestion promoted a posterior meanwhile.
+const (
+	auditProgressEvery = 10 * time.Second
+	auditStartAttempts = 8
+)
