@@ -66,6 +66,11 @@ const (
 	NameConsumerLag          = "cfguard_consumer_lag"
 	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
 	NamePosteriorVersion     = "cfguard_posterior_version"
+	NameOutboxPending        = "cfguard_outbox_pending"
+	NameOutboxPublishErrors  = "cfguard_outbox_publish_errors_total"
+	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
+	NameCheckpointFailing    = "cfguard_checkpoint_failing"
+	NameUnconfirmed          = "cfguard_ces_unconfirmed"
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
@@ -77,6 +82,8 @@ type Metrics struct {
 	counterfactuals                             *prometheus.GaugeVec
 	updates, records                            *prometheus.CounterVec
 	recertDuration                              prometheus.Histogram
+	outboxPending, checkpointFailing, unconfirm prometheus.Gauge
+	outboxErrors, checkpointFailures            prometheus.Counter
 
 	mu                   sync.Mutex // guards the three values behind klOverBudget
 	step, anchor, budget float64
@@ -107,6 +114,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
+		outboxPending: gauge(NameOutboxPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
+		outboxErrors: f.NewCounter(prometheus.CounterOpts{Name: NameOutboxPublishErrors,
+			Help: "Failed attempts to publish outbox events to the events topic (each is retried with backoff)."}),
+		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
+			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
+		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
+		unconfirm: gauge(NameUnconfirmed, "Counterfactuals whose bound fails (at_risk or invalidated) still waiting for a Monte-Carlo verdict "+
+			"under the current posterior (an upper estimate between verdict batches; exact at 0)."),
 	}
 	for _, s := range certify.Statuses() {
 		m.counterfactuals.WithLabelValues(s.String())
@@ -208,3 +223,23 @@ func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
 
 // SetPosteriorVersion sets the current posterior's version.
 func (m *Metrics) SetPosteriorVersion(v uint64) { m.version.Set(float64(v)) }
+
+// SetOutboxPending sets the number of unacknowledged outbox events.
+func (m *Metrics) SetOutboxPending(n int) { m.outboxPending.Set(float64(n)) }
+
+// IncOutboxPublishErrors counts one failed attempt to publish outbox events.
+func (m *Metrics) IncOutboxPublishErrors() { m.outboxErrors.Inc() }
+
+// CheckpointFailed counts one checkpoint that could not be written and marks checkpointing as
+// failing; CheckpointRecovered clears the mark once a checkpoint is written again.
+func (m *Metrics) CheckpointFailed() {
+	m.checkpointFailures.Inc()
+	m.checkpointFailing.Set(1)
+}
+
+// CheckpointRecovered: checkpoints are written again.
+func (m *Metrics) CheckpointRecovered() { m.checkpointFailing.Set(0) }
+
+// SetUnconfirmed sets the number of failing counterfactuals without a verdict under the current
+// posterior.
+func (m *Metrics) SetUnconfirmed(n int) { m.unconfirm.Set(float64(n)) }

@@ -36,7 +36,8 @@ func gatheredNames(t *testing.T) map[string]bool {
 func TestMetricNamesExist(t *testing.T) {
 	names := gatheredNames(t)
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
-		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion} {
+		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)
 		}
@@ -192,7 +193,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 		}
 	}
 	sort.Strings(alerts)
-	want := []string{"CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh", "CfguardIngestStalled", "CfguardKLOverBudget"}
+	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh", "CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

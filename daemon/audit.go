@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -108,13 +110,44 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 	return rep, err
 }
 
+// auditOnce runs ledger.Audit without the daemon's lock: the ledger reads, samples and writes
+// in batches (ledger.Options.MCBatch), each written in one short transaction with its status
+// changes in the outbox, so increments keep being applied meanwhile. The networks are one
+// bnn.Pool drawn for the audit (seed = version ^ 0xa0d17, as before), evaluated on one core
+// (backgroundPredictor). audit_completed goes to the outbox in its own checkpoint (posterior
+// and offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.current()
 	start := time.Now()
-	d.log.Info("audit started", "posterior_version", m.Version)
-	rep, changes, err := d.ledger.Audit(ctx, ledger.NewModelPredictor(m, d.cfg.Certify.Samples, m.Version^0xa0d17), ledger.AuditOptions{})
+	var (
+		rep ledger.AuditReport
+		err error
+	)
+	// ledger.Audit needs the predictor's posterior to be current when it starts; ingestion may
+	// promote another between reading d.current() and that check (the audit no longer holds
+	// d.mu). Such a start is refused with ErrStale before anything is evaluated: take the new
+	// posterior and start again, a bounded number of times.
+	for attempt := 1; ; attempt++ {
+		m := d.current()
+		if attempt == 1 {
+			d.log.Info("audit started", "posterior_version", m.Version)
+		}
+		pool, perr := bnn.NewPool(m, max(2, d.cfg.Certify.Samples), m.Version^0xa0d17, bnn.Float64)
+		if perr != nil {
+			return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, perr)
+		}
+		last := time.Now()
+		rep, _, err = d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
+			d.outbox.notify()
+			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
+				last = now
+				d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
+			}
+		}})
+		if !errors.Is(err, ledger.ErrStale) || rep.Evaluated > 0 || attempt == auditStartAttempts || ctx.Err() != nil {
+			break
+		}
+	}
+	d.outbox.notify()
 	if err != nil {
 		return rep, err
 	}
@@ -122,7 +155,21 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	if err := d.refreshGauges(); err != nil {
 		d.log.Error("refreshing gauges after an audit", "err", err)
 	}
-	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "took", time.Since(start).Round(time.Millisecond))
-	d.publish(ctx, append(changeEvents(changes), event{Type: "audit_completed", PosteriorVersion: m.Version, Counts: countsByName(rep.Counts)}))
+	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "behind", rep.Behind,
+		"took", time.Since(start).Round(time.Millisecond))
+	done := &ledger.Checkpoint{Events: outboxEntries([]event{{Type: "audit_completed", PosteriorVersion: rep.PosteriorVersion, Counts: countsByName(rep.Counts)}})}
+	if err := d.ledger.Checkpoint(done); err != nil {
+		d.log.Error("writing the audit_completed event to the outbox", "err", err)
+	} else {
+		d.outbox.notify()
+	}
+	d.confirm.notify() // re-anchoring can leave CEs failing without a verdict under a newer posterior
 	return rep, nil
 }
+
+// auditProgressEvery bounds the audit's progress log lines; auditStartAttempts bounds the starts
+// refused because ingestion promoted a posterior meanwhile.
+const (
+	auditProgressEvery = 10 * time.Second
+	auditStartAttempts = 8
+)

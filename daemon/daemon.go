@@ -63,6 +63,10 @@ type Daemon struct {
 	files  posteriorCache
 	export *exporter
 
+	outbox    *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
+	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
+	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
+
 	ready    chan struct{}    // closed once the consumer runs
 	consumer *stream.Consumer // set before ready is closed; its Health answers /readyz
 }
@@ -125,7 +129,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log})
+	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log, EncodeChange: encodeChange, MCBatch: backgroundBatch})
 	if err != nil {
 		return err
 	}
@@ -164,6 +168,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	td.add("event publisher", d.pub.Close)
+	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, d.own.events, log.With("component", "outbox"))
+	d.confirm = newConfirmer(d.ledger, d.current, cfg.Certify.Samples, d.metrics, func() {
+		d.outbox.notify()
+		if err := d.refreshGauges(); err != nil {
+			log.Error("refreshing gauges after confirmations", "err", err)
+		}
+	}, log.With("component", "confirm"))
 
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
@@ -200,6 +211,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return nil
 	})
 	g.Go("ingest", d.ingest)
+	g.Go("outbox", d.outbox.run)
+	g.Go("confirm", d.confirm.run)
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
 	g.Go("export", d.export.run)
@@ -211,12 +224,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	return g.Wait(cfg.HTTP.ShutdownTimeout + 5*time.Second)
 }
 
-// readiness is /readyz: the daemon has started and its consumer is healthy (stream.Health).
+// readiness is /readyz: the daemon has started, its checkpoints are being written (not in the
+// degraded mode of durably) and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
 		return errors.New("starting")
+	}
+	if err := d.checkpointHealth(); err != nil {
+		return err
 	}
 	// The consumer's own traffic keeps its health current: no broker request per probe.
 	if h := d.consumer.Health(); !h.Ready {

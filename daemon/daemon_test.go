@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -337,6 +338,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	changed, overBudget := map[string]bool{}, false
+	var lastSeq uint64
 	for len(changed) < int(flagged) || !overBudget {
 		m, err := rd.ReadMessage(ctx)
 		if err != nil {
@@ -346,9 +348,16 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
+		seq, err := strconv.ParseUint(header(m, OutboxSeqHeader), 10, 64)
+		if err != nil || seq <= lastSeq {
+			t.Fatalf("event %s: %s header %q after %d: want increasing sequence numbers", m.Value, OutboxSeqHeader, header(m, OutboxSeqHeader), lastSeq)
+		}
+		lastSeq = seq
 		switch e.Type {
 		case "status_changed":
-			if string(m.Key) != e.ID || e.From != "certified" {
+			// certified -> at_risk by the bound at the commit; the confirmer's verdict may follow
+			// (at_risk -> invalidated), never before the change it confirms.
+			if string(m.Key) != e.ID || !(e.From == "certified" || e.From == "at_risk" && changed[e.ID]) {
 				t.Fatalf("event %s", m.Value)
 			}
 			changed[e.ID] = true
@@ -457,6 +466,16 @@ func TestAPIRejectsBadRequests(t *testing.T) {
 	if code, _ := r.do(t, "POST", "/v1/audit", "t0ken", nil); code != 200 {
 		t.Fatalf("audit with token: %d", code)
 	}
+}
+
+// header is the value of a Kafka message's header (empty if absent).
+func header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 func anySlice(x []float64) []any {

@@ -6,12 +6,20 @@
 //
 //	Kafka topic --stream.Consumer--> increment --update.LastLayer--> candidate posterior
 //	  --certify.KL vs budget--> policy (alert | reject | clip)
-//	  --ledger.Commit (re-certify every CE by its anchor KL, checkpoint offsets, one fsynced tx)-->
-//	  events topic, metrics --> consumer.MarkDurable (informational group offset commit)
+//	  --ledger.Commit (re-certify every CE by its anchor KL by the bounds only, checkpoint offsets,
+//	    write the increment's events to the outbox; one fsynced tx, under d.mu)-->
+//	  metrics --> consumer.MarkDurable (informational group offset commit)
+//
+// Beside it, three background components, none holding d.mu:
+//
+//	outbox publisher  ledger outbox --> events topic, in order, at least once (outbox.go)
+//	confirmer         CEs whose bound failed --ledger.Confirm, batches--> Monte-Carlo verdicts (confirm.go)
+//	audits            every CE --ledger.Audit, batches--> re-anchored or judged (audit.go)
 //
 // The checkpoint's offsets are the truth: the consumer reads each partition from them at start
 // (see package stream); group offsets are committed after the checkpoint, asynchronously, only
-// for Kafka tooling.
+// for Kafka tooling. A checkpoint the disk refuses (ledger.ErrWrite) holds the increment and is
+// retried with backoff while /readyz reports it (degraded.go); nothing is lost or applied twice.
 //
 // Run starts everything and returns when ctx is cancelled (nil) or a component fails (its error).
 // main handles signals; nothing here calls os.Exit.

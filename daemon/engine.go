@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
-	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -21,10 +20,12 @@ const (
 	outcomeFailed   = "failed"   // the update itself failed (non-finite, bad data); posterior kept
 )
 
-// ingest consumes increments until ctx ends. For each: update, judge, checkpoint, publish, then
-// tell the consumer the increment is durable (it commits the offsets to the group in the
-// background, for Kafka tooling). The checkpoint's offsets are where a restart reads again, so
-// a failure to checkpoint stops the daemon and the restart redoes the increment; a failed
+// ingest consumes increments until ctx ends. For each: update, judge, checkpoint (with its
+// events, in the ledger's outbox), then tell the consumer the increment is durable (it commits
+// the offsets to the group in the background, for Kafka tooling). The checkpoint's offsets are
+// where a restart reads again. A checkpoint that cannot be written (ledger.ErrWrite) holds the
+// increment and is retried until it succeeds (durably): nothing more is consumed meanwhile. Any
+// other failure to checkpoint stops the daemon and the restart redoes the increment; a failed
 // update is recorded and skipped.
 func (d *Daemon) ingest(ctx context.Context) error {
 	m := d.current()
@@ -75,12 +76,19 @@ func (d *Daemon) ingest(ctx context.Context) error {
 
 // apply runs one increment through the update and the policy and checkpoints the result; metrics
 // change only after the checkpoint they describe is durable. It returns an error only when the
-// checkpoint could not be written. It is long on purpose: it
-// reads top to bottom as the pipeline (update, KL, policy, re-certify + checkpoint, events), and
-// every branch ends in exactly one checkpoint, which stays visible in one place.
+// checkpoint could not be written for a reason other than a failed write (ledger.ErrWrite, which
+// durably retries). It is long on purpose: it reads top to bottom as the pipeline (update, KL,
+// policy, re-certify + checkpoint), and every branch ends in exactly one checkpoint, which stays
+// visible in one place.
+//
+// Locking: only apply changes the current posterior, and ingest calls it from one goroutine, so
+// the update is computed from d.current() without a lock. d.mu is held only around the ledger
+// write and the swap of the current posterior (commit), so that a registration is anchored to
+// the posterior that is current when it is stored. Nothing under d.mu talks to Kafka or samples:
+// events go to the ledger's outbox in the checkpoint's transaction (the outbox publisher sends
+// them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's, in the
+// background.
 func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	prev := d.current()
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
 	if inc.DeadLettered > 0 {
@@ -90,7 +98,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		cp.Counters["lost"] = lost
 	}
 	if len(inc.Records) == 0 {
-		return d.ledger.Checkpoint(cp)
+		return d.checkpoint(ctx, cp)
 	}
 	X, y := inc.XY()
 	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Iterations,
@@ -103,16 +111,16 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 			return ctx.Err()
 		}
 		// The posterior is untouched. The records are consumed (their offsets checkpointed) so
-		// the stream does not wedge on them; the failure is counted, logged and published.
+		// the stream does not wedge on them; the failure is counted, logged and put in the outbox.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
 		cp.Counters["failed"] = int64(len(inc.Records))
 		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.Outcome(outcomeFailed)}
-		if err := d.ledger.Checkpoint(cp); err != nil {
+		cp.Events = outboxEntries([]event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
+		if err := d.checkpoint(ctx, cp); err != nil {
 			return err
 		}
 		d.metrics.IncUpdate(alerts.UpdateFailed)
 		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
-		d.publish(ctx, []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
 		return nil
 	}
 	kl, _, err := certify.KL(next, prev)
@@ -136,82 +144,66 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 			if kl, _, err = certify.KL(next, prev); err != nil {
 				return err
 			}
-			d.log.Warn("step KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
+			d.log.Warn("update KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
 		}
 	}
 	if outcome == outcomeRejected {
-		d.log.Warn("step KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
+		d.log.Warn("update KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
 		cp.Counters["held"] = int64(len(inc.Records))
 		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.Outcome(outcomeRejected)}
-		if err := d.ledger.Checkpoint(cp); err != nil {
+		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
+		cp.Events = outboxEntries(events)
+		if err := d.checkpoint(ctx, cp); err != nil {
 			return err
 		}
 		d.metrics.IncUpdate(alerts.UpdateRejected)
 		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
-		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
-		d.publish(ctx, events)
 		return nil
 	}
 	cp.Model, cp.Applied = next, int64(len(inc.Records))
 	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: certify.Outcome(outcome)}
-	rep, changes, err := d.ledger.Commit(ctx, cp)
+	cp.Events = outboxEntries(events)
+	var (
+		rep     ledger.Report
+		changes []ledger.StatusChange
+	)
+	err = d.durably(ctx, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		var err error
+		if rep, changes, err = d.ledger.Commit(ctx, cp); err != nil {
+			return err
+		}
+		d.setCurrent(next)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	confirmed, err := d.confirmAll(ctx, next)
-	if err != nil {
-		d.log.Error("confirming counterfactuals whose bound fails; they stay at_risk until the next increment", "err", err)
-	}
-	changes = mergeChanges(changes, confirmed)
-	d.setCurrent(next)
+	d.outbox.notify()
+	d.confirm.notify()
 	d.export.changed()
 	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
 	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
 	d.observeReport(rep)
-	if len(confirmed) > 0 {
-		d.refreshGauges()
-	}
 	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
 		"budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "min_bound", rep.MinBound,
-		"changed", len(changes), "candidates", rep.Candidates, "confirmed", len(confirmed), "took", time.Since(start).Round(time.Millisecond))
-	d.publish(ctx, append(events, changeEvents(changes)...))
+		"changed", len(changes), "candidates", rep.Candidates, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-// confirmAll gives every CE whose bound fails a Monte-Carlo verdict under m (the seed is the
-// posterior version, as before), the way Commit itself did before it stopped sampling under the
-// ledger's writer lock. Kept here until the daemon confirms in the background.
-func (d *Daemon) confirmAll(ctx context.Context, m *bnn.Model) ([]ledger.StatusChange, error) {
-	p := ledger.NewModelPredictor(m, d.cfg.Certify.Samples, m.Version)
-	var all []ledger.StatusChange
-	for {
-		rep, ch, err := d.ledger.Confirm(ctx, p, ledger.DefaultMCBatch)
-		all = append(all, ch...)
-		if err != nil || !rep.More || rep.Discarded {
-			return all, err
-		}
+// checkpoint writes a checkpoint that keeps the posterior (durably, under d.mu) and wakes the
+// outbox publisher.
+func (d *Daemon) checkpoint(ctx context.Context, cp *ledger.Checkpoint) error {
+	err := d.durably(ctx, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.ledger.Checkpoint(cp)
+	})
+	if err == nil && len(cp.Events) > 0 {
+		d.outbox.notify()
 	}
-}
-
-// mergeChanges folds each change of b into the change of a for the same CE, so that one
-// increment publishes one event per CE (certified -> invalidated rather than certified ->
-// at_risk, then at_risk -> invalidated), as when Commit sampled at once.
-func mergeChanges(a, b []ledger.StatusChange) []ledger.StatusChange {
-	at := make(map[string]int, len(a))
-	for i, ch := range a {
-		at[ch.ID] = i
-	}
-	out := append([]ledger.StatusChange(nil), a...)
-	for _, ch := range b {
-		i, ok := at[ch.ID]
-		if !ok {
-			out = append(out, ch)
-			continue
-		}
-		ch.From = out[i].From
-		out[i] = ch
-	}
-	return out
+	return err
 }
 
 // observeReport sets the gauges a re-certification determines.

@@ -1,12 +1,13 @@
 package daemon
 
 import (
-	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
-	"github.com/cfguard/cfguard/stream"
 )
 
 // event is one JSON message on kafka.events_topic. Type is one of:
@@ -17,7 +18,11 @@ import (
 //	update_failed    the update failed and the posterior was kept (Records, Error)
 //	audit_completed  a full audit ran (Counts)
 //
-// Events of one counterfactual share its ID as the message key, so they stay in order.
+// Events of one counterfactual share its ID as the message key, so they stay in order; other
+// events are keyed by their type. Every event is written to the ledger's outbox in the
+// transaction that makes the change it describes and published from there (outbox.go), at least
+// once: each message carries the Kafka header cfguard-outbox-seq (the outbox sequence number,
+// decimal), which consumers use to drop duplicates.
 type event struct {
 	Type             string         `json:"type"`
 	At               time.Time      `json:"at"`
@@ -48,9 +53,68 @@ type heldRecord struct {
 func changeEvents(changes []ledger.StatusChange) []event {
 	out := make([]event, len(changes))
 	for i, ch := range changes {
-		b, vb := ch.Bound, ch.VarBound
-		out[i] = event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
-			PosteriorVersion: ch.PosteriorVersion, KL: ch.KL, Bound: &b, VarBound: &vb, P2: ch.P2}
+		out[i] = changeEvent(ch)
+	}
+	return out
+}
+
+func changeEvent(ch ledger.StatusChange) event {
+	b, vb := ch.Bound, ch.VarBound
+	return event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
+		PosteriorVersion: ch.PosteriorVersion, KL: ch.KL, Bound: &b, VarBound: &vb, P2: ch.P2}
+}
+
+// encodeChange is the ledger's Options.EncodeChange: every status change the ledger writes is
+// put in its outbox, in the same transaction, as a status_changed event keyed by the CE's id.
+func encodeChange(ch ledger.StatusChange) ledger.OutboxEntry {
+	return changeEvent(ch).entry(time.Time{})
+}
+
+// entry encodes e for the outbox: the key is the CE's id for events about one CE (so they stay
+// in order on one partition), else the event type; a zero At becomes now.
+func (e event) entry(now time.Time) ledger.OutboxEntry {
+	if e.At.IsZero() {
+		if now.IsZero() {
+			now = time.Now()
+		}
+		e.At = now.UTC()
+	}
+	key := e.ID
+	if key == "" {
+		key = e.Type
+	}
+	v, err := json.Marshal(e)
+	if err != nil {
+		// Only a non-finite float (a KL, a bound) can fail: send the event without its numbers
+		// rather than lose it.
+		v, _ = json.Marshal(event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
+			Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
+	}
+	if len(v) > maxEventBytes {
+		// The events topic takes messages of about 1 MB (stream); an increment_held of many
+		// records is larger. The records stay in the input topic (offsets are in the update's
+		// KL history entry and the checkpoint), so the event says so instead of carrying them.
+		n := max(len(e.Held), len(e.Records))
+		e.Held, e.Records = nil, nil
+		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted)", len(v), maxEventBytes, n))
+		v, _ = json.Marshal(e)
+	}
+	return ledger.OutboxEntry{Key: key, Value: v}
+}
+
+// maxEventBytes bounds one event's JSON: the stream publisher refuses messages of about 1 MB,
+// and an outbox entry it refuses would block every later one.
+const maxEventBytes = 900_000
+
+// outboxEntries encodes events for Checkpoint.Events, stamped now.
+func outboxEntries(events []event) []ledger.OutboxEntry {
+	if len(events) == 0 {
+		return nil
+	}
+	now := time.Now()
+	out := make([]ledger.OutboxEntry, len(events))
+	for i, e := range events {
+		out[i] = e.entry(now)
 	}
 	return out
 }
@@ -61,29 +125,4 @@ func countsByName(c map[certify.Status]int) map[string]int {
 		out[s.String()] = n
 	}
 	return out
-}
-
-// publish sends events after the checkpoint that caused them is durable. A failure is logged
-// and counted, never fatal: the state store holds every CE's status and history, so an
-// application can always re-read what an event would have told it.
-func (d *Daemon) publish(ctx context.Context, events []event) {
-	if len(events) == 0 {
-		return
-	}
-	batch := make([]stream.Event, len(events))
-	now := time.Now().UTC()
-	for i, e := range events {
-		if e.At.IsZero() {
-			e.At = now
-		}
-		batch[i] = stream.Event{Key: e.ID, Value: e}
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := d.pub.PublishBatch(pctx, batch); err != nil {
-		d.own.events.WithLabelValues("failed").Add(float64(len(events)))
-		d.log.Error("publishing events failed", "events", len(events), "err", err)
-		return
-	}
-	d.own.events.WithLabelValues("published").Add(float64(len(events)))
 }

@@ -18,7 +18,7 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 	f := promauto.With(reg)
 	m := &daemonMetrics{
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_events_total",
-			Help: "Events sent to the events topic, by result (published, failed)."}, []string{"result"}),
+			Help: "Outbox events by result of their publish attempt (published; failed: retried from the outbox)."}, []string{"result"}),
 		audits: f.NewCounter(prometheus.CounterOpts{Name: "cfguard_audits_total", Help: "Full audits completed."}),
 		exportVersion: f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_export_posterior_version",
 			Help: "Posterior version last written to model.export_dir."}),

@@ -20,10 +20,12 @@ type PublisherConfig struct {
 }
 
 // Event is one message for PublishBatch: a key (events with the same key keep their order)
-// and a value marshalled to JSON.
+// and a value marshalled to JSON (a json.RawMessage is sent as it is), with optional Kafka
+// record headers.
 type Event struct {
-	Key   string
-	Value any
+	Key     string
+	Value   any
+	Headers map[string][]byte
 }
 
 // Publisher writes JSON events to a topic, synchronously and acknowledged by all in-sync
@@ -88,6 +90,9 @@ func (p *Publisher) PublishBatch(ctx context.Context, events []Event) error {
 			return fmt.Errorf("stream: event %d (key %q) is %d bytes, limit about %d", i, e.Key, len(b), writerBatchBytes)
 		}
 		msgs[i] = kafka.Message{Key: []byte(e.Key), Value: b}
+		for k, v := range e.Headers {
+			msgs[i].Headers = append(msgs[i].Headers, kafka.Header{Key: k, Value: v})
+		}
 	}
 	if err := p.w.WriteMessages(ctx, msgs...); err != nil {
 		if errors.Is(err, io.ErrClosedPipe) {

@@ -31,11 +31,11 @@ func TestPublisher(t *testing.T) {
 	if err := p.Publish(ctx, "model", want[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.PublishBatch(ctx, []Event{{"model", want[1]}, {"model", want[2]}}); err != nil {
+	if err := p.PublishBatch(ctx, []Event{{Key: "model", Value: want[1]}, {Key: "model", Value: want[2]}}); err != nil {
 		t.Fatal(err)
 	}
 	// A value that cannot be marshalled fails the whole batch before anything is written.
-	err = p.PublishBatch(ctx, []Event{{"model", testEvent{"ok", 3, 0}}, {"model", math.NaN()}})
+	err = p.PublishBatch(ctx, []Event{{Key: "model", Value: testEvent{"ok", 3, 0}}, {Key: "model", Value: math.NaN()}})
 	if err == nil || !strings.Contains(err.Error(), "event 1") {
 		t.Fatalf("PublishBatch with NaN: %v, want an error naming event 1", err)
 	}

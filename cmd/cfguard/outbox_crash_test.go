@@ -1,0 +1,275 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// metricValue reads one unlabelled sample from the daemon's /metrics (-1 if it does not answer).
+func (c *child) metricValue(name string) float64 {
+	cl := http.Client{Timeout: time.Second}
+	resp, err := cl.Get("http://" + c.http + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// changeKey identifies one status change: consumers dedupe events by CE id and posterior
+// version (and the status reached, since a verdict can follow the bound's change at the same
+// version).
+type changeKey struct {
+	id      string
+	version uint64
+	to      string
+}
+
+// TestOutboxDeliversEveryStatusChangeAcrossKills streams a drift that changes the status of
+// registered CEs over many increments, kills the daemon with SIGKILL at random points (some land
+// between a checkpoint and the publish of its events), restarts it, and then requires every
+// status change the ledger recorded to be on the events topic at least once.
+func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills daemon processes")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	brokerAddr := b.Addrs()[0]
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	modelDir := filepath.Join(dir, "model")
+	if err := bnn.Save(modelDir, m); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := freePort(t)
+	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "outbox", modelDir)
+	editConfig(t, cfg, "certify:\n  samples: 200\n", "certify:\n  samples: 200\nupdate:\n  learning_rate: 0.0005\n")
+
+	// CEs with a spread of p1, so that the drift fails their bounds at different increments.
+	c := startChild(t, cfg, httpAddr)
+	deadline := time.Now().Add(60 * time.Second)
+	for c.applied() < 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p, err := m.Predict(set.X, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xs, cfs []int
+	for i := range set.X {
+		switch {
+		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
+			xs = append(xs, i)
+		case p.P(i, 1) > 0.97 && p.V(i, 1) < 0.005:
+			cfs = append(cfs, i)
+		}
+	}
+	registered := 0
+	for k := 0; k < min(len(xs), len(cfs), 60); k++ {
+		body, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": set.X[xs[k]], "x_cf": set.X[cfs[k]], "target": "benign"})
+		resp, err := http.Post("http://"+httpAddr+"/v1/counterfactuals", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusCreated {
+			registered++
+		}
+	}
+	if registered < 20 {
+		t.Fatalf("only %d CEs registered", registered)
+	}
+
+	// 320 benign rows labelled malignant: 20 increments of 16 that drift steadily.
+	const total = 320
+	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 100}
+	var msgs []kafka.Message
+	for i := 0; len(msgs) < total; i++ {
+		k := i % len(set.X)
+		if set.Y[k] != 1 {
+			continue
+		}
+		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[k], "label": "malignant"})
+		msgs = append(msgs, kafka.Message{Value: v})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var killAt []int64
+	for k := 0; k < 5; k++ {
+		killAt = append(killAt, int64(k*total/5+1+rng.IntN(total/5-1)))
+	}
+	t.Logf("%d CEs registered; kill thresholds %v (seed %d)", registered, killAt, seed)
+	for k := 0; ; k++ {
+		if k > 0 {
+			c = startChild(t, cfg, httpAddr)
+		}
+		target := int64(total)
+		if k < len(killAt) {
+			target = killAt[k]
+		}
+		deadline := time.Now().Add(45 * time.Second)
+		for n := c.applied(); n < target; n = c.applied() {
+			if time.Now().After(deadline) {
+				t.Fatalf("restart %d made no progress in 45 s (applied %d, waiting for %d); log:\n%s", k, n, target, c.log.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if k < len(killAt) {
+			time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
+			c.cmd.Process.Signal(syscall.SIGKILL)
+			c.cmd.Wait()
+			continue
+		}
+		// The last run publishes what is left: outbox empty, every failing CE confirmed.
+		deadline = time.Now().Add(60 * time.Second)
+		for c.metricValue("cfguard_outbox_pending") != 0 || c.metricValue("cfguard_ces_unconfirmed") != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("outbox pending %v, unconfirmed %v after 60 s; log:\n%s", c.metricValue("cfguard_outbox_pending"), c.metricValue("cfguard_ces_unconfirmed"), c.log.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
+		}
+		break
+	}
+
+	// Every status change the ledger holds, by CE.
+	l, err := ledger.Open(filepath.Join(dir, "state"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[changeKey]bool{}
+	for after := ""; ; {
+		page, err := l.List(0, 1000, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, ce := range page {
+			for _, h := range ce.History {
+				want[changeKey{ce.ID, h.PosteriorVersion, h.To.String()}] = true
+			}
+		}
+		after = page[len(page)-1].ID
+	}
+	l.Close()
+	if st.Applied != total || st.OutboxLen != 0 {
+		t.Fatalf("ledger after the run: applied %d (want %d), outbox %d (want 0)", st.Applied, total, st.OutboxLen)
+	}
+	if len(want) < 10 {
+		t.Fatalf("the drift changed only %d statuses; the test needs more to show anything", len(want))
+	}
+
+	// Everything on the events topic.
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{brokerAddr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	conn, err := kafka.DialLeader(ctx, "tcp", brokerAddr, "cfguard.events", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, seqs, dups := map[changeKey]bool{}, map[uint64]bool{}, 0
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	for read := int64(0); read < end; read++ {
+		msg, err := rd.ReadMessage(rctx)
+		if err != nil {
+			t.Fatalf("reading event %d of %d: %v", read, end, err)
+		}
+		seq := ""
+		for _, h := range msg.Headers {
+			if h.Key == daemon.OutboxSeqHeader {
+				seq = string(h.Value)
+			}
+		}
+		n, err := strconv.ParseUint(seq, 10, 64)
+		if err != nil {
+			t.Fatalf("event at offset %d without a %s header: %s", msg.Offset, daemon.OutboxSeqHeader, msg.Value)
+		}
+		if seqs[n] {
+			dups++
+		}
+		seqs[n] = true
+		var e struct {
+			Type, ID, To     string
+			PosteriorVersion uint64 `json:"posterior_version"`
+		}
+		if err := json.Unmarshal(msg.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type == "status_changed" {
+			got[changeKey{e.ID, e.PosteriorVersion, e.To}] = true
+		}
+	}
+	var missing []changeKey
+	for k := range want {
+		if !got[k] {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d status changes in the ledger never reached the events topic, e.g. %+v", len(missing), len(want), missing[0])
+	}
+	t.Logf("%d status changes in the ledger, all on the events topic (%d events, %d redelivered after kills)", len(want), end, dups)
+}

@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// confirmPoll is how often the confirmer looks for unconfirmed CEs without being woken (a
+// verdict batch that failed, for instance on a full disk, is retried then).
+const confirmPoll = 30 * time.Second
+
+// confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior,
+// in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
+// marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
+// ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
+// writer lock (each batch is written in one short transaction, its status changes going to the
+// outbox in it):
+//
+//	p2 = E_q_now[p(target | x', w)]   (S = certify.samples networks drawn once per posterior version)
+//	at_risk (confirmed) if p2 >= 1/2 and target is the argmax, invalidated otherwise
+//
+// so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
+// The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
+// same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
+// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A new
+// posterior makes every verdict stale: a batch sampled under an older one is discarded by the
+// ledger and the confirmer starts over under the new one.
+type confirmer struct {
+	l        *ledger.Ledger
+	current  func() *bnn.Model
+	samples  int
+	batch    int
+	metrics  *alerts.Metrics
+	changed  func() // after a batch changed statuses: refresh gauges, wake the outbox
+	log      *slog.Logger
+	wake     chan struct{}
+	pool     *bnn.Pool
+	pending  int  // failing CEs without a verdict under pool's version (an upper estimate)
+	failing  bool // the last batch failed (logged once per episode)
+	failedAt time.Time
+}
+
+const confirmBatch = backgroundBatch
+
+func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, samples int, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
+	if samples < 2 {
+		samples = certify.DefaultSamples
+	}
+	return &confirmer{l: l, current: current, samples: samples, batch: confirmBatch, metrics: m, changed: changed, log: log,
+		wake: make(chan struct{}, 1)}
+}
+
+// notify wakes the confirmer (after a commit); it never blocks.
+func (c *confirmer) notify() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run confirms until ctx ends. Failures are logged and retried at the next wake-up or poll;
+// they never stop the daemon (the CEs stay at_risk, which is the safe side).
+func (c *confirmer) run(ctx context.Context) error {
+	t := time.NewTicker(confirmPoll)
+	defer t.Stop()
+	for {
+		err := c.round(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case err != nil && !c.failing:
+			c.failing, c.failedAt = true, time.Now()
+			c.log.Error("confirming counterfactuals whose bound fails; they stay at_risk (unconfirmed) and are retried", "err", err)
+		case err == nil && c.failing:
+			c.failing = false
+			c.log.Info("confirming counterfactuals works again", "failed_for", time.Since(c.failedAt).Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		case <-t.C:
+		}
+	}
+}
+
+// round confirms batches until no CE lacks a verdict under the current posterior.
+func (c *confirmer) round(ctx context.Context) error {
+	for ctx.Err() == nil {
+		m := c.current()
+		if c.pool == nil || c.pool.Version() != m.Version {
+			p, err := bnn.NewPool(m, c.samples, m.Version, bnn.Float64)
+			if err != nil {
+				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.samples, m.Version, err)
+			}
+			c.pool = p
+			// Every verdict is stale under a new posterior: each CE whose bound fails waits.
+			counts, err := c.l.Counts()
+			if err != nil {
+				return err
+			}
+			c.pending = counts[certify.AtRisk] + counts[certify.Invalidated]
+			c.metrics.SetUnconfirmed(c.pending)
+		}
+		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool}, c.batch)
+		if err != nil {
+			return err
+		}
+		if len(changes) > 0 {
+			c.changed()
+		}
+		if rep.Discarded {
+			if c.current().Version == c.pool.Version() {
+				return nil // the ledger is ahead of the daemon's posterior for a moment; woken after the swap
+			}
+			continue
+		}
+		c.pending = max(0, c.pending-rep.Picked)
+		if !rep.More {
+			c.pending = 0
+		}
+		c.metrics.SetUnconfirmed(c.pending)
+		if !rep.More {
+			return nil
+		}
+	}
+	return nil
+}

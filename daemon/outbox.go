@@ -1,0 +1,162 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// OutboxSeqHeader is the Kafka record header that carries an event's outbox sequence number
+// (decimal). Delivery is at least once: after a crash between publishing and acknowledging, the
+// same events are published again with the same numbers, and consumers drop what they have seen.
+const OutboxSeqHeader = "cfguard-outbox-seq"
+
+// Outbox publishing defaults.
+const (
+	outboxBatch       = 256              // entries per publish call
+	outboxTimeout     = 10 * time.Second // one publish call
+	outboxPoll        = 2 * time.Second  // drain this often even without a wake-up
+	outboxBackoffMin  = 100 * time.Millisecond
+	outboxBackoffMax  = 30 * time.Second
+	outboxBackoffGrow = 2
+)
+
+// eventSink is where the outbox goes: the events topic (*stream.Publisher).
+type eventSink interface {
+	PublishBatch(ctx context.Context, events []stream.Event) error
+}
+
+// outboxPublisher moves the ledger's outbox to kafka.events_topic. Every event is written to the
+// outbox in the transaction that makes the change it describes (a checkpoint, a confirmation
+// batch, an audit batch), so a crash can neither lose an event of a committed change nor publish
+// one of a change that was not committed. The publisher reads the outbox in sequence order,
+// publishes a batch, then acknowledges it (AckOutbox deletes it): at least once, in order, each
+// message carrying OutboxSeqHeader. It is woken after each commit and drains every outboxPoll
+// anyway; while the broker refuses events it retries with backoff (outboxBackoffMin doubling to
+// outboxBackoffMax), logging one line when the failure starts and one when it ends.
+type outboxPublisher struct {
+	l       *ledger.Ledger
+	sink    eventSink
+	metrics *alerts.Metrics
+	events  *prometheus.CounterVec // cfguard_events_total{result}
+	log     *slog.Logger
+	wake    chan struct{}
+}
+
+func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, events *prometheus.CounterVec, log *slog.Logger) *outboxPublisher {
+	return &outboxPublisher{l: l, sink: sink, metrics: m, events: events, log: log, wake: make(chan struct{}, 1)}
+}
+
+// notify wakes the publisher (never blocks; wake-ups coalesce).
+func (p *outboxPublisher) notify() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run publishes until ctx ends. It returns an error only when the outbox cannot be read
+// (a damaged ledger); failures to publish or to acknowledge are retried.
+func (p *outboxPublisher) run(ctx context.Context) error {
+	var (
+		after    uint64 // last sequence number acknowledged by this publisher
+		backoff  = outboxBackoffMin
+		failedAt time.Time
+		attempts int
+	)
+	poll := time.NewTicker(outboxPoll)
+	defer poll.Stop()
+	for {
+		err := p.drain(ctx, &after)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := time.Duration(0)
+		switch {
+		case err == nil:
+			if !failedAt.IsZero() {
+				p.log.Info("events topic accepts events again; outbox drained", "failed_for", time.Since(failedAt).Round(time.Millisecond), "attempts", attempts)
+				failedAt, attempts = time.Time{}, 0
+			}
+			backoff = outboxBackoffMin
+		case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrClosed):
+			return err
+		default:
+			attempts++
+			if failedAt.IsZero() {
+				failedAt = time.Now()
+				p.log.Warn("publishing outbox events failed; they stay in the outbox and are retried with backoff", "err", err)
+			}
+			wait = backoff
+			backoff = min(backoff*outboxBackoffGrow, outboxBackoffMax)
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// drain publishes and acknowledges outbox entries after *after until none are left.
+func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
+	defer p.refreshPending()
+	for ctx.Err() == nil {
+		entries, err := p.l.Outbox(*after, outboxBatch)
+		if err != nil {
+			return err
+		}
+		if len(entries) == 0 {
+			return nil
+		}
+		batch := make([]stream.Event, len(entries))
+		for i, e := range entries {
+			batch[i] = stream.Event{Key: e.Key, Value: json.RawMessage(e.Value),
+				Headers: map[string][]byte{OutboxSeqHeader: []byte(strconv.FormatUint(e.Seq, 10))}}
+		}
+		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
+		err = p.sink.PublishBatch(pctx, batch)
+		cancel()
+		if err != nil {
+			p.metrics.IncOutboxPublishErrors()
+			p.events.WithLabelValues("failed").Add(float64(len(batch)))
+			return fmt.Errorf("publishing outbox entries %d..%d: %w", entries[0].Seq, entries[len(entries)-1].Seq, err)
+		}
+		p.events.WithLabelValues("published").Add(float64(len(batch)))
+		last := entries[len(entries)-1].Seq
+		if err := p.l.AckOutbox(last); err != nil {
+			// Published but not acknowledged: they are published again (consumers dedupe).
+			return fmt.Errorf("acknowledging outbox entries up to %d: %w", last, err)
+		}
+		*after = last
+		p.refreshPending()
+	}
+	return nil
+}
+
+func (p *outboxPublisher) refreshPending() {
+	if n, err := p.l.OutboxLen(); err == nil {
+		p.metrics.SetOutboxPending(n)
+	}
+}

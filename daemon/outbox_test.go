@@ -1,0 +1,127 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// TestOutboxPublisherWaitsForTheBroker: events written to the outbox while the events topic's
+// broker is down stay there (cfguard_outbox_pending), each failed attempt is counted and the
+// outage logged once; once a broker answers on that address they are published in sequence
+// order with their sequence numbers as headers and acknowledged (the outbox empties). An event
+// too large for the topic is published without its records instead of blocking the rest.
+func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	data := bundled(t)
+	m, _, err := bnn.Fit(ctx, data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	held := make([]heldRecord, 5000) // about 1.5 MB of JSON
+	for i := range held {
+		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Offset: int64(i)}
+	}
+	evs := []event{
+		{Type: "kl_over_budget", PosteriorVersion: 0, KL: 0.2, Budget: 0.10125, Policy: "reject"},
+		{Type: "increment_held", PosteriorVersion: 0, KL: 0.2, Held: held},
+		{Type: "update_failed", PosteriorVersion: 0, Records: []string{"a", "b"}, Error: "non-finite loss"},
+		{Type: "audit_completed", PosteriorVersion: 0, Counts: map[string]int{"certified": 3}},
+	}
+	if err := l.Checkpoint(&ledger.Checkpoint{Events: outboxEntries(evs)}); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := l.Outbox(0, 100)
+	if err != nil || len(stored) != len(evs) {
+		t.Fatalf("outbox holds %d entries (%v), want %d", len(stored), err, len(evs))
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // an address with no broker behind it (yet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: []string{addr}}, Topic: "cfguard.events"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	reg := prometheus.NewRegistry()
+	r := &running{reg: reg}
+	logs := &logBuffer{}
+	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), newDaemonMetrics(reg).events, slog.New(slog.NewTextHandler(logs, nil)))
+	done := make(chan error, 1)
+	pctx, stop := context.WithCancel(ctx)
+	go func() { done <- p.run(pctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("publisher: %v", err)
+		}
+	}()
+	waitFor(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameOutboxPublishErrors) >= 1 })
+	if got := r.metric(t, alerts.NameOutboxPending); got != float64(len(evs)) {
+		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameOutboxPending, got, len(evs))
+	}
+
+	b, err := broker.Start(ctx, broker.Config{Listen: addr, Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	p.notify()
+	waitFor(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
+	waitFor(t, 5*time.Second, "cfguard_outbox_pending 0", func() bool { return r.metric(t, alerts.NameOutboxPending) == 0 })
+
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	for i, want := range stored {
+		msg, err := rd.ReadMessage(rctx)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if seq := header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
+			t.Fatalf("event %d: key %q, %s %q; want %q, %d", i, msg.Key, OutboxSeqHeader, seq, want.Key, want.Seq)
+		}
+		var e event
+		if err := json.Unmarshal(msg.Value, &e); err != nil || e.Type != evs[i].Type {
+			t.Fatalf("event %d: %s (%v), want type %s", i, msg.Value, err, evs[i].Type)
+		}
+		if e.Type == "increment_held" && (len(e.Held) != 0 || len(msg.Value) > maxEventBytes || !strings.Contains(e.Error, "5000 records")) {
+			t.Fatalf("oversized event published as %d bytes: held %d, error %q", len(msg.Value), len(e.Held), e.Error)
+		}
+	}
+	if n := strings.Count(logs.String(), "publishing outbox events failed"); n != 1 {
+		t.Fatalf("%d WARN lines for one outage, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "events topic accepts events again") {
+		t.Fatalf("no recovery line:\n%s", logs.String())
+	}
+}

@@ -1,0 +1,164 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+const fsizeChildEnv = "CFGUARD_DAEMON_FSIZE_CHILD"
+
+// TestCheckpointFailureChild is the child process of TestCheckpointFailureHoldsTheIncrement. A
+// full disk is made real with RLIMIT_FSIZE (the kernel refuses writes past the limit with EFBIG;
+// SIGXFSZ is ignored), which works as non-root in CI; mounting a small tmpfs needs root. The
+// limit applies to the whole process, so the broker here keeps its log in memory (an external
+// broker for the daemon) and only the daemon's files are on disk.
+func TestCheckpointFailureChild(t *testing.T) {
+	if os.Getenv(fsizeChildEnv) != "1" {
+		t.Skip("child process of TestCheckpointFailureHoldsTheIncrement")
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	var orig syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	data := bundled(t)
+	sent := 0
+	produce := func(n int) { // n good records (whole increments of 32)
+		var vals [][]byte
+		for i := 0; i < n; i++ {
+			vals = append(vals, record(fmt.Sprintf("r%d", sent), data.X[sent%len(data.X)], data.Y[sent%len(data.Y)]))
+			sent++
+		}
+		r.produce(t, vals...)
+	}
+	applied := func() int64 {
+		st, err := r.d.ledger.State()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Applied
+	}
+	v0 := r.d.current().Version
+	produce(64)
+	waitFor(t, 30*time.Second, "64 applied records", func() bool { return applied() == 64 })
+
+	// The disk refuses writes: the kernel fails every write past a quarter of the ledger's size
+	// with EFBIG (RLIMIT_FSIZE applies to the offset written, not only to growth). A limit at the
+	// file's size is not enough: bbolt reuses free pages, and a steady stream of checkpoints
+	// needs no new ones (tried: 1824 records applied under it).
+	path := filepath.Join(r.d.cfg.StateDir, ledger.FileName)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := syscall.Rlimit{Cur: uint64(fi.Size()/4) &^ 4095, Max: orig.Max}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RLIMIT_FSIZE = %d bytes (the ledger has %d)", lim.Cur, fi.Size())
+	// Increments until one cannot be checkpointed (a commit that reuses free pages can still
+	// succeed while the file cannot grow).
+	deadline := time.Now().Add(60 * time.Second)
+	for r.metric(t, "cfguard_checkpoint_failures_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint failed within 60 s of limiting the ledger to %d bytes (%d records sent, %d applied)", lim.Cur, sent, applied())
+		}
+		if int64(sent) == applied() {
+			produce(32)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Degraded: not ready (naming the ledger and the kernel's error), failing gauge set, nothing
+	// more applied while it lasts, and the retries (1 s, 2 s, ...) counted.
+	code, body := r.get(t, "/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), path) || !strings.Contains(string(body), syscall.EFBIG.Error()) {
+		t.Fatalf("readyz while checkpoints fail: %d %s (want 503 naming %s and %q)", code, body, path, syscall.EFBIG.Error())
+	}
+	if r.metric(t, "cfguard_checkpoint_failing") != 1 {
+		t.Fatal("cfguard_checkpoint_failing is not 1 while checkpoints fail")
+	}
+	held := applied()
+	produce(64) // more records arrive meanwhile: they wait in the topic
+	waitFor(t, 10*time.Second, "a retried checkpoint to fail again", func() bool { return r.metric(t, "cfguard_checkpoint_failures_total") >= 3 })
+	if got := applied(); got != held {
+		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
+	}
+	if n := strings.Count(r.logs.String(), "checkpoint could not be written"); n != 1 {
+		t.Fatalf("%d ERROR lines for one episode of failed checkpoints, want 1:\n%s", n, r.logs.String())
+	}
+	t.Logf("%v checkpoint attempts failed; readyz: %s", r.metric(t, "cfguard_checkpoint_failures_total"), strings.TrimSpace(string(body)))
+
+	// Space again: the held increment is retried (within 30 s), then the rest; ready again.
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
+	waitFor(t, 10*time.Second, "readyz again", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	st, err := r.d.ledger.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	incs := uint64(sent / 32)
+	if st.Applied != int64(sent) || st.Offsets[0] != int64(sent) || st.PosteriorVersion != v0+incs || r.d.current().Version != v0+incs {
+		t.Fatalf("after recovery: applied %d, offset %d, posterior version %d (daemon %d); want %d records in %d increments from version %d",
+			st.Applied, st.Offsets[0], st.PosteriorVersion, r.d.current().Version, sent, incs, v0)
+	}
+	if got := r.metric(t, "cfguard_records_total", "result", "applied"); got != float64(sent) {
+		t.Fatalf("cfguard_records_total{result=applied} = %v, want %d", got, sent)
+	}
+	if r.metric(t, "cfguard_checkpoint_failing") != 0 {
+		t.Fatal("cfguard_checkpoint_failing still 1 after recovery")
+	}
+	r.stop(t)
+	if _, err := ledger.Verify(path); err != nil {
+		t.Fatalf("the ledger after failed checkpoints: %v", err)
+	}
+	t.Logf("recovered: %d records in %d increments applied once each", sent, incs)
+}
+
+// TestCheckpointFailureHoldsTheIncrement: a checkpoint that cannot be written (a real EFBIG from
+// the kernel, see TestCheckpointFailureChild) holds the increment: posterior and offsets stay,
+// nothing more is consumed, /readyz is false naming the ledger and the error,
+// cfguard_checkpoint_failures_total counts the attempts, one ERROR line is logged; once writing
+// works the same increment is applied, then the rest: every record applied exactly once.
+func TestCheckpointFailureHoldsTheIncrement(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a child process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCheckpointFailureChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), fsizeChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if line := sc.Text(); strings.Contains(line, "writefail_test.go") || strings.Contains(line, "FAIL") {
+			t.Log(line)
+		}
+	}
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestCheckpointFailureChild") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
