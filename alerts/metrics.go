@@ -19,22 +19,6 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// UpdateOutcome is what became of one posterior update; the label set of cfguard_updates_total.
-type UpdateOutcome string
-
-// Update outcomes.
-const (
-	UpdatePromoted UpdateOutcome = "promoted" // became the current posterior as computed
-	UpdateClipped  UpdateOutcome = "clipped"  // step scaled down to the budget, then promoted
-	UpdateRejected UpdateOutcome = "rejected" // refused (KL over budget); posterior kept
-	UpdateFailed   UpdateOutcome = "failed"   // the update itself failed (non-finite, bad data); posterior kept
-)
-
-// UpdateOutcomes lists every outcome (the label values created up front).
-func UpdateOutcomes() []UpdateOutcome {
-	return []UpdateOutcome{UpdatePromoted, UpdateClipped, UpdateRejected, UpdateFailed}
-}
-
 // RecordResult is what became of one consumed record; the label set of cfguard_records_total.
 type RecordResult string
 
@@ -74,7 +58,7 @@ const (
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
-// UpdateOutcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
+// certify.Outcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
 // Methods are safe for concurrent use.
 type Metrics struct {
 	stepKL, maxAnchorKL, klBudget, klOverBudget prometheus.Gauge
@@ -126,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, s := range certify.Statuses() {
 		m.counterfactuals.WithLabelValues(s.String())
 	}
-	for _, o := range UpdateOutcomes() {
+	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
 	}
 	for _, r := range RecordResults() {
@@ -145,8 +129,8 @@ func (m *Metrics) SetKLBudget(budget float64) {
 	m.updateOverBudget()
 }
 
-// SetStepKL records the last update's KL(q_new || q_prev), also for rejected updates.
-func (m *Metrics) SetStepKL(kl float64) {
+// SetUpdateKL records the last update's KL(q_new || q_prev), also for rejected updates.
+func (m *Metrics) SetUpdateKL(kl float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.step = kl
@@ -188,16 +172,14 @@ func (m *Metrics) ObserveRecertification(counts map[certify.Status]int, minBound
 	m.recertDuration.Observe(took.Seconds())
 }
 
-// IncUpdate counts one update outcome. An outcome outside UpdateOutcomes is refused and creates
+// IncUpdate counts one update outcome. An outcome outside certify.Outcomes is refused and creates
 // no series.
-func (m *Metrics) IncUpdate(o UpdateOutcome) error {
-	for _, known := range UpdateOutcomes() {
-		if o == known {
-			m.updates.WithLabelValues(string(o)).Inc()
-			return nil
-		}
+func (m *Metrics) IncUpdate(o certify.Outcome) error {
+	if !o.Valid() {
+		return fmt.Errorf("alerts: unknown update outcome %q", o)
 	}
-	return fmt.Errorf("alerts: unknown update outcome %q", o)
+	m.updates.WithLabelValues(string(o)).Inc()
+	return nil
 }
 
 // AddRecords counts n records with result r; applied records (n > 0) also set

@@ -56,7 +56,7 @@ func TestLabelValuesPrecreated(t *testing.T) {
 			t.Errorf("counterfactuals{status=%q} = %v", s, v)
 		}
 	}
-	if n := testutil.CollectAndCount(m.updates); n != len(UpdateOutcomes()) {
+	if n := testutil.CollectAndCount(m.updates); n != len(certify.Outcomes()) {
 		t.Errorf("%s has %d series", NameUpdates, n)
 	}
 	if n := testutil.CollectAndCount(m.records); n != len(RecordResults()) {
@@ -87,7 +87,7 @@ func TestMetricsBehaviour(t *testing.T) {
 		{0.001, 0.05, 0}, {0.001, budget, 0}, {0.001, 0.11, 1}, {0.2, 0.01, 1}, {0.01, 0.01, 0},
 	}
 	for _, s := range steps {
-		m.SetStepKL(s.step)
+		m.SetUpdateKL(s.step)
 		m.SetMaxAnchorKL(s.anchor)
 		if got := testutil.ToFloat64(m.klOverBudget); got != s.over {
 			t.Errorf("step %v anchor %v budget %v: over_budget = %v, want %v", s.step, s.anchor, budget, got, s.over)
@@ -107,13 +107,13 @@ func TestMetricsBehaviour(t *testing.T) {
 		t.Errorf("max anchor KL = %v", v)
 	}
 	at0 := time.Unix(1600000000, 0)
-	if err := m.IncUpdate(UpdatePromoted); err != nil {
+	if err := m.IncUpdate(certify.OutcomePromoted); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.IncUpdate("exploded"); err == nil {
 		t.Error("unknown outcome accepted")
 	}
-	if n := testutil.CollectAndCount(m.updates); n != len(UpdateOutcomes()) {
+	if n := testutil.CollectAndCount(m.updates); n != len(certify.Outcomes()) {
 		t.Errorf("unknown outcome created a series: %d series", n)
 	}
 	for _, r := range []RecordResult{RecordFailed, RecordHeld, RecordSkipped} {

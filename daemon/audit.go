@@ -9,7 +9,6 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -112,9 +111,9 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 
 // auditOnce runs ledger.Audit without the daemon's lock: the ledger reads, samples and writes
 // in batches (ledger.Options.MCBatch), each written in one short transaction with its status
-// changes in the outbox, so increments keep being applied meanwhile. The networks are one
-// bnn.Pool drawn for the audit (seed = version ^ 0xa0d17, as before), evaluated on one core
-// (backgroundPredictor). audit_completed goes to the outbox in its own checkpoint (posterior
+// changes in the outbox, so increments keep being applied meanwhile. The networks are the
+// version's shared pool (pools: certify.samples draws in certify.precision), evaluated on one
+// core (backgroundPredictor). audit_completed goes to the outbox in its own checkpoint (posterior
 // and offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	start := time.Now()
@@ -131,7 +130,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 		if attempt == 1 {
 			d.log.Info("audit started", "posterior_version", m.Version)
 		}
-		pool, perr := bnn.NewPool(m, max(2, d.cfg.Certify.Samples), m.Version^0xa0d17, bnn.Float64)
+		pool, perr := d.pools.get(m)
 		if perr != nil {
 			return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, perr)
 		}

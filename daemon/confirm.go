@@ -35,7 +35,7 @@ const confirmPoll = 30 * time.Second
 type confirmer struct {
 	l        *ledger.Ledger
 	current  func() *bnn.Model
-	samples  int
+	pools    *pools // the version's shared draws (certify.samples in certify.precision)
 	batch    int
 	metrics  *alerts.Metrics
 	changed  func() // after a batch changed statuses: refresh gauges, wake the outbox
@@ -49,11 +49,8 @@ type confirmer struct {
 
 const confirmBatch = backgroundBatch
 
-func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, samples int, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
-	if samples < 2 {
-		samples = certify.DefaultSamples
-	}
-	return &confirmer{l: l, current: current, samples: samples, batch: confirmBatch, metrics: m, changed: changed, log: log,
+func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
+	return &confirmer{l: l, current: current, pools: pools, batch: confirmBatch, metrics: m, changed: changed, log: log,
 		wake: make(chan struct{}, 1)}
 }
 
@@ -97,9 +94,9 @@ func (c *confirmer) round(ctx context.Context) error {
 	for ctx.Err() == nil {
 		m := c.current()
 		if c.pool == nil || c.pool.Version() != m.Version {
-			p, err := bnn.NewPool(m, c.samples, m.Version, bnn.Float64)
+			p, err := c.pools.get(m)
 			if err != nil {
-				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.samples, m.Version, err)
+				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, m.Version, err)
 			}
 			c.pool = p
 			// Every verdict is stale under a new posterior: each CE whose bound fails waits.

@@ -169,7 +169,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	td.add("event publisher", d.pub.Close)
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, d.own.events, log.With("component", "outbox"))
-	d.confirm = newConfirmer(d.ledger, d.current, cfg.Certify.Samples, d.metrics, func() {
+	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, func() {
 		d.outbox.notify()
 		if err := d.refreshGauges(); err != nil {
 			log.Error("refreshing gauges after confirmations", "err", err)

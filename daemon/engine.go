@@ -12,14 +12,6 @@ import (
 	"github.com/cfguard/cfguard/update"
 )
 
-// Update outcomes (metric label values and KL-history entries).
-const (
-	outcomePromoted = "promoted" // applied as computed
-	outcomeClipped  = "clipped"  // applied after scaling the step down to the budget
-	outcomeRejected = "rejected" // KL over budget with on_breach: reject; posterior kept
-	outcomeFailed   = "failed"   // the update itself failed (non-finite, bad data); posterior kept
-)
-
 // ingest consumes increments until ctx ends. For each: update, judge, checkpoint (with its
 // events, in the ledger's outbox), then tell the consumer the increment is durable (it commits
 // the offsets to the group in the background, for Kafka tooling). The checkpoint's offsets are
@@ -114,12 +106,12 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		// the stream does not wedge on them; the failure is counted, logged and put in the outbox.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
 		cp.Counters["failed"] = int64(len(inc.Records))
-		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.Outcome(outcomeFailed)}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
 		cp.Events = outboxEntries([]event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
 		if err := d.checkpoint(ctx, cp); err != nil {
 			return err
 		}
-		d.metrics.IncUpdate(alerts.UpdateFailed)
+		d.metrics.IncUpdate(certify.OutcomeFailed)
 		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
 		return nil
 	}
@@ -127,41 +119,41 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	if err != nil {
 		return err
 	}
-	outcome, over := outcomePromoted, kl > d.budget
-	d.metrics.SetStepKL(kl)
+	outcome, over := certify.OutcomePromoted, kl > d.budget
+	d.metrics.SetUpdateKL(kl)
 	var events []event
 	if over {
 		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version, KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		switch d.cfg.Certify.OnBreach {
 		case certify.Reject:
-			outcome = outcomeRejected
+			outcome = certify.OutcomeRejected
 		case certify.Clip:
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
 			if err != nil {
 				return fmt.Errorf("clip: %w", err)
 			}
-			next, outcome = clipped, outcomeClipped
+			next, outcome = clipped, certify.OutcomeClipped
 			if kl, _, err = certify.KL(next, prev); err != nil {
 				return err
 			}
 			d.log.Warn("update KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
 		}
 	}
-	if outcome == outcomeRejected {
+	if outcome == certify.OutcomeRejected {
 		d.log.Warn("update KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
 		cp.Counters["held"] = int64(len(inc.Records))
-		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.Outcome(outcomeRejected)}
+		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.OutcomeRejected}
 		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
 		cp.Events = outboxEntries(events)
 		if err := d.checkpoint(ctx, cp); err != nil {
 			return err
 		}
-		d.metrics.IncUpdate(alerts.UpdateRejected)
+		d.metrics.IncUpdate(certify.OutcomeRejected)
 		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
 		return nil
 	}
 	cp.Model, cp.Applied = next, int64(len(inc.Records))
-	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: certify.Outcome(outcome)}
+	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: outcome}
 	cp.Events = outboxEntries(events)
 	var (
 		rep     ledger.Report
@@ -183,7 +175,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	d.outbox.notify()
 	d.confirm.notify()
 	d.export.changed()
-	d.metrics.IncUpdate(alerts.UpdateOutcome(outcome))
+	d.metrics.IncUpdate(outcome)
 	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
 	d.observeReport(rep)
 	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
