@@ -18,6 +18,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -148,7 +149,7 @@ func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
 		recs = append(recs, record("u"+strconv.Itoa(i), data.X[i], data.Y[i]))
 	}
 	r.produce(t, recs...)
-	waitFor(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > cur.Version })
+	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > cur.Version })
 	r3, b3 := fetch("/v1/model/posterior", etag)
 	if r3.StatusCode != 200 || bytes.Equal(b3, weights) || r3.Header.Get(headerPosteriorVersion) == strconv.FormatUint(cur.Version, 10) {
 		t.Fatalf("after an update: %d, same bytes %v, version %s", r3.StatusCode, bytes.Equal(b3, weights), r3.Header.Get(headerPosteriorVersion))

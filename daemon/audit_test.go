@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestIngestContinuesDuringAnAudit: an audit no longer holds the daemon's lock, so increments
@@ -27,13 +28,13 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 		rep, err := r.d.runAudit(context.Background(), "test")
 		done <- result{rep.Evaluated, err}
 	}()
-	waitFor(t, 10*time.Second, "the audit to start", func() bool { return r.d.auditStatus().Running })
+	waitfor.Cond(t, 10*time.Second, "the audit to start", func() bool { return r.d.auditStatus().Running })
 	var vals [][]byte
 	for i := 0; i < 64; i++ {
 		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
 	r.produce(t, vals...)
-	waitFor(t, 60*time.Second, "64 records applied", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitfor.Cond(t, 60*time.Second, "64 records applied", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	if !r.d.auditStatus().Running {
 		t.Fatal("the audit had finished before two increments were applied: ingestion waited for it, or it was too short to show anything")
 	}

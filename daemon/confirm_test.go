@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -97,14 +98,14 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	}
 	applied := func() float64 { return r.metric(t, "cfguard_records_total", "result", "applied") }
 	r.produce(t, drift...)
-	waitFor(t, 60*time.Second, "the drift applied", func() bool { return applied() == 96 })
+	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return applied() == 96 })
 	failing := r.metric(t, "cfguard_counterfactuals", "status", "at_risk") + r.metric(t, "cfguard_counterfactuals", "status", "invalidated")
 	if failing != float64(n) {
 		t.Fatalf("%v CEs fail their bound after the drift (anchor KL %v, budget %v), want all %d", failing, r.metric(t, "cfguard_posterior_kl_max_anchor"), r.d.budget, n)
 	}
 	driftAt := time.Now()
 	r.produce(t, clean...)
-	waitFor(t, 60*time.Second, "the next increments applied", func() bool { return applied() == 192 })
+	waitfor.Cond(t, 60*time.Second, "the next increments applied", func() bool { return applied() == 192 })
 	ingestTook := time.Since(driftAt)
 	unconfirmed := r.metric(t, "cfguard_ces_unconfirmed")
 	if unconfirmed == 0 {
@@ -113,7 +114,7 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	t.Logf("3 increments applied %v after the drift while %v CEs still waited for a verdict", ingestTook.Round(time.Millisecond), unconfirmed)
 	// About 1 µs per CE and draw on one core (measured: 10^5 CEs x 1000 draws in 84 s).
 	limit := max(2*time.Minute, time.Duration(n)*time.Duration(r.d.cfg.Certify.Samples)*3*time.Microsecond)
-	waitFor(t, limit, "every failing CE confirmed", func() bool { return r.metric(t, "cfguard_ces_unconfirmed") == 0 })
+	waitfor.Cond(t, limit, "every failing CE confirmed", func() bool { return r.metric(t, "cfguard_ces_unconfirmed") == 0 })
 	t.Logf("confirmed %d CEs %v after the drift", n, time.Since(driftAt).Round(time.Millisecond))
 	v := r.d.current().Version
 	for after := ""; ; {

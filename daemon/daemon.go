@@ -90,14 +90,62 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 }
 
 // Run starts the daemon and blocks until ctx is cancelled or a component fails. Resources are
-// released in reverse order of acquisition, each right after it was acquired.
+// released in reverse order of acquisition (teardown), each registered right after it was
+// acquired.
 func Run(ctx context.Context, opts Options) (err error) {
+	d, err := newDaemon(opts)
+	if err != nil {
+		return err
+	}
+	// life outlives the components: the broker and the publisher stop in teardown, after every
+	// component has returned, so the consumer never reads from a broker that is going away.
+	life, stopLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLife()
+	td := teardown{log: d.log}
+	defer func() {
+		if terr := td.run(); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	}()
+	if err := d.openState(ctx, &td); err != nil {
+		return err
+	}
+	if err := d.connectKafka(life, &td); err != nil {
+		return err
+	}
+	srv, ln, err := d.listen()
+	if err != nil {
+		return err
+	}
+	if err := d.refreshGauges(); err != nil {
+		return err
+	}
+
+	// The components. The first to fail cancels the others; Run returns its error.
+	g := newGroup(ctx)
+	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
+	g.Go("ingest", d.ingest)
+	g.Go("outbox", d.outbox.run)
+	g.Go("confirm", d.confirm.run)
+	g.Go("audit", d.auditSchedule)
+	g.Go("explain", d.exp.run)
+	g.Go("export", d.export.run)
+	if opts.Ready != nil {
+		opts.Ready <- d
+	}
+	// Shutdown: the HTTP server drains for http.shutdown_timeout; an increment in flight is
+	// abandoned (not checkpointed, not committed: the restart redoes it) or finished.
+	return g.Wait(d.cfg.HTTP.ShutdownTimeout + 5*time.Second)
+}
+
+// newDaemon validates the configuration and builds what needs no I/O.
+func newDaemon(opts Options) (*Daemon, error) {
 	cfg := opts.Config
 	if cfg == nil {
-		return errors.New("daemon: no configuration")
+		return nil, errors.New("daemon: no configuration")
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	log := opts.Logger
 	if log == nil {
@@ -114,32 +162,31 @@ func Run(ctx context.Context, opts Options) (err error) {
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))
+	return d, nil
+}
 
-	// life outlives the components: the broker and the publisher stop in teardown, after every
-	// component has returned, so the consumer never reads from a broker that is going away.
-	life, stopLife := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLife()
-	td := teardown{log: log}
-	defer func() {
-		if terr := td.run(); terr != nil {
-			err = errors.Join(err, terr)
-		}
-	}()
-
-	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+// openState opens the ledger (refusing a damaged or locked one), sets the current posterior
+// (bootstrapModel) and prepares its export.
+func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
+	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	d.ledger, err = ledger.Open(cfg.StateDir, ledger.Options{Policy: d.policy, Logger: log, EncodeChange: encodeChange, MCBatch: backgroundBatch})
+	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch})
 	if err != nil {
 		return err
 	}
 	td.add("ledger", d.ledger.Close)
-
 	if err := d.bootstrapModel(ctx); err != nil {
 		return err
 	}
-	d.export = newExporter(cfg.ExportDir(), &d.files, d.current, log.With("component", "export"), d.own)
+	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.own)
+	return nil
+}
 
+// connectKafka starts the embedded broker when no kafka.brokers are configured, and the event
+// publisher, the outbox and the confirmer that depend on it.
+func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
+	cfg, log := d.cfg, d.log
 	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
 	if err != nil {
 		return err
@@ -175,53 +222,41 @@ func Run(ctx context.Context, opts Options) (err error) {
 			log.Error("refreshing gauges after confirmations", "err", err)
 		}
 	}, log.With("component", "confirm"))
+	return nil
+}
 
+// listen binds http.listen and builds the API's server.
+func (d *Daemon) listen() (*http.Server, net.Listener, error) {
+	cfg := d.cfg
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
-		return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+		return nil, nil, fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
 	}
 	d.httpAddr = ln.Addr()
 	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
 		mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
-		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})}
-	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}
+		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})}
+	return &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}, ln, nil
+}
 
-	if err := d.refreshGauges(); err != nil {
+// serve runs the API until ctx ends, then drains it for http.shutdown_timeout.
+func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	stopped := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, c := context.WithTimeout(context.Background(), d.cfg.HTTP.ShutdownTimeout)
+		defer c()
+		stopped <- srv.Shutdown(sctx)
+	}()
+	d.log.Info("HTTP API listening", "addr", d.httpAddr.String())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-
-	// The components. The first to fail cancels the others; Run returns its error.
-	g := newGroup(ctx)
-	g.Go("http", func(ctx context.Context) error {
-		stopped := make(chan error, 1)
-		go func() {
-			<-ctx.Done()
-			sctx, c := context.WithTimeout(context.Background(), cfg.HTTP.ShutdownTimeout)
-			defer c()
-			stopped <- srv.Shutdown(sctx)
-		}()
-		log.Info("HTTP API listening", "addr", d.httpAddr.String())
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		if err := <-stopped; err != nil {
-			return fmt.Errorf("draining within http.shutdown_timeout %v: %w", cfg.HTTP.ShutdownTimeout, err)
-		}
-		return nil
-	})
-	g.Go("ingest", d.ingest)
-	g.Go("outbox", d.outbox.run)
-	g.Go("confirm", d.confirm.run)
-	g.Go("audit", d.auditSchedule)
-	g.Go("explain", d.exp.run)
-	g.Go("export", d.export.run)
-	if opts.Ready != nil {
-		opts.Ready <- d
+	if err := <-stopped; err != nil {
+		return fmt.Errorf("draining within http.shutdown_timeout %v: %w", d.cfg.HTTP.ShutdownTimeout, err)
 	}
-	// Shutdown: the HTTP server drains for http.shutdown_timeout; an increment in flight is
-	// abandoned (not checkpointed, not committed: the restart redoes it) or finished.
-	return g.Wait(cfg.HTTP.ShutdownTimeout + 5*time.Second)
+	return nil
 }
 
 // readiness is /readyz: the daemon has started, its checkpoints are being written (not in the

@@ -22,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -102,7 +103,7 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 		t.Fatal("daemon did not start")
 	}
 	r.base = "http://" + r.d.HTTPAddr()
-	waitFor(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
 
@@ -118,17 +119,6 @@ func (r *running) stop(t *testing.T) {
 		r.done <- nil // for the cleanup
 	case <-time.After(30 * time.Second):
 		t.Fatal("daemon did not stop within 30 s")
-	}
-}
-
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -275,8 +265,8 @@ func TestEndToEndCleanStream(t *testing.T) {
 	version0 := r.d.current().Version
 	snapshot := r.d.current().Clone()
 	r.produce(t, vals...)
-	waitFor(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
-	waitFor(t, 10*time.Second, "4 dead letters", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 4 })
+	waitfor.Cond(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	waitfor.Cond(t, 10*time.Second, "4 dead letters", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 4 })
 	if v := r.d.current().Version; v != version0+3 {
 		t.Fatalf("posterior version %d, want %d (three increments of 32)", v, version0+3)
 	}
@@ -324,7 +314,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 		}
 	}
 	r.produce(t, vals...)
-	waitFor(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	waitfor.Cond(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
 	if r.metric(t, "cfguard_kl_over_budget") != 1 || r.metric(t, "cfguard_posterior_kl_max_anchor") <= r.d.budget {
 		t.Fatalf("drift at lr 1e-3 should put KL over budget: step %v, anchor %v", r.metric(t, "cfguard_posterior_kl"), r.metric(t, "cfguard_posterior_kl_max_anchor"))
 	}
@@ -391,7 +381,7 @@ func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
 		}
 	}
 	r.produce(t, vals...)
-	waitFor(t, 60*time.Second, "320 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 320 })
+	waitfor.Cond(t, 60*time.Second, "320 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 320 })
 	hist, err := r.d.ledger.KLHistory(100)
 	if err != nil {
 		t.Fatal(err)

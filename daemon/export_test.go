@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // exportMatches reports whether dir holds exactly the files of the daemon's current posterior.
@@ -35,7 +36,7 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 	state, export := t.TempDir(), filepath.Join(t.TempDir(), "shared")
 	mutate := func(c *config.Config) { c.StateDir, c.Model.ExportDir = state, export }
 	r := startDaemon(t, mutate)
-	waitFor(t, 10*time.Second, "the first export", func() bool { return exportMatches(t, r, export) })
+	waitfor.Cond(t, 10*time.Second, "the first export", func() bool { return exportMatches(t, r, export) })
 	v0 := r.d.current().Version
 	data := bundled(t)
 	var recs [][]byte
@@ -43,8 +44,8 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 		recs = append(recs, record("e"+strconv.Itoa(i), data.X[i], data.Y[i]))
 	}
 	r.produce(t, recs...)
-	waitFor(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > v0 })
-	waitFor(t, 10*time.Second, "the export of the update", func() bool { return exportMatches(t, r, export) })
+	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > v0 })
+	waitfor.Cond(t, 10*time.Second, "the export of the update", func() bool { return exportMatches(t, r, export) })
 	if got := r.metric(t, "cfguard_export_posterior_version"); got != float64(r.d.current().Version) {
 		t.Fatalf("cfguard_export_posterior_version %v, want %d", got, r.d.current().Version)
 	}
@@ -63,7 +64,7 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			damage()
 			r := startDaemon(t, mutate)
-			waitFor(t, 10*time.Second, "the repaired export", func() bool { return exportMatches(t, r, export) })
+			waitfor.Cond(t, 10*time.Second, "the repaired export", func() bool { return exportMatches(t, r, export) })
 			if !strings.Contains(r.logs.String(), "rewriting it from the ledger") {
 				t.Fatalf("the repair was not logged:\n%s", r.logs.String())
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestFailedUpdateKeepsThePosterior serves a model whose last-layer means are so large that
@@ -35,7 +36,7 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
 	r.produce(t, vals...)
-	waitFor(t, 30*time.Second, "32 failed records", func() bool { return r.metric(t, "cfguard_records_total", "result", "failed") == 32 })
+	waitfor.Cond(t, 30*time.Second, "32 failed records", func() bool { return r.metric(t, "cfguard_records_total", "result", "failed") == 32 })
 	if r.metric(t, "cfguard_updates_total", "outcome", "failed") != 1 || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
 		t.Fatal("the failure was not counted as one failed update")
 	}

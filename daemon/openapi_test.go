@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -629,7 +630,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		}
 	}
 	r.produce(t, recs...)
-	waitFor(t, 30*time.Second, "two updates", func() bool { return r.d.current().Version >= 2 })
+	waitfor.Cond(t, 30*time.Second, "two updates", func() bool { return r.d.current().Version >= 2 })
 	c.send("GET", "/v1/model", token, nil, "", 200)
 	c.send("GET", "/v1/counterfactuals/ce-0", token, nil, "", 200)
 

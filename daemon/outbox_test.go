@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -84,7 +85,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 			t.Errorf("publisher: %v", err)
 		}
 	}()
-	waitFor(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameOutboxPublishErrors) >= 1 })
+	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameOutboxPublishErrors) >= 1 })
 	if got := r.metric(t, alerts.NameOutboxPending); got != float64(len(evs)) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameOutboxPending, got, len(evs))
 	}
@@ -95,8 +96,8 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	}
 	defer b.Close()
 	p.notify()
-	waitFor(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
-	waitFor(t, 5*time.Second, "cfguard_outbox_pending 0", func() bool { return r.metric(t, alerts.NameOutboxPending) == 0 })
+	waitfor.Cond(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
+	waitfor.Cond(t, 5*time.Second, "cfguard_outbox_pending 0", func() bool { return r.metric(t, alerts.NameOutboxPending) == 0 })
 
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
 	defer rd.Close()

@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -36,7 +37,7 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	registerCEs(t, r, data, 3)
 	before := r.d.current()
 	r.produce(t, flipped(data, 64)...)
-	waitFor(t, 30*time.Second, "64 held records", func() bool { return r.metric(t, "cfguard_records_total", "result", "held") == 64 })
+	waitfor.Cond(t, 30*time.Second, "64 held records", func() bool { return r.metric(t, "cfguard_records_total", "result", "held") == 64 })
 	if r.d.current() != before || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
 		t.Fatal("a rejected update changed the posterior")
 	}
@@ -56,7 +57,7 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3; c.Certify.OnBreach = "clip" })
 	data := bundled(t)
 	r.produce(t, flipped(data, 64)...)
-	waitFor(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	if r.metric(t, "cfguard_updates_total", "outcome", "clipped") == 0 {
 		t.Fatal("no update was clipped at lr 1e-3")
 	}
@@ -95,8 +96,8 @@ func TestKcatProducer(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kcat: %v: %s", err, out)
 	}
-	waitFor(t, 30*time.Second, "64 applied records from kcat", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	waitFor(t, 10*time.Second, "one dead letter", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1 })
+	waitfor.Cond(t, 30*time.Second, "64 applied records from kcat", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitfor.Cond(t, 10*time.Second, "one dead letter", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1 })
 	// Read the dead letter back with kcat too, with its reason header.
 	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", r.d.BrokerAddrs()[0], "-t", r.d.cfg.Kafka.DeadLetterTopic, "-e", "-f", "%h|%s\n").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "cfguard-reason=bad_json") || !strings.Contains(string(out), `{"id":"broken"`) {
@@ -136,7 +137,7 @@ func TestReadyzFailsWhenBrokerGone(t *testing.T) {
 	}
 	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
 	b.Close()
-	waitFor(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
+	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
 }
 
 func TestExplainStoresACertifiedCounterfactual(t *testing.T) {

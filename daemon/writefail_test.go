@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -62,7 +63,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	}
 	v0 := r.d.current().Version
 	produce(64)
-	waitFor(t, 30*time.Second, "64 applied records", func() bool { return applied() == 64 })
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return applied() == 64 })
 
 	// The disk refuses writes: the kernel fails every write past a quarter of the ledger's size
 	// with EFBIG (RLIMIT_FSIZE applies to the offset written, not only to growth). A limit at the
@@ -101,7 +102,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	}
 	held := applied()
 	produce(64) // more records arrive meanwhile: they wait in the topic
-	waitFor(t, 10*time.Second, "a retried checkpoint to fail again", func() bool { return r.metric(t, "cfguard_checkpoint_failures_total") >= 3 })
+	waitfor.Cond(t, 10*time.Second, "a retried checkpoint to fail again", func() bool { return r.metric(t, "cfguard_checkpoint_failures_total") >= 3 })
 	if got := applied(); got != held {
 		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
 	}
@@ -114,8 +115,8 @@ func TestCheckpointFailureChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
-	waitFor(t, 10*time.Second, "readyz again", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
+	waitfor.Cond(t, 10*time.Second, "readyz again", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 	st, err := r.d.ledger.State()
 	if err != nil {
 		t.Fatal(err)
