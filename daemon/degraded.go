@@ -53,10 +53,10 @@ func (w *writeFailure) clear(now time.Time) (time.Duration, int) {
 }
 
 // state returns the last error of the running episode (nil when checkpoints succeed).
-func (w *writeFailure) state() (error, time.Time) {
+func (w *writeFailure) state() (time.Time, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.err, w.since
+	return w.since, w.err
 }
 
 // durably runs write (one ledger write of the increment in hand) until it succeeds, ctx ends, or
@@ -100,7 +100,7 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).
 func (d *Daemon) checkpointHealth() error {
-	err, since := d.writeFail.state()
+	since, err := d.writeFail.state()
 	if err == nil {
 		return nil
 	}

@@ -50,14 +50,6 @@ type heldRecord struct {
 	Offset    int64     `json:"offset"`
 }
 
-func changeEvents(changes []ledger.StatusChange) []event {
-	out := make([]event, len(changes))
-	for i, ch := range changes {
-		out[i] = changeEvent(ch)
-	}
-	return out
-}
-
 func changeEvent(ch ledger.StatusChange) event {
 	b, vb := ch.Bound, ch.VarBound
 	return event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
