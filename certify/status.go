@@ -146,10 +146,12 @@ func (c Certificate) Validate() error {
 		return fmt.Errorf("certificate: var1 = %v, want within [0, 0.25]", c.Var1)
 	case c.Samples < 1:
 		return fmt.Errorf("certificate: samples = %d, want >= 1 (the Monte-Carlo draws p1 was measured with)", c.Samples)
-	case !(c.Delta > 0 && c.Delta < 0.5):
-		return fmt.Errorf("certificate: delta = %v, want within (0, 0.5)", c.Delta)
-	case !(c.Epsilon > 0 && c.Epsilon <= 0.25):
-		return fmt.Errorf("certificate: epsilon = %v, want within (0, 0.25]", c.Epsilon)
+	}
+	if err := CheckDelta(c.Delta); err != nil {
+		return fmt.Errorf("certificate: %w", err)
+	}
+	if err := CheckEpsilon(c.Epsilon); err != nil {
+		return fmt.Errorf("certificate: %w", err)
 	}
 	return nil
 }
@@ -288,4 +290,22 @@ func Observed(p2 float64, argmax, target int) Status {
 		return AtRisk
 	}
 	return Invalidated
+}
+
+// CheckDelta checks that delta lies in (0, 1/2), the range where a delta-safe CE has
+// p1 >= 1 - delta > 1/2 and so a positive KL budget; every layer that takes a delta uses it.
+func CheckDelta(delta float64) error {
+	if !(delta > 0 && delta < 0.5) {
+		return fmt.Errorf("delta = %v, want within (0, 0.5)", delta)
+	}
+	return nil
+}
+
+// CheckEpsilon checks that epsilon lies in (0, 1/4], 1/4 being the largest variance of a
+// [0, 1]-valued variable; every layer that takes an epsilon uses it.
+func CheckEpsilon(epsilon float64) error {
+	if !(epsilon > 0 && epsilon <= 0.25) {
+		return fmt.Errorf("epsilon = %v, want within (0, 0.25]", epsilon)
+	}
+	return nil
 }

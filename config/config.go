@@ -569,11 +569,11 @@ func (c *Config) Validate() error {
 	if c.Update.KLWeight < 0 {
 		bad("update.kl_weight", c.Update.KLWeight, "must be >= 0 (0: the objective's own weight)")
 	}
-	if !(c.Certify.Delta > 0 && c.Certify.Delta < 0.5) {
-		bad("certify.delta", c.Certify.Delta, "must be in (0, 0.5)")
+	if err := certify.CheckDelta(c.Certify.Delta); err != nil {
+		errs = append(errs, fmt.Errorf("certify.delta: %w", err))
 	}
-	if !(c.Certify.Epsilon > 0 && c.Certify.Epsilon <= 0.25) {
-		bad("certify.epsilon", c.Certify.Epsilon, "must be in (0, 0.25]")
+	if err := certify.CheckEpsilon(c.Certify.Epsilon); err != nil {
+		errs = append(errs, fmt.Errorf("certify.epsilon: %w", err))
 	}
 	if !(c.Certify.EpsilonMax >= c.Certify.Epsilon && c.Certify.EpsilonMax <= 0.25) {
 		bad("certify.epsilon_max", c.Certify.EpsilonMax, "must be in [certify.epsilon, 0.25]")

@@ -189,8 +189,8 @@ func (cfg IncrementsConfig) validate() error {
 		return fmt.Errorf("increments: %d class names for %d classes", len(cfg.Classes), cfg.Data.NumClasses)
 	case cfg.Samples < 2:
 		return fmt.Errorf("increments: samples %d, want >= 2", cfg.Samples)
-	case !(cfg.Delta > 0 && cfg.Delta < 0.5):
-		return fmt.Errorf("increments: delta %v, want in (0, 0.5)", cfg.Delta)
+	case certify.CheckDelta(cfg.Delta) != nil:
+		return fmt.Errorf("increments: %w", certify.CheckDelta(cfg.Delta))
 	case cfg.Updates < 1 || cfg.Updates > 100-StartPct:
 		return fmt.Errorf("increments: updates %d, want 1..%d", cfg.Updates, 100-StartPct)
 	case cfg.UpdateData != Cumulative && cfg.UpdateData != NewOnly:

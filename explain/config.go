@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 )
 
 // Method names a counterfactual generator.
@@ -151,10 +152,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("check_samples %d / final_samples %d, want >= 2", c.CheckSamples, c.FinalSamples)
 	case c.Precision != bnn.Float64 && c.Precision != bnn.Float32:
 		return fmt.Errorf("precision %v, want float64 or float32", c.Precision)
-	case !(c.Delta > 0 && c.Delta < 0.5):
-		return fmt.Errorf("delta %v, want in (0, 0.5)", c.Delta)
-	case !(c.Epsilon > 0 && c.Epsilon <= 0.25):
-		return fmt.Errorf("epsilon %v, want in (0, 0.25]", c.Epsilon)
+	case certify.CheckDelta(c.Delta) != nil:
+		return certify.CheckDelta(c.Delta)
+	case certify.CheckEpsilon(c.Epsilon) != nil:
+		return certify.CheckEpsilon(c.Epsilon)
 	case !(c.MoveSize > 0) || math.IsInf(c.MoveSize, 0):
 		return fmt.Errorf("move_size %v, want finite and > 0", c.MoveSize)
 	case c.MaxChanges < 1:

@@ -104,12 +104,12 @@ func TestGeneratorConfigErrors(t *testing.T) {
 		{"invalid model", NewGenerator(bad, v, Config{}), "weight_mu[0] = NaN"},
 		{"psce without vae", NewGenerator(m, nil, Config{}), "psce needs a VAE"},
 		{"vae for another scaler", NewGenerator(other, v, Config{}), "scaler differs at feature 0"},
-		{"delta", NewGenerator(m, v, Config{Delta: 0.7}), "delta 0.7"},
+		{"delta", NewGenerator(m, v, Config{Delta: 0.7}), "delta = 0.7"},
 		{"method", NewGenerator(m, v, Config{Method: "dice"}), `unknown counterfactual method "dice"`},
 		{"negative weight", NewGenerator(m, v, Config{Weights: &Weights{Class: -1}}), "weight class = -1"},
 		{"pool", NewGenerator(m, v, Config{Samples: 64, PoolSize: 10}), "pool_size 10"},
 		{"precision", NewGenerator(m, v, Config{Precision: 7}), "precision Precision(7)"},
-		{"epsilon", NewGenerator(m, v, Config{Epsilon: 0.3}), "epsilon 0.3"},
+		{"epsilon", NewGenerator(m, v, Config{Epsilon: 0.3}), "epsilon = 0.3"},
 		{"move size", NewGenerator(m, v, Config{MoveSize: -1}), "move_size -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
