@@ -18,11 +18,13 @@ import (
 // iterations:
 //
 //	mc     the audit's Monte-Carlo alone: the same ModelPredictor (same draws) over every x'
+//	pool   the audit as the daemon runs it: the networks drawn once (bnn.Pool, drawing included)
+//	       and shared by every batch, instead of redrawn for each chunk of inputs
 //	floor  the GEMM floor: the products of those forward passes, 2 (20*64 + 64*32 + 32*2) flops
 //	       per input and draw, at this build's dgemm peak (best of three n = 1024 products,
 //	       gonum by default, OpenBLAS with -tags openblas)
 //
-// and reports floor/audit (the goal: >= 0.5) and mc/audit (the share of the audit that
+// and reports floor/audit and floor/pool-audit (the goal: >= 0.5) and mc/audit (the share of the audit that
 // is sampling rather than reading and writing the ledger). The audit draws auditBenchSamples
 // networks per posterior, fewer than the daemon's 1000 to keep one iteration short: the ledger's
 // per-CE cost is the same at any S, so the ratios at S = 1000 are at least these.
@@ -32,7 +34,7 @@ import (
 func BenchmarkAudit(b *testing.B) {
 	f := auditBenchLedger(b)
 	flops := float64(auditBenchN) * auditBenchSamples * float64(2*(benchFeatures*64+64*32+32*2))
-	var ta, tm time.Duration
+	var ta, tm, tp time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		seed := uint64(i)
@@ -49,16 +51,26 @@ func BenchmarkAudit(b *testing.B) {
 		if err != nil || pred.N != auditBenchN {
 			b.Fatal(err, pred)
 		}
-		ta, tm = ta+t1.Sub(t0), tm+time.Since(t1)
+		t2 := time.Now()
+		pool, err := bnn.NewPool(f.m, auditBenchSamples, seed, bnn.Float64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep, _, err = f.l.Audit(bg, pool, AuditOptions{}); err != nil || rep.Evaluated != auditBenchN {
+			b.Fatal(err, rep.Evaluated)
+		}
+		ta, tm, tp = ta+t1.Sub(t0), tm+t2.Sub(t1), tp+time.Since(t2)
 	}
 	b.StopTimer()
 	peak := dgemmPeak() // after the predictor ran: OpenBLAS is then set to one thread by bnn
 	floor := flops / peak / 1e9
-	audit, mc := ta.Seconds()/float64(b.N), tm.Seconds()/float64(b.N)
+	audit, mc, pooled := ta.Seconds()/float64(b.N), tm.Seconds()/float64(b.N), tp.Seconds()/float64(b.N)
 	b.ReportMetric(audit, "audit-s")
 	b.ReportMetric(mc, "mc-s")
 	b.ReportMetric(floor, "floor-s")
 	b.ReportMetric(floor/audit, "floor/audit")
+	b.ReportMetric(pooled, "pool-audit-s")
+	b.ReportMetric(floor/pooled, "floor/pool-audit")
 	b.ReportMetric(mc/audit, "mc/audit")
 	b.ReportMetric(flops/audit/1e9, "GFLOP/s")
 	b.ReportMetric(peak, "peak-GFLOP/s")
