@@ -292,20 +292,32 @@ func Observed(p2 float64, argmax, target int) Status {
 	return Invalidated
 }
 
+// RangeError is a parameter outside its range.
+type RangeError struct {
+	Name  string  // delta or epsilon
+	Value float64 // what was given
+	Want  string  // the range, as an interval: "(0, 0.5)"
+}
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("%s = %v, want within %s", e.Name, e.Value, e.Want)
+}
+
 // CheckDelta checks that delta lies in (0, 1/2), the range where a delta-safe CE has
 // p1 >= 1 - delta > 1/2 and so a positive KL budget; every layer that takes a delta uses it.
+// The error is a *RangeError.
 func CheckDelta(delta float64) error {
 	if !(delta > 0 && delta < 0.5) {
-		return fmt.Errorf("delta = %v, want within (0, 0.5)", delta)
+		return &RangeError{Name: "delta", Value: delta, Want: "(0, 0.5)"}
 	}
 	return nil
 }
 
 // CheckEpsilon checks that epsilon lies in (0, 1/4], 1/4 being the largest variance of a
-// [0, 1]-valued variable; every layer that takes an epsilon uses it.
+// [0, 1]-valued variable; every layer that takes an epsilon uses it. The error is a *RangeError.
 func CheckEpsilon(epsilon float64) error {
 	if !(epsilon > 0 && epsilon <= 0.25) {
-		return fmt.Errorf("epsilon = %v, want within (0, 0.25]", epsilon)
+		return &RangeError{Name: "epsilon", Value: epsilon, Want: "(0, 0.25]"}
 	}
 	return nil
 }

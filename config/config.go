@@ -569,11 +569,12 @@ func (c *Config) Validate() error {
 	if c.Update.KLWeight < 0 {
 		bad("update.kl_weight", c.Update.KLWeight, "must be >= 0 (0: the objective's own weight)")
 	}
-	if err := certify.CheckDelta(c.Certify.Delta); err != nil {
-		errs = append(errs, fmt.Errorf("certify.delta: %w", err))
+	var rangeErr *certify.RangeError
+	if errors.As(certify.CheckDelta(c.Certify.Delta), &rangeErr) {
+		bad("certify.delta", c.Certify.Delta, "must be within "+rangeErr.Want)
 	}
-	if err := certify.CheckEpsilon(c.Certify.Epsilon); err != nil {
-		errs = append(errs, fmt.Errorf("certify.epsilon: %w", err))
+	if errors.As(certify.CheckEpsilon(c.Certify.Epsilon), &rangeErr) {
+		bad("certify.epsilon", c.Certify.Epsilon, "must be within "+rangeErr.Want)
 	}
 	if !(c.Certify.EpsilonMax >= c.Certify.Epsilon && c.Certify.EpsilonMax <= 0.25) {
 		bad("certify.epsilon_max", c.Certify.EpsilonMax, "must be in [certify.epsilon, 0.25]")
