@@ -19,7 +19,8 @@ import (
 //
 //	mc     the audit's Monte-Carlo alone: the same ModelPredictor (same draws) over every x'
 //	pool   the audit as the daemon runs it: the networks drawn once (bnn.Pool, drawing included)
-//	       and shared by every batch, instead of redrawn for each chunk of inputs
+//	       and shared by every batch, instead of redrawn for each chunk of inputs; pool32 the same
+//	       with float32 forward passes (certify.precision: float32), still against the dgemm floor
 //	floor  the GEMM floor: the products of those forward passes, 2 (20*64 + 64*32 + 32*2) flops
 //	       per input and draw, at this build's dgemm peak (best of three n = 1024 products,
 //	       gonum by default, OpenBLAS with -tags openblas)
@@ -34,7 +35,7 @@ import (
 func BenchmarkAudit(b *testing.B) {
 	f := auditBenchLedger(b)
 	flops := float64(auditBenchN) * auditBenchSamples * float64(2*(benchFeatures*64+64*32+32*2))
-	var ta, tm, tp time.Duration
+	var ta, tm, tp, tf time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		seed := uint64(i)
@@ -59,7 +60,15 @@ func BenchmarkAudit(b *testing.B) {
 		if rep, _, err = f.l.Audit(bg, pool, AuditOptions{}); err != nil || rep.Evaluated != auditBenchN {
 			b.Fatal(err, rep.Evaluated)
 		}
-		ta, tm, tp = ta+t1.Sub(t0), tm+t2.Sub(t1), tp+time.Since(t2)
+		t3 := time.Now()
+		pool32, err := bnn.NewPool(f.m, auditBenchSamples, seed, bnn.Float32)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep, _, err = f.l.Audit(bg, pool32, AuditOptions{}); err != nil || rep.Evaluated != auditBenchN {
+			b.Fatal(err, rep.Evaluated)
+		}
+		ta, tm, tp, tf = ta+t1.Sub(t0), tm+t2.Sub(t1), tp+t3.Sub(t2), tf+time.Since(t3)
 	}
 	b.StopTimer()
 	peak := dgemmPeak() // after the predictor ran: OpenBLAS is then set to one thread by bnn
@@ -71,6 +80,9 @@ func BenchmarkAudit(b *testing.B) {
 	b.ReportMetric(floor/audit, "floor/audit")
 	b.ReportMetric(pooled, "pool-audit-s")
 	b.ReportMetric(floor/pooled, "floor/pool-audit")
+	pooled32 := tf.Seconds() / float64(b.N)
+	b.ReportMetric(pooled32, "pool32-audit-s")
+	b.ReportMetric(floor/pooled32, "floor/pool32-audit") // against the dgemm floor; sgemm's is about half
 	b.ReportMetric(mc/audit, "mc/audit")
 	b.ReportMetric(flops/audit/1e9, "GFLOP/s")
 	b.ReportMetric(peak, "peak-GFLOP/s")
