@@ -73,11 +73,11 @@ func (c *Consumer) commitDurable(ctx context.Context) error {
 	c.answered()
 	c.out.ok("group commit")
 	c.group.ok("commit")
-	c.commitMu.Lock()
+	c.commitMu.Lock() // one step for Stats: the commit is counted with the offsets it committed
 	for _, o := range offs {
 		c.committed[o.Partition] = o.Offset
 	}
-	c.commitMu.Unlock()
 	c.commits.Add(1)
+	c.commitMu.Unlock()
 	return nil
 }

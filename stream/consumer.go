@@ -508,7 +508,7 @@ func (c *Consumer) MarkDurable(inc *Increment) {
 func (c *Consumer) Stats() Stats {
 	s := Stats{
 		Fetched: c.fetched.Load(), Decoded: c.decoded.Load(), Lost: c.lost.Load(),
-		Increments: c.increments.Load(), Commits: c.commits.Load(), Retries: c.retries.Load(),
+		Increments: c.increments.Load(), Retries: c.retries.Load(),
 	}
 	c.mu.Lock()
 	for p, ps := range c.parts {
@@ -520,7 +520,7 @@ func (c *Consumer) Stats() Stats {
 	s.Partitions = c.nparts
 	c.mu.Unlock()
 	c.commitMu.Lock()
-	s.Committed = maps.Clone(c.committed)
+	s.Commits, s.Committed = c.commits.Load(), maps.Clone(c.committed)
 	c.commitMu.Unlock()
 	c.deadMu.Lock()
 	s.DeadLettered = maps.Clone(c.dead)
