@@ -1,4 +1,5 @@
-// Package cli holds what cfguard's commands (cmd/cfguard, cmd/cfguard-lab) share: flag parsing
+// Package cli holds what cfguard's commands (cmd/cfguard, cmd/cfguard-lab) share: the program of
+// subcommands and its exit codes (Program), flag parsing
 // whose errors are usage errors (exit code 2), and loading a data set given as --data. It links
 // nothing heavy, so that neither command pulls in the other's dependencies.
 package cli
