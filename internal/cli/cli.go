@@ -1,7 +1,7 @@
-// Package cli holds what cfguard's commands (cmd/cfguard, cmd/cfguard-lab) share: the program of
-// subcommands and its exit codes (Program), flag parsing
-// whose errors are usage errors (exit code 2), and loading a data set given as --data. It links
-// nothing heavy, so that neither command pulls in the other's dependencies.
+// Package cli holds what cfguard's commands (cmd/cfguard, cmd/cfguard-lab) share: a program of
+// subcommands with its exit codes (Program), flag parsing whose errors are usage errors (exit
+// code 2), and loading a data set given as --data. It links nothing heavy, so that neither
+// command pulls in the other's dependencies.
 package cli
 
 import (
