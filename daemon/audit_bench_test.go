@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,11 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
-	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
@@ -43,33 +39,7 @@ func BenchmarkIngestDuringAudit(b *testing.B) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	br, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer br.Close()
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := &kafka.Writer{Addr: kafka.TCP(br.Addrs()...), Topic: "cfguard.records", BatchSize: 1000, BatchBytes: 900_000}
-	msgs := make([]kafka.Message, records)
-	for i := range msgs {
-		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i%set.Len()], "label": set.Y[i%set.Len()]})
-		msgs[i] = kafka.Message{Value: v}
-	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		b.Fatal(err)
-	}
-	w.Close()
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
-	if err != nil {
-		b.Fatal(err)
-	}
-	modelDir := filepath.Join(b.TempDir(), "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		b.Fatal(err)
-	}
+	br, set, m, modelDir := benchStream(b, records)
 	const samples = 400
 	base := benchLedger(b, m, set.X, nCEs, samples)
 

@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
 )
 
 // BenchmarkIngestEndToEnd measures sustained ingest through the whole daemon (fetch, decode,
@@ -41,28 +42,7 @@ func BenchmarkIngestEndToEnd(b *testing.B) {
 	const n = 20480
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	br, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer br.Close()
-	set, ds, _ := assets.Load("breast_cancer")
-	w := &kafka.Writer{Addr: kafka.TCP(br.Addrs()...), Topic: "cfguard.records", BatchSize: 1000, BatchBytes: 900_000}
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i%set.Len()], "label": set.Y[i%set.Len()]})
-		msgs[i] = kafka.Message{Value: v}
-	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		b.Fatal(err)
-	}
-	w.Close()
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
-	if err != nil {
-		b.Fatal(err)
-	}
-	modelDir := filepath.Join(b.TempDir(), "model")
-	bnn.Save(modelDir, m)
+	br, _, _, modelDir := benchStream(b, n)
 
 	var plain float64 // kafka-go's records/s
 	// Every read uses a group the broker has not seen: with -count > 1 a sub-benchmark runs again
@@ -148,4 +128,41 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchStream starts a broker on loopback with the daemon's topics, produces n records of the
+// bundled breast-cancer data to cfguard.records, and trains and saves the benchmarks' model. The
+// broker stops when the benchmark ends.
+func benchStream(b *testing.B, n int) (br *broker.Broker, set *dataset.Set, m *bnn.Model, modelDir string) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	br, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(br.Close)
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(br.Addrs()...), Topic: "cfguard.records", BatchSize: 1000, BatchBytes: 900_000}
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i%set.Len()], "label": set.Y[i%set.Len()]})
+		msgs[i] = kafka.Message{Value: v}
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		b.Fatal(err)
+	}
+	w.Close()
+	m, _, err = bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
+	if err != nil {
+		b.Fatal(err)
+	}
+	modelDir = filepath.Join(b.TempDir(), "model")
+	if err := bnn.Save(modelDir, m); err != nil {
+		b.Fatal(err)
+	}
+	return br, set, m, modelDir
 }

@@ -15,9 +15,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -33,25 +30,9 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	modelDir := filepath.Join(t.TempDir(), "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		t.Fatal(err)
-	}
-
+	b := startBroker(t)
 	dir := t.TempDir()
+	set, _, modelDir := trainModel(t, t.TempDir())
 	cfg := writeConfig(t, dir, b.Addrs()[0], anyPort, "backup", modelDir)
 	editConfig(t, cfg, "http:\n", "http:\n  token: s3cret\n")
 	c := startChild(t, cfg, anyPort)

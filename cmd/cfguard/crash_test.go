@@ -22,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -137,6 +138,40 @@ func (c *child) applied() int64 {
 	return m.Applied
 }
 
+// startBroker starts a Kafka-protocol broker on loopback, external to the daemons under test,
+// with the daemon's default topics (one partition each). It stops with the test.
+func startBroker(t *testing.T) *broker.Broker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close(); cancel() })
+	return b
+}
+
+// trainModel trains the model these tests share (the bundled breast-cancer data, seed 3, five
+// epochs: the same posterior every time) and saves it as dir/model. It returns the data set, the
+// model and the model directory.
+func trainModel(t *testing.T, dir string) (*dataset.Set, *bnn.Model, string) {
+	t.Helper()
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := bnn.Fit(context.Background(), set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	modelDir := filepath.Join(dir, "model")
+	if err := bnn.Save(modelDir, m); err != nil {
+		t.Fatal(err)
+	}
+	return set, m, modelDir
+}
+
 // writeConfig writes a daemon configuration. Increments have a fixed size (max_records_backlog =
 // max_records), so that runs over the same records make the same increments whatever the
 // timing, and their posteriors can be compared bit for bit.
@@ -215,26 +250,10 @@ func TestCrashConsistency(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	brokerAddr := b.Addrs()[0]
+	brokerAddr := startBroker(t).Addrs()[0]
 
 	// One model for both runs, trained once.
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	modelDir := filepath.Join(t.TempDir(), "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		t.Fatal(err)
-	}
+	set, _, modelDir := trainModel(t, t.TempDir())
 
 	// 24 increments of 16 good records, with a bad record every 10th message.
 	const good = 384
@@ -321,19 +340,8 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills daemon processes")
 	}
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := bnn.Fit(context.Background(), set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	modelDir := filepath.Join(dir, "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		t.Fatal(err)
-	}
+	set, _, modelDir := trainModel(t, dir)
 	httpAddr := anyPort
 	cfg := writeConfig(t, dir, "", httpAddr, "cfguard", modelDir)
 	// One open increment holds every record until max_wait: at the kill nothing is applied yet, so
@@ -411,25 +419,9 @@ func TestRestartAfterTwoQuickKillsLong(t *testing.T) {
 func restartTrials(t *testing.T, trials int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	brokerAddr := b.Addrs()[0]
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
+	brokerAddr := startBroker(t).Addrs()[0]
 	dir := t.TempDir()
-	modelDir := filepath.Join(dir, "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		t.Fatal(err)
-	}
+	set, _, modelDir := trainModel(t, dir)
 	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 16, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	next := 0

@@ -17,9 +17,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -67,25 +64,10 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := startBroker(t)
 	brokerAddr := b.Addrs()[0]
-	set, ds, err := assets.Load("breast_cancer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 3, Epochs: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	modelDir := filepath.Join(dir, "model")
-	if err := bnn.Save(modelDir, m); err != nil {
-		t.Fatal(err)
-	}
+	set, m, modelDir := trainModel(t, dir)
 	httpAddr := anyPort
 	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "outbox", modelDir)
 	editConfig(t, cfg, "certify:\n  samples: 200\n", "certify:\n  samples: 200\nupdate:\n  learning_rate: 0.0005\n")
