@@ -2,7 +2,6 @@ package alerts
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"regexp"
 	"sort"
@@ -15,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // gatheredNames returns the metric family names a fresh registry exposes after NewMetrics.
@@ -202,13 +202,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 // promtool checks the rules and runs rules_test.yml. Skipped when promtool is not installed,
 // unless CFGUARD_REQUIRE_TOOLS=1.
 func TestPromtool(t *testing.T) {
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-			t.Fatal("promtool not on PATH and CFGUARD_REQUIRE_TOOLS=1")
-		}
-		t.Skip("promtool not on PATH (install Prometheus, e.g. apt-get install prometheus)")
-	}
+	path := tooltest.Command(t, "apt-get install prometheus", "promtool")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, args := range [][]string{{"check", "rules", "rules.yml"}, {"test", "rules", "rules_test.yml"}} {

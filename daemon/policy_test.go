@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -74,13 +74,7 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 
 // TestKcatProducer feeds the daemon with Debian's kcat, a Kafka client we did not write.
 func TestKcatProducer(t *testing.T) {
-	kcat, err := exec.LookPath("kcat")
-	if err != nil {
-		if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-			t.Fatal("kcat not on PATH and CFGUARD_REQUIRE_TOOLS=1 (install the Debian package kcat)")
-		}
-		t.Skip("kcat not on PATH")
-	}
+	kcat := tooltest.Command(t, "apt-get install kcat", "kcat")
 	r := startDaemon(t, nil)
 	data := bundled(t)
 	var in bytes.Buffer

@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -368,8 +369,8 @@ func TestStaticBuild(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	fileCmd := tool(t, "apt-get install file", "file")
-	lddCmd := tool(t, "apt-get install libc-bin", "ldd")
+	fileCmd := tooltest.Command(t, "apt-get install file", "file")
+	lddCmd := tooltest.Command(t, "apt-get install libc-bin", "ldd")
 	for _, p := range []string{cfguard, healthcheck} {
 		out, err := exec.Command(fileCmd, p).CombinedOutput()
 		if err != nil || !bytes.Contains(out, []byte("statically linked")) {
@@ -477,9 +478,9 @@ func TestOpenBLASVariant(t *testing.T) {
 	if !bytes.Contains(out, []byte("gonum.org/v1/netlib/blas/netlib\n")) {
 		t.Skip("no package of cmd/cfguard links OpenBLAS under -tags openblas in this tree")
 	}
-	tool(t, "apt-get install libopenblas-dev", "gcc")
-	lddCmd := tool(t, "apt-get install libc-bin", "ldd")
-	dpkg := tool(t, "a Debian system", "dpkg")
+	tooltest.Command(t, "apt-get install libopenblas-dev", "gcc")
+	lddCmd := tooltest.Command(t, "apt-get install libc-bin", "ldd")
+	dpkg := tooltest.Command(t, "a Debian system", "dpkg")
 	ctxDir := t.TempDir()
 	if err := copyBuildContext(root, ctxDir); err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -305,8 +306,8 @@ const alertInvalidated = "CfguardCounterfactualsInvalidated"
 // 1 s (15 s shipped) and group_wait of 1 s (10 s for pages) keep the test near 10 s, so it also
 // runs under -short.
 func TestAlertReachesAlertmanager(t *testing.T) {
-	promBin := tool(t, "apt-get install prometheus", "prometheus")
-	amBin := tool(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
+	promBin := tooltest.Command(t, "apt-get install prometheus", "prometheus")
+	amBin := tooltest.Command(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
 	root := repoRoot(t)
 	const token, metricsToken = "t0ken", "m3trics"
 

@@ -36,23 +36,6 @@ func repoRoot(t testing.TB) string {
 	return root
 }
 
-// tool finds one of names on PATH. When none is there it fails the test under
-// CFGUARD_REQUIRE_TOOLS=1 (CI) and skips it otherwise, saying what to install.
-func tool(t testing.TB, install string, names ...string) string {
-	t.Helper()
-	for _, n := range names {
-		if p, err := exec.LookPath(n); err == nil {
-			return p
-		}
-	}
-	msg := fmt.Sprintf("%s not on PATH (install it: %s)", strings.Join(names, " or "), install)
-	if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-		t.Fatalf("%s, and CFGUARD_REQUIRE_TOOLS=1", msg)
-	}
-	t.Skip(msg)
-	return ""
-}
-
 // freePort returns a loopback port that was free a moment ago, for processes that take their
 // listen address as a flag.
 func freePort(t testing.TB) string {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // uncommentAuthorization returns prometheus.yml with its commented "authorization:" block
@@ -79,7 +80,7 @@ func (c promConfig) write(t *testing.T, dir string) string {
 
 func promtoolCheck(t *testing.T, path string) {
 	t.Helper()
-	promtool := tool(t, "apt-get install prometheus", "promtool")
+	promtool := tooltest.Command(t, "apt-get install prometheus", "promtool")
 	if out, err := exec.Command(promtool, "check", "config", path).CombinedOutput(); err != nil {
 		t.Fatalf("promtool check config %s: %v\n%s", path, err, out)
 	}
@@ -129,7 +130,7 @@ func TestPrometheusConfig(t *testing.T) {
 // TestAlertmanagerConfig: amtool accepts alertmanager.yml, and routes each of cfguard's alerts
 // by its severity: critical ones page, the others go to the ticket receiver.
 func TestAlertmanagerConfig(t *testing.T) {
-	amtool := tool(t, "apt-get install prometheus-alertmanager", "amtool")
+	amtool := tooltest.Command(t, "apt-get install prometheus-alertmanager", "amtool")
 	p := filepath.Join(repoRoot(t), "deploy", "prometheus", "alertmanager.yml")
 	if out, err := exec.Command(amtool, "check-config", p).CombinedOutput(); err != nil {
 		t.Fatalf("amtool check-config: %v\n%s", err, out)

@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -20,25 +19,9 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/atomicfile"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
-
-// pythonTorch returns Debian's python3 when it imports torch and numpy. Without them the test is
-// skipped, or fails when CFGUARD_REQUIRE_TOOLS=1 (CI installs python3-torch and python3-numpy).
-func pythonTorch(t *testing.T) string {
-	t.Helper()
-	const py = "/usr/bin/python3"
-	out, err := exec.Command(py, "-c", "import torch, numpy").CombinedOutput()
-	if err == nil {
-		return py
-	}
-	msg := "needs " + py + " with torch and numpy (Debian: apt-get install python3-torch python3-numpy): " + strings.TrimSpace(string(out)) + " " + err.Error()
-	if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-		t.Fatal(msg + "; CFGUARD_REQUIRE_TOOLS=1")
-	}
-	t.Skip(msg + "; set CFGUARD_REQUIRE_TOOLS=1 to make this a failure")
-	return ""
-}
 
 // lockedBuffer collects the server's log while the test reads it.
 type lockedBuffer struct {
@@ -238,7 +221,7 @@ func probeInputs(t *testing.T, m *bnn.Model, a, b []float64) [][]float64 {
 // bnn.Save with cfguard's predictive, refuses a sidecar whose weights have not arrived, and
 // switches to each new posterior version within a few seconds of it being written.
 func TestModelServerFollowsExports(t *testing.T) {
-	py := pythonTorch(t)
+	py := tooltest.PythonTorch(t)
 	set, ds, err := assets.Load("breast_cancer")
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +326,7 @@ func TestModelServerFollowsExports(t *testing.T) {
 // TestModelServerRequests: a single input gets scalar fields; malformed requests get 400 with a
 // message naming what is wrong; a directory without a model stops the server at start.
 func TestModelServerRequests(t *testing.T) {
-	py := pythonTorch(t)
+	py := tooltest.PythonTorch(t)
 	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))
 	dir := t.TempDir()
 	if err := bnn.Save(dir, m); err != nil {

@@ -3,7 +3,6 @@ package stream
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -11,22 +10,8 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
-
-// needTool returns the path of a command-line tool, skipping the test when it is missing,
-// unless CFGUARD_REQUIRE_TOOLS=1 (CI installs the tools and sets it), then failing.
-func needTool(t *testing.T, name, pkg string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		return path
-	}
-	if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-		t.Fatalf("%s not on PATH and CFGUARD_REQUIRE_TOOLS=1 (install the Debian package %s)", name, pkg)
-	}
-	t.Skipf("%s not on PATH (Debian package %s); set CFGUARD_REQUIRE_TOOLS=1 to make this a failure", name, pkg)
-	return ""
-}
 
 func runTool(t *testing.T, stdin string, name string, args ...string) string {
 	t.Helper()
@@ -45,7 +30,7 @@ func runTool(t *testing.T, stdin string, name string, args ...string) string {
 // TestKcatInterop produces records with kcat (librdkafka) to the embedded broker, consumes
 // them with our Consumer, and reads the dead-letter topic back with kcat, headers included.
 func TestKcatInterop(t *testing.T) {
-	kcat := needTool(t, "kcat", "kcat")
+	kcat := tooltest.Command(t, "apt-get install kcat", "kcat")
 	b := startBroker(t, broker.Config{})
 	addr := b.Addrs()[0]
 	lines := []string{

@@ -11,24 +11,8 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
-
-// pythonTorch returns Debian's python3 when it imports torch and numpy. Without them the test is
-// skipped, or fails when CFGUARD_REQUIRE_TOOLS=1 (CI installs python3-torch and python3-numpy).
-func pythonTorch(t *testing.T) string {
-	t.Helper()
-	const py = "/usr/bin/python3"
-	out, err := exec.Command(py, "-c", "import torch, numpy").CombinedOutput()
-	if err == nil {
-		return py
-	}
-	msg := "needs " + py + " with torch and numpy (Debian: apt-get install python3-torch python3-numpy): " + strings.TrimSpace(string(out)) + " " + err.Error()
-	if os.Getenv("CFGUARD_REQUIRE_TOOLS") == "1" {
-		t.Fatal(msg + "; CFGUARD_REQUIRE_TOOLS=1")
-	}
-	t.Skip(msg + "; set CFGUARD_REQUIRE_TOOLS=1 to make this a failure")
-	return ""
-}
 
 // probe is what examples/export_torchbnn.py --probe writes: torch's Monte-Carlo predictive.
 type probe struct {
@@ -52,7 +36,7 @@ const float32Floor = 1e-5
 // four standard errors of their difference plus a floor for float32 arithmetic. Importing the
 // same weights without the scaler must break the agreement, or the check would have no power.
 func TestImportTorchExportAgrees(t *testing.T) {
-	py := pythonTorch(t)
+	py := tooltest.PythonTorch(t)
 	csv, err := filepath.Abs("../../assets/data/breast_cancer.csv")
 	if err != nil {
 		t.Fatal(err)

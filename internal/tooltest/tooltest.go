@@ -1,0 +1,51 @@
+// Package tooltest decides what a test does when an external tool it drives (kcat, promtool,
+// Prometheus, PyTorch, ...) is missing: it skips, or it fails when CFGUARD_REQUIRE_TOOLS=1. CI
+// installs the tools and sets it (.ci/run), so no such test can skip there unnoticed.
+package tooltest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// RequireEnv is the environment variable that turns a missing tool into a failure.
+const RequireEnv = "CFGUARD_REQUIRE_TOOLS"
+
+// Missing skips the test, or fails it when RequireEnv is 1, saying what is missing and how to
+// install it.
+func Missing(t testing.TB, what, install string) {
+	t.Helper()
+	msg := fmt.Sprintf("%s (install: %s)", what, install)
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("%s, and %s=1", msg, RequireEnv)
+	}
+	t.Skipf("%s; set %s=1 to make this a failure", msg, RequireEnv)
+}
+
+// Command returns the path of the first of names found on PATH, or calls Missing.
+func Command(t testing.TB, install string, names ...string) string {
+	t.Helper()
+	for _, n := range names {
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	Missing(t, strings.Join(names, " or ")+" not on PATH", install)
+	return ""
+}
+
+// PythonTorch returns Debian's python3 when it imports torch and numpy, or calls Missing.
+func PythonTorch(t testing.TB) string {
+	t.Helper()
+	const py = "/usr/bin/python3"
+	out, err := exec.Command(py, "-c", "import torch, numpy").CombinedOutput()
+	if err == nil {
+		return py
+	}
+	Missing(t, fmt.Sprintf("%s cannot import torch and numpy: %s %v", py, strings.TrimSpace(string(out)), err),
+		"apt-get install python3-torch python3-numpy")
+	return ""
+}
