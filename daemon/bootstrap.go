@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
@@ -75,8 +74,9 @@ func (d *Daemon) noteLegacyModelDir() {
 }
 
 // configOrigin names the first posterior the configuration asks for: the SHA-256 of
-// model.path's weights file, or the bundled data set with its training seed and epochs. The
-// ledger stores it with its first posterior (ledger.Checkpoint.Origin).
+// model.path's weights file (so a model directory that moved still matches), or the bundled data
+// set with its training seed and epochs. The ledger stores it with its first posterior
+// (ledger.Checkpoint.Origin).
 func configOrigin(c *config.Config) (string, error) {
 	if c.Model.Path != "" {
 		f := filepath.Join(c.Model.Path, bnn.WeightsFile)
@@ -84,15 +84,14 @@ func configOrigin(c *config.Config) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("model.path: %w", err)
 		}
-		return fmt.Sprintf("model.path %s (weights sha256 %x)", c.Model.Path, sha256.Sum256(b)), nil
+		return fmt.Sprintf("model weights sha256 %x", sha256.Sum256(b)), nil
 	}
 	return fmt.Sprintf("model.dataset %s (model.seed %d, model.epochs %d)", c.Model.Dataset, c.Model.Seed, c.Model.Epochs), nil
 }
 
 // checkOrigin refuses a configuration whose model.* keys name another first posterior than the
 // one the ledger grew from: the ledger is the source of truth, and a silently ignored model.path
-// or model.dataset would let an operator believe another model is being certified. A model.path
-// that moved but holds the same weights is accepted (the hash is what is compared).
+// or model.dataset would let an operator believe another model is being certified.
 func (d *Daemon) checkOrigin(want string) error {
 	have, err := d.ledger.Origin()
 	if err != nil {
@@ -103,21 +102,13 @@ func (d *Daemon) checkOrigin(want string) error {
 		d.log.Warn("the ledger records no origin for its first posterior (written by an older release); model.* keys are not checked against it",
 			"ledger", d.ledger.Path())
 		return nil
-	case sameOrigin(have, want):
+	case have == want:
 		return nil
+	}
+	if d.cfg.Model.Path != "" {
+		want += " in model.path " + d.cfg.Model.Path
 	}
 	return fmt.Errorf("%w: state_dir %s holds a ledger whose first posterior came from %s, but the configuration names %s. "+
 		"The ledger is the source of truth and was not changed. To keep it, restore the model.* keys; to start over with the new model, "+
 		"set state_dir to an empty directory (or move %s aside)", config.ErrInvalid, d.cfg.StateDir, have, want, d.ledger.Path())
-}
-
-// sameOrigin compares two origins; for model.path only the weights' hash counts.
-func sameOrigin(a, b string) bool {
-	hash := func(s string) string {
-		if i := strings.LastIndex(s, "(weights sha256 "); i >= 0 && strings.HasPrefix(s, "model.path ") {
-			return s[i:]
-		}
-		return s
-	}
-	return hash(a) == hash(b)
 }
