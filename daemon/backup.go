@@ -11,7 +11,7 @@ import (
 
 // backupSource is the ledger's online backup (*ledger.Ledger implements it).
 type backupSource interface {
-	Backup(ctx context.Context, w io.Writer) (ledger.BackupInfo, error)
+	Backup(ctx context.Context, w io.Writer) (ledger.Info, error)
 }
 
 // Trailers of GET /v1/backup. The body is streamed from one read transaction, so what the

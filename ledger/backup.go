@@ -18,29 +18,19 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// BackupInfo describes the snapshot a Backup wrote: everything in it was committed together.
-type BackupInfo struct {
-	TxID             uint64                 `json:"txid"`
-	HasPosterior     bool                   `json:"has_posterior"`
-	PosteriorVersion uint64                 `json:"posterior_version"`
-	Offsets          map[int]int64          `json:"offsets"`
-	Counts           map[certify.Status]int `json:"counts"`
-	Anchors          int                    `json:"anchors"`
-	OutboxLen        int                    `json:"outbox_len"`
-	Size             int64                  `json:"size"`
-}
-
 // Backup streams a consistent snapshot of the ledger to w: a complete bbolt file as of one
 // transaction (bbolt's Tx.WriteTo in a read transaction), while writers keep committing. It
-// stops when ctx ends. Restore installs such a file; Verify checks one.
+// stops when ctx ends. Restore installs such a file; Verify checks one. The Info describes the
+// snapshot as Verify would, for the fields known without reading it back (TxID, the posterior,
+// offsets, counts, anchors, outbox and size; Path, pages, schema and policy stay zero).
 //
 // A long backup holds its read transaction: bbolt cannot reuse the pages it reads, so the file
 // may grow meanwhile, and a commit that must grow bbolt's memory map (it doubles, so this is
 // rare) waits for the backup to finish.
-func (l *Ledger) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
-	var info BackupInfo
+func (l *Ledger) Backup(ctx context.Context, w io.Writer) (Info, error) {
+	var info Info
 	err := l.view(func(tx *bolt.Tx) error {
-		info = BackupInfo{TxID: uint64(tx.ID())}
+		info = Info{TxID: uint64(tx.ID())}
 		c, err := readCur(tx)
 		if err != nil {
 			return err
