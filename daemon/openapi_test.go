@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -486,25 +486,12 @@ func (c *conformance) send(method, path, token string, header map[string]string,
 func (c *conformance) sendTrailer(method, path, token string, header map[string]string, body string, want int) (int, http.Header, http.Header, []byte) {
 	t := c.t
 	t.Helper()
-	req, err := http.NewRequest(method, c.r.base+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	hdr := map[string]string{}
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		hdr["Authorization"] = "Bearer " + token
 	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	maps.Copy(hdr, header)
+	resp, b := c.r.rawDo(t, method, path, body, hdr)
 	where := fmt.Sprintf("%s %s -> %d", method, path, resp.StatusCode)
 	if resp.StatusCode != want {
 		t.Fatalf("%s, want %d: %s", where, want, b)
