@@ -22,19 +22,7 @@ func storeCEs(t testing.TB, r *running, data *dataset.Set, n int) {
 	t.Helper()
 	m := r.d.current()
 	S := r.d.cfg.Certify.Samples
-	p, err := m.Predict(data.X, S, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var xs, cfs []int
-	for i := range data.X {
-		switch {
-		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
-			xs = append(xs, i)
-		case p.P(i, 1) > 0.985 && p.V(i, 1) < 0.002:
-			cfs = append(cfs, i)
-		}
-	}
+	p, xs, cfs := candidatePairs(t, m, data, S, 7)
 	if len(xs) == 0 || len(cfs) == 0 {
 		t.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}

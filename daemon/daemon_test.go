@@ -207,16 +207,15 @@ func record(id string, x []float64, label any) []byte {
 	return b
 }
 
-// registerCEs picks malignant rows x and benign rows x_cf that the current posterior puts in the
-// <delta, eps>-set for "benign", and registers n pairs through the API.
-func registerCEs(t *testing.T, r *running, data *dataset.Set, n int) []string {
+// candidatePairs splits the rows of data that the posterior m (S draws, seed) classifies as
+// malignant with p > 0.9 (candidates for x) from those it puts in the <delta, epsilon>-set for
+// benign (p > 0.985, Var < 0.002: candidates for x_cf), with the predictive that decided.
+func candidatePairs(t testing.TB, m *bnn.Model, data *dataset.Set, S int, seed uint64) (p *bnn.Predictive, xs, cfs []int) {
 	t.Helper()
-	m := r.d.current()
-	p, err := m.Predict(data.X, 400, 1)
+	p, err := m.Predict(data.X, S, seed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var xs, cfs []int
 	for i := range data.X {
 		switch {
 		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
@@ -225,6 +224,14 @@ func registerCEs(t *testing.T, r *running, data *dataset.Set, n int) []string {
 			cfs = append(cfs, i)
 		}
 	}
+	return p, xs, cfs
+}
+
+// registerCEs picks malignant rows x and benign rows x_cf that the current posterior puts in the
+// <delta, eps>-set for "benign", and registers n pairs through the API.
+func registerCEs(t *testing.T, r *running, data *dataset.Set, n int) []string {
+	t.Helper()
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
 	if len(xs) < n || len(cfs) < n {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
