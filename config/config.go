@@ -275,7 +275,7 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 		f, names := fieldByKey(v, k.Value)
 		if !f.IsValid() {
 			hint := suggest(k.Value, names)
-			if now, ok := renamedKeys[key]; ok {
+			if now, ok := renamedKey(key); ok {
 				hint = fmt.Sprintf(" (renamed %s)", now)
 			}
 			errs = append(errs, fmt.Errorf("%s (line %d): unknown key%s", key, k.Line, hint))
@@ -286,8 +286,14 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 	return errs
 }
 
-// renamedKeys maps keys of earlier releases to their names now.
-var renamedKeys = map[string]string{"update.steps": "update.iterations"}
+// renamedKey gives the name now of a key an earlier release used.
+func renamedKey(key string) (string, bool) {
+	switch key {
+	case "update.steps":
+		return "update.iterations", true
+	}
+	return "", false
+}
 
 // fieldByKey returns the field of struct v whose yaml tag is key (invalid if none), and every
 // key v accepts.
