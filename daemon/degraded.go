@@ -7,11 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// Retrying a checkpoint that could not be written: the first retry after checkpointRetryMin,
-// doubling up to checkpointRetryMax.
+// Retrying a checkpoint that could not be written: the first retry after about
+// checkpointRetryMin, doubling up to checkpointRetryMax (backoff.Backoff, with jitter).
 const (
 	checkpointRetryMin = time.Second
 	checkpointRetryMax = 30 * time.Second
@@ -68,7 +69,7 @@ func (w *writeFailure) state() (time.Time, error) {
 // write leaves the ledger as it was, the retry applies the increment exactly once. The first
 // success ends the episode with one INFO line.
 func (d *Daemon) durably(ctx context.Context, write func() error) error {
-	delay := checkpointRetryMin
+	bo := backoff.Backoff{Min: checkpointRetryMin, Max: checkpointRetryMax}
 	for {
 		err := write()
 		if err == nil {
@@ -83,18 +84,14 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 			return err
 		}
 		d.metrics.CheckpointFailed()
+		wait := bo.Next()
 		if d.writeFail.fail(err, time.Now()) {
 			d.log.Error("checkpoint could not be written; the increment is held, consuming paused, retrying with backoff until it succeeds",
-				"ledger", d.ledger.Path(), "err", err, "first_retry_in", delay, "max_retry_interval", checkpointRetryMax)
+				"ledger", d.ledger.Path(), "err", err, "first_retry_in", wait.Round(time.Millisecond), "max_retry_interval", checkpointRetryMax)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
 		}
-		delay = min(2*delay, checkpointRetryMax)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -23,12 +24,11 @@ const OutboxSeqHeader = "cfguard-outbox-seq"
 
 // Outbox publishing defaults.
 const (
-	outboxBatch       = 256              // entries per publish call
-	outboxTimeout     = 10 * time.Second // one publish call
-	outboxPoll        = 2 * time.Second  // drain this often even without a wake-up
-	outboxBackoffMin  = 100 * time.Millisecond
-	outboxBackoffMax  = 30 * time.Second
-	outboxBackoffGrow = 2
+	outboxBatch      = 256              // entries per publish call
+	outboxTimeout    = 10 * time.Second // one publish call
+	outboxPoll       = 2 * time.Second  // drain this often even without a wake-up
+	outboxBackoffMin = 100 * time.Millisecond
+	outboxBackoffMax = 30 * time.Second
 )
 
 // eventSink is where the outbox goes: the events topic (*stream.Publisher).
@@ -42,8 +42,9 @@ type eventSink interface {
 // one of a change that was not committed. The publisher reads the outbox in sequence order,
 // publishes a batch, then acknowledges it (AckOutbox deletes it): at least once, in order, each
 // message carrying OutboxSeqHeader. It is woken after each commit and drains every outboxPoll
-// anyway; while the broker refuses events it retries with backoff (outboxBackoffMin doubling to
-// outboxBackoffMax), logging one line when the failure starts and one when it ends.
+// anyway; while the broker refuses events it retries with backoff (backoff.Backoff, from
+// outboxBackoffMin doubling to outboxBackoffMax), logging one line when the failure starts and
+// one when it ends.
 type outboxPublisher struct {
 	l       *ledger.Ledger
 	sink    eventSink
@@ -70,7 +71,7 @@ func (p *outboxPublisher) notify() {
 func (p *outboxPublisher) run(ctx context.Context) error {
 	var (
 		after    uint64 // last sequence number acknowledged by this publisher
-		backoff  = outboxBackoffMin
+		bo       = backoff.Backoff{Min: outboxBackoffMin, Max: outboxBackoffMax}
 		failedAt time.Time
 		attempts int
 	)
@@ -88,7 +89,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 				p.log.Info("events topic accepts events again; outbox drained", "failed_for", time.Since(failedAt).Round(time.Millisecond), "attempts", attempts)
 				failedAt, attempts = time.Time{}, 0
 			}
-			backoff = outboxBackoffMin
+			bo.Reset()
 		case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrClosed):
 			return err
 		default:
@@ -97,16 +98,11 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 				failedAt = time.Now()
 				p.log.Warn("publishing outbox events failed; they stay in the outbox and are retried with backoff", "err", err)
 			}
-			wait = backoff
-			backoff = min(backoff*outboxBackoffGrow, outboxBackoffMax)
+			wait = bo.Next()
 		}
 		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if backoff.Sleep(ctx, wait) != nil {
 				return nil
-			case <-t.C:
 			}
 			continue
 		}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math/rand/v2"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -13,41 +11,6 @@ import (
 // ErrClosed is returned by Consumer and Publisher methods after Close (or after the context
 // given to their constructor ended).
 var ErrClosed = errors.New("stream: closed")
-
-// backoff is a capped exponential backoff with equal jitter: the n-th consecutive wait
-// (n = 0, 1, ...) is
-//
-//	d_n = min(max, min * 2^n),   wait ~ U[d_n/2, d_n]
-//
-// so waits never collapse to zero and concurrent retriers spread out. reset starts over after
-// a success.
-type backoff struct {
-	min, max time.Duration
-	n        int
-}
-
-func (b *backoff) next() time.Duration {
-	d := b.max
-	if b.n < 30 && b.min<<b.n < b.max {
-		d = b.min << b.n
-	}
-	b.n++
-	return d/2 + rand.N(d/2+1)
-}
-
-func (b *backoff) reset() { b.n = 0 }
-
-// wait sleeps for the next backoff or until ctx ends, whichever is first.
-func (b *backoff) wait(ctx context.Context) error {
-	t := time.NewTimer(b.next())
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 // retryable reports whether a broker operation that failed with err is worth retrying.
 // Context ends, closed clients and authentication or authorization failures are not: waiting

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -12,7 +13,7 @@ import (
 // one commit per CommitInterval, each carrying the latest durable offsets (earlier ones are
 // superseded, not sent), retried with backoff until it succeeds.
 func (c *Consumer) commitLoop(ctx context.Context) {
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	for {
 		select {
 		case <-ctx.Done():
@@ -20,12 +21,12 @@ func (c *Consumer) commitLoop(ctx context.Context) {
 		case <-c.wake:
 		}
 		for c.commitDurable(ctx) != nil {
-			if bo.wait(ctx) != nil {
+			if bo.Wait(ctx) != nil {
 				return
 			}
 		}
-		bo.reset()
-		if sleep(ctx, c.cfg.CommitInterval) != nil {
+		bo.Reset()
+		if backoff.Sleep(ctx, c.cfg.CommitInterval) != nil {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -69,7 +70,7 @@ func deadLetterMessage(topic string, part int, offset int64, key, value []byte, 
 // retry fixes, which stops the consumer).
 func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 	const src = "dead-letter write"
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	todo := ch.deadMarksAndMsgs()
 	for len(todo) > 0 {
 		msgs := make([]kafka.Message, len(todo))
@@ -102,7 +103,7 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 			return false
 		default:
 			c.failedAttempt(src, err)
-			if bo.wait(ctx) != nil {
+			if bo.Wait(ctx) != nil {
 				return false
 			}
 		}

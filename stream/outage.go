@@ -19,7 +19,7 @@ import (
 //     outage lasted, how many attempts failed and how many log lines were suppressed.
 //
 // Lines from kafka-go's own ErrorLogger (see kafkaLogger) are suppressed during an outage and
-// rate-limited outside one. Retries themselves back off exponentially with jitter (backoff);
+// rate-limited outside one. Retries themselves back off exponentially with jitter (internal/backoff);
 // outage only decides what is written.
 type outage struct {
 	log  *slog.Logger

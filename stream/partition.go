@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 )
@@ -159,7 +160,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 		c.mu.Unlock()
 		c.out.ok(src) // a stopped reader is not failing any more
 	}()
-	bo := backoff{min: c.cfg.RetryMin, max: c.cfg.RetryMax}
+	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	retry := func(err error) bool {
 		switch {
 		case ctx.Err() != nil:
@@ -169,7 +170,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			return false
 		}
 		c.failedAttempt(src, err)
-		return bo.wait(ctx) == nil
+		return bo.Wait(ctx) == nil
 	}
 	for ctx.Err() == nil {
 		c.mu.Lock()
@@ -210,7 +211,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			continue
 		}
 		c.out.ok(src)
-		bo.reset()
+		bo.Reset()
 		c.answered()
 		ch, err := c.readChunk(ps.part, res.Records, next)
 		if err != nil {
@@ -271,7 +272,7 @@ func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, re
 			c.log.Error("the checkpointed offset is past the partition's end (topic recreated, or records lost by the broker); waiting for the log to reach it, records produced below it will not be read",
 				"partition", ps.part, "checkpointed", next, "end", last)
 		}
-		return sleep(ctx, c.cfg.RetryMax) == nil
+		return backoff.Sleep(ctx, c.cfg.RetryMax) == nil
 	}
 	return true // in range again (the log moved meanwhile): fetch again
 }
@@ -444,16 +445,4 @@ func (s *Schema) decodeAll(values [][]byte, out []Record) []*DecodeError {
 	one(0, chunk)
 	wg.Wait()
 	return errs
-}
-
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
