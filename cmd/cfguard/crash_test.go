@@ -90,6 +90,18 @@ func (c *child) addr() string {
 	return c.log.logged("HTTP API listening", "addr")
 }
 
+// waitUp waits until the child answers its API, failing the test with the child's log after 60 s.
+func (c *child) waitUp(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for c.applied() < 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // brokerAddr is the address of the child's embedded broker as it logged it ("" if not yet).
 func (c *child) brokerAddr() string {
 	return c.log.logged("embedded Kafka-protocol broker started", "addrs")
@@ -349,13 +361,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	editConfig(t, cfg, "  brokers: []\n", "  brokers: []\n  embedded_listen: "+anyPort+"\n")
 	editConfig(t, cfg, "  max_records: 16\n  max_records_backlog: 16\n", "  max_records: 1000\n  max_records_backlog: 1000\n")
 	c := startChild(t, cfg, httpAddr)
-	waitUntil := time.Now().Add(60 * time.Second)
-	for c.applied() < 0 {
-		if time.Now().After(waitUntil) {
-			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c.waitUp(t)
 	const n = 48
 	brokerAddr := c.brokerAddr()
 	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: n}
@@ -376,7 +382,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	c.cmd.Process.Signal(syscall.SIGKILL) // right after the acknowledgement
 	c.cmd.Wait()
 	c = startChild(t, cfg, httpAddr)
-	waitUntil = time.Now().Add(90 * time.Second)
+	waitUntil := time.Now().Add(90 * time.Second)
 	for c.applied() != n {
 		if time.Now().After(waitUntil) {
 			t.Fatalf("applied %d of %d acknowledged records after the crash; log:\n%s", c.applied(), n, c.log.String())

@@ -74,13 +74,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 
 	// CEs with a spread of p1, so that the drift fails their bounds at different increments.
 	c := startChild(t, cfg, httpAddr)
-	deadline := time.Now().Add(60 * time.Second)
-	for c.applied() < 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c.waitUp(t)
 	p, err := m.Predict(set.X, 400, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -71,13 +71,7 @@ func firstStart(t *testing.T) (cfg, db string) {
 	httpAddr := anyPort
 	cfg = embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, anyPort, "")
 	c := startChild(t, cfg, httpAddr)
-	deadline := time.Now().Add(60 * time.Second)
-	for c.applied() < 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon did not start; log:\n%s", c.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c.waitUp(t)
 	c.cmd.Process.Signal(syscall.SIGTERM)
 	if code := exitOf(t, c, 30*time.Second); code != 0 {
 		t.Fatalf("first start: exit %d; log:\n%s", code, c.log.String())
@@ -164,13 +158,7 @@ func TestSecondDaemonOnOneStateDirExitsAtOnce(t *testing.T) {
 	httpAddr := anyPort
 	cfg := embeddedConfig(t, dir, filepath.Join(dir, "state"), httpAddr, anyPort, "")
 	first := startChild(t, cfg, httpAddr)
-	deadline := time.Now().Add(60 * time.Second)
-	for first.applied() < 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon did not start; log:\n%s", first.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	first.waitUp(t)
 	// Same state_dir, other ports, so that only the ledger can collide.
 	cfg2 := embeddedConfig(t, t.TempDir(), filepath.Join(dir, "state"), anyPort, anyPort, "")
 	start := time.Now()
