@@ -23,3 +23,14 @@ func gemmTN[F float](m, n, k int, a, b, c []F) {
 	}
 	gonum.Implementation{}.Sgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float32](a), m, as[float32](b), n, 0, as[float32](c), n)
 }
+
+// biasActBlock applies biasAct to every row of o (len(b) rows of rows elements), row j with bias
+// b[j].
+func biasActBlock[F float](o, b []F, rows int, act Activation, output bool) {
+	for j, bj := range b {
+		biasAct(o[j*rows:(j+1)*rows], bj, act, output)
+	}
+}
+
+// denseOut is the OpenBLAS build's C output layer; this build has none and reports false.
+func denseOut[F float](o, wt, h, b []F, in, out, rows int) bool { return false }

@@ -13,7 +13,68 @@ package bnn
 
 /*
 #cgo LDFLAGS: -lopenblas
+#cgo CFLAGS: -O3
+#include <stddef.h>
+
+// No fused multiply-adds: a product is rounded before it is added, as in the Go paths (the avx2
+// clones below do not enable FMA either).
+#pragma GCC optimize("fp-contract=off")
 void openblas_set_num_threads(int);
+
+// The fused bias + ReLU / bias pass over one layer's block (out rows of n), written so that the
+// C compiler vectorizes it (Go's does not): x <= 0 ? 0 : x is Go's max(x, 0), NaN kept, -0 to +0.
+__attribute__((target_clones("avx2", "default")))
+static void bias_act64(double *o, const double *b, int out, int n, int relu) {
+	for (int j = 0; j < out; j++) {
+		double *r = o + (size_t)j * n, bj = b[j];
+		if (relu) {
+			for (int i = 0; i < n; i++) { double x = r[i] + bj; r[i] = x <= 0 ? 0 : x; }
+		} else {
+			for (int i = 0; i < n; i++) r[i] += bj;
+		}
+	}
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void bias_act32(float *o, const float *b, int out, int n, int relu) {
+	for (int j = 0; j < out; j++) {
+		float *r = o + (size_t)j * n, bj = b[j];
+		if (relu) {
+			for (int i = 0; i < n; i++) { float x = r[i] + bj; r[i] = x <= 0 ? 0 : x; }
+		} else {
+			for (int i = 0; i < n; i++) r[i] += bj;
+		}
+	}
+}
+
+// The output layer of a classifier (out of a few classes) in one vectorized pass, where a dgemm
+// call would spend most of its time packing: o[j, i] = (sum_k wt[k, j] h[k, i]) + b[j], the
+// products added in order of k from zero and the bias last, as gemmTN + biasAct do.
+__attribute__((target_clones("avx2", "default")))
+static void dense_out64(double *o, const double *wt, const double *h, const double *b, int in, int out, int n) {
+	for (int j = 0; j < out; j++) {
+		double *r = o + (size_t)j * n;
+		for (int i = 0; i < n; i++) r[i] = 0;
+		for (int k = 0; k < in; k++) {
+			const double w = wt[(size_t)k * out + j], *x = h + (size_t)k * n;
+			for (int i = 0; i < n; i++) r[i] += w * x[i];
+		}
+		for (int i = 0; i < n; i++) r[i] += b[j];
+	}
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void dense_out32(float *o, const float *wt, const float *h, const float *b, int in, int out, int n) {
+	for (int j = 0; j < out; j++) {
+		float *r = o + (size_t)j * n;
+		for (int i = 0; i < n; i++) r[i] = 0;
+		for (int k = 0; k < in; k++) {
+			const float w = wt[(size_t)k * out + j], *x = h + (size_t)k * n;
+			for (int i = 0; i < n; i++) r[i] += w * x[i];
+		}
+		for (int i = 0; i < n; i++) r[i] += b[j];
+	}
+}
 */
 import "C"
 
@@ -43,4 +104,42 @@ func gemmTN[F float](m, n, k int, a, b, c []F) {
 		return
 	}
 	openblas().Sgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float32](a), m, as[float32](b), n, 0, as[float32](c), n)
+}
+
+// biasActBlock applies biasAct to every row of o (len(b) rows of rows elements), row j with bias
+// b[j]: ReLU and the output layer's bias in one vectorized C pass, other activations in Go.
+func biasActBlock[F float](o, b []F, rows int, act Activation, output bool) {
+	if !output && act != ReLU {
+		for j, bj := range b {
+			biasAct(o[j*rows:(j+1)*rows], bj, act, output)
+		}
+		return
+	}
+	relu := C.int(0)
+	if !output {
+		relu = 1
+	}
+	o = o[:len(b)*rows]
+	if unsafe.Sizeof(o[0]) == 8 {
+		C.bias_act64((*C.double)(unsafe.Pointer(&o[0])), (*C.double)(unsafe.Pointer(&b[0])), C.int(len(b)), C.int(rows), relu)
+		return
+	}
+	C.bias_act32((*C.float)(unsafe.Pointer(&o[0])), (*C.float)(unsafe.Pointer(&b[0])), C.int(len(b)), C.int(rows), relu)
+}
+
+// denseOut sets o = wt^T h + b for the output layer (wt in x out, h in x rows, o out x rows) when
+// out is small enough that one C pass beats a dgemm call, and reports whether it did.
+func denseOut[F float](o, wt, h, b []F, in, out, rows int) bool {
+	if out > 4 {
+		return false
+	}
+	o, wt, h = o[:out*rows], wt[:in*out], h[:in*rows]
+	if unsafe.Sizeof(o[0]) == 8 {
+		C.dense_out64((*C.double)(unsafe.Pointer(&o[0])), (*C.double)(unsafe.Pointer(&wt[0])), (*C.double)(unsafe.Pointer(&h[0])),
+			(*C.double)(unsafe.Pointer(&b[0])), C.int(in), C.int(out), C.int(rows))
+		return true
+	}
+	C.dense_out32((*C.float)(unsafe.Pointer(&o[0])), (*C.float)(unsafe.Pointer(&wt[0])), (*C.float)(unsafe.Pointer(&h[0])),
+		(*C.float)(unsafe.Pointer(&b[0])), C.int(in), C.int(out), C.int(rows))
+	return true
 }

@@ -161,10 +161,11 @@ func forwardChunk[F float](a arch, n wnet[F], x []F, rows int, bufs [][]F) []F {
 	for k := 0; k <= last; k++ {
 		in, out := a.sizes[k], a.sizes[k+1]
 		o := bufs[k][:out*rows]
-		gemmTN(out, rows, in, n.wt[k], h, o)
-		for j := 0; j < out; j++ {
-			biasAct(o[j*rows:(j+1)*rows], n.b[k][j], a.act, k == last)
+		if k == last && denseOut(o, n.wt[k], h, n.b[k], in, out, rows) {
+			return o
 		}
+		gemmTN(out, rows, in, n.wt[k], h, o)
+		biasActBlock(o, n.b[k], rows, a.act, k == last)
 		h = o
 	}
 	return h
@@ -228,12 +229,60 @@ type moments struct {
 // addChunk folds the logits (C x rows) of inputs lo..lo+rows-1 under draw number k (1-based).
 func addChunk[F float](mo *moments, lo, rows int, logits []F, k int) {
 	c, inv := mo.p.C, 1/float64(k)
+	if c == 2 {
+		addChunk2(mo.p, lo, rows, logits, inv)
+		return
+	}
 	for r := 0; r < rows; r++ {
 		for j := 0; j < c; j++ {
 			mo.probs[j] = float64(logits[j*rows+r])
 		}
 		mo.fold(lo+r, inv)
 	}
+}
+
+// addChunk2 is addChunk for two classes, the commonest case, written out without the per-input
+// calls, copies and data-dependent branches, and with the same bits as Softmax and fold: the
+// larger logit's exp(0) = 1 is exact, the other's exp(l_other - l_max) = exp(-|l0 - l1|)
+// (IEEE subtraction is antisymmetric), the sum 1 + e in either order, and an infinite maximum
+// gives NaN as exp(Inf - Inf) does in Softmax.
+func addChunk2[F float](p *Predictive, lo, rows int, logits []F, inv float64) {
+	l0s, l1s := logits[:rows], logits[rows:2*rows]
+	mean, m2 := p.Mean[2*lo:2*(lo+rows)], p.Var[2*lo:2*(lo+rows)]
+	for r := range rows {
+		l0, l1 := float64(l0s[r]), float64(l1s[r])
+		e := math.Exp(-math.Abs(l0 - l1))
+		if math.IsInf(l0, 0) || math.IsInf(l1, 0) {
+			e = twoInf(l0, l1)
+		}
+		s := 1 + e
+		f0, f1 := 1/s, e/s
+		if l1 > l0 {
+			f0, f1 = f1, f0
+		}
+		d0, d1 := f0-mean[2*r], f1-mean[2*r+1]
+		mean[2*r] += d0 * inv
+		mean[2*r+1] += d1 * inv
+		m2[2*r] += d0 * (f0 - mean[2*r])
+		m2[2*r+1] += d1 * (f1 - mean[2*r+1])
+	}
+}
+
+// twoInf is addChunk2's e when a logit is infinite: NaN when the other is NaN or the larger is
+// infinite (Softmax's exp(Inf - Inf)), else 0 (exp(-Inf)).
+func twoInf(l0, l1 float64) float64 {
+	if mx := math.Max(l0, l1); math.IsNaN(mx) || math.IsInf(mx, 0) {
+		return math.NaN()
+	}
+	return 0
+}
+
+// expShifted is exp(v - mx) as Softmax computes it: 1 without a call when v is the maximum.
+func expShifted(v, mx float64) float64 {
+	if d := v - mx; d != 0 {
+		return math.Exp(d)
+	}
+	return 1
 }
 
 // addOne folds the logits of input i under draw number k (1-based).

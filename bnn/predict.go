@@ -93,6 +93,8 @@ func standardize(sc *Scaler, d int, X [][]float64) (*mat.Dense, error) {
 // Softmax writes softmax(logits) into dst (len(dst) == len(logits)), stable against overflow:
 //
 //	dst_j = exp(l_j - max l) / sum_k exp(l_k - max l)
+//
+// exp(0) = 1 is not computed (it is exact): with two classes, one exp per call instead of two.
 func Softmax(dst, logits []float64) {
 	mx := math.Inf(-1)
 	for _, v := range logits {
@@ -100,7 +102,7 @@ func Softmax(dst, logits []float64) {
 	}
 	s := 0.0
 	for j, v := range logits {
-		dst[j] = math.Exp(v - mx)
+		dst[j] = expShifted(v, mx) // NaN when v and mx are both infinite, as exp(v - mx)
 		s += dst[j]
 	}
 	for j := range dst {
