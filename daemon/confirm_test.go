@@ -123,3 +123,41 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 		after = page[len(page)-1].ID
 	}
 }
+
+// TestConfirmerDrawsNothingWithoutFailingCEs: the confirmer is woken after every commit, and its
+// draws (certify.samples networks per posterior version) cost more than the commit itself (they
+// were 64% of the daemon's CPU time while ingesting a backlog with no CE stored). With no CE
+// whose bound fails, a round must not draw them; the drift tests show that it still confirms
+// when one fails.
+func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	storeCEs(t, r, data, 20) // certified: their bounds hold
+	ps := &pools{samples: r.d.cfg.Certify.Samples, prec: r.d.cfg.Certify.Precision}
+	c := newConfirmer(r.d.ledger, r.d.current, ps, r.d.metrics, func() {}, r.d.log)
+	ctx := context.Background()
+	for range 3 {
+		var vals [][]byte
+		for i := 0; i < 32; i++ {
+			vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		}
+		v := r.d.current().Version
+		r.produce(t, vals...)
+		waitfor.Cond(t, 30*time.Second, "the increment applied", func() bool { return r.d.current().Version > v })
+		if err := c.round(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts, err := r.d.ledger.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[certify.Certified] != 20 {
+		t.Fatalf("statuses %v, want the 20 CEs certified", counts)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.drawn != 0 {
+		t.Fatalf("the confirmer drew %d pools for 3 posterior versions with no CE whose bound fails", ps.drawn)
+	}
+}

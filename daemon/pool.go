@@ -20,8 +20,9 @@ type pools struct {
 	samples int
 	prec    bnn.Precision
 
-	mu   sync.Mutex
-	pool *bnn.Pool // of the last version asked for
+	mu    sync.Mutex
+	pool  *bnn.Pool // of the last version asked for
+	drawn int       // pools drawn so far (a test reads it)
 }
 
 // get returns the pool of m's version, drawing it on first use. Callers asking for the same
@@ -36,6 +37,7 @@ func (p *pools) get(m *bnn.Model) (*bnn.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.drawn++
 	if p.pool == nil || m.Version > p.pool.Version() {
 		p.pool = pool
 	}
