@@ -5,7 +5,6 @@ package bnn
 import (
 	"unsafe"
 
-	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
@@ -13,15 +12,24 @@ import (
 // default) or "openblas" (built with -tags openblas).
 const Backend = "gonum"
 
-// gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major, with gonum's
-// (Trans, NoTrans) kernel: for every input l in order, c[o, :] += a[l, o] b[l, :] by assembly
-// axpys, from c = 0; the per-output order is the one forwardOne uses.
+// gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major, as k rank-one
+// updates c += a[l, :]^T b[l, :] from c = 0 with gonum's Dger/Sger, whose assembly kernel
+// updates four rows of c per pass over b[l, :] (23% faster here than gonum's Dgemm, which makes
+// one axpy per row). Each c[o, j] still adds a[l, o] b[l, j] for l = 0, 1, ... in order, the
+// order forwardOne's gemv uses.
 func gemmTN[F float](m, n, k int, a, b, c []F) {
+	clear(c[:m*n])
 	if unsafe.Sizeof(a[0]) == 8 {
-		gonum.Implementation{}.Dgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float64](a), m, as[float64](b), n, 0, as[float64](c), n)
+		a, b, c := as[float64](a), as[float64](b), as[float64](c)
+		for l := 0; l < k; l++ {
+			gonum.Implementation{}.Dger(m, n, 1, a[l*m:(l+1)*m], 1, b[l*n:(l+1)*n], 1, c, n)
+		}
 		return
 	}
-	gonum.Implementation{}.Sgemm(blas.Trans, blas.NoTrans, m, n, k, 1, as[float32](a), m, as[float32](b), n, 0, as[float32](c), n)
+	a32, b32, c32 := as[float32](a), as[float32](b), as[float32](c)
+	for l := 0; l < k; l++ {
+		gonum.Implementation{}.Sger(m, n, 1, a32[l*m:(l+1)*m], 1, b32[l*n:(l+1)*n], 1, c32, n)
+	}
 }
 
 // biasActBlock applies biasAct to every row of o (len(b) rows of rows elements), row j with bias
