@@ -21,14 +21,14 @@ import (
 //
 //	H_k = act(W_k H_{k-1} + b_k)      (Out x rows) = (Out x In)(In x rows)
 //
-// computed by the build's gemm (gemmTN: gonum's pure-Go Dgemm/Sgemm, whose kernels are axpys over
-// the chunk's inputs, in the default build; OpenBLAS with -tags openblas), followed by one fused
-// pass that adds the bias and applies the activation while the block is in cache (biasActBlock;
-// with -tags openblas a C loop the compiler vectorizes, and the output layer of a few classes is
-// one such loop too, denseOut, where a dgemm call would mostly pack). Few inputs go one at a
-// time, each layer one gonum gemv (always pure Go: a cgo call per small product would cost more
-// than it saves). With two classes the softmax and the moments are one written-out loop
-// (addChunk2).
+// computed by the build's gemm (gemmTN: in the default build In rank-one updates with gonum's
+// pure-Go Dger/Sger, each a pass over the chunk's inputs; OpenBLAS with -tags openblas), followed
+// by one fused pass that adds the bias and applies the activation while the block is in cache
+// (biasActBlock; with -tags openblas a C loop the compiler vectorizes, and the output layer of a
+// few classes is one such loop too, denseOut, where a dgemm call would mostly pack). Few inputs
+// go one at a time, each layer one gonum gemv (always pure Go: a cgo call per small product
+// would cost more than it saves). With two classes the softmax and the moments are one
+// written-out loop (addChunk2).
 //
 // Both paths add the products of an output in the same order, w_0 h_0 + w_1 h_1 + ..., starting
 // from zero and adding the bias last, without fused multiply-adds, so in the default build a
