@@ -21,60 +21,43 @@ package bnn
 #pragma GCC optimize("fp-contract=off")
 void openblas_set_num_threads(int);
 
+// Each kernel is defined once for T = double and T = float (suffixes 64 and 32) and cloned for
+// AVX2 with a baseline fallback, chosen at load time.
+#define KERNEL __attribute__((target_clones("avx2", "default"))) static void
+
 // The fused bias + ReLU / bias pass over one layer's block (out rows of n), written so that the
 // C compiler vectorizes it (Go's does not): x <= 0 ? 0 : x is Go's max(x, 0), NaN kept, -0 to +0.
-__attribute__((target_clones("avx2", "default")))
-static void bias_act64(double *o, const double *b, int out, int n, int relu) {
-	for (int j = 0; j < out; j++) {
-		double *r = o + (size_t)j * n, bj = b[j];
-		if (relu) {
-			for (int i = 0; i < n; i++) { double x = r[i] + bj; r[i] = x <= 0 ? 0 : x; }
-		} else {
-			for (int i = 0; i < n; i++) r[i] += bj;
-		}
-	}
+#define BIAS_ACT(NAME, T) \
+KERNEL NAME(T *o, const T *b, int out, int n, int relu) { \
+	for (int j = 0; j < out; j++) { \
+		T *r = o + (size_t)j * n, bj = b[j]; \
+		if (relu) { \
+			for (int i = 0; i < n; i++) { T x = r[i] + bj; r[i] = x <= 0 ? 0 : x; } \
+		} else { \
+			for (int i = 0; i < n; i++) r[i] += bj; \
+		} \
+	} \
 }
-
-__attribute__((target_clones("avx2", "default")))
-static void bias_act32(float *o, const float *b, int out, int n, int relu) {
-	for (int j = 0; j < out; j++) {
-		float *r = o + (size_t)j * n, bj = b[j];
-		if (relu) {
-			for (int i = 0; i < n; i++) { float x = r[i] + bj; r[i] = x <= 0 ? 0 : x; }
-		} else {
-			for (int i = 0; i < n; i++) r[i] += bj;
-		}
-	}
-}
+BIAS_ACT(bias_act64, double)
+BIAS_ACT(bias_act32, float)
 
 // The output layer of a classifier (out of a few classes) in one vectorized pass, where a dgemm
 // call would spend most of its time packing: o[j, i] = (sum_k wt[k, j] h[k, i]) + b[j], the
 // products added in order of k from zero and the bias last, as gemmTN + biasAct do.
-__attribute__((target_clones("avx2", "default")))
-static void dense_out64(double *o, const double *wt, const double *h, const double *b, int in, int out, int n) {
-	for (int j = 0; j < out; j++) {
-		double *r = o + (size_t)j * n;
-		for (int i = 0; i < n; i++) r[i] = 0;
-		for (int k = 0; k < in; k++) {
-			const double w = wt[(size_t)k * out + j], *x = h + (size_t)k * n;
-			for (int i = 0; i < n; i++) r[i] += w * x[i];
-		}
-		for (int i = 0; i < n; i++) r[i] += b[j];
-	}
+#define DENSE_OUT(NAME, T) \
+KERNEL NAME(T *o, const T *wt, const T *h, const T *b, int in, int out, int n) { \
+	for (int j = 0; j < out; j++) { \
+		T *r = o + (size_t)j * n; \
+		for (int i = 0; i < n; i++) r[i] = 0; \
+		for (int k = 0; k < in; k++) { \
+			const T w = wt[(size_t)k * out + j], *x = h + (size_t)k * n; \
+			for (int i = 0; i < n; i++) r[i] += w * x[i]; \
+		} \
+		for (int i = 0; i < n; i++) r[i] += b[j]; \
+	} \
 }
-
-__attribute__((target_clones("avx2", "default")))
-static void dense_out32(float *o, const float *wt, const float *h, const float *b, int in, int out, int n) {
-	for (int j = 0; j < out; j++) {
-		float *r = o + (size_t)j * n;
-		for (int i = 0; i < n; i++) r[i] = 0;
-		for (int k = 0; k < in; k++) {
-			const float w = wt[(size_t)k * out + j], *x = h + (size_t)k * n;
-			for (int i = 0; i < n; i++) r[i] += w * x[i];
-		}
-		for (int i = 0; i < n; i++) r[i] += b[j];
-	}
-}
+DENSE_OUT(dense_out64, double)
+DENSE_OUT(dense_out32, float)
 */
 import "C"
 
