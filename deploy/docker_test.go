@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -394,12 +392,11 @@ func TestStaticBuild(t *testing.T) {
 
 	// Run it as the image does, on loopback with its state in a temporary directory.
 	dir := t.TempDir()
-	addr := freePort(t)
 	conf := adaptConfig(t, cfgPath, map[string]any{
-		"http.listen": addr, "state_dir": filepath.Join(dir, "state"), "model.export_dir": filepath.Join(dir, "state", "export"),
+		"http.listen": "127.0.0.1:0", "state_dir": filepath.Join(dir, "state"), "model.export_dir": filepath.Join(dir, "state", "export"),
 		"kafka.embedded_listen": "127.0.0.1:0",
 	})
-	var logs lockedBuffer
+	var logs tooltest.Output
 	cmd := exec.Command(cfguard, "run", "--config", conf)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	cmd.Env = append(os.Environ(), "CFGUARD_HTTP_TOKEN=", "CFGUARD_HTTP_METRICS_TOKEN=")
@@ -426,11 +423,15 @@ func TestStaticBuild(t *testing.T) {
 		}
 		return 0, string(out)
 	}
+	var addr string // http.listen is 127.0.0.1:0: the daemon logs the port it bound
 	waitfor.Cond(t, 60*time.Second, "cfguard-healthcheck /healthz to pass", func() bool {
 		select {
 		case err := <-exited:
 			t.Fatalf("cfguard exited before it was healthy: %v\n%s", err, logs.String())
 		default:
+		}
+		if addr = logs.Logged("HTTP API listening", "addr"); addr == "" {
+			return false
 		}
 		code, _ := check("http://" + addr + "/healthz")
 		return code == 0
@@ -582,23 +583,3 @@ func adaptConfigText(t *testing.T, text []byte, set map[string]any) string {
 	}
 	return p
 }
-
-// lockedBuffer is an io.Writer safe for a process's stdout and stderr at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-var _ io.Writer = (*lockedBuffer)(nil)

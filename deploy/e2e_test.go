@@ -32,7 +32,7 @@ import (
 type process struct {
 	name   string
 	cmd    *exec.Cmd
-	out    lockedBuffer
+	out    tooltest.Output
 	exited chan struct{} // closed when the process has exited; err is then its Wait error
 	err    error
 }
@@ -66,6 +66,24 @@ func startProcess(t *testing.T, name, path string, args ...string) *process {
 		}
 	})
 	return p
+}
+
+// listening waits until the process has logged msg="Listening on" (Prometheus and Alertmanager,
+// started with --web.listen-address=127.0.0.1:0 and at least --log.level=info) and returns the
+// address it bound.
+func (p *process) listening(t *testing.T) string {
+	t.Helper()
+	var addr string
+	waitfor.Cond(t, 30*time.Second, p.name+" to log its listen address", func() bool {
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited: %v\n%s", p.name, p.err, p.out.String())
+		default:
+		}
+		addr = p.out.Logged("Listening on", "address")
+		return addr != ""
+	})
+	return addr
 }
 
 // waitReady waits for GET url to answer 200 while the process runs.
@@ -351,9 +369,9 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 	}
 	amDir := t.TempDir()
 	writeYAML(t, filepath.Join(amDir, "alertmanager.yml"), am)
-	amAddr := freePort(t)
 	amProc := startProcess(t, "alertmanager", amBin, "--config.file="+filepath.Join(amDir, "alertmanager.yml"),
-		"--storage.path="+filepath.Join(amDir, "data"), "--web.listen-address="+amAddr, "--cluster.listen-address=", "--log.level=warn")
+		"--storage.path="+filepath.Join(amDir, "data"), "--web.listen-address=127.0.0.1:0", "--cluster.listen-address=", "--log.level=info")
+	amAddr := amProc.listening(t)
 	amBase := "http://" + amAddr
 	amProc.waitReady(t, amBase+"/-/ready")
 
@@ -385,10 +403,9 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		t.Fatal(err)
 	}
 	job["authorization"].(map[string]any)["credentials_file"] = credentials
-	promAddr := freePort(t)
 	promProc := startProcess(t, "prometheus", promBin, "--config.file="+pc.write(t, promDir),
-		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address="+promAddr, "--log.level=warn")
-	promBase := "http://" + promAddr
+		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address=127.0.0.1:0", "--log.level=info")
+	promBase := "http://" + promProc.listening(t)
 	promProc.waitReady(t, promBase+"/-/ready")
 	waitfor.Cond(t, 20*time.Second, "Prometheus to scrape cfguard with the metrics token (up == 1)", func() bool {
 		v, ok := promValue(t, promBase, `up{job="cfguard"}`)

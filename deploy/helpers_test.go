@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,18 +33,6 @@ func repoRoot(t testing.TB) string {
 		t.Fatalf("module root not found above deploy/: %v", err)
 	}
 	return root
-}
-
-// freePort returns a loopback port that was free a moment ago, for processes that take their
-// listen address as a flag.
-func freePort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // httpGet returns the status and body of GET url with an optional bearer token.

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -40,44 +40,10 @@ func TestMain(m *testing.M) {
 // the child binds it (under parallel test binaries somebody did).
 const anyPort = "127.0.0.1:0"
 
-// syncBuffer is a child's log: written by exec's copying goroutine, read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// logged returns the value of key in the first log line with msg="msg" ("" if none yet),
-// without the brackets slog puts around a list.
-func (s *syncBuffer) logged(msg, key string) string {
-	for _, line := range strings.Split(s.String(), "\n") {
-		if !strings.Contains(line, `msg="`+msg+`"`) {
-			continue
-		}
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, key+"="); ok {
-				return strings.Trim(v, "[]")
-			}
-		}
-	}
-	return ""
-}
-
 type child struct {
 	cmd   *exec.Cmd
 	http  string // the configured http.listen (anyPort: see addr)
-	log   *syncBuffer
+	log   *tooltest.Output
 	token string // http.token, when the configuration sets one
 }
 
@@ -87,7 +53,7 @@ func (c *child) addr() string {
 	if c.http != anyPort {
 		return c.http
 	}
-	return c.log.logged("HTTP API listening", "addr")
+	return c.log.Logged("HTTP API listening", "addr")
 }
 
 // waitUp waits until the child answers its API, failing the test with the child's log after 60 s.
@@ -104,7 +70,7 @@ func (c *child) waitUp(t *testing.T) {
 
 // brokerAddr is the address of the child's embedded broker as it logged it ("" if not yet).
 func (c *child) brokerAddr() string {
-	return c.log.logged("embedded Kafka-protocol broker started", "addrs")
+	return c.log.Logged("embedded Kafka-protocol broker started", "addrs")
 }
 
 // startChild runs `cfguard run --config cfg` in a new process.
@@ -112,7 +78,7 @@ func startChild(t *testing.T, cfgPath, httpAddr string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "run", "--config", cfgPath)
 	cmd.Env = append(os.Environ(), "CFGUARD_TEST_MAIN=1")
-	log := &syncBuffer{}
+	log := &tooltest.Output{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

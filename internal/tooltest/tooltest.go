@@ -1,6 +1,8 @@
-// Package tooltest decides what a test does when an external tool it drives (kcat, promtool,
-// Prometheus, PyTorch, ...) is missing: it skips, or it fails when CFGUARD_REQUIRE_TOOLS=1. CI
-// installs the tools and sets it (.ci/run), so no such test can skip there unnoticed.
+// Package tooltest helps tests that drive external programs (kcat, promtool, Prometheus,
+// PyTorch, cfguard itself, ...). It decides what a test does when a tool is missing: it skips,
+// or it fails when CFGUARD_REQUIRE_TOOLS=1; CI installs the tools and sets it (.ci/run), so no
+// such test can skip there unnoticed. And it collects a started program's output (Output),
+// from which a test reads the address the program bound.
 package tooltest
 
 import (

@@ -51,3 +51,32 @@ func TestCommandFindsATool(t *testing.T) {
 		t.Fatalf("found %q, want the path of sh", p)
 	}
 }
+
+func TestOutputLogged(t *testing.T) {
+	var o Output
+	for _, line := range []string{
+		`ts=2026-11-24T23:41:51.976Z caller=web.go:503 level=info component=web msg="Start listening for connections" address=127.0.0.1:0`,
+		`ts=2026-11-24T23:41:51.977Z caller=tls_config.go:232 level=info component=web msg="Listening on" address=127.0.0.1:42667`,
+		`time=2026-11-24T23:42:00.000Z level=INFO msg="embedded Kafka-protocol broker started" addrs=[127.0.0.1:40111]`,
+		`time=2026-11-24T23:42:00.001Z level=INFO msg="HTTP API listening" addr=127.0.0.1:38123`,
+		`{"time":"2026-11-24T23:42:00.002Z","level":"INFO","msg":"HTTP API listening","addr":"127.0.0.1:38999"}`,
+		`{"time":"2026-11-24T23:42:00.003Z","level":"INFO","msg":"JSON broker","addrs":["127.0.0.1:40222","127.0.0.1:40223"]}`,
+		`{"msg":"JSON broker"`, // cut short: skipped
+	} {
+		o.Write([]byte(line + "\n"))
+	}
+	for _, c := range []struct{ msg, key, want string }{
+		{"Listening on", "address", "127.0.0.1:42667"},
+		{"embedded Kafka-protocol broker started", "addrs", "127.0.0.1:40111"},
+		{"HTTP API listening", "addr", "127.0.0.1:38123"},
+		{"HTTP API listening", "port", ""},
+		{"Listening", "address", ""}, // a whole message, not a prefix
+		{"not logged", "addr", ""},
+		{"JSON broker", "addrs", "127.0.0.1:40222"},
+		{"JSON broker", "addr", ""},
+	} {
+		if got := o.Logged(c.msg, c.key); got != c.want {
+			t.Errorf("Logged(%q, %q) = %q, want %q", c.msg, c.key, got, c.want)
+		}
+	}
+}
