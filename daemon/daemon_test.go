@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -34,26 +34,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// logBuffer keeps what a daemon logged, for tests that check a message.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type running struct {
-	logs   *logBuffer
+	logs   *tooltest.Output // what the daemon logged, for tests that check a message
 	d      *Daemon
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
@@ -80,7 +62,7 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	reg := prometheus.NewRegistry()
 	ready := make(chan *Daemon, 1)
 	done := make(chan error, 1)
-	logs := &logBuffer{}
+	logs := &tooltest.Output{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: reg, Ready: ready}) }()
 	r := &running{reg: reg, cancel: cancel, done: done, logs: logs}

@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -74,7 +75,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
 	r := &running{reg: reg}
-	logs := &logBuffer{}
+	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), newDaemonMetrics(reg).events, slog.New(slog.NewTextHandler(logs, nil)))
 	done := make(chan error, 1)
 	pctx, stop := context.WithCancel(ctx)
