@@ -14,7 +14,9 @@ import (
 // million normals per call) and from a Pool drawn beforehand; BenchmarkPoolBuild is the one-off
 // cost of that Pool and reports its memory. BenchmarkPoolManyInputs: 10^5 inputs, 100 draws,
 // fresh against pooled; here the draws are a small part of the work and the Pool's gain is that
-// it splits the batch over GOMAXPROCS goroutines.
+// it splits the batch over GOMAXPROCS goroutines. BenchmarkPoolOneInputSizes: one input through
+// pools of 100 to 1000 draws in both precisions, per network and as the bandwidth the pool is
+// read at, either side of touchAbove (pools larger than that read each network ahead; see next).
 func BenchmarkPoolOneInput(b *testing.B) {
 	m, X := benchModel()
 	const S = 1000
@@ -86,5 +88,26 @@ func BenchmarkPoolManyInputs(b *testing.B) {
 			}
 			reportRate(b, m, len(X)*S)
 		})
+	}
+}
+
+func BenchmarkPoolOneInputSizes(b *testing.B) {
+	m, X := benchModel()
+	for _, prec := range []Precision{Float64, Float32} {
+		for _, S := range []int{100, 500, 1000} {
+			pool, err := NewPool(m, S, 1, prec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run(fmt.Sprintf("%s/S=%d/%dMB/ahead=%v", prec, S, pool.Bytes()>>20, pool.Bytes() > touchAbove), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					if _, err := pool.Predict(context.Background(), X[i%len(X):i%len(X)+1]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*S), "ns/network")
+				b.ReportMetric(float64(pool.Bytes())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 }
