@@ -103,11 +103,11 @@ func biasActBlock[F float](o, b []F, rows int, act Activation, output bool) {
 		relu = 1
 	}
 	o = o[:len(b)*rows]
-	if unsafe.Sizeof(o[0]) == 8 {
-		C.bias_act64((*C.double)(unsafe.Pointer(&o[0])), (*C.double)(unsafe.Pointer(&b[0])), C.int(len(b)), C.int(rows), relu)
+	if unsafe.Sizeof(F(0)) == 8 {
+		C.bias_act64(cptr[C.double](o), cptr[C.double](b), C.int(len(b)), C.int(rows), relu)
 		return
 	}
-	C.bias_act32((*C.float)(unsafe.Pointer(&o[0])), (*C.float)(unsafe.Pointer(&b[0])), C.int(len(b)), C.int(rows), relu)
+	C.bias_act32(cptr[C.float](o), cptr[C.float](b), C.int(len(b)), C.int(rows), relu)
 }
 
 // denseOut sets o = wt^T h + b for the output layer (wt in x out, h in x rows, o out x rows) when
@@ -116,13 +116,17 @@ func denseOut[F float](o, wt, h, b []F, in, out, rows int) bool {
 	if out > 4 {
 		return false
 	}
-	o, wt, h = o[:out*rows], wt[:in*out], h[:in*rows]
-	if unsafe.Sizeof(o[0]) == 8 {
-		C.dense_out64((*C.double)(unsafe.Pointer(&o[0])), (*C.double)(unsafe.Pointer(&wt[0])), (*C.double)(unsafe.Pointer(&h[0])),
-			(*C.double)(unsafe.Pointer(&b[0])), C.int(in), C.int(out), C.int(rows))
+	o, wt, h, b = o[:out*rows], wt[:in*out], h[:in*rows], b[:out]
+	if unsafe.Sizeof(F(0)) == 8 {
+		C.dense_out64(cptr[C.double](o), cptr[C.double](wt), cptr[C.double](h), cptr[C.double](b), C.int(in), C.int(out), C.int(rows))
 		return true
 	}
-	C.dense_out32((*C.float)(unsafe.Pointer(&o[0])), (*C.float)(unsafe.Pointer(&wt[0])), (*C.float)(unsafe.Pointer(&h[0])),
-		(*C.float)(unsafe.Pointer(&b[0])), C.int(in), C.int(out), C.int(rows))
+	C.dense_out32(cptr[C.float](o), cptr[C.float](wt), cptr[C.float](h), cptr[C.float](b), C.int(in), C.int(out), C.int(rows))
 	return true
+}
+
+// cptr is the address of v's first element as a C pointer (T is C.double for float64, C.float for
+// float32), without indexing: an empty slice, which the kernels never read, gives its base (or nil).
+func cptr[T C.double | C.float, F float](v []F) *T {
+	return (*T)(unsafe.Pointer(unsafe.SliceData(v)))
 }

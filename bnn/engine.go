@@ -264,10 +264,10 @@ func addChunk2[F float](p *Predictive, lo, rows int, logits []F, inv float64) {
 			f0, f1 = f1, f0
 		}
 		d0, d1 := f0-mean[2*r], f1-mean[2*r+1]
-		mean[2*r] += d0 * inv
-		mean[2*r+1] += d1 * inv
-		m2[2*r] += d0 * (f0 - mean[2*r])
-		m2[2*r+1] += d1 * (f1 - mean[2*r+1])
+		mean[2*r] += float64(d0 * inv) // float64(): no fused multiply-add (see fold)
+		mean[2*r+1] += float64(d1 * inv)
+		m2[2*r] += float64(d0 * (f0 - mean[2*r]))
+		m2[2*r+1] += float64(d1 * (f1 - mean[2*r+1]))
 	}
 }
 
@@ -299,14 +299,18 @@ func addOne[F float](mo *moments, i int, logits []F, k int) {
 // fold turns mo.probs from logits into probabilities and folds them into input i's moments:
 //
 //	d = f - mean,  mean += d / k,  m2 += d (f - mean).
+//
+// Each product is rounded before it is added (the float64 conversions: the Go spec lets the
+// compiler fuse x += a*b into one multiply-add, and from GOAMD64=v3 on it does, in some places
+// and not others), so that addChunk2 and this fold give the same bits in every build.
 func (mo *moments) fold(i int, inv float64) {
 	Softmax(mo.probs, mo.probs)
 	c := mo.p.C
 	mean, m2 := mo.p.Mean[i*c:(i+1)*c], mo.p.Var[i*c:(i+1)*c]
 	for j, f := range mo.probs {
 		d := f - mean[j]
-		mean[j] += d * inv
-		m2[j] += d * (f - mean[j])
+		mean[j] += float64(d * inv)
+		m2[j] += float64(d * (f - mean[j]))
 	}
 }
 

@@ -85,7 +85,9 @@ func TestEngineMatchesReference(t *testing.T) {
 
 // TestEngineBatchIndependent: an input's estimate does not depend on which other inputs share the
 // call. In the default build both paths add every output's products in the same order without
-// fused multiply-adds, so the equality is exact; OpenBLAS sums in its own order (1e-12).
+// fused multiply-adds, so the equality is exact; OpenBLAS sums in its own order (1e-12). Every
+// input of the chunked call is compared with the one-at-a-time path (calls of chunkMin-1
+// inputs), the means and the variances.
 func TestEngineBatchIndependent(t *testing.T) {
 	m, X := paperModel(3, ReLU, 3*chunkRows/2)
 	for _, prec := range []Precision{Float64, Float32} {
@@ -93,18 +95,22 @@ func TestEngineBatchIndependent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, i := range []int{0, 1, chunkRows - 1, chunkRows, len(X) - 1} {
-			one, err := m.PredictWith(context.Background(), X[i:i+1], 5, 2, prec)
+		for lo := 0; lo < len(X); lo += chunkMin - 1 {
+			hi := min(lo+chunkMin-1, len(X))
+			few, err := m.PredictWith(context.Background(), X[lo:hi], 5, 2, prec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for c := 0; c < 2; c++ {
-				a, b := all.P(i, c), one.P(0, c)
-				if Backend == "gonum" && (a != b || all.V(i, c) != one.V(0, c)) {
-					t.Fatalf("%s input %d class %d: %v in the batch, %v alone", prec, i, c, a, b)
-				}
-				if tol := map[Precision]float64{Float64: 1e-12, Float32: 1e-6}[prec]; math.Abs(a-b) > tol {
-					t.Fatalf("%s input %d class %d: %v in the batch, %v alone (%s)", prec, i, c, a, b, Backend)
+			for i := lo; i < hi; i++ {
+				for c := 0; c < 2; c++ {
+					for _, v := range [][2]float64{{all.P(i, c), few.P(i-lo, c)}, {all.V(i, c), few.V(i-lo, c)}} {
+						if Backend == "gonum" && v[0] != v[1] {
+							t.Fatalf("%s input %d class %d: %v in the batch, %v one at a time (mean, then variance)", prec, i, c, v[0], v[1])
+						}
+						if tol := map[Precision]float64{Float64: 1e-12, Float32: 1e-6}[prec]; math.Abs(v[0]-v[1]) > tol {
+							t.Fatalf("%s input %d class %d: %v in the batch, %v one at a time (%s)", prec, i, c, v[0], v[1], Backend)
+						}
+					}
 				}
 			}
 		}
@@ -357,8 +363,8 @@ func blockKernelsMatchGo[F float](t *testing.T, edges []float64) {
 	same := func(a, b F) bool {
 		return math.Float64bits(float64(a)) == math.Float64bits(float64(b)) || (a != a && b != b)
 	}
-	for _, rows := range []int{1, 3, 7, 8, 9, 16, 17, 31, 192} {
-		for _, out := range []int{1, 2, 3, 4, 5} {
+	for _, rows := range []int{0, 1, 3, 7, 8, 9, 16, 17, 31, 192} {
+		for _, out := range []int{0, 1, 2, 3, 4, 5} {
 			b := make([]F, out) // every edge value is some row's bias, -0 + -0 among the sums
 			for j := range b {
 				b[j] = F(edges[(j+rows)%len(edges)])
@@ -381,7 +387,7 @@ func blockKernelsMatchGo[F float](t *testing.T, edges []float64) {
 					}
 				}
 			}
-			in := 1 + rng.IntN(40)
+			in := rng.IntN(41) // 0 too: the output is the bias
 			wt, h := make([]F, in*out), make([]F, in*rows)
 			for i := range wt {
 				wt[i] = F(rng.NormFloat64())

@@ -109,7 +109,7 @@ func (p *Pool) Predict(ctx context.Context, X [][]float64) (*Predictive, error) 
 		return nil, err
 	}
 	workers := runtime.GOMAXPROCS(0)
-	ahead := p.prec == Float64 && p.Bytes() > touchAbove
+	ahead := p.readsAhead()
 	if p.prec == Float32 {
 		return predictive(ctx, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float32] { return next(p.nets32, s, ahead) })
 	}
@@ -118,6 +118,9 @@ func (p *Pool) Predict(ctx context.Context, X [][]float64) (*Predictive, error) 
 
 // touchAbove is the size above which a float64 Pool is read ahead (see next).
 const touchAbove = 8 << 20
+
+// readsAhead reports whether Predict reads each network ahead (see next).
+func (p *Pool) readsAhead() bool { return p.prec == Float64 && p.Bytes() > touchAbove }
 
 // next returns network s of nets, after reading one byte per cache line of network s+1 when
 // ahead is set.

@@ -99,7 +99,7 @@ func BenchmarkPoolOneInputSizes(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Run(fmt.Sprintf("%s/S=%d/%dMB/ahead=%v", prec, S, pool.Bytes()>>20, pool.Bytes() > touchAbove), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/S=%d/%dMB/ahead=%v", prec, S, pool.Bytes()>>20, pool.readsAhead()), func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					if _, err := pool.Predict(context.Background(), X[i%len(X):i%len(X)+1]); err != nil {
 						b.Fatal(err)

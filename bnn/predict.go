@@ -102,7 +102,7 @@ func Softmax(dst, logits []float64) {
 	}
 	s := 0.0
 	for j, v := range logits {
-		dst[j] = expShifted(v, mx) // NaN when v and mx are both infinite, as exp(v - mx)
+		dst[j] = expShifted(v, mx) // NaN when v and mx are the same infinity, as exp(v - mx)
 		s += dst[j]
 	}
 	for j := range dst {

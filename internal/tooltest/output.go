@@ -26,14 +26,16 @@ func (o *Output) String() string {
 	return o.b.String()
 }
 
-// Logged returns the value of key in the first log line whose message is msg ("" if there is
-// none yet): a logfmt line (msg="msg" key=value; the brackets slog puts around a list are
+// Logged returns the value of key in the first complete log line whose message is msg ("" if
+// there is none yet): a logfmt line (msg="msg" key=value; the brackets slog puts around a list are
 // dropped) or a JSON one ({"msg":"msg","key":"value"}; a list gives its first element). It is
 // how a test learns the port a program bound when told to listen on 127.0.0.1:0: cfguard logs
 // msg="HTTP API listening" addr=..., Prometheus and Alertmanager msg="Listening on" address=...,
 // so that no test has to reserve a port and hope nobody takes it before the program binds it.
 func (o *Output) Logged(msg, key string) string {
-	for _, line := range strings.Split(o.String(), "\n") {
+	text := o.String()
+	text = text[:strings.LastIndexByte(text, '\n')+1] // a line still being written may be cut short
+	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, "{") {
 			if v, ok := loggedJSON(line, msg, key); ok {
 				return v

@@ -79,4 +79,14 @@ func TestOutputLogged(t *testing.T) {
 			t.Errorf("Logged(%q, %q) = %q, want %q", c.msg, c.key, got, c.want)
 		}
 	}
+	// A line still being written is not read: its port may be cut short.
+	var p Output
+	p.Write([]byte(`level=INFO msg="HTTP API listening" addr=127.0.0.1:38`))
+	if got := p.Logged("HTTP API listening", "addr"); got != "" {
+		t.Errorf("Logged on a line without its newline = %q, want \"\"", got)
+	}
+	p.Write([]byte("123\n"))
+	if got := p.Logged("HTTP API listening", "addr"); got != "127.0.0.1:38123" {
+		t.Errorf("Logged once the line is complete = %q, want 127.0.0.1:38123", got)
+	}
 }
