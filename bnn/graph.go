@@ -1,6 +1,7 @@
 package bnn
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -116,9 +117,7 @@ func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 	if cfg.Batch < 1 {
 		return cfg, fmt.Errorf("batch size %d, want >= 1", cfg.Batch)
 	}
-	if cfg.Samples == 0 {
-		cfg.Samples = 1
-	}
+	cfg.Samples = cmp.Or(cfg.Samples, 1)
 	if cfg.Samples < 1 {
 		return cfg, fmt.Errorf("samples %d, want >= 1", cfg.Samples)
 	}

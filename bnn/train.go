@@ -1,6 +1,7 @@
 package bnn
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,18 +66,10 @@ type TrainStats struct {
 
 // withDefaults returns cfg with zero fields replaced by the defaults.
 func (cfg TrainConfig) withDefaults() TrainConfig {
-	if cfg.Epochs == 0 {
-		cfg.Epochs = DefaultEpochs
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.LR == 0 {
-		cfg.LR = DefaultLR
-	}
-	if cfg.KLWeight == 0 {
-		cfg.KLWeight = DefaultKLWeight
-	}
+	cfg.Epochs = cmp.Or(cfg.Epochs, DefaultEpochs)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.LR = cmp.Or(cfg.LR, DefaultLR)
+	cfg.KLWeight = cmp.Or(cfg.KLWeight, DefaultKLWeight)
 	if len(cfg.Hidden) == 0 {
 		cfg.Hidden = DefaultHidden
 	}
@@ -262,9 +255,7 @@ func Fit(ctx context.Context, set *dataset.Set, classes []string, cfg TrainConfi
 		return nil, TrainStats{}, fmt.Errorf("fit: %w", err)
 	}
 	ps := cfg.PriorSigma
-	if ps == 0 {
-		ps = DefaultPriorSigma
-	}
+	ps = cmp.Or(ps, DefaultPriorSigma)
 	m := New(d, cfg.Hidden, classes, ps, rand.New(rand.NewPCG(cfg.Seed, 0x1417)))
 	m.Activation = cfg.Activation
 	m.Scaler = FitScaler(set.X)

@@ -19,6 +19,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -186,9 +187,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
 }
 
 func (cfg *Config) applyDefaults() error {
-	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
-	}
+	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:0")
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("broker: Listen %q: %w", cfg.Listen, err)
@@ -196,18 +195,10 @@ func (cfg *Config) applyDefaults() error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("broker: Listen %q: host must be a loopback address or localhost", cfg.Listen)
 	}
-	if cfg.Partitions == 0 {
-		cfg.Partitions = 1
-	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.RetentionBytes == 0 {
-		cfg.RetentionBytes = DefaultRetentionBytes
-	}
-	if cfg.RetentionCheckInterval == 0 {
-		cfg.RetentionCheckInterval = DefaultRetentionCheckInterval
-	}
+	cfg.Partitions = cmp.Or(cfg.Partitions, 1)
+	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	cfg.RetentionBytes = cmp.Or(cfg.RetentionBytes, DefaultRetentionBytes)
+	cfg.RetentionCheckInterval = cmp.Or(cfg.RetentionCheckInterval, DefaultRetentionCheckInterval)
 	if cfg.RetentionCheckInterval < 0 {
 		return fmt.Errorf("broker: RetentionCheckInterval %v: must be positive", cfg.RetentionCheckInterval)
 	}

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -72,9 +73,7 @@ func (e event) entry(now time.Time) ledger.OutboxEntry {
 		e.At = now.UTC()
 	}
 	key := e.ID
-	if key == "" {
-		key = e.Type
-	}
+	key = cmp.Or(key, e.Type)
 	v, err := json.Marshal(e)
 	if err != nil {
 		// Only a non-finite float (a KL, a bound) can fail: send the event without its numbers

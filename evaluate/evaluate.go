@@ -54,6 +54,7 @@
 package evaluate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,27 +104,15 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Seeds == 0 {
-		c.Seeds = 5
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.Instances == 0 {
-		c.Instances = 100
-	}
+	c.Seeds = cmp.Or(c.Seeds, 5)
+	c.Seed = cmp.Or(c.Seed, 1)
+	c.Instances = cmp.Or(c.Instances, 100)
 	if len(c.Methods) == 0 {
 		c.Methods = DefaultMethods
 	}
-	if c.Kappa == 0 {
-		c.Kappa = 1e-3
-	}
-	if c.Updates == 0 {
-		c.Updates = 5
-	}
-	if c.UpdateFrac == 0 {
-		c.UpdateFrac = 0.01
-	}
+	c.Kappa = cmp.Or(c.Kappa, 1e-3)
+	c.Updates = cmp.Or(c.Updates, 5)
+	c.UpdateFrac = cmp.Or(c.UpdateFrac, 0.01)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -6,6 +6,7 @@
 package experiment
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -151,33 +152,19 @@ func (r *IncrementsResult) WriteJSONRows(w io.Writer) error {
 }
 
 func (cfg IncrementsConfig) withDefaults() IncrementsConfig {
-	if cfg.LR == 0 {
-		cfg.LR = update.DefaultLR
-	}
-	if cfg.Objective == "" {
-		cfg.Objective = update.ObjectivePrior
-	}
-	if cfg.Steps == 0 {
-		cfg.Steps = update.DefaultIterations
-	}
-	if cfg.Samples == 0 {
-		cfg.Samples = DefaultSamples
-	}
-	if cfg.Delta == 0 {
-		cfg.Delta = DefaultDelta
-	}
-	if cfg.Updates == 0 {
-		cfg.Updates = DefaultUpdates
-	}
+	cfg.LR = cmp.Or(cfg.LR, update.DefaultLR)
+	cfg.Objective = cmp.Or(cfg.Objective, update.ObjectivePrior)
+	cfg.Steps = cmp.Or(cfg.Steps, update.DefaultIterations)
+	cfg.Samples = cmp.Or(cfg.Samples, DefaultSamples)
+	cfg.Delta = cmp.Or(cfg.Delta, DefaultDelta)
+	cfg.Updates = cmp.Or(cfg.Updates, DefaultUpdates)
 	if cfg.UpdateData == "" {
 		cfg.UpdateData = Cumulative
 		if cfg.Objective == update.ObjectiveVCL {
 			cfg.UpdateData = NewOnly
 		}
 	}
-	if cfg.Train.Seed == 0 {
-		cfg.Train.Seed = cfg.Seed
-	}
+	cfg.Train.Seed = cmp.Or(cfg.Train.Seed, cfg.Seed)
 	return cfg
 }
 

@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -100,31 +101,19 @@ func DefaultConfig(method Method) Config {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Method == "" {
-		c.Method = DefaultMethod
-	}
-	def := func(p *float64, v float64) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defi := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	def(&c.LR, DefaultLR)
-	defi(&c.MaxIter, DefaultMaxIterations)
-	defi(&c.Samples, DefaultSamples)
-	defi(&c.PoolSize, DefaultPoolSize)
-	defi(&c.CheckSamples, DefaultCheckSamples)
-	defi(&c.FinalSamples, DefaultFinalSamples)
-	def(&c.Delta, DefaultDelta)
-	def(&c.Epsilon, DefaultEpsilon)
-	def(&c.MoveSize, DefaultMoveSize)
-	defi(&c.MaxChanges, DefaultMaxChanges)
-	def(&c.Confidence, DefaultConfidence)
-	def(&c.Alpha, DefaultAlpha)
+	c.Method = cmp.Or(c.Method, DefaultMethod)
+	c.LR = cmp.Or(c.LR, DefaultLR)
+	c.MaxIter = cmp.Or(c.MaxIter, DefaultMaxIterations)
+	c.Samples = cmp.Or(c.Samples, DefaultSamples)
+	c.PoolSize = cmp.Or(c.PoolSize, DefaultPoolSize)
+	c.CheckSamples = cmp.Or(c.CheckSamples, DefaultCheckSamples)
+	c.FinalSamples = cmp.Or(c.FinalSamples, DefaultFinalSamples)
+	c.Delta = cmp.Or(c.Delta, DefaultDelta)
+	c.Epsilon = cmp.Or(c.Epsilon, DefaultEpsilon)
+	c.MoveSize = cmp.Or(c.MoveSize, DefaultMoveSize)
+	c.MaxChanges = cmp.Or(c.MaxChanges, DefaultMaxChanges)
+	c.Confidence = cmp.Or(c.Confidence, DefaultConfidence)
+	c.Alpha = cmp.Or(c.Alpha, DefaultAlpha)
 	if c.Weights == nil {
 		w := DefaultWeights
 		if c.Method != MethodPSCE {

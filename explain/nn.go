@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,24 +86,14 @@ const (
 )
 
 func (c TrainConfig) withDefaults(rows int) TrainConfig {
-	if c.Hidden == 0 {
-		c.Hidden = DefaultHidden
-	}
-	if c.Latent == 0 {
-		c.Latent = DefaultLatent
-	}
-	if c.Epochs == 0 {
-		c.Epochs = DefaultEpochs
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
+	c.Hidden = cmp.Or(c.Hidden, DefaultHidden)
+	c.Latent = cmp.Or(c.Latent, DefaultLatent)
+	c.Epochs = cmp.Or(c.Epochs, DefaultEpochs)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	if c.BatchSize > rows {
 		c.BatchSize = rows
 	}
-	if c.LR == 0 {
-		c.LR = DefaultTrainLR
-	}
+	c.LR = cmp.Or(c.LR, DefaultTrainLR)
 	return c
 }
 

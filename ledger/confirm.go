@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -38,9 +39,7 @@ const predictChunk = 4096
 // NewModelPredictor predicts with m, `samples` posterior draws (0: certify.DefaultSamples) and
 // seed.
 func NewModelPredictor(m *bnn.Model, samples int, seed uint64) *ModelPredictor {
-	if samples == 0 {
-		samples = certify.DefaultSamples
-	}
+	samples = cmp.Or(samples, certify.DefaultSamples)
 	return &ModelPredictor{m: m, samples: samples, seed: seed}
 }
 

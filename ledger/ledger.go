@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
@@ -58,15 +59,11 @@ func (o *Options) defaults() error {
 	if err := o.Policy.Validate(); err != nil {
 		return fmt.Errorf("%w: ledger options: %w", ErrInvalid, err)
 	}
-	if o.MCBatch == 0 {
-		o.MCBatch = DefaultMCBatch
-	}
+	o.MCBatch = cmp.Or(o.MCBatch, DefaultMCBatch)
 	if o.MCBatch < 1 {
 		return fmt.Errorf("%w: ledger options: mc_batch = %d, want >= 1", ErrInvalid, o.MCBatch)
 	}
-	if o.KLHistory == 0 {
-		o.KLHistory = DefaultKLHistory
-	}
+	o.KLHistory = cmp.Or(o.KLHistory, DefaultKLHistory)
 	if o.KLHistory < 1 {
 		return fmt.Errorf("%w: ledger options: kl_history = %d, want >= 1", ErrInvalid, o.KLHistory)
 	}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -57,12 +58,8 @@ func (c *ConnConfig) applyDefaults() error {
 			return fmt.Errorf("stream: Brokers: %q is not host:port: %w", b, err)
 		}
 	}
-	if c.ClientID == "" {
-		c.ClientID = "cfguard"
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = 10 * time.Second
-	}
+	c.ClientID = cmp.Or(c.ClientID, "cfguard")
+	c.DialTimeout = cmp.Or(c.DialTimeout, 10*time.Second)
 	if c.DialTimeout < 0 {
 		return fmt.Errorf("stream: DialTimeout %v must be positive", c.DialTimeout)
 	}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,16 +110,16 @@ func (c *ConsumerConfig) applyDefaults() error {
 		}
 	}
 	explicitBacklog := c.MaxRecordsBacklog != 0
-	setDefault(&c.MaxRecords, DefaultMaxRecords)
-	setDefault(&c.MaxRecordsBacklog, max(DefaultMaxRecordsBacklog, c.MaxRecords))
-	setDefault(&c.MaxWait, DefaultMaxWait)
-	setDefault(&c.FetchWait, DefaultFetchWait)
-	setDefault(&c.FetchMaxBytes, DefaultFetchMaxBytes)
-	setDefault(&c.RefreshInterval, DefaultRefreshInterval)
-	setDefault(&c.CommitInterval, DefaultCommitInterval)
-	setDefault(&c.RetryMin, DefaultRetryMin)
-	setDefault(&c.RetryMax, max(DefaultRetryMax, c.RetryMin))
-	setDefault(&c.StallAfter, DefaultStallAfter)
+	c.MaxRecords = cmp.Or(c.MaxRecords, DefaultMaxRecords)
+	c.MaxRecordsBacklog = cmp.Or(c.MaxRecordsBacklog, max(DefaultMaxRecordsBacklog, c.MaxRecords))
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.FetchWait = cmp.Or(c.FetchWait, DefaultFetchWait)
+	c.FetchMaxBytes = cmp.Or(c.FetchMaxBytes, DefaultFetchMaxBytes)
+	c.RefreshInterval = cmp.Or(c.RefreshInterval, DefaultRefreshInterval)
+	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.RetryMin = cmp.Or(c.RetryMin, DefaultRetryMin)
+	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryMin))
+	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	if explicitBacklog && c.MaxRecordsBacklog < c.MaxRecords {
 		return fmt.Errorf("stream: consumer MaxRecordsBacklog %d < MaxRecords %d", c.MaxRecordsBacklog, c.MaxRecords)
 	}
@@ -131,13 +132,6 @@ func (c *ConsumerConfig) applyDefaults() error {
 		}
 	}
 	return nil
-}
-
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // Gap is a range of offsets of one partition whose records were deleted by the broker

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -362,9 +363,7 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 		if rec.Time.IsZero() {
 			rec.Time = m.time
 		}
-		if rec.ID == "" {
-			rec.ID = DefaultID(c.cfg.Topic, part, m.offset)
-		}
+		rec.ID = cmp.Or(rec.ID, DefaultID(c.cfg.Topic, part, m.offset))
 		recs[w] = rec
 		w++
 	}

@@ -26,6 +26,7 @@
 package update
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -101,24 +102,12 @@ type Stats struct {
 var ErrRefused = errors.New("update refused")
 
 func (cfg Config) withDefaults() Config {
-	if cfg.Objective == "" {
-		cfg.Objective = ObjectivePrior
-	}
-	if cfg.Engine == "" {
-		cfg.Engine = EngineGo
-	}
-	if cfg.LR == 0 {
-		cfg.LR = DefaultLR
-	}
-	if cfg.Iterations == 0 {
-		cfg.Iterations = DefaultIterations
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.Samples == 0 {
-		cfg.Samples = DefaultSamples
-	}
+	cfg.Objective = cmp.Or(cfg.Objective, ObjectivePrior)
+	cfg.Engine = cmp.Or(cfg.Engine, EngineGo)
+	cfg.LR = cmp.Or(cfg.LR, DefaultLR)
+	cfg.Iterations = cmp.Or(cfg.Iterations, DefaultIterations)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.Samples = cmp.Or(cfg.Samples, DefaultSamples)
 	if cfg.KLWeight == 0 {
 		if cfg.Objective == ObjectiveVCL {
 			cfg.KLWeight = DefaultVCLKLWeight

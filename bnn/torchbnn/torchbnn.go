@@ -37,6 +37,7 @@
 package torchbnn
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -127,9 +128,7 @@ func Import(weights []byte, opts Options) (*bnn.Model, error) {
 		return nil, err
 	}
 	sigma := opts.PriorSigma
-	if sigma == 0 {
-		sigma = bnn.DefaultPriorSigma
-	}
+	sigma = cmp.Or(sigma, bnn.DefaultPriorSigma)
 	for _, l := range layers {
 		if err := l.check(sigma); err != nil {
 			return nil, err
