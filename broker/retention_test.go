@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // dirBytes is the total size of the regular files under dir.
@@ -129,13 +130,9 @@ func TestRetentionByAge(t *testing.T) {
 	}
 	produce(t, b.Addrs()[0], "records", values...)
 	before := dirBytes(t, dir)
-	deadline := time.Now().Add(10 * time.Second)
-	for b.LogStartOffsets("records")[0] < 3000 {
-		if time.Now().After(deadline) {
-			t.Fatalf("log start %d after 10s, want 3000", b.LogStartOffsets("records")[0])
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Cond(t, 10*time.Second, "the log start to reach 3000 (every record expired)", func() bool {
+		return b.LogStartOffsets("records")[0] >= 3000
+	})
 	after := dirBytes(t, dir)
 	t.Logf("data dir %d bytes before, %d after the records expired", before, after)
 	if after > before/4 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 )
 
 // Backup streams a consistent snapshot of the ledger to w: a complete bbolt file as of one
@@ -238,7 +239,7 @@ func Restore(src, stateDir string) (Info, error) {
 		}
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)
 	}
-	if err := syncDir(stateDir); err != nil {
+	if err := atomicfile.SyncDir(stateDir); err != nil {
 		return Info{}, fmt.Errorf("ledger: restore: sync %s: %w", stateDir, err)
 	}
 	info.Path = dst

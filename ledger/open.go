@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 )
 
 // Open opens <stateDir>/cfguard.db, creating it only when it does not exist.
@@ -151,7 +152,7 @@ func createIfMissing(path string, pol certify.Policy) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return true, syncDir(filepath.Dir(path))
+	return true, atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // initSchema creates every bucket of an empty schema-2 ledger.
@@ -176,8 +177,6 @@ func syncFile(path string) error {
 	defer f.Close()
 	return f.Sync()
 }
-
-func syncDir(dir string) error { return syncFile(dir) }
 
 // metaRestore is a meta page to write back: after a commit that reported failure, the page it
 // overwrote (the older of the two) is put back if the file shows the failed transaction.
