@@ -48,20 +48,24 @@ func (r *running) rawDo(t *testing.T, method, path, body string, header map[stri
 // features) need it too; health and readiness stay open; /metrics needs its own token when set.
 func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token, c.HTTP.MetricsToken = "t0ken", "m3trics" })
-	for _, p := range []string{"/v1/counterfactuals?status=certified", "/v1/counterfactuals/x", "/v1/model",
-		"/v1/model/posterior", "/v1/model/posterior/sidecar", "/v1/audit"} {
-		resp, _ := r.rawDo(t, "GET", p, "", nil)
+	// Every route the table marks "token", so that a route added later is checked too.
+	for pattern, auth := range routeTable() {
+		if auth != "token" {
+			continue
+		}
+		method, p, _ := strings.Cut(pattern, " ")
+		p = strings.ReplaceAll(p, "{id}", "x")
+		body := ""
+		if method == "POST" {
+			body = "{}"
+		}
+		resp, _ := r.rawDo(t, method, p, body, nil)
 		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
-			t.Errorf("GET %s without a token: %d, want 401 with WWW-Authenticate", p, resp.StatusCode)
+			t.Errorf("%s %s without a token: %d, want 401 with WWW-Authenticate", method, p, resp.StatusCode)
 		}
-		resp, _ = r.rawDo(t, "GET", p, "", map[string]string{"Authorization": "Bearer m3trics"})
+		resp, _ = r.rawDo(t, method, p, body, map[string]string{"Authorization": "Bearer m3trics"})
 		if resp.StatusCode != http.StatusUnauthorized {
-			t.Errorf("GET %s with the metrics token: %d, want 401", p, resp.StatusCode)
-		}
-	}
-	for _, p := range []string{"/v1/predict", "/v1/counterfactuals", "/v1/explain", "/v1/audit"} {
-		if resp, _ := r.rawDo(t, "POST", p, "{}", nil); resp.StatusCode != http.StatusUnauthorized {
-			t.Errorf("POST %s without a token: %d, want 401", p, resp.StatusCode)
+			t.Errorf("%s %s with the metrics token: %d, want 401", method, p, resp.StatusCode)
 		}
 	}
 	if resp, _ := r.rawDo(t, "GET", "/v1/model", "", map[string]string{"Authorization": "Bearer t0ken"}); resp.StatusCode != 200 {
