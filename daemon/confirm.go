@@ -19,7 +19,7 @@ const confirmPoll = 30 * time.Second
 // confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior,
 // in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
 // marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
-// ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
+// ledger.Confirm, in batches of backgroundBatch, outside the daemon's lock and outside the ledger's
 // writer lock (each batch is written in one short transaction, its status changes going to the
 // outbox in it):
 //
@@ -36,21 +36,17 @@ type confirmer struct {
 	l        *ledger.Ledger
 	current  func() *bnn.Model
 	pools    *pools // the version's shared draws (certify.samples in certify.precision)
-	batch    int
 	metrics  *alerts.Metrics
 	changed  func() // after a batch changed statuses: refresh gauges, wake the outbox
 	log      *slog.Logger
 	wake     chan struct{}
 	pool     *bnn.Pool
-	pending  int  // failing CEs without a verdict under pool's version (an upper estimate)
-	failing  bool // the last batch failed (logged once per episode)
-	failedAt time.Time
+	pending  int       // failing CEs without a verdict under pool's version (an upper estimate)
+	failedAt time.Time // when the batches began to fail (zero while they work); logged once per episode
 }
 
-const confirmBatch = backgroundBatch
-
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
-	return &confirmer{l: l, current: current, pools: pools, batch: confirmBatch, metrics: m, changed: changed, log: log,
+	return &confirmer{l: l, current: current, pools: pools, metrics: m, changed: changed, log: log,
 		wake: make(chan struct{}, 1)}
 }
 
@@ -73,12 +69,12 @@ func (c *confirmer) run(ctx context.Context) error {
 			return nil
 		}
 		switch {
-		case err != nil && !c.failing:
-			c.failing, c.failedAt = true, time.Now()
+		case err != nil && c.failedAt.IsZero():
+			c.failedAt = time.Now()
 			c.log.Error("confirming counterfactuals whose bound fails; they stay at_risk (unconfirmed) and are retried", "err", err)
-		case err == nil && c.failing:
-			c.failing = false
+		case err == nil && !c.failedAt.IsZero():
 			c.log.Info("confirming counterfactuals works again", "failed_for", time.Since(c.failedAt).Round(time.Millisecond))
+			c.failedAt = time.Time{}
 		}
 		select {
 		case <-ctx.Done():
@@ -112,7 +108,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			}
 			c.pool = p
 		}
-		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool}, c.batch)
+		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool}, backgroundBatch)
 		if err != nil {
 			return err
 		}

@@ -152,9 +152,7 @@ func (w *writeTx) putHeader(id []byte, old, h *header) error {
 	if err := putSealed(w.tx.Bucket(bHeaders), id, h.encode()); err != nil {
 		return err
 	}
-	if err := w.moveIndex(id, old, h); err != nil {
-		return err
-	}
+	w.moveIndex(id, old, h)
 	if old != nil {
 		w.cnt.add(old.status, -1)
 	}
@@ -171,10 +169,13 @@ func (w *writeTx) deleteCE(id []byte, old *header) error {
 		return err
 	}
 	w.cnt.add(old.status, -1)
-	return w.moveIndex(id, old, nil)
+	w.moveIndex(id, old, nil)
+	return nil
 }
 
-func (w *writeTx) moveIndex(id []byte, old, h *header) error {
+// moveIndex queues the index changes that take id from old to h (nil: absent); applyIndex
+// writes them.
+func (w *writeTx) moveIndex(id []byte, old, h *header) {
 	ok, nk := w.l.indexKeys(id, old), w.l.indexKeys(id, h)
 	for i := range w.idx {
 		if bytes.Equal(ok[i], nk[i]) {
@@ -187,7 +188,6 @@ func (w *writeTx) moveIndex(id []byte, old, h *header) error {
 			w.idx[i] = append(w.idx[i], idxOp{key: nk[i], put: true})
 		}
 	}
-	return nil
 }
 
 // applyIndex writes the pending index changes in key order (changes to one key keep their order).

@@ -82,11 +82,11 @@ func (o *Options) defaults() error {
 // transaction, fsynced on commit. A Ledger is safe for concurrent use: reads run in parallel
 // with each other and with one writer.
 type Ledger struct {
-	dir, path string
-	opts      Options
-	log       *slog.Logger
-	lock      *os.File // PIDFileName, flocked for the Ledger's lifetime
-	created   bool
+	path    string
+	opts    Options
+	log     *slog.Logger
+	lock    *os.File // PIDFileName, flocked for the Ledger's lifetime
+	created bool
 
 	// wmu serialises the ledger's own writers, so that Commit can hold it across
 	// re-certification and checkpoint, and Confirm and Audit can write short batches.

@@ -43,7 +43,7 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Ledger{dir: stateDir, path: path, opts: opts, log: opts.Logger, lock: lock, models: map[uint64]*bnn.Model{}}
+	l := &Ledger{path: path, opts: opts, log: opts.Logger, lock: lock, models: map[uint64]*bnn.Model{}}
 	ok := false
 	defer func() {
 		if !ok {

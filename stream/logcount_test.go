@@ -24,8 +24,10 @@ func newLogLines(t testing.TB) (*slog.Logger, logLines) {
 func (h logLines) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h logLines) Handle(_ context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(h.attrs...) // those of log.With(...), so that a check on attributes sees them
 	h.mu.Lock()
-	*h.lines = append(*h.lines, r.Clone())
+	*h.lines = append(*h.lines, r)
 	h.mu.Unlock()
 	if h.t != nil && r.Level >= slog.LevelInfo {
 		var sb strings.Builder
