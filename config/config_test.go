@@ -5,9 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -28,6 +31,57 @@ func TestRepoConfigYAMLLoads(t *testing.T) {
 	if !c.Embedded() {
 		t.Fatal("the repository's config.yaml must run the embedded broker")
 	}
+	// The README says every key with its default is in config.yaml: the file's keys are those of
+	// the effective configuration, and its values are the defaults.
+	text, err := os.ReadFile(filepath.Join("..", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := Default()
+	want, err := def.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := yamlKeys(t, text), yamlKeys(t, want); !slices.Equal(got, want) {
+		t.Errorf("config.yaml's keys differ from the configuration's:\n  only in config.yaml: %v\n  missing from it: %v",
+			setMinus(got, want), setMinus(want, got))
+	}
+	if got, err := c.YAML(); err != nil || string(got) != string(want) {
+		t.Errorf("config.yaml's values differ from the defaults (%v):\n%s\nthe defaults:\n%s", err, got, want)
+	}
+}
+
+// yamlKeys lists the dotted key paths of a YAML mapping's leaves, sorted.
+func yamlKeys(t *testing.T, text []byte) []string {
+	t.Helper()
+	var doc map[string]any
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok {
+				walk(prefix+k+".", sub)
+				continue
+			}
+			keys = append(keys, prefix+k)
+		}
+	}
+	walk("", doc)
+	slices.Sort(keys)
+	return keys
+}
+
+func setMinus(a, b []string) []string {
+	var out []string
+	for _, k := range a {
+		if !slices.Contains(b, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func TestGoodFile(t *testing.T) {
