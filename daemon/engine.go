@@ -76,10 +76,13 @@ func (d *Daemon) ingest(ctx context.Context) error {
 // Locking: only apply changes the current posterior, and ingest calls it from one goroutine, so
 // the update is computed from d.current() without a lock. d.mu is held only around the ledger
 // write and the swap of the current posterior (commit), so that a registration is anchored to
-// the posterior that is current when it is stored. Nothing under d.mu talks to Kafka or samples:
-// events go to the ledger's outbox in the checkpoint's transaction (the outbox publisher sends
-// them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's, in the
-// background.
+// the posterior that is current when it is stored. Nothing apply does under d.mu talks to Kafka
+// or samples: events go to the ledger's outbox in the checkpoint's transaction (the outbox
+// publisher sends them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's,
+// in the background. A registration does sample under d.mu (two inputs through the version's
+// pool, and the pool's draws when it is the version's first use), so that the CE is anchored to
+// the posterior it was measured under; measuring outside the lock and retrying when the version
+// moved on could starve a registration while ingest commits faster than a pool is drawn.
 func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	prev := d.current()
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
