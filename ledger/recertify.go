@@ -56,15 +56,21 @@ type Report struct {
 // The report and changes are to be persisted with Checkpoint{Model: current, Recertified: &rep,
 // Changes: changes} (or use Commit, which does both under one lock).
 func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model) (Report, []StatusChange, error) {
-	start := time.Now()
 	blob, err := encodeModel(current)
 	if err != nil {
 		return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err)
 	}
+	return l.recertify(ctx, current, blob)
+}
+
+// recertify is Recertify with current already encoded (blob), which Commit shares with the
+// checkpoint instead of encoding the posterior twice.
+func (l *Ledger) recertify(ctx context.Context, current *bnn.Model, blob []byte) (Report, []StatusChange, error) {
+	start := time.Now()
 	rep := Report{PosteriorVersion: current.Version, AnchorKL: map[uint64]float64{}, MinBound: 1, fp: fingerprint(blob)}
 	r := &recert{l: l, rep: &rep, now: l.opts.Now().UTC(), seen: map[string]bool{}}
 	var cnt counts
-	err = l.view(func(tx *bolt.Tx) error {
+	err := l.view(func(tx *bolt.Tx) error {
 		var err error
 		if rep.Generation, err = metaU64(tx, kGen); err != nil {
 			return err
@@ -297,7 +303,7 @@ func (c *Checkpoint) validate() error {
 func (l *Ledger) Checkpoint(c *Checkpoint) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	return l.checkpoint(c)
+	return l.checkpoint(c, nil)
 }
 
 // Commit re-certifies against c.Model (when given) and checkpoints, holding the writer lock
@@ -310,25 +316,29 @@ func (l *Ledger) Commit(ctx context.Context, c *Checkpoint) (Report, []StatusCha
 		rep     Report
 		changes []StatusChange
 	)
+	var blob []byte
 	if c.Model != nil {
 		var err error
-		if rep, changes, err = l.Recertify(ctx, c.Model); err != nil {
+		if blob, err = encodeModel(c.Model); err != nil {
+			return Report{}, nil, fmt.Errorf("ledger: recertify: %w", err) // as Recertify says it
+		}
+		if rep, changes, err = l.recertify(ctx, c.Model, blob); err != nil {
 			return Report{}, nil, err
 		}
 		c.Recertified, c.Changes = &rep, changes
 	}
-	if err := l.checkpoint(c); err != nil {
+	if err := l.checkpoint(c, blob); err != nil {
 		return Report{}, nil, err
 	}
 	return rep, changes, nil
 }
 
-func (l *Ledger) checkpoint(c *Checkpoint) error {
+// checkpoint writes c; blob is c.Model encoded, or nil to encode it here.
+func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 	if err := c.validate(); err != nil {
 		return fmt.Errorf("ledger: checkpoint: %w", err)
 	}
-	var blob []byte
-	if c.Model != nil {
+	if c.Model != nil && blob == nil {
 		var err error
 		if blob, err = encodeModel(c.Model); err != nil {
 			return fmt.Errorf("ledger: checkpoint: %w", err)
