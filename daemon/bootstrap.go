@@ -2,11 +2,12 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/cfguard/cfguard/internal/sidecar"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
@@ -84,7 +85,7 @@ func configOrigin(c *config.Config) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("model.path: %w", err)
 		}
-		return fmt.Sprintf("model weights sha256 %x", sha256.Sum256(b)), nil
+		return "model weights sha256 " + sidecar.Checksum(b), nil
 	}
 	return fmt.Sprintf("model.dataset %s (model.seed %d, model.epochs %d)", c.Model.Dataset, c.Model.Seed, c.Model.Epochs), nil
 }

@@ -2,9 +2,9 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"sync"
+
+	sidecarpkg "github.com/cfguard/cfguard/internal/sidecar"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -23,10 +23,9 @@ func encodePosterior(m *bnn.Model) (*posteriorFiles, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws, ss := sha256.Sum256(weights), sha256.Sum256(sidecar)
-	w := hex.EncodeToString(ws[:])
+	w := sidecarpkg.Checksum(weights)
 	return &posteriorFiles{version: m.Version, sidecar: sidecar, weights: weights, weightsSHA256: w,
-		weightsETag: etagOf(w), sidecarETag: etagOf(hex.EncodeToString(ss[:]))}, nil
+		weightsETag: etagOf(w), sidecarETag: etagOf(sidecarpkg.Checksum(sidecar))}, nil
 }
 
 // posteriorCache keeps the encoded files of the latest posterior asked for: versions are unique

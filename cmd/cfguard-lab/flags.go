@@ -4,8 +4,6 @@ import (
 	"github.com/cfguard/cfguard/internal/cli"
 
 	"fmt"
-	"io"
-	"log/slog"
 	"strconv"
 	"strings"
 )
@@ -24,8 +22,4 @@ func parseFloats(s string) ([]float64, error) {
 		out = append(out, v)
 	}
 	return out, nil
-}
-
-func cliLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }

@@ -47,7 +47,7 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 			all = append(all, v)
 		}
 	}
-	results, err := experiment.SweepLR(ctx, experiment.IncrementsConfig{Data: set, Classes: names, Seed: *seed, Objective: *objective}, all, cliLogger(stderr))
+	results, err := experiment.SweepLR(ctx, experiment.IncrementsConfig{Data: set, Classes: names, Seed: *seed, Objective: *objective}, all, cli.Logger(stderr))
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	sums, err := evaluate.Run(ctx, evaluate.Config{Data: set, Classes: names, Seeds: *seeds, Seed: *seed,
-		Instances: *instances, Methods: ms, Logger: cliLogger(stderr)})
+		Instances: *instances, Methods: ms, Logger: cli.Logger(stderr)})
 	if err != nil {
 		return err
 	}

@@ -7,15 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/dataset"
 )
-
-func cliLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
 
 // cmdTrain trains a Bayesian MLP with Bayes-by-backprop and writes the model directory.
 func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -42,7 +37,7 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	log := cliLogger(stderr)
+	log := cli.Logger(stderr)
 	train, test := set, (*dataset.Set)(nil)
 	if *holdout > 0 {
 		train, test = set.Split(1-*holdout, *seed)

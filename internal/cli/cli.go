@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -77,4 +78,9 @@ func LoadData(path, classes string) (*dataset.Set, []string, error) {
 		return nil, nil, fmt.Errorf("%w: %d class names for labels 0..%d", ErrUsage, len(names), set.NumClasses-1)
 	}
 	return set, names, nil
+}
+
+// Logger is the logger of a command's progress: text lines at INFO and above on w (stderr).
+func Logger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
