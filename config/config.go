@@ -223,7 +223,7 @@ func Load(text string) (*Config, error) {
 	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	c.empty = noKeys(text)
+	c.empty = noKeys(&doc)
 	if !c.empty {
 		root := doc.Content[0]
 		if root.Kind != yaml.MappingNode {
@@ -375,12 +375,8 @@ func nodeKind(n *yaml.Node) string {
 	return fmt.Sprintf("the value %q", n.Value)
 }
 
-// noKeys reports whether YAML text is a document without keys ("", comments only, "{}", "~").
-func noKeys(text string) bool {
-	var n yaml.Node
-	if err := yaml.Unmarshal([]byte(text), &n); err != nil {
-		return false
-	}
+// noKeys reports whether a parsed YAML document has no keys ("", comments only, "{}", "~").
+func noKeys(n *yaml.Node) bool {
 	if n.Kind == 0 {
 		return true
 	}
@@ -599,6 +595,7 @@ func (c *Config) Validate() error {
 		{"certify.mode", string(c.Certify.Mode), new(certify.Mode)},
 		{"certify.on_breach", string(c.Certify.OnBreach), new(certify.OnBreach)},
 		{"certify.uncertified", string(c.Certify.Uncertified), new(certify.OutsideSet)},
+		{"certify.precision", c.Certify.Precision.String(), new(bnn.Precision)},
 		{"log.format", string(c.Log.Format), new(LogFormat)},
 	} {
 		if err := e.into.UnmarshalText([]byte(e.text)); err != nil {

@@ -230,3 +230,21 @@ func TestYAMLRoundTrip(t *testing.T) {
 		t.Fatalf("round trip changed the config:\n got %+v\nwant %+v", *back, *c)
 	}
 }
+
+// TestValidateChecksEnumsOfAConfigBuiltInCode: a Config that did not come through Load (whose
+// decoding checks enum names) is checked by Validate, each error naming its key.
+func TestValidateChecksEnumsOfAConfigBuiltInCode(t *testing.T) {
+	for key, set := range map[string]func(c *Config){
+		"certify.mode":        func(c *Config) { c.Certify.Mode = "loose" },
+		"certify.on_breach":   func(c *Config) { c.Certify.OnBreach = "ignore" },
+		"certify.uncertified": func(c *Config) { c.Certify.Uncertified = "maybe" },
+		"certify.precision":   func(c *Config) { c.Certify.Precision = 7 },
+		"log.format":          func(c *Config) { c.Log.Format = "xml" },
+	} {
+		c := Default()
+		set(&c)
+		if err := c.Validate(); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s set to a bad value in code: Validate = %v, want an error naming %s", key, err, key)
+		}
+	}
+}
