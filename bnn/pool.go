@@ -104,11 +104,17 @@ func (p *Pool) Bytes() int {
 // (each input's result does not depend on the split). It returns ctx's error if ctx ends first
 // (checked before every network).
 func (p *Pool) Predict(ctx context.Context, X [][]float64) (*Predictive, error) {
+	return p.PredictWorkers(ctx, X, runtime.GOMAXPROCS(0))
+}
+
+// PredictWorkers is Predict on at most workers goroutines (>= 1), for work that must leave the
+// other cores free (the daemon's audits and confirmations run on one). An input's estimate does
+// not depend on the number of workers.
+func (p *Pool) PredictWorkers(ctx context.Context, X [][]float64, workers int) (*Predictive, error) {
 	z, err := standardizeRows(&p.scaler, p.arch.sizes[0], X)
 	if err != nil {
 		return nil, err
 	}
-	workers := runtime.GOMAXPROCS(0)
 	ahead := p.readsAhead()
 	if p.prec == Float32 {
 		return predictive(ctx, p.arch, z, p.samples, p.prec, workers, func(s int) wnet[float32] { return next(p.nets32, s, ahead) })

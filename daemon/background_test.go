@@ -7,8 +7,8 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 )
 
-// backgroundPredictor splits a call; the estimates must be those of one Pool call, bit for bit,
-// for sizes around the split.
+// backgroundPredictor runs on one goroutine; the estimates must be those of a Pool call on all of
+// them, bit for bit, for sizes around bnn's chunks and its split over goroutines.
 func TestBackgroundPredictorEqualsOneCall(t *testing.T) {
 	data := bundled(t)
 	m, _, err := bnn.Fit(context.Background(), data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 1})
@@ -20,10 +20,10 @@ func TestBackgroundPredictorEqualsOneCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	var X [][]float64
-	for len(X) < 3*backgroundRows+17 {
+	for len(X) < 3*384+17 {
 		X = append(X, data.X[len(X)%len(data.X)])
 	}
-	for _, n := range []int{1, backgroundRows - 1, backgroundRows, backgroundRows + 1, 2 * backgroundRows, len(X)} {
+	for _, n := range []int{1, 383, 384, 385, 768, len(X)} {
 		want, err := pool.Predict(context.Background(), X[:n])
 		if err != nil {
 			t.Fatal(err)
