@@ -1,0 +1,173 @@
+package certify
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// measure draws n values of f ~ Beta(a, b) and returns their mean and unbiased variance.
+func measure(r *rand.Rand, a, b float64, n int) Evidence {
+	var mean, m2 float64
+	for i := 1; i <= n; i++ {
+		f := betaDraw(r, a, b)
+		d := f - mean
+		mean += d / float64(i)
+		m2 += d * (f - mean)
+	}
+	return Evidence{P: mean, Var: m2 / float64(n-1), Samples: n}
+}
+
+// betaDraw is Beta(a, b) as X / (X + Y) with X ~ Gamma(a), Y ~ Gamma(b) (a, b >= 1, Marsaglia-Tsang).
+func betaDraw(r *rand.Rand, a, b float64) float64 {
+	x, y := gammaDraw(r, a), gammaDraw(r, b)
+	return x / (x + y)
+}
+
+func gammaDraw(r *rand.Rand, a float64) float64 {
+	d := a - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		z := r.NormFloat64()
+		v := 1 + c*z
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		if u := r.Float64(); math.Log(u) < 0.5*z*z+d-d*v+d*math.Log(v) {
+			return d * v
+		}
+	}
+}
+
+// TestBernsteinCoverage checks the empirical Bernstein bounds against simulation: over many
+// independent measurements of S = 200 draws, each one-sided bound misses the true mean with a
+// frequency at most alpha (plus three binomial standard errors), for means near 1/2 (large
+// variance) and near 1 (small variance), where the bound is widest and narrowest.
+func TestBernsteinCoverage(t *testing.T) {
+	const trials, n, alpha = 2000, 200, 0.05
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct{ a, b float64 }{{1, 1}, {5, 5}, {40, 1}, {200, 2}} {
+		mu := c.a / (c.a + c.b)
+		var missLo, missHi int
+		for range trials {
+			lo, hi := measure(r, c.a, c.b, n).Interval(alpha)
+			if mu < lo {
+				missLo++
+			}
+			if mu > hi {
+				missHi++
+			}
+		}
+		limit := alpha + 3*math.Sqrt(alpha*(1-alpha)/trials)
+		for side, miss := range map[string]int{"lower": missLo, "upper": missHi} {
+			if f := float64(miss) / trials; f > limit {
+				t.Errorf("Beta(%v, %v), mean %.4f: the %s bound missed in %.4f of %d trials, want <= %.4f", c.a, c.b, mu, side, f, trials, limit)
+			}
+		}
+	}
+}
+
+func TestBernsteinMargin(t *testing.T) {
+	// The figure the doc comment quotes: n = 1000, alpha = 0.01, v = 0.001.
+	if m := BernsteinMargin(0.001, 1000, 0.01); math.Abs(m-0.0160) > 5e-4 {
+		t.Errorf("margin(0.001, 1000, 0.01) = %v, want ~0.016", m)
+	}
+	for _, c := range []struct {
+		v     float64
+		n     int
+		alpha float64
+	}{{0.01, 1, 0.01}, {0.01, 0, 0.01}, {0.01, 100, 0}, {0.01, 100, 1}, {-1, 100, 0.01}, {math.NaN(), 100, 0.01}} {
+		if m := BernsteinMargin(c.v, c.n, c.alpha); !math.IsInf(m, 1) {
+			t.Errorf("BernsteinMargin(%v, %d, %v) = %v, want +Inf", c.v, c.n, c.alpha, m)
+		}
+	}
+	// Monotone: more draws or a smaller variance never widen it.
+	if BernsteinMargin(0.01, 2000, 0.01) >= BernsteinMargin(0.01, 1000, 0.01) ||
+		BernsteinMargin(0.001, 1000, 0.01) >= BernsteinMargin(0.01, 1000, 0.01) {
+		t.Error("the margin does not shrink with more draws or a smaller variance")
+	}
+}
+
+func TestRenewableAndVerdict(t *testing.T) {
+	const alpha = 0.01
+	m := BernsteinMargin(0.001, 1000, alpha)
+	e := func(p float64) Evidence { return Evidence{P: p, Var: 0.001, Samples: 1000} }
+	cases := []struct {
+		name      string
+		e         Evidence
+		renewable bool
+	}{
+		{"lower bound at 1 - delta", e(0.95 + m), true},
+		{"point estimate in the set, lower bound not", e(0.95 + m/2), false},
+		{"variance over epsilon", Evidence{P: 0.999, Var: 0.011, Samples: 1000}, false},
+		{"too few draws", Evidence{P: 1, Var: 0, Samples: 1}, false},
+	}
+	for _, c := range cases {
+		if got := Renewable(c.e, 0.05, 0.01, alpha); got != c.renewable {
+			t.Errorf("%s: Renewable = %v, want %v", c.name, got, c.renewable)
+		}
+	}
+	verdicts := []struct {
+		prev Status
+		p    float64
+		want Status
+	}{
+		{Certified, 0.5 - 1.01*m, Invalidated},
+		{Certified, 0.5 - 0.99*m, AtRisk}, // no verdict yet: at_risk until the evidence says p < 1/2
+		{AtRisk, 0.5 - 0.99*m, AtRisk},
+		{Invalidated, 0.5 - 0.99*m, Invalidated},
+		{Invalidated, 0.5 + 0.99*m, Invalidated},
+		{Invalidated, 0.5 + 1.01*m, AtRisk},
+		{AtRisk, 0.5 - 1.01*m, Invalidated},
+		{AtRisk, 0.9, AtRisk},
+	}
+	for _, v := range verdicts {
+		if got := Verdict(v.prev, e(v.p), alpha); got != v.want {
+			t.Errorf("Verdict(%v, p = 0.5 %+.4f margins) = %v, want %v", v.prev, (v.p-0.5)/m, got, v.want)
+		}
+	}
+}
+
+// TestVerdictNearHalfDoesNotFlap holds a CE at p = 1/2 across 100 posterior versions, each
+// measured afresh with S = 1000 draws, and counts status changes: with the point estimate
+// deciding (Observed) the status flips about every other version; with Verdict it may move once
+// from its first verdict and then stays.
+func TestVerdictNearHalfDoesNotFlap(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const versions = 100
+	for _, mu := range []float64{0.5, 0.49, 0.51} {
+		a := 20 * mu
+		b := 20 * (1 - mu)
+		status, naive := AtRisk, AtRisk
+		var flips, naiveFlips int
+		for range versions {
+			e := measure(r, a, b, 1000)
+			if s := Verdict(status, e, DefaultVerdictAlpha); s != status {
+				flips++
+				status = s
+			}
+			if s := Observed(e.P, 0, 0); e.P < 0.5 {
+				if s != Invalidated {
+					t.Fatalf("Observed(%v) = %v", e.P, s)
+				}
+				if naive != Invalidated {
+					naiveFlips++
+				}
+				naive = Invalidated
+			} else {
+				if naive != AtRisk {
+					naiveFlips++
+				}
+				naive = AtRisk
+			}
+		}
+		if flips > 1 {
+			t.Errorf("p = %v: %d status changes over %d versions, want at most 1", mu, flips, versions)
+		}
+		if mu == 0.5 && naiveFlips < 10 {
+			t.Errorf("p = 0.5: the point estimate flipped only %d times over %d versions: the test does not exercise the noise", naiveFlips, versions)
+		}
+		t.Logf("p = %v: %d status changes with Verdict, %d with the point estimate, over %d versions", mu, flips, naiveFlips, versions)
+	}
+}
