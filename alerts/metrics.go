@@ -9,8 +9,6 @@ package alerts
 
 import (
 	"fmt"
-	"math"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,22 +53,25 @@ const (
 	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
 	NameUnconfirmed          = "cfguard_ces_unconfirmed"
+	NameRenewed              = "cfguard_certificates_renewed_total"
+	NameRenewalBacklog       = "cfguard_renewal_backlog"
+	NameBuildInfo            = "cfguard_build_info"
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
 // certify.Outcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
 // Methods are safe for concurrent use.
+//
+// The gauges of the ledger's state (posterior version, KL, counts by status, bounds, renewal
+// backlog, last ingest) are not here: StateCollector computes them at each scrape from one
+// consistent snapshot. Metrics holds what happens (counters) and what only the running process
+// knows (consumer lag, checkpoint failures, outbox).
 type Metrics struct {
-	stepKL, maxAnchorKL, klBudget, klOverBudget prometheus.Gauge
-	boundMin, consumerLag, lastIngest, version  prometheus.Gauge
-	counterfactuals                             *prometheus.GaugeVec
+	consumerLag                                 prometheus.Gauge
 	updates, records                            *prometheus.CounterVec
 	recertDuration                              prometheus.Histogram
 	outboxPending, checkpointFailing, unconfirm prometheus.Gauge
-	outboxErrors, checkpointFailures            prometheus.Counter
-
-	mu                   sync.Mutex // guards the three values behind klOverBudget
-	step, anchor, budget float64
+	outboxErrors, checkpointFailures, renewed   prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -81,16 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return f.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 	}
 	m := &Metrics{
-		stepKL:       gauge(NamePosteriorKL, "KL(q_new || q_prev) of the last posterior update (nats, summed over parameters)."),
-		maxAnchorKL:  gauge(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to."),
-		klBudget:     gauge(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 under which Theorem 1 keeps a delta-safe counterfactual valid."),
-		klOverBudget: gauge(NameKLOverBudget, "1 while the last step's KL or the largest KL from a live anchor exceeds the KL budget, else 0."),
-		boundMin:     gauge(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') over counterfactuals holding a certificate (1 if none)."),
-		consumerLag:  gauge(NameConsumerLag, "Records in the input topic not yet consumed, summed over partitions."),
-		lastIngest:   gauge(NameLastIngest, "Unix time at which a record was last applied (0 until the first)."),
-		version:      gauge(NamePosteriorVersion, "Version of the current posterior."),
-		counterfactuals: f.NewGaugeVec(prometheus.GaugeOpts{Name: NameCounterfactuals,
-			Help: "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified)."}, []string{"status"}),
+		consumerLag: gauge(NameConsumerLag, "Records in the input topic not yet consumed, summed over partitions."),
 		updates: f.NewCounterVec(prometheus.CounterOpts{Name: NameUpdates,
 			Help: "Posterior updates by outcome (promoted, clipped, rejected, failed)."}, []string{"outcome"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: NameRecords,
@@ -104,11 +96,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
 			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
-		unconfirm: gauge(NameUnconfirmed, "Counterfactuals whose bound fails (at_risk or invalidated) still waiting for a Monte-Carlo verdict "+
-			"under the current posterior (an upper estimate between verdict batches; exact at 0)."),
-	}
-	for _, s := range certify.Statuses() {
-		m.counterfactuals.WithLabelValues(s.String())
+		unconfirm: gauge(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior "+
+			"(lapsed certificates, at_risk and invalidated without a verdict at this version; an upper estimate between batches, exact at 0)."),
+		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
+			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
 	}
 	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
@@ -116,61 +107,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range RecordResults() {
 		m.records.WithLabelValues(string(r))
 	}
-	m.boundMin.Set(1)
 	return m
 }
 
-// SetKLBudget sets the budget, e.g. certify.KLBudget(delta).
-func (m *Metrics) SetKLBudget(budget float64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.budget = budget
-	m.klBudget.Set(budget)
-	m.updateOverBudget()
-}
-
-// SetUpdateKL records the last update's KL(q_new || q_prev), also for rejected updates.
-func (m *Metrics) SetUpdateKL(kl float64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.step = kl
-	m.stepKL.Set(kl)
-	m.updateOverBudget()
-}
-
-// SetMaxAnchorKL records the largest KL(q_now || q_anchor) over live anchors.
-func (m *Metrics) SetMaxAnchorKL(kl float64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.anchor = kl
-	m.maxAnchorKL.Set(kl)
-	m.updateOverBudget()
-}
-
-// updateOverBudget sets cfguard_kl_over_budget = [max(step KL, max anchor KL) > budget].
-func (m *Metrics) updateOverBudget() {
-	over := 0.0
-	if math.Max(m.step, m.anchor) > m.budget {
-		over = 1
-	}
-	m.klOverBudget.Set(over)
-}
-
-// SetCounts sets cfguard_counterfactuals for every status (absent statuses become 0).
-func (m *Metrics) SetCounts(counts map[certify.Status]int) {
-	for _, s := range certify.Statuses() {
-		m.counterfactuals.WithLabelValues(s.String()).Set(float64(counts[s]))
-	}
-}
-
-// ObserveRecertification records one re-certification (the fields of ledger.Report): counts by
-// status, the smallest Theorem 1 bound, the largest anchor KL and how long it took.
-func (m *Metrics) ObserveRecertification(counts map[certify.Status]int, minBound, maxAnchorKL float64, took time.Duration) {
-	m.SetCounts(counts)
-	m.boundMin.Set(minBound)
-	m.SetMaxAnchorKL(maxAnchorKL)
+// ObserveRecertification records how long one re-certification took.
+func (m *Metrics) ObserveRecertification(took time.Duration) {
 	m.recertDuration.Observe(took.Seconds())
 }
+
+// AddRenewed counts n renewed certificates.
+func (m *Metrics) AddRenewed(n int) { m.renewed.Add(float64(n)) }
 
 // IncUpdate counts one update outcome. An outcome outside certify.Outcomes is refused and creates
 // no series.
@@ -182,18 +128,14 @@ func (m *Metrics) IncUpdate(o certify.Outcome) error {
 	return nil
 }
 
-// AddRecords counts n records with result r; applied records (n > 0) also set
-// cfguard_last_ingest_timestamp_seconds to at. A result outside RecordResults is refused.
-func (m *Metrics) AddRecords(r RecordResult, n int, at time.Time) error {
+// AddRecords counts n records with result r. A result outside RecordResults is refused.
+func (m *Metrics) AddRecords(r RecordResult, n int) error {
 	if n < 0 {
 		return fmt.Errorf("alerts: negative record count %d", n)
 	}
 	for _, known := range RecordResults() {
 		if r == known {
 			m.records.WithLabelValues(string(r)).Add(float64(n))
-			if r == RecordApplied && n > 0 {
-				m.lastIngest.Set(float64(at.UnixNano()) / 1e9)
-			}
 			return nil
 		}
 	}
@@ -202,9 +144,6 @@ func (m *Metrics) AddRecords(r RecordResult, n int, at time.Time) error {
 
 // SetConsumerLag sets the total consumer lag in records.
 func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
-
-// SetPosteriorVersion sets the current posterior's version.
-func (m *Metrics) SetPosteriorVersion(v uint64) { m.version.Set(float64(v)) }
 
 // SetOutboxPending sets the number of unacknowledged outbox events.
 func (m *Metrics) SetOutboxPending(n int) { m.outboxPending.Set(float64(n)) }

@@ -2,6 +2,8 @@ package alerts
 
 import (
 	"context"
+	"errors"
+	"os"
 	"os/exec"
 	"regexp"
 	"sort"
@@ -17,11 +19,13 @@ import (
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
-// gatheredNames returns the metric family names a fresh registry exposes after NewMetrics.
+// gatheredNames returns the metric family names a fresh registry exposes after NewMetrics and a
+// StateCollector with a state that has every optional gauge.
 func gatheredNames(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
+	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +41,8 @@ func TestMetricNamesExist(t *testing.T) {
 	names := gatheredNames(t)
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
 		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
-		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed} {
+		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
+		NameRenewed, NameRenewalBacklog, NameBuildInfo} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)
 		}
@@ -48,14 +53,6 @@ func TestMetricNamesExist(t *testing.T) {
 func TestLabelValuesPrecreated(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	if n := testutil.CollectAndCount(m.counterfactuals); n != 4 {
-		t.Errorf("%s has %d series, want 4", NameCounterfactuals, n)
-	}
-	for _, s := range certify.Statuses() {
-		if v := testutil.ToFloat64(m.counterfactuals.WithLabelValues(s.String())); v != 0 {
-			t.Errorf("counterfactuals{status=%q} = %v", s, v)
-		}
-	}
 	if n := testutil.CollectAndCount(m.updates); n != len(certify.Outcomes()) {
 		t.Errorf("%s has %d series", NameUpdates, n)
 	}
@@ -75,38 +72,88 @@ cfguard_updates_total{outcome="rejected"} 0
 	}
 }
 
+// The state gauges are read at each scrape from one State: they say what the State says, the
+// bound has no sample without a certified CE, and a failed read fails the scrape.
+func TestStateCollector(t *testing.T) {
+	budget := certify.KLBudget(0.05)
+	var st State
+	var readErr error
+	reads := 0
+	c := NewStateCollector(budget, func() (State, error) { reads++; return st, readErr })
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	gauge := func(name string, labels ...string) (float64, bool) {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				ok := true
+				for i := 0; i+1 < len(labels); i += 2 {
+					found := false
+					for _, lp := range m.GetLabel() {
+						found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+					}
+					ok = ok && found
+				}
+				if ok {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+		return 0, false
+	}
+	// Nothing yet: zeros, no bound, budget.
+	if v, ok := gauge(NameBoundMin); ok {
+		t.Errorf("%s = %v with no certified counterfactual, want no sample", NameBoundMin, v)
+	}
+	if v, _ := gauge(NameKLBudget); v != budget {
+		t.Errorf("budget %v, want %v", v, budget)
+	}
+	cases := []struct {
+		kl   float64
+		over float64
+	}{{0.001, 0}, {budget, 0}, {budget * 1.01, 1}}
+	for _, k := range cases {
+		st = State{PosteriorVersion: 7, UpdateKL: k.kl, HasUpdate: true, MaxAnchorKL: 3, Pending: 4, MinBound: 0.61, HasBound: true,
+			Counts: map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, LastIngest: time.Unix(1700000000, 500_000_000)}
+		if v, _ := gauge(NameKLOverBudget); v != k.over {
+			t.Errorf("update KL %v, budget %v: over budget %v, want %v (the anchor KL 3 must not count)", k.kl, budget, v, k.over)
+		}
+	}
+	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,
+		NameRenewalBacklog: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
+		if v, ok := gauge(name); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+		}
+	}
+	for s, want := range map[string]float64{"certified": 9, "at_risk": 2, "invalidated": 0, "uncertified": 0} {
+		if v, ok := gauge(NameCounterfactuals, "status", s); !ok || v != want {
+			t.Errorf("counterfactuals{status=%q} = %v (present %v), want %v", s, v, ok, want)
+		}
+	}
+	if v, ok := gauge(NameBuildInfo); !ok || v != 1 {
+		t.Errorf("%s = %v (present %v), want 1", NameBuildInfo, v, ok)
+	}
+	before := reads
+	readErr = errors.New("ledger is closed")
+	if _, err := reg.Gather(); err == nil || !strings.Contains(err.Error(), "ledger is closed") {
+		t.Errorf("a failed state read gave scrape error %v", err)
+	}
+	if reads != before+1 {
+		t.Errorf("one scrape read the state %d times, want once", reads-before)
+	}
+}
+
 func TestMetricsBehaviour(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	budget := certify.KLBudget(0.05)
-	m.SetKLBudget(budget)
-	steps := []struct {
-		step, anchor float64
-		over         float64
-	}{
-		{0.001, 0.05, 0}, {0.001, budget, 0}, {0.001, 0.11, 1}, {0.2, 0.01, 1}, {0.01, 0.01, 0},
-	}
-	for _, s := range steps {
-		m.SetUpdateKL(s.step)
-		m.SetMaxAnchorKL(s.anchor)
-		if got := testutil.ToFloat64(m.klOverBudget); got != s.over {
-			t.Errorf("step %v anchor %v budget %v: over_budget = %v, want %v", s.step, s.anchor, budget, got, s.over)
-		}
-	}
-	m.ObserveRecertification(map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, 0.61, 0.004, 1500*time.Millisecond)
-	if v := testutil.ToFloat64(m.counterfactuals.WithLabelValues("at_risk")); v != 2 {
-		t.Errorf("at_risk = %v", v)
-	}
-	if v := testutil.ToFloat64(m.counterfactuals.WithLabelValues("invalidated")); v != 0 {
-		t.Errorf("invalidated = %v", v)
-	}
-	if v := testutil.ToFloat64(m.boundMin); v != 0.61 {
-		t.Errorf("bound min = %v", v)
-	}
-	if v := testutil.ToFloat64(m.maxAnchorKL); v != 0.004 {
-		t.Errorf("max anchor KL = %v", v)
-	}
-	at0 := time.Unix(1600000000, 0)
+	m.ObserveRecertification(1500 * time.Millisecond)
 	if err := m.IncUpdate(certify.OutcomePromoted); err != nil {
 		t.Fatal(err)
 	}
@@ -116,37 +163,28 @@ func TestMetricsBehaviour(t *testing.T) {
 	if n := testutil.CollectAndCount(m.updates); n != len(certify.Outcomes()) {
 		t.Errorf("unknown outcome created a series: %d series", n)
 	}
-	for _, r := range []RecordResult{RecordFailed, RecordHeld, RecordSkipped} {
-		if err := m.AddRecords(r, 2, at0); err != nil {
+	for _, r := range []RecordResult{RecordFailed, RecordHeld, RecordSkipped, RecordApplied, RecordApplied} {
+		if err := m.AddRecords(r, 2); err != nil {
 			t.Errorf("%s: %v", r, err)
 		}
 	}
-	if v := testutil.ToFloat64(m.lastIngest); v != 0 {
-		t.Errorf("last ingest moved to %v without an applied record", v)
-	}
-	at := time.Unix(1700000000, 500_000_000)
-	if err := m.AddRecords(RecordApplied, 3, at); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.AddRecords(RecordDeadLettered, 1, at.Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if v := testutil.ToFloat64(m.lastIngest); v != 1700000000.5 {
-		t.Errorf("last ingest = %v, want the applied batch's time", v)
-	}
-	if err := m.AddRecords("lost", 1, at); err == nil {
+	if err := m.AddRecords("lost", 1); err == nil {
 		t.Error("unknown result accepted")
 	}
-	if err := m.AddRecords(RecordSkipped, -1, at); err == nil {
+	if err := m.AddRecords(RecordSkipped, -1); err == nil {
 		t.Error("negative count accepted")
 	}
-	if v := testutil.ToFloat64(m.records.WithLabelValues("applied")); v != 3 {
+	if v := testutil.ToFloat64(m.records.WithLabelValues("applied")); v != 4 {
 		t.Errorf("applied = %v", v)
 	}
+	m.AddRenewed(3)
+	m.AddRenewed(0)
+	if v := testutil.ToFloat64(m.renewed); v != 3 {
+		t.Errorf("renewed = %v", v)
+	}
 	m.SetConsumerLag(42)
-	m.SetPosteriorVersion(7)
-	if testutil.ToFloat64(m.consumerLag) != 42 || testutil.ToFloat64(m.version) != 7 {
-		t.Error("lag or version not set")
+	if testutil.ToFloat64(m.consumerLag) != 42 {
+		t.Error("lag not set")
 	}
 	if n, err := testutil.GatherAndCount(reg, NameRecertDuration); err != nil || n != 1 {
 		t.Errorf("histogram: %d, %v", n, err)
@@ -193,9 +231,49 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 		}
 	}
 	sort.Strings(alerts)
-	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh", "CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog"}
+	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
+		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardRenewalBehind"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
+	}
+}
+
+// Every alert links a section of docs/RUNBOOK.md that exists, named after the alert.
+func TestRunbookSections(t *testing.T) {
+	var file struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(Rules(), &file); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../docs/RUNBOOK.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			anchors[strings.ToLower(strings.TrimSpace(h))] = true
+		}
+	}
+	const base = "https://github.com/cfguard/cfguard/blob/main/docs/RUNBOOK.md#"
+	for _, g := range file.Groups {
+		for _, r := range g.Rules {
+			url := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(url, base)
+			if !ok || anchor != strings.ToLower(r.Alert) {
+				t.Errorf("alert %s: runbook_url %q, want %s%s", r.Alert, url, base, strings.ToLower(r.Alert))
+				continue
+			}
+			if !anchors[anchor] {
+				t.Errorf("alert %s: docs/RUNBOOK.md has no section \"## %s\"", r.Alert, r.Alert)
+			}
+		}
 	}
 }
 

@@ -147,6 +147,10 @@ type Certify struct {
 	// HoeffdingAlpha > 0 starts certificates from the Hoeffding lower confidence bound of p1 at
 	// confidence 1 - alpha. Default: 0 (off, as in the paper).
 	HoeffdingAlpha float64 `yaml:"hoeffding_alpha"`
+	// VerdictAlpha is the miss probability of the one-sided empirical Bernstein bounds on p that
+	// renew lapsed certificates (lower(p) >= 1 - delta) and decide verdicts (invalidated when
+	// upper(p) < 1/2, back to at_risk when lower(p) >= 1/2). Default: certify.DefaultVerdictAlpha.
+	VerdictAlpha float64 `yaml:"verdict_alpha"`
 	// OnBreach is the policy when a step's KL exceeds the budget: alert (promote and alert),
 	// reject (keep the old posterior, hold the increment, alert), clip (scale the step down to the
 	// budget). Default: alert.
@@ -205,7 +209,7 @@ func Default() Config {
 			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
 		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
 			Samples: update.DefaultSamples, Seed: 1},
-		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, OnBreach: certify.Alert, Uncertified: certify.Refuse},
+		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, VerdictAlpha: certify.DefaultVerdictAlpha, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
@@ -583,6 +587,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Certify.Samples < 2 {
 		bad("certify.samples", c.Certify.Samples, "must be >= 2")
+	}
+	if !(c.Certify.VerdictAlpha > 0 && c.Certify.VerdictAlpha < 0.5) {
+		bad("certify.verdict_alpha", c.Certify.VerdictAlpha, "must be in (0, 0.5)")
 	}
 	if c.Certify.HoeffdingAlpha < 0 || c.Certify.HoeffdingAlpha >= 1 {
 		bad("certify.hoeffding_alpha", c.Certify.HoeffdingAlpha, "must be in [0, 1)")

@@ -151,9 +151,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 		return rep, err
 	}
 	d.own.audits.Inc()
-	if err := d.refreshGauges(); err != nil {
-		d.log.Error("refreshing gauges after an audit", "err", err)
-	}
+	d.metrics.AddRenewed(rep.Reanchored)
 	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "behind", rep.Behind,
 		"took", time.Since(start).Round(time.Millisecond))
 	done := &ledger.Checkpoint{Events: outboxEntries([]event{{Type: "audit_completed", PosteriorVersion: rep.PosteriorVersion, Counts: countsByName(rep.Counts)}})}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -37,7 +36,7 @@ type confirmer struct {
 	current  func() *bnn.Model
 	pools    *pools // the version's shared draws (certify.samples in certify.precision)
 	metrics  *alerts.Metrics
-	changed  func() // after a batch changed statuses: refresh gauges, wake the outbox
+	changed  func() // after a batch changed statuses: wake the outbox
 	log      *slog.Logger
 	wake     chan struct{}
 	pool     *bnn.Pool
@@ -93,11 +92,11 @@ func (c *confirmer) round(ctx context.Context) error {
 			// Every verdict is stale under a new posterior: each CE whose bound fails waits. With
 			// none, nothing is drawn: the pool (S networks, 4.3 M normals at S = 1000 on the
 			// paper's network) would cost more than the commit that woke us.
-			counts, err := c.l.Counts()
+			waiting, err := c.l.Waiting()
 			if err != nil {
 				return err
 			}
-			c.pending = counts[certify.AtRisk] + counts[certify.Invalidated]
+			c.pending = waiting
 			c.metrics.SetUnconfirmed(c.pending)
 			if c.pending == 0 {
 				return nil // a commit that fails a bound wakes us again
@@ -112,8 +111,13 @@ func (c *confirmer) round(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		c.metrics.AddRenewed(rep.Renewed)
 		if len(changes) > 0 {
 			c.changed()
+		}
+		if rep.Renewed > 0 || len(changes) > 0 {
+			c.log.Info("counterfactuals measured", "posterior_version", rep.PosteriorVersion, "renewed", rep.Renewed,
+				"status_changes", summarizeChanges(changes), "measured", rep.Confirmed, "took", rep.Duration.Round(time.Millisecond))
 		}
 		if rep.Discarded {
 			if c.current().Version == c.pool.Version() {

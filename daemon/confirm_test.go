@@ -39,9 +39,6 @@ func storeCEs(t testing.TB, r *running, data *dataset.Set, n int) {
 			batch = batch[:0]
 		}
 	}
-	if err := r.d.refreshGauges(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // confirmCEs is the number of CEs of TestDriftConfirmationDoesNotStopIngest: 10^4, or
@@ -58,9 +55,10 @@ func confirmCEs(t *testing.T) int {
 }
 
 // TestDriftConfirmationDoesNotStopIngest: a drift fails the bound of every stored CE at once.
-// The commit marks them at_risk by the bound (no sampling) and the next increments are applied
-// while the confirmer is still giving them Monte-Carlo verdicts in the background; once ingest
-// pauses, every failing CE gets a verdict under the last posterior.
+// The commit marks their certificates lapsed by the bound (no sampling) and the next increments
+// are applied while the confirmer is still measuring them in the background (renewing or judging
+// each); once ingest pauses, every failing CE has a verdict under the last posterior and no
+// certificate is left lapsed.
 func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	n := confirmCEs(t)
 	r := startDaemon(t, func(c *config.Config) {
@@ -85,11 +83,29 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 		}
 	}
 	applied := func() float64 { return r.metric(t, "cfguard_records_total", "result", "applied") }
+	registeredUnder := r.d.current().Version
 	r.produce(t, drift...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return applied() == 96 })
-	failing := r.metric(t, "cfguard_counterfactuals", "status", "at_risk") + r.metric(t, "cfguard_counterfactuals", "status", "invalidated")
-	if failing != float64(n) {
-		t.Fatalf("%v CEs fail their bound after the drift (anchor KL %v, budget %v), want all %d", failing, r.metric(t, "cfguard_posterior_kl_max_anchor"), r.d.budget, n)
+	// Every CE's certificate lapsed at the drift: each is now lapsed, judged, or renewed to a
+	// posterior after the one it was registered under.
+	untouched := 0
+	for after := ""; ; {
+		page, err := r.d.ledger.List(0, 5000, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, ce := range page {
+			if ce.Status == certify.Certified && !ce.RenewalPending && ce.AnchorVersion == registeredUnder {
+				untouched++
+			}
+		}
+		after = page[len(page)-1].ID
+	}
+	if untouched != 0 {
+		t.Fatalf("%d of %d CEs still certified from their first anchor after the drift (anchor KL %v, budget %v), want none", untouched, n, r.metric(t, "cfguard_posterior_kl_max_anchor"), r.d.budget)
 	}
 	driftAt := time.Now()
 	r.produce(t, clean...)
@@ -102,7 +118,9 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	t.Logf("3 increments applied %v after the drift while %v CEs still waited for a verdict", ingestTook.Round(time.Millisecond), unconfirmed)
 	// About 1 µs per CE and draw on one core (measured: 10^5 CEs x 1000 draws in 84 s).
 	limit := max(2*time.Minute, time.Duration(n)*time.Duration(r.d.cfg.Certify.Samples)*3*time.Microsecond)
-	waitfor.Cond(t, limit, "every failing CE confirmed", func() bool { return r.metric(t, "cfguard_ces_unconfirmed") == 0 })
+	waitfor.Cond(t, limit, "every failing CE confirmed", func() bool {
+		return r.metric(t, "cfguard_ces_unconfirmed") == 0 && r.metric(t, "cfguard_renewal_backlog") == 0
+	})
 	t.Logf("confirmed %d CEs %v after the drift", n, time.Since(driftAt).Round(time.Millisecond))
 	v := r.d.current().Version
 	for after := ""; ; {
@@ -114,6 +132,9 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 			break
 		}
 		for _, ce := range page {
+			if ce.RenewalPending {
+				t.Fatalf("%s still waits for renewal after the confirmer finished", ce.ID)
+			}
 			if ce.Status == certify.AtRisk || ce.Status == certify.Invalidated {
 				if ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != v {
 					t.Fatalf("%s is %v without a verdict under posterior version %d: %+v", ce.ID, ce.Status, v, ce.ConfirmedVersion)

@@ -117,9 +117,6 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := d.refreshGauges(); err != nil {
-		return err
-	}
 
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
@@ -158,7 +155,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision}}
-	d.metrics.SetKLBudget(d.budget)
+	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))
@@ -171,7 +168,8 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
-	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch})
+	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha})
 	if err != nil {
 		return err
 	}
@@ -216,12 +214,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	}
 	td.add("event publisher", d.pub.Close)
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, d.own.events, log.With("component", "outbox"))
-	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, func() {
-		d.outbox.notify()
-		if err := d.refreshGauges(); err != nil {
-			log.Error("refreshing gauges after confirmations", "err", err)
-		}
-	}, log.With("component", "confirm"))
+	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, d.outbox.notify, log.With("component", "confirm"))
 	return nil
 }
 

@@ -45,6 +45,10 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	d.consumer = c
 	close(d.ready)
 	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
+	if st, err := d.ledger.State(); err == nil {
+		d.log.Info("ready", "posterior_version", st.PosteriorVersion, "counterfactuals", countsByName(st.Counts),
+			"renewal_backlog", st.Pending, "applied", st.Applied, "api", d.httpAddr.String())
+	}
 	for {
 		inc, err := c.Next(ctx)
 		if err != nil {
@@ -61,7 +65,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			return err
 		}
 		// Counted once durable, like everything apply reports.
-		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered, time.Now())
+		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered)
 		c.MarkDurable(inc)
 	}
 }
@@ -115,7 +119,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 			return err
 		}
 		d.metrics.IncUpdate(certify.OutcomeFailed)
-		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records), time.Now())
+		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records))
 		return nil
 	}
 	kl, _, err := certify.KL(next, prev)
@@ -123,10 +127,13 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		return err
 	}
 	outcome, over := certify.OutcomePromoted, kl > d.budget
-	d.metrics.SetUpdateKL(kl)
 	var events []event
 	if over {
-		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version, KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
+		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
+		// rejected as the policy says) and is queued before the status changes it causes.
+		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
+			KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
+		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
 		switch d.cfg.Certify.OnBreach {
 		case certify.Reject:
 			outcome = certify.OutcomeRejected
@@ -152,7 +159,7 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 			return err
 		}
 		d.metrics.IncUpdate(certify.OutcomeRejected)
-		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records), time.Now())
+		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records))
 		return nil
 	}
 	cp.Model, cp.Applied = next, int64(len(inc.Records))
@@ -179,11 +186,12 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	d.confirm.notify()
 	d.export.changed()
 	d.metrics.IncUpdate(outcome)
-	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records), time.Now())
-	d.observeReport(rep)
-	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "kl", kl,
-		"budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "min_bound", rep.MinBound,
-		"changed", len(changes), "candidates", rep.Candidates, "took", time.Since(start).Round(time.Millisecond))
+	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records))
+	d.metrics.ObserveRecertification(rep.Duration)
+	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "dead_lettered", inc.DeadLettered,
+		"kl", kl, "budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "lapsed", rep.Lapsed,
+		"restored", rep.Restored, "renewal_backlog", rep.Pending, "status_changes", summarizeChanges(changes),
+		"candidates", rep.Candidates, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -201,21 +209,28 @@ func (d *Daemon) checkpoint(ctx context.Context, cp *ledger.Checkpoint) error {
 	return err
 }
 
-// observeReport sets the gauges a re-certification determines.
-func (d *Daemon) observeReport(rep ledger.Report) {
-	d.metrics.SetPosteriorVersion(rep.PosteriorVersion)
-	d.metrics.ObserveRecertification(rep.Counts, rep.MinBound, rep.MaxAnchorKL, rep.Duration)
-}
-
-// refreshGauges sets every state gauge from the ledger (at start, and after registrations).
-func (d *Daemon) refreshGauges() error {
+// State is the ledger's state as the metrics report it, read in one transaction.
+func (d *Daemon) state() (alerts.State, error) {
 	st, err := d.ledger.State()
 	if err != nil {
-		return err
+		return alerts.State{}, err
 	}
-	d.metrics.SetPosteriorVersion(st.PosteriorVersion)
-	d.metrics.SetCounts(st.Counts)
-	return nil
+	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts,
+		Pending: st.Pending, MinBound: st.MinBound, HasBound: st.HasBound, LastIngest: st.AppliedAt}
+	if u := st.LastUpdate; u != nil {
+		s.UpdateKL, s.HasUpdate = u.KL, true
+	}
+	return s, nil
+}
+
+// summarizeChanges counts status changes by transition ("certified->at_risk": 3), so that an
+// increment that moves 10^5 CEs logs one line.
+func summarizeChanges(changes []ledger.StatusChange) map[string]int {
+	out := map[string]int{}
+	for _, ch := range changes {
+		out[ch.From.String()+"->"+ch.To.String()]++
+	}
+	return out
 }
 
 func recordIDs(inc *stream.Increment) []string {

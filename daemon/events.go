@@ -31,6 +31,7 @@ type event struct {
 	From             string         `json:"from,omitempty"`
 	To               string         `json:"to,omitempty"`
 	PosteriorVersion uint64         `json:"posterior_version"`
+	ParentVersion    *uint64        `json:"parent_version,omitempty"`
 	KL               float64        `json:"kl,omitempty"`
 	Bound            *float64       `json:"bound,omitempty"`
 	VarBound         *float64       `json:"var_bound,omitempty"`

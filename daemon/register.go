@@ -67,9 +67,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	if err := d.ledger.Put(ctx, ce); err != nil {
 		return nil, err
 	}
-	if err := d.refreshGauges(); err != nil {
-		d.log.Error("refreshing gauges after a registration", "err", err)
-	}
+	d.log.Info("counterfactual registered", "id", ce.ID, "status", ce.Status, "p1", ce.P1, "var1", ce.Var1, "posterior_version", m.Version)
 	return d.ledger.Get(ce.ID)
 }
 
@@ -81,8 +79,6 @@ func (d *Daemon) forget(id string) error {
 	if err != nil {
 		return err
 	}
-	if err := d.refreshGauges(); err != nil {
-		d.log.Error("refreshing gauges after a deletion", "err", err)
-	}
+	d.log.Info("counterfactual deleted", "id", id)
 	return nil
 }

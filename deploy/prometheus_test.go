@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
@@ -293,7 +294,15 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	qs := d.queries(t)
-	code, body, err := httpGet("http://"+startDaemon(t, config.Default()).HTTPAddr()+"/metrics", "")
+	// One certified counterfactual, so that every gauge has a sample (the smallest bound has none
+	// while nothing is certified).
+	srv := startDaemon(t, config.Default())
+	data, _, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	registerCounterfactuals(t, srv, "", data.X, 1)
+	code, body, err := httpGet("http://"+srv.HTTPAddr()+"/metrics", "")
 	if err != nil || code != 200 {
 		t.Fatalf("scraping the daemon: %d %v", code, err)
 	}

@@ -53,12 +53,13 @@ type auditItem struct {
 //
 //	p2 = E_q[f], V2 = Var_q[f]  (p's S draws),  f(w) = p(target | x', w)
 //
-// A CE in its <delta, epsilon>-set under q (p2 >= 1 - delta, V2 <= epsilon, argmax = target) is
-// re-anchored to q: anchor = q's version, (p1, V1, S) = (p2, V2, S), and its status is judged
-// by its bounds at KL(q_now || q). This is how uncertified CEs enter the set and how drifted CEs
-// get a fresh budget. A CE outside the set keeps its certificate; if its bound fails and q is
-// current its Monte-Carlo verdict is recorded (at_risk or invalidated, as Confirm does). A
-// certified CE outside the set stays certified: the bound decides.
+// A CE in its <delta, epsilon>-set under q at confidence 1 - Options.VerdictAlpha
+// (certify.Renewable) is re-anchored to q: anchor = q's version, (p1, V1, S) = (p2, V2, S), and
+// its status is judged by its bounds at KL(q_now || q). This is how uncertified CEs enter the set
+// and how drifted CEs get a fresh budget. A CE outside the set keeps its certificate; if its
+// bound fails and q is current it gets a verdict (certify.Verdict, as Confirm gives). A certified
+// CE outside the set stays certified (the bound decides) unless the audit measures, under the
+// current posterior, p2 < 1/2 at that confidence: then it is judged (see apply).
 //
 // The audit runs in batches of Options.MCBatch CEs: each is read in a read transaction, sampled
 // without any lock, and written in one short transaction under the writer lock, so checkpoints
@@ -82,7 +83,7 @@ func (l *Ledger) Audit(ctx context.Context, p Predictor, opts AuditOptions) (Aud
 			return fmt.Errorf("%w: posterior version %d is not current", ErrStale, a.rep.PosteriorVersion)
 		}
 		cnt, err := readCounts(tx)
-		a.total = int(cnt[0] + cnt[1] + cnt[2] + cnt[3])
+		a.total = int(cnt[0] + cnt[1] + cnt[2] + cnt[3]) // the statuses, not the lapsed count
 		return err
 	})
 	var after []byte
@@ -274,16 +275,30 @@ func (a *audit) anchorKL(tx *bolt.Tx, now cur, v uint64) (float64, error) {
 	return kl, nil
 }
 
-// apply writes one CE's audit result; it reports whether the CE was re-anchored.
+// apply writes one CE's audit result; it reports whether the CE was re-anchored. The rules are
+// Confirm's, with the audit's evidence e = (p2, V2, S) measured under posterior v:
+//
+//	renewed      certify.Renewable(e): re-anchored to v and judged by its bounds at KL(q_now || q_v)
+//	             (certified, or certified with a lapsed bound when the posterior moved meanwhile);
+//	a verdict    when v is current and the CE's bound fails (certify.Verdict), or when v is current,
+//	             its bound holds and yet upper(p2) < 1/2: measured evidence that p < 1/2 is never
+//	             left standing as certified;
+//	unchanged    otherwise (uncertified outside the set, certified and not contradicted, or
+//	             evidence about a posterior that is no longer current).
+//
+// A CE that changed since the batch read it (another certificate, status or verdict) is left
+// alone: the audit never overrides a newer verdict.
 func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, pred *bnn.Predictive, i int) (bool, error) {
-	tx, pol := w.tx, a.l.opts.Policy
+	tx, pol, alpha := w.tx, a.l.opts.Policy, a.l.opts.VerdictAlpha
 	h, ok, err := readHeader(tx, it.id)
-	if err != nil || !ok || !sameCertificate(&h, &it.h) {
-		return false, err // deleted, re-registered or re-anchored since read: its result is moot
+	if err != nil || !ok || !sameState(&h, &it.h) {
+		return false, err // deleted, re-registered, re-anchored or judged since read: its result is moot
 	}
-	p2, v2, am := pred.P(i, h.target), pred.V(i, h.target), pred.Argmax(i)
+	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	nh := h
-	moved := certify.InSet(p2, v2, h.delta, h.epsilon) && am == h.target
+	moved := certify.Renewable(e, h.delta, h.epsilon, alpha)
+	current := v == now.version
+	_, hi := e.Interval(alpha)
 	switch {
 	case moved:
 		if h.status != certify.Uncertified {
@@ -294,43 +309,41 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 		if err := a.refAnchor(tx, now, v, kl, w.now); err != nil {
 			return false, err
 		}
-		nh.anchor, nh.p1, nh.var1, nh.samples = v, p2, v2, pred.S
-		nh.status, nh.confirmed, nh.cv = certify.Certified, false, 0
+		nh.anchor, nh.p1, nh.var1, nh.samples = v, e.P, e.Var, e.Samples
+		nh.status, nh.confirmed, nh.cv, nh.lapsed = certify.Certified, false, 0, false
 		if !pol.Bounds(nh.certificate(), kl).Certified {
-			nh.status = certify.AtRisk
-			if v == now.version { // measured under q_now itself: a verdict
-				nh.status, nh.confirmed, nh.cv = certify.Observed(p2, am, h.target), true, v
-			}
+			nh.lapsed = true // measured under an older posterior whose KL already exceeds the bound: the confirmer renews it
 		}
-	case h.failing() && v == now.version:
-		nh.status, nh.confirmed, nh.cv = certify.Observed(p2, am, h.target), true, v
+	case h.pending() && current, h.holds() && current && hi < 0.5:
+		nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
+		nh.confirmed, nh.cv = true, v
 	default:
-		return false, nil // uncertified outside the set, certified (the bound holds), or a stale verdict
+		return false, nil
 	}
 	nh.updated = w.now.UnixNano()
 	if err := w.putHeader(it.id, &h, &nh); err != nil {
 		return false, err
 	}
-	if nh.status != h.status {
-		ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: now.version, KL: kl, P2: &p2}
-		if !moved {
-			ch.KL = 0
-			if an, ok, err := readAnchor(tx, h.anchor); err != nil || !ok {
-				if err == nil {
-					err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
-				}
-				return false, err
-			} else {
-				ch.KL = an.kl
-			}
+	if nh.status == h.status && !moved {
+		return false, nil // a verdict that confirms the status
+	}
+	ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: now.version, KL: kl, P2: &e.P}
+	if !moved {
+		an, ok, err := readAnchor(tx, h.anchor)
+		if err == nil && !ok {
+			err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
 		}
-		b := pol.Bounds(nh.certificate(), ch.KL)
-		ch.Bound, ch.VarBound = b.ProbLower, b.VarUpper
-		if err := w.recordChange(it.id, ch); err != nil {
+		if err != nil {
 			return false, err
 		}
+		ch.KL = an.kl
 	}
-	return moved, nil
+	b := pol.Bounds(nh.certificate(), ch.KL)
+	ch.Bound, ch.VarBound = b.ProbLower, b.VarUpper
+	if nh.status == h.status { // a certified CE renewed by the audit: history, not a status change
+		return moved, w.recordHistory(it.id, &ch)
+	}
+	return moved, w.recordChange(it.id, ch)
 }
 
 // refAnchor adds a reference to anchor v, storing the audit's snapshot of it (with KL kl from the

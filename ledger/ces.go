@@ -373,13 +373,15 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	}
 	ce := &CE{ID: string(id), X: bd.x, XCF: bd.xcf, Target: h.target, AnchorVersion: h.anchor, P1: h.p1, Var1: h.var1,
 		Samples: h.samples, Delta: h.delta, Epsilon: h.epsilon, Status: h.status,
-		CreatedAt: time.Unix(0, bd.created).UTC(), UpdatedAt: time.Unix(0, h.updated).UTC(), History: bd.history}
+		CreatedAt: time.Unix(0, bd.created).UTC(), UpdatedAt: time.Unix(0, h.updated).UTC(), History: bd.history,
+		RenewalPending: h.lapsed}
 	if h.confirmed {
 		cv := h.cv
 		ce.ConfirmedVersion = &cv
 	}
 	for i := range ce.History {
 		ce.History[i].ID = ce.ID
+		ce.History[i].Renewal = ce.History[i].From == certify.Certified && ce.History[i].To == certify.Certified
 	}
 	if h.status != certify.Uncertified {
 		a, ok, err := readAnchor(tx, h.anchor)

@@ -67,13 +67,13 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 		}
 		p, _ := unseal(k, v)
 		h, _ := decodeHeader(p)
-		cnt.add(h.status, 1)
+		cnt.addHeader(&h, 1)
 		info.CEs++
 		if h.status != certify.Uncertified {
 			refs[h.anchor]++
 			a := anchors[h.anchor]
-			if holds := pol.Bounds(h.certificate(), a.kl).Certified; holds != (h.status == certify.Certified) {
-				return corruptf("counterfactual %q is %v but its bounds at its anchor's KL %v say certified = %v", k, h.status, a.kl, holds)
+			if holds := pol.Bounds(h.certificate(), a.kl).Certified; holds != h.holds() {
+				return corruptf("counterfactual %q is %v (lapsed %v) but its bounds at its anchor's KL %v say certified = %v", k, h.status, h.lapsed, a.kl, holds)
 			}
 		}
 		for i, key := range l.indexKeys(k, &h) {

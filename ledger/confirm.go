@@ -74,6 +74,9 @@ type ConfirmReport struct {
 	Confirmed int `json:"confirmed"`
 	Changed   int `json:"changed"`
 	Skipped   int `json:"skipped"`
+	// Renewed of the Confirmed were re-anchored to the predictor's posterior (certified again
+	// with a fresh certificate); the others got a verdict.
+	Renewed int `json:"renewed"`
 	// Discarded: the current posterior was not the predictor's version when reading or when
 	// writing; nothing was written.
 	Discarded bool `json:"discarded"`
@@ -91,17 +94,17 @@ type confirmItem struct {
 
 var errDiscard = errors.New("posterior changed while sampling")
 
-// Confirm gives a Monte-Carlo verdict to up to max CEs whose bound fails and whose last verdict
-// is missing or older than p's posterior version, which must be the current one:
+// Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
+// must be the current one: certified CEs whose bound has lapsed, and at_risk or invalidated CEs
+// whose last verdict is missing or older. With e = (p2, V2, S) from p's draws,
+// f(w) = p(target | x', w), and alpha = Options.VerdictAlpha:
 //
-//	p2 = E_q_now[f(w)] (p's draws),  at_risk if p2 >= 1/2 and argmax_c p(c | x') = target,
-//	invalidated otherwise
-//
-// It reads the CEs (a read transaction), samples them without holding the writer lock, and
-// writes the verdicts in one short transaction, only if the current posterior is still p's
-// version (else the batch is discarded and reported, nothing written). A CE whose bound holds
-// again by then is left to the bound. The CEs come from the front of idx_fail, so a call costs
-// O(max), not a scan of every CE. Call it until More is false.
+//	renewed      if certify.Renewable(e, delta, eps, alpha): lower(p2) >= 1 - delta and V2 <= eps.
+//	             The CE is re-anchored to q_now: (anchor, p1, V1, S) = (now, p2, V2, S), KL 0,
+//	             certified. A certified CE's renewal is kept in its history but is no status change.
+//	a verdict    otherwise: certify.Verdict (invalidated when upper(p2) < 1/2, at_risk when
+//	             lower(p2) >= 1/2, the previous status in between; a lapsed certificate with no
+//	             verdict yet becomes at_risk).
 func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmReport, []StatusChange, error) {
 	start := time.Now()
 	v := p.Version()
@@ -161,25 +164,35 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		if err != nil {
 			return err
 		}
+		rep.Renewed = 0
 		for i := range items {
-			done, err := w.confirm(&items[i], v, pred, i)
+			done, renewed, err := w.confirm(&items[i], c, pred, i)
 			if err != nil {
 				return err
 			}
-			if done {
-				rep.Confirmed++
-			} else {
+			switch {
+			case !done:
 				rep.Skipped++
+			case renewed:
+				rep.Renewed++
+				rep.Confirmed++
+			default:
+				rep.Confirmed++
 			}
 		}
 		changes = w.changes
-		if len(changes) == 0 {
+		if rep.Renewed > 0 {
+			if err := l.gcAnchors(tx, v); err != nil {
+				return err
+			}
+		}
+		if rep.Confirmed == 0 {
 			return w.finishNoGen()
 		}
 		return w.finish()
 	})
 	if errors.Is(err, errDiscard) {
-		rep.Discarded, rep.Confirmed, rep.Skipped, err = true, 0, 0, nil
+		rep.Discarded, rep.Confirmed, rep.Skipped, rep.Renewed, err = true, 0, 0, 0, nil
 	}
 	rep.Changed, rep.Duration = len(changes), time.Since(start)
 	if err != nil {
@@ -205,8 +218,8 @@ func pickUnconfirmed(tx *bolt.Tx, v uint64, max int) (items []confirmItem, more 
 		}
 		id := append([]byte(nil), k[8:]...)
 		h, ok, err := readHeader(tx, id)
-		if err == nil && (!ok || !h.failing()) {
-			err = corruptf("idx_fail lists counterfactual %q, which is not failing", id)
+		if err == nil && (!ok || !h.pending()) {
+			err = corruptf("idx_fail lists counterfactual %q, which neither fails nor has a lapsed certificate", id)
 		}
 		if err != nil {
 			return nil, false, err
@@ -233,32 +246,77 @@ func sameCertificate(a, b *header) bool {
 		a.samples == b.samples && a.delta == b.delta && a.epsilon == b.epsilon
 }
 
-// confirm writes the verdict of prediction i for it, unless the CE changed since it was read in
-// a way that makes the verdict moot. It reports whether it wrote.
-func (w *writeTx) confirm(it *confirmItem, v uint64, pred *bnn.Predictive, i int) (bool, error) {
+// sameState reports whether a and b are the same certificate with the same status and verdict:
+// nothing but the time of the last write differs. A measurement taken of a is applied only to a
+// CE still in the same state, so that it never overrides a newer verdict or certificate.
+func sameState(a, b *header) bool {
+	return sameCertificate(a, b) && a.status == b.status && a.lapsed == b.lapsed &&
+		a.confirmed == b.confirmed && a.cv == b.cv
+}
+
+// confirm writes the outcome of prediction i for it (made under the current posterior now):
+// a renewal or a verdict, unless the CE changed since it was read. It reports whether it wrote
+// and whether that was a renewal.
+func (w *writeTx) confirm(it *confirmItem, now cur, pred *bnn.Predictive, i int) (done, renewed bool, err error) {
 	h, ok, err := readHeader(w.tx, it.id)
-	if err != nil || !ok || !h.failing() || !sameCertificate(&h, &it.h) || h.confirmed && h.cv >= v {
-		return false, err
+	if err != nil || !ok || !h.pending() || !sameState(&h, &it.h) {
+		return false, false, err
 	}
-	p2 := pred.P(i, h.target)
+	v := now.version
+	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
+	if certify.Renewable(e, h.delta, h.epsilon, w.l.opts.VerdictAlpha) {
+		return true, true, w.renew(it.id, &h, now, e)
+	}
 	nh := h
-	nh.status, nh.confirmed, nh.cv, nh.updated = certify.Observed(p2, pred.Argmax(i), h.target), true, v, w.now.UnixNano()
+	nh.status, nh.lapsed, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), false, w.now.UnixNano()
+	nh.confirmed, nh.cv = true, v
 	if err := w.putHeader(it.id, &h, &nh); err != nil {
-		return false, err
+		return false, false, err
 	}
 	if nh.status == h.status {
-		return true, nil
+		return true, false, nil
 	}
 	a, ok, err := readAnchor(w.tx, h.anchor)
 	if err == nil && !ok {
 		err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	b := w.l.opts.Policy.Bounds(h.certificate(), a.kl)
-	return true, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: a.kl,
-		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &p2})
+	return true, false, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: a.kl,
+		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P})
+}
+
+// renew re-anchors a CE h (certified with a lapsed bound, at_risk or invalidated) to the current
+// posterior from the evidence e measured under it: certified with (p1, V1, S) = e and KL 0. A CE
+// that was certified keeps its status (the renewal goes to its history only); one that was
+// at_risk or invalidated changes status, with an event.
+func (w *writeTx) renew(id []byte, h *header, now cur, e certify.Evidence) error {
+	if err := w.l.ref(w.tx, now, h.anchor, -1, 0, w.now); err != nil {
+		return err
+	}
+	if err := w.l.ref(w.tx, now, now.version, 1, 0, w.now); err != nil {
+		return err
+	}
+	nh := *h
+	nh.anchor, nh.p1, nh.var1, nh.samples = now.version, e.P, e.Var, e.Samples
+	nh.status, nh.lapsed, nh.confirmed, nh.cv, nh.updated = certify.Certified, false, false, 0, w.now.UnixNano()
+	b := w.l.opts.Policy.Bounds(nh.certificate(), 0)
+	if !b.Certified {
+		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
+		// bounds hold. Anything else is a bug, not a state to store.
+		return fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
+	}
+	if err := w.putHeader(id, h, &nh); err != nil {
+		return err
+	}
+	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: now.version, KL: 0,
+		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
+	if h.status == certify.Certified {
+		return w.recordHistory(id, &ch)
+	}
+	return w.recordChange(id, ch)
 }
 
 // wrapErr prefixes "ledger: <op>: " to a non-nil error.

@@ -24,9 +24,9 @@ func cheapCEs(m *bnn.Model, rng *rand.Rand, prefix string, n int) []*CE {
 	return ces
 }
 
-// 10^5 CEs fail at once. Commit only marks them at_risk (no Monte-Carlo under the writer lock);
-// Confirm batches then give each a verdict, and the verdicts are exactly those of one
-// brute-force Monte-Carlo pass over every CE with the same draws and seed.
+// 10^5 CEs fail at once. Commit only marks their certificates lapsed (no Monte-Carlo under the
+// writer lock, no status change); Confirm batches then give each a verdict, and the verdicts are
+// exactly those of one brute-force Monte-Carlo pass over every CE with the same draws and seed.
 func TestConfirmManyFailing(t *testing.T) {
 	n := 100_000
 	if testing.Short() {
@@ -41,22 +41,17 @@ func TestConfirmManyFailing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m1 := toBias(m0, -0.19) // p(yes) straddles 1/2: both verdicts occur
+	m1 := toBias(m0, -0.5) // p(yes) straddles 1/2, far enough on both sides for a verdict of each kind
 	start := time.Now()
 	rep, changes, err := l.Commit(bg, &Checkpoint{Model: m1})
 	commitTook := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != n || rep.Counts[certify.AtRisk] != n {
-		t.Fatalf("commit: %d changes, counts %v; want all %d at_risk", len(changes), rep.Counts, n)
+	if len(changes) != 0 || rep.Lapsed != n || rep.Pending != n || rep.Counts[certify.Certified] != n {
+		t.Fatalf("commit: %d changes, report %+v; want all %d certificates lapsed, no status change", len(changes), rep, n)
 	}
-	for _, ch := range changes[:10] {
-		if ch.P2 != nil || ch.To != certify.AtRisk {
-			t.Fatalf("commit change %+v: want at_risk without Monte-Carlo", ch)
-		}
-	}
-	const samples, seed = 64, 9
+	const samples, seed = 256, 9
 	p := NewModelPredictor(m1, samples, seed)
 	start = time.Now()
 	calls, confirmed := 0, 0
@@ -100,7 +95,8 @@ func TestConfirmManyFailing(t *testing.T) {
 	}
 	cnt := map[certify.Status]int{}
 	for i, ce := range stored {
-		want := certify.Observed(pred.P(i, 1), pred.Argmax(i), 1)
+		e := certify.Evidence{P: pred.P(i, 1), Var: pred.V(i, 1), Samples: samples}
+		want := certify.Verdict(certify.Certified, e, certify.DefaultVerdictAlpha)
 		if ce.Status != want || ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != m1.Version {
 			t.Fatalf("%s: %v confirmed at %v; brute-force Monte-Carlo says %v at version %d", ce.ID, ce.Status, ce.ConfirmedVersion, want, m1.Version)
 		}

@@ -28,10 +28,11 @@ import (
 // candidate with the same float operations as a full scan (certify.Gate), so the result is
 // bit-identical to judging every CE, in time proportional to the candidates.
 //
-// idx_cert holds the certified CEs by anchor and p1', so the smallest Theorem 1 bound over
-// certified CEs (Report.MinBound) is the first entry per anchor. idx_fail holds the CEs whose
-// bound fails (at_risk, invalidated) by the posterior version of their last Monte-Carlo verdict
-// (0 = none yet, else version + 1), so Confirm takes the ones to sample from its front.
+// idx_cert holds the certified CEs whose bounds hold by anchor and p1', so the smallest Theorem
+// 1 bound over them (Report.MinBound) is the first entry per anchor. idx_fail holds the CEs whose
+// bound fails (certified with a lapsed bound, at_risk, invalidated) by the posterior version of
+// their last Monte-Carlo verdict (0 = none yet, else version + 1), so Confirm takes the ones to
+// measure from its front.
 //
 // Keys: anchor u64 BE | ordered float64 (8 bytes) | id, or confirmed u64 BE | id. Values: the
 // CRC-32C of the key (seal). The keys depend on the policy (mode, epsilon_max, Hoeffding alpha):
@@ -101,10 +102,10 @@ func (l *Ledger) indexKeys(id []byte, h *header) (k [4][]byte) {
 	p1s := pol.StartP1(h.certificate())
 	k[0] = idxKey(h.anchor, p1s, id)
 	k[1] = idxKey(h.anchor, varHeadroom(pol, h.var1, h.epsilon), id)
-	if h.status == certify.Certified {
+	if h.holds() {
 		k[2] = k[0]
 	}
-	if h.failing() {
+	if h.pending() {
 		k[3] = failKey(h, id)
 	}
 	return k
@@ -154,9 +155,9 @@ func (w *writeTx) putHeader(id []byte, old, h *header) error {
 	}
 	w.moveIndex(id, old, h)
 	if old != nil {
-		w.cnt.add(old.status, -1)
+		w.cnt.addHeader(old, -1)
 	}
-	w.cnt.add(h.status, 1)
+	w.cnt.addHeader(h, 1)
 	return nil
 }
 
@@ -168,7 +169,7 @@ func (w *writeTx) deleteCE(id []byte, old *header) error {
 	if err := w.tx.Bucket(bBodies).Delete(id); err != nil {
 		return err
 	}
-	w.cnt.add(old.status, -1)
+	w.cnt.addHeader(old, -1)
 	w.moveIndex(id, old, nil)
 	return nil
 }
@@ -225,6 +226,21 @@ func idLen(i int, key []byte) int {
 // recordChange appends ch to the CE's history, puts it in the outbox (Options.EncodeChange)
 // and in the transaction's list of changes. The one place a status change is recorded.
 func (w *writeTx) recordChange(id []byte, ch StatusChange) error {
+	if err := w.recordHistory(id, &ch); err != nil {
+		return err
+	}
+	if enc := w.l.opts.EncodeChange; enc != nil {
+		if err := w.enqueue(enc(ch)); err != nil {
+			return err
+		}
+	}
+	w.changes = append(w.changes, ch)
+	return nil
+}
+
+// recordHistory appends ch to the CE's history only: a renewal (From = To = certified) is kept
+// in the history but is not a status change, so it has no outbox entry.
+func (w *writeTx) recordHistory(id []byte, ch *StatusChange) error {
 	ch.ID = string(id)
 	if ch.At.IsZero() {
 		ch.At = w.now
@@ -241,17 +257,8 @@ func (w *writeTx) recordChange(id []byte, ch StatusChange) error {
 	if err != nil {
 		return inRecord(err, "counterfactual %q", id)
 	}
-	bd.history = appendHistory(bd.history, ch)
-	if err := putSealed(bodies, id, bd.encode()); err != nil {
-		return err
-	}
-	if enc := w.l.opts.EncodeChange; enc != nil {
-		if err := w.enqueue(enc(ch)); err != nil {
-			return err
-		}
-	}
-	w.changes = append(w.changes, ch)
-	return nil
+	bd.history = appendHistory(bd.history, *ch)
+	return putSealed(bodies, id, bd.encode())
 }
 
 // enqueue writes an outbox entry with the next sequence number.
@@ -368,17 +375,17 @@ func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
 			}
 			_, holds := g.Check(h.p1, h.var1, h.epsilon, h.samples)
 			switch {
-			case holds && h.status != certify.Certified:
-				h.status, h.confirmed, h.cv = certify.Certified, false, 0
-			case !holds && h.status == certify.Certified:
-				h.status = certify.AtRisk
+			case holds && !h.holds():
+				h.status, h.confirmed, h.cv, h.lapsed = certify.Certified, false, 0, false
+			case !holds && h.holds():
+				h.lapsed = true // renewed or judged by the confirmer
 			}
 		}
 		id := append([]byte(nil), k...)
 		if h != old {
 			redo = append(redo, rejudged{id, old, h})
 		}
-		w.cnt.add(h.status, 1)
+		w.cnt.addHeader(&h, 1)
 		for i, key := range l.indexKeys(id, &h) {
 			if key != nil {
 				keys[i] = append(keys[i], key)

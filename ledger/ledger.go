@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -42,6 +43,10 @@ type Options struct {
 	MCBatch int
 	// KLHistory is how many updates the KL history keeps. Default: DefaultKLHistory.
 	KLHistory int
+	// VerdictAlpha is the miss probability of the one-sided confidence bounds on p that renew
+	// certificates and decide verdicts (certify.Renewable, certify.Verdict). Default:
+	// certify.DefaultVerdictAlpha.
+	VerdictAlpha float64
 	// EncodeChange, when set, turns each status change the ledger writes (Commit, Checkpoint,
 	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
 	// transaction. Nil: status changes are not put in the outbox.
@@ -64,6 +69,10 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("%w: ledger options: mc_batch = %d, want >= 1", ErrInvalid, o.MCBatch)
 	}
 	o.KLHistory = cmp.Or(o.KLHistory, DefaultKLHistory)
+	o.VerdictAlpha = cmp.Or(o.VerdictAlpha, certify.DefaultVerdictAlpha)
+	if !(o.VerdictAlpha > 0 && o.VerdictAlpha < 1) {
+		return fmt.Errorf("%w: ledger options: verdict_alpha = %v, want within (0, 1)", ErrInvalid, o.VerdictAlpha)
+	}
 	if o.KLHistory < 1 {
 		return fmt.Errorf("%w: ledger options: kl_history = %d, want >= 1", ErrInvalid, o.KLHistory)
 	}
@@ -301,9 +310,23 @@ type State struct {
 	Anchors          int                    `json:"anchors"`
 	Generation       uint64                 `json:"generation"`
 	OutboxLen        int                    `json:"outbox_len"`
+	// Pending is the renewal backlog: certified CEs whose bound has lapsed, waiting for Confirm.
+	Pending int `json:"pending"`
+	// AppliedAt is when records were last applied (zero before the first).
+	AppliedAt time.Time `json:"applied_at"`
+	// LastUpdate is the newest entry of the KL history (nil before the first update).
+	LastUpdate *KLEntry `json:"last_update,omitempty"`
+	// MaxAnchorKL is the largest KL(q_now || q_anchor) over the anchors CEs refer to, as of the
+	// last checkpoint.
+	MaxAnchorKL float64 `json:"max_anchor_kl"`
+	// MinBound is the smallest Theorem 1 bound over the certified CEs whose bounds hold; HasBound
+	// is false (and MinBound 0) when there are none.
+	MinBound float64 `json:"min_bound"`
+	HasBound bool    `json:"has_bound"`
 }
 
-// State reads every scalar in one transaction.
+// State reads every scalar in one transaction, so that its fields describe one moment: the
+// metrics a scrape reports come from one State.
 func (l *Ledger) State() (State, error) {
 	var s State
 	err := l.view(func(tx *bolt.Tx) error {
@@ -324,8 +347,18 @@ func (l *Ledger) State() (State, error) {
 		if err != nil {
 			return err
 		}
-		s.Counts = cnt.asMap()
-		if err := forEachAnchor(tx, func(uint64, anchorMeta) error { s.Anchors++; return nil }); err != nil {
+		s.Counts, s.Pending = cnt.asMap(), int(cnt[lapsedSlot])
+		at, err := metaU64(tx, kAppliedAt)
+		if err != nil {
+			return err
+		}
+		if at > 0 {
+			s.AppliedAt = time.Unix(0, int64(at)).UTC()
+		}
+		if err := l.boundState(tx, &s); err != nil {
+			return err
+		}
+		if s.LastUpdate, err = lastKLEntry(tx); err != nil {
 			return err
 		}
 		if s.OutboxLen, err = outboxLen(tx); err != nil {
@@ -389,6 +422,17 @@ func (l *Ledger) Counts() (map[certify.Status]int, error) {
 	return c.asMap(), nil
 }
 
+// Waiting is how many CEs may wait for Confirm: the certified CEs whose bound has lapsed plus the
+// at_risk and invalidated ones (each needs a measurement under every new posterior).
+func (l *Ledger) Waiting() (int, error) {
+	var c counts
+	err := l.view(func(tx *bolt.Tx) (err error) { c, err = readCounts(tx); return err })
+	if err != nil {
+		return 0, fmt.Errorf("ledger: counts: %w", err)
+	}
+	return int(c[lapsedSlot] + c[certify.AtRisk-1] + c[certify.Invalidated-1]), nil
+}
+
 // Anchor describes one stored anchor posterior.
 type Anchor struct {
 	Version uint64 `json:"version"`
@@ -441,4 +485,47 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, nil
+}
+
+// boundState counts the anchors and sets MaxAnchorKL and MinBound from the anchors' stored KL and
+// the first idx_cert entry of each live anchor (the smallest p1' under it).
+func (l *Ledger) boundState(tx *bolt.Tx, s *State) error {
+	cert := tx.Bucket(bIdxCert).Cursor()
+	return forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+		s.Anchors++
+		if a.refs == 0 {
+			return nil
+		}
+		s.MaxAnchorKL = max(s.MaxAnchorKL, a.kl)
+		prefix := u64bytes(v)
+		k, val := cert.Seek(prefix)
+		if k == nil || !bytes.HasPrefix(k, prefix) {
+			return nil
+		}
+		if _, ok := unseal(k, val); !ok || len(k) < 16 {
+			return corruptf("idx_cert entry %x is damaged", k)
+		}
+		b := keyFloat(k[8:16]) - l.opts.Policy.Slack(a.kl).Mean
+		if !s.HasBound || b < s.MinBound {
+			s.MinBound, s.HasBound = b, true
+		}
+		return nil
+	})
+}
+
+// lastKLEntry is the newest KL history entry, or nil.
+func lastKLEntry(tx *bolt.Tx) (*KLEntry, error) {
+	k, v := tx.Bucket(bKLHistory).Cursor().Last()
+	if k == nil {
+		return nil, nil
+	}
+	p, ok := unseal(k, v)
+	if !ok {
+		return nil, corruptf("kl_history entry %x: checksum mismatch", k)
+	}
+	e, err := decodeKLEntry(k, p)
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
 }

@@ -370,7 +370,7 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	for _, k := range [][]byte{kGen, kApplied, kKLSeq, kOutboxSeq, kOutboxAcked} {
+	for _, k := range [][]byte{kGen, kApplied, kAppliedAt, kKLSeq, kOutboxSeq, kOutboxAcked} {
 		if _, err := metaU64(tx, k); err != nil {
 			return err
 		}
@@ -387,11 +387,21 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 		}
 	}
 	models := tx.Bucket(bAnchorModels)
-	return forEachAnchor(tx, func(v uint64, _ anchorMeta) error {
+	if err := forEachAnchor(tx, func(v uint64, _ anchorMeta) error {
 		blob, err := getSealed(models, u64bytes(v), fmt.Sprintf("posterior version %d (anchor)", v))
 		if err == nil && blob == nil {
 			err = corruptf("anchor %d has no posterior blob", v)
 		}
 		return err
+	}); err != nil {
+		return err
+	}
+	// Every meta value is sealed with its key: a damaged key, which the reads above would take
+	// for a missing value (0), fails its checksum here.
+	return tx.Bucket(bMeta).ForEach(func(k, v []byte) error {
+		if _, ok := unseal(k, v); !ok {
+			return corruptf("meta %q: checksum mismatch (its key or value is damaged)", k)
+		}
+		return nil
 	})
 }

@@ -28,6 +28,13 @@ type Report struct {
 	Checked    int `json:"checked"`
 	Candidates int `json:"candidates"`
 	Changed    int `json:"changed"`
+	// Lapsed is how many certified CEs' bounds failed at this version: they stay certified,
+	// pending, until Confirm renews or judges them; Restored how many pending CEs' bounds hold
+	// again. Neither is a status change. Pending is the renewal backlog after this
+	// re-certification: every certified CE whose bound has lapsed.
+	Lapsed   int `json:"lapsed"`
+	Restored int `json:"restored"`
+	Pending  int `json:"pending"`
 	// MinBound is the smallest Theorem 1 bound over certified CEs (1 when there are none).
 	MinBound float64 `json:"min_bound"`
 	// AnchorKL is KL(q_now || q_anchor) per live anchor version; MaxAnchorKL its largest value.
@@ -38,6 +45,13 @@ type Report struct {
 	// were registered, deleted or changed since (ErrStale).
 	Generation uint64 `json:"generation"`
 	fp         [32]byte
+	lapses     []lapse
+}
+
+// lapse is a certified CE whose bound starts failing (lapsed) or holds again (!lapsed).
+type lapse struct {
+	id     string
+	lapsed bool
 }
 
 // Recertify re-judges every stored CE holding a certificate against the posterior `current`
@@ -97,6 +111,17 @@ func (l *Ledger) recertify(ctx context.Context, current *bnn.Model, blob []byte)
 		cnt.add(ch.From, -1)
 		cnt.add(ch.To, 1)
 	}
+	slices.SortFunc(r.lapses, func(a, b lapse) int { return strings.Compare(a.id, b.id) })
+	for _, lp := range r.lapses {
+		if lp.lapsed {
+			rep.Lapsed++
+			cnt[lapsedSlot]++
+		} else {
+			rep.Restored++
+			cnt[lapsedSlot]--
+		}
+	}
+	rep.Pending, rep.lapses = int(cnt[lapsedSlot]), r.lapses
 	rep.Counts, rep.Changed = cnt.asMap(), len(r.changes)
 	rep.Checked = int(cnt[certify.Certified-1] + cnt[certify.AtRisk-1] + cnt[certify.Invalidated-1])
 	rep.Duration = time.Since(start)
@@ -110,6 +135,7 @@ type recert struct {
 	now     time.Time
 	seen    map[string]bool
 	changes []StatusChange
+	lapses  []lapse
 }
 
 // anchor re-judges the CEs under anchor v whose verdict the move of its KL can change, and
@@ -128,7 +154,7 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 	r.rep.MaxAnchorKL = math.Max(r.rep.MaxAnchorKL, kl)
 	so, sn := pol.Slack(a.kl), pol.Slack(kl)
 	gate := pol.Gate(sn)
-	first := len(r.changes)
+	first, firstLapse := len(r.changes), len(r.lapses)
 	visit := func(id []byte) error {
 		if r.seen[string(id)] {
 			return nil
@@ -145,12 +171,17 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 		_, holds := gate.Check(h.p1, h.var1, h.epsilon, h.samples)
 		var to certify.Status
 		switch {
-		case holds && h.status != certify.Certified:
-			to = certify.Certified
-		case !holds && h.status == certify.Certified:
-			to = certify.AtRisk
-		default:
+		case holds == h.holds():
 			return nil
+		case h.status == certify.Certified:
+			// A certificate lapses, or a lapsed one holds again: not a status change. The
+			// confirmer measures a lapsed CE and renews it or gives it a verdict.
+			r.lapses = append(r.lapses, lapse{id: string(id), lapsed: !holds})
+			return nil
+		case holds:
+			to = certify.Certified
+		default:
+			return nil // at_risk or invalidated, and still failing
 		}
 		b := pol.Evaluate(h.certificate(), sn)
 		r.changes = append(r.changes, StatusChange{ID: string(id), At: r.now, From: h.status, To: to,
@@ -169,7 +200,7 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 			return err
 		}
 	}
-	return r.minBound(tx, v, sn, r.changes[first:])
+	return r.minBound(tx, v, sn, r.changes[first:], r.lapses[firstLapse:])
 }
 
 func margin(x float64) float64 { return scanMargin * math.Max(1, math.Abs(x)) }
@@ -177,18 +208,33 @@ func margin(x float64) float64 { return scanMargin * math.Max(1, math.Abs(x)) }
 // minBound folds into MinBound the smallest Theorem 1 bound p1' - slack_p over the CEs under
 // anchor v that are certified after this re-certification: the first idx_cert entry that did
 // not just lose its certificate, and the CEs that just gained one.
-func (r *recert) minBound(tx *bolt.Tx, v uint64, sn certify.Slack, changes []StatusChange) error {
+func (r *recert) minBound(tx *bolt.Tx, v uint64, sn certify.Slack, changes []StatusChange, lapses []lapse) error {
 	pol := r.l.opts.Policy
 	lost := map[string]bool{}
+	gain := func(id string) error {
+		h, _, err := readHeader(tx, []byte(id))
+		if err != nil {
+			return err
+		}
+		r.rep.MinBound = math.Min(r.rep.MinBound, pol.StartP1(h.certificate())-sn.Mean)
+		return nil
+	}
 	for _, ch := range changes {
 		if ch.To == certify.Certified {
-			h, _, err := readHeader(tx, []byte(ch.ID))
-			if err != nil {
+			if err := gain(ch.ID); err != nil {
 				return err
 			}
-			r.rep.MinBound = math.Min(r.rep.MinBound, pol.StartP1(h.certificate())-sn.Mean)
 		} else {
 			lost[ch.ID] = true
+		}
+	}
+	for _, lp := range lapses {
+		if !lp.lapsed {
+			if err := gain(lp.id); err != nil {
+				return err
+			}
+		} else {
+			lost[lp.id] = true
 		}
 	}
 	prefix := u64bytes(v)
@@ -255,7 +301,7 @@ type Checkpoint struct {
 	// Counters are added to the named counters (non-negative deltas).
 	Counters map[string]int64
 	// Events are put in the outbox in this transaction (their Seq is assigned by the ledger),
-	// after the status changes.
+	// before the status changes.
 	Events []OutboxEntry
 }
 
@@ -367,6 +413,13 @@ func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 		if err != nil {
 			return err
 		}
+		// The checkpoint's events (an update over budget, for one) come before the status
+		// changes they explain.
+		for _, e := range c.Events {
+			if err := w.enqueue(e); err != nil {
+				return err
+			}
+		}
 		changed, err := l.applyRecertification(w, c, old, next)
 		if err != nil {
 			return err
@@ -388,11 +441,6 @@ func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 		}
 		if err := l.writeProgress(tx, c, now); err != nil {
 			return err
-		}
-		for _, e := range c.Events {
-			if err := w.enqueue(e); err != nil {
-				return err
-			}
 		}
 		if next == old && !changed {
 			return w.finishNoGen()
@@ -468,7 +516,29 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 			return false, err
 		}
 	}
-	return len(c.Changes) > 0, nil
+	for _, lp := range r.lapses {
+		if err := w.applyLapse(lp); err != nil {
+			return false, err
+		}
+	}
+	return len(c.Changes) > 0 || len(r.lapses) > 0, nil
+}
+
+// applyLapse sets or clears the lapsed flag of a certified CE.
+func (w *writeTx) applyLapse(lp lapse) error {
+	id := []byte(lp.id)
+	h, ok, err := readHeader(w.tx, id)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, lp.id)
+	case h.status != certify.Certified || h.lapsed == lp.lapsed:
+		return fmt.Errorf("%w: counterfactual %q is %v (lapsed %v), the re-certification expects certified (lapsed %v)", ErrStale, lp.id, h.status, h.lapsed, !lp.lapsed)
+	}
+	nh := h
+	nh.lapsed, nh.updated = lp.lapsed, w.now.UnixNano()
+	return w.putHeader(id, &h, &nh)
 }
 
 // applyChange moves a stored CE from ch.From to ch.To and records the change. A CE entering
@@ -485,11 +555,13 @@ func (w *writeTx) applyChange(ch StatusChange, confirmed *uint64) error {
 		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, ch.ID)
 	case h.status != ch.From:
 		return fmt.Errorf("%w: counterfactual %q is %v, change expects %v", ErrStale, ch.ID, h.status, ch.From)
+	case h.lapsed && ch.To != certify.Certified:
+		return fmt.Errorf("%w: counterfactual %q has a lapsed certificate, which only its renewal or verdict changes", ErrStale, ch.ID)
 	case ch.From == certify.Uncertified || ch.To == certify.Uncertified:
 		return invalidf("counterfactual %q: re-certification cannot move %v to %v", ch.ID, ch.From, ch.To)
 	}
 	nh := h
-	nh.status, nh.confirmed, nh.cv = ch.To, false, 0
+	nh.status, nh.confirmed, nh.cv, nh.lapsed = ch.To, false, 0, false
 	if confirmed != nil && nh.failing() {
 		nh.confirmed, nh.cv = true, *confirmed
 	}
@@ -518,6 +590,9 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 			return err
 		}
 		if err := putU64(meta, kApplied, applied+uint64(c.Applied)); err != nil {
+			return err
+		}
+		if err := putU64(meta, kAppliedAt, uint64(now.UnixNano())); err != nil {
 			return err
 		}
 	}

@@ -39,7 +39,11 @@ type CE struct {
 	KLFromAnchor     float64        `json:"kl_from_anchor"`
 	CreatedAt        time.Time      `json:"created_at"`
 	UpdatedAt        time.Time      `json:"updated_at"`
-	// History holds the last MaxHistory status changes, oldest first.
+	// RenewalPending is set on a certified CE whose bound has lapsed (Bound < 1/2 or VarBound over
+	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
+	// still certified) or gives it a verdict (at_risk, invalidated).
+	RenewalPending bool `json:"renewal_pending,omitempty"`
+	// History holds the last MaxHistory status changes and renewals, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }
 
@@ -62,6 +66,9 @@ type StatusChange struct {
 	Bound            float64        `json:"bound"`
 	VarBound         float64        `json:"var_bound"`
 	P2               *float64       `json:"p2,omitempty"`
+	// Renewal marks a history entry from certified to certified: the certificate was renewed
+	// (re-anchored to PosteriorVersion, with p1 = P2), which is not a status change.
+	Renewal bool `json:"renewal,omitempty"`
 }
 
 // MaxHistory is how many status changes a CE keeps; older ones are dropped.
@@ -72,7 +79,7 @@ const MaxHistory = 32
 // history. Both are sealed (a CRC-32C of key and payload follows the payload, see seal).
 //
 //	header payload (72 bytes, little endian), format 2
-//	  0 format (2)   1 status   2 flags (bit 0: confirmed)   3 reserved   4 target u32
+//	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: lapsed)   3 reserved   4 target u32
 //	  8 anchor version u64   16 p1 f64   24 var1 f64   32 delta f64   40 epsilon f64
 //	 48 samples u32   52 reserved   56 updated-at unix ns i64   64 confirmed version u64
 //
@@ -89,6 +96,7 @@ const (
 	bodyFormat     = 1
 	histSize       = 50
 	flagConfirmed  = 1
+	flagLapsed     = 2
 	hStatus        = 1
 	hFlags         = 2
 	hTarget        = 4
@@ -109,6 +117,7 @@ type header struct {
 	status         certify.Status
 	confirmed      bool   // the status of a failing CE was decided by Monte-Carlo ...
 	cv             uint64 // ... under this posterior version
+	lapsed         bool   // a certified CE whose bound fails, waiting to be renewed or judged
 	target         int
 	anchor         uint64
 	p1, var1       float64
@@ -123,6 +132,13 @@ func (h *header) certificate() certify.Certificate {
 
 // failing reports whether the CE holds a certificate whose bound fails (at_risk, invalidated).
 func (h *header) failing() bool { return h.status == certify.AtRisk || h.status == certify.Invalidated }
+
+// pending reports whether the CE waits for a Monte-Carlo measurement under the current
+// posterior's predecessor or later: failing, or certified with a lapsed bound.
+func (h *header) pending() bool { return h.failing() || h.lapsed }
+
+// holds reports whether the CE's bounds hold: certified and not lapsed.
+func (h *header) holds() bool { return h.status == certify.Certified && !h.lapsed }
 
 func f64(b []byte, off int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[off:])) }
 
@@ -154,13 +170,17 @@ func decodeHeader(v []byte) (header, error) {
 		return header{}, corruptf("header status %d", v[hStatus])
 	}
 	if v[0] == headerFormat {
-		if v[hFlags]&^flagConfirmed != 0 || v[3] != 0 || binary.LittleEndian.Uint32(v[52:]) != 0 {
+		if v[hFlags]&^(flagConfirmed|flagLapsed) != 0 || v[3] != 0 || binary.LittleEndian.Uint32(v[52:]) != 0 {
 			return header{}, corruptf("header flags %#x or reserved bytes set", v[hFlags])
 		}
 		h.confirmed = v[hFlags]&flagConfirmed != 0
+		h.lapsed = v[hFlags]&flagLapsed != 0
 		h.cv = binary.LittleEndian.Uint64(v[hConfirmed:])
 		if !h.confirmed && h.cv != 0 || h.confirmed && !h.failing() {
 			return header{}, corruptf("header: confirmed flag %v with version %d for status %v", h.confirmed, h.cv, h.status)
+		}
+		if h.lapsed && h.status != certify.Certified {
+			return header{}, corruptf("header: lapsed flag for status %v", h.status)
 		}
 	}
 	for _, x := range []float64{h.p1, h.var1, h.delta, h.epsilon} {
@@ -186,6 +206,9 @@ func (h *header) encode() []byte {
 	if h.confirmed {
 		v[hFlags] = flagConfirmed
 		binary.LittleEndian.PutUint64(v[hConfirmed:], h.cv)
+	}
+	if h.lapsed {
+		v[hFlags] |= flagLapsed
 	}
 	binary.LittleEndian.PutUint32(v[hTarget:], uint32(h.target))
 	binary.LittleEndian.PutUint64(v[hAnchor:], h.anchor)
@@ -401,17 +424,20 @@ func decodeOutboxEntry(k, v []byte) (OutboxEntry, error) {
 }
 
 // counts are the per-status CE counts kept in meta, indexed by status - 1.
-type counts [4]int64
+// counts are the CEs per status (index status - 1) and, last, the certified CEs whose bound
+// has lapsed (the renewal backlog). A ledger written before lapses existed stores the four
+// status counts only; its lapsed count is 0.
+type counts [5]int64
 
 func decodeCounts(v []byte) (counts, error) {
 	var c counts
 	if v == nil {
 		return c, nil
 	}
-	if len(v) != 8*len(c) {
+	if len(v) != 8*len(c) && len(v) != 8*(len(c)-1) {
 		return c, corruptf("status counts of %d bytes", len(v))
 	}
-	for i := range c {
+	for i := range len(v) / 8 {
 		c[i] = int64(binary.BigEndian.Uint64(v[8*i:]))
 		if c[i] < 0 {
 			return c, corruptf("negative status count")
@@ -421,6 +447,17 @@ func decodeCounts(v []byte) (counts, error) {
 }
 
 func (c *counts) add(s certify.Status, d int64) { c[s-1] += d }
+
+// lapsedSlot is the index of the lapsed count in counts.
+const lapsedSlot = 4
+
+// addHeader adds d times h's contribution: its status, and the lapsed count when it is lapsed.
+func (c *counts) addHeader(h *header, d int64) {
+	c.add(h.status, d)
+	if h.lapsed {
+		c[lapsedSlot] += d
+	}
+}
 
 func (c counts) encode() ([]byte, error) {
 	v := make([]byte, 0, 8*len(c))

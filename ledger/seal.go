@@ -35,8 +35,9 @@ var (
 	kCurSHA      = []byte("current_sha") // SHA-256 of the blob
 	kCurVer      = []byte("current_version")
 	kGen         = []byte("generation")
-	kCounts      = []byte("counts") // 4 x u64 by status - 1
+	kCounts      = []byte("counts") // 4 x u64 by status - 1, then the lapsed count (absent before lapses existed)
 	kApplied     = []byte("applied")
+	kAppliedAt   = []byte("applied_at") // unix ns of the last checkpoint that applied records
 	kKLSeq       = []byte("kl_seq")
 	kOutboxSeq   = []byte("outbox_seq")   // last sequence number assigned
 	kOutboxAcked = []byte("outbox_acked") // every entry <= this was acknowledged (deleted)

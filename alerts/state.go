@@ -1,0 +1,121 @@
+package alerts
+
+import (
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// State is what the state gauges report. Every field comes from one consistent snapshot of the
+// ledger, so that one scrape never mixes two posterior versions.
+type State struct {
+	PosteriorVersion uint64
+	// UpdateKL is the last update's KL(q_new || q_prev) (HasUpdate false before the first).
+	UpdateKL  float64
+	HasUpdate bool
+	// MaxAnchorKL is the largest KL(q_now || q_anchor) over anchors stored CEs refer to.
+	MaxAnchorKL float64
+	Counts      map[certify.Status]int
+	// Pending is the renewal backlog: certified CEs whose bound has lapsed.
+	Pending int
+	// MinBound is the smallest Theorem 1 bound over certified CEs whose bounds hold; HasBound is
+	// false when there is none (the gauge then has no sample).
+	MinBound float64
+	HasBound bool
+	// LastIngest is when records were last applied (zero before the first: the gauge reads 0).
+	LastIngest time.Time
+}
+
+// StateCollector is a prometheus.Collector that reads State at each scrape, as Prometheus' own
+// collectors read the process they describe: the state gauges are true from the first scrape
+// after a start and right after any change, with no bookkeeping to go stale. A failed read makes
+// the scrape fail (an invalid metric), which Prometheus reports as the target being down, rather
+// than serving numbers that are not known.
+type StateCollector struct {
+	read   func() (State, error)
+	budget float64
+
+	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
+	counts                                                                                     *prometheus.Desc
+	buildLabels                                                                                []string
+}
+
+// NewStateCollector reads the state with read; budget is the update KL budget (0.5 - delta)^2 / 2.
+func NewStateCollector(budget float64, read func() (State, error)) *StateCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &StateCollector{read: read, budget: budget,
+		version:     d(NamePosteriorVersion, "Version of the current posterior."),
+		updateKL:    d(NamePosteriorKL, "KL(q_new || q_prev) of the last posterior update (nats, summed over parameters)."),
+		maxAnchorKL: d(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to (renewals keep it small; not an alert by itself)."),
+		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
+		overBudget:  d(NameKLOverBudget, "1 while the last update's KL exceeded the KL budget (certify.on_breach says what was done), else 0."),
+		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') over certified counterfactuals whose bounds hold (no sample when there is none)."),
+		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
+		backlog:     d(NameRenewalBacklog, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
+		counts:      d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified).", "status"),
+		build:       d(NameBuildInfo, "Always 1: the cfguard build (module version, VCS revision, Go version).", "version", "revision", "goversion"),
+		buildLabels: buildLabels(),
+	}
+}
+
+func buildLabels() []string {
+	version, revision := "unknown", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	return []string{version, revision, runtime.Version()}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: one read of the state, every gauge from it.
+func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	g(c.build, 1, c.buildLabels...)
+	g(c.klBudget, c.budget)
+	s, err := c.read()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.version, err)
+		return
+	}
+	g(c.version, float64(s.PosteriorVersion))
+	over := 0.0
+	if s.HasUpdate && s.UpdateKL > c.budget {
+		over = 1
+	}
+	g(c.updateKL, s.UpdateKL)
+	g(c.overBudget, over)
+	g(c.maxAnchorKL, s.MaxAnchorKL)
+	for _, st := range certify.Statuses() {
+		g(c.counts, float64(s.Counts[st]), st.String())
+	}
+	g(c.backlog, float64(s.Pending))
+	if s.HasBound {
+		g(c.boundMin, s.MinBound)
+	}
+	last := 0.0
+	if !s.LastIngest.IsZero() {
+		last = float64(s.LastIngest.UnixNano()) / 1e9
+	}
+	g(c.lastIngest, last)
+}
