@@ -257,6 +257,8 @@ type Consumer struct {
 	fetched, decoded, lost, increments, commits, retries atomic.Int64
 	deadMu                                               sync.Mutex
 	dead                                                 map[string]int64
+	deadLogAt                                            time.Time // start of the dead letters' log window (guarded by deadMu)
+	deadLogged, deadSuppressed                           int
 }
 
 // NewConsumer validates cfg and starts reading. Its connections and goroutines stop when ctx

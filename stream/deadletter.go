@@ -125,8 +125,15 @@ func (ch *chunk) deadMarksAndMsgs() []pendingDead {
 	return out
 }
 
+// Dead letters are logged one line each, up to deadLogBurst per deadLogWindow; beyond that they
+// are counted and one summary line per window says how many were not logged.
+const (
+	deadLogBurst  = 10
+	deadLogWindow = time.Minute
+)
+
 // countDead adds the written dead letters (all minus failed, which is a subsequence) to the
-// per-reason totals.
+// per-reason totals, and logs them (see deadLogBurst).
 func (c *Consumer) countDead(all, failed []pendingDead) {
 	c.deadMu.Lock()
 	defer c.deadMu.Unlock()
@@ -136,4 +143,48 @@ func (c *Consumer) countDead(all, failed []pendingDead) {
 	for _, d := range failed {
 		c.dead[d.reason]--
 	}
+	j := 0
+	for _, d := range all {
+		if j < len(failed) && sameSource(failed[j].msg, d.msg) {
+			j++
+			continue
+		}
+		c.logDead(d)
+	}
+}
+
+// sameSource reports whether two dead letters come from the same source record.
+func sameSource(a, b kafka.Message) bool {
+	return headerValue(a, HeaderSourcePartition) == headerValue(b, HeaderSourcePartition) &&
+		headerValue(a, HeaderSourceOffset) == headerValue(b, HeaderSourceOffset)
+}
+
+func headerValue(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// logDead logs one written dead letter, or counts it once the window's burst is spent (c.deadMu
+// held).
+func (c *Consumer) logDead(d pendingDead) {
+	now := time.Now()
+	if now.Sub(c.deadLogAt) >= deadLogWindow {
+		if c.deadSuppressed > 0 {
+			c.log.Warn("more records dead-lettered than logged one by one", "not_logged", c.deadSuppressed,
+				"window", deadLogWindow, "topic", c.cfg.DeadLetterTopic)
+		}
+		c.deadLogAt, c.deadLogged, c.deadSuppressed = now, 0, 0
+	}
+	if c.deadLogged >= deadLogBurst {
+		c.deadSuppressed++
+		return
+	}
+	c.deadLogged++
+	c.log.Warn("record dead-lettered", "reason", d.reason, "error", headerValue(d.msg, HeaderError),
+		"topic", headerValue(d.msg, HeaderSourceTopic), "partition", headerValue(d.msg, HeaderSourcePartition),
+		"offset", headerValue(d.msg, HeaderSourceOffset), "dead_letter_topic", c.cfg.DeadLetterTopic)
 }
