@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -495,6 +496,12 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	if err := checkVector("x", req.X, m.Inputs()); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
+	}
+	if req.ID != "" { // before generating: the CE could not be stored under it
+		if err := ident.Check(req.ID); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
 	t := -1
 	if req.Target != nil {
