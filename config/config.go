@@ -9,9 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -252,6 +255,9 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 		n = n.Alias
 	}
 	if v.Kind() != reflect.Struct {
+		if err := checkScalar(n, v, path); err != nil {
+			return []error{err}
+		}
 		if err := n.Decode(v.Addr().Interface()); err != nil {
 			return []error{fmt.Errorf("%s (line %d): %s", path, n.Line, yamlMessage(err))}
 		}
@@ -288,6 +294,41 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 		errs = append(errs, decodeStrict(n.Content[i+1], f, key)...)
 	}
 	return errs
+}
+
+// checkScalar refuses what yaml would decode into v without a word: a key with no value (yaml
+// leaves the default in place) and a fraction for an integer key (yaml truncates 10.5 to 10).
+func checkScalar(n *yaml.Node, v reflect.Value, path string) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return fmt.Errorf("%s (line %d): the key has no value; give one, or remove the key to keep the default (%s)", path, n.Line, defaultText(v))
+	}
+	switch v.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!float" {
+			return nil
+		}
+		var f float64
+		if err := n.Decode(&f); err == nil && f != math.Trunc(f) {
+			return fmt.Errorf("%s (line %d): %s is not a whole number", path, n.Line, n.Value)
+		}
+	}
+	return nil
+}
+
+// defaultText renders the value a key keeps when it is absent, as the key would be written.
+func defaultText(v reflect.Value) string {
+	switch x := v.Interface().(type) {
+	case time.Duration:
+		return x.String()
+	case string:
+		return strconv.Quote(x)
+	case []string:
+		return fmt.Sprintf("%q", x)
+	case fmt.Stringer:
+		return x.String()
+	}
+	return fmt.Sprint(v.Interface())
 }
 
 // renamedKey gives the name now of a key an earlier release used.
@@ -511,14 +552,7 @@ func (c *Config) Validate() error {
 	if c.Model.Epochs < 0 {
 		bad("model.epochs", c.Model.Epochs, "must be >= 0")
 	}
-	for i, b := range c.Kafka.Brokers {
-		if !strings.Contains(b, ":") {
-			bad(fmt.Sprintf("kafka.brokers[%d]", i), b, "must be host:port")
-		}
-	}
-	if c.Embedded() && !strings.Contains(c.Kafka.EmbeddedListen, ":") {
-		bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, "must be host:port")
-	}
+	c.validateSyntaxAndLimits(bad)
 	topics := map[string]string{}
 	for key, v := range map[string]string{"kafka.topic": c.Kafka.Topic, "kafka.dead_letter_topic": c.Kafka.DeadLetterTopic, "kafka.events_topic": c.Kafka.EventsTopic} {
 		if v == "" {
@@ -619,6 +653,99 @@ func (c *Config) Validate() error {
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Upper limits of numeric keys: far above any useful value, low enough that a typo (an extra
+// zero, 1e9) is refused at load rather than found as a daemon that takes hours per update or
+// exhausts memory.
+const (
+	MaxCertifySamples      = 100_000   // certify.samples: Monte-Carlo draws per posterior version
+	MaxUpdateIterations    = 100_000   // update.iterations: Adam iterations per increment
+	MaxUpdateSamples       = 1_000     // update.samples: weight draws per iteration
+	MaxExplainConcurrency  = 256       // explain.concurrency: generations at once
+	MaxExplainIterations   = 1_000_000 // explain.max_iterations
+	MaxKafkaRecordsBacklog = 100_000   // kafka.max_records_backlog (and so kafka.max_records)
+)
+
+// validateSyntaxAndLimits checks the forms of addresses and topic names and the upper limits of
+// numeric keys, reporting each through bad.
+func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)) {
+	if c.HTTP.Listen != "" {
+		if err := checkHostPort(c.HTTP.Listen, true); err != nil {
+			bad("http.listen", c.HTTP.Listen, err.Error())
+		}
+	}
+	for i, b := range c.Kafka.Brokers {
+		if err := checkHostPort(b, false); err != nil {
+			bad(fmt.Sprintf("kafka.brokers[%d]", i), b, err.Error())
+		}
+	}
+	if c.Embedded() {
+		if err := checkHostPort(c.Kafka.EmbeddedListen, true); err != nil {
+			bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, err.Error())
+		}
+	}
+	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}} {
+		if t.name != "" {
+			if err := checkTopic(t.name); err != nil {
+				bad(t.key, strconv.Quote(t.name), err.Error())
+			}
+		}
+	}
+	for _, l := range []struct {
+		key      string
+		v, limit int
+	}{
+		{"certify.samples", c.Certify.Samples, MaxCertifySamples},
+		{"update.iterations", c.Update.Iterations, MaxUpdateIterations},
+		{"update.samples", c.Update.Samples, MaxUpdateSamples},
+		{"explain.concurrency", c.Explain.Concurrency, MaxExplainConcurrency},
+		{"explain.max_iterations", c.Explain.MaxIterations, MaxExplainIterations},
+		{"kafka.max_records_backlog", c.Kafka.MaxRecordsBacklog, MaxKafkaRecordsBacklog},
+	} {
+		if l.v > l.limit {
+			bad(l.key, l.v, fmt.Sprintf("must be at most %d", l.limit))
+		}
+	}
+}
+
+// checkHostPort checks host:port as net.Listen and net.Dial read it: a port number (0, "any
+// free port", only where the address is listened on); the host may be empty to listen on every
+// interface.
+func checkHostPort(addr string, listen bool) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("must be host:port (%v)", err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case err != nil:
+		return fmt.Errorf("must be host:port with a port number, got port %q", port)
+	case n == 0 && !listen:
+		return errors.New("must be host:port with a port in 1..65535")
+	case host == "" && !listen:
+		return errors.New("must be host:port with a host")
+	case strings.ContainsAny(host, " /"):
+		return fmt.Errorf("must be host:port, got host %q", host)
+	}
+	return nil
+}
+
+// checkTopic applies Kafka's rules for topic names: 1 to 249 of [a-zA-Z0-9._-], and neither "."
+// nor "..".
+func checkTopic(name string) error {
+	if len(name) > 249 {
+		return fmt.Errorf("is %d characters long; Kafka allows at most 249", len(name))
+	}
+	if name == "." || name == ".." {
+		return errors.New(`Kafka refuses "." and ".." as topic names`)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("holds %q; Kafka topic names may hold only a-z, A-Z, 0-9, '.', '_' and '-'", r)
+		}
 	}
 	return nil
 }

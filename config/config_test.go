@@ -127,6 +127,36 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"zero interval":      {"audit:\n  schedule: \"@every 0s\"\n", "audit.schedule"},
 		"sub-second":         {"audit:\n  schedule: \"@every 10ms\"\n", "audit.schedule"},
 		"unknown data set":   {"model:\n  dataset: nosuch\n", "model.dataset"},
+		"backlog below max_records": {"kafka:\n  max_records: 100\n  max_records_backlog: 50\n",
+			"kafka.max_records_backlog: 50: must be >= kafka.max_records (100)"},
+		"sasl without username": {"kafka:\n  brokers: [a:1]\n  sasl:\n    mechanism: PLAIN\n", "kafka.sasl.username"},
+		// Whole numbers only for integer keys (yaml would truncate 10.5 to 10).
+		"fraction for an integer": {"certify:\n  samples: 10.5\n", "certify.samples (line 2): 10.5 is not a whole number"},
+		"fraction for a uint":     {"model:\n  seed: 1.5\n", "model.seed (line 2): 1.5 is not a whole number"},
+		// A key with no value is not its default.
+		"no value":           {"certify:\n  delta:\n", "certify.delta (line 2): the key has no value; give one, or remove the key to keep the default (0.05)"},
+		"null value":         {"kafka:\n  max_wait: ~\n", "kafka.max_wait (line 2): the key has no value; give one, or remove the key to keep the default (5s)"},
+		"null string":        {"http:\n  token: null\n", "http.token (line 2): the key has no value"},
+		"null list":          {"kafka:\n  brokers:\n", "kafka.brokers (line 2): the key has no value"},
+		"null top-level":     {"state_dir:\n", "state_dir (line 1): the key has no value"},
+		"listen not an addr": {"http:\n  listen: nonsense\n", "http.listen: nonsense: must be host:port"},
+		"listen bad port":    {"http:\n  listen: 127.0.0.1:http\n", "http.listen: 127.0.0.1:http: must be host:port with a port number"},
+		"listen port range":  {"http:\n  listen: 127.0.0.1:65536\n", "http.listen"},
+		"embedded listen":    {"kafka:\n  embedded_listen: localhost\n", "kafka.embedded_listen"},
+		"broker port 0":      {"kafka:\n  brokers: [a:0]\n", "kafka.brokers[0]: a:0: must be host:port with a port in 1..65535"},
+		"broker no host":     {"kafka:\n  brokers: [\":9092\"]\n", "kafka.brokers[0]"},
+		"topic with slash":   {"kafka:\n  topic: \"a b/../c\"\n", `kafka.topic: "a b/../c": holds ' '`},
+		"topic too long":     {"kafka:\n  topic: " + strings.Repeat("t", 300) + "\n", "kafka.topic: \"" + strings.Repeat("t", 300) + "\": is 300 characters long; Kafka allows at most 249"},
+		"topic dot":          {"kafka:\n  events_topic: \".\"\n", "kafka.events_topic"},
+		"topic dotdot":       {"kafka:\n  dead_letter_topic: \"..\"\n", "kafka.dead_letter_topic"},
+		"topic NUL":          {"kafka:\n  topic: \"a\\0b\"\n", "kafka.topic"},
+		// Upper limits: a typo is refused at load.
+		"samples 1e9":        {"certify:\n  samples: 1e9\n", "certify.samples: 1000000000: must be at most 100000"},
+		"iterations 2e9":     {"update:\n  iterations: 2e9\n", "update.iterations: 2000000000: must be at most 100000"},
+		"update samples":     {"update:\n  samples: 1001\n", "update.samples: 1001: must be at most 1000"},
+		"concurrency 1e5":    {"explain:\n  concurrency: 1e5\n", "explain.concurrency: 100000: must be at most 256"},
+		"explain iterations": {"explain:\n  max_iterations: 1000001\n", "explain.max_iterations"},
+		"backlog over limit": {"kafka:\n  max_records_backlog: 100001\n", "kafka.max_records_backlog: 100001: must be at most 100000"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -135,6 +165,30 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 				t.Fatalf("got %v, want ErrInvalid mentioning %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestGoodValuesAtTheEdges: the forms and limits the checks above refuse have neighbours that
+// are fine.
+func TestGoodValuesAtTheEdges(t *testing.T) {
+	for _, text := range []string{
+		"certify:\n  samples: 1e3\n",    // a whole number written as a float
+		"certify:\n  samples: 100000\n", // at the limit
+		"update:\n  iterations: 100000\n  samples: 1000\n",
+		"explain:\n  concurrency: 256\n  max_iterations: 1000000\n",
+		"kafka:\n  max_records_backlog: 100000\n",
+		"http:\n  listen: \":8080\"\n",   // every interface
+		"http:\n  listen: \"[::1]:0\"\n", // any free port
+		"http:\n  listen: localhost:8080\n",
+		"kafka:\n  brokers: [\"kafka-0.kafka.svc:9093\", \"[fe80::1]:9092\"]\n",
+		"kafka:\n  topic: " + strings.Repeat("t", 249) + "\n",
+		"kafka:\n  topic: My_topic-1.v2\n",
+		"kafka:\n",               // a section with nothing under it keeps its defaults
+		"http:\n  token: \"\"\n", // an empty string is a value
+	} {
+		if _, err := Load(text); err != nil {
+			t.Errorf("%q: %v", text, err)
+		}
 	}
 }
 

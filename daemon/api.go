@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -32,6 +33,9 @@ type stateReader interface {
 // state. *Daemon implements it.
 type core interface {
 	current() *bnn.Model
+	// snapshot runs read with the current posterior, which the ledger's state read meanwhile
+	// belongs to (no promotion is between its checkpoint and its swap).
+	snapshot(read func(m *bnn.Model) error) error
 	posteriorFiles() (*posteriorFiles, error)
 	register(ctx context.Context, r registration) (*ledger.CE, error)
 	forget(id string) error
@@ -298,19 +302,27 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleModel reports the posterior: version, shape, the KL budget and history, anchors, counts.
+// The posterior and the ledger's state are read as one snapshot: the applied count and offsets
+// are those of the checkpoint that stored the posterior version reported.
 func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
-	m := a.core.current()
-	st, err := a.state.State()
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	hist, err := a.state.KLHistory(100)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	anchors, err := a.state.Anchors()
+	var (
+		m       *bnn.Model
+		st      ledger.State
+		hist    []ledger.KLEntry
+		anchors []ledger.Anchor
+	)
+	err := a.core.snapshot(func(cur *bnn.Model) error {
+		m = cur
+		var err error
+		if st, err = a.state.State(); err != nil {
+			return err
+		}
+		if hist, err = a.state.KLHistory(100); err != nil {
+			return err
+		}
+		anchors, err = a.state.Anchors()
+		return err
+	})
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -484,6 +496,12 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	if err := checkVector("x", req.X, m.Inputs()); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
+	}
+	if req.ID != "" { // before generating: the CE could not be stored under it
+		if err := ident.Check(req.ID); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
 	t := -1
 	if req.Target != nil {

@@ -226,11 +226,12 @@ type fakeCore struct {
 	auditErr error
 }
 
-func (f *fakeCore) current() *bnn.Model                      { return f.m }
-func (f *fakeCore) posteriorFiles() (*posteriorFiles, error) { return encodePosterior(f.m) }
-func (f *fakeCore) forget(string) error                      { return ledger.ErrNotFound }
-func (f *fakeCore) auditStatus() auditStatus                 { return auditStatus{} }
-func (f *fakeCore) readiness(context.Context) error          { return nil }
+func (f *fakeCore) current() *bnn.Model                        { return f.m }
+func (f *fakeCore) snapshot(read func(*bnn.Model) error) error { return read(f.m) }
+func (f *fakeCore) posteriorFiles() (*posteriorFiles, error)   { return encodePosterior(f.m) }
+func (f *fakeCore) forget(string) error                        { return ledger.ErrNotFound }
+func (f *fakeCore) auditStatus() auditStatus                   { return auditStatus{} }
+func (f *fakeCore) readiness(context.Context) error            { return nil }
 func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
 	return ledger.AuditReport{}, f.auditErr
 }

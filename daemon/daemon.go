@@ -57,6 +57,12 @@ type Daemon struct {
 	mu  sync.Mutex
 	cur *bnn.Model // guarded by mu for writes; read with current()
 	rmu sync.RWMutex
+	// published pairs a promoted posterior with the checkpoint that stores it: apply holds it
+	// for writing from the ledger commit to the swap of cur, and a reader that reports ledger
+	// state beside the posterior holds it for reading (snapshot), so it sees both before or both
+	// after an increment, never the ledger's new version beside the old posterior. current()
+	// does not take it: a reader of the posterior alone never waits for a commit.
+	published sync.RWMutex
 
 	exp    *explainer
 	audits auditor
@@ -87,6 +93,15 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 	d.rmu.Lock()
 	d.cur = m
 	d.rmu.Unlock()
+}
+
+// snapshot runs read with the current posterior while no promotion is between its checkpoint and
+// the swap of the posterior (see published), so that the ledger state read reads belongs to m.
+// read must not write to the ledger or take d.mu.
+func (d *Daemon) snapshot(read func(m *bnn.Model) error) error {
+	d.published.RLock()
+	defer d.published.RUnlock()
+	return read(d.current())
 }
 
 // Run starts the daemon and blocks until ctx is cancelled or a component fails. Resources are

@@ -442,6 +442,12 @@ func TestAPIRejectsBadRequests(t *testing.T) {
 		{"explain unknown target", "POST", "/v1/explain", "t0ken", map[string]any{"x": x, "target": "alien"}, 400},
 		{"list bad status", "GET", "/v1/counterfactuals?status=nope", "t0ken", nil, 400},
 		{"missing", "GET", "/v1/counterfactuals/none", "t0ken", nil, 404},
+		// Ids follow one rule (ident.Check), checked before anything is measured; record ids
+		// from Kafka follow it too (stream's bad_id).
+		{"path id", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"id": "../etc", "x": x, "x_cf": x, "target": 1}, 400},
+		{"dot-dot id", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"id": "..", "x": x, "x_cf": x, "target": 1}, 400},
+		{"NUL in id", "POST", "/v1/counterfactuals", "t0ken", map[string]any{"id": "a\x00b", "x": x, "x_cf": x, "target": 1}, 400},
+		{"explain path id", "POST", "/v1/explain", "t0ken", map[string]any{"id": "a/b", "x": x}, 400},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

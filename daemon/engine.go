@@ -80,7 +80,8 @@ func (d *Daemon) ingest(ctx context.Context) error {
 // Locking: only apply changes the current posterior, and ingest calls it from one goroutine, so
 // the update is computed from d.current() without a lock. d.mu is held only around the ledger
 // write and the swap of the current posterior (commit), so that a registration is anchored to
-// the posterior that is current when it is stored. Nothing apply does under d.mu talks to Kafka
+// the posterior that is current when it is stored; d.published too, so that a snapshot reader
+// sees the ledger and the posterior of one version. Nothing apply does under d.mu talks to Kafka
 // or samples: events go to the ledger's outbox in the checkpoint's transaction (the outbox
 // publisher sends them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's,
 // in the background. A registration does sample under d.mu (two inputs through the version's
@@ -172,6 +173,8 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	err = d.durably(ctx, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
+		d.published.Lock() // the ledger's new version and the new posterior are seen together
+		defer d.published.Unlock()
 		var err error
 		if rep, changes, err = d.ledger.Commit(ctx, cp); err != nil {
 			return err

@@ -24,6 +24,12 @@ import (
 // their SHA-256, last: a reader sees the old pair, the new pair, or a pair whose checksum
 // disagrees (and retries), never a silently mixed model.
 //
+// cfguard_export_posterior_version is set after both files are durable, so it never reports a
+// version the directory does not hold; a scrape between the rename and the gauge sees the
+// previous version (a reader of the files and a reader of /metrics cannot be served one atomic
+// snapshot, and a gauge that led the files would claim an export that may not exist after a
+// crash).
+//
 // It runs beside ingestion and coalesces: after a burst of updates it writes the latest
 // posterior once. At start it checks what the directory holds and rewrites a missing, damaged
 // or stale export, saying so in the log.

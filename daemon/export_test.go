@@ -45,9 +45,14 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 	}
 	r.produce(t, recs...)
 	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > v0 })
-	waitfor.Cond(t, 10*time.Second, "the export of the update", func() bool { return exportMatches(t, r, export) })
-	if got := r.metric(t, "cfguard_export_posterior_version"); got != float64(r.d.current().Version) {
-		t.Fatalf("cfguard_export_posterior_version %v, want %d", got, r.d.current().Version)
+	v1 := r.d.current().Version
+	// cfguard_export_posterior_version is set once the files are durable (it may trail them,
+	// never lead): when it reports the update, the directory holds it.
+	waitfor.Cond(t, 10*time.Second, "cfguard_export_posterior_version to report the update", func() bool {
+		return r.metric(t, "cfguard_export_posterior_version") == float64(v1)
+	})
+	if !exportMatches(t, r, export) {
+		t.Fatalf("cfguard_export_posterior_version is %d, but %s does not hold that posterior", v1, export)
 	}
 	r.stop(t)
 

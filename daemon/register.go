@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -27,6 +28,11 @@ type registration struct {
 // counterfactual, and stores it anchored to that posterior: certified when in its
 // <delta, epsilon>-set, else refused or stored as uncertified (certify.uncertified).
 func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, error) {
+	if r.id != "" { // checked before measuring (the ledger checks it again when storing)
+		if err := ident.Check(r.id); err != nil {
+			return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := d.current()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
@@ -106,6 +109,19 @@ func TestCheckpointFailureChild(t *testing.T) {
 	if got := applied(); got != held {
 		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
 	}
+	// The group's committed offset, as Kafka tooling reads it, never passes the ledger's durable
+	// offset: the held increment's offsets (marked durable too early, they would have been
+	// committed within a commit interval, seconds ago) are not committed while its checkpoint
+	// fails. The commits run in the background: wait for them to reach the durable offset.
+	var committed, durable int64
+	waitfor.Cond(t, 10*time.Second, "the group's commits to reach the ledger's durable offset", func() bool {
+		durable = ledgerOffset(t, r.d.ledger.Offsets)
+		committed = groupCommitted(t, b.Addrs(), r.d.cfg.Kafka.GroupID, r.d.cfg.Kafka.Topic)
+		return committed >= durable
+	})
+	if committed != durable {
+		t.Fatalf("the group %q committed offset %d while the ledger's durable offset is %d: offsets were committed before their checkpoint was durable", r.d.cfg.Kafka.GroupID, committed, durable)
+	}
 	if n := strings.Count(r.logs.String(), "checkpoint could not be written"); n != 1 {
 		t.Fatalf("%d ERROR lines for one episode of failed checkpoints, want 1:\n%s", n, r.logs.String())
 	}
@@ -117,18 +133,25 @@ func TestCheckpointFailureChild(t *testing.T) {
 	}
 	waitfor.Cond(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
 	waitfor.Cond(t, 10*time.Second, "readyz again", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 10*time.Second, "the group's commits to catch up", func() bool {
+		return groupCommitted(t, b.Addrs(), r.d.cfg.Kafka.GroupID, r.d.cfg.Kafka.Topic) == int64(sent)
+	})
 	st, err := r.d.ledger.State()
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The ledger, and what GET /v1/model reports of the posterior beside it (one snapshot: the
+	// posterior swapped in with the checkpoint that stored it).
 	incs := uint64(sent / 32)
-	if st.Applied != int64(sent) || st.Offsets[0] != int64(sent) || st.PosteriorVersion != v0+incs || r.d.current().Version != v0+incs {
-		t.Fatalf("after recovery: applied %d, offset %d, posterior version %d (daemon %d); want %d records in %d increments from version %d",
-			st.Applied, st.Offsets[0], st.PosteriorVersion, r.d.current().Version, sent, incs, v0)
+	v := r.model(t)
+	if st.Applied != int64(sent) || st.Offsets[0] != int64(sent) || st.PosteriorVersion != v0+incs || v.Version != v0+incs || v.Applied != int64(sent) {
+		t.Fatalf("after recovery: ledger: applied %d, offset %d, posterior version %d; /v1/model: version %d, applied %d; want %d records in %d increments from version %d",
+			st.Applied, st.Offsets[0], st.PosteriorVersion, v.Version, v.Applied, sent, incs, v0)
 	}
-	if got := r.metric(t, "cfguard_records_total", "result", "applied"); got != float64(sent) {
-		t.Fatalf("cfguard_records_total{result=applied} = %v, want %d", got, sent)
-	}
+	// Metrics follow the checkpoint they describe (they are set once it is durable).
+	waitfor.Cond(t, 10*time.Second, fmt.Sprintf("cfguard_records_total{result=applied} = %d", sent), func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == float64(sent)
+	})
 	if r.metric(t, "cfguard_checkpoint_failing") != 0 {
 		t.Fatal("cfguard_checkpoint_failing still 1 after recovery")
 	}
@@ -137,6 +160,34 @@ func TestCheckpointFailureChild(t *testing.T) {
 		t.Fatalf("the ledger after failed checkpoints: %v", err)
 	}
 	t.Logf("recovered: %d records in %d increments applied once each", sent, incs)
+}
+
+// groupCommitted is the offset the group committed for partition 0 of topic (-1 if none), read
+// with OffsetFetch over TCP as Kafka's consumer-group tooling does.
+func groupCommitted(t *testing.T, brokers []string, group, topic string) int64 {
+	t.Helper()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	res, err := cl.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: {0}}})
+	if err == nil && errors.Is(res.Error, kafka.GroupIdNotFound) {
+		return -1
+	}
+	if err != nil || res.Error != nil || len(res.Topics[topic]) != 1 {
+		t.Fatalf("OffsetFetch(%s): %v %v %+v", group, err, res.Error, res)
+	}
+	if e := res.Topics[topic][0].Error; e != nil {
+		t.Fatalf("OffsetFetch(%s, %s/0): %v", group, topic, e)
+	}
+	return res.Topics[topic][0].CommittedOffset
+}
+
+// ledgerOffset is the ledger's durable offset of partition 0.
+func ledgerOffset(t *testing.T, offsets func() (map[int]int64, error)) int64 {
+	t.Helper()
+	o, err := offsets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o[0]
 }
 
 // TestCheckpointFailureHoldsTheIncrement: a checkpoint that cannot be written (a real EFBIG from

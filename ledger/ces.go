@@ -11,20 +11,16 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 // MaxIDLen bounds a CE's ID.
-const MaxIDLen = 128
+const MaxIDLen = ident.MaxLen
 
+// validID applies the ids' one rule (ident.Check), which record ids from Kafka follow too.
 func validID(id string) error {
-	if len(id) == 0 || len(id) > MaxIDLen {
-		return invalidf("id %q: want 1 to %d characters", id, MaxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
-			return invalidf("id %q: character %q not in [A-Za-z0-9._:-]", id, c)
-		}
+	if err := ident.Check(id); err != nil {
+		return invalidf("%v", err)
 	}
 	return nil
 }

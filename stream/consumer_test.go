@@ -102,7 +102,7 @@ func TestDeadLetters(t *testing.T) {
 		ReasonDuplicateField: `{"id":"b4","features":[1,2,3],"label":0,"label":1}`,
 		ReasonMissingField:   `{"id":"b5","features":[1,2,3]}`,
 		ReasonBadType:        `{"id":"b6","features":[1,"2",3],"label":0}`,
-		ReasonBadID:          `{"id":"","features":[1,2,3],"label":0}`,
+		ReasonBadID:          `{"id":"../b7","features":[1,2,3],"label":0}`, // the rule of CE ids (ident.Check)
 		ReasonWrongDimension: `{"id":"b8","features":[1,2],"label":0}`,
 		ReasonNotFinite:      `{"id":"b9","features":[1,"NaN",3],"label":0}`,
 		ReasonUnknownFeature: `{"id":"b10","features":{"a":1,"b":2,"zz":3},"label":0}`,

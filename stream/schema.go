@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 // Reason codes carried by DecodeError.Reason and by the cfguard-reason header of dead letters.
@@ -20,7 +21,7 @@ const (
 	ReasonDuplicateField = "duplicate_field" // a key repeated in the record or in its feature map
 	ReasonMissingField   = "missing_field"   // features or label absent or null
 	ReasonBadType        = "bad_type"        // a value of the wrong JSON type
-	ReasonBadID          = "bad_id"          // id given but empty, blank, too long or not UTF-8
+	ReasonBadID          = "bad_id"          // id given but not an id (ident.Check: 1-128 of [A-Za-z0-9._:-], not "." or "..")
 	ReasonWrongDimension = "wrong_dimension" // feature array of the wrong length
 	ReasonNotFinite      = "not_finite"      // a feature that is NaN, ±Inf or overflows float64
 	ReasonUnknownFeature = "unknown_feature" // a feature map key the model does not know
@@ -60,8 +61,8 @@ func decodeErr(reason, format string, args ...any) *DecodeError {
 const (
 	// DefaultMaxRecordBytes is the record size limit used when NewSchema gets maxBytes <= 0.
 	DefaultMaxRecordBytes = 64 << 10
-	// MaxIDBytes is the longest accepted id.
-	MaxIDBytes = 256
+	// MaxIDBytes is the longest accepted id (ident.MaxLen, as for CE ids).
+	MaxIDBytes = ident.MaxLen
 	// maxUnixSeconds is 9999-12-31T23:59:59Z.
 	maxUnixSeconds = 253402300799
 )
@@ -92,7 +93,8 @@ type Record struct {
 //	"features": [x0, x1, ...] with one number per model feature, in order, or
 //	            {"name": x, ...} naming every model feature exactly once    (required)
 //	"label":    class index (an integer-valued number in [0, C)) or class name (required)
-//	"id":       non-blank string, at most MaxIDBytes bytes of UTF-8; null = absent
+//	"id":       1 to MaxIDBytes characters of [A-Za-z0-9._:-], not "." or ".." (the rule of
+//	            CE ids, ident.Check); null = absent
 //	            (optional: the Consumer names a record without one by where it was read,
 //	            "<topic>/<partition>/<offset>", which is unique and stable across restarts)
 //	"ts":       RFC 3339 string or Unix seconds (number); null = absent     (optional)
@@ -238,14 +240,11 @@ func DefaultID(topic string, partition int, offset int64) string {
 	return string(b)
 }
 
+// checkID applies the rule for CE ids given to the API (ident.Check) to a record's id: a record
+// id names the record in events and logs beside CE ids, and may become one.
 func checkID(id string) *DecodeError {
-	switch {
-	case strings.TrimSpace(id) == "":
-		return decodeErr(ReasonBadID, "id is empty")
-	case len(id) > MaxIDBytes:
-		return decodeErr(ReasonBadID, "id is %d bytes, limit %d", len(id), MaxIDBytes)
-	case !utf8.ValidString(id):
-		return decodeErr(ReasonBadID, "id is not valid UTF-8")
+	if err := ident.Check(id); err != nil {
+		return decodeErr(ReasonBadID, "%v", err)
 	}
 	return nil
 }

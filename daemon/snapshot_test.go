@@ -1,0 +1,70 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// modelView is what GET /v1/model reports of the posterior and the ledger beside it.
+type modelView struct {
+	Version uint64           `json:"posterior_version"`
+	Applied int64            `json:"applied"`
+	Offsets map[string]int64 `json:"offsets"`
+	History []struct {
+		Version uint64 `json:"posterior_version"`
+	} `json:"kl_history"`
+}
+
+func (r *running) model(t *testing.T) modelView {
+	t.Helper()
+	code, body := r.get(t, "/v1/model")
+	if code != http.StatusOK {
+		t.Fatalf("GET /v1/model: %d %s", code, body)
+	}
+	var v modelView
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("GET /v1/model: %v: %s", err, body)
+	}
+	return v
+}
+
+// TestModelIsOneSnapshot: GET /v1/model, read while increments are promoted, reports the
+// posterior version of the checkpoint whose applied count and offsets it reports (each increment
+// of 32 records is one version), never the ledger's new state beside the previous posterior.
+func TestModelIsOneSnapshot(t *testing.T) {
+	r := startDaemon(t, nil)
+	v0 := r.model(t)
+	if v0.Applied != 0 {
+		t.Fatalf("a fresh daemon reports %d applied records", v0.Applied)
+	}
+	data := bundled(t)
+	const increments = 12
+	var recs [][]byte
+	for i := 0; i < increments*32; i++ {
+		recs = append(recs, record(fmt.Sprintf("s%d", i), data.X[i%len(data.X)], data.Y[i%len(data.Y)]))
+	}
+	r.produce(t, recs...)
+	deadline := time.Now().Add(60 * time.Second)
+	reads := 0
+	for {
+		v := r.model(t)
+		reads++
+		if want := v0.Version + uint64(v.Applied/32); v.Version != want || v.Offsets["0"] != v.Applied {
+			t.Fatalf("read %d: posterior version %d with %d records applied up to offset %d; want version %d (one per increment of 32)",
+				reads, v.Version, v.Applied, v.Offsets["0"], want)
+		}
+		if n := len(v.History); n > 0 && v.History[n-1].Version != v.Version {
+			t.Fatalf("read %d: posterior version %d, but the last KL history entry is version %d", reads, v.Version, v.History[n-1].Version)
+		}
+		if v.Applied == increments*32 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d records applied within 60 s", v.Applied, increments*32)
+		}
+	}
+	t.Logf("%d consistent reads while %d increments were promoted", reads, increments)
+}
