@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // where a restart reads again. A checkpoint that cannot be written (ledger.ErrWrite) holds the
 // increment and is retried until it succeeds (durably): nothing more is consumed meanwhile. Any
 // other failure to checkpoint stops the daemon and the restart redoes the increment; a failed
-// update is recorded and skipped.
+// update is recorded and skipped. A consumer that stopped for good (stream.ErrStopped) stops
+// ingest only: the daemon keeps serving and /readyz reports why.
 func (d *Daemon) ingest(ctx context.Context) error {
 	m := d.current()
 	features := m.Features
@@ -49,6 +51,13 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		inc, err := c.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, stream.ErrStopped) {
+				// A configuration-class error or a changed topic: the consumer logged it once
+				// and its Health reports it, so /readyz answers 503 with the reason. The API
+				// keeps serving what the ledger holds; a restart after the fix resumes ingest.
+				<-ctx.Done()
 				return nil
 			}
 			return err

@@ -332,12 +332,14 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// fail records an error that retrying cannot fix; Next returns it.
+// fail stops the consumer for good: err is configuration-class (retrying cannot fix it) or
+// a TopicResetError. Next returns it wrapped in ErrStopped, and Health reports it. It is
+// logged once.
 func (c *Consumer) fail(err error) {
 	c.failOnce.Do(func() {
-		c.failErr = err
+		c.failErr = fmt.Errorf("%w: %w", ErrStopped, err)
 		close(c.failed)
-		c.log.Error("consumer stopped by an error that retrying cannot fix", "err", err)
+		c.log.Error("consumer stopped by an error that retrying cannot fix; no more records are read until the cause is fixed and the daemon restarted", "err", err)
 	})
 }
 
@@ -399,7 +401,8 @@ func (p *pending) take(ch *chunk, limit int) bool {
 //
 // Within one Consumer no offset is handed out twice. Broker errors are retried with backoff
 // in the background; Next returns an error only when ctx ends (what was taken stays pending
-// for the next call), the consumer is closed (ErrClosed), or a broker error cannot be retried.
+// for the next call), the consumer is closed (ErrClosed), or it has stopped for good (an error
+// that wraps ErrStopped: a configuration-class broker error, or a TopicResetError).
 func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 	c.nextMu.Lock()
 	defer c.nextMu.Unlock()
