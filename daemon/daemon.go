@@ -51,6 +51,7 @@ type Daemon struct {
 
 	httpAddr   net.Addr
 	brokerAddr []string
+	broker     *broker.Broker // the embedded broker, nil with kafka.brokers
 
 	// mu serialises posterior transitions (increments, audits) with registrations, so that a
 	// CE is always anchored to the posterior that is current when it is stored.
@@ -205,6 +206,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}
 		td.add("embedded broker", func() error { b.Close(); return nil })
+		d.broker = b
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		log.Info("embedded Kafka-protocol broker started", "addrs", b.Addrs(), "topic", cfg.Kafka.Topic)
 	}
@@ -259,13 +261,19 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 	return nil
 }
 
-// readiness is /readyz: the daemon has started, its checkpoints are being written (not in the
-// degraded mode of durably) and its consumer is healthy (stream.Health).
+// readiness is /readyz: the daemon has started, the embedded broker (when there is one)
+// accepts connections, its checkpoints are being written (not in the degraded mode of durably)
+// and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
 		return errors.New("starting")
+	}
+	if d.broker != nil {
+		if err := d.broker.Healthy(); err != nil {
+			return err
+		}
 	}
 	if err := d.checkpointHealth(); err != nil {
 		return err
