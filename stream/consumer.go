@@ -85,6 +85,15 @@ type ConsumerConfig struct {
 	RetryMin, RetryMax time.Duration
 	// StallAfter is the readiness bound of Health. Default: DefaultStallAfter.
 	StallAfter time.Duration
+	// AcceptTopicReset is the operator's confirmation that the topic was reset (deleted and
+	// recreated, or records lost by the broker): the first TopicResetError of each partition
+	// is then logged and the partition read from its log start (the next increment carries
+	// the new offset, to checkpoint) instead of stopping the consumer. Set it for one start
+	// only: a later reset stops the consumer again. Default: false.
+	AcceptTopicReset bool
+	// TopicResetHint ends a TopicResetError's message: how the operator confirms the reset
+	// (the daemon names its command). Default: a sentence naming AcceptTopicReset.
+	TopicResetHint string
 }
 
 func (c *ConsumerConfig) applyDefaults() error {
@@ -158,7 +167,8 @@ type Increment struct {
 	// the increment is applied (its last offset + 1). Checkpoint them.
 	NextOffsets map[int]int64
 
-	topic string
+	topic  string
+	resets map[int]bool // partitions whose offset moved back to a new log's start (AcceptTopicReset)
 }
 
 // Lost is the number of records of the increment's gaps.
@@ -351,6 +361,7 @@ type pending struct {
 	dead  int
 	gaps  []Gap
 	next  map[int]int64
+	reset map[int]bool
 }
 
 func (p *pending) empty() bool { return p.first.IsZero() }
@@ -360,6 +371,13 @@ func (p *pending) empty() bool { return p.first.IsZero() }
 func (p *pending) take(ch *chunk, limit int) bool {
 	if p.empty() {
 		p.first, p.next = ch.at, make(map[int]int64)
+	}
+	if ch.reset { // the partition's offset moves back: the records before it in p are of the old log
+		if p.reset == nil {
+			p.reset = make(map[int]bool)
+		}
+		p.next[ch.part], p.reset[ch.part] = ch.next, true
+		return true
 	}
 	if ch.gap != nil {
 		p.gaps = append(p.gaps, *ch.gap)
@@ -465,7 +483,7 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 // finish turns the pending increment into an Increment.
 func (c *Consumer) finish() *Increment {
 	p := &c.pend
-	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic}
+	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic, resets: p.reset}
 	c.mu.Lock()
 	maps.Copy(c.handed, p.next)
 	c.buffered -= len(p.recs)
@@ -492,7 +510,11 @@ func (c *Consumer) MarkDurable(inc *Increment) {
 	}
 	c.commitMu.Lock()
 	for p, off := range inc.NextOffsets {
-		c.durable[p] = max(c.durable[p], off)
+		if inc.resets[p] {
+			c.durable[p] = off // a new log: its offsets start over
+		} else {
+			c.durable[p] = max(c.durable[p], off)
+		}
 	}
 	c.commitMu.Unlock()
 	select {
@@ -593,8 +615,6 @@ func (c *Consumer) Health() Health {
 			h.CaughtUp = false
 		}
 		switch {
-		case ps.ahead:
-			why = append(why, fmt.Sprintf("partition %d: checkpointed offset %d is past the partition's end %d", p, ps.next, ps.hwm))
 		case caughtUp || ps.waiting:
 		case now.Sub(ps.lastFetch) > bound:
 			why = append(why, fmt.Sprintf("partition %d: no fetch for %v with %d records to read", p, now.Sub(ps.lastFetch).Round(time.Millisecond), ps.hwm-ps.next))
