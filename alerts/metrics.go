@@ -55,6 +55,7 @@ const (
 	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
 	NameUnconfirmed          = "cfguard_ces_unconfirmed"
+	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
@@ -68,6 +69,7 @@ type Metrics struct {
 	recertDuration                              prometheus.Histogram
 	outboxPending, checkpointFailing, unconfirm prometheus.Gauge
 	outboxErrors, checkpointFailures            prometheus.Counter
+	topicMismatch                               prometheus.Gauge
 
 	mu                   sync.Mutex // guards the three values behind klOverBudget
 	step, anchor, budget float64
@@ -104,6 +106,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
 			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
+		topicMismatch: gauge(NameTopicMismatch, "1 while ingest is stopped because kafka.topic no longer holds the ledger's offsets "+
+			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		unconfirm: gauge(NameUnconfirmed, "Counterfactuals whose bound fails (at_risk or invalidated) still waiting for a Monte-Carlo verdict "+
 			"under the current posterior (an upper estimate between verdict batches; exact at 0)."),
 	}
@@ -118,6 +122,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.boundMin.Set(1)
 	return m
+}
+
+// SetTopicReset sets cfguard_consumer_topic_mismatch.
+func (m *Metrics) SetTopicReset(stopped bool) {
+	v := 0.0
+	if stopped {
+		v = 1
+	}
+	m.topicMismatch.Set(v)
 }
 
 // SetKLBudget sets the budget, e.g. certify.KLBudget(delta).

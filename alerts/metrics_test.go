@@ -37,7 +37,7 @@ func TestMetricNamesExist(t *testing.T) {
 	names := gatheredNames(t)
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
 		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
-		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed} {
+		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameTopicMismatch} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)
 		}
@@ -193,7 +193,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 		}
 	}
 	sort.Strings(alerts)
-	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh", "CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog"}
+	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh", "CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

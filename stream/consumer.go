@@ -91,6 +91,10 @@ type ConsumerConfig struct {
 	// the new offset, to checkpoint) instead of stopping the consumer. Set it for one start
 	// only: a later reset stops the consumer again. Default: false.
 	AcceptTopicReset bool
+	// ResetPartitions are partitions whose reset the operator confirmed after an earlier
+	// consumer stopped with a TopicResetError: they are read from their log start, whatever
+	// Resume says, and the first increment carries that offset, to checkpoint. Default: none.
+	ResetPartitions []int
 	// TopicResetHint ends a TopicResetError's message: how the operator confirms the reset
 	// (the daemon names its command). Default: a sentence naming AcceptTopicReset.
 	TopicResetHint string
@@ -170,6 +174,10 @@ type Increment struct {
 	topic  string
 	resets map[int]bool // partitions whose offset moved back to a new log's start (AcceptTopicReset)
 }
+
+// Reset reports whether the increment moves partition p back to a new log's start (a reset
+// the operator confirmed: see ConsumerConfig.AcceptTopicReset and ResetPartitions).
+func (inc *Increment) Reset(p int) bool { return inc.resets[p] }
 
 // Lost is the number of records of the increment's gaps.
 func (inc *Increment) Lost() int64 {

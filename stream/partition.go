@@ -36,6 +36,7 @@ type partState struct {
 	suspect       bool
 	last          recordMark
 	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
+	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
 }
 
 // chunk is what one fetch of one partition yields, decoded: the good records and the dead
@@ -117,10 +118,11 @@ func (c *Consumer) refresh(ctx context.Context) {
 			continue
 		}
 		next, ok := c.cfg.Resume[p.ID]
-		if !ok {
+		reset := slices.Contains(c.cfg.ResetPartitions, p.ID)
+		if !ok || reset {
 			next = -1
 		}
-		ps := &partState{part: p.ID, next: next, running: true}
+		ps := &partState{part: p.ID, next: next, running: true, resetPending: reset}
 		c.parts[p.ID] = ps
 		c.wg.Add(1)
 		go func() { defer c.wg.Done(); c.readPartition(ctx, ps) }()
@@ -206,10 +208,19 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			}
 			c.mu.Lock()
 			ps.next = first
-			if _, ok := c.handed[ps.part]; !ok {
+			reset := ps.resetPending
+			if _, ok := c.handed[ps.part]; !ok || reset {
 				c.handed[ps.part] = first
 			}
+			ps.resetPending, ps.resetAccepted = false, ps.resetAccepted || reset
 			c.mu.Unlock()
+			if reset {
+				c.log.Warn("topic reset confirmed by the operator: the partition is read from its log start",
+					"partition", ps.part, "was_next_offset", c.cfg.Resume[ps.part], "log_start", first)
+				if !c.deliver(ctx, ps, &chunk{part: ps.part, at: time.Now(), next: first, reset: true}) {
+					return
+				}
+			}
 			continue
 		}
 		res, err := c.cl.Fetch(ctx, &kafka.FetchRequest{Topic: c.cfg.Topic, Partition: ps.part, Offset: next,

@@ -17,17 +17,18 @@ import (
 // log as if they followed), so the consumer stops instead (see ConsumerConfig.AcceptTopicReset
 // for the way on).
 type TopicResetError struct {
-	Topic     string
-	Partition int
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
 	// Offset is the consumer's next offset for the partition (the checkpoint's, at start).
-	Offset int64
+	Offset int64 `json:"offset"`
 	// LogStart and End are the partition's log start offset and high watermark as found.
-	LogStart, End int64
-	// Why says what showed it: the position is past the end, or the record read last before
-	// the topic went missing is not the one the partition now holds at its offset.
-	Why string
+	LogStart int64 `json:"log_start"`
+	End      int64 `json:"end"`
+	// Why says what showed it: the position is past the end, or the record read last is not
+	// the one the partition now holds at its offset.
+	Why string `json:"why"`
 	// Hint tells the operator how to go on (ConsumerConfig.TopicResetHint).
-	Hint string
+	Hint string `json:"-"`
 }
 
 func (e *TopicResetError) Error() string {

@@ -131,6 +131,16 @@ func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
 	if h := c.Health(); h.Ready {
 		t.Fatalf("health ready after a reset: %+v", h)
 	}
+
+	// A consumer started from the checkpoint (offset n, inside the new log: offsets alone
+	// cannot tell) with the reset confirmed reads the whole new log.
+	cfg.Resume, cfg.ResetPartitions = map[int]int64{0: n}, []int{0}
+	c2 := newConsumer(t, cfg)
+	incs := collect(t, c2, m, 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, goodIDs("new", m)) || checkpoint(incs)[0] != m || !incs[0].Reset(0) {
+		t.Fatalf("after the confirmation read %d records up to offset %d (first increment a reset: %v), want new0..new%d up to %d",
+			len(got), checkpoint(incs)[0], incs[0].Reset(0), m-1, m)
+	}
 }
 
 // recreateTopic deletes topic and creates it again with one partition, as an operator would.
