@@ -56,6 +56,7 @@ const (
 	NameRenewed              = "cfguard_certificates_renewed_total"
 	NameRenewalBacklog       = "cfguard_renewal_backlog"
 	NameBuildInfo            = "cfguard_build_info"
+	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
@@ -72,6 +73,7 @@ type Metrics struct {
 	recertDuration                              prometheus.Histogram
 	outboxPending, checkpointFailing, unconfirm prometheus.Gauge
 	outboxErrors, checkpointFailures, renewed   prometheus.Counter
+	topicMismatch                               prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -96,6 +98,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
 			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
+		topicMismatch: gauge(NameTopicMismatch, "1 while ingest is stopped because kafka.topic no longer holds the ledger's offsets "+
+			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		unconfirm: gauge(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior "+
 			"(lapsed certificates, at_risk and invalidated without a verdict at this version; an upper estimate between batches, exact at 0)."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
@@ -108,6 +112,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.records.WithLabelValues(string(r))
 	}
 	return m
+}
+
+// SetTopicReset sets cfguard_consumer_topic_mismatch.
+func (m *Metrics) SetTopicReset(stopped bool) {
+	v := 0.0
+	if stopped {
+		v = 1
+	}
+	m.topicMismatch.Set(v)
 }
 
 // ObserveRecertification records how long one re-certification took.

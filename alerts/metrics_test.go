@@ -42,7 +42,7 @@ func TestMetricNamesExist(t *testing.T) {
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
 		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
-		NameRenewed, NameRenewalBacklog, NameBuildInfo} {
+		NameRenewed, NameRenewalBacklog, NameBuildInfo, NameTopicMismatch} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)
 		}
@@ -232,7 +232,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
-		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardRenewalBehind"}
+		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardRenewalBehind", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

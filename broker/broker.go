@@ -126,6 +126,7 @@ func (cfg *Config) retentionConfigs() map[string]string {
 // to Start.
 type Broker struct {
 	c     *kfake.Cluster
+	ln    *listener
 	addrs []string
 	log   *slog.Logger
 
@@ -142,17 +143,29 @@ type Broker struct {
 // Start validates cfg, starts the broker and creates cfg.Topics. The broker runs until Close
 // or until ctx is cancelled.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
+	return start(ctx, cfg, log, net.Listen)
+}
+
+// start is Start with the function that opens the listening socket (tests inject faults).
+func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(network, address string) (net.Listener, error)) (*Broker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
+	var ln *listener // set by kfake's call of ListenFn, within NewCluster
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
-			// kfake asks for 127.0.0.1:<port>; we listen where the config says.
-			return net.Listen(network, cfg.Listen)
+			// kfake asks for 127.0.0.1:<port>; we listen where the config says, through a
+			// listener that survives temporary accept errors (kfake's loop would end on them).
+			inner, err := listen(network, cfg.Listen)
+			if err != nil {
+				return nil, err
+			}
+			ln = newListener(inner, log)
+			return ln, nil
 		}),
 		kfake.WithLogger(kfakeLogger{log}),
 		kfake.ClusterID("cfguard"),
@@ -174,7 +187,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
 	}
-	b := &Broker{c: c, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	b := &Broker{c: c, ln: ln, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions)); err != nil {
 		c.Close()
 		return nil, err
@@ -271,6 +284,19 @@ wait:
 
 // Addrs returns the host:port the broker listens on (one entry: it is a single node).
 func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
+
+// Healthy is nil while the broker runs and accepts connections (also while it retries a
+// temporary accept error such as EMFILE); otherwise it says why Kafka clients cannot connect:
+// the broker stopped, or its listener failed for good.
+func (b *Broker) Healthy() error {
+	b.mu.RLock()
+	closed := b.closed
+	b.mu.RUnlock()
+	if closed {
+		return fmt.Errorf("embedded broker on %s stopped", b.addrs[0])
+	}
+	return b.ln.healthy()
+}
 
 // Done is closed once the broker has stopped (after Close, or after Start's context ends).
 func (b *Broker) Done() <-chan struct{} { return b.done }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,14 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Ready, when set, receives the daemon once it serves (tests use it to find addresses).
 	Ready chan<- *Daemon
+	// ConfigPath is the configuration file's path, for the commands error messages print.
+	// Default: config.yaml.
+	ConfigPath string
+	// AcceptTopicReset is the operator's confirmation that kafka.topic was reset (deleted and
+	// recreated, or records lost by the broker): a partition that no longer holds the ledger's
+	// offset is read from its log start, and that offset checkpointed
+	// (stream.ConsumerConfig.AcceptTopicReset). Without it such a partition stops ingest.
+	AcceptTopicReset bool
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -49,8 +58,12 @@ type Daemon struct {
 	policy  certify.Policy
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
+	configPath       string
+	acceptTopicReset bool
+
 	httpAddr   net.Addr
 	brokerAddr []string
+	broker     *broker.Broker // the embedded broker, nil with kafka.brokers
 
 	// mu serialises posterior transitions (increments, audits) with registrations, so that a
 	// CE is always anchored to the posterior that is current when it is stored.
@@ -73,8 +86,9 @@ type Daemon struct {
 	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
 
-	ready    chan struct{}    // closed once the consumer runs
-	consumer *stream.Consumer // set before ready is closed; its Health answers /readyz
+	ready         chan struct{}    // closed once the consumer runs (or ingest stayed stopped)
+	consumer      *stream.Consumer // set before ready is closed unless ingestStopped; its Health answers /readyz
+	ingestStopped error            // set before ready is closed: an unconfirmed topic reset keeps ingest stopped
 }
 
 // HTTPAddr is the API's listening address.
@@ -169,7 +183,8 @@ func newDaemon(opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
-		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision}}
+		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
+		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
@@ -218,6 +233,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}
 		td.add("embedded broker", func() error { b.Close(); return nil })
+		d.broker = b
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		log.Info("embedded Kafka-protocol broker started", "addrs", b.Addrs(), "topic", cfg.Kafka.Topic)
 	}
@@ -267,16 +283,25 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 	return nil
 }
 
-// readiness is /readyz: the daemon has started, its checkpoints are being written (not in the
-// degraded mode of durably) and its consumer is healthy (stream.Health).
+// readiness is /readyz: the daemon has started, the embedded broker (when there is one)
+// accepts connections, its checkpoints are being written (not in the degraded mode of durably)
+// and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
 		return errors.New("starting")
 	}
+	if d.broker != nil {
+		if err := d.broker.Healthy(); err != nil {
+			return err
+		}
+	}
 	if err := d.checkpointHealth(); err != nil {
 		return err
+	}
+	if d.ingestStopped != nil {
+		return d.ingestStopped
 	}
 	// The consumer's own traffic keeps its health current: no broker request per probe.
 	if h := d.consumer.Health(); !h.Ready {

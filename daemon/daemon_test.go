@@ -48,6 +48,14 @@ type running struct {
 // all on ephemeral ports, state in a temporary directory. The test's cleanup stops it.
 func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	t.Helper()
+	r := startDaemonWith(t, mutate, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+// startDaemonWith is startDaemon with Options set by opts (after the test's own).
+func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *Options)) *running {
+	t.Helper()
 	c := config.Default()
 	c.StateDir = t.TempDir()
 	c.HTTP.Listen = "127.0.0.1:0"
@@ -65,7 +73,11 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	done := make(chan error, 1)
 	logs := &tooltest.Output{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: reg, Ready: ready}) }()
+	o := Options{Config: &c, Logger: log, Registry: reg, Ready: ready}
+	if opts != nil {
+		opts(&o)
+	}
+	go func() { done <- Run(ctx, o) }()
 	r := &running{reg: reg, cancel: cancel, done: done, logs: logs}
 	t.Cleanup(func() {
 		cancel()
@@ -86,7 +98,6 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 		t.Fatal("daemon did not start")
 	}
 	r.base = "http://" + r.d.HTTPAddr()
-	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
 

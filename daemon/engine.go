@@ -2,7 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -18,7 +21,8 @@ import (
 // where a restart reads again. A checkpoint that cannot be written (ledger.ErrWrite) holds the
 // increment and is retried until it succeeds (durably): nothing more is consumed meanwhile. Any
 // other failure to checkpoint stops the daemon and the restart redoes the increment; a failed
-// update is recorded and skipped.
+// update is recorded and skipped. A consumer that stopped for good (stream.ErrStopped) stops
+// ingest only: the daemon keeps serving and /readyz reports why.
 func (d *Daemon) ingest(ctx context.Context) error {
 	m := d.current()
 	features := m.Features
@@ -35,16 +39,39 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	resets, err := d.topicResets()
+	if err != nil {
+		return err
+	}
+	pendingResets := map[int]bool{}
+	if len(resets) > 0 {
+		if !d.acceptTopicReset {
+			// A reset found earlier and not confirmed: ingest stays stopped.
+			e := resets[0]
+			e.Hint = d.topicResetHint()
+			d.ingestStopped = fmt.Errorf("ingest stopped: %w", &e)
+			d.metrics.SetTopicReset(true)
+			close(d.ready)
+			d.log.Error("ingest stays stopped: a topic reset found earlier is not confirmed", "file", d.topicResetPath(), "err", &e)
+			<-ctx.Done()
+			return nil
+		}
+		for _, r := range resets {
+			pendingResets[r.Partition] = true
+		}
+	}
 	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
 		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
-		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume}, schema, d.log.With("component", "consumer"))
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, AcceptTopicReset: d.acceptTopicReset, TopicResetHint: d.topicResetHint(),
+		ResetPartitions: slices.Sorted(maps.Keys(pendingResets))},
+		schema, d.log.With("component", "consumer"))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	d.consumer = c
 	close(d.ready)
-	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume)
+	d.log.Info("consuming", "topic", d.cfg.Kafka.Topic, "group", d.cfg.Kafka.GroupID, "resume", resume, "confirmed_topic_resets", len(resets))
 	if st, err := d.ledger.State(); err == nil {
 		d.log.Info("ready", "posterior_version", st.PosteriorVersion, "counterfactuals", countsByName(st.Counts),
 			"renewal_backlog", st.Pending, "applied", st.Applied, "api", d.httpAddr.String())
@@ -53,6 +80,21 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		inc, err := c.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, stream.ErrStopped) {
+				// A configuration-class error or a reset topic: the consumer logged it once
+				// and its Health reports it, so /readyz answers 503 with the reason. The API
+				// keeps serving what the ledger holds; a restart after the fix (or with
+				// --accept-topic-reset) resumes ingest.
+				var reset *stream.TopicResetError
+				if errors.As(err, &reset) {
+					d.metrics.SetTopicReset(true)
+					if err := d.recordTopicReset(reset); err != nil { // readiness still reports the reset
+						d.log.Error("the topic reset could not be recorded; a restart may not find it again", "file", d.topicResetPath(), "err", err)
+					}
+				}
+				<-ctx.Done()
 				return nil
 			}
 			return err
@@ -67,7 +109,27 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		// Counted once durable, like everything apply reports.
 		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered)
 		c.MarkDurable(inc)
+		if len(pendingResets) > 0 {
+			for p := range pendingResets {
+				if inc.Reset(p) {
+					delete(pendingResets, p)
+				}
+			}
+			if len(pendingResets) == 0 {
+				if err := d.clearTopicResets(); err != nil {
+					return fmt.Errorf("the confirmed topic resets are checkpointed, but %s could not be removed (remove it by hand): %w", d.topicResetPath(), err)
+				}
+				d.log.Warn("confirmed topic resets checkpointed: the ledger's offsets now follow the new log", "partitions", len(resets))
+			}
+		}
 	}
+}
+
+// topicResetHint ends the consumer's TopicResetError: the command that confirms the reset.
+func (d *Daemon) topicResetHint() string {
+	return fmt.Sprintf("Records below the ledger's offset in the new log would be skipped, so ingest of kafka.topic %s stopped; "+
+		"to confirm the reset and read the partition from its log start (the ledger's offsets are reset there and the records applied), "+
+		"restart the daemon once with: cfguard run --config %s --accept-topic-reset", d.cfg.Kafka.Topic, d.configPath)
 }
 
 // apply runs one increment through the update and the policy and checkpoints the result; metrics

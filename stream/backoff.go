@@ -1,9 +1,9 @@
 package stream
 
 import (
-	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
-	"io"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -12,25 +12,45 @@ import (
 // given to their constructor ended).
 var ErrClosed = errors.New("stream: closed")
 
-// retryable reports whether a broker operation that failed with err is worth retrying.
-// Context ends, closed clients and authentication or authorization failures are not: waiting
-// does not fix them. Everything else (network errors, leader changes, rebalances, coordinator
-// moves) is.
+// ErrStopped wraps the error Consumer.Next returns when the consumer has stopped for good: a
+// configuration-class error (authentication, authorization, an invalid topic or group, a
+// certificate the broker or we refuse) that no retry can fix, or a topic whose identity
+// changed (TopicResetError). The consumer's Health then reports it; the caller decides what
+// to do (the daemon keeps serving and turns /readyz false).
+var ErrStopped = errors.New("stream: consumer stopped")
+
+// retryable reports whether a broker operation that failed with err is worth retrying. Only
+// configuration-class errors are not (see permanent), and ErrClosed: waiting does not fix
+// them. Everything else is retried with backoff: network errors, connections closed by the
+// broker (io.EOF), leader changes, rebalances, coordinator moves, and timeouts: a per-request
+// deadline (context.DeadlineExceeded from a client's own timeout) means a slow broker or an
+// overloaded machine, not a broken configuration. A caller tells its own context's end apart
+// by checking ctx.Err() before asking (as every retry loop here does), so a
+// context.Canceled or DeadlineExceeded seen while ctx is alive came from a single request.
 func retryable(err error) bool {
-	switch {
-	case err == nil,
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrClosedPipe), errors.Is(err, ErrClosed):
-		return false
-	}
+	return err != nil && !errors.Is(err, ErrClosed) && !permanent(err)
+}
+
+// permanent reports whether err is configuration-class: retrying cannot fix it, the operator
+// must (credentials, ACLs, topic or group names, TLS certificates).
+func permanent(err error) bool {
 	var ke kafka.Error
 	if errors.As(err, &ke) {
 		switch ke {
 		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
 			kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed,
-			kafka.InvalidTopic, kafka.InvalidGroupId:
-			return false
+			kafka.TransactionalIDAuthorizationFailed, kafka.InvalidTopic, kafka.InvalidGroupId:
+			return true
 		}
+		return false
 	}
-	return true
+	var (
+		unknownCA   x509.UnknownAuthorityError
+		invalidCert x509.CertificateInvalidError
+		hostname    x509.HostnameError
+		verify      *tls.CertificateVerificationError
+		header      tls.RecordHeaderError // TLS spoken to a plain listener, or the reverse
+	)
+	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
+		errors.As(err, &verify) || errors.As(err, &header)
 }

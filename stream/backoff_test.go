@@ -2,37 +2,56 @@ package stream
 
 import (
 	"context"
-	"errors"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
 )
 
+// TestRetryable holds the classification: only configuration-class errors (and our own
+// Close) stop the consumer; timeouts, end of stream, network and broker errors are retried.
 func TestRetryable(t *testing.T) {
 	for _, tc := range []struct {
+		name string
 		err  error
 		want bool
 	}{
-		{nil, false},
-		{context.Canceled, false},
-		{fmt.Errorf("fetch: %w", context.DeadlineExceeded), false},
-		{io.EOF, false},
-		{io.ErrClosedPipe, false},
-		{ErrClosed, false},
-		{kafka.SASLAuthenticationFailed, false},
-		{fmt.Errorf("join: %w", kafka.GroupAuthorizationFailed), false},
-		{kafka.TopicAuthorizationFailed, false},
-		{io.ErrUnexpectedEOF, true},
-		{kafka.RebalanceInProgress, true},
-		{kafka.NotLeaderForPartition, true},
-		{kafka.NotCoordinatorForGroup, true},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{"no error", nil, false},
+		{"closed by us", ErrClosed, false},
+		{"fetch timeout", fmt.Errorf("kafka.(*Client).Fetch: %w", context.DeadlineExceeded), true},
+		{"request cancelled, our context alive", context.Canceled, true},
+		{"connection closed by the broker", io.EOF, true},
+		{"short read", io.ErrUnexpectedEOF, true},
+		{"closed pipe", io.ErrClosedPipe, true},
+		{"network timeout", &net.OpError{Op: "read", Err: os.ErrDeadlineExceeded}, true},
+		{"connection refused", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
+		{"connection reset", &net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
+		{"rebalance", kafka.RebalanceInProgress, true},
+		{"leader moved", kafka.NotLeaderForPartition, true},
+		{"coordinator moved", kafka.NotCoordinatorForGroup, true},
+		{"topic being created", kafka.UnknownTopicOrPartition, true},
+		{"broker overloaded", kafka.RequestTimedOut, true},
+		{"sasl", kafka.SASLAuthenticationFailed, false},
+		{"sasl mechanism", kafka.UnsupportedSASLMechanism, false},
+		{"group acl, wrapped", fmt.Errorf("join: %w", kafka.GroupAuthorizationFailed), false},
+		{"topic acl", kafka.TopicAuthorizationFailed, false},
+		{"cluster acl", kafka.ClusterAuthorizationFailed, false},
+		{"invalid topic", kafka.InvalidTopic, false},
+		{"invalid group", kafka.InvalidGroupId, false},
+		{"unknown CA", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, false},
+		{"wrong host name", fmt.Errorf("dial: %w", x509.HostnameError{Host: "kafka"}), false},
+		{"TLS to a plain listener", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, false},
 	} {
-		if got := retryable(tc.err); got != tc.want {
-			t.Errorf("retryable(%v) = %v, want %v", tc.err, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := retryable(tc.err); got != tc.want {
+				t.Errorf("retryable(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
 	}
 }

@@ -85,6 +85,19 @@ type ConsumerConfig struct {
 	RetryMin, RetryMax time.Duration
 	// StallAfter is the readiness bound of Health. Default: DefaultStallAfter.
 	StallAfter time.Duration
+	// AcceptTopicReset is the operator's confirmation that the topic was reset (deleted and
+	// recreated, or records lost by the broker): the first TopicResetError of each partition
+	// is then logged and the partition read from its log start (the next increment carries
+	// the new offset, to checkpoint) instead of stopping the consumer. Set it for one start
+	// only: a later reset stops the consumer again. Default: false.
+	AcceptTopicReset bool
+	// ResetPartitions are partitions whose reset the operator confirmed after an earlier
+	// consumer stopped with a TopicResetError: they are read from their log start, whatever
+	// Resume says, and the first increment carries that offset, to checkpoint. Default: none.
+	ResetPartitions []int
+	// TopicResetHint ends a TopicResetError's message: how the operator confirms the reset
+	// (the daemon names its command). Default: a sentence naming AcceptTopicReset.
+	TopicResetHint string
 }
 
 func (c *ConsumerConfig) applyDefaults() error {
@@ -158,8 +171,13 @@ type Increment struct {
 	// the increment is applied (its last offset + 1). Checkpoint them.
 	NextOffsets map[int]int64
 
-	topic string
+	topic  string
+	resets map[int]bool // partitions whose offset moved back to a new log's start (AcceptTopicReset)
 }
+
+// Reset reports whether the increment moves partition p back to a new log's start (a reset
+// the operator confirmed: see ConsumerConfig.AcceptTopicReset and ResetPartitions).
+func (inc *Increment) Reset(p int) bool { return inc.resets[p] }
 
 // Lost is the number of records of the increment's gaps.
 func (inc *Increment) Lost() int64 {
@@ -334,12 +352,14 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// fail records an error that retrying cannot fix; Next returns it.
+// fail stops the consumer for good: err is configuration-class (retrying cannot fix it) or
+// a TopicResetError. Next returns it wrapped in ErrStopped, and Health reports it. It is
+// logged once.
 func (c *Consumer) fail(err error) {
 	c.failOnce.Do(func() {
-		c.failErr = err
+		c.failErr = fmt.Errorf("%w: %w", ErrStopped, err)
 		close(c.failed)
-		c.log.Error("consumer stopped by an error that retrying cannot fix", "err", err)
+		c.log.Error("consumer stopped by an error that retrying cannot fix; no more records are read until the cause is fixed and the daemon restarted", "err", err)
 	})
 }
 
@@ -351,6 +371,7 @@ type pending struct {
 	dead  int
 	gaps  []Gap
 	next  map[int]int64
+	reset map[int]bool
 }
 
 func (p *pending) empty() bool { return p.first.IsZero() }
@@ -360,6 +381,13 @@ func (p *pending) empty() bool { return p.first.IsZero() }
 func (p *pending) take(ch *chunk, limit int) bool {
 	if p.empty() {
 		p.first, p.next = ch.at, make(map[int]int64)
+	}
+	if ch.reset { // the partition's offset moves back: the records before it in p are of the old log
+		if p.reset == nil {
+			p.reset = make(map[int]bool)
+		}
+		p.next[ch.part], p.reset[ch.part] = ch.next, true
+		return true
 	}
 	if ch.gap != nil {
 		p.gaps = append(p.gaps, *ch.gap)
@@ -401,7 +429,8 @@ func (p *pending) take(ch *chunk, limit int) bool {
 //
 // Within one Consumer no offset is handed out twice. Broker errors are retried with backoff
 // in the background; Next returns an error only when ctx ends (what was taken stays pending
-// for the next call), the consumer is closed (ErrClosed), or a broker error cannot be retried.
+// for the next call), the consumer is closed (ErrClosed), or it has stopped for good (an error
+// that wraps ErrStopped: a configuration-class broker error, or a TopicResetError).
 func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 	c.nextMu.Lock()
 	defer c.nextMu.Unlock()
@@ -464,7 +493,7 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 // finish turns the pending increment into an Increment.
 func (c *Consumer) finish() *Increment {
 	p := &c.pend
-	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic}
+	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic, resets: p.reset}
 	c.mu.Lock()
 	maps.Copy(c.handed, p.next)
 	c.buffered -= len(p.recs)
@@ -491,7 +520,11 @@ func (c *Consumer) MarkDurable(inc *Increment) {
 	}
 	c.commitMu.Lock()
 	for p, off := range inc.NextOffsets {
-		c.durable[p] = max(c.durable[p], off)
+		if inc.resets[p] {
+			c.durable[p] = off // a new log: its offsets start over
+		} else {
+			c.durable[p] = max(c.durable[p], off)
+		}
 	}
 	c.commitMu.Unlock()
 	select {
@@ -592,8 +625,6 @@ func (c *Consumer) Health() Health {
 			h.CaughtUp = false
 		}
 		switch {
-		case ps.ahead:
-			why = append(why, fmt.Sprintf("partition %d: checkpointed offset %d is past the partition's end %d", p, ps.next, ps.hwm))
 		case caughtUp || ps.waiting:
 		case now.Sub(ps.lastFetch) > bound:
 			why = append(why, fmt.Sprintf("partition %d: no fetch for %v with %d records to read", p, now.Sub(ps.lastFetch).Round(time.Millisecond), ps.hwm-ps.next))

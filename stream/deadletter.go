@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"time"
 
@@ -96,7 +95,7 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 		switch {
 		case err == nil:
 			c.out.ok(src)
-		case ctx.Err() != nil, errors.Is(err, io.ErrClosedPipe):
+		case ctx.Err() != nil:
 			return false
 		case !retryable(err):
 			c.fail(fmt.Errorf("stream: writing %d dead letters to %s: %w", len(failed), c.cfg.DeadLetterTopic, err))

@@ -50,6 +50,20 @@
 // silently: it logs an ERROR with the range, reports it as a Gap in the next increment (which
 // the daemon checkpoints) and in Stats.Lost, and reads on from the log start.
 //
+// # Topic identity
+//
+// A partition whose log no longer holds the consumer's position (the topic was deleted and
+// recreated, or the broker lost records) stops the consumer with a TopicResetError naming the
+// topic, the partition and the offsets, rather than skipping the new log's records below the
+// position in silence. It is found when a fetch is refused because the position is past the
+// partition's end, and, while the consumer runs, by checking after every pause (a failed or
+// empty fetch, a wait for room, the topic missing from the metadata) that the partition still
+// holds the record read last before handing out what came next. A topic recreated while
+// the consumer was not running and written past the checkpointed offset before it starts
+// cannot be told from the old one by offsets alone (Kafka's topic ids would tell, and
+// kafka-go does not expose them). ConsumerConfig.AcceptTopicReset is the operator's
+// confirmation: the partition is then read from its log start.
+//
 // # Readiness and outages
 //
 // Health tells whether the consumer works, from state its own traffic keeps current (see

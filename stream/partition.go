@@ -26,7 +26,17 @@ type partState struct {
 	lastFetch time.Time
 	waiting   bool // waiting for Next to make room (backpressure)
 	running   bool
-	ahead     bool // next is past the partition's end (see outOfRange)
+	// suspect is set whenever the reader paused, so that the topic may have been deleted and
+	// recreated meanwhile: a fetch failed (the broker reported the partition unknown, or did
+	// not answer), a fetch returned nothing new, the reader waited for room, or the metadata
+	// lost the topic. The next fetch that brings records is then checked (verifyIdentity:
+	// does the partition still hold last, the record read last?) before they are delivered.
+	// A reader that fetches back to back is not checked: a topic is not deleted, recreated and
+	// written to within the decoding of one fetch.
+	suspect       bool
+	last          recordMark
+	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
+	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
 }
 
 // chunk is what one fetch of one partition yields, decoded: the good records and the dead
@@ -39,6 +49,8 @@ type chunk struct {
 	dead   []deadMark
 	next   int64 // the offset after the chunk
 	ri, di int   // how far Next has taken it
+	reset  bool  // an accepted topic reset: next moves back to the new log's start
+	last   recordMark
 
 	deadMsgs []kafka.Message // the dead letters to write, parallel to dead; dropped once written
 }
@@ -90,6 +102,11 @@ func (c *Consumer) refresh(ctx context.Context) {
 		c.topicErr = nil
 	}
 	if c.topicErr != nil {
+		if topic == nil || unknownTopic(c.topicErr) {
+			for _, ps := range c.parts {
+				ps.suspect = true
+			}
+		}
 		c.mu.Unlock()
 		return
 	}
@@ -101,10 +118,11 @@ func (c *Consumer) refresh(ctx context.Context) {
 			continue
 		}
 		next, ok := c.cfg.Resume[p.ID]
-		if !ok {
+		reset := slices.Contains(c.cfg.ResetPartitions, p.ID)
+		if !ok || reset {
 			next = -1
 		}
-		ps := &partState{part: p.ID, next: next, running: true}
+		ps := &partState{part: p.ID, next: next, running: true, resetPending: reset}
 		c.parts[p.ID] = ps
 		c.wg.Add(1)
 		go func() { defer c.wg.Done(); c.readPartition(ctx, ps) }()
@@ -170,6 +188,9 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			c.fail(fmt.Errorf("stream: reading partition %d of %s: %w", ps.part, c.cfg.Topic, err))
 			return false
 		}
+		c.mu.Lock()
+		ps.suspect = true
+		c.mu.Unlock()
 		c.failedAttempt(src, err)
 		return bo.Wait(ctx) == nil
 	}
@@ -187,10 +208,19 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			}
 			c.mu.Lock()
 			ps.next = first
-			if _, ok := c.handed[ps.part]; !ok {
+			reset := ps.resetPending
+			if _, ok := c.handed[ps.part]; !ok || reset {
 				c.handed[ps.part] = first
 			}
+			ps.resetPending, ps.resetAccepted = false, ps.resetAccepted || reset
 			c.mu.Unlock()
+			if reset {
+				c.log.Warn("topic reset confirmed by the operator: the partition is read from its log start",
+					"partition", ps.part, "was_next_offset", c.cfg.Resume[ps.part], "log_start", first)
+				if !c.deliver(ctx, ps, &chunk{part: ps.part, at: time.Now(), next: first, reset: true}) {
+					return
+				}
+			}
 			continue
 		}
 		res, err := c.cl.Fetch(ctx, &kafka.FetchRequest{Topic: c.cfg.Topic, Partition: ps.part, Offset: next,
@@ -222,10 +252,33 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			continue
 		}
 		c.mu.Lock()
-		ps.hwm, ps.logStart, ps.lastFetch, ps.ahead = res.HighWatermark, res.LogStartOffset, time.Now(), false
+		suspect, last := ps.suspect, ps.last
+		c.mu.Unlock()
+		if suspect && last.ok && ch.next > next {
+			// New records after a pause: first check that they extend the log read so far.
+			reset, err := c.verifyIdentity(ctx, ps, last)
+			if err != nil {
+				if !retry(err) {
+					return
+				}
+				continue // the chunk is fetched again
+			}
+			if reset != nil {
+				if !c.topicReset(ctx, ps, reset) {
+					return
+				}
+				continue
+			}
+		}
+		c.mu.Lock()
+		ps.hwm, ps.logStart, ps.lastFetch = res.HighWatermark, res.LogStartOffset, time.Now()
 		if ch.next > ps.next {
 			ps.next = ch.next
 		}
+		if ch.last.ok {
+			ps.last = ch.last
+		}
+		ps.suspect = ch.next == next // an empty fetch: the reader paused (see partState.suspect)
 		c.mu.Unlock()
 		if len(ch.recs) == 0 && len(ch.dead) == 0 {
 			continue // nothing new, or only transaction markers
@@ -242,10 +295,11 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 // outOfRange handles a fetch refused because next is outside the partition's log. Below the
 // log start the records were deleted before they were read: the gap is reported (an ERROR line
 // and a Gap in the next increment) and reading goes on from the log start. Past the end, the
-// checkpoint is ahead of the broker (the topic was recreated, or the broker lost records): the
-// reader does not move backwards, since that could apply an offset twice; it logs an ERROR
-// once, reports itself not ready and waits for the log to reach its position. It returns false
-// when the reader must stop.
+// position belongs to another log (the topic was recreated, or the broker lost records): the
+// reader neither moves backwards on its own (that could apply an offset twice) nor waits for
+// the log to reach its position (that would skip the new log's records below it in silence);
+// it stops the consumer with a TopicResetError, unless the operator accepted the reset
+// (topicReset). It returns false when the reader must stop.
 func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, retry func(error) bool) bool {
 	first, last, err := c.listOffsets(ctx, ps.part)
 	if err != nil {
@@ -265,15 +319,7 @@ func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, re
 		c.mu.Unlock()
 		return c.deliver(ctx, ps, &chunk{part: ps.part, at: time.Now(), gap: &gap, next: first})
 	case next > last:
-		c.mu.Lock()
-		was := ps.ahead
-		ps.ahead = true
-		c.mu.Unlock()
-		if !was {
-			c.log.Error("the checkpointed offset is past the partition's end (topic recreated, or records lost by the broker); waiting for the log to reach it, records produced below it will not be read",
-				"partition", ps.part, "checkpointed", next, "end", last)
-		}
-		return backoff.Sleep(ctx, c.cfg.RetryMax) == nil
+		return c.topicReset(ctx, ps, c.resetError(ps, first, last, "the next offset is past the partition's end"))
 	}
 	return true // in range again (the log moved meanwhile): fetch again
 }
@@ -292,7 +338,7 @@ func (c *Consumer) deliver(ctx context.Context, ps *partState, ch *chunk) bool {
 			c.mu.Unlock()
 			break
 		}
-		ps.waiting = true
+		ps.waiting, ps.suspect = true, true
 		room := c.spaceCh
 		c.mu.Unlock()
 		select {
@@ -342,6 +388,10 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 	})
 	if err != nil {
 		return nil, err
+	}
+	if len(msgs) > 0 {
+		m := msgs[len(msgs)-1]
+		ch.last = markOf(m.offset, m.key, m.value, m.time)
 	}
 	c.fetched.Add(int64(len(msgs)))
 	values := make([][]byte, len(msgs))

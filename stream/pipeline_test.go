@@ -147,34 +147,6 @@ func TestGapReportedOnce(t *testing.T) {
 	}
 }
 
-// TestCheckpointPastTheEnd: a checkpoint beyond the partition's end (the topic was recreated, or
-// the broker lost records) never makes the consumer read backwards: it reports itself not
-// ready, logs one ERROR, and reads once the log reaches its position.
-func TestCheckpointPastTheEnd(t *testing.T) {
-	b := startBroker(t, broker.Config{})
-	conn := plainConn(b)
-	produce(t, conn, recordsTopic, 0, goodRecords("old", 10)...)
-	log, lines := newLogLines(t)
-	cfg := consumerConfig(conn, "ahead")
-	cfg.Resume = map[int]int64{0: 30}
-	c, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitfor.Cond(t, 10*time.Second, "the consumer to see the problem", func() bool { return !c.Health().Ready && lines.count(slog.LevelError, "past the partition's end") == 1 })
-	t.Logf("health: %v", c.Health().Reasons)
-	produce(t, conn, recordsTopic, 0, goodRecords("new", 25)...) // offsets 10..34
-	incs := collect(t, c, 5, 20*time.Second)
-	if got := ids(incs); !slices.Equal(got, []string{"new20", "new21", "new22", "new23", "new24"}) {
-		t.Fatalf("read %v, want the records from offset 30 on", got)
-	}
-	waitfor.Cond(t, 10*time.Second, "ready again", func() bool { return c.Health().Ready })
-	if n := lines.count(slog.LevelError, "past the partition's end"); n != 1 {
-		t.Fatalf("%d ERROR lines, want 1", n)
-	}
-}
-
 // TestFullIncrementsDoNotWaitForRoom: when a fetch brings more records than the prefetch has
 // room for, Next must still complete increments of MaxRecords at once, not after MaxWait (the
 // reader may not wait for room that the increment Next is building holds).

@@ -20,6 +20,7 @@ import (
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "configuration file (see config.yaml and README.md)")
+	acceptReset := fs.Bool("accept-topic-reset", false, "confirm that kafka.topic was reset (deleted and recreated): a partition that no longer holds the ledger's offset is read from its log start (this start only)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -40,7 +41,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
-	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
+	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg, ConfigPath: *path, AcceptTopicReset: *acceptReset}); err != nil {
 		return err
 	}
 	log.Info("cfguard stopped")

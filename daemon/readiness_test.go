@@ -1,0 +1,126 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
+// /readyz answers 503 naming it, while /healthz (the process lives) stays 200.
+func TestReadinessReportsADeadBroker(t *testing.T) {
+	r := startDaemon(t, nil)
+	r.d.broker.Close()
+	waitfor.Cond(t, 10*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
+	if _, body := r.get(t, "/readyz"); !strings.Contains(string(body), "embedded broker") {
+		t.Fatalf("readyz body %q does not name the embedded broker", body)
+	}
+	if code, _ := r.get(t, "/healthz"); code != http.StatusOK {
+		t.Fatalf("healthz %d with the broker down, want 200", code)
+	}
+}
+
+// TestRecreatedTopicStopsIngestUntilConfirmed: n records applied, the topic deleted and
+// recreated, m > n records produced to it. Ingest stops with an error naming the topic, the
+// partition, the offsets and the confirming command; /readyz is false with that reason, the
+// mismatch gauge is 1, nothing of the new topic is applied, and the API keeps serving. A
+// plain restart keeps ingest stopped (the ledger's offset n is inside the new log, so offsets
+// alone could not tell); a restart with the confirmation applies all m records.
+func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
+	dir := t.TempDir()
+	mutate := func(c *config.Config) { c.StateDir = dir }
+	data := bundled(t)
+	records := func(prefix string, n int) [][]byte {
+		var out [][]byte
+		for i := range n {
+			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
+		}
+		return out
+	}
+	const n, m = 64, 96
+	const command = "cfguard run --config config.yaml --accept-topic-reset"
+	offset := func(r *running) int64 {
+		offs, err := r.d.ledger.Offsets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return offs[0]
+	}
+	stoppedForReset := func(r *running) {
+		t.Helper()
+		waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
+			code, body := r.get(t, "/readyz")
+			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+		})
+		_, body := r.get(t, "/readyz")
+		for _, s := range []string{r.d.cfg.Kafka.Topic, "partition 0", command} {
+			if !strings.Contains(string(body), s) {
+				t.Fatalf("readyz %q does not name %q", body, s)
+			}
+		}
+		if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 1 {
+			t.Fatalf("cfguard_consumer_topic_mismatch %v, want 1", g)
+		}
+		if code, _ := r.get(t, "/v1/model"); code != http.StatusOK {
+			t.Fatalf("GET /v1/model %d while ingest is stopped, want 200", code)
+		}
+		if off := offset(r); off != n {
+			t.Fatalf("ledger offset %d, want %d (nothing of the new topic applied)", off, n)
+		}
+	}
+
+	r := startDaemon(t, mutate)
+	r.produce(t, records("old", n)...)
+	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == n })
+	recreate(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic)
+	r.produce(t, records("new", m)...)
+	stoppedForReset(r)
+	if a := r.metric(t, "cfguard_records_total", "result", "applied"); a != n {
+		t.Fatalf("%v records applied, want %d", a, n)
+	}
+	r.stop(t)
+
+	r = startDaemonWith(t, mutate, nil)
+	stoppedForReset(r)
+	r.stop(t)
+
+	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true })
+	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == m })
+	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	if off := offset(r); off != m {
+		t.Fatalf("ledger offset %d after the confirmation, want %d", off, m)
+	}
+	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s after the confirmed reset was checkpointed: %v", topicResetFile, err)
+	}
+	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
+	}
+}
+
+// recreate deletes topic and creates it again with one partition, as an operator would.
+func recreate(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
+		t.Fatalf("deleting %s: %v %v", topic, err, res)
+	}
+	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[topic] != nil {
+		t.Fatalf("creating %s: %v %v", topic, err, res)
+	}
+}
