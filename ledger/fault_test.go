@@ -193,13 +193,12 @@ const (
 	refused  faultOutcome = "refused at Open"
 	readErr  faultOutcome = "error on read"
 	intact   faultOutcome = "intact"
-	previous faultOutcome = "previous transaction"
 )
 
 // faultTrial installs data as a ledger in a fresh directory, opens it and reads everything.
-// It must refuse or fail naming the file, or read exactly ref (or prev when allowPrev), and the
-// file must be unchanged.
-func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowPrev bool) faultOutcome {
+// It must refuse or fail naming the file, or read exactly ref (never the previous transaction:
+// see olderDamaged), and the file must be unchanged.
+func faultTrial(t *testing.T, what string, data []byte, ref string) faultOutcome {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, FileName)
@@ -228,8 +227,6 @@ func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowP
 		return readErr
 	case snap == ref:
 		return intact
-	case snap == prev && allowPrev:
-		return previous
 	}
 	t.Fatalf("%s: read different data without an error:\n got %.600s\nwant %.600s", what, snap, ref)
 	return ""
@@ -345,7 +342,7 @@ func TestOpenTruncatedRefused(t *testing.T) {
 		if size >= n {
 			continue
 		}
-		o := faultTrial(t, fmt.Sprintf("truncated to %d of %d bytes", size, n), fx.data[:size], fx.ref, fx.prev, false)
+		o := faultTrial(t, fmt.Sprintf("truncated to %d of %d bytes", size, n), fx.data[:size], fx.ref)
 		out[o]++
 	}
 	t.Logf("%d truncations of a %d-byte ledger: %v", len(sizes), n, out)
@@ -357,9 +354,9 @@ func TestOpenTruncatedRefused(t *testing.T) {
 }
 
 // Random byte flips in a real ledger: each either leaves the data intact (free space, slack), or
-// is reported naming cfguard.db (at Open or on read), or, when it hit the newest meta page,
-// falls back to the previous transaction as bbolt is designed to. Never a panic, never
-// silently different data, never a write to the damaged file.
+// is reported naming cfguard.db (at Open or on read); a flip in the newest meta page is refused
+// at Open rather than falling back to the previous transaction as bbolt would. Never a panic,
+// never silently different data, never a write to the damaged file.
 func TestRandomByteFlips(t *testing.T) {
 	fx := buildFaultFixture(t)
 	seeds := 200
@@ -373,9 +370,8 @@ func TestRandomByteFlips(t *testing.T) {
 		off := rng.IntN(len(data))
 		bit := byte(1) << rng.IntN(8)
 		data[off] ^= bit
-		inLastMeta := off/fx.pageSize == fx.lastSlot
 		o := faultTrial(t, fmt.Sprintf("seed %d: bit %#02x flipped at offset %d (page %d)", seed, bit, off, off/fx.pageSize),
-			data, fx.ref, fx.prev, inLastMeta)
+			data, fx.ref)
 		t.Logf("seed %d: offset %d (page %d): %s", seed, off, off/fx.pageSize, o)
 		out[o]++
 	}
@@ -399,7 +395,7 @@ func TestFlipEveryPage(t *testing.T) {
 			off := p*fx.pageSize + o
 			data := append([]byte(nil), fx.data...)
 			data[off] ^= 0x10
-			out[faultTrial(t, fmt.Sprintf("page %d byte %d", p, o), data, fx.ref, fx.prev, p == fx.lastSlot)]++
+			out[faultTrial(t, fmt.Sprintf("page %d byte %d", p, o), data, fx.ref)]++
 		}
 	}
 	t.Logf("page flips: %v", out)
