@@ -190,9 +190,9 @@ func checkCorruptError(t *testing.T, err error, path, what string) {
 type faultOutcome string
 
 const (
-	refused  faultOutcome = "refused at Open"
-	readErr  faultOutcome = "error on read"
-	intact   faultOutcome = "intact"
+	refused faultOutcome = "refused at Open"
+	readErr faultOutcome = "error on read"
+	intact  faultOutcome = "intact"
 )
 
 // faultTrial installs data as a ledger in a fresh directory, opens it and reads everything.
