@@ -4,16 +4,20 @@ import (
 	"github.com/cfguard/cfguard/internal/cli"
 
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // cmdRun loads the configuration and runs the daemon until SIGINT/SIGTERM.
@@ -41,6 +45,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
 	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
+		if errors.Is(err, ledger.ErrCorrupt) {
+			abs, aerr := filepath.Abs(*path)
+			if aerr != nil {
+				abs = *path
+			}
+			return withConfig{err: err, config: abs}
+		}
 		return err
 	}
 	log.Info("cfguard stopped")
@@ -54,3 +65,16 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// withConfig puts the configuration file this daemon ran with into the recovery commands of a
+// damaged-ledger error, so that they work as printed.
+type withConfig struct {
+	err    error
+	config string
+}
+
+func (e withConfig) Error() string {
+	return strings.ReplaceAll(e.err.Error(), ledger.RecoveryConfigPlaceholder, "--config "+ledger.ShellQuote(e.config))
+}
+
+func (e withConfig) Unwrap() error { return e.err }
