@@ -62,6 +62,9 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.prepare(); err != nil {
 		return nil, err
 	}
+	if err := l.checkRecords(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return l, nil
 }
