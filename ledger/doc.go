@@ -79,9 +79,12 @@
 // transaction, and walks its page tree (walk.go): an empty, truncated or damaged file is refused
 // with a *CorruptError (ErrCorrupt) that names the file, says what is wrong and how to recover
 // (move it aside, then restore a backup with `cfguard restore` or start over), and nothing is
-// written to it. Damaged records found later, and panics or memory faults inside bbolt, are
-// reported the same way; a panic also makes the ledger reopen the file (with the checks) before
-// its next operation.
+// written to it. Open then reads every record once (quarantine.go): a damaged CE is moved to the
+// quarantine bucket, counted (Damaged) and named in the log, and the indexes, counts and anchor
+// references are rebuilt without it, so that one bad record never takes down a list, an audit
+// or a re-certification; damage to any other record is a *CorruptError like structural damage.
+// Panics or memory faults inside bbolt are reported as a *CorruptError too, and make the ledger
+// reopen the file (with the checks) before its next operation.
 //
 // # A damaged meta page
 //
