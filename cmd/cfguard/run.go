@@ -45,14 +45,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
 	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
-		if errors.Is(err, ledger.ErrCorrupt) {
-			abs, aerr := filepath.Abs(*path)
-			if aerr != nil {
-				abs = *path
-			}
-			return withConfig{err: err, config: abs}
-		}
-		return err
+		return namingConfig(err, *path)
 	}
 	log.Info("cfguard stopped")
 	return nil
@@ -64,6 +57,18 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// namingConfig makes the recovery commands of a damaged-ledger error name the configuration
+// file at path (absolute, so that they work from any directory); other errors pass unchanged.
+func namingConfig(err error, path string) error {
+	if !errors.Is(err, ledger.ErrCorrupt) {
+		return err
+	}
+	if abs, aerr := filepath.Abs(path); aerr == nil {
+		path = abs
+	}
+	return withConfig{err: err, config: path}
 }
 
 // withConfig puts the configuration file this daemon ran with into the recovery commands of a

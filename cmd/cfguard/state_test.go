@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -82,6 +83,21 @@ func firstStart(t *testing.T) (cfg, db string) {
 	return cfg, filepath.Join(dir, "state", "cfguard.db")
 }
 
+// newestMeta is the bbolt meta page (0 or 1) with the larger transaction id: each is a 16-byte
+// page header, then magic, version, page size, flags, root (16 bytes), freelist, high-water mark
+// and txid (native byte order), at 4096-byte pages.
+func newestMeta(t *testing.T, b []byte) int {
+	t.Helper()
+	if len(b) < 2*4096 {
+		t.Fatalf("a %d-byte ledger", len(b))
+	}
+	txid := func(p int) uint64 { return binary.NativeEndian.Uint64(b[p*4096+16+48:]) }
+	if txid(1) > txid(0) {
+		return 1
+	}
+	return 0
+}
+
 func fileSum(t *testing.T, p string) [32]byte {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -114,6 +130,12 @@ func TestDamagedLedgerStopsTheDaemon(t *testing.T) {
 		"meta pages zeroed": func() error {
 			b := bytes.Clone(good)
 			clear(b[:2*4096])
+			return os.WriteFile(db, b, 0o600)
+		},
+		// bbolt would open the previous transaction in silence.
+		"newest meta page flipped": func() error {
+			b := bytes.Clone(good)
+			b[newestMeta(t, b)*4096+16+16] ^= 0x01 // its root page id
 			return os.WriteFile(db, b, 0o600)
 		},
 	} {
