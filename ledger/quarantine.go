@@ -15,8 +15,8 @@ import (
 // The record check at Open, and the quarantine of damaged counterfactuals.
 //
 // The page walk (walk.go) checks the file's structure, not its values; each value carries its
-// own CRC-32C (seal.go). Open reads every value once, after the walk: O(records), a few seconds
-// for millions of CEs, with progress logged every few seconds. Damage is then handled by what
+// own CRC-32C (seal.go). Open reads every value once, after the walk: O(records), about a
+// second per million CEs, with progress logged every few seconds. Damage is then handled by what
 // the record is:
 //
 //   - a CE (header or body, including a header or body whose partner is missing): the CE is
@@ -106,7 +106,7 @@ func (l *Ledger) checkRecords() error {
 	return nil
 }
 
-// scanRecords checks every value (CRC-32C, and the decoding of CE headers and bodies).
+// scanRecords checks every value: its CRC-32C, and the decoding of CE headers.
 func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 	d := damage{ces: map[string]string{}}
 	if _, err := readOffsets(tx); err != nil {
@@ -118,7 +118,14 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 	if err := checkSequences(tx, &Info{}); err != nil {
 		return d, err
 	}
-	total := tx.Bucket(bHeaders).Stats().KeyN
+	cnt, err := readCounts(tx)
+	if err != nil {
+		return d, err
+	}
+	var total int64
+	for _, c := range cnt {
+		total += c
+	}
 	last := start
 	tick := func() {
 		d.records++
@@ -149,11 +156,10 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 	})
 	bodies.ForEach(func(k, v []byte) error {
 		tick()
-		p, ok := unseal(k, v)
-		if !ok {
+		// The checksum only: a body that passes it is one the ledger wrote (decoding every
+		// body, with its history, would triple the cost of the check).
+		if _, ok := unseal(k, v); !ok {
 			mark(k, "body checksum mismatch")
-		} else if _, err := decodeBody(p, true); err != nil {
-			mark(k, detailText(err))
 		}
 		if hdrs.Get(k) == nil {
 			mark(k, "header missing")
