@@ -63,7 +63,7 @@ func recoveryHint(path string) string {
 	q := ShellQuote(path)
 	return fmt.Sprintf("cfguard wrote nothing to it. To recover, stop cfguard and move the file aside "+
 		"(mv %s %s), then either restore a backup (cfguard restore --config CONFIG --from BACKUP, which verifies it "+
-		"first) and start cfguard, or start cfguard on no ledger to start over: it bootstraps its model again, every stored "+
+		"first) and start cfguard, or start cfguard without restoring one to start over: it bootstraps its model again, every stored "+
 		"counterfactual is lost, and it reads each partition of kafka.topic from the earliest offset the broker still "+
 		"holds (not from the consumer group's committed offsets)", q, ShellQuote(path+".damaged"))
 }
