@@ -172,7 +172,9 @@ func readMetas(f *os.File) (geometry, error) {
 // page is tolerated only when it reads as T-1, with a high-water mark not above T's (bbolt
 // never lowers it): then the transaction it lost is one the valid page already contains.
 // Anything else, including a damaged transaction id or a page that reads as T+1, is refused,
-// because opening would fall back to T in silence and lose what T+1 acknowledged.
+// because opening would fall back to T in silence and lose what T+1 acknowledged. (The one
+// damage this cannot see is a newest page whose transaction id itself was changed to exactly
+// T-1, with its other fields intact: the page then reads as the older one.)
 func (g geometry) olderDamaged() error {
 	o, m := g.other, g.meta
 	if o.valid || !o.read { // a missing page 1: the size check reports the truncation
