@@ -177,3 +177,15 @@ func (m *Metrics) CheckpointRecovered() { m.checkpointFailing.Set(0) }
 // SetUnconfirmed sets the number of failing counterfactuals without a verdict under the current
 // posterior.
 func (m *Metrics) SetUnconfirmed(n int) { m.unconfirm.Set(float64(n)) }
+
+// NameLedgerDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
+// quarantined at start, or found damaged by a read since.
+const NameLedgerDamaged = "cfguard_ledger_damaged_records"
+
+// RegisterLedgerDamaged registers cfguard_ledger_damaged_records on reg, read from damaged at
+// each scrape.
+func RegisterLedgerDamaged(reg prometheus.Registerer, damaged func() int) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerDamaged,
+		Help: "Counterfactual records found damaged on disk: quarantined at start (GET answers 500 until the CE is deleted or registered again) or skipped by a read since."},
+		func() float64 { return float64(damaged()) })
+}

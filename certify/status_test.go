@@ -222,3 +222,32 @@ func TestPolicyValidate(t *testing.T) {
 		}
 	}
 }
+
+// Theorem 1 certifies at p1' - slack = 1/2 exactly (the bound is ">= 1/2"), in Evaluate, in
+// Gate.Check and in Judge. The numbers are exact in binary: KL = 1/32 gives 2 sqrt(KL/2) = 1/4,
+// KL = 1/8 gives 1/2, so p1 = 3/4 and p1 = 1 land on 1/2 with no rounding; one ulp below does not
+// certify. (The variance bound is capped at 1/4 = EpsilonMax, so it holds throughout.)
+func TestTheorem1HoldsAtExactlyOneHalf(t *testing.T) {
+	p := DefaultPolicy()
+	for _, tc := range []struct{ p1, kl float64 }{{0.75, 1.0 / 32}, {1, 1.0 / 8}} {
+		s := p.Slack(tc.kl)
+		if tc.p1-s.Mean != 0.5 {
+			t.Fatalf("p1 %v - slack %v = %v, not exactly 1/2: the test's numbers are not exact", tc.p1, s.Mean, tc.p1-s.Mean)
+		}
+		g := p.Gate(s)
+		for _, p1 := range []float64{tc.p1, math.Nextafter(tc.p1, 0)} {
+			want := p1 == tc.p1
+			c := Certificate{P1: p1, Var1: 0, Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+			b := p.Evaluate(c, s)
+			if b.Certified != want {
+				t.Errorf("Evaluate(p1 %v, KL %v): bound %v, certified %v, want %v", p1, tc.kl, b.ProbLower, b.Certified, want)
+			}
+			if lower, ok := g.Check(p1, 0, 0.01, 1000); ok != want || lower != b.ProbLower {
+				t.Errorf("Gate.Check(p1 %v, KL %v) = %v, %v; want %v, %v", p1, tc.kl, lower, ok, b.ProbLower, want)
+			}
+			if st, needMC := p.Judge(c, b); c.InSet() && (st == Certified) != want {
+				t.Errorf("Judge(p1 %v, KL %v) = %v (needMC %v), certified want %v", p1, tc.kl, st, needMC, want)
+			}
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"path"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -137,8 +139,25 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc.Encode(v) // the status line is out; a client that went away is not ours to report
 }
 
+// writeError answers {"error": msg}. A server error's message is stripped of server paths
+// (see publicMessage); the daemon's log has them.
 func writeError(w http.ResponseWriter, code int, msg string) {
+	if code >= 500 {
+		msg = publicMessage(msg)
+	}
 	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// absPath matches an absolute file path that starts a word (after a space, a bracket, a quote,
+// "=" or the start): the file system's layout is the server's, not a client's business.
+var absPath = regexp.MustCompile(`(^|[\s(\[{'"=])(/[^\s'"()\[\]{},;]+)`)
+
+// publicMessage replaces every absolute path in msg by its last element ("cfguard.db").
+func publicMessage(msg string) string {
+	return absPath.ReplaceAllStringFunc(msg, func(m string) string {
+		i := strings.IndexByte(m, '/')
+		return m[:i] + path.Base(m[i:])
+	})
 }
 
 // retryLater answers 429 or 409 with Retry-After (whole seconds, at least 1).

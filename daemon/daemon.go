@@ -204,6 +204,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		return err
 	}
 	td.add("ledger", d.ledger.Close)
+	alerts.RegisterLedgerDamaged(d.reg, d.ledger.Damaged)
 	if err := d.bootstrapModel(ctx); err != nil {
 		return err
 	}

@@ -213,8 +213,8 @@ func Restore(src, stateDir string) (Info, error) {
 	defer lock.Close()
 	exists := func() error {
 		if _, err := os.Lstat(dst); err == nil {
-			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s.old)",
-				fs.ErrExist, dst, dst, dst)
+			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
+				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(dst+".old"))
 		}
 		return nil
 	}

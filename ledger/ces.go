@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -232,6 +233,11 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
 		}
+		if q := tx.Bucket(bQuarantine); q != nil && q.Get(id) != nil { // registered again
+			if err := q.Delete(id); err != nil {
+				return err
+			}
+		}
 		if h.status != certify.Uncertified {
 			refs[h.anchor]++
 		}
@@ -316,6 +322,9 @@ func (l *Ledger) Delete(id string) error {
 		if err != nil {
 			return err
 		}
+		if _, q := quarantineReason(tx, key); !ok && q {
+			return tx.Bucket(bQuarantine).Delete(key) // the damaged record is dropped
+		}
 		if !ok {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
@@ -398,6 +407,9 @@ func (l *Ledger) Get(id string) (*CE, error) {
 	var ce *CE
 	err := l.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bHeaders).Get([]byte(id))
+		if why, q := quarantineReason(tx, []byte(id)); raw == nil && q {
+			return fmt.Errorf("%w: %q (%s): register it again, or DELETE it to drop the damaged record", ErrQuarantined, id, why)
+		}
 		if raw == nil {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
@@ -435,12 +447,17 @@ func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, er
 		for ; k != nil && len(out) < limit; k, v = c.Next() {
 			p, ok := unseal(k, v)
 			if !ok {
-				return corruptf("counterfactual %q: header checksum mismatch", k)
+				l.noteDamaged(k, corruptf("counterfactual %q: header checksum mismatch", k))
+				continue
 			}
 			if status != 0 && (len(p) < 2 || certify.Status(p[hStatus]) != status) {
 				continue
 			}
 			ce, err := l.load(tx, k, v)
+			if errors.Is(err, ErrCorrupt) {
+				l.noteDamaged(k, err) // one damaged record does not take the list down
+				continue
+			}
 			if err != nil {
 				return err
 			}

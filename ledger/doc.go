@@ -79,9 +79,30 @@
 // transaction, and walks its page tree (walk.go): an empty, truncated or damaged file is refused
 // with a *CorruptError (ErrCorrupt) that names the file, says what is wrong and how to recover
 // (move it aside, then restore a backup with `cfguard restore` or start over), and nothing is
-// written to it. Damaged records found later, and panics or memory faults inside bbolt, are
-// reported the same way; a panic also makes the ledger reopen the file (with the checks) before
-// its next operation.
+// written to it. Open then reads every record once (quarantine.go): a damaged CE is moved to the
+// quarantine bucket, counted (Damaged) and named in the log, and the indexes, counts and anchor
+// references are rebuilt without it, so that one bad record never takes down a list, an audit
+// or a re-certification; damage to any other record is a *CorruptError like structural damage.
+// Panics or memory faults inside bbolt are reported as a *CorruptError too, and make the ledger
+// reopen the file (with the checks) before its next operation.
+//
+// # A damaged meta page
+//
+// bbolt keeps two meta pages and writes transaction t's to page t mod 2. When the newer one
+// fails its checksum, bbolt opens the older one without a word (DB.meta: "fallback to previous,
+// if valid"), reading it as a commit that "wasn't saved properly". etcd can afford that: its
+// raft WAL, a record kept outside the file, replays whatever the fallback dropped. cfguard has no
+// such record for what the API acknowledged (a counterfactual answered 201 exists only in the
+// ledger), and a flipped byte on disk and a commit torn by power loss look the same in the file.
+// So Open (and Verify, hence Restore) refuses a file whose damaged meta page may be the newer
+// one: a *CorruptError names the page, the transaction it reads as, and the transaction the
+// fallback would open. The older page damaged is tolerated with a warning, since the newest
+// transaction is whole and the next commit rewrites that page; "older" means it still reads as
+// transaction T-1 beside the valid T, with a high-water mark not above T's. A page whose
+// transaction id is itself damaged cannot be placed, and is refused. Keeping a record outside the
+// file (a transaction counter fsynced beside each commit) would let Open prove nothing is lost,
+// at the price of a second fsync per increment; a refusal that is rare and says how to recover
+// (a backup, or starting over) was chosen instead.
 //
 // A commit that fails (no space, file size limit, failed fsync) returns ErrWrite and leaves the
 // ledger exactly as before the call: bbolt is closed and the file reopened, and if the failed

@@ -3,7 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
+	"strings"
 )
 
 // Errors. Every error about bad input wraps ErrInvalid and names the field; every error about a
@@ -56,13 +56,35 @@ func detailText(err error) string {
 	return err.Error()
 }
 
-// recoveryHint says how to get a working ledger back from a damaged file.
+// recoveryHint says how to get a working ledger back from a damaged file, as commands that work
+// when pasted into a shell. CONFIG and BACKUP are the daemon's configuration file and a file
+// written by cfguard backup (cfguard run puts its own --config in place of CONFIG).
 func recoveryHint(path string) string {
-	dir := filepath.Dir(path)
+	q := ShellQuote(path)
 	return fmt.Sprintf("cfguard wrote nothing to it. To recover, stop cfguard and move the file aside "+
-		"(mv %s %s.damaged), then either restore a backup (cfguard restore BACKUP %s, which verifies it first) "+
-		"or start over with an empty ledger (the daemon bootstraps its model again and consumes from its Kafka "+
-		"group's committed offsets)", path, path, dir)
+		"(mv %s %s), then either restore a backup (cfguard restore --config CONFIG --from BACKUP, which verifies it "+
+		"first) and start cfguard, or start cfguard without restoring one to start over: it bootstraps its model again, every stored "+
+		"counterfactual is lost, and it reads each partition of kafka.topic from the earliest offset the broker still "+
+		"holds (not from the consumer group's committed offsets)", q, ShellQuote(path+".damaged"))
+}
+
+// RecoveryConfigPlaceholder is what recovery instructions print for the daemon's configuration
+// file; a caller that knows it replaces the placeholder.
+const RecoveryConfigPlaceholder = "--config CONFIG"
+
+// ShellQuote quotes s for a POSIX shell when it holds anything but letters, digits and ./_-+:@%,=.
+func ShellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("./_-+:@%,=", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // recordError is a damaged record or page, found while decoding; it wraps ErrCorrupt. Its

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,16 +191,17 @@ func checkCorruptError(t *testing.T, err error, path, what string) {
 type faultOutcome string
 
 const (
-	refused  faultOutcome = "refused at Open"
-	readErr  faultOutcome = "error on read"
-	intact   faultOutcome = "intact"
-	previous faultOutcome = "previous transaction"
+	refused     faultOutcome = "refused at Open"
+	readErr     faultOutcome = "error on read"
+	intact      faultOutcome = "intact"
+	quarantined faultOutcome = "quarantined or rebuilt at Open"
 )
 
 // faultTrial installs data as a ledger in a fresh directory, opens it and reads everything.
-// It must refuse or fail naming the file, or read exactly ref (or prev when allowPrev), and the
-// file must be unchanged.
-func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowPrev bool) faultOutcome {
+// It must refuse or fail naming the file (and then the file must be unchanged), read exactly ref
+// (never the previous transaction: see olderDamaged), or quarantine damaged CEs: then Damaged
+// counts them, every invariant holds, and every other CE reads exactly as in ref.
+func faultTrial(t *testing.T, what string, data []byte, ref string) (outcome faultOutcome) {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, FileName)
@@ -208,7 +210,7 @@ func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowP
 	}
 	before := fileHash(t, path)
 	defer func() {
-		if fileHash(t, path) != before {
+		if outcome != quarantined && fileHash(t, path) != before {
 			t.Fatalf("%s: the damaged file was written to", what)
 		}
 	}()
@@ -217,22 +219,71 @@ func faultTrial(t *testing.T, what string, data []byte, ref, prev string, allowP
 		checkCorruptError(t, err, path, what)
 		return refused
 	}
+	defer l.Close()
 	if l.Created() {
 		t.Fatalf("%s: Open says it created an existing file", what)
 	}
+	if n := l.Damaged(); n > 0 {
+		checkQuarantine(t, what, l, ref, n)
+		return quarantined
+	}
 	snap, err := snapshot(l)
-	l.Close()
 	switch {
 	case err != nil:
 		checkCorruptError(t, err, path, what)
 		return readErr
-	case snap == ref:
+	case snap == ref && l.indexRepaired == 0:
 		return intact
-	case snap == prev && allowPrev:
-		return previous
+	case l.indexRepaired > 0:
+		// Rebuilt indexes: the same data, one generation later.
+		checkInvariants(t, l)
+		gen := regexp.MustCompile(`"generation":\d+`)
+		if gen.ReplaceAllString(snap, "") == gen.ReplaceAllString(ref, "") {
+			return quarantined
+		}
 	}
 	t.Fatalf("%s: read different data without an error:\n got %.600s\nwant %.600s", what, snap, ref)
 	return ""
+}
+
+// checkQuarantine checks a ledger that quarantined n damaged CEs at Open: its invariants hold,
+// n CEs of ref are missing, each quarantined one answers ErrQuarantined, and the others read as
+// in ref.
+func checkQuarantine(t *testing.T, what string, l *Ledger, ref string, n int) {
+	t.Helper()
+	checkInvariants(t, l)
+	var parts []json.RawMessage
+	var want []*CE
+	if err := json.Unmarshal([]byte(ref), &parts); err != nil || json.Unmarshal(parts[2], &want) != nil {
+		t.Fatalf("reference snapshot: %v", err)
+	}
+	got, err := l.List(0, 10000, "")
+	if err != nil {
+		t.Fatalf("%s: List after quarantine: %v", what, err)
+	}
+	byID := map[string]*CE{}
+	for _, ce := range got {
+		byID[ce.ID] = ce
+	}
+	missing := 0
+	for _, w := range want {
+		g, ok := byID[w.ID]
+		if !ok {
+			missing++
+			if _, err := l.Get(w.ID); !errors.Is(err, ErrQuarantined) {
+				t.Fatalf("%s: Get(%q) of a quarantined CE: %v, want ErrQuarantined", what, w.ID, err)
+			}
+			continue
+		}
+		gj, _ := json.Marshal(g)
+		wj, _ := json.Marshal(w)
+		if string(gj) != string(wj) {
+			t.Fatalf("%s: %s after quarantine:\n got %s\nwant %s", what, w.ID, gj, wj)
+		}
+	}
+	if missing != n || len(got)+n != len(want) {
+		t.Fatalf("%s: %d CEs listed and %d missing of %d; Damaged() = %d", what, len(got), missing, len(want), n)
+	}
 }
 
 // faultFixture is a closed rich ledger's bytes, what it reads back, and what it read back before
@@ -345,7 +396,7 @@ func TestOpenTruncatedRefused(t *testing.T) {
 		if size >= n {
 			continue
 		}
-		o := faultTrial(t, fmt.Sprintf("truncated to %d of %d bytes", size, n), fx.data[:size], fx.ref, fx.prev, false)
+		o := faultTrial(t, fmt.Sprintf("truncated to %d of %d bytes", size, n), fx.data[:size], fx.ref)
 		out[o]++
 	}
 	t.Logf("%d truncations of a %d-byte ledger: %v", len(sizes), n, out)
@@ -357,9 +408,9 @@ func TestOpenTruncatedRefused(t *testing.T) {
 }
 
 // Random byte flips in a real ledger: each either leaves the data intact (free space, slack), or
-// is reported naming cfguard.db (at Open or on read), or, when it hit the newest meta page,
-// falls back to the previous transaction as bbolt is designed to. Never a panic, never
-// silently different data, never a write to the damaged file.
+// is reported naming cfguard.db (at Open or on read); a flip in the newest meta page is refused
+// at Open rather than falling back to the previous transaction as bbolt would. Never a panic,
+// never silently different data, never a write to the damaged file.
 func TestRandomByteFlips(t *testing.T) {
 	fx := buildFaultFixture(t)
 	seeds := 200
@@ -373,9 +424,8 @@ func TestRandomByteFlips(t *testing.T) {
 		off := rng.IntN(len(data))
 		bit := byte(1) << rng.IntN(8)
 		data[off] ^= bit
-		inLastMeta := off/fx.pageSize == fx.lastSlot
 		o := faultTrial(t, fmt.Sprintf("seed %d: bit %#02x flipped at offset %d (page %d)", seed, bit, off, off/fx.pageSize),
-			data, fx.ref, fx.prev, inLastMeta)
+			data, fx.ref)
 		t.Logf("seed %d: offset %d (page %d): %s", seed, off, off/fx.pageSize, o)
 		out[o]++
 	}
@@ -399,7 +449,7 @@ func TestFlipEveryPage(t *testing.T) {
 			off := p*fx.pageSize + o
 			data := append([]byte(nil), fx.data...)
 			data[off] ^= 0x10
-			out[faultTrial(t, fmt.Sprintf("page %d byte %d", p, o), data, fx.ref, fx.prev, p == fx.lastSlot)]++
+			out[faultTrial(t, fmt.Sprintf("page %d byte %d", p, o), data, fx.ref)]++
 		}
 	}
 	t.Logf("page flips: %v", out)

@@ -266,3 +266,85 @@ func TestPolicyChangeRebuilds(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// Rounding at the threshold: the variance index holds the headroom h = ceiling - V1, rounded,
+// and the scan compares it with the slack s, while the verdict computes V1 + s <= ceiling,
+// rounded differently. For some V1 within a few ulps of ceiling - s, V1 + s <= ceiling (the CE
+// is certified at slack s) while h < s. When an anchor's KL falls back to that s from above,
+// the scan from s up stops short of such a CE and it would stay at_risk. CEs on every float
+// from 8 ulps below to 8 ulps above ceiling - s, at least one of them such a case, must be
+// judged by Recertify exactly as by a full scan; without scanMargin the scan misses them.
+func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
+	pol := certify.Policy{Mode: certify.Paper, EpsilonMax: 0.05, Alpha: certify.DefaultAlpha}
+	const eps = 0.05
+	ceiling := pol.VarCeiling(eps)
+	anchor := testModel(4)
+	var (
+		next     *bnn.Model
+		d, s     float64
+		vs       []float64
+		rounding int
+	)
+	for d = 1e-4; rounding == 0; d *= 1.01 {
+		next = drift(anchor, d)
+		kl, _, err := certify.KL(next, anchor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s = pol.Slack(kl).Var; s >= ceiling {
+			t.Fatal("no drift put a rounding case at the threshold")
+		}
+		vs = vs[:0]
+		v := ceiling - s
+		for range 8 {
+			v = math.Nextafter(v, 0)
+		}
+		for range 17 {
+			vs = append(vs, v)
+			if v+s <= ceiling && varHeadroom(pol, v, eps) < s {
+				rounding++
+			}
+			v = math.Nextafter(v, 1)
+		}
+	}
+	l, _ := openTest(t, Options{Policy: pol})
+	install(t, l, anchor)
+	rng := rand.New(rand.NewPCG(3, 3))
+	var ces []*CE
+	for i, v := range vs {
+		ce := newCE(t, anchor, rng)
+		ce.ID, ce.P1, ce.Var1, ce.Epsilon, ce.Samples = fmt.Sprintf("edge-%02d", i), 1, v, eps, 1000
+		ces = append(ces, ce)
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	// Further first (every CE fails its variance bound, none its mean bound, so that only the
+	// variance index finds them), then back to slack s.
+	far := drift(anchor, 2*d)
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: far}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := l.Counts(); n[certify.Certified] != 0 {
+		t.Fatalf("%d CEs still certified far from their anchor", n[certify.Certified])
+	}
+	if st, _ := l.Get("edge-00"); st.Bound < 0.5 {
+		t.Fatalf("the mean bound fails too (%v): the test needs a drift that breaks only the variance bound", st.Bound)
+	}
+	back := next.Clone()
+	back.Version = far.Version + 1
+	models := map[uint64]*bnn.Model{anchor.Version: anchor}
+	want, _, _ := bruteForce(t, l, back, models)
+	_, changes, err := l.Recertify(bg, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, ch := range changes {
+		got[ch.ID] = fmt.Sprintf("%v->%v", ch.From, ch.To)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("slack %v, %d rounding cases among V1 = %v:\nindexed changes %v\n    full scan %v", s, rounding, vs, got, want)
+	}
+	t.Logf("slack %v: %d of %d CEs are rounding cases; %d change", s, rounding, len(vs), len(want))
+}

@@ -110,6 +110,13 @@ type Ledger struct {
 	closed  bool
 	failed  func() error // test seam: runs after each successful bbolt commit (see update)
 
+	// Damaged CE records (quarantine.go): the last quarantine count read, and the ids reads
+	// found damaged since Open.
+	dmu            sync.Mutex
+	quarantined    int
+	runtimeDamaged map[string]bool
+	indexRepaired  int // damaged index entries Open found (and rebuilt)
+
 	// Decoded posteriors by version (current and anchors; immutable once stored).
 	cmu    sync.Mutex
 	models map[uint64]*bnn.Model

@@ -2,10 +2,14 @@ package ledger
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/certify"
 )
@@ -105,5 +109,36 @@ func TestMigrateSchema1(t *testing.T) {
 	// The fixture itself was not touched.
 	if now, _ := os.ReadFile("testdata/schema1.db"); !reflect.DeepEqual(now, data) {
 		t.Fatal("testdata/schema1.db changed")
+	}
+}
+
+// A ledger written by a newer schema is refused, saying which schema it has and which this
+// build reads, and it is not written to (a migration or a rebuild would damage it).
+func TestNewerSchemaRefused(t *testing.T) {
+	for _, schema := range []uint64{schemaVersion + 1, 1 << 40} {
+		t.Run(fmt.Sprint(schema), func(t *testing.T) {
+			l, dir := openTest(t, Options{Policy: testPolicy()})
+			install(t, l, testModel(0))
+			if err := l.update(func(tx *bolt.Tx) error { return putU64(tx.Bucket(bMeta), kSchema, schema) }); err != nil {
+				t.Fatal(err)
+			}
+			l.Close()
+			path := filepath.Join(dir, FileName)
+			before := fileHash(t, path)
+			l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
+			if err == nil {
+				l.Close()
+				t.Fatalf("Open accepted a ledger of schema %d", schema)
+			}
+			msg := err.Error()
+			for _, want := range []string{path, fmt.Sprintf("has schema %d", schema), fmt.Sprintf("reads schemas 1 and %d", schemaVersion), "newer cfguard"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("the refusal does not say %q: %v", want, err)
+				}
+			}
+			if fileHash(t, path) != before {
+				t.Fatal("the newer ledger was written to")
+			}
+		})
 	}
 }

@@ -62,6 +62,9 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.prepare(); err != nil {
 		return nil, err
 	}
+	if err := l.checkRecords(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return l, nil
 }
@@ -222,9 +225,9 @@ func (l *Ledger) openLocked() error {
 		return corrupt(l.path, err)
 	}
 	if !g.other.valid {
-		l.log.Error("ledger: one bbolt meta page is damaged; opening the transaction the other one records. "+
-			"If the damaged page held the newest transaction, that checkpoint is lost and its increment will be consumed again",
-			"path", l.path, "damaged_page", 1-g.slot, "reason", g.other.why, "txid", g.meta.txid)
+		l.log.Warn("ledger: the older of the two bbolt meta pages is damaged; the newest transaction is intact and nothing "+
+			"is lost (bbolt rewrites that page with the next commit)",
+			"path", l.path, "damaged_page", 1-g.slot, "reason", g.other.why, "damaged_page_txid", g.other.txid, "txid", g.meta.txid)
 	}
 	l.log.Debug("ledger: file checked", "path", l.path, "bytes", g.size, "pages", st.Pages, "free_pages", st.FreePages,
 		"keys", st.Keys, "took", time.Since(start))

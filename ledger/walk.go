@@ -64,6 +64,9 @@ type metaPage struct {
 	freelist uint64
 	hwm      uint64 // pages in use: every page id is below it
 	txid     uint64
+	// For a page that is not valid: its transaction id and high-water mark as read, unverified
+	// (read is false when the page lies beyond the end of the file).
+	read bool
 }
 
 func parseMeta(b []byte) metaPage {
@@ -73,16 +76,19 @@ func parseMeta(b []byte) metaPage {
 	m := b[pageHeaderSize : pageHeaderSize+metaSize]
 	h := fnv.New64a()
 	h.Write(m[:metaSumOff])
+	p := metaPage{read: true, pageSize: int(ne.Uint32(m[8:])), root: ne.Uint64(m[16:]),
+		freelist: ne.Uint64(m[32:]), hwm: ne.Uint64(m[40:]), txid: ne.Uint64(m[48:])}
 	switch {
 	case ne.Uint32(m) != boltMagic:
-		return metaPage{why: "not a bbolt meta page (bad magic)"}
+		p.why = "not a bbolt meta page (bad magic)"
 	case ne.Uint32(m[4:]) != boltVersion:
-		return metaPage{why: fmt.Sprintf("bbolt format version %d, want %d", ne.Uint32(m[4:]), boltVersion)}
+		p.why = fmt.Sprintf("bbolt format version %d, want %d", ne.Uint32(m[4:]), boltVersion)
 	case ne.Uint64(m[metaSumOff:]) != h.Sum64():
-		return metaPage{why: "checksum mismatch"}
+		p.why = "checksum mismatch"
+	default:
+		p.valid = true
 	}
-	return metaPage{valid: true, pageSize: int(ne.Uint32(m[8:])), root: ne.Uint64(m[16:]),
-		freelist: ne.Uint64(m[32:]), hwm: ne.Uint64(m[40:]), txid: ne.Uint64(m[48:])}
+	return p
 }
 
 // geometry is what the meta pages say about a file.
@@ -144,6 +150,9 @@ func readMetas(f *os.File) (geometry, error) {
 	default:
 		return g, corruptf("neither bbolt meta page is valid (page 0: %s; page 1: %s)", m0.why, m1.why)
 	}
+	if err := g.olderDamaged(); err != nil {
+		return g, err
+	}
 	m := g.meta
 	switch {
 	case m.freelist == noFreelist:
@@ -155,6 +164,35 @@ func readMetas(f *os.File) (geometry, error) {
 			g.size, m.txid, m.hwm, ps, m.hwm*uint64(ps))
 	}
 	return g, nil
+}
+
+// olderDamaged refuses a file whose damaged meta page may hold a newer transaction than the
+// valid one (see "A damaged meta page" in doc.go). bbolt writes transaction t's meta page to
+// page t mod 2, so the page beside transaction T holds T-1 (older) or T+1 (newer). A damaged
+// page is tolerated only when it reads as T-1, with a high-water mark not above T's (bbolt
+// never lowers it): then the transaction it lost is one the valid page already contains.
+// Anything else, including a damaged transaction id or a page that reads as T+1, is refused,
+// because opening would fall back to T in silence and lose what T+1 acknowledged. (The one
+// damage this cannot see is a newest page whose transaction id itself was changed to exactly
+// T-1, with its other fields intact: the page then reads as the older one.)
+func (g geometry) olderDamaged() error {
+	o, m := g.other, g.meta
+	if o.valid || !o.read { // a missing page 1: the size check reports the truncation
+		return nil
+	}
+	if m.txid > 0 && o.txid == m.txid-1 && o.hwm <= m.hwm {
+		return nil
+	}
+	lost := "a later transaction than"
+	if o.txid == m.txid+1 {
+		lost = fmt.Sprintf("transaction %d, one later than", o.txid)
+	}
+	return corruptf("bbolt meta page %d is damaged (%s) and reads as transaction %d, so it may hold %s the transaction %d in meta page %d. "+
+		"Opening the file would fall back to transaction %d without a word and lose everything the newer one committed "+
+		"(counterfactuals answered 201, checkpoints whose offsets went to Kafka); cfguard refuses instead. "+
+		"A commit interrupted by power loss leaves the same picture, and then the newer transaction was never acknowledged, "+
+		"but nothing in the file tells the two apart",
+		1-g.slot, o.why, o.txid, lost, m.txid, g.slot, m.txid)
 }
 
 // walkStats counts what the walk saw.

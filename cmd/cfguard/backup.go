@@ -124,7 +124,7 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w (restore never replaces a ledger)", err)
 	}
 	if err != nil {
-		return err
+		return namingConfig(err, *path)
 	}
 	return printJSON(stdout, info)
 }

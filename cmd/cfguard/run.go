@@ -4,16 +4,20 @@ import (
 	"github.com/cfguard/cfguard/internal/cli"
 
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // cmdRun loads the configuration and runs the daemon until SIGINT/SIGTERM.
@@ -42,7 +46,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
 	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg, ConfigPath: *path, AcceptTopicReset: *acceptReset}); err != nil {
-		return err
+		return namingConfig(err, *path)
 	}
 	log.Info("cfguard stopped")
 	return nil
@@ -55,3 +59,28 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
 }
+
+// namingConfig makes the recovery commands of a damaged-ledger error name the configuration
+// file at path (absolute, so that they work from any directory); other errors pass unchanged.
+func namingConfig(err error, path string) error {
+	if !errors.Is(err, ledger.ErrCorrupt) {
+		return err
+	}
+	if abs, aerr := filepath.Abs(path); aerr == nil {
+		path = abs
+	}
+	return withConfig{err: err, config: path}
+}
+
+// withConfig puts the configuration file this daemon ran with into the recovery commands of a
+// damaged-ledger error, so that they work as printed.
+type withConfig struct {
+	err    error
+	config string
+}
+
+func (e withConfig) Error() string {
+	return strings.ReplaceAll(e.err.Error(), ledger.RecoveryConfigPlaceholder, "--config "+ledger.ShellQuote(e.config))
+}
+
+func (e withConfig) Unwrap() error { return e.err }

@@ -3,15 +3,19 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // embeddedConfig writes a config for a daemon with its embedded broker, the bundled model (a
@@ -79,6 +83,21 @@ func firstStart(t *testing.T) (cfg, db string) {
 	return cfg, filepath.Join(dir, "state", "cfguard.db")
 }
 
+// newestMeta is the bbolt meta page (0 or 1) with the larger transaction id: each is a 16-byte
+// page header, then magic, version, page size, flags, root (16 bytes), freelist, high-water mark
+// and txid (native byte order), at 4096-byte pages.
+func newestMeta(t *testing.T, b []byte) int {
+	t.Helper()
+	if len(b) < 2*4096 {
+		t.Fatalf("a %d-byte ledger", len(b))
+	}
+	txid := func(p int) uint64 { return binary.NativeEndian.Uint64(b[p*4096+16+48:]) }
+	if txid(1) > txid(0) {
+		return 1
+	}
+	return 0
+}
+
 func fileSum(t *testing.T, p string) [32]byte {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -111,6 +130,12 @@ func TestDamagedLedgerStopsTheDaemon(t *testing.T) {
 		"meta pages zeroed": func() error {
 			b := bytes.Clone(good)
 			clear(b[:2*4096])
+			return os.WriteFile(db, b, 0o600)
+		},
+		// bbolt would open the previous transaction in silence.
+		"newest meta page flipped": func() error {
+			b := bytes.Clone(good)
+			b[newestMeta(t, b)*4096+16+16] ^= 0x01 // its root page id
 			return os.WriteFile(db, b, 0o600)
 		},
 	} {
@@ -204,5 +229,79 @@ func TestConfigNamingAnotherModelIsRefused(t *testing.T) {
 	}
 	if fileSum(t, db) != before {
 		t.Fatal("the ledger was written to")
+	}
+}
+
+// TestDamagedLedgerRecoveryCommandsWork runs the recovery a damaged-ledger error prints, as
+// printed: move the file aside, restore a backup taken from the running daemon, start. The
+// daemon must then serve the backup's state.
+func TestDamagedLedgerRecoveryCommandsWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemon processes")
+	}
+	dir := t.TempDir()
+	cfg := embeddedConfig(t, dir, filepath.Join(dir, "state"), anyPort, anyPort, "")
+	db := filepath.Join(dir, "state", "cfguard.db")
+	c := startChild(t, cfg, anyPort)
+	c.waitUp(t)
+	backup := filepath.Join(t.TempDir(), "my backup") // a space, so that quoting matters
+	if code, _, stderr := runCLI(t, "backup", "--config", cfg, "--url", "http://"+c.addr(), "--out", backup); code != 0 {
+		t.Fatalf("cfguard backup: exit %d: %s", code, stderr)
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitOf(t, c, 30*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM; log:\n%s", code, c.log.String())
+	}
+	good, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := bytes.Clone(good)
+	clear(b[:2*4096])
+	if err := os.WriteFile(db, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c = startChild(t, cfg, anyPort)
+	if code := exitOf(t, c, 30*time.Second); code != 1 {
+		t.Fatalf("damaged ledger: exit %d, want 1; log:\n%s", code, c.log.String())
+	}
+	log := c.log.String()
+	mv := regexp.MustCompile(`\((mv [^)]*)\)`).FindStringSubmatch(log)
+	restore := regexp.MustCompile(`\((cfguard restore [^,]*), which`).FindStringSubmatch(log)
+	if mv == nil || restore == nil {
+		t.Fatalf("the error prints no mv or cfguard restore command; log:\n%s", log)
+	}
+	if strings.Contains(log, "BACKUP <") || strings.Contains(log, "CONFIG") || strings.Contains(log, "committed offsets)") && !strings.Contains(log, "not from the consumer group") {
+		t.Fatalf("the error keeps a placeholder for the config or claims the group's offsets are used; log:\n%s", log)
+	}
+	t.Logf("printed: %s; %s", mv[1], restore[1])
+	sh := func(line string) {
+		t.Helper()
+		// The printed command, with the test binary standing in for cfguard and a real backup
+		// file for BACKUP.
+		line = strings.Replace(line, "cfguard ", ledger.ShellQuote(os.Args[0])+" ", 1)
+		line = strings.Replace(line, "--from BACKUP", "--from "+ledger.ShellQuote(backup), 1)
+		cmd := exec.Command("sh", "-c", line)
+		cmd.Env = append(os.Environ(), "CFGUARD_TEST_MAIN=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+	}
+	sh(mv[1])
+	if _, err := os.Stat(db); err == nil {
+		t.Fatal("the printed mv left the damaged ledger in place")
+	}
+	sh(restore[1])
+	c = startChild(t, cfg, anyPort)
+	c.waitUp(t)
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitOf(t, c, 30*time.Second); code != 0 {
+		t.Fatalf("exit %d after the restore; log:\n%s", code, c.log.String())
+	}
+	if strings.Contains(c.log.String(), "training the bundled model") {
+		t.Fatalf("the daemon started over instead of from the restored backup; log:\n%s", c.log.String())
+	}
+	if fileSum(t, db+".damaged") != sha256.Sum256(b) {
+		t.Fatal("the damaged ledger was changed")
 	}
 }

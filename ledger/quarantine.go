@@ -1,0 +1,303 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// The record check at Open, and the quarantine of damaged counterfactuals.
+//
+// The page walk (walk.go) checks the file's structure, not its values; each value carries its
+// own CRC-32C (seal.go). Open reads every value once, after the walk: O(records), about a
+// second per million CEs, with progress logged every few seconds. Damage is then handled by what
+// the record is:
+//
+//   - a CE (header or body, including a header or body whose partner is missing): the CE is
+//     moved to the quarantine bucket with its raw bytes and the reason, the anchors' reference
+//     counts are recounted, unreferenced anchors released and the indexes and status counts
+//     rebuilt from the remaining CEs (rebuildTx), in one transaction, so every invariant Verify
+//     checks holds again. Each is named in an ERROR log line. A quarantined CE reads as
+//     ErrQuarantined (not ErrNotFound), lists and audits no longer meet it, and Damaged counts it
+//     until it is deleted or registered again;
+//   - an index entry: the indexes are derived data, rebuilt the same way;
+//   - anything else (meta, offsets, counters, anchors, posteriors, KL history, outbox): the ledger
+//     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
+//     damage.
+//
+// A CE found damaged after Open (the disk failing under a running daemon) is skipped by List,
+// logged and counted; the next Open quarantines it.
+
+// bQuarantine holds the quarantined CEs: id -> quarantined-at, reason, raw header, raw body.
+var bQuarantine = []byte("quarantine")
+
+// ErrQuarantined: the counterfactual was found damaged on disk and quarantined (see Damaged).
+var ErrQuarantined = errors.New("counterfactual damaged on disk and quarantined")
+
+// progressEvery is how often a long record check logs its progress.
+const progressEvery = 5 * time.Second
+
+// Damaged is the number of damaged CE records: those in quarantine (found at Open, now or
+// earlier) and those a read found damaged since. Deleting a quarantined CE, or registering its
+// id again, takes it off the count.
+func (l *Ledger) Damaged() int {
+	n := 0
+	err := l.view(func(tx *bolt.Tx) error {
+		if q := tx.Bucket(bQuarantine); q != nil {
+			n = q.Stats().KeyN
+		}
+		return nil
+	})
+	l.dmu.Lock()
+	defer l.dmu.Unlock()
+	if err != nil {
+		n = l.quarantined // closed or failing: the last count read
+	}
+	l.quarantined = n
+	return n + len(l.runtimeDamaged)
+}
+
+// noteDamaged logs a CE a read found damaged (once per id) and counts it.
+func (l *Ledger) noteDamaged(id []byte, err error) {
+	l.dmu.Lock()
+	defer l.dmu.Unlock()
+	if l.runtimeDamaged == nil {
+		l.runtimeDamaged = map[string]bool{}
+	}
+	if l.runtimeDamaged[string(id)] {
+		return
+	}
+	l.runtimeDamaged[string(id)] = true
+	l.log.Error("ledger: a counterfactual record is damaged; lists skip it, and the next start quarantines it",
+		"path", l.path, "id", string(id), "err", err)
+}
+
+// damage is what the record check found.
+type damage struct {
+	ces     map[string]string // CE id -> what is wrong
+	index   int               // damaged index entries
+	records int               // values read
+}
+
+// checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs and rebuilds
+// damaged indexes; other damage is a *CorruptError.
+func (l *Ledger) checkRecords() error {
+	start := time.Now()
+	var d damage
+	err := l.view(func(tx *bolt.Tx) (err error) {
+		d, err = l.scanRecords(tx, start)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
+		"damaged_index_entries", d.index, "took", time.Since(start))
+	l.indexRepaired = d.index
+	if len(d.ces) > 0 || d.index > 0 {
+		return l.quarantine(d)
+	}
+	return nil
+}
+
+// scanRecords checks every value: its CRC-32C, and the decoding of CE headers.
+func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
+	d := damage{ces: map[string]string{}}
+	if _, err := readOffsets(tx); err != nil {
+		return d, err
+	}
+	if _, err := readCounters(tx); err != nil {
+		return d, err
+	}
+	if err := checkSequences(tx, &Info{}); err != nil {
+		return d, err
+	}
+	cnt, err := readCounts(tx)
+	if err != nil {
+		return d, err
+	}
+	var total int64
+	for _, c := range cnt {
+		total += c
+	}
+	last := start
+	tick := func() {
+		d.records++
+		if d.records%1024 == 0 && time.Since(last) >= progressEvery {
+			last = time.Now()
+			l.log.Info("ledger: checking records", "path", l.path, "counterfactuals", total, "records_read", d.records,
+				"elapsed", time.Since(start).Round(time.Second))
+		}
+	}
+	hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
+	mark := func(k []byte, why string) {
+		if _, ok := d.ces[string(k)]; !ok {
+			d.ces[string(k)] = why
+		}
+	}
+	hdrs.ForEach(func(k, v []byte) error {
+		tick()
+		p, ok := unseal(k, v)
+		if !ok {
+			mark(k, "header checksum mismatch")
+		} else if _, err := decodeHeader(p); err != nil {
+			mark(k, "header: "+detailText(err))
+		}
+		if bodies.Get(k) == nil {
+			mark(k, "body missing")
+		}
+		return nil
+	})
+	bodies.ForEach(func(k, v []byte) error {
+		tick()
+		// The checksum only: a body that passes it is one the ledger wrote (decoding every
+		// body, with its history, would triple the cost of the check).
+		if _, ok := unseal(k, v); !ok {
+			mark(k, "body checksum mismatch")
+		}
+		if hdrs.Get(k) == nil {
+			mark(k, "header missing")
+		}
+		return nil
+	})
+	for _, b := range indexBuckets {
+		tx.Bucket(b).ForEach(func(k, v []byte) error {
+			tick()
+			if _, ok := unseal(k, v); !ok {
+				d.index++
+			}
+			return nil
+		})
+	}
+	return d, nil
+}
+
+// quarantine moves the damaged CEs to bQuarantine and rebuilds what depends on the CEs (anchor
+// references, indexes, status counts) in one transaction.
+func (l *Ledger) quarantine(d damage) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	ids := make([]string, 0, len(d.ces))
+	for id := range d.ces {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	now := l.opts.Now().UTC()
+	err := l.update(func(tx *bolt.Tx) error {
+		q, err := tx.CreateBucketIfNotExists(bQuarantine)
+		if err != nil {
+			return err
+		}
+		hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
+		for _, id := range ids {
+			k := []byte(id)
+			rec := encodeQuarantined(now, d.ces[id], hdrs.Get(k), bodies.Get(k))
+			if err := putSealed(q, k, rec); err != nil {
+				return err
+			}
+			if err := hdrs.Delete(k); err != nil {
+				return err
+			}
+			if err := bodies.Delete(k); err != nil {
+				return err
+			}
+		}
+		if err := l.recountAnchors(tx); err != nil {
+			return err
+		}
+		_, _, err = l.rebuildTx(tx)
+		return err
+	})
+	if err != nil {
+		return corrupt(l.path, fmt.Errorf("ledger: quarantining %d damaged counterfactuals: %w", len(ids), err))
+	}
+	for i, id := range ids {
+		if i == 100 {
+			l.log.Error("ledger: more damaged counterfactuals quarantined; list them with the quarantine bucket of a backup",
+				"path", l.path, "more", len(ids)-i)
+			break
+		}
+		l.log.Error("ledger: a counterfactual record is damaged; it was quarantined (GET answers 500 for it until it is "+
+			"deleted or registered again)", "path", l.path, "id", id, "reason", d.ces[id])
+	}
+	if d.index > 0 {
+		l.log.Error("ledger: damaged index entries; the indexes were rebuilt from the counterfactuals", "path", l.path,
+			"entries", d.index)
+	}
+	return nil
+}
+
+// recountAnchors sets every anchor's reference count to the number of CEs holding a
+// certificate under it, and releases the anchors no CE refers to.
+func (l *Ledger) recountAnchors(tx *bolt.Tx) error {
+	refs := map[uint64]uint64{}
+	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
+		h, _, err := readHeader(tx, k)
+		if err == nil && h.status != certify.Uncertified {
+			refs[h.anchor]++
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+		if a.refs != refs[v] {
+			a.refs = refs[v]
+			if err := putAnchor(tx, v, a); err != nil {
+				return err
+			}
+		}
+		delete(refs, v)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for v := range refs {
+		return corruptf("counterfactuals refer to anchor %d, which is not stored", v)
+	}
+	c, err := readCur(tx)
+	if err != nil {
+		return err
+	}
+	return l.gcAnchors(tx, c.version)
+}
+
+// encodeQuarantined is a quarantine record: time (unix ns), reason, raw header, raw body, each
+// byte string length-prefixed.
+func encodeQuarantined(at time.Time, why string, hdr, body []byte) []byte {
+	v := binary.BigEndian.AppendUint64(nil, uint64(at.UnixNano()))
+	for _, b := range [][]byte{[]byte(why), hdr, body} {
+		v = binary.AppendUvarint(v, uint64(len(b)))
+		v = append(v, b...)
+	}
+	return v
+}
+
+// quarantineReason returns why id was quarantined ("" and false when it was not).
+func quarantineReason(tx *bolt.Tx, id []byte) (string, bool) {
+	q := tx.Bucket(bQuarantine)
+	if q == nil {
+		return "", false
+	}
+	v := q.Get(id)
+	if v == nil {
+		return "", false
+	}
+	p, ok := unseal(id, v)
+	if !ok || len(p) < 8 {
+		return "its quarantine record is damaged too", true
+	}
+	n, k := binary.Uvarint(p[8:])
+	if k <= 0 || n > uint64(len(p)-8-k) {
+		return "its quarantine record is damaged too", true
+	}
+	return string(p[8+k : 8+k+int(n)]), true
+}

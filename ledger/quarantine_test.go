@@ -1,0 +1,148 @@
+package ledger
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// damageValue flips one byte of the value stored under key in bucket b, through bbolt, so that
+// the file's structure stays intact and only the record's checksum fails.
+func damageValue(t *testing.T, l *Ledger, b []byte, key string) {
+	t.Helper()
+	err := l.update(func(tx *bolt.Tx) error {
+		v := bytes.Clone(tx.Bucket(b).Get([]byte(key)))
+		if v == nil {
+			t.Fatalf("%s has no %q", b, key)
+		}
+		v[len(v)/2] ^= 0x20
+		return tx.Bucket(b).Put([]byte(key), v)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Damaged CE records (a header, a body, an index entry) are found at Open, before anything
+// reads them: the CEs are quarantined, counted and named in the log, lists, audits and
+// re-certification go on without them, every invariant holds, Get answers ErrQuarantined, and a
+// DELETE or a new registration of the id takes it off the count.
+func TestDamagedRecordsQuarantinedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	m := richLedger(t, dir)
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := l.List(0, 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, "rich-a-05")
+	damageValue(t, l, bBodies, "rich-b-03")
+	var idx []byte
+	l.view(func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket(bIdxP1).Cursor().First()
+		idx = bytes.Clone(k)
+		return nil
+	})
+	damageValue(t, l, bIdxP1, string(idx))
+	l.Close()
+
+	var log strings.Builder
+	l, err = Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil)), Now: fixedClock(),
+		EncodeChange: encodeChangeJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if n := l.Damaged(); n != 2 {
+		t.Fatalf("Damaged() = %d, want 2", n)
+	}
+	for _, want := range []string{`id=rich-a-05 reason="header checksum mismatch"`, `id=rich-b-03 reason="body checksum mismatch"`,
+		"damaged index entries", "records checked"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, log.String())
+		}
+	}
+	checkInvariants(t, l)
+	for _, id := range []string{"rich-a-05", "rich-b-03"} {
+		_, err := l.Get(id)
+		if !errors.Is(err, ErrQuarantined) || errors.Is(err, ErrNotFound) || strings.Contains(err.Error(), dir) {
+			t.Fatalf("Get(%q) = %v, want ErrQuarantined without the path", id, err)
+		}
+	}
+	after, err := l.List(0, 1000, "")
+	if err != nil || len(after) != len(before)-2 {
+		t.Fatalf("List after quarantine: %d CEs (%v), want %d", len(after), err, len(before)-2)
+	}
+	for _, st := range certify.Statuses() {
+		if _, err := l.List(st, 1000, ""); err != nil {
+			t.Fatalf("List(%v): %v", st, err)
+		}
+	}
+	if rep, _, err := l.Audit(bg, NewModelPredictor(m, 50, 1), AuditOptions{}); err != nil || rep.Evaluated != len(after) {
+		t.Fatalf("audit after quarantine: %+v, %v", rep, err)
+	}
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: drift(m, 0.001)}); err != nil {
+		t.Fatalf("commit after quarantine: %v", err)
+	}
+	checkInvariants(t, l)
+
+	// Deleting a quarantined CE drops its record; registering the id again does too.
+	if err := l.Delete("rich-a-05"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Get("rich-a-05"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after deleting a quarantined CE: %v, want ErrNotFound", err)
+	}
+	cur, _ := l.Current()
+	ce := newCE(t, cur, rand.New(rand.NewPCG(7, 7)))
+	ce.ID = "rich-b-03"
+	if err := l.Put(bg, ce); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Damaged(); n != 0 {
+		t.Fatalf("Damaged() = %d after the delete and the new registration, want 0", n)
+	}
+	checkInvariants(t, l)
+	l.Close()
+	if _, err := Verify(l.Path()); err != nil {
+		t.Fatalf("Verify after quarantine: %v", err)
+	}
+}
+
+// A CE damaged while the ledger is open (after Open's check) does not take a list down: List
+// skips it, logs it and counts it.
+func TestListSkipsRecordDamagedAfterOpen(t *testing.T) {
+	dir := t.TempDir()
+	richLedger(t, dir)
+	var log strings.Builder
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil)), Now: fixedClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	all, _ := l.List(0, 1000, "")
+	damageValue(t, l, bHeaders, "rich-b-07")
+	damageValue(t, l, bBodies, "rich-b-08")
+	for range 2 {
+		got, err := l.List(0, 1000, "")
+		if err != nil || len(got) != len(all)-2 {
+			t.Fatalf("List: %d CEs (%v), want %d", len(got), err, len(all)-2)
+		}
+	}
+	if n := l.Damaged(); n != 2 {
+		t.Fatalf("Damaged() = %d, want 2", n)
+	}
+	if c := strings.Count(log.String(), "a counterfactual record is damaged"); c != 2 {
+		t.Fatalf("%d log lines about damaged records, want one per record:\n%s", c, log.String())
+	}
+}
