@@ -281,7 +281,10 @@ func checkQuarantine(t *testing.T, what string, l *Ledger, ref string, n int) {
 			t.Fatalf("%s: %s after quarantine:\n got %s\nwant %s", what, w.ID, gj, wj)
 		}
 	}
-	if missing != n || len(got)+n != len(want) {
+	// Damaged counts quarantined records: one per damaged CE, or two when a flip hit a header's
+	// key (the header under the changed key has no body, the body has no header), of which only
+	// the original CE was in ref.
+	if missing < 1 || missing > n || len(got)+missing != len(want) {
 		t.Fatalf("%s: %d CEs listed and %d missing of %d; Damaged() = %d", what, len(got), missing, len(want), n)
 	}
 }
