@@ -41,11 +41,19 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	base   string
+	client *http.Client // the API's client: http.DefaultClient, or one that speaks TLS
 }
 
 // startDaemon runs a daemon in-process on loopback: embedded broker, bundled model, HTTP API,
 // all on ephemeral ports, state in a temporary directory. The test's cleanup stops it.
 func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
+	t.Helper()
+	return startDaemonClient(t, mutate, nil)
+}
+
+// startDaemonClient is startDaemon for a daemon serving HTTPS (http.web_config_file): client
+// speaks TLS to it, and r.base is https://.
+func startDaemonClient(t *testing.T, mutate func(c *config.Config), client *http.Client) *running {
 	t.Helper()
 	c := config.Default()
 	c.StateDir = t.TempDir()
@@ -65,7 +73,11 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	logs := &tooltest.Output{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: reg, Ready: ready}) }()
-	r := &running{reg: reg, cancel: cancel, done: done, logs: logs}
+	r := &running{reg: reg, cancel: cancel, done: done, logs: logs, client: http.DefaultClient}
+	scheme := "http://"
+	if client != nil {
+		r.client, scheme = client, "https://"
+	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -84,7 +96,7 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not start")
 	}
-	r.base = "http://" + r.d.HTTPAddr()
+	r.base = scheme + r.d.HTTPAddr()
 	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
@@ -106,7 +118,7 @@ func (r *running) stop(t *testing.T) {
 
 func (r *running) get(t *testing.T, path string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(r.base + path)
+	resp, err := r.client.Get(r.base + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +138,7 @@ func (r *running) do(t *testing.T, method, path, token string, body any) (int, [
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
