@@ -477,15 +477,44 @@ func (c *Config) CheckFiles() error {
 			f.Close()
 		}
 	}
-	if c.HTTP.WebConfigFile != "" {
-		// The certificates and keys it names are loaded too, so a typo stops the start, not the
-		// first handshake.
-		if err := web.Validate(c.HTTP.WebConfigFile); err != nil {
-			errs = append(errs, fmt.Errorf("http.web_config_file: %s: %w (the format: https://prometheus.io/docs/prometheus/latest/configuration/https/)", c.HTTP.WebConfigFile, err))
-		}
+	if err := c.checkWebConfig(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	}
+	return nil
+}
+
+// CheckWebConfig checks http.web_config_file as the exporter-toolkit reads it, the certificates
+// and keys it names included, so that a mistake stops the start rather than the first
+// handshake; and that it does not ask for basic auth beside http.token or http.metrics_token,
+// which would need the same Authorization header. CheckFiles calls it.
+func (c *Config) CheckWebConfig() error {
+	if err := c.checkWebConfig(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+func (c *Config) checkWebConfig() error {
+	p := c.HTTP.WebConfigFile
+	if p == "" {
+		return nil
+	}
+	if err := web.Validate(p); err != nil {
+		return fmt.Errorf("http.web_config_file: %s: %w (the format: https://prometheus.io/docs/prometheus/latest/configuration/https/)", p, err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("http.web_config_file: %w", err)
+	}
+	var wc struct {
+		Users map[string]any `yaml:"basic_auth_users"`
+	}
+	if err := yaml.Unmarshal(b, &wc); err == nil && len(wc.Users) > 0 && (c.HTTP.Token != "" || c.HTTP.MetricsToken != "") {
+		return fmt.Errorf("http.web_config_file: %s sets basic_auth_users while http.token or http.metrics_token is set: "+
+			"both need the Authorization header, so keep one of them (basic auth guards every route, /healthz and /readyz too)", p)
 	}
 	return nil
 }

@@ -148,6 +148,11 @@ func newDaemon(opts Options) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// web.Serve would find a bad web configuration only once serving, after training: say so
+	// before any work.
+	if err := cfg.CheckWebConfig(); err != nil {
+		return nil, err
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -231,10 +236,6 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 // descriptors the ledger and the embedded broker need), /v1/predict and /v1/explain bounded.
 func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 	cfg := d.cfg
-	// web.Serve would find a bad web configuration only once serving; say so before.
-	if err := web.Validate(cfg.HTTP.WebConfigFile); err != nil {
-		return nil, nil, fmt.Errorf("%w: http.web_config_file: %s: %w", config.ErrInvalid, cfg.HTTP.WebConfigFile, err)
-	}
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return nil, nil, fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
