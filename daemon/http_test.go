@@ -269,3 +269,37 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 		t.Fatalf("/healthz after the flood: %d %s", code, b)
 	}
 }
+
+// deadlineRecorder records the write deadlines a handler sets through http.ResponseController.
+type deadlineRecorder struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.deadlines = append(d.deadlines, t)
+	return nil
+}
+
+// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup lifts http.write_timeout (it streams
+// the whole ledger) and POST /v1/explain extends it by explain.timeout.
+func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute })
+	a := r.d.newAPI(newHTTPMetrics(prometheus.NewRegistry(), 1))
+
+	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))
+	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
+		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body.Len(), rec.deadlines)
+	}
+
+	x, _ := json.Marshal(bundled(t).X[0])
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the deadline is set before the generation, which then ends at once
+	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	before := time.Now()
+	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
+	if len(rec.deadlines) != 1 || rec.deadlines[0].Before(before.Add(6*time.Minute)) || rec.deadlines[0].After(time.Now().Add(6*time.Minute)) {
+		t.Fatalf("explain: write deadlines %v, want one at now + explain.timeout + http.write_timeout (6m)", rec.deadlines)
+	}
+}
