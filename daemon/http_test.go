@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -301,5 +302,60 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
 	if len(rec.deadlines) != 1 || rec.deadlines[0].Before(before.Add(6*time.Minute)) || rec.deadlines[0].After(time.Now().Add(6*time.Minute)) {
 		t.Fatalf("explain: write deadlines %v, want one at now + explain.timeout + http.write_timeout (6m)", rec.deadlines)
+	}
+}
+
+// TestLimitListenerCloseWakesAWaitingAccept: with every slot taken, Accept waits; closing the
+// listener (as Shutdown does) ends that wait, so a full server still shuts down.
+func TestLimitListenerCloseWakesAWaitingAccept(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"})
+	l := newLimitListener(ln, 1, gauge)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := net.Dial("tcp", ln.Addr().String()) // waits in the backlog
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		t.Fatalf("a second connection was accepted over the limit of 1 (err %v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if got := testutil.ToFloat64(gauge); got != 1 {
+		t.Fatalf("gauge %v with one connection held", got)
+	}
+	l.Close()
+	select {
+	case err := <-accepted:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waits for a slot after Close")
+	}
+	held.Close()
+	held.Close() // a second Close gives nothing back twice
+	if got := testutil.ToFloat64(gauge); got != 0 {
+		t.Fatalf("gauge %v after the held connection closed", got)
 	}
 }
