@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
@@ -62,6 +63,33 @@ type HTTP struct {
 	MetricsToken    string        `yaml:"metrics_token"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"` // Default: 10s.
 	MaxBodyBytes    int64         `yaml:"max_body_bytes"`   // Default: 1 MiB.
+	// ReadHeaderTimeout bounds reading a request's headers. Default: 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// ReadTimeout bounds reading a whole request, headers and body: a client sending its body
+	// slowly is answered 408 and cut when it runs out, so it cannot hold a connection. It must
+	// leave time for max_body_bytes at the slowest client rate to serve. Default: 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing a response, from the end of the request's headers. POST
+	// /v1/explain extends it by explain.timeout; GET /v1/backup lifts it (it streams the whole
+	// ledger). Default: 2m.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes a keep-alive connection that waits this long for its next request.
+	// Default: 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnections bounds the connections the API holds open, so that a flood cannot exhaust
+	// the process's file descriptors (the ledger and the embedded broker need theirs); further
+	// connections wait in the kernel's backlog until read_timeout or idle_timeout frees a slot.
+	// Default: 1024.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConcurrentPredict bounds the POST /v1/predict requests evaluated at once; one more is
+	// answered 429 with Retry-After at once. Default: 0, meaning GOMAXPROCS (the CPUs the
+	// daemon may use): the predictive is CPU-bound.
+	MaxConcurrentPredict int `yaml:"max_concurrent_predict"`
+	// WebConfigFile is a Prometheus exporter-toolkit web configuration file
+	// (tls_server_config, client CAs for mTLS, basic_auth_users, http_server_config): it serves
+	// the API, /metrics and the probes over TLS, and is reread on every new connection, so a
+	// replaced certificate is served without a restart. Default: empty (plain HTTP).
+	WebConfigFile string `yaml:"web_config_file"`
 }
 
 // Model says where the posterior comes from on first start.
@@ -203,7 +231,9 @@ func (f *LogFormat) UnmarshalText(b []byte) error {
 // Default returns the configuration with every default applied.
 func Default() Config {
 	return Config{
-		HTTP:     HTTP{Listen: "127.0.0.1:8080", ShutdownTimeout: 10 * time.Second, MaxBodyBytes: 1 << 20},
+		HTTP: HTTP{Listen: "127.0.0.1:8080", ShutdownTimeout: 10 * time.Second, MaxBodyBytes: 1 << 20,
+			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute,
+			IdleTimeout: 2 * time.Minute, MaxConnections: 1024},
 		StateDir: "./state",
 		Model:    Model{Dataset: "breast_cancer", Seed: 1},
 		Kafka: Kafka{EmbeddedListen: "127.0.0.1:9092", Topic: "cfguard.records", DeadLetterTopic: "cfguard.records.dlq",
@@ -492,8 +522,44 @@ func (c *Config) CheckFiles() error {
 			f.Close()
 		}
 	}
+	if err := c.checkWebConfig(); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	}
+	return nil
+}
+
+// CheckWebConfig checks http.web_config_file as the exporter-toolkit reads it, the certificates
+// and keys it names included, so that a mistake stops the start rather than the first
+// handshake; and that it does not ask for basic auth beside http.token or http.metrics_token,
+// which would need the same Authorization header. CheckFiles calls it.
+func (c *Config) CheckWebConfig() error {
+	if err := c.checkWebConfig(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+func (c *Config) checkWebConfig() error {
+	p := c.HTTP.WebConfigFile
+	if p == "" {
+		return nil
+	}
+	if err := web.Validate(p); err != nil {
+		return fmt.Errorf("http.web_config_file: %s: %w (the format: https://prometheus.io/docs/prometheus/latest/configuration/https/)", p, err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("http.web_config_file: %w", err)
+	}
+	var wc struct {
+		Users map[string]any `yaml:"basic_auth_users"`
+	}
+	if err := yaml.Unmarshal(b, &wc); err == nil && len(wc.Users) > 0 && (c.HTTP.Token != "" || c.HTTP.MetricsToken != "") {
+		return fmt.Errorf("http.web_config_file: %s sets basic_auth_users while http.token or http.metrics_token is set: "+
+			"both need the Authorization header, so keep one of them (basic auth guards every route, /healthz and /readyz too)", p)
 	}
 	return nil
 }
@@ -537,6 +603,18 @@ func (c *Config) Validate() error {
 	}
 	if c.HTTP.MaxBodyBytes <= 0 {
 		bad("http.max_body_bytes", c.HTTP.MaxBodyBytes, "must be positive")
+	}
+	for key, v := range map[string]time.Duration{"http.read_header_timeout": c.HTTP.ReadHeaderTimeout, "http.read_timeout": c.HTTP.ReadTimeout,
+		"http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
+		if v <= 0 {
+			bad(key, v, "must be positive")
+		}
+	}
+	if c.HTTP.MaxConnections <= 0 {
+		bad("http.max_connections", c.HTTP.MaxConnections, "must be positive")
+	}
+	if c.HTTP.MaxConcurrentPredict < 0 {
+		bad("http.max_concurrent_predict", c.HTTP.MaxConcurrentPredict, "must be >= 0 (0: GOMAXPROCS)")
 	}
 	if c.StateDir == "" {
 		bad("state_dir", `""`, "must name a directory")

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -9,8 +10,11 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"path"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +55,7 @@ type core interface {
 type apiConfig struct {
 	token, metricsToken string
 	maxBodyBytes        int64
+	writeTimeout        time.Duration // http.write_timeout, which POST /v1/explain extends
 	explainTimeout      time.Duration
 	// Reported by GET /v1/model.
 	budget, delta, epsilon float64
@@ -66,6 +71,7 @@ type api struct {
 	backup  backupSource
 	core    core
 	exp     *explainer
+	predict *slots // http.max_concurrent_predict
 	metrics http.Handler
 }
 
@@ -166,23 +172,149 @@ func retryLater(w http.ResponseWriter, code int, after time.Duration, msg string
 	writeError(w, code, msg)
 }
 
-// decodeBody decodes one JSON value strictly: unknown fields and anything after the value are
-// errors.
+// bodyError is a request body that cannot be used: code is its HTTP status.
+type bodyError struct {
+	code int
+	msg  string
+}
+
+func (e *bodyError) Error() string { return e.msg }
+
+// writeBodyError answers a decodeBody error with its status.
+func writeBodyError(w http.ResponseWriter, err error) {
+	code := http.StatusBadRequest
+	var be *bodyError
+	if errors.As(err, &be) {
+		code = be.code
+	}
+	writeError(w, code, err.Error())
+}
+
+// decodeBody reads the request body (bounded by http.max_body_bytes and, through the server,
+// by http.read_timeout) and decodes one JSON object into v, a pointer to a struct, strictly:
+// unknown fields, anything after the value, and what encoding/json would let through in
+// silence (checkKeys) are errors that name the field.
 func decodeBody(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
+	body, err := io.ReadAll(r.Body)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return &bodyError{http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &bodyError{http.StatusRequestTimeout, "request body not received within the server's http.read_timeout"}
+	case err != nil:
+		return &bodyError{http.StatusBadRequest, "reading the request body: " + err.Error()}
+	}
+	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
+		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			return errors.New("bad JSON: trailing data after the request body's JSON value")
-		}
+	if err := dec.Decode(v); err != nil {
+		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &bodyError{http.StatusBadRequest, "bad JSON: trailing data after the request body's JSON value"}
+	}
+	return nil
+}
+
+// checkKeys refuses, in a JSON object decoded into struct type t, what encoding/json accepts in
+// silence: a key given twice (the last would win), at any depth; a key that names a field only
+// by case folding ("X" for "x"); and null for a field (it would leave the field's zero value:
+// "target": null would be class 0). A body that is not a JSON object is left to the decoder to
+// report.
+func checkKeys(body []byte, t reflect.Type) error {
+	fields := jsonFields(t)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil
 	}
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return fmt.Errorf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return fmt.Errorf("duplicate key %q", key)
+		}
+		seen[key] = true
+		if !slices.Contains(fields, key) {
+			for _, f := range fields {
+				if strings.EqualFold(f, key) {
+					return fmt.Errorf("unknown field %q (keys are case-sensitive: did you mean %q?)", key, f)
+				}
+			}
+			return fmt.Errorf("unknown field %q (fields: %s)", key, strings.Join(fields, ", "))
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil
+		}
+		if string(raw) == "null" {
+			return fmt.Errorf("%q is null: give it a value or leave it out", key)
+		}
+		if bytes.IndexByte(raw, '{') >= 0 { // a nested object (or a string holding a brace)
+			if err := noDuplicateKeys(raw); err != nil {
+				return fmt.Errorf("in %q: %w", key, err)
+			}
+		}
 	}
-	return fmt.Errorf("bad JSON: %v", err)
+	return nil
+}
+
+// noDuplicateKeys reports the first key given twice in one object of a JSON value.
+func noDuplicateKeys(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	var objects []map[string]bool // keys of the open objects; nil for an open array
+	expectKey := func() bool { return len(objects) > 0 && objects[len(objects)-1] != nil }
+	valueNext := false // the last token was a key
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // io.EOF, or a syntax error the decoder will report
+		}
+		switch tok {
+		case json.Delim('{'):
+			objects, valueNext = append(objects, map[string]bool{}), false
+			continue
+		case json.Delim('['):
+			objects, valueNext = append(objects, nil), false
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			objects, valueNext = objects[:len(objects)-1], false
+			continue
+		}
+		if key, ok := tok.(string); ok && expectKey() && !valueNext {
+			if objects[len(objects)-1][key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			objects[len(objects)-1][key], valueNext = true, true
+			continue
+		}
+		valueNext = false
+	}
+}
+
+// jsonFields are the JSON names of struct type t's fields.
+func jsonFields(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	return names
 }
 
 // target is a class given by index or by name.
@@ -193,12 +325,18 @@ type target struct {
 }
 
 func (t *target) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return errors.New("target is null: give a class index or name, or leave target out")
+	}
 	t.set = true
 	if err := json.Unmarshal(b, &t.index); err == nil {
 		return nil
 	}
 	t.index = -1
-	return json.Unmarshal(b, &t.name)
+	if err := json.Unmarshal(b, &t.name); err != nil || t.name == "" {
+		return fmt.Errorf("target must be a class index (an integer) or a class name, got %s", b)
+	}
+	return nil
 }
 
 func (t *target) resolve(classes []string) (int, error) {
@@ -255,7 +393,7 @@ type registerRequest struct {
 func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var req registerRequest
 	if err := decodeBody(r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeBodyError(w, err)
 		return
 	}
 	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
@@ -419,12 +557,16 @@ type prediction struct {
 // maxPredictBatch bounds one /v1/predict request.
 const maxPredictBatch = 10000
 
+// predictRetryAfter is the Retry-After of a 429 from /v1/predict: most predictions take well
+// under a second.
+const predictRetryAfter = time.Second
+
 // handlePredict answers p, Var and the class under the current posterior, with its version, for
 // model servers that delegate prediction.
 func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 	var req predictRequest
 	if err := decodeBody(r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeBodyError(w, err)
 		return
 	}
 	xs := req.XS
@@ -439,6 +581,12 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
 		return
 	}
+	release, ok := a.predict.acquire()
+	if !ok {
+		retryLater(w, http.StatusTooManyRequests, predictRetryAfter, "predict: too many predictions running (http.max_concurrent_predict); retry later")
+		return
+	}
+	defer release()
 	m := a.core.current()
 	for i, x := range xs {
 		if err := checkVector(fmt.Sprintf("xs[%d]", i), x, m.Inputs()); err != nil {
@@ -494,7 +642,7 @@ func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
 
 type explainRequest struct {
 	X      []float64 `json:"x"`
-	Target *target   `json:"target"`
+	Target target    `json:"target"`
 	ID     string    `json:"id"`
 	Method string    `json:"method"`
 }
@@ -508,7 +656,7 @@ const explainRetryAfter = 2 * time.Second
 func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	var req explainRequest
 	if err := decodeBody(r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeBodyError(w, err)
 		return
 	}
 	m := a.core.current()
@@ -523,7 +671,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t := -1
-	if req.Target != nil {
+	if req.Target.set {
 		var err error
 		if t, err = req.Target.resolve(m.Classes); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
@@ -544,6 +692,9 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	// A generation may take explain.timeout: the response gets that long on top of
+	// http.write_timeout (an error here means the writer has no deadline to extend).
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(a.cfg.explainTimeout + a.cfg.writeTimeout))
 	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.explainTimeout)
 	defer cancel()
 	res, err := a.exp.generate(ctx, m, req.X, t, method)

@@ -32,7 +32,7 @@ func (r *running) rawDo(t *testing.T, method, path, body string, header map[stri
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -26,6 +27,9 @@ const (
 // handleBackup is GET /v1/backup: a consistent snapshot of the ledger (a complete bbolt file as
 // of one transaction) streamed while ingestion goes on. Restore it with cfguard restore.
 func (a *api) handleBackup(w http.ResponseWriter, r *http.Request) {
+	// The snapshot streams as long as the ledger takes to write: no http.write_timeout (an error
+	// means the writer has no deadline to lift).
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Disposition", `attachment; filename="cfguard.db"`)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/exporter-toolkit/web"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
@@ -173,6 +174,11 @@ func newDaemon(opts Options) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// web.Serve would find a bad web configuration only once serving, after training: say so
+	// before any work.
+	if err := cfg.CheckWebConfig(); err != nil {
+		return nil, err
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -250,7 +256,9 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	return nil
 }
 
-// listen binds http.listen and builds the API's server.
+// listen binds http.listen and builds the API's server: the http.* timeouts, at most
+// http.max_connections connections held (so that a flood of slow clients cannot take the file
+// descriptors the ledger and the embedded broker need), /v1/predict and /v1/explain bounded.
 func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 	cfg := d.cfg
 	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
@@ -258,14 +266,31 @@ func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 		return nil, nil, fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
 	}
 	d.httpAddr = ln.Addr()
-	a := &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
-		explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta, epsilon: cfg.Certify.Epsilon,
-		mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
-		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})}
-	return &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second}, ln, nil
+	hm := newHTTPMetrics(d.reg, cfg.HTTP.MaxConnections)
+	d.exp.slots.rejected = hm.rejected.WithLabelValues("explain")
+	srv := &http.Server{Handler: d.newAPI(hm).routes(), ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+		ReadTimeout: cfg.HTTP.ReadTimeout, WriteTimeout: cfg.HTTP.WriteTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(d.log.With("component", "http").Handler(), slog.LevelWarn)}
+	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.conns), nil
 }
 
-// serve runs the API until ctx ends, then drains it for http.shutdown_timeout.
+// newAPI builds the API's handlers over the daemon.
+func (d *Daemon) newAPI(hm *httpMetrics) *api {
+	cfg := d.cfg
+	predict := newSlots(cfg.HTTP.MaxConcurrentPredict)
+	predict.rejected = hm.rejected.WithLabelValues("predict")
+	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
+		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta,
+		epsilon: cfg.Certify.Epsilon, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},
+		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
+		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg})}
+}
+
+// serve runs the API until ctx ends, then drains it for http.shutdown_timeout. With
+// http.web_config_file set, the Prometheus exporter-toolkit serves it (web.Serve on the listener
+// bound by listen): TLS, client certificates (mTLS) and basic auth as that file says, the file
+// and the certificates it names reread on every new connection, so a renewed certificate is
+// served without a restart. Without it, plain HTTP.
 func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	stopped := make(chan error, 1)
 	go func() {
@@ -274,8 +299,10 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 		defer c()
 		stopped <- srv.Shutdown(sctx)
 	}()
-	d.log.Info("HTTP API listening", "addr", d.httpAddr.String())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	d.log.Info("HTTP API listening", "addr", d.httpAddr.String(), "web_config_file", d.cfg.HTTP.WebConfigFile)
+	systemd := false
+	flags := &web.FlagConfig{WebListenAddresses: &[]string{d.cfg.HTTP.Listen}, WebSystemdSocket: &systemd, WebConfigFile: &d.cfg.HTTP.WebConfigFile}
+	if err := web.Serve(ln, srv, flags, d.log.With("component", "http")); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	if err := <-stopped; err != nil {

@@ -42,19 +42,30 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	base   string
+	client *http.Client // the API's client: http.DefaultClient, or one that speaks TLS
 }
 
 // startDaemon runs a daemon in-process on loopback: embedded broker, bundled model, HTTP API,
 // all on ephemeral ports, state in a temporary directory. The test's cleanup stops it.
 func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	t.Helper()
-	r := startDaemonWith(t, mutate, nil)
+	r := startDaemonWith(t, mutate, nil, nil)
 	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
 
-// startDaemonWith is startDaemon with Options set by opts (after the test's own).
-func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *Options)) *running {
+// startDaemonClient is startDaemon for a daemon serving HTTPS (http.web_config_file): client
+// speaks TLS to it, and r.base is https://.
+func startDaemonClient(t *testing.T, mutate func(c *config.Config), client *http.Client) *running {
+	t.Helper()
+	r := startDaemonWith(t, mutate, nil, client)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+// startDaemonWith starts a daemon with Options set by opts (after the test's own) and, when
+// client is not nil, speaks TLS to it with client; it does not wait for readiness.
+func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *Options), client *http.Client) *running {
 	t.Helper()
 	c := config.Default()
 	c.StateDir = t.TempDir()
@@ -78,7 +89,11 @@ func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *O
 		opts(&o)
 	}
 	go func() { done <- Run(ctx, o) }()
-	r := &running{reg: reg, cancel: cancel, done: done, logs: logs}
+	r := &running{reg: reg, cancel: cancel, done: done, logs: logs, client: http.DefaultClient}
+	scheme := "http://"
+	if client != nil {
+		r.client, scheme = client, "https://"
+	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -97,7 +112,7 @@ func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *O
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not start")
 	}
-	r.base = "http://" + r.d.HTTPAddr()
+	r.base = scheme + r.d.HTTPAddr()
 	return r
 }
 
@@ -118,7 +133,7 @@ func (r *running) stop(t *testing.T) {
 
 func (r *running) get(t *testing.T, path string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(r.base + path)
+	resp, err := r.client.Get(r.base + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +153,7 @@ func (r *running) do(t *testing.T, method, path, token string, body any) (int, [
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ type explainer struct {
 	log       *slog.Logger
 	posterior func() *bnn.Model
 
-	slots    chan struct{}
+	slots    *slots        // explain.concurrency
 	want     chan struct{} // closed (once) by the first explanation request
 	wantOnce sync.Once
 	ready    chan struct{} // closed once vae is set (it stays nil without training data)
@@ -56,7 +56,7 @@ type explainerConfig struct {
 func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
 	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
 		delta: c.delta, epsilon: c.epsilon, log: log, posterior: posterior,
-		slots: make(chan struct{}, c.concurrency), want: make(chan struct{}), ready: make(chan struct{})}
+		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{})}
 }
 
 // run is the component that makes the VAE available without delaying start-up: a saved VAE is
@@ -113,12 +113,11 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 
 // acquire takes a generation slot without waiting; release gives it back.
 func (e *explainer) acquire() (release func(), err error) {
-	select {
-	case e.slots <- struct{}{}:
-		return func() { <-e.slots }, nil
-	default:
+	release, ok := e.slots.acquire()
+	if !ok {
 		return nil, errBusy
 	}
+	return release, nil
 }
 
 // generate runs one generation for x under posterior m (the caller holds a slot). target < 0

@@ -92,11 +92,11 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	}
 	r.stop(t)
 
-	r = startDaemonWith(t, mutate, nil)
+	r = startDaemonWith(t, mutate, nil, nil)
 	stoppedForReset(r)
 	r.stop(t)
 
-	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true })
+	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
 	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == m })
 	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 	if off := offset(r); off != m {

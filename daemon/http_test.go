@@ -1,0 +1,361 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// TestJSONBodiesRefuseWhatEncodingJSONLetsThrough: duplicate keys (at any depth), keys that match
+// a field only by case folding, and null for a field are 400s naming the key, on every route
+// that takes a body, before any work is done.
+func TestJSONBodiesRefuseWhatEncodingJSONLetsThrough(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	x, _ := json.Marshal(data.X[0])
+	xcf, _ := json.Marshal(data.X[1])
+	X, XCF := string(x), string(xcf)
+	for _, c := range []struct {
+		name, path, body string
+		want             string // in the error
+	}{
+		{"duplicate key", "/v1/predict", `{"x":` + X + `,"x":` + X + `}`, `duplicate key \"x\"`},
+		{"duplicate key in a nested object", "/v1/predict", `{"xs":[{"a":1,"b":{"c":1},"a":2}]}`, `in \"xs\": duplicate key \"a\"`},
+		{"duplicate key deeper", "/v1/predict", `{"xs":[[{"c":[1,{"d":1,"d":1}]}]]}`, `duplicate key \"d\"`},
+		{"case-folded key", "/v1/predict", `{"X":` + X + `}`, `unknown field \"X\" (keys are case-sensitive: did you mean \"x\"?)`},
+		{"case-folded key, register", "/v1/counterfactuals", `{"x":` + X + `,"X_CF":` + XCF + `,"target":1}`, `did you mean \"x_cf\"?`},
+		{"null field", "/v1/predict", `{"x":null,"xs":[` + X + `]}`, `\"x\" is null`},
+		{"null target, register", "/v1/counterfactuals", `{"x":` + X + `,"x_cf":` + XCF + `,"target":null}`, `\"target\" is null`},
+		{"null target, explain", "/v1/explain", `{"x":` + X + `,"target":null}`, `\"target\" is null`},
+		{"duplicate target, register", "/v1/counterfactuals", `{"x":` + X + `,"x_cf":` + XCF + `,"target":0,"target":1}`, `duplicate key \"target\"`},
+		{"fractional target", "/v1/counterfactuals", `{"x":` + X + `,"x_cf":` + XCF + `,"target":1.5}`, `target must be a class index (an integer) or a class name, got 1.5`},
+		{"unknown field", "/v1/explain", `{"x":` + X + `,"z":1}`, `unknown field \"z\"`},
+	} {
+		resp, b := r.rawDo(t, "POST", c.path, c.body, nil)
+		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(c.want)) {
+			t.Errorf("%s: %d %s, want 400 with %s", c.name, resp.StatusCode, b, c.want)
+		}
+	}
+	// The same keys, once each and in their case, are fine.
+	if resp, b := r.rawDo(t, "POST", "/v1/predict", `{"xs":[`+X+`,`+XCF+`]}`, nil); resp.StatusCode != 200 {
+		t.Errorf("a good predict: %d %s", resp.StatusCode, b)
+	}
+	if n := r.metric(t, "cfguard_counterfactuals", "status", "certified") + r.metric(t, "cfguard_counterfactuals", "status", "uncertified"); n != 0 {
+		t.Errorf("%v CEs stored from refused bodies", n)
+	}
+}
+
+// gatedCore holds every prediction at a gate, so that a test knows how many run at once.
+type gatedCore struct {
+	core
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	g.entered <- struct{}{}
+	<-g.gate
+	return g.core.predict(ctx, m, xs)
+}
+
+// TestPredictBeyondTheLimitIs429WithRetryAfter: with http.max_concurrent_predict = 2, of 8
+// concurrent predictions 2 run and 6 are answered 429 with Retry-After at once; the 2 then
+// answer correctly, and their slots are free again after.
+func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
+	const limit, n = 2, 8
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxConcurrentPredict = limit })
+	hm := newHTTPMetrics(prometheus.NewRegistry(), 1)
+	a := r.d.newAPI(hm)
+	g := &gatedCore{core: r.d, entered: make(chan struct{}, n), gate: make(chan struct{})}
+	a.core = g
+	srv := httptest.NewServer(a.routes())
+	var open sync.Once
+	t.Cleanup(func() { open.Do(func() { close(g.gate) }); srv.Close() })
+
+	data := bundled(t)
+	body, _ := json.Marshal(map[string]any{"xs": data.X[:5]})
+	type answer struct {
+		code       int
+		retryAfter string
+		body       []byte
+	}
+	answers := make(chan answer, n)
+	post := func() answer {
+		resp, err := http.Post(srv.URL+"/v1/predict", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return answer{code: -1, body: []byte(err.Error())}
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{resp.StatusCode, resp.Header.Get("Retry-After"), b}
+	}
+	for range n {
+		go func() { answers <- post() }()
+	}
+	next := func() answer {
+		select {
+		case a := <-answers:
+			return a
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no answer within 20 s (%d predictions running, limit %d)", len(g.entered), limit)
+			return answer{}
+		}
+	}
+	for range n - limit {
+		if a := next(); a.code != http.StatusTooManyRequests || a.retryAfter != "1" || !bytes.Contains(a.body, []byte("http.max_concurrent_predict")) {
+			t.Fatalf("a prediction over the limit: %d Retry-After %q %s, want 429 with Retry-After 1", a.code, a.retryAfter, a.body)
+		}
+	}
+	waitfor.Cond(t, 10*time.Second, "the predictions within the limit to run", func() bool { return len(g.entered) == limit })
+	open.Do(func() { close(g.gate) })
+	for range limit {
+		a := next()
+		var resp struct{ Predictions []prediction }
+		if err := json.Unmarshal(a.body, &resp); a.code != 200 || err != nil || len(resp.Predictions) != 5 {
+			t.Fatalf("a prediction within the limit: %d %s", a.code, a.body)
+		}
+	}
+	if got := testutil.ToFloat64(hm.rejected.WithLabelValues("predict")); got != n-limit {
+		t.Errorf("cfguard_http_rejected_total{route=predict} %v, want %d", got, n-limit)
+	}
+	for range limit { // the slots were given back
+		go func() { answers <- post() }()
+		<-g.entered
+	}
+	for range limit {
+		if a := next(); a.code != 200 {
+			t.Fatalf("a prediction after the others ended: %d %s", a.code, a.body)
+		}
+	}
+}
+
+// gatherGauge reads a gauge without a *testing.T, for a goroutine.
+func gatherGauge(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// TestSlowBodiesAreCutAndHealthzAnswers: 200 connections send their headers, then their body one
+// byte at a time. The daemon holds at most http.max_connections (128) of them, cuts each with a
+// 408 once http.read_timeout (1 s) has passed since it was accepted, and /healthz on a new
+// connection, queued behind the rest of the flood, answers while some are still hanging.
+func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
+	const flood, limit, readTimeout = 200, 128, time.Second
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.ReadTimeout, c.HTTP.MaxConnections = readTimeout, limit })
+
+	// Watch the connections the daemon holds for the whole test.
+	stop := make(chan struct{})
+	var most float64
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			most = max(most, gatherGauge(r.reg, "cfguard_http_connections"))
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	t.Cleanup(func() { // after the connections' cleanup below
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		watch.Wait()
+	})
+
+	conns := make([]net.Conn, flood)
+	statuses := make(chan string, flood)
+	var clients sync.WaitGroup
+	t.Cleanup(func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+		clients.Wait()
+	})
+	for i := range conns {
+		c, err := net.Dial("tcp", r.d.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+		if _, err := io.WriteString(c, "POST /v1/predict HTTP/1.1\r\nHost: cfguard\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"xs\":["); err != nil {
+			t.Fatal(err)
+		}
+		clients.Go(func() { // the status line of the answer, or why there is none
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				line = "no answer: " + err.Error()
+			}
+			statuses <- strings.TrimSpace(line)
+		})
+	}
+	// One byte per connection every 100 ms, until the test ends.
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for _, c := range conns {
+				c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+				c.Write([]byte(" ")) // fails once the daemon has cut it
+			}
+		}
+	})
+	waitfor.Cond(t, 10*time.Second, "the daemon to hold http.max_connections connections", func() bool {
+		return gatherGauge(r.reg, "cfguard_http_connections") >= limit
+	})
+	probe := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	start := time.Now()
+	resp, err := probe.Get(r.base + "/healthz")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("/healthz during the flood: %v", err)
+	}
+	resp.Body.Close()
+	answered := len(statuses)
+	// Queued behind 72 slow connections, the probe is accepted when the first 128 are cut.
+	if resp.StatusCode != 200 || took > 2*readTimeout+2*time.Second {
+		t.Fatalf("/healthz during the flood: %d after %v, want 200 within %v", resp.StatusCode, took, 2*readTimeout+2*time.Second)
+	}
+	if answered >= flood {
+		t.Fatalf("/healthz answered after all %d slow connections were cut, not while some hang", flood)
+	}
+	t.Logf("/healthz answered in %v with %d of %d slow connections cut", took.Round(time.Millisecond), answered, flood)
+
+	for i := range flood {
+		select {
+		case s := <-statuses:
+			if !strings.HasPrefix(s, "HTTP/1.1 408 ") {
+				t.Fatalf("slow connection %d: %q, want 408", i, s)
+			}
+		case <-time.After(4*readTimeout + 5*time.Second):
+			t.Fatalf("%d of %d slow connections still hang", flood-i, flood)
+		}
+	}
+	close(stop)
+	watch.Wait()
+	if most > limit {
+		t.Fatalf("the daemon held %v connections, over http.max_connections %d", most, limit)
+	}
+	if code, b := r.get(t, "/healthz"); code != 200 {
+		t.Fatalf("/healthz after the flood: %d %s", code, b)
+	}
+}
+
+// deadlineRecorder records the write deadlines a handler sets through http.ResponseController.
+type deadlineRecorder struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.deadlines = append(d.deadlines, t)
+	return nil
+}
+
+// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup lifts http.write_timeout (it streams
+// the whole ledger) and POST /v1/explain extends it by explain.timeout.
+func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute })
+	a := r.d.newAPI(newHTTPMetrics(prometheus.NewRegistry(), 1))
+
+	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))
+	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
+		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body.Len(), rec.deadlines)
+	}
+
+	x, _ := json.Marshal(bundled(t).X[0])
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the deadline is set before the generation, which then ends at once
+	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	before := time.Now()
+	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
+	if len(rec.deadlines) != 1 || rec.deadlines[0].Before(before.Add(6*time.Minute)) || rec.deadlines[0].After(time.Now().Add(6*time.Minute)) {
+		t.Fatalf("explain: write deadlines %v, want one at now + explain.timeout + http.write_timeout (6m)", rec.deadlines)
+	}
+}
+
+// TestLimitListenerCloseWakesAWaitingAccept: with every slot taken, Accept waits; closing the
+// listener (as Shutdown does) ends that wait, so a full server still shuts down.
+func TestLimitListenerCloseWakesAWaitingAccept(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"})
+	l := newLimitListener(ln, 1, gauge)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := net.Dial("tcp", ln.Addr().String()) // waits in the backlog
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		t.Fatalf("a second connection was accepted over the limit of 1 (err %v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if got := testutil.ToFloat64(gauge); got != 1 {
+		t.Fatalf("gauge %v with one connection held", got)
+	}
+	l.Close()
+	select {
+	case err := <-accepted:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waits for a slot after Close")
+	}
+	held.Close()
+	held.Close() // a second Close gives nothing back twice
+	if got := testutil.ToFloat64(gauge); got != 0 {
+		t.Fatalf("gauge %v after the held connection closed", got)
+	}
+}

@@ -1,0 +1,108 @@
+package daemon
+
+import (
+	"net"
+	"runtime"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// httpMetrics are the API server's own: the connections it holds and the requests it sheds.
+type httpMetrics struct {
+	conns    prometheus.Gauge       // cfguard_http_connections
+	rejected *prometheus.CounterVec // cfguard_http_rejected_total{route}
+}
+
+func newHTTPMetrics(reg prometheus.Registerer, maxConns int) *httpMetrics {
+	f := promauto.With(reg)
+	m := &httpMetrics{
+		conns: f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_http_connections",
+			Help: "Connections the API holds open (at most http.max_connections)."}),
+		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_http_rejected_total",
+			Help: "Requests answered 429 because every slot of their route was taken (predict: http.max_concurrent_predict; explain: explain.concurrency)."}, []string{"route"}),
+	}
+	f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_http_max_connections", Help: "http.max_connections."}).Set(float64(maxConns))
+	m.rejected.WithLabelValues("predict")
+	m.rejected.WithLabelValues("explain")
+	return m
+}
+
+// limitListener accepts at most n connections at once: Accept waits for one of them to close
+// before it takes the next from the kernel's backlog (as golang.org/x/net/netutil's does). The
+// gauge counts the connections it holds, raised after a slot is taken and lowered before it is
+// given back, so it never reads more than n.
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+	conns prometheus.Gauge
+	done  chan struct{} // closed by Close: a waiting Accept returns
+	once  sync.Once
+}
+
+func newLimitListener(l net.Listener, n int, conns prometheus.Gauge) *limitListener {
+	return &limitListener{Listener: l, slots: make(chan struct{}, n), conns: conns, done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	l.conns.Inc()
+	return &limitConn{Conn: c, release: func() { l.conns.Dec(); <-l.slots }}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitConn gives its slot back once, on the first Close.
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// slots bound how many requests of one kind run at once. acquire never waits: a request over
+// the bound is answered 429 with Retry-After at once, rather than queued behind work that may
+// take seconds (a client retrying later costs nothing while it waits).
+type slots struct {
+	c        chan struct{}
+	rejected prometheus.Counter // may be nil
+}
+
+func newSlots(n int) *slots {
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	return &slots{c: make(chan struct{}, n)}
+}
+
+// acquire takes a slot without waiting; release gives it back. ok is false when every slot is
+// taken.
+func (s *slots) acquire() (release func(), ok bool) {
+	select {
+	case s.c <- struct{}{}:
+		return func() { <-s.c }, true
+	default:
+		if s.rejected != nil {
+			s.rejected.Inc()
+		}
+		return nil, false
+	}
+}
