@@ -66,6 +66,10 @@ type Config struct {
 	// "localhost"; port 0 picks a free port (see Broker.Addrs).
 	// Default: "127.0.0.1:0".
 	Listen string
+	// Listener, when set, is the socket to serve on, already bound (to Listen); the broker takes
+	// it over and closes it. A caller binds it first to learn that the port is busy before it
+	// writes any state.
+	Listener net.Listener
 	// DataDir, when set, makes the broker persist its state there and reload it on Start.
 	// Default: "" (memory only; everything is lost on Close).
 	DataDir string
@@ -160,9 +164,12 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			// kfake asks for 127.0.0.1:<port>; we listen where the config says, through a
 			// listener that survives temporary accept errors (kfake's loop would end on them).
-			inner, err := listen(network, cfg.Listen)
-			if err != nil {
-				return nil, err
+			inner := cfg.Listener
+			if inner == nil {
+				var err error
+				if inner, err = listen(network, cfg.Listen); err != nil {
+					return nil, err
+				}
 			}
 			ln = newListener(inner, log)
 			return ln, nil

@@ -434,10 +434,13 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 // &limit=N (default 100, max 1000), &after=ID (paging).
 func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	st, err := certify.ParseStatus(q.Get("status"))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+	var st certify.Status // 0: every status
+	var err error
+	if s := q.Get("status"); s != "" {
+		if st, err = certify.ParseStatus(s); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
 	limit := 100
 	if v := q.Get("limit"); v != "" {
@@ -667,6 +670,14 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	if req.ID != "" { // before generating: the CE could not be stored under it
 		if err := ident.Check(req.ID); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		switch _, err := a.state.Get(req.ID); {
+		case err == nil:
+			writeError(w, http.StatusConflict, fmt.Sprintf("counterfactual %q exists; DELETE it first or choose another id", req.ID))
+			return
+		case !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrQuarantined):
+			writeError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
 	}

@@ -64,6 +64,8 @@ type Daemon struct {
 
 	httpAddr   net.Addr
 	brokerAddr []string
+	httpLn     net.Listener   // bound by bind, served by serve
+	brokerLn   net.Listener   // bound by bind for the embedded broker, which takes it over
 	broker     *broker.Broker // the embedded broker, nil with kafka.brokers
 
 	// mu serialises posterior transitions (increments, audits) with registrations, so that a
@@ -137,6 +139,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 			err = errors.Join(err, terr)
 		}
 	}()
+	// Every listener is bound before any state is created or a model trained: a busy port stops
+	// the start with state_dir untouched.
+	if err := d.bind(&td); err != nil {
+		return err
+	}
 	if err := d.openState(ctx, &td); err != nil {
 		return err
 	}
@@ -233,7 +240,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	if cfg.Embedded() {
 		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
 		// a crash of the daemon (and of the broker inside it).
-		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
+		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, Listener: d.brokerLn, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
 			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
 			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes}, log.With("component", "broker"))
 		if err != nil {
@@ -261,10 +268,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 // descriptors the ledger and the embedded broker need), /v1/predict and /v1/explain bounded.
 func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 	cfg := d.cfg
-	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
-	if err != nil {
-		return nil, nil, fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
-	}
+	ln := d.httpLn
 	d.httpAddr = ln.Addr()
 	hm := newHTTPMetrics(d.reg, cfg.HTTP.MaxConnections)
 	d.exp.slots.rejected = hm.rejected.WithLabelValues("explain")
@@ -272,6 +276,28 @@ func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 		ReadTimeout: cfg.HTTP.ReadTimeout, WriteTimeout: cfg.HTTP.WriteTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "http").Handler(), slog.LevelWarn)}
 	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.conns), nil
+}
+
+// bind binds http.listen and, for the embedded broker, kafka.embedded_listen. Until the server
+// and the broker take them over, teardown closes them.
+func (d *Daemon) bind(td *teardown) error {
+	cfg := d.cfg
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen %s: %w (nothing was written to state_dir %s)", cfg.HTTP.Listen, err, cfg.StateDir)
+	}
+	d.httpLn = ln
+	td.add("http listener", func() error { ln.Close(); return nil }) // a no-op once the server closed it
+	if !cfg.Embedded() {
+		return nil
+	}
+	bl, err := net.Listen("tcp", cfg.Kafka.EmbeddedListen)
+	if err != nil {
+		return fmt.Errorf("kafka.embedded_listen %s: %w (nothing was written to state_dir %s)", cfg.Kafka.EmbeddedListen, err, cfg.StateDir)
+	}
+	d.brokerLn = bl
+	td.add("embedded broker listener", func() error { bl.Close(); return nil })
+	return nil
 }
 
 // newAPI builds the API's handlers over the daemon.

@@ -31,6 +31,7 @@ func cmdCheckConfig(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	fmt.Fprintf(stdout, "# %s is valid; the effective configuration (defaults included, secrets redacted):\n", *path)
+	fmt.Fprintf(stdout, "# model.export_dir resolves to %s\n", cfg.ExportDir())
 	_, err = stdout.Write(out)
 	return err
 }

@@ -116,7 +116,7 @@ func TestCheckConfig(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"is valid", "max_wait: 5s", "topic: cfguard.records", "delta: 0.05"} {
+	for _, want := range []string{"is valid", "max_wait: 5s", "topic: cfguard.records", "delta: 0.05", "model.export_dir resolves to " + filepath.Join("state", "export")} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -1,0 +1,75 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/config"
+)
+
+// A busy port stops the start before anything is written: state_dir is not even created, so
+// the next start (with the port free, or with another model.path) is a first start as intended.
+func TestBusyPortLeavesStateDirUntouched(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, c := range []struct {
+		key    string
+		mutate func(c *config.Config)
+	}{
+		{"http.listen", func(c *config.Config) { c.HTTP.Listen = busy.Addr().String() }},
+		{"kafka.embedded_listen", func(c *config.Config) { c.Kafka.EmbeddedListen = busy.Addr().String() }},
+	} {
+		t.Run(c.key, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.StateDir = filepath.Join(t.TempDir(), "state")
+			cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = "127.0.0.1:0", "127.0.0.1:0"
+			c.mutate(&cfg)
+			err := Run(context.Background(), Options{Config: &cfg, Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+			if err == nil || !strings.Contains(err.Error(), c.key+" "+busy.Addr().String()) {
+				t.Fatalf("start on a busy %s: %v, want an error naming the key and address", c.key, err)
+			}
+			if _, serr := os.Stat(cfg.StateDir); !errors.Is(serr, fs.ErrNotExist) {
+				t.Fatalf("state_dir after the refused start: %v, want it not created (error was %v)", serr, err)
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+// GET /v1/counterfactuals without a status lists every CE; POST /v1/explain under an id that
+// exists is refused before any generation runs, without internal error text.
+func TestListAllAndExplainDuplicateID(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	ids := registerCEs(t, r, data, 3)
+	code, body := r.get(t, "/v1/counterfactuals")
+	var page struct {
+		Counterfactuals []struct {
+			ID string `json:"id"`
+		} `json:"counterfactuals"`
+	}
+	if code != 200 || json.Unmarshal(body, &page) != nil || len(page.Counterfactuals) != len(ids) {
+		t.Fatalf("GET /v1/counterfactuals: %d %s; want all %d CEs", code, body, len(ids))
+	}
+	code, body = r.do(t, "POST", "/v1/explain", "", map[string]any{"id": ids[0], "x": data.X[0]})
+	if code != 409 || !strings.Contains(string(body), ids[0]) || strings.Contains(string(body), "ledger") {
+		t.Fatalf("explain under an existing id: %d %s; want 409 naming the id, no internal text", code, body)
+	}
+	// The first generation trains and stores the VAE under state_dir/vae: none ran.
+	if _, err := os.Stat(filepath.Join(r.d.cfg.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("state_dir/vae after a request refused by its id: %v, want no VAE (no generation)", err)
+	}
+}
