@@ -325,8 +325,6 @@ const alertInvalidated = "CfguardCounterfactualsInvalidated"
 // 1 s (15 s shipped) and group_wait of 1 s (10 s for pages) keep the test near 10 s, so it also
 // runs under -short.
 func TestAlertReachesAlertmanager(t *testing.T) {
-	promBin := tooltest.Command(t, "apt-get install prometheus", "prometheus")
-	amBin := tooltest.Command(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
 	root := repoRoot(t)
 	const token, metricsToken = "t0ken", "m3trics"
 
@@ -348,34 +346,6 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		t.Fatalf("alerts/rules.yml has no alert %s", alertInvalidated)
 	}
 
-	hook := &hookRecorder{posts: map[string][]hookPost{}}
-	hookSrv := httptest.NewServer(hook)
-	t.Cleanup(hookSrv.Close)
-
-	// Alertmanager on alertmanager.yml: its receivers at the recorder, group waits of 1 s.
-	am := readYAMLMap(t, filepath.Join(root, "deploy", "prometheus", "alertmanager.yml"))
-	for _, r := range am["receivers"].([]any) {
-		for _, w := range r.(map[string]any)["webhook_configs"].([]any) {
-			u, err := url.Parse(w.(map[string]any)["url"].(string))
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.(map[string]any)["url"] = hookSrv.URL + u.Path
-		}
-	}
-	route := am["route"].(map[string]any)
-	route["group_wait"] = "1s"
-	for _, sub := range route["routes"].([]any) {
-		sub.(map[string]any)["group_wait"] = "1s"
-	}
-	amDir := t.TempDir()
-	writeYAML(t, filepath.Join(amDir, "alertmanager.yml"), am)
-	amProc := startProcess(t, "alertmanager", amBin, "--config.file="+filepath.Join(amDir, "alertmanager.yml"),
-		"--storage.path="+filepath.Join(amDir, "data"), "--web.listen-address=127.0.0.1:0", "--cluster.listen-address=", "--log.level=info")
-	amAddr := amProc.listening(t)
-	amBase := "http://" + amAddr
-	amProc.waitReady(t, amBase+"/-/ready")
-
 	// The daemon: a learning rate that lets flipped labels invalidate counterfactuals.
 	cfg := config.Default()
 	cfg.Update.LearningRate = 1e-2
@@ -385,33 +355,8 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 	cfg.Audit.Schedule = ""
 	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
 	d := startDaemon(t, cfg)
-
-	// Prometheus on prometheus.yml with the metrics token, scraping and evaluating every 1 s.
-	promText, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "prometheus.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := loadPromConfig(t, uncommentAuthorization(t, promText))
-	promDir := t.TempDir()
-	global := pc["global"].(map[string]any)
-	global["scrape_interval"], global["evaluation_interval"] = "1s", "1s"
-	pc["rule_files"] = []any{filepath.Join(root, "alerts", "rules.yml")}
-	pc["alerting"].(map[string]any)["alertmanagers"].([]any)[0].(map[string]any)["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{amAddr}
-	job := pc.job(t, "cfguard")
-	job["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{d.HTTPAddr()}
-	credentials := filepath.Join(promDir, "cfguard-metrics-token")
-	if err := os.WriteFile(credentials, []byte(metricsToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	job["authorization"].(map[string]any)["credentials_file"] = credentials
-	promProc := startProcess(t, "prometheus", promBin, "--config.file="+pc.write(t, promDir),
-		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address=127.0.0.1:0", "--log.level=info")
-	promBase := "http://" + promProc.listening(t)
-	promProc.waitReady(t, promBase+"/-/ready")
-	waitfor.Cond(t, 20*time.Second, "Prometheus to scrape cfguard with the metrics token (up == 1)", func() bool {
-		v, ok := promValue(t, promBase, `up{job="cfguard"}`)
-		return ok && v == "1"
-	})
+	mon := startMonitoring(t, root, d.HTTPAddr(), metricsToken)
+	promBase, amBase, hook := mon.prom, mon.am, mon.hook
 
 	// Counterfactuals, certified and seen so by Prometheus before any drift.
 	data, _, err := assets.Load("breast_cancer")
@@ -523,4 +468,77 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 			t.Errorf("dashboard %s: %s returns no series", where, q)
 		}
 	}
+}
+
+// monitoring is a Prometheus on the shipped prometheus.yml and rules and an Alertmanager on the
+// shipped alertmanager.yml, its receivers pointed at hook.
+type monitoring struct {
+	prom, am string // base URLs
+	hook     *hookRecorder
+}
+
+// startMonitoring starts Alertmanager and Prometheus on loopback, Prometheus scraping target with
+// the metrics token. Only addresses, the token file and timings are rewritten: scrape and
+// evaluation every 1 s (15 s shipped) and group_wait 1 s (10 s for pages); the rules file is
+// alerts/rules.yml itself. It waits until Prometheus scrapes the target.
+func startMonitoring(t *testing.T, root, target, metricsToken string) monitoring {
+	t.Helper()
+	promBin := tooltest.Command(t, "apt-get install prometheus", "prometheus")
+	amBin := tooltest.Command(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
+	hook := &hookRecorder{posts: map[string][]hookPost{}}
+	hookSrv := httptest.NewServer(hook)
+	t.Cleanup(hookSrv.Close)
+
+	// Alertmanager on alertmanager.yml: its receivers at the recorder, group waits of 1 s.
+	am := readYAMLMap(t, filepath.Join(root, "deploy", "prometheus", "alertmanager.yml"))
+	for _, r := range am["receivers"].([]any) {
+		for _, w := range r.(map[string]any)["webhook_configs"].([]any) {
+			u, err := url.Parse(w.(map[string]any)["url"].(string))
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.(map[string]any)["url"] = hookSrv.URL + u.Path
+		}
+	}
+	route := am["route"].(map[string]any)
+	route["group_wait"] = "1s"
+	for _, sub := range route["routes"].([]any) {
+		sub.(map[string]any)["group_wait"] = "1s"
+	}
+	amDir := t.TempDir()
+	writeYAML(t, filepath.Join(amDir, "alertmanager.yml"), am)
+	amProc := startProcess(t, "alertmanager", amBin, "--config.file="+filepath.Join(amDir, "alertmanager.yml"),
+		"--storage.path="+filepath.Join(amDir, "data"), "--web.listen-address=127.0.0.1:0", "--cluster.listen-address=", "--log.level=info")
+	amAddr := amProc.listening(t)
+	amBase := "http://" + amAddr
+	amProc.waitReady(t, amBase+"/-/ready")
+
+	// Prometheus on prometheus.yml with the metrics token, scraping and evaluating every 1 s.
+	promText, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "prometheus.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := loadPromConfig(t, uncommentAuthorization(t, promText))
+	promDir := t.TempDir()
+	global := pc["global"].(map[string]any)
+	global["scrape_interval"], global["evaluation_interval"] = "1s", "1s"
+	pc["rule_files"] = []any{filepath.Join(root, "alerts", "rules.yml")}
+	pc["alerting"].(map[string]any)["alertmanagers"].([]any)[0].(map[string]any)["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{amAddr}
+	job := pc.job(t, "cfguard")
+	job["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{target}
+	credentials := filepath.Join(promDir, "cfguard-metrics-token")
+	if err := os.WriteFile(credentials, []byte(metricsToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	job["authorization"].(map[string]any)["credentials_file"] = credentials
+	promProc := startProcess(t, "prometheus", promBin, "--config.file="+pc.write(t, promDir),
+		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address=127.0.0.1:0", "--log.level=info")
+	promBase := "http://" + promProc.listening(t)
+	promProc.waitReady(t, promBase+"/-/ready")
+	waitfor.Cond(t, 20*time.Second, "Prometheus to scrape cfguard with the metrics token (up == 1)", func() bool {
+		v, ok := promValue(t, promBase, `up{job="cfguard"}`)
+		return ok && v == "1"
+	})
+
+	return monitoring{prom: promBase, am: amBase, hook: hook}
 }
