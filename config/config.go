@@ -196,6 +196,11 @@ type Explain struct {
 	Timeout       time.Duration `yaml:"timeout"`        // Per request. Default: 60s.
 	MaxIterations int           `yaml:"max_iterations"` // Default: 2000 (the paper's).
 	Concurrency   int           `yaml:"concurrency"`    // Generations at once. Default: 1.
+	// Reissue, when set (invalidated or at_risk), makes the daemon generate a new robust CE for
+	// the x of every CE that reaches that status (or, for at_risk, a worse one), in the
+	// background, and publish counterfactual_reissued (old id -> new id) or
+	// counterfactual_reissue_failed. Default: "" (off).
+	Reissue string `yaml:"reissue"`
 }
 
 // Audit configures the scheduled full re-certification.
@@ -720,6 +725,9 @@ func (c *Config) Validate() error {
 		if err := e.into.UnmarshalText([]byte(e.text)); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", e.key, err))
 		}
+	}
+	if r := c.Explain.Reissue; r != "" && r != "invalidated" && r != "at_risk" {
+		bad("explain.reissue", r, `must be "", "invalidated" or "at_risk"`)
 	}
 	if c.Explain.Timeout <= 0 || c.Explain.MaxIterations <= 0 || c.Explain.Concurrency <= 0 {
 		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must all be positive")

@@ -118,8 +118,9 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	start := time.Now()
 	var (
-		rep ledger.AuditReport
-		err error
+		rep     ledger.AuditReport
+		changes []ledger.StatusChange
+		err     error
 	)
 	// ledger.Audit needs the predictor's posterior to be current when it starts; ingestion may
 	// promote another between reading d.current() and that check (the audit no longer holds
@@ -135,18 +136,21 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 			return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, perr)
 		}
 		last := time.Now()
-		rep, _, err = d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
+		var ch []ledger.StatusChange
+		rep, ch, err = d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
 			d.outbox.notify()
 			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 				last = now
 				d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
 			}
 		}})
+		changes = append(changes, ch...)
 		if !errors.Is(err, ledger.ErrStale) || rep.Evaluated > 0 || attempt == auditStartAttempts || ctx.Err() != nil {
 			break
 		}
 	}
 	d.outbox.notify()
+	d.reissue.notify(changes)
 	if err != nil {
 		return rep, err
 	}

@@ -36,7 +36,7 @@ type confirmer struct {
 	current  func() *bnn.Model
 	pools    *pools // the version's shared draws (certify.samples in certify.precision)
 	metrics  *alerts.Metrics
-	changed  func() // after a batch changed statuses: wake the outbox
+	changed  func([]ledger.StatusChange) // after a batch changed statuses: wake the outbox, reissue
 	log      *slog.Logger
 	wake     chan struct{}
 	pool     *bnn.Pool
@@ -44,7 +44,7 @@ type confirmer struct {
 	failedAt time.Time // when the batches began to fail (zero while they work); logged once per episode
 }
 
-func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func(), log *slog.Logger) *confirmer {
+func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) *confirmer {
 	return &confirmer{l: l, current: current, pools: pools, metrics: m, changed: changed, log: log,
 		wake: make(chan struct{}, 1)}
 }
@@ -113,7 +113,7 @@ func (c *confirmer) round(ctx context.Context) error {
 		}
 		c.metrics.AddRenewed(rep.Renewed)
 		if len(changes) > 0 {
-			c.changed()
+			c.changed(changes)
 		}
 		if rep.Renewed > 0 || len(changes) > 0 {
 			c.log.Info("counterfactuals measured", "posterior_version", rep.PosteriorVersion, "renewed", rep.Renewed,

@@ -155,7 +155,7 @@ func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
 	data := bundled(t)
 	storeCEs(t, r, data, 20) // certified: their bounds hold
 	ps := &pools{samples: r.d.cfg.Certify.Samples, prec: r.d.cfg.Certify.Precision}
-	c := newConfirmer(r.d.ledger, r.d.current, ps, r.d.metrics, func() {}, r.d.log)
+	c := newConfirmer(r.d.ledger, r.d.current, ps, r.d.metrics, func([]ledger.StatusChange) {}, r.d.log)
 	ctx := context.Background()
 	for range 3 {
 		var vals [][]byte

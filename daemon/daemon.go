@@ -87,6 +87,7 @@ type Daemon struct {
 
 	outbox    *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
 	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
+	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
 
 	ready         chan struct{}    // closed once the consumer runs (or ingest stayed stopped)
@@ -163,6 +164,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("confirm", d.confirm.run)
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
+	g.Go("reissue", d.reissue.run)
 	g.Go("export", d.export.run)
 	if opts.Ready != nil {
 		opts.Ready <- d
@@ -259,7 +261,11 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	}
 	td.add("event publisher", d.pub.Close)
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, d.own.events, log.With("component", "outbox"))
-	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, d.outbox.notify, log.With("component", "confirm"))
+	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
+	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
+		d.outbox.notify()
+		d.reissue.notify(changes)
+	}, log.With("component", "confirm"))
 	return nil
 }
 

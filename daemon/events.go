@@ -28,6 +28,7 @@ type event struct {
 	Type             string         `json:"type"`
 	At               time.Time      `json:"at"`
 	ID               string         `json:"id,omitempty"`
+	NewID            string         `json:"new_id,omitempty"`
 	From             string         `json:"from,omitempty"`
 	To               string         `json:"to,omitempty"`
 	PosteriorVersion uint64         `json:"posterior_version"`

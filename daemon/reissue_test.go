@@ -1,0 +1,113 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// With explain.reissue set, a drift that moves CEs into that status makes the daemon generate a
+// replacement for each (PSCE for the same x under the current posterior), store it and publish
+// counterfactual_reissued linking old to new, or counterfactual_reissue_failed with the reason:
+// exactly one of them per CE. A replacement has the old CE's x and is measured under a posterior
+// at least as new as the old CE's verdict. A mild drift (at_risk) leaves room for replacements; a
+// strong one (invalidated, learning rate 1e-2) leaves none, and says so.
+func TestReissue(t *testing.T) {
+	for _, c := range []struct {
+		status      string
+		lr          float64
+		wantSuccess bool
+	}{{"at_risk", 1e-3, true}, {"invalidated", 1e-2, false}} {
+		t.Run(c.status, func(t *testing.T) { testReissue(t, c.status, c.lr, c.wantSuccess) })
+	}
+}
+
+func testReissue(t *testing.T, status string, lr float64, wantSuccess bool) {
+	r := startDaemon(t, func(c *config.Config) {
+		c.Update.LearningRate = lr
+		c.Explain.Reissue = status
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96 // the drift is one increment
+	})
+	data := bundled(t)
+	ids := registerCEs(t, r, data, 6)
+	var vals [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(vals) < 96 {
+			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+		}
+	}
+	r.produce(t, vals...)
+	trigger, _ := certify.ParseStatus(status)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == 96 && r.metric(t, "cfguard_renewal_backlog") == 0 &&
+			r.metric(t, "cfguard_counterfactuals", "status", status) > 0
+	})
+	var invalidated []*ledger.CE // the CEs in the triggering status (or worse)
+	for _, id := range ids {
+		ce, err := r.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ce.Status == trigger || ce.Status == certify.Invalidated {
+			invalidated = append(invalidated, ce)
+		}
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	outcome := map[string]event{}
+	for len(outcome) < len(invalidated) {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("events: %d reissue events for %d invalidated CEs: %v", len(outcome), len(invalidated), err)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type != "counterfactual_reissued" && e.Type != "counterfactual_reissue_failed" {
+			continue
+		}
+		if _, dup := outcome[e.ID]; dup {
+			t.Fatalf("a second reissue event for %s: %s", e.ID, m.Value)
+		}
+		outcome[e.ID] = e
+	}
+	reissued := 0
+	for _, old := range invalidated {
+		e, ok := outcome[old.ID]
+		if !ok {
+			t.Fatalf("no reissue event for invalidated %s (events for %v)", old.ID, outcome)
+		}
+		if e.Type == "counterfactual_reissue_failed" {
+			t.Logf("%s: %s", old.ID, e.Error)
+			if e.Error == "" {
+				t.Errorf("%s: a failure event without its error", old.ID)
+			}
+			continue
+		}
+		reissued++
+		ce, err := r.d.ledger.Get(e.NewID)
+		if err != nil {
+			t.Fatalf("reissued %s as %s, which is not stored: %v", old.ID, e.NewID, err)
+		}
+		if !slices.Equal(ce.X, old.X) || ce.Target != old.Target || ce.AnchorVersion < *old.ConfirmedVersion || e.PosteriorVersion != ce.AnchorVersion {
+			t.Errorf("%s reissued as %+v (event %+v)", old.ID, ce, e)
+		}
+	}
+	t.Logf("%d of %d CEs %s (or worse) after the drift: %d reissued, %d failures published", len(invalidated), len(ids), status, reissued, len(invalidated)-reissued)
+	if wantSuccess && reissued == 0 {
+		t.Fatal("no CE reissued after a mild drift")
+	}
+}
