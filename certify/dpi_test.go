@@ -1,0 +1,243 @@
+package certify
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// tinyPair returns a small model (3 inputs, hidden 5 and 4, 3 classes) with a non-trivial scaler
+// and, as qNew, a copy whose last layer is perturbed: means by scale*N(0, 1), log-sigmas by
+// 2*scale*N(0, 1). The bodies are shared bit for bit.
+func tinyPair(seed uint64, scale float64) (qNew, qOld *bnn.Model) {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	qOld = bnn.New(3, []int{5, 4}, []string{"a", "b", "c"}, 0.3, rng)
+	qOld.Scaler = bnn.Scaler{Mean: []float64{1, -2, 0.5}, Std: []float64{2, 0.5, 1}}
+	qNew = qOld.Clone()
+	l := qNew.Last()
+	for i := range l.WeightMu {
+		l.WeightMu[i] += scale * rng.NormFloat64()
+		l.WeightLogSigma[i] += 2 * scale * rng.NormFloat64()
+	}
+	for i := range l.BiasMu {
+		l.BiasMu[i] += scale * rng.NormFloat64()
+		l.BiasLogSigma[i] += 2 * scale * rng.NormFloat64()
+	}
+	return qNew, qOld
+}
+
+func lastLayerKL(qNew, qOld *bnn.Model) float64 {
+	a, b := qNew.Last(), qOld.Last()
+	return KLDiag(a.WeightMu, a.WeightLogSigma, b.WeightMu, b.WeightLogSigma) + KLDiag(a.BiasMu, a.BiasLogSigma, b.BiasMu, b.BiasLogSigma)
+}
+
+// TestConditionalKLHandComputed: with no hidden layer h is the standardised x itself, so the
+// estimate is exact. One weight and one bias: x = 5 standardises to (5 - 1)/2 = 2; the weight's
+// mean moves from 0.5 to 0.7 with sigma 0.1 and the bias is N(0, 0.1^2) in both, so
+// z ~ N(1.4, 0.05) against N(1.0, 0.05) and KL = 0.4^2 / (2 * 0.05) = 1.6. The parameter KL is
+// 0.2^2 / (2 * 0.01) = 2.
+func TestConditionalKLHandComputed(t *testing.T) {
+	ls := math.Log(0.1)
+	old := &bnn.Model{Layers: []bnn.Layer{{Name: "fc1", In: 1, Out: 1, WeightMu: []float64{0.5}, WeightLogSigma: []float64{ls},
+		BiasMu: []float64{0}, BiasLogSigma: []float64{ls}}}, Scaler: bnn.Scaler{Mean: []float64{1}, Std: []float64{2}},
+		Classes: []string{"only"}, PriorSigma: 0.1}
+	nu := old.Clone()
+	nu.Layers[0].WeightMu[0] = 0.7
+	e, err := EstimateConditionalKL(nu, old, []float64{5}, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(e.Mean-1.6) > 1e-12 || e.Var > 1e-24 || math.Abs(e.ParamKL-2) > 1e-12 {
+		t.Fatalf("got mean %.15g var %g param KL %.15g, want 1.6, 0, 2", e.Mean, e.Var, e.ParamKL)
+	}
+}
+
+// TestConditionalKLMonteCarlo checks the estimate against an independent Monte-Carlo estimate of
+// KL(q_new(h, z) || q_old(h, z)): whole networks drawn from q_new with bnn's sampler (no local
+// reparameterisation), h computed by a plain forward pass, z = W h + b from the drawn last layer,
+// and the log-density ratio of z given h averaged (h's own ratio is 1: its law is the same).
+// Tolerance: 5 standard errors of the difference of the two independent estimates.
+func TestConditionalKLMonteCarlo(t *testing.T) {
+	S := 200_000
+	if testing.Short() {
+		S = 40_000
+	}
+	for _, seed := range []uint64{1, 2, 3} {
+		qNew, qOld := tinyPair(seed, 0.15)
+		x := []float64{2.5, -1.7, 1.2}
+		e, err := EstimateConditionalKL(qNew, qOld, x, S, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc, mcVar := jointKLByWeights(qNew, qOld, x, S, seed+100)
+		se := math.Sqrt(e.Var/float64(S) + mcVar/float64(S))
+		t.Logf("seed %d: conditional %.5f (param %.5f), joint by weight draws %.5f, se %.5f", seed, e.Mean, e.ParamKL, mc, se)
+		if math.Abs(e.Mean-mc) > 5*se {
+			t.Errorf("seed %d: conditional KL %.6f, Monte-Carlo joint KL %.6f: differ by %.1f standard errors", seed, e.Mean, mc, math.Abs(e.Mean-mc)/se)
+		}
+		if e.Mean < 0.01 {
+			t.Errorf("seed %d: KL %.6f too small for the comparison to mean anything", seed, e.Mean)
+		}
+	}
+}
+
+// jointKLByWeights is the mean and variance of log q_new(z|h) - log q_old(z|h) over S draws of
+// (h, z) from q_new made with whole weight draws.
+func jointKLByWeights(qNew, qOld *bnn.Model, x []float64, S int, seed uint64) (mean, variance float64) {
+	rng := rand.New(rand.NewPCG(seed, 5))
+	net := qNew.NewNet()
+	L := len(qNew.Layers)
+	a0 := make([]float64, len(x))
+	qNew.Scaler.Apply(a0, x)
+	var sum, sum2 float64
+	for s := 0; s < S; s++ {
+		qNew.Sample(rng, net)
+		h := a0
+		for k := 0; k+1 < L; k++ {
+			l := &qNew.Layers[k]
+			out := make([]float64, l.Out)
+			for o := range out {
+				v := net.B[k][o]
+				for i, hi := range h {
+					v += net.W[k][o*l.In+i] * hi
+				}
+				out[o] = qNew.Activation.Apply(v)
+			}
+			h = out
+		}
+		last := qNew.Last()
+		r := 0.0
+		for c := 0; c < last.Out; c++ {
+			z := net.B[L-1][c]
+			for j, hj := range h {
+				z += net.W[L-1][c*last.In+j] * hj
+			}
+			r += logNormalGivenH(qNew.Last(), c, h, z) - logNormalGivenH(qOld.Last(), c, h, z)
+		}
+		sum += r
+		sum2 += r * r
+	}
+	mean = sum / float64(S)
+	return mean, (sum2 - float64(S)*mean*mean) / float64(S-1)
+}
+
+// logNormalGivenH is the log-density of logit c at z given h under layer l.
+func logNormalGivenH(l *bnn.Layer, c int, h []float64, z float64) float64 {
+	m, v := l.BiasMu[c], math.Exp(2*l.BiasLogSigma[c])
+	for j, hj := range h {
+		m += l.WeightMu[c*l.In+j] * hj
+		v += math.Exp(2*l.WeightLogSigma[c*l.In+j]) * hj * hj
+	}
+	return -0.5*(z-m)*(z-m)/v - 0.5*math.Log(2*math.Pi*v)
+}
+
+// TestConditionalKLBelowParameterKL: the data-processing inequality, for random perturbations
+// small and large: the estimate and both confidence bounds never exceed the last layer's
+// parameter KL, which is certify.KL of the two models (the body contributes 0).
+func TestConditionalKLBelowParameterKL(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for seed := uint64(1); seed <= 20; seed++ {
+		scale := []float64{1e-4, 1e-2, 0.1, 1}[seed%4]
+		qNew, qOld := tinyPair(seed, scale)
+		full, _, err := KL(qNew, qOld)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := []float64{3 * rng.NormFloat64(), 3 * rng.NormFloat64(), 3 * rng.NormFloat64()}
+		e, err := EstimateConditionalKL(qNew, qOld, x, 500, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(e.ParamKL-full) > 1e-12*full {
+			t.Fatalf("seed %d: ParamKL %v, certify.KL %v", seed, e.ParamKL, full)
+		}
+		if !(e.Mean > 0) || e.Mean > full*(1+1e-12) {
+			t.Errorf("seed %d (scale %g): conditional KL %v not in (0, parameter KL %v]", seed, scale, e.Mean, full)
+		}
+		if h, b := e.Hoeffding(0.01), e.Bernstein(0.01); h < e.Mean || h > full || b < e.Mean || b > full {
+			t.Errorf("seed %d: bounds %v (Hoeffding) %v (Bernstein) not in [mean %v, parameter KL %v]", seed, h, b, e.Mean, full)
+		}
+		t.Logf("scale %g: conditional/parameter %.3f", scale, e.Mean/full)
+	}
+}
+
+// TestConditionalKLZeroWhenLastLayersEqual: equal posteriors give exactly 0, and so do the bounds.
+func TestConditionalKLZeroWhenLastLayersEqual(t *testing.T) {
+	_, qOld := tinyPair(4, 0.1)
+	mean, upper, err := ConditionalKL(qOld.Clone(), qOld, []float64{1, 2, 3}, 100, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mean != 0 || upper != 0 {
+		t.Fatalf("equal models: mean %v, upper %v, want 0, 0", mean, upper)
+	}
+}
+
+// TestConditionalKLRefusesDifferentBodies: only a shared body gives h the same law under both.
+func TestConditionalKLRefusesDifferentBodies(t *testing.T) {
+	qNew, qOld := tinyPair(5, 0.1)
+	x := []float64{1, 2, 3}
+	cases := []struct {
+		name   string
+		change func(m *bnn.Model)
+		want   string
+	}{
+		{"body weight", func(m *bnn.Model) { m.Layers[0].WeightMu[3] += 1e-9 }, "bodies differ"},
+		{"body sigma", func(m *bnn.Model) { m.Layers[1].BiasLogSigma[0] -= 0.1 }, "bodies differ"},
+		{"scaler", func(m *bnn.Model) { m.Scaler.Std[1] *= 1.01 }, "scalers differ"},
+		{"activation", func(m *bnn.Model) { m.Activation = bnn.Tanh }, "activations differ"},
+		{"invalid", func(m *bnn.Model) { m.Last().BiasMu[0] = math.NaN() }, "invalid model"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := qNew.Clone()
+			tc.change(m)
+			if _, _, err := ConditionalKL(m, qOld, x, 10, 1); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one that says %q", err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []struct {
+		x     []float64
+		draws int
+	}{{[]float64{1, 2}, 10}, {[]float64{1, math.Inf(1), 3}, 10}, {x, 0}} {
+		if _, _, err := ConditionalKL(qNew, qOld, bad.x, bad.draws, 1); err == nil {
+			t.Errorf("x %v, draws %d: no error", bad.x, bad.draws)
+		}
+	}
+}
+
+// TestConditionalKLUpperBoundCovers: over 400 independent small estimates, the upper bounds at
+// alpha = 0.1 miss the true value (a 400,000-draw estimate) at most as often as alpha allows
+// (Hoeffding and empirical Bernstein are conservative: the expected miss rate is well below 0.1;
+// the threshold 0.1 + 3 binomial standard deviations fails only for a wrong bound).
+func TestConditionalKLUpperBoundCovers(t *testing.T) {
+	qNew, qOld := tinyPair(6, 0.2)
+	x := []float64{0.5, -3, 2}
+	truth, err := EstimateConditionalKL(qNew, qOld, x, 400_000, 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const runs, alpha = 400, 0.1
+	var missH, missB int
+	for r := 0; r < runs; r++ {
+		e, err := EstimateConditionalKL(qNew, qOld, x, 30, uint64(1000+r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Hoeffding(alpha) < truth.Mean {
+			missH++
+		}
+		if e.Bernstein(alpha) < truth.Mean {
+			missB++
+		}
+	}
+	limit := int(runs * (alpha + 3*math.Sqrt(alpha*(1-alpha)/runs)))
+	t.Logf("truth %.5f (param %.5f): misses Hoeffding %d, Bernstein %d of %d (limit %d)", truth.Mean, truth.ParamKL, missH, missB, runs, limit)
+	if missH > limit || missB > limit {
+		t.Fatalf("misses Hoeffding %d, Bernstein %d of %d, limit %d", missH, missB, runs, limit)
+	}
+}
