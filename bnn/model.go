@@ -247,12 +247,14 @@ func SameBody(a, b *Model) bool {
 
 // LayersEqual reports whether two layers have the same shape and bit-for-bit equal parameters.
 func LayersEqual(a, b *Layer) bool {
-	return a.In == b.In && a.Out == b.Out && bitsEqual(a.WeightMu, b.WeightMu) &&
-		bitsEqual(a.WeightLogSigma, b.WeightLogSigma) && bitsEqual(a.BiasMu, b.BiasMu) &&
-		bitsEqual(a.BiasLogSigma, b.BiasLogSigma)
+	return a.In == b.In && a.Out == b.Out && BitsEqual(a.WeightMu, b.WeightMu) &&
+		BitsEqual(a.WeightLogSigma, b.WeightLogSigma) && BitsEqual(a.BiasMu, b.BiasMu) &&
+		BitsEqual(a.BiasLogSigma, b.BiasLogSigma)
 }
 
-func bitsEqual(a, b []float64) bool {
+// BitsEqual reports whether a and b hold the same float64 bit patterns (NaN equals NaN, -0 does
+// not equal 0): the equality of stored parameters, not of numbers.
+func BitsEqual(a, b []float64) bool {
 	if len(a) != len(b) {
 		return false
 	}

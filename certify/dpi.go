@@ -156,22 +156,10 @@ func checkSameBody(a, b *bnn.Model) error {
 	if a.Activation != b.Activation {
 		return fmt.Errorf("conditional kl: activations differ (%v and %v)", a.Activation, b.Activation)
 	}
-	if !bitsEqual(a.Scaler.Mean, b.Scaler.Mean) || !bitsEqual(a.Scaler.Std, b.Scaler.Std) {
+	if !bnn.BitsEqual(a.Scaler.Mean, b.Scaler.Mean) || !bnn.BitsEqual(a.Scaler.Std, b.Scaler.Std) {
 		return fmt.Errorf("conditional kl: the models' feature scalers differ")
 	}
 	return nil
-}
-
-func bitsEqual(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // gaussianHead is a mean-field Gaussian layer prepared for the local reparameterisation: the

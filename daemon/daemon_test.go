@@ -322,14 +322,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3 })
 	data := bundled(t)
 	ids := registerCEs(t, r, data, 6)
-	// Labels flipped in a region: benign rows labelled malignant.
-	var vals [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(vals) < 96 {
-			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
-		}
-	}
-	r.produce(t, vals...)
+	r.produce(t, flipped(data, 96)...)
 	waitfor.Cond(t, 30*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
 	hist, err := r.d.ledger.KLHistory(100)
 	if err != nil {
@@ -409,13 +402,7 @@ func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
 	})
 	data := bundled(t)
 	registerCEs(t, r, data, 4)
-	var vals [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(vals) < 320 {
-			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], 0))
-		}
-	}
-	r.produce(t, vals...)
+	r.produce(t, flipped(data, 320)...)
 	waitfor.Cond(t, 60*time.Second, "320 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 320 })
 	hist, err := r.d.ledger.KLHistory(100)
 	if err != nil {

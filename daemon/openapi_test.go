@@ -610,13 +610,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	c.send("GET", "/v1/counterfactuals/nope", token, nil, "", 404)
 
 	// Drift, so that the model's KL history, anchors and the CEs' histories are not empty.
-	var recs [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(recs) < 64 {
-			recs = append(recs, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
-		}
-	}
-	r.produce(t, recs...)
+	r.produce(t, flipped(data, 64)...)
 	waitfor.Cond(t, 30*time.Second, "two updates", func() bool { return r.d.current().Version >= 2 })
 	c.send("GET", "/v1/model", token, nil, "", 200)
 	c.send("GET", "/v1/counterfactuals/ce-0", token, nil, "", 200)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -40,13 +39,7 @@ func testReissue(t *testing.T, status string, lr float64, wantSuccess bool) {
 	})
 	data := bundled(t)
 	ids := registerCEs(t, r, data, 6)
-	var vals [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(vals) < 96 {
-			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
-		}
-	}
-	r.produce(t, vals...)
+	r.produce(t, flipped(data, 96)...)
 	trigger, _ := certify.ParseStatus(status)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == 96 && r.metric(t, "cfguard_renewal_backlog") == 0 &&
