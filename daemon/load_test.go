@@ -1,0 +1,397 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// The load case's sizes.
+const (
+	loadRecords    = 2000 // correctly labelled records of the bundled data set
+	loadBatch      = 200  // produced at a time, one batch a second
+	loadConcurrent = 40   // explanations and predictions, each, sent at once per round
+	loadInputs     = 500  // per prediction
+	loadFaultAfter = 1000 // records applied before a fetch is held back
+)
+
+// TestFloodWhileRecordsStreamKeepsIngesting is the load case: while 2000 correctly labelled
+// records stream in, rounds of 40 concurrent POST /v1/explain and 40 concurrent POST
+// /v1/predict of 500 inputs each hit the daemon, and in the middle of it one fetch is left
+// unanswered (the client's per-request deadline passes: "kafka.(*Client).Fetch: context
+// deadline exceeded", what a starved CPU produces) and the next one's connection is closed
+// (EOF). The daemon must shed what it cannot run (429 with Retry-After), answer everything else
+// correctly, never exit, answer /healthz (probed every 200 ms) within 5 s, resume ingest after
+// the faults and apply every record while the flood goes on, and be ready at the end.
+//
+// The broker is a kfake cluster of the test's own (the embedded broker is the same kfake), so
+// that the test can hold back a fetch; the daemon's consumer waits 11 s (the dial timeout plus
+// twice the fetch wait) for the answer that never comes, so the flood lasts about 17 s: 5 s of
+// ingest, the stall, and the catch-up.
+func TestFloodWhileRecordsStreamKeepsIngesting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a flood of more than 10 s; trains the VAE")
+	}
+	const floodFor, floodMost = 12 * time.Second, 30 * time.Second
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the daemon's cleanup
+	l := &loadCase{r: startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = kc.ListenAddrs() }), kc: kc, data: bundled(t),
+		tally: newLoadTally(), faulted: make(chan struct{})}
+	l.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * loadConcurrent}}
+	t.Cleanup(l.client.CloseIdleConnections)
+
+	ctx, stop := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	defer func() { stop(); bg.Wait() }()
+	l.start = time.Now()
+	bg.Go(func() { l.probes.run(ctx, l.r.base+"/healthz", 200*time.Millisecond, 5*time.Second) })
+	bg.Go(func() { l.produce(ctx) })
+	bg.Go(func() { l.faultFetches(ctx) })
+
+	rounds := 0
+	for ; time.Since(l.start) < floodMost && l.stopped() == "" && l.produceErr.Load() == nil; rounds++ {
+		if time.Since(l.start) >= floodFor && l.faultsBehind() && l.applied() == loadRecords {
+			break
+		}
+		l.round(rounds)
+		l.alive(t, "during the flood")
+	}
+	flood := time.Since(l.start)
+	t.Logf("%d rounds in %v: explain %v, predict %v; slowest answers: explain %v, predict %v",
+		rounds, flood.Round(time.Millisecond), l.tally.codes("explain"), l.tally.codes("predict"),
+		l.tally.slowest["explain"].Round(time.Millisecond), l.tally.slowest["predict"].Round(time.Millisecond))
+	took := waitfor.Cond(t, 30*time.Second, fmt.Sprintf("%d applied records", loadRecords), func() bool {
+		if why := l.stopped(); why != "" {
+			t.Fatalf("ingest stopped with %v of %d records applied: %s", l.applied(), loadRecords, why)
+		}
+		if err := l.produceErr.Load(); err != nil {
+			t.Fatal(*err)
+		}
+		return l.applied() == loadRecords
+	})
+	stop()
+	bg.Wait()
+	l.alive(t, "after the flood")
+	t.Logf("/healthz: %d probes, slowest %v; a fetch held back at %v with %v records applied; all %d applied %v after the first was produced (%v after the flood); consumer retries %d",
+		l.probes.n, l.probes.slowest.Round(time.Millisecond), l.faultAt.Round(time.Millisecond), l.faultApplied, loadRecords,
+		time.Since(l.start).Round(time.Millisecond), took.Round(time.Millisecond), l.r.d.consumer.Stats().Retries)
+	l.check(t)
+}
+
+// loadCase is the state of TestFloodWhileRecordsStreamKeepsIngesting.
+type loadCase struct {
+	r      *running
+	client *http.Client // keeps a connection per concurrent request
+	kc     *kfake.Cluster
+	data   *dataset.Set
+	start  time.Time
+	tally  *loadTally
+	probes healthProbes
+
+	produced   atomic.Int64
+	produceErr atomic.Pointer[error]
+
+	fetches      atomic.Int32  // fetches seen since the faults were set up
+	faulted      chan struct{} // closed once they are
+	faultAt      time.Duration // since start; with faultApplied, written before faulted is closed
+	faultApplied float64
+}
+
+func (l *loadCase) applied() float64 {
+	return gatherCounter(l.r.reg, "cfguard_records_total", "result", "applied")
+}
+
+// stopped is why the consumer stopped for good, or "".
+func (l *loadCase) stopped() string {
+	for _, why := range l.r.d.consumer.Health().Reasons {
+		if strings.HasPrefix(why, "stopped:") {
+			return why
+		}
+	}
+	return ""
+}
+
+// alive fails the test if Run has returned.
+func (l *loadCase) alive(t *testing.T, when string) {
+	t.Helper()
+	select {
+	case err := <-l.r.done:
+		l.r.done <- err // for the cleanup
+		t.Fatalf("the daemon exited %s: %v", when, err)
+	default:
+	}
+}
+
+// produce writes the records, a batch a second, until all are written or ctx ends.
+func (l *loadCase) produce(ctx context.Context) {
+	w := &kafka.Writer{Addr: kafka.TCP(l.kc.ListenAddrs()...), Topic: l.r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: loadBatch}
+	defer w.Close()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for b := range loadRecords / loadBatch {
+		msgs := make([]kafka.Message, loadBatch)
+		for i := range msgs {
+			k := b*loadBatch + i
+			row := k % len(l.data.X)
+			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("load-%d", k), l.data.X[row], l.data.Y[row])}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := w.WriteMessages(wctx, msgs...)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("producing batch %d: %w", b, err)
+			l.produceErr.Store(&err)
+			return
+		}
+		l.produced.Add(loadBatch)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// faultFetches waits until ingest runs under the flood, then leaves the next fetch unanswered
+// and closes the connection of the one after; the broker serves the rest.
+func (l *loadCase) faultFetches(ctx context.Context) {
+	for l.applied() < loadFaultAfter {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(waitfor.Interval):
+		}
+	}
+	l.kc.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		switch l.fetches.Add(1) {
+		case 1:
+			l.kc.KeepControl()
+			return nil, nil, true // no answer: the client's deadline passes
+		case 2:
+			l.kc.KeepControl()
+			return nil, errors.New("connection closed by the test"), true
+		}
+		l.kc.DropControl()
+		return nil, nil, false
+	})
+	l.faultAt, l.faultApplied = time.Since(l.start), l.applied()
+	close(l.faulted)
+}
+
+// faultsBehind: a fetch after the two faulty ones reached the broker.
+func (l *loadCase) faultsBehind() bool {
+	select {
+	case <-l.faulted:
+		return l.fetches.Load() > 2
+	default:
+		return false
+	}
+}
+
+// round sends loadConcurrent explanations and as many predictions at once and waits for every
+// answer.
+func (l *loadCase) round(n int) {
+	predict, _ := json.Marshal(map[string]any{"xs": l.data.X[:loadInputs]})
+	var wg sync.WaitGroup
+	for i := range loadConcurrent {
+		// Rows in turn, for the class the model does not give them (no target: the other class).
+		explain, _ := json.Marshal(map[string]any{"x": l.data.X[(n*loadConcurrent+i)%len(l.data.X)]})
+		wg.Go(func() { l.post("explain", explain, 90*time.Second) })
+		wg.Go(func() { l.post("predict", predict, 30*time.Second) })
+	}
+	wg.Wait()
+}
+
+// post sends one request and tallies its answer: 201 or 422 from explain, 200 with every
+// prediction from predict, 429 with Retry-After from either; anything else, or no answer
+// within the given time, is a failure.
+func (l *loadCase) post(route string, body []byte, within time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", l.r.base+"/v1/"+route, bytes.NewReader(body))
+	start := time.Now()
+	resp, err := l.client.Do(req)
+	if err != nil {
+		l.tally.fail(route, fmt.Sprintf("no answer within %v: %v", within, err))
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		l.tally.fail(route, fmt.Sprintf("%d, body cut: %v", resp.StatusCode, err))
+		return
+	}
+	l.tally.answer(route, resp.StatusCode, time.Since(start))
+	switch {
+	case resp.StatusCode == http.StatusTooManyRequests:
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || s < 1 {
+			l.tally.fail(route, fmt.Sprintf("429 with Retry-After %q, want whole seconds >= 1", resp.Header.Get("Retry-After")))
+		}
+	case route == "predict" && resp.StatusCode == http.StatusOK:
+		var p struct{ Predictions []prediction }
+		if err := json.Unmarshal(b, &p); err != nil || len(p.Predictions) != loadInputs {
+			l.tally.fail(route, fmt.Sprintf("200 with %d predictions of %d (%v)", len(p.Predictions), loadInputs, err))
+		}
+	case route == "explain" && (resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusUnprocessableEntity):
+	default:
+		l.tally.fail(route, fmt.Sprintf("%d %.200s", resp.StatusCode, b))
+	}
+}
+
+// check holds the outcome once every record is applied and the background work has stopped.
+func (l *loadCase) check(t *testing.T) {
+	t.Helper()
+	for _, f := range l.tally.failures {
+		t.Error(f)
+	}
+	for _, f := range l.probes.failures {
+		t.Error(f)
+	}
+	if l.probes.n == 0 {
+		t.Error("/healthz was never probed")
+	}
+	for _, route := range []string{"explain", "predict"} {
+		if l.tally.n[route][http.StatusTooManyRequests] == 0 {
+			t.Errorf("no %s was shed with 429 under %d concurrent requests: its concurrency is not bounded", route, loadConcurrent)
+		}
+		if ok := l.tally.n[route][http.StatusOK] + l.tally.n[route][http.StatusCreated] + l.tally.n[route][http.StatusUnprocessableEntity]; ok == 0 {
+			t.Errorf("no %s was answered: everything was shed", route)
+		}
+	}
+	if !l.faultsBehind() {
+		t.Errorf("the fetch faults were not exercised (%d fetches controlled)", l.fetches.Load())
+	}
+	if got := l.r.d.consumer.Stats().Retries; got < 2 {
+		t.Errorf("consumer retries %d, want at least 2 (the held-back fetch and the cut one)", got)
+	}
+	if code, body := l.r.get(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after the flood: %d %s", code, body)
+	}
+}
+
+// loadTally counts a flood's answers by route and status code.
+type loadTally struct {
+	mu       sync.Mutex
+	n        map[string]map[int]int
+	slowest  map[string]time.Duration
+	failures []string
+}
+
+func newLoadTally() *loadTally {
+	return &loadTally{n: map[string]map[int]int{}, slowest: map[string]time.Duration{}}
+}
+
+func (l *loadTally) answer(route string, code int, took time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n[route] == nil {
+		l.n[route] = map[int]int{}
+	}
+	l.n[route][code]++
+	l.slowest[route] = max(l.slowest[route], took)
+}
+
+// fail records a wrong answer; the first 10 are kept.
+func (l *loadTally) fail(route, what string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.failures) < 10 {
+		l.failures = append(l.failures, route+": "+what)
+	}
+}
+
+// codes is "code:count ..." in code order.
+func (l *loadTally) codes(route string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b bytes.Buffer
+	for _, c := range slices.Sorted(maps.Keys(l.n[route])) {
+		fmt.Fprintf(&b, "%d:%d ", c, l.n[route][c])
+	}
+	return string(bytes.TrimSpace(b.Bytes()))
+}
+
+// healthProbes asks for /healthz on a new connection every interval until ctx ends; an answer
+// other than 200, or none within limit, is a failure.
+type healthProbes struct {
+	n        int
+	slowest  time.Duration
+	failures []string
+}
+
+func (h *healthProbes) run(ctx context.Context, url string, every, limit time.Duration) {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: limit}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		start := time.Now()
+		resp, err := c.Get(url)
+		took := time.Since(start)
+		h.n++
+		h.slowest = max(h.slowest, took)
+		if err != nil {
+			h.failures = append(h.failures, fmt.Sprintf("/healthz probe %d: %v", h.n, err))
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			h.failures = append(h.failures, fmt.Sprintf("/healthz probe %d: %d", h.n, resp.StatusCode))
+		}
+	}
+}
+
+// gatherCounter reads a counter (or gauge) with the given label pairs without a *testing.T, for
+// a goroutine; -1 when there is none.
+func gatherCounter(reg *prometheus.Registry, name string, labels ...string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			match := true
+			for i := 0; i+1 < len(labels); i += 2 {
+				match = match && have[labels[i]] == labels[i+1]
+			}
+			if !match {
+				continue
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
+}
