@@ -280,9 +280,11 @@ func (a *audit) anchorKL(tx *bolt.Tx, now cur, v uint64) (float64, error) {
 //
 //	renewed      certify.Renewable(e): re-anchored to v and judged by its bounds at KL(q_now || q_v)
 //	             (certified, or certified with a lapsed bound when the posterior moved meanwhile);
-//	a verdict    when v is current and the CE's bound fails (certify.Verdict), or when v is current,
-//	             its bound holds and yet upper(p2) < 1/2: measured evidence that p < 1/2 is never
-//	             left standing as certified;
+//	a verdict    when v is current and the CE's bound fails (certify.Verdict);
+//	replaced     when v is current, its bound holds and yet upper(p2) < 1/2: the certificate's
+//	             premise is contradicted, so the measurement becomes the certificate (anchor v,
+//	             KL 0, a bound that fails) and the CE gets its verdict: measured evidence that
+//	             p < 1/2 is never left standing as certified;
 //	unchanged    otherwise (uncertified outside the set, certified and not contradicted, or
 //	             evidence about a posterior that is no longer current).
 //
@@ -299,8 +301,12 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 	moved := certify.Renewable(e, h.delta, h.epsilon, alpha)
 	current := v == now.version
 	_, hi := e.Interval(alpha)
+	// contradicted: the bound holds, yet the audit measures p < 1/2 under the current posterior:
+	// the certificate's premise (p1 under its anchor) is wrong, so the measurement replaces it
+	// (anchor q_now, KL 0, a bound that fails) and a verdict is given.
+	contradicted := !moved && h.holds() && current && hi < 0.5
 	switch {
-	case moved:
+	case moved, contradicted:
 		if h.status != certify.Uncertified {
 			if err := a.l.ref(tx, now, h.anchor, -1, 0, w.now); err != nil {
 				return false, err
@@ -311,10 +317,13 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 		}
 		nh.anchor, nh.p1, nh.var1, nh.samples = v, e.P, e.Var, e.Samples
 		nh.status, nh.confirmed, nh.cv, nh.lapsed = certify.Certified, false, 0, false
-		if !pol.Bounds(nh.certificate(), kl).Certified {
+		switch {
+		case contradicted:
+			nh.status, nh.confirmed, nh.cv = certify.Verdict(h.status, e, alpha), true, v
+		case !pol.Bounds(nh.certificate(), kl).Certified:
 			nh.lapsed = true // measured under an older posterior whose KL already exceeds the bound: the confirmer renews it
 		}
-	case h.pending() && current, h.holds() && current && hi < 0.5:
+	case h.pending() && current:
 		nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
 		nh.confirmed, nh.cv = true, v
 	default:
@@ -328,7 +337,7 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 		return false, nil // a verdict that confirms the status
 	}
 	ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: now.version, KL: kl, P2: &e.P}
-	if !moved {
+	if !moved && !contradicted {
 		an, ok, err := readAnchor(tx, h.anchor)
 		if err == nil && !ok {
 			err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
