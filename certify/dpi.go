@@ -225,7 +225,6 @@ type bodySampler struct {
 	activation bnn.Activation
 	first      []float64 // the first layer's input, the standardised x
 	firstDone  bool
-	out        []float64
 }
 
 func newBodySampler(m *bnn.Model, x []float64) *bodySampler {

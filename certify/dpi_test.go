@@ -29,11 +29,6 @@ func tinyPair(seed uint64, scale float64) (qNew, qOld *bnn.Model) {
 	return qNew, qOld
 }
 
-func lastLayerKL(qNew, qOld *bnn.Model) float64 {
-	a, b := qNew.Last(), qOld.Last()
-	return KLDiag(a.WeightMu, a.WeightLogSigma, b.WeightMu, b.WeightLogSigma) + KLDiag(a.BiasMu, a.BiasLogSigma, b.BiasMu, b.BiasLogSigma)
-}
-
 // TestConditionalKLHandComputed: with no hidden layer h is the standardised x itself, so the
 // estimate is exact. One weight and one bias: x = 5 standardises to (5 - 1)/2 = 2; the weight's
 // mean moves from 0.5 to 0.7 with sigma 0.1 and the bias is N(0, 0.1^2) in both, so
