@@ -376,9 +376,15 @@ func registerStatus(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
 		return http.StatusUnprocessableEntity
+	case errors.Is(err, ledger.ErrWrite):
+		return http.StatusServiceUnavailable // disk full, failed fsync: nothing stored, retry later
 	}
 	return http.StatusInternalServerError
 }
+
+// writeRetryAfter is the Retry-After of a registration refused because the ledger cannot be
+// written (the daemon retries its own checkpoint with backoff meanwhile).
+const writeRetryAfter = 10 * time.Second
 
 type registerRequest struct {
 	ID     string    `json:"id"`
@@ -398,7 +404,11 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
 	if err != nil {
-		writeError(w, registerStatus(err), err.Error())
+		if code := registerStatus(err); code == http.StatusServiceUnavailable {
+			retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
+		} else {
+			writeError(w, code, err.Error())
+		}
 		return
 	}
 	writeJSON(w, http.StatusCreated, ce)

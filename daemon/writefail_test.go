@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -104,6 +105,18 @@ func TestCheckpointFailureChild(t *testing.T) {
 	}
 	if r.metric(t, "cfguard_checkpoint_failing") != 1 {
 		t.Fatal("cfguard_checkpoint_failing is not 1 while checkpoints fail")
+	}
+	// A registration meanwhile is refused with 503 and a Retry-After, nothing stored: the client
+	// retries later, as for any unavailable service (not a 500, which says the request was bad
+	// for the server).
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	reg, _ := json.Marshal(map[string]any{"id": "during-outage", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("registration while the ledger cannot be written: %d (Retry-After %q) %s, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), rbody)
+	}
+	if _, err := r.d.ledger.Get("during-outage"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("the refused registration: Get says %v, want not found", err)
 	}
 	held := applied()
 	produce(64) // more records arrive meanwhile: they wait in the topic
