@@ -1,20 +1,21 @@
 // Command vstorch times cfguard's predictive, last-layer update and training side by side with
-// the stack the paper used (PyTorch with torchbnn semantics, torch_bench.py), both pinned to one
-// core, interleaved over several rounds, and prints medians, the ratio and cfguard's FLOP rate
-// as a fraction of the core's GEMM peak measured in the same run:
+// the stack the paper used (PyTorch with torchbnn semantics, torch_bench.py beside this file),
+// both pinned to one core, interleaved over several rounds, and prints medians, the ratio and
+// cfguard's FLOP rate as a fraction of the core's GEMM peak measured in the same run:
 //
 //	go run ./internal/cmd/vstorch                 # default build: pure-Go gonum BLAS
 //	go run -tags openblas ./internal/cmd/vstorch  # production build: OpenBLAS
 //
-// The Python side is
+// torch_bench.py is embedded in the binary; vstorch writes it and the bundled breast-cancer data
+// (the rows our side uses) to a temporary directory and runs
 //
-//	taskset -c <core> $CFGUARD_PYTHON $CFGUARD_TORCH_BENCH predict|update|train ...
+//	taskset -c <core> $CFGUARD_PYTHON torch_bench.py predict|update|train --reps N [--data breast_cancer.csv] ...
 //
-// with CFGUARD_PYTHON defaulting to /usr/bin/python3 (Debian's python3-torch) and
-// CFGUARD_TORCH_BENCH to /work/shared/reference/torch_bench.py; the script is not part of this
-// repository, and the command skips (exit status 0, saying why) when either is missing. Our side
-// runs in this process with GOMAXPROCS 1, on a thread locked with runtime.LockOSThread, every
-// thread of the process pinned to the core with sched_setaffinity.
+// with CFGUARD_PYTHON defaulting to /usr/bin/python3 (Debian's python3-torch). CFGUARD_TORCH_BENCH
+// names another script speaking the same protocol (arguments above, one JSON line with median_s
+// out) to run instead. The command skips (exit status 0, saying why) when python, PyTorch or
+// taskset is missing. Our side runs in this process with GOMAXPROCS 1, on a thread locked with
+// runtime.LockOSThread, every thread of the process pinned to the core with sched_setaffinity.
 //
 // The workloads are the script's: predict (10,000 inputs x 100 samples, 30 -> 64 -> 32 -> 2, in
 // float64 and float32), update (64 breast-cancer records, 50 Adam iterations on the last layer,
@@ -28,6 +29,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -59,18 +61,24 @@ func main() {
 	os.Exit(code)
 }
 
+// torchBench is torch_bench.py, the PyTorch side of every workload.
+//
+//go:embed torch_bench.py
+var torchBench []byte
+
 // options are the command's flags and environment.
 type options struct {
 	core, rounds int
 	only         []string
 	python       string
-	script       string
+	script       string // $CFGUARD_TORCH_BENCH, or "" for the embedded torch_bench.py
+	data         string // the breast-cancer CSV the script's update and train read, once written
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("vstorch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o := options{python: envOr("CFGUARD_PYTHON", "/usr/bin/python3"), script: envOr("CFGUARD_TORCH_BENCH", "/work/shared/reference/torch_bench.py")}
+	o := options{python: envOr("CFGUARD_PYTHON", "/usr/bin/python3"), script: os.Getenv("CFGUARD_TORCH_BENCH")}
 	fs.IntVar(&o.core, "core", 0, "the CPU core both sides are pinned to")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload once on each side, interleaved")
 	only := fs.String("only", "", "comma-separated workloads to run (default all: "+strings.Join(workloadNames(), ",")+")")
@@ -104,9 +112,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "vstorch:", err)
 		return 2
 	}
-	if why := missing(o); why != "" {
+	if why := missing(ctx, o); why != "" {
 		fmt.Fprintf(stdout, "vstorch: skipped: %s\n", why)
 		return 0
+	}
+	dir, err := os.MkdirTemp("", "vstorch-")
+	if err != nil {
+		fmt.Fprintln(stderr, "vstorch:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if o, err = writeInputs(o, dir); err != nil {
+		fmt.Fprintln(stderr, "vstorch:", err)
+		return 1
 	}
 	if err := pin(o.core); err != nil {
 		fmt.Fprintln(stderr, "vstorch:", err)
@@ -120,16 +138,61 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // missing says why the comparison cannot run here, or "".
-func missing(o options) string {
-	for _, f := range []struct{ what, path, env string }{{"the PyTorch benchmark", o.script, "CFGUARD_TORCH_BENCH"}, {"python", o.python, "CFGUARD_PYTHON"}} {
-		if _, err := os.Stat(f.path); err != nil {
-			return fmt.Sprintf("%s %s not found (set %s)", f.what, f.path, f.env)
+func missing(ctx context.Context, o options) string {
+	if o.script != "" {
+		if _, err := os.Stat(o.script); err != nil {
+			return fmt.Sprintf("the PyTorch benchmark %s not found (unset CFGUARD_TORCH_BENCH to use the embedded torch_bench.py)", o.script)
 		}
+	}
+	if _, err := os.Stat(o.python); err != nil {
+		return fmt.Sprintf("python %s not found (set CFGUARD_PYTHON)", o.python)
 	}
 	if _, err := exec.LookPath("taskset"); err != nil {
 		return "taskset not found (Debian: util-linux)"
 	}
+	if out, err := exec.CommandContext(ctx, o.python, "-c", "import numpy, torch").CombinedOutput(); err != nil {
+		return fmt.Sprintf("%s cannot import torch and numpy (Debian: python3-torch): %s", o.python, bytes.TrimSpace(out))
+	}
 	return ""
+}
+
+// writeInputs writes the embedded torch_bench.py (unless $CFGUARD_TORCH_BENCH names another
+// script) and the bundled breast-cancer data set into dir, and returns o pointing at them.
+func writeInputs(o options, dir string) (options, error) {
+	if o.script == "" {
+		o.script = filepath.Join(dir, "torch_bench.py")
+		if err := os.WriteFile(o.script, torchBench, 0o644); err != nil {
+			return o, fmt.Errorf("write the PyTorch benchmark: %w", err)
+		}
+	}
+	set, _, err := assets.Load("breast_cancer")
+	if err != nil {
+		return o, err
+	}
+	o.data = filepath.Join(dir, "breast_cancer.csv")
+	if err := os.WriteFile(o.data, csv(set.Features, set.X, set.Y), 0o644); err != nil {
+		return o, fmt.Errorf("write the data for the PyTorch benchmark: %w", err)
+	}
+	return o, nil
+}
+
+// csv renders a data set as torch_bench.py reads it: a header row, the features as the shortest
+// decimals that read back as the same float64, and the label last.
+func csv(features []string, X [][]float64, Y []int) []byte {
+	var b bytes.Buffer
+	for j := range features {
+		fmt.Fprintf(&b, "f%d,", j)
+	}
+	b.WriteString("label\n")
+	for i, row := range X {
+		for _, v := range row {
+			b.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(Y[i]))
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
 }
 
 // pin runs the rest of the process on one core: one P, this goroutine on its own OS thread, and
@@ -158,7 +221,8 @@ func pin(core int) error {
 // workload is one line of the table: the same job on both sides.
 type workload struct {
 	name  string
-	torch []string // torch_bench.py's arguments (without --reps)
+	torch []string // torch_bench.py's arguments (without --reps and --data)
+	data  bool     // the script reads the breast-cancer data (--data)
 	reps  int      // timed runs per round on each side
 	flops float64  // multiply-add flops of one run's products (0: not counted)
 	gemm  string   // the peak it is compared with: "dgemm" or "sgemm"
@@ -185,9 +249,9 @@ func workloads() []workload {
 	}
 	perForward := 2.0 * (30*64 + 64*32 + 32*2)
 	return []workload{
-		{"predict-float64", []string{"predict", "--dtype", "64"}, 3, perForward * 1e4 * 100, "dgemm", predict(bnn.Float64)},
-		{"predict-float32", []string{"predict", "--dtype", "32"}, 3, perForward * 1e4 * 100, "sgemm", predict(bnn.Float32)},
-		{"update", []string{"update", "--dtype", "64"}, 5, 0, "", func() (func(uint64) error, error) {
+		{"predict-float64", []string{"predict", "--dtype", "64"}, false, 3, perForward * 1e4 * 100, "dgemm", predict(bnn.Float64)},
+		{"predict-float32", []string{"predict", "--dtype", "32"}, false, 3, perForward * 1e4 * 100, "sgemm", predict(bnn.Float32)},
+		{"update", []string{"update", "--dtype", "64"}, true, 5, 0, "", func() (func(uint64) error, error) {
 			set, d, err := assets.Load("breast_cancer")
 			if err != nil {
 				return nil, err
@@ -200,7 +264,7 @@ func workloads() []workload {
 				return err
 			}, nil
 		}},
-		{"train", []string{"train", "--dtype", "64", "--epochs", "300"}, 1, 0, "", func() (func(uint64) error, error) {
+		{"train", []string{"train", "--dtype", "64", "--epochs", "300"}, true, 1, 0, "", func() (func(uint64) error, error) {
 			set, d, err := assets.Load("breast_cancer")
 			if err != nil {
 				return nil, err
@@ -231,14 +295,12 @@ type torchResult struct {
 }
 
 // torch runs torch_bench.py pinned to the core and returns the median it reports.
-func torch(ctx context.Context, o options, args []string, reps int) (float64, error) {
-	// torch_bench times its train workload reps/2 times; ask for enough to time `reps`.
-	n := reps
-	if args[0] == "train" {
-		n = 2 * reps
+func torch(ctx context.Context, o options, w workload) (float64, error) {
+	full := append([]string{"-c", strconv.Itoa(o.core), o.python, o.script}, w.torch...)
+	full = append(full, "--reps", strconv.Itoa(w.reps))
+	if w.data {
+		full = append(full, "--data", o.data)
 	}
-	full := append([]string{"-c", strconv.Itoa(o.core), o.python, o.script}, args...)
-	full = append(full, "--reps", strconv.Itoa(n))
 	cmd := exec.CommandContext(ctx, "taskset", full...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -320,7 +382,7 @@ func compare(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			t, err := torch(ctx, o, w.torch, w.reps)
+			t, err := torch(ctx, o, w)
 			if err != nil {
 				return fmt.Errorf("%s: %w", w.name, err)
 			}

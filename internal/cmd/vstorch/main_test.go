@@ -3,9 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/dataset"
 )
 
 func TestParseTorch(t *testing.T) {
@@ -31,8 +37,8 @@ func TestMedian(t *testing.T) {
 	}
 }
 
-// TestSkipsWithoutTheScript: without torch_bench.py the command says so and exits 0, having run
-// nothing.
+// TestSkipsWithoutTheScript: when $CFGUARD_TORCH_BENCH names a script that is not there, the
+// command says so and exits 0, having run nothing.
 func TestSkipsWithoutTheScript(t *testing.T) {
 	missingPath := filepath.Join(t.TempDir(), "torch_bench.py")
 	t.Setenv("CFGUARD_TORCH_BENCH", missingPath)
@@ -52,5 +58,67 @@ func TestFlags(t *testing.T) {
 	o, err := parse([]string{"-only", "update,train", "-core", "1"}, &errb)
 	if err != nil || o.core != 1 || len(o.only) != 2 {
 		t.Fatalf("parse: %+v, %v", o, err)
+	}
+}
+
+// TestDataForTheScriptIsOurs: the CSV written for torch_bench.py reads back as exactly the rows
+// our side of the update and train workloads uses.
+func TestDataForTheScriptIsOurs(t *testing.T) {
+	set, _, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := dataset.Parse(bytes.NewReader(csv(set.Features, set.X, set.Y)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.Y, set.Y) || len(back.X) != len(set.X) {
+		t.Fatalf("labels or row count differ: %d rows, want %d", len(back.X), len(set.X))
+	}
+	for i := range set.X {
+		if !slices.Equal(back.X[i], set.X[i]) {
+			t.Fatalf("row %d: %v, want %v", i, back.X[i], set.X[i])
+		}
+	}
+}
+
+// TestEmbeddedScript runs the embedded torch_bench.py on each workload at its smallest size and
+// reads its answer the way the comparison does. It needs python3 with PyTorch.
+func TestEmbeddedScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts python three times (-short)")
+	}
+	o, err := parse(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.script = ""
+	if why := missing(context.Background(), o); why != "" {
+		t.Skip(why)
+	}
+	if o, err = writeInputs(o, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(o.script); err != nil || !bytes.Equal(b, torchBench) {
+		t.Fatalf("written script %s differs from the embedded one (%v)", o.script, err)
+	}
+	for _, args := range [][]string{
+		{"predict", "--dtype", "32", "--inputs", "50", "--samples", "3"},
+		{"update", "--data", o.data},
+		{"train", "--data", o.data, "--epochs", "1"},
+	} {
+		cmd := exec.Command(o.python, append([]string{o.script, "--reps", "1"}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd.Args, err, errb.String())
+		}
+		if _, err := parseTorch(out.Bytes()); err != nil {
+			t.Errorf("%s: %v", args[0], err)
+		}
+	}
+	cmd := exec.Command(o.python, o.script, "update")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "--data") {
+		t.Errorf("update without --data: err %v, output %q; want a usage error naming --data", err, out)
 	}
 }
