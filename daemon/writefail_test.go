@@ -171,6 +171,16 @@ func TestCheckpointFailureChild(t *testing.T) {
 		t.Fatal("cfguard_checkpoint_failing still 1 after recovery")
 	}
 	r.stop(t)
+	// One ERROR line for the whole episode (its retries, and the refused registration, add none).
+	var errs []string
+	for _, line := range strings.Split(r.logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			errs = append(errs, line)
+		}
+	}
+	if len(errs) != 1 {
+		t.Fatalf("%d ERROR lines for one episode of failed writes, want 1:\n%s", len(errs), strings.Join(errs, "\n"))
+	}
 	if _, err := ledger.Verify(path); err != nil {
 		t.Fatalf("the ledger after failed checkpoints: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -109,6 +110,9 @@ type Ledger struct {
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
 	failed  func() error // test seam: runs after each successful bbolt commit (see update)
+	// writeFailing is set by a failed commit and cleared by the next one that succeeds: one log
+	// line per episode of failed writes, not one per retry.
+	writeFailing atomic.Bool
 
 	// Damaged CE records (quarantine.go): the last quarantine count read, and the ids reads
 	// found damaged since Open.

@@ -1,7 +1,9 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
@@ -105,11 +107,21 @@ func (l *Ledger) update(fn func(*bolt.Tx) error) error {
 		l.reopen(nil)
 		return corrupt(l.path, err)
 	case err == nil:
+		if committing && l.writeFailing.Swap(false) {
+			l.log.Info("ledger: commits succeed again", "path", l.path, "txid", txid)
+		}
 		return nil
 	case !committing:
 		return corrupt(l.path, err) // fn refused: bbolt rolled back, nothing was written
 	}
-	l.log.Error("ledger: commit failed; reopening the file to read what it holds", "path", l.path, "txid", txid, "err", err)
+	// The caller reports the failure (the daemon: once per episode, with /readyz and a metric);
+	// the ledger says what it does about it once per episode too.
+	level := slog.LevelDebug
+	if !l.writeFailing.Swap(true) {
+		level = slog.LevelWarn
+	}
+	l.log.Log(context.Background(), level, "ledger: commit failed; reopening the file to read what it holds (further failures are logged at debug level until a commit succeeds)",
+		"path", l.path, "txid", txid, "err", err)
 	if rerr := l.reopen(&metaRestore{txid: txid, slot: int(txid % 2), page: saved}); rerr != nil {
 		return fmt.Errorf("%w: %s: commit failed: %w (and reopening failed: %w)", ErrWrite, l.path, err, rerr)
 	}
