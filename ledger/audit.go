@@ -355,21 +355,7 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 	return moved, w.recordChange(it.id, ch)
 }
 
-// refAnchor adds a reference to anchor v, storing the audit's snapshot of it (with KL kl from the
-// current posterior) when it is neither stored nor current.
+// refAnchor adds a reference to anchor v, storing the audit's snapshot of it (see refSnapshot).
 func (a *audit) refAnchor(tx *bolt.Tx, now cur, v uint64, kl float64, at time.Time) error {
-	if _, ok, err := readAnchor(tx, v); err != nil || ok || v == now.version {
-		if err != nil {
-			return err
-		}
-		return a.l.ref(tx, now, v, 1, 0, at)
-	}
-	blob, err := encodeModel(a.models[v])
-	if err != nil {
-		return err
-	}
-	if err := putSealed(tx.Bucket(bAnchorModels), u64bytes(v), blob); err != nil {
-		return err
-	}
-	return putAnchor(tx, v, anchorMeta{refs: 1, kl: kl, klVersion: now.version, created: at.UnixNano()})
+	return a.l.refSnapshot(tx, now, v, kl, a.models[v], at)
 }

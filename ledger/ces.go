@@ -278,6 +278,26 @@ func (l *Ledger) ref(tx *bolt.Tx, c cur, v uint64, n int64, kl float64, now time
 	return putAnchor(tx, v, a)
 }
 
+// refSnapshot adds a reference to anchor v. When v is neither stored as an anchor nor the current
+// posterior (ingestion replaced it while CEs were being measured under it), m, the posterior v
+// itself, is stored as its snapshot with kl = KL(q_now || m).
+func (l *Ledger) refSnapshot(tx *bolt.Tx, now cur, v uint64, kl float64, m *bnn.Model, at time.Time) error {
+	if _, ok, err := readAnchor(tx, v); err != nil || ok || v == now.version {
+		if err != nil {
+			return err
+		}
+		return l.ref(tx, now, v, 1, 0, at)
+	}
+	blob, err := encodeModel(m)
+	if err != nil {
+		return err
+	}
+	if err := putSealed(tx.Bucket(bAnchorModels), u64bytes(v), blob); err != nil {
+		return err
+	}
+	return putAnchor(tx, v, anchorMeta{refs: 1, kl: kl, klVersion: now.version, created: at.UnixNano()})
+}
+
 // gcAnchors deletes every anchor no CE refers to, except the current posterior's.
 func (l *Ledger) gcAnchors(tx *bolt.Tx, currentVersion uint64) error {
 	var dead []uint64

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
@@ -77,9 +76,13 @@ type ConfirmReport struct {
 	// Renewed of the Confirmed were re-anchored to the predictor's posterior (certified again
 	// with a fresh certificate); the others got a verdict.
 	Renewed int `json:"renewed"`
-	// Discarded: the current posterior was not the predictor's version when reading or when
-	// writing; nothing was written.
+	// Discarded: the current posterior was not the predictor's version when reading; nothing
+	// was read or written.
 	Discarded bool `json:"discarded"`
+	// Behind: ingestion promoted a newer posterior while the batch was sampled; its results were
+	// written all the same (renewals anchored to the sampled posterior, verdicts recorded as of
+	// it, to be measured again under the newer one).
+	Behind bool `json:"behind"`
 	// More: CEs beyond this batch still lack a verdict at this version.
 	More     bool          `json:"more"`
 	Duration time.Duration `json:"duration_ns"`
@@ -91,8 +94,6 @@ type confirmItem struct {
 	h   header
 	xcf []float64
 }
-
-var errDiscard = errors.New("posterior changed while sampling")
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
 // must be the current one: certified CEs whose bound has lapsed, and at_risk or invalidated CEs
@@ -112,7 +113,10 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 	if max <= 0 {
 		return rep, nil, fmt.Errorf("ledger: confirm: %w", invalidf("max = %d, want >= 1", max))
 	}
-	var items []confirmItem
+	var (
+		items []confirmItem
+		qv    *bnn.Model // the posterior sampled: an anchor for renewals written after it is replaced
+	)
 	err := l.view(func(tx *bolt.Tx) error {
 		c, err := readCur(tx)
 		if err != nil {
@@ -125,7 +129,10 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 			rep.Discarded = true
 			return nil
 		}
-		items, rep.More, err = pickUnconfirmed(tx, v, max)
+		if items, rep.More, err = pickUnconfirmed(tx, v, max); err != nil || len(items) == 0 {
+			return err
+		}
+		qv, err = l.model(tx, v)
 		return err
 	})
 	if err != nil || rep.Discarded || len(items) == 0 {
@@ -157,8 +164,19 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		if err != nil {
 			return err
 		}
-		if c.version != v {
-			return errDiscard
+		// Ingestion may have promoted a newer posterior while the batch was sampled: the results
+		// are kept (a measurement is not wasted because versions move faster than batches),
+		// judged against KL(q_now || q_v) for renewals.
+		rep.Behind = c.version != v
+		s := sampled{version: v, model: qv}
+		if rep.Behind {
+			qNow, err := l.model(tx, c.version)
+			if err != nil {
+				return err
+			}
+			if s.kl, _, err = certify.KL(qNow, qv); err != nil {
+				return fmt.Errorf("KL from posterior version %d to %d: %w", c.version, v, err)
+			}
 		}
 		w, err := l.newWriteTx(tx, l.opts.Now().UTC())
 		if err != nil {
@@ -166,7 +184,7 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		}
 		rep.Renewed = 0
 		for i := range items {
-			done, renewed, err := w.confirm(&items[i], c, pred, i)
+			done, renewed, err := w.confirm(&items[i], c, s, pred, i)
 			if err != nil {
 				return err
 			}
@@ -182,7 +200,7 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		}
 		changes = w.changes
 		if rep.Renewed > 0 {
-			if err := l.gcAnchors(tx, v); err != nil {
+			if err := l.gcAnchors(tx, c.version); err != nil {
 				return err
 			}
 		}
@@ -191,9 +209,6 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		}
 		return w.finish()
 	})
-	if errors.Is(err, errDiscard) {
-		rep.Discarded, rep.Confirmed, rep.Skipped, rep.Renewed, err = true, 0, 0, 0, nil
-	}
 	rep.Changed, rep.Duration = len(changes), time.Since(start)
 	if err != nil {
 		return rep, nil, fmt.Errorf("ledger: confirm: %w", err)
@@ -254,18 +269,26 @@ func sameState(a, b *header) bool {
 		a.confirmed == b.confirmed && a.cv == b.cv
 }
 
-// confirm writes the outcome of prediction i for it (made under the current posterior now):
-// a renewal or a verdict, unless the CE changed since it was read. It reports whether it wrote
-// and whether that was a renewal.
-func (w *writeTx) confirm(it *confirmItem, now cur, pred *bnn.Predictive, i int) (done, renewed bool, err error) {
+// sampled is the posterior a batch was measured under: its version, model, and KL(q_now || it)
+// (0 while it is the current one).
+type sampled struct {
+	version uint64
+	model   *bnn.Model
+	kl      float64
+}
+
+// confirm writes the outcome of prediction i for it (made under the sampled posterior s; now is
+// the current one): a renewal or a verdict, unless the CE changed since it was read. It reports
+// whether it wrote and whether that was a renewal.
+func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predictive, i int) (done, renewed bool, err error) {
 	h, ok, err := readHeader(w.tx, it.id)
 	if err != nil || !ok || !h.pending() || !sameState(&h, &it.h) {
 		return false, false, err
 	}
-	v := now.version
+	v := s.version
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	if certify.Renewable(e, h.delta, h.epsilon, w.l.opts.VerdictAlpha) {
-		return true, true, w.renew(it.id, &h, now, e)
+		return true, true, w.renew(it.id, &h, now, s, e)
 	}
 	nh := h
 	nh.status, nh.lapsed, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), false, w.now.UnixNano()
@@ -288,30 +311,32 @@ func (w *writeTx) confirm(it *confirmItem, now cur, pred *bnn.Predictive, i int)
 		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P})
 }
 
-// renew re-anchors a CE h (certified with a lapsed bound, at_risk or invalidated) to the current
-// posterior from the evidence e measured under it: certified with (p1, V1, S) = e and KL 0. A CE
-// that was certified keeps its status (the renewal goes to its history only); one that was
-// at_risk or invalidated changes status, with an event.
-func (w *writeTx) renew(id []byte, h *header, now cur, e certify.Evidence) error {
+// renew re-anchors a CE h (certified with a lapsed bound, at_risk or invalidated) to the
+// posterior s it was measured under, from the evidence e: certified with (p1, V1, S) = e, judged
+// at KL(q_now || q_s) (0 when s is current; a bound that already fails there leaves it pending,
+// to be measured again under q_now). A CE that was certified keeps its status (the renewal goes
+// to its history only); one that was at_risk or invalidated changes status, with an event.
+func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evidence) error {
 	if err := w.l.ref(w.tx, now, h.anchor, -1, 0, w.now); err != nil {
 		return err
 	}
-	if err := w.l.ref(w.tx, now, now.version, 1, 0, w.now); err != nil {
+	if err := w.l.refSnapshot(w.tx, now, s.version, s.kl, s.model, w.now); err != nil {
 		return err
 	}
 	nh := *h
-	nh.anchor, nh.p1, nh.var1, nh.samples = now.version, e.P, e.Var, e.Samples
+	nh.anchor, nh.p1, nh.var1, nh.samples = s.version, e.P, e.Var, e.Samples
 	nh.status, nh.lapsed, nh.confirmed, nh.cv, nh.updated = certify.Certified, false, false, 0, w.now.UnixNano()
-	b := w.l.opts.Policy.Bounds(nh.certificate(), 0)
-	if !b.Certified {
+	if b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0); !b0.Certified {
 		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
 		// bounds hold. Anything else is a bug, not a state to store.
 		return fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
 	}
+	b := w.l.opts.Policy.Bounds(nh.certificate(), s.kl)
+	nh.lapsed = !b.Certified
 	if err := w.putHeader(id, h, &nh); err != nil {
 		return err
 	}
-	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: now.version, KL: 0,
+	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: s.version, KL: s.kl,
 		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
 	if h.status == certify.Certified {
 		return w.recordHistory(id, &ch)

@@ -128,7 +128,8 @@ func (s *sneakyPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Pred
 }
 
 // Confirm samples without the writer lock: a checkpoint can run meanwhile. If it changed the
-// posterior, the batch is discarded and nothing is written; CEs deleted meanwhile are skipped.
+// posterior, the batch's results are written all the same, as of the posterior sampled (and
+// measured again under the new one); CEs deleted meanwhile are skipped.
 func TestConfirmRacesWriters(t *testing.T) {
 	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m0 := testModel(4)
@@ -151,11 +152,21 @@ func TestConfirmRacesWriters(t *testing.T) {
 		}
 	}}
 	crep, changes, err := l.Confirm(bg, p, 100)
-	if err != nil || !crep.Discarded || len(changes) != 0 || crep.Confirmed != 0 {
-		t.Fatalf("confirm across a posterior change: %+v, %d changes, %v; want discarded", crep, len(changes), err)
+	if err != nil || !crep.Behind || crep.Discarded || crep.Confirmed != len(ces) {
+		t.Fatalf("confirm across a posterior change: %+v, %d changes, %v; want every verdict written, behind", crep, len(changes), err)
 	}
 	if after := writeState(t, l); after == before {
 		t.Fatal("the concurrent commit did not happen")
+	}
+	// The verdicts are as of m1: each CE waits for a measurement under m2.
+	for _, c := range ces[:5] {
+		ce, err := l.Get(c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != m1.Version {
+			t.Fatalf("%s after a confirmation behind: verdict at %v, want %d", c.ID, ce.ConfirmedVersion, m1.Version)
+		}
 	}
 	// Under m2, a CE deleted while sampling is skipped, the others get verdicts.
 	p = &sneakyPredictor{ModelPredictor: NewModelPredictor(m2, 32, 1), during: func() {
@@ -171,6 +182,49 @@ func TestConfirmRacesWriters(t *testing.T) {
 	crep, _, err = l.Confirm(bg, NewModelPredictor(m1, 32, 1), 100)
 	if err != nil || !crep.Discarded || crep.Picked != 0 {
 		t.Fatalf("confirm with a stale predictor: %+v, %v", crep, err)
+	}
+	checkInvariants(t, l)
+}
+
+// Renewals measured under a posterior that ingestion replaced meanwhile are kept: the CEs are
+// re-anchored to the posterior they were measured under, its snapshot stored, their bounds judged
+// at KL(q_now || q_sampled); the anchors and counts stay consistent.
+func TestConfirmBehindRenews(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(73, 73))
+	var ces []*CE
+	for range 20 {
+		ces = append(ces, newCE(t, m0, rng))
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	m1 := drift(m0, -0.01) // every certificate lapses (variance budget), p stays ~0.98
+	if rep, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil || rep.Lapsed != len(ces) {
+		t.Fatalf("commit: %+v, %v; want every certificate lapsed", rep, err)
+	}
+	m2 := drift(m1, -0.0001)
+	p := &sneakyPredictor{ModelPredictor: NewModelPredictor(m1, auditSamples, 2), during: func() {
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+			t.Error(err)
+		}
+	}}
+	crep, changes, err := l.Confirm(bg, p, 100)
+	if err != nil || !crep.Behind || crep.Renewed != len(ces) || len(changes) != 0 {
+		t.Fatalf("confirm behind: %+v, %d changes, %v; want all %d renewed, no status change", crep, len(changes), err, len(ces))
+	}
+	kl, _, _ := certify.KL(m2, m1)
+	for _, c := range ces {
+		ce, _ := l.Get(c.ID)
+		b := l.Policy().Bounds(ce.Certificate(), kl)
+		if ce.AnchorVersion != m1.Version || ce.KLFromAnchor != kl || ce.RenewalPending == b.Certified || ce.Status != certify.Certified {
+			t.Fatalf("renewed behind: %+v; want anchored to %d at KL %v, pending = %v", ce, m1.Version, kl, !b.Certified)
+		}
+	}
+	if an, _ := l.Anchors(); len(an) != 1 || an[0].Version != m1.Version || an[0].Refs != len(ces) {
+		t.Fatalf("anchors %+v: want the sampled posterior %d, held by %d CEs", an, m1.Version, len(ces))
 	}
 	checkInvariants(t, l)
 }

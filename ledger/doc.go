@@ -50,18 +50,21 @@
 // KL per live anchor and a few index seeks, whatever the number of CEs stored. The indexes
 // depend on the policy: Open rebuilds them, re-judging every CE, when the policy changes.
 //
-// # at_risk, then confirmed
+// # Lapses, renewals and verdicts
 //
-// Re-certification never samples. A CE whose bound fails becomes at_risk at once, unconfirmed
-// (its StatusChange has no P2). Confirm, run by the daemon in the background, takes such CEs from
-// idx_fail (sorted by the posterior version of their last Monte-Carlo verdict, none first), samples
-// them under the current posterior without holding the writer lock, and writes at_risk
-// (confirmed: p2 >= 1/2 and the target is the argmax) or invalidated in one short transaction,
-// discarding the batch if the posterior changed meanwhile. A new posterior makes every verdict
-// stale, so Confirm samples the failing CEs again, in bounded batches. A CE whose bound holds
-// again is certified by the bound, whatever its last verdict. Audit re-measures every CE in
-// batches, also outside the lock, and re-anchors those in their <delta, epsilon>-set to the
-// posterior they were sampled under, even if ingestion promoted another meanwhile.
+// Re-certification never samples. A certified CE whose bound fails keeps its status with a lapsed
+// flag (no status change, no event) and joins idx_fail unconfirmed. Confirm, run by the daemon in
+// the background, takes such CEs, and at_risk or invalidated ones whose last verdict is older than
+// the posterior it samples, from the front of idx_fail (sorted by the version of their last
+// measurement, none first), samples them without holding the writer lock, and writes in one short
+// transaction, for each: a renewal (certify.Renewable: re-anchored to the posterior sampled, still
+// certified) or a verdict (certify.Verdict: at_risk or invalidated, with hysteresis by evidence).
+// If ingestion promoted a newer posterior while the batch was sampled, the results are written
+// all the same, as of the posterior sampled: renewals are judged at KL(q_now || q_sampled) (that
+// posterior's snapshot stored as their anchor) and verdicts are measured again under the newer
+// one, so measurement keeps up with any rate of updates instead of being discarded. A CE whose
+// bound holds again is certified by the bound, whatever its last verdict. Audit re-measures every
+// CE in batches, also outside the lock, with the same rules.
 //
 // # The outbox
 //
