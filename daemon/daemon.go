@@ -88,6 +88,7 @@ type Daemon struct {
 	outbox    *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
 	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
 	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
+	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
 
 	ready         chan struct{}    // closed once the consumer runs (or ingest stayed stopped)
@@ -165,6 +166,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
 	g.Go("reissue", d.reissue.run)
+	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
 	if opts.Ready != nil {
 		opts.Ready <- d
@@ -201,6 +203,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
+	d.batch = newBatcher(d.predictNow)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))

@@ -52,9 +52,15 @@ func (c *posteriorCache) get(m *bnn.Model) (*posteriorFiles, error) {
 // posteriorFiles returns the current posterior's files.
 func (d *Daemon) posteriorFiles() (*posteriorFiles, error) { return d.files.get(d.current()) }
 
-// predict estimates the predictive of xs under m with certify.samples draws, seeded by the
-// posterior version, so equal requests under one version get equal answers.
+// predict estimates the predictive of xs under m with the version's shared pool of
+// certify.samples draws, through the batcher (concurrent requests share one engine call); equal
+// requests under one version get equal answers, whatever they were batched with.
 func (d *Daemon) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	return d.batch.do(ctx, m, xs)
+}
+
+// predictNow is one engine call on the version's pool: what the batcher runs per batch.
+func (d *Daemon) predictNow(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

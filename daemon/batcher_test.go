@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// testPool is the bundled breast-cancer model, briefly trained, with a pool of 1000 draws.
+func testPool(t testing.TB) (*bnn.Model, *pools, [][]float64) {
+	t.Helper()
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := bnn.Fit(context.Background(), set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, &pools{samples: 1000, prec: bnn.Float64}, set.X
+}
+
+// Concurrent requests through the batcher get exactly the answers each would get alone (the
+// pool's draws are shared, each input's estimate depends on its own row), and they share engine
+// calls: 64 concurrent requests make far fewer than 64 calls.
+func TestBatcherSharesEngineCallsAndChangesNoAnswer(t *testing.T) {
+	m, ps, X := testPool(t)
+	pool, err := ps.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	release := make(chan struct{})
+	b := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+		if calls.Add(1) == 1 {
+			<-release // the first call waits, so that the others queue behind it
+		}
+		return pool.Predict(ctx, xs)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { b.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	const clients = 64
+	results := make([]*bnn.Predictive, clients)
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			xs := [][]float64{X[i], X[i+clients]} // two inputs each
+			results[i], errs[i] = b.do(context.Background(), m, xs)
+		}()
+	}
+	for calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let the others queue (more or fewer changes only the number of batches)
+	close(release)
+	wg.Wait()
+	for i := range clients {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		alone, err := pool.Predict(context.Background(), [][]float64{X[i], X[i+clients]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(results[i].Mean, alone.Mean) || !slices.Equal(results[i].Var, alone.Var) || results[i].N != 2 {
+			t.Fatalf("client %d: batched %+v, alone %+v", i, results[i], alone)
+		}
+	}
+	if n := calls.Load(); n >= clients/4 {
+		t.Fatalf("%d engine calls for %d concurrent requests, want far fewer", n, clients)
+	}
+	t.Logf("%d concurrent requests served by %d engine calls", clients, calls.Load())
+}
+
+// A request whose context ends while it waits is answered with that error and its batch-mates
+// are not affected.
+func TestBatcherCancelledWhileQueued(t *testing.T) {
+	m, ps, X := testPool(t)
+	pool, err := ps.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	b := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+		once.Do(func() { <-release })
+		return pool.Predict(ctx, xs)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { b.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	first := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), m, X[:1]); first <- err }()
+	time.Sleep(20 * time.Millisecond)
+	qctx, qcancel := context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	go func() { _, err := b.do(qctx, m, X[1:2]); queued <- err }()
+	qcancel()
+	if err := <-queued; err != context.Canceled {
+		t.Fatalf("a cancelled queued request: %v, want context.Canceled", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("the running request: %v", err)
+	}
+}
+
+// BenchmarkPredictConcurrent: 50 clients, one input each, against the version's pool of 1000
+// draws, each request one engine call (direct) or through the batcher (batched), in one run:
+// requests/s and the p50 and p99 latency of each, and the batched/direct throughput ratio.
+//
+//	go test -run '^$' -bench PredictConcurrent -benchtime 2000x ./daemon
+func BenchmarkPredictConcurrent(b *testing.B) {
+	m, ps, X := testPool(b)
+	pool, err := ps.get(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const clients = 50
+	run := func(b *testing.B, predict func(ctx context.Context, xs [][]float64) error) (rps, p50, p99 float64) {
+		lat := make([]time.Duration, b.N)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		start := time.Now()
+		for range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := next.Add(1) - 1
+					if i >= int64(b.N) {
+						return
+					}
+					t0 := time.Now()
+					if err := predict(context.Background(), X[i%int64(len(X)):i%int64(len(X))+1]); err != nil {
+						b.Error(err)
+						return
+					}
+					lat[i] = time.Since(t0)
+				}
+			}()
+		}
+		wg.Wait()
+		took := time.Since(start)
+		b.StopTimer()
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+		return float64(b.N) / took.Seconds(), ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100])
+	}
+	var direct, batched float64
+	b.Run("direct", func(b *testing.B) {
+		rps, p50, p99 := run(b, func(ctx context.Context, xs [][]float64) error { _, err := pool.Predict(ctx, xs); return err })
+		direct = rps
+		b.ReportMetric(rps, "req/s")
+		b.ReportMetric(p50, "p50-ms")
+		b.ReportMetric(p99, "p99-ms")
+	})
+	b.Run("batched", func(b *testing.B) {
+		bt := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) { return pool.Predict(ctx, xs) })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { bt.run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		rps, p50, p99 := run(b, func(ctx context.Context, xs [][]float64) error { _, err := bt.do(ctx, m, xs); return err })
+		batched = rps
+		b.ReportMetric(rps, "req/s")
+		b.ReportMetric(p50, "p50-ms")
+		b.ReportMetric(p99, "p99-ms")
+		if direct > 0 {
+			b.ReportMetric(batched/direct, "x-direct")
+		}
+	})
+}
