@@ -195,7 +195,7 @@ type Certify struct {
 type Explain struct {
 	Timeout       time.Duration `yaml:"timeout"`        // Per request. Default: 60s.
 	MaxIterations int           `yaml:"max_iterations"` // Default: 2000 (the paper's).
-	Concurrency   int           `yaml:"concurrency"`    // Generations at once. Default: 1.
+	Concurrency   int           `yaml:"concurrency"`    // Generations at once. Default: 0, one per core (GOMAXPROCS).
 	// Reissue, when set (invalidated or at_risk), makes the daemon generate a new robust CE for
 	// the x of every CE that reaches that status (or, for at_risk, a worse one), in the
 	// background, and publish counterfactual_reissued (old id -> new id) or
@@ -248,7 +248,7 @@ func Default() Config {
 		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
 			Samples: update.DefaultSamples, Seed: 1},
 		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, VerdictAlpha: certify.DefaultVerdictAlpha, OnBreach: certify.Alert, Uncertified: certify.Refuse},
-		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 1},
+		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 0},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
 	}
@@ -729,8 +729,8 @@ func (c *Config) Validate() error {
 	if r := c.Explain.Reissue; r != "" && r != "invalidated" && r != "at_risk" {
 		bad("explain.reissue", r, `must be "", "invalidated" or "at_risk"`)
 	}
-	if c.Explain.Timeout <= 0 || c.Explain.MaxIterations <= 0 || c.Explain.Concurrency <= 0 {
-		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must all be positive")
+	if c.Explain.Timeout <= 0 || c.Explain.MaxIterations <= 0 || c.Explain.Concurrency < 0 {
+		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must be positive (concurrency: 0 for one per core, or positive)")
 	}
 	if c.Audit.Schedule != "" {
 		if err := checkSchedule(c.Audit.Schedule); err != nil {
