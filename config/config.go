@@ -206,6 +206,9 @@ type Explain struct {
 // Audit configures the scheduled full re-certification.
 type Audit struct {
 	Schedule string `yaml:"schedule"` // robfig/cron spec. Default: "@every 1h". Empty string disables.
+	// Workers is how many cores an audit's Monte-Carlo runs on. Default: 0, every core but one
+	// (at least one), so that ingestion keeps a core while an audit runs.
+	Workers int `yaml:"workers"`
 }
 
 // Log configures log/slog.
@@ -726,6 +729,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %w", e.key, err))
 		}
 	}
+	if c.Audit.Workers < 0 || c.Audit.Workers > MaxAuditWorkers {
+		bad("audit.workers", c.Audit.Workers, fmt.Sprintf("must be 0 (every core but one) or 1..%d", MaxAuditWorkers))
+	}
 	if r := c.Explain.Reissue; r != "" && r != "invalidated" && r != "at_risk" {
 		bad("explain.reissue", r, `must be "", "invalidated" or "at_risk"`)
 	}
@@ -835,6 +841,9 @@ func checkTopic(name string) error {
 	}
 	return nil
 }
+
+// MaxAuditWorkers bounds audit.workers.
+const MaxAuditWorkers = 256
 
 // redacted replaces a secret's value when a configuration is printed.
 const redacted = "<redacted>"

@@ -112,8 +112,8 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 // auditOnce runs ledger.Audit without the daemon's lock: the ledger reads, samples and writes
 // in batches (ledger.Options.MCBatch), each written in one short transaction with its status
 // changes in the outbox, so increments keep being applied meanwhile. The networks are the
-// version's shared pool (pools: certify.samples draws in certify.precision), evaluated on one
-// core (backgroundPredictor). audit_completed goes to the outbox in its own checkpoint (posterior
+// version's shared pool (pools: certify.samples draws in certify.precision), evaluated on
+// audit.workers cores (auditPredictor; default every core but one). audit_completed goes to the outbox in its own checkpoint (posterior
 // and offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	start := time.Now()
@@ -137,7 +137,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 		}
 		last := time.Now()
 		var ch []ledger.StatusChange
-		rep, ch, err = d.ledger.Audit(ctx, backgroundPredictor{pool}, ledger.AuditOptions{Progress: func(done, total int) {
+		rep, ch, err = d.ledger.Audit(ctx, auditPredictor{pool, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
 			d.outbox.notify()
 			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 				last = now

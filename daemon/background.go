@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"runtime"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -23,4 +24,26 @@ func (p backgroundPredictor) Version() uint64 { return p.pool.Version() }
 
 func (p backgroundPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
 	return p.pool.PredictWorkers(ctx, X, 1)
+}
+
+// auditPredictor is a ledger.Predictor over a bnn.Pool on a given number of goroutines: audits
+// run on audit.workers cores (default every core but one), so that they scale with the machine
+// and ingestion keeps a core.
+type auditPredictor struct {
+	pool    *bnn.Pool
+	workers int
+}
+
+func (p auditPredictor) Version() uint64 { return p.pool.Version() }
+
+func (p auditPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
+	return p.pool.PredictWorkers(ctx, X, p.workers)
+}
+
+// auditWorkers is audit.workers, 0 meaning every core but one (at least one).
+func auditWorkers(n int) int {
+	if n > 0 {
+		return n
+	}
+	return max(1, runtime.GOMAXPROCS(0)-1)
 }

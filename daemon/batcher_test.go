@@ -171,7 +171,9 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 		b.ReportMetric(p99, "p99-ms")
 	})
 	b.Run("batched", func(b *testing.B) {
-		bt := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) { return pool.Predict(ctx, xs) })
+		bt := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+			return pool.Predict(ctx, xs)
+		})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { bt.run(ctx); close(done) }()

@@ -1,9 +1,11 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -174,4 +176,52 @@ func dgemmPeak() float64 {
 		best = max(best, 2*n*n*n/time.Since(start).Seconds()/1e9)
 	}
 	return best
+}
+
+// workersPredictor runs a pool's predictive on a fixed number of goroutines.
+type workersPredictor struct {
+	pool    *bnn.Pool
+	workers int
+}
+
+func (p workersPredictor) Version() uint64 { return p.pool.Version() }
+
+func (p workersPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
+	return p.pool.PredictWorkers(ctx, X, p.workers)
+}
+
+// BenchmarkAuditCores is the audit of BenchmarkAudit's 10^5 CEs with one shared pool, its
+// Monte-Carlo on 1 and on GOMAXPROCS goroutines in each iteration, and reports the speed-up
+// (audit.workers: the daemon's default is every core but one).
+//
+//	go test ./ledger -run '^$' -bench AuditCores -benchtime 2x
+func BenchmarkAuditCores(b *testing.B) {
+	f := auditBenchLedger(b)
+	n := runtime.GOMAXPROCS(0)
+	if n < 2 {
+		b.Skip("one core: nothing to scale to")
+	}
+	pool, err := bnn.NewPool(f.m, auditBenchSamples, 1, bnn.Float64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var t1, tn time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, w := range []int{1, n} {
+			t0 := time.Now()
+			rep, _, err := f.l.Audit(bg, workersPredictor{pool, w}, AuditOptions{})
+			if err != nil || rep.Evaluated != auditBenchN {
+				b.Fatal(err, rep.Evaluated)
+			}
+			if w == 1 {
+				t1 += time.Since(t0)
+			} else {
+				tn += time.Since(t0)
+			}
+		}
+	}
+	b.ReportMetric(t1.Seconds()/float64(b.N), "1core-s")
+	b.ReportMetric(tn.Seconds()/float64(b.N), fmt.Sprintf("%dcores-s", n))
+	b.ReportMetric(t1.Seconds()/tn.Seconds(), "speedup")
 }
