@@ -52,6 +52,20 @@ func Renewable(e Evidence, delta, eps, alpha float64) bool {
 	return lo >= 1-delta && e.Var <= eps
 }
 
+// Reenters reports whether e lets a CE that lost its certificate (at_risk or invalidated) be
+// certified again: Renewable with one more margin,
+//
+//	p_hat - 2 m >= 1 - delta   and   Var <= eps      (m = BernsteinMargin(Var, S, alpha))
+//
+// so that a CE whose p sits at the renewal threshold does not go back and forth between
+// certified and at_risk from one posterior version to the next (hysteresis by evidence, as for
+// Verdict): leaving the certificate takes lower(p) < 1 - delta, coming back lower(p) >= 1 - delta
+// + m.
+func Reenters(e Evidence, delta, eps, alpha float64) bool {
+	m := BernsteinMargin(e.Var, e.Samples, alpha)
+	return e.P-2*m >= 1-delta && e.Var <= eps
+}
+
 // Verdict is the status of a CE whose certificate has lapsed and could not be renewed, from new
 // evidence e and its status before (prev), with hysteresis by evidence:
 //

@@ -1,6 +1,7 @@
 package certify
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -20,6 +21,9 @@ func measure(r *rand.Rand, a, b float64, n int) Evidence {
 
 // betaDraw is Beta(a, b) as X / (X + Y) with X ~ Gamma(a), Y ~ Gamma(b) (a, b >= 1, Marsaglia-Tsang).
 func betaDraw(r *rand.Rand, a, b float64) float64 {
+	if a < 1 || b < 1 {
+		panic(fmt.Sprintf("betaDraw(%v, %v): this sampler needs both shapes >= 1", a, b))
+	}
 	x, y := gammaDraw(r, a), gammaDraw(r, b)
 	return x / (x + y)
 }
@@ -169,5 +173,45 @@ func TestVerdictNearHalfDoesNotFlap(t *testing.T) {
 			t.Errorf("p = 0.5: the point estimate flipped only %d times over %d versions: the test does not exercise the noise", naiveFlips, versions)
 		}
 		t.Logf("p = %v: %d status changes with Verdict, %d with the point estimate, over %d versions", mu, flips, naiveFlips, versions)
+	}
+}
+
+// TestRenewalThresholdDoesNotFlap holds a CE's p at the renewal threshold (lower(p) = 1 - delta
+// on average) across 100 versions, each measured afresh, its certificate lapsing at each: the
+// certificate is renewed while Renewable holds, and once lost comes back only when Reenters holds.
+// With Renewable both ways the status would follow the noise.
+func TestRenewalThresholdDoesNotFlap(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const versions, n, alpha, delta, eps = 100, 1000, DefaultVerdictAlpha, 0.05, 0.01
+	// Beta(a, b) with mean mu and variance 0.0008 (b >= 1, as gammaDraw needs), mu chosen so
+	// that mu - m = 1 - delta.
+	v := 0.0008
+	m := BernsteinMargin(v, n, alpha)
+	mu := 1 - delta + m
+	k := mu*(1-mu)/v - 1
+	a, b := mu*k, (1-mu)*k
+	certified, naive := true, true
+	flips, naiveFlips := 0, 0
+	for range versions {
+		e := measure(r, a, b, n)
+		next := Renewable(e, delta, eps, alpha)
+		if !certified {
+			next = Reenters(e, delta, eps, alpha)
+		}
+		if next != certified {
+			flips++
+			certified = next
+		}
+		if nn := Renewable(e, delta, eps, alpha); nn != naive {
+			naiveFlips++
+			naive = nn
+		}
+	}
+	t.Logf("p at the renewal threshold over %d versions: %d status changes with re-entry hysteresis, %d without", versions, flips, naiveFlips)
+	if flips > 3 {
+		t.Errorf("%d status changes over %d versions, want at most 3", flips, versions)
+	}
+	if naiveFlips < 10 {
+		t.Errorf("without hysteresis only %d changes: p is not at the threshold and the test shows nothing", naiveFlips)
 	}
 }

@@ -298,7 +298,7 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 	}
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	nh := h
-	moved := certify.Renewable(e, h.delta, h.epsilon, alpha)
+	moved := renewable(&h, e, alpha)
 	current := v == now.version
 	_, hi := e.Interval(alpha)
 	// contradicted: the bound holds, yet the audit measures p < 1/2 under the current posterior:

@@ -100,7 +100,8 @@ type confirmItem struct {
 // whose last verdict is missing or older. With e = (p2, V2, S) from p's draws,
 // f(w) = p(target | x', w), and alpha = Options.VerdictAlpha:
 //
-//	renewed      if certify.Renewable(e, delta, eps, alpha): lower(p2) >= 1 - delta and V2 <= eps.
+//	renewed      if certify.Renewable(e, delta, eps, alpha): lower(p2) >= 1 - delta and V2 <= eps
+//	             (certify.Reenters, one margin more, for an at_risk or invalidated CE).
 //	             The CE is re-anchored to q_now: (anchor, p1, V1, S) = (now, p2, V2, S), KL 0,
 //	             certified. A certified CE's renewal is kept in its history but is no status change.
 //	a verdict    otherwise: certify.Verdict (invalidated when upper(p2) < 1/2, at_risk when
@@ -269,6 +270,15 @@ func sameState(a, b *header) bool {
 		a.confirmed == b.confirmed && a.cv == b.cv
 }
 
+// renewable applies certify.Renewable to a certified CE whose certificate lapsed, and the stricter
+// certify.Reenters to one that lost it (at_risk, invalidated) or never had one (uncertified).
+func renewable(h *header, e certify.Evidence, alpha float64) bool {
+	if h.status == certify.Certified {
+		return certify.Renewable(e, h.delta, h.epsilon, alpha)
+	}
+	return certify.Reenters(e, h.delta, h.epsilon, alpha)
+}
+
 // sampled is the posterior a batch was measured under: its version, model, and KL(q_now || it)
 // (0 while it is the current one).
 type sampled struct {
@@ -287,7 +297,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	}
 	v := s.version
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
-	if certify.Renewable(e, h.delta, h.epsilon, w.l.opts.VerdictAlpha) {
+	if renewable(&h, e, w.l.opts.VerdictAlpha) {
 		return true, true, w.renew(it.id, &h, now, s, e)
 	}
 	nh := h
