@@ -35,7 +35,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	resume, err := d.ledger.Offsets()
+	resume, marks, err := d.ledger.ResumePoint()
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	}
 	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
 		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
-		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, AcceptTopicReset: d.acceptTopicReset, TopicResetHint: d.topicResetHint(),
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, ResumeMarks: resumeMarks(marks), AcceptTopicReset: d.acceptTopicReset, TopicResetHint: d.topicResetHint(),
 		ResetPartitions: slices.Sorted(maps.Keys(pendingResets))},
 		schema, d.log.With("component", "consumer"))
 	if err != nil {
@@ -125,6 +125,31 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	}
 }
 
+// resumeMarks converts the ledger's marks for the consumer, which checks at start that the topic
+// still holds the records they identify.
+func resumeMarks(marks map[int]ledger.OffsetMark) map[int]stream.RecordMark {
+	out := make(map[int]stream.RecordMark, len(marks))
+	for p, m := range marks {
+		out[p] = stream.RecordMark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+	}
+	return out
+}
+
+// checkpointMarks puts in cp the marks of inc's partitions (a record read before each offset,
+// checked at the next start), and forgets those of partitions reset to a new log.
+func checkpointMarks(cp *ledger.Checkpoint, inc *stream.Increment) {
+	for p := range inc.NextOffsets {
+		if m, ok := inc.Mark(p); ok {
+			if cp.Marks == nil {
+				cp.Marks = map[int]ledger.OffsetMark{}
+			}
+			cp.Marks[p] = ledger.OffsetMark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+		} else if inc.Reset(p) {
+			cp.ForgetMarks = append(cp.ForgetMarks, p)
+		}
+	}
+}
+
 // topicResetHint ends the consumer's TopicResetError: the command that confirms the reset.
 func (d *Daemon) topicResetHint() string {
 	return fmt.Sprintf("Records below the ledger's offset in the new log would be skipped, so ingest of kafka.topic %s stopped; "+
@@ -153,6 +178,7 @@ func (d *Daemon) topicResetHint() string {
 func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	prev := d.current()
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
+	checkpointMarks(cp, inc)
 	if inc.DeadLettered > 0 {
 		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
 	}

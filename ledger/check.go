@@ -44,6 +44,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if info.Offsets, err = readOffsets(tx); err != nil {
 		return err
 	}
+	if err := checkMarks(tx, info.Offsets); err != nil {
+		return err
+	}
 	if _, err := readCounters(tx); err != nil {
 		return err
 	}

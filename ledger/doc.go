@@ -12,6 +12,8 @@
 //	               counts, applied records, KL history and outbox sequence numbers, origin of the
 //	               first posterior, fingerprint of the policy the indexes were built for
 //	offsets        partition -> next offset to consume
+//	offset_marks   partition -> the offset, Kafka timestamp and key/value hash of a record read
+//	               before it (OffsetMark; optional: absent in ledgers written before marks)
 //	counters       name -> count
 //	ce_hdr         CE id -> 72-byte header: status, Monte-Carlo verdict version, target, anchor,
 //	               p1, V1, delta, epsilon, samples, updated-at (see record.go)

@@ -160,7 +160,7 @@ func createIfMissing(path string, pol certify.Policy) (bool, error) {
 
 // initSchema creates every bucket of an empty schema-2 ledger.
 func initSchema(tx *bolt.Tx, pol certify.Policy) error {
-	for _, b := range allBuckets {
+	for _, b := range append(allBuckets, bOffsetMarks) {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 			return err
 		}

@@ -27,7 +27,7 @@ import (
 //     ErrQuarantined (not ErrNotFound), lists and audits no longer meet it, and Damaged counts it
 //     until it is deleted or registered again;
 //   - an index entry: the indexes are derived data, rebuilt the same way;
-//   - anything else (meta, offsets, counters, anchors, posteriors, KL history, outbox): the ledger
+//   - anything else (meta, offsets and their marks, counters, anchors, posteriors, KL history, outbox): the ledger
 //     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
 //     damage.
 //
@@ -109,6 +109,9 @@ func (l *Ledger) checkRecords() error {
 // scanRecords checks every value: its CRC-32C, and the decoding of CE headers.
 func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 	d := damage{ces: map[string]string{}}
+	if _, _, err := readMarks(tx); err != nil {
+		return d, err
+	}
 	if _, err := readOffsets(tx); err != nil {
 		return d, err
 	}

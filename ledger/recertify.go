@@ -296,6 +296,13 @@ type Checkpoint struct {
 	// Offsets are the next offsets to consume per partition (absolute, replacing the stored ones
 	// for the partitions given).
 	Offsets map[int]int64
+	// Marks identify, per partition, the last record read before its offset (see OffsetMark);
+	// each needs an offset in Offsets above it. A partition given an offset without a mark keeps
+	// its stored mark, which stays valid: the consumer read on in the same log.
+	Marks map[int]OffsetMark
+	// ForgetMarks are partitions whose stored mark belongs to a log they no longer read (a
+	// confirmed topic reset moved their offset to a new log): the marks are deleted.
+	ForgetMarks []int
 	// Applied is the number of records applied in this increment (added to the total).
 	Applied int64
 	// Counters are added to the named counters (non-negative deltas).
@@ -310,6 +317,9 @@ func (c *Checkpoint) validate() error {
 		if p < 0 || p > math.MaxInt32 || off < 0 {
 			return invalidf("offset %d for partition %d", off, p)
 		}
+	}
+	if err := c.validateMarks(); err != nil {
+		return err
 	}
 	if c.Applied < 0 {
 		return invalidf("applied = %d, want >= 0", c.Applied)
@@ -575,8 +585,12 @@ func (w *writeTx) applyChange(ch StatusChange, confirmed *uint64) error {
 	return w.recordChange(id, ch)
 }
 
-// writeProgress stores offsets, counters and the KL history entry of a checkpoint.
+// writeProgress stores offsets (with their marks), counters and the KL history entry of a
+// checkpoint.
 func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error {
+	if err := writeMarks(tx, c); err != nil {
+		return err
+	}
 	offs := tx.Bucket(bOffsets)
 	for p, off := range c.Offsets {
 		if err := putSealed(offs, binary.BigEndian.AppendUint32(nil, uint32(p)), u64bytes(uint64(off))); err != nil {

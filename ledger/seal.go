@@ -23,6 +23,9 @@ var (
 	bIdxCert      = []byte("idx_cert") // anchor | key(p1') | id, certified CEs only
 	bIdxFail      = []byte("idx_fail") // confirmed version + 1 (0 = none) | id, CEs whose bound fails
 
+	// bOffsetMarks is optional (see marks.go): not among allBuckets, which every ledger has.
+	bOffsetMarks = []byte("offset_marks")
+
 	allBuckets = [][]byte{bMeta, bCounters, bOffsets, bHeaders, bBodies, bAnchors, bAnchorModels, bKLHistory,
 		bOutbox, bIdxP1, bIdxVar, bIdxCert, bIdxFail}
 	indexBuckets = [][]byte{bIdxP1, bIdxVar, bIdxCert, bIdxFail}

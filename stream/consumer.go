@@ -68,6 +68,13 @@ type ConsumerConfig struct {
 	// Resume is the checkpointed next offset per partition: reading starts there. Partitions
 	// without an entry start at their earliest offset.
 	Resume map[int]int64
+	// ResumeMarks identify, per partition, a record read before its Resume offset, as
+	// checkpointed with it (Increment.Mark). Before reading a partition from Resume the
+	// consumer checks that the partition still holds that record, and stops with a
+	// TopicResetError when it holds another: the topic was recreated and written past the
+	// offset while no consumer ran. A partition without a mark is not checked at start.
+	// Default: none.
+	ResumeMarks map[int]RecordMark
 	// FetchWait is the longest a fetch waits at the broker for new data.
 	// Default: DefaultFetchWait.
 	FetchWait time.Duration
@@ -144,6 +151,11 @@ func (c *ConsumerConfig) applyDefaults() error {
 			return fmt.Errorf("stream: consumer Resume[%d] = %d: partitions and offsets are >= 0", p, off)
 		}
 	}
+	for p, m := range c.ResumeMarks {
+		if off, ok := c.Resume[p]; !ok || m.Offset < 0 || m.Offset >= off {
+			return fmt.Errorf("stream: consumer ResumeMarks[%d] at offset %d is not below the partition's Resume offset (%d, given: %v)", p, m.Offset, off, ok)
+		}
+	}
 	return nil
 }
 
@@ -172,7 +184,19 @@ type Increment struct {
 	NextOffsets map[int]int64
 
 	topic  string
-	resets map[int]bool // partitions whose offset moved back to a new log's start (AcceptTopicReset)
+	resets map[int]bool       // partitions whose offset moved back to a new log's start (AcceptTopicReset)
+	marks  map[int]recordMark // see Mark
+}
+
+// Mark returns the mark of a record of partition p read before NextOffsets[p], to checkpoint
+// with it (ConsumerConfig.ResumeMarks of the next start): the last message of the last fetch
+// the increment took whole. That is the message at NextOffsets[p]-1 unless transaction markers
+// follow it or the increment ends inside a fetch; an earlier record identifies the log as
+// well. ok is false when the increment took no whole fetch of p after its last reset: the
+// mark checkpointed before still holds then, unless Reset(p) says p moved to a new log.
+func (inc *Increment) Mark(p int) (m RecordMark, ok bool) {
+	rm := inc.marks[p]
+	return rm.RecordMark, rm.ok
 }
 
 // Reset reports whether the increment moves partition p back to a new log's start (a reset
@@ -372,6 +396,7 @@ type pending struct {
 	gaps  []Gap
 	next  map[int]int64
 	reset map[int]bool
+	marks map[int]recordMark
 }
 
 func (p *pending) empty() bool { return p.first.IsZero() }
@@ -387,6 +412,7 @@ func (p *pending) take(ch *chunk, limit int) bool {
 			p.reset = make(map[int]bool)
 		}
 		p.next[ch.part], p.reset[ch.part] = ch.next, true
+		delete(p.marks, ch.part) // a mark of the old log
 		return true
 	}
 	if ch.gap != nil {
@@ -416,6 +442,12 @@ func (p *pending) take(ch *chunk, limit int) bool {
 		ch.di++
 	}
 	p.next[ch.part] = max(p.next[ch.part], ch.next)
+	if ch.last.ok {
+		if p.marks == nil {
+			p.marks = make(map[int]recordMark)
+		}
+		p.marks[ch.part] = ch.last
+	}
 	return true
 }
 
@@ -493,7 +525,7 @@ func (c *Consumer) Next(ctx context.Context) (*Increment, error) {
 // finish turns the pending increment into an Increment.
 func (c *Consumer) finish() *Increment {
 	p := &c.pend
-	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic, resets: p.reset}
+	inc := &Increment{Records: p.recs, DeadLettered: p.dead, Gaps: p.gaps, NextOffsets: p.next, topic: c.cfg.Topic, resets: p.reset, marks: p.marks}
 	c.mu.Lock()
 	maps.Copy(c.handed, p.next)
 	c.buffered -= len(p.recs)

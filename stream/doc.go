@@ -59,9 +59,14 @@
 // partition's end, and, while the consumer runs, by checking after every pause (a failed or
 // empty fetch, a wait for room, the topic missing from the metadata) that the partition still
 // holds the record read last before handing out what came next. A topic recreated while
-// the consumer was not running and written past the checkpointed offset before it starts
-// cannot be told from the old one by offsets alone (Kafka's topic ids would tell, and
-// kafka-go does not expose them). ConsumerConfig.AcceptTopicReset is the operator's
+// the consumer was not running and written past the checkpointed offset cannot be told from
+// the old one by offsets alone (Kafka's topic ids would tell, and kafka-go does not expose
+// them): each Increment therefore carries a RecordMark per partition (the offset, timestamp
+// and key/value hash of a record read before its NextOffsets), which the daemon checkpoints
+// with the offsets, and a consumer started with ConsumerConfig.ResumeMarks first fetches the
+// marked record of each partition and compares. A marked record that retention or compaction
+// removed cannot be compared and is no reset: the check is skipped with an INFO line, and so
+// it is for a partition without a mark. ConsumerConfig.AcceptTopicReset is the operator's
 // confirmation: the partition is then read from its log start.
 //
 // # Readiness and outages

@@ -194,6 +194,9 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 		c.failedAttempt(src, err)
 		return bo.Wait(ctx) == nil
 	}
+	if !c.checkResume(ctx, ps, retry) {
+		return
+	}
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		next := ps.next

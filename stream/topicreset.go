@@ -40,12 +40,34 @@ func (e *TopicResetError) Error() string {
 // defaultTopicResetHint is TopicResetError.Hint when ConsumerConfig.TopicResetHint is empty.
 const defaultTopicResetHint = "To read the partition from its log start, start the consumer again with AcceptTopicReset."
 
-// recordMark identifies the last record a reader fetched, to check after the topic went
-// missing that the partition still holds the same log (see verifyIdentity).
+// RecordMark identifies one record of a partition's log: its offset, its Kafka timestamp and a
+// hash of its key and value. The consumer keeps the mark of the record it read last, to check
+// after a pause that the partition still holds the same log (verifyIdentity), and hands out
+// with each increment the mark of a record read before its NextOffsets (Increment.Mark), which
+// the daemon checkpoints with them, so that a consumer started from the checkpoint checks the
+// same before reading on (ConsumerConfig.ResumeMarks).
+//
+// Sum is FNV-1a 64 of len(key) (4 bytes, big-endian), the key and the value. The threat is an
+// accident, a topic recreated and written again, not an adversary forging a collision: whoever
+// can write the topic can feed the daemon any record, a colliding one included, so a
+// cryptographic hash (SHA-256) would buy nothing but 24 more bytes per partition. A different
+// record at the same offset has the same sum with probability 2^-64. The timestamp is compared
+// beside it because a topic recreated and filled by replaying the same data (same keys and
+// values, as a deterministic producer or a re-run job writes them) is told apart by when its
+// records were written (CreateTime is set by the producer, LogAppendTime by the broker). A copy
+// identical in key, value and timestamp at the offset (a mirror that preserves timestamps) is
+// taken as the same log: reading it on from the offset is then right, unless the copy differs
+// below it, which one record cannot show.
+type RecordMark struct {
+	Offset    int64
+	Timestamp int64 // Unix milliseconds
+	Sum       uint64
+}
+
+// recordMark is a RecordMark that may be absent.
 type recordMark struct {
-	ok     bool
-	offset int64
-	sum    uint64 // FNV-1a of the key, the value and the timestamp
+	RecordMark
+	ok bool
 }
 
 func markOf(offset int64, key, value []byte, at time.Time) recordMark {
@@ -53,8 +75,19 @@ func markOf(offset int64, key, value []byte, at time.Time) recordMark {
 	h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(key))))
 	h.Write(key)
 	h.Write(value)
-	h.Write(binary.BigEndian.AppendUint64(nil, uint64(at.UnixMilli())))
-	return recordMark{ok: true, offset: offset, sum: h.Sum64()}
+	return recordMark{RecordMark: RecordMark{Offset: offset, Timestamp: at.UnixMilli(), Sum: h.Sum64()}, ok: true}
+}
+
+// differs says how the record found differs from the one marked, or "" when they are the same.
+func (m RecordMark) differs(found RecordMark) string {
+	switch {
+	case found.Sum != m.Sum:
+		return "its key or value differs from the one read there"
+	case found.Timestamp != m.Timestamp:
+		return fmt.Sprintf("the same key and value written at %s, the one read there at %s",
+			time.UnixMilli(found.Timestamp).UTC().Format(time.RFC3339Nano), time.UnixMilli(m.Timestamp).UTC().Format(time.RFC3339Nano))
+	}
+	return ""
 }
 
 // unknownTopic reports whether err says the broker does not know the topic or partition (it
@@ -64,13 +97,15 @@ func unknownTopic(err error) bool {
 }
 
 // verifyIdentity runs after a fetch that followed a pause brought records (see
-// partState.suspect): it fetches the offset of the last record read before and compares that
-// record with the one read then. Logs only grow, so if the partition holds it now, the records
-// just fetched extend the same log. It returns the reset found (nil when the log is the same,
-// or when it cannot tell: retention deleted the record, or compaction) or the fetch's error.
-// It costs one fetch of one batch per pause.
+// partState.suspect), and at start before a partition is read from a checkpoint with a mark
+// (checkResume): it fetches the offset of the record marked and compares the record found with
+// it. Logs only grow, so if the partition holds it now, the records after it extend the same
+// log. It returns the reset found or the fetch's error; nil, nil when the log is the same, or
+// when it cannot tell (logged at INFO): retention deleted the record (its offset is below the
+// log start while the log reaches past it: that is not a reset), or compaction removed it. It
+// costs one fetch of one batch.
 func (c *Consumer) verifyIdentity(ctx context.Context, ps *partState, last recordMark) (*TopicResetError, error) {
-	res, err := c.cl.Fetch(ctx, &kafka.FetchRequest{Topic: c.cfg.Topic, Partition: ps.part, Offset: last.offset,
+	res, err := c.cl.Fetch(ctx, &kafka.FetchRequest{Topic: c.cfg.Topic, Partition: ps.part, Offset: last.Offset,
 		MinBytes: 1, MaxBytes: 1, MaxWait: c.cfg.FetchWait}) // the broker still returns the first whole batch
 	if err == nil && res.Error != nil {
 		err = res.Error
@@ -80,17 +115,19 @@ func (c *Consumer) verifyIdentity(ctx context.Context, ps *partState, last recor
 		if err != nil {
 			return nil, err
 		}
-		if last.offset >= end {
-			return c.resetError(ps, first, end, fmt.Sprintf("the partition ends at %d, before the record read last (offset %d)", end, last.offset)), nil
+		if last.Offset >= end {
+			return c.resetError(ps, first, end, fmt.Sprintf("the partition ends at %d, before the record read at offset %d", end, last.Offset)), nil
 		}
-		return nil, nil // deleted by retention (first > last.offset): nothing to compare
+		c.log.Info("the topic's identity could not be checked: the record read at the offset is no longer in the partition (deleted by retention, not a reset)",
+			"partition", ps.part, "offset", last.Offset, "log_start", first, "end", end)
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	var found *recordMark
 	err = eachRecord(res.Records, func(r *kafka.Record, control bool) error {
-		if r.Offset != last.offset || control || found != nil {
+		if r.Offset != last.Offset || control || found != nil {
 			return nil
 		}
 		key, err := readBytes(r.Key)
@@ -108,11 +145,54 @@ func (c *Consumer) verifyIdentity(ctx context.Context, ps *partState, last recor
 	if err != nil {
 		return nil, err
 	}
-	if found != nil && found.sum != last.sum {
+	if found == nil {
+		c.log.Info("the topic's identity could not be checked: the partition holds no record at the offset of the one read there (compacted)",
+			"partition", ps.part, "offset", last.Offset, "log_start", res.LogStartOffset, "end", res.HighWatermark)
+		return nil, nil
+	}
+	if why := last.differs(found.RecordMark); why != "" {
 		return c.resetError(ps, res.LogStartOffset, res.HighWatermark,
-			fmt.Sprintf("the record at offset %d is not the one read there before", last.offset)), nil
+			fmt.Sprintf("the record at offset %d is not the one read there before: it was %s", last.Offset, why)), nil
 	}
 	return nil, nil
+}
+
+// checkResume runs before a partition's first fetch from a checkpointed offset: with the
+// checkpoint's mark (ConsumerConfig.ResumeMarks), it checks that the partition still holds the
+// record marked (verifyIdentity), which offsets alone cannot show for a topic recreated and
+// written past the offset while no consumer ran. A reset found is handled as one found while
+// running (topicReset). Without a mark (a checkpoint written before marks were kept) the check
+// is skipped, logged at INFO. It returns false when the reader must stop.
+func (c *Consumer) checkResume(ctx context.Context, ps *partState, retry func(error) bool) bool {
+	c.mu.Lock()
+	next, pending := ps.next, ps.resetPending
+	c.mu.Unlock()
+	if next <= 0 || pending {
+		return true // nothing read from this log yet, or read from its start anyway
+	}
+	m, ok := c.cfg.ResumeMarks[ps.part]
+	if !ok {
+		c.log.Info("the topic's identity is not checked at start: the checkpoint holds no mark of a record read from the partition (the next checkpoint that reads one stores it)",
+			"partition", ps.part, "offset", next)
+		return true
+	}
+	last := recordMark{RecordMark: m, ok: true}
+	for {
+		reset, err := c.verifyIdentity(ctx, ps, last)
+		if err != nil {
+			if !retry(err) {
+				return false
+			}
+			continue
+		}
+		if reset != nil {
+			return c.topicReset(ctx, ps, reset)
+		}
+		c.mu.Lock()
+		ps.last, ps.suspect = last, false
+		c.mu.Unlock()
+		return true
+	}
 }
 
 func (c *Consumer) resetError(ps *partState, logStart, end int64, why string) *TopicResetError {

@@ -157,3 +157,167 @@ func recreateTopic(t *testing.T, conn ConnConfig, topic string) {
 		t.Fatalf("creating %s: %v %v", topic, err, res)
 	}
 }
+
+// resumePoint folds increments as the daemon checkpoints them: the last offset and the last
+// mark per partition (a reset forgets the mark of the old log).
+func resumePoint(incs []*Increment) (map[int]int64, map[int]RecordMark) {
+	next, marks := map[int]int64{}, map[int]RecordMark{}
+	for _, inc := range incs {
+		for p, off := range inc.NextOffsets {
+			next[p] = off
+			if m, ok := inc.Mark(p); ok {
+				marks[p] = m
+			} else if inc.Reset(p) {
+				delete(marks, p)
+			}
+		}
+	}
+	return next, marks
+}
+
+// TestRecreatedWhileStopped: n records read and checkpointed with their mark, the consumer
+// stopped, the topic deleted and recreated, m > n records produced (the checkpoint's offset is
+// inside the new log, so offsets cannot tell): the next consumer, started from the checkpoint,
+// finds that the partition holds another record at the mark's offset and stops with a
+// TopicResetError before handing out anything. The new records may be other data, or the same
+// keys and values written again (a replay), which only their timestamps tell apart. With
+// AcceptTopicReset it reads the new log from its start, and its increments carry a mark of the
+// new log.
+func TestRecreatedWhileStopped(t *testing.T) {
+	for _, tc := range []struct {
+		name, prefix, why string
+	}{
+		{"other data", "new", "its key or value differs"},
+		{"same data replayed", "old", "the same key and value written at"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { recreatedWhileStopped(t, tc.prefix, tc.why) })
+	}
+}
+
+func recreatedWhileStopped(t *testing.T, prefix, why string) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	const n, m = 30, 80
+	produce(t, conn, recordsTopic, 0, goodRecords("old", n)...)
+	cfg := consumerConfig(conn, "stopped")
+	c := newConsumer(t, cfg)
+	next, marks := resumePoint(collect(t, c, n, 20*time.Second))
+	if next[0] != n || marks[0].Offset != n-1 {
+		t.Fatalf("checkpoint offset %d with mark %+v, want %d with a mark at %d", next[0], marks[0], n, n-1)
+	}
+	c.Close()
+
+	recreateTopic(t, conn, recordsTopic)
+	// Timestamps have millisecond resolution: the replay must not share the old record's.
+	waitfor.Cond(t, time.Second, "a new millisecond", func() bool { return time.Now().UnixMilli() > marks[0].Timestamp })
+	produce(t, conn, recordsTopic, 0, goodRecords(prefix, m)...)
+	log, lines := newLogLines(t)
+	cfg.Resume, cfg.ResumeMarks = next, marks
+	c2, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	re := wantReset(t, nextErr(t, c2, 20*time.Second), n, m)
+	if !strings.Contains(re.Why, "offset 29 is not the one read there") || !strings.Contains(re.Why, why) {
+		t.Fatalf("reset %q does not say which record differs and how (%q)", re.Why, why)
+	}
+	if h := c2.Health(); h.Ready {
+		t.Fatalf("health ready after a reset: %+v", h)
+	}
+	if n := lines.count(slog.LevelError, "retrying cannot fix"); n != 1 {
+		t.Fatalf("%d ERROR lines, want 1", n)
+	}
+
+	cfg.AcceptTopicReset = true
+	c3 := newConsumer(t, cfg)
+	incs := collect(t, c3, m, 20*time.Second)
+	next, marks = resumePoint(incs)
+	if got := ids(incs); !slices.Equal(got, goodIDs(prefix, m)) || next[0] != m || !incs[0].Reset(0) {
+		t.Fatalf("after the confirmation read %d records up to offset %d (first increment a reset: %v), want %s0..%s%d up to %d",
+			len(got), next[0], incs[0].Reset(0), prefix, prefix, m-1, m)
+	}
+	if marks[0].Offset != m-1 {
+		t.Fatalf("mark %+v after reading the new log, want one at offset %d", marks[0], m-1)
+	}
+}
+
+// TestResetForgetsTheOldMark: an increment that holds a fetch of the old log and then the
+// partition's reset to a new log carries no mark of the old log: its offset counts in the new.
+func TestResetForgetsTheOldMark(t *testing.T) {
+	var p pending
+	old := markOf(41, []byte("k"), []byte("v"), time.UnixMilli(5))
+	p.take(&chunk{part: 0, at: time.Now(), next: 42, last: old, recs: []Record{{Partition: 0, Offset: 41}}}, 100)
+	p.take(&chunk{part: 0, at: time.Now(), next: 0, reset: true}, 100)
+	p.take(&chunk{part: 1, at: time.Now(), next: 8, last: markOf(7, nil, []byte("w"), time.UnixMilli(6)), recs: []Record{{Partition: 1, Offset: 7}}}, 100)
+	inc := &Increment{NextOffsets: p.next, resets: p.reset, marks: p.marks}
+	if m, ok := inc.Mark(0); ok || !inc.Reset(0) || inc.NextOffsets[0] != 0 {
+		t.Fatalf("partition 0: mark %+v (%v), reset %v, offset %d; want no mark, a reset to 0", m, ok, inc.Reset(0), inc.NextOffsets[0])
+	}
+	if m, ok := inc.Mark(1); !ok || m.Offset != 7 {
+		t.Fatalf("partition 1: mark %+v (%v), want the one at offset 7", m, ok)
+	}
+}
+
+// TestRestartKeepsTheLog: a consumer started from a checkpoint with its mark, on the same topic
+// written on meanwhile, reads on from the checkpoint: the mark matches, no false alarm.
+func TestRestartKeepsTheLog(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	const n, k = 30, 45
+	produce(t, conn, recordsTopic, 0, goodRecords("old", n)...)
+	cfg := consumerConfig(conn, "restart")
+	c := newConsumer(t, cfg)
+	cfg.Resume, cfg.ResumeMarks = resumePoint(collect(t, c, n, 20*time.Second))
+	c.Close()
+
+	produce(t, conn, recordsTopic, 0, goodRecords("more", k)...)
+	log, lines := newLogLines(t)
+	c2, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	incs := collect(t, c2, k, 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, goodIDs("more", k)) || checkpoint(incs)[0] != n+k {
+		t.Fatalf("after the restart read %v up to offset %d, want more0..more%d up to %d", got, checkpoint(incs)[0], k-1, n+k)
+	}
+	if e, i := lines.atLeast(slog.LevelWarn), lines.count(slog.LevelInfo, "identity"); e != 0 || i != 0 {
+		t.Fatalf("%d WARN or ERROR lines and %d INFO lines about the topic's identity, want none", e, i)
+	}
+}
+
+// TestRetentionDeletedTheMarkedRecord: the checkpoint's marked record was deleted by retention
+// while the consumer was stopped, but the log reaches the checkpoint's offset: that is no
+// reset, and the record cannot be compared. The consumer says so at INFO and reads on from
+// the checkpoint (the mark here matches no record at all, so a comparison with any record
+// would have cried wolf).
+func TestRetentionDeletedTheMarkedRecord(t *testing.T) {
+	b := startBroker(t, broker.Config{RetentionBytes: 64 << 10, RetentionCheckInterval: time.Hour})
+	conn := plainConn(b)
+	for range 20 { // 20 batches of 100 small records, ~8 KB each: retention keeps the last few
+		produce(t, conn, recordsTopic, 0, goodRecords("r", 100)...)
+	}
+	b.ApplyRetention()
+	start := b.LogStartOffsets(recordsTopic)[0]
+	if start == 0 || start >= 2000 {
+		t.Fatalf("log start offset %d after retention; the test needs 0 < start < 2000", start)
+	}
+	log, lines := newLogLines(t)
+	cfg := consumerConfig(conn, "retained")
+	cfg.Resume = map[int]int64{0: start}
+	cfg.ResumeMarks = map[int]RecordMark{0: {Offset: start - 1, Timestamp: 1, Sum: 1}}
+	cfg.MaxRecordsBacklog = 5000
+	c, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	incs := collect(t, c, int(2000-start), 20*time.Second)
+	if first := incs[0].Records[0]; first.Offset != start || checkpoint(incs)[0] != 2000 || len(incs[0].Gaps) != 0 {
+		t.Fatalf("read from offset %d to %d (gaps %v), want %d to 2000 without a gap", first.Offset, checkpoint(incs)[0], incs[0].Gaps, start)
+	}
+	if n := lines.count(slog.LevelInfo, "could not be checked"); n != 1 || lines.atLeast(slog.LevelWarn) != 0 {
+		t.Fatalf("%d INFO lines saying the identity could not be checked, %d WARN or ERROR lines; want 1 and 0", n, lines.atLeast(slog.LevelWarn))
+	}
+}

@@ -1,0 +1,122 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// TestTopicRecreatedWhileStopped: the daemon reads from a broker that outlives it. A plain
+// restart after more records were produced resumes at the ledger's offset with no alarm. Then,
+// with the daemon stopped, the topic is deleted and recreated and m > n records are produced:
+// the ledger's offset is inside the new log, so offsets cannot tell, but the record the
+// ledger's mark names is not the one the partition now holds. The next start stops ingest
+// naming the topic, partition, offset and the confirming command (/readyz 503, the mismatch
+// gauge 1, nothing applied); a start with --accept-topic-reset applies the m new records.
+func TestTopicRecreatedWhileStopped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	dir := t.TempDir()
+	mutate := func(c *config.Config) { c.StateDir, c.Kafka.Brokers = dir, b.Addrs() }
+	data := bundled(t)
+	produce := func(prefix string, n int) {
+		t.Helper()
+		w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 500}
+		defer w.Close()
+		msgs := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i])}
+		}
+		pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer pcancel()
+		if err := w.WriteMessages(pctx, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := func(r *running) float64 { return r.metric(t, "cfguard_records_total", "result", "applied") }
+	offset := func(r *running) int64 {
+		offs, err := r.d.ledger.Offsets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return offs[0]
+	}
+	const n, k, m = 64, 32, 160
+
+	r := startDaemon(t, mutate)
+	produce("old", n)
+	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return applied(r) == n })
+	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || marks[0].Offset != n-1 {
+		t.Fatalf("ledger mark %+v (%v), want one at offset %d", marks[0], err, n-1)
+	}
+	r.stop(t)
+
+	// A plain restart: the same log, written on.
+	produce("more", k)
+	r = startDaemon(t, mutate)
+	waitfor.Cond(t, 30*time.Second, "k applied records", func() bool { return applied(r) == k })
+	if off := offset(r); off != n+k {
+		t.Fatalf("ledger offset %d after the restart, want %d", off, n+k)
+	}
+	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+		t.Fatalf("cfguard_consumer_topic_mismatch %v after a plain restart, want 0", g)
+	}
+	r.stop(t)
+
+	// Recreated while the daemon is stopped, and written past the ledger's offset.
+	recreate(t, b.Addrs(), "cfguard.records")
+	produce("new", m)
+	r = startDaemonWith(t, mutate, nil, nil)
+	const command = "--accept-topic-reset"
+	waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+	})
+	_, body := r.get(t, "/readyz")
+	for _, s := range []string{"topic cfguard.records partition 0", fmt.Sprintf("next offset %d", n+k), "not the one read there", command} {
+		if !strings.Contains(string(body), s) {
+			t.Fatalf("readyz %q does not name %q", body, s)
+		}
+	}
+	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 1 {
+		t.Fatalf("cfguard_consumer_topic_mismatch %v, want 1", g)
+	}
+	if a, off := applied(r), offset(r); a != 0 || off != n+k {
+		t.Fatalf("%v records applied, ledger offset %d; want none of the new topic, offset %d", a, off, n+k)
+	}
+	r.stop(t)
+
+	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
+	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return applied(r) == m })
+	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	if off := offset(r); off != m {
+		t.Fatalf("ledger offset %d after the confirmation, want %d", off, m)
+	}
+	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || marks[0].Offset != m-1 {
+		t.Fatalf("ledger mark %+v (%v) after the confirmation, want one of the new log at offset %d", marks[0], err, m-1)
+	}
+	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s after the confirmed reset was checkpointed: %v", topicResetFile, err)
+	}
+	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
+	}
+}
