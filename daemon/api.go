@@ -376,8 +376,8 @@ func registerStatus(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, ledger.ErrWrite):
-		return http.StatusServiceUnavailable // disk full, failed fsync: nothing stored, retry later
+	case errors.Is(err, ledger.ErrWrite), errors.Is(err, errStopping):
+		return http.StatusServiceUnavailable // disk full, failed fsync, shutdown: nothing stored, retry later
 	}
 	return http.StatusInternalServerError
 }
@@ -404,14 +404,22 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
 	if err != nil {
-		if code := registerStatus(err); code == http.StatusServiceUnavailable {
-			retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
-		} else {
-			writeError(w, code, err.Error())
-		}
+		writeRegisterError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, ce)
+}
+
+// writeRegisterError answers a registration's error with its status; a 503 says when to retry.
+func writeRegisterError(w http.ResponseWriter, err error) {
+	switch code := registerStatus(err); {
+	case errors.Is(err, errStopping):
+		retryLater(w, code, writeRetryAfter, err.Error())
+	case code == http.StatusServiceUnavailable:
+		retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
+	default:
+		writeError(w, code, err.Error())
+	}
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
