@@ -110,10 +110,10 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if sendErr != nil {
-		return fmt.Errorf("import-ces: stopped after %d of %d lines: %w; run the same command again: stored lines are counted as existing, not stored twice", sum.Lines, total, sendErr)
+		return fmt.Errorf("stopped after %d of %d lines: %w; run the same command again: stored lines are counted as existing, not stored twice", sum.Lines, total, sendErr)
 	}
 	if sum.Refused > 0 {
-		return fmt.Errorf("import-ces: %d of %d lines refused (each named above with its line number); the others are stored. Fix those lines and run the same command again: stored lines are counted as existing, not stored twice", sum.Refused, sum.Lines)
+		return fmt.Errorf("%d of %d lines refused (each named above with its line number); the others are stored. Fix those lines and run the same command again: stored lines are counted as existing, not stored twice", sum.Refused, sum.Lines)
 	}
 	return nil
 }
