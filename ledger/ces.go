@@ -159,7 +159,17 @@ type putPlan struct {
 	headers []header
 	errs    []error
 	refused int
+	all     bool // Put: the first refused CE refuses the call
 	kl      map[uint64]float64
+}
+
+// name names CE i of a call in an error: by its index too when the call is all or none (Put),
+// by its id alone when each CE has its own error (PutEach).
+func (p *putPlan) name(i int, id string) string {
+	if p.all {
+		return fmt.Sprintf("%d (id %q)", i, id)
+	}
+	return fmt.Sprintf("%q", id)
 }
 
 // refuse records that CE i is not stored, and why.
@@ -183,7 +193,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*put
 		return nil, err
 	}
 	p := &putPlan{cur: c, ces: make([]*CE, 0, len(ces)), headers: make([]header, 0, len(ces)), errs: make([]error, len(ces)),
-		kl: map[uint64]float64{}}
+		all: all, kl: map[uint64]float64{}}
 	seen := make(map[string]bool, len(ces))
 	hdrs := tx.Bucket(bHeaders)
 	for i, ce := range ces {
@@ -191,14 +201,14 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*put
 			break
 		}
 		if err := validate(ce, current); err != nil {
-			p.refuse(i, fmt.Errorf("counterfactual %d (id %q): %w", i, idOf(ce), err))
+			p.refuse(i, fmt.Errorf("counterfactual %s: %w", p.name(i, idOf(ce)), err))
 			continue
 		}
 		if ce.ID == "" {
 			ce.ID = newID(now)
 		}
 		if seen[ce.ID] || hdrs.Get([]byte(ce.ID)) != nil {
-			p.refuse(i, fmt.Errorf("counterfactual %d: %w: %q", i, ErrExists, ce.ID))
+			p.refuse(i, fmt.Errorf("counterfactual %s: %w", p.name(i, ce.ID), ErrExists))
 			continue
 		}
 		h := header{status: certify.Uncertified, target: ce.Target, anchor: ce.AnchorVersion, p1: ce.P1, var1: ce.Var1,
