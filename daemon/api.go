@@ -44,6 +44,7 @@ type core interface {
 	snapshot(read func(m *bnn.Model) error) error
 	posteriorFiles() (*posteriorFiles, error)
 	register(ctx context.Context, r registration) (*ledger.CE, error)
+	registerMany(ctx context.Context, rs []registration) ([]registered, error)
 	forget(id string) error
 	audit(ctx context.Context) (ledger.AuditReport, error)
 	auditStatus() auditStatus
@@ -86,6 +87,7 @@ type endpoint struct {
 func (a *api) endpoints() []endpoint {
 	return []endpoint{
 		{"POST /v1/counterfactuals", "token", a.handleRegister},
+		{"POST /v1/counterfactuals:bulk", "token", a.handleBulkRegister},
 		{"GET /v1/counterfactuals", "token", a.handleList},
 		{"GET /v1/counterfactuals/{id}", "token", a.handleGet},
 		{"DELETE /v1/counterfactuals/{id}", "token", a.handleDelete},
@@ -195,16 +197,30 @@ func writeBodyError(w http.ResponseWriter, err error) {
 // unknown fields, anything after the value, and what encoding/json would let through in
 // silence (checkKeys) are errors that name the field.
 func decodeBody(r *http.Request, v any) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(body, v)
+}
+
+// readBody reads the request body, bounded as decodeBody says.
+func readBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return &bodyError{http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)}
+		return nil, &bodyError{http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)}
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return &bodyError{http.StatusRequestTimeout, "request body not received within the server's http.read_timeout"}
+		return nil, &bodyError{http.StatusRequestTimeout, "request body not received within the server's http.read_timeout"}
 	case err != nil:
-		return &bodyError{http.StatusBadRequest, "reading the request body: " + err.Error()}
+		return nil, &bodyError{http.StatusBadRequest, "reading the request body: " + err.Error()}
 	}
+	return body, nil
+}
+
+// decodeJSON decodes one JSON object into v strictly (see decodeBody).
+func decodeJSON(body []byte, v any) error {
 	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
 		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
 	}
@@ -376,8 +392,8 @@ func registerStatus(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, ledger.ErrWrite):
-		return http.StatusServiceUnavailable // disk full, failed fsync: nothing stored, retry later
+	case errors.Is(err, ledger.ErrWrite), errors.Is(err, errStopping):
+		return http.StatusServiceUnavailable // disk full, failed fsync, shutdown: nothing stored, retry later
 	}
 	return http.StatusInternalServerError
 }
@@ -404,14 +420,127 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
 	if err != nil {
-		if code := registerStatus(err); code == http.StatusServiceUnavailable {
-			retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
-		} else {
-			writeError(w, code, err.Error())
-		}
+		writeRegisterError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, ce)
+}
+
+// writeRegisterError answers a registration's error with its status; a 503 says when to retry.
+func writeRegisterError(w http.ResponseWriter, err error) {
+	switch code := registerStatus(err); {
+	case errors.Is(err, errStopping):
+		retryLater(w, code, writeRetryAfter, err.Error())
+	case code == http.StatusServiceUnavailable:
+		retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
+	default:
+		writeError(w, code, err.Error())
+	}
+}
+
+// maxBulkLines bounds the lines of one POST /v1/counterfactuals:bulk.
+const maxBulkLines = 10000
+
+// bulkResult is the outcome of one line of POST /v1/counterfactuals:bulk: its status when stored
+// ("certified", "uncertified"), "exists" when the same CE (id, x, x_cf, target) is stored
+// already, or the code and error its own POST /v1/counterfactuals would have answered.
+type bulkResult struct {
+	Line   int    `json:"line"` // 1-based, in the request body
+	ID     string `json:"id,omitempty"`
+	Status string `json:"status,omitempty"`
+	Code   int    `json:"code,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// handleBulkRegister stores the counterfactuals of an NDJSON body, one registration request (as
+// POST /v1/counterfactuals takes) per line, blank lines skipped: measured and stored in
+// batches of up to maxRegisterBatch, one ledger write each, and answered with one result per
+// line. A refused line refuses only itself. Sending lines again stores nothing twice: a CE
+// already stored under its id with the same x, x_cf and target is reported "exists". A ledger
+// that cannot be written, or a daemon stopping, answers the whole request 503 with Retry-After:
+// lines before the failed batch may be stored, and are reported "exists" when sent again.
+func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		writeBodyError(w, err)
+		return
+	}
+	var (
+		results []bulkResult
+		regs    []registration
+		at      []int // index in results of each registration
+	)
+	for n, line := range bytes.Split(body, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		if len(results) == maxBulkLines {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("over %d lines in one request; send them in several", maxBulkLines))
+			return
+		}
+		res := bulkResult{Line: n + 1}
+		var req registerRequest
+		if err := decodeJSON(line, &req); err != nil {
+			res.Code, res.Error = http.StatusBadRequest, err.Error()
+		} else {
+			res.ID = req.ID
+			regs, at = append(regs, registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target}), append(at, len(results))
+		}
+		results = append(results, res)
+	}
+	resp := bulkResponse{Results: results}
+	for lo := 0; lo < len(regs); lo += maxRegisterBatch {
+		hi := min(lo+maxRegisterBatch, len(regs))
+		out, err := a.core.registerMany(r.Context(), regs[lo:hi])
+		if err != nil {
+			writeRegisterError(w, err)
+			return
+		}
+		for k, o := range out {
+			res := &results[at[lo+k]]
+			switch {
+			case o.err == nil:
+				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
+			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
+				writeRegisterError(w, o.err)
+				return
+			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
+				res.Status = "exists"
+			default:
+				res.Code, res.Error = registerStatus(o.err), o.err.Error()
+			}
+		}
+	}
+	for _, res := range results {
+		switch {
+		case res.Code != 0:
+			resp.Refused++
+		case res.Status == "exists":
+			resp.Exists++
+		default:
+			resp.Stored++
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// bulkResponse answers POST /v1/counterfactuals:bulk: counts, and one result per line.
+type bulkResponse struct {
+	Stored  int          `json:"stored"`
+	Exists  int          `json:"exists"`
+	Refused int          `json:"refused"`
+	Results []bulkResult `json:"results"`
+}
+
+// sameAsStored reports whether the CE stored under r's id has r's x, x_cf and target.
+func (a *api) sameAsStored(r registration) bool {
+	ce, err := a.state.Get(r.id)
+	if err != nil {
+		return false
+	}
+	t, err := r.target.resolve(a.core.current().Classes)
+	return err == nil && t == ce.Target && slices.Equal(ce.X, r.x) && slices.Equal(ce.XCF, r.xcf)
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {

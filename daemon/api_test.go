@@ -238,6 +238,13 @@ func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
 func (f *fakeCore) register(context.Context, registration) (*ledger.CE, error) {
 	return nil, ledger.ErrExists
 }
+func (f *fakeCore) registerMany(_ context.Context, rs []registration) ([]registered, error) {
+	out := make([]registered, len(rs))
+	for i := range out {
+		out[i].err = ledger.ErrExists
+	}
+	return out, nil
+}
 func (f *fakeCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	return m.Predict(xs, 2, 1)
 }

@@ -80,10 +80,11 @@ type Daemon struct {
 	// does not take it: a reader of the posterior alone never waits for a commit.
 	published sync.RWMutex
 
-	exp    *explainer
-	audits auditor
-	files  posteriorCache
-	export *exporter
+	registrar *registrar // group commit of registrations (storeRegistrations)
+	exp       *explainer
+	audits    auditor
+	files     posteriorCache
+	export    *exporter
 
 	outbox    *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
 	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
@@ -161,6 +162,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g := newGroup(ctx)
 	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
 	g.Go("ingest", d.ingest)
+	g.Go("register", d.registrar.run)
 	g.Go("outbox", d.outbox.run)
 	g.Go("confirm", d.confirm.run)
 	g.Go("audit", d.auditSchedule)
@@ -204,6 +206,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
 	d.batch = newBatcher(d.predictNow)
+	d.registrar = newRegistrar(d.storeRegistrations)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))

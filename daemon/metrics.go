@@ -12,6 +12,8 @@ type daemonMetrics struct {
 
 	exportVersion prometheus.Gauge   // cfguard_export_posterior_version
 	exportErrors  prometheus.Counter // cfguard_export_errors_total
+
+	registerBatch prometheus.Histogram // cfguard_registration_batch_size
 }
 
 func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
@@ -24,6 +26,9 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 			Help: "Posterior version last written to model.export_dir."}),
 		exportErrors: f.NewCounter(prometheus.CounterOpts{Name: "cfguard_export_errors_total",
 			Help: "Failed writes of the posterior export (retried)."}),
+		registerBatch: f.NewHistogram(prometheus.HistogramOpts{Name: "cfguard_registration_batch_size",
+			Help:    "Counterfactuals stored by one ledger write (one fsync) of registrations: concurrent registrations share one.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 	}
 	m.events.WithLabelValues("published")
 	m.events.WithLabelValues("failed")

@@ -608,6 +608,13 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	c.send("GET", "/v1/counterfactuals?status=fine", token, nil, "", 400)
 	c.send("GET", "/v1/counterfactuals/ce-0", token, nil, "", 200)
 	c.send("GET", "/v1/counterfactuals/nope", token, nil, "", 404)
+	bulk := js(map[string]any{"id": "bulk-1", "x": data.X[xs[1]], "x_cf": data.X[cfs[0]], "target": "benign"}) + "\n{\"x\":\n\n" + js(ce) + "\n"
+	_, _, body = c.send("POST", "/v1/counterfactuals:bulk", token, map[string]string{"Content-Type": "application/x-ndjson"}, bulk, 200)
+	if !strings.Contains(string(body), `"stored":1,"exists":1,"refused":1`) {
+		t.Errorf("bulk: %s, want one stored, one exists, one refused", body)
+	}
+	c.send("POST", "/v1/counterfactuals:bulk", token, nil, strings.Repeat("{}\n", maxBulkLines+1), 400)
+	c.send("POST", "/v1/counterfactuals:bulk", "", nil, bulk, 401)
 
 	// Drift, so that the model's KL history, anchors and the CEs' histories are not empty.
 	r.produce(t, flipped(data, 64)...)

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/cfguard/cfguard/bnn"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/ident"
@@ -15,6 +19,7 @@ var (
 	errBadRequest        = errors.New("bad request")
 	errNotCounterfactual = errors.New("not a counterfactual") // x_cf is not classified as the target, or x already is
 	errOutsideSet        = errors.New("outside the <delta, epsilon>-set")
+	errStopping          = errors.New("the daemon is stopping; nothing was stored, retry once it runs again")
 )
 
 // registration is a CE to store: x, its counterfactual x_cf and the target class.
@@ -24,57 +29,309 @@ type registration struct {
 	target target
 }
 
-// register measures a CE under the current posterior (certify.samples draws), checks that it is a
-// counterfactual, and stores it anchored to that posterior: certified when in its
-// <delta, epsilon>-set, else refused or stored as uncertified (certify.uncertified).
+// registered is the outcome of one registration: the CE as stored, or why it was not.
+type registered struct {
+	ce  *ledger.CE
+	err error
+}
+
+// maxRegisterBatch bounds the registrations measured and stored together: measuring one takes
+// two inputs through the version's pool under d.mu, so a batch holds the lock (and keeps an
+// increment waiting) for about maxRegisterBatch x 2 inputs x certify.samples networks (about
+// 0.2 s at the defaults).
+const maxRegisterBatch = 256
+
+// register measures a CE under the current posterior (certify.samples draws), checks that it is
+// a counterfactual, and stores it anchored to that posterior: certified when in its
+// <delta, epsilon>-set, else refused or stored as uncertified (certify.uncertified). Concurrent
+// registrations share one measurement and one durable write (see registrar).
 func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, error) {
-	if r.id != "" { // checked before measuring (the ledger checks it again when storing)
-		if err := ident.Check(r.id); err != nil {
-			return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	out, err := d.registrar.submit(ctx, []registration{r}, false)
+	if err != nil {
+		return nil, err
+	}
+	if out[0].err != nil {
+		return nil, out[0].err
+	}
+	return d.ledger.Get(out[0].ce.ID)
+}
+
+// registerMany is register for up to maxRegisterBatch CEs sent together (a bulk import): each
+// has its own outcome, in order. The CEs returned are as Put filled them in.
+func (d *Daemon) registerMany(ctx context.Context, rs []registration) ([]registered, error) {
+	return d.registrar.submit(ctx, rs, true)
+}
+
+// registrar is the group commit of registrations, as databases commit transactions: one
+// goroutine takes every registration waiting (up to about maxRegisterBatch), measures them in
+// one call on the version's pool and stores them in one ledger transaction (one fsync), then
+// answers each with its own outcome. A registration that finds nothing else waiting is measured
+// and stored at once: there is no timer, so a lone client waits for nothing; under load, the
+// registrations that arrive while one batch is written form the next.
+type registrar struct {
+	jobs    chan *registerJob
+	stopped chan struct{} // closed when run returns: every job it took was answered before
+	store   func(ctx context.Context, rs []registration, bulk bool) []registered
+}
+
+// registerQueue is how many jobs may wait for the registrar (more wait to be queued).
+const registerQueue = 1024
+
+// registerJob is registrations submitted together and answered together.
+type registerJob struct {
+	ctx  context.Context
+	regs []registration
+	bulk bool
+	out  []registered
+	done chan struct{}
+}
+
+func newRegistrar(store func(ctx context.Context, rs []registration, bulk bool) []registered) *registrar {
+	return &registrar{jobs: make(chan *registerJob, registerQueue), stopped: make(chan struct{}), store: store}
+}
+
+// submit hands rs to the registrar and waits for their outcomes. It returns ctx's error if ctx
+// ends first (the registrations may still be stored) and errStopping if the daemon stops
+// before taking them.
+func (g *registrar) submit(ctx context.Context, rs []registration, bulk bool) ([]registered, error) {
+	j := &registerJob{ctx: ctx, regs: rs, bulk: bulk, done: make(chan struct{})}
+	select {
+	case g.jobs <- j:
+	case <-g.stopped:
+		return nil, errStopping
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case <-j.done:
+		return j.out, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-g.stopped:
+		select {
+		case <-j.done: // taken and answered before run returned
+			return j.out, nil
+		default: // queued, never taken
+			return nil, errStopping
+		}
+	}
+}
+
+// run takes jobs until ctx ends. It measures a batch with ctx, not with a request's context: a
+// client that goes away does not cancel the others' registrations.
+func (g *registrar) run(ctx context.Context) error {
+	defer close(g.stopped)
+	for {
+		var first *registerJob
+		select {
+		case <-ctx.Done():
+			return nil
+		case first = <-g.jobs:
+		}
+		batch, n := []*registerJob{first}, len(first.regs)
+	take:
+		for n < maxRegisterBatch {
+			select {
+			case j := <-g.jobs:
+				batch, n = append(batch, j), n+len(j.regs)
+			default:
+				break take
+			}
+		}
+		g.commit(ctx, batch)
+	}
+}
+
+// commit stores the registrations of the batch's jobs together and answers each job. Jobs whose
+// client went away meanwhile are answered without being stored.
+func (g *registrar) commit(ctx context.Context, batch []*registerJob) {
+	var (
+		regs []registration
+		live []*registerJob
+		bulk = false
+	)
+	for _, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			j.out = make([]registered, len(j.regs))
+			for i := range j.out {
+				j.out[i].err = err
+			}
+			close(j.done)
+			continue
+		}
+		regs, live, bulk = append(regs, j.regs...), append(live, j), bulk || j.bulk
+	}
+	if len(regs) == 0 {
+		return
+	}
+	out := g.store(ctx, regs, bulk)
+	for _, j := range live {
+		j.out, out = out[:len(j.regs):len(j.regs)], out[len(j.regs):]
+		close(j.done)
+	}
+}
+
+// storeRegistrations measures rs under the current posterior with one call on its pool, and
+// stores those that are counterfactuals (in their set, or with certify.uncertified: store) in
+// one ledger transaction; each gets its own outcome. It holds d.mu from reading the current
+// posterior to the write, so that every CE is anchored to the posterior it was measured under,
+// current when it is stored (see apply). bulk logs one line for the batch instead of one per CE.
+func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, bulk bool) []registered {
+	out := make([]registered, len(rs))
+	for i, r := range rs {
+		if r.id != "" { // checked before measuring (the ledger checks it again when storing)
+			if err := ident.Check(r.id); err != nil {
+				out[i].err = fmt.Errorf("%w: %v", errBadRequest, err)
+			}
 		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := d.current()
-	if !r.target.set {
-		return nil, fmt.Errorf("%w: target is required (class index or name)", errBadRequest)
+	targets := make([]int, len(rs))
+	var (
+		measured []int // indexes of rs measured, in the order of their rows
+		rows     [][]float64
+	)
+	for i, r := range rs {
+		if out[i].err != nil {
+			continue
+		}
+		if out[i].err = checkRegistration(r, m.Inputs()); out[i].err != nil {
+			continue
+		}
+		t, err := r.target.resolve(m.Classes)
+		if err != nil {
+			out[i].err = fmt.Errorf("%w: %v", errBadRequest, err)
+			continue
+		}
+		targets[i], measured, rows = t, append(measured, i), append(rows, r.xcf, r.x)
 	}
-	t, err := r.target.resolve(m.Classes)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	if len(measured) == 0 {
+		return out
 	}
-	if err := checkVector("x", r.x, m.Inputs()); err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+	fail := func(err error) []registered {
+		for _, i := range measured {
+			out[i].err = err
+		}
+		return out
 	}
-	if err := checkVector("x_cf", r.xcf, m.Inputs()); err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
-	}
-	S := d.cfg.Certify.Samples
 	pool, err := d.pools.get(m)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
-	p, err := pool.Predict(ctx, [][]float64{r.xcf, r.x})
+	p, err := predictSplit(ctx, pool, rows)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadRequest, err)
+		if ctx.Err() != nil {
+			return fail(errStopping)
+		}
+		return fail(fmt.Errorf("%w: %v", errBadRequest, err))
 	}
-	if orig := p.Argmax(1); orig == t {
-		return nil, fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
+	var (
+		ces    []*ledger.CE
+		stored []int // index in rs of each CE in ces
+	)
+	for k, i := range measured {
+		t, cf, orig := targets[i], 2*k, 2*k+1
+		if p.Argmax(orig) == t {
+			out[i].err = fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
+			continue
+		}
+		if c := p.Argmax(cf); c != t {
+			out[i].err = fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[c], p.P(cf, t), m.Classes[t])
+			continue
+		}
+		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
+			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
+		if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == certify.Refuse {
+			out[i].err = fmt.Errorf("%w: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
+				errOutsideSet, ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
+			continue
+		}
+		ces, stored = append(ces, ce), append(stored, i)
 	}
-	if p.Argmax(0) != t {
-		return nil, fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[p.Argmax(0)], p.P(0, t), m.Classes[t])
+	errs, err := d.ledger.PutEach(ctx, ces)
+	if n := len(ces) - nonNil(errs); err == nil && n > 0 {
+		d.own.registerBatch.Observe(float64(n))
 	}
-	ce := &ledger.CE{ID: r.id, X: r.x, XCF: r.xcf, Target: t, AnchorVersion: m.Version, P1: p.P(0, t), Var1: p.V(0, t),
-		Samples: S, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-	if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == certify.Refuse {
-		return nil, fmt.Errorf("%w: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
-			errOutsideSet, ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
+	if err != nil {
+		for _, i := range stored {
+			out[i].err = err
+		}
+		return out
 	}
-	if err := d.ledger.Put(ctx, ce); err != nil {
+	n := 0
+	for k, i := range stored {
+		if out[i].err = errs[k]; out[i].err != nil {
+			continue
+		}
+		out[i].ce, n = ces[k], n+1
+		if !bulk {
+			d.log.Info("counterfactual registered", "id", ces[k].ID, "status", ces[k].Status, "p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
+		}
+	}
+	if bulk {
+		d.log.Info("counterfactuals registered", "stored", n, "refused", len(rs)-n, "posterior_version", m.Version)
+	}
+	return out
+}
+
+// splitRows is the fewest inputs worth a goroutine of their own in predictSplit.
+const splitRows = 8
+
+// predictSplit is pool.Predict over rows split into contiguous parts measured on up to
+// GOMAXPROCS goroutines: the pool spreads only large calls over cores (bnn.Pool.Predict), and a
+// batch of registrations is small but holds d.mu. An input's estimate does not depend on the
+// other inputs of its call (bnn's engine), so the split changes no result.
+func predictSplit(ctx context.Context, pool *bnn.Pool, rows [][]float64) (*bnn.Predictive, error) {
+	parts := min(runtime.GOMAXPROCS(0), len(rows)/splitRows)
+	if parts <= 1 {
+		return pool.Predict(ctx, rows)
+	}
+	out := make([]*bnn.Predictive, parts)
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for k := range parts {
+		lo, hi := k*len(rows)/parts, (k+1)*len(rows)/parts
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[k], errs[k] = pool.PredictWorkers(ctx, rows[lo:hi], 1)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	d.log.Info("counterfactual registered", "id", ce.ID, "status", ce.Status, "p1", ce.P1, "var1", ce.Var1, "posterior_version", m.Version)
-	return d.ledger.Get(ce.ID)
+	p := &bnn.Predictive{N: len(rows), C: out[0].C, S: out[0].S, Precision: out[0].Precision}
+	for _, q := range out {
+		p.Mean, p.Var = append(p.Mean, q.Mean...), append(p.Var, q.Var...)
+	}
+	return p, nil
+}
+
+func nonNil(errs []error) int {
+	n := 0
+	for _, err := range errs {
+		if err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// checkRegistration checks what can be checked of a registration without measuring it.
+func checkRegistration(r registration, inputs int) error {
+	if !r.target.set {
+		return fmt.Errorf("%w: target is required (class index or name)", errBadRequest)
+	}
+	if err := checkVector("x", r.x, inputs); err != nil {
+		return fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	if err := checkVector("x_cf", r.xcf, inputs); err != nil {
+		return fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	return nil
 }
 
 // forget deletes a CE (its anchor is released when no CE refers to it any more).

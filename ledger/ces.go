@@ -80,27 +80,67 @@ func validate(ce *CE, m *bnn.Model) error {
 // CreatedAt (if zero) and UpdatedAt of the given CEs. Registering under the current posterior
 // stores its snapshot as an anchor. X and XCF are raw features (the posterior's scaler applies).
 func (l *Ledger) Put(ctx context.Context, ces ...*CE) error {
+	errs, err := l.put(ctx, ces, true)
+	if err != nil {
+		return fmt.Errorf("ledger: put: %w", err)
+	}
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("ledger: put: %w", err)
+		}
+	}
+	return nil
+}
+
+// PutEach registers counterfactuals in one transaction (one fsync) like Put, but judges each on
+// its own: a CE that Put would refuse (ErrInvalid, ErrExists, also for an id given twice in
+// ces, ErrUnknownAnchor) is left out with its error in errs[i], and the others are stored
+// together. err is for the whole call, and then nothing is stored: a failed write (ErrWrite),
+// no posterior, a posterior that moved on meanwhile (ErrStale), a damaged ledger. Registrations
+// that arrive together share one durable write this way (group commit) without one bad CE
+// refusing the others.
+func (l *Ledger) PutEach(ctx context.Context, ces []*CE) (errs []error, err error) {
+	errs, err = l.put(ctx, ces, false)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: put: %w", err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			errs[i] = fmt.Errorf("ledger: put: %w", e)
+		}
+	}
+	return errs, nil
+}
+
+// put judges ces and stores the accepted ones in one transaction. With all, the first refused
+// CE refuses the call (its error in errs, nothing judged after it, nothing stored).
+func (l *Ledger) put(ctx context.Context, ces []*CE, all bool) ([]error, error) {
 	if len(ces) == 0 {
-		return nil
+		return nil, nil
 	}
 	now := l.opts.Now().UTC()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	var plan *putPlan
 	err := l.view(func(tx *bolt.Tx) (err error) {
-		plan, err = l.judgePut(tx, ces, now)
+		plan, err = l.judgePut(tx, ces, now, all)
 		return err
 	})
 	if err == nil {
 		err = ctx.Err()
 	}
-	if err == nil {
-		err = l.update(func(tx *bolt.Tx) error { return l.writePut(tx, plan, now) })
-	}
 	if err != nil {
-		return fmt.Errorf("ledger: put: %w", err)
+		return nil, err
 	}
-	for i, ce := range ces {
+	if all && plan.refused > 0 {
+		return plan.errs, nil
+	}
+	if len(plan.ces) > 0 {
+		if err := l.update(func(tx *bolt.Tx) error { return l.writePut(tx, plan, now) }); err != nil {
+			return nil, err
+		}
+	}
+	for i, ce := range plan.ces {
 		h := &plan.headers[i]
 		ce.Status, ce.ConfirmedVersion = h.status, nil
 		if h.confirmed {
@@ -108,19 +148,39 @@ func (l *Ledger) Put(ctx context.Context, ces ...*CE) error {
 			ce.ConfirmedVersion = &cv
 		}
 	}
-	return nil
+	return plan.errs, nil
 }
 
-// putPlan is what judgePut decided: one header per CE, and the anchors' KLs.
+// putPlan is what judgePut decided: the CEs to store with one header each, the error of each
+// refused CE (by its index in the CEs given), and the anchors' KLs.
 type putPlan struct {
 	cur     cur
 	ces     []*CE
 	headers []header
+	errs    []error
+	refused int
+	all     bool // Put: the first refused CE refuses the call
 	kl      map[uint64]float64
 }
 
-// judgePut validates the CEs and judges each at its anchor's KL, filling in the derived fields.
-func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time) (*putPlan, error) {
+// name names CE i of a call in an error: by its index too when the call is all or none (Put),
+// by its id alone when each CE has its own error (PutEach).
+func (p *putPlan) name(i int, id string) string {
+	if p.all {
+		return fmt.Sprintf("%d (id %q)", i, id)
+	}
+	return fmt.Sprintf("%q", id)
+}
+
+// refuse records that CE i is not stored, and why.
+func (p *putPlan) refuse(i int, err error) {
+	p.errs[i] = err
+	p.refused++
+}
+
+// judgePut validates the CEs and judges each at its anchor's KL, filling in the derived fields
+// of those it accepts. With all, it stops at the first refused CE.
+func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*putPlan, error) {
 	c, err := readCur(tx)
 	if err != nil {
 		return nil, err
@@ -132,34 +192,38 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time) (*putPlan, erro
 	if err != nil {
 		return nil, err
 	}
-	p := &putPlan{cur: c, ces: ces, headers: make([]header, len(ces)), kl: map[uint64]float64{}}
+	p := &putPlan{cur: c, ces: make([]*CE, 0, len(ces)), headers: make([]header, 0, len(ces)), errs: make([]error, len(ces)),
+		all: all, kl: map[uint64]float64{}}
 	seen := make(map[string]bool, len(ces))
 	hdrs := tx.Bucket(bHeaders)
 	for i, ce := range ces {
+		if all && p.refused > 0 {
+			break
+		}
 		if err := validate(ce, current); err != nil {
-			return nil, fmt.Errorf("counterfactual %d (id %q): %w", i, idOf(ce), err)
+			p.refuse(i, fmt.Errorf("counterfactual %s: %w", p.name(i, idOf(ce)), err))
+			continue
 		}
 		if ce.ID == "" {
 			ce.ID = newID(now)
 		}
 		if seen[ce.ID] || hdrs.Get([]byte(ce.ID)) != nil {
-			return nil, fmt.Errorf("counterfactual %d: %w: %q", i, ErrExists, ce.ID)
+			p.refuse(i, fmt.Errorf("counterfactual %s: %w", p.name(i, ce.ID), ErrExists))
+			continue
 		}
-		seen[ce.ID] = true
-		if ce.CreatedAt.IsZero() {
-			ce.CreatedAt = now
-		}
-		ce.UpdatedAt, ce.History = now, nil
 		h := header{status: certify.Uncertified, target: ce.Target, anchor: ce.AnchorVersion, p1: ce.P1, var1: ce.Var1,
 			delta: ce.Delta, epsilon: ce.Epsilon, samples: ce.Samples, updated: now.UnixNano()}
-		ce.Bound, ce.VarBound, ce.KLFromAnchor = 0, 0, 0
+		var b certify.Bounds
+		kl := 0.0
 		if cert := ce.Certificate(); cert.InSet() {
-			kl, err := l.putAnchorKL(tx, p, ce.AnchorVersion)
-			if err != nil {
+			var err error
+			if kl, err = l.putAnchorKL(tx, p, ce.AnchorVersion); errors.Is(err, ErrUnknownAnchor) {
+				p.refuse(i, fmt.Errorf("counterfactual %q: %w", ce.ID, err))
+				continue
+			} else if err != nil {
 				return nil, fmt.Errorf("counterfactual %q: %w", ce.ID, err)
 			}
-			b := l.opts.Policy.Bounds(cert, kl)
-			ce.Bound, ce.VarBound, ce.KLFromAnchor = b.ProbLower, b.VarUpper, kl
+			b = l.opts.Policy.Bounds(cert, kl)
 			switch {
 			case b.Certified:
 				h.status = certify.Certified
@@ -169,7 +233,13 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time) (*putPlan, erro
 				h.status = certify.AtRisk
 			}
 		}
-		p.headers[i] = h
+		seen[ce.ID] = true
+		if ce.CreatedAt.IsZero() {
+			ce.CreatedAt = now
+		}
+		ce.UpdatedAt, ce.History = now, nil
+		ce.Bound, ce.VarBound, ce.KLFromAnchor = b.ProbLower, b.VarUpper, kl
+		p.ces, p.headers = append(p.ces, ce), append(p.headers, h)
 	}
 	return p, nil
 }

@@ -45,6 +45,8 @@ func program() cli.Program {
 				Help: "write a model directory from a torchbnn state_dict", Run: cmdImport},
 			{Name: "backup", Args: "--config FILE --out FILE",
 				Help: "write a verified, consistent snapshot of a running daemon's ledger (GET /v1/backup)", Run: cmdBackup},
+			{Name: "import-ces", Args: "--config FILE --from FILE.ndjson",
+				Help: "load counterfactuals from NDJSON into a running daemon (POST /v1/counterfactuals:bulk), with progress", Run: cmdImportCEs},
 			{Name: "restore", Args: "--config FILE --from FILE",
 				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", Run: cmdRestore},
 			{Name: "check-config", Args: "--config FILE",

@@ -1,0 +1,161 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// batchHistogram reads cfguard_registration_batch_size: ledger writes of registrations and the
+// CEs they stored.
+func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := r.d.own.registerBatch.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// Registrations waiting together are measured together and stored in one ledger write, and each
+// keeps its own outcome: a bad one, an id given twice, an id already stored, a pair that is not
+// a counterfactual are refused alone, the others stored, anchored to the current posterior.
+func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	if len(xs) < 12 || len(cfs) < 12 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	pair := func(id string, k int) registration {
+		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
+	}
+	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "stored", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	writes0, stored0 := batchHistogram(t, r)
+	var regs []registration
+	want := map[string]error{}
+	for k := 0; k < 10; k++ {
+		id := fmt.Sprintf("g%d", k)
+		regs, want[id] = append(regs, pair(id, k)), nil
+	}
+	short := pair("short", 1)
+	short.xcf = short.xcf[:5]
+	notCF := pair("not-cf", 2)
+	notCF.x = notCF.xcf
+	regs = append(regs, pair("twice", 10), pair("twice", 11), pair("stored", 3), short, notCF, pair("a b", 4))
+	want["short"], want["not-cf"], want["stored"], want["a b"] = errBadRequest, errNotCounterfactual, ledger.ErrExists, errBadRequest
+
+	// A registrar of the running daemon's own storeRegistrations, started once all 16 wait.
+	g := newRegistrar(r.d.storeRegistrations)
+	out := make([][]registered, len(regs))
+	errs := make([]error, len(regs))
+	var wg sync.WaitGroup
+	for i := range regs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = g.submit(context.Background(), regs[i:i+1], false)
+		}()
+	}
+	waitfor.Cond(t, 10*time.Second, "16 registrations queued", func() bool { return len(g.jobs) == len(regs) })
+	ctx, cancel := context.WithCancel(context.Background())
+	go g.run(ctx)
+	wg.Wait()
+	cancel()
+	<-g.stopped
+
+	twice := 0
+	for i, rg := range regs {
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", rg.id, errs[i])
+		}
+		got := out[i][0]
+		if rg.id == "twice" {
+			if got.err == nil {
+				twice++
+			} else if !errors.Is(got.err, ledger.ErrExists) {
+				t.Errorf("twice: %v, want stored once and ErrExists once", got.err)
+			}
+			continue
+		}
+		if w := want[rg.id]; w == nil && got.err != nil || w != nil && !errors.Is(got.err, w) {
+			t.Errorf("%s: %v, want %v", rg.id, got.err, w)
+			continue
+		}
+		if got.err != nil {
+			continue
+		}
+		ce, err := r.d.ledger.Get(rg.id)
+		if err != nil {
+			t.Errorf("%s is not stored: %v", rg.id, err)
+			continue
+		}
+		if ce.Status != certify.Certified || ce.AnchorVersion != r.d.current().Version || ce.P1 != got.ce.P1 {
+			t.Errorf("%s stored %v anchor %d p1 %v; want certified under version %d, p1 %v", rg.id, ce.Status, ce.AnchorVersion, ce.P1, r.d.current().Version, got.ce.P1)
+		}
+	}
+	if twice != 1 {
+		t.Errorf("id twice stored %d times, want once", twice)
+	}
+	if writes, stored := batchHistogram(t, r); writes-writes0 != 1 || stored-stored0 != 11 {
+		t.Errorf("%d ledger writes storing %v CEs, want 1 storing 11", writes-writes0, stored-stored0)
+	}
+}
+
+// Registrations from 16 concurrent clients are each answered with their own CE, and all stored.
+func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	const clients, each = 16, 8
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < each; k++ {
+				id := fmt.Sprintf("c%d-%d", c, k)
+				req := map[string]any{"id": id, "x": data.X[xs[(c+k)%len(xs)]], "x_cf": data.X[cfs[(c*each+k)%len(cfs)]], "target": "benign"}
+				code, body := r.do(t, "POST", "/v1/counterfactuals", "", req)
+				var ce ledger.CE
+				if code != http.StatusCreated || json.Unmarshal(body, &ce) != nil || ce.ID != id {
+					t.Errorf("register %s: %d %s", id, code, body)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n, err := r.d.ledger.Counts(); err != nil || n[certify.Certified] != clients*each {
+		t.Errorf("counts %v, %v; want %d certified", n, err, clients*each)
+	}
+	writes, stored := batchHistogram(t, r)
+	if stored != clients*each {
+		t.Errorf("the batch histogram counts %v CEs stored, want %d", stored, clients*each)
+	}
+	t.Logf("%d registrations from %d clients in %d ledger writes", clients*each, clients, writes)
+}
+
+// A registration the registrar never took, because the daemon stopped, is refused with
+// errStopping (503), not left waiting.
+func TestRegistrationAfterStop(t *testing.T) {
+	g := newRegistrar(func(context.Context, []registration, bool) []registered { panic("not reached") })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.run(ctx)
+	if _, err := g.submit(context.Background(), []registration{{id: "late"}}, false); !errors.Is(err, errStopping) || registerStatus(err) != http.StatusServiceUnavailable {
+		t.Errorf("submit after stop: %v, want errStopping (503)", err)
+	}
+}
