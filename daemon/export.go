@@ -43,6 +43,7 @@ type exporter struct {
 	version prometheus.Gauge   // cfguard_export_posterior_version
 	errors  prometheus.Counter // cfguard_export_errors_total
 	written uint64             // version last written (run's goroutine only)
+	failing bool               // the last write failed (run's goroutine only): one ERROR line per episode
 }
 
 func newExporter(dir string, files *posteriorCache, current func() *bnn.Model, log *slog.Logger, m *daemonMetrics) *exporter {
@@ -89,8 +90,16 @@ func (e *exporter) write(why string) {
 	}
 	if err != nil {
 		e.errors.Inc()
-		e.log.Error("writing the posterior export failed; will retry", "dir", e.dir, "posterior_version", m.Version, "err", err)
+		if !e.failing {
+			e.log.Error("writing the posterior export failed; retrying at each new posterior and every 30 s (cfguard_export_errors_total counts the failures)",
+				"dir", e.dir, "posterior_version", m.Version, "err", err)
+		}
+		e.failing = true
 		return
+	}
+	if e.failing {
+		e.log.Info("writing the posterior export works again", "dir", e.dir, "posterior_version", m.Version)
+		e.failing = false
 	}
 	e.written = m.Version
 	e.version.Set(float64(m.Version))

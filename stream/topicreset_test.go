@@ -126,7 +126,15 @@ func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
 	recreateTopic(t, conn, recordsTopic)
 	produce(t, conn, recordsTopic, 0, goodRecords("new", m)...)
 	err := nextErr(t, c, 30*time.Second)
-	re := wantReset(t, err, n, m)
+	// The consumer may fetch between the recreation and the produce: it then finds the new
+	// partition empty, past-the-end (end 0), a reset too. Otherwise the new log holds offset n
+	// and only the record read last tells: end m. Either way nothing of the new topic is read.
+	var re *TopicResetError
+	if errors.As(err, &re) && re.End == 0 {
+		re = wantReset(t, err, n, 0)
+	} else {
+		re = wantReset(t, err, n, m)
+	}
 	t.Logf("%v", re)
 	if h := c.Health(); h.Ready {
 		t.Fatalf("health ready after a reset: %+v", h)
