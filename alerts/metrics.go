@@ -68,12 +68,12 @@ const (
 // consistent snapshot. Metrics holds what happens (counters) and what only the running process
 // knows (consumer lag, checkpoint failures, outbox).
 type Metrics struct {
-	consumerLag                                 prometheus.Gauge
-	updates, records                            *prometheus.CounterVec
-	recertDuration                              prometheus.Histogram
-	outboxPending, checkpointFailing, unconfirm prometheus.Gauge
-	outboxErrors, checkpointFailures, renewed   prometheus.Counter
-	topicMismatch                               prometheus.Gauge
+	consumerLag                               prometheus.Gauge
+	updates, records                          *prometheus.CounterVec
+	recertDuration                            prometheus.Histogram
+	checkpointFailing                         prometheus.Gauge
+	outboxErrors, checkpointFailures, renewed prometheus.Counter
+	topicMismatch                             prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -92,7 +92,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
-		outboxPending: gauge(NameOutboxPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
 		outboxErrors: f.NewCounter(prometheus.CounterOpts{Name: NameOutboxPublishErrors,
 			Help: "Failed attempts to publish outbox events to the events topic (each is retried with backoff)."}),
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
@@ -100,8 +99,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
 		topicMismatch: gauge(NameTopicMismatch, "1 while ingest is stopped because kafka.topic no longer holds the ledger's offsets "+
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
-		unconfirm: gauge(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior "+
-			"(lapsed certificates, at_risk and invalidated without a verdict at this version; an upper estimate between batches, exact at 0)."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
 	}
@@ -158,9 +155,6 @@ func (m *Metrics) AddRecords(r RecordResult, n int) error {
 // SetConsumerLag sets the total consumer lag in records.
 func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
 
-// SetOutboxPending sets the number of unacknowledged outbox events.
-func (m *Metrics) SetOutboxPending(n int) { m.outboxPending.Set(float64(n)) }
-
 // IncOutboxPublishErrors counts one failed attempt to publish outbox events.
 func (m *Metrics) IncOutboxPublishErrors() { m.outboxErrors.Inc() }
 
@@ -173,10 +167,6 @@ func (m *Metrics) CheckpointFailed() {
 
 // CheckpointRecovered: checkpoints are written again.
 func (m *Metrics) CheckpointRecovered() { m.checkpointFailing.Set(0) }
-
-// SetUnconfirmed sets the number of failing counterfactuals without a verdict under the current
-// posterior.
-func (m *Metrics) SetUnconfirmed(n int) { m.unconfirm.Set(float64(n)) }
 
 // NameLedgerDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
 // quarantined at start, or found damaged by a read since.

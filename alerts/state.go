@@ -22,6 +22,9 @@ type State struct {
 	Counts      map[certify.Status]int
 	// Pending is the renewal backlog: certified CEs whose bound has lapsed.
 	Pending int
+	// Unconfirmed: CEs waiting for a measurement under the current posterior; OutboxPending:
+	// events written to the ledger's outbox and not yet acknowledged by the events topic.
+	Unconfirmed, OutboxPending int
 	// MinBound is the smallest Theorem 1 bound over certified CEs whose bounds hold; HasBound is
 	// false when there is none (the gauge then has no sample).
 	MinBound float64
@@ -40,6 +43,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
+	unconfirmed, outbox                                                                        *prometheus.Desc
 	counts                                                                                     *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -58,6 +62,8 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') over certified counterfactuals whose bounds hold (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		backlog:     d(NameRenewalBacklog, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
+		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),
+		outbox:      d(NameOutboxPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
 		counts:      d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified).", "status"),
 		build:       d(NameBuildInfo, "Always 1: the cfguard build (module version, VCS revision, Go version).", "version", "revision", "goversion"),
 		buildLabels: buildLabels(),
@@ -81,7 +87,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox} {
 		ch <- d
 	}
 }
@@ -110,6 +116,8 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.counts, float64(s.Counts[st]), st.String())
 	}
 	g(c.backlog, float64(s.Pending))
+	g(c.unconfirmed, float64(s.Unconfirmed))
+	g(c.outbox, float64(s.OutboxPending))
 	if s.HasBound {
 		g(c.boundMin, s.MinBound)
 	}

@@ -40,7 +40,6 @@ type confirmer struct {
 	log      *slog.Logger
 	wake     chan struct{}
 	pool     *bnn.Pool
-	pending  int       // failing CEs without a verdict under pool's version (an upper estimate)
 	failedAt time.Time // when the batches began to fail (zero while they work); logged once per episode
 }
 
@@ -96,9 +95,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			c.pending = waiting
-			c.metrics.SetUnconfirmed(c.pending)
-			if c.pending == 0 {
+			if waiting == 0 {
 				return nil // a commit that fails a bound wakes us again
 			}
 			p, err := c.pools.get(m)
@@ -125,11 +122,6 @@ func (c *confirmer) round(ctx context.Context) error {
 			}
 			continue
 		}
-		c.pending = max(0, c.pending-rep.Picked)
-		if !rep.More {
-			c.pending = 0
-		}
-		c.metrics.SetUnconfirmed(c.pending)
 		if !rep.More {
 			return nil
 		}

@@ -307,7 +307,8 @@ func (d *Daemon) state() (alerts.State, error) {
 		return alerts.State{}, err
 	}
 	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts,
-		Pending: st.Pending, MinBound: st.MinBound, HasBound: st.HasBound, LastIngest: st.AppliedAt}
+		Pending: st.Pending, Unconfirmed: st.Unconfirmed, OutboxPending: st.OutboxLen, MinBound: st.MinBound, HasBound: st.HasBound,
+		LastIngest: st.AppliedAt}
 	if u := st.LastUpdate; u != nil {
 		s.UpdateKL, s.HasUpdate = u.KL, true
 	}

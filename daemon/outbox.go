@@ -117,7 +117,6 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 
 // drain publishes and acknowledges outbox entries after *after until none are left.
 func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
-	defer p.refreshPending()
 	for ctx.Err() == nil {
 		entries, err := p.l.Outbox(*after, outboxBatch)
 		if err != nil {
@@ -146,13 +145,6 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 			return fmt.Errorf("acknowledging outbox entries up to %d: %w", last, err)
 		}
 		*after = last
-		p.refreshPending()
 	}
 	return nil
-}
-
-func (p *outboxPublisher) refreshPending() {
-	if n, err := p.l.OutboxLen(); err == nil {
-		p.metrics.SetOutboxPending(n)
-	}
 }

@@ -74,6 +74,11 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	}
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
+	// cfguard_outbox_pending is read from the ledger at each scrape, as the daemon wires it.
+	reg.MustRegister(alerts.NewStateCollector(0.1, func() (alerts.State, error) {
+		st, err := l.State()
+		return alerts.State{Counts: st.Counts, OutboxPending: st.OutboxLen}, err
+	}))
 	r := &running{reg: reg}
 	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), newDaemonMetrics(reg).events, slog.New(slog.NewTextHandler(logs, nil)))

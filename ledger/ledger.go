@@ -323,6 +323,10 @@ type State struct {
 	OutboxLen        int                    `json:"outbox_len"`
 	// Pending is the renewal backlog: certified CEs whose bound has lapsed, waiting for Confirm.
 	Pending int `json:"pending"`
+	// Unconfirmed is how many CEs wait for a measurement under the current posterior (lapsed
+	// certificates, and at_risk or invalidated CEs whose last verdict is older): what Confirm
+	// still has to do at this version.
+	Unconfirmed int `json:"unconfirmed"`
 	// AppliedAt is when records were last applied (zero before the first).
 	AppliedAt time.Time `json:"applied_at"`
 	// LastUpdate is the newest entry of the KL history (nil before the first update).
@@ -370,6 +374,9 @@ func (l *Ledger) State() (State, error) {
 			return err
 		}
 		if s.LastUpdate, err = lastKLEntry(tx); err != nil {
+			return err
+		}
+		if s.Unconfirmed, err = countUnconfirmed(tx, c.version); err != nil {
 			return err
 		}
 		if s.OutboxLen, err = outboxLen(tx); err != nil {
@@ -539,4 +546,21 @@ func lastKLEntry(tx *bolt.Tx) (*KLEntry, error) {
 		return nil, err
 	}
 	return &e, nil
+}
+
+// countUnconfirmed counts the idx_fail entries measured under a version older than v (or never):
+// the front of the index, up to the first key of version v + 1.
+func countUnconfirmed(tx *bolt.Tx, v uint64) (int, error) {
+	n := 0
+	c := tx.Bucket(bIdxFail).Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if len(k) < 8 {
+			return 0, corruptf("idx_fail entry %x is damaged", k)
+		}
+		if binary.BigEndian.Uint64(k) >= v+1 {
+			break
+		}
+		n++
+	}
+	return n, nil
 }

@@ -22,27 +22,40 @@ import (
 )
 
 // metricValue reads one unlabelled sample from the daemon's /metrics (-1 if it does not answer).
-func (c *child) metricValue(name string) float64 {
+func (c *child) metricValue(name string) float64 { return c.metricValues(name)[0] }
+
+// metricValues reads unlabelled metrics from one scrape (-1 for each when it fails or lacks one),
+// so that values the daemon reads from one ledger transaction are compared as one moment.
+func (c *child) metricValues(names ...string) []float64 {
+	out := make([]float64, len(names))
+	for i := range out {
+		out[i] = -1
+	}
 	addr := c.addr()
 	if addr == "" {
-		return -1
+		return out
 	}
 	cl := http.Client{Timeout: time.Second}
 	resp, err := cl.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return -1
+		return out
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			v, err := strconv.ParseFloat(f[1], 64)
-			if err == nil {
-				return v
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		for i, name := range names {
+			if f[0] == name {
+				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+					out[i] = v
+				}
 			}
 		}
 	}
-	return -1
+	return out
 }
 
 // changeKey identifies one status change: consumers dedupe events by CE id and posterior
@@ -149,11 +162,13 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 			c.cmd.Wait()
 			continue
 		}
-		// The last run publishes what is left: outbox empty, every failing CE confirmed.
+		// The last run publishes what is left: outbox empty, every failing CE measured under the
+		// last posterior (both read from the ledger in one transaction, so neither can change
+		// behind the other's back: no measurement is left to write an event).
 		deadline = time.Now().Add(60 * time.Second)
-		for c.metricValue("cfguard_outbox_pending") != 0 || c.metricValue("cfguard_ces_unconfirmed") != 0 {
+		for v := c.metricValues("cfguard_outbox_pending", "cfguard_ces_unconfirmed"); v[0] != 0 || v[1] != 0; v = c.metricValues("cfguard_outbox_pending", "cfguard_ces_unconfirmed") {
 			if time.Now().After(deadline) {
-				t.Fatalf("outbox pending %v, unconfirmed %v after 60 s; log:\n%s", c.metricValue("cfguard_outbox_pending"), c.metricValue("cfguard_ces_unconfirmed"), c.log.String())
+				t.Fatalf("outbox pending %v, unconfirmed %v after 60 s; log:\n%s", v[0], v[1], c.log.String())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
