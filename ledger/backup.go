@@ -134,7 +134,7 @@ func Verify(path string) (Info, error) {
 		return info, corrupt(path, err)
 	}
 	info.Pages, info.FreePages = st.Pages, st.FreePages
-	db, err := boltOpen(path, f, true)
+	db, err := boltOpen(path, f, true, false)
 	if err != nil {
 		return info, err
 	}

@@ -46,6 +46,7 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	closeAuditBench()
+	closeAgingBench()
 	for _, f := range fixtures {
 		if f.l != nil {
 			f.l.Close()

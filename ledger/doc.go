@@ -115,6 +115,33 @@
 // read would find it), the page it overwrote is put back first. The caller can retry once space
 // is available.
 //
+// # The freelist
+//
+// bbolt never overwrites a page the newest transaction uses: a commit writes changed pages to
+// free ones, then the meta page. Which pages are free, the freelist, is opened as a hash map and
+// not written to the file (bbolt's NoFreelistSync, as etcd runs it). bbolt's default writes the
+// whole list, sorted, with every commit: a ledger that has lived through audits and drifts keeps
+// tens of thousands of free pages (each rewrite of every record frees the previous copies), so a
+// commit wrote and fsynced hundreds of kilobytes of page ids beside a few pages of data, and took
+// twice as long as on a fresh ledger of the same size. Without it, the meta page records no
+// freelist page (all ones), and bbolt rebuilds the list at open by walking the tree, after the
+// structural check has walked it: a free page is one that no bucket reaches. Crash safety is the
+// same: the newest transaction's pages are never reused, a torn or failed commit leaves it whole.
+//
+// Compatibility. A file whose meta page records a freelist page (written by cfguard before it
+// stopped syncing the freelist, or any bbolt file) opens as before, its freelist checked against
+// the tree; the first commit drops it. A ledger or backup whose last commit was made this way
+// has no freelist page, and a cfguard that predates this refuses to open or restore it ("has no
+// freelist page"), writing nothing: a ledger moves forward only.
+//
+// What the structural check gives up: with a freelist on file, the tree and the freelist must
+// partition the pages, so a branch page's child pointer damaged into the id of a free page was
+// refused even when that page was a stale copy of the same leaf. With none, a pointer damaged
+// into exactly such a page (a valid page header naming its own id, keys within the branch's
+// bounds) reads the stale copy; every value still carries its checksum, so this needs the damage
+// to land on a page id whose stale content is itself intact and in range. The fault suite (every
+// page flipped, random bit flips) sees no such case.
+//
 // Backup streams a consistent snapshot while writers continue; Verify checks a file (structure,
 // bbolt's tx.Check, every record and the invariants between them) without writing or locking it
 // exclusively; Restore verifies a backup and installs it, never over an existing ledger.

@@ -56,6 +56,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
+
+	// syncFreelist makes every commit write bbolt's freelist, as ledgers were written before
+	// boltOpen stopped syncing it; benchmarks set it to measure the difference.
+	syncFreelist bool
 }
 
 func (o *Options) defaults() error {

@@ -231,7 +231,7 @@ func (l *Ledger) openLocked() error {
 	}
 	l.log.Debug("ledger: file checked", "path", l.path, "bytes", g.size, "pages", st.Pages, "free_pages", st.FreePages,
 		"keys", st.Keys, "took", time.Since(start))
-	db, err := boltOpen(l.path, f, false)
+	db, err := boltOpen(l.path, f, false, l.opts.syncFreelist)
 	if err != nil {
 		return err
 	}
@@ -267,7 +267,16 @@ func (l *Ledger) restoreMeta(f *os.File, g geometry) (geometry, error) {
 }
 
 // boltOpen opens path with bbolt on the already locked and checked handle f.
-func boltOpen(path string, f *os.File, readOnly bool) (db *bolt.DB, err error) {
+//
+// Writers open it with bbolt's hashmap freelist and without syncing the freelist (as etcd
+// does): a commit writes only the pages it changed and the meta page, never the list of every
+// free page, so its cost does not grow with the free space a ledger accumulates (rewrites by
+// audits and drifts leave tens of thousands of free pages in a ledger of 10^6 CEs, and writing
+// and sorting them was most of a commit). The meta page then records no freelist page, and bbolt
+// rebuilds the freelist at open by walking the tree: a free page is one no bucket reaches. A file
+// whose meta records a freelist (written with syncFreelist, or by an older cfguard) opens the
+// same way; its freelist is read once and dropped by the next commit.
+func boltOpen(path string, f *os.File, readOnly, syncFreelist bool) (db *bolt.DB, err error) {
 	handed := false
 	open := func(name string, flag int, perm os.FileMode) (*os.File, error) {
 		if !handed && name == path {
@@ -282,7 +291,7 @@ func boltOpen(path string, f *os.File, readOnly bool) (db *bolt.DB, err error) {
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 10 * time.Millisecond, ReadOnly: readOnly,
-		FreelistType: bolt.FreelistMapType, OpenFile: open})
+		FreelistType: bolt.FreelistMapType, NoFreelistSync: !syncFreelist, OpenFile: open})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: open %s: %w", path, err)
 	}

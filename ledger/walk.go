@@ -22,7 +22,9 @@ import (
 // reads: every page id below the high-water mark, page headers naming their own id and a known
 // type, elements and keys inside their page, keys ascending within each bucket (and within the
 // bounds the parent branch gives), no page reached twice, no page both reachable and on the
-// freelist, and every page below the high-water mark either reachable or free. This is what
+// freelist, and every page below the high-water mark either reachable or free (when the meta
+// page records a freelist: a ledger's does not, see boltOpen, and then the pages the tree does
+// not reach are the free ones). This is what
 // bbolt's tx.Check verifies, done without the faults Check itself can hit on a damaged file (it
 // dereferences page ids before checking them, in a goroutine of its own that no recover can
 // reach). Values are not checked here: every ledger value carries its own CRC-32C (seal).
@@ -31,7 +33,8 @@ import (
 //
 //	page header (16 bytes): id u64, flags u16, count u16, overflow u32
 //	meta (after the header): magic u32, version u32, page size u32, flags u32, root bucket
-//	  (root page u64, sequence u64), freelist page u64, high-water mark u64, txid u64,
+//	  (root page u64, sequence u64), freelist page u64 (all ones: none, the freelist is not
+//	  synced), high-water mark u64, txid u64,
 //	  checksum u64 = FNV-64a of the 56 bytes before it
 //	branch element (16 bytes): pos u32, ksize u32, child page u64; key at element + pos
 //	leaf element (16 bytes): flags u32 (1 = bucket), pos u32, ksize u32, vsize u32
@@ -155,9 +158,7 @@ func readMetas(f *os.File) (geometry, error) {
 	}
 	m := g.meta
 	switch {
-	case m.freelist == noFreelist:
-		return g, corruptf("transaction %d has no freelist page (written without freelist sync, not by cfguard)", m.txid)
-	case m.hwm < 4 || m.root < 2 || m.root >= m.hwm || m.freelist < 2 || m.freelist >= m.hwm:
+	case m.hwm < 3 || m.root < 2 || m.root >= m.hwm || m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.hwm):
 		return g, corruptf("meta page %d (transaction %d): root page %d, freelist page %d, high-water mark %d are inconsistent", g.slot, m.txid, m.root, m.freelist, m.hwm)
 	case m.hwm > uint64(g.size)/uint64(ps):
 		return g, corruptf("the file is %d bytes but its last transaction (%d) uses %d pages of %d bytes (%d bytes): it was truncated",
@@ -228,17 +229,28 @@ func walkFile(f *os.File, g geometry) (st walkStats, err error) {
 	return w.walk(g.meta)
 }
 
+// walk checks the tree of meta page m. When m records a freelist page, the freelist and the
+// tree must partition the pages below the high-water mark. When it records none (the freelist is
+// not synced, see boltOpen), bbolt takes every page the tree does not reach as free, so there is
+// nothing to cross-check: the walk counts those pages as free.
 func (w *walker) walk(m metaPage) (walkStats, error) {
 	w.reach[0], w.reach[1] = true, true
-	if err := w.freelist(m.freelist); err != nil {
-		return w.stats, err
+	synced := m.freelist != noFreelist
+	if synced {
+		if err := w.freelist(m.freelist); err != nil {
+			return w.stats, err
+		}
 	}
 	if _, _, err := w.node(m.root, nil, nil, 0); err != nil {
 		return w.stats, err
 	}
 	for id := uint64(2); id < w.hwm; id++ {
-		if !w.reach[id] && !w.free[id] {
+		switch {
+		case w.reach[id] || w.free[id]:
+		case synced:
 			return w.stats, corruptf("bbolt page %d is neither in use nor on the freelist", id)
+		default:
+			w.stats.FreePages++
 		}
 	}
 	return w.stats, nil
