@@ -100,16 +100,7 @@ func TestPrefetchIsBounded(t *testing.T) {
 // records while the daemon was down) is not skipped silently: the first increment carries the
 // gap, NextOffsets is past it, Stats.Lost counts it, and one ERROR line names the range.
 func TestGapReportedOnce(t *testing.T) {
-	b := startBroker(t, broker.Config{RetentionBytes: 64 << 10, RetentionCheckInterval: time.Hour})
-	conn := plainConn(b)
-	for range 20 { // 20 batches of 100 small records, ~8 KB each: retention keeps the last few
-		produce(t, conn, recordsTopic, 0, goodRecords("r", 100)...)
-	}
-	b.ApplyRetention()
-	start := b.LogStartOffsets(recordsTopic)[0]
-	if start == 0 || start >= 2000 {
-		t.Fatalf("log start offset %d after retention; the test needs 0 < start < 2000", start)
-	}
+	conn, start := retainedLog(t)
 	log, lines := newLogLines(t)
 	cfg := consumerConfig(conn, "gap")
 	cfg.Resume = map[int]int64{0: 5}
@@ -177,4 +168,21 @@ func TestFullIncrementsDoNotWaitForRoom(t *testing.T) {
 		}
 		got += len(inc.Records)
 	}
+}
+
+// retainedLog is a broker whose retention deleted the first records of the input topic's
+// partition 0: 2000 records produced, the log starting at start (0 < start < 2000).
+func retainedLog(t *testing.T) (ConnConfig, int64) {
+	t.Helper()
+	b := startBroker(t, broker.Config{RetentionBytes: 64 << 10, RetentionCheckInterval: time.Hour})
+	conn := plainConn(b)
+	for range 20 { // 20 batches of 100 small records, ~8 KB each: retention keeps the last few
+		produce(t, conn, recordsTopic, 0, goodRecords("r", 100)...)
+	}
+	b.ApplyRetention()
+	start := b.LogStartOffsets(recordsTopic)[0]
+	if start == 0 || start >= 2000 {
+		t.Fatalf("log start offset %d after retention; the test needs 0 < start < 2000", start)
+	}
+	return conn, start
 }

@@ -301,16 +301,7 @@ func TestRestartKeepsTheLog(t *testing.T) {
 // the checkpoint (the mark here matches no record at all, so a comparison with any record
 // would have cried wolf).
 func TestRetentionDeletedTheMarkedRecord(t *testing.T) {
-	b := startBroker(t, broker.Config{RetentionBytes: 64 << 10, RetentionCheckInterval: time.Hour})
-	conn := plainConn(b)
-	for range 20 { // 20 batches of 100 small records, ~8 KB each: retention keeps the last few
-		produce(t, conn, recordsTopic, 0, goodRecords("r", 100)...)
-	}
-	b.ApplyRetention()
-	start := b.LogStartOffsets(recordsTopic)[0]
-	if start == 0 || start >= 2000 {
-		t.Fatalf("log start offset %d after retention; the test needs 0 < start < 2000", start)
-	}
+	conn, start := retainedLog(t)
 	log, lines := newLogLines(t)
 	cfg := consumerConfig(conn, "retained")
 	cfg.Resume = map[int]int64{0: start}
