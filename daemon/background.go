@@ -18,9 +18,17 @@ const backgroundBatch = 1024
 // core: it predicts on one goroutine, so audits and confirmations take at most one core and
 // ingestion keeps the others (with 2 cores, an audit on both halved ingest; see
 // BenchmarkIngestDuringAudit).
-type backgroundPredictor struct{ pool *bnn.Pool }
+//
+// It also gives the posterior the pool was drawn from (ledger.PosteriorPredictor), so that a
+// confirmation keeps using it after ingestion replaced that posterior.
+type backgroundPredictor struct {
+	pool  *bnn.Pool
+	model *bnn.Model // the posterior pool was drawn from
+}
 
 func (p backgroundPredictor) Version() uint64 { return p.pool.Version() }
+
+func (p backgroundPredictor) Posterior() *bnn.Model { return p.model }
 
 func (p backgroundPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
 	return p.pool.PredictWorkers(ctx, X, 1)

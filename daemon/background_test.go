@@ -28,7 +28,7 @@ func TestBackgroundPredictorEqualsOneCall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := backgroundPredictor{pool}.Predict(context.Background(), X[:n])
+		got, err := backgroundPredictor{pool: pool}.Predict(context.Background(), X[:n])
 		if err != nil {
 			t.Fatal(err)
 		}

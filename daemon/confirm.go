@@ -40,7 +40,9 @@ type confirmer struct {
 	log      *slog.Logger
 	wake     chan struct{}
 	pool     *bnn.Pool
-	failedAt time.Time // when the batches began to fail (zero while they work); logged once per episode
+	model    *bnn.Model // the posterior pool was drawn from
+	stale    bool       // pool's pass is done while a newer posterior is current
+	failedAt time.Time  // when the batches began to fail (zero while they work); logged once per episode
 }
 
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) *confirmer {
@@ -83,14 +85,17 @@ func (c *confirmer) run(ctx context.Context) error {
 	}
 }
 
-// round confirms batches until no CE lacks a verdict under the current posterior.
+// round measures batches until no CE waits for a measurement under the current posterior. A
+// pool is drawn for the newest posterior and used until its pass is done, even when ingestion
+// promotes newer posteriors meanwhile (the ledger keeps those measurements as of it); only then is
+// a pool drawn for the newest one. Versions that come faster than pools are drawn are coalesced
+// instead of each costing a pool that is thrown away before it is used.
 func (c *confirmer) round(ctx context.Context) error {
 	for ctx.Err() == nil {
 		m := c.current()
-		if c.pool == nil || c.pool.Version() != m.Version {
-			// Every verdict is stale under a new posterior: each CE whose bound fails waits. With
-			// none, nothing is drawn: the pool (S networks, 4.3 M normals at S = 1000 on the
-			// paper's network) would cost more than the commit that woke us.
+		if c.pool == nil || c.stale && c.pool.Version() != m.Version {
+			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at
+			// S = 1000 on the paper's network) would cost more than the commit that woke us.
 			waiting, err := c.l.Waiting()
 			if err != nil {
 				return err
@@ -102,9 +107,10 @@ func (c *confirmer) round(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, m.Version, err)
 			}
-			c.pool = p
+			c.pool, c.model = p, m
 		}
-		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool}, backgroundBatch)
+		c.stale = false
+		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool, c.model}, backgroundBatch)
 		if err != nil {
 			return err
 		}
@@ -120,9 +126,14 @@ func (c *confirmer) round(ctx context.Context) error {
 			if c.current().Version == c.pool.Version() {
 				return nil // the ledger is ahead of the daemon's posterior for a moment; woken after the swap
 			}
+			c.stale = true
 			continue
 		}
 		if !rep.More {
+			if c.current().Version != c.pool.Version() {
+				c.stale = true // this pool's pass is done: measure again under the newest posterior
+				continue
+			}
 			return nil
 		}
 	}

@@ -23,6 +23,15 @@ type Predictor interface {
 	Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error)
 }
 
+// PosteriorPredictor is a Predictor that also gives the posterior it samples. Confirm uses one
+// even after ingestion replaced that posterior: a measurement started under version v is kept as
+// of v (renewals anchored to it, verdicts measured again later), so that measuring keeps up with
+// updates that come faster than a pool of draws can be made.
+type PosteriorPredictor interface {
+	Predictor
+	Posterior() *bnn.Model
+}
+
 // ModelPredictor is a Predictor over (*bnn.Model).Predict with a fixed number of draws and
 // seed.
 type ModelPredictor struct {
@@ -127,10 +136,16 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 			return ErrNoPosterior
 		}
 		if c.version != v {
-			rep.Discarded = true
-			return nil
+			// The predictor samples a posterior ingestion has replaced: usable only when it says
+			// which (its measurements are then kept as of it).
+			pp, ok := p.(PosteriorPredictor)
+			if !ok || v > c.version || pp.Posterior() == nil || pp.Posterior().Version != v {
+				rep.Discarded = true
+				return nil
+			}
+			qv = pp.Posterior()
 		}
-		if items, rep.More, err = pickUnconfirmed(tx, v, max); err != nil || len(items) == 0 {
+		if items, rep.More, err = pickUnconfirmed(tx, v, max); err != nil || len(items) == 0 || qv != nil {
 			return err
 		}
 		qv, err = l.model(tx, v)

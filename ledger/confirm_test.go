@@ -228,3 +228,47 @@ func TestConfirmBehindRenews(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// posteriorPredictor is a ModelPredictor that says which posterior it samples.
+type posteriorPredictor struct{ *ModelPredictor }
+
+func (p posteriorPredictor) Posterior() *bnn.Model { return p.m }
+
+// A predictor whose posterior ingestion has already replaced is still used when it says which
+// posterior it samples: renewals are anchored to it, judged at KL from the current one. Without
+// that (a plain Predictor) the call is discarded, nothing read.
+func TestConfirmWithAReplacedPosterior(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(74, 74))
+	var ces []*CE
+	for range 10 {
+		ces = append(ces, newCE(t, m0, rng))
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	m1 := drift(m0, -0.01)
+	m2 := drift(m1, -0.0001)
+	for _, m := range []*bnn.Model{m1, m2} {
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if crep, _, err := l.Confirm(bg, NewModelPredictor(m1, auditSamples, 2), 100); err != nil || !crep.Discarded || crep.Picked != 0 {
+		t.Fatalf("a plain predictor of a replaced posterior: %+v, %v; want discarded", crep, err)
+	}
+	crep, _, err := l.Confirm(bg, posteriorPredictor{NewModelPredictor(m1, auditSamples, 2)}, 100)
+	if err != nil || crep.Discarded || !crep.Behind || crep.Renewed != len(ces) {
+		t.Fatalf("a predictor of a replaced posterior that names it: %+v, %v; want all %d renewed as of version %d", crep, err, len(ces), m1.Version)
+	}
+	kl, _, _ := certify.KL(m2, m1)
+	for _, c := range ces {
+		ce, _ := l.Get(c.ID)
+		if ce.AnchorVersion != m1.Version || ce.KLFromAnchor != kl {
+			t.Fatalf("%+v: want anchored to %d at KL %v", ce, m1.Version, kl)
+		}
+	}
+	checkInvariants(t, l)
+}
