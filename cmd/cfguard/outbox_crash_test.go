@@ -21,9 +21,6 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// metricValue reads one unlabelled sample from the daemon's /metrics (-1 if it does not answer).
-func (c *child) metricValue(name string) float64 { return c.metricValues(name)[0] }
-
 // metricValues reads unlabelled metrics from one scrape (-1 for each when it fails or lacks one),
 // so that values the daemon reads from one ledger transaction are compared as one moment.
 func (c *child) metricValues(names ...string) []float64 {
