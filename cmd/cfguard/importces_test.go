@@ -70,19 +70,7 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	c := startChild(t, cfg, anyPort)
 	c.waitUp(t)
 
-	p, err := m.Predict(set.X, 200, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var xs, cfs []int
-	for i := range set.X {
-		switch {
-		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
-			xs = append(xs, i)
-		case p.P(i, 1) > 0.985:
-			cfs = append(cfs, i)
-		}
-	}
+	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1)
 	const n = 10000
 	good := ceLines(t, set, xs, cfs, n)
 	short, _ := json.Marshal(map[string]any{"id": "short", "x": []float64{1, 2, 3}, "x_cf": set.X[cfs[0]], "target": "benign"})

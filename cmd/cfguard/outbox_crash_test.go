@@ -17,7 +17,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -85,19 +87,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	// CEs with a spread of p1, so that the drift fails their bounds at different increments.
 	c := startChild(t, cfg, httpAddr)
 	c.waitUp(t)
-	p, err := m.Predict(set.X, 400, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var xs, cfs []int
-	for i := range set.X {
-		switch {
-		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
-			xs = append(xs, i)
-		case p.P(i, 1) > 0.97 && p.V(i, 1) < 0.005:
-			cfs = append(cfs, i)
-		}
-	}
+	xs, cfs := candidatePairs(t, m, set, 400, 0.97, 0.005)
 	registered := 0
 	for k := 0; k < min(len(xs), len(cfs), 60); k++ {
 		body, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": set.X[xs[k]], "x_cf": set.X[cfs[k]], "target": "benign"})
@@ -264,4 +254,24 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 		t.Fatalf("%d of %d status changes in the ledger never reached the events topic, e.g. %+v", len(missing), len(want), missing[0])
 	}
 	t.Logf("%d status changes in the ledger, all on the events topic (%d events, %d redelivered after kills)", len(want), end, dups)
+}
+
+// candidatePairs are the rows of set the model puts in "malignant" with p > 0.9 (candidates for
+// x) and in "benign" with p > minP and variance below maxVar (candidates for x'), measured with S
+// draws.
+func candidatePairs(t *testing.T, m *bnn.Model, set *dataset.Set, S int, minP, maxVar float64) (xs, cfs []int) {
+	t.Helper()
+	p, err := m.Predict(set.X, S, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range set.X {
+		switch {
+		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
+			xs = append(xs, i)
+		case p.P(i, 1) > minP && p.V(i, 1) < maxVar:
+			cfs = append(cfs, i)
+		}
+	}
+	return xs, cfs
 }
