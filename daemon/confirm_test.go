@@ -89,21 +89,11 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	// Every CE's certificate lapsed at the drift: each is now lapsed, judged, or renewed to a
 	// posterior after the one it was registered under.
 	untouched := 0
-	for after := ""; ; {
-		page, err := r.d.ledger.List(0, 5000, after)
-		if err != nil {
-			t.Fatal(err)
+	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+		if ce.Status == certify.Certified && !ce.RenewalPending && ce.AnchorVersion == registeredUnder {
+			untouched++
 		}
-		if len(page) == 0 {
-			break
-		}
-		for _, ce := range page {
-			if ce.Status == certify.Certified && !ce.RenewalPending && ce.AnchorVersion == registeredUnder {
-				untouched++
-			}
-		}
-		after = page[len(page)-1].ID
-	}
+	})
 	if untouched != 0 {
 		t.Fatalf("%d of %d CEs still certified from their first anchor after the drift (anchor KL %v, budget %v), want none", untouched, n, r.metric(t, "cfguard_posterior_kl_max_anchor"), r.d.budget)
 	}
@@ -123,23 +113,31 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	})
 	t.Logf("confirmed %d CEs %v after the drift", n, time.Since(driftAt).Round(time.Millisecond))
 	v := r.d.current().Version
+	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+		if ce.RenewalPending {
+			t.Fatalf("%s still waits for renewal after the confirmer finished", ce.ID)
+		}
+		if ce.Status == certify.AtRisk || ce.Status == certify.Invalidated {
+			if ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != v {
+				t.Fatalf("%s is %v without a verdict under posterior version %d: %+v", ce.ID, ce.Status, v, ce.ConfirmedVersion)
+			}
+		}
+	})
+}
+
+// eachCE calls fn with every stored CE, a page at a time.
+func eachCE(t *testing.T, l *ledger.Ledger, fn func(*ledger.CE)) {
+	t.Helper()
 	for after := ""; ; {
-		page, err := r.d.ledger.List(0, 5000, after)
+		page, err := l.List(0, 5000, after)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(page) == 0 {
-			break
+			return
 		}
 		for _, ce := range page {
-			if ce.RenewalPending {
-				t.Fatalf("%s still waits for renewal after the confirmer finished", ce.ID)
-			}
-			if ce.Status == certify.AtRisk || ce.Status == certify.Invalidated {
-				if ce.ConfirmedVersion == nil || *ce.ConfirmedVersion != v {
-					t.Fatalf("%s is %v without a verdict under posterior version %d: %+v", ce.ID, ce.Status, v, ce.ConfirmedVersion)
-				}
-			}
+			fn(ce)
 		}
 		after = page[len(page)-1].ID
 	}
