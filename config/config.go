@@ -43,6 +43,9 @@ type Config struct {
 	Explain  Explain `yaml:"explain"`
 	Audit    Audit   `yaml:"audit"`
 	Log      Log     `yaml:"log"`
+	// Replication runs cfguard as one of several replicas that share one posterior through
+	// Kafka (docs/DESIGN.md). Off by default: a single daemon.
+	Replication Replication `yaml:"replication"`
 
 	empty bool // the text held no keys: every value is a default
 }
@@ -211,6 +214,26 @@ type Audit struct {
 	Workers int `yaml:"workers"`
 }
 
+// Replication configures replicas sharing one posterior log (docs/DESIGN.md).
+type Replication struct {
+	// Enabled makes this daemon a replica: it follows the posterior log on PosteriorTopic and
+	// computes updates only while the consumer group <kafka.group_id>.updater assigns it the
+	// log's partition. It needs kafka.brokers (a cluster the replicas share). Default: false.
+	Enabled bool `yaml:"enabled"`
+	// ReplicaID names this replica in the log's claims, in logs and metrics. Default: "" (the
+	// host name).
+	ReplicaID string `yaml:"replica_id"`
+	// PosteriorTopic is the posterior log: one partition, never compacted, kept for ever.
+	// Default: cfguard.posterior.
+	PosteriorTopic string `yaml:"posterior_topic"`
+	// SessionTimeout is the updater group's session timeout: how long a replica that stopped
+	// heartbeating keeps the updater role before another takes it over. Default: 10s.
+	SessionTimeout time.Duration `yaml:"session_timeout"`
+	// HeartbeatInterval is how often a replica heartbeats to the updater group. It must be
+	// below session_timeout (a third of it or less is usual). Default: 1s.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+}
+
 // Log configures log/slog.
 type Log struct {
 	Level  slog.Level `yaml:"level"`  // debug, info, warn, error. Default: info.
@@ -254,6 +277,8 @@ func Default() Config {
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 0},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
+		Replication: Replication{PosteriorTopic: "cfguard.posterior", SessionTimeout: 10 * time.Second,
+			HeartbeatInterval: time.Second},
 	}
 }
 
@@ -743,10 +768,44 @@ func (c *Config) Validate() error {
 			bad("audit.schedule", c.Audit.Schedule, err.Error())
 		}
 	}
+	errs = append(errs, c.validateReplication()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
 	return nil
+}
+
+// validateReplication checks the replication keys; they are checked only when replication is
+// enabled, so that a single daemon's configuration is never refused for them.
+func (c *Config) validateReplication() []error {
+	r := c.Replication
+	if !r.Enabled {
+		return nil
+	}
+	var errs []error
+	bad := func(key string, v any, why string) { errs = append(errs, fmt.Errorf("%s: %v: %s", key, v, why)) }
+	if c.Embedded() {
+		bad("replication.enabled", true, "replicas share a Kafka cluster: set kafka.brokers "+
+			"(on one machine, `cfguard broker --nodes 3` runs one on loopback)")
+	}
+	if err := checkTopic(r.PosteriorTopic); err != nil {
+		bad("replication.posterior_topic", fmt.Sprintf("%q", r.PosteriorTopic), err.Error())
+	}
+	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}} {
+		if t.name == r.PosteriorTopic {
+			bad("replication.posterior_topic", r.PosteriorTopic, "must differ from "+t.key)
+		}
+	}
+	if strings.ContainsAny(r.ReplicaID, " \t\n/") || len(r.ReplicaID) > 128 {
+		bad("replication.replica_id", fmt.Sprintf("%q", r.ReplicaID), "must be at most 128 characters without spaces or '/'")
+	}
+	if r.SessionTimeout < time.Second || r.SessionTimeout > 5*time.Minute {
+		bad("replication.session_timeout", r.SessionTimeout, "must be in [1s, 5m]")
+	}
+	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
+		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
+	}
+	return errs
 }
 
 // Upper limits of numeric keys: far above any useful value, low enough that a typo (an extra

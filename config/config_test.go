@@ -302,3 +302,27 @@ func TestValidateChecksEnumsOfAConfigBuiltInCode(t *testing.T) {
 		}
 	}
 }
+
+func TestReplicationKeys(t *testing.T) {
+	const cluster = "kafka:\n  brokers: [127.0.0.1:9092]\n"
+	if _, err := Load(cluster + "replication:\n  enabled: true\n"); err != nil {
+		t.Fatalf("replication with a shared cluster and the defaults: %v", err)
+	}
+	// Off, the keys are not checked: a single daemon is never refused for them.
+	if _, err := Load("replication:\n  session_timeout: 1ms\n"); err != nil {
+		t.Fatalf("replication off with a bad session_timeout: %v", err)
+	}
+	for _, tc := range []struct{ text, key, why string }{
+		{"replication:\n  enabled: true\n", "replication.enabled", "kafka.brokers"},
+		{cluster + "replication:\n  enabled: true\n  posterior_topic: \"a b\"\n", "replication.posterior_topic", "topic names"},
+		{cluster + "replication:\n  enabled: true\n  posterior_topic: cfguard.events\n", "replication.posterior_topic", "kafka.events_topic"},
+		{cluster + "replication:\n  enabled: true\n  replica_id: a/b\n", "replication.replica_id", "'/'"},
+		{cluster + "replication:\n  enabled: true\n  session_timeout: 999ms\n", "replication.session_timeout", "[1s, 5m]"},
+		{cluster + "replication:\n  enabled: true\n  session_timeout: 2s\n  heartbeat_interval: 2s\n", "replication.heartbeat_interval", "below"},
+	} {
+		_, err := Load(tc.text)
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%q: Load = %v, want an error naming %s and saying %q", tc.text, err, tc.key, tc.why)
+		}
+	}
+}
