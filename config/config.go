@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -226,6 +227,16 @@ type Replication struct {
 	// PosteriorTopic is the posterior log: one partition, never compacted, kept for ever.
 	// Default: cfguard.posterior.
 	PosteriorTopic string `yaml:"posterior_topic"`
+	// CETopic holds registration and deletion requests, keyed by CE id. Its partitions are
+	// shared out to the replicas by the consumer group <kafka.group_id>.ce; each replica keeps,
+	// re-certifies, confirms and audits the CEs of the partitions it owns. Default: cfguard.ce.
+	CETopic string `yaml:"ce_topic"`
+	// CEPartitions is the CE topic's partition count when cfguard creates it: the most replicas
+	// that can share the CEs. Default: 12.
+	CEPartitions int `yaml:"ce_partitions"`
+	// AdvertiseURL is how the other replicas reach this one's API, to answer for the CEs it
+	// owns. Default: "" (http://<host name>:<port of http.listen>).
+	AdvertiseURL string `yaml:"advertise_url"`
 	// SessionTimeout is the updater group's session timeout: how long a replica that stopped
 	// heartbeating keeps the updater role before another takes it over. Default: 10s.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
@@ -277,7 +288,7 @@ func Default() Config {
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 0},
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
-		Replication: Replication{PosteriorTopic: "cfguard.posterior", SessionTimeout: 10 * time.Second,
+		Replication: Replication{PosteriorTopic: "cfguard.posterior", CETopic: "cfguard.ce", CEPartitions: 12, SessionTimeout: 10 * time.Second,
 			HeartbeatInterval: time.Second},
 	}
 }
@@ -791,9 +802,26 @@ func (c *Config) validateReplication() []error {
 	if err := checkTopic(r.PosteriorTopic); err != nil {
 		bad("replication.posterior_topic", fmt.Sprintf("%q", r.PosteriorTopic), err.Error())
 	}
+	if err := checkTopic(r.CETopic); err != nil {
+		bad("replication.ce_topic", fmt.Sprintf("%q", r.CETopic), err.Error())
+	}
 	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}} {
 		if t.name == r.PosteriorTopic {
 			bad("replication.posterior_topic", r.PosteriorTopic, "must differ from "+t.key)
+		}
+		if t.name == r.CETopic {
+			bad("replication.ce_topic", r.CETopic, "must differ from "+t.key)
+		}
+	}
+	if r.CETopic == r.PosteriorTopic {
+		bad("replication.ce_topic", r.CETopic, "must differ from replication.posterior_topic")
+	}
+	if r.CEPartitions < 1 || r.CEPartitions > 1024 {
+		bad("replication.ce_partitions", r.CEPartitions, "must be in [1, 1024]")
+	}
+	if r.AdvertiseURL != "" {
+		if u, err := url.Parse(r.AdvertiseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("replication.advertise_url", r.AdvertiseURL, "must be an http:// or https:// URL with a host (how the other replicas reach this one's API)")
 		}
 	}
 	if strings.ContainsAny(r.ReplicaID, " \t\n/") || len(r.ReplicaID) > 128 {

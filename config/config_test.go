@@ -317,6 +317,9 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  posterior_topic: \"a b\"\n", "replication.posterior_topic", "topic names"},
 		{cluster + "replication:\n  enabled: true\n  posterior_topic: cfguard.events\n", "replication.posterior_topic", "kafka.events_topic"},
 		{cluster + "replication:\n  enabled: true\n  replica_id: a/b\n", "replication.replica_id", "'/'"},
+		{cluster + "replication:\n  enabled: true\n  ce_topic: cfguard.posterior\n", "replication.ce_topic", "posterior_topic"},
+		{cluster + "replication:\n  enabled: true\n  ce_partitions: 0\n", "replication.ce_partitions", "[1, 1024]"},
+		{cluster + "replication:\n  enabled: true\n  advertise_url: 10.0.0.1:8080\n", "replication.advertise_url", "http://"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 999ms\n", "replication.session_timeout", "[1s, 5m]"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 2s\n  heartbeat_interval: 2s\n", "replication.heartbeat_interval", "below"},
 	} {
