@@ -1,0 +1,164 @@
+package postlog
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+)
+
+// Head is the last accepted entry, all a replica needs to judge the next record. It is stored
+// with the replica's state (Marshal), so that a restart resumes the chain where it was.
+type Head struct {
+	Seq     uint64        `json:"seq"`
+	Hash    string        `json:"hash"`   // hex SHA-256 of the entry's value bytes
+	Offset  int64         `json:"offset"` // the entry's offset in the log's partition
+	Term    uint64        `json:"term"`
+	Writer  string        `json:"writer"` // the writer of the term's claim
+	Version uint64        `json:"version"`
+	Covers  map[int]int64 `json:"covers,omitempty"`
+	// PosteriorSHA256 is the posterior's hash at this entry.
+	PosteriorSHA256 string `json:"posterior_sha256"`
+}
+
+// Reason says why a record was not accepted (or that it was).
+type Reason string
+
+// Reasons of Chain.Offer, also the label values of the ignored-records counter.
+const (
+	Accepted Reason = "accepted"
+	// NotSuccessor: the record does not name the head as its parent. Losing appends, duplicates
+	// of accepted entries and late retries all end here.
+	NotSuccessor Reason = "not_successor"
+	// StaleTerm: the record names the head but belongs to another term or writer (a fenced
+	// writer), or a claim skips a term.
+	StaleTerm Reason = "stale_term"
+	// Invalid: the record names the head but does not follow from it (version, coverage).
+	Invalid Reason = "invalid"
+	// Malformed: not an entry.
+	Malformed Reason = "malformed"
+)
+
+// Chain applies the acceptance rule. The zero Chain expects a genesis.
+type Chain struct {
+	head *Head
+}
+
+// Resume returns a chain whose head is h (nil: before the genesis).
+func Resume(h *Head) *Chain {
+	if h == nil {
+		return &Chain{}
+	}
+	c := *h
+	c.Covers = maps.Clone(h.Covers)
+	return &Chain{head: &c}
+}
+
+// Head is the last accepted entry, nil before the genesis. The caller must not modify it.
+func (c *Chain) Head() *Head { return c.head }
+
+// Offer judges the record at offset with value bytes. It returns the decoded entry and Accepted
+// when the entry is the first valid successor of the head, which it then becomes; otherwise
+// the reason, and the head stays. An entry of an unknown format returns ErrUnknownFormat: the
+// caller must stop. The rule depends only on the bytes of the records offered before, in order.
+func (c *Chain) Offer(offset int64, value []byte) (*Entry, Reason, error) {
+	e, err := Decode(value)
+	if errors.Is(err, ErrUnknownFormat) {
+		return nil, Malformed, err
+	}
+	if err != nil {
+		return nil, Malformed, nil
+	}
+	r := c.judge(e)
+	if r != Accepted {
+		return e, r, nil
+	}
+	h := Hash(value)
+	next := &Head{Seq: e.Seq, Hash: hex.EncodeToString(h[:]), Offset: offset, Term: e.Term, Version: e.Version,
+		Covers: maps.Clone(e.Covers), PosteriorSHA256: e.PosteriorSHA256, Writer: e.Writer}
+	if e.Kind == Increment {
+		next.Writer = c.head.Writer // the term's claimant
+	}
+	c.head = next
+	return e, Accepted, nil
+}
+
+// judge is the acceptance rule (docs/DESIGN.md, "The acceptance rule").
+func (c *Chain) judge(e *Entry) Reason {
+	h := c.head
+	if h == nil {
+		if e.Kind == Genesis && e.Seq == 0 && e.Term == 0 && e.Parent == "" && e.Version == e.ParentVersion && len(e.Covers) == 0 {
+			return Accepted
+		}
+		return NotSuccessor
+	}
+	if e.Seq != h.Seq+1 || e.Parent != h.Hash {
+		return NotSuccessor
+	}
+	switch e.Kind {
+	case Genesis:
+		return Invalid
+	case Claim:
+		if e.Term != h.Term+1 {
+			return StaleTerm
+		}
+		if e.Version != h.Version || e.ParentVersion != h.Version || e.PosteriorSHA256 != h.PosteriorSHA256 || !maps.Equal(e.Covers, h.Covers) {
+			return Invalid
+		}
+		return Accepted
+	}
+	// An increment.
+	if e.Term != h.Term || e.Writer != h.Writer || h.Term == 0 {
+		return StaleTerm
+	}
+	if e.ParentVersion != h.Version {
+		return Invalid
+	}
+	moves := e.Outcome == Promoted || e.Outcome == Clipped
+	switch {
+	case moves && (e.Version != h.Version+1 || e.LastLayer == nil):
+		return Invalid
+	case !moves && (e.Version != h.Version || e.LastLayer != nil || e.PosteriorSHA256 != h.PosteriorSHA256):
+		return Invalid
+	}
+	for p, to := range h.Covers {
+		if e.Covers[p] < to {
+			return Invalid
+		}
+	}
+	return Accepted
+}
+
+// Range is what an increment covers in one partition: [From, To).
+type Range struct{ From, To int64 }
+
+// Covered is, per partition, the input range the entry e covers after head h (its parent).
+func Covered(h *Head, e *Entry) map[int]Range {
+	out := map[int]Range{}
+	for p, to := range e.Covers {
+		from := int64(0)
+		if h != nil {
+			from = h.Covers[p]
+		}
+		if to > from {
+			out[p] = Range{From: from, To: to}
+		}
+	}
+	return out
+}
+
+// MarshalHead and UnmarshalHead store a head with the replica's state.
+func MarshalHead(h *Head) ([]byte, error) { return json.Marshal(h) }
+
+// UnmarshalHead is MarshalHead's inverse; empty input is no head.
+func UnmarshalHead(b []byte) (*Head, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var h Head
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("postlog: stored head: %w", err)
+	}
+	return &h, nil
+}

@@ -1,0 +1,235 @@
+package postlog
+
+import (
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// testLog builds a chain's records as a writer would, from a small real model.
+type testLog struct {
+	t      *testing.T
+	models map[uint64]*bnn.Model
+	values [][]byte // appended records, in order
+}
+
+func newTestLog(t *testing.T) (*testLog, *Entry) {
+	t.Helper()
+	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 1, rand.New(rand.NewPCG(1, 2)))
+	body, err := NewBody(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := PosteriorHash(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &testLog{t: t, models: map[uint64]*bnn.Model{0: m}}
+	return l, &Entry{Format: Format, Kind: Genesis, Writer: "a/1", Body: body, PosteriorSHA256: sha}
+}
+
+func (l *testLog) value(e *Entry) []byte {
+	b, err := e.Encode()
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return b
+}
+
+// claim returns a claim of term on parent (value bytes pv, entry pe).
+func (l *testLog) claim(pv []byte, pe *Entry, term uint64, writer string) *Entry {
+	h := Hash(pv)
+	return &Entry{Format: Format, Kind: Claim, Seq: pe.Seq + 1, Parent: hex.EncodeToString(h[:]), Term: term, Writer: writer,
+		Version: pe.Version, ParentVersion: pe.Version, Covers: pe.Covers, PosteriorSHA256: pe.PosteriorSHA256}
+}
+
+// increment returns a promoted increment on parent that moves the last layer's first mean by d.
+func (l *testLog) increment(pv []byte, pe *Entry, term uint64, writer string, to int64, d float64) *Entry {
+	h := Hash(pv)
+	next := l.models[pe.Version].Clone()
+	next.Last().WeightMu[0] += d
+	next.Version = pe.Version + 1
+	l.models[next.Version] = next
+	sha, err := PosteriorHash(next)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return &Entry{Format: Format, Kind: Increment, Seq: pe.Seq + 1, Parent: hex.EncodeToString(h[:]), Term: term, Writer: writer,
+		Version: pe.Version + 1, ParentVersion: pe.Version, Covers: map[int]int64{0: to}, Outcome: Promoted,
+		LastLayer: LastLayerOf(next), PosteriorSHA256: sha}
+}
+
+func TestFirstValidSuccessorWins(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	i1v := l.value(i1)
+	rival := l.claim(c1v, c1, 2, "b/1") // b claims term 2 on the same head as a's increment
+	rivalv := l.value(rival)
+	late := l.increment(i1v, i1, 1, "a/1", 20, 0.2) // a appends on, as if it had won
+	latev := l.value(late)
+	c2 := l.claim(i1v, i1, 2, "b/1") // b claims again on the real head
+	c2v := l.value(c2)
+	fenced := l.increment(i1v, i1, 1, "a/1", 20, 0.3) // a's append after b's claim: stale term
+	i2 := l.increment(c2v, c2, 2, "b/1", 20, 0.4)
+
+	c := &Chain{}
+	for i, tc := range []struct {
+		name  string
+		value []byte
+		want  Reason
+	}{
+		{"genesis", gv, Accepted},
+		{"a second genesis", gv, NotSuccessor},
+		{"claim of term 1", c1v, Accepted},
+		{"duplicate of the claim", c1v, NotSuccessor},
+		{"a's increment", i1v, Accepted},
+		{"b's claim on the old head", rivalv, NotSuccessor},
+		{"b's claim on the head", c2v, Accepted},
+		{"a's increment after b's claim", latev, NotSuccessor},
+		{"a's increment named on b's claim's parent", l.value(fenced), NotSuccessor},
+		{"b's increment", l.value(i2), Accepted},
+		{"not an entry", []byte("{"), Malformed},
+	} {
+		_, r, err := c.Offer(int64(i), tc.value)
+		if err != nil || r != tc.want {
+			t.Errorf("%s: Offer = %s, %v, want %s", tc.name, r, err, tc.want)
+		}
+	}
+	if h := c.Head(); h.Seq != 4 || h.Term != 2 || h.Writer != "b/1" || h.Version != 2 || h.Covers[0] != 20 || h.Offset != 9 {
+		t.Errorf("head %+v, want seq 4 term 2 writer b/1 version 2 covering 20 at offset 9", h)
+	}
+}
+
+func TestFencing(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	cases := []struct {
+		name string
+		e    *Entry
+		want Reason
+	}{
+		{"the claimant's increment", l.increment(c1v, c1, 1, "a/1", 5, 0.1), Accepted},
+		{"another writer in the term", l.increment(c1v, c1, 1, "b/1", 5, 0.1), StaleTerm},
+		{"the same replica restarted (new nonce)", l.increment(c1v, c1, 1, "a/2", 5, 0.1), StaleTerm},
+		{"an older term", l.increment(c1v, c1, 0, "a/1", 5, 0.1), StaleTerm},
+		{"a newer term without a claim", l.increment(c1v, c1, 2, "a/1", 5, 0.1), StaleTerm},
+		{"a claim that skips a term", l.claim(c1v, c1, 3, "b/1"), StaleTerm},
+		{"a claim of the same term", l.claim(c1v, c1, 1, "b/1"), StaleTerm},
+		{"a claim of the next term", l.claim(c1v, c1, 2, "b/1"), Accepted},
+	}
+	for _, tc := range cases {
+		c := &Chain{}
+		for i, v := range [][]byte{gv, c1v} {
+			if _, r, _ := c.Offer(int64(i), v); r != Accepted {
+				t.Fatalf("setup record %d: %s", i, r)
+			}
+		}
+		if _, r, err := c.Offer(2, l.value(tc.e)); err != nil || r != tc.want {
+			t.Errorf("%s: %s, %v, want %s", tc.name, r, err, tc.want)
+		}
+	}
+}
+
+func TestIncrementMustFollowItsParent(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	i1v := l.value(i1)
+	for _, tc := range []struct {
+		name string
+		edit func(e *Entry)
+	}{
+		{"skips a version", func(e *Entry) { e.Version++ }},
+		{"wrong parent version", func(e *Entry) { e.ParentVersion++ }},
+		{"coverage goes back", func(e *Entry) { e.Covers = map[int]int64{0: 9} }},
+		{"drops a partition", func(e *Entry) { e.Covers = map[int]int64{1: 30} }},
+		{"promoted without a last layer", func(e *Entry) { e.LastLayer = nil }},
+		{"rejected but moves the version", func(e *Entry) { e.Outcome = Rejected }},
+		{"wrong parent hash", func(e *Entry) { e.Parent = e.Parent[:63] + "0" }},
+	} {
+		c := &Chain{}
+		for i, v := range [][]byte{gv, c1v, i1v} {
+			if _, r, _ := c.Offer(int64(i), v); r != Accepted {
+				t.Fatalf("setup record %d: %s", i, r)
+			}
+		}
+		e := l.increment(i1v, i1, 1, "a/1", 20, 0.2)
+		tc.edit(e)
+		if _, r, _ := c.Offer(3, l.value(e)); r == Accepted {
+			t.Errorf("%s: accepted", tc.name)
+		}
+		// A well-formed successor is still accepted afterwards: a refused record does not move the head.
+		if _, r, _ := c.Offer(4, l.value(l.increment(i1v, i1, 1, "a/1", 20, 0.2))); r != Accepted {
+			t.Errorf("%s: the valid successor after it: %s", tc.name, r)
+		}
+	}
+	// Kept (not moving the version) with the parent's hash is fine.
+	c := &Chain{}
+	for i, v := range [][]byte{gv, c1v, i1v} {
+		c.Offer(int64(i), v)
+	}
+	keep := &Entry{Format: Format, Kind: Increment, Seq: 3, Parent: c.Head().Hash, Term: 1, Writer: "a/1", Version: 1, ParentVersion: 1,
+		Covers: map[int]int64{0: 15}, Outcome: Rejected, PosteriorSHA256: i1.PosteriorSHA256, Counts: &Counts{Held: 5}}
+	if _, r, _ := c.Offer(3, l.value(keep)); r != Accepted {
+		t.Errorf("a rejected increment: %s", r)
+	}
+	if got := Covered(&Head{Covers: map[int]int64{0: 10}}, keep); got[0] != (Range{10, 15}) || len(got) != 1 {
+		t.Errorf("Covered = %v, want partition 0 [10, 15)", got)
+	}
+}
+
+func TestUnknownFormatStops(t *testing.T) {
+	c := &Chain{}
+	if _, _, err := c.Offer(0, []byte(`{"format":2,"kind":"genesis"}`)); !errors.Is(err, ErrUnknownFormat) {
+		t.Fatalf("Offer of format 2 = %v, want ErrUnknownFormat", err)
+	}
+}
+
+func TestApplyIsBitExactAndChecked(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	back, err := Decode(gv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0, err := back.Body.Model(back.PosteriorSHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1 := l.claim(gv, g, 1, "a/1")
+	i1 := l.increment(l.value(c1), c1, 1, "a/1", 10, 1e-17) // below one ulp of most weights: must still round-trip
+	e, err := Decode(l.value(i1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1, err := e.Apply(m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := l.models[1].Last().WeightMu
+	for i, v := range m1.Last().WeightMu {
+		if v != want[i] {
+			t.Fatalf("weight_mu[%d] = %v, want %v", i, v, want[i])
+		}
+	}
+	if m0.Version != 0 || m1.Version != 1 {
+		t.Errorf("versions %d, %d", m0.Version, m1.Version)
+	}
+	e.LastLayer.BiasLogSigma[0] += 1e-9
+	if _, err := e.Apply(m0); !errors.Is(err, ErrMismatch) {
+		t.Errorf("a changed parameter: Apply = %v, want ErrMismatch", err)
+	}
+	if _, err := e.Apply(m1); err == nil {
+		t.Error("Apply on the wrong parent version succeeded")
+	}
+}

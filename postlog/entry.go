@@ -1,0 +1,252 @@
+package postlog
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// Format is the version of the entry encoding this package writes and reads. A replica meeting a
+// newer one stops rather than skip it (ErrUnknownFormat).
+const Format = 1
+
+// Kind is what an entry does to the chain.
+type Kind string
+
+// Entry kinds.
+const (
+	// Genesis is entry 0: the first posterior, whole (Body).
+	Genesis Kind = "genesis"
+	// Claim opens a new term for its writer; the posterior does not change.
+	Claim Kind = "claim"
+	// Increment covers a range of input records: a new version when its outcome is promoted or
+	// clipped, the same version otherwise (rejected, failed, or only dead letters).
+	Increment Kind = "increment"
+)
+
+// Outcomes of an increment (certify.Outcome's names).
+const (
+	Promoted = "promoted"
+	Clipped  = "clipped"
+	Rejected = "rejected"
+	Failed   = "failed"
+	// Skipped covers records that were all dead-lettered or lost: nothing to update.
+	Skipped = "skipped"
+)
+
+// Entry is one record of the posterior log. Its value is JSON; parameters are little-endian
+// float64 in base64, so that they round-trip bit for bit.
+type Entry struct {
+	Format  int    `json:"format"`
+	Kind    Kind   `json:"kind"`
+	Seq     uint64 `json:"seq"`
+	Parent  string `json:"parent,omitempty"` // hex SHA-256 of the parent entry's value bytes
+	Term    uint64 `json:"term"`
+	Writer  string `json:"writer"` // replica id and a nonce per process start: "<id>/<nonce>"
+	Version uint64 `json:"version"`
+	// ParentVersion is the posterior version before the entry.
+	ParentVersion uint64 `json:"parent_version"`
+	// InputTopic and Covers: per partition of the input topic, the next offset after the records
+	// this entry and its ancestors covered. An increment covers [parent's, own) of each partition.
+	InputTopic string        `json:"input_topic,omitempty"`
+	Covers     map[int]int64 `json:"covers,omitempty"`
+	Counts     *Counts       `json:"counts,omitempty"`
+	Outcome    string        `json:"outcome,omitempty"`
+	KL         float64       `json:"kl,omitempty"`   // KL(q_version || q_parent_version) of the update
+	Seed       uint64        `json:"seed,omitempty"` // the update's seed
+	LastLayer  *LastLayer    `json:"last_layer,omitempty"`
+	// PosteriorSHA256 is the hex SHA-256 of the posterior's safetensors weights as bnn.Encode
+	// writes them (the Cfguard-Weights-Sha256 of the API).
+	PosteriorSHA256 string `json:"posterior_sha256"`
+	// Body is genesis only: the whole first posterior.
+	Body *Body `json:"body,omitempty"`
+	// Build and Generation are claim only, for forensics: the writer's build and the consumer
+	// group generation that made it the updater.
+	Build      string `json:"build,omitempty"`
+	Generation int    `json:"generation,omitempty"`
+}
+
+// Counts are an increment's records by fate.
+type Counts struct {
+	Applied      int64 `json:"applied,omitempty"`
+	DeadLettered int64 `json:"dead_lettered,omitempty"`
+	Lost         int64 `json:"lost,omitempty"`
+	Failed       int64 `json:"failed,omitempty"`
+	Held         int64 `json:"held,omitempty"`
+}
+
+// LastLayer is the last layer's Gaussian parameters (torchbnn names: weight_mu, ...).
+type LastLayer struct {
+	WeightMu       Floats `json:"weight_mu"`
+	WeightLogSigma Floats `json:"weight_log_sigma"`
+	BiasMu         Floats `json:"bias_mu"`
+	BiasLogSigma   Floats `json:"bias_log_sigma"`
+}
+
+// Body is a whole posterior: bnn.Encode's sidecar JSON and safetensors weights.
+type Body struct {
+	Sidecar []byte `json:"sidecar"` // base64 by encoding/json
+	Weights []byte `json:"weights"`
+}
+
+// Floats marshals as base64 of little-endian float64: exact, and a third of decimal's size.
+type Floats []float64
+
+// MarshalJSON encodes f bit for bit.
+func (f Floats) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 8*len(f))
+	for i, v := range f {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	return json.Marshal(base64.StdEncoding.EncodeToString(b))
+}
+
+// UnmarshalJSON is MarshalJSON's inverse.
+func (f *Floats) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return err
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return err
+	}
+	if len(b)%8 != 0 {
+		return fmt.Errorf("%d bytes of float64, not a multiple of 8", len(b))
+	}
+	out := make([]float64, len(b)/8)
+	for i := range out {
+		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	*f = out
+	return nil
+}
+
+// Encode is the value stored in Kafka.
+func (e *Entry) Encode() ([]byte, error) { return json.Marshal(e) }
+
+// ErrMalformed is wrapped by the errors of Decode.
+var ErrMalformed = errors.New("postlog: malformed entry")
+
+// ErrUnknownFormat is returned for an entry of a newer format: the replica must stop, never skip.
+var ErrUnknownFormat = errors.New("postlog: entry of an unknown format")
+
+// Decode parses a stored value. It checks the format and the fields every kind needs; the chain
+// checks the rest (Chain.Offer).
+func Decode(value []byte) (*Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(value, &e); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	switch {
+	case e.Format > Format:
+		return nil, fmt.Errorf("%w: format %d, this build reads up to %d: upgrade cfguard", ErrUnknownFormat, e.Format, Format)
+	case e.Format < 1:
+		return nil, fmt.Errorf("%w: format %d", ErrMalformed, e.Format)
+	case e.Kind != Genesis && e.Kind != Claim && e.Kind != Increment:
+		return nil, fmt.Errorf("%w: kind %q", ErrMalformed, e.Kind)
+	case e.Writer == "":
+		return nil, fmt.Errorf("%w: no writer", ErrMalformed)
+	case len(e.PosteriorSHA256) != 64:
+		return nil, fmt.Errorf("%w: posterior_sha256 %q", ErrMalformed, e.PosteriorSHA256)
+	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
+		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
+	}
+	for p, off := range e.Covers {
+		if p < 0 || off < 0 {
+			return nil, fmt.Errorf("%w: covers partition %d offset %d", ErrMalformed, p, off)
+		}
+	}
+	return &e, nil
+}
+
+// Hash is the SHA-256 of an entry's value bytes as stored: the chain links bytes, not a
+// re-encoding, so that another encoder still verifies an old chain.
+func Hash(value []byte) [32]byte { return sha256.Sum256(value) }
+
+// PosteriorHash is the hex SHA-256 of m's weights as bnn.Encode writes them.
+func PosteriorHash(m *bnn.Model) (string, error) {
+	_, w, err := bnn.Encode(m)
+	if err != nil {
+		return "", err
+	}
+	s := sha256.Sum256(w)
+	return hex.EncodeToString(s[:]), nil
+}
+
+// LastLayerOf copies m's last layer.
+func LastLayerOf(m *bnn.Model) *LastLayer {
+	l := m.Last()
+	return &LastLayer{WeightMu: slices.Clone(l.WeightMu), WeightLogSigma: slices.Clone(l.WeightLogSigma),
+		BiasMu: slices.Clone(l.BiasMu), BiasLogSigma: slices.Clone(l.BiasLogSigma)}
+}
+
+// NewBody encodes m whole, for a genesis.
+func NewBody(m *bnn.Model) (*Body, error) {
+	sc, w, err := bnn.Encode(m)
+	if err != nil {
+		return nil, err
+	}
+	return &Body{Sidecar: sc, Weights: w}, nil
+}
+
+// ErrMismatch is wrapped when an entry's posterior does not hash to what it records.
+var ErrMismatch = errors.New("postlog: posterior does not match its entry")
+
+// Model is the genesis's posterior, checked against the entry's hash.
+func (b *Body) Model(want string) (*bnn.Model, error) {
+	m, err := bnn.Decode(b.Sidecar, b.Weights)
+	if err != nil {
+		return nil, fmt.Errorf("postlog: genesis body: %w", err)
+	}
+	return m, check(m, want)
+}
+
+// Apply returns the posterior an increment (or a claim) leads to from prev, its parent's
+// posterior: prev itself when the version does not move, else prev with the recorded last layer
+// and the next version. The result is checked against the entry's posterior_sha256; prev is
+// never modified.
+func (e *Entry) Apply(prev *bnn.Model) (*bnn.Model, error) {
+	if prev.Version != e.ParentVersion {
+		return nil, fmt.Errorf("postlog: entry %d applies to version %d, the posterior is version %d", e.Seq, e.ParentVersion, prev.Version)
+	}
+	if e.Version == e.ParentVersion {
+		return prev, check(prev, e.PosteriorSHA256)
+	}
+	ll := e.LastLayer
+	last := prev.Last()
+	if ll == nil || len(ll.WeightMu) != len(last.WeightMu) || len(ll.WeightLogSigma) != len(last.WeightLogSigma) ||
+		len(ll.BiasMu) != len(last.BiasMu) || len(ll.BiasLogSigma) != len(last.BiasLogSigma) {
+		return nil, fmt.Errorf("%w: entry %d's last layer does not have the shapes of layer %q (%d x %d)", ErrMismatch, e.Seq, last.Name, last.Out, last.In)
+	}
+	next := prev.Clone()
+	l := next.Last()
+	copy(l.WeightMu, ll.WeightMu)
+	copy(l.WeightLogSigma, ll.WeightLogSigma)
+	copy(l.BiasMu, ll.BiasMu)
+	copy(l.BiasLogSigma, ll.BiasLogSigma)
+	next.Version = e.Version
+	if err := next.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: entry %d: %w", ErrMismatch, e.Seq, err)
+	}
+	return next, check(next, e.PosteriorSHA256)
+}
+
+func check(m *bnn.Model, want string) error {
+	got, err := PosteriorHash(m)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("%w: version %d hashes to %s, the entry records %s", ErrMismatch, m.Version, got, want)
+	}
+	return nil
+}
