@@ -314,6 +314,21 @@ func (l *Ledger) Origin() (string, error) {
 	return o, nil
 }
 
+// LogHead returns the posterior log's head stored by the last checkpoint that gave one
+// (Checkpoint.LogHead), nil when none did.
+func (l *Ledger) LogHead() ([]byte, error) {
+	var h []byte
+	err := l.view(func(tx *bolt.Tx) error {
+		v, err := getSealed(tx.Bucket(bMeta), kLogHead, "meta log_head")
+		h = bytes.Clone(v)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: log head: %w", err)
+	}
+	return h, nil
+}
+
 // State is a consistent snapshot of the ledger's scalars.
 type State struct {
 	HasPosterior     bool                   `json:"has_posterior"`

@@ -391,3 +391,32 @@ func testPolicy() certify.Policy {
 	p.EpsilonMax = 0.05
 	return p
 }
+
+func TestLogHeadIsStoredWithItsPosterior(t *testing.T) {
+	l, dir := openTest(t, Options{})
+	if h, err := l.LogHead(); err != nil || h != nil {
+		t.Fatalf("LogHead of a new ledger = %q, %v, want none", h, err)
+	}
+	m := testModel(2)
+	if err := l.Checkpoint(&Checkpoint{Model: m, LogHead: []byte(`{"seq":0}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: drift(m, 0.01), LogHead: []byte(`{"seq":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// A checkpoint without a head keeps the stored one.
+	if err := l.Checkpoint(&Checkpoint{Counters: map[string]int64{"dead_lettered": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if h, err := l2.LogHead(); err != nil || string(h) != `{"seq":1}` {
+		t.Fatalf("LogHead after reopening = %q, %v, want the last one given", h, err)
+	}
+}

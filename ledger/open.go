@@ -393,6 +393,9 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	if _, err := getSealed(tx.Bucket(bMeta), kOrigin, "meta origin"); err != nil {
 		return err
 	}
+	if _, err := getSealed(tx.Bucket(bMeta), kLogHead, "meta log_head"); err != nil {
+		return err
+	}
 	if c.ok {
 		if _, err := l.model(tx, c.version); err != nil {
 			return err

@@ -310,6 +310,10 @@ type Checkpoint struct {
 	// Events are put in the outbox in this transaction (their Seq is assigned by the ledger),
 	// before the status changes.
 	Events []OutboxEntry
+	// LogHead, when not nil, replaces the stored head of the posterior log (a replica's position
+	// in the log it follows, opaque to the ledger: see package postlog). It is written in the
+	// transaction that stores the posterior it describes.
+	LogHead []byte
 }
 
 func (c *Checkpoint) validate() error {
@@ -451,6 +455,11 @@ func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 		}
 		if err := l.writeProgress(tx, c, now); err != nil {
 			return err
+		}
+		if c.LogHead != nil {
+			if err := putSealed(tx.Bucket(bMeta), kLogHead, c.LogHead); err != nil {
+				return err
+			}
 		}
 		if next == old && !changed {
 			return w.finishNoGen()

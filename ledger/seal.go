@@ -45,6 +45,7 @@ var (
 	kOutboxSeq   = []byte("outbox_seq")   // last sequence number assigned
 	kOutboxAcked = []byte("outbox_acked") // every entry <= this was acknowledged (deleted)
 	kOrigin      = []byte("origin")       // where the first posterior came from
+	kLogHead     = []byte("log_head")     // replicas: the posterior log's head the current posterior is at
 	kPolicy      = []byte("policy")       // fingerprint of the policy the indexes were built for
 )
 
