@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -157,70 +158,66 @@ func (d *Daemon) topicResetHint() string {
 		"restart the daemon once with: cfguard run --config %s --accept-topic-reset", d.cfg.Kafka.Topic, d.configPath)
 }
 
-// apply runs one increment through the update and the policy and checkpoints the result; metrics
-// change only after the checkpoint they describe is durable. It returns an error only when the
-// checkpoint could not be written for a reason other than a failed write (ledger.ErrWrite, which
-// durably retries). It is long on purpose: it reads top to bottom as the pipeline (update, KL,
-// policy, re-certify + checkpoint), and every branch ends in exactly one checkpoint, which stays
-// visible in one place.
-//
-// Locking: only apply changes the current posterior, and ingest calls it from one goroutine, so
-// the update is computed from d.current() without a lock. d.mu is held only around the ledger
-// write and the swap of the current posterior (commit), so that a registration is anchored to
-// the posterior that is current when it is stored; d.published too, so that a snapshot reader
-// sees the ledger and the posterior of one version. Nothing apply does under d.mu talks to Kafka
-// or samples: events go to the ledger's outbox in the checkpoint's transaction (the outbox
-// publisher sends them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's,
-// in the background. A registration does sample under d.mu (two inputs through the version's
-// pool, and the pool's draws when it is the version's first use), so that the CE is anchored to
-// the posterior it was measured under; measuring outside the lock and retrying when the version
-// moved on could starve a registration while ingest commits faster than a pool is drawn.
-func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
-	prev := d.current()
-	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets, Counters: map[string]int64{}}
-	checkpointMarks(cp, inc)
+// step is what an increment does to the posterior, decided before anything is written: the
+// update, its KL and the policy's outcome, with the counters and events that go with them.
+type step struct {
+	prev *bnn.Model
+	// next is the new posterior, nil when the posterior is kept (rejected, failed, or no records).
+	next    *bnn.Model
+	kl      float64
+	outcome certify.Outcome // "" for an increment without records
+	seed    uint64
+	// update is the KL history's entry (nil without records); counters and events go into the
+	// checkpoint; records and metric are counted once it is durable.
+	update   *ledger.UpdateRecord
+	counters map[string]int64
+	events   []event
+	records  int
+	metric   alerts.RecordResult
+}
+
+// compute runs inc through the update and the on-breach policy from prev. It writes nothing: a
+// single daemon checkpoints the step (apply), a replica's updater appends it to the posterior
+// log. Only a checkpoint-class failure returns an error; a failed update is a step (outcome
+// failed) that keeps the posterior.
+func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (*step, error) {
+	s := &step{prev: prev, counters: map[string]int64{}, records: len(inc.Records)}
 	if inc.DeadLettered > 0 {
-		cp.Counters["dead_lettered"] = int64(inc.DeadLettered)
+		s.counters["dead_lettered"] = int64(inc.DeadLettered)
 	}
 	if lost := inc.Lost(); lost > 0 { // deleted by the broker before they were read (logged by the consumer)
-		cp.Counters["lost"] = lost
+		s.counters["lost"] = lost
 	}
 	if len(inc.Records) == 0 {
-		return d.checkpoint(ctx, cp)
+		return s, nil
 	}
 	X, y := inc.XY()
+	s.seed = d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15 // deterministic per version: replays agree
 	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Iterations,
-		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples,
-		Seed: d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15} // deterministic per version: replays agree
-	start := time.Now()
+		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples, Seed: s.seed}
 	next, _, err := update.LastLayer(ctx, prev, X, y, ucfg)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		// The posterior is untouched. The records are consumed (their offsets checkpointed) so
 		// the stream does not wedge on them; the failure is counted, logged and put in the outbox.
 		d.log.Error("update failed; posterior kept", "records", len(inc.Records), "err", err)
-		cp.Counters["failed"] = int64(len(inc.Records))
-		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
-		cp.Events = outboxEntries([]event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}})
-		if err := d.checkpoint(ctx, cp); err != nil {
-			return err
-		}
-		d.metrics.IncUpdate(certify.OutcomeFailed)
-		d.metrics.AddRecords(alerts.RecordFailed, len(inc.Records))
-		return nil
+		s.outcome, s.metric = certify.OutcomeFailed, alerts.RecordFailed
+		s.counters["failed"] = int64(len(inc.Records))
+		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
+		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}}
+		return s, nil
 	}
 	kl, _, err := certify.KL(next, prev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	outcome, over := certify.OutcomePromoted, kl > d.budget
-	var events []event
 	if over {
 		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
 		// rejected as the policy says) and is queued before the status changes it causes.
-		events = append(events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
+		s.events = append(s.events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
 			KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
 		switch d.cfg.Certify.OnBreach {
@@ -229,36 +226,79 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 		case certify.Clip:
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
 			if err != nil {
-				return fmt.Errorf("clip: %w", err)
+				return nil, fmt.Errorf("clip: %w", err)
 			}
 			next, outcome = clipped, certify.OutcomeClipped
 			if kl, _, err = certify.KL(next, prev); err != nil {
-				return err
+				return nil, err
 			}
 			d.log.Warn("update KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
 		}
 	}
+	s.kl, s.outcome = kl, outcome
 	if outcome == certify.OutcomeRejected {
 		d.log.Warn("update KL over budget: update rejected, posterior kept", "kl", kl, "budget", d.budget, "records", len(inc.Records))
-		cp.Counters["held"] = int64(len(inc.Records))
-		cp.Update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.OutcomeRejected}
-		events = append(events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
-		cp.Events = outboxEntries(events)
+		s.metric = alerts.RecordHeld
+		s.counters["held"] = int64(len(inc.Records))
+		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.OutcomeRejected}
+		s.events = append(s.events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
+		return s, nil
+	}
+	s.next, s.metric = next, alerts.RecordApplied
+	s.update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: outcome}
+	return s, nil
+}
+
+// apply runs one increment through the update and the policy (compute) and checkpoints the
+// result; metrics change only after the checkpoint they describe is durable. It returns an
+// error only when the checkpoint could not be written for a reason other than a failed write
+// (ledger.ErrWrite, which durably retries).
+func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
+	start := time.Now()
+	s, err := d.compute(ctx, d.current(), inc)
+	if err != nil {
+		return err
+	}
+	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets}
+	checkpointMarks(cp, inc)
+	return d.commitStep(ctx, s, cp, start)
+}
+
+// commitStep writes step s with cp (which holds the offsets and, for a replica, the log's head)
+// and, when s promotes a posterior, makes it current. Every branch ends in exactly one
+// checkpoint.
+//
+// Locking: only one goroutine changes the current posterior (ingest, or a replica's follower),
+// so the update is computed from d.current() without a lock. d.mu is held only around the ledger
+// write and the swap of the current posterior (commit), so that a registration is anchored to
+// the posterior that is current when it is stored; d.published too, so that a snapshot reader
+// sees the ledger and the posterior of one version. Nothing done under d.mu talks to Kafka or
+// samples: events go to the ledger's outbox in the checkpoint's transaction (the outbox
+// publisher sends them), and Monte-Carlo verdicts for CEs whose bound fails are the confirmer's,
+// in the background. A registration does sample under d.mu (two inputs through the version's
+// pool, and the pool's draws when it is the version's first use), so that the CE is anchored to
+// the posterior it was measured under; measuring outside the lock and retrying when the version
+// moved on could starve a registration while ingest commits faster than a pool is drawn.
+func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint, start time.Time) error {
+	cp.Counters, cp.Update = s.counters, s.update
+	cp.Events = append(cp.Events, outboxEntries(s.events)...)
+	if s.next == nil {
 		if err := d.checkpoint(ctx, cp); err != nil {
 			return err
 		}
-		d.metrics.IncUpdate(certify.OutcomeRejected)
-		d.metrics.AddRecords(alerts.RecordHeld, len(inc.Records))
+		if s.outcome != "" {
+			d.metrics.IncUpdate(s.outcome)
+			d.metrics.AddRecords(s.metric, s.records)
+		}
 		return nil
 	}
-	cp.Model, cp.Applied = next, int64(len(inc.Records))
-	cp.Update = &ledger.UpdateRecord{Version: next.Version, KL: kl, Outcome: outcome}
-	cp.Events = outboxEntries(events)
+	next := s.next
+	cp.Model, cp.Applied = next, int64(s.records)
 	var (
 		rep     ledger.Report
 		changes []ledger.StatusChange
 	)
-	err = d.durably(ctx, func() error {
+	err := d.durably(ctx, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		d.published.Lock() // the ledger's new version and the new posterior are seen together
@@ -276,11 +316,11 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	d.outbox.notify()
 	d.confirm.notify()
 	d.export.changed()
-	d.metrics.IncUpdate(outcome)
-	d.metrics.AddRecords(alerts.RecordApplied, len(inc.Records))
+	d.metrics.IncUpdate(s.outcome)
+	d.metrics.AddRecords(alerts.RecordApplied, s.records)
 	d.metrics.ObserveRecertification(rep.Duration)
-	d.log.Info("increment applied", "posterior_version", next.Version, "records", len(inc.Records), "dead_lettered", inc.DeadLettered,
-		"kl", kl, "budget", d.budget, "outcome", outcome, "max_anchor_kl", rep.MaxAnchorKL, "lapsed", rep.Lapsed,
+	d.log.Info("increment applied", "posterior_version", next.Version, "records", s.records, "dead_lettered", s.counters["dead_lettered"],
+		"kl", s.kl, "budget", d.budget, "outcome", s.outcome, "max_anchor_kl", rep.MaxAnchorKL, "lapsed", rep.Lapsed,
 		"restored", rep.Restored, "renewal_backlog", rep.Pending, "status_changes", summarizeChanges(changes),
 		"candidates", rep.Candidates, "took", time.Since(start).Round(time.Millisecond))
 	return nil

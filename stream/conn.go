@@ -156,3 +156,20 @@ func Ping(ctx context.Context, conn ConnConfig, topics ...string) error {
 	}
 	return fmt.Errorf("stream: ping: no broker answered: %w", errors.Join(errs...))
 }
+
+// Dialer is a kafka-go dialer for c (Readers, consumer groups), with c's defaults applied.
+func (c ConnConfig) Dialer() (*kafka.Dialer, error) {
+	if err := c.applyDefaults(); err != nil {
+		return nil, err
+	}
+	return c.dialer(), nil
+}
+
+// Transport is a kafka-go transport for c (Writers, Clients), with c's defaults applied. Its
+// background goroutines stop when ctx ends; close its connections with CloseIdleConnections.
+func (c ConnConfig) Transport(ctx context.Context) (*kafka.Transport, error) {
+	if err := c.applyDefaults(); err != nil {
+		return nil, err
+	}
+	return c.transport(ctx), nil
+}

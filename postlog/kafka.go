@@ -1,0 +1,182 @@
+package postlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/stream"
+)
+
+// Log is the posterior topic in Kafka: partition 0 of Topic.
+type Log struct {
+	conn  stream.ConnConfig
+	topic string
+	tr    *kafka.Transport
+	cl    *kafka.Client
+	w     *kafka.Writer
+	log   *slog.Logger
+}
+
+// Open connects to the posterior topic, creating it when it is missing: one partition,
+// cleanup.policy delete, retention.ms and retention.bytes -1 (kept for ever), replication factor
+// min(3, brokers). It refuses a topic with more than one partition: Kafka orders records only
+// within a partition, and the acceptance rule needs one order. Close releases it.
+func Open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Log, error) {
+	tr, err := conn.Transport(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{conn: conn, topic: topic, tr: tr, log: log,
+		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr, Timeout: 10 * time.Second}}
+	l.w = &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: topic, Transport: tr, RequiredAcks: kafka.RequireAll,
+		BatchSize: 1, BatchTimeout: time.Millisecond, MaxAttempts: 3, Balancer: &kafka.LeastBytes{},
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			log.Warn("posterior log writer: " + fmt.Sprintf(msg, args...))
+		})}
+	if err := l.ensure(ctx); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Close releases the connections.
+func (l *Log) Close() error {
+	err := l.w.Close()
+	l.tr.CloseIdleConnections()
+	return err
+}
+
+// Topic is the log's topic.
+func (l *Log) Topic() string { return l.topic }
+
+func (l *Log) ensure(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.topic}})
+		if err != nil {
+			return fmt.Errorf("replication.posterior_topic %s: metadata: %w", l.topic, err)
+		}
+		var t *kafka.Topic
+		for i := range md.Topics {
+			if md.Topics[i].Name == l.topic {
+				t = &md.Topics[i]
+			}
+		}
+		switch {
+		case t != nil && t.Error == nil && len(t.Partitions) == 1:
+			return nil
+		case t != nil && t.Error == nil:
+			return fmt.Errorf("replication.posterior_topic %s has %d partitions: the posterior log must be one partition "+
+				"(Kafka orders records only within one); name a new topic in replication.posterior_topic", l.topic, len(t.Partitions))
+		case t != nil && !errors.Is(t.Error, kafka.UnknownTopicOrPartition):
+			return fmt.Errorf("replication.posterior_topic %s: %w", l.topic, t.Error)
+		case attempt > 0:
+			return fmt.Errorf("replication.posterior_topic %s: created, but the cluster does not show it", l.topic)
+		}
+		rf := min(3, len(md.Brokers))
+		res, err := l.cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: l.topic, NumPartitions: 1,
+			ReplicationFactor: rf, ConfigEntries: []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "delete"},
+				{ConfigName: "retention.ms", ConfigValue: "-1"}, {ConfigName: "retention.bytes", ConfigValue: "-1"}}}}})
+		if err != nil {
+			return fmt.Errorf("replication.posterior_topic %s: create: %w", l.topic, err)
+		}
+		if err := res.Errors[l.topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("replication.posterior_topic %s: create: %w", l.topic, err)
+		}
+		l.log.Info("posterior log created", "topic", l.topic, "replication_factor", rf)
+		// Metadata may lag the creation for a moment.
+		if err := waitTopic(ctx, l.cl, l.topic); err != nil {
+			return err
+		}
+	}
+}
+
+func waitTopic(ctx context.Context, cl *kafka.Client, topic string) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for i := 0; i < 200; i++ {
+		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return fmt.Errorf("replication.posterior_topic %s: not visible 10s after its creation", topic)
+}
+
+// End is the offset after the log's last record: reading to End means having seen every
+// record appended before the call.
+func (l *Log) End(ctx context.Context) (int64, error) {
+	res, err := l.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{l.topic: {kafka.LastOffsetOf(0)}}})
+	if err != nil {
+		return 0, fmt.Errorf("posterior log %s: end offset: %w", l.topic, err)
+	}
+	ps := res.Topics[l.topic]
+	if len(ps) != 1 {
+		return 0, fmt.Errorf("posterior log %s: end offset: %d partitions in the answer", l.topic, len(ps))
+	}
+	if ps[0].Error != nil {
+		return 0, fmt.Errorf("posterior log %s: end offset: %w", l.topic, ps[0].Error)
+	}
+	return ps[0].LastOffset, nil
+}
+
+// Append writes value as the log's next record (acks=all) and returns once the cluster
+// acknowledged it. It does not say whether the entry was accepted: read the log back. A failed
+// Append may still have been stored (a retry of kafka-go's); the chain ignores a duplicate.
+func (l *Log) Append(ctx context.Context, key string, value []byte) error {
+	if err := l.w.WriteMessages(ctx, kafka.Message{Key: []byte(key), Value: value}); err != nil {
+		return fmt.Errorf("posterior log %s: append: %w", l.topic, err)
+	}
+	return nil
+}
+
+// Record is one record of the log.
+type Record struct {
+	Offset int64
+	Value  []byte
+}
+
+// Reader reads the log in order from an offset.
+type Reader struct {
+	r *kafka.Reader
+}
+
+// Read returns a reader from offset from (0: the log's start).
+func (l *Log) Read(from int64) (*Reader, error) {
+	d, err := l.conn.Dialer()
+	if err != nil {
+		return nil, err
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: l.conn.Brokers, Topic: l.topic, Partition: 0, Dialer: d,
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			l.log.Warn("posterior log reader: " + fmt.Sprintf(msg, args...))
+		})})
+	if err := r.SetOffset(from); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &Reader{r: r}, nil
+}
+
+// Next blocks until the next record or ctx's end.
+func (r *Reader) Next(ctx context.Context) (Record, error) {
+	m, err := r.r.FetchMessage(ctx)
+	if err != nil {
+		return Record{}, err
+	}
+	return Record{Offset: m.Offset, Value: m.Value}, nil
+}
+
+// Close releases the reader.
+func (r *Reader) Close() error { return r.r.Close() }
