@@ -50,6 +50,8 @@ type core interface {
 	auditStatus() auditStatus
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
 	readiness(ctx context.Context) error
+	// replication is GET /v1/model's replication block, nil for a single daemon.
+	replication(ctx context.Context) map[string]any
 }
 
 // apiConfig is the API's share of the configuration.
@@ -631,6 +633,7 @@ func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
 		"kl_budget": a.cfg.budget, "delta": a.cfg.delta, "epsilon": a.cfg.epsilon, "mode": a.cfg.mode,
 		"on_breach": a.cfg.onBreach, "kl_history": hist, "anchors": anchors, "applied": st.Applied,
 		"offsets": st.Offsets, "counters": st.Counters, "counterfactuals": countsByName(st.Counts),
+		"replication": a.core.replication(r.Context()),
 	})
 }
 

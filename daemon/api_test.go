@@ -232,6 +232,7 @@ func (f *fakeCore) posteriorFiles() (*posteriorFiles, error)   { return encodePo
 func (f *fakeCore) forget(string) error                        { return ledger.ErrNotFound }
 func (f *fakeCore) auditStatus() auditStatus                   { return auditStatus{} }
 func (f *fakeCore) readiness(context.Context) error            { return nil }
+func (f *fakeCore) replication(context.Context) map[string]any { return nil }
 func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
 	return ledger.AuditReport{}, f.auditErr
 }

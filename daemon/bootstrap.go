@@ -37,30 +37,40 @@ func (d *Daemon) bootstrapModel(ctx context.Context) error {
 	case !errors.Is(err, ledger.ErrNoPosterior):
 		return err
 	}
-	if d.cfg.Model.Path != "" {
-		if m, err = bnn.Load(d.cfg.Model.Path); err != nil {
-			return fmt.Errorf("model.path: %w", err)
-		}
-		d.log.Info("loaded model", "path", d.cfg.Model.Path, "params", m.NumParams(), "classes", m.Classes)
-	} else {
-		set, ds, err := assets.Load(d.cfg.Model.Dataset)
-		if err != nil {
-			return fmt.Errorf("model.dataset: %w", err)
-		}
-		d.log.Info("training the bundled model (first start)", "dataset", ds.Name, "rows", set.Len(), "features", len(set.Features))
-		m, _, err = bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: d.cfg.Model.Seed, Epochs: d.cfg.Model.Epochs,
-			Progress: func(e bnn.EpochStats) {
-				d.log.Info("training", "epoch", e.Epoch, "loss", fmt.Sprintf("%.4f", e.Loss), "accuracy", fmt.Sprintf("%.3f", e.Accuracy))
-			}})
-		if err != nil {
-			return fmt.Errorf("training on %s: %w", ds.Name, err)
-		}
+	if m, err = d.initialModel(ctx); err != nil {
+		return err
 	}
 	if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m, Origin: origin}); err != nil {
 		return err
 	}
 	d.setCurrent(m)
 	return nil
+}
+
+// initialModel is the first posterior the configuration names: model.path's, or one trained on
+// the bundled data set model.dataset.
+func (d *Daemon) initialModel(ctx context.Context) (*bnn.Model, error) {
+	if d.cfg.Model.Path != "" {
+		m, err := bnn.Load(d.cfg.Model.Path)
+		if err != nil {
+			return nil, fmt.Errorf("model.path: %w", err)
+		}
+		d.log.Info("loaded model", "path", d.cfg.Model.Path, "params", m.NumParams(), "classes", m.Classes)
+		return m, nil
+	}
+	set, ds, err := assets.Load(d.cfg.Model.Dataset)
+	if err != nil {
+		return nil, fmt.Errorf("model.dataset: %w", err)
+	}
+	d.log.Info("training the bundled model (first start)", "dataset", ds.Name, "rows", set.Len(), "features", len(set.Features))
+	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: d.cfg.Model.Seed, Epochs: d.cfg.Model.Epochs,
+		Progress: func(e bnn.EpochStats) {
+			d.log.Info("training", "epoch", e.Epoch, "loss", fmt.Sprintf("%.4f", e.Loss), "accuracy", fmt.Sprintf("%.3f", e.Accuracy))
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("training on %s: %w", ds.Name, err)
+	}
+	return m, nil
 }
 
 // noteLegacyModelDir: releases before the export wrote the first posterior to <state_dir>/model

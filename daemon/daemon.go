@@ -92,6 +92,8 @@ type Daemon struct {
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
 
+	rep *replica // with replication.enabled: the posterior log's follower and updater
+
 	ready         chan struct{}    // closed once the consumer runs (or ingest stayed stopped)
 	consumer      *stream.Consumer // set before ready is closed unless ingestStopped; its Health answers /readyz
 	ingestStopped error            // set before ready is closed: an unconfirmed topic reset keeps ingest stopped
@@ -153,6 +155,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := d.connectKafka(life, &td); err != nil {
 		return err
 	}
+	if d.rep != nil {
+		if err := d.rep.join(ctx); err != nil {
+			return err
+		}
+		td.add("posterior log", d.rep.plog.Close)
+	}
+	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.own)
 	srv, ln, err := d.listen()
 	if err != nil {
 		return err
@@ -161,7 +170,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
 	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
-	g.Go("ingest", d.ingest)
+	if d.rep != nil {
+		close(d.ready)
+		g.Go("follow", d.rep.follow)
+		g.Go("updater", d.rep.runUpdaterGroup)
+	} else {
+		g.Go("ingest", d.ingest)
+	}
 	g.Go("register", d.registrar.run)
 	g.Go("outbox", d.outbox.run)
 	g.Go("confirm", d.confirm.run)
@@ -213,8 +228,8 @@ func newDaemon(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// openState opens the ledger (refusing a damaged or locked one), sets the current posterior
-// (bootstrapModel) and prepares its export.
+// openState opens the ledger (refusing a damaged or locked one) and sets the current posterior
+// (bootstrapModel); a replica sets it from the posterior log later (replica.join).
 func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
@@ -226,11 +241,12 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	td.add("ledger", d.ledger.Close)
 	alerts.RegisterLedgerDamaged(d.reg, d.ledger.Damaged)
-	if err := d.bootstrapModel(ctx); err != nil {
+	if d.cfg.Replication.Enabled {
+		// The posterior comes from the posterior log (replica.join), once Kafka is connected.
+		d.rep, err = newReplica(d)
 		return err
 	}
-	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.own)
-	return nil
+	return d.bootstrapModel(ctx)
 }
 
 // connectKafka starts the embedded broker when no kafka.brokers are configured, and the event
@@ -365,6 +381,9 @@ func (d *Daemon) readiness(ctx context.Context) error {
 	}
 	if err := d.checkpointHealth(); err != nil {
 		return err
+	}
+	if d.rep != nil {
+		return d.rep.health()
 	}
 	if d.ingestStopped != nil {
 		return d.ingestStopped

@@ -25,14 +25,7 @@ import (
 // update is recorded and skipped. A consumer that stopped for good (stream.ErrStopped) stops
 // ingest only: the daemon keeps serving and /readyz reports why.
 func (d *Daemon) ingest(ctx context.Context) error {
-	m := d.current()
-	features := m.Features
-	if len(features) == 0 {
-		for j := 0; j < m.Inputs(); j++ {
-			features = append(features, fmt.Sprintf("x%d", j))
-		}
-	}
-	schema, err := stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
+	schema, err := d.schema()
 	if err != nil {
 		return err
 	}
@@ -124,6 +117,18 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// schema is the records' schema: the posterior's features (x0, x1, ... when unnamed) and classes.
+func (d *Daemon) schema() (*stream.Schema, error) {
+	m := d.current()
+	features := m.Features
+	if len(features) == 0 {
+		for j := 0; j < m.Inputs(); j++ {
+			features = append(features, fmt.Sprintf("x%d", j))
+		}
+	}
+	return stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
 }
 
 // resumeMarks converts the ledger's marks for the consumer, which checks at start that the topic

@@ -1,0 +1,744 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// replica is the daemon's part in a replicated deployment (replication.enabled, docs/DESIGN.md):
+//
+//   - the follower plays the posterior log (package postlog) through the acceptance rule and
+//     applies each accepted entry to the ledger, which re-certifies this replica's CEs against
+//     it; it never recomputes an update, it applies the recorded last layer and checks the hash;
+//   - the updater is the replica whose member of the consumer group <kafka.group_id>.updater
+//     is assigned the log's partition: it claims a term, forms increments from kafka.topic
+//     starting where the log's head covers, computes each (Daemon.compute), appends it, and
+//     trusts it only once its own follower has read it back as accepted.
+//
+// Nothing here decides who writes by time or lease: the group says who should, the log's
+// acceptance rule says whose entries count.
+type replica struct {
+	d      *Daemon
+	plog   *postlog.Log
+	writer string // "<replica id>/<nonce>": a restarted replica is a new writer
+	group  string
+	lg     *slog.Logger
+	m      *replicaMetrics
+
+	mu       sync.Mutex
+	chain    *postlog.Chain    // the follower's view; the ledger stores its head
+	read     int64             // the next offset the follower reads
+	accepted map[uint64]string // seq -> hash of accepted entries, for the updater's read-back
+	changed  chan struct{}     // closed and replaced whenever read advances
+	stopped  error             // following stopped for good (unknown format, failed verification)
+	caughtUp bool              // read the log to its end once since the start
+	pending  map[uint64][]event
+	consumer *stream.Consumer // the updater's, while it is one
+
+	updater atomic.Bool
+}
+
+// acceptedWindow is how many recent accepted entries the follower remembers for read-back.
+const acceptedWindow = 4096
+
+// newReplica names this process's writer and registers the replication metrics.
+func newReplica(d *Daemon) (*replica, error) {
+	id := d.cfg.Replication.ReplicaID
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("replication.replica_id is empty and the host name cannot be read (%w): set replication.replica_id", err)
+		}
+		id = h
+	}
+	nonce := make([]byte, 4)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	r := &replica{d: d, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
+		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{}}
+	r.lg = d.log.With("component", "replica", "writer", r.writer)
+	r.m = newReplicaMetrics(d.reg, r)
+	return r, nil
+}
+
+// join opens the posterior log and sets the current posterior from it: the ledger's, checked
+// against the log when this replica followed it before; else the log's genesis, appended by
+// this replica first when the log is empty (the first valid genesis wins, whoever wrote it).
+func (r *replica) join(ctx context.Context) error {
+	d := r.d
+	var err error
+	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.lg); err != nil {
+		return err
+	}
+	stored, err := d.ledger.LogHead()
+	if err != nil {
+		return err
+	}
+	head, err := postlog.UnmarshalHead(stored)
+	if err != nil {
+		return fmt.Errorf("%w (the ledger %s is damaged: move state_dir aside and the replica rebuilds from Kafka)", err, d.ledger.Path())
+	}
+	if head != nil {
+		m, err := d.ledger.Current()
+		if err != nil {
+			return err
+		}
+		if err := r.checkHead(ctx, head); err != nil {
+			return err
+		}
+		r.chain, r.read = postlog.Resume(head), head.Offset+1
+		d.setCurrent(m)
+		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
+			"posterior_version", head.Version, "posterior_sha256", head.PosteriorSHA256)
+		return nil
+	}
+	if _, err := d.ledger.Current(); err == nil {
+		return fmt.Errorf("state_dir %s holds the ledger of a single daemon (%s), which a replica does not follow: "+
+			"start the replica with an empty state_dir, or set replication.enabled: false", d.cfg.StateDir, d.ledger.Path())
+	} else if !errors.Is(err, ledger.ErrNoPosterior) {
+		return err
+	}
+	return r.genesis(ctx)
+}
+
+// checkHead verifies that the entry the ledger applied last is still in the log, at its offset
+// with its bytes: a log that lost it (a recreated topic, an unclean election) would otherwise be
+// followed from another history.
+func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
+	rd, err := r.plog.Read(head.Offset)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rec, err := rd.Next(cctx)
+	if err == nil && rec.Offset == head.Offset && hashHex(rec.Value) == head.Hash {
+		return nil
+	}
+	found := "no record"
+	if err == nil {
+		found = fmt.Sprintf("the record at offset %d hashes to %s", rec.Offset, hashHex(rec.Value))
+	} else if ctx.Err() == nil {
+		found = err.Error()
+	}
+	return fmt.Errorf("posterior log reset: the ledger %s applied entry %d (offset %d, sha256 %s) of replication.posterior_topic %s, "+
+		"and the topic no longer holds it (%s). The ledger was not changed. If the topic was recreated on purpose, move state_dir aside "+
+		"and restart: the replica rebuilds from the new log", r.d.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
+}
+
+func hashHex(v []byte) string {
+	h := postlog.Hash(v)
+	return hex.EncodeToString(h[:])
+}
+
+// genesis finds the log's genesis, appending one from this replica's first posterior when the
+// log has none, and checkpoints the accepted one as the ledger's first posterior.
+func (r *replica) genesis(ctx context.Context) error {
+	d := r.d
+	end, err := r.plog.End(ctx)
+	if err != nil {
+		return err
+	}
+	rd, err := r.plog.Read(0)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	chain := &postlog.Chain{}
+	appended := false
+	for next := int64(0); ; {
+		if next >= end && !appended {
+			m, err := d.initialModel(ctx)
+			if err != nil {
+				return err
+			}
+			body, err := postlog.NewBody(m)
+			if err != nil {
+				return err
+			}
+			sha, err := postlog.PosteriorHash(m)
+			if err != nil {
+				return err
+			}
+			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
+				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body}
+			v, err := e.Encode()
+			if err != nil {
+				return err
+			}
+			if err := r.plog.Append(ctx, "genesis", v); err != nil {
+				return err
+			}
+			appended = true
+			r.lg.Info("posterior log empty: genesis appended", "posterior_sha256", sha, "bytes", len(v))
+		}
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the posterior log %s for its genesis: %w", r.plog.Topic(), err)
+		}
+		next = rec.Offset + 1
+		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		if err != nil {
+			return err
+		}
+		if reason != postlog.Accepted {
+			r.m.ignored.WithLabelValues(string(reason)).Inc()
+			continue
+		}
+		m, err := e.Body.Model(e.PosteriorSHA256)
+		if err != nil {
+			return fmt.Errorf("the posterior log's genesis (offset %d): %w", rec.Offset, err)
+		}
+		hb, err := postlog.MarshalHead(chain.Head())
+		if err != nil {
+			return err
+		}
+		origin := fmt.Sprintf("posterior log %s genesis %s", r.plog.Topic(), e.PosteriorSHA256)
+		if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m, Origin: origin, LogHead: hb}); err != nil {
+			return err
+		}
+		r.chain, r.read = chain, rec.Offset+1
+		d.setCurrent(m)
+		r.lg.Info("posterior log genesis applied", "writer", e.Writer, "posterior_version", m.Version, "posterior_sha256", e.PosteriorSHA256)
+		return nil
+	}
+}
+
+// head is the follower's head.
+func (r *replica) head() *postlog.Head {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := *r.chain.Head()
+	return &h
+}
+
+// follow plays the log from the follower's position until ctx ends. An entry it cannot apply
+// (an unknown format, a posterior that does not hash to its entry) stops following: the replica
+// keeps serving the last version it verified, and /readyz says why.
+func (r *replica) follow(ctx context.Context) error {
+	r.mu.Lock()
+	from := r.read
+	r.mu.Unlock()
+	rd, err := r.plog.Read(from)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	go r.watchEnd(ctx)
+	for {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("posterior log %s: %w", r.plog.Topic(), err)
+		}
+		if err := r.offer(ctx, rec); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.mu.Lock()
+			r.stopped = err
+			close(r.changed)
+			r.changed = make(chan struct{})
+			r.mu.Unlock()
+			r.m.stopped.Set(1)
+			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
+			<-ctx.Done()
+			return nil
+		}
+	}
+}
+
+// offer judges one record and applies it when accepted.
+func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
+	r.mu.Lock()
+	c := postlog.Resume(r.chain.Head())
+	r.mu.Unlock()
+	e, reason, err := c.Offer(rec.Offset, rec.Value)
+	if err != nil {
+		return err
+	}
+	if reason != postlog.Accepted {
+		r.m.ignored.WithLabelValues(string(reason)).Inc()
+		if e != nil {
+			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "writer", e.Writer)
+		}
+		r.advance(rec.Offset+1, nil, nil)
+		return nil
+	}
+	head := c.Head()
+	hb, err := postlog.MarshalHead(head)
+	if err != nil {
+		return err
+	}
+	switch e.Kind {
+	case postlog.Claim:
+		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+			return err
+		}
+		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
+	case postlog.Increment:
+		prev := r.d.current()
+		next, err := e.Apply(prev)
+		if err != nil {
+			return err
+		}
+		s := stepOf(e, prev, next)
+		r.mu.Lock()
+		if e.Writer == r.writer {
+			s.events = r.pending[e.Seq]
+		}
+		delete(r.pending, e.Seq)
+		r.mu.Unlock()
+		if err := r.d.commitStep(ctx, s, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}, time.Now()); err != nil {
+			return err
+		}
+	}
+	r.advance(rec.Offset+1, c, e)
+	return nil
+}
+
+// stepOf is the step an accepted increment records, for the ledger: what Daemon.compute decided
+// on the updater, without computing it again.
+func stepOf(e *postlog.Entry, prev, next *bnn.Model) *step {
+	s := &step{prev: prev, kl: e.KL, outcome: certify.Outcome(e.Outcome), seed: e.Seed, counters: map[string]int64{}}
+	if c := e.Counts; c != nil {
+		for k, v := range map[string]int64{"dead_lettered": c.DeadLettered, "lost": c.Lost, "failed": c.Failed, "held": c.Held} {
+			if v > 0 {
+				s.counters[k] = v
+			}
+		}
+	}
+	counts := cmp.Or(e.Counts, &postlog.Counts{})
+	switch e.Outcome {
+	case postlog.Promoted, postlog.Clipped:
+		s.next, s.records, s.metric = next, int(counts.Applied), alerts.RecordApplied
+		s.update = &ledger.UpdateRecord{Version: e.Version, KL: e.KL, Outcome: s.outcome}
+	case postlog.Rejected:
+		s.records, s.metric = int(counts.Held), alerts.RecordHeld
+		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: e.KL, Outcome: s.outcome}
+	case postlog.Failed:
+		s.records, s.metric = int(counts.Failed), alerts.RecordFailed
+		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: 0, Outcome: s.outcome}
+	default:
+		s.outcome = ""
+	}
+	return s
+}
+
+// advance moves the follower past a record; c and e are set when the record was accepted.
+func (r *replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c != nil {
+		r.chain = c
+		h := c.Head()
+		r.accepted[h.Seq] = h.Hash
+		if h.Seq > acceptedWindow {
+			delete(r.accepted, h.Seq-acceptedWindow)
+		}
+		r.m.entry.Set(float64(h.Seq))
+		r.m.term.Set(float64(h.Term))
+	}
+	r.read = next
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// waitRead waits until the follower has read every record below end.
+func (r *replica) waitRead(ctx context.Context, end int64) error {
+	for {
+		r.mu.Lock()
+		read, ch, stopped := r.read, r.changed, r.stopped
+		r.mu.Unlock()
+		if stopped != nil {
+			return stopped
+		}
+		if read >= end {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// catchUp reads the log to its present end.
+func (r *replica) catchUp(ctx context.Context) error {
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		end, err := r.plog.End(ctx)
+		if err == nil {
+			return r.waitRead(ctx, end)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.lg.Warn("posterior log: end offset", "err", err)
+		if err := bo.Wait(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// watchEnd keeps the lag gauge and the caught-up flag (readiness) current.
+func (r *replica) watchEnd(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if end, err := r.plog.End(ctx); err == nil {
+			r.mu.Lock()
+			lag := max(end-r.read, 0)
+			if lag == 0 {
+				r.caughtUp = true
+			}
+			r.mu.Unlock()
+			r.m.lag.Set(float64(lag))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// errLost: another writer's entry was accepted in this replica's place; it is no longer the
+// updater of its term.
+var errLost = errors.New("posterior log: this replica's entry lost to another writer's")
+
+// appendAndJudge appends e and reads the log back until an entry is accepted at e's place: it
+// reports whether that entry is e. An append that failed is retried after the read-back shows
+// it was not stored (a retry that was in fact stored is a duplicate, which the chain ignores).
+func (r *replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, error) {
+	v, err := e.Encode()
+	if err != nil {
+		return false, err
+	}
+	want := hashHex(v)
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		aerr := r.plog.Append(ctx, "e/"+strconv.FormatUint(e.Seq, 10), v)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if err := r.catchUp(ctx); err != nil {
+			return false, err
+		}
+		r.mu.Lock()
+		got, judged := r.accepted[e.Seq]
+		headSeq := r.chain.Head().Seq
+		r.mu.Unlock()
+		switch {
+		case judged:
+			return got == want, nil
+		case headSeq >= e.Seq:
+			return false, nil // accepted entries at e's place are past the window: not e
+		case aerr == nil:
+			return false, fmt.Errorf("posterior log: entry %d was stored but not accepted (a bug: the updater wrote an entry the acceptance rule refuses)", e.Seq)
+		}
+		r.lg.Warn("posterior log: append failed, retrying", "entry", e.Seq, "err", aerr)
+		if err := bo.Wait(ctx); err != nil {
+			return false, err
+		}
+	}
+}
+
+// runUpdaterGroup is a member of <kafka.group_id>.updater for as long as ctx lasts. In each
+// generation that assigns it the log's partition, it is the updater (lead) until the generation
+// ends; otherwise it only heartbeats. Leaving the group (ctx's end, SIGTERM) hands the role over
+// at once.
+func (r *replica) runUpdaterGroup(ctx context.Context) error {
+	d := r.d
+	dialer, err := d.conn.Dialer()
+	if err != nil {
+		return err
+	}
+	rc := d.cfg.Replication
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: r.group, Brokers: d.conn.Brokers, Dialer: dialer,
+		Topics: []string{rc.PosteriorTopic}, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
+		RebalanceTimeout: rc.SessionTimeout, JoinGroupBackoff: time.Second, Timeout: 10 * time.Second,
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			r.lg.Debug("updater group: " + fmt.Sprintf(msg, args...))
+		})})
+	if err != nil {
+		return fmt.Errorf("updater group %s: %w", r.group, err)
+	}
+	defer cg.Close()
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.lg.Warn("updater group: joining", "group", r.group, "err", err)
+			continue
+		}
+		assigned := false
+		for _, p := range gen.Assignments[rc.PosteriorTopic] {
+			assigned = assigned || p.ID == 0
+		}
+		r.lg.Info("updater group: new generation", "generation", gen.ID, "updater", assigned)
+		if assigned {
+			id := gen.ID
+			gen.Start(func(gctx context.Context) { r.lead(gctx, id) })
+		}
+	}
+}
+
+// lead is the updater's work in one generation: claim the next term unless the head is already
+// this writer's, then ingest until the generation ends or an entry loses. Returning ends the
+// generation (kafka-go's Generation.Start), so a replica that lost rejoins and the group's next
+// generation decides again.
+func (r *replica) lead(ctx context.Context, generation int32) {
+	r.updater.Store(true)
+	r.m.updater.Set(1)
+	defer func() {
+		r.updater.Store(false)
+		r.m.updater.Set(0)
+	}()
+	for attempt := 0; ; attempt++ {
+		if err := r.catchUp(ctx); err != nil {
+			return
+		}
+		head := r.head()
+		if head.Writer == r.writer {
+			break
+		}
+		claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
+			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.d.cfg.Kafka.Topic,
+			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
+		won, err := r.appendAndJudge(ctx, claim)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.lg.Error("updater: claim failed", "err", err)
+			}
+			return
+		}
+		if won {
+			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
+			break
+		}
+		r.m.lost.Inc()
+		// An entry of the old term that arrived before the claim is no rival: claim again on it.
+		// A claim of another writer is: rejoin, and let the group's next generation decide.
+		if h := r.head(); h.Writer != head.Writer || attempt >= 5 {
+			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
+			return
+		}
+	}
+	err := r.ingestTerm(ctx)
+	switch {
+	case errors.Is(err, errLost):
+		r.m.lost.Inc()
+		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.head().Seq, "term", r.head().Term)
+	case err != nil && ctx.Err() == nil:
+		r.lg.Error("updater stopped", "err", err)
+	}
+}
+
+// ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one
+// entry per increment, each read back before the next.
+func (r *replica) ingestTerm(ctx context.Context) error {
+	d := r.d
+	schema, err := d.schema()
+	if err != nil {
+		return err
+	}
+	head := r.head()
+	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
+		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: head.Covers, TopicResetHint: d.topicResetHint()}, schema, d.log.With("component", "consumer"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r.mu.Lock()
+	r.consumer = c
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.consumer = nil
+		r.mu.Unlock()
+	}()
+	r.lg.Info("updater: consuming", "topic", d.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
+	for {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			return err
+		}
+		d.metrics.SetConsumerLag(c.Stats().Lag)
+		head := r.head()
+		prev := d.current()
+		if prev.Version != head.Version || head.Writer != r.writer {
+			return errLost
+		}
+		// The order of an increment's records is part of its boundary, not of the fetch.
+		slices.SortFunc(inc.Records, func(a, b stream.Record) int {
+			return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+		})
+		s, err := d.compute(ctx, prev, inc)
+		if err != nil {
+			return err
+		}
+		e, err := r.entryOf(head, s, inc)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.pending[e.Seq] = s.events
+		r.mu.Unlock()
+		won, err := r.appendAndJudge(ctx, e)
+		if err != nil {
+			return err
+		}
+		if !won {
+			r.mu.Lock()
+			delete(r.pending, e.Seq)
+			r.mu.Unlock()
+			return errLost
+		}
+		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered)
+		c.MarkDurable(inc)
+	}
+}
+
+// entryOf is the log entry of step s on head.
+func (r *replica) entryOf(head *postlog.Head, s *step, inc *stream.Increment) (*postlog.Entry, error) {
+	covers := maps.Clone(head.Covers)
+	if covers == nil {
+		covers = map[int]int64{}
+	}
+	maps.Copy(covers, inc.NextOffsets)
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term,
+		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.d.cfg.Kafka.Topic, Covers: covers,
+		Outcome: string(s.outcome), KL: s.kl, Seed: s.seed, PosteriorSHA256: head.PosteriorSHA256,
+		Counts: &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: s.counters["failed"], Held: s.counters["held"]}}
+	if s.outcome == "" {
+		e.Outcome = postlog.Skipped
+	}
+	if s.next != nil {
+		sha, err := postlog.PosteriorHash(s.next)
+		if err != nil {
+			return nil, err
+		}
+		e.Version, e.LastLayer, e.PosteriorSHA256 = s.next.Version, postlog.LastLayerOf(s.next), sha
+		e.Counts.Applied = int64(s.records)
+	}
+	return e, nil
+}
+
+// health is the replica's part of /readyz: following (not stopped), caught up with the log once
+// since the start, and, on the updater, a healthy consumer.
+func (r *replica) health() error {
+	r.mu.Lock()
+	stopped, caughtUp, c := r.stopped, r.caughtUp, r.consumer
+	r.mu.Unlock()
+	switch {
+	case stopped != nil:
+		return fmt.Errorf("not following the posterior log: %w", stopped)
+	case !caughtUp:
+		return errors.New("catching up with the posterior log")
+	}
+	if c != nil {
+		if h := c.Health(); !h.Ready {
+			return fmt.Errorf("updater's consumer not ready: %v", h.Reasons)
+		}
+	}
+	return nil
+}
+
+// status is GET /v1/model's replication block.
+func (r *replica) status(ctx context.Context) map[string]any {
+	h := r.head()
+	r.mu.Lock()
+	read, stopped := r.read, r.stopped
+	r.mu.Unlock()
+	out := map[string]any{"writer": r.writer, "updater": r.updater.Load(), "entry": h.Seq, "term": h.Term,
+		"offset": h.Offset, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers, "topic": r.plog.Topic()}
+	if end, err := r.plog.End(ctx); err == nil {
+		out["lag_records"] = max(end-read, 0)
+	}
+	if stopped != nil {
+		out["stopped"] = stopped.Error()
+	}
+	return out
+}
+
+// replication is GET /v1/model's replication block: nil for a single daemon.
+func (d *Daemon) replication(ctx context.Context) map[string]any {
+	if d.rep == nil {
+		return nil
+	}
+	return d.rep.status(ctx)
+}
+
+// buildString names this build in claims: module version, GOARCH, engine.
+func buildString() string {
+	v := "devel"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		v = bi.Main.Version
+	}
+	return fmt.Sprintf("cfguard %s %s/%s %s", v, runtime.GOOS, runtime.GOARCH, bnn.Backend)
+}
+
+// replicaMetrics are the replication gauges and counters.
+type replicaMetrics struct {
+	entry, term, lag, updater, stopped prometheus.Gauge
+	ignored                            *prometheus.CounterVec
+	lost                               prometheus.Counter
+}
+
+func newReplicaMetrics(reg *prometheus.Registry, r *replica) *replicaMetrics {
+	m := &replicaMetrics{
+		entry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_entry",
+			Help: "Sequence number of the last accepted entry of the posterior log this replica applied."}),
+		term: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_term",
+			Help: "Term of the posterior log's head (the fencing token of its updater)."}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_lag_records",
+			Help: "Records of the posterior log this replica has not read yet."}),
+		updater: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_replication_updater",
+			Help: "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."}),
+		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_stopped",
+			Help: "1 when this replica stopped following the posterior log (an entry it cannot verify or read); it serves the last verified posterior."}),
+		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_posterior_log_records_ignored_total",
+			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{Name: "cfguard_posterior_log_appends_lost_total",
+			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
+	}
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed} {
+		m.ignored.WithLabelValues(string(reason))
+	}
+	reg.MustRegister(m.entry, m.term, m.lag, m.updater, m.stopped, m.ignored, m.lost)
+	return m
+}
