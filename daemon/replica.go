@@ -415,8 +415,15 @@ func (r *replica) catchUp(ctx context.Context) error {
 func (r *replica) watchEnd(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var failingSince time.Time
 	for {
-		if end, err := r.plog.End(ctx); err == nil {
+		end, err := r.plog.End(ctx)
+		switch {
+		case err == nil:
+			if !failingSince.IsZero() {
+				r.lg.Info("posterior log reachable again", "after", time.Since(failingSince).Round(time.Second))
+				failingSince = time.Time{}
+			}
 			r.mu.Lock()
 			lag := max(end-r.read, 0)
 			if lag == 0 {
@@ -424,6 +431,9 @@ func (r *replica) watchEnd(ctx context.Context) {
 			}
 			r.mu.Unlock()
 			r.m.lag.Set(float64(lag))
+		case ctx.Err() == nil && failingSince.IsZero():
+			failingSince = time.Now()
+			r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -159,8 +159,11 @@ func (l *Log) Read(from int64) (*Reader, error) {
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: l.conn.Brokers, Topic: l.topic, Partition: 0, Dialer: d,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
+		// kafka-go's reader sets its read deadline to MaxWait, the time it also asks the broker to
+		// hold an empty fetch, so an idle log times out now and then; it retries. Outages show
+		// as the end offset that cannot be read (the daemon's watch of the log's end).
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
-			l.log.Warn("posterior log reader: " + fmt.Sprintf(msg, args...))
+			l.log.Debug("posterior log reader: " + fmt.Sprintf(msg, args...))
 		})})
 	if err := r.SetOffset(from); err != nil {
 		r.Close()

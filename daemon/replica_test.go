@@ -1,0 +1,146 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// replicaView is what GET /v1/model says of a replica's place in the posterior log.
+type replicaView struct {
+	Version     uint64 `json:"posterior_version"`
+	Replication struct {
+		Writer  string        `json:"writer"`
+		Updater bool          `json:"updater"`
+		Entry   uint64        `json:"entry"`
+		Term    uint64        `json:"term"`
+		SHA     string        `json:"posterior_sha256"`
+		Covers  map[int]int64 `json:"covers"`
+	} `json:"replication"`
+}
+
+func (r *running) view(t *testing.T) replicaView {
+	t.Helper()
+	code, body := r.get(t, "/v1/model")
+	if code != http.StatusOK {
+		t.Fatalf("GET /v1/model: %d %s", code, body)
+	}
+	var v replicaView
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// startCluster starts a broker on loopback for replicas: the input topic with partitions
+// partitions, the dead-letter and events topics.
+func startCluster(t *testing.T, partitions int) *broker.Broker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Partitions: partitions,
+		Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}}, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close(); cancel() })
+	return b
+}
+
+func startReplica(t *testing.T, b *broker.Broker, id string) *running {
+	t.Helper()
+	r := startDaemonWith(t, func(c *config.Config) {
+		c.Kafka.Brokers = b.Addrs()
+		c.Replication.Enabled = true
+		c.Replication.ReplicaID = id
+		c.Replication.SessionTimeout = 6 * time.Second // kfake's group.min.session.timeout.ms
+		c.Replication.HeartbeatInterval = 500 * time.Millisecond
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+// TestReplicasShareOnePosterior runs three replicas in one process against one broker: exactly
+// one of them is the updater, all apply the same entries to the same posterior bit for bit, the
+// log covers every record produced once, and when the updater leaves another takes over where
+// the log's head says.
+func TestReplicasShareOnePosterior(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three daemons and a takeover: not with -short")
+	}
+	b := startCluster(t, 2)
+	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
+	data := bundled(t)
+	produced := 0
+	produce := func(n int) {
+		vals := make([][]byte, n)
+		for i := range vals {
+			k := (produced + i) % data.Len()
+			vals[i] = record(fmt.Sprintf("rec-%d", produced+i), data.X[k], data.Y[k])
+		}
+		reps[0].produce(t, vals...)
+		produced += n
+	}
+	agree := func(live []*running) replicaView {
+		var first replicaView
+		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
+			first = live[0].view(t)
+			covered := int64(0)
+			for _, to := range first.Replication.Covers {
+				covered += to
+			}
+			if covered != int64(produced) {
+				return false
+			}
+			for _, r := range live[1:] {
+				v := r.view(t)
+				if v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA || v.Version != first.Version {
+					return false
+				}
+			}
+			return true
+		})
+		updaters := 0
+		for _, r := range live {
+			if r.view(t).Replication.Updater {
+				updaters++
+			}
+		}
+		if updaters != 1 {
+			t.Errorf("%d updaters among %d replicas, want 1", updaters, len(live))
+		}
+		return first
+	}
+	produce(200)
+	v1 := agree(reps)
+	if v1.Version == 0 {
+		t.Fatalf("no version promoted after %d records: %+v", produced, v1)
+	}
+	// The updater leaves (SIGTERM's path): another claims the next term and goes on.
+	var updater int
+	for i, r := range reps {
+		if r.view(t).Replication.Updater {
+			updater = i
+		}
+	}
+	reps[updater].stop(t)
+	live := append(append([]*running(nil), reps[:updater]...), reps[updater+1:]...)
+	produce(200)
+	v2 := agree(live)
+	t.Logf("before: %+v\nafter: %+v", v1, v2)
+	if v2.Replication.Term <= v1.Replication.Term || v2.Version <= v1.Version {
+		t.Errorf("after the updater left: term %d -> %d, version %d -> %d; want both to grow", v1.Replication.Term, v2.Replication.Term, v1.Version, v2.Version)
+	}
+	for _, r := range live {
+		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed"); n != 0 {
+			t.Errorf("malformed records in the log: %v", n)
+		}
+	}
+}
