@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -301,4 +302,59 @@ func TestValidateChecksEnumsOfAConfigBuiltInCode(t *testing.T) {
 			t.Errorf("%s set to a bad value in code: Validate = %v, want an error naming %s", key, err, key)
 		}
 	}
+}
+
+// TestSameBadFileSameMessage: a file with several errors, among them rules that check a group of
+// keys (the HTTP timeouts, the three topics; the TLS files, checked once the values are valid),
+// gives the same message on every load, so that a message can be compared, searched for and
+// quoted; the errors of a group come in the order of its keys.
+func TestSameBadFileSameMessage(t *testing.T) {
+	dir := t.TempDir()
+	values := "http:\n  read_header_timeout: 0s\n  read_timeout: 0s\n  write_timeout: 0s\n  idle_timeout: 0s\n" +
+		"kafka:\n  brokers: [a:1]\n  topic: t\n  dead_letter_topic: t\n  events_topic: t\n"
+	files := "kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n" +
+		"    cert_file: " + filepath.Join(dir, "cert.pem") + "\n    key_file: " + filepath.Join(dir, "key.pem") + "\n"
+	for _, tc := range []struct {
+		name, text string
+		want       []string
+	}{
+		{"values", values, []string{"http.read_header_timeout", "http.read_timeout", "http.write_timeout", "http.idle_timeout",
+			"kafka.dead_letter_topic: t: is the same topic as kafka.topic", "kafka.events_topic: t: is the same topic as kafka.topic"}},
+		{"files", files, []string{"kafka.tls.ca_file", "kafka.tls.cert_file", "kafka.tls.key_file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name+".yaml")
+			if err := os.WriteFile(p, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			msgs := map[string]int{}
+			for range 50 {
+				_, err := LoadFile(p)
+				if err == nil {
+					t.Fatal("the bad file loads")
+				}
+				msgs[err.Error()]++
+			}
+			if len(msgs) != 1 {
+				t.Fatalf("%d different messages in 50 loads of one file:\n%s", len(msgs), strings.Join(slices.Collect(maps.Keys(msgs)), "\n----\n"))
+			}
+			for msg := range msgs {
+				if !inOrder(msg, tc.want) {
+					t.Fatalf("LoadFile = %v\nwant, in this order: %q", msg, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// inOrder reports whether s holds every fragment of want, each after the one before.
+func inOrder(s string, want []string) bool {
+	for _, w := range want {
+		i := strings.Index(s, w)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(w):]
+	}
+	return true
 }
