@@ -99,8 +99,16 @@ func KLBudgetForVar(eps, epsMax float64) float64 {
 //
 // A certificate started from this value is not fooled by Monte-Carlo noise in p1.
 func HoeffdingLower(pHat float64, samples int, alpha float64) float64 {
-	if samples <= 0 || alpha <= 0 || alpha >= 1 {
+	if alpha <= 0 || alpha >= 1 {
 		return math.Inf(-1)
 	}
-	return pHat - math.Sqrt(math.Log(1/alpha)/(2*float64(samples)))
+	return hoeffdingLower(pHat, samples, math.Log(1/alpha))
+}
+
+// hoeffdingLower is HoeffdingLower with ln(1/alpha) given, computed once per scan by Gate.
+func hoeffdingLower(pHat float64, samples int, logInvAlpha float64) float64 {
+	if samples <= 0 {
+		return math.Inf(-1)
+	}
+	return pHat - math.Sqrt(logInvAlpha/(2*float64(samples)))
 }

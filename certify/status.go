@@ -192,13 +192,15 @@ type Bounds struct {
 }
 
 // VarCeiling is the variance ceiling for a CE admitted with threshold eps: max(EpsilonMax, eps).
-// (Plain comparisons, not math.Max: this runs once per stored CE per update, and inputs are
-// validated finite.)
-func (p Policy) VarCeiling(eps float64) float64 {
-	if eps > p.EpsilonMax {
+func (p Policy) VarCeiling(eps float64) float64 { return varCeiling(p.EpsilonMax, eps) }
+
+// varCeiling is max(epsMax, eps) with plain comparisons, not math.Max: it runs once per judged
+// CE, and inputs are validated finite.
+func varCeiling(epsMax, eps float64) float64 {
+	if eps > epsMax {
 		return eps
 	}
-	return p.EpsilonMax
+	return epsMax
 }
 
 // StartP1 is the p1 Theorem 1 starts from: c.P1, or HoeffdingLower(c.P1, c.Samples, Alpha) when
@@ -214,21 +216,15 @@ func (p Policy) StartP1(c Certificate) float64 {
 //
 //	ProbLower = p1' - s.Mean,   VarUpper = min(V1 + s.Var, 1/4)
 //
-// Equal to ProbLower(p1', KL, mode) and VarUpper(V1, KL, mode).
+// Equal to ProbLower(p1', KL, mode) and VarUpper(V1, KL, mode). It is Gate.Check's arithmetic
+// (one function does both), so the two give bit-identical answers.
 func (p Policy) Evaluate(c Certificate, s Slack) Bounds {
-	b := Bounds{P1: p.StartP1(c), VarCeiling: p.VarCeiling(c.Epsilon)}
-	b.ProbLower = b.P1 - s.Mean
-	b.VarUpper = c.Var1 + s.Var
-	if b.VarUpper > 0.25 {
-		b.VarUpper = 0.25
-	}
-	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarCeiling
-	return b
+	g := p.Gate(s)
+	return g.bounds(c.P1, c.Var1, c.Epsilon, c.Samples)
 }
 
 // Gate is Evaluate specialised to one policy and one slack, for scans over many certificates
-// (the ledger judges every stored CE under an anchor with one Gate). Check does the same float
-// operations as Evaluate in the same order, so it gives bit-identical answers.
+// (the ledger judges every stored CE under an anchor with one Gate).
 type Gate struct {
 	hoeffding    bool
 	logInvAlpha  float64 // ln(1/alpha)
@@ -240,7 +236,10 @@ type Gate struct {
 func (p Policy) Gate(s Slack) Gate {
 	g := Gate{hoeffding: p.Hoeffding, epsMax: p.EpsilonMax, mean: s.Mean, vslack: s.Var}
 	if p.Hoeffding {
-		g.logInvAlpha = math.Log(1 / p.Alpha)
+		g.logInvAlpha = math.Inf(1) // HoeffdingLower's -Inf for an alpha outside (0, 1)
+		if p.Alpha > 0 && p.Alpha < 1 {
+			g.logInvAlpha = math.Log(1 / p.Alpha)
+		}
 	}
 	return g
 }
@@ -248,40 +247,31 @@ func (p Policy) Gate(s Slack) Gate {
 // Check returns Theorem 1's bound (Bounds.ProbLower) and whether both bounds hold
 // (Bounds.Certified) for a certificate with the given p1, V1, eps and samples.
 func (g *Gate) Check(p1, v1, eps float64, samples int) (lower float64, certified bool) {
+	b := g.bounds(p1, v1, eps, samples)
+	return b.ProbLower, b.Certified
+}
+
+// bounds is the one place Theorems 1 and 2 are applied to a certificate:
+//
+//	certified  <=>  p1' - slack_p >= 1/2  AND  min(V1 + slack_V, 1/4) <= max(epsilon_max, eps)
+//
+// Both ends are inclusive: a bound exactly at 1/2, or exactly at the ceiling, certifies.
+func (g *Gate) bounds(p1, v1, eps float64, samples int) Bounds {
+	b := Bounds{P1: p1, VarCeiling: varCeiling(g.epsMax, eps)}
 	if g.hoeffding {
-		if samples <= 0 {
-			p1 = math.Inf(-1)
-		} else {
-			p1 -= math.Sqrt(g.logInvAlpha / (2 * float64(samples)))
-		}
+		b.P1 = hoeffdingLower(p1, samples, g.logInvAlpha)
 	}
-	lower = p1 - g.mean
-	vu := v1 + g.vslack
-	if vu > 0.25 {
-		vu = 0.25
+	b.ProbLower = b.P1 - g.mean
+	b.VarUpper = v1 + g.vslack
+	if b.VarUpper > 0.25 {
+		b.VarUpper = 0.25
 	}
-	budget := g.epsMax
-	if eps > budget {
-		budget = eps
-	}
-	return lower, lower >= 0.5 && vu <= budget
+	b.Certified = b.ProbLower >= 0.5 && b.VarUpper <= b.VarCeiling
+	return b
 }
 
 // Bounds evaluates a certificate at KL(q_now || q_anchor); see Evaluate.
 func (p Policy) Bounds(c Certificate, kl float64) Bounds { return p.Evaluate(c, p.Slack(kl)) }
-
-// Judge is the bound-only step of re-certification. It returns Uncertified for a CE outside its
-// <delta, eps>-set, Certified when both bounds hold, and needMC = true otherwise: only a
-// Monte-Carlo estimate under q_now can then tell AtRisk from Invalidated (see Observed).
-func (p Policy) Judge(c Certificate, b Bounds) (s Status, needMC bool) {
-	switch {
-	case !c.InSet():
-		return Uncertified, false
-	case b.Certified:
-		return Certified, false
-	}
-	return 0, true
-}
 
 // Observed classifies a CE whose bound failed from a Monte-Carlo estimate under q_now: AtRisk when
 // it still gives the target (p2 >= 1/2 and argmax = target), Invalidated otherwise.

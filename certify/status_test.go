@@ -137,26 +137,17 @@ func TestEvaluateMatchesBoundFunctions(t *testing.T) {
 	}
 }
 
-func TestJudgeAndObserved(t *testing.T) {
-	p := DefaultPolicy()
-	p.EpsilonMax = 0.05 // a ceiling that Theorem 2 can reach
-	in := Certificate{P1: 0.99, Var1: 0.001, Samples: 500, Delta: 0.05, Epsilon: 0.01}
-	tests := []struct {
-		name   string
-		c      Certificate
-		kl     float64
-		want   Status
-		needMC bool
+// TestInSetAndObserved: the <delta, eps>-set at its edges (p1 = 1 - delta and V1 = eps are in
+// it), and the point-estimate classification of a CE whose bound failed.
+func TestInSetAndObserved(t *testing.T) {
+	for _, tc := range []struct {
+		p, v float64
+		want bool
 	}{
-		{"in set, no drift", in, 0, Certified, false},
-		{"in set, drift beyond variance budget", in, 1e-3, 0, true},
-		{"p1 below 1-delta", Certificate{P1: 0.94, Var1: 0.001, Samples: 500, Delta: 0.05, Epsilon: 0.01}, 0, Uncertified, false},
-		{"var1 above eps", Certificate{P1: 0.99, Var1: 0.02, Samples: 500, Delta: 0.05, Epsilon: 0.01}, 0, Uncertified, false},
-	}
-	for _, tt := range tests {
-		s, mc := p.Judge(tt.c, p.Bounds(tt.c, tt.kl))
-		if s != tt.want || mc != tt.needMC {
-			t.Errorf("%s: Judge = (%v, %v), want (%v, %v)", tt.name, s, mc, tt.want, tt.needMC)
+		{0.75, 0.25, true}, {math.Nextafter(0.75, 0), 0.25, false}, {1, 0, true}, {0.75, math.Nextafter(0.25, 1), false},
+	} {
+		if got := InSet(tc.p, tc.v, 0.25, 0.25); got != tc.want {
+			t.Errorf("InSet(p %v, v %v, delta 0.25, eps 0.25) = %v, want %v", tc.p, tc.v, got, tc.want)
 		}
 	}
 	obs := []struct {
@@ -224,7 +215,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 // Theorem 1 certifies at p1' - slack = 1/2 exactly (the bound is ">= 1/2"), in Evaluate, in
-// Gate.Check and in Judge. The numbers are exact in binary: KL = 1/32 gives 2 sqrt(KL/2) = 1/4,
+// Gate.Check and in Rejudge. The numbers are exact in binary: KL = 1/32 gives 2 sqrt(KL/2) = 1/4,
 // KL = 1/8 gives 1/2, so p1 = 3/4 and p1 = 1 land on 1/2 with no rounding; one ulp below does not
 // certify. (The variance bound is capped at 1/4 = EpsilonMax, so it holds throughout.)
 func TestTheorem1HoldsAtExactlyOneHalf(t *testing.T) {
@@ -245,8 +236,8 @@ func TestTheorem1HoldsAtExactlyOneHalf(t *testing.T) {
 			if lower, ok := g.Check(p1, 0, 0.01, 1000); ok != want || lower != b.ProbLower {
 				t.Errorf("Gate.Check(p1 %v, KL %v) = %v, %v; want %v, %v", p1, tc.kl, lower, ok, b.ProbLower, want)
 			}
-			if st, needMC := p.Judge(c, b); c.InSet() && (st == Certified) != want {
-				t.Errorf("Judge(p1 %v, KL %v) = %v (needMC %v), certified want %v", p1, tc.kl, st, needMC, want)
+			if st := Rejudge(Standing{Status: AtRisk}, b.Certified); (st.Status == Certified) != want {
+				t.Errorf("Rejudge(at_risk, p1 %v, KL %v) = %+v, certified want %v", p1, tc.kl, st, want)
 			}
 		}
 	}

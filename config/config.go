@@ -556,12 +556,12 @@ func (c *Config) CheckFiles() error {
 			}
 		}
 	}
-	for key, p := range map[string]string{"kafka.tls.ca_file": c.Kafka.TLS.CAFile, "kafka.tls.cert_file": c.Kafka.TLS.CertFile, "kafka.tls.key_file": c.Kafka.TLS.KeyFile} {
-		if p == "" {
+	for _, tf := range []struct{ key, path string }{{"kafka.tls.ca_file", c.Kafka.TLS.CAFile}, {"kafka.tls.cert_file", c.Kafka.TLS.CertFile}, {"kafka.tls.key_file", c.Kafka.TLS.KeyFile}} {
+		if tf.path == "" {
 			continue
 		}
-		if f, err := os.Open(p); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", key, err))
+		if f, err := os.Open(tf.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", tf.key, err))
 		} else {
 			f.Close()
 		}
@@ -648,10 +648,14 @@ func (c *Config) Validate() error {
 	if c.HTTP.MaxBodyBytes <= 0 {
 		bad("http.max_body_bytes", c.HTTP.MaxBodyBytes, "must be positive")
 	}
-	for key, v := range map[string]time.Duration{"http.read_header_timeout": c.HTTP.ReadHeaderTimeout, "http.read_timeout": c.HTTP.ReadTimeout,
-		"http.write_timeout": c.HTTP.WriteTimeout, "http.idle_timeout": c.HTTP.IdleTimeout} {
-		if v <= 0 {
-			bad(key, v, "must be positive")
+	// Groups of keys are slices, not maps, so that the errors come in the same order on every run.
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"http.read_header_timeout", c.HTTP.ReadHeaderTimeout}, {"http.read_timeout", c.HTTP.ReadTimeout},
+		{"http.write_timeout", c.HTTP.WriteTimeout}, {"http.idle_timeout", c.HTTP.IdleTimeout}} {
+		if d.v <= 0 {
+			bad(d.key, d.v, "must be positive")
 		}
 	}
 	if c.HTTP.MaxConnections <= 0 {
@@ -675,14 +679,15 @@ func (c *Config) Validate() error {
 		bad("model.epochs", c.Model.Epochs, "must be >= 0")
 	}
 	c.validateSyntaxAndLimits(bad)
-	topics := map[string]string{}
-	for key, v := range map[string]string{"kafka.topic": c.Kafka.Topic, "kafka.dead_letter_topic": c.Kafka.DeadLetterTopic, "kafka.events_topic": c.Kafka.EventsTopic} {
-		if v == "" {
-			bad(key, `""`, "must name a topic")
-		} else if other, dup := topics[v]; dup {
-			bad(key, v, "is the same topic as "+other)
+	topics := map[string]string{} // name -> the first key that gave it
+	for _, t := range c.topicKeys() {
+		if t.name == "" {
+			bad(t.key, `""`, "must name a topic")
+		} else if other, dup := topics[t.name]; dup {
+			bad(t.key, t.name, "is the same topic as "+other)
+		} else {
+			topics[t.name] = t.key
 		}
-		topics[v] = key
 	}
 	if c.Kafka.GroupID == "" {
 		bad("kafka.group_id", `""`, "must be set")
@@ -866,7 +871,7 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 			bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, err.Error())
 		}
 	}
-	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}} {
+	for _, t := range c.topicKeys() {
 		if t.name != "" {
 			if err := checkTopic(t.name); err != nil {
 				bad(t.key, strconv.Quote(t.name), err.Error())
@@ -888,6 +893,11 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 			bad(l.key, l.v, fmt.Sprintf("must be at most %d", l.limit))
 		}
 	}
+}
+
+// topicKeys lists the topic keys with their values, in a fixed order.
+func (c *Config) topicKeys() []struct{ key, name string } {
+	return []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}}
 }
 
 // checkHostPort checks host:port as net.Listen and net.Dial read it: a port number (0, "any

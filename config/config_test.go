@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -218,10 +220,36 @@ func FuzzLoad(f *testing.F) {
 
 func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 	dir := t.TempDir()
+	// A model directory whose model.json is a directory; a web configuration asking for basic
+	// auth, and one whose certificate is not there.
+	notFile := filepath.Join(dir, "model")
+	for _, d := range []string{filepath.Join(notFile, "model.json"), filepath.Join(dir, "web")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	users := filepath.Join(dir, "web", "users.yml")
+	noCert := filepath.Join(dir, "web", "nocert.yml")
+	for p, text := range map[string]string{
+		users:  "basic_auth_users:\n  ops: $2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi\n",
+		noCert: "tls_server_config:\n  cert_file: missing.pem\n  key_file: missing.key\n",
+	} {
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tls := "kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n"
 	for name, tc := range map[string]struct{ text, want string }{
-		"model path": {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
-		"model file": {"model:\n  path: " + dir + "\n", "model.json"},
-		"tls ca":     {"kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
+		"model path":     {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
+		"model file":     {"model:\n  path: " + dir + "\n", "model.json"},
+		"model not file": {"model:\n  path: " + notFile + "\n", "model.path: " + filepath.Join(notFile, "model.json") + " is not a regular file"},
+		"tls ca":         {tls + "    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
+		"tls cert":       {tls + "    cert_file: " + filepath.Join(dir, "c.pem") + "\n    key_file: " + users + "\n", "kafka.tls.cert_file"},
+		"tls key":        {tls + "    cert_file: " + users + "\n    key_file: " + filepath.Join(dir, "k.pem") + "\n", "kafka.tls.key_file"},
+		"web config":     {"http:\n  web_config_file: " + filepath.Join(dir, "web.yml") + "\n", "http.web_config_file"},
+		"web config tls": {"http:\n  web_config_file: " + noCert + "\n", "http.web_config_file: " + noCert},
+		"basic auth beside a token": {"http:\n  web_config_file: " + users + "\n  metrics_token: m\n",
+			"http.web_config_file: " + users + " sets basic_auth_users while http.token or http.metrics_token is set"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "c.yaml")
@@ -327,5 +355,170 @@ func TestReplicationKeys(t *testing.T) {
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("%q: Load = %v, want an error naming %s and saying %q", tc.text, err, tc.key, tc.why)
 		}
+	}
+}
+
+// TestSameBadFileSameMessage: a file with several errors, among them rules that check a group of
+// keys (the HTTP timeouts, the three topics; the TLS files, checked once the values are valid),
+// gives the same message on every load, so that a message can be compared, searched for and
+// quoted; the errors of a group come in the order of its keys.
+func TestSameBadFileSameMessage(t *testing.T) {
+	dir := t.TempDir()
+	values := "http:\n  read_header_timeout: 0s\n  read_timeout: 0s\n  write_timeout: 0s\n  idle_timeout: 0s\n" +
+		"kafka:\n  brokers: [a:1]\n  topic: t\n  dead_letter_topic: t\n  events_topic: t\n"
+	files := "kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n    ca_file: " + filepath.Join(dir, "ca.pem") + "\n" +
+		"    cert_file: " + filepath.Join(dir, "cert.pem") + "\n    key_file: " + filepath.Join(dir, "key.pem") + "\n"
+	for _, tc := range []struct {
+		name, text string
+		want       []string
+	}{
+		{"values", values, []string{"http.read_header_timeout", "http.read_timeout", "http.write_timeout", "http.idle_timeout",
+			"kafka.dead_letter_topic: t: is the same topic as kafka.topic", "kafka.events_topic: t: is the same topic as kafka.topic"}},
+		{"files", files, []string{"kafka.tls.ca_file", "kafka.tls.cert_file", "kafka.tls.key_file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name+".yaml")
+			if err := os.WriteFile(p, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			msgs := map[string]int{}
+			for range 50 {
+				_, err := LoadFile(p)
+				if err == nil {
+					t.Fatal("the bad file loads")
+				}
+				msgs[err.Error()]++
+			}
+			if len(msgs) != 1 {
+				t.Fatalf("%d different messages in 50 loads of one file:\n%s", len(msgs), strings.Join(slices.Collect(maps.Keys(msgs)), "\n----\n"))
+			}
+			for msg := range msgs {
+				if !inOrder(msg, tc.want) {
+					t.Fatalf("LoadFile = %v\nwant, in this order: %q", msg, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// inOrder reports whether s holds every fragment of want, each after the one before.
+func inOrder(s string, want []string) bool {
+	for _, w := range want {
+		i := strings.Index(s, w)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(w):]
+	}
+	return true
+}
+
+// TestValidateRejectsEachKey: every rule of Validate refuses a bad value with one error that
+// names its key and says what is wanted, and accepts the nearest good value (edge, when the rule
+// is a bound). Each case starts from the defaults and breaks one key.
+func TestValidateRejectsEachKey(t *testing.T) {
+	cases := []struct {
+		key, want string
+		set, edge func(c *Config)
+	}{
+		{"http.listen", "must be host:port", func(c *Config) { c.HTTP.Listen = "" }, nil},
+		{"http.listen", "with a port number", func(c *Config) { c.HTTP.Listen = "127.0.0.1:http" }, func(c *Config) { c.HTTP.Listen = "127.0.0.1:0" }},
+		{"http.shutdown_timeout", "must be positive", func(c *Config) { c.HTTP.ShutdownTimeout = 0 }, func(c *Config) { c.HTTP.ShutdownTimeout = 1 }},
+		{"http.max_body_bytes", "must be positive", func(c *Config) { c.HTTP.MaxBodyBytes = 0 }, func(c *Config) { c.HTTP.MaxBodyBytes = 1 }},
+		{"http.read_header_timeout", "must be positive", func(c *Config) { c.HTTP.ReadHeaderTimeout = 0 }, func(c *Config) { c.HTTP.ReadHeaderTimeout = 1 }},
+		{"http.read_timeout", "must be positive", func(c *Config) { c.HTTP.ReadTimeout = -time.Second }, func(c *Config) { c.HTTP.ReadTimeout = 1 }},
+		{"http.write_timeout", "must be positive", func(c *Config) { c.HTTP.WriteTimeout = 0 }, func(c *Config) { c.HTTP.WriteTimeout = 1 }},
+		{"http.idle_timeout", "must be positive", func(c *Config) { c.HTTP.IdleTimeout = 0 }, func(c *Config) { c.HTTP.IdleTimeout = 1 }},
+		{"http.max_connections", "must be positive", func(c *Config) { c.HTTP.MaxConnections = 0 }, func(c *Config) { c.HTTP.MaxConnections = 1 }},
+		{"http.max_concurrent_predict", "must be >= 0", func(c *Config) { c.HTTP.MaxConcurrentPredict = -1 }, func(c *Config) { c.HTTP.MaxConcurrentPredict = 0 }},
+		{"state_dir", "must name a directory", func(c *Config) { c.StateDir = "" }, nil},
+		{"model.dataset", "needed when model.path is empty", func(c *Config) { c.Model.Dataset = "" }, func(c *Config) { c.Model.Dataset, c.Model.Path = "", "m" }},
+		{"model.dataset", "not a bundled data set", func(c *Config) { c.Model.Dataset = "nosuch" }, nil},
+		{"model.epochs", "must be >= 0", func(c *Config) { c.Model.Epochs = -1 }, func(c *Config) { c.Model.Epochs = 0 }},
+		{"kafka.brokers[1]", "must be host:port with a port in 1..65535", func(c *Config) { c.Kafka.Brokers = []string{"a:1", "b:0"} }, func(c *Config) { c.Kafka.Brokers = []string{"a:1", "b:65535"} }},
+		{"kafka.embedded_listen", "must be host:port", func(c *Config) { c.Kafka.EmbeddedListen = "localhost" }, func(c *Config) { c.Kafka.EmbeddedListen = "localhost:0" }},
+		{"kafka.topic", "must name a topic", func(c *Config) { c.Kafka.Topic = "" }, nil},
+		{"kafka.dead_letter_topic", "must name a topic", func(c *Config) { c.Kafka.DeadLetterTopic = "" }, nil},
+		{"kafka.events_topic", "must name a topic", func(c *Config) { c.Kafka.EventsTopic = "" }, nil},
+		{"kafka.events_topic", "is the same topic as kafka.topic", func(c *Config) { c.Kafka.EventsTopic = c.Kafka.Topic }, nil},
+		{"kafka.dead_letter_topic", "Kafka allows at most 249", func(c *Config) { c.Kafka.DeadLetterTopic = strings.Repeat("d", 250) },
+			func(c *Config) { c.Kafka.DeadLetterTopic = strings.Repeat("d", 249) }},
+		{"kafka.topic", "Kafka topic names may hold only", func(c *Config) { c.Kafka.Topic = "a/b" }, nil},
+		{"kafka.group_id", "must be set", func(c *Config) { c.Kafka.GroupID = "" }, nil},
+		{"kafka.max_records", "must be positive", func(c *Config) { c.Kafka.MaxRecords = 0 }, func(c *Config) { c.Kafka.MaxRecords = 1 }},
+		{"kafka.max_records_backlog", "must be >= kafka.max_records", func(c *Config) { c.Kafka.MaxRecordsBacklog = c.Kafka.MaxRecords - 1 },
+			func(c *Config) { c.Kafka.MaxRecordsBacklog = c.Kafka.MaxRecords }},
+		{"kafka.max_records_backlog", "must be at most 100000", func(c *Config) { c.Kafka.MaxRecordsBacklog = MaxKafkaRecordsBacklog + 1 },
+			func(c *Config) { c.Kafka.MaxRecordsBacklog = MaxKafkaRecordsBacklog }},
+		{"kafka.max_wait", "must be positive", func(c *Config) { c.Kafka.MaxWait = 0 }, func(c *Config) { c.Kafka.MaxWait = 1 }},
+		{"kafka.embedded_retention", "must be positive, or negative", func(c *Config) { c.Kafka.EmbeddedRetention = 0 }, func(c *Config) { c.Kafka.EmbeddedRetention = -1 }},
+		{"kafka.embedded_retention_bytes", "must be positive, or negative", func(c *Config) { c.Kafka.EmbeddedRetentionBytes = 0 },
+			func(c *Config) { c.Kafka.EmbeddedRetentionBytes = -1 }},
+		{"kafka.max_record_bytes", "must be in (0, 900000]", func(c *Config) { c.Kafka.MaxRecordBytes = 0 }, func(c *Config) { c.Kafka.MaxRecordBytes = 1 }},
+		{"kafka.max_record_bytes", "must be in (0, 900000]", func(c *Config) { c.Kafka.MaxRecordBytes = 900_001 }, func(c *Config) { c.Kafka.MaxRecordBytes = 900_000 }},
+		{"kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "GSSAPI", "u" },
+			func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "SCRAM-SHA-512", "u" }},
+		{"kafka.sasl.username", "needed with a SASL mechanism", func(c *Config) { c.Kafka.SASL.Mechanism = "PLAIN" }, nil},
+		{"kafka.tls.cert_file", "cert_file and key_file go together", func(c *Config) { c.Kafka.TLS.KeyFile = "k.pem" },
+			func(c *Config) { c.Kafka.TLS.CertFile, c.Kafka.TLS.KeyFile = "c.pem", "k.pem" }},
+		{"update.objective", "must be prior or vcl", func(c *Config) { c.Update.Objective = "sgd" }, func(c *Config) { c.Update.Objective = "vcl" }},
+		{"update.learning_rate", "must be in (0, 1]", func(c *Config) { c.Update.LearningRate = 0 }, nil},
+		{"update.learning_rate", "must be in (0, 1]", func(c *Config) { c.Update.LearningRate = math.Nextafter(1, 2) }, func(c *Config) { c.Update.LearningRate = 1 }},
+		{"update.learning_rate", "must be in (0, 1]", func(c *Config) { c.Update.LearningRate = math.NaN() }, nil},
+		{"update.iterations", "must be >= 1", func(c *Config) { c.Update.Iterations = 0 }, func(c *Config) { c.Update.Iterations = 1 }},
+		{"update.iterations", "must be at most 100000", func(c *Config) { c.Update.Iterations = MaxUpdateIterations + 1 }, func(c *Config) { c.Update.Iterations = MaxUpdateIterations }},
+		{"update.samples", "must be >= 1", func(c *Config) { c.Update.Samples = 0 }, func(c *Config) { c.Update.Samples = 1 }},
+		{"update.samples", "must be at most 1000", func(c *Config) { c.Update.Samples = MaxUpdateSamples + 1 }, func(c *Config) { c.Update.Samples = MaxUpdateSamples }},
+		{"update.kl_weight", "must be >= 0", func(c *Config) { c.Update.KLWeight = -1e-9 }, func(c *Config) { c.Update.KLWeight = 0 }},
+		{"certify.delta", "must be within (0, 0.5)", func(c *Config) { c.Certify.Delta = 0.5 }, func(c *Config) { c.Certify.Delta = math.Nextafter(0.5, 0) }},
+		{"certify.delta", "must be within (0, 0.5)", func(c *Config) { c.Certify.Delta = 0 }, nil},
+		{"certify.epsilon", "must be within (0, 0.25]", func(c *Config) { c.Certify.Epsilon = 0 }, func(c *Config) { c.Certify.Epsilon = 0.25 }},
+		{"certify.epsilon_max", "must be in [certify.epsilon, 0.25]", func(c *Config) { c.Certify.EpsilonMax = math.Nextafter(c.Certify.Epsilon, 0) },
+			func(c *Config) { c.Certify.EpsilonMax = c.Certify.Epsilon }},
+		{"certify.epsilon_max", "must be in [certify.epsilon, 0.25]", func(c *Config) { c.Certify.EpsilonMax = math.Nextafter(0.25, 1) }, nil},
+		{"certify.samples", "must be >= 2", func(c *Config) { c.Certify.Samples = 1 }, func(c *Config) { c.Certify.Samples = 2 }},
+		{"certify.samples", "must be at most 100000", func(c *Config) { c.Certify.Samples = MaxCertifySamples + 1 }, func(c *Config) { c.Certify.Samples = MaxCertifySamples }},
+		{"certify.verdict_alpha", "must be in (0, 0.5)", func(c *Config) { c.Certify.VerdictAlpha = 0 }, nil},
+		{"certify.verdict_alpha", "must be in (0, 0.5)", func(c *Config) { c.Certify.VerdictAlpha = 0.5 }, func(c *Config) { c.Certify.VerdictAlpha = 0.499 }},
+		{"certify.hoeffding_alpha", "must be in [0, 1)", func(c *Config) { c.Certify.HoeffdingAlpha = -0.01 }, func(c *Config) { c.Certify.HoeffdingAlpha = 0 }},
+		{"certify.hoeffding_alpha", "must be in [0, 1)", func(c *Config) { c.Certify.HoeffdingAlpha = 1 }, func(c *Config) { c.Certify.HoeffdingAlpha = 0.999 }},
+		{"certify.mode", "unknown bound mode", func(c *Config) { c.Certify.Mode = "loose" }, nil},
+		{"certify.on_breach", "unknown on_breach policy", func(c *Config) { c.Certify.OnBreach = "ignore" }, nil},
+		{"certify.uncertified", "want refuse or store", func(c *Config) { c.Certify.Uncertified = "maybe" }, nil},
+		{"certify.precision", "want float64 or float32", func(c *Config) { c.Certify.Precision = 7 }, nil},
+		{"log.format", "unknown log format", func(c *Config) { c.Log.Format = "xml" }, nil},
+		{"audit.workers", "must be 0 (every core but one) or 1..256", func(c *Config) { c.Audit.Workers = -1 }, func(c *Config) { c.Audit.Workers = 0 }},
+		{"audit.workers", "must be 0 (every core but one) or 1..256", func(c *Config) { c.Audit.Workers = MaxAuditWorkers + 1 }, func(c *Config) { c.Audit.Workers = MaxAuditWorkers }},
+		{"audit.schedule", "the interval must be at least 1s", func(c *Config) { c.Audit.Schedule = "@every 999ms" }, func(c *Config) { c.Audit.Schedule = "@every 1s" }},
+		{"audit.schedule", "expected exactly 5 fields", func(c *Config) { c.Audit.Schedule = "every tuesday" }, func(c *Config) { c.Audit.Schedule = "" }},
+		{"explain.reissue", `must be "", "invalidated" or "at_risk"`, func(c *Config) { c.Explain.Reissue = "certified" }, func(c *Config) { c.Explain.Reissue = "at_risk" }},
+		{"explain", "timeout=0s", func(c *Config) { c.Explain.Timeout = 0 }, func(c *Config) { c.Explain.Timeout = 1 }},
+		{"explain", "max_iterations=0", func(c *Config) { c.Explain.MaxIterations = 0 }, func(c *Config) { c.Explain.MaxIterations = 1 }},
+		{"explain", "concurrency=-1", func(c *Config) { c.Explain.Concurrency = -1 }, func(c *Config) { c.Explain.Concurrency = 0 }},
+		{"explain.max_iterations", "must be at most 1000000", func(c *Config) { c.Explain.MaxIterations = MaxExplainIterations + 1 },
+			func(c *Config) { c.Explain.MaxIterations = MaxExplainIterations }},
+		{"explain.concurrency", "must be at most 256", func(c *Config) { c.Explain.Concurrency = MaxExplainConcurrency + 1 },
+			func(c *Config) { c.Explain.Concurrency = MaxExplainConcurrency }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.key+" "+tc.want, func(t *testing.T) {
+			c := Default()
+			tc.set(&c)
+			err := c.Validate()
+			if err == nil || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Validate = %v, want ErrInvalid", err)
+			}
+			lines := strings.Split(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], tc.key+": ") || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("Validate = %v\nwant one error, for key %s, saying %q", err, tc.key, tc.want)
+			}
+			if tc.edge != nil {
+				c := Default()
+				tc.edge(&c)
+				if err := c.Validate(); err != nil {
+					t.Fatalf("the nearest good value is refused: %v", err)
+				}
+			}
+		})
 	}
 }

@@ -316,12 +316,10 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 			return false, err
 		}
 		nh.anchor, nh.p1, nh.var1, nh.samples = v, e.P, e.Var, e.Samples
-		nh.status, nh.confirmed, nh.cv, nh.lapsed = certify.Certified, false, 0, false
-		switch {
-		case contradicted:
-			nh.status, nh.confirmed, nh.cv = certify.Verdict(h.status, e, alpha), true, v
-		case !pol.Bounds(nh.certificate(), kl).Certified:
-			nh.lapsed = true // measured under an older posterior whose KL already exceeds the bound: the confirmer renews it
+		if contradicted {
+			nh.status, nh.lapsed, nh.confirmed, nh.cv = certify.Verdict(h.status, e, alpha), false, true, v
+		} else {
+			nh.newCertificate(pol.Bounds(nh.certificate(), kl).Certified) // judged at KL(q_now || q_v)
 		}
 	case h.pending() && current:
 		nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false

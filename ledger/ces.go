@@ -224,13 +224,10 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*put
 				return nil, fmt.Errorf("counterfactual %q: %w", ce.ID, err)
 			}
 			b = l.opts.Policy.Bounds(cert, kl)
-			switch {
-			case b.Certified:
-				h.status = certify.Certified
-			case ce.AnchorVersion == c.version:
+			h.status = certify.Rejudge(certify.Standing{}, b.Certified).Status // a new CE
+			if !h.holds() && ce.AnchorVersion == c.version {
+				// Measured under the current posterior: its p1 is the verdict's evidence.
 				h.status, h.confirmed, h.cv = certify.Observed(ce.P1, ce.Target, ce.Target), true, c.version
-			default:
-				h.status = certify.AtRisk
 			}
 		}
 		seen[ce.ID] = true

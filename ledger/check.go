@@ -75,7 +75,8 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 		if h.status != certify.Uncertified {
 			refs[h.anchor]++
 			a := anchors[h.anchor]
-			if holds := pol.Bounds(h.certificate(), a.kl).Certified; holds != h.holds() {
+			// Every stored CE is a fixed point of the rule at its anchor's stored KL.
+			if holds := pol.Bounds(h.certificate(), a.kl).Certified; certify.Rejudge(h.standing(), holds) != h.standing() {
 				return corruptf("counterfactual %q is %v (lapsed %v) but its bounds at its anchor's KL %v say certified = %v", k, h.status, h.lapsed, a.kl, holds)
 			}
 		}

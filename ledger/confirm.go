@@ -350,14 +350,14 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	}
 	nh := *h
 	nh.anchor, nh.p1, nh.var1, nh.samples = s.version, e.P, e.Var, e.Samples
-	nh.status, nh.lapsed, nh.confirmed, nh.cv, nh.updated = certify.Certified, false, false, 0, w.now.UnixNano()
+	nh.updated = w.now.UnixNano()
 	if b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0); !b0.Certified {
 		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
 		// bounds hold. Anything else is a bug, not a state to store.
 		return fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
 	}
 	b := w.l.opts.Policy.Bounds(nh.certificate(), s.kl)
-	nh.lapsed = !b.Certified
+	nh.newCertificate(b.Certified) // judged at KL(q_now || q_s)
 	if err := w.putHeader(id, h, &nh); err != nil {
 		return err
 	}

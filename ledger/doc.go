@@ -54,8 +54,11 @@
 //
 // # Lapses, renewals and verdicts
 //
-// Re-certification never samples. A certified CE whose bound fails keeps its status with a lapsed
-// flag (no status change, no event) and joins idx_fail unconfirmed. Confirm, run by the daemon in
+// Re-certification never samples. Wherever bounds are evaluated anew (re-certification, the
+// rebuild at Open, registration, a renewed certificate) the CE moves by one rule,
+// certify.Rejudge, and the check at Open holds every stored CE to be a fixed point of it. A
+// certified CE whose bound fails keeps its status with a lapsed flag (no status change, no
+// event) and joins idx_fail unconfirmed. Confirm, run by the daemon in
 // the background, takes such CEs, and at_risk or invalidated ones whose last verdict is older than
 // the posterior it samples, from the front of idx_fail (sorted by the version of their last
 // measurement, none first), samples them without holding the writer lock, and writes in one short

@@ -374,12 +374,7 @@ func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
 				return corruptf("counterfactual %q refers to anchor %d, which is not stored", k, h.anchor)
 			}
 			_, holds := g.Check(h.p1, h.var1, h.epsilon, h.samples)
-			switch {
-			case holds && !h.holds():
-				h.status, h.confirmed, h.cv, h.lapsed = certify.Certified, false, 0, false
-			case !holds && h.holds():
-				h.lapsed = true // renewed or judged by the confirmer
-			}
+			h.rejudge(holds) // a certificate that lapses here is renewed or judged by the confirmer
 		}
 		id := append([]byte(nil), k...)
 		if h != old {

@@ -62,10 +62,11 @@ type lapse struct {
 //	p1' - slack_p(KL) >= 1/2   and   min(V1 + slack_V(KL), 1/4) <= max(epsilon_max, epsilon)
 //
 // Only CEs whose verdict can change are read: those the indexes place between the thresholds
-// of the anchor's stored KL and its new one (see index.go). A CE whose bound starts failing
-// becomes at_risk, unconfirmed (StatusChange.P2 = nil): Recertify runs no Monte-Carlo; Confirm
-// samples such CEs later. A CE whose bound holds again becomes certified. Uncertified CEs keep
-// their status.
+// of the anchor's stored KL and its new one (see index.go). Each moves by certify.Rejudge: a
+// certified CE whose bound starts failing lapses (it stays certified, a lapse in the report, not
+// a status change: Recertify runs no Monte-Carlo, Confirm renews or judges it later); a lapsed,
+// at_risk or invalidated CE whose bound holds again is certified. Uncertified CEs keep their
+// status.
 //
 // The report and changes are to be persisted with Checkpoint{Model: current, Recertified: &rep,
 // Changes: changes} (or use Commit, which does both under one lock).
@@ -169,22 +170,19 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 			return err
 		}
 		_, holds := gate.Check(h.p1, h.var1, h.epsilon, h.samples)
-		var to certify.Status
+		prev := h.standing()
+		next := certify.Rejudge(prev, holds)
 		switch {
-		case holds == h.holds():
+		case next == prev:
 			return nil
-		case h.status == certify.Certified:
+		case next.Status == prev.Status:
 			// A certificate lapses, or a lapsed one holds again: not a status change. The
 			// confirmer measures a lapsed CE and renews it or gives it a verdict.
-			r.lapses = append(r.lapses, lapse{id: string(id), lapsed: !holds})
+			r.lapses = append(r.lapses, lapse{id: string(id), lapsed: next.Lapsed})
 			return nil
-		case holds:
-			to = certify.Certified
-		default:
-			return nil // at_risk or invalidated, and still failing
 		}
 		b := pol.Evaluate(h.certificate(), sn)
-		r.changes = append(r.changes, StatusChange{ID: string(id), At: r.now, From: h.status, To: to,
+		r.changes = append(r.changes, StatusChange{ID: string(id), At: r.now, From: prev.Status, To: next.Status,
 			PosteriorVersion: current.Version, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper})
 		return nil
 	}

@@ -138,7 +138,30 @@ func (h *header) failing() bool { return h.status == certify.AtRisk || h.status 
 func (h *header) pending() bool { return h.failing() || h.lapsed }
 
 // holds reports whether the CE's bounds hold: certified and not lapsed.
-func (h *header) holds() bool { return h.status == certify.Certified && !h.lapsed }
+func (h *header) holds() bool { return h.standing().Holds() }
+
+// standing is the CE's status and lapsed flag.
+func (h *header) standing() certify.Standing {
+	return certify.Standing{Status: h.status, Lapsed: h.lapsed}
+}
+
+// rejudge moves the CE by certify.Rejudge, the rule for bounds that hold or fail at its anchor's
+// KL. A CE that is certified after it carries no verdict (confirmed, cv).
+func (h *header) rejudge(holds bool) {
+	s := certify.Rejudge(h.standing(), holds)
+	h.status, h.lapsed = s.Status, s.Lapsed
+	if s.Status == certify.Certified {
+		h.confirmed, h.cv = false, 0
+	}
+}
+
+// newCertificate gives the CE a new certificate (a renewal, or an audit's measurement) and judges it
+// by certify.Rejudge from certified: measured under a posterior whose KL from the current one
+// already breaks the bound, it is certified with a lapsed bound, to be renewed again.
+func (h *header) newCertificate(holds bool) {
+	h.status, h.lapsed = certify.Certified, false
+	h.rejudge(holds)
+}
 
 func f64(b []byte, off int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[off:])) }
 
