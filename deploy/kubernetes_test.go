@@ -155,28 +155,38 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	}
 }
 
-// TestStrictDecoderRejectsMistakes proves the validation can fail: each mistake in the real
-// StatefulSet is reported, naming the field.
+// TestStrictDecoderRejectsMistakes proves the validation can fail: each mistake in a real
+// manifest is reported, naming the field.
 func TestStrictDecoderRejectsMistakes(t *testing.T) {
-	orig := loadManifests(t).files["statefulset.yaml"]
 	cases := []struct {
-		name, old, new, want string
+		name, file, old, new, want string
 	}{
-		{"typo in a probe", "          readinessProbe:", "          readinesProbe:", `unknown field "spec.template.spec.initContainers[0].readinesProbe"`},
-		{"typo deep in a port", "              containerPort: 8000", "              containerport: 8000", `unknown field "spec.template.spec.containers[0].ports[0].containerport"`},
-		{"typo in a volume", "          emptyDir:", "          emptydir:", `unknown field "spec.template.spec.volumes[0].emptydir"`},
-		{"wrong type", "  replicas: 1", "  replicas: one", "replicas"},
-		{"repeated field", "  replicas: 1\n", "  replicas: 1\n  replicas: 2\n", `key "replicas" already set`},
-		{"unknown kind", "kind: StatefulSet", "kind: StatefullSet", `no kind "StatefullSet" is registered`},
-		{"unknown version", "apiVersion: apps/v1", "apiVersion: apps/v1beta9", "apps/v1beta9"},
+		{"typo in a probe", "statefulset.yaml", "          readinessProbe:", "          readinesProbe:", `unknown field "spec.template.spec.initContainers[0].readinesProbe"`},
+		{"typo deep in a port", "statefulset.yaml", "              containerPort: 8000", "              containerport: 8000", `unknown field "spec.template.spec.containers[0].ports[0].containerport"`},
+		{"typo in a volume", "statefulset.yaml", "          emptyDir:", "          emptydir:", `unknown field "spec.template.spec.volumes[0].emptydir"`},
+		{"wrong type", "statefulset.yaml", "  replicas: 1", "  replicas: one", "replicas"},
+		{"repeated field", "statefulset.yaml", "  replicas: 1\n", "  replicas: 1\n  replicas: 2\n", `key "replicas" already set`},
+		{"unknown kind", "statefulset.yaml", "kind: StatefulSet", "kind: StatefullSet", `no kind "StatefullSet" is registered`},
+		{"unknown version", "statefulset.yaml", "apiVersion: apps/v1", "apiVersion: apps/v1beta9", "apps/v1beta9"},
+		{"typo in the spread", "replicas/deployment.yaml", "          topologyKey:", "          topologykey:", `unknown field "spec.template.spec.topologySpreadConstraints[0].topologykey"`},
+		{"typo in the strategy", "replicas/deployment.yaml", "      maxSurge: 1", "      maxsurge: 1", `unknown field "spec.strategy.rollingUpdate.maxsurge"`},
+		{"typo in the budget", "replicas/poddisruptionbudget.yaml", "  minAvailable:", "  minAvailble:", `unknown field "spec.minAvailble"`},
+		{"unknown budget version", "replicas/poddisruptionbudget.yaml", "apiVersion: policy/v1", "apiVersion: policy/v1beta9", "policy/v1beta9"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			orig, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "kubernetes", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decodeManifests(tc.file, orig); err != nil {
+				t.Fatal(err)
+			}
 			if !bytes.Contains(orig, []byte(tc.old)) {
-				t.Fatalf("statefulset.yaml no longer contains %q: update the test", tc.old)
+				t.Fatalf("%s no longer contains %q: update the test", tc.file, tc.old)
 			}
 			bad := bytes.Replace(orig, []byte(tc.old), []byte(tc.new), 1)
-			_, err := decodeManifests("statefulset.yaml", bad)
+			_, err = decodeManifests(tc.file, bad)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
