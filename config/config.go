@@ -235,7 +235,9 @@ type Replication struct {
 	// that can share the CEs. Default: 12.
 	CEPartitions int `yaml:"ce_partitions"`
 	// AdvertiseURL is how the other replicas reach this one's API, to answer for the CEs it
-	// owns. Default: "" (http://<host name>:<port of http.listen>).
+	// owns. Default: "" (http://<host name>:<port of http.listen>). The environment variable
+	// CFGUARD_REPLICATION_ADVERTISE_URL overrides it (Kubernetes: the pod's IP from the downward
+	// API).
 	AdvertiseURL string `yaml:"advertise_url"`
 	// SessionTimeout is the updater group's session timeout: how long a replica that stopped
 	// heartbeating keeps the updater role before another takes it over. Default: 10s.
@@ -506,8 +508,9 @@ func noKeys(n *yaml.Node) bool {
 	return false
 }
 
-// LoadFile reads and parses a configuration file, then applies environment overrides for
-// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD).
+// LoadFile reads and parses a configuration file, then applies environment overrides: for
+// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD) and for
+// replication.advertise_url (CFGUARD_REPLICATION_ADVERTISE_URL).
 func LoadFile(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -533,6 +536,14 @@ func LoadFile(path string) (*Config, error) {
 	}
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
+	}
+	if v := os.Getenv("CFGUARD_REPLICATION_ADVERTISE_URL"); v != "" {
+		// A replica's own address is known only where it runs (Kubernetes: the pod's IP, from
+		// the downward API), so it comes from the environment; it is checked as the key is.
+		c.Replication.AdvertiseURL = v
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("%s, with CFGUARD_REPLICATION_ADVERTISE_URL=%q: %w", path, v, err)
+		}
 	}
 	if err := c.CheckFiles(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

@@ -98,6 +98,40 @@ func TestGoodFile(t *testing.T) {
 	}
 }
 
+// TestAdvertiseURLFromEnv: CFGUARD_REPLICATION_ADVERTISE_URL sets replication.advertise_url (a
+// pod learns its IP only from the downward API) and is checked as the key is; a single daemon
+// ignores it, as it ignores every replication key.
+func TestAdvertiseURLFromEnv(t *testing.T) {
+	dir := t.TempDir()
+	replica := filepath.Join(dir, "replica.yaml")
+	single := filepath.Join(dir, "single.yaml")
+	for p, text := range map[string]string{
+		replica: "kafka:\n  brokers: [kafka.example:9092]\nreplication:\n  enabled: true\n  advertise_url: http://in-the-file:8080\n",
+		single:  "replication:\n  advertise_url: http://in-the-file:8080\n",
+	} {
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := LoadFile(replica)
+	if err != nil || c.Replication.AdvertiseURL != "http://in-the-file:8080" {
+		t.Fatalf("without the variable: %v, %+v", err, c)
+	}
+	t.Setenv("CFGUARD_REPLICATION_ADVERTISE_URL", "http://10.1.2.3:8080")
+	if c, err = LoadFile(replica); err != nil || c.Replication.AdvertiseURL != "http://10.1.2.3:8080" {
+		t.Fatalf("with the variable: %v, %+v", err, c)
+	}
+	t.Setenv("CFGUARD_REPLICATION_ADVERTISE_URL", "10.1.2.3:8080")
+	_, err = LoadFile(replica)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "CFGUARD_REPLICATION_ADVERTISE_URL") ||
+		!strings.Contains(err.Error(), "replication.advertise_url") {
+		t.Fatalf("a URL without a scheme from the environment: %v", err)
+	}
+	if _, err = LoadFile(single); err != nil {
+		t.Fatalf("a single daemon refused for the replication variable: %v", err)
+	}
+}
+
 func TestBadConfigsNameTheKey(t *testing.T) {
 	cases := map[string]struct{ text, want string }{
 		"unknown key":        {"kafka:\n  topik: x\n", "topik"},

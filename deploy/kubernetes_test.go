@@ -19,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -32,7 +33,7 @@ import (
 // server does under strict field validation (kubectl apply --validate=strict).
 func strictDecoder() runtime.Decoder {
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}
@@ -84,40 +85,54 @@ type manifests struct {
 	files     map[string][]byte
 }
 
-func loadManifests(t *testing.T) manifests {
+// readManifestDir decodes strictly every file of dir, not of its subdirectories (kubectl apply -f
+// DIR reads only the directory's own files unless given -R), and returns the objects and the
+// files' texts by base name.
+func readManifestDir(t *testing.T, dir string) ([]runtime.Object, map[string][]byte) {
 	t.Helper()
-	dir := filepath.Join(repoRoot(t), "deploy", "kubernetes")
-	paths, err := filepath.Glob(filepath.Join(dir, "*"))
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := manifests{files: map[string][]byte{}}
-	for _, p := range paths {
-		// kubectl apply -f DIR reads .yaml, .yml and .json; anything else there is a mistake.
-		if ext := filepath.Ext(p); ext != ".yaml" {
-			t.Errorf("%s: deploy/kubernetes holds only .yaml manifests (kubectl apply -f deploy/kubernetes/)", filepath.Base(p))
+	files := map[string][]byte{}
+	var objs []runtime.Object
+	for _, e := range entries {
+		if e.IsDir() {
 			continue
 		}
-		b, err := os.ReadFile(p)
+		// kubectl apply -f DIR reads .yaml, .yml and .json; anything else there is a mistake.
+		if ext := filepath.Ext(e.Name()); ext != ".yaml" {
+			t.Errorf("%s: %s holds only .yaml manifests (kubectl apply -f %s/)", e.Name(), dir, dir)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.files[filepath.Base(p)] = b
-		objs, err := decodeManifests(filepath.Base(p), b)
+		files[e.Name()] = b
+		o, err := decodeManifests(e.Name(), b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, o := range objs {
-			switch o := o.(type) {
-			case *corev1.ConfigMap:
-				m.configMap = o
-			case *appsv1.StatefulSet:
-				m.sts = o
-			case *corev1.Service:
-				m.svc = o
-			default:
-				t.Errorf("%s: unexpected %T", filepath.Base(p), o)
-			}
+		objs = append(objs, o...)
+	}
+	return objs, files
+}
+
+func loadManifests(t *testing.T) manifests {
+	t.Helper()
+	objs, files := readManifestDir(t, filepath.Join(repoRoot(t), "deploy", "kubernetes"))
+	m := manifests{files: files}
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.ConfigMap:
+			m.configMap = o
+		case *appsv1.StatefulSet:
+			m.sts = o
+		case *corev1.Service:
+			m.svc = o
+		default:
+			t.Errorf("deploy/kubernetes: unexpected %T", o)
 		}
 	}
 	if m.configMap == nil || m.sts == nil || m.svc == nil {
@@ -140,28 +155,38 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	}
 }
 
-// TestStrictDecoderRejectsMistakes proves the validation can fail: each mistake in the real
-// StatefulSet is reported, naming the field.
+// TestStrictDecoderRejectsMistakes proves the validation can fail: each mistake in a real
+// manifest is reported, naming the field.
 func TestStrictDecoderRejectsMistakes(t *testing.T) {
-	orig := loadManifests(t).files["statefulset.yaml"]
 	cases := []struct {
-		name, old, new, want string
+		name, file, old, new, want string
 	}{
-		{"typo in a probe", "          readinessProbe:", "          readinesProbe:", `unknown field "spec.template.spec.initContainers[0].readinesProbe"`},
-		{"typo deep in a port", "              containerPort: 8000", "              containerport: 8000", `unknown field "spec.template.spec.containers[0].ports[0].containerport"`},
-		{"typo in a volume", "          emptyDir:", "          emptydir:", `unknown field "spec.template.spec.volumes[0].emptydir"`},
-		{"wrong type", "  replicas: 1", "  replicas: one", "replicas"},
-		{"repeated field", "  replicas: 1\n", "  replicas: 1\n  replicas: 2\n", `key "replicas" already set`},
-		{"unknown kind", "kind: StatefulSet", "kind: StatefullSet", `no kind "StatefullSet" is registered`},
-		{"unknown version", "apiVersion: apps/v1", "apiVersion: apps/v1beta9", "apps/v1beta9"},
+		{"typo in a probe", "statefulset.yaml", "          readinessProbe:", "          readinesProbe:", `unknown field "spec.template.spec.initContainers[0].readinesProbe"`},
+		{"typo deep in a port", "statefulset.yaml", "              containerPort: 8000", "              containerport: 8000", `unknown field "spec.template.spec.containers[0].ports[0].containerport"`},
+		{"typo in a volume", "statefulset.yaml", "          emptyDir:", "          emptydir:", `unknown field "spec.template.spec.volumes[0].emptydir"`},
+		{"wrong type", "statefulset.yaml", "  replicas: 1", "  replicas: one", "replicas"},
+		{"repeated field", "statefulset.yaml", "  replicas: 1\n", "  replicas: 1\n  replicas: 2\n", `key "replicas" already set`},
+		{"unknown kind", "statefulset.yaml", "kind: StatefulSet", "kind: StatefullSet", `no kind "StatefullSet" is registered`},
+		{"unknown version", "statefulset.yaml", "apiVersion: apps/v1", "apiVersion: apps/v1beta9", "apps/v1beta9"},
+		{"typo in the spread", "replicas/deployment.yaml", "          topologyKey:", "          topologykey:", `unknown field "spec.template.spec.topologySpreadConstraints[0].topologykey"`},
+		{"typo in the strategy", "replicas/deployment.yaml", "      maxSurge: 1", "      maxsurge: 1", `unknown field "spec.strategy.rollingUpdate.maxsurge"`},
+		{"typo in the budget", "replicas/poddisruptionbudget.yaml", "  minAvailable:", "  minAvailble:", `unknown field "spec.minAvailble"`},
+		{"unknown budget version", "replicas/poddisruptionbudget.yaml", "apiVersion: policy/v1", "apiVersion: policy/v1beta9", "policy/v1beta9"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			orig, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "kubernetes", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decodeManifests(tc.file, orig); err != nil {
+				t.Fatal(err)
+			}
 			if !bytes.Contains(orig, []byte(tc.old)) {
-				t.Fatalf("statefulset.yaml no longer contains %q: update the test", tc.old)
+				t.Fatalf("%s no longer contains %q: update the test", tc.file, tc.old)
 			}
 			bad := bytes.Replace(orig, []byte(tc.old), []byte(tc.new), 1)
-			_, err := decodeManifests("statefulset.yaml", bad)
+			_, err = decodeManifests(tc.file, bad)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
@@ -202,42 +227,61 @@ func portOf(c *corev1.Container, name string) int32 {
 }
 
 // cfguardConfigText is the ConfigMap's cfguard configuration and the path cfguard reads it at.
-func cfguardConfigText(t *testing.T, m manifests) (string, string) {
+func cfguardConfigText(t *testing.T, spec *corev1.PodSpec, cm *corev1.ConfigMap) (string, string) {
 	t.Helper()
-	c := container(t, &m.sts.Spec.Template.Spec, "cfguard")
+	c := container(t, spec, "cfguard")
 	i := slices.Index(c.Args, "--config")
 	if i < 0 || i+1 >= len(c.Args) {
 		t.Fatalf("cfguard args %v: no --config", c.Args)
 	}
 	p := c.Args[i+1]
-	text, ok := m.configMap.Data[path.Base(p)]
+	text, ok := cm.Data[path.Base(p)]
 	if !ok {
-		t.Fatalf("ConfigMap %s has no key %s (cfguard reads %s)", m.configMap.Name, path.Base(p), p)
+		t.Fatalf("ConfigMap %s has no key %s (cfguard reads %s)", cm.Name, path.Base(p), p)
 	}
 	return text, p
 }
 
-// TestKubernetesManifestsAgree checks the manifests against each other, the image and the
-// daemon's configuration: ports, mounts, probes, the Secret's keys, the user.
-func TestKubernetesManifestsAgree(t *testing.T) {
-	m := loadManifests(t)
-	spec := &m.sts.Spec.Template.Spec
-	if m.sts.Spec.Replicas == nil || *m.sts.Spec.Replicas != 1 {
-		t.Error("the StatefulSet must have exactly 1 replica (one writer of the ledger)")
+// checkSelects reports an error unless selector (a workload's, a Service's, a budget's)
+// selects a pod with labels.
+func checkSelects(t *testing.T, what string, selector, labels map[string]string) {
+	t.Helper()
+	if len(selector) == 0 {
+		t.Errorf("%s has an empty selector", what)
 	}
-	for k, v := range m.sts.Spec.Selector.MatchLabels {
-		if m.sts.Spec.Template.Labels[k] != v {
-			t.Errorf("StatefulSet selector %s=%s does not match the pod template's labels", k, v)
+	for k, v := range selector {
+		if labels[k] != v {
+			t.Errorf("%s selector %s=%s does not match the pod template's labels %v", what, k, v, labels)
 		}
 	}
-	for k, v := range m.svc.Spec.Selector {
-		if m.sts.Spec.Template.Labels[k] != v {
-			t.Errorf("Service selector %s=%s does not match the pod template's labels", k, v)
+}
+
+// checkServicePorts reports a Service port whose target no container of spec declares.
+func checkServicePorts(t *testing.T, svc *corev1.Service, spec *corev1.PodSpec) {
+	t.Helper()
+	for _, sp := range svc.Spec.Ports {
+		found := false
+		for _, list := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+			for i := range list {
+				if portOf(&list[i], sp.TargetPort.String()) != 0 {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("Service %s port %s targets %s, which no container declares", svc.Name, sp.Name, sp.TargetPort.String())
 		}
 	}
-	if m.sts.Spec.ServiceName != m.svc.Name {
-		t.Errorf("serviceName %q, the Service is %q", m.sts.Spec.ServiceName, m.svc.Name)
-	}
+}
+
+// checkPodTemplate checks a pod of the model server and the cfguard sidecar against the image,
+// the daemon's configuration in cm and the Secret: the sidecar, its command line and user, the
+// configuration's mount, the export, ports, probes, the scrape annotations, the grace period and
+// the tokens. Where state_dir lives differs between the workloads; their tests check it. It
+// returns the configuration and the port of http.listen.
+func checkPodTemplate(t *testing.T, tmpl *corev1.PodTemplateSpec, cm *corev1.ConfigMap) (*config.Config, string) {
+	t.Helper()
+	spec := &tmpl.Spec
 	cf := container(t, spec, "cfguard")
 	ms := container(t, spec, "model-server")
 	if cf.RestartPolicy == nil || *cf.RestartPolicy != corev1.ContainerRestartPolicyAlways || !slices.ContainsFunc(spec.InitContainers, func(c corev1.Container) bool { return c.Name == "cfguard" }) {
@@ -267,30 +311,23 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 	}
 
 	// The configuration and where it is mounted.
-	text, cfgPath := cfguardConfigText(t, m)
+	text, cfgPath := cfguardConfigText(t, spec, cm)
 	cfg, err := config.Load(text)
 	if err != nil {
-		t.Fatalf("the ConfigMap's config.yaml: %v", err)
+		t.Fatalf("the ConfigMap %s's config.yaml: %v", cm.Name, err)
 	}
-	cm := mountOf(cf, "config")
-	if cm == nil || cm.MountPath != path.Dir(cfgPath) {
-		t.Fatalf("cfguard reads %s but the config volume is mounted at %+v", cfgPath, cm)
+	cmount := mountOf(cf, "config")
+	if cmount == nil || cmount.MountPath != path.Dir(cfgPath) {
+		t.Fatalf("cfguard reads %s but the config volume is mounted at %+v", cfgPath, cmount)
 	}
 	vols := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		vols[v.Name] = v
 	}
-	if v := vols[cm.Name]; v.ConfigMap == nil || v.ConfigMap.Name != m.configMap.Name {
-		t.Errorf("volume %s is not the ConfigMap %s", cm.Name, m.configMap.Name)
+	if v := vols[cmount.Name]; v.ConfigMap == nil || v.ConfigMap.Name != cm.Name {
+		t.Errorf("volume %s is not the ConfigMap %s", cmount.Name, cm.Name)
 	}
-	// state_dir on the claim template, export on the shared emptyDir.
-	if len(m.sts.Spec.VolumeClaimTemplates) != 1 {
-		t.Fatal("want one volumeClaimTemplate (state_dir)")
-	}
-	claim := m.sts.Spec.VolumeClaimTemplates[0].Name
-	if sm := mountOf(cf, claim); sm == nil || sm.MountPath != cfg.StateDir {
-		t.Errorf("state_dir %s, but the claim %q is mounted at %+v", cfg.StateDir, claim, sm)
-	}
+	// The export on the shared emptyDir.
 	em := mountOf(cf, "export")
 	if em == nil || em.MountPath != cfg.ExportDir() || em.ReadOnly {
 		t.Errorf("model.export_dir %s, but cfguard mounts export at %+v", cfg.ExportDir(), em)
@@ -301,18 +338,18 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 	if mm := mountOf(ms, "export"); mm == nil || !mm.ReadOnly {
 		t.Error("the model server must mount export read-only")
 	}
-	// Ports: http.listen, the container port, the probes, the scrape annotation, the Service.
-	_, listenPort, err := net.SplitHostPort(cfg.HTTP.Listen)
+	// Ports: http.listen, the container port, the probes, the scrape annotation.
+	host, listenPort, err := net.SplitHostPort(cfg.HTTP.Listen)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p := portOf(cf, "cfguard-http"); strconv.Itoa(int(p)) != listenPort {
 		t.Errorf("containerPort cfguard-http %d, http.listen %s", p, cfg.HTTP.Listen)
 	}
-	if host, _, _ := net.SplitHostPort(cfg.HTTP.Listen); host == "127.0.0.1" || host == "localhost" {
+	if host == "127.0.0.1" || host == "localhost" {
 		t.Errorf("http.listen %s: the kubelet's probes and the Service cannot reach loopback", cfg.HTTP.Listen)
 	}
-	ann := m.sts.Spec.Template.Annotations
+	ann := tmpl.Annotations
 	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != listenPort || ann["prometheus.io/path"] != "/metrics" {
 		t.Errorf("scrape annotations %v, want scrape true, port %s, path /metrics", ann, listenPort)
 	}
@@ -325,19 +362,8 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 			t.Errorf("%s probe %+v, want GET %s on port cfguard-http", p.name, p.probe, p.path)
 		}
 	}
-	if g := m.sts.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < cfg.HTTP.ShutdownTimeout+5*time.Second {
+	if g := spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < cfg.HTTP.ShutdownTimeout+5*time.Second {
 		t.Errorf("terminationGracePeriodSeconds %v is shorter than http.shutdown_timeout %v + the consumer's 5 s group leave", g, cfg.HTTP.ShutdownTimeout)
-	}
-	for _, sp := range m.svc.Spec.Ports {
-		found := false
-		for _, c := range []*corev1.Container{cf, ms} {
-			if portOf(c, sp.TargetPort.String()) != 0 {
-				found = true
-			}
-		}
-		if !found {
-			t.Errorf("Service port %s targets %s, which no container declares", sp.Name, sp.TargetPort.String())
-		}
 	}
 	// The tokens come from the Secret docs/DEPLOY.md tells you to create.
 	secretKeys := map[string]string{}
@@ -353,6 +379,32 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 		if secretKeys[env] != want {
 			t.Errorf("%s from secret %q, want %q", env, secretKeys[env], want)
 		}
+	}
+	return cfg, listenPort
+}
+
+// TestKubernetesManifestsAgree checks the manifests against each other, the image and the
+// daemon's configuration: ports, mounts, probes, the Secret's keys, the user.
+func TestKubernetesManifestsAgree(t *testing.T) {
+	m := loadManifests(t)
+	spec := &m.sts.Spec.Template.Spec
+	if m.sts.Spec.Replicas == nil || *m.sts.Spec.Replicas != 1 {
+		t.Error("the StatefulSet must have exactly 1 replica (one writer of the ledger)")
+	}
+	checkSelects(t, "StatefulSet", m.sts.Spec.Selector.MatchLabels, m.sts.Spec.Template.Labels)
+	checkSelects(t, "Service", m.svc.Spec.Selector, m.sts.Spec.Template.Labels)
+	if m.sts.Spec.ServiceName != m.svc.Name {
+		t.Errorf("serviceName %q, the Service is %q", m.sts.Spec.ServiceName, m.svc.Name)
+	}
+	cfg, _ := checkPodTemplate(t, &m.sts.Spec.Template, m.configMap)
+	checkServicePorts(t, m.svc, spec)
+	// state_dir on the claim template.
+	if len(m.sts.Spec.VolumeClaimTemplates) != 1 {
+		t.Fatal("want one volumeClaimTemplate (state_dir)")
+	}
+	claim := m.sts.Spec.VolumeClaimTemplates[0].Name
+	if sm := mountOf(container(t, spec, "cfguard"), claim); sm == nil || sm.MountPath != cfg.StateDir {
+		t.Errorf("state_dir %s, but the claim %q is mounted at %+v", cfg.StateDir, claim, sm)
 	}
 	guide, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "DEPLOY.md"))
 	if err != nil {
@@ -370,7 +422,7 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 // state_dir, the token set as the Secret would) answers the probes' and the scrape's paths.
 func TestKubernetesConfigRuns(t *testing.T) {
 	m := loadManifests(t)
-	text, _ := cfguardConfigText(t, m)
+	text, _ := cfguardConfigText(t, &m.sts.Spec.Template.Spec, m.configMap)
 	cfguard := filepath.Join(staticBinaries(t), "cfguard")
 	p := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
