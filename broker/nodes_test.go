@@ -385,3 +385,34 @@ func TestGroupWithShortSessionTimeout(t *testing.T) {
 	})
 	t.Logf("the group settled without the silent member after %v", took.Round(time.Millisecond))
 }
+
+func TestSeveralNodesApplyRetention(t *testing.T) {
+	// Records older than the retention are deleted on every partition, whichever node leads it.
+	const partitions = 6
+	b := start(t, context.Background(), broker.Config{Nodes: 3, DataDir: t.TempDir(), Topics: []string{"records"}, Partitions: partitions,
+		Retention: time.Hour, RetentionCheckInterval: time.Hour})
+	w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()[1]), Topic: "records", Balancer: byKey, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	var msgs []kafka.Message
+	for i := range 2 * partitions {
+		at := time.Now()
+		if i < partitions {
+			at = at.Add(-2 * time.Hour) // the first record of each partition is past retention
+		}
+		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(i % partitions)), Value: []byte(fmt.Sprint(i)), Time: at})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range msgs { // one at a time: each batch has its own timestamp
+		if err := w.WriteMessages(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.LogStartOffsets("records"); fmt.Sprint(got) != "[0 0 0 0 0 0]" {
+		t.Fatalf("log start offsets before retention = %v", got)
+	}
+	b.ApplyRetention()
+	if got := b.LogStartOffsets("records"); fmt.Sprint(got) != "[1 1 1 1 1 1]" {
+		t.Fatalf("log start offsets after retention = %v, want 1 per partition", got)
+	}
+}
