@@ -1,6 +1,11 @@
 // Package broker runs an embedded Kafka-protocol broker (franz-go's kfake) on a loopback
 // address, so that cfguard can be demonstrated and tested end to end without an external
-// Kafka cluster. It is a single-node broker: one listener, replication factor 1.
+// Kafka cluster. By default it is a single node: one listener, replication factor 1. With Nodes
+// above 1 the one process serves several nodes, each on its own loopback listener, as a cluster
+// would: every partition still has one replica, led by one node, and clients bootstrap from any
+// node and are sent to the leaders. The nodes share one log, so this spreads leadership and
+// group coordination over listeners (what clients of a real cluster must cope with), not load
+// or durability.
 //
 // It is not a production Kafka: kfake keeps every partition in one process, rejects produce
 // batches larger than message.max.bytes (1048588 bytes by default), and with DataDir set it
@@ -27,6 +32,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,16 +66,45 @@ const (
 	DefaultRetentionCheckInterval = time.Minute
 )
 
+// MaxNodes bounds Config.Nodes.
+const MaxNodes = 64
+
+// maxSessionTimeout is kfake's group.max.session.timeout.ms (5 minutes, Kafka's default): the
+// upper bound of GroupMinSessionTimeout.
+const maxSessionTimeout = 5 * time.Minute
+
+// ErrInvalidConfig marks the errors of Start that come from its Config (a caller reports them
+// as usage errors).
+var ErrInvalidConfig = errors.New("invalid broker configuration")
+
+// configError is an error of the Config: its text is the cause's, and it matches both the cause
+// and ErrInvalidConfig.
+type configError struct{ err error }
+
+func (e configError) Error() string   { return e.err.Error() }
+func (e configError) Unwrap() []error { return []error{e.err, ErrInvalidConfig} }
+
 // Config configures Start.
 type Config struct {
-	// Listen is the host:port to listen on. The host must be a loopback address or
-	// "localhost"; port 0 picks a free port (see Broker.Addrs).
+	// Listen is the host:port of node 0. The host must be a loopback address or "localhost";
+	// port 0 picks a free port (see Broker.Addrs). Node i listens on the same host, on port+i
+	// (or on a free port of its own when port is 0).
 	// Default: "127.0.0.1:0".
 	Listen string
-	// Listener, when set, is the socket to serve on, already bound (to Listen); the broker takes
-	// it over and closes it. A caller binds it first to learn that the port is busy before it
+	// Listener, when set, is node 0's socket, already bound (to Listen); the broker takes it
+	// over and closes it. A caller binds it first to learn that the port is busy before it
 	// writes any state.
 	Listener net.Listener
+	// Nodes is the number of broker nodes (1..MaxNodes), node ids 0..Nodes-1. Topics created
+	// on Start have partition p led by node p mod Nodes; topics created by clients get leaders
+	// at random; topics reloaded from DataDir keep their leaders (a leader beyond Nodes is
+	// replaced at random).
+	// Default: 1.
+	Nodes int
+	// GroupMinSessionTimeout is the shortest session timeout a consumer group member may ask
+	// for (Kafka's group.min.session.timeout.ms); a join asking for less is refused.
+	// Default: 6s, Kafka's default.
+	GroupMinSessionTimeout time.Duration
 	// DataDir, when set, makes the broker persist its state there and reload it on Start.
 	// Default: "" (memory only; everything is lost on Close).
 	DataDir string
@@ -130,7 +165,7 @@ func (cfg *Config) retentionConfigs() map[string]string {
 // to Start.
 type Broker struct {
 	c     *kfake.Cluster
-	ln    *listener
+	lns   []*listener // node i's listener at index i
 	addrs []string
 	log   *slog.Logger
 
@@ -156,27 +191,35 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		log = slog.New(slog.DiscardHandler)
 	}
 	if err := cfg.applyDefaults(); err != nil {
-		return nil, err
+		return nil, configError{err}
 	}
-	var ln *listener // set by kfake's call of ListenFn, within NewCluster
+	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
 	opts := []kfake.Opt{
-		kfake.NumBrokers(1),
+		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			// kfake asks for 127.0.0.1:<port>; we listen where the config says, through a
 			// listener that survives temporary accept errors (kfake's loop would end on them).
+			node := len(lns)
 			inner := cfg.Listener
-			if inner == nil {
+			if node > 0 || inner == nil {
 				var err error
-				if inner, err = listen(network, cfg.Listen); err != nil {
+				if inner, err = listen(network, cfg.nodeAddr(node)); err != nil {
+					if cfg.Nodes > 1 {
+						err = fmt.Errorf("node %d: %w", node, err)
+					}
 					return nil, err
 				}
 			}
-			ln = newListener(inner, log)
+			ln := newListener(inner, log)
+			lns = append(lns, ln)
 			return ln, nil
 		}),
 		kfake.WithLogger(kfakeLogger{log}),
 		kfake.ClusterID("cfguard"),
 		kfake.BrokerConfigs(cfg.retentionConfigs()),
+	}
+	if cfg.GroupMinSessionTimeout > 0 {
+		opts = append(opts, kfake.GroupMinSessionTimeout(cfg.GroupMinSessionTimeout))
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
@@ -194,13 +237,13 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
 	}
-	b := &Broker{c: c, ln: ln, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
-	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions)); err != nil {
+	b := &Broker{c: c, lns: lns, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions), int32(cfg.Nodes)); err != nil {
 		c.Close()
 		return nil, err
 	}
 	go b.watch(ctx, cfg.RetentionCheckInterval)
-	log.Info("embedded kafka broker started", "addrs", b.addrs, "data_dir", cfg.DataDir,
+	log.Info("embedded kafka broker started", "addrs", b.addrs, "nodes", cfg.Nodes, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics,
 		"retention", cfg.Retention, "retention_bytes", cfg.RetentionBytes)
 	return b, nil
@@ -214,6 +257,16 @@ func (cfg *Config) applyDefaults() error {
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("broker: Listen %q: host must be a loopback address or localhost", cfg.Listen)
+	}
+	cfg.Nodes = cmp.Or(cfg.Nodes, 1)
+	if cfg.Nodes < 1 || cfg.Nodes > MaxNodes {
+		return fmt.Errorf("broker: Nodes %d: want 1..%d", cfg.Nodes, MaxNodes)
+	}
+	if port, _ := strconv.Atoi(cfg.listenPort()); port > 0 && port+cfg.Nodes-1 > 65535 {
+		return fmt.Errorf("broker: Listen %q: %d nodes need ports %d..%d, past 65535", cfg.Listen, cfg.Nodes, port, port+cfg.Nodes-1)
+	}
+	if d := cfg.GroupMinSessionTimeout; d < 0 || d > maxSessionTimeout || (d > 0 && d < time.Millisecond) {
+		return fmt.Errorf("broker: GroupMinSessionTimeout %v: want 1ms..%v", d, maxSessionTimeout)
 	}
 	cfg.Partitions = cmp.Or(cfg.Partitions, 1)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
@@ -248,9 +301,27 @@ func (cfg *Config) applyDefaults() error {
 	return nil
 }
 
-// ensureTopics creates the topics that do not exist yet. A topic reloaded from DataDir keeps
-// its partition count; a mismatch is logged, not fixed (partitions cannot be removed).
-func (b *Broker) ensureTopics(topics []string, partitions int32) error {
+// listenPort is the port of cfg.Listen (validated by applyDefaults).
+func (cfg *Config) listenPort() string {
+	_, port, _ := net.SplitHostPort(cfg.Listen)
+	return port
+}
+
+// nodeAddr is the address node i listens on: Listen for node 0; the same host with port+i, or
+// with port 0 when Listen's port is 0, for the others.
+func (cfg *Config) nodeAddr(i int) string {
+	host, _, _ := net.SplitHostPort(cfg.Listen)
+	port, _ := strconv.Atoi(cfg.listenPort())
+	if port > 0 {
+		port += i
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// ensureTopics creates the topics that do not exist yet, partition p led by node p mod nodes. A
+// topic reloaded from DataDir keeps its partition count and leaders; a count mismatch is logged,
+// not fixed (partitions cannot be removed).
+func (b *Broker) ensureTopics(topics []string, partitions, nodes int32) error {
 	for _, t := range topics {
 		if b.c.TopicInfo(t) != nil {
 			if n := int32(len(b.c.PartitionInfos(t))); n != partitions {
@@ -260,6 +331,14 @@ func (b *Broker) ensureTopics(topics []string, partitions int32) error {
 		}
 		if err := b.c.CreateTopic(t, partitions, nil); err != nil {
 			return fmt.Errorf("broker: creating topic %q: %w", t, err)
+		}
+		if nodes == 1 {
+			continue // node 0 leads everything
+		}
+		for p := range partitions {
+			if err := b.c.MoveTopicPartition(t, p, p%nodes); err != nil {
+				return fmt.Errorf("broker: topic %q: partition %d to node %d: %w", t, p, p%nodes, err)
+			}
 		}
 	}
 	return nil
@@ -289,7 +368,8 @@ wait:
 	b.log.Info("embedded kafka broker stopped", "addrs", b.addrs)
 }
 
-// Addrs returns the host:port the broker listens on (one entry: it is a single node).
+// Addrs returns the host:port each node listens on, node i at index i. Any of them bootstraps
+// a client.
 func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
 
 // Healthy is nil while the broker runs and accepts connections (also while it retries a
@@ -300,9 +380,13 @@ func (b *Broker) Healthy() error {
 	closed := b.closed
 	b.mu.RUnlock()
 	if closed {
-		return fmt.Errorf("embedded broker on %s stopped", b.addrs[0])
+		return fmt.Errorf("embedded broker on %s stopped", strings.Join(b.addrs, ","))
 	}
-	return b.ln.healthy()
+	var errs []error
+	for _, ln := range b.lns {
+		errs = append(errs, ln.healthy())
+	}
+	return errors.Join(errs...)
 }
 
 // Done is closed once the broker has stopped (after Close, or after Start's context ends).
@@ -328,17 +412,31 @@ func (b *Broker) ApplyRetention() {
 // LogStartOffsets returns, per partition, the first offset still stored (records before it
 // were deleted by retention), or nil when the topic does not exist or the broker has stopped.
 func (b *Broker) LogStartOffsets(topic string) []int64 {
-	return b.partitionOffsets(topic, func(p *kfake.PartitionInfo) int64 { return p.LogStartOffset })
+	return b.perPartition(topic, func(p *kfake.PartitionInfo) int64 { return p.LogStartOffset })
+}
+
+// Leaders returns, per partition, the id of the node that leads it (the index of its address in
+// Addrs), or nil when the topic does not exist or the broker has stopped.
+func (b *Broker) Leaders(topic string) []int32 {
+	out := b.perPartition(topic, func(p *kfake.PartitionInfo) int64 { return int64(p.Leader) })
+	if out == nil {
+		return nil
+	}
+	nodes := make([]int32, len(out))
+	for i, n := range out {
+		nodes[i] = int32(n)
+	}
+	return nodes
 }
 
 // HighWatermarks returns, per partition, the offset the next produced record will get, or
 // nil when the topic does not exist or the broker has stopped. Tests use it to wait for
 // records to land.
 func (b *Broker) HighWatermarks(topic string) []int64 {
-	return b.partitionOffsets(topic, func(p *kfake.PartitionInfo) int64 { return p.HighWatermark })
+	return b.perPartition(topic, func(p *kfake.PartitionInfo) int64 { return p.HighWatermark })
 }
 
-func (b *Broker) partitionOffsets(topic string, get func(*kfake.PartitionInfo) int64) []int64 {
+func (b *Broker) perPartition(topic string, get func(*kfake.PartitionInfo) int64) []int64 {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {

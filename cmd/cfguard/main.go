@@ -35,6 +35,8 @@ func program() cli.Program {
 		Commands: []cli.Command{
 			{Name: "run", Args: "--config FILE",
 				Help: "run the daemon (the repo's config.yaml: embedded broker, bundled model)", Run: cmdRun},
+			{Name: "broker", Args: "[--listen 127.0.0.1:9092] [--nodes N] [--data-dir DIR] [--topics a,b --partitions N] [--group-min-session-timeout 6s]",
+				Help: "run the embedded Kafka-protocol broker alone, N nodes on loopback ports; prints \"brokers: ADDR,...\"", Run: cmdBroker},
 			{Name: "train", Args: "--data FILE.csv --out DIR [--seed N] [--epochs N]",
 				Help: "train a Bayesian MLP and write model.safetensors + model.json", Run: cmdTrain},
 			{Name: "kl", Args: "--old DIR --new DIR",
