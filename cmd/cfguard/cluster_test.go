@@ -1,0 +1,487 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// Replicas in these tests: the updater group's session is short so that takeovers are quick;
+// the broker's group.min.session.timeout.ms is lowered to allow it.
+const (
+	replicaSession   = 3 * time.Second
+	replicaHeartbeat = 300 * time.Millisecond
+)
+
+// replicaProc is one `cfguard run` process of a replicated deployment.
+type replicaProc struct {
+	id, dir, cfg string
+	c            *child
+}
+
+// modelView is what GET /v1/model says of a replica.
+type modelView struct {
+	Version     uint64           `json:"posterior_version"`
+	Applied     int64            `json:"applied"`
+	Counters    map[string]int64 `json:"counters"`
+	KLHistory   []json.RawMessage `json:"kl_history"`
+	Replication struct {
+		Writer  string        `json:"writer"`
+		Updater bool          `json:"updater"`
+		Entry   uint64        `json:"entry"`
+		Term    uint64        `json:"term"`
+		SHA     string        `json:"posterior_sha256"`
+		Covers  map[int]int64 `json:"covers"`
+		Stopped string        `json:"stopped"`
+	} `json:"replication"`
+}
+
+func writeReplicaConfig(t *testing.T, dir, id string, brokers []string, modelDir string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`http:
+  listen: %s
+state_dir: %s
+model:
+  path: %s
+kafka:
+  brokers: [%s]
+  max_records: 32
+  max_records_backlog: 32
+  max_wait: 300ms
+certify:
+  samples: 200
+audit:
+  schedule: ""
+log:
+  level: info
+replication:
+  enabled: true
+  replica_id: %s
+  session_timeout: %s
+  heartbeat_interval: %s
+`, anyPort, filepath.Join(dir, "state"), modelDir, strings.Join(brokers, ", "), id, replicaSession, replicaHeartbeat)
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (r *replicaProc) start(t *testing.T) {
+	t.Helper()
+	r.c = startChild(t, r.cfg, anyPort)
+	waitfor.Cond(t, 60*time.Second, r.id+" ready", func() bool {
+		if r.c.cmd.ProcessState != nil {
+			t.Fatalf("%s exited: %s", r.id, r.c.log.String())
+		}
+		addr := r.c.addr()
+		if addr == "" {
+			return false
+		}
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// view reads GET /v1/model; ok is false while the replica does not answer.
+func (r *replicaProc) view() (modelView, bool) {
+	var v modelView
+	addr := r.c.addr()
+	if addr == "" {
+		return v, false
+	}
+	cl := http.Client{Timeout: 2 * time.Second}
+	resp, err := cl.Get("http://" + addr + "/v1/model")
+	if err != nil {
+		return v, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&v) != nil {
+		return v, false
+	}
+	return v, true
+}
+
+// signal sends sig to the replica's process.
+func (r *replicaProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := r.c.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: %v", r.id, err)
+	}
+}
+
+// terminate stops the replica with SIGTERM and checks it exits 0.
+func (r *replicaProc) terminate(t *testing.T) {
+	t.Helper()
+	r.signal(t, syscall.SIGTERM)
+	if code := exitOf(t, r.c, 30*time.Second); code != 0 {
+		t.Fatalf("%s exited %d after SIGTERM:\n%s", r.id, code, r.c.log.String())
+	}
+}
+
+// kill stops the replica with SIGKILL.
+func (r *replicaProc) kill(t *testing.T) {
+	t.Helper()
+	r.signal(t, syscall.SIGKILL)
+	r.c.cmd.Wait()
+}
+
+// stream produces labelled records (every 40th one invalid, for the dead-letter topic) until
+// stopped, and counts them.
+type stream struct {
+	mu       sync.Mutex
+	produced int
+	stop     chan struct{}
+	done     chan struct{}
+	err      error
+}
+
+func startStream(brokers []string, data *dataset.Set) *stream {
+	s := &stream{stop: make(chan struct{}), done: make(chan struct{})}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 64}
+	go func() {
+		defer close(s.done)
+		defer w.Close()
+		tick := time.NewTicker(40 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+			s.mu.Lock()
+			n := s.produced
+			s.mu.Unlock()
+			msgs := make([]kafka.Message, 16)
+			for i := range msgs {
+				k := (n + i) % data.Len()
+				v, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("rec-%d", n+i), "features": data.X[k], "label": data.Y[k]})
+				if (n+i)%40 == 39 {
+					v = []byte(`{"id":"bad","features":[1,2]}`)
+				}
+				msgs[i] = kafka.Message{Value: v}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := w.WriteMessages(ctx, msgs...)
+			cancel()
+			if err != nil {
+				s.err = err
+				return
+			}
+			s.mu.Lock()
+			s.produced += len(msgs)
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+func (s *stream) end(t *testing.T) int {
+	t.Helper()
+	close(s.stop)
+	<-s.done
+	if s.err != nil {
+		t.Fatalf("producing records: %v", s.err)
+	}
+	return s.produced
+}
+
+func (s *stream) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.produced
+}
+
+// waitAgree waits until every live replica answers with the same entry and posterior hash,
+// covering want records when want >= 0, and returns the common view.
+func waitAgree(t *testing.T, what string, live []*replicaProc, want int) modelView {
+	t.Helper()
+	var v0 modelView
+	waitfor.Cond(t, 90*time.Second, what+": the replicas agree", func() bool {
+		var ok bool
+		if v0, ok = live[0].view(); !ok {
+			return false
+		}
+		if want >= 0 && covered(v0) != int64(want) {
+			return false
+		}
+		for _, r := range live[1:] {
+			v, ok := r.view()
+			if !ok || v.Replication.Entry != v0.Replication.Entry || v.Replication.SHA != v0.Replication.SHA || v.Version != v0.Version {
+				return false
+			}
+		}
+		return true
+	})
+	return v0
+}
+
+func covered(v modelView) int64 {
+	n := int64(0)
+	for _, to := range v.Replication.Covers {
+		n += to
+	}
+	return n
+}
+
+// updaterOf waits until exactly one live replica says it is the updater, of a term above
+// minTerm, and returns it.
+func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Duration) *replicaProc {
+	t.Helper()
+	var u *replicaProc
+	waitfor.Cond(t, within, fmt.Sprintf("an updater of a term above %d", minTerm), func() bool {
+		u = nil
+		for _, r := range live {
+			if v, ok := r.view(); ok && v.Replication.Updater && v.Replication.Term > minTerm {
+				if u != nil {
+					return false
+				}
+				u = r
+			}
+		}
+		return u != nil
+	})
+	return u
+}
+
+// readLog reads the whole posterior topic and replays it through an independent chain: it
+// returns the accepted entries with the posterior hash each leads to (recomputed from the
+// genesis body and the recorded last layers), and the records not accepted.
+func readLog(t *testing.T, brokers []string) (accepted []*postlog.Entry, ignored []*postlog.Entry) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], "cfguard.posterior", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20})
+	defer rd.Close()
+	chain := &postlog.Chain{}
+	var m *bnn.Model
+	for off := int64(0); off < last; {
+		msg, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading the posterior log at %d of %d: %v", off, last, err)
+		}
+		off = msg.Offset + 1
+		e, reason, err := chain.Offer(msg.Offset, msg.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reason != postlog.Accepted {
+			if e != nil {
+				ignored = append(ignored, e)
+			}
+			continue
+		}
+		if e.Kind == postlog.Genesis {
+			if m, err = e.Body.Model(e.PosteriorSHA256); err != nil {
+				t.Fatal(err)
+			}
+		} else if m, err = e.Apply(m); err != nil {
+			t.Fatalf("entry %d: %v", e.Seq, err)
+		}
+		accepted = append(accepted, e)
+	}
+	return accepted, ignored
+}
+
+// TestReplicasAsProcesses runs three replicas as processes against a three-node broker process
+// while records stream, through the faults a Deployment meets: SIGKILL and SIGSTOP of the
+// updater, a rolling restart, a wiped replica and a restored backup. After each, every replica
+// applies the same entries to the same posterior bit for bit, and at the end the log covers every
+// record produced exactly once.
+func TestReplicasAsProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three replica processes through faults: not with -short")
+	}
+	root := t.TempDir()
+	data, _, modelDir := trainModel(t, root)
+	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
+		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
+	reps := make([]*replicaProc, 3)
+	for i := range reps {
+		id := fmt.Sprintf("r%d", i+1)
+		dir := filepath.Join(root, id)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = &replicaProc{id: id, dir: dir, cfg: writeReplicaConfig(t, dir, id, brokers, modelDir)}
+	}
+	for _, r := range reps {
+		r.start(t)
+	}
+	s := startStream(brokers, data)
+	defer func() {
+		select {
+		case <-s.done:
+		default:
+			s.end(t)
+		}
+	}()
+	waitfor.Cond(t, 60*time.Second, "records applied", func() bool { v, ok := reps[0].view(); return ok && v.Version >= 3 })
+	v := waitAgree(t, "streaming", reps, -1)
+	others := func(r *replicaProc) []*replicaProc {
+		return slices.DeleteFunc(slices.Clone(reps), func(o *replicaProc) bool { return o == r })
+	}
+
+	// SIGKILL of the updater: another replica claims the next term once the group's session
+	// expires, and goes on from the log's head.
+	u := updaterOf(t, reps, 0, 30*time.Second)
+	killed := time.Now()
+	u.kill(t)
+	next := updaterOf(t, others(u), v.Replication.Term, 3*replicaSession+10*time.Second)
+	t.Logf("takeover after SIGKILL of %s: %s became updater in %v (session timeout %v)", u.id, next.id, time.Since(killed).Round(time.Millisecond), replicaSession)
+	u.start(t)
+	v = waitAgree(t, "after SIGKILL", reps, -1)
+
+	// SIGSTOP of the updater past its session: another takes over; SIGCONT: the resumed one's
+	// term is over, and whatever it appends is ignored by every replica (no fork).
+	u = updaterOf(t, reps, 0, 30*time.Second)
+	stoppedTerm := v.Replication.Term
+	if uv, ok := u.view(); ok {
+		stoppedTerm = uv.Replication.Term
+	}
+	paused := time.Now()
+	u.signal(t, syscall.SIGSTOP)
+	next = updaterOf(t, others(u), stoppedTerm, 3*replicaSession+10*time.Second)
+	t.Logf("takeover after SIGSTOP of %s: %s became updater in %v", u.id, next.id, time.Since(paused).Round(time.Millisecond))
+	waitfor.Cond(t, 30*time.Second, "entries of the new term", func() bool {
+		nv, ok := next.view()
+		return ok && nv.Replication.Entry > v.Replication.Entry+2
+	})
+	u.signal(t, syscall.SIGCONT)
+	v = waitAgree(t, "after SIGSTOP and SIGCONT", reps, -1)
+
+	// A rolling restart while records stream.
+	for _, r := range reps {
+		r.terminate(t)
+		r.start(t)
+	}
+	v = waitAgree(t, "after a rolling restart", reps, -1)
+
+	// A replica wiped and restarted rebuilds from Kafka.
+	wiped := reps[2]
+	wiped.terminate(t)
+	if err := os.RemoveAll(filepath.Join(wiped.dir, "state")); err != nil {
+		t.Fatal(err)
+	}
+	wiped.start(t)
+	v = waitAgree(t, "after a wiped replica rebuilt", reps, -1)
+
+	// A backup restored while records stream: the restored replica replays the log's entries
+	// after its backup's head, to the same posteriors.
+	restored := reps[1]
+	backup := filepath.Join(root, "r2.backup")
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"backup", "--config", restored.cfg, "--out", backup, "--url", "http://" + restored.c.addr()}, &out, &errOut); code != 0 {
+		t.Fatalf("cfguard backup: %d: %s", code, errOut.String())
+	}
+	waitfor.Cond(t, 30*time.Second, "entries after the backup", func() bool {
+		nv, ok := reps[0].view()
+		return ok && nv.Replication.Entry > v.Replication.Entry+3
+	})
+	restored.terminate(t)
+	if err := os.Rename(filepath.Join(restored.dir, "state"), filepath.Join(restored.dir, "state.aside")); err != nil {
+		t.Fatal(err)
+	}
+	if code := run(context.Background(), []string{"restore", "--config", restored.cfg, "--from", backup}, io.Discard, &errOut); code != 0 {
+		t.Fatalf("cfguard restore: %d: %s", code, errOut.String())
+	}
+	restored.start(t)
+
+	produced := s.end(t)
+	v = waitAgree(t, "at the end", reps, produced)
+
+	// Coverage: every record produced was applied or dead-lettered, once.
+	for _, r := range reps {
+		rv, _ := r.view()
+		if rv.Replication.Stopped != "" {
+			t.Errorf("%s stopped following: %s", r.id, rv.Replication.Stopped)
+		}
+	}
+	accepted, ignored := readLog(t, brokers)
+	var applied, dead int64
+	claims := map[uint64]string{}
+	for _, e := range accepted {
+		if e.Counts != nil {
+			applied += e.Counts.Applied
+			dead += e.Counts.DeadLettered
+		}
+		switch e.Kind {
+		case postlog.Claim:
+			if _, dup := claims[e.Term]; dup {
+				t.Errorf("two accepted claims of term %d", e.Term)
+			}
+			claims[e.Term] = e.Writer
+		case postlog.Increment:
+			if claims[e.Term] != e.Writer {
+				t.Errorf("entry %d of term %d written by %s, the term's claimant is %s", e.Seq, e.Term, e.Writer, claims[e.Term])
+			}
+		}
+	}
+	if applied+dead != int64(produced) || dead != int64(produced/40) {
+		t.Errorf("the log applies %d and dead-letters %d records, want %d in all with %d dead letters", applied, dead, produced, produced/40)
+	}
+	last := accepted[len(accepted)-1]
+	if last.PosteriorSHA256 != v.Replication.SHA || last.Seq != v.Replication.Entry {
+		t.Errorf("an independent replay of the log ends at entry %d, posterior %s; the replicas are at %d, %s", last.Seq, last.PosteriorSHA256, v.Replication.Entry, v.Replication.SHA)
+	}
+	// The replicas' KL histories (version and KL of each update) are the same record for record.
+	h0, _ := reps[0].view()
+	for _, r := range reps[1:] {
+		rv, _ := r.view()
+		if !slices.EqualFunc(h0.KLHistory, rv.KLHistory, func(a, b json.RawMessage) bool { return klKey(a) == klKey(b) }) {
+			t.Errorf("%s's KL history differs from %s's", r.id, reps[0].id)
+		}
+	}
+	t.Logf("%d records produced, %d applied, %d dead-lettered; %d entries accepted over %d terms, %d records ignored; posterior version %d (%s)",
+		produced, applied, dead, len(accepted), len(claims), len(ignored), v.Version, v.Replication.SHA[:12])
+	if len(claims) < 5 {
+		t.Errorf("%d terms: the faults should have made at least 5 (SIGKILL, SIGSTOP, restarts)", len(claims))
+	}
+}
+
+// klKey is what an entry of the KL history says of the update (the version, its KL and
+// outcome); the time and the anchors' KL are the replica's own.
+func klKey(raw json.RawMessage) string {
+	var e struct {
+		Version uint64  `json:"posterior_version"`
+		KL      float64 `json:"kl"`
+		Outcome string  `json:"outcome"`
+	}
+	if json.Unmarshal(raw, &e) != nil {
+		return string(raw)
+	}
+	return fmt.Sprintf("%d %x %s", e.Version, e.KL, e.Outcome)
+}
