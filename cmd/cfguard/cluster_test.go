@@ -39,9 +39,9 @@ type replicaProc struct {
 
 // modelView is what GET /v1/model says of a replica.
 type modelView struct {
-	Version     uint64           `json:"posterior_version"`
-	Applied     int64            `json:"applied"`
-	Counters    map[string]int64 `json:"counters"`
+	Version     uint64            `json:"posterior_version"`
+	Applied     int64             `json:"applied"`
+	Counters    map[string]int64  `json:"counters"`
 	KLHistory   []json.RawMessage `json:"kl_history"`
 	Replication struct {
 		Writer  string        `json:"writer"`
