@@ -15,7 +15,7 @@ type Head struct {
 	Hash    string        `json:"hash"`   // hex SHA-256 of the entry's value bytes
 	Offset  int64         `json:"offset"` // the entry's offset in the log's partition
 	Term    uint64        `json:"term"`
-	Writer  string        `json:"writer"` // the writer of the term's claim
+	Writer  string        `json:"writer"` // the writer of the term's claim ("" in term 0)
 	Version uint64        `json:"version"`
 	Covers  map[int]int64 `json:"covers,omitempty"`
 	// PosteriorSHA256 is the posterior's hash at this entry.
@@ -76,10 +76,14 @@ func (c *Chain) Offer(offset int64, value []byte) (*Entry, Reason, error) {
 	}
 	h := Hash(value)
 	next := &Head{Seq: e.Seq, Hash: hex.EncodeToString(h[:]), Offset: offset, Term: e.Term, Version: e.Version,
-		Covers: maps.Clone(e.Covers), PosteriorSHA256: e.PosteriorSHA256, Writer: e.Writer}
-	if e.Kind == Increment {
+		Covers: maps.Clone(e.Covers), PosteriorSHA256: e.PosteriorSHA256}
+	switch e.Kind {
+	case Claim:
+		next.Writer = e.Writer
+	case Increment:
 		next.Writer = c.head.Writer // the term's claimant
 	}
+	// A genesis opens no term: term 0 has no claimant, and nobody writes increments in it.
 	c.head = next
 	return e, Accepted, nil
 }

@@ -106,6 +106,22 @@ func TestFirstValidSuccessorWins(t *testing.T) {
 	}
 }
 
+func TestGenesisOpensNoTerm(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c := &Chain{}
+	if _, r, _ := c.Offer(0, gv); r != Accepted {
+		t.Fatalf("genesis: %s", r)
+	}
+	if w := c.Head().Writer; w != "" {
+		t.Errorf("the genesis head's claimant is %q, want none", w)
+	}
+	// The genesis's writer has no term to write in: it must claim one first.
+	if _, r, _ := c.Offer(1, l.value(l.increment(gv, g, 0, g.Writer, 5, 0.1))); r != StaleTerm {
+		t.Errorf("an increment of term 0 by the genesis's writer: %s, want %s", r, StaleTerm)
+	}
+}
+
 func TestFencing(t *testing.T) {
 	l, g := newTestLog(t)
 	gv := l.value(g)

@@ -341,6 +341,13 @@ func TestReplicasAsProcesses(t *testing.T) {
 	for _, r := range reps {
 		r.start(t)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, r := range reps {
+				t.Logf("%s's log:\n%s", r.id, r.c.log.String())
+			}
+		}
+	})
 	s := startStream(brokers, data)
 	defer func() {
 		select {
@@ -467,8 +474,9 @@ func TestReplicasAsProcesses(t *testing.T) {
 	}
 	t.Logf("%d records produced, %d applied, %d dead-lettered; %d entries accepted over %d terms, %d records ignored; posterior version %d (%s)",
 		produced, applied, dead, len(accepted), len(claims), len(ignored), v.Version, v.Replication.SHA[:12])
-	if len(claims) < 5 {
-		t.Errorf("%d terms: the faults should have made at least 5 (SIGKILL, SIGSTOP, restarts)", len(claims))
+	// The first claim, SIGKILL, SIGSTOP and the updater's turn in the rolling restart each open a term.
+	if len(claims) < 4 {
+		t.Errorf("%d terms: the faults should have made at least 4", len(claims))
 	}
 }
 
