@@ -156,3 +156,22 @@ func Ping(ctx context.Context, conn ConnConfig, topics ...string) error {
 	}
 	return fmt.Errorf("stream: ping: no broker answered: %w", errors.Join(errs...))
 }
+
+// Dialer returns the kafka-go dialer for c (what a kafka-go consumer group connects with),
+// after checking c and applying its defaults.
+func (c ConnConfig) Dialer() (*kafka.Dialer, error) {
+	if err := c.applyDefaults(); err != nil {
+		return nil, err
+	}
+	return c.dialer(), nil
+}
+
+// Transport returns a kafka-go transport for c (what kafka-go clients and writers send their
+// requests through), after checking c and applying its defaults. Its background goroutines
+// stop when ctx ends; CloseIdleConnections closes its connections.
+func (c ConnConfig) Transport(ctx context.Context) (*kafka.Transport, error) {
+	if err := c.applyDefaults(); err != nil {
+		return nil, err
+	}
+	return c.transport(ctx), nil
+}
