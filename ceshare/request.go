@@ -57,7 +57,9 @@ type DecodeError struct {
 	Detail string
 }
 
-func (e *DecodeError) Error() string { return "ceshare: malformed request: " + e.Reason + ": " + e.Detail }
+func (e *DecodeError) Error() string {
+	return "ceshare: malformed request: " + e.Reason + ": " + e.Detail
+}
 
 // Is makes errors.Is(err, ErrDecode) hold.
 func (e *DecodeError) Is(target error) bool { return target == ErrDecode }
