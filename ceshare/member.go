@@ -296,9 +296,14 @@ func (m *Member) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		gen, err := m.next(ctx, cg, ended)
 		if err != nil {
-			if ctx.Err() == nil && !stream.Retryable(err) {
+			switch {
+			case ctx.Err() != nil:
+			case !stream.Retryable(err):
 				fail(fmt.Errorf("ceshare: joining group %q: %w", m.cfg.Group, err))
-			} else if ctx.Err() == nil && failures%30 == 0 {
+			case errors.Is(err, kafka.RebalanceInProgress): // the usual first answer to a join
+				m.log.Debug("the CE group is rebalancing; joining again", "err", err)
+				continue
+			case failures%30 == 0:
 				m.log.Warn("joining the CE group failed; retrying", "err", err, "failures", failures+1)
 			}
 			failures++
