@@ -77,14 +77,14 @@ func startBroker(t *testing.T) (*broker.Broker, stream.ConnConfig) {
 // ledger is a test's Hooks: what one replica's ledger would keep of its share.
 type ledger struct {
 	mu       sync.Mutex
-	next     map[int]int64                   // stored offset per partition
-	reqs     map[int]map[string]int          // requests applied per partition: kind/id -> times
-	acquired []acquisition                   // every Acquire, in order
-	released []int                           // every Release, in order
-	bad      []string                        // what broke a rule (a request applied twice, an offset going back)
-	applyErr map[int]error                   // Apply fails with it for that partition
-	lastCE   map[string]json.RawMessage      // the CE of each id's last registration
-	owned    map[int]bool                    // acquired and not released
+	next     map[int]int64                     // stored offset per partition
+	reqs     map[int]map[string]int            // requests applied per partition: kind/id -> times
+	acquired []acquisition                     // every Acquire, in order
+	released []int                             // every Release, in order
+	bad      []string                          // what broke a rule (a request applied twice, an offset going back)
+	applyErr map[int]error                     // Apply fails with it for that partition
+	lastCE   map[string]json.RawMessage        // the CE of each id's last registration
+	owned    map[int]bool                      // acquired and not released
 	apply    func(p int, reqs []Request) error // called by Apply, when set
 }
 
