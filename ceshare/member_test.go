@@ -82,7 +82,6 @@ type ledger struct {
 	acquired []acquisition                     // every Acquire, in order
 	released []int                             // every Release, in order
 	bad      []string                          // what broke a rule (a request applied twice, an offset going back)
-	applyErr map[int]error                     // Apply fails with it for that partition
 	lastCE   map[string]json.RawMessage        // the CE of each id's last registration
 	owned    map[int]bool                      // acquired and not released
 	apply    func(p int, reqs []Request) error // called by Apply, when set
@@ -108,6 +107,11 @@ func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
 func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.apply != nil {
+		if err := l.apply(p, reqs); err != nil {
+			return err
+		}
+	}
 	if !l.owned[p] {
 		l.bad = append(l.bad, fmt.Sprintf("Apply of partition %d, not acquired", p))
 	}
@@ -200,7 +204,12 @@ func memberConfig(conn stream.ConnConfig, id string) MemberConfig {
 
 func startReplica(t *testing.T, cfg MemberConfig) *replica {
 	t.Helper()
-	l := newLedger()
+	return startReplicaOn(t, cfg, newLedger())
+}
+
+// startReplicaOn starts a member on ledger l (a replica restarted on its state directory).
+func startReplicaOn(t *testing.T, cfg MemberConfig, l *ledger) *replica {
+	t.Helper()
 	m, err := NewMember(context.Background(), cfg, l, testLog(t).With("replica", cfg.ReplicaID))
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +291,7 @@ func checkShares(t *testing.T, b *broker.Broker, reps []*replica, owner map[int]
 	}
 	for _, r := range reps {
 		if bad := r.l.problems(); len(bad) > 0 {
-			t.Errorf("replica %s: %v", r.id, bad)
+			t.Errorf("replica %s: %d problems, the first: %v", r.id, len(bad), bad[:min(len(bad), 5)])
 		}
 	}
 }
@@ -408,6 +417,25 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	checkShares(t, b, stay, owner, want)
 	waitfor.Cond(t, 10*time.Second, "the directory naming the new owners", func() bool { return directoryAgrees(dir, owner) })
 	checkDirectory(t, dir, owner)
+
+	// r2 comes back on its ledger: a partition it gets back is read from the offset its
+	// ledger stored (reading it from 0 again would apply its requests twice), a new one from 0.
+	back := startReplicaOn(t, memberConfig(conn, "r2"), gone.l)
+	reps = []*replica{reps[0], back, reps[2]}
+	waitfor.Cond(t, 60*time.Second, "r2 back, and every partition owned once", func() bool {
+		owner = ownership(reps...)
+		return owner != nil && len(back.m.Owned()) == testPartitions/3
+	})
+	produce(t, pr, "d", 60, want)
+	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
+	checkShares(t, b, reps, owner, want)
+	resumed := 0
+	for _, a := range back.l.acquisitions() {
+		if a.from > 0 {
+			resumed++
+		}
+	}
+	t.Logf("r2 back: %d of its %d partitions resumed from its ledger's offsets", resumed, testPartitions/3)
 }
 
 // before2 is the partitions a stopped replica had applied requests of (what it owned).
@@ -541,5 +569,61 @@ func TestMemberCutOffLosesPartitions(t *testing.T) {
 	waitfor.Cond(t, 30*time.Second, "the cut-off member releasing its partitions", func() bool { return len(reps[1].m.Owned()) == 0 })
 	if rel := slices.Sorted(slices.Values(reps[1].l.released)); !slices.Equal(rel, cutOwned) {
 		t.Errorf("the cut-off member released %v, it owned %v", rel, cutOwned)
+	}
+}
+
+func TestNewMemberRefusesAnotherPartitionCount(t *testing.T) {
+	_, conn := startBroker(t)
+	if _, err := NewMember(context.Background(), memberConfig(conn, "r1"), newLedger(), testLog(t)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := memberConfig(conn, "r2")
+	cfg.Partitions = 6
+	_, err := NewMember(context.Background(), cfg, newLedger(), testLog(t))
+	var pm *PartitionsMismatchError
+	if !errors.As(err, &pm) || pm.Have != testPartitions || pm.Configured != 6 {
+		t.Fatalf("NewMember with 6 partitions on a topic of %d: %v, want a PartitionsMismatchError", testPartitions, err)
+	}
+	for _, s := range []string{testTopic, "replication.ce_partitions"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not name %q", err, s)
+		}
+	}
+}
+
+// A ledger that cannot store a batch stops the member (the daemon refuses to go on with a
+// broken ledger); Run says which partition.
+func TestApplyErrorStopsMember(t *testing.T) {
+	_, conn := startBroker(t)
+	l := newLedger()
+	broken := errors.New("ledger: disk full")
+	l.apply = func(int, []Request) error { return broken }
+	m, err := NewMember(context.Background(), memberConfig(conn, "r1"), l, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- m.Run(ctx) }()
+	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	p, _, err := pr.Send(ctx, Request{Kind: KindDelete, ID: "ce-1", Replica: "r1", At: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, broken) || !strings.Contains(err.Error(), fmt.Sprintf("partition %d", p)) {
+			t.Fatalf("Run: %v, want the ledger's error for partition %d", err, p)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop within 30s of a failed Apply")
+	}
+	if got := m.Owned(); len(got) != 0 {
+		t.Errorf("a stopped member still holds %v", got)
 	}
 }
