@@ -54,3 +54,8 @@ func permanent(err error) bool {
 	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
 		errors.As(err, &verify) || errors.As(err, &header)
 }
+
+// Retryable reports whether a broker operation that failed with err is worth retrying with
+// backoff: every error except the configuration-class ones (authentication, authorization,
+// invalid topic or group names, refused certificates), which only the operator can fix.
+func Retryable(err error) bool { return retryable(err) }

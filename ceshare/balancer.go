@@ -1,0 +1,160 @@
+package ceshare
+
+import (
+	"cmp"
+	"encoding/json"
+	"slices"
+	"sync"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// protocolName is the group protocol of the sticky balancer. Every member of the group must
+// offer it: a member of another build that does not is refused by the coordinator.
+const protocolName = "cfguard-sticky-v1"
+
+// memberData is a member's UserData in the group: who it is, where its API is, and what it
+// owned in the last generation it took part in.
+type memberData struct {
+	Replica string `json:"replica"`
+	URL     string `json:"url"`
+	Owned   []int  `json:"owned"`
+	// Generation is the generation Owned was assigned in: when two members claim a partition
+	// (one was evicted without knowing it), the later generation's claim wins.
+	Generation int32 `json:"generation"`
+}
+
+func decodeMemberData(b []byte) (memberData, bool) {
+	var d memberData
+	if len(b) == 0 || json.Unmarshal(b, &d) != nil {
+		return memberData{}, false
+	}
+	return d, true
+}
+
+// stickyBalancer is a kafka-go GroupBalancer that keeps partitions where they were. Each
+// member puts in its UserData the partitions it owned; the group leader (whichever member it
+// is) lets every member keep its previous partitions up to its share, and gives the rest to
+// the members below their share. Shares differ by one at most: with n members and P
+// partitions, P mod n members own ceil(P/n), the others floor(P/n); the members that kept
+// the most get the larger shares, so a rebalance moves only the partitions that must move.
+type stickyBalancer struct {
+	topic   string
+	replica string
+	url     string
+
+	mu         sync.Mutex
+	owned      []int // what this member owns, sent as UserData at the next join
+	generation int32 // the generation that assigned owned
+}
+
+func (b *stickyBalancer) setOwned(parts []int, generation int32) {
+	b.mu.Lock()
+	b.owned, b.generation = slices.Clone(parts), generation
+	b.mu.Unlock()
+}
+
+func (b *stickyBalancer) ProtocolName() string { return protocolName }
+
+func (b *stickyBalancer) UserData() ([]byte, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return json.Marshal(memberData{Replica: b.replica, URL: b.url, Owned: b.owned, Generation: b.generation})
+}
+
+func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []kafka.Partition) kafka.GroupMemberAssignments {
+	var parts []int
+	for _, p := range partitions {
+		if p.Topic == b.topic {
+			parts = append(parts, p.ID)
+		}
+	}
+	var ids []string
+	prev := make(map[string]memberData, len(members))
+	for _, m := range members {
+		if !slices.Contains(m.Topics, b.topic) {
+			continue
+		}
+		ids = append(ids, m.ID)
+		if d, ok := decodeMemberData(m.UserData); ok {
+			prev[m.ID] = d
+		}
+	}
+	out := make(kafka.GroupMemberAssignments, len(ids))
+	for id, got := range assignSticky(ids, parts, prev) {
+		out[id] = map[string][]int{b.topic: got}
+	}
+	return out
+}
+
+// assignSticky shares parts out to members (ids), keeping each member's previous partitions
+// (prev[id].Owned) as far as balance to within one allows. It is deterministic: the same
+// input gives the same assignment whichever member leads.
+func assignSticky(members []string, parts []int, prev map[string]memberData) map[string][]int {
+	out := make(map[string][]int, len(members))
+	if len(members) == 0 {
+		return out
+	}
+	members = slices.Sorted(slices.Values(members))
+	parts = slices.Sorted(slices.Values(parts))
+	exists := make(map[int]bool, len(parts))
+	for _, p := range parts {
+		exists[p] = true
+	}
+	// A partition two members claim (one of them was evicted and did not know) stays with
+	// the claim of the latest generation, then the first member in id order; a partition that
+	// no longer exists is dropped.
+	claimed := make(map[int]string, len(parts))
+	for _, m := range members {
+		for _, p := range prev[m].Owned {
+			if c := claimed[p]; exists[p] && (c == "" || prev[m].Generation > prev[c].Generation) {
+				claimed[p] = m
+			}
+		}
+	}
+	kept := make(map[string][]int, len(members))
+	for _, p := range parts {
+		if m := claimed[p]; m != "" {
+			kept[m] = append(kept[m], p)
+		}
+	}
+	// Shares: the members that kept the most get the P mod n larger shares.
+	order := slices.Clone(members)
+	slices.SortStableFunc(order, func(a, b string) int { return cmp.Compare(len(kept[b]), len(kept[a])) })
+	base, extra := len(parts)/len(members), len(parts)%len(members)
+	quota := make(map[string]int, len(members))
+	for i, m := range order {
+		quota[m] = base
+		if i < extra {
+			quota[m]++
+		}
+	}
+	taken := make(map[int]bool, len(parts))
+	for _, m := range members {
+		k := kept[m]
+		if len(k) > quota[m] {
+			k = k[:quota[m]]
+		}
+		out[m] = slices.Clone(k)
+		for _, p := range k {
+			taken[p] = true
+		}
+	}
+	// The rest, in partition order, to the members furthest below their share.
+	for _, p := range parts {
+		if taken[p] {
+			continue
+		}
+		best := ""
+		for _, m := range members {
+			if len(out[m]) < quota[m] && (best == "" || quota[m]-len(out[m]) > quota[best]-len(out[best])) {
+				best = m
+			}
+		}
+		out[best] = append(out[best], p)
+	}
+	for m := range out {
+		slices.Sort(out[m])
+	}
+	return out
+}

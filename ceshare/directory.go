@@ -1,0 +1,131 @@
+package ceshare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/stream"
+)
+
+// ErrNoOwner is matched (errors.Is) when no member owns a CE's partition: the group is
+// rebalancing, or has no member. The caller answers 503 and lets the client retry.
+var ErrNoOwner = errors.New("ceshare: no replica owns the partition")
+
+// Owner is the member that owns a partition, as the group describes it.
+type Owner struct {
+	Replica  string // replication.replica_id of the member
+	URL      string // its replication.advertise_url
+	MemberID string // its member id in the group
+}
+
+// Directory answers which replica owns a CE: the owner of the CE's partition in the CE group,
+// found with DescribeGroups (each member's assignment, and the replica id and URL its
+// UserData carries). Answers are cached: an entry is used for at most MaxAge (1s), and a
+// partition missing from the cache is looked up again at once, unless the last look-up was
+// under MinRefresh (100ms) ago. It is safe for concurrent use.
+type Directory struct {
+	group, topic string
+	partitions   int
+	cl           *kafka.Client
+	tr           *kafka.Transport
+	stop         context.CancelFunc
+	log          *slog.Logger
+
+	// MaxAge and MinRefresh tune the cache (set them before the first Owner call).
+	MaxAge, MinRefresh time.Duration
+
+	mu      sync.Mutex
+	owners  map[int]Owner // by partition, as of at
+	state   string        // the group's state, as of at
+	at      time.Time
+	refresh error // the last look-up's error
+}
+
+// NewDirectory returns a Directory of group's owners of topic's partitions (partitions is the
+// topic's partition count). Its connections close on Close or when ctx ends.
+func NewDirectory(ctx context.Context, conn stream.ConnConfig, group, topic string, partitions int, log *slog.Logger) (*Directory, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if group == "" || topic == "" || partitions < 1 {
+		return nil, fmt.Errorf("ceshare: NewDirectory: group %q, topic %q, partitions %d: want a group, a topic and at least 1 partition",
+			group, topic, partitions)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &Directory{group: group, topic: topic, partitions: partitions, tr: tr, stop: stop,
+		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}, log: log.With("group", group),
+		MaxAge: time.Second, MinRefresh: 100 * time.Millisecond}, nil
+}
+
+// Owner returns the replica that owns CE id's partition. It fails with an error matching
+// ErrNoOwner when none does, or with the broker's error.
+func (d *Directory) Owner(ctx context.Context, id string) (Owner, error) {
+	p := Partition(id, d.partitions)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	age := time.Since(d.at)
+	o, ok := d.owners[p]
+	if age >= d.MaxAge || (!ok && age >= d.MinRefresh) {
+		d.lookUp(ctx)
+		o, ok = d.owners[p]
+	}
+	switch {
+	case ok:
+		return o, nil
+	case d.refresh != nil:
+		return Owner{}, d.refresh
+	}
+	return Owner{}, fmt.Errorf("%w: partition %d of %q, group %q is %s", ErrNoOwner, p, d.topic, d.group, d.state)
+}
+
+// lookUp describes the group and rebuilds the cache. d.mu is held.
+func (d *Directory) lookUp(ctx context.Context) {
+	d.at = time.Now()
+	res, err := d.cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{d.group}})
+	if err == nil && len(res.Groups) != 1 {
+		err = fmt.Errorf("the broker described %d groups, want 1", len(res.Groups))
+	}
+	if err == nil {
+		err = res.Groups[0].Error
+	}
+	if err != nil {
+		d.owners, d.refresh = nil, fmt.Errorf("ceshare: describing group %q: %w", d.group, err)
+		return
+	}
+	g := res.Groups[0]
+	owners := make(map[int]Owner, d.partitions)
+	for _, m := range g.Members {
+		md, ok := decodeMemberData(m.MemberMetadata.UserData)
+		if !ok {
+			d.log.Debug("group member without replica data", "member", m.MemberID, "client", m.ClientID)
+			continue
+		}
+		for _, t := range m.MemberAssignments.Topics {
+			if t.Topic != d.topic {
+				continue
+			}
+			for _, p := range t.Partitions {
+				owners[p] = Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID}
+			}
+		}
+	}
+	d.owners, d.state, d.refresh = owners, g.GroupState, nil
+}
+
+// Close closes the directory's connections.
+func (d *Directory) Close() error {
+	d.stop()
+	d.tr.CloseIdleConnections()
+	return nil
+}

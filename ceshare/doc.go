@@ -1,0 +1,44 @@
+// Package ceshare shares the stored counterfactuals (CEs) out to the replicas of cfguard
+// through Kafka: the CE topic holds registration and deletion requests keyed by CE id, and
+// its partitions are owned by the members of a consumer group, one member per partition.
+//
+// # Requests and partitions
+//
+// Any replica accepts a registration or a deletion and appends it as a Request with a
+// Producer, to partition Partition(id, P): murmur2 of the id, as Kafka's Java partitioner and
+// kafka-go's Murmur2Balancer compute it, so that external tools find a CE's partition too.
+// The topic keeps its requests for ever (NewMember creates it so): a new owner of a partition
+// rebuilds its share from them.
+//
+// # Ownership
+//
+// A Member joins the group <kafka.group_id>.ce. In each generation it calls Hooks.Acquire for
+// every partition the group assigns it (the daemon answers with the offset its ledger stored
+// for the partition, 0 when it has none), then reads each partition from there and hands its
+// requests to Hooks.Apply in batches, with the offset after them (the daemon stores both in
+// one transaction). Malformed records are left out, counted by reason and logged; they never
+// block a partition. A partition the next generation gives to another member is released
+// (Hooks.Release), and so is everything when the member stops, or when no generation comes
+// within the session timeout after the last one ended (the group evicted the member).
+//
+// kafka-go implements only the eager rebalance protocol: every rebalance ends every member's
+// generation, and a member rejoins only once the functions its generation started return. So
+// each partition's loop stops within one fetch (FetchWait) or one Apply when the generation
+// ends. The group balancer is sticky: each member's UserData carries its replica id, its
+// advertised URL and the partitions it owned; the leader keeps partitions where they were and
+// balances the rest to within one partition, so a rebalance moves only what must move, and a
+// member that keeps a partition goes on from its own ledger.
+//
+// # Finding the owner of a CE
+//
+// A Directory answers which replica owns a CE, and at which URL, from the group's description
+// (DescribeGroups: each member's assignment and UserData), cached briefly.
+//
+// # Fencing
+//
+// Ownership is not fenced here: a member cut off from the coordinator keeps what it holds
+// until it notices (its heartbeat fails, or no generation comes within the session timeout),
+// while the group may already have given its partitions to others. Each replica writes only
+// its own ledger, so two owners of one partition for a moment both apply the same requests,
+// each to its own ledger, and nothing else.
+package ceshare

@@ -1,0 +1,633 @@
+package ceshare
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+
+	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// Hooks is how a Member hands its partitions' requests to the daemon, which keeps them in its
+// ledger. The Member calls them from one goroutine per owned partition: calls for different
+// partitions may run at once, calls for one partition never do.
+type Hooks interface {
+	// Acquire is called when this replica is given partition p in a new generation (also when
+	// it keeps p from the previous one): it returns the offset to read p from, the one the
+	// ledger stored with p's last applied requests (0 when it has none).
+	Acquire(ctx context.Context, p int) (from int64, err error)
+	// Apply stores the requests read from p (in offset order, malformed records left out);
+	// next is the offset after the last record read, which the ledger stores with them, in
+	// one transaction. reqs may be empty when only malformed records were read.
+	Apply(ctx context.Context, p int, reqs []Request, next int64) error
+	// Release is called when p is no longer this replica's: the next generation does not
+	// give it p, no generation came within the session timeout after the last one ended (the
+	// group has surely evicted this member), or the member stops.
+	Release(ctx context.Context, p int) error
+}
+
+// MemberConfig configures a Member.
+type MemberConfig struct {
+	Conn stream.ConnConfig
+	// Topic is the CE topic (replication.ce_topic). Required.
+	Topic string
+	// Group is the consumer group that shares the topic's partitions out
+	// (<kafka.group_id>.ce). Required.
+	Group string
+	// Partitions is the topic's partition count (replication.ce_partitions): the topic is
+	// created with it when missing, and an existing topic with another count is refused.
+	// Required.
+	Partitions int
+	// ReplicaID names this replica to the others (replication.replica_id). Required.
+	ReplicaID string
+	// AdvertiseURL is where the other replicas reach this one's API
+	// (replication.advertise_url). Required.
+	AdvertiseURL string
+	// SessionTimeout is how long the group waits for a silent member before it gives the
+	// member's partitions to the others (replication.session_timeout). Default: 10s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is how often the member heartbeats; a rebalance is noticed at the
+	// next heartbeat (replication.heartbeat_interval). It must be below SessionTimeout.
+	// Default: 1s.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the coordinator waits for the members to rejoin in a
+	// rebalance. Default: SessionTimeout.
+	RebalanceTimeout time.Duration
+	// JoinBackoff is the wait before joining again after a failed join. Default: 1s.
+	JoinBackoff time.Duration
+	// FetchWait is how long a fetch waits for new requests at a partition's end; it bounds
+	// how long a partition's loop takes to notice the generation's end.
+	// Default: 500ms.
+	FetchWait time.Duration
+	// FetchMaxBytes bounds one fetch. Default: 1 MiB.
+	FetchMaxBytes int
+	// MaxBatch bounds the requests of one Apply. Default: 1000.
+	MaxBatch int
+	// RetryMin and RetryMax bound the backoff between failed fetches. Defaults: 50ms, 5s.
+	RetryMin, RetryMax time.Duration
+
+	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
+	dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+func (c *MemberConfig) applyDefaults() error {
+	switch {
+	case c.Topic == "":
+		return errors.New("ceshare: the CE topic (replication.ce_topic) is empty")
+	case c.Group == "":
+		return errors.New("ceshare: the CE group (kafka.group_id + \".ce\") is empty")
+	case c.Partitions < 1:
+		return fmt.Errorf("ceshare: replication.ce_partitions %d: want at least 1", c.Partitions)
+	case c.ReplicaID == "":
+		return errors.New("ceshare: replication.replica_id is empty")
+	case c.AdvertiseURL == "":
+		return errors.New("ceshare: replication.advertise_url is empty")
+	}
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, 10*time.Second)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, time.Second)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, c.SessionTimeout)
+	c.JoinBackoff = cmp.Or(c.JoinBackoff, time.Second)
+	c.FetchWait = cmp.Or(c.FetchWait, 500*time.Millisecond)
+	c.FetchMaxBytes = cmp.Or(c.FetchMaxBytes, 1<<20)
+	c.MaxBatch = cmp.Or(c.MaxBatch, 1000)
+	c.RetryMin = cmp.Or(c.RetryMin, 50*time.Millisecond)
+	c.RetryMax = cmp.Or(c.RetryMax, 5*time.Second)
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout {
+		return fmt.Errorf("ceshare: replication.heartbeat_interval %v must be positive and below replication.session_timeout %v",
+			c.HeartbeatInterval, c.SessionTimeout)
+	}
+	for name, d := range map[string]time.Duration{"RebalanceTimeout": c.RebalanceTimeout, "JoinBackoff": c.JoinBackoff,
+		"FetchWait": c.FetchWait, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax} {
+		if d < 0 {
+			return fmt.Errorf("ceshare: %s %v must be positive", name, d)
+		}
+	}
+	if c.FetchMaxBytes < 0 || c.MaxBatch < 0 {
+		return fmt.Errorf("ceshare: FetchMaxBytes %d and MaxBatch %d must be positive", c.FetchMaxBytes, c.MaxBatch)
+	}
+	return nil
+}
+
+// MemberStats is a snapshot of a Member's counters.
+type MemberStats struct {
+	Generations int64            // generations this member took part in
+	Applied     int64            // requests handed to Apply
+	Skipped     map[string]int64 // malformed records left out, by DecodeError.Reason
+	Lost        int64            // times the member released everything after no generation came in time
+	Gaps        int64            // requests deleted (by retention) before they were read
+}
+
+// partState is what the member knows of a partition it acquired.
+type partState struct {
+	next  int64 // offset after the last record handed to Apply (or from Acquire)
+	end   int64 // the partition's high watermark at the last fetch
+	ready bool  // next reached end once since Acquire
+}
+
+// Member is one replica's membership of the CE group: it owns the partitions the group
+// assigns it, and hands their requests to Hooks. See the package documentation.
+type Member struct {
+	cfg   MemberConfig
+	hooks Hooks
+	log   *slog.Logger
+	bal   *stickyBalancer
+
+	running atomic.Bool
+
+	mu          sync.Mutex
+	parts       map[int]*partState // acquired and not released
+	generation  int32              // the live generation, 0 between generations
+	generations int64
+	applied     int64
+	skipped     map[string]int64
+	lost, gaps  int64
+}
+
+// NewMember checks cfg, creates the CE topic when it is missing (with cfg.Partitions
+// partitions, kept for ever) and refuses one with another partition count. The member joins
+// the group in Run.
+func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Logger) (*Member, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if hooks == nil {
+		return nil, errors.New("ceshare: NewMember: nil Hooks")
+	}
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	tr, err := cfg.transport(tctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.CloseIdleConnections()
+	created, err := ensureTopic(ctx, &kafka.Client{Addr: kafka.TCP(cfg.Conn.Brokers...), Transport: tr}, cfg.Topic, cfg.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	log = log.With("topic", cfg.Topic, "group", cfg.Group, "replica", cfg.ReplicaID)
+	if created {
+		log.Info("CE topic created", "partitions", cfg.Partitions)
+	}
+	skipped := make(map[string]int64)
+	for _, r := range Reasons() {
+		skipped[r] = 0
+	}
+	return &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped,
+		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL}}, nil
+}
+
+func (c *MemberConfig) transport(ctx context.Context) (*kafka.Transport, error) {
+	tr, err := c.Conn.Transport(ctx)
+	if err == nil && c.dial != nil {
+		tr.Dial = c.dial
+	}
+	return tr, err
+}
+
+func (c *MemberConfig) dialer() (*kafka.Dialer, error) {
+	d, err := c.Conn.Dialer()
+	if err == nil && c.dial != nil {
+		d.DialFunc = c.dial
+	}
+	return d, err
+}
+
+// Owned returns the partitions this member holds (acquired and not released), in order.
+// Between generations it still holds the partitions of the last one.
+func (m *Member) Owned() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.parts))
+}
+
+// Ready reports whether this member holds p and has applied p's requests up to the
+// partition's end at least once since it acquired p.
+func (m *Member) Ready(p int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ps := m.parts[p]
+	return ps != nil && ps.ready
+}
+
+// Next returns the offset after the last request of p handed to Apply, and whether the member
+// holds p.
+func (m *Member) Next(p int) (int64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ps := m.parts[p]
+	if ps == nil {
+		return 0, false
+	}
+	return ps.next, true
+}
+
+// Generation returns the group generation the member takes part in, 0 between generations.
+func (m *Member) Generation() int32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.generation
+}
+
+// Stats returns a snapshot of the member's counters.
+func (m *Member) Stats() MemberStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps}
+}
+
+// Run joins the group and serves the partitions of each generation until ctx ends, then
+// leaves the group and releases what it holds. It returns nil when ctx ended, or the error
+// that stopped it (a hook's error, a partition whose stored offset is past its end, a
+// configuration error no retry fixes). Run may be called once.
+func (m *Member) Run(ctx context.Context) error {
+	if !m.running.CompareAndSwap(false, true) {
+		return errors.New("ceshare: Member.Run called twice")
+	}
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	dialer, err := m.cfg.dialer()
+	if err != nil {
+		return err
+	}
+	tr, err := m.cfg.transport(ctx)
+	if err != nil {
+		return err
+	}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(m.cfg.Conn.Brokers...), Transport: tr}
+	debug := kafka.LoggerFunc(func(msg string, args ...any) { m.log.Debug("kafka-go: " + fmt.Sprintf(msg, args...)) })
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID: m.cfg.Group, Brokers: m.cfg.Conn.Brokers, Dialer: dialer, Topics: []string{m.cfg.Topic},
+		GroupBalancers:    []kafka.GroupBalancer{m.bal},
+		HeartbeatInterval: m.cfg.HeartbeatInterval, SessionTimeout: m.cfg.SessionTimeout,
+		RebalanceTimeout: m.cfg.RebalanceTimeout, JoinGroupBackoff: m.cfg.JoinBackoff,
+		Timeout: m.cfg.Conn.DialTimeout, Logger: debug, ErrorLogger: debug,
+	})
+	if err != nil {
+		return fmt.Errorf("ceshare: group %q: %w", m.cfg.Group, err)
+	}
+	// The group is closed as soon as ctx ends, before the generation's functions return:
+	// kafka-go then leaves the group instead of joining the next generation.
+	left := make(chan struct{})
+	go func() {
+		<-ctx.Done()
+		cg.Close()
+		close(left)
+	}()
+	m.log.Info("joining the CE group", "session_timeout", m.cfg.SessionTimeout, "heartbeat_interval", m.cfg.HeartbeatInterval)
+	ended := time.Now()
+	failures := 0
+	for ctx.Err() == nil {
+		gen, err := m.next(ctx, cg, ended)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+			case !stream.Retryable(err):
+				fail(fmt.Errorf("ceshare: joining group %q: %w", m.cfg.Group, err))
+			case errors.Is(err, kafka.RebalanceInProgress): // the usual first answer to a join
+				m.log.Debug("the CE group is rebalancing; joining again", "err", err)
+				continue
+			case failures%30 == 0:
+				m.log.Warn("joining the CE group failed; retrying", "err", err, "failures", failures+1)
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		m.serve(ctx, cl, gen, fail)
+		ended = time.Now()
+	}
+	<-left
+	m.releaseAll(context.WithoutCancel(ctx), "the member stops")
+	if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// next waits for the next generation. A member that holds partitions and gets no generation
+// within the session timeout after the last one ended was evicted by the group (it could
+// not heartbeat): it releases everything, since other members own them by now.
+func (m *Member) next(ctx context.Context, cg *kafka.ConsumerGroup, ended time.Time) (*kafka.Generation, error) {
+	if len(m.Owned()) == 0 {
+		return cg.Next(ctx)
+	}
+	tctx, cancel := context.WithDeadline(ctx, ended.Add(m.cfg.SessionTimeout))
+	defer cancel()
+	gen, err := cg.Next(tctx)
+	if err != nil && ctx.Err() == nil && tctx.Err() != nil {
+		m.mu.Lock()
+		m.lost++
+		m.mu.Unlock()
+		m.releaseAll(ctx, "no generation within the session timeout: the group evicted this member")
+		return cg.Next(ctx)
+	}
+	return gen, err
+}
+
+// serve runs one generation: it releases the partitions it lost, then reads each assigned
+// partition in its own goroutine until the generation ends. It returns once they all stopped.
+func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generation, fail context.CancelCauseFunc) {
+	var assigned []int
+	for _, pa := range gen.Assignments[m.cfg.Topic] {
+		assigned = append(assigned, pa.ID)
+	}
+	slices.Sort(assigned)
+	for _, p := range m.Owned() {
+		if !slices.Contains(assigned, p) {
+			m.release(ctx, p, "assigned to another member")
+		}
+	}
+	m.bal.setOwned(assigned, gen.ID)
+	m.mu.Lock()
+	m.generation = gen.ID
+	m.generations++
+	m.mu.Unlock()
+	m.log.Info("CE group generation", "generation", gen.ID, "member", gen.MemberID, "partitions", assigned)
+	done := make(chan struct{})
+	gen.Start(func(gctx context.Context) {
+		defer close(done)
+		var wg sync.WaitGroup
+		for _, p := range assigned {
+			wg.Go(func() { m.readPartition(gctx, cl, p, fail) })
+		}
+		wg.Wait()
+		// A member without partitions (or whose loops failed) stays in the generation until
+		// it ends: returning would end it for the whole group.
+		<-gctx.Done()
+	})
+	<-done
+	m.mu.Lock()
+	m.generation = 0
+	m.mu.Unlock()
+}
+
+// readPartition acquires p and hands its requests to Apply, batch by batch, until ctx (the
+// generation) ends. An error no retry fixes stops the member through fail.
+func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fail context.CancelCauseFunc) {
+	from, err := m.hooks.Acquire(ctx, p)
+	if err != nil {
+		if ctx.Err() == nil {
+			fail(fmt.Errorf("ceshare: acquiring partition %d of %q: %w", p, m.cfg.Topic, err))
+		}
+		return
+	}
+	if from < 0 {
+		fail(fmt.Errorf("ceshare: acquiring partition %d of %q: Acquire returned offset %d", p, m.cfg.Topic, from))
+		return
+	}
+	m.mu.Lock()
+	ps := m.parts[p]
+	if ps == nil || ps.next != from {
+		ps = &partState{next: from}
+		m.parts[p] = ps
+		m.log.Info("CE partition acquired", "partition", p, "from", from)
+	}
+	m.mu.Unlock()
+	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
+	next := from
+	for ctx.Err() == nil {
+		res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: next,
+			MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
+		if err == nil && res.Error != nil {
+			err = res.Error
+		}
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			if next, err = m.outOfRange(ctx, cl, p, next); err != nil {
+				if ctx.Err() == nil {
+					fail(err)
+				}
+				return
+			}
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !stream.Retryable(err) {
+				fail(fmt.Errorf("ceshare: reading partition %d of %q: %w", p, m.cfg.Topic, err))
+				return
+			}
+			m.log.Debug("fetching CE requests failed; retrying", "partition", p, "err", err)
+			if bo.Wait(ctx) != nil {
+				return
+			}
+			continue
+		}
+		bo.Reset()
+		batch, after, err := m.decode(p, res.Records, next)
+		if err != nil {
+			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
+			if bo.Wait(ctx) != nil {
+				return
+			}
+			continue
+		}
+		if next, err = m.apply(ctx, p, batch, next, after); err != nil {
+			if ctx.Err() == nil {
+				fail(fmt.Errorf("ceshare: applying requests of partition %d of %q: %w", p, m.cfg.Topic, err))
+			}
+			return
+		}
+		m.mu.Lock()
+		ps.end = res.HighWatermark
+		if next >= ps.end && !ps.ready {
+			ps.ready = true
+			m.log.Info("CE partition caught up", "partition", p, "next", next)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// offsetRequest is a decoded request and its offset.
+type offsetRequest struct {
+	req    Request
+	offset int64
+}
+
+// decode reads the records of a fetch response at or after from. It returns the well-formed
+// requests and the offset after the last record; malformed records are counted and logged.
+func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, error) {
+	next := from
+	var out []offsetRequest
+	err := eachRecord(rr, func(r *kafka.Record, control bool) error {
+		if r.Offset < from {
+			return nil // a batch may start before the offset asked for
+		}
+		next = max(next, r.Offset+1)
+		if control {
+			return nil
+		}
+		key, err := readBytes(r.Key)
+		if err != nil {
+			return err
+		}
+		value, err := readBytes(r.Value)
+		if err != nil {
+			return err
+		}
+		req, err := Decode(key, value)
+		var de *DecodeError
+		if errors.As(err, &de) {
+			m.mu.Lock()
+			m.skipped[de.Reason]++
+			m.mu.Unlock()
+			m.log.Warn("malformed CE request skipped", "partition", p, "offset", r.Offset, "reason", de.Reason, "detail", de.Detail)
+			return nil
+		}
+		out = append(out, offsetRequest{req: req, offset: r.Offset})
+		return nil
+	})
+	return out, next, err
+}
+
+// apply hands batch to Apply in chunks of MaxBatch, checking ctx between them, and returns
+// the offset stored with the last chunk applied. after is the offset after the whole batch.
+func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, after int64) (int64, error) {
+	if after == next {
+		return next, nil
+	}
+	for {
+		n := min(len(batch), m.cfg.MaxBatch)
+		chunkNext := after
+		if n < len(batch) {
+			chunkNext = batch[n].offset
+		}
+		reqs := make([]Request, n)
+		for i := range n {
+			reqs[i] = batch[i].req
+		}
+		if err := m.hooks.Apply(ctx, p, reqs, chunkNext); err != nil {
+			return next, err
+		}
+		next = chunkNext
+		m.mu.Lock()
+		m.applied += int64(n)
+		if ps := m.parts[p]; ps != nil {
+			ps.next = next
+		}
+		m.mu.Unlock()
+		batch = batch[n:]
+		if len(batch) == 0 || ctx.Err() != nil {
+			return next, nil
+		}
+	}
+}
+
+// outOfRange handles a fetch refused because next is outside p's log. Below the log start,
+// requests were deleted before they were read (the topic's retention is not "for ever"): the
+// gap is logged as an ERROR, counted, stored through Apply, and reading goes on from the log
+// start. Past the end, the ledger's offset belongs to another log (the topic was deleted and
+// created again): the member stops rather than skip or replay requests in silence.
+func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next int64) (int64, error) {
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		m.cfg.Topic: {kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p)}}})
+	if err != nil {
+		return next, nil // the fetch is tried again, and fails again if it must
+	}
+	for _, po := range res.Topics[m.cfg.Topic] {
+		if po.Partition != p || po.Error != nil {
+			continue
+		}
+		switch {
+		case next < po.FirstOffset:
+			m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
+				"partition", p, "from", next, "to", po.FirstOffset, "fix", "keep the CE topic's retention.ms at -1")
+			m.mu.Lock()
+			m.gaps += po.FirstOffset - next
+			m.mu.Unlock()
+			return m.apply(ctx, p, nil, next, po.FirstOffset)
+		case next > po.LastOffset:
+			return next, fmt.Errorf("ceshare: the ledger has read partition %d of topic %q up to offset %d, past its end %d: "+
+				"the topic was deleted and created again; remove this replica's CE share from its ledger so that it reads the "+
+				"partition again from offset 0", p, m.cfg.Topic, next, po.LastOffset)
+		}
+	}
+	return next, nil
+}
+
+// release calls Release for p and forgets it. A Release error is logged: the partition is
+// not this member's any more whatever the ledger says.
+func (m *Member) release(ctx context.Context, p int, why string) {
+	m.mu.Lock()
+	_, ok := m.parts[p]
+	delete(m.parts, p)
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := m.hooks.Release(ctx, p); err != nil {
+		m.log.Error("releasing a CE partition failed", "partition", p, "err", err)
+	}
+	m.log.Info("CE partition released", "partition", p, "why", why)
+}
+
+func (m *Member) releaseAll(ctx context.Context, why string) {
+	for _, p := range m.Owned() {
+		m.release(ctx, p, why)
+	}
+	m.bal.setOwned(nil, 0)
+}
+
+// eachRecord calls fn for every record of rr in order, telling control records (transaction
+// markers, which take offsets but are not requests) apart.
+func eachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) error) error {
+	batches := []kafka.RecordReader{rr}
+	if s, ok := rr.(*protocol.RecordStream); ok {
+		batches = s.Records
+	}
+	for _, b := range batches {
+		cb, control := b.(*protocol.ControlBatch)
+		if control {
+			b = cb.Records
+		}
+		for {
+			r, err := b.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			err = fn(r, control)
+			closeBytes(r.Key)
+			closeBytes(r.Value)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func readBytes(b kafka.Bytes) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	return protocol.ReadAll(b)
+}
+
+func closeBytes(b kafka.Bytes) {
+	if b != nil {
+		b.Close()
+	}
+}

@@ -1,0 +1,629 @@
+package ceshare
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/stream"
+)
+
+const (
+	testTopic      = "cfguard.ce"
+	testGroup      = "cfguard.ce"
+	testPartitions = 12
+	// The session timeout and heartbeat interval the takeover times are measured at.
+	testSession   = 3 * time.Second
+	testHeartbeat = 300 * time.Millisecond
+)
+
+func testLog(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tbWriter struct{ t testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// startBroker starts an embedded broker, closed when the test ends, and lowers its minimum
+// group session timeout (kfake's default, 6s, is Kafka's) so that members may use testSession.
+func startBroker(t *testing.T) (*broker.Broker, stream.ConnConfig) {
+	t.Helper()
+	b, err := broker.Start(context.Background(), broker.Config{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	conn := stream.ConnConfig{Brokers: b.Addrs(), DialTimeout: 5 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...), Transport: tr}
+	res, err := cl.IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{Resources: []kafka.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafka.ResourceTypeBroker, ResourceName: "0",
+		Configs: []kafka.IncrementalAlterConfigsRequestConfig{{Name: "group.min.session.timeout.ms", Value: "1000", ConfigOperation: kafka.ConfigOperationSet}},
+	}}})
+	if err == nil {
+		for _, r := range res.Resources {
+			err = errors.Join(err, r.Error)
+		}
+	}
+	if err != nil {
+		t.Fatalf("lowering the broker's group.min.session.timeout.ms: %v", err)
+	}
+	return b, conn
+}
+
+// ledger is a test's Hooks: what one replica's ledger would keep of its share.
+type ledger struct {
+	mu       sync.Mutex
+	next     map[int]int64                     // stored offset per partition
+	reqs     map[int]map[string]int            // requests applied per partition: kind/id -> times
+	acquired []acquisition                     // every Acquire, in order
+	released []int                             // every Release, in order
+	bad      []string                          // what broke a rule (a request applied twice, an offset going back)
+	lastCE   map[string]json.RawMessage        // the CE of each id's last registration
+	owned    map[int]bool                      // acquired and not released
+	apply    func(p int, reqs []Request) error // called by Apply, when set
+}
+
+type acquisition struct {
+	p    int
+	from int64
+}
+
+func newLedger() *ledger {
+	return &ledger{next: map[int]int64{}, reqs: map[int]map[string]int{}, lastCE: map[string]json.RawMessage{}, owned: map[int]bool{}}
+}
+
+func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acquired = append(l.acquired, acquisition{p, l.next[p]})
+	l.owned[p] = true
+	return l.next[p], nil
+}
+
+func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.apply != nil {
+		if err := l.apply(p, reqs); err != nil {
+			return err
+		}
+	}
+	if !l.owned[p] {
+		l.bad = append(l.bad, fmt.Sprintf("Apply of partition %d, not acquired", p))
+	}
+	if next <= l.next[p] {
+		l.bad = append(l.bad, fmt.Sprintf("partition %d: next %d after %d", p, next, l.next[p]))
+	}
+	if l.reqs[p] == nil {
+		l.reqs[p] = map[string]int{}
+	}
+	for _, r := range reqs {
+		k := r.Kind + "/" + r.ID
+		if l.reqs[p][k]++; l.reqs[p][k] > 1 {
+			l.bad = append(l.bad, fmt.Sprintf("partition %d: %s applied twice", p, k))
+		}
+		if Partition(r.ID, testPartitions) != p {
+			l.bad = append(l.bad, fmt.Sprintf("%s read from partition %d, belongs to %d", r.ID, p, Partition(r.ID, testPartitions)))
+		}
+		if r.Kind == KindRegister {
+			l.lastCE[r.ID] = r.CE
+		}
+	}
+	l.next[p] = next
+	return nil
+}
+
+func (l *ledger) Release(_ context.Context, p int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.released = append(l.released, p)
+	delete(l.owned, p)
+	return nil
+}
+
+// applied returns the kind/id of every request applied to partition p.
+func (l *ledger) applied(p int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Sorted(maps.Keys(l.reqs[p]))
+}
+
+func (l *ledger) stored(p int) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.next[p]
+}
+
+func (l *ledger) problems() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.bad)
+}
+
+func (l *ledger) releases() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.released)
+}
+
+func (l *ledger) acquisitions() []acquisition {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.acquired)
+}
+
+// replica is a running Member with its ledger.
+type replica struct {
+	id     string
+	m      *Member
+	l      *ledger
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop ends the member's Run (it leaves the group) and waits for it.
+func (r *replica) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("replica %s: Run: %v", r.id, err)
+		}
+		r.done <- nil // for the cleanup's second stop
+	case <-time.After(30 * time.Second):
+		t.Fatalf("replica %s: Run did not return within 30s of its context's end", r.id)
+	}
+}
+
+func memberConfig(conn stream.ConnConfig, id string) MemberConfig {
+	return MemberConfig{Conn: conn, Topic: testTopic, Group: testGroup, Partitions: testPartitions,
+		ReplicaID: id, AdvertiseURL: "http://" + id + ".test:8080",
+		SessionTimeout: testSession, HeartbeatInterval: testHeartbeat,
+		FetchWait: 100 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		JoinBackoff: 100 * time.Millisecond}
+}
+
+func startReplica(t *testing.T, cfg MemberConfig) *replica {
+	t.Helper()
+	return startReplicaOn(t, cfg, newLedger())
+}
+
+// startReplicaOn starts a member on ledger l (a replica restarted on its state directory).
+func startReplicaOn(t *testing.T, cfg MemberConfig, l *ledger) *replica {
+	t.Helper()
+	m, err := NewMember(context.Background(), cfg, l, testLog(t).With("replica", cfg.ReplicaID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{id: cfg.ReplicaID, m: m, l: l, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- m.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// ownership returns, when the replicas hold every partition exactly once and each of them is
+// ready, who holds which; otherwise nil.
+func ownership(reps ...*replica) map[int]string {
+	owner := map[int]string{}
+	for _, r := range reps {
+		for _, p := range r.m.Owned() {
+			if _, dup := owner[p]; dup || !r.m.Ready(p) {
+				return nil
+			}
+			owner[p] = r.id
+		}
+	}
+	if len(owner) != testPartitions {
+		return nil
+	}
+	return owner
+}
+
+func byID(reps []*replica, id string) *replica {
+	for _, r := range reps {
+		if r.id == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// produced is what a test sent: the kind/id of each request, by partition.
+type produced map[int][]string
+
+func produce(t *testing.T, pr *Producer, prefix string, n int, out produced) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range n {
+		r := Request{Kind: KindRegister, ID: fmt.Sprintf("%s-%d", prefix, i), Replica: "r1", At: time.Now(),
+			CE: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
+		if i%5 == 4 { // a deletion of an earlier registration
+			r = Request{Kind: KindDelete, ID: fmt.Sprintf("%s-%d", prefix, i-1), Replica: "r2", At: time.Now()}
+		}
+		p, off, err := pr.Send(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := Partition(r.ID, testPartitions); p != want {
+			t.Fatalf("%s sent to partition %d, want %d", r.ID, p, want)
+		}
+		if off < 0 {
+			t.Fatalf("%s: offset %d", r.ID, off)
+		}
+		out[p] = append(out[p], r.Kind+"/"+r.ID)
+	}
+}
+
+// checkShares fails unless the owner of each partition applied exactly the requests produced
+// to it, and no ledger broke a rule.
+func checkShares(t *testing.T, b *broker.Broker, reps []*replica, owner map[int]string, want produced) {
+	t.Helper()
+	hwm := b.HighWatermarks(testTopic)
+	for p := range testPartitions {
+		r := byID(reps, owner[p])
+		if got, w := r.l.applied(p), slices.Sorted(slices.Values(want[p])); !slices.Equal(got, w) {
+			t.Errorf("partition %d, owner %s: applied %d requests, %d produced (missing or extra: %v)", p, r.id, len(got), len(w), symDiff(got, w))
+		}
+		if got := r.l.stored(p); got != hwm[p] {
+			t.Errorf("partition %d, owner %s: stored offset %d, partition end %d", p, r.id, got, hwm[p])
+		}
+	}
+	for _, r := range reps {
+		if bad := r.l.problems(); len(bad) > 0 {
+			t.Errorf("replica %s: %d problems, the first: %v", r.id, len(bad), bad[:min(len(bad), 5)])
+		}
+	}
+}
+
+func symDiff(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			out = append(out, "+"+x)
+		}
+	}
+	for _, x := range b {
+		if !slices.Contains(a, x) {
+			out = append(out, "-"+x)
+		}
+	}
+	if len(out) > 10 {
+		out = append(out[:10], "...")
+	}
+	return out
+}
+
+// caughtUp reports whether each partition's owner has stored the partition's end.
+func caughtUp(b *broker.Broker, reps []*replica, owner map[int]string) bool {
+	hwm := b.HighWatermarks(testTopic)
+	for p := range testPartitions {
+		if byID(reps, owner[p]).l.stored(p) != hwm[p] {
+			return false
+		}
+	}
+	return true
+}
+
+// Three members share the partitions; every request is applied once by its partition's
+// owner; a member that leaves hands its partitions to the others, who rebuild them from the
+// offsets their ledgers stored; the others keep theirs; the Directory follows.
+func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
+	b, conn := startBroker(t)
+	var reps []*replica
+	for _, id := range []string{"r1", "r2", "r3"} {
+		reps = append(reps, startReplica(t, memberConfig(conn, id)))
+	}
+	var owner map[int]string
+	waitfor.Cond(t, 60*time.Second, "three members owning every partition once", func() bool {
+		owner = ownership(reps...)
+		return owner != nil && len(reps[0].m.Owned()) > 0 && len(reps[1].m.Owned()) > 0 && len(reps[2].m.Owned()) > 0
+	})
+	for _, r := range reps {
+		if n := len(r.m.Owned()); n != testPartitions/3 {
+			t.Errorf("replica %s owns %d partitions, want %d: %v", r.id, n, testPartitions/3, owner)
+		}
+	}
+
+	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	want := produced{}
+	produce(t, pr, "a", 600, want)
+	writeMalformed(t, conn, 5)
+	produce(t, pr, "b", 60, want)
+	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
+	if again := ownership(reps...); !maps.Equal(again, owner) {
+		t.Fatalf("partitions moved while the members stayed: %v, then %v", owner, again)
+	}
+	checkShares(t, b, reps, owner, want)
+	var applied int64
+	skipped := map[string]int64{}
+	for _, r := range reps {
+		s := r.m.Stats()
+		applied += s.Applied
+		for k, v := range s.Skipped {
+			skipped[k] += v
+		}
+	}
+	if applied != 660 {
+		t.Errorf("the members applied %d requests, 660 were produced", applied)
+	}
+	if want := map[string]int64{ReasonJSON: 2, ReasonKey: 1, ReasonKind: 1, ReasonCE: 1}; skipped[ReasonJSON] != 2 || skipped[ReasonKey] != 1 ||
+		skipped[ReasonKind] != 1 || skipped[ReasonCE] != 1 {
+		t.Errorf("malformed records skipped %v, want %v", skipped, want)
+	}
+
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	checkDirectory(t, dir, owner)
+
+	// r2 leaves.
+	gone := reps[1]
+	before := map[string][]int{"r1": reps[0].m.Owned(), "r3": reps[2].m.Owned()}
+	acquiredBefore := map[string]int{"r1": len(reps[0].l.acquisitions()), "r3": len(reps[2].l.acquisitions())}
+	goneOwned, goneReleased := gone.m.Owned(), len(gone.l.releases())
+	start := time.Now()
+	gone.stop(t)
+	stay := []*replica{reps[0], reps[2]}
+	waitfor.Cond(t, 60*time.Second, "r1 and r3 owning every partition", func() bool { owner = ownership(stay...); return owner != nil })
+	t.Logf("takeover after a member's Close (session timeout %v, heartbeat %v): %v", testSession, testHeartbeat, time.Since(start))
+	if rel := slices.Sorted(slices.Values(gone.l.releases()[goneReleased:])); !slices.Equal(rel, goneOwned) {
+		t.Errorf("r2 released %v when it stopped, it owned %v", rel, goneOwned)
+	}
+	for _, r := range stay {
+		for _, p := range before[r.id] {
+			if owner[p] != r.id {
+				t.Errorf("partition %d moved from %s to %s when r2 left", p, r.id, owner[p])
+			}
+		}
+		// Every acquisition since the move started from what the ledger stored: 0 for r2's
+		// former partitions (never applied here), the stored offset for the kept ones.
+		for _, a := range r.l.acquisitions()[acquiredBefore[r.id]:] {
+			if slices.Contains(before[r.id], a.p) {
+				continue
+			}
+			if a.from != 0 {
+				t.Errorf("%s acquired r2's partition %d from %d, its ledger had nothing", r.id, a.p, a.from)
+			}
+		}
+	}
+	produce(t, pr, "c", 120, want)
+	waitfor.Cond(t, 30*time.Second, "the new owners applying every request", func() bool { return caughtUp(b, stay, owner) })
+	checkShares(t, b, stay, owner, want)
+	waitfor.Cond(t, 10*time.Second, "the directory naming the new owners", func() bool { return directoryAgrees(dir, owner) })
+	checkDirectory(t, dir, owner)
+
+	// r2 comes back on its ledger: a partition it gets back is read from the offset its
+	// ledger stored (reading it from 0 again would apply its requests twice), a new one from 0.
+	back := startReplicaOn(t, memberConfig(conn, "r2"), gone.l)
+	reps = []*replica{reps[0], back, reps[2]}
+	waitfor.Cond(t, 60*time.Second, "r2 back, and every partition owned once", func() bool {
+		owner = ownership(reps...)
+		return owner != nil && len(back.m.Owned()) == testPartitions/3
+	})
+	produce(t, pr, "d", 60, want)
+	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
+	checkShares(t, b, reps, owner, want)
+	resumed := 0
+	for _, a := range back.l.acquisitions() {
+		if a.from > 0 {
+			resumed++
+		}
+	}
+	t.Logf("r2 back: %d of its %d partitions resumed from its ledger's offsets", resumed, testPartitions/3)
+}
+
+// writeMalformed writes malformed records to partition 0 (besides the requests around them).
+func writeMalformed(t *testing.T, conn stream.ConnConfig, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	msgs := []kafka.Message{
+		{Key: []byte("x-1"), Value: []byte(`not json`)},
+		{Key: []byte("x-2"), Value: nil},
+		{Key: []byte("other"), Value: []byte(`{"kind":"delete","id":"x-3","replica":"r","at":"` + at + `"}`)},
+		{Key: []byte("x-4"), Value: []byte(`{"kind":"renew","id":"x-4","replica":"r","at":"` + at + `"}`)},
+		{Key: []byte("x-5"), Value: []byte(`{"kind":"register","id":"x-5","replica":"r","at":"` + at + `"}`)},
+	}[:n]
+	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testTopic, Transport: tr, RequiredAcks: kafka.RequireAll,
+		Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }), BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func directoryAgrees(dir *Directory, owner map[int]string) bool {
+	for i := range 200 {
+		id := fmt.Sprintf("dir-%d", i)
+		o, err := dir.Owner(context.Background(), id)
+		if err != nil || o.Replica != owner[Partition(id, testPartitions)] {
+			return false
+		}
+	}
+	return true
+}
+
+func checkDirectory(t *testing.T, dir *Directory, owner map[int]string) {
+	t.Helper()
+	for i := range 200 {
+		id := fmt.Sprintf("dir-%d", i)
+		o, err := dir.Owner(context.Background(), id)
+		if err != nil {
+			t.Fatalf("Owner(%q): %v", id, err)
+		}
+		want := owner[Partition(id, testPartitions)]
+		if o.Replica != want || o.URL != "http://"+want+".test:8080" || o.MemberID == "" {
+			t.Fatalf("Owner(%q) = %+v, want replica %s at http://%s.test:8080", id, o, want, want)
+		}
+	}
+}
+
+// cutter cuts a member off the broker, as a network partition or a paused process would:
+// its connections are closed and new ones refused, so it can neither heartbeat nor leave.
+type cutter struct {
+	mu    sync.Mutex
+	cut   bool
+	conns []net.Conn
+}
+
+func (c *cutter) dial(ctx context.Context, network, address string) (net.Conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("cut off by the test")}
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, address)
+	if err == nil {
+		c.conns = append(c.conns, conn)
+	}
+	return conn, err
+}
+
+func (c *cutter) cutOff() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cut = true
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+}
+
+// A member cut off from the broker (it cannot heartbeat, nor leave) loses its partitions to
+// the others once the group's session timeout passes, and releases them itself.
+func TestMemberCutOffLosesPartitions(t *testing.T) {
+	b, conn := startBroker(t)
+	cut := &cutter{}
+	cfg := memberConfig(conn, "r2")
+	cfg.dial = cut.dial
+	reps := []*replica{startReplica(t, memberConfig(conn, "r1")), startReplica(t, cfg), startReplica(t, memberConfig(conn, "r3"))}
+	var owner map[int]string
+	waitfor.Cond(t, 60*time.Second, "three members owning every partition once", func() bool {
+		owner = ownership(reps...)
+		return owner != nil && len(reps[0].m.Owned()) > 0 && len(reps[1].m.Owned()) > 0 && len(reps[2].m.Owned()) > 0
+	})
+	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	want := produced{}
+	produce(t, pr, "a", 300, want)
+	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
+
+	before := map[string][]int{"r1": reps[0].m.Owned(), "r3": reps[2].m.Owned()}
+	cutOwned, cutReleased := reps[1].m.Owned(), len(reps[1].l.releases())
+	start := time.Now()
+	cut.cutOff()
+	stay := []*replica{reps[0], reps[2]}
+	waitfor.Cond(t, 60*time.Second, "r1 and r3 owning every partition", func() bool { owner = ownership(stay...); return owner != nil })
+	t.Logf("takeover after a member was cut off (session timeout %v, heartbeat %v): %v", testSession, testHeartbeat, time.Since(start))
+	for _, r := range stay {
+		for _, p := range before[r.id] {
+			if owner[p] != r.id {
+				t.Errorf("partition %d moved from %s to %s when r2 was cut off", p, r.id, owner[p])
+			}
+		}
+	}
+	produce(t, pr, "b", 120, want)
+	waitfor.Cond(t, 30*time.Second, "the new owners applying every request", func() bool { return caughtUp(b, stay, owner) })
+	checkShares(t, b, stay, owner, want)
+	waitfor.Cond(t, 30*time.Second, "the cut-off member releasing its partitions", func() bool { return len(reps[1].m.Owned()) == 0 })
+	if rel := slices.Sorted(slices.Values(reps[1].l.releases()[cutReleased:])); !slices.Equal(rel, cutOwned) {
+		t.Errorf("the cut-off member released %v, it owned %v", rel, cutOwned)
+	}
+}
+
+func TestNewMemberRefusesAnotherPartitionCount(t *testing.T) {
+	_, conn := startBroker(t)
+	if _, err := NewMember(context.Background(), memberConfig(conn, "r1"), newLedger(), testLog(t)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := memberConfig(conn, "r2")
+	cfg.Partitions = 6
+	_, err := NewMember(context.Background(), cfg, newLedger(), testLog(t))
+	var pm *PartitionsMismatchError
+	if !errors.As(err, &pm) || pm.Have != testPartitions || pm.Configured != 6 {
+		t.Fatalf("NewMember with 6 partitions on a topic of %d: %v, want a PartitionsMismatchError", testPartitions, err)
+	}
+	for _, s := range []string{testTopic, "replication.ce_partitions"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not name %q", err, s)
+		}
+	}
+}
+
+// A ledger that cannot store a batch stops the member (the daemon refuses to go on with a
+// broken ledger); Run says which partition.
+func TestApplyErrorStopsMember(t *testing.T) {
+	_, conn := startBroker(t)
+	l := newLedger()
+	broken := errors.New("ledger: disk full")
+	l.apply = func(int, []Request) error { return broken }
+	m, err := NewMember(context.Background(), memberConfig(conn, "r1"), l, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- m.Run(ctx) }()
+	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	p, _, err := pr.Send(ctx, Request{Kind: KindDelete, ID: "ce-1", Replica: "r1", At: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, broken) || !strings.Contains(err.Error(), fmt.Sprintf("partition %d", p)) {
+			t.Fatalf("Run: %v, want the ledger's error for partition %d", err, p)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop within 30s of a failed Apply")
+	}
+	if got := m.Owned(); len(got) != 0 {
+		t.Errorf("a stopped member still holds %v", got)
+	}
+}

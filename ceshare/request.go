@@ -1,0 +1,132 @@
+package ceshare
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/ident"
+)
+
+// Request kinds.
+const (
+	KindRegister = "register"
+	KindDelete   = "delete"
+)
+
+// Request is one record of the CE topic: its key is the CE id, its value the JSON of Request.
+type Request struct {
+	// Kind is KindRegister or KindDelete.
+	Kind string `json:"kind"`
+	// ID is the CE's id (ident.Check); the record's key.
+	ID string `json:"id"`
+	// CE is, for a registration, the CE as the registering replica measured it (the daemon's
+	// ledger record, as JSON); it is opaque here. A deletion carries none.
+	CE json.RawMessage `json:"ce,omitempty"`
+	// Replica is the id of the replica that accepted the request.
+	Replica string `json:"replica"`
+	// At is when that replica accepted it.
+	At time.Time `json:"at"`
+}
+
+// Reasons a record of the CE topic is refused by Decode, as DecodeError.Reason. They label
+// MemberStats.Skipped.
+const (
+	ReasonJSON    = "json"    // the value is not a JSON object of Request's fields
+	ReasonKind    = "kind"    // Kind is neither register nor delete
+	ReasonID      = "id"      // ID is not a valid id
+	ReasonKey     = "key"     // the record's key is not ID
+	ReasonCE      = "ce"      // a registration without a CE object, or a deletion with one
+	ReasonReplica = "replica" // Replica is empty
+	ReasonAt      = "at"      // At is missing
+)
+
+// Reasons lists every DecodeError.Reason, so that counters can start at 0.
+func Reasons() []string {
+	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt}
+}
+
+// ErrDecode is matched (errors.Is) by every DecodeError.
+var ErrDecode = errors.New("ceshare: malformed request")
+
+// DecodeError says why a record of the CE topic is not a Request.
+type DecodeError struct {
+	Reason string // one of Reasons
+	Detail string
+}
+
+func (e *DecodeError) Error() string {
+	return "ceshare: malformed request: " + e.Reason + ": " + e.Detail
+}
+
+// Is makes errors.Is(err, ErrDecode) hold.
+func (e *DecodeError) Is(target error) bool { return target == ErrDecode }
+
+// Encode checks r and returns the record's key and value.
+func Encode(r Request) (key, value []byte, err error) {
+	if err := r.check(); err != nil {
+		return nil, nil, err
+	}
+	value, err = json.Marshal(r)
+	if err != nil {
+		return nil, nil, &DecodeError{Reason: ReasonCE, Detail: err.Error()}
+	}
+	return []byte(r.ID), value, nil
+}
+
+// Decode parses one record of the CE topic. A record whose value is not a valid Request, or
+// whose key is not the request's ID, is refused with a *DecodeError.
+func Decode(key, value []byte) (Request, error) {
+	var r Request
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Request{}, &DecodeError{Reason: ReasonJSON, Detail: err.Error()}
+	}
+	if dec.More() {
+		return Request{}, &DecodeError{Reason: ReasonJSON, Detail: "data after the JSON object"}
+	}
+	if err := r.check(); err != nil {
+		return Request{}, err
+	}
+	if string(key) != r.ID {
+		return Request{}, &DecodeError{Reason: ReasonKey, Detail: fmt.Sprintf("key %q is not the id %q", clip(key), r.ID)}
+	}
+	return r, nil
+}
+
+func (r *Request) check() error {
+	switch r.Kind {
+	case KindRegister:
+		if len(r.CE) == 0 || r.CE[0] != '{' || !json.Valid(r.CE) {
+			return &DecodeError{Reason: ReasonCE, Detail: "a registration needs the CE as a JSON object"}
+		}
+	case KindDelete:
+		if len(r.CE) != 0 && string(r.CE) != "null" {
+			return &DecodeError{Reason: ReasonCE, Detail: "a deletion carries no CE"}
+		}
+	default:
+		return &DecodeError{Reason: ReasonKind, Detail: fmt.Sprintf("kind %q: want %q or %q", clip([]byte(r.Kind)), KindRegister, KindDelete)}
+	}
+	if err := ident.Check(r.ID); err != nil {
+		return &DecodeError{Reason: ReasonID, Detail: err.Error()}
+	}
+	if r.Replica == "" {
+		return &DecodeError{Reason: ReasonReplica, Detail: "no replica named"}
+	}
+	if r.At.IsZero() {
+		return &DecodeError{Reason: ReasonAt, Detail: "no time of acceptance"}
+	}
+	return nil
+}
+
+// clip shortens bytes quoted in an error.
+func clip(b []byte) string {
+	const max = 160
+	if len(b) <= max {
+		return string(b)
+	}
+	return string(b[:max]) + "..."
+}

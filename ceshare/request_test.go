@@ -1,0 +1,94 @@
+package ceshare
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+func TestRequestRoundTrip(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	for _, r := range []Request{
+		{Kind: KindRegister, ID: "ce-1", CE: json.RawMessage(`{"x":[1,2.5],"p1":0.97}`), Replica: "r1", At: at},
+		{Kind: KindDelete, ID: "a.b:c_d-9", Replica: "replica-2", At: at},
+	} {
+		key, value, err := Encode(r)
+		if err != nil {
+			t.Fatalf("Encode(%+v): %v", r, err)
+		}
+		if string(key) != r.ID {
+			t.Errorf("key %q, want the id %q", key, r.ID)
+		}
+		got, err := Decode(key, value)
+		if err != nil {
+			t.Fatalf("Decode(%s): %v", value, err)
+		}
+		if !reflect.DeepEqual(got, r) {
+			t.Errorf("round trip: got %+v, want %+v", got, r)
+		}
+	}
+}
+
+func TestDecodeRefusesMalformed(t *testing.T) {
+	const at = `"2026-03-01T12:00:00Z"`
+	for _, tc := range []struct{ name, key, value, reason string }{
+		{"not json", "ce-1", `{"kind":`, ReasonJSON},
+		{"not an object", "ce-1", `[1,2]`, ReasonJSON},
+		{"unknown field", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"extra":1}`, ReasonJSON},
+		{"trailing data", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `} {}`, ReasonJSON},
+		{"unknown kind", "ce-1", `{"kind":"renew","id":"ce-1","replica":"r","at":` + at + `}`, ReasonKind},
+		{"no kind", "ce-1", `{"id":"ce-1","replica":"r","at":` + at + `}`, ReasonKind},
+		{"bad id", "a/b", `{"kind":"delete","id":"a/b","replica":"r","at":` + at + `}`, ReasonID},
+		{"dot id", ".", `{"kind":"delete","id":".","replica":"r","at":` + at + `}`, ReasonID},
+		{"key is not the id", "ce-2", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `}`, ReasonKey},
+		{"no key", "", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `}`, ReasonKey},
+		{"register without ce", "ce-1", `{"kind":"register","id":"ce-1","replica":"r","at":` + at + `}`, ReasonCE},
+		{"register with a non-object ce", "ce-1", `{"kind":"register","id":"ce-1","ce":[1],"replica":"r","at":` + at + `}`, ReasonCE},
+		{"delete with a ce", "ce-1", `{"kind":"delete","id":"ce-1","ce":{"x":1},"replica":"r","at":` + at + `}`, ReasonCE},
+		{"no replica", "ce-1", `{"kind":"delete","id":"ce-1","at":` + at + `}`, ReasonReplica},
+		{"no time", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r"}`, ReasonAt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode([]byte(tc.key), []byte(tc.value))
+			var de *DecodeError
+			if !errors.As(err, &de) || !errors.Is(err, ErrDecode) {
+				t.Fatalf("Decode(%s): %v, want a *DecodeError", tc.value, err)
+			}
+			if de.Reason != tc.reason {
+				t.Errorf("reason %q (%v), want %q", de.Reason, err, tc.reason)
+			}
+		})
+	}
+	if _, _, err := Encode(Request{Kind: KindRegister, ID: "ce-1", Replica: "r", At: time.Now()}); !errors.Is(err, ErrDecode) {
+		t.Errorf("Encode of a registration without a CE: %v, want a refusal", err)
+	}
+}
+
+// TestPartitionMatchesKafkaGo holds Partition to kafka-go's Murmur2Balancer (which follows
+// Kafka's Java partitioner) over ids of every length class of murmur2's tail.
+func TestPartitionMatchesKafkaGo(t *testing.T) {
+	bal := kafka.Murmur2Balancer{Consistent: true}
+	for _, n := range []int{1, 3, 12, 32, 100} {
+		parts := make([]int, n)
+		for i := range parts {
+			parts[i] = i
+		}
+		for i := range 400 {
+			id := fmt.Sprintf("ce-%d-%s", i, strings.Repeat("x", i%7))
+			want := bal.Balance(kafka.Message{Key: []byte(id)}, parts...)
+			if got := Partition(id, n); got != want {
+				t.Fatalf("Partition(%q, %d) = %d, kafka-go's Murmur2Balancer says %d", id, n, got, want)
+			}
+		}
+	}
+	// A value from Kafka's own tests (UtilsTest.testMurmur2): "21" hashes to -973932308.
+	if got := int32(murmur2([]byte("21"))); got != -973932308 {
+		t.Errorf("murmur2(%q) = %d, Kafka's test says -973932308", "21", got)
+	}
+}
