@@ -1,0 +1,136 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
+// the offset after the last request it applied, under meta key "share/<partition>".
+func shareKey(p int) []byte { return []byte("share/" + strconv.Itoa(p)) }
+
+// ShareOffset is the offset after the last request of CE-topic partition p the ledger applied,
+// and false when it holds none (the partition was never owned, or was released).
+func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
+	var (
+		off int64
+		ok  bool
+	)
+	err := l.view(func(tx *bolt.Tx) error {
+		v, err := getSealed(tx.Bucket(bMeta), shareKey(p), "meta share offset")
+		if err != nil || v == nil {
+			return err
+		}
+		if len(v) != 8 {
+			return corruptf("meta share offset of partition %d: %d bytes", p, len(v))
+		}
+		off, ok = int64(binary.BigEndian.Uint64(v)), true
+		return nil
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("ledger: share offset: %w", err)
+	}
+	return off, ok, nil
+}
+
+// SetShareOffset records that the requests of partition p below next are applied.
+func (l *Ledger) SetShareOffset(p int, next int64) error {
+	if p < 0 || next < 0 {
+		return fmt.Errorf("ledger: share offset: %w", invalidf("partition %d offset %d", p, next))
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	err := l.update(func(tx *bolt.Tx) error {
+		return putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next)))
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: share offset: %w", err)
+	}
+	return nil
+}
+
+// ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset, in
+// transactions of at most releaseBatch CEs (a crash in between leaves the offset, and the next
+// release or acquisition finds the rest). It returns how many CEs it deleted.
+func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) bool) (int, error) {
+	var ids [][]byte
+	err := l.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bHeaders).ForEach(func(k, _ []byte) error {
+			if in(string(k)) {
+				ids = append(ids, bytes.Clone(k))
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ledger: release share: %w", err)
+	}
+	n := 0
+	for len(ids) > 0 {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		chunk := ids[:min(len(ids), releaseBatch)]
+		ids = ids[len(chunk):]
+		if err := l.deleteAll(chunk); err != nil {
+			return n, fmt.Errorf("ledger: release share: %w", err)
+		}
+		n += len(chunk)
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(shareKey(p)) }); err != nil {
+		return n, fmt.Errorf("ledger: release share: %w", err)
+	}
+	return n, nil
+}
+
+// releaseBatch bounds the CEs one transaction of ReleaseShare deletes.
+const releaseBatch = 10_000
+
+// deleteAll deletes the CEs under keys (those still stored) in one transaction, as Delete does
+// one.
+func (l *Ledger) deleteAll(keys [][]byte) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return l.update(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
+		w, err := l.newWriteTx(tx, l.opts.Now().UTC())
+		if err != nil {
+			return err
+		}
+		for _, key := range keys {
+			h, ok, err := readHeader(tx, key)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if err := w.deleteCE(key, &h); err != nil {
+				return err
+			}
+			if h.status != certify.Uncertified {
+				if err := l.ref(tx, c, h.anchor, -1, 0, time.Time{}); err != nil {
+					return err
+				}
+			}
+		}
+		if err := l.gcAnchors(tx, c.version); err != nil {
+			return err
+		}
+		return w.finish()
+	})
+}
+
