@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/ident"
@@ -45,7 +46,9 @@ type core interface {
 	posteriorFiles() (*posteriorFiles, error)
 	register(ctx context.Context, r registration) (*ledger.CE, error)
 	registerMany(ctx context.Context, rs []registration) ([]registered, error)
-	forget(id string) error
+	forget(ctx context.Context, id string) error
+	// find returns a stored CE, from its owner on a replica; replica names who answered.
+	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
 	audit(ctx context.Context) (ledger.AuditReport, error)
 	auditStatus() auditStatus
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
@@ -421,6 +424,12 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
+	if errors.Is(err, errPending) {
+		// A replica sent it to its owner, which has not stored it yet: GET it later.
+		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
+		writeJSON(w, http.StatusAccepted, map[string]string{"id": ce.ID, "status": "pending", "detail": err.Error()})
+		return
+	}
 	if err != nil {
 		writeRegisterError(w, err)
 		return
@@ -546,7 +555,14 @@ func (a *api) sameAsStored(r registration) bool {
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
-	ce, err := a.state.Get(r.PathValue("id"))
+	ce, replica, err := a.core.find(r.Context(), r.PathValue("id"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	if replica != "" {
+		w.Header().Set(headerReplica, replica)
+	}
+	if errors.Is(err, ceshare.ErrNoOwner) {
+		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
+		return
+	}
 	if errors.Is(err, ledger.ErrNotFound) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
@@ -559,7 +575,7 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
-	err := a.core.forget(r.PathValue("id"))
+	err := a.core.forget(r.Context(), r.PathValue("id"))
 	if errors.Is(err, ledger.ErrNotFound) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
@@ -636,6 +652,9 @@ func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
 		"replication": a.core.replication(r.Context()),
 	})
 }
+
+// headerReplica names the replica that answered for a CE (replication.replica_id).
+const headerReplica = "Cfguard-Replica"
 
 // Headers of the posterior endpoints.
 const (

@@ -166,6 +166,12 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	if d.rep != nil {
+		if d.rep.share, err = newShare(life, d, d.rep.id); err != nil {
+			return err
+		}
+		td.add("CE share", d.rep.share.close)
+	}
 
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
@@ -174,6 +180,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		close(d.ready)
 		g.Go("follow", d.rep.follow)
 		g.Go("updater", d.rep.runUpdaterGroup)
+		g.Go("ceshare", d.rep.share.run)
 	} else {
 		g.Go("ingest", d.ingest)
 	}

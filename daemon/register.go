@@ -53,6 +53,9 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	if out[0].err != nil {
 		return nil, out[0].err
 	}
+	if d.rep != nil {
+		return d.rep.share.await(ctx, out[0].ce)
+	}
 	return d.ledger.Get(out[0].ce.ID)
 }
 
@@ -250,7 +253,15 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, bulk
 		}
 		ces, stored = append(ces, ce), append(stored, i)
 	}
-	errs, err := d.ledger.PutEach(ctx, ces)
+	var errs []error
+	if d.rep != nil {
+		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
+		d.mu.Unlock()
+		errs = d.rep.share.send(ctx, ces)
+		d.mu.Lock()
+	} else {
+		errs, err = d.ledger.PutEach(ctx, ces)
+	}
 	if n := len(ces) - nonNil(errs); err == nil && n > 0 {
 		d.own.registerBatch.Observe(float64(n))
 	}
@@ -334,8 +345,12 @@ func checkRegistration(r registration, inputs int) error {
 	return nil
 }
 
-// forget deletes a CE (its anchor is released when no CE refers to it any more).
-func (d *Daemon) forget(id string) error {
+// forget deletes a CE (its anchor is released when no CE refers to it any more). A replica
+// sends the deletion to the CE's owner.
+func (d *Daemon) forget(ctx context.Context, id string) error {
+	if d.rep != nil {
+		return d.rep.share.forget(ctx, id)
+	}
 	d.mu.Lock()
 	err := d.ledger.Delete(id)
 	d.mu.Unlock()
@@ -344,4 +359,14 @@ func (d *Daemon) forget(id string) error {
 	}
 	d.log.Info("counterfactual deleted", "id", id)
 	return nil
+}
+
+// find returns a stored CE: from the ledger, or on a replica from the CE's owner (forwarding
+// authorization). replica names the replica that answered ("" for a single daemon).
+func (d *Daemon) find(ctx context.Context, id, authorization string, forwarded bool) (*ledger.CE, string, error) {
+	if d.rep == nil || forwarded {
+		ce, err := d.ledger.Get(id)
+		return ce, "", err
+	}
+	return d.rep.share.find(ctx, id, authorization)
 }

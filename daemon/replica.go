@@ -45,6 +45,8 @@ import (
 type replica struct {
 	d      *Daemon
 	plog   *postlog.Log
+	share  *share // the CEs this replica owns (set by Run once the API is bound)
+	id     string // replication.replica_id, or the host name
 	writer string // "<replica id>/<nonce>": a restarted replica is a new writer
 	group  string
 	lg     *slog.Logger
@@ -80,7 +82,7 @@ func newReplica(d *Daemon) (*replica, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
-	r := &replica{d: d, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
+	r := &replica{d: d, id: id, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{}}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
 	r.m = newReplicaMetrics(d.reg, r)
@@ -685,6 +687,13 @@ func (r *replica) health() error {
 			return fmt.Errorf("updater's consumer not ready: %v", h.Reasons)
 		}
 	}
+	if r.share != nil {
+		for _, p := range r.share.member.Owned() {
+			if !r.share.member.Ready(p) {
+				return fmt.Errorf("restoring CE partition %d from %s", p, r.d.cfg.Replication.CETopic)
+			}
+		}
+	}
 	return nil
 }
 
@@ -701,6 +710,10 @@ func (r *replica) status(ctx context.Context) map[string]any {
 	}
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
+	}
+	if r.share != nil {
+		out["ce_partitions"] = r.share.member.Owned()
+		out["ce_generation"] = r.share.member.Generation()
 	}
 	return out
 }

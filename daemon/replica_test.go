@@ -120,6 +120,47 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	}
 	produce(200)
 	v1 := agree(reps)
+
+	// CEs registered round-robin at the three are each stored by their owner and readable at
+	// every replica; the owners together hold each once.
+	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
+	const n = 12
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	for k := range n {
+		code, body := reps[k%3].do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": fmt.Sprintf("ce-%d", k),
+			"x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
+		if code != http.StatusCreated {
+			t.Fatalf("register ce-%d at replica %d: %d %s", k, k%3, code, body)
+		}
+	}
+	held := 0
+	for _, r := range reps {
+		for k := range n {
+			code, body := r.get(t, fmt.Sprintf("/v1/counterfactuals/ce-%d", k))
+			if code != http.StatusOK {
+				t.Errorf("GET ce-%d: %d %s", k, code, body)
+			}
+		}
+		c, err := r.d.ledger.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range c {
+			held += v
+		}
+	}
+	if held != n {
+		t.Errorf("the replicas' ledgers hold %d CEs in all, want %d (each once, at its owner)", held, n)
+	}
+	if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/ce-0", "", nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE ce-0: %d %s", code, body)
+	}
+	waitfor.Cond(t, 10*time.Second, "ce-0 deleted at its owner", func() bool {
+		code, _ := reps[2].get(t, "/v1/counterfactuals/ce-0")
+		return code == http.StatusNotFound
+	})
 	if v1.Version == 0 {
 		t.Fatalf("no version promoted after %d records: %+v", produced, v1)
 	}
@@ -134,10 +175,28 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	live := append(append([]*running(nil), reps[:updater]...), reps[updater+1:]...)
 	produce(200)
 	v2 := agree(live)
-	t.Logf("before: %+v\nafter: %+v", v1, v2)
 	if v2.Replication.Term <= v1.Replication.Term || v2.Version <= v1.Version {
 		t.Errorf("after the updater left: term %d -> %d, version %d -> %d; want both to grow", v1.Replication.Term, v2.Replication.Term, v1.Version, v2.Version)
 	}
+	// The leaver's CE partitions moved to the others, which rebuilt them from the CE topic.
+	waitfor.Cond(t, 30*time.Second, "every CE readable at the live replicas, held once", func() bool {
+		held := 0
+		for _, r := range live {
+			for k := 1; k < n; k++ {
+				if code, _ := r.get(t, fmt.Sprintf("/v1/counterfactuals/ce-%d", k)); code != http.StatusOK {
+					return false
+				}
+			}
+			c, err := r.d.ledger.Counts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range c {
+				held += v
+			}
+		}
+		return held == n-1
+	})
 	for _, r := range live {
 		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed"); n != 0 {
 			t.Errorf("malformed records in the log: %v", n)

@@ -557,3 +557,7 @@ func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, er
 	}
 	return out, nil
 }
+
+// NewID returns a fresh CE id of the form Put gives a CE without one: time-ordered, with 32
+// random bits. A replica names a CE before it sends its registration to the CE's owner.
+func NewID() string { return newID(time.Now().UTC()) }
