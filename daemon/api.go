@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"

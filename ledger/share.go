@@ -133,4 +133,3 @@ func (l *Ledger) deleteAll(keys [][]byte) error {
 		return w.finish()
 	})
 }
-
