@@ -60,7 +60,8 @@ type replica struct {
 	stopped  error             // following stopped for good (unknown format, failed verification)
 	caughtUp bool              // read the log to its end once since the start
 	pending  map[uint64][]event
-	consumer *stream.Consumer // the updater's, while it is one
+	consumer *stream.Consumer      // the updater's, while it is one
+	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
 
 	updater atomic.Bool
 }
@@ -83,7 +84,8 @@ func newReplica(d *Daemon) (*replica, error) {
 		return nil, err
 	}
 	r := &replica{d: d, id: id, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
-		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{}}
+		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{},
+		recent: map[uint64]*bnn.Model{}}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
 	r.m = newReplicaMetrics(d.reg, r)
 	return r, nil
@@ -116,6 +118,7 @@ func (r *replica) join(ctx context.Context) error {
 		}
 		r.chain, r.read = postlog.Resume(head), head.Offset+1
 		d.setCurrent(m)
+		r.remember(m)
 		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
 			"posterior_version", head.Version, "posterior_sha256", head.PosteriorSHA256)
 		return nil
@@ -228,6 +231,7 @@ func (r *replica) genesis(ctx context.Context) error {
 		}
 		r.chain, r.read = chain, rec.Offset+1
 		d.setCurrent(m)
+		r.remember(m)
 		r.lg.Info("posterior log genesis applied", "writer", e.Writer, "posterior_version", m.Version, "posterior_sha256", e.PosteriorSHA256)
 		return nil
 	}
@@ -323,6 +327,7 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		if err := r.d.commitStep(ctx, s, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}, time.Now()); err != nil {
 			return err
 		}
+		r.remember(next)
 	}
 	r.advance(rec.Offset+1, c, e)
 	return nil
@@ -373,6 +378,88 @@ func (r *replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
 	r.read = next
 	close(r.changed)
 	r.changed = make(chan struct{})
+}
+
+// recentPosteriors is how many of the last posteriors past finds without reading the log.
+const recentPosteriors = 256
+
+// remember keeps m among the recent posteriors.
+func (r *replica) remember(m *bnn.Model) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recent[m.Version] = m
+	if m.Version >= recentPosteriors {
+		delete(r.recent, m.Version-recentPosteriors)
+	}
+}
+
+// past returns the posteriors of the given versions, each at most the current one: the recent
+// ones from memory, the others by playing the posterior log from its start (a replica that
+// takes over CEs measured long ago elsewhere).
+func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.Model, error) {
+	out := map[uint64]*bnn.Model{}
+	want := map[uint64]bool{}
+	r.mu.Lock()
+	for _, v := range versions {
+		if m, ok := r.recent[v]; ok {
+			out[v] = m
+		} else {
+			want[v] = true
+		}
+	}
+	until := r.chain.Head().Offset
+	r.mu.Unlock()
+	if len(want) == 0 {
+		return out, nil
+	}
+	rd, err := r.plog.Read(0)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	chain := &postlog.Chain{}
+	var m *bnn.Model
+	for len(want) > 0 {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
+		}
+		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		if err != nil {
+			return nil, err
+		}
+		if reason == postlog.Accepted {
+			if e.Kind == postlog.Genesis {
+				m, err = e.Body.Model(e.PosteriorSHA256)
+			} else {
+				m, err = e.Apply(m)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("replaying the posterior log, entry %d: %w", e.Seq, err)
+			}
+			if want[m.Version] {
+				out[m.Version] = m
+				delete(want, m.Version)
+			}
+		}
+		if rec.Offset >= until {
+			break
+		}
+	}
+	return out, nil
+}
+
+// waitChange waits for the follower's next record, or ctx's end.
+func (r *replica) waitChange(ctx context.Context) error {
+	r.mu.Lock()
+	ch := r.changed
+	r.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+		return nil
+	}
 }
 
 // waitRead waits until the follower has read every record below end.

@@ -155,12 +155,18 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	return nil
 }
 
-// store puts registrations into the ledger. A CE measured under a posterior that is neither
-// current here nor a live anchor (the registering replica was ahead of this one, or behind it
-// past every anchor) is measured again under the current posterior, as a registration here
-// would be.
+// store puts registrations into the ledger, each anchored to the posterior it was measured
+// under: the current one, a live anchor, or a past version taken from the posterior log
+// (replica.past). A CE measured under a version this replica has not applied yet waits for it
+// (at most awaitOwner); one whose version it still lacks then is measured again under the
+// current posterior, as a registration here would be.
 func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
 	d := s.d
+	newest := uint64(0)
+	for _, ce := range ces {
+		newest = max(newest, ce.AnchorVersion)
+	}
+	s.awaitVersion(ctx, newest)
 	return d.durably(ctx, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -168,20 +174,27 @@ func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
 		if err != nil {
 			return err
 		}
-		var again []*ledger.CE
-		for i, e := range errs {
-			switch {
-			case e == nil, errors.Is(e, ledger.ErrExists):
-			case errors.Is(e, ledger.ErrUnknownAnchor):
-				again = append(again, ces[i])
-			default:
-				s.lg.Error("CE registration refused by the ledger", "id", ces[i].ID, "err", e)
-			}
-		}
+		again := s.refused(ces, errs)
 		if len(again) == 0 {
 			return nil
 		}
 		m := d.current()
+		var versions []uint64
+		for _, ce := range again {
+			if ce.AnchorVersion < m.Version {
+				versions = append(versions, ce.AnchorVersion)
+			}
+		}
+		past, err := d.rep.past(ctx, versions)
+		if err != nil {
+			return err
+		}
+		if errs, err = d.ledger.PutPast(ctx, again, past); err != nil {
+			return err
+		}
+		if again = s.refused(again, errs); len(again) == 0 {
+			return nil
+		}
 		pool, err := d.pools.get(m)
 		if err != nil {
 			return err
@@ -195,19 +208,44 @@ func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
 			return err
 		}
 		for i, ce := range again {
+			s.lg.Warn("CE measured again under the current posterior: the one it was measured under is not in the posterior log here",
+				"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)
 			ce.AnchorVersion, ce.P1, ce.Var1, ce.Samples = m.Version, pr.P(i, ce.Target), pr.V(i, ce.Target), d.cfg.Certify.Samples
 		}
 		errs, err = d.ledger.PutEach(ctx, again)
 		if err != nil {
 			return err
 		}
-		for i, e := range errs {
-			if e != nil && !errors.Is(e, ledger.ErrExists) {
-				s.lg.Error("CE registration refused by the ledger", "id", again[i].ID, "err", e)
-			}
-		}
+		s.refused(again, errs)
 		return nil
 	})
+}
+
+// refused returns the CEs refused for their anchor (ledger.ErrUnknownAnchor) and logs those
+// refused for another reason; one already stored (a request applied twice) is no refusal.
+func (s *share) refused(ces []*ledger.CE, errs []error) []*ledger.CE {
+	var out []*ledger.CE
+	for i, e := range errs {
+		switch {
+		case e == nil, errors.Is(e, ledger.ErrExists):
+		case errors.Is(e, ledger.ErrUnknownAnchor):
+			out = append(out, ces[i])
+		default:
+			s.lg.Error("CE registration refused by the ledger", "id", ces[i].ID, "err", e)
+		}
+	}
+	return out
+}
+
+// awaitVersion waits until this replica has applied posterior version v, at most awaitOwner.
+func (s *share) awaitVersion(ctx context.Context, v uint64) {
+	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
+	defer cancel()
+	for s.d.current().Version < v {
+		if s.d.rep.waitChange(ctx) != nil {
+			return
+		}
+	}
 }
 
 // measured is a registration as the replica that accepted it measured it: the CE of a register

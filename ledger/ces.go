@@ -80,7 +80,7 @@ func validate(ce *CE, m *bnn.Model) error {
 // CreatedAt (if zero) and UpdatedAt of the given CEs. Registering under the current posterior
 // stores its snapshot as an anchor. X and XCF are raw features (the posterior's scaler applies).
 func (l *Ledger) Put(ctx context.Context, ces ...*CE) error {
-	errs, err := l.put(ctx, ces, true)
+	errs, err := l.put(ctx, ces, true, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: put: %w", err)
 	}
@@ -100,7 +100,15 @@ func (l *Ledger) Put(ctx context.Context, ces ...*CE) error {
 // that arrive together share one durable write this way (group commit) without one bad CE
 // refusing the others.
 func (l *Ledger) PutEach(ctx context.Context, ces []*CE) (errs []error, err error) {
-	errs, err = l.put(ctx, ces, false)
+	return l.PutPast(ctx, ces, nil)
+}
+
+// PutPast is PutEach for CEs measured under posteriors that may be neither current nor live
+// anchors here: past holds those posteriors by version, and a CE anchored to one of them is
+// judged at KL(q_now || past[v]), with past[v] stored as its anchor's snapshot. A replica that
+// takes over a partition of CEs measured elsewhere gets the posteriors from the posterior log.
+func (l *Ledger) PutPast(ctx context.Context, ces []*CE, past map[uint64]*bnn.Model) (errs []error, err error) {
+	errs, err = l.put(ctx, ces, false, past)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: put: %w", err)
 	}
@@ -114,7 +122,7 @@ func (l *Ledger) PutEach(ctx context.Context, ces []*CE) (errs []error, err erro
 
 // put judges ces and stores the accepted ones in one transaction. With all, the first refused
 // CE refuses the call (its error in errs, nothing judged after it, nothing stored).
-func (l *Ledger) put(ctx context.Context, ces []*CE, all bool) ([]error, error) {
+func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*bnn.Model) ([]error, error) {
 	if len(ces) == 0 {
 		return nil, nil
 	}
@@ -123,7 +131,7 @@ func (l *Ledger) put(ctx context.Context, ces []*CE, all bool) ([]error, error) 
 	defer l.wmu.Unlock()
 	var plan *putPlan
 	err := l.view(func(tx *bolt.Tx) (err error) {
-		plan, err = l.judgePut(tx, ces, now, all)
+		plan, err = l.judgePut(tx, ces, now, all, past)
 		return err
 	})
 	if err == nil {
@@ -161,6 +169,9 @@ type putPlan struct {
 	refused int
 	all     bool // Put: the first refused CE refuses the call
 	kl      map[uint64]float64
+	current *bnn.Model
+	past    map[uint64]*bnn.Model // posteriors given by PutPast
+	snap    map[uint64]bool       // anchors to store from past
 }
 
 // name names CE i of a call in an error: by its index too when the call is all or none (Put),
@@ -180,7 +191,7 @@ func (p *putPlan) refuse(i int, err error) {
 
 // judgePut validates the CEs and judges each at its anchor's KL, filling in the derived fields
 // of those it accepts. With all, it stops at the first refused CE.
-func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*putPlan, error) {
+func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past map[uint64]*bnn.Model) (*putPlan, error) {
 	c, err := readCur(tx)
 	if err != nil {
 		return nil, err
@@ -193,7 +204,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool) (*put
 		return nil, err
 	}
 	p := &putPlan{cur: c, ces: make([]*CE, 0, len(ces)), headers: make([]header, 0, len(ces)), errs: make([]error, len(ces)),
-		all: all, kl: map[uint64]float64{}}
+		all: all, kl: map[uint64]float64{}, current: current, past: past, snap: map[uint64]bool{}}
 	seen := make(map[string]bool, len(ces))
 	hdrs := tx.Bucket(bHeaders)
 	for i, ce := range ces {
@@ -261,7 +272,16 @@ func (l *Ledger) putAnchorKL(tx *bolt.Tx, p *putPlan, v uint64) (float64, error)
 			return 0, err
 		}
 		if !ok {
-			return 0, fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, v)
+			m, given := p.past[v]
+			if !given || m.Version != v {
+				return 0, fmt.Errorf("%w: posterior version %d is neither current nor a live anchor", ErrUnknownAnchor, v)
+			}
+			kl, _, err := certify.KL(p.current, m)
+			if err != nil {
+				return 0, fmt.Errorf("%w: posterior version %d: %w", ErrInvalid, v, err)
+			}
+			p.kl[v], p.snap[v] = kl, true
+			return kl, nil
 		}
 		if a.klVersion != p.cur.version {
 			return 0, corruptf("anchor %d holds KL from posterior version %d, current is %d", v, a.klVersion, p.cur.version)
@@ -310,6 +330,15 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		}
 	}
 	for v, n := range refs {
+		if p.snap[v] {
+			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
+				return err
+			}
+			n--
+		}
+		if n == 0 {
+			continue
+		}
 		if err := l.ref(tx, p.cur, v, n, 0, now); err != nil {
 			return err
 		}

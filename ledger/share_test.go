@@ -2,11 +2,14 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
@@ -70,5 +73,46 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	}
 	if off, ok, _ := l.ShareOffset(4); !ok || off != 7 {
 		t.Errorf("another partition's offset: %d, %v", off, ok)
+	}
+}
+
+// TestPutPastAnchorsToAGivenPosterior: a CE measured under a posterior that is neither current
+// nor an anchor here is refused by PutEach, and stored by PutPast given that posterior: judged
+// at KL(q_now || q_past), its snapshot kept as the anchor, re-certified from it afterwards.
+func TestPutPastAnchorsToAGivenPosterior(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m0 := testModel(3)
+	install(t, l, m0)
+	m1 := drift(m0, 0.02)
+	if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: m1}); err != nil {
+		t.Fatal(err)
+	}
+	ce := newCE(t, m0, rand.New(rand.NewPCG(2, 2))) // measured under version 0, gone here
+	ce.ID = "past"
+	if errs, err := l.PutEach(context.Background(), []*CE{ce}); err != nil || !errors.Is(errs[0], ErrUnknownAnchor) {
+		t.Fatalf("PutEach under a posterior not stored = %v, %v; want ErrUnknownAnchor", errs, err)
+	}
+	if errs, err := l.PutPast(context.Background(), []*CE{ce}, map[uint64]*bnn.Model{0: m0}); err != nil || errs[0] != nil {
+		t.Fatalf("PutPast = %v, %v", errs, err)
+	}
+	want, _, err := certify.KL(m1, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.Get("past")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.KLFromAnchor != want || got.AnchorVersion != 0 {
+		t.Errorf("stored at anchor %d with KL %v, want anchor 0 at KL(q1 || q0) = %v", got.AnchorVersion, got.KLFromAnchor, want)
+	}
+	// The snapshot is the anchor from now on: the next version is judged from it.
+	m2 := drift(m1, 0.02)
+	if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: m2}); err != nil {
+		t.Fatal(err)
+	}
+	want2, _, _ := certify.KL(m2, m0)
+	if got, err = l.Get("past"); err != nil || math.Abs(got.KLFromAnchor-want2) > 1e-12*want2 {
+		t.Errorf("after the next version: KL %v, %v; want KL(q2 || q0) = %v", got.KLFromAnchor, err, want2)
 	}
 }
