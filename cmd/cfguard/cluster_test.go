@@ -19,6 +19,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -54,7 +55,7 @@ type modelView struct {
 	} `json:"replication"`
 }
 
-func writeReplicaConfig(t *testing.T, dir, id string, brokers []string, modelDir string) string {
+func writeReplicaConfig(t *testing.T, dir, id string, brokers []string, modelDir string, extra ...string) string {
 	t.Helper()
 	cfg := fmt.Sprintf(`http:
   listen: %s
@@ -78,6 +79,7 @@ replication:
   session_timeout: %s
   heartbeat_interval: %s
 `, anyPort, filepath.Join(dir, "state"), modelDir, strings.Join(brokers, ", "), id, replicaSession, replicaHeartbeat)
+	cfg += strings.Join(extra, "")
 	p := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -158,7 +160,11 @@ type stream struct {
 	err      error
 }
 
-func startStream(brokers []string, data *dataset.Set) *stream {
+func startStream(brokers []string, data *dataset.Set) *stream { return startStreamFlip(brokers, data, false) }
+
+// startStreamFlip is startStream with every label flipped when flip is set: the drift of a
+// model learning the opposite of what it knew.
+func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *stream {
 	s := &stream{stop: make(chan struct{}), done: make(chan struct{})}
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 64}
@@ -179,7 +185,11 @@ func startStream(brokers []string, data *dataset.Set) *stream {
 			msgs := make([]kafka.Message, 16)
 			for i := range msgs {
 				k := (n + i) % data.Len()
-				v, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("rec-%d", n+i), "features": data.X[k], "label": data.Y[k]})
+				label := data.Y[k]
+				if flip {
+					label = 1 - label
+				}
+				v, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("rec-%d", n+i), "features": data.X[k], "label": label})
 				if (n+i)%40 == 39 {
 					v = []byte(`{"id":"bad","features":[1,2]}`)
 				}
@@ -492,4 +502,229 @@ func klKey(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return fmt.Sprintf("%d %x %s", e.Version, e.KL, e.Outcome)
+}
+
+// startReplicas starts n replicas (r1, r2, ...) against brokers with the extra configuration,
+// and logs their output if the test fails.
+func startReplicas(t *testing.T, root string, n int, brokers []string, modelDir string, extra ...string) []*replicaProc {
+	t.Helper()
+	reps := make([]*replicaProc, n)
+	for i := range reps {
+		id := fmt.Sprintf("r%d", i+1)
+		dir := filepath.Join(root, id)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = &replicaProc{id: id, dir: dir, cfg: writeReplicaConfig(t, dir, id, brokers, modelDir, extra...)}
+	}
+	for _, r := range reps {
+		r.start(t)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, r := range reps {
+				t.Logf("%s's log:\n%s", r.id, r.c.log.String())
+			}
+		}
+	})
+	return reps
+}
+
+// getCE reads GET /v1/counterfactuals/{id} at r.
+func (r *replicaProc) getCE(id string) (int, []byte) {
+	cl := http.Client{Timeout: 15 * time.Second}
+	resp, err := cl.Get("http://" + r.c.addr() + "/v1/counterfactuals/" + id)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestReplicaOwnerKilledDuringDrift registers CEs round-robin at three replicas, streams records
+// that teach the model the opposite labels, and SIGKILLs one replica mid-drift. Its CE
+// partitions move; afterwards every CE is readable at every replica with one answer, its bound
+// is Theorem 1 recomputed from the posterior log (the anchor it was measured under against the
+// last posterior), and its status is the one the newest status change on the events topic
+// names.
+func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three replica processes and a drift: not with -short")
+	}
+	root := t.TempDir()
+	data, model, modelDir := trainModel(t, root)
+	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
+		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
+	reps := startReplicas(t, root, 3, brokers, modelDir, "update:\n  learning_rate: 0.003\n")
+
+	xs, cfs := candidatePairs(t, model, data, 400, 0.985, 0.002)
+	const n = 24
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	for k := range n {
+		body, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
+		resp, err := http.Post("http://"+reps[k%3].c.addr()+"/v1/counterfactuals", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("register ce-%d at %s: %d %s", k, reps[k%3].id, resp.StatusCode, b)
+		}
+	}
+	s := startStreamFlip(brokers, data, true)
+	defer func() {
+		select {
+		case <-s.done:
+		default:
+			s.end(t)
+		}
+	}()
+	waitfor.Cond(t, 60*time.Second, "the drift under way", func() bool { v, ok := reps[0].view(); return ok && v.Version >= 5 })
+	victim := reps[1]
+	killed := time.Now()
+	victim.kill(t)
+	live := []*replicaProc{reps[0], reps[2]}
+	waitfor.Cond(t, 3*replicaSession+20*time.Second, "every CE readable at the live replicas", func() bool {
+		for _, r := range live {
+			for k := range n {
+				if code, _ := r.getCE(fmt.Sprintf("ce-%d", k)); code != http.StatusOK {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	t.Logf("the killed owner's CEs answered again after %v", time.Since(killed).Round(time.Millisecond))
+	victim.start(t)
+	produced := s.end(t)
+	v := waitAgree(t, "after the drift", reps, produced)
+	// Let the owners confirm what the drift made lapse, then read every CE at every replica.
+	waitfor.Cond(t, 60*time.Second, "no renewal pending", func() bool {
+		for k := range n {
+			code, b := reps[0].getCE(fmt.Sprintf("ce-%d", k))
+			if code != http.StatusOK || bytes.Contains(b, []byte(`"renewal_pending":true`)) {
+				return false
+			}
+		}
+		return true
+	})
+	accepted, _ := readLog(t, brokers)
+	posteriors := map[uint64]*bnn.Model{}
+	var m *bnn.Model
+	for _, e := range accepted {
+		var err error
+		if e.Kind == postlog.Genesis {
+			m, err = e.Body.Model(e.PosteriorSHA256)
+		} else {
+			m, err = e.Apply(m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		posteriors[m.Version] = m
+	}
+	last := posteriors[v.Version]
+	events := readEvents(t, brokers)
+	statuses := map[string]int{}
+	for k := range n {
+		id := fmt.Sprintf("ce-%d", k)
+		var first []byte
+		for _, r := range reps {
+			code, b := r.getCE(id)
+			if code != http.StatusOK {
+				t.Fatalf("GET %s at %s: %d %s", id, r.id, code, b)
+			}
+			if first == nil {
+				first = b
+			} else if !bytes.Equal(first, b) {
+				t.Errorf("%s: %s answers\n%s\n%s answered\n%s", id, r.id, b, reps[0].id, first)
+			}
+		}
+		var ce struct {
+			Status        string  `json:"status"`
+			AnchorVersion uint64  `json:"anchor_version"`
+			P1            float64 `json:"p1"`
+			Var1          float64 `json:"var1"`
+			Samples       int     `json:"samples"`
+			Delta         float64 `json:"delta"`
+			Epsilon       float64 `json:"epsilon"`
+			Bound         float64 `json:"bound"`
+			KL            float64 `json:"kl_from_anchor"`
+		}
+		if err := json.Unmarshal(first, &ce); err != nil {
+			t.Fatal(err)
+		}
+		statuses[ce.Status]++
+		if ce.Status != "uncertified" {
+			anchor, ok := posteriors[ce.AnchorVersion]
+			if !ok {
+				t.Fatalf("%s is anchored to version %d, which the log does not hold", id, ce.AnchorVersion)
+			}
+			kl, _, err := certify.KL(last, anchor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := certify.DefaultPolicy().Bounds(certify.Certificate{P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon}, kl)
+			if ce.KL != kl || ce.Bound != b.ProbLower {
+				t.Errorf("%s: KL %v and bound %v at its owner; from the log, KL(q%d || q%d) = %v and bound %v", id, ce.KL, ce.Bound, v.Version, ce.AnchorVersion, kl, b.ProbLower)
+			}
+		}
+		if got, ok := events[id]; ce.Status != "certified" && (!ok || got.To != ce.Status) {
+			t.Errorf("%s is %s; the newest status change on the events topic says %+v (found: %v)", id, ce.Status, got, ok)
+		}
+	}
+	t.Logf("after the drift (%d records, posterior version %d): %v", produced, v.Version, statuses)
+	if statuses["certified"] == n {
+		t.Error("the drift changed no status: the test tests nothing")
+	}
+}
+
+// statusEvent is a status change on the events topic.
+type statusEvent struct {
+	Type             string `json:"type"`
+	ID               string `json:"id"`
+	From, To         string
+	PosteriorVersion uint64 `json:"posterior_version"`
+}
+
+// readEvents reads the events topic to its end and returns, per CE, the status change of the
+// newest posterior version (the last published among equals).
+func readEvents(t *testing.T, brokers []string) map[string]statusEvent {
+	t.Helper()
+	out := map[string]statusEvent{}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for p := 0; p < 3; p++ {
+		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], "cfguard.events", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", Partition: p, MaxBytes: 16 << 20})
+		for off := int64(0); off < last; {
+			msg, err := rd.ReadMessage(ctx)
+			if err != nil {
+				rd.Close()
+				t.Fatalf("events partition %d at %d of %d: %v", p, off, last, err)
+			}
+			off = msg.Offset + 1
+			var e statusEvent
+			if json.Unmarshal(msg.Value, &e) != nil || e.Type != "status_changed" {
+				continue
+			}
+			if old, ok := out[e.ID]; !ok || e.PosteriorVersion >= old.PosteriorVersion {
+				out[e.ID] = e
+			}
+		}
+		rd.Close()
+	}
+	return out
 }
