@@ -160,7 +160,9 @@ type stream struct {
 	err      error
 }
 
-func startStream(brokers []string, data *dataset.Set) *stream { return startStreamFlip(brokers, data, false) }
+func startStream(brokers []string, data *dataset.Set) *stream {
+	return startStreamFlip(brokers, data, false)
+}
 
 // startStreamFlip is startStream with every label flipped when flip is set: the drift of a
 // model learning the opposite of what it knew.
