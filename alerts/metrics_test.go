@@ -25,6 +25,7 @@ func gatheredNames(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
+	NewReplicaMetrics(reg, []string{"not_successor"})
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -232,7 +233,8 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
-		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardRenewalBehind", "CfguardTopicReset"}
+		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
+		"CfguardRenewalBehind", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

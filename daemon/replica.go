@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -50,7 +49,7 @@ type replica struct {
 	writer string // "<replica id>/<nonce>": a restarted replica is a new writer
 	group  string
 	lg     *slog.Logger
-	m      *replicaMetrics
+	m      *alerts.ReplicaMetrics
 
 	mu       sync.Mutex
 	chain    *postlog.Chain    // the follower's view; the ledger stores its head
@@ -87,7 +86,11 @@ func newReplica(d *Daemon) (*replica, error) {
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{},
 		recent: map[uint64]*bnn.Model{}}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
-	r.m = newReplicaMetrics(d.reg, r)
+	var reasons []string
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed} {
+		reasons = append(reasons, string(reason))
+	}
+	r.m = alerts.NewReplicaMetrics(d.reg, reasons)
 	return r, nil
 }
 
@@ -214,7 +217,7 @@ func (r *replica) genesis(ctx context.Context) error {
 			return err
 		}
 		if reason != postlog.Accepted {
-			r.m.ignored.WithLabelValues(string(reason)).Inc()
+			r.m.Ignored.WithLabelValues(string(reason)).Inc()
 			continue
 		}
 		m, err := e.Body.Model(e.PosteriorSHA256)
@@ -275,7 +278,7 @@ func (r *replica) follow(ctx context.Context) error {
 			close(r.changed)
 			r.changed = make(chan struct{})
 			r.mu.Unlock()
-			r.m.stopped.Set(1)
+			r.m.Stopped.Set(1)
 			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
 			<-ctx.Done()
 			return nil
@@ -293,7 +296,7 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		return err
 	}
 	if reason != postlog.Accepted {
-		r.m.ignored.WithLabelValues(string(reason)).Inc()
+		r.m.Ignored.WithLabelValues(string(reason)).Inc()
 		if e != nil {
 			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "writer", e.Writer)
 		}
@@ -372,8 +375,8 @@ func (r *replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
 		if h.Seq > acceptedWindow {
 			delete(r.accepted, h.Seq-acceptedWindow)
 		}
-		r.m.entry.Set(float64(h.Seq))
-		r.m.term.Set(float64(h.Term))
+		r.m.Entry.Set(float64(h.Seq))
+		r.m.Term.Set(float64(h.Term))
 	}
 	r.read = next
 	close(r.changed)
@@ -519,7 +522,7 @@ func (r *replica) watchEnd(ctx context.Context) {
 				r.caughtUp = true
 			}
 			r.mu.Unlock()
-			r.m.lag.Set(float64(lag))
+			r.m.Lag.Set(float64(lag))
 		case ctx.Err() == nil && failingSince.IsZero():
 			failingSince = time.Now()
 			r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
@@ -621,10 +624,10 @@ func (r *replica) runUpdaterGroup(ctx context.Context) error {
 // generation decides again.
 func (r *replica) lead(ctx context.Context, generation int32) {
 	r.updater.Store(true)
-	r.m.updater.Set(1)
+	r.m.Updater.Set(1)
 	defer func() {
 		r.updater.Store(false)
-		r.m.updater.Set(0)
+		r.m.Updater.Set(0)
 	}()
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
@@ -648,7 +651,7 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
 			break
 		}
-		r.m.lost.Inc()
+		r.m.AppendsLost.Inc()
 		// An entry of the old term that arrived before the claim is no rival: claim again on it.
 		// A claim of another writer is: rejoin, and let the group's next generation decide.
 		if h := r.head(); h.Writer != head.Writer || attempt >= 5 {
@@ -659,7 +662,7 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 	err := r.ingestTerm(ctx)
 	switch {
 	case errors.Is(err, errLost):
-		r.m.lost.Inc()
+		r.m.AppendsLost.Inc()
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.head().Seq, "term", r.head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
@@ -820,35 +823,4 @@ func buildString() string {
 		v = bi.Main.Version
 	}
 	return fmt.Sprintf("cfguard %s %s/%s %s", v, runtime.GOOS, runtime.GOARCH, bnn.Backend)
-}
-
-// replicaMetrics are the replication gauges and counters.
-type replicaMetrics struct {
-	entry, term, lag, updater, stopped prometheus.Gauge
-	ignored                            *prometheus.CounterVec
-	lost                               prometheus.Counter
-}
-
-func newReplicaMetrics(reg *prometheus.Registry, r *replica) *replicaMetrics {
-	m := &replicaMetrics{
-		entry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_entry",
-			Help: "Sequence number of the last accepted entry of the posterior log this replica applied."}),
-		term: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_term",
-			Help: "Term of the posterior log's head (the fencing token of its updater)."}),
-		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_lag_records",
-			Help: "Records of the posterior log this replica has not read yet."}),
-		updater: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_replication_updater",
-			Help: "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."}),
-		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Name: "cfguard_posterior_log_stopped",
-			Help: "1 when this replica stopped following the posterior log (an entry it cannot verify or read); it serves the last verified posterior."}),
-		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_posterior_log_records_ignored_total",
-			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
-		lost: prometheus.NewCounter(prometheus.CounterOpts{Name: "cfguard_posterior_log_appends_lost_total",
-			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
-	}
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed} {
-		m.ignored.WithLabelValues(string(reason))
-	}
-	reg.MustRegister(m.entry, m.term, m.lag, m.updater, m.stopped, m.ignored, m.lost)
-	return m
 }

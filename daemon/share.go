@@ -95,6 +95,7 @@ func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.d.rep.m.CEPartitions.Set(float64(len(s.member.Owned())))
 	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok)
 	return off, nil
 }
@@ -106,6 +107,7 @@ func (s *share) Release(ctx context.Context, p int) error {
 	if err != nil {
 		return err
 	}
+	s.d.rep.m.CEPartitions.Set(float64(len(s.member.Owned())))
 	s.lg.Info("CE partition released", "partition", p, "counterfactuals", n)
 	return nil
 }
@@ -151,6 +153,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	if err := s.d.durably(ctx, func() error { return s.d.ledger.SetShareOffset(p, next) }); err != nil {
 		return err
 	}
+	s.d.rep.m.CEApplied.Add(float64(len(reqs)))
 	s.d.confirm.notify()
 	return nil
 }

@@ -1,0 +1,54 @@
+package alerts
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Names of a replica's metrics (replication.enabled): its place in the posterior log and its
+// role. A single daemon does not register them.
+const (
+	NameLogEntry        = "cfguard_posterior_log_entry"
+	NameLogTerm         = "cfguard_posterior_log_term"
+	NameLogLag          = "cfguard_posterior_log_lag_records"
+	NameLogStopped      = "cfguard_posterior_log_stopped"
+	NameLogIgnored      = "cfguard_posterior_log_records_ignored_total"
+	NameLogAppendsLost  = "cfguard_posterior_log_appends_lost_total"
+	NameReplicaUpdater  = "cfguard_replication_updater"
+	NameCEPartitions    = "cfguard_ce_partitions_owned"
+	NameCERequestsApply = "cfguard_ce_requests_applied_total"
+)
+
+// ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
+type ReplicaMetrics struct {
+	Entry, Term, Lag, Updater, Stopped, CEPartitions prometheus.Gauge
+	// Ignored counts the log's records the acceptance rule did not accept, by reason (created
+	// at 0 for the reasons given to NewReplicaMetrics).
+	Ignored     *prometheus.CounterVec
+	AppendsLost prometheus.Counter
+	// CEApplied counts the requests of the CE topic applied to this replica's ledger.
+	CEApplied prometheus.Counter
+}
+
+// NewReplicaMetrics registers a replica's metrics on reg.
+func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string) *ReplicaMetrics {
+	g := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
+	m := &ReplicaMetrics{
+		Entry:        g(NameLogEntry, "Sequence number of the last accepted entry of the posterior log this replica applied."),
+		Term:         g(NameLogTerm, "Term of the posterior log's head (the fencing token of its updater)."),
+		Lag:          g(NameLogLag, "Records of the posterior log this replica has not read yet."),
+		Updater:      g(NameReplicaUpdater, "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."),
+		Stopped:      g(NameLogStopped, "1 when this replica stopped following the posterior log (an entry it cannot read or verify); it serves the last verified posterior."),
+		CEPartitions: g(NameCEPartitions, "Partitions of the CE topic this replica owns."),
+		Ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameLogIgnored,
+			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
+		AppendsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: NameLogAppendsLost,
+			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
+		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
+			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
+	}
+	for _, r := range ignoredReasons {
+		m.Ignored.WithLabelValues(r)
+	}
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied)
+	return m
+}
