@@ -556,3 +556,27 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		})
 	}
 }
+
+// The replicas of the README's "Scaling out" are valid, distinct, and point at the brokers
+// `cfguard broker --nodes 3` serves by default.
+func TestScalingOutExamples(t *testing.T) {
+	seen := map[string]bool{}
+	for _, name := range []string{"r1", "r2", "r3"} {
+		c, err := LoadFile(filepath.Join("..", "examples", "replicas", name+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.Replication.Enabled || c.Replication.ReplicaID != name {
+			t.Errorf("%s: replication %+v", name, c.Replication)
+		}
+		if strings.Join(c.Kafka.Brokers, ",") != "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094" {
+			t.Errorf("%s: kafka.brokers %v", name, c.Kafka.Brokers)
+		}
+		for _, v := range []string{c.HTTP.Listen, c.StateDir} {
+			if seen[v] {
+				t.Errorf("%s: %s shared with another replica", name, v)
+			}
+			seen[v] = true
+		}
+	}
+}
