@@ -56,6 +56,10 @@ type MemberConfig struct {
 	// AdvertiseURL is where the other replicas reach this one's API
 	// (replication.advertise_url). Required.
 	AdvertiseURL string
+	// Held are the partitions this replica's ledger still holds from before a restart: the
+	// member asks the group for them back (the sticky balancer keeps them with it unless
+	// another member took them over meanwhile). Default: none.
+	Held []int
 	// SessionTimeout is how long the group waits for a silent member before it gives the
 	// member's partitions to the others (replication.session_timeout). Default: 10s.
 	SessionTimeout time.Duration
@@ -189,7 +193,7 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 		skipped[r] = 0
 	}
 	return &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped,
-		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL}}, nil
+		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held)}}, nil
 }
 
 func (c *MemberConfig) transport(ctx context.Context) (*kafka.Transport, error) {
@@ -214,6 +218,14 @@ func (m *Member) Owned() []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Sorted(maps.Keys(m.parts))
+}
+
+// Assigned returns the partitions the current generation assigned to this member (those of
+// the last generation between two), before each is acquired.
+func (m *Member) Assigned() []int {
+	m.bal.mu.Lock()
+	defer m.bal.mu.Unlock()
+	return slices.Clone(m.bal.owned)
 }
 
 // Ready reports whether this member holds p and has applied p's requests up to the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -34,6 +35,7 @@ type share struct {
 	dir        *ceshare.Directory
 	client     *http.Client
 	lg         *slog.Logger
+	stopping   context.Context // run's: ended once the replica stops
 }
 
 // awaitOwner bounds how long a registration waits for its owner to store the CE before it is
@@ -69,8 +71,13 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: 10 * time.Second},
 		lg: d.log.With("component", "ceshare")}
 	group := d.cfg.Kafka.GroupID + ".ce"
+	held, err := d.ledger.ShareOffsets()
+	if err != nil {
+		return nil, err
+	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: d.conn, Topic: rc.CETopic, Group: group, Partitions: rc.CEPartitions,
-		ReplicaID: replicaID, AdvertiseURL: adv, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval}, s, s.lg); err != nil {
+		ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)), SessionTimeout: rc.SessionTimeout,
+		HeartbeatInterval: rc.HeartbeatInterval}, s, s.lg); err != nil {
 		return nil, err
 	}
 	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, s.lg); err != nil {
@@ -87,10 +94,27 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 func (s *share) close() error { return errors.Join(s.prod.Close(), s.dir.Close()) }
 
 // run is the member of the CE group until ctx ends.
-func (s *share) run(ctx context.Context) error { return s.member.Run(ctx) }
+func (s *share) run(ctx context.Context) error {
+	s.stopping = ctx
+	return s.member.Run(ctx)
+}
 
-// Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied.
+// Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. Partitions
+// the ledger still holds from before a restart and that the group gave to others are released
+// first: this replica must not confirm, audit or publish for CEs it does not own.
 func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
+	held, err := s.d.ledger.ShareOffsets()
+	if err != nil {
+		return 0, err
+	}
+	assigned := s.member.Assigned()
+	for q := range held {
+		if !slices.Contains(assigned, q) {
+			if err := s.Release(ctx, q); err != nil {
+				return 0, err
+			}
+		}
+	}
 	off, ok, err := s.d.ledger.ShareOffset(p)
 	if err != nil {
 		return 0, err
@@ -103,6 +127,11 @@ func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
 // Release is ceshare.Hooks: partition p's CEs leave this ledger (their new owner rebuilds them
 // from the CE topic).
 func (s *share) Release(ctx context.Context, p int) error {
+	if s.stopping != nil && s.stopping.Err() != nil {
+		// The replica stops: its ledger keeps the partition, and a restart that gets it back
+		// resumes from there instead of the CE topic's start.
+		return nil
+	}
 	n, err := s.d.ledger.ReleaseShare(ctx, p, func(id string) bool { return ceshare.Partition(id, s.partitions) == p })
 	if err != nil {
 		return err

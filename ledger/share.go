@@ -133,3 +133,31 @@ func (l *Ledger) deleteAll(keys [][]byte) error {
 		return w.finish()
 	})
 }
+
+// ShareOffsets returns every partition the ledger holds requests of, with its offset.
+func (l *Ledger) ShareOffsets() (map[int]int64, error) {
+	out := map[int]int64{}
+	err := l.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bMeta).Cursor()
+		prefix := []byte("share/")
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			p, err := strconv.Atoi(string(k[len(prefix):]))
+			if err != nil {
+				return corruptf("meta key %q", k)
+			}
+			v, err := getSealed(tx.Bucket(bMeta), k, "meta share offset")
+			if err != nil {
+				return err
+			}
+			if len(v) != 8 {
+				return corruptf("meta share offset of partition %d: %d bytes", p, len(v))
+			}
+			out[p] = int64(binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: share offsets: %w", err)
+	}
+	return out, nil
+}

@@ -74,6 +74,9 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	if off, ok, _ := l.ShareOffset(4); !ok || off != 7 {
 		t.Errorf("another partition's offset: %d, %v", off, ok)
 	}
+	if all, err := l.ShareOffsets(); err != nil || len(all) != 1 || all[4] != 7 {
+		t.Errorf("ShareOffsets = %v, %v; want partition 4 at 7 only", all, err)
+	}
 }
 
 // TestPutPastAnchorsToAGivenPosterior: a CE measured under a posterior that is neither current

@@ -338,7 +338,7 @@ func TestReplicasAsProcesses(t *testing.T) {
 		t.Skip("three replica processes through faults: not with -short")
 	}
 	root := t.TempDir()
-	data, _, modelDir := trainModel(t, root)
+	data, model, modelDir := trainModel(t, root)
 	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
 		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
 	reps := make([]*replicaProc, 3)
@@ -360,6 +360,7 @@ func TestReplicasAsProcesses(t *testing.T) {
 			}
 		}
 	})
+	ces := registerRoundRobin(t, reps, data, model, 12)
 	s := startStream(brokers, data)
 	defer func() {
 		select {
@@ -441,6 +442,23 @@ func TestReplicasAsProcesses(t *testing.T) {
 
 	produced := s.end(t)
 	v = waitAgree(t, "at the end", reps, produced)
+
+	// Every CE reads the same at every replica after the faults: held by one owner, found by all.
+	for _, id := range ces {
+		var first []byte
+		for _, r := range reps {
+			code, b := r.getCE(id)
+			if code != http.StatusOK {
+				t.Errorf("GET %s at %s: %d %s", id, r.id, code, b)
+				continue
+			}
+			if first == nil {
+				first = b
+			} else if !bytes.Equal(first, b) {
+				t.Errorf("%s reads differently at %s:\n%s\n%s", id, r.id, b, first)
+			}
+		}
+	}
 
 	// Coverage: every record produced was applied or dead-lettered, once.
 	for _, r := range reps {
@@ -532,6 +550,32 @@ func startReplicas(t *testing.T, root string, n int, brokers []string, modelDir 
 	return reps
 }
 
+// registerRoundRobin registers n CEs (ce-0, ce-1, ...) at the replicas in turn and returns their ids.
+func registerRoundRobin(t *testing.T, reps []*replicaProc, data *dataset.Set, model *bnn.Model, n int) []string {
+	t.Helper()
+	xs, cfs := candidatePairs(t, model, data, 400, 0.985, 0.002)
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	var ids []string
+	for k := range n {
+		id := fmt.Sprintf("ce-%d", k)
+		body, _ := json.Marshal(map[string]any{"id": id, "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
+		r := reps[k%len(reps)]
+		resp, err := http.Post("http://"+r.c.addr()+"/v1/counterfactuals", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("register %s at %s: %d %s", id, r.id, resp.StatusCode, b)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // getCE reads GET /v1/counterfactuals/{id} at r.
 func (r *replicaProc) getCE(id string) (int, []byte) {
 	cl := http.Client{Timeout: 15 * time.Second}
@@ -560,23 +604,8 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
 	reps := startReplicas(t, root, 3, brokers, modelDir, "update:\n  learning_rate: 0.003\n")
 
-	xs, cfs := candidatePairs(t, model, data, 400, 0.985, 0.002)
 	const n = 24
-	if len(xs) < n || len(cfs) < n {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	for k := range n {
-		body, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
-		resp, err := http.Post("http://"+reps[k%3].c.addr()+"/v1/counterfactuals", "application/json", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			t.Fatalf("register ce-%d at %s: %d %s", k, reps[k%3].id, resp.StatusCode, b)
-		}
-	}
+	registerRoundRobin(t, reps, data, model, n)
 	s := startStreamFlip(brokers, data, true)
 	defer func() {
 		select {
