@@ -511,6 +511,9 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		for k, o := range out {
 			res := &results[at[lo+k]]
 			switch {
+			case o.err == nil && o.ce.Status == 0:
+				// A replica sent it to its owner, which judges it: accepted, not yet stored.
+				res.ID, res.Status = o.ce.ID, "accepted"
 			case o.err == nil:
 				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
 			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
