@@ -443,21 +443,10 @@ func TestReplicasAsProcesses(t *testing.T) {
 	produced := s.end(t)
 	v = waitAgree(t, "at the end", reps, produced)
 
-	// Every CE reads the same at every replica after the faults: held by one owner, found by all.
+	// Every CE reads the same at every replica after the faults: held by one owner, found by
+	// all (its owner may still be confirming the last versions: the answers settle).
 	for _, id := range ces {
-		var first []byte
-		for _, r := range reps {
-			code, b := r.getCE(id)
-			if code != http.StatusOK {
-				t.Errorf("GET %s at %s: %d %s", id, r.id, code, b)
-				continue
-			}
-			if first == nil {
-				first = b
-			} else if !bytes.Equal(first, b) {
-				t.Errorf("%s reads differently at %s:\n%s\n%s", id, r.id, b, first)
-			}
-		}
+		sameEverywhere(t, reps, id)
 	}
 
 	// Coverage: every record produced was applied or dead-lettered, once.
@@ -576,6 +565,38 @@ func registerRoundRobin(t *testing.T, reps []*replicaProc, data *dataset.Set, mo
 	return ids
 }
 
+// sameEverywhere waits until every replica answers GET /v1/counterfactuals/{id} with 200 and
+// the same bytes in one pass, and returns them.
+func sameEverywhere(t *testing.T, reps []*replicaProc, id string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var first []byte
+		last := ""
+		for _, r := range reps {
+			code, b := r.getCE(id)
+			switch {
+			case code != http.StatusOK:
+				last = fmt.Sprintf("%s answers %d %s", r.id, code, b)
+			case first == nil:
+				first = b
+			case !bytes.Equal(first, b):
+				last = fmt.Sprintf("%s answers\n%s\n%s answered\n%s", r.id, b, reps[0].id, first)
+			}
+			if last != "" {
+				break
+			}
+		}
+		if last == "" {
+			return first
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not read the same at every replica within 30 s: %s", id, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // getCE reads GET /v1/counterfactuals/{id} at r.
 func (r *replicaProc) getCE(id string) (int, []byte) {
 	cl := http.Client{Timeout: 15 * time.Second}
@@ -663,18 +684,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	statuses := map[string]int{}
 	for k := range n {
 		id := fmt.Sprintf("ce-%d", k)
-		var first []byte
-		for _, r := range reps {
-			code, b := r.getCE(id)
-			if code != http.StatusOK {
-				t.Fatalf("GET %s at %s: %d %s", id, r.id, code, b)
-			}
-			if first == nil {
-				first = b
-			} else if !bytes.Equal(first, b) {
-				t.Errorf("%s: %s answers\n%s\n%s answered\n%s", id, r.id, b, reps[0].id, first)
-			}
-		}
+		first := sameEverywhere(t, reps, id)
 		var ce struct {
 			Status        string  `json:"status"`
 			AnchorVersion uint64  `json:"anchor_version"`
