@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -79,6 +78,3 @@ func ensureTopic(ctx context.Context, cl *kafka.Client, topic string, partitions
 	}
 	return false, nil
 }
-
-// itoa is strconv.Itoa, short.
-func itoa(i int) string { return strconv.Itoa(i) }

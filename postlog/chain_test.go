@@ -13,7 +13,6 @@ import (
 type testLog struct {
 	t      *testing.T
 	models map[uint64]*bnn.Model
-	values [][]byte // appended records, in order
 }
 
 func newTestLog(t *testing.T) (*testLog, *Entry) {

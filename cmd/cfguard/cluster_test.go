@@ -222,12 +222,6 @@ func (s *stream) end(t *testing.T) int {
 	return s.produced
 }
 
-func (s *stream) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.produced
-}
-
 // waitAgree waits until every live replica answers with the same entry and posterior hash,
 // covering want records when want >= 0, and returns the common view.
 func waitAgree(t *testing.T, what string, live []*replicaProc, want int) modelView {
