@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // replicaView is what GET /v1/model says of a replica's place in the posterior log.
@@ -200,6 +201,81 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	for _, r := range live {
 		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed"); n != 0 {
 			t.Errorf("malformed records in the log: %v", n)
+		}
+	}
+}
+
+// TestUpdaterThatLosesStepsDown appends, as a writer outside the group, a claim on the log's
+// head while records stream: the updater's next entry names the same parent and loses. The
+// updater counts the loss, stops writing in its term, and a replica claims the next term; every
+// replica follows the one chain.
+func TestUpdaterThatLosesStepsDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three daemons: not with -short")
+	}
+	b := startCluster(t, 1)
+	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
+	data := bundled(t)
+	n := 0
+	produce := func(k int) {
+		vals := make([][]byte, k)
+		for i := range vals {
+			vals[i] = record(fmt.Sprintf("rec-%d", n+i), data.X[(n+i)%data.Len()], data.Y[(n+i)%data.Len()])
+		}
+		reps[0].produce(t, vals...)
+		n += k
+	}
+	produce(64)
+	var updater *running
+	waitfor.Cond(t, 30*time.Second, "an updater that applied the records", func() bool {
+		updater = nil
+		for _, r := range reps {
+			if v := r.view(t); v.Replication.Updater && v.Version >= 2 {
+				updater = r
+			}
+		}
+		return updater != nil
+	})
+	// The rival: a claim of the next term on the head, from a writer no replica knows.
+	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	h := updater.d.rep.head()
+	rival := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+		Writer: "rival/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
+	v, err := rival.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(context.Background(), "rival", v); err != nil {
+		t.Fatal(err)
+	}
+	produce(64)
+	waitfor.Cond(t, 30*time.Second, "the old updater counts its lost entry", func() bool {
+		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1
+	})
+	produce(64)
+	waitfor.Cond(t, 30*time.Second, "a replica claims a term after the rival's and applies every record", func() bool {
+		v0 := reps[0].view(t)
+		covered := int64(0)
+		for _, to := range v0.Replication.Covers {
+			covered += to
+		}
+		if covered != int64(n) || v0.Replication.Term < h.Term+2 {
+			return false
+		}
+		for _, r := range reps[1:] {
+			if v := r.view(t); v.Replication.Entry != v0.Replication.Entry || v.Replication.SHA != v0.Replication.SHA {
+				return false
+			}
+		}
+		return true
+	})
+	for _, r := range reps {
+		if w := r.view(t).Replication.Writer; w == "rival/1" {
+			t.Errorf("a replica reports the rival as its writer")
 		}
 	}
 }
