@@ -64,3 +64,22 @@ func (o *Outcome) UnmarshalText(b []byte) error {
 	*o = v
 	return nil
 }
+
+// Decide is the on-breach policy: what becomes of an update whose KL(q_new || q_prev) is kl,
+// under the budget (0.5 - delta)^2 / 2 and the policy p. Within the budget (kl <= budget) the
+// update is promoted whatever p says; over it, alert promotes it (and the caller alerts), reject
+// keeps the previous posterior, clip promotes the update scaled down to the budget. over says
+// whether the budget was exceeded (the event and the warning the caller owes). A kl that is not a
+// number is over every budget.
+func Decide(kl, budget float64, p OnBreach) (o Outcome, over bool) {
+	if kl <= budget {
+		return OutcomePromoted, false
+	}
+	switch p {
+	case Reject:
+		return OutcomeRejected, true
+	case Clip:
+		return OutcomeClipped, true
+	}
+	return OutcomePromoted, true
+}

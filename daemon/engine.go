@@ -200,7 +200,7 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 	s.seed = d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15 // deterministic per version: replays agree
 	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Iterations,
 		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples, Seed: s.seed}
-	next, _, err := update.LastLayer(ctx, prev, X, y, ucfg)
+	next, st, err := update.LastLayer(ctx, prev, X, y, ucfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -214,26 +214,20 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}}
 		return s, nil
 	}
-	kl, _, err := certify.KL(next, prev)
-	if err != nil {
-		return nil, err
-	}
-	outcome, over := certify.OutcomePromoted, kl > d.budget
+	kl := st.KL // KL(q_new || q_prev), computed by the update
+	outcome, over := certify.Decide(kl, d.budget, d.cfg.Certify.OnBreach)
 	if over {
 		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
 		// rejected as the policy says) and is queued before the status changes it causes.
 		s.events = append(s.events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
 			KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
-		switch d.cfg.Certify.OnBreach {
-		case certify.Reject:
-			outcome = certify.OutcomeRejected
-		case certify.Clip:
+		if outcome == certify.OutcomeClipped {
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
 			if err != nil {
 				return nil, fmt.Errorf("clip: %w", err)
 			}
-			next, outcome = clipped, certify.OutcomeClipped
+			next = clipped
 			if kl, _, err = certify.KL(next, prev); err != nil {
 				return nil, err
 			}
