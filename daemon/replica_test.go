@@ -137,12 +137,24 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 		}
 	}
 	held := 0
+	owners := map[string]string{}
 	for _, r := range reps {
 		for k := range n {
-			code, body := r.get(t, fmt.Sprintf("/v1/counterfactuals/ce-%d", k))
-			if code != http.StatusOK {
-				t.Errorf("GET ce-%d: %d %s", k, code, body)
+			id := fmt.Sprintf("ce-%d", k)
+			resp, err := http.Get(r.base + "/v1/counterfactuals/" + id)
+			if err != nil {
+				t.Fatal(err)
 			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("GET %s: %d", id, resp.StatusCode)
+			}
+			// Every replica names the same owner, and the owner holds the CE in its ledger.
+			owner := resp.Header.Get("Cfguard-Replica")
+			if o, ok := owners[id]; ok && o != owner {
+				t.Errorf("%s: owner %q at one replica, %q at another", id, o, owner)
+			}
+			owners[id] = owner
 		}
 		c, err := r.d.ledger.Counts()
 		if err != nil {
@@ -154,6 +166,19 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	}
 	if held != n {
 		t.Errorf("the replicas' ledgers hold %d CEs in all, want %d (each once, at its owner)", held, n)
+	}
+	for id, owner := range owners {
+		var at *running
+		for i, r := range reps {
+			if fmt.Sprintf("r%d", i+1) == owner {
+				at = r
+			}
+		}
+		if at == nil {
+			t.Errorf("%s: Cfguard-Replica %q names no replica", id, owner)
+		} else if _, err := at.d.ledger.Get(id); err != nil {
+			t.Errorf("%s: its named owner %s does not hold it: %v", id, owner, err)
+		}
 	}
 	if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/ce-0", "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE ce-0: %d %s", code, body)
