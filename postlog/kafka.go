@@ -27,6 +27,16 @@ type Log struct {
 // min(3, brokers). It refuses a topic with more than one partition: Kafka orders records only
 // within a partition, and the acceptance rule needs one order. Close releases it.
 func Open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Log, error) {
+	return open(ctx, conn, topic, log, true)
+}
+
+// OpenExisting is Open for a reader of a log that must exist (a tool): a missing topic is an
+// error, not created.
+func OpenExisting(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Log, error) {
+	return open(ctx, conn, topic, log, false)
+}
+
+func open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger, create bool) (*Log, error) {
 	tr, err := conn.Transport(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, err
@@ -38,7 +48,7 @@ func Open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.L
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			log.Warn("posterior log writer: " + fmt.Sprintf(msg, args...))
 		})}
-	if err := l.ensure(ctx); err != nil {
+	if err := l.ensure(ctx, create); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -55,7 +65,7 @@ func (l *Log) Close() error {
 // Topic is the log's topic.
 func (l *Log) Topic() string { return l.topic }
 
-func (l *Log) ensure(ctx context.Context) error {
+func (l *Log) ensure(ctx context.Context, create bool) error {
 	for attempt := 0; ; attempt++ {
 		md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.topic}})
 		if err != nil {
@@ -77,6 +87,8 @@ func (l *Log) ensure(ctx context.Context) error {
 			return fmt.Errorf("replication.posterior_topic %s: %w", l.topic, t.Error)
 		case attempt > 0:
 			return fmt.Errorf("replication.posterior_topic %s: created, but the cluster does not show it", l.topic)
+		case !create:
+			return fmt.Errorf("replication.posterior_topic %s does not exist on %v", l.topic, l.conn.Brokers)
 		}
 		rf := min(3, len(md.Brokers))
 		res, err := l.cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: l.topic, NumPartitions: 1,

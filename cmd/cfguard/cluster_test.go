@@ -150,9 +150,9 @@ func (r *replicaProc) kill(t *testing.T) {
 	r.c.cmd.Wait()
 }
 
-// stream produces labelled records (every 40th one invalid, for the dead-letter topic) until
+// recordStream produces labelled records (every 40th one invalid, for the dead-letter topic) until
 // stopped, and counts them.
-type stream struct {
+type recordStream struct {
 	mu       sync.Mutex
 	produced int
 	stop     chan struct{}
@@ -160,14 +160,14 @@ type stream struct {
 	err      error
 }
 
-func startStream(brokers []string, data *dataset.Set) *stream {
+func startStream(brokers []string, data *dataset.Set) *recordStream {
 	return startStreamFlip(brokers, data, false)
 }
 
 // startStreamFlip is startStream with every label flipped when flip is set: the drift of a
 // model learning the opposite of what it knew.
-func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *stream {
-	s := &stream{stop: make(chan struct{}), done: make(chan struct{})}
+func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *recordStream {
+	s := &recordStream{stop: make(chan struct{}), done: make(chan struct{})}
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 64}
 	go func() {
@@ -212,7 +212,7 @@ func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *stream {
 	return s
 }
 
-func (s *stream) end(t *testing.T) int {
+func (s *recordStream) end(t *testing.T) int {
 	t.Helper()
 	close(s.stop)
 	<-s.done
@@ -487,6 +487,9 @@ func TestReplicasAsProcesses(t *testing.T) {
 	}
 	t.Logf("%d records produced, %d applied, %d dead-lettered; %d entries accepted over %d terms, %d records ignored; posterior version %d (%s)",
 		produced, applied, dead, len(accepted), len(claims), len(ignored), v.Version, v.Replication.SHA[:12])
+	// Every increment re-executes from the input records it covers to its entry's bits.
+	verifyLog(t, reps[0].cfg, len(accepted)-len(claims)-1)
+
 	// The first claim, SIGKILL, SIGSTOP and the updater's turn in the rolling restart each open a term.
 	if len(claims) < 4 {
 		t.Errorf("%d terms: the faults should have made at least 4", len(claims))
@@ -713,9 +716,29 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 		}
 	}
 	t.Logf("after the drift (%d records, posterior version %d): %v", produced, v.Version, statuses)
+	verifyLog(t, reps[0].cfg, -1)
 	if statuses["certified"] == n {
 		t.Error("the drift changed no status: the test tests nothing")
 	}
+}
+
+// verifyLog runs `cfguard verify-log` on a replica's configuration and checks that every
+// increment (want of them, when want >= 0) re-executes to its entry's bits.
+func verifyLog(t *testing.T, cfg string, want int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"verify-log", "--config", cfg}, &out, &errOut)
+	var rep struct {
+		Increments, Matched      int
+		Mismatches, Unverifiable []json.RawMessage
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || code != 0 {
+		t.Fatalf("cfguard verify-log: exit %d, %v:\n%s\n%s", code, err, out.String(), errOut.String())
+	}
+	if rep.Matched != rep.Increments || len(rep.Mismatches)+len(rep.Unverifiable) > 0 || (want >= 0 && rep.Increments != want) || rep.Increments == 0 {
+		t.Errorf("verify-log: %s", out.String())
+	}
+	t.Logf("verify-log: %d increments re-executed from their input records to their entries' bits", rep.Matched)
 }
 
 // statusEvent is a status change on the events topic.

@@ -51,6 +51,8 @@ func program() cli.Program {
 				Help: "load counterfactuals from NDJSON into a running daemon (POST /v1/counterfactuals:bulk), with progress", Run: cmdImportCEs},
 			{Name: "restore", Args: "--config FILE --from FILE",
 				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", Run: cmdRestore},
+			{Name: "verify-log", Args: "--config FILE [--from SEQ] [--to SEQ]",
+				Help: "re-execute a replicated deployment's posterior log from its input records, entry by entry, and report every difference", Run: cmdVerifyLog},
 			{Name: "check-config", Args: "--config FILE",
 				Help: "validate a configuration and print it with every default (exit 2 if invalid)", Run: cmdCheckConfig},
 			{Name: "version", Args: "[--json]",

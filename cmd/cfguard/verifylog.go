@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/cli"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/update"
+)
+
+// verifyReport is what `cfguard verify-log` prints.
+type verifyReport struct {
+	Entries      int             `json:"entries"`        // accepted entries read
+	Increments   int             `json:"increments"`     // increments re-executed
+	Matched      int             `json:"matched"`        // re-executed to the entry's bits
+	Unverifiable []verifyProblem `json:"unverifiable"`   // input past the topic's retention
+	Mismatches   []verifyProblem `json:"mismatches"`     // re-executed to something else
+	Ignored      map[string]int  `json:"ignored"`        // records the acceptance rule refused, by reason
+	Head         *postlog.Head   `json:"head,omitempty"` // the last accepted entry
+}
+
+type verifyProblem struct {
+	Seq    uint64 `json:"seq"`
+	Offset int64  `json:"offset"`
+	Why    string `json:"why"`
+}
+
+// cmdVerifyLog plays the posterior log of a replicated deployment and re-executes its
+// increments from the input records they cover: for each, the records of kafka.topic in the
+// covered ranges, decoded with the model's schema and kafka.max_record_bytes, sorted by
+// (partition, offset), through update.LastLayer with the entry's seed and the configuration's
+// update.* and certify.* keys. It reports every increment whose records, KL or posterior hash
+// differ from the entry's. Re-execution is bit-identical only on the build, GOARCH and engine that
+// wrote the entry, and with the updater's update.* and certify.* settings.
+func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("verify-log", flag.ContinueOnError)
+	path := fs.String("config", "config.yaml", "a replica's configuration (kafka.*, replication.posterior_topic, update.*, certify.*)")
+	from := fs.Uint64("from", 0, "first entry to re-execute (earlier ones are applied as recorded)")
+	to := fs.Uint64("to", ^uint64(0), "last entry to re-execute")
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg, err := config.LoadFile(*path)
+	if err != nil {
+		return err
+	}
+	if cfg.Embedded() {
+		return fmt.Errorf("%w: %s names no kafka.brokers: verify-log reads a replicated deployment's cluster", cli.ErrUsage, *path)
+	}
+	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
+	if err != nil {
+		return err
+	}
+	conn := stream.ConnConfig{Brokers: cfg.Kafka.Brokers, TLS: tlsCfg, ClientID: cfg.Kafka.ClientID}
+	if cfg.Kafka.SASL.Mechanism != "" {
+		conn.SASL = &stream.SASL{Mechanism: cfg.Kafka.SASL.Mechanism, User: cfg.Kafka.SASL.Username, Password: cfg.Kafka.SASL.Password}
+	}
+	log := newLogger(stderr, cfg.Log)
+	plog, err := postlog.OpenExisting(ctx, conn, cfg.Replication.PosteriorTopic, log)
+	if err != nil {
+		return err
+	}
+	defer plog.Close()
+	end, err := plog.End(ctx)
+	if err != nil {
+		return err
+	}
+	rd, err := plog.Read(0)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
+	defer v.close()
+	rep := verifyReport{Ignored: map[string]int{}}
+	chain := &postlog.Chain{}
+	var m *bnn.Model
+	progress := time.Now()
+	for next := int64(0); next < end; {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			return fmt.Errorf("reading %s at offset %d of %d: %w", plog.Topic(), next, end, err)
+		}
+		next = rec.Offset + 1
+		parent := chain.Head()
+		var before *postlog.Head
+		if parent != nil {
+			h := *parent
+			before = &h
+		}
+		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		if err != nil {
+			return err
+		}
+		if reason != postlog.Accepted {
+			rep.Ignored[string(reason)]++
+			continue
+		}
+		rep.Entries++
+		switch e.Kind {
+		case postlog.Genesis:
+			if m, err = e.Body.Model(e.PosteriorSHA256); err != nil {
+				return err
+			}
+			continue
+		case postlog.Claim:
+			continue
+		}
+		if e.Seq >= *from && e.Seq <= *to {
+			rep.Increments++
+			switch why, err := v.check(ctx, m, before, e); {
+			case errors.Is(err, errUnverifiable):
+				rep.Unverifiable = append(rep.Unverifiable, verifyProblem{Seq: e.Seq, Offset: rec.Offset, Why: err.Error()})
+			case err != nil:
+				return fmt.Errorf("entry %d: %w", e.Seq, err)
+			case why != "":
+				rep.Mismatches = append(rep.Mismatches, verifyProblem{Seq: e.Seq, Offset: rec.Offset, Why: why})
+			default:
+				rep.Matched++
+			}
+		}
+		if m, err = e.Apply(m); err != nil {
+			return fmt.Errorf("entry %d: %w", e.Seq, err)
+		}
+		if time.Since(progress) > 5*time.Second {
+			log.Info("verifying the posterior log", "offset", rec.Offset, "end", end, "matched", rep.Matched, "mismatches", len(rep.Mismatches))
+			progress = time.Now()
+		}
+	}
+	rep.Head = chain.Head()
+	if err := printJSON(stdout, rep); err != nil {
+		return err
+	}
+	if len(rep.Mismatches) > 0 {
+		return fmt.Errorf("%d of %d increments re-executed to something other than their entry", len(rep.Mismatches), rep.Increments)
+	}
+	return nil
+}
+
+// errUnverifiable: an increment's input records are no longer in kafka.topic.
+var errUnverifiable = errors.New("input past the topic's retention")
+
+// verifier re-executes increments.
+type verifier struct {
+	cfg     *config.Config
+	conn    stream.ConnConfig
+	budget  float64
+	readers map[int]*partReader
+}
+
+// check re-executes e on prev (the posterior of its parent, whose head is parent) and returns
+// why it differs from e ("" when it matches).
+func (v *verifier) check(ctx context.Context, prev *bnn.Model, parent *postlog.Head, e *postlog.Entry) (string, error) {
+	X, y, dead, err := v.inputs(ctx, prev, postlog.Covered(parent, e))
+	if err != nil {
+		return "", err
+	}
+	counts := e.Counts
+	if counts == nil {
+		counts = &postlog.Counts{}
+	}
+	if int64(dead) != counts.DeadLettered {
+		return fmt.Sprintf("%d records fail the schema, the entry dead-lettered %d", dead, counts.DeadLettered), nil
+	}
+	good := int64(len(X))
+	if want := counts.Applied + counts.Held + counts.Failed; good != want {
+		return fmt.Sprintf("%d good records, the entry covers %d (applied %d, held %d, failed %d)", good, want, counts.Applied, counts.Held, counts.Failed), nil
+	}
+	if good == 0 {
+		if e.Version != prev.Version {
+			return "no records, yet the version moves", nil
+		}
+		return "", nil
+	}
+	u := v.cfg.Update
+	next, st, err := update.LastLayer(ctx, prev, X, y, update.Config{Objective: u.Objective, LR: u.LearningRate, Iterations: u.Iterations,
+		KLWeight: u.KLWeight, Samples: u.Samples, Seed: e.Seed})
+	if err != nil {
+		if e.Outcome == postlog.Failed {
+			return "", nil
+		}
+		return fmt.Sprintf("the update fails (%v), the entry says %s", err, e.Outcome), nil
+	}
+	outcome, _ := certify.Decide(st.KL, v.budget, v.cfg.Certify.OnBreach)
+	if string(outcome) != e.Outcome {
+		return fmt.Sprintf("outcome %s at KL %v, the entry says %s at KL %v", outcome, st.KL, e.Outcome, e.KL), nil
+	}
+	kl := st.KL
+	if outcome == certify.OutcomeClipped {
+		if next, _, err = update.ClipToBudget(prev, next, v.budget); err != nil {
+			return fmt.Sprintf("clipping fails: %v", err), nil
+		}
+		if kl, _, err = certify.KL(next, prev); err != nil {
+			return "", err
+		}
+	}
+	if kl != e.KL {
+		return fmt.Sprintf("KL %v, the entry records %v", kl, e.KL), nil
+	}
+	if outcome == certify.OutcomeRejected {
+		return "", nil
+	}
+	sha, err := postlog.PosteriorHash(next)
+	if err != nil {
+		return "", err
+	}
+	if sha != e.PosteriorSHA256 {
+		return fmt.Sprintf("posterior %s, the entry records %s", sha, e.PosteriorSHA256), nil
+	}
+	return "", nil
+}
+
+// inputs reads the covered ranges of kafka.topic and decodes them with prev's schema, in
+// (partition, offset) order: the good records' features and labels, and how many fail. Each
+// partition is read by one reader that moves on from range to range (the ranges of successive
+// increments are contiguous).
+func (v *verifier) inputs(ctx context.Context, prev *bnn.Model, ranges map[int]postlog.Range) (X [][]float64, y []int, dead int, err error) {
+	features := prev.Features
+	if len(features) == 0 {
+		for j := 0; j < prev.Inputs(); j++ {
+			features = append(features, fmt.Sprintf("x%d", j))
+		}
+	}
+	schema, err := stream.NewSchema(features, prev.Classes, v.cfg.Kafka.MaxRecordBytes)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for _, p := range slices.Sorted(maps.Keys(ranges)) {
+		r := ranges[p]
+		rd, err := v.reader(p, r.From)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		for off := r.From; off < r.To; {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			msg, err := rd.r.FetchMessage(rctx)
+			cancel()
+			if err != nil {
+				return nil, nil, 0, fmt.Errorf("%w: partition %d [%d, %d) of %s at %d: %v", errUnverifiable, p, r.From, r.To, v.cfg.Kafka.Topic, off, err)
+			}
+			if msg.Offset != off {
+				return nil, nil, 0, fmt.Errorf("%w: partition %d of %s goes on at %d, the entry covers from %d", errUnverifiable, p, v.cfg.Kafka.Topic, msg.Offset, off)
+			}
+			off, rd.next = msg.Offset+1, msg.Offset+1
+			rec, err := schema.Decode(msg.Value)
+			if err != nil {
+				dead++
+				continue
+			}
+			X, y = append(X, rec.X), append(y, rec.Label)
+		}
+	}
+	return X, y, dead, nil
+}
+
+// partReader reads one partition of kafka.topic; next is the offset it reads next.
+type partReader struct {
+	r    *kafka.Reader
+	next int64
+}
+
+// reader returns partition p's reader, positioned at from.
+func (v *verifier) reader(p int, from int64) (*partReader, error) {
+	if v.readers == nil {
+		v.readers = map[int]*partReader{}
+	}
+	rd := v.readers[p]
+	if rd == nil {
+		dialer, err := v.conn.Dialer()
+		if err != nil {
+			return nil, err
+		}
+		rd = &partReader{r: kafka.NewReader(kafka.ReaderConfig{Brokers: v.conn.Brokers, Topic: v.cfg.Kafka.Topic, Partition: p, Dialer: dialer,
+			MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond}), next: -1}
+		v.readers[p] = rd
+	}
+	if rd.next != from {
+		if err := rd.r.SetOffset(from); err != nil {
+			return nil, err
+		}
+		rd.next = from
+	}
+	return rd, nil
+}
+
+// close closes the readers.
+func (v *verifier) close() {
+	for _, rd := range v.readers {
+		rd.r.Close()
+	}
+}
