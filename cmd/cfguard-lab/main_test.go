@@ -109,7 +109,7 @@ func TestPSCEMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"| metric | wachter (ours) | wachter (paper) | roar (ours) | roar (paper) |",
 		"breast_cancer, MC Dropout, protocol paper: 1 seed(s) x 2 test rows",
-		"| 99.0 ± 1.3 |", // the paper's MC Dropout Wachter validity on breast cancer
+		"| 99.0 ± 1.3 |",      // the paper's MC Dropout Wachter validity on breast cancer
 		"| 0.8146 ± 0.0328 |", // the paper's MC Dropout ROAR IM1 on breast cancer
 		"Produced by `cfguard-lab " + strings.Join(args, " ") + "`",
 	} {
