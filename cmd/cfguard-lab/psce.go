@@ -74,7 +74,7 @@ func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case *asJSON:
 		return evaluate.WriteJSON(stdout, sums)
 	case *markdown:
-		return evaluate.WriteMarkdown(stdout, sums, name, "cfguard-lab psce "+strings.Join(args, " "))
+		return evaluate.WriteMarkdown(stdout, sums, name, commandLine("cfguard-lab psce", args))
 	}
 	return evaluate.WriteTable(stdout, sums)
 }
