@@ -16,15 +16,23 @@ func TestPaperConfig(t *testing.T) {
 		check           func(c explain.Config) bool
 	}{
 		{"psce", "breast_cancer", func(c explain.Config) bool { return *c.Weights == explain.PaperWeights }},
-		{"psce", "spambase", func(c explain.Config) bool { return c.Weights.Latent == 0.001 && c.Weights.ELBO == 0.002 && c.Weights.Class == 1 }},
-		{"psce", "mnist", func(c explain.Config) bool { return c.Weights.Latent == 1e-4 && c.Weights.Delta == 1 && c.Weights.Var == 0.1 }},
+		{"psce", "spambase", func(c explain.Config) bool {
+			return c.Weights.Latent == 0.001 && c.Weights.ELBO == 0.002 && c.Weights.Class == 1
+		}},
+		{"psce", "mnist", func(c explain.Config) bool {
+			return c.Weights.Latent == 1e-4 && c.Weights.Delta == 1 && c.Weights.Var == 0.1
+		}},
 		{"psce-paper", "mnist", func(c explain.Config) bool { return *c.Weights == explain.PaperWeights }},
-		{"bayescf", "german_credit", func(c explain.Config) bool { return c.Weights.Prox == 0.001 && c.Weights.Pred == 1 && c.Weights.Class == 0 }},
+		{"bayescf", "german_credit", func(c explain.Config) bool {
+			return c.Weights.Prox == 0.001 && c.Weights.Pred == 1 && c.Weights.Class == 0
+		}},
 		{"bayescf", "digits", func(c explain.Config) bool { return c.Weights.Prox == 1e-7 }},
 		{"schut", "mnist", func(c explain.Config) bool { return c.MoveSize == 0.2 && c.MaxChanges == 5 && c.Confidence == 0.95 }},
 		{"schut", "spambase", func(c explain.Config) bool { return c.MoveSize == 0.1 && c.MaxChanges == 20 }},
 		{"schut", "my.csv", func(c explain.Config) bool { return c.MaxChanges == 10 }},
-		{"roar", "breast_cancer", func(c explain.Config) bool { return c.DeltaMax == 0.1 && c.Weights.Robust == 1 && c.Weights.ProxL1 == 0.1 }},
+		{"roar", "breast_cancer", func(c explain.Config) bool {
+			return c.DeltaMax == 0.1 && c.Weights.Robust == 1 && c.Weights.ProxL1 == 0.1
+		}},
 	} {
 		c, err := PaperConfig(tc.method, tc.dataset, explain.Config{})
 		if err != nil {
