@@ -529,6 +529,9 @@ func evalMethod(ctx context.Context, cfg Config, st *seedSetup, name string, g, 
 				continue
 			}
 			rr := RobustnessRatio(z, zcf, standardized(anchor, rk.XCF))
+			if math.IsNaN(rr) || math.IsInf(rr, 0) {
+				continue // x' = x: the ratio is undefined
+			}
 			if gk == fresh {
 				rrs = append(rrs, rr)
 			} else {

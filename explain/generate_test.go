@@ -383,3 +383,78 @@ func TestGenerateConcurrent(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestStopEstimateNeverAcceptsTheStart: at an x on the decision boundary (the confirmation
+// ensemble puts it in class 0 by a hair), the optimiser's first minibatch often says class 1;
+// the paper's stopping rule must still move before it stops, never handing back x itself.
+func TestStopEstimateNeverAcceptsTheStart(t *testing.T) {
+	m, v, set := blobFixture(t)
+	a, b := set.X[0], set.X[1] // classes 0 and 1
+	trapped := 0
+	for seed := uint64(1); seed <= 12; seed++ {
+		g := NewGenerator(m, v, Config{Method: MethodWachter, Seed: seed, Stop: StopEstimate})
+		if err := g.ensembles(); err != nil {
+			t.Fatal(err)
+		}
+		// Bisect a + l (b - a) to the check ensemble's boundary, staying on class 0's side.
+		lo, hi := 0.0, 1.0
+		var x []float64
+		for i := 0; i < 40; i++ {
+			l := (lo + hi) / 2
+			x = make([]float64, len(a))
+			for j := range a {
+				x[j] = a[j] + l*(b[j]-a[j])
+			}
+			z := make([]float64, len(x))
+			m.Scaler.Apply(z, x)
+			e, err := g.estimate(context.Background(), g.checkPool, z)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.argmax() == 0 {
+				lo = l
+			} else {
+				hi = l
+			}
+		}
+		for j := range a {
+			x[j] = a[j] + lo*(b[j]-a[j])
+		}
+		z0 := make([]float64, len(x))
+		m.Scaler.Apply(z0, x)
+		o, err := g.getObjective()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.setProblem(1, z0, nil, *g.cfg.Weights, g.cfg.Delta, g.cfg.Epsilon); err != nil {
+			t.Fatal(err)
+		}
+		s := g.newSearch(o, 1)
+		if err := s.evalAt(z0); err != nil {
+			t.Fatal(err)
+		}
+		mean := make([]float64, 2)
+		for i := 0; i < len(s.ev.Probs)/2; i++ {
+			mean[0] += s.ev.Probs[2*i]
+			mean[1] += s.ev.Probs[2*i+1]
+		}
+		g.putObjective(o)
+		if mean[1] > mean[0] {
+			trapped++
+		}
+		r, err := g.Generate(context.Background(), x, 1)
+		var nf *NotFoundError
+		if errors.As(err, &nf) {
+			r, err = nf.Best, nil
+		}
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if r.Iterations == 0 || r.Distance == 0 {
+			t.Errorf("seed %d: stopped after %d iterations at distance %v: x itself handed back", seed, r.Iterations, r.Distance)
+		}
+	}
+	if trapped == 0 {
+		t.Fatal("no seed's first minibatch disagreed with the confirmation ensemble at x; the test does not exercise the start")
+	}
+}

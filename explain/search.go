@@ -107,7 +107,14 @@ func (s *search) done(ctx context.Context, z, z0 []float64, it int) (*Result, er
 // doneOnEstimate is the paper protocol's stopping rule (StopEstimate): the method's rule on the
 // mean and variance of the iteration's own S sampled probabilities. The final ensemble measures
 // the iterate it stops at, whatever that says.
+//
+// The start x' = x is never accepted: the generator has already classified x (Result.Original)
+// with its confirmation ensemble, and a noisy minibatch that disagrees there would hand back x
+// itself, at distance 0, as a counterfactual.
 func (s *search) doneOnEstimate(ctx context.Context, z, z0 []float64, it int) (*Result, error) {
+	if it == 0 {
+		return nil, nil
+	}
 	c := s.o.C
 	n := len(s.ev.Probs) / c
 	e := estimate{mean: make([]float64, c), vr: make([]float64, c)}
