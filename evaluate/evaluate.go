@@ -17,7 +17,8 @@
 //     one autoencoder per class (standardised with the anchor's scaler).
 //  2. For each of the first Instances test rows x and each method, generate a counterfactual
 //     towards the other class (target -1: the most probable class other than x's own), and again
-//     for x + kappa (kappa added to every standardised feature) for the robustness ratio.
+//     for x + kappa (kappa added to every standardised feature, or raw feature with KappaRaw) for
+//     the robustness ratio.
 //  3. BNN only: update the anchor's last layer Updates times (update.LastLayer, the paper's prior
 //     objective, lr 1e-5), update u training on the first AnchorFrac + u x UpdateFrac of the
 //     training split (D_prev ∪ D_new, as the paper's p2), and re-estimate every valid
@@ -109,6 +110,10 @@ type Config struct {
 	Explain explain.Config
 
 	Kappa float64 // robustness-ratio nudge, standardised units [1e-3]
+	// KappaRaw adds Kappa to the raw features instead of the standardised ones (the paper does
+	// not say in which units it adds kappa; on features of small scale a raw kappa is a larger
+	// nudge).
+	KappaRaw bool
 	// SkipSameSeedRR skips robustness_ratio_same_seed (one search per instance less).
 	SkipSameSeedRR bool
 	Updates        int           // last-layer updates [5]
@@ -515,6 +520,9 @@ func evalMethod(ctx context.Context, cfg Config, st *seedSetup, name string, g, 
 		xk := make([]float64, len(x))
 		for j := range x {
 			xk[j] = x[j] + cfg.Kappa*anchor.Scaler.Std[j]
+			if cfg.KappaRaw {
+				xk[j] = x[j] + cfg.Kappa
+			}
 		}
 		for _, gk := range rerun {
 			rk, _, err := generate(ctx, cfg, gk, xk, r.Target)

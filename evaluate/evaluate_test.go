@@ -219,12 +219,15 @@ func TestProtocols(t *testing.T) {
 	base := Config{Data: set, Classes: ds.Classes, Dataset: "breast_cancer", Seeds: 1, Instances: n, Methods: []string{"psce"},
 		VAE: explain.TrainConfig{Epochs: 5}, AE: explain.TrainConfig{Epochs: 5}, SkipSameSeedRR: true, ValiditySamples: 200,
 		Explain: explain.Config{MaxIter: 1, FinalSamples: 200, CheckSamples: 100, PoolSize: 64}}
+	rr := map[bool]float64{}
 	for _, tc := range []struct {
 		protocol, model string
 		generated       int
-	}{{ProtocolPaper, ModelBNN, n}, {ProtocolSearch, ModelBNN, 0}, {ProtocolPaper, ModelDropout, n}} {
+		kappaRaw        bool
+	}{{ProtocolPaper, ModelBNN, n, false}, {ProtocolSearch, ModelBNN, 0, false}, {ProtocolPaper, ModelDropout, n, false},
+		{ProtocolPaper, ModelBNN, n, true}} {
 		cfg := base
-		cfg.Protocol, cfg.Model = tc.protocol, tc.model
+		cfg.Protocol, cfg.Model, cfg.KappaRaw = tc.protocol, tc.model, tc.kappaRaw
 		sums, err := Run(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -246,6 +249,13 @@ func TestProtocols(t *testing.T) {
 		if !(s.Accuracy.Mean > 0.9) {
 			t.Errorf("%s %s: accuracy %v", tc.protocol, tc.model, s.Accuracy.Mean)
 		}
+		if tc.protocol == ProtocolPaper && tc.model == ModelBNN {
+			rr[tc.kappaRaw] = s.RobustnessRatio.Mean
+		}
+	}
+	// Breast cancer's features span four orders of magnitude: kappa in raw units is another nudge.
+	if !(rr[true] != rr[false]) {
+		t.Errorf("robustness ratio %v with kappa in raw units, %v in standardised units: KappaRaw not applied", rr[true], rr[false])
 	}
 }
 

@@ -30,6 +30,7 @@ func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	samples := fs.Int("samples", 1000, "posterior draws of the generators' final ensembles and of the validity predictive (confirmation: half)")
 	epochs := fs.Int("epochs", 0, "training epochs of the classifier (0: the default)")
 	budget := fs.Int("budget", 0, "iteration budget of every method (0: the paper's 2000, or the generator's default with --protocol search)")
+	kappaRaw := fs.Bool("kappa-raw", false, "add the robustness ratio's kappa (1e-3) to the raw features instead of the standardised ones")
 	asJSON := fs.Bool("json", false, "print one JSON object per method instead of the table")
 	markdown := fs.Bool("markdown", false, "print a Markdown table with the paper's figures beside ours")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
@@ -63,6 +64,7 @@ func cmdPSCE(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Protocol: *protocol, Model: *model, Dataset: name, ValiditySamples: *samples, Logger: cli.Logger(stderr),
 		Explain: explain.Config{FinalSamples: *samples, CheckSamples: max(*samples/2, 2), PoolSize: min(explain.DefaultPoolSize, *samples), MaxIter: *budget}}
 	cfg.Train.Epochs = *epochs
+	cfg.KappaRaw = *kappaRaw
 	if *protocol == evaluate.ProtocolPaper {
 		cfg.SkipSameSeedRR = true // not a figure of the paper's; one search per instance less
 	}
