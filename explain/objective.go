@@ -54,7 +54,7 @@ var WachterWeights = Weights{Class: 1, Prox: 0.1}
 var BayesCFWeights = Weights{Pred: 1, Prox: 0.1}
 
 // ROARWeights are the ROAR baseline's (Upadhyay et al. 2021): the worst-case logistic loss plus
-// ROAR's L1 cost with its paper's lambda (0.1). Our paper's supplementary tables give no ROAR
+// ROAR's L1 cost with its paper's lambda (0.1). The PSCE paper's supplementary tables give no ROAR
 // values.
 var ROARWeights = Weights{Robust: 1, ProxL1: 0.1}
 
