@@ -30,8 +30,8 @@ const (
 	// network: gradient descent on the posterior predictive itself, Adam on
 	// Pred * (-log E_w[p(y'|x',w)]) + Prox * ||x' - x||^2 (standardised units), stopping as soon
 	// as the posterior predictive puts y' first. Their paper defines a BNN's counterfactual on its
-	// predictive distribution and finds it by projected gradient descent (the algorithm is rebuilt
-	// from that description, their paper's text not being at hand); the PSCE paper's
+	// predictive distribution and finds it by projected gradient descent; this is a
+	// reconstruction from that description, not a port of their code. The PSCE paper's
 	// supplementary tables give Adam, lr 0.1, 2000 iterations and an L2 input-space lambda_prox.
 	// It differs from Wachter on the same model only in the loss: the log of the mean
 	// probability, not the mean log-probability, so networks that already agree with y' weigh
