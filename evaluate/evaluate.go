@@ -30,9 +30,12 @@
 //	                  predictive (ValiditySamples draws of its own, shared by the methods)
 //	                  classifies as the target: the paper's Validity under ProtocolPaper, where
 //	                  every instance has a counterfactual
-//	search_success    fraction of instances whose search met the method's own rule (PSCE: the
-//	                  <delta,eps>-set; Schut: confidence 0.95; the others: the target first);
-//	                  under ProtocolSearch, the figure cfguard reported as validity before
+//	search_success    fraction of instances whose generator reported success: the method's rule
+//	                  (PSCE: the <delta,eps>-set; Schut: confidence 0.95; the others: the target
+//	                  first) met before the budget, by the optimiser's own estimate under
+//	                  ProtocolPaper, by the confirmation ensembles under ProtocolSearch, and the
+//	                  result valid under the generator's final ensemble. Under ProtocolSearch it
+//	                  is the figure cfguard reported as validity before
 //	in_set            fraction of instances whose counterfactual is in the <delta,eps>-set
 //	im1, implausibility   means over the measured counterfactuals (see IM1, Implausibility; the
 //	                  implausibility's training rows are the anchor's, in standardised units)
