@@ -35,7 +35,7 @@
 //	                  first) met before the budget, by the optimiser's own estimate under
 //	                  ProtocolPaper, by the confirmation ensembles under ProtocolSearch, and the
 //	                  result valid under the generator's final ensemble. Under ProtocolSearch it
-//	                  is the figure cfguard reported as validity before
+//	                  is what validity measures too
 //	in_set            fraction of instances whose counterfactual is in the <delta,eps>-set
 //	im1, implausibility   means over the measured counterfactuals (see IM1, Implausibility; the
 //	                  implausibility's training rows are the anchor's, in standardised units)
