@@ -5,20 +5,23 @@ package assets
 
 import (
 	"bytes"
+	"compress/gzip"
 	"embed"
 	"fmt"
+	"io"
 	"sort"
+	"strings"
 
 	"github.com/cfguard/cfguard/dataset"
 )
 
-//go:embed data/*.csv data/PROVENANCE.md
+//go:embed data/*.csv data/*.csv.gz data/PROVENANCE.md
 var files embed.FS
 
 // Dataset describes one bundled data set.
 type Dataset struct {
 	Name    string   // short name, as accepted by Load
-	File    string   // file name under data/
+	File    string   // file name under data/ (gzip-compressed when it ends in .gz)
 	Classes []string // class names by label index
 }
 
@@ -26,7 +29,11 @@ var bundled = map[string]Dataset{
 	"breast_cancer": {Name: "breast_cancer", File: "breast_cancer.csv", Classes: []string{"malignant", "benign"}},
 	"german_credit": {Name: "german_credit", File: "german_credit.csv", Classes: []string{"bad", "good"}},
 	"spambase":      {Name: "spambase", File: "spambase.csv", Classes: []string{"nonspam", "spam"}},
+	"digits":        {Name: "digits", File: "digits.csv", Classes: digitNames},
+	"mnist":         {Name: "mnist", File: "mnist.csv.gz", Classes: digitNames},
 }
+
+var digitNames = []string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}
 
 // Names lists the bundled data sets.
 func Names() []string {
@@ -54,7 +61,16 @@ func Load(name string) (*dataset.Set, Dataset, error) {
 	if err != nil {
 		return nil, d, err
 	}
-	s, err := dataset.Parse(bytes.NewReader(b))
+	var r io.Reader = bytes.NewReader(b)
+	if strings.HasSuffix(d.File, ".gz") {
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, d, fmt.Errorf("bundled %s: %w", d.File, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	s, err := dataset.Parse(r)
 	if err != nil {
 		return nil, d, fmt.Errorf("bundled %s: %w", d.File, err)
 	}

@@ -15,6 +15,10 @@
 // (Predict, PredictWith; Predictive), draws shared across calls for one posterior version (Pool),
 // the model files (Save, Load), and Bayes-by-backprop training (Train, Fit, Graph, Adam).
 //
+// For the paper's comparison it also holds the MC Dropout network (Model.Dropout, FitDropout): a
+// deterministic MLP whose draws are dropout masks instead of Gaussian weights, so that the same
+// predictive, pools and counterfactual generators average stochastic forward passes.
+//
 // The predictive's forward passes run in float64 or float32 (Precision; the posterior, the softmax
 // and the moments are always float64) through a chunked engine (engine.go) whose matrix products
 // are gonum's pure-Go BLAS by default, or OpenBLAS when built with -tags openblas (Backend says

@@ -95,6 +95,23 @@ func wnetIn[F float](a arch, block []F) wnet[F] {
 // F. The draws come in Sample's order (per layer, the weights in Layer order, then the biases), so
 // that a seed gives the same networks as Sample.
 func sampleWnet[F float](m *Model, sig *Net, rng *rand.Rand, dst wnet[F]) {
+	if m.Dropout > 0 {
+		var keep []float64
+		for k := range m.Layers {
+			l := &m.Layers[k]
+			keep = m.dropoutMask(k, rng, keep)
+			wt := dst.wt[k]
+			for o := 0; o < l.Out; o++ {
+				for i := 0; i < l.In; i++ {
+					wt[i*l.Out+o] = F(l.WeightMu[o*l.In+i] * keep[i])
+				}
+			}
+			for o, mu := range l.BiasMu {
+				dst.b[k][o] = F(mu)
+			}
+		}
+		return
+	}
 	for k := range m.Layers {
 		l := &m.Layers[k]
 		wt, sw := dst.wt[k], sig.W[k]

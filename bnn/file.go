@@ -72,6 +72,9 @@ func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 	if err := m.Validate(); err != nil {
 		return nil, nil, err
 	}
+	if m.Dropout > 0 {
+		return nil, nil, fmt.Errorf("%w: an MC Dropout network (dropout %v) has no posterior to save; model files hold BNNs only", ErrInvalidModel, m.Dropout)
+	}
 	tensors := map[string]safetensors.Tensor{}
 	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: m.Activation.String(), Output: "log_softmax",
 		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version}

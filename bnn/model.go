@@ -86,6 +86,14 @@ type Model struct {
 	PriorSigma float64
 	// Version counts accepted posterior updates; training gives version 0.
 	Version uint64
+	// Dropout is 0 for a mean-field Gaussian BNN. In (0, 1) the model is an MC Dropout network
+	// (Gal and Ghahramani 2016) instead: its weights are WeightMu and BiasMu, the log sigmas are
+	// ignored, and a draw (Sample, Pool, Predict) keeps each input of every layer but the first
+	// with probability 1 - Dropout and scales it by 1 / (1 - Dropout) (inverted dropout after
+	// every hidden layer), so that a predictive over S draws is MC Dropout's over S stochastic
+	// forward passes. Such a model has no posterior over weights: KL, updates and model files do
+	// not apply to it (Encode refuses it). FitDropout trains one.
+	Dropout float64
 }
 
 // New returns a freshly initialised ReLU model with torchbnn's initialisation:
@@ -227,6 +235,9 @@ func (m *Model) Validate() error {
 	}
 	if !(m.PriorSigma > 0) {
 		return fmt.Errorf("%w: prior sigma %v", ErrInvalidModel, m.PriorSigma)
+	}
+	if !(m.Dropout >= 0 && m.Dropout < 1) {
+		return fmt.Errorf("%w: dropout %v, want in [0, 1)", ErrInvalidModel, m.Dropout)
 	}
 	return nil
 }

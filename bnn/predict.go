@@ -44,9 +44,24 @@ func (m *Model) sigmas() *Net {
 	return s
 }
 
-// sampleWith draws w = mu + sigma * e with precomputed sigmas (see sigmas). The order of draws
-// is the same as Sample's, so results agree bit for bit.
+// sampleWith draws w = mu + sigma * e with precomputed sigmas (see sigmas), or a dropout mask
+// for an MC Dropout model. The order of draws is the same as Sample's, so results agree bit for
+// bit.
 func (m *Model) sampleWith(sig *Net, rng *rand.Rand, dst *Net) {
+	if m.Dropout > 0 {
+		var keep []float64
+		for k := range m.Layers {
+			l := &m.Layers[k]
+			keep = m.dropoutMask(k, rng, keep)
+			for o := 0; o < l.Out; o++ {
+				for i := 0; i < l.In; i++ {
+					dst.W[k][o*l.In+i] = l.WeightMu[o*l.In+i] * keep[i]
+				}
+			}
+			copy(dst.B[k], l.BiasMu)
+		}
+		return
+	}
 	for k := range m.Layers {
 		l := &m.Layers[k]
 		for i, mu := range l.WeightMu {
@@ -56,6 +71,27 @@ func (m *Model) sampleWith(sig *Net, rng *rand.Rand, dst *Net) {
 			dst.B[k][i] = mu + sig.B[k][i]*rng.NormFloat64()
 		}
 	}
+}
+
+// dropoutMask returns, in buf (reused), the scale of every input of layer k in one MC Dropout
+// draw: 1 for the first layer's inputs (the features are not dropped), otherwise 0 with
+// probability Dropout and 1 / (1 - Dropout) else, one rng.Float64 per input.
+func (m *Model) dropoutMask(k int, rng *rand.Rand, buf []float64) []float64 {
+	in := m.Layers[k].In
+	if cap(buf) < in {
+		buf = make([]float64, in)
+	}
+	buf = buf[:in]
+	for i := range buf {
+		buf[i] = 1
+		if k > 0 {
+			buf[i] = 0
+			if rng.Float64() >= m.Dropout {
+				buf[i] = 1 / (1 - m.Dropout)
+			}
+		}
+	}
+	return buf
 }
 
 // Mean sets dst to the posterior means (the "MAP-like" deterministic network).

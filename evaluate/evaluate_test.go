@@ -69,7 +69,7 @@ func TestParseMethods(t *testing.T) {
 	for _, tc := range []struct {
 		in, want, err string
 	}{
-		{"", "psce wachter schut", ""},
+		{"", "psce bayescf schut wachter roar", ""},
 		{"psce, schut", "psce schut", ""},
 		{"psce-paper", "psce-paper", ""},
 		{"psce,dice", "", `unknown method "dice"`},
@@ -102,6 +102,9 @@ func TestConfigErrors(t *testing.T) {
 		{"updates", Config{Data: set, Updates: 60}, "update fraction 0.01 x 60 updates"},
 		{"instances", Config{Data: set, Instances: -3}, "instances -3"},
 		{"classes", Config{Data: set, Classes: []string{"a"}}, "1 class names for 2 classes"},
+		{"protocol", Config{Data: set, Protocol: "fast"}, `protocol "fast"`},
+		{"model", Config{Data: set, Model: "svm"}, `model "svm"`},
+		{"dropout", Config{Data: set, Model: ModelDropout, Dropout: 1}, "dropout 1"},
 	} {
 		if _, err := Run(context.Background(), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
@@ -125,7 +128,7 @@ func TestRunBreastCancer(t *testing.T) {
 	var logs bytes.Buffer
 	sums, err := Run(context.Background(), Config{Data: set, Classes: ds.Classes, Seeds: 1, Instances: n,
 		Methods: []string{"psce", "wachter"}, VAE: explain.TrainConfig{Epochs: epochs}, AE: explain.TrainConfig{Epochs: epochs},
-		SkipSameSeedRR: testing.Short(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		Protocol: ProtocolSearch, SkipSameSeedRR: testing.Short(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +203,59 @@ func TestRunBreastCancer(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "method evaluated") || !strings.Contains(logs.String(), "last-layer update") {
 		t.Errorf("progress not logged:\n%s", logs.String())
+	}
+}
+
+// TestProtocols: with a budget of one iteration no PSCE search reaches the <delta,eps>-set. The
+// paper's protocol still accepts and measures every attempt (its validity judged by an
+// independent predictive, so low), the search protocol measures none; both report the search's
+// success as 0. The MC Dropout network has no KL and no survival figures.
+func TestProtocols(t *testing.T) {
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	base := Config{Data: set, Classes: ds.Classes, Dataset: "breast_cancer", Seeds: 1, Instances: n, Methods: []string{"psce"},
+		VAE: explain.TrainConfig{Epochs: 5}, AE: explain.TrainConfig{Epochs: 5}, SkipSameSeedRR: true, ValiditySamples: 200,
+		Explain: explain.Config{MaxIter: 1, FinalSamples: 200, CheckSamples: 100, PoolSize: 64}}
+	rr := map[bool]float64{}
+	for _, tc := range []struct {
+		protocol, model string
+		generated       int
+		kappaRaw        bool
+	}{{ProtocolPaper, ModelBNN, n, false}, {ProtocolSearch, ModelBNN, 0, false}, {ProtocolPaper, ModelDropout, n, false},
+		{ProtocolPaper, ModelBNN, n, true}} {
+		cfg := base
+		cfg.Protocol, cfg.Model, cfg.KappaRaw = tc.protocol, tc.model, tc.kappaRaw
+		sums, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, r := sums[0], sums[0].PerSeed[0]
+		t.Logf("%s %s: %+v", tc.protocol, tc.model, r)
+		if r.Generated != tc.generated || r.Found != 0 || s.SearchSuccess.Mean != 0 || s.Protocol != tc.protocol || s.Model != tc.model {
+			t.Errorf("%s %s: generated %d found %d success %v, want %d generated, none found", tc.protocol, tc.model, r.Generated, r.Found, s.SearchSuccess.Mean, tc.generated)
+		}
+		if s.Validity.Mean > 0.5 {
+			t.Errorf("%s %s: validity %v after one iteration", tc.protocol, tc.model, s.Validity.Mean)
+		}
+		if (tc.generated > 0) == math.IsNaN(s.IM1.Mean) {
+			t.Errorf("%s %s: IM1 %v over %d generated", tc.protocol, tc.model, s.IM1.Mean, tc.generated)
+		}
+		if dropout := tc.model == ModelDropout; dropout != math.IsNaN(s.KL.Mean) || (dropout && (s.Updates != 0 || !math.IsNaN(s.Survival.Mean))) {
+			t.Errorf("%s %s: kl %v updates %d survival %v", tc.protocol, tc.model, s.KL.Mean, s.Updates, s.Survival.Mean)
+		}
+		if !(s.Accuracy.Mean > 0.9) {
+			t.Errorf("%s %s: accuracy %v", tc.protocol, tc.model, s.Accuracy.Mean)
+		}
+		if tc.protocol == ProtocolPaper && tc.model == ModelBNN {
+			rr[tc.kappaRaw] = s.RobustnessRatio.Mean
+		}
+	}
+	// Breast cancer's features span four orders of magnitude: kappa in raw units is another nudge.
+	if !(rr[true] != rr[false]) {
+		t.Errorf("robustness ratio %v with kappa in raw units, %v in standardised units: KappaRaw not applied", rr[true], rr[false])
 	}
 }
 

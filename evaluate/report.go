@@ -29,6 +29,7 @@ func WriteTable(w io.Writer, sums []MethodSummary) error {
 		{"Robustness ratio 1e-3 (↓)", func(s MethodSummary) Stat { return s.RobustnessRatio }, 1, 4},
 		{"  same seed, deterministic rerun", func(s MethodSummary) Stat { return s.RobustnessRatioSameSeed }, 1, -1},
 		{"Validity % (↑)", func(s MethodSummary) Stat { return s.Validity }, 100, 1},
+		{"Search success %", func(s MethodSummary) Stat { return s.SearchSuccess }, 100, 1},
 		{"In <δ,ε>-set % (↑)", func(s MethodSummary) Stat { return s.InSet }, 100, 1},
 		{fmt.Sprintf("Survival after %d updates %% (↑)", s0.Updates), func(s MethodSummary) Stat { return s.Survival }, 100, 1},
 		{"Theorem 1 keeps >= 0.5 %", func(s MethodSummary) Stat { return s.SurvivalBound }, 100, 1},
@@ -61,8 +62,8 @@ func WriteTable(w io.Writer, sums []MethodSummary) error {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d seed(s) x %d instances; anchor test accuracy %.2f%%; KL(q_final || q_anchor) %.3g\n",
-		s0.Seeds, s0.Instances, 100*s0.Accuracy.Mean, s0.KL.Mean)
+	fmt.Fprintf(&b, "%s, protocol %s: %d seed(s) x %d instances; anchor test accuracy %.2f%%; KL(q_final || q_anchor) %.3g\n",
+		s0.Model, s0.Protocol, s0.Seeds, s0.Instances, 100*s0.Accuracy.Mean, s0.KL.Mean)
 	for i, line := range cells {
 		for j, c := range line {
 			pad := width[j] - len([]rune(c))
@@ -89,7 +90,8 @@ func sum(xs []int) int {
 	return s
 }
 
-// WriteJSON writes one JSON object per method and line. The keys method, validity, im1,
+// WriteJSON writes one JSON object per method and line. The keys method, protocol, model,
+// validity, search_success, im1,
 // implausibility, robustness_ratio (the fresh-seed ratio, comparable with the paper's), in_set
 // and survival are the means over seeds (fractions in [0, 1] for validity, in_set and
 // survival); "<key>_std" are the standard deviations; further keys
@@ -99,11 +101,11 @@ func sum(xs []int) int {
 func WriteJSON(w io.Writer, sums []MethodSummary) error {
 	enc := json.NewEncoder(w)
 	for _, s := range sums {
-		obj := map[string]any{"method": s.Method, "seeds": s.Seeds, "instances": s.Instances, "updates": s.Updates}
+		obj := map[string]any{"method": s.Method, "protocol": s.Protocol, "model": s.Model, "seeds": s.Seeds, "instances": s.Instances, "updates": s.Updates}
 		for _, f := range []struct {
 			key string
 			st  Stat
-		}{{"validity", s.Validity}, {"im1", s.IM1}, {"implausibility", s.Implausibility},
+		}{{"validity", s.Validity}, {"search_success", s.SearchSuccess}, {"im1", s.IM1}, {"implausibility", s.Implausibility},
 			{"robustness_ratio", s.RobustnessRatio}, {"robustness_ratio_same_seed", s.RobustnessRatioSameSeed},
 			{"in_set", s.InSet}, {"survival", s.Survival},
 			{"survival_bound", s.SurvivalBound}, {"bound_holds", s.BoundHolds},

@@ -26,16 +26,54 @@ const (
 	// (standardised units) in the direction that raises the target, each feature at most
 	// MaxChanges times, until the posterior predictive reaches Confidence.
 	MethodSchut Method = "schut"
+	// MethodBayesCF is the uncertainty-aware counterfactual of Batten et al. (2025) for a Bayesian
+	// network: gradient descent on the posterior predictive itself, Adam on
+	// Pred * (-log E_w[p(y'|x',w)]) + Prox * ||x' - x||^2 (standardised units), stopping as soon
+	// as the posterior predictive puts y' first. Their paper defines a BNN's counterfactual on its
+	// predictive distribution and finds it by projected gradient descent; this is a
+	// reconstruction from that description, not a port of their code. The PSCE paper's
+	// supplementary tables give Adam, lr 0.1, 2000 iterations and an L2 input-space lambda_prox.
+	// It differs from Wachter on the same model only in the loss: the log of the mean
+	// probability, not the mean log-probability, so networks that already agree with y' weigh
+	// more than those that do not.
+	MethodBayesCF Method = "bayescf"
+	// MethodROAR is Robust Algorithmic Recourse (Upadhyay et al. 2021): Adam on the worst case,
+	// over shifts of at most DeltaMax of every weight and bias of a local linear model, of the
+	// logistic loss towards y', plus ROAR's L1 cost: Robust * L_roar + ProxL1 * ||x' - x||_1
+	// (see Weights), stopping as soon as the (unshifted) posterior predictive puts y' first. ROAR
+	// linearises the classifier with LIME; here each sampled network's own log-odds of y' is the
+	// local model, so the worst case lowers it by DeltaMax (||x'||_1 + 1) in closed form.
+	MethodROAR Method = "roar"
 )
 
-// ParseMethod accepts "psce", "wachter" and "schut".
+// Methods lists every generator, in the order of the paper's tables.
+var Methods = []Method{MethodPSCE, MethodBayesCF, MethodSchut, MethodWachter, MethodROAR}
+
+// ParseMethod accepts the names in Methods.
 func ParseMethod(s string) (Method, error) {
-	switch m := Method(s); m {
-	case MethodPSCE, MethodWachter, MethodSchut:
-		return m, nil
+	for _, m := range Methods {
+		if Method(s) == m {
+			return m, nil
+		}
 	}
-	return "", fmt.Errorf("unknown counterfactual method %q (want psce, wachter or schut)", s)
+	return "", fmt.Errorf("unknown counterfactual method %q (want one of %v)", s, Methods)
 }
+
+// Stop names when a search may stop.
+type Stop string
+
+const (
+	// StopConfirmed (the default) accepts an iterate only when the confirmation ensemble and then
+	// the final ensemble both say it meets the method's rule (see the package documentation): a
+	// search either returns a valid counterfactual or ErrNotFound.
+	StopConfirmed Stop = "confirmed"
+	// StopEstimate stops at the first iterate whose own minibatch estimate (the Samples networks
+	// that gave the iteration's gradient, as a PyTorch implementation of these methods checks)
+	// meets the method's rule, or at the iteration cap. The final ensemble then measures the
+	// iterate, which may be invalid; it is returned as NotFoundError.Best. This is the paper's
+	// protocol, which accepts every counterfactual a method generates.
+	StopEstimate Stop = "estimate"
+)
 
 // Defaults of Config, applied to its zero fields; the paper's settings for the Wisconsin Breast
 // Cancer data where it gives them.
@@ -53,6 +91,7 @@ const (
 	DefaultMaxChanges    = 10   // Schut: changes per feature
 	DefaultConfidence    = 0.95 // Schut: stop when p(y'|x') >= Confidence
 	DefaultAlpha         = 0.01 // Hoeffding level of Result.P1Lower
+	DefaultDeltaMax      = 0.1  // ROAR: bound on the shift of each weight and bias (its paper's value)
 )
 
 // Config configures a Generator. Zero fields take the defaults above (in brackets).
@@ -89,6 +128,11 @@ type Config struct {
 	MaxChanges int     // Schut: changes per feature [10]
 	Confidence float64 // Schut: stop when p(y'|x') >= Confidence [0.95]
 
+	// DeltaMax is ROAR's bound on the shift of every weight and bias of the local model [0.1].
+	DeltaMax float64
+	// Stop says when a search may stop [StopConfirmed].
+	Stop Stop
+
 	// Alpha is the Hoeffding level of Result.P1Lower [0.01].
 	Alpha float64
 	// Seed makes Generate deterministic: same model, VAE, config, x and target give the same result.
@@ -114,9 +158,11 @@ func (c Config) withDefaults() Config {
 	c.MaxChanges = cmp.Or(c.MaxChanges, DefaultMaxChanges)
 	c.Confidence = cmp.Or(c.Confidence, DefaultConfidence)
 	c.Alpha = cmp.Or(c.Alpha, DefaultAlpha)
+	c.DeltaMax = cmp.Or(c.DeltaMax, DefaultDeltaMax)
+	c.Stop = cmp.Or(c.Stop, StopConfirmed)
 	if c.Weights == nil {
-		w := DefaultWeights
-		if c.Method != MethodPSCE {
+		w := map[Method]Weights{MethodPSCE: DefaultWeights, MethodBayesCF: BayesCFWeights, MethodROAR: ROARWeights}[c.Method]
+		if w == (Weights{}) {
 			w = WachterWeights
 		}
 		c.Weights = &w
@@ -153,6 +199,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("confidence %v, want in (0, 1)", c.Confidence)
 	case !(c.Alpha > 0 && c.Alpha < 1):
 		return fmt.Errorf("alpha %v, want in (0, 1)", c.Alpha)
+	case !(c.DeltaMax >= 0) || math.IsInf(c.DeltaMax, 0):
+		return fmt.Errorf("delta_max %v, want finite and >= 0", c.DeltaMax)
+	case c.Stop != StopConfirmed && c.Stop != StopEstimate:
+		return fmt.Errorf("stop %q, want %q or %q", c.Stop, StopConfirmed, StopEstimate)
 	}
 	return c.Weights.validate()
 }

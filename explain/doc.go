@@ -1,6 +1,8 @@
 // Package explain generates counterfactual explanations (CEs) for a Bayesian MLP (package bnn):
-// PSCE, the paper's probabilistically safe counterfactuals, and two baselines, Wachter et al.'s
-// gradient search and Schut et al.'s greedy search. It also holds the generative models the
+// PSCE, the paper's probabilistically safe counterfactuals, and the paper's four baselines:
+// BayesCF (Batten et al. 2025, gradient descent on the posterior predictive), Schut et al.'s
+// greedy search, Wachter et al.'s gradient search and ROAR (Upadhyay et al. 2021, recourse robust
+// to shifts of a local linear model); each Method's documentation says what it optimises. It also holds the generative models the
 // search and its evaluation need: a variational autoencoder (VAE) for PSCE's plausibility terms
 // and plain autoencoders (AE) for the IM1 metric.
 //
@@ -44,5 +46,8 @@
 // daemon does when it registers a CE.
 //
 // A Generate call that ends without a valid counterfactual returns an error wrapping ErrNotFound
-// (a *NotFoundError carrying the best attempt); a Result is always valid.
+// (a *NotFoundError carrying the best attempt); a Result is always valid. Config.Stop =
+// StopEstimate replaces the confirmation by the paper's protocol: a search stops where its own
+// minibatch estimate meets the rule (or at the iteration cap), and the attempt is handed back
+// whatever the final ensemble says of it, to be accepted and measured as the paper does.
 package explain

@@ -130,7 +130,7 @@ func TestGeneratorConfigErrors(t *testing.T) {
 // seed, PSCE's result is in the set, and equal seeds give identical results.
 func TestGenerateBlobs(t *testing.T) {
 	m, v, set := blobFixture(t)
-	for _, method := range []Method{MethodPSCE, MethodWachter, MethodSchut} {
+	for _, method := range Methods {
 		t.Run(string(method), func(t *testing.T) {
 			g := NewGenerator(m, v, Config{Method: method, Seed: 7})
 			for i := 0; i < 4; i++ {
@@ -226,6 +226,52 @@ func TestGenerateNotFound(t *testing.T) {
 	}
 	if nf.Best == nil || nf.Best.Valid || nf.Best.Iterations != 1 || !strings.Contains(nf.Reason, "iteration cap 1") {
 		t.Errorf("best attempt %+v, reason %q", nf.Best, nf.Reason)
+	}
+}
+
+// TestGenerateStopEstimate: under the paper's protocol a search stops where the optimiser's own
+// draws meet the method's rule, so it takes no more iterations than the confirmed search with the
+// same seed and stops short of it for PSCE at the set's edge; the iterate it stops at is measured
+// by the final ensemble and handed back (as NotFoundError.Best when that says invalid).
+func TestGenerateStopEstimate(t *testing.T) {
+	m, v, set := blobFixture(t)
+	fewer := 0
+	for _, method := range []Method{MethodPSCE, MethodBayesCF, MethodROAR} {
+		est := NewGenerator(m, v, Config{Method: method, Seed: 3, Stop: StopEstimate})
+		conf := NewGenerator(m, v, Config{Method: method, Seed: 3})
+		for i := 0; i < 4; i++ {
+			r, err := est.Generate(context.Background(), set.X[i], -1)
+			var nf *NotFoundError
+			if errors.As(err, &nf) {
+				r, err = nf.Best, nil
+				if !strings.Contains(nf.Reason, "the optimiser's 32 draws met the rule") && !strings.Contains(nf.Reason, "iteration cap") {
+					t.Errorf("%s row %d: reason %q", method, i, nf.Reason)
+				}
+			}
+			if err != nil {
+				t.Fatalf("%s row %d: %v", method, i, err)
+			}
+			c, err := conf.Generate(context.Background(), set.X[i], -1)
+			if err != nil {
+				t.Fatalf("%s row %d confirmed: %v", method, i, err)
+			}
+			if r.Iterations > c.Iterations {
+				t.Errorf("%s row %d: estimate stop after %d iterations, confirmed after %d", method, i, r.Iterations, c.Iterations)
+			}
+			if r.Iterations < c.Iterations {
+				fewer++
+			}
+			p, err := m.Predict([][]float64{r.XCF}, r.Samples, r.Seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.P(0, r.Target) != r.P1 || (p.Argmax(0) == r.Target) != r.Valid {
+				t.Errorf("%s row %d: result p1 %v valid %v, final ensemble says %v", method, i, r.P1, r.Valid, p.P(0, r.Target))
+			}
+		}
+	}
+	if fewer == 0 {
+		t.Error("the estimate rule never stopped earlier than the confirmed one; it is not in use")
 	}
 }
 
@@ -335,5 +381,80 @@ func TestGenerateConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestStopEstimateNeverAcceptsTheStart: at an x on the decision boundary (the confirmation
+// ensemble puts it in class 0 by a hair), the optimiser's first minibatch often says class 1;
+// the paper's stopping rule must still move before it stops, never handing back x itself.
+func TestStopEstimateNeverAcceptsTheStart(t *testing.T) {
+	m, v, set := blobFixture(t)
+	a, b := set.X[0], set.X[1] // classes 0 and 1
+	trapped := 0
+	for seed := uint64(1); seed <= 12; seed++ {
+		g := NewGenerator(m, v, Config{Method: MethodWachter, Seed: seed, Stop: StopEstimate})
+		if err := g.ensembles(); err != nil {
+			t.Fatal(err)
+		}
+		// Bisect a + l (b - a) to the check ensemble's boundary, staying on class 0's side.
+		lo, hi := 0.0, 1.0
+		var x []float64
+		for i := 0; i < 40; i++ {
+			l := (lo + hi) / 2
+			x = make([]float64, len(a))
+			for j := range a {
+				x[j] = a[j] + l*(b[j]-a[j])
+			}
+			z := make([]float64, len(x))
+			m.Scaler.Apply(z, x)
+			e, err := g.estimate(context.Background(), g.checkPool, z)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.argmax() == 0 {
+				lo = l
+			} else {
+				hi = l
+			}
+		}
+		for j := range a {
+			x[j] = a[j] + lo*(b[j]-a[j])
+		}
+		z0 := make([]float64, len(x))
+		m.Scaler.Apply(z0, x)
+		o, err := g.getObjective()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.setProblem(1, z0, nil, *g.cfg.Weights, g.cfg.Delta, g.cfg.Epsilon); err != nil {
+			t.Fatal(err)
+		}
+		s := g.newSearch(o, 1)
+		if err := s.evalAt(z0); err != nil {
+			t.Fatal(err)
+		}
+		mean := make([]float64, 2)
+		for i := 0; i < len(s.ev.Probs)/2; i++ {
+			mean[0] += s.ev.Probs[2*i]
+			mean[1] += s.ev.Probs[2*i+1]
+		}
+		g.putObjective(o)
+		if mean[1] > mean[0] {
+			trapped++
+		}
+		r, err := g.Generate(context.Background(), x, 1)
+		var nf *NotFoundError
+		if errors.As(err, &nf) {
+			r, err = nf.Best, nil
+		}
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if r.Iterations == 0 || r.Distance == 0 {
+			t.Errorf("seed %d: stopped after %d iterations at distance %v: x itself handed back", seed, r.Iterations, r.Distance)
+		}
+	}
+	if trapped == 0 {
+		t.Fatal("no seed's first minibatch disagreed with the confirmation ensemble at x; the test does not exercise the start")
 	}
 }

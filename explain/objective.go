@@ -12,10 +12,21 @@ import (
 // Weights are the lambdas of the counterfactual objective (see the package documentation):
 //
 //	L = Class L_clf + Delta L_delta + Latent L_ldist + Var L_var - ELBO * ELBO(x') + Prox ||x' - x||^2
+//	    + Pred L_pred + Robust L_roar + ProxL1 ||x' - x||_1
+//	L_pred = -log E_w[ p(y' | x', w) ]                                  (BayesCF)
+//	L_roar = E_w[ softplus( DeltaMax (||x'||_1 + 1) - logit_w(y' | x') ) ] (ROAR)
+//	logit_w(y' | x') = log p(y' | x', w) - log( sum_{c != y'} p(c | x', w) + 1e-12 )
 //
-// Prox is Wachter's input-space proximity (in standardised units); PSCE leaves it 0.
+// Prox and ProxL1 are input-space proximities (standardised units); PSCE leaves them 0. L_pred
+// is the negative log of the posterior predictive itself, where L_clf is the expected negative
+// log-likelihood (Jensen: L_pred <= L_clf). L_roar is ROAR's worst case (Upadhyay et al. 2021):
+// a linear model w.x' + b whose weights and bias may each move by at most DeltaMax loses at most
+// DeltaMax (||x'||_1 + 1) of its logit, so the robust loss is the logistic loss at the logit
+// lowered by that much; here the local model is each sampled network's own log-odds of y'
+// (Config.DeltaMax sets DeltaMax).
 type Weights struct {
 	Class, Delta, Latent, Var, ELBO, Prox float64
+	Pred, Robust, ProxL1                  float64
 }
 
 // PaperWeights are the paper's PSCE weights for the Wisconsin Breast Cancer data (supplementary
@@ -38,11 +49,21 @@ var DefaultWeights = Weights{Class: 1, Delta: 1, Latent: 0.2, Var: 0.1, ELBO: 0.
 // lambda_prox for breast cancer (0.1).
 var WachterWeights = Weights{Class: 1, Prox: 0.1}
 
+// BayesCFWeights are the BayesCF baseline's (Batten et al. 2025): the negative log posterior
+// predictive plus L2 proximity, with the paper's breast-cancer lambda_prox (0.1).
+var BayesCFWeights = Weights{Pred: 1, Prox: 0.1}
+
+// ROARWeights are the ROAR baseline's (Upadhyay et al. 2021): the worst-case logistic loss plus
+// ROAR's L1 cost with its paper's lambda (0.1). The PSCE paper's supplementary tables give no ROAR
+// values.
+var ROARWeights = Weights{Robust: 1, ProxL1: 0.1}
+
 func (w Weights) validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"class", w.Class}, {"delta", w.Delta}, {"latent", w.Latent}, {"var", w.Var}, {"elbo", w.ELBO}, {"prox", w.Prox}} {
+	}{{"class", w.Class}, {"delta", w.Delta}, {"latent", w.Latent}, {"var", w.Var}, {"elbo", w.ELBO}, {"prox", w.Prox},
+		{"pred", w.Pred}, {"robust", w.Robust}, {"prox_l1", w.ProxL1}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return fmt.Errorf("weight %s = %v, want finite and >= 0", f.name, f.v)
 		}
@@ -61,11 +82,14 @@ const (
 	termVar
 	termELBO
 	termProx
+	termPred
+	termRobust
+	termProxL1
 	numTerms
 )
 
 func (t term) String() string {
-	return [...]string{"L_clf", "L_delta", "L_ldist", "L_var", "ELBO", "L_prox"}[t]
+	return [...]string{"L_clf", "L_delta", "L_ldist", "L_var", "ELBO", "L_prox", "L_pred", "L_roar", "L_prox1"}[t]
 }
 
 // objective is the counterfactual loss as one gorgonia graph over x' (standardised, length D):
@@ -89,14 +113,16 @@ type objective struct {
 	xv           *tensor.Dense
 	wn, bn       []*G.Node
 	wv, bv       []*tensor.Dense
-	oh, x0       *G.Node
-	ohv, x0v     *tensor.Dense
+	oh, noh, x0  *G.Node
+	ohv, nohv    *tensor.Dense
+	x0v          *tensor.Dense
 	mu0          *G.Node
 	mu0v         *tensor.Dense
 	zeta         *G.Node
 	zetav        *tensor.Dense
 	lam          [numTerms]*G.Node
 	thr, epsilon *G.Node // 1 - delta and epsilon
+	deltaMax     *G.Node // ROAR's weight shift
 
 	total, lp, grad G.Value
 	terms           [numTerms]G.Value
@@ -161,12 +187,14 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 	g, S := o.g, o.S
 	o.x, o.xv = vecNode(g, "x", o.D)
 	o.oh, o.ohv = vecNode(g, "onehot", o.C)
+	o.noh, o.nohv = vecNode(g, "not_onehot", o.C)
 	o.x0, o.x0v = vecNode(g, "x0", o.D)
 	for t := range o.lam {
 		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+term(t).String()), G.WithValue(0.0))
 	}
 	o.thr = G.NewScalar(g, tensor.Float64, G.WithName("one_minus_delta"), G.WithValue(0.95))
 	o.epsilon = G.NewScalar(g, tensor.Float64, G.WithName("epsilon"), G.WithValue(0.01))
+	o.deltaMax = G.NewScalar(g, tensor.Float64, G.WithName("delta_max"), G.WithValue(0.1))
 
 	// Sampled networks.
 	nl := len(m.Layers)
@@ -208,6 +236,12 @@ func (o *objective) build(m *bnn.Model, v *VAE) error {
 	terms[termDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
 	terms[termVar] = must(G.Rectify(must(G.Sub(varp, o.epsilon))))
 	terms[termProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
+	terms[termPred] = must(G.Neg(must(G.Log(ep))))
+	terms[termProxL1] = must(G.Sum(must(G.Abs(must(G.Sub(o.x, o.x0))))))
+	others := must(G.Mul(must(G.Exp(lp)), o.noh)) // (S): sum_{c != y'} p(c | x', w_s)
+	logit := must(G.Sub(lpt, must(G.Log(must(G.Add(others, G.NewConstant(1e-12)))))))
+	shift := must(G.Mul(o.deltaMax, must(G.Add(must(G.Sum(must(G.Abs(o.x)))), G.NewConstant(1.0)))))
+	terms[termRobust] = must(G.Mean(must(G.Softplus(must(G.Sub(shift, logit))))))
 	if err != nil {
 		return err
 	}
@@ -306,8 +340,15 @@ func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, 
 		oh[c] = 0
 	}
 	oh[target] = 1
+	noh := o.nohv.Data().([]float64)
+	for c := range noh {
+		noh[c] = 1 - oh[c]
+	}
 	copy(o.x0v.Data().([]float64), x0)
 	if err := G.Let(o.oh, o.ohv); err != nil {
+		return err
+	}
+	if err := G.Let(o.noh, o.nohv); err != nil {
 		return err
 	}
 	if err := G.Let(o.x0, o.x0v); err != nil {
@@ -319,7 +360,7 @@ func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, 
 			return err
 		}
 	}
-	ws := [numTerms]float64{w.Class, w.Delta, w.Latent, w.Var, w.ELBO, w.Prox}
+	ws := [numTerms]float64{w.Class, w.Delta, w.Latent, w.Var, w.ELBO, w.Prox, w.Pred, w.Robust, w.ProxL1}
 	for t, v := range ws {
 		if err := G.Let(o.lam[t], v); err != nil {
 			return err
@@ -330,6 +371,9 @@ func (o *objective) setProblem(target int, x0, mu0 []float64, w Weights, delta, 
 	}
 	return G.Let(o.epsilon, epsilon)
 }
+
+// setDeltaMax binds ROAR's bound on the shift of every weight and bias of the local model.
+func (o *objective) setDeltaMax(v float64) error { return G.Let(o.deltaMax, v) }
 
 // setZeta binds the ELBO's reparameterisation noise (ignored without a VAE).
 func (o *objective) setZeta(e []float64) error {

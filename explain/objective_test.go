@@ -78,12 +78,26 @@ func netProbs(act bnn.Activation, n *bnn.Net, z []float64) []float64 {
 
 // referenceTerms computes the objective's terms in plain Go (netProbs and the VAE's ELBOWith),
 // independently of the gorgonia graph.
-func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, epsilon float64) [numTerms]float64 {
+func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zeta []float64, target int, delta, epsilon, deltaMax float64) [numTerms]float64 {
 	var r [numTerms]float64
 	ps := make([]float64, len(nets))
+	l1 := 0.0
+	for j := range z {
+		l1 += math.Abs(z[j])
+		r[termProxL1] += math.Abs(z[j] - x0[j])
+	}
 	for s, n := range nets {
-		ps[s] = netProbs(act, n, z)[target]
+		probs := netProbs(act, n, z)
+		ps[s] = probs[target]
 		r[termClf] -= math.Log(ps[s]) / float64(len(nets))
+		others := 0.0
+		for c, p := range probs {
+			if c != target {
+				others += p
+			}
+		}
+		logit := math.Log(ps[s]) - math.Log(others+1e-12)
+		r[termRobust] += math.Log1p(math.Exp(deltaMax*(l1+1)-logit)) / float64(len(nets))
 	}
 	mean := 0.0
 	for _, p := range ps {
@@ -93,6 +107,7 @@ func referenceTerms(act bnn.Activation, nets []*bnn.Net, v *VAE, z, x0, mu0, zet
 	for _, p := range ps {
 		vr += (p - mean) * (p - mean) / float64(len(ps)-1)
 	}
+	r[termPred] = -math.Log(mean)
 	r[termDelta] = math.Max(1-delta-mean, 0)
 	r[termVar] = math.Max(vr-epsilon, 0)
 	for j := range z {
@@ -134,7 +149,12 @@ func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 	}
 	// delta and epsilon chosen so that both hinges are active.
 	const delta, epsilon = 0.01, 1e-6
-	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4}, delta, epsilon); err != nil {
+	if err := o.setProblem(2, x0, mu0, Weights{Class: 1.5, Delta: 0.7, Latent: 0.3, Var: 2, ELBO: 0.2, Prox: 0.4,
+		Pred: 0.6, Robust: 0.8, ProxL1: 0.9}, delta, epsilon); err != nil {
+		t.Fatal(err)
+	}
+	const deltaMax = 0.07
+	if err := o.setDeltaMax(deltaMax); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.setZeta(zeta); err != nil {
@@ -144,7 +164,7 @@ func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 	if err := o.eval(z, &ev); err != nil {
 		t.Fatal(err)
 	}
-	ref := referenceTerms(act, nets, v, z, x0, mu0, zeta, 2, delta, epsilon)
+	ref := referenceTerms(act, nets, v, z, x0, mu0, zeta, 2, delta, epsilon, deltaMax)
 	for term := term(0); term < numTerms; term++ {
 		if d := math.Abs(ev.Terms[term] - ref[term]); d > 1e-10*math.Max(1, math.Abs(ref[term])) {
 			t.Errorf("%v: graph %v, reference %v", term, ev.Terms[term], ref[term])
@@ -153,7 +173,8 @@ func testObjectiveMatchesReference(t *testing.T, act bnn.Activation) {
 			t.Errorf("%v is 0 in this set-up; the test would not exercise it", term)
 		}
 	}
-	want := 1.5*ref[termClf] + 0.7*ref[termDelta] + 0.3*ref[termLatent] + 2*ref[termVar] - 0.2*ref[termELBO] + 0.4*ref[termProx]
+	want := 1.5*ref[termClf] + 0.7*ref[termDelta] + 0.3*ref[termLatent] + 2*ref[termVar] - 0.2*ref[termELBO] + 0.4*ref[termProx] +
+		0.6*ref[termPred] + 0.8*ref[termRobust] + 0.9*ref[termProxL1]
 	if math.Abs(ev.Total-want) > 1e-10*math.Abs(want) {
 		t.Errorf("total %v, want %v", ev.Total, want)
 	}
@@ -197,7 +218,7 @@ func testObjectiveGradients(t *testing.T, act bnn.Activation) {
 		z, x0, mu0 := randVec(rng, 6), randVec(rng, 6), randVec(rng, 3)
 		for term := term(0); term < numTerms; term++ {
 			var w Weights
-			ws := []*float64{&w.Class, &w.Delta, &w.Latent, &w.Var, &w.ELBO, &w.Prox}
+			ws := []*float64{&w.Class, &w.Delta, &w.Latent, &w.Var, &w.ELBO, &w.Prox, &w.Pred, &w.Robust, &w.ProxL1}
 			*ws[term] = 1
 			// delta = 0.001 and epsilon = 0 keep the hinges active (checked below).
 			if err := o.setProblem(trial%2, x0, mu0, w, 0.001, 0); err != nil {

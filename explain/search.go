@@ -75,6 +75,9 @@ func (s *search) evalAt(z []float64) error {
 // done applies the stopping rule at z after evalAt: minibatch gate, then the confirmation
 // ensemble, then the final estimate. It returns the final result when all three agree.
 func (s *search) done(ctx context.Context, z, z0 []float64, it int) (*Result, error) {
+	if s.g.cfg.Stop == StopEstimate {
+		return s.doneOnEstimate(ctx, z, z0, it)
+	}
 	if s.cooldown > 0 {
 		s.cooldown--
 		return nil, nil
@@ -97,6 +100,45 @@ func (s *search) done(ctx context.Context, z, z0 []float64, it int) (*Result, er
 	if !s.g.meetsResult(r) {
 		s.cooldown = 10
 		return nil, nil
+	}
+	return r, nil
+}
+
+// doneOnEstimate is the paper protocol's stopping rule (StopEstimate): the method's rule on the
+// mean and variance of the iteration's own S sampled probabilities. The final ensemble measures
+// the iterate it stops at, whatever that says.
+//
+// The start x' = x is never accepted: the generator has already classified x (Result.Original)
+// with its confirmation ensemble, and a noisy minibatch that disagrees there would hand back x
+// itself, at distance 0, as a counterfactual.
+func (s *search) doneOnEstimate(ctx context.Context, z, z0 []float64, it int) (*Result, error) {
+	if it == 0 {
+		return nil, nil
+	}
+	c := s.o.C
+	n := len(s.ev.Probs) / c
+	e := estimate{mean: make([]float64, c), vr: make([]float64, c)}
+	for i := 0; i < n; i++ {
+		for j := 0; j < c; j++ {
+			e.mean[j] += s.ev.Probs[i*c+j] / float64(n)
+		}
+	}
+	for i := 0; i < n; i++ {
+		for j := 0; j < c; j++ {
+			d := s.ev.Probs[i*c+j] - e.mean[j]
+			e.vr[j] += d * d / float64(n-1)
+		}
+	}
+	if !s.g.meets(e, s.target) {
+		return nil, nil
+	}
+	r, err := s.g.final(ctx, z, z0, s.target, it)
+	if err != nil {
+		return nil, err
+	}
+	if !r.Valid {
+		r.Reason = fmt.Sprintf("the optimiser's %d draws met the rule; the final %d draws put class %d below another (p = %.4f)",
+			n, r.Samples, s.target, r.P1)
 	}
 	return r, nil
 }
@@ -133,7 +175,10 @@ func (g *Generator) giveUp(ctx context.Context, z, z0 []float64, target, it int,
 		return nil, err
 	}
 	goal := map[Method]string{MethodPSCE: fmt.Sprintf("the <%g, %g>-set", g.cfg.Delta, g.cfg.Epsilon),
-		MethodSchut: fmt.Sprintf("confidence %g", g.cfg.Confidence), MethodWachter: "validity"}[g.cfg.Method]
+		MethodSchut: fmt.Sprintf("confidence %g", g.cfg.Confidence)}[g.cfg.Method]
+	if goal == "" {
+		goal = "validity"
+	}
 	r.Reason = fmt.Sprintf("%s without reaching %s: p = %.4f, var = %.5f, valid = %v", why, goal, r.P1, r.Var1, r.Valid)
 	return r, nil
 }
@@ -145,6 +190,9 @@ func (g *Generator) descend(ctx context.Context, o *objective, z0 []float64, tar
 		mu0, _ = g.vae.Encode(z0)
 	}
 	if err := o.setProblem(target, z0, mu0, *g.cfg.Weights, g.cfg.Delta, g.cfg.Epsilon); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if err := o.setDeltaMax(g.cfg.DeltaMax); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	s := g.newSearch(o, target)

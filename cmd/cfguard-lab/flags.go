@@ -23,3 +23,16 @@ func parseFloats(s string) ([]float64, error) {
 	}
 	return out, nil
 }
+
+// commandLine renders a command and its arguments as a shell would take them back: an empty
+// argument or one with spaces or quotes is single-quoted.
+func commandLine(cmd string, args []string) string {
+	out := []string{cmd}
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " '\"$") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
+}

@@ -23,7 +23,9 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 	lr := fs.Float64("lr", 1e-5, "learning rate of the updates")
 	sweep := fs.String("sweep", "1e-5,1e-4,1e-3", "learning rates to sweep as well (\"\" for none)")
 	objective := fs.String("objective", "prior", "update objective: prior (paper) or vcl")
+	steps := fs.Int("steps", 0, "Adam iterations per update (0: the update package's default, 50)")
 	out := fs.String("out", "out", "directory for the plot and the rows")
+	markdown := fs.Bool("markdown", false, "print the --lr rows as a Markdown table beside the paper's (the files are written as usual)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -32,6 +34,9 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if !(*lr > 0) {
 		return fmt.Errorf("%w: --lr must be positive", cli.ErrUsage)
+	}
+	if *steps < 0 {
+		return fmt.Errorf("%w: --steps must not be negative", cli.ErrUsage)
 	}
 	lrs, err := parseFloats(*sweep)
 	if err != nil {
@@ -47,7 +52,7 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 			all = append(all, v)
 		}
 	}
-	results, err := experiment.SweepLR(ctx, experiment.IncrementsConfig{Data: set, Classes: names, Seed: *seed, Objective: *objective}, all, cli.Logger(stderr))
+	results, err := experiment.SweepLR(ctx, experiment.IncrementsConfig{Data: set, Classes: names, Seed: *seed, Objective: *objective, Steps: *steps}, all, cli.Logger(stderr))
 	if err != nil {
 		return err
 	}
@@ -60,7 +65,16 @@ func cmdIncrements(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	defer f.Close()
 	for _, v := range all {
-		if err := results[v].WriteJSONRows(io.MultiWriter(stdout, f)); err != nil {
+		w := io.MultiWriter(stdout, f)
+		if *markdown {
+			w = f
+		}
+		if err := results[v].WriteJSONRows(w); err != nil {
+			return err
+		}
+	}
+	if *markdown {
+		if err := results[*lr].WriteMarkdown(stdout, commandLine("cfguard-lab increments", args)); err != nil {
 			return err
 		}
 	}

@@ -32,8 +32,8 @@ func program() cli.Program {
 		Commands: []cli.Command{
 			{Name: "increments", Args: "--data FILE.csv|NAME [--seed N] [--lr 1e-5] [--sweep 1e-5,1e-4,1e-3] [--out DIR]",
 				Help: "the paper's incremental-update table: one JSON row per update, and a plot in DIR", Run: cmdIncrements},
-			{Name: "psce", Args: "--data FILE.csv|NAME [--seeds 5] [--instances 100] [--method psce,wachter,schut] [--json]",
-				Help: "PSCE against Wachter and Schut: validity, IM1, implausibility, robustness ratio, <delta,epsilon>-set, survival", Run: cmdPSCE},
+			{Name: "psce", Args: "--data FILE.csv|NAME [--protocol paper|search] [--model bnn|dropout] [--seeds 5] [--instances 100] [--method psce,bayescf,schut,wachter,roar] [--samples 1000] [--json|--markdown]",
+				Help: "PSCE against BayesCF, Schut, Wachter and ROAR: validity, IM1, implausibility, robustness ratio, <delta,epsilon>-set, survival", Run: cmdPSCE},
 		},
 	}
 }

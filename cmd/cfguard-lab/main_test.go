@@ -26,7 +26,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"psce", "--data", "breast_cancer", "--seeds", "0"},
 		{"psce", "--data", "breast_cancer", "--method", "psce,dice"},
 		{"psce", "--data", "breast_cancer", "extra"},
+		{"psce", "--data", "breast_cancer", "--protocol", "fast"},
+		{"psce", "--data", "breast_cancer", "--model", "svm"},
+		{"psce", "--data", "breast_cancer", "--json", "--markdown"},
+		{"psce", "--data", "breast_cancer", "--budget", "-1"},
 		{"increments", "--data", "breast_cancer", "--lr", "0"},
+		{"increments", "--data", "breast_cancer", "--steps", "-1"},
 		{"increments", "--data", "breast_cancer", "--sweep", "1e-5,x"},
 		{"increments", "--data", "breast_cancer", "--classes", "one"},
 	} {
@@ -91,6 +96,33 @@ func TestPSCEJSON(t *testing.T) {
 	}
 }
 
+// TestPSCEMarkdown: --markdown prints the paper's figures for the same model, data set and
+// method beside ours, and the command that produced the table.
+func TestPSCEMarkdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains models and generates counterfactuals")
+	}
+	args := []string{"psce", "--data", "breast_cancer", "--seeds", "1", "--instances", "2", "--method", "wachter,roar", "--model", "dropout", "--samples", "100", "--markdown"}
+	code, out, errs := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"| metric | wachter (ours) | wachter (paper) | roar (ours) | roar (paper) |",
+		"breast_cancer, MC Dropout, protocol paper: 1 seed(s) x 2 test rows",
+		"| 99.0 ± 1.3 |",      // the paper's MC Dropout Wachter validity on breast cancer
+		"| 0.8146 ± 0.0328 |", // the paper's MC Dropout ROAR IM1 on breast cancer
+		"Produced by `cfguard-lab " + strings.Join(args, " ") + "`", // no argument needs quoting
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "Theorem 1") {
+		t.Errorf("MC Dropout table has the BNN-only rows:\n%s", out)
+	}
+}
+
 // TestIncrements: one learning rate (no sweep) prints one JSON row per update with the paper's
 // columns and writes the same rows and the plot to --out.
 func TestIncrements(t *testing.T) {
@@ -124,5 +156,26 @@ func TestIncrements(t *testing.T) {
 	svg, err := os.ReadFile(filepath.Join(out, "increments.svg"))
 	if err != nil || !strings.Contains(string(svg), "<svg") {
 		t.Errorf("increments.svg: %v, %d bytes", err, len(svg))
+	}
+}
+
+// TestIncrementsMarkdown: --markdown prints the --lr rows beside the paper's table, and the
+// command (its empty --sweep quoted) that produced them.
+func TestIncrementsMarkdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a model")
+	}
+	code, out, errs := runCLI(t, "increments", "--data", "breast_cancer", "--sweep", "", "--steps", "20", "--markdown", "--out", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"20 Adam iterations per update", "--sweep '' --steps 20 --markdown",
+		"| 95%->96% | ", "| 0.9977 |", "| 0.000477 |", "| 99%->100% | "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n| 9"); n != 5 {
+		t.Errorf("%d update rows, want 5:\n%s", n, out)
 	}
 }

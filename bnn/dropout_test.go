@@ -1,0 +1,141 @@
+package bnn
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/assets"
+)
+
+// TestDropoutGradient checks one row's backward pass against central finite differences of its
+// NLL, the dropout mask held fixed (the same rng seed for every pass).
+func TestDropoutGradient(t *testing.T) {
+	m := New(5, []int{7, 6}, []string{"a", "b", "c"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	m.Dropout = 0.3
+	x := []float64{0.3, -1.2, 0.8, 2, -0.4}
+	var params []Param
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		params = append(params, Param{Value: l.WeightMu, Grad: make([]float64, len(l.WeightMu))},
+			Param{Value: l.BiasMu, Grad: make([]float64, len(l.BiasMu))})
+	}
+	tr := newDropoutPass(m)
+	nllAt := func() float64 {
+		scratch := make([]Param, len(params))
+		for i, p := range params {
+			scratch[i] = Param{Value: p.Value, Grad: make([]float64, len(p.Grad))}
+		}
+		nll, _ := tr.step(x, 2, rand.New(rand.NewPCG(9, 9)), scratch, 1)
+		return nll
+	}
+	tr.step(x, 2, rand.New(rand.NewPCG(9, 9)), params, 1)
+	dropped, checked := 0, 0
+	for _, keep := range tr.keep[1:] {
+		for _, v := range keep {
+			if v == 0 {
+				dropped++
+			}
+		}
+	}
+	if dropped == 0 {
+		t.Fatal("no unit dropped; the mask is not exercised")
+	}
+	const h = 1e-6
+	for pi, p := range params {
+		for j := range p.Value {
+			v := p.Value[j]
+			p.Value[j] = v + h
+			up := nllAt()
+			p.Value[j] = v - h
+			down := nllAt()
+			p.Value[j] = v
+			fd := (up - down) / (2 * h)
+			if d := math.Abs(fd - p.Grad[j]); d > 1e-6*math.Max(1, math.Abs(fd)) {
+				t.Errorf("param %d[%d]: backprop %.9g, finite difference %.9g", pi, j, p.Grad[j], fd)
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("nothing checked")
+	}
+}
+
+// TestFitDropoutBreastCancer: the MC Dropout network reaches the paper's accuracy on a held-out
+// 20%, its predictive is stochastic (dropout masks, not Gaussian weights), a Pool reproduces
+// PredictWith bit for bit, and model files refuse it.
+func TestFitDropoutBreastCancer(t *testing.T) {
+	set, d, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	train, test := set.Split(0.8, 1)
+	m, st, err := FitDropout(context.Background(), train, d.Classes, DefaultDropout, TrainConfig{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Predict(test.X, 200, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	correct, spread := 0, 0.0
+	for i, y := range test.Y {
+		if p.Argmax(i) == y {
+			correct++
+		}
+		spread = math.Max(spread, p.V(i, y))
+	}
+	acc := float64(correct) / float64(len(test.Y))
+	t.Logf("test accuracy %.4f, max predictive variance %.4g, train %+v", acc, spread, st)
+	if acc < 0.93 {
+		t.Errorf("test accuracy %.4f < 0.93", acc)
+	}
+	if !(spread > 1e-4) {
+		t.Errorf("max predictive variance %v: the passes are not stochastic", spread)
+	}
+	pool, err := NewPool(m, 50, 7, Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := pool.Predict(context.Background(), test.X[:5])
+	b, _ := m.PredictWith(context.Background(), test.X[:5], 50, 7, Float64)
+	for i := range a.Mean {
+		if a.Mean[i] != b.Mean[i] || a.Var[i] != b.Var[i] {
+			t.Fatalf("pool and PredictWith differ at %d: %v %v", i, a.Mean[i], b.Mean[i])
+		}
+	}
+	// Sample gives the engine's networks: the mean of 50 sampled nets' softmax matches.
+	net := m.NewNet()
+	z := make([]float64, m.Inputs())
+	m.Scaler.Apply(z, test.X[0])
+	mean := 0.0
+	for s := 0; s < 50; s++ {
+		m.Sample(SampleSeed(7, s), net)
+		h := z
+		for k, l := range m.Layers {
+			o := make([]float64, l.Out)
+			for r := range o {
+				o[r] = net.B[k][r]
+				for i, v := range h {
+					o[r] += net.W[k][r*l.In+i] * v
+				}
+				if k < len(m.Layers)-1 {
+					o[r] = math.Max(o[r], 0)
+				}
+			}
+			h = o
+		}
+		pr := make([]float64, len(h))
+		Softmax(pr, h)
+		mean += pr[0] / 50
+	}
+	if math.Abs(mean-a.P(0, 0)) > 1e-12 {
+		t.Errorf("Sample's networks give %v, the engine %v", mean, a.P(0, 0))
+	}
+	if _, _, err := Encode(m); err == nil || !strings.Contains(err.Error(), "MC Dropout") {
+		t.Errorf("Encode of a dropout model: %v", err)
+	}
+}
