@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/stream"
@@ -479,7 +477,7 @@ type offsetRequest struct {
 func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, error) {
 	next := from
 	var out []offsetRequest
-	err := eachRecord(rr, func(r *kafka.Record, control bool) error {
+	err := stream.EachRecord(rr, func(r *kafka.Record, control bool) error {
 		if r.Offset < from {
 			return nil // a batch may start before the offset asked for
 		}
@@ -487,11 +485,11 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		if control {
 			return nil
 		}
-		key, err := readBytes(r.Key)
+		key, err := stream.ReadBytes(r.Key)
 		if err != nil {
 			return err
 		}
-		value, err := readBytes(r.Value)
+		value, err := stream.ReadBytes(r.Value)
 		if err != nil {
 			return err
 		}
@@ -598,48 +596,4 @@ func (m *Member) releaseAll(ctx context.Context, why string) {
 		m.release(ctx, p, why)
 	}
 	m.bal.setOwned(nil, 0)
-}
-
-// eachRecord calls fn for every record of rr in order, telling control records (transaction
-// markers, which take offsets but are not requests) apart.
-func eachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) error) error {
-	batches := []kafka.RecordReader{rr}
-	if s, ok := rr.(*protocol.RecordStream); ok {
-		batches = s.Records
-	}
-	for _, b := range batches {
-		cb, control := b.(*protocol.ControlBatch)
-		if control {
-			b = cb.Records
-		}
-		for {
-			r, err := b.ReadRecord()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			err = fn(r, control)
-			closeBytes(r.Key)
-			closeBytes(r.Value)
-			if err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func readBytes(b kafka.Bytes) ([]byte, error) {
-	if b == nil {
-		return nil, nil
-	}
-	return protocol.ReadAll(b)
-}
-
-func closeBytes(b kafka.Bytes) {
-	if b != nil {
-		b.Close()
-	}
 }

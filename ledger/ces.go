@@ -434,7 +434,7 @@ func (l *Ledger) Delete(id string) error {
 	defer l.wmu.Unlock()
 	err := l.update(func(tx *bolt.Tx) error {
 		key := []byte(id)
-		h, ok, err := readHeader(tx, key)
+		_, ok, err := readHeader(tx, key)
 		if err != nil {
 			return err
 		}
@@ -444,26 +444,7 @@ func (l *Ledger) Delete(id string) error {
 		if !ok {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
-		c, err := readCur(tx)
-		if err != nil {
-			return err
-		}
-		w, err := l.newWriteTx(tx, l.opts.Now().UTC())
-		if err != nil {
-			return err
-		}
-		if err := w.deleteCE(key, &h); err != nil {
-			return err
-		}
-		if h.status != certify.Uncertified {
-			if err := l.ref(tx, c, h.anchor, -1, 0, time.Time{}); err != nil {
-				return err
-			}
-		}
-		if err := l.gcAnchors(tx, c.version); err != nil {
-			return err
-		}
-		return w.finish()
+		return l.deleteStored(tx, [][]byte{key})
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: delete: %w", err)

@@ -96,42 +96,45 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 // releaseBatch bounds the CEs one transaction of ReleaseShare deletes.
 const releaseBatch = 10_000
 
-// deleteAll deletes the CEs under keys (those still stored) in one transaction, as Delete does
-// one.
+// deleteAll deletes the CEs under keys (those still stored) in one transaction.
 func (l *Ledger) deleteAll(keys [][]byte) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	return l.update(func(tx *bolt.Tx) error {
-		c, err := readCur(tx)
+	return l.update(func(tx *bolt.Tx) error { return l.deleteStored(tx, keys) })
+}
+
+// deleteStored deletes in tx the CEs under keys that are stored, releases their anchor
+// references and collects the anchors no CE refers to any more.
+func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte) error {
+	c, err := readCur(tx)
+	if err != nil {
+		return err
+	}
+	w, err := l.newWriteTx(tx, l.opts.Now().UTC())
+	if err != nil {
+		return err
+	}
+	for _, key := range keys {
+		h, ok, err := readHeader(tx, key)
 		if err != nil {
 			return err
 		}
-		w, err := l.newWriteTx(tx, l.opts.Now().UTC())
-		if err != nil {
+		if !ok {
+			continue
+		}
+		if err := w.deleteCE(key, &h); err != nil {
 			return err
 		}
-		for _, key := range keys {
-			h, ok, err := readHeader(tx, key)
-			if err != nil {
+		if h.status != certify.Uncertified {
+			if err := l.ref(tx, c, h.anchor, -1, 0, time.Time{}); err != nil {
 				return err
 			}
-			if !ok {
-				continue
-			}
-			if err := w.deleteCE(key, &h); err != nil {
-				return err
-			}
-			if h.status != certify.Uncertified {
-				if err := l.ref(tx, c, h.anchor, -1, 0, time.Time{}); err != nil {
-					return err
-				}
-			}
 		}
-		if err := l.gcAnchors(tx, c.version); err != nil {
-			return err
-		}
-		return w.finish()
-	})
+	}
+	if err := l.gcAnchors(tx, c.version); err != nil {
+		return err
+	}
+	return w.finish()
 }
 
 // ShareOffsets returns every partition the ledger holds requests of, with its offset.

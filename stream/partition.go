@@ -370,7 +370,7 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 		headers    []kafka.Header
 	}
 	var msgs []msg
-	err := eachRecord(rr, func(r *kafka.Record, control bool) error {
+	err := EachRecord(rr, func(r *kafka.Record, control bool) error {
 		if r.Offset < from {
 			return nil
 		}
@@ -383,8 +383,8 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 			m.headers = append(m.headers, kafka.Header{Key: h.Key, Value: slices.Clone(h.Value)})
 		}
 		var err error
-		if m.key, err = readBytes(r.Key); err == nil {
-			m.value, err = readBytes(r.Value)
+		if m.key, err = ReadBytes(r.Key); err == nil {
+			m.value, err = ReadBytes(r.Value)
 		}
 		msgs = append(msgs, m)
 		return err
@@ -426,9 +426,10 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 	return ch, nil
 }
 
-// eachRecord calls fn for every record of rr in order, telling transaction markers (control
-// records) apart: they take offsets but are not messages.
-func eachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) error) error {
+// EachRecord calls fn for every record of rr (a kafka-go fetch response's records) in order,
+// telling transaction markers (control records) apart: they take offsets but are not messages.
+// A record's key and value are released once fn returns: copy them (ReadBytes) to keep them.
+func EachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) error) error {
 	batches := []kafka.RecordReader{rr}
 	if s, ok := rr.(*protocol.RecordStream); ok {
 		batches = s.Records
@@ -457,7 +458,8 @@ func eachRecord(rr kafka.RecordReader, fn func(r *kafka.Record, control bool) er
 	return nil
 }
 
-func readBytes(b kafka.Bytes) ([]byte, error) {
+// ReadBytes copies a record's key or value (nil stays nil).
+func ReadBytes(b kafka.Bytes) ([]byte, error) {
 	if b == nil {
 		return nil, nil
 	}

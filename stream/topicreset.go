@@ -126,15 +126,15 @@ func (c *Consumer) verifyIdentity(ctx context.Context, ps *partState, last recor
 		return nil, err
 	}
 	var found *recordMark
-	err = eachRecord(res.Records, func(r *kafka.Record, control bool) error {
+	err = EachRecord(res.Records, func(r *kafka.Record, control bool) error {
 		if r.Offset != last.Offset || control || found != nil {
 			return nil
 		}
-		key, err := readBytes(r.Key)
+		key, err := ReadBytes(r.Key)
 		if err != nil {
 			return err
 		}
-		value, err := readBytes(r.Value)
+		value, err := ReadBytes(r.Value)
 		if err != nil {
 			return err
 		}

@@ -275,9 +275,9 @@ func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Du
 }
 
 // readLog reads the whole posterior topic and replays it through an independent chain: it
-// returns the accepted entries with the posterior hash each leads to (recomputed from the
-// genesis body and the recorded last layers), and the records not accepted.
-func readLog(t *testing.T, brokers []string) (accepted []*postlog.Entry, ignored []*postlog.Entry) {
+// returns the accepted entries, the records not accepted, and the posterior of every version
+// (the genesis body and the recorded last layers, each checked against its entry's hash).
+func readLog(t *testing.T, brokers []string) (accepted, ignored []*postlog.Entry, posteriors map[uint64]*bnn.Model) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -293,6 +293,7 @@ func readLog(t *testing.T, brokers []string) (accepted []*postlog.Entry, ignored
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20})
 	defer rd.Close()
 	chain := &postlog.Chain{}
+	posteriors = map[uint64]*bnn.Model{}
 	var m *bnn.Model
 	for off := int64(0); off < last; {
 		msg, err := rd.ReadMessage(ctx)
@@ -317,9 +318,10 @@ func readLog(t *testing.T, brokers []string) (accepted []*postlog.Entry, ignored
 		} else if m, err = e.Apply(m); err != nil {
 			t.Fatalf("entry %d: %v", e.Seq, err)
 		}
+		posteriors[m.Version] = m
 		accepted = append(accepted, e)
 	}
-	return accepted, ignored
+	return accepted, ignored, posteriors
 }
 
 // TestReplicasAsProcesses runs three replicas as processes against a three-node broker process
@@ -450,7 +452,7 @@ func TestReplicasAsProcesses(t *testing.T) {
 			t.Errorf("%s stopped following: %s", r.id, rv.Replication.Stopped)
 		}
 	}
-	accepted, ignored := readLog(t, brokers)
+	accepted, ignored, _ := readLog(t, brokers)
 	var applied, dead int64
 	claims := map[uint64]string{}
 	for _, e := range accepted {
@@ -661,21 +663,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 		}
 		return true
 	})
-	accepted, _ := readLog(t, brokers)
-	posteriors := map[uint64]*bnn.Model{}
-	var m *bnn.Model
-	for _, e := range accepted {
-		var err error
-		if e.Kind == postlog.Genesis {
-			m, err = e.Body.Model(e.PosteriorSHA256)
-		} else {
-			m, err = e.Apply(m)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		posteriors[m.Version] = m
-	}
+	_, _, posteriors := readLog(t, brokers)
 	last := posteriors[v.Version]
 	events := readEvents(t, brokers)
 	statuses := map[string]int{}
