@@ -335,27 +335,8 @@ func TestReplicasAsProcesses(t *testing.T) {
 	}
 	root := t.TempDir()
 	data, model, modelDir := trainModel(t, root)
-	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
-		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
-	reps := make([]*replicaProc, 3)
-	for i := range reps {
-		id := fmt.Sprintf("r%d", i+1)
-		dir := filepath.Join(root, id)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		reps[i] = &replicaProc{id: id, dir: dir, cfg: writeReplicaConfig(t, dir, id, brokers, modelDir)}
-	}
-	for _, r := range reps {
-		r.start(t)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, r := range reps {
-				t.Logf("%s's log:\n%s", r.id, r.c.log.String())
-			}
-		}
-	})
+	brokers := startClusterBroker(t)
+	reps := startReplicas(t, root, 3, brokers, modelDir)
 	ces := registerRoundRobin(t, reps, data, model, 12)
 	s := startStream(brokers, data)
 	defer func() {
@@ -512,6 +493,16 @@ func klKey(raw json.RawMessage) string {
 	return fmt.Sprintf("%d %x %s", e.Version, e.KL, e.Outcome)
 }
 
+// startClusterBroker runs `cfguard broker` with three nodes, the daemon's topics in three
+// partitions and a group min session timeout of 1 s (the replicas' is replicaSession), and
+// returns its nodes' addresses.
+func startClusterBroker(t *testing.T) []string {
+	t.Helper()
+	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
+		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
+	return brokers
+}
+
 // startReplicas starts n replicas (r1, r2, ...) against brokers with the extra configuration,
 // and logs their output if the test fails.
 func startReplicas(t *testing.T, root string, n int, brokers []string, modelDir string, extra ...string) []*replicaProc {
@@ -620,8 +611,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	}
 	root := t.TempDir()
 	data, model, modelDir := trainModel(t, root)
-	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
-		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
+	brokers := startClusterBroker(t)
 	reps := startReplicas(t, root, 3, brokers, modelDir, "update:\n  learning_rate: 0.003\n")
 
 	const n = 24
