@@ -48,15 +48,34 @@ type measureCluster struct {
 	model    *bnn.Model
 	modelDir string
 	brokers  []string
+	broker   *brokerProc
 }
 
 func newMeasureCluster(t *testing.T) *measureCluster {
 	t.Helper()
 	root := t.TempDir()
 	data, model, modelDir := trainModel(t, root)
-	_, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
+	b, brokers := startBrokerCmd(t, "--listen", "127.0.0.1:0", "--nodes", "3", "--partitions", "3",
 		"--topics", "cfguard.records,cfguard.records.dlq,cfguard.events", "--group-min-session-timeout", "1s")
-	return &measureCluster{root: root, data: data, model: model, modelDir: modelDir, brokers: brokers}
+	return &measureCluster{root: root, data: data, model: model, modelDir: modelDir, brokers: brokers, broker: b}
+}
+
+// brokerCPU is the CPU seconds (user and system) the broker process has used, from
+// /proc/<pid>/stat (Linux; clock ticks of 1/100 s).
+func (c *measureCluster) brokerCPU(t *testing.T) float64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.broker.cmd.Process.Pid))
+	if err != nil {
+		t.Fatalf("the broker's CPU time: %v", err)
+	}
+	// Fields after the command name (in parentheses): state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("the broker's /proc stat: %q", raw)
+	}
+	return (ut + st) / 100
 }
 
 // replicas starts n replicas named prefix1..prefixN (in root/prefixK) with the extra
@@ -608,6 +627,211 @@ func TestMeasureTakeovers(t *testing.T) {
 		{fmt.Sprintf("SIGKILL of a CE owner (%v CEs) -> its CEs answer at the others", moved), owners}} {
 		med, worst := durations(r.ds)
 		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %s |\n", r.what, len(r.ds), med.Round(time.Millisecond), worst.Round(time.Millisecond), bound, fmtDurations(r.ds))
+	}
+	t.Log("\n" + b.String())
+}
+
+// phase is one timed step of a measurement, for its table.
+type phase struct {
+	what string
+	took time.Duration
+	note string
+}
+
+func phaseTable(title string, ps []phase) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n| step | took | note |\n|---|---|---|\n", title)
+	for _, p := range ps {
+		fmt.Fprintf(&b, "| %s | %v | %s |\n", p.what, p.took.Round(time.Millisecond), p.note)
+	}
+	return b.String()
+}
+
+// startTimed starts r and returns how long it took until /readyz answered 200, and then until
+// its ledger held want CEs and it owned every CE partition (it is the only live replica).
+func startTimed(t *testing.T, r *replicaProc, want int) (ready, all time.Duration) {
+	t.Helper()
+	at := time.Now()
+	r.start(t)
+	ready = time.Since(at)
+	waitfor.Cond(t, 30*time.Minute, fmt.Sprintf("%s holds the %d CEs", r.id, want), func() bool {
+		parts, _ := r.cePartitions()
+		return len(parts) == ceParts && r.ready() && r.stored() == want
+	})
+	return ready, time.Since(at)
+}
+
+// TestMeasureBootstrap times the bootstrap of a replica whose share is every CE (10^5, or 10^6
+// with CFGUARD_BENCH_1M=1): registered in bulk at one replica, which then stops; a wiped replica
+// takes every partition over from the CE topic alone; then the same replica restarts after
+// SIGKILL (from its own ledger) and after SIGTERM; finally a second replica joins and half the
+// partitions move to it. Reads: a replica's ledger holds a CE exactly when GET answers it
+// from there, so "readable" is the ledger's count (cfguard_counterfactuals), with a sample of
+// GETs checked at the end.
+func TestMeasureBootstrap(t *testing.T) {
+	requireMeasure(t)
+	n := 100_000
+	if os.Getenv("CFGUARD_BENCH_1M") == "1" {
+		n = 1_000_000
+	}
+	c := newMeasureCluster(t)
+	var ps []phase
+	first := c.replicas(t, "a", 1, 200)[0]
+	lines := c.ceLines(t, "ce", n)
+	at := time.Now()
+	bulkRegister(t, first, lines, 1000)
+	took := time.Since(at)
+	ps = append(ps, phase{"bulk registration at one replica (1,000 lines a request: http.max_body_bytes 1 MiB)", took, fmt.Sprintf("%.0f CEs/s", float64(n)/took.Seconds())})
+	waitfor.Cond(t, 30*time.Minute, "every CE stored", func() bool { return first.stored() == n })
+	ps = append(ps, phase{"... until its ledger holds them all", time.Since(at), ""})
+
+	at = time.Now()
+	first.terminate(t)
+	ps = append(ps, phase{"SIGTERM of that replica until it exits", time.Since(at), "it releases its share: its ledger's CEs are deleted"})
+
+	w := c.replica(t, "b", 200)
+	t.Cleanup(func() {
+		if t.Failed() && w.c != nil {
+			t.Logf("%s's log:\n%s", w.id, w.c.log.String())
+		}
+	})
+	ready, all := startTimed(t, w, n)
+	ps = append(ps, phase{"wiped replica, from the CE topic alone: start -> /readyz 200", ready, ""},
+		phase{"... start -> every CE in its ledger", all, ""})
+
+	w.kill(t)
+	ready, all = startTimed(t, w, n)
+	ps = append(ps, phase{"restart after SIGKILL, from its own ledger: start -> /readyz 200", ready, ""},
+		phase{"... start -> every CE in its ledger", all, ""})
+
+	at = time.Now()
+	w.terminate(t)
+	ps = append(ps, phase{"SIGTERM until it exits", time.Since(at), ""})
+	ready, all = startTimed(t, w, n)
+	ps = append(ps, phase{"restart after SIGTERM: start -> /readyz 200", ready, ""},
+		phase{"... start -> every CE in its ledger", all, ""})
+
+	// A second replica joins: half the partitions move to it.
+	j := c.replica(t, "c", 200)
+	t.Cleanup(func() {
+		if t.Failed() && j.c != nil {
+			t.Logf("%s's log:\n%s", j.id, j.c.log.String())
+		}
+	})
+	at = time.Now()
+	j.start(t)
+	ready = time.Since(at)
+	var parts [2][]int
+	waitfor.Cond(t, 30*time.Minute, "the partitions split and both shares stored", func() bool {
+		sum := 0
+		for i, r := range []*replicaProc{w, j} {
+			var ok bool
+			if parts[i], ok = r.cePartitions(); !ok || len(parts[i]) == 0 || !r.ready() {
+				return false
+			}
+			k := r.stored()
+			if k < 0 {
+				return false
+			}
+			sum += k
+		}
+		return len(parts[0])+len(parts[1]) == ceParts && sum == n
+	})
+	ps = append(ps, phase{"a second (wiped) replica joins: start -> /readyz 200", ready, ""},
+		phase{"... start -> partitions split and each share in its owner's ledger only", time.Since(at),
+			fmt.Sprintf("%s %v: %d CEs, %s %v: %d CEs", w.id, parts[0], w.stored(), j.id, parts[1], j.stored())})
+	for k := 0; k < n; k += n / 100 {
+		id := fmt.Sprintf("ce-%d", k)
+		for _, r := range []*replicaProc{w, j} {
+			if code, b := r.getCE(id); code != http.StatusOK {
+				t.Fatalf("GET %s at %s: %d %s", id, r.id, code, b)
+			}
+		}
+	}
+	t.Log("\n" + phaseTable(fmt.Sprintf("bootstrap of a share of %d CEs (%d CE partitions); load average %s", n, ceParts, loadAverage()), ps))
+}
+
+// TestMeasureRegistrationRate registers CEs one POST /v1/counterfactuals each, from clients that
+// spread them round-robin over 1, 2 and 3 replicas, and reports the rate (registrations
+// answered 201 per second of wall time) and how many were answered 202 (accepted, their owner
+// had not stored them within the wait).
+func TestMeasureRegistrationRate(t *testing.T) {
+	requireMeasure(t)
+	const total = 2000
+	type row struct {
+		n, clients      int
+		created, queued int
+		took            time.Duration
+		cpu, brokerCPU  float64 // CPU seconds of all replicas, and of the broker, over the phase
+	}
+	var rows []row
+	for _, clients := range []int{16, 64} {
+		for n := 1; n <= 3; n++ {
+			t.Run(fmt.Sprintf("clients=%d/replicas=%d", clients, n), func(t *testing.T) {
+				c := newMeasureCluster(t)
+				reps := c.replicas(t, "r", n, 200)
+				lines := c.ceLines(t, "ce", total)
+				var (
+					mu              sync.Mutex
+					next            int
+					created, queued int
+					failure         string
+					wg              sync.WaitGroup
+				)
+				cl := http.Client{Timeout: time.Minute}
+				c0, b0, at := cpus(t, reps), c.brokerCPU(t), time.Now()
+				for range clients {
+					wg.Go(func() {
+						for {
+							mu.Lock()
+							k := next
+							next++
+							mu.Unlock()
+							if k >= total {
+								return
+							}
+							resp, err := cl.Post("http://"+reps[k%n].c.addr()+"/v1/counterfactuals", "application/json", bytes.NewReader(lines[k]))
+							if err != nil {
+								mu.Lock()
+								failure = err.Error()
+								mu.Unlock()
+								return
+							}
+							b, _ := io.ReadAll(resp.Body)
+							resp.Body.Close()
+							mu.Lock()
+							switch resp.StatusCode {
+							case http.StatusCreated:
+								created++
+							case http.StatusAccepted:
+								queued++
+							default:
+								failure = fmt.Sprintf("registration %d at %s: %d %s", k, reps[k%n].id, resp.StatusCode, b)
+							}
+							mu.Unlock()
+						}
+					})
+				}
+				wg.Wait()
+				c1, b1, took := cpus(t, reps), c.brokerCPU(t), time.Since(at)
+				if failure != "" {
+					t.Fatal(failure)
+				}
+				waitShared(t, reps, total, 5*time.Minute)
+				cpu := 0.0
+				for i := range reps {
+					cpu += c1[i] - c0[i]
+				}
+				rows = append(rows, row{n: n, clients: clients, created: created, queued: queued, took: took, cpu: cpu, brokerCPU: b1 - b0})
+			})
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "registration rate: %d CEs, one POST /v1/counterfactuals each, clients round-robin over the replicas, certify.samples 200; load average %s\n", total, loadAverage())
+	fmt.Fprintf(&b, "| clients | replicas | answered 201 | answered 202 | wall | CEs/s | replicas' CPU s | broker CPU s |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %d | %d | %d | %d | %v | %.0f | %.2f | %.2f |\n", r.clients, r.n, r.created, r.queued, r.took.Round(time.Millisecond),
+			float64(total)/r.took.Seconds(), r.cpu, r.brokerCPU)
 	}
 	t.Log("\n" + b.String())
 }
