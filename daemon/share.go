@@ -69,8 +69,20 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: 10 * time.Second},
 		lg: d.log.With("component", "ceshare")}
 	group := d.cfg.Kafka.GroupID + ".ce"
+	// The partitions whose share the ledger still holds (a crash kept them): those the first
+	// generation gives to others are released then.
+	var held []int
+	for p := range rc.CEPartitions {
+		_, ok, err := d.ledger.ShareOffset(p)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			held = append(held, p)
+		}
+	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: d.conn, Topic: rc.CETopic, Group: group, Partitions: rc.CEPartitions,
-		ReplicaID: replicaID, AdvertiseURL: adv, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval}, s, s.lg); err != nil {
+		ReplicaID: replicaID, AdvertiseURL: adv, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Held: held}, s, s.lg); err != nil {
 		return nil, err
 	}
 	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, s.lg); err != nil {
