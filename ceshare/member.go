@@ -33,7 +33,8 @@ type Hooks interface {
 	Apply(ctx context.Context, p int, reqs []Request, next int64) error
 	// Release is called when p is no longer this replica's: the next generation does not
 	// give it p, no generation came within the session timeout after the last one ended (the
-	// group has surely evicted this member), or the member stops.
+	// group has surely evicted this member), the member stops, or the store held p from an
+	// earlier run (MemberConfig.Held) and the first generation gives p to another member.
 	Release(ctx context.Context, p int) error
 }
 
@@ -54,10 +55,6 @@ type MemberConfig struct {
 	// AdvertiseURL is where the other replicas reach this one's API
 	// (replication.advertise_url). Required.
 	AdvertiseURL string
-	// Held are the partitions this replica's ledger still holds from before a restart: the
-	// member asks the group for them back (the sticky balancer keeps them with it unless
-	// another member took them over meanwhile). Default: none.
-	Held []int
 	// SessionTimeout is how long the group waits for a silent member before it gives the
 	// member's partitions to the others (replication.session_timeout). Default: 10s.
 	SessionTimeout time.Duration
@@ -80,6 +77,12 @@ type MemberConfig struct {
 	MaxBatch int
 	// RetryMin and RetryMax bound the backoff between failed fetches. Defaults: 50ms, 5s.
 	RetryMin, RetryMax time.Duration
+	// Held is the partitions the store still holds from an earlier run (a stop that kept them,
+	// or a crash). The member asks the group for them back (the sticky balancer keeps them with
+	// it unless another member took them over meanwhile); those its first generation does not
+	// give it belong to other members by now and are released (Hooks.Release) before that
+	// generation's partitions are read. Default: none.
+	Held []int
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
@@ -156,6 +159,7 @@ type Member struct {
 	applied     int64
 	skipped     map[string]int64
 	lost, gaps  int64
+	held        []int // Held, until the first generation releases those it does not assign
 }
 
 // NewMember checks cfg, creates the CE topic when it is missing (with cfg.Partitions
@@ -190,7 +194,7 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 	for _, r := range Reasons() {
 		skipped[r] = 0
 	}
-	return &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped,
+	return &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped, held: slices.Clone(cfg.Held),
 		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held)}}, nil
 }
 
@@ -362,6 +366,15 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 	for _, p := range m.Owned() {
 		if !slices.Contains(assigned, p) {
 			m.release(ctx, p, "assigned to another member")
+		}
+	}
+	m.mu.Lock()
+	held := m.held
+	m.held = nil
+	m.mu.Unlock()
+	for _, p := range held {
+		if !slices.Contains(assigned, p) {
+			m.callRelease(ctx, p, "held from an earlier run, assigned to another member")
 		}
 	}
 	m.bal.setOwned(assigned, gen.ID)
@@ -583,6 +596,10 @@ func (m *Member) release(ctx context.Context, p int, why string) {
 	if !ok {
 		return
 	}
+	m.callRelease(ctx, p, why)
+}
+
+func (m *Member) callRelease(ctx context.Context, p int, why string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := m.hooks.Release(ctx, p); err != nil {

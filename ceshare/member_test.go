@@ -627,3 +627,35 @@ func TestApplyErrorStopsMember(t *testing.T) {
 		t.Errorf("a stopped member still holds %v", got)
 	}
 }
+
+// A member that starts on a store still holding every partition (a replica SIGKILLed while it
+// owned them all, restarted while another took them over) releases, at its first generation,
+// the partitions that generation leaves with the other member, and only those.
+func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
+	_, conn := startBroker(t)
+	r1 := startReplica(t, memberConfig(conn, "r1"))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
+	cfg := memberConfig(conn, "r2")
+	held := make([]int, testPartitions)
+	l := newLedger()
+	for p := range held {
+		held[p] = p
+		l.next[p] = 0
+	}
+	cfg.Held = held
+	r2 := startReplicaOn(t, cfg, l)
+	var owner map[int]string
+	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
+		owner = ownership(r1, r2)
+		return owner != nil && len(r1.m.Owned()) > 0 && len(r2.m.Owned()) > 0
+	})
+	var want []int
+	for p := range testPartitions {
+		if owner[p] == "r1" {
+			want = append(want, p)
+		}
+	}
+	if got := slices.Sorted(slices.Values(l.releases())); !slices.Equal(got, want) {
+		t.Errorf("r2 released %v; it held every partition and r1 kept %v", got, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -302,5 +303,34 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 		if w := r.view(t).Replication.Writer; w == "rival/1" {
 			t.Errorf("a replica reports the rival as its writer")
 		}
+	}
+}
+
+// A release of a CE partition cut short (its context ended before any CE was deleted, as the
+// shutdown's deadline cuts one) leaves the partition's offset at 0, so that the next acquisition
+// reads the partition again from its start instead of reading on without the CEs deleted.
+func TestShareReleaseCutShortRestartsThePartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	b := startCluster(t, 1)
+	r := startReplica(t, b, "r1")
+	s := r.d.rep.share
+	id := registerCEs(t, r, bundled(t), 1)[0]
+	p := ceshare.Partition(id, s.partitions)
+	waitfor.Cond(t, 10*time.Second, "the registration's offset stored", func() bool {
+		off, ok, err := r.d.ledger.ShareOffset(p)
+		return err == nil && ok && off > 0
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Release(ctx, p); err == nil {
+		t.Fatal("Release with an ended context succeeded")
+	}
+	if _, err := r.d.ledger.Get(id); err != nil {
+		t.Fatalf("the release was cut short before deleting %s: %v", id, err)
+	}
+	if off, ok, err := r.d.ledger.ShareOffset(p); err != nil || !ok || off != 0 {
+		t.Fatalf("after a release cut short, partition %d's offset is %d (held %v, %v); want 0", p, off, ok, err)
 	}
 }

@@ -643,6 +643,20 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	victim.start(t)
 	produced := s.end(t)
 	v := waitAgree(t, "after the drift", reps, produced)
+	// The restarted victim's ledger still held the partitions that moved: it releases those it
+	// is not given back, so that each CE is in one ledger (one replica re-certifies, confirms
+	// and audits it).
+	waitfor.Cond(t, 60*time.Second, "each CE in one replica's ledger", func() bool {
+		sum := 0
+		for _, r := range reps {
+			k := r.stored()
+			if k < 0 {
+				return false
+			}
+			sum += k
+		}
+		return sum == n
+	})
 	// Let the owners confirm what the drift made lapse, then read every CE at every replica.
 	waitfor.Cond(t, 60*time.Second, "no renewal pending", func() bool {
 		for k := range n {
