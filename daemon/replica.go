@@ -778,6 +778,11 @@ func (r *replica) health() error {
 		}
 	}
 	if r.share != nil {
+		// Not before the CE group gave this replica its share: a replica restarted after a crash
+		// owns nothing until the group's session of its previous run expires.
+		if r.share.member.Stats().Generations == 0 {
+			return fmt.Errorf("joining the CE group of %s", r.d.cfg.Replication.CETopic)
+		}
 		for _, p := range r.share.member.Owned() {
 			if !r.share.member.Ready(p) {
 				return fmt.Errorf("restoring CE partition %d from %s", p, r.d.cfg.Replication.CETopic)
