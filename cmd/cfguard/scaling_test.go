@@ -501,25 +501,8 @@ const ceParts = 12
 
 // cePartitions is the CE partitions r owns (GET /v1/model .replication.ce_partitions).
 func (r *replicaProc) cePartitions() ([]int, bool) {
-	addr := r.c.addr()
-	if addr == "" {
-		return nil, false
-	}
-	cl := http.Client{Timeout: 2 * time.Second}
-	resp, err := cl.Get("http://" + addr + "/v1/model")
-	if err != nil {
-		return nil, false
-	}
-	defer resp.Body.Close()
-	var v struct {
-		Replication struct {
-			CEPartitions []int `json:"ce_partitions"`
-		} `json:"replication"`
-	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&v) != nil {
-		return nil, false
-	}
-	return v.Replication.CEPartitions, true
+	v, ok := r.view()
+	return v.Replication.CEPartitions, ok
 }
 
 // durations summarises takeover times: median and worst.
