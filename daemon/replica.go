@@ -61,6 +61,7 @@ type replica struct {
 	pending  map[uint64][]event
 	consumer *stream.Consumer      // the updater's, while it is one
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
+	lag      int64                 // records of the log not read yet, as watchEnd last saw
 
 	updater atomic.Bool
 }
@@ -521,6 +522,7 @@ func (r *replica) watchEnd(ctx context.Context) {
 			if lag == 0 {
 				r.caughtUp = true
 			}
+			r.lag = lag
 			r.mu.Unlock()
 			r.m.Lag.Set(float64(lag))
 		case ctx.Err() == nil && failingSince.IsZero():
@@ -792,17 +794,16 @@ func (r *replica) health() error {
 	return nil
 }
 
-// status is GET /v1/model's replication block.
-func (r *replica) status(ctx context.Context) map[string]any {
+// status is GET /v1/model's replication block (the lag as of the last check of the log's end,
+// at most a second old: a request does not ask the broker).
+func (r *replica) status() map[string]any {
 	h := r.head()
 	r.mu.Lock()
-	read, stopped := r.read, r.stopped
+	lag, stopped := r.lag, r.stopped
 	r.mu.Unlock()
 	out := map[string]any{"writer": r.writer, "updater": r.updater.Load(), "entry": h.Seq, "term": h.Term,
-		"offset": h.Offset, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers, "topic": r.plog.Topic()}
-	if end, err := r.plog.End(ctx); err == nil {
-		out["lag_records"] = max(end-read, 0)
-	}
+		"offset": h.Offset, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers, "topic": r.plog.Topic(),
+		"lag_records": lag}
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
 	}
@@ -818,7 +819,7 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 	if d.rep == nil {
 		return nil
 	}
-	return d.rep.status(ctx)
+	return d.rep.status()
 }
 
 // buildString names this build in claims: module version, GOARCH, engine.
