@@ -41,6 +41,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -69,6 +70,7 @@ var torchBench []byte
 // options are the command's flags and environment.
 type options struct {
 	core, rounds int
+	markdown     bool // print the medians as a Markdown table, headed by the command and commit
 	only         []string
 	python       string
 	script       string // $CFGUARD_TORCH_BENCH, or "" for the embedded torch_bench.py
@@ -81,6 +83,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	o := options{python: envOr("CFGUARD_PYTHON", "/usr/bin/python3"), script: os.Getenv("CFGUARD_TORCH_BENCH")}
 	fs.IntVar(&o.core, "core", 0, "the CPU core both sides are pinned to")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload once on each side, interleaved")
+	fs.BoolVar(&o.markdown, "markdown", false, "print the medians as a Markdown table (for docs/BENCHMARKS.md), headed by the command, commit and machine")
 	only := fs.String("only", "", "comma-separated workloads to run (default all: "+strings.Join(workloadNames(), ",")+")")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -394,19 +397,68 @@ func compare(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "round %d/%d %-16s torch %.3fs  cfguard %.3fs\n", r+1, o.rounds, w.name, t, g)
 		}
 	}
+	rows := make([]resultRow, len(ws))
+	for i, w := range ws {
+		rows[i] = resultRow{workload: w, torch: median(torchT[i]), ours: median(oursT[i])}
+	}
+	if o.markdown {
+		return writeMarkdown(stdout, o, rows, peaks)
+	}
 	fmt.Fprintf(stdout, "cfguard (%s BLAS, %s) vs %s, core %d, %d rounds, medians:\n", bnn.Backend, runtime.Version(), filepath.Base(o.script), o.core, o.rounds)
 	fmt.Fprintf(stdout, "GEMM peak on this core (n = 1024, %s): dgemm %.1f GFLOP/s, sgemm %.1f GFLOP/s\n", bnn.Backend, peaks["dgemm"], peaks["sgemm"])
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "workload\ttorch s\tcfguard s\ttorch/cfguard\tcfguard GFLOP/s\tof peak\t")
-	for i, w := range ws {
-		t, g := median(torchT[i]), median(oursT[i])
-		rate, frac := "-", "-"
-		if w.flops > 0 {
-			gf := w.flops / g / 1e9
-			rate = fmt.Sprintf("%.1f", gf)
-			frac = fmt.Sprintf("%.0f%% %s", 100*gf/peaks[w.gemm], w.gemm)
-		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.2f\t%s\t%s\t\n", w.name, t, g, t/g, rate, frac)
+	for _, r := range rows {
+		rate, frac := r.rate(peaks)
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.2f\t%s\t%s\t\n", r.name, r.torch, r.ours, r.torch/r.ours, rate, frac)
 	}
 	return tw.Flush()
+}
+
+// resultRow is one workload's medians over the rounds.
+type resultRow struct {
+	workload
+	torch, ours float64 // seconds
+}
+
+// rate is cfguard's GFLOP/s and its fraction of the GEMM peak ("-" for a workload whose flops are
+// not counted).
+func (r resultRow) rate(peaks map[string]float64) (rate, frac string) {
+	if r.flops <= 0 {
+		return "-", "-"
+	}
+	gf := r.flops / r.ours / 1e9
+	return fmt.Sprintf("%.1f", gf), fmt.Sprintf("%.0f%% %s", 100*gf/peaks[r.gemm], r.gemm)
+}
+
+// writeMarkdown prints the medians as a Markdown table, headed by what produced them: the command
+// line, the commit and Go version of this build, the engine and the core, so that a table pasted
+// into the docs carries its provenance.
+func writeMarkdown(w io.Writer, o options, rows []resultRow, peaks map[string]float64) error {
+	commit := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 7 {
+				commit = s.Value[:7]
+			}
+		}
+	}
+	args := []string{"go run"}
+	if bnn.Backend != "gonum" {
+		args = append(args, "-tags openblas")
+	}
+	args = append(args, "./internal/cmd/vstorch", fmt.Sprintf("-core %d -rounds %d", o.core, o.rounds))
+	if len(o.only) > 0 {
+		args = append(args, "-only "+strings.Join(o.only, ","))
+	}
+	args = append(args, "-markdown")
+	fmt.Fprintf(w, "`%s` at %s (%s, %s engine, core %d, %d rounds, medians; GEMM peak: dgemm %.1f, sgemm %.1f GFLOP/s)\n\n",
+		strings.Join(args, " "), commit, runtime.Version(), bnn.Backend, o.core, o.rounds, peaks["dgemm"], peaks["sgemm"])
+	fmt.Fprintln(w, "| workload | torch s | cfguard s | torch/cfguard | cfguard GFLOP/s | of peak |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	for _, r := range rows {
+		rate, frac := r.rate(peaks)
+		fmt.Fprintf(w, "| %s | %.3f | %.3f | %.2f | %s | %s |\n", r.name, r.torch, r.ours, r.torch/r.ours, rate, frac)
+	}
+	return nil
 }

@@ -122,3 +122,25 @@ func TestEmbeddedScript(t *testing.T) {
 		t.Errorf("update without --data: err %v, output %q; want a usage error naming --data", err, out)
 	}
 }
+
+func TestMarkdownTable(t *testing.T) {
+	rows := []resultRow{
+		{workload: workload{name: "predict-f64", flops: 2e9, gemm: "dgemm"}, torch: 0.3, ours: 0.2},
+		{workload: workload{name: "update"}, torch: 0.017, ours: 0.0046},
+	}
+	var b strings.Builder
+	if err := writeMarkdown(&b, options{core: 1, rounds: 7, only: []string{"predict-f64", "update"}}, rows, map[string]float64{"dgemm": 20, "sgemm": 40}); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"./internal/cmd/vstorch -core 1 -rounds 7 -only predict-f64,update -markdown",
+		"| workload | torch s | cfguard s | torch/cfguard | cfguard GFLOP/s | of peak |",
+		"| predict-f64 | 0.300 | 0.200 | 1.50 | 10.0 | 50% dgemm |", // 2e9 flops in 0.2 s = 10 GFLOP/s, half the 20 peak
+		"| update | 0.017 | 0.005 | 3.70 | - | - |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("Markdown output lacks %q:\n%s", want, out)
+		}
+	}
+}
