@@ -431,18 +431,27 @@ func (r resultRow) rate(peaks map[string]float64) (rate, frac string) {
 	return fmt.Sprintf("%.1f", gf), fmt.Sprintf("%.0f%% %s", 100*gf/peaks[r.gemm], r.gemm)
 }
 
+// buildCommit is the commit this build was made from: the binary's VCS stamp, else (a build with
+// -buildvcs=false) what git says of the working directory, else "unknown".
+func buildCommit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 7 {
+				return s.Value[:7]
+			}
+		}
+	}
+	if out, err := exec.Command("git", "rev-parse", "--short=7", "HEAD").Output(); err == nil {
+		return strings.TrimSpace(string(out))
+	}
+	return "unknown"
+}
+
 // writeMarkdown prints the medians as a Markdown table, headed by what produced them: the command
 // line, the commit and Go version of this build, the engine and the core, so that a table pasted
 // into the docs carries its provenance.
 func writeMarkdown(w io.Writer, o options, rows []resultRow, peaks map[string]float64) error {
-	commit := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 7 {
-				commit = s.Value[:7]
-			}
-		}
-	}
+	commit := buildCommit()
 	args := []string{"go run"}
 	if bnn.Backend != "gonum" {
 		args = append(args, "-tags openblas")
