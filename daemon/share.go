@@ -113,23 +113,13 @@ func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
 }
 
 // Release is ceshare.Hooks: partition p's CEs leave this ledger (their new owner rebuilds them
-// from the CE topic). p's offset is first set back to 0: ledger.ReleaseShare forgets it only
-// after deleting the CEs, so a release cut short (the shutdown's deadline, a crash) would leave
-// the old offset with part of the CEs gone, and an acquisition of p would read on from there
-// without them. From 0 it stores them again (those left are skipped as stored), and a restart
-// that is not given p back releases it again (MemberConfig.Held).
+// from the CE topic). A release cut short leaves p's offset at 0 (ledger.ReleaseShare), and a
+// restart that is not given p back releases it again (MemberConfig.Held).
 func (s *share) Release(ctx context.Context, p int) error {
 	if s.stopping != nil && s.stopping.Err() != nil {
 		// The replica stops: its ledger keeps the partition, and a restart that gets it back
 		// resumes from there instead of the CE topic's start.
 		return nil
-	}
-	if _, held, err := s.d.ledger.ShareOffset(p); err != nil {
-		return err
-	} else if held {
-		if err := s.d.ledger.SetShareOffset(p, 0); err != nil {
-			return err
-		}
 	}
 	n, err := s.d.ledger.ReleaseShare(ctx, p, func(id string) bool { return ceshare.Partition(id, s.partitions) == p })
 	if err != nil {

@@ -47,6 +47,15 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	if off, ok, err := l.ShareOffset(3); err != nil || !ok || off != 120 {
 		t.Fatalf("ShareOffset(3) after reopening = %d, %v, %v; want 120", off, ok, err)
 	}
+	// A release cut short before its first deletion leaves the partition to be read again from 0.
+	cut, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.ReleaseShare(cut, 3, func(id string) bool { return strings.HasPrefix(id, "a-") }); err == nil {
+		t.Fatal("ReleaseShare with an ended context succeeded")
+	}
+	if off, ok, err := l.ShareOffset(3); err != nil || !ok || off != 0 {
+		t.Fatalf("after a release cut short: offset %d, held %v, %v; want 0", off, ok, err)
+	}
 	before, _ := l.Counts()
 	n, err := l.ReleaseShare(context.Background(), 3, func(id string) bool { return strings.HasPrefix(id, "a-") })
 	if err != nil || n != 20 {
