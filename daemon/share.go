@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -188,34 +189,29 @@ func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
 		newest = max(newest, ce.AnchorVersion)
 	}
 	s.awaitVersion(ctx, newest)
+	again, err := s.put(ctx, ces, nil)
+	if err != nil || len(again) == 0 {
+		return err
+	}
+	// The past posteriors are found without d.mu: finding one may mean playing the log.
+	cur := d.current().Version
+	var versions []uint64
+	for _, ce := range again {
+		if ce.AnchorVersion < cur {
+			versions = append(versions, ce.AnchorVersion)
+		}
+	}
+	past, err := d.rep.past(ctx, versions)
+	if err != nil {
+		return err
+	}
+	if again, err = s.put(ctx, again, past); err != nil || len(again) == 0 {
+		return err
+	}
 	return d.durably(ctx, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		errs, err := d.ledger.PutEach(ctx, ces)
-		if err != nil {
-			return err
-		}
-		again := s.refused(ces, errs)
-		if len(again) == 0 {
-			return nil
-		}
 		m := d.current()
-		var versions []uint64
-		for _, ce := range again {
-			if ce.AnchorVersion < m.Version {
-				versions = append(versions, ce.AnchorVersion)
-			}
-		}
-		past, err := d.rep.past(ctx, versions)
-		if err != nil {
-			return err
-		}
-		if errs, err = d.ledger.PutPast(ctx, again, past); err != nil {
-			return err
-		}
-		if again = s.refused(again, errs); len(again) == 0 {
-			return nil
-		}
 		pool, err := d.pools.get(m)
 		if err != nil {
 			return err
@@ -233,13 +229,32 @@ func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
 				"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)
 			ce.AnchorVersion, ce.P1, ce.Var1, ce.Samples = m.Version, pr.P(i, ce.Target), pr.V(i, ce.Target), d.cfg.Certify.Samples
 		}
-		errs, err = d.ledger.PutEach(ctx, again)
+		errs, err := d.ledger.PutEach(ctx, again)
 		if err != nil {
 			return err
 		}
 		s.refused(again, errs)
 		return nil
 	})
+}
+
+// put stores ces with the given past posteriors (ledger.PutPast) under d.mu, so that no
+// posterior is committed between the ledger's judgement and its write, and returns those
+// refused for their anchor.
+func (s *share) put(ctx context.Context, ces []*ledger.CE, past map[uint64]*bnn.Model) ([]*ledger.CE, error) {
+	d := s.d
+	var again []*ledger.CE
+	err := d.durably(ctx, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		errs, err := d.ledger.PutPast(ctx, ces, past)
+		if err != nil {
+			return err
+		}
+		again = s.refused(ces, errs)
+		return nil
+	})
+	return again, err
 }
 
 // refused returns the CEs refused for their anchor (ledger.ErrUnknownAnchor) and logs those
