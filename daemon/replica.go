@@ -261,7 +261,17 @@ func (r *replica) follow(ctx context.Context) error {
 		return err
 	}
 	defer rd.Close()
-	go r.watchEnd(ctx)
+	// The watch of the log's end stops with follow: the log is closed after follow returns.
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		r.watchEnd(wctx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watched
+	}()
 	for {
 		rec, err := rd.Next(ctx)
 		if err != nil {
