@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -28,6 +29,20 @@ type replicaView struct {
 	} `json:"replication"`
 }
 
+// produceRows produces n labelled records through r's broker, rows of data from the one after
+// the from records already produced (cycling), and returns how many are produced then.
+func produceRows(t *testing.T, r *running, data *dataset.Set, from, n int) int {
+	t.Helper()
+	vals := make([][]byte, n)
+	for i := range vals {
+		k := (from + i) % data.Len()
+		vals[i] = record(fmt.Sprintf("rec-%d", from+i), data.X[k], data.Y[k])
+	}
+	r.produce(t, vals...)
+	return from + n
+}
+
+// view reads GET /v1/model.
 func (r *running) view(t *testing.T) replicaView {
 	t.Helper()
 	code, body := r.get(t, "/v1/model")
@@ -81,15 +96,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
 	data := bundled(t)
 	produced := 0
-	produce := func(n int) {
-		vals := make([][]byte, n)
-		for i := range vals {
-			k := (produced + i) % data.Len()
-			vals[i] = record(fmt.Sprintf("rec-%d", produced+i), data.X[k], data.Y[k])
-		}
-		reps[0].produce(t, vals...)
-		produced += n
-	}
+	produce := func(n int) { produced = produceRows(t, reps[0], data, produced, n) }
 	agree := func(live []*running) replicaView {
 		var first replicaView
 		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
@@ -243,14 +250,7 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
 	data := bundled(t)
 	n := 0
-	produce := func(k int) {
-		vals := make([][]byte, k)
-		for i := range vals {
-			vals[i] = record(fmt.Sprintf("rec-%d", n+i), data.X[(n+i)%data.Len()], data.Y[(n+i)%data.Len()])
-		}
-		reps[0].produce(t, vals...)
-		n += k
-	}
+	produce := func(k int) { n = produceRows(t, reps[0], data, n, k) }
 	produce(64)
 	var updater *running
 	waitfor.Cond(t, 30*time.Second, "an updater that applied the records", func() bool {
