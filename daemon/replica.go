@@ -704,6 +704,9 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 		r.mu.Lock()
 		r.consumer = nil
 		r.mu.Unlock()
+		// Only the updater consumes: a lag left from its term would make CfguardIngestStalled
+		// fire on a replica that no longer reads the topic.
+		d.metrics.SetConsumerLag(0)
 	}()
 	r.lg.Info("updater: consuming", "topic", d.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
 	for {
