@@ -1,10 +1,26 @@
-// Package alerts is cfguard's Prometheus metrics and the alerting rules written against them.
+// Package alerts is cfguard's Prometheus metrics and the alerting rules written against them:
+// every metric the daemon exports is defined here and nowhere else.
 //
-// NewMetrics registers every metric on the Registerer it is given (never the default registry)
-// and creates every label value of the bounded label sets up front, so series exist at 0 from the
-// first scrape and alerts that compare against them work before the first event. The rules
-// (rules.yml, embedded, see Rules) only reference metrics defined here; a test enforces that, and
-// rules_test.yml holds promtool unit tests for every alert.
+// The metrics live in the package of the rules, rather than in a package of their own, because
+// the two change together: an alert is only as good as the name it queries, and a rename is safe
+// only when the same change moves rules.yml, its promtool tests and the registry. Here one
+// package's tests hold all three (every rule's metric is registered, every name follows the
+// naming rule, promtool runs the rules' unit tests).
+//
+// The constructors register on the Registerer they are given (never the default registry) and
+// create every label value of the bounded label sets up front, so series exist at 0 from the
+// first scrape and alerts that compare against them work before the first event:
+//
+//   - NewMetrics: what happens (updates, records, events, audits, renewals, checkpoints,
+//     exports, registrations) and what only the running process knows (consumer lag);
+//   - NewStateCollector: the gauges of the ledger's state, read at each scrape;
+//   - RegisterLedgerDamaged: damaged counterfactual records, read from the ledger at each scrape;
+//   - NewHTTPMetrics: the API server's connections and shed requests;
+//   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs.
+//
+// Naming: every name starts with cfguard_; counters end in _total; a unit, when there is one,
+// is the last word before it (_seconds, _records); everything about stored counterfactual
+// explanations says counterfactuals.
 package alerts
 
 import (
@@ -57,6 +73,11 @@ const (
 	NameRenewalBacklog       = "cfguard_renewal_backlog"
 	NameBuildInfo            = "cfguard_build_info"
 	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
+	NameEvents               = "cfguard_events_total"
+	NameAudits               = "cfguard_audits_total"
+	NameExportVersion        = "cfguard_export_posterior_version"
+	NameExportFailures       = "cfguard_export_errors_total"
+	NameRegistrationBatch    = "cfguard_registration_batch_size"
 )
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
@@ -74,6 +95,10 @@ type Metrics struct {
 	checkpointFailing                         prometheus.Gauge
 	outboxErrors, checkpointFailures, renewed prometheus.Counter
 	topicMismatch                             prometheus.Gauge
+	events                                    *prometheus.CounterVec
+	audits, exportFailures                    prometheus.Counter
+	exportVersion                             prometheus.Gauge
+	registrationBatch                         prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -101,6 +126,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
+		events: f.NewCounterVec(prometheus.CounterOpts{Name: NameEvents,
+			Help: "Outbox events by result of their publish attempt (published; failed: retried from the outbox)."}, []string{"result"}),
+		audits:        f.NewCounter(prometheus.CounterOpts{Name: NameAudits, Help: "Full audits completed."}),
+		exportVersion: gauge(NameExportVersion, "Posterior version last written to model.export_dir."),
+		exportFailures: f.NewCounter(prometheus.CounterOpts{Name: NameExportFailures,
+			Help: "Failed writes of the posterior export (retried)."}),
+		registrationBatch: f.NewHistogram(prometheus.HistogramOpts{Name: NameRegistrationBatch,
+			Help:    "Counterfactuals stored by one ledger write (one fsync) of registrations: concurrent registrations share one.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 	}
 	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
@@ -108,6 +142,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range RecordResults() {
 		m.records.WithLabelValues(string(r))
 	}
+	m.events.WithLabelValues("published")
+	m.events.WithLabelValues("failed")
 	return m
 }
 
@@ -152,11 +188,31 @@ func (m *Metrics) AddRecords(r RecordResult, n int) error {
 	return fmt.Errorf("alerts: unknown record result %q", r)
 }
 
+// EventsPublished counts n events acknowledged by the events topic.
+func (m *Metrics) EventsPublished(n int) { m.events.WithLabelValues("published").Add(float64(n)) }
+
+// PublishFailed counts one failed attempt to publish n outbox events (they stay in the outbox and
+// are retried).
+func (m *Metrics) PublishFailed(n int) {
+	m.outboxErrors.Inc()
+	m.events.WithLabelValues("failed").Add(float64(n))
+}
+
+// IncAudits counts one completed full audit.
+func (m *Metrics) IncAudits() { m.audits.Inc() }
+
+// Exported sets the posterior version the export directory holds (once its files are durable).
+func (m *Metrics) Exported(version uint64) { m.exportVersion.Set(float64(version)) }
+
+// IncExportFailures counts one failed write of the posterior export.
+func (m *Metrics) IncExportFailures() { m.exportFailures.Inc() }
+
+// ObserveRegistrationBatch records how many counterfactuals one ledger write of registrations
+// stored.
+func (m *Metrics) ObserveRegistrationBatch(n int) { m.registrationBatch.Observe(float64(n)) }
+
 // SetConsumerLag sets the total consumer lag in records.
 func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
-
-// IncOutboxPublishErrors counts one failed attempt to publish outbox events.
-func (m *Metrics) IncOutboxPublishErrors() { m.outboxErrors.Inc() }
 
 // CheckpointFailed counts one checkpoint that could not be written and marks checkpointing as
 // failing; CheckpointRecovered clears the mark once a checkpoint is written again.

@@ -26,6 +26,8 @@ func gatheredNames(t *testing.T) map[string]bool {
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
 	NewReplicaMetrics(reg, []string{"not_successor"})
+	NewHTTPMetrics(reg, 1)
+	RegisterLedgerDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
