@@ -65,7 +65,6 @@ const (
 	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
 	NamePosteriorVersion     = "cfguard_posterior_version"
 	NameOutboxPending        = "cfguard_outbox_pending"
-	NameOutboxPublishErrors  = "cfguard_outbox_publish_errors_total"
 	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
 	NameUnconfirmed          = "cfguard_ces_unconfirmed"
@@ -89,16 +88,16 @@ const (
 // consistent snapshot. Metrics holds what happens (counters) and what only the running process
 // knows (consumer lag, checkpoint failures, outbox).
 type Metrics struct {
-	consumerLag                               prometheus.Gauge
-	updates, records                          *prometheus.CounterVec
-	recertDuration                            prometheus.Histogram
-	checkpointFailing                         prometheus.Gauge
-	outboxErrors, checkpointFailures, renewed prometheus.Counter
-	topicMismatch                             prometheus.Gauge
-	events                                    *prometheus.CounterVec
-	audits, exportFailures                    prometheus.Counter
-	exportVersion                             prometheus.Gauge
-	registrationBatch                         prometheus.Histogram
+	consumerLag                 prometheus.Gauge
+	updates, records            *prometheus.CounterVec
+	recertDuration              prometheus.Histogram
+	checkpointFailing           prometheus.Gauge
+	checkpointFailures, renewed prometheus.Counter
+	topicMismatch               prometheus.Gauge
+	events                      *prometheus.CounterVec
+	audits, exportFailures      prometheus.Counter
+	exportVersion               prometheus.Gauge
+	registrationBatch           prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -117,8 +116,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
-		outboxErrors: f.NewCounter(prometheus.CounterOpts{Name: NameOutboxPublishErrors,
-			Help: "Failed attempts to publish outbox events to the events topic (each is retried with backoff)."}),
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
 			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
@@ -127,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: NameEvents,
-			Help: "Outbox events by result of their publish attempt (published; failed: retried from the outbox)."}, []string{"result"}),
+			Help: "Outbox events by result of a publish attempt: published (acknowledged by the events topic), failed (in an attempt that failed; they stay in the outbox and are retried with backoff, and counted again each time)."}, []string{"result"}),
 		audits:        f.NewCounter(prometheus.CounterOpts{Name: NameAudits, Help: "Full audits completed."}),
 		exportVersion: gauge(NameExportVersion, "Posterior version last written to model.export_dir."),
 		exportFailures: f.NewCounter(prometheus.CounterOpts{Name: NameExportFailures,
@@ -193,10 +190,7 @@ func (m *Metrics) EventsPublished(n int) { m.events.WithLabelValues("published")
 
 // PublishFailed counts one failed attempt to publish n outbox events (they stay in the outbox and
 // are retried).
-func (m *Metrics) PublishFailed(n int) {
-	m.outboxErrors.Inc()
-	m.events.WithLabelValues("failed").Add(float64(n))
-}
+func (m *Metrics) PublishFailed(n int) { m.events.WithLabelValues("failed").Add(float64(n)) }
 
 // IncAudits counts one completed full audit.
 func (m *Metrics) IncAudits() { m.audits.Inc() }

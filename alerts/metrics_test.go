@@ -44,7 +44,7 @@ func TestMetricNamesExist(t *testing.T) {
 	names := gatheredNames(t)
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
 		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
-		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
+		NameOutboxPending, NameEvents, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
 		NameRenewed, NameRenewalBacklog, NameBuildInfo, NameTopicMismatch} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)

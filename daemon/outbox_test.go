@@ -91,7 +91,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 			t.Errorf("publisher: %v", err)
 		}
 	}()
-	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameOutboxPublishErrors) >= 1 })
+	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
 	if got := r.metric(t, alerts.NameOutboxPending); got != float64(len(evs)) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameOutboxPending, got, len(evs))
 	}
@@ -104,6 +104,9 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	p.notify()
 	waitfor.Cond(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
 	waitfor.Cond(t, 5*time.Second, "cfguard_outbox_pending 0", func() bool { return r.metric(t, alerts.NameOutboxPending) == 0 })
+	if got := r.metric(t, alerts.NameEvents, "result", "published"); got != float64(len(evs)) {
+		t.Errorf("%s{result=published} = %v after the outbox drained, want %d", alerts.NameEvents, got, len(evs))
+	}
 
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
 	defer rd.Close()
