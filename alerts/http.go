@@ -9,10 +9,10 @@ import (
 const (
 	NameHTTPConnections    = "cfguard_http_connections"
 	NameHTTPMaxConnections = "cfguard_http_max_connections"
-	NameHTTPRejected       = "cfguard_http_rejected_total"
+	NameHTTPRejected       = "cfguard_http_requests_rejected_total"
 )
 
-// Route is a bounded route of the API, the label set of cfguard_http_rejected_total.
+// Route is a bounded route of the API, the label set of cfguard_http_requests_rejected_total.
 type Route string
 
 // Routes whose concurrent requests are bounded.

@@ -14,7 +14,7 @@
 //   - NewMetrics: what happens (updates, records, events, audits, renewals, checkpoints,
 //     exports, registrations) and what only the running process knows (consumer lag);
 //   - NewStateCollector: the gauges of the ledger's state, read at each scrape;
-//   - RegisterLedgerDamaged: damaged counterfactual records, read from the ledger at each scrape;
+//   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs.
 //
@@ -25,6 +25,7 @@ package alerts
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,27 +58,44 @@ const (
 	NameKLBudget             = "cfguard_kl_budget"
 	NameKLOverBudget         = "cfguard_kl_over_budget"
 	NameCounterfactuals      = "cfguard_counterfactuals"
-	NameBoundMin             = "cfguard_counterfactual_bound_min"
+	NameBoundMin             = "cfguard_counterfactuals_bound_min"
 	NameUpdates              = "cfguard_updates_total"
 	NameRecords              = "cfguard_records_total"
 	NameRecertDuration       = "cfguard_recertification_duration_seconds"
-	NameConsumerLag          = "cfguard_consumer_lag"
+	NameConsumerLag          = "cfguard_consumer_lag_records"
 	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
 	NamePosteriorVersion     = "cfguard_posterior_version"
-	NameOutboxPending        = "cfguard_outbox_pending"
+	NameEventsPending        = "cfguard_events_pending"
 	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
-	NameUnconfirmed          = "cfguard_ces_unconfirmed"
-	NameRenewed              = "cfguard_certificates_renewed_total"
-	NameRenewalBacklog       = "cfguard_renewal_backlog"
+	NameUnconfirmed          = "cfguard_counterfactuals_unconfirmed"
+	NameRenewed              = "cfguard_counterfactuals_renewed_total"
+	NameRenewalPending       = "cfguard_counterfactuals_renewal_pending"
 	NameBuildInfo            = "cfguard_build_info"
 	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
 	NameEvents               = "cfguard_events_total"
 	NameAudits               = "cfguard_audits_total"
 	NameExportVersion        = "cfguard_export_posterior_version"
-	NameExportFailures       = "cfguard_export_errors_total"
-	NameRegistrationBatch    = "cfguard_registration_batch_size"
+	NameExportFailures       = "cfguard_export_failures_total"
+	NameRegistrationBatch    = "cfguard_counterfactuals_registration_batch_size"
 )
+
+// Names returns every metric name package alerts defines, sorted: the only cfguard_ names a
+// daemon's registry holds.
+func Names() []string {
+	names := []string{
+		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals, NameBoundMin,
+		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
+		NameRenewalPending, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
+		NameExportFailures, NameRegistrationBatch, NameDamaged,
+		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
+		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
+		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply,
+	}
+	slices.Sort(names)
+	return names
+}
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
 // certify.Outcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
@@ -218,14 +236,14 @@ func (m *Metrics) CheckpointFailed() {
 // CheckpointRecovered: checkpoints are written again.
 func (m *Metrics) CheckpointRecovered() { m.checkpointFailing.Set(0) }
 
-// NameLedgerDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
+// NameDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
 // quarantined at start, or found damaged by a read since.
-const NameLedgerDamaged = "cfguard_ledger_damaged_records"
+const NameDamaged = "cfguard_counterfactuals_damaged"
 
-// RegisterLedgerDamaged registers cfguard_ledger_damaged_records on reg, read from damaged at
+// RegisterDamaged registers cfguard_counterfactuals_damaged on reg, read from damaged at
 // each scrape.
-func RegisterLedgerDamaged(reg prometheus.Registerer, damaged func() int) {
-	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerDamaged,
+func RegisterDamaged(reg prometheus.Registerer, damaged func() int) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameDamaged,
 		Help: "Counterfactual records found damaged on disk: quarantined at start (GET answers 500 until the CE is deleted or registered again) or skipped by a read since."},
 		func() float64 { return float64(damaged()) })
 }

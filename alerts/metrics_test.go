@@ -27,7 +27,7 @@ func gatheredNames(t *testing.T) map[string]bool {
 	NewMetrics(reg)
 	NewReplicaMetrics(reg, []string{"not_successor"})
 	NewHTTPMetrics(reg, 1)
-	RegisterLedgerDamaged(reg, func() int { return 0 })
+	RegisterDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -44,8 +44,8 @@ func TestMetricNamesExist(t *testing.T) {
 	names := gatheredNames(t)
 	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
 		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
-		NameOutboxPending, NameEvents, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
-		NameRenewed, NameRenewalBacklog, NameBuildInfo, NameTopicMismatch} {
+		NameEventsPending, NameEvents, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
+		NameRenewed, NameRenewalPending, NameBuildInfo, NameTopicMismatch} {
 		if !names[want] {
 			t.Errorf("metric %s not exposed", want)
 		}
@@ -130,7 +130,7 @@ func TestStateCollector(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,
-		NameRenewalBacklog: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
+		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
 		if v, ok := gauge(name); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}

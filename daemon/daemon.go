@@ -246,7 +246,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		return err
 	}
 	td.add("ledger", d.ledger.Close)
-	alerts.RegisterLedgerDamaged(d.reg, d.ledger.Damaged)
+	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
 	if d.cfg.Replication.Enabled {
 		// The posterior comes from the posterior log (replica.join), once Kafka is connected.
 		d.rep, err = newReplica(d)

@@ -39,7 +39,7 @@ type exporter struct {
 	log     *slog.Logger
 	kick    chan struct{} // capacity 1: "the posterior changed"
 
-	metrics *alerts.Metrics // cfguard_export_posterior_version, cfguard_export_errors_total
+	metrics *alerts.Metrics // cfguard_export_posterior_version, cfguard_export_failures_total
 	written uint64          // version last written (run's goroutine only)
 	failing bool            // the last write failed (run's goroutine only): one ERROR line per episode
 }
@@ -89,7 +89,7 @@ func (e *exporter) write(why string) {
 	if err != nil {
 		e.metrics.IncExportFailures()
 		if !e.failing {
-			e.log.Error("writing the posterior export failed; retrying at each new posterior and every 30 s (cfguard_export_errors_total counts the failures)",
+			e.log.Error("writing the posterior export failed; retrying at each new posterior and every 30 s (cfguard_export_failures_total counts the failures)",
 				"dir", e.dir, "posterior_version", m.Version, "err", err)
 		}
 		e.failing = true

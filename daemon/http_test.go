@@ -134,7 +134,7 @@ func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 		}
 	}
 	if got := testutil.ToFloat64(hm.Rejected(alerts.RoutePredict)); got != n-limit {
-		t.Errorf("cfguard_http_rejected_total{route=predict} %v, want %d", got, n-limit)
+		t.Errorf("cfguard_http_requests_rejected_total{route=predict} %v, want %d", got, n-limit)
 	}
 	for range limit { // the slots were given back
 		go func() { answers <- post() }()

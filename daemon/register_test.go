@@ -16,7 +16,7 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// batchHistogram reads cfguard_registration_batch_size: ledger writes of registrations and the
+// batchHistogram reads cfguard_counterfactuals_registration_batch_size: ledger writes of registrations and the
 // CEs they stored.
 func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
 	t.Helper()
