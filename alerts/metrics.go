@@ -1,5 +1,5 @@
 // Package alerts is cfguard's Prometheus metrics and the alerting rules written against them:
-// every metric the daemon exports is defined here and nowhere else.
+// every cfguard_ metric the daemon exports is defined here and nowhere else.
 //
 // The metrics live in the package of the rules, rather than in a package of their own, because
 // the two change together: an alert is only as good as the name it queries, and a rename is safe
@@ -18,9 +18,10 @@
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs.
 //
-// Naming: every name starts with cfguard_; counters end in _total; a unit, when there is one,
-// is the last word before it (_seconds, _records); everything about stored counterfactual
-// explanations says counterfactuals.
+// Naming (tested): every name starts with cfguard_; counters, and only they, end in _total; a
+// unit, when there is one, is the last word (before _total on a counter: _seconds, _records);
+// failed attempts are failures; everything about stored counterfactual explanations is under
+// cfguard_counterfactuals.
 package alerts
 
 import (
@@ -51,7 +52,7 @@ func RecordResults() []RecordResult {
 	return []RecordResult{RecordApplied, RecordDeadLettered, RecordSkipped, RecordFailed, RecordHeld}
 }
 
-// Metric names, as the rules reference them.
+// Names of the metrics of NewMetrics and NewStateCollector.
 const (
 	NamePosteriorKL          = "cfguard_posterior_kl"
 	NamePosteriorKLMaxAnchor = "cfguard_posterior_kl_max_anchor"
@@ -102,9 +103,10 @@ func Names() []string {
 // Methods are safe for concurrent use.
 //
 // The gauges of the ledger's state (posterior version, KL, counts by status, bounds, renewal
-// backlog, last ingest) are not here: StateCollector computes them at each scrape from one
-// consistent snapshot. Metrics holds what happens (counters) and what only the running process
-// knows (consumer lag, checkpoint failures, outbox).
+// backlog, unconfirmed counterfactuals, pending events, last ingest) are not here:
+// StateCollector computes them at each scrape from one consistent snapshot. Metrics holds what
+// happens (counters, histograms) and what only the running process knows (consumer lag, a
+// failing checkpoint, a reset topic, the exported version).
 type Metrics struct {
 	consumerLag                 prometheus.Gauge
 	updates, records            *prometheus.CounterVec
