@@ -1,14 +1,32 @@
-// Package alerts is cfguard's Prometheus metrics and the alerting rules written against them.
+// Package alerts is cfguard's Prometheus metrics and the alerting rules written against them:
+// every cfguard_ metric the daemon exports is defined here and nowhere else.
 //
-// NewMetrics registers every metric on the Registerer it is given (never the default registry)
-// and creates every label value of the bounded label sets up front, so series exist at 0 from the
-// first scrape and alerts that compare against them work before the first event. The rules
-// (rules.yml, embedded, see Rules) only reference metrics defined here; a test enforces that, and
-// rules_test.yml holds promtool unit tests for every alert.
+// The metrics live in the package of the rules, rather than in a package of their own, because
+// the two change together: an alert is only as good as the name it queries, and a rename is safe
+// only when the same change moves rules.yml, its promtool tests and the registry. Here one
+// package's tests hold all three (every rule's metric is registered, every name follows the
+// naming rule, promtool runs the rules' unit tests).
+//
+// The constructors register on the Registerer they are given (never the default registry) and
+// create every label value of the bounded label sets up front, so series exist at 0 from the
+// first scrape and alerts that compare against them work before the first event:
+//
+//   - NewMetrics: what happens (updates, records, events, audits, renewals, checkpoints,
+//     exports, registrations) and what only the running process knows (consumer lag);
+//   - NewStateCollector: the gauges of the ledger's state, read at each scrape;
+//   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
+//   - NewHTTPMetrics: the API server's connections and shed requests;
+//   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs.
+//
+// Naming (tested): every name starts with cfguard_; counters, and only they, end in _total; a
+// unit, when there is one, is the last word (before _total on a counter: _seconds, _records);
+// failed attempts are failures; everything about stored counterfactual explanations is under
+// cfguard_counterfactuals.
 package alerts
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,46 +52,72 @@ func RecordResults() []RecordResult {
 	return []RecordResult{RecordApplied, RecordDeadLettered, RecordSkipped, RecordFailed, RecordHeld}
 }
 
-// Metric names, as the rules reference them.
+// Names of the metrics of NewMetrics and NewStateCollector.
 const (
 	NamePosteriorKL          = "cfguard_posterior_kl"
 	NamePosteriorKLMaxAnchor = "cfguard_posterior_kl_max_anchor"
 	NameKLBudget             = "cfguard_kl_budget"
 	NameKLOverBudget         = "cfguard_kl_over_budget"
 	NameCounterfactuals      = "cfguard_counterfactuals"
-	NameBoundMin             = "cfguard_counterfactual_bound_min"
+	NameBoundMin             = "cfguard_counterfactuals_bound_min"
 	NameUpdates              = "cfguard_updates_total"
 	NameRecords              = "cfguard_records_total"
 	NameRecertDuration       = "cfguard_recertification_duration_seconds"
-	NameConsumerLag          = "cfguard_consumer_lag"
+	NameConsumerLag          = "cfguard_consumer_lag_records"
 	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
 	NamePosteriorVersion     = "cfguard_posterior_version"
-	NameOutboxPending        = "cfguard_outbox_pending"
-	NameOutboxPublishErrors  = "cfguard_outbox_publish_errors_total"
+	NameEventsPending        = "cfguard_events_pending"
 	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
-	NameUnconfirmed          = "cfguard_ces_unconfirmed"
-	NameRenewed              = "cfguard_certificates_renewed_total"
-	NameRenewalBacklog       = "cfguard_renewal_backlog"
+	NameUnconfirmed          = "cfguard_counterfactuals_unconfirmed"
+	NameRenewed              = "cfguard_counterfactuals_renewed_total"
+	NameRenewalPending       = "cfguard_counterfactuals_renewal_pending"
 	NameBuildInfo            = "cfguard_build_info"
 	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
+	NameEvents               = "cfguard_events_total"
+	NameAudits               = "cfguard_audits_total"
+	NameExportVersion        = "cfguard_export_posterior_version"
+	NameExportFailures       = "cfguard_export_failures_total"
+	NameRegistrationBatch    = "cfguard_counterfactuals_registration_batch_size"
 )
+
+// Names returns every metric name package alerts defines, sorted: the only cfguard_ names a
+// daemon's registry holds.
+func Names() []string {
+	names := []string{
+		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals, NameBoundMin,
+		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
+		NameRenewalPending, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
+		NameExportFailures, NameRegistrationBatch, NameDamaged,
+		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
+		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
+		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply,
+	}
+	slices.Sort(names)
+	return names
+}
 
 // Metrics are one daemon's metrics. Label values come only from certify.Statuses,
 // certify.Outcomes and RecordResults, all created at 0 by NewMetrics; the methods refuse others.
 // Methods are safe for concurrent use.
 //
 // The gauges of the ledger's state (posterior version, KL, counts by status, bounds, renewal
-// backlog, last ingest) are not here: StateCollector computes them at each scrape from one
-// consistent snapshot. Metrics holds what happens (counters) and what only the running process
-// knows (consumer lag, checkpoint failures, outbox).
+// backlog, unconfirmed counterfactuals, pending events, last ingest) are not here:
+// StateCollector computes them at each scrape from one consistent snapshot. Metrics holds what
+// happens (counters, histograms) and what only the running process knows (consumer lag, a
+// failing checkpoint, a reset topic, the exported version).
 type Metrics struct {
-	consumerLag                               prometheus.Gauge
-	updates, records                          *prometheus.CounterVec
-	recertDuration                            prometheus.Histogram
-	checkpointFailing                         prometheus.Gauge
-	outboxErrors, checkpointFailures, renewed prometheus.Counter
-	topicMismatch                             prometheus.Gauge
+	consumerLag                 prometheus.Gauge
+	updates, records            *prometheus.CounterVec
+	recertDuration              prometheus.Histogram
+	checkpointFailing           prometheus.Gauge
+	checkpointFailures, renewed prometheus.Counter
+	topicMismatch               prometheus.Gauge
+	events                      *prometheus.CounterVec
+	audits, exportFailures      prometheus.Counter
+	exportVersion               prometheus.Gauge
+	registrationBatch           prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -92,8 +136,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
-		outboxErrors: f.NewCounter(prometheus.CounterOpts{Name: NameOutboxPublishErrors,
-			Help: "Failed attempts to publish outbox events to the events topic (each is retried with backoff)."}),
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
 			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
 		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
@@ -101,6 +143,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
+		events: f.NewCounterVec(prometheus.CounterOpts{Name: NameEvents,
+			Help: "Outbox events by result of a publish attempt: published (acknowledged by the events topic), failed (in an attempt that failed; they stay in the outbox and are retried with backoff, and counted again each time)."}, []string{"result"}),
+		audits:        f.NewCounter(prometheus.CounterOpts{Name: NameAudits, Help: "Full audits completed."}),
+		exportVersion: gauge(NameExportVersion, "Posterior version last written to model.export_dir."),
+		exportFailures: f.NewCounter(prometheus.CounterOpts{Name: NameExportFailures,
+			Help: "Failed writes of the posterior export (retried)."}),
+		registrationBatch: f.NewHistogram(prometheus.HistogramOpts{Name: NameRegistrationBatch,
+			Help:    "Counterfactuals stored by one ledger write (one fsync) of registrations: concurrent registrations share one.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 	}
 	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
@@ -108,6 +159,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range RecordResults() {
 		m.records.WithLabelValues(string(r))
 	}
+	m.events.WithLabelValues("published")
+	m.events.WithLabelValues("failed")
 	return m
 }
 
@@ -152,11 +205,28 @@ func (m *Metrics) AddRecords(r RecordResult, n int) error {
 	return fmt.Errorf("alerts: unknown record result %q", r)
 }
 
+// EventsPublished counts n events acknowledged by the events topic.
+func (m *Metrics) EventsPublished(n int) { m.events.WithLabelValues("published").Add(float64(n)) }
+
+// PublishFailed counts one failed attempt to publish n outbox events (they stay in the outbox and
+// are retried).
+func (m *Metrics) PublishFailed(n int) { m.events.WithLabelValues("failed").Add(float64(n)) }
+
+// IncAudits counts one completed full audit.
+func (m *Metrics) IncAudits() { m.audits.Inc() }
+
+// Exported sets the posterior version the export directory holds (once its files are durable).
+func (m *Metrics) Exported(version uint64) { m.exportVersion.Set(float64(version)) }
+
+// IncExportFailures counts one failed write of the posterior export.
+func (m *Metrics) IncExportFailures() { m.exportFailures.Inc() }
+
+// ObserveRegistrationBatch records how many counterfactuals one ledger write of registrations
+// stored.
+func (m *Metrics) ObserveRegistrationBatch(n int) { m.registrationBatch.Observe(float64(n)) }
+
 // SetConsumerLag sets the total consumer lag in records.
 func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
-
-// IncOutboxPublishErrors counts one failed attempt to publish outbox events.
-func (m *Metrics) IncOutboxPublishErrors() { m.outboxErrors.Inc() }
 
 // CheckpointFailed counts one checkpoint that could not be written and marks checkpointing as
 // failing; CheckpointRecovered clears the mark once a checkpoint is written again.
@@ -168,14 +238,14 @@ func (m *Metrics) CheckpointFailed() {
 // CheckpointRecovered: checkpoints are written again.
 func (m *Metrics) CheckpointRecovered() { m.checkpointFailing.Set(0) }
 
-// NameLedgerDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
+// NameDamaged is the gauge of damaged counterfactual records (ledger.Ledger.Damaged):
 // quarantined at start, or found damaged by a read since.
-const NameLedgerDamaged = "cfguard_ledger_damaged_records"
+const NameDamaged = "cfguard_counterfactuals_damaged"
 
-// RegisterLedgerDamaged registers cfguard_ledger_damaged_records on reg, read from damaged at
+// RegisterDamaged registers cfguard_counterfactuals_damaged on reg, read from damaged at
 // each scrape.
-func RegisterLedgerDamaged(reg prometheus.Registerer, damaged func() int) {
-	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerDamaged,
+func RegisterDamaged(reg prometheus.Registerer, damaged func() int) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameDamaged,
 		Help: "Counterfactual records found damaged on disk: quarantined at start (GET answers 500 until the CE is deleted or registered again) or skipped by a read since."},
 		func() float64 { return float64(damaged()) })
 }

@@ -3,9 +3,11 @@ package alerts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -13,39 +15,150 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
-// gatheredNames returns the metric family names a fresh registry exposes after NewMetrics and a
-// StateCollector with a state that has every optional gauge.
-func gatheredNames(t *testing.T) map[string]bool {
+// gathered returns the metric families a fresh registry exposes with every constructor of the
+// package, the state collector reading a state that has every optional gauge.
+func gathered(t *testing.T) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
 	NewReplicaMetrics(reg, []string{"not_successor"})
+	NewHTTPMetrics(reg, 1)
+	RegisterDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mfs
+}
+
+// gatheredNames is the set of names of gathered.
+func gatheredNames(t *testing.T) map[string]bool {
+	t.Helper()
 	names := map[string]bool{}
-	for _, mf := range mfs {
+	for _, mf := range gathered(t) {
 		names[mf.GetName()] = true
 	}
 	return names
 }
 
-func TestMetricNamesExist(t *testing.T) {
-	names := gatheredNames(t)
-	for _, want := range []string{NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals,
-		NameBoundMin, NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
-		NameOutboxPending, NameOutboxPublishErrors, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed,
-		NameRenewed, NameRenewalBacklog, NameBuildInfo, NameTopicMismatch} {
-		if !names[want] {
-			t.Errorf("metric %s not exposed", want)
+// Names lists exactly what the constructors register: the daemon's tests rely on it to find a
+// metric registered outside this package.
+func TestNamesAreWhatIsRegistered(t *testing.T) {
+	registered := gatheredNames(t)
+	for _, n := range Names() {
+		if !registered[n] {
+			t.Errorf("Names() lists %s, which no constructor registers", n)
+		}
+		delete(registered, n)
+	}
+	for n := range registered {
+		t.Errorf("%s is registered but not listed by Names()", n)
+	}
+}
+
+// namingProblems says how a metric name breaks cfguard's naming rule (see the package doc):
+// the cfguard_ prefix, lower snake case, Prometheus' suffixes (_total on counters and only on
+// them, no reserved series suffix), base units as the last word, time and lag with their unit,
+// and one noun per thing: stored counterfactual explanations are "counterfactuals", first after
+// the prefix; failed attempts are "failures".
+func namingProblems(name string, typ dto.MetricType) []string {
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	if !strings.HasPrefix(name, "cfguard_") {
+		bad("does not start with cfguard_")
+	}
+	if !regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`).MatchString(name) {
+		bad("is not lower snake case")
+	}
+	words := strings.Split(name, "_")[1:]
+	if len(words) == 0 {
+		return append(out, "has no words after the prefix")
+	}
+	last := words[len(words)-1]
+	switch counter := typ == dto.MetricType_COUNTER; {
+	case counter && last != "total":
+		bad("is a counter: it must end in _total")
+	case !counter && last == "total":
+		bad("ends in _total but is a %s", typ)
+	}
+	if slices.Contains([]string{"bucket", "sum", "count", "created"}, last) {
+		bad("ends in _%s, a suffix Prometheus reserves for series of histograms and summaries", last)
+	}
+	// The unit is the last word, before _total on a counter.
+	unitAt := len(words) - 1
+	if last == "total" {
+		unitAt--
+	}
+	unit := ""
+	if unitAt >= 0 {
+		unit = words[unitAt]
+	}
+	for i, w := range words {
+		switch {
+		case slices.Contains([]string{"ms", "milliseconds", "us", "microseconds", "ns", "nanoseconds", "minutes", "hours", "days",
+			"kb", "kilobytes", "mb", "megabytes", "percent"}, w):
+			bad("uses the unit %q: use base units (seconds, bytes, ratio)", w)
+		case slices.Contains([]string{"seconds", "bytes", "ratio"}, w) && i != unitAt:
+			bad("has the unit %q before the end: a unit is the suffix", w)
+		case slices.Contains([]string{"timestamp", "duration", "latency", "age"}, w) && unit != "seconds":
+			bad("measures time (%q) without the suffix _seconds", w)
+		case w == "lag" && (i == unitAt || !slices.Contains([]string{"records", "seconds", "versions", "bytes"}, unit)):
+			bad("is a lag without its unit as the suffix (_records, _seconds, _versions)")
+		case slices.Contains([]string{"ce", "ces", "counterfactual", "certificate", "certificates", "explanation", "explanations"}, w):
+			bad("says %q: a metric of stored counterfactual explanations says counterfactuals", w)
+		case w == "counterfactuals" && i != 0:
+			bad("has counterfactuals after another word: it is the subsystem, first after cfguard_")
+		case w == "error" || w == "errors":
+			bad("says %q: failed attempts are failures", w)
+		}
+	}
+	return out
+}
+
+// Every name registered follows the naming rule.
+func TestMetricNamesFollowTheNamingRule(t *testing.T) {
+	for _, mf := range gathered(t) {
+		for _, p := range namingProblems(mf.GetName(), mf.GetType()) {
+			t.Errorf("%s %s", mf.GetName(), p)
+		}
+	}
+}
+
+// The naming rule refuses each kind of bad name (so that the test above can fail).
+func TestNamingRuleRefusesBadNames(t *testing.T) {
+	gauge, counter, histogram := dto.MetricType_GAUGE, dto.MetricType_COUNTER, dto.MetricType_HISTOGRAM
+	for _, c := range []struct {
+		name string
+		typ  dto.MetricType
+		want string
+	}{
+		{"ce_share_lag_versions", gauge, "cfguard_"},
+		{"cfguard_Posterior_version", gauge, "snake case"},
+		{"cfguard_audits", counter, "must end in _total"},
+		{"cfguard_posterior_kl_total", gauge, "ends in _total"},
+		{"cfguard_recertification_duration_count", histogram, "reserves"},
+		{"cfguard_restore_milliseconds", histogram, "base units"},
+		{"cfguard_seconds_behind", gauge, "before the end"},
+		{"cfguard_last_ingest_timestamp", gauge, "_seconds"},
+		{"cfguard_consumer_lag", gauge, "lag"},
+		{"cfguard_posterior_log_lag_entries", gauge, "lag"},
+		{"cfguard_ces_unconfirmed", gauge, "counterfactuals"},
+		{"cfguard_counterfactual_bound_min", gauge, "counterfactuals"},
+		{"cfguard_certificates_renewed_total", counter, "counterfactuals"},
+		{"cfguard_ledger_counterfactuals_damaged", gauge, "subsystem"},
+		{"cfguard_export_errors_total", counter, "failures"},
+	} {
+		got := namingProblems(c.name, c.typ)
+		if !slices.ContainsFunc(got, func(p string) bool { return strings.Contains(p, c.want) }) {
+			t.Errorf("%s (%s): problems %q, want one saying %q", c.name, c.typ, got, c.want)
 		}
 	}
 }
@@ -128,7 +241,7 @@ func TestStateCollector(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,
-		NameRenewalBacklog: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
+		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
 		if v, ok := gauge(name); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
@@ -192,44 +305,26 @@ func TestMetricsBehaviour(t *testing.T) {
 	}
 }
 
-var metricRef = regexp.MustCompile(`\bcfguard_[a-zA-Z0-9_]+`)
-
-// Every cfguard_ metric an alert expression references must exist in NewMetrics' registry, so a
-// rename cannot silently break an alert.
+// Every cfguard_ metric an alert expression references must exist in this package's registry, so
+// a rename cannot silently break an alert (daemon's tests check the same against a running
+// daemon's registry).
 func TestRulesReferenceExistingMetrics(t *testing.T) {
-	var file struct {
-		Groups []struct {
-			Name  string `yaml:"name"`
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-			} `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(Rules(), &file); err != nil {
+	refs, err := RuleMetrics()
+	if err != nil {
 		t.Fatal(err)
 	}
 	names := gatheredNames(t)
 	var alerts []string
-	for _, g := range file.Groups {
-		for _, r := range g.Rules {
-			refs := metricRef.FindAllString(r.Expr, -1)
-			if len(refs) == 0 {
-				t.Errorf("alert %s references no cfguard metric", r.Alert)
-			}
-			for _, ref := range refs {
-				base := ref
-				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-					if trimmed := strings.TrimSuffix(ref, suffix); trimmed != ref && names[trimmed] {
-						base = trimmed
-					}
-				}
-				if !names[base] {
-					t.Errorf("alert %s references %s, which NewMetrics does not register", r.Alert, ref)
-				}
-			}
-			alerts = append(alerts, r.Alert)
+	for alert, metrics := range refs {
+		if len(metrics) == 0 {
+			t.Errorf("alert %s references no cfguard metric", alert)
 		}
+		for _, ref := range metrics {
+			if !names[ref] {
+				t.Errorf("alert %s references %s, which package alerts does not register", alert, ref)
+			}
+		}
+		alerts = append(alerts, alert)
 	}
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",

@@ -12,8 +12,8 @@ const (
 	NameLogIgnored      = "cfguard_posterior_log_records_ignored_total"
 	NameLogAppendsLost  = "cfguard_posterior_log_appends_lost_total"
 	NameReplicaUpdater  = "cfguard_replication_updater"
-	NameCEPartitions    = "cfguard_counterfactual_partitions_owned"
-	NameCERequestsApply = "cfguard_counterfactual_requests_applied_total"
+	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
+	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.

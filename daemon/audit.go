@@ -154,7 +154,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	d.own.audits.Inc()
+	d.metrics.IncAudits()
 	d.metrics.AddRenewed(rep.Reanchored)
 	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "behind", rep.Behind,
 		"took", time.Since(start).Round(time.Millisecond))

@@ -101,7 +101,7 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	r.produce(t, clean...)
 	waitfor.Cond(t, 60*time.Second, "the next increments applied", func() bool { return applied() == 192 })
 	ingestTook := time.Since(driftAt)
-	unconfirmed := r.metric(t, "cfguard_ces_unconfirmed")
+	unconfirmed := r.metric(t, "cfguard_counterfactuals_unconfirmed")
 	if unconfirmed == 0 {
 		t.Fatalf("confirmation had finished before the three increments after the drift were applied (%v): this test shows nothing", ingestTook)
 	}
@@ -109,7 +109,7 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	// About 1 µs per CE and draw on one core (measured: 10^5 CEs x 1000 draws in 84 s).
 	limit := max(2*time.Minute, time.Duration(n)*time.Duration(r.d.cfg.Certify.Samples)*3*time.Microsecond)
 	waitfor.Cond(t, limit, "every failing CE confirmed", func() bool {
-		return r.metric(t, "cfguard_ces_unconfirmed") == 0 && r.metric(t, "cfguard_renewal_backlog") == 0
+		return r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
 	})
 	t.Logf("confirmed %d CEs %v after the drift", n, time.Since(driftAt).Round(time.Millisecond))
 	v := r.d.current().Version

@@ -51,7 +51,6 @@ type Daemon struct {
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	metrics *alerts.Metrics
-	own     *daemonMetrics
 	ledger  *ledger.Ledger
 	pools   *pools // the current posterior version's shared Monte-Carlo draws
 	conn    stream.ConnConfig
@@ -161,7 +160,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 		td.add("posterior log", d.rep.plog.Close)
 	}
-	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.own)
+	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.metrics)
 	srv, ln, err := d.listen()
 	if err != nil {
 		return err
@@ -222,7 +221,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), own: newDaemonMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
+	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
@@ -247,7 +246,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		return err
 	}
 	td.add("ledger", d.ledger.Close)
-	alerts.RegisterLedgerDamaged(d.reg, d.ledger.Damaged)
+	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
 	if d.cfg.Replication.Enabled {
 		// The posterior comes from the posterior log (replica.join), once Kafka is connected.
 		d.rep, err = newReplica(d)
@@ -289,7 +288,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		return err
 	}
 	td.add("event publisher", d.pub.Close)
-	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, d.own.events, log.With("component", "outbox"))
+	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, log.With("component", "outbox"))
 	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
 	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
 		d.outbox.notify()
@@ -305,12 +304,12 @@ func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 	cfg := d.cfg
 	ln := d.httpLn
 	d.httpAddr = ln.Addr()
-	hm := newHTTPMetrics(d.reg, cfg.HTTP.MaxConnections)
-	d.exp.slots.rejected = hm.rejected.WithLabelValues("explain")
+	hm := alerts.NewHTTPMetrics(d.reg, cfg.HTTP.MaxConnections)
+	d.exp.slots.rejected = hm.Rejected(alerts.RouteExplain)
 	srv := &http.Server{Handler: d.newAPI(hm).routes(), ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
 		ReadTimeout: cfg.HTTP.ReadTimeout, WriteTimeout: cfg.HTTP.WriteTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "http").Handler(), slog.LevelWarn)}
-	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.conns), nil
+	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.Connections), nil
 }
 
 // bind binds http.listen and, for the embedded broker, kafka.embedded_listen. Until the server
@@ -336,10 +335,10 @@ func (d *Daemon) bind(td *teardown) error {
 }
 
 // newAPI builds the API's handlers over the daemon.
-func (d *Daemon) newAPI(hm *httpMetrics) *api {
+func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	cfg := d.cfg
 	predict := newSlots(cfg.HTTP.MaxConcurrentPredict)
-	predict.rejected = hm.rejected.WithLabelValues("predict")
+	predict.rejected = hm.Rejected(alerts.RoutePredict)
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach)},

@@ -340,7 +340,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 	var flagged float64
 	waitfor.Cond(t, 60*time.Second, "every lapsed certificate judged", func() bool {
 		flagged = r.metric(t, "cfguard_counterfactuals", "status", "at_risk") + r.metric(t, "cfguard_counterfactuals", "status", "invalidated")
-		return r.metric(t, "cfguard_renewal_backlog") == 0 && flagged > 0
+		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && flagged > 0
 	})
 	// Status changes went to the events topic.
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
@@ -424,8 +424,8 @@ func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
 	}
 	// Every certificate lapsed through its anchor's KL, though no step was over budget: each CE
 	// was renewed (re-anchored) or judged.
-	waitfor.Cond(t, 60*time.Second, "lapsed certificates measured", func() bool { return r.metric(t, "cfguard_renewal_backlog") == 0 })
-	renewed := r.metric(t, "cfguard_certificates_renewed_total")
+	waitfor.Cond(t, 60*time.Second, "lapsed certificates measured", func() bool { return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 })
+	renewed := r.metric(t, "cfguard_counterfactuals_renewed_total")
 	flagged := r.metric(t, "cfguard_counterfactuals", "status", "at_risk") + r.metric(t, "cfguard_counterfactuals", "status", "invalidated")
 	if renewed+flagged < 4 {
 		t.Fatalf("%v renewals and %v flagged CEs: the cumulative drift went unnoticed", renewed, flagged)

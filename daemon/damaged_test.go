@@ -68,8 +68,8 @@ func TestDamagedCERecordIsQuarantinedAtStart(t *testing.T) {
 	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
 		t.Fatalf("POST /v1/audit: %d %s", code, body)
 	}
-	if got := r.metric(t, alerts.NameLedgerDamaged); got != 1 {
-		t.Fatalf("%s = %v, want 1", alerts.NameLedgerDamaged, got)
+	if got := r.metric(t, alerts.NameDamaged); got != 1 {
+		t.Fatalf("%s = %v, want 1", alerts.NameDamaged, got)
 	}
 	if log := r.logs.String(); !strings.Contains(log, "id=ce-3") || !strings.Contains(log, "quarantined") {
 		t.Fatalf("the log does not name the quarantined CE:\n%s", log)
@@ -78,8 +78,8 @@ func TestDamagedCERecordIsQuarantinedAtStart(t *testing.T) {
 	if code, body := r.do(t, "DELETE", "/v1/counterfactuals/ce-3", "", nil); code/100 != 2 {
 		t.Fatalf("DELETE of the quarantined CE: %d %s", code, body)
 	}
-	if got := r.metric(t, alerts.NameLedgerDamaged); got != 0 {
-		t.Fatalf("%s = %v after the DELETE, want 0", alerts.NameLedgerDamaged, got)
+	if got := r.metric(t, alerts.NameDamaged); got != 0 {
+		t.Fatalf("%s = %v after the DELETE, want 0", alerts.NameDamaged, got)
 	}
 }
 

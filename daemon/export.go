@@ -11,8 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/atomicfile"
 )
@@ -40,15 +39,14 @@ type exporter struct {
 	log     *slog.Logger
 	kick    chan struct{} // capacity 1: "the posterior changed"
 
-	version prometheus.Gauge   // cfguard_export_posterior_version
-	errors  prometheus.Counter // cfguard_export_errors_total
-	written uint64             // version last written (run's goroutine only)
-	failing bool               // the last write failed (run's goroutine only): one ERROR line per episode
+	metrics *alerts.Metrics // cfguard_export_posterior_version, cfguard_export_failures_total
+	written uint64          // version last written (run's goroutine only)
+	failing bool            // the last write failed (run's goroutine only): one ERROR line per episode
 }
 
-func newExporter(dir string, files *posteriorCache, current func() *bnn.Model, log *slog.Logger, m *daemonMetrics) *exporter {
+func newExporter(dir string, files *posteriorCache, current func() *bnn.Model, log *slog.Logger, m *alerts.Metrics) *exporter {
 	return &exporter{dir: dir, files: files, current: current, log: log, kick: make(chan struct{}, 1),
-		version: m.exportVersion, errors: m.exportErrors}
+		metrics: m}
 }
 
 // changed tells the exporter that the posterior changed; it never blocks.
@@ -89,9 +87,9 @@ func (e *exporter) write(why string) {
 		err = atomicfile.WriteFiles(e.dir, atomicfile.File{Name: bnn.WeightsFile, Data: pf.weights}, atomicfile.File{Name: bnn.SidecarFile, Data: pf.sidecar})
 	}
 	if err != nil {
-		e.errors.Inc()
+		e.metrics.IncExportFailures()
 		if !e.failing {
-			e.log.Error("writing the posterior export failed; retrying at each new posterior and every 30 s (cfguard_export_errors_total counts the failures)",
+			e.log.Error("writing the posterior export failed; retrying at each new posterior and every 30 s (cfguard_export_failures_total counts the failures)",
 				"dir", e.dir, "posterior_version", m.Version, "err", err)
 		}
 		e.failing = true
@@ -102,7 +100,7 @@ func (e *exporter) write(why string) {
 		e.failing = false
 	}
 	e.written = m.Version
-	e.version.Set(float64(m.Version))
+	e.metrics.Exported(m.Version)
 	e.log.Debug("posterior exported", "dir", e.dir, "posterior_version", m.Version, "why", why)
 }
 
@@ -112,7 +110,7 @@ func (e *exporter) verify() {
 	m := e.current()
 	pf, err := e.files.get(m)
 	if err != nil {
-		e.errors.Inc()
+		e.metrics.IncExportFailures()
 		e.log.Error("encoding the posterior for export", "err", err)
 		return
 	}
@@ -124,7 +122,7 @@ func (e *exporter) verify() {
 		return
 	case serr == nil && werr == nil && bytes.Equal(side, pf.sidecar) && bytes.Equal(w, pf.weights):
 		e.written = m.Version
-		e.version.Set(float64(m.Version))
+		e.metrics.Exported(m.Version)
 		return
 	}
 	why := "stale (an older posterior)"

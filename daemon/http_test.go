@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -81,7 +82,7 @@ func (g *gatedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (
 func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 	const limit, n = 2, 8
 	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxConcurrentPredict = limit })
-	hm := newHTTPMetrics(prometheus.NewRegistry(), 1)
+	hm := alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)
 	a := r.d.newAPI(hm)
 	g := &gatedCore{core: r.d, entered: make(chan struct{}, n), gate: make(chan struct{})}
 	a.core = g
@@ -132,8 +133,8 @@ func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 			t.Fatalf("a prediction within the limit: %d %s", a.code, a.body)
 		}
 	}
-	if got := testutil.ToFloat64(hm.rejected.WithLabelValues("predict")); got != n-limit {
-		t.Errorf("cfguard_http_rejected_total{route=predict} %v, want %d", got, n-limit)
+	if got := testutil.ToFloat64(hm.Rejected(alerts.RoutePredict)); got != n-limit {
+		t.Errorf("cfguard_http_requests_rejected_total{route=predict} %v, want %d", got, n-limit)
 	}
 	for range limit { // the slots were given back
 		go func() { answers <- post() }()
@@ -286,7 +287,7 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 // the whole ledger) and POST /v1/explain extends it by explain.timeout.
 func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute })
-	a := r.d.newAPI(newHTTPMetrics(prometheus.NewRegistry(), 1))
+	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
 
 	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
 	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))

@@ -6,28 +6,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 )
-
-// httpMetrics are the API server's own: the connections it holds and the requests it sheds.
-type httpMetrics struct {
-	conns    prometheus.Gauge       // cfguard_http_connections
-	rejected *prometheus.CounterVec // cfguard_http_rejected_total{route}
-}
-
-func newHTTPMetrics(reg prometheus.Registerer, maxConns int) *httpMetrics {
-	f := promauto.With(reg)
-	m := &httpMetrics{
-		conns: f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_http_connections",
-			Help: "Connections the API holds open (at most http.max_connections)."}),
-		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "cfguard_http_rejected_total",
-			Help: "Requests answered 429 because every slot of their route was taken (predict: http.max_concurrent_predict; explain: explain.concurrency)."}, []string{"route"}),
-	}
-	f.NewGauge(prometheus.GaugeOpts{Name: "cfguard_http_max_connections", Help: "http.max_connections."}).Set(float64(maxConns))
-	m.rejected.WithLabelValues("predict")
-	m.rejected.WithLabelValues("explain")
-	return m
-}
 
 // limitListener accepts at most n connections at once: Accept waits for one of them to close
 // before it takes the next from the kernel's backlog (as golang.org/x/net/netutil's does). The

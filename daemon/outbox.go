@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
@@ -49,13 +47,12 @@ type outboxPublisher struct {
 	l       *ledger.Ledger
 	sink    eventSink
 	metrics *alerts.Metrics
-	events  *prometheus.CounterVec // cfguard_events_total{result}
 	log     *slog.Logger
 	wake    chan struct{}
 }
 
-func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, events *prometheus.CounterVec, log *slog.Logger) *outboxPublisher {
-	return &outboxPublisher{l: l, sink: sink, metrics: m, events: events, log: log, wake: make(chan struct{}, 1)}
+func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, log *slog.Logger) *outboxPublisher {
+	return &outboxPublisher{l: l, sink: sink, metrics: m, log: log, wake: make(chan struct{}, 1)}
 }
 
 // notify wakes the publisher (never blocks; wake-ups coalesce).
@@ -134,11 +131,10 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		err = p.sink.PublishBatch(pctx, batch)
 		cancel()
 		if err != nil {
-			p.metrics.IncOutboxPublishErrors()
-			p.events.WithLabelValues("failed").Add(float64(len(batch)))
+			p.metrics.PublishFailed(len(batch))
 			return fmt.Errorf("publishing outbox entries %d..%d: %w", entries[0].Seq, entries[len(entries)-1].Seq, err)
 		}
-		p.events.WithLabelValues("published").Add(float64(len(batch)))
+		p.metrics.EventsPublished(len(batch))
 		last := entries[len(entries)-1].Seq
 		if err := p.l.AckOutbox(last); err != nil {
 			// Published but not acknowledged: they are published again (consumers dedupe).

@@ -24,7 +24,7 @@ import (
 )
 
 // TestOutboxPublisherWaitsForTheBroker: events written to the outbox while the events topic's
-// broker is down stay there (cfguard_outbox_pending), each failed attempt is counted and the
+// broker is down stay there (cfguard_events_pending), each failed attempt is counted and the
 // outage logged once; once a broker answers on that address they are published in sequence
 // order with their sequence numbers as headers and acknowledged (the outbox empties). An event
 // too large for the topic is published without its records instead of blocking the rest.
@@ -74,14 +74,14 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	}
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
-	// cfguard_outbox_pending is read from the ledger at each scrape, as the daemon wires it.
+	// cfguard_events_pending is read from the ledger at each scrape, as the daemon wires it.
 	reg.MustRegister(alerts.NewStateCollector(0.1, func() (alerts.State, error) {
 		st, err := l.State()
 		return alerts.State{Counts: st.Counts, OutboxPending: st.OutboxLen}, err
 	}))
 	r := &running{reg: reg}
 	logs := &tooltest.Output{}
-	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), newDaemonMetrics(reg).events, slog.New(slog.NewTextHandler(logs, nil)))
+	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), slog.New(slog.NewTextHandler(logs, nil)))
 	done := make(chan error, 1)
 	pctx, stop := context.WithCancel(ctx)
 	go func() { done <- p.run(pctx) }()
@@ -91,9 +91,9 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 			t.Errorf("publisher: %v", err)
 		}
 	}()
-	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameOutboxPublishErrors) >= 1 })
-	if got := r.metric(t, alerts.NameOutboxPending); got != float64(len(evs)) {
-		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameOutboxPending, got, len(evs))
+	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
+	if got := r.metric(t, alerts.NameEventsPending); got != float64(len(evs)) {
+		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameEventsPending, got, len(evs))
 	}
 
 	b, err := broker.Start(ctx, broker.Config{Listen: addr, Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
@@ -103,7 +103,10 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	defer b.Close()
 	p.notify()
 	waitfor.Cond(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
-	waitfor.Cond(t, 5*time.Second, "cfguard_outbox_pending 0", func() bool { return r.metric(t, alerts.NameOutboxPending) == 0 })
+	waitfor.Cond(t, 5*time.Second, "cfguard_events_pending 0", func() bool { return r.metric(t, alerts.NameEventsPending) == 0 })
+	if got := r.metric(t, alerts.NameEvents, "result", "published"); got != float64(len(evs)) {
+		t.Errorf("%s{result=published} = %v after the outbox drained, want %d", alerts.NameEvents, got, len(evs))
+	}
 
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
 	defer rd.Close()

@@ -263,7 +263,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, bulk
 		errs, err = d.ledger.PutEach(ctx, ces)
 	}
 	if n := len(ces) - nonNil(errs); err == nil && n > 0 {
-		d.own.registerBatch.Observe(float64(n))
+		d.metrics.ObserveRegistrationBatch(n)
 	}
 	if err != nil {
 		for _, i := range stored {

@@ -28,7 +28,7 @@ import (
 //	go test -run '^$' -bench RegisterConcurrent -benchtime 2000x ./daemon
 //
 // b.N is the number of registrations of each sub-benchmark (each with fresh ids); per-write is
-// the mean number of CEs one ledger write stored (cfguard_registration_batch_size).
+// the mean number of CEs one ledger write stored (cfguard_counterfactuals_registration_batch_size).
 func BenchmarkRegisterConcurrent(b *testing.B) {
 	_, set, m, modelDir := benchStream(b, 1)
 	c := config.Default()
@@ -121,18 +121,18 @@ func BenchmarkRegisterConcurrent(b *testing.B) {
 	}
 }
 
-// histogramOf reads cfguard_registration_batch_size of a daemon: writes and CEs stored.
+// histogramOf reads cfguard_counterfactuals_registration_batch_size of a daemon: writes and CEs stored.
 func histogramOf(b *testing.B, d *Daemon) (writes uint64, stored float64) {
 	mfs, err := d.reg.Gather()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "cfguard_registration_batch_size" {
+		if mf.GetName() == "cfguard_counterfactuals_registration_batch_size" {
 			h := mf.GetMetric()[0].GetHistogram()
 			return h.GetSampleCount(), h.GetSampleSum()
 		}
 	}
-	b.Fatal("cfguard_registration_batch_size not found")
+	b.Fatal("cfguard_counterfactuals_registration_batch_size not found")
 	return 0, 0
 }

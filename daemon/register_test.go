@@ -10,22 +10,28 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// batchHistogram reads cfguard_registration_batch_size: ledger writes of registrations and the
+// batchHistogram reads cfguard_counterfactuals_registration_batch_size: ledger writes of registrations and the
 // CEs they stored.
 func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
 	t.Helper()
-	var m dto.Metric
-	if err := r.d.own.registerBatch.Write(&m); err != nil {
+	mfs, err := r.reg.Gather()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	for _, mf := range mfs {
+		if mf.GetName() == alerts.NameRegistrationBatch {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("%s is not registered", alerts.NameRegistrationBatch)
+	return 0, 0
 }
 
 // Registrations waiting together are measured together and stored in one ledger write, and each

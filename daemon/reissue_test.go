@@ -42,7 +42,7 @@ func testReissue(t *testing.T, status string, lr float64, wantSuccess bool) {
 	r.produce(t, flipped(data, 96)...)
 	trigger, _ := certify.ParseStatus(status)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == 96 && r.metric(t, "cfguard_renewal_backlog") == 0 &&
+		return r.metric(t, "cfguard_records_total", "result", "applied") == 96 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
 			r.metric(t, "cfguard_counterfactuals", "status", status) > 0
 	})
 	var invalidated []*ledger.CE // the CEs in the triggering status (or worse)

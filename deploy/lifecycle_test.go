@@ -221,7 +221,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	}
 	produce(d, recs)
 	waitfor.Cond(t, 5*time.Minute, "3,000 records applied and every lapsed certificate measured", func() bool {
-		return applied() == nRecords && metric("cfguard_renewal_backlog") == 0
+		return applied() == nRecords && metric("cfguard_counterfactuals_renewal_pending") == 0
 	})
 	version := metric("cfguard_posterior_version")
 	waitfor.Cond(t, 30*time.Second, "Prometheus to evaluate the final state", func() bool {
@@ -229,7 +229,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 		return ok && v == strconv.FormatFloat(version, 'f', -1, 64)
 	})
 	time.Sleep(2 * time.Second) // two more evaluations of the rules on that state
-	renewed := metric("cfguard_certificates_renewed_total")
+	renewed := metric("cfguard_counterfactuals_renewed_total")
 	code, body := apiDo(t, d, token, "GET", "/v1/model", nil)
 	var model struct {
 		KLHistory []struct {

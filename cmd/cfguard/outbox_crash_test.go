@@ -153,7 +153,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 		// last posterior (both read from the ledger in one transaction, so neither can change
 		// behind the other's back: no measurement is left to write an event).
 		deadline = time.Now().Add(60 * time.Second)
-		for v := c.metricValues("cfguard_outbox_pending", "cfguard_ces_unconfirmed"); v[0] != 0 || v[1] != 0; v = c.metricValues("cfguard_outbox_pending", "cfguard_ces_unconfirmed") {
+		for v := c.metricValues("cfguard_events_pending", "cfguard_counterfactuals_unconfirmed"); v[0] != 0 || v[1] != 0; v = c.metricValues("cfguard_events_pending", "cfguard_counterfactuals_unconfirmed") {
 			if time.Now().After(deadline) {
 				t.Fatalf("outbox pending %v, unconfirmed %v after 60 s; log:\n%s", v[0], v[1], c.log.String())
 			}

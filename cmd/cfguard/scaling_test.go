@@ -268,8 +268,8 @@ func settled(t *testing.T, what string, reps []*replicaProc, want int) modelView
 	v := waitAgree(t, what, reps, want)
 	waitfor.Cond(t, 10*time.Minute, what+": no renewal pending", func() bool {
 		for _, r := range reps {
-			b, ok1 := r.metric("cfguard_renewal_backlog")
-			u, ok2 := r.metric("cfguard_ces_unconfirmed")
+			b, ok1 := r.metric("cfguard_counterfactuals_renewal_pending")
+			u, ok2 := r.metric("cfguard_counterfactuals_unconfirmed")
 			if !ok1 || !ok2 || b != 0 || u != 0 {
 				return false
 			}
@@ -307,14 +307,14 @@ func (r *replicaProc) audit(t *testing.T) int {
 	return rep.Evaluated
 }
 
-// renewals is each replica's cfguard_certificates_renewed_total.
+// renewals is each replica's cfguard_counterfactuals_renewed_total.
 func renewals(t *testing.T, reps []*replicaProc) []float64 {
 	t.Helper()
 	out := make([]float64, len(reps))
 	for i, r := range reps {
-		v, ok := r.metric("cfguard_certificates_renewed_total")
+		v, ok := r.metric("cfguard_counterfactuals_renewed_total")
 		if !ok {
-			t.Fatalf("%s: no cfguard_certificates_renewed_total", r.id)
+			t.Fatalf("%s: no cfguard_counterfactuals_renewed_total", r.id)
 		}
 		out[i] = v
 	}
