@@ -9,8 +9,9 @@ import (
 )
 
 // GraphBuilder builds a gorgonia expression graph in named phases and keeps the first error.
-// Both of cfguard's autodiff graphs are built with it: this package's Bayes-by-backprop objective
-// (Graph) and explain's counterfactual objective. A build reads as a sequence of phases:
+// Every autodiff graph of cfguard is built with it: this package's Bayes-by-backprop objective
+// (Graph), explain's counterfactual objective and the training losses of explain's VAE and AE.
+// A build reads as a sequence of phases:
 //
 //	b := NewGraphBuilder("graph")
 //	b.Phase("inputs")     // Input, Scalar, Const: the values bound once or rebound per run
@@ -219,6 +220,11 @@ func (b *GraphBuilder) Mean(x *G.Node) *G.Node {
 // BroadcastAdd is x + y with y repeated along its axes right (gorgonia.BroadcastAdd(x, y, nil, right)).
 func (b *GraphBuilder) BroadcastAdd(x, y *G.Node, right ...byte) *G.Node {
 	return b.node("BroadcastAdd", func() (*G.Node, error) { return G.BroadcastAdd(x, y, nil, right) }, x, y)
+}
+
+// Transpose is the matrix x^T.
+func (b *GraphBuilder) Transpose(x *G.Node) *G.Node {
+	return b.node("Transpose", func() (*G.Node, error) { return G.Transpose(x) }, x)
 }
 
 // BatchedMatMul multiplies the matrices of x and y batch by batch, transposing as asked.
