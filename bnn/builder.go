@@ -42,9 +42,6 @@ func NewGraphBuilder(name string) *GraphBuilder {
 	return &GraphBuilder{g: G.NewGraph(), name: name, phase: "inputs"}
 }
 
-// Graph is the graph being built.
-func (b *GraphBuilder) Graph() *G.ExprGraph { return b.g }
-
 // Phase names the nodes added from now on in errors ("inputs" until the first call).
 func (b *GraphBuilder) Phase(name string) { b.phase = name }
 
