@@ -23,5 +23,6 @@
 // and the moments are always float64) through a chunked engine (engine.go) whose matrix products
 // are gonum's pure-Go BLAS by default, or OpenBLAS when built with -tags openblas (Backend says
 // which). Hot loops are plain Go, gonum and optionally OpenBLAS; gorgonia is used only where
-// gradients are needed.
+// gradients are needed, and every gorgonia graph (Graph here; explain's counterfactual objective
+// and its autoencoders' training losses) is built with GraphBuilder.
 package bnn

@@ -75,7 +75,6 @@ type Eval struct {
 // A Graph is not safe for concurrent use. Close releases it.
 type Graph struct {
 	cfg     GraphConfig
-	g       *G.ExprGraph
 	vm      G.VM
 	layers  []graphLayer
 	x, t    *G.Node
@@ -136,19 +135,33 @@ func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 }
 
 // NewGraph builds the objective for m; m itself is not referenced afterwards (its parameters
-// are copied into the graph). See GraphConfig for the options.
-func NewGraph(m *Model, cfg GraphConfig) (gr *Graph, err error) {
-	if cfg, err = cfg.Check(m); err != nil {
+// are copied into the graph). See GraphConfig for the options. The graph is built in the phases
+// of the objective (see Graph): inputs, parameters, forward, kl, loss and gradient.
+func NewGraph(m *Model, cfg GraphConfig) (*Graph, error) {
+	cfg, err := cfg.Check(m)
+	if err != nil {
 		return nil, fmt.Errorf("graph: %w", err)
 	}
-	// gorgonia reports some construction failures by panicking (G.Must and the VM constructor).
-	defer func() {
-		if r := recover(); r != nil {
-			gr, err = nil, fmt.Errorf("graph: building gorgonia graph: %v", r)
-		}
-	}()
-	gr = &Graph{cfg: cfg, g: G.NewGraph(), classes: m.NumClasses()}
-	gr.build(m)
+	gr := &Graph{cfg: cfg, classes: m.NumClasses()}
+	b := NewGraphBuilder("graph")
+	gr.inputs(b, m)
+	ln, wrt := gr.parameters(b, m)
+	nll, logp0 := gr.forward(b, m, ln)
+	klVar := gr.klTerm(b, m, ln)
+	b.Phase("loss")
+	loss := nll
+	if cfg.KLScale != 0 {
+		loss = b.Add(nll, b.Mul(klVar, G.NewConstant(cfg.KLScale)))
+	}
+	b.Phase("gradient")
+	reads := append(G.Nodes{loss, nll, klVar, logp0}, b.Grad(loss, wrt...)...)
+	gr.read = make([]G.Value, len(reads))
+	for i, n := range reads {
+		b.Read(n, &gr.read[i])
+	}
+	if gr.vm, err = b.Compile(); err != nil {
+		return nil, err
+	}
 	return gr, nil
 }
 
@@ -164,148 +177,163 @@ func sameShape(a, b *Model) error {
 	return nil
 }
 
-func (gr *Graph) input(name string, data []float64, shape ...int) (*G.Node, *tensor.Dense) {
-	t := tensor.New(tensor.WithBacking(data), tensor.WithShape(shape...))
-	return G.NewTensor(gr.g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
+// layerNodes are one layer's parameter nodes: (mu, sigma) of its weights and biases, and for a
+// trainable layer the log_sigma that sigma is computed from.
+type layerNodes struct{ muW, sW, muB, sB, lsW, lsB *G.Node }
+
+// inputs adds the minibatch: the rows x (Batch x D) and the target weights t (Batch x C),
+// t_ic = 1/(rows*S) if row i has label c and 0 otherwise (0 for padding rows).
+func (gr *Graph) inputs(b *GraphBuilder, m *Model) {
+	b.Phase("inputs")
+	d, c := m.Inputs(), m.NumClasses()
+	gr.x, gr.xv = b.Input("x", make([]float64, gr.cfg.Batch*d), gr.cfg.Batch, d)
+	gr.t, gr.tv = b.Input("target_weights", make([]float64, gr.cfg.Batch*c), gr.cfg.Batch, c)
 }
 
-// build constructs the graph; it panics (recovered by NewGraph) on gorgonia errors.
-func (gr *Graph) build(m *Model) {
-	cfg, g := gr.cfg, gr.g
-	d, c, last := m.Inputs(), m.NumClasses(), len(m.Layers)-1
-	gr.x, gr.xv = gr.input("x", make([]float64, cfg.Batch*d), cfg.Batch, d)
-	gr.t, gr.tv = gr.input("target_weights", make([]float64, cfg.Batch*c), cfg.Batch, c)
-
-	type nodes struct{ muW, sW, muB, sB, lsW, lsB *G.Node }
-	ln := make([]nodes, len(m.Layers))
+// parameters adds every layer's (mu, log_sigma) in graph layout (weights In x Out) and
+//
+//	sigma = exp(log_sigma).
+//
+// A trainable layer's mu and log_sigma are Params (returned in wrt, in Params' order); a frozen
+// layer's mu and sigma are inputs, with sigma precomputed, so nothing is differentiated for it.
+func (gr *Graph) parameters(b *GraphBuilder, m *Model) ([]layerNodes, G.Nodes) {
+	b.Phase("parameters")
+	ln := make([]layerNodes, len(m.Layers))
 	var wrt G.Nodes
 	for k := range m.Layers {
 		l := &m.Layers[k]
-		gl := graphLayer{in: l.In, out: l.Out, trainable: !cfg.LastOnly || k == last,
+		gl := graphLayer{in: l.In, out: l.Out, trainable: !gr.cfg.LastOnly || k == len(m.Layers)-1,
 			muW: vec.Transpose(l.WeightMu, l.Out, l.In), lsW: vec.Transpose(l.WeightLogSigma, l.Out, l.In),
 			muB: vec.Clone(l.BiasMu), lsB: vec.Clone(l.BiasLogSigma)}
-		var n nodes
-		n.muW, _ = gr.input(l.Name+".weight_mu", gl.muW, l.In, l.Out)
-		n.muB, _ = gr.input(l.Name+".bias_mu", gl.muB, 1, l.Out)
+		n := &ln[k]
+		n.muW, _ = b.Input(l.Name+".weight_mu", gl.muW, l.In, l.Out)
+		n.muB, _ = b.Input(l.Name+".bias_mu", gl.muB, 1, l.Out)
 		if gl.trainable {
-			n.lsW, _ = gr.input(l.Name+".weight_log_sigma", gl.lsW, l.In, l.Out)
-			n.lsB, _ = gr.input(l.Name+".bias_log_sigma", gl.lsB, 1, l.Out)
-			n.sW, n.sB = G.Must(G.Exp(n.lsW)), G.Must(G.Exp(n.lsB))
+			n.lsW, _ = b.Input(l.Name+".weight_log_sigma", gl.lsW, l.In, l.Out)
+			n.lsB, _ = b.Input(l.Name+".bias_log_sigma", gl.lsB, 1, l.Out)
+			n.sW, n.sB = b.Exp(n.lsW), b.Exp(n.lsB)
 			for _, p := range []struct {
 				node *G.Node
 				v    []float64
 			}{{n.muW, gl.muW}, {n.lsW, gl.lsW}, {n.muB, gl.muB}, {n.lsB, gl.lsB}} {
-				gr.params = append(gr.params, Param{Name: p.node.Name(), Value: p.v, Grad: make([]float64, len(p.v))})
+				if p.node != nil {
+					gr.params = append(gr.params, Param{Name: p.node.Name(), Value: p.v, Grad: make([]float64, len(p.v))})
+				}
 				wrt = append(wrt, p.node)
 			}
 		} else {
-			n.sW, _ = gr.input(l.Name+".weight_sigma", vec.ExpInPlace(gl.lsW), l.In, l.Out)
-			n.sB, _ = gr.input(l.Name+".bias_sigma", vec.ExpInPlace(gl.lsB), 1, l.Out)
+			n.sW, _ = b.Input(l.Name+".weight_sigma", vec.ExpInPlace(gl.lsW), l.In, l.Out)
+			n.sB, _ = b.Input(l.Name+".bias_sigma", vec.ExpInPlace(gl.lsB), 1, l.Out)
 		}
-		ln[k] = n
 		gr.layers = append(gr.layers, gl)
 	}
+	return ln, wrt
+}
 
-	// Forward passes, one per Monte-Carlo draw; the target weights carry 1/(rows*S).
-	var nll, logp0 *G.Node
-	for s := 0; s < cfg.Samples; s++ {
+// forward adds one forward pass per Monte-Carlo draw s, with noise inputs eps (rebound by
+// DrawEps or SetEps) and the reparameterised weights
+//
+//	W_k = mu_k + sigma_k * eps_{s,k},   b_k likewise,
+//	h_0 = x,   h_k = act(h_{k-1} W_k + b_k),   logits = h_{L-1} W_L + b_L,
+//
+// and returns the NLL of the draws and the first draw's log-probabilities (for Eval.Correct):
+//
+//	nll = sum_s -sum_ic t_ic log softmax(logits_s)_ic   (t carries 1/(rows*S)).
+func (gr *Graph) forward(b *GraphBuilder, m *Model, ln []layerNodes) (nll, logp0 *G.Node) {
+	b.Phase("forward")
+	last := len(m.Layers) - 1
+	for s := 0; s < gr.cfg.Samples; s++ {
 		var eps []*G.Node
 		var epsv []*tensor.Dense
 		h := gr.x
 		for k := range m.Layers {
 			l := &m.Layers[k]
-			eW, eWv := gr.input(fmt.Sprintf("eps%d.%s.weight", s, l.Name), make([]float64, l.In*l.Out), l.In, l.Out)
-			eB, eBv := gr.input(fmt.Sprintf("eps%d.%s.bias", s, l.Name), make([]float64, l.Out), 1, l.Out)
+			eW, eWv := b.Input(fmt.Sprintf("eps%d.%s.weight", s, l.Name), nil, l.In, l.Out)
+			eB, eBv := b.Input(fmt.Sprintf("eps%d.%s.bias", s, l.Name), nil, 1, l.Out)
 			eps, epsv = append(eps, eW, eB), append(epsv, eWv, eBv)
-			w := G.Must(G.Add(ln[k].muW, G.Must(G.HadamardProd(ln[k].sW, eW))))
-			b := G.Must(G.Add(ln[k].muB, G.Must(G.HadamardProd(ln[k].sB, eB))))
-			h = G.Must(G.BroadcastAdd(G.Must(G.Mul(h, w)), b, nil, []byte{0}))
+			w := b.Reparam(ln[k].muW, ln[k].sW, eW)
+			bias := b.Reparam(ln[k].muB, ln[k].sB, eB)
+			h = b.BroadcastAdd(b.Mul(h, w), bias, 0)
 			if k != last {
-				h = G.Must(ActivationNode(m.Activation, h))
+				h = b.Activation(m.Activation, h)
 			}
 		}
-		logp := G.Must(G.LogSoftMax(h))
+		logp := b.LogSoftMax(h)
 		if s == 0 {
 			logp0 = logp
 		}
-		term := G.Must(G.Neg(G.Must(G.Sum(G.Must(G.HadamardProd(gr.t, logp))))))
-		if nll == nil {
-			nll = term
-		} else {
-			nll = G.Must(G.Add(nll, term))
-		}
+		nll = b.Accum(nll, b.Neg(b.Sum(b.HadamardProd(gr.t, logp))))
 		gr.eps, gr.epsv = append(gr.eps, eps), append(gr.epsv, epsv)
 	}
+	return nll, logp0
+}
 
-	// KL(q || target) over the trainable layers, without its constant sum_j (log s0_j - 1/2),
-	// which is kept in klConst.
+// klTerm adds KL(q || target) over the trainable layers' weights and biases without its constant,
+// which it adds to gr.klConst, and records each block's target for KL:
+//
+//	KL = klVar + klConst,
+//	klVar   = sum_j [ (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2) - log_sigma_j ],
+//	klConst = sum_j [ log s0_j - 1/2 ],
+//
+// with (m0, s0) = (0, PriorSigma), or GraphConfig.Prev's (mu, sigma) of the same parameter.
+func (gr *Graph) klTerm(b *GraphBuilder, m *Model, ln []layerNodes) *G.Node {
+	b.Phase("kl")
 	var klVar *G.Node
-	add := func(n *G.Node) {
-		if klVar == nil {
-			klVar = n
-		} else {
-			klVar = G.Must(G.Add(klVar, n))
-		}
-	}
-	lp := math.Log(m.PriorSigma)
 	for k := range m.Layers {
-		if !gr.layers[k].trainable {
+		gl := &gr.layers[k]
+		if !gl.trainable {
 			continue
 		}
-		l := &m.Layers[k]
-		n := ln[k]
-		for _, p := range []struct {
-			mu, ls, s *G.Node
-			name      string
-			a         func(*Layer) ([]float64, []float64)
-			v         func(gl *graphLayer, ls bool) []float64
-		}{
-			{n.muW, n.lsW, n.sW, "weight", func(a *Layer) ([]float64, []float64) { return a.WeightMu, a.WeightLogSigma },
-				func(gl *graphLayer, ls bool) []float64 { return pick(ls, gl.lsW, gl.muW) }},
-			{n.muB, n.lsB, n.sB, "bias", func(a *Layer) ([]float64, []float64) { return a.BiasMu, a.BiasLogSigma },
-				func(gl *graphLayer, ls bool) []float64 { return pick(ls, gl.lsB, gl.muB) }},
-		} {
-			shape := p.mu.Shape().Clone()
-			quad := G.Must(G.Square(p.s)) // sigma^2 (+ (mu - m0)^2 below)
-			if cfg.Prev == nil {
-				quad = G.Must(G.Add(quad, G.Must(G.Square(p.mu))))
-				quad = G.Must(G.Mul(G.Must(G.Sum(quad)), G.NewConstant(0.5/(m.PriorSigma*m.PriorSigma))))
-				gr.klConst += float64(shape.TotalSize()) * (lp - 0.5)
-				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), lsPrior: lp})
-			} else {
-				am, als := p.a(&cfg.Prev.Layers[k])
-				m0, ls0 := am, als
-				if p.name == "weight" {
-					m0, ls0 = vec.Transpose(am, l.Out, l.In), vec.Transpose(als, l.Out, l.In)
-				}
-				half := make([]float64, len(ls0)) // 1 / (2 s0^2)
-				for i, v := range ls0 {
-					half[i] = 0.5 * math.Exp(-2*v)
-					gr.klConst += v - 0.5
-				}
-				m0n := G.NewConstant(tensor.New(tensor.WithBacking(vec.Clone(m0)), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_mu_prev", l.Name, p.name)))
-				hn := G.NewConstant(tensor.New(tensor.WithBacking(half), tensor.WithShape(shape...)), G.WithName(fmt.Sprintf("%s.%s_half_inv_var_prev", l.Name, p.name)))
-				quad = G.Must(G.Add(quad, G.Must(G.Square(G.Must(G.Sub(p.mu, m0n))))))
-				gr.targets = append(gr.targets, klTarget{mu: p.v(&gr.layers[k], false), ls: p.v(&gr.layers[k], true), m0: vec.Clone(m0), ls0: vec.Clone(ls0)})
-				quad = G.Must(G.Sum(G.Must(G.HadamardProd(quad, hn))))
-			}
-			add(G.Must(G.Sub(quad, G.Must(G.Sum(p.ls)))))
+		l, n := &m.Layers[k], ln[k]
+		blocks := []klBlock{
+			{name: "weight", mu: n.muW, ls: n.lsW, s: n.sW, muV: gl.muW, lsV: gl.lsW, shape: []int{l.In, l.Out}},
+			{name: "bias", mu: n.muB, ls: n.lsB, s: n.sB, muV: gl.muB, lsV: gl.lsB, shape: []int{1, l.Out}},
+		}
+		if p := gr.cfg.Prev; p != nil {
+			pl := &p.Layers[k]
+			blocks[0].m0, blocks[0].ls0 = vec.Transpose(pl.WeightMu, l.Out, l.In), vec.Transpose(pl.WeightLogSigma, l.Out, l.In)
+			blocks[1].m0, blocks[1].ls0 = pl.BiasMu, pl.BiasLogSigma
+		}
+		for _, kb := range blocks {
+			klVar = b.Accum(klVar, b.Sub(gr.klQuad(b, m, l.Name, kb), b.Sum(kb.ls)))
 		}
 	}
-	loss := nll
-	if cfg.KLScale != 0 {
-		loss = G.Must(G.Add(nll, G.Must(G.Mul(klVar, G.NewConstant(cfg.KLScale)))))
+	return klVar
+}
+
+// klBlock is one block of trainable parameters in klTerm: its nodes, its storage and shape in
+// graph layout, and the previous posterior's (m0, log s0) in graph layout (nil for the prior).
+type klBlock struct {
+	name      string
+	mu, ls, s *G.Node
+	muV, lsV  []float64
+	shape     []int
+	m0, ls0   []float64
+}
+
+// klQuad is the block's sum_j (sigma_j^2 + (mu_j - m0_j)^2) / (2 s0_j^2), with the prior's
+// 1/(2 PriorSigma^2) as a scalar or the previous posterior's m0 and 1/(2 s0^2) as constants; it
+// adds the block's sum_j (log s0_j - 1/2) to gr.klConst and its target to gr.targets.
+func (gr *Graph) klQuad(b *GraphBuilder, m *Model, layer string, kb klBlock) *G.Node {
+	quad := b.Square(kb.s) // sigma^2 (+ (mu - m0)^2 below)
+	if kb.ls0 == nil {
+		lp := math.Log(m.PriorSigma)
+		quad = b.Add(quad, b.Square(kb.mu))
+		quad = b.Mul(b.Sum(quad), G.NewConstant(0.5/(m.PriorSigma*m.PriorSigma)))
+		gr.klConst += float64(len(kb.muV)) * (lp - 0.5)
+		gr.targets = append(gr.targets, klTarget{mu: kb.muV, ls: kb.lsV, lsPrior: lp})
+		return quad
 	}
-	grads, err := G.Grad(loss, wrt...)
-	if err != nil {
-		panic(err)
+	half := make([]float64, len(kb.ls0)) // 1 / (2 s0^2)
+	for i, v := range kb.ls0 {
+		half[i] = 0.5 * math.Exp(-2*v)
+		gr.klConst += v - 0.5
 	}
-	reads := append(G.Nodes{loss, nll, klVar, logp0}, grads...)
-	gr.read = make([]G.Value, len(reads))
-	for i, n := range reads {
-		G.Read(n, &gr.read[i])
-	}
-	gr.vm = G.NewTapeMachine(g)
+	m0n := b.Const(fmt.Sprintf("%s.%s_mu_prev", layer, kb.name), kb.m0, kb.shape...)
+	hn := b.Const(fmt.Sprintf("%s.%s_half_inv_var_prev", layer, kb.name), half, kb.shape...)
+	quad = b.Add(quad, b.Square(b.Sub(kb.mu, m0n)))
+	gr.targets = append(gr.targets, klTarget{mu: kb.muV, ls: kb.lsV, m0: vec.Clone(kb.m0), ls0: vec.Clone(kb.ls0)})
+	return b.Sum(b.HadamardProd(quad, hn))
 }
 
 // ActivationNode applies a to every element of n in a gorgonia graph: Rectify, Tanh or Sigmoid.
@@ -319,13 +347,6 @@ func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
 		return G.Sigmoid(n)
 	}
 	return nil, fmt.Errorf("unknown activation %d", uint8(a))
-}
-
-func pick(c bool, a, b []float64) []float64 {
-	if c {
-		return a
-	}
-	return b
 }
 
 // KL is KL(q || target) of the current parameters, summed over the trainable layers, computed in

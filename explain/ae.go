@@ -41,29 +41,7 @@ func TrainAE(ctx context.Context, Z [][]float64, cfg TrainConfig) (*AE, float64,
 	a.dec1 = newDense(cfg.Latent, cfg.Hidden, rng)
 	a.out = newDense(cfg.Hidden, d, rng)
 	t := newTrainer(cfg.BatchSize, d, 0)
-	err := build(func() error {
-		var err error
-		must := func(n *G.Node, e error) *G.Node {
-			if e != nil && err == nil {
-				err = e
-			}
-			return n
-		}
-		h := must(G.Rectify(must(t.affine(t.x, &a.enc1, "encoder.fc1"))))
-		u := must(G.Rectify(must(t.affine(h, &a.enc2, "encoder.fc2"))))
-		hd := must(G.Rectify(must(t.affine(u, &a.dec1, "decoder.fc1"))))
-		zh := must(t.affine(hd, &a.out, "decoder.out"))
-		if err != nil {
-			return err
-		}
-		se := must(G.Sum(must(G.Square(must(G.Sub(t.x, zh))))))
-		loss := must(G.Mul(se, G.NewConstant(1/float64(t.batch))))
-		if err != nil {
-			return err
-		}
-		return t.compile(loss)
-	})
-	if err != nil {
+	if err := t.compile(a.lossGraph(t)); err != nil {
 		return nil, 0, fmt.Errorf("train ae: %w", err)
 	}
 	last, err := t.run(ctx, Z, cfg.Epochs, cfg.LR, rng)
@@ -71,6 +49,19 @@ func TrainAE(ctx context.Context, Z [][]float64, cfg TrainConfig) (*AE, float64,
 		return nil, 0, fmt.Errorf("train ae: %w", err)
 	}
 	return a, last, nil
+}
+
+// lossGraph builds the minibatch mean squared reconstruction error on t's rows x_i:
+//
+//	loss = (1/B) sum_i ||x_i - AE(x_i)||^2.
+func (a *AE) lossGraph(t *gtrainer) *G.Node {
+	b := t.b
+	b.Phase("forward")
+	h := b.Rectify(t.affine(t.x, &a.enc1, "encoder.fc1"))
+	u := b.Rectify(t.affine(h, &a.enc2, "encoder.fc2"))
+	zh := t.affine(b.Rectify(t.affine(u, &a.dec1, "decoder.fc1")), &a.out, "decoder.out")
+	b.Phase("loss")
+	return b.Mul(b.Sum(b.Square(b.Sub(t.x, zh))), G.NewConstant(1/float64(t.batch)))
 }
 
 // Reconstruct returns AE(z).

@@ -30,8 +30,8 @@
 // per iteration. The default weights are DefaultWeights; PaperWeights are the paper's literal
 // breast-cancer values (see DefaultWeights for why they differ). Gradients with respect to x'
 // flow through the sampled networks and the VAE by gorgonia's symbolic differentiation; the graph
-// is built once and only its inputs (sampled weights, ELBO noise) are rebound between iterations.
-// The optimiser is bnn.Adam, as everywhere in cfguard.
+// is built once with bnn.GraphBuilder and only its inputs (sampled weights, ELBO noise) are
+// rebound between iterations. The optimiser is bnn.Adam, as everywhere in cfguard.
 //
 // Set membership and validity are never taken from the optimiser's own minibatch. An iterate is
 // accepted only if two further ensembles agree: a confirmation ensemble of Config.CheckSamples

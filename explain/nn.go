@@ -131,57 +131,58 @@ func checkRows(Z [][]float64, d int) error {
 	return nil
 }
 
-// gtrainer runs minibatch Adam on a loss built as a gorgonia graph over dense layers. The graph
-// has a (Batch x D) input X and optionally a (Batch x Noise) input E of standard normal noise;
-// both are refilled in place and rebound with gorgonia.Let before every iteration.
+// gtrainer runs minibatch Adam on a loss built as a gorgonia graph over dense layers, with
+// bnn.GraphBuilder. The graph has a (Batch x D) input X and optionally a (Batch x Noise) input E
+// of standard normal noise; both are refilled in place and rebound with gorgonia.Let before every
+// iteration. The layers' weights and biases are the graph's parameters, bound to their storage.
 type gtrainer struct {
-	g        *G.ExprGraph
+	b        *bnn.GraphBuilder
 	vm       G.VM
 	x, e     *G.Node
 	xv, ev   *tensor.Dense
 	params   G.Nodes
 	layers   []*dense
 	lossVal  G.Value
+	grads    []G.Value // d loss / d params[i], read after every run
 	batch, d int
 }
 
-// affine returns h W^T + b for a (B x In) node h, with W and b bound to l's storage.
-func (t *gtrainer) affine(h *G.Node, l *dense, name string) (*G.Node, error) {
-	w := G.NewMatrix(t.g, tensor.Float64, G.WithShape(l.Out, l.In), G.WithName(name+".weight"),
-		G.WithValue(tensor.New(tensor.WithShape(l.Out, l.In), tensor.WithBacking(l.W))))
-	b := G.NewMatrix(t.g, tensor.Float64, G.WithShape(1, l.Out), G.WithName(name+".bias"),
-		G.WithValue(tensor.New(tensor.WithShape(1, l.Out), tensor.WithBacking(l.B))))
-	t.params = append(t.params, w, b)
-	t.layers = append(t.layers, l)
-	wt, err := G.Transpose(w)
-	if err != nil {
-		return nil, err
-	}
-	hw, err := G.Mul(h, wt)
-	if err != nil {
-		return nil, err
-	}
-	return G.BroadcastAdd(hw, b, nil, []byte{0})
-}
-
+// newTrainer starts the graph with its inputs X and, if noise > 0, E.
 func newTrainer(batch, d, noise int) *gtrainer {
-	t := &gtrainer{g: G.NewGraph(), batch: batch, d: d}
-	t.xv = tensor.New(tensor.WithShape(batch, d), tensor.WithBacking(make([]float64, batch*d)))
-	t.x = G.NewMatrix(t.g, tensor.Float64, G.WithShape(batch, d), G.WithName("X"), G.WithValue(t.xv))
+	t := &gtrainer{b: bnn.NewGraphBuilder("graph"), batch: batch, d: d}
+	t.x, t.xv = t.b.Input("X", nil, batch, d)
 	if noise > 0 {
-		t.ev = tensor.New(tensor.WithShape(batch, noise), tensor.WithBacking(make([]float64, batch*noise)))
-		t.e = G.NewMatrix(t.g, tensor.Float64, G.WithShape(batch, noise), G.WithName("E"), G.WithValue(t.ev))
+		t.e, t.ev = t.b.Input("E", nil, batch, noise)
 	}
 	return t
 }
 
-// compile differentiates loss with respect to every parameter and builds the tape machine.
+// affine returns h W^T + b for a (B x In) node h, with W and b bound to l's storage.
+func (t *gtrainer) affine(h *G.Node, l *dense, name string) *G.Node {
+	b := t.b
+	w, _ := b.Input(name+".weight", l.W, l.Out, l.In)
+	bias, _ := b.Input(name+".bias", l.B, 1, l.Out)
+	t.params = append(t.params, w, bias)
+	t.layers = append(t.layers, l)
+	return b.BroadcastAdd(b.Mul(h, b.Transpose(w)), bias, 0)
+}
+
+// compile differentiates loss with respect to every parameter and builds the tape machine; it
+// returns the first error of the whole build.
 func (t *gtrainer) compile(loss *G.Node) error {
-	G.Read(loss, &t.lossVal)
-	if _, err := G.Grad(loss, t.params...); err != nil {
+	b := t.b
+	b.Phase("gradient")
+	b.Read(loss, &t.lossVal)
+	grads := b.Grad(loss, t.params...)
+	t.grads = make([]G.Value, len(grads))
+	for i, g := range grads {
+		b.Read(g, &t.grads[i])
+	}
+	vm, err := b.Compile()
+	if err != nil {
 		return err
 	}
-	t.vm = G.NewTapeMachine(t.g, G.BindDualValues(t.params...))
+	t.vm, t.b = vm, nil
 	return nil
 }
 
@@ -193,7 +194,6 @@ func (t *gtrainer) compile(loss *G.Node) error {
 // The optimiser is bnn.Adam, the project's one Adam, not gorgonia's solver: gorgonia computes the
 // gradients (autodiff), and the update runs on the layers' own slices, which the graph's
 // parameter nodes are bound to (their values alias dense.W and dense.B), so the next run sees it.
-// Gorgonia accumulates gradients across runs; run reads and zeroes them after every run.
 func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float64, rng *rand.Rand) (float64, error) {
 	defer t.vm.Close()
 	params := make([]bnn.Param, len(t.params))
@@ -263,33 +263,18 @@ func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float6
 	return last, nil
 }
 
-// readGrads copies every parameter node's gradient into params[i].Grad and zeroes the node's, so
-// that the next run does not add to it. The parameters' values must be the layers' slices.
+// readGrads copies every parameter's gradient of the last run into params[i].Grad. The
+// parameters' values must be the layers' slices.
 func (t *gtrainer) readGrads(params []bnn.Param) error {
 	for i, n := range t.params {
-		g, err := n.Grad()
-		if err != nil {
-			return fmt.Errorf("gradient of %s: %w", n.Name(), err)
-		}
-		d, ok := g.Data().([]float64)
+		d, ok := t.grads[i].Data().([]float64)
 		if !ok || len(d) != len(params[i].Grad) {
-			return fmt.Errorf("gradient of %s has %T of %d values, want %d float64s", n.Name(), g.Data(), len(d), len(params[i].Grad))
+			return fmt.Errorf("gradient of %s has %T of %d values, want %d float64s", n.Name(), t.grads[i].Data(), len(d), len(params[i].Grad))
 		}
 		copy(params[i].Grad, d)
-		clear(d)
 		if v := n.Value().Data().([]float64); &v[0] != &params[i].Value[0] {
 			return fmt.Errorf("parameter %s is no longer bound to its layer's storage (internal error)", n.Name())
 		}
 	}
 	return nil
-}
-
-// build runs fn (which adds nodes to t) and turns gorgonia's construction panics into errors.
-func build(fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("building gorgonia graph: %v", r)
-		}
-	}()
-	return fn()
 }

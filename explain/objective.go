@@ -106,7 +106,6 @@ type objective struct {
 	S, D, C int
 	hasVAE  bool
 
-	g  *G.ExprGraph
 	vm G.VM
 
 	x            *G.Node
@@ -139,173 +138,165 @@ type objectiveEval struct {
 }
 
 // newObjective builds the graph for m's architecture, S draws per evaluation, and (if v is not
-// nil) the VAE terms with v's weights bound as constants.
-func newObjective(m *bnn.Model, v *VAE, S int) (o *objective, err error) {
+// nil) the VAE terms with v's weights bound as constants. It is built in phases: inputs, forward
+// (the S sampled networks), terms (those of the classifier and of x' itself), vae (the VAE's
+// terms), loss (the weighted sum) and gradient (d L / d x').
+func newObjective(m *bnn.Model, v *VAE, S int) (*objective, error) {
 	if S < 2 {
 		return nil, fmt.Errorf("objective: %d samples, want >= 2", S)
 	}
-	o = &objective{S: S, D: m.Inputs(), C: m.NumClasses(), hasVAE: v != nil, g: G.NewGraph()}
-	err = build(func() error { return o.build(m, v) })
-	if err != nil {
-		return nil, fmt.Errorf("objective: %w", err)
+	o := &objective{S: S, D: m.Inputs(), C: m.NumClasses(), hasVAE: v != nil}
+	b := bnn.NewGraphBuilder("objective")
+	o.inputs(b)
+	lp := o.forward(b, m)
+	terms := o.classTerms(b, lp)
+	if v != nil {
+		o.vaeTerms(b, v, &terms)
+	}
+	total := o.weightedSum(b, terms)
+	b.Phase("gradient")
+	b.Read(total, &o.total)
+	b.Read(lp, &o.lp)
+	if grads := b.Grad(total, o.x); grads != nil {
+		b.Read(grads[0], &o.grad)
+	}
+	var err error
+	if o.vm, err = b.Compile(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
 
-func vecNode(g *G.ExprGraph, name string, n int) (*G.Node, *tensor.Dense) {
-	t := tensor.New(tensor.WithShape(n), tensor.WithBacking(make([]float64, n)))
-	return G.NewVector(g, tensor.Float64, G.WithShape(n), G.WithName(name), G.WithValue(t)), t
-}
-
-func tensorNode(g *G.ExprGraph, name string, shape ...int) (*G.Node, *tensor.Dense) {
-	n := 1
-	for _, s := range shape {
-		n *= s
-	}
-	t := tensor.New(tensor.WithShape(shape...), tensor.WithBacking(make([]float64, n)))
-	return G.NewTensor(g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), t
-}
-
-func constMatrix(g *G.ExprGraph, name string, rows, cols int, data []float64) *G.Node {
-	t := tensor.New(tensor.WithShape(rows, cols), tensor.WithBacking(append([]float64(nil), data...)))
-	return G.NewMatrix(g, tensor.Float64, G.WithShape(rows, cols), G.WithName(name), G.WithValue(t))
-}
-
-func constVector(g *G.ExprGraph, name string, data []float64) *G.Node {
-	t := tensor.New(tensor.WithShape(len(data)), tensor.WithBacking(append([]float64(nil), data...)))
-	return G.NewVector(g, tensor.Float64, G.WithShape(len(data)), G.WithName(name), G.WithValue(t))
-}
-
-func (o *objective) build(m *bnn.Model, v *VAE) error {
-	var err error
-	must := func(n *G.Node, e error) *G.Node {
-		if e != nil && err == nil {
-			err = e
-		}
-		return n
-	}
-	g, S := o.g, o.S
-	o.x, o.xv = vecNode(g, "x", o.D)
-	o.oh, o.ohv = vecNode(g, "onehot", o.C)
-	o.noh, o.nohv = vecNode(g, "not_onehot", o.C)
-	o.x0, o.x0v = vecNode(g, "x0", o.D)
+// inputs adds what is rebound per evaluation or per problem: x', the target's one-hot vector and
+// its complement, the anchor x0, the lambdas, 1 - delta, epsilon and ROAR's DeltaMax.
+func (o *objective) inputs(b *bnn.GraphBuilder) {
+	b.Phase("inputs")
+	o.x, o.xv = b.Input("x", nil, o.D)
+	o.oh, o.ohv = b.Input("onehot", nil, o.C)
+	o.noh, o.nohv = b.Input("not_onehot", nil, o.C)
+	o.x0, o.x0v = b.Input("x0", nil, o.D)
 	for t := range o.lam {
-		o.lam[t] = G.NewScalar(g, tensor.Float64, G.WithName("lambda_"+term(t).String()), G.WithValue(0.0))
+		o.lam[t] = b.Scalar("lambda_"+term(t).String(), 0)
 	}
-	o.thr = G.NewScalar(g, tensor.Float64, G.WithName("one_minus_delta"), G.WithValue(0.95))
-	o.epsilon = G.NewScalar(g, tensor.Float64, G.WithName("epsilon"), G.WithValue(0.01))
-	o.deltaMax = G.NewScalar(g, tensor.Float64, G.WithName("delta_max"), G.WithValue(0.1))
+	o.thr = b.Scalar("one_minus_delta", 0.95)
+	o.epsilon = b.Scalar("epsilon", 0.01)
+	o.deltaMax = b.Scalar("delta_max", 0.1)
+}
 
-	// Sampled networks.
-	nl := len(m.Layers)
+// forward adds the S sampled networks as inputs (rebound by setNets) and their log-probabilities
+// at x', returned as an S x C node:
+//
+//	h_1 = act(W_1 x' + b_1)          all S draws at once: W_1 stacked as (S*Out x In),
+//	h_k = act(h_{k-1} W_k^T + b_k)   batched over the S draws, W_k as (S, Out, In),
+//	log p(c | x', w_s) = log softmax(h_L)_{s,c}   (no activation on the last layer).
+func (o *objective) forward(b *bnn.GraphBuilder, m *bnn.Model) *G.Node {
+	b.Phase("forward")
+	S, nl := o.S, len(m.Layers)
 	o.wn, o.bn = make([]*G.Node, nl), make([]*G.Node, nl)
 	o.wv, o.bv = make([]*tensor.Dense, nl), make([]*tensor.Dense, nl)
 	var h *G.Node
 	for k, l := range m.Layers {
-		last := k == nl-1
 		if k == 0 {
-			o.wn[0], o.wv[0] = tensorNode(g, "w0", S*l.Out, l.In)
-			o.bn[0], o.bv[0] = vecNode(g, "b0", S*l.Out)
-			h = must(G.Add(must(G.Mul(o.wn[0], o.x)), o.bn[0])) // (S*Out)
+			o.wn[0], o.wv[0] = b.Input("w0", nil, S*l.Out, l.In)
+			o.bn[0], o.bv[0] = b.Input("b0", nil, S*l.Out)
+			h = b.Add(b.Mul(o.wn[0], o.x), o.bn[0]) // (S*Out)
 		} else {
-			o.wn[k], o.wv[k] = tensorNode(g, fmt.Sprintf("w%d", k), S, l.Out, l.In)
-			o.bn[k], o.bv[k] = tensorNode(g, fmt.Sprintf("b%d", k), S, 1, l.Out)
-			h = must(G.Add(must(G.BatchedMatMul(h, o.wn[k], false, true)), o.bn[k])) // (S,1,Out)
+			o.wn[k], o.wv[k] = b.Input(fmt.Sprintf("w%d", k), nil, S, l.Out, l.In)
+			o.bn[k], o.bv[k] = b.Input(fmt.Sprintf("b%d", k), nil, S, 1, l.Out)
+			h = b.Add(b.BatchedMatMul(h, o.wn[k], false, true), o.bn[k]) // (S,1,Out)
 		}
-		if last {
-			h = must(G.Reshape(h, tensor.Shape{S, l.Out}))
+		if k == nl-1 {
+			h = b.Reshape(h, S, l.Out)
 			break
 		}
-		h = must(bnn.ActivationNode(m.Activation, h))
+		h = b.Activation(m.Activation, h)
 		if k == 0 {
-			h = must(G.Reshape(h, tensor.Shape{S, 1, l.Out}))
+			h = b.Reshape(h, S, 1, l.Out)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	lp := must(G.LogSoftMax(h, 1))         // (S, C): log p(c | x', w_s)
-	lpt := must(G.Mul(lp, o.oh))           // (S): log p(y' | x', w_s)
-	p := must(G.Exp(lpt))                  // (S)
-	ep := must(G.Mean(p))                  // E_w[p]
-	dev := must(G.Sub(p, ep))              // p_s - E_w[p]
-	ss := must(G.Sum(must(G.Square(dev)))) // sum of squared deviations
-	varp := must(G.Mul(ss, G.NewConstant(1/float64(S-1))))
+	return b.LogSoftMax(h, 1)
+}
+
+// classTerms adds the terms of the classifier's draws and of x' itself, from lp = log p(c | x',
+// w_s) (S x C), with p_s = p(y' | x', w_s) and E, Var over the S draws (Var with 1/(S-1)):
+//
+//	L_clf   = -(1/S) sum_s log p_s
+//	L_delta = max(1 - delta - E[p], 0)
+//	L_var   = max(Var[p] - epsilon, 0)
+//	L_pred  = -log E[p]
+//	L_roar  = (1/S) sum_s softplus(DeltaMax (||x'||_1 + 1) - logit_s),
+//	          logit_s = log p_s - log(sum_{c != y'} p(c | x', w_s) + 1e-12)
+//	L_prox  = ||x' - x0||^2,   L_prox1 = ||x' - x0||_1.
+func (o *objective) classTerms(b *bnn.GraphBuilder, lp *G.Node) [numTerms]*G.Node {
+	b.Phase("terms")
+	lpt := b.Mul(lp, o.oh)              // (S): log p(y' | x', w_s)
+	p := b.Exp(lpt)                     // (S)
+	ep := b.Mean(p)                     // E_w[p]
+	ss := b.Sum(b.Square(b.Sub(p, ep))) // sum of squared deviations from E_w[p]
+	varp := b.Mul(ss, G.NewConstant(1/float64(o.S-1)))
 	var terms [numTerms]*G.Node
-	terms[termClf] = must(G.Neg(must(G.Mean(lpt))))
-	terms[termDelta] = must(G.Rectify(must(G.Sub(o.thr, ep))))
-	terms[termVar] = must(G.Rectify(must(G.Sub(varp, o.epsilon))))
-	terms[termProx] = must(G.Sum(must(G.Square(must(G.Sub(o.x, o.x0))))))
-	terms[termPred] = must(G.Neg(must(G.Log(ep))))
-	terms[termProxL1] = must(G.Sum(must(G.Abs(must(G.Sub(o.x, o.x0))))))
-	others := must(G.Mul(must(G.Exp(lp)), o.noh)) // (S): sum_{c != y'} p(c | x', w_s)
-	logit := must(G.Sub(lpt, must(G.Log(must(G.Add(others, G.NewConstant(1e-12)))))))
-	shift := must(G.Mul(o.deltaMax, must(G.Add(must(G.Sum(must(G.Abs(o.x)))), G.NewConstant(1.0)))))
-	terms[termRobust] = must(G.Mean(must(G.Softplus(must(G.Sub(shift, logit))))))
-	if err != nil {
-		return err
+	terms[termClf] = b.Neg(b.Mean(lpt))
+	terms[termDelta] = b.Rectify(b.Sub(o.thr, ep))
+	terms[termVar] = b.Rectify(b.Sub(varp, o.epsilon))
+	terms[termProx] = b.Sum(b.Square(b.Sub(o.x, o.x0)))
+	terms[termPred] = b.Neg(b.Log(ep))
+	terms[termProxL1] = b.Sum(b.Abs(b.Sub(o.x, o.x0)))
+	others := b.Mul(b.Exp(lp), o.noh) // (S): sum_{c != y'} p(c | x', w_s)
+	logit := b.Sub(lpt, b.Log(b.Add(others, G.NewConstant(1e-12))))
+	shift := b.Mul(o.deltaMax, b.Add(b.Sum(b.Abs(o.x)), G.NewConstant(1.0)))
+	terms[termRobust] = b.Mean(b.Softplus(b.Sub(shift, logit)))
+	return terms
+}
+
+// vaeTerms adds the VAE's terms with its weights as constants, the anchor mu0 and the noise zeta
+// (rebound by setProblem and setZeta) as inputs; (mu, log sigma^2) = encoder(x'), D inputs:
+//
+//	u      = mu + exp(logvar / 2) * zeta                         (reparameterised latent draw)
+//	ELBO   = -||x' - decoder(u)||^2 / (2 ObsVar) - (D/2) log(2 pi ObsVar)
+//	         - (1/2) sum_k (mu_k^2 + exp(logvar_k) - logvar_k - 1)
+//	L_ldist = ||mu - mu0||^2.
+func (o *objective) vaeTerms(b *bnn.GraphBuilder, v *VAE, terms *[numTerms]*G.Node) {
+	b.Phase("vae")
+	o.mu0, o.mu0v = b.Input("mu0", nil, v.Latent)
+	o.zeta, o.zetav = b.Input("zeta", nil, v.Latent)
+	aff := func(l *dense, name string, in *G.Node) *G.Node {
+		w := b.Const(name+".weight", l.W, l.Out, l.In)
+		bias := b.Const(name+".bias", l.B, l.Out)
+		return b.Add(b.Mul(w, in), bias)
 	}
-	if v != nil {
-		o.mu0, o.mu0v = vecNode(g, "mu0", v.Latent)
-		o.zeta, o.zetav = vecNode(g, "zeta", v.Latent)
-		aff := func(l *dense, name string, in *G.Node) *G.Node {
-			w := constMatrix(g, name+".weight", l.Out, l.In, l.W)
-			b := constVector(g, name+".bias", l.B)
-			return must(G.Add(must(G.Mul(w, in)), b))
-		}
-		eh := must(G.Rectify(aff(&v.enc, "encoder.fc1", o.x)))
-		mu := aff(&v.mu, "encoder.mu", eh)
-		lv := aff(&v.logvar, "encoder.logvar", eh)
-		if err != nil {
-			return err
-		}
-		sd := must(G.Exp(must(G.Mul(lv, G.NewConstant(0.5)))))
-		u := must(G.Add(mu, must(G.HadamardProd(sd, o.zeta))))
-		dh := must(G.Rectify(aff(&v.dec, "decoder.fc1", u)))
-		zh := aff(&v.out, "decoder.out", dh)
-		if err != nil {
-			return err
-		}
-		se := must(G.Sum(must(G.Square(must(G.Sub(o.x, zh))))))
-		logConst := float64(v.Inputs) / 2 * math.Log(2*math.Pi*v.ObsVar)
-		rec := must(G.Sub(must(G.Mul(se, G.NewConstant(-1/(2*v.ObsVar)))), G.NewConstant(logConst)))
-		klTerms := must(G.Sub(must(G.Add(must(G.Square(mu)), must(G.Exp(lv)))), must(G.Add(lv, G.NewConstant(1.0)))))
-		kl := must(G.Mul(must(G.Sum(klTerms)), G.NewConstant(0.5)))
-		terms[termELBO] = must(G.Sub(rec, kl))
-		terms[termLatent] = must(G.Sum(must(G.Square(must(G.Sub(mu, o.mu0))))))
-		if err != nil {
-			return err
-		}
-	}
+	eh := b.Rectify(aff(&v.enc, "encoder.fc1", o.x))
+	mu := aff(&v.mu, "encoder.mu", eh)
+	lv := aff(&v.logvar, "encoder.logvar", eh)
+	u := b.Reparam(mu, b.Exp(b.Mul(lv, G.NewConstant(0.5))), o.zeta)
+	zh := aff(&v.out, "decoder.out", b.Rectify(aff(&v.dec, "decoder.fc1", u)))
+	se := b.Sum(b.Square(b.Sub(o.x, zh)))
+	logConst := float64(v.Inputs) / 2 * math.Log(2*math.Pi*v.ObsVar)
+	rec := b.Sub(b.Mul(se, G.NewConstant(-1/(2*v.ObsVar))), G.NewConstant(logConst))
+	klTerms := b.Sub(b.Add(b.Square(mu), b.Exp(lv)), b.Add(lv, G.NewConstant(1.0)))
+	kl := b.Mul(b.Sum(klTerms), G.NewConstant(0.5))
+	terms[termELBO] = b.Sub(rec, kl)
+	terms[termLatent] = b.Sum(b.Square(b.Sub(mu, o.mu0)))
+}
+
+// weightedSum reads every term that is built and returns the loss
+//
+//	L = sum_t lambda_t L_t - lambda_ELBO ELBO.
+func (o *objective) weightedSum(b *bnn.GraphBuilder, terms [numTerms]*G.Node) *G.Node {
+	b.Phase("loss")
 	var total *G.Node
-	roots := G.Nodes{}
 	for t, n := range terms {
 		if n == nil {
 			continue
 		}
 		o.hasTerm[t] = true
-		roots = append(roots, G.Read(n, &o.terms[t]))
-		weighted := must(G.Mul(n, o.lam[t]))
+		b.Read(n, &o.terms[t])
+		weighted := b.Mul(n, o.lam[t])
 		if term(t) == termELBO {
-			weighted = must(G.Neg(weighted))
+			weighted = b.Neg(weighted)
 		}
-		if total == nil {
-			total = weighted
-		} else {
-			total = must(G.Add(total, weighted))
-		}
+		total = b.Accum(total, weighted)
 	}
-	if err != nil {
-		return err
-	}
-	roots = append(roots, G.Read(total, &o.total), G.Read(lp, &o.lp))
-	grads, err := G.Grad(total, o.x)
-	if err != nil {
-		return err
-	}
-	roots = append(roots, G.Read(grads[0], &o.grad))
-	o.vm = G.NewTapeMachine(g.SubgraphRoots(roots...))
-	return nil
+	return total
 }
 
 // setNets copies the S networks into the graph's weight inputs (layer 0 stacked, the others

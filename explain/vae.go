@@ -147,14 +147,7 @@ func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig)
 	v.out = newDense(cfg.Hidden, d, rng)
 
 	t := newTrainer(cfg.BatchSize, d, cfg.Latent)
-	err = build(func() error {
-		loss, err := v.lossGraph(t)
-		if err != nil {
-			return err
-		}
-		return t.compile(loss)
-	})
-	if err != nil {
+	if err := t.compile(v.lossGraph(t)); err != nil {
 		return nil, VAEStats{}, fmt.Errorf("train vae: %w", err)
 	}
 	last, err := t.run(ctx, Z, cfg.Epochs, cfg.LR, rng)
@@ -166,35 +159,27 @@ func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig)
 	return v, VAEStats{Epochs: cfg.Epochs, Loss: last, Duration: time.Since(start)}, nil
 }
 
-// lossGraph builds the minibatch mean of -ELBO (without its constant) on t's X and noise E.
-func (v *VAE) lossGraph(t *gtrainer) (*G.Node, error) {
-	var err error
-	must := func(n *G.Node, e error) *G.Node {
-		if e != nil && err == nil {
-			err = e
-		}
-		return n
-	}
-	h := must(G.Rectify(must(t.affine(t.x, &v.enc, "encoder.fc1"))))
-	mu := must(t.affine(h, &v.mu, "encoder.mu"))
-	lv := must(t.affine(h, &v.logvar, "encoder.logvar"))
-	if err != nil {
-		return nil, err
-	}
-	std := must(G.Exp(must(G.Mul(lv, G.NewConstant(0.5)))))
-	u := must(G.Add(mu, must(G.HadamardProd(std, t.e))))
-	hd := must(G.Rectify(must(t.affine(u, &v.dec, "decoder.fc1"))))
-	zh := must(t.affine(hd, &v.out, "decoder.out"))
-	if err != nil {
-		return nil, err
-	}
+// lossGraph builds the minibatch mean of -ELBO, without its constant (D/2) log(2 pi ObsVar), on
+// t's rows x_i and noise e_i:
+//
+//	(mu_i, logvar_i) = encoder(x_i),   u_i = mu_i + exp(logvar_i / 2) * e_i,
+//	loss = (1/B) sum_i [ ||x_i - decoder(u_i)||^2 / (2 ObsVar)
+//	                     + (1/2) sum_k (mu_ik^2 + exp(logvar_ik) - logvar_ik - 1) ].
+func (v *VAE) lossGraph(t *gtrainer) *G.Node {
+	b := t.b
+	b.Phase("forward")
+	h := b.Rectify(t.affine(t.x, &v.enc, "encoder.fc1"))
+	mu := t.affine(h, &v.mu, "encoder.mu")
+	lv := t.affine(h, &v.logvar, "encoder.logvar")
+	u := b.Reparam(mu, b.Exp(b.Mul(lv, G.NewConstant(0.5))), t.e)
+	zh := t.affine(b.Rectify(t.affine(u, &v.dec, "decoder.fc1")), &v.out, "decoder.out")
+	b.Phase("loss")
 	inv := 1 / float64(t.batch)
-	se := must(G.Sum(must(G.Square(must(G.Sub(t.x, zh))))))
-	rec := must(G.Mul(se, G.NewConstant(inv/(2*v.ObsVar))))
-	klTerms := must(G.Sub(must(G.Add(must(G.Square(mu)), must(G.Exp(lv)))), must(G.Add(lv, G.NewConstant(1.0)))))
-	kl := must(G.Mul(must(G.Sum(klTerms)), G.NewConstant(0.5*inv)))
-	loss := must(G.Add(rec, kl))
-	return loss, err
+	se := b.Sum(b.Square(b.Sub(t.x, zh)))
+	rec := b.Mul(se, G.NewConstant(inv/(2*v.ObsVar)))
+	klTerms := b.Sub(b.Add(b.Square(mu), b.Exp(lv)), b.Add(lv, G.NewConstant(1.0)))
+	kl := b.Mul(b.Sum(klTerms), G.NewConstant(0.5*inv))
+	return b.Add(rec, kl)
 }
 
 // standardize returns m's standardised rows of X as a slice of rows.

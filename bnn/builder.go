@@ -1,0 +1,282 @@
+package bnn
+
+import (
+	"fmt"
+	"strings"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// GraphBuilder builds a gorgonia expression graph in named phases and keeps the first error.
+// Every autodiff graph of cfguard is built with it: this package's Bayes-by-backprop objective
+// (Graph), explain's counterfactual objective and the training losses of explain's VAE and AE.
+// A build reads as a sequence of phases:
+//
+//	b := NewGraphBuilder("graph")
+//	b.Phase("inputs")     // Input, Scalar, Const: the values bound once or rebound per run
+//	b.Phase("forward")    // Reparam, Activation, LogSoftMax and the ops: the sampled networks
+//	b.Phase("loss")       // the loss terms, added up with Accum
+//	b.Phase("gradient")   // Grad, and Read for every value the caller wants after a run
+//	vm, err := b.Compile()
+//
+// After the first failure every method does nothing and returns nil (no gorgonia call is made on
+// a nil node), so a phase needs no error checks of its own: Compile returns the failure as
+//
+//	<name>: <phase>: <op>(<operands>): <cause>
+//
+// naming the operands by their node names (inputs by the name given to Input, Scalar or Const,
+// intermediate nodes by gorgonia's op(%id, ...)). gorgonia's construction panics (a value that
+// does not fit its shape, a failed compilation) are recorded the same way. A GraphBuilder is not
+// safe for concurrent use; it is used for one graph.
+type GraphBuilder struct {
+	g     *G.ExprGraph
+	name  string
+	phase string
+	err   error
+	roots G.Nodes
+}
+
+// NewGraphBuilder starts an empty graph; name prefixes every error.
+func NewGraphBuilder(name string) *GraphBuilder {
+	return &GraphBuilder{g: G.NewGraph(), name: name, phase: "inputs"}
+}
+
+// Phase names the nodes added from now on in errors ("inputs" until the first call).
+func (b *GraphBuilder) Phase(name string) { b.phase = name }
+
+// Err is the first error recorded, nil if none.
+func (b *GraphBuilder) Err() error { return b.err }
+
+// fail records err as the first error, attributed to the current phase and what.
+func (b *GraphBuilder) fail(what string, err error) {
+	if b.err == nil {
+		b.err = fmt.Errorf("%s: %s: %s: %w", b.name, b.phase, what, err)
+	}
+}
+
+// node runs one gorgonia construction, unless an error is already recorded or an operand is
+// nil, and records its error or panic under op(operands).
+func (b *GraphBuilder) node(op string, f func() (*G.Node, error), operands ...*G.Node) (n *G.Node) {
+	if b.err != nil {
+		return nil
+	}
+	for _, o := range operands {
+		if o == nil {
+			b.fail(describe(op, operands), fmt.Errorf("nil operand"))
+			return nil
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b.fail(describe(op, operands), fmt.Errorf("gorgonia panicked: %v", r))
+			n = nil
+		}
+	}()
+	n, err := f()
+	if err != nil {
+		b.fail(describe(op, operands), err)
+		return nil
+	}
+	return n
+}
+
+func describe(op string, operands []*G.Node) string {
+	if len(operands) == 0 {
+		return op
+	}
+	names := make([]string, len(operands))
+	for i, o := range operands {
+		names[i] = "<nil>"
+		if o != nil {
+			names[i] = o.Name()
+		}
+	}
+	return op + "(" + strings.Join(names, ", ") + ")"
+}
+
+// Input adds a float64 variable named name of the given shape whose value aliases data (zeros of
+// the shape's size when data is nil), and returns it with its tensor: writing into the tensor's
+// data and calling gorgonia.Let(node, tensor) rebinds it before a run.
+func (b *GraphBuilder) Input(name string, data []float64, shape ...int) (*G.Node, *tensor.Dense) {
+	var t *tensor.Dense
+	n := b.node(name, func() (*G.Node, error) {
+		if data == nil {
+			data = make([]float64, tensor.Shape(shape).TotalSize())
+		}
+		t = tensor.New(tensor.WithBacking(data), tensor.WithShape(shape...))
+		return G.NewTensor(b.g, tensor.Float64, len(shape), G.WithShape(shape...), G.WithName(name), G.WithValue(t)), nil
+	})
+	if n == nil {
+		return nil, nil
+	}
+	return n, t
+}
+
+// Scalar adds a float64 scalar variable named name with value v, rebound with gorgonia.Let.
+func (b *GraphBuilder) Scalar(name string, v float64) *G.Node {
+	return b.node(name, func() (*G.Node, error) {
+		return G.NewScalar(b.g, tensor.Float64, G.WithName(name), G.WithValue(v)), nil
+	})
+}
+
+// Const adds a constant named name of the given shape holding a copy of data.
+func (b *GraphBuilder) Const(name string, data []float64, shape ...int) *G.Node {
+	return b.node(name, func() (*G.Node, error) {
+		t := tensor.New(tensor.WithBacking(append([]float64(nil), data...)), tensor.WithShape(shape...))
+		return G.NewConstant(t, G.WithName(name)), nil
+	})
+}
+
+// Reparam is the reparameterised draw of a diagonal Gaussian N(mu, sigma^2) at the standard
+// normal noise eps, element-wise:
+//
+//	mu + sigma * eps.
+func (b *GraphBuilder) Reparam(mu, sigma, eps *G.Node) *G.Node {
+	return b.Add(mu, b.HadamardProd(sigma, eps))
+}
+
+// Activation applies a element-wise: Rectify (ReLU), Tanh or Sigmoid.
+func (b *GraphBuilder) Activation(a Activation, x *G.Node) *G.Node {
+	return b.node(a.String(), func() (*G.Node, error) { return ActivationNode(a, x) }, x)
+}
+
+// Accum is acc + x, or x when acc is nil: a sum of terms started from nothing.
+func (b *GraphBuilder) Accum(acc, x *G.Node) *G.Node {
+	if acc == nil {
+		return x
+	}
+	return b.Add(acc, x)
+}
+
+// Add is x + y (element-wise, or a matrix plus a vector of its shape).
+func (b *GraphBuilder) Add(x, y *G.Node) *G.Node {
+	return b.node("Add", func() (*G.Node, error) { return G.Add(x, y) }, x, y)
+}
+
+// Sub is x - y.
+func (b *GraphBuilder) Sub(x, y *G.Node) *G.Node {
+	return b.node("Sub", func() (*G.Node, error) { return G.Sub(x, y) }, x, y)
+}
+
+// Mul is gorgonia's product: a matrix or matrix-vector product, or scaling by a scalar.
+func (b *GraphBuilder) Mul(x, y *G.Node) *G.Node {
+	return b.node("Mul", func() (*G.Node, error) { return G.Mul(x, y) }, x, y)
+}
+
+// HadamardProd is the element-wise product x * y.
+func (b *GraphBuilder) HadamardProd(x, y *G.Node) *G.Node {
+	return b.node("HadamardProd", func() (*G.Node, error) { return G.HadamardProd(x, y) }, x, y)
+}
+
+// Exp is exp(x), element-wise.
+func (b *GraphBuilder) Exp(x *G.Node) *G.Node {
+	return b.node("Exp", func() (*G.Node, error) { return G.Exp(x) }, x)
+}
+
+// Log is log(x), element-wise.
+func (b *GraphBuilder) Log(x *G.Node) *G.Node {
+	return b.node("Log", func() (*G.Node, error) { return G.Log(x) }, x)
+}
+
+// Neg is -x.
+func (b *GraphBuilder) Neg(x *G.Node) *G.Node {
+	return b.node("Neg", func() (*G.Node, error) { return G.Neg(x) }, x)
+}
+
+// Abs is |x|, element-wise.
+func (b *GraphBuilder) Abs(x *G.Node) *G.Node {
+	return b.node("Abs", func() (*G.Node, error) { return G.Abs(x) }, x)
+}
+
+// Square is x^2, element-wise.
+func (b *GraphBuilder) Square(x *G.Node) *G.Node {
+	return b.node("Square", func() (*G.Node, error) { return G.Square(x) }, x)
+}
+
+// Rectify is max(x, 0), element-wise.
+func (b *GraphBuilder) Rectify(x *G.Node) *G.Node {
+	return b.node("Rectify", func() (*G.Node, error) { return G.Rectify(x) }, x)
+}
+
+// Softplus is log(1 + exp(x)), element-wise.
+func (b *GraphBuilder) Softplus(x *G.Node) *G.Node {
+	return b.node("Softplus", func() (*G.Node, error) { return G.Softplus(x) }, x)
+}
+
+// Sum is the sum of all of x's elements.
+func (b *GraphBuilder) Sum(x *G.Node) *G.Node {
+	return b.node("Sum", func() (*G.Node, error) { return G.Sum(x) }, x)
+}
+
+// Mean is the mean of all of x's elements.
+func (b *GraphBuilder) Mean(x *G.Node) *G.Node {
+	return b.node("Mean", func() (*G.Node, error) { return G.Mean(x) }, x)
+}
+
+// BroadcastAdd is x + y with y repeated along its axes right (gorgonia.BroadcastAdd(x, y, nil, right)).
+func (b *GraphBuilder) BroadcastAdd(x, y *G.Node, right ...byte) *G.Node {
+	return b.node("BroadcastAdd", func() (*G.Node, error) { return G.BroadcastAdd(x, y, nil, right) }, x, y)
+}
+
+// Transpose is the matrix x^T.
+func (b *GraphBuilder) Transpose(x *G.Node) *G.Node {
+	return b.node("Transpose", func() (*G.Node, error) { return G.Transpose(x) }, x)
+}
+
+// BatchedMatMul multiplies the matrices of x and y batch by batch, transposing as asked.
+func (b *GraphBuilder) BatchedMatMul(x, y *G.Node, transX, transY bool) *G.Node {
+	return b.node("BatchedMatMul", func() (*G.Node, error) { return G.BatchedMatMul(x, y, transX, transY) }, x, y)
+}
+
+// Reshape gives x the shape (same number of elements).
+func (b *GraphBuilder) Reshape(x *G.Node, shape ...int) *G.Node {
+	return b.node("Reshape", func() (*G.Node, error) { return G.Reshape(x, tensor.Shape(shape)) }, x)
+}
+
+// LogSoftMax is log softmax(x) along axes (gorgonia's default, the last axis, when none):
+//
+//	log p_c = x_c - log sum_c' exp(x_c').
+func (b *GraphBuilder) LogSoftMax(x *G.Node, axes ...int) *G.Node {
+	return b.node("LogSoftMax", func() (*G.Node, error) { return G.LogSoftMax(x, axes...) }, x)
+}
+
+// Grad adds the reverse-mode gradient of the scalar y with respect to each of wrt, in order.
+func (b *GraphBuilder) Grad(y *G.Node, wrt ...*G.Node) G.Nodes {
+	var grads G.Nodes
+	b.node("Grad", func() (*G.Node, error) {
+		var err error
+		grads, err = G.Grad(y, wrt...)
+		return y, err
+	}, append(G.Nodes{y}, wrt...)...)
+	if b.err != nil {
+		return nil
+	}
+	return grads
+}
+
+// Read makes n's value available in *into after every run, and makes n a root of the compiled
+// graph: Compile keeps only what the read values depend on.
+func (b *GraphBuilder) Read(n *G.Node, into *G.Value) {
+	if r := b.node("Read", func() (*G.Node, error) { return G.Read(n, into), nil }, n); r != nil {
+		b.roots = append(b.roots, r)
+	}
+}
+
+// Compile returns the first error recorded, or a tape machine over the part of the graph the Read
+// values depend on. The machine runs the whole computation on every RunAll.
+func (b *GraphBuilder) Compile() (vm G.VM, err error) {
+	b.Phase("compile")
+	if b.err != nil {
+		return nil, b.err
+	}
+	if len(b.roots) == 0 {
+		return nil, fmt.Errorf("%s: compile: nothing is read", b.name)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			vm, err = nil, fmt.Errorf("%s: compile: gorgonia panicked: %v", b.name, r)
+		}
+	}()
+	return G.NewTapeMachine(b.g.SubgraphRoots(b.roots...)), nil
+}
