@@ -20,6 +20,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // fixedClock is a deterministic clock: each call advances one second.
@@ -334,12 +335,12 @@ func buildFaultFixture(t *testing.T) faultFixture {
 		t.Fatal(err2)
 	}
 	f, _ := os.Open(filepath.Join(dir, FileName))
-	g, err := readMetas(f)
+	lo, err := store.Inspect(f)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx.pageSize, fx.lastSlot = g.pageSize, g.slot
+	fx.pageSize, fx.lastSlot = lo.PageSize, lo.MetaPage
 	return fx
 }
 
