@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/crc32"
 
@@ -70,4 +71,41 @@ func GetU64(b *bolt.Bucket, key []byte, what string) (uint64, error) {
 // PutU64 stores v as a sealed big-endian u64.
 func PutU64(b *bolt.Bucket, key []byte, v uint64) error {
 	return Put(b, key, binary.BigEndian.AppendUint64(nil, v))
+}
+
+// Reseal replaces every value v of b with Seal(k, fix(k, v)), in chunks (a cursor must not see
+// its bucket change under it): the values of a file written before they were sealed get their
+// checksums. An error from fix stops it; a nested bucket is an error made by Corruptf.
+func Reseal(b *bolt.Bucket, fix func(k, v []byte) ([]byte, error)) error {
+	var after []byte
+	for {
+		type kv struct{ k, v []byte }
+		var chunk []kv
+		c := b.Cursor()
+		k, v := c.First()
+		if after != nil {
+			if k, v = c.Seek(after); bytes.Equal(k, after) {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil && len(chunk) < 10000; k, v = c.Next() {
+			if v == nil {
+				return Corruptf("unexpected nested bucket %q", k)
+			}
+			chunk = append(chunk, kv{append([]byte(nil), k...), append([]byte(nil), v...)})
+		}
+		if len(chunk) == 0 {
+			return nil
+		}
+		for _, e := range chunk {
+			p, err := fix(e.k, e.v)
+			if err != nil {
+				return err
+			}
+			if err := Put(b, e.k, p); err != nil {
+				return err
+			}
+		}
+		after = chunk[len(chunk)-1].k
+	}
 }
