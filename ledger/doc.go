@@ -1,10 +1,16 @@
-// Package ledger is cfguard's durable state and the re-certification of stored counterfactuals.
+// Package ledger is cfguard's durable state and the re-certification of stored counterfactuals:
+// what the state holds (its buckets and records, schema.go and record.go), and the rules that
+// move it (registration, re-certification, renewals and verdicts, audits, the outbox, shares,
+// the quarantine of damaged records).
 //
 // Everything lives in one bbolt file, <state_dir>/cfguard.db: the current posterior, the anchor
 // posteriors that stored counterfactuals (CEs) were certified under, the CEs and their indexes,
 // the consumed Kafka offsets, counters, a bounded KL history and an event outbox. Each change is
 // one bbolt transaction, fsynced on commit, so a crash leaves either the state before a
-// checkpoint or the state after it.
+// checkpoint or the state after it. The file itself (its checks before bbolt opens it, the
+// state directory's lock, transactions that survive bbolt's faults and failed commits, the
+// checksums that seal every value) is package store's (ledger/store), which knows nothing of
+// what the ledger keeps in it.
 //
 // # Buckets (schema 2)
 //
@@ -24,9 +30,9 @@
 //	outbox         sequence -> event key and value, waiting to be published
 //	idx_p1, idx_var, idx_cert, idx_fail   the indexes (below)
 //
-// Every value ends in a CRC-32C of its key and payload: bbolt checks its page structure and meta
-// pages but not the bytes of values, so without it a damaged byte in a record would be read as
-// a different number.
+// Every value ends in a CRC-32C of its key and payload (store.Seal): bbolt checks its page
+// structure and meta pages but not the bytes of values, so without it a damaged byte in a record
+// would be read as a different number.
 //
 // # Anchors, not sums
 //
