@@ -52,7 +52,6 @@ const (
 	flagMeta       = 0x04
 	flagFreelist   = 0x10
 	flagBucketLeaf = 0x01
-	noFreelist     = ^uint64(0)
 	maxTreeDepth   = 64
 )
 
@@ -158,7 +157,7 @@ func readMetas(f *os.File) (geometry, error) {
 	}
 	m := g.meta
 	switch {
-	case m.hwm < 3 || m.root < 2 || m.root >= m.hwm || m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.hwm):
+	case m.hwm < 3 || m.root < 2 || m.root >= m.hwm || m.freelist != NoFreelist && (m.freelist < 2 || m.freelist >= m.hwm):
 		return g, Corruptf("meta page %d (transaction %d): root page %d, freelist page %d, high-water mark %d are inconsistent", g.slot, m.txid, m.root, m.freelist, m.hwm)
 	case m.hwm > uint64(g.size)/uint64(ps):
 		return g, Corruptf("the file is %d bytes but its last transaction (%d) uses %d pages of %d bytes (%d bytes): it was truncated",
@@ -235,7 +234,7 @@ func walkFile(f *os.File, g geometry) (st walkStats, err error) {
 // nothing to cross-check: the walk counts those pages as free.
 func (w *walker) walk(m metaPage) (walkStats, error) {
 	w.reach[0], w.reach[1] = true, true
-	synced := m.freelist != noFreelist
+	synced := m.freelist != NoFreelist
 	if synced {
 		if err := w.freelist(m.freelist); err != nil {
 			return w.stats, err
@@ -455,8 +454,8 @@ type Layout struct {
 	MetaDamaged string
 }
 
-// NoFreelist is Layout.Freelist for a file whose meta page records no freelist page.
-const NoFreelist = noFreelist
+// NoFreelist is Layout.Freelist for a file whose meta page records no freelist page (all ones).
+const NoFreelist = ^uint64(0)
 
 // Inspect checks the file's meta pages and size and walks its page tree, without writing to it
 // or taking a lock. A damaged file gives an error wrapping ErrCorrupt (not yet naming the file:
