@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -13,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // BenchmarkAging compares the cost of one steady-state commit (Recertify plus the fsynced
@@ -96,11 +100,7 @@ func (l *Ledger) freelistStats() fileStats {
 	if fi, err := os.Stat(l.path); err == nil {
 		st.size = fi.Size()
 	}
-	db, release, err := l.acquire()
-	if err == nil {
-		st.free = db.Stats().FreePageN
-		release()
-	}
+	l.view(func(tx *bolt.Tx) error { st.free = tx.DB().Stats().FreePageN; return nil })
 	return st
 }
 
@@ -405,11 +405,7 @@ func TestOpenRSSChild(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		g, err := readMetas(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := walkFile(f, g); err != nil {
+		if _, err := store.Inspect(f); err != nil {
 			t.Fatal(err)
 		}
 	default:
@@ -434,4 +430,22 @@ func TestOpenRSSChild(t *testing.T) {
 			fmt.Printf("rss %s %s\n", k, strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 		}
 	}
+}
+
+// copyFile copies the file src to a new file dst.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -3,20 +3,16 @@ package ledger
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"syscall"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
-	"github.com/cfguard/cfguard/internal/atomicfile"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // Backup streams a consistent snapshot of the ledger to w: a complete bbolt file as of one
@@ -51,26 +47,13 @@ func (l *Ledger) Backup(ctx context.Context, w io.Writer) (Info, error) {
 		if info.OutboxLen, err = outboxLen(tx); err != nil {
 			return err
 		}
-		info.Size, err = tx.WriteTo(&ctxWriter{ctx: ctx, w: w})
+		info.Size, err = store.Snapshot(ctx, tx, w)
 		return err
 	})
 	if err != nil {
 		return info, fmt.Errorf("ledger: backup: %w", err)
 	}
 	return info, nil
-}
-
-// ctxWriter fails writes once ctx has ended.
-type ctxWriter struct {
-	ctx context.Context
-	w   io.Writer
-}
-
-func (c *ctxWriter) Write(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.w.Write(p)
 }
 
 // Info describes a ledger file as Verify found it.
@@ -99,67 +82,20 @@ type Info struct {
 
 // Verify checks the ledger file at path without writing to it or taking more than a shared lock
 // (so Verifies run side by side; a file another process has open for writing gives ErrLocked):
-// the meta pages and size, the page tree (walk.go), bbolt's own tx.Check, and, for a schema-2
+// the meta pages and size, the page tree (store.Verify), bbolt's own tx.Check, and, for a schema-2
 // file, every record and the invariants between them (counts, anchor references, statuses
 // against their bounds, the indexes, the KL history, the outbox). A schema-1 file gets the
 // structural checks; Open migrates it and checks its records then.
 func Verify(path string) (Info, error) {
 	info := Info{Path: path}
-	f, err := os.Open(path)
-	if err != nil {
-		return info, fmt.Errorf("ledger: verify: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-		}
-	}()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return info, fmt.Errorf("%w: a process has %s open for writing; verify a Backup of it instead", ErrLocked, path)
-		}
-		return info, fmt.Errorf("ledger: verify: lock %s: %w", path, err)
-	}
-	g, err := readMetas(f)
-	if err != nil {
-		return info, corrupt(path, err)
-	}
-	info.Size, info.PageSize, info.TxID = g.size, g.pageSize, g.meta.txid
-	if !g.other.valid {
-		info.MetaDamaged = fmt.Sprintf("meta page %d: %s", 1-g.slot, g.other.why)
-	}
-	st, err := walkFile(f, g)
-	if err != nil {
-		return info, corrupt(path, err)
-	}
-	info.Pages, info.FreePages = st.Pages, st.FreePages
-	db, err := boltOpen(path, f, true, false)
-	if err != nil {
-		return info, err
-	}
-	ok = true
-	defer db.Close()
-	err, _ = guarded(func() error {
-		return db.View(func(tx *bolt.Tx) error { return verifyTx(tx, path, &info) })
-	})
-	if err != nil {
-		return info, corrupt(path, fmt.Errorf("ledger: verify: %w", err))
-	}
-	return info, nil
+	lo, err := store.Verify(path, func(tx *bolt.Tx) error { return verifyTx(tx, path, &info) })
+	info.Size, info.PageSize, info.TxID = lo.Size, lo.PageSize, lo.TxID
+	info.Pages, info.FreePages, info.MetaDamaged = lo.Pages, lo.FreePages, lo.MetaDamaged
+	return info, err
 }
 
-// verifyTx runs bbolt's check and, for schema 2, checkAll.
+// verifyTx checks, for schema 2, every record (checkAll).
 func verifyTx(tx *bolt.Tx, path string, info *Info) error {
-	var first error
-	for err := range tx.Check() {
-		if first == nil {
-			first = corruptf("bbolt check: %v", err)
-		}
-	}
-	if first != nil {
-		return first
-	}
 	meta := tx.Bucket(bMeta)
 	if meta == nil {
 		return corruptf("bucket %q is missing (not a cfguard ledger?)", bMeta)
@@ -202,67 +138,14 @@ func Restore(src, stateDir string) (Info, error) {
 	if _, err := Verify(src); err != nil {
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)
 	}
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		return Info{}, fmt.Errorf("ledger: restore: %w", err)
-	}
-	dst := filepath.Join(stateDir, FileName)
-	lock, err := lockStateDir(stateDir, dst)
+	var info Info
+	err := store.Install(src, stateDir, func(tmp string) (err error) {
+		info, err = Verify(tmp)
+		return err
+	})
 	if err != nil {
-		return Info{}, fmt.Errorf("ledger: restore: %w", err)
-	}
-	defer lock.Close()
-	exists := func() error {
-		if _, err := os.Lstat(dst); err == nil {
-			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
-				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(dst+".old"))
-		}
-		return nil
-	}
-	if err := exists(); err != nil {
 		return Info{}, err
 	}
-	tmp := fmt.Sprintf("%s.restore-%d", dst, os.Getpid())
-	defer os.Remove(tmp)
-	if err := copyFile(src, tmp); err != nil {
-		return Info{}, fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
-	}
-	info, err := Verify(tmp)
-	if err != nil {
-		return Info{}, fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
-	}
-	if err := exists(); err != nil {
-		return Info{}, err
-	}
-	if err := os.Link(tmp, dst); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return Info{}, exists()
-		}
-		return Info{}, fmt.Errorf("ledger: restore: %w", err)
-	}
-	if err := atomicfile.SyncDir(stateDir); err != nil {
-		return Info{}, fmt.Errorf("ledger: restore: sync %s: %w", stateDir, err)
-	}
-	info.Path = dst
+	info.Path = filepath.Join(stateDir, FileName)
 	return info, nil
-}
-
-// copyFile copies src to a new file dst and fsyncs it.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	if err == nil {
-		err = out.Sync()
-	}
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // The benchmarks share ledgers of n CEs, built once per test binary in temp dirs removed by
@@ -168,7 +169,7 @@ func recertifyScan(b *testing.B, f *benchFixture) {
 		}
 		c := tx.Bucket(bHeaders).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			p := v[:len(v)-crcSize]
+			p := v[:len(v)-store.CRCSize]
 			g := gates[binary.LittleEndian.Uint64(p[hAnchor:])]
 			if _, ok := g.Check(f64(p, hP1), f64(p, hVar1), f64(p, hEps), int(binary.LittleEndian.Uint32(p[hSamples:]))); ok {
 				certified++
@@ -297,11 +298,7 @@ func BenchmarkWalk(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer f.Close()
-		g, err := readMetas(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := walkFile(f, g); err != nil {
+		if _, err := store.Inspect(f); err != nil {
 			b.Fatal(err)
 		}
 	})

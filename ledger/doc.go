@@ -1,10 +1,16 @@
-// Package ledger is cfguard's durable state and the re-certification of stored counterfactuals.
+// Package ledger is cfguard's durable state and the re-certification of stored counterfactuals:
+// what the state holds (its buckets and records, schema.go and record.go), and the rules that
+// move it (registration, re-certification, renewals and verdicts, audits, the outbox, shares,
+// the quarantine of damaged records).
 //
 // Everything lives in one bbolt file, <state_dir>/cfguard.db: the current posterior, the anchor
 // posteriors that stored counterfactuals (CEs) were certified under, the CEs and their indexes,
 // the consumed Kafka offsets, counters, a bounded KL history and an event outbox. Each change is
 // one bbolt transaction, fsynced on commit, so a crash leaves either the state before a
-// checkpoint or the state after it.
+// checkpoint or the state after it. The file itself (its checks before bbolt opens it, the
+// state directory's lock, transactions that survive bbolt's faults and failed commits, the
+// checksums that seal every value) is package store's (ledger/store), which knows nothing of
+// what the ledger keeps in it.
 //
 // # Buckets (schema 2)
 //
@@ -24,9 +30,9 @@
 //	outbox         sequence -> event key and value, waiting to be published
 //	idx_p1, idx_var, idx_cert, idx_fail   the indexes (below)
 //
-// Every value ends in a CRC-32C of its key and payload: bbolt checks its page structure and meta
-// pages but not the bytes of values, so without it a damaged byte in a record would be read as
-// a different number.
+// Every value ends in a CRC-32C of its key and payload (store.Seal): bbolt checks its page
+// structure and meta pages but not the bytes of values, so without it a damaged byte in a record
+// would be read as a different number.
 //
 // # Anchors, not sums
 //
@@ -80,70 +86,16 @@
 //
 // # Errors and recovery
 //
-// Open creates the file only when it is missing (built under a temporary name and linked into
-// place). It takes the state directory's lock (cfguard.pid, with the holder's pid) without
-// waiting: a second Open fails at once with ErrLocked. Before bbolt opens an existing file for
-// writing, Open checks its meta pages, its size against the high-water mark of its last
-// transaction, and walks its page tree (walk.go): an empty, truncated or damaged file is refused
-// with a *CorruptError (ErrCorrupt) that names the file, says what is wrong and how to recover
-// (move it aside, then restore a backup with `cfguard restore` or start over), and nothing is
-// written to it. Open then reads every record once (quarantine.go): a damaged CE is moved to the
-// quarantine bucket, counted (Damaged) and named in the log, and the indexes, counts and anchor
-// references are rebuilt without it, so that one bad record never takes down a list, an audit
-// or a re-certification; damage to any other record is a *CorruptError like structural damage.
-// Panics or memory faults inside bbolt are reported as a *CorruptError too, and make the ledger
-// reopen the file (with the checks) before its next operation.
-//
-// # A damaged meta page
-//
-// bbolt keeps two meta pages and writes transaction t's to page t mod 2. When the newer one
-// fails its checksum, bbolt opens the older one without a word (DB.meta: "fallback to previous,
-// if valid"), reading it as a commit that "wasn't saved properly". etcd can afford that: its
-// raft WAL, a record kept outside the file, replays whatever the fallback dropped. cfguard has no
-// such record for what the API acknowledged (a counterfactual answered 201 exists only in the
-// ledger), and a flipped byte on disk and a commit torn by power loss look the same in the file.
-// So Open (and Verify, hence Restore) refuses a file whose damaged meta page may be the newer
-// one: a *CorruptError names the page, the transaction it reads as, and the transaction the
-// fallback would open. The older page damaged is tolerated with a warning, since the newest
-// transaction is whole and the next commit rewrites that page; "older" means it still reads as
-// transaction T-1 beside the valid T, with a high-water mark not above T's. A page whose
-// transaction id is itself damaged cannot be placed, and is refused. Keeping a record outside the
-// file (a transaction counter fsynced beside each commit) would let Open prove nothing is lost,
-// at the price of a second fsync per increment; a refusal that is rare and says how to recover
-// (a backup, or starting over) was chosen instead.
-//
-// A commit that fails (no space, file size limit, failed fsync) returns ErrWrite and leaves the
-// ledger exactly as before the call: bbolt is closed and the file reopened, and if the failed
-// commit's meta page reached the page cache (where a failed fsync leaves it, and where every later
-// read would find it), the page it overwrote is put back first. The caller can retry once space
-// is available.
-//
-// # The freelist
-//
-// bbolt never overwrites a page the newest transaction uses: a commit writes changed pages to
-// free ones, then the meta page. Which pages are free, the freelist, is opened as a hash map and
-// not written to the file (bbolt's NoFreelistSync, as etcd runs it). bbolt's default writes the
-// whole list, sorted, with every commit: a ledger that has lived through audits and drifts keeps
-// tens of thousands of free pages (each rewrite of every record frees the previous copies), so a
-// commit wrote and fsynced hundreds of kilobytes of page ids beside a few pages of data, and took
-// twice as long as on a fresh ledger of the same size. Without it, the meta page records no
-// freelist page (all ones), and bbolt rebuilds the list at open by walking the tree, after the
-// structural check has walked it: a free page is one that no bucket reaches. Crash safety is the
-// same: the newest transaction's pages are never reused, a torn or failed commit leaves it whole.
-//
-// Compatibility. A file whose meta page records a freelist page (written by cfguard before it
-// stopped syncing the freelist, or any bbolt file) opens as before, its freelist checked against
-// the tree; the first commit drops it. A ledger or backup whose last commit was made this way
-// has no freelist page, and a cfguard that predates this refuses to open or restore it ("has no
-// freelist page"), writing nothing: a ledger moves forward only.
-//
-// What the structural check gives up: with a freelist on file, the tree and the freelist must
-// partition the pages, so a branch page's child pointer damaged into the id of a free page was
-// refused even when that page was a stale copy of the same leaf. With none, a pointer damaged
-// into exactly such a page (a valid page header naming its own id, keys within the branch's
-// bounds) reads the stale copy; every value still carries its checksum, so this needs the damage
-// to land on a page id whose stale content is itself intact and in range. The fault suite (every
-// page flipped, random bit flips) sees no such case.
+// The file itself is package store's: Open takes the state directory's lock (ErrLocked for a
+// second Open), creates the file only when it is missing, and refuses an empty, truncated or
+// damaged file with a *CorruptError (ErrCorrupt) that names it and says how to recover, writing
+// nothing to it; panics and faults inside bbolt, a damaged newest meta page and a commit that
+// fails (ErrWrite, the ledger left exactly as before the call) are handled there too (see the
+// store package's documentation). Open then reads every record once (quarantine.go): a damaged
+// CE is moved to the quarantine bucket, counted (Damaged) and named in the log, and the indexes,
+// counts and anchor references are rebuilt without it, so that one bad record never takes down a
+// list, an audit or a re-certification; damage to any other record is a *CorruptError like
+// structural damage.
 //
 // Backup streams a consistent snapshot while writers continue; Verify checks a file (structure,
 // bbolt's tx.Check, every record and the invariants between them) without writing or locking it

@@ -1,25 +1,22 @@
 package ledger
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // fixedClock is a deterministic clock: each call advances one second.
@@ -334,63 +331,22 @@ func buildFaultFixture(t *testing.T) faultFixture {
 		t.Fatal(err2)
 	}
 	f, _ := os.Open(filepath.Join(dir, FileName))
-	g, err := readMetas(f)
+	lo, err := store.Inspect(f)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx.pageSize, fx.lastSlot = g.pageSize, g.slot
+	fx.pageSize, fx.lastSlot = lo.PageSize, lo.MetaPage
 	return fx
 }
 
-// An existing empty file is a damaged ledger, not a first start: Open refuses it, names it,
-// says how to recover and does not write to it. (bbolt alone initialises a 0-byte file, which is
-// how state was once wiped.) Only a missing file is created.
-func TestOpenEmptyFileRefused(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, FileName)
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err == nil {
-		t.Fatal("Open initialised an existing empty file")
-	}
-	checkCorruptError(t, err, path, "empty file")
-	if !strings.Contains(err.Error(), "empty (0 bytes)") {
-		t.Errorf("error does not say the file is empty: %v", err)
-	}
-	if fi, _ := os.Stat(path); fi.Size() != 0 {
-		t.Fatalf("the empty file now has %d bytes", fi.Size())
-	}
-	os.Remove(path)
-	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !l.Created() {
-		t.Error("Created() = false after creating a missing file")
-	}
-	l.Close()
-	l, err = Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if l.Created() {
-		t.Error("Created() = true when opening an existing ledger")
-	}
-	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
-		t.Errorf("creation left temporary files: %v", left)
-	}
-}
-
 // A truncated ledger (bbolt panics on these: "assertion failed: Page expected to be") is refused
-// at every size, without a panic and without a write.
+// at every size, without a panic and without a write; an empty one (0 bytes) too, never taken for
+// a first start (store's TestOpenEmptyFileRefused says more).
 func TestOpenTruncatedRefused(t *testing.T) {
 	fx := buildFaultFixture(t)
 	n := len(fx.data)
-	sizes := []int{1, 100, 1023, 4095, 4096, 4097, 8191, 8192, 100000, n - 1}
+	sizes := []int{0, 1, 100, 1023, 4095, 4096, 4097, 8191, 8192, 100000, n - 1}
 	for p := 3; p < n/fx.pageSize; p++ {
 		sizes = append(sizes, p*fx.pageSize, p*fx.pageSize+fx.pageSize/2)
 	}
@@ -456,92 +412,6 @@ func TestFlipEveryPage(t *testing.T) {
 		}
 	}
 	t.Logf("page flips: %v", out)
-}
-
-// A second Open of the same state directory fails at once with ErrLocked naming the file and
-// this process, in the same process (flock is per open file description).
-func TestSecondOpenLockedAtOnce(t *testing.T) {
-	l, dir := openTest(t, Options{Policy: testPolicy()})
-	start := time.Now()
-	_, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	took := time.Since(start)
-	if !errors.Is(err, ErrLocked) {
-		t.Fatalf("second Open: %v, want ErrLocked", err)
-	}
-	if took > 500*time.Millisecond {
-		t.Errorf("second Open took %v to fail, want at once", took)
-	}
-	if msg := err.Error(); !strings.Contains(msg, l.Path()) || !strings.Contains(msg, strconv.Itoa(os.Getpid())) {
-		t.Errorf("ErrLocked does not name the file and pid %d: %v", os.Getpid(), err)
-	}
-	if _, err := Verify(l.Path()); !errors.Is(err, ErrLocked) {
-		t.Errorf("Verify of an open ledger: %v, want ErrLocked", err)
-	}
-	l.Close()
-	l2, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatalf("Open after Close: %v", err)
-	}
-	l2.Close()
-}
-
-const lockHolderEnv = "CFGUARD_LEDGER_LOCK_DIR"
-
-// TestLockHolder is the child of TestLockedByAnotherProcess: it opens the ledger, says so, and
-// holds it until its stdin closes.
-func TestLockHolder(t *testing.T) {
-	dir := os.Getenv(lockHolderEnv)
-	if dir == "" {
-		t.Skip("child process of TestLockedByAnotherProcess")
-	}
-	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	fmt.Println("holding")
-	bufio.NewReader(os.Stdin).ReadString('\n')
-}
-
-func TestLockedByAnotherProcess(t *testing.T) {
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLockHolder$", "-test.count=1")
-	cmd.Env = append(os.Environ(), lockHolderEnv+"="+dir)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer stdin.Close()
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() && sc.Text() != "holding" {
-	}
-	start := time.Now()
-	_, err = Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if !errors.Is(err, ErrLocked) || time.Since(start) > 500*time.Millisecond {
-		t.Fatalf("Open while another process holds the ledger: %v after %v, want ErrLocked at once", err, time.Since(start))
-	}
-	if !strings.Contains(err.Error(), "pid "+strconv.Itoa(cmd.Process.Pid)) {
-		t.Errorf("ErrLocked does not name the holder, pid %d: %v", cmd.Process.Pid, err)
-	}
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("lock holder: %v", err)
-	}
-	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger()})
-	if err != nil {
-		t.Fatalf("Open after the holder exited: %v", err)
-	}
-	l.Close()
 }
 
 // A damaged posterior inside the ledger is reported as the ledger's record, not as a model file.

@@ -4,10 +4,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // fileFreelist reads the newest meta page of the ledger in dir and walks its tree: the freelist
-// page it records (noFreelist for none) and the free pages the walk counts.
+// page it records (store.NoFreelist for none) and the free pages the walk counts.
 func fileFreelist(t *testing.T, dir string) (freelist uint64, free int) {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dir, FileName))
@@ -15,15 +19,11 @@ func fileFreelist(t *testing.T, dir string) (freelist uint64, free int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	g, err := readMetas(f)
+	lo, err := store.Inspect(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := walkFile(f, g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g.meta.freelist, st.FreePages
+	return lo.Freelist, lo.FreePages
 }
 
 // openFreelist opens dir with or without a synced freelist and checks that bbolt's free page
@@ -35,13 +35,11 @@ func openFreelist(t *testing.T, dir string, sync bool) *Ledger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, release, err := l.acquire()
-	if err != nil {
+	var st bolt.Stats
+	if err := l.view(func(tx *bolt.Tx) error { st = tx.DB().Stats(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	st := db.Stats()
-	release()
-	if opened, _ := fileFreelist(t, dir); opened == noFreelist && st.FreePageN != walked {
+	if opened, _ := fileFreelist(t, dir); opened == store.NoFreelist && st.FreePageN != walked {
 		t.Fatalf("bbolt rebuilt a freelist of %d pages; the walk counted %d pages no bucket reaches", st.FreePageN, walked)
 	}
 	return l
@@ -53,7 +51,7 @@ func openFreelist(t *testing.T, dir string, sync bool) *Ledger {
 func TestFreelistFormatsBothWays(t *testing.T) {
 	dir := t.TempDir()
 	richLedger(t, dir)
-	if fl, free := fileFreelist(t, dir); fl != noFreelist || free == 0 {
+	if fl, free := fileFreelist(t, dir); fl != store.NoFreelist || free == 0 {
 		t.Fatalf("a ledger's commit left freelist page %d (want none) and %d free pages (want some: the test needs them)", fl, free)
 	}
 	read := func(sync bool) string {
@@ -81,7 +79,7 @@ func TestFreelistFormatsBothWays(t *testing.T) {
 		}
 		l.Close()
 		fl, _ := fileFreelist(t, dir)
-		if (fl == noFreelist) == sync {
+		if (fl == store.NoFreelist) == sync {
 			t.Fatalf("after a commit with a synced freelist %v, the meta page records freelist page %d", sync, fl)
 		}
 		if _, err := Verify(filepath.Join(dir, FileName)); err != nil {

@@ -6,22 +6,21 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // FileName is the database file inside the state directory; PIDFileName is the lock file beside
 // it, holding the pid of the process that has the ledger open.
 const (
-	FileName    = "cfguard.db"
-	PIDFileName = "cfguard.pid"
+	FileName    = store.FileName
+	PIDFileName = store.PIDFileName
 )
 
 // schemaVersion is stored in the meta bucket. Schema 1 (no record checksums, no indexes, no
@@ -58,7 +57,8 @@ type Options struct {
 	Now func() time.Time
 
 	// syncFreelist makes every commit write bbolt's freelist, as ledgers were written before
-	// boltOpen stopped syncing it; benchmarks set it to measure the difference.
+	// cfguard stopped syncing it (store.Options.SyncFreelist); benchmarks set it to measure the
+	// difference.
 	syncFreelist bool
 }
 
@@ -96,27 +96,16 @@ func (o *Options) defaults() error {
 // transaction, fsynced on commit. A Ledger is safe for concurrent use: reads run in parallel
 // with each other and with one writer.
 type Ledger struct {
-	path    string
-	opts    Options
-	log     *slog.Logger
-	lock    *os.File // PIDFileName, flocked for the Ledger's lifetime
-	created bool
+	path string
+	opts Options
+	log  *slog.Logger
+	file *store.File // the bbolt file, its lock, its checks and its recovery from faults
 
 	// wmu serialises the ledger's own writers, so that Commit can hold it across
 	// re-certification and checkpoint, and Confirm and Audit can write short batches.
 	wmu sync.Mutex
 
-	// dbmu guards the bbolt handle, which is replaced after a failed commit or a panic.
-	dbmu    sync.RWMutex
-	db      *bolt.DB     // nil between a failure and the reopen that follows it
-	raw     *os.File     // a second handle on the file, to save and restore a meta page
-	geom    geometry     // as read by the last open
-	pending *metaRestore // a meta page to put back before the next open
-	closed  bool
-	failed  func() error // test seam: runs after each successful bbolt commit (see update)
-	// writeFailing is set by a failed commit and cleared by the next one that succeeds: one log
-	// line per episode of failed writes, not one per retry.
-	writeFailing atomic.Bool
+	failed func() error // test seam: runs after each successful bbolt commit (store.Options.AfterCommit)
 
 	// Damaged CE records (quarantine.go): the last quarantine count read, and the ids reads
 	// found damaged since Open.
@@ -138,7 +127,7 @@ func (l *Ledger) Path() string { return l.path }
 
 // Created reports whether this Open created the file (the first start). Only a missing file is
 // created; an existing file that is empty or damaged is an error, never reinitialised.
-func (l *Ledger) Created() bool { return l.created }
+func (l *Ledger) Created() bool { return l.file.Created() }
 
 // Policy is the certificate policy the ledger judges with.
 func (l *Ledger) Policy() certify.Policy { return l.opts.Policy }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // resumePoint reads the ledger's resume point, failing the test on an error.
@@ -164,7 +166,7 @@ func TestStaleMarkIgnored(t *testing.T) {
 	withDB(t, path, func(tx *bolt.Tx) error { return tx.Bucket(bOffsetMarks).Delete(orphan) })
 
 	for name, put := range map[string]func(b *bolt.Bucket) error{
-		"checksum":         func(b *bolt.Bucket) error { return b.Put(partKey(0), make([]byte, markSize+crcSize)) },
+		"checksum":         func(b *bolt.Bucket) error { return b.Put(partKey(0), make([]byte, markSize+store.CRCSize)) },
 		"above its offset": func(b *bolt.Bucket) error { return putSealed(b, partKey(0), OffsetMark{Offset: 12}.encode(12)) },
 	} {
 		withDB(t, path, func(tx *bolt.Tx) error {

@@ -6,6 +6,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cfguard/cfguard/ledger/store"
+)
+
+// bbolt's meta page (its on-disk format, version 2): a 16-byte page header, then the meta, whose
+// transaction id is at byte 48 and FNV-64a checksum at byte 56.
+const (
+	pageHeaderSize = 16
+	metaTxidOff    = 48
+	metaSumOff     = 56
 )
 
 // nextTransaction commits one more transaction on top of fx's file, so that its newest meta page
@@ -34,11 +44,11 @@ func nextTransaction(t *testing.T, fx faultFixture) faultFixture {
 	}
 	f, _ := os.Open(path)
 	defer f.Close()
-	g, err := readMetas(f)
+	lo, err := store.Inspect(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	next.lastSlot = g.slot
+	next.lastSlot = lo.MetaPage
 	return next
 }
 
@@ -59,12 +69,12 @@ func TestMetaPageFlips(t *testing.T) {
 	for _, fx := range []faultFixture{a, b} {
 		f, _ := os.CreateTemp(t.TempDir(), "meta")
 		f.Write(fx.data)
-		g, err := readMetas(f)
+		lo, err := store.Inspect(f)
 		f.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
-		newest := g.meta.txid
+		newest := lo.TxID
 		for _, slot := range []int{0, 1} {
 			for field, off := range fields {
 				what := fmt.Sprintf("newest in page %d, %s of page %d flipped", fx.lastSlot, field, slot)
@@ -103,7 +113,7 @@ func TestMetaPageDamagedTxidRefused(t *testing.T) {
 	fx := buildFaultFixture(t)
 	older := 1 - fx.lastSlot
 	data := append([]byte(nil), fx.data...)
-	data[older*fx.pageSize+pageHeaderSize+48+2] ^= 0x01 // txid, third byte
+	data[older*fx.pageSize+pageHeaderSize+metaTxidOff+2] ^= 0x01 // txid, third byte
 	if o := faultTrial(t, "older page's txid flipped", data, fx.ref); o != refused {
 		t.Fatalf("older page with a damaged txid: %s, want refused", o)
 	}

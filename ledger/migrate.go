@@ -1,11 +1,12 @@
 package ledger
 
 import (
-	"bytes"
 	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // migrate converts a schema-1 ledger to schema 2 in one transaction: every value gets its
@@ -59,7 +60,7 @@ func (l *Ledger) migrate() error {
 			}},
 		}
 		for _, s := range steps {
-			if err := resealBucket(tx.Bucket(s.bucket), s.fix); err != nil {
+			if err := store.Reseal(tx.Bucket(s.bucket), s.fix); err != nil {
 				return inRecord(err, "migrating bucket %s", s.bucket)
 			}
 		}
@@ -115,40 +116,4 @@ func migrateMeta(tx *bolt.Tx) error {
 		}
 	}
 	return nil
-}
-
-// resealBucket replaces every value v of b with seal(fix(k, v)), in chunks (a cursor must not
-// see its bucket change under it).
-func resealBucket(b *bolt.Bucket, fix func(k, v []byte) ([]byte, error)) error {
-	var after []byte
-	for {
-		type kv struct{ k, v []byte }
-		var chunk []kv
-		c := b.Cursor()
-		k, v := c.First()
-		if after != nil {
-			if k, v = c.Seek(after); bytes.Equal(k, after) {
-				k, v = c.Next()
-			}
-		}
-		for ; k != nil && len(chunk) < 10000; k, v = c.Next() {
-			if v == nil {
-				return corruptf("unexpected nested bucket %q", k)
-			}
-			chunk = append(chunk, kv{append([]byte(nil), k...), append([]byte(nil), v...)})
-		}
-		if len(chunk) == 0 {
-			return nil
-		}
-		for _, e := range chunk {
-			p, err := fix(e.k, e.v)
-			if err != nil {
-				return err
-			}
-			if err := putSealed(b, e.k, p); err != nil {
-				return err
-			}
-		}
-		after = chunk[len(chunk)-1].k
-	}
 }

@@ -12,7 +12,7 @@ import (
 
 // modelMagic starts every stored posterior. The value is the model file pair of bnn.Save in one
 // blob: magic, sidecar length (u32 LE), sidecar JSON, safetensors weights. The blob is stored
-// sealed (seal), and bnn.Decode also checks the weights' SHA-256 recorded in the sidecar.
+// sealed (store.Seal), and bnn.Decode also checks the weights' SHA-256 recorded in the sidecar.
 var modelMagic = []byte("CFGM1\x00")
 
 // encodeModel validates m and serialises it with bnn.Encode.

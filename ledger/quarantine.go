@@ -10,12 +10,13 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // The record check at Open, and the quarantine of damaged counterfactuals.
 //
-// The page walk (walk.go) checks the file's structure, not its values; each value carries its
-// own CRC-32C (seal.go). Open reads every value once, after the walk: O(records), about a
+// The page walk (package store) checks the file's structure, not its values; each value carries
+// its own CRC-32C (store.Seal). Open reads every value once, after the walk: O(records), about a
 // second per million CEs, with progress logged every few seconds. Damage is then handled by what
 // the record is:
 //
@@ -150,7 +151,7 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 		if !ok {
 			mark(k, "header checksum mismatch")
 		} else if _, err := decodeHeader(p); err != nil {
-			mark(k, "header: "+detailText(err))
+			mark(k, "header: "+store.Reason(err))
 		}
 		if bodies.Get(k) == nil {
 			mark(k, "body missing")

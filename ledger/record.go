@@ -76,7 +76,7 @@ const MaxHistory = 32
 
 // Record layout. A CE is two values under the same key (its ID): a fixed-size header in bucket
 // ce_hdr holding everything judging reads, and a body in ce_body with the vectors and the
-// history. Both are sealed (a CRC-32C of key and payload follows the payload, see seal).
+// history. Both are sealed (a CRC-32C of key and payload follows the payload, see store.Seal).
 //
 //	header payload (72 bytes, little endian), format 2
 //	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: lapsed)   3 reserved   4 target u32

@@ -2,9 +2,10 @@ package ledger
 
 import (
 	"encoding/binary"
-	"hash/crc32"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // Bucket names (schema 2). The first eight are those of schema 1.
@@ -49,64 +50,33 @@ var (
 	kPolicy      = []byte("policy")       // fingerprint of the policy the indexes were built for
 )
 
-// Record checksums. From schema 2 every value the ledger stores ends in a CRC-32C of its key
-// and payload, so that a damaged byte anywhere in a record (or in its key) is reported instead
-// of read: bbolt checks its page structure and meta pages, not the values.
-const crcSize = 4
+// The ledger's short names for package store's sealed values (every value ends in a CRC-32C of
+// its key and payload) and record errors, which every record of the ledger is made of.
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+func seal(key, payload []byte) []byte     { return store.Seal(key, payload) }
+func unseal(key, v []byte) ([]byte, bool) { return store.Unseal(key, v) }
 
-func recordCRC(key, payload []byte) uint32 {
-	return crc32.Update(crc32.Update(0, castagnoli, key), castagnoli, payload)
-}
+func putSealed(b *bolt.Bucket, key, payload []byte) error { return store.Put(b, key, payload) }
 
-// seal returns payload followed by its checksum (a new slice).
-func seal(key, payload []byte) []byte {
-	v := make([]byte, len(payload), len(payload)+crcSize)
-	copy(v, payload)
-	return binary.LittleEndian.AppendUint32(v, recordCRC(key, payload))
-}
-
-// unseal checks a sealed value and returns its payload (aliasing v).
-func unseal(key, v []byte) ([]byte, bool) {
-	if len(v) < crcSize {
-		return nil, false
-	}
-	p := v[:len(v)-crcSize]
-	return p, binary.LittleEndian.Uint32(v[len(p):]) == recordCRC(key, p)
-}
-
-// putSealed stores payload under key with its checksum.
-func putSealed(b *bolt.Bucket, key, payload []byte) error { return b.Put(key, seal(key, payload)) }
-
-// getSealed reads a sealed value: (nil, nil) when absent, a recordError naming what when damaged.
 func getSealed(b *bolt.Bucket, key []byte, what string) ([]byte, error) {
-	v := b.Get(key)
-	if v == nil {
-		return nil, nil
-	}
-	p, ok := unseal(key, v)
-	if !ok {
-		return nil, corruptf("%s: checksum mismatch (%d bytes)", what, len(v))
-	}
-	return p, nil
+	return store.Get(b, key, what)
 }
 
-func u64bytes(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
-
-// getU64 reads a sealed big-endian u64 (0 when absent).
 func getU64(b *bolt.Bucket, key []byte, what string) (uint64, error) {
-	p, err := getSealed(b, key, what)
-	if err != nil || p == nil {
-		return 0, err
-	}
-	if len(p) != 8 {
-		return 0, corruptf("%s: %d bytes, want 8", what, len(p))
-	}
-	return binary.BigEndian.Uint64(p), nil
+	return store.GetU64(b, key, what)
 }
 
-func putU64(b *bolt.Bucket, key []byte, v uint64) error { return putSealed(b, key, u64bytes(v)) }
+func putU64(b *bolt.Bucket, key []byte, v uint64) error { return store.PutU64(b, key, v) }
+
+func corruptf(format string, args ...any) error { return store.Corruptf(format, args...) }
+
+func inRecord(err error, format string, args ...any) error {
+	return store.InRecord(err, format, args...)
+}
+
+// u64bytes is the ledger's key for a version or sequence number: big endian, so that keys sort
+// in numeric order.
+func u64bytes(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // metaU64 reads a u64 of the meta bucket, naming it in errors.
 func metaU64(tx *bolt.Tx, key []byte) (uint64, error) {

@@ -1,4 +1,4 @@
-package ledger
+package store
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ import (
 // not reach are the free ones). This is what
 // bbolt's tx.Check verifies, done without the faults Check itself can hit on a damaged file (it
 // dereferences page ids before checking them, in a goroutine of its own that no recover can
-// reach). Values are not checked here: every ledger value carries its own CRC-32C (seal).
+// reach). Values are not checked here: every ledger value carries its own CRC-32C (Seal).
 //
 // The layout (bbolt's on-disk format, version 2, native byte order):
 //
@@ -52,7 +52,6 @@ const (
 	flagMeta       = 0x04
 	flagFreelist   = 0x10
 	flagBucketLeaf = 0x01
-	noFreelist     = ^uint64(0)
 	maxTreeDepth   = 64
 )
 
@@ -111,7 +110,7 @@ func readMetas(f *os.File) (geometry, error) {
 	}
 	g := geometry{size: fi.Size()}
 	if g.size == 0 {
-		return g, corruptf("the file is empty (0 bytes); a ledger file holds at least two bbolt meta pages, so it was truncated or created by something else")
+		return g, Corruptf("the file is empty (0 bytes); a ledger file holds at least two bbolt meta pages, so it was truncated or created by something else")
 	}
 	head := make([]byte, min(g.size, 4096))
 	if _, err := f.ReadAt(head, 0); err != nil && err != io.EOF {
@@ -130,11 +129,11 @@ func readMetas(f *os.File) (geometry, error) {
 			}
 		}
 		if ps > 1<<16 {
-			return g, corruptf("the file (%d bytes) has no valid bbolt meta page (page 0: %s; no page 1 found at any page size)", g.size, m0.why)
+			return g, Corruptf("the file (%d bytes) has no valid bbolt meta page (page 0: %s; no page 1 found at any page size)", g.size, m0.why)
 		}
 	}
 	if ps < 1024 || ps > 1<<16 || ps&(ps-1) != 0 {
-		return g, corruptf("meta page 0 gives page size %d", ps)
+		return g, Corruptf("meta page 0 gives page size %d", ps)
 	}
 	g.pageSize = ps
 	b := make([]byte, pageHeaderSize+metaSize)
@@ -151,17 +150,17 @@ func readMetas(f *os.File) (geometry, error) {
 	case m1.valid:
 		g.meta, g.slot, g.other = m1, 1, m0
 	default:
-		return g, corruptf("neither bbolt meta page is valid (page 0: %s; page 1: %s)", m0.why, m1.why)
+		return g, Corruptf("neither bbolt meta page is valid (page 0: %s; page 1: %s)", m0.why, m1.why)
 	}
 	if err := g.olderDamaged(); err != nil {
 		return g, err
 	}
 	m := g.meta
 	switch {
-	case m.hwm < 3 || m.root < 2 || m.root >= m.hwm || m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.hwm):
-		return g, corruptf("meta page %d (transaction %d): root page %d, freelist page %d, high-water mark %d are inconsistent", g.slot, m.txid, m.root, m.freelist, m.hwm)
+	case m.hwm < 3 || m.root < 2 || m.root >= m.hwm || m.freelist != NoFreelist && (m.freelist < 2 || m.freelist >= m.hwm):
+		return g, Corruptf("meta page %d (transaction %d): root page %d, freelist page %d, high-water mark %d are inconsistent", g.slot, m.txid, m.root, m.freelist, m.hwm)
 	case m.hwm > uint64(g.size)/uint64(ps):
-		return g, corruptf("the file is %d bytes but its last transaction (%d) uses %d pages of %d bytes (%d bytes): it was truncated",
+		return g, Corruptf("the file is %d bytes but its last transaction (%d) uses %d pages of %d bytes (%d bytes): it was truncated",
 			g.size, m.txid, m.hwm, ps, m.hwm*uint64(ps))
 	}
 	return g, nil
@@ -188,7 +187,7 @@ func (g geometry) olderDamaged() error {
 	if o.txid == m.txid+1 {
 		lost = fmt.Sprintf("transaction %d, one later than", o.txid)
 	}
-	return corruptf("bbolt meta page %d is damaged (%s) and reads as transaction %d, so it may hold %s the transaction %d in meta page %d. "+
+	return Corruptf("bbolt meta page %d is damaged (%s) and reads as transaction %d, so it may hold %s the transaction %d in meta page %d. "+
 		"Opening the file would fall back to transaction %d without a word and lose everything the newer one committed "+
 		"(counterfactuals answered 201, checkpoints whose offsets went to Kafka); cfguard refuses instead. "+
 		"A commit interrupted by power loss leaves the same picture, and then the newer transaction was never acknowledged, "+
@@ -222,7 +221,7 @@ func walkFile(f *os.File, g geometry) (st walkStats, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			err = corruptf("reading the page tree failed: %v", r)
+			err = Corruptf("reading the page tree failed: %v", r)
 		}
 	}()
 	w := &walker{data: data, ps: g.pageSize, hwm: g.meta.hwm, reach: make([]bool, g.meta.hwm), free: make([]bool, g.meta.hwm)}
@@ -235,7 +234,7 @@ func walkFile(f *os.File, g geometry) (st walkStats, err error) {
 // nothing to cross-check: the walk counts those pages as free.
 func (w *walker) walk(m metaPage) (walkStats, error) {
 	w.reach[0], w.reach[1] = true, true
-	synced := m.freelist != noFreelist
+	synced := m.freelist != NoFreelist
 	if synced {
 		if err := w.freelist(m.freelist); err != nil {
 			return w.stats, err
@@ -248,7 +247,7 @@ func (w *walker) walk(m metaPage) (walkStats, error) {
 		switch {
 		case w.reach[id] || w.free[id]:
 		case synced:
-			return w.stats, corruptf("bbolt page %d is neither in use nor on the freelist", id)
+			return w.stats, Corruptf("bbolt page %d is neither in use nor on the freelist", id)
 		default:
 			w.stats.FreePages++
 		}
@@ -259,7 +258,7 @@ func (w *walker) walk(m metaPage) (walkStats, error) {
 // page returns the span of page id (with its overflow pages) after checking its header.
 func (w *walker) page(id uint64, want uint16) ([]byte, uint16, error) {
 	if id < 2 || id >= w.hwm {
-		return nil, 0, corruptf("bbolt page id %d outside [2, %d)", id, w.hwm)
+		return nil, 0, Corruptf("bbolt page id %d outside [2, %d)", id, w.hwm)
 	}
 	off := int(id) * w.ps
 	hdr := w.data[off : off+pageHeaderSize]
@@ -270,25 +269,25 @@ func (w *walker) page(id uint64, want uint16) ([]byte, uint16, error) {
 	}
 	switch {
 	case ne.Uint64(hdr) != id:
-		return nil, 0, corruptf("bbolt page %d says it is page %d", id, ne.Uint64(hdr))
+		return nil, 0, Corruptf("bbolt page %d says it is page %d", id, ne.Uint64(hdr))
 	case !typeOK:
-		return nil, 0, corruptf("bbolt page %d has type %#x, want %#x", id, flags, want)
+		return nil, 0, Corruptf("bbolt page %d has type %#x, want %#x", id, flags, want)
 	case id+overflow >= w.hwm:
-		return nil, 0, corruptf("bbolt page %d with %d overflow pages runs past the high-water mark %d", id, overflow, w.hwm)
+		return nil, 0, Corruptf("bbolt page %d with %d overflow pages runs past the high-water mark %d", id, overflow, w.hwm)
 	}
 	for p := id; p <= id+overflow; p++ {
 		if w.reach[p] {
-			return nil, 0, corruptf("bbolt page %d is reached twice", p)
+			return nil, 0, Corruptf("bbolt page %d is reached twice", p)
 		}
 		if w.free[p] {
-			return nil, 0, corruptf("bbolt page %d is in use and on the freelist", p)
+			return nil, 0, Corruptf("bbolt page %d is in use and on the freelist", p)
 		}
 		w.reach[p] = true
 	}
 	w.stats.Pages += int(overflow) + 1
 	span := w.data[off : off+int(overflow+1)*w.ps]
 	if pageHeaderSize+int(count)*elementSize > len(span) && flags != flagFreelist {
-		return nil, 0, corruptf("bbolt page %d claims %d elements, more than fit", id, count)
+		return nil, 0, Corruptf("bbolt page %d claims %d elements, more than fit", id, count)
 	}
 	return span, count, nil
 }
@@ -301,22 +300,22 @@ func (w *walker) freelist(id uint64) error {
 	start, n := pageHeaderSize, uint64(count)
 	if count == 0xFFFF {
 		if len(span) < pageHeaderSize+8 {
-			return corruptf("freelist page %d is too short", id)
+			return Corruptf("freelist page %d is too short", id)
 		}
 		n, start = ne.Uint64(span[pageHeaderSize:]), pageHeaderSize+8
 	}
 	if n > uint64(len(span)-start)/8 {
-		return corruptf("freelist page %d claims %d page ids, more than fit", id, n)
+		return Corruptf("freelist page %d claims %d page ids, more than fit", id, n)
 	}
 	for i := 0; i < int(n); i++ {
 		p := ne.Uint64(span[start+8*i:])
 		switch {
 		case p < 2 || p >= w.hwm:
-			return corruptf("freelist page %d lists page %d, outside [2, %d)", id, p, w.hwm)
+			return Corruptf("freelist page %d lists page %d, outside [2, %d)", id, p, w.hwm)
 		case w.free[p]:
-			return corruptf("freelist page %d lists page %d twice", id, p)
+			return Corruptf("freelist page %d lists page %d twice", id, p)
 		case w.reach[p]:
-			return corruptf("freelist page %d lists page %d, which is in use", id, p)
+			return Corruptf("freelist page %d lists page %d, which is in use", id, p)
 		}
 		w.free[p] = true
 	}
@@ -328,7 +327,7 @@ func (w *walker) freelist(id uint64) error {
 // It returns the first and last keys.
 func (w *walker) node(id uint64, lo, hi []byte, depth int) (first, last []byte, err error) {
 	if depth > maxTreeDepth {
-		return nil, nil, corruptf("bbolt page tree deeper than %d at page %d", maxTreeDepth, id)
+		return nil, nil, Corruptf("bbolt page tree deeper than %d at page %d", maxTreeDepth, id)
 	}
 	span, count, err := w.page(id, flagBranch|flagLeaf)
 	if err != nil {
@@ -338,18 +337,18 @@ func (w *walker) node(id uint64, lo, hi []byte, depth int) (first, last []byte, 
 		return w.leaf(span, count, lo, hi, depth, fmt.Sprintf("bbolt page %d", id))
 	}
 	if count == 0 {
-		return nil, nil, corruptf("bbolt branch page %d is empty", id)
+		return nil, nil, Corruptf("bbolt branch page %d is empty", id)
 	}
 	var prev []byte
 	for i := 0; i < int(count); i++ {
 		e := pageHeaderSize + i*elementSize
 		pos, ksize, child := int(ne.Uint32(span[e:])), int(ne.Uint32(span[e+4:])), ne.Uint64(span[e+8:])
 		if pos > len(span)-e || ksize > len(span)-e-pos {
-			return nil, nil, corruptf("bbolt page %d: element %d lies outside the page", id, i)
+			return nil, nil, Corruptf("bbolt page %d: element %d lies outside the page", id, i)
 		}
 		key := span[e+pos : e+pos+ksize]
 		if err := inOrder(key, prev, lo, hi); err != nil {
-			return nil, nil, inRecord(err, "bbolt page %d element %d", id, i)
+			return nil, nil, InRecord(err, "bbolt page %d element %d", id, i)
 		}
 		if prev == nil {
 			first = key
@@ -360,7 +359,7 @@ func (w *walker) node(id uint64, lo, hi []byte, depth int) (first, last []byte, 
 			n := pageHeaderSize + (i+1)*elementSize
 			npos, nks := int(ne.Uint32(span[n:])), int(ne.Uint32(span[n+4:]))
 			if npos > len(span)-n || nks > len(span)-n-npos {
-				return nil, nil, corruptf("bbolt page %d: element %d lies outside the page", id, i+1)
+				return nil, nil, Corruptf("bbolt page %d: element %d lies outside the page", id, i+1)
 			}
 			chi = span[n+npos : n+npos+nks]
 		}
@@ -382,15 +381,15 @@ func (w *walker) leaf(span []byte, count uint16, lo, hi []byte, depth int, where
 		e := pageHeaderSize + i*elementSize
 		flags, pos, ksize, vsize := ne.Uint32(span[e:]), int(ne.Uint32(span[e+4:])), int(ne.Uint32(span[e+8:])), int(ne.Uint32(span[e+12:]))
 		if flags&^flagBucketLeaf != 0 {
-			return nil, nil, corruptf("%s: element %d has flags %#x", where, i, flags)
+			return nil, nil, Corruptf("%s: element %d has flags %#x", where, i, flags)
 		}
 		if pos > len(span)-e || ksize > len(span)-e-pos || vsize > len(span)-e-pos-ksize {
-			return nil, nil, corruptf("%s: element %d lies outside the page", where, i)
+			return nil, nil, Corruptf("%s: element %d lies outside the page", where, i)
 		}
 		key := span[e+pos : e+pos+ksize]
 		val := span[e+pos+ksize : e+pos+ksize+vsize]
 		if err := inOrder(key, prev, lo, hi); err != nil {
-			return nil, nil, inRecord(err, "%s element %d", where, i)
+			return nil, nil, InRecord(err, "%s element %d", where, i)
 		}
 		if prev == nil {
 			first = key
@@ -402,21 +401,21 @@ func (w *walker) leaf(span []byte, count uint16, lo, hi []byte, depth int, where
 		}
 		w.stats.Buckets++
 		if len(val) < 16 {
-			return nil, nil, corruptf("%s: bucket %q has a %d-byte header", where, key, len(val))
+			return nil, nil, Corruptf("%s: bucket %q has a %d-byte header", where, key, len(val))
 		}
 		if root := ne.Uint64(val); root != 0 {
 			if _, _, err := w.node(root, nil, nil, depth+1); err != nil {
-				return nil, nil, inRecord(err, "bucket %q", key)
+				return nil, nil, InRecord(err, "bucket %q", key)
 			}
 			continue
 		}
 		inline := val[16:]
 		if len(inline) < pageHeaderSize || ne.Uint16(inline[8:]) != flagLeaf {
-			return nil, nil, corruptf("%s: inline bucket %q has no leaf page", where, key)
+			return nil, nil, Corruptf("%s: inline bucket %q has no leaf page", where, key)
 		}
 		n := ne.Uint16(inline[10:])
 		if pageHeaderSize+int(n)*elementSize > len(inline) {
-			return nil, nil, corruptf("%s: inline bucket %q claims %d elements, more than fit", where, key, n)
+			return nil, nil, Corruptf("%s: inline bucket %q claims %d elements, more than fit", where, key, n)
 		}
 		if _, _, err := w.leaf(inline, n, nil, nil, depth+1, fmt.Sprintf("inline bucket %q", key)); err != nil {
 			return nil, nil, err
@@ -429,11 +428,56 @@ func (w *walker) leaf(span []byte, count uint16, lo, hi []byte, depth int, where
 func inOrder(key, prev, lo, hi []byte) error {
 	switch {
 	case prev != nil && bytes.Compare(prev, key) >= 0:
-		return corruptf("keys out of order (%x after %x)", key, prev)
+		return Corruptf("keys out of order (%x after %x)", key, prev)
 	case lo != nil && bytes.Compare(key, lo) < 0:
-		return corruptf("key %x below its branch key %x", key, lo)
+		return Corruptf("key %x below its branch key %x", key, lo)
 	case hi != nil && bytes.Compare(key, hi) >= 0:
-		return corruptf("key %x not below the next branch key %x", key, hi)
+		return Corruptf("key %x not below the next branch key %x", key, hi)
 	}
 	return nil
+}
+
+// Layout is what the structural check found in a file: its meta pages and its page tree.
+type Layout struct {
+	Size     int64
+	PageSize int
+	// TxID is the transaction bbolt opens: the newest one with a valid meta page, in page
+	// MetaPage (0 or 1).
+	TxID     uint64
+	MetaPage int
+	// Freelist is the freelist page that transaction records, NoFreelist when none (the freelist
+	// is not synced, see Options.SyncFreelist).
+	Freelist uint64
+	// Pages is the number of pages the tree reaches; FreePages the number of free ones.
+	Pages, FreePages int
+	// MetaDamaged says why the other meta page is invalid ("" when both are valid).
+	MetaDamaged string
+}
+
+// NoFreelist is Layout.Freelist for a file whose meta page records no freelist page (all ones).
+const NoFreelist = ^uint64(0)
+
+// Inspect checks the file's meta pages and size and walks its page tree, without writing to it
+// or taking a lock. A damaged file gives an error wrapping ErrCorrupt (not yet naming the file:
+// see InFile).
+func Inspect(f *os.File) (Layout, error) {
+	g, err := readMetas(f)
+	if err != nil {
+		return Layout{}, err
+	}
+	st, err := walkFile(f, g)
+	if err != nil {
+		return Layout{}, err
+	}
+	return g.layout(st), nil
+}
+
+// layout describes g after a walk that counted st.
+func (g geometry) layout(st walkStats) Layout {
+	lo := Layout{Size: g.size, PageSize: g.pageSize, TxID: g.meta.txid, MetaPage: g.slot, Freelist: g.meta.freelist,
+		Pages: st.Pages, FreePages: st.FreePages}
+	if !g.other.valid {
+		lo.MetaDamaged = fmt.Sprintf("meta page %d: %s", 1-g.slot, g.other.why)
+	}
+	return lo
 }

@@ -1,0 +1,240 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var bucket = []byte("b")
+
+func testOptions() Options {
+	return Options{
+		Init:   func(tx *bolt.Tx) error { _, err := tx.CreateBucket(bucket); return err },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+func openTest(t *testing.T, dir string, opts Options) *File {
+	t.Helper()
+	f, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func put(f *File, k, v string) error {
+	return f.Update(func(tx *bolt.Tx) error { return Put(tx.Bucket(bucket), []byte(k), []byte(v)) })
+}
+
+func get(t *testing.T, f *File, k string) string {
+	t.Helper()
+	var v []byte
+	err := f.View(func(tx *bolt.Tx) (err error) {
+		v, err = Get(tx.Bucket(bucket), []byte(k), k)
+		v = bytes.Clone(v)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(v)
+}
+
+// An existing empty file is a damaged ledger, not a first start: Open refuses it, names it,
+// says how to recover and does not write to it. (bbolt alone initialises a 0-byte file, which is
+// how state was once wiped.) Only a missing file is created.
+func TestOpenEmptyFileRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(dir, testOptions())
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Path != path || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open of an empty file: %v, want a *CorruptError naming %s", err, path)
+	}
+	for _, want := range []string{"empty (0 bytes)", "mv " + path, "cfguard restore"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	if fi, _ := os.Stat(path); fi.Size() != 0 {
+		t.Fatalf("the empty file now has %d bytes", fi.Size())
+	}
+	os.Remove(path)
+	f, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Created() {
+		t.Error("Created() = false after creating a missing file")
+	}
+	if err := put(f, "k", "v"); err != nil {
+		t.Fatalf("the bucket Init made: %v", err)
+	}
+	f.Close()
+	f = openTest(t, dir, testOptions())
+	if f.Created() {
+		t.Error("Created() = true when opening an existing file")
+	}
+	if got := get(t, f, "k"); got != "v" {
+		t.Errorf("after reopening: %q, want v", got)
+	}
+	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+		t.Errorf("creation left temporary files: %v", left)
+	}
+}
+
+// A second Open of the same state directory fails at once with ErrLocked naming the file and
+// this process, in the same process (flock is per open file description).
+func TestSecondOpenLockedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	f, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = Open(dir, testOptions())
+	took := time.Since(start)
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open: %v, want ErrLocked", err)
+	}
+	if took > 500*time.Millisecond {
+		t.Errorf("second Open took %v to fail, want at once", took)
+	}
+	if msg := err.Error(); !strings.Contains(msg, f.Path()) || !strings.Contains(msg, strconv.Itoa(os.Getpid())) {
+		t.Errorf("ErrLocked does not name the file and pid %d: %v", os.Getpid(), err)
+	}
+	if _, err := Verify(f.Path(), func(*bolt.Tx) error { return nil }); !errors.Is(err, ErrLocked) {
+		t.Errorf("Verify of an open file: %v, want ErrLocked", err)
+	}
+	f.Close()
+	f2, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	f2.Close()
+}
+
+const lockHolderEnv = "CFGUARD_STORE_LOCK_DIR"
+
+// TestLockHolder is the child of TestLockedByAnotherProcess: it opens the file, says so, and
+// holds it until its stdin closes.
+func TestLockHolder(t *testing.T) {
+	dir := os.Getenv(lockHolderEnv)
+	if dir == "" {
+		t.Skip("child process of TestLockedByAnotherProcess")
+	}
+	f, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fmt.Println("holding")
+	bufio.NewReader(os.Stdin).ReadString('\n')
+}
+
+func TestLockedByAnotherProcess(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLockHolder$", "-test.count=1")
+	cmd.Env = append(os.Environ(), lockHolderEnv+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() && sc.Text() != "holding" {
+	}
+	start := time.Now()
+	_, err = Open(dir, testOptions())
+	if !errors.Is(err, ErrLocked) || time.Since(start) > 500*time.Millisecond {
+		t.Fatalf("Open while another process holds the file: %v after %v, want ErrLocked at once", err, time.Since(start))
+	}
+	if !strings.Contains(err.Error(), "pid "+strconv.Itoa(cmd.Process.Pid)) {
+		t.Errorf("ErrLocked does not name the holder, pid %d: %v", cmd.Process.Pid, err)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("lock holder: %v", err)
+	}
+	f, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatalf("Open after the holder exited: %v", err)
+	}
+	f.Close()
+}
+
+// A commit that fails after bbolt wrote it (as a failed final fsync does) is ErrWrite and leaves
+// nothing of itself: the File reads what it held before, the file on disk does too, and the next
+// commit succeeds.
+func TestFailedCommitLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	opts := testOptions()
+	var fail error
+	opts.AfterCommit = func() error { return fail }
+	f := openTest(t, dir, opts)
+	if err := put(f, "k", "before"); err != nil {
+		t.Fatal(err)
+	}
+	fail = errors.New("injected fsync failure")
+	if err := put(f, "k", "lost"); !errors.Is(err, ErrWrite) || !errors.Is(err, fail) {
+		t.Fatalf("a failed commit: %v, want ErrWrite wrapping the failure", err)
+	}
+	fail = nil
+	if got := get(t, f, "k"); got != "before" {
+		t.Fatalf("after a failed commit the File reads %q, want before", got)
+	}
+	if err := put(f, "other", "v"); err != nil {
+		t.Fatalf("the commit after a failed one: %v", err)
+	}
+	f.Close()
+	f = openTest(t, dir, testOptions())
+	if got := get(t, f, "k"); got != "before" {
+		t.Fatalf("after reopening the file reads %q, want before", got)
+	}
+	if got := get(t, f, "other"); got != "v" {
+		t.Fatalf("after reopening the file reads %q for the later commit, want v", got)
+	}
+}
+
+// A damaged value is a *CorruptError naming the file, from View as from Get.
+func TestDamagedValueNamesTheFile(t *testing.T) {
+	f := openTest(t, t.TempDir(), testOptions())
+	err := f.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte("k"), []byte("not sealed")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.View(func(tx *bolt.Tx) error { _, err := Get(tx.Bucket(bucket), []byte("k"), `value "k"`); return err })
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Path != f.Path() || !strings.Contains(err.Error(), `value "k": checksum mismatch`) {
+		t.Fatalf("a damaged value: %v, want a *CorruptError naming %s and the value", err, f.Path())
+	}
+}

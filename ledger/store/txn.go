@@ -1,0 +1,134 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// acquire returns the open bbolt handle, reopening the file first if a failure closed it. The
+// caller must call release when its transaction is over.
+func (s *File) acquire() (db *bolt.DB, release func(), err error) {
+	for {
+		s.mu.RLock()
+		if s.db != nil {
+			return s.db, s.mu.RUnlock, nil
+		}
+		closed := s.closed
+		s.mu.RUnlock()
+		if closed {
+			return nil, nil, ErrClosed
+		}
+		s.mu.Lock()
+		if s.db == nil && !s.closed {
+			if err := s.openLocked(); err != nil {
+				s.mu.Unlock()
+				return nil, nil, fmt.Errorf("ledger: reopening after a failure: %w", err)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// guarded runs f, converting panics and faults into an error made by Corruptf (panicked true).
+func guarded(f func() error) (err error, panicked bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err, panicked = Corruptf("reading the file failed (%v): it is damaged, or this is a cfguard bug", r), true
+		}
+	}()
+	return f(), false
+}
+
+// View runs fn in a read transaction.
+func (s *File) View(fn func(*bolt.Tx) error) error {
+	db, release, err := s.acquire()
+	if err != nil {
+		return err
+	}
+	err, panicked := guarded(func() error { return db.View(fn) })
+	release()
+	if panicked {
+		s.log.Error("ledger: panic in a read transaction", "path", s.path, "err", err, "stack", string(debug.Stack()))
+		s.reopen(nil)
+	}
+	return InFile(s.path, err)
+}
+
+// Update runs fn in a write transaction and commits it. The caller serialises its Updates.
+func (s *File) Update(fn func(*bolt.Tx) error) error {
+	db, release, err := s.acquire()
+	if err != nil {
+		return err
+	}
+	var (
+		committing bool // fn succeeded: an error from here on is the commit's
+		txid       uint64
+		saved      []byte
+	)
+	err, panicked := guarded(func() error {
+		return db.Update(func(tx *bolt.Tx) error {
+			txid = uint64(tx.ID())
+			if err := fn(tx); err != nil {
+				return err
+			}
+			// The page this commit's meta will overwrite: the older of the two.
+			saved = make([]byte, s.geom.pageSize)
+			if _, err := s.raw.ReadAt(saved, int64(txid%2)*int64(s.geom.pageSize)); err != nil {
+				return fmt.Errorf("%w: %s: reading meta page %d: %w", ErrWrite, s.path, txid%2, err)
+			}
+			committing = true
+			return nil
+		})
+	})
+	if err == nil && s.opts.AfterCommit != nil {
+		err = s.opts.AfterCommit() // as if the commit's final fsync had failed
+	}
+	release()
+	switch {
+	case panicked:
+		s.log.Error("ledger: panic in a write transaction", "path", s.path, "err", err, "stack", string(debug.Stack()))
+		s.reopen(nil)
+		return InFile(s.path, err)
+	case err == nil:
+		if committing && s.writeFailing.Swap(false) {
+			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid)
+		}
+		return nil
+	case !committing:
+		return InFile(s.path, err) // fn refused: bbolt rolled back, nothing was written
+	}
+	// The caller reports the failure (the daemon: once per episode, with /readyz and a metric);
+	// the ledger says what it does about it once per episode too.
+	level := slog.LevelDebug
+	if !s.writeFailing.Swap(true) {
+		level = slog.LevelWarn
+	}
+	s.log.Log(context.Background(), level, "ledger: commit failed; reopening the file to read what it holds (further failures are logged at debug level until a commit succeeds)",
+		"path", s.path, "txid", txid, "err", err)
+	if rerr := s.reopen(&metaRestore{txid: txid, slot: int(txid % 2), page: saved}); rerr != nil {
+		return fmt.Errorf("%w: %s: commit failed: %w (and reopening failed: %w)", ErrWrite, s.path, err, rerr)
+	}
+	return fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, err)
+}
+
+// reopen closes bbolt and opens the file again, first putting back restore's meta page if the
+// file shows the failed transaction. If it fails, the next operation tries again.
+func (s *File) reopen(restore *metaRestore) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if err := s.closeDBLocked(); err != nil {
+		s.log.Warn("ledger: closing bbolt after a failure", "path", s.path, "err", err)
+	}
+	if restore != nil {
+		s.pending = restore
+	}
+	return s.openLocked()
+}

@@ -1,0 +1,167 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/internal/atomicfile"
+)
+
+// Verify checks the ledger file at path without writing to it or taking more than a shared lock
+// (so Verifies run side by side; a file another process has open for writing gives ErrLocked):
+// the meta pages and size, the page tree (walk.go), bbolt's own tx.Check, and then check, in a
+// read transaction, for what the records must hold. It returns what the structural checks found
+// (the layout is filled in as far as they got when they fail).
+func Verify(path string, check func(*bolt.Tx) error) (Layout, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Layout{}, fmt.Errorf("ledger: verify: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+		}
+	}()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return Layout{}, fmt.Errorf("%w: a process has %s open for writing; verify a Backup of it instead", ErrLocked, path)
+		}
+		return Layout{}, fmt.Errorf("ledger: verify: lock %s: %w", path, err)
+	}
+	g, err := readMetas(f)
+	if err != nil {
+		return Layout{}, InFile(path, err)
+	}
+	lo := g.layout(walkStats{})
+	st, err := walkFile(f, g)
+	if err != nil {
+		return lo, InFile(path, err)
+	}
+	lo = g.layout(st)
+	db, err := boltOpen(path, f, true, false)
+	if err != nil {
+		return lo, err
+	}
+	ok = true
+	defer db.Close()
+	err, _ = guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if err := bboltCheck(tx); err != nil {
+				return err
+			}
+			return check(tx)
+		})
+	})
+	if err != nil {
+		return lo, InFile(path, fmt.Errorf("ledger: verify: %w", err))
+	}
+	return lo, nil
+}
+
+// bboltCheck runs bbolt's own consistency check and reports its first finding.
+func bboltCheck(tx *bolt.Tx) error {
+	var first error
+	for err := range tx.Check() {
+		if first == nil {
+			first = Corruptf("bbolt check: %v", err)
+		}
+	}
+	return first
+}
+
+// Snapshot writes a complete bbolt file as of tx to w (bbolt's Tx.WriteTo), failing once ctx has
+// ended. Run in a read transaction, it lets writers keep committing meanwhile.
+func Snapshot(ctx context.Context, tx *bolt.Tx, w io.Writer) (int64, error) {
+	return tx.WriteTo(&ctxWriter{ctx: ctx, w: w})
+}
+
+// ctxWriter fails writes once ctx has ended.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
+
+// Install installs the file src as <dir>/cfguard.db, never over an existing one. It refuses when
+// dir already holds a ledger (move that aside first) or is locked by a running process, copies
+// src to a temporary file beside the target, fsyncs it and runs verify on the copy, links it into
+// place (a link, unlike a rename, fails if the target appeared meanwhile), and fsyncs the
+// directory. Errors are prefixed "ledger: restore".
+func Install(src, dir string, verify func(path string) error) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("ledger: restore: %w", err)
+	}
+	dst := filepath.Join(dir, FileName)
+	lock, err := lockStateDir(dir, dst)
+	if err != nil {
+		return fmt.Errorf("ledger: restore: %w", err)
+	}
+	defer lock.Close()
+	exists := func() error {
+		if _, err := os.Lstat(dst); err == nil {
+			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
+				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(dst+".old"))
+		}
+		return nil
+	}
+	if err := exists(); err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf("%s.restore-%d", dst, os.Getpid())
+	defer os.Remove(tmp)
+	if err := copyFile(src, tmp); err != nil {
+		return fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
+	}
+	if err := verify(tmp); err != nil {
+		return fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
+	}
+	if err := exists(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp, dst); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return exists()
+		}
+		return fmt.Errorf("ledger: restore: %w", err)
+	}
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return fmt.Errorf("ledger: restore: sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// copyFile copies src to a new file dst and fsyncs it.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
