@@ -282,7 +282,7 @@ func sameCertificate(a, b *header) bool {
 // CE still in the same state, so that it never overrides a newer verdict or certificate.
 func sameState(a, b *header) bool {
 	return sameCertificate(a, b) && a.status == b.status && a.lapsed == b.lapsed &&
-		a.confirmed == b.confirmed && a.cv == b.cv
+		a.confirmed == b.confirmed && a.cv == b.cv && a.carry == b.carry && a.cbound == b.cbound
 }
 
 // renewable applies certify.Renewable to a certified CE whose certificate lapsed, and the stricter
@@ -317,7 +317,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	}
 	nh := h
 	nh.status, nh.lapsed, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), false, w.now.UnixNano()
-	nh.confirmed, nh.cv = true, v
+	nh.confirm(v, &e, w.l.opts.VerdictAlpha)
 	if err := w.putHeader(it.id, &h, &nh); err != nil {
 		return false, false, err
 	}
