@@ -54,6 +54,7 @@ const (
 	NameCheckpointFailing    = "cfguard_checkpoint_failing"
 	NameUnconfirmed          = "cfguard_ces_unconfirmed"
 	NameRenewed              = "cfguard_certificates_renewed_total"
+	NameMeasured             = "cfguard_counterfactuals_measured_total"
 	NameRenewalBacklog       = "cfguard_renewal_backlog"
 	NameBuildInfo            = "cfguard_build_info"
 	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
@@ -73,6 +74,7 @@ type Metrics struct {
 	recertDuration                            prometheus.Histogram
 	checkpointFailing                         prometheus.Gauge
 	outboxErrors, checkpointFailures, renewed prometheus.Counter
+	measured                                  *prometheus.CounterVec
 	topicMismatch                             prometheus.Gauge
 }
 
@@ -101,6 +103,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
+		measured: f.NewCounterVec(prometheus.CounterOpts{Name: NameMeasured,
+			Help: "Monte-Carlo measurements of counterfactuals by the confirmer, by result: kept (written and in force for the posterior current at the write), " +
+				"superseded (written, but a newer posterior was promoted meanwhile and the verdict does not carry to it), discarded (not written)."},
+			[]string{"result"}),
+	}
+	for _, r := range MeasurementResults() {
+		m.measured.WithLabelValues(r)
 	}
 	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
@@ -127,6 +136,21 @@ func (m *Metrics) ObserveRecertification(took time.Duration) {
 
 // AddRenewed counts n renewed certificates.
 func (m *Metrics) AddRenewed(n int) { m.renewed.Add(float64(n)) }
+
+// MeasurementResults lists the result label values of cfguard_counterfactuals_measured_total
+// (ledger.Measurements): kept / (kept + superseded + discarded) is the fraction of the
+// confirmer's Monte-Carlo whose result is not thrown away.
+func MeasurementResults() []string { return []string{"kept", "superseded", "discarded"} }
+
+// AddMeasurements counts the confirmer's measurements by what became of them. Negative counts
+// are programming errors and count nothing.
+func (m *Metrics) AddMeasurements(kept, superseded, discarded int) {
+	for i, n := range []int{kept, superseded, discarded} {
+		if n > 0 {
+			m.measured.WithLabelValues(MeasurementResults()[i]).Add(float64(n))
+		}
+	}
+}
 
 // IncUpdate counts one update outcome. An outcome outside certify.Outcomes is refused and creates
 // no series.

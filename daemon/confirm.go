@@ -28,9 +28,12 @@ const confirmPoll = 30 * time.Second
 // so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
 // The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
 // same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
-// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A new
-// posterior makes every verdict stale: a batch sampled under an older one is discarded by the
-// ledger and the confirmer starts over under the new one.
+// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A verdict
+// measured under one posterior stays in force under later ones while certify.Carries holds at
+// their KL from it, so a new posterior sends back to the confirmer only the CEs whose verdict it
+// no longer carries (the ledger finds them per verdict version, not per CE). What became of each
+// measurement (kept, superseded, discarded: ledger.Measurements) is counted in
+// cfguard_counterfactual_measurements_total.
 type confirmer struct {
 	l        *ledger.Ledger
 	current  func() *bnn.Model
@@ -96,11 +99,12 @@ func (c *confirmer) round(ctx context.Context) error {
 		if c.pool == nil || c.stale && c.pool.Version() != m.Version {
 			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at
 			// S = 1000 on the paper's network) would cost more than the commit that woke us.
+			// Nor when every verdict carries to the newest posterior (certify.Carries).
 			waiting, err := c.l.Waiting()
 			if err != nil {
 				return err
 			}
-			if waiting == 0 {
+			if !waiting {
 				return nil // a commit that fails a bound wakes us again
 			}
 			p, err := c.pools.get(m)
@@ -115,6 +119,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			return err
 		}
 		c.metrics.AddRenewed(rep.Renewed)
+		c.metrics.AddMeasurements(rep.Measurements.Kept, rep.Measurements.Superseded, rep.Measurements.Discarded)
 		if len(changes) > 0 {
 			c.changed(changes)
 		}

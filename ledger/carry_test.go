@@ -1,9 +1,14 @@
 package ledger
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
@@ -59,5 +64,203 @@ func TestHeaderCarryBound(t *testing.T) {
 	bad.cbound = 0.4 // an at_risk verdict whose bound is below 1/2 proves nothing
 	if _, err := decodeHeader(bad.encode()); err == nil {
 		t.Error("an at_risk carry bound below 1/2 was accepted")
+	}
+}
+
+// waitingByScan is the set of CEs that wait for a measurement under the current posterior now,
+// judged CE by CE from every header with certify.Carries at KL(q_now || q_cv) computed from
+// models: what the index-driven eachWaiting must find.
+func waitingByScan(t *testing.T, l *Ledger, now *bnn.Model, models map[uint64]*bnn.Model) map[string]bool {
+	t.Helper()
+	want := map[string]bool{}
+	err := l.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
+			p, _ := unseal(k, v)
+			h, err := decodeHeader(p)
+			if err != nil || !h.pending() {
+				return err
+			}
+			wait := h.lapsed || !h.confirmed
+			if !wait && h.cv < now.Version {
+				kl, _, err := certify.KL(now, models[h.cv])
+				if err != nil {
+					return err
+				}
+				wait = l.opts.RemeasureVerdicts || !h.carry || !certify.Carries(h.status, float64(h.cbound), l.opts.Policy.Slack(kl))
+			}
+			if wait {
+				want[string(k)] = true
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// waitingByIndex is the set eachWaiting finds under the current posterior.
+func waitingByIndex(t *testing.T, l *Ledger) map[string]bool {
+	t.Helper()
+	got := map[string]bool{}
+	err := l.view(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
+		return l.eachWaiting(tx, c, c.version, func(id []byte) (bool, error) {
+			if got[string(id)] {
+				t.Errorf("%s found twice", id)
+			}
+			got[string(id)] = true
+			return false, nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// Under a drift of small steps, the CEs Confirm measures again are exactly those whose verdict
+// the KL from its posterior no longer carries (certify.Carries, judged CE by CE from every
+// header), found through idx_fail; most verdicts carry for a while and some stop carrying, so
+// carrying saves measurements without skipping one that is due. With RemeasureVerdicts every
+// verdict older than the posterior is measured again, as before verdicts carried.
+func TestConfirmCarriesVerdicts(t *testing.T) {
+	n, steps := 3000, 16
+	if testing.Short() {
+		n, steps = 800, 10
+	}
+	for _, remeasure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("remeasure=%v", remeasure), func(t *testing.T) {
+			l, _ := openTest(t, Options{Policy: testPolicy(), RemeasureVerdicts: remeasure})
+			m := testModel(4)
+			install(t, l, m)
+			rng := rand.New(rand.NewPCG(81, 81))
+			if err := l.Put(bg, cheapCEs(m, rng, "carry", n)...); err != nil {
+				t.Fatal(err)
+			}
+			m = toBias(m, -0.5) // every certificate lapses; p(yes) straddles 1/2
+			if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
+				t.Fatal(err)
+			}
+			models := map[uint64]*bnn.Model{m.Version: m}
+			confirmAll(t, l, m, 1000, 1)
+			var measured, failing, carried int
+			for step := range steps {
+				m = drift(m, math.Copysign(0.001+0.003*rng.Float64(), rng.Float64()-0.3))
+				if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
+					t.Fatal(err)
+				}
+				models[m.Version] = m
+				want, got := waitingByScan(t, l, m, models), waitingByIndex(t, l)
+				for id := range want {
+					if !got[id] {
+						t.Fatalf("step %d: %s waits (judging every header) but eachWaiting skips it (%d found, %d want)", step, id, len(got), len(want))
+					}
+				}
+				for id := range got {
+					if !want[id] {
+						t.Fatalf("step %d: eachWaiting finds %s, whose verdict carries (%d found, %d want)", step, id, len(got), len(want))
+					}
+				}
+				st, err := l.State()
+				if err != nil || st.Unconfirmed != len(want) {
+					t.Fatalf("step %d: State.Unconfirmed %d, %v; want %d", step, st.Unconfirmed, err, len(want))
+				}
+				if w, err := l.Waiting(); err != nil || w != (len(want) > 0) {
+					t.Fatalf("step %d: Waiting %v, %v with %d waiting", step, w, err, len(want))
+				}
+				fail := st.Counts[certify.AtRisk] + st.Counts[certify.Invalidated] + st.Pending
+				failing += fail
+				measured += len(want)
+				if remeasure && len(want) != fail {
+					t.Fatalf("step %d: with RemeasureVerdicts %d of %d failing CEs wait", step, len(want), fail)
+				}
+				p := NewModelPredictor(m, 1000, uint64(step+2))
+				for {
+					rep, _, err := l.Confirm(bg, p, 256)
+					if err != nil || rep.Discarded || rep.Measurements.Kept != rep.Picked {
+						t.Fatalf("step %d: confirm %+v, %v; want every measurement kept (no posterior change)", step, rep, err)
+					}
+					if !rep.More {
+						break
+					}
+				}
+				if left := waitingByIndex(t, l); len(left) != 0 {
+					t.Fatalf("step %d: %d CEs still wait after Confirm", step, len(left))
+				}
+				carried += fail - len(want)
+				checkInvariants(t, l)
+			}
+			t.Logf("%d steps: %d of %d failing CE-versions measured again, %d carried", steps, measured, failing, carried)
+			switch {
+			case remeasure && carried != 0:
+				t.Fatalf("RemeasureVerdicts carried %d verdicts", carried)
+			case !remeasure && (carried < failing/2 || measured == 0):
+				t.Fatalf("carried %d of %d, measured %d: want most carried and some measured again", carried, failing, measured)
+			}
+		})
+	}
+}
+
+// What becomes of each measurement: a batch sampled under m1 while ingestion promotes m2 is
+// written as of m1; a verdict that carries to m2 is kept, the others are superseded (exactly the
+// CEs that then wait under m2); with RemeasureVerdicts none carries. A CE that changes while it is
+// sampled is not written: discarded.
+func TestConfirmMeasurementOutcomes(t *testing.T) {
+	for _, remeasure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("remeasure=%v", remeasure), func(t *testing.T) {
+			l, _ := openTest(t, Options{Policy: testPolicy(), RemeasureVerdicts: remeasure})
+			m0 := testModel(4)
+			install(t, l, m0)
+			rng := rand.New(rand.NewPCG(82, 82))
+			ces := cheapCEs(m0, rng, "outcome", 300)
+			if err := l.Put(bg, ces...); err != nil {
+				t.Fatal(err)
+			}
+			m1 := toBias(m0, -0.5)
+			if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
+				t.Fatal(err)
+			}
+			m2 := drift(m1, -0.006) // slack 0.06: some verdicts carry, those nearer 1/2 do not
+			p := &sneakyPredictor{ModelPredictor: NewModelPredictor(m1, 1000, 3), during: func() {
+				if _, _, err := l.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+					t.Error(err)
+				}
+			}}
+			rep, _, err := l.Confirm(bg, p, 1000)
+			if err != nil || !rep.Behind || rep.Confirmed != len(ces) {
+				t.Fatalf("confirm behind: %+v, %v", rep, err)
+			}
+			waiting := waitingByScan(t, l, m2, map[uint64]*bnn.Model{m1.Version: m1, m2.Version: m2})
+			ms := rep.Measurements
+			if ms.Superseded != len(waiting) || ms.Kept != rep.Confirmed-len(waiting) || ms.Discarded != 0 {
+				t.Fatalf("measurements %+v; want %d superseded (the CEs waiting under m2), %d kept", ms, len(waiting), rep.Confirmed-len(waiting))
+			}
+			if remeasure && ms.Kept != 0 || !remeasure && ms.Kept == 0 {
+				t.Fatalf("measurements %+v with RemeasureVerdicts %v", ms, remeasure)
+			}
+			if len(waiting) == 0 {
+				t.Fatal("no CE waits under m2: nothing to measure next")
+			}
+			var gone string
+			for id := range waiting {
+				gone = id
+				break
+			}
+			p = &sneakyPredictor{ModelPredictor: NewModelPredictor(m2, 1000, 4), during: func() {
+				if err := l.Delete(gone); err != nil {
+					t.Error(err)
+				}
+			}}
+			rep, _, err = l.Confirm(bg, p, 1000)
+			if err != nil || rep.Picked != len(waiting) || rep.Measurements != (Measurements{Kept: len(waiting) - 1, Discarded: 1}) {
+				t.Fatalf("confirm under m2 with a delete meanwhile: %+v, %v; want %d kept, 1 discarded", rep, err, len(waiting)-1)
+			}
+			checkInvariants(t, l)
+		})
 	}
 }
