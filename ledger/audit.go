@@ -247,6 +247,9 @@ func (a *audit) write(batch []auditItem, v uint64, pred *bnn.Predictive) error {
 		return err
 	}
 	a.rep.Reanchored += reanchored
+	if m := a.models[v]; m != nil {
+		l.carry.remember(m) // the posterior of the verdicts it wrote: their carry is judged from it
+	}
 	if behind {
 		a.rep.Behind++
 	}
