@@ -148,6 +148,22 @@ func TestConfirmCarriesVerdicts(t *testing.T) {
 			}
 			models := map[uint64]*bnn.Model{m.Version: m}
 			confirmAll(t, l, m, 1000, 1)
+			bounds := 0
+			all, err := l.List(0, n, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ce := range all {
+				if b := ce.VerdictBound; b != nil {
+					bounds++
+					if ce.ConfirmedVersion == nil || ce.Status == certify.AtRisk && *b < 0.5 || ce.Status == certify.Invalidated && *b >= 0.5 {
+						t.Fatalf("%s: %v with verdict bound %v (confirmed at %v)", ce.ID, ce.Status, *b, ce.ConfirmedVersion)
+					}
+				}
+			}
+			if bounds == 0 {
+				t.Fatal("no verdict has a bound: the evidence decided none")
+			}
 			var measured, failing, carried int
 			for step := range steps {
 				m = drift(m, math.Copysign(0.001+0.003*rng.Float64(), rng.Float64()-0.3))

@@ -481,6 +481,10 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	if h.confirmed {
 		cv := h.cv
 		ce.ConfirmedVersion = &cv
+		if h.carry {
+			b := float64(h.cbound)
+			ce.VerdictBound = &b
+		}
 	}
 	for i := range ce.History {
 		ce.History[i].ID = ce.ID

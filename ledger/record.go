@@ -34,6 +34,11 @@ type CE struct {
 	Epsilon          float64        `json:"epsilon"`
 	Status           certify.Status `json:"status"`
 	ConfirmedVersion *uint64        `json:"confirmed_version,omitempty"`
+	// VerdictBound is the confidence bound that decided the verdict of ConfirmedVersion
+	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
+	// away from its side), nil when the evidence decided nothing. The verdict stays in force
+	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
+	VerdictBound *float64 `json:"verdict_bound,omitempty"`
 	Bound            float64        `json:"bound"`
 	VarBound         float64        `json:"var_bound"`
 	KLFromAnchor     float64        `json:"kl_from_anchor"`
