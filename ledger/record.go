@@ -38,12 +38,12 @@ type CE struct {
 	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
 	// away from its side), nil when the evidence decided nothing. The verdict stays in force
 	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
-	VerdictBound *float64 `json:"verdict_bound,omitempty"`
-	Bound            float64        `json:"bound"`
-	VarBound         float64        `json:"var_bound"`
-	KLFromAnchor     float64        `json:"kl_from_anchor"`
-	CreatedAt        time.Time      `json:"created_at"`
-	UpdatedAt        time.Time      `json:"updated_at"`
+	VerdictBound *float64  `json:"verdict_bound,omitempty"`
+	Bound        float64   `json:"bound"`
+	VarBound     float64   `json:"var_bound"`
+	KLFromAnchor float64   `json:"kl_from_anchor"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 	// RenewalPending is set on a certified CE whose bound has lapsed (Bound < 1/2 or VarBound over
 	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
 	// still certified) or gives it a verdict (at_risk, invalidated).
