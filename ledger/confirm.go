@@ -461,6 +461,45 @@ func (l *Ledger) verdictSlack(tx *bolt.Tx, now cur, cv uint64) (s certify.Slack,
 	return s, true, nil
 }
 
+// confirm records a Monte-Carlo verdict of the CE's status under posterior version v, with the
+// carry bound of its evidence when the evidence decides the verdict (certify.VerdictBound).
+// Every verdict goes through here, so that no verdict keeps the bound of an older one.
+func (h *header) confirm(v uint64, e *certify.Evidence, alpha float64) {
+	h.confirmed, h.cv, h.carry, h.cbound = true, v, false, 0
+	if e == nil {
+		return
+	}
+	b, ok := certify.VerdictBound(h.status, *e, alpha)
+	if !ok {
+		return
+	}
+	f := float32(b)
+	switch {
+	case h.status == certify.AtRisk && float64(f) > b:
+		f = math.Nextafter32(f, 0)
+	case h.status == certify.Invalidated && float64(f) < b:
+		f = math.Nextafter32(f, 1)
+	}
+	h.carry, h.cbound = true, f
+}
+
+// unconfirm clears the CE's verdict (a status the bound alone decided).
+func (h *header) unconfirm() { h.confirmed, h.cv, h.carry, h.cbound = false, 0, false, 0 }
+
+// carries reports whether the CE's verdict holds under a posterior whose KL from the verdict's
+// has the given slack (certify.Carries on the stored carry bound).
+func (h *header) carries(s certify.Slack) bool {
+	return h.confirmed && h.carry && certify.Carries(h.status, float64(h.cbound), s)
+}
+
+// carryMargin is the mean slack the CE's verdict can absorb (-Inf without a carry bound).
+func (h *header) carryMargin() float64 {
+	if !h.confirmed || !h.carry {
+		return math.Inf(-1)
+	}
+	return certify.CarryMargin(h.status, float64(h.cbound))
+}
+
 // sameCertificate reports whether a and b are the same certificate of the same CE.
 func sameCertificate(a, b *header) bool {
 	return a.target == b.target && a.anchor == b.anchor && a.p1 == b.p1 && a.var1 == b.var1 &&

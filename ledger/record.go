@@ -34,20 +34,20 @@ type CE struct {
 	Epsilon          float64        `json:"epsilon"`
 	Status           certify.Status `json:"status"`
 	ConfirmedVersion *uint64        `json:"confirmed_version,omitempty"`
-	// VerdictBound is the confidence bound that decided the verdict of ConfirmedVersion
-	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
-	// away from its side), nil when the evidence decided nothing. The verdict stays in force
-	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
-	VerdictBound *float64  `json:"verdict_bound,omitempty"`
-	Bound        float64   `json:"bound"`
-	VarBound     float64   `json:"var_bound"`
-	KLFromAnchor float64   `json:"kl_from_anchor"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	Bound            float64        `json:"bound"`
+	VarBound         float64        `json:"var_bound"`
+	KLFromAnchor     float64        `json:"kl_from_anchor"`
+	CreatedAt        time.Time      `json:"created_at"`
+	UpdatedAt        time.Time      `json:"updated_at"`
 	// RenewalPending is set on a certified CE whose bound has lapsed (Bound < 1/2 or VarBound over
 	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
 	// still certified) or gives it a verdict (at_risk, invalidated).
 	RenewalPending bool `json:"renewal_pending,omitempty"`
+	// VerdictBound is the confidence bound that decided the verdict of ConfirmedVersion
+	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
+	// away from its side), nil when the evidence decided nothing. The verdict stays in force
+	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
+	VerdictBound *float64 `json:"verdict_bound,omitempty"`
 	// History holds the last MaxHistory status changes and renewals, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }
@@ -168,45 +168,6 @@ func (h *header) rejudge(holds bool) {
 	if s.Status == certify.Certified {
 		h.unconfirm()
 	}
-}
-
-// confirm records a Monte-Carlo verdict of the CE's status under posterior version v, with the
-// carry bound of its evidence when the evidence decides the verdict (certify.VerdictBound).
-// Every verdict goes through here, so that no verdict keeps the bound of an older one.
-func (h *header) confirm(v uint64, e *certify.Evidence, alpha float64) {
-	h.confirmed, h.cv, h.carry, h.cbound = true, v, false, 0
-	if e == nil {
-		return
-	}
-	b, ok := certify.VerdictBound(h.status, *e, alpha)
-	if !ok {
-		return
-	}
-	f := float32(b)
-	switch {
-	case h.status == certify.AtRisk && float64(f) > b:
-		f = math.Nextafter32(f, 0)
-	case h.status == certify.Invalidated && float64(f) < b:
-		f = math.Nextafter32(f, 1)
-	}
-	h.carry, h.cbound = true, f
-}
-
-// unconfirm clears the CE's verdict (a status the bound alone decided).
-func (h *header) unconfirm() { h.confirmed, h.cv, h.carry, h.cbound = false, 0, false, 0 }
-
-// carries reports whether the CE's verdict holds under a posterior whose KL from the verdict's
-// has the given slack (certify.Carries on the stored carry bound).
-func (h *header) carries(s certify.Slack) bool {
-	return h.confirmed && h.carry && certify.Carries(h.status, float64(h.cbound), s)
-}
-
-// carryMargin is the mean slack the CE's verdict can absorb (-Inf without a carry bound).
-func (h *header) carryMargin() float64 {
-	if !h.confirmed || !h.carry {
-		return math.Inf(-1)
-	}
-	return certify.CarryMargin(h.status, float64(h.cbound))
 }
 
 // newCertificate gives the CE a new certificate (a renewal, or an audit's measurement) and judges it
