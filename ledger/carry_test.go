@@ -166,7 +166,7 @@ func TestConfirmCarriesVerdicts(t *testing.T) {
 			}
 			var measured, failing, carried int
 			for step := range steps {
-				m = drift(m, math.Copysign(0.001+0.003*rng.Float64(), rng.Float64()-0.3))
+				m = drift(m, math.Copysign(0.001+0.003*rng.Float64(), rng.Float64()-0.7)) // mostly down: p(yes) crosses 1/2 for some
 				if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
 					t.Fatal(err)
 				}
@@ -188,6 +188,9 @@ func TestConfirmCarriesVerdicts(t *testing.T) {
 				}
 				if w, err := l.Waiting(); err != nil || w != (len(want) > 0) {
 					t.Fatalf("step %d: Waiting %v, %v with %d waiting", step, w, err, len(want))
+				}
+				if !remeasure && step%3 == 2 {
+					checkCarriedTrue(t, l, m, want)
 				}
 				fail := st.Counts[certify.AtRisk] + st.Counts[certify.Invalidated] + st.Pending
 				failing += fail
@@ -279,4 +282,113 @@ func TestConfirmMeasurementOutcomes(t *testing.T) {
 			checkInvariants(t, l)
 		})
 	}
+}
+
+// checkCarriedTrue estimates p under m, with 20000 draws, for every CE whose verdict is older
+// than m and carried to it (not in waiting), and checks that the verdict is true there: p >= 1/2
+// for at_risk, p < 1/2 for invalidated, up to the estimate's own error (0.01, over four of its
+// standard errors). The draws are seeded, so the check is deterministic.
+func checkCarriedTrue(t *testing.T, l *Ledger, m *bnn.Model, waiting map[string]bool) {
+	t.Helper()
+	all, err := l.List(0, 100000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var carried []*CE
+	var xs [][]float64
+	for _, ce := range all {
+		if waiting[ce.ID] || ce.ConfirmedVersion == nil || *ce.ConfirmedVersion >= m.Version {
+			continue
+		}
+		carried, xs = append(carried, ce), append(xs, ce.XCF)
+	}
+	if len(carried) == 0 {
+		return
+	}
+	pred, err := m.Predict(xs, 20000, 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ce := range carried {
+		p := pred.P(i, ce.Target)
+		if ce.Status == certify.AtRisk && p < 0.5-0.01 || ce.Status == certify.Invalidated && p >= 0.5+0.01 {
+			t.Fatalf("%s: %v carried from version %d (bound %v) to %d, where p = %.4f", ce.ID, ce.Status, *ce.ConfirmedVersion,
+				boundOf(ce), m.Version, p)
+		}
+	}
+	t.Logf("version %d: %d carried verdicts true under it", m.Version, len(carried))
+}
+
+// Verdicts measured once and then carried while the posterior moves away, with no measurement in
+// between: at every step each carried verdict is true under the current posterior (p estimated
+// with 2000 seeded draws, to within 0.01), and the verdicts that became false were all among the ones the ledger
+// stopped carrying, so the check can fail: without the rule they would be shown as they were.
+func TestCarriedVerdictsAreTrue(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(83, 83))
+	if err := l.Put(bg, cheapCEs(m, rng, "true", 200)...); err != nil {
+		t.Fatal(err)
+	}
+	m = toBias(m, -0.5)
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	confirmAll(t, l, m, 1000, 5)
+	var carriedSteps, falseUncarried int
+	const steps = 300
+	for step := 0; step < steps; step++ {
+		// p(yes) rises from 0.40-0.44 past 1/2: every invalidated verdict turns false, first those
+		// nearest 1/2. Each step's KL is 2e-4 (a mean slack of 0.02 per step, growing with the steps).
+		m = drift(m, 0.002)
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
+			t.Fatal(err)
+		}
+		waiting := waitingByIndex(t, l)
+		all, err := l.List(0, 1000, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var xs [][]float64
+		for _, ce := range all {
+			xs = append(xs, ce.XCF)
+		}
+		pred, err := m.Predict(xs, 2000, 99) // the standard error of each p is under 0.001 here
+		if err != nil {
+			t.Fatal(err)
+		}
+		carried := 0
+		for i, ce := range all {
+			if ce.ConfirmedVersion == nil || ce.Status != certify.AtRisk && ce.Status != certify.Invalidated {
+				continue
+			}
+			p := pred.P(i, ce.Target)
+			wrong := ce.Status == certify.AtRisk && p < 0.5-0.01 || ce.Status == certify.Invalidated && p >= 0.5+0.01
+			switch {
+			case !waiting[ce.ID] && wrong:
+				t.Fatalf("step %d: %s: %v carried from version %d (bound %v) to %d, where p = %.4f", step, ce.ID, ce.Status,
+					*ce.ConfirmedVersion, boundOf(ce), m.Version, p)
+			case !waiting[ce.ID]:
+				carried++
+			case wrong && ce.VerdictBound != nil: // a decided verdict that turned false
+				falseUncarried++
+			}
+		}
+		if carried > 0 {
+			carriedSteps++
+		}
+	}
+	t.Logf("verdicts carried at %d of %d steps; %d decided verdict-steps false under the current posterior, none of them carried", carriedSteps, steps, falseUncarried)
+	if carriedSteps == 0 || falseUncarried == 0 {
+		t.Fatalf("carried at %d steps, %d false verdicts: the drift shows nothing", carriedSteps, falseUncarried)
+	}
+}
+
+// boundOf is the CE's verdict bound, NaN without one.
+func boundOf(ce *CE) float64 {
+	if ce.VerdictBound == nil {
+		return math.NaN()
+	}
+	return *ce.VerdictBound
 }
