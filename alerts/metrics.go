@@ -72,6 +72,7 @@ const (
 	NameUnconfirmed          = "cfguard_counterfactuals_unconfirmed"
 	NameRenewed              = "cfguard_counterfactuals_renewed_total"
 	NameRenewalPending       = "cfguard_counterfactuals_renewal_pending"
+	NameMeasured             = "cfguard_counterfactuals_measured_total"
 	NameBuildInfo            = "cfguard_build_info"
 	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
 	NameEvents               = "cfguard_events_total"
@@ -88,7 +89,7 @@ func Names() []string {
 		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals, NameBoundMin,
 		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
-		NameRenewalPending, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
+		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
@@ -118,6 +119,7 @@ type Metrics struct {
 	audits, exportFailures      prometheus.Counter
 	exportVersion               prometheus.Gauge
 	registrationBatch           prometheus.Histogram
+	measured                    *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg. Like promauto, it panics if reg
@@ -152,6 +154,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		registrationBatch: f.NewHistogram(prometheus.HistogramOpts{Name: NameRegistrationBatch,
 			Help:    "Counterfactuals stored by one ledger write (one fsync) of registrations: concurrent registrations share one.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
+		measured: f.NewCounterVec(prometheus.CounterOpts{Name: NameMeasured,
+			Help: "Monte-Carlo measurements of counterfactuals by the confirmer, by result: kept (written and in force for the posterior current at the write), " +
+				"superseded (written, but a newer posterior was promoted meanwhile and the verdict does not carry to it), discarded (not written)."},
+			[]string{"result"}),
+	}
+	for _, r := range MeasurementResults() {
+		m.measured.WithLabelValues(r)
 	}
 	for _, o := range certify.Outcomes() {
 		m.updates.WithLabelValues(string(o))
@@ -180,6 +189,21 @@ func (m *Metrics) ObserveRecertification(took time.Duration) {
 
 // AddRenewed counts n renewed certificates.
 func (m *Metrics) AddRenewed(n int) { m.renewed.Add(float64(n)) }
+
+// MeasurementResults lists the result label values of cfguard_counterfactuals_measured_total
+// (ledger.Measurements): kept / (kept + superseded + discarded) is the fraction of the
+// confirmer's Monte-Carlo whose result is not thrown away.
+func MeasurementResults() []string { return []string{"kept", "superseded", "discarded"} }
+
+// AddMeasurements counts the confirmer's measurements by what became of them. Negative counts
+// are programming errors and count nothing.
+func (m *Metrics) AddMeasurements(kept, superseded, discarded int) {
+	for i, n := range []int{kept, superseded, discarded} {
+		if n > 0 {
+			m.measured.WithLabelValues(MeasurementResults()[i]).Add(float64(n))
+		}
+	}
+}
 
 // IncUpdate counts one update outcome. An outcome outside certify.Outcomes is refused and creates
 // no series.

@@ -296,6 +296,13 @@ func TestMetricsBehaviour(t *testing.T) {
 	if v := testutil.ToFloat64(m.renewed); v != 3 {
 		t.Errorf("renewed = %v", v)
 	}
+	m.AddMeasurements(5, 2, 1)
+	m.AddMeasurements(1, 0, -1)
+	for r, want := range map[string]float64{"kept": 6, "superseded": 2, "discarded": 1} {
+		if v := testutil.ToFloat64(m.measured.WithLabelValues(r)); v != want {
+			t.Errorf("measured{result=%q} = %v, want %v", r, v, want)
+		}
+	}
 	m.SetConsumerLag(42)
 	if testutil.ToFloat64(m.consumerLag) != 42 {
 		t.Error("lag not set")

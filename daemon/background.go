@@ -7,8 +7,9 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 )
 
-// backgroundBatch is how many CEs one audit or confirmation batch samples and then writes in one
-// transaction under the ledger's writer lock (ledger.Options.MCBatch, the max of Confirm). An
+// backgroundBatch is how many CEs one audit batch samples and then writes in one transaction
+// under the ledger's writer lock (ledger.Options.MCBatch; confirmations use the smaller
+// confirmBatch, so that their verdicts are written while they carry). An
 // increment's commit waits for at most one such write: with 4096 (ledger.DefaultMCBatch), ingest
 // during an audit of 10^5 CEs ran at 0.70-0.79 of its rate without; with 1024 at 0.80-1.2
 // (BenchmarkIngestDuringAudit, 2 shared cores, noisy).

@@ -8,8 +8,23 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
+
+// confirmBatch is how many CEs one confirmation batch measures (one pool evaluation, one short
+// write transaction). At ~1 ms per CE (S = 1000 on one core) a batch takes ~0.13 s, a few
+// posterior versions when ingestion promotes one every ~25 ms: its verdicts are written while
+// the posterior they were measured under is still close enough for most of them to carry
+// (BenchmarkConfirmUnderDrift: with 1024 every batch's verdicts came too late to carry).
+const confirmBatch = 128
+
+// confirmPoolSlack is how far (the mean slack of KL(q_newest || q_pool), certify.Policy.Slack)
+// the newest posterior may move from the pool's before the next batch draws a pool for it: a
+// verdict carries only with a margin above the slack, so past it most verdicts measured with
+// the old pool would be superseded when written. A pool costs ~30 ms at S = 1000, a quarter of
+// a batch; below this slack the old pool is kept.
+const confirmPoolSlack = 0.05
 
 // confirmPoll is how often the confirmer looks for unconfirmed CEs without being woken (a
 // verdict batch that failed, for instance on a full disk, is retried then).
@@ -18,7 +33,7 @@ const confirmPoll = 30 * time.Second
 // confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior,
 // in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
 // marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
-// ledger.Confirm, in batches of backgroundBatch, outside the daemon's lock and outside the ledger's
+// ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
 // writer lock (each batch is written in one short transaction, its status changes going to the
 // outbox in it):
 //
@@ -28,26 +43,38 @@ const confirmPoll = 30 * time.Second
 // so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
 // The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
 // same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
-// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A new
-// posterior makes every verdict stale: a batch sampled under an older one is discarded by the
-// ledger and the confirmer starts over under the new one.
+// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A verdict
+// measured under one posterior stays in force under later ones while certify.Carries holds at
+// their KL from it, so a new posterior sends back to the confirmer only the CEs whose verdict it
+// no longer carries (the ledger finds them per verdict version, not per CE). What became of each
+// measurement (kept, superseded, discarded: ledger.Measurements) is counted in
+// cfguard_counterfactual_measurements_total.
 type confirmer struct {
-	l        *ledger.Ledger
-	current  func() *bnn.Model
-	pools    *pools // the version's shared draws (certify.samples in certify.precision)
-	metrics  *alerts.Metrics
-	changed  func([]ledger.StatusChange) // after a batch changed statuses: wake the outbox, reissue
-	log      *slog.Logger
-	wake     chan struct{}
-	pool     *bnn.Pool
-	model    *bnn.Model // the posterior pool was drawn from
-	stale    bool       // pool's pass is done while a newer posterior is current
-	failedAt time.Time  // when the batches began to fail (zero while they work); logged once per episode
+	l         *ledger.Ledger
+	current   func() *bnn.Model
+	pools     *pools // the version's shared draws (certify.samples in certify.precision)
+	metrics   *alerts.Metrics
+	changed   func([]ledger.StatusChange) // after a batch changed statuses: wake the outbox, reissue
+	log       *slog.Logger
+	wake      chan struct{}
+	pool      *bnn.Pool
+	model     *bnn.Model // the posterior pool was drawn from
+	stale     bool       // pool's pass is done while a newer posterior is current
+	batch     int        // CEs per batch: confirmBatch
+	poolSlack float64    // a new pool before a batch past this slack: confirmPoolSlack
+	failedAt  time.Time  // when the batches began to fail (zero while they work); logged once per episode
 }
 
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) *confirmer {
 	return &confirmer{l: l, current: current, pools: pools, metrics: m, changed: changed, log: log,
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), batch: confirmBatch, poolSlack: confirmPoolSlack}
+}
+
+// moved reports whether m has moved from the pool's posterior by more than confirmPoolSlack
+// (an error computing the KL counts as moved: a new pool is always safe).
+func (c *confirmer) moved(m *bnn.Model) bool {
+	kl, _, err := certify.KL(m, c.model)
+	return err != nil || c.l.Policy().Slack(kl).Mean > c.poolSlack
 }
 
 // notify wakes the confirmer (after a commit); it never blocks.
@@ -87,20 +114,24 @@ func (c *confirmer) run(ctx context.Context) error {
 
 // round measures batches until no CE waits for a measurement under the current posterior. A
 // pool is drawn for the newest posterior and used until its pass is done, even when ingestion
-// promotes newer posteriors meanwhile (the ledger keeps those measurements as of it); only then is
-// a pool drawn for the newest one. Versions that come faster than pools are drawn are coalesced
-// instead of each costing a pool that is thrown away before it is used.
+// promotes newer posteriors meanwhile (the ledger keeps those measurements as of it), unless the
+// newest posterior has moved so far from the pool's that the verdicts of the next batch would
+// not carry to it (the mean slack of their KL over confirmPoolSlack): then a pool is drawn for
+// the newest one before the batch. Versions that come faster than batches are coalesced instead
+// of each costing a pool that is thrown away before it is used, and a batch's verdicts are
+// measured under a posterior close enough to be kept (ledger.Measurements).
 func (c *confirmer) round(ctx context.Context) error {
 	for ctx.Err() == nil {
 		m := c.current()
-		if c.pool == nil || c.stale && c.pool.Version() != m.Version {
+		if c.pool == nil || c.pool.Version() != m.Version && (c.stale || c.moved(m)) {
 			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at
 			// S = 1000 on the paper's network) would cost more than the commit that woke us.
+			// Nor when every verdict carries to the newest posterior (certify.Carries).
 			waiting, err := c.l.Waiting()
 			if err != nil {
 				return err
 			}
-			if waiting == 0 {
+			if !waiting {
 				return nil // a commit that fails a bound wakes us again
 			}
 			p, err := c.pools.get(m)
@@ -110,11 +141,12 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pool, c.model = p, m
 		}
 		c.stale = false
-		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool, c.model}, backgroundBatch)
+		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool, c.model}, c.batch)
 		if err != nil {
 			return err
 		}
 		c.metrics.AddRenewed(rep.Renewed)
+		c.metrics.AddMeasurements(rep.Measurements.Kept, rep.Measurements.Superseded, rep.Measurements.Discarded)
 		if len(changes) > 0 {
 			c.changed(changes)
 		}

@@ -247,6 +247,9 @@ func (a *audit) write(batch []auditItem, v uint64, pred *bnn.Predictive) error {
 		return err
 	}
 	a.rep.Reanchored += reanchored
+	if m := a.models[v]; m != nil {
+		l.carry.remember(m) // the posterior of the verdicts it wrote: their carry is judged from it
+	}
 	if behind {
 		a.rep.Behind++
 	}
@@ -317,13 +320,14 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 		}
 		nh.anchor, nh.p1, nh.var1, nh.samples = v, e.P, e.Var, e.Samples
 		if contradicted {
-			nh.status, nh.lapsed, nh.confirmed, nh.cv = certify.Verdict(h.status, e, alpha), false, true, v
+			nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
+			nh.confirm(v, &e, alpha)
 		} else {
 			nh.newCertificate(pol.Bounds(nh.certificate(), kl).Certified) // judged at KL(q_now || q_v)
 		}
 	case h.pending() && current:
 		nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
-		nh.confirmed, nh.cv = true, v
+		nh.confirm(v, &e, alpha)
 	default:
 		return false, nil
 	}

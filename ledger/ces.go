@@ -238,7 +238,8 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 			h.status = certify.Rejudge(certify.Standing{}, b.Certified).Status // a new CE
 			if !h.holds() && ce.AnchorVersion == c.version {
 				// Measured under the current posterior: its p1 is the verdict's evidence.
-				h.status, h.confirmed, h.cv = certify.Observed(ce.P1, ce.Target, ce.Target), true, c.version
+				h.status = certify.Observed(ce.P1, ce.Target, ce.Target)
+				h.confirm(c.version, nil, 0)
 			}
 		}
 		seen[ce.ID] = true
@@ -480,6 +481,10 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	if h.confirmed {
 		cv := h.cv
 		ce.ConfirmedVersion = &cv
+		if h.carry {
+			b := float64(h.cbound)
+			ce.VerdictBound = &b
+		}
 	}
 	for i := range ce.History {
 		ce.History[i].ID = ce.ID

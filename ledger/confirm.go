@@ -1,10 +1,14 @@
 package ledger
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -90,11 +94,36 @@ type ConfirmReport struct {
 	Discarded bool `json:"discarded"`
 	// Behind: ingestion promoted a newer posterior while the batch was sampled; its results were
 	// written all the same (renewals anchored to the sampled posterior, verdicts recorded as of
-	// it, to be measured again under the newer one).
+	// it, to be measured again under the newer one unless they carry to it).
 	Behind bool `json:"behind"`
 	// More: CEs beyond this batch still lack a verdict at this version.
-	More     bool          `json:"more"`
-	Duration time.Duration `json:"duration_ns"`
+	More bool `json:"more"`
+	// Measurements is what became of the Picked CEs' Monte-Carlo measurements.
+	Measurements Measurements  `json:"measurements"`
+	Duration     time.Duration `json:"duration_ns"`
+}
+
+// Measurements sorts the Monte-Carlo measurements of CEs (one CE's (p2, V2) under one posterior)
+// by what became of them, judged when they are written:
+//
+//	Kept        written, and in force for the posterior current at the write: the CE does not
+//	            wait for another measurement under it. A verdict measured under the current
+//	            posterior, or under an older one from which it carries (certify.Carries at
+//	            KL(q_now || q_sampled)); or a renewal whose certificate holds at that KL.
+//	Superseded  written, but out of date at once: ingestion promoted a posterior while the batch
+//	            was sampled, and the verdict does not carry to it (it decided nothing, its margin
+//	            is smaller than the slack, or Options.RemeasureVerdicts), or the renewed
+//	            certificate already lapses there. The CE is measured again under a newer
+//	            posterior; the measurement still stood as of the posterior it was made under.
+//	Discarded   never written: the batch was sampled under a posterior that was not the current
+//	            one, or the CE changed while it was sampled (deleted, re-anchored, measured).
+//
+// Kept / (Kept + Superseded + Discarded) is the fraction of the confirmer's Monte-Carlo that is
+// not thrown away.
+type Measurements struct {
+	Kept       int `json:"kept"`
+	Superseded int `json:"superseded"`
+	Discarded  int `json:"discarded"`
 }
 
 // confirmItem is one CE picked for a Monte-Carlo verdict.
@@ -105,8 +134,9 @@ type confirmItem struct {
 }
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
-// must be the current one: certified CEs whose bound has lapsed, and at_risk or invalidated CEs
-// whose last verdict is missing or older. With e = (p2, V2, S) from p's draws,
+// must be the current one (or a PosteriorPredictor's older one): certified CEs whose bound has
+// lapsed, and at_risk or invalidated CEs whose last verdict is missing, or older and not carried
+// to the current posterior (certify.Carries; see eachWaiting). With e = (p2, V2, S) from p's draws,
 // f(w) = p(target | x', w), and alpha = Options.VerdictAlpha:
 //
 //	renewed      if certify.Renewable(e, delta, eps, alpha): lower(p2) >= 1 - delta and V2 <= eps
@@ -145,7 +175,7 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 			}
 			qv = pp.Posterior()
 		}
-		if items, rep.More, err = pickUnconfirmed(tx, v, max); err != nil || len(items) == 0 || qv != nil {
+		if items, rep.More, err = l.pickUnconfirmed(tx, c, v, max); err != nil || len(items) == 0 || qv != nil {
 			return err
 		}
 		qv, err = l.model(tx, v)
@@ -169,13 +199,14 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 	}
 	if p.Version() != v {
 		rep.Discarded, rep.Duration = true, time.Since(start)
+		rep.Measurements.Discarded = len(items)
 		return rep, nil, nil
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	var changes []StatusChange
 	err = l.update(func(tx *bolt.Tx) error {
-		rep.Confirmed, rep.Skipped, changes = 0, 0, nil
+		rep.Confirmed, rep.Skipped, changes, rep.Measurements = 0, 0, nil, Measurements{}
 		c, err := readCur(tx)
 		if err != nil {
 			return err
@@ -200,19 +231,29 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 		}
 		rep.Renewed = 0
 		for i := range items {
-			done, renewed, err := w.confirm(&items[i], c, s, pred, i)
+			done, renewed, kept, err := w.confirm(&items[i], c, s, pred, i)
 			if err != nil {
 				return err
 			}
 			switch {
 			case !done:
 				rep.Skipped++
+				rep.Measurements.Discarded++
 			case renewed:
 				rep.Renewed++
 				rep.Confirmed++
 			default:
 				rep.Confirmed++
 			}
+			switch {
+			case done && kept:
+				rep.Measurements.Kept++
+			case done:
+				rep.Measurements.Superseded++
+			}
+		}
+		if rep.Confirmed > rep.Renewed {
+			l.carry.remember(qv) // the verdicts' posterior: their carry is judged from it
 		}
 		changes = w.changes
 		if rep.Renewed > 0 {
@@ -232,43 +273,231 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 	return rep, changes, nil
 }
 
-// pickUnconfirmed reads up to max CEs from the front of idx_fail whose verdict is older than
-// version v; more reports whether another follows.
-func pickUnconfirmed(tx *bolt.Tx, v uint64, max int) (items []confirmItem, more bool, err error) {
-	c := tx.Bucket(bIdxFail).Cursor()
+// pickUnconfirmed reads up to max CEs that wait for a measurement by a predictor of version v
+// (eachWaiting); more reports whether another follows.
+func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max int) (items []confirmItem, more bool, err error) {
 	bodies := tx.Bucket(bBodies)
-	for k, val := c.First(); k != nil; k, val = c.Next() {
-		if _, ok := unseal(k, val); !ok || len(k) < 8 {
-			return nil, false, corruptf("idx_fail entry %x is damaged", k)
-		}
-		if binary.BigEndian.Uint64(k) >= v+1 {
-			return items, false, nil
-		}
+	err = l.eachWaiting(tx, now, v, func(id []byte) (bool, error) {
 		if len(items) == max {
-			return items, true, nil
+			more = true
+			return true, nil
 		}
-		id := append([]byte(nil), k[8:]...)
+		id = append([]byte(nil), id...)
 		h, ok, err := readHeader(tx, id)
 		if err == nil && (!ok || !h.pending()) {
 			err = corruptf("idx_fail lists counterfactual %q, which neither fails nor has a lapsed certificate", id)
 		}
 		if err != nil {
-			return nil, false, err
+			return true, err
 		}
 		raw, err := getSealed(bodies, id, "body")
 		if err == nil && raw == nil {
 			err = corruptf("body is missing")
 		}
 		if err != nil {
-			return nil, false, inRecord(err, "counterfactual %q", id)
+			return true, inRecord(err, "counterfactual %q", id)
 		}
 		bd, err := decodeBody(raw, false)
 		if err != nil {
-			return nil, false, inRecord(err, "counterfactual %q", id)
+			return true, inRecord(err, "counterfactual %q", id)
 		}
 		items = append(items, confirmItem{id: id, h: h, xcf: bd.xcf})
+		return false, nil
+	})
+	if err != nil {
+		return nil, false, err
 	}
-	return items, false, nil
+	return items, more, nil
+}
+
+// countWaiting counts the CEs that wait for a measurement under the current posterior now
+// (eachWaiting with v = now), stopping at limit when limit > 0.
+func (l *Ledger) countWaiting(tx *bolt.Tx, now cur, limit int) (int, error) {
+	n := 0
+	err := l.eachWaiting(tx, now, now.version, func([]byte) (bool, error) {
+		n++
+		return limit > 0 && n >= limit, nil
+	})
+	return n, err
+}
+
+// eachWaiting calls fn, in idx_fail order until it returns stop, with the id of every CE that a
+// measurement under posterior version v (the current one, now, or an older one a pool was drawn
+// from) would give something to: a certified CE whose bound has lapsed; an at_risk or
+// invalidated CE with no verdict, or whose verdict older than v has no carry bound; and one whose
+// verdict, older than v, does not carry to now: certify.Carries fails at the slack of
+// KL(q_now || q_cv) (or that posterior is not known here, or Options.RemeasureVerdicts is set).
+// Carried verdicts are grouped by version and sorted by carry margin (failKey), so the ones read
+// are those whose margin is within scanMargin of the slack or below; the others are skipped by a
+// seek per version.
+func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) (stop bool, err error)) error {
+	c := tx.Bucket(bIdxFail).Cursor()
+	k, val := c.First()
+	for ; k != nil; k, val = c.Next() {
+		if _, ok := unseal(k, val); !ok || len(k) < 8 {
+			return corruptf("idx_fail entry %x is damaged", k)
+		}
+		if p := binary.BigEndian.Uint64(k); p == carriedPrefix || p >= v+1 {
+			break
+		}
+		if stop, err := fn(k[8:]); stop || err != nil {
+			return err
+		}
+	}
+	for k, val = c.Seek(u64bytes(carriedPrefix)); k != nil; {
+		if _, ok := unseal(k, val); !ok || len(k) < 24 {
+			return corruptf("idx_fail entry %x is damaged", k)
+		}
+		cv := binary.BigEndian.Uint64(k[8:])
+		if cv >= v {
+			return nil // measured under v or later
+		}
+		slack, known, err := l.verdictSlack(tx, now, cv)
+		if err != nil {
+			return err
+		}
+		next := carriedKey(cv+1, math.Inf(-1), nil)
+		for ; k != nil && bytes.HasPrefix(k, next[:8]) && binary.BigEndian.Uint64(k[8:]) == cv; k, val = c.Next() {
+			if _, ok := unseal(k, val); !ok || len(k) < 24 {
+				return corruptf("idx_fail entry %x is damaged", k)
+			}
+			if known {
+				m := keyFloat(k[16:24])
+				if m > slack.Mean+margin(slack.Mean) {
+					break // this version's other verdicts carry
+				}
+				if m >= slack.Mean-margin(slack.Mean) {
+					h, ok, err := readHeader(tx, k[24:])
+					if err != nil {
+						return err
+					}
+					if ok && h.carries(slack) {
+						continue
+					}
+				}
+			}
+			if stop, err := fn(k[24:]); stop || err != nil {
+				return err
+			}
+		}
+		k, val = c.Seek(next)
+	}
+	return nil
+}
+
+// carryCache holds the posteriors recent verdicts were measured under (Confirm remembers the one
+// it sampled), and the slack of their KL from the current posterior, computed once per version
+// pair. It is memory only: a verdict whose posterior is not here (after a restart, or evicted) is
+// not carried but measured again, which costs a measurement and never a status.
+type carryCache struct {
+	mu     sync.Mutex
+	models map[uint64]*bnn.Model
+	now    uint64                   // the current posterior the slacks are from
+	slacks map[uint64]certify.Slack // verdict version -> slack of KL(q_now || q_cv)
+}
+
+// maxCarryModels bounds the verdict posteriors kept; the oldest goes first.
+const maxCarryModels = 64
+
+// remember keeps m as the posterior of verdicts measured under it.
+func (cc *carryCache) remember(m *bnn.Model) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.models == nil {
+		cc.models = map[uint64]*bnn.Model{}
+	}
+	if _, ok := cc.models[m.Version]; ok {
+		return
+	}
+	if len(cc.models) >= maxCarryModels {
+		oldest := uint64(math.MaxUint64)
+		for v := range cc.models {
+			oldest = min(oldest, v)
+		}
+		delete(cc.models, oldest)
+	}
+	cc.models[m.Version] = m
+}
+
+// verdictSlack is the policy's slack at KL(q_now || q_cv), the distance a verdict measured under
+// posterior version cv must be carried; known is false when that posterior is not at hand
+// (neither remembered, current, nor a stored anchor) or Options.RemeasureVerdicts is set.
+func (l *Ledger) verdictSlack(tx *bolt.Tx, now cur, cv uint64) (s certify.Slack, known bool, err error) {
+	if l.opts.RemeasureVerdicts {
+		return s, false, nil
+	}
+	cc := &l.carry
+	cc.mu.Lock()
+	if cc.now != now.version || cc.slacks == nil {
+		cc.now, cc.slacks = now.version, map[uint64]certify.Slack{}
+	}
+	s, known = cc.slacks[cv]
+	qv := cc.models[cv]
+	cc.mu.Unlock()
+	if known {
+		return s, true, nil
+	}
+	if qv == nil {
+		if qv, err = l.model(tx, cv); errors.Is(err, ErrUnknownAnchor) {
+			return s, false, nil
+		} else if err != nil {
+			return s, false, err
+		}
+	}
+	qNow, err := l.model(tx, now.version)
+	if err != nil {
+		return s, false, err
+	}
+	kl, _, err := certify.KL(qNow, qv)
+	if err != nil {
+		return s, false, fmt.Errorf("KL from posterior version %d to %d: %w", now.version, cv, err)
+	}
+	s = l.opts.Policy.Slack(kl)
+	cc.mu.Lock()
+	if cc.now == now.version {
+		cc.slacks[cv] = s
+	}
+	cc.mu.Unlock()
+	return s, true, nil
+}
+
+// confirm records a Monte-Carlo verdict of the CE's status under posterior version v, with the
+// carry bound of its evidence when the evidence decides the verdict (certify.VerdictBound).
+// Every verdict goes through here, so that no verdict keeps the bound of an older one.
+func (h *header) confirm(v uint64, e *certify.Evidence, alpha float64) {
+	h.confirmed, h.cv, h.carry, h.cbound = true, v, false, 0
+	if e == nil {
+		return
+	}
+	b, ok := certify.VerdictBound(h.status, *e, alpha)
+	if !ok {
+		return
+	}
+	f := float32(b)
+	switch {
+	case h.status == certify.AtRisk && float64(f) > b:
+		f = math.Nextafter32(f, 0)
+	case h.status == certify.Invalidated && float64(f) < b:
+		f = math.Nextafter32(f, 1)
+	}
+	h.carry, h.cbound = true, f
+}
+
+// unconfirm clears the CE's verdict (a status the bound alone decided).
+func (h *header) unconfirm() { h.confirmed, h.cv, h.carry, h.cbound = false, 0, false, 0 }
+
+// carries reports whether the CE's verdict holds under a posterior whose KL from the verdict's
+// has the given slack (certify.Carries on the stored carry bound).
+func (h *header) carries(s certify.Slack) bool {
+	return h.confirmed && h.carry && certify.Carries(h.status, float64(h.cbound), s)
+}
+
+// carryMargin is the mean slack the CE's verdict can absorb (-Inf without a carry bound).
+func (h *header) carryMargin() float64 {
+	if !h.confirmed || !h.carry {
+		return math.Inf(-1)
+	}
+	return certify.CarryMargin(h.status, float64(h.cbound))
 }
 
 // sameCertificate reports whether a and b are the same certificate of the same CE.
@@ -282,7 +511,7 @@ func sameCertificate(a, b *header) bool {
 // CE still in the same state, so that it never overrides a newer verdict or certificate.
 func sameState(a, b *header) bool {
 	return sameCertificate(a, b) && a.status == b.status && a.lapsed == b.lapsed &&
-		a.confirmed == b.confirmed && a.cv == b.cv
+		a.confirmed == b.confirmed && a.cv == b.cv && a.carry == b.carry && a.cbound == b.cbound
 }
 
 // renewable applies certify.Renewable to a certified CE whose certificate lapsed, and the stricter
@@ -302,37 +531,45 @@ type sampled struct {
 	kl      float64
 }
 
+// kept reports whether a verdict h written from this batch is in force for the current
+// posterior (see Measurements): measured under it, or carried to it.
+func (s sampled) kept(l *Ledger, h *header, behind bool) bool {
+	return !behind || !l.opts.RemeasureVerdicts && h.carries(l.opts.Policy.Slack(s.kl))
+}
+
 // confirm writes the outcome of prediction i for it (made under the sampled posterior s; now is
 // the current one): a renewal or a verdict, unless the CE changed since it was read. It reports
-// whether it wrote and whether that was a renewal.
-func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predictive, i int) (done, renewed bool, err error) {
+// whether it wrote, whether that was a renewal, and whether the result is kept (Measurements).
+func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predictive, i int) (done, renewed, kept bool, err error) {
 	h, ok, err := readHeader(w.tx, it.id)
 	if err != nil || !ok || !h.pending() || !sameState(&h, &it.h) {
-		return false, false, err
+		return false, false, false, err
 	}
 	v := s.version
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	if renewable(&h, e, w.l.opts.VerdictAlpha) {
-		return true, true, w.renew(it.id, &h, now, s, e)
+		holds, err := w.renew(it.id, &h, now, s, e)
+		return true, true, holds, err
 	}
 	nh := h
 	nh.status, nh.lapsed, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), false, w.now.UnixNano()
-	nh.confirmed, nh.cv = true, v
+	nh.confirm(v, &e, w.l.opts.VerdictAlpha)
 	if err := w.putHeader(it.id, &h, &nh); err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
+	kept = s.kept(w.l, &nh, now.version != v)
 	if nh.status == h.status {
-		return true, false, nil
+		return true, false, kept, nil
 	}
 	a, ok, err := readAnchor(w.tx, h.anchor)
 	if err == nil && !ok {
 		err = corruptf("counterfactual %q refers to anchor %d, which is not stored", it.id, h.anchor)
 	}
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	b := w.l.opts.Policy.Bounds(h.certificate(), a.kl)
-	return true, false, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: a.kl,
+	return true, false, kept, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: a.kl,
 		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P})
 }
 
@@ -340,13 +577,14 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 // posterior s it was measured under, from the evidence e: certified with (p1, V1, S) = e, judged
 // at KL(q_now || q_s) (0 when s is current; a bound that already fails there leaves it pending,
 // to be measured again under q_now). A CE that was certified keeps its status (the renewal goes
-// to its history only); one that was at_risk or invalidated changes status, with an event.
-func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evidence) error {
+// to its history only); one that was at_risk or invalidated changes status, with an event. It
+// reports whether the new certificate holds at KL(q_now || q_s).
+func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evidence) (bool, error) {
 	if err := w.l.ref(w.tx, now, h.anchor, -1, 0, w.now); err != nil {
-		return err
+		return false, err
 	}
 	if err := w.l.refSnapshot(w.tx, now, s.version, s.kl, s.model, w.now); err != nil {
-		return err
+		return false, err
 	}
 	nh := *h
 	nh.anchor, nh.p1, nh.var1, nh.samples = s.version, e.P, e.Var, e.Samples
@@ -354,19 +592,19 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	if b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0); !b0.Certified {
 		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
 		// bounds hold. Anything else is a bug, not a state to store.
-		return fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
+		return false, fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
 	}
 	b := w.l.opts.Policy.Bounds(nh.certificate(), s.kl)
 	nh.newCertificate(b.Certified) // judged at KL(q_now || q_s)
 	if err := w.putHeader(id, h, &nh); err != nil {
-		return err
+		return false, err
 	}
 	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: s.version, KL: s.kl,
 		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
 	if h.status == certify.Certified {
-		return w.recordHistory(id, &ch)
+		return b.Certified, w.recordHistory(id, &ch)
 	}
-	return w.recordChange(id, ch)
+	return b.Certified, w.recordChange(id, ch)
 }
 
 // wrapErr prefixes "ledger: <op>: " to a non-nil error.

@@ -64,17 +64,31 @@
 // rebuild at Open, registration, a renewed certificate) the CE moves by one rule,
 // certify.Rejudge, and the check at Open holds every stored CE to be a fixed point of it. A
 // certified CE whose bound fails keeps its status with a lapsed flag (no status change, no
-// event) and joins idx_fail unconfirmed. Confirm, run by the daemon in
-// the background, takes such CEs, and at_risk or invalidated ones whose last verdict is older than
-// the posterior it samples, from the front of idx_fail (sorted by the version of their last
-// measurement, none first), samples them without holding the writer lock, and writes in one short
+// event) and joins idx_fail unconfirmed. Confirm, run by the daemon in the background, takes such
+// CEs, and at_risk or invalidated ones whose last verdict is older than the posterior it samples
+// and does not carry to the current one (below), from idx_fail (sorted by the version of their
+// last measurement, none first), samples them without holding the writer lock, and writes in one short
 // transaction, for each: a renewal (certify.Renewable: re-anchored to the posterior sampled, still
 // certified) or a verdict (certify.Verdict: at_risk or invalidated, with hysteresis by evidence).
 // If ingestion promoted a newer posterior while the batch was sampled, the results are written
 // all the same, as of the posterior sampled: renewals are judged at KL(q_now || q_sampled) (that
-// posterior's snapshot stored as their anchor) and verdicts are measured again under the newer
-// one, so measurement keeps up with any rate of updates instead of being discarded. A CE whose
-// bound holds again is certified by the bound, whatever its last verdict. Audit re-measures every
+// posterior's snapshot stored as their anchor), so measurement keeps up with any rate of updates
+// instead of being discarded. A CE whose bound holds again is certified by the bound, whatever
+// its last verdict.
+//
+// # Verdicts carry
+//
+// A verdict decided by its evidence (at_risk with lower(p2) >= 1/2, invalidated with
+// upper(p2) < 1/2, at confidence 1 - alpha) keeps that bound in the CE's header, and stays in
+// force under every later posterior q while certify.Carries holds at KL(q || q_v), q_v the
+// posterior it was measured under (Theorem 1 on f and 1 - f: |p_q - p_v| <= the policy's mean
+// slack). Confirm measures an at_risk or invalidated CE again only when its verdict decided
+// nothing (kept by hysteresis) or no longer carries. idx_fail keeps such verdicts by version and
+// carry margin, so the ones a KL stops carrying are found with one range scan per verdict
+// version, the KL computed once per version, not per CE. The posteriors of verdicts are kept in
+// memory (Confirm remembers the one it sampled): after a restart a verdict whose posterior is
+// neither current nor an anchor is measured again, which costs a measurement, never a status.
+// Confirm reports what became of each measurement (Measurements: kept, superseded, discarded). Audit re-measures every
 // CE in batches, also outside the lock, with the same rules.
 //
 // # The outbox

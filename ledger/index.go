@@ -32,9 +32,10 @@ import (
 // 1 bound over them (Report.MinBound) is the first entry per anchor. idx_fail holds the CEs whose
 // bound fails (certified with a lapsed bound, at_risk, invalidated) by the posterior version of
 // their last Monte-Carlo verdict (0 = none yet, else version + 1), so Confirm takes the ones to
-// measure from its front.
+// measure from its front; verdicts that carry to later posteriors follow, by version and carry
+// margin (failKey), so Confirm reads only those the KL from their posterior no longer carries.
 //
-// Keys: anchor u64 BE | ordered float64 (8 bytes) | id, or confirmed u64 BE | id. Values: the
+// Keys: anchor u64 BE | ordered float64 (8 bytes) | id, or in idx_fail those of failKey. Values: the
 // CRC-32C of the key (seal). The keys depend on the policy (mode, epsilon_max, Hoeffding alpha):
 // Open rebuilds them when the stored policy fingerprint differs.
 
@@ -73,13 +74,35 @@ func idxKey(anchor uint64, f float64, id []byte) []byte {
 	return k
 }
 
-// failKey orders failing CEs by their last Monte-Carlo verdict: none first, then by version.
+// failKey orders failing CEs by their last Monte-Carlo verdict: none first, then by version. A
+// verdict with a carry bound (certify.VerdictBound) goes after every other entry, grouped by its
+// version and sorted by its carry margin (certify.CarryMargin), so that the verdicts a KL from
+// their posterior no longer carries are one range scan per version (carriedKey):
+//
+//	cv + 1 (0 = none) | id                       a lapsed certificate, or a verdict without bound
+//	0xFFFFFFFFFFFFFFFF | cv | margin | id        a verdict with a carry bound
 func failKey(h *header, id []byte) []byte {
+	if h.confirmed && h.carry {
+		return carriedKey(h.cv, h.carryMargin(), id)
+	}
 	k := make([]byte, 8+len(id))
 	if h.confirmed {
 		binary.BigEndian.PutUint64(k, h.cv+1)
 	}
 	copy(k[8:], id)
+	return k
+}
+
+// carriedPrefix is the first 8 bytes of every idx_fail key of a carried verdict: above any
+// version + 1 an uncarried entry can have.
+const carriedPrefix = math.MaxUint64
+
+func carriedKey(cv uint64, margin float64, id []byte) []byte {
+	k := make([]byte, 24+len(id))
+	binary.BigEndian.PutUint64(k, carriedPrefix)
+	binary.BigEndian.PutUint64(k[8:], cv)
+	floatKey(k[16:], margin)
+	copy(k[24:], id)
 	return k
 }
 
@@ -217,7 +240,10 @@ func (w *writeTx) applyIndex() error {
 
 // idLen is the length of the CE id at the end of an index key of bucket i.
 func idLen(i int, key []byte) int {
-	if i == 3 {
+	switch {
+	case i == 3 && len(key) >= 24 && binary.BigEndian.Uint64(key) == carriedPrefix:
+		return len(key) - 24
+	case i == 3:
 		return len(key) - 8
 	}
 	return len(key) - 16

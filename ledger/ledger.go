@@ -47,6 +47,10 @@ type Options struct {
 	// certificates and decide verdicts (certify.Renewable, certify.Verdict). Default:
 	// certify.DefaultVerdictAlpha.
 	VerdictAlpha float64
+	// RemeasureVerdicts makes Confirm measure every at_risk or invalidated CE again under each
+	// newer posterior, even when its verdict carries there (certify.Carries): the confirmer's
+	// behaviour before verdicts carried, kept to measure what carrying saves. Default: false.
+	RemeasureVerdicts bool
 	// EncodeChange, when set, turns each status change the ledger writes (Commit, Checkpoint,
 	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
 	// transaction. Nil: status changes are not put in the outbox.
@@ -117,6 +121,10 @@ type Ledger struct {
 	// Decoded posteriors by version (current and anchors; immutable once stored).
 	cmu    sync.Mutex
 	models map[uint64]*bnn.Model
+
+	// The posteriors recent verdicts were measured under, and their KL from the current one
+	// (confirm.go).
+	carry carryCache
 }
 
 // maxCachedModels bounds the decoded-posterior cache.
@@ -332,8 +340,8 @@ type State struct {
 	// Pending is the renewal backlog: certified CEs whose bound has lapsed, waiting for Confirm.
 	Pending int `json:"pending"`
 	// Unconfirmed is how many CEs wait for a measurement under the current posterior (lapsed
-	// certificates, and at_risk or invalidated CEs whose last verdict is older): what Confirm
-	// still has to do at this version.
+	// certificates, and at_risk or invalidated CEs whose last verdict is older and does not carry
+	// to it, certify.Carries): what Confirm still has to do at this version.
 	Unconfirmed int `json:"unconfirmed"`
 	// AppliedAt is when records were last applied (zero before the first).
 	AppliedAt time.Time `json:"applied_at"`
@@ -384,7 +392,7 @@ func (l *Ledger) State() (State, error) {
 		if s.LastUpdate, err = lastKLEntry(tx); err != nil {
 			return err
 		}
-		if s.Unconfirmed, err = countUnconfirmed(tx, c.version); err != nil {
+		if s.Unconfirmed, err = l.countWaiting(tx, c, 0); err != nil {
 			return err
 		}
 		if s.OutboxLen, err = outboxLen(tx); err != nil {
@@ -448,15 +456,24 @@ func (l *Ledger) Counts() (map[certify.Status]int, error) {
 	return c.asMap(), nil
 }
 
-// Waiting is how many CEs may wait for Confirm: the certified CEs whose bound has lapsed plus the
-// at_risk and invalidated ones (each needs a measurement under every new posterior).
-func (l *Ledger) Waiting() (int, error) {
-	var c counts
-	err := l.view(func(tx *bolt.Tx) (err error) { c, err = readCounts(tx); return err })
+// Waiting reports whether a CE waits for a measurement under the current posterior: a certified
+// CE whose bound has lapsed, or an at_risk or invalidated one whose verdict is missing, or older
+// and not carried to it (certify.Carries). It reads at most one such CE, so that the confirmer
+// can ask it before drawing a pool of networks it would not use.
+func (l *Ledger) Waiting() (bool, error) {
+	var n int
+	err := l.view(func(tx *bolt.Tx) error {
+		c, err := readCur(tx)
+		if err != nil || !c.ok {
+			return err
+		}
+		n, err = l.countWaiting(tx, c, 1)
+		return err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("ledger: counts: %w", err)
+		return false, fmt.Errorf("ledger: waiting: %w", err)
 	}
-	return int(c[lapsedSlot] + c[certify.AtRisk-1] + c[certify.Invalidated-1]), nil
+	return n > 0, nil
 }
 
 // Anchor describes one stored anchor posterior.
@@ -554,21 +571,4 @@ func lastKLEntry(tx *bolt.Tx) (*KLEntry, error) {
 		return nil, err
 	}
 	return &e, nil
-}
-
-// countUnconfirmed counts the idx_fail entries measured under a version older than v (or never):
-// the front of the index, up to the first key of version v + 1.
-func countUnconfirmed(tx *bolt.Tx, v uint64) (int, error) {
-	n := 0
-	c := tx.Bucket(bIdxFail).Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		if len(k) < 8 {
-			return 0, corruptf("idx_fail entry %x is damaged", k)
-		}
-		if binary.BigEndian.Uint64(k) >= v+1 {
-			break
-		}
-		n++
-	}
-	return n, nil
 }

@@ -578,9 +578,10 @@ func (w *writeTx) applyChange(ch StatusChange, confirmed *uint64) error {
 		return invalidf("counterfactual %q: re-certification cannot move %v to %v", ch.ID, ch.From, ch.To)
 	}
 	nh := h
-	nh.status, nh.confirmed, nh.cv, nh.lapsed = ch.To, false, 0, false
+	nh.status, nh.lapsed = ch.To, false
+	nh.unconfirm()
 	if confirmed != nil && nh.failing() {
-		nh.confirmed, nh.cv = true, *confirmed
+		nh.confirm(*confirmed, nil, 0)
 	}
 	if ch.At.IsZero() {
 		ch.At = w.now

@@ -43,6 +43,11 @@ type CE struct {
 	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
 	// still certified) or gives it a verdict (at_risk, invalidated).
 	RenewalPending bool `json:"renewal_pending,omitempty"`
+	// VerdictBound is the confidence bound that decided the verdict of ConfirmedVersion
+	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
+	// away from its side), nil when the evidence decided nothing. The verdict stays in force
+	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
+	VerdictBound *float64 `json:"verdict_bound,omitempty"`
 	// History holds the last MaxHistory status changes and renewals, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }
@@ -79,9 +84,15 @@ const MaxHistory = 32
 // history. Both are sealed (a CRC-32C of key and payload follows the payload, see store.Seal).
 //
 //	header payload (72 bytes, little endian), format 2
-//	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: lapsed)   3 reserved   4 target u32
-//	  8 anchor version u64   16 p1 f64   24 var1 f64   32 delta f64   40 epsilon f64
-//	 48 samples u32   52 reserved   56 updated-at unix ns i64   64 confirmed version u64
+//	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: lapsed, bit 2: carry bound)
+//	  3 reserved   4 target u32   8 anchor version u64   16 p1 f64   24 var1 f64   32 delta f64
+//	 40 epsilon f64   48 samples u32   52 carry bound f32 (0 without bit 2)
+//	 56 updated-at unix ns i64   64 confirmed version u64
+//
+// The carry bound is the confidence bound of a confirmed verdict (certify.VerdictBound), rounded
+// to float32 away from 1/2's side it proves (down for at_risk, up for invalidated), so that the
+// rounded bound carries the verdict no further than the exact one (certify.Carries). A file
+// written with it is refused by a cfguard that predates it (flags or reserved bytes set).
 //
 // Format 1 (schema 1) was the first 64 bytes with format 1 and no checksum; Open migrates it.
 //
@@ -97,6 +108,7 @@ const (
 	histSize       = 50
 	flagConfirmed  = 1
 	flagLapsed     = 2
+	flagCarry      = 4
 	hStatus        = 1
 	hFlags         = 2
 	hTarget        = 4
@@ -106,6 +118,7 @@ const (
 	hDelta         = 32
 	hEps           = 40
 	hSamples       = 48
+	hCarry         = 52
 	hUpdated       = 56
 	hConfirmed     = 64
 	maxVectorLen   = 1 << 20
@@ -115,9 +128,11 @@ const (
 // header is the decoded fixed-size part of a record.
 type header struct {
 	status         certify.Status
-	confirmed      bool   // the status of a failing CE was decided by Monte-Carlo ...
-	cv             uint64 // ... under this posterior version
-	lapsed         bool   // a certified CE whose bound fails, waiting to be renewed or judged
+	confirmed      bool    // the status of a failing CE was decided by Monte-Carlo ...
+	cv             uint64  // ... under this posterior version
+	lapsed         bool    // a certified CE whose bound fails, waiting to be renewed or judged
+	carry          bool    // the verdict (confirmed, cv) has a carry bound ...
+	cbound         float32 // ... certify.VerdictBound of its evidence, rounded away from its side
 	target         int
 	anchor         uint64
 	p1, var1       float64
@@ -151,7 +166,7 @@ func (h *header) rejudge(holds bool) {
 	s := certify.Rejudge(h.standing(), holds)
 	h.status, h.lapsed = s.Status, s.Lapsed
 	if s.Status == certify.Certified {
-		h.confirmed, h.cv = false, 0
+		h.unconfirm()
 	}
 }
 
@@ -193,11 +208,18 @@ func decodeHeader(v []byte) (header, error) {
 		return header{}, corruptf("header status %d", v[hStatus])
 	}
 	if v[0] == headerFormat {
-		if v[hFlags]&^(flagConfirmed|flagLapsed) != 0 || v[3] != 0 || binary.LittleEndian.Uint32(v[52:]) != 0 {
+		h.carry = v[hFlags]&flagCarry != 0
+		if v[hFlags]&^(flagConfirmed|flagLapsed|flagCarry) != 0 || v[3] != 0 || !h.carry && binary.LittleEndian.Uint32(v[hCarry:]) != 0 {
 			return header{}, corruptf("header flags %#x or reserved bytes set", v[hFlags])
 		}
 		h.confirmed = v[hFlags]&flagConfirmed != 0
 		h.lapsed = v[hFlags]&flagLapsed != 0
+		h.cbound = math.Float32frombits(binary.LittleEndian.Uint32(v[hCarry:]))
+		if h.carry && (!h.confirmed || !(h.cbound >= 0 && h.cbound <= 1) ||
+			math.IsInf(certify.CarryMargin(h.status, float64(h.cbound)), -1) ||
+			h.status == certify.AtRisk && h.cbound < 0.5 || h.status == certify.Invalidated && h.cbound > 0.5) {
+			return header{}, corruptf("header: carry bound %v for status %v (confirmed %v)", h.cbound, h.status, h.confirmed)
+		}
 		h.cv = binary.LittleEndian.Uint64(v[hConfirmed:])
 		if !h.confirmed && h.cv != 0 || h.confirmed && !h.failing() {
 			return header{}, corruptf("header: confirmed flag %v with version %d for status %v", h.confirmed, h.cv, h.status)
@@ -229,6 +251,10 @@ func (h *header) encode() []byte {
 	if h.confirmed {
 		v[hFlags] = flagConfirmed
 		binary.LittleEndian.PutUint64(v[hConfirmed:], h.cv)
+		if h.carry {
+			v[hFlags] |= flagCarry
+			binary.LittleEndian.PutUint32(v[hCarry:], math.Float32bits(h.cbound))
+		}
 	}
 	if h.lapsed {
 		v[hFlags] |= flagLapsed
