@@ -112,8 +112,13 @@ func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
 			m := testModel(4)
 			install(t, l, m)
 			models := map[uint64]*bnn.Model{m.Version: m}
+			ids := 0
 			randomCE := func(m *bnn.Model) *CE {
 				ce := newCE(t, m, rng)
+				// Ids from the run, not the ledger's (time and random bits): the CEs deleted
+				// below are picked from List's order, which must be the same in every run.
+				ids++
+				ce.ID = fmt.Sprintf("ce-%06d", ids)
 				// Certificates spread over the thresholds: p1 in [0.55, 1), V1 in [0, 0.05].
 				ce.P1 = 0.55 + 0.45*rng.Float64()
 				ce.Var1 = 0.05 * rng.Float64() * rng.Float64()
@@ -138,7 +143,7 @@ func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
 				// exactly to an anchor.
 				next := drift(m, math.Copysign(math.Pow(10, -4+2.8*rng.Float64()), rng.Float64()-0.5))
 				if rng.IntN(6) == 0 {
-					vs := slices.Collect(mapKeys(models))
+					vs := slices.Sorted(mapKeys(models)) // sorted: map order would make the run differ each time
 					back := models[vs[rng.IntN(len(vs))]].Clone()
 					back.Version = m.Version + 1
 					next = back
