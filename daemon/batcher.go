@@ -103,6 +103,15 @@ func (b *batcher) run(ctx context.Context) error {
 		select {
 		case c := <-b.calls:
 			queue = append(queue, c)
+		waiting: // and every call waiting with it
+			for {
+				select {
+				case c := <-b.calls:
+					queue = append(queue, c)
+				default:
+					break waiting
+				}
+			}
 		case <-ended:
 			running--
 		case <-ctx.Done():

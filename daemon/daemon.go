@@ -229,7 +229,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
 	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
-	d.registrar = newRegistrar(d.storeRegistrations)
+	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))
