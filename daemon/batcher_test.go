@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"sort"
@@ -257,4 +258,28 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 			b.ReportMetric(batched/direct, "x-direct")
 		}
 	})
+}
+
+// BenchmarkPredictBatchSizes is the cost of one engine call on one core (Pool.PredictWorkers
+// with 1 worker, as a lane of the batcher runs it) against its number of inputs, on the pool
+// of BenchmarkPredictConcurrent: per input, a lone call against calls of more inputs, which
+// share the call's pass over the pool.
+//
+//	go test -run '^$' -bench PredictBatchSizes -benchtime 40x ./daemon
+func BenchmarkPredictBatchSizes(b *testing.B) {
+	m, ps, X := testPool(b)
+	pool, err := ps.get(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{1, 2, 4, 8, 16, 25, 50, 100} {
+		b.Run(fmt.Sprintf("inputs=%d", n), func(b *testing.B) {
+			for range b.N {
+				if _, err := pool.PredictWorkers(context.Background(), X[:n], 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N*n), "ms/input")
+		})
+	}
 }
