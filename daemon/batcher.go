@@ -15,8 +15,8 @@ const maxBatchInputs = 4 * maxPredictBatch
 // batch runs. Each batch pays one pass over the pool from memory (about 1.35 ms of a core at
 // 1000 float64 networks, against 0.58 ms per input: the cost of ~2.3 inputs), and under load a
 // lane's batches are about as large as the inputs it starts with: at 8 they spent 22% of their
-// time on that pass and served 50 clients 12% slower than at 16 (13%). Fewer inputs wait for a
-// running batch to end and join the next.
+// time on that pass and served 50 clients about 10% fewer requests than at 16 (13%). Fewer
+// inputs wait for a running batch to end and join the next.
 const minLaneInputs = 16
 
 // errPredictStopping answers the predictions still queued when the daemon stops.
@@ -46,7 +46,7 @@ type predictReply struct {
 // One pass over the version's shared pool of S networks then serves every request of the batch,
 // which matters because a pass is bound by reading the pool (34 MB at the default S = 1000),
 // not by the inputs: an input costs a lone call about 1.9 ms of a core at the defaults, and
-// about 0.6 ms in a batch of tens (BenchmarkPredictConcurrent). Lanes, because an engine call of
+// about 0.6 ms in a batch of tens (BenchmarkPredictBatchSizes). Lanes, because an engine call of
 // fewer than a few hundred inputs runs on one core (bnn.Pool.Predict spreads only large calls):
 // with one batch at a time the other cores idled while it ran. Results do not depend on the
 // batch: the pool's draws are shared by every input and each input's estimate depends on its
