@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"sync"
@@ -38,7 +40,7 @@ func TestBatcherSharesEngineCallsAndChangesNoAnswer(t *testing.T) {
 	}
 	var calls atomic.Int64
 	release := make(chan struct{})
-	b := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 		if calls.Add(1) == 1 {
 			<-release // the first call waits, so that the others queue behind it
 		}
@@ -95,7 +97,7 @@ func TestBatcherCancelledWhileQueued(t *testing.T) {
 	}
 	release := make(chan struct{})
 	var once sync.Once
-	b := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 		once.Do(func() { <-release })
 		return pool.Predict(ctx, xs)
 	})
@@ -119,9 +121,73 @@ func TestBatcherCancelledWhileQueued(t *testing.T) {
 	}
 }
 
+// With two lanes, a batch starts while another runs, but only with minLaneInputs inputs or more:
+// fewer wait for the running batch. Its answers are the ones each request gets alone.
+func TestBatcherSecondLaneWaitsForAFullBatch(t *testing.T) {
+	m, ps, X := testPool(t)
+	pool, err := ps.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	sizes := make(chan int, 64)
+	var calls atomic.Int64
+	b := newBatcher(2, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+		sizes <- len(xs)
+		if calls.Add(1) == 1 {
+			<-release // the first batch runs until the second has started
+		}
+		return pool.Predict(ctx, xs)
+	})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { b.run(ctx); close(done) }()
+	defer func() { free(); cancel(); <-done }() // run returns once its batches have
+
+	const n = 2 * minLaneInputs
+	results := make([]*bnn.Predictive, n+1)
+	errs := make([]error, n+1)
+	var wg sync.WaitGroup
+	ask := func(i int) {
+		defer wg.Done()
+		results[i], errs[i] = b.do(context.Background(), m, X[i:i+1])
+	}
+	wg.Add(1)
+	go ask(0)
+	if got := <-sizes; got != 1 {
+		t.Fatalf("the first batch has %d inputs, want the lone request's 1", got)
+	}
+	for i := 1; i <= n; i++ {
+		wg.Add(1)
+		go ask(i) // one input each: the second lane must wait for minLaneInputs of them
+	}
+	if got := <-sizes; got < minLaneInputs {
+		t.Fatalf("a batch of %d inputs started while another ran, want >= %d", got, minLaneInputs)
+	}
+	free()
+	wg.Wait()
+	for i := range n + 1 {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		alone, err := pool.Predict(context.Background(), X[i:i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(results[i].Mean, alone.Mean) || !slices.Equal(results[i].Var, alone.Var) {
+			t.Fatalf("request %d: batched %+v, alone %+v", i, results[i], alone)
+		}
+	}
+}
+
 // BenchmarkPredictConcurrent: 50 clients, one input each, against the version's pool of 1000
-// draws, each request one engine call (direct) or through the batcher (batched), in one run:
-// requests/s and the p50 and p99 latency of each, and the batched/direct throughput ratio.
+// draws, each request one engine call (direct) or through the batcher with a lane per core as
+// the daemon runs it (batched), in one run: requests/s, the p50 and p99 latency and the CPU
+// time per request of each, the mean inputs per batched engine call, and the batched/direct
+// throughput ratio. Where both keep every core busy, the throughput ratio is the inverse ratio
+// of their CPU per request; on a machine shared with other work it is not.
 //
 //	go test -run '^$' -bench PredictConcurrent -benchtime 2000x ./daemon
 func BenchmarkPredictConcurrent(b *testing.B) {
@@ -133,6 +199,8 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 	const clients = 50
 	run := func(b *testing.B, predict func(ctx context.Context, xs [][]float64) error) (rps, p50, p99 float64) {
 		lat := make([]time.Duration, b.N)
+		cpu0 := processCPU(b)
+		defer func() { b.ReportMetric(float64(processCPU(b)-cpu0)/1e6/float64(b.N), "cpu-ms/req") }()
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		b.ResetTimer()
@@ -171,8 +239,10 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 		b.ReportMetric(p99, "p99-ms")
 	})
 	b.Run("batched", func(b *testing.B) {
-		bt := newBatcher(func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
-			return pool.Predict(ctx, xs)
+		var calls atomic.Int64
+		bt := newBatcher(runtime.GOMAXPROCS(0), func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+			calls.Add(1)
+			return pool.Predict(ctx, xs) // as the daemon's batches (predictNow)
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -180,6 +250,7 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 		defer func() { cancel(); <-done }()
 		rps, p50, p99 := run(b, func(ctx context.Context, xs [][]float64) error { _, err := bt.do(ctx, m, xs); return err })
 		batched = rps
+		b.ReportMetric(float64(b.N)/float64(calls.Load()), "inputs/call")
 		b.ReportMetric(rps, "req/s")
 		b.ReportMetric(p50, "p50-ms")
 		b.ReportMetric(p99, "p99-ms")
@@ -187,4 +258,28 @@ func BenchmarkPredictConcurrent(b *testing.B) {
 			b.ReportMetric(batched/direct, "x-direct")
 		}
 	})
+}
+
+// BenchmarkPredictBatchSizes is the cost of one engine call on one core (Pool.PredictWorkers
+// with 1 worker, as a lane of the batcher runs it) against its number of inputs, on the pool
+// of BenchmarkPredictConcurrent: per input, a lone call against calls of more inputs, which
+// share the call's pass over the pool.
+//
+//	go test -run '^$' -bench PredictBatchSizes -benchtime 40x ./daemon
+func BenchmarkPredictBatchSizes(b *testing.B) {
+	m, ps, X := testPool(b)
+	pool, err := ps.get(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{1, 2, 4, 8, 16, 25, 50, 100} {
+		b.Run(fmt.Sprintf("inputs=%d", n), func(b *testing.B) {
+			for range b.N {
+				if _, err := pool.PredictWorkers(context.Background(), X[:n], 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N*n), "ms/input")
+		})
+	}
 }

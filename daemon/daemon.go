@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -226,8 +227,8 @@ func newDaemon(opts Options) (*Daemon, error) {
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
-	d.batch = newBatcher(d.predictNow)
-	d.registrar = newRegistrar(d.storeRegistrations)
+	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
+	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))

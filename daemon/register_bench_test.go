@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +29,9 @@ import (
 //	go test -run '^$' -bench RegisterConcurrent -benchtime 2000x ./daemon
 //
 // b.N is the number of registrations of each sub-benchmark (each with fresh ids); per-write is
-// the mean number of CEs one ledger write stored (cfguard_counterfactuals_registration_batch_size).
+// the mean number of CEs one ledger write stored (cfguard_counterfactuals_registration_batch_size); cpu-ms/reg
+// is the CPU time of the whole process (daemon and clients) per registration, so that
+// registrations/s can be read against what the cores allow (cores x 1000 / cpu-ms/reg).
 func BenchmarkRegisterConcurrent(b *testing.B) {
 	_, set, m, modelDir := benchStream(b, 1)
 	c := config.Default()
@@ -88,6 +91,7 @@ func BenchmarkRegisterConcurrent(b *testing.B) {
 	for _, clients := range []int{1, 16} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
 			writes0, stored0 := histogramOf(b, d)
+			cpu0 := processCPU(b)
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			errs := make(chan error, clients)
@@ -106,6 +110,7 @@ func BenchmarkRegisterConcurrent(b *testing.B) {
 			}
 			wg.Wait()
 			elapsed := time.Since(t0)
+			cpu := processCPU(b) - cpu0
 			close(errs)
 			for err := range errs {
 				b.Fatal(err)
@@ -114,6 +119,7 @@ func BenchmarkRegisterConcurrent(b *testing.B) {
 			rates[clients] = float64(b.N) / elapsed.Seconds()
 			b.ReportMetric(rates[clients], "registrations/s")
 			b.ReportMetric((stored-stored0)/float64(writes-writes0), "per-write")
+			b.ReportMetric(float64(cpu)/1e6/float64(b.N), "cpu-ms/reg")
 			if clients > 1 && rates[1] > 0 {
 				b.ReportMetric(rates[clients]/rates[1], "ratio")
 			}
@@ -135,4 +141,13 @@ func histogramOf(b *testing.B, d *Daemon) (writes uint64, stored float64) {
 	}
 	b.Fatal("cfguard_counterfactuals_registration_batch_size not found")
 	return 0, 0
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

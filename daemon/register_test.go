@@ -65,7 +65,7 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	want["short"], want["not-cf"], want["stored"], want["a b"] = errBadRequest, errNotCounterfactual, ledger.ErrExists, errBadRequest
 
 	// A registrar of the running daemon's own storeRegistrations, started once all 16 wait.
-	g := newRegistrar(r.d.storeRegistrations)
+	g := newRegistrar(1, r.d.measureRegistrations, r.d.storeRegistrations)
 	out := make([][]registered, len(regs))
 	errs := make([]error, len(regs))
 	var wg sync.WaitGroup
@@ -157,11 +157,100 @@ func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
 // A registration the registrar never took, because the daemon stopped, is refused with
 // errStopping (503), not left waiting.
 func TestRegistrationAfterStop(t *testing.T) {
-	g := newRegistrar(func(context.Context, []registration, bool) []registered { panic("not reached") })
+	g := newRegistrar(1, func(context.Context, []registration) *regMeasure { panic("not reached") },
+		func(context.Context, []registration, *regMeasure, bool) []registered { panic("not reached") })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	g.run(ctx)
 	if _, err := g.submit(context.Background(), []registration{{id: "late"}}, false); !errors.Is(err, errStopping) || registerStatus(err) != http.StatusServiceUnavailable {
 		t.Errorf("submit after stop: %v, want errStopping (503)", err)
 	}
+}
+
+// Registrations measured together get, bit for bit, the p1 and Var1 each gets measured alone
+// under the same posterior (the version's shared draws; an input's estimate depends on its own
+// row), and a batch measured under a posterior that is no longer current when it is stored is
+// measured again under the current one: each CE is anchored to the posterior it was measured
+// under, with the numbers a registration alone gets under it.
+func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	const n = 12
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	pairs := func(prefix string) []registration {
+		rs := make([]registration, n)
+		for k := range rs {
+			rs[k] = registration{id: fmt.Sprintf("%s-%d", prefix, k), x: data.X[xs[k]], xcf: data.X[cfs[(k+3)%len(cfs)]], target: target{set: true, name: "benign"}}
+		}
+		return rs
+	}
+	ctx := context.Background()
+	alone := func(prefix string) []*ledger.CE {
+		ces := make([]*ledger.CE, n)
+		for k, rg := range pairs(prefix) {
+			ce, err := r.d.register(ctx, rg)
+			if err != nil {
+				t.Fatalf("%s alone: %v", rg.id, err)
+			}
+			ces[k] = ce
+		}
+		return ces
+	}
+	same := func(what string, got []registered, want []*ledger.CE) {
+		t.Helper()
+		for k, o := range got {
+			if o.err != nil {
+				t.Fatalf("%s %d: %v", what, k, o.err)
+			}
+			if o.ce.AnchorVersion != want[k].AnchorVersion || o.ce.P1 != want[k].P1 || o.ce.Var1 != want[k].Var1 {
+				t.Errorf("%s %d: anchor %d p1 %v var1 %v; alone: anchor %d p1 %v var1 %v", what, k,
+					o.ce.AnchorVersion, o.ce.P1, o.ce.Var1, want[k].AnchorVersion, want[k].P1, want[k].Var1)
+			}
+		}
+	}
+
+	// Measured and stored together (one write), against one at a time.
+	v0 := r.d.current().Version
+	want := alone("alone")
+	writes0, _ := batchHistogram(t, r)
+	got, err := r.d.registerMany(ctx, pairs("batch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if writes, _ := batchHistogram(t, r); writes-writes0 != 1 {
+		t.Fatalf("%d ledger writes for %d registrations sent together, want 1", writes-writes0, n)
+	}
+	same("together", got, want)
+
+	// From concurrent clients (batches of any size, measured on the registrar's lanes at once).
+	got = make([]registered, n)
+	var wg sync.WaitGroup
+	for k, rg := range pairs("concurrent") {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[k].ce, got[k].err = r.d.register(ctx, rg)
+		}()
+	}
+	wg.Wait()
+	same("concurrent", got, want)
+
+	// Measured under v0, stored after the posterior moved on.
+	rs := pairs("moved")
+	me := r.d.measureRegistrations(ctx, rs)
+	var vals [][]byte
+	for i := range 32 {
+		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 32 })
+	moved := r.d.storeRegistrations(ctx, rs, me, true)
+	want = alone("after")
+	if want[0].AnchorVersion == v0 {
+		t.Fatalf("registrations after the increment anchored to version %d, the one before it", v0)
+	}
+	same("measured before the increment", moved, want)
 }
