@@ -85,10 +85,14 @@ type HTTP struct {
 	// connections wait in the kernel's backlog until read_timeout or idle_timeout frees a slot.
 	// Default: 1024.
 	MaxConnections int `yaml:"max_connections"`
-	// MaxConcurrentPredict bounds the POST /v1/predict requests evaluated at once; one more is
-	// answered 429 with Retry-After at once. Default: 0, meaning GOMAXPROCS (the CPUs the
-	// daemon may use): the predictive is CPU-bound.
-	MaxConcurrentPredict int `yaml:"max_concurrent_predict"`
+	// MaxPredictInputs bounds the inputs of the POST /v1/predict requests admitted at once
+	// (running or waiting for a shared engine call); a request that would pass it is answered
+	// 429 with Retry-After at once, except when none is admitted (so that a request of up to
+	// 10^4 inputs is always served alone). Counting inputs, not requests, lets many clients of a
+	// few inputs share batched engine calls while bounding the queue's work. Default: 0, meaning
+	// 10^4 per CPU the daemon may use (GOMAXPROCS): at most about what that many requests of the
+	// largest size would take, each on a core.
+	MaxPredictInputs int `yaml:"max_predict_inputs"`
 	// WebConfigFile is a Prometheus exporter-toolkit web configuration file
 	// (tls_server_config, client CAs for mTLS, basic_auth_users, http_server_config): it serves
 	// the API, /metrics and the probes over TLS, and is reread on every new connection, so a
@@ -412,6 +416,8 @@ func renamedKey(key string) (string, bool) {
 	switch key {
 	case "update.steps":
 		return "update.iterations", true
+	case "http.max_concurrent_predict":
+		return "http.max_predict_inputs, which counts inputs, not requests", true
 	}
 	return "", false
 }
@@ -672,8 +678,8 @@ func (c *Config) Validate() error {
 	if c.HTTP.MaxConnections <= 0 {
 		bad("http.max_connections", c.HTTP.MaxConnections, "must be positive")
 	}
-	if c.HTTP.MaxConcurrentPredict < 0 {
-		bad("http.max_concurrent_predict", c.HTTP.MaxConcurrentPredict, "must be >= 0 (0: GOMAXPROCS)")
+	if c.HTTP.MaxPredictInputs < 0 {
+		bad("http.max_predict_inputs", c.HTTP.MaxPredictInputs, "must be >= 0 (0: 10000 per CPU)")
 	}
 	if c.StateDir == "" {
 		bad("state_dir", `""`, "must name a directory")

@@ -77,7 +77,7 @@ type api struct {
 	backup  backupSource
 	core    core
 	exp     *explainer
-	predict *slots // http.max_concurrent_predict
+	predict *inputBudget // http.max_predict_inputs
 	metrics http.Handler
 }
 
@@ -748,9 +748,10 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
 		return
 	}
-	release, ok := a.predict.acquire()
+	release, ok := a.predict.acquire(len(xs))
 	if !ok {
-		retryLater(w, http.StatusTooManyRequests, predictRetryAfter, "predict: too many predictions running (http.max_concurrent_predict); retry later")
+		retryLater(w, http.StatusTooManyRequests, predictRetryAfter,
+			fmt.Sprintf("predict: these %d inputs would take the predictions admitted past %d inputs (http.max_predict_inputs); retry later", len(xs), a.predict.max))
 		return
 	}
 	defer release()

@@ -338,7 +338,7 @@ func (d *Daemon) bind(td *teardown) error {
 // newAPI builds the API's handlers over the daemon.
 func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	cfg := d.cfg
-	predict := newSlots(cfg.HTTP.MaxConcurrentPredict)
+	predict := newInputBudget(cfg.HTTP.MaxPredictInputs, maxPredictBatch)
 	predict.rejected = hm.Rejected(alerts.RoutePredict)
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta,

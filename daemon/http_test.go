@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -76,12 +77,12 @@ func (g *gatedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (
 	return g.core.predict(ctx, m, xs)
 }
 
-// TestPredictBeyondTheLimitIs429WithRetryAfter: with http.max_concurrent_predict = 2, of 8
-// concurrent predictions 2 run and 6 are answered 429 with Retry-After at once; the 2 then
-// answer correctly, and their slots are free again after.
+// TestPredictBeyondTheLimitIs429WithRetryAfter: with http.max_predict_inputs = 10, of 8
+// concurrent predictions of 5 inputs 2 run and 6 are answered 429 with Retry-After at once; the 2
+// then answer correctly, and their inputs are free again after.
 func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 	const limit, n = 2, 8
-	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxConcurrentPredict = limit })
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxPredictInputs = 5 * limit })
 	hm := alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)
 	a := r.d.newAPI(hm)
 	g := &gatedCore{core: r.d, entered: make(chan struct{}, n), gate: make(chan struct{})}
@@ -120,7 +121,7 @@ func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 		}
 	}
 	for range n - limit {
-		if a := next(); a.code != http.StatusTooManyRequests || a.retryAfter != "1" || !bytes.Contains(a.body, []byte("http.max_concurrent_predict")) {
+		if a := next(); a.code != http.StatusTooManyRequests || a.retryAfter != "1" || !bytes.Contains(a.body, []byte("http.max_predict_inputs")) {
 			t.Fatalf("a prediction over the limit: %d Retry-After %q %s, want 429 with Retry-After 1", a.code, a.retryAfter, a.body)
 		}
 	}
@@ -358,5 +359,49 @@ func TestLimitListenerCloseWakesAWaitingAccept(t *testing.T) {
 	held.Close() // a second Close gives nothing back twice
 	if got := testutil.ToFloat64(gauge); got != 0 {
 		t.Fatalf("gauge %v after the held connection closed", got)
+	}
+}
+
+// TestInputBudget holds the admission rule of POST /v1/predict: requests are admitted while
+// their inputs fit the bound, one of any size when none is admitted, and a release (once, even
+// if called twice) gives its inputs back.
+func TestInputBudget(t *testing.T) {
+	b := newInputBudget(100, 0)
+	b.rejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "rejected"})
+	steps := []struct {
+		name  string
+		n     int
+		admit bool
+	}{
+		{"a request alone larger than the bound", 150, true},
+		{"one more input while it runs", 1, false},
+	}
+	var releases []func()
+	for _, s := range steps {
+		release, ok := b.acquire(s.n)
+		if ok != s.admit {
+			t.Fatalf("%s: admitted %v, want %v", s.name, ok, s.admit)
+		}
+		if ok {
+			releases = append(releases, release)
+		}
+	}
+	releases[0]()
+	releases[0]() // a second release gives nothing back twice
+	for i := range 50 {
+		release, ok := b.acquire(2)
+		if !ok {
+			t.Fatalf("request %d of 2 inputs refused with %d of 100 admitted", i, 2*i)
+		}
+		defer release()
+	}
+	if _, ok := b.acquire(1); ok {
+		t.Fatal("a request admitted past the bound")
+	}
+	if got := testutil.ToFloat64(b.rejected); got != 2 {
+		t.Errorf("rejections counted %v, want 2", got)
+	}
+	if d := newInputBudget(0, 10000); d.max != 10000*runtime.GOMAXPROCS(0) {
+		t.Errorf("default bound %d, want 10000 per CPU", d.max)
 	}
 }

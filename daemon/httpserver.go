@@ -57,6 +57,47 @@ func (c *limitConn) Close() error {
 	return err
 }
 
+// inputBudget bounds the inputs of the prediction requests admitted at once (running, or
+// waiting for a shared engine call: see batcher). Like slots, acquire never waits: a request
+// whose inputs would pass the bound is answered 429 with Retry-After at once. A request is always
+// admitted when none is, so one of any allowed size is served even above the bound.
+type inputBudget struct {
+	mu       sync.Mutex
+	held     int
+	max      int
+	rejected prometheus.Counter // may be nil
+}
+
+// newInputBudget bounds admitted inputs at n, or at perCPU per CPU (GOMAXPROCS) when n <= 0.
+func newInputBudget(n, perCPU int) *inputBudget {
+	if n <= 0 {
+		n = perCPU * runtime.GOMAXPROCS(0)
+	}
+	return &inputBudget{max: n}
+}
+
+// acquire admits a request of n inputs, or reports ok false (and counts a rejection) when the
+// inputs admitted already leave no room for it.
+func (b *inputBudget) acquire(n int) (release func(), ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held > 0 && b.held+n > b.max {
+		if b.rejected != nil {
+			b.rejected.Inc()
+		}
+		return nil, false
+	}
+	b.held += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			b.held -= n
+			b.mu.Unlock()
+		})
+	}, true
+}
+
 // slots bound how many requests of one kind run at once. acquire never waits: a request over
 // the bound is answered 429 with Retry-After at once, rather than queued behind work that may
 // take seconds (a client retrying later costs nothing while it waits).
