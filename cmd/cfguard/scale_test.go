@@ -377,6 +377,7 @@ type scaleRow struct {
 	auditTook                               time.Duration
 	auditCPU, hwmAfterAudit, rssAfterAudit  float64
 	evaluated, certifiedAfter, behindOrLost int
+	load                                    string // /proc/loadavg's 1-minute figure when the audit (or the start) ended
 }
 
 // measure starts the daemon pinned to r.cores cores and takes the row's figures.
@@ -400,6 +401,7 @@ func (r *scaleRow) measure(t *testing.T, taskset, bin, cfg string, audit bool) {
 		st = p.status(t)
 		r.hwmAfterAudit, r.rssAfterAudit = st["VmHWM"], st["VmRSS"]
 	}
+	r.load = strings.Fields(loadAverage())[0]
 	p.stop(t)
 }
 
@@ -407,16 +409,16 @@ func (r *scaleRow) measure(t *testing.T, taskset, bin, cfg string, audit bool) {
 func scaleTable(rows []scaleRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "load average %s, GOMAXPROCS of the test %d\n\n", loadAverage(), runtime.GOMAXPROCS(0))
-	b.WriteString("| CEs | build | cores | samples | bytes/CE | start -> ready | RSS ready / steady (anon) / peak MB | audit | audit CPU/wall | certified after | RSS / peak after audit MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| CEs | build | cores | samples | bytes/CE | start -> ready | RSS ready / steady (anon) / peak MB | audit | audit CPU s (/wall) | certified after | RSS / peak after audit MB | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		audit, ratio := "-", "-"
 		if r.auditTook > 0 {
 			audit = r.auditTook.Round(10 * time.Millisecond).String()
-			ratio = fmt.Sprintf("%.2f", r.auditCPU/r.auditTook.Seconds())
+			ratio = fmt.Sprintf("%.2f (%.2f)", r.auditCPU, r.auditCPU/r.auditTook.Seconds())
 		}
-		fmt.Fprintf(&b, "| %d | %s | %d | %d | %.0f | %v | %.0f / %.0f (%.0f) / %.0f | %s | %s | %d | %.0f / %.0f |\n",
+		fmt.Fprintf(&b, "| %d | %s | %d | %d | %.0f | %v | %.0f / %.0f (%.0f) / %.0f | %s | %s | %d | %.0f / %.0f | %s |\n",
 			r.n, r.build, r.cores, r.samples, r.bytesPerCE, r.start.Round(time.Millisecond),
-			r.readyRSS, r.steadyRSS, r.steadyAnon, r.hwm, audit, ratio, r.certifiedAfter, r.rssAfterAudit, r.hwmAfterAudit)
+			r.readyRSS, r.steadyRSS, r.steadyAnon, r.hwm, audit, ratio, r.certifiedAfter, r.rssAfterAudit, r.hwmAfterAudit, r.load)
 	}
 	return b.String()
 }
