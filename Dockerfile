@@ -2,21 +2,25 @@
 #
 # cfguard's container image, in two variants chosen with --target:
 #
-#   static    (the default, last stage) a pure-Go binary (CGO_ENABLED=0) on
-#             gcr.io/distroless/static-debian12:nonroot: no shell, no libc, uid 65532, CA
-#             certificates and tzdata included (Kafka over TLS needs the former).
-#   openblas  the production predictive backend: cgo with -tags openblas, linked dynamically
-#             against Debian's OpenBLAS, on debian:bookworm-slim with libopenblas0-pthread
-#             installed by apt (it brings libgfortran5 and libquadmath0) and a nonroot user of
-#             the same uid 65532.
+#   openblas  (the default, last stage) the fast engine: cgo with -tags openblas, the predictive
+#             engine's matrix products in Debian's OpenBLAS, linked dynamically, on
+#             debian:bookworm-slim with libopenblas0-pthread installed by apt (it brings
+#             libgfortran5 and libquadmath0) and a nonroot user of uid 65532. ~2.4x faster than
+#             PyTorch on the predictive, ~4x the static build (docs/BENCHMARKS.md); ~160 MB
+#             unpacked, glibc and a shell inside, Debian packages to keep patched.
+#   static    a pure-Go binary (CGO_ENABLED=0) on gcr.io/distroless/static-debian12:nonroot: no
+#             shell, no libc, uid 65532, CA certificates and tzdata included (Kafka over TLS needs
+#             the former); ~40 MB unpacked, nothing to patch but cfguard, and the predictive
+#             ~1.7x slower than PyTorch.
 #
 #   docker build -t cfguard:dev .
-#   docker build --target openblas -t cfguard:dev-openblas .
+#   docker build --target static -t cfguard:dev-static .
 #
 # The build commands are deploy/docker/build.sh; deploy/docker_test.go runs that script on the
-# files this Dockerfile's build context holds (.dockerignore applied) and checks the result is a
-# static binary, so the image's build is tested without a Docker engine. The image itself is not
-# built by the tests.
+# files this Dockerfile's build context holds (.dockerignore applied) and checks that the default
+# target's cfguard links libopenblas.so.0 from the package its stage installs and that the static
+# target's is static, then runs each as its image would; so the image's build is tested without
+# a Docker engine. The image itself is not built by the tests.
 #
 # State lives in the volume /var/lib/cfguard (state_dir: the bbolt ledger cfguard.db, the
 # embedded broker's data, the posterior export). The default configuration is
@@ -40,6 +44,19 @@ RUN apt-get update && apt-get install -y --no-install-recommends libopenblas-dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     deploy/docker/build.sh /out openblas
 
+FROM gcr.io/distroless/static-debian12:nonroot AS static
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="cfguard" org.opencontainers.image.revision="${REVISION}"
+COPY --from=build-static /out/cfguard /out/cfguard-healthcheck /usr/local/bin/
+COPY --from=build-static --chown=65532:65532 /out/state /var/lib/cfguard
+COPY deploy/docker/config.yaml /etc/cfguard/config.yaml
+USER 65532:65532
+VOLUME ["/var/lib/cfguard"]
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 CMD ["/usr/local/bin/cfguard-healthcheck"]
+ENTRYPOINT ["/usr/local/bin/cfguard"]
+CMD ["run", "--config", "/etc/cfguard/config.yaml"]
+
 FROM debian:bookworm-slim AS openblas
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="cfguard" org.opencontainers.image.revision="${REVISION}"
@@ -49,19 +66,6 @@ RUN apt-get update && apt-get install -y --no-install-recommends libopenblas0-pt
     && useradd --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin nonroot \
     && mkdir -p /var/lib/cfguard && chown 65532:65532 /var/lib/cfguard
 COPY --from=build-openblas /out/cfguard /out/cfguard-healthcheck /usr/local/bin/
-COPY deploy/docker/config.yaml /etc/cfguard/config.yaml
-USER 65532:65532
-VOLUME ["/var/lib/cfguard"]
-EXPOSE 8080
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 CMD ["/usr/local/bin/cfguard-healthcheck"]
-ENTRYPOINT ["/usr/local/bin/cfguard"]
-CMD ["run", "--config", "/etc/cfguard/config.yaml"]
-
-FROM gcr.io/distroless/static-debian12:nonroot AS static
-ARG REVISION=unknown
-LABEL org.opencontainers.image.title="cfguard" org.opencontainers.image.revision="${REVISION}"
-COPY --from=build-static /out/cfguard /out/cfguard-healthcheck /usr/local/bin/
-COPY --from=build-static --chown=65532:65532 /out/state /var/lib/cfguard
 COPY deploy/docker/config.yaml /etc/cfguard/config.yaml
 USER 65532:65532
 VOLUME ["/var/lib/cfguard"]

@@ -218,9 +218,35 @@ const (
 	nonrootUID      = "65532"
 )
 
-// TestDockerfileStages checks what the image promises: a static, non-root default target whose
-// entrypoint runs the daemon on the image's configuration, with state_dir as a VOLUME, a health
-// check binary that the build produces, and an OpenBLAS target built and run with OpenBLAS.
+// defaultTarget is the stage `docker build` builds without --target: the last one.
+func defaultTarget(stages []stage) stage { return stages[len(stages)-1] }
+
+// targetVariant is the build.sh variant (static or openblas) of the cfguard binary that the
+// target stage copies from a build stage.
+func targetVariant(stages []stage, target stage) (string, error) {
+	byName := map[string]stage{}
+	for _, s := range stages {
+		byName[s.name] = s
+	}
+	for _, in := range target.all("COPY") {
+		from, ok := in.flags["from"]
+		if !ok || !slices.ContainsFunc(in.args[:len(in.args)-1], func(src string) bool { return path.Base(src) == "cfguard" }) {
+			continue
+		}
+		for _, run := range byName[from].all("RUN") {
+			if i := slices.Index(run.args, "deploy/docker/build.sh"); i >= 0 && i+2 < len(run.args) {
+				return run.args[i+2], nil
+			}
+		}
+		return "", fmt.Errorf("stage %s copies cfguard from stage %s, which does not run deploy/docker/build.sh OUT VARIANT", target.name, from)
+	}
+	return "", fmt.Errorf("stage %s copies no cfguard from a build stage", target.name)
+}
+
+// TestDockerfileStages checks what the image promises: a non-root default target that runs the
+// OpenBLAS build, whose entrypoint runs the daemon on the image's configuration, with state_dir
+// as a VOLUME and a health check binary that the build produces; and a static target (pure Go,
+// distroless) that keeps the same contract.
 func TestDockerfileStages(t *testing.T) {
 	root := repoRoot(t)
 	stages := readDockerfile(t)
@@ -233,8 +259,8 @@ func TestDockerfileStages(t *testing.T) {
 			t.Fatalf("no stage %q", name)
 		}
 	}
-	if last := stages[len(stages)-1]; last.name != "static" {
-		t.Fatalf("the default target (last stage) is %q, want static", last.name)
+	if def := defaultTarget(stages); def.name != "openblas" {
+		t.Fatalf("the default target (last stage) is %q, want openblas (the image users pull runs the fast engine)", def.name)
 	}
 	cfg, _ := dockerConfig(t)
 	_, port, err := net.SplitHostPort(cfg.HTTP.Listen)
@@ -273,6 +299,12 @@ func TestDockerfileStages(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(byName["build-openblas"].all("RUN")[0].args, " "), "libopenblas-dev") {
 		t.Error("stage build-openblas does not install libopenblas-dev before building")
+	}
+	if v, err := targetVariant(stages, defaultTarget(stages)); err != nil || v != "openblas" {
+		t.Errorf("the default target's cfguard is build.sh's %q variant (%v), want openblas", v, err)
+	}
+	if v, err := targetVariant(stages, byName["static"]); err != nil || v != "static" {
+		t.Errorf("the static target's cfguard is build.sh's %q variant (%v), want static", v, err)
 	}
 
 	for _, s := range stages {
@@ -354,13 +386,12 @@ func TestDockerfileStages(t *testing.T) {
 	}
 }
 
-// TestStaticBuild runs the Dockerfile's static build (deploy/docker/build.sh on the build
-// context .dockerignore lets through), checks the binary is static, then runs it as the image
-// would (the image's configuration, adapted only to loopback and a temporary state_dir) and
-// checks it with the image's health check binary, and that it stops cleanly on SIGTERM.
+// TestStaticBuild runs the Dockerfile's static build (`--target static`: deploy/docker/build.sh
+// on the build context .dockerignore lets through), checks the binary is static, then runs it as
+// the image would (runAsImage).
 func TestStaticBuild(t *testing.T) {
-	bin := staticBinaries(t)
-	t.Logf("build.sh static took %v", buildTook.Round(time.Millisecond))
+	bin, took := imageBinaries(t, "static")
+	t.Logf("build.sh static took %v", took.Round(time.Millisecond))
 	cfguard, healthcheck := filepath.Join(bin, "cfguard"), filepath.Join(bin, "cfguard-healthcheck")
 	for _, p := range []string{cfguard, healthcheck} {
 		if err := assertStatic(p); err != nil {
@@ -380,6 +411,15 @@ func TestStaticBuild(t *testing.T) {
 			t.Errorf("ldd %s: %s, want not a dynamic executable", filepath.Base(p), out)
 		}
 	}
+	runAsImage(t, cfguard, healthcheck)
+}
+
+// runAsImage runs `cfguard version`, then `cfguard check-config` on the image's configuration,
+// then the daemon as the image would (that configuration, adapted only to loopback and a
+// temporary state_dir), checks it with the image's health check binary and the export in the
+// volume, and that it stops cleanly on SIGTERM.
+func runAsImage(t *testing.T, cfguard, healthcheck string) {
+	t.Helper()
 	if out, err := exec.Command(cfguard, "version").CombinedOutput(); err != nil || !bytes.Contains(out, []byte("cfguard")) {
 		t.Fatalf("cfguard version: %v\n%s", err, out)
 	}
@@ -462,43 +502,46 @@ func TestStaticBuild(t *testing.T) {
 	}
 }
 
-// TestOpenBLASVariant builds the openblas target's binary as its stage does and checks that it
-// links the OpenBLAS the openblas stage installs. It skips while no package of cfguard uses the
-// openblas build tag (the BLAS backend lives in bnn).
-func TestOpenBLASVariant(t *testing.T) {
+// TestDefaultImageBuild builds the binaries of the default target (the image `docker build`
+// makes without --target) as its build stage does, checks that cfguard needs libopenblas.so.0
+// (the ELF's DT_NEEDED) and that the Debian package providing it here is one the default target
+// installs, then runs it as the image would (runAsImage).
+func TestDefaultImageBuild(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the cgo build takes minutes")
+		t.Skip("-short: the cgo build takes minutes on a cold build cache")
 	}
-	root := repoRoot(t)
-	list := exec.Command("go", "list", "-tags", "openblas", "-deps", "-f", "{{.ImportPath}}", "./cmd/cfguard")
-	list.Dir = root
-	out, err := list.CombinedOutput()
+	stages := readDockerfile(t)
+	def := defaultTarget(stages)
+	variant, err := targetVariant(stages, def)
 	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	if !bytes.Contains(out, []byte("gonum.org/v1/netlib/blas/netlib\n")) {
-		t.Skip("no package of cmd/cfguard links OpenBLAS under -tags openblas in this tree")
+	if variant != "openblas" {
+		t.Fatalf("the default target %s builds cfguard as %q, want openblas", def.name, variant)
 	}
 	tooltest.Command(t, "apt-get install libopenblas-dev", "gcc")
 	lddCmd := tooltest.Command(t, "apt-get install libc-bin", "ldd")
 	dpkg := tooltest.Command(t, "a Debian system", "dpkg")
-	ctxDir := t.TempDir()
-	if err := copyBuildContext(root, ctxDir); err != nil {
+	bin, took := imageBinaries(t, variant)
+	t.Logf("build.sh %s took %v", variant, took.Round(time.Millisecond))
+	cfguard, healthcheck := filepath.Join(bin, "cfguard"), filepath.Join(bin, "cfguard-healthcheck")
+	libs, err := neededLibraries(cfguard)
+	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "out")
-	cmd := exec.Command("sh", "deploy/docker/build.sh", bin, "openblas")
-	cmd.Dir = ctxDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build.sh openblas: %v\n%s", err, out)
+	if !slices.Contains(libs, "libopenblas.so.0") {
+		t.Fatalf("the default image's cfguard needs %v, want libopenblas.so.0 among them (built without -tags openblas?)", libs)
 	}
-	lddOut, err := exec.Command(lddCmd, filepath.Join(bin, "cfguard")).CombinedOutput()
+	if err := assertStatic(healthcheck); err != nil {
+		t.Error(err)
+	}
+	lddOut, err := exec.Command(lddCmd, cfguard).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ldd: %v\n%s", err, lddOut)
 	}
 	m := regexp.MustCompile(`libopenblas\.so\.0 => (\S+)`).FindSubmatch(lddOut)
 	if m == nil {
-		t.Fatalf("the openblas binary does not link libopenblas.so.0:\n%s", lddOut)
+		t.Fatalf("ldd does not resolve libopenblas.so.0:\n%s", lddOut)
 	}
 	owner, err := exec.Command(dpkg, "-S", string(m[1])).CombinedOutput()
 	if err != nil {
@@ -510,16 +553,20 @@ func TestOpenBLASVariant(t *testing.T) {
 		}
 	}
 	pkg, _, _ := strings.Cut(string(owner), ":")
-	for _, s := range readDockerfile(t) {
-		if s.name == "openblas" {
-			if !slices.Contains(s.all("RUN")[0].args, pkg) {
-				t.Errorf("libopenblas.so.0 comes from Debian package %s, which the openblas stage does not install", pkg)
-			}
-		}
+	if !slices.ContainsFunc(def.all("RUN"), func(in instruction) bool { return slices.Contains(in.args, pkg) }) {
+		t.Errorf("libopenblas.so.0 comes from Debian package %s, which the default target %s does not install", pkg, def.name)
 	}
-	if out, err := exec.Command(filepath.Join(bin, "cfguard"), "version").CombinedOutput(); err != nil {
-		t.Fatalf("the openblas binary does not run: %v\n%s", err, out)
+	runAsImage(t, cfguard, healthcheck)
+}
+
+// neededLibraries is the ELF file's DT_NEEDED entries: the shared libraries it links.
+func neededLibraries(p string) ([]string, error) {
+	f, err := elf.Open(p)
+	if err != nil {
+		return nil, err
 	}
+	defer f.Close()
+	return f.ImportedLibraries()
 }
 
 // assertStatic reads the ELF file: no program interpreter and no needed shared library.

@@ -103,48 +103,64 @@ func startDaemon(t testing.TB, cfg config.Config) *daemon.Daemon {
 	return d
 }
 
-// The binaries the Dockerfile's static stage builds, built once per test binary by
-// deploy/docker/build.sh on the build context (see TestDockerBuildContext).
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-	buildLog  string
-	buildTook time.Duration
-)
+// imageBuild is what deploy/docker/build.sh built for one variant, once per test binary, on
+// the build context (see TestDockerBuildContext).
+type imageBuild struct {
+	once sync.Once
+	dir  string
+	err  error
+	took time.Duration
+}
 
-// staticBinaries builds (once) and returns the directory holding cfguard and
-// cfguard-healthcheck as the image's static stage builds them.
-func staticBinaries(t testing.TB) string {
+var imageBuilds = map[string]*imageBuild{"static": {}, "openblas": {}}
+
+// imageBinaries builds (once per variant) and returns the directory holding cfguard and
+// cfguard-healthcheck as the image's build stage of that variant (static or openblas) builds
+// them, and how long the build took.
+func imageBinaries(t testing.TB, variant string) (string, time.Duration) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("the image is linux; build.sh is tested on linux")
 	}
-	buildOnce.Do(func() {
+	b, ok := imageBuilds[variant]
+	if !ok {
+		t.Fatalf("no build variant %q (build.sh builds static or openblas)", variant)
+	}
+	b.once.Do(func() {
 		root := repoRoot(t)
 		var ctxDir string
-		ctxDir, buildErr = os.MkdirTemp("", "cfguard-docker-context-")
-		if buildErr != nil {
+		ctxDir, b.err = os.MkdirTemp("", "cfguard-docker-context-")
+		if b.err != nil {
 			return
 		}
 		scratch = append(scratch, ctxDir)
-		if buildErr = copyBuildContext(root, ctxDir); buildErr != nil {
+		if b.err = copyBuildContext(root, ctxDir); b.err != nil {
 			return
 		}
-		buildDir = filepath.Join(ctxDir, ".out")
+		b.dir = filepath.Join(ctxDir, ".out")
 		start := time.Now()
-		cmd := exec.Command("sh", "deploy/docker/build.sh", buildDir, "static")
+		cmd := exec.Command("sh", "deploy/docker/build.sh", b.dir, variant)
 		cmd.Dir = ctxDir
 		out, err := cmd.CombinedOutput()
-		buildTook, buildLog = time.Since(start), string(out)
+		b.took = time.Since(start)
 		if err != nil {
-			buildErr = fmt.Errorf("deploy/docker/build.sh %s static: %v\n%s", buildDir, err, out)
+			b.err = fmt.Errorf("deploy/docker/build.sh %s %s: %v\n%s", b.dir, variant, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return buildDir
+	return b.dir, b.took
+}
+
+// staticBinaries is imageBinaries of the static variant, the one that builds in seconds with
+// nothing but Go: the tests that run `cfguard check-config` or the daemon on a manifest's
+// configuration use it (the openblas variant differs only in the predictive engine's matrix
+// products, which neither touches).
+func staticBinaries(t testing.TB) string {
+	t.Helper()
+	dir, _ := imageBinaries(t, "static")
+	return dir
 }
 
 // scratch are directories made outside a test's TempDir (shared by several tests); TestMain

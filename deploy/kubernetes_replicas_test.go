@@ -257,7 +257,7 @@ func selects(selector, labels map[string]string) bool {
 }
 
 // TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (the
-// binary the image holds) in the environment the Deployment gives a pod, which sets the
+// image's binary, static build: see staticBinaries) in the environment the Deployment gives a pod, which sets the
 // advertised URL, and fails it without brokers and with an advertised URL that is not one.
 func TestKubernetesReplicaConfigChecks(t *testing.T) {
 	m := loadReplicaManifests(t)

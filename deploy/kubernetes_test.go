@@ -288,14 +288,9 @@ func checkPodTemplate(t *testing.T, tmpl *corev1.PodTemplateSpec, cm *corev1.Con
 		t.Error("cfguard must be a native sidecar: an init container with restartPolicy: Always")
 	}
 
-	// The image's command line and user.
-	var cmd []string
-	var user string
-	for _, s := range readDockerfile(t) {
-		if s.name == "static" {
-			cmd, user = s.last(t, "CMD").args, s.last(t, "USER").args[0]
-		}
-	}
+	// The default image's command line and user.
+	def := defaultTarget(readDockerfile(t))
+	cmd, user := def.last(t, "CMD").args, def.last(t, "USER").args[0]
 	if !slices.Equal(cf.Args, cmd) {
 		t.Errorf("cfguard args %q, the image's CMD is %q", cf.Args, cmd)
 	}
@@ -418,7 +413,7 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 }
 
 // TestKubernetesConfigRuns: the ConfigMap's configuration passes `cfguard check-config` (the
-// binary the image holds) and a daemon started on it (moved to loopback and a temporary
+// image's binary, static build: see staticBinaries) and a daemon started on it (moved to loopback and a temporary
 // state_dir, the token set as the Secret would) answers the probes' and the scrape's paths.
 func TestKubernetesConfigRuns(t *testing.T) {
 	m := loadManifests(t)

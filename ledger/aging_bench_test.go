@@ -120,12 +120,12 @@ func bytesWritten() int64 {
 	return 0
 }
 
-// agingSizes: 10^5 by default, 10^6 with CFGUARD_BENCH_1M=1.
+// agingSizes: 10^4 and 10^5 by default, 10^6 with CFGUARD_BENCH_1M=1.
 func agingSizes() []int {
 	if os.Getenv("CFGUARD_BENCH_1M") == "1" || os.Getenv("CFGUARD_BENCH_10M") == "1" {
 		return []int{1_000_000}
 	}
-	return []int{100_000}
+	return []int{10_000, 100_000}
 }
 
 // agingFixture is a fresh and a lived-in ledger of n CEs each, built once per test binary.
