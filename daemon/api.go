@@ -782,6 +782,9 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
+	// The answer comes when the audit ends, which takes as long as the store needs (minutes at
+	// 10^6 CEs): http.write_timeout must not cut it, so the deadline is lifted, as for a backup.
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	rep, err := a.core.audit(r.Context())
 	var busy *auditBusyError
 	switch {

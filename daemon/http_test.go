@@ -284,8 +284,9 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup lifts http.write_timeout (it streams
-// the whole ledger) and POST /v1/explain extends it by explain.timeout.
+// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup (it streams the whole ledger) and POST
+// /v1/audit (it answers when every CE is measured) lift http.write_timeout, and POST /v1/explain
+// extends it by explain.timeout.
 func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute })
 	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
@@ -294,6 +295,12 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))
 	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
 		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body.Len(), rec.deadlines)
+	}
+
+	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/audit", nil))
+	if rec.Code != 200 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
+		t.Fatalf("audit: %d %s, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body, rec.deadlines)
 	}
 
 	x, _ := json.Marshal(bundled(t).X[0])
