@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/tooltest"
+)
+
+// TestMeasureImport measures the bulk path: `cfguard import-ces` of n CEs (10^5, or
+// CFGUARD_IMPORT_N) into a running `cfguard run` at the default certify settings (1000 draws,
+// float64), for each build (the OpenBLAS one, which the default image ships, and `go build`), each
+// daemon on both cores with a fresh state directory. The lines are pairs of the bundled data set
+// (x of class 0, x' of class 1 with p > 0.985), so that nearly all are stored. It reports each
+// build's lines per second, the time the file took, and 10^6 lines at that rate; every line must
+// be stored or refused, none lost.
+//
+//	CFGUARD_MEASURE_IMPORT=1 go test ./cmd/cfguard -run TestMeasureImport -v -timeout 1h
+func TestMeasureImport(t *testing.T) {
+	if os.Getenv("CFGUARD_MEASURE_IMPORT") != "1" {
+		t.Skip("a measurement of the bulk import into daemon processes: set CFGUARD_MEASURE_IMPORT=1 to run it")
+	}
+	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
+		t.Skip("pins the daemon to cores 0 and 1: needs linux and two cores")
+	}
+	n := 100_000
+	if s := os.Getenv("CFGUARD_IMPORT_N"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			t.Fatalf("CFGUARD_IMPORT_N=%q: want a positive integer", s)
+		}
+		n = v
+	}
+	taskset := tooltest.Command(t, "apt-get install util-linux", "taskset")
+	root := t.TempDir()
+	set, m, modelDir := trainModel(t, root)
+	builds := scaleBinaries(t, root)
+	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1)
+	file := filepath.Join(root, "ces.ndjson")
+	if err := os.WriteFile(file, []byte(strings.Join(ceLines(t, set, xs, cfs, n), "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "| build | lines | stored | refused | took | lines/s | 10^6 lines at this rate |\n|---|---|---|---|---|---|---|\n")
+	for _, b := range builds {
+		dir := filepath.Join(root, b.name)
+		cfg := scaleConfig(t, dir, modelDir, 1000, 2)
+		p := startScaleProc(t, taskset, b.path, cfg, "0,1")
+		p.waitReady(t)
+		cmd := exec.Command(b.path, "import-ces", "--config", cfg, "--url", "http://"+p.addr(), "--from", file, "--progress", "30s")
+		cmd.Env = append(os.Environ(), "CFGUARD_HTTP_TOKEN=")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		start := time.Now()
+		out, err := cmd.Output()
+		took := time.Since(start)
+		var sum importSummary
+		if jerr := json.Unmarshal(out, &sum); jerr != nil {
+			t.Fatalf("%s: import-ces: %v; stdout %q; stderr:\n%s", b.name, err, out, stderr.String())
+		}
+		if sum.Lines != n || sum.Stored+sum.Exists+sum.Refused != n {
+			t.Fatalf("%s: summary %+v: want %d lines, each stored or refused (stderr:\n%s)", b.name, sum, n, stderr.String())
+		}
+		p.stop(t)
+		t.Logf("%s: %+v in %v", b.name, sum, took.Round(time.Millisecond))
+		fmt.Fprintf(&table, "| %s | %d | %d | %d | %v | %.0f | %v |\n", b.name, sum.Lines, sum.Stored, sum.Refused,
+			took.Round(time.Second), sum.Rate, (time.Duration(1e6/sum.Rate) * time.Second).Round(time.Second))
+	}
+	t.Log("\n" + table.String())
+}
