@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -216,7 +215,7 @@ func (f *agingFixture) build(n int) (err error) {
 		if err := os.MkdirAll(filepath.Join(f.dir, p.dst), 0o755); err != nil {
 			return err
 		}
-		if err := copyFile(filepath.Join(dir, FileName), filepath.Join(f.dir, p.dst, FileName)); err != nil {
+		if err := store.CopyFile(filepath.Join(dir, FileName), filepath.Join(f.dir, p.dst, FileName)); err != nil {
 			return err
 		}
 		if *p.l, err = Open(dir, opts(true)); err != nil {
@@ -327,7 +326,7 @@ func BenchmarkOpenRSS(b *testing.B) {
 			dirs := map[string]string{}
 			for _, mode := range []string{"synced", "unsynced"} {
 				dir := b.TempDir()
-				if err := copyFile(fx.lived[0].Path(), filepath.Join(dir, FileName)); err != nil {
+				if err := store.CopyFile(fx.lived[0].Path(), filepath.Join(dir, FileName)); err != nil {
 					b.Fatal(err)
 				}
 				if mode == "unsynced" { // one commit drops the freelist page
@@ -432,20 +431,3 @@ func TestOpenRSSChild(t *testing.T) {
 	}
 }
 
-// copyFile copies the file src to a new file dst.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}

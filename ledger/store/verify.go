@@ -124,7 +124,7 @@ func Install(src, dir string, verify func(path string) error) error {
 	}
 	tmp := fmt.Sprintf("%s.restore-%d", dst, os.Getpid())
 	defer os.Remove(tmp)
-	if err := copyFile(src, tmp); err != nil {
+	if err := CopyFile(src, tmp); err != nil {
 		return fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
 	}
 	if err := verify(tmp); err != nil {
@@ -145,8 +145,8 @@ func Install(src, dir string, verify func(path string) error) error {
 	return nil
 }
 
-// copyFile copies src to a new file dst and fsyncs it.
-func copyFile(src, dst string) error {
+// CopyFile copies src to a new file dst (it must not exist) and fsyncs it.
+func CopyFile(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
