@@ -430,4 +430,3 @@ func TestOpenRSSChild(t *testing.T) {
 		}
 	}
 }
-
