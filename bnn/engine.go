@@ -15,7 +15,7 @@ import (
 // softmax and the running moments in float64.
 //
 // Layout. A sampled network is held as wnet: per layer, the weight transposed (In x Out,
-// row-major, wt[i*Out+o] = W[o][i]) and the bias. Many inputs (N >= chunkMin) go through in chunks
+// row-major, wt[i*Out+o] = W[o][i]) and the bias. Many inputs (N >= chunkMin: 32 with gonum, 4 with OpenBLAS, see the backends) go through in chunks
 // of up to chunkRows inputs held transposed (features x inputs), so that a layer is one matrix
 // product
 //
@@ -37,7 +37,6 @@ import (
 // agree to rounding only.
 const (
 	chunkRows = 192 // inputs per chunk: one layer's block of 64 x 192 float64s stays in L2
-	chunkMin  = 32  // fewer inputs than this go one at a time
 )
 
 // float is the element type of the forward passes.

@@ -54,7 +54,8 @@ func (d *Daemon) posteriorFiles() (*posteriorFiles, error) { return d.files.get(
 
 // predict estimates the predictive of xs under m with the version's shared pool of
 // certify.samples draws, through the batcher (concurrent requests share one engine call); equal
-// requests under one version get equal answers, whatever they were batched with.
+// requests under one version get equal answers, whatever they were batched with: bit for bit in
+// the default build, to rounding (dgemm's order of additions) with -tags openblas.
 func (d *Daemon) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	return d.batch.do(ctx, m, xs)
 }
