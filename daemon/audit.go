@@ -139,6 +139,9 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 		var ch []ledger.StatusChange
 		rep, ch, err = d.ledger.Audit(ctx, auditPredictor{pool, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
 			d.outbox.notify()
+			if d.auditBatchDone != nil {
+				d.auditBatchDone(done, total)
+			}
 			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 				last = now
 				d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))

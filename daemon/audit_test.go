@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,21 +24,44 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 		evaluated int
 		err       error
 	}
+	// The audit is held after its first batch (of 1024) until the records are applied, so that
+	// they are applied while it runs however fast the machine: if ingestion waited for the
+	// audit, they never would be.
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.d.auditBatchDone = func(done, total int) {
+		if done < total {
+			once.Do(func() { close(held); <-release })
+		}
+	}
 	done := make(chan result, 1)
 	go func() {
 		rep, err := r.d.runAudit(context.Background(), "test")
 		done <- result{rep.Evaluated, err}
 	}()
-	waitfor.Cond(t, 10*time.Second, "the audit to start", func() bool { return r.d.auditStatus().Running })
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the audit's first batch was not written within 60 s")
+	}
 	var vals [][]byte
 	for i := 0; i < 64; i++ {
 		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
 	r.produce(t, vals...)
-	waitfor.Cond(t, 60*time.Second, "64 records applied", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitfor.Cond(t, 60*time.Second, "64 records applied while the audit is held between its batches",
+		func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	if !r.d.auditStatus().Running {
-		t.Fatal("the audit had finished before two increments were applied: ingestion waited for it, or it was too short to show anything")
+		t.Fatal("the audit is not running while held between its batches")
 	}
+	close(release)
 	res := <-done
 	if res.err != nil || res.evaluated != n {
 		t.Fatalf("audit: evaluated %d of %d CEs, err %v", res.evaluated, n, res.err)

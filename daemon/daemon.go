@@ -59,6 +59,10 @@ type Daemon struct {
 	policy  certify.Policy
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
+	// auditBatchDone, when set (by tests, before an audit starts), is called after each batch an
+	// audit writes, with the CEs evaluated so far: a test holds an audit between its batches there.
+	auditBatchDone func(done, total int)
+
 	configPath       string
 	acceptTopicReset bool
 
