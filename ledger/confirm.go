@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"sync"
 	"time"
@@ -147,11 +148,21 @@ type confirmItem struct {
 //	             lower(p2) >= 1/2, the previous status in between; a lapsed certificate with no
 //	             verdict yet becomes at_risk).
 func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmReport, []StatusChange, error) {
+	return l.ConfirmLane(ctx, p, max, 0, 1)
+}
+
+// ConfirmLane is Confirm for the CEs of one lane of lanes (Lane): lanes that run at once measure
+// disjoint CEs, each in its own batches, and together give every CE the measurement Confirm would
+// (a CE's estimate depends only on its own input and p's draws). More is about the lane's CEs.
+func (l *Ledger) ConfirmLane(ctx context.Context, p Predictor, max, lane, lanes int) (ConfirmReport, []StatusChange, error) {
 	start := time.Now()
 	v := p.Version()
 	rep := ConfirmReport{PosteriorVersion: v}
 	if max <= 0 {
 		return rep, nil, fmt.Errorf("ledger: confirm: %w", invalidf("max = %d, want >= 1", max))
+	}
+	if lanes < 1 || lane < 0 || lane >= lanes {
+		return rep, nil, fmt.Errorf("ledger: confirm: %w", invalidf("lane %d of %d, want 0 <= lane < lanes", lane, lanes))
 	}
 	var (
 		items []confirmItem
@@ -175,7 +186,7 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 			}
 			qv = pp.Posterior()
 		}
-		if items, rep.More, err = l.pickUnconfirmed(tx, c, v, max); err != nil || len(items) == 0 || qv != nil {
+		if items, rep.More, err = l.pickUnconfirmed(tx, c, v, max, lane, lanes); err != nil || len(items) == 0 || qv != nil {
 			return err
 		}
 		qv, err = l.model(tx, v)
@@ -275,9 +286,12 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 
 // pickUnconfirmed reads up to max CEs that wait for a measurement by a predictor of version v
 // (eachWaiting); more reports whether another follows.
-func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max int) (items []confirmItem, more bool, err error) {
+func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lanes int) (items []confirmItem, more bool, err error) {
 	bodies := tx.Bucket(bBodies)
 	err = l.eachWaiting(tx, now, v, func(id []byte) (bool, error) {
+		if Lane(id, lanes) != lane {
+			return false, nil
+		}
 		if len(items) == max {
 			more = true
 			return true, nil
@@ -613,4 +627,14 @@ func wrapErr(op string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("ledger: %s: %w", op, err)
+}
+
+// Lane is the lane of lanes a CE id belongs to (ConfirmLane): FNV-1a of the id, modulo lanes.
+func Lane(id []byte, lanes int) int {
+	if lanes <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write(id)
+	return int(h.Sum32() % uint32(lanes))
 }
