@@ -214,8 +214,9 @@ type Explain struct {
 // Audit configures the scheduled full re-certification.
 type Audit struct {
 	Schedule string `yaml:"schedule"` // robfig/cron spec. Default: "@every 1h". Empty string disables.
-	// Workers is how many cores an audit's Monte-Carlo runs on. Default: 0, every core but one
-	// (at least one), so that ingestion keeps a core while an audit runs.
+	// Workers is how many cores an audit's Monte-Carlo runs on, and how many lanes the confirmer
+	// runs in (one core each, each measuring its own CEs). Default: 0, every core but one (at
+	// least one), so that ingestion keeps a core while they run.
 	Workers int `yaml:"workers"`
 }
 

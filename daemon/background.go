@@ -16,9 +16,9 @@ import (
 const backgroundBatch = 1024
 
 // backgroundPredictor is a ledger.Predictor over a bnn.Pool for work that must not take every
-// core: it predicts on one goroutine, so audits and confirmations take at most one core and
-// ingestion keeps the others (with 2 cores, an audit on both halved ingest; see
-// BenchmarkIngestDuringAudit).
+// core: it predicts on one goroutine, so that one confirmer lane takes at most one core; the
+// lanes are audit.workers (confirmers), as many as an audit's cores, and ingestion keeps the
+// others (with 2 cores, an audit on both halved ingest; see BenchmarkIngestDuringAudit).
 //
 // It also gives the posterior the pool was drawn from (ledger.PosteriorPredictor), so that a
 // confirmation keeps using it after ingestion replaced that posterior.

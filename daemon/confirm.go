@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -43,7 +45,8 @@ const confirmPoll = 30 * time.Second
 // so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
 // The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
 // same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
-// evaluated on one core (backgroundPredictor), leaving the others to ingestion. A verdict
+// evaluated on one core per lane (backgroundPredictor; confirmers: audit.workers lanes, each
+// measuring its own CEs, ledger.ConfirmLane), leaving a core to ingestion. A verdict
 // measured under one posterior stays in force under later ones while certify.Carries holds at
 // their KL from it, so a new posterior sends back to the confirmer only the CEs whose verdict it
 // no longer carries (the ledger finds them per verdict version, not per CE). What became of each
@@ -63,11 +66,54 @@ type confirmer struct {
 	batch     int        // CEs per batch: confirmBatch
 	poolSlack float64    // a new pool before a batch past this slack: confirmPoolSlack
 	failedAt  time.Time  // when the batches began to fail (zero while they work); logged once per episode
+	lane      int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
+	lanes     int
+	measured  atomic.Int64 // measurements written (ConfirmReport.Confirmed), for tests and logs
+}
+
+// confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
+// measuring its own CEs (ledger.Lane) on one core, sharing the version's pool, so that
+// confirmation scales with the cores audits get while ingestion keeps one.
+type confirmers []*confirmer
+
+// newConfirmers makes n lanes of confirmers (n >= 1).
+func newConfirmers(n int, l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) confirmers {
+	cs := make(confirmers, max(1, n))
+	for i := range cs {
+		lg := log
+		if len(cs) > 1 {
+			lg = log.With("lane", i)
+		}
+		cs[i] = newConfirmer(l, current, pools, m, changed, lg)
+		cs[i].lane, cs[i].lanes = i, len(cs)
+	}
+	return cs
+}
+
+// notify wakes every lane (after a commit); it never blocks.
+func (cs confirmers) notify() {
+	for _, c := range cs {
+		c.notify()
+	}
+}
+
+// run runs every lane until ctx ends.
+func (cs confirmers) run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.run(ctx)
+		}()
+	}
+	wg.Wait()
+	return nil
 }
 
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) *confirmer {
 	return &confirmer{l: l, current: current, pools: pools, metrics: m, changed: changed, log: log,
-		wake: make(chan struct{}, 1), batch: confirmBatch, poolSlack: confirmPoolSlack}
+		wake: make(chan struct{}, 1), batch: confirmBatch, poolSlack: confirmPoolSlack, lanes: 1}
 }
 
 // moved reports whether m has moved from the pool's posterior by more than confirmPoolSlack
@@ -141,10 +187,11 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pool, c.model = p, m
 		}
 		c.stale = false
-		rep, changes, err := c.l.Confirm(ctx, backgroundPredictor{c.pool, c.model}, c.batch)
+		rep, changes, err := c.l.ConfirmLane(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes)
 		if err != nil {
 			return err
 		}
+		c.measured.Add(int64(rep.Confirmed))
 		c.metrics.AddRenewed(rep.Renewed)
 		c.metrics.AddMeasurements(rep.Measurements.Kept, rep.Measurements.Superseded, rep.Measurements.Discarded)
 		if len(changes) > 0 {

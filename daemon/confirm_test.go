@@ -64,6 +64,7 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) {
 		c.Update.LearningRate = 3e-3
 		c.Certify.Samples = 1000
+		c.Audit.Workers = 1 // one confirmer lane, on any machine: the confirmation must outlast three increments
 	})
 	data := bundled(t)
 	start := time.Now()
@@ -185,5 +186,36 @@ func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
 	defer ps.mu.Unlock()
 	if ps.drawn != 0 {
 		t.Fatalf("the confirmer drew %d pools for 3 posterior versions with no CE whose bound fails", ps.drawn)
+	}
+}
+
+// TestConfirmerLanesShareTheWork: with audit.workers 2 the daemon runs two confirmer lanes, and
+// after a drift that lapses every certificate each lane measures some of the CEs and, between
+// them, every CE is left with a verdict or a renewal (none waits).
+func TestConfirmerLanesShareTheWork(t *testing.T) {
+	const n = 400
+	r := startDaemon(t, func(c *config.Config) {
+		c.Update.LearningRate = 3e-3
+		c.Audit.Workers = 2
+	})
+	if len(r.d.confirm) != 2 {
+		t.Fatalf("%d confirmer lanes with audit.workers 2, want 2", len(r.d.confirm))
+	}
+	data := bundled(t)
+	storeCEs(t, r, data, n)
+	var drift [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(drift) < 96 {
+			drift = append(drift, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+		}
+	}
+	r.produce(t, drift...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	waitfor.Cond(t, 2*time.Minute, "every CE measured", func() bool {
+		return r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+	})
+	measured := []int64{r.d.confirm[0].measured.Load(), r.d.confirm[1].measured.Load()}
+	if measured[0] == 0 || measured[1] == 0 || measured[0]+measured[1] < n {
+		t.Fatalf("the lanes wrote %v measurements, want both some and at least %d in all", measured, n)
 	}
 }

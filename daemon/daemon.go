@@ -91,7 +91,7 @@ type Daemon struct {
 	export    *exporter
 
 	outbox    *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
-	confirm   *confirmer       // Monte-Carlo verdicts for CEs whose bound fails, in the background
+	confirm   confirmers       // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
 	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
@@ -295,7 +295,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	td.add("event publisher", d.pub.Close)
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, log.With("component", "outbox"))
 	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
-	d.confirm = newConfirmer(d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
+	d.confirm = newConfirmers(auditWorkers(cfg.Audit.Workers), d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
 		d.outbox.notify()
 		d.reissue.notify(changes)
 	}, log.With("component", "confirm"))
