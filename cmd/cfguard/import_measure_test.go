@@ -6,13 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // TestMeasureImport measures the bulk path: `cfguard import-ces` of n CEs (10^5, or
@@ -25,12 +22,7 @@ import (
 //
 //	CFGUARD_MEASURE_IMPORT=1 go test ./cmd/cfguard -run TestMeasureImport -v -timeout 1h
 func TestMeasureImport(t *testing.T) {
-	if os.Getenv("CFGUARD_MEASURE_IMPORT") != "1" {
-		t.Skip("a measurement of the bulk import into daemon processes: set CFGUARD_MEASURE_IMPORT=1 to run it")
-	}
-	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
-		t.Skip("pins the daemon to cores 0 and 1: needs linux and two cores")
-	}
+	taskset := requireTwoCoreMeasure(t, "CFGUARD_MEASURE_IMPORT", "the bulk import into daemon processes")
 	n := 100_000
 	if s := os.Getenv("CFGUARD_IMPORT_N"); s != "" {
 		v, err := strconv.Atoi(s)
@@ -39,7 +31,6 @@ func TestMeasureImport(t *testing.T) {
 		}
 		n = v
 	}
-	taskset := tooltest.Command(t, "apt-get install util-linux", "taskset")
 	root := t.TempDir()
 	set, m, modelDir := trainModel(t, root)
 	builds := scaleBinaries(t, root)

@@ -41,13 +41,7 @@ import (
 //
 //	CFGUARD_MEASURE_SCALE=1 go test ./cmd/cfguard -run TestMeasureScale -v -timeout 3h
 func TestMeasureScale(t *testing.T) {
-	if os.Getenv("CFGUARD_MEASURE_SCALE") != "1" {
-		t.Skip("a measurement of daemon processes over large ledgers: set CFGUARD_MEASURE_SCALE=1 to run it")
-	}
-	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
-		t.Skip("reads /proc and pins to cores 0 and 1: needs linux and two cores")
-	}
-	taskset := tooltest.Command(t, "apt-get install util-linux", "taskset")
+	taskset := requireTwoCoreMeasure(t, "CFGUARD_MEASURE_SCALE", "daemon processes over large ledgers")
 	sizes := []int{10_000, 100_000}
 	if os.Getenv("CFGUARD_BENCH_1M") == "1" {
 		sizes = append(sizes, 1_000_000)
@@ -91,6 +85,19 @@ func TestMeasureScale(t *testing.T) {
 		}
 	}
 	t.Log("\n" + scaleTable(rows))
+}
+
+// requireTwoCoreMeasure skips a measurement of daemon processes (what) unless env is 1, and
+// where it cannot pin them to cores 0 and 1 or read /proc; it returns the taskset command.
+func requireTwoCoreMeasure(t *testing.T, env, what string) (taskset string) {
+	t.Helper()
+	if os.Getenv(env) != "1" {
+		t.Skipf("a measurement of %s: set %s=1 to run it", what, env)
+	}
+	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
+		t.Skip("reads /proc and pins to cores 0 and 1: needs linux and two cores")
+	}
+	return tooltest.Command(t, "apt-get install util-linux", "taskset")
 }
 
 // scaleBuild is a cfguard binary and the build it is.
