@@ -251,6 +251,21 @@ func (g *Gate) Check(p1, v1, eps float64, samples int) (lower float64, certified
 	return b.ProbLower, b.Certified
 }
 
+// Theorem1 reports whether Theorem 1's bound holds for a certificate whose p1' (Policy.StartP1)
+// is p1s: p1' - slack_p >= 1/2, with bounds' arithmetic, so that it agrees with Check bit for bit.
+// It is monotone in p1s: the certificates under one gate that fail it are those below a threshold.
+func (g *Gate) Theorem1(p1s float64) bool { return p1s-g.mean >= 0.5 }
+
+// Theorem2 reports whether Theorem 2's bound holds for a certificate with variance v1 and variance
+// ceiling ceiling (Policy.VarCeiling): min(V1 + slack_V, 1/4) <= ceiling, with bounds' arithmetic.
+func (g *Gate) Theorem2(v1, ceiling float64) bool {
+	u := v1 + g.vslack
+	if u > 0.25 {
+		u = 0.25
+	}
+	return u <= ceiling
+}
+
 // bounds is the one place Theorems 1 and 2 are applied to a certificate:
 //
 //	certified  <=>  p1' - slack_p >= 1/2  AND  min(V1 + slack_V, 1/4) <= max(epsilon_max, eps)

@@ -137,6 +137,37 @@ func TestEvaluateMatchesBoundFunctions(t *testing.T) {
 	}
 }
 
+// Theorem1 and Theorem2, which judge a certificate from p1', V1 and the ceiling, must agree with
+// Gate.Check bit for bit, also at the edges, where rounding decides: p1' and V1 within a few ulps
+// of the thresholds 1/2 + slack_p and ceiling - slack_V.
+func TestTheoremsMatchCheck(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	near := func(x float64) float64 {
+		for range rng.IntN(4) {
+			x = math.Nextafter(x, math.Inf(2*rng.IntN(2)-1))
+		}
+		return x
+	}
+	for i := range 20000 {
+		p := Policy{Mode: []Mode{Paper, Tight}[i%2], EpsilonMax: rng.Float64() * 0.25, Hoeffding: i%3 == 0, Alpha: 0.05}
+		kl := math.Exp(rng.Float64()*20 - 15)
+		s := p.Slack(kl)
+		g := p.Gate(s)
+		c := Certificate{P1: rng.Float64(), Var1: rng.Float64() / 4, Samples: 1 + rng.IntN(5000), Epsilon: rng.Float64() / 4}
+		if i%4 != 0 {
+			c.P1 = near(0.5 + s.Mean)
+			if p.Hoeffding {
+				c.P1 = near(c.P1 + math.Sqrt(math.Log(1/p.Alpha)/(2*float64(c.Samples))))
+			}
+			c.Var1 = max(0, near(p.VarCeiling(c.Epsilon)-s.Var))
+		}
+		_, want := g.Check(c.P1, c.Var1, c.Epsilon, c.Samples)
+		if got := g.Theorem1(p.StartP1(c)) && g.Theorem2(c.Var1, p.VarCeiling(c.Epsilon)); got != want {
+			t.Fatalf("case %d (%+v, policy %+v, KL %v): Theorem1 && Theorem2 = %v, Check %v", i, c, p, kl, got, want)
+		}
+	}
+}
+
 // TestInSetAndObserved: the <delta, eps>-set at its edges (p1 = 1 - delta and V1 = eps are in
 // it), and the point-estimate classification of a CE whose bound failed.
 func TestInSetAndObserved(t *testing.T) {
