@@ -25,7 +25,7 @@ type State struct {
 	// Unconfirmed: CEs waiting for a measurement under the current posterior; OutboxPending:
 	// events written to the ledger's outbox and not yet acknowledged by the events topic.
 	Unconfirmed, OutboxPending int
-	// MinBound is the smallest Theorem 1 bound over certified CEs whose bounds hold; HasBound is
+	// MinBound is the smallest Theorem 1 bound that holds (>= 1/2) over certified CEs; HasBound is
 	// false when there is none (the gauge then has no sample).
 	MinBound float64
 	HasBound bool
@@ -59,7 +59,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		maxAnchorKL: d(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to (renewals keep it small; not an alert by itself)."),
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
 		overBudget:  d(NameKLOverBudget, "1 while the last update's KL exceeded the KL budget (certify.on_breach says what was done), else 0."),
-		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') over certified counterfactuals whose bounds hold (no sample when there is none)."),
+		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
 		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),

@@ -307,7 +307,12 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 	// contradicted: the bound holds, yet the audit measures p < 1/2 under the current posterior:
 	// the certificate's premise (p1 under its anchor) is wrong, so the measurement replaces it
 	// (anchor q_now, KL 0, a bound that fails) and a verdict is given.
-	contradicted := !moved && h.holds() && current && hi < 0.5
+	lapsed, err := a.l.lapsed(tx, &h)
+	if err != nil {
+		return false, err
+	}
+	holds, pending := h.status == certify.Certified && !lapsed, h.failing() || lapsed
+	contradicted := !moved && holds && current && hi < 0.5
 	switch {
 	case moved, contradicted:
 		if h.status != certify.Uncertified {
@@ -320,13 +325,13 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 		}
 		nh.anchor, nh.p1, nh.var1, nh.samples = v, e.P, e.Var, e.Samples
 		if contradicted {
-			nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
+			nh.status = certify.Verdict(h.status, e, alpha)
 			nh.confirm(v, &e, alpha)
 		} else {
-			nh.newCertificate(pol.Bounds(nh.certificate(), kl).Certified) // judged at KL(q_now || q_v)
+			nh.newCertificate() // judged at KL(q_now || q_v), its anchor's KL: lapsed at once if it fails there
 		}
-	case h.pending() && current:
-		nh.status, nh.lapsed = certify.Verdict(h.status, e, alpha), false
+	case pending && current:
+		nh.status = certify.Verdict(h.status, e, alpha)
 		nh.confirm(v, &e, alpha)
 	default:
 		return false, nil

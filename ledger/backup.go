@@ -120,12 +120,13 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 	if err != nil {
 		return err
 	}
-	pol, err := parsePolicyFingerprint(string(fp))
+	pol, old, err := parsePolicyFingerprint(string(fp))
 	if err != nil {
 		return err
 	}
 	info.Policy = string(fp)
-	l := &Ledger{path: path, opts: Options{Policy: pol}, log: slog.New(slog.DiscardHandler), models: map[uint64]*bnn.Model{}}
+	l := &Ledger{path: path, opts: Options{Policy: pol}, log: slog.New(slog.DiscardHandler), models: map[uint64]*bnn.Model{},
+		oldIndexes: old}
 	return l.checkAll(tx, info)
 }
 

@@ -77,10 +77,14 @@ func waitingByScan(t *testing.T, l *Ledger, now *bnn.Model, models map[uint64]*b
 		return tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
 			p, _ := unseal(k, v)
 			h, err := decodeHeader(p)
-			if err != nil || !h.pending() {
+			if err != nil {
 				return err
 			}
-			wait := h.lapsed || !h.confirmed
+			lapsed, err := l.lapsed(tx, &h)
+			if err != nil || !lapsed && !h.failing() {
+				return err
+			}
+			wait := lapsed || !h.confirmed
 			if !wait && h.cv < now.Version {
 				kl, _, err := certify.KL(now, models[h.cv])
 				if err != nil {

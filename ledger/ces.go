@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -236,7 +238,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 			}
 			b = l.opts.Policy.Bounds(cert, kl)
 			h.status = certify.Rejudge(certify.Standing{}, b.Certified).Status // a new CE
-			if !h.holds() && ce.AnchorVersion == c.version {
+			if h.status != certify.Certified && ce.AnchorVersion == c.version {
 				// Measured under the current posterior: its p1 is the verdict's evidence.
 				h.status = certify.Observed(ce.P1, ce.Target, ce.Target)
 				h.confirm(c.version, nil, 0)
@@ -307,7 +309,28 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 	}
 	hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
 	hdrs.FillPercent, bodies.FillPercent = 0.9, 0.9 // IDs are mostly appended in order
+	// The anchors first: a CE's count (lapsed or not) is judged at its anchor's stored KL.
 	refs := map[uint64]int64{}
+	for i := range p.headers {
+		if h := &p.headers[i]; h.status != certify.Uncertified {
+			refs[h.anchor]++
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(refs)) {
+		n := refs[v]
+		if p.snap[v] {
+			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
+				return err
+			}
+			n--
+		}
+		if n == 0 {
+			continue
+		}
+		if err := l.ref(tx, p.cur, v, n, 0, now); err != nil {
+			return err
+		}
+	}
 	for i, ce := range p.ces {
 		id := []byte(ce.ID)
 		if hdrs.Get(id) != nil {
@@ -325,23 +348,6 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			if err := q.Delete(id); err != nil {
 				return err
 			}
-		}
-		if h.status != certify.Uncertified {
-			refs[h.anchor]++
-		}
-	}
-	for v, n := range refs {
-		if p.snap[v] {
-			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
-				return err
-			}
-			n--
-		}
-		if n == 0 {
-			continue
-		}
-		if err := l.ref(tx, p.cur, v, n, 0, now); err != nil {
-			return err
 		}
 	}
 	return w.finish()
@@ -477,7 +483,7 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	ce := &CE{ID: string(id), X: bd.x, XCF: bd.xcf, Target: h.target, AnchorVersion: h.anchor, P1: h.p1, Var1: h.var1,
 		Samples: h.samples, Delta: h.delta, Epsilon: h.epsilon, Status: h.status,
 		CreatedAt: time.Unix(0, bd.created).UTC(), UpdatedAt: time.Unix(0, h.updated).UTC(), History: bd.history,
-		RenewalPending: h.lapsed}
+	}
 	if h.confirmed {
 		cv := h.cv
 		ce.ConfirmedVersion = &cv
@@ -500,6 +506,7 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 		}
 		b := l.opts.Policy.Bounds(h.certificate(), a.kl)
 		ce.Bound, ce.VarBound, ce.KLFromAnchor = b.ProbLower, b.VarUpper, a.kl
+		ce.RenewalPending = h.status == certify.Certified && !b.Certified
 	}
 	return ce, nil
 }

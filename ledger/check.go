@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strconv"
@@ -59,10 +60,12 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 }
 
 // checkCEs reads every CE and checks counts, anchor references, statuses and index entries.
+// The index entries are checked when the indexes have the current layout (l.oldIndexes false):
+// indexes of an older layout are rebuilt by Open, not read.
 func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info) error {
 	var cnt counts
 	refs := map[uint64]uint64{}
-	var entries [4]int
+	var entries [3]int
 	pol := l.opts.Policy
 	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
 		if _, err := l.load(tx, k, v); err != nil {
@@ -70,27 +73,38 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 		}
 		p, _ := unseal(k, v)
 		h, _ := decodeHeader(p)
-		cnt.addHeader(&h, 1)
 		info.CEs++
+		holds := false
 		if h.status != certify.Uncertified {
 			refs[h.anchor]++
 			a := anchors[h.anchor]
-			// Every stored CE is a fixed point of the rule at its anchor's stored KL.
-			if holds := pol.Bounds(h.certificate(), a.kl).Certified; certify.Rejudge(h.standing(), holds) != h.standing() {
-				return corruptf("counterfactual %q is %v (lapsed %v) but its bounds at its anchor's KL %v say certified = %v", k, h.status, h.lapsed, a.kl, holds)
+			// Every stored CE is a fixed point of the rule at its anchor's stored KL: an at_risk
+			// or invalidated CE's bound fails there (a certified one is lapsed or not by it).
+			holds = pol.Bounds(h.certificate(), a.kl).Certified
+			next := h
+			if next.rejudge(holds); next.status != h.status {
+				return corruptf("counterfactual %q is %v but its bounds at its anchor's KL %v hold", k, h.status, a.kl)
 			}
 		}
-		for i, key := range l.indexKeys(k, &h) {
-			if key == nil {
+		cnt.addHeader(&h, !holds, 1)
+		if l.oldIndexes {
+			return nil
+		}
+		for i, e := range l.indexKeys(k, &h) {
+			if e.key == nil {
 				continue
 			}
 			entries[i]++
-			val := tx.Bucket(indexBuckets[i]).Get(key)
+			val := tx.Bucket(indexBuckets[i]).Get(e.key)
 			if val == nil {
 				return corruptf("counterfactual %q has no %s entry", k, indexBuckets[i])
 			}
-			if _, ok := unseal(key, val); !ok {
+			p, ok := unseal(e.key, val)
+			if !ok {
 				return corruptf("%s entry of counterfactual %q: checksum mismatch", indexBuckets[i], k)
+			}
+			if !bytes.Equal(p, e.val) {
+				return corruptf("%s entry of counterfactual %q holds terms %x, its record says %x", indexBuckets[i], k, p, e.val)
 			}
 		}
 		return nil
@@ -101,9 +115,11 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 	if n := tx.Bucket(bBodies).Stats().KeyN; n != info.CEs {
 		return corruptf("%d counterfactual bodies for %d headers", n, info.CEs)
 	}
-	for i, b := range indexBuckets {
-		if n := tx.Bucket(b).Stats().KeyN; n != entries[i] {
-			return corruptf("%s has %d entries, the counterfactuals need %d", b, n, entries[i])
+	if !l.oldIndexes {
+		for i, b := range indexBuckets {
+			if n := tx.Bucket(b).Stats().KeyN; n != entries[i] {
+				return corruptf("%s has %d entries, the counterfactuals need %d", b, n, entries[i])
+			}
 		}
 	}
 	stored, err := readCounts(tx)
@@ -111,7 +127,7 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 		return err
 	}
 	if stored != cnt {
-		return corruptf("meta counts %v, the counterfactuals are %v", stored.asMap(), cnt.asMap())
+		return corruptf("meta counts %v (lapsed %d), the counterfactuals are %v (lapsed %d)", stored.asMap(), stored[lapsedSlot], cnt.asMap(), cnt[lapsedSlot])
 	}
 	info.Counts = cnt.asMap()
 	for v, a := range anchors {
@@ -174,25 +190,30 @@ func checkSeq(tx *bolt.Tx, bucket, seqKey []byte, floor uint64, decode func(k, p
 	})
 }
 
-// parsePolicyFingerprint is the inverse of policyFingerprint.
-func parsePolicyFingerprint(fp string) (certify.Policy, error) {
-	var mode, eps, alpha string
-	if _, err := fmt.Sscanf(strings.ReplaceAll(fp, ";", ""), "index v1 mode %s epsilon_max %s hoeffding alpha %s", &mode, &eps, &alpha); err != nil {
-		return certify.Policy{}, corruptf("meta policy %q: %v", fp, err)
+// parsePolicyFingerprint is the inverse of policyFingerprint. It also reads the fingerprint of
+// indexes of an older layout (index v1), reporting old: their policy, not their entries, can be
+// checked; Open rebuilds them.
+func parsePolicyFingerprint(fp string) (p certify.Policy, old bool, err error) {
+	var layout, mode, eps, alpha string
+	if _, err := fmt.Sscanf(strings.ReplaceAll(fp, ";", ""), "index %s mode %s epsilon_max %s hoeffding alpha %s", &layout, &mode, &eps, &alpha); err != nil {
+		return certify.Policy{}, false, corruptf("meta policy %q: %v", fp, err)
 	}
-	p := certify.Policy{Mode: certify.Mode(mode), Alpha: certify.DefaultAlpha}
-	var err error
+	if layout != "v1" && layout != indexLayout {
+		return certify.Policy{}, false, corruptf("meta policy %q: index layout %s; this build reads v1 and %s (was it written by a newer cfguard?)", fp, layout, indexLayout)
+	}
+	p = certify.Policy{Mode: certify.Mode(mode), Alpha: certify.DefaultAlpha}
 	if p.EpsilonMax, err = strconv.ParseFloat(eps, 64); err != nil {
-		return p, corruptf("meta policy %q: %v", fp, err)
+		return p, false, corruptf("meta policy %q: %v", fp, err)
 	}
 	if alpha != "off" {
 		p.Hoeffding = true
 		if p.Alpha, err = strconv.ParseFloat(alpha, 64); err != nil {
-			return p, corruptf("meta policy %q: %v", fp, err)
+			return p, false, corruptf("meta policy %q: %v", fp, err)
 		}
 	}
-	if err := p.Validate(); err != nil || policyFingerprint(p) != fp {
-		return p, corruptf("meta policy %q does not parse back (%v)", fp, err)
+	old = layout != indexLayout
+	if err := p.Validate(); err != nil || strings.Replace(policyFingerprint(p), indexLayout, layout, 1) != fp {
+		return p, false, corruptf("meta policy %q does not parse back (%v)", fp, err)
 	}
-	return p, nil
+	return p, old, nil
 }

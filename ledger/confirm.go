@@ -298,8 +298,12 @@ func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lane
 		}
 		id = append([]byte(nil), id...)
 		h, ok, err := readHeader(tx, id)
-		if err == nil && (!ok || !h.pending()) {
-			err = corruptf("idx_fail lists counterfactual %q, which neither fails nor has a lapsed certificate", id)
+		pending := false
+		if err == nil && ok {
+			pending, err = l.pending(tx, &h)
+		}
+		if err == nil && (!ok || !pending) {
+			err = corruptf("the indexes list counterfactual %q as waiting, yet it neither fails nor has a lapsed certificate", id)
 		}
 		if err != nil {
 			return true, err
@@ -335,16 +339,28 @@ func (l *Ledger) countWaiting(tx *bolt.Tx, now cur, limit int) (int, error) {
 	return n, err
 }
 
-// eachWaiting calls fn, in idx_fail order until it returns stop, with the id of every CE that a
-// measurement under posterior version v (the current one, now, or an older one a pool was drawn
-// from) would give something to: a certified CE whose bound has lapsed; an at_risk or
-// invalidated CE with no verdict, or whose verdict older than v has no carry bound; and one whose
-// verdict, older than v, does not carry to now: certify.Carries fails at the slack of
-// KL(q_now || q_cv) (or that posterior is not known here, or Options.RemeasureVerdicts is set).
-// Carried verdicts are grouped by version and sorted by carry margin (failKey), so the ones read
-// are those whose margin is within scanMargin of the slack or below; the others are skipped by a
-// seek per version.
+// eachWaiting calls fn, until it returns stop, with the id of every CE that a measurement under
+// posterior version v (the current one, now, or an older one a pool was drawn from) would give
+// something to. First, anchor by anchor, the certified CEs whose bound has lapsed (eachLapsed);
+// then, in idx_fail order, an at_risk or invalidated CE with no verdict, or whose verdict older
+// than v has no carry bound; and one whose verdict, older than v, does not carry to now:
+// certify.Carries fails at the slack of KL(q_now || q_cv) (or that posterior is not known here,
+// or Options.RemeasureVerdicts is set). Carried verdicts are grouped by version and sorted by
+// carry margin (failKey), so the ones read are those whose margin is within scanMargin of the
+// slack or below; the others are skipped by a seek per version.
 func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) (stop bool, err error)) error {
+	stopped := false
+	err := eachLapsed(tx, l.opts.Policy, func(id []byte) error {
+		stop, err := fn(id)
+		if stop && err == nil {
+			stopped = true
+			return errStop
+		}
+		return err
+	})
+	if stopped || err != nil {
+		return err
+	}
 	c := tx.Bucket(bIdxFail).Cursor()
 	k, val := c.First()
 	for ; k != nil; k, val = c.Next() {
@@ -398,6 +414,42 @@ func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) 
 	}
 	return nil
 }
+
+// eachLapsed calls fn with the id of every certified CE whose bound fails at its anchor's stored
+// KL, anchor by anchor: in idx_p1's certified class, the entries below the Theorem 1 threshold
+// (its front, up to the first that holds), then in idx_var's, those whose Theorem 2 bound fails
+// and whose Theorem 1 bound holds (the others were given already). O(lapsed CEs + anchors).
+func eachLapsed(tx *bolt.Tx, pol certify.Policy, fn func(id []byte) error) error {
+	err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+		if a.refs == 0 {
+			return nil
+		}
+		s := pol.Slack(a.kl)
+		g := pol.Gate(s)
+		err := scanIndex(tx, bIdxP1, v, classCertified, math.Inf(-1), math.Inf(1), func(e idxEntry) error {
+			if g.Theorem1(e.terms.p1s) {
+				return errThreshold // Theorem 1 holds from here on
+			}
+			return fn(e.id)
+		})
+		if err != errThreshold && err != nil {
+			return err
+		}
+		return scanIndex(tx, bIdxVar, v, classCertified, math.Inf(-1), s.Var+margin(s.Var), func(e idxEntry) error {
+			if !g.Theorem1(e.terms.p1s) || g.Theorem2(e.terms.v1, e.terms.ceil) {
+				return nil
+			}
+			return fn(e.id)
+		})
+	})
+	if err == errStop {
+		return nil
+	}
+	return err
+}
+
+// errThreshold ends a scan of an index class at the threshold where the bound starts to hold.
+var errThreshold = errors.New("threshold reached")
 
 // carryCache holds the posteriors recent verdicts were measured under (Confirm remembers the one
 // it sampled), and the slack of their KL from the current posterior, computed once per version
@@ -524,7 +576,7 @@ func sameCertificate(a, b *header) bool {
 // nothing but the time of the last write differs. A measurement taken of a is applied only to a
 // CE still in the same state, so that it never overrides a newer verdict or certificate.
 func sameState(a, b *header) bool {
-	return sameCertificate(a, b) && a.status == b.status && a.lapsed == b.lapsed &&
+	return sameCertificate(a, b) && a.status == b.status &&
 		a.confirmed == b.confirmed && a.cv == b.cv && a.carry == b.carry && a.cbound == b.cbound
 }
 
@@ -556,8 +608,11 @@ func (s sampled) kept(l *Ledger, h *header, behind bool) bool {
 // whether it wrote, whether that was a renewal, and whether the result is kept (Measurements).
 func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predictive, i int) (done, renewed, kept bool, err error) {
 	h, ok, err := readHeader(w.tx, it.id)
-	if err != nil || !ok || !h.pending() || !sameState(&h, &it.h) {
+	if err != nil || !ok || !sameState(&h, &it.h) {
 		return false, false, false, err
+	}
+	if pending, err := w.l.pending(w.tx, &h); err != nil || !pending {
+		return false, false, false, err // its bound holds again
 	}
 	v := s.version
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
@@ -566,7 +621,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 		return true, true, holds, err
 	}
 	nh := h
-	nh.status, nh.lapsed, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), false, w.now.UnixNano()
+	nh.status, nh.updated = certify.Verdict(h.status, e, w.l.opts.VerdictAlpha), w.now.UnixNano()
 	nh.confirm(v, &e, w.l.opts.VerdictAlpha)
 	if err := w.putHeader(it.id, &h, &nh); err != nil {
 		return false, false, false, err
@@ -609,7 +664,7 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 		return false, fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
 	}
 	b := w.l.opts.Policy.Bounds(nh.certificate(), s.kl)
-	nh.newCertificate(b.Certified) // judged at KL(q_now || q_s)
+	nh.newCertificate() // lapsed at once if b fails: judged at KL(q_now || q_s), its anchor's KL
 	if err := w.putHeader(id, h, &nh); err != nil {
 		return false, err
 	}

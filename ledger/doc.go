@@ -28,7 +28,7 @@
 //	anchor_models  version -> the anchor posterior
 //	kl_history     sequence -> one update: update KL, max anchor KL, outcome
 //	outbox         sequence -> event key and value, waiting to be published
-//	idx_p1, idx_var, idx_cert, idx_fail   the indexes (below)
+//	idx_p1, idx_var, idx_fail   the indexes (below)
 //
 // Every value ends in a CRC-32C of its key and payload (store.Seal): bbolt checks its page
 // structure and meta pages but not the bytes of values, so without it a damaged byte in a record
@@ -44,30 +44,36 @@
 //
 // never a sum of update KLs (KL is not a metric). So an anchor posterior is kept as long as one
 // CE refers to it (reference counted) and released afterwards. Judging (constants, variance
-// ceiling, Hoeffding p1) is certify.Policy. Bound, VarBound and KLFromAnchor are derived on read
-// from the anchor's stored KL, so an update that changes no status writes nothing per CE.
+// ceiling, Hoeffding p1) is certify.Policy. Bound, VarBound, KLFromAnchor and whether the
+// certificate has lapsed are derived on read from the anchor's stored KL, so an update that
+// changes no status writes nothing per CE, however many certificates it lapses.
 //
 // # Re-certification that scales with change
 //
 // With an anchor's KL fixed, whether a CE is certified is a threshold on its p1' (Theorem 1)
 // and on its variance headroom ceiling(epsilon) - V1 (Theorem 2). idx_p1 and idx_var keep every
-// CE holding a certificate sorted by anchor and by each key, so when an update moves an anchor's
-// KL from k_old to k_new, Recertify reads only the CEs whose keys lie between the two thresholds
-// and judges them exactly as a scan of every CE would (index.go). idx_cert (certified CEs by
-// p1') gives the smallest Theorem 1 bound at once. An update that changes no status costs one
-// KL per live anchor and a few index seeks, whatever the number of CEs stored. The indexes
-// depend on the policy: Open rebuilds them, re-judging every CE, when the policy changes.
+// CE holding a certificate sorted by anchor, class (certified, or at_risk and invalidated) and
+// each key, with what judging reads in each entry, so when an update moves an anchor's KL from
+// k_old to k_new, Recertify judges only the entries whose keys lie between the two thresholds,
+// exactly as a scan of every CE would (index.go), and reads a CE only when its status changes.
+// The first certified idx_p1 entry at or above the threshold gives the smallest Theorem 1 bound
+// at once. An update that changes no status costs one KL per live anchor, a few index seeks and
+// a step over each entry between the thresholds, whatever the number of CEs stored; it writes
+// the anchors' KL and the count of lapsed certificates. The indexes depend on the policy (and
+// their layout, policyFingerprint): Open rebuilds them, re-judging every CE, when it changes.
 //
 // # Lapses, renewals and verdicts
 //
 // Re-certification never samples. Wherever bounds are evaluated anew (re-certification, the
 // rebuild at Open, registration, a renewed certificate) the CE moves by one rule,
 // certify.Rejudge, and the check at Open holds every stored CE to be a fixed point of it. A
-// certified CE whose bound fails keeps its status with a lapsed flag (no status change, no
-// event) and joins idx_fail unconfirmed. Confirm, run by the daemon in the background, takes such
-// CEs, and at_risk or invalidated ones whose last verdict is older than the posterior it samples
-// and does not carry to the current one (below), from idx_fail (sorted by the version of their
-// last measurement, none first), samples them without holding the writer lock, and writes in one short
+// certified CE whose bound fails at its anchor's stored KL has lapsed: it keeps its status (no
+// status change, no event, no write; the lapse is derived, see Ledger.lapsed). Confirm, run by
+// the daemon in the background, takes such CEs from the front of their anchor's certified class
+// in idx_p1 and idx_var, then at_risk or invalidated ones whose last verdict is older than the
+// posterior it samples and does not carry to the current one (below) from idx_fail (sorted by
+// the version of their last measurement, none first), samples them without holding the writer
+// lock, and writes in one short
 // transaction, for each: a renewal (certify.Renewable: re-anchored to the posterior sampled, still
 // certified) or a verdict (certify.Verdict: at_risk or invalidated, with hysteresis by evidence).
 // If ingestion promoted a newer posterior while the batch was sampled, the results are written

@@ -14,7 +14,7 @@ import (
 
 // The indexes. A CE's verdict under its anchor is a pair of thresholds. With the anchor's
 // KL(q_now || q_anchor) fixed, the policy's slack (certify.Policy.Slack) is a mean slack m and a
-// variance slack s, the same for every CE under that anchor, and the CE is certified iff
+// variance slack s, the same for every CE under that anchor, and the CE's bound holds iff
 //
 //	p1' - m >= 1/2                       (Theorem 1; p1' = p1 or its Hoeffding lower bound)
 //	min(V1 + s, 1/4) <= ceiling(epsilon)  (Theorem 2; ceiling = max(epsilon_max, epsilon))
@@ -24,20 +24,26 @@ import (
 // makes the condition hold at any KL). So two indexes sorted by anchor, then p1' (idx_p1) or h
 // (idx_var), tell which CEs an anchor's KL moving from k_old to k_new can change: those with p1'
 // between 1/2 + m(k_old) and 1/2 + m(k_new), and those with h between s(k_old) and s(k_new).
-// Recertify range-scans exactly those (with a margin of 1e-9 for rounding) and judges each
-// candidate with the same float operations as a full scan (certify.Gate), so the result is
-// bit-identical to judging every CE, in time proportional to the candidates.
+// Each entry carries what judging reads (p1', V1, ceiling: terms), so Recertify range-scans
+// exactly those entries (with a margin of 1e-9 for rounding) and judges each with certify.Gate's
+// arithmetic (Theorem1, Theorem2) without reading the CE: the result is bit-identical to judging
+// every CE, in time proportional to the entries between the thresholds.
 //
-// idx_cert holds the certified CEs whose bounds hold by anchor and p1', so the smallest Theorem
-// 1 bound over them (Report.MinBound) is the first entry per anchor. idx_fail holds the CEs whose
-// bound fails (certified with a lapsed bound, at_risk, invalidated) by the posterior version of
-// their last Monte-Carlo verdict (0 = none yet, else version + 1), so Confirm takes the ones to
-// measure from its front; verdicts that carry to later posteriors follow, by version and carry
-// margin (failKey), so Confirm reads only those the KL from their posterior no longer carries.
+// Both indexes keep two classes apart under each anchor: certified CEs (class 0) and at_risk or
+// invalidated ones (class 1). A certified CE whose bound fails at its anchor's stored KL has
+// lapsed; nothing about it is written when it does. The lapsed certificates under an anchor are
+// the front of its certified class in idx_p1 (p1' below 1/2 + m) and in idx_var (h below s), which
+// is where Confirm takes them from, and the smallest Theorem 1 bound that holds (Report.MinBound)
+// is the first certified idx_p1 entry at or above 1/2 + m. idx_fail holds the at_risk and
+// invalidated CEs by the posterior version of their last Monte-Carlo verdict (0 = none yet, else
+// version + 1), so Confirm takes the ones to measure from its front; verdicts that carry to later
+// posteriors follow, by version and carry margin (failKey), so Confirm reads only those the KL
+// from their posterior no longer carries.
 //
-// Keys: anchor u64 BE | ordered float64 (8 bytes) | id, or in idx_fail those of failKey. Values: the
-// CRC-32C of the key (seal). The keys depend on the policy (mode, epsilon_max, Hoeffding alpha):
-// Open rebuilds them when the stored policy fingerprint differs.
+// Keys: anchor u64 BE | class | ordered float64 (8 bytes) | id, or in idx_fail those of failKey.
+// Values: in idx_p1 and idx_var the terms (24 bytes), sealed; in idx_fail only the seal (the
+// CRC-32C of the key). Keys and terms depend on the policy (mode, epsilon_max, Hoeffding alpha):
+// Open rebuilds the indexes when the stored policy fingerprint differs.
 
 // scanMargin widens index range scans past the thresholds, which are computed with rounding
 // (1/2 + m, ceiling - V1) while the verdict is computed as p1' - m >= 1/2 and V1 + s <= ceiling.
@@ -66,12 +72,72 @@ func keyFloat(k []byte) float64 {
 	return math.Float64frombits(b)
 }
 
-func idxKey(anchor uint64, f float64, id []byte) []byte {
-	k := make([]byte, 16+len(id))
+// The classes of idx_p1 and idx_var entries under an anchor.
+const (
+	classCertified byte = 0 // certified, its bound holding or lapsed
+	classFailing   byte = 1 // at_risk or invalidated
+)
+
+// idxPrefix is the length of an idx_p1 or idx_var key before the id.
+const idxPrefix = 17
+
+func idxKey(anchor uint64, class byte, f float64, id []byte) []byte {
+	k := make([]byte, idxPrefix+len(id))
 	binary.BigEndian.PutUint64(k, anchor)
-	floatKey(k[8:], f)
-	copy(k[16:], id)
+	k[8] = class
+	floatKey(k[9:], f)
+	copy(k[idxPrefix:], id)
 	return k
+}
+
+// terms are what judging a certificate reads, under the ledger's policy: p1' (Policy.StartP1),
+// V1 and the variance ceiling (Policy.VarCeiling). idx_p1 and idx_var entries carry them.
+type terms struct{ p1s, v1, ceil float64 }
+
+const termsSize = 24
+
+func (l *Ledger) termsOf(h *header) terms {
+	pol := l.opts.Policy
+	return terms{p1s: pol.StartP1(h.certificate()), v1: h.var1, ceil: pol.VarCeiling(h.epsilon)}
+}
+
+// holds reports whether both bounds hold under gate g (certify.Gate's arithmetic).
+func (t terms) holds(g *certify.Gate) bool { return g.Theorem1(t.p1s) && g.Theorem2(t.v1, t.ceil) }
+
+// headroom is the idx_var key: ceiling - V1, or +Inf when the ceiling is at least 1/4.
+func (t terms) headroom() float64 {
+	if t.ceil >= 0.25 {
+		return math.Inf(1)
+	}
+	return t.ceil - t.v1
+}
+
+func (t terms) encode() []byte {
+	v := make([]byte, termsSize)
+	putF64(v, 0, t.p1s)
+	putF64(v, 8, t.v1)
+	putF64(v, 16, t.ceil)
+	return v
+}
+
+// idxEntry is one index entry of an idx_p1 or idx_var cursor: its anchor, class, key value,
+// CE id and terms.
+type idxEntry struct {
+	anchor uint64
+	class  byte
+	key    float64
+	id     []byte
+	terms  terms
+}
+
+// decodeIdx unseals and parses an idx_p1 or idx_var entry.
+func decodeIdx(bucket, k, v []byte) (idxEntry, error) {
+	p, ok := unseal(k, v)
+	if !ok || len(k) <= idxPrefix || k[8] > classFailing || len(p) != termsSize {
+		return idxEntry{}, corruptf("%s entry %x is damaged", bucket, k)
+	}
+	return idxEntry{anchor: binary.BigEndian.Uint64(k), class: k[8], key: keyFloat(k[9:idxPrefix]), id: k[idxPrefix:],
+		terms: terms{p1s: f64(p, 0), v1: f64(p, 8), ceil: f64(p, 16)}}, nil
 }
 
 // failKey orders failing CEs by their last Monte-Carlo verdict: none first, then by version. A
@@ -106,32 +172,27 @@ func carriedKey(cv uint64, margin float64, id []byte) []byte {
 	return k
 }
 
-// varHeadroom is ceiling(epsilon) - V1, or +Inf when the ceiling is at least 1/4.
-func varHeadroom(pol certify.Policy, v1, eps float64) float64 {
-	c := pol.VarCeiling(eps)
-	if c >= 0.25 {
-		return math.Inf(1)
-	}
-	return c - v1
-}
+// indexEntry is one index entry a CE needs: its key and the payload its value seals.
+type indexEntry struct{ key, val []byte }
 
 // indexKeys are the index entries of a CE with header h (none for nil or uncertified), in the
 // order of indexBuckets.
-func (l *Ledger) indexKeys(id []byte, h *header) (k [4][]byte) {
+func (l *Ledger) indexKeys(id []byte, h *header) (e [3]indexEntry) {
 	if h == nil || h.status == certify.Uncertified {
-		return k
+		return e
 	}
-	pol := l.opts.Policy
-	p1s := pol.StartP1(h.certificate())
-	k[0] = idxKey(h.anchor, p1s, id)
-	k[1] = idxKey(h.anchor, varHeadroom(pol, h.var1, h.epsilon), id)
-	if h.holds() {
-		k[2] = k[0]
+	t := l.termsOf(h)
+	class := classCertified
+	if h.failing() {
+		class = classFailing
 	}
-	if h.pending() {
-		k[3] = failKey(h, id)
+	val := t.encode()
+	e[0] = indexEntry{idxKey(h.anchor, class, t.p1s, id), val}
+	e[1] = indexEntry{idxKey(h.anchor, class, t.headroom(), id), val}
+	if h.failing() {
+		e[2] = indexEntry{key: failKey(h, id)}
 	}
-	return k
+	return e
 }
 
 // writeTx collects what one write transaction changes: headers with their index entries,
@@ -149,13 +210,13 @@ type writeTx struct {
 	changes  []StatusChange
 	outSeq   uint64
 	outDirty bool
-	idx      [4][]idxOp
+	idx      [3][]idxOp
 }
 
-// idxOp is one pending index change: put or delete key.
+// idxOp is one pending index change: put key (with val, the payload to seal) or delete it.
 type idxOp struct {
-	key []byte
-	put bool
+	key, val []byte
+	put      bool
 }
 
 func (l *Ledger) newWriteTx(tx *bolt.Tx, now time.Time) (*writeTx, error) {
@@ -170,29 +231,72 @@ func (l *Ledger) newWriteTx(tx *bolt.Tx, now time.Time) (*writeTx, error) {
 	return w, nil
 }
 
+// lapsed reports whether h is a certified CE whose bound fails at its anchor's stored KL: a
+// lapsed certificate, waiting for Confirm to renew or judge it. Nothing stores a lapse; it is
+// this, read anew wherever it matters.
+func (l *Ledger) lapsed(tx *bolt.Tx, h *header) (bool, error) {
+	if h.status != certify.Certified {
+		return false, nil
+	}
+	a, ok, err := readAnchor(tx, h.anchor)
+	if err == nil && !ok {
+		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
+	}
+	if err != nil {
+		return false, err
+	}
+	return !l.opts.Policy.Bounds(h.certificate(), a.kl).Certified, nil
+}
+
+// pending reports whether h waits for a Monte-Carlo measurement: failing (at_risk,
+// invalidated), or certified with a lapsed bound.
+func (l *Ledger) pending(tx *bolt.Tx, h *header) (bool, error) {
+	if h.failing() {
+		return true, nil
+	}
+	return l.lapsed(tx, h)
+}
+
+// addCount adds d times h's contribution to the status counts (with the lapsed count, judged at
+// its anchor's stored KL, which must be stored).
+func (w *writeTx) addCount(h *header, d int64) error {
+	lapsed, err := w.l.lapsed(w.tx, h)
+	if err != nil {
+		return err
+	}
+	w.cnt.addHeader(h, lapsed, d)
+	return nil
+}
+
 // putHeader stores h under id, replacing old (nil for a new CE), and moves its index entries
-// and status count.
+// and status count. The anchors of both must be stored.
 func (w *writeTx) putHeader(id []byte, old, h *header) error {
+	if old != nil {
+		if err := w.addCount(old, -1); err != nil {
+			return err
+		}
+	}
+	if err := w.addCount(h, 1); err != nil {
+		return err
+	}
 	if err := putSealed(w.tx.Bucket(bHeaders), id, h.encode()); err != nil {
 		return err
 	}
 	w.moveIndex(id, old, h)
-	if old != nil {
-		w.cnt.addHeader(old, -1)
-	}
-	w.cnt.addHeader(h, 1)
 	return nil
 }
 
 // deleteCE removes a CE's header, body and index entries.
 func (w *writeTx) deleteCE(id []byte, old *header) error {
+	if err := w.addCount(old, -1); err != nil {
+		return err
+	}
 	if err := w.tx.Bucket(bHeaders).Delete(id); err != nil {
 		return err
 	}
 	if err := w.tx.Bucket(bBodies).Delete(id); err != nil {
 		return err
 	}
-	w.cnt.addHeader(old, -1)
 	w.moveIndex(id, old, nil)
 	return nil
 }
@@ -200,16 +304,16 @@ func (w *writeTx) deleteCE(id []byte, old *header) error {
 // moveIndex queues the index changes that take id from old to h (nil: absent); applyIndex
 // writes them.
 func (w *writeTx) moveIndex(id []byte, old, h *header) {
-	ok, nk := w.l.indexKeys(id, old), w.l.indexKeys(id, h)
+	oe, ne := w.l.indexKeys(id, old), w.l.indexKeys(id, h)
 	for i := range w.idx {
-		if bytes.Equal(ok[i], nk[i]) {
+		if bytes.Equal(oe[i].key, ne[i].key) && bytes.Equal(oe[i].val, ne[i].val) {
 			continue
 		}
-		if ok[i] != nil {
-			w.idx[i] = append(w.idx[i], idxOp{key: ok[i]})
+		if oe[i].key != nil {
+			w.idx[i] = append(w.idx[i], idxOp{key: oe[i].key})
 		}
-		if nk[i] != nil {
-			w.idx[i] = append(w.idx[i], idxOp{key: nk[i], put: true})
+		if ne[i].key != nil {
+			w.idx[i] = append(w.idx[i], idxOp{key: ne[i].key, val: ne[i].val, put: true})
 		}
 	}
 }
@@ -221,7 +325,7 @@ func (w *writeTx) applyIndex() error {
 		b := w.tx.Bucket(indexBuckets[i])
 		for _, op := range ops {
 			if op.put {
-				if err := b.Put(op.key, seal(op.key, nil)); err != nil {
+				if err := b.Put(op.key, seal(op.key, op.val)); err != nil {
 					return err
 				}
 				continue
@@ -241,12 +345,12 @@ func (w *writeTx) applyIndex() error {
 // idLen is the length of the CE id at the end of an index key of bucket i.
 func idLen(i int, key []byte) int {
 	switch {
-	case i == 3 && len(key) >= 24 && binary.BigEndian.Uint64(key) == carriedPrefix:
+	case i == 2 && len(key) >= 24 && binary.BigEndian.Uint64(key) == carriedPrefix:
 		return len(key) - 24
-	case i == 3:
+	case i == 2:
 		return len(key) - 8
 	}
-	return len(key) - 16
+	return len(key) - idxPrefix
 }
 
 // recordChange appends ch to the CE's history, puts it in the outbox (Options.EncodeChange)
@@ -352,8 +456,14 @@ func (l *Ledger) rebuild() error {
 
 // rebuildTx recreates the indexes, re-judging every CE holding a certificate at its anchor's
 // stored KL: a status that changes is recorded like any other change (history, outbox). It
-// returns the number of CEs and of status changes.
+// returns the number of CEs and of status changes. It deletes a bucket of an older index layout
+// (bIdxCert) if the file has one.
 func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
+	if tx.Bucket(bIdxCert) != nil {
+		if err := tx.DeleteBucket(bIdxCert); err != nil {
+			return 0, 0, err
+		}
+	}
 	for _, b := range indexBuckets {
 		if tx.Bucket(b) != nil {
 			if err := tx.DeleteBucket(b); err != nil {
@@ -382,7 +492,7 @@ func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
 		old, h header
 	}
 	var redo []rejudged
-	var keys [4][][]byte
+	var entries [3][]indexEntry
 	err = tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
 		p, ok := unseal(k, v)
 		if !ok {
@@ -394,22 +504,23 @@ func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
 		}
 		n++
 		old := h
+		holds := false
 		if h.status != certify.Uncertified {
 			g, ok := gates[h.anchor]
 			if !ok {
 				return corruptf("counterfactual %q refers to anchor %d, which is not stored", k, h.anchor)
 			}
-			_, holds := g.Check(h.p1, h.var1, h.epsilon, h.samples)
+			_, holds = g.Check(h.p1, h.var1, h.epsilon, h.samples)
 			h.rejudge(holds) // a certificate that lapses here is renewed or judged by the confirmer
 		}
 		id := append([]byte(nil), k...)
 		if h != old {
 			redo = append(redo, rejudged{id, old, h})
 		}
-		w.cnt.addHeader(&h, 1)
-		for i, key := range l.indexKeys(id, &h) {
-			if key != nil {
-				keys[i] = append(keys[i], key)
+		w.cnt.addHeader(&h, !holds, 1)
+		for i, e := range l.indexKeys(id, &h) {
+			if e.key != nil {
+				entries[i] = append(entries[i], e)
 			}
 		}
 		return nil
@@ -429,12 +540,12 @@ func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
 			return 0, 0, err
 		}
 	}
-	for i, ks := range keys {
-		slices.SortFunc(ks, bytes.Compare)
+	for i, es := range entries {
+		slices.SortFunc(es, func(a, b indexEntry) int { return bytes.Compare(a.key, b.key) })
 		b := tx.Bucket(indexBuckets[i])
 		b.FillPercent = 0.9
-		for _, k := range ks {
-			if err := b.Put(k, seal(k, nil)); err != nil {
+		for _, e := range es {
+			if err := b.Put(e.key, seal(e.key, e.val)); err != nil {
 				return 0, 0, err
 			}
 		}

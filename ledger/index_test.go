@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -74,8 +75,8 @@ func bruteForce(t *testing.T, l *Ledger, next *bnn.Model, models map[uint64]*bnn
 			case s == certify.Certified:
 				pending = true
 			}
-			if b.Certified {
-				minBound = math.Min(minBound, b.ProbLower)
+			if s == certify.Certified && b.ProbLower >= 0.5 {
+				minBound = math.Min(minBound, b.ProbLower) // Theorem 1's bound, where it holds
 			}
 		}
 		if s != ce.Status || pending != ce.RenewalPending {
@@ -84,6 +85,22 @@ func bruteForce(t *testing.T, l *Ledger, next *bnn.Model, models map[uint64]*bnn
 		cnt[s]++
 	}
 	return changes, cnt, minBound
+}
+
+// splitLapses removes the lapses and restorations from a brute-force transition map (they are
+// not status changes: Recertify counts them) and returns how many there were of each.
+func splitLapses(want map[string]string) (lapsed, restored int) {
+	for id, tr := range want {
+		switch tr {
+		case "certified->lapsed":
+			lapsed++
+			delete(want, id)
+		case "lapsed->certified":
+			restored++
+			delete(want, id)
+		}
+	}
+	return lapsed, restored
 }
 
 // Indexed re-certification against a full brute-force evaluation, over random policies, random
@@ -160,15 +177,12 @@ func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
 						t.Fatalf("step %d: Recertify sampled: %+v", step, ch)
 					}
 				}
-				for _, lp := range rep.lapses {
-					if lp.lapsed {
-						got[lp.id] = "certified->lapsed"
-					} else {
-						got[lp.id] = "lapsed->certified"
-					}
-				}
+				lapsed, restored := splitLapses(want)
 				if fmt.Sprint(got) != fmt.Sprint(want) {
 					t.Fatalf("step %d: indexed changes differ from brute force:\n got %v\nwant %v", step, got, want)
+				}
+				if rep.Lapsed != lapsed || rep.Restored != restored {
+					t.Fatalf("step %d: %d certificates lapsed and %d restored, brute force %d and %d", step, rep.Lapsed, rep.Restored, lapsed, restored)
 				}
 				if !equalCounts(rep.Counts, wantCnt) || rep.MinBound != wantMin {
 					t.Fatalf("step %d: report counts %v min bound %v; brute force %v, %v", step, rep.Counts, rep.MinBound, wantCnt, wantMin)
@@ -182,7 +196,7 @@ func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
 					t.Fatal(err)
 				}
 				m = next
-				changed += len(changes) + len(rep.lapses)
+				changed += len(changes) + rep.Lapsed + rep.Restored
 				candidates += rep.Candidates
 				checked += rep.Checked
 				// Something else happens between updates.
@@ -306,7 +320,7 @@ func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
 		}
 		for range 17 {
 			vs = append(vs, v)
-			if v+s <= ceiling && varHeadroom(pol, v, eps) < s {
+			if v+s <= ceiling && (terms{v1: v, ceil: pol.VarCeiling(eps)}).headroom() < s {
 				rounding++
 			}
 			v = math.Nextafter(v, 1)
@@ -348,11 +362,71 @@ func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
 	for _, ch := range changes {
 		got[ch.ID] = fmt.Sprintf("%v->%v", ch.From, ch.To)
 	}
-	for _, lp := range rep.lapses {
-		got[lp.id] = map[bool]string{true: "certified->lapsed", false: "lapsed->certified"}[lp.lapsed]
+	lapsed, restored := splitLapses(want)
+	if rep.Lapsed != lapsed || rep.Restored != restored {
+		t.Fatalf("slack %v, %d rounding cases among V1 = %v: %d lapsed and %d restored, full scan %d and %d", s, rounding, vs, rep.Lapsed, rep.Restored, lapsed, restored)
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("slack %v, %d rounding cases among V1 = %v:\nindexed changes %v\n    full scan %v", s, rounding, vs, got, want)
 	}
 	t.Logf("slack %v: %d of %d CEs are rounding cases; %d change", s, rounding, len(vs), len(want))
+}
+
+// The Theorem 1 threshold, to the ulp: certified CEs on every float from 8 ulps below to 8 above
+// 1/2 + m (m the mean slack of their anchor's KL) are lapsed or not exactly as certify.Bounds
+// says, and the smallest Theorem 1 bound reported is that of the first CE above the threshold,
+// never one within the scan's margin below it. Confirm finds exactly the lapsed ones.
+func TestMinBoundAndLapsesAtTheMeanThreshold(t *testing.T) {
+	pol := testPolicy()
+	anchor := testModel(4)
+	far := drift(anchor, -0.046) // KL ~0.106: mean slack ~0.46, so 1/2 + m is above 1 - delta
+	kl, _, err := certify.KL(far, anchor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := pol.Slack(kl).Mean
+	l, _ := openTest(t, Options{Policy: pol})
+	install(t, l, anchor)
+	rng := rand.New(rand.NewPCG(4, 4))
+	p := 0.5 + m
+	for range 8 {
+		p = math.Nextafter(p, 0)
+	}
+	var ces []*CE
+	for i := range 17 {
+		ce := newCE(t, anchor, rng)
+		ce.ID, ce.P1, ce.Var1, ce.Epsilon = fmt.Sprintf("p1-%02d", i), p, 0, 0.25
+		ces = append(ces, ce)
+		p = math.Nextafter(p, 1)
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: far}); err != nil {
+		t.Fatal(err)
+	}
+	wantMin, lapsed := 1.0, map[string]bool{}
+	for _, c := range ces {
+		b := pol.Bounds(c.Certificate(), kl)
+		if b.Certified {
+			wantMin = min(wantMin, b.ProbLower)
+		} else {
+			lapsed[c.ID] = true
+		}
+	}
+	if len(lapsed) == 0 || len(lapsed) == len(ces) {
+		t.Fatalf("%d of %d lapsed: the test needs the threshold among them", len(lapsed), len(ces))
+	}
+	st, err := l.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pending != len(lapsed) || st.MinBound != wantMin {
+		t.Fatalf("pending %d, min bound %v; want %d and %v", st.Pending, st.MinBound, len(lapsed), wantMin)
+	}
+	found := waitingByIndex(t, l)
+	if !reflect.DeepEqual(found, lapsed) {
+		t.Fatalf("waiting by the indexes %v, want %v", found, lapsed)
+	}
+	checkInvariants(t, l)
 }

@@ -125,6 +125,10 @@ type Ledger struct {
 	// The posteriors recent verdicts were measured under, and their KL from the current one
 	// (confirm.go).
 	carry carryCache
+
+	// oldIndexes is set on a Ledger that only verifies a file whose indexes have an older
+	// layout (parsePolicyFingerprint): its index entries are not checked.
+	oldIndexes bool
 }
 
 // maxCachedModels bounds the decoded-posterior cache.
@@ -350,8 +354,8 @@ type State struct {
 	// MaxAnchorKL is the largest KL(q_now || q_anchor) over the anchors CEs refer to, as of the
 	// last checkpoint.
 	MaxAnchorKL float64 `json:"max_anchor_kl"`
-	// MinBound is the smallest Theorem 1 bound over the certified CEs whose bounds hold; HasBound
-	// is false (and MinBound 0) when there are none.
+	// MinBound is the smallest Theorem 1 bound that holds (>= 1/2) over the certified CEs; HasBound
+	// is false (and MinBound 0) when there is none.
 	MinBound float64 `json:"min_bound"`
 	HasBound bool    `json:"has_bound"`
 }
@@ -531,28 +535,22 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 }
 
 // boundState counts the anchors and sets MaxAnchorKL and MinBound from the anchors' stored KL and
-// the first idx_cert entry of each live anchor (the smallest p1' under it).
+// the first idx_p1 entry of each live anchor's certified class whose Theorem 1 bound holds.
 func (l *Ledger) boundState(tx *bolt.Tx, s *State) error {
-	cert := tx.Bucket(bIdxCert).Cursor()
+	pol := l.opts.Policy
 	return forEachAnchor(tx, func(v uint64, a anchorMeta) error {
 		s.Anchors++
 		if a.refs == 0 {
 			return nil
 		}
 		s.MaxAnchorKL = max(s.MaxAnchorKL, a.kl)
-		prefix := u64bytes(v)
-		k, val := cert.Seek(prefix)
-		if k == nil || !bytes.HasPrefix(k, prefix) {
-			return nil
-		}
-		if _, ok := unseal(k, val); !ok || len(k) < 16 {
-			return corruptf("idx_cert entry %x is damaged", k)
-		}
-		b := keyFloat(k[8:16]) - l.opts.Policy.Slack(a.kl).Mean
-		if !s.HasBound || b < s.MinBound {
+		sl := pol.Slack(a.kl)
+		g := pol.Gate(sl)
+		b, ok, err := firstHolding(tx, v, &g, sl)
+		if ok && (!s.HasBound || b < s.MinBound) {
 			s.MinBound, s.HasBound = b, true
 		}
-		return nil
+		return err
 	})
 }
 

@@ -98,9 +98,13 @@ func policyFingerprint(p certify.Policy) string {
 	if p.Hoeffding {
 		alpha = strconv.FormatFloat(p.Alpha, 'g', -1, 64)
 	}
-	return fmt.Sprintf("index v1; mode %s; epsilon_max %s; hoeffding alpha %s", p.Mode,
+	return fmt.Sprintf("index %s; mode %s; epsilon_max %s; hoeffding alpha %s", indexLayout, p.Mode,
 		strconv.FormatFloat(p.EpsilonMax, 'g', -1, 64), alpha)
 }
+
+// indexLayout names the layout of the index keys and values (index.go). A ledger whose indexes
+// have another layout has another fingerprint, so Open rebuilds them.
+const indexLayout = "v2"
 
 // prepare checks the schema and the small records, then migrates schema 1 or rebuilds the
 // indexes for a changed policy. It writes nothing when neither is needed.

@@ -1,9 +1,9 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -35,7 +35,9 @@ type Report struct {
 	Lapsed   int `json:"lapsed"`
 	Restored int `json:"restored"`
 	Pending  int `json:"pending"`
-	// MinBound is the smallest Theorem 1 bound over certified CEs (1 when there are none).
+	// MinBound is the smallest Theorem 1 bound that holds (>= 1/2) over certified CEs (1 when
+	// there is none). A certified CE whose Theorem 2 bound alone lapsed still counts: its
+	// Theorem 1 bound is a true statement about p_now.
 	MinBound float64 `json:"min_bound"`
 	// AnchorKL is KL(q_now || q_anchor) per live anchor version; MaxAnchorKL its largest value.
 	AnchorKL    map[uint64]float64 `json:"anchor_kl"`
@@ -45,13 +47,6 @@ type Report struct {
 	// were registered, deleted or changed since (ErrStale).
 	Generation uint64 `json:"generation"`
 	fp         [32]byte
-	lapses     []lapse
-}
-
-// lapse is a certified CE whose bound starts failing (lapsed) or holds again (!lapsed).
-type lapse struct {
-	id     string
-	lapsed bool
 }
 
 // Recertify re-judges every stored CE holding a certificate against the posterior `current`
@@ -61,12 +56,13 @@ type lapse struct {
 //
 //	p1' - slack_p(KL) >= 1/2   and   min(V1 + slack_V(KL), 1/4) <= max(epsilon_max, epsilon)
 //
-// Only CEs whose verdict can change are read: those the indexes place between the thresholds
-// of the anchor's stored KL and its new one (see index.go). Each moves by certify.Rejudge: a
-// certified CE whose bound starts failing lapses (it stays certified, a lapse in the report, not
-// a status change: Recertify runs no Monte-Carlo, Confirm renews or judges it later); a lapsed,
-// at_risk or invalidated CE whose bound holds again is certified. Uncertified CEs keep their
-// status.
+// Only the index entries whose verdict can change are judged: those between the thresholds of
+// the anchor's stored KL and its new one (see index.go), from the terms they carry; a CE is read
+// only when its status changes. Each moves by certify.Rejudge: a certified CE whose bound starts
+// failing lapses (it stays certified, a lapse in the report, not a status change and not a write:
+// a lapse is the bound failing at the anchor's stored KL; Recertify runs no Monte-Carlo, Confirm
+// renews or judges it later); an at_risk or invalidated CE whose bound holds again is certified.
+// Uncertified CEs keep their status.
 //
 // The report and changes are to be persisted with Checkpoint{Model: current, Recertified: &rep,
 // Changes: changes} (or use Commit, which does both under one lock).
@@ -83,7 +79,7 @@ func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model) (Report, []S
 func (l *Ledger) recertify(ctx context.Context, current *bnn.Model, blob []byte) (Report, []StatusChange, error) {
 	start := time.Now()
 	rep := Report{PosteriorVersion: current.Version, AnchorKL: map[uint64]float64{}, MinBound: 1, fp: fingerprint(blob)}
-	r := &recert{l: l, rep: &rep, now: l.opts.Now().UTC(), seen: map[string]bool{}}
+	r := &recert{l: l, rep: &rep, now: l.opts.Now().UTC()}
 	var cnt counts
 	err := l.view(func(tx *bolt.Tx) error {
 		var err error
@@ -112,17 +108,8 @@ func (l *Ledger) recertify(ctx context.Context, current *bnn.Model, blob []byte)
 		cnt.add(ch.From, -1)
 		cnt.add(ch.To, 1)
 	}
-	slices.SortFunc(r.lapses, func(a, b lapse) int { return strings.Compare(a.id, b.id) })
-	for _, lp := range r.lapses {
-		if lp.lapsed {
-			rep.Lapsed++
-			cnt[lapsedSlot]++
-		} else {
-			rep.Restored++
-			cnt[lapsedSlot]--
-		}
-	}
-	rep.Pending, rep.lapses = int(cnt[lapsedSlot]), r.lapses
+	cnt[lapsedSlot] += int64(rep.Lapsed - rep.Restored)
+	rep.Pending = int(cnt[lapsedSlot])
 	rep.Counts, rep.Changed = cnt.asMap(), len(r.changes)
 	rep.Checked = int(cnt[certify.Certified-1] + cnt[certify.AtRisk-1] + cnt[certify.Invalidated-1])
 	rep.Duration = time.Since(start)
@@ -134,9 +121,7 @@ type recert struct {
 	l       *Ledger
 	rep     *Report
 	now     time.Time
-	seen    map[string]bool
 	changes []StatusChange
-	lapses  []lapse
 }
 
 // anchor re-judges the CEs under anchor v whose verdict the move of its KL can change, and
@@ -154,114 +139,116 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 	r.rep.AnchorKL[v] = kl
 	r.rep.MaxAnchorKL = math.Max(r.rep.MaxAnchorKL, kl)
 	so, sn := pol.Slack(a.kl), pol.Slack(kl)
-	gate := pol.Gate(sn)
-	first, firstLapse := len(r.changes), len(r.lapses)
-	visit := func(id []byte) error {
-		if r.seen[string(id)] {
-			return nil
-		}
-		r.seen[string(id)] = true
+	gold, gnew := pol.Gate(so), pol.Gate(sn)
+	first := len(r.changes)
+	// The p1' range whose Theorem 1 verdict can change; an idx_var entry inside it was judged
+	// in the idx_p1 scan already.
+	plo, phi := math.Inf(1), math.Inf(-1)
+	visit := func(e idxEntry) error {
 		r.rep.Candidates++
-		h, ok, err := readHeader(tx, id)
-		if err == nil && (!ok || h.anchor != v || h.status == certify.Uncertified) {
-			err = corruptf("index entry of counterfactual %q under anchor %d has no matching record", id, v)
+		was, is := e.terms.holds(&gold), e.terms.holds(&gnew)
+		switch {
+		case was == is:
+			return nil
+		case e.class == classCertified && was:
+			r.rep.Lapsed++ // not a status change: the confirmer renews or judges it
+			return nil
+		case e.class == classCertified:
+			r.rep.Restored++
+			return nil
+		case was:
+			return corruptf("counterfactual %q under anchor %d is at_risk or invalidated, yet its bound held at the anchor's stored KL", e.id, v)
+		}
+		h, ok, err := readHeader(tx, e.id)
+		if err == nil && (!ok || h.anchor != v || !h.failing()) {
+			err = corruptf("index entry of counterfactual %q under anchor %d has no matching record", e.id, v)
 		}
 		if err != nil {
 			return err
 		}
-		_, holds := gate.Check(h.p1, h.var1, h.epsilon, h.samples)
-		prev := h.standing()
-		next := certify.Rejudge(prev, holds)
-		switch {
-		case next == prev:
-			return nil
-		case next.Status == prev.Status:
-			// A certificate lapses, or a lapsed one holds again: not a status change. The
-			// confirmer measures a lapsed CE and renews it or gives it a verdict.
-			r.lapses = append(r.lapses, lapse{id: string(id), lapsed: next.Lapsed})
-			return nil
-		}
 		b := pol.Evaluate(h.certificate(), sn)
-		r.changes = append(r.changes, StatusChange{ID: string(id), At: r.now, From: prev.Status, To: next.Status,
+		r.changes = append(r.changes, StatusChange{ID: string(e.id), At: r.now, From: h.status, To: certify.Certified,
 			PosteriorVersion: current.Version, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper})
 		return nil
 	}
 	if so.Mean != sn.Mean {
 		lo, hi := 0.5+math.Min(so.Mean, sn.Mean), 0.5+math.Max(so.Mean, sn.Mean)
-		if err := scanIndex(tx.Bucket(bIdxP1), v, lo-margin(lo), hi+margin(hi), visit); err != nil {
-			return err
+		plo, phi = lo-margin(lo), hi+margin(hi)
+		for _, class := range []byte{classCertified, classFailing} {
+			if err := scanIndex(tx, bIdxP1, v, class, plo, phi, visit); err != nil {
+				return err
+			}
 		}
 	}
 	if so.Var != sn.Var {
 		lo, hi := math.Min(so.Var, sn.Var), math.Max(so.Var, sn.Var)
-		if err := scanIndex(tx.Bucket(bIdxVar), v, lo-margin(lo), hi+margin(hi), visit); err != nil {
-			return err
+		for _, class := range []byte{classCertified, classFailing} {
+			err := scanIndex(tx, bIdxVar, v, class, lo-margin(lo), hi+margin(hi), func(e idxEntry) error {
+				if e.terms.p1s >= plo && e.terms.p1s <= phi {
+					return nil
+				}
+				return visit(e)
+			})
+			if err != nil {
+				return err
+			}
 		}
 	}
-	return r.minBound(tx, v, sn, r.changes[first:], r.lapses[firstLapse:])
+	return r.minBound(tx, v, &gnew, sn, r.changes[first:])
 }
 
 func margin(x float64) float64 { return scanMargin * math.Max(1, math.Abs(x)) }
 
-// minBound folds into MinBound the smallest Theorem 1 bound p1' - slack_p over the CEs under
-// anchor v that are certified after this re-certification: the first idx_cert entry that did
-// not just lose its certificate, and the CEs that just gained one.
-func (r *recert) minBound(tx *bolt.Tx, v uint64, sn certify.Slack, changes []StatusChange, lapses []lapse) error {
-	pol := r.l.opts.Policy
-	lost := map[string]bool{}
-	gain := func(id string) error {
-		h, _, err := readHeader(tx, []byte(id))
+// minBound folds into MinBound the smallest Theorem 1 bound p1' - slack_p that holds (>= 1/2)
+// over the CEs under anchor v that are certified after this re-certification: the first entry
+// of idx_p1's certified class at or above the threshold, and the CEs that just gained a
+// certificate (changes).
+func (r *recert) minBound(tx *bolt.Tx, v uint64, g *certify.Gate, sn certify.Slack, changes []StatusChange) error {
+	for _, ch := range changes {
+		r.rep.MinBound = math.Min(r.rep.MinBound, ch.Bound)
+	}
+	b, ok, err := firstHolding(tx, v, g, sn)
+	if ok {
+		r.rep.MinBound = math.Min(r.rep.MinBound, b)
+	}
+	return err
+}
+
+// firstHolding is the smallest Theorem 1 bound p1' - slack_p that holds under gate g (the slack
+// sn) over the certified CEs under anchor v, read from the first idx_p1 entry of the certified
+// class at or above the threshold 1/2 + slack_p; ok is false when there is none.
+func firstHolding(tx *bolt.Tx, v uint64, g *certify.Gate, sn certify.Slack) (float64, bool, error) {
+	thr := 0.5 + sn.Mean
+	found, b := false, 0.0
+	err := scanIndex(tx, bIdxP1, v, classCertified, thr-margin(thr), math.Inf(1), func(e idxEntry) error {
+		if !g.Theorem1(e.terms.p1s) {
+			return nil // within the margin below the threshold
+		}
+		found, b = true, e.terms.p1s-sn.Mean
+		return errStop
+	})
+	if err == errStop {
+		err = nil
+	}
+	return b, found, err
+}
+
+// errStop ends an index scan early without an error.
+var errStop = errors.New("stop")
+
+// scanIndex calls fn with every entry of idx_p1 or idx_var (bucket) with anchor v, the given
+// class and key value in [lo, hi], in key order. fn may return errStop to end the scan.
+func scanIndex(tx *bolt.Tx, bucket []byte, v uint64, class byte, lo, hi float64, fn func(e idxEntry) error) error {
+	c := tx.Bucket(bucket).Cursor()
+	for k, val := c.Seek(idxKey(v, class, lo, nil)); k != nil; k, val = c.Next() {
+		if len(k) < idxPrefix || binary.BigEndian.Uint64(k) != v || k[8] != class || keyFloat(k[9:idxPrefix]) > hi {
+			return nil
+		}
+		e, err := decodeIdx(bucket, k, val)
 		if err != nil {
 			return err
 		}
-		r.rep.MinBound = math.Min(r.rep.MinBound, pol.StartP1(h.certificate())-sn.Mean)
-		return nil
-	}
-	for _, ch := range changes {
-		if ch.To == certify.Certified {
-			if err := gain(ch.ID); err != nil {
-				return err
-			}
-		} else {
-			lost[ch.ID] = true
-		}
-	}
-	for _, lp := range lapses {
-		if !lp.lapsed {
-			if err := gain(lp.id); err != nil {
-				return err
-			}
-		} else {
-			lost[lp.id] = true
-		}
-	}
-	prefix := u64bytes(v)
-	c := tx.Bucket(bIdxCert).Cursor()
-	for k, val := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, val = c.Next() {
-		if _, ok := unseal(k, val); !ok || len(k) < 16 {
-			return corruptf("idx_cert entry %x is damaged", k)
-		}
-		if lost[string(k[16:])] {
-			continue
-		}
-		r.rep.MinBound = math.Min(r.rep.MinBound, keyFloat(k[8:16])-sn.Mean)
-		break
-	}
-	return nil
-}
-
-// scanIndex calls fn with the id of every entry of an anchor-keyed index with anchor v and key
-// value in [lo, hi].
-func scanIndex(b *bolt.Bucket, v uint64, lo, hi float64, fn func(id []byte) error) error {
-	c := b.Cursor()
-	for k, val := c.Seek(idxKey(v, lo, nil)); k != nil; k, val = c.Next() {
-		if len(k) < 16 || binary.BigEndian.Uint64(k) != v || keyFloat(k[8:16]) > hi {
-			return nil
-		}
-		if _, ok := unseal(k, val); !ok {
-			return corruptf("index entry %x is damaged", k)
-		}
-		if err := fn(k[16:]); err != nil {
+		if err := fn(e); err != nil {
 			return err
 		}
 	}
@@ -533,29 +520,10 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 			return false, err
 		}
 	}
-	for _, lp := range r.lapses {
-		if err := w.applyLapse(lp); err != nil {
-			return false, err
-		}
-	}
-	return len(c.Changes) > 0 || len(r.lapses) > 0, nil
-}
-
-// applyLapse sets or clears the lapsed flag of a certified CE.
-func (w *writeTx) applyLapse(lp lapse) error {
-	id := []byte(lp.id)
-	h, ok, err := readHeader(w.tx, id)
-	switch {
-	case err != nil:
-		return err
-	case !ok:
-		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, lp.id)
-	case h.status != certify.Certified || h.lapsed == lp.lapsed:
-		return fmt.Errorf("%w: counterfactual %q is %v (lapsed %v), the re-certification expects certified (lapsed %v)", ErrStale, lp.id, h.status, h.lapsed, !lp.lapsed)
-	}
-	nh := h
-	nh.lapsed, nh.updated = lp.lapsed, w.now.UnixNano()
-	return w.putHeader(id, &h, &nh)
+	// Lapses are written as what they are: a count. The CEs stay as they are; their bounds at
+	// the anchors' new KL say they lapsed.
+	w.cnt[lapsedSlot] += int64(r.Lapsed - r.Restored)
+	return len(c.Changes) > 0, nil
 }
 
 // applyChange moves a stored CE from ch.From to ch.To and records the change. A CE entering
@@ -572,13 +540,11 @@ func (w *writeTx) applyChange(ch StatusChange, confirmed *uint64) error {
 		return fmt.Errorf("%w: counterfactual %q is gone", ErrStale, ch.ID)
 	case h.status != ch.From:
 		return fmt.Errorf("%w: counterfactual %q is %v, change expects %v", ErrStale, ch.ID, h.status, ch.From)
-	case h.lapsed && ch.To != certify.Certified:
-		return fmt.Errorf("%w: counterfactual %q has a lapsed certificate, which only its renewal or verdict changes", ErrStale, ch.ID)
 	case ch.From == certify.Uncertified || ch.To == certify.Uncertified:
 		return invalidf("counterfactual %q: re-certification cannot move %v to %v", ch.ID, ch.From, ch.To)
 	}
 	nh := h
-	nh.status, nh.lapsed = ch.To, false
+	nh.status = ch.To
 	nh.unconfirm()
 	if confirmed != nil && nh.failing() {
 		nh.confirm(*confirmed, nil, 0)

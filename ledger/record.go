@@ -84,7 +84,7 @@ const MaxHistory = 32
 // history. Both are sealed (a CRC-32C of key and payload follows the payload, see store.Seal).
 //
 //	header payload (72 bytes, little endian), format 2
-//	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: lapsed, bit 2: carry bound)
+//	  0 format (2)   1 status   2 flags (bit 0: confirmed, bit 1: unused, bit 2: carry bound)
 //	  3 reserved   4 target u32   8 anchor version u64   16 p1 f64   24 var1 f64   32 delta f64
 //	 40 epsilon f64   48 samples u32   52 carry bound f32 (0 without bit 2)
 //	 56 updated-at unix ns i64   64 confirmed version u64
@@ -94,6 +94,10 @@ const MaxHistory = 32
 // rounded bound carries the verdict no further than the exact one (certify.Carries). A file
 // written with it is refused by a cfguard that predates it (flags or reserved bytes set).
 //
+// Whether a certified CE's certificate has lapsed is not stored: it is its bound failing at its
+// anchor's stored KL (see doc.go). Flag bit 1 is never written; files that stored a lapse there
+// are read with the bit ignored.
+//
 // Format 1 (schema 1) was the first 64 bytes with format 1 and no checksum; Open migrates it.
 //
 //	body payload
@@ -101,28 +105,28 @@ const MaxHistory = 32
 //	  uvarint h, h x 50-byte history entries:
 //	  at i64, from u8, to u8, posterior version u64, kl f64, bound f64, var bound f64, p2 f64 (NaN = none)
 const (
-	headerSize     = 72
-	headerFormat   = 2
-	header1Size    = 64
-	bodyFormat     = 1
-	histSize       = 50
-	flagConfirmed  = 1
-	flagLapsed     = 2
-	flagCarry      = 4
-	hStatus        = 1
-	hFlags         = 2
-	hTarget        = 4
-	hAnchor        = 8
-	hP1            = 16
-	hVar1          = 24
-	hDelta         = 32
-	hEps           = 40
-	hSamples       = 48
-	hCarry         = 52
-	hUpdated       = 56
-	hConfirmed     = 64
-	maxVectorLen   = 1 << 20
-	maxHistoryRecs = 1 << 16
+	headerSize      = 72
+	headerFormat    = 2
+	header1Size     = 64
+	bodyFormat      = 1
+	histSize        = 50
+	flagConfirmed   = 1
+	flagStoredLapse = 2 // ignored on read (see the layout above)
+	flagCarry       = 4
+	hStatus         = 1
+	hFlags          = 2
+	hTarget         = 4
+	hAnchor         = 8
+	hP1             = 16
+	hVar1           = 24
+	hDelta          = 32
+	hEps            = 40
+	hSamples        = 48
+	hCarry          = 52
+	hUpdated        = 56
+	hConfirmed      = 64
+	maxVectorLen    = 1 << 20
+	maxHistoryRecs  = 1 << 16
 )
 
 // header is the decoded fixed-size part of a record.
@@ -130,7 +134,6 @@ type header struct {
 	status         certify.Status
 	confirmed      bool    // the status of a failing CE was decided by Monte-Carlo ...
 	cv             uint64  // ... under this posterior version
-	lapsed         bool    // a certified CE whose bound fails, waiting to be renewed or judged
 	carry          bool    // the verdict (confirmed, cv) has a carry bound ...
 	cbound         float32 // ... certify.VerdictBound of its evidence, rounded away from its side
 	target         int
@@ -148,34 +151,29 @@ func (h *header) certificate() certify.Certificate {
 // failing reports whether the CE holds a certificate whose bound fails (at_risk, invalidated).
 func (h *header) failing() bool { return h.status == certify.AtRisk || h.status == certify.Invalidated }
 
-// pending reports whether the CE waits for a Monte-Carlo measurement under the current
-// posterior's predecessor or later: failing, or certified with a lapsed bound.
-func (h *header) pending() bool { return h.failing() || h.lapsed }
-
-// holds reports whether the CE's bounds hold: certified and not lapsed.
-func (h *header) holds() bool { return h.standing().Holds() }
-
-// standing is the CE's status and lapsed flag.
-func (h *header) standing() certify.Standing {
-	return certify.Standing{Status: h.status, Lapsed: h.lapsed}
+// standing is the CE's status, with lapsed (its bound failing at its anchor's KL, see
+// Ledger.lapsed) for a certified CE.
+func (h *header) standing(lapsed bool) certify.Standing {
+	return certify.Standing{Status: h.status, Lapsed: lapsed && h.status == certify.Certified}
 }
 
 // rejudge moves the CE by certify.Rejudge, the rule for bounds that hold or fail at its anchor's
-// KL. A CE that is certified after it carries no verdict (confirmed, cv).
+// KL. A CE that is certified after it carries no verdict (confirmed, cv). A certified CE keeps its
+// status whether its bound holds or not: a lapse is derived, never stored.
 func (h *header) rejudge(holds bool) {
-	s := certify.Rejudge(h.standing(), holds)
-	h.status, h.lapsed = s.Status, s.Lapsed
+	s := certify.Rejudge(h.standing(!holds), holds)
+	h.status = s.Status
 	if s.Status == certify.Certified {
 		h.unconfirm()
 	}
 }
 
-// newCertificate gives the CE a new certificate (a renewal, or an audit's measurement) and judges it
-// by certify.Rejudge from certified: measured under a posterior whose KL from the current one
-// already breaks the bound, it is certified with a lapsed bound, to be renewed again.
-func (h *header) newCertificate(holds bool) {
-	h.status, h.lapsed = certify.Certified, false
-	h.rejudge(holds)
+// newCertificate gives the CE a new certificate (a renewal, or an audit's measurement): certified,
+// with no verdict. Measured under a posterior whose KL from the current one already breaks the
+// bound, it is certified with a lapsed bound, to be renewed again.
+func (h *header) newCertificate() {
+	h.status = certify.Certified
+	h.unconfirm()
 }
 
 func f64(b []byte, off int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(b[off:])) }
@@ -209,11 +207,10 @@ func decodeHeader(v []byte) (header, error) {
 	}
 	if v[0] == headerFormat {
 		h.carry = v[hFlags]&flagCarry != 0
-		if v[hFlags]&^(flagConfirmed|flagLapsed|flagCarry) != 0 || v[3] != 0 || !h.carry && binary.LittleEndian.Uint32(v[hCarry:]) != 0 {
+		if v[hFlags]&^(flagConfirmed|flagStoredLapse|flagCarry) != 0 || v[3] != 0 || !h.carry && binary.LittleEndian.Uint32(v[hCarry:]) != 0 {
 			return header{}, corruptf("header flags %#x or reserved bytes set", v[hFlags])
 		}
 		h.confirmed = v[hFlags]&flagConfirmed != 0
-		h.lapsed = v[hFlags]&flagLapsed != 0
 		h.cbound = math.Float32frombits(binary.LittleEndian.Uint32(v[hCarry:]))
 		if h.carry && (!h.confirmed || !(h.cbound >= 0 && h.cbound <= 1) ||
 			math.IsInf(certify.CarryMargin(h.status, float64(h.cbound)), -1) ||
@@ -223,9 +220,6 @@ func decodeHeader(v []byte) (header, error) {
 		h.cv = binary.LittleEndian.Uint64(v[hConfirmed:])
 		if !h.confirmed && h.cv != 0 || h.confirmed && !h.failing() {
 			return header{}, corruptf("header: confirmed flag %v with version %d for status %v", h.confirmed, h.cv, h.status)
-		}
-		if h.lapsed && h.status != certify.Certified {
-			return header{}, corruptf("header: lapsed flag for status %v", h.status)
 		}
 	}
 	for _, x := range []float64{h.p1, h.var1, h.delta, h.epsilon} {
@@ -255,9 +249,6 @@ func (h *header) encode() []byte {
 			v[hFlags] |= flagCarry
 			binary.LittleEndian.PutUint32(v[hCarry:], math.Float32bits(h.cbound))
 		}
-	}
-	if h.lapsed {
-		v[hFlags] |= flagLapsed
 	}
 	binary.LittleEndian.PutUint32(v[hTarget:], uint32(h.target))
 	binary.LittleEndian.PutUint64(v[hAnchor:], h.anchor)
@@ -500,10 +491,11 @@ func (c *counts) add(s certify.Status, d int64) { c[s-1] += d }
 // lapsedSlot is the index of the lapsed count in counts.
 const lapsedSlot = 4
 
-// addHeader adds d times h's contribution: its status, and the lapsed count when it is lapsed.
-func (c *counts) addHeader(h *header, d int64) {
+// addHeader adds d times h's contribution: its status, and the lapsed count when it is a
+// certified CE whose bound fails at its anchor's KL (lapsed).
+func (c *counts) addHeader(h *header, lapsed bool, d int64) {
 	c.add(h.status, d)
-	if h.lapsed {
+	if lapsed && h.status == certify.Certified {
 		c[lapsedSlot] += d
 	}
 }

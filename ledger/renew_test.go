@@ -33,8 +33,14 @@ func TestConfirmRenewsLapsedCertificates(t *testing.T) {
 	if len(changes) != 0 || rep.Lapsed != len(ces) || rep.Pending != len(ces) || rep.Counts[certify.Certified] != len(ces) {
 		t.Fatalf("commit: %d changes, report %+v; want %d lapsed certificates and no status change", len(changes), rep, len(ces))
 	}
-	if st, _ := l.State(); st.Pending != len(ces) || st.HasBound {
-		t.Fatalf("state after the lapse: pending %d, has bound %v; want %d pending and no bound that holds", st.Pending, st.HasBound, len(ces))
+	// Theorem 2 alone lapsed: the smallest Theorem 1 bound still holds, and is reported.
+	minBound := 1.0
+	for _, c := range ces {
+		ce, _ := l.Get(c.ID)
+		minBound = min(minBound, ce.Bound)
+	}
+	if st, _ := l.State(); st.Pending != len(ces) || !st.HasBound || st.MinBound != minBound || minBound < 0.5 {
+		t.Fatalf("state after the lapse: pending %d, min bound %v (has %v); want %d pending and the smallest Theorem 1 bound, %v >= 1/2", st.Pending, st.MinBound, st.HasBound, len(ces), minBound)
 	}
 	ce, _ := l.Get(ces[0].ID)
 	if ce.Status != certify.Certified || !ce.RenewalPending || ce.Bound >= 0.5 && ce.VarBound <= 0.05 {

@@ -19,17 +19,20 @@ var (
 	bAnchorModels = []byte("anchor_models")
 	bKLHistory    = []byte("kl_history")
 	bOutbox       = []byte("outbox")
-	bIdxP1        = []byte("idx_p1")   // anchor | key(p1') | id, every CE holding a certificate
-	bIdxVar       = []byte("idx_var")  // anchor | key(variance headroom) | id, likewise
-	bIdxCert      = []byte("idx_cert") // anchor | key(p1') | id, certified CEs only
-	bIdxFail      = []byte("idx_fail") // confirmed version + 1 (0 = none) | id, CEs whose bound fails
+	bIdxP1        = []byte("idx_p1")   // anchor | class | key(p1') | id, every CE holding a certificate
+	bIdxVar       = []byte("idx_var")  // anchor | class | key(variance headroom) | id, likewise
+	bIdxFail      = []byte("idx_fail") // confirmed version + 1 (0 = none) | id, at_risk and invalidated CEs
+
+	// bIdxCert held the certified CEs by anchor and p1' in files whose indexes have layout v1
+	// (policyFingerprint): idx_p1's certified class holds them now. Rebuilding deletes it.
+	bIdxCert = []byte("idx_cert")
 
 	// bOffsetMarks is optional (see marks.go): not among allBuckets, which every ledger has.
 	bOffsetMarks = []byte("offset_marks")
 
 	allBuckets = [][]byte{bMeta, bCounters, bOffsets, bHeaders, bBodies, bAnchors, bAnchorModels, bKLHistory,
-		bOutbox, bIdxP1, bIdxVar, bIdxCert, bIdxFail}
-	indexBuckets = [][]byte{bIdxP1, bIdxVar, bIdxCert, bIdxFail}
+		bOutbox, bIdxP1, bIdxVar, bIdxFail}
+	indexBuckets = [][]byte{bIdxP1, bIdxVar, bIdxFail}
 )
 
 // Meta keys.
