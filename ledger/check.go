@@ -121,6 +121,9 @@ func (l *Ledger) checkCEs(tx *bolt.Tx, anchors map[uint64]anchorMeta, info *Info
 				return corruptf("%s has %d entries, the counterfactuals need %d", b, n, entries[i])
 			}
 		}
+		if n := tx.Bucket(bIdxCert).Stats().KeyN; n != 0 {
+			return corruptf("%s has %d entries; this index layout keeps it empty", bIdxCert, n)
+		}
 	}
 	stored, err := readCounts(tx)
 	if err != nil {

@@ -29,6 +29,8 @@
 //	kl_history     sequence -> one update: update KL, max anchor KL, outcome
 //	outbox         sequence -> event key and value, waiting to be published
 //	idx_p1, idx_var, idx_fail   the indexes (below)
+//	idx_cert       empty: the certified index of layout v1, kept so that a cfguard that reads that
+//	               layout opens the file (and rebuilds its indexes) instead of refusing it
 //
 // Every value ends in a CRC-32C of its key and payload (store.Seal): bbolt checks its page
 // structure and meta pages but not the bytes of values, so without it a damaged byte in a record

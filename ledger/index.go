@@ -456,15 +456,10 @@ func (l *Ledger) rebuild() error {
 
 // rebuildTx recreates the indexes, re-judging every CE holding a certificate at its anchor's
 // stored KL: a status that changes is recorded like any other change (history, outbox). It
-// returns the number of CEs and of status changes. It deletes a bucket of an older index layout
-// (bIdxCert) if the file has one.
+// returns the number of CEs and of status changes. The bucket of layout v1's certified index
+// (bIdxCert) is emptied.
 func (l *Ledger) rebuildTx(tx *bolt.Tx) (n, changed int, err error) {
-	if tx.Bucket(bIdxCert) != nil {
-		if err := tx.DeleteBucket(bIdxCert); err != nil {
-			return 0, 0, err
-		}
-	}
-	for _, b := range indexBuckets {
+	for _, b := range append([][]byte{bIdxCert}, indexBuckets...) {
 		if tx.Bucket(b) != nil {
 			if err := tx.DeleteBucket(b); err != nil {
 				return 0, 0, err

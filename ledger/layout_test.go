@@ -82,8 +82,8 @@ func TestOpenRebuildsIndexLayoutV1(t *testing.T) {
 	}
 	found := map[string]bool{}
 	if err := l.view(func(tx *bolt.Tx) error {
-		if tx.Bucket(bIdxCert) != nil {
-			t.Error("the rebuild left the layout-v1 bucket idx_cert")
+		if n := tx.Bucket(bIdxCert).Stats().KeyN; n != 0 {
+			t.Errorf("the rebuild left %d entries in the layout-v1 bucket idx_cert", n)
 		}
 		return eachLapsed(tx, l.opts.Policy, func(id []byte) error { found[string(id)] = true; return nil })
 	}); err != nil {

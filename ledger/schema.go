@@ -24,14 +24,15 @@ var (
 	bIdxFail      = []byte("idx_fail") // confirmed version + 1 (0 = none) | id, at_risk and invalidated CEs
 
 	// bIdxCert held the certified CEs by anchor and p1' in files whose indexes have layout v1
-	// (policyFingerprint): idx_p1's certified class holds them now. Rebuilding deletes it.
+	// (policyFingerprint): idx_p1's certified class holds them now. It is kept, empty, so that a
+	// cfguard that reads layout v1 opens the file and rebuilds its indexes instead of refusing it.
 	bIdxCert = []byte("idx_cert")
 
 	// bOffsetMarks is optional (see marks.go): not among allBuckets, which every ledger has.
 	bOffsetMarks = []byte("offset_marks")
 
 	allBuckets = [][]byte{bMeta, bCounters, bOffsets, bHeaders, bBodies, bAnchors, bAnchorModels, bKLHistory,
-		bOutbox, bIdxP1, bIdxVar, bIdxFail}
+		bOutbox, bIdxP1, bIdxVar, bIdxFail, bIdxCert}
 	indexBuckets = [][]byte{bIdxP1, bIdxVar, bIdxFail}
 )
 
