@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
@@ -85,6 +87,42 @@ func bruteForce(t *testing.T, l *Ledger, next *bnn.Model, models map[uint64]*bnn
 		cnt[s]++
 	}
 	return changes, cnt, minBound
+}
+
+// lapsedByIndex is the set of lapsed certificates Confirm finds (eachLapsed).
+func lapsedByIndex(t *testing.T, l *Ledger) map[string]bool {
+	t.Helper()
+	got := map[string]bool{}
+	if err := l.view(func(tx *bolt.Tx) error {
+		return eachLapsed(tx, l.opts.Policy, func(id []byte) error { got[string(id)] = true; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// lapsedByBounds is the set of certified CEs whose bound fails at KL(now || anchor), computed
+// from the models for every CE.
+func lapsedByBounds(t *testing.T, l *Ledger, now *bnn.Model, models map[uint64]*bnn.Model) map[string]bool {
+	t.Helper()
+	all, err := l.List(0, 10000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, ce := range all {
+		if ce.Status != certify.Certified {
+			continue
+		}
+		kl, _, err := certify.KL(now, models[ce.AnchorVersion])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !l.Policy().Bounds(ce.Certificate(), kl).Certified {
+			want[ce.ID] = true
+		}
+	}
+	return want
 }
 
 // splitLapses removes the lapses and restorations from a brute-force transition map (they are
@@ -194,6 +232,9 @@ func TestIndexedRecertifyMatchesBruteForce(t *testing.T) {
 				}
 				if _, _, err := l.Commit(bg, &Checkpoint{Model: next}); err != nil {
 					t.Fatal(err)
+				}
+				if got, want := lapsedByIndex(t, l), lapsedByBounds(t, l, next, models); !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d: lapsed certificates by the indexes %v, by their bounds %v", step, got, want)
 				}
 				m = next
 				changed += len(changes) + rep.Lapsed + rep.Restored

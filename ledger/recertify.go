@@ -23,8 +23,9 @@ type Report struct {
 	// Counts are the CEs per status after the changes.
 	Counts map[certify.Status]int `json:"counts"`
 	// Checked is the number of CEs holding a certificate (all but uncertified): each is judged,
-	// most without being read (see index.go). Candidates is how many were read because their
-	// anchor's KL moved across one of their thresholds; Changed how many changed status.
+	// most without being looked at (see index.go). Candidates is how many index entries were
+	// judged because their anchor's KL moved across one of their thresholds (a CE is read only
+	// when its status changes); Changed how many changed status.
 	Checked    int `json:"checked"`
 	Candidates int `json:"candidates"`
 	Changed    int `json:"changed"`
