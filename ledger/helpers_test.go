@@ -2,9 +2,12 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -151,4 +154,27 @@ func countByScan(t testing.TB, l *Ledger) map[certify.Status]int {
 		}
 		after = page[len(page)-1].ID
 	}
+}
+
+// copyTestdata decodes testdata/<name>.json into want and copies testdata/<name>.db into a fresh
+// state directory. It returns the directory, the copy's path and the file's bytes, which the test
+// checks are unchanged at its end.
+func copyTestdata(t *testing.T, name string, want any) (dir, path string, data []byte) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, want); err != nil {
+		t.Fatal(err)
+	}
+	if data, err = os.ReadFile(filepath.Join("testdata", name+".db")); err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	path = filepath.Join(dir, FileName)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, path, data
 }

@@ -1,9 +1,7 @@
 package ledger
 
 import (
-	"encoding/json"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,26 +18,11 @@ import (
 // file has the current layout, passes the full check, and the lapsed certificates Confirm finds
 // are exactly the CEs read back as renewal pending.
 func TestOpenRebuildsIndexLayoutV1(t *testing.T) {
-	raw, err := os.ReadFile("testdata/index1.json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want struct {
 		State State `json:"state"`
 		CEs   []*CE `json:"ces"`
 	}
-	if err := json.Unmarshal(raw, &want); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile("testdata/index1.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, FileName)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, path, data := copyTestdata(t, "index1", &want)
 	info, err := Verify(path)
 	if err != nil || !strings.HasPrefix(info.Policy, "index v1;") || !reflect.DeepEqual(info.Counts, want.State.Counts) {
 		t.Fatalf("Verify of the layout-v1 file: %+v, %v; want its counts %v", info, err, want.State.Counts)

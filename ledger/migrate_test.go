@@ -29,23 +29,8 @@ type schema1Snapshot struct {
 // at_risk CEs are unconfirmed (schema 1 did not record the version of their Monte-Carlo
 // verdict), and the migrated file passes the full check.
 func TestMigrateSchema1(t *testing.T) {
-	raw, err := os.ReadFile("testdata/schema1.json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var want schema1Snapshot
-	if err := json.Unmarshal(raw, &want); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile("testdata/schema1.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, FileName)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, path, data := copyTestdata(t, "schema1", &want)
 	if info, err := Verify(path); err != nil || info.Schema != 1 {
 		t.Fatalf("Verify of the schema-1 file: %+v, %v", info, err)
 	}
