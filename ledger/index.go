@@ -120,14 +120,11 @@ func (t terms) encode() []byte {
 	return v
 }
 
-// idxEntry is one index entry of an idx_p1 or idx_var cursor: its anchor, class, key value,
-// CE id and terms.
+// idxEntry is one entry of an idx_p1 or idx_var cursor: its class, CE id and terms.
 type idxEntry struct {
-	anchor uint64
-	class  byte
-	key    float64
-	id     []byte
-	terms  terms
+	class byte
+	id    []byte
+	terms terms
 }
 
 // decodeIdx unseals and parses an idx_p1 or idx_var entry.
@@ -136,8 +133,7 @@ func decodeIdx(bucket, k, v []byte) (idxEntry, error) {
 	if !ok || len(k) <= idxPrefix || k[8] > classFailing || len(p) != termsSize {
 		return idxEntry{}, corruptf("%s entry %x is damaged", bucket, k)
 	}
-	return idxEntry{anchor: binary.BigEndian.Uint64(k), class: k[8], key: keyFloat(k[9:idxPrefix]), id: k[idxPrefix:],
-		terms: terms{p1s: f64(p, 0), v1: f64(p, 8), ceil: f64(p, 16)}}, nil
+	return idxEntry{class: k[8], id: k[idxPrefix:], terms: terms{p1s: f64(p, 0), v1: f64(p, 8), ceil: f64(p, 16)}}, nil
 }
 
 // failKey orders failing CEs by their last Monte-Carlo verdict: none first, then by version. A

@@ -151,17 +151,11 @@ func (h *header) certificate() certify.Certificate {
 // failing reports whether the CE holds a certificate whose bound fails (at_risk, invalidated).
 func (h *header) failing() bool { return h.status == certify.AtRisk || h.status == certify.Invalidated }
 
-// standing is the CE's status, with lapsed (its bound failing at its anchor's KL, see
-// Ledger.lapsed) for a certified CE.
-func (h *header) standing(lapsed bool) certify.Standing {
-	return certify.Standing{Status: h.status, Lapsed: lapsed && h.status == certify.Certified}
-}
-
 // rejudge moves the CE by certify.Rejudge, the rule for bounds that hold or fail at its anchor's
 // KL. A CE that is certified after it carries no verdict (confirmed, cv). A certified CE keeps its
 // status whether its bound holds or not: a lapse is derived, never stored.
 func (h *header) rejudge(holds bool) {
-	s := certify.Rejudge(h.standing(!holds), holds)
+	s := certify.Rejudge(certify.Standing{Status: h.status, Lapsed: h.status == certify.Certified && !holds}, holds)
 	h.status = s.Status
 	if s.Status == certify.Certified {
 		h.unconfirm()
