@@ -34,7 +34,9 @@ type Sidecar struct {
 	Features         []string `json:"features,omitempty"`
 	Classes          []string `json:"classes"`
 	PosteriorVersion uint64   `json:"posterior_version"`
-	WeightsSHA256    string   `json:"weights_sha256"`
+	// Records is Model.Records, omitted when unknown (0).
+	Records       float64 `json:"records,omitempty"`
+	WeightsSHA256 string  `json:"weights_sha256"`
 }
 
 // LayerSchema names a layer and its shape; tensors are "<name>.weight_mu" and so on.
@@ -77,7 +79,8 @@ func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 	}
 	tensors := map[string]safetensors.Tensor{}
 	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: m.Activation.String(), Output: "log_softmax",
-		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version}
+		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version,
+		Records: m.Records}
 	for _, l := range m.Layers {
 		sc.Layers = append(sc.Layers, LayerSchema{Name: l.Name, In: l.In, Out: l.Out})
 		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightMu}
@@ -119,7 +122,8 @@ func Decode(sidecarJSON, weights []byte) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Activation: act, Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion}
+	m := &Model{Activation: act, Scaler: sc.Scaler, Features: sc.Features, Classes: sc.Classes, PriorSigma: sc.PriorSigma, Version: sc.PosteriorVersion,
+		Records: sc.Records}
 	for _, ls := range sc.Layers {
 		l := Layer{Name: ls.Name, In: ls.In, Out: ls.Out}
 		for _, p := range []struct {

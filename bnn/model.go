@@ -86,6 +86,11 @@ type Model struct {
 	PriorSigma float64
 	// Version counts accepted posterior updates; training gives version 0.
 	Version uint64
+	// Records is the number of labelled records the posterior stands for: the training rows,
+	// then N_t = lambda_t N_{t-1} + n_t after each streaming update of n_t records with
+	// forgetting factor lambda_t (docs/MATHS.md, "The streaming update"). It is fractional once
+	// records are forgotten. 0 means unknown (a model file that does not record it).
+	Records float64
 	// Dropout is 0 for a mean-field Gaussian BNN. In (0, 1) the model is an MC Dropout network
 	// (Gal and Ghahramani 2016) instead: its weights are WeightMu and BiasMu, the log sigmas are
 	// ignored, and a draw (Sample, Pool, Predict) keeps each input of every layer but the first
@@ -184,6 +189,9 @@ func (m *Model) Validate() error {
 	}
 	if !m.Activation.valid() {
 		return fmt.Errorf("%w: unknown activation %d", ErrInvalidModel, uint8(m.Activation))
+	}
+	if !(m.Records >= 0) || math.IsInf(m.Records, 0) {
+		return fmt.Errorf("%w: records %v, want finite and >= 0", ErrInvalidModel, m.Records)
 	}
 	for k := range m.Layers {
 		l := &m.Layers[k]

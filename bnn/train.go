@@ -201,7 +201,9 @@ func Train(ctx context.Context, m *Model, X [][]float64, y []int, cfg TrainConfi
 	if err := work.Validate(); err != nil {
 		return st, fmt.Errorf("train: result: %w", err)
 	}
-	m.Layers, m.PriorSigma = work.Layers, work.PriorSigma
+	// Train fits every layer to (X, y) from the model's initial parameters: the posterior stands
+	// for these rows.
+	m.Layers, m.PriorSigma, m.Records = work.Layers, work.PriorSigma, float64(n)
 	st.Duration = time.Since(start)
 	return st, nil
 }
