@@ -34,6 +34,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"gonum.org/v1/gonum/mat"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
@@ -42,6 +44,18 @@ import (
 const (
 	ObjectivePrior = "prior"
 	ObjectiveVCL   = "vcl"
+)
+
+// Solvers accepted by Config.Solver.
+const (
+	// SolverAdam takes Config.Iterations Adam steps at Config.LR with fresh weight noise each
+	// (the paper's protocol): the step is capped by the optimiser, about Iterations x LR per
+	// parameter, whatever the records say.
+	SolverAdam = "adam"
+	// SolverConverge minimises a deterministic form of the objective by L-BFGS until its
+	// gradient is below Config.Tolerance (see converge.go): the step is what the records and the
+	// prior say it is.
+	SolverConverge = "converge"
 )
 
 // Defaults applied by LastLayer to zero fields of Config.
@@ -55,6 +69,13 @@ const (
 	// DefaultVCLKLWeight is the KL weight of the vcl objective (the variational free energy has
 	// weight 1). The prior objective's default is bnn.DefaultKLWeight, as in training.
 	DefaultVCLKLWeight = 1.0
+	// DefaultDraws is the number of fixed body draws of the converged objective.
+	DefaultDraws = 32
+	// DefaultTolerance is the converged solver's tolerance, in previous-posterior standard
+	// deviations of the remaining step.
+	DefaultTolerance = 1e-4
+	// DefaultMaxIterations caps the converged solver's L-BFGS iterations (a safety net).
+	DefaultMaxIterations = 500
 )
 
 // Config configures one last-layer update. Zero fields take the defaults.
@@ -75,6 +96,23 @@ type Config struct {
 	Samples int
 	// Seed seeds the minibatch order and the weight noise; equal seeds give bit-identical results.
 	Seed uint64
+	// Solver is SolverAdam (default) or SolverConverge.
+	Solver string
+	// Memory is the converged vcl solver's memory in records (M): before each update the previous
+	// posterior is flattened towards the prior by stabilised forgetting with lambda =
+	// exp(-n / M), so that the posterior stands for about M records at most. 0: no forgetting.
+	Memory float64
+	// Represented is the number of records the new posterior stands for; the prior objective
+	// divides its KL term by it (as training divides by its rows). 0: the increment's rows (the
+	// paper's protocol).
+	Represented float64
+	// Draws is the converged solver's number of fixed body draws. Default DefaultDraws.
+	Draws int
+	// Tolerance is the converged solver's stopping rule: the largest gradient coordinate in
+	// previous-posterior standard deviations, times KLWeight / D. Default DefaultTolerance.
+	Tolerance float64
+	// MaxIterations caps the converged solver's iterations. Default DefaultMaxIterations.
+	MaxIterations int
 	// Engine evaluates the objective and its gradient: "go" (default; plain Go with the
 	// closed-form last-layer gradient, about 4.5x faster on the paper's architecture, see
 	// BenchmarkLastLayer) or "gorgonia" (bnn.Graph's autodiff, the reference). Both see the same
@@ -95,6 +133,12 @@ type Stats struct {
 	// contributes).
 	KL       float64
 	Duration time.Duration
+	// Converged is the converged solver's verdict: the tolerance was met before MaxIterations.
+	// Always false for the Adam solver. Evaluations counts its objective evaluations.
+	Converged   bool
+	Evaluations int
+	// Forgetting is lambda = exp(-n / Memory) (1 without forgetting).
+	Forgetting float64
 }
 
 // ErrRefused is wrapped by the error LastLayer returns when the update ran but its result is
@@ -103,6 +147,10 @@ var ErrRefused = errors.New("update refused")
 
 func (cfg Config) withDefaults() Config {
 	cfg.Objective = cmp.Or(cfg.Objective, ObjectivePrior)
+	cfg.Solver = cmp.Or(cfg.Solver, SolverAdam)
+	cfg.Draws = cmp.Or(cfg.Draws, DefaultDraws)
+	cfg.Tolerance = cmp.Or(cfg.Tolerance, DefaultTolerance)
+	cfg.MaxIterations = cmp.Or(cfg.MaxIterations, DefaultMaxIterations)
 	cfg.Engine = cmp.Or(cfg.Engine, EngineGo)
 	cfg.LR = cmp.Or(cfg.LR, DefaultLR)
 	cfg.Iterations = cmp.Or(cfg.Iterations, DefaultIterations)
@@ -124,6 +172,18 @@ func (cfg Config) Validate() error {
 	switch {
 	case c.Objective != ObjectivePrior && c.Objective != ObjectiveVCL:
 		return fmt.Errorf("update: objective %q, want %q or %q", c.Objective, ObjectivePrior, ObjectiveVCL)
+	case c.Solver != SolverAdam && c.Solver != SolverConverge:
+		return fmt.Errorf("update: solver %q, want %q or %q", c.Solver, SolverAdam, SolverConverge)
+	case !(c.Memory >= 0) || math.IsInf(c.Memory, 0):
+		return fmt.Errorf("update: memory %v records, want finite and >= 0 (0: no forgetting)", c.Memory)
+	case !(c.Represented >= 0) || math.IsInf(c.Represented, 0):
+		return fmt.Errorf("update: represented records %v, want finite and >= 0", c.Represented)
+	case c.Draws < 1:
+		return fmt.Errorf("update: draws %d, want >= 1", c.Draws)
+	case !(c.Tolerance > 0) || math.IsInf(c.Tolerance, 0):
+		return fmt.Errorf("update: tolerance %v, want finite and > 0", c.Tolerance)
+	case c.MaxIterations < 1:
+		return fmt.Errorf("update: max iterations %d, want >= 1", c.MaxIterations)
 	case c.Engine != EngineGo && c.Engine != EngineGorgonia:
 		return fmt.Errorf("update: engine %q, want %q or %q", c.Engine, EngineGo, EngineGorgonia)
 	case !(c.LR > 0) || math.IsInf(c.LR, 0):
@@ -166,6 +226,9 @@ func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg
 		return nil, Stats{}, fmt.Errorf("update: %w", err)
 	}
 	n := len(X)
+	if cfg.Solver == SolverConverge {
+		return lastLayerConverged(ctx, start, prev, z, y, cfg)
+	}
 	gr, err := newObjective(prev, n, cfg)
 	if err != nil {
 		return nil, Stats{}, fmt.Errorf("update: %w", err)
@@ -245,6 +308,64 @@ func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg
 		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
 	}
 	out.Version = prev.Version + 1
+	out.Records = represented(prev, n, cfg)
+	st.KL, st.Duration, st.Forgetting = kl, time.Since(start), forgetting(n, cfg.Memory)
+	return out, st, nil
+}
+
+// represented is the number of records the update of prev on n records leaves the posterior
+// standing for: cfg.Represented when given, else Represented(prev.Records, n, cfg.Memory).
+func represented(prev *bnn.Model, n int, cfg Config) float64 {
+	if cfg.Represented > 0 {
+		return cfg.Represented
+	}
+	return Represented(prev.Records, n, cfg.Memory)
+}
+
+// Represented is N_t = lambda N_{t-1} + n, lambda = exp(-n / memory) (1 for memory 0): the
+// records a posterior standing for prev records stands for after an update on n more.
+func Represented(prev float64, n int, memory float64) float64 {
+	return forgetting(n, memory)*prev + float64(n)
+}
+
+// lastLayerConverged is LastLayer's converged solver (see converge.go) on the standardised
+// rows z.
+func lastLayerConverged(ctx context.Context, start time.Time, prev *bnn.Model, z *mat.Dense, y []int, cfg Config) (*bnn.Model, Stats, error) {
+	n, _ := z.Dims()
+	rows := make([][]float64, n)
+	for r := range rows {
+		rows[r] = z.RawRowView(r)
+	}
+	st := Stats{Objective: cfg.Objective, Rows: n, Forgetting: forgetting(n, cfg.Memory)}
+	c, err := newConverged(prev, rows, y, cfg)
+	if err != nil {
+		return nil, st, fmt.Errorf("update: %w", err)
+	}
+	x0 := make([]float64, 2*len(c.mu0))
+	c.set(x0)
+	st.LossStart = c.eval(nil)
+	st.NLLStart = c.lastNLL
+	x, iters, ok, err := c.minimize(ctx, cfg.Tolerance*c.klScale, cfg.MaxIterations)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, st, fmt.Errorf("update: %w", ctx.Err())
+		}
+		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
+	}
+	c.set(x)
+	st.LossEnd = c.eval(nil)
+	st.NLLEnd, st.Iterations, st.Converged, st.Evaluations = c.lastNLL, iters, ok, c.evals
+	out := prev.Clone()
+	c.writeTo(out)
+	if err := out.Validate(); err != nil {
+		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
+	}
+	kl, _, err := certify.KL(out, prev)
+	if err != nil {
+		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
+	}
+	out.Version = prev.Version + 1
+	out.Records = represented(prev, n, cfg)
 	st.KL, st.Duration = kl, time.Since(start)
 	return out, st, nil
 }

@@ -1,0 +1,195 @@
+package update
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// TestConvergedGradientFiniteDifferences checks the converged objective's gradient, in the
+// scaled coordinates, against central differences of its value, for two and three classes,
+// both objectives, with and without forgetting.
+func TestConvergedGradientFiniteDifferences(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		classes   int
+		objective string
+		memory    float64
+	}{
+		{"binary vcl", 2, ObjectiveVCL, 0},
+		{"binary vcl forgetting", 2, ObjectiveVCL, 50},
+		{"binary prior", 2, ObjectivePrior, 0},
+		{"three classes vcl", 3, ObjectiveVCL, 30},
+		{"three classes prior", 3, ObjectivePrior, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, prev, z, y := randomProblem([]int{5, 4}, tc.classes, 7)
+			cfg := Config{Objective: tc.objective, Solver: SolverConverge, Memory: tc.memory, Draws: 3, Seed: 5, KLWeight: 0.7, Represented: 40}.withDefaults()
+			c, err := newConverged(prev, z, y, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			x := make([]float64, 2*len(c.mu0))
+			for i := range x {
+				x[i] = 0.5 * rng.NormFloat64()
+			}
+			g := make([]float64, len(x))
+			c.set(x)
+			c.eval(g)
+			worst := 0.0
+			for i := range x {
+				const h = 1e-5
+				xp, xm := append([]float64(nil), x...), append([]float64(nil), x...)
+				xp[i] += h
+				xm[i] -= h
+				c.set(xp)
+				fp := c.eval(nil)
+				c.set(xm)
+				fm := c.eval(nil)
+				fd := (fp - fm) / (2 * h)
+				worst = max(worst, math.Abs(fd-g[i])/max(math.Abs(fd), 1e-3))
+			}
+			if worst > 1e-6 {
+				t.Errorf("largest relative gradient error %.3g, want <= 1e-6", worst)
+			}
+		})
+	}
+}
+
+// TestConvergedExpectedNLLMatchesMonteCarlo checks the data term, at fixed body outputs, against
+// a Monte-Carlo average over sampled last-layer weights (w = mu + sigma eps for every weight,
+// the model's own definition), for two classes (Gauss-Hermite) and three (fixed draws of the
+// Gaussian logits): within 4 standard errors.
+func TestConvergedExpectedNLLMatchesMonteCarlo(t *testing.T) {
+	for _, classes := range []int{2, 3} {
+		_, prev, z, y := randomProblem([]int{5}, classes, 4)
+		// Wider last-layer sigmas so that the expectation differs from the plug-in NLL.
+		for i := range prev.Last().WeightLogSigma {
+			prev.Last().WeightLogSigma[i] = math.Log(0.8)
+		}
+		cfg := Config{Objective: ObjectiveVCL, Solver: SolverConverge, Draws: 1, Seed: 9}.withDefaults()
+		c, err := newConverged(prev, z, y, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.set(make([]float64, 2*len(c.mu0)))
+		c.eval(nil)
+		got := c.lastNLL
+		l := prev.Last()
+		rng := rand.New(rand.NewPCG(3, 4))
+		const draws = 200000
+		var sum, sum2 float64
+		logits := make([]float64, l.Out)
+		for s := 0; s < draws; s++ {
+			v := 0.0
+			for r := range z {
+				h := c.h[0][r*l.In : (r+1)*l.In]
+				for o := 0; o < l.Out; o++ {
+					logits[o] = l.BiasMu[o] + math.Exp(l.BiasLogSigma[o])*rng.NormFloat64()
+					for i, hi := range h {
+						j := o*l.In + i
+						logits[o] += hi * (l.WeightMu[j] + math.Exp(l.WeightLogSigma[j])*rng.NormFloat64())
+					}
+				}
+				mx := logits[0]
+				for _, lv := range logits {
+					mx = max(mx, lv)
+				}
+				se := 0.0
+				for _, lv := range logits {
+					se += math.Exp(lv - mx)
+				}
+				v += (math.Log(se) + mx - logits[y[r]]) / float64(len(z))
+			}
+			sum += v
+			sum2 += v * v
+		}
+		mean := sum / draws
+		se := math.Sqrt((sum2/draws - mean*mean) / draws)
+		// Three classes use 32 fixed draws per row, an estimate itself: allow for its error too.
+		tol := 4 * se
+		if classes > 2 {
+			tol = 4 * se * math.Sqrt(draws/float64(ghNodes))
+		}
+		if math.Abs(got-mean) > tol {
+			t.Errorf("%d classes: expected NLL %.6f, Monte-Carlo %.6f +- %.2g", classes, got, mean, se)
+		}
+	}
+}
+
+// TestConvergedSolverConvergesAndIsDeterministic checks that the converged solver meets its
+// tolerance on real data, that equal inputs give bit-identical posteriors, that the body and
+// prev are untouched, and that the records represented follow N_t = lambda N_{t-1} + n.
+func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
+	m, test := trained(t)
+	X, y := test.X[:20], test.Y[:20]
+	cfg := Config{Objective: ObjectiveVCL, Solver: SolverConverge, Memory: 1000, Seed: 7}
+	before := m.Clone()
+	a, st, err := LastLayer(context.Background(), m, X, y, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := LastLayer(context.Background(), m, X, y, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Converged || st.Iterations < 1 {
+		t.Errorf("converged %v after %d iterations, want true", st.Converged, st.Iterations)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Error("two updates with equal inputs differ")
+	}
+	if !reflect.DeepEqual(m, before) {
+		t.Error("the previous posterior was modified")
+	}
+	if !bnn.SameBody(a, m) {
+		t.Error("the body changed")
+	}
+	want := math.Exp(-20.0/1000)*m.Records + 20
+	if math.Abs(a.Records-want) > 1e-9*want || m.Records == 0 {
+		t.Errorf("records represented %v, want %v (prev %v)", a.Records, want, m.Records)
+	}
+	kl, _, err := certify.KL(a, m)
+	if err != nil || kl != st.KL || !(kl > 0) {
+		t.Errorf("stats KL %v, certify.KL %v (%v)", st.KL, kl, err)
+	}
+	if st.NLLEnd >= st.NLLStart && st.LossEnd >= st.LossStart {
+		t.Errorf("objective did not decrease: loss %v -> %v", st.LossStart, st.LossEnd)
+	}
+}
+
+// TestConvergedStepShrinksWithEvidence checks the property certification relies on: on
+// stationary data, with no forgetting, a converged vcl step moves the posterior less the more
+// records it already stands for (the step KL falls roughly as n / N).
+func TestConvergedStepShrinksWithEvidence(t *testing.T) {
+	m, test := trained(t)
+	cfg := Config{Objective: ObjectiveVCL, Solver: SolverConverge, Seed: 1}
+	var first, last float64
+	const inc = 10
+	rounds := len(test.X) / inc
+	for k := 0; k < 4*rounds; k++ {
+		i := (k % rounds) * inc
+		next, st, err := LastLayer(context.Background(), m, test.X[i:i+inc], test.Y[i:i+inc], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Converged {
+			t.Fatalf("increment %d did not converge", k)
+		}
+		if k < rounds {
+			first += st.KL
+		} else if k >= 3*rounds {
+			last += st.KL
+		}
+		m = next
+	}
+	if !(last < 0.75*first) {
+		t.Errorf("step KL summed over a pass: first %.4g, fourth %.4g; want the fourth < 0.75 x the first (the N ratio is ~0.6)", first, last)
+	}
+}
