@@ -1,0 +1,104 @@
+package quality
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestScore(t *testing.T) {
+	b, err := Score([][]float64{{0.9, 0.1}, {0.3, 0.7}, {0.5, 0.5}}, []int{0, 0, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := -math.Log(0.9) - math.Log(0.3) - math.Log(0.5)
+	br := (0.01 + 0.01) + (0.49 + 0.49) + (0.25 + 0.25)
+	if b.Records != 3 || math.Abs(b.LogLoss-ll) > 1e-12 || math.Abs(b.Brier-br) > 1e-12 || b.Correct != 1 {
+		t.Errorf("got %+v, want log loss %v, brier %v, 1 correct", b, ll, br)
+	}
+	// Top-class confidences 0.9 (hit, bin 9), 0.7 (miss, bin 7), 0.5 (ties go to class 0: a miss, bin 5).
+	_, _, acc, ece := b.Means()
+	if want := (math.Abs(1-0.9) + math.Abs(0-0.7) + math.Abs(0-0.5)) / 3; math.Abs(ece-want) > 1e-12 || math.Abs(acc-1.0/3) > 1e-12 {
+		t.Errorf("ece %v accuracy %v, want %v and 1/3", ece, acc, want)
+	}
+	for _, bad := range []struct {
+		p [][]float64
+		y []int
+	}{
+		{[][]float64{{0.5, 0.5}}, []int{2}},
+		{[][]float64{{math.NaN(), 1}}, []int{0}},
+		{[][]float64{{0.5, 0.5}}, []int{0, 1}},
+	} {
+		if _, err := Score(bad.p, bad.y); err == nil {
+			t.Errorf("Score(%v, %v) took bad input", bad.p, bad.y)
+		}
+	}
+	// A certain, wrong forecast costs MaxLogLoss, not +Inf.
+	if b, _ := Score([][]float64{{1, 0}}, []int{1}); b.LogLoss != MaxLogLoss {
+		t.Errorf("log loss of a certain miss %v, want %v", b.LogLoss, MaxLogLoss)
+	}
+}
+
+func TestWindowKeepsTheNewestRecords(t *testing.T) {
+	w := Window{Size: 25}
+	for i := 0; i < 10; i++ {
+		b, _ := Score([][]float64{{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}},
+			[]int{i % 2, i % 2, i % 2, i % 2, i % 2, i % 2, i % 2, i % 2, i % 2, i % 2})
+		w.Push(b)
+	}
+	// Increments of 10: the window keeps the newest 3 (30 >= 25 records, 20 would not do).
+	s := w.Sum()
+	if s.Records != 30 || s.Correct != 10 {
+		t.Errorf("window holds %d records, %d correct; want 30 and 10 (increments 7, 8, 9)", s.Records, s.Correct)
+	}
+}
+
+// TestDetectorFalseAlarmsAndDelay simulates per-record Brier scores: a stationary stream must not
+// alarm (the default's rate is 1e-6 per record), and a rise of the mean by D must be detected
+// within about Lambda / (D - Delta) records.
+func TestDetectorFalseAlarmsAndDelay(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	// A model right with probability 0.95 at confidence ~0.95: Brier 2 (1-p)^2 or 2 p^2.
+	score := func(pRight float64) []float64 {
+		p := 0.9 + 0.1*rng.Float64()
+		y := 0
+		if rng.Float64() > pRight {
+			y = 1
+		}
+		return []float64{p, 1 - p, float64(y)}
+	}
+	batch := func(n int, pRight float64) Batch {
+		probs, ys := make([][]float64, n), make([]int, n)
+		for i := range probs {
+			s := score(pRight)
+			probs[i], ys[i] = s[:2], int(s[2])
+		}
+		b, _ := Score(probs, ys)
+		return b
+	}
+	d := NewDetector()
+	if math.Abs(d.Lambda-4*math.Log(1e6)/(8*0.05)) > 1e-9 {
+		t.Fatalf("lambda %v", d.Lambda)
+	}
+	for i := 0; i < 2000; i++ { // 200,000 stationary records
+		if a := d.Observe(batch(100, 0.95)); a != 0 {
+			t.Fatalf("false alarm after %d stationary records", (i+1)*100)
+		}
+	}
+	// Labels flip: the model is now right 5% of the time; the mean Brier score rises by ~1.6.
+	base := d
+	n := 0
+	for d.Changes == base.Changes {
+		d.Observe(batch(1, 0.05))
+		n++
+		if n > 1000 {
+			t.Fatal("no alarm within 1000 flipped records")
+		}
+	}
+	if bound := int(d.Lambda/(1.6-d.Delta)) + 20; n > bound {
+		t.Errorf("alarm after %d flipped records, want <= %d", n, bound)
+	}
+	if err := d.Validate(); err != nil {
+		t.Error(err)
+	}
+}
