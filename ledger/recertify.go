@@ -263,6 +263,9 @@ type UpdateRecord struct {
 	// KL is the update KL, KL(q_new || q_prev).
 	KL      float64
 	Outcome certify.Outcome
+	// Quality, if not empty, is the increment's prequential record, stored beside the KL history
+	// entry in the same transaction (see quality.go).
+	Quality []byte
 }
 
 // Checkpoint is everything one increment of the daemon persists, written in one transaction.
@@ -615,6 +618,9 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 		return err
 	}
 	keep := min(uint64(l.opts.KLHistory), seq)
+	if err := writeQuality(tx, seq, c.Update.Quality, seq-keep); err != nil {
+		return err
+	}
 	cur := hist.Cursor()
 	for k, _ := cur.First(); k != nil && binary.BigEndian.Uint64(k) <= seq-keep; k, _ = cur.First() {
 		if err := cur.Delete(); err != nil {

@@ -63,6 +63,13 @@ type Entry struct {
 	KL         float64       `json:"kl,omitempty"`   // KL(q_version || q_parent_version) of the update
 	Seed       uint64        `json:"seed,omitempty"` // the update's seed
 	LastLayer  *LastLayer    `json:"last_layer,omitempty"`
+	// Records is the number of records the entry's posterior stands for (bnn.Model.Records);
+	// 0 (omitted) in logs written before posteriors carried it: the parent's is kept.
+	Records float64 `json:"records,omitempty"`
+	// Quality is the increment's prequential record (the daemon's JSON): its records' scores
+	// under the parent posterior and the change detector after them, so that every replica
+	// stores and reports the same figures.
+	Quality json.RawMessage `json:"quality,omitempty"`
 	// PosteriorSHA256 is the hex SHA-256 of the posterior's safetensors weights as bnn.Encode
 	// writes them (the Cfguard-Weights-Sha256 of the API).
 	PosteriorSHA256 string `json:"posterior_sha256"`
@@ -234,6 +241,9 @@ func (e *Entry) Apply(prev *bnn.Model) (*bnn.Model, error) {
 	copy(l.BiasMu, ll.BiasMu)
 	copy(l.BiasLogSigma, ll.BiasLogSigma)
 	next.Version = e.Version
+	if e.Records > 0 {
+		next.Records = e.Records
+	}
 	if err := next.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: entry %d: %w", ErrMismatch, e.Seq, err)
 	}

@@ -1,0 +1,79 @@
+package ledger
+
+import (
+	"encoding/binary"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The quality bucket: KL history sequence number (u64) -> the increment's prequential record,
+// sealed. The record is opaque to the ledger (the daemon's JSON: the increment's scores under
+// the posterior that was current before it, and the change detector's state after them); the
+// ledger stores it in the checkpoint's transaction, so that every record is scored exactly once
+// across crashes, and trims it with the KL history.
+//
+// The bucket is optional, like offset_marks: a ledger written before prequential scores existed
+// has none and opens as it did (the daemon starts its scores afresh); a build without scores
+// opening a newer ledger ignores the bucket.
+var bQuality = []byte("quality")
+
+// QualityRecord is one stored prequential record: the KL history entry it belongs to and its
+// bytes.
+type QualityRecord struct {
+	Seq  uint64
+	Data []byte
+}
+
+// writeQuality stores data under seq and deletes the records at or below trimTo.
+func writeQuality(tx *bolt.Tx, seq uint64, data []byte, trimTo uint64) error {
+	b := tx.Bucket(bQuality)
+	if b == nil {
+		if len(data) == 0 {
+			return nil
+		}
+		var err error
+		if b, err = tx.CreateBucket(bQuality); err != nil {
+			return err
+		}
+	}
+	if len(data) > 0 {
+		if err := putSealed(b, u64bytes(seq), data); err != nil {
+			return err
+		}
+	}
+	cur := b.Cursor()
+	for k, _ := cur.First(); k != nil && binary.BigEndian.Uint64(k) <= trimTo; k, _ = cur.First() {
+		if err := cur.Delete(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Quality returns the newest n prequential records (all kept ones if n <= 0), oldest first. A
+// damaged record is a *CorruptError naming it.
+func (l *Ledger) Quality(n int) ([]QualityRecord, error) {
+	var out []QualityRecord
+	err := l.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bQuality)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Last(); k != nil && (n <= 0 || len(out) < n); k, v = c.Prev() {
+			p, ok := unseal(k, v)
+			if !ok || len(k) != 8 {
+				return corruptf("quality record %x: checksum mismatch", k)
+			}
+			out = append(out, QualityRecord{Seq: binary.BigEndian.Uint64(k), Data: append([]byte(nil), p...)})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out, nil
+}
