@@ -164,6 +164,14 @@ func InSet(p, v, delta, eps float64) bool { return p >= 1-delta && v <= eps }
 // InSet reports whether the certificate's own measurements put the CE in its <delta, eps>-set.
 func (c Certificate) InSet() bool { return InSet(c.P1, c.Var1, c.Delta, c.Epsilon) }
 
+// Admits reports whether the certificate's measurements admit the CE as certified at
+// registration: by the rule that renews a certificate (Renewable at confidence 1 - alpha:
+// lower(p1) >= 1 - delta and Var1 <= eps), so that a CE admitted under a posterior is renewed
+// under the same one. One criterion to enter and to stay.
+func (c Certificate) Admits(alpha float64) bool {
+	return Renewable(Evidence{P: c.P1, Var: c.Var1, Samples: c.Samples}, c.Delta, c.Epsilon, alpha)
+}
+
 // Slack is how far a KL lets the predictive move: p can fall by at most Mean and V rise by at most
 // Var. It depends only on KL and the mode, so it is computed once per anchor, not once per CE.
 type Slack struct {

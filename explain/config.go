@@ -135,6 +135,12 @@ type Config struct {
 
 	// Alpha is the Hoeffding level of Result.P1Lower [0.01].
 	Alpha float64
+	// TargetAlpha, when > 0, makes PSCE's <delta, epsilon>-set the one a certificate is renewed
+	// by (certify.Renewable): the lower empirical-Bernstein bound of p at confidence
+	// 1 - TargetAlpha, from the ensemble's own draws, must reach 1 - delta, and Var <= epsilon.
+	// A CE found that way is admitted at registration by the same rule and can be renewed under
+	// the posterior it was measured under. 0: the point estimates (the paper's rule) [0].
+	TargetAlpha float64
 	// Seed makes Generate deterministic: same model, VAE, config, x and target give the same result.
 	Seed uint64
 }

@@ -32,7 +32,8 @@ type Result struct {
 	P1Lower float64 `json:"p1_lower"`
 	// Iterations is the number of iterations taken (Adam iterations or Schut's feature moves).
 	Iterations int `json:"iterations"`
-	// InSet: P1 >= 1 - delta and Var1 <= epsilon (certify.InSet). Valid: Target is the argmax
+	// InSet: P1 >= 1 - delta and Var1 <= epsilon (certify.InSet), or, with Config.TargetAlpha,
+	// the lower confidence bound renewal uses >= 1 - delta (certify.Renewable). Valid: Target is the argmax
 	// of the estimate.
 	InSet bool `json:"in_set"`
 	Valid bool `json:"valid"`
@@ -184,6 +185,7 @@ func (g *Generator) putObjective(o *objective) {
 // estimate is a Monte-Carlo posterior predictive for one input.
 type estimate struct {
 	mean, vr []float64 // per class
+	samples  int       // the draws they were estimated from
 }
 
 func (e estimate) argmax() int {
@@ -211,7 +213,7 @@ func (g *Generator) estimate(ctx context.Context, pool *bnn.Pool, z []float64) (
 	if err != nil {
 		return estimate{}, err
 	}
-	return estimate{mean: p.Mean, vr: p.Var}, nil
+	return estimate{mean: p.Mean, vr: p.Var, samples: p.S}, nil
 }
 
 // meets is the method's stopping rule on an estimate.
@@ -221,11 +223,20 @@ func (g *Generator) meets(e estimate, target int) bool {
 	}
 	switch g.cfg.Method {
 	case MethodPSCE:
-		return certify.InSet(e.mean[target], e.vr[target], g.cfg.Delta, g.cfg.Epsilon)
+		return g.inSet(e.mean[target], e.vr[target], e.samples)
 	case MethodSchut:
 		return e.mean[target] >= g.cfg.Confidence
 	}
 	return true
+}
+
+// inSet is PSCE's <delta, epsilon>-set: on the point estimates, or with Config.TargetAlpha on
+// the lower confidence bound renewal uses.
+func (g *Generator) inSet(p, v float64, samples int) bool {
+	if g.cfg.TargetAlpha > 0 {
+		return certify.Renewable(certify.Evidence{P: p, Var: v, Samples: samples}, g.cfg.Delta, g.cfg.Epsilon, g.cfg.TargetAlpha)
+	}
+	return certify.InSet(p, v, g.cfg.Delta, g.cfg.Epsilon)
 }
 
 // gate is a cheap pre-test on the minibatch probabilities (S x C) before the check ensemble is
@@ -355,7 +366,7 @@ func (g *Generator) final(ctx context.Context, z, z0 []float64, target, it int) 
 	r.P1, r.Var1 = p.P(0, target), p.V(0, target)
 	r.P1Lower = certify.HoeffdingLower(r.P1, r.Samples, g.cfg.Alpha)
 	r.Valid = p.Argmax(0) == target
-	r.InSet = certify.InSet(r.P1, r.Var1, g.cfg.Delta, g.cfg.Epsilon)
+	r.InSet = g.inSet(r.P1, r.Var1, r.Samples)
 	r.Confirmed = r.Valid && r.P1Lower > 0.5
 	return r, nil
 }

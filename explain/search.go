@@ -117,7 +117,7 @@ func (s *search) doneOnEstimate(ctx context.Context, z, z0 []float64, it int) (*
 	}
 	c := s.o.C
 	n := len(s.ev.Probs) / c
-	e := estimate{mean: make([]float64, c), vr: make([]float64, c)}
+	e := estimate{mean: make([]float64, c), vr: make([]float64, c), samples: len(s.ev.Probs) / c}
 	for i := 0; i < n; i++ {
 		for j := 0; j < c; j++ {
 			e.mean[j] += s.ev.Probs[i*c+j] / float64(n)
