@@ -16,7 +16,8 @@
 //   - NewStateCollector: the gauges of the ledger's state, read at each scrape;
 //   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
-//   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs.
+//   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
+//   - NewQualityMetrics: the served model's prequential quality and its change detector.
 //
 // Naming (tested): every name starts with cfguard_; counters, and only they, end in _total; a
 // unit, when there is one, is the last word (before _total on a counter: _seconds, _records);
@@ -94,6 +95,8 @@ func Names() []string {
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
 		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply,
+		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
+		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,
 	}
 	slices.Sort(names)
 	return names
