@@ -156,18 +156,76 @@ type SASL struct {
 	Password  string `yaml:"password"` // CFGUARD_KAFKA_SASL_PASSWORD overrides it.
 }
 
-// Update configures last-layer updates.
+// Update configures last-layer updates (docs/MATHS.md, "The streaming update").
 type Update struct {
-	Objective    string  `yaml:"objective"`     // prior (paper) or vcl. Default: prior.
-	LearningRate float64 `yaml:"learning_rate"` // Adam step size. Default: 1e-5 (the paper's).
-	// Iterations is the number of Adam iterations per update. Default: update.DefaultIterations.
+	// Objective is vcl (default: the negative ELBO of the increment under the previous
+	// posterior, flattened by the memory) or prior (the paper's: KL to N(0, prior_sigma^2),
+	// divided by the records the posterior stands for).
+	Objective string `yaml:"objective"`
+	// Solver is converge (default: minimise the objective until its gradient is within
+	// Tolerance) or adam (the paper's protocol: Iterations Adam steps at LearningRate).
+	Solver string `yaml:"solver"`
+	// MemoryRecords bounds the records the posterior stands for (stabilised forgetting with
+	// lambda = exp(-n / memory_records) per increment of n records); 0 keeps every record.
+	// Default: DefaultMemoryRecords.
+	MemoryRecords float64 `yaml:"memory_records"`
+	// Tolerance is the converge solver's stopping rule, in previous-posterior standard
+	// deviations. Default: update.DefaultTolerance.
+	Tolerance float64 `yaml:"tolerance"`
+	// MaxIterations caps the converge solver's iterations (a safety net). Default:
+	// update.DefaultMaxIterations.
+	MaxIterations int `yaml:"max_iterations"`
+	// Draws is the converge solver's fixed body draws per increment. Default: update.DefaultDraws.
+	Draws int `yaml:"draws"`
+	// LearningRate is the adam solver's step size. Default: 1e-5 (the paper's).
+	LearningRate float64 `yaml:"learning_rate"`
+	// Iterations is the adam solver's number of iterations. Default: update.DefaultIterations.
 	Iterations int `yaml:"iterations"`
 	// KLWeight scales the objective's KL term. Default: 0, meaning the objective's own weight
 	// (bnn.DefaultKLWeight for prior, update.DefaultVCLKLWeight for vcl).
 	KLWeight float64 `yaml:"kl_weight"`
-	Samples  int     `yaml:"samples"` // Weight draws per iteration's NLL. Default: update.DefaultSamples.
+	Samples  int     `yaml:"samples"` // adam: weight draws per iteration's NLL. Default: update.DefaultSamples.
 	Seed     uint64  `yaml:"seed"`    // Default: 1.
 }
+
+// Step returns the update of prev on n records with these settings and the seed: the posterior
+// to start from (prev, or a copy of it with its records stated when it does not record them)
+// and the update's configuration. The daemon and verify-log both use it, so that a replay
+// computes what the daemon computed.
+func (u Update) Step(prev *bnn.Model, n int, seed uint64) (*bnn.Model, update.Config) {
+	if prev.Records == 0 {
+		stated := *prev // shallow: only Records differs, and nothing writes through the copy
+		stated.Records = UnknownRecords
+		if u.MemoryRecords > 0 {
+			stated.Records = u.MemoryRecords
+		}
+		prev = &stated
+	}
+	c := update.Config{Objective: u.Objective, Solver: u.Solver, Memory: u.MemoryRecords, Tolerance: u.Tolerance,
+		MaxIterations: u.MaxIterations, Draws: u.Draws, LR: u.LearningRate, Iterations: u.Iterations,
+		KLWeight: u.KLWeight, Samples: u.Samples, Seed: seed}
+	if u.Objective == update.ObjectivePrior {
+		// The prior objective divides its KL by the records the new posterior stands for, as
+		// training divides by its rows.
+		c.Represented = update.Represented(prev.Records, n, u.MemoryRecords)
+	}
+	return prev, c
+}
+
+// UnknownRecords is the number of records a posterior that does not record it (a model file, or
+// a ledger or posterior log written before posteriors carried it) is taken to stand for when
+// update.memory_records is 0. With a memory it is taken to stand for memory_records records,
+// the steady state of a posterior that has learned for long.
+const UnknownRecords = 1000
+
+// Defaults of the streaming update, chosen by measurement (docs/MATHS.md, "The streaming
+// update"): DefaultKLWeight is the default update.kl_weight (each streamed record counts 1/8 of
+// a record: the largest single-increment KL under correct labels stays under a quarter of the
+// budget), DefaultMemoryRecords the default update.memory_records.
+const (
+	DefaultKLWeight      = 8
+	DefaultMemoryRecords = 50000
+)
 
 // Certify configures the guarantee.
 type Certify struct {
@@ -289,8 +347,9 @@ func Default() Config {
 			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: stream.DefaultMaxRecords,
 			MaxRecordsBacklog: stream.DefaultMaxRecordsBacklog, MaxWait: stream.DefaultMaxWait, MaxRecordBytes: 65536,
 			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
-		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
-			Samples: update.DefaultSamples, Seed: 1},
+		Update: Update{Objective: update.ObjectiveVCL, Solver: update.SolverConverge, MemoryRecords: DefaultMemoryRecords, KLWeight: DefaultKLWeight,
+			Tolerance: update.DefaultTolerance, MaxIterations: update.DefaultMaxIterations, Draws: update.DefaultDraws,
+			LearningRate: update.DefaultLR, Iterations: update.DefaultIterations, Samples: update.DefaultSamples, Seed: 1},
 		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, VerdictAlpha: certify.DefaultVerdictAlpha, OnBreach: certify.Alert, Uncertified: certify.Refuse},
 		Explain: Explain{Timeout: 60 * time.Second, MaxIterations: 2000, Concurrency: 0},
 		Audit:   Audit{Schedule: "@every 1h"},
@@ -748,6 +807,21 @@ func (c *Config) Validate() error {
 	if c.Update.Iterations < 1 {
 		bad("update.iterations", c.Update.Iterations, "must be >= 1")
 	}
+	if c.Update.Solver != update.SolverConverge && c.Update.Solver != update.SolverAdam {
+		bad("update.solver", c.Update.Solver, "must be converge or adam")
+	}
+	if !(c.Update.MemoryRecords >= 0) || math.IsInf(c.Update.MemoryRecords, 0) {
+		bad("update.memory_records", c.Update.MemoryRecords, "must be >= 0 (0: keep every record)")
+	}
+	if !(c.Update.Tolerance > 0) || c.Update.Tolerance > 1 {
+		bad("update.tolerance", c.Update.Tolerance, "must be in (0, 1]")
+	}
+	if c.Update.MaxIterations < 1 {
+		bad("update.max_iterations", c.Update.MaxIterations, "must be >= 1")
+	}
+	if c.Update.Draws < 1 {
+		bad("update.draws", c.Update.Draws, "must be >= 1")
+	}
 	if c.Update.Samples < 1 {
 		bad("update.samples", c.Update.Samples, "must be >= 1")
 	}
@@ -902,6 +976,8 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 	}{
 		{"certify.samples", c.Certify.Samples, MaxCertifySamples},
 		{"update.iterations", c.Update.Iterations, MaxUpdateIterations},
+		{"update.max_iterations", c.Update.MaxIterations, MaxUpdateIterations},
+		{"update.draws", c.Update.Draws, MaxUpdateSamples},
 		{"update.samples", c.Update.Samples, MaxUpdateSamples},
 		{"explain.concurrency", c.Explain.Concurrency, MaxExplainConcurrency},
 		{"explain.max_iterations", c.Explain.MaxIterations, MaxExplainIterations},

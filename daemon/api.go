@@ -55,6 +55,8 @@ type core interface {
 	readiness(ctx context.Context) error
 	// replication is GET /v1/model's replication block, nil for a single daemon.
 	replication(ctx context.Context) map[string]any
+	// prequential is GET /v1/model's prequential block: the served model's test-then-train quality.
+	prequential() map[string]any
 }
 
 // apiConfig is the API's share of the configuration.
@@ -652,7 +654,7 @@ func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
 		"kl_budget": a.cfg.budget, "delta": a.cfg.delta, "epsilon": a.cfg.epsilon, "mode": a.cfg.mode,
 		"on_breach": a.cfg.onBreach, "kl_history": hist, "anchors": anchors, "applied": st.Applied,
 		"offsets": st.Offsets, "counters": st.Counters, "counterfactuals": countsByName(st.Counts),
-		"replication": a.core.replication(r.Context()),
+		"replication": a.core.replication(r.Context()), "prequential": a.core.prequential(), "records_represented": m.Records,
 	})
 }
 

@@ -236,6 +236,7 @@ func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, stri
 func (f *fakeCore) auditStatus() auditStatus                   { return auditStatus{} }
 func (f *fakeCore) readiness(context.Context) error            { return nil }
 func (f *fakeCore) replication(context.Context) map[string]any { return nil }
+func (f *fakeCore) prequential() map[string]any                { return nil }
 func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
 	return ledger.AuditReport{}, f.auditErr
 }

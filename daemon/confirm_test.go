@@ -62,7 +62,7 @@ func confirmCEs(t *testing.T) int {
 func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	n := confirmCEs(t)
 	r := startDaemon(t, func(c *config.Config) {
-		c.Update.LearningRate = 3e-3
+		paperLearner(c, 3e-3)
 		c.Certify.Samples = 1000
 		c.Audit.Workers = 1 // one confirmer lane, on any machine: the confirmation must outlast three increments
 	})
@@ -195,7 +195,7 @@ func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
 func TestConfirmerLanesShareTheWork(t *testing.T) {
 	const n = 400
 	r := startDaemon(t, func(c *config.Config) {
-		c.Update.LearningRate = 3e-3
+		paperLearner(c, 3e-3)
 		c.Audit.Workers = 2
 	})
 	if len(r.d.confirm) != 2 {

@@ -98,6 +98,8 @@ type Daemon struct {
 
 	rep *replica // with replication.enabled: the posterior log's follower and updater
 
+	quality *prequential // the served model's test-then-train scores and change detector
+
 	ready         chan struct{}    // closed once the consumer runs (or ingest stayed stopped)
 	consumer      *stream.Consumer // set before ready is closed unless ingestStopped; its Health answers /readyz
 	ingestStopped error            // set before ready is closed: an unconfirmed topic reset keeps ingest stopped
@@ -231,11 +233,12 @@ func newDaemon(opts Options) (*Daemon, error) {
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
+	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
 	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
 	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
-		epsilon: cfg.Certify.Epsilon}, d.current, log.With("component", "explain"))
+		epsilon: cfg.Certify.Epsilon, targetAlpha: cfg.Certify.VerdictAlpha}, d.current, log.With("component", "explain"))
 	return d, nil
 }
 
@@ -252,6 +255,10 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	td.add("ledger", d.ledger.Close)
 	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
+	if err := d.quality.load(d.ledger); err != nil {
+		return fmt.Errorf("ledger %s: %w (move the ledger aside and restore a backup: cfguard restore --config %s --from BACKUP)",
+			d.ledger.Path(), err, d.configPath)
+	}
 	if d.cfg.Replication.Enabled {
 		// The posterior comes from the posterior log (replica.join), once Kafka is connected.
 		d.rep, err = newReplica(d)

@@ -179,6 +179,9 @@ type step struct {
 	events   []event
 	records  int
 	metric   alerts.RecordResult
+	// quality is the increment's prequential record (nil without records or when scoring
+	// failed), made current once the checkpoint is durable.
+	quality *qualityRecord
 }
 
 // compute runs inc through the update and the on-breach policy from prev. It writes nothing: a
@@ -186,6 +189,24 @@ type step struct {
 // log. Only a checkpoint-class failure returns an error; a failed update is a step (outcome
 // failed) that keeps the posterior.
 func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (*step, error) {
+	s, err := d.computeUpdate(ctx, prev, inc)
+	if err != nil || s.update == nil {
+		return s, err
+	}
+	// Test, then train: the records are scored under prev, the posterior before them, whatever
+	// the update's outcome; the record goes into the same checkpoint as the update.
+	X, y := inc.XY()
+	q, data, err := d.quality.score(prev, X, y, d.cfg.Update.Draws, s.seed^0x9e4d5c07, time.Now())
+	if err != nil {
+		d.log.Error("prequential scoring failed; the increment is applied unscored", "posterior_version", prev.Version, "err", err)
+		return s, nil
+	}
+	s.quality, s.update.Quality = q, data
+	return s, nil
+}
+
+// computeUpdate is compute without the prequential scores.
+func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (*step, error) {
 	s := &step{prev: prev, counters: map[string]int64{}, records: len(inc.Records)}
 	if inc.DeadLettered > 0 {
 		s.counters["dead_lettered"] = int64(inc.DeadLettered)
@@ -198,9 +219,8 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 	}
 	X, y := inc.XY()
 	s.seed = d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15 // deterministic per version: replays agree
-	ucfg := update.Config{Objective: d.cfg.Update.Objective, LR: d.cfg.Update.LearningRate, Iterations: d.cfg.Update.Iterations,
-		KLWeight: d.cfg.Update.KLWeight, Samples: d.cfg.Update.Samples, Seed: s.seed}
-	next, st, err := update.LastLayer(ctx, prev, X, y, ucfg)
+	from, ucfg := d.cfg.Update.Step(prev, len(X), s.seed)
+	next, st, err := update.LastLayer(ctx, from, X, y, ucfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -289,6 +309,7 @@ func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint,
 			d.metrics.IncUpdate(s.outcome)
 			d.metrics.AddRecords(s.metric, s.records)
 		}
+		d.quality.commit(s.quality)
 		return nil
 	}
 	next := s.next
@@ -315,6 +336,7 @@ func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint,
 	d.outbox.notify()
 	d.confirm.notify()
 	d.export.changed()
+	d.quality.commit(s.quality)
 	d.metrics.IncUpdate(s.outcome)
 	d.metrics.AddRecords(alerts.RecordApplied, s.records)
 	d.metrics.ObserveRecertification(rep.Duration)

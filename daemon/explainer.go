@@ -25,14 +25,16 @@ var errVAEPending = errors.New("explain: the VAE is still being trained; retry s
 // Generator for the current (method, posterior version), and the slots that bound concurrent
 // generations (explain.concurrency).
 type explainer struct {
-	dir       string // <state_dir>/vae
-	dataset   string // bundled data set the VAE is trained on
-	seed      uint64
-	maxIter   int
-	delta     float64
-	epsilon   float64
-	log       *slog.Logger
-	posterior func() *bnn.Model
+	dir     string // <state_dir>/vae
+	dataset string // bundled data set the VAE is trained on
+	seed    uint64
+	maxIter int
+	delta   float64
+	epsilon float64
+	// targetAlpha is certify.verdict_alpha: PSCE searches for CEs that the renewal rule admits.
+	targetAlpha float64
+	log         *slog.Logger
+	posterior   func() *bnn.Model
 
 	slots    *slots        // explain.concurrency
 	want     chan struct{} // closed (once) by the first explanation request
@@ -51,11 +53,12 @@ type explainerConfig struct {
 	maxIterations     int
 	concurrency       int
 	delta, epsilon    float64
+	targetAlpha       float64
 }
 
 func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
 	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
-		delta: c.delta, epsilon: c.epsilon, log: log, posterior: posterior,
+		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, log: log, posterior: posterior,
 		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{})}
 }
 
@@ -139,7 +142,7 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	defer e.mu.Unlock()
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
 		cfg := explain.DefaultConfig(method)
-		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed = e.maxIter, e.delta, e.epsilon, m.Version
+		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed, cfg.TargetAlpha = e.maxIter, e.delta, e.epsilon, m.Version, e.targetAlpha
 		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
 	}
 	return e.gen

@@ -616,8 +616,13 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	c.send("POST", "/v1/counterfactuals:bulk", token, nil, strings.Repeat("{}\n", maxBulkLines+1), 400)
 	c.send("POST", "/v1/counterfactuals:bulk", "", nil, bulk, 401)
 
-	// Drift, so that the model's KL history, anchors and the CEs' histories are not empty.
-	r.produce(t, flipped(data, 64)...)
+	// Records, so that the model's KL history, anchors and prequential scores are not empty (correct
+	// labels: the explanation below must still find a robust counterfactual).
+	var recs [][]byte
+	for i := 0; i < 64; i++ {
+		recs = append(recs, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, recs...)
 	waitfor.Cond(t, 30*time.Second, "two updates", func() bool { return r.d.current().Version >= 2 })
 	c.send("GET", "/v1/model", token, nil, "", 200)
 	c.send("GET", "/v1/counterfactuals/ce-0", token, nil, "", 200)

@@ -32,7 +32,7 @@ func flipped(data *dataset.Set, n int) [][]byte {
 }
 
 func TestRejectPolicyKeepsThePosterior(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3; c.Certify.OnBreach = "reject" })
+	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3); c.Certify.OnBreach = "reject" })
 	data := bundled(t)
 	registerCEs(t, r, data, 3)
 	before := r.d.current()
@@ -54,7 +54,7 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 }
 
 func TestClipPolicyMeetsTheBudget(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.Update.LearningRate = 1e-3; c.Certify.OnBreach = "clip" })
+	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3); c.Certify.OnBreach = "clip" })
 	data := bundled(t)
 	r.produce(t, flipped(data, 64)...)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })

@@ -338,9 +338,11 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		}
 		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
 			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-		if !ce.Certificate().InSet() && d.cfg.Certify.Uncertified == certify.Refuse {
-			out[i].err = fmt.Errorf("%w: p1 = %.4f (need >= %.4f), var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
-				errOutsideSet, ce.P1, 1-ce.Delta, ce.Var1, ce.Epsilon)
+		if !ce.Certificate().Admits(d.cfg.Certify.VerdictAlpha) && d.cfg.Certify.Uncertified == certify.Refuse {
+			lo, _ := certify.Evidence{P: ce.P1, Var: ce.Var1, Samples: ce.Samples}.Interval(d.cfg.Certify.VerdictAlpha)
+			out[i].err = fmt.Errorf("%w: p1 = %.4f, its lower %.0f%% confidence bound %.4f (need >= %.4f, the rule that renews certificates), "+
+				"var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
+				errOutsideSet, ce.P1, 100*(1-d.cfg.Certify.VerdictAlpha), lo, 1-ce.Delta, ce.Var1, ce.Epsilon)
 			continue
 		}
 		ces, stored = append(ces, ce), append(stored, i)

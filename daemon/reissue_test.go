@@ -33,7 +33,7 @@ func TestReissue(t *testing.T) {
 
 func testReissue(t *testing.T, status string, lr float64, wantSuccess bool) {
 	r := startDaemon(t, func(c *config.Config) {
-		c.Update.LearningRate = lr
+		paperLearner(c, lr)
 		c.Explain.Reissue = status
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96 // the drift is one increment
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -371,6 +372,12 @@ func stepOf(e *postlog.Entry, prev, next *bnn.Model) *step {
 		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: 0, Outcome: s.outcome}
 	default:
 		s.outcome = ""
+	}
+	if s.update != nil && len(e.Quality) > 0 {
+		var q qualityRecord
+		if err := json.Unmarshal(e.Quality, &q); err == nil && q.Detector.Validate() == nil {
+			s.update.Quality, s.quality = e.Quality, &q
+		}
 	}
 	return s
 }
@@ -764,12 +771,15 @@ func (r *replica) entryOf(head *postlog.Head, s *step, inc *stream.Increment) (*
 	if s.outcome == "" {
 		e.Outcome = postlog.Skipped
 	}
+	if s.update != nil {
+		e.Quality = s.update.Quality
+	}
 	if s.next != nil {
 		sha, err := postlog.PosteriorHash(s.next)
 		if err != nil {
 			return nil, err
 		}
-		e.Version, e.LastLayer, e.PosteriorSHA256 = s.next.Version, postlog.LastLayerOf(s.next), sha
+		e.Version, e.LastLayer, e.PosteriorSHA256, e.Records = s.next.Version, postlog.LastLayerOf(s.next), sha, s.next.Records
 		e.Counts.Applied = int64(s.records)
 	}
 	return e, nil

@@ -185,9 +185,8 @@ func (v *verifier) check(ctx context.Context, prev *bnn.Model, parent *postlog.H
 		}
 		return "", nil
 	}
-	u := v.cfg.Update
-	next, st, err := update.LastLayer(ctx, prev, X, y, update.Config{Objective: u.Objective, LR: u.LearningRate, Iterations: u.Iterations,
-		KLWeight: u.KLWeight, Samples: u.Samples, Seed: e.Seed})
+	from, ucfg := v.cfg.Update.Step(prev, len(X), e.Seed)
+	next, st, err := update.LastLayer(ctx, from, X, y, ucfg)
 	if err != nil {
 		if e.Outcome == postlog.Failed {
 			return "", nil
