@@ -62,6 +62,9 @@ type Daemon struct {
 	// auditBatchDone, when set (by tests, before an audit starts), is called after each batch an
 	// audit writes, with the CEs evaluated so far: a test holds an audit between its batches there.
 	auditBatchDone func(done, total int)
+	// auditPoolReady, when set (by tests), is called when an audit has its networks, before the
+	// ledger reads its first batch: a test promotes posteriors there, as busy ingestion does.
+	auditPoolReady func(ctx context.Context, version uint64)
 
 	configPath       string
 	acceptTopicReset bool
