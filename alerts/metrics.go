@@ -59,6 +59,7 @@ const (
 	NamePosteriorKLMaxAnchor = "cfguard_posterior_kl_max_anchor"
 	NameKLBudget             = "cfguard_kl_budget"
 	NameKLOverBudget         = "cfguard_kl_over_budget"
+	NameKLBreachLast         = "cfguard_kl_breach_last_timestamp_seconds"
 	NameCounterfactuals      = "cfguard_counterfactuals"
 	NameBoundMin             = "cfguard_counterfactuals_bound_min"
 	NameUpdates              = "cfguard_updates_total"
@@ -87,7 +88,7 @@ const (
 // daemon's registry holds.
 func Names() []string {
 	names := []string{
-		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameCounterfactuals, NameBoundMin,
+		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameBoundMin,
 		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,

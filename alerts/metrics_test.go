@@ -224,6 +224,9 @@ func TestStateCollector(t *testing.T) {
 		return 0, false
 	}
 	// Nothing yet: zeros, no bound, budget.
+	if v, ok := gauge(NameKLBreachLast); !ok || v != 0 {
+		t.Errorf("%s = %v (present %v) before any breach, want 0", NameKLBreachLast, v, ok)
+	}
 	if v, ok := gauge(NameBoundMin); ok {
 		t.Errorf("%s = %v with no certified counterfactual, want no sample", NameBoundMin, v)
 	}
@@ -236,13 +239,14 @@ func TestStateCollector(t *testing.T) {
 	}{{0.001, 0}, {budget, 0}, {budget * 1.01, 1}}
 	for _, k := range cases {
 		st = State{PosteriorVersion: 7, UpdateKL: k.kl, HasUpdate: true, MaxAnchorKL: 3, Pending: 4, MinBound: 0.61, HasBound: true,
-			Counts: map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, LastIngest: time.Unix(1700000000, 500_000_000)}
+			Counts: map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, LastIngest: time.Unix(1700000000, 500_000_000),
+			LastBreach: time.Unix(1600000000, 0)}
 		if v, _ := gauge(NameKLOverBudget); v != k.over {
 			t.Errorf("update KL %v, budget %v: over budget %v, want %v (the anchor KL 3 must not count)", k.kl, budget, v, k.over)
 		}
 	}
 	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,
-		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5} {
+		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5, NameKLBreachLast: 1600000000} {
 		if v, ok := gauge(name); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
@@ -378,6 +382,64 @@ func TestRunbookSections(t *testing.T) {
 			if !anchors[anchor] {
 				t.Errorf("alert %s: docs/RUNBOOK.md has no section \"## %s\"", r.Alert, r.Alert)
 			}
+		}
+	}
+}
+
+// grepAlternation is several metric names written as one grep -E pattern, cfguard_a_(b|c_total):
+// each alternative, after the common prefix, must name a whole metric.
+var grepAlternation = regexp.MustCompile(`\b(cfguard_[a-z0-9_]*)\(([a-z0-9_|]+)\)`)
+
+// metricMentions returns, in order, the cfguard_ names text mentions that are not metrics in
+// known (a histogram's series, _bucket, _sum or _count, count as the histogram), with the line
+// each is on. A grep alternation is expanded into the names it stands for.
+func metricMentions(text string, known map[string]bool) []string {
+	var out []string
+	for i, line := range strings.Split(text, "\n") {
+		var refs []string
+		for _, m := range grepAlternation.FindAllStringSubmatch(line, -1) {
+			for _, alt := range strings.Split(m[2], "|") {
+				refs = append(refs, m[1]+alt)
+			}
+		}
+		for _, ref := range metricRef.FindAllString(grepAlternation.ReplaceAllString(line, " "), -1) {
+			refs = append(refs, ref)
+		}
+		for _, ref := range refs {
+			if !known[family(ref)] {
+				out = append(out, fmt.Sprintf("line %d: %s", i+1, ref))
+			}
+		}
+	}
+	return out
+}
+
+// Every cfguard_ name that the runbook, the rules file (expressions, descriptions, comments), the
+// README, the Grafana dashboard and the docs that describe cfguard as built mention is a metric
+// the daemon registers, so that a command an operator copies queries something that exists.
+// docs/DESIGN.md is left out: it also names metrics that were designed and not built, as such.
+func TestDocsNameOnlyRegisteredMetrics(t *testing.T) {
+	known := gatheredNames(t)
+	// The check can fail: unknown names whole, in an alternation, and a prefix standing for a
+	// name; a histogram's series and an alternation of whole names pass.
+	text := "rate(cfguard_recertification_duration_seconds_bucket[5m]) cfguard_ces_unconfirmed\n" +
+		"grep -E 'cfguard_(renewal_backlog|events_pending)' | grep -E 'cfguard_counterfactuals_(unconfirmed|renewed_total)'\n" +
+		"grep cfguard_consumer_lag"
+	if got, want := strings.Join(metricMentions(text, known), ", "), "line 1: cfguard_ces_unconfirmed, line 2: cfguard_renewal_backlog, line 3: cfguard_consumer_lag"; got != want {
+		t.Errorf("the check finds %q, want %q", got, want)
+	}
+	files := []string{"../docs/RUNBOOK.md", "rules.yml", "rules_test.yml", "../README.md", "../docs/GLOSSARY.md", "../docs/MATHS.md",
+		"../docs/DEPLOY.md", "../docs/BENCHMARKS.md", "../deploy/grafana/cfguard.json"}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "../docs/RUNBOOK.md" && len(metricRef.FindAllString(string(b), -1)) == 0 {
+			t.Fatalf("%s mentions no cfguard_ metric", f)
+		}
+		for _, m := range metricMentions(string(b), known) {
+			t.Errorf("%s %s is not a metric the daemon registers (alerts.Names)", f, m)
 		}
 	}
 }

@@ -31,6 +31,10 @@ type State struct {
 	HasBound bool
 	// LastIngest is when records were last applied (zero before the first: the gauge reads 0).
 	LastIngest time.Time
+	// LastBreach is when an update last exceeded the KL budget, whatever certify.on_breach did
+	// with it (zero when none is known: the gauge reads 0). A breach is an event: this time, not
+	// the last update's KL, is what says whether one happened lately.
+	LastBreach time.Time
 }
 
 // StateCollector is a prometheus.Collector that reads State at each scrape, as Prometheus' own
@@ -43,7 +47,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox                                                                        *prometheus.Desc
+	unconfirmed, outbox, lastBreach                                                            *prometheus.Desc
 	counts                                                                                     *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -59,6 +63,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		maxAnchorKL: d(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to (renewals keep it small; not an alert by itself)."),
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
 		overBudget:  d(NameKLOverBudget, "1 while the last update's KL exceeded the KL budget (certify.on_breach says what was done), else 0."),
+		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when none is in the ledger's KL history)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
@@ -87,7 +92,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach} {
 		ch <- d
 	}
 }
@@ -121,9 +126,12 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.HasBound {
 		g(c.boundMin, s.MinBound)
 	}
-	last := 0.0
-	if !s.LastIngest.IsZero() {
-		last = float64(s.LastIngest.UnixNano()) / 1e9
+	unix := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return float64(t.UnixNano()) / 1e9
 	}
-	g(c.lastIngest, last)
+	g(c.lastIngest, unix(s.LastIngest))
+	g(c.lastBreach, unix(s.LastBreach))
 }

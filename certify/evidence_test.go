@@ -3,6 +3,7 @@ package certify
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 )
@@ -214,4 +215,97 @@ func TestRenewalThresholdDoesNotFlap(t *testing.T) {
 	if naiveFlips < 10 {
 		t.Errorf("without hysteresis only %d changes: p is not at the threshold and the test shows nothing", naiveFlips)
 	}
+}
+
+// TestBernsteinMarginAgainstAnIndependentComputation checks the margin's formula term by term,
+// sqrt(2 v ln(2/alpha) / n) + 7 ln(2/alpha) / (3 (n - 1)), at n = 2, 10, 100 and 1000 against
+// the same formula evaluated in 256-bit big.Float arithmetic with its own logarithm, to 1e-12
+// relative (float64 rounding is ~1e-15), and at v = 0.001, alpha = 0.01 against values written
+// out to 16 digits. Each n is also checked to tell the formula from nearby ones (n for n - 1 in
+// the second term, n - 1 for n in the first, 3 ln(2/alpha) for 7), so that none of those would
+// pass.
+func TestBernsteinMarginAgainstAnIndependentComputation(t *testing.T) {
+	const rel = 1e-12
+	exact := marginFormula{"7 ln(2/alpha) / (3 (n - 1))", func(n int64) int64 { return n }, func(n int64) int64 { return n - 1 }, 7}
+	nearby := []marginFormula{
+		{"7 ln(2/alpha) / (3 n)", func(n int64) int64 { return n }, func(n int64) int64 { return n }, 7},
+		{"sqrt(2 v ln(2/alpha) / (n - 1))", func(n int64) int64 { return n - 1 }, func(n int64) int64 { return n - 1 }, 7},
+		{"3 ln(2/alpha) / (3 (n - 1))", func(n int64) int64 { return n }, func(n int64) int64 { return n - 1 }, 3},
+	}
+	for _, n := range []int{2, 10, 100, 1000} {
+		for _, v := range []float64{0, 0.001, 0.0625, 0.25} {
+			for _, alpha := range []float64{1e-6, 0.01, 0.05, 0.5} {
+				got := BernsteinMargin(v, n, alpha)
+				want := bigMargin(exact, v, n, alpha)
+				if math.Abs(got-want) > rel*want {
+					t.Errorf("BernsteinMargin(%v, %d, %v) = %.17g, independent computation %.17g", v, n, alpha, got, want)
+				}
+				for _, f := range nearby {
+					if f.name != "sqrt(2 v ln(2/alpha) / (n - 1))" || v > 0 { // with v = 0 the first term is 0 either way
+						if o := bigMargin(f, v, n, alpha); math.Abs(o-want) <= rel*want {
+							t.Errorf("n = %d, v = %v, alpha = %v: %s gives %.17g, within %g of the margin: the check cannot tell them apart", n, v, alpha, f.name, o, rel)
+						}
+					}
+				}
+			}
+		}
+	}
+	// v = 0.001, alpha = 0.01, evaluated to 40 digits with decimal arithmetic outside Go.
+	for _, c := range []struct {
+		n    int
+		want float64
+	}{{2, 12.43553006354686078}, {10, 1.406190308386087798}, {100, 0.1351701625815055357}, {1000, 0.01563036289902046043}} {
+		if got := BernsteinMargin(0.001, c.n, 0.01); math.Abs(got-c.want) > rel*c.want {
+			t.Errorf("BernsteinMargin(0.001, %d, 0.01) = %.17g, want %.17g", c.n, got, c.want)
+		}
+	}
+}
+
+// marginFormula is sqrt(2 v L / root(n)) + seven L / (3 tail(n)), L = ln(2 / alpha).
+type marginFormula struct {
+	name       string
+	root, tail func(n int64) int64
+	seven      int64
+}
+
+// bigMargin evaluates f at (v, n, alpha) in 256-bit arithmetic, L from bigLog.
+func bigMargin(f marginFormula, v float64, n int, alpha float64) float64 {
+	const prec = 256
+	num := func(x float64) *big.Float { return new(big.Float).SetPrec(prec).SetFloat64(x) }
+	integer := func(x int64) *big.Float { return new(big.Float).SetPrec(prec).SetInt64(x) }
+	l := bigLog(new(big.Float).SetPrec(prec).Quo(integer(2), num(alpha)))
+	first := new(big.Float).SetPrec(prec).Mul(integer(2), num(v))
+	first.Mul(first, l).Quo(first, integer(f.root(int64(n)))).Sqrt(first)
+	second := new(big.Float).SetPrec(prec).Mul(integer(f.seven), l)
+	second.Quo(second, integer(3*f.tail(int64(n))))
+	r, _ := first.Add(first, second).Float64()
+	return r
+}
+
+// bigLog is the natural logarithm of x > 0 to the precision of x: x = m 2^e with m in [1/2, 1),
+// ln x = ln m + e ln 2, each from ln y = 2 atanh((y - 1) / (y + 1)) = 2 sum_k z^(2k+1) / (2k+1),
+// z = (y - 1) / (y + 1), |z| <= 1/3.
+func bigLog(x *big.Float) *big.Float {
+	prec := x.Prec()
+	atanhSeries := func(y *big.Float) *big.Float {
+		one := new(big.Float).SetPrec(prec).SetInt64(1)
+		z := new(big.Float).SetPrec(prec).Sub(y, one)
+		z.Quo(z, new(big.Float).SetPrec(prec).Add(y, one))
+		z2 := new(big.Float).SetPrec(prec).Mul(z, z)
+		sum, pow := new(big.Float).SetPrec(prec), new(big.Float).SetPrec(prec).Set(z)
+		for k := int64(1); ; k += 2 {
+			term := new(big.Float).SetPrec(prec).Quo(pow, new(big.Float).SetPrec(prec).SetInt64(k))
+			if term.Sign() == 0 || term.MantExp(nil)-sum.MantExp(nil) < -int(prec)-8 && sum.Sign() != 0 {
+				break
+			}
+			sum.Add(sum, term)
+			pow.Mul(pow, z2)
+		}
+		return sum.Mul(sum, new(big.Float).SetPrec(prec).SetInt64(2))
+	}
+	m := new(big.Float).SetPrec(prec)
+	e := x.MantExp(m)
+	ln := atanhSeries(m)
+	ln2 := atanhSeries(new(big.Float).SetPrec(prec).SetInt64(2))
+	return ln.Add(ln, ln2.Mul(ln2, new(big.Float).SetPrec(prec).SetInt64(int64(e))))
 }

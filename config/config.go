@@ -961,6 +961,9 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 	if c.Embedded() {
 		if err := checkHostPort(c.Kafka.EmbeddedListen, true); err != nil {
 			bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, err.Error())
+		} else if why := sharedListen(c.HTTP.Listen, c.Kafka.EmbeddedListen); why != "" {
+			bad("http.listen", c.HTTP.Listen, fmt.Sprintf("%s kafka.embedded_listen (%s): the API and the embedded broker "+
+				"each need a port of their own; change one of the two", why, c.Kafka.EmbeddedListen))
 		}
 	}
 	for _, t := range c.topicKeys() {
@@ -1014,6 +1017,27 @@ func checkHostPort(addr string, listen bool) error {
 		return fmt.Errorf("must be host:port, got host %q", host)
 	}
 	return nil
+}
+
+// sharedListen says how the listen addresses a and b would take the same port, or "": the same
+// port number (not 0, which is any free port) on the same host, or on every interface ("",
+// 0.0.0.0 or ::) for either. Addresses that are not host:port are left to checkHostPort.
+func sharedListen(a, b string) string {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	na, errPA := strconv.ParseUint(pa, 10, 16)
+	nb, errPB := strconv.ParseUint(pb, 10, 16)
+	if errA != nil || errB != nil || errPA != nil || errPB != nil || na == 0 || na != nb {
+		return ""
+	}
+	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	switch {
+	case ha == hb:
+		return "is the address of"
+	case every(ha) || every(hb):
+		return fmt.Sprintf("takes port %d, which is also the port of", na)
+	}
+	return ""
 }
 
 // checkTopic applies Kafka's rules for topic names: 1 to 249 of [a-zA-Z0-9._-], and neither "."

@@ -195,6 +195,13 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"concurrency 1e5":    {"explain:\n  concurrency: 1e5\n", "explain.concurrency: 100000: must be at most 256"},
 		"explain iterations": {"explain:\n  max_iterations: 1000001\n", "explain.max_iterations"},
 		"backlog over limit": {"kafka:\n  max_records_backlog: 100001\n", "kafka.max_records_backlog: 100001: must be at most 100000"},
+		// The API and the embedded broker on one port: refused at load, naming both keys.
+		"listen is the broker's": {"http:\n  listen: 127.0.0.1:9092\n",
+			"http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092): the API and the embedded broker each need a port of their own; change one of the two"},
+		"listen on every interface, the broker's port": {"http:\n  listen: \":7000\"\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
+			"http.listen: :7000: takes port 7000, which is also the port of kafka.embedded_listen (127.0.0.1:7000)"},
+		"broker on every interface, the API's port": {"http:\n  listen: localhost:7000\nkafka:\n  embedded_listen: \"[::]:7000\"\n",
+			"http.listen: localhost:7000: takes port 7000, which is also the port of kafka.embedded_listen ([::]:7000)"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -218,6 +225,9 @@ func TestGoodValuesAtTheEdges(t *testing.T) {
 		"http:\n  listen: \":8080\"\n",   // every interface
 		"http:\n  listen: \"[::1]:0\"\n", // any free port
 		"http:\n  listen: localhost:8080\n",
+		"http:\n  listen: 127.0.0.1:0\nkafka:\n  embedded_listen: 127.0.0.1:0\n", // two free ports, not one
+		"http:\n  listen: 127.0.0.2:9092\n",                                      // the broker's port on another address
+		"http:\n  listen: 127.0.0.1:9092\nkafka:\n  brokers: [\"kafka:9092\"]\n", // no embedded broker
 		"kafka:\n  brokers: [\"kafka-0.kafka.svc:9093\", \"[fe80::1]:9092\"]\n",
 		"kafka:\n  topic: " + strings.Repeat("t", 249) + "\n",
 		"kafka:\n  topic: My_topic-1.v2\n",

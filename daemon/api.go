@@ -270,6 +270,9 @@ func checkKeys(body []byte, t reflect.Type) error {
 					return fmt.Errorf("unknown field %q (keys are case-sensitive: did you mean %q?)", key, f)
 				}
 			}
+			if len(fields) == 0 {
+				return fmt.Errorf("unknown field %q (this body takes no fields: send {} or no body)", key)
+			}
 			return fmt.Errorf("unknown field %q (fields: %s)", key, strings.Join(fields, ", "))
 		}
 		var raw json.RawMessage
@@ -347,6 +350,22 @@ type target struct {
 	name  string
 }
 
+// optionalID is a request's optional "id" of the CE to store: left out, the ledger makes one;
+// given, it is the id, so an empty one is refused rather than taken as left out.
+type optionalID string
+
+func (id *optionalID) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("id must be a string, got %s", b)
+	}
+	if s == "" {
+		return fmt.Errorf("id is empty: give 1 to %d characters of [A-Za-z0-9._:-], or leave id out and the ledger makes one", ident.MaxLen)
+	}
+	*id = optionalID(s)
+	return nil
+}
+
 func (t *target) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
 		return errors.New("target is null: give a class index or name, or leave target out")
@@ -410,10 +429,10 @@ func registerStatus(err error) int {
 const writeRetryAfter = 10 * time.Second
 
 type registerRequest struct {
-	ID     string    `json:"id"`
-	X      []float64 `json:"x"`
-	XCF    []float64 `json:"x_cf"`
-	Target target    `json:"target"`
+	ID     optionalID `json:"id"`
+	X      []float64  `json:"x"`
+	XCF    []float64  `json:"x_cf"`
+	Target target     `json:"target"`
 }
 
 // handleRegister stores a counterfactual: p1 and Var1 are measured under the current posterior,
@@ -425,7 +444,7 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 		writeBodyError(w, err)
 		return
 	}
-	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target})
+	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target})
 	if errors.Is(err, errPending) {
 		// A replica sent it to its owner, which has not stored it yet: GET it later.
 		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
@@ -497,8 +516,8 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		if err := decodeJSON(line, &req); err != nil {
 			res.Code, res.Error = http.StatusBadRequest, err.Error()
 		} else {
-			res.ID = req.ID
-			regs, at = append(regs, registration{id: req.ID, x: req.X, xcf: req.XCF, target: req.Target}), append(at, len(results))
+			res.ID = string(req.ID)
+			regs, at = append(regs, registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}), append(at, len(results))
 		}
 		results = append(results, res)
 	}
@@ -783,7 +802,17 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// handleAudit runs an audit. It takes no parameters: its body is empty or {}, strictly (a
+// field in it is refused, as in every body).
 func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err == nil && len(bytes.TrimSpace(body)) > 0 {
+		err = decodeJSON(body, &struct{}{})
+	}
+	if err != nil {
+		writeBodyError(w, err)
+		return
+	}
 	// The answer comes when the audit ends, which takes as long as the store needs (minutes at
 	// 10^6 CEs): http.write_timeout must not cut it, so the deadline is lifted, as for a backup.
 	http.NewResponseController(w).SetWriteDeadline(time.Time{})
@@ -814,10 +843,10 @@ func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
 }
 
 type explainRequest struct {
-	X      []float64 `json:"x"`
-	Target target    `json:"target"`
-	ID     string    `json:"id"`
-	Method string    `json:"method"`
+	X      []float64  `json:"x"`
+	Target target     `json:"target"`
+	ID     optionalID `json:"id"`
+	Method string     `json:"method"`
 }
 
 // explainRetryAfter is the Retry-After of a 429 from /v1/explain: a typical generation takes
@@ -837,14 +866,14 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.ID != "" { // before generating: the CE could not be stored under it
-		if err := ident.Check(req.ID); err != nil {
+	if id := string(req.ID); id != "" { // before generating: the CE could not be stored under it
+		if err := ident.Check(id); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		switch _, err := a.state.Get(req.ID); {
+		switch _, err := a.state.Get(id); {
 		case err == nil:
-			writeError(w, http.StatusConflict, fmt.Sprintf("counterfactual %q exists; DELETE it first or choose another id", req.ID))
+			writeError(w, http.StatusConflict, fmt.Sprintf("counterfactual %q exists; DELETE it first or choose another id", id))
 			return
 		case !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrQuarantined):
 			writeError(w, http.StatusInternalServerError, err.Error())
@@ -895,7 +924,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	ce, err := a.core.register(r.Context(), registration{id: req.ID, x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
+	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
 	if err != nil {
 		writeJSON(w, registerStatus(err), map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
 		return

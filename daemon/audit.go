@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -113,48 +112,38 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 // in batches (ledger.Options.MCBatch), each written in one short transaction with its status
 // changes in the outbox, so increments keep being applied meanwhile. The networks are the
 // version's shared pool (pools: certify.samples draws in certify.precision), evaluated on
-// audit.workers cores (auditPredictor; default every core but one). audit_completed goes to the outbox in its own checkpoint (posterior
-// and offsets untouched).
+// audit.workers cores (auditPredictor; default every core but one). The audit measures under
+// the posterior that was current when it started even when ingestion promotes others before its
+// first batch or between batches: the ledger keeps that posterior as the anchor of the CEs it
+// renews, judged at their KL from the newest one, and leaves verdicts under the newest posterior
+// to the confirmer. audit_completed goes to the outbox in its own checkpoint (posterior and
+// offsets untouched).
 func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	start := time.Now()
-	var (
-		rep     ledger.AuditReport
-		changes []ledger.StatusChange
-		err     error
-	)
-	// ledger.Audit needs the predictor's posterior to be current when it starts; ingestion may
-	// promote another between reading d.current() and that check (the audit no longer holds
-	// d.mu). Such a start is refused with ErrStale before anything is evaluated: take the new
-	// posterior and start again, a bounded number of times.
-	for attempt := 1; ; attempt++ {
-		m := d.current()
-		if attempt == 1 {
-			d.log.Info("audit started", "posterior_version", m.Version)
-		}
-		pool, perr := d.pools.get(m)
-		if perr != nil {
-			return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, perr)
-		}
-		last := time.Now()
-		var ch []ledger.StatusChange
-		rep, ch, err = d.ledger.Audit(ctx, auditPredictor{pool, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
-			d.outbox.notify()
-			if d.auditBatchDone != nil {
-				d.auditBatchDone(done, total)
-			}
-			if now := time.Now(); now.Sub(last) >= auditProgressEvery {
-				last = now
-				d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
-			}
-		}})
-		changes = append(changes, ch...)
-		if !errors.Is(err, ledger.ErrStale) || rep.Evaluated > 0 || attempt == auditStartAttempts || ctx.Err() != nil {
-			break
-		}
+	m := d.current()
+	d.log.Info("audit started", "posterior_version", m.Version)
+	pool, err := d.pools.get(m)
+	if err != nil {
+		return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, err)
 	}
+	if d.auditPoolReady != nil {
+		d.auditPoolReady(ctx, m.Version)
+	}
+	last := time.Now()
+	rep, changes, err := d.ledger.Audit(ctx, auditPredictor{pool, m, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
+		d.outbox.notify()
+		if d.auditBatchDone != nil {
+			d.auditBatchDone(done, total)
+		}
+		if now := time.Now(); now.Sub(last) >= auditProgressEvery {
+			last = now
+			d.log.Info("audit progress", "evaluated", done, "stored", total, "elapsed", now.Sub(start).Round(time.Second))
+		}
+	}})
 	d.outbox.notify()
 	d.reissue.notify(changes)
 	if err != nil {
+		d.log.Error("audit failed", "posterior_version", m.Version, "evaluated", rep.Evaluated, "err", err)
 		return rep, err
 	}
 	d.metrics.IncAudits()
@@ -171,9 +160,5 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	return rep, nil
 }
 
-// auditProgressEvery bounds the audit's progress log lines; auditStartAttempts bounds the starts
-// refused because ingestion promoted a posterior meanwhile.
-const (
-	auditProgressEvery = 10 * time.Second
-	auditStartAttempts = 8
-)
+// auditProgressEvery bounds the audit's progress log lines.
+const auditProgressEvery = 10 * time.Second

@@ -2,13 +2,18 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // TestIngestContinuesDuringAnAudit: an audit no longer holds the daemon's lock, so increments
@@ -65,5 +70,95 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	res := <-done
 	if res.err != nil || res.evaluated != n {
 		t.Fatalf("audit: evaluated %d of %d CEs, err %v", res.evaluated, n, res.err)
+	}
+}
+
+// TestAuditMeasuresWhileRecordsStream: records stream while an audit runs, and every one of
+// them promotes a posterior before the audit's first batch is read and again between its
+// batches, as on a busy machine where ingestion commits faster than an audit draws its networks.
+// POST /v1/audit still answers 200: every CE is evaluated under the posterior the audit started
+// with, each batch written behind the newest one. The audit is held at those two points (hooks,
+// no sleeps) while the test streams an increment and waits for its posterior.
+func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
+	const n = backgroundBatch + 100 // two batches
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	storeCEs(t, r, data, n)
+	type hold struct {
+		version uint64
+		resume  chan struct{}
+	}
+	held := make(chan hold)
+	wait := func(ctx context.Context, v uint64) {
+		h := hold{v, make(chan struct{})}
+		select {
+		case held <- h:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-h.resume:
+		case <-ctx.Done():
+		}
+	}
+	r.d.auditPoolReady = wait
+	r.d.auditBatchDone = func(done, total int) {
+		if done < total {
+			wait(context.Background(), 0)
+		}
+	}
+	type answer struct {
+		code int
+		body []byte
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", r.base+"/v1/audit", strings.NewReader("{}"))
+		resp, err := r.client.Do(req)
+		if err != nil {
+			answered <- answer{0, []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answered <- answer{resp.StatusCode, b}
+	}()
+	started := r.d.current().Version
+	increments, next := 0, 0
+	var got answer
+	for done := false; !done; {
+		select {
+		case h := <-held:
+			if increments == 4 {
+				close(h.resume)
+				t.Fatalf("the audit stopped %d times for a promoted posterior: it restarts instead of measuring under the posterior it started with", increments)
+			}
+			before := r.d.current().Version
+			var vals [][]byte
+			for i := 0; i < r.d.cfg.Kafka.MaxRecords; i, next = i+1, next+1 {
+				vals = append(vals, record(fmt.Sprintf("stream-%d", next), data.X[next%len(data.X)], data.Y[next%len(data.Y)]))
+			}
+			r.produce(t, vals...)
+			waitfor.Cond(t, 60*time.Second, "a posterior promoted from the streamed increment",
+				func() bool { return r.d.current().Version > before })
+			increments++
+			close(h.resume)
+		case got = <-answered:
+			done = true
+		}
+	}
+	if got.code != http.StatusOK {
+		t.Fatalf("POST /v1/audit while records stream: %d %s", got.code, got.body)
+	}
+	var rep ledger.AuditReport
+	if err := json.Unmarshal(got.body, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.PosteriorVersion != started || rep.Evaluated != n || rep.Batches != 2 || rep.Behind != 2 || increments != 2 {
+		t.Fatalf("audit report %+v after %d streamed increments: want %d CEs evaluated under posterior %d in 2 batches, both behind the newest posterior",
+			rep, increments, n, started)
+	}
+	if st := r.d.auditStatus(); st.Running || st.LastError != "" || st.Last == nil {
+		t.Fatalf("GET /v1/audit after the audit: %+v", st)
 	}
 }

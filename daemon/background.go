@@ -37,13 +37,17 @@ func (p backgroundPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.P
 
 // auditPredictor is a ledger.Predictor over a bnn.Pool on a given number of goroutines: audits
 // run on audit.workers cores (default every core but one), so that they scale with the machine
-// and ingestion keeps a core.
+// and ingestion keeps a core. It gives the posterior the pool was drawn from
+// (ledger.PosteriorPredictor), so that an audit measures under it after ingestion replaced it.
 type auditPredictor struct {
 	pool    *bnn.Pool
+	model   *bnn.Model // the posterior pool was drawn from
 	workers int
 }
 
 func (p auditPredictor) Version() uint64 { return p.pool.Version() }
+
+func (p auditPredictor) Posterior() *bnn.Model { return p.model }
 
 func (p auditPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
 	return p.pool.PredictWorkers(ctx, X, p.workers)

@@ -62,6 +62,9 @@ type Daemon struct {
 	// auditBatchDone, when set (by tests, before an audit starts), is called after each batch an
 	// audit writes, with the CEs evaluated so far: a test holds an audit between its batches there.
 	auditBatchDone func(done, total int)
+	// auditPoolReady, when set (by tests), is called when an audit has its networks, before the
+	// ledger reads its first batch: a test promotes posteriors there, as busy ingestion does.
+	auditPoolReady func(ctx context.Context, version uint64)
 
 	configPath       string
 	acceptTopicReset bool
@@ -115,6 +118,24 @@ func (d *Daemon) current() *bnn.Model {
 	d.rmu.RLock()
 	defer d.rmu.RUnlock()
 	return d.cur
+}
+
+// metricsState is state with the time the KL budget was last breached (LastBreach), which the
+// ledger finds in its KL history in a transaction of its own: a breach is an event with a time,
+// so that an alert on it can end a fixed time after the last one, with no update to clear it.
+func (d *Daemon) metricsState() (alerts.State, error) {
+	s, err := d.state()
+	if err != nil {
+		return s, err
+	}
+	e, ok, err := d.ledger.LastKLOver(d.budget)
+	if err != nil {
+		return alerts.State{}, err
+	}
+	if ok {
+		s.LastBreach = e.At
+	}
+	return s, nil
 }
 
 func (d *Daemon) setCurrent(m *bnn.Model) {
@@ -232,7 +253,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
-	reg.MustRegister(alerts.NewStateCollector(d.budget, d.state))
+	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
 	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
 	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)

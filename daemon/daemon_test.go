@@ -308,7 +308,7 @@ func TestEndToEndCleanStream(t *testing.T) {
 	if kl := r.metric(t, "cfguard_posterior_kl"); !(kl > 0 && kl < r.d.budget) {
 		t.Fatalf("step KL %v, want in (0, budget) at the default settings", kl)
 	}
-	if r.metric(t, "cfguard_kl_over_budget") != 0 {
+	if r.metric(t, "cfguard_kl_over_budget") != 0 || r.metric(t, "cfguard_kl_breach_last_timestamp_seconds") != 0 {
 		t.Fatal("KL over budget on a clean stream")
 	}
 	if a := r.metric(t, "cfguard_posterior_kl_max_anchor"); !(a > r.metric(t, "cfguard_posterior_kl")) {

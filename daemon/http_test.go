@@ -49,15 +49,30 @@ func TestJSONBodiesRefuseWhatEncodingJSONLetsThrough(t *testing.T) {
 		{"duplicate target, register", "/v1/counterfactuals", `{"x":` + X + `,"x_cf":` + XCF + `,"target":0,"target":1}`, `duplicate key \"target\"`},
 		{"fractional target", "/v1/counterfactuals", `{"x":` + X + `,"x_cf":` + XCF + `,"target":1.5}`, `target must be a class index (an integer) or a class name, got 1.5`},
 		{"unknown field", "/v1/explain", `{"x":` + X + `,"z":1}`, `unknown field \"z\"`},
+		{"a field for the audit, which takes none", "/v1/audit", `{"bogus":1}`, `unknown field \"bogus\" (this body takes no fields: send {} or no body)`},
+		{"an audit body that is not an object", "/v1/audit", `[1]`, `bad JSON`},
+		{"empty id, register", "/v1/counterfactuals", `{"id":"","x":` + X + `,"x_cf":` + XCF + `,"target":1}`, `id is empty`},
+		{"empty id, explain", "/v1/explain", `{"id":"","x":` + X + `}`, `id is empty`},
+		{"id not a string, register", "/v1/counterfactuals", `{"id":7,"x":` + X + `,"x_cf":` + XCF + `,"target":1}`, `id must be a string, got 7`},
 	} {
 		resp, b := r.rawDo(t, "POST", c.path, c.body, nil)
 		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(c.want)) {
 			t.Errorf("%s: %d %s, want 400 with %s", c.name, resp.StatusCode, b, c.want)
 		}
 	}
-	// The same keys, once each and in their case, are fine.
+	// A bulk line with an empty id refuses only itself, naming the field.
+	if resp, b := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", `{"id":"","x":`+X+`,"x_cf":`+XCF+`,"target":1}`+"\n", nil); resp.StatusCode != 200 ||
+		!bytes.Contains(b, []byte(`"code":400`)) || !bytes.Contains(b, []byte(`id is empty`)) || !bytes.Contains(b, []byte(`"refused":1`)) {
+		t.Errorf("bulk line with an empty id: %d %s, want 200 with the line refused (400, id is empty)", resp.StatusCode, b)
+	}
+	// The same keys, once each and in their case, are fine; an audit takes {} or no body.
 	if resp, b := r.rawDo(t, "POST", "/v1/predict", `{"xs":[`+X+`,`+XCF+`]}`, nil); resp.StatusCode != 200 {
 		t.Errorf("a good predict: %d %s", resp.StatusCode, b)
+	}
+	for _, body := range []string{"{}", " {} \n", ""} {
+		if resp, b := r.rawDo(t, "POST", "/v1/audit", body, nil); resp.StatusCode != 200 {
+			t.Errorf("an audit with body %q: %d %s", body, resp.StatusCode, b)
+		}
 	}
 	if n := r.metric(t, "cfguard_counterfactuals", "status", "certified") + r.metric(t, "cfguard_counterfactuals", "status", "uncertified"); n != 0 {
 		t.Errorf("%v CEs stored from refused bodies", n)

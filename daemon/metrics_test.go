@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -53,6 +56,52 @@ func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 		for _, m := range metrics {
 			if !registered[m] {
 				t.Errorf("alert %s queries %s, which neither a single node nor a replica registers", alert, m)
+			}
+		}
+	}
+}
+
+// Each `curl .../metrics | grep -E 'PATTERN'` of docs/RUNBOOK.md, run on a live daemon's
+// /metrics as written, prints a sample of every metric its pattern names (cfguard_a_(b|c) names
+// cfguard_a_b and cfguard_a_c), so that a runbook command shows what its section says it shows.
+func TestRunbookMetricGrepsFindTheirMetrics(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "RUNBOOK.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startDaemon(t, nil)
+	code, body := r.get(t, "/metrics")
+	if code != 200 {
+		t.Fatalf("GET /metrics: %d", code)
+	}
+	lines := strings.Split(string(body), "\n")
+	greps := regexp.MustCompile(`/metrics \| grep -E '([^']+)'`).FindAllStringSubmatch(string(doc), -1)
+	if len(greps) < 3 {
+		t.Fatalf("docs/RUNBOOK.md has %d greps of /metrics; the test expects the three of its sections", len(greps))
+	}
+	alternation := regexp.MustCompile(`^\^?(cfguard_[a-z0-9_]*)\(([a-z0-9_|]+)\)$`)
+	for _, g := range greps {
+		pattern := g[1]
+		re, err := regexp.Compile(pattern)
+		if err != nil {
+			t.Errorf("grep -E '%s': %v", pattern, err)
+			continue
+		}
+		m := alternation.FindStringSubmatch(pattern)
+		if m == nil {
+			t.Errorf("grep -E '%s' is not of the form cfguard_prefix_(name|name...): the test cannot tell what it should print", pattern)
+			continue
+		}
+		for _, alt := range strings.Split(m[2], "|") {
+			name, found := m[1]+alt, false
+			for _, l := range lines {
+				if re.MatchString(l) && (strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{")) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("grep -E '%s' on a live daemon's /metrics prints no sample of %s", pattern, name)
 			}
 		}
 	}

@@ -643,6 +643,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	r.d.audits.end(ledger.AuditReport{}, fmt.Errorf("stopped by the test"), time.Now())
 	c.send("GET", "/v1/audit", token, nil, "", 200)
 	c.send("POST", "/v1/audit", token, nil, "", 200)
+	c.send("POST", "/v1/audit", token, nil, `{"bogus":1}`, 400)
 	c.send("GET", "/v1/audit", token, nil, "", 200)
 
 	// Explain: bad requests, 429 with every slot taken, then (without -short) one generation.

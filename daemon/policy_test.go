@@ -47,6 +47,14 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	if r.metric(t, "cfguard_counterfactuals", "status", "certified") != 3 {
 		t.Fatal("CEs changed status although the posterior was kept")
 	}
+	// The breach is an event with a time: the last rejected update's, from the KL history.
+	hist, err := r.d.ledger.KLHistory(1)
+	if err != nil || len(hist) != 1 {
+		t.Fatalf("KL history: %v, %v", hist, err)
+	}
+	if at, want := r.metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(hist[0].At.UnixNano())/1e9; at != want || hist[0].KL <= r.d.budget {
+		t.Fatalf("cfguard_kl_breach_last_timestamp_seconds = %v, want the last update's time %v (KL %v, budget %v)", at, want, hist[0].KL, r.d.budget)
+	}
 	st, _ := r.d.ledger.State()
 	if st.Counters["held"] != 64 || st.Offsets[0] < 64 {
 		t.Fatalf("held increments not checkpointed: %+v", st)

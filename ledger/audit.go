@@ -49,7 +49,8 @@ type auditItem struct {
 }
 
 // Audit re-evaluates every stored CE by Monte-Carlo with p, whose posterior must be the current
-// one when the audit starts (else ErrStale):
+// one when the audit starts, or an older one that p gives (a PosteriorPredictor: ingestion may
+// promote posteriors faster than a pool of draws is made); else ErrStale:
 //
 //	p2 = E_q[f], V2 = Var_q[f]  (p's S draws),  f(w) = p(target | x', w)
 //
@@ -79,8 +80,22 @@ func (l *Ledger) Audit(ctx context.Context, p Predictor, opts AuditOptions) (Aud
 		if err != nil {
 			return err
 		}
-		if !c.ok || c.version != a.rep.PosteriorVersion {
-			return fmt.Errorf("%w: posterior version %d is not current", ErrStale, a.rep.PosteriorVersion)
+		v := a.rep.PosteriorVersion
+		switch pp, ok := p.(PosteriorPredictor); {
+		case !c.ok:
+			return ErrNoPosterior
+		case c.version == v:
+			m, err := l.model(tx, v)
+			if err != nil {
+				return err
+			}
+			a.models[v] = m
+		case ok && v < c.version && pp.Posterior() != nil && pp.Posterior().Version == v:
+			// Ingestion promoted another posterior since p's draws were made: the audit measures
+			// under v all the same, and its batches are written as evaluated behind (see write).
+			a.models[v] = pp.Posterior()
+		default:
+			return fmt.Errorf("%w: posterior version %d is not current (current is %d) and the predictor does not give its posterior", ErrStale, v, c.version)
 		}
 		cnt, err := readCounts(tx)
 		a.total = int(cnt[0] + cnt[1] + cnt[2] + cnt[3]) // the statuses, not the lapsed count

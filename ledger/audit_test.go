@@ -3,7 +3,10 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -181,3 +184,32 @@ func TestAuditFollowsThePredictor(t *testing.T) {
 // auditSamples is the draws per CE of the audit tests: enough for the confidence bound of a
 // renewal (certify.Renewable) to clear 1 - delta for the fixtures' p ~ 0.98.
 const auditSamples = 4000
+
+// Ingestion promotes a new posterior after the audit's draws were made and before it starts: an
+// audit whose predictor gives its posterior measures under it all the same (every batch behind,
+// renewed CEs anchored to m1 at KL(m2 || m1)); one whose predictor does not is refused as stale
+// before anything is evaluated, naming both versions.
+func TestAuditStartsUnderAPosteriorIngestionReplaced(t *testing.T) {
+	l, ces, m1 := auditFixture(t, 10)
+	m2 := drift(m1, -0.001)
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := l.Audit(bg, NewModelPredictor(m1, auditSamples, 5), AuditOptions{})
+	if !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), fmt.Sprintf("version %d is not current (current is %d)", m1.Version, m2.Version)) {
+		t.Fatalf("audit with a predictor for a replaced posterior that does not give it: %v, want ErrStale naming %d and %d", err, m1.Version, m2.Version)
+	}
+	rep, changes, err := l.Audit(bg, posteriorPredictor{NewModelPredictor(m1, auditSamples, 5)}, AuditOptions{})
+	if err != nil {
+		t.Fatalf("audit under a replaced posterior: %v", err)
+	}
+	if rep.PosteriorVersion != m1.Version || rep.Evaluated != len(ces) || rep.Batches != 6 || rep.Behind != 6 || rep.Reanchored == 0 {
+		t.Fatalf("report %+v: want all %d CEs evaluated under %d in 6 batches, all behind, some re-anchored", rep, len(ces), m1.Version)
+	}
+	anchors := checkReanchored(t, l, ces, m2, map[uint64]*bnn.Model{m1.Version: m1})
+	if anchors[m1.Version] != rep.Reanchored {
+		t.Fatalf("CEs per anchor %v, %d re-anchored", anchors, rep.Reanchored)
+	}
+	checkChangesInOutbox(t, l, changes)
+	checkInvariants(t, l)
+}

@@ -534,6 +534,35 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 	return out, nil
 }
 
+// LastKLOver returns the newest entry of the KL history whose update KL exceeded budget (ok false
+// when no kept entry did): when an update last breached the budget, whatever its outcome
+// (promoted, clipped or rejected). The history keeps Options.KLHistory updates, so a breach older
+// than that many updates is not found.
+func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
+	err = l.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bKLHistory).Cursor()
+		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			p, sealed := unseal(k, v)
+			if !sealed {
+				return corruptf("kl history entry %x: checksum mismatch", k)
+			}
+			s, err := decodeKLEntry(k, p)
+			if err != nil {
+				return inRecord(err, "kl history entry %x", k)
+			}
+			if s.KL > budget {
+				e, ok = s, true
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
+	}
+	return e, ok, nil
+}
+
 // boundState counts the anchors and sets MaxAnchorKL and MinBound from the anchors' stored KL and
 // the first idx_p1 entry of each live anchor's certified class whose Theorem 1 bound holds.
 func (l *Ledger) boundState(tx *bolt.Tx, s *State) error {

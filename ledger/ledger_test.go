@@ -383,6 +383,44 @@ func TestKLHistoryRing(t *testing.T) {
 	}
 }
 
+// LastKLOver finds the newest update over the budget, not the newest update: a breach followed by
+// updates within budget is still when the budget was last breached; none is found before a breach
+// or once the ring has dropped it.
+func TestLastKLOver(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), KLHistory: 4})
+	install(t, l, testModel(4))
+	const budget = 0.1
+	put := func(v uint64, kl float64) {
+		t.Helper()
+		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: v, KL: kl, Outcome: certify.OutcomeRejected}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(wantOK bool, wantVersion uint64) {
+		t.Helper()
+		e, ok, err := l.LastKLOver(budget)
+		if err != nil || ok != wantOK || ok && (e.PosteriorVersion != wantVersion || e.KL <= budget || e.At.IsZero()) {
+			t.Fatalf("LastKLOver(%v) = %+v, %v, %v; want found %v at version %d", budget, e, ok, err, wantOK, wantVersion)
+		}
+	}
+	check(false, 0)
+	put(1, 0.01)
+	check(false, 0)
+	put(2, 0.2)
+	put(3, 0.3)
+	put(4, budget) // at the budget is not over it
+	put(5, 0.02)
+	check(true, 3)
+	h, _ := l.KLHistory(0)
+	if e, _, _ := l.LastKLOver(budget); !e.At.Equal(h[1].At) || e.Seq != h[1].Seq {
+		t.Fatalf("LastKLOver gives %+v; the history's entry for version 3 is %+v", e, h[1])
+	}
+	put(6, 0.01)
+	put(7, 0.01)
+	put(8, 0.01) // the ring of 4 keeps versions 5..8: the breaches are gone
+	check(false, 0)
+}
+
 // testPolicy is the policy the ledger's tests are written for: paper mode with a variance
 // ceiling of 0.05, low enough for Theorem 2 to bite under small drifts (the daemon's default,
 // certify.DefaultEpsilonMax, is 1/4: no variance constraint).

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,5 +142,39 @@ func TestVersion(t *testing.T) {
 	}
 	if v.Module != "github.com/cfguard/cfguard" || !strings.HasPrefix(v.Go, "go1.") || v.Version == "" {
 		t.Fatalf("version %+v", v)
+	}
+}
+
+// The API and the embedded broker on one address: check-config and run refuse the file (exit 2)
+// naming both keys, before run binds anything or creates state_dir. An address that is busy
+// when run binds it is named by its key.
+func TestOnePortForTheAPIAndTheBrokerIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte("state_dir: "+state+"\nhttp:\n  listen: 127.0.0.1:9092\nkafka:\n  embedded_listen: 127.0.0.1:9092\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"check-config", "run"} {
+		code, _, errs := runCLI(t, cmd, "--config", p)
+		if code != 2 || !strings.Contains(errs, "http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092)") {
+			t.Errorf("%s with http.listen = kafka.embedded_listen: exit %d, stderr %q; want 2 naming both keys", cmd, code, errs)
+		}
+	}
+	if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("state_dir after the refused run: %v, want it not created", err)
+	}
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if err := os.WriteFile(p, []byte("state_dir: "+state+"\nhttp:\n  listen: "+busy.Addr().String()+"\nkafka:\n  embedded_listen: 127.0.0.1:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := runCLI(t, "run", "--config", p)
+	if code == 0 || !strings.Contains(errs, "http.listen "+busy.Addr().String()+": listen tcp") || !strings.Contains(errs, "address already in use") {
+		t.Fatalf("run with http.listen busy: exit %d, stderr %q; want an error naming http.listen and its address", code, errs)
 	}
 }
