@@ -100,6 +100,7 @@ var healthyStates = map[string][]string{
 		`cfguard_recertification_duration_seconds_count`: "0x40", `cfguard_recertification_duration_seconds_sum`: "0x40",
 		`cfguard_last_ingest_timestamp_seconds`: "0x40", `cfguard_posterior_kl`: "0x40", `cfguard_posterior_kl_max_anchor`: "0x40",
 		`cfguard_counterfactuals_renewed_total`: "0x40", `cfguard_events_total{result="published"}`: "0x40",
+		`cfguard_prequential_records_total`: "0x40", `cfguard_prequential_window_records`: "0x40", `cfguard_prequential_change_statistic`: "0x40",
 	}),
 	// A replica following the posterior log to its end.
 	"replica": healthy(map[string]string{`cfguard_posterior_log_stopped`: "0x40", `cfguard_posterior_log_lag_records`: "0x40"}),
@@ -123,6 +124,10 @@ func healthy(change map[string]string) []string {
 		`cfguard_counterfactuals_renewal_pending`: "0x40", `cfguard_counterfactuals_unconfirmed`: "0x40", `cfguard_counterfactuals_renewed_total`: "1x40",
 		`cfguard_checkpoint_failing`: "0x40", `cfguard_checkpoint_failures_total`: "0x40", `cfguard_consumer_topic_mismatch`: "0x40",
 		`cfguard_events_pending`: "0x40", `cfguard_events_total{result="published"}`: "10x40", `cfguard_events_total{result="failed"}`: "0x40",
+		`cfguard_prequential_records_total`: "64x40", `cfguard_prequential_window_records`: "64x40", `cfguard_prequential_log_loss`: "0.1x40",
+		`cfguard_prequential_brier_score`: "0.05x40", `cfguard_prequential_accuracy_ratio`: "0.96x40", `cfguard_prequential_expected_calibration`: "0.02x40",
+		`cfguard_prequential_change_statistic`: "3x40", `cfguard_prequential_change_threshold`: "138.2x40", `cfguard_prequential_changes_total`: "0x40",
+		`cfguard_prequential_last_change_timestamp_seconds`: "0x40",
 	}
 	for k, v := range change {
 		series[k] = v

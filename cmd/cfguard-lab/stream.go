@@ -1,0 +1,124 @@
+package main
+
+import (
+	"github.com/cfguard/cfguard/internal/cli"
+
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/experiment"
+	"github.com/cfguard/cfguard/update"
+)
+
+// learners are the update settings cmdStream compares: the daemon's defaults and the paper's
+// Adam protocol with either objective.
+var learners = map[string]func() update.Config{
+	"default": func() update.Config {
+		u := config.Default().Update
+		_, c := u.Step(&bnn.Model{Records: 1}, 1, u.Seed)
+		c.Represented = 0 // the prior objective's N follows the posterior (vcl does not use it)
+		return c
+	},
+	"paper": func() update.Config {
+		return update.Config{Objective: update.ObjectivePrior, Solver: update.SolverAdam}
+	},
+	"vcl-adam": func() update.Config { return update.Config{Objective: update.ObjectiveVCL, Solver: update.SolverAdam} },
+}
+
+// streamSummary is cmdStream's JSON line.
+type streamSummary struct {
+	Data, Learner                 string
+	Increment                     int
+	RandomSize                    bool
+	Correct, Drift                int
+	Shift                         string
+	KLWeight, Memory              float64
+	Start, AfterCorrect, End      experiment.StreamPoint
+	KLCorrectMean, KLCorrectMax   float64
+	KLDriftMean, KLDriftMax       float64
+	Breaches                      int
+	Invalidated80, InvalidatedAll int
+	TookMean                      time.Duration
+}
+
+// cmdStream replays a stream of increments through the daemon's update code on a bundled data
+// set (experiment.Stream) and prints one JSON summary.
+func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
+	data := fs.String("data", "", "CSV file or bundled data set name")
+	classes := fs.String("classes", "", "comma-separated class names")
+	seed := fs.Uint64("seed", 1, "random seed")
+	learner := fs.String("learner", "default", "update settings: default (the daemon's), paper (prior objective, Adam lr 1e-5 x 50) or vcl-adam")
+	klw := fs.Float64("kl-weight", 0, "override update.kl_weight (default learner; 0: keep)")
+	memory := fs.Float64("memory", -1, "override update.memory_records (default learner; -1: keep)")
+	inc := fs.Int("increment", 10, "records per increment (with --random, the most)")
+	random := fs.Bool("random", false, "increment sizes uniform in [1, --increment]")
+	correct := fs.Int("correct", 1000, "increments with correct labels")
+	drift := fs.Int("drift", 0, "increments of the drift after them")
+	shift := fs.String("shift", "flip", "the drift: flip (every label) or region (labels above the first feature's mean)")
+	every := fs.Int("every", 50, "held-out evaluation every N increments")
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if err := cli.Required("data", *data); err != nil {
+		return err
+	}
+	mk, ok := learners[*learner]
+	if !ok {
+		return fmt.Errorf("%w: --learner %q, want default, paper or vcl-adam", cli.ErrUsage, *learner)
+	}
+	if *inc < 1 || *correct < 0 || *drift < 0 || *every < 1 {
+		return fmt.Errorf("%w: --increment and --every must be >= 1, --correct and --drift >= 0", cli.ErrUsage)
+	}
+	set, names, err := cli.LoadData(*data, *classes)
+	if err != nil {
+		return err
+	}
+	uc := mk()
+	if *klw > 0 {
+		uc.KLWeight = *klw
+	}
+	if *memory >= 0 {
+		uc.Memory = *memory
+	}
+	if err := uc.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	sum := streamSummary{Data: *data, Learner: *learner, Increment: *inc, RandomSize: *random, Correct: *correct, Drift: *drift,
+		Shift: *shift, KLWeight: uc.KLWeight, Memory: uc.Memory}
+	var took time.Duration
+	n := 0
+	res, err := experiment.Stream(ctx, experiment.StreamConfig{Data: set, Classes: names, Seed: *seed, Update: uc, Increment: *inc,
+		RandomSize: *random, Correct: *correct, Drift: *drift, Shift: *shift, EvalEvery: *every,
+		Progress: func(p experiment.StreamPoint) {
+			n++
+			took += p.Took
+			if p.Increment <= *correct {
+				sum.KLCorrectMean += p.KL / float64(*correct)
+				sum.KLCorrectMax = max(sum.KLCorrectMax, p.KL)
+			} else {
+				sum.KLDriftMean += p.KL / float64(*drift)
+				sum.KLDriftMax = max(sum.KLDriftMax, p.KL)
+			}
+			if p.Evaluated {
+				fmt.Fprintf(stderr, "increment %d: %d records (%d of the drift), held-out NLL %.4f ECE %.4f, stand-ins mean p %.3f, %d invalidated, %d renewable, KL %.3g\n",
+					p.Increment, p.Records, p.Drifted, p.NLL, p.ECE, p.StandInMean, p.Invalidated, p.Renewable, p.KL)
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	sum.Start, sum.AfterCorrect, sum.End = res.Start, res.AfterCorrect, res.Points[len(res.Points)-1]
+	sum.Breaches, sum.Invalidated80, sum.InvalidatedAll = res.Breaches, res.First80, res.FirstAllInvalidated
+	if n > 0 {
+		sum.TookMean = took / time.Duration(n)
+	}
+	enc := json.NewEncoder(stdout)
+	return enc.Encode(sum)
+}
