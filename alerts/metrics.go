@@ -93,7 +93,7 @@ func Names() []string {
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
-		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply,
+		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated,
 	}
 	slices.Sort(names)
 	return names

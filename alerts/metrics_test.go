@@ -28,7 +28,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
-	NewReplicaMetrics(reg, []string{"not_successor"})
+	NewReplicaMetrics(reg, []string{"not_successor"}, "cfguard.posterior")
 	NewHTTPMetrics(reg, 1)
 	RegisterDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
@@ -336,7 +336,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
-		"CfguardRenewalBehind", "CfguardTopicReset"}
+		"CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/update"
 )
@@ -250,6 +251,12 @@ type Replication struct {
 	// HeartbeatInterval is how often a replica heartbeats to the updater group. It must be
 	// below session_timeout (a third of it or less is usual). Default: 1s.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// KeyFile is the cluster key file that every replica shares: lines "<id>:<hex key>" (at
+	// least 32 bytes each); the first key signs what this replica writes to the posterior and
+	// CE topics, every key verifies what it reads (package internal/clusterkey). Required with
+	// enabled; `cfguard gen-key` makes one. The environment variable
+	// CFGUARD_REPLICATION_KEY_FILE overrides it (Kubernetes: a mounted Secret). Default: "".
+	KeyFile string `yaml:"key_file"`
 }
 
 // Log configures log/slog.
@@ -516,8 +523,9 @@ func noKeys(n *yaml.Node) bool {
 }
 
 // LoadFile reads and parses a configuration file, then applies environment overrides: for
-// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD) and for
-// replication.advertise_url (CFGUARD_REPLICATION_ADVERTISE_URL).
+// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD,
+// CFGUARD_REPLICATION_KEY_FILE) and for replication.advertise_url
+// (CFGUARD_REPLICATION_ADVERTISE_URL).
 func LoadFile(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -544,6 +552,9 @@ func LoadFile(path string) (*Config, error) {
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
 	}
+	if v := os.Getenv("CFGUARD_REPLICATION_KEY_FILE"); v != "" {
+		c.Replication.KeyFile = v
+	}
 	if v := os.Getenv("CFGUARD_REPLICATION_ADVERTISE_URL"); v != "" {
 		// A replica's own address is known only where it runs (Kubernetes: the pod's IP, from
 		// the downward API), so it comes from the environment; it is checked as the key is.
@@ -559,7 +570,8 @@ func LoadFile(path string) (*Config, error) {
 }
 
 // CheckFiles checks that the files the configuration names exist and are what they should be:
-// model.path a directory with the model's two files, the TLS files readable. Validate does not
+// model.path a directory with the model's two files, the TLS files readable, with replication
+// enabled a readable key file (replication.key_file). Validate does not
 // touch the file system; LoadFile calls both.
 func (c *Config) CheckFiles() error {
 	var errs []error
@@ -586,6 +598,13 @@ func (c *Config) CheckFiles() error {
 	}
 	if err := c.checkWebConfig(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Replication.Enabled {
+		// Checked here, after the environment's override, not in Validate: in Kubernetes the
+		// file's path comes from CFGUARD_REPLICATION_KEY_FILE.
+		if _, err := clusterkey.Load(c.Replication.KeyFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -50,6 +52,7 @@ type replica struct {
 	group  string
 	lg     *slog.Logger
 	m      *alerts.ReplicaMetrics
+	keys   *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
 	mu       sync.Mutex
 	chain    *postlog.Chain    // the follower's view; the ledger stores its head
@@ -83,15 +86,20 @@ func newReplica(d *Daemon) (*replica, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
+	keys, err := clusterkey.Load(d.cfg.Replication.KeyFile)
+	if err != nil {
+		return nil, err
+	}
 	r := &replica{d: d, id: id, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{},
-		recent: map[uint64]*bnn.Model{}}
+		recent: map[uint64]*bnn.Model{}, keys: keys}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
 	var reasons []string
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed} {
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated} {
 		reasons = append(reasons, string(reason))
 	}
-	r.m = alerts.NewReplicaMetrics(d.reg, reasons)
+	r.m = alerts.NewReplicaMetrics(d.reg, reasons, d.cfg.Replication.PosteriorTopic, d.cfg.Replication.CETopic)
+	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
 	return r, nil
 }
 
@@ -101,7 +109,7 @@ func newReplica(d *Daemon) (*replica, error) {
 func (r *replica) join(ctx context.Context) error {
 	d := r.d
 	var err error
-	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.lg); err != nil {
+	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
 		return err
 	}
 	stored, err := d.ledger.LogHead()
@@ -120,7 +128,7 @@ func (r *replica) join(ctx context.Context) error {
 		if err := r.checkHead(ctx, head); err != nil {
 			return err
 		}
-		r.chain, r.read = postlog.Resume(head), head.Offset+1
+		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
 		d.setCurrent(m)
 		r.remember(m)
 		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
@@ -149,6 +157,12 @@ func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
 	defer cancel()
 	rec, err := rd.Next(cctx)
 	if err == nil && rec.Offset == head.Offset && hashHex(rec.Value) == head.Hash {
+		if aerr := postlog.Authenticate(r.keys, rec); aerr != nil {
+			return fmt.Errorf("the entry the ledger %s applied last (offset %d of replication.posterior_topic %s) does not authenticate "+
+				"under the keys of replication.key_file %s (%w): this is not the key file the cluster uses. Give this replica the cluster's "+
+				"key file (keep every key that signed entries the log still holds); the ledger was not changed",
+				r.d.ledger.Path(), head.Offset, r.plog.Topic(), r.keys.Source(), aerr)
+		}
 		return nil
 	}
 	found := "no record"
@@ -180,9 +194,18 @@ func (r *replica) genesis(ctx context.Context) error {
 		return err
 	}
 	defer rd.Close()
-	chain := &postlog.Chain{}
+	chain := postlog.NewChain(r.keys)
 	appended := false
+	authentic, forged := 0, 0 // records below end that authenticate, and that do not
 	for next := int64(0); ; {
+		if next >= end && !appended && forged > 0 && authentic == 0 {
+			// A replica with another key would otherwise write a genesis of its own, accept it
+			// alone, and follow a log no other replica follows.
+			return fmt.Errorf("replication.posterior_topic %s holds %d records and none authenticates under the keys of replication.key_file %s (%s): "+
+				"this replica's key file is not the cluster's (give it the same file as the other replicas), or the records were written by someone "+
+				"without the key (check the topic's ACLs: only the replicas' principal may write it; if the log holds no entry of this cluster, "+
+				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
+		}
 		if next >= end && !appended {
 			m, err := d.initialModel(ctx)
 			if err != nil {
@@ -213,9 +236,19 @@ func (r *replica) genesis(ctx context.Context) error {
 			return fmt.Errorf("reading the posterior log %s for its genesis: %w", r.plog.Topic(), err)
 		}
 		next = rec.Offset + 1
-		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		e, reason, err := chain.Offer(rec)
 		if err != nil {
 			return err
+		}
+		if reason == postlog.Unauthenticated {
+			r.unauthenticated(rec)
+			if rec.Offset < end {
+				forged++
+			}
+			continue
+		}
+		if rec.Offset < end {
+			authentic++
 		}
 		if reason != postlog.Accepted {
 			r.m.Ignored.WithLabelValues(string(reason)).Inc()
@@ -300,11 +333,16 @@ func (r *replica) follow(ctx context.Context) error {
 // offer judges one record and applies it when accepted.
 func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
-	c := postlog.Resume(r.chain.Head())
+	c := r.chain.Fork()
 	r.mu.Unlock()
-	e, reason, err := c.Offer(rec.Offset, rec.Value)
+	e, reason, err := c.Offer(rec)
 	if err != nil {
 		return err
+	}
+	if reason == postlog.Unauthenticated {
+		r.unauthenticated(rec)
+		r.advance(rec.Offset+1, nil, nil)
+		return nil
 	}
 	if reason != postlog.Accepted {
 		r.m.Ignored.WithLabelValues(string(reason)).Inc()
@@ -345,6 +383,15 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	}
 	r.advance(rec.Offset+1, c, e)
 	return nil
+}
+
+// unauthenticated counts and logs a record of the posterior log that does not authenticate.
+// It is ignored: never decoded, applied, or counted as covering anything.
+func (r *replica) unauthenticated(rec postlog.Record) {
+	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
+	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
+	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
+		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 }
 
 // stepOf is the step an accepted increment records, for the ledger: what Daemon.compute decided
@@ -431,14 +478,14 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 		return nil, err
 	}
 	defer rd.Close()
-	chain := &postlog.Chain{}
+	chain := postlog.NewChain(r.keys)
 	var m *bnn.Model
 	for len(want) > 0 {
 		rec, err := rd.Next(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
 		}
-		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		e, reason, err := chain.Offer(rec)
 		if err != nil {
 			return nil, err
 		}
