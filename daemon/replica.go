@@ -65,6 +65,7 @@ type replica struct {
 	consumer *stream.Consumer      // the updater's, while it is one
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
+	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
 
 	updater atomic.Bool
 }
@@ -95,7 +96,7 @@ func newReplica(d *Daemon) (*replica, error) {
 		recent: map[uint64]*bnn.Model{}, keys: keys}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
 	var reasons []string
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated} {
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
 		reasons = append(reasons, string(reason))
 	}
 	r.m = alerts.NewReplicaMetrics(d.reg, reasons, d.cfg.Replication.PosteriorTopic, d.cfg.Replication.CETopic)
@@ -352,6 +353,15 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.advance(rec.Offset+1, nil, nil)
 		return nil
 	}
+	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
+		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
+			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "writer", e.Writer, "input_topic", r.d.cfg.Kafka.Topic, "err", err)
+		r.advance(rec.Offset+1, nil, nil)
+		return nil
+	} else if err != nil {
+		return err
+	}
 	head := c.Head()
 	hb, err := postlog.MarshalHead(head)
 	if err != nil {
@@ -383,6 +393,39 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	}
 	r.advance(rec.Offset+1, c, e)
 	return nil
+}
+
+// checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
+// offsets of kafka.topic past its partitions' ends. The ends are asked of the broker only when e
+// covers more than they did the last time (they only grow); a failure to ask is retried until
+// ctx ends, since an entry is never accepted unchecked.
+func (r *replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
+	if e.Kind != postlog.Increment {
+		return nil
+	}
+	r.mu.Lock()
+	ends := r.ends
+	r.mu.Unlock()
+	if postlog.CheckCoverage(e.Covers, ends) == nil {
+		return nil
+	}
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		fresh, err := r.plog.InputEnds(ctx, r.d.cfg.Kafka.Topic)
+		if err == nil {
+			r.mu.Lock()
+			r.ends = fresh
+			r.mu.Unlock()
+			return postlog.CheckCoverage(e.Covers, fresh)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.lg.Warn("posterior log: cannot read the input topic's end offsets to check an entry's coverage; retrying", "entry", e.Seq, "err", err)
+		if err := bo.Wait(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 // unauthenticated counts and logs a record of the posterior log that does not authenticate.
@@ -485,11 +528,20 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 		if err != nil {
 			return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
 		}
-		e, reason, err := chain.Offer(rec)
+		fork := chain.Fork()
+		e, reason, err := fork.Offer(rec)
 		if err != nil {
 			return nil, err
 		}
 		if reason == postlog.Accepted {
+			if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+				reason = postlog.PastEnd // refused, as the follower refuses it
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		if reason == postlog.Accepted {
+			chain = fork
 			if e.Kind == postlog.Genesis {
 				m, err = e.Body.Model(e.PosteriorSHA256)
 			} else {

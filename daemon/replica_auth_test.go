@@ -54,7 +54,8 @@ func warnedAt(logs, msg string, offset int64) bool {
 // TestForgedRecordsAreRefusedByEveryReplica forges, as a client without the cluster key, what
 // would otherwise make every replica skip records for good or take a CE away: an increment on
 // the last accepted entry naming the current updater, "skipped", covering 500 more offsets per
-// partition (without an authenticator, and under another key with the cluster's key id); a claim
+// partition (without an authenticator, and under another key with the cluster's key id; signed
+// with the cluster's key, it is refused for its coverage); a claim
 // of a writer outside the group; a deletion of a stored CE and a registration. Every replica
 // ignores each, counts it, and logs a WARN line naming its offset; the real updater goes on and
 // the log covers exactly the records produced. The replicas are mid-rotation (r3 signs with a
@@ -138,6 +139,13 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(other, fv)}),
 		rawProduce(t, b, topic, 0, "evil", ev),
 	}
+	// The same increment signed with the cluster key (a replica's bug, or a stolen key): it
+	// authenticates, and is refused because it covers records that do not exist.
+	cluster, err := clusterkey.Parse([]byte(testClusterKey), "the cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pastEnd := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, fv)})
 	// A deletion of a stored CE, and a registration, on the CE topic without an authenticator.
 	victim := ids[0]
 	at := time.Now().UTC()
@@ -182,6 +190,12 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 			if !warnedAt(r.logs.String(), "unauthenticated posterior log record ignored", off) {
 				t.Errorf("%s: no WARN line naming the forged record at offset %d", name, off)
 			}
+		}
+		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end"); n != 1 {
+			t.Errorf("%s: %v entries refused for coverage past the end, want 1", name, n)
+		}
+		if !warnedAt(r.logs.String(), "posterior log entry refused: it covers input records that do not exist", pastEnd) {
+			t.Errorf("%s: no WARN line naming the entry covering past the end at offset %d", name, pastEnd)
 		}
 		if code, body := r.get(t, "/readyz"); code != http.StatusOK {
 			t.Errorf("%s: /readyz %d %s", name, code, body)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
 )
@@ -43,7 +44,28 @@ const (
 	// Unauthenticated: the record's authenticator is missing or does not verify under the
 	// cluster's keys; it was not written by a replica, and is not even decoded.
 	Unauthenticated Reason = "unauthenticated"
+	// PastEnd: an increment that covers offsets of the input topic that do not exist
+	// (CheckCoverage). The chain does not know the input topic: its reader checks this.
+	PastEnd Reason = "coverage_past_end"
 )
+
+// ErrPastEnd is wrapped by CheckCoverage's errors.
+var ErrPastEnd = errors.New("postlog: the entry covers offsets past the input topic's end")
+
+// CheckCoverage checks that coverage (an entry's Covers) claims no offset past ends, the input
+// topic's end offsets by partition: an increment may only cover records that exist.
+func CheckCoverage(covers, ends map[int]int64) error {
+	for _, p := range slices.Sorted(maps.Keys(covers)) {
+		end, ok := ends[p]
+		switch {
+		case !ok && covers[p] > 0:
+			return fmt.Errorf("%w: it covers partition %d to offset %d, and the input topic has no partition %d", ErrPastEnd, p, covers[p], p)
+		case covers[p] > end:
+			return fmt.Errorf("%w: it covers partition %d to offset %d, and the partition ends at %d", ErrPastEnd, p, covers[p], end)
+		}
+	}
+	return nil
+}
 
 // Domain separates the posterior log's authenticators from those of other records
 // (clusterkey): an authenticator of a CE request never verifies as an entry's.

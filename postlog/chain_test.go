@@ -347,3 +347,28 @@ func TestChainAcrossKeyRotation(t *testing.T) {
 		t.Errorf("the rotated key file signs with %q, want t2", Sign(rotated, i1v)[:2])
 	}
 }
+
+func TestCheckCoverage(t *testing.T) {
+	ends := map[int]int64{0: 100, 1: 0}
+	for _, tc := range []struct {
+		name   string
+		covers map[int]int64
+		want   string // "" for none
+	}{
+		{"nothing", nil, ""},
+		{"to the end", map[int]int64{0: 100, 1: 0}, ""},
+		{"below the end", map[int]int64{0: 50}, ""},
+		{"past the end", map[int]int64{0: 600}, "partition 0 to offset 600, and the partition ends at 100"},
+		{"past an empty partition", map[int]int64{0: 10, 1: 1}, "partition 1 to offset 1, and the partition ends at 0"},
+		{"a partition the topic lacks", map[int]int64{2: 5}, "no partition 2"},
+		{"a partition the topic lacks, from 0", map[int]int64{2: 0}, ""},
+	} {
+		err := CheckCoverage(tc.covers, ends)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (!errors.Is(err, ErrPastEnd) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want ErrPastEnd saying %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -145,6 +145,45 @@ func (l *Log) End(ctx context.Context) (int64, error) {
 	return ps[0].LastOffset, nil
 }
 
+// InputEnds returns the end offset (the high watermark) of every partition of topic, the
+// input topic whose records the log's increments cover.
+func (l *Log) InputEnds(ctx context.Context, topic string) (map[int]int64, error) {
+	md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("input topic %s: metadata: %w", topic, err)
+	}
+	var reqs []kafka.OffsetRequest
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("input topic %s: %w", topic, t.Error)
+		}
+		for _, p := range t.Partitions {
+			reqs = append(reqs, kafka.LastOffsetOf(p.ID))
+		}
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("input topic %s: no partitions", topic)
+	}
+	res, err := l.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("input topic %s: end offsets: %w", topic, err)
+	}
+	ends := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("input topic %s partition %d: end offset: %w", topic, p.Partition, p.Error)
+		}
+		ends[p.Partition] = p.LastOffset
+	}
+	if len(ends) != len(reqs) {
+		return nil, fmt.Errorf("input topic %s: end offsets of %d partitions, it has %d", topic, len(ends), len(reqs))
+	}
+	return ends, nil
+}
+
 // Append writes value as the log's next record (acks=all) and returns once the cluster
 // acknowledged it. It does not say whether the entry was accepted: read the log back. A failed
 // Append may still have been stored (a retry of kafka-go's); the chain ignores a duplicate.
