@@ -139,6 +139,20 @@ type Kafka struct {
 	EmbeddedRetentionBytes int64 `yaml:"embedded_retention_bytes"`
 	TLS                    TLS   `yaml:"tls"`
 	SASL                   SASL  `yaml:"sasl"`
+
+	// EmbeddedMaxConnections bounds the connections the embedded broker holds open; one beyond
+	// it is closed at once and /readyz says the broker is full, so that a flood of connections
+	// cannot take the process's file descriptors (the API and the ledger need theirs). Default:
+	// broker.DefaultMaxConnections (1024).
+	EmbeddedMaxConnections int `yaml:"embedded_max_connections"`
+	// EmbeddedIdleTimeout closes an embedded broker connection that sends no request for this
+	// long while none of its requests is in flight (Kafka clients reconnect by themselves).
+	// Default: broker.DefaultIdleTimeout (2m).
+	EmbeddedIdleTimeout time.Duration `yaml:"embedded_idle_timeout"`
+	// EmbeddedRequestTimeout closes an embedded broker connection whose request takes longer
+	// than this from its first byte to its last, or whose response takes longer to write.
+	// Default: broker.DefaultRequestTimeout (30s).
+	EmbeddedRequestTimeout time.Duration `yaml:"embedded_request_timeout"`
 }
 
 // TLS for the Kafka connection (and, for the embedded broker, its listener).
@@ -295,7 +309,9 @@ func Default() Config {
 		Kafka: Kafka{EmbeddedListen: "127.0.0.1:9092", Topic: "cfguard.records", DeadLetterTopic: "cfguard.records.dlq",
 			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: stream.DefaultMaxRecords,
 			MaxRecordsBacklog: stream.DefaultMaxRecordsBacklog, MaxWait: stream.DefaultMaxWait, MaxRecordBytes: 65536,
-			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
+			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes,
+			EmbeddedMaxConnections: broker.DefaultMaxConnections, EmbeddedIdleTimeout: broker.DefaultIdleTimeout,
+			EmbeddedRequestTimeout: broker.DefaultRequestTimeout},
 		Update: Update{Objective: update.ObjectivePrior, LearningRate: update.DefaultLR, Iterations: update.DefaultIterations,
 			Samples: update.DefaultSamples, Seed: 1},
 		Certify: Certify{Delta: 0.05, Epsilon: 0.01, EpsilonMax: certify.DefaultEpsilonMax, Mode: certify.Paper, Samples: certify.DefaultSamples, VerdictAlpha: certify.DefaultVerdictAlpha, OnBreach: certify.Alert, Uncertified: certify.Refuse},
@@ -743,6 +759,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.EmbeddedRetentionBytes == 0 {
 		bad("kafka.embedded_retention_bytes", c.Kafka.EmbeddedRetentionBytes, "must be positive, or negative for no size limit")
+	}
+	if n := c.Kafka.EmbeddedMaxConnections; n < 16 || n > 1_000_000 {
+		bad("kafka.embedded_max_connections", n, "must be in [16, 1000000] (the daemon's own Kafka clients hold several)")
+	}
+	if c.Kafka.EmbeddedIdleTimeout < time.Second {
+		bad("kafka.embedded_idle_timeout", c.Kafka.EmbeddedIdleTimeout, "must be at least 1s")
+	}
+	if c.Kafka.EmbeddedRequestTimeout < time.Second {
+		bad("kafka.embedded_request_timeout", c.Kafka.EmbeddedRequestTimeout, "must be at least 1s")
 	}
 	if c.Kafka.MaxRecordBytes <= 0 || c.Kafka.MaxRecordBytes > 900_000 {
 		bad("kafka.max_record_bytes", c.Kafka.MaxRecordBytes, "must be in (0, 900000] (brokers reject ~1 MB batches)")

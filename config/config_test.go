@@ -189,6 +189,9 @@ func TestReplicationNeedsAKeyFile(t *testing.T) {
 func TestBadConfigsNameTheKey(t *testing.T) {
 	cases := map[string]struct{ text, want string }{
 		"unknown key":        {"kafka:\n  topik: x\n", "topik"},
+		"broker conns":       {"kafka:\n  embedded_max_connections: 4\n", "kafka.embedded_max_connections"},
+		"broker idle":        {"kafka:\n  embedded_idle_timeout: 10ms\n", "kafka.embedded_idle_timeout"},
+		"broker request":     {"kafka:\n  embedded_request_timeout: 0s\n", "kafka.embedded_request_timeout"},
 		"unknown section":    {"kafak:\n  topic: x\n", "kafak"},
 		"delta range":        {"certify:\n  delta: 0.7\n", "certify.delta"},
 		"delta type":         {"certify:\n  delta: lots\n", "lots"},
