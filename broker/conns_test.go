@@ -157,7 +157,7 @@ func TestConnDeadlines(t *testing.T) {
 	if err := c.consume([]byte{2, 3, 4}); err != nil {
 		t.Fatal(err)
 	}
-	if d := c.readDeadline(now); !d.Equal(now.Add(time.Minute + maxHold)) || c.inflight != 1 {
+	if d := c.readDeadline(now); !d.Equal(now.Add(time.Minute+maxHold)) || c.inflight != 1 {
 		t.Errorf("with a request in flight: deadline in %v (%d in flight), want idle + %v", d.Sub(now), c.inflight, maxHold)
 	}
 	if _, err := c.Write([]byte("response")); err != nil {
