@@ -95,7 +95,7 @@ func Names() []string {
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
-		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply,
+		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,
 	}

@@ -28,7 +28,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	NewMetrics(reg)
-	NewReplicaMetrics(reg, []string{"not_successor"})
+	NewReplicaMetrics(reg, []string{"not_successor"}, "cfguard.posterior")
 	NewQualityMetrics(reg)
 	NewHTTPMetrics(reg, 1)
 	RegisterDamaged(reg, func() int { return 0 })
@@ -341,7 +341,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
-		"CfguardRenewalBehind", "CfguardTopicReset"}
+		"CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

@@ -14,6 +14,7 @@ const (
 	NameReplicaUpdater  = "cfguard_replication_updater"
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
+	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
@@ -25,10 +26,14 @@ type ReplicaMetrics struct {
 	AppendsLost prometheus.Counter
 	// CEApplied counts the requests of the CE topic applied to this replica's ledger.
 	CEApplied prometheus.Counter
+	// Unauthenticated counts the records of the posterior and CE topics this replica ignored
+	// because their authenticator does not verify under the cluster key, by topic.
+	Unauthenticated *prometheus.CounterVec
 }
 
-// NewReplicaMetrics registers a replica's metrics on reg.
-func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string) *ReplicaMetrics {
+// NewReplicaMetrics registers a replica's metrics on reg; the counters of unauthenticated
+// records start at 0 for topics (the posterior and CE topics).
+func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topics ...string) *ReplicaMetrics {
 	g := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 	}
@@ -45,10 +50,16 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string) *Repl
 			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
 		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
 			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
+		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
+			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
+			[]string{"topic"}),
 	}
 	for _, r := range ignoredReasons {
 		m.Ignored.WithLabelValues(r)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied)
+	for _, t := range topics {
+		m.Unauthenticated.WithLabelValues(t)
+	}
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied, m.Unauthenticated)
 	return m
 }

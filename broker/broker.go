@@ -129,6 +129,18 @@ type Config struct {
 	// RetentionCheckInterval is how often retention is applied.
 	// Default: DefaultRetentionCheckInterval.
 	RetentionCheckInterval time.Duration
+	// MaxConnections bounds the connections open at once, across the nodes; a connection
+	// beyond it is accepted and closed at once, and Healthy says so while the broker is full.
+	// Default: DefaultMaxConnections.
+	MaxConnections int
+	// IdleTimeout closes a connection that sends no request for this long while none of its
+	// requests is in flight. With TLS the broker cannot see requests, and closes a connection
+	// silent for IdleTimeout plus 5 minutes (the longest it holds a request).
+	// Default: DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// RequestTimeout closes a connection whose request takes longer than this from its first
+	// byte to its last, or a response longer to write. Default: DefaultRequestTimeout.
+	RequestTimeout time.Duration
 }
 
 // stateLogCompactBytes bounds the broker's log of group offset commits (see
@@ -166,6 +178,7 @@ func (cfg *Config) retentionConfigs() map[string]string {
 type Broker struct {
 	c     *kfake.Cluster
 	lns   []*listener // node i's listener at index i
+	conns *connLimits // shared by the listeners
 	addrs []string
 	log   *slog.Logger
 
@@ -194,6 +207,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, configError{err}
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
+	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, framed: cfg.TLS == nil, log: log}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
@@ -210,7 +224,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 					return nil, err
 				}
 			}
-			ln := newListener(inner, log)
+			ln := newListener(inner, conns, log)
 			lns = append(lns, ln)
 			return ln, nil
 		}),
@@ -237,7 +251,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
 	}
-	b := &Broker{c: c, lns: lns, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	b := &Broker{c: c, lns: lns, conns: conns, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions), int32(cfg.Nodes)); err != nil {
 		c.Close()
 		return nil, err
@@ -245,7 +259,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	go b.watch(ctx, cfg.RetentionCheckInterval)
 	log.Info("embedded kafka broker started", "addrs", b.addrs, "nodes", cfg.Nodes, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics,
-		"retention", cfg.Retention, "retention_bytes", cfg.RetentionBytes)
+		"retention", cfg.Retention, "retention_bytes", cfg.RetentionBytes,
+		"max_connections", cfg.MaxConnections, "idle_timeout", cfg.IdleTimeout, "request_timeout", cfg.RequestTimeout)
 	return b, nil
 }
 
@@ -274,6 +289,15 @@ func (cfg *Config) applyDefaults() error {
 	cfg.RetentionCheckInterval = cmp.Or(cfg.RetentionCheckInterval, DefaultRetentionCheckInterval)
 	if cfg.RetentionCheckInterval < 0 {
 		return fmt.Errorf("broker: RetentionCheckInterval %v: must be positive", cfg.RetentionCheckInterval)
+	}
+	cfg.MaxConnections = cmp.Or(cfg.MaxConnections, DefaultMaxConnections)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
+	cfg.RequestTimeout = cmp.Or(cfg.RequestTimeout, DefaultRequestTimeout)
+	if cfg.MaxConnections < 1 {
+		return fmt.Errorf("broker: MaxConnections %d: want at least 1", cfg.MaxConnections)
+	}
+	if cfg.IdleTimeout < 0 || cfg.RequestTimeout < 0 {
+		return fmt.Errorf("broker: IdleTimeout %v and RequestTimeout %v must be positive", cfg.IdleTimeout, cfg.RequestTimeout)
 	}
 	if cfg.Partitions < 0 || cfg.Partitions > 1<<16 {
 		return fmt.Errorf("broker: Partitions %d: want 1..65536", cfg.Partitions)
@@ -374,7 +398,7 @@ func (b *Broker) Addrs() []string { return append([]string(nil), b.addrs...) }
 
 // Healthy is nil while the broker runs and accepts connections (also while it retries a
 // temporary accept error such as EMFILE); otherwise it says why Kafka clients cannot connect:
-// the broker stopped, or its listener failed for good.
+// the broker stopped, its listener failed for good, or it is at its connection limit.
 func (b *Broker) Healthy() error {
 	b.mu.RLock()
 	closed := b.closed
@@ -382,12 +406,15 @@ func (b *Broker) Healthy() error {
 	if closed {
 		return fmt.Errorf("embedded broker on %s stopped", strings.Join(b.addrs, ","))
 	}
-	var errs []error
+	errs := []error{b.conns.full()}
 	for _, ln := range b.lns {
 		errs = append(errs, ln.healthy())
 	}
 	return errors.Join(errs...)
 }
+
+// Connections returns the connection counters.
+func (b *Broker) Connections() ConnStats { return b.conns.stats() }
 
 // Done is closed once the broker has stopped (after Close, or after Start's context ends).
 func (b *Broker) Done() <-chan struct{} { return b.done }

@@ -25,7 +25,8 @@ const (
 // failure for Broker.Healthy.
 type listener struct {
 	net.Listener
-	log *slog.Logger
+	log    *slog.Logger
+	limits *connLimits // shared by every node's listener
 
 	closing   chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -34,12 +35,14 @@ type listener struct {
 	dead error // the error that ended the accept loop, unless Close did
 }
 
-func newListener(inner net.Listener, log *slog.Logger) *listener {
-	return &listener{Listener: inner, log: log, closing: make(chan struct{})}
+func newListener(inner net.Listener, limits *connLimits, log *slog.Logger) *listener {
+	return &listener{Listener: inner, limits: limits, log: log, closing: make(chan struct{})}
 }
 
 // Accept waits for the next connection, retrying temporary errors (see temporaryAcceptError)
 // with backoff. The first failure of an episode logs one WARN line, the recovery one INFO line.
+// A connection beyond the limit (Config.MaxConnections) is closed at once, and Accept waits for
+// the next; the others get the timeouts of limitedConn.
 func (l *listener) Accept() (net.Conn, error) {
 	var (
 		delay  time.Duration
@@ -52,8 +55,13 @@ func (l *listener) Accept() (net.Conn, error) {
 			if failed > 0 {
 				l.log.Info("embedded broker accepts connections again", "addr", l.Addr().String(),
 					"failed_accepts", failed, "for", time.Since(since).Round(time.Millisecond))
+				failed, delay = 0, 0
 			}
-			return conn, nil
+			if !l.limits.admit() {
+				conn.Close()
+				continue
+			}
+			return &limitedConn{Conn: conn, l: l.limits}, nil
 		}
 		select {
 		case <-l.closing:

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -50,6 +51,13 @@ type MemberConfig struct {
 	// created with it when missing, and an existing topic with another count is refused.
 	// Required.
 	Partitions int
+	// Keys are the cluster's keys (replication.key_file): a record whose authenticator does not
+	// verify under them is left out, counted (MemberStats.Skipped, ReasonUnauthenticated) and
+	// logged at WARN. Required.
+	Keys *clusterkey.Keyring
+	// OnUnauthenticated, when set, is called for each record left out because it does not
+	// authenticate (the daemon counts them in a metric).
+	OnUnauthenticated func(partition int, offset int64)
 	// ReplicaID names this replica to the others (replication.replica_id). Required.
 	ReplicaID string
 	// AdvertiseURL is where the other replicas reach this one's API
@@ -98,6 +106,8 @@ func (c *MemberConfig) applyDefaults() error {
 		return fmt.Errorf("ceshare: replication.ce_partitions %d: want at least 1", c.Partitions)
 	case c.ReplicaID == "":
 		return errors.New("ceshare: replication.replica_id is empty")
+	case c.Keys == nil:
+		return errors.New("ceshare: no cluster key (replication.key_file)")
 	case c.AdvertiseURL == "":
 		return errors.New("ceshare: replication.advertise_url is empty")
 	}
@@ -505,6 +515,23 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		value, err := stream.ReadBytes(r.Value)
 		if err != nil {
 			return err
+		}
+		var auth []byte
+		for _, h := range r.Headers {
+			if h.Key == clusterkey.Header {
+				auth = h.Value
+			}
+		}
+		if err := Authenticate(m.cfg.Keys, value, auth); err != nil {
+			m.mu.Lock()
+			m.skipped[ReasonUnauthenticated]++
+			m.mu.Unlock()
+			if m.cfg.OnUnauthenticated != nil {
+				m.cfg.OnUnauthenticated(p, r.Offset)
+			}
+			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
+				"partition", p, "offset", r.Offset, "err", err)
+			return nil
 		}
 		req, err := Decode(key, value)
 		var de *DecodeError

@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -202,7 +203,7 @@ func (r *replica) stop(t *testing.T) {
 
 func memberConfig(conn stream.ConnConfig, id string) MemberConfig {
 	return MemberConfig{Conn: conn, Topic: testTopic, Group: testGroup, Partitions: testPartitions,
-		ReplicaID: id, AdvertiseURL: "http://" + id + ".test:8080",
+		ReplicaID: id, AdvertiseURL: "http://" + id + ".test:8080", Keys: testKeys(),
 		SessionTimeout: testSession, HeartbeatInterval: testHeartbeat,
 		FetchWait: 100 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		JoinBackoff: 100 * time.Millisecond}
@@ -351,7 +352,7 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 		}
 	}
 
-	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +360,7 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	want := produced{}
 	produce(t, pr, "a", 600, want)
 	writeMalformed(t, conn, 5)
+	forged := writeForged(t, conn)
 	produce(t, pr, "b", 60, want)
 	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
 	if again := ownership(reps...); !maps.Equal(again, owner) {
@@ -377,8 +379,8 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	if applied != 660 {
 		t.Errorf("the members applied %d requests, 660 were produced", applied)
 	}
-	if want := map[string]int64{ReasonJSON: 2, ReasonKey: 1, ReasonKind: 1, ReasonCE: 1}; skipped[ReasonJSON] != 2 || skipped[ReasonKey] != 1 ||
-		skipped[ReasonKind] != 1 || skipped[ReasonCE] != 1 {
+	if want := map[string]int64{ReasonJSON: 2, ReasonKey: 1, ReasonKind: 1, ReasonCE: 1, ReasonUnauthenticated: int64(forged)}; skipped[ReasonJSON] != 2 ||
+		skipped[ReasonKey] != 1 || skipped[ReasonKind] != 1 || skipped[ReasonCE] != 1 || skipped[ReasonUnauthenticated] != int64(forged) {
 		t.Errorf("malformed records skipped %v, want %v", skipped, want)
 	}
 
@@ -463,12 +465,67 @@ func writeMalformed(t *testing.T, conn stream.ConnConfig, n int) {
 		{Key: []byte("x-4"), Value: []byte(`{"kind":"renew","id":"x-4","replica":"r","at":"` + at + `"}`)},
 		{Key: []byte("x-5"), Value: []byte(`{"kind":"register","id":"x-5","replica":"r","at":"` + at + `"}`)},
 	}[:n]
+	for i := range msgs { // authenticated: these are refused for what they hold
+		msgs[i].Headers = []kafka.Header{{Key: clusterkey.Header, Value: Sign(testKeys(), msgs[i].Value)}}
+	}
 	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testTopic, Transport: tr, RequiredAcks: kafka.RequireAll,
 		Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }), BatchTimeout: time.Millisecond}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testKeys is the cluster key of these tests.
+func testKeys() *clusterkey.Keyring {
+	k, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("5a", 32)), "test")
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// writeForged writes well-formed requests that do not authenticate, each to its id's
+// partition: a deletion of a registered CE without an authenticator, a registration signed
+// under another key with the cluster's key id, and one that carries the authenticator of
+// another request. It returns how many it wrote.
+func writeForged(t *testing.T, conn stream.ConnConfig) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	other, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("a5", 32)), "another cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := func(r Request) []byte {
+		_, v, err := Encode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	at := time.Now().UTC()
+	del := enc(Request{Kind: KindDelete, ID: "a-0", Replica: "evil", At: at})
+	reg := enc(Request{Kind: KindRegister, ID: "evil-1", Replica: "evil", At: at, CE: json.RawMessage(`{"i":1}`)})
+	reg2 := enc(Request{Kind: KindRegister, ID: "evil-2", Replica: "evil", At: at, CE: json.RawMessage(`{"i":2}`)})
+	msgs := []kafka.Message{
+		{Key: []byte("a-0"), Value: del},
+		{Key: []byte("evil-1"), Value: reg, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(other, reg)}}},
+		{Key: []byte("evil-2"), Value: reg2, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(testKeys(), reg)}}},
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testTopic, Transport: tr, RequiredAcks: kafka.RequireAll,
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return Partition(string(m.Key), testPartitions) }),
+		BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	return len(msgs)
 }
 
 func directoryAgrees(dir *Directory, owner map[int]string) bool {
@@ -540,7 +597,7 @@ func TestMemberCutOffLosesPartitions(t *testing.T) {
 		owner = ownership(reps...)
 		return owner != nil && len(reps[0].m.Owned()) > 0 && len(reps[1].m.Owned()) > 0 && len(reps[2].m.Owned()) > 0
 	})
-	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +663,7 @@ func TestApplyErrorStopsMember(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { done <- m.Run(ctx) }()
-	pr, err := NewProducer(context.Background(), conn, testTopic, testLog(t))
+	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -22,19 +23,23 @@ type Producer struct {
 	tr    *kafka.Transport
 	log   *slog.Logger
 	stop  context.CancelFunc
+	keys  *clusterkey.Keyring
 
 	mu         sync.Mutex
 	partitions int // the topic's partition count, once known
 }
 
-// NewProducer returns a Producer for topic. It does not connect yet; its connections close on
-// Close or when ctx ends.
-func NewProducer(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Producer, error) {
+// NewProducer returns a Producer for topic that signs each request with keys' signing key. It
+// does not connect yet; its connections close on Close or when ctx ends.
+func NewProducer(ctx context.Context, conn stream.ConnConfig, topic string, keys *clusterkey.Keyring, log *slog.Logger) (*Producer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if topic == "" {
 		return nil, errors.New("ceshare: producer: the CE topic (replication.ce_topic) is empty")
+	}
+	if keys == nil {
+		return nil, errors.New("ceshare: producer: no cluster key (replication.key_file)")
 	}
 	ctx, stop := context.WithCancel(ctx)
 	tr, err := conn.Transport(ctx)
@@ -42,7 +47,7 @@ func NewProducer(ctx context.Context, conn stream.ConnConfig, topic string, log 
 		stop()
 		return nil, err
 	}
-	return &Producer{topic: topic, tr: tr, stop: stop, log: log.With("topic", topic),
+	return &Producer{topic: topic, tr: tr, stop: stop, log: log.With("topic", topic), keys: keys,
 		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}}, nil
 }
 
@@ -78,7 +83,8 @@ func (p *Producer) send(ctx context.Context, key, value []byte) (int, int64, err
 	part := Partition(string(key), n)
 	res, err := p.cl.Produce(ctx, &kafka.ProduceRequest{
 		Topic: p.topic, Partition: part, RequiredAcks: kafka.RequireAll,
-		Records: kafka.NewRecordReader(kafka.Record{Time: time.Now(), Key: kafka.NewBytes(key), Value: kafka.NewBytes(value)}),
+		Records: kafka.NewRecordReader(kafka.Record{Time: time.Now(), Key: kafka.NewBytes(key), Value: kafka.NewBytes(value),
+			Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(p.keys, value)}}}),
 	})
 	if err == nil {
 		err = res.Error

@@ -7,8 +7,23 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/ident"
 )
+
+// Domain separates the CE topic's authenticators from those of other records (clusterkey):
+// a request's authenticator never verifies as a posterior log entry's.
+const Domain = "cfguard ce request v1"
+
+// Sign is the authenticator of a request's value bytes (Encode's) under keys' signing key, the
+// value of its record's clusterkey.Header header.
+func Sign(keys *clusterkey.Keyring, value []byte) []byte { return keys.Sign(Domain, value) }
+
+// Authenticate checks the authenticator auth of a record's value under keys. The key of the
+// record is covered through the value: Decode refuses a key that is not the value's id.
+func Authenticate(keys *clusterkey.Keyring, value, auth []byte) error {
+	return keys.Verify(Domain, value, auth)
+}
 
 // Request kinds.
 const (
@@ -41,11 +56,14 @@ const (
 	ReasonCE      = "ce"      // a registration without a CE object, or a deletion with one
 	ReasonReplica = "replica" // Replica is empty
 	ReasonAt      = "at"      // At is missing
+	// ReasonUnauthenticated: the record's authenticator is missing or does not verify under
+	// the cluster's keys (MemberConfig.Keys); the record is not decoded.
+	ReasonUnauthenticated = "unauthenticated"
 )
 
 // Reasons lists every DecodeError.Reason, so that counters can start at 0.
 func Reasons() []string {
-	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt}
+	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonUnauthenticated}
 }
 
 // ErrDecode is matched (errors.Is) by every DecodeError.

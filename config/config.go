@@ -27,6 +27,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/update"
 )
@@ -138,6 +139,20 @@ type Kafka struct {
 	EmbeddedRetentionBytes int64 `yaml:"embedded_retention_bytes"`
 	TLS                    TLS   `yaml:"tls"`
 	SASL                   SASL  `yaml:"sasl"`
+
+	// EmbeddedMaxConnections bounds the connections the embedded broker holds open; one beyond
+	// it is closed at once and /readyz says the broker is full, so that a flood of connections
+	// cannot take the process's file descriptors (the API and the ledger need theirs). Default:
+	// broker.DefaultMaxConnections (1024).
+	EmbeddedMaxConnections int `yaml:"embedded_max_connections"`
+	// EmbeddedIdleTimeout closes an embedded broker connection that sends no request for this
+	// long while none of its requests is in flight (Kafka clients reconnect by themselves).
+	// Default: broker.DefaultIdleTimeout (2m).
+	EmbeddedIdleTimeout time.Duration `yaml:"embedded_idle_timeout"`
+	// EmbeddedRequestTimeout closes an embedded broker connection whose request takes longer
+	// than this from its first byte to its last, or whose response takes longer to write.
+	// Default: broker.DefaultRequestTimeout (30s).
+	EmbeddedRequestTimeout time.Duration `yaml:"embedded_request_timeout"`
 }
 
 // TLS for the Kafka connection (and, for the embedded broker, its listener).
@@ -308,6 +323,12 @@ type Replication struct {
 	// HeartbeatInterval is how often a replica heartbeats to the updater group. It must be
 	// below session_timeout (a third of it or less is usual). Default: 1s.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// KeyFile is the cluster key file that every replica shares: lines "<id>:<hex key>" (at
+	// least 32 bytes each); the first key signs what this replica writes to the posterior and
+	// CE topics, every key verifies what it reads (package internal/clusterkey). Required with
+	// enabled; `cfguard gen-key` makes one. The environment variable
+	// CFGUARD_REPLICATION_KEY_FILE overrides it (Kubernetes: a mounted Secret). Default: "".
+	KeyFile string `yaml:"key_file"`
 }
 
 // Log configures log/slog.
@@ -346,7 +367,9 @@ func Default() Config {
 		Kafka: Kafka{EmbeddedListen: "127.0.0.1:9092", Topic: "cfguard.records", DeadLetterTopic: "cfguard.records.dlq",
 			EventsTopic: "cfguard.events", GroupID: "cfguard", ClientID: "cfguard", MaxRecords: stream.DefaultMaxRecords,
 			MaxRecordsBacklog: stream.DefaultMaxRecordsBacklog, MaxWait: stream.DefaultMaxWait, MaxRecordBytes: 65536,
-			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes},
+			EmbeddedRetention: broker.DefaultRetention, EmbeddedRetentionBytes: broker.DefaultRetentionBytes,
+			EmbeddedMaxConnections: broker.DefaultMaxConnections, EmbeddedIdleTimeout: broker.DefaultIdleTimeout,
+			EmbeddedRequestTimeout: broker.DefaultRequestTimeout},
 		Update: Update{Objective: update.ObjectiveVCL, Solver: update.SolverConverge, MemoryRecords: DefaultMemoryRecords, KLWeight: DefaultKLWeight,
 			Tolerance: update.DefaultTolerance, MaxIterations: update.DefaultMaxIterations, Draws: update.DefaultDraws,
 			LearningRate: update.DefaultLR, Iterations: update.DefaultIterations, Samples: update.DefaultSamples, Seed: 1},
@@ -575,8 +598,9 @@ func noKeys(n *yaml.Node) bool {
 }
 
 // LoadFile reads and parses a configuration file, then applies environment overrides: for
-// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD) and for
-// replication.advertise_url (CFGUARD_REPLICATION_ADVERTISE_URL).
+// secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD,
+// CFGUARD_REPLICATION_KEY_FILE) and for replication.advertise_url
+// (CFGUARD_REPLICATION_ADVERTISE_URL).
 func LoadFile(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -603,6 +627,9 @@ func LoadFile(path string) (*Config, error) {
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
 	}
+	if v := os.Getenv("CFGUARD_REPLICATION_KEY_FILE"); v != "" {
+		c.Replication.KeyFile = v
+	}
 	if v := os.Getenv("CFGUARD_REPLICATION_ADVERTISE_URL"); v != "" {
 		// A replica's own address is known only where it runs (Kubernetes: the pod's IP, from
 		// the downward API), so it comes from the environment; it is checked as the key is.
@@ -618,7 +645,8 @@ func LoadFile(path string) (*Config, error) {
 }
 
 // CheckFiles checks that the files the configuration names exist and are what they should be:
-// model.path a directory with the model's two files, the TLS files readable. Validate does not
+// model.path a directory with the model's two files, the TLS files readable, with replication
+// enabled a readable key file (replication.key_file). Validate does not
 // touch the file system; LoadFile calls both.
 func (c *Config) CheckFiles() error {
 	var errs []error
@@ -645,6 +673,13 @@ func (c *Config) CheckFiles() error {
 	}
 	if err := c.checkWebConfig(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.Replication.Enabled {
+		// Checked here, after the environment's override, not in Validate: in Kubernetes the
+		// file's path comes from CFGUARD_REPLICATION_KEY_FILE.
+		if _, err := clusterkey.Load(c.Replication.KeyFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
@@ -783,6 +818,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.EmbeddedRetentionBytes == 0 {
 		bad("kafka.embedded_retention_bytes", c.Kafka.EmbeddedRetentionBytes, "must be positive, or negative for no size limit")
+	}
+	if n := c.Kafka.EmbeddedMaxConnections; n < 16 || n > 1_000_000 {
+		bad("kafka.embedded_max_connections", n, "must be in [16, 1000000] (the daemon's own Kafka clients hold several)")
+	}
+	if c.Kafka.EmbeddedIdleTimeout < time.Second {
+		bad("kafka.embedded_idle_timeout", c.Kafka.EmbeddedIdleTimeout, "must be at least 1s")
+	}
+	if c.Kafka.EmbeddedRequestTimeout < time.Second {
+		bad("kafka.embedded_request_timeout", c.Kafka.EmbeddedRequestTimeout, "must be at least 1s")
 	}
 	if c.Kafka.MaxRecordBytes <= 0 || c.Kafka.MaxRecordBytes > 900_000 {
 		bad("kafka.max_record_bytes", c.Kafka.MaxRecordBytes, "must be in (0, 900000] (brokers reject ~1 MB batches)")

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -103,6 +105,7 @@ func TestGoodFile(t *testing.T) {
 // ignores it, as it ignores every replication key.
 func TestAdvertiseURLFromEnv(t *testing.T) {
 	dir := t.TempDir()
+	t.Setenv("CFGUARD_REPLICATION_KEY_FILE", writeKeyFile(t, dir))
 	replica := filepath.Join(dir, "replica.yaml")
 	single := filepath.Join(dir, "single.yaml")
 	for p, text := range map[string]string{
@@ -132,9 +135,63 @@ func TestAdvertiseURLFromEnv(t *testing.T) {
 	}
 }
 
+// writeKeyFile writes a cluster key file in dir and returns its path.
+func writeKeyFile(t *testing.T, dir string) string {
+	t.Helper()
+	line, err := clusterkey.Generate("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "cluster.key")
+	if err := os.WriteFile(p, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestReplicationNeedsAKeyFile: with replication enabled, a configuration without a readable
+// key file is refused, naming replication.key_file and how to make one; the file can come from
+// CFGUARD_REPLICATION_KEY_FILE; a single daemon needs none.
+func TestReplicationNeedsAKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	const replica = "kafka:\n  brokers: [kafka.example:9092]\nreplication:\n  enabled: true\n"
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	key := writeKeyFile(t, dir)
+	for name, tc := range map[string]struct{ text, want string }{
+		"no key_file":        {replica, "cfguard gen-key"},
+		"a missing key_file": {replica + "  key_file: " + filepath.Join(dir, "nope.key") + "\n", "nope.key"},
+		"a key too short":    {replica + "  key_file: " + write("short.key", "k1:abcd\n") + "\n", "at least 32 bytes"},
+	} {
+		_, err := LoadFile(write(name+".yaml", tc.text))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "replication.key_file") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: LoadFile = %v; want ErrInvalid naming replication.key_file and %q", name, err, tc.want)
+		}
+	}
+	if c, err := LoadFile(write("ok.yaml", replica+"  key_file: "+key+"\n")); err != nil || c.Replication.KeyFile != key {
+		t.Errorf("with a key file: %v", err)
+	}
+	t.Setenv("CFGUARD_REPLICATION_KEY_FILE", key)
+	if c, err := LoadFile(write("env.yaml", replica)); err != nil || c.Replication.KeyFile != key {
+		t.Errorf("with CFGUARD_REPLICATION_KEY_FILE: %v", err)
+	}
+	t.Setenv("CFGUARD_REPLICATION_KEY_FILE", "")
+	if _, err := LoadFile(write("single.yaml", "replication:\n  enabled: false\n")); err != nil {
+		t.Errorf("a single daemon: %v", err)
+	}
+}
+
 func TestBadConfigsNameTheKey(t *testing.T) {
 	cases := map[string]struct{ text, want string }{
 		"unknown key":        {"kafka:\n  topik: x\n", "topik"},
+		"broker conns":       {"kafka:\n  embedded_max_connections: 4\n", "kafka.embedded_max_connections"},
+		"broker idle":        {"kafka:\n  embedded_idle_timeout: 10ms\n", "kafka.embedded_idle_timeout"},
+		"broker request":     {"kafka:\n  embedded_request_timeout: 0s\n", "kafka.embedded_request_timeout"},
 		"unknown section":    {"kafak:\n  topic: x\n", "kafak"},
 		"delta range":        {"certify:\n  delta: 0.7\n", "certify.delta"},
 		"delta type":         {"certify:\n  delta: lots\n", "lots"},
@@ -572,6 +629,8 @@ func TestValidateRejectsEachKey(t *testing.T) {
 // The replicas of the README's "Scaling out" are valid, distinct, and point at the brokers
 // `cfguard broker --nodes 3` serves by default.
 func TestScalingOutExamples(t *testing.T) {
+	// The examples name ./cluster.key, which the README makes with cfguard gen-key.
+	t.Setenv("CFGUARD_REPLICATION_KEY_FILE", writeKeyFile(t, t.TempDir()))
 	seen := map[string]bool{}
 	for _, name := range []string{"r1", "r2", "r3"} {
 		c, err := LoadFile(filepath.Join("..", "examples", "replicas", name+".yaml"))

@@ -305,7 +305,9 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		// a crash of the daemon (and of the broker inside it).
 		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, Listener: d.brokerLn, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
 			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
-			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes}, log.With("component", "broker"))
+			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes,
+			MaxConnections: cfg.Kafka.EmbeddedMaxConnections, IdleTimeout: cfg.Kafka.EmbeddedIdleTimeout,
+			RequestTimeout: cfg.Kafka.EmbeddedRequestTimeout}, log.With("component", "broker"))
 		if err != nil {
 			return fmt.Errorf("embedded broker on kafka.embedded_listen %s: %w", cfg.Kafka.EmbeddedListen, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -51,6 +53,7 @@ type replica struct {
 	group  string
 	lg     *slog.Logger
 	m      *alerts.ReplicaMetrics
+	keys   *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
 	mu       sync.Mutex
 	chain    *postlog.Chain    // the follower's view; the ledger stores its head
@@ -63,6 +66,7 @@ type replica struct {
 	consumer *stream.Consumer      // the updater's, while it is one
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
+	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
 
 	updater atomic.Bool
 }
@@ -84,15 +88,20 @@ func newReplica(d *Daemon) (*replica, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
+	keys, err := clusterkey.Load(d.cfg.Replication.KeyFile)
+	if err != nil {
+		return nil, err
+	}
 	r := &replica{d: d, id: id, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{},
-		recent: map[uint64]*bnn.Model{}}
+		recent: map[uint64]*bnn.Model{}, keys: keys}
 	r.lg = d.log.With("component", "replica", "writer", r.writer)
 	var reasons []string
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed} {
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
 		reasons = append(reasons, string(reason))
 	}
-	r.m = alerts.NewReplicaMetrics(d.reg, reasons)
+	r.m = alerts.NewReplicaMetrics(d.reg, reasons, d.cfg.Replication.PosteriorTopic, d.cfg.Replication.CETopic)
+	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
 	return r, nil
 }
 
@@ -102,7 +111,7 @@ func newReplica(d *Daemon) (*replica, error) {
 func (r *replica) join(ctx context.Context) error {
 	d := r.d
 	var err error
-	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.lg); err != nil {
+	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
 		return err
 	}
 	stored, err := d.ledger.LogHead()
@@ -121,7 +130,7 @@ func (r *replica) join(ctx context.Context) error {
 		if err := r.checkHead(ctx, head); err != nil {
 			return err
 		}
-		r.chain, r.read = postlog.Resume(head), head.Offset+1
+		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
 		d.setCurrent(m)
 		r.remember(m)
 		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
@@ -150,6 +159,12 @@ func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
 	defer cancel()
 	rec, err := rd.Next(cctx)
 	if err == nil && rec.Offset == head.Offset && hashHex(rec.Value) == head.Hash {
+		if aerr := postlog.Authenticate(r.keys, rec); aerr != nil {
+			return fmt.Errorf("the entry the ledger %s applied last (offset %d of replication.posterior_topic %s) does not authenticate "+
+				"under the keys of replication.key_file %s (%w): this is not the key file the cluster uses. Give this replica the cluster's "+
+				"key file (keep every key that signed entries the log still holds); the ledger was not changed",
+				r.d.ledger.Path(), head.Offset, r.plog.Topic(), r.keys.Source(), aerr)
+		}
 		return nil
 	}
 	found := "no record"
@@ -181,9 +196,18 @@ func (r *replica) genesis(ctx context.Context) error {
 		return err
 	}
 	defer rd.Close()
-	chain := &postlog.Chain{}
+	chain := postlog.NewChain(r.keys)
 	appended := false
+	authentic, forged := 0, 0 // records below end that authenticate, and that do not
 	for next := int64(0); ; {
+		if next >= end && !appended && forged > 0 && authentic == 0 {
+			// A replica with another key would otherwise write a genesis of its own, accept it
+			// alone, and follow a log no other replica follows.
+			return fmt.Errorf("replication.posterior_topic %s holds %d records and none authenticates under the keys of replication.key_file %s (%s): "+
+				"this replica's key file is not the cluster's (give it the same file as the other replicas), or the records were written by someone "+
+				"without the key (check the topic's ACLs: only the replicas' principal may write it; if the log holds no entry of this cluster, "+
+				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
+		}
 		if next >= end && !appended {
 			m, err := d.initialModel(ctx)
 			if err != nil {
@@ -214,9 +238,19 @@ func (r *replica) genesis(ctx context.Context) error {
 			return fmt.Errorf("reading the posterior log %s for its genesis: %w", r.plog.Topic(), err)
 		}
 		next = rec.Offset + 1
-		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		e, reason, err := chain.Offer(rec)
 		if err != nil {
 			return err
+		}
+		if reason == postlog.Unauthenticated {
+			r.unauthenticated(rec)
+			if rec.Offset < end {
+				forged++
+			}
+			continue
+		}
+		if rec.Offset < end {
+			authentic++
 		}
 		if reason != postlog.Accepted {
 			r.m.Ignored.WithLabelValues(string(reason)).Inc()
@@ -301,11 +335,16 @@ func (r *replica) follow(ctx context.Context) error {
 // offer judges one record and applies it when accepted.
 func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
-	c := postlog.Resume(r.chain.Head())
+	c := r.chain.Fork()
 	r.mu.Unlock()
-	e, reason, err := c.Offer(rec.Offset, rec.Value)
+	e, reason, err := c.Offer(rec)
 	if err != nil {
 		return err
+	}
+	if reason == postlog.Unauthenticated {
+		r.unauthenticated(rec)
+		r.advance(rec.Offset+1, nil, nil)
+		return nil
 	}
 	if reason != postlog.Accepted {
 		r.m.Ignored.WithLabelValues(string(reason)).Inc()
@@ -314,6 +353,15 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		}
 		r.advance(rec.Offset+1, nil, nil)
 		return nil
+	}
+	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
+		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
+			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "writer", e.Writer, "input_topic", r.d.cfg.Kafka.Topic, "err", err)
+		r.advance(rec.Offset+1, nil, nil)
+		return nil
+	} else if err != nil {
+		return err
 	}
 	head := c.Head()
 	hb, err := postlog.MarshalHead(head)
@@ -346,6 +394,48 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	}
 	r.advance(rec.Offset+1, c, e)
 	return nil
+}
+
+// checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
+// offsets of kafka.topic past its partitions' ends. The ends are asked of the broker only when e
+// covers more than they did the last time (they only grow); a failure to ask is retried until
+// ctx ends, since an entry is never accepted unchecked.
+func (r *replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
+	if e.Kind != postlog.Increment {
+		return nil
+	}
+	r.mu.Lock()
+	ends := r.ends
+	r.mu.Unlock()
+	if postlog.CheckCoverage(e.Covers, ends) == nil {
+		return nil
+	}
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		fresh, err := r.plog.InputEnds(ctx, r.d.cfg.Kafka.Topic)
+		if err == nil {
+			r.mu.Lock()
+			r.ends = fresh
+			r.mu.Unlock()
+			return postlog.CheckCoverage(e.Covers, fresh)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.lg.Warn("posterior log: cannot read the input topic's end offsets to check an entry's coverage; retrying", "entry", e.Seq, "err", err)
+		if err := bo.Wait(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// unauthenticated counts and logs a record of the posterior log that does not authenticate.
+// It is ignored: never decoded, applied, or counted as covering anything.
+func (r *replica) unauthenticated(rec postlog.Record) {
+	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
+	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
+	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
+		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 }
 
 // stepOf is the step an accepted increment records, for the ledger: what Daemon.compute decided
@@ -438,18 +528,27 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 		return nil, err
 	}
 	defer rd.Close()
-	chain := &postlog.Chain{}
+	chain := postlog.NewChain(r.keys)
 	var m *bnn.Model
 	for len(want) > 0 {
 		rec, err := rd.Next(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
 		}
-		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		fork := chain.Fork()
+		e, reason, err := fork.Offer(rec)
 		if err != nil {
 			return nil, err
 		}
 		if reason == postlog.Accepted {
+			if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+				reason = postlog.PastEnd // refused, as the follower refuses it
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		if reason == postlog.Accepted {
+			chain = fork
 			if e.Kind == postlog.Genesis {
 				m, err = e.Body.Model(e.PosteriorSHA256)
 			} else {

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,15 +74,38 @@ func startCluster(t *testing.T, partitions int) *broker.Broker {
 	return b
 }
 
+// testClusterKey is the key file line of the replicas of these tests.
+const testClusterKey = "k1:5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+
+// writeKeyFile writes a key file holding lines, one key each, and returns its path.
+func writeKeyFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cluster.key")
+	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// replicaConfig makes c a replica id of the cluster on b, with the key file keyFile.
+func replicaConfig(c *config.Config, b *broker.Broker, id, keyFile string) {
+	c.Kafka.Brokers = b.Addrs()
+	c.Replication.Enabled = true
+	c.Replication.ReplicaID = id
+	c.Replication.SessionTimeout = 6 * time.Second // kfake's group.min.session.timeout.ms
+	c.Replication.HeartbeatInterval = 500 * time.Millisecond
+	c.Replication.KeyFile = keyFile
+}
+
 func startReplica(t *testing.T, b *broker.Broker, id string) *running {
 	t.Helper()
-	r := startDaemonWith(t, func(c *config.Config) {
-		c.Kafka.Brokers = b.Addrs()
-		c.Replication.Enabled = true
-		c.Replication.ReplicaID = id
-		c.Replication.SessionTimeout = 6 * time.Second // kfake's group.min.session.timeout.ms
-		c.Replication.HeartbeatInterval = 500 * time.Millisecond
-	}, nil, nil)
+	return startReplicaKey(t, b, id, writeKeyFile(t, testClusterKey))
+}
+
+// startReplicaKey starts replica id with the key file keyFile and waits until it is ready.
+func startReplicaKey(t *testing.T, b *broker.Broker, id, keyFile string) *running {
+	t.Helper()
+	r := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, keyFile) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
@@ -263,7 +289,9 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 		return updater != nil
 	})
 	// The rival: a claim of the next term on the head, from a writer no replica knows.
-	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.log)
+	// It holds the cluster key: this is a writer that loses, not a forgery (see
+	// TestForgedRecordsAreRefusedByEveryReplica).
+	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.rep.keys, updater.d.log)
 	if err != nil {
 		t.Fatal(err)
 	}

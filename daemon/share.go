@@ -78,10 +78,11 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: d.conn, Topic: rc.CETopic, Group: group, Partitions: rc.CEPartitions,
 		ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)), SessionTimeout: rc.SessionTimeout,
-		HeartbeatInterval: rc.HeartbeatInterval}, s, s.lg); err != nil {
+		HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.keys,
+		OnUnauthenticated: func(int, int64) { d.rep.m.Unauthenticated.WithLabelValues(rc.CETopic).Inc() }}, s, s.lg); err != nil {
 		return nil, err
 	}
-	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, s.lg); err != nil {
+	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, d.rep.keys, s.lg); err != nil {
 		return nil, err
 	}
 	if s.dir, err = ceshare.NewDirectory(ctx, d.conn, group, rc.CETopic, rc.CEPartitions, s.lg); err != nil {

@@ -7,9 +7,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -256,17 +258,80 @@ func selects(selector, labels map[string]string) bool {
 	return true
 }
 
+// clusterKeyMount checks that replication.key_file in the replicas' config text lies in a
+// read-only mount of the cfguard container from the Secret cfguard-cluster-key, not readable by
+// others, and returns the file's path and its key in the Secret.
+func clusterKeyMount(t *testing.T, spec *corev1.PodSpec, text string) (file, secretKey string) {
+	t.Helper()
+	var cfg struct {
+		Replication struct {
+			KeyFile string `yaml:"key_file"`
+		} `yaml:"replication"`
+	}
+	if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	file = cfg.Replication.KeyFile
+	if file == "" {
+		t.Fatal("the replicas' config names no replication.key_file")
+	}
+	for _, vm := range container(t, spec, "cfguard").VolumeMounts {
+		if path.Dir(file) != vm.MountPath {
+			continue
+		}
+		if !vm.ReadOnly {
+			t.Errorf("the cluster key's mount %s is not read-only", vm.MountPath)
+		}
+		for _, v := range spec.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			if v.Secret.SecretName != "cfguard-cluster-key" {
+				t.Errorf("replication.key_file %s comes from the Secret %s, want cfguard-cluster-key", file, v.Secret.SecretName)
+			}
+			if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
+				t.Errorf("the cluster key's Secret volume is readable by others (defaultMode %v)", v.Secret.DefaultMode)
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path == path.Base(file) {
+					return file, it.Key
+				}
+			}
+			t.Fatalf("the Secret volume %s does not hold %s", v.Name, path.Base(file))
+		}
+	}
+	t.Fatalf("replication.key_file %s is in no Secret volume the cfguard container mounts", file)
+	return "", ""
+}
+
 // TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (the
 // image's binary, static build: see staticBinaries) in the environment the Deployment gives a pod, which sets the
-// advertised URL, and fails it without brokers and with an advertised URL that is not one.
+// advertised URL and mounts the cluster key, and fails it without brokers, with an advertised URL
+// that is not one, and without the cluster key's Secret.
 func TestKubernetesReplicaConfigChecks(t *testing.T) {
 	m := loadReplicaManifests(t)
 	spec := &m.deploy.Spec.Template.Spec
 	text, _ := cfguardConfigText(t, spec, m.configMap)
 	cf := container(t, spec, "cfguard")
 	cfguard := filepath.Join(staticBinaries(t), "cfguard")
+	// The Secret's file, where the pod would have it mounted: made by the image's gen-key.
+	keyPath, _ := clusterKeyMount(t, spec, text)
+	key, err := exec.Command(cfguard, "gen-key", "--id", "k1").Output()
+	if err != nil {
+		t.Fatalf("cfguard gen-key: %v", err)
+	}
+	mounted := filepath.Join(t.TempDir(), path.Base(keyPath))
+	if err := os.WriteFile(mounted, key, 0o440); err != nil {
+		t.Fatal(err)
+	}
+	withoutKey := text
+	text = strings.Replace(text, keyPath, mounted, 1)
 	good := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(good, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noSecret := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(noSecret, []byte(withoutKey), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := podEnv(t, cf, map[string]string{"status.podIP": replicaPodIP}, map[string]string{"cfguard/http-token": "from-the-secret"})
@@ -317,4 +382,5 @@ func TestKubernetesReplicaConfigChecks(t *testing.T) {
 	bad["CFGUARD_REPLICATION_ADVERTISE_URL"] = replicaPodIP + ":8080"
 	refused("an address, not a URL", good, bad, "CFGUARD_REPLICATION_ADVERTISE_URL", "replication.advertise_url")
 	refused("a misspelt replication key", adaptConfigText(t, []byte(text), map[string]any{"replication.session_timeuot": "10s"}), env, "session_timeuot")
+	refused("without the cluster key's Secret", noSecret, env, "replication.key_file", "cfguard gen-key")
 }

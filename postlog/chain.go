@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
 // Head is the last accepted entry, all a replica needs to judge the next record. It is stored
@@ -38,31 +41,87 @@ const (
 	Invalid Reason = "invalid"
 	// Malformed: not an entry.
 	Malformed Reason = "malformed"
+	// Unauthenticated: the record's authenticator is missing or does not verify under the
+	// cluster's keys; it was not written by a replica, and is not even decoded.
+	Unauthenticated Reason = "unauthenticated"
+	// PastEnd: an increment that covers offsets of the input topic that do not exist
+	// (CheckCoverage). The chain does not know the input topic: its reader checks this.
+	PastEnd Reason = "coverage_past_end"
 )
 
-// Chain applies the acceptance rule. The zero Chain expects a genesis.
-type Chain struct {
-	head *Head
+// ErrPastEnd is wrapped by CheckCoverage's errors.
+var ErrPastEnd = errors.New("postlog: the entry covers offsets past the input topic's end")
+
+// CheckCoverage checks that coverage (an entry's Covers) claims no offset past ends, the input
+// topic's end offsets by partition: an increment may only cover records that exist.
+func CheckCoverage(covers, ends map[int]int64) error {
+	for _, p := range slices.Sorted(maps.Keys(covers)) {
+		end, ok := ends[p]
+		switch {
+		case !ok && covers[p] > 0:
+			return fmt.Errorf("%w: it covers partition %d to offset %d, and the input topic has no partition %d", ErrPastEnd, p, covers[p], p)
+		case covers[p] > end:
+			return fmt.Errorf("%w: it covers partition %d to offset %d, and the partition ends at %d", ErrPastEnd, p, covers[p], end)
+		}
+	}
+	return nil
 }
 
-// Resume returns a chain whose head is h (nil: before the genesis).
-func Resume(h *Head) *Chain {
+// Domain separates the posterior log's authenticators from those of other records
+// (clusterkey): an authenticator of a CE request never verifies as an entry's.
+const Domain = "cfguard posterior log entry v1"
+
+// Sign is the authenticator of an entry's value bytes under keys' signing key, the value of
+// its record's clusterkey.Header header.
+func Sign(keys *clusterkey.Keyring, value []byte) []byte { return keys.Sign(Domain, value) }
+
+// Authenticate checks a record's authenticator under keys; its error says why it fails.
+func Authenticate(keys *clusterkey.Keyring, rec Record) error {
+	return keys.Verify(Domain, rec.Value, rec.Auth)
+}
+
+// Chain applies the acceptance rule. A chain from NewChain expects a genesis.
+type Chain struct {
+	head *Head
+	keys *clusterkey.Keyring
+}
+
+// NewChain returns a chain before the genesis that accepts records authenticated under keys
+// (nil keys: none).
+func NewChain(keys *clusterkey.Keyring) *Chain { return &Chain{keys: keys} }
+
+// Resume returns a chain whose head is h (nil: before the genesis) that accepts records
+// authenticated under keys.
+func Resume(h *Head, keys *clusterkey.Keyring) *Chain {
 	if h == nil {
-		return &Chain{}
+		return NewChain(keys)
 	}
 	c := *h
 	c.Covers = maps.Clone(h.Covers)
-	return &Chain{head: &c}
+	return &Chain{head: &c, keys: keys}
 }
+
+// Fork is a copy of c that Offer can move without moving c.
+func (c *Chain) Fork() *Chain { return Resume(c.head, c.keys) }
 
 // Head is the last accepted entry, nil before the genesis. The caller must not modify it.
 func (c *Chain) Head() *Head { return c.head }
 
-// Offer judges the record at offset with value bytes. It returns the decoded entry and Accepted
-// when the entry is the first valid successor of the head, which it then becomes; otherwise
-// the reason, and the head stays. An entry of an unknown format returns ErrUnknownFormat: the
-// caller must stop. The rule depends only on the bytes of the records offered before, in order.
-func (c *Chain) Offer(offset int64, value []byte) (*Entry, Reason, error) {
+// Offer judges a record. A record whose authenticator does not verify under the chain's keys
+// is Unauthenticated, whatever its value holds. Otherwise it returns the decoded entry and
+// Accepted when the entry is the first valid successor of the head, which it then becomes;
+// otherwise the reason, and the head stays. An authenticated entry of an unknown format
+// returns ErrUnknownFormat: the caller must stop. The rule depends only on the bytes of the
+// records offered before, in order, and on the keys.
+func (c *Chain) Offer(rec Record) (*Entry, Reason, error) {
+	if Authenticate(c.keys, rec) != nil {
+		return nil, Unauthenticated, nil
+	}
+	return c.offer(rec.Offset, rec.Value)
+}
+
+// offer is Offer after the authentication.
+func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	e, err := Decode(value)
 	if errors.Is(err, ErrUnknownFormat) {
 		return nil, Malformed, err

@@ -4,10 +4,26 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 )
+
+// testKeys is the cluster key of these tests.
+func testKeys() *clusterkey.Keyring {
+	k, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("5a", 32)), "test")
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// signed is the record at offset with value, authenticated under testKeys.
+func signed(offset int64, value []byte) Record {
+	return Record{Offset: offset, Value: value, Auth: Sign(testKeys(), value)}
+}
 
 // testLog builds a chain's records as a writer would, from a small real model.
 type testLog struct {
@@ -77,7 +93,7 @@ func TestFirstValidSuccessorWins(t *testing.T) {
 	fenced := l.increment(i1v, i1, 1, "a/1", 20, 0.3) // a's append after b's claim: stale term
 	i2 := l.increment(c2v, c2, 2, "b/1", 20, 0.4)
 
-	c := &Chain{}
+	c := NewChain(testKeys())
 	for i, tc := range []struct {
 		name  string
 		value []byte
@@ -95,7 +111,7 @@ func TestFirstValidSuccessorWins(t *testing.T) {
 		{"b's increment", l.value(i2), Accepted},
 		{"not an entry", []byte("{"), Malformed},
 	} {
-		_, r, err := c.Offer(int64(i), tc.value)
+		_, r, err := c.Offer(signed(int64(i), tc.value))
 		if err != nil || r != tc.want {
 			t.Errorf("%s: Offer = %s, %v, want %s", tc.name, r, err, tc.want)
 		}
@@ -108,15 +124,15 @@ func TestFirstValidSuccessorWins(t *testing.T) {
 func TestGenesisOpensNoTerm(t *testing.T) {
 	l, g := newTestLog(t)
 	gv := l.value(g)
-	c := &Chain{}
-	if _, r, _ := c.Offer(0, gv); r != Accepted {
+	c := NewChain(testKeys())
+	if _, r, _ := c.Offer(signed(0, gv)); r != Accepted {
 		t.Fatalf("genesis: %s", r)
 	}
 	if w := c.Head().Writer; w != "" {
 		t.Errorf("the genesis head's claimant is %q, want none", w)
 	}
 	// The genesis's writer has no term to write in: it must claim one first.
-	if _, r, _ := c.Offer(1, l.value(l.increment(gv, g, 0, g.Writer, 5, 0.1))); r != StaleTerm {
+	if _, r, _ := c.Offer(signed(1, l.value(l.increment(gv, g, 0, g.Writer, 5, 0.1)))); r != StaleTerm {
 		t.Errorf("an increment of term 0 by the genesis's writer: %s, want %s", r, StaleTerm)
 	}
 }
@@ -141,13 +157,13 @@ func TestFencing(t *testing.T) {
 		{"a claim of the next term", l.claim(c1v, c1, 2, "b/1"), Accepted},
 	}
 	for _, tc := range cases {
-		c := &Chain{}
+		c := NewChain(testKeys())
 		for i, v := range [][]byte{gv, c1v} {
-			if _, r, _ := c.Offer(int64(i), v); r != Accepted {
+			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
 				t.Fatalf("setup record %d: %s", i, r)
 			}
 		}
-		if _, r, err := c.Offer(2, l.value(tc.e)); err != nil || r != tc.want {
+		if _, r, err := c.Offer(signed(2, l.value(tc.e))); err != nil || r != tc.want {
 			t.Errorf("%s: %s, %v, want %s", tc.name, r, err, tc.want)
 		}
 	}
@@ -172,30 +188,30 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 		{"rejected but moves the version", func(e *Entry) { e.Outcome = Rejected }},
 		{"wrong parent hash", func(e *Entry) { e.Parent = e.Parent[:63] + "0" }},
 	} {
-		c := &Chain{}
+		c := NewChain(testKeys())
 		for i, v := range [][]byte{gv, c1v, i1v} {
-			if _, r, _ := c.Offer(int64(i), v); r != Accepted {
+			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
 				t.Fatalf("setup record %d: %s", i, r)
 			}
 		}
 		e := l.increment(i1v, i1, 1, "a/1", 20, 0.2)
 		tc.edit(e)
-		if _, r, _ := c.Offer(3, l.value(e)); r == Accepted {
+		if _, r, _ := c.Offer(signed(3, l.value(e))); r == Accepted {
 			t.Errorf("%s: accepted", tc.name)
 		}
 		// A well-formed successor is still accepted afterwards: a refused record does not move the head.
-		if _, r, _ := c.Offer(4, l.value(l.increment(i1v, i1, 1, "a/1", 20, 0.2))); r != Accepted {
+		if _, r, _ := c.Offer(signed(4, l.value(l.increment(i1v, i1, 1, "a/1", 20, 0.2)))); r != Accepted {
 			t.Errorf("%s: the valid successor after it: %s", tc.name, r)
 		}
 	}
 	// Kept (not moving the version) with the parent's hash is fine.
-	c := &Chain{}
+	c := NewChain(testKeys())
 	for i, v := range [][]byte{gv, c1v, i1v} {
-		c.Offer(int64(i), v)
+		c.Offer(signed(int64(i), v))
 	}
 	keep := &Entry{Format: Format, Kind: Increment, Seq: 3, Parent: c.Head().Hash, Term: 1, Writer: "a/1", Version: 1, ParentVersion: 1,
 		Covers: map[int]int64{0: 15}, Outcome: Rejected, PosteriorSHA256: i1.PosteriorSHA256, Counts: &Counts{Held: 5}}
-	if _, r, _ := c.Offer(3, l.value(keep)); r != Accepted {
+	if _, r, _ := c.Offer(signed(3, l.value(keep))); r != Accepted {
 		t.Errorf("a rejected increment: %s", r)
 	}
 	if got := Covered(&Head{Covers: map[int]int64{0: 10}}, keep); got[0] != (Range{10, 15}) || len(got) != 1 {
@@ -204,8 +220,8 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 }
 
 func TestUnknownFormatStops(t *testing.T) {
-	c := &Chain{}
-	if _, _, err := c.Offer(0, []byte(`{"format":2,"kind":"genesis"}`)); !errors.Is(err, ErrUnknownFormat) {
+	c := NewChain(testKeys())
+	if _, _, err := c.Offer(signed(0, []byte(`{"format":2,"kind":"genesis"}`))); !errors.Is(err, ErrUnknownFormat) {
 		t.Fatalf("Offer of format 2 = %v, want ErrUnknownFormat", err)
 	}
 }
@@ -246,5 +262,113 @@ func TestApplyIsBitExactAndChecked(t *testing.T) {
 	}
 	if _, err := e.Apply(m1); err == nil {
 		t.Error("Apply on the wrong parent version succeeded")
+	}
+}
+
+// A record that does not authenticate is refused before it is even decoded, whatever it holds:
+// a well-formed increment on the head naming the current updater (the forgery that would make
+// every replica skip records), a claim of a writer outside the group, an entry of an unknown
+// format. The head stays, and the real successor is accepted afterwards.
+func TestUnauthenticatedRecordsAreRefused(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	i1v := l.value(i1)
+	h1 := Hash(i1v)
+	// The forged increment: on the last accepted entry, by its term's claimant, skipping 500 records.
+	forged := &Entry{Format: Format, Kind: Increment, Seq: 3, Parent: hex.EncodeToString(h1[:]), Term: 1, Writer: "a/1",
+		Version: 1, ParentVersion: 1, Covers: map[int]int64{0: 510}, Outcome: Skipped, PosteriorSHA256: i1.PosteriorSHA256}
+	fv := l.value(forged)
+	evil := l.value(l.claim(i1v, i1, 2, "evil/deadbeef"))
+	otherKey, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("a5", 32)), "another cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := signed(0, l.value(l.increment(i1v, i1, 1, "a/1", 20, 0.2)))
+	for _, tc := range []struct {
+		name string
+		rec  Record
+	}{
+		{"the forged increment without an authenticator", Record{Value: fv}},
+		{"the forged increment under another key with the cluster's key id", Record{Value: fv, Auth: Sign(otherKey, fv)}},
+		{"the forged increment with the valid entry's authenticator", Record{Value: fv, Auth: valid.Auth}},
+		{"the forged increment with a key id nobody has", Record{Value: fv, Auth: append([]byte("t9"), valid.Auth[2:]...)}},
+		{"a claim of a writer outside the group", Record{Value: evil}},
+		{"a claim of a writer outside the group under another key", Record{Value: evil, Auth: Sign(otherKey, evil)}},
+		{"an entry of an unknown format", Record{Value: []byte(`{"format":99,"kind":"genesis"}`)}},
+	} {
+		c := NewChain(testKeys())
+		for i, v := range [][]byte{gv, c1v, i1v} {
+			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
+				t.Fatalf("setup record %d: %s", i, r)
+			}
+		}
+		before := *c.Head()
+		tc.rec.Offset = 3
+		if e, r, err := c.Offer(tc.rec); r != Unauthenticated || err != nil || e != nil {
+			t.Errorf("%s: Offer = %v, %s, %v; want nil, %s, nil", tc.name, e, r, err, Unauthenticated)
+		}
+		if h := c.Head(); h.Seq != before.Seq || h.Hash != before.Hash || h.Covers[0] != 10 {
+			t.Errorf("%s: the head moved to %+v", tc.name, h)
+		}
+		valid.Offset = 4
+		if _, r, _ := c.Offer(valid); r != Accepted {
+			t.Errorf("%s: the real successor after it: %s", tc.name, r)
+		}
+	}
+	// A chain without keys accepts nothing.
+	if _, r, _ := NewChain(nil).Offer(signed(0, gv)); r != Unauthenticated {
+		t.Errorf("a chain without keys: %s, want %s", r, Unauthenticated)
+	}
+}
+
+// Entries signed under the old key still verify after a new key is added and moved first.
+func TestChainAcrossKeyRotation(t *testing.T) {
+	old := "t1:" + strings.Repeat("5a", 32)
+	next := "t2:" + strings.Repeat("c3", 32)
+	rotated, err := clusterkey.Parse([]byte(next+"\n"+old+"\n"), "rotated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1v := l.value(l.increment(c1v, c1, 1, "a/1", 10, 0.1))
+	c := NewChain(rotated)
+	for i, rec := range []Record{signed(0, gv), signed(1, c1v), {Offset: 2, Value: i1v, Auth: Sign(rotated, i1v)}} {
+		if _, r, _ := c.Offer(rec); r != Accepted {
+			t.Fatalf("record %d: %s", i, r)
+		}
+	}
+	if !strings.HasPrefix(string(Sign(rotated, i1v)), "t2:") {
+		t.Errorf("the rotated key file signs with %q, want t2", Sign(rotated, i1v)[:2])
+	}
+}
+
+func TestCheckCoverage(t *testing.T) {
+	ends := map[int]int64{0: 100, 1: 0}
+	for _, tc := range []struct {
+		name   string
+		covers map[int]int64
+		want   string // "" for none
+	}{
+		{"nothing", nil, ""},
+		{"to the end", map[int]int64{0: 100, 1: 0}, ""},
+		{"below the end", map[int]int64{0: 50}, ""},
+		{"past the end", map[int]int64{0: 600}, "partition 0 to offset 600, and the partition ends at 100"},
+		{"past an empty partition", map[int]int64{0: 10, 1: 1}, "partition 1 to offset 1, and the partition ends at 0"},
+		{"a partition the topic lacks", map[int]int64{2: 5}, "no partition 2"},
+		{"a partition the topic lacks, from 0", map[int]int64{2: 0}, ""},
+	} {
+		err := CheckCoverage(tc.covers, ends)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (!errors.Is(err, ErrPastEnd) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want ErrPastEnd saying %q", tc.name, err, tc.want)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -19,6 +20,7 @@ type Log struct {
 	tr    *kafka.Transport
 	cl    *kafka.Client
 	w     *kafka.Writer
+	keys  *clusterkey.Keyring
 	log   *slog.Logger
 }
 
@@ -26,22 +28,23 @@ type Log struct {
 // cleanup.policy delete, retention.ms and retention.bytes -1 (kept for ever), replication factor
 // min(3, brokers). It refuses a topic with more than one partition: Kafka orders records only
 // within a partition, and the acceptance rule needs one order. Close releases it.
-func Open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Log, error) {
-	return open(ctx, conn, topic, log, true)
+// Append signs each record with keys' signing key.
+func Open(ctx context.Context, conn stream.ConnConfig, topic string, keys *clusterkey.Keyring, log *slog.Logger) (*Log, error) {
+	return open(ctx, conn, topic, keys, log, true)
 }
 
 // OpenExisting is Open for a reader of a log that must exist (a tool): a missing topic is an
-// error, not created.
+// error, not created. It cannot Append.
 func OpenExisting(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger) (*Log, error) {
-	return open(ctx, conn, topic, log, false)
+	return open(ctx, conn, topic, nil, log, false)
 }
 
-func open(ctx context.Context, conn stream.ConnConfig, topic string, log *slog.Logger, create bool) (*Log, error) {
+func open(ctx context.Context, conn stream.ConnConfig, topic string, keys *clusterkey.Keyring, log *slog.Logger, create bool) (*Log, error) {
 	tr, err := conn.Transport(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{conn: conn, topic: topic, tr: tr, log: log,
+	l := &Log{conn: conn, topic: topic, tr: tr, log: log, keys: keys,
 		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr, Timeout: 10 * time.Second}}
 	l.w = &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: topic, Transport: tr, RequiredAcks: kafka.RequireAll,
 		BatchSize: 1, BatchTimeout: time.Millisecond, MaxAttempts: 3, Balancer: &kafka.LeastBytes{},
@@ -142,11 +145,55 @@ func (l *Log) End(ctx context.Context) (int64, error) {
 	return ps[0].LastOffset, nil
 }
 
+// InputEnds returns the end offset (the high watermark) of every partition of topic, the
+// input topic whose records the log's increments cover.
+func (l *Log) InputEnds(ctx context.Context, topic string) (map[int]int64, error) {
+	md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("input topic %s: metadata: %w", topic, err)
+	}
+	var reqs []kafka.OffsetRequest
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("input topic %s: %w", topic, t.Error)
+		}
+		for _, p := range t.Partitions {
+			reqs = append(reqs, kafka.LastOffsetOf(p.ID))
+		}
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("input topic %s: no partitions", topic)
+	}
+	res, err := l.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("input topic %s: end offsets: %w", topic, err)
+	}
+	ends := map[int]int64{}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("input topic %s partition %d: end offset: %w", topic, p.Partition, p.Error)
+		}
+		ends[p.Partition] = p.LastOffset
+	}
+	if len(ends) != len(reqs) {
+		return nil, fmt.Errorf("input topic %s: end offsets of %d partitions, it has %d", topic, len(ends), len(reqs))
+	}
+	return ends, nil
+}
+
 // Append writes value as the log's next record (acks=all) and returns once the cluster
 // acknowledged it. It does not say whether the entry was accepted: read the log back. A failed
 // Append may still have been stored (a retry of kafka-go's); the chain ignores a duplicate.
+// The record carries value's authenticator (Sign) in its clusterkey.Header header.
 func (l *Log) Append(ctx context.Context, key string, value []byte) error {
-	if err := l.w.WriteMessages(ctx, kafka.Message{Key: []byte(key), Value: value}); err != nil {
+	if l.keys == nil {
+		return fmt.Errorf("posterior log %s: append: opened without a key (a reader)", l.topic)
+	}
+	msg := kafka.Message{Key: []byte(key), Value: value, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(l.keys, value)}}}
+	if err := l.w.WriteMessages(ctx, msg); err != nil {
 		return fmt.Errorf("posterior log %s: append: %w", l.topic, err)
 	}
 	return nil
@@ -156,6 +203,8 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) error {
 type Record struct {
 	Offset int64
 	Value  []byte
+	// Auth is the record's clusterkey.Header header (nil when it has none).
+	Auth []byte
 }
 
 // Reader reads the log in order from an offset.
@@ -190,7 +239,13 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	return Record{Offset: m.Offset, Value: m.Value}, nil
+	rec := Record{Offset: m.Offset, Value: m.Value}
+	for _, h := range m.Headers {
+		if h.Key == clusterkey.Header {
+			rec.Auth = h.Value
+		}
+	}
+	return rec, nil
 }
 
 // Close releases the reader.

@@ -21,6 +21,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -57,6 +58,25 @@ type modelView struct {
 	} `json:"replication"`
 }
 
+// clusterKey returns the cluster key file of the replicas under root, written on the first call.
+func clusterKey(t *testing.T, root string) string {
+	t.Helper()
+	p := filepath.Join(root, "cluster.key")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	line, err := clusterkey.Generate("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// writeReplicaConfig writes the configuration of replica id in dir; the replicas whose
+// directories share a parent share its cluster key (clusterKey).
 func writeReplicaConfig(t *testing.T, dir, id string, brokers []string, modelDir string, extra ...string) string {
 	t.Helper()
 	cfg := fmt.Sprintf(`http:
@@ -80,7 +100,8 @@ replication:
   replica_id: %s
   session_timeout: %s
   heartbeat_interval: %s
-`, anyPort, filepath.Join(dir, "state"), modelDir, strings.Join(brokers, ", "), id, replicaSession, replicaHeartbeat)
+  key_file: %s
+`, anyPort, filepath.Join(dir, "state"), modelDir, strings.Join(brokers, ", "), id, replicaSession, replicaHeartbeat, clusterKey(t, filepath.Dir(dir)))
 	cfg += strings.Join(extra, "")
 	p := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
@@ -279,8 +300,12 @@ func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Du
 // readLog reads the whole posterior topic and replays it through an independent chain: it
 // returns the accepted entries, the records not accepted, and the posterior of every version
 // (the genesis body and the recorded last layers, each checked against its entry's hash).
-func readLog(t *testing.T, brokers []string) (accepted, ignored []*postlog.Entry, posteriors map[uint64]*bnn.Model) {
+func readLog(t *testing.T, brokers []string, keyFile string) (accepted, ignored []*postlog.Entry, posteriors map[uint64]*bnn.Model) {
 	t.Helper()
+	keys, err := clusterkey.Load(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], "cfguard.posterior", 0)
@@ -294,7 +319,7 @@ func readLog(t *testing.T, brokers []string) (accepted, ignored []*postlog.Entry
 	}
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20})
 	defer rd.Close()
-	chain := &postlog.Chain{}
+	chain := postlog.NewChain(keys)
 	posteriors = map[uint64]*bnn.Model{}
 	var m *bnn.Model
 	for off := int64(0); off < last; {
@@ -303,7 +328,13 @@ func readLog(t *testing.T, brokers []string) (accepted, ignored []*postlog.Entry
 			t.Fatalf("reading the posterior log at %d of %d: %v", off, last, err)
 		}
 		off = msg.Offset + 1
-		e, reason, err := chain.Offer(msg.Offset, msg.Value)
+		rec := postlog.Record{Offset: msg.Offset, Value: msg.Value}
+		for _, h := range msg.Headers {
+			if h.Key == clusterkey.Header {
+				rec.Auth = h.Value
+			}
+		}
+		e, reason, err := chain.Offer(rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -435,7 +466,7 @@ func TestReplicasAsProcesses(t *testing.T) {
 			t.Errorf("%s stopped following: %s", r.id, rv.Replication.Stopped)
 		}
 	}
-	accepted, ignored, _ := readLog(t, brokers)
+	accepted, ignored, _ := readLog(t, brokers, clusterKey(t, root))
 	var applied, dead int64
 	claims := map[uint64]string{}
 	for _, e := range accepted {
@@ -669,7 +700,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 		}
 		return true
 	})
-	_, _, posteriors := readLog(t, brokers)
+	_, _, posteriors := readLog(t, brokers, clusterKey(t, root))
 	last := posteriors[v.Version]
 	events := readEvents(t, brokers)
 	statuses := map[string]int{}

@@ -178,3 +178,34 @@ func TestOnePortForTheAPIAndTheBrokerIsRefused(t *testing.T) {
 		t.Fatalf("run with http.listen busy: exit %d, stderr %q; want an error naming http.listen and its address", code, errs)
 	}
 }
+
+// check-config and run refuse replication without a readable cluster key file, naming
+// replication.key_file and how to make one; gen-key makes one that check-config accepts.
+func TestReplicationKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "replica.yaml")
+	const replica = "kafka:\n  brokers: [127.0.0.1:9]\nreplication:\n  enabled: true\n"
+	if err := os.WriteFile(p, []byte(replica), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"check-config", "run"} {
+		code, _, errs := runCLI(t, cmd, "--config", p)
+		if code != 2 || !strings.Contains(errs, "replication.key_file") || !strings.Contains(errs, "cfguard gen-key") {
+			t.Errorf("%s without a key file: exit %d, stderr %q; want 2 naming replication.key_file and cfguard gen-key", cmd, code, errs)
+		}
+	}
+	code, key, errs := runCLI(t, "gen-key", "--id", "k2")
+	if code != 0 || !strings.HasPrefix(key, "k2:") || len(strings.TrimSpace(key)) != len("k2:")+64 {
+		t.Fatalf("gen-key: exit %d, %q, %s", code, key, errs)
+	}
+	kf := filepath.Join(dir, "cluster.key")
+	if err := os.WriteFile(kf, []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(replica+"  key_file: "+kf+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := runCLI(t, "check-config", "--config", p); code != 0 {
+		t.Errorf("check-config with gen-key's key: exit %d: %s", code, errs)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/cli"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/update"
@@ -30,6 +31,10 @@ type verifyReport struct {
 	Mismatches   []verifyProblem `json:"mismatches"`     // re-executed to something else
 	Ignored      map[string]int  `json:"ignored"`        // records the acceptance rule refused, by reason
 	Head         *postlog.Head   `json:"head,omitempty"` // the last accepted entry
+
+	// Unauthenticated are the records whose authenticator does not verify under the cluster
+	// key: every replica ignored them too (also counted in Ignored).
+	Unauthenticated []verifyProblem `json:"unauthenticated"`
 }
 
 type verifyProblem struct {
@@ -44,7 +49,10 @@ type verifyProblem struct {
 // (partition, offset), through update.LastLayer with the entry's seed and the configuration's
 // update.* and certify.* keys. It reports every increment whose records, KL or posterior hash
 // differ from the entry's. Re-execution is bit-identical only on the build, GOARCH and engine that
-// wrote the entry, and with the updater's update.* and certify.* settings.
+// wrote the entry, and with the updater's update.* and certify.* settings. Records that do not
+// authenticate under replication.key_file are listed, and ignored as every replica ignores them. An
+// increment that covers offsets past the input topic's end is a mismatch (and ignored, as every
+// replica refuses it), not input past retention.
 func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("verify-log", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "a replica's configuration (kafka.*, replication.posterior_topic, update.*, certify.*)")
@@ -68,6 +76,10 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if cfg.Kafka.SASL.Mechanism != "" {
 		conn.SASL = &stream.SASL{Mechanism: cfg.Kafka.SASL.Mechanism, User: cfg.Kafka.SASL.Username, Password: cfg.Kafka.SASL.Password}
 	}
+	keys, err := clusterkey.Load(cfg.Replication.KeyFile)
+	if err != nil {
+		return err
+	}
 	log := newLogger(stderr, cfg.Log)
 	plog, err := postlog.OpenExisting(ctx, conn, cfg.Replication.PosteriorTopic, log)
 	if err != nil {
@@ -83,10 +95,14 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer rd.Close()
+	ends, err := plog.InputEnds(ctx, cfg.Kafka.Topic)
+	if err != nil {
+		return err
+	}
 	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
 	defer v.close()
-	rep := verifyReport{Ignored: map[string]int{}}
-	chain := &postlog.Chain{}
+	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}}
+	chain := postlog.NewChain(keys)
 	var m *bnn.Model
 	progress := time.Now()
 	for next := int64(0); next < end; {
@@ -101,9 +117,27 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			h := *parent
 			before = &h
 		}
-		e, reason, err := chain.Offer(rec.Offset, rec.Value)
+		fork := chain.Fork()
+		e, reason, err := fork.Offer(rec)
 		if err != nil {
 			return err
+		}
+		if reason == postlog.Accepted && e.Kind == postlog.Increment && postlog.CheckCoverage(e.Covers, ends) != nil {
+			// The input may have grown since the start: ask again before calling it a mismatch.
+			if ends, err = plog.InputEnds(ctx, cfg.Kafka.Topic); err != nil {
+				return err
+			}
+			if err := postlog.CheckCoverage(e.Covers, ends); err != nil {
+				// Every replica refuses it too: it never becomes the head.
+				rep.Mismatches = append(rep.Mismatches, verifyProblem{Seq: e.Seq, Offset: rec.Offset, Why: err.Error()})
+				reason = postlog.PastEnd
+			}
+		}
+		if reason == postlog.Accepted {
+			chain = fork
+		}
+		if reason == postlog.Unauthenticated {
+			rep.Unauthenticated = append(rep.Unauthenticated, verifyProblem{Offset: rec.Offset, Why: postlog.Authenticate(keys, rec).Error()})
 		}
 		if reason != postlog.Accepted {
 			rep.Ignored[string(reason)]++
@@ -144,8 +178,12 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := printJSON(stdout, rep); err != nil {
 		return err
 	}
+	if rep.Entries == 0 && len(rep.Unauthenticated) > 0 {
+		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s: give verify-log the cluster's key file",
+			len(rep.Unauthenticated), plog.Topic(), keys.Source())
+	}
 	if len(rep.Mismatches) > 0 {
-		return fmt.Errorf("%d of %d increments re-executed to something other than their entry", len(rep.Mismatches), rep.Increments)
+		return fmt.Errorf("%d increments do not match the input records they cover (%d re-executed)", len(rep.Mismatches), rep.Increments)
 	}
 	return nil
 }

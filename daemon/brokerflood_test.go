@@ -1,0 +1,67 @@
+package daemon
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// TestEmbeddedBrokerConnectionFlood opens more idle TCP connections to the embedded broker
+// than kafka.embedded_max_connections allows: the broker closes those beyond the limit, the
+// API's /healthz still answers and /readyz says the broker is full; once the flood ends the
+// daemon is ready again and a real client produces records the daemon consumes.
+func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
+	const max, flood = 32, 200
+	r := startDaemonWith(t, func(c *config.Config) {
+		c.Kafka.EmbeddedMaxConnections = max
+		c.Kafka.EmbeddedIdleTimeout = time.Hour // the flood stays until the test ends it
+	}, nil, nil)
+	waitfor.Cond(t, 30*time.Second, "ready", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	addr := r.d.BrokerAddrs()[0]
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range flood {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	waitfor.Cond(t, 30*time.Second, "the broker full, refusing the rest of the flood", func() bool {
+		s := r.d.broker.Connections()
+		return s.Open == max && s.Refused > 0
+	})
+	if code, body := r.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz during the flood: %d %s", code, body)
+	}
+	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "connection limit") {
+		t.Errorf("/readyz during the flood: %d %s; want 503 naming the connection limit", code, body)
+	}
+	if s := r.d.broker.Connections(); s.Open > max {
+		t.Errorf("the broker holds %d connections, over its limit %d", s.Open, max)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	waitfor.Cond(t, 60*time.Second, "ready again after the flood", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	data := bundled(t)
+	var vals [][]byte
+	for i := range 64 {
+		vals = append(vals, record(fmt.Sprintf("after-%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, vals...)
+	waitfor.Cond(t, 60*time.Second, "the records produced after the flood applied", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == 64
+	})
+}

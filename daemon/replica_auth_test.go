@@ -1,0 +1,274 @@
+package daemon
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// rawProduce writes one record to a partition of topic as a client of the cluster that holds no
+// cluster key would (kcat, a stray producer), and returns its offset.
+func rawProduce(t *testing.T, b *broker.Broker, topic string, partition int, key string, value []byte, headers ...kafka.Header) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...), Transport: tr}
+	res, err := cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(kafka.Record{Time: time.Now(), Key: kafka.NewBytes([]byte(key)), Value: kafka.NewBytes(value), Headers: headers})})
+	if err == nil {
+		err = res.Error
+	}
+	if err != nil {
+		t.Fatalf("producing a forged record to %s/%d: %v", topic, partition, err)
+	}
+	return res.BaseOffset
+}
+
+// warnedAt reports whether logs hold a line with msg naming offset.
+func warnedAt(logs, msg string, offset int64) bool {
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, msg) && strings.Contains(line, fmt.Sprintf("offset=%d ", offset)) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestForgedRecordsAreRefusedByEveryReplica forges, as a client without the cluster key, what
+// would otherwise make every replica skip records for good or take a CE away: an increment on
+// the last accepted entry naming the current updater, "skipped", covering 500 more offsets per
+// partition (without an authenticator, and under another key with the cluster's key id; signed
+// with the cluster's key, it is refused for its coverage); a claim
+// of a writer outside the group; a deletion of a stored CE and a registration. Every replica
+// ignores each, counts it, and logs a WARN line naming its offset; the real updater goes on and
+// the log covers exactly the records produced. The replicas are mid-rotation (r3 signs with a
+// new key k2 that r1 and r2 hold second), and a replica whose key file holds neither key cannot
+// join, nor restart on a ledger it built under the cluster's key.
+func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three daemons: not with -short")
+	}
+	const k2 = "k2:c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3"
+	b := startCluster(t, 2)
+	// r3 first: it writes the genesis, signed with k2, which r1 and r2 verify with their second key.
+	r3 := startReplicaKey(t, b, "r3", writeKeyFile(t, k2, testClusterKey))
+	r1 := startReplicaKey(t, b, "r1", writeKeyFile(t, testClusterKey, k2))
+	r2 := startReplicaKey(t, b, "r2", writeKeyFile(t, testClusterKey, k2))
+	reps := []*running{r1, r2, r3}
+	data := bundled(t)
+	produced := 0
+	agree := func() replicaView {
+		var first replicaView
+		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
+			first = reps[0].view(t)
+			covered := int64(0)
+			for _, to := range first.Replication.Covers {
+				covered += to
+			}
+			if covered != int64(produced) {
+				return false
+			}
+			for _, r := range reps[1:] {
+				if v := r.view(t); v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA {
+					return false
+				}
+			}
+			return true
+		})
+		return first
+	}
+	produced = produceRows(t, reps[0], data, produced, 64)
+	before := agree()
+	// CEs registered at each replica: signed with k1 at r1 and r2, with k2 at r3.
+	var ids []string
+	for _, r := range reps {
+		ids = append(ids, registerCEs(t, r, data, 1)...)
+	}
+
+	var updater *running
+	for _, r := range reps {
+		if r.view(t).Replication.Updater {
+			updater = r
+		}
+	}
+	if updater == nil {
+		t.Fatal("no updater")
+	}
+	h := updater.d.rep.head()
+	covers := map[int]int64{}
+	for p, to := range h.Covers {
+		covers[p] = to + 500
+	}
+	forged := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
+		Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: covers, Outcome: postlog.Skipped,
+		Counts: &postlog.Counts{}, PosteriorSHA256: h.PosteriorSHA256}
+	fv, err := forged.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1, Writer: "evil/deadbeef",
+		Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
+	ev, err := evil.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := clusterkey.Parse([]byte("k1:"+hex.EncodeToString([]byte(strings.Repeat("another key, not the cluster's!!", 1)))), "a forger's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const topic = "cfguard.posterior"
+	postOffsets := []int64{
+		rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv),
+		rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(other, fv)}),
+		rawProduce(t, b, topic, 0, "evil", ev),
+	}
+	// The same increment signed with the cluster key (a replica's bug, or a stolen key): it
+	// authenticates, and is refused because it covers records that do not exist.
+	cluster, err := clusterkey.Parse([]byte(testClusterKey), "the cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pastEnd := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, fv)})
+	// A deletion of a stored CE, and a registration, on the CE topic without an authenticator.
+	victim := ids[0]
+	at := time.Now().UTC()
+	_, del, err := ceshare.Encode(ceshare.Request{Kind: ceshare.KindDelete, ID: victim, Replica: "evil", At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reg, err := ceshare.Encode(ceshare.Request{Kind: ceshare.KindRegister, ID: "evil-1", Replica: "evil", At: at, CE: []byte(`{"id":"evil-1"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ceOffsets := map[string]int64{
+		victim:   rawProduce(t, b, "cfguard.ce", ceshare.Partition(victim, 12), victim, del),
+		"evil-1": rawProduce(t, b, "cfguard.ce", ceshare.Partition("evil-1", 12), "evil-1", reg),
+	}
+
+	produced = produceRows(t, reps[0], data, produced, 64)
+	after := agree()
+	if after.Version <= before.Version {
+		t.Errorf("the posterior did not move past version %d after the forgeries", before.Version)
+	}
+	waitfor.Cond(t, 30*time.Second, "the CE topic's forgeries counted by their owners", func() bool {
+		n := 0.0
+		for _, r := range reps {
+			n += r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce")
+		}
+		return n >= 2
+	})
+	for i, r := range reps {
+		name := fmt.Sprintf("r%d", i+1)
+		v := r.view(t)
+		if v.Replication.Writer == "evil/deadbeef" || v.Replication.Term != after.Replication.Term {
+			t.Errorf("%s: writer %s term %d", name, v.Replication.Writer, v.Replication.Term)
+		}
+		if n := r.metric(t, "cfguard_replication_unauthenticated_total", "topic", topic); n != float64(len(postOffsets)) {
+			t.Errorf("%s: %v unauthenticated posterior records counted, want %d", name, n, len(postOffsets))
+		}
+		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "unauthenticated"); n != float64(len(postOffsets)) {
+			t.Errorf("%s: %v records ignored as unauthenticated, want %d", name, n, len(postOffsets))
+		}
+		for _, off := range postOffsets {
+			if !warnedAt(r.logs.String(), "unauthenticated posterior log record ignored", off) {
+				t.Errorf("%s: no WARN line naming the forged record at offset %d", name, off)
+			}
+		}
+		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end"); n != 1 {
+			t.Errorf("%s: %v entries refused for coverage past the end, want 1", name, n)
+		}
+		if !warnedAt(r.logs.String(), "posterior log entry refused: it covers input records that do not exist", pastEnd) {
+			t.Errorf("%s: no WARN line naming the entry covering past the end at offset %d", name, pastEnd)
+		}
+		if code, body := r.get(t, "/readyz"); code != http.StatusOK {
+			t.Errorf("%s: /readyz %d %s", name, code, body)
+		}
+		if code, body := r.get(t, "/v1/counterfactuals/"+victim); code != http.StatusOK {
+			t.Errorf("%s: the CE whose deletion was forged: %d %s", name, code, body)
+		}
+		if code, _ := r.get(t, "/v1/counterfactuals/evil-1"); code != http.StatusNotFound {
+			t.Errorf("%s: the forged registration: %d, want 404", name, code)
+		}
+		for _, id := range ids {
+			if code, body := r.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+				t.Errorf("%s: %s (registered under k1 or k2): %d %s", name, id, code, body)
+			}
+		}
+	}
+	warned := map[string]bool{}
+	for _, r := range reps {
+		for id, off := range ceOffsets {
+			warned[id] = warned[id] || warnedAt(r.logs.String(), "unauthenticated CE request ignored", off)
+		}
+	}
+	for id, off := range ceOffsets {
+		if !warned[id] {
+			t.Errorf("no replica logged a WARN line naming the forged CE request for %s at offset %d", id, off)
+		}
+	}
+
+	// A replica with another cluster's key does not join: no record of the log authenticates.
+	wrong := writeKeyFile(t, "k9:"+strings.Repeat("77", 32))
+	err = runReplicaOnce(t, b, "r4", t.TempDir(), wrong)
+	if err == nil || !strings.Contains(err.Error(), "none authenticates") || !strings.Contains(err.Error(), "replication.key_file") {
+		t.Errorf("a replica with another key: Run = %v; want a refusal naming replication.key_file", err)
+	}
+	// Nor does a replica that followed the log restart with another key.
+	var follower *running
+	for _, r := range reps {
+		if !r.view(t).Replication.Updater {
+			follower = r
+		}
+	}
+	dir := follower.d.cfg.StateDir
+	follower.stop(t)
+	err = runReplicaOnce(t, b, follower.d.cfg.Replication.ReplicaID, dir, wrong)
+	if err == nil || !strings.Contains(err.Error(), "does not authenticate") || !strings.Contains(err.Error(), "replication.key_file") {
+		t.Errorf("a replica restarted with another key: Run = %v; want a refusal naming replication.key_file", err)
+	}
+}
+
+// runReplicaOnce runs a replica that is expected not to start, and returns Run's error (nil
+// when it started: it is stopped at once).
+func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string) error {
+	t.Helper()
+	c := config.Default()
+	c.StateDir = stateDir
+	c.HTTP.Listen = "127.0.0.1:0"
+	c.Audit.Schedule = ""
+	c.Certify.Samples = 400
+	replicaConfig(&c, b, id, keyFile)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ready := make(chan *Daemon, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Config: &c, Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Registry: prometheus.NewRegistry(), Ready: ready})
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ready:
+		cancel()
+		<-done
+		return nil
+	}
+}
