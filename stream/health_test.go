@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -16,7 +17,9 @@ import (
 // within StallAfter, says why, and turns ready again within max(RefreshInterval, RetryMax) +
 // FetchWait of the broker's return (plus a second of slack for the restart and the polling).
 func TestHealthFollowsTheBroker(t *testing.T) {
-	bcfg := broker.Config{Listen: deadAddr(t), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	port := testnet.Reserve(t) // the same address across the restart, nobody else's meanwhile
+	bcfg := broker.Config{Listen: port.Addr(), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	bcfg.Listener = port.Listen(t)
 	b := startBroker(t, bcfg)
 	conn := plainConn(b)
 	produce(t, conn, recordsTopic, 0, goodRecords("before", 3)...)
@@ -45,6 +48,7 @@ func TestHealthFollowsTheBroker(t *testing.T) {
 		t.Fatalf("reasons %q do not name the broker", h.Reasons)
 	}
 
+	bcfg.Listener = port.Listen(t)
 	b2 := startBroker(t, bcfg)
 	restarted := time.Now()
 	bound := max(cfg.RefreshInterval, cfg.RetryMax) + cfg.FetchWait + time.Second
@@ -74,7 +78,9 @@ func TestOutageLogsTwoLines31s(t *testing.T) {
 }
 
 func outageLines(t *testing.T, outage time.Duration) {
-	bcfg := broker.Config{Listen: deadAddr(t), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	port := testnet.Reserve(t) // the same address across the restart, nobody else's meanwhile
+	bcfg := broker.Config{Listen: port.Addr(), DataDir: t.TempDir(), Topics: []string{recordsTopic, deadTopic}}
+	bcfg.Listener = port.Listen(t)
 	b := startBroker(t, bcfg)
 	conn := plainConn(b)
 	produce(t, conn, recordsTopic, 0, goodRecords("before", 3)...)
@@ -89,6 +95,7 @@ func outageLines(t *testing.T, outage time.Duration) {
 	collect(t, c, 3, 30*time.Second)
 	b.Close()
 	time.Sleep(outage)
+	bcfg.Listener = port.Listen(t)
 	b2 := startBroker(t, bcfg)
 	produce(t, plainConn(b2), recordsTopic, 0, goodRecords("after", 2)...)
 	if got := ids(collect(t, c, 2, 60*time.Second)); !slices.Equal(got, []string{"after0", "after1"}) {
