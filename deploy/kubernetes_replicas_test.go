@@ -256,15 +256,15 @@ func selects(selector, labels map[string]string) bool {
 	return true
 }
 
-// TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (the
-// image's binary, static build: see staticBinaries) in the environment the Deployment gives a pod, which sets the
+// TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (see
+// cfguardBinary) in the environment the Deployment gives a pod, which sets the
 // advertised URL, and fails it without brokers and with an advertised URL that is not one.
 func TestKubernetesReplicaConfigChecks(t *testing.T) {
 	m := loadReplicaManifests(t)
 	spec := &m.deploy.Spec.Template.Spec
 	text, _ := cfguardConfigText(t, spec, m.configMap)
 	cf := container(t, spec, "cfguard")
-	cfguard := filepath.Join(staticBinaries(t), "cfguard")
+	cfguard := cfguardBinary(t)
 	good := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(good, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
