@@ -16,11 +16,12 @@
 #   docker build -t cfguard:dev .
 #   docker build --target static -t cfguard:dev-static .
 #
-# The build commands are deploy/docker/build.sh; deploy/docker_test.go runs that script on the
-# files this Dockerfile's build context holds (.dockerignore applied) and checks that the default
-# target's cfguard links libopenblas.so.0 from the package its stage installs and that the static
-# target's is static, then runs each as its image would; so the image's build is tested without
-# a Docker engine. The image itself is not built by the tests.
+# The build commands are deploy/docker/build.sh; deploy/docker_test.go (with
+# CFGUARD_IMAGE_BUILDS=1, as .ci/run sets it) runs that script on the files this Dockerfile's
+# build context holds (.dockerignore applied) and checks that the default target's cfguard links
+# libopenblas.so.0 from the package its stage installs and that the static target's is static,
+# then runs each as its image would; so the image's build is tested without a Docker engine.
+# The image itself is not built by the tests.
 #
 # State lives in the volume /var/lib/cfguard (state_dir: the bbolt ledger cfguard.db, the
 # embedded broker's data, the posterior export). The default configuration is

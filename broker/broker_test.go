@@ -133,15 +133,16 @@ func TestStopsOnContextCancel(t *testing.T) {
 }
 
 func TestListenOnGivenPort(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	b := start(t, context.Background(), broker.Config{Listen: addr})
-	if got := b.Addrs(); len(got) != 1 || got[0] != addr {
-		t.Fatalf("Addrs() = %v, want [%s]", got, addr)
+	b, cfg := startOnPortsLetGo(t, func() broker.Config {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return broker.Config{Listen: ln.Addr().String()}
+	})
+	if got := b.Addrs(); len(got) != 1 || got[0] != cfg.Listen {
+		t.Fatalf("Addrs() = %v, want [%s]", got, cfg.Listen)
 	}
 }
 

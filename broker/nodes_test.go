@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -158,72 +160,97 @@ func TestSeveralNodesServeOneCluster(t *testing.T) {
 	}
 }
 
-func TestNodesOnConsecutivePorts(t *testing.T) {
-	// Find three free consecutive ports: hold a free port's two successors, then release all.
-	var base int
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+// startOnPortsLetGo starts a broker on ports that pick found free and let go: the broker binds
+// them itself, since binding the ports it is given is what the test checks. Until it does, any
+// other socket may take one of them; Start then fails with "address already in use", and this
+// picks again and starts again, up to 10 times. Any other error fails the test.
+func startOnPortsLetGo(t *testing.T, pick func() broker.Config) (*broker.Broker, broker.Config) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		cfg := pick()
+		b, err := broker.Start(context.Background(), cfg, testLogger(t))
+		if err == nil {
+			t.Cleanup(b.Close)
+			return b, cfg
 		}
-		base = ln.Addr().(*net.TCPAddr).Port
-		ln1, err1 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)))
-		ln2, err2 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+2)))
-		for _, l := range []net.Listener{ln, ln1, ln2} {
-			if l != nil {
-				l.Close()
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 10 {
+			t.Fatalf("start on %s (attempt %d): %v", cfg.Listen, attempt, err)
+		}
+		t.Logf("a port was taken before the broker bound it (%v); picking others", err)
+	}
+}
+
+func TestNodesOnConsecutivePorts(t *testing.T) {
+	// Three free consecutive ports: a free port whose two successors this test can bind too.
+	pick := func() broker.Config {
+		for range 20 {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := ln.Addr().(*net.TCPAddr).Port
+			ln1, err1 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)))
+			ln2, err2 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+2)))
+			for _, l := range []net.Listener{ln, ln1, ln2} {
+				if l != nil {
+					l.Close()
+				}
+			}
+			if err1 == nil && err2 == nil {
+				return broker.Config{Listen: ln.Addr().String(), Nodes: 3}
 			}
 		}
-		if err1 == nil && err2 == nil {
-			break
-		}
-		base = 0
+		t.Fatal("no three consecutive free ports found in 20 tries")
+		return broker.Config{}
 	}
-	if base == 0 {
-		t.Fatal("no three consecutive free ports found")
-	}
-	listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(base))
-	b, err := broker.Start(context.Background(), broker.Config{Listen: listen, Nodes: 3}, testLogger(t))
-	if err != nil {
-		// Another process took one of the ports in between; that is not this code's failure.
-		if strings.Contains(err.Error(), "address already in use") {
-			t.Skipf("a port was taken meanwhile: %v", err)
-		}
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b, cfg := startOnPortsLetGo(t, pick)
+	base := must(strconv.Atoi(cfg.Listen[strings.LastIndexByte(cfg.Listen, ':')+1:]))
 	want := fmt.Sprintf("[127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d]", base, base+1, base+2)
 	if got := fmt.Sprint(b.Addrs()); got != want {
 		t.Fatalf("Addrs() = %s, want %s", got, want)
 	}
 }
 
-func TestNodeThatCannotListenFailsStart(t *testing.T) {
-	// Node 1's port is busy: Start fails naming node 1, and node 0's port is free again.
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
+func must[T any](v T, err error) T {
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
-	defer busy.Close()
-	port := busy.Addr().(*net.TCPAddr).Port
-	listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(port-1))
-	b, err := broker.Start(context.Background(), broker.Config{Listen: listen, Nodes: 2, DataDir: t.TempDir()}, nil)
+	return v
+}
+
+func TestNodeThatCannotListenFailsStart(t *testing.T) {
+	// Node 0's socket is a port this test holds (testnet), node 1's port is busy: Start fails
+	// naming node 1, and node 0's socket is closed (connections to its port are refused again).
+	var port *testnet.Port
+	for attempt := 1; port == nil; attempt++ {
+		p := testnet.Reserve(t)
+		_, ps, _ := net.SplitHostPort(p.Addr())
+		busy, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(must(strconv.Atoi(ps))+1)))
+		if err != nil {
+			if attempt == 10 {
+				t.Fatalf("no port found whose successor this test can bind, in 10 tries: %v", err)
+			}
+			continue // its successor is somebody else's: it is busy, but not for sure until Start
+		}
+		defer busy.Close()
+		port = p
+	}
+	b, err := broker.Start(context.Background(), broker.Config{Listen: port.Addr(), Listener: port.Listen(t), Nodes: 2, DataDir: t.TempDir()}, nil)
 	if err == nil {
 		b.Close()
 		t.Fatal("Start succeeded with node 1's port taken")
 	}
 	if !strings.Contains(err.Error(), "node 1") || !strings.Contains(err.Error(), "address already in use") {
-		// Port-1 itself may be taken by somebody else; then the error names node 0's port.
-		if strings.Contains(err.Error(), listen) {
-			t.Skipf("port %s was taken: %v", listen, err)
-		}
 		t.Fatalf("error %q does not name node 1 and the busy port", err)
 	}
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		t.Fatalf("node 0's port was not released after the failed start: %v", err)
+	c, err := net.Dial("tcp", port.Addr())
+	if err == nil {
+		c.Close()
+		t.Fatalf("node 0's socket on %s still accepts connections after the failed start", port.Addr())
 	}
-	ln.Close()
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dialling node 0's %s after the failed start: %v, want connection refused", port.Addr(), err)
+	}
 }
 
 func TestSeveralNodesConfigRejected(t *testing.T) {

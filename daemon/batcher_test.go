@@ -94,10 +94,10 @@ func TestBatcherCancelledWhileQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := make(chan struct{})
+	release, started := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
-		once.Do(func() { <-release })
+		once.Do(func() { close(started); <-release })
 		return pool.Predict(ctx, xs)
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -106,7 +106,7 @@ func TestBatcherCancelledWhileQueued(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	first := make(chan error, 1)
 	go func() { _, err := b.do(context.Background(), m, X[:1]); first <- err }()
-	time.Sleep(20 * time.Millisecond)
+	<-started // the first request's batch runs (and holds the only lane) until release
 	qctx, qcancel := context.WithCancel(context.Background())
 	queued := make(chan error, 1)
 	go func() { _, err := b.do(qctx, m, X[1:2]); queued <- err }()

@@ -4,17 +4,22 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/testnet"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // A busy port stops the start before anything is written: state_dir is not even created, so
@@ -71,5 +76,35 @@ func TestListAllAndExplainDuplicateID(t *testing.T) {
 	// The first generation trains and stores the VAE under state_dir/vae: none ran.
 	if _, err := os.Stat(filepath.Join(r.d.cfg.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("state_dir/vae after a request refused by its id: %v, want no VAE (no generation)", err)
+	}
+}
+
+// TestGivenListenersAreServedAndClosed: with Options.HTTPListener and BrokerListener the daemon
+// serves the API and the embedded broker on those sockets (it binds neither address itself:
+// held by the test, they would be busy), and closes them when it stops; started again on the
+// same ports, as a restart would be, it serves there again.
+func TestGivenListenersAreServedAndClosed(t *testing.T) {
+	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	for round := range 2 {
+		r := startDaemonWith(t, func(c *config.Config) {
+			c.StateDir = stateDir
+			c.HTTP.Listen, c.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
+		}, func(o *Options) { o.HTTPListener, o.BrokerListener = httpPort.Listen(t), brokerPort.Listen(t) }, nil)
+		if got := fmt.Sprint(r.d.HTTPAddr(), r.d.BrokerAddrs()); got != fmt.Sprint(httpPort.Addr(), []string{brokerPort.Addr()}) {
+			t.Fatalf("round %d: serving on %s, want %s %s", round, got, httpPort.Addr(), brokerPort.Addr())
+		}
+		waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		r.stop(t)
+		for _, addr := range []string{httpPort.Addr(), brokerPort.Addr()} {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				c.Close()
+				t.Fatalf("round %d: %s still accepts connections after the daemon stopped", round, addr)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("round %d: dialling %s after the daemon stopped: %v, want connection refused", round, addr, err)
+			}
+		}
 	}
 }

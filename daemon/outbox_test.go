@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -62,12 +62,8 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		t.Fatalf("outbox holds %d entries (%v), want %d", len(stored), err, len(evs))
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // an address with no broker behind it (yet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	port := testnet.Reserve(t) // an address with no broker behind it (yet), held until one listens there
+	addr := port.Addr()
 	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: []string{addr}}, Topic: "cfguard.events"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +92,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameEventsPending, got, len(evs))
 	}
 
-	b, err := broker.Start(ctx, broker.Config{Listen: addr, Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
+	b, err := broker.Start(ctx, broker.Config{Listen: addr, Listener: port.Listen(t), Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,6 +103,12 @@ func startDaemon(t testing.TB, cfg config.Config) *daemon.Daemon {
 	return d
 }
 
+// imageBuildsEnv asks for the image builds. deploy/docker/build.sh builds with -trimpath on a
+// copy of the build context, so it shares no compiled package with go test's own builds and
+// takes minutes on a cold build cache: the tests that need its binaries skip unless this is 1.
+// .ci/run sets it in a step of its own.
+const imageBuildsEnv = "CFGUARD_IMAGE_BUILDS"
+
 // imageBuild is what deploy/docker/build.sh built for one variant, once per test binary, on
 // the build context (see TestDockerBuildContext).
 type imageBuild struct {
@@ -121,6 +127,10 @@ func imageBinaries(t testing.TB, variant string) (string, time.Duration) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("the image is linux; build.sh is tested on linux")
+	}
+	if os.Getenv(imageBuildsEnv) != "1" {
+		t.Skipf("builds the image's binaries with deploy/docker/build.sh (minutes on a cold build cache); "+
+			"run with %s=1 (.ci/run does, in its image step)", imageBuildsEnv)
 	}
 	b, ok := imageBuilds[variant]
 	if !ok {
@@ -153,14 +163,42 @@ func imageBinaries(t testing.TB, variant string) (string, time.Duration) {
 	return b.dir, b.took
 }
 
-// staticBinaries is imageBinaries of the static variant, the one that builds in seconds with
-// nothing but Go: the tests that run `cfguard check-config` or the daemon on a manifest's
-// configuration use it (the openblas variant differs only in the predictive engine's matrix
-// products, which neither touches).
-func staticBinaries(t testing.TB) string {
+// plainBuild is `go build ./cmd/cfguard`, once per test binary.
+var plainBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// cfguardBinary is the cfguard binary the tests that run `cfguard check-config` on a manifest's
+// configuration use. With imageBuildsEnv=1 it is the image's, static variant (the openblas one
+// differs only in the predictive engine's matrix products, which check-config does not touch);
+// otherwise `go build ./cmd/cfguard` with go test's own settings, which reuses the packages go
+// test has compiled and takes seconds.
+func cfguardBinary(t testing.TB) string {
 	t.Helper()
-	dir, _ := imageBinaries(t, "static")
-	return dir
+	if os.Getenv(imageBuildsEnv) == "1" {
+		dir, _ := imageBinaries(t, "static")
+		return filepath.Join(dir, "cfguard")
+	}
+	root := repoRoot(t)
+	plainBuild.once.Do(func() {
+		var dir string
+		if dir, plainBuild.err = os.MkdirTemp("", "cfguard-bin-"); plainBuild.err != nil {
+			return
+		}
+		scratch = append(scratch, dir)
+		plainBuild.path = filepath.Join(dir, "cfguard")
+		cmd := exec.Command("go", "build", "-o", plainBuild.path, "./cmd/cfguard")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			plainBuild.err = fmt.Errorf("go build ./cmd/cfguard: %v\n%s", err, out)
+		}
+	})
+	if plainBuild.err != nil {
+		t.Fatal(plainBuild.err)
+	}
+	return plainBuild.path
 }
 
 // scratch are directories made outside a test's TempDir (shared by several tests); TestMain

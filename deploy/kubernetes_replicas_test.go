@@ -304,8 +304,8 @@ func clusterKeyMount(t *testing.T, spec *corev1.PodSpec, text string) (file, sec
 	return "", ""
 }
 
-// TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (the
-// image's binary, static build: see staticBinaries) in the environment the Deployment gives a pod, which sets the
+// TestKubernetesReplicaConfigChecks: the replicas' ConfigMap passes `cfguard check-config` (see
+// cfguardBinary) in the environment the Deployment gives a pod, which sets the
 // advertised URL and mounts the cluster key, and fails it without brokers, with an advertised URL
 // that is not one, and without the cluster key's Secret.
 func TestKubernetesReplicaConfigChecks(t *testing.T) {
@@ -313,7 +313,7 @@ func TestKubernetesReplicaConfigChecks(t *testing.T) {
 	spec := &m.deploy.Spec.Template.Spec
 	text, _ := cfguardConfigText(t, spec, m.configMap)
 	cf := container(t, spec, "cfguard")
-	cfguard := filepath.Join(staticBinaries(t), "cfguard")
+	cfguard := cfguardBinary(t)
 	// The Secret's file, where the pod would have it mounted: made by the image's gen-key.
 	keyPath, _ := clusterKeyMount(t, spec, text)
 	key, err := exec.Command(cfguard, "gen-key", "--id", "k1").Output()

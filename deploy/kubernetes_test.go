@@ -412,13 +412,13 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 	}
 }
 
-// TestKubernetesConfigRuns: the ConfigMap's configuration passes `cfguard check-config` (the
-// image's binary, static build: see staticBinaries) and a daemon started on it (moved to loopback and a temporary
+// TestKubernetesConfigRuns: the ConfigMap's configuration passes `cfguard check-config` (see
+// cfguardBinary) and a daemon started on it (moved to loopback and a temporary
 // state_dir, the token set as the Secret would) answers the probes' and the scrape's paths.
 func TestKubernetesConfigRuns(t *testing.T) {
 	m := loadManifests(t)
 	text, _ := cfguardConfigText(t, &m.sts.Spec.Template.Spec, m.configMap)
-	cfguard := filepath.Join(staticBinaries(t), "cfguard")
+	cfguard := cfguardBinary(t)
 	p := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
 		t.Fatal(err)

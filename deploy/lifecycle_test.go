@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strconv"
 	"testing"
@@ -17,15 +16,19 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // restartable runs one daemon configuration in-process, stopped and started again on the same
-// state directory and addresses, as a restart of the process would.
+// state directory and addresses, as a restart of the process would. The addresses are ports the
+// test holds (testnet) from start to end: nothing else can take them while the daemon is down.
 type restartable struct {
 	t      *testing.T
 	cfg    config.Config
+	http   *testnet.Port // cfg.HTTP.Listen
+	broker *testnet.Port // cfg.Kafka.EmbeddedListen
 	d      *daemon.Daemon
 	cancel context.CancelFunc
 	done   chan error
@@ -38,9 +41,9 @@ func (r *restartable) start() *daemon.Daemon {
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	cfg := r.cfg
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
-	}()
+	opts := daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready,
+		HTTPListener: r.http.Listen(t), BrokerListener: r.broker.Listen(t)}
+	go func() { done <- daemon.Run(ctx, opts) }()
 	select {
 	case r.d = <-ready:
 	case err := <-done:
@@ -69,17 +72,6 @@ func (r *restartable) stop() {
 		r.t.Fatal("daemon did not stop within 30 s of cancel")
 	}
 	r.cancel = nil
-}
-
-// freeAddr is a loopback address whose port was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // metricsSample reads one unlabelled (or exactly labelled) sample from the daemon's /metrics.
@@ -172,11 +164,12 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	cfg := config.Default()
 	cfg.StateDir = t.TempDir()
 	cfg.Model.ExportDir = ""
-	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = freeAddr(t), freeAddr(t)
+	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
+	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
 	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
 	cfg.Kafka.MaxRecords, cfg.Kafka.MaxRecordsBacklog, cfg.Kafka.MaxWait = 32, 32, 200*time.Millisecond
 	cfg.Audit.Schedule = ""
-	proc := &restartable{t: t, cfg: cfg}
+	proc := &restartable{t: t, cfg: cfg, http: httpPort, broker: brokerPort}
 	t.Cleanup(proc.stop)
 	d := proc.start()
 	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {

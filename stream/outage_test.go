@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/testnet"
 )
 
 // TestBrokerRestart stops the broker under a running consumer and starts it again on the
@@ -21,7 +22,9 @@ func TestBrokerRestart(t *testing.T) {
 		t.Skip("broker restart takes a few seconds")
 	}
 	dir := t.TempDir()
-	cfg := broker.Config{Listen: deadAddr(t), DataDir: dir, Topics: []string{recordsTopic, deadTopic}}
+	port := testnet.Reserve(t) // the same address across the restart, nobody else's meanwhile
+	cfg := broker.Config{Listen: port.Addr(), DataDir: dir, Topics: []string{recordsTopic, deadTopic}}
+	cfg.Listener = port.Listen(t)
 	b := startBroker(t, cfg)
 	conn := plainConn(b)
 	produce(t, conn, recordsTopic, 0, goodRecords("before", 3)...)
@@ -49,6 +52,7 @@ func TestBrokerRestart(t *testing.T) {
 		}
 		got <- out
 	}()
+	cfg.Listener = port.Listen(t)
 	b2 := startBroker(t, cfg)
 	produce(t, plainConn(b2), recordsTopic, 0, goodRecords("after", 2)...)
 	select {

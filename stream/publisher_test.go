@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/testnet"
 )
 
 type testEvent struct {
@@ -71,7 +72,7 @@ func TestPing(t *testing.T) {
 	}
 	// A second, dead address first: Ping moves on to the live one.
 	conn := plainConn(b)
-	dead := deadAddr(t)
+	dead := testnet.Reserve(t).Addr() // held, refusing connections
 	conn.Brokers = append([]string{dead}, conn.Brokers...)
 	if err := Ping(ctx, conn); err != nil {
 		t.Fatalf("Ping with a dead first broker: %v", err)

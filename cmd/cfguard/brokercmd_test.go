@@ -202,8 +202,16 @@ func TestBrokerCommandServesNodesAndKeepsData(t *testing.T) {
 			t.Fatalf("node address %s is not on 127.0.0.1", a)
 		}
 	}
-	if got := p.stderr.Logged("Kafka-protocol broker serving; SIGINT or SIGTERM stops it", "brokers"); got != strings.Join(addrs, ",") {
-		t.Fatalf("logged brokers=%q, printed %q", got, addrs)
+	// The child logs this line before it prints the brokers line, but stdout and stderr are two
+	// pipes that os/exec copies in two goroutines: the log line may reach p.stderr after the
+	// brokers line reached p.stdout. Wait for it on its own stream.
+	var logged string
+	waitfor.Cond(t, 30*time.Second, "the broker's \"serving\" log line", func() bool {
+		logged = p.stderr.Logged("Kafka-protocol broker serving; SIGINT or SIGTERM stops it", "brokers")
+		return logged != ""
+	})
+	if logged != strings.Join(addrs, ",") {
+		t.Fatalf("logged brokers=%q, printed %q", logged, addrs)
 	}
 
 	// Produce through node 0 and read back through node 2: the records spread over the three

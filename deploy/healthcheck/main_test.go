@@ -2,16 +2,18 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/cfguard/cfguard/internal/testnet"
 )
 
 func TestHealthcheckExitCodes(t *testing.T) {
 	slow := make(chan struct{})
+	// /slow answers only when the test ends: "too slow" returns at all only because -timeout
+	// ended the request (and says so).
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
@@ -24,12 +26,8 @@ func TestHealthcheckExitCodes(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(slow) // before Close, which waits for the handler
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := "http://" + ln.Addr().String() + "/healthz"
-	ln.Close()
+	// A port this test holds and nothing listens on: connections to it are refused.
+	closed := "http://" + testnet.Reserve(t).Addr() + "/healthz"
 
 	cases := []struct {
 		name string
@@ -47,15 +45,11 @@ func TestHealthcheckExitCodes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
-			start := time.Now()
 			if got := run(tc.args, &stderr); got != tc.want {
 				t.Fatalf("exit %d, want %d (stderr %q)", got, tc.want, stderr.String())
 			}
 			if !strings.Contains(stderr.String(), tc.msg) {
 				t.Fatalf("stderr %q does not say %q", stderr.String(), tc.msg)
-			}
-			if time.Since(start) > 5*time.Second {
-				t.Fatalf("took %v", time.Since(start))
 			}
 		})
 	}
