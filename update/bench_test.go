@@ -2,6 +2,7 @@ package update
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -57,4 +58,32 @@ func BenchmarkLastLayer(b *testing.B) {
 		b.ReportMetric(float64(tGr)/float64(tGo), "gorgonia/go")
 		b.ReportMetric(float64(tGo.Nanoseconds())/float64(b.N), "go-ns/update")
 	})
+}
+
+// BenchmarkConvergedAgainstAdam times the converged solver (the daemon's default: vcl,
+// kl_weight 8, memory 50,000) against the paper's 50 Adam iterations on the same increment, 10
+// and 64 records, interleaved in every iteration, and reports converged-time / adam-time.
+func BenchmarkConvergedAgainstAdam(b *testing.B) {
+	m, X, y := benchProblem(b)
+	m.Records = 569
+	for _, n := range []int{10, 64} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			var tc, ta time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				if _, _, err := LastLayer(context.Background(), m, X[:n], y[:n], Config{Objective: ObjectiveVCL, Solver: SolverConverge,
+					KLWeight: 8, Memory: 50000, Seed: uint64(i)}); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if _, _, err := LastLayer(context.Background(), m, X[:n], y[:n], Config{Seed: uint64(i)}); err != nil {
+					b.Fatal(err)
+				}
+				t2 := time.Now()
+				tc, ta = tc+t1.Sub(t0), ta+t2.Sub(t1)
+			}
+			b.ReportMetric(float64(tc)/float64(ta), "converged/adam")
+			b.ReportMetric(float64(tc.Nanoseconds())/float64(b.N), "converged-ns/update")
+		})
+	}
 }

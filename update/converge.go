@@ -43,7 +43,7 @@ import (
 // coordinate is below Tolerance * KLWeight / D, i.e. when the remaining step is about Tolerance
 // previous-posterior standard deviations, or at MaxIterations (the safety net; Stats.Converged
 // says which).
-const ghNodes = 32
+const ghNodes = 16
 
 // gh holds the Gauss-Hermite rule for E[f(N(0, 1))] = sum_k w_k f(x_k): the nodes of
 // int e^{-t^2} f(t) dt scaled by sqrt(2), the weights by 1 / sqrt(pi).

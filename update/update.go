@@ -70,7 +70,7 @@ const (
 	// weight 1). The prior objective's default is bnn.DefaultKLWeight, as in training.
 	DefaultVCLKLWeight = 1.0
 	// DefaultDraws is the number of fixed body draws of the converged objective.
-	DefaultDraws = 32
+	DefaultDraws = 16
 	// DefaultTolerance is the converged solver's tolerance, in previous-posterior standard
 	// deviations of the remaining step.
 	DefaultTolerance = 1e-4
