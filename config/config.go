@@ -227,6 +227,13 @@ func (u Update) Step(prev *bnn.Model, n int, seed uint64) (*bnn.Model, update.Co
 	return prev, c
 }
 
+// MinCertifySamples is the fewest Monte-Carlo draws with which a measurement can meet the
+// renewal rule (certify.Renewable) at all: the empirical Bernstein margin is at least
+// 7 ln(2/alpha) / (3 (S - 1)), which must stay below delta.
+func MinCertifySamples(delta, alpha float64) int {
+	return int(math.Floor(1+7*math.Log(2/alpha)/(3*delta))) + 1
+}
+
 // UnknownRecords is the number of records a posterior that does not record it (a model file, or
 // a ledger or posterior log written before posteriors carried it) is taken to stand for when
 // update.memory_records is 0. With a memory it is taken to stand for memory_records records,
@@ -887,6 +894,10 @@ func (c *Config) Validate() error {
 	}
 	if !(c.Certify.VerdictAlpha > 0 && c.Certify.VerdictAlpha < 0.5) {
 		bad("certify.verdict_alpha", c.Certify.VerdictAlpha, "must be in (0, 0.5)")
+	} else if least := MinCertifySamples(c.Certify.Delta, c.Certify.VerdictAlpha); c.Certify.Samples >= 2 && c.Certify.Samples < least && c.Certify.Delta > 0 {
+		bad("certify.samples", c.Certify.Samples, fmt.Sprintf("must be >= %d for certify.delta %v and certify.verdict_alpha %v: "+
+			"with fewer draws the confidence margin of a measurement, at least 7 ln(2/verdict_alpha) / (3 (samples - 1)), exceeds delta, "+
+			"so no counterfactual could be registered as certified or renewed", least, c.Certify.Delta, c.Certify.VerdictAlpha))
 	}
 	if c.Certify.HoeffdingAlpha < 0 || c.Certify.HoeffdingAlpha >= 1 {
 		bad("certify.hoeffding_alpha", c.Certify.HoeffdingAlpha, "must be in [0, 1)")

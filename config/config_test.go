@@ -579,7 +579,9 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"certify.epsilon_max", "must be in [certify.epsilon, 0.25]", func(c *Config) { c.Certify.EpsilonMax = math.Nextafter(c.Certify.Epsilon, 0) },
 			func(c *Config) { c.Certify.EpsilonMax = c.Certify.Epsilon }},
 		{"certify.epsilon_max", "must be in [certify.epsilon, 0.25]", func(c *Config) { c.Certify.EpsilonMax = math.Nextafter(0.25, 1) }, nil},
-		{"certify.samples", "must be >= 2", func(c *Config) { c.Certify.Samples = 1 }, func(c *Config) { c.Certify.Samples = 2 }},
+		{"certify.samples", "must be >= 2", func(c *Config) { c.Certify.Samples = 1 }, nil},
+		// At delta 0.05 and verdict_alpha 0.01, 7 ln(200) / (3 (S - 1)) < 0.05 needs S >= 249.
+		{"certify.samples", "must be >= 249", func(c *Config) { c.Certify.Samples = 248 }, func(c *Config) { c.Certify.Samples = 249 }},
 		{"certify.samples", "must be at most 100000", func(c *Config) { c.Certify.Samples = MaxCertifySamples + 1 }, func(c *Config) { c.Certify.Samples = MaxCertifySamples }},
 		{"certify.verdict_alpha", "must be in (0, 0.5)", func(c *Config) { c.Certify.VerdictAlpha = 0 }, nil},
 		{"certify.verdict_alpha", "must be in (0, 0.5)", func(c *Config) { c.Certify.VerdictAlpha = 0.5 }, func(c *Config) { c.Certify.VerdictAlpha = 0.499 }},
