@@ -90,7 +90,7 @@ kafka:
   max_records_backlog: 32
   max_wait: 300ms
 certify:
-  samples: 200
+  samples: 400
 audit:
   schedule: ""
 log:
@@ -565,7 +565,7 @@ func startReplicas(t *testing.T, root string, n int, brokers []string, modelDir 
 // registerRoundRobin registers n CEs (ce-0, ce-1, ...) at the replicas in turn and returns their ids.
 func registerRoundRobin(t *testing.T, reps []*replicaProc, data *dataset.Set, model *bnn.Model, n int) []string {
 	t.Helper()
-	xs, cfs := candidatePairs(t, model, data, 400, 0.985, 0.002)
+	xs, cfs := candidatePairs(t, model, data, 400, 0.985, 0.002, true)
 	if len(xs) < n || len(cfs) < n {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -645,7 +645,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	root := t.TempDir()
 	data, model, modelDir := trainModel(t, root)
 	brokers := startClusterBroker(t)
-	reps := startReplicas(t, root, 3, brokers, modelDir, "update:\n  learning_rate: 0.003\n")
+	reps := startReplicas(t, root, 3, brokers, modelDir, "update:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.003\n")
 
 	const n = 24
 	registerRoundRobin(t, reps, data, model, n)

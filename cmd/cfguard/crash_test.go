@@ -167,7 +167,7 @@ kafka:
   max_records_backlog: 16
   max_wait: 10s
 certify:
-  samples: 200
+  samples: 400
 audit:
   schedule: ""
 log:

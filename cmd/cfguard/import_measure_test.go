@@ -34,7 +34,7 @@ func TestMeasureImport(t *testing.T) {
 	root := t.TempDir()
 	set, m, modelDir := trainModel(t, root)
 	builds := scaleBinaries(t, root)
-	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1)
+	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1, false)
 	file := filepath.Join(root, "ces.ndjson")
 	if err := os.WriteFile(file, []byte(strings.Join(ceLines(t, set, xs, cfs, n), "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)

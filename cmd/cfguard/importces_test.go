@@ -70,7 +70,7 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	c := startChild(t, cfg, anyPort)
 	c.waitUp(t)
 
-	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1)
+	xs, cfs := candidatePairs(t, m, set, 200, 0.985, 1, false)
 	const n = 10000
 	good := ceLines(t, set, xs, cfs, n)
 	short, _ := json.Marshal(map[string]any{"id": "short", "x": []float64{1, 2, 3}, "x_cf": set.X[cfs[0]], "target": "benign"})

@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/ledger"
@@ -82,12 +83,12 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	set, m, modelDir := trainModel(t, dir)
 	httpAddr := anyPort
 	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "outbox", modelDir)
-	editConfig(t, cfg, "certify:\n  samples: 200\n", "certify:\n  samples: 200\nupdate:\n  learning_rate: 0.0005\n")
+	editConfig(t, cfg, "certify:\n  samples: 400\n", "certify:\n  samples: 400\nupdate:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.0005\n")
 
 	// CEs with a spread of p1, so that the drift fails their bounds at different increments.
 	c := startChild(t, cfg, httpAddr)
 	c.waitUp(t)
-	xs, cfs := candidatePairs(t, m, set, 400, 0.97, 0.005)
+	xs, cfs := candidatePairs(t, m, set, 400, 0.97, 0.005, true)
 	registered := 0
 	for k := 0; k < min(len(xs), len(cfs), 60); k++ {
 		body, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": set.X[xs[k]], "x_cf": set.X[cfs[k]], "target": "benign"})
@@ -258,8 +259,16 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 
 // candidatePairs are the rows of set the model puts in "malignant" with p > 0.9 (candidates for
 // x) and in "benign" with p > minP and variance below maxVar (candidates for x'), measured with S
-// draws.
-func candidatePairs(t *testing.T, m *bnn.Model, set *dataset.Set, S int, minP, maxVar float64) (xs, cfs []int) {
+// draws; with admit, only x' that registration admits as certified (see admitted).
+// admitted says whether a CE measured at (p, v) from S draws is admitted as certified, with a
+// margin of 0.01 for the daemon's own draws (as many or more): registration takes the rule that
+// renews a certificate, lower(p) >= 1 - delta at confidence 1 - certify.verdict_alpha.
+func admitted(p, v float64, S int) bool {
+	lo, _ := certify.Evidence{P: p, Var: v, Samples: S}.Interval(certify.DefaultVerdictAlpha)
+	return lo >= 0.96
+}
+
+func candidatePairs(t *testing.T, m *bnn.Model, set *dataset.Set, S int, minP, maxVar float64, admit bool) (xs, cfs []int) {
 	t.Helper()
 	p, err := m.Predict(set.X, S, 1)
 	if err != nil {
@@ -269,7 +278,7 @@ func candidatePairs(t *testing.T, m *bnn.Model, set *dataset.Set, S int, minP, m
 		switch {
 		case p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
 			xs = append(xs, i)
-		case p.P(i, 1) > minP && p.V(i, 1) < maxVar:
+		case p.P(i, 1) > minP && p.V(i, 1) < maxVar && (!admit || admitted(p.P(i, 1), p.V(i, 1), S)):
 			cfs = append(cfs, i)
 		}
 	}

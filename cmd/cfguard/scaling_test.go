@@ -114,8 +114,8 @@ func (c *measureCluster) replica(t *testing.T, id string, samples int, extra ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	// writeReplicaConfig's certify block holds only samples: 200.
-	raw = bytes.Replace(raw, []byte("  samples: 200\n"), fmt.Appendf(nil, "  samples: %d\n", samples), 1)
+	// writeReplicaConfig's certify block holds only samples: 400.
+	raw = bytes.Replace(raw, []byte("  samples: 400\n"), fmt.Appendf(nil, "  samples: %d\n", samples), 1)
 	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func (c *measureCluster) replica(t *testing.T, id string, samples int, extra ...
 // model puts in "malignant" with one it puts in "benign" with high confidence.
 func (c *measureCluster) ceLines(t *testing.T, prefix string, n int) [][]byte {
 	t.Helper()
-	xs, cfs := candidatePairs(t, c.model, c.data, 400, 0.985, 0.002)
+	xs, cfs := candidatePairs(t, c.model, c.data, 400, 0.985, 0.002, true)
 	if len(xs) == 0 || len(cfs) == 0 {
 		t.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -431,7 +431,7 @@ func TestMeasureWorkDivides(t *testing.T) {
 		for n := 1; n <= 3; n++ {
 			t.Run(fmt.Sprintf("ces=%d/replicas=%d", ces, n), func(t *testing.T) {
 				c := newMeasureCluster(t)
-				reps := c.replicas(t, "r", n, samples, "update:\n  learning_rate: 0.003\n")
+				reps := c.replicas(t, "r", n, samples, "update:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.003\n")
 				if ces > 0 {
 					bulkRegister(t, reps[0], c.ceLines(t, "ce", ces), 1000)
 				}

@@ -33,7 +33,7 @@ kafka:
   max_records: 16
   max_wait: 500ms
 certify:
-  samples: 200
+  samples: 400
 audit:
   schedule: ""
 %s`, httpAddr, stateDir, brokerAddr, extra)
