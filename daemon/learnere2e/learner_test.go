@@ -47,7 +47,9 @@ func start(t *testing.T, dataset string, inc int) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() { done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready}) }()
+	go func() {
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
