@@ -74,7 +74,7 @@ func (p *prequential) load(l *ledger.Ledger) error {
 // score scores the records (X, y) under prev, the posterior before they are applied, and returns
 // the record that commit will make current: the detector fed with them, the counts moved on.
 func (p *prequential) score(prev *bnn.Model, X [][]float64, y []int, draws int, seed uint64, now time.Time) (*qualityRecord, []byte, error) {
-	probs, err := update.Predictive(prev, X, draws, seed)
+	probs, err := update.Predictive(prev, X, update.ScoringDraws(len(X), draws), seed)
 	if err != nil {
 		return nil, nil, err
 	}

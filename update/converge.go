@@ -77,6 +77,25 @@ type converged struct {
 	lastObject float64
 }
 
+// rowDraws is the number of (row, body draw) pairs the converged objective averages over, at
+// least: an increment of n rows gets ceil(rowDraws / n) body draws, at most Config.Draws. The
+// noise of the objective's body average falls with rows x draws, so a large increment (a
+// backlog) needs fewer draws per row for the same accuracy, and costs about what one of 64 rows
+// does.
+const rowDraws = 1024
+
+// drawsFor is the number of body draws of an increment of n rows (see rowDraws).
+func drawsFor(n, most int) int {
+	return max(1, min(most, (rowDraws+n-1)/n))
+}
+
+// ScoringDraws is the number of body draws with which to score n records (Predictive): like the
+// objective's (rowDraws), at most most, but at least 4, since each record's predictive, not only
+// their average, is scored.
+func ScoringDraws(n, most int) int {
+	return min(most, max(4, drawsFor(n, most)))
+}
+
 // forgetting returns lambda = exp(-n / memory), 1 for memory 0 (no forgetting).
 func forgetting(n int, memory float64) float64 {
 	if memory <= 0 {
@@ -117,14 +136,14 @@ func bodyOutputs(prev *bnn.Model, rows [][]float64, labels []int, draws int, rng
 func newConverged(prev *bnn.Model, rows [][]float64, y []int, cfg Config) (*converged, error) {
 	n := len(rows)
 	last := prev.Last()
-	c := &converged{n: n, draws: cfg.Draws, hid: last.In, cls: last.Out, y: y}
+	c := &converged{n: n, draws: drawsFor(n, cfg.Draws), hid: last.In, cls: last.Out, y: y}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc0fe))
 	var err error
-	if c.h, err = bodyOutputs(prev, rows, y, cfg.Draws, rng); err != nil {
+	if c.h, err = bodyOutputs(prev, rows, y, c.draws, rng); err != nil {
 		return nil, err
 	}
 	if c.cls > 2 {
-		c.e = make([][]float64, cfg.Draws)
+		c.e = make([][]float64, c.draws)
 		for s := range c.e {
 			c.e[s] = make([]float64, n*ghNodes*c.cls)
 			for i := range c.e[s] {
@@ -442,6 +461,13 @@ func Predictive(m *bnn.Model, X [][]float64, draws int, seed uint64) ([][]float6
 	}
 	l := m.Last()
 	hid, cls := l.In, l.Out
+	varW, varB := make([]float64, len(l.WeightLogSigma)), make([]float64, cls)
+	for j, v := range l.WeightLogSigma {
+		varW[j] = math.Exp(2 * v)
+	}
+	for c, v := range l.BiasLogSigma {
+		varB[c] = math.Exp(2 * v)
+	}
 	out := make([][]float64, n)
 	m0, v0, z0 := make([]float64, cls), make([]float64, cls), make([]float64, cls)
 	for r := range out {
@@ -457,11 +483,11 @@ func Predictive(m *bnn.Model, X [][]float64, draws int, seed uint64) ([][]float6
 		for r := 0; r < n; r++ {
 			hr := h[s][r*hid : (r+1)*hid]
 			for c := 0; c < cls; c++ {
-				m0[c], v0[c] = l.BiasMu[c], math.Exp(2*l.BiasLogSigma[c])
+				m0[c], v0[c] = l.BiasMu[c], varB[c]
+				w, vw := l.WeightMu[c*hid:(c+1)*hid], varW[c*hid:(c+1)*hid]
 				for i, hi := range hr {
-					j := c*hid + i
-					m0[c] += hi * l.WeightMu[j]
-					v0[c] += hi * hi * math.Exp(2*l.WeightLogSigma[j])
+					m0[c] += hi * w[i]
+					v0[c] += hi * hi * vw[i]
 				}
 			}
 			p := out[r]
@@ -469,8 +495,7 @@ func Predictive(m *bnn.Model, X [][]float64, draws int, seed uint64) ([][]float6
 				d, sv := m0[1]-m0[0], math.Sqrt(v0[0]+v0[1])
 				p1 := 0.0
 				for k, xk := range gh.x {
-					_, sg := softplusNeg(d + sv*xk) // sigmoid(-(d_k)) = p(class 0)
-					p1 += gh.w[k] * (1 - sg)
+					p1 += gh.w[k] / (1 + math.Exp(-(d + sv*xk))) // sigmoid(d_k) = p(class 1)
 				}
 				p[1] += p1 / float64(draws)
 				p[0] += (1 - p1) / float64(draws)

@@ -193,3 +193,43 @@ func TestConvergedStepShrinksWithEvidence(t *testing.T) {
 		t.Errorf("step KL summed over a pass: first %.4g, fourth %.4g; want the fourth < 0.75 x the first (the N ratio is ~0.6)", first, last)
 	}
 }
+
+// TestPredictiveMatchesMonteCarlo checks Predictive (fixed body draws, the last layer's Gaussian
+// logits integrated by quadrature or fixed draws) against the model's own Monte-Carlo predictive
+// over sampled networks (bnn.Model.Predict), row by row, within four standard errors of the two
+// estimates, for two classes (a trained model) and three (a random one).
+func TestPredictiveMatchesMonteCarlo(t *testing.T) {
+	m, test := trained(t)
+	_, three, z3, _ := randomProblem([]int{5, 4}, 3, 12)
+	for _, tc := range []struct {
+		name string
+		m    *bnn.Model
+		X    [][]float64
+	}{{"two classes", m, test.X[:40]}, {"three classes", three, z3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const draws, mc = 256, 20000
+			got, err := Predictive(tc.m, tc.X, draws, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := tc.m.Predict(tc.X, mc, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.X {
+				sum := 0.0
+				for c := range got[i] {
+					sum += got[i][c]
+					v := ref.V(i, c)
+					tol := 4*math.Sqrt(v/draws) + 4*math.Sqrt(v/mc) + 1e-9
+					if d := math.Abs(got[i][c] - ref.P(i, c)); d > tol {
+						t.Errorf("row %d class %d: %.5f, Monte-Carlo %.5f (|d| %.2g > %.2g)", i, c, got[i][c], ref.P(i, c), d, tol)
+					}
+				}
+				if math.Abs(sum-1) > 1e-9 {
+					t.Errorf("row %d: probabilities sum to %v", i, sum)
+				}
+			}
+		})
+	}
+}
