@@ -28,7 +28,7 @@ func program() cli.Program {
 	return cli.Program{
 		Name:  "cfguard-lab",
 		Intro: "cfguard-lab runs the paper's experiments on cfguard's models and generators.",
-		Outro: "Run 'cfguard-lab COMMAND --help' for a command's flags. README.md documents the outputs.",
+		Outro: "Run 'cfguard-lab COMMAND --help' for a command's flags. docs/CLI.md documents the outputs.",
 		Commands: []cli.Command{
 			{Name: "increments", Args: "--data FILE.csv|NAME [--seed N] [--lr 1e-5] [--sweep 1e-5,1e-4,1e-3] [--out DIR]",
 				Help: "the paper's incremental-update table: one JSON row per update, and a plot in DIR", Run: cmdIncrements},

@@ -29,7 +29,7 @@ func program() cli.Program {
 	return cli.Program{
 		Name:  "cfguard",
 		Intro: "cfguard keeps counterfactual explanations honest while the model behind them keeps learning.",
-		Outro: "Run 'cfguard COMMAND --help' for a command's flags. README.md documents every config key, metric and endpoint.\n" +
+		Outro: "Run 'cfguard COMMAND --help' for a command's flags. docs/CONFIGURATION.md, docs/METRICS.md and docs/API.md document every config key, metric and endpoint.\n" +
 			"The paper's experiments are a separate command: cfguard-lab (go run ./cmd/cfguard-lab --help).",
 		IsUsage: func(err error) bool { return errors.Is(err, config.ErrInvalid) },
 		Commands: []cli.Command{
