@@ -402,9 +402,7 @@ func metricMentions(text string, known map[string]bool) []string {
 				refs = append(refs, m[1]+alt)
 			}
 		}
-		for _, ref := range metricRef.FindAllString(grepAlternation.ReplaceAllString(line, " "), -1) {
-			refs = append(refs, ref)
-		}
+		refs = append(refs, metricRef.FindAllString(grepAlternation.ReplaceAllString(line, " "), -1)...)
 		for _, ref := range refs {
 			if !known[family(ref)] {
 				out = append(out, fmt.Sprintf("line %d: %s", i+1, ref))
