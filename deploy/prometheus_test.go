@@ -317,7 +317,7 @@ func TestDashboard(t *testing.T) {
 	// A single node does not serve the replicas' metrics: those come from what package alerts
 	// registers for a replica (the daemon's tests check a replica registers them).
 	replica := prometheus.NewRegistry()
-	alerts.NewReplicaMetrics(replica, nil)
+	alerts.NewReplicaMetrics(replica, nil, "cfguard.posterior", "cfguard.ce")
 	mfs, err := replica.Gather()
 	if err != nil {
 		t.Fatal(err)
