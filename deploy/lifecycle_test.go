@@ -74,6 +74,30 @@ func (r *restartable) stop() {
 	r.cancel = nil
 }
 
+// startDefault runs a restartable daemon at the default settings but for loopback ports the test
+// holds, a temporary state, the tokens given and mutate's changes (nil: none), and waits for its
+// /readyz.
+func startDefault(t *testing.T, token, metricsToken string, mutate func(*config.Config)) (*restartable, *daemon.Daemon) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.Model.ExportDir = ""
+	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
+	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
+	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	proc := &restartable{t: t, cfg: cfg, http: httpPort, broker: brokerPort}
+	t.Cleanup(proc.stop)
+	d := proc.start()
+	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
+		code, _, err := httpGet("http://"+d.HTTPAddr()+"/readyz", "")
+		return err == nil && code == 200
+	})
+	return proc, d
+}
+
 // metricsSample reads one unlabelled (or exactly labelled) sample from the daemon's /metrics.
 func metricsSample(t *testing.T, addr, token, series string) (float64, bool) {
 	t.Helper()
@@ -160,21 +184,11 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	root := repoRoot(t)
 	const token, metricsToken, nCEs, nRecords = "t0ken", "m3trics", 20, 3000
 
-	cfg := config.Default()
-	cfg.StateDir = t.TempDir()
-	cfg.Model.ExportDir = ""
-	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
-	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
-	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
-	cfg.Kafka.MaxRecords, cfg.Kafka.MaxRecordsBacklog, cfg.Kafka.MaxWait = 32, 32, 200*time.Millisecond
-	cfg.Audit.Schedule = ""
-	proc := &restartable{t: t, cfg: cfg, http: httpPort, broker: brokerPort}
-	t.Cleanup(proc.stop)
-	d := proc.start()
-	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
-		code, _, err := httpGet("http://"+d.HTTPAddr()+"/readyz", "")
-		return err == nil && code == 200
+	proc, d := startDefault(t, token, metricsToken, func(cfg *config.Config) {
+		cfg.Kafka.MaxRecords, cfg.Kafka.MaxRecordsBacklog, cfg.Kafka.MaxWait = 32, 32, 200*time.Millisecond
+		cfg.Audit.Schedule = ""
 	})
+	cfg := proc.cfg
 	mon := startMonitoring(t, root, cfg.HTTP.Listen, metricsToken)
 	data, _, err := assets.Load("breast_cancer")
 	if err != nil {

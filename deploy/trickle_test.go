@@ -12,8 +12,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -38,19 +36,8 @@ func TestMeasureTrickle(t *testing.T) {
 	root := repoRoot(t)
 	const token, metricsToken, nCEs = "t0ken", "m3trics", 24
 
-	cfg := config.Default()
-	cfg.StateDir = t.TempDir()
-	cfg.Model.ExportDir = ""
-	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
-	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
-	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
-	proc := &restartable{t: t, cfg: cfg, http: httpPort, broker: brokerPort}
-	t.Cleanup(proc.stop)
-	d := proc.start()
-	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
-		code, _, err := httpGet("http://"+d.HTTPAddr()+"/readyz", "")
-		return err == nil && code == 200
-	})
+	proc, d := startDefault(t, token, metricsToken, nil)
+	cfg := proc.cfg
 	mon := startMonitoring(t, root, cfg.HTTP.Listen, metricsToken)
 	data, _, err := assets.Load("breast_cancer")
 	if err != nil {
