@@ -251,6 +251,9 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 			if kl, _, err = certify.KL(next, prev); err != nil {
 				return nil, err
 			}
+			// The event says how far along the path to the converged posterior the step went.
+			ev := &s.events[len(s.events)-1]
+			ev.ClipFraction, ev.ClippedKL = &t, &kl
 			d.log.Warn("update KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
 		}
 	}

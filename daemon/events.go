@@ -25,24 +25,28 @@ import (
 // once: each message carries the Kafka header cfguard-outbox-seq (the outbox sequence number,
 // decimal), which consumers use to drop duplicates.
 type event struct {
-	Type             string         `json:"type"`
-	At               time.Time      `json:"at"`
-	ID               string         `json:"id,omitempty"`
-	NewID            string         `json:"new_id,omitempty"`
-	From             string         `json:"from,omitempty"`
-	To               string         `json:"to,omitempty"`
-	PosteriorVersion uint64         `json:"posterior_version"`
-	ParentVersion    *uint64        `json:"parent_version,omitempty"`
-	KL               float64        `json:"kl,omitempty"`
-	Bound            *float64       `json:"bound,omitempty"`
-	VarBound         *float64       `json:"var_bound,omitempty"`
-	P2               *float64       `json:"p2,omitempty"`
-	Budget           float64        `json:"budget,omitempty"`
-	Policy           string         `json:"policy,omitempty"`
-	Records          []string       `json:"records,omitempty"`
-	Held             []heldRecord   `json:"held,omitempty"`
-	Error            string         `json:"error,omitempty"`
-	Counts           map[string]int `json:"counts,omitempty"`
+	Type             string    `json:"type"`
+	At               time.Time `json:"at"`
+	ID               string    `json:"id,omitempty"`
+	NewID            string    `json:"new_id,omitempty"`
+	From             string    `json:"from,omitempty"`
+	To               string    `json:"to,omitempty"`
+	PosteriorVersion uint64    `json:"posterior_version"`
+	ParentVersion    *uint64   `json:"parent_version,omitempty"`
+	KL               float64   `json:"kl,omitempty"`
+	Bound            *float64  `json:"bound,omitempty"`
+	VarBound         *float64  `json:"var_bound,omitempty"`
+	P2               *float64  `json:"p2,omitempty"`
+	Budget           float64   `json:"budget,omitempty"`
+	Policy           string    `json:"policy,omitempty"`
+	// ClipFraction and ClippedKL: with on_breach clip, the fraction t of the step from the
+	// previous posterior to the converged one that was kept, and the KL of the clipped step.
+	ClipFraction *float64       `json:"clip_fraction,omitempty"`
+	ClippedKL    *float64       `json:"clipped_kl,omitempty"`
+	Records      []string       `json:"records,omitempty"`
+	Held         []heldRecord   `json:"held,omitempty"`
+	Error        string         `json:"error,omitempty"`
+	Counts       map[string]int `json:"counts,omitempty"`
 }
 
 type heldRecord struct {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
@@ -61,13 +63,38 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	}
 }
 
+// TestClipPolicyMeetsTheBudget: at the default learner, flipped labels move the converged
+// posterior far past the budget; clip scales each step back along the path to the converged
+// posterior, and its kl_over_budget event says by which fraction and to which KL.
 func TestClipPolicyMeetsTheBudget(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3); c.Certify.OnBreach = "clip" })
+	r := startDaemon(t, func(c *config.Config) { c.Certify.OnBreach = "clip" })
 	data := bundled(t)
 	r.produce(t, flipped(data, 64)...)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	if r.metric(t, "cfguard_updates_total", "outcome", "clipped") == 0 {
-		t.Fatal("no update was clipped at lr 1e-3")
+		t.Fatal("no update was clipped under flipped labels")
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("no kl_over_budget event with a clip fraction: %v", err)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type != "kl_over_budget" {
+			continue
+		}
+		if e.Policy != "clip" || e.ClipFraction == nil || e.ClippedKL == nil || !(*e.ClipFraction > 0 && *e.ClipFraction < 1) ||
+			*e.ClippedKL > r.d.budget*(1+1e-9) || !(e.KL > r.d.budget) {
+			t.Fatalf("kl_over_budget event %s: want policy clip, KL over the budget, a fraction in (0, 1) and a clipped KL within it", m.Value)
+		}
+		break
 	}
 	hist, _ := r.d.ledger.KLHistory(10)
 	for _, s := range hist {
