@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -184,6 +185,29 @@ func TestConfirmCarriesVerdicts(t *testing.T) {
 				for id := range got {
 					if !want[id] {
 						t.Fatalf("step %d: eachWaiting finds %s, whose verdict carries (%d found, %d want)", step, id, len(got), len(want))
+					}
+				}
+				// What Get says of each CE agrees: a decided status waits for nothing, an undecided one
+				// waits for the confirmer (or, kept by hysteresis under this very posterior, for the next).
+				all, err := l.List(0, n, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ce := range all {
+					switch ce.Status {
+					case certify.Certified:
+						if ce.Decided == ce.RenewalPending || ce.RenewalPending != want[ce.ID] || ce.VerdictPending {
+							t.Fatalf("step %d: certified %s decided %v, renewal pending %v, waiting %v", step, ce.ID, ce.Decided, ce.RenewalPending, want[ce.ID])
+						}
+					case certify.AtRisk, certify.Invalidated:
+						hysteresis := ce.ConfirmedVersion != nil && *ce.ConfirmedVersion == m.Version && ce.VerdictBound == nil
+						if ce.Decided == ce.VerdictPending || ce.Decided && want[ce.ID] || !ce.Decided && !want[ce.ID] && !hysteresis {
+							t.Fatalf("step %d: %v %s decided %v, verdict pending %v, waiting %v (confirmed %v at %v, bound %v)", step, ce.Status, ce.ID,
+								ce.Decided, ce.VerdictPending, want[ce.ID], ce.ConfirmedVersion != nil, *cmp.Or(ce.ConfirmedVersion, new(uint64)), ce.VerdictBound != nil)
+						}
+						if ce.Decided && ce.VerdictBound == nil {
+							t.Fatalf("step %d: %s decided without a verdict bound", step, ce.ID)
+						}
 					}
 				}
 				st, err := l.State()

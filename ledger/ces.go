@@ -508,7 +508,36 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 		ce.Bound, ce.VarBound, ce.KLFromAnchor = b.ProbLower, b.VarUpper, a.kl
 		ce.RenewalPending = h.status == certify.Certified && !b.Certified
 	}
+	switch h.status {
+	case certify.Certified:
+		ce.Decided = !ce.RenewalPending
+	case certify.AtRisk, certify.Invalidated:
+		if ce.Decided, err = l.verdictHolds(tx, &h); err != nil {
+			return nil, inRecord(err, "counterfactual %q: verdict", id)
+		}
+		ce.VerdictPending = !ce.Decided
+	}
 	return ce, nil
+}
+
+// verdictHolds says whether the CE's verdict was decided by evidence and carries to the current
+// posterior: measured under it, or under one whose KL from it the verdict's bound absorbs.
+func (l *Ledger) verdictHolds(tx *bolt.Tx, h *header) (bool, error) {
+	if !h.confirmed || !h.carry {
+		return false, nil
+	}
+	now, err := readCur(tx)
+	if err != nil || !now.ok {
+		return false, err
+	}
+	if h.cv == now.version {
+		return true, nil
+	}
+	s, known, err := l.verdictSlack(tx, now, h.cv)
+	if err != nil || !known {
+		return false, err
+	}
+	return h.carries(s), nil
 }
 
 // Get returns the CE stored under id, or ErrNotFound.

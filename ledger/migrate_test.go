@@ -70,6 +70,10 @@ func TestMigrateSchema1(t *testing.T) {
 			t.Errorf("%s: confirmed at %d after migration; schema 1 recorded no version", got.ID, *got.ConfirmedVersion)
 		}
 		got.ConfirmedVersion = nil
+		// Schema 1 recorded no verdicts: a certificate that holds is decided, an at_risk or
+		// invalidated CE waits for its first verdict.
+		w.Decided = w.Status == certify.Certified && !w.RenewalPending
+		w.VerdictPending = w.Status == certify.AtRisk || w.Status == certify.Invalidated
 		if !reflect.DeepEqual(got, w) {
 			g, _ := json.Marshal(got)
 			e, _ := json.Marshal(w)

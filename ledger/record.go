@@ -48,6 +48,17 @@ type CE struct {
 	// away from its side), nil when the evidence decided nothing. The verdict stays in force
 	// under a later posterior q while certify.Carries holds at KL(q || q_ConfirmedVersion).
 	VerdictBound *float64 `json:"verdict_bound,omitempty"`
+	// Decided says whether the status is backed by a bound that holds under the current posterior:
+	// a certified CE whose certificate has not lapsed (not RenewalPending), or an at_risk or
+	// invalidated CE whose verdict the evidence decided and still carries to the current posterior
+	// (certify.Carries at KL(q_now || q_ConfirmedVersion)). An undecided status asserts nothing
+	// about p: a lapsed certificate waiting for the confirmer, a verdict kept by hysteresis, or
+	// one that no longer carries. uncertified CEs are never decided (no theorem applies).
+	Decided bool `json:"decided"`
+	// VerdictPending is set on an at_risk or invalidated CE whose status is undecided: the
+	// confirmer measures it again (one kept by hysteresis under the current posterior, at the next
+	// posterior), as RenewalPending is for certificates.
+	VerdictPending bool `json:"verdict_pending,omitempty"`
 	// History holds the last MaxHistory status changes and renewals, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }
