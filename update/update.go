@@ -1,16 +1,25 @@
-// Package update applies cfguard's online posterior updates: a few small-learning-rate Adam
-// iterations on the last layer of a Bayesian MLP, the body kept bit-for-bit, so that the change
-// KL(q_new || q_prev) is small, cheap to compute exactly (last layer only), and certifiable with
-// the paper's Theorems 1 and 2. It also offers the trust-region helpers the daemon's "clip"
-// policy uses: Interpolate and ClipToBudget.
+// Package update applies cfguard's online posterior updates to the last layer of a Bayesian MLP,
+// the body kept bit-for-bit, so that the change KL(q_new || q_prev) is cheap to compute exactly
+// (last layer only) and certifiable with the paper's Theorems 1 and 2. Two solvers:
 //
-// Two objectives are available (per update of N labelled rows, B a minibatch):
+//   - SolverConverge (the daemon's default; converge.go): the increment's negative ELBO under the
+//     previous posterior, made deterministic and minimised to a tolerance, so that a step is what
+//     the records say (small while they agree with the posterior, large under a drift);
+//   - SolverAdam (the paper's protocol): Config.Iterations Adam steps at Config.LR with fresh weight
+//     noise, whose step is capped by the optimiser (about iterations x lr per parameter).
+//
+// It also offers the trust-region helpers the daemon's "clip" policy uses (Interpolate and
+// ClipToBudget), and Predictive, with which the daemon scores records before it learns from them.
+//
+// The Adam solver's two objectives (per update of N labelled rows, B a minibatch):
 //
 //	prior (the paper):  (1/|B|) sum_B -log p(y|x,w) + KLWeight * KL(q_L || N(0, sigma_p^2)) / N
 //	vcl (variational continual learning, Nguyen et al. 2018):
 //	                    (1/|B|) sum_B -log p(y|x,w) + KLWeight * KL(q_L || q_prev,L) / N
 //
-// where q_L is the last layer's posterior and w = mu + sigma*eps is sampled for every layer (the
+// where N is the increment's rows for vcl and, for prior, Config.Represented (the records the new
+// posterior stands for, as the daemon passes it) or the increment's rows (the paper's protocol);
+// q_L is the last layer's posterior and w = mu + sigma*eps is sampled for every layer (the
 // body too; its parameters are just not trained, so the body's share of the prior KL is a
 // constant and is left out). vcl penalises exactly the divergence that certification pays for;
 // prior keeps it small only through the small learning rate. Measured on breast_cancer (50 Adam
