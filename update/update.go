@@ -385,6 +385,8 @@ func graphConfig(prev *bnn.Model, n int, cfg Config) bnn.GraphConfig {
 		KLScale: cfg.KLWeight / float64(n)}
 	if cfg.Objective == ObjectiveVCL {
 		g.Prev = prev
+	} else if cfg.Represented > 0 {
+		g.KLScale = cfg.KLWeight / cfg.Represented // as training divides by its rows
 	}
 	return g
 }

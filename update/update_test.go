@@ -415,3 +415,23 @@ func TestInterpolateAndClip(t *testing.T) {
 		t.Errorf("different bodies: err %v", err)
 	}
 }
+
+// TestPriorDividesByTheRecordsRepresented: the prior objective's KL term is divided by the
+// records the new posterior stands for when the caller says (as training divides by its rows),
+// by the increment's rows otherwise (the paper's protocol); vcl divides by the increment's rows.
+func TestPriorDividesByTheRecordsRepresented(t *testing.T) {
+	m, _ := trained(t)
+	for _, tc := range []struct {
+		cfg  Config
+		want float64
+	}{
+		{Config{Objective: ObjectivePrior, KLWeight: 0.1, Represented: 500}, 0.1 / 500},
+		{Config{Objective: ObjectivePrior, KLWeight: 0.1}, 0.1 / 10},
+		{Config{Objective: ObjectiveVCL, KLWeight: 1, Represented: 500}, 1.0 / 10},
+	} {
+		c := tc.cfg.withDefaults()
+		if got := graphConfig(m, 10, c).KLScale; got != tc.want {
+			t.Errorf("%+v: KL scale %v, want %v", tc.cfg, got, tc.want)
+		}
+	}
+}
