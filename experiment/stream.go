@@ -12,6 +12,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/quality"
 	"github.com/cfguard/cfguard/update"
 )
 
@@ -129,7 +130,9 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 			return err
 		}
 		pt.Evaluated = true
-		pt.NLL, pt.ECE, pt.Accuracy = heldOut(p, held.Y)
+		if pt.NLL, pt.ECE, pt.Accuracy, err = heldOut(p, held.Y); err != nil {
+			return err
+		}
 		if len(si) == 0 {
 			return nil
 		}
@@ -240,28 +243,18 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 // scaler): the region of the "region" drift.
 func inRegion(m *bnn.Model, x []float64) bool { return x[0] > m.Scaler.Mean[0] }
 
-// heldOut returns the mean negative log predictive probability of the labels, the expected
-// calibration error of the top class over 10 equal-width bins, and the accuracy.
-func heldOut(p *bnn.Predictive, y []int) (nll, ece, acc float64) {
-	const bins = 10
-	var cnt, conf, hit [bins]float64
-	for i, c := range y {
-		nll -= math.Log(max(p.P(i, c), 1e-300))
-		top := p.Argmax(i)
-		pt := p.P(i, top)
-		b := min(int(pt*bins), bins-1)
-		cnt[b]++
-		conf[b] += pt
-		if top == c {
-			hit[b]++
-			acc++
-		}
+// heldOut returns the mean log loss of the labels under the predictive p, the expected
+// calibration error of the top class and the accuracy, as the daemon's prequential scores
+// compute them (quality.Score).
+func heldOut(p *bnn.Predictive, y []int) (nll, ece, acc float64, err error) {
+	probs := make([][]float64, p.N)
+	for i := range probs {
+		probs[i] = p.Mean[i*p.C : (i+1)*p.C]
 	}
-	n := float64(len(y))
-	for b := range cnt {
-		if cnt[b] > 0 {
-			ece += math.Abs(hit[b]-conf[b]) / n
-		}
+	b, err := quality.Score(probs, y)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("experiment: held-out scores: %w", err)
 	}
-	return nll / n, ece, acc / n
+	nll, _, acc, ece = b.Means()
+	return nll, ece, acc, nil
 }

@@ -165,7 +165,10 @@ func TestStreamingMatchesBatchFit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _, _ := heldOut(p, held.Y)
+		v, _, _, err := heldOut(p, held.Y)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return v
 	}
 	s, b, f := nll(m), nll(batch), nll(mustFit(t, fit, classes))

@@ -65,15 +65,13 @@ type converged struct {
 	e                  [][]float64 // classes > 2: per draw, n x ghNodes x cls fixed normals
 
 	// Parameters in model layout: weights (cls x hid) then biases (cls), as one vector of P.
-	mu0, ls0   []float64 // previous posterior (the origin of the scaled coordinates)
-	sig0       []float64
+	mu0, sig0  []float64 // previous posterior (the origin of the scaled coordinates)
 	tmu, ttau  []float64 // KL target q~: mean and precision
 	klScale    float64   // KLWeight / D
 	mu, sig    []float64 // work: current parameters
 	gmu, gls   []float64 // work: gradient in (mu, log sigma)
 	evals      int
-	lastNLL    float64
-	lastKL     float64
+	lastNLL    float64 // the data term and the objective at the last evaluation
 	lastObject float64
 }
 
@@ -153,7 +151,6 @@ func newConverged(prev *bnn.Model, rows [][]float64, y []int, cfg Config) (*conv
 	}
 	var ls0 []float64
 	c.mu0, ls0 = lastVector(prev)
-	c.ls0 = ls0
 	p := len(c.mu0)
 	c.sig0, c.tmu, c.ttau = make([]float64, p), make([]float64, p), make([]float64, p)
 	tau0 := 1 / (prev.PriorSigma * prev.PriorSigma)
@@ -209,7 +206,7 @@ func (c *converged) eval(grad []float64) float64 {
 		c.gmu[j] += c.klScale * c.ttau[j] * dm
 		c.gls[j] += c.klScale * et
 	}
-	c.lastNLL, c.lastKL = nll, kl
+	c.lastNLL = nll
 	c.lastObject = nll + c.klScale*kl
 	if grad != nil {
 		p := len(c.mu0)

@@ -306,6 +306,12 @@ func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg
 	if err := gr.WriteTo(out); err != nil {
 		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
 	}
+	return finish(prev, out, n, cfg, st, start)
+}
+
+// finish checks the new posterior out (valid, prev's body bit for bit), gives it its version and
+// the records it stands for, and completes st with the update KL, the forgetting and the time.
+func finish(prev, out *bnn.Model, n int, cfg Config, st Stats, start time.Time) (*bnn.Model, Stats, error) {
 	if err := out.Validate(); err != nil {
 		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
 	}
@@ -345,7 +351,7 @@ func lastLayerConverged(ctx context.Context, start time.Time, prev *bnn.Model, z
 	for r := range rows {
 		rows[r] = z.RawRowView(r)
 	}
-	st := Stats{Objective: cfg.Objective, Rows: n, Forgetting: forgetting(n, cfg.Memory)}
+	st := Stats{Objective: cfg.Objective, Rows: n}
 	c, err := newConverged(prev, rows, y, cfg)
 	if err != nil {
 		return nil, st, fmt.Errorf("update: %w", err)
@@ -366,17 +372,7 @@ func lastLayerConverged(ctx context.Context, start time.Time, prev *bnn.Model, z
 	st.NLLEnd, st.Iterations, st.Converged, st.Evaluations = c.lastNLL, iters, ok, c.evals
 	out := prev.Clone()
 	c.writeTo(out)
-	if err := out.Validate(); err != nil {
-		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
-	}
-	kl, _, err := certify.KL(out, prev)
-	if err != nil {
-		return nil, st, fmt.Errorf("update: %w: %w", ErrRefused, err)
-	}
-	out.Version = prev.Version + 1
-	out.Records = represented(prev, n, cfg)
-	st.KL, st.Duration = kl, time.Since(start)
-	return out, st, nil
+	return finish(prev, out, n, cfg, st, start)
 }
 
 // graphConfig is the objective of an update of prev on n rows (cfg with defaults applied).
