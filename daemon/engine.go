@@ -189,13 +189,13 @@ type step struct {
 // log. Only a checkpoint-class failure returns an error; a failed update is a step (outcome
 // failed) that keeps the posterior.
 func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (*step, error) {
-	s, err := d.computeUpdate(ctx, prev, inc)
+	X, y := inc.XY()
+	s, err := d.computeUpdate(ctx, prev, inc, X, y)
 	if err != nil || s.update == nil {
 		return s, err
 	}
 	// Test, then train: the records are scored under prev, the posterior before them, whatever
 	// the update's outcome; the record goes into the same checkpoint as the update.
-	X, y := inc.XY()
 	q, data, err := d.quality.score(prev, X, y, d.cfg.Update.Draws, s.seed^0x9e4d5c07, time.Now())
 	if err != nil {
 		d.log.Error("prequential scoring failed; the increment is applied unscored", "posterior_version", prev.Version, "err", err)
@@ -205,8 +205,8 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 	return s, nil
 }
 
-// computeUpdate is compute without the prequential scores.
-func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (*step, error) {
+// computeUpdate is compute without the prequential scores; (X, y) are inc's good records.
+func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream.Increment, X [][]float64, y []int) (*step, error) {
 	s := &step{prev: prev, counters: map[string]int64{}, records: len(inc.Records)}
 	if inc.DeadLettered > 0 {
 		s.counters["dead_lettered"] = int64(inc.DeadLettered)
@@ -217,7 +217,6 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 	if len(inc.Records) == 0 {
 		return s, nil
 	}
-	X, y := inc.XY()
 	s.seed = d.cfg.Update.Seed ^ (prev.Version+1)*0x9e3779b97f4a7c15 // deterministic per version: replays agree
 	from, ucfg := d.cfg.Update.Step(prev, len(X), s.seed)
 	next, st, err := update.LastLayer(ctx, from, X, y, ucfg)
@@ -233,6 +232,10 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
 		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Error: err.Error()}}
 		return s, nil
+	}
+	if ucfg.Solver == update.SolverConverge && !st.Converged {
+		d.log.Warn("update did not converge within update.max_iterations; its posterior is the best found", "posterior_version", prev.Version+1,
+			"iterations", st.Iterations, "max_iterations", ucfg.MaxIterations, "records", len(X))
 	}
 	kl := st.KL // KL(q_new || q_prev), computed by the update
 	outcome, over := certify.Decide(kl, d.budget, d.cfg.Certify.OnBreach)
