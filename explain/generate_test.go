@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
@@ -283,15 +282,31 @@ func TestGenerateContext(t *testing.T) {
 	if _, err := g.Generate(ctx, set.X[0], 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	if _, err := g.Generate(ctx, set.X[0], 1); !errors.Is(err, context.DeadlineExceeded) {
+	// A deadline that passes mid-search, at the sixth check of the context (Generate's own check,
+	// then one per iteration): Generate returns DeadlineExceeded at the first check after it,
+	// running no iteration past its deadline.
+	dl := &countdown{Context: context.Background(), left: 5}
+	if _, err := g.Generate(dl, set.X[0], 1); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("deadline: %v", err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("Generate returned %v after a 50ms deadline", d)
+	if dl.checks != 6 {
+		t.Errorf("Generate checked its context %d times; the deadline passed after 5 checks, so want 6", dl.checks)
 	}
+}
+
+// countdown is a context whose deadline passes after left checks of Err: a deadline counted in
+// the callee's steps, not in wall time, so a busy machine cannot move it.
+type countdown struct {
+	context.Context
+	left, checks int
+}
+
+func (c *countdown) Err() error {
+	c.checks++
+	if c.checks > c.left {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // TestBreastCancerPSCEvsWachter is the CI-sized comparison on the paper's data: PSCE's
