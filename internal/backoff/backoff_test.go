@@ -25,11 +25,8 @@ func TestWaitHonoursContext(t *testing.T) {
 	bo := Backoff{Min: time.Hour, Max: time.Hour}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	start := time.Now()
+	// A Wait that ignored the context would sleep for an hour, past the test binary's timeout.
 	if err := bo.Wait(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("wait on a cancelled context: %v", err)
-	}
-	if time.Since(start) > time.Second {
-		t.Fatal("wait ignored the cancelled context")
 	}
 }
