@@ -160,50 +160,22 @@ func TestSeveralNodesServeOneCluster(t *testing.T) {
 	}
 }
 
-// startOnPortsLetGo starts a broker on ports that pick found free and let go: the broker binds
-// them itself, since binding the ports it is given is what the test checks. Until it does, any
-// other socket may take one of them; Start then fails with "address already in use", and this
-// picks again and starts again, up to 10 times. Any other error fails the test.
-func startOnPortsLetGo(t *testing.T, pick func() broker.Config) (*broker.Broker, broker.Config) {
+// startOnUnassigned starts a broker of nodes on consecutive ports below the kernel's ephemeral
+// range (testnet.Unassigned): the broker binds them itself, since binding the ports it is given
+// is what the test checks, and no socket takes such a port unless it names it.
+func startOnUnassigned(t *testing.T, nodes int) (*broker.Broker, broker.Config) {
 	t.Helper()
-	for attempt := 1; ; attempt++ {
-		cfg := pick()
-		b, err := broker.Start(context.Background(), cfg, testLogger(t))
-		if err == nil {
-			t.Cleanup(b.Close)
-			return b, cfg
-		}
-		if !strings.Contains(err.Error(), "address already in use") || attempt == 10 {
-			t.Fatalf("start on %s (attempt %d): %v", cfg.Listen, attempt, err)
-		}
-		t.Logf("a port was taken before the broker bound it (%v); picking others", err)
+	cfg := broker.Config{Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(testnet.Unassigned(t, nodes))), Nodes: nodes}
+	b, err := broker.Start(context.Background(), cfg, testLogger(t))
+	if err != nil {
+		t.Fatalf("start on %s: %v", cfg.Listen, err)
 	}
+	t.Cleanup(b.Close)
+	return b, cfg
 }
 
 func TestNodesOnConsecutivePorts(t *testing.T) {
-	// Three free consecutive ports: a free port whose two successors this test can bind too.
-	pick := func() broker.Config {
-		for range 20 {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			base := ln.Addr().(*net.TCPAddr).Port
-			ln1, err1 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)))
-			ln2, err2 := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+2)))
-			for _, l := range []net.Listener{ln, ln1, ln2} {
-				if l != nil {
-					l.Close()
-				}
-			}
-			if err1 == nil && err2 == nil {
-				return broker.Config{Listen: ln.Addr().String(), Nodes: 3}
-			}
-		}
-		t.Fatal("no three consecutive free ports found in 20 tries")
-		return broker.Config{}
-	}
-	b, cfg := startOnPortsLetGo(t, pick)
+	b, cfg := startOnUnassigned(t, 3)
 	base := must(strconv.Atoi(cfg.Listen[strings.LastIndexByte(cfg.Listen, ':')+1:]))
 	want := fmt.Sprintf("[127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d]", base, base+1, base+2)
 	if got := fmt.Sprint(b.Addrs()); got != want {

@@ -17,7 +17,11 @@ package testnet
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -76,4 +80,54 @@ func (p *Port) Listen(t testing.TB) net.Listener {
 		t.Fatalf("testnet: listening on the held port %s: %v", p.addr, err)
 	}
 	return ln
+}
+
+// Unassigned returns the first of n consecutive loopback ports that are free and lie below the
+// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), for a test of a server that
+// must bind an address it is given by itself. The kernel gives ports of that range to sockets
+// bound to port 0 and to outgoing connections; a port below it is taken only by a socket that
+// names it, so between this check and the server's bind no test of this repository (they all
+// bind port 0 or hold a Port) and no connection can take it. Ports are tried from a random start
+// so that parallel test binaries do not all try the same ones first.
+func Unassigned(t testing.TB, n int) int {
+	t.Helper()
+	low := 32768 // Linux's default when the file cannot be read
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
+	}
+	const first = 20000 // above the well-known and most registered services' ports
+	if low-first < 100*n {
+		t.Fatalf("testnet: the ephemeral range starts at %d, leaving no room below it for %d ports", low, n)
+	}
+	start := first + rand.IntN(low-first-n)
+	for i := 0; i < low-first; i++ {
+		base := first + (start-first+i)%(low-first-n)
+		if free(base, n) {
+			return base
+		}
+	}
+	t.Fatalf("testnet: no %d consecutive free ports between %d and %d", n, first, low)
+	return 0
+}
+
+// free reports whether ports base..base+n-1 can each be bound on 127.0.0.1 now.
+func free(base, n int) bool {
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for p := base; p < base+n; p++ {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		held = append(held, l)
+	}
+	return true
 }
