@@ -51,7 +51,7 @@ type core interface {
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
 	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now; ok is false when it has none (share.outcome asks the owner for it).
-	localOutcome(id, rid string) (o ledger.Outcome, ce *ledger.CE, ok bool, err error)
+	localOutcome(id, rid string) (ro requestOutcome, ok bool, err error)
 	audit(ctx context.Context) (ledger.AuditReport, error)
 	auditStatus() auditStatus
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
@@ -639,14 +639,14 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 // handleOutcome answers another replica's question (share.outcome): the outcome this replica's
 // ledger stored for request rid, or 404 while it has not applied it.
 func (a *api) handleOutcome(w http.ResponseWriter, id, rid string) {
-	o, ce, ok, err := a.core.localOutcome(id, rid)
+	ro, ok, err := a.core.localOutcome(id, rid)
 	switch {
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	case !ok:
 		writeError(w, http.StatusNotFound, fmt.Sprintf("request %q for %q not applied here", rid, id))
 	default:
-		writeJSON(w, http.StatusOK, requestOutcome{Outcome: o, Counterfactual: ce})
+		writeJSON(w, http.StatusOK, ro)
 	}
 }
 

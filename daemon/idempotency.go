@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -107,41 +107,45 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 	return nil, fmt.Errorf("the registration of %q has outcome %q", o.ID, o.Result)
 }
 
-// localOutcome is the outcome of request rid in this ledger, with the CE stored under id now.
-func (d *Daemon) localOutcome(id, rid string) (ledger.Outcome, *ledger.CE, bool, error) {
+// localOutcome is the outcome of request rid in this ledger, with the CE stored under id now
+// and, on a replica, the offset of id's partition applied before they were read.
+func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
+	var ro requestOutcome
+	if d.rep != nil {
+		off, _, err := d.ledger.ShareOffset(ceshare.Partition(id, d.rep.share.partitions))
+		if err != nil {
+			return ro, false, err
+		}
+		ro.Applied = off
+	}
 	o, ok, err := d.ledger.Outcome(rid)
 	if err != nil || !ok {
-		return o, nil, false, err
+		return ro, false, err
 	}
+	ro.Outcome = o
 	ce, err := d.ledger.Get(id)
-	if errors.Is(err, ledger.ErrNotFound) {
-		return o, nil, true, nil
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+	case err != nil:
+		return ro, false, err
+	default:
+		ro.Counterfactual = ce
 	}
-	return o, ce, err == nil, err
+	return ro, true, nil
 }
 
-// replay answers a keyed registration whose request was applied before from its outcome; ok is
-// false when it was not (or its outcome cannot be read now: the ledger that applies the request
-// sends it away again then).
-func (d *Daemon) replay(ctx context.Context, r registration) (registered, bool) {
-	if r.req.RID == "" || r.id == "" {
+// replay answers a keyed registration whose request this single daemon's ledger applied
+// before from its outcome; ok is false when it did not. (A replica sends the request again
+// instead: its owner applies it once, and share.await answers it in the partition's order.)
+func (d *Daemon) replay(r registration) (registered, bool) {
+	if d.rep != nil || r.req.RID == "" || r.id == "" {
 		return registered{}, false
 	}
-	var (
-		o   ledger.Outcome
-		cur *ledger.CE
-		ok  bool
-		err error
-	)
-	if d.rep != nil {
-		o, cur, ok, err = d.rep.share.outcome(ctx, r.id, r.req.RID)
-	} else {
-		o, cur, ok, err = d.localOutcome(r.id, r.req.RID)
-	}
+	ro, ok, err := d.localOutcome(r.id, r.req.RID)
 	if err != nil || !ok {
 		return registered{}, false
 	}
-	ce, err := answerOutcome(o, cur, r.x, r.xcf, r.req.Fingerprint)
+	ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
 	return registered{ce: ce, err: err}, true
 }
 

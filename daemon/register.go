@@ -30,12 +30,13 @@ type registration struct {
 	req    ledger.RequestRef // its request id and fingerprint when sent with an Idempotency-Key
 }
 
-// registered is the outcome of one registration: the CE as stored, or why it was not; req is
-// the request a replica sent it as.
+// registered is the outcome of one registration: the CE as stored, or why it was not; req and
+// offset are the request a replica sent it as.
 type registered struct {
-	ce  *ledger.CE
-	err error
-	req ledger.RequestRef
+	ce     *ledger.CE
+	err    error
+	req    ledger.RequestRef
+	offset int64 // where a replica's request landed in its CE-topic partition
 }
 
 // maxRegisterBatch bounds the registrations measured and stored together: measuring one takes
@@ -54,7 +55,7 @@ const maxRegisterBatch = 256
 // registration (Idempotency-Key) whose request was applied before answers from that outcome
 // and is not sent again (answerOutcome).
 func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, error) {
-	if rep, ok := d.replay(ctx, r); ok {
+	if rep, ok := d.replay(r); ok {
 		return rep.ce, rep.err
 	}
 	out, err := d.registrar.submit(ctx, []registration{r}, false)
@@ -68,7 +69,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		return nil, out[0].err
 	}
 	if d.rep != nil {
-		return d.rep.share.await(ctx, out[0].ce, out[0].req)
+		return d.rep.share.await(ctx, out[0].ce, out[0].req, out[0].offset)
 	}
 	return d.ledger.Get(out[0].ce.ID)
 }
@@ -84,11 +85,9 @@ func (d *Daemon) registerMany(ctx context.Context, rs []registration) ([]registe
 		at   []int // index in rs of each registration in send
 	)
 	for i, r := range rs {
-		if d.rep == nil {
-			if rep, ok := d.replay(ctx, r); ok {
-				out[i] = rep
-				continue
-			}
+		if rep, ok := d.replay(r); ok {
+			out[i] = rep
+			continue
 		}
 		send, at = append(send, r), append(at, i)
 	}
@@ -391,8 +390,9 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		ces, stored = append(ces, ce), append(stored, i)
 	}
 	var (
-		errs []error
-		err  error
+		errs    []error
+		offsets []int64
+		err     error
 	)
 	refs := make([]ledger.RequestRef, len(ces))
 	keyed := false
@@ -403,7 +403,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	case d.rep != nil:
 		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
 		d.mu.Unlock()
-		errs = d.rep.share.send(ctx, ces, refs)
+		errs, offsets = d.rep.share.send(ctx, ces, refs)
 		d.mu.Lock()
 	case keyed:
 		errs, err = d.ledger.PutRequests(ctx, ces, refs)
@@ -425,6 +425,9 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 			continue
 		}
 		out[i].ce, out[i].req, n = ces[k], refs[k], n+1
+		if offsets != nil {
+			out[i].offset = offsets[k]
+		}
 		if !bulk {
 			d.log.Info("counterfactual registered", "id", ces[k].ID, "status", ces[k].Status, "p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
 		}

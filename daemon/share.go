@@ -273,9 +273,10 @@ type measured struct {
 }
 
 // send puts registrations on the CE topic, one request each, with the request id and
-// fingerprint of rs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome.
-func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) []error {
-	errs := make([]error, len(ces))
+// fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
+// offsets[i] where its request landed in its partition.
+func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
+	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
 	for i, ce := range ces {
 		if ce.ID == "" {
 			ce.ID = ledger.NewID()
@@ -291,11 +292,11 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		}
 		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC(),
 			RID: reqs[i].RID, Fingerprint: reqs[i].Fingerprint}
-		if _, _, err := s.prod.Send(ctx, req); err != nil {
+		if _, offsets[i], err = s.prod.Send(ctx, req); err != nil {
 			errs[i] = fmt.Errorf("%w: the registration could not be sent to the CE topic: %v", ledger.ErrWrite, err)
 		}
 	}
-	return errs
+	return errs, offsets
 }
 
 // newRID is a random request id.
@@ -304,18 +305,21 @@ func newRID() string { return rand.Text() }
 // errPending: a registration was sent, and its owner has not stored it yet.
 var errPending = errors.New("registration accepted; its owner has not stored it yet")
 
-// await waits until the owner of want's partition has applied the registration sent as ref and
-// answers its outcome (answerOutcome): what the owner decided at the request's offset, whatever
-// it held when it was asked.
-func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRef) (*ledger.CE, error) {
+// await waits until the owner of want's partition has applied the partition past offset, where
+// the registration sent as ref landed, and answers the outcome of ref's request
+// (answerOutcome): what the owner decided when it applied the request, in the partition's
+// order, whatever it held when the registration was accepted. A request applied before (a
+// retry with its Idempotency-Key) is answered once the owner has read the retry too, so that a
+// deletion between the two is seen.
+func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRef, offset int64) (*ledger.CE, error) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		o, ce, ok, err := s.outcome(ctx, want.ID, ref.RID)
-		if err == nil && ok {
-			return answerOutcome(o, ce, want.X, want.XCF, ref.Fingerprint)
+		ro, ok, err := s.outcome(ctx, want.ID, ref.RID)
+		if err == nil && ok && ro.Applied > offset {
+			return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 		}
 		select {
 		case <-ctx.Done():
@@ -325,15 +329,14 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 	}
 }
 
-// outcome returns the outcome of request rid, for CE id, from the owner of id's partition,
-// with the CE stored under id now (nil when none); ok is false while the owner has not applied
-// the request.
-func (s *share) outcome(ctx context.Context, id, rid string) (o ledger.Outcome, ce *ledger.CE, ok bool, err error) {
+// outcome returns the outcome of request rid, for CE id, from the owner of id's partition; ok
+// is false while the owner has not applied the request.
+func (s *share) outcome(ctx context.Context, id, rid string) (ro requestOutcome, ok bool, err error) {
 	p := ceshare.Partition(id, s.partitions)
 	owner := ceshare.Owner{Replica: s.id}
 	if !slices.Contains(s.member.Owned(), p) {
 		if owner, err = s.dir.Owner(ctx, id); err != nil {
-			return o, nil, false, err
+			return ro, false, err
 		}
 	}
 	if owner.Replica == s.id {
@@ -341,7 +344,7 @@ func (s *share) outcome(ctx context.Context, id, rid string) (o ledger.Outcome, 
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, owner.URL+"/v1/counterfactuals/"+url.PathEscape(id), nil)
 	if err != nil {
-		return o, nil, false, err
+		return ro, false, err
 	}
 	if s.d.cfg.HTTP.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.d.cfg.HTTP.Token)
@@ -350,24 +353,23 @@ func (s *share) outcome(ctx context.Context, id, rid string) (o ledger.Outcome, 
 	req.Header.Set(headerRequestID, rid)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return o, nil, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
+		return ro, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return o, nil, false, err
+		return ro, false, err
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
-		var got requestOutcome
-		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&got); err != nil {
-			return o, nil, false, fmt.Errorf("%s's answer: %w", owner.Replica, err)
+		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&ro); err != nil {
+			return ro, false, fmt.Errorf("%s's answer: %w", owner.Replica, err)
 		}
-		return got.Outcome, got.Counterfactual, true, nil
+		return ro, true, nil
 	case http.StatusNotFound:
-		return o, nil, false, nil
+		return ro, false, nil
 	}
-	return o, nil, false, fmt.Errorf("%s, the owner of partition %d, answered %d: %s", owner.Replica, p, resp.StatusCode, bytes.TrimSpace(body))
+	return ro, false, fmt.Errorf("%s, the owner of partition %d, answered %d: %s", owner.Replica, p, resp.StatusCode, bytes.TrimSpace(body))
 }
 
 // headerRequestID, on a request one replica forwards to another (headerForwarded), asks GET
@@ -375,10 +377,13 @@ func (s *share) outcome(ctx context.Context, id, rid string) (o ledger.Outcome, 
 // owner answers a requestOutcome, or 404 while it has not applied the request.
 const headerRequestID = "Cfguard-Request-Id"
 
-// requestOutcome is the owner's answer to a GET with headerRequestID.
+// requestOutcome is the owner's answer to a GET with headerRequestID: the request's outcome,
+// the CE stored under its id now (null when none), and the offset of the partition the owner
+// had applied up to before it read them (on a single daemon, 0).
 type requestOutcome struct {
 	Outcome        ledger.Outcome `json:"outcome"`
 	Counterfactual *ledger.CE     `json:"counterfactual"`
+	Applied        int64          `json:"applied"`
 }
 
 // find returns the CE id from its owner: this ledger when it owns id's partition, else the
