@@ -14,7 +14,8 @@ import (
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
-// the offset after the last request it applied, under meta key "share/<partition>".
+// the offset after the last request it applied, under meta key "share/<partition>". Only
+// ApplyShare stores it, in the transaction that applies the requests before it.
 func shareKey(p int) []byte { return []byte("share/" + strconv.Itoa(p)) }
 
 // ShareOffset is the offset after the last request of CE-topic partition p the ledger applied,
@@ -39,22 +40,6 @@ func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
 		return 0, false, fmt.Errorf("ledger: share offset: %w", err)
 	}
 	return off, ok, nil
-}
-
-// SetShareOffset records that the requests of partition p below next are applied.
-func (l *Ledger) SetShareOffset(p int, next int64) error {
-	if p < 0 || next < 0 {
-		return fmt.Errorf("ledger: share offset: %w", invalidf("partition %d offset %d", p, next))
-	}
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	err := l.update(func(tx *bolt.Tx) error {
-		return putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next)))
-	})
-	if err != nil {
-		return fmt.Errorf("ledger: share offset: %w", err)
-	}
-	return nil
 }
 
 // ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset and the
