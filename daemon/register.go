@@ -53,7 +53,8 @@ const maxRegisterBatch = 256
 // On a replica the registration is a request on the CE topic, and its answer is the outcome its
 // owner stored for it (share.await): what the owner decided at the request's offset. A keyed
 // registration (Idempotency-Key) whose request was applied before answers from that outcome
-// and is not sent again (answerOutcome).
+// (answerOutcome) and stores nothing again: a single daemon does not measure it again, a
+// replica sends it again and its owner skips it.
 func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, error) {
 	if rep, ok := d.replay(r); ok {
 		return rep.ce, rep.err

@@ -208,8 +208,8 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
 func (l *Ledger) registerOne(tx *bolt.Tx, ce *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail string, err error) {
 	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
 		have, err := l.load(tx, []byte(ce.ID), raw)
-		if err != nil {
-			return "", "", "", err
+		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
+			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), nil
 		}
 		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
 			return OutcomeSame, have.Status.String(), "", nil

@@ -1,10 +1,15 @@
 package ledger
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,5 +260,181 @@ func TestPutRequests(t *testing.T) {
 	l.failed = nil
 	if _, ok, _ := l.Outcome("k3"); ok {
 		t.Error("a failed write stored an outcome")
+	}
+}
+
+const shareCrashDirEnv = "CFGUARD_LEDGER_SHARE_CRASH_DIR"
+
+// longLog is a partition's requests over a few ids, drawn with a fixed seed (the same in the
+// parent and the child of TestShareKilledMidApply): registrations of two CEs per id, deletions,
+// and registrations delivered again.
+func longLog(t *testing.T, m *bnn.Model, n int) []ShareOp {
+	rng := rand.New(rand.NewPCG(11, 11))
+	type pair struct{ a, b *CE }
+	ids := make([]pair, 6)
+	for i := range ids {
+		a, b := newCE(t, m, rng), newCE(t, m, rng)
+		a.ID, b.ID = fmt.Sprintf("ce-%d", i), fmt.Sprintf("ce-%d", i)
+		ids[i] = pair{a, b}
+	}
+	var ops []ShareOp
+	for len(ops) < n {
+		k := rng.IntN(len(ids))
+		id := ids[k].a.ID
+		op := ShareOp{RID: fmt.Sprintf("r%d", len(ops)), ID: id, Offset: int64(len(ops))}
+		switch r := rng.IntN(10); {
+		case r < 3:
+			c := *ids[k].a
+			op.CE = &c
+		case r < 6:
+			c := *ids[k].b
+			op.CE = &c
+		case r < 8:
+		default: // an earlier request delivered again
+			if len(ops) > 0 {
+				prev := ops[rng.IntN(len(ops))]
+				prev.Offset = op.Offset
+				op = prev
+			}
+		}
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+// expected applies ops in order, each request id once, to a model of the ledger: each id's x_cf
+// (absent when none) and each request id's result.
+func expected(ops []ShareOp) (map[string][]float64, map[string]string) {
+	stored, results := map[string][]float64{}, map[string]string{}
+	for _, op := range ops {
+		if _, ok := results[op.RID]; ok {
+			continue
+		}
+		have, ok := stored[op.ID]
+		switch {
+		case op.CE == nil && ok:
+			delete(stored, op.ID)
+			results[op.RID] = OutcomeDeleted
+		case op.CE == nil:
+			results[op.RID] = OutcomeAbsent
+		case ok && slices.Equal(have, op.CE.XCF):
+			results[op.RID] = OutcomeSame
+		case ok:
+			results[op.RID] = OutcomeExists
+		default:
+			stored[op.ID], results[op.RID] = op.CE.XCF, OutcomeStored
+		}
+	}
+	return stored, results
+}
+
+// TestShareApplyChild is the child of TestShareKilledMidApply: it applies longLog to the ledger
+// in $CFGUARD_LEDGER_SHARE_CRASH_DIR from the offset stored there, a few requests per batch,
+// printing each offset stored, until the log ends or it is killed.
+func TestShareApplyChild(t *testing.T) {
+	dir := os.Getenv(shareCrashDirEnv)
+	if dir == "" {
+		t.Skip("child process of TestShareKilledMidApply")
+	}
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	if _, err := l.Current(); err != nil {
+		install(t, l, m)
+	}
+	ops := longLog(t, m, shareCrashOps)
+	for {
+		from, _, err := l.ShareOffset(shareCrashPartition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from >= int64(len(ops)) {
+			return
+		}
+		next := min(from+5, int64(len(ops)))
+		batch := make([]ShareOp, 0, next-from)
+		for _, op := range ops[from:next] {
+			if op.CE != nil {
+				c := *op.CE
+				op.CE = &c
+			}
+			batch = append(batch, op)
+		}
+		if _, err := l.ApplyShare(shareCrashPartition, batch, next, nil); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("applied %d\n", next)
+	}
+}
+
+const (
+	shareCrashOps       = 400
+	shareCrashPartition = 2
+)
+
+// TestShareKilledMidApply kills an owner applying its partition with SIGKILL at arbitrary
+// points: whatever the moment, the ledger holds exactly what applying the requests before its
+// stored offset leaves, each request once, and the next run goes on from there.
+func TestShareKilledMidApply(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills child processes")
+	}
+	dir := t.TempDir()
+	ops := longLog(t, testModel(4), shareCrashOps)
+	rng := rand.New(rand.NewPCG(43, 43))
+	for round := 0; ; round++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestShareApplyChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), shareCrashDirEnv+"="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(out)
+		seen, want := 0, 1+rng.IntN(12)
+		for seen < want && sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "applied ") {
+				seen++
+			}
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		cancel()
+		l, err := Open(dir, Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		off, _, err := l.ShareOffset(shareCrashPartition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, results := expected(ops[:off])
+		for i := range 6 {
+			id := fmt.Sprintf("ce-%d", i)
+			ce, err := l.Get(id)
+			want, ok := stored[id]
+			if ok != (err == nil) || (ok && !slices.Equal(ce.XCF, want)) {
+				t.Fatalf("round %d, offset %d: %s holds %v (%v), want %v", round, off, id, ce, err, want)
+			}
+		}
+		for _, op := range ops {
+			o, ok, err := l.Outcome(op.RID)
+			if want, applied := results[op.RID]; err != nil || ok != applied || (ok && o.Result != want) {
+				t.Fatalf("round %d, offset %d: outcome of %s = %+v, %v, %v; want %q", round, off, op.RID, o, ok, err, want)
+			}
+		}
+		l.Close()
+		t.Logf("round %d: killed after %d batches seen; the ledger holds offset %d", round, seen, off)
+		if off == int64(len(ops)) {
+			if round < 3 {
+				t.Fatalf("the log was applied in %d rounds: too few kills to test", round+1)
+			}
+			return
+		}
 	}
 }
