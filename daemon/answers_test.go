@@ -280,8 +280,9 @@ func countStored(t *testing.T, r *running) int {
 	return len(page.Items)
 }
 
-// On replicas, a client's retry with its Idempotency-Key at another replica after the CE's
-// deletion registers nothing and answers 409; a registration request the CE topic holds twice
+// On replicas, a client's retry with its Idempotency-Key at another replica answers the same CE,
+// the key with another body 422, and a retry after the CE's deletion registers nothing and
+// answers 409; a registration request the CE topic holds twice
 // (a producer's retry) registers nothing when its second copy comes after the deletion, while a
 // request with another request id does.
 func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
@@ -299,6 +300,10 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	}
 	if code, body := keyedDo(t, reps[1], "/v1/counterfactuals", "retry-1", ceA); code != http.StatusCreated {
 		t.Errorf("the same request at r2: %d %s; want 201", code, body)
+	}
+	ceB := map[string]any{"x": data.X[xs[1]], "x_cf": data.X[cfs[1]], "target": "benign"}
+	if code, body := keyedDo(t, reps[2], "/v1/counterfactuals", "retry-1", ceB); code != http.StatusUnprocessableEntity {
+		t.Errorf("the key with another body at r3: %d %s; want 422", code, body)
 	}
 	if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE at r2: %d %s", code, body)

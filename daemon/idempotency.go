@@ -150,16 +150,21 @@ func (d *Daemon) replay(r registration) (registered, bool) {
 }
 
 // duplicate answers a registration the ledger refused because its request was applied before
-// (a retry racing the first: *ledger.DuplicateError); ok is false for any other error.
+// (a retry racing the first: *ledger.DuplicateError), or because its id was taken by the same
+// request in the same write (two attempts with one key at once); ok is false for any other
+// error.
 func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
 	var dup *ledger.DuplicateError
-	if !errors.As(err, &dup) {
-		return registered{}, false
+	if errors.As(err, &dup) {
+		cur, gerr := d.ledger.Get(dup.Outcome.ID)
+		if gerr != nil {
+			cur = nil
+		}
+		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
+		return registered{ce: ce, err: err}, true
 	}
-	cur, gerr := d.ledger.Get(dup.Outcome.ID)
-	if gerr != nil {
-		cur = nil
+	if errors.Is(err, ledger.ErrExists) {
+		return d.replay(r)
 	}
-	ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
-	return registered{ce: ce, err: err}, true
+	return registered{}, false
 }
