@@ -354,3 +354,37 @@ func forgetOutcomes(tx *bolt.Tx, p int) error {
 	}
 	return nil
 }
+
+// checkOutcomes checks that every outcome decodes, and that requests and requests_at index the
+// same request ids, each at its outcome's time (Verify runs it).
+func checkOutcomes(tx *bolt.Tx) error {
+	at, reqs := tx.Bucket(bRequestsAt), tx.Bucket(bRequests)
+	if at == nil && reqs == nil {
+		return nil
+	}
+	if at == nil || reqs == nil {
+		return corruptf("request outcomes: one of buckets %q and %q is missing", bRequests, bRequestsAt)
+	}
+	n := 0
+	err := at.ForEach(func(k, _ []byte) error {
+		if len(k) <= 8 {
+			return corruptf("requests_at: key %x is too short", k)
+		}
+		o, ok, err := readOutcome(tx, string(k[8:]))
+		if err != nil {
+			return err
+		}
+		if !ok || !bytes.Equal(outcomeAtKey(o.At, string(k[8:])), k) {
+			return corruptf("requests_at: request %q has no outcome at the time its key names", k[8:])
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if have := reqs.Stats().KeyN; have != n {
+		return corruptf("request outcomes: %d outcomes, %d in requests_at", have, n)
+	}
+	return nil
+}

@@ -8,10 +8,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -429,6 +432,9 @@ func TestShareKilledMidApply(t *testing.T) {
 			}
 		}
 		l.Close()
+		if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
 		t.Logf("round %d: killed after %d batches seen; the ledger holds offset %d", round, seen, off)
 		if off == int64(len(ops)) {
 			if round < 3 {
@@ -436,5 +442,40 @@ func TestShareKilledMidApply(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// Verify checks the request outcomes: an outcome without its entry in requests_at is damage.
+func TestVerifyChecksOutcomes(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	install(t, l, m)
+	a := newCE(t, m, rand.New(rand.NewPCG(3, 3)))
+	a.ID = "a"
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "r1", ID: "a", CE: a}, {RID: "r2", ID: "b"}}, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	path := filepath.Join(dir, FileName)
+	if _, err := Verify(path); err != nil {
+		t.Fatalf("Verify of a ledger with outcomes: %v", err)
+	}
+	if l, err = Open(dir, Options{Logger: quietLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	l.wmu.Lock()
+	err = l.update(func(tx *bolt.Tx) error { return tx.Bucket(bRequestsAt).Delete(outcomeAtKey(outs[1].At, "r2")) })
+	l.wmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if _, err := Verify(path); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Verify of an outcome missing from requests_at: %v, want ErrCorrupt", err)
 	}
 }
