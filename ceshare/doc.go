@@ -16,7 +16,8 @@
 // every partition the group assigns it (the daemon answers with the offset its ledger stored
 // for the partition, 0 when it has none), then reads each partition from there and hands its
 // requests to Hooks.Apply in batches, with the offset after them (the daemon stores both in
-// one transaction). Malformed records are left out, counted by reason and logged; they never
+// one transaction). Each request carries a request id (Request.RID) that the daemon applies
+// once, so that a producer's retry of a request that landed changes nothing. Malformed records are left out, counted by reason and logged; they never
 // block a partition. A partition the next generation gives to another member is released
 // (Hooks.Release), and so is everything when the member stops, or when no generation comes
 // within the session timeout after the last one ended (the group evicted the member). A

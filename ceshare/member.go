@@ -28,9 +28,9 @@ type Hooks interface {
 	// it keeps p from the previous one): it returns the offset to read p from, the one the
 	// ledger stored with p's last applied requests (0 when it has none).
 	Acquire(ctx context.Context, p int) (from int64, err error)
-	// Apply stores the requests read from p (in offset order, malformed records left out);
-	// next is the offset after the last record read, which the ledger stores with them, in
-	// one transaction. reqs may be empty when only malformed records were read.
+	// Apply stores the requests read from p (in offset order, malformed records left out, each
+	// with its Offset); next is the offset after the last record read, which the ledger stores
+	// with them, in one transaction. reqs may be empty when only malformed records were read.
 	Apply(ctx context.Context, p int, reqs []Request, next int64) error
 	// Release is called when p is no longer this replica's: the next generation does not
 	// give it p, no generation came within the session timeout after the last one ended (the
@@ -542,6 +542,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 			m.log.Warn("malformed CE request skipped", "partition", p, "offset", r.Offset, "reason", de.Reason, "detail", de.Detail)
 			return nil
 		}
+		req.Offset = r.Offset
 		out = append(out, offsetRequest{req: req, offset: r.Offset})
 		return nil
 	})

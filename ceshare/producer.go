@@ -52,8 +52,9 @@ func NewProducer(ctx context.Context, conn stream.ConnConfig, topic string, keys
 }
 
 // Send appends r to its partition with acks=all and returns where it landed. Transient broker
-// errors are retried with backoff until ctx ends; an error means the request may or may not
-// have been written (a retry of it is harmless to an owner, which applies requests by id).
+// errors are retried with backoff until ctx ends, with the same record: a retry of a write
+// that landed puts the request twice in the partition, and the owner applies a request id
+// (Request.RID) once. An error means the request may or may not have been written.
 func (p *Producer) Send(ctx context.Context, r Request) (partition int, offset int64, err error) {
 	key, value, err := Encode(r)
 	if err != nil {

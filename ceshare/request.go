@@ -44,7 +44,23 @@ type Request struct {
 	Replica string `json:"replica"`
 	// At is when that replica accepted it.
 	At time.Time `json:"at"`
+	// RID identifies the request: an owner applies a request of a given RID once, however many
+	// times the CE topic holds it (a producer's retry of a write that landed), and records its
+	// outcome under it (the answer the accepting replica gives). A registration with an
+	// Idempotency-Key has the RID the key derives, so a client's retry with the key is the same
+	// request. Empty in requests written before RIDs existed: those are applied each time.
+	RID string `json:"rid,omitempty"`
+	// Fingerprint is, for a request with an Idempotency-Key, the SHA-256 of what the client sent
+	// (hex): a request whose RID was applied with another fingerprint is the key reused for
+	// another request, and is not applied.
+	Fingerprint string `json:"fingerprint,omitempty"`
+
+	// Offset is where the request was read in its partition (set by Member, not encoded).
+	Offset int64 `json:"-"`
 }
+
+// MaxRIDLen bounds a request's RID.
+const MaxRIDLen = 128
 
 // Reasons a record of the CE topic is refused by Decode, as DecodeError.Reason. They label
 // MemberStats.Skipped.
@@ -56,6 +72,7 @@ const (
 	ReasonCE      = "ce"      // a registration without a CE object, or a deletion with one
 	ReasonReplica = "replica" // Replica is empty
 	ReasonAt      = "at"      // At is missing
+	ReasonRID     = "rid"     // RID or Fingerprint is too long or holds bytes other than printable ASCII
 	// ReasonUnauthenticated: the record's authenticator is missing or does not verify under
 	// the cluster's keys (MemberConfig.Keys); the record is not decoded.
 	ReasonUnauthenticated = "unauthenticated"
@@ -63,7 +80,7 @@ const (
 
 // Reasons lists every DecodeError.Reason, so that counters can start at 0.
 func Reasons() []string {
-	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonUnauthenticated}
+	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonRID, ReasonUnauthenticated}
 }
 
 // ErrDecode is matched (errors.Is) by every DecodeError.
@@ -137,7 +154,25 @@ func (r *Request) check() error {
 	if r.At.IsZero() {
 		return &DecodeError{Reason: ReasonAt, Detail: "no time of acceptance"}
 	}
+	for name, v := range map[string]string{"rid": r.RID, "fingerprint": r.Fingerprint} {
+		if !printable(v, MaxRIDLen) {
+			return &DecodeError{Reason: ReasonRID, Detail: fmt.Sprintf("%s %q: want at most %d printable ASCII bytes", name, clip([]byte(v)), MaxRIDLen)}
+		}
+	}
 	return nil
+}
+
+// printable says whether s is at most max bytes of printable ASCII.
+func printable(s string, max int) bool {
+	if len(s) > max {
+		return false
+	}
+	for i := range len(s) {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // clip shortens bytes quoted in an error.

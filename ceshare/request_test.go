@@ -17,6 +17,8 @@ func TestRequestRoundTrip(t *testing.T) {
 	for _, r := range []Request{
 		{Kind: KindRegister, ID: "ce-1", CE: json.RawMessage(`{"x":[1,2.5],"p1":0.97}`), Replica: "r1", At: at},
 		{Kind: KindDelete, ID: "a.b:c_d-9", Replica: "replica-2", At: at},
+		{Kind: KindRegister, ID: "ce-2", CE: json.RawMessage(`{"x":[1]}`), Replica: "r1", At: at, RID: "key-0a1b", Fingerprint: "9f86d0"},
+		{Kind: KindDelete, ID: "ce-2", Replica: "r1", At: at, RID: "QF3ZJ7XK2M"},
 	} {
 		key, value, err := Encode(r)
 		if err != nil {
@@ -53,6 +55,9 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 		{"delete with a ce", "ce-1", `{"kind":"delete","id":"ce-1","ce":{"x":1},"replica":"r","at":` + at + `}`, ReasonCE},
 		{"no replica", "ce-1", `{"kind":"delete","id":"ce-1","at":` + at + `}`, ReasonReplica},
 		{"no time", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r"}`, ReasonAt},
+		{"rid with a space", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"rid":"a b"}`, ReasonRID},
+		{"rid too long", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"rid":"` + strings.Repeat("r", MaxRIDLen+1) + `"}`, ReasonRID},
+		{"fingerprint not ascii", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"fingerprint":"é"}`, ReasonRID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Decode([]byte(tc.key), []byte(tc.value))

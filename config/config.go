@@ -94,6 +94,11 @@ type HTTP struct {
 	// 10^4 per CPU the daemon may use (GOMAXPROCS): at most about what that many requests of the
 	// largest size would take, each on a core.
 	MaxPredictInputs int `yaml:"max_predict_inputs"`
+	// IdempotencyWindow is how long the ledger keeps the outcome of a registration sent with an
+	// Idempotency-Key (and, on a replica, of every request of the CE topic it applied): a retry
+	// within it answers that outcome and stores nothing again; after it, the key is forgotten.
+	// Default: 24h.
+	IdempotencyWindow time.Duration `yaml:"idempotency_window"`
 	// WebConfigFile is a Prometheus exporter-toolkit web configuration file
 	// (tls_server_config, client CAs for mTLS, basic_auth_users, http_server_config): it serves
 	// the API, /metrics and the probes over TLS, and is reread on every new connection, so a
@@ -368,7 +373,7 @@ func Default() Config {
 	return Config{
 		HTTP: HTTP{Listen: "127.0.0.1:8080", ShutdownTimeout: 10 * time.Second, MaxBodyBytes: 1 << 20,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute,
-			IdleTimeout: 2 * time.Minute, MaxConnections: 1024},
+			IdleTimeout: 2 * time.Minute, MaxConnections: 1024, IdempotencyWindow: 24 * time.Hour},
 		StateDir: "./state",
 		Model:    Model{Dataset: "breast_cancer", Seed: 1},
 		Kafka: Kafka{EmbeddedListen: "127.0.0.1:9092", Topic: "cfguard.records", DeadLetterTopic: "cfguard.records.dlq",
@@ -782,6 +787,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HTTP.MaxPredictInputs < 0 {
 		bad("http.max_predict_inputs", c.HTTP.MaxPredictInputs, "must be >= 0 (0: 10000 per CPU)")
+	}
+	if c.HTTP.IdempotencyWindow < time.Minute {
+		bad("http.idempotency_window", c.HTTP.IdempotencyWindow, "must be at least 1m (a client's retries come within it)")
 	}
 	if c.StateDir == "" {
 		bad("state_dir", `""`, "must name a directory")

@@ -534,6 +534,7 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"http.idle_timeout", "must be positive", func(c *Config) { c.HTTP.IdleTimeout = 0 }, func(c *Config) { c.HTTP.IdleTimeout = 1 }},
 		{"http.max_connections", "must be positive", func(c *Config) { c.HTTP.MaxConnections = 0 }, func(c *Config) { c.HTTP.MaxConnections = 1 }},
 		{"http.max_predict_inputs", "must be >= 0", func(c *Config) { c.HTTP.MaxPredictInputs = -1 }, func(c *Config) { c.HTTP.MaxPredictInputs = 0 }},
+		{"http.idempotency_window", "must be at least 1m", func(c *Config) { c.HTTP.IdempotencyWindow = 59 * time.Second }, func(c *Config) { c.HTTP.IdempotencyWindow = time.Minute }},
 		{"state_dir", "must name a directory", func(c *Config) { c.StateDir = "" }, nil},
 		{"model.dataset", "needed when model.path is empty", func(c *Config) { c.Model.Dataset = "" }, func(c *Config) { c.Model.Dataset, c.Model.Path = "", "m" }},
 		{"model.dataset", "not a bundled data set", func(c *Config) { c.Model.Dataset = "nosuch" }, nil},

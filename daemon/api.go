@@ -49,6 +49,9 @@ type core interface {
 	forget(ctx context.Context, id string) error
 	// find returns a stored CE, from its owner on a replica; replica names who answered.
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
+	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
+	// id now; ok is false when it has none (share.outcome asks the owner for it).
+	localOutcome(id, rid string) (ro requestOutcome, ok bool, err error)
 	audit(ctx context.Context) (ledger.AuditReport, error)
 	auditStatus() auditStatus
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
@@ -414,7 +417,9 @@ func registerStatus(err error) int {
 	switch {
 	case errors.Is(err, errBadRequest), errors.Is(err, ledger.ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, ledger.ErrExists):
+	case errors.Is(err, errKeyReused):
+		return http.StatusUnprocessableEntity
+	case errors.Is(err, ledger.ErrExists), errors.Is(err, errDeletedSince):
 		return http.StatusConflict
 	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
 		return http.StatusUnprocessableEntity
@@ -438,13 +443,30 @@ type registerRequest struct {
 // handleRegister stores a counterfactual: p1 and Var1 are measured under the current posterior,
 // the CE is anchored to it, and <delta, epsilon>-set membership decides certified vs
 // uncertified (or refusal, with certify.uncertified: refuse).
+//
+// With an Idempotency-Key header, the registration is one request however often it is sent
+// (see keyed and answerOutcome).
 func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
-	var req registerRequest
-	if err := decodeBody(r, &req); err != nil {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, err := readBody(r)
+	if err != nil {
 		writeBodyError(w, err)
 		return
 	}
-	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target})
+	var req registerRequest
+	if err := decodeJSON(body, &req); err != nil {
+		writeBodyError(w, err)
+		return
+	}
+	reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
+	if key != "" {
+		keyed(&reg, key, "", r.Method, r.URL.Path, body)
+	}
+	ce, err := a.core.register(r.Context(), reg)
 	if errors.Is(err, errPending) {
 		// A replica sent it to its owner, which has not stored it yet: GET it later.
 		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
@@ -491,7 +513,15 @@ type bulkResult struct {
 // already stored under its id with the same x, x_cf and target is reported "exists". A ledger
 // that cannot be written, or a daemon stopping, answers the whole request 503 with Retry-After:
 // lines before the failed batch may be stored, and are reported "exists" when sent again.
+//
+// With an Idempotency-Key header, each line is one request however often the body is sent
+// (keyed: its request id is derived from the key and its line number).
 func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	body, err := readBody(r)
 	if err != nil {
 		writeBodyError(w, err)
@@ -516,8 +546,12 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		if err := decodeJSON(line, &req); err != nil {
 			res.Code, res.Error = http.StatusBadRequest, err.Error()
 		} else {
-			res.ID = string(req.ID)
-			regs, at = append(regs, registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}), append(at, len(results))
+			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
+			if key != "" {
+				keyed(&reg, key, fmt.Sprintf("line %d", n+1), r.Method, r.URL.Path, body)
+			}
+			res.ID = reg.id
+			regs, at = append(regs, reg), append(at, len(results))
 		}
 		results = append(results, res)
 	}
@@ -537,7 +571,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				res.ID, res.Status = o.ce.ID, "accepted"
 			case o.err == nil:
 				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
-			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
+			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping), errors.Is(o.err, errKeyReused):
 				writeRegisterError(w, o.err)
 				return
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
@@ -579,6 +613,10 @@ func (a *api) sameAsStored(r registration) bool {
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
+	if rid := r.Header.Get(headerRequestID); rid != "" && r.Header.Get(headerForwarded) != "" {
+		a.handleOutcome(w, r.PathValue("id"), rid)
+		return
+	}
 	ce, replica, err := a.core.find(r.Context(), r.PathValue("id"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
 	if replica != "" {
 		w.Header().Set(headerReplica, replica)
@@ -596,6 +634,20 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ce)
+}
+
+// handleOutcome answers another replica's question (share.outcome): the outcome this replica's
+// ledger stored for request rid, or 404 while it has not applied it.
+func (a *api) handleOutcome(w http.ResponseWriter, id, rid string) {
+	ro, ok, err := a.core.localOutcome(id, rid)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	case !ok:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("request %q for %q not applied here", rid, id))
+	default:
+		writeJSON(w, http.StatusOK, ro)
+	}
 }
 
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {

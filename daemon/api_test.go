@@ -233,6 +233,9 @@ func (f *fakeCore) forget(context.Context, string) error       { return ledger.E
 func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {
 	return nil, "", ledger.ErrNotFound
 }
+func (f *fakeCore) localOutcome(string, string) (requestOutcome, bool, error) {
+	return requestOutcome{}, false, nil
+}
 func (f *fakeCore) auditStatus() auditStatus                   { return auditStatus{} }
 func (f *fakeCore) readiness(context.Context) error            { return nil }
 func (f *fakeCore) replication(context.Context) map[string]any { return nil }

@@ -282,7 +282,8 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		return fmt.Errorf("state_dir: %w", err)
 	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
-		VerdictAlpha: d.cfg.Certify.VerdictAlpha})
+		RequestWindow: d.cfg.HTTP.IdempotencyWindow,
+		VerdictAlpha:  d.cfg.Certify.VerdictAlpha})
 	if err != nil {
 		return err
 	}

@@ -27,12 +27,16 @@ type registration struct {
 	id     string
 	x, xcf []float64
 	target target
+	req    ledger.RequestRef // its request id and fingerprint when sent with an Idempotency-Key
 }
 
-// registered is the outcome of one registration: the CE as stored, or why it was not.
+// registered is the outcome of one registration: the CE as stored, or why it was not; req and
+// offset are the request a replica sent it as.
 type registered struct {
-	ce  *ledger.CE
-	err error
+	ce     *ledger.CE
+	err    error
+	req    ledger.RequestRef
+	offset int64 // where a replica's request landed in its CE-topic partition
 }
 
 // maxRegisterBatch bounds the registrations measured and stored together: measuring one takes
@@ -45,24 +49,63 @@ const maxRegisterBatch = 256
 // a counterfactual, and stores it anchored to that posterior: certified when in its
 // <delta, epsilon>-set, else refused or stored as uncertified (certify.uncertified). Concurrent
 // registrations share one measurement and one durable write (see registrar).
+//
+// On a replica the registration is a request on the CE topic, and its answer is the outcome its
+// owner stored for it (share.await): what the owner decided at the request's offset. A keyed
+// registration (Idempotency-Key) whose request was applied before answers from that outcome
+// (answerOutcome) and stores nothing again: a single daemon does not measure it again, a
+// replica sends it again and its owner skips it.
 func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, error) {
+	if rep, ok := d.replay(r); ok {
+		return rep.ce, rep.err
+	}
 	out, err := d.registrar.submit(ctx, []registration{r}, false)
 	if err != nil {
 		return nil, err
 	}
 	if out[0].err != nil {
+		if rep, ok := d.duplicate(r, out[0].err); ok {
+			return rep.ce, rep.err
+		}
 		return nil, out[0].err
 	}
 	if d.rep != nil {
-		return d.rep.share.await(ctx, out[0].ce)
+		return d.rep.share.await(ctx, out[0].ce, out[0].req, out[0].offset)
 	}
 	return d.ledger.Get(out[0].ce.ID)
 }
 
 // registerMany is register for up to maxRegisterBatch CEs sent together (a bulk import): each
-// has its own outcome, in order. The CEs returned are as Put filled them in.
+// has its own outcome, in order. The CEs returned are as Put filled them in. A single daemon
+// answers a keyed registration applied before from its outcome; a replica sends every
+// registration (its owner applies a request once) and answers it accepted.
 func (d *Daemon) registerMany(ctx context.Context, rs []registration) ([]registered, error) {
-	return d.registrar.submit(ctx, rs, true)
+	out := make([]registered, len(rs))
+	var (
+		send []registration
+		at   []int // index in rs of each registration in send
+	)
+	for i, r := range rs {
+		if rep, ok := d.replay(r); ok {
+			out[i] = rep
+			continue
+		}
+		send, at = append(send, r), append(at, i)
+	}
+	if len(send) == 0 {
+		return out, nil
+	}
+	got, err := d.registrar.submit(ctx, send, true)
+	if err != nil {
+		return nil, err
+	}
+	for k, o := range got {
+		if rep, ok := d.duplicate(send[k], o.err); ok {
+			o = rep
+		}
+		out[at[k]] = o
+	}
+	return out, nil
 }
 
 // registrar is the group commit of registrations, as databases commit transactions: it takes
@@ -348,15 +391,24 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		ces, stored = append(ces, ce), append(stored, i)
 	}
 	var (
-		errs []error
-		err  error
+		errs    []error
+		offsets []int64
+		err     error
 	)
-	if d.rep != nil {
+	refs := make([]ledger.RequestRef, len(ces))
+	keyed := false
+	for k, i := range stored {
+		refs[k], keyed = rs[i].req, keyed || rs[i].req.RID != ""
+	}
+	switch {
+	case d.rep != nil:
 		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
 		d.mu.Unlock()
-		errs = d.rep.share.send(ctx, ces)
+		errs, offsets = d.rep.share.send(ctx, ces, refs)
 		d.mu.Lock()
-	} else {
+	case keyed:
+		errs, err = d.ledger.PutRequests(ctx, ces, refs)
+	default:
 		errs, err = d.ledger.PutEach(ctx, ces)
 	}
 	if n := len(ces) - nonNil(errs); err == nil && n > 0 {
@@ -373,7 +425,10 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		if out[i].err = errs[k]; out[i].err != nil {
 			continue
 		}
-		out[i].ce, n = ces[k], n+1
+		out[i].ce, out[i].req, n = ces[k], refs[k], n+1
+		if offsets != nil {
+			out[i].offset = offsets[k]
+		}
 		if !bulk {
 			d.log.Info("counterfactual registered", "id", ces[k].ID, "status", ces[k].Status, "p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
 		}

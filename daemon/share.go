@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -132,146 +133,118 @@ func (s *share) Release(ctx context.Context, p int) error {
 	return nil
 }
 
-// Apply is ceshare.Hooks: registrations and deletions of partition p, in order, into the
-// ledger; then the offset after them. Applying a request twice (after a crash between the two
-// writes) changes nothing: a registration of a stored id is skipped, a deletion of a missing
-// one too.
+// Apply is ceshare.Hooks: registrations and deletions of partition p, in order, and the offset
+// after them, in one ledger transaction (ledger.ApplyShare): a crash leaves all of them applied
+// with the offset after them, or none with the offset before them, so that the member reads
+// them again. A request applied before (its request id has an outcome: a producer's retry, a
+// client's retry with its Idempotency-Key) is not applied again; a registration of a stored id
+// and a deletion of a missing one change nothing. Each request's outcome, stored under its id,
+// is what the replica that accepted it answers (share.await).
+//
+// Each registration is anchored to the posterior it was measured under: the current one, a
+// live anchor, or a past version taken from the posterior log (replica.past). A CE measured
+// under a version this replica has not applied yet waits for it (at most awaitOwner); one
+// whose version it still lacks then is measured again under the current posterior, as a
+// registration here would be.
 func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next int64) error {
-	var regs []*ledger.CE
-	flush := func() error {
-		if len(regs) == 0 {
-			return nil
+	ops := make([]ledger.ShareOp, len(reqs))
+	newest := uint64(0)
+	for i, r := range reqs {
+		ops[i] = ledger.ShareOp{RID: r.RID, Fingerprint: r.Fingerprint, Offset: r.Offset, ID: r.ID}
+		if r.Kind != ceshare.KindRegister {
+			continue
 		}
-		err := s.store(ctx, regs)
-		regs = nil
-		return err
-	}
-	for _, r := range reqs {
-		switch r.Kind {
-		case ceshare.KindRegister:
-			var ce measured
-			if err := json.Unmarshal(r.CE, &ce); err != nil {
-				s.lg.Error("CE registration skipped: its CE does not decode", "partition", p, "id", r.ID, "err", err)
-				continue
-			}
-			// What the owner's ledger judges is its own to fill in.
-			regs = append(regs, &ledger.CE{ID: r.ID, X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion,
-				P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon, CreatedAt: r.At})
-		case ceshare.KindDelete:
-			if err := flush(); err != nil {
-				return err
-			}
-			err := s.d.durably(ctx, func() error { return s.d.ledger.Delete(r.ID) })
-			if err != nil && !errors.Is(err, ledger.ErrNotFound) {
-				return err
-			}
+		var ce measured
+		if err := json.Unmarshal(r.CE, &ce); err != nil {
+			s.lg.Error("CE registration refused: its CE does not decode", "partition", p, "offset", r.Offset, "id", r.ID, "err", err)
+			ops[i].Refuse = "the registration's CE does not decode: " + err.Error()
+			continue
 		}
+		// What the owner's ledger judges is its own to fill in.
+		ops[i].CE = &ledger.CE{ID: r.ID, X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion,
+			P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon, CreatedAt: r.At}
+		newest = max(newest, ce.AnchorVersion)
 	}
-	if err := flush(); err != nil {
+	s.awaitVersion(ctx, newest)
+	outs, err := s.applyOps(ctx, p, ops, next)
+	if err != nil {
 		return err
 	}
-	if err := s.d.durably(ctx, func() error { return s.d.ledger.SetShareOffset(p, next) }); err != nil {
-		return err
+	for i, o := range outs {
+		if o.Result == ledger.OutcomeRefused && !o.Duplicate {
+			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
+		}
 	}
 	s.d.rep.m.CEApplied.Add(float64(len(reqs)))
 	s.d.confirm.notify()
 	return nil
 }
 
-// store puts registrations into the ledger, each anchored to the posterior it was measured
-// under: the current one, a live anchor, or a past version taken from the posterior log
-// (replica.past). A CE measured under a version this replica has not applied yet waits for it
-// (at most awaitOwner); one whose version it still lacks then is measured again under the
-// current posterior, as a registration here would be.
-func (s *share) store(ctx context.Context, ces []*ledger.CE) error {
+// applyOps is ledger.ApplyShare under d.mu (no posterior is committed between the ledger's
+// judgement and its write), with the past posteriors its registrations need: first with none,
+// then with those the posterior log has, then with the CEs still lacking theirs measured again
+// under the current posterior.
+func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64) ([]ledger.Outcome, error) {
 	d := s.d
-	newest := uint64(0)
-	for _, ce := range ces {
-		newest = max(newest, ce.AnchorVersion)
-	}
-	s.awaitVersion(ctx, newest)
-	again, err := s.put(ctx, ces, nil)
-	if err != nil || len(again) == 0 {
-		return err
-	}
-	// The past posteriors are found without d.mu: finding one may mean playing the log.
-	cur := d.current().Version
-	var versions []uint64
-	for _, ce := range again {
-		if ce.AnchorVersion < cur {
-			versions = append(versions, ce.AnchorVersion)
+	var (
+		outs []ledger.Outcome
+		past map[uint64]*bnn.Model
+	)
+	for attempt := 0; ; attempt++ {
+		var need *ledger.AnchorsNeededError
+		err := d.durably(ctx, func() error {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			var err error
+			outs, err = d.ledger.ApplyShare(p, ops, next, past)
+			if errors.As(err, &need) && attempt > 0 {
+				if err := s.remeasure(ctx, ops, need.Ops); err != nil {
+					return err
+				}
+				outs, err = d.ledger.ApplyShare(p, ops, next, past)
+			}
+			return err
+		})
+		if !errors.As(err, &need) || attempt > 0 {
+			return outs, err
+		}
+		// The past posteriors are found without d.mu: finding one may mean playing the log.
+		cur := d.current().Version
+		var versions []uint64
+		for _, v := range need.Versions {
+			if v < cur {
+				versions = append(versions, v)
+			}
+		}
+		if past, err = d.rep.past(ctx, versions); err != nil {
+			return nil, err
 		}
 	}
-	past, err := d.rep.past(ctx, versions)
+}
+
+// remeasure measures the CEs of ops[which] again under the current posterior (d.mu held).
+func (s *share) remeasure(ctx context.Context, ops []ledger.ShareOp, which []int) error {
+	d := s.d
+	m := d.current()
+	pool, err := d.pools.get(m)
 	if err != nil {
 		return err
 	}
-	if again, err = s.put(ctx, again, past); err != nil || len(again) == 0 {
+	rows := make([][]float64, len(which))
+	for k, i := range which {
+		rows[k] = ops[i].CE.XCF
+	}
+	pr, err := predictSplit(ctx, pool, rows)
+	if err != nil {
 		return err
 	}
-	return d.durably(ctx, func() error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		m := d.current()
-		pool, err := d.pools.get(m)
-		if err != nil {
-			return err
-		}
-		rows := make([][]float64, len(again))
-		for i, ce := range again {
-			rows[i] = ce.XCF
-		}
-		pr, err := predictSplit(ctx, pool, rows)
-		if err != nil {
-			return err
-		}
-		for i, ce := range again {
-			s.lg.Warn("CE measured again under the current posterior: the one it was measured under is not in the posterior log here",
-				"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)
-			ce.AnchorVersion, ce.P1, ce.Var1, ce.Samples = m.Version, pr.P(i, ce.Target), pr.V(i, ce.Target), d.cfg.Certify.Samples
-		}
-		errs, err := d.ledger.PutEach(ctx, again)
-		if err != nil {
-			return err
-		}
-		s.refused(again, errs)
-		return nil
-	})
-}
-
-// put stores ces with the given past posteriors (ledger.PutPast) under d.mu, so that no
-// posterior is committed between the ledger's judgement and its write, and returns those
-// refused for their anchor.
-func (s *share) put(ctx context.Context, ces []*ledger.CE, past map[uint64]*bnn.Model) ([]*ledger.CE, error) {
-	d := s.d
-	var again []*ledger.CE
-	err := d.durably(ctx, func() error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		errs, err := d.ledger.PutPast(ctx, ces, past)
-		if err != nil {
-			return err
-		}
-		again = s.refused(ces, errs)
-		return nil
-	})
-	return again, err
-}
-
-// refused returns the CEs refused for their anchor (ledger.ErrUnknownAnchor) and logs those
-// refused for another reason; one already stored (a request applied twice) is no refusal.
-func (s *share) refused(ces []*ledger.CE, errs []error) []*ledger.CE {
-	var out []*ledger.CE
-	for i, e := range errs {
-		switch {
-		case e == nil, errors.Is(e, ledger.ErrExists):
-		case errors.Is(e, ledger.ErrUnknownAnchor):
-			out = append(out, ces[i])
-		default:
-			s.lg.Error("CE registration refused by the ledger", "id", ces[i].ID, "err", e)
-		}
+	for k, i := range which {
+		ce := ops[i].CE
+		s.lg.Warn("CE measured again under the current posterior: the one it was measured under is not in the posterior log here",
+			"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)
+		ce.AnchorVersion, ce.P1, ce.Var1, ce.Samples = m.Version, pr.P(k, ce.Target), pr.V(k, ce.Target), d.cfg.Certify.Samples
 	}
-	return out
+	return nil
 }
 
 // awaitVersion waits until this replica has applied posterior version v, at most awaitOwner.
@@ -299,12 +272,17 @@ type measured struct {
 	Epsilon       float64   `json:"epsilon"`
 }
 
-// send puts registrations on the CE topic, one request each; errs[i] is ces[i]'s outcome.
-func (s *share) send(ctx context.Context, ces []*ledger.CE) []error {
-	errs := make([]error, len(ces))
+// send puts registrations on the CE topic, one request each, with the request id and
+// fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
+// offsets[i] where its request landed in its partition.
+func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
+	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
 	for i, ce := range ces {
 		if ce.ID == "" {
 			ce.ID = ledger.NewID()
+		}
+		if reqs[i].RID == "" {
+			reqs[i].RID = newRID()
 		}
 		raw, err := json.Marshal(measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
 			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
@@ -312,30 +290,36 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE) []error {
 			errs[i] = err
 			continue
 		}
-		if _, _, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC()}); err != nil {
+		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC(),
+			RID: reqs[i].RID, Fingerprint: reqs[i].Fingerprint}
+		if _, offsets[i], err = s.prod.Send(ctx, req); err != nil {
 			errs[i] = fmt.Errorf("%w: the registration could not be sent to the CE topic: %v", ledger.ErrWrite, err)
 		}
 	}
-	return errs
+	return errs, offsets
 }
+
+// newRID is a random request id.
+func newRID() string { return rand.Text() }
 
 // errPending: a registration was sent, and its owner has not stored it yet.
 var errPending = errors.New("registration accepted; its owner has not stored it yet")
 
-// await waits until the owner of want's id stores it and returns the CE as stored there; a CE
-// of that id with other x, x_cf or target is a conflict (ledger.ErrExists).
-func (s *share) await(ctx context.Context, want *ledger.CE) (*ledger.CE, error) {
+// await waits until the owner of want's partition has applied the partition past offset, where
+// the registration sent as ref landed, and answers the outcome of ref's request
+// (answerOutcome): what the owner decided when it applied the request, in the partition's
+// order, whatever it held when the registration was accepted. A request applied before (a
+// retry with its Idempotency-Key) is answered once the owner has read the retry too, so that a
+// deletion between the two is seen.
+func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRef, offset int64) (*ledger.CE, error) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		ce, _, err := s.find(ctx, want.ID, "")
-		switch {
-		case err == nil && (!slices.Equal(ce.X, want.X) || !slices.Equal(ce.XCF, want.XCF) || ce.Target != want.Target):
-			return nil, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, want.ID)
-		case err == nil:
-			return ce, nil
+		ro, ok, err := s.outcome(ctx, want.ID, ref.RID)
+		if err == nil && ok && ro.Applied > offset {
+			return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 		}
 		select {
 		case <-ctx.Done():
@@ -343,6 +327,63 @@ func (s *share) await(ctx context.Context, want *ledger.CE) (*ledger.CE, error) 
 		case <-t.C:
 		}
 	}
+}
+
+// outcome returns the outcome of request rid, for CE id, from the owner of id's partition; ok
+// is false while the owner has not applied the request.
+func (s *share) outcome(ctx context.Context, id, rid string) (ro requestOutcome, ok bool, err error) {
+	p := ceshare.Partition(id, s.partitions)
+	owner := ceshare.Owner{Replica: s.id}
+	if !slices.Contains(s.member.Owned(), p) {
+		if owner, err = s.dir.Owner(ctx, id); err != nil {
+			return ro, false, err
+		}
+	}
+	if owner.Replica == s.id {
+		return s.d.localOutcome(id, rid)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, owner.URL+"/v1/counterfactuals/"+url.PathEscape(id), nil)
+	if err != nil {
+		return ro, false, err
+	}
+	if s.d.cfg.HTTP.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.d.cfg.HTTP.Token)
+	}
+	req.Header.Set(headerForwarded, s.id)
+	req.Header.Set(headerRequestID, rid)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return ro, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return ro, false, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&ro); err != nil {
+			return ro, false, fmt.Errorf("%s's answer: %w", owner.Replica, err)
+		}
+		return ro, true, nil
+	case http.StatusNotFound:
+		return ro, false, nil
+	}
+	return ro, false, fmt.Errorf("%s, the owner of partition %d, answered %d: %s", owner.Replica, p, resp.StatusCode, bytes.TrimSpace(body))
+}
+
+// headerRequestID, on a request one replica forwards to another (headerForwarded), asks GET
+// /v1/counterfactuals/{id} for the outcome of the request with this id instead of the CE: the
+// owner answers a requestOutcome, or 404 while it has not applied the request.
+const headerRequestID = "Cfguard-Request-Id"
+
+// requestOutcome is the owner's answer to a GET with headerRequestID: the request's outcome,
+// the CE stored under its id now (null when none), and the offset of the partition the owner
+// had applied up to before it read them (on a single daemon, 0).
+type requestOutcome struct {
+	Outcome        ledger.Outcome `json:"outcome"`
+	Counterfactual *ledger.CE     `json:"counterfactual"`
+	Applied        int64          `json:"applied"`
 }
 
 // find returns the CE id from its owner: this ledger when it owns id's partition, else the
@@ -403,6 +444,6 @@ func (s *share) forget(ctx context.Context, id string) error {
 	if _, _, err := s.find(ctx, id, ""); err != nil {
 		return err
 	}
-	_, _, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC()})
+	_, _, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(), RID: newRID()})
 	return err
 }

@@ -82,7 +82,7 @@ func validate(ce *CE, m *bnn.Model) error {
 // CreatedAt (if zero) and UpdatedAt of the given CEs. Registering under the current posterior
 // stores its snapshot as an anchor. X and XCF are raw features (the posterior's scaler applies).
 func (l *Ledger) Put(ctx context.Context, ces ...*CE) error {
-	errs, err := l.put(ctx, ces, true, nil)
+	errs, err := l.put(ctx, ces, true, nil, nil)
 	if err != nil {
 		return fmt.Errorf("ledger: put: %w", err)
 	}
@@ -110,7 +110,36 @@ func (l *Ledger) PutEach(ctx context.Context, ces []*CE) (errs []error, err erro
 // judged at KL(q_now || past[v]), with past[v] stored as its anchor's snapshot. A replica that
 // takes over a partition of CEs measured elsewhere gets the posteriors from the posterior log.
 func (l *Ledger) PutPast(ctx context.Context, ces []*CE, past map[uint64]*bnn.Model) (errs []error, err error) {
-	errs, err = l.put(ctx, ces, false, past)
+	return l.putEach(ctx, ces, past, nil)
+}
+
+// RequestRef names the request a CE of PutRequests comes from.
+type RequestRef struct {
+	RID         string // "" for none
+	Fingerprint string
+}
+
+// DuplicateError refuses a CE of PutRequests whose request id has an outcome already (see
+// ApplyShare): the request was applied before, and Outcome says what it decided.
+type DuplicateError struct{ Outcome Outcome }
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("request for %q applied before (%s at %s)", e.Outcome.ID, e.Outcome.Result, e.Outcome.At.Format(time.RFC3339Nano))
+}
+
+// PutRequests is PutEach for CEs that come with request ids (reqs[i] is ces[i]'s): a CE whose
+// request id has an outcome is refused with a *DuplicateError and not stored again, and each CE
+// stored has its outcome (OutcomeStored, Partition -1) stored under its request id in the same
+// transaction, for Options.RequestWindow.
+func (l *Ledger) PutRequests(ctx context.Context, ces []*CE, reqs []RequestRef) (errs []error, err error) {
+	if len(reqs) != len(ces) {
+		return nil, fmt.Errorf("ledger: put: %w", invalidf("%d request ids for %d counterfactuals", len(reqs), len(ces)))
+	}
+	return l.putEach(ctx, ces, nil, reqs)
+}
+
+func (l *Ledger) putEach(ctx context.Context, ces []*CE, past map[uint64]*bnn.Model, reqs []RequestRef) (errs []error, err error) {
+	errs, err = l.put(ctx, ces, false, past, reqs)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: put: %w", err)
 	}
@@ -124,7 +153,7 @@ func (l *Ledger) PutPast(ctx context.Context, ces []*CE, past map[uint64]*bnn.Mo
 
 // put judges ces and stores the accepted ones in one transaction. With all, the first refused
 // CE refuses the call (its error in errs, nothing judged after it, nothing stored).
-func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*bnn.Model) ([]error, error) {
+func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*bnn.Model, reqs []RequestRef) ([]error, error) {
 	if len(ces) == 0 {
 		return nil, nil
 	}
@@ -133,8 +162,10 @@ func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*
 	defer l.wmu.Unlock()
 	var plan *putPlan
 	err := l.view(func(tx *bolt.Tx) (err error) {
-		plan, err = l.judgePut(tx, ces, now, all, past)
-		return err
+		if plan, err = l.judgePut(tx, ces, now, all, past); err != nil {
+			return err
+		}
+		return plan.requests(tx, reqs)
 	})
 	if err == nil {
 		err = ctx.Err()
@@ -174,6 +205,50 @@ type putPlan struct {
 	current *bnn.Model
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
+	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
+}
+
+// requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
+// request of each CE left, for writePut to store its outcome. reqs[i] is the request of the
+// CE given at index i; p.ces holds those judgePut accepted, in the order given.
+func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef) error {
+	if reqs == nil {
+		return nil
+	}
+	var (
+		ces     []*CE
+		headers []header
+		j       int // index in p.ces
+	)
+	for i, ref := range reqs {
+		if p.errs[i] != nil {
+			if ref.RID != "" && errors.Is(p.errs[i], ErrExists) { // stored by this very request?
+				o, ok, err := readOutcome(tx, ref.RID)
+				if err != nil {
+					return err
+				}
+				if ok {
+					p.errs[i] = &DuplicateError{Outcome: o}
+				}
+			}
+			continue
+		}
+		ce, h := p.ces[j], p.headers[j]
+		j++
+		if ref.RID != "" {
+			o, ok, err := readOutcome(tx, ref.RID)
+			if err != nil {
+				return err
+			}
+			if ok {
+				p.refuse(i, &DuplicateError{Outcome: o})
+				continue
+			}
+		}
+		ces, headers, p.reqs = append(ces, ce), append(headers, h), append(p.reqs, ref)
+	}
+	p.ces, p.headers = ces, headers
+	return nil
 }
 
 // name names CE i of a call in an error: by its index too when the call is all or none (Put),
@@ -348,6 +423,18 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			if err := q.Delete(id); err != nil {
 				return err
 			}
+		}
+		if p.reqs != nil && p.reqs[i].RID != "" {
+			o := Outcome{Result: OutcomeStored, ID: ce.ID, Status: h.status.String(), Fingerprint: p.reqs[i].Fingerprint,
+				Partition: -1, At: now}
+			if err := putOutcome(tx, p.reqs[i].RID, o); err != nil {
+				return err
+			}
+		}
+	}
+	if p.reqs != nil {
+		if err := l.pruneOutcomes(tx, now); err != nil {
+			return err
 		}
 	}
 	return w.finish()

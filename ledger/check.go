@@ -48,6 +48,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := checkMarks(tx, info.Offsets); err != nil {
 		return err
 	}
+	if err := checkOutcomes(tx); err != nil {
+		return err
+	}
 	if _, err := readCounters(tx); err != nil {
 		return err
 	}

@@ -27,6 +27,9 @@
 //	anchors        version -> references, KL(q_now || q_anchor) and the version it was computed at
 //	anchor_models  version -> the anchor posterior
 //	kl_history     sequence -> one update: update KL, max anchor KL, outcome
+//	requests       request id -> the outcome of a CE-topic request an owner applied, or of a
+//	               registration sent with an Idempotency-Key (optional; requests.go)
+//	requests_at    applied-at | request id: the outcomes in the order they expire (optional)
 //	outbox         sequence -> event key and value, waiting to be published
 //	idx_p1, idx_var, idx_fail   the indexes (below)
 //	idx_cert       empty: the certified index of layout v1, kept so that a cfguard that reads that

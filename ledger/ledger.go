@@ -55,6 +55,10 @@ type Options struct {
 	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
 	// transaction. Nil: status changes are not put in the outbox.
 	EncodeChange func(StatusChange) OutboxEntry
+	// RequestWindow is how long the outcome of a request with a request id is kept
+	// (ApplyShare, PutRequests): a request that arrives again within it is not applied again.
+	// Default: DefaultRequestWindow.
+	RequestWindow time.Duration
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Default: time.Now.
@@ -78,6 +82,10 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("%w: ledger options: mc_batch = %d, want >= 1", ErrInvalid, o.MCBatch)
 	}
 	o.KLHistory = cmp.Or(o.KLHistory, DefaultKLHistory)
+	o.RequestWindow = cmp.Or(o.RequestWindow, DefaultRequestWindow)
+	if o.RequestWindow < 0 {
+		return fmt.Errorf("%w: ledger options: request window %v, want > 0", ErrInvalid, o.RequestWindow)
+	}
 	o.VerdictAlpha = cmp.Or(o.VerdictAlpha, certify.DefaultVerdictAlpha)
 	if !(o.VerdictAlpha > 0 && o.VerdictAlpha < 1) {
 		return fmt.Errorf("%w: ledger options: verdict_alpha = %v, want within (0, 1)", ErrInvalid, o.VerdictAlpha)

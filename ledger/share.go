@@ -14,7 +14,8 @@ import (
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
-// the offset after the last request it applied, under meta key "share/<partition>".
+// the offset after the last request it applied, under meta key "share/<partition>". Only
+// ApplyShare stores it, in the transaction that applies the requests before it.
 func shareKey(p int) []byte { return []byte("share/" + strconv.Itoa(p)) }
 
 // ShareOffset is the offset after the last request of CE-topic partition p the ledger applied,
@@ -41,37 +42,30 @@ func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
 	return off, ok, nil
 }
 
-// SetShareOffset records that the requests of partition p below next are applied.
-func (l *Ledger) SetShareOffset(p int, next int64) error {
-	if p < 0 || next < 0 {
-		return fmt.Errorf("ledger: share offset: %w", invalidf("partition %d offset %d", p, next))
-	}
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	err := l.update(func(tx *bolt.Tx) error {
-		return putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next)))
-	})
-	if err != nil {
-		return fmt.Errorf("ledger: share offset: %w", err)
-	}
-	return nil
-}
-
-// ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset. The
-// CEs go in transactions of at most releaseBatch; before the first, a held offset is set back to
-// 0, so that a release cut short (ctx, a crash) leaves the partition to be read again from its
-// start: an acquisition then stores the CEs deleted again and skips those left, instead of
-// reading on from the old offset without them. It returns how many CEs it deleted.
+// ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset and the
+// outcomes of its requests (ApplyShare). The CEs go in transactions of at most releaseBatch;
+// before the first, a held offset is set back to 0 and the outcomes are deleted, so that a
+// release cut short (ctx, a crash) leaves the partition to be read again from its start: an
+// acquisition then stores the CEs deleted again and skips those left, instead of reading on
+// from the old offset without them. It returns how many CEs it deleted.
 func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) bool) (int, error) {
-	if _, held, err := l.ShareOffset(p); err != nil {
-		return 0, err
-	} else if held {
-		if err := l.SetShareOffset(p, 0); err != nil {
-			return 0, fmt.Errorf("ledger: release share: %w", err)
+	// The offset back to 0 and the outcomes of p's requests forgotten, together: a partition
+	// read again from its start applies its requests again.
+	l.wmu.Lock()
+	err := l.update(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bMeta).Get(shareKey(p)); v != nil {
+			if err := putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, 0)); err != nil {
+				return err
+			}
 		}
+		return forgetOutcomes(tx, p)
+	})
+	l.wmu.Unlock()
+	if err != nil {
+		return 0, fmt.Errorf("ledger: release share: %w", err)
 	}
 	var ids [][]byte
-	err := l.view(func(tx *bolt.Tx) error {
+	err = l.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bHeaders).ForEach(func(k, _ []byte) error {
 			if in(string(k)) {
 				ids = append(ids, bytes.Clone(k))

@@ -30,10 +30,10 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	if _, ok, err := l.ShareOffset(3); err != nil || ok {
 		t.Fatalf("ShareOffset of a partition never owned = %v, %v", ok, err)
 	}
-	if err := l.SetShareOffset(3, 120); err != nil {
+	if _, err := l.ApplyShare(3, nil, 120, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.SetShareOffset(4, 7); err != nil {
+	if _, err := l.ApplyShare(4, nil, 7, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Close(); err != nil {

@@ -1,0 +1,170 @@
+package daemon
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// Idempotency keys (draft-ietf-httpapi-idempotency-key-header). A registration sent with an
+// Idempotency-Key header is one request however often it is sent: its request id is derived
+// from the key (requestRef), so the ledger that applies it (a single daemon's, or the owner's
+// on a replica: ledger.ApplyShare) applies it once and keeps its outcome for
+// ledger.Options.RequestWindow, and every retry answers from that outcome. A registration
+// without an id gets one derived from the key, so that a retry names the same CE.
+
+// headerIdempotencyKey is the request header that carries an idempotency key.
+const headerIdempotencyKey = "Idempotency-Key"
+
+// maxIdempotencyKey bounds an Idempotency-Key's length.
+const maxIdempotencyKey = 255
+
+// Errors of keyed registrations (registerStatus maps them).
+var (
+	// errKeyReused: the key was used for a request with another body.
+	errKeyReused = errors.New("Idempotency-Key reused for another request")
+	// errDeletedSince: the key's request stored its CE, which was deleted since.
+	errDeletedSince = errors.New("registered by this request and deleted since")
+)
+
+// idempotencyKey reads r's Idempotency-Key ("" when none) and checks it: 1 to 255 bytes of
+// printable ASCII. The draft's header is a structured-field string ("..."); a bare token is
+// taken as well.
+func idempotencyKey(r *http.Request) (string, error) {
+	vals := r.Header.Values(headerIdempotencyKey)
+	if len(vals) == 0 {
+		return "", nil
+	}
+	if len(vals) > 1 {
+		return "", fmt.Errorf("%w: %d %s headers; send one", errBadRequest, len(vals), headerIdempotencyKey)
+	}
+	k := vals[0]
+	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
+		k = k[1 : len(k)-1]
+	}
+	if k == "" || len(k) > maxIdempotencyKey {
+		return "", fmt.Errorf("%w: %s must be 1 to %d characters", errBadRequest, headerIdempotencyKey, maxIdempotencyKey)
+	}
+	for i := range len(k) {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return "", fmt.Errorf("%w: %s must be printable ASCII", errBadRequest, headerIdempotencyKey)
+		}
+	}
+	return k, nil
+}
+
+// keyed derives the request of one registration sent with key: its request id (the same for
+// every retry of it: part names the registration within the HTTP request, "" for POST
+// /v1/counterfactuals, "line N" for a bulk line) and the fingerprint of the HTTP request's
+// method, path and body. A registration without an id gets the id derived from the key, so a
+// retry registers the same CE.
+func keyed(r *registration, key, part string, method, path string, body []byte) {
+	h := sha256.New()
+	fmt.Fprintf(h, "cfguard idempotency key\x00%s\x00%s", key, part)
+	sum := h.Sum(nil)
+	r.req.RID = "key-" + hex.EncodeToString(sum[:20])
+	if r.id == "" {
+		r.id = "idem-" + hex.EncodeToString(sum[20:])
+	}
+	f := sha256.New()
+	fmt.Fprintf(f, "%s\x00%s\x00", method, path)
+	f.Write(body)
+	r.req.Fingerprint = hex.EncodeToString(f.Sum(nil))
+}
+
+// answerOutcome is the answer to a registration whose request has outcome o (ledger.Outcome):
+// what the ledger decided when it applied the request, in its order. cur is the CE stored under
+// the id now (nil when none), x and xcf the registration's, fingerprint its request's ("" when
+// it has no key).
+//
+// A registration that stored its CE answers the CE as stored now; if it was deleted since, the
+// answer is errDeletedSince (409), not the CE: a 201 would name a CE that is not there, and the
+// request is not applied again, so the client knows to register it anew, with a new key.
+func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerprint string) (*ledger.CE, error) {
+	if fingerprint != "" && o.Fingerprint != fingerprint {
+		return nil, fmt.Errorf("%w: the key was first used at %s for a request with another method, path or body; "+
+			"send a new request with a new key", errKeyReused, o.At.Format(time.RFC3339))
+	}
+	switch o.Result {
+	case ledger.OutcomeStored, ledger.OutcomeSame:
+		if cur != nil && slices.Equal(cur.X, x) && slices.Equal(cur.XCF, xcf) {
+			return cur, nil
+		}
+		return nil, fmt.Errorf("%w: counterfactual %q was stored by this request at %s and is not stored now; nothing was registered "+
+			"again: to register it again, send it with a new Idempotency-Key", errDeletedSince, o.ID, o.At.Format(time.RFC3339))
+	case ledger.OutcomeExists:
+		return nil, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, o.ID)
+	case ledger.OutcomeRefused:
+		return nil, fmt.Errorf("%w: %s", ledger.ErrInvalid, o.Detail)
+	}
+	return nil, fmt.Errorf("the registration of %q has outcome %q", o.ID, o.Result)
+}
+
+// localOutcome is the outcome of request rid in this ledger, with the CE stored under id now
+// and, on a replica, the offset of id's partition applied before they were read.
+func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
+	var ro requestOutcome
+	if d.rep != nil {
+		off, _, err := d.ledger.ShareOffset(ceshare.Partition(id, d.rep.share.partitions))
+		if err != nil {
+			return ro, false, err
+		}
+		ro.Applied = off
+	}
+	o, ok, err := d.ledger.Outcome(rid)
+	if err != nil || !ok {
+		return ro, false, err
+	}
+	ro.Outcome = o
+	ce, err := d.ledger.Get(id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+	case err != nil:
+		return ro, false, err
+	default:
+		ro.Counterfactual = ce
+	}
+	return ro, true, nil
+}
+
+// replay answers a keyed registration whose request this single daemon's ledger applied
+// before from its outcome; ok is false when it did not. (A replica sends the request again
+// instead: its owner applies it once, and share.await answers it in the partition's order.)
+func (d *Daemon) replay(r registration) (registered, bool) {
+	if d.rep != nil || r.req.RID == "" || r.id == "" {
+		return registered{}, false
+	}
+	ro, ok, err := d.localOutcome(r.id, r.req.RID)
+	if err != nil || !ok {
+		return registered{}, false
+	}
+	ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
+	return registered{ce: ce, err: err}, true
+}
+
+// duplicate answers a registration the ledger refused because its request was applied before
+// (a retry racing the first: *ledger.DuplicateError), or because its id was taken by the same
+// request in the same write (two attempts with one key at once); ok is false for any other
+// error.
+func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
+	var dup *ledger.DuplicateError
+	if errors.As(err, &dup) {
+		cur, gerr := d.ledger.Get(dup.Outcome.ID)
+		if gerr != nil {
+			cur = nil
+		}
+		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
+		return registered{ce: ce, err: err}, true
+	}
+	if errors.Is(err, ledger.ErrExists) {
+		return d.replay(r)
+	}
+	return registered{}, false
+}

@@ -1,0 +1,390 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// Requests and their outcomes. A registration or deletion that carries a request id (RID) is
+// applied once: its outcome is stored under the RID in the transaction that applies it, and a
+// request whose RID has an outcome is not applied again, however often it arrives (a producer's
+// retry on the CE topic, a client's retry with its Idempotency-Key). The outcome is what the
+// request's answer says: what the ledger decided when it applied the request, in its order.
+//
+// The buckets are optional, like offset_marks: a ledger written before outcomes existed has
+// none, and the first request that carries an RID creates them.
+//
+//	requests      RID -> the outcome (JSON), sealed
+//	requests_at   applied-at (u64 unix ns) | RID -> empty: outcomes in the order they expire
+var (
+	bRequests   = []byte("requests")
+	bRequestsAt = []byte("requests_at")
+)
+
+// DefaultRequestWindow is how long an outcome is kept when Options.RequestWindow is 0.
+const DefaultRequestWindow = 24 * time.Hour
+
+// maxPrune bounds the expired outcomes one transaction deletes.
+const maxPrune = 1000
+
+// Outcome results.
+const (
+	// OutcomeStored: the registration stored its CE.
+	OutcomeStored = "stored"
+	// OutcomeSame: a CE with the same x, x_cf and target was stored under the id already.
+	OutcomeSame = "same"
+	// OutcomeExists: another CE was stored under the id; nothing was stored.
+	OutcomeExists = "exists"
+	// OutcomeRefused: the ledger refused the CE (Detail says why); nothing was stored.
+	OutcomeRefused = "refused"
+	// OutcomeDeleted: the deletion deleted the CE.
+	OutcomeDeleted = "deleted"
+	// OutcomeAbsent: the deletion found no CE under the id.
+	OutcomeAbsent = "absent"
+)
+
+// Outcome is what the ledger decided for one request, stored under its RID.
+type Outcome struct {
+	// Result is one of the Outcome* constants.
+	Result string `json:"result"`
+	// ID is the CE's id.
+	ID string `json:"id"`
+	// Status is the status the CE was stored with (OutcomeStored).
+	Status string `json:"status,omitempty"`
+	// Detail says why a CE was refused.
+	Detail string `json:"detail,omitempty"`
+	// Fingerprint is the request's (an Idempotency-Key's request hash), "" when it has none.
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Partition and Offset are where the request was read on the CE topic; Partition is -1
+	// for a single daemon's registration.
+	Partition int   `json:"partition"`
+	Offset    int64 `json:"offset"`
+	// At is when the ledger applied the request.
+	At time.Time `json:"at"`
+	// Duplicate is set on an outcome returned for a request whose RID was applied before: the
+	// request was not applied again. Not stored.
+	Duplicate bool `json:"-"`
+}
+
+// ShareOp is one request of a CE-topic partition as an owner applies it (ApplyShare).
+type ShareOp struct {
+	// RID identifies the request ("" for none: applied each time it is read).
+	RID string
+	// Fingerprint is the request's, stored with its outcome.
+	Fingerprint string
+	// Offset is the request's offset in its partition.
+	Offset int64
+	// ID is the CE's id.
+	ID string
+	// CE is a registration's CE; nil for a deletion.
+	CE *CE
+	// Refuse, when set, refuses the registration with this detail without judging it (its CE
+	// could not be decoded).
+	Refuse string
+}
+
+// AnchorsNeededError is returned by ApplyShare when registrations were measured under
+// posteriors that are neither current nor live anchors here nor given: nothing was written.
+// The caller gets those posteriors (or measures the CEs again under the current one) and calls
+// ApplyShare again. It matches ErrUnknownAnchor.
+type AnchorsNeededError struct {
+	Ops      []int    // indexes of the operations
+	Versions []uint64 // their anchor versions, sorted, once each
+}
+
+func (e *AnchorsNeededError) Error() string {
+	return fmt.Sprintf("%v: %d registrations measured under posterior versions %v", ErrUnknownAnchor, len(e.Ops), e.Versions)
+}
+
+// Is makes errors.Is(err, ErrUnknownAnchor) hold.
+func (e *AnchorsNeededError) Is(target error) bool { return target == ErrUnknownAnchor }
+
+// ApplyShare applies the requests of CE-topic partition p, in order, and stores next as p's
+// offset (ShareOffset), all in one transaction: a crash leaves either none of them applied and
+// the old offset, or all of them and next. A request whose RID has an outcome is not applied
+// again (outs[i].Duplicate); every other request with an RID gets its outcome stored. A
+// registration of an id that holds a CE is not stored (OutcomeSame or OutcomeExists); a deletion
+// of an id that holds none changes nothing (OutcomeAbsent). past holds posteriors by version for
+// CEs measured under versions that are neither current nor live anchors (PutPast); when some are
+// missing, ApplyShare writes nothing and returns an *AnchorsNeededError. Outcomes older than
+// Options.RequestWindow are deleted, a bounded number per call.
+func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*bnn.Model) ([]Outcome, error) {
+	if p < 0 || next < 0 {
+		return nil, fmt.Errorf("ledger: apply share: %w", invalidf("partition %d offset %d", p, next))
+	}
+	now := l.opts.Now().UTC()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	var outs []Outcome
+	err := l.update(func(tx *bolt.Tx) error {
+		outs = make([]Outcome, len(ops))
+		need := &AnchorsNeededError{}
+		for i, op := range ops {
+			o, dup, err := l.applyOp(tx, p, op, now, past)
+			if errors.Is(err, ErrUnknownAnchor) {
+				need.Ops = append(need.Ops, i)
+				if !slices.Contains(need.Versions, op.CE.AnchorVersion) {
+					need.Versions = append(need.Versions, op.CE.AnchorVersion)
+				}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if !dup && op.RID != "" {
+				if err := putOutcome(tx, op.RID, o); err != nil {
+					return err
+				}
+			}
+			o.Duplicate = dup
+			outs[i] = o
+		}
+		if len(need.Ops) > 0 {
+			slices.Sort(need.Versions)
+			return need // bbolt rolls the transaction back
+		}
+		if err := putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next))); err != nil {
+			return err
+		}
+		return l.pruneOutcomes(tx, now)
+	})
+	var need *AnchorsNeededError
+	if errors.As(err, &need) {
+		return nil, need
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: apply share of partition %d: %w", p, err)
+	}
+	return outs, nil
+}
+
+// applyOp applies one request in tx: its stored outcome when its RID has one (dup), else what
+// applying it decided.
+func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map[uint64]*bnn.Model) (o Outcome, dup bool, err error) {
+	if op.RID != "" {
+		if o, ok, err := readOutcome(tx, op.RID); err != nil || ok {
+			return o, ok, err
+		}
+	}
+	o = Outcome{ID: op.ID, Fingerprint: op.Fingerprint, Partition: p, Offset: op.Offset, At: now}
+	switch {
+	case op.Refuse != "":
+		o.Result, o.Detail = OutcomeRefused, op.Refuse
+	case op.CE == nil:
+		o.Result, err = l.deleteOne(tx, op.ID)
+	default:
+		o.Result, o.Status, o.Detail, err = l.registerOne(tx, op.CE, now, past)
+	}
+	return o, false, err
+}
+
+// deleteOne deletes CE id in tx (a damaged record of it is dropped from the quarantine).
+func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
+	key := []byte(id)
+	_, ok, err := readHeader(tx, key)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		if _, q := quarantineReason(tx, key); q {
+			return OutcomeDeleted, tx.Bucket(bQuarantine).Delete(key)
+		}
+		return OutcomeAbsent, nil
+	}
+	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key})
+}
+
+// registerOne judges and stores ce in tx, unless its id holds a CE already. A CE refused for
+// its anchor is ErrUnknownAnchor; one refused for another reason is OutcomeRefused.
+func (l *Ledger) registerOne(tx *bolt.Tx, ce *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail string, err error) {
+	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
+		have, err := l.load(tx, []byte(ce.ID), raw)
+		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
+			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), nil
+		}
+		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
+			return OutcomeSame, have.Status.String(), "", nil
+		}
+		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), nil
+	}
+	plan, err := l.judgePut(tx, []*CE{ce}, now, false, past)
+	if err != nil {
+		return "", "", "", err
+	}
+	if e := plan.errs[0]; e != nil {
+		if errors.Is(e, ErrUnknownAnchor) {
+			return "", "", "", e
+		}
+		return OutcomeRefused, "", e.Error(), nil
+	}
+	if err := l.writePut(tx, plan, now); err != nil {
+		return "", "", "", err
+	}
+	h := &plan.headers[0]
+	ce.Status, ce.ConfirmedVersion = h.status, nil
+	if h.confirmed {
+		cv := h.cv
+		ce.ConfirmedVersion = &cv
+	}
+	return OutcomeStored, h.status.String(), "", nil
+}
+
+// Outcome returns the outcome stored under rid, and false when there is none (the request was
+// not applied yet, carried no RID, or its outcome expired).
+func (l *Ledger) Outcome(rid string) (Outcome, bool, error) {
+	var (
+		o  Outcome
+		ok bool
+	)
+	err := l.view(func(tx *bolt.Tx) (err error) {
+		o, ok, err = readOutcome(tx, rid)
+		return err
+	})
+	if err != nil {
+		return Outcome{}, false, fmt.Errorf("ledger: outcome of request %q: %w", rid, err)
+	}
+	return o, ok, nil
+}
+
+func readOutcome(tx *bolt.Tx, rid string) (Outcome, bool, error) {
+	b := tx.Bucket(bRequests)
+	if b == nil {
+		return Outcome{}, false, nil
+	}
+	v, err := getSealed(b, []byte(rid), "request outcome")
+	if err != nil || v == nil {
+		return Outcome{}, false, err
+	}
+	var o Outcome
+	if err := json.Unmarshal(v, &o); err != nil {
+		return Outcome{}, false, corruptf("request outcome %q: %v", rid, err)
+	}
+	return o, true, nil
+}
+
+// putOutcome stores o under rid, and rid in the order outcomes expire.
+func putOutcome(tx *bolt.Tx, rid string, o Outcome) error {
+	reqs, err := tx.CreateBucketIfNotExists(bRequests)
+	if err != nil {
+		return err
+	}
+	at, err := tx.CreateBucketIfNotExists(bRequestsAt)
+	if err != nil {
+		return err
+	}
+	v, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	if err := putSealed(reqs, []byte(rid), v); err != nil {
+		return err
+	}
+	return at.Put(outcomeAtKey(o.At, rid), nil)
+}
+
+func outcomeAtKey(at time.Time, rid string) []byte {
+	return append(binary.BigEndian.AppendUint64(nil, uint64(at.UnixNano())), rid...)
+}
+
+// pruneOutcomes deletes up to maxPrune outcomes stored before now - RequestWindow.
+func (l *Ledger) pruneOutcomes(tx *bolt.Tx, now time.Time) error {
+	at, reqs := tx.Bucket(bRequestsAt), tx.Bucket(bRequests)
+	if at == nil || reqs == nil {
+		return nil
+	}
+	cutoff := binary.BigEndian.AppendUint64(nil, uint64(now.Add(-l.opts.RequestWindow).UnixNano()))
+	var dead [][]byte
+	c := at.Cursor()
+	for k, _ := c.First(); k != nil && len(dead) < maxPrune && bytes.Compare(k[:min(8, len(k))], cutoff) < 0; k, _ = c.Next() {
+		dead = append(dead, bytes.Clone(k))
+	}
+	for _, k := range dead {
+		if err := at.Delete(k); err != nil {
+			return err
+		}
+		if len(k) > 8 {
+			if err := reqs.Delete(k[8:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// forgetOutcomes deletes in tx every outcome of requests read from CE-topic partition p: a
+// partition read again from its start must apply its requests again.
+func forgetOutcomes(tx *bolt.Tx, p int) error {
+	at, reqs := tx.Bucket(bRequestsAt), tx.Bucket(bRequests)
+	if at == nil || reqs == nil {
+		return nil
+	}
+	var dead [][]byte
+	err := at.ForEach(func(k, _ []byte) error {
+		if len(k) <= 8 {
+			return nil
+		}
+		o, ok, err := readOutcome(tx, string(k[8:]))
+		if err != nil {
+			return err
+		}
+		if ok && o.Partition == p {
+			dead = append(dead, bytes.Clone(k))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range dead {
+		if err := at.Delete(k); err != nil {
+			return err
+		}
+		if err := reqs.Delete(k[8:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkOutcomes checks that every outcome decodes, and that requests and requests_at index the
+// same request ids, each at its outcome's time (Verify runs it).
+func checkOutcomes(tx *bolt.Tx) error {
+	at, reqs := tx.Bucket(bRequestsAt), tx.Bucket(bRequests)
+	if at == nil && reqs == nil {
+		return nil
+	}
+	if at == nil || reqs == nil {
+		return corruptf("request outcomes: one of buckets %q and %q is missing", bRequests, bRequestsAt)
+	}
+	n := 0
+	err := at.ForEach(func(k, _ []byte) error {
+		if len(k) <= 8 {
+			return corruptf("requests_at: key %x is too short", k)
+		}
+		o, ok, err := readOutcome(tx, string(k[8:]))
+		if err != nil {
+			return err
+		}
+		if !ok || !bytes.Equal(outcomeAtKey(o.At, string(k[8:])), k) {
+			return corruptf("requests_at: request %q has no outcome at the time its key names", k[8:])
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if have := reqs.Stats().KeyN; have != n {
+		return corruptf("request outcomes: %d outcomes, %d in requests_at", have, n)
+	}
+	return nil
+}

@@ -1,0 +1,481 @@
+package ledger
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// partitionLog is the requests of one CE-topic partition, in offset order, and what applying
+// them in order must leave: each id's CE (nil when none) and each request id's result.
+type partitionLog struct {
+	ops     []ShareOp
+	stored  map[string]*CE
+	results map[string]string
+}
+
+// attackLog builds a partition's requests: registrations, deletions, registrations of another
+// CE under a deleted id, a registration delivered twice on either side of its deletion (a
+// producer's retry), and a registration of an id that holds another CE.
+func attackLog(t *testing.T, m *bnn.Model) partitionLog {
+	rng := rand.New(rand.NewPCG(7, 7))
+	lg := partitionLog{stored: map[string]*CE{}, results: map[string]string{}}
+	add := func(op ShareOp) {
+		op.Offset = int64(len(lg.ops))
+		lg.ops = append(lg.ops, op)
+	}
+	clone := func(ce *CE) *CE { c := *ce; return &c }
+	for i := range 4 {
+		id := fmt.Sprintf("ce-%d", i)
+		a, b := newCE(t, m, rng), newCE(t, m, rng)
+		a.ID, b.ID = id, id
+		add(ShareOp{RID: id + "/a", ID: id, CE: clone(a)})
+		add(ShareOp{RID: id + "/del", ID: id})
+		add(ShareOp{RID: id + "/b", ID: id, CE: clone(b)})
+		add(ShareOp{RID: id + "/a", ID: id, CE: clone(a)}) // the first registration, delivered again
+		add(ShareOp{RID: id + "/a2", ID: id, CE: clone(a)})
+		lg.stored[id] = b
+		lg.results[id+"/a"], lg.results[id+"/del"], lg.results[id+"/b"], lg.results[id+"/a2"] =
+			OutcomeStored, OutcomeDeleted, OutcomeStored, OutcomeExists
+	}
+	add(ShareOp{RID: "gone/del", ID: "gone"})
+	lg.results["gone/del"] = OutcomeAbsent
+	return lg
+}
+
+// applyLog applies lg's requests to the ledger in dir as a member of the CE group does: from
+// the offset the ledger stored, batch requests at a time, each batch with the offset after it.
+// Each commit calls fail with its number (from 1); a commit it fails is a crash: the ledger is
+// closed and opened again, and the member starts again from the offset stored.
+func applyLog(t *testing.T, dir string, lg partitionLog, batch int, fail func(commit int) bool) *Ledger {
+	t.Helper()
+	const p = 3
+	commits := 0
+	open := func() *Ledger {
+		l, err := Open(dir, Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.failed = func() error {
+			commits++
+			if fail(commits) {
+				return errors.New("injected crash at the commit's final fsync")
+			}
+			return nil
+		}
+		return l
+	}
+	l := open()
+	for crashes := 0; ; {
+		from, _, err := l.ShareOffset(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from >= int64(len(lg.ops)) {
+			break
+		}
+		next := min(from+int64(batch), int64(len(lg.ops)))
+		ops := make([]ShareOp, 0, next-from)
+		for _, op := range lg.ops[from:next] {
+			if op.CE != nil {
+				c := *op.CE
+				op.CE = &c
+			}
+			ops = append(ops, op)
+		}
+		if _, err := l.ApplyShare(p, ops, next, nil); err != nil {
+			if !errors.Is(err, ErrWrite) || crashes > 10 {
+				t.Fatalf("ApplyShare of offsets [%d, %d): %v", from, next, err)
+			}
+			crashes++
+			l.Close()
+			l = open()
+		}
+	}
+	l.failed = nil
+	return l
+}
+
+// checkLog checks that l holds what applying lg's requests once each, in order, leaves.
+func checkLog(t *testing.T, l *Ledger, lg partitionLog, what string) {
+	t.Helper()
+	for id, want := range lg.stored {
+		got, err := l.Get(id)
+		if err != nil {
+			t.Errorf("%s: %s: %v; want it stored", what, id, err)
+			continue
+		}
+		if !slices.Equal(got.XCF, want.XCF) {
+			t.Errorf("%s: %s holds x_cf %v, want %v", what, id, got.XCF, want.XCF)
+		}
+	}
+	for rid, want := range lg.results {
+		o, ok, err := l.Outcome(rid)
+		if err != nil || !ok || o.Result != want {
+			t.Errorf("%s: outcome of %s = %+v, %v, %v; want %s", what, rid, o, ok, err, want)
+		}
+	}
+}
+
+// TestApplyShareCrashLosesNoRequest crashes the owner of a partition at each commit of its
+// batches in turn: the requests and the offset after them are one transaction, so whatever the
+// commit the crash hits, the member reads the batch again from the stored offset and the ledger
+// ends as applying every request once, in order, leaves. A ledger that stored the offset in a
+// transaction of its own before the requests' would lose the batch at a crash between the two.
+func TestApplyShareCrashLosesNoRequest(t *testing.T) {
+	m := testModel(4)
+	lg := attackLog(t, m)
+	const batch = 4
+	// Without a crash: how many commits the log takes.
+	dir := t.TempDir()
+	l0, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	install(t, l0, m)
+	l0.Close()
+	total := 0
+	l := applyLog(t, dir, lg, batch, func(n int) bool { total = n; return false })
+	checkLog(t, l, lg, "no crash")
+	l.Close()
+	if total < 2 {
+		t.Fatalf("the log took %d commits", total)
+	}
+	for at := 1; at <= total; at++ {
+		dir := t.TempDir()
+		l0, err := Open(dir, Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		install(t, l0, m)
+		l0.Close()
+		l := applyLog(t, dir, lg, batch, func(n int) bool { return n == at })
+		checkLog(t, l, lg, fmt.Sprintf("crash at commit %d of %d", at, total))
+		l.Close()
+	}
+}
+
+// An owner applies a request of a given request id once: delivered again after its CE was
+// deleted, it registers nothing. A batch with a registration under a posterior the ledger does
+// not have writes nothing, not even the offset. A released partition forgets its outcomes, so
+// that reading it again from its start applies its requests again. Outcomes expire after the
+// window.
+func TestApplyShareOutcomes(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, _ := openTest(t, Options{RequestWindow: time.Hour, Now: func() time.Time { return now }})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(8, 8))
+	a := newCE(t, m, rng)
+	a.ID = "x"
+	outs, err := l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}, {RID: "d1", ID: "x"}, {RID: "r1", ID: "x", CE: a}}, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outs[0].Result != OutcomeStored || outs[1].Result != OutcomeDeleted || !outs[2].Duplicate || outs[2].Result != OutcomeStored {
+		t.Errorf("outcomes %+v", outs)
+	}
+	if _, err := l.Get("x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a registration delivered again after its deletion: Get = %v, want not found", err)
+	}
+	// A registration under a posterior neither current nor given: nothing written.
+	b := newCE(t, m, rng)
+	b.ID, b.AnchorVersion = "y", 42
+	var need *AnchorsNeededError
+	if _, err := l.ApplyShare(1, []ShareOp{{RID: "d2", ID: "gone"}, {RID: "r2", ID: "y", CE: b}}, 5, nil); !errors.As(err, &need) ||
+		!slices.Equal(need.Ops, []int{1}) || !slices.Equal(need.Versions, []uint64{42}) {
+		t.Fatalf("ApplyShare with an unknown anchor = %v", err)
+	}
+	if off, _, _ := l.ShareOffset(1); off != 3 {
+		t.Errorf("offset %d after a batch that needed anchors, want 3", off)
+	}
+	if _, ok, _ := l.Outcome("d2"); ok {
+		t.Error("a batch that needed anchors stored an outcome")
+	}
+	// Released: read again from the start, the requests apply again.
+	if _, err := l.ReleaseShare(bg, 1, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := l.Outcome("r1"); ok {
+		t.Error("a released partition kept its outcomes")
+	}
+	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}}, 1, nil); err != nil || outs[0].Duplicate {
+		t.Fatalf("after the release: %+v, %v", outs, err)
+	}
+	// Expired: an hour and a bit later, r1's outcome is gone.
+	now = now.Add(61 * time.Minute)
+	if _, err := l.ApplyShare(2, nil, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := l.Outcome("r1"); ok {
+		t.Error("an outcome outlived the request window")
+	}
+}
+
+// PutRequests stores each CE's outcome under its request id in the registration's own
+// transaction, and refuses a request applied before with its outcome, also after the CE was
+// deleted; a failed write stores neither the CE nor the outcome.
+func TestPutRequests(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(9, 9))
+	a, b := newCE(t, m, rng), newCE(t, m, rng)
+	a.ID, b.ID = "a", "b"
+	errs, err := l.PutRequests(bg, []*CE{a, b}, []RequestRef{{RID: "k1", Fingerprint: "f1"}, {}})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("PutRequests = %v, %v", errs, err)
+	}
+	if o, ok, err := l.Outcome("k1"); err != nil || !ok || o.Result != OutcomeStored || o.Fingerprint != "f1" || o.Partition != -1 {
+		t.Errorf("outcome of k1 = %+v, %v, %v", o, ok, err)
+	}
+	if err := l.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	again := *a
+	errs, err = l.PutRequests(bg, []*CE{&again}, []RequestRef{{RID: "k1", Fingerprint: "f1"}})
+	var dup *DuplicateError
+	if err != nil || !errors.As(errs[0], &dup) || dup.Outcome.Result != OutcomeStored {
+		t.Errorf("PutRequests of a request applied before = %v, %v; want a DuplicateError", errs, err)
+	}
+	if _, err := l.Get("a"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a request applied before registered its CE again after its deletion: %v", err)
+	}
+	c := newCE(t, m, rng)
+	c.ID = "c"
+	l.failed = func() error { return errors.New("injected fsync failure") }
+	if _, err := l.PutRequests(bg, []*CE{c}, []RequestRef{{RID: "k3"}}); !errors.Is(err, ErrWrite) {
+		t.Errorf("failed write: %v, want ErrWrite", err)
+	}
+	l.failed = nil
+	if _, ok, _ := l.Outcome("k3"); ok {
+		t.Error("a failed write stored an outcome")
+	}
+}
+
+const shareCrashDirEnv = "CFGUARD_LEDGER_SHARE_CRASH_DIR"
+
+// longLog is a partition's requests over a few ids, drawn with a fixed seed (the same in the
+// parent and the child of TestShareKilledMidApply): registrations of two CEs per id, deletions,
+// and registrations delivered again.
+func longLog(t *testing.T, m *bnn.Model, n int) []ShareOp {
+	rng := rand.New(rand.NewPCG(11, 11))
+	type pair struct{ a, b *CE }
+	ids := make([]pair, 6)
+	for i := range ids {
+		a, b := newCE(t, m, rng), newCE(t, m, rng)
+		a.ID, b.ID = fmt.Sprintf("ce-%d", i), fmt.Sprintf("ce-%d", i)
+		ids[i] = pair{a, b}
+	}
+	var ops []ShareOp
+	for len(ops) < n {
+		k := rng.IntN(len(ids))
+		id := ids[k].a.ID
+		op := ShareOp{RID: fmt.Sprintf("r%d", len(ops)), ID: id, Offset: int64(len(ops))}
+		switch r := rng.IntN(10); {
+		case r < 3:
+			c := *ids[k].a
+			op.CE = &c
+		case r < 6:
+			c := *ids[k].b
+			op.CE = &c
+		case r < 8:
+		default: // an earlier request delivered again
+			if len(ops) > 0 {
+				prev := ops[rng.IntN(len(ops))]
+				prev.Offset = op.Offset
+				op = prev
+			}
+		}
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+// expected applies ops in order, each request id once, to a model of the ledger: each id's x_cf
+// (absent when none) and each request id's result.
+func expected(ops []ShareOp) (map[string][]float64, map[string]string) {
+	stored, results := map[string][]float64{}, map[string]string{}
+	for _, op := range ops {
+		if _, ok := results[op.RID]; ok {
+			continue
+		}
+		have, ok := stored[op.ID]
+		switch {
+		case op.CE == nil && ok:
+			delete(stored, op.ID)
+			results[op.RID] = OutcomeDeleted
+		case op.CE == nil:
+			results[op.RID] = OutcomeAbsent
+		case ok && slices.Equal(have, op.CE.XCF):
+			results[op.RID] = OutcomeSame
+		case ok:
+			results[op.RID] = OutcomeExists
+		default:
+			stored[op.ID], results[op.RID] = op.CE.XCF, OutcomeStored
+		}
+	}
+	return stored, results
+}
+
+// TestShareApplyChild is the child of TestShareKilledMidApply: it applies longLog to the ledger
+// in $CFGUARD_LEDGER_SHARE_CRASH_DIR from the offset stored there, a few requests per batch,
+// printing each offset stored, until the log ends or it is killed.
+func TestShareApplyChild(t *testing.T) {
+	dir := os.Getenv(shareCrashDirEnv)
+	if dir == "" {
+		t.Skip("child process of TestShareKilledMidApply")
+	}
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	if _, err := l.Current(); err != nil {
+		install(t, l, m)
+	}
+	ops := longLog(t, m, shareCrashOps)
+	for {
+		from, _, err := l.ShareOffset(shareCrashPartition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from >= int64(len(ops)) {
+			return
+		}
+		next := min(from+5, int64(len(ops)))
+		batch := make([]ShareOp, 0, next-from)
+		for _, op := range ops[from:next] {
+			if op.CE != nil {
+				c := *op.CE
+				op.CE = &c
+			}
+			batch = append(batch, op)
+		}
+		if _, err := l.ApplyShare(shareCrashPartition, batch, next, nil); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("applied %d\n", next)
+	}
+}
+
+const (
+	shareCrashOps       = 400
+	shareCrashPartition = 2
+)
+
+// TestShareKilledMidApply kills an owner applying its partition with SIGKILL at arbitrary
+// points: whatever the moment, the ledger holds exactly what applying the requests before its
+// stored offset leaves, each request once, and the next run goes on from there.
+func TestShareKilledMidApply(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills child processes")
+	}
+	dir := t.TempDir()
+	ops := longLog(t, testModel(4), shareCrashOps)
+	rng := rand.New(rand.NewPCG(43, 43))
+	for round := 0; ; round++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestShareApplyChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), shareCrashDirEnv+"="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(out)
+		seen, want := 0, 1+rng.IntN(12)
+		for seen < want && sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "applied ") {
+				seen++
+			}
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		cancel()
+		l, err := Open(dir, Options{Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		off, _, err := l.ShareOffset(shareCrashPartition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, results := expected(ops[:off])
+		for i := range 6 {
+			id := fmt.Sprintf("ce-%d", i)
+			ce, err := l.Get(id)
+			want, ok := stored[id]
+			if ok != (err == nil) || (ok && !slices.Equal(ce.XCF, want)) {
+				t.Fatalf("round %d, offset %d: %s holds %v (%v), want %v", round, off, id, ce, err, want)
+			}
+		}
+		for _, op := range ops {
+			o, ok, err := l.Outcome(op.RID)
+			if want, applied := results[op.RID]; err != nil || ok != applied || (ok && o.Result != want) {
+				t.Fatalf("round %d, offset %d: outcome of %s = %+v, %v, %v; want %q", round, off, op.RID, o, ok, err, want)
+			}
+		}
+		l.Close()
+		if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		t.Logf("round %d: killed after %d batches seen; the ledger holds offset %d", round, seen, off)
+		if off == int64(len(ops)) {
+			if round < 3 {
+				t.Fatalf("the log was applied in %d rounds: too few kills to test", round+1)
+			}
+			return
+		}
+	}
+}
+
+// Verify checks the request outcomes: an outcome without its entry in requests_at is damage.
+func TestVerifyChecksOutcomes(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	install(t, l, m)
+	a := newCE(t, m, rand.New(rand.NewPCG(3, 3)))
+	a.ID = "a"
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "r1", ID: "a", CE: a}, {RID: "r2", ID: "b"}}, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	path := filepath.Join(dir, FileName)
+	if _, err := Verify(path); err != nil {
+		t.Fatalf("Verify of a ledger with outcomes: %v", err)
+	}
+	if l, err = Open(dir, Options{Logger: quietLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	l.wmu.Lock()
+	err = l.update(func(tx *bolt.Tx) error { return tx.Bucket(bRequestsAt).Delete(outcomeAtKey(outs[1].At, "r2")) })
+	l.wmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if _, err := Verify(path); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Verify of an outcome missing from requests_at: %v, want ErrCorrupt", err)
+	}
+}
