@@ -295,7 +295,7 @@ func (h *harness) taskset() ([]string, string) {
 
 // runBench runs a test binary once per round.
 func (h *harness) runBench(ctx context.Context, r row, rep *rowReport, m *machine) error {
-	args := []string{"-test.run", "^$", "-test.bench", r.bench, "-test.benchtime", r.benchtime}
+	args := []string{"-test.run", "^$", "-test.bench", r.bench(), "-test.benchtime", r.benchtime}
 	var prefix []string
 	if r.pin {
 		var why string

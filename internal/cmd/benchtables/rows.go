@@ -14,14 +14,24 @@ type row struct {
 	pin   bool   // pinned to one core with taskset
 	// A go test benchmark row: the package, -test.bench and -test.benchtime, extra environment,
 	// and the samples of one run, one per figure.
-	pkg       string
-	bench     string
-	benchtime string
-	env       []string
-	extract   func(o benchOutput) ([]sample, error)
+	pkg        string
+	benchmarks []string // the Benchmark functions run (without "Benchmark")
+	sub        string   // a pattern for their sub-benchmarks, or ""
+	benchtime  string
+	env        []string
+	extract    func(o benchOutput) ([]sample, error)
 	// A vstorch row: its workloads, one figure each.
 	workloads []string
 	figures   []figure
+}
+
+// bench is the row's -test.bench pattern.
+func (r row) bench() string {
+	p := "^Benchmark(" + strings.Join(r.benchmarks, "|") + ")$"
+	if r.sub != "" {
+		p += "/" + r.sub
+	}
+	return p
 }
 
 // predictFlops is the multiply-add flops of vstorch's predictive: 10^4 inputs x 100 draws
@@ -128,22 +138,22 @@ func rows(quick bool) []row {
 		row{name: "ingest", build: "default", pin: true, pkg: "./daemon",
 			// Every backlog cap runs: a third level in the pattern (cfguard/default) would hide
 			// kafka-go's result, as go test runs a partial match but does not report it.
-			bench: "^BenchmarkIngestEndToEnd$", benchtime: q("2x", "1x"),
+			benchmarks: []string{"IngestEndToEnd"}, benchtime: q("2x", "1x"),
 			extract: pairs(pair("IngestEndToEnd/cfguard/default", "records/s", "IngestEndToEnd/kafka-go", "records/s", 1)),
 			figures: []figure{{name: "ingest end to end, default config, a backlog of 20,480 records", ours: "the daemon", ref: "plain kafka-go group read",
 				rate: true, unit: "records", reads: "x kafka-go's rate", target: ">= 0.5", atLeast: 0.5}}},
 		row{name: "recertify", build: "default", pin: true, pkg: "./ledger",
-			bench: "^Benchmark(Recertify|ScanHeaders)$/^n=" + n + "$", benchtime: q("20x", "5x"), env: env,
+			benchmarks: []string{"Recertify", "ScanHeaders"}, sub: "^n=" + n + "$", benchtime: q("20x", "5x"), env: env,
 			extract: pairs(pair("Recertify/n="+n, "ns/update", "ScanHeaders/n="+n, "ns/update", 1e-9)),
 			figures: []figure{{name: "re-certify " + size + " stored CEs, no status change", ours: "indexed re-certification", ref: "a cursor over every CE header",
 				reads: "x faster than the scan"}}},
 		row{name: "psce", build: "default", pin: true, pkg: "./explain",
-			bench: "^Benchmark(GeneratePSCE|PredictSameDraws)$", benchtime: q("20x", "5x"),
+			benchmarks: []string{"GeneratePSCE", "PredictSameDraws"}, benchtime: q("20x", "5x"),
 			extract: pairs(pair("GeneratePSCE", "ns/op", "PredictSameDraws", "ns/op", 1e-9)),
 			figures: []figure{{name: "one PSCE counterfactual (breast cancer, default config, float64)", ours: "PSCE",
 				ref: "one predictive over as many draws as the search evaluated", reads: "x (that predictive's time over PSCE's)"}}},
 		row{name: "audit", build: "openblas", pin: true, pkg: "./ledger",
-			bench: "^BenchmarkAudit$", benchtime: q("2x", "1x"),
+			benchmarks: []string{"Audit"}, benchtime: q("2x", "1x"),
 			extract: pairs(pair("Audit", "audit-s", "Audit", "floor-s", 1), pair("Audit", "pool-audit-s", "Audit", "floor-s", 1)),
 			figures: []figure{
 				{name: "audit of 10^5 CEs (100 draws each)", ours: "audit", ref: "GEMM floor at the run's dgemm peak",
@@ -151,7 +161,7 @@ func rows(quick bool) []row {
 				{name: "the same audit with one shared pool of draws, as the daemon runs it", ours: "audit", ref: "GEMM floor",
 					reads: " of the floor's speed", target: ">= 0.5", atLeast: 0.5}}},
 		row{name: "register", build: "openblas", pkg: "./daemon",
-			bench: "^BenchmarkRegisterConcurrent(DaemonProcess)?$", benchtime: q("1000x", "100x"),
+			benchmarks: []string{"RegisterConcurrent", "RegisterConcurrentDaemonProcess"}, benchtime: q("1000x", "100x"),
 			extract: pairs(
 				pair("RegisterConcurrent/clients=16", "registrations/s", "RegisterConcurrent/clients=1", "registrations/s", 1),
 				pair("RegisterConcurrentDaemonProcess/clients=16", "registrations/s", "RegisterConcurrentDaemonProcess/clients=1", "registrations/s", 1)),
@@ -161,7 +171,7 @@ func rows(quick bool) []row {
 				{name: "registrations, 16 concurrent clients against 1, end to end (the daemon in its own process, clients over loopback HTTP)", ours: "16 clients", ref: "1 client",
 					rate: true, unit: "registrations", reads: "x one client", target: ">= 8x", atLeast: 8}}},
 		row{name: "predict-concurrent", build: "openblas", pkg: "./daemon",
-			bench: "^BenchmarkPredictConcurrent$", benchtime: q("1000x", "200x"),
+			benchmarks: []string{"PredictConcurrent"}, benchtime: q("1000x", "200x"),
 			extract: pairs(pair("PredictConcurrent/batched", "req/s", "PredictConcurrent/direct", "req/s", 1)),
 			figures: []figure{{name: "`POST /v1/predict` engine calls, 50 clients of one input each, 1000 draws f64", ours: "batched on a lane per core",
 				ref: "one engine call per request", rate: true, unit: "requests", reads: "x one call per request", target: ">= 3x", atLeast: 3}}},
