@@ -22,7 +22,9 @@
 // prior objective with KL weight 0.1 / 64, then KL(q_new || q_prev)) and train (breast cancer,
 // 300 epochs, batch 64, Adam lr 0.01). The peak is the best of three n = 1024 dgemm / sgemm calls
 // with this build's BLAS (gonum in the default build, so build with -tags openblas to measure
-// against the hardware's).
+// against the hardware's); -peak measures and prints only those, as one JSON line, without
+// PyTorch. Each round prints one line per workload to stderr, "round R/N workload torch Ts
+// cfguard Ts", which internal/cmd/benchtables reads.
 package main
 
 import (
