@@ -186,11 +186,15 @@ func writeMarkdown(w io.Writer, m machine, rows []rowReport) error {
 	} else {
 		fmt.Fprintf(&b, "no peak measured (%s); ", m.peakNote)
 	}
-	tags := "none"
-	if len(m.tags) > 0 {
-		tags = strings.Join(m.tags, ", ")
+	var builds []string
+	for _, t := range m.tags {
+		if t == "default" {
+			builds = append(builds, "default (no build tags)")
+		} else {
+			builds = append(builds, t+" (-tags "+t+")")
+		}
 	}
-	fmt.Fprintf(&b, "%s; build tags per row (%s); load average %.2f at the start, %.2f at the end.\n\n", m.goVersion, tags, m.loadStart, m.loadEnd)
+	fmt.Fprintf(&b, "%s; builds: %s; a row pinned to a core runs under taskset, so Go sees one CPU; load average %.2f at the start, %.2f at the end.\n\n", m.goVersion, strings.Join(builds, ", "), m.loadStart, m.loadEnd)
 	fmt.Fprintf(&b, "Each ratio is the median over the rounds of the ratio of cfguard to its reference measured in the same round (each round runs both, the reference and cfguard one after the other, and rounds follow each other: A B A B ...), with the smallest and largest round's ratio in brackets; the times beside it are the medians. Load average: the 1-minute figure before and after the row.\n\n")
 	b.WriteString("| figure | ratio: median (min–max), rounds | cfguard | reference | target | build, core | load before → after | command |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
