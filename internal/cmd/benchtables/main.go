@@ -51,13 +51,13 @@ type options struct {
 	rows   []string
 	out    string
 	core   int
-	args   []string // the command line's arguments, for the header
+	args   []string // the command line's arguments but -o, for the header
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("benchtables", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o := options{args: args}
+	o := options{args: withoutOutput(args)}
 	fs.IntVar(&o.rounds, "rounds", 0, "rounds per row, each running cfguard and its reference (default 3, 1 with -quick)")
 	fs.BoolVar(&o.quick, "quick", false, "a smoke run: 1 round unless -rounds says otherwise, fewer iterations, 10^5 instead of 10^6 stored CEs, two vstorch workloads")
 	only := fs.String("rows", "", "comma-separated rows to run (default all: "+strings.Join(rowNames(), ",")+")")
@@ -433,6 +433,23 @@ func (p prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// withoutOutput is args without -o and its value: where the table is written is no part of how
+// it was measured, and a local path has no place in the docs that paste it.
+func withoutOutput(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-o" || a == "--o":
+			i++ // and its value
+		case strings.HasPrefix(a, "-o=") || strings.HasPrefix(a, "--o="):
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // quoteArgs renders the command's arguments as typed, each quoted where a shell needs it.

@@ -293,6 +293,25 @@ func packageSource(t *testing.T, pkg string) string {
 	return b.String()
 }
 
+func TestHeaderLeavesOutTheOutputFile(t *testing.T) {
+	for _, args := range [][]string{
+		{"-rounds", "5", "-o", "/tmp/x.md", "-quick"},
+		{"-rounds", "5", "-o=/tmp/x.md", "-quick"},
+		{"-rounds", "5", "--o", "/tmp/x.md", "-quick"},
+	} {
+		o, err := parse(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := quoteArgs(o.args); got != " -rounds 5 -quick" {
+			t.Errorf("%q: header arguments %q, want \" -rounds 5 -quick\"", args, got)
+		}
+		if o.out != "/tmp/x.md" {
+			t.Errorf("%q: -o = %q", args, o.out)
+		}
+	}
+}
+
 func TestShellQuote(t *testing.T) {
 	for in, want := range map[string]string{
 		"-test.benchtime": "-test.benchtime",
