@@ -285,24 +285,12 @@ func (h *harness) runRow(ctx context.Context, r row, m *machine) rowReport {
 	return rep
 }
 
-// taskset is the prefix that pins a command to the core, or why it cannot.
-func (h *harness) taskset() ([]string, string) {
-	if _, err := exec.LookPath("taskset"); err != nil {
-		return nil, "taskset not found (Debian: util-linux), and this row is measured on one core"
-	}
-	return []string{"taskset", "-c", strconv.Itoa(h.o.core)}, ""
-}
-
 // runBench runs a test binary once per round.
 func (h *harness) runBench(ctx context.Context, r row, rep *rowReport, m *machine) error {
 	args := []string{"-test.run", "^$", "-test.bench", r.bench(), "-test.benchtime", r.benchtime}
 	var prefix []string
 	if r.pin {
-		var why string
-		if prefix, why = h.taskset(); why != "" {
-			rep.skipped = why
-			return nil
-		}
+		prefix = []string{"taskset", "-c", strconv.Itoa(h.o.core)}
 	}
 	tags := ""
 	if r.build == "openblas" {
@@ -312,7 +300,17 @@ func (h *harness) runBench(ctx context.Context, r row, rep *rowReport, m *machin
 	for _, a := range append(append(slices.Clone(prefix), "./"+filepath.Base(r.pkg)+".test"), args...) {
 		quoted = append(quoted, shellQuote(a))
 	}
-	rep.command = fmt.Sprintf("`go test -c %s%s`, then `%s%s` in %s, %d runs", tags, r.pkg, strings.Join(r.env, " ")+spaceIf(r.env), strings.Join(quoted, " "), strings.TrimPrefix(r.pkg, "./"), h.o.rounds)
+	runs := fmt.Sprintf("%d runs", h.o.rounds)
+	if h.o.rounds == 1 {
+		runs = "1 run"
+	}
+	rep.command = fmt.Sprintf("`go test -c %s%s`, then `%s%s` in %s, %s", tags, r.pkg, strings.Join(r.env, " ")+spaceIf(r.env), strings.Join(quoted, " "), strings.TrimPrefix(r.pkg, "./"), runs)
+	if r.pin {
+		if _, err := exec.LookPath("taskset"); err != nil {
+			rep.skipped = "taskset not found (Debian: util-linux), and this row is measured on one core"
+			return nil
+		}
+	}
 	bin, err := h.build(ctx, r.pkg, r.build)
 	if err != nil {
 		if r.build == "openblas" {
