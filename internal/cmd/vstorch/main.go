@@ -22,7 +22,9 @@
 // prior objective with KL weight 0.1 / 64, then KL(q_new || q_prev)) and train (breast cancer,
 // 300 epochs, batch 64, Adam lr 0.01). The peak is the best of three n = 1024 dgemm / sgemm calls
 // with this build's BLAS (gonum in the default build, so build with -tags openblas to measure
-// against the hardware's).
+// against the hardware's); -peak measures and prints only those, as one JSON line, without
+// PyTorch. Each round prints one line per workload to stderr, "round R/N workload torch Ts
+// cfguard Ts", which internal/cmd/benchtables reads.
 package main
 
 import (
@@ -71,6 +73,7 @@ var torchBench []byte
 type options struct {
 	core, rounds int
 	markdown     bool // print the medians as a Markdown table, headed by the command and commit
+	peak         bool // print only the GEMM peaks on the core, as JSON, and need no PyTorch
 	only         []string
 	python       string
 	script       string // $CFGUARD_TORCH_BENCH, or "" for the embedded torch_bench.py
@@ -84,6 +87,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.core, "core", 0, "the CPU core both sides are pinned to")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every workload once on each side, interleaved")
 	fs.BoolVar(&o.markdown, "markdown", false, "print the medians as a Markdown table (for docs/BENCHMARKS.md), headed by the command, commit and machine")
+	fs.BoolVar(&o.peak, "peak", false, `measure only this build's GEMM peaks on the core and print them as one JSON line {"backend","core","dgemm","sgemm"} (GFLOP/s); needs no PyTorch`)
 	only := fs.String("only", "", "comma-separated workloads to run (default all: "+strings.Join(workloadNames(), ",")+")")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -115,6 +119,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "vstorch:", err)
 		return 2
 	}
+	if o.peak {
+		return printPeak(o, stdout, stderr)
+	}
 	if why := missing(ctx, o); why != "" {
 		fmt.Fprintf(stdout, "vstorch: skipped: %s\n", why)
 		return 0
@@ -137,6 +144,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "vstorch:", err)
 		return 1
 	}
+	return 0
+}
+
+// printPeak pins the process to the core and prints this build's GEMM peaks as one JSON line.
+func printPeak(o options, stdout, stderr io.Writer) int {
+	if err := pin(o.core); err != nil {
+		fmt.Fprintln(stderr, "vstorch:", err)
+		return 1
+	}
+	line, err := json.Marshal(map[string]any{"backend": bnn.Backend, "core": o.core, "dgemm": peakGFLOPS(false), "sgemm": peakGFLOPS(true)})
+	if err != nil {
+		fmt.Fprintln(stderr, "vstorch:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s\n", line)
 	return 0
 }
 
@@ -394,7 +416,7 @@ func compare(ctx context.Context, o options, stdout, stderr io.Writer) error {
 				return fmt.Errorf("%s: %w", w.name, err)
 			}
 			torchT[i], oursT[i] = append(torchT[i], t), append(oursT[i], g)
-			fmt.Fprintf(stderr, "round %d/%d %-16s torch %.3fs  cfguard %.3fs\n", r+1, o.rounds, w.name, t, g)
+			fmt.Fprintf(stderr, "round %d/%d %-16s torch %.6fs  cfguard %.6fs\n", r+1, o.rounds, w.name, t, g)
 		}
 	}
 	rows := make([]resultRow, len(ws))
