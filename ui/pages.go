@@ -31,16 +31,16 @@ type page struct {
 	Latest    *ledger.KLEntry
 	AppliedAt string
 
-	CEs     []ceRow
-	Filter  listFilter
-	NextURL string
+	CEs      []ceRow
+	Filter   listFilter
+	NextURL  string
 	Statuses []string
 
-	CE       *ledger.CE
-	Rows     []featureRow
-	Verdict  statement
-	History  []historyRow
-	Target   string
+	CE      *ledger.CE
+	Rows    []featureRow
+	Verdict statement
+	History []historyRow
+	Target  string
 
 	Events []eventRow
 	More   bool
@@ -87,7 +87,7 @@ type statement struct {
 }
 
 var funcs = template.FuncMap{
-	"pct": func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
+	"pct":    func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
 	"num":    fmtNum,
 	"margin": func(b float64) float64 { return b - 0.5 },
 	"time": func(t time.Time) string {
