@@ -13,12 +13,13 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// Idempotency keys (draft-ietf-httpapi-idempotency-key-header). A registration sent with an
-// Idempotency-Key header is one request however often it is sent: its request id is derived
-// from the key (requestRef), so the ledger that applies it (a single daemon's, or the owner's
-// on a replica: ledger.ApplyShare) applies it once and keeps its outcome for
-// ledger.Options.RequestWindow, and every retry answers from that outcome. A registration
-// without an id gets one derived from the key, so that a retry names the same CE.
+// Idempotency keys (draft-ietf-httpapi-idempotency-key-header). A registration or deletion
+// sent with an Idempotency-Key header is one request however often it is sent: its request id
+// is derived from the key (keyRequest), so the ledger that applies it (a single daemon's:
+// PutRequests, DeleteRequest; or the owner's on a replica: ledger.ApplyShare) applies it once
+// and keeps its outcome for ledger.Options.RequestWindow, and every retry answers from that
+// outcome. A registration without an id gets one derived from the key, so that a retry names
+// the same CE.
 
 // headerIdempotencyKey is the request header that carries an idempotency key.
 const headerIdempotencyKey = "Idempotency-Key"
