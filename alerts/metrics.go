@@ -17,7 +17,9 @@
 //   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
-//   - NewQualityMetrics: the served model's prequential quality and its change detector.
+//   - NewQualityMetrics: the served model's prequential quality and its change detector;
+//   - NewRequestMetrics: requests applied before (request ids), skipped and answered from their
+//     outcome.
 //
 // Naming (tested): every name starts with cfguard_; counters, and only they, end in _total; a
 // unit, when there is one, is the last word (before _total on a counter: _seconds, _records);
@@ -96,6 +98,7 @@ func Names() []string {
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
 		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated,
+		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,
 	}
