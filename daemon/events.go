@@ -41,11 +41,11 @@ type event struct {
 	// Decided (status_changed only) is the CE's decided as the ledger's transaction that changed
 	// its status left it (ledger.CE.Decided: the new status is backed by a bound that holds under
 	// the current posterior); VerdictPending and RenewalPending say why it is not.
-	Decided        *bool `json:"decided,omitempty"`
-	VerdictPending bool  `json:"verdict_pending,omitempty"`
-	RenewalPending bool  `json:"renewal_pending,omitempty"`
-	Budget           float64   `json:"budget,omitempty"`
-	Policy           string    `json:"policy,omitempty"`
+	Decided        *bool   `json:"decided,omitempty"`
+	VerdictPending bool    `json:"verdict_pending,omitempty"`
+	RenewalPending bool    `json:"renewal_pending,omitempty"`
+	Budget         float64 `json:"budget,omitempty"`
+	Policy         string  `json:"policy,omitempty"`
 	// ClipFraction and ClippedKL: with on_breach clip, the fraction t of the step from the
 	// previous posterior to the converged one that was kept, and the KL of the clipped step.
 	ClipFraction *float64       `json:"clip_fraction,omitempty"`
