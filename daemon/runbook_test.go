@@ -1,0 +1,289 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// runbookSection is one "## Alert" section of docs/RUNBOOK.md: the lines of its ```sh blocks.
+type runbookSection struct {
+	name     string
+	commands []string
+}
+
+// runbookSections reads the fenced ```sh blocks of docs/RUNBOOK.md, section by section; every
+// non-empty line of a block is one command.
+func runbookSections(t *testing.T) []runbookSection {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "RUNBOOK.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []runbookSection
+	in := false
+	sc := bufio.NewScanner(bytes.NewReader(doc))
+	for sc.Scan() {
+		l := sc.Text()
+		switch {
+		case strings.HasPrefix(l, "## "):
+			out = append(out, runbookSection{name: strings.TrimSpace(l[3:])})
+		case l == "```sh":
+			in = true
+		case in && l == "```":
+			in = false
+		case in && strings.TrimSpace(l) != "":
+			if len(out) == 0 {
+				t.Fatalf("docs/RUNBOOK.md: command %q before the first section", l)
+			}
+			out[len(out)-1].commands = append(out[len(out)-1].commands, l)
+		}
+	}
+	if in {
+		t.Fatal("docs/RUNBOOK.md: a ```sh block is not closed")
+	}
+	return out
+}
+
+// runbookCheck says what one runbook command (the one containing cmd) must print in the state
+// of its alert: want matches its output (stdout and stderr).
+type runbookCheck struct {
+	cmd  string
+	want string
+}
+
+// runbookReplicaSections are the replicas' alerts (replication.enabled): their commands read a
+// replica's /v1/model replication block and the posterior topic, and are run by the replicas'
+// own tests, not against the single node here.
+var runbookReplicaSections = map[string]bool{
+	"CfguardReplicationUnauthenticated": true, "CfguardPosteriorLogStopped": true, "CfguardPosteriorLogBehind": true,
+}
+
+// runbookChecks: for every single-node alert, what each of its commands prints against the
+// drifted daemon of TestRunbookCommandsRun. A command the table does not know fails the test,
+// so a new runbook command comes with its check.
+var runbookChecks = map[string][]runbookCheck{
+	"CfguardKLOverBudget": {
+		{"/v1/model ", `"kl_history":\[.*"outcome":"promoted"`},
+		{"kl_breach_last_timestamp_seconds|kl_over_budget|kl_budget", `(?m)^cfguard_kl_breach_last_timestamp_seconds [1-9][0-9.e+]*$[\s\S]*^cfguard_kl_budget 0\.10125$[\s\S]*^cfguard_kl_over_budget [01]$`},
+		{"grep kl_over_budget", `"type":"kl_over_budget".*"policy":"alert"`},
+	},
+	"CfguardCounterfactualsInvalidated": {
+		{"status=invalidated", `"status":"invalidated"`},
+		{"/ID     # its history", `"history":\[.*"to":"invalidated"`},
+		{"/v1/explain", `(?s)^\{.*("status":"certified".*\n201|"error":"no valid counterfactual found: .*\n422)$`},
+		{"-XDELETE", `^204$`},
+	},
+	"CfguardCounterfactualsAtRisk": {
+		{"status=at_risk", `"status":"at_risk".*"decided":(true|false)`},
+		{"-XPOST 127.0.0.1:8080/v1/audit", `"counts":\{"at_risk":8,.*"evaluated":8,`},
+		{"/v1/audit ", `"last":\{.*"evaluated":8`},
+	},
+	"CfguardRenewalBehind": {
+		{"/readyz", `"status":"ready"`},
+		{"counterfactuals_(renewal_pending", `(?m)^cfguard_counterfactuals_renewal_pending 0$[\s\S]*^cfguard_counterfactuals_unconfirmed 0$`},
+	},
+	"CfguardIngestStalled": {
+		{"/readyz", `"status":"ready"`},
+		{"consumer_lag_records|checkpoint_failing", `(?m)^cfguard_checkpoint_failing 0$[\s\S]*^cfguard_consumer_lag_records 0$`},
+	},
+	"CfguardDeadLetterRateHigh": {
+		{"cfguard.records.dlq", `(?m)^\s*[0-9]+ .*cfguard-reason=`},
+	},
+	"CfguardCheckpointFailing": {
+		{"/readyz", `"status":"ready"`},
+		{"df -h", `(?s)Filesystem.*\n.*%`},
+	},
+	"CfguardOutboxBacklog": {
+		{"kcat -L", `topic "cfguard.events" with 1 partitions`},
+	},
+	"CfguardTopicReset": {
+		{"/readyz", `"status":"ready"`},
+		{"kcat -Q", `cfguard.records \[0\] offset [1-9][0-9]*`},
+		{"--accept-topic-reset", ""}, // starts a daemon: see runbookNotRun
+	},
+	"CfguardModelQualityDegraded": {
+		{"jq '.prequential'", `"last_change": "20`},
+		{"prequential_(log_loss", `(?m)^cfguard_prequential_last_change_timestamp_seconds [1-9]`},
+		{"kl_history[-20:]", `"outcome":`},
+	},
+}
+
+// runbookNotRun are commands this test does not run, each with the test that covers it.
+var runbookNotRun = map[string]string{
+	"--accept-topic-reset": "it starts a daemon that reads a reset topic from its start: TestTopicRecreatedWhileStopped runs that restart",
+}
+
+// TestRunbookCommandsRun runs every command of docs/RUNBOOK.md's single-node sections as written
+// (the API's, the broker's address and the state directory substituted, an invalidated CE's id
+// for ID) with bash against a live daemon after a drift: a learner whose steps the learning rate
+// caps (paperLearner) takes records of benign rows labelled malignant, so an update breaches the
+// KL budget, certificates lapse and are judged at_risk or invalidated, the change detector
+// fires, and malformed records are dead-lettered. Each command must exit 0 (pipefail) and print
+// what runbookChecks says its section says it shows. curl, kcat, jq and df run for real; the
+// test skips when one is missing unless CFGUARD_REQUIRE_TOOLS=1.
+func TestRunbookCommandsRun(t *testing.T) {
+	for _, tool := range []string{"bash", "curl", "kcat", "jq", "df", "sort", "uniq"} {
+		tooltest.Command(t, "apt-get install kcat curl jq", tool)
+	}
+	sections := runbookSections(t)
+	// Every command is known before the daemon starts.
+	var run []runbookSection
+	for _, s := range sections {
+		if len(s.commands) == 0 {
+			continue
+		}
+		if runbookReplicaSections[s.name] {
+			t.Logf("%s: %d commands not run here (a replica's alert)", s.name, len(s.commands))
+			continue
+		}
+		checks, ok := runbookChecks[s.name]
+		if !ok {
+			t.Errorf("docs/RUNBOOK.md section %s has commands and no checks in runbookChecks", s.name)
+			continue
+		}
+		for _, c := range s.commands {
+			if n := len(matchingChecks(checks, c)); n != 1 {
+				t.Errorf("%s: command %q matches %d checks, want 1", s.name, c, n)
+			}
+		}
+		for _, ch := range checks {
+			found := false
+			for _, c := range s.commands {
+				found = found || strings.Contains(c, ch.cmd)
+			}
+			if !found {
+				t.Errorf("%s: runbookChecks expects a command containing %q that the section does not have", s.name, ch.cmd)
+			}
+		}
+		run = append(run, s)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Three states: CEs at_risk; CEs invalidated (the state of every other section but one);
+	// a model that learns so slowly that mislabelled records keep scoring badly after clean
+	// ones, so that the change detector fires.
+	atRisk := driftedDaemon(t, 1e-3, 0, 128, certify.AtRisk)
+	invalidated := driftedDaemon(t, 1e-3, 64, 160, certify.Invalidated)
+	quality := driftedDaemon(t, 1e-6, 256, 256, 0)
+	for _, s := range run {
+		st := invalidated
+		switch s.name {
+		case "CfguardCounterfactualsAtRisk":
+			st = atRisk
+		case "CfguardModelQualityDegraded":
+			st = quality
+		}
+		for _, c := range s.commands {
+			ch := matchingChecks(runbookChecks[s.name], c)[0]
+			if why, skip := runbookNotRun[ch.cmd]; skip {
+				t.Logf("%s: not run: %s (%s)", s.name, c, why)
+				continue
+			}
+			line := st.subst.Replace(c)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line)
+			out, err := cmd.CombinedOutput()
+			cancel()
+			if err != nil {
+				t.Errorf("%s: %s: %v\n%s", s.name, line, err, out)
+				continue
+			}
+			if !regexp.MustCompile(ch.want).Match(bytes.TrimSpace(out)) {
+				t.Errorf("%s: %s printed\n%s\nwant it to match %s", s.name, line, clip(out), ch.want)
+				continue
+			}
+			t.Logf("%s: ran %s (%d bytes of output, as the runbook says)", s.name, c, len(out))
+		}
+	}
+	// The runbook's DELETE removed the invalidated CE the re-issue was for.
+	if _, err := invalidated.r.d.ledger.Get(invalidated.id); err == nil {
+		t.Errorf("%s is still stored after the runbook's DELETE", invalidated.id)
+	}
+}
+
+// runbookState is a live daemon in the state of some alerts, and the substitutions that point a
+// runbook command at it.
+type runbookState struct {
+	r     *running
+	id    string // a CE of the state's status, for ID
+	subst *strings.Replacer
+}
+
+// driftedDaemon starts a daemon whose learner's steps the learning rate lr caps (paperLearner),
+// registers 8 CEs, and produces cleans records with the data's labels, then flips records of
+// benign rows labelled malignant (an update breaches the KL budget, the certificates lapse and
+// are judged; after clean records, the change detector fires), and 3 malformed records
+// (dead-lettered). It waits until every CE has its verdict and every
+// event is published, and requires every CE to be judged want (unless want is 0).
+func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Status) *runbookState {
+	t.Helper()
+	r := startDaemon(t, func(c *config.Config) { paperLearner(c, lr) })
+	data := bundled(t)
+	registerCEs(t, r, data, 8)
+	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien")}
+	var clean [][]byte
+	for i := range cleans {
+		clean = append(clean, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, append(append(clean, flipped(data, flips)...), bad...)...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and the bad records dead-lettered", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == float64(len(clean)+flips) &&
+			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 3
+	})
+	waitfor.Cond(t, 60*time.Second, "every lapsed certificate judged, every event published", func() bool {
+		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
+			r.metric(t, "cfguard_events_pending") == 0
+	})
+	counts, err := r.d.ledger.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want != 0 && counts[want] != 8 {
+		t.Fatalf("%d flipped records left the CEs %v, want all 8 %v", flips, counts, want)
+	}
+	page, err := r.d.ledger.List(want, 1, "")
+	if err != nil || len(page) == 0 {
+		t.Fatalf("no %v CE listed: %v", want, err)
+	}
+	return &runbookState{r: r, id: page[0].ID, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+		"/ID", "/"+page[0].ID,
+	)}
+}
+
+func matchingChecks(checks []runbookCheck, command string) []runbookCheck {
+	var out []runbookCheck
+	for _, ch := range checks {
+		if strings.Contains(command, ch.cmd) {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
+// clip shortens a command's output for an error message.
+func clip(b []byte) string {
+	if len(b) > 2000 {
+		return fmt.Sprintf("%s ... (%d bytes)", b[:2000], len(b))
+	}
+	return string(b)
+}
