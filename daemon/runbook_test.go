@@ -74,7 +74,7 @@ var runbookReplicaSections = map[string]bool{
 }
 
 // runbookChecks: for every single-node alert, what each of its commands prints against the
-// drifted daemon of TestRunbookCommandsRun. A command the table does not know fails the test,
+// daemon of TestRunbookCommandsRun that is in its state. A command the table does not know fails the test,
 // so a new runbook command comes with its check.
 var runbookChecks = map[string][]runbookCheck{
 	"CfguardKLOverBudget": {
@@ -112,8 +112,8 @@ var runbookChecks = map[string][]runbookCheck{
 		{"kcat -L", `topic "cfguard.events" with 1 partitions`},
 	},
 	"CfguardTopicReset": {
-		{"/readyz", `"status":"ready"`},
-		{"kcat -Q", `cfguard.records \[0\] offset [1-9][0-9]*`},
+		{"/readyz", `topic cfguard.records partition 0 was reset.*--accept-topic-reset`},
+		{"kcat -Q", `cfguard.records \[0\] offset 96\b`},
 		{"--accept-topic-reset", ""}, // starts a daemon: see runbookNotRun
 	},
 	"CfguardModelQualityDegraded": {
@@ -125,17 +125,21 @@ var runbookChecks = map[string][]runbookCheck{
 
 // runbookNotRun are commands this test does not run, each with the test that covers it.
 var runbookNotRun = map[string]string{
-	"--accept-topic-reset": "it starts a daemon that reads a reset topic from its start: TestTopicRecreatedWhileStopped runs that restart",
+	"--accept-topic-reset": "it starts a daemon that reads the reset topic from its start: TestRecreatedTopicStopsIngestUntilConfirmed restarts with the flag's option (Options.AcceptTopicReset)",
 }
 
 // TestRunbookCommandsRun runs every command of docs/RUNBOOK.md's single-node sections as written
-// (the API's, the broker's address and the state directory substituted, an invalidated CE's id
-// for ID) with bash against a live daemon after a drift: a learner whose steps the learning rate
-// caps (paperLearner) takes records of benign rows labelled malignant, so an update breaches the
-// KL budget, certificates lapse and are judged at_risk or invalidated, the change detector
-// fires, and malformed records are dead-lettered. Each command must exit 0 (pipefail) and print
-// what runbookChecks says its section says it shows. curl, kcat, jq and df run for real; the
-// test skips when one is missing unless CFGUARD_REQUIRE_TOOLS=1.
+// (the API's and the broker's address, the state directory and a CE's id for ID substituted)
+// with bash against live daemons, and checks that each exits 0 (pipefail) and prints what
+// runbookChecks says its section says it shows. The daemons are in the state of the alerts:
+// CEs at_risk, CEs invalidated after a drift that breached the KL budget and dead-lettered
+// records (CfguardKLOverBudget, CfguardCounterfactualsInvalidated, CfguardDeadLetterRateHigh),
+// a change the quality detector found (CfguardModelQualityDegraded), a recreated input topic
+// (CfguardTopicReset). The sections of CfguardRenewalBehind, CfguardIngestStalled,
+// CfguardCheckpointFailing and CfguardOutboxBacklog run against the drifted daemon, whose
+// renewals, ingest, checkpoints and outbox are healthy: their commands are checked to run and
+// print the healthy values. curl, kcat, jq and df run for real; the test skips when one is
+// missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	for _, tool := range []string{"bash", "curl", "kcat", "jq", "df", "sort", "uniq"} {
 		tooltest.Command(t, "apt-get install kcat curl jq", tool)
@@ -182,6 +186,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	atRisk := driftedDaemon(t, 1e-3, 0, 128, certify.AtRisk)
 	invalidated := driftedDaemon(t, 1e-3, 64, 160, certify.Invalidated)
 	quality := driftedDaemon(t, 1e-6, 256, 256, 0)
+	reset := resetDaemon(t)
 	for _, s := range run {
 		st := invalidated
 		switch s.name {
@@ -189,6 +194,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = atRisk
 		case "CfguardModelQualityDegraded":
 			st = quality
+		case "CfguardTopicReset":
+			st = reset
 		}
 		for _, c := range s.commands {
 			ch := matchingChecks(runbookChecks[s.name], c)[0]
@@ -286,4 +293,32 @@ func clip(b []byte) string {
 		return fmt.Sprintf("%s ... (%d bytes)", b[:2000], len(b))
 	}
 	return string(b)
+}
+
+// resetDaemon is a daemon whose input topic was deleted and recreated after it applied 64
+// records, and that holds 96 new ones: ingest stopped (CfguardTopicReset).
+func resetDaemon(t *testing.T) *runbookState {
+	t.Helper()
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	records := func(prefix string, n int) [][]byte {
+		var out [][]byte
+		for i := range n {
+			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
+		}
+		return out
+	}
+	r.produce(t, records("old", 64)...)
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	recreate(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic)
+	r.produce(t, records("new", 96)...)
+	waitfor.Cond(t, 30*time.Second, "ingest stopped for the reset", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == 503 && strings.Contains(string(body), "was reset")
+	})
+	return &runbookState{r: r, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+	)}
 }
