@@ -67,8 +67,8 @@ type runbookCheck struct {
 }
 
 // runbookReplicaSections are the replicas' alerts (replication.enabled): their commands read a
-// replica's /v1/model replication block and the posterior topic, and are run by the replicas'
-// own tests, not against the single node here.
+// replica's /v1/model replication block and the posterior topic; this test, which runs single
+// nodes, does not run them.
 var runbookReplicaSections = map[string]bool{
 	"CfguardReplicationUnauthenticated": true, "CfguardPosteriorLogStopped": true, "CfguardPosteriorLogBehind": true,
 }
