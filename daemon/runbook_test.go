@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/tooltest"
@@ -109,7 +111,8 @@ var runbookChecks = map[string][]runbookCheck{
 		{"df -h", `(?s)Filesystem.*\n.*%`},
 	},
 	"CfguardOutboxBacklog": {
-		{"kcat -L", `topic "cfguard.events" with 1 partitions`},
+		{"cfguard_events_(pending|total)", `(?m)^cfguard_events_pending [1-9][0-9]*$[\s\S]*^cfguard_events_total\{result="failed"\} [1-9]`},
+		{"kcat -L", `topic "cfguard.events" with 0 partitions: Broker: Unknown topic or partition`},
 	},
 	"CfguardTopicReset": {
 		{"/readyz", `topic cfguard.records partition 0 was reset.*--accept-topic-reset`},
@@ -135,9 +138,10 @@ var runbookNotRun = map[string]string{
 // CEs at_risk, CEs invalidated after a drift that breached the KL budget and dead-lettered
 // records (CfguardKLOverBudget, CfguardCounterfactualsInvalidated, CfguardDeadLetterRateHigh),
 // a change the quality detector found (CfguardModelQualityDegraded), a recreated input topic
-// (CfguardTopicReset). The sections of CfguardRenewalBehind, CfguardIngestStalled,
-// CfguardCheckpointFailing and CfguardOutboxBacklog run against the drifted daemon, whose
-// renewals, ingest, checkpoints and outbox are healthy: their commands are checked to run and
+// (CfguardTopicReset), a deleted events topic (CfguardOutboxBacklog; the test then creates it
+// and the backlog drains). The sections of CfguardRenewalBehind, CfguardIngestStalled and
+// CfguardCheckpointFailing run against the drifted daemon, whose
+// renewals, ingest and checkpoints are healthy: their commands are checked to run and
 // print the healthy values. curl, kcat, jq and df run for real; the test skips when one is
 // missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
@@ -187,6 +191,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	invalidated := driftedDaemon(t, 1e-3, 64, 160, certify.Invalidated)
 	quality := driftedDaemon(t, 1e-6, 256, 256, 0)
 	reset := resetDaemon(t)
+	backlog := outboxDaemon(t)
 	for _, s := range run {
 		st := invalidated
 		switch s.name {
@@ -196,6 +201,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = quality
 		case "CfguardTopicReset":
 			st = reset
+		case "CfguardOutboxBacklog":
+			st = backlog
 		}
 		for _, c := range s.commands {
 			ch := matchingChecks(runbookChecks[s.name], c)[0]
@@ -219,6 +226,11 @@ func TestRunbookCommandsRun(t *testing.T) {
 			t.Logf("%s: ran %s (%d bytes of output, as the runbook says)", s.name, c, len(out))
 		}
 	}
+	// The remedy of CfguardOutboxBacklog: with the events topic back, the backlog drains.
+	createTopic(t, backlog.r.d.BrokerAddrs(), backlog.r.d.cfg.Kafka.EventsTopic)
+	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the events topic exists again", func() bool {
+		return backlog.r.metric(t, "cfguard_events_pending") == 0
+	})
 	// The runbook's DELETE removed the invalidated CE the re-issue was for.
 	if _, err := invalidated.r.d.ledger.Get(invalidated.id); err == nil {
 		t.Errorf("%s is still stored after the runbook's DELETE", invalidated.id)
@@ -321,4 +333,41 @@ func resetDaemon(t *testing.T) *runbookState {
 		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
 		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
 	)}
+}
+
+// outboxDaemon is a daemon whose events topic was deleted before a drift changed the status of
+// its CEs: status changes wait in the outbox and every publish attempt fails
+// (CfguardOutboxBacklog).
+func outboxDaemon(t *testing.T) *runbookState {
+	t.Helper()
+	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3) })
+	data := bundled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(r.d.BrokerAddrs()...)}
+	topic := r.d.cfg.Kafka.EventsTopic
+	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
+		t.Fatalf("deleting %s: %v %v", topic, err, res)
+	}
+	registerCEs(t, r, data, 4)
+	r.produce(t, flipped(data, 96)...)
+	waitfor.Cond(t, 60*time.Second, "events waiting in the outbox after failed publish attempts", func() bool {
+		return r.metric(t, "cfguard_events_pending") > 0 && r.metric(t, "cfguard_events_total", "result", "failed") > 0
+	})
+	return &runbookState{r: r, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+	)}
+}
+
+// createTopic creates topic with one partition.
+func createTopic(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[topic] != nil {
+		t.Fatalf("creating %s: %v %v", topic, err, res)
+	}
 }
