@@ -17,7 +17,9 @@
 //   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
-//   - NewQualityMetrics: the served model's prequential quality and its change detector.
+//   - NewQualityMetrics: the served model's prequential quality and its change detector;
+//   - NewRequestMetrics: requests applied before (request ids), skipped and answered from their
+//     outcome.
 //
 // Naming (tested): every name starts with cfguard_; counters, and only they, end in _total; a
 // unit, when there is one, is the last word (before _total on a counter: _seconds, _records);
@@ -55,40 +57,41 @@ func RecordResults() []RecordResult {
 
 // Names of the metrics of NewMetrics and NewStateCollector.
 const (
-	NamePosteriorKL          = "cfguard_posterior_kl"
-	NamePosteriorKLMaxAnchor = "cfguard_posterior_kl_max_anchor"
-	NameKLBudget             = "cfguard_kl_budget"
-	NameKLOverBudget         = "cfguard_kl_over_budget"
-	NameKLBreachLast         = "cfguard_kl_breach_last_timestamp_seconds"
-	NameCounterfactuals      = "cfguard_counterfactuals"
-	NameBoundMin             = "cfguard_counterfactuals_bound_min"
-	NameUpdates              = "cfguard_updates_total"
-	NameRecords              = "cfguard_records_total"
-	NameRecertDuration       = "cfguard_recertification_duration_seconds"
-	NameConsumerLag          = "cfguard_consumer_lag_records"
-	NameLastIngest           = "cfguard_last_ingest_timestamp_seconds"
-	NamePosteriorVersion     = "cfguard_posterior_version"
-	NameEventsPending        = "cfguard_events_pending"
-	NameCheckpointFailures   = "cfguard_checkpoint_failures_total"
-	NameCheckpointFailing    = "cfguard_checkpoint_failing"
-	NameUnconfirmed          = "cfguard_counterfactuals_unconfirmed"
-	NameRenewed              = "cfguard_counterfactuals_renewed_total"
-	NameRenewalPending       = "cfguard_counterfactuals_renewal_pending"
-	NameMeasured             = "cfguard_counterfactuals_measured_total"
-	NameBuildInfo            = "cfguard_build_info"
-	NameTopicMismatch        = "cfguard_consumer_topic_mismatch"
-	NameEvents               = "cfguard_events_total"
-	NameAudits               = "cfguard_audits_total"
-	NameExportVersion        = "cfguard_export_posterior_version"
-	NameExportFailures       = "cfguard_export_failures_total"
-	NameRegistrationBatch    = "cfguard_counterfactuals_registration_batch_size"
+	NamePosteriorKL            = "cfguard_posterior_kl"
+	NamePosteriorKLMaxAnchor   = "cfguard_posterior_kl_max_anchor"
+	NameKLBudget               = "cfguard_kl_budget"
+	NameKLOverBudget           = "cfguard_kl_over_budget"
+	NameKLBreachLast           = "cfguard_kl_breach_last_timestamp_seconds"
+	NameCounterfactuals        = "cfguard_counterfactuals"
+	NameCounterfactualsDecided = "cfguard_counterfactuals_decided"
+	NameBoundMin               = "cfguard_counterfactuals_bound_min"
+	NameUpdates                = "cfguard_updates_total"
+	NameRecords                = "cfguard_records_total"
+	NameRecertDuration         = "cfguard_recertification_duration_seconds"
+	NameConsumerLag            = "cfguard_consumer_lag_records"
+	NameLastIngest             = "cfguard_last_ingest_timestamp_seconds"
+	NamePosteriorVersion       = "cfguard_posterior_version"
+	NameEventsPending          = "cfguard_events_pending"
+	NameCheckpointFailures     = "cfguard_checkpoint_failures_total"
+	NameCheckpointFailing      = "cfguard_checkpoint_failing"
+	NameUnconfirmed            = "cfguard_counterfactuals_unconfirmed"
+	NameRenewed                = "cfguard_counterfactuals_renewed_total"
+	NameRenewalPending         = "cfguard_counterfactuals_renewal_pending"
+	NameMeasured               = "cfguard_counterfactuals_measured_total"
+	NameBuildInfo              = "cfguard_build_info"
+	NameTopicMismatch          = "cfguard_consumer_topic_mismatch"
+	NameEvents                 = "cfguard_events_total"
+	NameAudits                 = "cfguard_audits_total"
+	NameExportVersion          = "cfguard_export_posterior_version"
+	NameExportFailures         = "cfguard_export_failures_total"
+	NameRegistrationBatch      = "cfguard_counterfactuals_registration_batch_size"
 )
 
 // Names returns every metric name package alerts defines, sorted: the only cfguard_ names a
 // daemon's registry holds.
 func Names() []string {
 	names := []string{
-		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameBoundMin,
+		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
 		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
@@ -96,6 +99,7 @@ func Names() []string {
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
 		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated,
+		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,
 	}

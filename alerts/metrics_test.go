@@ -31,6 +31,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	NewReplicaMetrics(reg, []string{"not_successor"}, "cfguard.posterior")
 	NewQualityMetrics(reg)
 	NewHTTPMetrics(reg, 1)
+	NewRequestMetrics(reg)
 	RegisterDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
 	mfs, err := reg.Gather()

@@ -20,6 +20,10 @@ type State struct {
 	// MaxAnchorKL is the largest KL(q_now || q_anchor) over anchors stored CEs refer to.
 	MaxAnchorKL float64
 	Counts      map[certify.Status]int
+	// Decided counts, by status, the CEs whose status is decided under the current posterior
+	// (backed by a bound that holds: a certificate that has not lapsed, a verdict that carries);
+	// Counts minus Decided are undecided.
+	Decided map[certify.Status]int
 	// Pending is the renewal backlog: certified CEs whose bound has lapsed.
 	Pending int
 	// Unconfirmed: CEs waiting for a measurement under the current posterior; OutboxPending:
@@ -48,7 +52,7 @@ type StateCollector struct {
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
 	unconfirmed, outbox, lastBreach                                                            *prometheus.Desc
-	counts                                                                                     *prometheus.Desc
+	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
 
@@ -69,7 +73,10 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
 		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),
 		outbox:      d(NameEventsPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
-		counts:      d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified).", "status"),
+		counts:      d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified), decided or not.", "status"),
+		decided: d(NameCounterfactualsDecided, "Stored counterfactuals whose status is decided under the current posterior, by status: certified with a bound that holds, "+
+			"at_risk or invalidated with a Monte-Carlo verdict that carries to it (the API's decided: true; uncertified is never decided). "+
+			"cfguard_counterfactuals minus this gauge are the undecided ones: lapsed certificates, verdicts kept by hysteresis or that no longer carry.", "status"),
 		build:       d(NameBuildInfo, "Always 1: the cfguard build (module version, VCS revision, Go version).", "version", "revision", "goversion"),
 		buildLabels: buildLabels(),
 	}
@@ -92,7 +99,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided} {
 		ch <- d
 	}
 }
@@ -119,6 +126,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.maxAnchorKL, s.MaxAnchorKL)
 	for _, st := range certify.Statuses() {
 		g(c.counts, float64(s.Counts[st]), st.String())
+		g(c.decided, float64(s.Decided[st]), st.String())
 	}
 	g(c.backlog, float64(s.Pending))
 	g(c.unconfirmed, float64(s.Unconfirmed))

@@ -46,9 +46,10 @@ type Request struct {
 	At time.Time `json:"at"`
 	// RID identifies the request: an owner applies a request of a given RID once, however many
 	// times the CE topic holds it (a producer's retry of a write that landed), and records its
-	// outcome under it (the answer the accepting replica gives). A registration with an
-	// Idempotency-Key has the RID the key derives, so a client's retry with the key is the same
-	// request. Empty in requests written before RIDs existed: those are applied each time.
+	// outcome under it (the answer the accepting replica gives). A registration or deletion
+	// with an Idempotency-Key has the RID the key derives, so a client's retry with the key is
+	// the same request. Empty in requests written before RIDs existed: those are applied each
+	// time.
 	RID string `json:"rid,omitempty"`
 	// Fingerprint is, for a request with an Idempotency-Key, the SHA-256 of what the client sent
 	// (hex): a request whose RID was applied with another fingerprint is the key reused for

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -346,5 +348,241 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	}
 	if ce := settled(t, b, reps, id); ce == nil {
 		t.Errorf("a registration with a new request id after the deletion was not applied")
+	}
+}
+
+// keyedDelete sends DELETE /v1/counterfactuals/{id}, with the Idempotency-Key key when it is
+// not empty.
+func keyedDelete(t *testing.T, r *running, id, key string) (int, []byte) {
+	t.Helper()
+	h := map[string]string{}
+	if key != "" {
+		h["Idempotency-Key"] = key
+	}
+	resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", h)
+	return resp.StatusCode, body
+}
+
+// counter is the value of the series of counter name with label = value in r's registry.
+func counter(t *testing.T, r *running, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := r.d.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no series %s{%s=%q}", name, label, value)
+	return 0
+}
+
+// A single daemon's DELETE answers 204 when it deleted a CE and 404 when none was stored; with
+// an Idempotency-Key it is one request: a retry after the id was registered anew answers 204
+// again (what the first attempt decided) and leaves the new CE, also after a restart; the key
+// of another request is 422. The retries are counted as skipped and replayed.
+func TestKeyedDeletionSingleDaemon(t *testing.T) {
+	dir := t.TempDir()
+	state := func(c *config.Config) { c.StateDir = dir }
+	r := startDaemonClient(t, state, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	ceA := map[string]any{"id": "del-a", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
+	ceB := map[string]any{"id": "del-a", "x": data.X[xs[1]], "x_cf": data.X[cfs[1]], "target": "benign"}
+	if code, body := keyedDelete(t, r, "del-a", ""); code != http.StatusNotFound {
+		t.Errorf("DELETE of an id never stored: %d %s; want 404", code, body)
+	}
+	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceA); code != http.StatusCreated {
+		t.Fatalf("POST A: %d %s", code, body)
+	}
+	if code, body := keyedDelete(t, r, "del-a", "del-key-1"); code != http.StatusNoContent {
+		t.Fatalf("keyed DELETE: %d %s; want 204", code, body)
+	}
+	if code, body := r.get(t, "/v1/counterfactuals/del-a"); code != http.StatusNotFound {
+		t.Errorf("GET after the DELETE's 204: %d %s", code, body)
+	}
+	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
+		t.Fatalf("POST B under the deleted id: %d %s", code, body)
+	}
+	retry := func(when string) {
+		t.Helper()
+		if code, body := keyedDelete(t, r, "del-a", "del-key-1"); code != http.StatusNoContent {
+			t.Errorf("%s: the keyed DELETE again: %d %s; want 204, its first answer", when, code, body)
+		}
+		code, body := r.get(t, "/v1/counterfactuals/del-a")
+		var got ledger.CE
+		if code != http.StatusOK || json.Unmarshal(body, &got) != nil || !slices.Equal(got.XCF, data.X[cfs[1]]) {
+			t.Errorf("%s: after the keyed DELETE's retry, GET answers %d %s; want B, registered after the first attempt", when, code, body)
+		}
+	}
+	retry("running")
+	if got := counter(t, r, "cfguard_requests_skipped_total", "kind", "delete"); got != 1 {
+		t.Errorf("skipped deletions: %v, want 1", got)
+	}
+	if got := counter(t, r, "cfguard_requests_replayed_total", "result", "deleted"); got != 1 {
+		t.Errorf("replayed deletions: %v, want 1", got)
+	}
+	// A keyed DELETE of an id holding nothing is 404, and stays 404 when retried after a registration.
+	if code, body := keyedDelete(t, r, "del-b", "del-key-2"); code != http.StatusNotFound {
+		t.Errorf("keyed DELETE of an id never stored: %d %s; want 404", code, body)
+	}
+	ceB["id"] = "del-b"
+	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
+		t.Fatalf("POST del-b: %d %s", code, body)
+	}
+	if code, body := keyedDelete(t, r, "del-b", "del-key-2"); code != http.StatusNotFound {
+		t.Errorf("the keyed DELETE of nothing, again after a registration: %d %s; want 404, its first answer", code, body)
+	}
+	if code, body := r.get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
+		t.Errorf("the retry of a DELETE that found nothing deleted the CE registered since: %d %s", code, body)
+	}
+	// One key, one request: on another id, or first used by a registration, it is 422.
+	if code, body := keyedDelete(t, r, "del-b", "del-key-1"); code != http.StatusUnprocessableEntity {
+		t.Errorf("a DELETE's key on another id: %d %s; want 422", code, body)
+	}
+	if code, body := keyedDo(t, r, "/v1/counterfactuals", "del-key-1", ceA); code != http.StatusUnprocessableEntity {
+		t.Errorf("a DELETE's key on a POST: %d %s; want 422", code, body)
+	}
+	if code, body := r.get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
+		t.Errorf("a DELETE with a reused key deleted del-b: %d %s", code, body)
+	}
+	r.stop(t)
+	r = startDaemonClient(t, state, nil)
+	retry("after a restart")
+}
+
+// On replicas a DELETE answers what its owner decided in partition order: with a registration
+// and a deletion of a fresh id sent at once to two replicas, the DELETE's 204 means the owner
+// deleted the CE (nothing is stored after), its 404 that the registration came after it (the CE
+// is stored after). A keyed DELETE retried after the id was registered anew answers 204 again
+// and leaves the new CE; the owner counts the retry as skipped, the replica that answered it as
+// replayed.
+func TestDeletionAnswersAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three replicas: not with -short")
+	}
+	b, reps := startThreeReplicas(t)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
+	ceFor := func(id string, k int) map[string]any {
+		return map[string]any{"id": id, "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"}
+	}
+	if code, body := keyedDelete(t, reps[0], "never", ""); code != http.StatusNotFound {
+		t.Errorf("DELETE of an id never stored: %d %s; want 404", code, body)
+	}
+	// send is a request from a goroutine of its own: its status and body, or -1 when it was not
+	// answered.
+	type answer struct {
+		code int
+		body string
+	}
+	send := func(r *running, method, path string, v any) answer {
+		var body io.Reader
+		if v != nil {
+			b, err := json.Marshal(v)
+			if err != nil {
+				t.Error(err)
+				return answer{code: -1}
+			}
+			body = bytes.NewReader(b)
+		}
+		req, err := http.NewRequest(method, r.base+path, body)
+		if err != nil {
+			t.Error(err)
+			return answer{code: -1}
+		}
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", method, path, err)
+			return answer{code: -1}
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Errorf("%s %s: %v", method, path, err)
+		}
+		return answer{resp.StatusCode, string(b)}
+	}
+	// Even trials send the registration and the deletion at once; odd trials the deletion once
+	// the registration is answered (its 201 means the owner stored it: the deletion must delete it).
+	const trials = 16
+	answers := map[int]int{}
+	for i := range trials {
+		id := fmt.Sprintf("race-%d", i)
+		var pc, dc answer
+		if i%2 == 0 {
+			post, del := make(chan answer, 1), make(chan answer, 1)
+			go func() { post <- send(reps[i%3], "POST", "/v1/counterfactuals", ceFor(id, 0)) }()
+			go func() { del <- send(reps[(i+1)%3], "DELETE", "/v1/counterfactuals/"+id, nil) }()
+			pc, dc = <-post, <-del
+		} else {
+			pc = send(reps[i%3], "POST", "/v1/counterfactuals", ceFor(id, 0))
+			dc = send(reps[(i+1)%3], "DELETE", "/v1/counterfactuals/"+id, nil)
+			if dc.code != http.StatusNoContent {
+				t.Errorf("trial %d: DELETE after the registration's %d answered %d %s; want 204", i, pc.code, dc.code, dc.body)
+			}
+		}
+		answers[dc.code]++
+		stored := settled(t, b, reps, id)
+		switch dc.code {
+		case http.StatusNoContent:
+			if stored != nil {
+				t.Errorf("trial %d: DELETE answered 204, and the owner stores %s", i, describe(stored))
+			}
+		case http.StatusNotFound:
+			if stored == nil {
+				t.Errorf("trial %d: DELETE answered 404, and the owner stores nothing: the registration came first", i)
+			}
+		default:
+			t.Errorf("trial %d: DELETE answered %d %s", i, dc.code, dc.body)
+		}
+		// The registration stored its CE either way: 201, or 409 when the deletion came after
+		// it and the CE is gone by the time it is answered (no 201 names a CE that is not there).
+		if pc.code != http.StatusCreated && (pc.code != http.StatusConflict || !strings.Contains(pc.body, "deleted since") || stored != nil) {
+			t.Errorf("trial %d: POST answered %d %s; the owner stores %s", i, pc.code, pc.body, describe(stored))
+		}
+	}
+	t.Logf("answers to a DELETE sent with a registration of the same id, over %d trials: %v", trials, answers)
+
+	id := "keyed-del"
+	if code, body := reps[0].do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 0)); code != http.StatusCreated {
+		t.Fatalf("POST A at r1: %d %s", code, body)
+	}
+	if code, body := keyedDelete(t, reps[1], id, "rdel-1"); code != http.StatusNoContent {
+		t.Fatalf("keyed DELETE at r2: %d %s; want 204", code, body)
+	}
+	if code, body := reps[2].do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 1)); code != http.StatusCreated {
+		t.Fatalf("POST B at r3 after the deletion: %d %s", code, body)
+	}
+	if code, body := keyedDelete(t, reps[0], id, "rdel-1"); code != http.StatusNoContent {
+		t.Errorf("the keyed DELETE again at r1: %d %s; want 204, its first answer", code, body)
+	}
+	stored := settled(t, b, reps, id)
+	if stored == nil || !slices.Equal(stored.XCF, data.X[cfs[1]]) {
+		t.Errorf("after the keyed DELETE's retry the owner stores %s; want B, registered after the first attempt", describe(stored))
+	}
+	if got := counter(t, reps[0], "cfguard_requests_replayed_total", "result", "deleted"); got != 1 {
+		t.Errorf("r1 answered %v deletions from an earlier attempt's outcome, want 1", got)
+	}
+	skipped := 0.0
+	for _, r := range reps {
+		skipped += counter(t, r, "cfguard_requests_skipped_total", "kind", "delete")
+	}
+	if skipped != 1 {
+		t.Errorf("the owners skipped %v deletions applied before, want 1", skipped)
+	}
+	// The key on another id: 422 when that id's owner holds the key's outcome (the same
+	// partition), else a request of its own that finds nothing.
+	if code, body := keyedDelete(t, reps[2], "keyed-other", "rdel-1"); code != http.StatusUnprocessableEntity && code != http.StatusNotFound {
+		t.Errorf("the key on another id: %d %s; want 422 or 404", code, body)
 	}
 }

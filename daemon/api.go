@@ -49,7 +49,9 @@ type core interface {
 	posteriorFiles() (*posteriorFiles, error)
 	register(ctx context.Context, r registration) (*ledger.CE, error)
 	registerMany(ctx context.Context, rs []registration) ([]registered, error)
-	forget(ctx context.Context, id string) error
+	// forget deletes CE id as the request ref (its request id and fingerprint with an
+	// Idempotency-Key) and answers the outcome recorded for it (Daemon.forget).
+	forget(ctx context.Context, id string, ref ledger.RequestRef) error
 	// find returns a stored CE, from its owner on a replica; replica names who answered.
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
 	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
@@ -658,17 +660,38 @@ func (a *api) handleOutcome(w http.ResponseWriter, id, rid string) {
 	}
 }
 
+// handleDelete deletes a CE and answers the outcome recorded for the deletion: 204 when it
+// deleted a CE, 404 when nothing was stored under the id at the deletion's point in the order
+// requests are applied (on a replica, its partition's order), 202 when a replica's owner has not
+// applied it in time. With an Idempotency-Key header the deletion is one request however often
+// it is sent: a retry answers what the first attempt decided and deletes nothing again.
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
-	err := a.core.forget(r.Context(), r.PathValue("id"))
-	if errors.Is(err, ledger.ErrNotFound) {
-		writeError(w, http.StatusNotFound, err.Error())
-		return
-	}
+	key, err := idempotencyKey(r)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	var ref ledger.RequestRef
+	if key != "" {
+		ref, _ = keyRequest(key, "", r.Method, r.URL.Path, nil)
+	}
+	id := r.PathValue("id")
+	err = a.core.forget(r.Context(), id, ref)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, errPending):
+		// A replica sent it to its owner, which has not applied it yet.
+		writeJSON(w, http.StatusAccepted, map[string]string{"id": id, "status": "pending", "detail": err.Error()})
+	case errors.Is(err, ledger.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, errKeyReused):
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
+	case errors.Is(err, ledger.ErrWrite), errors.Is(err, errStopping):
+		retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
 }
 
 // handleList lists CEs: ?status=certified|at_risk|invalidated|uncertified (required),

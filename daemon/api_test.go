@@ -229,7 +229,9 @@ type fakeCore struct {
 func (f *fakeCore) current() *bnn.Model                        { return f.m }
 func (f *fakeCore) snapshot(read func(*bnn.Model) error) error { return read(f.m) }
 func (f *fakeCore) posteriorFiles() (*posteriorFiles, error)   { return encodePosterior(f.m) }
-func (f *fakeCore) forget(context.Context, string) error       { return ledger.ErrNotFound }
+func (f *fakeCore) forget(context.Context, string, ledger.RequestRef) error {
+	return ledger.ErrNotFound
+}
 func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {
 	return nil, "", ledger.ErrNotFound
 }

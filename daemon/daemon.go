@@ -105,6 +105,10 @@ type Daemon struct {
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
 
+	// requests counts the requests applied before (request ids): skipped, and answered from
+	// their outcome.
+	requests *alerts.RequestMetrics
+
 	rep *replica // with replication.enabled: the posterior log's follower and updater
 
 	quality *prequential // the served model's test-then-train scores and change detector
@@ -266,6 +270,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
 		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
+	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
 	d.batch = newBatcher(runtime.GOMAXPROCS(0), d.predictNow)
 	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)

@@ -259,13 +259,19 @@ func admitted(p, v float64, S int) bool {
 // <delta, eps>-set for "benign", and registers n pairs through the API.
 func registerCEs(t *testing.T, r *running, data *dataset.Set, n int) []string {
 	t.Helper()
+	return registerCEsPrefixed(t, r, data, n, "")
+}
+
+// registerCEsPrefixed is registerCEs with ids prefix + "ce-<k>".
+func registerCEsPrefixed(t *testing.T, r *running, data *dataset.Set, n int, prefix string) []string {
+	t.Helper()
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
 	if len(xs) < n || len(cfs) < n {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
 	var ids []string
 	for k := 0; k < n; k++ {
-		id := fmt.Sprintf("ce-%d", k)
+		id := fmt.Sprintf("%sce-%d", prefix, k)
 		code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"})
 		if code != http.StatusCreated {
 			t.Fatalf("register %s: %d %s", id, code, body)

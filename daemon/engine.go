@@ -373,7 +373,7 @@ func (d *Daemon) state() (alerts.State, error) {
 	if err != nil {
 		return alerts.State{}, err
 	}
-	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts,
+	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts, Decided: st.Decided,
 		Pending: st.Pending, Unconfirmed: st.Unconfirmed, OutboxPending: st.OutboxLen, MinBound: st.MinBound, HasBound: st.HasBound,
 		LastIngest: st.AppliedAt}
 	if u := st.LastUpdate; u != nil {

@@ -13,7 +13,8 @@ import (
 
 // event is one JSON message on kafka.events_topic. Type is one of:
 //
-//	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2)
+//	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2,
+//	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy)
 //	increment_held   on_breach: reject kept the posterior; Held carries the records for replay
 //	update_failed    the update failed and the posterior was kept (Records, Error)
@@ -37,8 +38,14 @@ type event struct {
 	Bound            *float64  `json:"bound,omitempty"`
 	VarBound         *float64  `json:"var_bound,omitempty"`
 	P2               *float64  `json:"p2,omitempty"`
-	Budget           float64   `json:"budget,omitempty"`
-	Policy           string    `json:"policy,omitempty"`
+	// Decided (status_changed only) is the CE's decided as the ledger's transaction that changed
+	// its status left it (ledger.CE.Decided: the new status is backed by a bound that holds under
+	// the current posterior); VerdictPending and RenewalPending say why it is not.
+	Decided        *bool   `json:"decided,omitempty"`
+	VerdictPending bool    `json:"verdict_pending,omitempty"`
+	RenewalPending bool    `json:"renewal_pending,omitempty"`
+	Budget         float64 `json:"budget,omitempty"`
+	Policy         string  `json:"policy,omitempty"`
 	// ClipFraction and ClippedKL: with on_breach clip, the fraction t of the step from the
 	// previous posterior to the converged one that was kept, and the KL of the clipped step.
 	ClipFraction *float64       `json:"clip_fraction,omitempty"`
@@ -58,9 +65,10 @@ type heldRecord struct {
 }
 
 func changeEvent(ch ledger.StatusChange) event {
-	b, vb := ch.Bound, ch.VarBound
+	b, vb, decided := ch.Bound, ch.VarBound, ch.Decided
 	return event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
-		PosteriorVersion: ch.PosteriorVersion, KL: ch.KL, Bound: &b, VarBound: &vb, P2: ch.P2}
+		PosteriorVersion: ch.PosteriorVersion, KL: ch.KL, Bound: &b, VarBound: &vb, P2: ch.P2,
+		Decided: &decided, VerdictPending: ch.VerdictPending, RenewalPending: ch.RenewalPending}
 }
 
 // encodeChange is the ledger's Options.EncodeChange: every status change the ledger writes is
@@ -85,7 +93,7 @@ func (e event) entry(now time.Time) ledger.OutboxEntry {
 		// Only a non-finite float (a KL, a bound) can fail: send the event without its numbers
 		// rather than lose it.
 		v, _ = json.Marshal(event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
-			Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
+			Decided: e.Decided, VerdictPending: e.VerdictPending, RenewalPending: e.RenewalPending, Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
 	}
 	if len(v) > maxEventBytes {
 		// The events topic takes messages of about 1 MB (stream); an increment_held of many

@@ -13,12 +13,13 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// Idempotency keys (draft-ietf-httpapi-idempotency-key-header). A registration sent with an
-// Idempotency-Key header is one request however often it is sent: its request id is derived
-// from the key (requestRef), so the ledger that applies it (a single daemon's, or the owner's
-// on a replica: ledger.ApplyShare) applies it once and keeps its outcome for
-// ledger.Options.RequestWindow, and every retry answers from that outcome. A registration
-// without an id gets one derived from the key, so that a retry names the same CE.
+// Idempotency keys (draft-ietf-httpapi-idempotency-key-header). A registration or deletion
+// sent with an Idempotency-Key header is one request however often it is sent: its request id
+// is derived from the key (keyRequest), so the ledger that applies it (a single daemon's:
+// PutRequests, DeleteRequest; or the owner's on a replica: ledger.ApplyShare) applies it once
+// and keeps its outcome for ledger.Options.RequestWindow, and every retry answers from that
+// outcome. A registration without an id gets one derived from the key, so that a retry names
+// the same CE.
 
 // headerIdempotencyKey is the request header that carries an idempotency key.
 const headerIdempotencyKey = "Idempotency-Key"
@@ -60,23 +61,31 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return k, nil
 }
 
-// keyed derives the request of one registration sent with key: its request id (the same for
-// every retry of it: part names the registration within the HTTP request, "" for POST
-// /v1/counterfactuals, "line N" for a bulk line) and the fingerprint of the HTTP request's
-// method, path and body. A registration without an id gets the id derived from the key, so a
-// retry registers the same CE.
+// keyed derives the request of one registration sent with key (keyRequest): part names the
+// registration within the HTTP request, "" for POST /v1/counterfactuals, "line N" for a bulk
+// line. A registration without an id gets the id derived from the key, so a retry registers the
+// same CE.
 func keyed(r *registration, key, part string, method, path string, body []byte) {
+	var id string
+	r.req, id = keyRequest(key, part, method, path, body)
+	if r.id == "" {
+		r.id = id
+	}
+}
+
+// keyRequest derives the request sent with key: its request id (the same for every retry of
+// it; part names one request within an HTTP request), the fingerprint of the HTTP request's
+// method, path and body, and the CE id a registration without one gets. A DELETE and a POST
+// sent with one key have one request id and two fingerprints: the second is the key reused.
+func keyRequest(key, part string, method, path string, body []byte) (ledger.RequestRef, string) {
 	h := sha256.New()
 	fmt.Fprintf(h, "cfguard idempotency key\x00%s\x00%s", key, part)
 	sum := h.Sum(nil)
-	r.req.RID = "key-" + hex.EncodeToString(sum[:20])
-	if r.id == "" {
-		r.id = "idem-" + hex.EncodeToString(sum[20:])
-	}
 	f := sha256.New()
 	fmt.Fprintf(f, "%s\x00%s\x00", method, path)
 	f.Write(body)
-	r.req.Fingerprint = hex.EncodeToString(f.Sum(nil))
+	return ledger.RequestRef{RID: "key-" + hex.EncodeToString(sum[:20]), Fingerprint: hex.EncodeToString(f.Sum(nil))},
+		"idem-" + hex.EncodeToString(sum[20:])
 }
 
 // answerOutcome is the answer to a registration whose request has outcome o (ledger.Outcome):
@@ -105,6 +114,24 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 		return nil, fmt.Errorf("%w: %s", ledger.ErrInvalid, o.Detail)
 	}
 	return nil, fmt.Errorf("the registration of %q has outcome %q", o.ID, o.Result)
+}
+
+// answerDeletion is the answer to a deletion whose request has outcome o: nil when it deleted
+// a CE, ledger.ErrNotFound when nothing was stored under the id when it was applied, whatever
+// is stored there now. fingerprint is the request's ("" when it has no key).
+func answerDeletion(o ledger.Outcome, fingerprint string) error {
+	if o.Fingerprint != fingerprint {
+		return fmt.Errorf("%w: the key was first used at %s for a request with another method, path or body; "+
+			"send a new request with a new key", errKeyReused, o.At.Format(time.RFC3339))
+	}
+	switch o.Result {
+	case ledger.OutcomeDeleted:
+		return nil
+	case ledger.OutcomeAbsent:
+		return fmt.Errorf("%w: no counterfactual was stored under %q when the deletion was applied (%s)", ledger.ErrNotFound, o.ID,
+			o.At.Format(time.RFC3339))
+	}
+	return fmt.Errorf("the deletion of %q has outcome %q", o.ID, o.Result)
 }
 
 // localOutcome is the outcome of request rid in this ledger, with the CE stored under id now
@@ -145,6 +172,8 @@ func (d *Daemon) replay(r registration) (registered, bool) {
 	if err != nil || !ok {
 		return registered{}, false
 	}
+	d.requests.Skipped(ceshare.KindRegister, 1)
+	d.requests.Replayed(ro.Outcome.Result)
 	ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
 	return registered{ce: ce, err: err}, true
 }
@@ -160,6 +189,8 @@ func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
 		if gerr != nil {
 			cur = nil
 		}
+		d.requests.Skipped(ceshare.KindRegister, 1)
+		d.requests.Replayed(dup.Outcome.Result)
 		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
 		return registered{ce: ce, err: err}, true
 	}

@@ -677,7 +677,10 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		t.Errorf("GET /v1/backup: %d bytes, error trailer %q", len(backup), e)
 	}
 
-	c.send("DELETE", "/v1/counterfactuals/ce-0", token, nil, "", 204)
+	c.send("DELETE", "/v1/counterfactuals/ce-0", token, map[string]string{"Idempotency-Key": "del-0"}, "", 204)
+	c.send("DELETE", "/v1/counterfactuals/ce-0", token, map[string]string{"Idempotency-Key": "del-0"}, "", 204) // a retry
+	c.send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"Idempotency-Key": "del-0"}, "", 422)
+	c.send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"Idempotency-Key": ""}, "", 400)
 	c.send("DELETE", "/v1/counterfactuals/ce-0", token, nil, "", 404)
 
 	for pattern := range routeTable() {

@@ -10,6 +10,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -500,20 +501,37 @@ func checkRegistration(r registration, inputs int) error {
 	return nil
 }
 
-// forget deletes a CE (its anchor is released when no CE refers to it any more). A replica
-// sends the deletion to the CE's owner.
-func (d *Daemon) forget(ctx context.Context, id string) error {
+// forget deletes CE id as the request ref (the request id and fingerprint of its
+// Idempotency-Key; none without one) and answers the outcome recorded for it (answerDeletion):
+// nil when it deleted a CE (its anchor is released when no CE refers to it any more),
+// ledger.ErrNotFound when nothing was stored under id when it was applied. A keyed deletion
+// applied before is not applied again, and answers its first outcome: a retry does not delete a
+// CE registered under the id since. A replica sends the deletion to the CE's owner and answers
+// once the owner has applied it, in its partition's order (share.forget).
+func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) error {
+	if err := ident.Check(id); err != nil {
+		return fmt.Errorf("%w: %q: %v", ledger.ErrNotFound, id, err) // no CE is stored under an invalid id
+	}
 	if d.rep != nil {
-		return d.rep.share.forget(ctx, id)
+		return d.rep.share.forget(ctx, id, ref)
 	}
 	d.mu.Lock()
-	err := d.ledger.Delete(id)
+	o, err := d.ledger.DeleteRequest(id, ref)
 	d.mu.Unlock()
+	if errors.Is(err, ledger.ErrWrite) {
+		return fmt.Errorf("the ledger cannot be written now (see /readyz); nothing was deleted, retry later: %w", err)
+	}
 	if err != nil {
 		return err
 	}
-	d.log.Info("counterfactual deleted", "id", id)
-	return nil
+	switch {
+	case o.Duplicate:
+		d.requests.Skipped(ceshare.KindDelete, 1)
+		d.requests.Replayed(o.Result)
+	case o.Result == ledger.OutcomeDeleted:
+		d.log.Info("counterfactual deleted", "id", id)
+	}
+	return answerDeletion(o, ref.Fingerprint)
 }
 
 // find returns a stored CE: from the ledger, or on a replica from the CE's owner (forwarding

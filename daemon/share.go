@@ -171,6 +171,9 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		return err
 	}
 	for i, o := range outs {
+		if o.Duplicate {
+			s.d.requests.Skipped(reqs[i].Kind, 1)
+		}
 		if o.Result == ledger.OutcomeRefused && !o.Duplicate {
 			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
 		}
@@ -302,8 +305,8 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 // newRID is a random request id.
 func newRID() string { return rand.Text() }
 
-// errPending: a registration was sent, and its owner has not stored it yet.
-var errPending = errors.New("registration accepted; its owner has not stored it yet")
+// errPending: a registration or deletion was sent, and its owner has not applied it yet.
+var errPending = errors.New("accepted; its owner has not applied it yet")
 
 // await waits until the owner of want's partition has applied the partition past offset, where
 // the registration sent as ref landed, and answers the outcome of ref's request
@@ -312,18 +315,33 @@ var errPending = errors.New("registration accepted; its owner has not stored it 
 // retry with its Idempotency-Key) is answered once the owner has read the retry too, so that a
 // deletion between the two is seen.
 func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRef, offset int64) (*ledger.CE, error) {
+	ro, err := s.awaitOutcome(ctx, want.ID, ref.RID, offset)
+	if err != nil {
+		return want, err
+	}
+	return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
+}
+
+// awaitOutcome waits, at most awaitOwner, until the owner of id's partition has applied the
+// partition past offset, where request rid landed, and returns the request's outcome; errPending
+// when the owner has not applied it in time. An outcome recorded at another offset is that of an
+// earlier attempt of the request (a retry, not applied again): the answer replays it.
+func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) (requestOutcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		ro, ok, err := s.outcome(ctx, want.ID, ref.RID)
+		ro, ok, err := s.outcome(ctx, id, rid)
 		if err == nil && ok && ro.Applied > offset {
-			return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
+			if ro.Outcome.Offset != offset {
+				s.d.requests.Replayed(ro.Outcome.Result)
+			}
+			return ro, nil
 		}
 		select {
 		case <-ctx.Done():
-			return want, errPending
+			return ro, errPending
 		case <-t.C:
 		}
 	}
@@ -439,11 +457,25 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 // owner answers from its ledger and never forwards it again.
 const headerForwarded = "Cfguard-Forwarded-By"
 
-// forget sends a deletion of id to its owner, after checking that it is stored.
-func (s *share) forget(ctx context.Context, id string) error {
-	if _, _, err := s.find(ctx, id, ""); err != nil {
-		return err
+// forget sends a deletion of id as the request ref (a random request id when it has none) to
+// the CE topic and answers the outcome its owner recorded for it once the owner has applied the
+// partition past it (answerDeletion): nil when it deleted a CE, ledger.ErrNotFound when nothing
+// was stored under id at the request's offset; errPending when the owner has not applied it
+// within awaitOwner. A keyed retry is sent again and skipped by the owner, which answers the
+// first attempt's outcome, so it deletes nothing registered since.
+func (s *share) forget(ctx context.Context, id string, ref ledger.RequestRef) error {
+	if ref.RID == "" {
+		ref.RID = newRID()
 	}
-	_, _, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(), RID: newRID()})
-	return err
+	_, offset, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(),
+		RID: ref.RID, Fingerprint: ref.Fingerprint})
+	if err != nil {
+		return fmt.Errorf("%w: the deletion could not be sent to the CE topic, and may or may not be applied (a retry with an "+
+			"Idempotency-Key is the same request): %v", ledger.ErrWrite, err)
+	}
+	ro, err := s.awaitOutcome(ctx, id, ref.RID, offset)
+	if err != nil {
+		return fmt.Errorf("%w (the deletion is on the CE topic; GET the counterfactual later)", err)
+	}
+	return answerDeletion(ro.Outcome, ref.Fingerprint)
 }

@@ -124,6 +124,15 @@ func TestCheckpointFailureChild(t *testing.T) {
 	if got := applied(); got != held {
 		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
 	}
+	// The runbook's commands for a ledger that cannot be written, as written, in that state.
+	if runbookTools(t, true) {
+		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))}
+		for name := range runbookInChild {
+			runRunbookSection(t, runbookSectionNamed(t, name), st)
+		}
+	} else {
+		t.Log("the runbook's commands are not run: a tool is missing")
+	}
 	// The group's committed offset, as Kafka tooling reads it, never passes the ledger's durable
 	// offset: the held increment's offsets (marked durable too early, they would have been
 	// committed within a commit interval, seconds ago) are not committed while its checkpoint

@@ -593,23 +593,51 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 		}
 		b := l.opts.Policy.Bounds(h.certificate(), a.kl)
 		ce.Bound, ce.VarBound, ce.KLFromAnchor = b.ProbLower, b.VarUpper, a.kl
-		ce.RenewalPending = h.status == certify.Certified && !b.Certified
 	}
+	d, err := l.decide(tx, &h, nil)
+	if err != nil {
+		return nil, inRecord(err, "counterfactual %q: verdict", id)
+	}
+	ce.Decided, ce.RenewalPending, ce.VerdictPending = d.decided, d.renewalPending, d.verdictPending
+	return ce, nil
+}
+
+// decision is what a CE's status says it knows (CE.Decided, CE.RenewalPending,
+// CE.VerdictPending).
+type decision struct{ decided, renewalPending, verdictPending bool }
+
+// decide is the one rule for decision, used by the CEs the ledger returns, by the status changes
+// it records (as of the transaction that writes them) and by the counts of decided statuses.
+// memo, when not nil, keeps verdict slacks computed inside a write transaction, which must not
+// enter the ledger's cache (the transaction may not commit).
+func (l *Ledger) decide(tx *bolt.Tx, h *header, memo map[uint64]slackMemo) (decision, error) {
+	var d decision
 	switch h.status {
 	case certify.Certified:
-		ce.Decided = !ce.RenewalPending
-	case certify.AtRisk, certify.Invalidated:
-		if ce.Decided, err = l.verdictHolds(tx, &h); err != nil {
-			return nil, inRecord(err, "counterfactual %q: verdict", id)
+		lapsed, err := l.lapsed(tx, h)
+		if err != nil {
+			return d, err
 		}
-		ce.VerdictPending = !ce.Decided
+		d.decided, d.renewalPending = !lapsed, lapsed
+	case certify.AtRisk, certify.Invalidated:
+		held, err := l.verdictHolds(tx, h, memo)
+		if err != nil {
+			return d, err
+		}
+		d.decided, d.verdictPending = held, !held
 	}
-	return ce, nil
+	return d, nil
+}
+
+// slackMemo is one verdict slack of a write transaction (known: the posterior is stored).
+type slackMemo struct {
+	s     certify.Slack
+	known bool
 }
 
 // verdictHolds says whether the CE's verdict was decided by evidence and carries to the current
 // posterior: measured under it, or under one whose KL from it the verdict's bound absorbs.
-func (l *Ledger) verdictHolds(tx *bolt.Tx, h *header) (bool, error) {
+func (l *Ledger) verdictHolds(tx *bolt.Tx, h *header, memo map[uint64]slackMemo) (bool, error) {
 	if !h.confirmed || !h.carry {
 		return false, nil
 	}
@@ -620,7 +648,18 @@ func (l *Ledger) verdictHolds(tx *bolt.Tx, h *header) (bool, error) {
 	if h.cv == now.version {
 		return true, nil
 	}
-	s, known, err := l.verdictSlack(tx, now, h.cv)
+	var (
+		s     certify.Slack
+		known bool
+	)
+	if memo == nil {
+		s, known, err = l.verdictSlack(tx, now, h.cv)
+	} else if m, ok := memo[h.cv]; ok {
+		s, known = m.s, m.known
+	} else {
+		s, known, err = l.verdictSlackUncached(tx, now, h.cv)
+		memo[h.cv] = slackMemo{s, known}
+	}
 	if err != nil || !known {
 		return false, err
 	}

@@ -339,6 +339,47 @@ func (l *Ledger) countWaiting(tx *bolt.Tx, now cur, limit int) (int, error) {
 	return n, err
 }
 
+// countDecided counts, by status, the CEs whose status is decided (CE.Decided) under the current
+// posterior now, from cnt (the stored counts, with the lapsed certificates), and the CEs that wait
+// for a measurement (countWaiting), in one walk. An at_risk or invalidated CE is undecided when
+// it waits (no verdict, or one that does not carry to now) or when its verdict under now decided
+// nothing (kept by hysteresis: an idx_fail entry under now + 1 without a carry bound).
+func (l *Ledger) countDecided(tx *bolt.Tx, now cur, cnt counts) (decided map[certify.Status]int, waiting int, err error) {
+	undecided := map[certify.Status]int{}
+	failing := func(id []byte) error {
+		h, ok, err := readHeader(tx, id)
+		if err == nil && !ok {
+			err = corruptf("idx_fail names counterfactual %q, which is not stored", id)
+		}
+		if err == nil && h.failing() {
+			undecided[h.status]++
+		}
+		return err
+	}
+	err = l.eachWaiting(tx, now, now.version, func(id []byte) (bool, error) {
+		waiting++
+		return false, failing(id)
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if now.ok {
+		c := tx.Bucket(bIdxFail).Cursor()
+		prefix := u64bytes(now.version + 1)
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if err := failing(k[8:]); err != nil {
+				return nil, 0, err
+			}
+		}
+	}
+	all := cnt.asMap()
+	decided = map[certify.Status]int{certify.Certified: all[certify.Certified] - int(cnt[lapsedSlot])}
+	for _, st := range []certify.Status{certify.AtRisk, certify.Invalidated} {
+		decided[st] = all[st] - undecided[st]
+	}
+	return decided, waiting, nil
+}
+
 // eachWaiting calls fn, until it returns stop, with the id of every CE that a measurement under
 // posterior version v (the current one, now, or an older one a pool was drawn from) would give
 // something to. First, anchor by anchor, the certified CEs whose bound has lapsed (eachLapsed);
@@ -503,6 +544,33 @@ func (l *Ledger) verdictSlack(tx *bolt.Tx, now cur, cv uint64) (s certify.Slack,
 	if known {
 		return s, true, nil
 	}
+	if s, known, err = l.slackFrom(tx, now, cv, qv); err != nil || !known {
+		return s, false, err
+	}
+	cc.mu.Lock()
+	if cc.now == now.version {
+		cc.slacks[cv] = s
+	}
+	cc.mu.Unlock()
+	return s, true, nil
+}
+
+// verdictSlackUncached is verdictSlack for a write transaction: it neither reads nor fills the
+// ledger's cache of slacks, which holds only what committed transactions show (it does use the
+// posteriors the ledger remembers).
+func (l *Ledger) verdictSlackUncached(tx *bolt.Tx, now cur, cv uint64) (certify.Slack, bool, error) {
+	if l.opts.RemeasureVerdicts {
+		return certify.Slack{}, false, nil
+	}
+	l.carry.mu.Lock()
+	qv := l.carry.models[cv]
+	l.carry.mu.Unlock()
+	return l.slackFrom(tx, now, cv, qv)
+}
+
+// slackFrom is the slack of KL(q_now || q_cv); qv is q_cv when the caller has it (else it is
+// read; known = false when the ledger does not hold it).
+func (l *Ledger) slackFrom(tx *bolt.Tx, now cur, cv uint64, qv *bnn.Model) (s certify.Slack, known bool, err error) {
 	if qv == nil {
 		if qv, err = l.model(tx, cv); errors.Is(err, ErrUnknownAnchor) {
 			return s, false, nil
@@ -518,13 +586,7 @@ func (l *Ledger) verdictSlack(tx *bolt.Tx, now cur, cv uint64) (s certify.Slack,
 	if err != nil {
 		return s, false, fmt.Errorf("KL from posterior version %d to %d: %w", now.version, cv, err)
 	}
-	s = l.opts.Policy.Slack(kl)
-	cc.mu.Lock()
-	if cc.now == now.version {
-		cc.slacks[cv] = s
-	}
-	cc.mu.Unlock()
-	return s, true, nil
+	return l.opts.Policy.Slack(kl), true, nil
 }
 
 // confirm records a Monte-Carlo verdict of the CE's status under posterior version v, with the

@@ -349,18 +349,41 @@ func idLen(i int, key []byte) int {
 	return len(key) - idxPrefix
 }
 
-// recordChange appends ch to the CE's history, puts it in the outbox (Options.EncodeChange)
-// and in the transaction's list of changes. The one place a status change is recorded.
+// recordChange appends ch to the CE's history and to the transaction's list of changes, which
+// finish puts in the outbox (Options.EncodeChange). The one place a status change is recorded.
 func (w *writeTx) recordChange(id []byte, ch StatusChange) error {
 	if err := w.recordHistory(id, &ch); err != nil {
 		return err
 	}
-	if enc := w.l.opts.EncodeChange; enc != nil {
-		if err := w.enqueue(enc(ch)); err != nil {
+	w.changes = append(w.changes, ch)
+	return nil
+}
+
+// decideChanges sets each recorded change's Decided, RenewalPending and VerdictPending by the rule
+// of CE.Decided, from the CE as this transaction leaves it (its header, the anchors' KL and the
+// current posterior are final only here), and puts the changes in the outbox in the order they
+// were recorded, after the transaction's other events.
+func (w *writeTx) decideChanges() error {
+	memo := map[uint64]slackMemo{}
+	for i := range w.changes {
+		ch := &w.changes[i]
+		h, ok, err := readHeader(w.tx, []byte(ch.ID))
+		if err != nil {
 			return err
 		}
+		if ok && h.status == ch.To {
+			d, err := w.l.decide(w.tx, &h, memo)
+			if err != nil {
+				return inRecord(err, "counterfactual %q: verdict", ch.ID)
+			}
+			ch.Decided, ch.RenewalPending, ch.VerdictPending = d.decided, d.renewalPending, d.verdictPending
+		}
+		if enc := w.l.opts.EncodeChange; enc != nil {
+			if err := w.enqueue(enc(*ch)); err != nil {
+				return err
+			}
+		}
 	}
-	w.changes = append(w.changes, ch)
 	return nil
 }
 
@@ -410,6 +433,9 @@ func (w *writeTx) finish() error {
 
 // finishNoGen is finish for a transaction that changed no CE and no posterior.
 func (w *writeTx) finishNoGen() error {
+	if err := w.decideChanges(); err != nil {
+		return err
+	}
 	if err := w.applyIndex(); err != nil {
 		return err
 	}

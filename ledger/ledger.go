@@ -355,6 +355,10 @@ type State struct {
 	// certificates, and at_risk or invalidated CEs whose last verdict is older and does not carry
 	// to it, certify.Carries): what Confirm still has to do at this version.
 	Unconfirmed int `json:"unconfirmed"`
+	// Decided counts, by status, the CEs whose status is decided under the current posterior
+	// (CE.Decided): certified ones whose certificate has not lapsed, at_risk and invalidated ones
+	// whose verdict carries to it. Counts minus Decided are the undecided ones.
+	Decided map[certify.Status]int `json:"decided"`
 	// AppliedAt is when records were last applied (zero before the first).
 	AppliedAt time.Time `json:"applied_at"`
 	// LastUpdate is the newest entry of the KL history (nil before the first update).
@@ -404,7 +408,7 @@ func (l *Ledger) State() (State, error) {
 		if s.LastUpdate, err = lastKLEntry(tx); err != nil {
 			return err
 		}
-		if s.Unconfirmed, err = l.countWaiting(tx, c, 0); err != nil {
+		if s.Decided, s.Unconfirmed, err = l.countDecided(tx, c, cnt); err != nil {
 			return err
 		}
 		if s.OutboxLen, err = outboxLen(tx); err != nil {

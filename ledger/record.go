@@ -85,6 +85,12 @@ type StatusChange struct {
 	// Renewal marks a history entry from certified to certified: the certificate was renewed
 	// (re-anchored to PosteriorVersion, with p1 = P2), which is not a status change.
 	Renewal bool `json:"renewal,omitempty"`
+	// Decided, RenewalPending and VerdictPending are the CE's (see CE) as the transaction that
+	// recorded the change left it: set on the changes the ledger returns and puts in its outbox,
+	// not kept in the history (whose entries say nothing of them).
+	Decided        bool `json:"-"`
+	RenewalPending bool `json:"-"`
+	VerdictPending bool `json:"-"`
 }
 
 // MaxHistory is how many status changes a CE keeps; older ones are dropped.

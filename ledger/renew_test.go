@@ -103,7 +103,7 @@ func TestVerdictNearHalfAcrossVersions(t *testing.T) {
 	}
 	m := toBias(m0, (lo+hi)/2)
 	const versions, samples = 100, 1000
-	naive := 0
+	naive, undecided := 0, 0
 	var prevNaive certify.Status
 	for v := range versions {
 		next := m.Clone()
@@ -112,6 +112,22 @@ func TestVerdictNearHalfAcrossVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 		confirmAll(t, l, next, samples, uint64(1000+v))
+		// The counts of decided statuses agree with the CE's own decided: kept by hysteresis
+		// under the current posterior (undecided) at most versions here.
+		st, err := l.State()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur, err := l.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{true: 1, false: 0}[cur.Decided]; st.Decided[cur.Status] != want {
+			t.Fatalf("version %d: the CE is %v with decided %v, State counts %d decided %v", next.Version, cur.Status, cur.Decided, st.Decided[cur.Status], cur.Status)
+		}
+		if !cur.Decided {
+			undecided++
+		}
 		p, _ := measure(t, next, ce.XCF, 1, samples, uint64(1000+v))
 		if s := certify.Observed(p, map[bool]int{true: 1, false: 0}[p >= 0.5], 1); v > 0 && s != prevNaive {
 			naive++
@@ -138,7 +154,10 @@ func TestVerdictNearHalfAcrossVersions(t *testing.T) {
 			events++
 		}
 	}
-	t.Logf("p ~ 1/2 over %d versions: %d status changes (%d events); the point estimate would have changed %d times", versions, changes, events, naive)
+	t.Logf("p ~ 1/2 over %d versions: %d status changes (%d events), undecided at %d; the point estimate would have changed %d times", versions, changes, events, undecided, naive)
+	if undecided == 0 {
+		t.Fatal("the CE at p ~ 1/2 was decided at every version: the count of undecided verdicts kept by hysteresis is not tested")
+	}
 	if changes > 3 || events != changes {
 		t.Fatalf("%d status changes and %d events over %d versions, want at most 3, one event each; history %+v", changes, events, versions, got.History)
 	}

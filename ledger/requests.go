@@ -238,6 +238,47 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce *CE, now time.Time, past map[uint64
 	return OutcomeStored, h.status.String(), "", nil
 }
 
+// DeleteRequest deletes CE id (a damaged record of it is dropped from the quarantine), as the
+// request ref, in one transaction: a request whose RID has an outcome is not applied again, and
+// its stored outcome is returned with Duplicate set; any other request with an RID gets its
+// outcome (OutcomeDeleted, or OutcomeAbsent when nothing is stored under id; Partition -1)
+// stored under the RID for Options.RequestWindow. A request without an RID is applied and
+// nothing is stored for it. A single daemon's DELETE is this, with the request id of its
+// Idempotency-Key, so that a retry deletes nothing again: not a CE registered under the id after
+// the first attempt.
+func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
+	now := l.opts.Now().UTC()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	var o Outcome
+	err := l.update(func(tx *bolt.Tx) error {
+		if ref.RID != "" {
+			had, ok, err := readOutcome(tx, ref.RID)
+			if err != nil {
+				return err
+			}
+			if ok {
+				had.Duplicate = true
+				o = had
+				return nil
+			}
+		}
+		o = Outcome{ID: id, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
+		var err error
+		if o.Result, err = l.deleteOne(tx, id); err != nil || ref.RID == "" {
+			return err
+		}
+		if err := putOutcome(tx, ref.RID, o); err != nil {
+			return err
+		}
+		return l.pruneOutcomes(tx, now)
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("ledger: delete %q: %w", id, err)
+	}
+	return o, nil
+}
+
 // Outcome returns the outcome stored under rid, and false when there is none (the request was
 // not applied yet, carried no RID, or its outcome expired).
 func (l *Ledger) Outcome(rid string) (Outcome, bool, error) {

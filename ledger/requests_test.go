@@ -479,3 +479,61 @@ func TestVerifyChecksOutcomes(t *testing.T) {
 		t.Errorf("Verify of an outcome missing from requests_at: %v, want ErrCorrupt", err)
 	}
 }
+
+// A deletion with a request id is applied once: its outcome (deleted, or absent when nothing is
+// stored) is stored under the id, and the request again, after the id was registered anew,
+// returns that outcome and deletes nothing. A deletion without a request id stores no outcome.
+func TestDeleteRequest(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(13, 13))
+	a, b := newCE(t, m, rng), newCE(t, m, rng)
+	a.ID, b.ID = "a", "a"
+	if errs, err := l.PutEach(bg, []*CE{a}); err != nil || errs[0] != nil {
+		t.Fatalf("PutEach = %v, %v", errs, err)
+	}
+	ref := RequestRef{RID: "d1", Fingerprint: "f-d1"}
+	o, err := l.DeleteRequest("a", ref)
+	if err != nil || o.Result != OutcomeDeleted || o.Duplicate || o.ID != "a" || o.Partition != -1 {
+		t.Fatalf("DeleteRequest = %+v, %v; want deleted, not a duplicate", o, err)
+	}
+	if got, ok, err := l.Outcome("d1"); err != nil || !ok || got.Result != OutcomeDeleted || got.Fingerprint != "f-d1" {
+		t.Errorf("outcome of d1 = %+v, %v, %v", got, ok, err)
+	}
+	if _, err := l.Get("a"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a after its deletion: %v", err)
+	}
+	// The id registered anew; the deletion again deletes nothing and says what it decided first.
+	if errs, err := l.PutEach(bg, []*CE{b}); err != nil || errs[0] != nil {
+		t.Fatalf("PutEach = %v, %v", errs, err)
+	}
+	o, err = l.DeleteRequest("a", ref)
+	if err != nil || o.Result != OutcomeDeleted || !o.Duplicate || o.Fingerprint != "f-d1" {
+		t.Errorf("DeleteRequest again = %+v, %v; want the first outcome, a duplicate", o, err)
+	}
+	if got, err := l.Get("a"); err != nil || !slices.Equal(got.XCF, b.XCF) {
+		t.Errorf("the deletion again deleted the CE registered after it: %v, %v", got, err)
+	}
+	// Nothing stored under the id: absent.
+	o, err = l.DeleteRequest("none", RequestRef{RID: "d2"})
+	if err != nil || o.Result != OutcomeAbsent || o.Duplicate {
+		t.Errorf("DeleteRequest of a missing id = %+v, %v; want absent", o, err)
+	}
+	// Without a request id: applied, no outcome stored.
+	o, err = l.DeleteRequest("a", RequestRef{})
+	if err != nil || o.Result != OutcomeDeleted {
+		t.Errorf("DeleteRequest without a request id = %+v, %v; want deleted", o, err)
+	}
+	if o, err = l.DeleteRequest("a", RequestRef{}); err != nil || o.Result != OutcomeAbsent {
+		t.Errorf("DeleteRequest without a request id, again = %+v, %v; want absent", o, err)
+	}
+	l.failed = func() error { return errors.New("injected fsync failure") }
+	if _, err := l.DeleteRequest("x", RequestRef{RID: "d3"}); !errors.Is(err, ErrWrite) {
+		t.Errorf("failed write: %v, want ErrWrite", err)
+	}
+	l.failed = nil
+	if _, ok, _ := l.Outcome("d3"); ok {
+		t.Error("a failed write stored an outcome")
+	}
+}

@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// TestDriftStatusesSayWhatTheyKnow: a drift lapses the certificates of stored CEs and the
+// confirmer judges them at_risk or invalidated. Once the daemon is quiet (ingest done, nothing
+// waits for a measurement, every event published):
+//   - cfguard_counterfactuals_decided{status} is, for each status, the number of CEs the ledger
+//     returns with that status and decided: true, and cfguard_counterfactuals the number of CEs;
+//   - every status_changed event carries decided, and verdict_pending or renewal_pending exactly
+//     when it is false (a certified status that is undecided is a lapsed certificate, an
+//     at_risk or invalidated one a verdict that is);
+//   - an event written under the posterior that is still current and that is its CE's last
+//     change agrees with the CE the ledger returns now (nothing has moved it since).
+func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3) })
+	data := bundled(t)
+	ids := registerCEs(t, r, data, 8)
+	r.produce(t, flipped(data, 96)...)
+	waitfor.Cond(t, 60*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	waitfor.Cond(t, 60*time.Second, "every CE judged or renewed under the last posterior, every event published", func() bool {
+		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
+			r.metric(t, "cfguard_events_pending") == 0
+	})
+
+	// The ledger's CEs, decided or not, against the gauges.
+	ces := map[string]*ledger.CE{}
+	decided, all := map[certify.Status]int{}, map[certify.Status]int{}
+	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+		ces[ce.ID] = ce
+		all[ce.Status]++
+		if ce.Decided {
+			decided[ce.Status]++
+		}
+		if ce.Decided == (ce.VerdictPending || ce.RenewalPending) {
+			t.Errorf("%s: %v, decided %v, verdict_pending %v, renewal_pending %v: want exactly one of decided and a pending flag",
+				ce.ID, ce.Status, ce.Decided, ce.VerdictPending, ce.RenewalPending)
+		}
+	})
+	if len(ces) != len(ids) {
+		t.Fatalf("%d CEs stored, want %d", len(ces), len(ids))
+	}
+	if all[certify.AtRisk]+all[certify.Invalidated] == 0 {
+		t.Fatalf("the drift left no CE at_risk or invalidated (%v): this test shows nothing", all)
+	}
+	for _, st := range certify.Statuses() {
+		if got := r.metric(t, "cfguard_counterfactuals_decided", "status", st.String()); got != float64(decided[st]) {
+			t.Errorf("cfguard_counterfactuals_decided{status=%q} = %v, the ledger returns %d %s CEs with decided: true", st, got, decided[st], st)
+		}
+		if got := r.metric(t, "cfguard_counterfactuals", "status", st.String()); got != float64(all[st]) {
+			t.Errorf("cfguard_counterfactuals{status=%q} = %v, the ledger holds %d", st, got, all[st])
+		}
+	}
+
+	// Every event the outbox published, in order.
+	published := int(r.metric(t, "cfguard_events_total", "result", "published"))
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	last := map[string]event{}
+	var seen, undecided int
+	for range published {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("events: read %d of %d published: %v", seen, published, err)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type != "status_changed" {
+			continue
+		}
+		seen++
+		if e.Decided == nil {
+			t.Fatalf("status_changed event without decided: %s", m.Value)
+		}
+		d := *e.Decided
+		switch {
+		case d && (e.VerdictPending || e.RenewalPending):
+			t.Errorf("event %s: decided with a pending flag", m.Value)
+		case !d && e.To == "certified" && !(e.RenewalPending && !e.VerdictPending):
+			t.Errorf("event %s: an undecided certified status is a lapsed certificate (renewal_pending alone)", m.Value)
+		case !d && (e.To == "at_risk" || e.To == "invalidated") && !(e.VerdictPending && !e.RenewalPending):
+			t.Errorf("event %s: an undecided verdict is verdict_pending alone", m.Value)
+		}
+		if !d {
+			undecided++
+		}
+		last[e.ID] = e
+	}
+	if seen == 0 {
+		t.Fatal("no status_changed event published after the drift")
+	}
+	v := r.d.current().Version
+	compared := 0
+	for id, e := range last {
+		ce := ces[id]
+		if ce == nil || e.PosteriorVersion != v || e.To != ce.Status.String() {
+			continue // changed under an older posterior: the current one may have moved its decided
+		}
+		compared++
+		if *e.Decided != ce.Decided || e.VerdictPending != ce.VerdictPending || e.RenewalPending != ce.RenewalPending {
+			t.Errorf("%s: the last event says %s decided %v (verdict_pending %v, renewal_pending %v) under version %d; the ledger returns decided %v (verdict_pending %v, renewal_pending %v)",
+				id, e.To, *e.Decided, e.VerdictPending, e.RenewalPending, v, ce.Decided, ce.VerdictPending, ce.RenewalPending)
+		}
+	}
+	t.Logf("statuses %v, decided %v; %d status_changed events (%d undecided), %d compared with the ledger under version %d",
+		all, decided, seen, undecided, compared, v)
+}
