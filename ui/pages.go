@@ -48,8 +48,8 @@ type page struct {
 
 type statusCount struct {
 	Status, Meaning string
-	N               int
-	URL             string
+	N, Decided      int
+	URL, Undecided  string // the list of them, and of the undecided ones
 }
 
 type listFilter struct {
@@ -90,6 +90,7 @@ var funcs = template.FuncMap{
 	"pct":    func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
 	"num":    fmtNum,
 	"margin": func(b float64) float64 { return b - 0.5 },
+	"sub":    func(a, b int) int { return a - b },
 	"time": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -119,9 +120,9 @@ func fmtNum(v float64) string {
 
 // meanings are the statuses in words, for the overview's legend.
 var meanings = map[certify.Status]string{
-	certify.Certified:   "Theorems 1 and 2 keep the explanation valid under the current posterior (unless its renewal is pending)",
-	certify.AtRisk:      "a bound failed; the last measurement found the target still the most likely class, but below the certified level",
-	certify.Invalidated: "a bound failed and a measurement found the target no longer the most likely class",
+	certify.Certified:   "decided, Theorems 1 and 2 keep the explanation valid under the current posterior; undecided, its certificate lapsed and waits for renewal",
+	certify.AtRisk:      "not certified: decided, a measurement found the target still the most likely class; undecided, nothing is known",
+	certify.Invalidated: "decided, a measurement found the target no longer the most likely class; undecided, a verdict that no longer carries",
 	certify.Uncertified: "stored outside the certified set; no theorem applies",
 }
 
@@ -134,7 +135,8 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p := page{Title: "Overview", Nav: "overview", Snap: &snap, Timeline: timeline(snap.History, snap.Budget)}
 	for _, s := range certify.Statuses() {
 		p.Counts = append(p.Counts, statusCount{Status: s.String(), Meaning: meanings[s], N: snap.State.Counts[s],
-			URL: "/ui/counterfactuals?status=" + s.String()})
+			Decided: snap.State.Decided[s], URL: "/ui/counterfactuals?status=" + s.String(),
+			Undecided: "/ui/counterfactuals?status=" + s.String() + "&decided=no"})
 	}
 	if n := len(snap.History); n > 0 {
 		p.Latest = &snap.History[n-1]

@@ -179,6 +179,15 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		if got := field(t, over, "count-"+s); got != strconv.Itoa(model.Counts[s]) {
 			t.Errorf("overview: %s %s, the API %d", s, got, model.Counts[s])
 		}
+		decided := 0
+		for _, ce := range all {
+			if ce.Status.String() == s && ce.Decided {
+				decided++
+			}
+		}
+		if got := field(t, over, "decided-"+s); got != strconv.Itoa(decided) {
+			t.Errorf("overview: %s decided %s, the API's CEs %d", s, got, decided)
+		}
 	}
 	if n := strings.Count(over, `class="point"`) + strings.Count(over, `class="over"`); n != len(model.KLHist) {
 		t.Errorf("the timeline marks %d updates; the API's history has %d", n, len(model.KLHist))
