@@ -44,6 +44,28 @@ type page struct {
 
 	Events []eventRow
 	More   bool
+
+	Quality []qualityRow
+}
+
+type qualityRow struct{ Name, Value string }
+
+// qualityRows are the prequential block's scores, in words, in a fixed order.
+func qualityRows(q map[string]any) []qualityRow {
+	var rows []qualityRow
+	for _, k := range []struct{ key, name string }{
+		{"log_loss", "log loss"}, {"brier_score", "Brier score"}, {"accuracy", "accuracy"},
+		{"calibration_error", "expected calibration error"}, {"window_records", "over the last records"},
+		{"records", "records scored in all"}, {"changes", "quality changes detected"},
+	} {
+		switch v := q[k.key].(type) {
+		case float64:
+			rows = append(rows, qualityRow{k.name, fmtNum(v)})
+		case int, int64, uint64:
+			rows = append(rows, qualityRow{k.name, fmt.Sprint(v)})
+		}
+	}
+	return rows
 }
 
 type statusCount struct {
@@ -141,6 +163,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	if n := len(snap.History); n > 0 {
 		p.Latest = &snap.History[n-1]
 	}
+	p.Quality = qualityRows(snap.Quality)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
 	u.render(w, http.StatusOK, "overview", p)
 }

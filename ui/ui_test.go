@@ -132,7 +132,7 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	d := uitest.Start(t, "")
 	stored := d.Register(t, 120)
-	d.Drift(t, 200)
+	d.Stream(t, 192, 256)
 
 	var model struct {
 		Version uint64         `json:"posterior_version"`

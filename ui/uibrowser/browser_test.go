@@ -138,6 +138,23 @@ func (b *browser) check(name string) {
 	b.mu.Unlock()
 }
 
+// readmeShot writes what a 1280x800 window shows to $CFGUARD_UI_SCREENSHOTS/name, when that
+// is set (a relative path is from the repository's root): the README's pictures come from this test (docs/DEVELOPMENT.md has the command).
+func (b *browser) readmeShot(name string) {
+	b.t.Helper()
+	dir := os.Getenv("CFGUARD_UI_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	if !filepath.IsAbs(dir) { // relative to the repository's root, where the command runs
+		dir = filepath.Join("..", "..", dir)
+	}
+	value(b, chromedp.Evaluate[any](`document.activeElement.blur(); window.scrollTo(0, 0)`))
+	if err := os.WriteFile(filepath.Join(dir, name), value(b, chromedp.CaptureScreenshot()), 0o644); err != nil {
+		b.t.Errorf("README screenshot %s: %v", name, err)
+	}
+}
+
 func (b *browser) save(name string, png []byte) {
 	if err := os.WriteFile(filepath.Join(b.shots, name), png, 0o644); err != nil {
 		b.t.Errorf("screenshot %s: %v", name, err)
@@ -186,7 +203,7 @@ func TestUIInABrowser(t *testing.T) {
 	const token = "browser-test-token"
 	d := uitest.Start(t, token)
 	d.Register(t, 120)
-	d.Drift(t, 200)
+	d.Stream(t, 192, 256)
 	var model struct {
 		Version uint64         `json:"posterior_version"`
 		Counts  map[string]int `json:"counterfactuals"`
@@ -226,6 +243,7 @@ func TestUIInABrowser(t *testing.T) {
 	}
 	b.check("overview")
 	b.tabReachesEverything("overview")
+	b.readmeShot("overview.png")
 
 	// The list filtered by status through the form, then its pages.
 	want := 0
@@ -287,6 +305,9 @@ func TestUIInABrowser(t *testing.T) {
 			t.Errorf("%s: p1 %q, anchor %d", ce.ID, got, ce.AnchorVersion)
 		}
 		b.check("ce-" + kind)
+		if len(seen) == 1 {
+			b.readmeShot("ce.png")
+		}
 		b.tabReachesEverything("ce-" + kind)
 		b.run(chromedp.Click(chromedp.CSS(`a[href$="/certificate"]`)), chromedp.WaitVisible(chromedp.CSS("article.certificate")))
 		if got := b.text("#headline"); got != head {

@@ -148,32 +148,42 @@ func (d *Daemon) Register(t testing.TB, n int) int {
 	return res.Stored
 }
 
-// Drift produces n records of the bundled data with their labels flipped (a label-noise drift)
-// and waits until the daemon has applied them and measured every CE the drift left undecided.
-func (d *Daemon) Drift(t testing.TB, n int) {
+// Stream produces correct records of the bundled data with their labels, then flipped ones with
+// their labels flipped (a label-noise drift), in chunks of 64 (kafka.max_records: one increment,
+// one posterior version, each), each applied before the next is produced; then it waits until no
+// CE waits for the confirmer.
+func (d *Daemon) Stream(t testing.TB, correct, flipped int) {
 	t.Helper()
 	set, _, err := assets.Load("breast_cancer")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var before struct {
+	var m struct {
 		Applied int64 `json:"applied"`
 	}
-	d.JSON(t, "/v1/model", &before)
-	w := &kafka.Writer{Addr: kafka.TCP(d.cfg.Kafka.EmbeddedListen), Topic: d.cfg.Kafka.Topic, Balancer: &kafka.RoundRobin{}, BatchSize: 100}
+	d.JSON(t, "/v1/model", &m)
+	w := &kafka.Writer{Addr: kafka.TCP(d.cfg.Kafka.EmbeddedListen), Topic: d.cfg.Kafka.Topic, Balancer: &kafka.RoundRobin{}, BatchSize: 64}
 	defer w.Close()
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		r := i % set.Len()
-		v, _ := json.Marshal(map[string]any{"id": "flip" + strconv.Itoa(i), "features": set.X[r], "label": 1 - set.Y[r]})
-		msgs[i] = kafka.Message{Value: v}
+	applied := m.Applied
+	for i := 0; i < correct+flipped; {
+		var msgs []kafka.Message
+		for ; len(msgs) < 64 && i < correct+flipped; i++ {
+			r, label := i%set.Len(), set.Y[i%set.Len()]
+			if i >= correct {
+				label = 1 - label
+			}
+			v, _ := json.Marshal(map[string]any{"id": "rec" + strconv.Itoa(i), "features": set.X[r], "label": label})
+			msgs = append(msgs, kafka.Message{Value: v})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := w.WriteMessages(ctx, msgs...)
+		cancel()
+		if err != nil {
+			t.Fatalf("producing %d records: %v", len(msgs), err)
+		}
+		applied += int64(len(msgs))
+		d.Settle(t, applied)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("producing %d records: %v", n, err)
-	}
-	d.Settle(t, before.Applied+int64(n))
 }
 
 // Settle waits until applied records reach applied and no CE waits for a measurement.
