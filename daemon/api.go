@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ui"
 )
 
 // stateReader is what the API reads from the ledger directly (reads never wait for writers).
@@ -34,6 +36,7 @@ type stateReader interface {
 	State() (ledger.State, error)
 	KLHistory(n int) ([]ledger.KLEntry, error)
 	Anchors() ([]ledger.Anchor, error)
+	Outbox(after uint64, max int) ([]ledger.OutboxEntry, error)
 }
 
 // core is what the API asks of the daemon: the current posterior and everything that changes
@@ -73,6 +76,7 @@ type apiConfig struct {
 	// Reported by GET /v1/model.
 	budget, delta, epsilon float64
 	mode, onBreach         string
+	verdictAlpha           float64 // reported by the UI's certificates
 }
 
 // api is cfguard's HTTP API. When http.token is set, every /v1/ endpoint needs
@@ -86,6 +90,7 @@ type api struct {
 	exp     *explainer
 	predict *inputBudget // http.max_predict_inputs
 	metrics http.Handler
+	log     *slog.Logger // the UI's; nil: slog's default
 }
 
 // endpoint is one route of the API.
@@ -133,6 +138,9 @@ func (a *api) routes() http.Handler {
 		}
 		mux.Handle(e.pattern, h)
 	}
+	// The web UI authenticates itself (the token as a bearer header or its session cookie).
+	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha}))
+	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
 }
 

@@ -1,0 +1,60 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ui"
+)
+
+// uiSource is what the web UI reads, through the API's own readers: the pages show what the
+// JSON endpoints answer.
+type uiSource struct {
+	a     *api
+	alpha float64 // certify.verdict_alpha
+}
+
+// Snapshot reads GET /v1/model's figures at one posterior version.
+func (s uiSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
+	var snap ui.Snapshot
+	err := s.a.core.snapshot(func(m *bnn.Model) error {
+		st, err := s.a.state.State()
+		if err != nil {
+			return err
+		}
+		hist, err := s.a.state.KLHistory(100)
+		if err != nil {
+			return err
+		}
+		snap = ui.Snapshot{PosteriorVersion: m.Version, Features: m.Features, Classes: m.Classes, Budget: s.a.cfg.budget,
+			Delta: s.a.cfg.delta, Epsilon: s.a.cfg.epsilon, Alpha: s.alpha, Mode: s.a.cfg.mode, State: st, History: hist}
+		return nil
+	})
+	if err != nil {
+		return ui.Snapshot{}, err
+	}
+	snap.Replication = s.a.core.replication(ctx)
+	snap.Quality = s.a.core.prequential()
+	snap.Now = time.Now()
+	return snap, nil
+}
+
+func (s uiSource) List(st certify.Status, limit int, after string) ([]*ledger.CE, error) {
+	return s.a.state.List(st, limit, after)
+}
+
+// Get reads a CE as GET /v1/counterfactuals/{id} does: from its owner on a replica, which the
+// request reaches with the API's token.
+func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
+	auth := ""
+	if s.a.cfg.token != "" {
+		auth = "Bearer " + s.a.cfg.token
+	}
+	ce, _, err := s.a.core.find(ctx, id, auth, false)
+	return ce, err
+}
+
+func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.Outbox(0, n) }

@@ -1,0 +1,393 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// page is every template's data: the layout's fields and one page's own.
+type page struct {
+	Title       string
+	Nav         string // the navigation entry to mark as current
+	NoNav       bool
+	LoginNeeded bool
+	Error       string
+	Next        string
+
+	Snap      *Snapshot
+	Counts    []statusCount
+	Timeline  template.HTML
+	Latest    *ledger.KLEntry
+	AppliedAt string
+
+	CEs      []ceRow
+	Filter   listFilter
+	NextURL  string
+	Statuses []string
+
+	CE      *ledger.CE
+	Rows    []featureRow
+	Verdict statement
+	History []historyRow
+	Target  string
+
+	Events []eventRow
+	More   bool
+
+	Quality []qualityRow
+}
+
+type qualityRow struct{ Name, Value string }
+
+// qualityRows are the prequential block's scores, in words, in a fixed order.
+func qualityRows(q map[string]any) []qualityRow {
+	var rows []qualityRow
+	for _, k := range []struct{ key, name string }{
+		{"log_loss", "log loss"}, {"brier_score", "Brier score"}, {"accuracy", "accuracy"},
+		{"calibration_error", "expected calibration error"}, {"window_records", "over the last records"},
+		{"records", "records scored in all"}, {"changes", "quality changes detected"},
+	} {
+		switch v := q[k.key].(type) {
+		case float64:
+			rows = append(rows, qualityRow{k.name, fmtNum(v)})
+		case int, int64, uint64:
+			rows = append(rows, qualityRow{k.name, fmt.Sprint(v)})
+		}
+	}
+	return rows
+}
+
+type statusCount struct {
+	Status, Meaning string
+	N, Decided      int
+	URL, Undecided  string // the list of them, and of the undecided ones
+}
+
+type listFilter struct {
+	Status  string
+	Decided string // "", "yes", "no"
+	After   string
+}
+
+type ceRow struct {
+	ID, Status, Target, Decided, Flags string
+	P1, Bound                          string
+	Anchor                             uint64
+	Updated                            string
+}
+
+type featureRow struct {
+	Name, X, XCF, Change string
+	Changed              bool
+}
+
+type historyRow struct {
+	At, Event, Version, KL, Bound, P2 string
+}
+
+type eventRow struct {
+	Seq        uint64
+	Key, Value string
+}
+
+// statement is what a CE's status lets one say, in words (see docs/MATHS.md).
+type statement struct {
+	Headline string // one line: holds, no statement, does not hold
+	Kind     string // "holds", "open", "fails", "none": the CSS class and the icon's meaning
+	Body     []string
+}
+
+var funcs = template.FuncMap{
+	"pct":    func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
+	"num":    fmtNum,
+	"margin": func(b float64) float64 { return b - 0.5 },
+	"sub":    func(a, b int) int { return a - b },
+	"time": func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05 UTC")
+	},
+	"icon": func(kind string) string {
+		switch kind {
+		case "holds", "certified":
+			return "✓"
+		case "fails", "invalidated":
+			return "✗"
+		case "open", "at_risk":
+			return "!"
+		}
+		return "–"
+	},
+}
+
+// fmtNum prints a figure with four significant digits.
+func fmtNum(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
+// meanings are the statuses in words, for the overview's legend.
+var meanings = map[certify.Status]string{
+	certify.Certified:   "decided, Theorems 1 and 2 keep the explanation valid under the current posterior; undecided, its certificate lapsed and waits for renewal",
+	certify.AtRisk:      "not certified: decided, a measurement found the target still the most likely class; undecided, nothing is known",
+	certify.Invalidated: "decided, a measurement found the target no longer the most likely class; undecided, a verdict that no longer carries",
+	certify.Uncertified: "stored outside the certified set; no theorem applies",
+}
+
+func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
+	snap, err := u.src.Snapshot(r.Context())
+	if err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	p := page{Title: "Overview", Nav: "overview", Snap: &snap, Timeline: timeline(snap.History, snap.Budget)}
+	for _, s := range certify.Statuses() {
+		p.Counts = append(p.Counts, statusCount{Status: s.String(), Meaning: meanings[s], N: snap.State.Counts[s],
+			Decided: snap.State.Decided[s], URL: "/ui/counterfactuals?status=" + s.String(),
+			Undecided: "/ui/counterfactuals?status=" + s.String() + "&decided=no"})
+	}
+	if n := len(snap.History); n > 0 {
+		p.Latest = &snap.History[n-1]
+	}
+	p.Quality = qualityRows(snap.Quality)
+	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
+	u.render(w, http.StatusOK, "overview", p)
+}
+
+// list shows one page of CEs. The decided filter is applied to the pages the ledger returns, so
+// a page reads ahead (at most ten pages' worth) to fill itself, and its "next" link resumes
+// after the last CE it read.
+func (u *UI) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := listFilter{Status: q.Get("status"), Decided: q.Get("decided"), After: q.Get("after")}
+	var st certify.Status
+	if f.Status != "" {
+		var err error
+		if st, err = certify.ParseStatus(f.Status); err != nil {
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("status %q: %w", f.Status, err))
+			return
+		}
+	}
+	if f.Decided != "" && f.Decided != "yes" && f.Decided != "no" {
+		u.fail(w, http.StatusBadRequest, fmt.Errorf("decided %q: want yes, no or nothing", f.Decided))
+		return
+	}
+	snap, err := u.src.Snapshot(r.Context())
+	if err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	size := u.cfg.PageSize
+	var rows []ceRow
+	after, more := f.After, false
+	for read := 0; len(rows) < size && read < 10*size; {
+		ces, err := u.src.List(st, size, after)
+		if err != nil {
+			u.fail(w, http.StatusInternalServerError, err)
+			return
+		}
+		read += len(ces)
+		for _, ce := range ces {
+			after = ce.ID
+			if f.Decided == "" || (f.Decided == "yes") == ce.Decided {
+				rows = append(rows, u.row(ce, snap.Classes))
+				if len(rows) == size {
+					break
+				}
+			}
+		}
+		more = len(ces) == size
+		if !more {
+			break
+		}
+	}
+	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap}
+	for _, s := range certify.Statuses() {
+		p.Statuses = append(p.Statuses, s.String())
+	}
+	if more {
+		v := url.Values{}
+		if f.Status != "" {
+			v.Set("status", f.Status)
+		}
+		if f.Decided != "" {
+			v.Set("decided", f.Decided)
+		}
+		v.Set("after", after)
+		p.NextURL = "/ui/counterfactuals?" + v.Encode()
+	}
+	u.render(w, http.StatusOK, "list", p)
+}
+
+func (u *UI) row(ce *ledger.CE, classes []string) ceRow {
+	r := ceRow{ID: ce.ID, Status: ce.Status.String(), Target: className(classes, ce.Target), Anchor: ce.AnchorVersion,
+		P1: fmtNum(ce.P1), Bound: fmtNum(ce.Bound), Updated: funcs["time"].(func(time.Time) string)(ce.UpdatedAt)}
+	r.Decided = "undecided"
+	if ce.Decided {
+		r.Decided = "decided"
+	}
+	var flags []string
+	if ce.RenewalPending {
+		flags = append(flags, "renewal pending")
+	}
+	if ce.VerdictPending {
+		flags = append(flags, "verdict pending")
+	}
+	r.Flags = strings.Join(flags, ", ")
+	return r
+}
+
+func className(classes []string, i int) string {
+	if i >= 0 && i < len(classes) && classes[i] != "" {
+		return fmt.Sprintf("%s (class %d)", classes[i], i)
+	}
+	return fmt.Sprintf("class %d", i)
+}
+
+// load reads the CE and the snapshot a CE page needs.
+func (u *UI) load(w http.ResponseWriter, r *http.Request) (*ledger.CE, *Snapshot, bool) {
+	ce, err := u.src.Get(r.Context(), r.PathValue("id"))
+	if errors.Is(err, ledger.ErrNotFound) {
+		u.fail(w, http.StatusNotFound, fmt.Errorf("no counterfactual %q is stored", r.PathValue("id")))
+		return nil, nil, false
+	}
+	if err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return nil, nil, false
+	}
+	snap, err := u.src.Snapshot(r.Context())
+	if err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return nil, nil, false
+	}
+	return ce, &snap, true
+}
+
+func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
+	ce, snap, ok := u.load(w, r)
+	if !ok {
+		return
+	}
+	u.render(w, http.StatusOK, "ce", u.cePage(ce, snap, "Counterfactual "+ce.ID))
+}
+
+func (u *UI) certificate(w http.ResponseWriter, r *http.Request) {
+	ce, snap, ok := u.load(w, r)
+	if !ok {
+		return
+	}
+	u.render(w, http.StatusOK, "certificate", u.cePage(ce, snap, "Certificate of validity: "+ce.ID))
+}
+
+func (u *UI) cePage(ce *ledger.CE, snap *Snapshot, title string) page {
+	p := page{Title: title, Nav: "list", CE: ce, Snap: snap, Target: className(snap.Classes, ce.Target),
+		Verdict: Statement(ce, snap.PosteriorVersion, snap.Alpha)}
+	for j := range ce.X {
+		name := fmt.Sprintf("feature %d", j)
+		if j < len(snap.Features) && snap.Features[j] != "" {
+			name = snap.Features[j]
+		}
+		fr := featureRow{Name: name, X: fmtNum(ce.X[j])}
+		if j < len(ce.XCF) {
+			fr.XCF = fmtNum(ce.XCF[j])
+			if d := ce.XCF[j] - ce.X[j]; d != 0 {
+				fr.Changed = true
+				fr.Change = fmt.Sprintf("%+.4g", d)
+			}
+		}
+		p.Rows = append(p.Rows, fr)
+	}
+	// Changed features first, then the rest in the model's order.
+	sort.SliceStable(p.Rows, func(a, b int) bool { return p.Rows[a].Changed && !p.Rows[b].Changed })
+	for i := len(ce.History) - 1; i >= 0; i-- {
+		h := ce.History[i]
+		ev := h.From.String() + " → " + h.To.String()
+		if h.Renewal {
+			ev = "certificate renewed"
+		}
+		hr := historyRow{At: funcs["time"].(func(time.Time) string)(h.At), Event: ev, Version: strconv.FormatUint(h.PosteriorVersion, 10),
+			KL: fmtNum(h.KL), Bound: fmtNum(h.Bound), P2: "—"}
+		if h.P2 != nil {
+			hr.P2 = fmtNum(*h.P2)
+		}
+		p.History = append(p.History, hr)
+	}
+	return p
+}
+
+// Statement says what a CE's status guarantees under the current posterior, in words derived
+// from docs/MATHS.md ("Renewal and verdicts"): only a decided status states anything about p.
+func Statement(ce *ledger.CE, version uint64, alpha float64) statement {
+	conf := "at least " + strconv.FormatFloat(100*(1-alpha), 'g', 4, 64) + "%"
+	switch {
+	case ce.Status == certify.Certified && ce.Decided:
+		m := certify.BernsteinMargin(ce.Var1, ce.Samples, alpha)
+		return statement{Headline: "This explanation holds under the current posterior.", Kind: "holds", Body: []string{
+			fmt.Sprintf("Under posterior version %d, the model gives the target class to the changed input with probability at least %s, with confidence %s: the probability measured under posterior version %d (p1 = %s from %d draws), less its Monte-Carlo margin (%s), less what Theorem 1 allows the posterior to have moved since (KL = %s).",
+				version, fmtNum(ce.Bound-m), conf, ce.AnchorVersion, fmtNum(ce.P1), ce.Samples, fmtNum(m), fmtNum(ce.KLFromAnchor)),
+			fmt.Sprintf("Theorem 2 bounds the variance of that probability over the posterior by %s, from the variance measured with p1 (%s, a point estimate, as at registration).", fmtNum(ce.VarBound), fmtNum(ce.Var1)),
+			"The confidence is for this explanation on its own: explanations measured under one posterior version share its draws, so no statement is joint over several.",
+		}}
+	case ce.Status == certify.Certified:
+		return statement{Headline: "No statement: the certificate has lapsed and waits to be measured again.", Kind: "open", Body: []string{
+			fmt.Sprintf("Its bound, %s from the measurement under posterior version %d, no longer holds under version %d (KL = %s). Until the confirmer measures it under the current posterior (renewal pending), nothing is guaranteed.",
+				fmtNum(ce.Bound), ce.AnchorVersion, version, fmtNum(ce.KLFromAnchor)),
+		}}
+	case ce.Status == certify.AtRisk && ce.Decided:
+		return statement{Headline: "At risk: the target is still the most likely class, but the explanation is no longer certified.", Kind: "open", Body: []string{
+			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class at or above 1/2 with confidence %s, and that bound still carries to version %d; it is below the level a certificate needs.",
+				confirmed(ce), conf, version),
+		}}
+	case ce.Status == certify.AtRisk:
+		return statement{Headline: "No statement: this at-risk status is kept until a new measurement decides it.", Kind: "open", Body: []string{
+			"Nothing is known about the probability of the target class under the current posterior: the status is kept by hysteresis, or its last verdict no longer carries, or a lapsed certificate has had no verdict yet. Do not read it as still valid.",
+		}}
+	case ce.Status == certify.Invalidated && ce.Decided:
+		return statement{Headline: "This explanation no longer holds.", Kind: "fails", Body: []string{
+			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class below 1/2 with confidence %s, and that bound still carries to version %d: the changed input would no longer get the target.",
+				confirmed(ce), conf, version),
+		}}
+	case ce.Status == certify.Invalidated:
+		return statement{Headline: "No statement: invalidated by an earlier measurement that no longer carries.", Kind: "open", Body: []string{
+			"The verdict was kept, but it is not backed by a bound under the current posterior; it waits to be measured again. Treat the explanation as not valid.",
+		}}
+	}
+	return statement{Headline: "Never certified: no guarantee applies.", Kind: "none", Body: []string{
+		fmt.Sprintf("It was stored outside the certified set (p1 = %s, variance %s against delta %s, epsilon %s).", fmtNum(ce.P1), fmtNum(ce.Var1), fmtNum(ce.Delta), fmtNum(ce.Epsilon)),
+	}}
+}
+
+func confirmed(ce *ledger.CE) string {
+	if ce.ConfirmedVersion == nil {
+		return "(unknown)"
+	}
+	return strconv.FormatUint(*ce.ConfirmedVersion, 10)
+}
+
+func (u *UI) events(w http.ResponseWriter, r *http.Request) {
+	const max = 200
+	evs, err := u.src.Events(max + 1)
+	if err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	p := page{Title: "Events", Nav: "events", More: len(evs) > max}
+	for _, e := range evs[:min(len(evs), max)] { // the order they will be published in
+		p.Events = append(p.Events, eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)})
+	}
+	u.render(w, http.StatusOK, "events", p)
+}

@@ -1,0 +1,42 @@
+package ui
+
+import (
+	"context"
+	"time"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// Source is what the pages read: the daemon's state, as the API reads it.
+type Source interface {
+	// Snapshot is the overview's figures, read at one posterior version.
+	Snapshot(ctx context.Context) (Snapshot, error)
+	// List returns up to limit stored CEs after the id after (in registration order), with
+	// status s (0: every status), as GET /v1/counterfactuals does.
+	List(s certify.Status, limit int, after string) ([]*ledger.CE, error)
+	// Get returns a stored CE (ledger.ErrNotFound when there is none).
+	Get(ctx context.Context, id string) (*ledger.CE, error)
+	// Events returns up to n events not yet published, oldest first.
+	Events(n int) ([]ledger.OutboxEntry, error)
+}
+
+// Snapshot is the state the overview shows.
+type Snapshot struct {
+	PosteriorVersion uint64
+	Features         []string // input feature names; empty when the model has none
+	Classes          []string
+	Budget           float64 // the KL budget (Theorem 1 from p1 = 1 - delta)
+	Delta, Epsilon   float64
+	Alpha            float64 // the verdicts' and renewals' miss probability (certify.verdict_alpha)
+	Mode             string
+	State            ledger.State
+	// History is the newest update KL entries, oldest first.
+	History []ledger.KLEntry
+	// Replication is GET /v1/model's replication block, nil for a single daemon.
+	Replication map[string]any
+	// Quality is GET /v1/model's prequential block, nil before the first scored increment.
+	Quality map[string]any
+	// Now is when the snapshot was read.
+	Now time.Time
+}

@@ -1,0 +1,97 @@
+package ui
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strings"
+
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// Timeline geometry, in SVG user units (the picture scales to its container).
+const (
+	tlWidth, tlHeight = 720.0, 240.0
+	tlLeft, tlRight   = 64.0, 16.0
+	tlTop, tlBottom   = 16.0, 40.0
+	tlFloor           = 1e-8 // KLs below this (a step that did not move) sit on the axis
+	tlMinDecades      = 3.0
+)
+
+// timeline draws each update's KL, KL(q_new || q_prev), and the largest KL from a live anchor
+// after it, against the budget line, on a log scale over the versions in h. It returns an empty
+// picture's note when there is no update yet. The same figures are in the table below it.
+func timeline(h []ledger.KLEntry, budget float64) template.HTML {
+	if len(h) == 0 {
+		return template.HTML(`<p>No update yet: the timeline starts with the first posterior update.</p>`)
+	}
+	lo, hi := math.Log10(budget), math.Log10(budget)
+	for _, e := range h {
+		for _, v := range []float64{e.KL, e.MaxAnchorKL} {
+			if v > tlFloor {
+				lo, hi = math.Min(lo, math.Log10(v)), math.Max(hi, math.Log10(v))
+			}
+		}
+	}
+	lo, hi = math.Floor(lo), math.Ceil(hi)
+	if hi-lo < tlMinDecades {
+		lo = hi - tlMinDecades
+	}
+	x := func(i int) float64 {
+		if len(h) == 1 {
+			return tlLeft + (tlWidth-tlLeft-tlRight)/2
+		}
+		return tlLeft + float64(i)*(tlWidth-tlLeft-tlRight)/float64(len(h)-1)
+	}
+	y := func(v float64) float64 {
+		l := lo
+		if v > tlFloor {
+			l = math.Max(lo, math.Log10(v))
+		}
+		return tlTop + (hi-l)/(hi-lo)*(tlHeight-tlTop-tlBottom)
+	}
+	var b strings.Builder
+	over := 0
+	for _, e := range h {
+		if e.KL > budget {
+			over++
+		}
+	}
+	fmt.Fprintf(&b, `<svg class="timeline" viewBox="0 0 %g %g" role="img" aria-labelledby="tl-title tl-desc" xmlns="http://www.w3.org/2000/svg">`, tlWidth, tlHeight)
+	fmt.Fprintf(&b, `<title id="tl-title">Update KL per posterior version, log scale, against the budget</title>`)
+	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s. The largest KL from a live anchor is drawn dashed.</desc>`,
+		len(h), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
+	// Axes and decade grid.
+	for d := lo; d <= hi; d++ {
+		yy := y(math.Pow(10, d))
+		fmt.Fprintf(&b, `<line class="grid" x1="%g" y1="%.1f" x2="%g" y2="%.1f"/>`, tlLeft, yy, tlWidth-tlRight, yy)
+		fmt.Fprintf(&b, `<text class="tick" x="%g" y="%.1f" text-anchor="end">1e%d</text>`, tlLeft-6, yy+4, int(d))
+	}
+	fmt.Fprintf(&b, `<text class="tick" x="%g" y="%g" text-anchor="start">v%d</text>`, tlLeft, tlHeight-tlBottom+16, h[0].PosteriorVersion)
+	fmt.Fprintf(&b, `<text class="tick" x="%g" y="%g" text-anchor="end">v%d</text>`, tlWidth-tlRight, tlHeight-tlBottom+16, h[len(h)-1].PosteriorVersion)
+	fmt.Fprintf(&b, `<text class="tick" x="%g" y="%g" text-anchor="middle">posterior version</text>`, (tlWidth+tlLeft)/2, tlHeight-6)
+	// The budget.
+	by := y(budget)
+	fmt.Fprintf(&b, `<line class="budget" x1="%g" y1="%.1f" x2="%g" y2="%.1f"/>`, tlLeft, by, tlWidth-tlRight, by)
+	fmt.Fprintf(&b, `<text class="budget-label" x="%g" y="%.1f" text-anchor="end">budget %s</text>`, tlWidth-tlRight, by-4, fmtNum(budget))
+	// The anchors' KL, dashed, then the update KL with a mark per update (a cross when over).
+	line := func(class string, v func(ledger.KLEntry) float64) {
+		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
+		for i, e := range h {
+			fmt.Fprintf(&b, "%.1f,%.1f ", x(i), y(v(e)))
+		}
+		b.WriteString(`"/>`)
+	}
+	line("anchor", func(e ledger.KLEntry) float64 { return e.MaxAnchorKL })
+	line("update", func(e ledger.KLEntry) float64 { return e.KL })
+	for i, e := range h {
+		cx, cy := x(i), y(e.KL)
+		if e.KL > budget {
+			fmt.Fprintf(&b, `<path class="over" d="M%.1f %.1fl8 8m0 -8l-8 8"><title>v%d: KL %s, over the budget</title></path>`, cx-4, cy-4, e.PosteriorVersion, fmtNum(e.KL))
+		} else if len(h) <= 200 {
+			fmt.Fprintf(&b, `<circle class="point" cx="%.1f" cy="%.1f" r="2.5"><title>v%d: KL %s</title></circle>`, cx, cy, e.PosteriorVersion, fmtNum(e.KL))
+		}
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String())
+}

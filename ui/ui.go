@@ -1,0 +1,201 @@
+package ui
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config is the UI's share of the daemon's configuration.
+type Config struct {
+	// Token is http.token: when set, every page but the login form needs it.
+	Token string
+	// PageSize is how many CEs a list page shows. Default: 50.
+	PageSize int
+	// Logger receives errors the pages could not show in full. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Cookie is the session cookie's name. Its value is sessionValue(token), not the token.
+const Cookie = "cfguard_ui"
+
+// sessionValue is the cookie's value for token: HMAC-SHA-256 keyed by the token over a fixed
+// label. It proves the browser was given the token without storing it: a stolen cookie opens the
+// UI (as the token would) but cannot be turned back into the token the API takes.
+func sessionValue(token string) string {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("cfguard ui session v1"))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// UI serves the pages. Build it with New; it is safe for concurrent use.
+type UI struct {
+	cfg   Config
+	src   Source
+	pages map[string]*template.Template
+	mux   *http.ServeMux
+}
+
+// New returns the UI over src. It panics only if an embedded template does not parse, which
+// the package's tests rule out.
+func New(cfg Config, src Source) *UI {
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	u := &UI{cfg: cfg, src: src, pages: map[string]*template.Template{}}
+	for _, p := range []string{"overview", "list", "ce", "certificate", "events", "login", "error"} {
+		u.pages[p] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+p+".html"))
+	}
+	static, _ := fs.Sub(staticFS, "static")
+	m := http.NewServeMux()
+	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	m.HandleFunc("GET /ui/login", u.loginForm)
+	m.HandleFunc("POST /ui/login", u.login)
+	m.HandleFunc("POST /ui/logout", u.logout)
+	m.Handle("GET /ui/{$}", u.auth(u.overview))
+	m.Handle("GET /ui/counterfactuals", u.auth(u.list))
+	m.Handle("GET /ui/counterfactuals/{id}", u.auth(u.ce))
+	m.Handle("GET /ui/counterfactuals/{id}/certificate", u.auth(u.certificate))
+	m.Handle("GET /ui/events", u.auth(u.events))
+	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
+	u.mux = m
+	return u
+}
+
+// ServeHTTP serves every path under /ui/.
+func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	// Pages are ours alone: no frames, no scripts but our own, no inline script.
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'none'; frame-ancestors 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	u.mux.ServeHTTP(w, r)
+}
+
+func staticHandler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// authorized reports whether r carries the token, as a bearer header or as the session cookie.
+func (u *UI) authorized(r *http.Request) bool {
+	if u.cfg.Token == "" {
+		return true
+	}
+	if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return subtle.ConstantTimeCompare([]byte(got), []byte(u.cfg.Token)) == 1
+	}
+	c, err := r.Cookie(Cookie)
+	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(sessionValue(u.cfg.Token))) == 1
+}
+
+// auth sends a request without the token to the login form, which returns to the page asked for.
+func (u *UI) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !u.authorized(r) {
+			if r.Header.Get("Authorization") != "" {
+				u.render(w, http.StatusUnauthorized, "error", page{Title: "Not signed in", Error: "The bearer token is wrong."})
+				return
+			}
+			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	})
+}
+
+// safeNext keeps a post-login redirect on the UI: a path under /ui/, never another host.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/ui/") || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
+		return "/ui/"
+	}
+	return next
+}
+
+func (u *UI) loginForm(w http.ResponseWriter, r *http.Request) {
+	u.render(w, http.StatusOK, "login", page{Title: "Sign in", Next: safeNext(r.URL.Query().Get("next")), NoNav: true})
+}
+
+// sameOrigin refuses a cross-site form post (login CSRF): a browser sends Origin on a POST, and it
+// must name this host. A client that sends no Origin (curl) is not a browser another site drives.
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	ou, err := url.Parse(o)
+	return err == nil && ou.Host == r.Host
+}
+
+func (u *UI) login(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		u.render(w, http.StatusForbidden, "error", page{Title: "Refused", Error: "A sign-in from another site is refused."})
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		u.render(w, http.StatusBadRequest, "login", page{Title: "Sign in", Error: "The form could not be read.", NoNav: true})
+		return
+	}
+	next := safeNext(r.PostForm.Get("next"))
+	if u.cfg.Token == "" {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(u.cfg.Token)) != 1 {
+		u.render(w, http.StatusUnauthorized, "login", page{Title: "Sign in", Error: "That token is not the API token (http.token).", Next: next, NoNav: true})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: Cookie, Value: sessionValue(u.cfg.Token), Path: "/ui/", HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		u.render(w, http.StatusForbidden, "error", page{Title: "Refused", Error: "A sign-out from another site is refused."})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: Cookie, Value: "", Path: "/ui/", MaxAge: -1, HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+}
+
+// render writes a page; a template that fails mid-way has already sent its status, so the
+// error is logged.
+func (u *UI) render(w http.ResponseWriter, code int, name string, p page) {
+	p.LoginNeeded = u.cfg.Token != ""
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if err := u.pages[name].Execute(w, p); err != nil {
+		u.cfg.Logger.Error("ui: rendering a page", "page", name, "err", err)
+	}
+}
+
+// fail shows an error page for a read that failed.
+func (u *UI) fail(w http.ResponseWriter, code int, err error) {
+	u.cfg.Logger.Warn("ui: page failed", "code", code, "err", err)
+	msg := err.Error()
+	if code >= 500 {
+		msg = "The daemon could not read its state; its log has the error (level WARN, \"ui: page failed\")."
+	}
+	u.render(w, code, "error", page{Title: http.StatusText(code), Error: msg})
+}

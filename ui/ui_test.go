@@ -1,0 +1,271 @@
+package ui_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ui/uitest"
+)
+
+// get fetches a page with client c (nil: no cookies, no redirects followed) and the headers given.
+func get(t *testing.T, c *http.Client, u string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	if c == nil {
+		c = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// field is the text of the element with the given id (tags inside it stripped).
+func field(t *testing.T, page, id string) string {
+	t.Helper()
+	loc := regexp.MustCompile(`<(\w+)[^>]*\sid="` + regexp.QuoteMeta(id) + `"[^>]*>`).FindStringSubmatchIndex(page)
+	if loc == nil {
+		t.Fatalf("no element with id %q in the page", id)
+	}
+	rest := page[loc[1]:]
+	end := strings.Index(rest, "</"+page[loc[2]:loc[3]]+">")
+	if end < 0 {
+		t.Fatalf("the element with id %q is not closed", id)
+	}
+	return strings.TrimSpace(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(rest[:end], ""))
+}
+
+func num(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
+
+// TestLoginKeepsTheTokenOutOfURLsAndCookies signs in with the form, the way a browser does, and
+// checks every way in and out: the token is needed, never lands in a URL or a cookie, and a
+// sign-in posted from another site is refused.
+func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
+	const token = "s3cret-token-for-the-ui"
+	d := uitest.Start(t, token)
+
+	code, h, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=certified")
+	if code != http.StatusSeeOther || h.Get("Location") != "/ui/login?next=%2Fui%2Fcounterfactuals%3Fstatus%3Dcertified" {
+		t.Fatalf("without the token: %d to %q, want 303 to the login form naming the page", code, h.Get("Location"))
+	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/", "Authorization", "Bearer wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong bearer token: %d, want 401", code)
+	}
+	if code, _, body := get(t, nil, d.Base+"/ui/", "Authorization", "Bearer "+token); code != 200 || !strings.Contains(body, "<h1>Overview</h1>") {
+		t.Fatalf("the bearer token: %d", code)
+	}
+
+	jar, _ := cookiejar.New(nil)
+	noFollow := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	post := func(path string, form url.Values, origin string) *http.Response {
+		req, _ := http.NewRequest("POST", d.Base+path, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	if resp := post("/ui/login", url.Values{"token": {"wrong"}, "next": {"/ui/events"}}, d.Base); resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Fatalf("a wrong token in the form: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if resp := post("/ui/login", url.Values{"token": {token}}, "http://evil.example"); resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+		t.Fatalf("a sign-in posted from another site: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	// A next that leaves the UI is not followed.
+	resp := post("/ui/login", url.Values{"token": {token}, "next": {"//evil.example/x"}}, d.Base)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/" {
+		t.Fatalf("sign-in with an outside next: %d to %q, want 303 to /ui/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	resp = post("/ui/login", url.Values{"token": {token}, "next": {"/ui/events"}}, d.Base)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/events" {
+		t.Fatalf("sign-in: %d to %q, want 303 to /ui/events", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	cs := resp.Cookies()
+	if len(cs) != 1 || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode || cs[0].Path != "/ui/" ||
+		strings.Contains(cs[0].Value, token) || cs[0].Value == "" {
+		t.Fatalf("session cookie %+v: want one HttpOnly, SameSite=Strict cookie on /ui/ that is not the token", cs)
+	}
+	if code, _, body := get(t, noFollow, d.Base+"/ui/events"); code != 200 || strings.Contains(body, token) {
+		t.Fatalf("with the session cookie: %d (or the page shows the token)", code)
+	}
+	// The cookie opens the UI only: the API still wants the token.
+	req, _ := http.NewRequest("GET", d.Base+"/v1/model", nil)
+	req.AddCookie(cs[0])
+	if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("the API with the UI's cookie: %v %v, want 401", r.StatusCode, err)
+	}
+	post("/ui/logout", nil, d.Base)
+	if code, _, _ := get(t, noFollow, d.Base+"/ui/events"); code != http.StatusSeeOther {
+		t.Fatalf("after sign-out: %d, want 303 to the login form", code)
+	}
+}
+
+// TestPagesShowWhatTheAPIAnswers registers CEs, drifts the model with flipped labels, and holds
+// every page's figures to the JSON API's at the same moment: counts, the list walked page by
+// page and filtered, and each CE's certificate.
+func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
+	d := uitest.Start(t, "")
+	stored := d.Register(t, 120)
+	d.Stream(t, 192, 256)
+
+	var model struct {
+		Version uint64         `json:"posterior_version"`
+		Applied int64          `json:"applied"`
+		Counts  map[string]int `json:"counterfactuals"`
+		KLHist  []struct {
+			Version uint64  `json:"posterior_version"`
+			KL      float64 `json:"kl"`
+		} `json:"kl_history"`
+	}
+	d.JSON(t, "/v1/model", &model)
+	var all []*ledger.CE
+	for after := ""; ; {
+		var page struct {
+			CEs  []*ledger.CE `json:"counterfactuals"`
+			Next string       `json:"next"`
+		}
+		d.JSON(t, "/v1/counterfactuals?limit=1000&after="+url.QueryEscape(after), &page)
+		all = append(all, page.CEs...)
+		if after = page.Next; after == "" {
+			break
+		}
+	}
+	if len(all) != stored {
+		t.Fatalf("the API lists %d CEs; %d were stored", len(all), stored)
+	}
+	statuses := map[string]bool{}
+	for _, ce := range all {
+		statuses[ce.Status.String()+fmt.Sprint(ce.Decided)] = true
+	}
+	t.Logf("posterior version %d, counts %v, kinds %v", model.Version, model.Counts, statuses)
+	if len(statuses) < 2 {
+		t.Fatalf("every CE is %v: the drift made no page worth comparing", statuses)
+	}
+
+	_, _, over := get(t, nil, d.Base+"/ui/")
+	if got := field(t, over, "posterior-version"); got != strconv.FormatUint(model.Version, 10) {
+		t.Errorf("overview: version %s, the API %d", got, model.Version)
+	}
+	if got := field(t, over, "applied"); got != strconv.FormatInt(model.Applied, 10) {
+		t.Errorf("overview: applied %s, the API %d", got, model.Applied)
+	}
+	for _, s := range []string{"certified", "at_risk", "invalidated", "uncertified"} {
+		if got := field(t, over, "count-"+s); got != strconv.Itoa(model.Counts[s]) {
+			t.Errorf("overview: %s %s, the API %d", s, got, model.Counts[s])
+		}
+		decided := 0
+		for _, ce := range all {
+			if ce.Status.String() == s && ce.Decided {
+				decided++
+			}
+		}
+		if got := field(t, over, "decided-"+s); got != strconv.Itoa(decided) {
+			t.Errorf("overview: %s decided %s, the API's CEs %d", s, got, decided)
+		}
+	}
+	if n := strings.Count(over, `class="point"`) + strings.Count(over, `class="over"`); n != len(model.KLHist) {
+		t.Errorf("the timeline marks %d updates; the API's history has %d", n, len(model.KLHist))
+	}
+
+	// The list, page by page, with and without filters, against the API's CEs.
+	walk := func(query string) []string {
+		var ids []string
+		next := "/ui/counterfactuals" + query
+		for pages := 0; next != ""; pages++ {
+			if pages > 100 {
+				t.Fatalf("more than 100 pages for %q", query)
+			}
+			code, _, page := get(t, nil, d.Base+next)
+			if code != 200 {
+				t.Fatalf("GET %s: %d", next, code)
+			}
+			for _, m := range regexp.MustCompile(`<td><a href="/ui/counterfactuals/([^"]+)">`).FindAllStringSubmatch(page, -1) {
+				ids = append(ids, m[1])
+			}
+			next = ""
+			if m := regexp.MustCompile(`rel="next" href="([^"]+)"`).FindStringSubmatch(page); m != nil {
+				next = strings.ReplaceAll(m[1], "&amp;", "&")
+			}
+		}
+		return ids
+	}
+	want := func(keep func(*ledger.CE) bool) []string {
+		var ids []string
+		for _, ce := range all {
+			if keep(ce) {
+				ids = append(ids, ce.ID)
+			}
+		}
+		return ids
+	}
+	for _, c := range []struct {
+		query string
+		keep  func(*ledger.CE) bool
+	}{
+		{"", func(*ledger.CE) bool { return true }},
+		{"?status=certified", func(ce *ledger.CE) bool { return ce.Status.String() == "certified" }},
+		{"?status=at_risk", func(ce *ledger.CE) bool { return ce.Status.String() == "at_risk" }},
+		{"?decided=no", func(ce *ledger.CE) bool { return !ce.Decided }},
+		{"?status=certified&decided=yes", func(ce *ledger.CE) bool { return ce.Status.String() == "certified" && ce.Decided }},
+	} {
+		if got, w := walk(c.query), want(c.keep); !slices.Equal(got, w) {
+			t.Errorf("list %q: %d CEs %v\nthe API: %d %v", c.query, len(got), got, len(w), w)
+		}
+	}
+
+	// Each CE's page and certificate say what the API says, in the words its status allows.
+	for _, ce := range all {
+		_, _, page := get(t, nil, d.Base+"/ui/counterfactuals/"+ce.ID)
+		if got := field(t, page, "p1"); !strings.HasPrefix(got, num(ce.P1)+" from "+strconv.Itoa(ce.Samples)+" draws under posterior version "+strconv.FormatUint(ce.AnchorVersion, 10)) {
+			t.Errorf("%s: p1 %q, the API %v under %d", ce.ID, got, ce.P1, ce.AnchorVersion)
+		}
+		if got := field(t, page, "bound"); !strings.HasPrefix(got, num(ce.Bound)+" ") {
+			t.Errorf("%s: bound %q, the API %v", ce.ID, got, ce.Bound)
+		}
+		status := field(t, page, "status")
+		if !strings.Contains(status, ce.Status.String()) || strings.Contains(status, ", decided") != ce.Decided {
+			t.Errorf("%s: status %q, the API %s decided=%v", ce.ID, status, ce.Status, ce.Decided)
+		}
+		_, _, cert := get(t, nil, d.Base+"/ui/counterfactuals/"+ce.ID+"/certificate")
+		head := field(t, cert, "headline")
+		holds := strings.Contains(head, "holds under the current posterior")
+		if holds != (ce.Status.String() == "certified" && ce.Decided) {
+			t.Errorf("%s (%s, decided=%v): the certificate says %q", ce.ID, ce.Status, ce.Decided, head)
+		}
+		if !ce.Decided && !strings.HasPrefix(head, "No statement") && ce.Status.String() != "uncertified" {
+			t.Errorf("%s (%s, undecided): the certificate says %q, want no statement", ce.ID, ce.Status, head)
+		}
+	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals/no-such-ce"); code != http.StatusNotFound {
+		t.Errorf("an unknown CE: %d, want 404", code)
+	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=bogus"); code != http.StatusBadRequest {
+		t.Errorf("an unknown status filter: %d, want 400", code)
+	}
+}
