@@ -155,6 +155,19 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	}
 	produce(200)
 	v1 := agree(reps)
+	// The web UI's overview shows each replica's place in the cluster as GET /v1/model does.
+	for _, r := range reps {
+		v := r.view(t)
+		_, page := r.get(t, "/ui/")
+		for _, want := range []string{"<dt>this replica</dt><dd>" + v.Replication.Writer + "</dd>",
+			fmt.Sprintf("<dt>the updater (writes the posterior log)</dt><dd>%v</dd>", v.Replication.Updater),
+			fmt.Sprintf("<dt>posterior log entry</dt><dd>%d</dd>", v.Replication.Entry),
+			"<dt>posterior SHA-256</dt><dd>" + v.Replication.SHA + "</dd>"} {
+			if !strings.Contains(string(page), want) {
+				t.Errorf("%s: the UI's overview lacks %q", v.Replication.Writer, want)
+			}
+		}
+	}
 
 	// CEs registered round-robin at the three are each stored by their owner and readable at
 	// every replica; the owners together hold each once.

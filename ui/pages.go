@@ -46,6 +46,24 @@ type page struct {
 	More   bool
 
 	Quality []qualityRow
+	Cluster []qualityRow
+}
+
+// clusterRows are the replication block's fields, in words, in a fixed order: what this replica
+// knows of the cluster (its own place in the posterior log and its share of the CEs).
+func clusterRows(r map[string]any) []qualityRow {
+	var rows []qualityRow
+	for _, k := range []struct{ key, name string }{
+		{"writer", "this replica"}, {"updater", "the updater (writes the posterior log)"}, {"entry", "posterior log entry"},
+		{"term", "term"}, {"offset", "entry's offset in the log"}, {"posterior_sha256", "posterior SHA-256"},
+		{"lag_records", "entries behind the log's end"}, {"topic", "posterior log topic"}, {"covers", "input offsets the posterior covers"},
+		{"ce_partitions", "CE partitions this replica owns"}, {"ce_generation", "CE group generation"}, {"stopped", "stopped"},
+	} {
+		if v, ok := r[k.key]; ok {
+			rows = append(rows, qualityRow{k.name, fmt.Sprint(v)})
+		}
+	}
+	return rows
 }
 
 type qualityRow struct{ Name, Value string }
@@ -164,6 +182,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 		p.Latest = &snap.History[n-1]
 	}
 	p.Quality = qualityRows(snap.Quality)
+	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
 	u.render(w, http.StatusOK, "overview", p)
 }
