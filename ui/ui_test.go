@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -260,6 +261,20 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		}
 		if !ce.Decided && !strings.HasPrefix(head, "No statement") && ce.Status.String() != "uncertified" {
 			t.Errorf("%s (%s, undecided): the certificate says %q, want no statement", ce.ID, ce.Status, head)
+		}
+	}
+	// Every alert's ui_path annotation is a page the UI serves.
+	rules, err := os.ReadFile("../alerts/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := regexp.MustCompile(`(?m)^\s*ui_path: "([^"]+)"`).FindAllStringSubmatch(string(rules), -1)
+	if alerts := strings.Count(string(rules), "- alert: "); len(paths) != alerts {
+		t.Errorf("alerts/rules.yml: %d ui_path annotations for %d alerts", len(paths), alerts)
+	}
+	for _, m := range paths {
+		if code, _, _ := get(t, nil, d.Base+m[1]); code != 200 {
+			t.Errorf("ui_path %s: %d", m[1], code)
 		}
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals/no-such-ce"); code != http.StatusNotFound {
