@@ -191,23 +191,22 @@ func must[T any](v T, err error) T {
 }
 
 func TestNodeThatCannotListenFailsStart(t *testing.T) {
-	// Node 0's socket is a port this test holds (testnet), node 1's port is busy: Start fails
-	// naming node 1, and node 0's socket is closed (connections to its port are refused again).
-	var port *testnet.Port
-	for attempt := 1; port == nil; attempt++ {
-		p := testnet.Reserve(t)
-		_, ps, _ := net.SplitHostPort(p.Addr())
-		busy, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(must(strconv.Atoi(ps))+1)))
-		if err != nil {
-			if attempt == 10 {
-				t.Fatalf("no port found whose successor this test can bind, in 10 tries: %v", err)
-			}
-			continue // its successor is somebody else's: it is busy, but not for sure until Start
-		}
-		defer busy.Close()
-		port = p
+	// Node 0's socket listens on a port below the kernel's ephemeral range (testnet.Unassigned)
+	// and node 1's port, the next one, is busy: Start fails naming node 1, and node 0's socket is
+	// closed (connections to its port are refused again; no other socket takes such a port
+	// unless it names it).
+	base := testnet.Unassigned(t, 2)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(base))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
 	}
-	b, err := broker.Start(context.Background(), broker.Config{Listen: port.Addr(), Listener: port.Listen(t), Nodes: 2, DataDir: t.TempDir()}, nil)
+	busy, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	b, err := broker.Start(context.Background(), broker.Config{Listen: addr, Listener: ln, Nodes: 2, DataDir: t.TempDir()}, nil)
 	if err == nil {
 		b.Close()
 		t.Fatal("Start succeeded with node 1's port taken")
@@ -215,13 +214,13 @@ func TestNodeThatCannotListenFailsStart(t *testing.T) {
 	if !strings.Contains(err.Error(), "node 1") || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("error %q does not name node 1 and the busy port", err)
 	}
-	c, err := net.Dial("tcp", port.Addr())
+	c, err := net.Dial("tcp", addr)
 	if err == nil {
 		c.Close()
-		t.Fatalf("node 0's socket on %s still accepts connections after the failed start", port.Addr())
+		t.Fatalf("node 0's socket on %s still accepts connections after the failed start", addr)
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("dialling node 0's %s after the failed start: %v, want connection refused", port.Addr(), err)
+		t.Fatalf("dialling node 0's %s after the failed start: %v, want connection refused", addr, err)
 	}
 }
 
