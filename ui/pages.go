@@ -32,8 +32,10 @@ type page struct {
 	AppliedAt string
 
 	CEs      []ceRow
+	Classes  []string
 	Filter   listFilter
 	NextURL  string
+	FirstURL string
 	Statuses []string
 
 	CE      *ledger.CE
@@ -95,6 +97,8 @@ type statusCount struct {
 type listFilter struct {
 	Status  string
 	Decided string // "", "yes", "no"
+	Target  string // a class name or index; "": every target
+	Pending string // "yes": a renewal or a verdict is pending; "no": none is; "": either
 	After   string
 }
 
@@ -187,12 +191,12 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	u.render(w, http.StatusOK, "overview", p)
 }
 
-// list shows one page of CEs. The decided filter is applied to the pages the ledger returns, so
-// a page reads ahead (at most ten pages' worth) to fill itself, and its "next" link resumes
-// after the last CE it read.
+// list shows one page of CEs. The filters but status are applied to the pages the ledger
+// returns, so a page reads ahead (at most ten pages' worth) to fill itself, and its "next" link
+// resumes after the last CE it read.
 func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := listFilter{Status: q.Get("status"), Decided: q.Get("decided"), After: q.Get("after")}
+	f := listFilter{Status: q.Get("status"), Decided: q.Get("decided"), Target: q.Get("target"), Pending: q.Get("pending"), After: q.Get("after")}
 	var st certify.Status
 	if f.Status != "" {
 		var err error
@@ -201,14 +205,28 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if f.Decided != "" && f.Decided != "yes" && f.Decided != "no" {
-		u.fail(w, http.StatusBadRequest, fmt.Errorf("decided %q: want yes, no or nothing", f.Decided))
-		return
+	for _, v := range []struct{ key, val string }{{"decided", f.Decided}, {"pending", f.Pending}} {
+		if v.val != "" && v.val != "yes" && v.val != "no" {
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("%s %q: want yes, no or nothing", v.key, v.val))
+			return
+		}
 	}
 	snap, err := u.src.Snapshot(r.Context())
 	if err != nil {
 		u.fail(w, http.StatusInternalServerError, err)
 		return
+	}
+	target := -1
+	if f.Target != "" {
+		if target = classIndex(snap.Classes, f.Target); target < 0 {
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("target %q: the model's classes are %v (or their index)", f.Target, snap.Classes))
+			return
+		}
+	}
+	keep := func(ce *ledger.CE) bool {
+		return (f.Decided == "" || (f.Decided == "yes") == ce.Decided) &&
+			(f.Pending == "" || (f.Pending == "yes") == (ce.RenewalPending || ce.VerdictPending)) &&
+			(target < 0 || ce.Target == target)
 	}
 	size := u.cfg.PageSize
 	var rows []ceRow
@@ -220,36 +238,50 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		read += len(ces)
-		for _, ce := range ces {
+		more = len(ces) == size
+		for i, ce := range ces {
 			after = ce.ID
-			if f.Decided == "" || (f.Decided == "yes") == ce.Decided {
+			if keep(ce) {
 				rows = append(rows, u.row(ce, snap.Classes))
-				if len(rows) == size {
-					break
-				}
+			}
+			if len(rows) == size {
+				more = more || i < len(ces)-1
+				break
 			}
 		}
-		more = len(ces) == size
 		if !more {
 			break
 		}
 	}
-	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap}
+	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap, Classes: snap.Classes}
 	for _, s := range certify.Statuses() {
 		p.Statuses = append(p.Statuses, s.String())
 	}
+	v := url.Values{}
+	for _, kv := range [][2]string{{"status", f.Status}, {"decided", f.Decided}, {"target", f.Target}, {"pending", f.Pending}} {
+		if kv[1] != "" {
+			v.Set(kv[0], kv[1])
+		}
+	}
+	p.FirstURL = "/ui/counterfactuals?" + v.Encode()
 	if more {
-		v := url.Values{}
-		if f.Status != "" {
-			v.Set("status", f.Status)
-		}
-		if f.Decided != "" {
-			v.Set("decided", f.Decided)
-		}
 		v.Set("after", after)
 		p.NextURL = "/ui/counterfactuals?" + v.Encode()
 	}
 	u.render(w, http.StatusOK, "list", p)
+}
+
+// classIndex is the class named s (by name or index), -1 when there is none.
+func classIndex(classes []string, s string) int {
+	for i, c := range classes {
+		if c == s {
+			return i
+		}
+	}
+	if i, err := strconv.Atoi(s); err == nil && i >= 0 && i < max(len(classes), 2) {
+		return i
+	}
+	return -1
 }
 
 func (u *UI) row(ce *ledger.CE, classes []string) ceRow {

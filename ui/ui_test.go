@@ -234,6 +234,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		{"?status=at_risk", func(ce *ledger.CE) bool { return ce.Status.String() == "at_risk" }},
 		{"?decided=no", func(ce *ledger.CE) bool { return !ce.Decided }},
 		{"?status=certified&decided=yes", func(ce *ledger.CE) bool { return ce.Status.String() == "certified" && ce.Decided }},
+		{"?target=benign", func(ce *ledger.CE) bool { return ce.Target == 1 }},
+		{"?target=0&decided=yes", func(ce *ledger.CE) bool { return ce.Target == 0 && ce.Decided }},
+		{"?pending=no", func(ce *ledger.CE) bool { return !ce.RenewalPending && !ce.VerdictPending }},
 	} {
 		if got, w := walk(c.query), want(c.keep); !slices.Equal(got, w) {
 			t.Errorf("list %q: %d CEs %v\nthe API: %d %v", c.query, len(got), got, len(w), w)
@@ -279,6 +282,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals/no-such-ce"); code != http.StatusNotFound {
 		t.Errorf("an unknown CE: %d, want 404", code)
+	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?target=nosuchclass"); code != http.StatusBadRequest {
+		t.Errorf("an unknown target: %d, want 400", code)
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=bogus"); code != http.StatusBadRequest {
 		t.Errorf("an unknown status filter: %d, want 400", code)
