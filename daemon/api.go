@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
@@ -91,6 +93,8 @@ type api struct {
 	predict *inputBudget // http.max_predict_inputs
 	metrics http.Handler
 	log     *slog.Logger // the UI's; nil: slog's default
+	// gatherer is the daemon's registry, read by the UI's overview; nil: not shown there.
+	gatherer prometheus.Gatherer
 }
 
 // endpoint is one route of the API.
@@ -139,7 +143,7 @@ func (a *api) routes() http.Handler {
 		mux.Handle(e.pattern, h)
 	}
 	// The web UI authenticates itself (the token as a bearer header or its session cookie).
-	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha}))
+	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
 }

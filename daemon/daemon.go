@@ -403,7 +403,7 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 		epsilon: cfg.Certify.Epsilon, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
 		verdictAlpha: cfg.Certify.VerdictAlpha},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
-		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log}
+		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg}
 }
 
 // serve runs the API until ctx ends, then drains it for http.shutdown_timeout. With

@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
@@ -15,6 +19,9 @@ import (
 type uiSource struct {
 	a     *api
 	alpha float64 // certify.verdict_alpha
+	// metrics is the daemon's registry, whose gauges the overview evaluates the alerts'
+	// conditions on; nil: no conditions are shown.
+	metrics prometheus.Gatherer
 }
 
 // Snapshot reads GET /v1/model's figures at one posterior version.
@@ -36,6 +43,7 @@ func (s uiSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
 	if err != nil {
 		return ui.Snapshot{}, err
 	}
+	snap.Gauges = s.gauges()
 	snap.Replication = s.a.core.replication(ctx)
 	snap.Quality = s.a.core.prequential()
 	snap.Now = time.Now()
@@ -58,3 +66,35 @@ func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 }
 
 func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.Outbox(0, n) }
+
+// gauges reads every gauge and counter of the registry by series (see ui.Snapshot.Gauges); nil
+// when there is no registry or it cannot be read (the overview then shows no conditions).
+func (s uiSource) gauges() map[string]float64 {
+	if s.metrics == nil {
+		return nil
+	}
+	mfs, err := s.metrics.Gather()
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			if len(m.GetLabel()) > 0 {
+				var ls []string
+				for _, l := range m.GetLabel() {
+					ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+				}
+				key += "{" + strings.Join(ls, ",") + "}"
+			}
+			switch {
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}

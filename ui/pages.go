@@ -47,8 +47,10 @@ type page struct {
 	Events []eventRow
 	More   bool
 
-	Quality []qualityRow
-	Cluster []qualityRow
+	Quality    []qualityRow
+	Cluster    []qualityRow
+	Conditions []conditionRow
+	Gauges     bool // the conditions were evaluated
 }
 
 // clusterRows are the replication block's fields, in words, in a fixed order: what this replica
@@ -186,6 +188,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 		p.Latest = &snap.History[n-1]
 	}
 	p.Quality = qualityRows(snap.Quality)
+	p.Conditions, p.Gauges = holding(snap.Gauges, snap.Now), snap.Gauges != nil
 	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
 	u.render(w, http.StatusOK, "overview", p)

@@ -37,6 +37,10 @@ type Snapshot struct {
 	Replication map[string]any
 	// Quality is GET /v1/model's prequential block, nil before the first scored increment.
 	Quality map[string]any
+	// Gauges are the daemon's own metrics at the time of the snapshot, by series: the name, with
+	// its labels in braces when it has some (`cfguard_counterfactuals{status="at_risk"}`). The
+	// overview evaluates the alerts' conditions on them. Nil: not known.
+	Gauges map[string]float64
 	// Now is when the snapshot was read.
 	Now time.Time
 }

@@ -190,6 +190,14 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 			t.Errorf("overview: %s decided %s, the API's CEs %d", s, got, decided)
 		}
 	}
+	// The alert conditions the overview lists are those the daemon's gauges make true.
+	holding := field(t, over, "holding")
+	if atRisk := model.Counts["at_risk"] > 0; atRisk != strings.Contains(holding, "CfguardCounterfactualsAtRisk") {
+		t.Errorf("overview: %d at_risk, the conditions listed: %q", model.Counts["at_risk"], holding)
+	}
+	if inv := model.Counts["invalidated"] > 0; inv != strings.Contains(holding, "CfguardCounterfactualsInvalidated") {
+		t.Errorf("overview: %d invalidated, the conditions listed: %q", model.Counts["invalidated"], holding)
+	}
 	if n := strings.Count(over, `class="point"`) + strings.Count(over, `class="over"`); n != len(model.KLHist) {
 		t.Errorf("the timeline marks %d updates; the API's history has %d", n, len(model.KLHist))
 	}

@@ -1,0 +1,96 @@
+package ui
+
+import (
+	"fmt"
+	"time"
+)
+
+// condition is the instant part of an alert of alerts/rules.yml, evaluated on the daemon's own
+// gauges (Snapshot.Gauges, read from its metrics registry): what Prometheus would see if it
+// scraped now. An alert fires once its condition has held for the rule's `for` time (and, for
+// the rate rules, over its window), which the daemon does not wait for: the overview says so.
+type condition struct {
+	Alert string
+	// holds reports whether the condition holds and, when it does, what it shows in words.
+	holds func(g map[string]float64, now time.Time) (bool, string)
+	Path  string // the alert's ui_path
+}
+
+// conditions are the alerts whose condition the daemon's gauges decide at an instant. The rate
+// rule (CfguardDeadLetterRateHigh) and the counter rule (CfguardReplicationUnauthenticated) need
+// a window of samples and are not here.
+var conditions = []condition{
+	{"CfguardKLOverBudget", func(g map[string]float64, now time.Time) (bool, string) {
+		t := g["cfguard_kl_breach_last_timestamp_seconds"]
+		return t > 0 && float64(now.Unix())-t < 900, "an update exceeded the KL budget at " + unix(t)
+	}, "/ui/"},
+	{"CfguardCounterfactualsInvalidated", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g[`cfguard_counterfactuals{status="invalidated"}`]
+		return n > 0, fmt.Sprintf("%g counterfactuals are invalidated", n)
+	}, "/ui/counterfactuals?status=invalidated"},
+	{"CfguardCounterfactualsAtRisk", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g[`cfguard_counterfactuals{status="at_risk"}`]
+		return n > 0, fmt.Sprintf("%g counterfactuals are at risk (the alert waits for 30 minutes of it)", n)
+	}, "/ui/counterfactuals?status=at_risk"},
+	{"CfguardRenewalBehind", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g["cfguard_counterfactuals_renewal_pending"]
+		return n > 0, fmt.Sprintf("%g certificates wait for renewal (the alert waits for 30 minutes of it)", n)
+	}, "/ui/counterfactuals?status=certified&decided=no"},
+	{"CfguardIngestStalled", func(g map[string]float64, now time.Time) (bool, string) {
+		t, lag := g["cfguard_last_ingest_timestamp_seconds"], g["cfguard_consumer_lag_records"]
+		return float64(now.Unix())-t > 900 && lag > 0, fmt.Sprintf("%g records wait; the last were applied at %s", lag, unix(t))
+	}, "/ui/"},
+	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
+		return g["cfguard_checkpoint_failing"] > 0, "the last checkpoint failed: nothing is applied until one succeeds"
+	}, "/ui/"},
+	{"CfguardTopicReset", func(g map[string]float64, _ time.Time) (bool, string) {
+		return g["cfguard_consumer_topic_mismatch"] > 0, "the input topic no longer holds the offsets the ledger read up to"
+	}, "/ui/"},
+	{"CfguardOutboxBacklog", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g["cfguard_events_pending"]
+		return n > 10000, fmt.Sprintf("%g events wait to be published", n)
+	}, "/ui/events"},
+	{"CfguardPosteriorLogStopped", func(g map[string]float64, _ time.Time) (bool, string) {
+		return g["cfguard_posterior_log_stopped"] > 0, "this replica stopped following the posterior log"
+	}, "/ui/"},
+	{"CfguardPosteriorLogBehind", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g["cfguard_posterior_log_lag_records"]
+		return n > 0, fmt.Sprintf("this replica is %g entries behind the posterior log (the alert waits for 10 minutes of it)", n)
+	}, "/ui/"},
+	{"CfguardModelQualityDegraded", func(g map[string]float64, now time.Time) (bool, string) {
+		t := g["cfguard_prequential_last_change_timestamp_seconds"]
+		return t > 0 && float64(now.Unix())-t < 3600, "the served model's quality dropped (change detected at " + unix(t) + ")"
+	}, "/ui/"},
+}
+
+// conditionRow is one condition that holds now.
+type conditionRow struct{ Alert, Says, Path, Runbook string }
+
+// holding lists the conditions that hold on gauges g at now.
+func holding(g map[string]float64, now time.Time) []conditionRow {
+	var out []conditionRow
+	for _, c := range conditions {
+		if ok, says := c.holds(g, now); ok {
+			out = append(out, conditionRow{Alert: c.Alert, Says: says, Path: c.Path,
+				Runbook: "https://github.com/cfguard/cfguard/blob/main/docs/RUNBOOK.md#" + lower(c.Alert)})
+		}
+	}
+	return out
+}
+
+func unix(t float64) string {
+	if t <= 0 {
+		return "never"
+	}
+	return time.Unix(int64(t), 0).UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,58 @@
+package ui
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The conditions are the alerts' instant parts: each names an alert of alerts/rules.yml with
+// the same ui_path, and holds exactly when the rule's expression would on these gauges.
+func TestConditionsFollowTheRules(t *testing.T) {
+	rules, err := os.ReadFile("../alerts/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?s)- alert: (\w+).*?ui_path: "([^"]+)"`).FindAllStringSubmatch(string(rules), -1) {
+		paths[m[1]] = m[2]
+	}
+	for _, c := range conditions {
+		if p, ok := paths[c.Alert]; !ok || p != c.Path {
+			t.Errorf("condition %s: alerts/rules.yml has ui_path %q (found %v), the condition %q", c.Alert, p, ok, c.Path)
+		}
+	}
+	now := time.Unix(1_800_000_000, 0)
+	at := func(ago time.Duration) float64 { return float64(now.Add(-ago).Unix()) }
+	for _, tc := range []struct {
+		name   string
+		gauges map[string]float64
+		want   []string
+	}{
+		{"healthy", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Minute), `cfguard_counterfactuals{status="certified"}`: 10}, nil},
+		{"a breach 14 minutes ago", map[string]float64{"cfguard_kl_breach_last_timestamp_seconds": at(14 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardKLOverBudget"}},
+		{"a breach 16 minutes ago", map[string]float64{"cfguard_kl_breach_last_timestamp_seconds": at(16 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
+		{"statuses", map[string]float64{`cfguard_counterfactuals{status="invalidated"}`: 1, `cfguard_counterfactuals{status="at_risk"}`: 2,
+			"cfguard_counterfactuals_renewal_pending": 3, "cfguard_last_ingest_timestamp_seconds": at(0)},
+			[]string{"CfguardCounterfactualsInvalidated", "CfguardCounterfactualsAtRisk", "CfguardRenewalBehind"}},
+		{"stalled with records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(16 * time.Minute), "cfguard_consumer_lag_records": 5}, []string{"CfguardIngestStalled"}},
+		{"quiet, nothing waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Hour)}, nil},
+		{"failures", map[string]float64{"cfguard_checkpoint_failing": 1, "cfguard_consumer_topic_mismatch": 1, "cfguard_events_pending": 10001,
+			"cfguard_posterior_log_stopped": 1, "cfguard_posterior_log_lag_records": 1, "cfguard_last_ingest_timestamp_seconds": at(0)},
+			[]string{"CfguardCheckpointFailing", "CfguardTopicReset", "CfguardOutboxBacklog", "CfguardPosteriorLogStopped", "CfguardPosteriorLogBehind"}},
+		{"quality dropped 59 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(59 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardModelQualityDegraded"}},
+		{"quality dropped 61 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(61 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, r := range holding(tc.gauges, now) {
+				got = append(got, r.Alert)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("holding %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
