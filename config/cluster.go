@@ -46,7 +46,7 @@ var scopes = map[string]Scope{
 	"kafka.embedded_retention": Local, "kafka.embedded_retention_bytes": Local,
 	"kafka.embedded_max_connections": Local, "kafka.embedded_idle_timeout": Local,
 	"kafka.embedded_request_timeout": Local,
-	"kafka.tls.enabled": Local, "kafka.tls.ca_file": Local, "kafka.tls.cert_file": Local,
+	"kafka.tls.enabled":              Local, "kafka.tls.ca_file": Local, "kafka.tls.cert_file": Local,
 	"kafka.tls.key_file": Local, "kafka.tls.insecure_skip_verify": Local,
 	"kafka.sasl.mechanism": Local, "kafka.sasl.username": Local, "kafka.sasl.password": Local,
 	// The topics and groups the cluster shares, and what makes an increment (its boundaries
