@@ -1,6 +1,8 @@
 package config
 
 import (
+	"encoding"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -146,4 +148,69 @@ func settingText(v reflect.Value) string {
 		return x.String()
 	}
 	return fmt.Sprint(v.Interface())
+}
+
+// WithSettings is a copy of c with the cluster-wide keys of settings (another replica's
+// ClusterSettings, as a posterior log's genesis records them) set to their values; keys that are
+// not cluster-wide keys of Config (derived ones such as model.sha256) are left out. It returns
+// the keys whose value changed, sorted. The copy is validated.
+func (c *Config) WithSettings(settings map[string]string) (*Config, []string, error) {
+	out := *c
+	var changed []string
+	var errs []error
+	mine := c.ClusterSettings()
+	walkKeys(reflect.ValueOf(&out).Elem(), "", func(key string, v reflect.Value) {
+		text, ok := settings[key]
+		if !ok || scopes[key] != Cluster || text == mine[key] {
+			return
+		}
+		if err := setText(v, text); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q: %w", key, text, err))
+			return
+		}
+		changed = append(changed, key)
+	})
+	if len(errs) > 0 {
+		return nil, nil, fmt.Errorf("the recorded settings do not fit this build's configuration: %w", errors.Join(errs...))
+	}
+	if err := out.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("with the recorded settings: %w", err)
+	}
+	slices.Sort(changed)
+	return &out, changed, nil
+}
+
+// setText is settingText's inverse.
+func setText(v reflect.Value, text string) error {
+	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
+		return u.UnmarshalText([]byte(text))
+	}
+	if _, ok := v.Interface().(time.Duration); ok {
+		d, err := time.ParseDuration(text)
+		v.SetInt(int64(d))
+		return err
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(text)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(text)
+		v.SetBool(b)
+		return err
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		n, err := strconv.ParseInt(text, 10, 64)
+		v.SetInt(n)
+		return err
+	case reflect.Uint, reflect.Uint64, reflect.Uint32:
+		n, err := strconv.ParseUint(text, 10, 64)
+		v.SetUint(n)
+		return err
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(text, 64)
+		v.SetFloat(f)
+		return err
+	default:
+		return fmt.Errorf("a %s cannot be set from text", v.Type())
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -54,5 +55,34 @@ func TestClusterSettings(t *testing.T) {
 	}
 	if sa["certify.delta"] != "0.1" || sb["certify.mode"] != "tight" || sa["kafka.max_wait"] != a.Kafka.MaxWait.String() {
 		t.Fatalf("values rendered as %q, %q, %q", sa["certify.delta"], sb["certify.mode"], sa["kafka.max_wait"])
+	}
+}
+
+// WithSettings sets every cluster key from another configuration's text, and nothing else.
+func TestWithSettingsRoundTrips(t *testing.T) {
+	other, err := Load("certify:\n  delta: 0.2\n  mode: tight\n  precision: float32\n  on_breach: clip\n" +
+		"update:\n  solver: adam\n  learning_rate: 0.001\n  seed: 7\nkafka:\n  max_wait: 750ms\n  topic: in\n" +
+		"model:\n  dataset: german_credit\nexplain:\n  reissue: invalidated\nhttp:\n  listen: 127.0.0.1:9\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := Default()
+	got, changed, err := mine.WithSettings(other.ClusterSettings())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got.ClusterSettings(), other.ClusterSettings()) {
+		t.Fatalf("after WithSettings:\n%v\nwant\n%v", got.ClusterSettings(), other.ClusterSettings())
+	}
+	want := []string{"certify.delta", "certify.mode", "certify.on_breach", "certify.precision", "explain.reissue", "kafka.max_wait",
+		"kafka.topic", "model.dataset", "update.learning_rate", "update.seed", "update.solver"}
+	if !slices.Equal(changed, want) {
+		t.Fatalf("changed %v, want %v", changed, want)
+	}
+	if got.HTTP.Listen != mine.HTTP.Listen || mine.Certify.Delta == got.Certify.Delta {
+		t.Fatalf("a local key moved (%s) or the receiver changed (delta %v)", got.HTTP.Listen, mine.Certify.Delta)
+	}
+	if _, _, err := mine.WithSettings(map[string]string{"certify.delta": "a lot"}); err == nil || !strings.Contains(err.Error(), "certify.delta") {
+		t.Fatalf("a bad value: %v", err)
 	}
 }

@@ -23,6 +23,11 @@ type Head struct {
 	Covers  map[int]int64 `json:"covers,omitempty"`
 	// PosteriorSHA256 is the posterior's hash at this entry.
 	PosteriorSHA256 string `json:"posterior_sha256"`
+	// GenesisOffset and GenesisHash locate the genesis the chain started from, whose settings
+	// a replica checks at every start. GenesisHash is empty in heads stored before they were
+	// kept: the genesis is then found by playing the log from its start.
+	GenesisOffset int64  `json:"genesis_offset,omitempty"`
+	GenesisHash   string `json:"genesis_hash,omitempty"`
 }
 
 // Reason says why a record was not accepted (or that it was).
@@ -137,10 +142,15 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	next := &Head{Seq: e.Seq, Hash: hex.EncodeToString(h[:]), Offset: offset, Term: e.Term, Version: e.Version,
 		Covers: maps.Clone(e.Covers), PosteriorSHA256: e.PosteriorSHA256}
 	switch e.Kind {
+	case Genesis:
+		next.GenesisOffset, next.GenesisHash = offset, next.Hash
 	case Claim:
 		next.Writer = e.Writer
 	case Increment:
 		next.Writer = c.head.Writer // the term's claimant
+	}
+	if e.Kind != Genesis {
+		next.GenesisOffset, next.GenesisHash = c.head.GenesisOffset, c.head.GenesisHash
 	}
 	// A genesis opens no term: term 0 has no claimant, and nobody writes increments in it.
 	c.head = next

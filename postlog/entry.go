@@ -75,6 +75,11 @@ type Entry struct {
 	PosteriorSHA256 string `json:"posterior_sha256"`
 	// Body is genesis only: the whole first posterior.
 	Body *Body `json:"body,omitempty"`
+	// Settings is genesis only: the cluster-wide settings (config.ClusterSettings and the
+	// derived keys model.sha256, schema.features, schema.classes) of the replica that wrote
+	// it, which every replica must share to join. Part of the value bytes, so the entry's
+	// authenticator covers them. Absent in a genesis of a log written before it was recorded.
+	Settings map[string]string `json:"settings,omitempty"`
 	// Build and Generation are claim only, for forensics: the writer's build and the consumer
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
