@@ -67,6 +67,8 @@ type replica struct {
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
+	settings map[string]string     // this replica's cluster-wide settings (clusterSettings)
+	refused  error                 // why it did not join (a *settingsError), nil when it did
 
 	updater atomic.Bool
 }
@@ -111,6 +113,9 @@ func newReplica(d *Daemon) (*replica, error) {
 func (r *replica) join(ctx context.Context) error {
 	d := r.d
 	var err error
+	if r.settings, err = clusterSettings(d.cfg); err != nil {
+		return err
+	}
 	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
 		return err
 	}
@@ -128,6 +133,13 @@ func (r *replica) join(ctx context.Context) error {
 			return err
 		}
 		if err := r.checkHead(ctx, head); err != nil {
+			return err
+		}
+		g, at, err := r.genesisOf(ctx, head)
+		if err != nil {
+			return err
+		}
+		if err := r.checkSettings(g, at); err != nil {
 			return err
 		}
 		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
@@ -222,7 +234,7 @@ func (r *replica) genesis(ctx context.Context) error {
 				return err
 			}
 			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
-				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body}
+				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body, Settings: r.settings}
 			v, err := e.Encode()
 			if err != nil {
 				return err
@@ -255,6 +267,9 @@ func (r *replica) genesis(ctx context.Context) error {
 		if reason != postlog.Accepted {
 			r.m.Ignored.WithLabelValues(string(reason)).Inc()
 			continue
+		}
+		if err := r.checkSettings(e, rec.Offset); err != nil {
+			return err
 		}
 		m, err := e.Body.Model(e.PosteriorSHA256)
 		if err != nil {
