@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"time"
@@ -35,6 +36,17 @@ type verifyReport struct {
 	// Unauthenticated are the records whose authenticator does not verify under the cluster
 	// key: every replica ignored them too (also counted in Ignored).
 	Unauthenticated []verifyProblem `json:"unauthenticated"`
+	// Settings says whose update.*, certify.* and kafka.* settings re-executed the increments.
+	Settings verifySettings `json:"settings"`
+}
+
+// verifySettings: the log's (its genesis records them) or the file's (a genesis written
+// without them).
+type verifySettings struct {
+	From string `json:"from"` // "genesis at offset N", or "file"
+	// DifferFromFile are the cluster-wide keys whose value in the log differs from --config's:
+	// the log's were used.
+	DifferFromFile []string `json:"differ_from_file"`
 }
 
 type verifyProblem struct {
@@ -47,9 +59,10 @@ type verifyProblem struct {
 // increments from the input records they cover: for each, the records of kafka.topic in the
 // covered ranges, decoded with the model's schema and kafka.max_record_bytes, sorted by
 // (partition, offset), through update.LastLayer with the entry's seed and the configuration's
-// update.* and certify.* keys. It reports every increment whose records, KL or posterior hash
+// update.*, certify.* and kafka.* settings the log's genesis records (the --config file's when
+// it records none). It reports every increment whose records, KL or posterior hash
 // differ from the entry's. Re-execution is bit-identical only on the build, GOARCH and engine that
-// wrote the entry, and with the updater's update.* and certify.* settings. Records that do not
+// wrote the entry. Records that do not
 // authenticate under replication.key_file are listed, and ignored as every replica ignores them. An
 // increment that covers offsets past the input topic's end is a mismatch (and ignored, as every
 // replica refuses it), not input past retention.
@@ -101,7 +114,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
 	defer v.close()
-	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}}
+	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
 	chain := postlog.NewChain(keys)
 	var m *bnn.Model
 	progress := time.Now()
@@ -149,6 +162,9 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if m, err = e.Body.Model(e.PosteriorSHA256); err != nil {
 				return err
 			}
+			if err := v.useSettings(cfg, e, rec.Offset, &rep.Settings, log); err != nil {
+				return err
+			}
 			continue
 		case postlog.Claim:
 			continue
@@ -185,6 +201,25 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if len(rep.Mismatches) > 0 {
 		return fmt.Errorf("%d increments do not match the input records they cover (%d re-executed)", len(rep.Mismatches), rep.Increments)
 	}
+	return nil
+}
+
+// useSettings makes the verifier re-execute with the settings the genesis e (at offset)
+// records, which decided the increments, whatever the file's are; a genesis written without
+// settings leaves the file's, with a warning.
+func (v *verifier) useSettings(file *config.Config, e *postlog.Entry, offset int64, rs *verifySettings, log *slog.Logger) error {
+	if len(e.Settings) == 0 {
+		log.Warn("the posterior log's genesis records no settings: re-executing with the file's update.*, certify.* and kafka.* (they must be the updater's)",
+			"genesis_offset", offset)
+		return nil
+	}
+	cfg, changed, err := file.WithSettings(e.Settings)
+	if err != nil {
+		return fmt.Errorf("the settings of the posterior log's genesis (offset %d): %w", offset, err)
+	}
+	v.cfg, v.budget = cfg, certify.KLBudget(cfg.Certify.Delta)
+	rs.From, rs.DifferFromFile = fmt.Sprintf("genesis at offset %d", offset), changed
+	log.Info("re-executing with the settings the posterior log's genesis records", "genesis_offset", offset, "differ_from_file", changed)
 	return nil
 }
 
