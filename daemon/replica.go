@@ -113,7 +113,7 @@ func newReplica(d *Daemon) (*replica, error) {
 func (r *replica) join(ctx context.Context) error {
 	d := r.d
 	var err error
-	if r.settings, err = clusterSettings(d.cfg); err != nil {
+	if r.settings, err = ClusterSettings(d.cfg); err != nil {
 		return err
 	}
 	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
@@ -301,7 +301,8 @@ func (r *replica) head() *postlog.Head {
 
 // follow plays the log from the follower's position until ctx ends. An entry it cannot apply
 // (an unknown format, a posterior that does not hash to its entry) stops following: the replica
-// keeps serving the last version it verified, and /readyz says why.
+// keeps serving the last version it verified, and /readyz says why. It goes on reading: a new
+// epoch that moves past that entry (cfguard new-epoch) resumes it.
 func (r *replica) follow(ctx context.Context) error {
 	r.mu.Lock()
 	from := r.read
@@ -335,14 +336,17 @@ func (r *replica) follow(ctx context.Context) error {
 				return nil
 			}
 			r.mu.Lock()
-			r.stopped = err
+			if r.chain.Stuck() == nil {
+				r.chain.Block(rec)
+			}
+			r.stopped = fmt.Errorf("%w (offset %d of %s; once every replica runs a build that reads it, or after cfguard new-epoch "+
+				"moves the log past it, the replicas resume: see docs/RUNBOOK.md)", err, rec.Offset, r.plog.Topic())
+			r.read = rec.Offset + 1
 			close(r.changed)
 			r.changed = make(chan struct{})
 			r.mu.Unlock()
 			r.m.Stopped.Set(1)
 			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
-			<-ctx.Done()
-			return nil
 		}
 	}
 }
@@ -384,6 +388,20 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		return err
 	}
 	switch e.Kind {
+	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
+		if err := r.checkSettings(e, rec.Offset); err != nil {
+			return err
+		}
+		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		resumed := r.stopped != nil
+		r.stopped = nil
+		r.mu.Unlock()
+		r.m.Stopped.Set(0)
+		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
+			"writer", e.Writer, "resumed", resumed, "covers", e.Covers)
 	case postlog.Claim:
 		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
 			return err
@@ -552,7 +570,10 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 		}
 		fork := chain.Fork()
 		e, reason, err := fork.Offer(rec)
-		if err != nil {
+		switch {
+		case errors.Is(err, postlog.ErrUnknownFormat):
+			chain = fork // stopped there until a new epoch moves past it, as the follower
+		case err != nil:
 			return nil, err
 		}
 		if reason == postlog.Accepted {
@@ -562,7 +583,10 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 				return nil, err
 			}
 		}
-		if reason == postlog.Accepted {
+		// A new epoch keeps the head's posterior: nothing to apply.
+		if reason == postlog.Accepted && e.Kind == postlog.Genesis && e.Epoch > 0 {
+			chain = fork
+		} else if reason == postlog.Accepted {
 			chain = fork
 			if e.Kind == postlog.Genesis {
 				m, err = e.Body.Model(e.PosteriorSHA256)

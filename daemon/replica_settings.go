@@ -28,10 +28,11 @@ const (
 	settingClasses  = "schema.classes"
 )
 
-// clusterSettings are this replica's cluster-wide settings: its file's and the starting model
-// and data schema it names. A model file is read and hashed; a bundled data set is read, not
-// trained on.
-func clusterSettings(cfg *config.Config) (map[string]string, error) {
+// ClusterSettings are the cluster-wide settings of a replica with configuration cfg, as a
+// posterior log's genesis records them: the file's (config.ClusterSettings) and the starting
+// model and data schema it names. A model file is read and hashed; a bundled data set is read,
+// not trained on.
+func ClusterSettings(cfg *config.Config) (map[string]string, error) {
 	s := cfg.ClusterSettings()
 	var features, classes []string
 	if cfg.Model.Path != "" {
@@ -155,9 +156,18 @@ func (r *replica) genesisOf(ctx context.Context, h *postlog.Head) (*postlog.Entr
 		if err != nil {
 			return nil, 0, fmt.Errorf("reading the genesis of the posterior log %s (from offset %d): %w", r.plog.Topic(), from, err)
 		}
-		if h.GenesisHash != "" && hashHex(rec.Value) != h.GenesisHash {
-			return nil, 0, fmt.Errorf("the posterior log %s no longer holds the genesis this replica followed at offset %d (sha256 %s): "+
-				"move state_dir aside and restart, the replica rebuilds from the log", r.plog.Topic(), from, h.GenesisHash)
+		if h.GenesisHash != "" {
+			// The genesis of the head's epoch, which a chain from the start would reach only by
+			// playing the whole log: checked by its hash and authenticator.
+			if rec.Offset != from || hashHex(rec.Value) != h.GenesisHash {
+				return nil, 0, fmt.Errorf("the posterior log %s no longer holds the genesis this replica followed at offset %d (sha256 %s): "+
+					"move state_dir aside and restart, the replica rebuilds from the log", r.plog.Topic(), from, h.GenesisHash)
+			}
+			if err := postlog.Authenticate(r.keys, rec); err != nil {
+				return nil, 0, fmt.Errorf("the genesis of the posterior log %s at offset %d: %w", r.plog.Topic(), from, err)
+			}
+			e, err := postlog.Decode(rec.Value)
+			return e, from, err
 		}
 		e, reason, err := chain.Offer(rec)
 		if err != nil {
@@ -165,9 +175,6 @@ func (r *replica) genesisOf(ctx context.Context, h *postlog.Head) (*postlog.Entr
 		}
 		if reason == postlog.Accepted {
 			return e, rec.Offset, nil
-		}
-		if h.GenesisHash != "" {
-			return nil, 0, fmt.Errorf("the genesis of the posterior log %s at offset %d is not accepted (%s)", r.plog.Topic(), from, reason)
 		}
 		if rec.Offset >= h.Offset {
 			return nil, 0, errors.New("no genesis accepted before the head this replica followed")

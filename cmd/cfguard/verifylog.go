@@ -36,6 +36,9 @@ type verifyReport struct {
 	// Unauthenticated are the records whose authenticator does not verify under the cluster
 	// key: every replica ignored them too (also counted in Ignored).
 	Unauthenticated []verifyProblem `json:"unauthenticated"`
+	// Stopped are the authenticated records the replicas could not apply (an unknown format),
+	// each followed by the new epoch that moved past it, if one did.
+	Stopped []verifyProblem `json:"stopped"`
 	// Settings says whose update.*, certify.* and kafka.* settings re-executed the increments.
 	Settings verifySettings `json:"settings"`
 }
@@ -114,7 +117,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
 	defer v.close()
-	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
+	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}, Stopped: []verifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
 	chain := postlog.NewChain(keys)
 	var m *bnn.Model
 	progress := time.Now()
@@ -132,6 +135,13 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		fork := chain.Fork()
 		e, reason, err := fork.Offer(rec)
+		if errors.Is(err, postlog.ErrUnknownFormat) {
+			// The replicas stop here until a new epoch moves past it (cfguard new-epoch).
+			chain = fork
+			rep.Stopped = append(rep.Stopped, verifyProblem{Offset: rec.Offset, Why: err.Error()})
+			rep.Ignored["unknown_format"]++
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -159,8 +169,12 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		rep.Entries++
 		switch e.Kind {
 		case postlog.Genesis:
-			if m, err = e.Body.Model(e.PosteriorSHA256); err != nil {
+			g, err := e.Body.Model(e.PosteriorSHA256)
+			if err != nil {
 				return err
+			}
+			if e.Epoch == 0 { // a new epoch goes on with the head's posterior, which its body is
+				m = g
 			}
 			if err := v.useSettings(cfg, e, rec.Offset, &rep.Settings, log); err != nil {
 				return err
@@ -197,6 +211,10 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if rep.Entries == 0 && len(rep.Unauthenticated) > 0 {
 		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s: give verify-log the cluster's key file",
 			len(rep.Unauthenticated), plog.Topic(), keys.Source())
+	}
+	if p := chain.Stuck(); p != nil {
+		return fmt.Errorf("the replicas are stopped at offset %d of %s, a record they cannot apply: upgrade cfguard, or move the log past it with "+
+			"cfguard new-epoch (docs/RUNBOOK.md)", p.Offset, plog.Topic())
 	}
 	if len(rep.Mismatches) > 0 {
 		return fmt.Errorf("%d increments do not match the input records they cover (%d re-executed)", len(rep.Mismatches), rep.Increments)
