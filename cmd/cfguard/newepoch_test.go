@@ -146,3 +146,20 @@ func offsetOf(t *testing.T, plog *postlog.Log, from int64, value []byte) int64 {
 		}
 	}
 }
+
+// Without the cluster key there is no epoch any replica would accept: new-epoch refuses before
+// it connects, naming the key.
+func TestNewEpochRefusesWithoutAKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte("kafka:\n  brokers: [127.0.0.1:1]\nreplication:\n  enabled: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := runCLI(t, "new-epoch", "--config", p)
+	if code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch without a key file: exit %d, %s", code, errs)
+	}
+	if code, _, errs := runCLI(t, "new-epoch", "--config", p, "--force"); code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch --force without a key file: exit %d, %s", code, errs)
+	}
+}
