@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
@@ -8,8 +10,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // refusedWith waits until r's /readyz answers 503 and returns its body.
@@ -108,5 +114,50 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	body = refusedWith(t, again)
 	if !strings.Contains(body, "update.seed: this replica 9, the cluster's log 1 (genesis at offset 0") {
 		t.Fatalf("/readyz of the restarted replica: %s", body)
+	}
+}
+
+// A genesis written without settings (a log begun before they were recorded) is followed with a
+// WARN that the settings cannot be checked, whatever the replica's file says: refusing it would
+// stop every replica of such a cluster at its upgrade.
+func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	keys, err := clusterkey.Load(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := bnn.New(30, []int{8}, []string{"malignant", "benign"}, 1, rand.New(rand.NewPCG(3, 4)))
+	body, err := postlog.NewBody(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := postlog.PosteriorHash(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plog, err := postlog.Open(t.Context(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	g := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body}
+	v, err := g.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(t.Context(), "genesis", v); err != nil {
+		t.Fatal(err)
+	}
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Certify.Delta = 0.2
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	if got := r.d.rep.head().PosteriorSHA256; got != sha {
+		t.Fatalf("posterior %s, the genesis's %s", got, sha)
+	}
+	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {
+		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.logs.String())
 	}
 }

@@ -3,6 +3,7 @@ package postlog
 import (
 	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -74,5 +75,25 @@ func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
 	}
 	if _, r, _ := c.Offer(signed(8, l.value(l.claim(ev, ee, head.Term+1, "b/1")))); r != Accepted {
 		t.Fatalf("a claim after the epoch: %s", r)
+	}
+}
+
+// The settings a genesis records are part of its value bytes: changing one breaks its
+// authenticator, so a replica cannot be made to accept other settings by editing the record.
+func TestSettingsAreAuthenticated(t *testing.T) {
+	l, g := newTestLog(t)
+	g.Settings = map[string]string{"certify.delta": "0.05", "certify.mode": "paper"}
+	v := l.value(g)
+	rec := signed(0, v)
+	if err := Authenticate(testKeys(), rec); err != nil {
+		t.Fatal(err)
+	}
+	forged := []byte(strings.Replace(string(v), `"certify.delta":"0.05"`, `"certify.delta":"0.2"`, 1))
+	if string(forged) == string(v) {
+		t.Fatal("the settings are not in the value bytes")
+	}
+	rec.Value = forged
+	if _, r, _ := NewChain(testKeys()).Offer(rec); r != Unauthenticated {
+		t.Fatalf("a genesis whose settings were changed after signing: %s", r)
 	}
 }
