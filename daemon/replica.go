@@ -778,7 +778,10 @@ func (r *replica) runUpdaterGroup(ctx context.Context) error {
 // lead is the updater's work in one generation: claim the next term unless the head is already
 // this writer's, then ingest until the generation ends or an entry loses. Returning ends the
 // generation (kafka-go's Generation.Start), so a replica that lost rejoins and the group's next
-// generation decides again.
+// generation decides again. While the follower is stopped at an entry it cannot apply, the
+// updater keeps its generation and waits for a new epoch (or a restart on a build that reads
+// the entry): returning would end the generation at once, and the group would go through
+// generations as fast as it can rebalance for as long as the log stays stopped.
 func (r *replica) lead(ctx context.Context, generation int32) {
 	r.updater.Store(true)
 	r.m.Updater.Set(1)
@@ -786,9 +789,48 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 		r.updater.Store(false)
 		r.m.Updater.Set(0)
 	}()
+	for {
+		if err := r.awaitFollowing(ctx); err != nil {
+			return
+		}
+		if !r.leadTerm(ctx, generation) {
+			return
+		}
+		r.lg.Warn("updater: the posterior log stopped; keeping the updater role until a new epoch moves past the entry (see /readyz)")
+	}
+}
+
+// isStopped reports whether the follower is stopped at an entry it cannot apply.
+func (r *replica) isStopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped != nil
+}
+
+// awaitFollowing waits while the follower is stopped at an entry it cannot apply; it returns
+// ctx's error when ctx ends first.
+func (r *replica) awaitFollowing(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		stopped, ch := r.stopped, r.changed
+		r.mu.Unlock()
+		if stopped == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// leadTerm claims a term and ingests in it (lead). It reports whether it ended because the
+// follower stopped, the updater's role kept.
+func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
-			return
+			return ctx.Err() == nil && r.isStopped()
 		}
 		head := r.head()
 		if head.Writer == r.writer {
@@ -799,10 +841,13 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
+			if ctx.Err() == nil && r.isStopped() {
+				return true
+			}
 			if ctx.Err() == nil {
 				r.lg.Error("updater: claim failed", "err", err)
 			}
-			return
+			return false
 		}
 		if won {
 			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
@@ -813,17 +858,20 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 		// A claim of another writer is: rejoin, and let the group's next generation decide.
 		if h := r.head(); h.Writer != head.Writer || attempt >= 5 {
 			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
-			return
+			return false
 		}
 	}
 	err := r.ingestTerm(ctx)
 	switch {
+	case err != nil && ctx.Err() == nil && r.isStopped():
+		return true // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
 		r.m.AppendsLost.Inc()
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.head().Seq, "term", r.head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
 	}
+	return false
 }
 
 // ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one

@@ -88,7 +88,17 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 			return ok && strings.Contains(v.Replication.Stopped, "upgrade cfguard") && strings.Contains(v.Replication.Stopped, fmt.Sprintf("offset %d", unreadable))
 		})
 	}
-	// Records keep arriving while the replicas are stopped.
+	// Records keep arriving while the replicas are stopped. The updater reads them, finds the
+	// log stopped when it appends, and keeps its role (and the group its generation) until the
+	// new epoch: no new generation of the updater group while the log is stopped.
+	const keeping = "updater: the posterior log stopped; keeping the updater role"
+	generations := func() (n int) {
+		for _, r := range reps {
+			n += strings.Count(r.c.log.String(), "updater group: new generation")
+		}
+		return n
+	}
+	stoppedGenerations := generations()
 	s = startStream(brokers, data)
 	waitfor.Cond(t, 60*time.Second, "records produced while stopped", func() bool {
 		s.mu.Lock()
@@ -96,6 +106,17 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 		return s.produced >= 64
 	})
 	produced += s.end(t)
+	waitfor.Cond(t, 60*time.Second, "the updater keeps its role while the log is stopped", func() bool {
+		for _, r := range reps {
+			if strings.Contains(r.c.log.String(), keeping) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := generations(); n != stoppedGenerations {
+		t.Errorf("the updater group went through %d generations while the log was stopped, want 0", n-stoppedGenerations)
+	}
 
 	code, out, errs := runCLI(t, "new-epoch", "--config", reps[1].cfg)
 	var rep epochReport
