@@ -23,7 +23,8 @@ import (
 // and on a log that follows, then writes the next epoch; the stopped replicas resume without a
 // restart, agree on one posterior, and the log covers every record produced exactly once (its
 // coverage equals the records produced per partition, and verify-log re-executes every
-// increment from its records).
+// increment from its records). Then --force moves the log, not stopped, to a second epoch, and
+// the replicas follow it too.
 func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replica processes and a stream: not with -short")
@@ -145,6 +146,32 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 	}
 	verifyLog(t, reps[0].cfg, -1)
 	t.Logf("new epoch at offset %d past offset %d; %d records covered once, posterior %s", rep.Offset, unreadable, produced, after.Replication.SHA)
+
+	// On a log that follows, --force writes the next epoch past the head: the replicas, not
+	// stopped, move to it, a new term is claimed, and the records produced after it are covered
+	// once too.
+	code, out, errs = runCLI(t, "new-epoch", "--config", reps[0].cfg, "--force")
+	var forced epochReport
+	if err := json.Unmarshal([]byte(out), &forced); err != nil || code != 0 {
+		t.Fatalf("new-epoch --force: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if forced.Epoch != 2 || forced.Stopped != "" || forced.MovedPast == nil || forced.MovedPast.Offset <= rep.Offset ||
+		forced.PosteriorSHA256 != after.Replication.SHA {
+		t.Fatalf("new-epoch --force's report %+v; want epoch 2 past the head, with the posterior %s", forced, after.Replication.SHA)
+	}
+	s = startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "records produced after the forced epoch", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.produced >= 64
+	})
+	produced += s.end(t)
+	final := waitAgree(t, "after the forced epoch", reps, produced)
+	if final.Replication.Entry <= forced.Seq || final.Replication.Term <= after.Replication.Term {
+		t.Fatalf("after the forced epoch (entry %d): entry %d, term %d; before it: term %d", forced.Seq, final.Replication.Entry,
+			final.Replication.Term, after.Replication.Term)
+	}
+	verifyLog(t, reps[0].cfg, -1)
 }
 
 // offsetOf finds the offset of the record whose value is value, at or after from.
