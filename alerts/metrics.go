@@ -98,7 +98,7 @@ func Names() []string {
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost,
-		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated,
+		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer,
 		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,

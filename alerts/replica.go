@@ -15,6 +15,7 @@ const (
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
 	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
+	NameSettingsDiffer  = "cfguard_replication_settings_differ"
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
@@ -29,6 +30,9 @@ type ReplicaMetrics struct {
 	// Unauthenticated counts the records of the posterior and CE topics this replica ignored
 	// because their authenticator does not verify under the cluster key, by topic.
 	Unauthenticated *prometheus.CounterVec
+	// SettingsDiffer is the number of cluster-wide settings of this replica's file that differ
+	// from those its posterior log's genesis records: a replica with any refuses to join.
+	SettingsDiffer prometheus.Gauge
 }
 
 // NewReplicaMetrics registers a replica's metrics on reg; the counters of unauthenticated
@@ -50,6 +54,8 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
 		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
 			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
+		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
+			"a replica with any refuses to join (not ready)."),
 		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
 			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
 			[]string{"topic"}),
@@ -60,6 +66,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied, m.Unauthenticated)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
 	return m
 }

@@ -198,10 +198,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		if err := d.rep.join(ctx); err != nil {
+		err := d.rep.join(ctx)
+		if d.rep.plog != nil {
+			td.add("posterior log", d.rep.plog.Close)
+		}
+		if se := (*settingsError)(nil); errors.As(err, &se) {
+			return d.refuse(ctx, se, opts.Ready)
+		}
+		if err != nil {
 			return err
 		}
-		td.add("posterior log", d.rep.plog.Close)
 	}
 	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.metrics)
 	srv, ln, err := d.listen()
@@ -435,6 +441,11 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 // accepts connections, its checkpoints are being written (not in the degraded mode of durably)
 // and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
+	if d.rep != nil {
+		if err := d.rep.refusal(); err != nil {
+			return err
+		}
+	}
 	select {
 	case <-d.ready:
 	default:

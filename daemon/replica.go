@@ -67,6 +67,8 @@ type replica struct {
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
+	settings map[string]string     // this replica's cluster-wide settings (clusterSettings)
+	refused  error                 // why it did not join (a *settingsError), nil when it did
 
 	updater atomic.Bool
 }
@@ -111,6 +113,9 @@ func newReplica(d *Daemon) (*replica, error) {
 func (r *replica) join(ctx context.Context) error {
 	d := r.d
 	var err error
+	if r.settings, err = ClusterSettings(d.cfg); err != nil {
+		return err
+	}
 	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
 		return err
 	}
@@ -128,6 +133,13 @@ func (r *replica) join(ctx context.Context) error {
 			return err
 		}
 		if err := r.checkHead(ctx, head); err != nil {
+			return err
+		}
+		g, at, err := r.genesisOf(ctx, head)
+		if err != nil {
+			return err
+		}
+		if err := r.checkSettings(g, at); err != nil {
 			return err
 		}
 		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
@@ -222,7 +234,7 @@ func (r *replica) genesis(ctx context.Context) error {
 				return err
 			}
 			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
-				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body}
+				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body, Settings: r.settings}
 			v, err := e.Encode()
 			if err != nil {
 				return err
@@ -256,6 +268,9 @@ func (r *replica) genesis(ctx context.Context) error {
 			r.m.Ignored.WithLabelValues(string(reason)).Inc()
 			continue
 		}
+		if err := r.checkSettings(e, rec.Offset); err != nil {
+			return err
+		}
 		m, err := e.Body.Model(e.PosteriorSHA256)
 		if err != nil {
 			return fmt.Errorf("the posterior log's genesis (offset %d): %w", rec.Offset, err)
@@ -286,7 +301,8 @@ func (r *replica) head() *postlog.Head {
 
 // follow plays the log from the follower's position until ctx ends. An entry it cannot apply
 // (an unknown format, a posterior that does not hash to its entry) stops following: the replica
-// keeps serving the last version it verified, and /readyz says why.
+// keeps serving the last version it verified, and /readyz says why. It goes on reading: a new
+// epoch that moves past that entry (cfguard new-epoch) resumes it.
 func (r *replica) follow(ctx context.Context) error {
 	r.mu.Lock()
 	from := r.read
@@ -320,14 +336,17 @@ func (r *replica) follow(ctx context.Context) error {
 				return nil
 			}
 			r.mu.Lock()
-			r.stopped = err
+			if r.chain.Stuck() == nil {
+				r.chain.Block(rec)
+			}
+			r.stopped = fmt.Errorf("%w (offset %d of %s; once every replica runs a build that reads it, or after cfguard new-epoch "+
+				"moves the log past it, the replicas resume: see docs/RUNBOOK.md)", err, rec.Offset, r.plog.Topic())
+			r.read = rec.Offset + 1
 			close(r.changed)
 			r.changed = make(chan struct{})
 			r.mu.Unlock()
 			r.m.Stopped.Set(1)
 			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
-			<-ctx.Done()
-			return nil
 		}
 	}
 }
@@ -369,6 +388,20 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		return err
 	}
 	switch e.Kind {
+	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
+		if err := r.checkSettings(e, rec.Offset); err != nil {
+			return err
+		}
+		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		resumed := r.stopped != nil
+		r.stopped = nil
+		r.mu.Unlock()
+		r.m.Stopped.Set(0)
+		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
+			"writer", e.Writer, "resumed", resumed, "covers", e.Covers)
 	case postlog.Claim:
 		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
 			return err
@@ -537,7 +570,10 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 		}
 		fork := chain.Fork()
 		e, reason, err := fork.Offer(rec)
-		if err != nil {
+		switch {
+		case errors.Is(err, postlog.ErrUnknownFormat):
+			chain = fork // stopped there until a new epoch moves past it, as the follower
+		case err != nil:
 			return nil, err
 		}
 		if reason == postlog.Accepted {
@@ -547,7 +583,10 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 				return nil, err
 			}
 		}
-		if reason == postlog.Accepted {
+		// A new epoch keeps the head's posterior: nothing to apply.
+		if reason == postlog.Accepted && e.Kind == postlog.Genesis && e.Epoch > 0 {
+			chain = fork
+		} else if reason == postlog.Accepted {
 			chain = fork
 			if e.Kind == postlog.Genesis {
 				m, err = e.Body.Model(e.PosteriorSHA256)
@@ -739,7 +778,10 @@ func (r *replica) runUpdaterGroup(ctx context.Context) error {
 // lead is the updater's work in one generation: claim the next term unless the head is already
 // this writer's, then ingest until the generation ends or an entry loses. Returning ends the
 // generation (kafka-go's Generation.Start), so a replica that lost rejoins and the group's next
-// generation decides again.
+// generation decides again. While the follower is stopped at an entry it cannot apply, the
+// updater keeps its generation and waits for a new epoch (or a restart on a build that reads
+// the entry): returning would end the generation at once, and the group would go through
+// generations as fast as it can rebalance for as long as the log stays stopped.
 func (r *replica) lead(ctx context.Context, generation int32) {
 	r.updater.Store(true)
 	r.m.Updater.Set(1)
@@ -747,9 +789,48 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 		r.updater.Store(false)
 		r.m.Updater.Set(0)
 	}()
+	for {
+		if err := r.awaitFollowing(ctx); err != nil {
+			return
+		}
+		if !r.leadTerm(ctx, generation) {
+			return
+		}
+		r.lg.Warn("updater: the posterior log stopped; keeping the updater role until a new epoch moves past the entry (see /readyz)")
+	}
+}
+
+// isStopped reports whether the follower is stopped at an entry it cannot apply.
+func (r *replica) isStopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped != nil
+}
+
+// awaitFollowing waits while the follower is stopped at an entry it cannot apply; it returns
+// ctx's error when ctx ends first.
+func (r *replica) awaitFollowing(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		stopped, ch := r.stopped, r.changed
+		r.mu.Unlock()
+		if stopped == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// leadTerm claims a term and ingests in it (lead). It reports whether it ended because the
+// follower stopped, the updater's role kept.
+func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
-			return
+			return ctx.Err() == nil && r.isStopped()
 		}
 		head := r.head()
 		if head.Writer == r.writer {
@@ -760,10 +841,13 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
+			if ctx.Err() == nil && r.isStopped() {
+				return true
+			}
 			if ctx.Err() == nil {
 				r.lg.Error("updater: claim failed", "err", err)
 			}
-			return
+			return false
 		}
 		if won {
 			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
@@ -774,17 +858,20 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 		// A claim of another writer is: rejoin, and let the group's next generation decide.
 		if h := r.head(); h.Writer != head.Writer || attempt >= 5 {
 			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
-			return
+			return false
 		}
 	}
 	err := r.ingestTerm(ctx)
 	switch {
+	case err != nil && ctx.Err() == nil && r.isStopped():
+		return true // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
 		r.m.AppendsLost.Inc()
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.head().Seq, "term", r.head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
 	}
+	return false
 }
 
 // ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one

@@ -23,6 +23,13 @@ type Head struct {
 	Covers  map[int]int64 `json:"covers,omitempty"`
 	// PosteriorSHA256 is the posterior's hash at this entry.
 	PosteriorSHA256 string `json:"posterior_sha256"`
+	// GenesisOffset and GenesisHash locate the genesis the chain started from, whose settings
+	// a replica checks at every start. GenesisHash is empty in heads stored before they were
+	// kept: the genesis is then found by playing the log from its start.
+	GenesisOffset int64  `json:"genesis_offset,omitempty"`
+	GenesisHash   string `json:"genesis_hash,omitempty"`
+	// Epoch is the epoch of the genesis the head descends from (0: the first).
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Reason says why a record was not accepted (or that it was).
@@ -84,6 +91,9 @@ func Authenticate(keys *clusterkey.Keyring, rec Record) error {
 type Chain struct {
 	head *Head
 	keys *clusterkey.Keyring
+	// stuck is the record the chain stopped at (Block), nil while it follows: only a new epoch
+	// that moves past it is accepted then.
+	stuck *Past
 }
 
 // NewChain returns a chain before the genesis that accepts records authenticated under keys
@@ -102,7 +112,23 @@ func Resume(h *Head, keys *clusterkey.Keyring) *Chain {
 }
 
 // Fork is a copy of c that Offer can move without moving c.
-func (c *Chain) Fork() *Chain { return Resume(c.head, c.keys) }
+func (c *Chain) Fork() *Chain {
+	f := Resume(c.head, c.keys)
+	f.stuck = c.stuck
+	return f
+}
+
+// Block stops the chain at rec, an authenticated record its reader cannot apply (an unknown
+// format, a posterior that does not hash to its entry): from then on it accepts only a new
+// epoch that names rec as the record it moves past (Entry.Past). Offer blocks the chain itself
+// on an entry of an unknown format.
+func (c *Chain) Block(rec Record) {
+	h := Hash(rec.Value)
+	c.stuck = &Past{Offset: rec.Offset, SHA256: hex.EncodeToString(h[:])}
+}
+
+// Stuck is the record the chain stopped at, nil while it follows.
+func (c *Chain) Stuck() *Past { return c.stuck }
 
 // Head is the last accepted entry, nil before the genesis. The caller must not modify it.
 func (c *Chain) Head() *Head { return c.head }
@@ -124,6 +150,10 @@ func (c *Chain) Offer(rec Record) (*Entry, Reason, error) {
 func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	e, err := Decode(value)
 	if errors.Is(err, ErrUnknownFormat) {
+		if c.stuck != nil {
+			return nil, Malformed, nil // stopped already, at an earlier record
+		}
+		c.Block(Record{Offset: offset, Value: value})
 		return nil, Malformed, err
 	}
 	if err != nil {
@@ -137,10 +167,16 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	next := &Head{Seq: e.Seq, Hash: hex.EncodeToString(h[:]), Offset: offset, Term: e.Term, Version: e.Version,
 		Covers: maps.Clone(e.Covers), PosteriorSHA256: e.PosteriorSHA256}
 	switch e.Kind {
+	case Genesis:
+		next.GenesisOffset, next.GenesisHash, next.Epoch = offset, next.Hash, e.Epoch
+		c.stuck = nil
 	case Claim:
 		next.Writer = e.Writer
 	case Increment:
 		next.Writer = c.head.Writer // the term's claimant
+	}
+	if e.Kind != Genesis {
+		next.GenesisOffset, next.GenesisHash, next.Epoch = c.head.GenesisOffset, c.head.GenesisHash, c.head.Epoch
 	}
 	// A genesis opens no term: term 0 has no claimant, and nobody writes increments in it.
 	c.head = next
@@ -151,7 +187,7 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 func (c *Chain) judge(e *Entry) Reason {
 	h := c.head
 	if h == nil {
-		if e.Kind == Genesis && e.Seq == 0 && e.Term == 0 && e.Parent == "" && e.Version == e.ParentVersion && len(e.Covers) == 0 {
+		if e.Kind == Genesis && e.Epoch == 0 && e.Past == nil && e.Seq == 0 && e.Term == 0 && e.Parent == "" && e.Version == e.ParentVersion && len(e.Covers) == 0 {
 			return Accepted
 		}
 		return NotSuccessor
@@ -159,9 +195,13 @@ func (c *Chain) judge(e *Entry) Reason {
 	if e.Seq != h.Seq+1 || e.Parent != h.Hash {
 		return NotSuccessor
 	}
+	if e.Kind == Genesis {
+		return c.judgeEpoch(e)
+	}
+	if c.stuck != nil {
+		return NotSuccessor // nothing follows a record the chain cannot apply but a new epoch
+	}
 	switch e.Kind {
-	case Genesis:
-		return Invalid
 	case Claim:
 		if e.Term != h.Term+1 {
 			return StaleTerm
@@ -189,6 +229,27 @@ func (c *Chain) judge(e *Entry) Reason {
 		if e.Covers[p] < to {
 			return Invalid
 		}
+	}
+	return Accepted
+}
+
+// judgeEpoch is the rule for a new epoch e on a head h (its parent): the next epoch, moving
+// past the record the chain stopped at (or, when it did not, past the head itself: an epoch
+// forced on a log that follows), in the head's term with no claimant, carrying the head's
+// posterior and coverage unchanged, so that the epoch neither skips a record nor applies one
+// twice: the records an unreadable entry covered are the next updater's to apply.
+func (c *Chain) judgeEpoch(e *Entry) Reason {
+	h := c.head
+	past := c.stuck
+	if past == nil {
+		past = &Past{Offset: h.Offset, SHA256: h.Hash}
+	}
+	switch {
+	case e.Epoch != h.Epoch+1 || e.Past == nil || *e.Past != *past:
+		return NotSuccessor
+	case e.Term != h.Term || e.Version != h.Version || e.ParentVersion != h.Version || e.PosteriorSHA256 != h.PosteriorSHA256 ||
+		!maps.Equal(e.Covers, h.Covers):
+		return Invalid
 	}
 	return Accepted
 }

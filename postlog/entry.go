@@ -23,7 +23,9 @@ type Kind string
 
 // Entry kinds.
 const (
-	// Genesis is entry 0: the first posterior, whole (Body).
+	// Genesis is entry 0: the first posterior, whole (Body). A genesis with Epoch > 0 starts a
+	// new epoch at the head of the chain (cfguard new-epoch): it moves past the record Past
+	// names, one the replicas could not apply, with the head's posterior and coverage.
 	Genesis Kind = "genesis"
 	// Claim opens a new term for its writer; the posterior does not change.
 	Claim Kind = "claim"
@@ -75,10 +77,25 @@ type Entry struct {
 	PosteriorSHA256 string `json:"posterior_sha256"`
 	// Body is genesis only: the whole first posterior.
 	Body *Body `json:"body,omitempty"`
+	// Settings is genesis only: the cluster-wide settings (config.ClusterSettings and the
+	// derived keys model.sha256, schema.features, schema.classes) of the replica that wrote
+	// it, which every replica must share to join. Part of the value bytes, so the entry's
+	// authenticator covers them. Absent in a genesis of a log written before it was recorded.
+	Settings map[string]string `json:"settings,omitempty"`
+	// Epoch and Past are a new epoch's (a genesis after the first): its number, the head's
+	// epoch + 1, and the record it moves past (the one the chain stopped at, or the head).
+	Epoch uint64 `json:"epoch,omitempty"`
+	Past  *Past  `json:"past,omitempty"`
 	// Build and Generation are claim only, for forensics: the writer's build and the consumer
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
 	Generation int    `json:"generation,omitempty"`
+}
+
+// Past is a record of the log by offset and the hex SHA-256 of its value bytes.
+type Past struct {
+	Offset int64  `json:"offset"`
+	SHA256 string `json:"sha256"`
 }
 
 // Counts are an increment's records by fate.

@@ -39,6 +39,12 @@ func OpenExisting(ctx context.Context, conn stream.ConnConfig, topic string, log
 	return open(ctx, conn, topic, nil, log, false)
 }
 
+// OpenExistingWriter is OpenExisting for a tool that appends (cfguard new-epoch): records it
+// appends are signed with keys.
+func OpenExistingWriter(ctx context.Context, conn stream.ConnConfig, topic string, keys *clusterkey.Keyring, log *slog.Logger) (*Log, error) {
+	return open(ctx, conn, topic, keys, log, false)
+}
+
 func open(ctx context.Context, conn stream.ConnConfig, topic string, keys *clusterkey.Keyring, log *slog.Logger, create bool) (*Log, error) {
 	tr, err := conn.Transport(context.WithoutCancel(ctx))
 	if err != nil {

@@ -53,6 +53,8 @@ func program() cli.Program {
 				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", Run: cmdRestore},
 			{Name: "verify-log", Args: "--config FILE [--from SEQ] [--to SEQ]",
 				Help: "re-execute a replicated deployment's posterior log from its input records, entry by entry, and report every difference", Run: cmdVerifyLog},
+			{Name: "new-epoch", Args: "--config FILE [--force]",
+				Help: "move a replicated deployment's posterior log past a record its replicas cannot apply: a new genesis at its head, signed with the cluster key", Run: cmdNewEpoch},
 			{Name: "gen-key", Args: "[--id k1]",
 				Help: "print a new cluster key line for replication.key_file (\"<id>:<hex>\"; the first line of the file signs, every line verifies)", Run: cmdGenKey},
 			{Name: "check-config", Args: "--config FILE",

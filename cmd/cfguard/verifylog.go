@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"time"
@@ -35,6 +36,20 @@ type verifyReport struct {
 	// Unauthenticated are the records whose authenticator does not verify under the cluster
 	// key: every replica ignored them too (also counted in Ignored).
 	Unauthenticated []verifyProblem `json:"unauthenticated"`
+	// Stopped are the authenticated records the replicas could not apply (an unknown format),
+	// each followed by the new epoch that moved past it, if one did.
+	Stopped []verifyProblem `json:"stopped"`
+	// Settings says whose update.*, certify.* and kafka.* settings re-executed the increments.
+	Settings verifySettings `json:"settings"`
+}
+
+// verifySettings: the log's (its genesis records them) or the file's (a genesis written
+// without them).
+type verifySettings struct {
+	From string `json:"from"` // "genesis at offset N", or "file"
+	// DifferFromFile are the cluster-wide keys whose value in the log differs from --config's:
+	// the log's were used.
+	DifferFromFile []string `json:"differ_from_file"`
 }
 
 type verifyProblem struct {
@@ -47,9 +62,10 @@ type verifyProblem struct {
 // increments from the input records they cover: for each, the records of kafka.topic in the
 // covered ranges, decoded with the model's schema and kafka.max_record_bytes, sorted by
 // (partition, offset), through update.LastLayer with the entry's seed and the configuration's
-// update.* and certify.* keys. It reports every increment whose records, KL or posterior hash
+// update.*, certify.* and kafka.* settings the log's genesis records (the --config file's when
+// it records none). It reports every increment whose records, KL or posterior hash
 // differ from the entry's. Re-execution is bit-identical only on the build, GOARCH and engine that
-// wrote the entry, and with the updater's update.* and certify.* settings. Records that do not
+// wrote the entry. Records that do not
 // authenticate under replication.key_file are listed, and ignored as every replica ignores them. An
 // increment that covers offsets past the input topic's end is a mismatch (and ignored, as every
 // replica refuses it), not input past retention.
@@ -101,7 +117,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
 	defer v.close()
-	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}}
+	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}, Stopped: []verifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
 	chain := postlog.NewChain(keys)
 	var m *bnn.Model
 	progress := time.Now()
@@ -119,6 +135,13 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		fork := chain.Fork()
 		e, reason, err := fork.Offer(rec)
+		if errors.Is(err, postlog.ErrUnknownFormat) {
+			// The replicas stop here until a new epoch moves past it (cfguard new-epoch).
+			chain = fork
+			rep.Stopped = append(rep.Stopped, verifyProblem{Offset: rec.Offset, Why: err.Error()})
+			rep.Ignored["unknown_format"]++
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -146,7 +169,14 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		rep.Entries++
 		switch e.Kind {
 		case postlog.Genesis:
-			if m, err = e.Body.Model(e.PosteriorSHA256); err != nil {
+			g, err := e.Body.Model(e.PosteriorSHA256)
+			if err != nil {
+				return err
+			}
+			if e.Epoch == 0 { // a new epoch goes on with the head's posterior, which its body is
+				m = g
+			}
+			if err := v.useSettings(cfg, e, rec.Offset, &rep.Settings, log); err != nil {
 				return err
 			}
 			continue
@@ -182,9 +212,32 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s: give verify-log the cluster's key file",
 			len(rep.Unauthenticated), plog.Topic(), keys.Source())
 	}
+	if p := chain.Stuck(); p != nil {
+		return fmt.Errorf("the replicas are stopped at offset %d of %s, a record they cannot apply: upgrade cfguard, or move the log past it with "+
+			"cfguard new-epoch (docs/RUNBOOK.md)", p.Offset, plog.Topic())
+	}
 	if len(rep.Mismatches) > 0 {
 		return fmt.Errorf("%d increments do not match the input records they cover (%d re-executed)", len(rep.Mismatches), rep.Increments)
 	}
+	return nil
+}
+
+// useSettings makes the verifier re-execute with the settings the genesis e (at offset)
+// records, which decided the increments, whatever the file's are; a genesis written without
+// settings leaves the file's, with a warning.
+func (v *verifier) useSettings(file *config.Config, e *postlog.Entry, offset int64, rs *verifySettings, log *slog.Logger) error {
+	if len(e.Settings) == 0 {
+		log.Warn("the posterior log's genesis records no settings: re-executing with the file's update.*, certify.* and kafka.* (they must be the updater's)",
+			"genesis_offset", offset)
+		return nil
+	}
+	cfg, changed, err := file.WithSettings(e.Settings)
+	if err != nil {
+		return fmt.Errorf("the settings of the posterior log's genesis (offset %d): %w", offset, err)
+	}
+	v.cfg, v.budget = cfg, certify.KLBudget(cfg.Certify.Delta)
+	rs.From, rs.DifferFromFile = fmt.Sprintf("genesis at offset %d", offset), changed
+	log.Info("re-executing with the settings the posterior log's genesis records", "genesis_offset", offset, "differ_from_file", changed)
 	return nil
 }
 

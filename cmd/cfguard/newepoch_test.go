@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// The runbook's recovery, as written (docs/RUNBOOK.md, "CfguardPosteriorLogStopped"): two
+// replica processes stop on an authenticated entry of an unknown format (what a newer build
+// would write) while records keep arriving; `cfguard new-epoch` refuses without the cluster key
+// and on a log that follows, then writes the next epoch; the stopped replicas resume without a
+// restart, agree on one posterior, and the log covers every record produced exactly once (its
+// coverage equals the records produced per partition, and verify-log re-executes every
+// increment from its records). Then --force moves the log, not stopped, to a second epoch, and
+// the replicas follow it too.
+func TestNewEpochResumesStoppedReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replica processes and a stream: not with -short")
+	}
+	brokers := startClusterBroker(t)
+	root := t.TempDir()
+	data, _, modelDir := trainModel(t, root)
+	reps := startReplicas(t, root, 2, brokers, modelDir)
+	s := startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool {
+		v, ok := reps[0].view()
+		return ok && covered(v) >= 64
+	})
+	produced := s.end(t)
+	before := waitAgree(t, "before the unreadable entry", reps, produced)
+
+	// Refusals: a log that follows (without --force), another key file.
+	if code, _, errs := runCLI(t, "new-epoch", "--config", reps[0].cfg); code == 0 || !strings.Contains(errs, "the replicas are not stopped") {
+		t.Fatalf("new-epoch on a log that follows: exit %d, %s", code, errs)
+	}
+	otherRoot := t.TempDir()
+	otherDir := filepath.Join(otherRoot, "x")
+	if err := os.MkdirAll(otherDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrongKey := writeReplicaConfig(t, otherDir, "x", brokers, modelDir)
+	if code, _, errs := runCLI(t, "new-epoch", "--config", wrongKey, "--force"); code == 0 || !strings.Contains(errs, "authenticates under the keys of replication.key_file") {
+		t.Fatalf("new-epoch with another key file: exit %d, %s", code, errs)
+	}
+
+	// An authenticated entry of format 2 on the head, covering 16 more records per partition.
+	keys, err := clusterkey.Load(clusterKey(t, root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	plog, err := postlog.Open(ctx, stream.ConnConfig{Brokers: brokers}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	covers := map[int]int64{}
+	for p, to := range before.Replication.Covers {
+		covers[p] = to + 16
+	}
+	newer, err := json.Marshal(map[string]any{"format": postlog.Format + 1, "kind": "increment", "seq": before.Replication.Entry + 1,
+		"term": before.Replication.Term, "writer": "r9/newer", "covers": covers, "posterior_sha256": before.Replication.SHA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := plog.End(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(ctx, "newer", newer); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := offsetOf(t, plog, end, newer)
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, r.id+" stopped", func() bool {
+			v, ok := r.view()
+			return ok && strings.Contains(v.Replication.Stopped, "upgrade cfguard") && strings.Contains(v.Replication.Stopped, fmt.Sprintf("offset %d", unreadable))
+		})
+	}
+	// Records keep arriving while the replicas are stopped. The updater reads them, finds the
+	// log stopped when it appends, and keeps its role (and the group its generation) until the
+	// new epoch: no new generation of the updater group while the log is stopped.
+	const keeping = "updater: the posterior log stopped; keeping the updater role"
+	generations := func() (n int) {
+		for _, r := range reps {
+			n += strings.Count(r.c.log.String(), "updater group: new generation")
+		}
+		return n
+	}
+	stoppedGenerations := generations()
+	s = startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "records produced while stopped", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.produced >= 64
+	})
+	produced += s.end(t)
+	waitfor.Cond(t, 60*time.Second, "the updater keeps its role while the log is stopped", func() bool {
+		for _, r := range reps {
+			if strings.Contains(r.c.log.String(), keeping) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := generations(); n != stoppedGenerations {
+		t.Errorf("the updater group went through %d generations while the log was stopped, want 0", n-stoppedGenerations)
+	}
+
+	code, out, errs := runCLI(t, "new-epoch", "--config", reps[1].cfg)
+	var rep epochReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("new-epoch: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if rep.Epoch != 1 || rep.MovedPast == nil || rep.MovedPast.Offset != unreadable || !strings.Contains(rep.Stopped, "unknown format") ||
+		rep.PosteriorSHA256 != before.Replication.SHA || rep.Offset <= unreadable {
+		t.Fatalf("new-epoch's report %+v; want epoch 1 past offset %d with the head's posterior %s", rep, unreadable, before.Replication.SHA)
+	}
+	// They resume from it, without a restart, and cover every record once.
+	after := waitAgree(t, "after the new epoch", reps, produced)
+	for p, to := range after.Replication.Covers {
+		if to < before.Replication.Covers[p] {
+			t.Fatalf("partition %d covered to %d after the epoch, %d before", p, to, before.Replication.Covers[p])
+		}
+	}
+	for _, r := range reps {
+		if v, _ := r.view(); v.Replication.Stopped != "" {
+			t.Fatalf("%s still stopped: %s", r.id, v.Replication.Stopped)
+		}
+	}
+	if after.Replication.Term <= before.Replication.Term || after.Version <= before.Version {
+		t.Fatalf("after the epoch: term %d, version %d; before: term %d, version %d (no new updater, or no update)",
+			after.Replication.Term, after.Version, before.Replication.Term, before.Version)
+	}
+	verifyLog(t, reps[0].cfg, -1)
+	t.Logf("new epoch at offset %d past offset %d; %d records covered once, posterior %s", rep.Offset, unreadable, produced, after.Replication.SHA)
+
+	// On a log that follows, --force writes the next epoch past the head: the replicas, not
+	// stopped, move to it, a new term is claimed, and the records produced after it are covered
+	// once too.
+	code, out, errs = runCLI(t, "new-epoch", "--config", reps[0].cfg, "--force")
+	var forced epochReport
+	if err := json.Unmarshal([]byte(out), &forced); err != nil || code != 0 {
+		t.Fatalf("new-epoch --force: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if forced.Epoch != 2 || forced.Stopped != "" || forced.MovedPast == nil || forced.MovedPast.Offset <= rep.Offset ||
+		forced.PosteriorSHA256 != after.Replication.SHA {
+		t.Fatalf("new-epoch --force's report %+v; want epoch 2 past the head, with the posterior %s", forced, after.Replication.SHA)
+	}
+	s = startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "records produced after the forced epoch", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.produced >= 64
+	})
+	produced += s.end(t)
+	final := waitAgree(t, "after the forced epoch", reps, produced)
+	if final.Replication.Entry <= forced.Seq || final.Replication.Term <= after.Replication.Term {
+		t.Fatalf("after the forced epoch (entry %d): entry %d, term %d; before it: term %d", forced.Seq, final.Replication.Entry,
+			final.Replication.Term, after.Replication.Term)
+	}
+	verifyLog(t, reps[0].cfg, -1)
+}
+
+// offsetOf finds the offset of the record whose value is value, at or after from.
+func offsetOf(t *testing.T, plog *postlog.Log, from int64, value []byte) int64 {
+	t.Helper()
+	rd, err := plog.Read(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			t.Fatalf("looking for the appended record from offset %d: %v", from, err)
+		}
+		if string(rec.Value) == string(value) {
+			return rec.Offset
+		}
+	}
+}
+
+// Without the cluster key there is no epoch any replica would accept: new-epoch refuses before
+// it connects, naming the key.
+func TestNewEpochRefusesWithoutAKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte("kafka:\n  brokers: [127.0.0.1:1]\nreplication:\n  enabled: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := runCLI(t, "new-epoch", "--config", p)
+	if code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch without a key file: exit %d, %s", code, errs)
+	}
+	if code, _, errs := runCLI(t, "new-epoch", "--config", p, "--force"); code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch --force without a key file: exit %d, %s", code, errs)
+	}
+}

@@ -1,0 +1,163 @@
+package daemon
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// refusedWith waits until r's /readyz answers 503 and returns its body.
+func refusedWith(t *testing.T, r *running) string {
+	t.Helper()
+	var body string
+	waitfor.Cond(t, 60*time.Second, "/readyz refusing", func() bool {
+		code, b := r.get(t, "/readyz")
+		body = string(b)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "not joining the cluster")
+	})
+	return body
+}
+
+// TestReplicaSettingsMustMatchTheGenesis: the genesis records the cluster-wide settings of the
+// replica that wrote it. A replica whose file has another certify.delta, or another data set
+// and certify.mode: tight, does not join: its /readyz, its log and
+// cfguard_replication_settings_differ name every differing key with both values and the
+// genesis's offset, it owns no CE partition and writes nothing to the log. A replica that
+// differs only in local keys joins, and a member restarted with an edited file refuses too.
+func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("several daemons: not with -short")
+	}
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+
+	delta := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r-delta", key)
+		c.Certify.Delta = 0.2
+	}, nil, nil)
+	body := refusedWith(t, delta)
+	want := "certify.delta: this replica 0.2, the cluster's log 0.05 (genesis at offset 0 of cfguard.posterior); align the file"
+	if !strings.Contains(body, want) {
+		t.Fatalf("/readyz: %s\nwant it to hold %q", body, want)
+	}
+	if strings.Count(body, ": this replica ") != 1 {
+		t.Fatalf("/readyz names keys that do not differ: %s", body)
+	}
+	if got := testutil.ToFloat64(delta.d.rep.m.SettingsDiffer); got != 1 {
+		t.Fatalf("cfguard_replication_settings_differ %v, want 1", got)
+	}
+	if !strings.Contains(delta.logs.String(), "certify.delta: this replica 0.2") {
+		t.Fatalf("the refusal is not in the log:\n%s", delta.logs.String())
+	}
+	if code, _ := delta.get(t, "/v1/model"); code != http.StatusServiceUnavailable {
+		t.Fatalf("GET /v1/model on a replica that did not join: %d, want 503", code)
+	}
+
+	other := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r-data", key)
+		c.Model.Dataset = "german_credit"
+		c.Certify.Mode = "tight"
+	}, nil, nil)
+	body = refusedWith(t, other)
+	for _, k := range []string{"certify.mode: this replica tight, the cluster's log paper", "model.dataset: this replica german_credit, the cluster's log breast_cancer",
+		"schema.classes: this replica bad,good, the cluster's log malignant,benign", "schema.features: "} {
+		if !strings.Contains(body, k) {
+			t.Errorf("/readyz does not name %q: %s", k, body)
+		}
+	}
+	if got := testutil.ToFloat64(other.d.rep.m.SettingsDiffer); got != 4 {
+		t.Errorf("cfguard_replication_settings_differ %v, want 4", got)
+	}
+
+	// Local differences only: it joins and serves the cluster's posterior.
+	local := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r-local", key)
+		c.HTTP.Token = "another-token"
+		c.HTTP.WriteTimeout = 7 * time.Second
+		c.Explain.Concurrency = 1
+		c.Audit.Schedule = "@every 5h"
+		c.Replication.HeartbeatInterval = 400 * time.Millisecond
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the replica with local differences ready", func() bool { code, _ := local.get(t, "/readyz"); return code == 200 })
+	if got, want := local.d.rep.head().PosteriorSHA256, r1.d.rep.head().PosteriorSHA256; got != want {
+		t.Fatalf("posterior %s, the cluster's %s", got, want)
+	}
+	if got := testutil.ToFloat64(local.d.rep.m.SettingsDiffer); got != 0 {
+		t.Fatalf("cfguard_replication_settings_differ %v on a matching replica", got)
+	}
+	// The refused replicas take no part: no updater group, no CE share.
+	if delta.d.rep.updater.Load() || other.d.rep.updater.Load() || delta.d.rep.share != nil || other.d.rep.share != nil {
+		t.Fatal("a refused replica takes part in the cluster")
+	}
+
+	// A member restarted with an edited file refuses on its own ledger.
+	dir := r1.d.cfg.StateDir
+	r1.stop(t)
+	again := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.StateDir = dir
+		c.Update.Seed = 9
+	}, nil, nil)
+	body = refusedWith(t, again)
+	if !strings.Contains(body, "update.seed: this replica 9, the cluster's log 1 (genesis at offset 0") {
+		t.Fatalf("/readyz of the restarted replica: %s", body)
+	}
+}
+
+// A genesis written without settings (a log begun before they were recorded) is followed with a
+// WARN that the settings cannot be checked, whatever the replica's file says: refusing it would
+// stop every replica of such a cluster at its upgrade.
+func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	keys, err := clusterkey.Load(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := bnn.New(30, []int{8}, []string{"malignant", "benign"}, 1, rand.New(rand.NewPCG(3, 4)))
+	body, err := postlog.NewBody(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := postlog.PosteriorHash(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plog, err := postlog.Open(t.Context(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	g := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body}
+	v, err := g.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(t.Context(), "genesis", v); err != nil {
+		t.Fatal(err)
+	}
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Certify.Delta = 0.2
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	if got := r.d.rep.head().PosteriorSHA256; got != sha {
+		t.Fatalf("posterior %s, the genesis's %s", got, sha)
+	}
+	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {
+		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.logs.String())
+	}
+}

@@ -1,0 +1,99 @@
+package postlog
+
+import (
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// A chain stops at an authenticated entry of an unknown format and accepts nothing after it but a
+// new epoch that names it, on the head, with the head's posterior and coverage; the epoch
+// resumes the chain (a claim of the next term follows it). On a chain that follows, an epoch
+// must name the head itself.
+func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c := NewChain(testKeys())
+	if _, r, err := c.Offer(signed(0, gv)); r != Accepted || err != nil {
+		t.Fatalf("genesis: %s %v", r, err)
+	}
+	cl := l.claim(gv, g, 1, "a/1")
+	cv := l.value(cl)
+	if _, r, _ := c.Offer(signed(1, cv)); r != Accepted {
+		t.Fatalf("claim: %s", r)
+	}
+	head := *c.Head()
+	// On a chain that follows, a new epoch must move past the head.
+	epoch := func(past Past) []byte {
+		e := &Entry{Format: Format, Kind: Genesis, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term, Writer: "new-epoch@x/1",
+			Version: head.Version, ParentVersion: head.Version, PosteriorSHA256: head.PosteriorSHA256, Body: g.Body, Epoch: 1, Past: &past}
+		return l.value(e)
+	}
+	if _, r, _ := c.Fork().Offer(signed(2, epoch(Past{Offset: head.Offset, SHA256: head.Hash}))); r != Accepted {
+		t.Fatalf("a forced epoch past the head: %s", r)
+	}
+	newer := []byte(`{"format":2,"kind":"increment","seq":2,"writer":"b/1","posterior_sha256":"` + head.PosteriorSHA256 + `"}`)
+	if _, _, err := c.Offer(signed(2, newer)); !errors.Is(err, ErrUnknownFormat) {
+		t.Fatalf("an entry of format 2: %v", err)
+	}
+	h := Hash(newer)
+	stuck := Past{Offset: 2, SHA256: hex.EncodeToString(h[:])}
+	if c.Stuck() == nil || *c.Stuck() != stuck {
+		t.Fatalf("stuck at %+v, want %+v", c.Stuck(), stuck)
+	}
+	// Stuck: another unknown record, a valid claim, an epoch past the head or naming another
+	// record are all refused, and the chain stays where it stopped.
+	if _, r, err := c.Offer(signed(3, newer)); r != Malformed || err != nil {
+		t.Fatalf("a second unknown record: %s %v", r, err)
+	}
+	if _, r, _ := c.Offer(signed(4, l.value(l.claim(cv, cl, 2, "b/1")))); r != NotSuccessor {
+		t.Fatalf("a claim after the unreadable entry: %s", r)
+	}
+	for _, p := range []Past{{Offset: head.Offset, SHA256: head.Hash}, {Offset: 3, SHA256: stuck.SHA256}} {
+		if _, r, _ := c.Offer(signed(5, epoch(p))); r != NotSuccessor {
+			t.Fatalf("an epoch past %+v: %s", p, r)
+		}
+	}
+	bad := &Entry{Format: Format, Kind: Genesis, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term, Writer: "new-epoch@x/1",
+		Version: head.Version, ParentVersion: head.Version, PosteriorSHA256: head.PosteriorSHA256, Body: g.Body, Epoch: 1, Past: &stuck,
+		Covers: map[int]int64{0: 10}}
+	if _, r, _ := c.Offer(signed(6, l.value(bad))); r != Invalid {
+		t.Fatalf("an epoch that changes the coverage: %s", r)
+	}
+	ev := epoch(stuck)
+	if _, r, _ := c.Offer(signed(7, ev)); r != Accepted {
+		t.Fatalf("the epoch past the unreadable entry: %s", r)
+	}
+	eh := Hash(ev)
+	if got := c.Head(); c.Stuck() != nil || got.Epoch != 1 || got.GenesisOffset != 7 || got.GenesisHash != hex.EncodeToString(eh[:]) || got.Writer != "" {
+		t.Fatalf("head after the epoch %+v (stuck %v)", got, c.Stuck())
+	}
+	ee, err := Decode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, r, _ := c.Offer(signed(8, l.value(l.claim(ev, ee, head.Term+1, "b/1")))); r != Accepted {
+		t.Fatalf("a claim after the epoch: %s", r)
+	}
+}
+
+// The settings a genesis records are part of its value bytes: changing one breaks its
+// authenticator, so a replica cannot be made to accept other settings by editing the record.
+func TestSettingsAreAuthenticated(t *testing.T) {
+	l, g := newTestLog(t)
+	g.Settings = map[string]string{"certify.delta": "0.05", "certify.mode": "paper"}
+	v := l.value(g)
+	rec := signed(0, v)
+	if err := Authenticate(testKeys(), rec); err != nil {
+		t.Fatal(err)
+	}
+	forged := []byte(strings.Replace(string(v), `"certify.delta":"0.05"`, `"certify.delta":"0.2"`, 1))
+	if string(forged) == string(v) {
+		t.Fatal("the settings are not in the value bytes")
+	}
+	rec.Value = forged
+	if _, r, _ := NewChain(testKeys()).Offer(rec); r != Unauthenticated {
+		t.Fatalf("a genesis whose settings were changed after signing: %s", r)
+	}
+}
