@@ -59,7 +59,8 @@ func (c *Config) Empty() bool { return c.empty }
 type HTTP struct {
 	Listen string `yaml:"listen"` // Default: 127.0.0.1:8080.
 	// Token, when set, is required as "Authorization: Bearer <token>" on every /v1/ endpoint
-	// (stored CEs hold applicants' features). Default: empty (no auth). The environment variable
+	// and, as that header or the web UI's session cookie, on /ui/ (stored CEs hold applicants'
+	// features). Default: empty (no auth). The environment variable
 	// CFGUARD_HTTP_TOKEN overrides it.
 	Token string `yaml:"token"`
 	// MetricsToken, when set, is required as a bearer token on /metrics (Prometheus:
