@@ -117,7 +117,6 @@ func Names() []string {
 // happens (counters, histograms) and what only the running process knows (consumer lag, a
 // failing checkpoint, a reset topic, the exported version).
 type Metrics struct {
-	consumerLag                 prometheus.Gauge
 	updates, records            *prometheus.CounterVec
 	recertDuration              prometheus.Histogram
 	checkpointFailing           prometheus.Gauge
@@ -138,7 +137,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return f.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 	}
 	m := &Metrics{
-		consumerLag: gauge(NameConsumerLag, "Records in the input topic not yet consumed, summed over partitions."),
 		updates: f.NewCounterVec(prometheus.CounterOpts{Name: NameUpdates,
 			Help: "Posterior updates by outcome (promoted, clipped, rejected, failed)."}, []string{"outcome"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: NameRecords,
@@ -256,9 +254,6 @@ func (m *Metrics) IncExportFailures() { m.exportFailures.Inc() }
 // ObserveRegistrationBatch records how many counterfactuals one ledger write of registrations
 // stored.
 func (m *Metrics) ObserveRegistrationBatch(n int) { m.registrationBatch.Observe(float64(n)) }
-
-// SetConsumerLag sets the total consumer lag in records.
-func (m *Metrics) SetConsumerLag(lag int64) { m.consumerLag.Set(float64(lag)) }
 
 // CheckpointFailed counts one checkpoint that could not be written and marks checkpointing as
 // failing; CheckpointRecovered clears the mark once a checkpoint is written again.

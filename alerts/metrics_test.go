@@ -33,7 +33,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	NewHTTPMetrics(reg, 1)
 	NewRequestMetrics(reg)
 	RegisterDamaged(reg, func() int { return 0 })
-	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9}, nil }))
+	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true}, nil }))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -234,6 +234,9 @@ func TestStateCollector(t *testing.T) {
 	if v, _ := gauge(NameKLBudget); v != budget {
 		t.Errorf("budget %v, want %v", v, budget)
 	}
+	if v, ok := gauge(NameConsumerLag); ok {
+		t.Errorf("%s = %v before the topic's offsets were read, want no sample", NameConsumerLag, v)
+	}
 	cases := []struct {
 		kl   float64
 		over float64
@@ -241,13 +244,13 @@ func TestStateCollector(t *testing.T) {
 	for _, k := range cases {
 		st = State{PosteriorVersion: 7, UpdateKL: k.kl, HasUpdate: true, MaxAnchorKL: 3, Pending: 4, MinBound: 0.61, HasBound: true,
 			Counts: map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, LastIngest: time.Unix(1700000000, 500_000_000),
-			LastBreach: time.Unix(1600000000, 0)}
+			LastBreach: time.Unix(1600000000, 0), Waiting: 64, HasWaiting: true}
 		if v, _ := gauge(NameKLOverBudget); v != k.over {
 			t.Errorf("update KL %v, budget %v: over budget %v, want %v (the anchor KL 3 must not count)", k.kl, budget, v, k.over)
 		}
 	}
 	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,
-		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5, NameKLBreachLast: 1600000000} {
+		NameRenewalPending: 4, NameBoundMin: 0.61, NameLastIngest: 1700000000.5, NameKLBreachLast: 1600000000, NameConsumerLag: 64} {
 		if v, ok := gauge(name); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
@@ -308,10 +311,6 @@ func TestMetricsBehaviour(t *testing.T) {
 		if v := testutil.ToFloat64(m.measured.WithLabelValues(r)); v != want {
 			t.Errorf("measured{result=%q} = %v, want %v", r, v, want)
 		}
-	}
-	m.SetConsumerLag(42)
-	if testutil.ToFloat64(m.consumerLag) != 42 {
-		t.Error("lag not set")
 	}
 	if n, err := testutil.GatherAndCount(reg, NameRecertDuration); err != nil || n != 1 {
 		t.Errorf("histogram: %d, %v", n, err)

@@ -39,6 +39,11 @@ type State struct {
 	// with it (zero when none is known: the gauge reads 0). A breach is an event: this time, not
 	// the last update's KL, is what says whether one happened lately.
 	LastBreach time.Time
+	// Waiting is the number of records in the input topic not yet applied: the topic's high
+	// watermarks, as last read, past the ledger's offsets (stream.Waiting). HasWaiting is false
+	// until the topic's offsets have been read once (the gauge then has no sample).
+	Waiting    int64
+	HasWaiting bool
 }
 
 // StateCollector is a prometheus.Collector that reads State at each scrape, as Prometheus' own
@@ -51,7 +56,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox, lastBreach                                                            *prometheus.Desc
+	unconfirmed, outbox, lastBreach, waiting                                                   *prometheus.Desc
 	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -70,6 +75,8 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when none is in the ledger's KL history)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
+		waiting: d(NameConsumerLag, "Records in the input topic not yet applied, summed over partitions: the topic's high watermarks, as last read, "+
+			"past the offsets the ledger has checkpointed (no sample until the topic's offsets have been read once)."),
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
 		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),
 		outbox:      d(NameEventsPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
@@ -99,7 +106,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting} {
 		ch <- d
 	}
 }
@@ -141,5 +148,8 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		return float64(t.UnixNano()) / 1e9
 	}
 	g(c.lastIngest, unix(s.LastIngest))
+	if s.HasWaiting {
+		g(c.waiting, float64(s.Waiting))
+	}
 	g(c.lastBreach, unix(s.LastBreach))
 }

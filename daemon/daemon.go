@@ -104,6 +104,7 @@ type Daemon struct {
 	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
+	ends      topicEnds        // the input topic's watermarks as last read (waiting.go)
 
 	// requests counts the requests applied before (request ids): skipped, and answered from
 	// their outcome.
@@ -221,6 +222,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 		td.add("CE share", d.rep.share.close)
 	}
 
+	ends, err := stream.NewOffsetsReader(life, d.conn, d.cfg.Kafka.Topic)
+	if err != nil {
+		return err
+	}
+	td.add("input topic offsets reader", func() error { ends.Close(); return nil })
+	d.readEnds(ctx, ends)
+
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
 	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
@@ -240,6 +248,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("reissue", d.reissue.run)
 	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
+	g.Go("watermarks", func(ctx context.Context) error { return d.watchTopic(ctx, ends) })
 	if opts.Ready != nil {
 		opts.Ready <- d
 	}

@@ -38,6 +38,9 @@ func (d *Daemon) ingest(ctx context.Context) error {
 		return err
 	}
 	pendingResets := map[int]bool{}
+	for _, r := range resets { // their records wait from the new log's start
+		d.ends.setReset(r.Partition, true)
+	}
 	if len(resets) > 0 {
 		if !d.acceptTopicReset {
 			// A reset found earlier and not confirmed: ingest stays stopped.
@@ -84,6 +87,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 				var reset *stream.TopicResetError
 				if errors.As(err, &reset) {
 					d.metrics.SetTopicReset(true)
+					d.ends.setReset(reset.Partition, true)
 					if err := d.recordTopicReset(reset); err != nil { // readiness still reports the reset
 						d.log.Error("the topic reset could not be recorded; a restart may not find it again", "file", d.topicResetPath(), "err", err)
 					}
@@ -93,7 +97,6 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			}
 			return err
 		}
-		d.metrics.SetConsumerLag(c.Stats().Lag)
 		if err := d.apply(ctx, inc); err != nil {
 			if ctx.Err() != nil {
 				return nil // abandoned mid-way: nothing was checkpointed or committed
@@ -107,6 +110,7 @@ func (d *Daemon) ingest(ctx context.Context) error {
 			for p := range pendingResets {
 				if inc.Reset(p) {
 					delete(pendingResets, p)
+					d.ends.setReset(p, false)
 				}
 			}
 			if len(pendingResets) == 0 {
@@ -376,6 +380,13 @@ func (d *Daemon) state() (alerts.State, error) {
 	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts, Decided: st.Decided,
 		Pending: st.Pending, Unconfirmed: st.Unconfirmed, OutboxPending: st.OutboxLen, MinBound: st.MinBound, HasBound: st.HasBound,
 		LastIngest: st.AppliedAt}
+	if w, reset, ok := d.ends.get(); ok {
+		next := maps.Clone(st.Offsets)
+		for p := range reset {
+			delete(next, p) // a reset partition's offset counts the old log's records
+		}
+		s.Waiting, s.HasWaiting = stream.Waiting(w, next), true
+	}
 	if u := st.LastUpdate; u != nil {
 		s.UpdateKL, s.HasUpdate = u.KL, true
 	}

@@ -897,9 +897,6 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 		r.mu.Lock()
 		r.consumer = nil
 		r.mu.Unlock()
-		// Only the updater consumes: a lag left from its term would make CfguardIngestStalled
-		// fire on a replica that no longer reads the topic.
-		d.metrics.SetConsumerLag(0)
 	}()
 	r.lg.Info("updater: consuming", "topic", d.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
 	for {
@@ -907,7 +904,6 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d.metrics.SetConsumerLag(c.Stats().Lag)
 		head := r.head()
 		prev := d.current()
 		if prev.Version != head.Version || head.Writer != r.writer {

@@ -100,8 +100,8 @@ var runbookChecks = map[string][]runbookCheck{
 		{"counterfactuals_(renewal_pending", `(?m)^cfguard_counterfactuals_renewal_pending 0$[\s\S]*^cfguard_counterfactuals_unconfirmed 0$`},
 	},
 	"CfguardIngestStalled": {
-		{"/readyz", `"status":"ready"`},
-		{"consumer_lag_records|checkpoint_failing", `(?m)^cfguard_checkpoint_failing 0$[\s\S]*^cfguard_consumer_lag_records 0$`},
+		{"/readyz", `checkpoint to cfguard\.db failing since .*file too large`},
+		{"consumer_lag_records|checkpoint_failing", `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$`},
 	},
 	"CfguardDeadLetterRateHigh": {
 		{"cfguard.records.dlq", `(?m)^\s*[0-9]+ .*cfguard-reason=`},
@@ -139,11 +139,11 @@ var runbookNotRun = map[string]string{
 // records (CfguardKLOverBudget, CfguardCounterfactualsInvalidated, CfguardDeadLetterRateHigh),
 // a change the quality detector found (CfguardModelQualityDegraded), a recreated input topic
 // (CfguardTopicReset), a deleted events topic (CfguardOutboxBacklog; the test then creates it
-// and the backlog drains). CfguardCheckpointFailing's run in the child process of
-// TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written (runbookInChild).
-// CfguardRenewalBehind's and CfguardIngestStalled's run against the drifted daemon, whose
-// renewals and ingest are done: their commands are checked to run and print the healthy values
-// (an empty backlog, no lag). curl, kcat, jq and df run for real; the test skips when one is
+// and the backlog drains). CfguardCheckpointFailing's and CfguardIngestStalled's run in the
+// child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
+// records wait in the topic (runbookInChild). CfguardRenewalBehind's run against the drifted
+// daemon, whose renewals are done: its commands are checked to run and print the healthy values
+// (an empty backlog). curl, kcat, jq and df run for real; the test skips when one is
 // missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	runbookTools(t, false)
@@ -275,7 +275,7 @@ func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Sta
 // runbookInChild are the sections whose state is a ledger that cannot be written: the child
 // process of TestCheckpointFailureHoldsTheIncrement, under RLIMIT_FSIZE, runs them
 // (runbookSectionNamed) while its checkpoints fail.
-var runbookInChild = map[string]bool{"CfguardCheckpointFailing": true}
+var runbookInChild = map[string]bool{"CfguardCheckpointFailing": true, "CfguardIngestStalled": true}
 
 // runRunbookSection runs the commands of s with bash against st and checks their output.
 func runRunbookSection(t *testing.T, s runbookSection, st *runbookState) {
@@ -374,6 +374,11 @@ func resetDaemon(t *testing.T) *runbookState {
 	waitfor.Cond(t, 30*time.Second, "ingest stopped for the reset", func() bool {
 		code, body := r.get(t, "/readyz")
 		return code == 503 && strings.Contains(string(body), "was reset")
+	})
+	// The 96 records of the new log wait, although the ledger's offset (64) is below its end:
+	// CfguardIngestStalled can fire beside CfguardTopicReset.
+	waitfor.Cond(t, 30*time.Second, "cfguard_consumer_lag_records to count the new log's 96 records", func() bool {
+		return r.metric(t, "cfguard_consumer_lag_records") == 96
 	})
 	return &runbookState{r: r, subst: strings.NewReplacer(
 		"127.0.0.1:8080", r.d.HTTPAddr(),

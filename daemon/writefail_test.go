@@ -124,6 +124,12 @@ func TestCheckpointFailureChild(t *testing.T) {
 	if got := applied(); got != held {
 		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
 	}
+	// The records that wait, the held increment's and the 64 more, are what
+	// cfguard_consumer_lag_records counts (CfguardIngestStalled): the topic's end past the
+	// ledger's offset, not what the consumer has yet to hand out (it holds them in its backlog).
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("cfguard_consumer_lag_records = %d records waiting", int64(sent)-held), func() bool {
+		return r.metric(t, "cfguard_consumer_lag_records") == float64(int64(sent)-held)
+	})
 	// The runbook's commands for a ledger that cannot be written, as written, in that state.
 	if runbookTools(t, true) {
 		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))}

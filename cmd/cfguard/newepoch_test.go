@@ -118,6 +118,15 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 	if n := generations(); n != stoppedGenerations {
 		t.Errorf("the updater group went through %d generations while the log was stopped, want 0", n-stoppedGenerations)
 	}
+	// Every replica counts the records the stopped log has not covered as waiting
+	// (CfguardIngestStalled), whichever of them reads the topic.
+	waiting := float64(int64(produced) - covered(before))
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, fmt.Sprintf("%s: cfguard_consumer_lag_records = %v records not covered", r.id, waiting), func() bool {
+			v, ok := r.metric("cfguard_consumer_lag_records")
+			return ok && v == waiting
+		})
+	}
 
 	code, out, errs := runCLI(t, "new-epoch", "--config", reps[1].cfg)
 	var rep epochReport
