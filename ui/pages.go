@@ -30,6 +30,7 @@ type page struct {
 	Timeline  template.HTML
 	Latest    *ledger.KLEntry
 	AppliedAt string
+	Lag       string // the consumer lag gauge in words; empty: no gauges
 
 	CEs      []ceRow
 	Classes  []string
@@ -191,7 +192,19 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p.Conditions, p.Gauges = holding(snap.Gauges, snap.Now), snap.Gauges != nil
 	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
+	p.Lag = ingestLag(snap.Gauges)
 	u.render(w, http.StatusOK, "overview", p)
+}
+
+// ingestLag is the consumer lag gauge (cfguard_consumer_lag_records) in words: the records of
+// the input topic not yet read, as of the last increment the consumer returned. Empty when the
+// daemon has no registry to read it from.
+func ingestLag(g map[string]float64) string {
+	v, ok := g["cfguard_consumer_lag_records"]
+	if !ok {
+		return ""
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + " records"
 }
 
 // list shows one page of CEs. The filters but status are applied to the pages the ledger

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui/uitest"
@@ -79,10 +80,13 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 
 	jar, _ := cookiejar.New(nil)
 	noFollow := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// origin is sent as Origin; "referer:URL" sends URL as the Referer instead.
 	post := func(path string, form url.Values, origin string) *http.Response {
 		req, _ := http.NewRequest("POST", d.Base+path, strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		if origin != "" {
+		if ref, ok := strings.CutPrefix(origin, "referer:"); ok {
+			req.Header.Set("Referer", ref)
+		} else if origin != "" {
 			req.Header.Set("Origin", origin)
 		}
 		resp, err := noFollow.Do(req)
@@ -97,6 +101,12 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 	}
 	if resp := post("/ui/login", url.Values{"token": {token}}, "http://evil.example"); resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
 		t.Fatalf("a sign-in posted from another site: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if resp := post("/ui/login", url.Values{"token": {token}}, "referer:http://evil.example/page"); resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+		t.Fatalf("a sign-in from another site's page without Origin: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if resp := post("/ui/login", url.Values{"token": {token}}, "referer:"+d.Base+"/ui/login"); resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("a sign-in from the login form without Origin: %d, cookies %v", resp.StatusCode, resp.Cookies())
 	}
 	// A next that leaves the UI is not followed.
 	resp := post("/ui/login", url.Values{"token": {token}, "next": {"//evil.example/x"}}, d.Base)
@@ -189,6 +199,13 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		if got := field(t, over, "decided-"+s); got != strconv.Itoa(decided) {
 			t.Errorf("overview: %s decided %s, the API's CEs %d", s, got, decided)
 		}
+	}
+	// The ingest figures are the gauges /metrics serves (still: the stream has been applied).
+	if got, want := field(t, over, "ingest-lag"), fmt.Sprintf("%.0f records", d.Metric(t, "cfguard_consumer_lag_records")); got != want {
+		t.Errorf("overview: input topic not yet read %q, /metrics %q", got, want)
+	}
+	if got, want := field(t, over, "applied-at"), time.Unix(int64(d.Metric(t, "cfguard_last_ingest_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC"); got != want {
+		t.Errorf("overview: last records applied %q, /metrics %q", got, want)
 	}
 	// The alert conditions the overview lists are those the daemon's gauges make true.
 	holding := field(t, over, "holding")
