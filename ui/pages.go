@@ -453,7 +453,7 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{Title: "Events", Nav: "events", More: len(evs) > max}
-	for _, e := range evs[:min(len(evs), max)] { // the order they will be published in
+	for _, e := range evs[:min(len(evs), max)] { // newest first
 		p.Events = append(p.Events, eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)})
 	}
 	u.render(w, http.StatusOK, "events", p)
