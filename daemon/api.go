@@ -39,6 +39,7 @@ type stateReader interface {
 	KLHistory(n int) ([]ledger.KLEntry, error)
 	Anchors() ([]ledger.Anchor, error)
 	Outbox(after uint64, max int) ([]ledger.OutboxEntry, error)
+	OutboxNewest(max int) ([]ledger.OutboxEntry, error)
 }
 
 // core is what the API asks of the daemon: the current posterior and everything that changes

@@ -65,7 +65,7 @@ func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 	return ce, err
 }
 
-func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.Outbox(0, n) }
+func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.OutboxNewest(n) }
 
 // gauges reads every gauge and counter of the registry by series (see ui.Snapshot.Gauges); nil
 // when there is no registry or it cannot be read (the overview then shows no conditions).

@@ -41,7 +41,7 @@ func (s ledgerSource) List(st certify.Status, limit int, after string) ([]*ledge
 	return s.l.List(st, limit, after)
 }
 func (s ledgerSource) Get(_ context.Context, id string) (*ledger.CE, error) { return s.l.Get(id) }
-func (s ledgerSource) Events(n int) ([]ledger.OutboxEntry, error)           { return s.l.Outbox(0, n) }
+func (s ledgerSource) Events(n int) ([]ledger.OutboxEntry, error)           { return s.l.OutboxNewest(n) }
 
 var (
 	fixtureMu sync.Mutex

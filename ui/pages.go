@@ -30,6 +30,7 @@ type page struct {
 	Timeline  template.HTML
 	Latest    *ledger.KLEntry
 	AppliedAt string
+	Lag       string // the consumer lag gauge in words; empty: no gauges
 
 	CEs      []ceRow
 	Classes  []string
@@ -191,7 +192,19 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p.Conditions, p.Gauges = holding(snap.Gauges, snap.Now), snap.Gauges != nil
 	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
+	p.Lag = ingestLag(snap.Gauges)
 	u.render(w, http.StatusOK, "overview", p)
+}
+
+// ingestLag is the gauge of records waiting (cfguard_consumer_lag_records) in words: the input
+// topic's end, as last read, past the ledger's offsets. Empty when the daemon has no registry to
+// read it from or the topic's offsets have not been read yet.
+func ingestLag(g map[string]float64) string {
+	v, ok := g["cfguard_consumer_lag_records"]
+	if !ok {
+		return ""
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + " records"
 }
 
 // list shows one page of CEs. The filters but status are applied to the pages the ledger
@@ -440,7 +453,7 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{Title: "Events", Nav: "events", More: len(evs) > max}
-	for _, e := range evs[:min(len(evs), max)] { // the order they will be published in
+	for _, e := range evs[:min(len(evs), max)] { // newest first
 		p.Events = append(p.Events, eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)})
 	}
 	u.render(w, http.StatusOK, "events", p)

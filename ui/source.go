@@ -17,7 +17,7 @@ type Source interface {
 	List(s certify.Status, limit int, after string) ([]*ledger.CE, error)
 	// Get returns a stored CE (ledger.ErrNotFound when there is none).
 	Get(ctx context.Context, id string) (*ledger.CE, error)
-	// Events returns up to n events not yet published, oldest first.
+	// Events returns up to n events not yet published, newest first.
 	Events(n int) ([]ledger.OutboxEntry, error)
 }
 

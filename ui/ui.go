@@ -136,9 +136,14 @@ func (u *UI) loginForm(w http.ResponseWriter, r *http.Request) {
 }
 
 // sameOrigin refuses a cross-site form post (login CSRF): a browser sends Origin on a POST, and it
-// must name this host. A client that sends no Origin (curl) is not a browser another site drives.
+// must name this host; where a browser sends no Origin but a Referer, the Referer's host must be
+// this host. A client that sends neither (curl) is not a browser another site drives, and the
+// session cookie is SameSite=Strict, so no other site's page carries it here.
 func sameOrigin(r *http.Request) bool {
 	o := r.Header.Get("Origin")
+	if o == "" {
+		o = r.Header.Get("Referer")
+	}
 	if o == "" {
 		return true
 	}

@@ -3,8 +3,10 @@ package ui_test
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"regexp"
@@ -12,8 +14,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ui"
 	"github.com/cfguard/cfguard/ui/uitest"
 )
 
@@ -79,10 +84,13 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 
 	jar, _ := cookiejar.New(nil)
 	noFollow := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// origin is sent as Origin; "referer:URL" sends URL as the Referer instead.
 	post := func(path string, form url.Values, origin string) *http.Response {
 		req, _ := http.NewRequest("POST", d.Base+path, strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		if origin != "" {
+		if ref, ok := strings.CutPrefix(origin, "referer:"); ok {
+			req.Header.Set("Referer", ref)
+		} else if origin != "" {
 			req.Header.Set("Origin", origin)
 		}
 		resp, err := noFollow.Do(req)
@@ -97,6 +105,12 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 	}
 	if resp := post("/ui/login", url.Values{"token": {token}}, "http://evil.example"); resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
 		t.Fatalf("a sign-in posted from another site: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if resp := post("/ui/login", url.Values{"token": {token}}, "referer:http://evil.example/page"); resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+		t.Fatalf("a sign-in from another site's page without Origin: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if resp := post("/ui/login", url.Values{"token": {token}}, "referer:"+d.Base+"/ui/login"); resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("a sign-in from the login form without Origin: %d, cookies %v", resp.StatusCode, resp.Cookies())
 	}
 	// A next that leaves the UI is not followed.
 	resp := post("/ui/login", url.Values{"token": {token}, "next": {"//evil.example/x"}}, d.Base)
@@ -189,6 +203,13 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		if got := field(t, over, "decided-"+s); got != strconv.Itoa(decided) {
 			t.Errorf("overview: %s decided %s, the API's CEs %d", s, got, decided)
 		}
+	}
+	// The ingest figures are the gauges /metrics serves (still: the stream has been applied).
+	if got, want := field(t, over, "ingest-lag"), fmt.Sprintf("%.0f records", d.Metric(t, "cfguard_consumer_lag_records")); got != want {
+		t.Errorf("overview: records waiting %q, /metrics %q", got, want)
+	}
+	if got, want := field(t, over, "applied-at"), time.Unix(int64(d.Metric(t, "cfguard_last_ingest_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC"); got != want {
+		t.Errorf("overview: last records applied %q, /metrics %q", got, want)
 	}
 	// The alert conditions the overview lists are those the daemon's gauges make true.
 	holding := field(t, over, "holding")
@@ -296,5 +317,54 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=bogus"); code != http.StatusBadRequest {
 		t.Errorf("an unknown status filter: %d, want 400", code)
+	}
+}
+
+// TestEventsPageShowsTheNewestFirst fills a ledger's outbox past a page and reads the events page
+// over it: the newest 200 in descending order, a note that older ones wait, and after the
+// publisher's acknowledgement of all of them, none.
+func TestEventsPageShowsTheNewestFirst(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const n = 205
+	var evs []ledger.OutboxEntry
+	for i := 1; i <= n; i++ {
+		evs = append(evs, ledger.OutboxEntry{Key: fmt.Sprintf("ce-%d", i), Value: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+	}
+	if err := l.Checkpoint(&ledger.Checkpoint{Events: evs}); err != nil {
+		t.Fatal(err)
+	}
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, ledgerSource{l})
+	read := func() string {
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/events", nil))
+		if rec.Code != 200 {
+			t.Fatalf("GET /ui/events: %d %s", rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	page := read()
+	var seqs []int
+	for _, m := range regexp.MustCompile(`<tr><td class="n">(\d+)</td><td>ce-(\d+)</td>`).FindAllStringSubmatch(page, -1) {
+		if m[1] != m[2] {
+			t.Fatalf("event %s shows the key of event %s", m[1], m[2])
+		}
+		s, _ := strconv.Atoi(m[1])
+		seqs = append(seqs, s)
+	}
+	if len(seqs) != 200 || seqs[0] != n || !slices.IsSortedFunc(seqs, func(a, b int) int { return b - a }) || seqs[199] != n-199 {
+		t.Fatalf("the events page lists %d events %v..., want %d down to %d", len(seqs), seqs[:min(3, len(seqs))], n, n-199)
+	}
+	if !strings.Contains(field(t, page, "more"), "newest 200") {
+		t.Errorf("the page does not say older events wait")
+	}
+	if err := l.AckOutbox(n); err != nil {
+		t.Fatal(err)
+	}
+	if got := field(t, read(), "none"); !strings.Contains(got, "No event is waiting") {
+		t.Errorf("after every event was published the page says %q", got)
 	}
 }

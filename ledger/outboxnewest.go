@@ -1,0 +1,36 @@
+package ledger
+
+import (
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// OutboxNewest returns up to max (default 1000) of the unacknowledged entries, newest first: the
+// events a person looking at the outbox wants to see first. It reads backwards from the last
+// entry, so its cost is max entries whatever the outbox's length.
+func (l *Ledger) OutboxNewest(max int) ([]OutboxEntry, error) {
+	if max <= 0 {
+		max = 1000
+	}
+	var out []OutboxEntry
+	err := l.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bOutbox).Cursor()
+		for k, v := c.Last(); k != nil && len(out) < max; k, v = c.Prev() {
+			p, ok := unseal(k, v)
+			if !ok {
+				return corruptf("outbox entry %x: checksum mismatch", k)
+			}
+			e, err := decodeOutboxEntry(k, p)
+			if err != nil {
+				return inRecord(err, "outbox entry %x", k)
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: outbox, newest first: %w", err)
+	}
+	return out, nil
+}
