@@ -106,8 +106,12 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 		if cur != nil && slices.Equal(cur.X, x) && slices.Equal(cur.XCF, xcf) {
 			return cur, nil
 		}
+		again := "to register it again, send it with a new Idempotency-Key"
+		if fingerprint == "" {
+			again = "a later request deleted or replaced it; to register it again, send it again"
+		}
 		return nil, fmt.Errorf("%w: counterfactual %q was stored by this request at %s and is not stored now; nothing was registered "+
-			"again: to register it again, send it with a new Idempotency-Key", errDeletedSince, o.ID, o.At.Format(time.RFC3339))
+			"again: %s", errDeletedSince, o.ID, o.At.Format(time.RFC3339), again)
 	case ledger.OutcomeExists:
 		return nil, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, o.ID)
 	case ledger.OutcomeRefused:
