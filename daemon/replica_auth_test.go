@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -222,6 +223,20 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		if !warned[id] {
 			t.Errorf("no replica logged a WARN line naming the forged CE request for %s at offset %d", id, off)
 		}
+	}
+
+	// The runbook's commands for CfguardReplicationUnauthenticated, as written, at r1: the count
+	// of records ignored, and the first forged record read back with kcat, without an
+	// authenticator header.
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "grep cfguard_replication_unauthenticated_total", Want: fmt.Sprintf(`(?m)^cfguard_replication_unauthenticated_total\{topic="cfguard\.posterior"\} %d$`, len(postOffsets))},
+			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?s)^offset %d key e/%d headers \n\{.*"kind":"increment".*"writer":%q`, postOffsets[0], forged.Seq, h.Writer)},
+		}
+		s := runbooktest.Named(t, runbookPath, "CfguardReplicationUnauthenticated")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
+			"OFFSET", fmt.Sprint(postOffsets[0])), nil)
 	}
 
 	// A replica with another cluster's key does not join: no record of the log authenticates.

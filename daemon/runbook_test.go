@@ -1,14 +1,9 @@
 package daemon
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,112 +12,71 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// runbookSection is one "## Alert" section of docs/RUNBOOK.md: the lines of its ```sh blocks.
-type runbookSection struct {
-	name     string
-	commands []string
-}
+// runbookPath is the runbook, from the package's directory.
+var runbookPath = filepath.Join("..", "docs", "RUNBOOK.md")
 
-// runbookSections reads the fenced ```sh blocks of docs/RUNBOOK.md, section by section; every
-// non-empty line of a block is one command.
-func runbookSections(t *testing.T) []runbookSection {
-	t.Helper()
-	doc, err := os.ReadFile(filepath.Join("..", "docs", "RUNBOOK.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []runbookSection
-	in := false
-	sc := bufio.NewScanner(bytes.NewReader(doc))
-	for sc.Scan() {
-		l := sc.Text()
-		switch {
-		case strings.HasPrefix(l, "## "):
-			out = append(out, runbookSection{name: strings.TrimSpace(l[3:])})
-		case l == "```sh":
-			in = true
-		case in && l == "```":
-			in = false
-		case in && strings.TrimSpace(l) != "":
-			if len(out) == 0 {
-				t.Fatalf("docs/RUNBOOK.md: command %q before the first section", l)
-			}
-			out[len(out)-1].commands = append(out[len(out)-1].commands, l)
-		}
-	}
-	if in {
-		t.Fatal("docs/RUNBOOK.md: a ```sh block is not closed")
-	}
-	return out
-}
-
-// runbookCheck says what one runbook command (the one containing cmd) must print in the state
-// of its alert: want matches its output (stdout and stderr).
-type runbookCheck struct {
-	cmd  string
-	want string
-}
-
-// runbookReplicaSections are the replicas' alerts (replication.enabled): their commands read a
-// replica's /v1/model replication block and the posterior topic; this test, which runs single
-// nodes, does not run them.
-var runbookReplicaSections = map[string]bool{
-	"CfguardReplicationUnauthenticated": true, "CfguardPosteriorLogStopped": true, "CfguardPosteriorLogBehind": true,
+// runbookReplicaSections are the replicas' alerts (replication.enabled), run in the state each
+// describes by the test named: their commands read replicas' /v1/model, /metrics and the
+// posterior topic.
+var runbookReplicaSections = map[string]string{
+	"CfguardReplicationUnauthenticated": "TestForgedRecordsAreRefusedByEveryReplica, after forged records",
+	"CfguardPosteriorLogStopped":        "cmd/cfguard TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
+	"CfguardPosteriorLogBehind":         "cmd/cfguard TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
 }
 
 // runbookChecks: for every single-node alert, what each of its commands prints against the
 // daemon of TestRunbookCommandsRun that is in its state. A command the table does not know fails the test,
 // so a new runbook command comes with its check.
-var runbookChecks = map[string][]runbookCheck{
+var runbookChecks = map[string][]runbooktest.Check{
 	"CfguardKLOverBudget": {
-		{"/v1/model ", `"kl_history":\[.*"outcome":"promoted"`},
-		{"kl_breach_last_timestamp_seconds|kl_over_budget|kl_budget", `(?m)^cfguard_kl_breach_last_timestamp_seconds [1-9][0-9.e+]*$[\s\S]*^cfguard_kl_budget 0\.10125$[\s\S]*^cfguard_kl_over_budget [01]$`},
-		{"grep kl_over_budget", `"type":"kl_over_budget".*"policy":"alert"`},
+		{Cmd: "/v1/model ", Want: `"kl_history":\[.*"outcome":"promoted"`},
+		{Cmd: "kl_breach_last_timestamp_seconds|kl_over_budget|kl_budget", Want: `(?m)^cfguard_kl_breach_last_timestamp_seconds [1-9][0-9.e+]*$[\s\S]*^cfguard_kl_budget 0\.10125$[\s\S]*^cfguard_kl_over_budget [01]$`},
+		{Cmd: "grep kl_over_budget", Want: `"type":"kl_over_budget".*"policy":"alert"`},
 	},
 	"CfguardCounterfactualsInvalidated": {
-		{"status=invalidated", `"status":"invalidated"`},
-		{"/ID     # its history", `"history":\[.*"to":"invalidated"`},
-		{"/v1/explain", `(?s)^\{.*("status":"certified".*\n201|"error":"no valid counterfactual found: .*\n422)$`},
-		{"-XDELETE", `^204$`},
+		{Cmd: "status=invalidated", Want: `"status":"invalidated"`},
+		{Cmd: "/ID     # its history", Want: `"history":\[.*"to":"invalidated"`},
+		{Cmd: "/v1/explain", Want: `(?s)^\{.*("status":"certified".*\n201|"error":"no valid counterfactual found: .*\n422)$`},
+		{Cmd: "-XDELETE", Want: `^204$`},
 	},
 	"CfguardCounterfactualsAtRisk": {
-		{"status=at_risk", `"status":"at_risk".*"decided":(true|false)`},
-		{"-XPOST 127.0.0.1:8080/v1/audit", `"counts":\{"at_risk":8,.*"evaluated":8,`},
-		{"/v1/audit ", `"last":\{.*"evaluated":8`},
+		{Cmd: "status=at_risk", Want: `"status":"at_risk".*"decided":(true|false)`},
+		{Cmd: "-XPOST 127.0.0.1:8080/v1/audit", Want: `"counts":\{"at_risk":8,.*"evaluated":8,`},
+		{Cmd: "/v1/audit ", Want: `"last":\{.*"evaluated":8`},
 	},
 	"CfguardRenewalBehind": {
-		{"/readyz", `"status":"ready"`},
-		{"counterfactuals_(renewal_pending", `(?m)^cfguard_counterfactuals_renewal_pending 0$[\s\S]*^cfguard_counterfactuals_unconfirmed 0$`},
+		{Cmd: "/readyz", Want: `"status":"ready"`},
+		{Cmd: "counterfactuals_(renewal_pending", Want: `(?m)^cfguard_counterfactuals_renewal_pending 0$[\s\S]*^cfguard_counterfactuals_unconfirmed 0$`},
 	},
 	"CfguardIngestStalled": {
-		{"/readyz", `checkpoint to cfguard\.db failing since .*file too large`},
-		{"consumer_lag_records|checkpoint_failing", `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$`},
+		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
+		{Cmd: "consumer_lag_records|checkpoint_failing", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$`},
 	},
 	"CfguardDeadLetterRateHigh": {
-		{"cfguard.records.dlq", `(?m)^\s*[0-9]+ .*cfguard-reason=`},
+		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*[0-9]+ .*cfguard-reason=`},
 	},
 	"CfguardCheckpointFailing": {
-		{"/readyz", `checkpoint to cfguard\.db failing since .*file too large`},
-		{"df -h", `(?s)Filesystem.*\n.*%`},
+		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
+		{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
 	},
 	"CfguardOutboxBacklog": {
-		{"cfguard_events_(pending|total)", `(?m)^cfguard_events_pending [1-9][0-9]*$[\s\S]*^cfguard_events_total\{result="failed"\} [1-9]`},
-		{"kcat -L", `topic "cfguard.events" with 0 partitions: Broker: Unknown topic or partition`},
+		{Cmd: "cfguard_events_(pending|total)", Want: `(?m)^cfguard_events_pending [1-9][0-9]*$[\s\S]*^cfguard_events_total\{result="failed"\} [1-9]`},
+		{Cmd: "kcat -L", Want: `topic "cfguard.events" with 0 partitions: Broker: Unknown topic or partition`},
 	},
 	"CfguardTopicReset": {
-		{"/readyz", `topic cfguard.records partition 0 was reset.*--accept-topic-reset`},
-		{"kcat -Q", `cfguard.records \[0\] offset 96\b`},
-		{"--accept-topic-reset", ""}, // starts a daemon: see runbookNotRun
+		{Cmd: "/readyz", Want: `topic cfguard.records partition 0 was reset.*--accept-topic-reset`},
+		{Cmd: "kcat -Q", Want: `cfguard.records \[0\] offset 96\b`},
+		{Cmd: "--accept-topic-reset", Want: ""}, // starts a daemon: see runbookNotRun
 	},
 	"CfguardModelQualityDegraded": {
-		{"jq '.prequential'", `"last_change": "20`},
-		{"prequential_(log_loss", `(?m)^cfguard_prequential_last_change_timestamp_seconds [1-9]`},
-		{"kl_history[-20:]", `"outcome":`},
+		{Cmd: "jq '.prequential'", Want: `"last_change": "20`},
+		{Cmd: "prequential_(log_loss", Want: `(?m)^cfguard_prequential_last_change_timestamp_seconds [1-9]`},
+		{Cmd: "kl_history[-20:]", Want: `"outcome":`},
 	},
 }
 
@@ -146,37 +100,24 @@ var runbookNotRun = map[string]string{
 // (an empty backlog). curl, kcat, jq and df run for real; the test skips when one is
 // missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
-	runbookTools(t, false)
-	sections := runbookSections(t)
+	runbooktest.Tools(t, false)
+	sections := runbooktest.Sections(t, runbookPath)
 	// Every command is known before the daemon starts.
-	var run []runbookSection
+	var run []runbooktest.Section
 	for _, s := range sections {
-		if len(s.commands) == 0 {
+		if len(s.Commands) == 0 {
 			continue
 		}
-		if runbookReplicaSections[s.name] {
-			t.Logf("%s: %d commands not run here (a replica's alert)", s.name, len(s.commands))
+		if by, ok := runbookReplicaSections[s.Name]; ok {
+			t.Logf("%s: %d commands run by %s", s.Name, len(s.Commands), by)
 			continue
 		}
-		checks, ok := runbookChecks[s.name]
+		checks, ok := runbookChecks[s.Name]
 		if !ok {
-			t.Errorf("docs/RUNBOOK.md section %s has commands and no checks in runbookChecks", s.name)
+			t.Errorf("docs/RUNBOOK.md section %s has commands and no checks in runbookChecks", s.Name)
 			continue
 		}
-		for _, c := range s.commands {
-			if n := len(matchingChecks(checks, c)); n != 1 {
-				t.Errorf("%s: command %q matches %d checks, want 1", s.name, c, n)
-			}
-		}
-		for _, ch := range checks {
-			found := false
-			for _, c := range s.commands {
-				found = found || strings.Contains(c, ch.cmd)
-			}
-			if !found {
-				t.Errorf("%s: runbookChecks expects a command containing %q that the section does not have", s.name, ch.cmd)
-			}
-		}
+		runbooktest.Covered(t, s, checks)
 		run = append(run, s)
 	}
 	if t.Failed() {
@@ -193,7 +134,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	backlog := outboxDaemon(t)
 	for _, s := range run {
 		st := invalidated
-		switch s.name {
+		switch s.Name {
 		case "CfguardCounterfactualsAtRisk":
 			st = atRisk
 		case "CfguardModelQualityDegraded":
@@ -203,11 +144,11 @@ func TestRunbookCommandsRun(t *testing.T) {
 		case "CfguardOutboxBacklog":
 			st = backlog
 		}
-		if runbookInChild[s.name] {
-			t.Logf("%s: run by TestCheckpointFailureChild, in the alert's state", s.name)
+		if runbookInChild[s.Name] {
+			t.Logf("%s: run by TestCheckpointFailureChild, in the alert's state", s.Name)
 			continue
 		}
-		runRunbookSection(t, s, st)
+		st.run(t, s)
 	}
 	// The remedy of CfguardOutboxBacklog: with the events topic back, the backlog drains.
 	createTopic(t, backlog.r.d.BrokerAddrs(), backlog.r.d.cfg.Kafka.EventsTopic)
@@ -277,81 +218,10 @@ func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Sta
 // (runbookSectionNamed) while its checkpoints fail.
 var runbookInChild = map[string]bool{"CfguardCheckpointFailing": true, "CfguardIngestStalled": true}
 
-// runRunbookSection runs the commands of s with bash against st and checks their output.
-func runRunbookSection(t *testing.T, s runbookSection, st *runbookState) {
+// run runs the commands of the single-node section s against st and checks their output.
+func (st *runbookState) run(t *testing.T, s runbooktest.Section) {
 	t.Helper()
-	for _, c := range s.commands {
-		checks := matchingChecks(runbookChecks[s.name], c)
-		if len(checks) != 1 {
-			t.Errorf("%s: command %q matches %d checks, want 1", s.name, c, len(checks))
-			continue
-		}
-		ch := checks[0]
-		if why, skip := runbookNotRun[ch.cmd]; skip {
-			t.Logf("%s: not run: %s (%s)", s.name, c, why)
-			continue
-		}
-		line := st.subst.Replace(c)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line)
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			t.Errorf("%s: %s: %v\n%s", s.name, line, err, out)
-			continue
-		}
-		if !regexp.MustCompile(ch.want).Match(bytes.TrimSpace(out)) {
-			t.Errorf("%s: %s printed\n%s\nwant it to match %s", s.name, line, clip(out), ch.want)
-			continue
-		}
-		t.Logf("%s: ran %s (%d bytes of output, as the runbook says)", s.name, c, len(out))
-	}
-}
-
-// runbookSectionNamed returns the section of docs/RUNBOOK.md named name, failing without one.
-func runbookSectionNamed(t *testing.T, name string) runbookSection {
-	t.Helper()
-	for _, s := range runbookSections(t) {
-		if s.name == name {
-			return s
-		}
-	}
-	t.Fatalf("docs/RUNBOOK.md has no section %s", name)
-	return runbookSection{}
-}
-
-// runbookTools reports whether the tools the runbook's commands use are on PATH; when one is
-// not, it calls tooltest.Missing (a skip, or a failure with CFGUARD_REQUIRE_TOOLS=1) unless
-// quiet, in which case it only reports false.
-func runbookTools(t *testing.T, quiet bool) bool {
-	t.Helper()
-	for _, tool := range []string{"bash", "curl", "kcat", "jq", "df", "sort", "uniq"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if !quiet || os.Getenv(tooltest.RequireEnv) == "1" {
-				tooltest.Missing(t, tool+" not on PATH", "apt-get install kcat curl jq")
-			}
-			return false
-		}
-	}
-	return true
-}
-
-func matchingChecks(checks []runbookCheck, command string) []runbookCheck {
-	var out []runbookCheck
-	for _, ch := range checks {
-		if strings.Contains(command, ch.cmd) {
-			out = append(out, ch)
-		}
-	}
-	return out
-}
-
-// clip shortens a command's output for an error message.
-func clip(b []byte) string {
-	if len(b) > 2000 {
-		return fmt.Sprintf("%s ... (%d bytes)", b[:2000], len(b))
-	}
-	return string(b)
+	runbooktest.Run(t, s, runbookChecks[s.Name], st.subst, runbookNotRun)
 }
 
 // resetDaemon is a daemon whose input topic was deleted and recreated after it applied 64

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -131,10 +132,10 @@ func TestCheckpointFailureChild(t *testing.T) {
 		return r.metric(t, "cfguard_consumer_lag_records") == float64(int64(sent)-held)
 	})
 	// The runbook's commands for a ledger that cannot be written, as written, in that state.
-	if runbookTools(t, true) {
+	if runbooktest.Tools(t, true) {
 		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))}
 		for name := range runbookInChild {
-			runRunbookSection(t, runbookSectionNamed(t, name), st)
+			st.run(t, runbooktest.Named(t, runbookPath, name))
 		}
 	} else {
 		t.Log("the runbook's commands are not run: a tool is missing")

@@ -53,6 +53,7 @@ type modelView struct {
 		SHA     string        `json:"posterior_sha256"`
 		Covers  map[int]int64 `json:"covers"`
 		Stopped string        `json:"stopped"`
+		Lag     int64         `json:"lag_records"`
 		// CEPartitions are the CE partitions the replica owns.
 		CEPartitions []int `json:"ce_partitions"`
 	} `json:"replication"`

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -126,6 +127,18 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 			v, ok := r.metric("cfguard_consumer_lag_records")
 			return ok && v == waiting
 		})
+	}
+
+	// The runbook's commands for a stopped replica, as written, in that state.
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "/readyz", Want: fmt.Sprintf(`^\{"error":"not following the posterior log: .*unknown format.*upgrade cfguard \(offset %d of cfguard\.posterior`, unreadable)},
+			{Cmd: "jq .replication", Want: fmt.Sprintf(`(?s)"entry": \d+,.*"posterior_sha256": "%s".*"stopped": ".*unknown format.*offset %d of cfguard\.posterior`, before.Replication.SHA, unreadable)},
+			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?m)^%d \S+ \d+ bytes$`, unreadable)},
+		}
+		s := runbooktest.Named(t, filepath.Join("..", "..", "docs", "RUNBOOK.md"), "CfguardPosteriorLogStopped")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", reps[0].c.addr(), "BROKER", brokers[0]), nil)
 	}
 
 	code, out, errs := runCLI(t, "new-epoch", "--config", reps[1].cfg)

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/runbooktest"
+	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// TestFollowerBehindTheLog puts a replica in the state of CfguardPosteriorLogBehind: its disk
+// refuses the ledger's writes (its file size limit is lowered with util-linux prlimit while it
+// runs, below the ledger's size: the kernel fails writes past it with EFBIG, as a full disk
+// would), so its follower cannot checkpoint the entries the updater keeps appending and falls
+// behind the log's end. The runbook's commands for the alert run as written against it; then,
+// with the limit lifted, it catches up by itself and agrees with the updater on every record.
+func TestFollowerBehindTheLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replica processes and a stream: not with -short")
+	}
+	if _, err := exec.LookPath("prlimit"); err != nil {
+		tooltest.Missing(t, "prlimit not on PATH", "apt-get install util-linux")
+	}
+	brokers := startClusterBroker(t)
+	root := t.TempDir()
+	data, _, modelDir := trainModel(t, root)
+	reps := startReplicas(t, root, 2, brokers, modelDir)
+	s := startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool {
+		v, ok := reps[0].view()
+		return ok && covered(v) >= 64
+	})
+	produced := s.end(t)
+	waitAgree(t, "before the disk fills", reps, produced)
+	var follower *replicaProc
+	for _, r := range reps {
+		if v, ok := r.view(); ok && !v.Replication.Updater {
+			follower = r
+		}
+	}
+	if follower == nil {
+		t.Fatal("no follower")
+	}
+	db := filepath.Join(follower.dir, "state", ledger.FileName)
+	fi, err := os.Stat(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(follower.c.cmd.Process.Pid)
+	prlimit := func(limit string) {
+		t.Helper()
+		if out, err := exec.Command("prlimit", "--pid", pid, "--fsize="+limit).CombinedOutput(); err != nil {
+			t.Fatalf("prlimit --pid %s --fsize=%s: %v\n%s", pid, limit, err, out)
+		}
+	}
+	prlimit(strconv.FormatInt(fi.Size()/4&^4095, 10) + ":unlimited")
+	t.Cleanup(func() { exec.Command("prlimit", "--pid", pid, "--fsize=unlimited").Run() })
+
+	s = startStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, follower.id+" behind the log's end, its checkpoints failing", func() bool {
+		v, ok := follower.view()
+		if !ok || v.Replication.Lag < 1 {
+			return false
+		}
+		code, body := get(t, "http://"+follower.c.addr()+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "file too large")
+	})
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "{entry, lag_records}", Want: `(?s)^\{\s*"entry": \d+,\s*"lag_records": [1-9]\d*\s*\}$`},
+			{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
+		}
+		sec := runbooktest.Named(t, filepath.Join("..", "..", "docs", "RUNBOOK.md"), "CfguardPosteriorLogBehind")
+		runbooktest.Covered(t, sec, checks)
+		runbooktest.Run(t, sec, checks, strings.NewReplacer("127.0.0.1:8080", follower.c.addr()), nil)
+	}
+	// The remedy: space again. The follower catches up without a restart.
+	prlimit("unlimited")
+	produced += s.end(t)
+	after := waitAgree(t, "after the disk has space again", reps, produced)
+	// lag_records is the log's end, read every second, past what the follower has read.
+	waitfor.Cond(t, 30*time.Second, follower.id+"'s lag_records back to 0", func() bool {
+		v, ok := follower.view()
+		return ok && v.Replication.Lag == 0
+	})
+	t.Logf("%s caught up: entry %d covering %d records", follower.id, after.Replication.Entry, covered(after))
+}
+
+// get answers GET url's status and body (0 when it does not answer).
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
