@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -87,6 +88,31 @@ func (d *Directory) Owner(ctx context.Context, id string) (Owner, error) {
 		return Owner{}, d.refresh
 	}
 	return Owner{}, fmt.Errorf("%w: partition %d of %q, group %q is %s", ErrNoOwner, p, d.topic, d.group, d.state)
+}
+
+// Owners returns the owner of every partition, looked up again when the cache is older than
+// MinRefresh, so that a list or an audit that asks every owner sees the group as it is. It fails
+// with an error matching ErrNoOwner naming the partitions no member owns (the group is
+// rebalancing), or with the broker's error.
+func (d *Directory) Owners(ctx context.Context) (map[int]Owner, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.at) >= d.MinRefresh || len(d.owners) < d.partitions {
+		d.lookUp(ctx)
+	}
+	if d.refresh != nil {
+		return nil, d.refresh
+	}
+	var missing []int
+	for p := range d.partitions {
+		if _, ok := d.owners[p]; !ok {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: partitions %v of %q, group %q is %s", ErrNoOwner, missing, d.topic, d.group, d.state)
+	}
+	return maps.Clone(d.owners), nil
 }
 
 // lookUp describes the group and rebuilds the cache. d.mu is held.

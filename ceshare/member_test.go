@@ -337,6 +337,15 @@ func caughtUp(b *broker.Broker, reps []*replica, owner map[int]string) bool {
 // offsets their ledgers stored; the others keep theirs; the Directory follows.
 func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	b, conn := startBroker(t)
+	// Before any member joins, no partition has an owner: Owners names them.
+	empty, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := empty.Owners(context.Background()); !errors.Is(err, ErrNoOwner) || !strings.Contains(err.Error(), "partitions [0 1 2") {
+		t.Fatalf("Owners of a group without members: %v, %v; want ErrNoOwner naming the partitions", o, err)
+	}
+	empty.Close()
 	var reps []*replica
 	for _, id := range []string{"r1", "r2", "r3"} {
 		reps = append(reps, startReplica(t, memberConfig(conn, id)))
@@ -550,6 +559,15 @@ func checkDirectory(t *testing.T, dir *Directory, owner map[int]string) {
 		want := owner[Partition(id, testPartitions)]
 		if o.Replica != want || o.URL != "http://"+want+".test:8080" || o.MemberID == "" {
 			t.Fatalf("Owner(%q) = %+v, want replica %s at http://%s.test:8080", id, o, want, want)
+		}
+	}
+	all, err := dir.Owners(context.Background())
+	if err != nil || len(all) != testPartitions {
+		t.Fatalf("Owners: %d partitions, %v; want all %d", len(all), err, testPartitions)
+	}
+	for p, o := range all {
+		if o.Replica != owner[p] || o.URL != "http://"+owner[p]+".test:8080" {
+			t.Fatalf("Owners: partition %d owned by %+v, want %s", p, o, owner[p])
 		}
 	}
 }

@@ -57,6 +57,10 @@ type core interface {
 	forget(ctx context.Context, id string, ref ledger.RequestRef) error
 	// find returns a stored CE, from its owner on a replica; replica names who answered.
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
+	// list returns limit CEs of status st (0: any) after the id after, in id order, and the
+	// cursor of the next page ("" at the end): the ledger's, or on a replica the whole cluster's
+	// (unless forwarded by another replica, which then asks this ledger only).
+	list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) (ces []*ledger.CE, next string, err error)
 	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now; ok is false when it has none (share.outcome asks the owner for it).
 	localOutcome(id, rid string) (ro requestOutcome, ok bool, err error)
@@ -718,14 +722,20 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ces, err := a.state.List(st, limit, q.Get("after"))
-	if err != nil {
+	ces, next, err := a.core.list(r.Context(), st, limit, q.Get("after"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	switch {
+	case errors.Is(err, ceshare.ErrNoOwner):
+		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
+		return
+	case errors.Is(err, errPeer):
+		writeError(w, http.StatusBadGateway, err.Error())
+		return
+	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	next := ""
-	if len(ces) == limit {
-		next = ces[len(ces)-1].ID
+	if ces == nil {
+		ces = []*ledger.CE{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"counterfactuals": ces, "next": next})
 }

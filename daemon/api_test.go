@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -234,6 +235,9 @@ func (f *fakeCore) forget(context.Context, string, ledger.RequestRef) error {
 }
 func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {
 	return nil, "", ledger.ErrNotFound
+}
+func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bool) ([]*ledger.CE, string, error) {
+	return nil, "", nil
 }
 func (f *fakeCore) localOutcome(string, string) (requestOutcome, bool, error) {
 	return requestOutcome{}, false, nil

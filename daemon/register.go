@@ -534,6 +534,23 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 	return answerDeletion(o, ref.Fingerprint)
 }
 
+// list returns a page of the stored CEs: the ledger's, or on a replica the cluster's
+// (share.list) unless another replica forwarded the request.
+func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) ([]*ledger.CE, string, error) {
+	if d.rep != nil && !forwarded {
+		return d.rep.share.list(ctx, st, limit, after, authorization)
+	}
+	ces, err := d.ledger.List(st, limit, after)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(ces) == limit {
+		next = ces[len(ces)-1].ID
+	}
+	return ces, next, nil
+}
+
 // find returns a stored CE: from the ledger, or on a replica from the CE's owner (forwarding
 // authorization). replica names the replica that answered ("" for a single daemon).
 func (d *Daemon) find(ctx context.Context, id, authorization string, forwarded bool) (*ledger.CE, string, error) {

@@ -1,0 +1,166 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// errPeer is matched (errors.Is) by the failures of another replica to answer a request this
+// one made on a client's behalf: the API answers 502.
+var errPeer = errors.New("a replica did not answer")
+
+// listPage is one owner's page of GET /v1/counterfactuals: its CEs after the cursor, in id order,
+// whether it may have more after them (it returned a full page), and the id of the last CE it
+// returned (before the CEs of partitions it does not own were left out).
+type listPage struct {
+	replica string
+	ces     []*ledger.CE
+	more    bool
+	lastID  string
+}
+
+func newListPage(replica string, ces []*ledger.CE, limit int) listPage {
+	pg := listPage{replica: replica, ces: ces, more: len(ces) >= limit}
+	if len(ces) > 0 {
+		pg.lastID = ces[len(ces)-1].ID
+	}
+	return pg
+}
+
+// list answers GET /v1/counterfactuals on a replica for the whole cluster: it asks the owner of
+// every CE partition (this ledger for its own, the others' APIs with the request's Authorization
+// for theirs) for limit CEs of status st after the cursor after, keeps of each answer the CEs of
+// the partitions the group gives that owner (a ledger may still hold a partition it is handing
+// over), and merges them by id. An owner with more than a page bounds the merge: no CE past the
+// last id it returned is taken, since its next CEs may come before them. So the page is the
+// first limit CEs of the cluster in id order, as a single daemon's is, and next ("" at the
+// end) resumes after it. A partition without an owner (the CE group is rebalancing) fails with
+// ceshare.ErrNoOwner; an owner that does not answer fails the list, naming it.
+func (s *share) list(ctx context.Context, st certify.Status, limit int, after, authorization string) ([]*ledger.CE, string, error) {
+	owners, err := s.dir.Owners(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	// Each owner's partitions: the group's view, except that this replica trusts its own.
+	byReplica := map[string]ceshare.Owner{}
+	parts := map[string][]int{}
+	for p, o := range owners {
+		byReplica[o.Replica] = o
+		parts[o.Replica] = append(parts[o.Replica], p)
+	}
+	pages := make([]listPage, 0, len(byReplica))
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	for replica, o := range byReplica {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pg, err := s.listAt(ctx, o, st, limit, after, authorization)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			pg.ces = slices.DeleteFunc(pg.ces, func(ce *ledger.CE) bool {
+				return !slices.Contains(parts[replica], ceshare.Partition(ce.ID, s.partitions))
+			})
+			pages = append(pages, pg)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return nil, "", errs[0]
+	}
+	return mergePages(pages, limit)
+}
+
+// mergePages merges owners' pages (each in id order) into the first limit CEs in id order, and
+// the cursor after them ("" when no owner has more and nothing was left out).
+func mergePages(pages []listPage, limit int) ([]*ledger.CE, string, error) {
+	bound, bounded := "", false // the smallest last id of an owner with more
+	var all []*ledger.CE
+	for _, pg := range pages {
+		all = append(all, pg.ces...)
+		if pg.more && (!bounded || pg.lastID < bound) {
+			bound, bounded = pg.lastID, true
+		}
+	}
+	slices.SortFunc(all, func(a, b *ledger.CE) int { return strings.Compare(a.ID, b.ID) })
+	if bounded {
+		all = slices.DeleteFunc(all, func(ce *ledger.CE) bool { return ce.ID > bound })
+	}
+	switch {
+	case len(all) >= limit:
+		all = all[:limit]
+		return all, all[limit-1].ID, nil
+	case bounded:
+		return all, bound, nil
+	}
+	return all, "", nil
+}
+
+// listAt reads one page of the CEs stored at owner o: this ledger's, or o's API's (forwarded).
+func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, limit int, after, authorization string) (listPage, error) {
+	if o.Replica == s.id {
+		ces, err := s.d.ledger.List(st, limit, after)
+		if err != nil {
+			return listPage{}, err
+		}
+		return newListPage(s.id, ces, limit), nil
+	}
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if st != 0 {
+		q.Set("status", st.String())
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.URL+"/v1/counterfactuals?"+q.Encode(), nil)
+	if err != nil {
+		return listPage{}, err
+	}
+	if authorization == "" && s.d.cfg.HTTP.Token != "" {
+		authorization = "Bearer " + s.d.cfg.HTTP.Token
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	req.Header.Set(headerForwarded, s.id)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): it answered %d: %s", errPeer, o.Replica, o.URL, resp.StatusCode, bytes.TrimSpace(body))
+	}
+	var got struct {
+		CEs []*ledger.CE `json:"counterfactuals"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
+	}
+	return newListPage(o.Replica, got.CEs, limit), nil
+}
