@@ -33,7 +33,9 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	NewHTTPMetrics(reg, 1)
 	NewRequestMetrics(reg)
 	RegisterDamaged(reg, func() int { return 0 })
-	reg.MustRegister(NewStateCollector(0.1, func() (State, error) { return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true}, nil }))
+	reg.MustRegister(NewStateCollector(0.1, func() (State, error) {
+		return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true}, nil
+	}))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
