@@ -64,8 +64,10 @@ type core interface {
 	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now; ok is false when it has none (share.outcome asks the owner for it).
 	localOutcome(id, rid string) (ro requestOutcome, ok bool, err error)
-	audit(ctx context.Context) (ledger.AuditReport, error)
-	auditStatus() auditStatus
+	// audit runs an audit: this ledger's, or on a replica every replica's (unless forwarded).
+	audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error)
+	// auditState is GET /v1/audit's answer: this daemon's, or on a replica every replica's too.
+	auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error)
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
 	readiness(ctx context.Context) error
 	// replication is GET /v1/model's replication block, nil for a single daemon.
@@ -914,11 +916,17 @@ func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
 	// The answer comes when the audit ends, which takes as long as the store needs (minutes at
 	// 10^6 CEs): http.write_timeout must not cut it, so the deadline is lifted, as for a backup.
 	http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	rep, err := a.core.audit(r.Context())
+	rep, err := a.core.audit(r.Context(), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
 	var busy *auditBusyError
 	switch {
 	case errors.As(err, &busy):
 		retryLater(w, http.StatusConflict, busy.remaining, err.Error())
+	case errors.Is(err, errPeerBusy):
+		retryLater(w, http.StatusConflict, 10*time.Second, err.Error())
+	case errors.Is(err, ceshare.ErrNoOwner):
+		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
+	case errors.Is(err, errPeer):
+		writeError(w, http.StatusBadGateway, err.Error())
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
@@ -927,7 +935,17 @@ func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.core.auditStatus())
+	st, err := a.core.auditState(r.Context(), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	switch {
+	case errors.Is(err, ceshare.ErrNoOwner):
+		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
+	case errors.Is(err, errPeer):
+		writeError(w, http.StatusBadGateway, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, st)
+	}
 }
 
 func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {

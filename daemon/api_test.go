@@ -242,12 +242,14 @@ func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bo
 func (f *fakeCore) localOutcome(string, string) (requestOutcome, bool, error) {
 	return requestOutcome{}, false, nil
 }
-func (f *fakeCore) auditStatus() auditStatus                   { return auditStatus{} }
+func (f *fakeCore) auditState(context.Context, string, bool) (auditStatus, error) {
+	return auditStatus{}, nil
+}
 func (f *fakeCore) readiness(context.Context) error            { return nil }
 func (f *fakeCore) replication(context.Context) map[string]any { return nil }
 func (f *fakeCore) prequential() map[string]any                { return nil }
-func (f *fakeCore) audit(context.Context) (ledger.AuditReport, error) {
-	return ledger.AuditReport{}, f.auditErr
+func (f *fakeCore) audit(context.Context, string, bool) (auditAnswer, error) {
+	return auditAnswer{}, f.auditErr
 }
 func (f *fakeCore) register(context.Context, registration) (*ledger.CE, error) {
 	return nil, ledger.ErrExists

@@ -19,6 +19,9 @@ type auditStatus struct {
 	Last         *ledger.AuditReport `json:"last,omitempty"`
 	LastError    string              `json:"last_error,omitempty"`
 	LastFinished *time.Time          `json:"last_finished,omitempty"`
+	// Replicas is, on replicas (GET /v1/audit not forwarded), the status of each replica that
+	// owns CE partitions, this one's included.
+	Replicas map[string]auditStatus `json:"replicas,omitempty"`
 }
 
 // auditBusyError: an audit is already running; only one runs at a time.
@@ -93,8 +96,21 @@ func (d *Daemon) auditSchedule(ctx context.Context) error {
 }
 
 // audit is POST /v1/audit.
-func (d *Daemon) audit(ctx context.Context) (ledger.AuditReport, error) {
-	return d.runAudit(ctx, "api")
+func (d *Daemon) audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error) {
+	if d.rep != nil && !forwarded {
+		return d.rep.share.audit(ctx, authorization)
+	}
+	rep, err := d.runAudit(ctx, "api")
+	return auditAnswer{AuditReport: rep}, err
+}
+
+// auditState is GET /v1/audit: this daemon's audits, and on replicas every replica's
+// (share.auditStatuses) unless another replica forwarded the request.
+func (d *Daemon) auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error) {
+	if d.rep != nil && !forwarded {
+		return d.rep.share.auditStatuses(ctx, authorization)
+	}
+	return d.auditStatus(), nil
 }
 
 // runAudit re-evaluates every stored CE by Monte-Carlo under the current posterior and

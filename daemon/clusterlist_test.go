@@ -50,10 +50,12 @@ func TestMergePages(t *testing.T) {
 	}
 }
 
-// TestListsCoverTheCluster: GET /v1/counterfactuals at any replica lists every CE the cluster
-// stores, each once, in id order, page by page (a small limit, so that pages cut across owners),
-// with the status filter; a request another replica forwards lists that replica's ledger only.
-func TestListsCoverTheCluster(t *testing.T) {
+// TestListsAndAuditsCoverTheCluster: GET /v1/counterfactuals at any replica lists every CE the
+// cluster stores, each once, in id order, page by page (a small limit, so that pages cut across
+// owners), with the status filter; POST /v1/audit at any replica audits every CE once, each at
+// its owner, and GET /v1/audit reports each replica's audit; a request another replica forwards
+// is answered from the receiving replica's ledger only.
+func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
 	}
@@ -138,5 +140,37 @@ func TestListsCoverTheCluster(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("stored at: %v", local)
+	}
+
+	// POST /v1/audit at any replica audits every replica's CEs, each by its owner: the sum
+	// evaluates every CE once; GET /v1/audit at another reports each replica's last audit.
+	code, body := reps[1].do(t, "POST", "/v1/audit", "", map[string]any{})
+	var rep auditAnswer
+	if code != http.StatusOK || json.Unmarshal(body, &rep) != nil {
+		t.Fatalf("POST /v1/audit at r2: %d %s", code, body)
+	}
+	if rep.Evaluated != len(all) || len(rep.Replicas) != len(reps) {
+		t.Errorf("the cluster's audit evaluated %d CEs at %d replicas; the cluster stores %d at %d", rep.Evaluated, len(rep.Replicas), len(all), len(reps))
+	}
+	for name, ids := range local {
+		if r := rep.Replicas[name]; r.Evaluated != len(ids) {
+			t.Errorf("%s's audit evaluated %d CEs, its ledger holds %d", name, r.Evaluated, len(ids))
+		}
+	}
+	code, body = reps[2].get(t, "/v1/audit")
+	var st auditStatus
+	if code != http.StatusOK || json.Unmarshal(body, &st) != nil {
+		t.Fatalf("GET /v1/audit at r3: %d %s", code, body)
+	}
+	for name, ids := range local {
+		if r := st.Replicas[name]; r.Last == nil || r.Last.Evaluated != len(ids) || r.Running {
+			t.Errorf("GET /v1/audit at r3: %s's status %+v, want its last audit of %d CEs", name, r, len(ids))
+		}
+	}
+	// Forwarded by another replica, an audit is this replica's only.
+	resp, body := reps[0].rawDo(t, "POST", "/v1/audit", "{}", map[string]string{headerForwarded: "r9"})
+	var one auditAnswer
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &one) != nil || one.Evaluated != len(local["r1"]) || one.Replicas != nil {
+		t.Errorf("a forwarded audit at r1: %d %s; want r1's %d CEs only", resp.StatusCode, body, len(local["r1"]))
 	}
 }

@@ -1,0 +1,215 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// auditAnswer is POST /v1/audit's answer: the audit's report, and on replicas the sum over the
+// replicas that own CE partitions (counts, evaluated, re-anchored, changed, batches and behind
+// added; the oldest posterior version any of them started under; the longest duration) with each
+// replica's own report under Replicas.
+type auditAnswer struct {
+	ledger.AuditReport
+	Replicas map[string]ledger.AuditReport `json:"replicas,omitempty"`
+}
+
+// peerAnswer is one replica's answer to a request another made on a client's behalf.
+type peerAnswer struct {
+	code       int
+	body       []byte
+	retryAfter string
+}
+
+// errPeerBusy is matched when every replica that did not audit answered that an audit was
+// running there: the API answers 409 with Retry-After.
+var errPeerBusy = errors.New("an audit is running at a replica")
+
+// audit runs POST /v1/audit at every replica that owns CE partitions, at once: this one's
+// audit, and the others' through their APIs (forwarded, so each audits its own ledger). It waits
+// for all of them. When one fails, the answer names it, and the replicas whose audits finished
+// (their audits are done: an audit is not undone).
+func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, error) {
+	owners, err := s.dir.Owners(ctx)
+	if err != nil {
+		return auditAnswer{}, err
+	}
+	peers := ownerReplicas(owners)
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		reports = map[string]ledger.AuditReport{}
+		failed  = map[string]error{}
+		busy    = 0
+	)
+	for _, o := range peers {
+		wg.Go(func() {
+			var rep ledger.AuditReport
+			var err error
+			if o.Replica == s.id {
+				rep, err = s.d.runAudit(ctx, "api")
+			} else {
+				var a peerAnswer
+				if a, err = s.ask(ctx, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization); err == nil {
+					err = decodePeer(o, a, &rep)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			var b *auditBusyError
+			switch {
+			case errors.As(err, &b) || errors.Is(err, errPeerBusy):
+				busy++
+				failed[o.Replica] = err
+			case err != nil:
+				failed[o.Replica] = err
+			default:
+				reports[o.Replica] = rep
+			}
+		})
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		var why []string
+		for _, r := range slices.Sorted(maps.Keys(failed)) {
+			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
+		}
+		done := slices.Sorted(maps.Keys(reports))
+		kind := errPeer
+		if busy == len(failed) {
+			kind = errPeerBusy
+		}
+		return auditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "), done)
+	}
+	return sumAudits(reports), nil
+}
+
+// sumAudits is the cluster's report: see auditAnswer.
+func sumAudits(reports map[string]ledger.AuditReport) auditAnswer {
+	out := auditAnswer{AuditReport: ledger.AuditReport{Counts: map[certify.Status]int{}}, Replicas: reports}
+	first := true
+	for _, r := range reports {
+		for st, n := range r.Counts {
+			out.Counts[st] += n
+		}
+		out.Evaluated += r.Evaluated
+		out.Reanchored += r.Reanchored
+		out.Changed += r.Changed
+		out.Batches += r.Batches
+		out.Behind += r.Behind
+		out.Duration = max(out.Duration, r.Duration)
+		if first || r.PosteriorVersion < out.PosteriorVersion {
+			out.PosteriorVersion, first = r.PosteriorVersion, false
+		}
+	}
+	return out
+}
+
+// auditStatuses is GET /v1/audit on replicas: this replica's status, and each replica's that
+// owns CE partitions under Replicas (this one's included).
+func (s *share) auditStatuses(ctx context.Context, authorization string) (auditStatus, error) {
+	own := s.d.auditStatus()
+	owners, err := s.dir.Owners(ctx)
+	if err != nil {
+		return auditStatus{}, err
+	}
+	peers := ownerReplicas(owners)
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	own.Replicas = map[string]auditStatus{}
+	for _, o := range peers {
+		if o.Replica == s.id {
+			own.Replicas[o.Replica] = s.d.auditStatus()
+			continue
+		}
+		wg.Go(func() {
+			var st auditStatus
+			a, err := s.ask(ctx, o, http.MethodGet, "/v1/audit", nil, authorization)
+			if err == nil {
+				err = decodePeer(o, a, &st)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			own.Replicas[o.Replica] = st
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return auditStatus{}, errs[0]
+	}
+	return own, nil
+}
+
+// ownerReplicas is one Owner per replica that owns partitions, by replica id.
+func ownerReplicas(owners map[int]ceshare.Owner) []ceshare.Owner {
+	by := map[string]ceshare.Owner{}
+	for _, o := range owners {
+		by[o.Replica] = o
+	}
+	return slices.Collect(maps.Values(by))
+}
+
+// ask sends a request to replica o's API on a client's behalf (its Authorization, or this
+// replica's http.token), marked forwarded so that o answers from its own ledger. Failing to
+// reach o is an errPeer.
+func (s *share) ask(ctx context.Context, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, method, o.URL+path, bytes.NewReader(body))
+	if err != nil {
+		return peerAnswer{}, err
+	}
+	if authorization == "" && s.d.cfg.HTTP.Token != "" {
+		authorization = "Bearer " + s.d.cfg.HTTP.Token
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set(headerForwarded, s.id)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
+	}
+	return peerAnswer{code: resp.StatusCode, body: b, retryAfter: resp.Header.Get("Retry-After")}, nil
+}
+
+// decodePeer decodes a 200 answer into v; a 409 is errPeerBusy, anything else an errPeer with
+// the answer.
+func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
+	switch a.code {
+	case http.StatusOK:
+		if err := json.Unmarshal(a.body, v); err != nil {
+			return fmt.Errorf("%w: %s's answer: %v", errPeer, o.Replica, err)
+		}
+		return nil
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", errPeerBusy, bytes.TrimSpace(a.body))
+	}
+	return fmt.Errorf("%w: %s answered %d: %s", errPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
+}
