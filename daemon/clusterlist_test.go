@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/certify"
@@ -140,6 +141,17 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("stored at: %v", local)
+	}
+
+	// The web UI's list at a replica is the cluster's too.
+	if code, body := reps[2].get(t, "/ui/counterfactuals"); code != http.StatusOK {
+		t.Errorf("GET /ui/counterfactuals at r3: %d", code)
+	} else {
+		for _, id := range all {
+			if !strings.Contains(string(body), `href="/ui/counterfactuals/`+id+`"`) {
+				t.Errorf("the UI's list at r3 does not link %s", id)
+			}
+		}
 	}
 
 	// POST /v1/audit at any replica audits every replica's CEs, each by its owner: the sum

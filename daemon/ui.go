@@ -50,8 +50,14 @@ func (s uiSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
 	return snap, nil
 }
 
-func (s uiSource) List(st certify.Status, limit int, after string) ([]*ledger.CE, error) {
-	return s.a.state.List(st, limit, after)
+// List reads a page as GET /v1/counterfactuals does: on a replica, the whole cluster's, which
+// the other replicas answer with the API's token.
+func (s uiSource) List(ctx context.Context, st certify.Status, limit int, after string) ([]*ledger.CE, string, error) {
+	auth := ""
+	if s.a.cfg.token != "" {
+		auth = "Bearer " + s.a.cfg.token
+	}
+	return s.a.core.list(ctx, st, limit, after, auth, false)
 }
 
 // Get reads a CE as GET /v1/counterfactuals/{id} does: from its owner on a replica, which the

@@ -37,8 +37,13 @@ func (s ledgerSource) Snapshot(context.Context) (ui.Snapshot, error) {
 		Delta: 0.05, Epsilon: 0.01, Alpha: certify.DefaultVerdictAlpha, Mode: "paper", State: st, History: h, Now: time.Now()}, nil
 }
 
-func (s ledgerSource) List(st certify.Status, limit int, after string) ([]*ledger.CE, error) {
-	return s.l.List(st, limit, after)
+func (s ledgerSource) List(_ context.Context, st certify.Status, limit int, after string) ([]*ledger.CE, string, error) {
+	ces, err := s.l.List(st, limit, after)
+	next := ""
+	if err == nil && len(ces) == limit {
+		next = ces[len(ces)-1].ID
+	}
+	return ces, next, err
 }
 func (s ledgerSource) Get(_ context.Context, id string) (*ledger.CE, error) { return s.l.Get(id) }
 func (s ledgerSource) Events(n int) ([]ledger.OutboxEntry, error)           { return s.l.OutboxNewest(n) }

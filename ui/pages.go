@@ -247,26 +247,30 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 	size := u.cfg.PageSize
 	var rows []ceRow
 	after, more := f.After, false
-	for read := 0; len(rows) < size && read < 10*size; {
-		ces, err := u.src.List(st, size, after)
+	for read, pages := 0, 0; len(rows) < size && read < 10*size && pages < 20; pages++ {
+		ces, next, err := u.src.List(r.Context(), st, size, after)
 		if err != nil {
 			u.fail(w, http.StatusInternalServerError, err)
 			return
 		}
 		read += len(ces)
-		more = len(ces) == size
+		more = next != ""
+		full := false
 		for i, ce := range ces {
 			after = ce.ID
 			if keep(ce) {
 				rows = append(rows, u.row(ce, snap.Classes))
 			}
 			if len(rows) == size {
-				more = more || i < len(ces)-1
+				more, full = more || i < len(ces)-1, true
 				break
 			}
 		}
 		if !more {
 			break
+		}
+		if !full {
+			after = next // on replicas the cursor may pass CEs a page left out (see GET /v1/counterfactuals)
 		}
 	}
 	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap, Classes: snap.Classes}

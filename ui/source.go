@@ -12,9 +12,10 @@ import (
 type Source interface {
 	// Snapshot is the overview's figures, read at one posterior version.
 	Snapshot(ctx context.Context) (Snapshot, error)
-	// List returns up to limit stored CEs after the id after (in registration order), with
-	// status s (0: every status), as GET /v1/counterfactuals does.
-	List(s certify.Status, limit int, after string) ([]*ledger.CE, error)
+	// List returns up to limit stored CEs after the id after, in id order, with status s (0:
+	// every status), and the cursor of the next page ("" after the last), as GET
+	// /v1/counterfactuals does (on replicas, the whole cluster's).
+	List(ctx context.Context, s certify.Status, limit int, after string) (ces []*ledger.CE, next string, err error)
 	// Get returns a stored CE (ledger.ErrNotFound when there is none).
 	Get(ctx context.Context, id string) (*ledger.CE, error)
 	// Events returns up to n events not yet published, newest first.
