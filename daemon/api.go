@@ -725,21 +725,10 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ces, next, err := a.core.list(r.Context(), st, limit, q.Get("after"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
-	switch {
-	case errors.Is(err, ceshare.ErrNoOwner):
-		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
-		return
-	case errors.Is(err, errPeer):
-		writeError(w, http.StatusBadGateway, err.Error())
-		return
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
 	if ces == nil {
 		ces = []*ledger.CE{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"counterfactuals": ces, "next": next})
+	writeClusterAnswer(w, map[string]any{"counterfactuals": ces, "next": next}, err)
 }
 
 // handleModel reports the posterior: version, shape, the KL budget and history, anchors, counts.
@@ -923,19 +912,20 @@ func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
 		retryLater(w, http.StatusConflict, busy.remaining, err.Error())
 	case errors.Is(err, errPeerBusy):
 		retryLater(w, http.StatusConflict, 10*time.Second, err.Error())
-	case errors.Is(err, ceshare.ErrNoOwner):
-		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
-	case errors.Is(err, errPeer):
-		writeError(w, http.StatusBadGateway, err.Error())
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
-		writeJSON(w, http.StatusOK, rep)
+		writeClusterAnswer(w, rep, err)
 	}
 }
 
 func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 	st, err := a.core.auditState(r.Context(), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	writeClusterAnswer(w, st, err)
+}
+
+// writeClusterAnswer writes v, or the error of a request that on replicas asks every owner of CE
+// partitions: 503 with Retry-After while a partition has no owner (a rebalance), 502 when a
+// replica did not answer (the error names it), else 500.
+func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
 	switch {
 	case errors.Is(err, ceshare.ErrNoOwner):
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
@@ -944,7 +934,7 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
-		writeJSON(w, http.StatusOK, st)
+		writeJSON(w, http.StatusOK, v)
 	}
 }
 

@@ -1,12 +1,8 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -133,34 +129,15 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, 
 	if st != 0 {
 		q.Set("status", st.String())
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.URL+"/v1/counterfactuals?"+q.Encode(), nil)
+	a, err := s.ask(ctx, o, http.MethodGet, "/v1/counterfactuals?"+q.Encode(), nil, authorization)
 	if err != nil {
 		return listPage{}, err
-	}
-	if authorization == "" && s.d.cfg.HTTP.Token != "" {
-		authorization = "Bearer " + s.d.cfg.HTTP.Token
-	}
-	if authorization != "" {
-		req.Header.Set("Authorization", authorization)
-	}
-	req.Header.Set(headerForwarded, s.id)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): it answered %d: %s", errPeer, o.Replica, o.URL, resp.StatusCode, bytes.TrimSpace(body))
 	}
 	var got struct {
 		CEs []*ledger.CE `json:"counterfactuals"`
 	}
-	if err := json.Unmarshal(body, &got); err != nil {
-		return listPage{}, fmt.Errorf("%w: listing the counterfactuals of %s (%s): %v", errPeer, o.Replica, o.URL, err)
+	if err := decodePeer(o, a, &got); err != nil {
+		return listPage{}, err
 	}
 	return newListPage(o.Replica, got.CEs, limit), nil
 }

@@ -17,6 +17,19 @@ import (
 // one assigned and outbox_acked the last one acknowledged, and the entries in between are all
 // present, so the length is their difference.
 
+// readOutboxEntry checks and decodes the outbox record k, v.
+func readOutboxEntry(k, v []byte) (OutboxEntry, error) {
+	p, ok := unseal(k, v)
+	if !ok {
+		return OutboxEntry{}, corruptf("outbox entry %x: checksum mismatch", k)
+	}
+	e, err := decodeOutboxEntry(k, p)
+	if err != nil {
+		return OutboxEntry{}, inRecord(err, "outbox entry %x", k)
+	}
+	return e, nil
+}
+
 // Outbox returns up to max entries (default 1000) with Seq > after, in order.
 func (l *Ledger) Outbox(after uint64, max int) ([]OutboxEntry, error) {
 	if max <= 0 {
@@ -26,13 +39,9 @@ func (l *Ledger) Outbox(after uint64, max int) ([]OutboxEntry, error) {
 	err := l.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bOutbox).Cursor()
 		for k, v := c.Seek(u64bytes(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
-			p, ok := unseal(k, v)
-			if !ok {
-				return corruptf("outbox entry %x: checksum mismatch", k)
-			}
-			e, err := decodeOutboxEntry(k, p)
+			e, err := readOutboxEntry(k, v)
 			if err != nil {
-				return inRecord(err, "outbox entry %x", k)
+				return err
 			}
 			out = append(out, e)
 		}

@@ -17,13 +17,9 @@ func (l *Ledger) OutboxNewest(max int) ([]OutboxEntry, error) {
 	err := l.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bOutbox).Cursor()
 		for k, v := c.Last(); k != nil && len(out) < max; k, v = c.Prev() {
-			p, ok := unseal(k, v)
-			if !ok {
-				return corruptf("outbox entry %x: checksum mismatch", k)
-			}
-			e, err := decodeOutboxEntry(k, p)
+			e, err := readOutboxEntry(k, v)
 			if err != nil {
-				return inRecord(err, "outbox entry %x", k)
+				return err
 			}
 			out = append(out, e)
 		}

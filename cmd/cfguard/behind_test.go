@@ -30,15 +30,8 @@ func TestFollowerBehindTheLog(t *testing.T) {
 	if _, err := exec.LookPath("prlimit"); err != nil {
 		tooltest.Missing(t, "prlimit not on PATH", "apt-get install util-linux")
 	}
-	brokers := startClusterBroker(t)
-	root := t.TempDir()
-	data, _, modelDir := trainModel(t, root)
-	reps := startReplicas(t, root, 2, brokers, modelDir)
-	s := startStream(brokers, data)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool {
-		v, ok := reps[0].view()
-		return ok && covered(v) >= 64
-	})
+	c := streamingReplicas(t)
+	brokers, data, reps, s := c.brokers, c.data, c.reps, c.s
 	produced := s.end(t)
 	waitAgree(t, "before the disk fills", reps, produced)
 	var follower *replicaProc

@@ -246,6 +246,31 @@ func (s *recordStream) end(t *testing.T) int {
 	return s.produced
 }
 
+// streamingCluster is what streamingReplicas started.
+type streamingCluster struct {
+	brokers        []string
+	root, modelDir string // the replicas' parent directory (its cluster key) and the model's
+	data           *dataset.Set
+	reps           []*replicaProc
+	s              *recordStream
+}
+
+// streamingReplicas starts a three-node broker, two replica processes of a model trained on
+// the bundled data, and a stream of its records, and waits until the posterior log covers 64 of
+// them.
+func streamingReplicas(t *testing.T) streamingCluster {
+	t.Helper()
+	c := streamingCluster{brokers: startClusterBroker(t), root: t.TempDir()}
+	c.data, _, c.modelDir = trainModel(t, c.root)
+	c.reps = startReplicas(t, c.root, 2, c.brokers, c.modelDir)
+	c.s = startStream(c.brokers, c.data)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool {
+		v, ok := c.reps[0].view()
+		return ok && covered(v) >= 64
+	})
+	return c
+}
+
 // waitAgree waits until every live replica answers with the same entry and posterior hash,
 // covering want records when want >= 0, and returns the common view.
 func waitAgree(t *testing.T, what string, live []*replicaProc, want int) modelView {

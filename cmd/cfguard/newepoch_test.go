@@ -30,15 +30,8 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replica processes and a stream: not with -short")
 	}
-	brokers := startClusterBroker(t)
-	root := t.TempDir()
-	data, _, modelDir := trainModel(t, root)
-	reps := startReplicas(t, root, 2, brokers, modelDir)
-	s := startStream(brokers, data)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool {
-		v, ok := reps[0].view()
-		return ok && covered(v) >= 64
-	})
+	c := streamingReplicas(t)
+	brokers, root, modelDir, data, reps, s := c.brokers, c.root, c.modelDir, c.data, c.reps, c.s
 	produced := s.end(t)
 	before := waitAgree(t, "before the unreadable entry", reps, produced)
 
