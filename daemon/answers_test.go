@@ -27,11 +27,11 @@ func startThreeReplicas(t *testing.T) (*broker.Broker, []*running) {
 	t.Helper()
 	b := startCluster(t, 1)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
-	parts := reps[0].d.rep.share.partitions
+	parts := reps[0].d.share.partitions
 	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each replica owning some", func() bool {
 		owned := 0
 		for _, r := range reps {
-			m := r.d.rep.share.member
+			m := r.d.share.member
 			own := m.Owned()
 			if len(own) == 0 {
 				return false
@@ -52,7 +52,7 @@ func startThreeReplicas(t *testing.T) (*broker.Broker, []*running) {
 // holds, and returns what that owner stores under id (nil when nothing).
 func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger.CE {
 	t.Helper()
-	s := reps[0].d.rep.share
+	s := reps[0].d.share
 	p := ceshare.Partition(id, s.partitions)
 	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...)}
 	var owner *running
@@ -69,7 +69,7 @@ func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger
 			}
 		}
 		for _, r := range reps {
-			m := r.d.rep.share.member
+			m := r.d.share.member
 			if next, ok := m.Next(p); ok && m.Ready(p) && next >= end && end >= 0 {
 				owner = r
 				return true
@@ -149,7 +149,7 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 		for _, r := range reps {
 			code, got := r.get(t, "/v1/counterfactuals/"+id)
 			if (code == http.StatusOK) != (stored != nil) {
-				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.d.rep.share.id, code, got, describe(stored))
+				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.d.share.id, code, got, describe(stored))
 			}
 		}
 	}
@@ -318,7 +318,7 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 		t.Errorf("the keyed retry registered %s again", first.ID)
 	}
 	// A request on the CE topic twice, the deletion between: the second copy changes nothing.
-	s := reps[0].d.rep.share
+	s := reps[0].d.share
 	raw, err := json.Marshal(measured{X: first.X, XCF: first.XCF, Target: first.Target, AnchorVersion: first.AnchorVersion,
 		P1: first.P1, Var1: first.Var1, Samples: first.Samples, Delta: first.Delta, Epsilon: first.Epsilon})
 	if err != nil {

@@ -98,7 +98,7 @@ func (d *Daemon) auditSchedule(ctx context.Context) error {
 // audit is POST /v1/audit.
 func (d *Daemon) audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error) {
 	if d.rep != nil && !forwarded {
-		return d.rep.share.audit(ctx, authorization)
+		return d.share.audit(ctx, authorization)
 	}
 	rep, err := d.runAudit(ctx, "api")
 	return auditAnswer{AuditReport: rep}, err
@@ -108,7 +108,7 @@ func (d *Daemon) audit(ctx context.Context, authorization string, forwarded bool
 // (share.auditStatuses) unless another replica forwarded the request.
 func (d *Daemon) auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error) {
 	if d.rep != nil && !forwarded {
-		return d.rep.share.auditStatuses(ctx, authorization)
+		return d.share.auditStatuses(ctx, authorization)
 	}
 	return d.auditStatus(), nil
 }

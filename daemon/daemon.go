@@ -25,6 +25,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -110,7 +111,8 @@ type Daemon struct {
 	// their outcome.
 	requests *alerts.RequestMetrics
 
-	rep *replica // with replication.enabled: the posterior log's follower and updater
+	rep   *replica.Replica // with replication.enabled: the posterior log's follower and updater
+	share *share           // with replication.enabled: the CEs this replica owns (set by Run once the API is bound)
 
 	quality *prequential // the served model's test-then-train scores and change detector
 
@@ -199,11 +201,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		err := d.rep.join(ctx)
-		if d.rep.plog != nil {
-			td.add("posterior log", d.rep.plog.Close)
-		}
-		if se := (*settingsError)(nil); errors.As(err, &se) {
+		err := d.rep.Join(ctx, d.conn)
+		td.add("posterior log", d.rep.Close)
+		if se := (*replica.SettingsError)(nil); errors.As(err, &se) {
 			return d.refuse(ctx, se, opts.Ready)
 		}
 		if err != nil {
@@ -216,10 +216,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		if d.rep.share, err = newShare(life, d, d.rep.id); err != nil {
+		if d.share, err = newShare(life, d, d.rep.ID()); err != nil {
 			return err
 		}
-		td.add("CE share", d.rep.share.close)
+		td.add("CE share", d.share.close)
 	}
 
 	ends, err := stream.NewOffsetsReader(life, d.conn, d.cfg.Kafka.Topic)
@@ -234,9 +234,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
 	if d.rep != nil {
 		close(d.ready)
-		g.Go("follow", d.rep.follow)
-		g.Go("updater", d.rep.runUpdaterGroup)
-		g.Go("ceshare", d.rep.share.run)
+		g.Go("follow", d.rep.Follow)
+		g.Go("updater", d.rep.RunUpdaterGroup)
+		g.Go("ceshare", d.share.run)
 	} else {
 		g.Go("ingest", d.ingest)
 	}
@@ -296,7 +296,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 }
 
 // openState opens the ledger (refusing a damaged or locked one) and sets the current posterior
-// (bootstrapModel); a replica sets it from the posterior log later (replica.join).
+// (bootstrapModel); a replica sets it from the posterior log later (replica.Replica.Join).
 func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
@@ -314,8 +314,9 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 			d.ledger.Path(), err, d.configPath)
 	}
 	if d.cfg.Replication.Enabled {
-		// The posterior comes from the posterior log (replica.join), once Kafka is connected.
-		d.rep, err = newReplica(d)
+		// The posterior comes from the posterior log (Replica.Join), once Kafka is connected.
+		d.rep, err = replica.New(replica.Options{Config: d.cfg, ConfigPath: d.configPath, Registry: d.reg,
+			Logger: d.log, Host: replicaHost{d}, Ledger: d.ledger})
 		return err
 	}
 	return d.bootstrapModel(ctx)
@@ -451,7 +452,7 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 // and its consumer is healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	if d.rep != nil {
-		if err := d.rep.refusal(); err != nil {
+		if err := d.rep.Refusal(); err != nil {
 			return err
 		}
 	}
@@ -469,7 +470,10 @@ func (d *Daemon) readiness(ctx context.Context) error {
 		return err
 	}
 	if d.rep != nil {
-		return d.rep.health()
+		if err := d.rep.Health(); err != nil {
+			return err
+		}
+		return d.share.health()
 	}
 	if d.ingestStopped != nil {
 		return d.ingestStopped

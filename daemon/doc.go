@@ -21,6 +21,11 @@
 // for Kafka tooling. A checkpoint the disk refuses (ledger.ErrWrite) holds the increment and is
 // retried with backoff while /readyz reports it (degraded.go); nothing is lost or applied twice.
 //
+// With replication.enabled, package replica takes ingest's place: its follower applies the
+// posterior log's entries and its updater appends increments, both through replicaHost
+// (replication.go), the daemon's compute and commitStep above; the CE share (share.go) stays
+// here, beside the registrations it serves.
+//
 // Run starts everything and returns when ctx is cancelled (nil) or a component fails (its error).
 // main handles signals; nothing here calls os.Exit.
 package daemon

@@ -143,7 +143,7 @@ func answerDeletion(o ledger.Outcome, fingerprint string) error {
 func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
 	var ro requestOutcome
 	if d.rep != nil {
-		off, _, err := d.ledger.ShareOffset(ceshare.Partition(id, d.rep.share.partitions))
+		off, _, err := d.ledger.ShareOffset(ceshare.Partition(id, d.share.partitions))
 		if err != nil {
 			return ro, false, err
 		}

@@ -71,7 +71,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		return nil, out[0].err
 	}
 	if d.rep != nil {
-		return d.rep.share.await(ctx, out[0].ce, out[0].req, out[0].offset)
+		return d.share.await(ctx, out[0].ce, out[0].req, out[0].offset)
 	}
 	return d.ledger.Get(out[0].ce.ID)
 }
@@ -405,7 +405,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	case d.rep != nil:
 		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
 		d.mu.Unlock()
-		errs, offsets = d.rep.share.send(ctx, ces, refs)
+		errs, offsets = d.share.send(ctx, ces, refs)
 		d.mu.Lock()
 	case keyed:
 		errs, err = d.ledger.PutRequests(ctx, ces, refs)
@@ -513,7 +513,7 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 		return fmt.Errorf("%w: %q: %v", ledger.ErrNotFound, id, err) // no CE is stored under an invalid id
 	}
 	if d.rep != nil {
-		return d.rep.share.forget(ctx, id, ref)
+		return d.share.forget(ctx, id, ref)
 	}
 	d.mu.Lock()
 	o, err := d.ledger.DeleteRequest(id, ref)
@@ -538,7 +538,7 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 // (share.list) unless another replica forwarded the request.
 func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) ([]*ledger.CE, string, error) {
 	if d.rep != nil && !forwarded {
-		return d.rep.share.list(ctx, st, limit, after, authorization)
+		return d.share.list(ctx, st, limit, after, authorization)
 	}
 	ces, err := d.ledger.List(st, limit, after)
 	if err != nil {
@@ -558,5 +558,5 @@ func (d *Daemon) find(ctx context.Context, id, authorization string, forwarded b
 		ce, err := d.ledger.Get(id)
 		return ce, "", err
 	}
-	return d.rep.share.find(ctx, id, authorization)
+	return d.share.find(ctx, id, authorization)
 }

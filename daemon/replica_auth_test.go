@@ -112,7 +112,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	if updater == nil {
 		t.Fatal("no updater")
 	}
-	h := updater.d.rep.head()
+	h := updater.d.rep.Head()
 	covers := map[int]int64{}
 	for p, to := range h.Covers {
 		covers[p] = to + 500

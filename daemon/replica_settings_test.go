@@ -56,7 +56,7 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	if strings.Count(body, ": this replica ") != 1 {
 		t.Fatalf("/readyz names keys that do not differ: %s", body)
 	}
-	if got := testutil.ToFloat64(delta.d.rep.m.SettingsDiffer); got != 1 {
+	if got := testutil.ToFloat64(delta.d.rep.Metrics().SettingsDiffer); got != 1 {
 		t.Fatalf("cfguard_replication_settings_differ %v, want 1", got)
 	}
 	if !strings.Contains(delta.logs.String(), "certify.delta: this replica 0.2") {
@@ -78,7 +78,7 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 			t.Errorf("/readyz does not name %q: %s", k, body)
 		}
 	}
-	if got := testutil.ToFloat64(other.d.rep.m.SettingsDiffer); got != 4 {
+	if got := testutil.ToFloat64(other.d.rep.Metrics().SettingsDiffer); got != 4 {
 		t.Errorf("cfguard_replication_settings_differ %v, want 4", got)
 	}
 
@@ -92,14 +92,14 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 		c.Replication.HeartbeatInterval = 400 * time.Millisecond
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "the replica with local differences ready", func() bool { code, _ := local.get(t, "/readyz"); return code == 200 })
-	if got, want := local.d.rep.head().PosteriorSHA256, r1.d.rep.head().PosteriorSHA256; got != want {
+	if got, want := local.d.rep.Head().PosteriorSHA256, r1.d.rep.Head().PosteriorSHA256; got != want {
 		t.Fatalf("posterior %s, the cluster's %s", got, want)
 	}
-	if got := testutil.ToFloat64(local.d.rep.m.SettingsDiffer); got != 0 {
+	if got := testutil.ToFloat64(local.d.rep.Metrics().SettingsDiffer); got != 0 {
 		t.Fatalf("cfguard_replication_settings_differ %v on a matching replica", got)
 	}
 	// The refused replicas take no part: no updater group, no CE share.
-	if delta.d.rep.updater.Load() || other.d.rep.updater.Load() || delta.d.rep.share != nil || other.d.rep.share != nil {
+	if delta.d.rep.Updater() || other.d.rep.Updater() || delta.d.share != nil || other.d.share != nil {
 		t.Fatal("a refused replica takes part in the cluster")
 	}
 
@@ -154,7 +154,7 @@ func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 		c.Certify.Delta = 0.2
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	if got := r.d.rep.head().PosteriorSHA256; got != sha {
+	if got := r.d.rep.Head().PosteriorSHA256; got != sha {
 		t.Fatalf("posterior %s, the genesis's %s", got, sha)
 	}
 	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {

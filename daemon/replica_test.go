@@ -304,12 +304,12 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	// The rival: a claim of the next term on the head, from a writer no replica knows.
 	// It holds the cluster key: this is a writer that loses, not a forgery (see
 	// TestForgedRecordsAreRefusedByEveryReplica).
-	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.rep.keys, updater.d.log)
+	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.rep.Keys(), updater.d.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plog.Close()
-	h := updater.d.rep.head()
+	h := updater.d.rep.Head()
 	rival := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
 		Writer: "rival/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
 	v, err := rival.Encode()
@@ -356,7 +356,7 @@ func TestShareReleaseCutShortRestartsThePartition(t *testing.T) {
 	}
 	b := startCluster(t, 1)
 	r := startReplica(t, b, "r1")
-	s := r.d.rep.share
+	s := r.d.share
 	id := registerCEs(t, r, bundled(t), 1)[0]
 	p := ceshare.Partition(id, s.partitions)
 	waitfor.Cond(t, 10*time.Second, "the registration's offset stored", func() bool {

@@ -79,11 +79,11 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: d.conn, Topic: rc.CETopic, Group: group, Partitions: rc.CEPartitions,
 		ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)), SessionTimeout: rc.SessionTimeout,
-		HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.keys,
-		OnUnauthenticated: func(int, int64) { d.rep.m.Unauthenticated.WithLabelValues(rc.CETopic).Inc() }}, s, s.lg); err != nil {
+		HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.Keys(),
+		OnUnauthenticated: func(int, int64) { d.rep.Metrics().Unauthenticated.WithLabelValues(rc.CETopic).Inc() }}, s, s.lg); err != nil {
 		return nil, err
 	}
-	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, d.rep.keys, s.lg); err != nil {
+	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, d.rep.Keys(), s.lg); err != nil {
 		return nil, err
 	}
 	if s.dir, err = ceshare.NewDirectory(ctx, d.conn, group, rc.CETopic, rc.CEPartitions, s.lg); err != nil {
@@ -95,6 +95,24 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 }
 
 func (s *share) close() error { return errors.Join(s.prod.Close(), s.dir.Close()) }
+
+// health is the share's part of /readyz: not before the CE group gave this replica its share
+// (a replica restarted after a crash owns nothing until the group's session of its previous run
+// expires), nor while a partition it owns is being restored. Nil before Run set the share.
+func (s *share) health() error {
+	if s == nil {
+		return nil
+	}
+	if s.member.Stats().Generations == 0 {
+		return fmt.Errorf("joining the CE group of %s", s.d.cfg.Replication.CETopic)
+	}
+	for _, p := range s.member.Owned() {
+		if !s.member.Ready(p) {
+			return fmt.Errorf("restoring CE partition %d from %s", p, s.d.cfg.Replication.CETopic)
+		}
+	}
+	return nil
+}
 
 // run is the member of the CE group until ctx ends.
 func (s *share) run(ctx context.Context) error {
@@ -110,7 +128,7 @@ func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.d.rep.m.CEPartitions.Set(float64(len(s.member.Owned())))
+	s.d.rep.Metrics().CEPartitions.Set(float64(len(s.member.Owned())))
 	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok)
 	return off, nil
 }
@@ -128,7 +146,7 @@ func (s *share) Release(ctx context.Context, p int) error {
 	if err != nil {
 		return err
 	}
-	s.d.rep.m.CEPartitions.Set(float64(len(s.member.Owned())))
+	s.d.rep.Metrics().CEPartitions.Set(float64(len(s.member.Owned())))
 	s.lg.Info("CE partition released", "partition", p, "counterfactuals", n)
 	return nil
 }
@@ -142,7 +160,7 @@ func (s *share) Release(ctx context.Context, p int) error {
 // is what the replica that accepted it answers (share.await).
 //
 // Each registration is anchored to the posterior it was measured under: the current one, a
-// live anchor, or a past version taken from the posterior log (replica.past). A CE measured
+// live anchor, or a past version taken from the posterior log (replica.Replica.Past). A CE measured
 // under a version this replica has not applied yet waits for it (at most awaitOwner); one
 // whose version it still lacks then is measured again under the current posterior, as a
 // registration here would be.
@@ -178,7 +196,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
 		}
 	}
-	s.d.rep.m.CEApplied.Add(float64(len(reqs)))
+	s.d.rep.Metrics().CEApplied.Add(float64(len(reqs)))
 	s.d.confirm.notify()
 	return nil
 }
@@ -219,7 +237,7 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 				versions = append(versions, v)
 			}
 		}
-		if past, err = d.rep.past(ctx, versions); err != nil {
+		if past, err = d.rep.Past(ctx, versions); err != nil {
 			return nil, err
 		}
 	}
@@ -255,7 +273,7 @@ func (s *share) awaitVersion(ctx context.Context, v uint64) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
 	for s.d.current().Version < v {
-		if s.d.rep.waitChange(ctx) != nil {
+		if s.d.rep.WaitChange(ctx) != nil {
 			return
 		}
 	}

@@ -13,10 +13,10 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/internal/cli"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -177,7 +177,7 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	settings := st.genesis.Settings
 	rep.Settings = fmt.Sprintf("the log's genesis at offset %d", st.genesisOffset)
 	if len(settings) == 0 {
-		if settings, err = daemon.ClusterSettings(cfg); err != nil {
+		if settings, err = replica.ClusterSettings(cfg); err != nil {
 			return err
 		}
 		rep.Settings = "file"

@@ -1,11 +1,10 @@
-package daemon
+package replica
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -44,7 +43,7 @@ func ClusterSettings(cfg *config.Config) (map[string]string, error) {
 			return nil, err
 		}
 		features, classes = m.Features, m.Classes
-		if len(features) == 0 { // the names the record schema gives them (Daemon.schema)
+		if len(features) == 0 { // the names the record schema gives them (the daemon's record schema)
 			for j := range m.Inputs() {
 				features = append(features, fmt.Sprintf("x%d", j))
 			}
@@ -63,16 +62,17 @@ func ClusterSettings(cfg *config.Config) (map[string]string, error) {
 // settingDiff is one key whose value differs between this replica and the log's genesis.
 type settingDiff struct{ key, mine, log string }
 
-// settingsError is a replica's refusal to join a cluster whose genesis records other
-// cluster-wide settings: every differing key, both values and where the genesis is.
-type settingsError struct {
+// SettingsError is a replica's refusal to join a cluster whose genesis records other
+// cluster-wide settings (Join returns it): every differing key, both values and where the
+// genesis is.
+type SettingsError struct {
 	diffs  []settingDiff
 	topic  string
 	offset int64
 	config string
 }
 
-func (e *settingsError) Error() string {
+func (e *SettingsError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "not joining the cluster, whose posterior log records other cluster-wide settings: ")
 	for i, d := range e.diffs {
@@ -119,7 +119,7 @@ func compareSettings(mine, log map[string]string) []settingDiff {
 // a warning: refusing it would stop every replica of such a cluster at its upgrade, and its
 // replicas agreed on nothing checkable before either; a new epoch (cfguard new-epoch) or a new
 // cluster records them.
-func (r *replica) checkSettings(e *postlog.Entry, offset int64) error {
+func (r *Replica) checkSettings(e *postlog.Entry, offset int64) error {
 	if len(e.Settings) == 0 {
 		r.lg.Warn("the posterior log's genesis records no settings: this replica's cluster-wide settings cannot be checked against the cluster's",
 			"topic", r.plog.Topic(), "genesis_offset", offset)
@@ -132,13 +132,13 @@ func (r *replica) checkSettings(e *postlog.Entry, offset int64) error {
 		r.lg.Info("cluster-wide settings match the posterior log's genesis", "genesis_offset", offset, "keys", len(e.Settings))
 		return nil
 	}
-	return &settingsError{diffs: diffs, topic: r.plog.Topic(), offset: offset, config: r.d.configPath}
+	return &SettingsError{diffs: diffs, topic: r.plog.Topic(), offset: offset, config: r.configPath}
 }
 
 // genesisOf reads the genesis the head h descends from: at the offset h records (checked by its
 // hash and authenticator), or, for a head stored before it recorded one, the first entry the
 // acceptance rule accepts from the log's start.
-func (r *replica) genesisOf(ctx context.Context, h *postlog.Head) (*postlog.Entry, int64, error) {
+func (r *Replica) genesisOf(ctx context.Context, h *postlog.Head) (*postlog.Entry, int64, error) {
 	from := h.GenesisOffset
 	if h.GenesisHash == "" {
 		from = 0
@@ -182,38 +182,18 @@ func (r *replica) genesisOf(ctx context.Context, h *postlog.Head) (*postlog.Entr
 	}
 }
 
-// refusal is the reason this replica did not join (nil when it did).
-func (r *replica) refusal() error {
+// Refusal is the reason this replica did not join (nil when it did): /readyz answers it.
+func (r *Replica) Refusal() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.refused
 }
 
-// refuse is Run for a replica that does not join (its settings differ from the cluster's): it
-// joins no group, applies nothing and owns no CE, and serves only /healthz, /readyz (503 with
-// the refusal), and /metrics (cfguard_replication_settings_differ) until ctx ends, so that the
-// refusal is seen where operators look, without a restart loop. Every other route answers
-// 503 with the refusal.
-func (d *Daemon) refuse(ctx context.Context, refusal *settingsError, ready chan<- *Daemon) error {
-	d.rep.mu.Lock()
-	d.rep.refused = refusal
-	d.rep.mu.Unlock()
-	d.rep.lg.Error("not joining the cluster: fix the configuration and restart", "err", refusal.Error(), "differing_keys", len(refusal.diffs))
-	srv, ln, err := d.listen()
-	if err != nil {
-		return err
-	}
-	api := srv.Handler
-	mux := http.NewServeMux()
-	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
-		mux.Handle(pattern, api)
-	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusServiceUnavailable, refusal.Error())
-	})
-	srv.Handler = mux
-	if ready != nil {
-		ready <- d
-	}
-	return d.serve(ctx, srv, ln)
+// Refuse records that this replica does not join, for Refusal, and logs why. A replica that
+// refuses joins no group, applies nothing and owns no CE.
+func (r *Replica) Refuse(refusal *SettingsError) {
+	r.mu.Lock()
+	r.refused = refusal
+	r.mu.Unlock()
+	r.lg.Error("not joining the cluster: fix the configuration and restart", "err", refusal.Error(), "differing_keys", len(refusal.diffs))
 }

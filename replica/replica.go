@@ -1,11 +1,10 @@
-package daemon
+package replica
 
 import (
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,11 +19,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
-	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/ledger"
@@ -32,43 +32,47 @@ import (
 	"github.com/cfguard/cfguard/stream"
 )
 
-// replica is the daemon's part in a replicated deployment (replication.enabled, docs/DESIGN.md):
+// Replica is a daemon's part in a replicated deployment (replication.enabled, docs/DESIGN.md):
 //
 //   - the follower plays the posterior log (package postlog) through the acceptance rule and
-//     applies each accepted entry to the ledger, which re-certifies this replica's CEs against
-//     it; it never recomputes an update, it applies the recorded last layer and checks the hash;
+//     applies each accepted entry to the ledger (Host.Commit), which re-certifies this replica's
+//     CEs against it; it never recomputes an update, it applies the recorded last layer and
+//     checks the hash;
 //   - the updater is the replica whose member of the consumer group <kafka.group_id>.updater
 //     is assigned the log's partition: it claims a term, forms increments from kafka.topic
-//     starting where the log's head covers, computes each (Daemon.compute), appends it, and
+//     starting where the log's head covers, computes each (Host.Compute), appends it, and
 //     trusts it only once its own follower has read it back as accepted.
 //
 // Nothing here decides who writes by time or lease: the group says who should, the log's
 // acceptance rule says whose entries count.
-type replica struct {
-	d      *Daemon
-	plog   *postlog.Log
-	share  *share // the CEs this replica owns (set by Run once the API is bound)
-	id     string // replication.replica_id, or the host name
-	writer string // "<replica id>/<nonce>": a restarted replica is a new writer
-	group  string
-	lg     *slog.Logger
-	m      *alerts.ReplicaMetrics
-	keys   *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
+type Replica struct {
+	host       Host
+	ledger     Ledger
+	cfg        *config.Config
+	configPath string
+	conn       stream.ConnConfig // set by Join
+	plog       *postlog.Log
+	id         string // replication.replica_id, or the host name
+	writer     string // "<replica id>/<nonce>": a restarted replica is a new writer
+	group      string
+	lg         *slog.Logger
+	m          *alerts.ReplicaMetrics
+	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
 	mu       sync.Mutex
-	chain    *postlog.Chain    // the follower's view; the ledger stores its head
-	read     int64             // the next offset the follower reads
-	accepted map[uint64]string // seq -> hash of accepted entries, for the updater's read-back
-	changed  chan struct{}     // closed and replaced whenever read advances
-	stopped  error             // following stopped for good (unknown format, failed verification)
-	caughtUp bool              // read the log to its end once since the start
-	pending  map[uint64][]event
+	chain    *postlog.Chain        // the follower's view; the ledger stores its head
+	read     int64                 // the next offset the follower reads
+	accepted map[uint64]string     // seq -> hash of accepted entries, for the updater's read-back
+	changed  chan struct{}         // closed and replaced whenever read advances
+	stopped  error                 // following stopped for good (unknown format, failed verification)
+	caughtUp bool                  // read the log to its end once since the start
+	pending  map[uint64]Step       // the updater's steps appended and not yet accepted, by entry
 	consumer *stream.Consumer      // the updater's, while it is one
-	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (past)
+	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (Past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
-	settings map[string]string     // this replica's cluster-wide settings (clusterSettings)
-	refused  error                 // why it did not join (a *settingsError), nil when it did
+	settings map[string]string     // this replica's cluster-wide settings (ClusterSettings)
+	refused  error                 // why it did not join (a *SettingsError), nil when it did
 
 	updater atomic.Bool
 }
@@ -76,9 +80,23 @@ type replica struct {
 // acceptedWindow is how many recent accepted entries the follower remembers for read-back.
 const acceptedWindow = 4096
 
-// newReplica names this process's writer and registers the replication metrics.
-func newReplica(d *Daemon) (*replica, error) {
-	id := d.cfg.Replication.ReplicaID
+// Options are what New needs: the daemon's configuration (read only), where the replica's
+// metrics go, its logger, the daemon it acts on (Host) and the daemon's ledger.
+type Options struct {
+	Config *config.Config
+	// ConfigPath is the configuration file's path, for the errors that name it.
+	ConfigPath string
+	Registry   prometheus.Registerer
+	Logger     *slog.Logger
+	Host       Host
+	Ledger     Ledger
+}
+
+// New names this process's writer, loads replication.key_file and registers the replication
+// metrics. It does not talk to Kafka: Join does.
+func New(opts Options) (*Replica, error) {
+	cfg := opts.Config
+	id := cfg.Replication.ReplicaID
 	if id == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -90,45 +108,64 @@ func newReplica(d *Daemon) (*replica, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
-	keys, err := clusterkey.Load(d.cfg.Replication.KeyFile)
+	keys, err := clusterkey.Load(cfg.Replication.KeyFile)
 	if err != nil {
 		return nil, err
 	}
-	r := &replica{d: d, id: id, writer: id + "/" + hex.EncodeToString(nonce), group: d.cfg.Kafka.GroupID + ".updater",
-		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64][]event{},
+	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
+		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater",
+		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64]Step{},
 		recent: map[uint64]*bnn.Model{}, keys: keys}
-	r.lg = d.log.With("component", "replica", "writer", r.writer)
+	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
 	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
 		reasons = append(reasons, string(reason))
 	}
-	r.m = alerts.NewReplicaMetrics(d.reg, reasons, d.cfg.Replication.PosteriorTopic, d.cfg.Replication.CETopic)
+	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic)
 	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
 	return r, nil
 }
 
-// join opens the posterior log and sets the current posterior from it: the ledger's, checked
-// against the log when this replica followed it before; else the log's genesis, appended by
-// this replica first when the log is empty (the first valid genesis wins, whoever wrote it).
-func (r *replica) join(ctx context.Context) error {
-	d := r.d
+// ID is replication.replica_id, or the host name.
+func (r *Replica) ID() string { return r.id }
+
+// Keys is replication.key_file's keyring: the CE topic's requests are signed and verified with it too.
+func (r *Replica) Keys() *clusterkey.Keyring { return r.keys }
+
+// Metrics are the replication metrics (the CE share counts its own among them).
+func (r *Replica) Metrics() *alerts.ReplicaMetrics { return r.m }
+
+// Close closes the posterior log (once Join opened it).
+func (r *Replica) Close() error {
+	if r.plog == nil {
+		return nil
+	}
+	return r.plog.Close()
+}
+
+// Join opens the posterior log on conn and sets the current posterior from it: the ledger's,
+// checked against the log when this replica followed it before; else the log's genesis, appended
+// by this replica first when the log is empty (the first valid genesis wins, whoever wrote it).
+// A replica whose cluster-wide settings differ from the genesis's returns a *SettingsError.
+func (r *Replica) Join(ctx context.Context, conn stream.ConnConfig) error {
+	r.conn = conn
 	var err error
-	if r.settings, err = ClusterSettings(d.cfg); err != nil {
+	if r.settings, err = ClusterSettings(r.cfg); err != nil {
 		return err
 	}
-	if r.plog, err = postlog.Open(ctx, d.conn, d.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
+	if r.plog, err = postlog.Open(ctx, r.conn, r.cfg.Replication.PosteriorTopic, r.keys, r.lg); err != nil {
 		return err
 	}
-	stored, err := d.ledger.LogHead()
+	stored, err := r.ledger.LogHead()
 	if err != nil {
 		return err
 	}
 	head, err := postlog.UnmarshalHead(stored)
 	if err != nil {
-		return fmt.Errorf("%w (the ledger %s is damaged: move state_dir aside and the replica rebuilds from Kafka)", err, d.ledger.Path())
+		return fmt.Errorf("%w (the ledger %s is damaged: move state_dir aside and the replica rebuilds from Kafka)", err, r.ledger.Path())
 	}
 	if head != nil {
-		m, err := d.ledger.Current()
+		m, err := r.ledger.Current()
 		if err != nil {
 			return err
 		}
@@ -143,15 +180,15 @@ func (r *replica) join(ctx context.Context) error {
 			return err
 		}
 		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
-		d.setCurrent(m)
+		r.host.SetCurrent(m)
 		r.remember(m)
 		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
 			"posterior_version", head.Version, "posterior_sha256", head.PosteriorSHA256)
 		return nil
 	}
-	if _, err := d.ledger.Current(); err == nil {
+	if _, err := r.ledger.Current(); err == nil {
 		return fmt.Errorf("state_dir %s holds the ledger of a single daemon (%s), which a replica does not follow: "+
-			"start the replica with an empty state_dir, or set replication.enabled: false", d.cfg.StateDir, d.ledger.Path())
+			"start the replica with an empty state_dir, or set replication.enabled: false", r.cfg.StateDir, r.ledger.Path())
 	} else if !errors.Is(err, ledger.ErrNoPosterior) {
 		return err
 	}
@@ -161,7 +198,7 @@ func (r *replica) join(ctx context.Context) error {
 // checkHead verifies that the entry the ledger applied last is still in the log, at its offset
 // with its bytes: a log that lost it (a recreated topic, an unclean election) would otherwise be
 // followed from another history.
-func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
+func (r *Replica) checkHead(ctx context.Context, head *postlog.Head) error {
 	rd, err := r.plog.Read(head.Offset)
 	if err != nil {
 		return err
@@ -175,7 +212,7 @@ func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
 			return fmt.Errorf("the entry the ledger %s applied last (offset %d of replication.posterior_topic %s) does not authenticate "+
 				"under the keys of replication.key_file %s (%w): this is not the key file the cluster uses. Give this replica the cluster's "+
 				"key file (keep every key that signed entries the log still holds); the ledger was not changed",
-				r.d.ledger.Path(), head.Offset, r.plog.Topic(), r.keys.Source(), aerr)
+				r.ledger.Path(), head.Offset, r.plog.Topic(), r.keys.Source(), aerr)
 		}
 		return nil
 	}
@@ -187,7 +224,7 @@ func (r *replica) checkHead(ctx context.Context, head *postlog.Head) error {
 	}
 	return fmt.Errorf("posterior log reset: the ledger %s applied entry %d (offset %d, sha256 %s) of replication.posterior_topic %s, "+
 		"and the topic no longer holds it (%s). The ledger was not changed. If the topic was recreated on purpose, move state_dir aside "+
-		"and restart: the replica rebuilds from the new log", r.d.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
+		"and restart: the replica rebuilds from the new log", r.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
 }
 
 func hashHex(v []byte) string {
@@ -197,8 +234,7 @@ func hashHex(v []byte) string {
 
 // genesis finds the log's genesis, appending one from this replica's first posterior when the
 // log has none, and checkpoints the accepted one as the ledger's first posterior.
-func (r *replica) genesis(ctx context.Context) error {
-	d := r.d
+func (r *Replica) genesis(ctx context.Context) error {
 	end, err := r.plog.End(ctx)
 	if err != nil {
 		return err
@@ -221,7 +257,7 @@ func (r *replica) genesis(ctx context.Context) error {
 				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
 		}
 		if next >= end && !appended {
-			m, err := d.initialModel(ctx)
+			m, err := r.host.InitialModel(ctx)
 			if err != nil {
 				return err
 			}
@@ -280,30 +316,30 @@ func (r *replica) genesis(ctx context.Context) error {
 			return err
 		}
 		origin := fmt.Sprintf("posterior log %s genesis %s", r.plog.Topic(), e.PosteriorSHA256)
-		if err := d.ledger.Checkpoint(&ledger.Checkpoint{Model: m, Origin: origin, LogHead: hb}); err != nil {
+		if err := r.ledger.Checkpoint(&ledger.Checkpoint{Model: m, Origin: origin, LogHead: hb}); err != nil {
 			return err
 		}
 		r.chain, r.read = chain, rec.Offset+1
-		d.setCurrent(m)
+		r.host.SetCurrent(m)
 		r.remember(m)
 		r.lg.Info("posterior log genesis applied", "writer", e.Writer, "posterior_version", m.Version, "posterior_sha256", e.PosteriorSHA256)
 		return nil
 	}
 }
 
-// head is the follower's head.
-func (r *replica) head() *postlog.Head {
+// Head is the follower's head.
+func (r *Replica) Head() *postlog.Head {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	h := *r.chain.Head()
 	return &h
 }
 
-// follow plays the log from the follower's position until ctx ends. An entry it cannot apply
+// Follow plays the log from the follower's position until ctx ends. An entry it cannot apply
 // (an unknown format, a posterior that does not hash to its entry) stops following: the replica
 // keeps serving the last version it verified, and /readyz says why. It goes on reading: a new
 // epoch that moves past that entry (cfguard new-epoch) resumes it.
-func (r *replica) follow(ctx context.Context) error {
+func (r *Replica) Follow(ctx context.Context) error {
 	r.mu.Lock()
 	from := r.read
 	r.mu.Unlock()
@@ -352,7 +388,7 @@ func (r *replica) follow(ctx context.Context) error {
 }
 
 // offer judges one record and applies it when accepted.
-func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
+func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
 	c := r.chain.Fork()
 	r.mu.Unlock()
@@ -376,7 +412,7 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
 		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
-			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "writer", e.Writer, "input_topic", r.d.cfg.Kafka.Topic, "err", err)
+			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
 		r.advance(rec.Offset+1, nil, nil)
 		return nil
 	} else if err != nil {
@@ -392,7 +428,7 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		if err := r.checkSettings(e, rec.Offset); err != nil {
 			return err
 		}
-		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
 			return err
 		}
 		r.mu.Lock()
@@ -403,24 +439,24 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
 			"writer", e.Writer, "resumed", resumed, "covers", e.Covers)
 	case postlog.Claim:
-		if err := r.d.checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
 			return err
 		}
 		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
 	case postlog.Increment:
-		prev := r.d.current()
+		prev := r.host.Current()
 		next, err := e.Apply(prev)
 		if err != nil {
 			return err
 		}
-		s := stepOf(e, prev, next)
+		var own Step
 		r.mu.Lock()
 		if e.Writer == r.writer {
-			s.events = r.pending[e.Seq]
+			own = r.pending[e.Seq]
 		}
 		delete(r.pending, e.Seq)
 		r.mu.Unlock()
-		if err := r.d.commitStep(ctx, s, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}, time.Now()); err != nil {
+		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
 			return err
 		}
 		r.remember(next)
@@ -433,7 +469,7 @@ func (r *replica) offer(ctx context.Context, rec postlog.Record) error {
 // offsets of kafka.topic past its partitions' ends. The ends are asked of the broker only when e
 // covers more than they did the last time (they only grow); a failure to ask is retried until
 // ctx ends, since an entry is never accepted unchecked.
-func (r *replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
+func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
 	if e.Kind != postlog.Increment {
 		return nil
 	}
@@ -445,7 +481,7 @@ func (r *replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
 	}
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
-		fresh, err := r.plog.InputEnds(ctx, r.d.cfg.Kafka.Topic)
+		fresh, err := r.plog.InputEnds(ctx, r.cfg.Kafka.Topic)
 		if err == nil {
 			r.mu.Lock()
 			r.ends = fresh
@@ -464,49 +500,15 @@ func (r *replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
 
 // unauthenticated counts and logs a record of the posterior log that does not authenticate.
 // It is ignored: never decoded, applied, or counted as covering anything.
-func (r *replica) unauthenticated(rec postlog.Record) {
+func (r *Replica) unauthenticated(rec postlog.Record) {
 	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
 	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
 	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 }
 
-// stepOf is the step an accepted increment records, for the ledger: what Daemon.compute decided
-// on the updater, without computing it again.
-func stepOf(e *postlog.Entry, prev, next *bnn.Model) *step {
-	s := &step{prev: prev, kl: e.KL, outcome: certify.Outcome(e.Outcome), seed: e.Seed, counters: map[string]int64{}}
-	if c := e.Counts; c != nil {
-		for k, v := range map[string]int64{"dead_lettered": c.DeadLettered, "lost": c.Lost, "failed": c.Failed, "held": c.Held} {
-			if v > 0 {
-				s.counters[k] = v
-			}
-		}
-	}
-	counts := cmp.Or(e.Counts, &postlog.Counts{})
-	switch e.Outcome {
-	case postlog.Promoted, postlog.Clipped:
-		s.next, s.records, s.metric = next, int(counts.Applied), alerts.RecordApplied
-		s.update = &ledger.UpdateRecord{Version: e.Version, KL: e.KL, Outcome: s.outcome}
-	case postlog.Rejected:
-		s.records, s.metric = int(counts.Held), alerts.RecordHeld
-		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: e.KL, Outcome: s.outcome}
-	case postlog.Failed:
-		s.records, s.metric = int(counts.Failed), alerts.RecordFailed
-		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: 0, Outcome: s.outcome}
-	default:
-		s.outcome = ""
-	}
-	if s.update != nil && len(e.Quality) > 0 {
-		var q qualityRecord
-		if err := json.Unmarshal(e.Quality, &q); err == nil && q.Detector.Validate() == nil {
-			s.update.Quality, s.quality = e.Quality, &q
-		}
-	}
-	return s
-}
-
 // advance moves the follower past a record; c and e are set when the record was accepted.
-func (r *replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
+func (r *Replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c != nil {
@@ -528,7 +530,7 @@ func (r *replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
 const recentPosteriors = 256
 
 // remember keeps m among the recent posteriors.
-func (r *replica) remember(m *bnn.Model) {
+func (r *Replica) remember(m *bnn.Model) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.recent[m.Version] = m
@@ -537,10 +539,10 @@ func (r *replica) remember(m *bnn.Model) {
 	}
 }
 
-// past returns the posteriors of the given versions, each at most the current one: the recent
+// Past returns the posteriors of the given versions, each at most the current one: the recent
 // ones from memory, the others by playing the posterior log from its start (a replica that
 // takes over CEs measured long ago elsewhere).
-func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.Model, error) {
+func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.Model, error) {
 	out := map[uint64]*bnn.Model{}
 	want := map[uint64]bool{}
 	r.mu.Lock()
@@ -608,8 +610,8 @@ func (r *replica) past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 	return out, nil
 }
 
-// waitChange waits for the follower's next record, or ctx's end.
-func (r *replica) waitChange(ctx context.Context) error {
+// WaitChange waits for the follower's next record, or ctx's end.
+func (r *Replica) WaitChange(ctx context.Context) error {
 	r.mu.Lock()
 	ch := r.changed
 	r.mu.Unlock()
@@ -622,7 +624,7 @@ func (r *replica) waitChange(ctx context.Context) error {
 }
 
 // waitRead waits until the follower has read every record below end.
-func (r *replica) waitRead(ctx context.Context, end int64) error {
+func (r *Replica) waitRead(ctx context.Context, end int64) error {
 	for {
 		r.mu.Lock()
 		read, ch, stopped := r.read, r.changed, r.stopped
@@ -642,7 +644,7 @@ func (r *replica) waitRead(ctx context.Context, end int64) error {
 }
 
 // catchUp reads the log to its present end.
-func (r *replica) catchUp(ctx context.Context) error {
+func (r *Replica) catchUp(ctx context.Context) error {
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		end, err := r.plog.End(ctx)
@@ -660,7 +662,7 @@ func (r *replica) catchUp(ctx context.Context) error {
 }
 
 // watchEnd keeps the lag gauge and the caught-up flag (readiness) current.
-func (r *replica) watchEnd(ctx context.Context) {
+func (r *Replica) watchEnd(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var failingSince time.Time
@@ -699,7 +701,7 @@ var errLost = errors.New("posterior log: this replica's entry lost to another wr
 // appendAndJudge appends e and reads the log back until an entry is accepted at e's place: it
 // reports whether that entry is e. An append that failed is retried after the read-back shows
 // it was not stored (a retry that was in fact stored is a duplicate, which the chain ignores).
-func (r *replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, error) {
+func (r *Replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, error) {
 	v, err := e.Encode()
 	if err != nil {
 		return false, err
@@ -733,18 +735,17 @@ func (r *replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, e
 	}
 }
 
-// runUpdaterGroup is a member of <kafka.group_id>.updater for as long as ctx lasts. In each
+// RunUpdaterGroup is a member of <kafka.group_id>.updater for as long as ctx lasts. In each
 // generation that assigns it the log's partition, it is the updater (lead) until the generation
 // ends; otherwise it only heartbeats. Leaving the group (ctx's end, SIGTERM) hands the role over
 // at once.
-func (r *replica) runUpdaterGroup(ctx context.Context) error {
-	d := r.d
-	dialer, err := d.conn.Dialer()
+func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
+	dialer, err := r.conn.Dialer()
 	if err != nil {
 		return err
 	}
-	rc := d.cfg.Replication
-	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: r.group, Brokers: d.conn.Brokers, Dialer: dialer,
+	rc := r.cfg.Replication
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: r.group, Brokers: r.conn.Brokers, Dialer: dialer,
 		Topics: []string{rc.PosteriorTopic}, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
 		RebalanceTimeout: rc.SessionTimeout, JoinGroupBackoff: time.Second, Timeout: 10 * time.Second,
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
@@ -782,7 +783,7 @@ func (r *replica) runUpdaterGroup(ctx context.Context) error {
 // updater keeps its generation and waits for a new epoch (or a restart on a build that reads
 // the entry): returning would end the generation at once, and the group would go through
 // generations as fast as it can rebalance for as long as the log stays stopped.
-func (r *replica) lead(ctx context.Context, generation int32) {
+func (r *Replica) lead(ctx context.Context, generation int32) {
 	r.updater.Store(true)
 	r.m.Updater.Set(1)
 	defer func() {
@@ -801,7 +802,7 @@ func (r *replica) lead(ctx context.Context, generation int32) {
 }
 
 // isStopped reports whether the follower is stopped at an entry it cannot apply.
-func (r *replica) isStopped() bool {
+func (r *Replica) isStopped() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stopped != nil
@@ -809,7 +810,7 @@ func (r *replica) isStopped() bool {
 
 // awaitFollowing waits while the follower is stopped at an entry it cannot apply; it returns
 // ctx's error when ctx ends first.
-func (r *replica) awaitFollowing(ctx context.Context) error {
+func (r *Replica) awaitFollowing(ctx context.Context) error {
 	for {
 		r.mu.Lock()
 		stopped, ch := r.stopped, r.changed
@@ -827,17 +828,17 @@ func (r *replica) awaitFollowing(ctx context.Context) error {
 
 // leadTerm claims a term and ingests in it (lead). It reports whether it ended because the
 // follower stopped, the updater's role kept.
-func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
+func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
 			return ctx.Err() == nil && r.isStopped()
 		}
-		head := r.head()
+		head := r.Head()
 		if head.Writer == r.writer {
 			break
 		}
 		claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
-			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.d.cfg.Kafka.Topic,
+			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.cfg.Kafka.Topic,
 			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
@@ -856,7 +857,7 @@ func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		r.m.AppendsLost.Inc()
 		// An entry of the old term that arrived before the claim is no rival: claim again on it.
 		// A claim of another writer is: rejoin, and let the group's next generation decide.
-		if h := r.head(); h.Writer != head.Writer || attempt >= 5 {
+		if h := r.Head(); h.Writer != head.Writer || attempt >= 5 {
 			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
 			return false
 		}
@@ -867,7 +868,7 @@ func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		return true // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
 		r.m.AppendsLost.Inc()
-		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.head().Seq, "term", r.head().Term)
+		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
 	}
@@ -876,16 +877,9 @@ func (r *replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 
 // ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one
 // entry per increment, each read back before the next.
-func (r *replica) ingestTerm(ctx context.Context) error {
-	d := r.d
-	schema, err := d.schema()
-	if err != nil {
-		return err
-	}
-	head := r.head()
-	c, err := stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
-		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
-		MaxWait: d.cfg.Kafka.MaxWait, Resume: head.Covers, TopicResetHint: d.topicResetHint()}, schema, d.log.With("component", "consumer"))
+func (r *Replica) ingestTerm(ctx context.Context) error {
+	head := r.Head()
+	c, err := r.host.Consumer(ctx, head.Covers)
 	if err != nil {
 		return err
 	}
@@ -898,14 +892,14 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 		r.consumer = nil
 		r.mu.Unlock()
 	}()
-	r.lg.Info("updater: consuming", "topic", d.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
+	r.lg.Info("updater: consuming", "topic", r.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
 	for {
 		inc, err := c.Next(ctx)
 		if err != nil {
 			return err
 		}
-		head := r.head()
-		prev := d.current()
+		head := r.Head()
+		prev := r.host.Current()
 		if prev.Version != head.Version || head.Writer != r.writer {
 			return errLost
 		}
@@ -913,7 +907,7 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 		slices.SortFunc(inc.Records, func(a, b stream.Record) int {
 			return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 		})
-		s, err := d.compute(ctx, prev, inc)
+		s, err := r.host.Compute(ctx, prev, inc)
 		if err != nil {
 			return err
 		}
@@ -922,7 +916,7 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 			return err
 		}
 		r.mu.Lock()
-		r.pending[e.Seq] = s.events
+		r.pending[e.Seq] = s
 		r.mu.Unlock()
 		won, err := r.appendAndJudge(ctx, e)
 		if err != nil {
@@ -934,42 +928,41 @@ func (r *replica) ingestTerm(ctx context.Context) error {
 			r.mu.Unlock()
 			return errLost
 		}
-		d.metrics.AddRecords(alerts.RecordDeadLettered, inc.DeadLettered)
+		r.host.DeadLettered(inc.DeadLettered)
 		c.MarkDurable(inc)
 	}
 }
 
 // entryOf is the log entry of step s on head.
-func (r *replica) entryOf(head *postlog.Head, s *step, inc *stream.Increment) (*postlog.Entry, error) {
+func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*postlog.Entry, error) {
+	sum := s.Summary()
 	covers := maps.Clone(head.Covers)
 	if covers == nil {
 		covers = map[int]int64{}
 	}
 	maps.Copy(covers, inc.NextOffsets)
 	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term,
-		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.d.cfg.Kafka.Topic, Covers: covers,
-		Outcome: string(s.outcome), KL: s.kl, Seed: s.seed, PosteriorSHA256: head.PosteriorSHA256,
-		Counts: &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: s.counters["failed"], Held: s.counters["held"]}}
-	if s.outcome == "" {
+		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.cfg.Kafka.Topic, Covers: covers,
+		Outcome: string(sum.Outcome), KL: sum.KL, Seed: sum.Seed, PosteriorSHA256: head.PosteriorSHA256,
+		Counts:  &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: sum.Counters["failed"], Held: sum.Counters["held"]},
+		Quality: sum.Quality}
+	if sum.Outcome == "" {
 		e.Outcome = postlog.Skipped
 	}
-	if s.update != nil {
-		e.Quality = s.update.Quality
-	}
-	if s.next != nil {
-		sha, err := postlog.PosteriorHash(s.next)
+	if sum.Next != nil {
+		sha, err := postlog.PosteriorHash(sum.Next)
 		if err != nil {
 			return nil, err
 		}
-		e.Version, e.LastLayer, e.PosteriorSHA256, e.Records = s.next.Version, postlog.LastLayerOf(s.next), sha, s.next.Records
-		e.Counts.Applied = int64(s.records)
+		e.Version, e.LastLayer, e.PosteriorSHA256, e.Records = sum.Next.Version, postlog.LastLayerOf(sum.Next), sha, sum.Next.Records
+		e.Counts.Applied = int64(sum.Records)
 	}
 	return e, nil
 }
 
-// health is the replica's part of /readyz: following (not stopped), caught up with the log once
+// Health is the replica's part of /readyz: following (not stopped), caught up with the log once
 // since the start, and, on the updater, a healthy consumer.
-func (r *replica) health() error {
+func (r *Replica) Health() error {
 	r.mu.Lock()
 	stopped, caughtUp, c := r.stopped, r.caughtUp, r.consumer
 	r.mu.Unlock()
@@ -984,25 +977,13 @@ func (r *replica) health() error {
 			return fmt.Errorf("updater's consumer not ready: %v", h.Reasons)
 		}
 	}
-	if r.share != nil {
-		// Not before the CE group gave this replica its share: a replica restarted after a crash
-		// owns nothing until the group's session of its previous run expires.
-		if r.share.member.Stats().Generations == 0 {
-			return fmt.Errorf("joining the CE group of %s", r.d.cfg.Replication.CETopic)
-		}
-		for _, p := range r.share.member.Owned() {
-			if !r.share.member.Ready(p) {
-				return fmt.Errorf("restoring CE partition %d from %s", p, r.d.cfg.Replication.CETopic)
-			}
-		}
-	}
 	return nil
 }
 
-// status is GET /v1/model's replication block (the lag as of the last check of the log's end,
+// Status is GET /v1/model's replication block (the lag as of the last check of the log's end,
 // at most a second old: a request does not ask the broker).
-func (r *replica) status() map[string]any {
-	h := r.head()
+func (r *Replica) Status() map[string]any {
+	h := r.Head()
 	r.mu.Lock()
 	lag, stopped := r.lag, r.stopped
 	r.mu.Unlock()
@@ -1012,19 +993,7 @@ func (r *replica) status() map[string]any {
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
 	}
-	if r.share != nil {
-		out["ce_partitions"] = r.share.member.Owned()
-		out["ce_generation"] = r.share.member.Generation()
-	}
 	return out
-}
-
-// replication is GET /v1/model's replication block: nil for a single daemon.
-func (d *Daemon) replication(ctx context.Context) map[string]any {
-	if d.rep == nil {
-		return nil
-	}
-	return d.rep.status()
 }
 
 // buildString names this build in claims: module version, GOARCH, engine.
@@ -1035,3 +1004,6 @@ func buildString() string {
 	}
 	return fmt.Sprintf("cfguard %s %s/%s %s", v, runtime.GOOS, runtime.GOARCH, bnn.Backend)
 }
+
+// Updater reports whether this replica is the updater now.
+func (r *Replica) Updater() bool { return r.updater.Load() }

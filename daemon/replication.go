@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// replicaHost is the daemon as package replica sees it (replica.Host): the posterior it serves,
+// the update it computes, the commits it writes. A replica reaches nothing else of the Daemon.
+type replicaHost struct{ d *Daemon }
+
+var _ replica.Host = replicaHost{}
+
+func (h replicaHost) Current() *bnn.Model     { return h.d.current() }
+func (h replicaHost) SetCurrent(m *bnn.Model) { h.d.setCurrent(m) }
+func (h replicaHost) InitialModel(ctx context.Context) (*bnn.Model, error) {
+	return h.d.initialModel(ctx)
+}
+func (h replicaHost) DeadLettered(n int) { h.d.metrics.AddRecords(alerts.RecordDeadLettered, n) }
+
+func (h replicaHost) Checkpoint(ctx context.Context, cp *ledger.Checkpoint) error {
+	return h.d.checkpoint(ctx, cp)
+}
+
+// Consumer is the updater's consumer of kafka.topic, from the log head's coverage.
+func (h replicaHost) Consumer(ctx context.Context, resume map[int]int64) (*stream.Consumer, error) {
+	d := h.d
+	schema, err := d.schema()
+	if err != nil {
+		return nil, err
+	}
+	return stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
+		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, TopicResetHint: d.topicResetHint()}, schema, d.log.With("component", "consumer"))
+}
+
+// Compute is Daemon.compute: the updater appends the step it returns to the posterior log.
+func (h replicaHost) Compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (replica.Step, error) {
+	s, err := h.d.compute(ctx, prev, inc)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Commit writes an accepted increment entry as the step it records (stepOf), with the events
+// of this replica's own step when the entry is its own.
+func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *bnn.Model, own replica.Step, cp *ledger.Checkpoint) error {
+	s := stepOf(e, prev, next)
+	if o, ok := own.(*step); ok {
+		s.events = o.events
+	}
+	return h.d.commitStep(ctx, s, cp, time.Now())
+}
+
+// Summary is what the posterior log's entry of s records (replica.Step).
+func (s *step) Summary() replica.Summary {
+	out := replica.Summary{Outcome: s.outcome, KL: s.kl, Seed: s.seed, Counters: s.counters, Next: s.next, Records: s.records}
+	if s.update != nil {
+		out.Quality = s.update.Quality
+	}
+	return out
+}
+
+// stepOf is the step an accepted increment records, for the ledger: what Daemon.compute decided
+// on the updater, without computing it again.
+func stepOf(e *postlog.Entry, prev, next *bnn.Model) *step {
+	s := &step{prev: prev, kl: e.KL, outcome: certify.Outcome(e.Outcome), seed: e.Seed, counters: map[string]int64{}}
+	if c := e.Counts; c != nil {
+		for k, v := range map[string]int64{"dead_lettered": c.DeadLettered, "lost": c.Lost, "failed": c.Failed, "held": c.Held} {
+			if v > 0 {
+				s.counters[k] = v
+			}
+		}
+	}
+	counts := cmp.Or(e.Counts, &postlog.Counts{})
+	switch e.Outcome {
+	case postlog.Promoted, postlog.Clipped:
+		s.next, s.records, s.metric = next, int(counts.Applied), alerts.RecordApplied
+		s.update = &ledger.UpdateRecord{Version: e.Version, KL: e.KL, Outcome: s.outcome}
+	case postlog.Rejected:
+		s.records, s.metric = int(counts.Held), alerts.RecordHeld
+		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: e.KL, Outcome: s.outcome}
+	case postlog.Failed:
+		s.records, s.metric = int(counts.Failed), alerts.RecordFailed
+		s.update = &ledger.UpdateRecord{Version: e.ParentVersion + 1, KL: 0, Outcome: s.outcome}
+	default:
+		s.outcome = ""
+	}
+	if s.update != nil && len(e.Quality) > 0 {
+		var q qualityRecord
+		if err := json.Unmarshal(e.Quality, &q); err == nil && q.Detector.Validate() == nil {
+			s.update.Quality, s.quality = e.Quality, &q
+		}
+	}
+	return s
+}
+
+// replication is GET /v1/model's replication block: nil for a single daemon.
+func (d *Daemon) replication(ctx context.Context) map[string]any {
+	if d.rep == nil {
+		return nil
+	}
+	out := d.rep.Status()
+	if d.share != nil {
+		out["ce_partitions"] = d.share.member.Owned()
+		out["ce_generation"] = d.share.member.Generation()
+	}
+	return out
+}
+
+// refuse is Run for a replica that does not join (its settings differ from the cluster's): it
+// joins no group, applies nothing and owns no CE, and serves only /healthz, /readyz (503 with
+// the refusal), and /metrics (cfguard_replication_settings_differ) until ctx ends, so that the
+// refusal is seen where operators look, without a restart loop. Every other route answers
+// 503 with the refusal.
+func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, ready chan<- *Daemon) error {
+	d.rep.Refuse(refusal)
+	srv, ln, err := d.listen()
+	if err != nil {
+		return err
+	}
+	api := srv.Handler
+	mux := http.NewServeMux()
+	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
+		mux.Handle(pattern, api)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusServiceUnavailable, refusal.Error())
+	})
+	srv.Handler = mux
+	if ready != nil {
+		ready <- d
+	}
+	return d.serve(ctx, srv, ln)
+}

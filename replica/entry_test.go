@@ -1,0 +1,98 @@
+package replica
+
+import (
+	"encoding/json"
+	"maps"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// summaryStep is a Step that is its own Summary: what a host's Compute returned, as the
+// updater sees it.
+type summaryStep Summary
+
+func (s summaryStep) Summary() Summary { return Summary(s) }
+
+// TestEntryOfRecordsTheStep: the updater's entry for a step continues the head (next seq, the
+// head's hash as parent, its term and writer), covers the head's coverage moved on by the
+// increment's offsets (the head's own map untouched), and records the step: a step without
+// records as skipped with the head's posterior, a promotion with a last layer that every
+// follower's Apply turns back into exactly the posterior the updater computed.
+func TestEntryOfRecordsTheStep(t *testing.T) {
+	cfg := config.Default()
+	r := &Replica{cfg: &cfg, writer: "r1/00ff"}
+	prev := bnn.New(3, []int{4}, []string{"no", "yes"}, 1, rand.New(rand.NewPCG(1, 2)))
+	prev.Version = 4
+	prevSHA, err := postlog.PosteriorHash(prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := &postlog.Head{Seq: 3, Hash: "ab12", Offset: 9, Term: 2, Writer: r.writer, Version: 4, Covers: map[int]int64{0: 5, 1: 7},
+		PosteriorSHA256: prevSHA}
+	covers := maps.Clone(head.Covers)
+	inc := &stream.Increment{NextOffsets: map[int]int64{0: 10}, DeadLettered: 2,
+		Gaps: []stream.Gap{{Partition: 0, From: 5, To: 6}}}
+
+	skipped, err := r.entryOf(head, summaryStep{Counters: map[string]int64{}}, inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(head.Covers, covers) {
+		t.Fatalf("entryOf changed the head's coverage to %v", head.Covers)
+	}
+	if e := skipped; e.Kind != postlog.Increment || e.Seq != 4 || e.Parent != "ab12" || e.Term != 2 || e.Writer != r.writer ||
+		e.Version != 4 || e.ParentVersion != 4 || e.Outcome != postlog.Skipped || e.PosteriorSHA256 != prevSHA ||
+		e.InputTopic != cfg.Kafka.Topic || e.LastLayer != nil {
+		t.Errorf("skipped step's entry = %+v", e)
+	}
+	if want := map[int]int64{0: 10, 1: 7}; !maps.Equal(skipped.Covers, want) {
+		t.Errorf("covers %v, want %v", skipped.Covers, want)
+	}
+	if c := skipped.Counts; c.DeadLettered != 2 || c.Lost != inc.Lost() || inc.Lost() == 0 || c.Applied != 0 {
+		t.Errorf("counts %+v, want 2 dead-lettered, %d lost, none applied", c, inc.Lost())
+	}
+	if got, err := skipped.Apply(prev); err != nil || got != prev {
+		t.Errorf("a follower applying the skipped entry: %v, %v; want the posterior kept", got, err)
+	}
+
+	next := prev.Clone()
+	next.Version, next.Records = 5, 40
+	for i := range next.Last().WeightMu {
+		next.Last().WeightMu[i] += 0.25
+	}
+	quality := json.RawMessage(`{"n":3}`)
+	promoted, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeClipped, KL: 0.01, Seed: 77, Next: next, Records: 3,
+		Counters: map[string]int64{"failed": 0, "held": 0}, Quality: quality}, inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSHA, err := postlog.PosteriorHash(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := promoted; e.Version != 5 || e.ParentVersion != 4 || e.Outcome != string(certify.OutcomeClipped) || e.KL != 0.01 || e.Seed != 77 ||
+		e.PosteriorSHA256 != wantSHA || e.Records != 40 || e.Counts.Applied != 3 || string(e.Quality) != string(quality) {
+		t.Errorf("promoting step's entry = %+v", e)
+	}
+	got, err := promoted.Apply(prev)
+	if err != nil {
+		t.Fatalf("a follower applying the updater's entry: %v", err)
+	}
+	if sha, _ := postlog.PosteriorHash(got); sha != wantSHA || got.Version != 5 {
+		t.Errorf("the follower's posterior: version %d sha256 %s, want 5, %s", got.Version, sha, wantSHA)
+	}
+
+	held, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeRejected, KL: 0.3, Counters: map[string]int64{"held": 6}}, inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held.Outcome != string(certify.OutcomeRejected) || held.Counts.Held != 6 || held.Version != 4 || held.PosteriorSHA256 != prevSHA {
+		t.Errorf("rejected step's entry = %+v, counts %+v", held, held.Counts)
+	}
+}

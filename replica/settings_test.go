@@ -1,0 +1,99 @@
+package replica
+
+import (
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// TestCompareSettings: every key whose value differs is reported once, sorted, with both values;
+// a key only the log records is not a setting of this build, a key only this build has was not
+// recorded.
+func TestCompareSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mine, log map[string]string
+		want      []settingDiff
+	}{
+		{"equal", map[string]string{"a": "1", "b": "2"}, map[string]string{"b": "2", "a": "1"}, nil},
+		{"values differ", map[string]string{"b": "2", "a": "1", "c": "3"}, map[string]string{"a": "9", "b": "2", "c": "0"},
+			[]settingDiff{{"a", "1", "9"}, {"c", "3", "0"}}},
+		{"a newer build's key", map[string]string{"a": "1"}, map[string]string{"a": "1", "z.new": "x"},
+			[]settingDiff{{"z.new", "(not a setting of this build)", "x"}}},
+		{"a key the log did not record", map[string]string{"a": "1", "m.added": "y"}, map[string]string{"a": "1"},
+			[]settingDiff{{"m.added", "y", "(not recorded)"}}},
+		{"all three, sorted", map[string]string{"c": "1", "b": "y"}, map[string]string{"c": "2", "a": "x"},
+			[]settingDiff{{"a", "(not a setting of this build)", "x"}, {"b", "y", "(not recorded)"}, {"c", "1", "2"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := compareSettings(tc.mine, tc.log); !slices.Equal(got, tc.want) {
+				t.Errorf("compareSettings = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSettingsErrorNamesEveryKey: the refusal names each differing key with both values (an
+// empty one quoted), the genesis's offset and topic, and the file to align.
+func TestSettingsErrorNamesEveryKey(t *testing.T) {
+	e := &SettingsError{diffs: compareSettings(map[string]string{"certify.delta": "0.1", "model.dataset": ""},
+		map[string]string{"certify.delta": "0.05", "model.dataset": "adult"}), topic: "cfguard.posterior", offset: 7, config: "replica.yaml"}
+	msg := e.Error()
+	for _, want := range []string{"certify.delta: this replica 0.1, the cluster's log 0.05", `model.dataset: this replica "", the cluster's log adult`,
+		"genesis at offset 7 of cfguard.posterior", "align the file replica.yaml"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal %q does not say %q", msg, want)
+		}
+	}
+}
+
+// TestClusterSettings: besides the file's cluster-wide keys, a replica records its starting
+// model (the SHA-256 of model.path's posterior, or that it trains on model.dataset) and its
+// data schema (x0, x1, ... for a model without feature names, as the record schema names them).
+func TestClusterSettings(t *testing.T) {
+	cfg := config.Default()
+	trained, err := ClusterSettings(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, ds, err := assets.Load(cfg.Model.Dataset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cfg.ClusterSettings()
+	want[settingModel], want[settingFeatures], want[settingClasses] = settingTrained, strings.Join(set.Features, ","), strings.Join(ds.Classes, ",")
+	if !maps.Equal(trained, want) {
+		t.Errorf("trained on %s: ClusterSettings = %v, want %v", cfg.Model.Dataset, trained, want)
+	}
+
+	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 1, rand.New(rand.NewPCG(1, 2)))
+	dir := t.TempDir()
+	if err := bnn.Save(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Model.Path = dir
+	loaded, err := ClusterSettings(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := postlog.PosteriorHash(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loaded[settingModel] != sha || loaded[settingFeatures] != "x0,x1,x2" || loaded[settingClasses] != "no,yes" {
+		t.Errorf("model.path: model %q features %q classes %q, want %q, x0,x1,x2, no,yes",
+			loaded[settingModel], loaded[settingFeatures], loaded[settingClasses], sha)
+	}
+
+	cfg.Model.Path = dir + "/missing"
+	if _, err := ClusterSettings(&cfg); err == nil || !strings.Contains(err.Error(), "model.path") {
+		t.Errorf("a missing model.path: err %v, want one naming model.path", err)
+	}
+}
