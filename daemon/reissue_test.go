@@ -108,6 +108,14 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 		if !slices.Equal(ce.X, old.X) || ce.Target != old.Target || ce.AnchorVersion < *old.ConfirmedVersion || e.PosteriorVersion != ce.AnchorVersion {
 			t.Errorf("%s reissued as %+v (event %+v)", old.ID, ce, e)
 		}
+		// The web UI links the two pages.
+		link := func(id string) string { return `<a href="/ui/counterfactuals/` + id + `">` + id + `</a>` }
+		if code, body := r.get(t, "/ui/counterfactuals/"+old.ID); code != 200 || !strings.Contains(string(body), "Replaced by "+link(e.NewID)) {
+			t.Errorf("the UI's page of %s does not link its replacement %s: %d", old.ID, e.NewID, code)
+		}
+		if code, body := r.get(t, "/ui/counterfactuals/"+e.NewID); code != 200 || !strings.Contains(string(body), "This explanation replaces "+link(old.ID)) {
+			t.Errorf("the UI's page of %s does not link the CE it replaces, %s: %d", e.NewID, old.ID, code)
+		}
 	}
 	t.Logf("%d of %d CEs %s (or worse) after the drift: %d reissued, %d failures published", len(invalidated), len(ids), status, reissued, len(invalidated)-reissued)
 	if wantSuccess && reissued == 0 {

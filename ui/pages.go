@@ -1,12 +1,14 @@
 package ui
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"html/template"
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +44,10 @@ type page struct {
 	CE      *ledger.CE
 	Rows    []featureRow
 	Verdict statement
+	// Reissues are the CEs stored as this one's replacements, ReissueOf the CE this one replaces
+	// (explain.reissue names a replacement "<id>.r<posterior version>"; see reissues).
+	Reissues  []string
+	ReissueOf string
 	History []historyRow
 	Target  string
 
@@ -353,7 +359,57 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	u.render(w, http.StatusOK, "ce", u.cePage(ce, snap, "Counterfactual "+ce.ID))
+	p := u.cePage(ce, snap, "Counterfactual "+ce.ID)
+	var err error
+	if p.Reissues, p.ReissueOf, err = u.reissues(r.Context(), ce); err != nil {
+		u.fail(w, http.StatusInternalServerError, err)
+		return
+	}
+	u.render(w, http.StatusOK, "ce", p)
+}
+
+// reissues finds the replacements explain.reissue stored for ce, and the CE ce replaces: a CE
+// named "<id>.r<posterior version>" for the same input and target. The list is in id order,
+// so the replacements follow "<id>.r" in it. A replacement whose name the id's length forced
+// into another form ("r<version>.<end of id>") is not found.
+func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev string, err error) {
+	same := func(o *ledger.CE) bool { return o.Target == ce.Target && slices.Equal(o.X, ce.X) }
+	ces, _, err := u.src.List(ctx, 0, 16, ce.ID+".r")
+	if err != nil {
+		return nil, "", err
+	}
+	for _, o := range ces {
+		v, ok := strings.CutPrefix(o.ID, ce.ID+".r")
+		if !ok {
+			break
+		}
+		if isDigits(v) && same(o) {
+			next = append(next, o.ID)
+		}
+	}
+	if i := strings.LastIndex(ce.ID, ".r"); i > 0 && isDigits(ce.ID[i+2:]) {
+		o, err := u.src.Get(ctx, ce.ID[:i])
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+		case err != nil:
+			return nil, "", err
+		case same(o):
+			prev = o.ID
+		}
+	}
+	return next, prev, nil
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (u *UI) certificate(w http.ResponseWriter, r *http.Request) {

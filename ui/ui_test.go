@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -366,5 +367,49 @@ func TestEventsPageShowsTheNewestFirst(t *testing.T) {
 	}
 	if got := field(t, read(), "none"); !strings.Contains(got, "No event is waiting") {
 		t.Errorf("after every event was published the page says %q", got)
+	}
+}
+
+// TestReissueLinks: a CE's page links the CEs stored as "<id>.r<version>" for the same input and
+// target (explain.reissue's replacements), and a replacement's page the CE it replaces; a CE of
+// that name with another input, or a name that is not a version, is not linked.
+func TestReissueLinks(t *testing.T) {
+	d := uitest.Start(t, "")
+	if d.Register(t, 2) != 2 {
+		t.Fatal("the two CEs were not stored")
+	}
+	var a ledger.CE
+	d.JSON(t, "/v1/counterfactuals/ce-000", &a)
+	reg := func(id string, x []float64) {
+		body, _ := json.Marshal(map[string]any{"id": id, "x": x, "x_cf": a.XCF, "target": a.Target})
+		if code, out := d.Do(t, "POST", "/v1/counterfactuals", body); code != http.StatusCreated {
+			t.Fatalf("registering %s: %d %s", id, code, out)
+		}
+	}
+	reg("ce-000.r7", a.X)
+	reg("ce-000.r12", a.X)
+	other := slices.Clone(a.X)
+	other[0] *= 1.001
+	reg("ce-000.r9", other) // another input
+	reg("ce-000.rc2", a.X) // not a version
+	page := func(id string) string {
+		code, body := d.Do(t, "GET", "/ui/counterfactuals/"+id, nil)
+		if code != http.StatusOK {
+			t.Fatalf("GET /ui/counterfactuals/%s: %d", id, code)
+		}
+		return string(body)
+	}
+	link := func(id string) string { return `<a href="/ui/counterfactuals/` + id + `">` + id + `</a>` }
+	if got, want := page("ce-000"), "Replaced by "+link("ce-000.r12")+", "+link("ce-000.r7")+" ("; !strings.Contains(got, want) ||
+		strings.Contains(got, link("ce-000.r9")) || strings.Contains(got, link("ce-000.rc2")) {
+		t.Errorf("ce-000's page: want %q and no other replacement linked", want)
+	}
+	if !strings.Contains(page("ce-000.r7"), "This explanation replaces "+link("ce-000")) {
+		t.Error("ce-000.r7's page does not link ce-000")
+	}
+	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001"} {
+		if p := page(id); strings.Contains(p, `id="reissue-of"`) || strings.Contains(p, `id="reissues"`) {
+			t.Errorf("%s's page names a reissue", id)
+		}
 	}
 }
