@@ -48,8 +48,8 @@ type page struct {
 	// (explain.reissue names a replacement "<id>.r<posterior version>"; see reissues).
 	Reissues  []string
 	ReissueOf string
-	History []historyRow
-	Target  string
+	History   []historyRow
+	Target    string
 
 	Events []eventRow
 	More   bool

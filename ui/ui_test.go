@@ -391,7 +391,7 @@ func TestReissueLinks(t *testing.T) {
 	other := slices.Clone(a.X)
 	other[0] *= 1.001
 	reg("ce-000.r9", other) // another input
-	reg("ce-000.rc2", a.X) // not a version
+	reg("ce-000.rc2", a.X)  // not a version
 	page := func(id string) string {
 		code, body := d.Do(t, "GET", "/ui/counterfactuals/"+id, nil)
 		if code != http.StatusOK {
