@@ -80,6 +80,9 @@ func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *O
 	if mutate != nil {
 		mutate(&c)
 	}
+	if trainsDefaultModel(&c) {
+		c.Model.Path = sharedModelDir(t) // the network the first start would train (firststart_test.go)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
 	ready := make(chan *Daemon, 1)
