@@ -109,7 +109,10 @@ func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 		b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("%s%d", prefix, i), "features": X[i], "label": y[i]})
 		msgs[i] = kafka.Message{Value: b}
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 1000}
+	// Batches of the call's size (at most 1000) are full, and sent, once queued; a smaller batch
+	// would wait for kafka-go's BatchTimeout (1 s).
+	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll,
+		BatchSize: min(len(msgs), 1000)}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
