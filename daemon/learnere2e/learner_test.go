@@ -121,11 +121,14 @@ func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 	}
 }
 
-// waitApplied waits until n records have been applied and no renewal is pending.
+// waitApplied waits until n records have been applied and every CE has been measured under the
+// current posterior (no renewal pending, none unconfirmed), so that the statuses read next are
+// the confirmer's verdicts on the posterior, not how far it has got with them.
 func (r *running) waitApplied(t *testing.T, n int) {
 	t.Helper()
-	waitfor.Cond(t, 8*time.Minute, fmt.Sprintf("%d records applied and no renewal pending", n), func() bool {
-		return r.metric(t, `cfguard_records_total{result="applied"}`) == float64(n) && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+	waitfor.Cond(t, 8*time.Minute, fmt.Sprintf("%d records applied and every CE measured", n), func() bool {
+		return r.metric(t, `cfguard_records_total{result="applied"}`) == float64(n) && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0
 	})
 }
 
