@@ -80,6 +80,9 @@ func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *O
 	if mutate != nil {
 		mutate(&c)
 	}
+	if trainsDefaultModel(&c) {
+		c.Model.Path = sharedModelDir(t) // the network the first start would train (firststart_test.go)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
 	ready := make(chan *Daemon, 1)
@@ -197,10 +200,14 @@ func (r *running) metric(t *testing.T, name string, labels ...string) float64 {
 	return 0
 }
 
-// produce writes JSON records to the daemon's topic over TCP with kafka-go.
+// produce writes JSON records to the daemon's topic over TCP with kafka-go, in one batch (up to
+// 500 records a batch). The writer sends a batch when it is full, or after BatchTimeout
+// (kafka-go's default, 1 s, which every call waited when the batch size was a fixed 500): a
+// batch the size of the call is full, and sent, as soon as WriteMessages has queued it.
 func (r *running) produce(t *testing.T, values ...[]byte) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 500}
+	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll,
+		BatchSize: min(len(values), 500)}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(values))
 	for i, v := range values {

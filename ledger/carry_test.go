@@ -152,7 +152,7 @@ func TestConfirmCarriesVerdicts(t *testing.T) {
 				t.Fatal(err)
 			}
 			models := map[uint64]*bnn.Model{m.Version: m}
-			confirmAll(t, l, m, 1000, 1)
+			confirmBatches(t, l, m, 1000, 1, 128) // the daemon's batch (daemon.confirmBatch)
 			bounds := 0
 			all, err := l.List(0, n, "")
 			if err != nil {
@@ -363,7 +363,7 @@ func TestCarriedVerdictsAreTrue(t *testing.T) {
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
 		t.Fatal(err)
 	}
-	confirmAll(t, l, m, 1000, 5)
+	confirmBatches(t, l, m, 1000, 5, 128)
 	var carriedSteps, falseUncarried int
 	const steps = 300
 	for step := 0; step < steps; step++ {

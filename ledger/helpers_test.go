@@ -95,13 +95,21 @@ func commit(t testing.TB, l *Ledger, m *bnn.Model, seed uint64) (Report, []Statu
 	return rep, mergeChanges(ch, conf)
 }
 
-// confirmAll calls Confirm until no CE lacks a verdict at m's version.
+// confirmAll calls Confirm, 16 CEs at a time, until no CE lacks a verdict at m's version.
 func confirmAll(t testing.TB, l *Ledger, m *bnn.Model, samples int, seed uint64) []StatusChange {
+	t.Helper()
+	return confirmBatches(t, l, m, samples, seed, 16)
+}
+
+// confirmBatches is confirmAll with batches of n CEs. The verdicts do not depend on n
+// (ModelPredictor draws the same networks for every batch); each batch draws them again and
+// writes one transaction.
+func confirmBatches(t testing.TB, l *Ledger, m *bnn.Model, samples int, seed uint64, n int) []StatusChange {
 	t.Helper()
 	p := NewModelPredictor(m, samples, seed)
 	var all []StatusChange
 	for {
-		rep, ch, err := l.Confirm(bg, p, 16)
+		rep, ch, err := l.Confirm(bg, p, n)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -323,6 +323,12 @@ func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Du
 	return u
 }
 
+// readerMaxWait is how long the broker holds a fetch of the readers of readLog and readEvents
+// when nothing is past their offset. A reader prefetches beyond the last record it returns, and
+// Close waits for that fetch: at kafka-go's default (10 s) every read of a topic to its end cost
+// 10 s per partition.
+const readerMaxWait = 100 * time.Millisecond
+
 // readLog reads the whole posterior topic and replays it through an independent chain: it
 // returns the accepted entries, the records not accepted, and the posterior of every version
 // (the genesis body and the recorded last layers, each checked against its entry's hash).
@@ -343,7 +349,7 @@ func readLog(t *testing.T, brokers []string, keyFile string) (accepted, ignored 
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20, MaxWait: readerMaxWait})
 	defer rd.Close()
 	chain := postlog.NewChain(keys)
 	posteriors = map[uint64]*bnn.Model{}
@@ -817,7 +823,7 @@ func readEvents(t *testing.T, brokers []string) map[string]statusEvent {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", Partition: p, MaxBytes: 16 << 20})
+		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", Partition: p, MaxBytes: 16 << 20, MaxWait: readerMaxWait})
 		for off := int64(0); off < last; {
 			msg, err := rd.ReadMessage(ctx)
 			if err != nil {

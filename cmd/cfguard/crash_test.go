@@ -347,6 +347,9 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	}
 	c.cmd.Process.Signal(syscall.SIGKILL) // right after the acknowledgement
 	c.cmd.Wait()
+	// The restarted daemon need not hold the records until an increment of 1000 fills: with a
+	// short max_wait it applies them as soon as it has read them back from the broker's disk.
+	editConfig(t, cfg, "  max_wait: 10s\n", "  max_wait: 300ms\n")
 	c = startChild(t, cfg, httpAddr)
 	waitUntil := time.Now().Add(90 * time.Second)
 	for c.applied() != n {

@@ -109,7 +109,10 @@ func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 		b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("%s%d", prefix, i), "features": X[i], "label": y[i]})
 		msgs[i] = kafka.Message{Value: b}
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 1000}
+	// Batches of the call's size (at most 1000) are full, and sent, once queued; a smaller batch
+	// would wait for kafka-go's BatchTimeout (1 s).
+	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll,
+		BatchSize: min(len(msgs), 1000)}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -118,11 +121,14 @@ func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 	}
 }
 
-// waitApplied waits until n records have been applied and no renewal is pending.
+// waitApplied waits until n records have been applied and every CE has been measured under the
+// current posterior (no renewal pending, none unconfirmed), so that the statuses read next are
+// the confirmer's verdicts on the posterior, not how far it has got with them.
 func (r *running) waitApplied(t *testing.T, n int) {
 	t.Helper()
-	waitfor.Cond(t, 8*time.Minute, fmt.Sprintf("%d records applied and no renewal pending", n), func() bool {
-		return r.metric(t, `cfguard_records_total{result="applied"}`) == float64(n) && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+	waitfor.Cond(t, 8*time.Minute, fmt.Sprintf("%d records applied and every CE measured", n), func() bool {
+		return r.metric(t, `cfguard_records_total{result="applied"}`) == float64(n) && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0
 	})
 }
 
