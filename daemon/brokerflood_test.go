@@ -24,6 +24,7 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 	}, nil, nil)
 	waitfor.Cond(t, 30*time.Second, "ready", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 	addr := r.d.BrokerAddrs()[0]
+	own := r.d.broker.Connections().Open // the daemon's own clients'
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -55,6 +56,12 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 	}
 	conns = nil
 	waitfor.Cond(t, 60*time.Second, "ready again after the flood", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	// Ready needs one free slot; the broker frees the flood's as it reads each one's end, and a
+	// producer opens more than one connection: wait until the flood's slots are all free.
+	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the flood's connections released (the daemon's own %d left)", own), func() bool {
+		return r.d.broker.Connections().Open <= own
+	})
+	t.Logf("after the flood: %+v (the daemon's own before it: %d)", r.d.broker.Connections(), own)
 	data := bundled(t)
 	var vals [][]byte
 	for i := range 64 {
