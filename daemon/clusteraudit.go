@@ -29,9 +29,8 @@ type auditAnswer struct {
 
 // peerAnswer is one replica's answer to a request another made on a client's behalf.
 type peerAnswer struct {
-	code       int
-	body       []byte
-	retryAfter string
+	code int
+	body []byte
 }
 
 // errPeerBusy is matched when every replica that did not audit answered that an audit was
@@ -47,52 +46,33 @@ func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, e
 	if err != nil {
 		return auditAnswer{}, err
 	}
-	peers := ownerReplicas(owners)
-	var (
-		mu      sync.Mutex
-		wg      sync.WaitGroup
-		reports = map[string]ledger.AuditReport{}
-		failed  = map[string]error{}
-		busy    = 0
-	)
-	for _, o := range peers {
-		wg.Go(func() {
-			var rep ledger.AuditReport
-			var err error
-			if o.Replica == s.id {
-				rep, err = s.d.runAudit(ctx, "api")
-			} else {
-				var a peerAnswer
-				if a, err = s.ask(ctx, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization); err == nil {
-					err = decodePeer(o, a, &rep)
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			var b *auditBusyError
-			switch {
-			case errors.As(err, &b) || errors.Is(err, errPeerBusy):
-				busy++
-				failed[o.Replica] = err
-			case err != nil:
-				failed[o.Replica] = err
-			default:
-				reports[o.Replica] = rep
-			}
-		})
-	}
-	wg.Wait()
+	reports, failed := askOwners(owners, func(o ceshare.Owner) (ledger.AuditReport, error) {
+		if o.Replica == s.id {
+			return s.d.runAudit(ctx, "api")
+		}
+		var rep ledger.AuditReport
+		a, err := s.ask(ctx, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
+		if err == nil {
+			err = decodePeer(o, a, &rep)
+		}
+		return rep, err
+	})
 	if len(failed) > 0 {
 		var why []string
+		busy := 0
 		for _, r := range slices.Sorted(maps.Keys(failed)) {
 			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
+			var b *auditBusyError
+			if errors.As(failed[r], &b) || errors.Is(failed[r], errPeerBusy) {
+				busy++
+			}
 		}
-		done := slices.Sorted(maps.Keys(reports))
 		kind := errPeer
 		if busy == len(failed) {
 			kind = errPeerBusy
 		}
-		return auditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "), done)
+		return auditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
+			slices.Sorted(maps.Keys(reports)))
 	}
 	return sumAudits(reports), nil
 }
@@ -121,52 +101,64 @@ func sumAudits(reports map[string]ledger.AuditReport) auditAnswer {
 // auditStatuses is GET /v1/audit on replicas: this replica's status, and each replica's that
 // owns CE partitions under Replicas (this one's included).
 func (s *share) auditStatuses(ctx context.Context, authorization string) (auditStatus, error) {
-	own := s.d.auditStatus()
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
 		return auditStatus{}, err
 	}
-	peers := ownerReplicas(owners)
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
-	)
-	own.Replicas = map[string]auditStatus{}
-	for _, o := range peers {
+	all, failed := askOwners(owners, func(o ceshare.Owner) (auditStatus, error) {
 		if o.Replica == s.id {
-			own.Replicas[o.Replica] = s.d.auditStatus()
-			continue
+			return s.d.auditStatus(), nil
 		}
-		wg.Go(func() {
-			var st auditStatus
-			a, err := s.ask(ctx, o, http.MethodGet, "/v1/audit", nil, authorization)
-			if err == nil {
-				err = decodePeer(o, a, &st)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			own.Replicas[o.Replica] = st
-		})
+		var st auditStatus
+		a, err := s.ask(ctx, o, http.MethodGet, "/v1/audit", nil, authorization)
+		if err == nil {
+			err = decodePeer(o, a, &st)
+		}
+		return st, err
+	})
+	if err := firstFailure(failed); err != nil {
+		return auditStatus{}, err
 	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return auditStatus{}, errs[0]
-	}
+	own := s.d.auditStatus()
+	own.Replicas = all
 	return own, nil
 }
 
-// ownerReplicas is one Owner per replica that owns partitions, by replica id.
-func ownerReplicas(owners map[int]ceshare.Owner) []ceshare.Owner {
+// askOwners calls ask once for each replica that owns CE partitions in owners, all at once, and
+// returns the answers and the failures by replica id.
+func askOwners[T any](owners map[int]ceshare.Owner, ask func(ceshare.Owner) (T, error)) (map[string]T, map[string]error) {
 	by := map[string]ceshare.Owner{}
 	for _, o := range owners {
 		by[o.Replica] = o
 	}
-	return slices.Collect(maps.Values(by))
+	var (
+		mu     sync.Mutex
+		wg     sync.WaitGroup
+		got    = map[string]T{}
+		failed = map[string]error{}
+	)
+	for id, o := range by {
+		wg.Go(func() {
+			v, err := ask(o)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed[id] = err
+			} else {
+				got[id] = v
+			}
+		})
+	}
+	wg.Wait()
+	return got, failed
+}
+
+// firstFailure is the failure of the first replica by id, nil when none failed.
+func firstFailure(failed map[string]error) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	return failed[slices.Min(slices.Collect(maps.Keys(failed)))]
 }
 
 // ask sends a request to replica o's API on a client's behalf (its Authorization, or this
@@ -196,7 +188,7 @@ func (s *share) ask(ctx context.Context, o ceshare.Owner, method, path string, b
 	if err != nil {
 		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
 	}
-	return peerAnswer{code: resp.StatusCode, body: b, retryAfter: resp.Header.Get("Retry-After")}, nil
+	return peerAnswer{code: resp.StatusCode, body: b}, nil
 }
 
 // decodePeer decodes a 200 answer into v; a 409 is errPeerBusy, anything else an errPeer with

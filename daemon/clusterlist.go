@@ -3,12 +3,12 @@ package daemon
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
@@ -23,14 +23,13 @@ var errPeer = errors.New("a replica did not answer")
 // whether it may have more after them (it returned a full page), and the id of the last CE it
 // returned (before the CEs of partitions it does not own were left out).
 type listPage struct {
-	replica string
-	ces     []*ledger.CE
-	more    bool
-	lastID  string
+	ces    []*ledger.CE
+	more   bool
+	lastID string
 }
 
-func newListPage(replica string, ces []*ledger.CE, limit int) listPage {
-	pg := listPage{replica: replica, ces: ces, more: len(ces) >= limit}
+func newListPage(ces []*ledger.CE, limit int) listPage {
+	pg := listPage{ces: ces, more: len(ces) >= limit}
 	if len(ces) > 0 {
 		pg.lastID = ces[len(ces)-1].ID
 	}
@@ -51,46 +50,23 @@ func (s *share) list(ctx context.Context, st certify.Status, limit int, after, a
 	if err != nil {
 		return nil, "", err
 	}
-	// Each owner's partitions: the group's view, except that this replica trusts its own.
-	byReplica := map[string]ceshare.Owner{}
-	parts := map[string][]int{}
-	for p, o := range owners {
-		byReplica[o.Replica] = o
-		parts[o.Replica] = append(parts[o.Replica], p)
+	got, failed := askOwners(owners, func(o ceshare.Owner) (listPage, error) {
+		pg, err := s.listAt(ctx, o, st, limit, after, authorization)
+		pg.ces = slices.DeleteFunc(pg.ces, func(ce *ledger.CE) bool {
+			return owners[ceshare.Partition(ce.ID, s.partitions)].Replica != o.Replica
+		})
+		return pg, err
+	})
+	if err := firstFailure(failed); err != nil {
+		return nil, "", err
 	}
-	pages := make([]listPage, 0, len(byReplica))
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
-	)
-	for replica, o := range byReplica {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pg, err := s.listAt(ctx, o, st, limit, after, authorization)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			pg.ces = slices.DeleteFunc(pg.ces, func(ce *ledger.CE) bool {
-				return !slices.Contains(parts[replica], ceshare.Partition(ce.ID, s.partitions))
-			})
-			pages = append(pages, pg)
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return nil, "", errs[0]
-	}
-	return mergePages(pages, limit)
+	next, cursor := mergePages(slices.Collect(maps.Values(got)), limit)
+	return next, cursor, nil
 }
 
 // mergePages merges owners' pages (each in id order) into the first limit CEs in id order, and
 // the cursor after them ("" when no owner has more and nothing was left out).
-func mergePages(pages []listPage, limit int) ([]*ledger.CE, string, error) {
+func mergePages(pages []listPage, limit int) ([]*ledger.CE, string) {
 	bound, bounded := "", false // the smallest last id of an owner with more
 	var all []*ledger.CE
 	for _, pg := range pages {
@@ -106,11 +82,11 @@ func mergePages(pages []listPage, limit int) ([]*ledger.CE, string, error) {
 	switch {
 	case len(all) >= limit:
 		all = all[:limit]
-		return all, all[limit-1].ID, nil
+		return all, all[limit-1].ID
 	case bounded:
-		return all, bound, nil
+		return all, bound
 	}
-	return all, "", nil
+	return all, ""
 }
 
 // listAt reads one page of the CEs stored at owner o: this ledger's, or o's API's (forwarded).
@@ -120,7 +96,7 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, 
 		if err != nil {
 			return listPage{}, err
 		}
-		return newListPage(s.id, ces, limit), nil
+		return newListPage(ces, limit), nil
 	}
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if after != "" {
@@ -139,5 +115,5 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, 
 	if err := decodePeer(o, a, &got); err != nil {
 		return listPage{}, err
 	}
-	return newListPage(o.Replica, got.CEs, limit), nil
+	return newListPage(got.CEs, limit), nil
 }

@@ -438,37 +438,18 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 		ce, err := s.d.ledger.Get(id)
 		return ce, s.id, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, owner.URL+"/v1/counterfactuals/"+url.PathEscape(id), nil)
+	a, err := s.ask(ctx, owner, http.MethodGet, "/v1/counterfactuals/"+url.PathEscape(id), nil, authorization)
 	if err != nil {
 		return nil, "", err
 	}
-	if authorization == "" && s.d.cfg.HTTP.Token != "" {
-		authorization = "Bearer " + s.d.cfg.HTTP.Token
-	}
-	if authorization != "" {
-		req.Header.Set("Authorization", authorization)
-	}
-	req.Header.Set(headerForwarded, s.id)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return nil, "", fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, "", err
-	}
-	switch resp.StatusCode {
-	case http.StatusOK:
-		var got ledger.CE
-		if err := json.NewDecoder(bytes.NewReader(body)).Decode(&got); err != nil {
-			return nil, "", fmt.Errorf("%s's answer: %w", owner.Replica, err)
-		}
-		return &got, owner.Replica, nil
-	case http.StatusNotFound:
+	if a.code == http.StatusNotFound {
 		return nil, owner.Replica, fmt.Errorf("%w: %q", ledger.ErrNotFound, id)
 	}
-	return nil, owner.Replica, fmt.Errorf("%s, the owner of partition %d, answered %d: %s", owner.Replica, p, resp.StatusCode, bytes.TrimSpace(body))
+	var got ledger.CE
+	if err := decodePeer(owner, a, &got); err != nil {
+		return nil, owner.Replica, fmt.Errorf("the owner of partition %d: %w", p, err)
+	}
+	return &got, owner.Replica, nil
 }
 
 // headerForwarded marks a request one replica forwards to another, naming the sender; the

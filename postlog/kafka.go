@@ -154,38 +154,13 @@ func (l *Log) End(ctx context.Context) (int64, error) {
 // InputEnds returns the end offset (the high watermark) of every partition of topic, the
 // input topic whose records the log's increments cover.
 func (l *Log) InputEnds(ctx context.Context, topic string) (map[int]int64, error) {
-	md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	w, err := stream.ReadWatermarks(ctx, l.cl, topic)
 	if err != nil {
-		return nil, fmt.Errorf("input topic %s: metadata: %w", topic, err)
+		return nil, fmt.Errorf("input topic: %w", err)
 	}
-	var reqs []kafka.OffsetRequest
-	for _, t := range md.Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.Error != nil {
-			return nil, fmt.Errorf("input topic %s: %w", topic, t.Error)
-		}
-		for _, p := range t.Partitions {
-			reqs = append(reqs, kafka.LastOffsetOf(p.ID))
-		}
-	}
-	if len(reqs) == 0 {
-		return nil, fmt.Errorf("input topic %s: no partitions", topic)
-	}
-	res, err := l.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
-	if err != nil {
-		return nil, fmt.Errorf("input topic %s: end offsets: %w", topic, err)
-	}
-	ends := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		if p.Error != nil {
-			return nil, fmt.Errorf("input topic %s partition %d: end offset: %w", topic, p.Partition, p.Error)
-		}
-		ends[p.Partition] = p.LastOffset
-	}
-	if len(ends) != len(reqs) {
-		return nil, fmt.Errorf("input topic %s: end offsets of %d partitions, it has %d", topic, len(ends), len(reqs))
+	ends := make(map[int]int64, len(w))
+	for p, pw := range w {
+		ends[p] = pw.End
 	}
 	return ends, nil
 }

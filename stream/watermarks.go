@@ -52,41 +52,47 @@ func NewOffsetsReader(ctx context.Context, conn ConnConfig, topic string) (*Offs
 		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr, Timeout: conn.DialTimeout}}, nil
 }
 
-// Read returns every partition's watermarks. It fails when the broker does not answer, the topic
-// is unknown, or a partition's offsets carry an error: it never returns a partial map.
+// Read returns every partition's watermarks (ReadWatermarks).
 func (o *OffsetsReader) Read(ctx context.Context) (map[int]Watermarks, error) {
-	md, err := o.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{o.topic}})
+	return ReadWatermarks(ctx, o.cl, o.topic)
+}
+
+// ReadWatermarks returns the watermarks of every partition of topic, with one Metadata and one
+// ListOffsets request through cl. It fails when the broker does not answer, the topic is
+// unknown, or a partition's offsets carry an error: it never returns a partial map.
+func ReadWatermarks(ctx context.Context, cl *kafka.Client, topic string) (map[int]Watermarks, error) {
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("stream: topic %s: metadata: %w", o.topic, err)
+		return nil, fmt.Errorf("stream: topic %s: metadata: %w", topic, err)
 	}
 	var reqs []kafka.OffsetRequest
 	for _, t := range md.Topics {
-		if t.Name != o.topic {
+		if t.Name != topic {
 			continue
 		}
 		if t.Error != nil {
-			return nil, fmt.Errorf("stream: topic %s: %w", o.topic, t.Error)
+			return nil, fmt.Errorf("stream: topic %s: %w", topic, t.Error)
 		}
 		for _, p := range t.Partitions {
 			reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
 		}
 	}
 	if len(reqs) == 0 {
-		return nil, fmt.Errorf("stream: topic %s: not in the broker's metadata, or no partitions", o.topic)
+		return nil, fmt.Errorf("stream: topic %s: not in the broker's metadata, or no partitions", topic)
 	}
-	res, err := o.cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{o.topic: reqs}})
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return nil, fmt.Errorf("stream: topic %s: offsets: %w", o.topic, err)
+		return nil, fmt.Errorf("stream: topic %s: offsets: %w", topic, err)
 	}
 	out := make(map[int]Watermarks, len(reqs)/2)
-	for _, po := range res.Topics[o.topic] {
+	for _, po := range res.Topics[topic] {
 		if po.Error != nil {
-			return nil, fmt.Errorf("stream: topic %s partition %d: offsets: %w", o.topic, po.Partition, po.Error)
+			return nil, fmt.Errorf("stream: topic %s partition %d: offsets: %w", topic, po.Partition, po.Error)
 		}
 		out[po.Partition] = Watermarks{Start: po.FirstOffset, End: po.LastOffset}
 	}
 	if len(out) != len(reqs)/2 {
-		return nil, fmt.Errorf("stream: topic %s: offsets of %d partitions, it has %d", o.topic, len(out), len(reqs)/2)
+		return nil, fmt.Errorf("stream: topic %s: offsets of %d partitions, it has %d", topic, len(out), len(reqs)/2)
 	}
 	return out, nil
 }
