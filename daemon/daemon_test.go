@@ -202,8 +202,8 @@ func (r *running) metric(t *testing.T, name string, labels ...string) float64 {
 
 // produce writes JSON records to the daemon's topic over TCP with kafka-go, in one batch (up to
 // 500 records a batch). The writer sends a batch when it is full, or after BatchTimeout
-// (kafka-go's default, 1 s, which every call waited when the batch size was a fixed 500): a
-// batch the size of the call is full, and sent, as soon as WriteMessages has queued it.
+// (kafka-go's default, 1 s): a batch the size of the call is full, and sent, as soon as
+// WriteMessages has queued it.
 func (r *running) produce(t *testing.T, values ...[]byte) {
 	t.Helper()
 	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll,

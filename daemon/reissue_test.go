@@ -24,8 +24,7 @@ import (
 // at least as new as the old CE's verdict. A mild drift (at_risk) leaves room for replacements; a
 // strong one (invalidated, learning rate 1e-2) leaves none, and says so. There every generation
 // runs to explain.max_iterations without reaching the set, so the case caps it at 200 instead of
-// the paper's 2000: the failure and its event are the same, at a tenth of the work (six
-// generations of 2000 iterations took over two minutes on a busy core).
+// the paper's 2000: the failure and its event are the same, at a tenth of the work.
 func TestReissue(t *testing.T) {
 	for _, c := range []struct {
 		status        string

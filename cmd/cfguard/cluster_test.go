@@ -325,8 +325,8 @@ func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Du
 
 // readerMaxWait is how long the broker holds a fetch of the readers of readLog and readEvents
 // when nothing is past their offset. A reader prefetches beyond the last record it returns, and
-// Close waits for that fetch: at kafka-go's default (10 s) every read of a topic to its end cost
-// 10 s per partition.
+// Close waits for that fetch: at kafka-go's default (10 s) every read of a topic to its end
+// would cost 10 s per partition.
 const readerMaxWait = 100 * time.Millisecond
 
 // readLog reads the whole posterior topic and replays it through an independent chain: it
