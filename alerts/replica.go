@@ -11,6 +11,7 @@ const (
 	NameLogStopped      = "cfguard_posterior_log_stopped"
 	NameLogIgnored      = "cfguard_posterior_log_records_ignored_total"
 	NameLogAppendsLost  = "cfguard_posterior_log_appends_lost_total"
+	NameEventsRepublish = "cfguard_posterior_events_republished_total"
 	NameReplicaUpdater  = "cfguard_replication_updater"
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
@@ -25,6 +26,9 @@ type ReplicaMetrics struct {
 	// at 0 for the reasons given to NewReplicaMetrics).
 	Ignored     *prometheus.CounterVec
 	AppendsLost prometheus.Counter
+	// Republished counts the posterior events of earlier writers' entries this replica
+	// published at its claims (their writers may not have).
+	Republished prometheus.Counter
 	// CEApplied counts the requests of the CE topic applied to this replica's ledger.
 	CEApplied prometheus.Counter
 	// Unauthenticated counts the records of the posterior and CE topics this replica ignored
@@ -52,6 +56,8 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
 		AppendsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: NameLogAppendsLost,
 			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
+		Republished: prometheus.NewCounter(prometheus.CounterOpts{Name: NameEventsRepublish,
+			Help: "Posterior events of earlier writers' log entries this replica published again when it claimed a term (their writers may have died before publishing them)."}),
 		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
 			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
 		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
@@ -66,6 +72,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Republished, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
 	return m
 }

@@ -357,7 +357,11 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		return err
 	}
 	td.add("event publisher", d.pub.Close)
-	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, log.With("component", "outbox"))
+	var replicaID string
+	if d.rep != nil {
+		replicaID = d.rep.ID()
+	}
+	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, replicaID, log.With("component", "outbox"))
 	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
 	d.confirm = newConfirmers(auditWorkers(cfg.Audit.Workers), d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
 		d.outbox.notify()

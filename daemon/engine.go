@@ -198,6 +198,11 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 	if err != nil || s.update == nil {
 		return s, err
 	}
+	// Events are stamped when decided, so that a log entry's copy (replicas) and the outbox's agree.
+	now := time.Now().UTC()
+	for i := range s.events {
+		s.events[i].At = now
+	}
 	// Test, then train: the records are scored under prev, the posterior before them, whatever
 	// the update's outcome; the record goes into the same checkpoint as the update.
 	q, data, err := d.quality.score(prev, X, y, d.cfg.Update.Draws, s.seed^0x9e4d5c07, time.Now())

@@ -33,11 +33,15 @@ type event struct {
 	From             string    `json:"from,omitempty"`
 	To               string    `json:"to,omitempty"`
 	PosteriorVersion uint64    `json:"posterior_version"`
-	ParentVersion    *uint64   `json:"parent_version,omitempty"`
-	KL               float64   `json:"kl,omitempty"`
-	Bound            *float64  `json:"bound,omitempty"`
-	VarBound         *float64  `json:"var_bound,omitempty"`
-	P2               *float64  `json:"p2,omitempty"`
+	// LogEntry is, on a replica, the seq of the posterior log's entry whose step a posterior
+	// event (kl_over_budget, increment_held, update_failed) describes: with Type, the key
+	// that tells a copy published again by a later updater from a new event.
+	LogEntry      uint64   `json:"log_entry,omitempty"`
+	ParentVersion *uint64  `json:"parent_version,omitempty"`
+	KL            float64  `json:"kl,omitempty"`
+	Bound         *float64 `json:"bound,omitempty"`
+	VarBound      *float64 `json:"var_bound,omitempty"`
+	P2            *float64 `json:"p2,omitempty"`
 	// Decided (status_changed only) is the CE's decided as the ledger's transaction that changed
 	// its status left it (ledger.CE.Decided: the new status is backed by a bound that holds under
 	// the current posterior); VerdictPending and RenewalPending say why it is not.
@@ -79,7 +83,10 @@ func encodeChange(ch ledger.StatusChange) ledger.OutboxEntry {
 
 // entry encodes e for the outbox: the key is the CE's id for events about one CE (so they stay
 // in order on one partition), else the event type; a zero At becomes now.
-func (e event) entry(now time.Time) ledger.OutboxEntry {
+func (e event) entry(now time.Time) ledger.OutboxEntry { return e.encode(now, maxEventBytes) }
+
+// encode is entry for events of at most limit bytes: a larger one loses the records it lists.
+func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
 	if e.At.IsZero() {
 		if now.IsZero() {
 			now = time.Now()
@@ -95,13 +102,13 @@ func (e event) entry(now time.Time) ledger.OutboxEntry {
 		v, _ = json.Marshal(event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
 			Decided: e.Decided, VerdictPending: e.VerdictPending, RenewalPending: e.RenewalPending, Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
 	}
-	if len(v) > maxEventBytes {
+	if len(v) > limit {
 		// The events topic takes messages of about 1 MB (stream); an increment_held of many
 		// records is larger. The records stay in the input topic (offsets are in the update's
 		// KL history entry and the checkpoint), so the event says so instead of carrying them.
 		n := max(len(e.Held), len(e.Records))
 		e.Held, e.Records = nil, nil
-		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted)", len(v), maxEventBytes, n))
+		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted)", len(v), limit, n))
 		v, _ = json.Marshal(e)
 	}
 	return ledger.OutboxEntry{Key: key, Value: v}
@@ -110,6 +117,11 @@ func (e event) entry(now time.Time) ledger.OutboxEntry {
 // maxEventBytes bounds one event's JSON: the stream publisher refuses messages of about 1 MB,
 // and an outbox entry it refuses would block every later one.
 const maxEventBytes = 900_000
+
+// maxLogEventBytes bounds the copy of one event a posterior log entry carries (postlog.Entry's
+// Events): an increment_held of more records than that lists none in the copy, which only a
+// claimant after a writer that died publishes.
+const maxLogEventBytes = 64 << 10
 
 // outboxEntries encodes events for Checkpoint.Events, stamped now.
 func outboxEntries(events []event) []ledger.OutboxEntry {

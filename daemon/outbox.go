@@ -20,6 +20,11 @@ import (
 // same events are published again with the same numbers, and consumers drop what they have seen.
 const OutboxSeqHeader = "cfguard-outbox-seq"
 
+// ReplicaHeader is the Kafka record header that names, on a replica, the replica whose outbox
+// published the event (replication.replica_id, or the host name): outbox numbers are per replica,
+// so a consumer dedupes by replica and number.
+const ReplicaHeader = "cfguard-replica"
+
 // Outbox publishing defaults.
 const (
 	outboxBatch      = 256              // entries per publish call
@@ -49,10 +54,11 @@ type outboxPublisher struct {
 	metrics *alerts.Metrics
 	log     *slog.Logger
 	wake    chan struct{}
+	replica string // ReplicaHeader's value, "" on a single daemon (no header)
 }
 
-func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, log *slog.Logger) *outboxPublisher {
-	return &outboxPublisher{l: l, sink: sink, metrics: m, log: log, wake: make(chan struct{}, 1)}
+func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, replica string, log *slog.Logger) *outboxPublisher {
+	return &outboxPublisher{l: l, sink: sink, metrics: m, log: log, wake: make(chan struct{}, 1), replica: replica}
 }
 
 // notify wakes the publisher (never blocks; wake-ups coalesce).
@@ -126,6 +132,9 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		for i, e := range entries {
 			batch[i] = stream.Event{Key: e.Key, Value: json.RawMessage(e.Value),
 				Headers: map[string][]byte{OutboxSeqHeader: []byte(strconv.FormatUint(e.Seq, 10))}}
+			if p.replica != "" {
+				batch[i].Headers[ReplicaHeader] = []byte(p.replica)
+			}
 		}
 		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
 		err = p.sink.PublishBatch(pctx, batch)

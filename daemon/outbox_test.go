@@ -77,7 +77,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	}))
 	r := &running{reg: reg}
 	logs := &tooltest.Output{}
-	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), slog.New(slog.NewTextHandler(logs, nil)))
+	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
 	done := make(chan error, 1)
 	pctx, stop := context.WithCancel(ctx)
 	go func() { done <- p.run(pctx) }()

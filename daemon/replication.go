@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -59,16 +60,30 @@ func (h replicaHost) Compute(ctx context.Context, prev *bnn.Model, inc *stream.I
 func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *bnn.Model, own replica.Step, cp *ledger.Checkpoint) error {
 	s := stepOf(e, prev, next)
 	if o, ok := own.(*step); ok {
-		s.events = o.events
+		s.events = o.eventsOf(e.Seq)
 	}
 	return h.d.commitStep(ctx, s, cp, time.Now())
 }
 
-// Summary is what the posterior log's entry of s records (replica.Step).
-func (s *step) Summary() replica.Summary {
+// Summary is what the posterior log's entry number seq records of s (replica.Step): with its
+// events, each naming the entry and of at most maxLogEventBytes.
+func (s *step) Summary(seq uint64) replica.Summary {
 	out := replica.Summary{Outcome: s.outcome, KL: s.kl, Seed: s.seed, Counters: s.counters, Next: s.next, Records: s.records}
 	if s.update != nil {
 		out.Quality = s.update.Quality
+	}
+	for _, ev := range s.eventsOf(seq) {
+		oe := ev.encode(time.Time{}, maxLogEventBytes)
+		out.Events = append(out.Events, postlog.Event{Key: oe.Key, Value: oe.Value})
+	}
+	return out
+}
+
+// eventsOf is s's events as the log's entry number seq records them.
+func (s *step) eventsOf(seq uint64) []event {
+	out := slices.Clone(s.events)
+	for i := range out {
+		out[i].LogEntry = seq
 	}
 	return out
 }

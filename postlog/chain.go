@@ -30,6 +30,39 @@ type Head struct {
 	GenesisHash   string `json:"genesis_hash,omitempty"`
 	// Epoch is the epoch of the genesis the head descends from (0: the first).
 	Epoch uint64 `json:"epoch,omitempty"`
+	// Unpublished are the posterior events of accepted increments that no later increment says
+	// are published (Entry.EventsThrough), oldest first: what the next claimant publishes again.
+	// At most MaxUnpublished entries are kept.
+	Unpublished []Unpublished `json:"unpublished,omitempty"`
+}
+
+// Unpublished is an accepted increment's posterior events, by the increment's seq.
+type Unpublished struct {
+	Seq    uint64  `json:"seq"`
+	Events []Event `json:"events"`
+}
+
+// MaxUnpublished bounds Head.Unpublished. Every writer of this package says what it published in
+// each increment, so the list holds at most the entries of the last writer after its last
+// increment; the bound keeps a head small on a log whose writers never say it.
+const MaxUnpublished = 64
+
+// owed is Head.Unpublished after the increment e on a head that owed u: the entries e says are
+// published dropped, e's own events added.
+func owed(u []Unpublished, e *Entry) []Unpublished {
+	var out []Unpublished
+	for _, x := range u {
+		if e.EventsThrough == 0 || x.Seq > e.EventsThrough {
+			out = append(out, x)
+		}
+	}
+	if len(e.Events) > 0 {
+		out = append(out, Unpublished{Seq: e.Seq, Events: e.Events})
+	}
+	if len(out) > MaxUnpublished {
+		out = out[len(out)-MaxUnpublished:]
+	}
+	return out
 }
 
 // Reason says why a record was not accepted (or that it was).
@@ -108,6 +141,7 @@ func Resume(h *Head, keys *clusterkey.Keyring) *Chain {
 	}
 	c := *h
 	c.Covers = maps.Clone(h.Covers)
+	c.Unpublished = slices.Clone(h.Unpublished)
 	return &Chain{head: &c, keys: keys}
 }
 
@@ -174,6 +208,13 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 		next.Writer = e.Writer
 	case Increment:
 		next.Writer = c.head.Writer // the term's claimant
+	}
+	// What is owed outlives terms and epochs: the next claimant publishes it.
+	if c.head != nil {
+		next.Unpublished = c.head.Unpublished
+	}
+	if e.Kind == Increment {
+		next.Unpublished = owed(next.Unpublished, e)
 	}
 	if e.Kind != Genesis {
 		next.GenesisOffset, next.GenesisHash, next.Epoch = c.head.GenesisOffset, c.head.GenesisHash, c.head.Epoch

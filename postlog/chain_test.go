@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -370,5 +371,119 @@ func TestCheckCoverage(t *testing.T) {
 		case tc.want != "" && (!errors.Is(err, ErrPastEnd) || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: %v, want ErrPastEnd saying %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestHeadOwesTheEventsNoLaterEntryVouchesFor plays writer a's term (increments with events,
+// each saying the ones before are published), a claim by b, and b's increments: the head owes
+// exactly the events of the entries after the last events_through, across the claim, and a
+// restarted chain (Resume from the stored head) owes the same.
+func TestHeadOwesTheEventsNoLaterEntryVouchesFor(t *testing.T) {
+	l, g := newTestLog(t)
+	ev := func(seq uint64) []Event {
+		return []Event{{Key: "kl_over_budget", Value: []byte(`{"type":"kl_over_budget","log_entry":` + strconv.FormatUint(seq, 10) + `}`)}}
+	}
+	c := NewChain(testKeys())
+	var off int64
+	offer := func(e *Entry) {
+		t.Helper()
+		off++
+		if _, r, err := c.Offer(signed(off, l.value(e))); err != nil || r != Accepted {
+			t.Fatalf("entry %d: %s %v", e.Seq, r, err)
+		}
+	}
+	owes := func(want ...uint64) {
+		t.Helper()
+		var got []uint64
+		for _, u := range c.Head().Unpublished {
+			got = append(got, u.Seq)
+			if string(u.Events[0].Value) != string(ev(u.Seq)[0].Value) {
+				t.Errorf("entry %d's events stored as %s", u.Seq, u.Events[0].Value)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("head owes the events of %v, want %v", got, want)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("head owes the events of %v, want %v", got, want)
+			}
+		}
+		b, err := MarshalHead(c.Head())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := UnmarshalHead(b)
+		if err != nil || len(h.Unpublished) != len(want) {
+			t.Fatalf("the stored head owes %d entries (%v), want %d", len(h.Unpublished), err, len(want))
+		}
+	}
+	off = -1
+	offer(g)
+	prev, pv := g, l.value(g)
+	next := func(e *Entry) {
+		offer(e)
+		prev, pv = e, l.value(e)
+	}
+	next(l.claim(pv, prev, 1, "a/1"))
+	owes()
+	// a's first increment has events; it vouches for nothing before it but its claim.
+	e := l.increment(pv, prev, 1, "a/1", 10, 0.1)
+	e.Events, e.EventsThrough = ev(e.Seq), prev.Seq
+	next(e)
+	owes(2)
+	// A quiet increment vouches for the one before: nothing owed.
+	e = l.increment(pv, prev, 1, "a/1", 20, 0.1)
+	e.EventsThrough = prev.Seq
+	next(e)
+	owes()
+	e = l.increment(pv, prev, 1, "a/1", 30, 0.1)
+	e.Events, e.EventsThrough = ev(e.Seq), prev.Seq
+	next(e)
+	owes(4)
+	// a stops here; b claims: entry 4's events are still owed, past the claim.
+	next(l.claim(pv, prev, 2, "b/1"))
+	owes(4)
+	// b's increment without events_through (a writer that does not say) vouches for nothing.
+	e = l.increment(pv, prev, 2, "b/1", 40, 0.1)
+	e.Events = ev(e.Seq)
+	next(e)
+	owes(4, 6)
+	c = Resume(c.Head(), testKeys())
+	owes(4, 6)
+	// Vouching through entry 5 (the claim: b published entry 4's at its claim) leaves 6 owed.
+	e = l.increment(pv, prev, 2, "b/1", 50, 0.1)
+	e.EventsThrough = 5
+	next(e)
+	owes(6)
+}
+
+// TestEventsOnlyOnIncrements: Decode refuses events on a claim and events_through that is not
+// below the entry's own seq.
+func TestEventsOnlyOnIncrements(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	claim := l.claim(gv, g, 1, "a/1")
+	inc := l.increment(gv, g, 1, "a/1", 10, 0.1)
+	ev := []Event{{Key: "update_failed", Value: []byte(`{"type":"update_failed"}`)}}
+	for _, tc := range []struct {
+		name   string
+		e      Entry
+		refuse string
+	}{
+		{"claim with events", func() Entry { e := *claim; e.Events = ev; return e }(), "a claim with events"},
+		{"claim with events_through", func() Entry { e := *claim; e.EventsThrough = 0 + 1; e.Seq = 2; return e }(), "a claim with events"},
+		{"increment through itself", func() Entry { e := *inc; e.EventsThrough = e.Seq; return e }(), "says its events are through entry 1"},
+		{"increment through the past", func() Entry { e := *inc; e.Seq = 3; e.EventsThrough = 2; e.Events = ev; return e }(), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode(l.value(&tc.e))
+			switch {
+			case tc.refuse == "" && err != nil:
+				t.Errorf("Decode: %v", err)
+			case tc.refuse != "" && (!errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.refuse)):
+				t.Errorf("Decode = %v, want malformed: %q", err, tc.refuse)
+			}
+		})
 	}
 }

@@ -90,6 +90,21 @@ type Entry struct {
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
 	Generation int    `json:"generation,omitempty"`
+	// Events are an increment's posterior events (kl_over_budget, increment_held,
+	// update_failed) as its writer put them in its outbox, so that a later claimant can publish
+	// them when the writer may not have (it dies between the append and its own apply).
+	Events []Event `json:"events,omitempty"`
+	// EventsThrough is an increment's statement that the posterior events of every entry up to
+	// this seq are in the outbox of their writer or of a later claimant: what its writer had
+	// applied (and so published) before it appended. It is below the entry's own seq.
+	EventsThrough uint64 `json:"events_through,omitempty"`
+}
+
+// Event is one posterior event of an increment as an outbox holds it: the events topic's key and
+// the event's JSON (the daemon's format).
+type Event struct {
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value"`
 }
 
 // Past is a record of the log by offset and the hex SHA-256 of its value bytes.
@@ -183,6 +198,10 @@ func Decode(value []byte) (*Entry, error) {
 		return nil, fmt.Errorf("%w: posterior_sha256 %q", ErrMalformed, e.PosteriorSHA256)
 	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
 		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
+	case e.Kind != Increment && (len(e.Events) > 0 || e.EventsThrough > 0):
+		return nil, fmt.Errorf("%w: a %s with events", ErrMalformed, e.Kind)
+	case e.Kind == Increment && e.EventsThrough >= e.Seq && e.EventsThrough > 0:
+		return nil, fmt.Errorf("%w: entry %d says its events are through entry %d", ErrMalformed, e.Seq, e.EventsThrough)
 	}
 	for p, off := range e.Covers {
 		if p < 0 || off < 0 {

@@ -17,7 +17,7 @@ import (
 // updater sees it.
 type summaryStep Summary
 
-func (s summaryStep) Summary() Summary { return Summary(s) }
+func (s summaryStep) Summary(uint64) Summary { return Summary(s) }
 
 // TestEntryOfRecordsTheStep: the updater's entry for a step continues the head (next seq, the
 // head's hash as parent, its term and writer), covers the head's coverage moved on by the
@@ -48,7 +48,7 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 	}
 	if e := skipped; e.Kind != postlog.Increment || e.Seq != 4 || e.Parent != "ab12" || e.Term != 2 || e.Writer != r.writer ||
 		e.Version != 4 || e.ParentVersion != 4 || e.Outcome != postlog.Skipped || e.PosteriorSHA256 != prevSHA ||
-		e.InputTopic != cfg.Kafka.Topic || e.LastLayer != nil {
+		e.InputTopic != cfg.Kafka.Topic || e.LastLayer != nil || e.EventsThrough != 3 || e.Events != nil {
 		t.Errorf("skipped step's entry = %+v", e)
 	}
 	if want := map[int]int64{0: 10, 1: 7}; !maps.Equal(skipped.Covers, want) {
@@ -88,11 +88,18 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 		t.Errorf("the follower's posterior: version %d sha256 %s, want 5, %s", got.Version, sha, wantSHA)
 	}
 
-	held, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeRejected, KL: 0.3, Counters: map[string]int64{"held": 6}}, inc)
+	events := []postlog.Event{{Key: "kl_over_budget", Value: json.RawMessage(`{"type":"kl_over_budget"}`)},
+		{Key: "increment_held", Value: json.RawMessage(`{"type":"increment_held"}`)}}
+	held, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeRejected, KL: 0.3, Counters: map[string]int64{"held": 6}, Events: events}, inc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if held.Outcome != string(certify.OutcomeRejected) || held.Counts.Held != 6 || held.Version != 4 || held.PosteriorSHA256 != prevSHA {
 		t.Errorf("rejected step's entry = %+v, counts %+v", held, held.Counts)
+	}
+	// The step's events ride in the entry, which vouches for the head's (the updater applied it).
+	if len(held.Events) != 2 || held.Events[1].Key != "increment_held" || string(held.Events[1].Value) != `{"type":"increment_held"}` ||
+		held.EventsThrough != head.Seq {
+		t.Errorf("rejected step's entry carries events %v through %d; want the step's 2 through %d", held.Events, held.EventsThrough, head.Seq)
 	}
 }

@@ -31,8 +31,12 @@ type Host interface {
 	// (the posterior the entry records on prev), with cp (the covered offsets and the log's head),
 	// and makes next current. own is the Step this replica computed for e when e is its own
 	// entry, nil otherwise. An error stops following.
+	//
+	// When own is nil the host publishes none of e's events: e's writer does, or, when it may
+	// not have, the next claimant (Checkpoint with cp.Events).
 	Commit(ctx context.Context, e *postlog.Entry, prev, next *bnn.Model, own Step, cp *ledger.Checkpoint) error
-	// Checkpoint writes cp (the log's head alone), keeping the posterior.
+	// Checkpoint writes cp (the log's head, and the events a claimant publishes again), keeping
+	// the posterior.
 	Checkpoint(ctx context.Context, cp *ledger.Checkpoint) error
 	// DeadLettered counts n records the updater dead-lettered, once its entry is accepted.
 	DeadLettered(n int)
@@ -41,7 +45,8 @@ type Host interface {
 // Step is an increment as Host.Compute decided it. The replica reads only its Summary (what
 // the log entry records) and hands the Step back to Host.Commit once its entry is accepted.
 type Step interface {
-	Summary() Summary
+	// Summary is what the log's entry number entry records of the step.
+	Summary(entry uint64) Summary
 }
 
 // Summary is what an increment's log entry records of its step.
@@ -53,6 +58,9 @@ type Summary struct {
 	Quality  json.RawMessage  // the increment's prequential record, nil without one
 	Next     *bnn.Model       // the promoted posterior, nil when the posterior is kept
 	Records  int              // the records applied, when Next is set
+	// Events are the step's posterior events as the host's outbox will hold them once the
+	// entry is accepted (each naming the entry), for the entry to carry.
+	Events []postlog.Event
 }
 
 // Ledger is what a replica reads and writes of the daemon's ledger itself (*ledger.Ledger):

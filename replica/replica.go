@@ -439,10 +439,25 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
 			"writer", e.Writer, "resumed", resumed, "covers", e.Covers)
 	case postlog.Claim:
-		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
+		// The claimant publishes the events the entries before its claim owe: their writer
+		// may have died between its append and its own apply. They may be published twice.
+		var owed []ledger.OutboxEntry
+		if e.Writer == r.writer {
+			for _, u := range head.Unpublished {
+				for _, ev := range u.Events {
+					owed = append(owed, ledger.OutboxEntry{Key: ev.Key, Value: ev.Value})
+				}
+			}
+		}
+		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb, Events: owed}); err != nil {
 			return err
 		}
 		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
+		if len(owed) > 0 {
+			r.m.Republished.Add(float64(len(owed)))
+			r.lg.Info("updater: published again the events of entries whose writer may not have", "events", len(owed),
+				"entries", len(head.Unpublished), "from_entry", head.Unpublished[0].Seq)
+		}
 	case postlog.Increment:
 		prev := r.host.Current()
 		next, err := e.Apply(prev)
@@ -935,7 +950,7 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 
 // entryOf is the log entry of step s on head.
 func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*postlog.Entry, error) {
-	sum := s.Summary()
+	sum := s.Summary(head.Seq + 1)
 	covers := maps.Clone(head.Covers)
 	if covers == nil {
 		covers = map[int]int64{}
@@ -945,7 +960,9 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.cfg.Kafka.Topic, Covers: covers,
 		Outcome: string(sum.Outcome), KL: sum.KL, Seed: sum.Seed, PosteriorSHA256: head.PosteriorSHA256,
 		Counts:  &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: sum.Counters["failed"], Held: sum.Counters["held"]},
-		Quality: sum.Quality}
+		Quality: sum.Quality, Events: sum.Events,
+		// The updater applied (and so published) the head before it computed this step.
+		EventsThrough: head.Seq}
 	if sum.Outcome == "" {
 		e.Outcome = postlog.Skipped
 	}

@@ -1,0 +1,149 @@
+package daemon
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// readAll reads every message of partition 0 of topic on b, from its start to its present end.
+func readAll(t *testing.T, b *broker.Broker, topic string) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := kafka.DialLeader(ctx, "tcp", b.Addrs()[0], topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer rd.Close()
+	var out []kafka.Message
+	for int64(len(out)) < end {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading %s at offset %d of %d: %v", topic, len(out), end, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant: an updater's posterior events
+// ride in its entries (each naming its entry), and each entry vouches for the events of the one
+// before, so the log's head owes only the last entry's. A writer that died between its append
+// and its own apply (simulated: a claim and an increment appended under the cluster key by a
+// writer that then says nothing) leaves its events owed; the next claimant publishes them,
+// exactly those, and the events topic holds them as the entry carries them.
+func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	dir := t.TempDir()
+	cfg := func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.StateDir = dir
+		paperLearner(c, 1e-3)
+		c.Certify.OnBreach = "reject" // every increment of flipped labels: kl_over_budget and increment_held
+	}
+	r := startDaemonWith(t, cfg, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	data := bundled(t)
+	r.produce(t, flipped(data, 64)...)
+	waitfor.Cond(t, 60*time.Second, "two held increments in the log", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "held") == 64 && r.metric(t, "cfguard_events_pending") == 0
+	})
+	h := r.d.rep.Head()
+	// The second increment vouches for the first: only the last entry's events are owed.
+	if len(h.Unpublished) != 1 || h.Unpublished[0].Seq != h.Seq || len(h.Unpublished[0].Events) != 2 {
+		t.Fatalf("head %d owes %+v; want the 2 events of entry %d alone", h.Seq, h.Unpublished, h.Seq)
+	}
+	own := map[uint64]int{} // this writer's posterior events by log entry
+	for _, m := range readAll(t, b, "cfguard.events") {
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type == "kl_over_budget" || e.Type == "increment_held" {
+			if e.LogEntry == 0 {
+				t.Errorf("a replica's %s event names no log entry: %s", e.Type, m.Value)
+			}
+			own[e.LogEntry]++
+		}
+		if got := header(m, ReplicaHeader); got != "r1" {
+			t.Errorf("an event of replica r1 carries %s %q", ReplicaHeader, got)
+		}
+	}
+	if len(own) != 2 || own[h.Seq] < 2 || own[h.Seq-1] < 2 {
+		t.Fatalf("posterior events by log entry %v; want 2 each for entries %d and %d", own, h.Seq-1, h.Seq)
+	}
+	r.stop(t)
+
+	// A writer claims, appends an increment with an event, and dies before publishing it. It
+	// holds the cluster key: this is a replica that died, not a forgery. Its increment vouches
+	// for what came before its claim (its claim would have published it).
+	plog, err := postlog.Open(context.Background(), r.d.conn, "cfguard.posterior", r.d.rep.Keys(), r.d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	appendEntry := func(e *postlog.Entry) string {
+		t.Helper()
+		v, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := plog.Append(context.Background(), "e/dead", v); err != nil {
+			t.Fatal(err)
+		}
+		sum := postlog.Hash(v)
+		return hex.EncodeToString(sum[:])
+	}
+	claimHash := appendEntry(&postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256})
+	lost := event{Type: "update_failed", At: time.Now().UTC(), PosteriorVersion: h.Version, LogEntry: h.Seq + 2, Error: "the writer died before publishing this"}.entry(time.Time{})
+	appendEntry(&postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 2, Parent: claimHash, Term: h.Term + 1,
+		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256,
+		Outcome: postlog.Failed, Counts: &postlog.Counts{}, Events: []postlog.Event{{Key: lost.Key, Value: lost.Value}}, EventsThrough: h.Seq + 1})
+
+	// r1 again: a new writer, which applies the dead writer's entries and claims after them.
+	r = startDaemonWith(t, cfg, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 claims after the dead writer and publishes its event", func() bool {
+		v := r.view(t)
+		return v.Replication.Updater && v.Replication.Term == h.Term+2 && r.metric(t, "cfguard_events_pending") == 0 &&
+			r.metric(t, "cfguard_posterior_events_republished_total") > 0
+	})
+	if n := r.metric(t, "cfguard_posterior_events_republished_total"); n != 1 {
+		t.Errorf("%v events published again; want 1, the dead writer's (r1's own were vouched for)", n)
+	}
+	got := 0
+	for _, m := range readAll(t, b, "cfguard.events") {
+		if string(m.Value) == string(lost.Value) && string(m.Key) == lost.Key {
+			got++
+		}
+	}
+	if got < 1 {
+		t.Errorf("the dead writer's event is not on the events topic")
+	}
+	if h2 := r.d.rep.Head(); len(h2.Unpublished) != 1 || h2.Unpublished[0].Seq != h.Seq+2 {
+		t.Errorf("after the claim the head owes %+v; still the dead writer's entry until r1's first increment vouches for it", h2.Unpublished)
+	}
+	// r1's next increment vouches for everything up to its claim.
+	r.produce(t, flipped(data, 96)[64:]...)
+	waitfor.Cond(t, 60*time.Second, "r1's next increment", func() bool { return r.d.rep.Head().Seq > h.Seq+3 })
+	if h3 := r.d.rep.Head(); len(h3.Unpublished) != 1 || h3.Unpublished[0].Seq != h3.Seq {
+		t.Errorf("head %d owes %+v; want its own events alone", h3.Seq, h3.Unpublished)
+	}
+}
