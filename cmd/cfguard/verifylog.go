@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -274,19 +275,29 @@ func (v *verifier) check(ctx context.Context, prev *bnn.Model, parent *postlog.H
 		if e.Version != prev.Version {
 			return "no records, yet the version moves", nil
 		}
-		return "", nil
+		return checkEvents(e), nil
 	}
 	from, ucfg := v.cfg.Update.Step(prev, len(X), e.Seed)
 	next, st, err := update.LastLayer(ctx, from, X, y, ucfg)
 	if err != nil {
 		if e.Outcome == postlog.Failed {
-			return "", nil
+			return checkEvents(e, "update_failed"), nil
 		}
 		return fmt.Sprintf("the update fails (%v), the entry says %s", err, e.Outcome), nil
 	}
-	outcome, _ := certify.Decide(st.KL, v.budget, v.cfg.Certify.OnBreach)
+	outcome, over := certify.Decide(st.KL, v.budget, v.cfg.Certify.OnBreach)
 	if string(outcome) != e.Outcome {
 		return fmt.Sprintf("outcome %s at KL %v, the entry says %s at KL %v", outcome, st.KL, e.Outcome, e.KL), nil
+	}
+	var events []string
+	if over {
+		events = append(events, "kl_over_budget")
+	}
+	if outcome == certify.OutcomeRejected {
+		events = append(events, "increment_held")
+	}
+	if why := checkEvents(e, events...); why != "" {
+		return why, nil
 	}
 	kl := st.KL
 	if outcome == certify.OutcomeClipped {
@@ -311,6 +322,34 @@ func (v *verifier) check(ctx context.Context, prev *bnn.Model, parent *postlog.H
 		return fmt.Sprintf("posterior %s, the entry records %s", sha, e.PosteriorSHA256), nil
 	}
 	return "", nil
+}
+
+// checkEvents returns why the posterior events increment e carries are not those of its
+// re-executed step, the event types want in order, each naming e ("" when they are). An entry
+// that says nothing of events (no events, no events_through: written by a build that did not
+// record them) is not checked.
+func checkEvents(e *postlog.Entry, want ...string) string {
+	if len(e.Events) == 0 && e.EventsThrough == 0 {
+		return ""
+	}
+	var got []string
+	for _, ev := range e.Events {
+		var v struct {
+			Type     string `json:"type"`
+			LogEntry uint64 `json:"log_entry"`
+		}
+		if err := json.Unmarshal(ev.Value, &v); err != nil {
+			return fmt.Sprintf("an event of the entry is not JSON: %v", err)
+		}
+		if v.LogEntry != e.Seq {
+			return fmt.Sprintf("its %s event names entry %d", v.Type, v.LogEntry)
+		}
+		got = append(got, v.Type)
+	}
+	if !slices.Equal(got, want) {
+		return fmt.Sprintf("events %v, the step has %v", got, want)
+	}
+	return ""
 }
 
 // inputs reads the covered ranges of kafka.topic and decodes them with prev's schema, in
