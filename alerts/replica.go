@@ -50,7 +50,7 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		Term:         g(NameLogTerm, "Term of the posterior log's head (the fencing token of its updater)."),
 		Lag:          g(NameLogLag, "Records of the posterior log this replica has not read yet."),
 		Updater:      g(NameReplicaUpdater, "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."),
-		Stopped:      g(NameLogStopped, "1 when this replica stopped following the posterior log (an entry it cannot read or verify); it serves the last verified posterior."),
+		Stopped:      g(NameLogStopped, "1 when this replica stopped following the posterior log (an entry it cannot read or verify, or the log reset); it serves the last verified posterior."),
 		CEPartitions: g(NameCEPartitions, "Partitions of the CE topic this replica owns."),
 		Ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameLogIgnored,
 			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),

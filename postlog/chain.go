@@ -161,6 +161,15 @@ func (c *Chain) Block(rec Record) {
 	c.stuck = &Past{Offset: rec.Offset, SHA256: hex.EncodeToString(h[:])}
 }
 
+// Halt stops the chain after its head, as Block does at a record: from then on it accepts only a
+// new epoch that moves past the head. A replica halts its chain when the log no longer holds
+// what it applied (a recreated topic).
+func (c *Chain) Halt() {
+	if c.head != nil {
+		c.stuck = &Past{Offset: c.head.Offset, SHA256: c.head.Hash}
+	}
+}
+
 // Stuck is the record the chain stopped at, nil while it follows.
 func (c *Chain) Stuck() *Past { return c.stuck }
 

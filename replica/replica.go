@@ -199,6 +199,13 @@ func (r *Replica) Join(ctx context.Context, conn stream.ConnConfig) error {
 // with its bytes: a log that lost it (a recreated topic, an unclean election) would otherwise be
 // followed from another history.
 func (r *Replica) checkHead(ctx context.Context, head *postlog.Head) error {
+	end, err := r.plog.End(ctx)
+	if err != nil {
+		return err
+	}
+	if end <= head.Offset { // no record to wait for: the log ends before it
+		return r.resetError(head, fmt.Sprintf("the topic ends at offset %d", end))
+	}
 	rd, err := r.plog.Read(head.Offset)
 	if err != nil {
 		return err
@@ -222,9 +229,16 @@ func (r *Replica) checkHead(ctx context.Context, head *postlog.Head) error {
 	} else if ctx.Err() == nil {
 		found = err.Error()
 	}
+	return r.resetError(head, found)
+}
+
+// resetError is checkHead's refusal: the log no longer holds head, the entry the ledger applied
+// last (found says what is there instead).
+func (r *Replica) resetError(head *postlog.Head, found string) error {
 	return fmt.Errorf("posterior log reset: the ledger %s applied entry %d (offset %d, sha256 %s) of replication.posterior_topic %s, "+
-		"and the topic no longer holds it (%s). The ledger was not changed. If the topic was recreated on purpose, move state_dir aside "+
-		"and restart: the replica rebuilds from the new log", r.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
+		"and the topic no longer holds it (%s). The ledger was not changed. Restore the topic, or start the replicas anew: stop every "+
+		"replica, delete replication.posterior_topic and replication.ce_topic, move every replica's state_dir aside, start them "+
+		"(docs/RUNBOOK.md, CfguardPosteriorLogStopped)", r.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
 }
 
 func hashHex(v []byte) string {
@@ -255,6 +269,16 @@ func (r *Replica) genesis(ctx context.Context) error {
 				"this replica's key file is not the cluster's (give it the same file as the other replicas), or the records were written by someone "+
 				"without the key (check the topic's ACLs: only the replicas' principal may write it; if the log holds no entry of this cluster, "+
 				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
+		}
+		if next >= end && !appended && authentic > 0 {
+			// Entries of this cluster and no genesis: the log lost its start. A genesis of this
+			// replica's own would be accepted by it alone: a replica that serves another history.
+			return fmt.Errorf("replication.posterior_topic %s holds %d entries of this cluster (they authenticate under replication.key_file %s) "+
+				"and no genesis: the topic lost its start (it was deleted and recreated while replicas wrote to it, or records were deleted), "+
+				"and a replica cannot rebuild from it. Restore the topic, or start the replicas anew: stop every replica, delete "+
+				"replication.posterior_topic and replication.ce_topic, move every replica's state_dir aside, start them "+
+				"(docs/RUNBOOK.md, CfguardPosteriorLogStopped); nothing was written",
+				r.plog.Topic(), authentic, r.keys.Source())
 		}
 		if next >= end && !appended {
 			m, err := r.host.InitialModel(ctx)
@@ -658,12 +682,19 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 	}
 }
 
-// catchUp reads the log to its present end.
+// catchUp reads the log to its present end. A log that ends before what the follower has read
+// (recreated, or a leader that lags for a moment) is an error: the updater does not append to it.
 func (r *Replica) catchUp(ctx context.Context) error {
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		end, err := r.plog.End(ctx)
 		if err == nil {
+			r.mu.Lock()
+			read := r.read
+			r.mu.Unlock()
+			if end < read {
+				return fmt.Errorf("posterior log %s ends at offset %d, before offset %d this replica has read", r.plog.Topic(), end, read)
+			}
 			return r.waitRead(ctx, end)
 		}
 		if ctx.Err() != nil {
@@ -676,11 +707,17 @@ func (r *Replica) catchUp(ctx context.Context) error {
 	}
 }
 
-// watchEnd keeps the lag gauge and the caught-up flag (readiness) current.
+// resetAfter is how long the posterior log must end before what a follower has read before the
+// follower stops as on a reset topic. A partition's new leader may report a lower end for a
+// moment (its high watermark catches up with its followers'); a recreated topic stays short.
+const resetAfter = 10 * time.Second
+
+// watchEnd keeps the lag gauge and the caught-up flag (readiness) current, and stops following
+// when the log ends before what the follower has read for resetAfter (halt).
 func (r *Replica) watchEnd(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var failingSince time.Time
+	var failingSince, shortSince time.Time
 	for {
 		end, err := r.plog.End(ctx)
 		switch {
@@ -688,6 +725,18 @@ func (r *Replica) watchEnd(ctx context.Context) {
 			if !failingSince.IsZero() {
 				r.lg.Info("posterior log reachable again", "after", time.Since(failingSince).Round(time.Second))
 				failingSince = time.Time{}
+			}
+			r.mu.Lock()
+			read := r.read
+			r.mu.Unlock()
+			switch {
+			case end >= read:
+				shortSince = time.Time{}
+			case shortSince.IsZero():
+				shortSince = time.Now()
+				r.lg.Warn("posterior log ends before what this replica has read", "topic", r.plog.Topic(), "end", end, "read", read)
+			case time.Since(shortSince) >= resetAfter:
+				r.halt(end, read, time.Since(shortSince))
 			}
 			r.mu.Lock()
 			lag := max(end-r.read, 0)
@@ -707,6 +756,30 @@ func (r *Replica) watchEnd(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// halt stops following a log that ends at end, before offset read that the follower has read,
+// for how long: the topic was recreated (or lost records), and what it holds now is another
+// history. The chain accepts nothing more but a new epoch on its head; /readyz and
+// cfguard_posterior_log_stopped say so.
+func (r *Replica) halt(end, read int64, how time.Duration) {
+	r.mu.Lock()
+	if r.stopped != nil {
+		r.mu.Unlock()
+		return
+	}
+	r.chain.Halt()
+	h := r.chain.Head()
+	r.stopped = fmt.Errorf("posterior log reset: replication.posterior_topic %s has ended at offset %d, before offset %d this replica "+
+		"has read, for %s: the topic was deleted and recreated, or lost records. This replica keeps serving entry %d (posterior version %d) "+
+		"and applies nothing more; restore the topic, or start the replicas anew (docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
+		r.plog.Topic(), end, read, how.Round(time.Second), h.Seq, h.Version)
+	close(r.changed)
+	r.changed = make(chan struct{})
+	err := r.stopped
+	r.mu.Unlock()
+	r.m.Stopped.Set(1)
+	r.lg.Error("stopped following the posterior log; serving the last verified posterior", "err", err)
 }
 
 // errLost: another writer's entry was accepted in this replica's place; it is no longer the

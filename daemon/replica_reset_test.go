@@ -1,0 +1,80 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// TestPosteriorLogRecreatedStopsTheReplicas deletes and recreates the posterior topic under a
+// running replica while records stream: the log now ends before what the replica has read, and
+// what it will hold is another history. The replica stops following within resetAfter (plus a
+// tick), names the reset in /readyz and cfguard_posterior_log_stopped (CfguardPosteriorLogStopped),
+// keeps serving the posterior it had, applies nothing more, and its updater writes no entry
+// it calls a bug; restarted, it refuses to start. A replica that starts on the recreated topic, which holds an entry of the
+// cluster and no genesis, refuses to write a genesis of its own (it would follow a history no
+// other replica does) and names the topic and the recovery.
+func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	n := produceRows(t, r, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
+	before := r.view(t)
+
+	recreate(t, b.Addrs(), "cfguard.posterior")
+	produceRows(t, r, data, n, 64)
+	waitfor.Cond(t, 60*time.Second, "the replica stops following the recreated log", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "posterior log reset") &&
+			r.metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	after := r.view(t)
+	if after.Version != before.Version || after.Replication.Entry != before.Replication.Entry || after.Replication.SHA != before.Replication.SHA {
+		t.Errorf("after the reset the replica serves version %d entry %d (%s); want what it had: version %d entry %d (%s)",
+			after.Version, after.Replication.Entry, after.Replication.SHA, before.Version, before.Replication.Entry, before.Replication.SHA)
+	}
+	if logs := r.logs.String(); strings.Contains(logs, "a bug") || !strings.Contains(logs, "stopped following the posterior log") {
+		t.Errorf("the replica's log after the reset:\n%s", logs)
+	}
+
+	// The recreated topic holds an entry of the cluster (the updater may have appended one before
+	// it read the log's end; this one is certain) and no genesis.
+	plog, err := postlog.Open(context.Background(), r.d.conn, "cfguard.posterior", r.d.rep.Keys(), r.d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	h := r.d.rep.Head()
+	claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+		Writer: "r9/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
+	v, err := claim.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(context.Background(), "e/claim", v); err != nil {
+		t.Fatal(err)
+	}
+	err = runReplicaOnce(t, b, "r2", t.TempDir(), key)
+	if err == nil || !strings.Contains(err.Error(), "no genesis") || !strings.Contains(err.Error(), "cfguard.posterior") ||
+		!strings.Contains(err.Error(), "lost its start") {
+		t.Errorf("a replica starting on the recreated log: Run = %v; want a refusal naming the topic and its lost start", err)
+	}
+	if r.view(t).Replication.Entry != before.Replication.Entry {
+		t.Error("the stopped replica applied an entry of the recreated log")
+	}
+	// Restarted, the replica finds the entry it applied last gone and refuses, ledger unchanged.
+	dir := r.d.cfg.StateDir
+	r.stop(t)
+	err = runReplicaOnce(t, b, "r1", dir, key)
+	if err == nil || !strings.Contains(err.Error(), "posterior log reset") || !strings.Contains(err.Error(), "no longer holds it") ||
+		!strings.Contains(err.Error(), "move every replica's state_dir aside") {
+		t.Errorf("the replica restarted on the recreated log: Run = %v; want a refusal naming the reset and the recovery", err)
+	}
+}
