@@ -74,7 +74,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	r.stop(t)
 	err = runReplicaOnce(t, b, "r1", dir, key)
 	if err == nil || !strings.Contains(err.Error(), "posterior log reset") || !strings.Contains(err.Error(), "no longer holds it") ||
-		!strings.Contains(err.Error(), "move every replica's state_dir aside") {
+		!strings.Contains(err.Error(), "new-epoch --head-from") {
 		t.Errorf("the replica restarted on the recreated log: Run = %v; want a refusal naming the reset and the recovery", err)
 	}
 }

@@ -237,7 +237,15 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 func (c *Chain) judge(e *Entry) Reason {
 	h := c.head
 	if h == nil {
-		if e.Kind == Genesis && e.Epoch == 0 && e.Past == nil && e.Seq == 0 && e.Term == 0 && e.Parent == "" && e.Version == e.ParentVersion && len(e.Covers) == 0 {
+		switch {
+		case e.Kind != Genesis || e.Version != e.ParentVersion:
+			return NotSuccessor
+		case e.Epoch == 0 && e.Past == nil && e.Seq == 0 && e.Term == 0 && e.Parent == "" && len(e.Covers) == 0:
+			return Accepted
+		case e.Epoch > 0 && e.Past != nil && e.Seq > 0 && e.Parent != "":
+			// A later epoch, first in a log that lost its start (its records deleted, or the
+			// topic recreated and the epoch written from a replica's head): it carries the whole
+			// posterior and its coverage, so a reader starts from it as from a first genesis.
 			return Accepted
 		}
 		return NotSuccessor

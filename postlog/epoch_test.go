@@ -97,3 +97,68 @@ func TestSettingsAreAuthenticated(t *testing.T) {
 		t.Fatalf("a genesis whose settings were changed after signing: %s", r)
 	}
 }
+
+// A log that lost its start (its records deleted, or the topic recreated) can begin again with a
+// later epoch written from a replica's head: a reader from nothing accepts it first, as a first
+// genesis, and the chain goes on from its head, while a halted chain (one that found its log
+// reset) accepts it as its head's successor. A later epoch without the record it moves past, or
+// anything but a genesis, is no start.
+func TestALogMayBeginWithALaterEpoch(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	old := NewChain(testKeys())
+	if _, r, _ := old.Offer(signed(0, gv)); r != Accepted {
+		t.Fatalf("genesis: %s", r)
+	}
+	cl := l.claim(gv, g, 1, "a/1")
+	cv := l.value(cl)
+	if _, r, _ := old.Offer(signed(1, cv)); r != Accepted {
+		t.Fatalf("claim: %s", r)
+	}
+	inc := l.increment(cv, cl, 1, "a/1", 10, 0.1)
+	iv := l.value(inc)
+	if _, r, _ := old.Offer(signed(2, iv)); r != Accepted {
+		t.Fatalf("increment: %s", r)
+	}
+	head := *old.Head()
+	body, err := NewBody(l.models[inc.Version])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebase := &Entry{Format: Format, Kind: Genesis, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term, Writer: "new-epoch@x/1",
+		Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, PosteriorSHA256: head.PosteriorSHA256, Body: body,
+		Epoch: 1, Past: &Past{Offset: head.Offset, SHA256: head.Hash}}
+	rv := l.value(rebase)
+
+	// The recreated topic: a stray increment at offset 0 (no start), then the epoch.
+	fresh := NewChain(testKeys())
+	if _, r, _ := fresh.Offer(signed(0, iv)); r != NotSuccessor {
+		t.Fatalf("an increment as a log's first record: %s", r)
+	}
+	for name, e := range map[string]Entry{
+		"no past":   func() Entry { e := *rebase; e.Past = nil; return e }(),
+		"no parent": func() Entry { e := *rebase; e.Parent = ""; return e }(),
+	} {
+		if _, r, _ := fresh.Fork().Offer(signed(1, l.value(&e))); r != NotSuccessor {
+			t.Errorf("a later epoch with %s as a log's first record: %s", name, r)
+		}
+	}
+	if _, r, _ := fresh.Offer(signed(1, rv)); r != Accepted {
+		t.Fatalf("the later epoch as a log's first genesis: %s", r)
+	}
+	if h := fresh.Head(); h.Seq != head.Seq+1 || h.Version != head.Version || h.Covers[0] != 10 || h.Epoch != 1 || h.GenesisOffset != 1 {
+		t.Fatalf("head after the later epoch: %+v", h)
+	}
+	if _, r, _ := fresh.Offer(signed(2, l.value(l.claim(rv, rebase, head.Term+1, "b/1")))); r != Accepted {
+		t.Fatalf("a claim after the later epoch: %s", r)
+	}
+
+	// The replica that followed the old log halts, then takes the same epoch as its successor.
+	old.Halt()
+	if _, r, _ := old.Fork().Offer(signed(0, l.value(l.claim(iv, inc, 2, "b/1")))); r != NotSuccessor {
+		t.Fatalf("a claim on a halted chain: %s", r)
+	}
+	if _, r, _ := old.Offer(signed(1, rv)); r != Accepted || old.Stuck() != nil {
+		t.Fatalf("the epoch on the halted chain: %s (stuck %v)", r, old.Stuck())
+	}
+}

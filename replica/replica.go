@@ -71,6 +71,7 @@ type Replica struct {
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (Past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
+	rewind   chan struct{}         // halt asks Follow to read the log again from its start
 	settings map[string]string     // this replica's cluster-wide settings (ClusterSettings)
 	refused  error                 // why it did not join (a *SettingsError), nil when it did
 
@@ -115,7 +116,7 @@ func New(opts Options) (*Replica, error) {
 	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
 		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater",
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64]Step{},
-		recent: map[uint64]*bnn.Model{}, keys: keys}
+		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
 	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
@@ -236,9 +237,9 @@ func (r *Replica) checkHead(ctx context.Context, head *postlog.Head) error {
 // last (found says what is there instead).
 func (r *Replica) resetError(head *postlog.Head, found string) error {
 	return fmt.Errorf("posterior log reset: the ledger %s applied entry %d (offset %d, sha256 %s) of replication.posterior_topic %s, "+
-		"and the topic no longer holds it (%s). The ledger was not changed. Restore the topic, or start the replicas anew: stop every "+
-		"replica, delete replication.posterior_topic and replication.ce_topic, move every replica's state_dir aside, start them "+
-		"(docs/RUNBOOK.md, CfguardPosteriorLogStopped)", r.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
+		"and the topic no longer holds it (%s). The ledger was not changed. Once a new epoch gives the log a start again (cfguard "+
+		"new-epoch --head-from, docs/RUNBOOK.md, CfguardPosteriorLogStopped), move state_dir aside and restart: the replica rebuilds "+
+		"from it", r.ledger.Path(), head.Seq, head.Offset, head.Hash, r.plog.Topic(), found)
 }
 
 func hashHex(v []byte) string {
@@ -275,9 +276,9 @@ func (r *Replica) genesis(ctx context.Context) error {
 			// replica's own would be accepted by it alone: a replica that serves another history.
 			return fmt.Errorf("replication.posterior_topic %s holds %d entries of this cluster (they authenticate under replication.key_file %s) "+
 				"and no genesis: the topic lost its start (it was deleted and recreated while replicas wrote to it, or records were deleted), "+
-				"and a replica cannot rebuild from it. Restore the topic, or start the replicas anew: stop every replica, delete "+
-				"replication.posterior_topic and replication.ce_topic, move every replica's state_dir aside, start them "+
-				"(docs/RUNBOOK.md, CfguardPosteriorLogStopped); nothing was written",
+				"and a replica cannot start from it: a new epoch written from a replica's head gives it a start (cfguard new-epoch "+
+				"--head-from <a running replica's URL> when the replicas stopped on the reset, --force when they follow), "+
+				"see docs/RUNBOOK.md, CfguardPosteriorLogStopped; nothing was written",
 				r.plog.Topic(), authentic, r.keys.Source())
 		}
 		if next >= end && !appended {
@@ -364,14 +365,6 @@ func (r *Replica) Head() *postlog.Head {
 // keeps serving the last version it verified, and /readyz says why. It goes on reading: a new
 // epoch that moves past that entry (cfguard new-epoch) resumes it.
 func (r *Replica) Follow(ctx context.Context) error {
-	r.mu.Lock()
-	from := r.read
-	r.mu.Unlock()
-	rd, err := r.plog.Read(from)
-	if err != nil {
-		return err
-	}
-	defer rd.Close()
 	// The watch of the log's end stops with follow: the log is closed after follow returns.
 	wctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
@@ -384,8 +377,50 @@ func (r *Replica) Follow(ctx context.Context) error {
 		<-watched
 	}()
 	for {
-		rec, err := rd.Next(ctx)
+		r.mu.Lock()
+		from := r.read
+		r.mu.Unlock()
+		err := r.followFrom(ctx, from)
+		if !errors.Is(err, errRewind) {
+			return err
+		}
+		// The log was reset under the follower (halt): what it holds now is read from its
+		// start, where only a new epoch that moves past the head is accepted.
+		r.mu.Lock()
+		r.read = 0
+		r.mu.Unlock()
+		r.lg.Info("posterior log reset: reading it again from its start, for a new epoch that moves past the head", "topic", r.plog.Topic())
+	}
+}
+
+// errRewind ends followFrom when the follower must read the log again from its start (halt).
+var errRewind = errors.New("posterior log: read again from the start")
+
+// followFrom plays the log from offset from until ctx ends (nil), a record cannot be read, or
+// halt asks for a rewind (errRewind).
+func (r *Replica) followFrom(ctx context.Context, from int64) error {
+	rd, err := r.plog.Read(from)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var rewound atomic.Bool
+	go func() {
+		select {
+		case <-r.rewind:
+			rewound.Store(true)
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	for {
+		rec, err := rd.Next(rctx)
 		if err != nil {
+			if rewound.Load() && ctx.Err() == nil {
+				return errRewind
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -624,8 +659,8 @@ func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 				return nil, err
 			}
 		}
-		// A new epoch keeps the head's posterior: nothing to apply.
-		if reason == postlog.Accepted && e.Kind == postlog.Genesis && e.Epoch > 0 {
+		// A new epoch keeps the head's posterior: nothing to apply (unless it begins the log).
+		if reason == postlog.Accepted && e.Kind == postlog.Genesis && e.Epoch > 0 && m != nil {
 			chain = fork
 		} else if reason == postlog.Accepted {
 			chain = fork
@@ -772,7 +807,8 @@ func (r *Replica) halt(end, read int64, how time.Duration) {
 	h := r.chain.Head()
 	r.stopped = fmt.Errorf("posterior log reset: replication.posterior_topic %s has ended at offset %d, before offset %d this replica "+
 		"has read, for %s: the topic was deleted and recreated, or lost records. This replica keeps serving entry %d (posterior version %d) "+
-		"and applies nothing more; restore the topic, or start the replicas anew (docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
+		"and applies nothing more until a new epoch moves past that entry: cfguard new-epoch --head-from <this replica's URL> "+
+		"(docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
 		r.plog.Topic(), end, read, how.Round(time.Second), h.Seq, h.Version)
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -780,6 +816,10 @@ func (r *Replica) halt(end, read int64, how time.Duration) {
 	r.mu.Unlock()
 	r.m.Stopped.Set(1)
 	r.lg.Error("stopped following the posterior log; serving the last verified posterior", "err", err)
+	select {
+	case r.rewind <- struct{}{}:
+	default:
+	}
 }
 
 // errLost: another writer's entry was accepted in this replica's place; it is no longer the
@@ -1078,8 +1118,8 @@ func (r *Replica) Status() map[string]any {
 	lag, stopped := r.lag, r.stopped
 	r.mu.Unlock()
 	out := map[string]any{"writer": r.writer, "updater": r.updater.Load(), "entry": h.Seq, "term": h.Term,
-		"offset": h.Offset, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers, "topic": r.plog.Topic(),
-		"lag_records": lag}
+		"offset": h.Offset, "hash": h.Hash, "epoch": h.Epoch, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers,
+		"topic": r.plog.Topic(), "lag_records": lag}
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
 	}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
@@ -78,8 +81,9 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 		}
 		m := st.model
 		switch {
-		case e.Kind == postlog.Genesis && e.Epoch > 0:
-			// The head's posterior goes on (the rule checked its hash).
+		case e.Kind == postlog.Genesis && e.Epoch > 0 && m != nil:
+			// The head's posterior goes on (the rule checked its hash); a later epoch that
+			// begins a log whose start is gone brings its posterior (below).
 		case e.Kind == postlog.Genesis:
 			m, err = e.Body.Model(e.PosteriorSHA256)
 		default:
@@ -111,6 +115,8 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := flag.NewFlagSet("new-epoch", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "a replica's configuration (kafka.*, replication.posterior_topic, replication.key_file)")
 	force := fs.Bool("force", false, "write a new epoch on a log that does not stop the replicas (after its head)")
+	headFrom := fs.String("head-from", "", "a replica's API URL: write the new epoch after the head that replica applied, "+
+		"for a log that no longer holds it (the topic recreated); it uses http.token of --config")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -149,6 +155,20 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	head := st.chain.Head()
+	if *headFrom != "" {
+		rh, err := fetchHead(ctx, *headFrom, cfg.HTTP.Token)
+		if err != nil {
+			return err
+		}
+		if head != nil && head.Seq >= rh.head.Seq {
+			return fmt.Errorf("%s holds entry %d at offset %d, as far as the head of the replica at %s (entry %d): the log did not lose it; "+
+				"run new-epoch without --head-from; nothing was written", plog.Topic(), head.Seq, head.Offset, *headFrom, rh.head.Seq)
+		}
+		head, st.model = rh.head, rh.model
+		st.chain = postlog.Resume(head, keys)
+		st.stopped = fmt.Errorf("the log no longer holds entry %d (offset %d), which the replica at %s applied last", head.Seq, head.Offset, *headFrom)
+		*force = true
+	}
 	switch {
 	case st.authentic == 0 && st.forged > 0:
 		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s (%s): this is not the cluster's key file; "+
@@ -173,9 +193,13 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if st.stopped != nil {
 		rep.Stopped = st.stopped.Error()
 	}
-	// The cluster's settings go on; a log begun without them records the file's from now on.
-	settings := st.genesis.Settings
-	rep.Settings = fmt.Sprintf("the log's genesis at offset %d", st.genesisOffset)
+	// The cluster's settings go on; a log begun without them, or that lost its genesis, records
+	// the file's from now on (the replicas check them against theirs).
+	var settings map[string]string
+	if st.genesis != nil {
+		settings = st.genesis.Settings
+		rep.Settings = fmt.Sprintf("the log's genesis at offset %d", st.genesisOffset)
+	}
 	if len(settings) == 0 {
 		if settings, err = replica.ClusterSettings(cfg); err != nil {
 			return err
@@ -214,7 +238,128 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			"run new-epoch again", plog.Topic(), h.Seq, h.Offset, h.Epoch)
 	}
 	rep.Offset = h.GenesisOffset
+	if *headFrom != "" {
+		// Read back by the replica itself: a key file that is not the cluster's would write an
+		// epoch that this command accepts and every replica ignores.
+		if err := awaitEntry(ctx, *headFrom, cfg.HTTP.Token, e.Seq, 60*time.Second); err != nil {
+			return fmt.Errorf("the new epoch was written at offset %d, but %w: check that replication.key_file of %s is the cluster's", rep.Offset, err, *path)
+		}
+	}
 	log.Info("new epoch accepted: the replicas resume from it", "epoch", e.Epoch, "offset", rep.Offset, "moved_past", past.Offset,
 		"posterior_sha256", e.PosteriorSHA256, "covers", e.Covers)
 	return printJSON(stdout, rep)
+}
+
+// remoteHead is the head a replica applied last and its posterior, as its API reports them.
+type remoteHead struct {
+	head  *postlog.Head
+	model *bnn.Model
+}
+
+// fetchHead reads from a replica's API (base URL u, bearer token) the posterior log's head it
+// applied last (GET /v1/model's replication block) and its posterior (GET /v1/model/posterior
+// and its sidecar), checked against the head's posterior_sha256 and version.
+func fetchHead(ctx context.Context, u, token string) (*remoteHead, error) {
+	get := func(path string) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u, "/")+path, nil)
+		if err != nil {
+			return nil, fmt.Errorf("--head-from %s: %w", u, err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("--head-from: %w", err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+		if err != nil {
+			return nil, fmt.Errorf("--head-from: GET %s: %w", path, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("--head-from: GET %s%s: %s %s", u, path, resp.Status, strings.TrimSpace(string(body)))
+		}
+		return body, nil
+	}
+	b, err := get("/v1/model")
+	if err != nil {
+		return nil, err
+	}
+	var view struct {
+		Version     uint64 `json:"posterior_version"`
+		Replication *struct {
+			Entry   uint64        `json:"entry"`
+			Term    uint64        `json:"term"`
+			Offset  int64         `json:"offset"`
+			Hash    string        `json:"hash"`
+			Epoch   uint64        `json:"epoch"`
+			SHA     string        `json:"posterior_sha256"`
+			Covers  map[int]int64 `json:"covers"`
+			Stopped string        `json:"stopped"`
+		} `json:"replication"`
+	}
+	if err := json.Unmarshal(b, &view); err != nil {
+		return nil, fmt.Errorf("--head-from: GET %s/v1/model: %w", u, err)
+	}
+	rp := view.Replication
+	if rp == nil || rp.Hash == "" {
+		return nil, fmt.Errorf("--head-from %s: GET /v1/model has no replication block with the head's hash: not a replica of this build", u)
+	}
+	sidecar, err := get("/v1/model/posterior/sidecar")
+	if err != nil {
+		return nil, err
+	}
+	weights, err := get("/v1/model/posterior")
+	if err != nil {
+		return nil, err
+	}
+	m, err := bnn.Decode(sidecar, weights)
+	if err != nil {
+		return nil, fmt.Errorf("--head-from %s: the posterior: %w", u, err)
+	}
+	if sha, err := postlog.PosteriorHash(m); err != nil || sha != rp.SHA || m.Version != view.Version {
+		return nil, fmt.Errorf("--head-from %s: the posterior served (version %d, sha256 %s) is not the head's (version %d, sha256 %s): "+
+			"the replica moved on while it was read; run new-epoch again", u, m.Version, sha, view.Version, rp.SHA)
+	}
+	return &remoteHead{model: m, head: &postlog.Head{Seq: rp.Entry, Hash: rp.Hash, Offset: rp.Offset, Term: rp.Term, Version: view.Version,
+		Covers: rp.Covers, PosteriorSHA256: rp.SHA, Epoch: rp.Epoch}}, nil
+}
+
+// awaitEntry waits, at most wait, until the replica at u reports entry seq or a later one as
+// its head, not stopped.
+func awaitEntry(ctx context.Context, u, token string, seq uint64, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var last string
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u, "/")+"/v1/model", nil)
+		if err != nil {
+			return err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			var view struct {
+				Replication struct {
+					Entry   uint64 `json:"entry"`
+					Stopped string `json:"stopped"`
+				} `json:"replication"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&view)
+			resp.Body.Close()
+			if err == nil && view.Replication.Entry >= seq && view.Replication.Stopped == "" {
+				return nil
+			}
+			last = fmt.Sprintf("it reports entry %d, stopped: %q", view.Replication.Entry, view.Replication.Stopped)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the replica at %s did not resume from it within %s (%s)", u, wait, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

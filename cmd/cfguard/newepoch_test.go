@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
@@ -225,4 +228,83 @@ func TestNewEpochRefusesWithoutAKey(t *testing.T) {
 	if code, _, errs := runCLI(t, "new-epoch", "--config", p, "--force"); code == 0 || !strings.Contains(errs, "replication.key_file") {
 		t.Fatalf("new-epoch --force without a key file: exit %d, %s", code, errs)
 	}
+}
+
+// recreateTopic deletes topic on brokers and creates it again, empty, with one partition.
+func recreateTopic(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
+		t.Fatalf("deleting %s: %v %v", topic, err, res)
+	}
+	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[topic] != nil {
+		t.Fatalf("creating %s: %v %v", topic, err, res)
+	}
+}
+
+// The runbook's recovery from a reset log (docs/RUNBOOK.md, "CfguardPosteriorLogStopped", "A
+// reset log"): the posterior topic is deleted and recreated under two replica processes while
+// records keep arriving. Both stop following (the log ends before what they read), serving the
+// posterior they had. `cfguard new-epoch --head-from` writes, from one replica's head and
+// posterior, a new epoch that begins the recreated log; both replicas resume from it without a
+// restart, cover every record produced once (none skipped, none applied twice), a third replica
+// started on an empty state_dir begins from the epoch and agrees, and verify-log re-executes the
+// log from it.
+func TestNewEpochRebuildsARecreatedLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replica processes and a stream: not with -short")
+	}
+	c := streamingReplicas(t)
+	produced := c.s.end(t)
+	before := waitAgree(t, "before the reset", c.reps, produced)
+
+	recreateTopic(t, c.brokers, "cfguard.posterior")
+	s := startStream(c.brokers, c.data)
+	waitfor.Cond(t, 60*time.Second, "records produced after the reset", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.produced >= 64
+	})
+	produced += s.end(t)
+	for _, r := range c.reps {
+		waitfor.Cond(t, 60*time.Second, r.id+" stops on the reset log", func() bool {
+			v, ok := r.view()
+			return ok && strings.Contains(v.Replication.Stopped, "posterior log reset")
+		})
+		if v, _ := r.view(); v.Replication.Entry != before.Replication.Entry || v.Replication.SHA != before.Replication.SHA {
+			t.Fatalf("%s after the reset: entry %d (%s); want what it had, entry %d (%s)", r.id, v.Replication.Entry, v.Replication.SHA,
+				before.Replication.Entry, before.Replication.SHA)
+		}
+	}
+	// Without --head-from there is nothing to move past: the log holds no genesis.
+	if code, _, errs := runCLI(t, "new-epoch", "--config", c.reps[0].cfg, "--force"); code == 0 || !strings.Contains(errs, "holds no genesis") {
+		t.Fatalf("new-epoch on the recreated log without --head-from: exit %d, %s", code, errs)
+	}
+	code, out, errs := runCLI(t, "new-epoch", "--config", c.reps[1].cfg, "--head-from", "http://"+c.reps[0].c.addr())
+	var rep epochReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("new-epoch --head-from: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if rep.Epoch != 1 || rep.Seq != before.Replication.Entry+1 || rep.PosteriorSHA256 != before.Replication.SHA || rep.Version != before.Version ||
+		!maps.Equal(rep.Covers, before.Replication.Covers) {
+		t.Fatalf("new-epoch --head-from's report %+v; want epoch 1, entry %d, the head's posterior %s (version %d) and coverage %v",
+			rep, before.Replication.Entry+1, before.Replication.SHA, before.Version, before.Replication.Covers)
+	}
+	after := waitAgree(t, "after the new epoch", c.reps, produced)
+	if after.Replication.Term <= before.Replication.Term || after.Version <= before.Version {
+		t.Fatalf("after the epoch: term %d, version %d; before: term %d, version %d (no new updater, or no update)",
+			after.Replication.Term, after.Version, before.Replication.Term, before.Version)
+	}
+	// A replica that never saw the old log begins from the epoch.
+	dir := filepath.Join(c.root, "r3")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r3 := &replicaProc{id: "r3", dir: dir, cfg: writeReplicaConfig(t, dir, "r3", c.brokers, c.modelDir)}
+	r3.start(t)
+	waitAgree(t, "with a replica begun from the epoch", append(c.reps, r3), produced)
+	verifyLog(t, c.reps[0].cfg, -1)
 }

@@ -174,7 +174,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if err != nil {
 				return err
 			}
-			if e.Epoch == 0 { // a new epoch goes on with the head's posterior, which its body is
+			if e.Epoch == 0 || m == nil { // a new epoch goes on with the head's posterior, which its body is, unless it begins the log
 				m = g
 			}
 			if err := v.useSettings(cfg, e, rec.Offset, &rep.Settings, log); err != nil {
