@@ -44,6 +44,12 @@ type share struct {
 // answered 202 (accepted, not yet stored).
 const awaitOwner = 10 * time.Second
 
+// sendTimeout bounds how long the requests of one registration or deletion are retried against
+// the CE topic (a partition electing a leader answers within it). Past it the request is
+// answered 503 with Retry-After: the topic is gone or unreachable, and a client waiting for ever
+// would not know.
+const sendTimeout = 10 * time.Second
+
 // advertiseURL is replication.advertise_url, or the API's bound address when http.listen names
 // a host, or http://<host name>:<port> when it listens on every interface.
 func advertiseURL(configured string, bound net.Addr) (string, error) {
@@ -298,6 +304,8 @@ type measured struct {
 // offsets[i] where its request landed in its partition.
 func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
 	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
+	ctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	defer cancel()
 	for i, ce := range ces {
 		if ce.ID == "" {
 			ce.ID = ledger.NewID()
@@ -314,7 +322,8 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC(),
 			RID: reqs[i].RID, Fingerprint: reqs[i].Fingerprint}
 		if _, offsets[i], err = s.prod.Send(ctx, req); err != nil {
-			errs[i] = fmt.Errorf("%w: the registration could not be sent to the CE topic: %v", ledger.ErrWrite, err)
+			errs[i] = fmt.Errorf("%w: the registration could not be sent to the CE topic within %s, and may or may not be applied "+
+				"(a retry with an Idempotency-Key is the same request): %v", ledger.ErrWrite, sendTimeout, err)
 		}
 	}
 	return errs, offsets
@@ -466,11 +475,13 @@ func (s *share) forget(ctx context.Context, id string, ref ledger.RequestRef) er
 	if ref.RID == "" {
 		ref.RID = newRID()
 	}
-	_, offset, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(),
+	sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	_, offset, err := s.prod.Send(sctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(),
 		RID: ref.RID, Fingerprint: ref.Fingerprint})
+	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: the deletion could not be sent to the CE topic, and may or may not be applied (a retry with an "+
-			"Idempotency-Key is the same request): %v", ledger.ErrWrite, err)
+		return fmt.Errorf("%w: the deletion could not be sent to the CE topic within %s, and may or may not be applied (a retry with an "+
+			"Idempotency-Key is the same request): %v", ledger.ErrWrite, sendTimeout, err)
 	}
 	ro, err := s.awaitOutcome(ctx, id, ref.RID, offset)
 	if err != nil {
