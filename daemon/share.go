@@ -44,8 +44,9 @@ type share struct {
 // answered 202 (accepted, not yet stored).
 const awaitOwner = 10 * time.Second
 
-// sendTimeout bounds how long the requests of one registration or deletion are retried against
-// the CE topic (a partition electing a leader answers within it). Past it the request is
+// sendTimeout bounds how long one registration or deletion request is retried against the CE
+// topic (a partition electing a leader answers within it); a batch whose request times out
+// sends none of its later requests. Past it the request is
 // answered 503 with Retry-After: the topic is gone or unreachable, and a client waiting for ever
 // would not know.
 const sendTimeout = 10 * time.Second
@@ -304,8 +305,7 @@ type measured struct {
 // offsets[i] where its request landed in its partition.
 func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
 	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
-	ctx, cancel := context.WithTimeout(ctx, sendTimeout)
-	defer cancel()
+	var failed error // a request that could not be sent within sendTimeout: the rest of the batch is not tried
 	for i, ce := range ces {
 		if ce.ID == "" {
 			ce.ID = ledger.NewID()
@@ -321,9 +321,18 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		}
 		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC(),
 			RID: reqs[i].RID, Fingerprint: reqs[i].Fingerprint}
-		if _, offsets[i], err = s.prod.Send(ctx, req); err != nil {
+		if failed != nil {
+			errs[i] = fmt.Errorf("%w: the registration was not sent: the CE topic did not take another request of its batch within %s (%v)",
+				ledger.ErrWrite, sendTimeout, failed)
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+		_, offsets[i], err = s.prod.Send(sctx, req)
+		cancel()
+		if err != nil {
 			errs[i] = fmt.Errorf("%w: the registration could not be sent to the CE topic within %s, and may or may not be applied "+
 				"(a retry with an Idempotency-Key is the same request): %v", ledger.ErrWrite, sendTimeout, err)
+			failed = err
 		}
 	}
 	return errs, offsets
