@@ -37,12 +37,13 @@ const listBenchCEs = 1800
 //
 //	go test ./daemon -run '^$' -bench ClusterList -benchtime 200x -count 5
 //
-// local reports local/ledger and cluster reports cluster/local: its ns/op over the median
-// ns/op of the sub-benchmark before it (the runs with the largest b.N), so with -count each
-// run's ratio shows that run's spread against the median of the other's. Every page read is
-// checked: the first answer of a run holds the ids expected (the first limit ids of r1's
-// partitions, or of the cluster, in id order, and next after the last), and every later answer
-// equals it byte for byte; every ledger page holds the expected ids.
+// local reports local/ledger and cluster reports cluster/local: before each op, with the
+// timer stopped, it reads the page of the way before it (a ledger scan, a local page) and
+// times that apart, so each ratio is of two ways measured alternately over the same seconds,
+// whatever else the machine runs. Every page read is checked: the first answer to each request
+// holds the ids expected (the first limit ids of r1's partitions, or of the cluster's CEs, in
+// id order, with next the last of them), every later answer equals it byte for byte, and every
+// ledger page holds r1's ids.
 func BenchmarkClusterList(b *testing.B) {
 	_, reps := startThreeReplicas(b)
 	all := registerSpread(b, reps, listBenchCEs)
@@ -60,129 +61,112 @@ func BenchmarkClusterList(b *testing.B) {
 		if len(own) < limit {
 			b.Fatalf("r1 owns %d of the %d CEs: a local page of %d would not be full", len(own), len(all), limit)
 		}
-		wantLocal, wantCluster := own[:limit], all[:limit]
-		var ledgerNs, localNs benchRuns
-		b.Run(fmt.Sprintf("limit=%d/ledger", limit), func(b *testing.B) {
-			for b.Loop() {
-				ces, err := r.d.ledger.List(0, limit, "")
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(ces) != len(wantLocal) {
-					b.Fatalf("r1's ledger listed %d CEs, want %d", len(ces), len(wantLocal))
-				}
-				for i, ce := range ces {
-					if ce.ID != wantLocal[i] {
-						b.Fatalf("r1's ledger listed %s at %d, want %s", ce.ID, i, wantLocal[i])
-					}
-				}
-			}
-			ledgerNs.add(b)
-		})
-		b.Run(fmt.Sprintf("limit=%d/local", limit), func(b *testing.B) {
-			pageLoop(b, client, r.base, limit, true, wantLocal)
-			localNs.add(b)
-			if len(ledgerNs) > 0 { // not when -bench selects this sub-benchmark alone
-				b.ReportMetric(localNs.last()/ledgerNs.median(), "local/ledger")
-			}
-		})
-		b.Run(fmt.Sprintf("limit=%d/cluster", limit), func(b *testing.B) {
-			pageLoop(b, client, r.base, limit, false, wantCluster)
-			var mine benchRuns
-			mine.add(b)
-			if len(localNs) > 0 {
-				b.ReportMetric(mine.last()/localNs.median(), "cluster/local")
-			}
-		})
+		scan := func() error { return ledgerPage(r, limit, own[:limit]) }
+		local := (&pageRead{client: client, base: r.base, limit: limit, forwarded: true, want: own[:limit]}).read
+		cluster := (&pageRead{client: client, base: r.base, limit: limit, want: all[:limit]}).read
+		b.Run(fmt.Sprintf("limit=%d/ledger", limit), func(b *testing.B) { alternate(b, scan, nil, "") })
+		b.Run(fmt.Sprintf("limit=%d/local", limit), func(b *testing.B) { alternate(b, local, scan, "local/ledger") })
+		b.Run(fmt.Sprintf("limit=%d/cluster", limit), func(b *testing.B) { alternate(b, cluster, local, "cluster/local") })
 	}
 }
 
-// pageLoop reads the first page of limit CEs at base b.N times, forwarded (from the ledger
-// there) or not (the cluster's), and fails unless the first answer lists want with next after
-// its last id and every later answer equals the first.
-func pageLoop(b *testing.B, client *http.Client, base string, limit int, forwarded bool, want []string) {
-	url := base + "/v1/counterfactuals?limit=" + strconv.Itoa(limit)
-	var first []byte
+// alternate times op b.N times; with a reference ref, it runs ref before each op with the
+// timer stopped, times it apart, and reports op's time over ref's as the metric unit.
+func alternate(b *testing.B, op, ref func() error, unit string) {
+	var refTime time.Duration
 	for b.Loop() {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if forwarded {
-			req.Header.Set(headerForwarded, "bench")
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("GET %s (forwarded %v): %d %s", url, forwarded, resp.StatusCode, body)
-		}
-		if first != nil {
-			if !bytes.Equal(body, first) {
-				b.Fatalf("GET %s (forwarded %v) answered another page than its first: %.300s", url, forwarded, body)
+		if ref != nil {
+			b.StopTimer()
+			t0 := time.Now()
+			if err := ref(); err != nil {
+				b.Fatal(err)
 			}
-			continue
+			refTime += time.Since(t0)
+			b.StartTimer()
 		}
-		var page struct {
-			CEs []struct {
-				ID string `json:"id"`
-			} `json:"counterfactuals"`
-			Next string `json:"next"`
+		if err := op(); err != nil {
+			b.Fatal(err)
 		}
-		if err := json.Unmarshal(body, &page); err != nil {
-			b.Fatalf("GET %s: %v", url, err)
-		}
-		var ids []string
-		for _, ce := range page.CEs {
-			ids = append(ids, ce.ID)
-		}
-		if !slices.Equal(ids, want) || page.Next != want[len(want)-1] {
-			b.Fatalf("GET %s (forwarded %v) listed %v next %q; want %v next %q", url, forwarded, ids, page.Next, want, want[len(want)-1])
-		}
-		first = body
+	}
+	if ref != nil {
+		b.ReportMetric(float64(b.Elapsed())/float64(refTime), unit)
 	}
 }
 
-// benchRuns collects the ns/op of a sub-benchmark's runs (each call of its function) with
-// their b.N.
-type benchRuns []struct {
-	n  int
-	ns float64
-}
-
-func (r *benchRuns) add(b *testing.B) {
-	*r = append(*r, struct {
-		n  int
-		ns float64
-	}{b.N, float64(b.Elapsed().Nanoseconds()) / float64(b.N)})
-}
-
-func (r benchRuns) last() float64 { return r[len(r)-1].ns }
-
-// median is the median ns/op of the runs with the largest b.N (the runs reported; smaller ones
-// only size b.N). r holds at least one run.
-func (r benchRuns) median() float64 {
-	n := 0
-	for _, x := range r {
-		n = max(n, x.n)
+// ledgerPage lists the first limit CEs of r's ledger and fails unless they are want.
+func ledgerPage(r *running, limit int, want []string) error {
+	ces, err := r.d.ledger.List(0, limit, "")
+	if err != nil {
+		return err
 	}
-	var ns []float64
-	for _, x := range r {
-		if x.n == n {
-			ns = append(ns, x.ns)
+	if len(ces) != len(want) {
+		return fmt.Errorf("r1's ledger listed %d CEs, want %d", len(ces), len(want))
+	}
+	for i, ce := range ces {
+		if ce.ID != want[i] {
+			return fmt.Errorf("r1's ledger listed %s at %d, want %s", ce.ID, i, want[i])
 		}
 	}
-	slices.Sort(ns)
-	if len(ns)%2 == 1 {
-		return ns[len(ns)/2]
+	return nil
+}
+
+// pageRead reads the first page of limit CEs at base, forwarded (from the ledger there) or
+// not (the cluster's). Its first answer must list want with next the last of them; every
+// later answer must equal the first.
+type pageRead struct {
+	client    *http.Client
+	base      string
+	limit     int
+	forwarded bool
+	want      []string
+	first     []byte
+}
+
+func (p *pageRead) read() error {
+	url := p.base + "/v1/counterfactuals?limit=" + strconv.Itoa(p.limit)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
 	}
-	return (ns[len(ns)/2-1] + ns[len(ns)/2]) / 2
+	if p.forwarded {
+		req.Header.Set(headerForwarded, "bench")
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s (forwarded %v): %d %s", url, p.forwarded, resp.StatusCode, body)
+	}
+	if p.first != nil {
+		if !bytes.Equal(body, p.first) {
+			return fmt.Errorf("GET %s (forwarded %v) answered another page than its first: %.300s", url, p.forwarded, body)
+		}
+		return nil
+	}
+	var page struct {
+		CEs []struct {
+			ID string `json:"id"`
+		} `json:"counterfactuals"`
+		Next string `json:"next"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	var ids []string
+	for _, ce := range page.CEs {
+		ids = append(ids, ce.ID)
+	}
+	if last := p.want[len(p.want)-1]; !slices.Equal(ids, p.want) || page.Next != last {
+		return fmt.Errorf("GET %s (forwarded %v) listed %v next %q; want %v next %q", url, p.forwarded, ids, page.Next, p.want, last)
+	}
+	p.first = body
+	return nil
 }
 
 // registerSpread registers n CEs with ids ce-00000... round-robin at the replicas, from 16
