@@ -37,10 +37,11 @@ const listBenchCEs = 1800
 //
 //	go test ./daemon -run '^$' -bench ClusterList -benchtime 200x -count 5
 //
-// local reports local/ledger and cluster reports cluster/local: before each op, with the
-// timer stopped, it reads the page of the way before it (a ledger scan, a local page) and
-// times that apart, so each ratio is of two ways measured alternately over the same seconds,
-// whatever else the machine runs. Every page read is checked: the first answer to each request
+// cpu-us/op is the CPU time of the whole process (replicas, broker, client) per page. local
+// reports local/ledger and cluster reports cluster/local, of time and of CPU time (-cpu):
+// before each op, with the timer stopped, it reads the page of the way before it (a ledger
+// scan, a local page) and times that apart, so each ratio is of two ways measured alternately
+// over the same seconds, whatever else the machine runs. Every page read is checked: the first answer to each request
 // holds the ids expected (the first limit ids of r1's partitions, or of the cluster's CEs, in
 // id order, with next the last of them), every later answer equals it byte for byte, and every
 // ledger page holds r1's ids.
@@ -70,26 +71,33 @@ func BenchmarkClusterList(b *testing.B) {
 	}
 }
 
-// alternate times op b.N times; with a reference ref, it runs ref before each op with the
-// timer stopped, times it apart, and reports op's time over ref's as the metric unit.
+// alternate times op b.N times and reports the CPU time the process (the three replicas, the
+// broker and the client) spent while it ran, per op. With a reference ref, it runs ref before
+// each op with the timer stopped, times it apart, and reports op's time over ref's as unit and
+// op's CPU time over ref's as unit-cpu.
 func alternate(b *testing.B, op, ref func() error, unit string) {
-	var refTime time.Duration
+	var refTime, refCPU, opCPU time.Duration
 	for b.Loop() {
 		if ref != nil {
 			b.StopTimer()
-			t0 := time.Now()
+			t0, c0 := time.Now(), processCPU(b)
 			if err := ref(); err != nil {
 				b.Fatal(err)
 			}
 			refTime += time.Since(t0)
+			refCPU += processCPU(b) - c0
 			b.StartTimer()
 		}
+		c0 := processCPU(b)
 		if err := op(); err != nil {
 			b.Fatal(err)
 		}
+		opCPU += processCPU(b) - c0
 	}
+	b.ReportMetric(float64(opCPU.Nanoseconds())/1e3/float64(b.N), "cpu-us/op")
 	if ref != nil {
 		b.ReportMetric(float64(b.Elapsed())/float64(refTime), unit)
+		b.ReportMetric(float64(opCPU)/float64(refCPU), unit+"-cpu")
 	}
 }
 
