@@ -41,10 +41,10 @@ const listBenchCEs = 1800
 // reports local/ledger and cluster reports cluster/local, of time and of CPU time (-cpu):
 // before each op, with the timer stopped, it reads the page of the way before it (a ledger
 // scan, a local page) and times that apart, so each ratio is of two ways measured alternately
-// over the same seconds, whatever else the machine runs. Every page read is checked: the first answer to each request
-// holds the ids expected (the first limit ids of r1's partitions, or of the cluster's CEs, in
-// id order, with next the last of them), every later answer equals it byte for byte, and every
-// ledger page holds r1's ids.
+// over the same seconds, whatever else the machine runs. Every page read is checked: the first
+// answer to each request holds the ids expected (the first limit ids of r1's partitions, or of
+// the cluster's CEs, in id order, with next the last of them), every later answer equals it
+// byte for byte, and every ledger page holds r1's ids.
 func BenchmarkClusterList(b *testing.B) {
 	_, reps := startThreeReplicas(b)
 	all := registerSpread(b, reps, listBenchCEs)
