@@ -23,7 +23,7 @@ import (
 
 // startThreeReplicas starts replicas r1, r2, r3 on one broker and waits until the CE topic's
 // partitions are shared out among them, each owner caught up with its partitions.
-func startThreeReplicas(t *testing.T) (*broker.Broker, []*running) {
+func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 	t.Helper()
 	b := startCluster(t, 1)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}

@@ -24,7 +24,7 @@ import (
 )
 
 // rawDo sends a request with a raw body and headers and returns the response with its body read.
-func (r *running) rawDo(t *testing.T, method, path, body string, header map[string]string) (*http.Response, []byte) {
+func (r *running) rawDo(t testing.TB, method, path, body string, header map[string]string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(method, r.base+path, strings.NewReader(body))
 	if err != nil {

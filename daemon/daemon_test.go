@@ -29,7 +29,7 @@ import (
 	"github.com/cfguard/cfguard/update"
 )
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
@@ -67,7 +67,7 @@ func startDaemonClient(t *testing.T, mutate func(c *config.Config), client *http
 
 // startDaemonWith starts a daemon with Options set by opts (after the test's own) and, when
 // client is not nil, speaks TLS to it with client; it does not wait for readiness.
-func startDaemonWith(t *testing.T, mutate func(c *config.Config), opts func(o *Options), client *http.Client) *running {
+func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *Options), client *http.Client) *running {
 	t.Helper()
 	c := config.Default()
 	c.StateDir = t.TempDir()
@@ -136,7 +136,7 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-func (r *running) get(t *testing.T, path string) (int, []byte) {
+func (r *running) get(t testing.TB, path string) (int, []byte) {
 	t.Helper()
 	resp, err := r.client.Get(r.base + path)
 	if err != nil {
@@ -288,7 +288,7 @@ func registerCEsPrefixed(t *testing.T, r *running, data *dataset.Set, n int, pre
 	return ids
 }
 
-func bundled(t *testing.T) *dataset.Set {
+func bundled(t testing.TB) *dataset.Set {
 	s, _, err := assets.Load("breast_cancer")
 	if err != nil {
 		t.Fatal(err)

@@ -61,7 +61,7 @@ func (r *running) view(t *testing.T) replicaView {
 
 // startCluster starts a broker on loopback for replicas: the input topic with partitions
 // partitions, the dead-letter and events topics.
-func startCluster(t *testing.T, partitions int) *broker.Broker {
+func startCluster(t testing.TB, partitions int) *broker.Broker {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Partitions: partitions,
@@ -78,7 +78,7 @@ func startCluster(t *testing.T, partitions int) *broker.Broker {
 const testClusterKey = "k1:5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
 
 // writeKeyFile writes a key file holding lines, one key each, and returns its path.
-func writeKeyFile(t *testing.T, lines ...string) string {
+func writeKeyFile(t testing.TB, lines ...string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "cluster.key")
 	if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
@@ -97,13 +97,13 @@ func replicaConfig(c *config.Config, b *broker.Broker, id, keyFile string) {
 	c.Replication.KeyFile = keyFile
 }
 
-func startReplica(t *testing.T, b *broker.Broker, id string) *running {
+func startReplica(t testing.TB, b *broker.Broker, id string) *running {
 	t.Helper()
 	return startReplicaKey(t, b, id, writeKeyFile(t, testClusterKey))
 }
 
 // startReplicaKey starts replica id with the key file keyFile and waits until it is ready.
-func startReplicaKey(t *testing.T, b *broker.Broker, id, keyFile string) *running {
+func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *running {
 	t.Helper()
 	r := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, keyFile) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
