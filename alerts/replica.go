@@ -12,6 +12,7 @@ const (
 	NameLogIgnored      = "cfguard_posterior_log_records_ignored_total"
 	NameLogAppendsLost  = "cfguard_posterior_log_appends_lost_total"
 	NameEventsRepublish = "cfguard_posterior_events_republished_total"
+	NameCERepaired      = "cfguard_counterfactuals_repaired_total"
 	NameReplicaUpdater  = "cfguard_replication_updater"
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
@@ -29,6 +30,9 @@ type ReplicaMetrics struct {
 	// Republished counts the posterior events of earlier writers' entries this replica
 	// published at its claims (their writers may not have).
 	Republished prometheus.Counter
+	// CERepaired counts the CEs this replica sent to the CE topic again after a partition of it
+	// was found reset (the topic deleted and created again).
+	CERepaired prometheus.Counter
 	// CEApplied counts the requests of the CE topic applied to this replica's ledger.
 	CEApplied prometheus.Counter
 	// Unauthenticated counts the records of the posterior and CE topics this replica ignored
@@ -58,6 +62,8 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
 		Republished: prometheus.NewCounter(prometheus.CounterOpts{Name: NameEventsRepublish,
 			Help: "Posterior events of earlier writers' log entries this replica published again when it claimed a term (their writers may have died before publishing them)."}),
+		CERepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERepaired,
+			Help: "Counterfactuals this replica sent to the CE topic again after finding a partition of it reset (the topic deleted and created again)."}),
 		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
 			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
 		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
@@ -72,6 +78,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Republished, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
 	return m
 }

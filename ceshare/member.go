@@ -37,6 +37,12 @@ type Hooks interface {
 	// group has surely evicted this member), the member stops, or the store held p from an
 	// earlier run (MemberConfig.Held) and the first generation gives p to another member.
 	Release(ctx context.Context, p int) error
+	// Reset is called when partition p ends before the offset the store read it to (the topic
+	// was deleted and created again): the requests the store applied are gone from the topic.
+	// It must store offset 0 for p before anything else, so that no request of the new
+	// partition is skipped, and may send the store's state of p again as requests; the member
+	// then reads p from offset 0.
+	Reset(ctx context.Context, p int, end int64) error
 }
 
 // MemberConfig configures a Member.
@@ -586,7 +592,8 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 // requests were deleted before they were read (the topic's retention is not "for ever"): the
 // gap is logged as an ERROR, counted, stored through Apply, and reading goes on from the log
 // start. Past the end, the ledger's offset belongs to another log (the topic was deleted and
-// created again): the member stops rather than skip or replay requests in silence.
+// created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
+// on from 0, so that no request of the new log is skipped.
 func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next int64) (int64, error) {
 	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
 		m.cfg.Topic: {kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p)}}})
@@ -606,9 +613,19 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 			m.mu.Unlock()
 			return m.apply(ctx, p, nil, next, po.FirstOffset)
 		case next > po.LastOffset:
-			return next, fmt.Errorf("ceshare: the ledger has read partition %d of topic %q up to offset %d, past its end %d: "+
-				"the topic was deleted and created again; remove this replica's CE share from its ledger so that it reads the "+
-				"partition again from offset 0", p, m.cfg.Topic, next, po.LastOffset)
+			m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
+				"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",
+				"partition", p, "read_to", next, "end", po.LastOffset)
+			if err := m.hooks.Reset(ctx, p, po.LastOffset); err != nil {
+				return next, fmt.Errorf("ceshare: partition %d of %q ends at %d, before offset %d this replica read (the topic "+
+					"was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, po.LastOffset, next, err)
+			}
+			m.mu.Lock()
+			if ps := m.parts[p]; ps != nil {
+				ps.next, ps.ready = 0, false
+			}
+			m.mu.Unlock()
+			return 0, nil
 		}
 	}
 	return next, nil

@@ -105,6 +105,13 @@ func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
 	return l.next[p], nil
 }
 
+func (l *ledger) Reset(_ context.Context, p int, end int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next[p] = 0
+	return nil
+}
+
 func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -158,6 +158,58 @@ func (s *share) Release(ctx context.Context, p int) error {
 	return nil
 }
 
+// Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read
+// (the topic was deleted and created again), so the requests that registered p's CEs are gone.
+// The partition's offset goes back to 0 first (a crash after it leaves the CEs in this ledger
+// and no request of the new log skipped), then every CE of p this ledger holds is sent again
+// as a registration with its anchor and certificate: reading p from 0, this replica applies them
+// as already stored, and a later owner of p stores them from the topic.
+// cfguard_counterfactuals_repaired_total counts them; one that cannot be sent stays in this
+// ledger only (an ERROR line says how many).
+func (s *share) Reset(ctx context.Context, p int, end int64) error {
+	if _, err := s.d.ledger.ApplyShare(p, nil, 0, nil); err != nil {
+		return err
+	}
+	var ces []*ledger.CE
+	for after := ""; ; {
+		page, err := s.d.ledger.List(0, 1000, after)
+		if err != nil {
+			return err
+		}
+		for _, ce := range page {
+			if ceshare.Partition(ce.ID, s.partitions) == p {
+				ces = append(ces, ce)
+			}
+		}
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	sent, failed := 0, 0
+	for len(ces) > 0 {
+		batch := ces[:min(len(ces), 256)]
+		ces = ces[len(batch):]
+		errs, _ := s.send(ctx, batch, make([]ledger.RequestRef, len(batch)))
+		for _, err := range errs {
+			if err != nil {
+				failed++
+			} else {
+				sent++
+			}
+		}
+	}
+	s.d.rep.Metrics().CERepaired.Add(float64(sent))
+	if failed > 0 {
+		s.lg.Error("CE partition reset: counterfactuals of this ledger could not be sent to the CE topic again; they stay in this "+
+			"ledger only, and a move of the partition loses them", "partition", p, "sent", sent, "not_sent", failed)
+		return nil
+	}
+	s.lg.Warn("CE partition reset: this ledger's counterfactuals of the partition sent to the CE topic again", "partition", p,
+		"counterfactuals", sent, "topic_end", end)
+	return nil
+}
+
 // Apply is ceshare.Hooks: registrations and deletions of partition p, in order, and the offset
 // after them, in one ledger transaction (ledger.ApplyShare): a crash leaves all of them applied
 // with the offset after them, or none with the offset before them, so that the member reads
