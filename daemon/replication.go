@@ -34,8 +34,11 @@ func (h replicaHost) Checkpoint(ctx context.Context, cp *ledger.Checkpoint) erro
 	return h.d.checkpoint(ctx, cp)
 }
 
-// Consumer is the updater's consumer of kafka.topic, from the log head's coverage.
-func (h replicaHost) Consumer(ctx context.Context, resume map[int]int64) (*stream.Consumer, error) {
+// TopicReset sets cfguard_consumer_topic_mismatch (CfguardTopicReset) while e is not nil.
+func (h replicaHost) TopicReset(e *stream.TopicResetError) { h.d.metrics.SetTopicReset(e != nil) }
+
+// Consumer is the updater's consumer of kafka.topic, from the log head's coverage and marks.
+func (h replicaHost) Consumer(ctx context.Context, resume map[int]int64, marks map[int]stream.RecordMark) (*stream.Consumer, error) {
 	d := h.d
 	schema, err := d.schema()
 	if err != nil {
@@ -43,8 +46,13 @@ func (h replicaHost) Consumer(ctx context.Context, resume map[int]int64) (*strea
 	}
 	return stream.NewConsumer(ctx, stream.ConsumerConfig{Conn: d.conn, Topic: d.cfg.Kafka.Topic, GroupID: d.cfg.Kafka.GroupID,
 		DeadLetterTopic: d.cfg.Kafka.DeadLetterTopic, MaxRecords: d.cfg.Kafka.MaxRecords, MaxRecordsBacklog: d.cfg.Kafka.MaxRecordsBacklog,
-		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, TopicResetHint: d.topicResetHint()}, schema, d.log.With("component", "consumer"))
+		MaxWait: d.cfg.Kafka.MaxWait, Resume: resume, ResumeMarks: marks, TopicResetHint: replicaTopicResetHint}, schema, d.log.With("component", "consumer"))
 }
+
+// replicaTopicResetHint ends the updater's TopicResetError: replicas stop ingesting rather than
+// skip records, and a reset cannot be confirmed on them.
+const replicaTopicResetHint = "Records below the log's coverage in the new topic would be skipped, so the updater stopped ingesting " +
+	"kafka.topic (every replica keeps serving its posterior); replicas cannot confirm a topic reset: see docs/RUNBOOK.md, CfguardTopicReset"
 
 // Compute is Daemon.compute: the updater appends the step it returns to the posterior log.
 func (h replicaHost) Compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (replica.Step, error) {

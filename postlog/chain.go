@@ -34,6 +34,9 @@ type Head struct {
 	// are published (Entry.EventsThrough), oldest first: what the next claimant publishes again.
 	// At most MaxUnpublished entries are kept.
 	Unpublished []Unpublished `json:"unpublished,omitempty"`
+	// Marks are the latest mark of each input partition the chain's increments read
+	// (Entry.Marks): what the next updater checks before it reads on from Covers.
+	Marks map[int]Mark `json:"marks,omitempty"`
 }
 
 // Unpublished is an accepted increment's posterior events, by the increment's seq.
@@ -142,6 +145,7 @@ func Resume(h *Head, keys *clusterkey.Keyring) *Chain {
 	c := *h
 	c.Covers = maps.Clone(h.Covers)
 	c.Unpublished = slices.Clone(h.Unpublished)
+	c.Marks = maps.Clone(h.Marks)
 	return &Chain{head: &c, keys: keys}
 }
 
@@ -220,10 +224,23 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	}
 	// What is owed outlives terms and epochs: the next claimant publishes it.
 	if c.head != nil {
-		next.Unpublished = c.head.Unpublished
+		next.Unpublished, next.Marks = c.head.Unpublished, c.head.Marks
+	}
+	if len(e.Reset) > 0 { // a new epoch that resets input partitions: their marks name the old log
+		next.Marks = maps.Clone(next.Marks)
+		for _, p := range e.Reset {
+			delete(next.Marks, p)
+		}
 	}
 	if e.Kind == Increment {
 		next.Unpublished = owed(next.Unpublished, e)
+		if len(e.Marks) > 0 {
+			next.Marks = maps.Clone(next.Marks)
+			if next.Marks == nil {
+				next.Marks = map[int]Mark{}
+			}
+			maps.Copy(next.Marks, e.Marks)
+		}
 	}
 	if e.Kind != Genesis {
 		next.GenesisOffset, next.GenesisHash, next.Epoch = c.head.GenesisOffset, c.head.GenesisHash, c.head.Epoch
@@ -306,10 +323,26 @@ func (c *Chain) judgeEpoch(e *Entry) Reason {
 	case e.Epoch != h.Epoch+1 || e.Past == nil || *e.Past != *past:
 		return NotSuccessor
 	case e.Term != h.Term || e.Version != h.Version || e.ParentVersion != h.Version || e.PosteriorSHA256 != h.PosteriorSHA256 ||
-		!maps.Equal(e.Covers, h.Covers):
+		!sameCoverage(e, h.Covers):
 		return Invalid
 	}
 	return Accepted
+}
+
+// sameCoverage reports whether the new epoch e carries coverage covers, but for the input
+// partitions it resets (Entry.Reset), whose coverage restarts where e says.
+func sameCoverage(e *Entry, covers map[int]int64) bool {
+	for _, p := range slices.Sorted(maps.Keys(covers)) {
+		if !slices.Contains(e.Reset, p) && e.Covers[p] != covers[p] {
+			return false
+		}
+	}
+	for p, to := range e.Covers {
+		if _, ok := covers[p]; !ok && !slices.Contains(e.Reset, p) && to != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Range is what an increment covers in one partition: [From, To).

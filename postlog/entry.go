@@ -86,6 +86,10 @@ type Entry struct {
 	// epoch + 1, and the record it moves past (the one the chain stopped at, or the head).
 	Epoch uint64 `json:"epoch,omitempty"`
 	Past  *Past  `json:"past,omitempty"`
+	// Reset is a new epoch's list of input partitions whose log was reset (the topic deleted
+	// and created again), confirmed by an operator: their coverage restarts at the epoch's
+	// Covers, the new log's start, and their marks are forgotten.
+	Reset []int `json:"reset,omitempty"`
 	// Build and Generation are claim only, for forensics: the writer's build and the consumer
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
@@ -94,10 +98,23 @@ type Entry struct {
 	// update_failed) as its writer put them in its outbox, so that a later claimant can publish
 	// them when the writer may not have (it dies between the append and its own apply).
 	Events []Event `json:"events,omitempty"`
+	// Marks identify, per partition of the input topic the increment read, the last record it
+	// read before its coverage (stream.RecordMark): an updater that starts from the coverage
+	// checks first that the topic still holds it, so a topic deleted and recreated is found
+	// and no record of the new log is skipped.
+	Marks map[int]Mark `json:"marks,omitempty"`
 	// EventsThrough is an increment's statement that the posterior events of every entry up to
 	// this seq are in the outbox of their writer or of a later claimant: what its writer had
 	// applied (and so published) before it appended. It is below the entry's own seq.
 	EventsThrough uint64 `json:"events_through,omitempty"`
+}
+
+// Mark identifies one record of an input partition: its offset, Kafka timestamp (Unix
+// milliseconds) and the checksum of its key and value (stream.RecordMark).
+type Mark struct {
+	Offset    int64  `json:"offset"`
+	Timestamp int64  `json:"timestamp"`
+	Sum       uint64 `json:"sum"`
 }
 
 // Event is one posterior event of an increment as an outbox holds it: the events topic's key and
@@ -198,6 +215,8 @@ func Decode(value []byte) (*Entry, error) {
 		return nil, fmt.Errorf("%w: posterior_sha256 %q", ErrMalformed, e.PosteriorSHA256)
 	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
 		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
+	case len(e.Reset) > 0 && (e.Kind != Genesis || e.Epoch == 0):
+		return nil, fmt.Errorf("%w: a %s (epoch %d) that resets input partitions: only a new epoch does", ErrMalformed, e.Kind, e.Epoch)
 	case e.Kind != Increment && (len(e.Events) > 0 || e.EventsThrough > 0):
 		return nil, fmt.Errorf("%w: a %s with events", ErrMalformed, e.Kind)
 	case e.Kind == Increment && e.EventsThrough >= e.Seq && e.EventsThrough > 0:

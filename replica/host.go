@@ -23,8 +23,12 @@ type Host interface {
 	// InitialModel is the first posterior the configuration names (model.path's, or one trained
 	// on model.dataset): the genesis this replica appends to an empty log.
 	InitialModel(ctx context.Context) (*bnn.Model, error)
-	// Consumer reads kafka.topic from resume (the log head's coverage) for the updater.
-	Consumer(ctx context.Context, resume map[int]int64) (*stream.Consumer, error)
+	// Consumer reads kafka.topic from resume (the log head's coverage) for the updater, after
+	// checking that the topic still holds the records marks identify (the head's marks).
+	Consumer(ctx context.Context, resume map[int]int64, marks map[int]stream.RecordMark) (*stream.Consumer, error)
+	// TopicReset says that the updater's consumer found kafka.topic reset (e): ingest stops;
+	// nil once a new epoch moved past it.
+	TopicReset(e *stream.TopicResetError)
 	// Compute runs inc through the update and the on-breach policy from prev, writing nothing.
 	Compute(ctx context.Context, prev *bnn.Model, inc *stream.Increment) (Step, error)
 	// Commit writes the accepted increment entry e, which takes the posterior from prev to next

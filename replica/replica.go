@@ -72,8 +72,11 @@ type Replica struct {
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
 	rewind   chan struct{}         // halt asks Follow to read the log again from its start
-	settings map[string]string     // this replica's cluster-wide settings (ClusterSettings)
-	refused  error                 // why it did not join (a *SettingsError), nil when it did
+	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
+	// the role in that generation.
+	inputReset error
+	settings   map[string]string // this replica's cluster-wide settings (ClusterSettings)
+	refused    error             // why it did not join (a *SettingsError), nil when it did
 
 	updater atomic.Bool
 }
@@ -925,7 +928,9 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 		if !r.leadTerm(ctx, generation) {
 			return
 		}
-		r.lg.Warn("updater: the posterior log stopped; keeping the updater role until a new epoch moves past the entry (see /readyz)")
+		if r.isStopped() {
+			r.lg.Warn("updater: the posterior log stopped; keeping the updater role until a new epoch moves past the entry (see /readyz)")
+		}
 	}
 }
 
@@ -954,8 +959,8 @@ func (r *Replica) awaitFollowing(ctx context.Context) error {
 	}
 }
 
-// leadTerm claims a term and ingests in it (lead). It reports whether it ended because the
-// follower stopped, the updater's role kept.
+// leadTerm claims a term and ingests in it (lead). It reports whether the updater keeps its
+// role: the follower stopped, or the input topic's reset was moved past by a new epoch.
 func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
@@ -991,7 +996,31 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		}
 	}
 	err := r.ingestTerm(ctx)
+	var reset *stream.TopicResetError
 	switch {
+	case errors.As(err, &reset) && ctx.Err() == nil:
+		// The input topic no longer holds what the log covers: reading on would skip the new
+		// log's first records. The updater keeps its role, reading nothing, until its
+		// generation ends; /readyz and cfguard_consumer_topic_mismatch say why.
+		r.mu.Lock()
+		r.inputReset = err
+		r.mu.Unlock()
+		r.host.TopicReset(reset)
+		r.lg.Error("updater: kafka.topic was reset; ingest stopped, keeping the updater role until a new epoch restarts its coverage "+
+			"(cfguard new-epoch --topic-reset)", "err", err)
+		// Until the log moves (an operator's new epoch), or the generation ends.
+		seq := r.Head().Seq
+		for ctx.Err() == nil && r.Head().Seq == seq {
+			r.WaitChange(ctx)
+		}
+		r.mu.Lock()
+		r.inputReset = nil
+		r.mu.Unlock()
+		if ctx.Err() != nil {
+			return false
+		}
+		r.host.TopicReset(nil)
+		return true
 	case err != nil && ctx.Err() == nil && r.isStopped():
 		return true // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
@@ -1007,7 +1036,11 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 // entry per increment, each read back before the next.
 func (r *Replica) ingestTerm(ctx context.Context) error {
 	head := r.Head()
-	c, err := r.host.Consumer(ctx, head.Covers)
+	marks := make(map[int]stream.RecordMark, len(head.Marks))
+	for p, m := range head.Marks {
+		marks[p] = stream.RecordMark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+	}
+	c, err := r.host.Consumer(ctx, head.Covers, marks)
 	if err != nil {
 		return err
 	}
@@ -1069,11 +1102,20 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 		covers = map[int]int64{}
 	}
 	maps.Copy(covers, inc.NextOffsets)
+	var marks map[int]postlog.Mark
+	for p := range inc.NextOffsets {
+		if m, ok := inc.Mark(p); ok {
+			if marks == nil {
+				marks = map[int]postlog.Mark{}
+			}
+			marks[p] = postlog.Mark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+		}
+	}
 	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term,
 		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.cfg.Kafka.Topic, Covers: covers,
 		Outcome: string(sum.Outcome), KL: sum.KL, Seed: sum.Seed, PosteriorSHA256: head.PosteriorSHA256,
 		Counts:  &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: sum.Counters["failed"], Held: sum.Counters["held"]},
-		Quality: sum.Quality, Events: sum.Events,
+		Quality: sum.Quality, Events: sum.Events, Marks: marks,
 		// The updater applied (and so published) the head before it computed this step.
 		EventsThrough: head.Seq}
 	if sum.Outcome == "" {
@@ -1094,13 +1136,15 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 // since the start, and, on the updater, a healthy consumer.
 func (r *Replica) Health() error {
 	r.mu.Lock()
-	stopped, caughtUp, c := r.stopped, r.caughtUp, r.consumer
+	stopped, caughtUp, c, reset := r.stopped, r.caughtUp, r.consumer, r.inputReset
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
 		return fmt.Errorf("not following the posterior log: %w", stopped)
 	case !caughtUp:
 		return errors.New("catching up with the posterior log")
+	case reset != nil:
+		return fmt.Errorf("updater: ingest stopped: %w", reset)
 	}
 	if c != nil {
 		if h := c.Health(); !h.Ready {

@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// TestInputTopicRecreatedUnderReplicas deletes and recreates the input topic under a replica
+// whose posterior log covers 64 records of it, and writes 96 records to the new topic: the
+// updater finds the reset (the record the log's marks name is not there any more) and stops
+// ingesting rather than read on from offset 64 and skip the new log's first 64 records. It keeps
+// serving its posterior, /readyz names the reset, cfguard_consumer_topic_mismatch is 1
+// (CfguardTopicReset). Restarted, a new updater (whose consumer never read the old topic) finds
+// it from the log's marks alone: the log still covers 64.
+func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	dir := t.TempDir()
+	cfg := func(c *config.Config) { replicaConfig(c, b, "r1", key); c.StateDir = dir }
+	start := func() *running {
+		r := startDaemonWith(t, cfg, nil, nil)
+		waitfor.Cond(t, 60*time.Second, "r1 answers", func() bool { code, _ := r.get(t, "/healthz"); return code == 200 })
+		return r
+	}
+	r := start()
+	data := bundled(t)
+	produceRows(t, r, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.view(t).Replication.Covers[0] == 64 })
+	before := r.view(t)
+
+	recreate(t, b.Addrs(), "cfguard.records")
+	produceRows(t, r, data, 64, 96)
+	stopped := func(r *running, what string) {
+		t.Helper()
+		waitfor.Cond(t, 60*time.Second, what, func() bool {
+			code, body := r.get(t, "/readyz")
+			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
+				r.metric(t, "cfguard_consumer_topic_mismatch") == 1
+		})
+		if v := r.view(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
+			t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",
+				what, v.Replication.Covers, v.Version, before.Version)
+		}
+	}
+	stopped(r, "the updater stops on the reset topic")
+	r.stop(t)
+	r = start()
+	stopped(r, "the restarted updater finds the reset from the log's marks")
+}
