@@ -115,6 +115,28 @@ func (d *Directory) Owners(ctx context.Context) (map[int]Owner, error) {
 	return maps.Clone(d.owners), nil
 }
 
+// Members returns every member of the group that carries replica data, as the broker describes
+// the group now (not cached): what another member with the same replica id reveals.
+func (d *Directory) Members(ctx context.Context) ([]Owner, error) {
+	res, err := d.cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{d.group}})
+	if err == nil && len(res.Groups) != 1 {
+		err = fmt.Errorf("the broker described %d groups, want 1", len(res.Groups))
+	}
+	if err == nil {
+		err = res.Groups[0].Error
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ceshare: describing group %q: %w", d.group, err)
+	}
+	var out []Owner
+	for _, m := range res.Groups[0].Members {
+		if md, ok := decodeMemberData(m.MemberMetadata.UserData); ok {
+			out = append(out, Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID})
+		}
+	}
+	return out, nil
+}
+
 // lookUp describes the group and rebuilds the cache. d.mu is held.
 func (d *Directory) lookUp(ctx context.Context) {
 	d.at = time.Now()

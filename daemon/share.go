@@ -121,10 +121,54 @@ func (s *share) health() error {
 	return nil
 }
 
-// run is the member of the CE group until ctx ends.
+// run is the member of the CE group until ctx ends, once no other member carries this
+// replica's id (uniqueID).
 func (s *share) run(ctx context.Context) error {
 	s.stopping = ctx
+	if err := s.uniqueID(ctx, 2*s.d.cfg.Replication.SessionTimeout+5*time.Second); err != nil {
+		return err
+	}
 	return s.member.Run(ctx)
+}
+
+// uniqueID waits until no member of the CE group carries this replica's id, and fails when one
+// still does after wait: two replicas with one replication.replica_id would each take the
+// other's partitions for their own and answer 404 for CEs the other stores. A previous process
+// of this replica that did not leave the group (killed) is gone once its session expires, within
+// replication.session_timeout; a replica configured with the same id stays.
+func (s *share) uniqueID(ctx context.Context, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	logged := false
+	for {
+		members, err := s.dir.Members(ctx)
+		var twin *ceshare.Owner
+		for i, m := range members {
+			if m.Replica == s.id {
+				twin = &members[i]
+			}
+		}
+		switch {
+		case err == nil && twin == nil:
+			return nil
+		case err == nil && time.Now().After(deadline):
+			return fmt.Errorf("replication.replica_id %q is the id of another live member of the CE group %s (member %s, advertising %s), "+
+				"still there after %s: give each replica its own replication.replica_id", s.id, s.d.cfg.Kafka.GroupID+".ce", twin.MemberID,
+				twin.URL, wait)
+		case err == nil && !logged:
+			logged = true
+			s.lg.Warn("another member of the CE group has this replica's id: waiting for it to leave (a previous process of this "+
+				"replica whose session has not expired) before joining", "replica_id", s.id, "member", twin.MemberID, "url", twin.URL, "at_most", wait)
+		case err != nil && time.Now().After(deadline):
+			s.lg.Warn("joining the CE group without knowing whether another member has this replica's id: the group cannot be described",
+				"replica_id", s.id, "err", err)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. Partitions

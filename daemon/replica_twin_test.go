@@ -1,0 +1,49 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/config"
+)
+
+// TestReplicaIDTakenRefuses starts a second replica with the id of a running one (another
+// state_dir, another address): it waits, as for a previous process of itself whose session has
+// not expired, then stops with an error naming replication.replica_id, the id and the other
+// member, instead of joining and taking the other's partitions for its own. The first replica
+// keeps every partition.
+func TestReplicaIDTakenRefuses(t *testing.T) {
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	owned := len(r1.d.share.member.Owned())
+
+	c := config.Default()
+	c.StateDir, c.HTTP.Listen = t.TempDir(), "127.0.0.1:0"
+	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32
+	c.Kafka.MaxWait = 300 * time.Millisecond
+	c.Certify.Samples = 400
+	c.Audit.Schedule = ""
+	replicaConfig(&c, b, "r1", key)
+	// Run returns the refusal by itself: a run that joined instead hangs here, and go test's
+	// timeout names this test.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Config: &c, Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Registry: prometheus.NewRegistry()})
+	}()
+	err := <-done
+	if err == nil || !strings.Contains(err.Error(), `replication.replica_id "r1"`) || !strings.Contains(err.Error(), "another live member") {
+		t.Fatalf("a second replica with id r1: Run = %v; want a refusal naming replication.replica_id", err)
+	}
+	if got := len(r1.d.share.member.Owned()); got != owned || got != r1.d.cfg.Replication.CEPartitions {
+		t.Errorf("the first r1 owns %d partitions after the twin's attempt, %d before; want all %d", got, owned, r1.d.cfg.Replication.CEPartitions)
+	}
+}
