@@ -33,7 +33,12 @@ type partState struct {
 	// does the partition still hold last, the record read last?) before they are delivered.
 	// A reader that fetches back to back is not checked: a topic is not deleted, recreated and
 	// written to within the decoding of one fetch.
-	suspect       bool
+	suspect bool
+	// vanished is set when the broker reported the partition unknown (the topic deleted): the
+	// first fetch after it is checked even when it brings nothing new, since a new log as long
+	// as the old one shows no record past the reader's position, and its records below it
+	// would otherwise pass for read until the next record arrives.
+	vanished      bool
 	last          recordMark
 	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
 	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
@@ -104,7 +109,7 @@ func (c *Consumer) refresh(ctx context.Context) {
 	if c.topicErr != nil {
 		if topic == nil || unknownTopic(c.topicErr) {
 			for _, ps := range c.parts {
-				ps.suspect = true
+				ps.suspect, ps.vanished = true, true
 			}
 		}
 		c.mu.Unlock()
@@ -190,6 +195,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 		}
 		c.mu.Lock()
 		ps.suspect = true
+		ps.vanished = ps.vanished || unknownTopic(err)
 		c.mu.Unlock()
 		c.failedAttempt(src, err)
 		return bo.Wait(ctx) == nil
@@ -255,10 +261,11 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			continue
 		}
 		c.mu.Lock()
-		suspect, last := ps.suspect, ps.last
+		suspect, last, vanished := ps.suspect, ps.last, ps.vanished
 		c.mu.Unlock()
-		if suspect && last.ok && ch.next > next {
-			// New records after a pause: first check that they extend the log read so far.
+		if suspect && last.ok && (ch.next > next || vanished) {
+			// New records after a pause, or the first fetch after the topic was unknown:
+			// first check that the partition holds the log read so far.
 			reset, err := c.verifyIdentity(ctx, ps, last)
 			if err != nil {
 				if !retry(err) {
@@ -272,6 +279,9 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 				}
 				continue
 			}
+			c.mu.Lock()
+			ps.vanished = false
+			c.mu.Unlock()
 		}
 		c.mu.Lock()
 		ps.hwm, ps.logStart, ps.lastFetch = res.HighWatermark, res.LogStartOffset, time.Now()

@@ -214,7 +214,7 @@ func (c *Consumer) topicReset(ctx context.Context, ps *partState, e *TopicResetE
 	c.mu.Lock()
 	accept := c.cfg.AcceptTopicReset && !ps.resetAccepted
 	if accept {
-		ps.resetAccepted, ps.suspect, ps.last = true, false, recordMark{}
+		ps.resetAccepted, ps.suspect, ps.vanished, ps.last = true, false, false, recordMark{}
 		ps.next, ps.logStart, ps.hwm = e.LogStart, e.LogStart, e.End
 		c.handed[ps.part] = e.LogStart
 	}

@@ -151,6 +151,34 @@ func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
 	}
 }
 
+// TestRecreatedAsLongStopsTheConsumer: n records read, the topic deleted and recreated, and
+// exactly n records produced to the new topic, so that no record lies past the reader's
+// position and a fetch there brings nothing: the consumer stops with a TopicResetError all the
+// same, without waiting for a record past the old position, instead of taking the new log's n
+// records for read.
+func TestRecreatedAsLongStopsTheConsumer(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	const n = 30
+	produce(t, conn, recordsTopic, 0, goodRecords("old", n)...)
+	c := newConsumer(t, consumerConfig(conn, "as-long"))
+	if got := ids(collect(t, c, n, 20*time.Second)); len(got) != n {
+		t.Fatalf("read %d records, want %d", len(got), n)
+	}
+	waitfor.Cond(t, 10*time.Second, "the consumer to be caught up", func() bool { return c.Health().CaughtUp })
+	recreateTopic(t, conn, recordsTopic)
+	produce(t, conn, recordsTopic, 0, goodRecords("new", n)...)
+	err := nextErr(t, c, 30*time.Second)
+	// Fetched between the recreation and the produce, the new partition is empty: a reset
+	// past its end (end 0). Otherwise the record at offset n-1 tells: end n.
+	var re *TopicResetError
+	if errors.As(err, &re) && re.End == 0 {
+		wantReset(t, err, n, 0)
+	} else {
+		wantReset(t, err, n, n)
+	}
+}
+
 // recreateTopic deletes topic and creates it again with one partition, as an operator would.
 func recreateTopic(t *testing.T, conn ConnConfig, topic string) {
 	t.Helper()
