@@ -226,12 +226,6 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	if c.head != nil {
 		next.Unpublished, next.Marks = c.head.Unpublished, c.head.Marks
 	}
-	if len(e.Reset) > 0 { // a new epoch that resets input partitions: their marks name the old log
-		next.Marks = maps.Clone(next.Marks)
-		for _, p := range e.Reset {
-			delete(next.Marks, p)
-		}
-	}
 	if e.Kind == Increment {
 		next.Unpublished = owed(next.Unpublished, e)
 		if len(e.Marks) > 0 {
@@ -323,26 +317,10 @@ func (c *Chain) judgeEpoch(e *Entry) Reason {
 	case e.Epoch != h.Epoch+1 || e.Past == nil || *e.Past != *past:
 		return NotSuccessor
 	case e.Term != h.Term || e.Version != h.Version || e.ParentVersion != h.Version || e.PosteriorSHA256 != h.PosteriorSHA256 ||
-		!sameCoverage(e, h.Covers):
+		!maps.Equal(e.Covers, h.Covers):
 		return Invalid
 	}
 	return Accepted
-}
-
-// sameCoverage reports whether the new epoch e carries coverage covers, but for the input
-// partitions it resets (Entry.Reset), whose coverage restarts where e says.
-func sameCoverage(e *Entry, covers map[int]int64) bool {
-	for _, p := range slices.Sorted(maps.Keys(covers)) {
-		if !slices.Contains(e.Reset, p) && e.Covers[p] != covers[p] {
-			return false
-		}
-	}
-	for p, to := range e.Covers {
-		if _, ok := covers[p]; !ok && !slices.Contains(e.Reset, p) && to != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Range is what an increment covers in one partition: [From, To).

@@ -86,10 +86,6 @@ type Entry struct {
 	// epoch + 1, and the record it moves past (the one the chain stopped at, or the head).
 	Epoch uint64 `json:"epoch,omitempty"`
 	Past  *Past  `json:"past,omitempty"`
-	// Reset is a new epoch's list of input partitions whose log was reset (the topic deleted
-	// and created again), confirmed by an operator: their coverage restarts at the epoch's
-	// Covers, the new log's start, and their marks are forgotten.
-	Reset []int `json:"reset,omitempty"`
 	// Build and Generation are claim only, for forensics: the writer's build and the consumer
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
@@ -215,8 +211,6 @@ func Decode(value []byte) (*Entry, error) {
 		return nil, fmt.Errorf("%w: posterior_sha256 %q", ErrMalformed, e.PosteriorSHA256)
 	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
 		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
-	case len(e.Reset) > 0 && (e.Kind != Genesis || e.Epoch == 0):
-		return nil, fmt.Errorf("%w: a %s (epoch %d) that resets input partitions: only a new epoch does", ErrMalformed, e.Kind, e.Epoch)
 	case e.Kind != Increment && (len(e.Events) > 0 || e.EventsThrough > 0):
 		return nil, fmt.Errorf("%w: a %s with events", ErrMalformed, e.Kind)
 	case e.Kind == Increment && e.EventsThrough >= e.Seq && e.EventsThrough > 0:

@@ -3,7 +3,6 @@ package postlog
 import (
 	"encoding/hex"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -161,74 +160,5 @@ func TestALogMayBeginWithALaterEpoch(t *testing.T) {
 	}
 	if _, r, _ := old.Offer(signed(1, rv)); r != Accepted || old.Stuck() != nil {
 		t.Fatalf("the epoch on the halted chain: %s (stuck %v)", r, old.Stuck())
-	}
-}
-
-// A new epoch that resets input partitions may restart their coverage anywhere, and must keep
-// every other partition's; the head forgets the marks of the partitions it resets. Only a new
-// epoch may reset partitions.
-func TestEpochResetsInputPartitions(t *testing.T) {
-	l, g := newTestLog(t)
-	gv := l.value(g)
-	c := NewChain(testKeys())
-	if _, r, _ := c.Offer(signed(0, gv)); r != Accepted {
-		t.Fatalf("genesis: %s", r)
-	}
-	cl := l.claim(gv, g, 1, "a/1")
-	cv := l.value(cl)
-	if _, r, _ := c.Offer(signed(1, cv)); r != Accepted {
-		t.Fatalf("claim: %s", r)
-	}
-	inc := l.increment(cv, cl, 1, "a/1", 40, 0.1)
-	inc.Covers = map[int]int64{0: 40, 1: 30}
-	inc.Marks = map[int]Mark{0: {Offset: 39, Timestamp: 7, Sum: 1}, 1: {Offset: 29, Timestamp: 8, Sum: 2}}
-	if _, r, _ := c.Offer(signed(2, l.value(inc))); r != Accepted {
-		t.Fatalf("increment: %s", r)
-	}
-	head := *c.Head()
-	if len(head.Marks) != 2 || head.Marks[1].Sum != 2 {
-		t.Fatalf("head marks %v, want the increment's", head.Marks)
-	}
-	epoch := func(covers map[int]int64, reset ...int) *Entry {
-		return &Entry{Format: Format, Kind: Genesis, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term, Writer: "new-epoch@x/1",
-			Version: head.Version, ParentVersion: head.Version, Covers: covers, PosteriorSHA256: head.PosteriorSHA256, Body: g.Body,
-			Epoch: 1, Past: &Past{Offset: head.Offset, SHA256: head.Hash}, Reset: reset}
-	}
-	for _, tc := range []struct {
-		name   string
-		e      *Entry
-		reason Reason
-	}{
-		{"partition 0 changed, not reset", epoch(map[int]int64{0: 0, 1: 30}), Invalid},
-		{"partition 1 changed, 0 reset", epoch(map[int]int64{0: 0, 1: 0}, 0), Invalid},
-		{"a new partition with coverage, not reset", epoch(map[int]int64{0: 40, 1: 30, 2: 5}), Invalid},
-		{"partition 0 reset to 0", epoch(map[int]int64{0: 0, 1: 30}, 0), Accepted},
-		{"both reset", epoch(map[int]int64{0: 3, 1: 0}, 0, 1), Accepted},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := c.Fork()
-			_, r, err := f.Offer(signed(3, l.value(tc.e)))
-			if r != tc.reason || err != nil {
-				t.Fatalf("%s %v, want %s", r, err, tc.reason)
-			}
-			if r != Accepted {
-				return
-			}
-			h := f.Head()
-			for p, m := range head.Marks {
-				_, kept := h.Marks[p]
-				if reset := slices.Contains(tc.e.Reset, p); kept == reset {
-					t.Errorf("partition %d (reset %v): mark kept %v (%v)", p, reset, kept, m)
-				}
-			}
-			if h.Covers[0] != tc.e.Covers[0] {
-				t.Errorf("head covers %v, want the epoch's %v", h.Covers, tc.e.Covers)
-			}
-		})
-	}
-	claimReset := *cl
-	claimReset.Reset = []int{0}
-	if _, err := Decode(l.value(&claimReset)); !errors.Is(err, ErrMalformed) {
-		t.Errorf("a claim that resets partitions: Decode = %v, want malformed", err)
 	}
 }

@@ -960,7 +960,8 @@ func (r *Replica) awaitFollowing(ctx context.Context) error {
 }
 
 // leadTerm claims a term and ingests in it (lead). It reports whether the updater keeps its
-// role: the follower stopped, or the input topic's reset was moved past by a new epoch.
+// role: the follower stopped, or a new epoch moved the log on while ingest was stopped on a
+// reset input topic.
 func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
@@ -1006,8 +1007,8 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		r.inputReset = err
 		r.mu.Unlock()
 		r.host.TopicReset(reset)
-		r.lg.Error("updater: kafka.topic was reset; ingest stopped, keeping the updater role until a new epoch restarts its coverage "+
-			"(cfguard new-epoch --topic-reset)", "err", err)
+		r.lg.Error("updater: kafka.topic was reset; ingest stopped, keeping the updater role (see docs/RUNBOOK.md, CfguardTopicReset)",
+			"err", err)
 		// Until the log moves (an operator's new epoch), or the generation ends.
 		seq := r.Head().Seq
 		for ctx.Err() == nil && r.Head().Seq == seq {

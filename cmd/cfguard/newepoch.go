@@ -9,15 +9,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
@@ -40,8 +35,6 @@ type epochReport struct {
 	Version         uint64        `json:"posterior_version"`
 	Covers          map[int]int64 `json:"covers"`
 	Settings        string        `json:"settings"` // whose: "the log's genesis at offset N", or "file"
-	// Reset are the input partitions whose coverage the epoch restarts (--topic-reset).
-	Reset []int `json:"reset,omitempty"`
 }
 
 // logState is the posterior log played through the acceptance rule to an end offset, as every
@@ -122,8 +115,6 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := flag.NewFlagSet("new-epoch", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "a replica's configuration (kafka.*, replication.posterior_topic, replication.key_file)")
 	force := fs.Bool("force", false, "write a new epoch on a log that does not stop the replicas (after its head)")
-	topicReset := fs.String("topic-reset", "", "comma-separated partitions of kafka.topic whose log was reset (the topic deleted and "+
-		"created again; /readyz names them): the epoch restarts their coverage at the new log's start, after the head")
 	headFrom := fs.String("head-from", "", "a replica's API URL: write the new epoch after the head that replica applied, "+
 		"for a log that no longer holds it (the topic recreated); it uses http.token of --config")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
@@ -184,16 +175,10 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			"nothing was written", st.forged, plog.Topic(), keys.Source(), strings.Join(keys.IDs(), ", "))
 	case head == nil:
 		return fmt.Errorf("%s holds no genesis: there is nothing to move past (start the replicas: the first writes the genesis); nothing was written", plog.Topic())
-	case st.chain.Stuck() == nil && !*force && *topicReset == "":
+	case st.chain.Stuck() == nil && !*force:
 		return fmt.Errorf("the replicas are not stopped: %s follows to its head, entry %d at offset %d (posterior %s); a new epoch is for a log "+
 			"with a record the replicas cannot apply. --force writes one after the head anyway; nothing was written",
 			plog.Topic(), head.Seq, head.Offset, head.PosteriorSHA256)
-	}
-	covers, resets := head.Covers, []int(nil)
-	if *topicReset != "" {
-		if covers, resets, err = resetCoverage(ctx, conn, cfg.Kafka.Topic, head.Covers, *topicReset); err != nil {
-			return err
-		}
 	}
 	past := st.chain.Stuck()
 	if past == nil {
@@ -228,9 +213,8 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	host, _ := os.Hostname()
 	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: rep.Seq, Parent: head.Hash, Term: head.Term,
 		Writer: "new-epoch@" + host + "/" + hex.EncodeToString(nonce), Version: head.Version, ParentVersion: head.Version,
-		InputTopic: cfg.Kafka.Topic, Covers: covers, PosteriorSHA256: head.PosteriorSHA256, Body: body, Settings: settings,
-		Epoch: rep.Epoch, Past: past, Reset: resets}
-	rep.Covers, rep.Reset = covers, resets
+		InputTopic: cfg.Kafka.Topic, Covers: head.Covers, PosteriorSHA256: head.PosteriorSHA256, Body: body, Settings: settings,
+		Epoch: rep.Epoch, Past: past}
 	v, err := e.Encode()
 	if err != nil {
 		return err
@@ -378,39 +362,4 @@ func awaitEntry(ctx context.Context, u, token string, seq uint64, wait time.Dura
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// resetCoverage is covers with the partitions list names ("0,2") restarted at their log's start
-// in topic, which must have them, and those partitions, sorted.
-func resetCoverage(ctx context.Context, conn stream.ConnConfig, topic string, covers map[int]int64, list string) (map[int]int64, []int, error) {
-	tr, err := conn.Transport(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer tr.CloseIdleConnections()
-	w, err := stream.ReadWatermarks(ctx, &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}, topic)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--topic-reset: kafka.topic %s: %w", topic, err)
-	}
-	out := maps.Clone(covers)
-	if out == nil {
-		out = map[int]int64{}
-	}
-	var parts []int
-	for _, f := range strings.Split(list, ",") {
-		p, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: --topic-reset %q: %q is not a partition number", cli.ErrUsage, list, f)
-		}
-		pw, ok := w[p]
-		if !ok {
-			return nil, nil, fmt.Errorf("--topic-reset: kafka.topic %s has no partition %d; nothing was written", topic, p)
-		}
-		if !slices.Contains(parts, p) {
-			parts = append(parts, p)
-		}
-		out[p] = pw.Start
-	}
-	slices.Sort(parts)
-	return out, parts, nil
 }
