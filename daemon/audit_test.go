@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -22,7 +21,7 @@ import (
 // without) are BenchmarkIngestDuringAudit's.
 func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	const n = 2000
-	r := startDaemon(t, func(c *config.Config) { c.Certify.Samples = 1000 })
+	r := startDaemon(t, nil)
 	data := bundled(t)
 	storeCEs(t, r, data, n)
 	type result struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/explain"
 )
 
 // The first start of a daemon whose model keys are the defaults trains the bundled breast-cancer
@@ -22,6 +23,19 @@ import (
 var sharedModel struct {
 	root string // a temporary directory of the test binary, removed by TestMain
 
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// The first explanation of a daemon trains the VAE of PSCE's plausibility term
+// (explainer.loadOrTrain, about 3 CPU-seconds) and saves it under state_dir/vae. The VAE is a
+// deterministic function of the model's scaler, the bundled data set and model.seed
+// (explain.TrainVAE), none of which an update changes, so the tests that explain train it once
+// per test binary too and start their daemons with it in state_dir/vae (withSharedVAE), where the
+// daemon loads it as it loads the one it saved. TestExplainStoresACertifiedCounterfactual trains
+// its own on its first explanation and holds the two equal.
+var sharedVAE struct {
 	once sync.Once
 	dir  string
 	err  error
@@ -75,6 +89,71 @@ func sharedModelDir(t testing.TB) string {
 		t.Fatalf("training the shared bundled model: %v", sharedModel.err)
 	}
 	return sharedModel.dir
+}
+
+// sharedVAEDir is the directory of the VAE that the first explanation of a daemon on the shared
+// model trains, trained (by the explainer's loadOrTrain) on the first call.
+func sharedVAEDir(t testing.TB) string {
+	t.Helper()
+	model := sharedModelDir(t)
+	sharedVAE.once.Do(func() {
+		m, err := bnn.Load(model)
+		if err != nil {
+			sharedVAE.err = err
+			return
+		}
+		d := config.Default().Model
+		e := &explainer{dir: filepath.Join(sharedModel.root, "vae"), dataset: d.Dataset, seed: d.Seed,
+			posterior: func() *bnn.Model { return m }, log: slog.New(slog.DiscardHandler)}
+		if err := e.loadOrTrain(context.Background()); err != nil {
+			sharedVAE.err = err
+			return
+		}
+		if e.vae == nil {
+			sharedVAE.err = fmt.Errorf("no VAE trained for data set %s", d.Dataset)
+			return
+		}
+		sharedVAE.dir = e.dir
+	})
+	if sharedVAE.err != nil {
+		t.Fatalf("training the shared VAE: %v", sharedVAE.err)
+	}
+	return sharedVAE.dir
+}
+
+// withSharedVAE is mutate followed, for a daemon on the shared model (trainsDefaultModel), by a
+// copy of the shared VAE into its state_dir/vae: its first explanation loads the VAE it would
+// have trained. Another daemon trains its own.
+func withSharedVAE(t testing.TB, mutate func(c *config.Config)) func(c *config.Config) {
+	return func(c *config.Config) {
+		if mutate != nil {
+			mutate(c)
+		}
+		if !trainsDefaultModel(c) {
+			return
+		}
+		if err := os.CopyFS(filepath.Join(c.StateDir, "vae"), os.DirFS(sharedVAEDir(t))); err != nil {
+			t.Fatalf("copying the shared VAE into the state directory: %v", err)
+		}
+	}
+}
+
+// sameVAE fails the test unless the VAEs in directories a and b encode to the same bytes.
+func sameVAE(t testing.TB, a, b string) {
+	t.Helper()
+	var enc [2][2][]byte
+	for i, dir := range []string{a, b} {
+		v, err := explain.LoadVAE(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if enc[i][0], enc[i][1], err = explain.EncodeVAE(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(enc[0][0], enc[1][0]) || !bytes.Equal(enc[0][1], enc[1][1]) {
+		t.Fatalf("the VAE in %s is not the one in %s:\n%s\n%s", a, b, enc[0][0], enc[1][0])
+	}
 }
 
 // A first start at the default model keys trains exactly the network of the shared model

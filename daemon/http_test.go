@@ -304,7 +304,7 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 // /v1/audit (it answers when every CE is measured) lift http.write_timeout, and POST /v1/explain
 // extends it by explain.timeout.
 func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute })
+	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute }))
 	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
 
 	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}

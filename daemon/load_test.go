@@ -61,10 +61,10 @@ func TestFloodWhileRecordsStreamKeepsIngesting(t *testing.T) {
 	t.Cleanup(kc.Close) // after the daemon's cleanup
 	// Predictions are admitted by their inputs: four of 500 at once, so that the flood's 40 must
 	// be shed on any machine (the default bound, 10^4 inputs per CPU, admits all 40 on two).
-	l := &loadCase{r: startDaemon(t, func(c *config.Config) {
+	l := &loadCase{r: startDaemon(t, withSharedVAE(t, func(c *config.Config) {
 		c.Kafka.Brokers = kc.ListenAddrs()
 		c.HTTP.MaxPredictInputs = 4 * loadInputs
-	}), kc: kc, data: bundled(t),
+	})), kc: kc, data: bundled(t),
 		tally: newLoadTally(), faulted: make(chan struct{})}
 	l.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * loadConcurrent}}
 	t.Cleanup(l.client.CloseIdleConnections)

@@ -554,10 +554,10 @@ func (c *conformance) sendTrailer(method, path, token string, header map[string]
 // (successes and the errors a client meets) against docs/openapi.yaml.
 func TestOpenAPIDescribesAnswers(t *testing.T) {
 	const token, metricsToken = "t0ken", "m3trics"
-	r := startDaemon(t, func(c *config.Config) {
+	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
 		c.HTTP.Token, c.HTTP.MetricsToken = token, metricsToken
 		c.Explain.Concurrency = 1
-	})
+	}))
 	doc := loadOpenAPI(t)
 	c := &conformance{t: t, r: r, doc: doc, ops: doc.operations(t), seen: map[string]bool{}, codes: map[string]bool{}}
 	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -169,11 +173,19 @@ func TestReadyzFailsWhenBrokerGone(t *testing.T) {
 	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
 }
 
+// TestExplainStoresACertifiedCounterfactual: the first POST /v1/explain of a daemon trains the
+// VAE (none is in its state directory), saves it under state_dir/vae, and stores the
+// counterfactual it generates, certified and anchored to the current posterior. The VAE it saved
+// is the shared one that the other tests' daemons start with (withSharedVAE).
 func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the VAE")
 	}
 	r := startDaemon(t, nil)
+	vae := filepath.Join(r.d.cfg.StateDir, "vae")
+	if _, err := os.Stat(vae); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s before the first explanation: %v, want none", vae, err)
+	}
 	data := bundled(t)
 	var x []float64
 	p, _ := r.d.current().Predict(data.X[:40], 200, 1)
@@ -204,4 +216,5 @@ func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	if ce.AnchorVersion != r.d.current().Version {
 		t.Fatal("the CE is not anchored to the current posterior")
 	}
+	sameVAE(t, vae, sharedVAEDir(t))
 }

@@ -37,12 +37,12 @@ func TestReissue(t *testing.T) {
 }
 
 func testReissue(t *testing.T, status string, lr float64, maxIterations int, wantSuccess bool) {
-	r := startDaemon(t, func(c *config.Config) {
+	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
 		paperLearner(c, lr)
 		c.Explain.MaxIterations = maxIterations
 		c.Explain.Reissue = status
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96 // the drift is one increment
-	})
+	}))
 	data := bundled(t)
 	ids := registerCEs(t, r, data, 6)
 	r.produce(t, flipped(data, 96)...)

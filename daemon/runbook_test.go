@@ -177,7 +177,7 @@ type runbookState struct {
 // event is published, and requires every CE to be judged want (unless want is 0).
 func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Status) *runbookState {
 	t.Helper()
-	r := startDaemon(t, func(c *config.Config) { paperLearner(c, lr) })
+	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, lr) }))
 	data := bundled(t)
 	registerCEs(t, r, data, 8)
 	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien")}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
 )
 
@@ -65,8 +66,12 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	set, m, modelDir := trainModel(t, t.TempDir())
 	cfg := writeConfig(t, dir, b.Addrs()[0], anyPort, "import", modelDir)
 	// Every counterfactual is stored, in its set or not, so that the good lines are known
-	// without measuring them here.
-	editConfig(t, cfg, "certify:\n", "certify:\n  uncertified: store\n")
+	// without measuring them here. The daemon still measures each line's x and x_cf, in the
+	// import and again in the re-run (most of the test's CPU): with the fewest draws the
+	// configuration accepts, since no check here reads a measurement.
+	def := config.Default().Certify
+	editConfig(t, cfg, "certify:\n  samples: 400\n", fmt.Sprintf("certify:\n  samples: %d\n  uncertified: store\n",
+		config.MinCertifySamples(def.Delta, def.VerdictAlpha)))
 	c := startChild(t, cfg, anyPort)
 	c.waitUp(t)
 

@@ -26,6 +26,15 @@ func TestCondReturnsWhenTheConditionHolds(t *testing.T) {
 	}
 }
 
+func TestCondEveryPollsAtItsInterval(t *testing.T) {
+	const every = 5 * Interval
+	n := 0
+	took := CondEvery(t, every, 10*time.Second, "three polls", func() bool { n++; return n == 3 })
+	if n != 3 || took < 2*every {
+		t.Fatalf("polled %d times in %v, want 3 polls %v apart", n, took, every)
+	}
+}
+
 func TestCondFailsNamingWhat(t *testing.T) {
 	r := &recorder{TB: t}
 	func() {
