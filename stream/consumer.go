@@ -382,8 +382,10 @@ func (c *Consumer) Close() error {
 func (c *Consumer) fail(err error) {
 	c.failOnce.Do(func() {
 		c.failErr = fmt.Errorf("%w: %w", ErrStopped, err)
-		close(c.failed)
+		// Logged before Next is woken: whoever sees the stop (a caller of Next, Health) finds
+		// its ERROR line written.
 		c.log.Error("consumer stopped by an error that retrying cannot fix; no more records are read until the cause is fixed and the daemon restarted", "err", err)
+		close(c.failed)
 	})
 }
 
