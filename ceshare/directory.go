@@ -118,18 +118,12 @@ func (d *Directory) Owners(ctx context.Context) (map[int]Owner, error) {
 // Members returns every member of the group that carries replica data, as the broker describes
 // the group now (not cached): what another member with the same replica id reveals.
 func (d *Directory) Members(ctx context.Context) ([]Owner, error) {
-	res, err := d.cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{d.group}})
-	if err == nil && len(res.Groups) != 1 {
-		err = fmt.Errorf("the broker described %d groups, want 1", len(res.Groups))
-	}
-	if err == nil {
-		err = res.Groups[0].Error
-	}
+	g, err := d.describe(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("ceshare: describing group %q: %w", d.group, err)
+		return nil, err
 	}
 	var out []Owner
-	for _, m := range res.Groups[0].Members {
+	for _, m := range g.Members {
 		if md, ok := decodeMemberData(m.MemberMetadata.UserData); ok {
 			out = append(out, Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID})
 		}
@@ -137,9 +131,8 @@ func (d *Directory) Members(ctx context.Context) ([]Owner, error) {
 	return out, nil
 }
 
-// lookUp describes the group and rebuilds the cache. d.mu is held.
-func (d *Directory) lookUp(ctx context.Context) {
-	d.at = time.Now()
+// describe asks the broker for the group as it is now.
+func (d *Directory) describe(ctx context.Context) (kafka.DescribeGroupsResponseGroup, error) {
 	res, err := d.cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{d.group}})
 	if err == nil && len(res.Groups) != 1 {
 		err = fmt.Errorf("the broker described %d groups, want 1", len(res.Groups))
@@ -148,10 +141,19 @@ func (d *Directory) lookUp(ctx context.Context) {
 		err = res.Groups[0].Error
 	}
 	if err != nil {
-		d.owners, d.refresh = nil, fmt.Errorf("ceshare: describing group %q: %w", d.group, err)
+		return kafka.DescribeGroupsResponseGroup{}, fmt.Errorf("ceshare: describing group %q: %w", d.group, err)
+	}
+	return res.Groups[0], nil
+}
+
+// lookUp describes the group and rebuilds the cache. d.mu is held.
+func (d *Directory) lookUp(ctx context.Context) {
+	d.at = time.Now()
+	g, err := d.describe(ctx)
+	if err != nil {
+		d.owners, d.refresh = nil, err
 		return
 	}
-	g := res.Groups[0]
 	owners := make(map[int]Owner, d.partitions)
 	for _, m := range g.Members {
 		md, ok := decodeMemberData(m.MemberMetadata.UserData)

@@ -21,6 +21,21 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
+// shareReady reports whether replica r owns CE partitions and has read every one it owns.
+func shareReady(r *running) bool {
+	m := r.d.share.member
+	own := m.Owned()
+	if len(own) == 0 {
+		return false
+	}
+	for _, p := range own {
+		if !m.Ready(p) {
+			return false
+		}
+	}
+	return true
+}
+
 // startThreeReplicas starts replicas r1, r2, r3 on one broker and waits until the CE topic's
 // partitions are shared out among them, each owner caught up with its partitions.
 func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
@@ -31,17 +46,10 @@ func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each replica owning some", func() bool {
 		owned := 0
 		for _, r := range reps {
-			m := r.d.share.member
-			own := m.Owned()
-			if len(own) == 0 {
+			if !shareReady(r) {
 				return false
 			}
-			for _, p := range own {
-				if !m.Ready(p) {
-					return false
-				}
-			}
-			owned += len(own)
+			owned += len(r.d.share.member.Owned())
 		}
 		return owned == parts
 	})

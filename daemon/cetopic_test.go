@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -42,7 +40,7 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 		t.Fatalf("the CEs %v all hash to partition 0 of %d", ids, parts)
 	}
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
-	recreate(t, b.Addrs(), r.d.cfg.Replication.CETopic)
+	kafkatest.RecreateTopic(t, b.Addrs(), r.d.cfg.Replication.CETopic, 1)
 
 	// A request held open while the producer retries would hang here: go test's timeout then
 	// names this call in its goroutine dump.
@@ -90,15 +88,7 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	data := bundled(t)
 	ids := registerCEs(t, r1, data, 6)
 	topic := r1.d.cfg.Replication.CETopic
-	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...)}
-	if res, err := cl.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
-		t.Fatalf("deleting %s: %v %v", topic, err, res)
-	}
-	res, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic,
-		NumPartitions: r1.d.cfg.Replication.CEPartitions, ReplicationFactor: 1}}})
-	if err != nil || res.Errors[topic] != nil {
-		t.Fatalf("creating %s: %v %v", topic, err, res)
-	}
+	kafkatest.RecreateTopic(t, b.Addrs(), topic, r1.d.cfg.Replication.CEPartitions)
 	waitfor.Cond(t, 60*time.Second, "the replica sends its 6 CEs again", func() bool {
 		return r1.metric(t, "cfguard_counterfactuals_repaired_total") == 6
 	})
@@ -111,17 +101,7 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	}
 	r2 := startReplica(t, b, "r2")
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready", func() bool {
-		m := r2.d.share.member
-		own := m.Owned()
-		if len(own) == 0 {
-			return false
-		}
-		for _, p := range own {
-			if !m.Ready(p) {
-				return false
-			}
-		}
-		return len(r1.d.share.member.Owned())+len(own) == r1.d.cfg.Replication.CEPartitions
+		return shareReady(r2) && len(r1.d.share.member.Owned())+len(r2.d.share.member.Owned()) == r1.d.cfg.Replication.CEPartitions
 	})
 	for _, id := range append(ids, more...) {
 		want := http.StatusOK

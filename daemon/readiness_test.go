@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -84,7 +82,7 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	r := startDaemon(t, mutate)
 	r.produce(t, records("old", n)...)
 	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == n })
-	recreate(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic)
+	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
 	r.produce(t, records("new", m)...)
 	stoppedForReset(r)
 	if a := r.metric(t, "cfguard_records_total", "result", "applied"); a != n {
@@ -107,20 +105,5 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	}
 	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
-	}
-}
-
-// recreate deletes topic and creates it again with one partition, as an operator would.
-func recreate(t *testing.T, brokers []string, topic string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
-	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
-		t.Fatalf("deleting %s: %v %v", topic, err, res)
-	}
-	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
-	if err != nil || res.Errors[topic] != nil {
-		t.Fatalf("creating %s: %v %v", topic, err, res)
 	}
 }

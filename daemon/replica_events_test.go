@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"time"
@@ -99,22 +98,10 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plog.Close()
-	appendEntry := func(e *postlog.Entry) string {
-		t.Helper()
-		v, err := e.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := plog.Append(context.Background(), "e/dead", v); err != nil {
-			t.Fatal(err)
-		}
-		sum := postlog.Hash(v)
-		return hex.EncodeToString(sum[:])
-	}
-	claimHash := appendEntry(&postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+	claimHash := appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
 		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256})
 	lost := event{Type: "update_failed", At: time.Now().UTC(), PosteriorVersion: h.Version, LogEntry: h.Seq + 2, Error: "the writer died before publishing this"}.entry(time.Time{})
-	appendEntry(&postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 2, Parent: claimHash, Term: h.Term + 1,
+	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 2, Parent: claimHash, Term: h.Term + 1,
 		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256,
 		Outcome: postlog.Failed, Counts: &postlog.Counts{}, Events: []postlog.Event{{Key: lost.Key, Value: lost.Value}}, EventsThrough: h.Seq + 1})
 

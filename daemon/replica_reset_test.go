@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -28,7 +29,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
 	before := r.view(t)
 
-	recreate(t, b.Addrs(), "cfguard.posterior")
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 	produceRows(t, r, data, n, 64)
 	waitfor.Cond(t, 60*time.Second, "the replica stops following the recreated log", func() bool {
 		code, body := r.get(t, "/readyz")
@@ -54,13 +55,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	h := r.d.rep.Head()
 	claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
 		Writer: "r9/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
-	v, err := claim.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := plog.Append(context.Background(), "e/claim", v); err != nil {
-		t.Fatal(err)
-	}
+	appendEntry(t, plog, claim)
 	err = runReplicaOnce(t, b, "r2", t.TempDir(), key)
 	if err == nil || !strings.Contains(err.Error(), "no genesis") || !strings.Contains(err.Error(), "cfguard.posterior") ||
 		!strings.Contains(err.Error(), "lost its start") {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -108,6 +109,21 @@ func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *runnin
 	r := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, keyFile) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
+}
+
+// appendEntry writes e to the posterior log plog as a writer holding the cluster key would, and
+// returns the hex SHA-256 of its value (the parent hash of its successor).
+func appendEntry(t testing.TB, plog *postlog.Log, e *postlog.Entry) string {
+	t.Helper()
+	v, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(context.Background(), fmt.Sprintf("e/%d", e.Seq), v); err != nil {
+		t.Fatal(err)
+	}
+	sum := postlog.Hash(v)
+	return hex.EncodeToString(sum[:])
 }
 
 // TestReplicasShareOnePosterior runs three replicas in one process against one broker: exactly
@@ -312,13 +328,7 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	h := updater.d.rep.Head()
 	rival := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
 		Writer: "rival/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
-	v, err := rival.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := plog.Append(context.Background(), "rival", v); err != nil {
-		t.Fatal(err)
-	}
+	appendEntry(t, plog, rival)
 	produce(64)
 	waitfor.Cond(t, 30*time.Second, "the old updater counts its lost entry", func() bool {
 		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1

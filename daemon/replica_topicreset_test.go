@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -33,7 +34,7 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.view(t).Replication.Covers[0] == 64 })
 	before := r.view(t)
 
-	recreate(t, b.Addrs(), "cfguard.records")
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
 	produceRows(t, r, data, 64, 96)
 	stopped := func(r *running, what string) {
 		t.Helper()

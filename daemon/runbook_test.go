@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -239,7 +240,7 @@ func resetDaemon(t *testing.T) *runbookState {
 	}
 	r.produce(t, records("old", 64)...)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	recreate(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic)
+	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
 	r.produce(t, records("new", 96)...)
 	waitfor.Cond(t, 30*time.Second, "ingest stopped for the reset", func() bool {
 		code, body := r.get(t, "/readyz")

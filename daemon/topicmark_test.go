@@ -16,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -84,7 +85,7 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	r.stop(t)
 
 	// Recreated while the daemon is stopped, and written past the ledger's offset.
-	recreate(t, b.Addrs(), "cfguard.records")
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
 	produce("new", m)
 	r = startDaemonWith(t, mutate, nil, nil)
 	const command = "--accept-topic-reset"

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -108,24 +107,31 @@ func goodIDs(prefix string, n int) []string {
 	return out
 }
 
-// TestRecreatedTopicStopsTheConsumer: N records read, the topic deleted and recreated, M > N
-// records produced to the new topic (so that the old position is inside the new log): the
-// consumer stops with a TopicResetError and hands out nothing of the new topic.
-func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
+// readThenRecreate reads n records of a new broker's topic with a consumer of group, then
+// deletes and recreates the topic, produces m other records to it, and returns the consumer's
+// configuration, the consumer and the error its Next returns (failing if records arrive).
+func readThenRecreate(t *testing.T, group string, n, m int) (ConsumerConfig, *Consumer, error) {
+	t.Helper()
 	b := startBroker(t, broker.Config{})
 	conn := plainConn(b)
-	const n, m = 30, 80
 	produce(t, conn, recordsTopic, 0, goodRecords("old", n)...)
-	cfg := consumerConfig(conn, "recreated")
+	cfg := consumerConfig(conn, group)
 	c := newConsumer(t, cfg)
 	if got := ids(collect(t, c, n, 20*time.Second)); len(got) != n {
 		t.Fatalf("read %d records, want %d", len(got), n)
 	}
 	waitfor.Cond(t, 10*time.Second, "the consumer to be caught up", func() bool { return c.Health().CaughtUp })
-
-	recreateTopic(t, conn, recordsTopic)
+	kafkatest.RecreateTopic(t, conn.Brokers, recordsTopic, 1)
 	produce(t, conn, recordsTopic, 0, goodRecords("new", m)...)
-	err := nextErr(t, c, 30*time.Second)
+	return cfg, c, nextErr(t, c, 30*time.Second)
+}
+
+// TestRecreatedTopicStopsTheConsumer: N records read, the topic deleted and recreated, M > N
+// records produced to the new topic (so that the old position is inside the new log): the
+// consumer stops with a TopicResetError and hands out nothing of the new topic.
+func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
+	const n, m = 30, 80
+	cfg, c, err := readThenRecreate(t, "recreated", n, m)
 	// The consumer may fetch between the recreation and the produce: it then finds the new
 	// partition empty, past-the-end (end 0), a reset too. Otherwise the new log holds offset n
 	// and only the record read last tells: end m. Either way nothing of the new topic is read.
@@ -157,18 +163,8 @@ func TestRecreatedTopicStopsTheConsumer(t *testing.T) {
 // same, without waiting for a record past the old position, instead of taking the new log's n
 // records for read.
 func TestRecreatedAsLongStopsTheConsumer(t *testing.T) {
-	b := startBroker(t, broker.Config{})
-	conn := plainConn(b)
 	const n = 30
-	produce(t, conn, recordsTopic, 0, goodRecords("old", n)...)
-	c := newConsumer(t, consumerConfig(conn, "as-long"))
-	if got := ids(collect(t, c, n, 20*time.Second)); len(got) != n {
-		t.Fatalf("read %d records, want %d", len(got), n)
-	}
-	waitfor.Cond(t, 10*time.Second, "the consumer to be caught up", func() bool { return c.Health().CaughtUp })
-	recreateTopic(t, conn, recordsTopic)
-	produce(t, conn, recordsTopic, 0, goodRecords("new", n)...)
-	err := nextErr(t, c, 30*time.Second)
+	_, _, err := readThenRecreate(t, "as-long", n, n)
 	// Fetched between the recreation and the produce, the new partition is empty: a reset
 	// past its end (end 0). Otherwise the record at offset n-1 tells: end n.
 	var re *TopicResetError
@@ -176,21 +172,6 @@ func TestRecreatedAsLongStopsTheConsumer(t *testing.T) {
 		wantReset(t, err, n, 0)
 	} else {
 		wantReset(t, err, n, n)
-	}
-}
-
-// recreateTopic deletes topic and creates it again with one partition, as an operator would.
-func recreateTopic(t *testing.T, conn ConnConfig, topic string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...)}
-	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
-		t.Fatalf("deleting %s: %v %v", topic, err, res)
-	}
-	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
-	if err != nil || res.Errors[topic] != nil {
-		t.Fatalf("creating %s: %v %v", topic, err, res)
 	}
 }
 
@@ -243,7 +224,7 @@ func recreatedWhileStopped(t *testing.T, prefix, why string) {
 	}
 	c.Close()
 
-	recreateTopic(t, conn, recordsTopic)
+	kafkatest.RecreateTopic(t, conn.Brokers, recordsTopic, 1)
 	// Timestamps have millisecond resolution: the replay must not share the old record's.
 	waitfor.Cond(t, time.Second, "a new millisecond", func() bool { return time.Now().UnixMilli() > marks[0].Timestamp })
 	produce(t, conn, recordsTopic, 0, goodRecords(prefix, m)...)

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -230,11 +231,6 @@ func TestNewEpochRefusesWithoutAKey(t *testing.T) {
 	}
 }
 
-// recreateTopic deletes topic on brokers and creates it again, empty, with one partition.
-func recreateTopic(t *testing.T, brokers []string, topic string) {
-	recreateTopicN(t, brokers, topic, 1)
-}
-
 // recreateTopicN is recreateTopic with n partitions.
 func recreateTopicN(t *testing.T, brokers []string, topic string, n int) {
 	t.Helper()
@@ -266,7 +262,7 @@ func TestNewEpochRebuildsARecreatedLog(t *testing.T) {
 	produced := c.s.end(t)
 	before := waitAgree(t, "before the reset", c.reps, produced)
 
-	recreateTopic(t, c.brokers, "cfguard.posterior")
+	kafkatest.RecreateTopic(t, c.brokers, "cfguard.posterior", 1)
 	s := startStream(c.brokers, c.data)
 	waitfor.Cond(t, 60*time.Second, "records produced after the reset", func() bool {
 		s.mu.Lock()
