@@ -124,9 +124,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evil := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1, Writer: "evil/deadbeef",
-		Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
-	ev, err := evil.Encode()
+	ev, err := claimOn(h, "evil/deadbeef").Encode()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,13 +93,8 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 	// A writer claims, appends an increment with an event, and dies before publishing it. It
 	// holds the cluster key: this is a replica that died, not a forgery. Its increment vouches
 	// for what came before its claim (its claim would have published it).
-	plog, err := postlog.Open(context.Background(), r.d.conn, "cfguard.posterior", r.d.rep.Keys(), r.d.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plog.Close()
-	claimHash := appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
-		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256})
+	plog := keyHolderLog(t, r)
+	claimHash := appendEntry(t, plog, claimOn(h, "dead/1"))
 	lost := event{Type: "update_failed", At: time.Now().UTC(), PosteriorVersion: h.Version, LogEntry: h.Seq + 2, Error: "the writer died before publishing this"}.entry(time.Time{})
 	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 2, Parent: claimHash, Term: h.Term + 1,
 		Writer: "dead/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256,

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
-	"github.com/cfguard/cfguard/postlog"
 )
 
 // TestPosteriorLogRecreatedStopsTheReplicas deletes and recreates the posterior topic under a
@@ -47,16 +45,8 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 
 	// The recreated topic holds an entry of the cluster (the updater may have appended one before
 	// it read the log's end; this one is certain) and no genesis.
-	plog, err := postlog.Open(context.Background(), r.d.conn, "cfguard.posterior", r.d.rep.Keys(), r.d.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plog.Close()
-	h := r.d.rep.Head()
-	claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
-		Writer: "r9/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
-	appendEntry(t, plog, claim)
-	err = runReplicaOnce(t, b, "r2", t.TempDir(), key)
+	appendEntry(t, keyHolderLog(t, r), claimOn(r.d.rep.Head(), "r9/1"))
+	err := runReplicaOnce(t, b, "r2", t.TempDir(), key)
 	if err == nil || !strings.Contains(err.Error(), "no genesis") || !strings.Contains(err.Error(), "cfguard.posterior") ||
 		!strings.Contains(err.Error(), "lost its start") {
 		t.Errorf("a replica starting on the recreated log: Run = %v; want a refusal naming the topic and its lost start", err)

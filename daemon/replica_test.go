@@ -111,6 +111,24 @@ func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *runnin
 	return r
 }
 
+// keyHolderLog opens r's posterior log with r's cluster key, as a writer holding the key would;
+// it is closed when the test ends.
+func keyHolderLog(t testing.TB, r *running) *postlog.Log {
+	t.Helper()
+	plog, err := postlog.Open(context.Background(), r.d.conn, "cfguard.posterior", r.d.rep.Keys(), r.d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plog.Close() })
+	return plog
+}
+
+// claimOn is a claim of the next term on head h by writer.
+func claimOn(h *postlog.Head, writer string) *postlog.Entry {
+	return &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+		Writer: writer, Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
+}
+
 // appendEntry writes e to the posterior log plog as a writer holding the cluster key would, and
 // returns the hex SHA-256 of its value (the parent hash of its successor).
 func appendEntry(t testing.TB, plog *postlog.Log, e *postlog.Entry) string {
@@ -320,15 +338,8 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	// The rival: a claim of the next term on the head, from a writer no replica knows.
 	// It holds the cluster key: this is a writer that loses, not a forgery (see
 	// TestForgedRecordsAreRefusedByEveryReplica).
-	plog, err := postlog.Open(context.Background(), updater.d.conn, "cfguard.posterior", updater.d.rep.Keys(), updater.d.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plog.Close()
 	h := updater.d.rep.Head()
-	rival := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
-		Writer: "rival/1", Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
-	appendEntry(t, plog, rival)
+	appendEntry(t, keyHolderLog(t, updater), claimOn(h, "rival/1"))
 	produce(64)
 	waitfor.Cond(t, 30*time.Second, "the old updater counts its lost entry", func() bool {
 		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1
