@@ -1,45 +1,15 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
-
-// readAll reads every message of partition 0 of topic on b, from its start to its present end.
-func readAll(t *testing.T, b *broker.Broker, topic string) []kafka.Message {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := kafka.DialLeader(ctx, "tcp", b.Addrs()[0], topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	end, err := conn.ReadLastOffset()
-	conn.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer rd.Close()
-	var out []kafka.Message
-	for int64(len(out)) < end {
-		m, err := rd.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading %s at offset %d of %d: %v", topic, len(out), end, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant: an updater's posterior events
 // ride in its entries (each naming its entry), and each entry vouches for the events of the one
@@ -70,7 +40,7 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 		t.Fatalf("head %d owes %+v; want the 2 events of entry %d alone", h.Seq, h.Unpublished, h.Seq)
 	}
 	own := map[uint64]int{} // this writer's posterior events by log entry
-	for _, m := range readAll(t, b, "cfguard.events") {
+	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), "cfguard.events", 0) {
 		var e event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
@@ -111,7 +81,7 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 		t.Errorf("%v events published again; want 1, the dead writer's (r1's own were vouched for)", n)
 	}
 	got := 0
-	for _, m := range readAll(t, b, "cfguard.events") {
+	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), "cfguard.events", 0) {
 		if string(m.Value) == string(lost.Value) && string(m.Key) == lost.Key {
 			got++
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -323,12 +324,6 @@ func updaterOf(t *testing.T, live []*replicaProc, minTerm uint64, within time.Du
 	return u
 }
 
-// readerMaxWait is how long the broker holds a fetch of the readers of readLog and readEvents
-// when nothing is past their offset. A reader prefetches beyond the last record it returns, and
-// Close waits for that fetch: at kafka-go's default (10 s) every read of a topic to its end
-// would cost 10 s per partition.
-const readerMaxWait = 100 * time.Millisecond
-
 // readLog reads the whole posterior topic and replays it through an independent chain: it
 // returns the accepted entries, the records not accepted, and the posterior of every version
 // (the genesis body and the recorded last layers, each checked against its entry's hash).
@@ -338,28 +333,10 @@ func readLog(t *testing.T, brokers []string, keyFile string) (accepted, ignored 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], "cfguard.posterior", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := conn.ReadLastOffset()
-	conn.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.posterior", Partition: 0, MaxBytes: 16 << 20, MaxWait: readerMaxWait})
-	defer rd.Close()
 	chain := postlog.NewChain(keys)
 	posteriors = map[uint64]*bnn.Model{}
 	var m *bnn.Model
-	for off := int64(0); off < last; {
-		msg, err := rd.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading the posterior log at %d of %d: %v", off, last, err)
-		}
-		off = msg.Offset + 1
+	for _, msg := range kafkatest.ReadPartition(t, brokers, "cfguard.posterior", 0) {
 		rec := postlog.Record{Offset: msg.Offset, Value: msg.Value}
 		for _, h := range msg.Headers {
 			if h.Key == clusterkey.Header {
@@ -811,26 +788,8 @@ type statusEvent struct {
 func readEvents(t *testing.T, brokers []string) map[string]statusEvent {
 	t.Helper()
 	out := map[string]statusEvent{}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	for p := 0; p < 3; p++ {
-		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], "cfguard.events", p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", Partition: p, MaxBytes: 16 << 20, MaxWait: readerMaxWait})
-		for off := int64(0); off < last; {
-			msg, err := rd.ReadMessage(ctx)
-			if err != nil {
-				rd.Close()
-				t.Fatalf("events partition %d at %d of %d: %v", p, off, last, err)
-			}
-			off = msg.Offset + 1
+		for _, msg := range kafkatest.ReadPartition(t, brokers, "cfguard.events", p) {
 			var e statusEvent
 			if json.Unmarshal(msg.Value, &e) != nil || e.Type != "status_changed" {
 				continue
@@ -839,7 +798,6 @@ func readEvents(t *testing.T, brokers []string) map[string]statusEvent {
 				out[e.ID] = e
 			}
 		}
-		rd.Close()
 	}
 	return out
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -204,25 +205,9 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	}
 
 	// Everything on the events topic.
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{brokerAddr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
-	defer rd.Close()
-	conn, err := kafka.DialLeader(ctx, "tcp", brokerAddr, "cfguard.events", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	end, err := conn.ReadLastOffset()
-	conn.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	got, seqs, dups := map[changeKey]bool{}, map[uint64]bool{}, 0
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
-	for read := int64(0); read < end; read++ {
-		msg, err := rd.ReadMessage(rctx)
-		if err != nil {
-			t.Fatalf("reading event %d of %d: %v", read, end, err)
-		}
+	events := kafkatest.ReadPartition(t, []string{brokerAddr}, "cfguard.events", 0)
+	for _, msg := range events {
 		seq := ""
 		for _, h := range msg.Headers {
 			if h.Key == daemon.OutboxSeqHeader {
@@ -257,7 +242,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	if len(missing) > 0 {
 		t.Fatalf("%d of %d status changes in the ledger never reached the events topic, e.g. %+v", len(missing), len(want), missing[0])
 	}
-	t.Logf("%d status changes in the ledger, all on the events topic (%d events, %d redelivered after kills)", len(want), end, dups)
+	t.Logf("%d status changes in the ledger, all on the events topic (%d events, %d redelivered after kills)", len(want), len(events), dups)
 }
 
 // candidatePairs are the rows of set the model puts in "malignant" with p > 0.9 (candidates for

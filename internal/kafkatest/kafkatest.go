@@ -27,3 +27,34 @@ func RecreateTopic(t testing.TB, brokers []string, topic string, partitions int)
 		t.Fatalf("creating %s: %v %v", topic, err, res)
 	}
 }
+
+// ReadPartition reads every message of partition p of topic on brokers, from its start to the
+// end it has when called. The reader's fetches wait at most 100 ms for records past the end: it
+// prefetches beyond the last record it returns, and Close waits for that fetch (at kafka-go's
+// default, 10 s per read).
+func ReadPartition(t testing.TB, brokers []string, topic string, p int) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := conn.ReadLastOffset()
+	conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond})
+	defer rd.Close()
+	var out []kafka.Message
+	for off := int64(0); off < end; {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading %s/%d at offset %d of %d: %v", topic, p, off, end, err)
+		}
+		off = m.Offset + 1
+		out = append(out, m)
+	}
+	return out
+}
