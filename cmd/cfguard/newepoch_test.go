@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
@@ -228,21 +226,6 @@ func TestNewEpochRefusesWithoutAKey(t *testing.T) {
 	}
 	if code, _, errs := runCLI(t, "new-epoch", "--config", p, "--force"); code == 0 || !strings.Contains(errs, "replication.key_file") {
 		t.Fatalf("new-epoch --force without a key file: exit %d, %s", code, errs)
-	}
-}
-
-// recreateTopicN is recreateTopic with n partitions.
-func recreateTopicN(t *testing.T, brokers []string, topic string, n int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
-	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
-		t.Fatalf("deleting %s: %v %v", topic, err, res)
-	}
-	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
-	if err != nil || res.Errors[topic] != nil {
-		t.Fatalf("creating %s: %v %v", topic, err, res)
 	}
 }
 
