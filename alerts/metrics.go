@@ -97,7 +97,7 @@ func Names() []string {
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
-		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameEventsRepublish, NameCERepaired,
+		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer,
 		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,

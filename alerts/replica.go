@@ -11,6 +11,7 @@ const (
 	NameLogStopped      = "cfguard_posterior_log_stopped"
 	NameLogIgnored      = "cfguard_posterior_log_records_ignored_total"
 	NameLogAppendsLost  = "cfguard_posterior_log_appends_lost_total"
+	NameGenerations     = "cfguard_updater_group_generations_total"
 	NameEventsRepublish = "cfguard_posterior_events_republished_total"
 	NameCERepaired      = "cfguard_counterfactuals_repaired_total"
 	NameReplicaUpdater  = "cfguard_replication_updater"
@@ -27,6 +28,9 @@ type ReplicaMetrics struct {
 	// at 0 for the reasons given to NewReplicaMetrics).
 	Ignored     *prometheus.CounterVec
 	AppendsLost prometheus.Counter
+	// Generations counts the updater group's generations this replica joined: each membership
+	// change (a replica joining or leaving, an updater stepping down) makes one.
+	Generations prometheus.Counter
 	// Republished counts the posterior events of earlier writers' entries this replica
 	// published at its claims (their writers may not have).
 	Republished prometheus.Counter
@@ -60,6 +64,8 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
 		AppendsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: NameLogAppendsLost,
 			Help: "Entries this replica appended that lost to another writer's (it stepped down each time)."}),
+		Generations: prometheus.NewCounter(prometheus.CounterOpts{Name: NameGenerations,
+			Help: "Generations of the updater group this replica joined (one per membership change or updater stepping down)."}),
 		Republished: prometheus.NewCounter(prometheus.CounterOpts{Name: NameEventsRepublish,
 			Help: "Posterior events of earlier writers' log entries this replica published again when it claimed a term (their writers may have died before publishing them)."}),
 		CERepaired: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERepaired,
@@ -78,6 +84,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
 	return m
 }

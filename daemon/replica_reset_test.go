@@ -27,6 +27,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
 	before := r.view(t)
 
+	generations := r.metric(t, "cfguard_updater_group_generations_total")
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 	produceRows(t, r, data, n, 64)
 	waitfor.Cond(t, 60*time.Second, "the replica stops following the recreated log", func() bool {
@@ -34,6 +35,11 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "posterior log reset") &&
 			r.metric(t, "cfguard_posterior_log_stopped") == 1
 	})
+	// While the log is short and after, the updater waits in its generation: one that ended at
+	// once would be joined again at once, thousands of times in the 10 s before the halt.
+	if g := r.metric(t, "cfguard_updater_group_generations_total") - generations; g > 2 {
+		t.Errorf("the updater group went through %v generations while the log was short; want the updater to keep its own", g)
+	}
 	after := r.view(t)
 	if after.Version != before.Version || after.Replication.Entry != before.Replication.Entry || after.Replication.SHA != before.Replication.SHA {
 		t.Errorf("after the reset the replica serves version %d entry %d (%s); want what it had: version %d entry %d (%s)",

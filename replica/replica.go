@@ -720,20 +720,32 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 	}
 }
 
-// catchUp reads the log to its present end. A log that ends before what the follower has read
-// (recreated, or a leader that lags for a moment) is an error: the updater does not append to it.
+// catchUp reads the log to its present end. The updater does not append to a log that ends
+// before what the follower has read (a leader that lags for a moment, or a recreated topic):
+// catchUp waits until the log reaches that offset again, or fails once the follower has stopped
+// on it (watchEnd halts after resetAfter). Waiting, not failing, keeps the updater's generation:
+// a generation that ends at once is joined again at once, as fast as the group can rebalance.
 func (r *Replica) catchUp(ctx context.Context) error {
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		end, err := r.plog.End(ctx)
 		if err == nil {
 			r.mu.Lock()
-			read := r.read
+			read, stopped, changed := r.read, r.stopped, r.changed
 			r.mu.Unlock()
-			if end < read {
+			if end >= read {
+				return r.waitRead(ctx, end)
+			}
+			if stopped != nil {
 				return fmt.Errorf("posterior log %s ends at offset %d, before offset %d this replica has read", r.plog.Topic(), end, read)
 			}
-			return r.waitRead(ctx, end)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-changed: // halted, or the head moved
+			case <-time.After(shortLogPoll):
+			}
+			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -749,6 +761,14 @@ func (r *Replica) catchUp(ctx context.Context) error {
 // follower stops as on a reset topic. A partition's new leader may report a lower end for a
 // moment (its high watermark catches up with its followers'); a recreated topic stays short.
 const resetAfter = 10 * time.Second
+
+// rejoinPause is how long an updater that stepped down (its entry lost, or its term failed)
+// keeps its generation before it ends it and rejoins the group.
+const rejoinPause = time.Second
+
+// shortLogPoll is how often an updater waiting on a log that ends before what it has read asks
+// for the log's end again.
+const shortLogPoll = time.Second
 
 // watchEnd keeps the lag gauge and the caught-up flag (readiness) current, and stops following
 // when the log ends before what the follower has read for resetAfter (halt).
@@ -899,6 +919,7 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 		for _, p := range gen.Assignments[rc.PosteriorTopic] {
 			assigned = assigned || p.ID == 0
 		}
+		r.m.Generations.Inc()
 		r.lg.Info("updater group: new generation", "generation", gen.ID, "updater", assigned)
 		if assigned {
 			id := gen.ID
@@ -913,7 +934,8 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 // generation decides again. While the follower is stopped at an entry it cannot apply, the
 // updater keeps its generation and waits for a new epoch (or a restart on a build that reads
 // the entry): returning would end the generation at once, and the group would go through
-// generations as fast as it can rebalance for as long as the log stays stopped.
+// generations as fast as it can rebalance for as long as the log stays stopped. For the same
+// reason, a replica that steps down keeps its generation for rejoinPause before it returns.
 func (r *Replica) lead(ctx context.Context, generation int32) {
 	r.updater.Store(true)
 	r.m.Updater.Set(1)
@@ -926,6 +948,14 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 			return
 		}
 		if !r.leadTerm(ctx, generation) {
+			// Rejoin, but not at once: a failure that persists would otherwise end generations
+			// as fast as the group can rebalance. It is no longer the updater meanwhile.
+			r.updater.Store(false)
+			r.m.Updater.Set(0)
+			select {
+			case <-ctx.Done():
+			case <-time.After(rejoinPause):
+			}
 			return
 		}
 		if r.isStopped() {
