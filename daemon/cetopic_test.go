@@ -19,6 +19,7 @@ import (
 // answered 503 with Retry-After, naming the CE topic and that the request may or may not be
 // applied, once sendTimeout has passed: not held open while the producer retries.
 func TestCETopicGoneAnswers503(t *testing.T) {
+	t.Parallel() // mostly waits out two send deadlines of 10 s
 	b := startCluster(t, 1)
 	r := startReplica(t, b, "r1")
 	data := bundled(t)

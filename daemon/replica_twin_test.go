@@ -18,6 +18,7 @@ import (
 // member, instead of joining and taking the other's partitions for its own. The first replica
 // keeps every partition.
 func TestReplicaIDTakenRefuses(t *testing.T) {
+	t.Parallel() // mostly waits out the twin check (twice the session timeout, plus 5 s)
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	r1 := startReplicaKey(t, b, "r1", key)

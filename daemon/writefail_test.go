@@ -247,6 +247,7 @@ func ledgerOffset(t *testing.T, offsets func() (map[int]int64, error)) int64 {
 // cfguard_checkpoint_failures_total counts the attempts, one ERROR line is logged; once writing
 // works the same increment is applied, then the rest: every record applied exactly once.
 func TestCheckpointFailureHoldsTheIncrement(t *testing.T) {
+	t.Parallel() // mostly waits for its child process
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
