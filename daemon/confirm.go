@@ -69,6 +69,8 @@ type confirmer struct {
 	lane      int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
 	lanes     int
 	measured  atomic.Int64 // measurements written (ConfirmReport.Confirmed), for tests and logs
+	// beforeRound, when set (Options.confirmRound, by tests), is called before each round.
+	beforeRound func(ctx context.Context)
 }
 
 // confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
@@ -137,6 +139,9 @@ func (c *confirmer) run(ctx context.Context) error {
 	t := time.NewTicker(confirmPoll)
 	defer t.Stop()
 	for {
+		if c.beforeRound != nil {
+			c.beforeRound(ctx)
+		}
 		err := c.round(ctx)
 		if ctx.Err() != nil {
 			return nil

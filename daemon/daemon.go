@@ -51,6 +51,10 @@ type Options struct {
 	// starts a daemon on the same addresses holds the ports across the restarts (the tests do,
 	// with internal/testnet).
 	HTTPListener, BrokerListener net.Listener
+
+	// confirmRound, when set (by tests), is called by each confirmer lane before each of its
+	// rounds: a test holds the confirmers there, as a starved CPU does.
+	confirmRound func(ctx context.Context)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -72,6 +76,7 @@ type Daemon struct {
 	// auditPoolReady, when set (by tests), is called when an audit has its networks, before the
 	// ledger reads its first batch: a test promotes posteriors there, as busy ingestion does.
 	auditPoolReady func(ctx context.Context, version uint64)
+	confirmRound   func(ctx context.Context) // Options.confirmRound
 
 	configPath       string
 	acceptTopicReset bool
@@ -283,7 +288,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener}
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, confirmRound: opts.confirmRound}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
@@ -367,6 +372,9 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		d.outbox.notify()
 		d.reissue.notify(changes)
 	}, log.With("component", "confirm"))
+	for _, c := range d.confirm {
+		c.beforeRound = d.confirmRound
+	}
 	return nil
 }
 

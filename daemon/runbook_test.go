@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,7 +53,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 	},
 	"CfguardRenewalBehind": {
 		{Cmd: "/readyz", Want: `"status":"ready"`},
-		{Cmd: "counterfactuals_(renewal_pending", Want: `(?m)^cfguard_counterfactuals_renewal_pending 0$[\s\S]*^cfguard_counterfactuals_unconfirmed 0$`},
+		{Cmd: "counterfactuals_(renewal_pending", Want: `(?m)^cfguard_counterfactuals_measured_total\{result="kept"\} 0$[\s\S]*^cfguard_counterfactuals_renewal_pending [1-9][0-9]*$[\s\S]*^cfguard_counterfactuals_unconfirmed [1-9][0-9]*$`},
 	},
 	"CfguardIngestStalled": {
 		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
@@ -96,10 +97,10 @@ var runbookNotRun = map[string]string{
 // (CfguardTopicReset), a deleted events topic (CfguardOutboxBacklog; the test then creates it
 // and the backlog drains). CfguardCheckpointFailing's and CfguardIngestStalled's run in the
 // child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
-// records wait in the topic (runbookInChild). CfguardRenewalBehind's run against the drifted
-// daemon, whose renewals are done: its commands are checked to run and print the healthy values
-// (an empty backlog). curl, kcat, jq and df run for real; the test skips when one is
-// missing unless CFGUARD_REQUIRE_TOOLS=1.
+// records wait in the topic (runbookInChild). CfguardRenewalBehind's run against a daemon whose
+// confirmers are held after a drift lapsed its certificates (behindDaemon); released, its
+// backlog empties. curl, kcat, jq and df run for real; the test skips when one is missing unless
+// CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	runbooktest.Tools(t, false)
 	sections := runbooktest.Sections(t, runbookPath)
@@ -133,6 +134,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	quality := driftedDaemon(t, 1e-6, 256, 256, 0)
 	reset := resetDaemon(t)
 	backlog := outboxDaemon(t)
+	behind, release := behindDaemon(t)
 	for _, s := range run {
 		st := invalidated
 		switch s.Name {
@@ -144,6 +146,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = reset
 		case "CfguardOutboxBacklog":
 			st = backlog
+		case "CfguardRenewalBehind":
+			st = behind
 		}
 		if runbookInChild[s.Name] {
 			t.Logf("%s: run by TestCheckpointFailureChild, in the alert's state", s.Name)
@@ -155,6 +159,12 @@ func TestRunbookCommandsRun(t *testing.T) {
 	createTopic(t, backlog.r.d.BrokerAddrs(), backlog.r.d.cfg.Kafka.EventsTopic)
 	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the events topic exists again", func() bool {
 		return backlog.r.metric(t, "cfguard_events_pending") == 0
+	})
+	// CfguardRenewalBehind's condition ends once the confirmers get the CPU they lacked: the
+	// backlog empties, each lapsed certificate renewed or judged.
+	release()
+	waitfor.Cond(t, 60*time.Second, "the renewal backlog to empty once the confirmers run", func() bool {
+		return behind.r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
 	})
 	// The runbook's DELETE removed the invalidated CE the re-issue was for.
 	if _, err := invalidated.r.d.ledger.Get(invalidated.id); err == nil {
@@ -212,6 +222,37 @@ func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Sta
 		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
 		"/ID", "/"+page[0].ID,
 	)}
+}
+
+// behindDaemon is a daemon whose confirmers are held before their first round, as a starved CPU
+// holds them, while flipped records lapse the certificates of its 8 CEs: the renewal backlog
+// stays (CfguardRenewalBehind), its CEs certified with renewal_pending. release lets the
+// confirmers run.
+func behindDaemon(t *testing.T) (st *runbookState, release func()) {
+	t.Helper()
+	held := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release)
+	r := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, 1e-3) }), func(o *Options) {
+		o.confirmRound = func(ctx context.Context) {
+			select {
+			case <-held:
+			case <-ctx.Done():
+			}
+		}
+	}, nil)
+	data := bundled(t)
+	registerCEs(t, r, data, 8)
+	r.produce(t, flipped(data, 128)...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and certificates lapsed, waiting for the confirmers", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == 128 && r.metric(t, "cfguard_counterfactuals_renewal_pending") > 0
+	})
+	return &runbookState{r: r, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+	)}, release
 }
 
 // runbookInChild are the sections whose state is a ledger that cannot be written: the child
