@@ -220,6 +220,52 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 	}
 }
 
+// TestDiverged: an entry the chain did not accept says the chain diverged from its writer's only
+// when it comes after an entry the chain does not have (seq past head + 1), while the chain
+// follows: losers, duplicates and late appends of a fenced writer (seq <= head + 1) do not.
+func TestDiverged(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1) // the head's successor, refused by this reader
+	i2 := l.increment(l.value(i1), i1, 1, "a/1", 20, 0.2)
+	at := func(seq uint64) *Entry { e := *i2; e.Seq = seq; return &e }
+	for _, tc := range []struct {
+		name    string
+		e       *Entry
+		stuck   bool
+		diverge bool
+	}{
+		{"a stale claim on the genesis", l.claim(gv, g, 1, "b/1"), false, false},
+		{"a rival successor of the head", l.claim(c1v, c1, 2, "b/1"), false, false},
+		{"an entry built on the refused successor", i2, false, true},
+		{"two entries past the head", at(4), false, true},
+		{"built on the refused successor, chain stopped already", i2, true, false},
+	} {
+		c := NewChain(testKeys())
+		if err := c.Diverged(i2); err != nil {
+			t.Errorf("%s: before the genesis: %v", tc.name, err)
+		}
+		for i, v := range [][]byte{gv, c1v} {
+			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
+				t.Fatalf("setup record %d: %s", i, r)
+			}
+		}
+		if tc.stuck {
+			c.Halt()
+		}
+		switch err := c.Diverged(tc.e); {
+		case tc.diverge && !errors.Is(err, ErrDiverged):
+			t.Errorf("%s: Diverged = %v, want ErrDiverged", tc.name, err)
+		case tc.diverge && !strings.Contains(err.Error(), "entry "+strconv.FormatUint(tc.e.Seq, 10)+" (term 1, writer a/1)"):
+			t.Errorf("%s: %v does not name the entry", tc.name, err)
+		case !tc.diverge && err != nil:
+			t.Errorf("%s: Diverged = %v, want nil", tc.name, err)
+		}
+	}
+}
+
 func TestUnknownFormatStops(t *testing.T) {
 	c := NewChain(testKeys())
 	if _, _, err := c.Offer(signed(0, []byte(`{"format":2,"kind":"genesis"}`))); !errors.Is(err, ErrUnknownFormat) {

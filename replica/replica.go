@@ -437,8 +437,13 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 			if r.chain.Stuck() == nil {
 				r.chain.Block(rec)
 			}
-			r.stopped = fmt.Errorf("%w (offset %d of %s; once every replica runs a build that reads it, or after cfguard new-epoch "+
-				"moves the log past it, the replicas resume: see docs/RUNBOOK.md)", err, rec.Offset, r.plog.Topic())
+			recovery := "once every replica runs a build that reads it, or after cfguard new-epoch moves the log past it, the replicas resume"
+			if errors.Is(err, postlog.ErrDiverged) {
+				recovery = "if the other replicas follow on, this one alone refused the entry: stop it, move its state_dir aside and start it, " +
+					"and it rebuilds its ledger from the log and the CE topic; if every replica stopped here, a holder of the cluster key " +
+					"wrote these entries: cfguard new-epoch --head-from <a stopped replica's URL> moves the log past them"
+			}
+			r.stopped = fmt.Errorf("%w (offset %d of %s; %s: see docs/RUNBOOK.md, CfguardPosteriorLogStopped)", err, rec.Offset, r.plog.Topic(), recovery)
 			r.read = rec.Offset + 1
 			close(r.changed)
 			r.changed = make(chan struct{})
@@ -467,6 +472,9 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.m.Ignored.WithLabelValues(string(reason)).Inc()
 		if e != nil {
 			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "writer", e.Writer)
+			if err := c.Diverged(e); err != nil {
+				return err
+			}
 		}
 		r.advance(rec.Offset+1, nil, nil)
 		return nil

@@ -48,14 +48,16 @@ type logState struct {
 	authentic, forged int
 }
 
-// playLog plays the log's records below end.
-func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, end int64) (*logState, error) {
+// playLog plays the log's records below end, checking increments' coverage against inputTopic's
+// ends as a replica does.
+func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, end int64, inputTopic string) (*logState, error) {
 	rd, err := plog.Read(0)
 	if err != nil {
 		return nil, err
 	}
 	defer rd.Close()
 	st := &logState{chain: postlog.NewChain(keys)}
+	var ends map[int]int64
 	for next := int64(0); next < end; {
 		rec, err := rd.Next(ctx)
 		if err != nil {
@@ -76,7 +78,23 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 			continue
 		}
 		st.authentic++
+		if reason == postlog.Accepted && e.Kind == postlog.Increment && postlog.CheckCoverage(e.Covers, ends) != nil {
+			if ends, err = plog.InputEnds(ctx, inputTopic); err != nil {
+				return nil, err
+			}
+			if postlog.CheckCoverage(e.Covers, ends) != nil {
+				reason = postlog.PastEnd // every replica refuses it
+			}
+		}
 		if reason != postlog.Accepted {
+			if e == nil {
+				continue
+			}
+			if err := st.chain.Diverged(e); err != nil {
+				// Every replica that refused the entry this one follows stops here.
+				st.chain.Block(rec)
+				st.stopped = err
+			}
 			continue
 		}
 		m := st.model
@@ -150,7 +168,7 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	st, err := playLog(ctx, plog, keys, end)
+	st, err := playLog(ctx, plog, keys, end, cfg.Kafka.Topic)
 	if err != nil {
 		return err
 	}
@@ -227,7 +245,7 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	after, err := playLog(ctx, plog, keys, newEnd)
+	after, err := playLog(ctx, plog, keys, newEnd, cfg.Kafka.Topic)
 	if err != nil {
 		return err
 	}

@@ -165,6 +165,15 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		if reason != postlog.Accepted {
 			rep.Ignored[string(reason)]++
+			if e == nil {
+				continue
+			}
+			if err := chain.Diverged(e); err != nil {
+				// The replicas that refused the entry this one follows stop here until a new
+				// epoch moves past it.
+				chain.Block(rec)
+				rep.Stopped = append(rep.Stopped, verifyProblem{Offset: rec.Offset, Why: err.Error()})
+			}
 			continue
 		}
 		rep.Entries++

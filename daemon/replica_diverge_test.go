@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// TestReplicaOffAnEntryTheLogExtendsStops: a replica refuses an increment that covers input
+// records past the topic's end; when the log then holds an entry built on that increment, its
+// writer accepted what this replica refused, and the replica's head is one the log has left. It
+// stops following (/readyz 503 naming the entry and the recovery, cfguard_posterior_log_stopped 1,
+// CfguardPosteriorLogStopped) instead of ignoring every later entry while ready, and keeps
+// serving the posterior it verified.
+func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
+	t.Parallel() // mostly waits for its replica
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r := startReplicaKey(t, b, "r1", key)
+	n := produceRows(t, r, bundled(t), 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
+	before := r.view(t)
+
+	h := r.d.rep.Head()
+	skipped := func(seq uint64, parent string) *postlog.Entry {
+		return &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: seq, Parent: parent, Term: h.Term, Writer: h.Writer,
+			Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: map[int]int64{0: h.Covers[0] + 32},
+			Outcome: postlog.Skipped, Counts: &postlog.Counts{}, PosteriorSHA256: h.PosteriorSHA256}
+	}
+	plog := keyHolderLog(t, r)
+	past := appendEntry(t, plog, skipped(h.Seq+1, h.Hash))
+	waitfor.Cond(t, 60*time.Second, "the entry past the input's end refused", func() bool {
+		return r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end") == 1
+	})
+	if code, body := r.get(t, "/readyz"); code != http.StatusOK {
+		t.Fatalf("after one refused entry: /readyz %d %s; want ready (the updater's next entry takes its place)", code, body)
+	}
+	appendEntry(t, plog, skipped(h.Seq+2, past))
+	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "extends an entry this chain does not have") &&
+			r.metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	_, body := r.get(t, "/readyz")
+	for _, want := range []string{fmt.Sprintf("entry %d (", h.Seq+2), fmt.Sprintf("head, entry %d,", h.Seq), "move its state_dir aside", "new-epoch --head-from"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/readyz does not say %q: %s", want, body)
+		}
+	}
+	if after := r.view(t); after.Version != before.Version || after.Replication.Entry != before.Replication.Entry {
+		t.Errorf("the stopped replica serves version %d entry %d; want what it verified: version %d entry %d",
+			after.Version, after.Replication.Entry, before.Version, before.Replication.Entry)
+	}
+}
