@@ -36,8 +36,9 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 			r.metric(t, "cfguard_posterior_log_stopped") == 1
 	})
 	// While the log is short and after, the updater waits in its generation: one that ended at
-	// once would be joined again at once, thousands of times in the 10 s before the halt.
-	if g := r.metric(t, "cfguard_updater_group_generations_total") - generations; g > 2 {
+	// once would be joined again at once, thousands of times in the 10 s before the halt. A few
+	// are allowed: a process starved past its session timeout rejoins.
+	if g := r.metric(t, "cfguard_updater_group_generations_total") - generations; g > 10 {
 		t.Errorf("the updater group went through %v generations while the log was short; want the updater to keep its own", g)
 	}
 	after := r.view(t)
