@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
 )
 
 // TestReplicaOffAnEntryTheLogExtendsStops: a replica refuses an increment that covers input
@@ -16,7 +18,7 @@ import (
 // writer accepted what this replica refused, and the replica's head is one the log has left. It
 // stops following (/readyz 503 naming the entry and the recovery, cfguard_posterior_log_stopped 1,
 // CfguardPosteriorLogStopped) instead of ignoring every later entry while ready, and keeps
-// serving the posterior it verified.
+// serving the posterior it verified until a new epoch moves past the entry.
 func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 	t.Parallel() // mostly waits for its replica
 	b := startCluster(t, 1)
@@ -40,14 +42,20 @@ func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 	if code, body := r.get(t, "/readyz"); code != http.StatusOK {
 		t.Fatalf("after one refused entry: /readyz %d %s; want ready (the updater's next entry takes its place)", code, body)
 	}
-	appendEntry(t, plog, skipped(h.Seq+2, past))
+	child := skipped(h.Seq+2, past)
+	childHash := appendEntry(t, plog, child)
+	childOffset, err := plog.End(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	childOffset-- // the updater appends nothing meanwhile: no record waits
 	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
 		code, body := r.get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "extends an entry this chain does not have") &&
 			r.metric(t, "cfguard_posterior_log_stopped") == 1
 	})
 	_, body := r.get(t, "/readyz")
-	for _, want := range []string{fmt.Sprintf("entry %d (", h.Seq+2), fmt.Sprintf("head, entry %d,", h.Seq), "move its state_dir aside", "new-epoch --head-from"} {
+	for _, want := range []string{fmt.Sprintf("entry %d (", h.Seq+2), fmt.Sprintf("head, entry %d,", h.Seq), "move its state_dir aside", "cfguard new-epoch moves the log past them"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/readyz does not say %q: %s", want, body)
 		}
@@ -56,4 +64,24 @@ func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 		t.Errorf("the stopped replica serves version %d entry %d; want what it verified: version %d entry %d",
 			after.Version, after.Replication.Entry, before.Version, before.Replication.Entry)
 	}
+
+	// The recovery when every replica stopped there: a new epoch after the head they kept, moving
+	// past the entry they stopped at, as cfguard new-epoch writes it (cmd/cfguard
+	// TestNewEpochMovesPastAnEntryBuiltOnARefusedOne).
+	eb, err := postlog.NewBody(r.d.current())
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings, err := replica.ClusterSettings(r.d.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
+		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
+		PosteriorSHA256: h.PosteriorSHA256, Body: eb, Settings: settings, Epoch: h.Epoch + 1,
+		Past: &postlog.Past{Offset: childOffset, SHA256: childHash}})
+	waitfor.Cond(t, 60*time.Second, "the replica resumed from the epoch", func() bool {
+		code, _ := r.get(t, "/readyz")
+		return code == http.StatusOK && r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.view(t).Replication.Entry == h.Seq+1
+	})
 }

@@ -441,7 +441,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 			if errors.Is(err, postlog.ErrDiverged) {
 				recovery = "if the other replicas follow on, this one alone refused the entry: stop it, move its state_dir aside and start it, " +
 					"and it rebuilds its ledger from the log and the CE topic; if every replica stopped here, a holder of the cluster key " +
-					"wrote these entries: cfguard new-epoch --head-from <a stopped replica's URL> moves the log past them"
+					"wrote these entries: cfguard new-epoch moves the log past them"
 			}
 			r.stopped = fmt.Errorf("%w (offset %d of %s; %s: see docs/RUNBOOK.md, CfguardPosteriorLogStopped)", err, rec.Offset, r.plog.Topic(), recovery)
 			r.read = rec.Offset + 1
