@@ -180,18 +180,20 @@ func (c *Chain) Stuck() *Past { return c.stuck }
 // ErrDiverged is wrapped by Diverged's errors.
 var ErrDiverged = errors.New("postlog: the log extends an entry this chain does not have")
 
-// Diverged returns an error wrapping ErrDiverged when e, an authenticated entry the chain did not
-// accept, comes after an entry the chain does not have: e.Seq > head.Seq + 1, while the chain
-// follows. A writer appends only on the head it accepted, after reading the log up to it, so the
-// writer of e accepted an entry after the head that this chain's reader read and judged
-// otherwise. The acceptance rule is a function of the log, so such a split comes from the one
-// judgement that is not: the coverage check (CheckCoverage), which asks the input topic's ends
-// as each reader sees them. A reader that went on would ignore every later entry of the log; it
-// blocks at e instead, so that a new epoch can move past it.
-func (c *Chain) Diverged(e *Entry) error {
-	if c.head == nil || c.stuck != nil || e.Seq <= c.head.Seq+1 {
+// Diverged reports, with an error wrapping ErrDiverged, whether e, the authenticated entry of rec
+// that the chain did not accept, comes after an entry the chain does not have: e.Seq > head.Seq +
+// 1, while the chain follows; it then blocks the chain at rec (Block), so that only a new epoch
+// moving past rec is accepted. A writer appends only on the head it accepted, after reading the
+// log up to it, so the writer of e accepted an entry after the head that this chain's reader read
+// and judged otherwise. The acceptance rule is a function of the log, so such a split comes from
+// the one judgement that is not: the coverage check (CheckCoverage), which asks the input topic's
+// ends as each reader sees them. A reader that went on would ignore every later entry of the log.
+// A nil e (a record that is not an entry) never diverges.
+func (c *Chain) Diverged(rec Record, e *Entry) error {
+	if e == nil || c.head == nil || c.stuck != nil || e.Seq <= c.head.Seq+1 {
 		return nil
 	}
+	c.Block(rec)
 	return fmt.Errorf("%w: entry %d (term %d, writer %s) follows an entry after this reader's head, entry %d, that the reader "+
 		"judged otherwise (a reader refuses an increment whose coverage passes the input topic's end as it sees it, and logs it)",
 		ErrDiverged, e.Seq, e.Term, e.Writer, c.head.Seq)

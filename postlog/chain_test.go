@@ -26,6 +26,16 @@ func signed(offset int64, value []byte) Record {
 	return Record{Offset: offset, Value: value, Auth: Sign(testKeys(), value)}
 }
 
+// acceptAll offers vals to c at offsets 0, 1, ..., failing the test unless each is accepted.
+func acceptAll(t *testing.T, c *Chain, vals ...[]byte) {
+	t.Helper()
+	for i, v := range vals {
+		if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
+			t.Fatalf("setup record %d: %s", i, r)
+		}
+	}
+}
+
 // testLog builds a chain's records as a writer would, from a small real model.
 type testLog struct {
 	t      *testing.T
@@ -159,11 +169,7 @@ func TestFencing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		c := NewChain(testKeys())
-		for i, v := range [][]byte{gv, c1v} {
-			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
-				t.Fatalf("setup record %d: %s", i, r)
-			}
-		}
+		acceptAll(t, c, gv, c1v)
 		if _, r, err := c.Offer(signed(2, l.value(tc.e))); err != nil || r != tc.want {
 			t.Errorf("%s: %s, %v, want %s", tc.name, r, err, tc.want)
 		}
@@ -190,11 +196,7 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 		{"wrong parent hash", func(e *Entry) { e.Parent = e.Parent[:63] + "0" }},
 	} {
 		c := NewChain(testKeys())
-		for i, v := range [][]byte{gv, c1v, i1v} {
-			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
-				t.Fatalf("setup record %d: %s", i, r)
-			}
-		}
+		acceptAll(t, c, gv, c1v, i1v)
 		e := l.increment(i1v, i1, 1, "a/1", 20, 0.2)
 		tc.edit(e)
 		if _, r, _ := c.Offer(signed(3, l.value(e))); r == Accepted {
@@ -244,24 +246,22 @@ func TestDiverged(t *testing.T) {
 		{"built on the refused successor, chain stopped already", i2, true, false},
 	} {
 		c := NewChain(testKeys())
-		if err := c.Diverged(i2); err != nil {
+		if err := c.Diverged(signed(2, l.value(i2)), i2); err != nil {
 			t.Errorf("%s: before the genesis: %v", tc.name, err)
 		}
-		for i, v := range [][]byte{gv, c1v} {
-			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
-				t.Fatalf("setup record %d: %s", i, r)
-			}
-		}
+		acceptAll(t, c, gv, c1v)
 		if tc.stuck {
 			c.Halt()
 		}
-		switch err := c.Diverged(tc.e); {
+		switch err := c.Diverged(signed(2, l.value(tc.e)), tc.e); {
 		case tc.diverge && !errors.Is(err, ErrDiverged):
 			t.Errorf("%s: Diverged = %v, want ErrDiverged", tc.name, err)
 		case tc.diverge && !strings.Contains(err.Error(), "entry "+strconv.FormatUint(tc.e.Seq, 10)+" (term 1, writer a/1)"):
 			t.Errorf("%s: %v does not name the entry", tc.name, err)
 		case !tc.diverge && err != nil:
 			t.Errorf("%s: Diverged = %v, want nil", tc.name, err)
+		case tc.diverge && (c.Stuck() == nil || c.Stuck().Offset != 2):
+			t.Errorf("%s: the chain is stopped at %+v, want at the diverging record (offset 2)", tc.name, c.Stuck())
 		}
 	}
 }
@@ -347,11 +347,7 @@ func TestUnauthenticatedRecordsAreRefused(t *testing.T) {
 		{"an entry of an unknown format", Record{Value: []byte(`{"format":99,"kind":"genesis"}`)}},
 	} {
 		c := NewChain(testKeys())
-		for i, v := range [][]byte{gv, c1v, i1v} {
-			if _, r, _ := c.Offer(signed(int64(i), v)); r != Accepted {
-				t.Fatalf("setup record %d: %s", i, r)
-			}
-		}
+		acceptAll(t, c, gv, c1v, i1v)
 		before := *c.Head()
 		tc.rec.Offset = 3
 		if e, r, err := c.Offer(tc.rec); r != Unauthenticated || err != nil || e != nil {

@@ -472,8 +472,8 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.m.Ignored.WithLabelValues(string(reason)).Inc()
 		if e != nil {
 			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "writer", e.Writer)
-			if err := c.Diverged(e); err != nil {
-				return err
+			if err := c.Diverged(rec, e); err != nil {
+				return err // the follower stops, blocking its chain at rec
 			}
 		}
 		r.advance(rec.Offset+1, nil, nil)

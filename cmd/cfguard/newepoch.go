@@ -48,6 +48,29 @@ type logState struct {
 	authentic, forged int
 }
 
+// inputEnds are the input topic's end offsets as last asked. They only grow, so they are asked
+// again only when an increment covers more than they did, as a replica asks them
+// (replica.checkCoverage).
+type inputEnds struct {
+	plog  *postlog.Log
+	topic string
+	ends  map[int]int64
+}
+
+// check returns nil when covers is within the input's ends, an error wrapping postlog.ErrPastEnd
+// when it passes them as the broker gives them now, or the broker's error.
+func (in *inputEnds) check(ctx context.Context, covers map[int]int64) error {
+	if postlog.CheckCoverage(covers, in.ends) == nil {
+		return nil
+	}
+	ends, err := in.plog.InputEnds(ctx, in.topic)
+	if err != nil {
+		return err
+	}
+	in.ends = ends
+	return postlog.CheckCoverage(covers, ends)
+}
+
 // playLog plays the log's records below end, checking increments' coverage against inputTopic's
 // ends as a replica does.
 func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, end int64, inputTopic string) (*logState, error) {
@@ -57,7 +80,7 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 	}
 	defer rd.Close()
 	st := &logState{chain: postlog.NewChain(keys)}
-	var ends map[int]int64
+	ends := &inputEnds{plog: plog, topic: inputTopic}
 	for next := int64(0); next < end; {
 		rec, err := rd.Next(ctx)
 		if err != nil {
@@ -78,22 +101,17 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 			continue
 		}
 		st.authentic++
-		if reason == postlog.Accepted && e.Kind == postlog.Increment && postlog.CheckCoverage(e.Covers, ends) != nil {
-			if ends, err = plog.InputEnds(ctx, inputTopic); err != nil {
-				return nil, err
-			}
-			if postlog.CheckCoverage(e.Covers, ends) != nil {
+		if reason == postlog.Accepted && e.Kind == postlog.Increment {
+			switch err := ends.check(ctx, e.Covers); {
+			case errors.Is(err, postlog.ErrPastEnd):
 				reason = postlog.PastEnd // every replica refuses it
+			case err != nil:
+				return nil, err
 			}
 		}
 		if reason != postlog.Accepted {
-			if e == nil {
-				continue
-			}
-			if err := st.chain.Diverged(e); err != nil {
-				// Every replica that refused the entry this one follows stops here.
-				st.chain.Block(rec)
-				st.stopped = err
+			if err := st.chain.Diverged(rec, e); err != nil {
+				st.stopped = err // every replica that refused the entry this one follows stops here
 			}
 			continue
 		}

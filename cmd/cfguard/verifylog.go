@@ -112,10 +112,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer rd.Close()
-	ends, err := plog.InputEnds(ctx, cfg.Kafka.Topic)
-	if err != nil {
-		return err
-	}
+	ends := &inputEnds{plog: plog, topic: cfg.Kafka.Topic}
 	v := &verifier{cfg: cfg, conn: conn, budget: certify.KLBudget(cfg.Certify.Delta)}
 	defer v.close()
 	rep := verifyReport{Ignored: map[string]int{}, Unauthenticated: []verifyProblem{}, Stopped: []verifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
@@ -146,15 +143,16 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		if reason == postlog.Accepted && e.Kind == postlog.Increment && postlog.CheckCoverage(e.Covers, ends) != nil {
-			// The input may have grown since the start: ask again before calling it a mismatch.
-			if ends, err = plog.InputEnds(ctx, cfg.Kafka.Topic); err != nil {
-				return err
-			}
-			if err := postlog.CheckCoverage(e.Covers, ends); err != nil {
+		if reason == postlog.Accepted && e.Kind == postlog.Increment {
+			// The input may have grown since the last entry: check asks again before calling it a
+			// mismatch.
+			switch err := ends.check(ctx, e.Covers); {
+			case errors.Is(err, postlog.ErrPastEnd):
 				// Every replica refuses it too: it never becomes the head.
 				rep.Mismatches = append(rep.Mismatches, verifyProblem{Seq: e.Seq, Offset: rec.Offset, Why: err.Error()})
 				reason = postlog.PastEnd
+			case err != nil:
+				return err
 			}
 		}
 		if reason == postlog.Accepted {
@@ -165,13 +163,9 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		if reason != postlog.Accepted {
 			rep.Ignored[string(reason)]++
-			if e == nil {
-				continue
-			}
-			if err := chain.Diverged(e); err != nil {
+			if err := chain.Diverged(rec, e); err != nil {
 				// The replicas that refused the entry this one follows stop here until a new
 				// epoch moves past it.
-				chain.Block(rec)
 				rep.Stopped = append(rep.Stopped, verifyProblem{Offset: rec.Offset, Why: err.Error()})
 			}
 			continue

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -24,16 +25,13 @@ import (
 // of the cluster key (or a forger) would, and a replica's configuration file for it.
 type testLog struct {
 	t      *testing.T
-	b      brokerAddrs
+	b      *broker.Broker
 	plog   *postlog.Log
 	prev   []byte // the last accepted entry's value
 	seq    uint64
 	sha    string
 	config string
 }
-
-// brokerAddrs is what testLog needs of a broker.
-type brokerAddrs interface{ Addrs() []string }
 
 // newTestLog opens cfguard.posterior on a new broker with a genesis and a claim of term 1 by
 // r1/1 accepted.
