@@ -206,6 +206,7 @@ type putPlan struct {
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
+	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
 }
 
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
@@ -416,8 +417,24 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			return err
 		}
 		bd := body{created: ce.CreatedAt.UnixNano(), x: ce.X, xcf: ce.XCF}
+		var state *CE
+		if p.states != nil {
+			state = p.states[i]
+		}
+		if state != nil {
+			bd.history = state.History
+		}
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
+		}
+		if state != nil && h.status != state.Status {
+			// Judged here at its anchor's KL, the CE's status is not the one its previous owner left.
+			kl := p.kl[h.anchor]
+			b := l.opts.Policy.Bounds(h.certificate(), kl)
+			if err := w.recordChange(id, StatusChange{From: state.Status, To: h.status, PosteriorVersion: p.cur.version,
+				KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper}); err != nil {
+				return err
+			}
 		}
 		if q := tx.Bucket(bQuarantine); q != nil && q.Get(id) != nil { // registered again
 			if err := q.Delete(id); err != nil {
@@ -548,40 +565,9 @@ func (l *Ledger) Delete(id string) error {
 
 // load decodes the CE stored under id, with its derived bounds from the anchor's KL.
 func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
-	p, ok := unseal(id, rawHdr)
-	if !ok {
-		return nil, corruptf("counterfactual %q: header checksum mismatch", id)
-	}
-	h, err := decodeHeader(p)
+	ce, h, err := loadStored(tx, id, rawHdr)
 	if err != nil {
-		return nil, inRecord(err, "counterfactual %q: header", id)
-	}
-	braw, err := getSealed(tx.Bucket(bBodies), id, "body")
-	if err == nil && braw == nil {
-		err = corruptf("body is missing")
-	}
-	if err != nil {
-		return nil, inRecord(err, "counterfactual %q", id)
-	}
-	bd, err := decodeBody(braw, true)
-	if err != nil {
-		return nil, inRecord(err, "counterfactual %q", id)
-	}
-	ce := &CE{ID: string(id), X: bd.x, XCF: bd.xcf, Target: h.target, AnchorVersion: h.anchor, P1: h.p1, Var1: h.var1,
-		Samples: h.samples, Delta: h.delta, Epsilon: h.epsilon, Status: h.status,
-		CreatedAt: time.Unix(0, bd.created).UTC(), UpdatedAt: time.Unix(0, h.updated).UTC(), History: bd.history,
-	}
-	if h.confirmed {
-		cv := h.cv
-		ce.ConfirmedVersion = &cv
-		if h.carry {
-			b := float64(h.cbound)
-			ce.VerdictBound = &b
-		}
-	}
-	for i := range ce.History {
-		ce.History[i].ID = ce.ID
-		ce.History[i].Renewal = ce.History[i].From == certify.Certified && ce.History[i].To == certify.Certified
+		return nil, err
 	}
 	if h.status != certify.Uncertified {
 		a, ok, err := readAnchor(tx, h.anchor)
@@ -600,6 +586,47 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	}
 	ce.Decided, ce.RenewalPending, ce.VerdictPending = d.decided, d.renewalPending, d.verdictPending
 	return ce, nil
+}
+
+// loadStored decodes what is stored of the CE under id: its record without the bounds and the
+// decision derived from the current posterior.
+func loadStored(tx *bolt.Tx, id, rawHdr []byte) (*CE, header, error) {
+	p, ok := unseal(id, rawHdr)
+	if !ok {
+		return nil, header{}, corruptf("counterfactual %q: header checksum mismatch", id)
+	}
+	h, err := decodeHeader(p)
+	if err != nil {
+		return nil, h, inRecord(err, "counterfactual %q: header", id)
+	}
+	braw, err := getSealed(tx.Bucket(bBodies), id, "body")
+	if err == nil && braw == nil {
+		err = corruptf("body is missing")
+	}
+	if err != nil {
+		return nil, h, inRecord(err, "counterfactual %q", id)
+	}
+	bd, err := decodeBody(braw, true)
+	if err != nil {
+		return nil, h, inRecord(err, "counterfactual %q", id)
+	}
+	ce := &CE{ID: string(id), X: bd.x, XCF: bd.xcf, Target: h.target, AnchorVersion: h.anchor, P1: h.p1, Var1: h.var1,
+		Samples: h.samples, Delta: h.delta, Epsilon: h.epsilon, Status: h.status,
+		CreatedAt: time.Unix(0, bd.created).UTC(), UpdatedAt: time.Unix(0, h.updated).UTC(), History: bd.history,
+	}
+	if h.confirmed {
+		cv := h.cv
+		ce.ConfirmedVersion = &cv
+		if h.carry {
+			b := float64(h.cbound)
+			ce.VerdictBound = &b
+		}
+	}
+	for i := range ce.History {
+		ce.History[i].ID = ce.ID
+		ce.History[i].Renewal = ce.History[i].From == certify.Certified && ce.History[i].To == certify.Certified
+	}
+	return ce, h, nil
 }
 
 // decision is what a CE's status says it knows (CE.Decided, CE.RenewalPending,

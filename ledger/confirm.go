@@ -601,14 +601,21 @@ func (h *header) confirm(v uint64, e *certify.Evidence, alpha float64) {
 	if !ok {
 		return
 	}
+	h.carry, h.cbound = true, carryBound(h.status, b)
+}
+
+// carryBound is the verdict bound b of a CE of the given status rounded to float32 away from
+// the side of 1/2 it proves (down for at_risk, up for invalidated), so that the rounded bound
+// carries the verdict no further than b does.
+func carryBound(status certify.Status, b float64) float32 {
 	f := float32(b)
 	switch {
-	case h.status == certify.AtRisk && float64(f) > b:
+	case status == certify.AtRisk && float64(f) > b:
 		f = math.Nextafter32(f, 0)
-	case h.status == certify.Invalidated && float64(f) < b:
+	case status == certify.Invalidated && float64(f) < b:
 		f = math.Nextafter32(f, 1)
 	}
-	h.carry, h.cbound = true, f
+	return f
 }
 
 // unconfirm clears the CE's verdict (a status the bound alone decided).

@@ -207,6 +207,7 @@ type writeTx struct {
 	outSeq   uint64
 	outDirty bool
 	idx      [3][]idxOp
+	states   stateSet // CEs whose state this transaction changed (Options.EncodeState)
 }
 
 // idxOp is one pending index change: put key (with val, the payload to seal) or delete it.
@@ -279,6 +280,9 @@ func (w *writeTx) putHeader(id []byte, old, h *header) error {
 		return err
 	}
 	w.moveIndex(id, old, h)
+	if old != nil {
+		w.states.add(id)
+	}
 	return nil
 }
 
@@ -407,6 +411,7 @@ func (w *writeTx) recordHistory(id []byte, ch *StatusChange) error {
 		return inRecord(err, "counterfactual %q", id)
 	}
 	bd.history = appendHistory(bd.history, *ch)
+	w.states.add(id)
 	return putSealed(bodies, id, bd.encode())
 }
 
@@ -434,6 +439,9 @@ func (w *writeTx) finish() error {
 // finishNoGen is finish for a transaction that changed no CE and no posterior.
 func (w *writeTx) finishNoGen() error {
 	if err := w.decideChanges(); err != nil {
+		return err
+	}
+	if err := w.enqueueStates(); err != nil {
 		return err
 	}
 	if err := w.applyIndex(); err != nil {

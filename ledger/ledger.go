@@ -55,6 +55,13 @@ type Options struct {
 	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
 	// transaction. Nil: status changes are not put in the outbox.
 	EncodeChange func(StatusChange) OutboxEntry
+	// EncodeState, when set, turns the state of each stored CE a transaction changes (its
+	// header or its history: a status change, a renewal, a verdict) into an outbox entry of
+	// StreamStates written in the same transaction, after its status changes: the CE as the
+	// transaction leaves it, without the bounds and decision derived from the current posterior.
+	// A replica publishes them to its CE state topic, from which a later owner of the CE's
+	// partition restores it (ShareOp.State). Nil: states are not put in the outbox.
+	EncodeState func(*CE) (OutboxEntry, error)
 	// RequestWindow is how long the outcome of a request with a request id is kept
 	// (ApplyShare, PutRequests): a request that arrives again within it is not applied again.
 	// Default: DefaultRequestWindow.

@@ -446,19 +446,33 @@ func decodeKLEntry(k, v []byte) (KLEntry, error) {
 		MaxAnchorKL: math.Float64frombits(binary.BigEndian.Uint64(v[24:])), Outcome: o}, nil
 }
 
-// OutboxEntry is one event waiting to be published: a message key and value, with the sequence
-// number the ledger gave it (increasing, never reused).
+// OutboxEntry is one message waiting to be published: a message key and value, the stream it
+// goes to, and the sequence number the ledger gave it (increasing, never reused).
 type OutboxEntry struct {
-	Seq   uint64 `json:"seq"`
-	Key   string `json:"key"`
-	Value []byte `json:"value"`
+	Seq    uint64 `json:"seq"`
+	Stream Stream `json:"stream,omitempty"`
+	Key    string `json:"key"`
+	Value  []byte `json:"value"`
 }
+
+// Stream is where an outbox entry is published.
+type Stream uint8
+
+const (
+	// StreamEvents: the events topic (status changes, posterior events).
+	StreamEvents Stream = 0
+	// StreamStates: the CE state topic of a replica (Options.EncodeState).
+	StreamStates Stream = 1
+)
 
 // maxOutboxKey bounds an outbox entry's key.
 const maxOutboxKey = 1 << 12
 
+// An outbox entry's payload is uvarint(len(key) | stream << 32), the key, the value. Entries
+// of StreamEvents read as before streams existed (the stream bits are 0); a cfguard that
+// predates streams refuses a StreamStates entry ("key length").
 func (e *OutboxEntry) encode() []byte {
-	v := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(e.Key)+len(e.Value)), uint64(len(e.Key)))
+	v := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(e.Key)+len(e.Value)), uint64(len(e.Key))|uint64(e.Stream)<<32)
 	return append(append(v, e.Key...), e.Value...)
 }
 
@@ -467,10 +481,14 @@ func decodeOutboxEntry(k, v []byte) (OutboxEntry, error) {
 		return OutboxEntry{}, corruptf("key of %d bytes", len(k))
 	}
 	n, p := uvarint(v)
-	if p <= 0 || n > maxOutboxKey || n > uint64(len(v)-p) {
+	stream := n >> 32
+	if n &= 1<<32 - 1; p <= 0 || n > maxOutboxKey || n > uint64(len(v)-p) {
 		return OutboxEntry{}, corruptf("key length")
 	}
-	return OutboxEntry{Seq: binary.BigEndian.Uint64(k), Key: string(v[p : p+int(n)]),
+	if stream > uint64(StreamStates) {
+		return OutboxEntry{}, corruptf("stream %d", stream)
+	}
+	return OutboxEntry{Seq: binary.BigEndian.Uint64(k), Stream: Stream(stream), Key: string(v[p : p+int(n)]),
 		Value: append([]byte{}, v[p+int(n):]...)}, nil
 }
 

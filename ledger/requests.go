@@ -12,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 )
 
 // Requests and their outcomes. A registration or deletion that carries a request id (RID) is
@@ -73,6 +74,10 @@ type Outcome struct {
 	// Duplicate is set on an outcome returned for a request whose RID was applied before: the
 	// request was not applied again. Not stored.
 	Duplicate bool `json:"-"`
+	// State says, for a registration given its previous owner's state (ShareOp.State), what
+	// became of it: StateRestored, or why it was not used (the registration was judged as
+	// read). Not stored.
+	State string `json:"-"`
 }
 
 // ShareOp is one request of a CE-topic partition as an owner applies it (ApplyShare).
@@ -90,6 +95,11 @@ type ShareOp struct {
 	// Refuse, when set, refuses the registration with this detail without judging it (its CE
 	// could not be decoded).
 	Refuse string
+	// State is, for a registration, the CE as a previous owner of its partition left it (read
+	// from the CE state topic), nil for none: when it is a state of the registration's CE that
+	// holds (see the CE states above), the CE is stored with it; else as read. Its anchor
+	// version must be current, a live anchor or in past (else *AnchorsNeededError names it).
+	State *CE
 }
 
 // AnchorsNeededError is returned by ApplyShare when registrations were measured under
@@ -130,10 +140,11 @@ func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*b
 		need := &AnchorsNeededError{}
 		for i, op := range ops {
 			o, dup, err := l.applyOp(tx, p, op, now, past)
-			if errors.Is(err, ErrUnknownAnchor) {
+			var unknown *unknownAnchorError
+			if errors.As(err, &unknown) {
 				need.Ops = append(need.Ops, i)
-				if !slices.Contains(need.Versions, op.CE.AnchorVersion) {
-					need.Versions = append(need.Versions, op.CE.AnchorVersion)
+				if !slices.Contains(need.Versions, unknown.version) {
+					need.Versions = append(need.Versions, unknown.version)
 				}
 				continue
 			}
@@ -182,10 +193,19 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 	case op.CE == nil:
 		o.Result, err = l.deleteOne(tx, op.ID)
 	default:
-		o.Result, o.Status, o.Detail, err = l.registerOne(tx, op.CE, now, past)
+		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
 	}
 	return o, false, err
 }
+
+// unknownAnchorError is registerOne's ErrUnknownAnchor for the anchor version it lacks.
+type unknownAnchorError struct {
+	version uint64
+	err     error
+}
+
+func (e *unknownAnchorError) Error() string { return e.err.Error() }
+func (e *unknownAnchorError) Unwrap() error { return e.err }
 
 // deleteOne deletes CE id in tx (a damaged record of it is dropped from the quarantine).
 func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
@@ -203,39 +223,60 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
 	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key})
 }
 
-// registerOne judges and stores ce in tx, unless its id holds a CE already. A CE refused for
-// its anchor is ErrUnknownAnchor; one refused for another reason is OutcomeRefused.
-func (l *Ledger) registerOne(tx *bolt.Tx, ce *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail string, err error) {
+// registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
+// owner's state when state is one that holds (restored says what became of a state given). A
+// CE refused for its anchor (or its state's) is an *unknownAnchorError; one refused for another
+// reason is OutcomeRefused.
+func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail, restored string, err error) {
 	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
 		have, err := l.load(tx, []byte(ce.ID), raw)
 		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
-			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), nil
+			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), "", nil
 		}
 		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
-			return OutcomeSame, have.Status.String(), "", nil
+			return OutcomeSame, have.Status.String(), "", "", nil
 		}
-		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), nil
+		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", nil
 	}
-	plan, err := l.judgePut(tx, []*CE{ce}, now, false, past)
+	put := ce
+	if state != nil {
+		c, err := readCur(tx)
+		if err != nil {
+			return "", "", "", "", err
+		}
+		if err := l.checkState(state, ce, c.version); err != nil {
+			restored, state = "previous owner's state not used: "+err.Error(), nil
+		} else {
+			cp := *ce
+			cp.AnchorVersion, cp.P1, cp.Var1, cp.Samples = state.AnchorVersion, state.P1, state.Var1, state.Samples
+			put = &cp
+		}
+	}
+	plan, err := l.judgePut(tx, []*CE{put}, now, false, past)
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	if e := plan.errs[0]; e != nil {
 		if errors.Is(e, ErrUnknownAnchor) {
-			return "", "", "", e
+			return "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}
 		}
-		return OutcomeRefused, "", e.Error(), nil
-	}
-	if err := l.writePut(tx, plan, now); err != nil {
-		return "", "", "", err
+		return OutcomeRefused, "", e.Error(), restored, nil
 	}
 	h := &plan.headers[0]
+	if state != nil && h.status != certify.Uncertified {
+		l.restoreHeader(h, state, plan.kl[state.AnchorVersion], past)
+		plan.states = []*CE{state}
+		restored = StateRestored
+	}
+	if err := l.writePut(tx, plan, now); err != nil {
+		return "", "", "", "", err
+	}
 	ce.Status, ce.ConfirmedVersion = h.status, nil
 	if h.confirmed {
 		cv := h.cv
 		ce.ConfirmedVersion = &cv
 	}
-	return OutcomeStored, h.status.String(), "", nil
+	return OutcomeStored, h.status.String(), "", restored, nil
 }
 
 // DeleteRequest deletes CE id (a damaged record of it is dropped from the quarantine), as the

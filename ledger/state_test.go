@@ -1,0 +1,249 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// encodeStateJSON is an Options.EncodeState for tests: key = CE id, value = the CE as JSON.
+func encodeStateJSON(ce *CE) (OutboxEntry, error) {
+	v, err := json.Marshal(ce)
+	return OutboxEntry{Key: ce.ID, Value: v}, err
+}
+
+// latestStates folds l's outbox of StreamStates by CE id, the last entry of each winning, as a
+// reader of a compacted topic sees it.
+func latestStates(t *testing.T, l *Ledger) map[string]*CE {
+	t.Helper()
+	out, err := l.Outbox(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]*CE{}
+	for _, e := range out {
+		if e.Stream != StreamStates {
+			continue
+		}
+		var ce CE
+		if err := json.Unmarshal(e.Value, &ce); err != nil {
+			t.Fatal(err)
+		}
+		if ce.ID != e.Key {
+			t.Fatalf("state entry keyed %q holds %q", e.Key, ce.ID)
+		}
+		states[ce.ID] = &ce
+	}
+	return states
+}
+
+// registrations are share operations registering ces, read at the given offsets' time at.
+func registrations(ces []*CE, at time.Time) []ShareOp {
+	ops := make([]ShareOp, len(ces))
+	for i, ce := range ces {
+		c := *ce
+		c.CreatedAt = at
+		ops[i] = ShareOp{RID: fmt.Sprintf("rid-%d", i), Offset: int64(i), ID: ce.ID, CE: &c}
+	}
+	return ops
+}
+
+// A CE that moves to a new owner keeps what its previous owner learnt: the owner's ledger puts
+// each changed CE's state in its outbox, and the new owner, replaying the same registrations
+// with the latest state of each, stores every CE with its renewed certificate, its verdict and
+// its history, judged to the same status, decided as far, as at its previous owner.
+func TestStatesFollowAMovedCE(t *testing.T) {
+	owner, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
+	m0 := testModel(4)
+	install(t, owner, m0)
+	rng := rand.New(rand.NewPCG(5, 5))
+	var ces []*CE
+	for i := range 30 {
+		ce := newCE(t, m0, rng)
+		ce.ID = fmt.Sprintf("ce-%02d", i)
+		ces = append(ces, ce)
+	}
+	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := latestStates(t, owner); len(s) != 0 {
+		t.Fatalf("registrations put %d states in the outbox, want none (the CE topic holds them)", len(s))
+	}
+	// A drift that lapses Theorem 2 only (renewals), then one that fails every bound.
+	m1 := drift(m0, -0.01)
+	if _, _, err := owner.Commit(bg, &Checkpoint{Model: m1}); err != nil {
+		t.Fatal(err)
+	}
+	confirmAll(t, owner, m1, auditSamples, 11)
+	m2 := drift(m1, -1.5)
+	if _, _, err := owner.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+		t.Fatal(err)
+	}
+	// Verdicts for some: the others stay at risk, waiting to be measured.
+	if _, _, err := owner.Confirm(bg, NewModelPredictor(m2, auditSamples, 12), 12); err != nil {
+		t.Fatal(err)
+	}
+	states := latestStates(t, owner)
+	renewed, verdicts := 0, 0
+	for _, ce := range ces {
+		got, err := owner.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := states[ce.ID]
+		if s == nil {
+			t.Fatalf("%s changed (history %d) and has no state in the outbox", ce.ID, len(got.History))
+		}
+		if s.Status != got.Status || s.AnchorVersion != got.AnchorVersion || !reflect.DeepEqual(s.History, got.History) {
+			t.Fatalf("%s: latest state %+v, stored %+v", ce.ID, s, got)
+		}
+		if got.AnchorVersion != 0 {
+			renewed++
+		}
+		if got.ConfirmedVersion != nil {
+			verdicts++
+		}
+	}
+	if renewed == 0 || verdicts == 0 || verdicts == len(ces) {
+		t.Fatalf("%d renewed, %d with verdicts: the drifts must give both, and leave some certified, for the test to mean anything", renewed, verdicts)
+	}
+
+	// The new owner follows the same posteriors; it replays the registrations with the states.
+	next, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
+	install(t, next, m2)
+	ops := registrations(ces, at)
+	for i := range ops {
+		ops[i].State = states[ops[i].ID]
+	}
+	past := map[uint64]*bnn.Model{0: m0, 1: m1}
+	outs, err := next.ApplyShare(0, ops, int64(len(ops)), past)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range outs {
+		if o.Result != OutcomeStored || o.State != StateRestored {
+			t.Fatalf("%s: outcome %+v; want stored and restored", ops[i].ID, o)
+		}
+	}
+	for _, ce := range ces {
+		was, _ := owner.Get(ce.ID)
+		got, err := next.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		was.UpdatedAt, got.UpdatedAt = time.Time{}, time.Time{}
+		if !reflect.DeepEqual(was, got) {
+			t.Errorf("%s moved:\n was %+v\n got %+v", ce.ID, was, got)
+		}
+	}
+	if out, _ := next.Outbox(0, 1<<20); len(out) != 0 {
+		t.Errorf("restoring wrote %d outbox entries; no status changed", len(out))
+	}
+	checkInvariants(t, next)
+}
+
+// A state the new owner cannot vouch for is not used: the registration is stored as read, and
+// the outcome says why.
+func TestStateNotUsed(t *testing.T) {
+	m0 := testModel(4)
+	m1 := drift(m0, -0.01)
+	reg := newCE(t, m0, rand.New(rand.NewPCG(9, 9)))
+	reg.ID, reg.CreatedAt = "ce", time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	p, v := measure(t, m1, reg.XCF, 1, 400, 3)
+	good := *reg
+	good.AnchorVersion, good.P1, good.Var1 = 1, p, v
+	two := uint64(2)
+	one := uint64(1)
+	half := 0.4
+	for _, tc := range []struct {
+		name, want string
+		edit       func(s *CE)
+	}{
+		{"another counterfactual", "another counterfactual", func(s *CE) { s.XCF = []float64{0, 0, 0} }},
+		{"another registration", "another counterfactual", func(s *CE) { s.CreatedAt = s.CreatedAt.Add(time.Second) }},
+		{"uncertified", "holds no certificate", func(s *CE) { s.Status = certify.Uncertified }},
+		{"another set", "is not the registration's", func(s *CE) { s.Delta = 0.2 }},
+		{"anchor ahead", "is not between", func(s *CE) { s.AnchorVersion = 2 }},
+		{"a certificate that fails at its anchor", "does not hold at its own anchor", func(s *CE) { s.P1 = 0.6 }},
+		{"a verdict on a certificate", "with a verdict", func(s *CE) { s.ConfirmedVersion = &one }},
+		{"a verdict ahead", "verdict version 2", func(s *CE) { s.Status, s.ConfirmedVersion = certify.AtRisk, &two }},
+		{"a bound without a verdict", "without a verdict", func(s *CE) { s.Status, s.VerdictBound = certify.AtRisk, &half }},
+		{"a long history", "history entries", func(s *CE) { s.History = make([]StatusChange, MaxHistory+1) }},
+		{"a history entry ahead", "history entry 0", func(s *CE) {
+			s.History = []StatusChange{{From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 5}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, _ := openTest(t, Options{Policy: testPolicy()})
+			install(t, l, m1)
+			state := good
+			state.Status = certify.Certified
+			tc.edit(&state)
+			ops := registrations([]*CE{reg}, reg.CreatedAt)
+			ops[0].State = &state
+			outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if outs[0].Result != OutcomeStored || !strings.HasPrefix(outs[0].State, "previous owner's state not used") ||
+				!strings.Contains(outs[0].State, tc.want) {
+				t.Fatalf("outcome %+v; want stored, the state not used because %q", outs[0], tc.want)
+			}
+			got, err := l.Get("ce")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.AnchorVersion != 0 || got.P1 != reg.P1 || len(got.History) != 0 {
+				t.Fatalf("stored %+v; want the registration as read", got)
+			}
+		})
+	}
+	// The state's anchor must be at hand, as a registration's must.
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m2 := drift(m1, 0.01)
+	install(t, l, m2)
+	ops := registrations([]*CE{reg}, reg.CreatedAt)
+	state := good
+	state.Status = certify.Certified
+	ops[0].State = &state
+	var need *AnchorsNeededError
+	if _, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0}); !errors.As(err, &need) || !reflect.DeepEqual(need.Versions, []uint64{1}) {
+		t.Fatalf("ApplyShare with the state's anchor missing = %v; want the anchors needed to name version 1", err)
+	}
+	outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0, 1: m1})
+	if err != nil || outs[0].State != StateRestored {
+		t.Fatalf("with the anchor given: %+v, %v; want restored", outs, err)
+	}
+	if got, _ := l.Get("ce"); got.AnchorVersion != 1 || got.P1 != p {
+		t.Fatalf("restored %+v; want anchored to version 1 with p1 %v", got, p)
+	}
+}
+
+// Outbox entries carry their stream; an entry written before streams existed reads as an event.
+func TestOutboxEntryStreams(t *testing.T) {
+	k := u64bytes(7)
+	for _, e := range []OutboxEntry{{Seq: 7, Key: "a", Value: []byte("{}")}, {Seq: 7, Stream: StreamStates, Key: "b", Value: []byte("[1]")}} {
+		got, err := decodeOutboxEntry(k, e.encode())
+		if err != nil || !reflect.DeepEqual(got, e) {
+			t.Fatalf("round trip of %+v = %+v, %v", e, got, err)
+		}
+	}
+	old := append(binary.AppendUvarint(nil, 1), "k{}"...)
+	if got, err := decodeOutboxEntry(k, old); err != nil || got.Stream != StreamEvents || got.Key != "k" || string(got.Value) != "{}" {
+		t.Fatalf("an entry without stream bits = %+v, %v", got, err)
+	}
+	bad := append(binary.AppendUvarint(nil, 1|2<<32), "k{}"...)
+	if _, err := decodeOutboxEntry(k, bad); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("an entry of stream 2 = %v; want ErrCorrupt", err)
+	}
+}
