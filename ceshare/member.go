@@ -50,6 +50,12 @@ type MemberConfig struct {
 	Conn stream.ConnConfig
 	// Topic is the CE topic (replication.ce_topic). Required.
 	Topic string
+	// StateTopic is the CE state topic (replication.ce_state_topic), created compacted with
+	// Partitions partitions when missing. When set, a partition acquired from offset 0 is
+	// given the states its previous owners wrote: before its requests are read, the member reads
+	// the partition of the state topic to its end, and each registration it then hands to Apply
+	// until the partition caught up carries its CE's state (Request.State). Empty: none.
+	StateTopic string
 	// Group is the consumer group that shares the topic's partitions out
 	// (<kafka.group_id>.ce). Required.
 	Group string
@@ -149,6 +155,7 @@ type MemberStats struct {
 	Skipped     map[string]int64 // malformed records left out, by DecodeError.Reason
 	Lost        int64            // times the member released everything after no generation came in time
 	Gaps        int64            // requests deleted (by retention) before they were read
+	States      StateStats       // what was read of the CE state topic
 }
 
 // partState is what the member knows of a partition it acquired.
@@ -156,6 +163,9 @@ type partState struct {
 	next  int64 // offset after the last record handed to Apply (or from Acquire)
 	end   int64 // the partition's high watermark at the last fetch
 	ready bool  // next reached end once since Acquire
+	// states are the CE states read from the state topic when the partition was acquired from
+	// offset 0, handed to registrations until the partition caught up.
+	states map[string]State
 }
 
 // Member is one replica's membership of the CE group: it owns the partitions the group
@@ -171,6 +181,8 @@ type Member struct {
 	mu          sync.Mutex
 	parts       map[int]*partState // acquired and not released
 	generation  int32              // the live generation, 0 between generations
+	lastGen     int32              // the latest generation the member took part in
+	states      StateStats
 	generations int64
 	applied     int64
 	skipped     map[string]int64
@@ -198,13 +210,22 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 		return nil, err
 	}
 	defer tr.CloseIdleConnections()
-	created, err := ensureTopic(ctx, &kafka.Client{Addr: kafka.TCP(cfg.Conn.Brokers...), Transport: tr}, cfg.Topic, cfg.Partitions)
+	cl := &kafka.Client{Addr: kafka.TCP(cfg.Conn.Brokers...), Transport: tr}
+	created, err := ensureTopic(ctx, cl, cfg.Topic, cfg.Partitions)
 	if err != nil {
 		return nil, err
 	}
 	log = log.With("topic", cfg.Topic, "group", cfg.Group, "replica", cfg.ReplicaID)
 	if created {
 		log.Info("CE topic created", "partitions", cfg.Partitions)
+	}
+	if cfg.StateTopic != "" {
+		if created, err = ensureStateTopic(ctx, cl, cfg.StateTopic, cfg.Partitions); err != nil {
+			return nil, err
+		}
+		if created {
+			log.Info("CE state topic created", "state_topic", cfg.StateTopic, "partitions", cfg.Partitions)
+		}
 	}
 	skipped := make(map[string]int64)
 	for _, r := range Reasons() {
@@ -274,11 +295,20 @@ func (m *Member) Generation() int32 {
 	return m.generation
 }
 
+// LastGeneration returns the latest generation the member took part in (the live one, or the
+// one that ended last), 0 before the first.
+func (m *Member) LastGeneration() int32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastGen
+}
+
 // Stats returns a snapshot of the member's counters.
 func (m *Member) Stats() MemberStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps}
+	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps,
+		States: m.states}
 }
 
 // Run joins the group and serves the partitions of each generation until ctx ends, then
@@ -395,7 +425,7 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 	}
 	m.bal.setOwned(assigned, gen.ID)
 	m.mu.Lock()
-	m.generation = gen.ID
+	m.generation, m.lastGen = gen.ID, gen.ID
 	m.generations++
 	m.mu.Unlock()
 	m.log.Info("CE group generation", "generation", gen.ID, "member", gen.MemberID, "partitions", assigned)
@@ -431,12 +461,20 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		fail(fmt.Errorf("ceshare: acquiring partition %d of %q: Acquire returned offset %d", p, m.cfg.Topic, from))
 		return
 	}
+	var states map[string]State
+	if from == 0 && m.cfg.StateTopic != "" {
+		if states = m.acquireStates(ctx, cl, p); ctx.Err() != nil {
+			return
+		}
+	}
 	m.mu.Lock()
 	ps := m.parts[p]
 	if ps == nil || ps.next != from {
-		ps = &partState{next: from}
+		ps = &partState{next: from, states: states}
 		m.parts[p] = ps
-		m.log.Info("CE partition acquired", "partition", p, "from", from)
+		m.log.Info("CE partition acquired", "partition", p, "from", from, "states", len(states))
+	} else if states != nil && !ps.ready {
+		ps.states = states
 	}
 	m.mu.Unlock()
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
@@ -479,6 +517,13 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 			}
 			continue
 		}
+		m.mu.Lock()
+		for i := range batch {
+			if s, ok := ps.states[batch[i].req.ID]; ok && batch[i].req.Kind == KindRegister {
+				batch[i].req.State = &s
+			}
+		}
+		m.mu.Unlock()
 		if next, err = m.apply(ctx, p, batch, next, after); err != nil {
 			if ctx.Err() == nil {
 				fail(fmt.Errorf("ceshare: applying requests of partition %d of %q: %w", p, m.cfg.Topic, err))
@@ -488,10 +533,34 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		m.mu.Lock()
 		ps.end = res.HighWatermark
 		if next >= ps.end && !ps.ready {
-			ps.ready = true
+			ps.ready, ps.states = true, nil
 			m.log.Info("CE partition caught up", "partition", p, "next", next)
 		}
 		m.mu.Unlock()
+	}
+}
+
+// acquireStates reads partition p of the CE state topic (readStates), retrying a broker's
+// transient errors until ctx ends. A state topic that cannot be read is logged at ERROR and
+// the partition is rebuilt from its registrations alone, as a replica without one would.
+func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int) map[string]State {
+	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
+	for {
+		states, err := m.readStates(ctx, cl, p)
+		switch {
+		case err == nil:
+			return states
+		case ctx.Err() != nil:
+			return nil
+		case !stream.Retryable(err):
+			m.log.Error("CE states of an acquired partition cannot be read: its CEs are rebuilt from their registrations, without "+
+				"the renewals, verdicts and history of their previous owner", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
+			return nil
+		}
+		m.log.Debug("reading CE states failed; retrying", "partition", p, "err", err)
+		if bo.Wait(ctx) != nil {
+			return nil
+		}
 	}
 }
 

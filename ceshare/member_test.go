@@ -84,6 +84,7 @@ type ledger struct {
 	released []int                             // every Release, in order
 	bad      []string                          // what broke a rule (a request applied twice, an offset going back)
 	lastCE   map[string]json.RawMessage        // the CE of each id's last registration
+	states   map[string]*State                 // the state each id's last registration came with
 	owned    map[int]bool                      // acquired and not released
 	apply    func(p int, reqs []Request) error // called by Apply, when set
 }
@@ -94,7 +95,8 @@ type acquisition struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{next: map[int]int64{}, reqs: map[int]map[string]int{}, lastCE: map[string]json.RawMessage{}, owned: map[int]bool{}}
+	return &ledger{next: map[int]int64{}, reqs: map[int]map[string]int{}, lastCE: map[string]json.RawMessage{}, owned: map[int]bool{},
+		states: map[string]*State{}}
 }
 
 func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
@@ -138,7 +140,7 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) err
 			l.bad = append(l.bad, fmt.Sprintf("%s read from partition %d, belongs to %d", r.ID, p, Partition(r.ID, testPartitions)))
 		}
 		if r.Kind == KindRegister {
-			l.lastCE[r.ID] = r.CE
+			l.lastCE[r.ID], l.states[r.ID] = r.CE, r.State
 		}
 	}
 	l.next[p] = next

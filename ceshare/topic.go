@@ -46,18 +46,23 @@ func topicPartitions(ctx context.Context, cl *kafka.Client, topic string) (int, 
 // partition reads its requests from offset 0), unless it exists; an existing topic must have
 // partitions partitions.
 func ensureTopic(ctx context.Context, cl *kafka.Client, topic string, partitions int) (created bool, err error) {
+	return ensure(ctx, cl, topic, partitions, []kafka.ConfigEntry{
+		{ConfigName: "retention.ms", ConfigValue: "-1"},
+		{ConfigName: "retention.bytes", ConfigValue: "-1"},
+		{ConfigName: "cleanup.policy", ConfigValue: "delete"},
+	})
+}
+
+// ensure creates topic with partitions partitions and configs unless it exists; an existing
+// topic must have partitions partitions.
+func ensure(ctx context.Context, cl *kafka.Client, topic string, partitions int, configs []kafka.ConfigEntry) (created bool, err error) {
 	have, err := topicPartitions(ctx, cl, topic)
 	if err != nil {
 		return false, err
 	}
 	if have == 0 {
 		res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-			Topic: topic, NumPartitions: partitions, ReplicationFactor: -1,
-			ConfigEntries: []kafka.ConfigEntry{
-				{ConfigName: "retention.ms", ConfigValue: "-1"},
-				{ConfigName: "retention.bytes", ConfigValue: "-1"},
-				{ConfigName: "cleanup.policy", ConfigValue: "delete"},
-			},
+			Topic: topic, NumPartitions: partitions, ReplicationFactor: -1, ConfigEntries: configs,
 		}}})
 		if err != nil {
 			return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
