@@ -19,6 +19,15 @@ const (
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
 	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
 	NameSettingsDiffer  = "cfguard_replication_settings_differ"
+	NameCEStates        = "cfguard_counterfactuals_states_total"
+)
+
+// Results of NameCEStates.
+const (
+	StateWritten  = "written"  // states this replica wrote to the CE state topic
+	StateRestored = "restored" // moved CEs stored with the state their previous owner left
+	StateNotUsed  = "not_used" // states the ledger did not use (another CE under the id, or not a state a certificate can have)
+	StateInvalid  = "invalid"  // authenticated records of the CE state topic that are not a state: left out
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
@@ -45,6 +54,9 @@ type ReplicaMetrics struct {
 	// SettingsDiffer is the number of cluster-wide settings of this replica's file that differ
 	// from those its posterior log's genesis records: a replica with any refuses to join.
 	SettingsDiffer prometheus.Gauge
+	// CEStates counts CE states by result (StateWritten, StateRestored, StateNotUsed,
+	// StateInvalid); records that do not authenticate count in Unauthenticated.
+	CEStates *prometheus.CounterVec
 }
 
 // NewReplicaMetrics registers a replica's metrics on reg; the counters of unauthenticated
@@ -77,6 +89,12 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
 			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
 			[]string{"topic"}),
+		CEStates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameCEStates,
+			Help: "States of counterfactuals on the CE state topic, by result: written by this replica, restored with a moved CE, not used, invalid."},
+			[]string{"result"}),
+	}
+	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid} {
+		m.CEStates.WithLabelValues(r)
 	}
 	for _, r := range ignoredReasons {
 		m.Ignored.WithLabelValues(r)
@@ -84,6 +102,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates)
 	return m
 }

@@ -67,9 +67,13 @@ type MemberConfig struct {
 	// verify under them is left out, counted (MemberStats.Skipped, ReasonUnauthenticated) and
 	// logged at WARN. Required.
 	Keys *clusterkey.Keyring
-	// OnUnauthenticated, when set, is called for each record left out because it does not
-	// authenticate (the daemon counts them in a metric).
-	OnUnauthenticated func(partition int, offset int64)
+	// OnUnauthenticated, when set, is called for each record of topic (the CE topic or the CE
+	// state topic) left out because it does not authenticate (the daemon counts them in a
+	// metric).
+	OnUnauthenticated func(topic string, partition int, offset int64)
+	// OnMalformedState, when set, is called for each authenticated record of the CE state topic
+	// left out because it is not a State.
+	OnMalformedState func(partition int, offset int64)
 	// ReplicaID names this replica to the others (replication.replica_id). Required.
 	ReplicaID string
 	// AdvertiseURL is where the other replicas reach this one's API
@@ -602,7 +606,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 			m.skipped[ReasonUnauthenticated]++
 			m.mu.Unlock()
 			if m.cfg.OnUnauthenticated != nil {
-				m.cfg.OnUnauthenticated(p, r.Offset)
+				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.Offset)
 			}
 			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
 				"partition", p, "offset", r.Offset, "err", err)

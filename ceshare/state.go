@@ -27,6 +27,10 @@ import (
 // generation that gave it the partition, and the new owner's records, written under a later
 // one, win over its late writes while the topic holds both.
 
+// StateTopic is the CE state topic of CE topic ceTopic (replication.ce_topic): its name with
+// ".state" appended. Deriving it keeps the replicas of a cluster on one state topic.
+func StateTopic(ceTopic string) string { return ceTopic + ".state" }
+
 // StateDomain separates the CE state topic's authenticators from those of the CE topic and the
 // posterior log (clusterkey): a state's authenticator never verifies as a request's.
 const StateDomain = "cfguard ce state v1"
@@ -246,7 +250,7 @@ func (m *Member) foldState(states map[string]State, p int, offset int64, key, va
 		m.states.Unauthenticated++
 		m.mu.Unlock()
 		if m.cfg.OnUnauthenticated != nil {
-			m.cfg.OnUnauthenticated(p, offset)
+			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, offset)
 		}
 		m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
 			"state_topic", m.cfg.StateTopic, "partition", p, "offset", offset, "err", err)
@@ -258,6 +262,9 @@ func (m *Member) foldState(states map[string]State, p int, offset int64, key, va
 		m.mu.Lock()
 		m.states.Malformed++
 		m.mu.Unlock()
+		if m.cfg.OnMalformedState != nil {
+			m.cfg.OnMalformedState(p, offset)
+		}
 		m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", offset,
 			"reason", de.Reason, "detail", de.Detail)
 		return

@@ -977,6 +977,17 @@ func (c *Config) validateReplication() []error {
 	if r.CETopic == r.PosteriorTopic {
 		bad("replication.ce_topic", r.CETopic, "must differ from replication.posterior_topic")
 	}
+	// The CE state topic is the CE topic's name with ".state" appended (ceshare.StateTopic).
+	state := r.CETopic + ".state"
+	if err := checkTopic(state); err != nil {
+		bad("replication.ce_topic", fmt.Sprintf("%q", r.CETopic), "its state topic "+state+": "+err.Error())
+	}
+	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic},
+		{"kafka.events_topic", c.Kafka.EventsTopic}, {"replication.posterior_topic", r.PosteriorTopic}} {
+		if t.name == state {
+			bad(t.key, t.name, "must differ from the CE state topic (replication.ce_topic with \".state\" appended)")
+		}
+	}
 	if r.CEPartitions < 1 || r.CEPartitions > 1024 {
 		bad("replication.ce_partitions", r.CEPartitions, "must be in [1, 1024]")
 	}

@@ -450,6 +450,8 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  replica_id: a/b\n", "replication.replica_id", "'/'"},
 		{cluster + "replication:\n  enabled: true\n  ce_topic: cfguard.posterior\n", "replication.ce_topic", "posterior_topic"},
 		{cluster + "replication:\n  enabled: true\n  ce_partitions: 0\n", "replication.ce_partitions", "[1, 1024]"},
+		{"kafka:\n  brokers: [127.0.0.1:9092]\n  events_topic: cfguard.ce.state\nreplication:\n  enabled: true\n", "kafka.events_topic", "CE state topic"},
+		{cluster + "replication:\n  enabled: true\n  ce_topic: " + strings.Repeat("c", 246) + "\n", "replication.ce_topic", "its state topic"},
 		{cluster + "replication:\n  enabled: true\n  advertise_url: 10.0.0.1:8080\n", "replication.advertise_url", "http://"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 999ms\n", "replication.session_timeout", "[1s, 5m]"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 2s\n  heartbeat_interval: 2s\n", "replication.heartbeat_interval", "below"},

@@ -23,6 +23,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/replica"
@@ -116,8 +117,9 @@ type Daemon struct {
 	// their outcome.
 	requests *alerts.RequestMetrics
 
-	rep   *replica.Replica // with replication.enabled: the posterior log's follower and updater
-	share *share           // with replication.enabled: the CEs this replica owns (set by Run once the API is bound)
+	rep    *replica.Replica // with replication.enabled: the posterior log's follower and updater
+	share  *share           // with replication.enabled: the CEs this replica owns (set by Run once the API is bound)
+	states *ceStates        // with replication.enabled: CE states to and from the CE state topic
 
 	quality *prequential // the served model's test-then-train scores and change detector
 
@@ -306,9 +308,14 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
+	var encodeState func(*ledger.CE) (ledger.OutboxEntry, error)
+	if d.cfg.Replication.Enabled {
+		d.states = &ceStates{}
+		encodeState = d.states.encode
+	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
-		RequestWindow: d.cfg.HTTP.IdempotencyWindow,
-		VerdictAlpha:  d.cfg.Certify.VerdictAlpha})
+		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha})
 	if err != nil {
 		return err
 	}
@@ -322,7 +329,11 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		// The posterior comes from the posterior log (Replica.Join), once Kafka is connected.
 		d.rep, err = replica.New(replica.Options{Config: d.cfg, ConfigPath: d.configPath, Registry: d.reg,
 			Logger: d.log, Host: replicaHost{d}, Ledger: d.ledger})
-		return err
+		if err != nil {
+			return err
+		}
+		d.states.replica, d.states.metrics = d.rep.ID(), d.rep.Metrics()
+		return nil
 	}
 	return d.bootstrapModel(ctx)
 }
@@ -367,6 +378,14 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		replicaID = d.rep.ID()
 	}
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, replicaID, log.With("component", "outbox"))
+	if d.states != nil {
+		rc := cfg.Replication
+		if d.states.writer, err = ceshare.NewStateWriter(life, d.conn, ceshare.StateTopic(rc.CETopic), rc.CEPartitions, d.rep.Keys()); err != nil {
+			return err
+		}
+		td.add("CE state writer", d.states.writer.Close)
+		d.outbox.states = d.states
+	}
 	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
 	d.confirm = newConfirmers(auditWorkers(cfg.Audit.Workers), d.ledger, d.current, d.pools, d.metrics, func(changes []ledger.StatusChange) {
 		d.outbox.notify()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
@@ -34,9 +35,15 @@ const (
 	outboxBackoffMax = 30 * time.Second
 )
 
-// eventSink is where the outbox goes: the events topic (*stream.Publisher).
+// eventSink is where the outbox's events go: the events topic (*stream.Publisher).
 type eventSink interface {
 	PublishBatch(ctx context.Context, events []stream.Event) error
+}
+
+// stateSink is where a replica's outbox puts its CE states (ledger.StreamStates): the CE state
+// topic (*ceStates).
+type stateSink interface {
+	Write(ctx context.Context, states []ceshare.State) error
 }
 
 // outboxPublisher moves the ledger's outbox to kafka.events_topic. Every event is written to the
@@ -55,6 +62,9 @@ type outboxPublisher struct {
 	log     *slog.Logger
 	wake    chan struct{}
 	replica string // ReplicaHeader's value, "" on a single daemon (no header)
+	// states takes the CE states of a replica's outbox; nil on a single daemon, which drops
+	// any a replica on the same ledger left.
+	states stateSink
 }
 
 func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, replica string, log *slog.Logger) *outboxPublisher {
@@ -128,16 +138,17 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		if len(entries) == 0 {
 			return nil
 		}
-		batch := make([]stream.Event, len(entries))
-		for i, e := range entries {
-			batch[i] = stream.Event{Key: e.Key, Value: json.RawMessage(e.Value),
-				Headers: map[string][]byte{OutboxSeqHeader: []byte(strconv.FormatUint(e.Seq, 10))}}
-			if p.replica != "" {
-				batch[i].Headers[ReplicaHeader] = []byte(p.replica)
-			}
+		batch, states, err := p.split(entries)
+		if err != nil {
+			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
-		err = p.sink.PublishBatch(pctx, batch)
+		if len(batch) > 0 {
+			err = p.sink.PublishBatch(pctx, batch)
+		}
+		if err == nil && len(states) > 0 {
+			err = p.states.Write(pctx, states)
+		}
 		cancel()
 		if err != nil {
 			p.metrics.PublishFailed(len(batch))
@@ -152,4 +163,33 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		*after = last
 	}
 	return nil
+}
+
+// split sorts outbox entries into events for the events topic and CE states for the state
+// topic (dropped without a state sink).
+func (p *outboxPublisher) split(entries []ledger.OutboxEntry) ([]stream.Event, []ceshare.State, error) {
+	var (
+		batch  []stream.Event
+		states []ceshare.State
+	)
+	for _, e := range entries {
+		if e.Stream == ledger.StreamStates {
+			if p.states == nil {
+				continue
+			}
+			s, err := ceshare.DecodeState([]byte(e.Key), e.Value)
+			if err != nil {
+				return nil, nil, fmt.Errorf("outbox entry %d: %w (%w)", e.Seq, err, ledger.ErrCorrupt)
+			}
+			states = append(states, s)
+			continue
+		}
+		ev := stream.Event{Key: e.Key, Value: json.RawMessage(e.Value),
+			Headers: map[string][]byte{OutboxSeqHeader: []byte(strconv.FormatUint(e.Seq, 10))}}
+		if p.replica != "" {
+			ev.Headers[ReplicaHeader] = []byte(p.replica)
+		}
+		batch = append(batch, ev)
+	}
+	return batch, states, nil
 }

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
@@ -84,12 +85,15 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	if err != nil {
 		return nil, err
 	}
+	m := d.rep.Metrics()
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: d.conn, Topic: rc.CETopic, Group: group, Partitions: rc.CEPartitions,
-		ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)), SessionTimeout: rc.SessionTimeout,
-		HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.Keys(),
-		OnUnauthenticated: func(int, int64) { d.rep.Metrics().Unauthenticated.WithLabelValues(rc.CETopic).Inc() }}, s, s.lg); err != nil {
+		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)),
+		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.Keys(),
+		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
+		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() }}, s, s.lg); err != nil {
 		return nil, err
 	}
+	d.states.member.Store(s.member)
 	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, d.rep.Keys(), s.lg); err != nil {
 		return nil, err
 	}
@@ -285,6 +289,11 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		ops[i].CE = &ledger.CE{ID: r.ID, X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion,
 			P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon, CreatedAt: r.At}
 		newest = max(newest, ce.AnchorVersion)
+		if r.State != nil {
+			if ops[i].State = s.stateOf(p, r); ops[i].State != nil {
+				newest = max(newest, ops[i].State.AnchorVersion)
+			}
+		}
 	}
 	s.awaitVersion(ctx, newest)
 	outs, err := s.applyOps(ctx, p, ops, next)
@@ -298,6 +307,13 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		if o.Result == ledger.OutcomeRefused && !o.Duplicate {
 			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
 		}
+		switch {
+		case o.State == ledger.StateRestored:
+			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateRestored).Inc()
+		case o.State != "":
+			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+			s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)
+		}
 	}
 	s.d.rep.Metrics().CEApplied.Add(float64(len(reqs)))
 	s.d.confirm.notify()
@@ -310,10 +326,17 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 // under the current posterior.
 func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64) ([]ledger.Outcome, error) {
 	d := s.d
-	var (
-		outs []ledger.Outcome
-		past map[uint64]*bnn.Model
-	)
+	var outs []ledger.Outcome
+	// The posteriors of restored verdicts, so that each carries as far as its bound absorbs
+	// (without one, the verdict is measured again).
+	past, err := d.rep.Past(ctx, verdictVersions(ops, d.current().Version))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		s.lg.Warn("posteriors of restored verdicts not found: those verdicts are measured again", "partition", p, "err", err)
+		past = nil
+	}
 	for attempt := 0; ; attempt++ {
 		var need *ledger.AnchorsNeededError
 		err := d.durably(ctx, func() error {
@@ -336,14 +359,32 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 		cur := d.current().Version
 		var versions []uint64
 		for _, v := range need.Versions {
-			if v < cur {
+			if _, ok := past[v]; !ok && v < cur {
 				versions = append(versions, v)
 			}
 		}
-		if past, err = d.rep.Past(ctx, versions); err != nil {
+		more, err := d.rep.Past(ctx, versions)
+		if err != nil {
 			return nil, err
 		}
+		if past == nil {
+			past = map[uint64]*bnn.Model{}
+		}
+		maps.Copy(past, more)
 	}
+}
+
+// verdictVersions are the posterior versions before cur that the restored verdicts of ops were
+// measured under, once each.
+func verdictVersions(ops []ledger.ShareOp, cur uint64) []uint64 {
+	var vs []uint64
+	for _, op := range ops {
+		if st := op.State; st != nil && st.ConfirmedVersion != nil && *st.ConfirmedVersion < cur && !slices.Contains(vs, *st.ConfirmedVersion) {
+			vs = append(vs, *st.ConfirmedVersion)
+		}
+	}
+	slices.Sort(vs)
+	return vs
 }
 
 // remeasure measures the CEs of ops[which] again under the current posterior (d.mu held).
@@ -363,6 +404,7 @@ func (s *share) remeasure(ctx context.Context, ops []ledger.ShareOp, which []int
 		return err
 	}
 	for k, i := range which {
+		ops[i].State = nil // its anchor is not at hand either: the registration, measured again
 		ce := ops[i].CE
 		s.lg.Warn("CE measured again under the current posterior: the one it was measured under is not in the posterior log here",
 			"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)

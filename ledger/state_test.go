@@ -93,8 +93,13 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 	if _, _, err := owner.Confirm(bg, NewModelPredictor(m2, auditSamples, 12), 12); err != nil {
 		t.Fatal(err)
 	}
+	// A small step the verdicts carry over.
+	m3 := drift(m2, 1e-4)
+	if _, _, err := owner.Commit(bg, &Checkpoint{Model: m3}); err != nil {
+		t.Fatal(err)
+	}
 	states := latestStates(t, owner)
-	renewed, verdicts := 0, 0
+	renewed, verdicts, carried := 0, 0, 0
 	for _, ce := range ces {
 		got, err := owner.Get(ce.ID)
 		if err != nil {
@@ -112,7 +117,13 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 		}
 		if got.ConfirmedVersion != nil {
 			verdicts++
+			if *got.ConfirmedVersion < m3.Version && got.Decided {
+				carried++
+			}
 		}
+	}
+	if carried == 0 {
+		t.Fatal("no verdict carried to the last posterior: the test must show that restored verdicts carry")
 	}
 	if renewed == 0 || verdicts == 0 || verdicts == len(ces) {
 		t.Fatalf("%d renewed, %d with verdicts: the drifts must give both, and leave some certified, for the test to mean anything", renewed, verdicts)
@@ -120,12 +131,12 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 
 	// The new owner follows the same posteriors; it replays the registrations with the states.
 	next, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
-	install(t, next, m2)
+	install(t, next, m3)
 	ops := registrations(ces, at)
 	for i := range ops {
 		ops[i].State = states[ops[i].ID]
 	}
-	past := map[uint64]*bnn.Model{0: m0, 1: m1}
+	past := map[uint64]*bnn.Model{0: m0, 1: m1, 2: m2}
 	outs, err := next.ApplyShare(0, ops, int64(len(ops)), past)
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/internal/clusterkey"
@@ -125,7 +126,8 @@ func New(opts Options) (*Replica, error) {
 	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
 		reasons = append(reasons, string(reason))
 	}
-	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic)
+	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic,
+		ceshare.StateTopic(cfg.Replication.CETopic))
 	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
 	return r, nil
 }

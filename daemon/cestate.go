@@ -1,0 +1,60 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// ceStates carries a replica's CE states to the CE state topic (ceshare.StateTopic): the
+// ledger puts the state of every CE a transaction changes in its outbox (encode, the ledger's
+// Options.EncodeState), and the outbox publisher writes them (Write) with the events. A later
+// owner of a CE's partition reads them back (ceshare.MemberConfig.StateTopic) and stores the CE
+// with its renewals, verdict and history (share.Apply, ledger.ShareOp.State).
+type ceStates struct {
+	replica string                         // this replica's id, named in each state
+	member  atomic.Pointer[ceshare.Member] // the CE group member, once the share joined
+	writer  *ceshare.StateWriter
+	metrics *alerts.ReplicaMetrics
+}
+
+// encode is the ledger's Options.EncodeState on a replica: the CE's state as a record of the
+// state topic, stamped with the CE group generation this replica took part in last (0 before
+// it joined: such a state loses to any its successors write).
+func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
+	raw, err := json.Marshal(ce)
+	if err != nil {
+		return ledger.OutboxEntry{}, err
+	}
+	var gen int32
+	if m := cs.member.Load(); m != nil {
+		gen = m.LastGeneration()
+	}
+	_, v, err := ceshare.EncodeState(ceshare.State{ID: ce.ID, Replica: cs.replica, Generation: gen, CE: raw})
+	return ledger.OutboxEntry{Key: ce.ID, Value: v}, err
+}
+
+// Write is the outbox publisher's stateSink: the states to the state topic, counted once written.
+func (cs *ceStates) Write(ctx context.Context, states []ceshare.State) error {
+	if err := cs.writer.Write(ctx, states); err != nil {
+		return err
+	}
+	cs.metrics.CEStates.WithLabelValues(alerts.StateWritten).Add(float64(len(states)))
+	return nil
+}
+
+// stateOf decodes the ledger's CE out of a state read from the state topic; nil, counted as
+// invalid, when it is not one.
+func (s *share) stateOf(p int, r ceshare.Request) *ledger.CE {
+	var ce ledger.CE
+	if err := json.Unmarshal(r.State.CE, &ce); err != nil {
+		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateInvalid).Inc()
+		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
+		return nil
+	}
+	return &ce
+}

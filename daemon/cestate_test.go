@@ -1,0 +1,116 @@
+package daemon
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// startLearningReplica starts replica id of the cluster on b with the paper's learner at a
+// learning rate that a drift of 96 flipped labels moves far, and waits until it is ready.
+func startLearningReplica(t *testing.T, b *broker.Broker, id, keyFile string) *running {
+	t.Helper()
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, id, keyFile)
+		paperLearner(c, 3e-3)
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+// A CE whose partition moves to another replica keeps what its previous owner learnt of it:
+// after a drift renewed certificates and gave verdicts at the first replica, the replica that
+// takes its partitions over (one joining, then the first leaving) serves every CE with the same
+// status, certificate, verdict and history, read back from the CE state topic.
+func TestMovedCEKeepsItsState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas and a drift: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startLearningReplica(t, b, "r1", key)
+	data := bundled(t)
+	ids := registerCEs(t, r1, data, 10)
+	// 32 benign rows labelled malignant (a drift), then clean records.
+	var drift [][]byte
+	for i := range data.X {
+		if data.Y[i] == 1 && len(drift) < 32 {
+			drift = append(drift, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+		}
+	}
+	for i := range 96 {
+		drift = append(drift, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+	}
+	r1.produce(t, drift...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and every CE judged", func() bool {
+		return r1.metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&
+			r1.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r1.metric(t, "cfguard_events_pending") == 0
+	})
+	was := map[string]*ledger.CE{}
+	changed := 0
+	for _, id := range ids {
+		ce, err := r1.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		was[id] = ce
+		if len(ce.History) > 0 {
+			changed++
+		}
+	}
+	if changed == 0 {
+		t.Fatal("the drift changed no CE: this test shows nothing")
+	}
+	statuses, carried := map[string]int{}, 0
+	for _, ce := range was {
+		statuses[ce.Status.String()]++
+		if ce.ConfirmedVersion != nil && *ce.ConfirmedVersion < r1.d.current().Version && ce.Decided {
+			carried++
+		}
+	}
+	t.Logf("at r1 after the drift (posterior version %d): %v; %d CEs with a history, %d with a verdict carried from an earlier version",
+		r1.d.current().Version, statuses, changed, carried)
+	if w := r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten); w < float64(changed) {
+		t.Fatalf("r1 wrote %v states for %d changed CEs", w, changed)
+	}
+
+	// r2 joins and takes some partitions; r1 leaves and r2 takes the rest.
+	r2 := startLearningReplica(t, b, "r2", key)
+	r1.stop(t)
+	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
+		c, err := r2.d.ledger.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := 0
+		for _, n := range c {
+			held += n
+		}
+		code, _ := r2.get(t, "/readyz")
+		// The log ends at r1's last entry: r2 judges at the posterior r1 judged at.
+		return held == len(ids) && code == 200 && r2.d.current().Version == r1.d.current().Version
+	})
+	for _, id := range ids {
+		got, err := r2.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := *was[id]
+		w.UpdatedAt, got.UpdatedAt = time.Time{}, time.Time{}
+		if !reflect.DeepEqual(&w, got) {
+			t.Errorf("%s moved from r1 to r2:\n r1 %+v\n r2 %+v", id, &w, got)
+		}
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(changed) {
+		t.Errorf("r2 restored %v states, want the %d of the CEs that changed at r1", n, changed)
+	}
+}
