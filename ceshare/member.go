@@ -465,22 +465,26 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		fail(fmt.Errorf("ceshare: acquiring partition %d of %q: Acquire returned offset %d", p, m.cfg.Topic, from))
 		return
 	}
-	var states map[string]State
-	if from == 0 && m.cfg.StateTopic != "" {
-		if states = m.acquireStates(ctx, cl, p); ctx.Err() != nil {
-			return
-		}
-	}
 	m.mu.Lock()
 	ps := m.parts[p]
 	if ps == nil || ps.next != from {
-		ps = &partState{next: from, states: states}
+		ps = &partState{next: from}
 		m.parts[p] = ps
-		m.log.Info("CE partition acquired", "partition", p, "from", from, "states", len(states))
-	} else if states != nil && !ps.ready {
-		ps.states = states
+		m.log.Info("CE partition acquired", "partition", p, "from", from)
 	}
 	m.mu.Unlock()
+	if from == 0 && m.cfg.StateTopic != "" {
+		states := m.acquireStates(ctx, cl, p)
+		if ctx.Err() != nil {
+			return
+		}
+		m.mu.Lock()
+		if !ps.ready {
+			ps.states = states
+		}
+		m.mu.Unlock()
+		m.log.Info("CE states of the partition read", "partition", p, "states", len(states))
+	}
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	next := from
 	for ctx.Err() == nil {
@@ -545,18 +549,29 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 }
 
 // acquireStates reads partition p of the CE state topic (readStates), retrying a broker's
-// transient errors until ctx ends. A state topic that cannot be read is logged at ERROR and
-// the partition is rebuilt from its registrations alone, as a replica without one would.
+// transient errors for at most a session timeout (the partition's rebuild waits no longer than
+// the group waits for a member), and creating the topic again when it is gone. A state topic
+// that cannot be read is logged at ERROR and the partition is rebuilt from its registrations
+// alone.
 func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int) map[string]State {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
+	deadline := time.Now().Add(m.cfg.SessionTimeout)
 	for {
 		states, err := m.readStates(ctx, cl, p)
-		switch {
-		case err == nil:
+		if err == nil {
 			return states
-		case ctx.Err() != nil:
+		}
+		if ctx.Err() != nil {
 			return nil
-		case !stream.Retryable(err):
+		}
+		if topicGone(err) {
+			created, cerr := createStateTopic(ctx, cl, m.cfg.StateTopic, m.cfg.Partitions)
+			if created {
+				m.log.Warn("CE state topic was gone and is created again: the states it held are lost", "state_topic", m.cfg.StateTopic)
+			}
+			err = errors.Join(err, cerr)
+		}
+		if !stream.Retryable(err) || time.Now().After(deadline) {
 			m.log.Error("CE states of an acquired partition cannot be read: its CEs are rebuilt from their registrations, without "+
 				"the renewals, verdicts and history of their previous owner", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
 			return nil

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/stream"
@@ -127,9 +129,8 @@ func NewStateWriter(ctx context.Context, conn stream.ConnConfig, topic string, p
 // Write appends states, in order within each CE's partition, with acks=all. An error means
 // some may have been written; writing them again is harmless (a reader keeps the newest).
 func (w *StateWriter) Write(ctx context.Context, states []State) error {
-	byPart := map[int][]kafka.Record{}
+	byPart := map[int][]signed{}
 	var order []int
-	now := time.Now()
 	for _, s := range states {
 		key, value, err := EncodeState(s)
 		if err != nil {
@@ -139,20 +140,54 @@ func (w *StateWriter) Write(ctx context.Context, states []State) error {
 		if _, ok := byPart[p]; !ok {
 			order = append(order, p)
 		}
-		byPart[p] = append(byPart[p], kafka.Record{Time: now, Key: kafka.NewBytes(key), Value: kafka.NewBytes(value),
-			Headers: []kafka.Header{{Key: clusterkey.Header, Value: w.keys.Sign(StateDomain, value)}}})
+		byPart[p] = append(byPart[p], signed{key, value, w.keys.Sign(StateDomain, value)})
 	}
 	for _, p := range order {
-		res, err := w.cl.Produce(ctx, &kafka.ProduceRequest{Topic: w.topic, Partition: p, RequiredAcks: kafka.RequireAll,
-			Records: kafka.NewRecordReader(byPart[p]...)})
-		if err == nil {
-			err = res.Error
+		err := w.produce(ctx, p, byPart[p])
+		// The topic was deleted: create it again (its states are lost; those written from now on
+		// are kept) and write once the client's metadata knows it (within its TTL, 6 s).
+		bo := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+		for topicGone(err) {
+			if _, cerr := createStateTopic(ctx, w.cl, w.topic, w.partitions); cerr != nil {
+				err = errors.Join(err, cerr)
+				break
+			}
+			if bo.Wait(ctx) != nil {
+				break
+			}
+			err = w.produce(ctx, p, byPart[p])
 		}
 		if err != nil {
 			return fmt.Errorf("ceshare: writing %d states to partition %d of %q: %w", len(byPart[p]), p, w.topic, err)
 		}
 	}
 	return nil
+}
+
+// topicGone says whether err is a topic the broker, or the client's cached metadata, does not
+// have.
+func topicGone(err error) bool {
+	return errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, protocol.ErrNoTopic)
+}
+
+// signed is a record's key, value and authenticator.
+type signed struct{ key, value, auth []byte }
+
+// produce writes states to partition p in one request (the records are made anew each time:
+// a record's key and value are read as it is sent).
+func (w *StateWriter) produce(ctx context.Context, p int, states []signed) error {
+	now := time.Now()
+	records := make([]kafka.Record, len(states))
+	for i, s := range states {
+		records[i] = kafka.Record{Time: now, Key: kafka.NewBytes(s.key), Value: kafka.NewBytes(s.value),
+			Headers: []kafka.Header{{Key: clusterkey.Header, Value: s.auth}}}
+	}
+	res, err := w.cl.Produce(ctx, &kafka.ProduceRequest{Topic: w.topic, Partition: p, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(records...)})
+	if err == nil {
+		err = res.Error
+	}
+	return err
 }
 
 // Close closes the writer's connections.
@@ -280,7 +315,14 @@ func (m *Member) foldState(states map[string]State, p int, offset int64, key, va
 // ensureStateTopic creates the CE state topic, compacted, with partitions partitions, unless it
 // exists; an existing topic must have partitions partitions.
 func ensureStateTopic(ctx context.Context, cl *kafka.Client, topic string, partitions int) (created bool, err error) {
-	return ensure(ctx, cl, topic, partitions, []kafka.ConfigEntry{
-		{ConfigName: "cleanup.policy", ConfigValue: "compact"},
-	})
+	return ensure(ctx, cl, topic, partitions, stateTopicConfigs)
 }
+
+// createStateTopic creates the CE state topic again once the broker said it has none (created
+// is false when it exists: another replica made it, or the client's metadata was stale).
+func createStateTopic(ctx context.Context, cl *kafka.Client, topic string, partitions int) (created bool, err error) {
+	return create(ctx, cl, topic, partitions, stateTopicConfigs)
+}
+
+// stateTopicConfigs are the CE state topic's settings.
+var stateTopicConfigs = []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}

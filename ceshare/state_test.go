@@ -158,3 +158,112 @@ func TestStateEncoding(t *testing.T) {
 		}
 	}
 }
+
+// deleteTopic deletes topic from the broker, as an operator's mistake would.
+func deleteTopic(t *testing.T, conn stream.ConnConfig, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+	res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatalf("deleting %s: %v", topic, err)
+	}
+}
+
+// A CE state topic deleted under the replicas is created again, compacted with the CE topic's
+// partitions, by the next write of a state or the next acquisition, and neither blocks: the
+// states it held are lost, the ones written after it are kept.
+func TestStateTopicDeletedIsCreatedAgain(t *testing.T) {
+	_, conn := startBroker(t)
+	cfg := memberConfig(conn, "r1")
+	cfg.StateTopic = testStateTopic
+	first := startReplica(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr, err := NewProducer(ctx, conn, testTopic, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	for _, id := range []string{"a-0", "a-1"} {
+		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	if err := sw.Write(ctx, []State{{ID: "a-0", Replica: "r1", Generation: 1, CE: json.RawMessage(`{"s":"before"}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	deleteTopic(t, conn, testStateTopic)
+	if err := sw.Write(ctx, []State{{ID: "a-1", Replica: "r1", Generation: 1, CE: json.RawMessage(`{"s":"after"}`)}}); err != nil {
+		t.Fatalf("writing a state once the topic is gone: %v", err)
+	}
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+	if n, err := topicPartitions(ctx, cl, testStateTopic); err != nil || n != testPartitions {
+		t.Fatalf("the state topic created again has %d partitions (%v), want %d", n, err, testPartitions)
+	}
+	if p := cleanupPolicy(t, cl, testStateTopic); p != "compact" {
+		t.Fatalf("the state topic created again has cleanup.policy %q, want compact", p)
+	}
+	first.stop(t)
+	second := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "the second member owning every partition, caught up", func() bool { return ownership(second) != nil })
+	second.l.mu.Lock()
+	if s := second.l.states["a-0"]; s != nil {
+		t.Errorf("a-0 came with %s, written before the topic was deleted", s.CE)
+	}
+	if s := second.l.states["a-1"]; s == nil || string(s.CE) != `{"s":"after"}` {
+		t.Errorf("a-1 came with %+v, want the state written after the topic was created again", s)
+	}
+	second.l.mu.Unlock()
+
+	// Gone when a member acquires partitions: it creates it again and rebuilds them without states.
+	second.stop(t)
+	deleteTopic(t, conn, testStateTopic)
+	third := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "the third member owning every partition, caught up", func() bool { return ownership(third) != nil })
+	third.l.mu.Lock()
+	defer third.l.mu.Unlock()
+	if len(third.l.lastCE) != 2 || third.l.states["a-1"] != nil {
+		t.Errorf("the third member applied %d registrations, a-1 with state %v; want both, without states", len(third.l.lastCE), third.l.states["a-1"])
+	}
+	if n, err := topicPartitions(ctx, cl, testStateTopic); err != nil || n != testPartitions {
+		t.Fatalf("the state topic created again by a member has %d partitions (%v), want %d", n, err, testPartitions)
+	}
+}
+
+// cleanupPolicy is topic's cleanup.policy as the broker describes it.
+func cleanupPolicy(t *testing.T, cl *kafka.Client, topic string) string {
+	t.Helper()
+	res, err := cl.DescribeConfigs(context.Background(), &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"cleanup.policy"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Resources {
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName == "cleanup.policy" {
+				return e.ConfigValue
+			}
+		}
+	}
+	return ""
+}

@@ -61,19 +61,10 @@ func ensure(ctx context.Context, cl *kafka.Client, topic string, partitions int,
 		return false, err
 	}
 	if have == 0 {
-		res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-			Topic: topic, NumPartitions: partitions, ReplicationFactor: -1, ConfigEntries: configs,
-		}}})
-		if err != nil {
-			return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
+		if created, err := create(ctx, cl, topic, partitions, configs); err != nil || created {
+			return created, err
 		}
-		switch err := res.Errors[topic]; {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, kafka.TopicAlreadyExists): // another replica created it first
-		default:
-			return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
-		}
+		// Another replica created it first.
 		if have, err = topicPartitions(ctx, cl, topic); err != nil {
 			return false, err
 		}
@@ -82,4 +73,23 @@ func ensure(ctx context.Context, cl *kafka.Client, topic string, partitions int,
 		return false, &PartitionsMismatchError{Topic: topic, Have: have, Configured: partitions}
 	}
 	return false, nil
+}
+
+// create asks the controller to create topic (what the client's cached metadata says of it does
+// not matter): created is false when it exists already.
+func create(ctx context.Context, cl *kafka.Client, topic string, partitions int, configs []kafka.ConfigEntry) (created bool, err error) {
+	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: -1, ConfigEntries: configs,
+	}}})
+	if err != nil {
+		return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
+	}
+	switch err := res.Errors[topic]; {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, kafka.TopicAlreadyExists):
+		return false, nil
+	default:
+		return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
+	}
 }

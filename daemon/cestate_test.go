@@ -79,6 +79,15 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	}
 	t.Logf("at r1 after the drift (posterior version %d): %v; %d CEs with a history, %d with a verdict carried from an earlier version",
 		r1.d.current().Version, statuses, changed, carried)
+	size, hist := 0, 0
+	for _, ce := range was {
+		e, err := r1.d.states.encode(ce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size, hist = size+len(e.Key)+len(e.Value), hist+len(ce.History)
+	}
+	t.Logf("a state record of the bundled model's CEs: %d bytes on average, with %.1f history entries", size/len(was), float64(hist)/float64(len(was)))
 	if w := r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten); w < float64(changed) {
 		t.Fatalf("r1 wrote %v states for %d changed CEs", w, changed)
 	}

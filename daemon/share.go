@@ -117,7 +117,8 @@ func (s *share) health() error {
 	if s.member.Stats().Generations == 0 {
 		return fmt.Errorf("joining the CE group of %s", s.d.cfg.Replication.CETopic)
 	}
-	for _, p := range s.member.Owned() {
+	// Assigned too: a partition of a new generation is assigned before it is acquired.
+	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
 		if !s.member.Ready(p) {
 			return fmt.Errorf("restoring CE partition %d from %s", p, s.d.cfg.Replication.CETopic)
 		}

@@ -258,3 +258,68 @@ func TestOutboxEntryStreams(t *testing.T) {
 		t.Fatalf("an entry of stream 2 = %v; want ErrCorrupt", err)
 	}
 }
+
+// BenchmarkConfirmStates measures what CE states cost the confirmer of a replica: Confirm of
+// n CEs whose certificates a drift lapsed (every one renewed or judged, so every one changes),
+// without states and with Options.EncodeState (the CE loaded and encoded as JSON in the write
+// transaction, one outbox entry each). It reports the time per CE and the bytes of state per CE.
+//
+//	go test ./ledger -run '^$' -bench ConfirmStates -count 6 | benchstat -col /states -
+func BenchmarkConfirmStates(b *testing.B) {
+	const n = 2048
+	for _, states := range []bool{false, true} {
+		b.Run(fmt.Sprintf("states=%v", states), func(b *testing.B) {
+			var bytes, entries int
+			for range b.N {
+				b.StopTimer()
+				opts := Options{Policy: testPolicy(), Logger: quietLogger()}
+				if states {
+					opts.EncodeState = encodeStateJSON
+				}
+				l, err := Open(b.TempDir(), opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				m0 := testModel(4)
+				if err := l.Checkpoint(&Checkpoint{Model: m0}); err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Put(bg, cheapCEs(m0, rand.New(rand.NewPCG(1, 1)), "ce", n)...); err != nil {
+					b.Fatal(err)
+				}
+				m1 := drift(m0, -0.01)
+				if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
+					b.Fatal(err)
+				}
+				p := NewModelPredictor(m1, 100, 1)
+				b.StartTimer()
+				for {
+					rep, _, err := l.Confirm(bg, p, 128)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !rep.More {
+						break
+					}
+				}
+				b.StopTimer()
+				out, err := l.Outbox(0, 1<<20)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, e := range out {
+					if e.Stream == StreamStates {
+						bytes += len(e.Key) + len(e.Value)
+						entries++
+					}
+				}
+				l.Close()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1e3, "µs/CE")
+			if entries > 0 {
+				b.ReportMetric(float64(bytes)/float64(entries), "state-bytes")
+			}
+			b.ReportMetric(float64(entries)/float64(b.N*n), "states/CE")
+		})
+	}
+}
