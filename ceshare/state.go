@@ -129,18 +129,31 @@ func NewStateWriter(ctx context.Context, conn stream.ConnConfig, topic string, p
 // Write appends states, in order within each CE's partition, with acks=all. An error means
 // some may have been written; writing them again is harmless (a reader keeps the newest).
 func (w *StateWriter) Write(ctx context.Context, states []State) error {
-	byPart := map[int][]signed{}
-	var order []int
-	for _, s := range states {
+	recs := make([]Encoded, len(states))
+	for i, s := range states {
 		key, value, err := EncodeState(s)
 		if err != nil {
 			return fmt.Errorf("ceshare: state of %q: %w", s.ID, err)
 		}
-		p := Partition(s.ID, w.partitions)
+		recs[i] = Encoded{Key: key, Value: value}
+	}
+	return w.WriteEncoded(ctx, recs)
+}
+
+// Encoded is a state as EncodeState returned it: the record's key and value.
+type Encoded struct{ Key, Value []byte }
+
+// WriteEncoded is Write for states already encoded by EncodeState (a replica's outbox holds
+// them so), which it does not decode again.
+func (w *StateWriter) WriteEncoded(ctx context.Context, recs []Encoded) error {
+	byPart := map[int][]signed{}
+	var order []int
+	for _, r := range recs {
+		p := Partition(string(r.Key), w.partitions)
 		if _, ok := byPart[p]; !ok {
 			order = append(order, p)
 		}
-		byPart[p] = append(byPart[p], signed{key, value, w.keys.Sign(StateDomain, value)})
+		byPart[p] = append(byPart[p], signed{r.Key, r.Value, w.keys.Sign(StateDomain, r.Value)})
 	}
 	for _, p := range order {
 		err := w.produce(ctx, p, byPart[p])

@@ -38,9 +38,10 @@ func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 	return ledger.OutboxEntry{Key: ce.ID, Value: v}, err
 }
 
-// Write is the outbox publisher's stateSink: the states to the state topic, counted once written.
-func (cs *ceStates) Write(ctx context.Context, states []ceshare.State) error {
-	if err := cs.writer.Write(ctx, states); err != nil {
+// Write is the outbox publisher's stateSink: the states (encode's records) to the state topic,
+// counted once written.
+func (cs *ceStates) Write(ctx context.Context, states []ceshare.Encoded) error {
+	if err := cs.writer.WriteEncoded(ctx, states); err != nil {
 		return err
 	}
 	cs.metrics.CEStates.WithLabelValues(alerts.StateWritten).Add(float64(len(states)))

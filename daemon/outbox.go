@@ -43,7 +43,7 @@ type eventSink interface {
 // stateSink is where a replica's outbox puts its CE states (ledger.StreamStates): the CE state
 // topic (*ceStates).
 type stateSink interface {
-	Write(ctx context.Context, states []ceshare.State) error
+	Write(ctx context.Context, states []ceshare.Encoded) error
 }
 
 // outboxPublisher moves the ledger's outbox to kafka.events_topic. Every event is written to the
@@ -138,10 +138,7 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		if len(entries) == 0 {
 			return nil
 		}
-		batch, states, err := p.split(entries)
-		if err != nil {
-			return err
-		}
+		batch, states := p.split(entries)
 		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
 		if len(batch) > 0 {
 			err = p.sink.PublishBatch(pctx, batch)
@@ -167,21 +164,16 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 
 // split sorts outbox entries into events for the events topic and CE states for the state
 // topic (dropped without a state sink).
-func (p *outboxPublisher) split(entries []ledger.OutboxEntry) ([]stream.Event, []ceshare.State, error) {
+func (p *outboxPublisher) split(entries []ledger.OutboxEntry) ([]stream.Event, []ceshare.Encoded) {
 	var (
 		batch  []stream.Event
-		states []ceshare.State
+		states []ceshare.Encoded
 	)
 	for _, e := range entries {
 		if e.Stream == ledger.StreamStates {
-			if p.states == nil {
-				continue
+			if p.states != nil {
+				states = append(states, ceshare.Encoded{Key: []byte(e.Key), Value: e.Value})
 			}
-			s, err := ceshare.DecodeState([]byte(e.Key), e.Value)
-			if err != nil {
-				return nil, nil, fmt.Errorf("outbox entry %d: %w (%w)", e.Seq, err, ledger.ErrCorrupt)
-			}
-			states = append(states, s)
 			continue
 		}
 		ev := stream.Event{Key: e.Key, Value: json.RawMessage(e.Value),
@@ -191,5 +183,5 @@ func (p *outboxPublisher) split(entries []ledger.OutboxEntry) ([]stream.Event, [
 		}
 		batch = append(batch, ev)
 	}
-	return batch, states, nil
+	return batch, states
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -129,5 +130,38 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	waitfor.Cond(t, 10*time.Second, "the recovery line", func() bool { return strings.Contains(logs.String(), "events topic accepts events again") })
 	if n := strings.Count(logs.String(), "publishing outbox events failed"); n != 1 {
 		t.Fatalf("%d WARN lines for one outage, want 1:\n%s", n, logs.String())
+	}
+}
+
+// recordingStates is a stateSink that keeps what it is given.
+type recordingStates struct{ got []ceshare.Encoded }
+
+func (r *recordingStates) Write(_ context.Context, states []ceshare.Encoded) error {
+	r.got = append(r.got, states...)
+	return nil
+}
+
+// The outbox's CE states go to the state sink, its events to the events topic; a daemon without
+// a state sink (a single node on a replica's ledger) drops the states.
+func TestOutboxSplitsStatesFromEvents(t *testing.T) {
+	entries := []ledger.OutboxEntry{
+		{Seq: 1, Key: "ce-1", Value: []byte(`{"type":"status_changed"}`)},
+		{Seq: 2, Stream: ledger.StreamStates, Key: "ce-1", Value: []byte(`{"id":"ce-1"}`)},
+		{Seq: 3, Key: "audit_completed", Value: []byte(`{"type":"audit_completed"}`)},
+		{Seq: 4, Stream: ledger.StreamStates, Key: "ce-2", Value: []byte(`{"id":"ce-2"}`)},
+	}
+	p := newOutboxPublisher(nil, nil, nil, "r1", slog.New(slog.DiscardHandler))
+	p.states = &recordingStates{}
+	events, states := p.split(entries)
+	if len(events) != 2 || string(events[0].Key) != "ce-1" || events[1].Key != "audit_completed" ||
+		string(events[1].Headers[OutboxSeqHeader]) != "3" || string(events[1].Headers[ReplicaHeader]) != "r1" {
+		t.Fatalf("events %+v; want entries 1 and 3 with their headers", events)
+	}
+	if len(states) != 2 || string(states[0].Key) != "ce-1" || string(states[1].Value) != `{"id":"ce-2"}` {
+		t.Fatalf("states %+v; want entries 2 and 4", states)
+	}
+	p.states = nil
+	if events, states = p.split(entries); len(events) != 2 || len(states) != 0 {
+		t.Fatalf("without a state sink: %d events, %d states; want 2 and none", len(events), len(states))
 	}
 }
