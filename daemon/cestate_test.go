@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
@@ -121,5 +125,36 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	}
 	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(changed) {
 		t.Errorf("r2 restored %v states, want the %d of the CEs that changed at r1", n, changed)
+	}
+	// r2 publishes again the newest status change of each CE it restored (r1 may have died
+	// before publishing it): the same posterior version and status as r1's.
+	want := map[string]ledger.StatusChange{}
+	for id, ce := range was {
+		for _, h := range ce.History {
+			if h.From != h.To {
+				want[id] = h
+			}
+		}
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(want) > 0 {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading the events topic: %v; status changes not published again by r2: %v", err, want)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if h, ok := want[e.ID]; ok && header(m, ReplicaHeader) == "r2" && e.Type == "status_changed" {
+			if e.PosteriorVersion != h.PosteriorVersion || e.To != h.To.String() || e.From != h.From.String() {
+				t.Errorf("%s: r2 published %s -> %s at %d, r1 recorded %s -> %s at %d", e.ID, e.From, e.To, e.PosteriorVersion,
+					h.From, h.To, h.PosteriorVersion)
+			}
+			delete(want, e.ID)
+		}
 	}
 }

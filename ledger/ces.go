@@ -427,6 +427,9 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
 		}
+		if state != nil {
+			w.republish(state)
+		}
 		if state != nil && h.status != state.Status {
 			// Judged here at its anchor's KL, the CE's status is not the one its previous owner left.
 			kl := p.kl[h.anchor]

@@ -146,3 +146,16 @@ func (l *Ledger) restoreHeader(h *header, state *CE, kl float64, past map[uint64
 	}
 	h.rejudge(l.opts.Policy.Bounds(h.certificate(), kl).Certified)
 }
+
+// republish puts the newest status change of a restored CE's history in the outbox again (not
+// in its history, which holds it): its previous owner may have died before publishing it, and a
+// consumer drops the copy by CE id, posterior version and new status.
+func (w *writeTx) republish(state *CE) {
+	for i := len(state.History) - 1; i >= 0; i-- {
+		if ch := state.History[i]; ch.From != ch.To {
+			ch.ID = state.ID
+			w.changes = append(w.changes, ch)
+			return
+		}
+	}
+}
