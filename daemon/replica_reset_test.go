@@ -70,3 +70,29 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 		t.Errorf("the replica restarted on the recreated log: Run = %v; want a refusal naming the reset and the recovery", err)
 	}
 }
+
+// TestPosteriorLogRegrownStopsTheReplica recreates the posterior topic under a running replica
+// and writes records into it past the replica's head before the replica could see it short: the
+// log's end never falls below what the replica has read, but the entry it applied last is gone.
+// The replica finds its head missing within resetAfter (plus a tick) and stops as on a short log,
+// naming the entry and the record in its place.
+func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
+	t.Parallel() // mostly waits for the check of the head
+	b := startCluster(t, 1)
+	r := startReplica(t, b, "r1")
+	n := produceRows(t, r, bundled(t), 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
+	head := r.d.rep.Head()
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
+	for i := int64(0); i <= head.Offset+2; i++ {
+		rawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
+	}
+	waitfor.Cond(t, 60*time.Second, "the replica stops following the regrown log", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "no longer holds entry") &&
+			r.metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	if got := r.d.rep.Head(); got.Seq != head.Seq || got.Hash != head.Hash {
+		t.Errorf("after the reset the replica's head is entry %d (%s); want entry %d (%s) it had", got.Seq, got.Hash, head.Seq, head.Hash)
+	}
+}

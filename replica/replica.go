@@ -786,6 +786,7 @@ func (r *Replica) watchEnd(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var failingSince, shortSince time.Time
+	headChecked := time.Now()
 	for {
 		end, err := r.plog.End(ctx)
 		switch {
@@ -804,7 +805,14 @@ func (r *Replica) watchEnd(ctx context.Context) {
 				shortSince = time.Now()
 				r.lg.Warn("posterior log ends before what this replica has read", "topic", r.plog.Topic(), "end", end, "read", read)
 			case time.Since(shortSince) >= resetAfter:
-				r.halt(end, read, time.Since(shortSince))
+				r.halt(fmt.Sprintf("has ended at offset %d, before offset %d this replica has read, for %s",
+					end, read, time.Since(shortSince).Round(time.Second)))
+			}
+			if end >= read && time.Since(headChecked) >= resetAfter {
+				headChecked = time.Now()
+				if found, gone := r.headGone(ctx); gone {
+					r.halt(found)
+				}
 			}
 			r.mu.Lock()
 			lag := max(end-r.read, 0)
@@ -826,11 +834,44 @@ func (r *Replica) watchEnd(ctx context.Context) {
 	}
 }
 
-// halt stops following a log that ends at end, before offset read that the follower has read,
-// for how long: the topic was recreated (or lost records), and what it holds now is another
-// history. The chain accepts nothing more but a new epoch on its head; /readyz and
-// cfguard_posterior_log_stopped say so.
-func (r *Replica) halt(end, read int64, how time.Duration) {
+// headGone reports whether the log no longer holds the entry this replica applied last, at its
+// offset with its bytes, and what it holds there instead: a topic recreated and grown past that
+// offset before the log was seen short (watchEnd checks every resetAfter). A record that cannot
+// be read now is not judged: the next check asks again.
+func (r *Replica) headGone(ctx context.Context) (found string, gone bool) {
+	r.mu.Lock()
+	head := r.chain.Head()
+	stopped := r.stopped != nil
+	r.mu.Unlock()
+	if stopped || head == nil {
+		return "", false
+	}
+	rd, err := r.plog.Read(head.Offset)
+	if err != nil {
+		return "", false
+	}
+	defer rd.Close()
+	cctx, cancel := context.WithTimeout(ctx, resetAfter)
+	defer cancel()
+	rec, err := rd.Next(cctx)
+	switch {
+	case err != nil:
+		return "", false
+	case rec.Offset != head.Offset:
+		return fmt.Sprintf("no longer holds entry %d this replica applied last at offset %d: its first record from there is at offset %d",
+			head.Seq, head.Offset, rec.Offset), true
+	case hashHex(rec.Value) != head.Hash:
+		return fmt.Sprintf("no longer holds entry %d this replica applied last at offset %d: the record there hashes to %s, not %s",
+			head.Seq, head.Offset, hashHex(rec.Value), head.Hash), true
+	}
+	return "", false
+}
+
+// halt stops following a log that is no longer the one the follower read (what says so: the
+// topic has ended before what it has read, or no longer holds its head): the topic was recreated
+// (or lost records), and what it holds now is another history. The chain accepts nothing more but
+// a new epoch on its head; /readyz and cfguard_posterior_log_stopped say so.
+func (r *Replica) halt(what string) {
 	r.mu.Lock()
 	if r.stopped != nil {
 		r.mu.Unlock()
@@ -838,11 +879,10 @@ func (r *Replica) halt(end, read int64, how time.Duration) {
 	}
 	r.chain.Halt()
 	h := r.chain.Head()
-	r.stopped = fmt.Errorf("posterior log reset: replication.posterior_topic %s has ended at offset %d, before offset %d this replica "+
-		"has read, for %s: the topic was deleted and recreated, or lost records. This replica keeps serving entry %d (posterior version %d) "+
-		"and applies nothing more until a new epoch moves past that entry: cfguard new-epoch --head-from <this replica's URL> "+
-		"(docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
-		r.plog.Topic(), end, read, how.Round(time.Second), h.Seq, h.Version)
+	r.stopped = fmt.Errorf("posterior log reset: replication.posterior_topic %s %s: the topic was deleted and recreated, or lost "+
+		"records. This replica keeps serving entry %d (posterior version %d) and applies nothing more until a new epoch moves past that "+
+		"entry: cfguard new-epoch --head-from <this replica's URL> (docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
+		r.plog.Topic(), what, h.Seq, h.Version)
 	close(r.changed)
 	r.changed = make(chan struct{})
 	err := r.stopped
