@@ -50,7 +50,7 @@ type MemberConfig struct {
 	Conn stream.ConnConfig
 	// Topic is the CE topic (replication.ce_topic). Required.
 	Topic string
-	// StateTopic is the CE state topic (replication.ce_state_topic), created compacted with
+	// StateTopic is the CE state topic (StateTopic of Topic on a replica), created compacted with
 	// Partitions partitions when missing. When set, a partition acquired from offset 0 is
 	// given the states its previous owners wrote: before its requests are read, the member reads
 	// the partition of the state topic to its end, and each registration it then hands to Apply

@@ -17,12 +17,13 @@ import (
 	"github.com/cfguard/cfguard/stream"
 )
 
-// The CE state topic (replication.ce_state_topic) is a compacted topic with the CE topic's
-// partitions, keyed by CE id: the owner of a CE writes the CE's state there each time it changes
-// (a status change, a renewal, a verdict), and a later owner of the partition reads the
-// partition from its start to its end when it acquires it afresh (from offset 0 of the CE topic),
-// so that the registrations it replays get the state their previous owner left (Request.State).
-// Compaction keeps the newest record of each CE; the CE topic keeps the registrations.
+// The CE state topic (StateTopic: the CE topic's name + ".state") is a compacted topic with the
+// CE topic's partitions, keyed by CE id: the owner of a CE writes the CE's state there each time
+// it changes (a status change, a renewal, a verdict), and a later owner of the partition reads
+// the partition from its start to its end when it acquires it afresh (from offset 0 of the CE
+// topic), so that the registrations it replays get the state their previous owner left
+// (Request.State). Compaction keeps the newest record of each CE; the CE topic keeps the
+// registrations.
 //
 // Of the records of one CE, a reader keeps the one written in the latest generation of the CE
 // group, the later one of a generation: an owner paused past its session writes under the
@@ -110,7 +111,7 @@ type StateWriter struct {
 func NewStateWriter(ctx context.Context, conn stream.ConnConfig, topic string, partitions int, keys *clusterkey.Keyring) (*StateWriter, error) {
 	switch {
 	case topic == "":
-		return nil, errors.New("ceshare: state writer: the CE state topic (replication.ce_state_topic) is empty")
+		return nil, errors.New("ceshare: state writer: no CE state topic")
 	case keys == nil:
 		return nil, errors.New("ceshare: state writer: no cluster key (replication.key_file)")
 	case partitions < 1:
