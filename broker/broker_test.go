@@ -13,6 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 )
 
@@ -39,7 +41,7 @@ func start(t *testing.T, ctx context.Context, cfg broker.Config) *broker.Broker 
 
 func produce(t *testing.T, addr, topic string, values ...string) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addr), Topic: topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(values))
 	for i, v := range values {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -120,7 +122,7 @@ func TestConnectionLimits(t *testing.T) {
 	// A real client, after the flood (TestConnDeadlines: a request in flight is not idle).
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()...), Topic: "t", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "t", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("after the flood")}); err != nil {
 		t.Fatalf("producing after the flood: %v", err)

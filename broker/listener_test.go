@@ -12,6 +12,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -63,7 +65,7 @@ func TestListenerSurvivesEMFILE(t *testing.T) {
 	if err := b.Healthy(); err != nil {
 		t.Fatalf("Healthy after temporary accept errors: %v", err)
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()...), Topic: "t", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "t", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

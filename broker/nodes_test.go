@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -30,7 +32,7 @@ var byKey = kafka.BalancerFunc(func(m kafka.Message, partitions ...int) int {
 // node at addr.
 func produceTo(t *testing.T, addr, topic string, partitions int, values []string) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: byKey, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addr), Topic: topic, Balancer: byKey, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(values))
 	for i, v := range values {
@@ -254,7 +256,7 @@ func TestSeveralNodesConfigRejected(t *testing.T) {
 // partitions of topic.
 func groupState(t *testing.T, addr, group, topic string) (string, map[string][]int) {
 	t.Helper()
-	cl := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 5 * time.Second}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addr), Timeout: 5 * time.Second}
 	resp, err := cl.DescribeGroups(context.Background(), &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 	if err != nil || len(resp.Groups) != 1 || resp.Groups[0].Error != nil {
 		return fmt.Sprintf("unknown (%v %v)", err, resp), nil
@@ -357,7 +359,7 @@ func TestGroupWithShortSessionTimeout(t *testing.T) {
 
 	// A member that joins and then never heartbeats is dropped after its 1 s session: the group
 	// settles back on r2 alone.
-	cl := &kafka.Client{Addr: kafka.TCP(addrs[0]), Timeout: 10 * time.Second}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addrs[0]), Timeout: 10 * time.Second}
 	join := &kafka.JoinGroupRequest{GroupID: "g", SessionTimeout: time.Second, RebalanceTimeout: 2 * time.Second,
 		ProtocolType: "consumer", Protocols: []kafka.GroupProtocol{{Name: "range", Metadata: kafka.GroupProtocolSubscription{Topics: []string{"events"}}}}}
 	resp, err := cl.JoinGroup(context.Background(), join)
@@ -389,7 +391,7 @@ func TestSeveralNodesApplyRetention(t *testing.T) {
 	const partitions = 6
 	b := start(t, context.Background(), broker.Config{Nodes: 3, DataDir: t.TempDir(), Topics: []string{"records"}, Partitions: partitions,
 		Retention: time.Hour, RetentionCheckInterval: time.Hour})
-	w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()[1]), Topic: "records", Balancer: byKey, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()[1]), Topic: "records", Balancer: byKey, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	var msgs []kafka.Message
 	for i := range 2 * partitions {

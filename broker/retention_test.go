@@ -11,6 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -49,7 +51,7 @@ func record(i int) string {
 func churn(t *testing.T, b *broker.Broker, dir string, rounds, n int) []int64 {
 	t.Helper()
 	addr := b.Addrs()[0]
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: "records", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addr), Topic: "records", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
 	defer w.Close()
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "records", GroupID: "churn", MaxWait: 50 * time.Millisecond})
 	defer r.Close()

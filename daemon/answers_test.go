@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
@@ -62,7 +64,7 @@ func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger
 	t.Helper()
 	s := reps[0].d.share
 	p := ceshare.Partition(id, s.partitions)
-	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...)}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...)}
 	var owner *running
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d applied to its end by its owner", p), func() bool {
 		res, err := cl.ListOffsets(context.Background(), &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{

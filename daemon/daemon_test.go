@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
@@ -206,7 +208,7 @@ func (r *running) metric(t *testing.T, name string, labels ...string) float64 {
 // WriteMessages has queued it.
 func (r *running) produce(t *testing.T, values ...[]byte) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll,
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll,
 		BatchSize: min(len(values), 500)}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(values))

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
@@ -152,7 +154,7 @@ func benchStream(b *testing.B, n int) (br *broker.Broker, set *dataset.Set, m *b
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(br.Addrs()...), Topic: "cfguard.records", BatchSize: 1000, BatchBytes: 900_000}
+	w := &kafka.Writer{Transport: kafkatest.Transport(b), Addr: kafka.TCP(br.Addrs()...), Topic: "cfguard.records", BatchSize: 1000, BatchBytes: 900_000}
 	msgs := make([]kafka.Message, n)
 	for i := range msgs {
 		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i%set.Len()], "label": set.Y[i%set.Len()]})

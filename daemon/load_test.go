@@ -153,7 +153,9 @@ func (l *loadCase) alive(t *testing.T, when string) {
 
 // produce writes the records, a batch a second, until all are written or ctx ends.
 func (l *loadCase) produce(ctx context.Context) {
-	w := &kafka.Writer{Addr: kafka.TCP(l.kc.ListenAddrs()...), Topic: l.r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: loadBatch}
+	tr := &kafka.Transport{} // not kafka.DefaultTransport: see kafkatest.Transport
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(l.kc.ListenAddrs()...), Topic: l.r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: loadBatch}
 	defer w.Close()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()

@@ -308,7 +308,7 @@ func outboxDaemon(t *testing.T) *runbookState {
 	data := bundled(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(r.d.BrokerAddrs()...)}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...)}
 	topic := r.d.cfg.Kafka.EventsTopic
 	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
 		t.Fatalf("deleting %s: %v %v", topic, err, res)
@@ -329,7 +329,7 @@ func createTopic(t *testing.T, brokers []string, topic string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokers...)}
 	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
 	if err != nil || res.Errors[topic] != nil {
 		t.Fatalf("creating %s: %v %v", topic, err, res)

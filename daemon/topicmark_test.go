@@ -42,7 +42,7 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 		t.Helper()
 		// One batch of n records, sent once queued (a batch that is not full waits for kafka-go's
 		// BatchTimeout, 1 s).
-		w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: min(n, 500)}
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: min(n, 500)}
 		defer w.Close()
 		msgs := make([]kafka.Message, n)
 		for i := range msgs {

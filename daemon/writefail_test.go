@@ -18,6 +18,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/runbooktest"
@@ -217,7 +219,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 // with OffsetFetch over TCP as Kafka's consumer-group tooling does.
 func groupCommitted(t *testing.T, brokers []string, group, topic string) int64 {
 	t.Helper()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
 	res, err := cl.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: {0}}})
 	if err == nil && errors.Is(res.Error, kafka.GroupIdNotFound) {
 		return -1

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -393,7 +395,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("good%d", i), "features": data.X[i], "label": data.Y[i]})
 		good = append(good, kafka.Message{Value: b})
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: len(data.X)}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: len(data.X)}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
@@ -197,7 +199,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	registerCounterfactuals(t, d, token, data.X, nCEs)
 	produce := func(d *daemon.Daemon, recs []kafka.Message) {
 		t.Helper()
-		w := &kafka.Writer{Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 500}
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 500}
 		defer w.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -78,7 +80,7 @@ func TestMeasureTrickle(t *testing.T) {
 	}
 	p0 := pNow()
 
-	w := &kafka.Writer{Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 1}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 1}
 	defer w.Close()
 	start := time.Now()
 	tick := time.NewTicker(500 * time.Millisecond)

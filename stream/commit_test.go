@@ -11,6 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -19,7 +21,7 @@ import (
 // topic (-1 where none), read with OffsetFetch as consumer-group describe does.
 func groupOffsets(t testing.TB, conn ConnConfig, group string, partitions ...int) map[int]int64 {
 	t.Helper()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Timeout: 5 * time.Second}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...), Timeout: 5 * time.Second}
 	res, err := cl.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: group,
 		Topics: map[string][]int{recordsTopic: partitions}})
 	out := map[int]int64{}
@@ -41,7 +43,7 @@ func groupOffsets(t testing.TB, conn ConnConfig, group string, partitions ...int
 // describeGroup returns a group's state and member count.
 func describeGroup(t testing.TB, conn ConnConfig, group string) (string, int) {
 	t.Helper()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Timeout: 5 * time.Second}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...), Timeout: 5 * time.Second}
 	res, err := cl.DescribeGroups(context.Background(), &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 	if err != nil || len(res.Groups) != 1 {
 		t.Fatalf("DescribeGroups(%s): %v %+v", group, err, res)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/testnet"
 )
@@ -82,7 +84,7 @@ func TestDeadLetterTopicMissing(t *testing.T) {
 	if s := c.Stats(); s.Retries == 0 || s.DeadLettered[ReasonMissingField] != 0 || s.Increments != 0 {
 		t.Fatalf("stats while the dead-letter topic is missing: %+v", s)
 	}
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...)}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...)}
 	res, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
 		Topics: []kafka.TopicConfig{{Topic: deadTopic, NumPartitions: 1, ReplicationFactor: 1}}})
 	if err != nil || res.Errors[deadTopic] != nil {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -42,7 +44,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	const good, per = 384, 16
 	produced := make(chan error, 1)
 	go func() {
-		w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()[0]), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: per}
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()[0]), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: per}
 		defer w.Close()
 		for i := 0; i < good; i += per {
 			var msgs []kafka.Message

@@ -193,10 +193,12 @@ func startStream(brokers []string, data *dataset.Set) *recordStream {
 // model learning the opposite of what it knew.
 func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *recordStream {
 	s := &recordStream{stop: make(chan struct{}), done: make(chan struct{})}
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
+	tr := &kafka.Transport{} // not kafka.DefaultTransport: see kafkatest.Transport
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 64}
 	go func() {
 		defer close(s.done)
+		defer tr.CloseIdleConnections()
 		defer w.Close()
 		tick := time.NewTicker(40 * time.Millisecond)
 		defer tick.Stop()

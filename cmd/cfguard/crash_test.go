@@ -18,6 +18,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
@@ -235,7 +237,7 @@ func TestCrashConsistency(t *testing.T) {
 
 	// 24 increments of 16 good records, with a bad record every 10th message.
 	const good = 384
-	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 100}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 100}
 	var msgs []kafka.Message
 	for i := 0; i < good; i++ {
 		if i%10 == 9 {
@@ -330,7 +332,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	c.waitUp(t)
 	const n = 48
 	brokerAddr := c.brokerAddr()
-	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: n}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: n}
 	var msgs []kafka.Message
 	for i := 0; i < n; i++ {
 		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i], "label": set.Y[i]})
@@ -397,7 +399,7 @@ func restartTrials(t *testing.T, trials int) {
 	brokerAddr := startBroker(t).Addrs()[0]
 	dir := t.TempDir()
 	set, _, modelDir := trainModel(t, dir)
-	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 16, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 16, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	next := 0
 	produce16 := func() {

@@ -108,7 +108,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 
 	// 320 benign rows labelled malignant: 20 increments of 16 that drift steadily.
 	const total = 320
-	w := &kafka.Writer{Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 100}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(brokerAddr), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: 100}
 	var msgs []kafka.Message
 	for i := 0; len(msgs) < total; i++ {
 		k := i % len(set.X)

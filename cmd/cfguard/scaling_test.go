@@ -19,6 +19,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/dataset"
@@ -241,7 +243,7 @@ func (r *replicaProc) ready() bool {
 // to the records topic and returns when every one is acknowledged.
 func (c *measureCluster) produceRecords(t *testing.T, from, n int, flip bool) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(c.brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(c.brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 64}
 	defer w.Close()
 	msgs := make([]kafka.Message, n)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
@@ -92,7 +94,7 @@ func (l *testLog) append(e *postlog.Entry, sign bool) []byte {
 		}
 		return v
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.posterior", RequiredAcks: kafka.RequireAll}
+	w := &kafka.Writer{Transport: kafkatest.Transport(l.t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.posterior", RequiredAcks: kafka.RequireAll}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, kafka.Message{Value: v}); err != nil {
 		l.t.Fatal(err)

@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
@@ -111,7 +113,7 @@ func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 	}
 	// Batches of the call's size (at most 1000) are full, and sent, once queued; a smaller batch
 	// would wait for kafka-go's BatchTimeout (1 s).
-	w := &kafka.Writer{Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll,
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll,
 		BatchSize: min(len(msgs), 1000)}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

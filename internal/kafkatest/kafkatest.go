@@ -58,3 +58,14 @@ func ReadPartition(t testing.TB, brokers []string, topic string, p int) []kafka.
 	}
 	return out
 }
+
+// Transport returns a kafka-go transport of the test's own, whose idle connections close when
+// the test ends. A writer or client given none uses kafka.DefaultTransport, which the whole test
+// binary shares and which caches each broker address's metadata for up to 6 s: once an earlier
+// test's broker freed its port and a later test's broker bound it, a writer could route by the
+// earlier broker's topics and fail at once with "Unknown Topic Or Partition".
+func Transport(t testing.TB) *kafka.Transport {
+	tr := &kafka.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}

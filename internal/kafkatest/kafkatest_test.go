@@ -18,7 +18,7 @@ func TestRecreateTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	w := &kafka.Writer{Addr: kafka.TCP(b.Addrs()...), Topic: "t", BatchSize: 1, RequiredAcks: kafka.RequireAll}
+	w := &kafka.Writer{Transport: Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "t", BatchSize: 1, RequiredAcks: kafka.RequireAll}
 	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
