@@ -589,56 +589,72 @@ type offsetRequest struct {
 	offset int64
 }
 
-// decode reads the records of a fetch response at or after from. It returns the well-formed
-// requests and the offset after the last record; malformed records are counted and logged.
-func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, error) {
-	next := from
-	var out []offsetRequest
-	err := stream.EachRecord(rr, func(r *kafka.Record, control bool) error {
+// record is one data record of a fetch response: its offset, key, value and authenticator
+// (the clusterkey.Header header, nil without one).
+type record struct {
+	offset     int64
+	key, value []byte
+	auth       []byte
+}
+
+// eachRecord calls fn with each data record of rr at or after from (a batch may start before
+// the offset asked for) and returns the offset after the last record, control records included.
+func eachRecord(rr kafka.RecordReader, from int64, fn func(r record)) (next int64, err error) {
+	next = from
+	err = stream.EachRecord(rr, func(r *kafka.Record, control bool) error {
 		if r.Offset < from {
-			return nil // a batch may start before the offset asked for
+			return nil
 		}
 		next = max(next, r.Offset+1)
 		if control {
 			return nil
 		}
-		key, err := stream.ReadBytes(r.Key)
-		if err != nil {
+		rec := record{offset: r.Offset}
+		var err error
+		if rec.key, err = stream.ReadBytes(r.Key); err != nil {
 			return err
 		}
-		value, err := stream.ReadBytes(r.Value)
-		if err != nil {
+		if rec.value, err = stream.ReadBytes(r.Value); err != nil {
 			return err
 		}
-		var auth []byte
 		for _, h := range r.Headers {
 			if h.Key == clusterkey.Header {
-				auth = h.Value
+				rec.auth = h.Value
 			}
 		}
-		if err := Authenticate(m.cfg.Keys, value, auth); err != nil {
+		fn(rec)
+		return nil
+	})
+	return next, err
+}
+
+// decode reads the records of a fetch response at or after from. It returns the well-formed
+// requests and the offset after the last record; malformed records are counted and logged.
+func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, error) {
+	var out []offsetRequest
+	next, err := eachRecord(rr, from, func(r record) {
+		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
 			m.mu.Lock()
 			m.skipped[ReasonUnauthenticated]++
 			m.mu.Unlock()
 			if m.cfg.OnUnauthenticated != nil {
-				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.Offset)
+				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.offset)
 			}
 			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
-				"partition", p, "offset", r.Offset, "err", err)
-			return nil
+				"partition", p, "offset", r.offset, "err", err)
+			return
 		}
-		req, err := Decode(key, value)
+		req, err := Decode(r.key, r.value)
 		var de *DecodeError
 		if errors.As(err, &de) {
 			m.mu.Lock()
 			m.skipped[de.Reason]++
 			m.mu.Unlock()
-			m.log.Warn("malformed CE request skipped", "partition", p, "offset", r.Offset, "reason", de.Reason, "detail", de.Detail)
-			return nil
+			m.log.Warn("malformed CE request skipped", "partition", p, "offset", r.offset, "reason", de.Reason, "detail", de.Detail)
+			return
 		}
-		req.Offset = r.Offset
-		out = append(out, offsetRequest{req: req, offset: r.Offset})
-		return nil
+		req.Offset = r.offset
+		out = append(out, offsetRequest{req: req, offset: r.offset})
 	})
 	return out, next, err
 }

@@ -253,25 +253,7 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[s
 			return nil, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, next, err)
 		}
 		from := next
-		err = stream.EachRecord(fr.Records, func(r *kafka.Record, control bool) error {
-			if r.Offset < from {
-				return nil
-			}
-			next = max(next, r.Offset+1)
-			if control {
-				return nil
-			}
-			key, err := stream.ReadBytes(r.Key)
-			if err != nil {
-				return err
-			}
-			value, err := stream.ReadBytes(r.Value)
-			if err != nil {
-				return err
-			}
-			m.foldState(states, p, r.Offset, key, value, r.Headers)
-			return nil
-		})
+		next, err = eachRecord(fr.Records, from, func(r record) { m.foldState(states, p, r) })
 		if err != nil {
 			return nil, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, from, err)
 		}
@@ -282,39 +264,33 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[s
 	return states, nil
 }
 
-// foldState keeps the record at offset of partition p in states when it authenticates,
-// decodes, and is of a generation no older than the state it replaces.
-func (m *Member) foldState(states map[string]State, p int, offset int64, key, value []byte, headers []kafka.Header) {
-	var auth []byte
-	for _, h := range headers {
-		if h.Key == clusterkey.Header {
-			auth = h.Value
-		}
-	}
-	if len(value) == 0 {
+// foldState keeps record r of partition p in states when it authenticates, decodes, and is
+// of a generation no older than the state it replaces.
+func (m *Member) foldState(states map[string]State, p int, r record) {
+	if len(r.value) == 0 {
 		return // a tombstone
 	}
-	if err := m.cfg.Keys.Verify(StateDomain, value, auth); err != nil {
+	if err := m.cfg.Keys.Verify(StateDomain, r.value, r.auth); err != nil {
 		m.mu.Lock()
 		m.states.Unauthenticated++
 		m.mu.Unlock()
 		if m.cfg.OnUnauthenticated != nil {
-			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, offset)
+			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
 		}
 		m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
-			"state_topic", m.cfg.StateTopic, "partition", p, "offset", offset, "err", err)
+			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "err", err)
 		return
 	}
-	s, err := DecodeState(key, value)
+	s, err := DecodeState(r.key, r.value)
 	var de *DecodeError
 	if errors.As(err, &de) {
 		m.mu.Lock()
 		m.states.Malformed++
 		m.mu.Unlock()
 		if m.cfg.OnMalformedState != nil {
-			m.cfg.OnMalformedState(p, offset)
+			m.cfg.OnMalformedState(p, r.offset)
 		}
-		m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", offset,
+		m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset,
 			"reason", de.Reason, "detail", de.Detail)
 		return
 	}

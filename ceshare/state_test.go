@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -23,12 +24,7 @@ func writeRaw(t *testing.T, conn stream.ConnConfig, msgs ...kafka.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	tr, err := conn.Transport(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testStateTopic, Transport: tr, RequiredAcks: kafka.RequireAll,
+	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testStateTopic, Transport: kafkatest.Transport(t), RequiredAcks: kafka.RequireAll,
 		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return Partition(string(m.Key), testPartitions) }),
 		BatchTimeout: time.Millisecond}
 	defer w.Close()
@@ -164,12 +160,7 @@ func deleteTopic(t *testing.T, conn stream.ConnConfig, topic string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	tr, err := conn.Transport(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
 	res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
 	if err == nil {
 		err = res.Errors[topic]
@@ -211,12 +202,7 @@ func TestStateTopicDeletedIsCreatedAgain(t *testing.T) {
 	if err := sw.Write(ctx, []State{{ID: "a-1", Replica: "r1", Generation: 1, CE: json.RawMessage(`{"s":"after"}`)}}); err != nil {
 		t.Fatalf("writing a state once the topic is gone: %v", err)
 	}
-	tr, err := conn.Transport(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
 	if n, err := topicPartitions(ctx, cl, testStateTopic); err != nil || n != testPartitions {
 		t.Fatalf("the state topic created again has %d partitions (%v), want %d", n, err, testPartitions)
 	}
