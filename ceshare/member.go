@@ -51,9 +51,10 @@ type MemberConfig struct {
 	// Topic is the CE topic (replication.ce_topic). Required.
 	Topic string
 	// StateTopic is the CE state topic (StateTopic of Topic on a replica), created compacted with
-	// Partitions partitions when missing. When set, a partition acquired from offset 0 is
-	// given the states its previous owners wrote: before its requests are read, the member reads
-	// the partition of the state topic to its end, and each registration it then hands to Apply
+	// Partitions partitions when missing. When set, a partition acquired with registrations to
+	// replay (from offset 0, or from the offset a rebuild cut short by a crash stored) is given
+	// the states its previous owners wrote: before its requests are read, the member reads the
+	// partition of the state topic to its end, and each registration it then hands to Apply
 	// until the partition caught up carries its CE's state (Request.State). Empty: none.
 	StateTopic string
 	// Group is the consumer group that shares the topic's partitions out
@@ -167,8 +168,8 @@ type partState struct {
 	next  int64 // offset after the last record handed to Apply (or from Acquire)
 	end   int64 // the partition's high watermark at the last fetch
 	ready bool  // next reached end once since Acquire
-	// states are the CE states read from the state topic when the partition was acquired from
-	// offset 0, handed to registrations until the partition caught up.
+	// states are the CE states read from the state topic when the partition was acquired with
+	// registrations to replay, handed to them until the partition caught up.
 	states map[string]State
 }
 
@@ -467,13 +468,16 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 	}
 	m.mu.Lock()
 	ps := m.parts[p]
-	if ps == nil || ps.next != from {
+	fresh := ps == nil || ps.next != from
+	if fresh {
 		ps = &partState{next: from}
 		m.parts[p] = ps
 		m.log.Info("CE partition acquired", "partition", p, "from", from)
 	}
 	m.mu.Unlock()
-	if from == 0 && m.cfg.StateTopic != "" {
+	// The registrations still to replay get their states: all of them when the partition is
+	// acquired from its start, the rest of them when a rebuild was cut short (a crash).
+	if fresh && m.cfg.StateTopic != "" && m.toReplay(ctx, cl, p, from) {
 		states := m.acquireStates(ctx, cl, p)
 		if ctx.Err() != nil {
 			return
@@ -546,6 +550,24 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		}
 		m.mu.Unlock()
 	}
+}
+
+// toReplay says whether partition p of the CE topic holds records at or after from (true when
+// its end cannot be read: reading the states costs a read, missing them costs the states).
+func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int64) bool {
+	if from == 0 {
+		return true
+	}
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{m.cfg.Topic: {kafka.LastOffsetOf(p)}}})
+	if err != nil {
+		return true
+	}
+	for _, po := range res.Topics[m.cfg.Topic] {
+		if po.Partition == p && po.Error == nil {
+			return po.LastOffset > from
+		}
+	}
+	return true
 }
 
 // acquireStates reads partition p of the CE state topic (readStates), retrying a broker's

@@ -155,6 +155,13 @@ func (l *ledger) Release(_ context.Context, p int) error {
 	return nil
 }
 
+// registered returns how many ids got a registration applied.
+func (l *ledger) registered() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lastCE)
+}
+
 // applied returns the kind/id of every request applied to partition p.
 func (l *ledger) applied(p int) []string {
 	l.mu.Lock()

@@ -58,7 +58,7 @@ type Request struct {
 
 	// Offset is where the request was read in its partition (set by Member, not encoded).
 	Offset int64 `json:"-"`
-	// State is, for a registration read while its partition is rebuilt from offset 0, the state
+	// State is, for a registration read while its partition is rebuilt (MemberConfig.StateTopic), the state
 	// a previous owner wrote for its CE on the CE state topic (set by Member, not encoded), nil
 	// for none. The caller judges whether it is a state of this registration's CE.
 	State *State `json:"-"`

@@ -19,16 +19,17 @@ import (
 
 // The CE state topic (StateTopic: the CE topic's name + ".state") is a compacted topic with the
 // CE topic's partitions, keyed by CE id: the owner of a CE writes the CE's state there each time
-// it changes (a status change, a renewal, a verdict), and a later owner of the partition reads
-// the partition from its start to its end when it acquires it afresh (from offset 0 of the CE
-// topic), so that the registrations it replays get the state their previous owner left
-// (Request.State). Compaction keeps the newest record of each CE; the CE topic keeps the
-// registrations.
+// it changes (a status change, a renewal, a verdict) and when it stores a registration with a
+// state its previous owner left, and a tombstone when the CE is deleted. A later owner of the
+// partition reads the partition from its start to its end when it acquires it with
+// registrations still to replay, so that those registrations get the state their previous
+// owner left (Request.State). The CE topic keeps the registrations.
 //
-// Of the records of one CE, a reader keeps the one written in the latest generation of the CE
-// group, the later one of a generation: an owner paused past its session writes under the
-// generation that gave it the partition, and the new owner's records, written under a later
-// one, win over its late writes while the topic holds both.
+// Of the records of one CE, a reader keeps the last one, as compaction does: the newest state,
+// or none when it is a tombstone or a record that does not authenticate or decode. The reader's
+// view is then the same before and after the cleaner ran. An owner paused past its session may write a state after its successor read the topic;
+// the successor's next write of that CE supersedes it, and a later reader checks it as any
+// other (a state is a claim the new owner checks and judges again, never taken on trust).
 
 // StateTopic is the CE state topic of CE topic ceTopic (replication.ce_topic): its name with
 // ".state" appended. Deriving it keeps the replicas of a cluster on one state topic.
@@ -38,13 +39,35 @@ func StateTopic(ceTopic string) string { return ceTopic + ".state" }
 // posterior log (clusterkey): a state's authenticator never verifies as a request's.
 const StateDomain = "cfguard ce state v1"
 
+// TombstoneDomain is the domain of a tombstone's authenticator, which covers its key (the CE
+// id): a tombstone has no value to sign, and one that does not authenticate deletes nothing.
+const TombstoneDomain = "cfguard ce state tombstone v1"
+
+// MaxStateBytes bounds the value of a state record (EncodeState refuses a larger one with
+// ErrStateTooLarge). Kafka refuses a produce request over the topic's max.message.bytes (1 MiB
+// by default); a writer sends at most stateBatchBytes in one.
+const MaxStateBytes = 256 << 10
+
+// stateBatchBytes bounds the records of one produce request of a StateWriter (their keys,
+// values and authenticators, and recordOverhead each).
+const (
+	stateBatchBytes = 512 << 10
+	recordOverhead  = 64
+)
+
+// ErrStateTooLarge is EncodeState's error for a state whose value is over MaxStateBytes.
+var ErrStateTooLarge = errors.New("ceshare: CE state over the size a state record may have")
+
 // State is one record of the CE state topic: its key is the CE id, its value the JSON of State.
 type State struct {
 	// ID is the CE's id (ident.Check); the record's key.
 	ID string `json:"id"`
 	// Replica is the id of the replica that owned the CE and wrote the state.
 	Replica string `json:"replica"`
-	// Generation is the CE group generation in which that replica owned the CE's partition.
+	// Generation is the latest CE group generation the writer took part in when it wrote the
+	// state (0 before it joined one). It tells an operator reading the topic which generation a
+	// state came from; a reader orders states by offset, not by it (generations start again
+	// from 1 when the group is removed).
 	Generation int32 `json:"generation"`
 	// CE is the CE as its owner's ledger holds it (JSON); opaque here.
 	CE json.RawMessage `json:"ce"`
@@ -57,6 +80,9 @@ func EncodeState(s State) (key, value []byte, err error) {
 	}
 	if value, err = json.Marshal(s); err != nil {
 		return nil, nil, &DecodeError{Reason: ReasonCE, Detail: err.Error()}
+	}
+	if len(value) > MaxStateBytes {
+		return nil, nil, fmt.Errorf("%w: %d bytes, at most %d", ErrStateTooLarge, len(value), MaxStateBytes)
 	}
 	return []byte(s.ID), value, nil
 }
@@ -141,11 +167,13 @@ func (w *StateWriter) Write(ctx context.Context, states []State) error {
 	return w.WriteEncoded(ctx, recs)
 }
 
-// Encoded is a state as EncodeState returned it: the record's key and value.
+// Encoded is a state as EncodeState returned it: the record's key and value. An empty value
+// is a tombstone: the CE of the key was deleted.
 type Encoded struct{ Key, Value []byte }
 
 // WriteEncoded is Write for states already encoded by EncodeState (a replica's outbox holds
-// them so), which it does not decode again.
+// them so), which it does not decode again, and for tombstones. Each partition's records go in
+// produce requests of at most stateBatchBytes (one record alone when it is larger), in order.
 func (w *StateWriter) WriteEncoded(ctx context.Context, recs []Encoded) error {
 	byPart := map[int][]signed{}
 	var order []int
@@ -154,28 +182,62 @@ func (w *StateWriter) WriteEncoded(ctx context.Context, recs []Encoded) error {
 		if _, ok := byPart[p]; !ok {
 			order = append(order, p)
 		}
-		byPart[p] = append(byPart[p], signed{r.Key, r.Value, w.keys.Sign(StateDomain, r.Value)})
+		s := signed{key: r.Key, value: r.Value}
+		if len(r.Value) == 0 {
+			s.value, s.auth = nil, w.keys.Sign(TombstoneDomain, r.Key)
+		} else {
+			s.auth = w.keys.Sign(StateDomain, r.Value)
+		}
+		byPart[p] = append(byPart[p], s)
 	}
 	for _, p := range order {
-		err := w.produce(ctx, p, byPart[p])
-		// The topic was deleted: create it again (its states are lost; those written from now on
-		// are kept) and write once the client's metadata knows it (within its TTL, 6 s).
-		bo := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
-		for topicGone(err) {
-			if _, cerr := createStateTopic(ctx, w.cl, w.topic, w.partitions); cerr != nil {
-				err = errors.Join(err, cerr)
-				break
+		for _, batch := range batches(byPart[p]) {
+			if err := w.write(ctx, p, batch); err != nil {
+				return fmt.Errorf("ceshare: writing %d states to partition %d of %q: %w", len(batch), p, w.topic, err)
 			}
-			if bo.Wait(ctx) != nil {
-				break
-			}
-			err = w.produce(ctx, p, byPart[p])
-		}
-		if err != nil {
-			return fmt.Errorf("ceshare: writing %d states to partition %d of %q: %w", len(byPart[p]), p, w.topic, err)
 		}
 	}
 	return nil
+}
+
+// batches cuts recs into runs of at most stateBatchBytes, in order; a record larger than that
+// is a run of its own.
+func batches(recs []signed) [][]signed {
+	var (
+		out   [][]signed
+		start int
+		size  int
+	)
+	for i, r := range recs {
+		n := len(r.key) + len(r.value) + len(r.auth) + recordOverhead
+		if i > start && size+n > stateBatchBytes {
+			out = append(out, recs[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(recs) {
+		out = append(out, recs[start:])
+	}
+	return out
+}
+
+// write produces recs to partition p. A topic that was deleted is created again (its states
+// are lost; those written from now on are kept) and written once the client's metadata knows
+// it (within its TTL, 6 s).
+func (w *StateWriter) write(ctx context.Context, p int, recs []signed) error {
+	err := w.produce(ctx, p, recs)
+	bo := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+	for topicGone(err) {
+		if _, cerr := createStateTopic(ctx, w.cl, w.topic, w.partitions); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+		if bo.Wait(ctx) != nil {
+			return err
+		}
+		err = w.produce(ctx, p, recs)
+	}
+	return err
 }
 
 // topicGone says whether err is a topic the broker, or the client's cached metadata, does not
@@ -193,8 +255,10 @@ func (w *StateWriter) produce(ctx context.Context, p int, states []signed) error
 	now := time.Now()
 	records := make([]kafka.Record, len(states))
 	for i, s := range states {
-		records[i] = kafka.Record{Time: now, Key: kafka.NewBytes(s.key), Value: kafka.NewBytes(s.value),
-			Headers: []kafka.Header{{Key: clusterkey.Header, Value: s.auth}}}
+		records[i] = kafka.Record{Time: now, Key: kafka.NewBytes(s.key), Headers: []kafka.Header{{Key: clusterkey.Header, Value: s.auth}}}
+		if s.value != nil { // else a tombstone: a null value
+			records[i].Value = kafka.NewBytes(s.value)
+		}
 	}
 	res, err := w.cl.Produce(ctx, &kafka.ProduceRequest{Topic: w.topic, Partition: p, RequiredAcks: kafka.RequireAll,
 		Records: kafka.NewRecordReader(records...)})
@@ -214,13 +278,14 @@ func (w *StateWriter) Close() error {
 // StateStats counts what a member read from the CE state topic.
 type StateStats struct {
 	Read            int64 // authenticated, well-formed states read
+	Tombstones      int64 // authenticated tombstones read
 	Unauthenticated int64 // records whose authenticator does not verify: left out
 	Malformed       int64 // authenticated records that are not a State: left out
 }
 
 // readStates reads partition p of the CE state topic from its start to its end as of the call
-// and returns the state of each CE it holds (the newest generation's, the later of one
-// generation). Records that do not authenticate or decode are left out, counted and logged.
+// and returns the state of each CE whose last record is a state. Records that do not
+// authenticate or decode are counted and logged.
 func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[string]State, error) {
 	topic := m.cfg.StateTopic
 	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
@@ -264,13 +329,20 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[s
 	return states, nil
 }
 
-// foldState keeps record r of partition p in states when it authenticates, decodes, and is
-// of a generation no older than the state it replaces.
+// foldState folds record r of partition p into states: a state replaces the CE's state; a
+// tombstone, or a record that does not authenticate or decode, removes it (compaction keeps
+// such a record in place of the states before it, so a reader does the same). Records that do
+// not authenticate or decode are counted and logged.
 func (m *Member) foldState(states map[string]State, p int, r record) {
-	if len(r.value) == 0 {
-		return // a tombstone
+	delete(states, string(r.key))
+	tomb := len(r.value) == 0
+	var err error
+	if tomb {
+		err = m.cfg.Keys.Verify(TombstoneDomain, r.key, r.auth)
+	} else {
+		err = m.cfg.Keys.Verify(StateDomain, r.value, r.auth)
 	}
-	if err := m.cfg.Keys.Verify(StateDomain, r.value, r.auth); err != nil {
+	if err != nil {
 		m.mu.Lock()
 		m.states.Unauthenticated++
 		m.mu.Unlock()
@@ -278,7 +350,13 @@ func (m *Member) foldState(states map[string]State, p int, r record) {
 			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
 		}
 		m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
-			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "err", err)
+			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", tomb, "err", err)
+		return
+	}
+	if tomb {
+		m.mu.Lock()
+		m.states.Tombstones++
+		m.mu.Unlock()
 		return
 	}
 	s, err := DecodeState(r.key, r.value)
@@ -297,9 +375,7 @@ func (m *Member) foldState(states map[string]State, p int, r record) {
 	m.mu.Lock()
 	m.states.Read++
 	m.mu.Unlock()
-	if have, ok := states[s.ID]; !ok || s.Generation >= have.Generation {
-		states[s.ID] = s
-	}
+	states[s.ID] = s
 }
 
 // ensureStateTopic creates the CE state topic, compacted, with partitions partitions, unless it

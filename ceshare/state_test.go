@@ -3,6 +3,7 @@ package ceshare
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -34,9 +35,9 @@ func writeRaw(t *testing.T, conn stream.ConnConfig, msgs ...kafka.Message) {
 }
 
 // A member that acquires a partition afresh hands each registration the state its previous
-// owners left on the CE state topic: of one CE's records, the newest generation's, the later of
-// one generation; records that do not authenticate or decode are left out and counted. Once the
-// partition caught up, registrations come without states.
+// owners left on the CE state topic: of one CE's records, the last one, as compaction keeps it.
+// A tombstone, or a record that does not authenticate or decode, leaves the CE without a state;
+// such records are counted. Once the partition caught up, registrations come without states.
 func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	_, conn := startBroker(t)
 	cfg := memberConfig(conn, "r1")
@@ -49,13 +50,14 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	defer pr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for i := range 8 {
+	const n = 11
+	for i := range n {
 		r := Request{Kind: KindRegister, ID: fmt.Sprintf("a-%d", i), Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}
 		if _, _, err := pr.Send(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitfor.Cond(t, 60*time.Second, "the first member applying the registrations", func() bool { return len(first.l.lastCE) == 8 })
+	waitfor.Cond(t, 60*time.Second, "the first member applying the registrations", func() bool { return first.l.registered() == n })
 
 	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
 	if err != nil {
@@ -67,9 +69,14 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	}
 	if err := sw.Write(ctx, []State{
 		st("a-0", 5, `{"s":"a-0 g5"}`),
+		// A paused owner's late write, of an older generation, is the last record: compaction
+		// would keep it, and so does the reader.
 		st("a-1", 5, `{"s":"a-1 g5"}`), st("a-1", 3, `{"s":"a-1 g3, a paused owner's late write"}`),
 		st("a-2", 5, `{"s":"a-2 g5"}`), st("a-2", 7, `{"s":"a-2 g7"}`),
 		st("a-3", 5, `{"s":"a-3 first"}`), st("a-3", 5, `{"s":"a-3 second"}`),
+		st("a-8", 5, `{"s":"a-8, then deleted"}`),
+		st("a-9", 5, `{"s":"a-9, then forged over"}`),
+		st("a-10", 5, `{"s":"a-10, deleted"}`),
 		st("b-0", 5, `{"s":"b-0, registered after the catch-up"}`),
 	}); err != nil {
 		t.Fatal(err)
@@ -80,14 +87,20 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	}
 	_, forged, _ := EncodeState(st("a-4", 9, `{"s":"forged"}`))
 	_, forged5, _ := EncodeState(st("a-5", 9, `{"s":"forged"}`))
+	_, forged9, _ := EncodeState(st("a-9", 9, `{"s":"forged"}`))
 	malformed := []byte(`{"id":"a-6","replica":"r1","generation":9,"ce":"not an object"}`)
 	writeRaw(t, conn,
 		kafka.Message{Key: []byte("a-4"), Value: forged, Headers: []kafka.Header{{Key: clusterkey.Header, Value: other.Sign(StateDomain, forged)}}},
 		kafka.Message{Key: []byte("a-5"), Value: forged5, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(testKeys(), forged5)}}},
 		kafka.Message{Key: []byte("a-6"), Value: malformed, Headers: []kafka.Header{{Key: clusterkey.Header, Value: testKeys().Sign(StateDomain, malformed)}}},
-		kafka.Message{Key: []byte("a-7")}, // a tombstone
+		kafka.Message{Key: []byte("a-7")}, // a tombstone without an authenticator
+		kafka.Message{Key: []byte("a-9"), Value: forged9, Headers: []kafka.Header{{Key: clusterkey.Header, Value: other.Sign(StateDomain, forged9)}}},
 	)
-	if err := sw.Write(ctx, []State{st("a-5", 5, `{"s":"a-5 g5"}`)}); err != nil {
+	// a-8: a tombstone of the cluster; a-10: deleted and its state written again.
+	if err := sw.WriteEncoded(ctx, []Encoded{{Key: []byte("a-8")}, {Key: []byte("a-10")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.Write(ctx, []State{st("a-5", 5, `{"s":"a-5 g5"}`), st("a-10", 5, `{"s":"a-10 again"}`)}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -98,17 +111,12 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: "b-0", Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
 		t.Fatal(err)
 	}
-	waitfor.Cond(t, 30*time.Second, "the second member applying b-0", func() bool {
-		second.l.mu.Lock()
-		defer second.l.mu.Unlock()
-		_, ok := second.l.lastCE["b-0"]
-		return ok
-	})
-	want := map[string]string{"a-0": `{"s":"a-0 g5"}`, "a-1": `{"s":"a-1 g5"}`, "a-2": `{"s":"a-2 g7"}`, "a-3": `{"s":"a-3 second"}`,
-		"a-5": `{"s":"a-5 g5"}`}
+	waitfor.Cond(t, 30*time.Second, "the second member applying b-0", func() bool { return second.l.registered() == n+1 })
+	want := map[string]string{"a-0": `{"s":"a-0 g5"}`, "a-1": `{"s":"a-1 g3, a paused owner's late write"}`, "a-2": `{"s":"a-2 g7"}`,
+		"a-3": `{"s":"a-3 second"}`, "a-5": `{"s":"a-5 g5"}`, "a-10": `{"s":"a-10 again"}`}
 	second.l.mu.Lock()
 	defer second.l.mu.Unlock()
-	for _, id := range []string{"a-0", "a-1", "a-2", "a-3", "a-4", "a-5", "a-6", "a-7", "b-0"} {
+	for _, id := range append(ids("a-", n), "b-0") {
 		got := second.l.states[id]
 		switch w, ok := want[id]; {
 		case !ok && got != nil:
@@ -119,11 +127,144 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 			t.Errorf("%s came with state %s (generation %d), want %s", id, got.CE, got.Generation, w)
 		}
 	}
-	if s := second.m.Stats().States; s.Read != 9 || s.Unauthenticated != 2 || s.Malformed != 1 {
-		t.Errorf("states read %+v; want 9 read, 2 unauthenticated, 1 malformed", s)
+	if s := second.m.Stats().States; s.Read != 13 || s.Tombstones != 2 || s.Unauthenticated != 4 || s.Malformed != 1 {
+		t.Errorf("states read %+v; want 13 read, 2 tombstones, 4 unauthenticated, 1 malformed", s)
 	}
 	if s := first.m.Stats().States; s.Read != 0 {
 		t.Errorf("the first member, which acquired an empty state topic, read %+v", s)
+	}
+}
+
+// ids is prefix0 .. prefix(n-1).
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return out
+}
+
+// A rebuild cut short (a crash stored offset 3 of the partition's 6 registrations) gives the
+// registrations left their states too; a partition acquired at its end reads no state.
+func TestStatesForARebuildCutShort(t *testing.T) {
+	_, conn := startBroker(t)
+	cfg := memberConfig(conn, "r1")
+	cfg.StateTopic = testStateTopic
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr, err := NewProducer(ctx, conn, testTopic, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
+	if _, err := ensureTopic(ctx, cl, testTopic, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ensureStateTopic(ctx, cl, testStateTopic, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	var zero []string // ids of partition 0, registered at offsets 0..5
+	for i := 0; len(zero) < 6; i++ {
+		id := fmt.Sprintf("z-%d", i)
+		if Partition(id, testPartitions) != 0 {
+			continue
+		}
+		zero = append(zero, id)
+		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sw.Write(ctx, []State{{ID: id, Replica: "r0", Generation: 1, CE: json.RawMessage(`{"s":"` + id + `"}`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLedger()
+	l.next[0] = 3
+	r := startReplicaOn(t, cfg, l)
+	waitfor.Cond(t, 60*time.Second, "the member owning every partition, caught up", func() bool { return ownership(r) != nil })
+	l.mu.Lock()
+	for i, id := range zero {
+		_, applied := l.lastCE[id]
+		s := l.states[id]
+		switch {
+		case i < 3 && applied:
+			t.Errorf("%s, before the stored offset, applied again", id)
+		case i >= 3 && (s == nil || string(s.CE) != `{"s":"`+id+`"}`):
+			t.Errorf("%s, replayed after a rebuild cut short, came with state %v", id, s)
+		}
+	}
+	l.mu.Unlock()
+	r.stop(t)
+
+	l = newLedger()
+	l.next[0] = 6
+	r = startReplicaOn(t, cfg, l)
+	waitfor.Cond(t, 60*time.Second, "the member owning every partition again, caught up", func() bool { return ownership(r) != nil })
+	if s := r.m.Stats().States; s.Read != 0 {
+		t.Errorf("a member acquiring partition 0 at its end read its states: %+v", s)
+	}
+}
+
+// A writer cuts the states of one partition into produce requests the broker takes (its
+// max.message.bytes, 1 MiB by default): 3 MiB of states in one call are written, in order, and
+// read back.
+func TestStateWriterSplitsLargeWrites(t *testing.T) {
+	_, conn := startBroker(t)
+	cfg := memberConfig(conn, "r1")
+	cfg.StateTopic = testStateTopic
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
+	if _, err := ensureStateTopic(ctx, cl, testStateTopic, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	// 48 states of 64 KiB, two per CE, all of one partition.
+	pad := strings.Repeat("x", 64<<10)
+	var (
+		states []State
+		last   = map[string]string{}
+	)
+	for i := 0; len(states) < 48; i++ {
+		id := fmt.Sprintf("big-%d", i)
+		if Partition(id, testPartitions) != 0 {
+			continue
+		}
+		for k := range 2 {
+			ce := fmt.Sprintf(`{"k":%d,"pad":%q}`, k, pad)
+			states, last[id] = append(states, State{ID: id, Replica: "r1", Generation: 1, CE: json.RawMessage(ce)}), ce
+		}
+	}
+	if err := sw.Write(ctx, states); err != nil {
+		t.Fatalf("writing %d states of 64 KiB to one partition: %v", len(states), err)
+	}
+	m, err := NewMember(ctx, cfg, newLedger(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.readStates(ctx, cl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(last) {
+		t.Fatalf("read %d states, want %d", len(got), len(last))
+	}
+	for id, ce := range last {
+		if string(got[id].CE) != ce {
+			t.Errorf("%s: read a state of %d bytes that is not the last one written", id, len(got[id].CE))
+		}
+	}
+	if _, _, err := EncodeState(State{ID: "huge", Replica: "r1", CE: json.RawMessage(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("x", MaxStateBytes)))}); !errors.Is(err, ErrStateTooLarge) {
+		t.Errorf("a state over MaxStateBytes encoded: %v", err)
 	}
 }
 
