@@ -24,10 +24,11 @@ const (
 
 // Results of NameCEStates.
 const (
-	StateWritten  = "written"  // states this replica wrote to the CE state topic
-	StateRestored = "restored" // moved CEs stored with the state their previous owner left
-	StateNotUsed  = "not_used" // states the ledger did not use (another CE under the id, or not a state a certificate can have)
-	StateInvalid  = "invalid"  // authenticated records of the CE state topic that are not a state: left out
+	StateWritten  = "written"   // states this replica wrote to the CE state topic
+	StateRestored = "restored"  // moved CEs stored with the state their previous owner left
+	StateNotUsed  = "not_used"  // states the ledger did not use (another CE under the id, or not a state a certificate can have)
+	StateInvalid  = "invalid"   // authenticated records of the CE state topic that are not a state: left out
+	StateTooLarge = "too_large" // states over ceshare.MaxStateBytes: a tombstone written instead
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
@@ -55,7 +56,7 @@ type ReplicaMetrics struct {
 	// from those its posterior log's genesis records: a replica with any refuses to join.
 	SettingsDiffer prometheus.Gauge
 	// CEStates counts CE states by result (StateWritten, StateRestored, StateNotUsed,
-	// StateInvalid); records that do not authenticate count in Unauthenticated.
+	// StateInvalid, StateTooLarge); records that do not authenticate count in Unauthenticated.
 	CEStates *prometheus.CounterVec
 }
 
@@ -90,10 +91,10 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
 			[]string{"topic"}),
 		CEStates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameCEStates,
-			Help: "States of counterfactuals on the CE state topic, by result: written by this replica, restored with a moved CE, not used, invalid."},
+			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write."},
 			[]string{"result"}),
 	}
-	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid} {
+	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge} {
 		m.CEStates.WithLabelValues(r)
 	}
 	for _, r := range ignoredReasons {

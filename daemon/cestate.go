@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -16,15 +18,18 @@ import (
 // owner of a CE's partition reads them back (ceshare.MemberConfig.StateTopic) and stores the CE
 // with its renewals, verdict and history (share.Apply, ledger.ShareOp.State).
 type ceStates struct {
-	replica string                         // this replica's id, named in each state
+	replica string // this replica's id, named in each state
+	log     *slog.Logger
 	member  atomic.Pointer[ceshare.Member] // the CE group member, once the share joined
 	writer  *ceshare.StateWriter
-	metrics *alerts.ReplicaMetrics
+	metrics *alerts.ReplicaMetrics // nil until the replica is made (after the ledger opened)
 }
 
 // encode is the ledger's Options.EncodeState on a replica: the CE's state as a record of the
 // state topic, stamped with the CE group generation this replica took part in last (0 before
-// it joined: such a state loses to any its successors write).
+// it joined). A state over ceshare.MaxStateBytes becomes a tombstone, counted as too_large and
+// logged: the CE's next owner rebuilds it from its registration rather than from an older
+// state.
 func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 	raw, err := json.Marshal(ce)
 	if err != nil {
@@ -35,6 +40,14 @@ func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 		gen = m.LastGeneration()
 	}
 	_, v, err := ceshare.EncodeState(ceshare.State{ID: ce.ID, Replica: cs.replica, Generation: gen, CE: raw})
+	if errors.Is(err, ceshare.ErrStateTooLarge) {
+		if cs.metrics != nil {
+			cs.metrics.CEStates.WithLabelValues(alerts.StateTooLarge).Inc()
+		}
+		cs.log.Warn("CE state too large for the CE state topic: a tombstone is written instead, and the CE's next owner rebuilds it from its registration",
+			"id", ce.ID, "err", err)
+		return ledger.OutboxEntry{Key: ce.ID}, nil
+	}
 	return ledger.OutboxEntry{Key: ce.ID, Value: v}, err
 }
 

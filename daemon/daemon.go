@@ -311,10 +311,12 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	var encodeState func(*ledger.CE) (ledger.OutboxEntry, error)
 	if d.cfg.Replication.Enabled {
 		// Named before the ledger opens: Open may rewrite CEs (a policy change, a quarantine) and
-		// put their states in the outbox, and a state must name its writer. replica.New names the
-		// replica the same way.
-		id := cmp.Or(d.cfg.Replication.ReplicaID, hostName())
-		d.states = &ceStates{replica: id}
+		// put their states in the outbox, and a state must name its writer.
+		id, err := replica.ID(d.cfg.Replication.ReplicaID)
+		if err != nil {
+			return err
+		}
+		d.states = &ceStates{replica: id, log: d.log.With("component", "ce-states")}
 		encodeState = d.states.encode
 	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
@@ -525,13 +527,4 @@ func alphaOr(a float64) float64 {
 		return a
 	}
 	return certify.DefaultAlpha
-}
-
-// hostName is the host name, "unknown" when it cannot be read.
-func hostName() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "unknown"
-	}
-	return h
 }

@@ -99,7 +99,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 		switch {
 		case err == nil:
 			if !failedAt.IsZero() {
-				p.log.Info("events topic accepts events again; outbox drained", "failed_for", time.Since(failedAt).Round(time.Millisecond), "attempts", attempts)
+				p.log.Info("outbox published again; drained", "failed_for", time.Since(failedAt).Round(time.Millisecond), "attempts", attempts)
 				failedAt, attempts = time.Time{}, 0
 			}
 			bo.Reset()
@@ -109,7 +109,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 			attempts++
 			if failedAt.IsZero() {
 				failedAt = time.Now()
-				p.log.Warn("publishing outbox events failed; they stay in the outbox and are retried with backoff", "err", err)
+				p.log.Warn("publishing outbox entries failed (events, or a replica's CE states: the error names the topic); they stay in the outbox and are retried with backoff", "err", err)
 			}
 			wait = bo.Next()
 		}

@@ -323,8 +323,9 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 
 // applyOps is ledger.ApplyShare under d.mu (no posterior is committed between the ledger's
 // judgement and its write), with the past posteriors its registrations need: first with none,
-// then with those the posterior log has, then with the CEs still lacking theirs measured again
-// under the current posterior.
+// then with those the posterior log has, then without the states whose anchor is still
+// missing, then with the registrations still lacking theirs measured again under the current
+// posterior.
 func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64) ([]ledger.Outcome, error) {
 	d := s.d
 	var outs []ledger.Outcome
@@ -345,6 +346,9 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 			defer d.mu.Unlock()
 			var err error
 			outs, err = d.ledger.ApplyShare(p, ops, next, past)
+			if errors.As(err, &need) && attempt > 0 && s.dropStates(p, ops, need) {
+				outs, err = d.ledger.ApplyShare(p, ops, next, past)
+			}
 			if errors.As(err, &need) && attempt > 0 {
 				if err := s.remeasure(ctx, ops, need.Ops); err != nil {
 					return err
@@ -388,6 +392,25 @@ func verdictVersions(ops []ledger.ShareOp, cur uint64) []uint64 {
 	return vs
 }
 
+// dropStates takes the states off the registrations of need.Ops (whose anchors the posterior
+// log does not have here), counted as not_used and logged: each registration is then stored
+// from itself, measured again only when its own anchor is missing too. It reports whether it
+// took any.
+func (s *share) dropStates(p int, ops []ledger.ShareOp, need *ledger.AnchorsNeededError) bool {
+	dropped := false
+	for _, i := range need.Ops {
+		st := ops[i].State
+		if st == nil {
+			continue
+		}
+		ops[i].State, dropped = nil, true
+		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+		s.lg.Warn("CE stored from its registration", "partition", p, "id", ops[i].ID,
+			"why", fmt.Sprintf("previous owner's state not used: the posteriors it needs are not in the posterior log here (versions %v)", need.Versions))
+	}
+	return dropped
+}
+
 // remeasure measures the CEs of ops[which] again under the current posterior (d.mu held).
 func (s *share) remeasure(ctx context.Context, ops []ledger.ShareOp, which []int) error {
 	d := s.d
@@ -405,7 +428,6 @@ func (s *share) remeasure(ctx context.Context, ops []ledger.ShareOp, which []int
 		return err
 	}
 	for k, i := range which {
-		ops[i].State = nil // its anchor is not at hand either: the registration, measured again
 		ce := ops[i].CE
 		s.lg.Warn("CE measured again under the current posterior: the one it was measured under is not in the posterior log here",
 			"id", ce.ID, "anchor_version", ce.AnchorVersion, "posterior_version", m.Version)

@@ -207,6 +207,7 @@ type putPlan struct {
 	snap    map[uint64]bool       // anchors to store from past
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
+	stated  bool                  // the CEs came with a state, used or not: their own is written (Options.EncodeState)
 }
 
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
@@ -430,6 +431,9 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if state != nil {
 			w.republish(state)
 		}
+		if p.stated {
+			w.states.add(id) // the topic's last record of the CE is then this owner's
+		}
 		if state != nil && h.status != state.Status {
 			// Judged here at its anchor's KL, the CE's status is not the one its previous owner left.
 			kl := p.kl[h.anchor]
@@ -558,7 +562,7 @@ func (l *Ledger) Delete(id string) error {
 		if !ok {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
-		return l.deleteStored(tx, [][]byte{key})
+		return l.deleteStored(tx, [][]byte{key}, true)
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: delete: %w", err)

@@ -60,7 +60,11 @@ type Options struct {
 	// StreamStates written in the same transaction, after its status changes: the CE as the
 	// transaction leaves it, without the bounds and decision derived from the current posterior.
 	// A replica publishes them to its CE state topic, from which a later owner of the CE's
-	// partition restores it (ShareOp.State). Nil: states are not put in the outbox.
+	// partition restores it (ShareOp.State). A CE stored from a registration that came with a
+	// state (ShareOp.State, used or not) has its state put there too, so that the topic's last
+	// record of it is its new owner's; a CE deleted (Delete, a deletion of ApplyShare) gets an
+	// entry of StreamStates with an empty value, a tombstone. Nil: states are not put in the
+	// outbox.
 	EncodeState func(*CE) (OutboxEntry, error)
 	// RequestWindow is how long the outcome of a request with a request id is kept
 	// (ApplyShare, PutRequests): a request that arrives again within it is not applied again.

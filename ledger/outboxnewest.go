@@ -6,9 +6,10 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// OutboxNewest returns up to max (default 1000) of the unacknowledged entries, newest first: the
-// events a person looking at the outbox wants to see first. It reads backwards from the last
-// entry, so its cost is max entries whatever the outbox's length.
+// OutboxNewest returns up to max (default 1000) of the unacknowledged events (StreamEvents),
+// newest first: the events a person looking at the outbox wants to see first. It reads backwards
+// from the last entry, so its cost is the entries newer than the last one returned (a replica's
+// CE states, StreamStates, are passed over), whatever the outbox's length.
 func (l *Ledger) OutboxNewest(max int) ([]OutboxEntry, error) {
 	if max <= 0 {
 		max = 1000
@@ -21,7 +22,9 @@ func (l *Ledger) OutboxNewest(max int) ([]OutboxEntry, error) {
 			if err != nil {
 				return err
 			}
-			out = append(out, e)
+			if e.Stream == StreamEvents {
+				out = append(out, e)
+			}
 		}
 		return nil
 	})

@@ -46,3 +46,26 @@ func TestOutboxNewestReadsBackwardsFromTheLast(t *testing.T) {
 		}
 	}
 }
+
+// OutboxNewest lists events only: a replica's CE states in the outbox are passed over.
+func TestOutboxNewestListsEventsOnly(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	var entries []OutboxEntry
+	for j := range 6 {
+		e := OutboxEntry{Key: fmt.Sprint(j), Value: []byte(fmt.Sprintf("event %d", j))}
+		if j%2 == 1 {
+			e.Stream, e.Value = StreamStates, []byte(fmt.Sprintf(`{"state":%d}`, j))
+		}
+		entries = append(entries, e)
+	}
+	if err := l.Checkpoint(&Checkpoint{Events: entries}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.OutboxNewest(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || string(got[0].Value) != "event 4" || string(got[1].Value) != "event 2" {
+		t.Fatalf("OutboxNewest(2) = %+v; want events 4 and 2", got)
+	}
+}

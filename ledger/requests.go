@@ -220,7 +220,7 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
 		}
 		return OutcomeAbsent, nil
 	}
-	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key})
+	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key}, true)
 }
 
 // registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
@@ -238,7 +238,7 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 		}
 		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", nil
 	}
-	put := ce
+	put, given := ce, state != nil
 	if state != nil {
 		c, err := readCur(tx)
 		if err != nil {
@@ -256,6 +256,7 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	if err != nil {
 		return "", "", "", "", err
 	}
+	plan.stated = given
 	if e := plan.errs[0]; e != nil {
 		if errors.Is(e, ErrUnknownAnchor) {
 			return "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}

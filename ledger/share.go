@@ -103,12 +103,13 @@ const releaseBatch = 10_000
 func (l *Ledger) deleteAll(keys [][]byte) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	return l.update(func(tx *bolt.Tx) error { return l.deleteStored(tx, keys) })
+	return l.update(func(tx *bolt.Tx) error { return l.deleteStored(tx, keys, false) })
 }
 
 // deleteStored deletes in tx the CEs under keys that are stored, releases their anchor
-// references and collects the anchors no CE refers to any more.
-func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte) error {
+// references and collects the anchors no CE refers to any more. With tombstones (a CE deleted,
+// not released to another owner), each deleted CE's state is a tombstone (Options.EncodeState).
+func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte, tombstones bool) error {
 	c, err := readCur(tx)
 	if err != nil {
 		return err
@@ -127,6 +128,9 @@ func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte) error {
 		}
 		if err := w.deleteCE(key, &h); err != nil {
 			return err
+		}
+		if tombstones {
+			w.states.add(key)
 		}
 		if h.status != certify.Uncertified {
 			if err := l.ref(tx, c, h.anchor, -1, 0, time.Time{}); err != nil {

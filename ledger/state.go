@@ -20,8 +20,9 @@ import (
 //
 // A state is a claim about measurements, and the new owner checks what it can before it
 // keeps one: the same CE (id, creation time, x, x_cf, target), a status a certificate can
-// have, a certificate that holds at its anchor (KL 0), a verdict measured at or after the
-// anchor and not after the current posterior, at most MaxHistory valid history entries. The
+// have, a certificate that holds at its anchor (KL 0), a verdict measured under a posterior no
+// later than the current one (a confirmer's pool may lag the anchor) with its bound on its
+// status's side of 1/2, at most MaxHistory valid history entries. The
 // CE is then judged as re-certification judges a stored one: at KL(q_now || q_anchor), its
 // bound holding makes it certified, failing keeps its status, and its verdict stays in force
 // while it carries (certify.Carries, from the verdict's posterior when the caller gives it).
@@ -46,8 +47,8 @@ func (s *stateSet) add(id []byte) {
 }
 
 // enqueueStates puts the state of every CE the transaction changed in the outbox
-// (Options.EncodeState), as the transaction leaves it. A CE deleted since is left out: its
-// deletion is on the CE topic.
+// (Options.EncodeState), as the transaction leaves it; a tombstone (an empty value) for one it
+// deleted.
 func (w *writeTx) enqueueStates() error {
 	enc := w.l.opts.EncodeState
 	if enc == nil {
@@ -57,6 +58,9 @@ func (w *writeTx) enqueueStates() error {
 	for _, id := range w.states.ids {
 		raw := hdrs.Get(id)
 		if raw == nil {
+			if err := w.enqueue(OutboxEntry{Stream: StreamStates, Key: string(id)}); err != nil {
+				return err
+			}
 			continue
 		}
 		ce, _, err := loadStored(w.tx, id, raw)
@@ -110,12 +114,12 @@ func (l *Ledger) checkState(state, reg *CE, cur uint64) error {
 		if state.Status == certify.Certified {
 			return fmt.Errorf("a certified counterfactual with a verdict")
 		}
-		if *cv < state.AnchorVersion || *cv > cur {
-			return fmt.Errorf("verdict version %d is not between its anchor %d and the current %d", *cv, state.AnchorVersion, cur)
+		if *cv > cur {
+			return fmt.Errorf("verdict version %d is past the current %d", *cv, cur)
 		}
 	}
-	if b := state.VerdictBound; b != nil && (state.ConfirmedVersion == nil || !(*b >= 0 && *b <= 1)) {
-		return fmt.Errorf("verdict bound %v without a verdict, or outside [0, 1]", *b)
+	if b := state.VerdictBound; b != nil && (state.ConfirmedVersion == nil || !(*b >= 0 && *b <= 1) || !certify.Carries(state.Status, *b, certify.Slack{})) {
+		return fmt.Errorf("verdict bound %v without a verdict, outside [0, 1], or not on the side of 1/2 its status %s needs", *b, state.Status)
 	}
 	if len(state.History) > MaxHistory {
 		return fmt.Errorf("%d history entries (at most %d)", len(state.History), MaxHistory)

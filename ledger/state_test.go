@@ -22,7 +22,7 @@ func encodeStateJSON(ce *CE) (OutboxEntry, error) {
 }
 
 // latestStates folds l's outbox of StreamStates by CE id, the last entry of each winning, as a
-// reader of a compacted topic sees it.
+// reader of a compacted topic sees it (a tombstone leaves none).
 func latestStates(t *testing.T, l *Ledger) map[string]*CE {
 	t.Helper()
 	out, err := l.Outbox(0, 1<<20)
@@ -32,6 +32,10 @@ func latestStates(t *testing.T, l *Ledger) map[string]*CE {
 	states := map[string]*CE{}
 	for _, e := range out {
 		if e.Stream != StreamStates {
+			continue
+		}
+		if len(e.Value) == 0 {
+			delete(states, e.Key)
 			continue
 		}
 		var ce CE
@@ -77,7 +81,7 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s := latestStates(t, owner); len(s) != 0 {
-		t.Fatalf("registrations put %d states in the outbox, want none (the CE topic holds them)", len(s))
+		t.Fatalf("registrations without states put %d states in the outbox, want none (the CE topic holds them)", len(s))
 	}
 	// A drift that lapses Theorem 2 only (renewals), then one that fails every bound.
 	m1 := drift(m0, -0.01)
@@ -158,16 +162,22 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 		}
 	}
 	// No status changed; the newest status change of each CE is published again, in case its
-	// previous owner died before publishing it.
+	// previous owner died before publishing it, and the new owner writes each CE's state: the
+	// topic's last record of a CE is then its current owner's.
 	out, err := next.Outbox(0, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	again := map[string]StatusChange{}
+	written := map[string]int{}
 	for _, e := range out {
+		if e.Stream == StreamStates {
+			written[e.Key]++
+			continue
+		}
 		var ch StatusChange
-		if err := json.Unmarshal(e.Value, &ch); err != nil || e.Stream != StreamEvents {
-			t.Fatalf("outbox entry %+v (%v): want status changes only", e, err)
+		if err := json.Unmarshal(e.Value, &ch); err != nil {
+			t.Fatalf("outbox entry %+v (%v): want a status change", e, err)
 		}
 		if _, dup := again[ch.ID]; dup {
 			t.Fatalf("%s published twice", ch.ID)
@@ -190,7 +200,32 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 			t.Errorf("%s: published %+v (%v), want its newest change %+v", ce.ID, got, ok, *newest)
 		}
 	}
+	mine := latestStates(t, next)
+	for _, ce := range ces {
+		got, _ := next.Get(ce.ID)
+		s := mine[ce.ID]
+		if written[ce.ID] != 1 || s == nil || s.Status != got.Status || s.AnchorVersion != got.AnchorVersion || !reflect.DeepEqual(s.History, got.History) {
+			t.Errorf("%s: the new owner wrote %d states, the last %+v; want one, of the CE as it stored it", ce.ID, written[ce.ID], s)
+		}
+	}
 	checkInvariants(t, next)
+
+	// A deletion writes a tombstone; a release (the CE moves on) writes none.
+	if _, err := next.ApplyShare(0, []ShareOp{{RID: "rid-del", Offset: int64(len(ops)), ID: ces[0].ID}}, int64(len(ops))+1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.ReleaseShare(bg, 0, func(id string) bool { return id != ces[1].ID }); err != nil {
+		t.Fatal(err)
+	}
+	mine = latestStates(t, next)
+	if mine[ces[0].ID] != nil {
+		t.Errorf("%s deleted, and its state is still the topic's last record", ces[0].ID)
+	}
+	for _, ce := range ces[1:] {
+		if mine[ce.ID] == nil {
+			t.Errorf("%s released, and its state is gone: its next owner would rebuild it from its registration", ce.ID)
+		}
+	}
 }
 
 // A state the new owner cannot vouch for is not used: the registration is stored as read, and
@@ -205,7 +240,7 @@ func TestStateNotUsed(t *testing.T) {
 	good.AnchorVersion, good.P1, good.Var1 = 1, p, v
 	two := uint64(2)
 	one := uint64(1)
-	half := 0.4
+	half, over := 0.4, 0.5
 	for _, tc := range []struct {
 		name, want string
 		edit       func(s *CE)
@@ -219,13 +254,15 @@ func TestStateNotUsed(t *testing.T) {
 		{"a verdict on a certificate", "with a verdict", func(s *CE) { s.ConfirmedVersion = &one }},
 		{"a verdict ahead", "verdict version 2", func(s *CE) { s.Status, s.ConfirmedVersion = certify.AtRisk, &two }},
 		{"a bound without a verdict", "without a verdict", func(s *CE) { s.Status, s.VerdictBound = certify.AtRisk, &half }},
+		{"an at_risk bound under 1/2", "side of 1/2", func(s *CE) { s.Status, s.ConfirmedVersion, s.VerdictBound = certify.AtRisk, &one, &half }},
+		{"an invalidated bound over 1/2", "side of 1/2", func(s *CE) { s.Status, s.ConfirmedVersion, s.VerdictBound = certify.Invalidated, &one, &over }},
 		{"a long history", "history entries", func(s *CE) { s.History = make([]StatusChange, MaxHistory+1) }},
 		{"a history entry ahead", "history entry 0", func(s *CE) {
 			s.History = []StatusChange{{From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 5}}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, _ := openTest(t, Options{Policy: testPolicy()})
+			l, _ := openTest(t, Options{Policy: testPolicy(), EncodeState: encodeStateJSON})
 			install(t, l, m1)
 			state := good
 			state.Status = certify.Certified
@@ -247,8 +284,27 @@ func TestStateNotUsed(t *testing.T) {
 			if got.AnchorVersion != 0 || got.P1 != reg.P1 || len(got.History) != 0 {
 				t.Fatalf("stored %+v; want the registration as read", got)
 			}
+			// The state put in its place is the CE as stored, not the one refused.
+			if s := latestStates(t, l)["ce"]; s == nil || s.AnchorVersion != 0 || s.P1 != reg.P1 || len(s.History) != 0 {
+				t.Fatalf("state written %+v; want the CE as stored", s)
+			}
 		})
 	}
+	// A verdict measured under a posterior before the state's anchor (a confirmer's pool that
+	// lagged) is a verdict all the same.
+	t.Run("a verdict before its anchor", func(t *testing.T) {
+		l, _ := openTest(t, Options{Policy: testPolicy()})
+		install(t, l, m1)
+		state := good
+		zero, bound := uint64(0), 0.6
+		state.Status, state.ConfirmedVersion, state.VerdictBound = certify.AtRisk, &zero, &bound
+		ops := registrations([]*CE{reg}, reg.CreatedAt)
+		ops[0].State = &state
+		outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
+		if err != nil || outs[0].State != StateRestored {
+			t.Fatalf("outcome %+v, %v; want restored", outs, err)
+		}
+	})
 	// The state's anchor must be at hand, as a registration's must.
 	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m2 := drift(m1, 0.01)

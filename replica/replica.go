@@ -97,17 +97,29 @@ type Options struct {
 	Ledger     Ledger
 }
 
+// ID is the id of a replica configured with replication.replica_id configured: that id, or the
+// host name when it is empty.
+func ID(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	h, err := os.Hostname()
+	if err == nil && h == "" {
+		err = errors.New("the system gives an empty one")
+	}
+	if err != nil {
+		return "", fmt.Errorf("replication.replica_id is empty and the host name cannot be read (%w): set replication.replica_id", err)
+	}
+	return h, nil
+}
+
 // New names this process's writer, loads replication.key_file and registers the replication
 // metrics. It does not talk to Kafka: Join does.
 func New(opts Options) (*Replica, error) {
 	cfg := opts.Config
-	id := cfg.Replication.ReplicaID
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("replication.replica_id is empty and the host name cannot be read (%w): set replication.replica_id", err)
-		}
-		id = h
+	id, err := ID(cfg.Replication.ReplicaID)
+	if err != nil {
+		return nil, err
 	}
 	nonce := make([]byte, 4)
 	if _, err := rand.Read(nonce); err != nil {
