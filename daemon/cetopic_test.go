@@ -81,8 +81,8 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 // partition ending before what it read, reads it again from 0 and sends its CEs again
 // (cfguard_counterfactuals_repaired_total), keeps serving them, and takes new registrations
 // and deletions. A second replica then joins and takes partitions: it stores their CEs from the
-// new topic, so every CE still stored reads the same from either replica, and the deleted one
-// from neither.
+// new topic with the states r1 left, so every CE still stored reads the same from either replica
+// (its creation time, certificate and status included), and the deleted one from neither.
 func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	b := startCluster(t, 1)
 	r1 := startReplica(t, b, "r1")
@@ -100,6 +100,24 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	if code, body := r1.do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE %s after the reset: %d %s", ids[0], code, body)
 	}
+	type view struct {
+		X             []float64 `json:"x"`
+		Target        string    `json:"target"`
+		CreatedAt     string    `json:"created_at"`
+		AnchorVersion uint64    `json:"anchor_version"`
+		P1            float64   `json:"p1"`
+		Status        string    `json:"status"`
+	}
+	read := func(r *running, id string) (int, string) {
+		code, body := r.get(t, "/v1/counterfactuals/"+id)
+		var ce view
+		json.Unmarshal(body, &ce)
+		return code, fmt.Sprint(ce.X, ce.Target, ce.CreatedAt, ce.AnchorVersion, ce.P1, ce.Status)
+	}
+	before := map[string]string{} // each CE as r1, owning every partition, reads it
+	for _, id := range append(ids[1:], more...) {
+		_, before[id] = read(r1, id)
+	}
 	r2 := startReplica(t, b, "r2")
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready", func() bool {
 		return shareReady(r2) && len(r1.d.share.member.Owned())+len(r2.d.share.member.Owned()) == r1.d.cfg.Replication.CEPartitions
@@ -109,22 +127,13 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 		if id == ids[0] {
 			want = http.StatusNotFound
 		}
-		var first string
 		for _, r := range []*running{r1, r2} {
-			code, body := r.get(t, "/v1/counterfactuals/"+id)
+			code, got := read(r, id)
 			if code != want {
-				t.Errorf("GET %s at %s: %d %s; want %d", id, r.d.cfg.Replication.ReplicaID, code, body, want)
+				t.Errorf("GET %s at %s: %d; want %d", id, r.d.cfg.Replication.ReplicaID, code, want)
 			}
-			var ce struct {
-				X      []float64 `json:"x"`
-				Target string    `json:"target"`
-			}
-			json.Unmarshal(body, &ce)
-			got := fmt.Sprint(ce.X, ce.Target)
-			if first == "" {
-				first = got
-			} else if got != first {
-				t.Errorf("%s reads %s at r2, %s at r1", id, got, first)
+			if want == http.StatusOK && got != before[id] {
+				t.Errorf("%s reads %s at %s, %s before r2 joined", id, got, r.d.cfg.Replication.ReplicaID, before[id])
 			}
 		}
 	}
@@ -136,5 +145,8 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	}
 	if moved == 0 {
 		t.Errorf("no CE registered before the reset moved to r2: the test does not show that a new owner stores them")
+	}
+	if n := r2.metric(t, "cfguard_counterfactuals_states_total", "result", "not_used"); n != 0 {
+		t.Errorf("r2 did not use %v states of the CEs that moved to it:\n%s", n, r2.logs.String())
 	}
 }

@@ -480,7 +480,13 @@ func (s *share) send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 			errs[i] = err
 			continue
 		}
-		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: time.Now().UTC(),
+		// A CE sent again (Reset) keeps its creation time: its next owner stores it with it, and
+		// uses its state only with it (ledger.SameCE).
+		at := ce.CreatedAt
+		if at.IsZero() {
+			at = time.Now().UTC()
+		}
+		req := ceshare.Request{Kind: ceshare.KindRegister, ID: ce.ID, CE: raw, Replica: s.id, At: at,
 			RID: reqs[i].RID, Fingerprint: reqs[i].Fingerprint}
 		if failed != nil {
 			errs[i] = fmt.Errorf("%w: the registration was not sent: the CE topic did not take another request of its batch within %s (%v)",
