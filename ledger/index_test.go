@@ -288,7 +288,8 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 	}
 }
 
-// A policy change at Open rebuilds the indexes and re-judges every CE, recording the changes.
+// A policy change at Open rebuilds the indexes and re-judges every CE, recording the changes and,
+// on a replica (Options.EncodeState), the state of each CE it re-judged to another status.
 func TestPolicyChangeRebuilds(t *testing.T) {
 	dir := t.TempDir()
 	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON})
@@ -311,7 +312,7 @@ func TestPolicyChangeRebuilds(t *testing.T) {
 	l.Close()
 	// Tight mode has half the constants: some at_risk CEs are certified again.
 	tight := certify.Policy{Mode: certify.Tight, EpsilonMax: certify.DefaultEpsilonMax, Alpha: certify.DefaultAlpha}
-	l, err = Open(dir, Options{Logger: quietLogger(), Policy: tight, EncodeChange: encodeChangeJSON})
+	l, err = Open(dir, Options{Logger: quietLogger(), Policy: tight, EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,8 +322,17 @@ func TestPolicyChangeRebuilds(t *testing.T) {
 	if before[certify.AtRisk]+before[certify.Invalidated] == 0 || after[certify.Certified] <= before[certify.Certified] {
 		t.Fatalf("counts under paper %v, under tight %v: want more certified", before, after)
 	}
-	if outAfter-outBefore != after[certify.Certified]-before[certify.Certified] {
-		t.Fatalf("%d outbox entries for %d re-certified CEs", outAfter-outBefore, after[certify.Certified]-before[certify.Certified])
+	if outAfter-outBefore != 2*(after[certify.Certified]-before[certify.Certified]) {
+		t.Fatalf("%d outbox entries for %d re-certified CEs, want a status change and a state each", outAfter-outBefore, after[certify.Certified]-before[certify.Certified])
+	}
+	states := latestStates(t, l)
+	if len(states) != after[certify.Certified]-before[certify.Certified] {
+		t.Fatalf("%d states in the outbox for %d re-certified CEs", len(states), after[certify.Certified]-before[certify.Certified])
+	}
+	for id, s := range states {
+		if got, err := l.Get(id); err != nil || got.Status != certify.Certified || s.Status != certify.Certified || !reflect.DeepEqual(s.History, got.History) {
+			t.Fatalf("%s: state %+v, stored %+v (%v)", id, s, got, err)
+		}
 	}
 	checkInvariants(t, l)
 }
