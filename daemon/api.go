@@ -642,7 +642,7 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	if replica != "" {
 		w.Header().Set(headerReplica, replica)
 	}
-	if errors.Is(err, ceshare.ErrNoOwner) {
+	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, errRebuilding) {
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
 		return
 	}

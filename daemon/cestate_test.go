@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -156,5 +158,86 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 			}
 			delete(want, e.ID)
 		}
+	}
+}
+
+// A read of a CE in a partition its owner is still rebuilding is answered 503 with Retry-After,
+// not 404: the CE may be among the registrations still to replay. Here the rebuild waits on a
+// registration measured under a posterior version the log does not have yet (its owner waits
+// for that version up to awaitOwner, then measures it again); a CE registered before it in the
+// partition, and a CE of another partition, are then read as stored.
+func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas and a rebuild that waits: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	ids := registerCEs(t, r1, bundled(t), 6)
+	parts := r1.d.cfg.Replication.CEPartitions
+	stuck := ceshare.Partition(ids[0], parts)
+	var other string // a CE of another partition
+	for _, id := range ids[1:] {
+		if ceshare.Partition(id, parts) != stuck {
+			other = id
+		}
+	}
+	later := ""
+	for k := 0; later == ""; k++ {
+		if id := fmt.Sprintf("later-%d", k); ceshare.Partition(id, parts) == stuck {
+			later = id
+		}
+	}
+	ce, err := r1.d.ledger.Get(ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: r1.d.current().Version + 100,
+		P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, keys, topic := r1.d.conn, r1.d.rep.Keys(), r1.d.cfg.Replication.CETopic
+	r1.stop(t)
+	ctx := context.Background()
+	prod, err := ceshare.NewProducer(ctx, conn, topic, keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if _, _, err := prod.Send(ctx, ceshare.Request{Kind: ceshare.KindRegister, ID: later, CE: raw, Replica: "r1", At: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	start := time.Now()
+	// Until the wait ends, ids[0] reads 503 (never 404); other, once its partition is rebuilt, 200.
+	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503 and "+other+" 200", func() bool {
+		resp, _ := r2.rawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
+		switch resp.StatusCode {
+		case http.StatusNotFound:
+			t.Fatalf("GET %s while its partition is rebuilt: 404", ids[0])
+		case http.StatusOK:
+			t.Fatalf("GET %s answered 200 before its partition was rebuilt: the test shows nothing", ids[0])
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			return false
+		}
+		code, _ := r2.get(t, "/v1/counterfactuals/"+other)
+		return code == http.StatusOK
+	})
+	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
+	}
+	// Once the wait ends, the partition caught up: every CE reads as stored, the one that waited too.
+	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.get(t, "/readyz"); return code == 200 })
+	for _, id := range append(ids, later) {
+		if code, body := r2.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+			t.Errorf("GET %s after the rebuild: %d %s", id, code, body)
+		}
+	}
+	if waited := time.Since(start); waited < awaitOwner/2 {
+		t.Errorf("the rebuild took %s: the registration did not make it wait (awaitOwner %s)", waited, awaitOwner)
 	}
 }

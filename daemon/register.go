@@ -554,8 +554,12 @@ func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, 
 // find returns a stored CE: from the ledger, or on a replica from the CE's owner (forwarding
 // authorization). replica names the replica that answered ("" for a single daemon).
 func (d *Daemon) find(ctx context.Context, id, authorization string, forwarded bool) (*ledger.CE, string, error) {
-	if d.rep == nil || forwarded {
+	switch {
+	case d.rep == nil:
 		ce, err := d.ledger.Get(id)
+		return ce, "", err
+	case forwarded:
+		ce, err := d.share.local(id)
 		return ce, "", err
 	}
 	return d.share.find(ctx, id, authorization)

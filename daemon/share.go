@@ -612,7 +612,7 @@ type requestOutcome struct {
 func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.CE, replica string, err error) {
 	p := ceshare.Partition(id, s.partitions)
 	if slices.Contains(s.member.Owned(), p) {
-		ce, err := s.d.ledger.Get(id)
+		ce, err := s.local(id)
 		return ce, s.id, err
 	}
 	owner, err := s.dir.Owner(ctx, id)
@@ -620,21 +620,42 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 		return nil, "", err
 	}
 	if owner.Replica == s.id {
-		ce, err := s.d.ledger.Get(id)
+		ce, err := s.local(id)
 		return ce, s.id, err
 	}
 	a, err := s.ask(ctx, owner, http.MethodGet, "/v1/counterfactuals/"+url.PathEscape(id), nil, authorization)
 	if err != nil {
 		return nil, "", err
 	}
-	if a.code == http.StatusNotFound {
+	switch a.code {
+	case http.StatusNotFound:
 		return nil, owner.Replica, fmt.Errorf("%w: %q", ledger.ErrNotFound, id)
+	case http.StatusServiceUnavailable:
+		return nil, owner.Replica, fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, owner.Replica, bytes.TrimSpace(a.body))
 	}
 	var got ledger.CE
 	if err := decodePeer(owner, a, &got); err != nil {
 		return nil, owner.Replica, fmt.Errorf("the owner of partition %d: %w", p, err)
 	}
 	return &got, owner.Replica, nil
+}
+
+// errRebuilding is the error of a read of an id this replica's ledger does not hold in a
+// partition it is still rebuilding from the CE topic (acquired, not caught up): the CE may be
+// among the registrations still to replay, so the answer is not known yet (503, not 404).
+var errRebuilding = errors.New("the counterfactual's partition is being rebuilt by its owner")
+
+// local reads CE id from this replica's ledger, as the owner of its partition (errRebuilding
+// while the partition is not caught up and the id is not stored yet).
+func (s *share) local(id string) (*ledger.CE, error) {
+	ce, err := s.d.ledger.Get(id)
+	p := ceshare.Partition(id, s.partitions)
+	if errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) &&
+		(slices.Contains(s.member.Owned(), p) || slices.Contains(s.member.Assigned(), p)) {
+		next, _ := s.member.Next(p)
+		return nil, fmt.Errorf("%w: partition %d of %s, replayed up to offset %d; retry", errRebuilding, p, s.d.cfg.Replication.CETopic, next)
+	}
+	return ce, err
 }
 
 // headerForwarded marks a request one replica forwards to another, naming the sender; the
