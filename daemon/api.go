@@ -927,7 +927,7 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 // replica did not answer (the error names it), else 500.
 func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
 	switch {
-	case errors.Is(err, ceshare.ErrNoOwner):
+	case errors.Is(err, ceshare.ErrNoOwner), errors.Is(err, errRebuilding):
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
 	case errors.Is(err, errPeer):
 		writeError(w, http.StatusBadGateway, err.Error())

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/url"
@@ -92,6 +94,9 @@ func mergePages(pages []listPage, limit int) ([]*ledger.CE, string) {
 // listAt reads one page of the CEs stored at owner o: this ledger's, or o's API's (forwarded).
 func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, limit int, after, authorization string) (listPage, error) {
 	if o.Replica == s.id {
+		if err := s.rebuilding(); err != nil {
+			return listPage{}, err
+		}
 		ces, err := s.d.ledger.List(st, limit, after)
 		if err != nil {
 			return listPage{}, err
@@ -111,6 +116,9 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, 
 	}
 	var got struct {
 		CEs []*ledger.CE `json:"counterfactuals"`
+	}
+	if a.code == http.StatusServiceUnavailable {
+		return listPage{}, fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
 	}
 	if err := decodePeer(o, a, &got); err != nil {
 		return listPage{}, err

@@ -540,6 +540,11 @@ func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, 
 	if d.rep != nil && !forwarded {
 		return d.share.list(ctx, st, limit, after, authorization)
 	}
+	if d.rep != nil { // an owner asked for its page: not while it misses some of its CEs
+		if err := d.share.rebuilding(); err != nil {
+			return nil, "", err
+		}
+	}
 	ces, err := d.ledger.List(st, limit, after)
 	if err != nil {
 		return nil, "", err

@@ -118,12 +118,7 @@ func (s *share) health() error {
 		return fmt.Errorf("joining the CE group of %s", s.d.cfg.Replication.CETopic)
 	}
 	// Assigned too: a partition of a new generation is assigned before it is acquired.
-	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
-		if !s.member.Ready(p) {
-			return fmt.Errorf("restoring CE partition %d from %s", p, s.d.cfg.Replication.CETopic)
-		}
-	}
-	return nil
+	return s.rebuilding()
 }
 
 // run is the member of the CE group until ctx ends, once no other member carries this
@@ -643,19 +638,37 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 // errRebuilding is the error of a read of an id this replica's ledger does not hold in a
 // partition it is still rebuilding from the CE topic (acquired, not caught up): the CE may be
 // among the registrations still to replay, so the answer is not known yet (503, not 404).
-var errRebuilding = errors.New("the counterfactual's partition is being rebuilt by its owner")
+var errRebuilding = errors.New("CE partition being rebuilt by its owner")
 
 // local reads CE id from this replica's ledger, as the owner of its partition (errRebuilding
 // while the partition is not caught up and the id is not stored yet).
 func (s *share) local(id string) (*ledger.CE, error) {
 	ce, err := s.d.ledger.Get(id)
-	p := ceshare.Partition(id, s.partitions)
-	if errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) &&
-		(slices.Contains(s.member.Owned(), p) || slices.Contains(s.member.Assigned(), p)) {
-		next, _ := s.member.Next(p)
-		return nil, fmt.Errorf("%w: partition %d of %s, replayed up to offset %d; retry", errRebuilding, p, s.d.cfg.Replication.CETopic, next)
+	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && s.held(p) && !s.member.Ready(p) {
+		return nil, s.rebuildingErr(p)
 	}
 	return ce, err
+}
+
+// rebuilding is errRebuilding for the first partition this replica holds or was assigned that
+// it has not caught up with, nil when there is none: a list of this ledger's CEs misses some.
+func (s *share) rebuilding() error {
+	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
+		if !s.member.Ready(p) {
+			return s.rebuildingErr(p)
+		}
+	}
+	return nil
+}
+
+// held says whether this replica holds partition p or was assigned it.
+func (s *share) held(p int) bool {
+	return slices.Contains(s.member.Owned(), p) || slices.Contains(s.member.Assigned(), p)
+}
+
+func (s *share) rebuildingErr(p int) error {
+	next, _ := s.member.Next(p)
+	return fmt.Errorf("%w: partition %d of %s, its requests replayed up to offset %d; retry", errRebuilding, p, s.d.cfg.Replication.CETopic, next)
 }
 
 // headerForwarded marks a request one replica forwards to another, naming the sender; the
