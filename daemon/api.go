@@ -61,9 +61,10 @@ type core interface {
 	// cursor of the next page ("" at the end): the ledger's, or on a replica the whole cluster's
 	// (unless forwarded by another replica, which then asks this ledger only).
 	list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) (ces []*ledger.CE, next string, err error)
-	// localOutcome is the outcome this ledger stored for request rid, with the CE stored under
-	// id now; ok is false when it has none (share.outcome asks the owner for it).
-	localOutcome(id, rid string) (ro requestOutcome, ok bool, err error)
+	// holdOutcome is the outcome this ledger stored for request rid, with the CE stored under
+	// id now, once it applied id's partition past offset after (at once for a negative after);
+	// ok is false when it has none (share.outcome asks the owner for it).
+	holdOutcome(ctx context.Context, id, rid string, after int64) (ro requestOutcome, ok bool, err error)
 	// audit runs an audit: this ledger's, or on a replica every replica's (unless forwarded).
 	audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error)
 	// auditState is GET /v1/audit's answer: this daemon's, or on a replica every replica's too.
@@ -635,7 +636,7 @@ func (a *api) sameAsStored(r registration) bool {
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	if rid := r.Header.Get(headerRequestID); rid != "" && r.Header.Get(headerForwarded) != "" {
-		a.handleOutcome(w, r.PathValue("id"), rid)
+		a.handleOutcome(w, r, r.PathValue("id"), rid)
 		return
 	}
 	ce, replica, err := a.core.find(r.Context(), r.PathValue("id"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
@@ -658,9 +659,19 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleOutcome answers another replica's question (share.outcome): the outcome this replica's
-// ledger stored for request rid, or 404 while it has not applied it.
-func (a *api) handleOutcome(w http.ResponseWriter, id, rid string) {
-	ro, ok, err := a.core.localOutcome(id, rid)
+// ledger stored for request rid, or 404 while it has not applied it; held until the partition is
+// applied past headerAppliedAfter when the question names an offset.
+func (a *api) handleOutcome(w http.ResponseWriter, r *http.Request, id, rid string) {
+	after := int64(-1)
+	if v := r.Header.Get(headerAppliedAfter); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: %q is not an offset", headerAppliedAfter, v))
+			return
+		}
+		after = n
+	}
+	ro, ok, err := a.core.holdOutcome(r.Context(), id, rid, after)
 	switch {
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())

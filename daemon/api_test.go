@@ -239,7 +239,7 @@ func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, stri
 func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bool) ([]*ledger.CE, string, error) {
 	return nil, "", nil
 }
-func (f *fakeCore) localOutcome(string, string) (requestOutcome, bool, error) {
+func (f *fakeCore) holdOutcome(context.Context, string, string, int64) (requestOutcome, bool, error) {
 	return requestOutcome{}, false, nil
 }
 func (f *fakeCore) auditState(context.Context, string, bool) (auditStatus, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,10 +164,12 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 }
 
 // A read of a CE in a partition its owner is still rebuilding is answered 503 with Retry-After,
-// not 404: the CE may be among the registrations still to replay. Here the rebuild waits on a
-// registration measured under a posterior version the log does not have yet (its owner waits
-// for that version up to awaitOwner, then measures it again); a CE registered before it in the
-// partition, and a CE of another partition, are then read as stored.
+// not 404: the CE may be among the registrations still to replay; so is a list. Here the rebuild
+// waits on a registration measured under a posterior version the log does not have yet (its
+// owner waits for that version up to awaitOwner, then measures it again); a CE registered
+// before it in the partition, and a CE of another partition, are then read as stored. Another
+// replica's question for that registration's outcome is held by the owner until it applied it
+// (headerAppliedAfter): a few questions over the wait, not one every outcomeGap.
 func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two replicas and a rebuild that waits: not with -short")
@@ -207,12 +210,39 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prod.Close()
-	if _, _, err := prod.Send(ctx, ceshare.Request{Kind: ceshare.KindRegister, ID: later, CE: raw, Replica: "r1", At: time.Now().UTC()}); err != nil {
+	const rid = "rid-later"
+	_, landed, err := prod.Send(ctx, ceshare.Request{Kind: ceshare.KindRegister, ID: later, CE: raw, Replica: "r1", At: time.Now().UTC(), RID: rid})
+	if err != nil {
 		t.Fatal(err)
 	}
 
 	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
 	start := time.Now()
+	// A replica that accepted the registration asks r2, its owner, for the outcome, again each
+	// time it gets none, as share.awaitOutcome does.
+	type answer struct {
+		asks, code int
+		ro         requestOutcome
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		var a answer
+		for a.code != http.StatusOK && a.asks < 1000 && time.Since(start) < 2*time.Minute {
+			a.asks++
+			req, _ := http.NewRequest(http.MethodGet, r2.base+"/v1/counterfactuals/"+later, nil)
+			req.Header.Set(headerForwarded, "r3")
+			req.Header.Set(headerRequestID, rid)
+			req.Header.Set(headerAppliedAfter, strconv.FormatInt(landed, 10))
+			resp, err := r2.client.Do(req)
+			if err != nil {
+				break
+			}
+			a.code = resp.StatusCode
+			json.NewDecoder(resp.Body).Decode(&a.ro)
+			resp.Body.Close()
+		}
+		answered <- a
+	}()
 	// Until the wait ends, ids[0] reads 503 (never 404); other, once its partition is rebuilt, 200.
 	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503 and "+other+" 200", func() bool {
 		resp, _ := r2.rawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
@@ -253,4 +283,13 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if waited := time.Since(start); waited < awaitOwner/2 {
 		t.Errorf("the rebuild took %s: the registration did not make it wait (awaitOwner %s)", waited, awaitOwner)
 	}
+	a := <-answered
+	if a.code != http.StatusOK || a.ro.Outcome.ID != later || a.ro.Applied <= landed {
+		t.Errorf("after %d questions: %d %+v; want the outcome of %s, applied past offset %d", a.asks, a.code, a.ro, later, landed)
+	}
+	// Over a wait of about awaitOwner, each question held outcomeHold (or until r2 joined).
+	if most := int(2*awaitOwner/outcomeHold) + 3; a.asks > most {
+		t.Errorf("%d questions for one outcome over a wait of %s: the owner did not hold them (at most %d)", a.asks, time.Since(start), most)
+	}
+	t.Logf("%d questions for one outcome over a rebuild of %s", a.asks, time.Since(start).Round(time.Millisecond))
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -163,6 +164,30 @@ func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
 		ro.Counterfactual = ce
 	}
 	return ro, true, nil
+}
+
+// holdOutcome is localOutcome once this replica applied id's partition past offset after, or
+// what it has after outcomeHold (or when ctx ends): another replica waiting for the outcome
+// (share.awaitOutcome) asks once instead of polling. A negative after, or a single daemon,
+// answers at once.
+func (d *Daemon) holdOutcome(ctx context.Context, id, rid string, after int64) (requestOutcome, bool, error) {
+	if after < 0 || d.share == nil {
+		return d.localOutcome(id, rid)
+	}
+	ctx, cancel := context.WithTimeout(ctx, outcomeHold)
+	defer cancel()
+	for {
+		applied := d.share.applied.wait()
+		ro, ok, err := d.localOutcome(id, rid)
+		if err != nil || ok && ro.Applied > after {
+			return ro, ok, err
+		}
+		select {
+		case <-ctx.Done():
+			return ro, ok, nil
+		case <-applied:
+		}
+	}
 }
 
 // replay answers a keyed registration whose request this single daemon's ledger applied

@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -39,11 +41,44 @@ type share struct {
 	client     *http.Client
 	lg         *slog.Logger
 	stopping   context.Context // run's: ended once the replica stops
+	applied    broadcast       // signalled after each Apply: outcomes waited for may be stored
+}
+
+// broadcast wakes every waiter at once: wait returns a channel that the next signal closes.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) signal() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
 }
 
 // awaitOwner bounds how long a registration waits for its owner to store the CE before it is
 // answered 202 (accepted, not yet stored).
 const awaitOwner = 10 * time.Second
+
+// outcomeHold bounds how long an owner holds another replica's question for a request's
+// outcome (share.outcome) before it answers what it has; outcomeGap is the least time between
+// two questions of one waiting request.
+const (
+	outcomeHold = 2 * time.Second
+	outcomeGap  = 20 * time.Millisecond
+)
 
 // sendTimeout bounds how long one registration or deletion request is retried against the CE
 // topic (a partition electing a leader answers within it); a batch whose request times out
@@ -313,6 +348,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	}
 	s.d.rep.Metrics().CEApplied.Add(float64(len(reqs)))
 	s.d.confirm.notify()
+	s.applied.signal()
 	return nil
 }
 
@@ -523,14 +559,16 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 // awaitOutcome waits, at most awaitOwner, until the owner of id's partition has applied the
 // partition past offset, where request rid landed, and returns the request's outcome; errPending
 // when the owner has not applied it in time. An outcome recorded at another offset is that of an
-// earlier attempt of the request (a retry, not applied again): the answer replays it.
+// earlier attempt of the request (a retry, not applied again): the answer replays it. This
+// replica's own Apply wakes it at once; another owner holds each question until it applied past
+// offset (outcomeHold at most), so a request costs one question or a few, not one per poll.
 func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) (requestOutcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
 	for {
-		ro, ok, err := s.outcome(ctx, id, rid)
+		applied := s.applied.wait() // before asking: an Apply after the answer wakes the wait below
+		asked := time.Now()
+		ro, ok, err := s.outcome(ctx, id, rid, offset)
 		if err == nil && ok && ro.Applied > offset {
 			if ro.Outcome.Offset != offset {
 				s.d.requests.Replayed(ro.Outcome.Result)
@@ -540,14 +578,16 @@ func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) 
 		select {
 		case <-ctx.Done():
 			return ro, errPending
-		case <-t.C:
+		case <-applied:
+		case <-time.After(outcomeGap - time.Since(asked)):
 		}
 	}
 }
 
 // outcome returns the outcome of request rid, for CE id, from the owner of id's partition; ok
-// is false while the owner has not applied the request.
-func (s *share) outcome(ctx context.Context, id, rid string) (ro requestOutcome, ok bool, err error) {
+// is false while the owner has not applied the request. Another owner is asked to hold its
+// answer until it applied the partition past after (headerAppliedAfter).
+func (s *share) outcome(ctx context.Context, id, rid string, after int64) (ro requestOutcome, ok bool, err error) {
 	p := ceshare.Partition(id, s.partitions)
 	owner := ceshare.Owner{Replica: s.id}
 	if !slices.Contains(s.member.Owned(), p) {
@@ -567,6 +607,7 @@ func (s *share) outcome(ctx context.Context, id, rid string) (ro requestOutcome,
 	}
 	req.Header.Set(headerForwarded, s.id)
 	req.Header.Set(headerRequestID, rid)
+	req.Header.Set(headerAppliedAfter, strconv.FormatInt(after, 10))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return ro, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
@@ -590,8 +631,13 @@ func (s *share) outcome(ctx context.Context, id, rid string) (ro requestOutcome,
 
 // headerRequestID, on a request one replica forwards to another (headerForwarded), asks GET
 // /v1/counterfactuals/{id} for the outcome of the request with this id instead of the CE: the
-// owner answers a requestOutcome, or 404 while it has not applied the request.
-const headerRequestID = "Cfguard-Request-Id"
+// owner answers a requestOutcome, or 404 while it has not applied the request. With
+// headerAppliedAfter (an offset of the id's partition), the owner holds its answer until it
+// applied the partition past that offset, outcomeHold at most (Daemon.holdOutcome).
+const (
+	headerRequestID    = "Cfguard-Request-Id"
+	headerAppliedAfter = "Cfguard-Applied-After"
+)
 
 // requestOutcome is the owner's answer to a GET with headerRequestID: the request's outcome,
 // the CE stored under its id now (null when none), and the offset of the partition the owner
@@ -640,11 +686,13 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 // among the registrations still to replay, so the answer is not known yet (503, not 404).
 var errRebuilding = errors.New("CE partition being rebuilt by its owner")
 
-// local reads CE id from this replica's ledger, as the owner of its partition (errRebuilding
-// while the partition is not caught up and the id is not stored yet).
+// local reads CE id from this replica's ledger, as the owner of its partition: errRebuilding
+// when the id is not stored and the partition is not caught up here (being rebuilt, or not
+// acquired yet: the group, which the directory described, gave it to this replica and the
+// member has not taken it, or a forwarding replica's directory is ahead of this one's).
 func (s *share) local(id string) (*ledger.CE, error) {
 	ce, err := s.d.ledger.Get(id)
-	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && s.held(p) && !s.member.Ready(p) {
+	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) {
 		return nil, s.rebuildingErr(p)
 	}
 	return ce, err
@@ -659,11 +707,6 @@ func (s *share) rebuilding() error {
 		}
 	}
 	return nil
-}
-
-// held says whether this replica holds partition p or was assigned it.
-func (s *share) held(p int) bool {
-	return slices.Contains(s.member.Owned(), p) || slices.Contains(s.member.Assigned(), p)
 }
 
 func (s *share) rebuildingErr(p int) error {
