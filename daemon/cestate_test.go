@@ -243,28 +243,33 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		}
 		answered <- a
 	}()
-	// Until the wait ends, ids[0] reads 503 (never 404); other, once its partition is rebuilt, 200.
-	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503 and "+other+" 200", func() bool {
-		resp, _ := r2.rawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
+	// While the partition is rebuilt, ids[0] reads 503 (never 404), and so does a list, which
+	// would miss the CEs still to replay.
+	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503, being rebuilt", func() bool {
+		resp, body := r2.rawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
 		switch resp.StatusCode {
 		case http.StatusNotFound:
 			t.Fatalf("GET %s while its partition is rebuilt: 404", ids[0])
 		case http.StatusOK:
 			t.Fatalf("GET %s answered 200 before its partition was rebuilt: the test shows nothing", ids[0])
 		}
-		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
-			return false
-		}
-		code, _ := r2.get(t, "/v1/counterfactuals/"+other)
-		return code == http.StatusOK
+		return resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" &&
+			strings.Contains(string(body), "being rebuilt")
 	})
-	// A list would miss the CEs still to replay: it is not answered either.
 	if resp, body := r2.rawDo(t, "GET", "/v1/counterfactuals?limit=1000", "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
 		resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "being rebuilt") {
 		t.Errorf("a list while a partition is rebuilt: %d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
+	}
+	// A partition rebuilt reads as stored meanwhile.
+	waitfor.Cond(t, 60*time.Second, other+", of a partition rebuilt, read", func() bool {
+		code, _ := r2.get(t, "/v1/counterfactuals/"+other)
+		return code == http.StatusOK
+	})
+	if code, _ := r2.get(t, "/v1/counterfactuals/"+ids[0]); code == http.StatusNotFound {
+		t.Errorf("GET %s: 404", ids[0])
 	}
 	// Once the wait ends, the partition caught up: every CE reads as stored, the one that waited too.
 	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.get(t, "/readyz"); return code == 200 })
