@@ -144,6 +144,25 @@ func ids(prefix string, n int) []string {
 	return out
 }
 
+// stateTopics creates the CE topic and the CE state topic, as a member does, and returns a
+// state writer and a client of the broker, closed when the test ends.
+func stateTopics(ctx context.Context, t *testing.T, conn stream.ConnConfig) (*StateWriter, *kafka.Client) {
+	t.Helper()
+	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sw.Close() })
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
+	if _, err := ensureTopic(ctx, cl, testTopic, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ensureStateTopic(ctx, cl, testStateTopic, testPartitions); err != nil {
+		t.Fatal(err)
+	}
+	return sw, cl
+}
+
 // A rebuild cut short (a crash stored offset 3 of the partition's 6 registrations) gives the
 // registrations left their states too; a partition acquired at its end reads no state.
 func TestStatesForARebuildCutShort(t *testing.T) {
@@ -157,18 +176,7 @@ func TestStatesForARebuildCutShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pr.Close()
-	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sw.Close()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
-	if _, err := ensureTopic(ctx, cl, testTopic, testPartitions); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ensureStateTopic(ctx, cl, testStateTopic, testPartitions); err != nil {
-		t.Fatal(err)
-	}
+	sw, _ := stateTopics(ctx, t, conn)
 	var zero []string // ids of partition 0, registered at offsets 0..5
 	for i := 0; len(zero) < 6; i++ {
 		id := fmt.Sprintf("z-%d", i)
@@ -219,15 +227,7 @@ func TestStateWriterSplitsLargeWrites(t *testing.T) {
 	cfg.StateTopic = testStateTopic
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sw.Close()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
-	if _, err := ensureStateTopic(ctx, cl, testStateTopic, testPartitions); err != nil {
-		t.Fatal(err)
-	}
+	sw, cl := stateTopics(ctx, t, conn)
 	// 48 states of 64 KiB, two per CE, all of one partition.
 	pad := strings.Repeat("x", 64<<10)
 	var (

@@ -218,31 +218,8 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 
 	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
 	start := time.Now()
-	// A replica that accepted the registration asks r2, its owner, for the outcome, again each
-	// time it gets none, as share.awaitOutcome does.
-	type answer struct {
-		asks, code int
-		ro         requestOutcome
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		var a answer
-		for a.code != http.StatusOK && a.asks < 1000 && time.Since(start) < 2*time.Minute {
-			a.asks++
-			req, _ := http.NewRequest(http.MethodGet, r2.base+"/v1/counterfactuals/"+later, nil)
-			req.Header.Set(headerForwarded, "r3")
-			req.Header.Set(headerRequestID, rid)
-			req.Header.Set(headerAppliedAfter, strconv.FormatInt(landed, 10))
-			resp, err := r2.client.Do(req)
-			if err != nil {
-				break
-			}
-			a.code = resp.StatusCode
-			json.NewDecoder(resp.Body).Decode(&a.ro)
-			resp.Body.Close()
-		}
-		answered <- a
-	}()
+	// A replica that accepted the registration asks r2, its owner, for the outcome.
+	answered := askOutcome(r2, later, rid, landed)
 	// While the partition is rebuilt, ids[0] reads 503 (never 404), and so does a list, which
 	// would miss the CEs still to replay.
 	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503, being rebuilt", func() bool {
@@ -297,4 +274,37 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		t.Errorf("%d questions for one outcome over a wait of %s: the owner did not hold them (at most %d)", a.asks, time.Since(start), most)
 	}
 	t.Logf("%d questions for one outcome over a rebuild of %s", a.asks, time.Since(start).Round(time.Millisecond))
+}
+
+// outcomeAnswer is the last answer to a question for a request's outcome, after asks questions.
+type outcomeAnswer struct {
+	asks, code int
+	ro         requestOutcome
+}
+
+// askOutcome asks r, as a replica that accepted request rid for id would (share.outcome), for
+// the request's outcome, again each time it gets none, until it gets it, 1000 questions or two
+// minutes; the channel gets the last answer.
+func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
+	answered := make(chan outcomeAnswer, 1)
+	start := time.Now()
+	go func() {
+		var a outcomeAnswer
+		for a.code != http.StatusOK && a.asks < 1000 && time.Since(start) < 2*time.Minute {
+			a.asks++
+			req, _ := http.NewRequest(http.MethodGet, r.base+"/v1/counterfactuals/"+id, nil)
+			req.Header.Set(headerForwarded, "r3")
+			req.Header.Set(headerRequestID, rid)
+			req.Header.Set(headerAppliedAfter, strconv.FormatInt(landed, 10))
+			resp, err := r.client.Do(req)
+			if err != nil {
+				break
+			}
+			a.code = resp.StatusCode
+			json.NewDecoder(resp.Body).Decode(&a.ro)
+			resp.Body.Close()
+		}
+		answered <- a
+	}()
+	return answered
 }
