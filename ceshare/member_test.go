@@ -217,6 +217,17 @@ func (r *replica) stop(t *testing.T) {
 	}
 }
 
+// testProducer is a producer of the test topic, signing with testKeys, closed when the test ends.
+func testProducer(t *testing.T, conn stream.ConnConfig) *Producer {
+	t.Helper()
+	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	return pr
+}
+
 func memberConfig(conn stream.ConnConfig, id string) MemberConfig {
 	return MemberConfig{Conn: conn, Topic: testTopic, Group: testGroup, Partitions: testPartitions,
 		ReplicaID: id, AdvertiseURL: "http://" + id + ".test:8080", Keys: testKeys(),
@@ -377,11 +388,7 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 		}
 	}
 
-	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	want := produced{}
 	produce(t, pr, "a", 600, want)
 	writeMalformed(t, conn, 5)
@@ -631,11 +638,7 @@ func TestMemberCutOffLosesPartitions(t *testing.T) {
 		owner = ownership(reps...)
 		return owner != nil && len(reps[0].m.Owned()) > 0 && len(reps[1].m.Owned()) > 0 && len(reps[2].m.Owned()) > 0
 	})
-	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	want := produced{}
 	produce(t, pr, "a", 300, want)
 	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
@@ -697,11 +700,7 @@ func TestApplyErrorStopsMember(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { done <- m.Run(ctx) }()
-	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	p, _, err := pr.Send(ctx, Request{Kind: KindDelete, ID: "ce-1", Replica: "r1", At: time.Now()})
 	if err != nil {
 		t.Fatal(err)

@@ -43,11 +43,7 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	cfg := memberConfig(conn, "r1")
 	cfg.StateTopic = testStateTopic
 	first := startReplica(t, cfg)
-	pr, err := NewProducer(context.Background(), conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const n = 11
@@ -171,11 +167,7 @@ func TestStatesForARebuildCutShort(t *testing.T) {
 	cfg.StateTopic = testStateTopic
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pr, err := NewProducer(ctx, conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	sw, _ := stateTopics(ctx, t, conn)
 	var zero []string // ids of partition 0, registered at offsets 0..5
 	for i := 0; len(zero) < 6; i++ {
@@ -321,11 +313,7 @@ func TestStateTopicDeletedIsCreatedAgain(t *testing.T) {
 	first := startReplica(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pr, err := NewProducer(ctx, conn, testTopic, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
+	pr := testProducer(t, conn)
 	for _, id := range []string{"a-0", "a-1"} {
 		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
 			t.Fatal(err)
