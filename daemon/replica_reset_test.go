@@ -19,6 +19,7 @@ import (
 // cluster and no genesis, refuses to write a genesis of its own (it would follow a history no
 // other replica does) and names the topic and the recovery.
 func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
+	t.Parallel() // most of it waits for resetAfter
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	r := startReplicaKey(t, b, "r1", key)
