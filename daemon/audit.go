@@ -116,6 +116,13 @@ func (d *Daemon) auditState(ctx context.Context, authorization string, forwarded
 // runAudit re-evaluates every stored CE by Monte-Carlo under the current posterior and
 // re-anchors the ones that are in the <delta, epsilon>-set there. One audit runs at a time.
 func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditReport, error) {
+	// On a replica, not over a share that is still being rebuilt: the audit would miss the CEs
+	// still to replay, and say it covered the share.
+	if d.share != nil {
+		if err := d.share.caughtUp(ctx, auditRebuildWait); err != nil {
+			return ledger.AuditReport{}, fmt.Errorf("audit: %w", err)
+		}
+	}
 	if err := d.audits.begin(trigger, time.Now()); err != nil {
 		return ledger.AuditReport{}, err
 	}

@@ -169,7 +169,8 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 // owner waits for that version up to awaitOwner, then measures it again); a CE registered
 // before it in the partition, and a CE of another partition, are then read as stored. Another
 // replica's question for that registration's outcome is held by the owner until it applied it
-// (headerAppliedAfter): a few questions over the wait, not one every outcomeGap.
+// (headerAppliedAfter): a few questions over the wait, not one every outcomeGap. An audit asked
+// for meanwhile waits for the rebuild and measures every CE.
 func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two replicas and a rebuild that waits: not with -short")
@@ -240,6 +241,20 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
 	}
+	// An audit asked for now waits for the rebuild, then measures every CE.
+	audited := make(chan auditAnswer, 1)
+	go func() {
+		var got auditAnswer
+		defer func() { audited <- got }()
+		resp, err := r2.client.Post(r2.base+"/v1/audit", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			json.NewDecoder(resp.Body).Decode(&got)
+		}
+	}()
 	// A partition rebuilt reads as stored meanwhile.
 	waitfor.Cond(t, 60*time.Second, other+", of a partition rebuilt, read", func() bool {
 		code, _ := r2.get(t, "/v1/counterfactuals/"+other)
@@ -261,6 +276,9 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	code, body := r2.get(t, "/v1/counterfactuals?limit=1000")
 	if err := json.Unmarshal(body, &page); code != http.StatusOK || err != nil || len(page.CEs) != len(ids)+1 {
 		t.Errorf("a list after the rebuild: %d, %d CEs (%v); want all %d", code, len(page.CEs), err, len(ids)+1)
+	}
+	if got := <-audited; got.Evaluated != len(ids)+1 {
+		t.Errorf("an audit asked for during the rebuild evaluated %d CEs (%+v); want all %d, once the partition was rebuilt", got.Evaluated, got, len(ids)+1)
 	}
 	if waited := time.Since(start); waited < awaitOwner/2 {
 		t.Errorf("the rebuild took %s: the registration did not make it wait (awaitOwner %s)", waited, awaitOwner)

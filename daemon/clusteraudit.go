@@ -51,7 +51,7 @@ func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, e
 			return s.d.runAudit(ctx, "api")
 		}
 		var rep ledger.AuditReport
-		a, err := s.ask(ctx, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
+		a, err := s.askWith(ctx, s.auditClient, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
 		if err == nil {
 			err = decodePeer(o, a, &rep)
 		}
@@ -162,9 +162,14 @@ func firstFailure(failed map[string]error) error {
 }
 
 // ask sends a request to replica o's API on a client's behalf (its Authorization, or this
-// replica's http.token), marked forwarded so that o answers from its own ledger. Failing to
-// reach o is an errPeer.
+// replica's http.token), marked forwarded so that o answers from its own ledger, within
+// peerTimeout. Failing to reach o is an errPeer.
 func (s *share) ask(ctx context.Context, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
+	return s.askWith(ctx, s.client, o, method, path, body, authorization)
+}
+
+// askWith is ask with the HTTP client c.
+func (s *share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, method, o.URL+path, bytes.NewReader(body))
 	if err != nil {
 		return peerAnswer{}, err
@@ -179,7 +184,7 @@ func (s *share) ask(ctx context.Context, o ceshare.Owner, method, path string, b
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set(headerForwarded, s.id)
-	resp, err := s.client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
 	}

@@ -38,10 +38,13 @@ type share struct {
 	prod       *ceshare.Producer
 	member     *ceshare.Member
 	dir        *ceshare.Directory
-	client     *http.Client
-	lg         *slog.Logger
-	stopping   context.Context // run's: ended once the replica stops
-	applied    broadcast       // signalled after each Apply: outcomes waited for may be stored
+	client     *http.Client // questions to peers: reads, lists, outcomes (peerTimeout)
+	// auditClient forwards POST /v1/audit, which takes as long as the peer's share needs
+	// (minutes at 10^6 CEs): bounded by the caller's context only.
+	auditClient *http.Client
+	lg          *slog.Logger
+	stopping    context.Context // run's: ended once the replica stops
+	applied     broadcast       // signalled after each Apply: outcomes waited for may be stored
 }
 
 // broadcast wakes every waiter at once: wait returns a channel that the next signal closes.
@@ -71,6 +74,14 @@ func (b *broadcast) signal() {
 // awaitOwner bounds how long a registration waits for its owner to store the CE before it is
 // answered 202 (accepted, not yet stored).
 const awaitOwner = 10 * time.Second
+
+// peerTimeout bounds a question to another replica (a read, a page, an outcome, an audit's
+// status), from the request to the end of its answer.
+const peerTimeout = 10 * time.Second
+
+// auditRebuildWait bounds how long an audit waits for this replica's partitions to be rebuilt
+// before it measures them (a rebuild of 10^6 CEs took 50 s: BENCHMARKS.md, Replicas).
+const auditRebuildWait = 2 * time.Minute
 
 // outcomeHold bounds how long an owner holds another replica's question for a request's
 // outcome (share.outcome) before it answers what it has; outcomeGap is the least time between
@@ -113,7 +124,7 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	if err != nil {
 		return nil, err
 	}
-	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: 10 * time.Second},
+	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout}, auditClient: &http.Client{},
 		lg: d.log.With("component", "ceshare")}
 	group := d.cfg.Kafka.GroupID + ".ce"
 	held, err := d.ledger.ShareOffsets()
@@ -707,6 +718,26 @@ func (s *share) rebuilding() error {
 		}
 	}
 	return nil
+}
+
+// caughtUp waits until no partition of this replica is being rebuilt (rebuilding), at most
+// wait; after that, or when ctx ends, it returns rebuilding's error.
+func (s *share) caughtUp(ctx context.Context, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		applied := s.applied.wait()
+		err := s.rebuilding()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-applied: // a partition catches up after an Apply, once the member saw its end
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (s *share) rebuildingErr(p int) error {

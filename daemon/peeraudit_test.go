@@ -1,0 +1,80 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// idleHooks are the ceshare.Hooks of a member that stores nothing.
+type idleHooks struct{}
+
+func (idleHooks) Acquire(context.Context, int) (int64, error)                { return 0, nil }
+func (idleHooks) Apply(context.Context, int, []ceshare.Request, int64) error { return nil }
+func (idleHooks) Release(context.Context, int) error                         { return nil }
+func (idleHooks) Reset(context.Context, int, int64) error                    { return nil }
+
+// An audit takes as long as a replica's share needs: POST /v1/audit asks every owner of CE
+// partitions and waits for each one's report past peerTimeout, which bounds the other questions
+// to peers. Here the other owner is a member of the CE group whose API answers the audit
+// peerTimeout + 1 s after it is asked.
+func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica and an audit of more than peerTimeout: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	r := startReplica(t, b, "r1")
+	asked := make(chan struct{}, 1)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/audit" || req.Header.Get(headerForwarded) != "r1" {
+			http.Error(w, "not an audit forwarded by r1", http.StatusBadRequest)
+			return
+		}
+		asked <- struct{}{}
+		select {
+		case <-time.After(peerTimeout + time.Second):
+		case <-req.Context().Done():
+			return
+		}
+		json.NewEncoder(w).Encode(ledger.AuditReport{PosteriorVersion: r.d.current().Version, Evaluated: 3})
+	}))
+	t.Cleanup(slow.Close)
+	rc := r.d.cfg.Replication
+	m, err := ceshare.NewMember(context.Background(), ceshare.MemberConfig{Conn: r.d.conn, Topic: rc.CETopic, Group: r.d.cfg.Kafka.GroupID + ".ce",
+		Partitions: rc.CEPartitions, ReplicaID: "slow", AdvertiseURL: slow.URL, Keys: r.d.rep.Keys(),
+		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval}, idleHooks{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitfor.Cond(t, 60*time.Second, "the slow member owning CE partitions, r1 ready", func() bool {
+		code, _ := r.get(t, "/readyz")
+		return len(m.Owned()) > 0 && code == http.StatusOK
+	})
+
+	start := time.Now()
+	code, body := r.do(t, "POST", "/v1/audit", "", map[string]any{})
+	select {
+	case <-asked:
+	default:
+		t.Fatalf("the slow member was not asked to audit: %d %s", code, body)
+	}
+	var got auditAnswer
+	if err := json.Unmarshal(body, &got); code != http.StatusOK || err != nil || got.Replicas["slow"].Evaluated != 3 {
+		t.Fatalf("POST /v1/audit with a peer that answers after %s: %d %s (%v); want 200 with its report", peerTimeout+time.Second, code, body, err)
+	}
+	if took := time.Since(start); took < peerTimeout {
+		t.Fatalf("the audit answered after %s, before the slow member did", took)
+	}
+}
