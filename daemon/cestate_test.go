@@ -241,6 +241,10 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
 	}
+	if resp, body := r2.rawDo(t, "GET", "/ui/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
+		!strings.Contains(string(body), "being rebuilt") {
+		t.Errorf("the UI's page of %s while its partition is rebuilt: %d\n%s", ids[0], resp.StatusCode, body)
+	}
 	// An audit asked for now waits for the rebuild, then measures every CE.
 	audited := make(chan auditAnswer, 1)
 	go func() {

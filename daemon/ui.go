@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 )
@@ -57,7 +59,17 @@ func (s uiSource) List(ctx context.Context, st certify.Status, limit int, after 
 	if s.a.cfg.token != "" {
 		auth = "Bearer " + s.a.cfg.token
 	}
-	return s.a.core.list(ctx, st, limit, after, auth, false)
+	ces, next, err := s.a.core.list(ctx, st, limit, after, auth, false)
+	return ces, next, notYet(err)
+}
+
+// notYet marks the errors of a replica that will answer in a moment (a partition without an
+// owner, or still being rebuilt) as ui.ErrNotYet.
+func notYet(err error) error {
+	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, errRebuilding) {
+		return fmt.Errorf("%w: %w", ui.ErrNotYet, err)
+	}
+	return err
 }
 
 // Get reads a CE as GET /v1/counterfactuals/{id} does: from its owner on a replica, which the
@@ -68,7 +80,7 @@ func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 		auth = "Bearer " + s.a.cfg.token
 	}
 	ce, _, err := s.a.core.find(ctx, id, auth, false)
-	return ce, err
+	return ce, notYet(err)
 }
 
 func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.OutboxNewest(n) }

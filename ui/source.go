@@ -2,11 +2,17 @@ package ui
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
+
+// ErrNotYet is matched (errors.Is) by the error of a Source that cannot answer now and will in
+// a moment: on replicas, while a partition of counterfactuals has no owner (a rebalance) or its
+// owner is still rebuilding it. Its page is 503 with Retry-After and says so, with the error.
+var ErrNotYet = errors.New("not available yet")
 
 // Source is what the pages read: the daemon's state, as the API reads it.
 type Source interface {

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -195,8 +196,17 @@ func (u *UI) render(w http.ResponseWriter, code int, name string, p page) {
 	}
 }
 
-// fail shows an error page for a read that failed.
+// fail shows an error page for a read that failed; one that failed with ErrNotYet is a 503 that
+// asks to reload in a moment.
 func (u *UI) fail(w http.ResponseWriter, code int, err error) {
+	if errors.Is(err, ErrNotYet) {
+		u.cfg.Logger.Info("ui: page not available yet", "err", err)
+		w.Header().Set("Retry-After", "1")
+		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Not available yet",
+			Error: "The counterfactuals are moving between replicas (" + strings.TrimPrefix(err.Error(), ErrNotYet.Error()+": ") +
+				"). Reload this page in a moment."})
+		return
+	}
 	u.cfg.Logger.Warn("ui: page failed", "code", code, "err", err)
 	msg := err.Error()
 	if code >= 500 {

@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -410,6 +411,42 @@ func TestReissueLinks(t *testing.T) {
 	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001"} {
 		if p := page(id); strings.Contains(p, `id="reissue-of"`) || strings.Contains(p, `id="reissues"`) {
 			t.Errorf("%s's page names a reissue", id)
+		}
+	}
+}
+
+// notYetSource is a Source whose lists and CEs cannot be read yet (a replica's partition being
+// rebuilt).
+type notYetSource struct{ ledgerSource }
+
+func (notYetSource) Snapshot(context.Context) (ui.Snapshot, error) {
+	return ui.Snapshot{Classes: []string{"malignant", "benign"}, Now: time.Now()}, nil
+}
+
+func (notYetSource) List(context.Context, certify.Status, int, string) ([]*ledger.CE, string, error) {
+	return nil, "", fmt.Errorf("%w: partition 3 being rebuilt", ui.ErrNotYet)
+}
+
+func (notYetSource) Get(context.Context, string) (*ledger.CE, error) {
+	return nil, fmt.Errorf("%w: partition 3 being rebuilt", ui.ErrNotYet)
+}
+
+// A page whose source cannot answer yet is a 503 with Retry-After that says why and asks to
+// reload, not an error of the daemon's state.
+func TestPagesNotAvailableYetSayWhy(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, notYetSource{ledgerSource{l}})
+	for _, path := range []string{"/ui/counterfactuals", "/ui/counterfactuals/ce-1", "/ui/counterfactuals/ce-1/certificate"} {
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		body := rec.Body.String()
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" ||
+			!strings.Contains(body, "partition 3 being rebuilt") || !strings.Contains(body, "Reload this page") {
+			t.Errorf("GET %s: %d (Retry-After %q)\n%s", path, rec.Code, rec.Header().Get("Retry-After"), body)
 		}
 	}
 }
