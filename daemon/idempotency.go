@@ -167,14 +167,18 @@ func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
 }
 
 // holdOutcome is localOutcome once this replica applied id's partition past offset after, or
-// what it has after outcomeHold (or when ctx ends): another replica waiting for the outcome
+// what it has after outcomeHold (half http.write_timeout when that is shorter), or when ctx ends: another replica waiting for the outcome
 // (share.awaitOutcome) asks once instead of polling. A negative after, or a single daemon,
 // answers at once.
 func (d *Daemon) holdOutcome(ctx context.Context, id, rid string, after int64) (requestOutcome, bool, error) {
 	if after < 0 || d.share == nil {
 		return d.localOutcome(id, rid)
 	}
-	ctx, cancel := context.WithTimeout(ctx, outcomeHold)
+	hold := outcomeHold
+	if wt := d.cfg.HTTP.WriteTimeout; wt > 0 {
+		hold = min(hold, wt/2) // answered before http.write_timeout cuts the answer
+	}
+	ctx, cancel := context.WithTimeout(ctx, hold)
 	defer cancel()
 	for {
 		applied := d.share.applied.wait()
