@@ -138,6 +138,9 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		if len(entries) == 0 {
 			return nil
 		}
+		// A batch's events go before its states, and no state goes while its events fail: a state
+		// on the topic then tells its CE's next owner that every change it records was published
+		// (ledger's CE states), and the owner publishes none again.
 		batch, states := p.split(entries)
 		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
 		if len(batch) > 0 {

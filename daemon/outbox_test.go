@@ -3,8 +3,10 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -188,5 +190,65 @@ func TestOversizedStateIsATombstone(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(cs.metrics.CEStates.WithLabelValues(alerts.StateTooLarge)); n != 1 {
 		t.Fatalf("too_large = %v, want 1", n)
+	}
+}
+
+// orderedSinks records the order in which the outbox publisher hands events and states over,
+// and can refuse events.
+type orderedSinks struct {
+	calls      []string
+	failEvents bool
+}
+
+func (o *orderedSinks) PublishBatch(_ context.Context, evs []stream.Event) error {
+	if o.failEvents {
+		return errors.New("the events topic refuses them")
+	}
+	for _, e := range evs {
+		o.calls = append(o.calls, "event "+e.Key)
+	}
+	return nil
+}
+
+func (o *orderedSinks) Write(_ context.Context, states []ceshare.Encoded) error {
+	for _, s := range states {
+		o.calls = append(o.calls, "state "+string(s.Key))
+	}
+	return nil
+}
+
+// A state reaches the state topic only after every event the outbox held before it was
+// published: while the events topic refuses events, no state is written, and a batch's events go
+// before its states. A new owner relies on it: every change a state records was published, so it
+// publishes none again (ledger's CE states).
+func TestOutboxWritesStatesAfterTheirEvents(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	err = l.Checkpoint(&ledger.Checkpoint{Events: []ledger.OutboxEntry{
+		{Key: "ce-1", Value: []byte(`{"type":"status_changed"}`)},
+		{Stream: ledger.StreamStates, Key: "ce-1", Value: []byte(`{"id":"ce-1"}`)},
+		{Key: "ce-2", Value: []byte(`{"type":"status_changed"}`)},
+		{Stream: ledger.StreamStates, Key: "ce-2", Value: []byte(`{"id":"ce-2"}`)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sinks := &orderedSinks{failEvents: true}
+	p := newOutboxPublisher(l, sinks, alerts.NewMetrics(prometheus.NewRegistry()), "r1", slog.New(slog.DiscardHandler))
+	p.states = sinks
+	var after uint64
+	if err := p.drain(context.Background(), &after); err == nil || len(sinks.calls) != 0 {
+		t.Fatalf("with events refused: drain = %v, handed over %v; want an error and nothing", err, sinks.calls)
+	}
+	sinks.failEvents = false
+	if err := p.drain(context.Background(), &after); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"event ce-1", "event ce-2", "state ce-1", "state ce-2"}
+	if !slices.Equal(sinks.calls, want) {
+		t.Fatalf("handed over %v; want %v", sinks.calls, want)
 	}
 }

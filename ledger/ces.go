@@ -428,9 +428,6 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
 		}
-		if state != nil {
-			w.republish(state)
-		}
 		if p.stated {
 			w.states.add(id) // the topic's last record of the CE is then this owner's
 		}

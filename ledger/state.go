@@ -26,6 +26,12 @@ import (
 // CE is then judged as re-certification judges a stored one: at KL(q_now || q_anchor), its
 // bound holding makes it certified, failing keeps its status, and its verdict stays in force
 // while it carries (certify.Carries, from the verdict's posterior when the caller gives it).
+//
+// The new owner publishes no status change of the restored history: a replica's outbox
+// publisher writes the states of its outbox only after the events before them (daemon's
+// outboxPublisher), so every change a state on the topic records was published by the owner
+// that wrote it. A change whose transaction's state never reached the topic is not in the
+// state either; the new owner judges the CE from the state it has and publishes what it finds.
 
 // StateRestored is Outcome.State for a registration stored with its previous owner's state.
 const StateRestored = "restored"
@@ -149,17 +155,4 @@ func (l *Ledger) restoreHeader(h *header, state *CE, kl float64, past map[uint64
 		}
 	}
 	h.rejudge(l.opts.Policy.Bounds(h.certificate(), kl).Certified)
-}
-
-// republish puts the newest status change of a restored CE's history in the outbox again (not
-// in its history, which holds it): its previous owner may have died before publishing it, and a
-// consumer drops the copy by CE id, posterior version and new status.
-func (w *writeTx) republish(state *CE) {
-	for i := len(state.History) - 1; i >= 0; i-- {
-		if ch := state.History[i]; ch.From != ch.To {
-			ch.ID = state.ID
-			w.changes = append(w.changes, ch)
-			return
-		}
-	}
 }
