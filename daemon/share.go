@@ -570,14 +570,20 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 // awaitOutcome waits, at most awaitOwner, until the owner of id's partition has applied the
 // partition past offset, where request rid landed, and returns the request's outcome; errPending
 // when the owner has not applied it in time. An outcome recorded at another offset is that of an
-// earlier attempt of the request (a retry, not applied again): the answer replays it. This
-// replica's own Apply wakes it at once; another owner holds each question until it applied past
-// offset (outcomeHold at most), so a request costs one question or a few, not one per poll.
+// earlier attempt of the request (a retry, not applied again): the answer replays it. When this
+// replica owns the partition its own Apply wakes it at once; another owner holds each question
+// until it applied past offset (outcomeHold at most), so a request costs one question or a few,
+// not one per poll; two questions are at least outcomeGap apart.
 func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) (requestOutcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
 	defer cancel()
 	for {
-		applied := s.applied.wait() // before asking: an Apply after the answer wakes the wait below
+		// Taken before asking: this replica's Apply after the answer wakes the wait below, when
+		// it owns the partition (another owner's apply ends its own hold of the question).
+		var applied <-chan struct{}
+		if slices.Contains(s.member.Owned(), ceshare.Partition(id, s.partitions)) {
+			applied = s.applied.wait()
+		}
 		asked := time.Now()
 		ro, ok, err := s.outcome(ctx, id, rid, offset)
 		if err == nil && ok && ro.Applied > offset {
