@@ -167,9 +167,9 @@ func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
 }
 
 // holdOutcome is localOutcome once this replica applied id's partition past offset after, or
-// what it has after outcomeHold (half http.write_timeout when that is shorter), or when ctx ends: another replica waiting for the outcome
-// (share.awaitOutcome) asks once instead of polling. A negative after, or a single daemon,
-// answers at once.
+// what it has after outcomeHold (half http.write_timeout when that is shorter) or when ctx
+// ends: another replica waiting for the outcome (share.awaitOutcome) asks once instead of
+// polling. A negative after, or a single daemon, answers at once.
 func (d *Daemon) holdOutcome(ctx context.Context, id, rid string, after int64) (requestOutcome, bool, error) {
 	if after < 0 || d.share == nil {
 		return d.localOutcome(id, rid)

@@ -706,7 +706,7 @@ var errRebuilding = errors.New("CE partition being rebuilt by its owner")
 // local reads CE id from this replica's ledger, as the owner of its partition: errRebuilding
 // when the id is not stored and the partition is not caught up here (being rebuilt, or not
 // acquired yet: the group, which the directory described, gave it to this replica and the
-// member has not taken it, or a forwarding replica's directory is ahead of this one's).
+// member has not taken it; or a forwarding replica read the group before a rebalance).
 func (s *share) local(id string) (*ledger.CE, error) {
 	ce, err := s.d.ledger.Get(id)
 	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) {
