@@ -98,6 +98,19 @@ func (b *browser) run(steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
+// follow runs steps that navigate (a click on a link or on a form's button) and waits until the
+// page they lead to has loaded. Waiting for an element instead can find it on the page being left
+// when both pages have it (the list and its next page), and a query of that page then waits for
+// ever once the page is gone.
+func (b *browser) follow(steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := chromedp.RunResponse(ctx, steps...); err != nil {
+		b.t.Fatalf("browser: %v", err)
+	}
+}
+
 // value runs one action that returns a value.
 func value[T any](b *browser, a chromedp.Action[T]) T {
 	b.t.Helper()
@@ -253,8 +266,8 @@ func TestUIInABrowser(t *testing.T) {
 		}
 	}
 	b.run(chromedp.Navigate(d.Base+"/ui/counterfactuals"), chromedp.WaitVisible(chromedp.CSS("#status")),
-		chromedp.SetValue(chromedp.CSS("#status"), "at_risk"), chromedp.Click(chromedp.CSS("form.filters button")),
-		chromedp.WaitVisible(chromedp.CSS("form.filters")))
+		chromedp.SetValue(chromedp.CSS("#status"), "at_risk"))
+	b.follow(chromedp.Click(chromedp.CSS("form.filters button")))
 	got := 0
 	for pages := 0; ; pages++ {
 		rows := value(b, chromedp.Nodes(chromedp.CSSAll("table.ces tbody tr"), chromedp.AtLeast(0)))
@@ -267,7 +280,7 @@ func TestUIInABrowser(t *testing.T) {
 		if len(next) == 0 || pages > 10 {
 			break
 		}
-		b.run(chromedp.Click(chromedp.CSS(`a[rel="next"]`)), chromedp.WaitVisible(chromedp.CSS("form.filters")))
+		b.follow(chromedp.Click(chromedp.CSS(`a[rel="next"]`)))
 	}
 	if got != want {
 		t.Errorf("the at_risk filter listed %d CEs over its pages; the API has %d", got, want)
