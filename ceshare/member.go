@@ -558,16 +558,8 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 	if from == 0 {
 		return true
 	}
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{m.cfg.Topic: {kafka.LastOffsetOf(p)}}})
-	if err != nil {
-		return true
-	}
-	for _, po := range res.Topics[m.cfg.Topic] {
-		if po.Partition == p && po.Error == nil {
-			return po.LastOffset > from
-		}
-	}
-	return true
+	_, end, err := partitionOffsets(ctx, cl, m.cfg.Topic, p)
+	return err != nil || end > from
 }
 
 // acquireStates reads partition p of the CE state topic (readStates), retrying a broker's
@@ -721,38 +713,32 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 // created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
 // on from 0, so that no request of the new log is skipped.
 func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next int64) (int64, error) {
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		m.cfg.Topic: {kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p)}}})
+	first, end, err := partitionOffsets(ctx, cl, m.cfg.Topic, p)
 	if err != nil {
 		return next, nil // the fetch is tried again, and fails again if it must
 	}
-	for _, po := range res.Topics[m.cfg.Topic] {
-		if po.Partition != p || po.Error != nil {
-			continue
+	switch {
+	case next < first:
+		m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
+			"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
+		m.mu.Lock()
+		m.gaps += first - next
+		m.mu.Unlock()
+		return m.apply(ctx, p, nil, next, first)
+	case next > end:
+		m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
+			"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",
+			"partition", p, "read_to", next, "end", end)
+		if err := m.hooks.Reset(ctx, p, end); err != nil {
+			return next, fmt.Errorf("ceshare: partition %d of %q ends at %d, before offset %d this replica read (the topic "+
+				"was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, end, next, err)
 		}
-		switch {
-		case next < po.FirstOffset:
-			m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
-				"partition", p, "from", next, "to", po.FirstOffset, "fix", "keep the CE topic's retention.ms at -1")
-			m.mu.Lock()
-			m.gaps += po.FirstOffset - next
-			m.mu.Unlock()
-			return m.apply(ctx, p, nil, next, po.FirstOffset)
-		case next > po.LastOffset:
-			m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
-				"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",
-				"partition", p, "read_to", next, "end", po.LastOffset)
-			if err := m.hooks.Reset(ctx, p, po.LastOffset); err != nil {
-				return next, fmt.Errorf("ceshare: partition %d of %q ends at %d, before offset %d this replica read (the topic "+
-					"was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, po.LastOffset, next, err)
-			}
-			m.mu.Lock()
-			if ps := m.parts[p]; ps != nil {
-				ps.next, ps.ready = 0, false
-			}
-			m.mu.Unlock()
-			return 0, nil
+		m.mu.Lock()
+		if ps := m.parts[p]; ps != nil {
+			ps.next, ps.ready = 0, false
 		}
+		m.mu.Unlock()
+		return 0, nil
 	}
 	return next, nil
 }

@@ -27,9 +27,10 @@ import (
 //
 // Of the records of one CE, a reader keeps the last one, as compaction does: the newest state,
 // or none when it is a tombstone or a record that does not authenticate or decode. The reader's
-// view is then the same before and after the cleaner ran. An owner paused past its session may write a state after its successor read the topic;
-// the successor's next write of that CE supersedes it, and a later reader checks it as any
-// other (a state is a claim the new owner checks and judges again, never taken on trust).
+// view is then the same before and after the cleaner ran. An owner paused past its session may
+// write a state after its successor read the topic; the successor's next write of that CE
+// supersedes it, and a later reader checks it as any other (a state is a claim the new owner
+// checks and judges again, never taken on trust).
 
 // StateTopic is the CE state topic of CE topic ceTopic (replication.ce_topic): its name with
 // ".state" appended. Deriving it keeps the replicas of a cluster on one state topic.
@@ -288,24 +289,9 @@ type StateStats struct {
 // authenticate or decode are counted and logged.
 func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[string]State, error) {
 	topic := m.cfg.StateTopic
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		topic: {kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p)}}})
+	next, end, err := partitionOffsets(ctx, cl, topic, p)
 	if err != nil {
-		return nil, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, err)
-	}
-	var next, end int64
-	found := false
-	for _, po := range res.Topics[topic] {
-		if po.Partition != p {
-			continue
-		}
-		if po.Error != nil {
-			return nil, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, po.Error)
-		}
-		next, end, found = po.FirstOffset, po.LastOffset, true
-	}
-	if !found {
-		return nil, fmt.Errorf("ceshare: listing offsets of partition %d of %q: no answer for it", p, topic)
+		return nil, err
 	}
 	states := map[string]State{}
 	for next < end {

@@ -93,3 +93,22 @@ func create(ctx context.Context, cl *kafka.Client, topic string, partitions int,
 		return false, fmt.Errorf("ceshare: creating topic %q with %d partitions: %w", topic, partitions, err)
 	}
 }
+
+// partitionOffsets is the first offset and the end (the high watermark) of partition p of topic.
+func partitionOffsets(ctx context.Context, cl *kafka.Client, topic string, p int) (first, end int64, err error) {
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+		topic: {kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p)}}})
+	if err != nil {
+		return 0, 0, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, err)
+	}
+	for _, po := range res.Topics[topic] {
+		if po.Partition != p {
+			continue
+		}
+		if po.Error != nil {
+			return 0, 0, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, po.Error)
+		}
+		return po.FirstOffset, po.LastOffset, nil
+	}
+	return 0, 0, fmt.Errorf("ceshare: listing offsets of partition %d of %q: no answer for it", p, topic)
+}
