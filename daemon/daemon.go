@@ -338,7 +338,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		if err != nil {
 			return err
 		}
-		d.states.replica, d.states.metrics = d.rep.ID(), d.rep.Metrics()
+		d.states.metrics = d.rep.Metrics() // its replica was named before the ledger opened, as replica.New names it
 		return nil
 	}
 	return d.bootstrapModel(ctx)
