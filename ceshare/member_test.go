@@ -18,6 +18,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -32,7 +33,7 @@ const (
 )
 
 func testLog(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return slog.New(tooltest.UniqueKeys(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
 }
 
 type tbWriter struct{ t testing.TB }
@@ -244,7 +245,7 @@ func startReplica(t *testing.T, cfg MemberConfig) *replica {
 // startReplicaOn starts a member on ledger l (a replica restarted on its state directory).
 func startReplicaOn(t *testing.T, cfg MemberConfig, l *ledger) *replica {
 	t.Helper()
-	m, err := NewMember(context.Background(), cfg, l, testLog(t).With("replica", cfg.ReplicaID))
+	m, err := NewMember(context.Background(), cfg, l, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	ready := make(chan *Daemon, 1)
 	done := make(chan error, 1)
 	logs := &tooltest.Output{}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(tooltest.UniqueKeys(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
 	o := Options{Config: &c, Logger: log, Registry: reg, Ready: ready}
 	if opts != nil {
 		opts(&o)
@@ -206,7 +206,7 @@ func (r *running) metric(t *testing.T, name string, labels ...string) float64 {
 // 500 records a batch). The writer sends a batch when it is full, or after BatchTimeout
 // (kafka-go's default, 1 s): a batch the size of the call is full, and sent, as soon as
 // WriteMessages has queued it.
-func (r *running) produce(t *testing.T, values ...[]byte) {
+func (r *running) produce(t testing.TB, values ...[]byte) {
 	t.Helper()
 	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll,
 		BatchSize: min(len(values), 500)}

@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -273,7 +274,7 @@ func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string
 	ready := make(chan *Daemon, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
 			Registry: prometheus.NewRegistry(), Ready: ready})
 	}()
 	select {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // TestReplicaIDTakenRefuses starts a second replica with the id of a running one (another
@@ -37,7 +38,7 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
 			Registry: prometheus.NewRegistry()})
 	}()
 	err := <-done

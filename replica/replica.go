@@ -364,7 +364,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 		r.chain, r.read = chain, rec.Offset+1
 		r.host.SetCurrent(m)
 		r.remember(m)
-		r.lg.Info("posterior log genesis applied", "writer", e.Writer, "posterior_version", m.Version, "posterior_sha256", e.PosteriorSHA256)
+		r.lg.Info("posterior log genesis applied", "entry_writer", e.Writer, "posterior_version", m.Version, "posterior_sha256", e.PosteriorSHA256)
 		return nil
 	}
 }
@@ -485,7 +485,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	if reason != postlog.Accepted {
 		r.m.Ignored.WithLabelValues(string(reason)).Inc()
 		if e != nil {
-			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "writer", e.Writer)
+			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer)
 			if err := c.Diverged(rec, e); err != nil {
 				return err // the follower stops, blocking its chain at rec
 			}
@@ -496,7 +496,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
 		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
-			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
+			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
 		r.advance(rec.Offset+1, nil, nil)
 		return nil
 	} else if err != nil {
@@ -521,7 +521,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.mu.Unlock()
 		r.m.Stopped.Set(0)
 		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
-			"writer", e.Writer, "resumed", resumed, "covers", e.Covers)
+			"entry_writer", e.Writer, "resumed", resumed, "covers", e.Covers)
 	case postlog.Claim:
 		// The claimant publishes the events the entries before its claim owe: their writer
 		// may have died between its append and its own apply. They may be published twice.

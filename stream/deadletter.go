@@ -174,7 +174,7 @@ func (c *Consumer) logDead(d pendingDead) {
 	if now.Sub(c.deadLogAt) >= deadLogWindow {
 		if c.deadSuppressed > 0 {
 			c.log.Warn("more records dead-lettered than logged one by one", "not_logged", c.deadSuppressed,
-				"window", deadLogWindow, "topic", c.cfg.DeadLetterTopic)
+				"window", deadLogWindow, "dead_letter_topic", c.cfg.DeadLetterTopic)
 		}
 		c.deadLogAt, c.deadLogged, c.deadSuppressed = now, 0, 0
 	}
@@ -183,7 +183,7 @@ func (c *Consumer) logDead(d pendingDead) {
 		return
 	}
 	c.deadLogged++
-	c.log.Warn("record dead-lettered", "reason", d.reason, "error", headerValue(d.msg, HeaderError),
-		"topic", headerValue(d.msg, HeaderSourceTopic), "partition", headerValue(d.msg, HeaderSourcePartition),
+	c.log.Warn("record dead-lettered", "reason", d.reason, "error", headerValue(d.msg, HeaderError), // the logger names the topic
+		"partition", headerValue(d.msg, HeaderSourcePartition),
 		"offset", headerValue(d.msg, HeaderSourceOffset), "dead_letter_topic", c.cfg.DeadLetterTopic)
 }

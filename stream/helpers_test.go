@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 const (
@@ -21,7 +22,7 @@ const (
 )
 
 func testLog(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return slog.New(tooltest.UniqueKeys(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
 }
 
 type tbWriter struct{ t testing.TB }

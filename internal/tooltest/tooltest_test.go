@@ -1,6 +1,9 @@
 package tooltest
 
 import (
+	"bytes"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -88,5 +91,39 @@ func TestOutputLogged(t *testing.T) {
 	p.Write([]byte("123\n"))
 	if got := p.Logged("HTTP API listening", "addr"); got != "127.0.0.1:38123" {
 		t.Errorf("Logged once the line is complete = %q, want 127.0.0.1:38123", got)
+	}
+}
+
+func TestUniqueKeysReportsADuplicate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		log  func(l *slog.Logger)
+		want int
+		// quiet: the line is below the wrapped handler's level and must not reach it
+		quiet bool
+	}{
+		{"distinct", func(l *slog.Logger) { l.Info("m", "a", 1, "b", 2) }, 0, false},
+		{"twice in a record", func(l *slog.Logger) { l.Info("m", "a", 1, "a", 2) }, 1, false},
+		{"in With and the record", func(l *slog.Logger) { l.With("a", 1).Debug("m", "a", 2) }, 1, true},
+		{"twice in With", func(l *slog.Logger) { l.With("a", 1).With("a", 2).Info("m") }, 1, false},
+		{"in another group", func(l *slog.Logger) { l.With("a", 1).WithGroup("g").Info("m", "a", 2) }, 0, false},
+		{"in a group value", func(l *slog.Logger) { l.Info("m", "a", 1, slog.Group("g", "a", 2, "b", 3)) }, 0, false},
+		{"twice in a group value", func(l *slog.Logger) { l.Info("m", slog.Group("g", "b", 2, "b", 3)) }, 1, false},
+		{"an inline group", func(l *slog.Logger) { l.Info("m", "a", 1, slog.Group("", "a", 2)) }, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			var out bytes.Buffer
+			h := UniqueKeys(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}), func(f string, a ...any) {
+				got = append(got, fmt.Sprintf(f, a...))
+			})
+			tc.log(slog.New(h))
+			if len(got) != tc.want {
+				t.Errorf("reports %q, want %d", got, tc.want)
+			}
+			if passed := out.Len() != 0; passed == tc.quiet {
+				t.Errorf("passed on to the wrapped handler: %v, want %v (%q)", passed, !tc.quiet, out.String())
+			}
+		})
 	}
 }
