@@ -35,7 +35,7 @@ type replicaView struct {
 
 // produceRows produces n labelled records through r's broker, rows of data from the one after
 // the from records already produced (cycling), and returns how many are produced then.
-func produceRows(t *testing.T, r *running, data *dataset.Set, from, n int) int {
+func produceRows(t testing.TB, r *running, data *dataset.Set, from, n int) int {
 	t.Helper()
 	vals := make([][]byte, n)
 	for i := range vals {

@@ -80,6 +80,9 @@ type Replica struct {
 	refused    error             // why it did not join (a *SettingsError), nil when it did
 
 	updater atomic.Bool
+
+	pastMu sync.Mutex  // one play of the log for Past at a time
+	pastAt *pastCursor // where the last one stopped (pastMu)
 }
 
 // acceptedWindow is how many recent accepted entries the follower remembers for read-back.
@@ -639,8 +642,11 @@ func (r *Replica) remember(m *bnn.Model) {
 }
 
 // Past returns the posteriors of the given versions, each at most the current one: the recent
-// ones from memory, the others by playing the posterior log from its start (a replica that
-// takes over CEs measured long ago elsewhere).
+// ones from memory, the others by playing the posterior log. A rebuild asks for the anchors of
+// a partition's registrations in about the order they were measured, so the play goes on from
+// where the last one stopped (pastCursor) while every version asked for is past it, and starts
+// again from the log's first record otherwise: a rebuild reads the log about once, not once per
+// batch. Versions the log does not have are not in the answer.
 func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.Model, error) {
 	out := map[uint64]*bnn.Model{}
 	want := map[uint64]bool{}
@@ -657,56 +663,85 @@ func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 	if len(want) == 0 {
 		return out, nil
 	}
-	rd, err := r.plog.Read(0)
-	if err != nil {
-		return nil, err
+	r.pastMu.Lock()
+	defer r.pastMu.Unlock()
+	at := r.pastAt
+	r.pastAt = nil // kept only when this play ends without an error
+	if at == nil || at.m == nil || at.next > until+1 || slices.Min(slices.Collect(maps.Keys(want))) < at.m.Version {
+		at = &pastCursor{chain: postlog.NewChain(r.keys)}
 	}
-	defer rd.Close()
-	chain := postlog.NewChain(r.keys)
-	var m *bnn.Model
-	for len(want) > 0 {
-		rec, err := rd.Next(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
+	found := func() {
+		if m := at.m; m != nil && want[m.Version] {
+			out[m.Version] = m
+			delete(want, m.Version)
 		}
-		fork := chain.Fork()
-		e, reason, err := fork.Offer(rec)
-		switch {
-		case errors.Is(err, postlog.ErrUnknownFormat):
-			chain = fork // stopped there until a new epoch moves past it, as the follower
-		case err != nil:
+	}
+	found()
+	if len(want) > 0 && at.next <= until {
+		rd, err := r.plog.Read(at.next)
+		if err != nil {
 			return nil, err
 		}
-		if reason == postlog.Accepted {
-			if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
-				reason = postlog.PastEnd // refused, as the follower refuses it
-			} else if err != nil {
+		defer rd.Close()
+		for len(want) > 0 && at.next <= until {
+			rec, err := rd.Next(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("reading the posterior log for past posteriors: %w", err)
+			}
+			if err := r.replay(ctx, at, rec); err != nil {
 				return nil, err
 			}
-		}
-		// A new epoch keeps the head's posterior: nothing to apply (unless it begins the log).
-		if reason == postlog.Accepted && e.Kind == postlog.Genesis && e.Epoch > 0 && m != nil {
-			chain = fork
-		} else if reason == postlog.Accepted {
-			chain = fork
-			if e.Kind == postlog.Genesis {
-				m, err = e.Body.Model(e.PosteriorSHA256)
-			} else {
-				m, err = e.Apply(m)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("replaying the posterior log, entry %d: %w", e.Seq, err)
-			}
-			if want[m.Version] {
-				out[m.Version] = m
-				delete(want, m.Version)
-			}
-		}
-		if rec.Offset >= until {
-			break
+			found()
 		}
 	}
+	r.pastAt = at
 	return out, nil
+}
+
+// pastCursor is where Past's last play of the posterior log stopped: the chain and posterior
+// after the record before next.
+type pastCursor struct {
+	chain *postlog.Chain
+	m     *bnn.Model // nil before the genesis
+	next  int64
+}
+
+// replay moves c past rec as the follower would: an accepted entry moves the chain and the
+// posterior, any other record only the offset. On an error c is left where it was.
+func (r *Replica) replay(ctx context.Context, c *pastCursor, rec postlog.Record) error {
+	fork := c.chain.Fork()
+	e, reason, err := fork.Offer(rec)
+	switch {
+	case errors.Is(err, postlog.ErrUnknownFormat):
+		c.chain = fork // stopped there until a new epoch moves past it, as the follower
+	case err != nil:
+		return err
+	}
+	if reason == postlog.Accepted {
+		if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+			reason = postlog.PastEnd // refused, as the follower refuses it
+		} else if err != nil {
+			return err
+		}
+	}
+	switch {
+	case reason != postlog.Accepted:
+	case e.Kind == postlog.Genesis && e.Epoch > 0 && c.m != nil:
+		c.chain = fork // a new epoch keeps the head's posterior: nothing to apply
+	default:
+		m := c.m
+		if e.Kind == postlog.Genesis {
+			m, err = e.Body.Model(e.PosteriorSHA256)
+		} else {
+			m, err = e.Apply(m)
+		}
+		if err != nil {
+			return fmt.Errorf("replaying the posterior log, entry %d: %w", e.Seq, err)
+		}
+		c.chain, c.m = fork, m
+	}
+	c.next = rec.Offset + 1
+	return nil
 }
 
 // WaitChange waits for the follower's next record, or ctx's end.

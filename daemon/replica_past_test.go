@@ -1,0 +1,102 @@
+package daemon
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// longLog starts a replica whose posterior log has n increments of one record each, and
+// returns it with its current version.
+func longLog(t testing.TB, n int) (*running, uint64) {
+	t.Helper()
+	b := startCluster(t, 1)
+	keys := writeKeyFile(t, testClusterKey)
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", keys)
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 1, 1 // an entry per record
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	produceRows(t, r, bundled(t), 0, n)
+	waitfor.Cond(t, 2*time.Minute, "every record applied", func() bool {
+		return gatherCounter(r.reg, "cfguard_records_total", "result", "applied") == float64(n)
+	})
+	return r, r.d.current().Version
+}
+
+// TestPastFindsOldPosteriors asks a replica for posteriors older than those it keeps in memory,
+// in the orders a rebuild does (ascending batches) and does not (a version below the last
+// batch's): each answer holds every version asked for that the log has, and only those.
+func TestPastFindsOldPosteriors(t *testing.T) {
+	t.Parallel()
+	r, cur := longLog(t, 300)
+	if cur < 290 {
+		t.Fatalf("version %d after 300 one-record increments (promoted %v, clipped %v, rejected %v, failed %v)", cur,
+			gatherCounter(r.reg, "cfguard_updates_total", "outcome", "promoted"), gatherCounter(r.reg, "cfguard_updates_total", "outcome", "clipped"),
+			gatherCounter(r.reg, "cfguard_updates_total", "outcome", "rejected"), gatherCounter(r.reg, "cfguard_updates_total", "outcome", "failed"))
+	}
+	for _, want := range [][]uint64{
+		{3, 1, 2},
+		{10, 40},
+		{41},
+		{5, 41, 42},   // below the last replay's newest: read again from the start
+		{cur - 1, 0},  // a recent one and the genesis
+		{43, cur + 5}, // one the log does not have (yet)
+		{cur + 6},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		got, err := r.d.rep.Past(ctx, want)
+		cancel()
+		if err != nil {
+			t.Fatalf("Past(%v): %v", want, err)
+		}
+		var found []uint64
+		for v, m := range got {
+			if m.Version != v {
+				t.Errorf("Past(%v): version %d holds the posterior of version %d", want, v, m.Version)
+			}
+			found = append(found, v)
+		}
+		var inLog []uint64
+		for _, v := range want {
+			if v <= cur {
+				inLog = append(inLog, v)
+			}
+		}
+		slices.Sort(found)
+		slices.Sort(inLog)
+		if !slices.Equal(found, inLog) {
+			t.Errorf("Past(%v) found %v, want %v", want, found, inLog)
+		}
+	}
+}
+
+// BenchmarkPastOfARebuild measures what a rebuild asks of the posterior log: the posteriors of
+// anchors older than the 256 a replica keeps, in 20 batches of ascending versions, as a
+// partition's registrations come in the order they were measured. ns/op is one rebuild's.
+func BenchmarkPastOfARebuild(b *testing.B) {
+	r, cur := longLog(b, 600)
+	old := cur - 300 // versions 1..old are not in memory
+	const batches, per = 20, 10
+	var asks [][]uint64
+	for i := range batches {
+		var vs []uint64
+		for k := range per {
+			vs = append(vs, 1+uint64(i*per+k)*(old-1)/(batches*per))
+		}
+		asks = append(asks, vs)
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		for _, vs := range asks {
+			got, err := r.d.rep.Past(ctx, vs)
+			if err != nil || len(got) != len(vs) {
+				b.Fatalf("Past(%v): %d found, %v", vs, len(got), err)
+			}
+		}
+	}
+}
