@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
@@ -336,4 +338,109 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 		answered <- a
 	}()
 	return answered
+}
+
+// A registration and a state anchored to posteriors this replica's posterior log does not have
+// (here a log begun by a genesis at a later version: a cluster whose posterior topic was
+// recreated from a replica's head) are not refused: the state is not used (counted not_used,
+// with a WARN line), and the registration is measured again under the current posterior, with
+// a WARN line; the partition goes on.
+func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	ids := registerCEs(t, r1, data, 3)
+	registered, err := r1.d.ledger.Get(ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Records after the registrations move the posterior on: the next log begins after the
+	// registrations' anchor.
+	produceRows(t, r1, data, 0, 64)
+	waitfor.Cond(t, 30*time.Second, "the records applied", func() bool {
+		return r1.metric(t, "cfguard_records_total", "result", "applied") == 64
+	})
+	head := r1.d.current()
+	if head.Version == registered.AnchorVersion {
+		t.Fatalf("64 records left the posterior at version %d, the registration's: the test shows nothing", head.Version)
+	}
+	// The state r1 would write for the CE, anchored where its registration is.
+	raw, err := json.Marshal(registered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := ceshare.NewStateWriter(ctx, r1.d.conn, ceshare.StateTopic(r1.d.cfg.Replication.CETopic), r1.d.share.partitions, r1.d.rep.Keys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Write(ctx, []ceshare.State{{ID: registered.ID, Replica: "r1", CE: raw}}); err != nil {
+		t.Fatal(err)
+	}
+	r1.stop(t)
+
+	// r2 begins another posterior log from r1's posterior, at its version.
+	model := filepath.Join(t.TempDir(), "model")
+	if err := bnn.Save(model, head); err != nil {
+		t.Fatal(err)
+	}
+	r2 := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r2", key)
+		c.Model.Path = model
+		c.Replication.PosteriorTopic = "cfguard.posterior.next"
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r2 ready, holding every CE", func() bool {
+		c, err := r2.d.ledger.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := 0
+		for _, n := range c {
+			held += n
+		}
+		code, _ := r2.get(t, "/readyz")
+		return held == len(ids) && code == 200
+	})
+	// r2's updater reads the input topic again from its start for the new log: the CEs are
+	// measured under the new log's genesis or a later posterior.
+	for _, id := range ids {
+		got, err := r2.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.AnchorVersion < head.Version {
+			t.Errorf("%s at r2: anchored to version %d, before the log's genesis at %d", id, got.AnchorVersion, head.Version)
+		}
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != 1 {
+		t.Errorf("r2 counted %v states not used, want 1", n)
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 0 {
+		t.Errorf("r2 restored %v states, want none", n)
+	}
+	if id := r2.logs.Logged("CE stored from its registration", "id"); id != ids[0] {
+		t.Errorf("r2's WARN line for the state it did not use names %q, want %s", id, ids[0])
+	}
+	measuredAgain := map[string]bool{}
+	for _, line := range strings.Split(r2.logs.String(), "\n") {
+		if strings.Contains(line, `msg="CE measured again under the current posterior`) {
+			for _, f := range strings.Fields(line) {
+				if id, ok := strings.CutPrefix(f, "id="); ok {
+					measuredAgain[id] = true
+				}
+			}
+		}
+	}
+	for _, id := range ids {
+		if !measuredAgain[id] {
+			t.Errorf("r2 logged no WARN line for %s, measured again", id)
+		}
+	}
 }

@@ -388,9 +388,6 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 			defer d.mu.Unlock()
 			var err error
 			outs, err = d.ledger.ApplyShare(p, ops, next, past)
-			if errors.As(err, &need) && attempt > 0 && s.dropStates(p, ops, need) {
-				outs, err = d.ledger.ApplyShare(p, ops, next, past)
-			}
 			if errors.As(err, &need) && attempt > 0 {
 				if err := s.remeasure(ctx, ops, need.Ops); err != nil {
 					return err
@@ -434,26 +431,12 @@ func verdictVersions(ops []ledger.ShareOp, cur uint64) []uint64 {
 	return vs
 }
 
-// dropStates takes the states off the registrations of need.Ops (whose anchors the posterior
-// log does not have here), counted as not_used and logged: each registration is then stored
-// from itself, measured again only when its own anchor is missing too. It reports whether it
-// took any.
-func (s *share) dropStates(p int, ops []ledger.ShareOp, need *ledger.AnchorsNeededError) bool {
-	dropped := false
-	for _, i := range need.Ops {
-		st := ops[i].State
-		if st == nil {
-			continue
-		}
-		ops[i].State, dropped = nil, true
-		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
-		s.lg.Warn("CE stored from its registration", "partition", p, "id", ops[i].ID,
-			"why", fmt.Sprintf("previous owner's state not used: the posteriors it needs are not in the posterior log here (versions %v)", need.Versions))
-	}
-	return dropped
-}
-
-// remeasure measures the CEs of ops[which] again under the current posterior (d.mu held).
+// remeasure measures the CEs of ops[which] again under the current posterior (d.mu held): a
+// registration whose anchor the posterior log here does not have (a log begun after it). A
+// state the previous owner left is then not used: its anchor lies between its registration's
+// and the current version (ledger's checkState), and the log holds every version from its
+// genesis on, so a state whose anchor is missing belongs to a registration whose anchor is
+// missing too, which, measured again, is newer than the state.
 func (s *share) remeasure(ctx context.Context, ops []ledger.ShareOp, which []int) error {
 	d := s.d
 	m := d.current()
