@@ -61,13 +61,20 @@ func (cs *ceStates) Write(ctx context.Context, states []ceshare.Encoded) error {
 	return nil
 }
 
-// stateOf decodes the ledger's CE out of a state read from the state topic; nil, counted as
-// invalid, when it is not one.
+// stateOf decodes the ledger's CE out of a state read from the state topic for registration r;
+// nil, counted as invalid, when it is not one, and nil when it is the state of another
+// registration of r's id (one created at another time: the id was deleted and registered again
+// later in the partition, and that registration gets the state when it is replayed).
 func (s *share) stateOf(p int, r ceshare.Request) *ledger.CE {
 	var ce ledger.CE
 	if err := json.Unmarshal(r.State.CE, &ce); err != nil {
 		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateInvalid).Inc()
 		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
+		return nil
+	}
+	if !ce.CreatedAt.Equal(r.At) {
+		s.lg.Debug("CE state of another registration of the id", "partition", p, "id", r.ID, "offset", r.Offset,
+			"registered_at", r.At, "state_created_at", ce.CreatedAt)
 		return nil
 	}
 	return &ce

@@ -369,21 +369,7 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 	if head.Version == registered.AnchorVersion {
 		t.Fatalf("64 records left the posterior at version %d, the registration's: the test shows nothing", head.Version)
 	}
-	// The state r1 would write for the CE, anchored where its registration is.
-	raw, err := json.Marshal(registered)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w, err := ceshare.NewStateWriter(ctx, r1.d.conn, ceshare.StateTopic(r1.d.cfg.Replication.CETopic), r1.d.share.partitions, r1.d.rep.Keys())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if err := w.Write(ctx, []ceshare.State{{ID: registered.ID, Replica: "r1", CE: raw}}); err != nil {
-		t.Fatal(err)
-	}
+	writeState(t, r1, registered) // as r1 would write it, anchored where its registration is
 	r1.stop(t)
 
 	// r2 begins another posterior log from r1's posterior, at its version.
@@ -442,5 +428,85 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 		if !measuredAgain[id] {
 			t.Errorf("r2 logged no WARN line for %s, measured again", id)
 		}
+	}
+}
+
+// writeState writes ce to r's CE state topic as r's state of it, signed with r's cluster key.
+func writeState(t *testing.T, r *running, ce *ledger.CE) {
+	t.Helper()
+	raw, err := json.Marshal(ce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := ceshare.NewStateWriter(ctx, r.d.conn, ceshare.StateTopic(r.d.cfg.Replication.CETopic), r.d.share.partitions, r.d.rep.Keys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Write(ctx, []ceshare.State{{ID: ce.ID, Replica: r.d.cfg.Replication.ReplicaID, CE: raw}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An id registered, deleted and registered again leaves on the state topic the state of its
+// second CE. A replica that takes the partition over replays both registrations: the first is
+// stored from itself (the state is not its CE's, and it is no fault: nothing is counted), the
+// second with the state.
+func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r1.d.current(), data, 400, 1)
+	if len(xs) < 2 || len(cfs) < 2 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	for k, method := range []string{"POST", "DELETE", "POST"} {
+		path, want := "/v1/counterfactuals", http.StatusCreated
+		var body any = map[string]any{"id": "re-1", "x": data.X[xs[k/2]], "x_cf": data.X[cfs[k/2]], "target": "benign"}
+		if method == "DELETE" {
+			path, want, body = path+"/re-1", http.StatusNoContent, nil
+		}
+		if code, out := r1.do(t, method, path, "", body); code != want {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, code, out, want)
+		}
+	}
+	second, err := r1.d.ledger.Get("re-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeState(t, r1, second)
+	r1.stop(t)
+
+	r2 := startReplicaKey(t, b, "r2", key)
+	waitfor.Cond(t, 60*time.Second, "r2 holding the CE", func() bool {
+		c, err := r2.d.ledger.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := 0
+		for _, n := range c {
+			held += n
+		}
+		return held == 1
+	})
+	got, err := r2.d.ledger.Get("re-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ledger.SameCE(got, second) {
+		t.Errorf("r2 holds re-1 created %v with x_cf %v, want the second registration's (created %v)", got.CreatedAt, got.XCF[:3], second.CreatedAt)
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != 0 {
+		t.Errorf("r2 counted %v states not used, want none", n)
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 1 {
+		t.Errorf("r2 restored %v states, want the second registration's", n)
 	}
 }
