@@ -107,14 +107,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	r2 := startLearningReplica(t, b, "r2", key)
 	r1.stop(t)
 	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
-		c, err := r2.d.ledger.Counts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		held := 0
-		for _, n := range c {
-			held += n
-		}
+		held := r2.held(t)
 		code, _ := r2.get(t, "/readyz")
 		// The log ends at r1's last entry: r2 judges at the posterior r1 judged at.
 		return held == len(ids) && code == 200 && r2.d.current().Version == r1.d.current().Version
@@ -383,14 +376,7 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 		c.Replication.PosteriorTopic = "cfguard.posterior.next"
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r2 ready, holding every CE", func() bool {
-		c, err := r2.d.ledger.Counts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		held := 0
-		for _, n := range c {
-			held += n
-		}
+		held := r2.held(t)
 		code, _ := r2.get(t, "/readyz")
 		return held == len(ids) && code == 200
 	})
@@ -485,17 +471,7 @@ func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
 	r1.stop(t)
 
 	r2 := startReplicaKey(t, b, "r2", key)
-	waitfor.Cond(t, 60*time.Second, "r2 holding the CE", func() bool {
-		c, err := r2.d.ledger.Counts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		held := 0
-		for _, n := range c {
-			held += n
-		}
-		return held == 1
-	})
+	waitfor.Cond(t, 60*time.Second, "r2 holding the CE", func() bool { return r2.held(t) == 1 })
 	got, err := r2.d.ledger.Get("re-1")
 	if err != nil {
 		t.Fatal(err)
@@ -509,4 +485,18 @@ func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
 	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 1 {
 		t.Errorf("r2 restored %v states, want the second registration's", n)
 	}
+}
+
+// held is how many CEs r's ledger holds.
+func (r *running) held(t *testing.T) int {
+	t.Helper()
+	c, err := r.d.ledger.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, n := range c {
+		held += n
+	}
+	return held
 }

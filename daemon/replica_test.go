@@ -237,13 +237,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 			}
 			owners[id] = owner
 		}
-		c, err := r.d.ledger.Counts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range c {
-			held += v
-		}
+		held += r.held(t)
 	}
 	if held != n {
 		t.Errorf("the replicas' ledgers hold %d CEs in all, want %d (each once, at its owner)", held, n)
@@ -294,13 +288,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 					return false
 				}
 			}
-			c, err := r.d.ledger.Counts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range c {
-				held += v
-			}
+			held += r.held(t)
 		}
 		return held == n-1
 	})
