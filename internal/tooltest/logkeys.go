@@ -36,7 +36,8 @@ func (u *uniqueKeys) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // check records a's key in keys, reporting it when it is there already, and checks the
-// attributes of a group value in their own namespace.
+// attributes of a group value in their own namespace. msg is the record's message, "" for
+// attributes given with With.
 func (u *uniqueKeys) check(msg string, keys map[string]bool, a slog.Attr) {
 	v := a.Value.Resolve()
 	if v.Kind() == slog.KindGroup {
@@ -54,7 +55,10 @@ func (u *uniqueKeys) check(msg string, keys map[string]bool, a slog.Attr) {
 	if a.Key == "" {
 		return
 	}
-	if keys[a.Key] {
+	switch {
+	case keys[a.Key] && msg == "":
+		u.errorf("a logger is given the key %q twice (With)", a.Key)
+	case keys[a.Key]:
 		u.errorf("log line %q has the key %q twice", msg, a.Key)
 	}
 	keys[a.Key] = true
@@ -63,7 +67,7 @@ func (u *uniqueKeys) check(msg string, keys map[string]bool, a slog.Attr) {
 func (u *uniqueKeys) WithAttrs(as []slog.Attr) slog.Handler {
 	keys := maps.Clone(u.keys)
 	for _, a := range as {
-		u.check("(With)", keys, a)
+		u.check("", keys, a)
 	}
 	return &uniqueKeys{h: u.h.WithAttrs(as), errorf: u.errorf, keys: keys}
 }
