@@ -98,7 +98,7 @@ func Names() []string {
 		NameExportFailures, NameRegistrationBatch, NameDamaged,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
-		NameReplicaUpdater, NameCEPartitions, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
+		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
 		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,

@@ -1,6 +1,10 @@
 package alerts
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Names of a replica's metrics (replication.enabled): its place in the posterior log and its
 // role. A single daemon does not register them.
@@ -16,6 +20,7 @@ const (
 	NameCERepaired      = "cfguard_counterfactuals_repaired_total"
 	NameReplicaUpdater  = "cfguard_replication_updater"
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
+	NameCERebuilding    = "cfguard_counterfactuals_partitions_rebuilding"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
 	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
 	NameSettingsDiffer  = "cfguard_replication_settings_differ"
@@ -58,7 +63,13 @@ type ReplicaMetrics struct {
 	// CEStates counts CE states by result (StateWritten, StateRestored, StateNotUsed,
 	// StateInvalid, StateTooLarge); records that do not authenticate count in Unauthenticated.
 	CEStates *prometheus.CounterVec
+
+	rebuilding atomic.Pointer[func() int] // SetRebuilding's function, read at each scrape
 }
+
+// SetRebuilding makes f the count of CE partitions this replica is rebuilding, read at each
+// scrape (0 until it is set).
+func (m *ReplicaMetrics) SetRebuilding(f func() int) { m.rebuilding.Store(&f) }
 
 // NewReplicaMetrics registers a replica's metrics on reg; the counters of unauthenticated
 // records start at 0 for topics (the posterior and CE topics).
@@ -94,6 +105,14 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write."},
 			[]string{"result"}),
 	}
+	rebuilding := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: NameCERebuilding,
+		Help: "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them: " +
+			"reads and lists of their CEs answer 503 meanwhile."}, func() float64 {
+		if f := m.rebuilding.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge} {
 		m.CEStates.WithLabelValues(r)
 	}
@@ -103,6 +122,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding)
 	return m
 }

@@ -165,9 +165,10 @@ type MemberStats struct {
 
 // partState is what the member knows of a partition it acquired.
 type partState struct {
-	next  int64 // offset after the last record handed to Apply (or from Acquire)
-	end   int64 // the partition's high watermark at the last fetch
-	ready bool  // next reached end once since Acquire
+	next  int64     // offset after the last record handed to Apply (or from Acquire)
+	end   int64     // the partition's high watermark at the last fetch
+	ready bool      // next reached end once since Acquire
+	since time.Time // when the partition was acquired
 	// states are the CE states read from the state topic when the partition was acquired with
 	// registrations to replay, handed to them until the partition caught up.
 	states map[string]State
@@ -470,7 +471,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 	ps := m.parts[p]
 	fresh := ps == nil || ps.next != from
 	if fresh {
-		ps = &partState{next: from}
+		ps = &partState{next: from, since: time.Now()}
 		m.parts[p] = ps
 		m.log.Info("CE partition acquired", "partition", p, "from", from)
 	}
@@ -546,7 +547,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		ps.end = res.HighWatermark
 		if next >= ps.end && !ps.ready {
 			ps.ready, ps.states = true, nil
-			m.log.Info("CE partition caught up", "partition", p, "next", next)
+			m.log.Info("CE partition caught up", "partition", p, "next", next, "took", time.Since(ps.since).Round(time.Millisecond))
 		}
 		m.mu.Unlock()
 	}

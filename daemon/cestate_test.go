@@ -243,6 +243,9 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
 	}
+	if n := r2.metric(t, alerts.NameCERebuilding); n < 1 {
+		t.Errorf("%s = %v while partition %d is rebuilt", alerts.NameCERebuilding, n, stuck)
+	}
 	if resp, body := r2.rawDo(t, "GET", "/ui/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
 		!strings.Contains(string(body), "being rebuilt") {
 		t.Errorf("the UI's page of %s while its partition is rebuilt: %d\n%s", ids[0], resp.StatusCode, body)
@@ -271,6 +274,9 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	}
 	// Once the wait ends, the partition caught up: every CE reads as stored, the one that waited too.
 	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.get(t, "/readyz"); return code == 200 })
+	if n := r2.metric(t, alerts.NameCERebuilding); n != 0 {
+		t.Errorf("%s = %v once r2 is ready", alerts.NameCERebuilding, n)
+	}
 	for _, id := range append(ids, later) {
 		if code, body := r2.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
 			t.Errorf("GET %s after the rebuild: %d %s", id, code, body)

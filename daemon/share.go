@@ -140,6 +140,7 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 		return nil, err
 	}
 	d.states.member.Store(s.member)
+	m.SetRebuilding(func() int { return len(s.notCaughtUp()) })
 	if s.prod, err = ceshare.NewProducer(ctx, d.conn, rc.CETopic, d.rep.Keys(), s.lg); err != nil {
 		return nil, err
 	}
@@ -701,12 +702,23 @@ func (s *share) local(id string) (*ledger.CE, error) {
 // rebuilding is errRebuilding for the first partition this replica holds or was assigned that
 // it has not caught up with, nil when there is none: a list of this ledger's CEs misses some.
 func (s *share) rebuilding() error {
-	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
-		if !s.member.Ready(p) {
-			return s.rebuildingErr(p)
-		}
+	if ps := s.notCaughtUp(); len(ps) > 0 {
+		return s.rebuildingErr(ps[0])
 	}
 	return nil
+}
+
+// notCaughtUp are the partitions this replica holds or was assigned and has not caught up with
+// since it acquired them, sorted (cfguard_counterfactuals_partitions_rebuilding counts them).
+func (s *share) notCaughtUp() []int {
+	var ps []int
+	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
+		if !s.member.Ready(p) && !slices.Contains(ps, p) {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
 }
 
 // caughtUp waits until no partition of this replica is being rebuilt (rebuilding), at most
