@@ -47,6 +47,9 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 		{cur - 1, 0},  // a recent one and the genesis
 		{43, cur + 5}, // one the log does not have (yet)
 		{cur + 6},
+		{cur - 300, 44},   // from the place 43 was found at
+		{cur - 299, 2, 3}, // 2 and 3 found before, cur-299 from cur-300's place
+		{cur - 300},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		got, err := r.d.rep.Past(ctx, want)
@@ -75,28 +78,42 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 	}
 }
 
-// BenchmarkPastOfARebuild measures what a rebuild asks of the posterior log: the posteriors of
-// anchors older than the 256 a replica keeps, in 20 batches of ascending versions, as a
-// partition's registrations come in the order they were measured. ns/op is one rebuild's.
+// BenchmarkPastOfARebuild measures what a rebuild asks of the posterior log (share.applyOps:
+// one call of Replica.Past per batch) at a replica whose log has 600 one-record increments: the
+// posteriors of anchors older than the 256 it keeps, in 20 batches of 10 ascending versions, as
+// a partition's registrations come in the order they were measured, and, with verdicts, the
+// versions restored verdicts were measured under: two per batch of eight spread over the log (a
+// confirmer measures a batch of CEs under one version), none before the batch's anchors. ns/op
+// is one rebuild's. Each sub-benchmark starts its own replica, but its later iterations start
+// from the places its earlier ones kept: run it with -benchtime 1x for a replica's first.
 func BenchmarkPastOfARebuild(b *testing.B) {
-	r, cur := longLog(b, 600)
-	old := cur - 300 // versions 1..old are not in memory
 	const batches, per = 20, 10
-	var asks [][]uint64
-	for i := range batches {
-		var vs []uint64
-		for k := range per {
-			vs = append(vs, 1+uint64(i*per+k)*(old-1)/(batches*per))
+	rebuild := func(b *testing.B, verdicts bool) {
+		r, cur := longLog(b, 600)
+		old := cur - 300 // versions 1..old are not in memory
+		var asks [][]uint64
+		for i := range batches {
+			var vs []uint64
+			for k := range per {
+				vs = append(vs, 1+uint64(i*per+k)*(old-1)/(batches*per))
+			}
+			if verdicts {
+				for _, k := range []uint64{uint64(i) % 8, uint64(i+3) % 8} {
+					vs = append(vs, max(vs[per-1], 1+k*(old-1)/8))
+				}
+			}
+			asks = append(asks, vs)
 		}
-		asks = append(asks, vs)
-	}
-	ctx := context.Background()
-	for b.Loop() {
-		for _, vs := range asks {
-			got, err := r.d.rep.Past(ctx, vs)
-			if err != nil || len(got) != len(vs) {
-				b.Fatalf("Past(%v): %d found, %v", vs, len(got), err)
+		ctx := context.Background()
+		for b.Loop() {
+			for _, vs := range asks {
+				got, err := r.d.rep.Past(ctx, vs)
+				if err != nil || len(got) != len(slices.Compact(slices.Sorted(slices.Values(vs)))) {
+					b.Fatalf("Past(%v): %d found, %v", vs, len(got), err)
+				}
 			}
 		}
 	}
+	b.Run("anchors", func(b *testing.B) { rebuild(b, false) })
+	b.Run("anchors_and_verdicts", func(b *testing.B) { rebuild(b, true) })
 }

@@ -365,21 +365,28 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 }
 
 // applyOps is ledger.ApplyShare under d.mu (no posterior is committed between the ledger's
-// judgement and its write), with the past posteriors its registrations need: first with none,
-// then with those the posterior log has, then without the states whose anchor is still
-// missing, then with the registrations still lacking theirs measured again under the current
-// posterior.
+// judgement and its write), with the past posteriors its registrations need: first with those
+// the batch names (pastVersions), then with any others the ledger still asks for that the
+// posterior log has, then with the registrations still lacking theirs measured again under the
+// current posterior.
 func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64) ([]ledger.Outcome, error) {
 	d := s.d
 	var outs []ledger.Outcome
-	// The posteriors of restored verdicts, so that each carries as far as its bound absorbs
-	// (without one, the verdict is measured again).
-	past, err := d.rep.Past(ctx, verdictVersions(ops, d.current().Version))
+	anchors, err := d.ledger.Anchors()
+	if err != nil {
+		return nil, err
+	}
+	live := map[uint64]bool{}
+	for _, a := range anchors {
+		live[a.Version] = true
+	}
+	// Asked for at once, so that one play of the log finds them all (replica.Replica.Past).
+	past, err := d.rep.Past(ctx, pastVersions(ops, d.current().Version, live))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		s.lg.Warn("posteriors of restored verdicts not found: those verdicts are measured again", "partition", p, "err", err)
+		s.lg.Warn("past posteriors not found in the posterior log: restored verdicts are measured again", "partition", p, "err", err)
 		past = nil
 	}
 	for attempt := 0; ; attempt++ {
@@ -419,13 +426,26 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 	}
 }
 
-// verdictVersions are the posterior versions before cur that the restored verdicts of ops were
-// measured under, once each.
-func verdictVersions(ops []ledger.ShareOp, cur uint64) []uint64 {
+// pastVersions are the posterior versions before cur that ops need, sorted, once each: those
+// their restored verdicts were measured under (without its posterior, a verdict is measured
+// again), and the anchors of their registrations and states that are not live anchors of this
+// ledger (live), whose posteriors it keeps itself.
+func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool) []uint64 {
 	var vs []uint64
+	add := func(v uint64, kept bool) {
+		if v < cur && !kept && !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
 	for _, op := range ops {
-		if st := op.State; st != nil && st.ConfirmedVersion != nil && *st.ConfirmedVersion < cur && !slices.Contains(vs, *st.ConfirmedVersion) {
-			vs = append(vs, *st.ConfirmedVersion)
+		if op.CE != nil {
+			add(op.CE.AnchorVersion, live[op.CE.AnchorVersion])
+		}
+		if st := op.State; st != nil {
+			add(st.AnchorVersion, live[st.AnchorVersion])
+			if st.ConfirmedVersion != nil {
+				add(*st.ConfirmedVersion, false)
+			}
 		}
 	}
 	slices.Sort(vs)

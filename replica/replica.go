@@ -81,8 +81,9 @@ type Replica struct {
 
 	updater atomic.Bool
 
-	pastMu sync.Mutex  // one play of the log for Past at a time
-	pastAt *pastCursor // where the last one stopped (pastMu)
+	pastMu   sync.Mutex  // one play of the log for Past at a time
+	pastAt   *pastCursor // where the last one stopped (pastMu)
+	pastKept keptCursors // where the last ones found versions (pastMu)
 }
 
 // acceptedWindow is how many recent accepted entries the follower remembers for read-back.
@@ -642,11 +643,13 @@ func (r *Replica) remember(m *bnn.Model) {
 }
 
 // Past returns the posteriors of the given versions, each at most the current one: the recent
-// ones from memory, the others by playing the posterior log. A rebuild asks for the anchors of
-// a partition's registrations in about the order they were measured, so the play goes on from
-// where the last one stopped (pastCursor) while every version asked for is past it, and starts
-// again from the log's first record otherwise: a rebuild reads the log about once, not once per
-// batch. Versions the log does not have are not in the answer.
+// ones from memory, the others by playing the posterior log. The play starts from the latest
+// place it knows at or before the lowest version asked for: where the last play stopped, or one
+// of the places the last plays found a version at (pastKeep of them), or else the log's first
+// record. A rebuild asks for the anchors of a partition's registrations in about the order they
+// were measured, with the few versions restored verdicts were measured under (a confirmer
+// measures a batch of CEs under one), so it reads the log about once, not once per batch.
+// Versions the log does not have are not in the answer.
 func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.Model, error) {
 	out := map[uint64]*bnn.Model{}
 	want := map[uint64]bool{}
@@ -665,18 +668,28 @@ func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 	}
 	r.pastMu.Lock()
 	defer r.pastMu.Unlock()
-	at := r.pastAt
-	r.pastAt = nil // kept only when this play ends without an error
-	if at == nil || at.m == nil || at.next > until+1 || slices.Min(slices.Collect(maps.Keys(want))) < at.m.Version {
+	for v := range want {
+		if c, ok := r.pastKept.get(v); ok {
+			out[v] = c.m
+			delete(want, v)
+		}
+	}
+	if len(want) == 0 {
+		return out, nil
+	}
+	at := r.pastKept.from(r.pastAt, slices.Min(slices.Collect(maps.Keys(want))), until)
+	if at == nil {
 		at = &pastCursor{chain: postlog.NewChain(r.keys)}
 	}
+	r.pastAt = nil // set again only when this play ends without an error
 	found := func() {
 		if m := at.m; m != nil && want[m.Version] {
 			out[m.Version] = m
 			delete(want, m.Version)
+			r.pastKept.put(*at)
 		}
 	}
-	found()
+	found() // the place itself may hold one
 	if len(want) > 0 && at.next <= until {
 		rd, err := r.plog.Read(at.next)
 		if err != nil {
@@ -698,12 +711,75 @@ func (r *Replica) Past(ctx context.Context, versions []uint64) (map[uint64]*bnn.
 	return out, nil
 }
 
-// pastCursor is where Past's last play of the posterior log stopped: the chain and posterior
-// after the record before next.
+// pastCursor is a place in a play of the posterior log: the chain and posterior after the
+// record before next. A cursor's chain is never changed once the cursor moves on (replay
+// offers each record to a fork), so copies of a cursor share it.
 type pastCursor struct {
 	chain *postlog.Chain
 	m     *bnn.Model // nil before the genesis
 	next  int64
+}
+
+// pastKeep is how many of the places Past found a version at it keeps.
+const pastKeep = 64
+
+// keptCursors are the places Past found versions at, by version, the least recently used first
+// out.
+type keptCursors struct {
+	order []uint64 // least recently used first
+	by    map[uint64]pastCursor
+}
+
+// get returns the place version v was found at, if it is kept.
+func (k *keptCursors) get(v uint64) (pastCursor, bool) {
+	c, ok := k.by[v]
+	if ok {
+		k.touch(v)
+	}
+	return c, ok
+}
+
+func (k *keptCursors) touch(v uint64) {
+	k.order = append(slices.DeleteFunc(k.order, func(o uint64) bool { return o == v }), v)
+}
+
+// put keeps c, a place where a version was found.
+func (k *keptCursors) put(c pastCursor) {
+	if k.by == nil {
+		k.by = map[uint64]pastCursor{}
+	}
+	v := c.m.Version
+	if _, ok := k.by[v]; !ok && len(k.order) == pastKeep {
+		delete(k.by, k.order[0])
+		k.order = k.order[1:]
+	}
+	k.by[v] = c
+	k.touch(v)
+}
+
+// from returns a copy of the latest place at or before version lo among last (where the last
+// play stopped) and the kept ones, nil when there is none; places past until+1 (a log that
+// ends before them) are not used.
+func (k *keptCursors) from(last *pastCursor, lo uint64, until int64) *pastCursor {
+	var best *pastCursor
+	consider := func(c pastCursor) {
+		if c.m != nil && c.m.Version <= lo && c.next <= until+1 && (best == nil || c.next > best.next) {
+			cp := c
+			best = &cp
+		}
+	}
+	if last != nil {
+		consider(*last)
+	}
+	for _, c := range k.by {
+		consider(c)
+	}
+	if best != nil && best.m != nil {
+		if _, ok := k.by[best.m.Version]; ok {
+			k.touch(best.m.Version)
+		}
+	}
+	return best
 }
 
 // replay moves c past rec as the follower would: an accepted entry moves the chain and the
