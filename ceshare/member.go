@@ -75,6 +75,10 @@ type MemberConfig struct {
 	// OnMalformedState, when set, is called for each authenticated record of the CE state topic
 	// left out because it is not a State.
 	OnMalformedState func(partition int, offset int64)
+	// OnGeneration, when set, is called with each generation's assignment before the member
+	// takes it up (releases the partitions it lost, acquires those it gained), and holds the
+	// member until it returns: a test holds a member there, as a slow process is held.
+	OnGeneration func(ctx context.Context, generation int32, assigned []int)
 	// ReplicaID names this replica to the others (replication.replica_id). Required.
 	ReplicaID string
 	// AdvertiseURL is where the other replicas reach this one's API
@@ -415,6 +419,9 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 		assigned = append(assigned, pa.ID)
 	}
 	slices.Sort(assigned)
+	if m.cfg.OnGeneration != nil {
+		m.cfg.OnGeneration(ctx, gen.ID, assigned)
+	}
 	for _, p := range m.Owned() {
 		if !slices.Contains(assigned, p) {
 			m.release(ctx, p, "assigned to another member")

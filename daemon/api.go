@@ -59,8 +59,9 @@ type core interface {
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
 	// list returns limit CEs of status st (0: any) after the id after, in id order, and the
 	// cursor of the next page ("" at the end): the ledger's, or on a replica the whole cluster's
-	// (unless forwarded by another replica, which then asks this ledger only).
-	list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) (ces []*ledger.CE, next string, err error)
+	// (unless forwarded by another replica, which then asks this ledger only, for the
+	// partitions expect: those the CE group gives this replica as the asking one read them).
+	list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool, expect []int) (ces []*ledger.CE, next string, err error)
 	// holdOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now, once it applied id's partition past offset after (at once for a negative after);
 	// ok is false when it has none (share.outcome asks the owner for it).
@@ -735,7 +736,19 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ces, next, err := a.core.list(r.Context(), st, limit, q.Get("after"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	forwarded := r.Header.Get(headerForwarded) != ""
+	var expect []int
+	if v := q.Get(paramPartitions); forwarded && v != "" {
+		for _, f := range strings.Split(v, ",") {
+			p, err := strconv.Atoi(f)
+			if err != nil || p < 0 {
+				writeError(w, http.StatusBadRequest, paramPartitions+" must be partition numbers separated by commas")
+				return
+			}
+			expect = append(expect, p)
+		}
+	}
+	ces, next, err := a.core.list(r.Context(), st, limit, q.Get("after"), r.Header.Get("Authorization"), forwarded, expect)
 	if ces == nil {
 		ces = []*ledger.CE{}
 	}

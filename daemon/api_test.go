@@ -236,7 +236,7 @@ func (f *fakeCore) forget(context.Context, string, ledger.RequestRef) error {
 func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {
 	return nil, "", ledger.ErrNotFound
 }
-func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bool) ([]*ledger.CE, string, error) {
+func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bool, []int) ([]*ledger.CE, string, error) {
 	return nil, "", nil
 }
 func (f *fakeCore) holdOutcome(context.Context, string, string, int64) (requestOutcome, bool, error) {

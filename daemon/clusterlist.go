@@ -52,8 +52,15 @@ func (s *share) list(ctx context.Context, st certify.Status, limit int, after, a
 	if err != nil {
 		return nil, "", err
 	}
+	mine := map[string][]int{} // the partitions of each owner
+	for p, o := range owners {
+		mine[o.Replica] = append(mine[o.Replica], p)
+	}
+	for _, ps := range mine {
+		slices.Sort(ps)
+	}
 	got, failed := askOwners(owners, func(o ceshare.Owner) (listPage, error) {
-		pg, err := s.listAt(ctx, o, st, limit, after, authorization)
+		pg, err := s.listAt(ctx, o, mine[o.Replica], st, limit, after, authorization)
 		pg.ces = slices.DeleteFunc(pg.ces, func(ce *ledger.CE) bool {
 			return owners[ceshare.Partition(ce.ID, s.partitions)].Replica != o.Replica
 		})
@@ -91,10 +98,12 @@ func mergePages(pages []listPage, limit int) ([]*ledger.CE, string) {
 	return all, ""
 }
 
-// listAt reads one page of the CEs stored at owner o: this ledger's, or o's API's (forwarded).
-func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, limit int, after, authorization string) (listPage, error) {
+// listAt reads one page of the CEs stored at owner o, which the group gives partitions parts:
+// this ledger's, or o's API's (forwarded, naming parts, so that an owner that has not taken
+// them all up yet answers 503 rather than a page without their CEs).
+func (s *share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st certify.Status, limit int, after, authorization string) (listPage, error) {
 	if o.Replica == s.id {
-		if err := s.rebuilding(); err != nil {
+		if err := s.holdsWhole(parts); err != nil {
 			return listPage{}, err
 		}
 		ces, err := s.d.ledger.List(st, limit, after)
@@ -104,6 +113,11 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, st certify.Status, 
 		return newListPage(ces, limit), nil
 	}
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	var ps []string
+	for _, p := range parts {
+		ps = append(ps, strconv.Itoa(p))
+	}
+	q.Set(paramPartitions, strings.Join(ps, ","))
 	if after != "" {
 		q.Set("after", after)
 	}

@@ -1,14 +1,20 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -184,5 +190,88 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	var one auditAnswer
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &one) != nil || one.Evaluated != len(local["r1"]) || one.Replicas != nil {
 		t.Errorf("a forwarded audit at r1: %d %s; want r1's %d CEs only", resp.StatusCode, body, len(local["r1"]))
+	}
+}
+
+// The group's directory shows a new generation's assignment as soon as the group completes it,
+// before each member takes its share up. A list in that window must not pass off a replica's
+// ledger as the whole of partitions it does not hold yet: here r2 joins and is held before it
+// takes up its partitions; a list at r1 (which asks r2 for r2's partitions) and one at r2 answer
+// a complete page or 503 naming the wait, never a page without r2's partitions' CEs; once r2
+// goes on, both list every CE.
+func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	ids := registerCEs(t, r1, bundled(t), 8)
+	held, release := make(chan []int, 1), make(chan struct{})
+	var once sync.Once
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, func(o *Options) {
+		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
+			if len(assigned) == 0 {
+				return
+			}
+			once.Do(func() {
+				held <- assigned
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}, nil)
+	defer close(release)
+	var mine []int
+	select {
+	case mine = <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("r2 was given no CE partition within 60 s")
+	}
+	missing := 0 // CEs of the partitions r2 is held before
+	for _, id := range ids {
+		if slices.Contains(mine, ceshare.Partition(id, r1.d.share.partitions)) {
+			missing++
+		}
+	}
+	if missing == 0 {
+		t.Fatalf("none of the %d CEs is in r2's partitions %v: the test shows nothing", len(ids), mine)
+	}
+	list := func(r *running) (int, []byte, int) {
+		code, body := r.get(t, "/v1/counterfactuals?limit=1000")
+		var page struct {
+			CEs []ledger.CE `json:"counterfactuals"`
+		}
+		if code == http.StatusOK {
+			if err := json.Unmarshal(body, &page); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return code, body, len(page.CEs)
+	}
+	// r1 sees the new assignment once its directory reads it; until then it lists its own
+	// ledger, which still holds every CE.
+	waitfor.Cond(t, 30*time.Second, "a list at r1 waiting for r2", func() bool {
+		code, body, n := list(r1)
+		switch {
+		case code == http.StatusOK && n != len(ids):
+			t.Fatalf("a list at r1 while r2 has not taken up %v: 200 with %d CEs of %d", mine, n, len(ids))
+		case code == http.StatusServiceUnavailable && strings.Contains(string(body), "between two generations"):
+			return true
+		}
+		return false
+	})
+	if code, body, n := list(r2); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
+		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
+	}
+	release <- struct{}{}
+	for _, r := range []*running{r1, r2} {
+		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.d.cfg.Replication.ReplicaID, func() bool {
+			code, _, n := list(r)
+			return code == http.StatusOK && n == len(ids)
+		})
 	}
 }

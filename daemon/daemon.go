@@ -53,9 +53,18 @@ type Options struct {
 	// with internal/testnet).
 	HTTPListener, BrokerListener net.Listener
 
-	// confirmRound, when set (by tests), is called by each confirmer lane before each of its
-	// rounds: a test holds the confirmers there, as a starved CPU does.
+	// hooks are set by tests only.
+	hooks hooks
+}
+
+// hooks are callbacks a test sets to hold the daemon at a point, as a starved CPU or a slow
+// group would; nil ones are not called.
+type hooks struct {
+	// confirmRound is called by each confirmer lane before each of its rounds.
 	confirmRound func(ctx context.Context)
+	// ceGeneration is called with each CE group generation's assignment before this replica
+	// takes it up (ceshare.MemberConfig.OnGeneration).
+	ceGeneration func(ctx context.Context, generation int32, assigned []int)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -77,7 +86,7 @@ type Daemon struct {
 	// auditPoolReady, when set (by tests), is called when an audit has its networks, before the
 	// ledger reads its first batch: a test promotes posteriors there, as busy ingestion does.
 	auditPoolReady func(ctx context.Context, version uint64)
-	confirmRound   func(ctx context.Context) // Options.confirmRound
+	hooks          hooks // Options.hooks
 
 	configPath       string
 	acceptTopicReset bool
@@ -290,7 +299,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, confirmRound: opts.confirmRound}
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, hooks: opts.hooks}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
@@ -398,7 +407,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		d.reissue.notify(changes)
 	}, log.With("component", "confirm"))
 	for _, c := range d.confirm {
-		c.beforeRound = d.confirmRound
+		c.beforeRound = d.hooks.confirmRound
 	}
 	return nil
 }

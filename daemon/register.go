@@ -536,12 +536,12 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 
 // list returns a page of the stored CEs: the ledger's, or on a replica the cluster's
 // (share.list) unless another replica forwarded the request.
-func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool) ([]*ledger.CE, string, error) {
+func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool, expect []int) ([]*ledger.CE, string, error) {
 	if d.rep != nil && !forwarded {
 		return d.share.list(ctx, st, limit, after, authorization)
 	}
 	if d.rep != nil { // an owner asked for its page: not while it misses some of its CEs
-		if err := d.share.rebuilding(); err != nil {
+		if err := d.share.holdsWhole(expect); err != nil {
 			return nil, "", err
 		}
 	}

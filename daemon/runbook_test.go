@@ -235,7 +235,7 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 	release = func() { once.Do(func() { close(held) }) }
 	t.Cleanup(release)
 	r := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, 1e-3) }), func(o *Options) {
-		o.confirmRound = func(ctx context.Context) {
+		o.hooks.confirmRound = func(ctx context.Context) {
 			select {
 			case <-held:
 			case <-ctx.Done():

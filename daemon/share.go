@@ -136,7 +136,8 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: replicaID, AdvertiseURL: adv, Held: slices.Sorted(maps.Keys(held)),
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.Keys(),
 		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
-		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() }}, s, s.lg); err != nil {
+		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
+		OnGeneration:      d.hooks.ceGeneration}, s, s.lg); err != nil {
 		return nil, err
 	}
 	d.states.member.Store(s.member)
@@ -728,6 +729,25 @@ func (s *share) rebuilding() error {
 	return nil
 }
 
+// holdsWhole says why this replica's ledger may not hold every CE of the partitions expect (the
+// ones the CE group gives it, as a listing replica read them from the group) and of those it
+// holds or was assigned: one it has not caught up with, or does not hold yet (its member has
+// not taken up the group's latest assignment), or a member between two generations, which does
+// not know its partitions; nil when there is none. The directory a listing replica reads the
+// assignment from sees a new generation as soon as the group does, before each member takes it
+// up.
+func (s *share) holdsWhole(expect []int) error {
+	if s.member.Generation() == 0 {
+		return fmt.Errorf("%w: this replica is between two generations of the CE group of %s; retry", errRebuilding, s.d.cfg.Replication.CETopic)
+	}
+	for _, p := range expect {
+		if !s.member.Ready(p) {
+			return s.rebuildingErr(p)
+		}
+	}
+	return s.rebuilding()
+}
+
 // notCaughtUp are the partitions this replica holds or was assigned and has not caught up with
 // since it acquired them, sorted (cfguard_counterfactuals_partitions_rebuilding counts them).
 func (s *share) notCaughtUp() []int {
@@ -741,14 +761,14 @@ func (s *share) notCaughtUp() []int {
 	return ps
 }
 
-// caughtUp waits until no partition of this replica is being rebuilt (rebuilding), at most
-// wait; after that, or when ctx ends, it returns rebuilding's error.
+// caughtUp waits until this replica holds every CE of its partitions (holdsWhole), at most
+// wait; after that, or when ctx ends, it returns holdsWhole's error.
 func (s *share) caughtUp(ctx context.Context, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		applied := s.applied.wait()
-		err := s.rebuilding()
+		err := s.holdsWhole(nil)
 		if err == nil {
 			return nil
 		}
@@ -769,6 +789,10 @@ func (s *share) rebuildingErr(p int) error {
 // headerForwarded marks a request one replica forwards to another, naming the sender; the
 // owner answers from its ledger and never forwards it again.
 const headerForwarded = "Cfguard-Forwarded-By"
+
+// paramPartitions names, on a list request one replica forwards to another, the partitions the
+// CE group gives the owner as the sender read them (share.listAt).
+const paramPartitions = "partitions"
 
 // forget sends a deletion of id as the request ref (a random request id when it has none) to
 // the CE topic and answers the outcome its owner recorded for it once the owner has applied the

@@ -59,7 +59,7 @@ func (s uiSource) List(ctx context.Context, st certify.Status, limit int, after 
 	if s.a.cfg.token != "" {
 		auth = "Bearer " + s.a.cfg.token
 	}
-	ces, next, err := s.a.core.list(ctx, st, limit, after, auth, false)
+	ces, next, err := s.a.core.list(ctx, st, limit, after, auth, false, nil)
 	return ces, next, notYet(err)
 }
 
