@@ -381,8 +381,12 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 	for _, a := range anchors {
 		live[a.Version] = true
 	}
+	stored := func(id string) bool { // a request replayed after a restart, applied before
+		_, err := d.ledger.Get(id)
+		return !errors.Is(err, ledger.ErrNotFound)
+	}
 	// Asked for at once, so that one play of the log finds them all (replica.Replica.Past).
-	past, err := d.rep.Past(ctx, pastVersions(ops, d.current().Version, live))
+	past, err := d.rep.Past(ctx, pastVersions(ops, d.current().Version, live, stored))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
@@ -430,8 +434,9 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 // pastVersions are the posterior versions before cur that ops need, sorted, once each: those
 // their restored verdicts were measured under (without its posterior, a verdict is measured
 // again), and the anchors of their registrations and states that are not live anchors of this
-// ledger (live), whose posteriors it keeps itself.
-func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool) []uint64 {
+// ledger (live), whose posteriors it keeps itself. Registrations of ids the ledger holds
+// (stored) need none: they store nothing.
+func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool, stored func(id string) bool) []uint64 {
 	var vs []uint64
 	add := func(v uint64, kept bool) {
 		if v < cur && !kept && !slices.Contains(vs, v) {
@@ -439,9 +444,10 @@ func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool) []uint
 		}
 	}
 	for _, op := range ops {
-		if op.CE != nil {
-			add(op.CE.AnchorVersion, live[op.CE.AnchorVersion])
+		if op.CE == nil || stored(op.ID) {
+			continue
 		}
+		add(op.CE.AnchorVersion, live[op.CE.AnchorVersion])
 		if st := op.State; st != nil {
 			add(st.AnchorVersion, live[st.AnchorVersion])
 			if st.ConfirmedVersion != nil {
