@@ -139,6 +139,7 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 	if d.share != nil {
 		out["ce_partitions"] = d.share.member.Owned()
 		out["ce_generation"] = d.share.member.Generation()
+		out["ce_partitions_rebuilding"] = d.share.notCaughtUp()
 	}
 	return out
 }

@@ -757,7 +757,7 @@ func (s *share) holdsWhole(expect []int) error {
 // notCaughtUp are the partitions this replica holds or was assigned and has not caught up with
 // since it acquired them, sorted (cfguard_counterfactuals_partitions_rebuilding counts them).
 func (s *share) notCaughtUp() []int {
-	var ps []int
+	ps := []int{}
 	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
 		if !s.member.Ready(p) && !slices.Contains(ps, p) {
 			ps = append(ps, p)

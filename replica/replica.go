@@ -1365,8 +1365,12 @@ func (r *Replica) Status() map[string]any {
 	r.mu.Lock()
 	lag, stopped := r.lag, r.stopped
 	r.mu.Unlock()
+	covers := h.Covers
+	if covers == nil {
+		covers = map[int]int64{} // a genesis covers no record
+	}
 	out := map[string]any{"writer": r.writer, "updater": r.updater.Load(), "entry": h.Seq, "term": h.Term,
-		"offset": h.Offset, "hash": h.Hash, "epoch": h.Epoch, "posterior_sha256": h.PosteriorSHA256, "covers": h.Covers,
+		"offset": h.Offset, "hash": h.Hash, "epoch": h.Epoch, "posterior_sha256": h.PosteriorSHA256, "covers": covers,
 		"topic": r.plog.Topic(), "lag_records": lag}
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
