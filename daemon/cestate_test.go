@@ -174,13 +174,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 // (headerAppliedAfter): a few questions over the wait, not one every outcomeGap. An audit asked
 // for meanwhile waits for the rebuild and measures every CE.
 func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two replicas and a rebuild that waits: not with -short")
-	}
-	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
+	b, key, r1 := firstOfTwoReplicas(t, "two replicas and a rebuild that waits")
 	ids := registerCEs(t, r1, bundled(t), 6)
 	parts := r1.d.cfg.Replication.CEPartitions
 	stuck := ceshare.Partition(ids[0], parts)
@@ -347,13 +341,7 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 // with a WARN line), and the registration is measured again under the current posterior, with
 // a WARN line; the partition goes on.
 func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two replicas: not with -short")
-	}
-	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
+	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
 	data := bundled(t)
 	ids := registerCEs(t, r1, data, 3)
 	registered, err := r1.d.ledger.Get(ids[0])
@@ -449,13 +437,7 @@ func writeState(t *testing.T, r *running, ce *ledger.CE) {
 // stored from itself (the state is not its CE's, and it is no fault: nothing is counted), the
 // second with the state.
 func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two replicas: not with -short")
-	}
-	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
+	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, r1.d.current(), data, 400, 1)
 	if len(xs) < 2 || len(cfs) < 2 {
@@ -507,4 +489,17 @@ func (r *running) held(t *testing.T) int {
 		held += n
 	}
 	return held
+}
+
+// firstOfTwoReplicas begins a parallel test of two replicas (what: what it needs, skipped with
+// -short): a broker, the cluster's key file, and replica r1 ready on them.
+func firstOfTwoReplicas(t *testing.T, what string) (*broker.Broker, string, *running) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(what + ": not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	return b, key, startReplicaKey(t, b, "r1", key)
 }

@@ -200,13 +200,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 // a complete page or 503 naming the wait, never a page without r2's partitions' CEs; once r2
 // goes on, both list every CE.
 func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two replicas: not with -short")
-	}
-	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
+	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
 	ids := registerCEs(t, r1, bundled(t), 8)
 	held, release := make(chan []int, 1), make(chan struct{})
 	var once sync.Once
