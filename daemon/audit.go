@@ -149,14 +149,14 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	if err != nil {
 		return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, err)
 	}
-	if d.auditPoolReady != nil {
-		d.auditPoolReady(ctx, m.Version)
+	if d.hooks.auditPoolReady != nil {
+		d.hooks.auditPoolReady(ctx, m.Version)
 	}
 	last := time.Now()
 	rep, changes, err := d.ledger.Audit(ctx, auditPredictor{pool, m, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
 		d.outbox.notify()
-		if d.auditBatchDone != nil {
-			d.auditBatchDone(done, total)
+		if d.hooks.auditBatchDone != nil {
+			d.hooks.auditBatchDone(done, total)
 		}
 		if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 			last = now

@@ -33,7 +33,7 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	// audit, they never would be.
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	r.d.auditBatchDone = func(done, total int) {
+	r.d.hooks.auditBatchDone = func(done, total int) {
 		if done < total {
 			once.Do(func() { close(held); <-release })
 		}
@@ -100,8 +100,8 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}
-	r.d.auditPoolReady = wait
-	r.d.auditBatchDone = func(done, total int) {
+	r.d.hooks.auditPoolReady = wait
+	r.d.hooks.auditBatchDone = func(done, total int) {
 		if done < total {
 			wait(context.Background(), 0)
 		}

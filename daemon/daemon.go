@@ -65,6 +65,12 @@ type hooks struct {
 	// ceGeneration is called with each CE group generation's assignment before this replica
 	// takes it up (ceshare.MemberConfig.OnGeneration).
 	ceGeneration func(ctx context.Context, generation int32, assigned []int)
+	// auditBatchDone is called after each batch an audit writes, with the CEs evaluated so far:
+	// a test holds an audit between its batches there.
+	auditBatchDone func(done, total int)
+	// auditPoolReady is called when an audit has its networks, before the ledger reads its
+	// first batch: a test promotes posteriors there, as busy ingestion does.
+	auditPoolReady func(ctx context.Context, version uint64)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -80,13 +86,7 @@ type Daemon struct {
 	policy  certify.Policy
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
-	// auditBatchDone, when set (by tests, before an audit starts), is called after each batch an
-	// audit writes, with the CEs evaluated so far: a test holds an audit between its batches there.
-	auditBatchDone func(done, total int)
-	// auditPoolReady, when set (by tests), is called when an audit has its networks, before the
-	// ledger reads its first batch: a test promotes posteriors there, as busy ingestion does.
-	auditPoolReady func(ctx context.Context, version uint64)
-	hooks          hooks // Options.hooks
+	hooks hooks // Options.hooks; the audit's set by tests before an audit starts
 
 	configPath       string
 	acceptTopicReset bool
