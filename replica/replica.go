@@ -759,7 +759,11 @@ func (k *keptCursors) put(c pastCursor) {
 
 // from returns a copy of the latest place at or before version lo among last (where the last
 // play stopped) and the kept ones, nil when there is none; places past until+1 (a log that
-// ends before them) are not used.
+// ends before them) are not used. Places and their posteriors outlive a reset of the log: a
+// replica follows a recreated log only from a new epoch that moves past its own head, so they
+// are of the history the new log goes on with; a play resumed on the new log from a place of the
+// old one accepts only records that extend that place (its chain judges them), so it finds
+// nothing of another history.
 func (k *keptCursors) from(last *pastCursor, lo uint64, until int64) *pastCursor {
 	var best *pastCursor
 	consider := func(c pastCursor) {
