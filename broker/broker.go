@@ -2,8 +2,8 @@
 // address, so that cfguard can be demonstrated and tested end to end without an external
 // Kafka cluster. By default it is a single node: one listener, replication factor 1. With Nodes
 // above 1 the one process serves several nodes, each on its own loopback listener, as a cluster
-// would: every partition still has one replica, led by one node, and clients bootstrap from any
-// node and are sent to the leaders. The nodes share one log, so this spreads leadership and
+// would: every partition is still stored once (kfake's metadata lists every node as a replica
+// and in sync), led by one node, and clients bootstrap from any node and are sent to the leaders. The nodes share one log, so this spreads leadership and
 // group coordination over listeners (what clients of a real cluster must cope with), not load
 // or durability.
 //
