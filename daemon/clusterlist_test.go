@@ -234,22 +234,10 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	if missing == 0 {
 		t.Fatalf("none of the %d CEs is in r2's partitions %v: the test shows nothing", len(ids), mine)
 	}
-	list := func(r *running) (int, []byte, int) {
-		code, body := r.get(t, "/v1/counterfactuals?limit=1000")
-		var page struct {
-			CEs []ledger.CE `json:"counterfactuals"`
-		}
-		if code == http.StatusOK {
-			if err := json.Unmarshal(body, &page); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return code, body, len(page.CEs)
-	}
 	// r1 sees the new assignment once its directory reads it; until then it lists its own
 	// ledger, which still holds every CE.
 	waitfor.Cond(t, 30*time.Second, "a list at r1 waiting for r2", func() bool {
-		code, body, n := list(r1)
+		code, body, n := r1.listed(t)
 		switch {
 		case code == http.StatusOK && n != len(ids):
 			t.Fatalf("a list at r1 while r2 has not taken up %v: 200 with %d CEs of %d", mine, n, len(ids))
@@ -258,14 +246,30 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 		}
 		return false
 	})
-	if code, body, n := list(r2); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
+	if code, body, n := r2.listed(t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
 		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
 	}
 	release <- struct{}{}
 	for _, r := range []*running{r1, r2} {
 		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.d.cfg.Replication.ReplicaID, func() bool {
-			code, _, n := list(r)
+			code, _, n := r.listed(t)
 			return code == http.StatusOK && n == len(ids)
 		})
 	}
+}
+
+// listed reads the first 1000 CEs of GET /v1/counterfactuals at r: the status, the body and,
+// on 200, how many CEs it lists.
+func (r *running) listed(t *testing.T) (int, []byte, int) {
+	t.Helper()
+	code, body := r.get(t, "/v1/counterfactuals?limit=1000")
+	var page struct {
+		CEs []ledger.CE `json:"counterfactuals"`
+	}
+	if code == http.StatusOK {
+		if err := json.Unmarshal(body, &page); err != nil {
+			t.Fatalf("GET /v1/counterfactuals: %v: %s", err, body)
+		}
+	}
+	return code, body, len(page.CEs)
 }

@@ -438,20 +438,25 @@ func (s *share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 // (stored) need none: they store nothing.
 func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool, stored func(id string) bool) []uint64 {
 	var vs []uint64
-	add := func(v uint64, kept bool) {
-		if v < cur && !kept && !slices.Contains(vs, v) {
+	add := func(v uint64) {
+		if v < cur && !slices.Contains(vs, v) {
 			vs = append(vs, v)
+		}
+	}
+	anchor := func(v uint64) {
+		if !live[v] {
+			add(v)
 		}
 	}
 	for _, op := range ops {
 		if op.CE == nil || stored(op.ID) {
 			continue
 		}
-		add(op.CE.AnchorVersion, live[op.CE.AnchorVersion])
+		anchor(op.CE.AnchorVersion)
 		if st := op.State; st != nil {
-			add(st.AnchorVersion, live[st.AnchorVersion])
+			anchor(st.AnchorVersion)
 			if st.ConfirmedVersion != nil {
-				add(*st.ConfirmedVersion, false)
+				add(*st.ConfirmedVersion)
 			}
 		}
 	}
