@@ -498,6 +498,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		m.log.Info("CE states of the partition read", "partition", p, "states", len(states))
 	}
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
+	var failing fetchFailures
 	next := from
 	for ctx.Err() == nil {
 		res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: next,
@@ -523,6 +524,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 				return
 			}
 			m.log.Debug("fetching CE requests failed; retrying", "partition", p, "err", err)
+			failing.failed(m.log, time.Now(), p, err)
 			if bo.Wait(ctx) != nil {
 				return
 			}
@@ -530,8 +532,12 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		}
 		bo.Reset()
 		batch, after, err := m.decode(p, res.Records, next)
+		if err == nil {
+			failing.worked(m.log, time.Now(), p)
+		}
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
+			failing.failed(m.log, time.Now(), p, err)
 			if bo.Wait(ctx) != nil {
 				return
 			}
@@ -558,6 +564,39 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		}
 		m.mu.Unlock()
 	}
+}
+
+// fetchWarnAfter is how long the fetches of a partition fail in a row before the member says so
+// at WARN, once per episode: shorter episodes, such as a partition's leader moving, stay at
+// DEBUG. A partition being rebuilt stays so until a fetch works again
+// (cfguard_counterfactuals_partitions_rebuilding, alert CfguardCounterfactualsNotCaughtUp).
+const fetchWarnAfter = 10 * time.Second
+
+// fetchFailures is one partition's episode of failed fetches (or fetched records that do not
+// decode), for its log lines.
+type fetchFailures struct {
+	since  time.Time // the episode's first failure; zero while fetches work
+	warned bool
+}
+
+// failed records a failure at now, and logs at WARN when the episode reaches fetchWarnAfter.
+func (f *fetchFailures) failed(log *slog.Logger, now time.Time, p int, err error) {
+	if f.since.IsZero() {
+		f.since = now
+	}
+	if failing := now.Sub(f.since); !f.warned && failing >= fetchWarnAfter {
+		f.warned = true
+		log.Warn("fetching CE requests of a partition keeps failing; retrying (a partition not caught up stays so until a fetch works)",
+			"partition", p, "failing_for", failing.Round(time.Millisecond), "err", err)
+	}
+}
+
+// worked ends the episode at now, saying so when it was logged at WARN.
+func (f *fetchFailures) worked(log *slog.Logger, now time.Time, p int) {
+	if f.warned {
+		log.Info("fetching CE requests of the partition works again", "partition", p, "failed_for", now.Sub(f.since).Round(time.Millisecond))
+	}
+	*f = fetchFailures{}
 }
 
 // toReplay says whether partition p of the CE topic holds records at or after from (true when

@@ -1,6 +1,7 @@
 package ceshare
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -748,5 +749,64 @@ func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
 	}
 	if got := slices.Sorted(slices.Values(l.releases())); !slices.Equal(got, want) {
 		t.Errorf("r2 released %v; it held every partition and r1 kept %v", got, want)
+	}
+}
+
+// TestFetchFailuresWarnOncePerEpisode: failed fetches of a partition are said at WARN once they
+// have gone on for fetchWarnAfter, once per episode, and a fetch that works after that says so
+// at INFO; an episode shorter than fetchWarnAfter says nothing above DEBUG.
+func TestFetchFailuresWarnOncePerEpisode(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fail, work := "fail", "work"
+	for _, tc := range []struct {
+		name  string
+		steps []string        // fail or work, in order
+		at    []time.Duration // since t0, one per step
+		want  []string        // the lines logged, "LEVEL partition failing_for|failed_for"
+	}{
+		{"a short episode", []string{fail, fail, work}, []time.Duration{0, 9 * time.Second, 9500 * time.Millisecond}, nil},
+		{"a long episode", []string{fail, fail, fail, fail, work},
+			[]time.Duration{0, 5 * time.Second, fetchWarnAfter, 20 * time.Second, 21 * time.Second},
+			[]string{"WARN failing_for=10s", "INFO failed_for=21s"}},
+		{"two episodes", []string{fail, fail, work, fail, fail, work},
+			[]time.Duration{0, 11 * time.Second, 12 * time.Second, 13 * time.Second, 22 * time.Second, 23 * time.Second},
+			[]string{"WARN failing_for=11s", "INFO failed_for=12s"}},
+		{"two long episodes", []string{fail, fail, work, fail, fail, work},
+			[]time.Duration{0, 11 * time.Second, 12 * time.Second, 13 * time.Second, 23 * time.Second, 24 * time.Second},
+			[]string{"WARN failing_for=11s", "INFO failed_for=12s", "WARN failing_for=10s", "INFO failed_for=11s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo,
+				ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+					if a.Key == slog.TimeKey {
+						return slog.Attr{}
+					}
+					return a
+				}}))
+			var f fetchFailures
+			for i, s := range tc.steps {
+				if s == fail {
+					f.failed(log, t0.Add(tc.at[i]), 3, errors.New("leader not available"))
+				} else {
+					f.worked(log, t0.Add(tc.at[i]), 3)
+				}
+			}
+			var got []string
+			for line := range strings.Lines(out.String()) {
+				level, _, _ := strings.Cut(strings.TrimPrefix(line, "level="), " ")
+				if !strings.Contains(line, " partition=3 ") {
+					t.Errorf("a line without the partition: %s", line)
+				}
+				for _, f := range strings.Fields(line) {
+					if strings.HasPrefix(f, "failing_for=") || strings.HasPrefix(f, "failed_for=") {
+						got = append(got, level+" "+f)
+					}
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("logged %q; want %q\n%s", got, tc.want, out.String())
+			}
+		})
 	}
 }
