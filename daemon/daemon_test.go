@@ -115,6 +115,7 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	select {
 	case r.d = <-ready:
 	case err := <-done:
+		done <- nil // Run has returned: the cleanup has nothing to wait for
 		t.Fatalf("daemon failed to start: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not start")
