@@ -341,7 +341,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 		alerts = append(alerts, alert)
 	}
 	sort.Strings(alerts)
-	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardDeadLetterRateHigh",
+	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
 		"CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {

@@ -90,7 +90,12 @@ func writeKeyFile(t testing.TB, lines ...string) string {
 
 // replicaConfig makes c a replica id of the cluster on b, with the key file keyFile.
 func replicaConfig(c *config.Config, b *broker.Broker, id, keyFile string) {
-	c.Kafka.Brokers = b.Addrs()
+	replicaConfigAt(c, b.Addrs(), id, keyFile)
+}
+
+// replicaConfigAt is replicaConfig for a cluster on the brokers at addrs.
+func replicaConfigAt(c *config.Config, addrs []string, id, keyFile string) {
+	c.Kafka.Brokers = addrs
 	c.Replication.Enabled = true
 	c.Replication.ReplicaID = id
 	c.Replication.SessionTimeout = 6 * time.Second // kfake's group.min.session.timeout.ms

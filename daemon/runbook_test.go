@@ -29,6 +29,7 @@ var runbookReplicaSections = map[string]string{
 	"CfguardReplicationUnauthenticated": "TestForgedRecordsAreRefusedByEveryReplica, after forged records",
 	"CfguardPosteriorLogStopped":        "cmd/cfguard TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
 	"CfguardPosteriorLogBehind":         "cmd/cfguard TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
+	"CfguardCounterfactualsNotCaughtUp": "TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
 }
 
 // runbookChecks: for every single-node alert, what each of its commands prints against the

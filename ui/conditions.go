@@ -57,6 +57,10 @@ var conditions = []condition{
 		n := g["cfguard_posterior_log_lag_records"]
 		return n > 0, fmt.Sprintf("this replica is %g entries behind the posterior log (the alert waits for 10 minutes of it)", n)
 	}, "/ui/"},
+	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
+		n := g["cfguard_counterfactuals_partitions_rebuilding"]
+		return n > 0, fmt.Sprintf("%g CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", n)
+	}, "/ui/"},
 	{"CfguardModelQualityDegraded", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_prequential_last_change_timestamp_seconds"]
 		return t > 0 && float64(now.Unix())-t < 3600, "the served model's quality dropped (change detected at " + unix(t) + ")"

@@ -40,8 +40,10 @@ func TestConditionsFollowTheRules(t *testing.T) {
 		{"stalled with records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(16 * time.Minute), "cfguard_consumer_lag_records": 5}, []string{"CfguardIngestStalled"}},
 		{"quiet, nothing waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Hour)}, nil},
 		{"failures", map[string]float64{"cfguard_checkpoint_failing": 1, "cfguard_consumer_topic_mismatch": 1, "cfguard_events_pending": 10001,
-			"cfguard_posterior_log_stopped": 1, "cfguard_posterior_log_lag_records": 1, "cfguard_last_ingest_timestamp_seconds": at(0)},
-			[]string{"CfguardCheckpointFailing", "CfguardTopicReset", "CfguardOutboxBacklog", "CfguardPosteriorLogStopped", "CfguardPosteriorLogBehind"}},
+			"cfguard_posterior_log_stopped": 1, "cfguard_posterior_log_lag_records": 1, "cfguard_counterfactuals_partitions_rebuilding": 2,
+			"cfguard_last_ingest_timestamp_seconds": at(0)},
+			[]string{"CfguardCheckpointFailing", "CfguardTopicReset", "CfguardOutboxBacklog", "CfguardPosteriorLogStopped", "CfguardPosteriorLogBehind",
+				"CfguardCounterfactualsNotCaughtUp"}},
 		{"quality dropped 59 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(59 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardModelQualityDegraded"}},
 		{"quality dropped 61 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(61 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
 	} {
