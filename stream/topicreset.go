@@ -84,7 +84,7 @@ func (m RecordMark) differs(found RecordMark) string {
 	case found.Sum != m.Sum:
 		return "its key or value differs from the one read there"
 	case found.Timestamp != m.Timestamp:
-		return fmt.Sprintf("the same key and value written at %s, the one read there at %s",
+		return fmt.Sprintf("it has the same key and value, written at %s where the one read there was written at %s",
 			time.UnixMilli(found.Timestamp).UTC().Format(time.RFC3339Nano), time.UnixMilli(m.Timestamp).UTC().Format(time.RFC3339Nano))
 	}
 	return ""
@@ -152,7 +152,7 @@ func (c *Consumer) verifyIdentity(ctx context.Context, ps *partState, last recor
 	}
 	if why := last.differs(found.RecordMark); why != "" {
 		return c.resetError(ps, res.LogStartOffset, res.HighWatermark,
-			fmt.Sprintf("the record at offset %d is not the one read there before: it was %s", last.Offset, why)), nil
+			fmt.Sprintf("the record at offset %d is not the one read there before: %s", last.Offset, why)), nil
 	}
 	return nil, nil
 }

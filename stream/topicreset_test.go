@@ -205,7 +205,7 @@ func TestRecreatedWhileStopped(t *testing.T) {
 		name, prefix, why string
 	}{
 		{"other data", "new", "its key or value differs"},
-		{"same data replayed", "old", "the same key and value written at"},
+		{"same data replayed", "old", "it has the same key and value, written at"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { recreatedWhileStopped(t, tc.prefix, tc.why) })
 	}
