@@ -27,8 +27,8 @@ import (
 // of the CE topic below a partition's end is answered NOT_LEADER_OR_FOLLOWER, as a partition
 // whose only broker is down would be). r2 retries; the partitions it was given that hold
 // requests stay not caught up: the gauge counts them, /readyz and reads of their CEs answer
-// 503, and once the fetches have failed for fetchWarnAfter a WARN line names the partition and
-// the broker's error. The runbook's commands for the alert run as written against r2. Then the
+// 503; the runbook's commands for the alert run as written against r2; and once the fetches have
+// failed for fetchWarnAfter a WARN line names the partition and the broker's error. Then the
 // broker serves the partitions again and r2 catches up by itself, without a restart.
 func TestRebuildThatCannotFetch(t *testing.T) {
 	if testing.Short() {
@@ -107,6 +107,19 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	if code, body := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while partitions %v are not caught up: %d %s", stuck, code, body)
 	}
+	if runbooktest.Tools(t, true) {
+		p := stuck[0]
+		checks := []runbooktest.Check{
+			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[([0-9]+,)*%d(,[0-9]+)*\]\}$`, p)},
+			{Cmd: "partitions_rebuilding|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_rebuilding [1-9][0-9]*$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
+			{Cmd: "kcat -C", Want: `^no record within 10 s$`},
+			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
+		}
+		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r2.d.HTTPAddr(), "BROKER", addrs[0], "PARTITION", fmt.Sprint(p)), nil)
+	}
+
 	warned := "fetching CE requests of a partition keeps failing"
 	waitfor.Cond(t, fetchWarnAfterWait, "the WARN line of failing fetches", func() bool {
 		return strings.Contains(r2.logs.String(), warned)
@@ -115,18 +128,6 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		t.Errorf("the WARN line names no partition or no broker error: %s", line)
 	}
 	t.Logf("%d fetches refused by the time of the WARN line", refused.Load())
-	if runbooktest.Tools(t, true) {
-		p := stuck[0]
-		checks := []runbooktest.Check{
-			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[([0-9]+,)*%d(,[0-9]+)*\]\}$`, p)},
-			{Cmd: "partitions_rebuilding|requests_applied_total", Want: fmt.Sprintf(`(?m)^cfguard_counterfactuals_partitions_rebuilding %d$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`, len(r2.d.share.notCaughtUp()))},
-			{Cmd: "kcat -C", Want: `^no record within 10 s$`},
-			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
-		}
-		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
-		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r2.d.HTTPAddr(), "BROKER", addrs[0], "PARTITION", fmt.Sprint(p)), nil)
-	}
 
 	// The broker serves the partitions again: r2 catches up without a restart.
 	refusing.Store(false)
