@@ -532,9 +532,6 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		}
 		bo.Reset()
 		batch, after, err := m.decode(p, res.Records, next)
-		if err == nil {
-			failing.worked(m.log, time.Now(), p)
-		}
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
 			failing.failed(m.log, time.Now(), p, err)
@@ -543,6 +540,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 			}
 			continue
 		}
+		failing.worked(m.log, time.Now(), p)
 		m.mu.Lock()
 		for i := range batch {
 			if s, ok := ps.states[batch[i].req.ID]; ok && batch[i].req.Kind == KindRegister {
