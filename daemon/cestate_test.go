@@ -12,14 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -129,23 +127,8 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	// r2 publishes no status change of the CEs it restored: r1 published every change their
 	// states record before it wrote them (its outbox writes a batch's events, then its states).
 	waitfor.Cond(t, 30*time.Second, "r2's outbox drained", func() bool { return r2.metric(t, "cfguard_events_pending") == 0 })
-	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...), Transport: kafkatest.Transport(t)}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{"cfguard.events": {kafka.LastOffsetOf(0)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	end := res.Topics["cfguard.events"][0].LastOffset
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
-	defer rd.Close()
 	byR1 := 0
-	for off := int64(0); off < end; {
-		m, err := rd.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading the events topic up to its end, %d: %v", end, err)
-		}
-		off = m.Offset + 1
+	for _, m := range eventsToEnd(t, b.Addrs(), "cfguard.events") {
 		var e event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)

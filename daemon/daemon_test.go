@@ -449,7 +449,64 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 			t.Fatalf("%s after drift: %s", id, body)
 		}
 	}
-	_ = ids
+	// Every status change a CE's history records is on the events topic (at least once),
+	// intermediate ones included; renewals (certified to certified) publish none.
+	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.metric(t, "cfguard_events_pending") == 0 })
+	published := map[string]bool{}
+	for _, m := range eventsToEnd(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.EventsTopic) {
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type == "status_changed" {
+			published[fmt.Sprintf("%s %s->%s at %d", e.ID, e.From, e.To, e.PosteriorVersion)] = true
+		}
+	}
+	recorded := 0
+	for _, id := range ids {
+		ce, err := r.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range ce.History {
+			if h.Renewal {
+				continue
+			}
+			recorded++
+			if change := fmt.Sprintf("%s %s->%s at %d", id, h.From, h.To, h.PosteriorVersion); !published[change] {
+				t.Errorf("%s is in the CE's history and not on the events topic (%d status changes published)", change, len(published))
+			}
+		}
+	}
+	if recorded == 0 {
+		t.Error("no status change recorded in the CEs' histories: the check shows nothing")
+	}
+}
+
+// eventsToEnd reads partition 0 of the events topic at brokers from its start to its end as of
+// the call.
+func eventsToEnd(t *testing.T, brokers []string, topic string) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: kafkatest.Transport(t)}
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(0)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := res.Topics[topic][0].LastOffset
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	var out []kafka.Message
+	for off := int64(0); off < end; {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading %s up to its end, %d: %v", topic, end, err)
+		}
+		off = m.Offset + 1
+		out = append(out, m)
+	}
+	return out
 }
 
 func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
