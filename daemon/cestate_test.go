@@ -9,9 +9,9 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
-
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
@@ -23,13 +23,14 @@ import (
 )
 
 // startLearningReplica starts replica id of the cluster on b with the paper's learner at a
-// learning rate that a drift of 96 flipped labels moves far, and waits until it is ready.
-func startLearningReplica(t *testing.T, b *broker.Broker, id, keyFile string) *running {
+// learning rate that a drift of 96 flipped labels moves far, with Options set by opts (nil:
+// none), and waits until it is ready.
+func startLearningReplica(t *testing.T, b *broker.Broker, id, keyFile string, opts func(o *Options)) *running {
 	t.Helper()
 	r := startDaemonWith(t, func(c *config.Config) {
 		replicaConfig(c, b, id, keyFile)
 		paperLearner(c, 3e-3)
-	}, nil, nil)
+	}, opts, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }
@@ -45,7 +46,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	t.Parallel()
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
-	r1 := startLearningReplica(t, b, "r1", key)
+	r1 := startLearningReplica(t, b, "r1", key, nil)
 	data := bundled(t)
 	ids := registerCEs(t, r1, data, 10)
 	// 32 benign rows labelled malignant (a drift), then clean records.
@@ -101,8 +102,27 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 		t.Fatalf("r1 wrote %v states for %d changed CEs", w, changed)
 	}
 
-	// r2 joins and takes some partitions; r1 leaves and r2 takes the rest.
-	r2 := startLearningReplica(t, b, "r2", key)
+	// r2 joins and takes some partitions; r1 leaves and r2 takes the rest. r2's follower, which
+	// plays the log while its member joins, is held before its first increment until the member
+	// applies its first batch of registrations, as a starved follower would be: the batch must
+	// wait for the versions the states refer to, not find their verdicts ahead of r2's posterior.
+	followed := make(chan struct{})
+	var release sync.Once
+	awaited := make(chan uint64, 1)
+	r2 := startLearningReplica(t, b, "r2", key, func(o *Options) {
+		o.hooks.followCommit = func(ctx context.Context, _ uint64) {
+			select {
+			case <-followed:
+			case <-ctx.Done():
+			}
+		}
+		o.hooks.shareAwait = func(v uint64) {
+			release.Do(func() {
+				awaited <- v
+				close(followed)
+			})
+		}
+	})
 	r1.stop(t)
 	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
 		held := r2.held(t)
@@ -110,6 +130,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 		// The log ends at r1's last entry: r2 judges at the posterior r1 judged at.
 		return held == len(ids) && code == 200 && r2.d.current().Version == r1.d.current().Version
 	})
+	t.Logf("r2's first batch of registrations waited for posterior version %d, its follower held at version 0 until then", <-awaited)
 	for _, id := range ids {
 		got, err := r2.d.ledger.Get(id)
 		if err != nil {

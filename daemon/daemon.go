@@ -71,6 +71,12 @@ type hooks struct {
 	// auditPoolReady is called when an audit has its networks, before the ledger reads its
 	// first batch: a test promotes posteriors there, as busy ingestion does.
 	auditPoolReady func(ctx context.Context, version uint64)
+	// followCommit is called by a replica's follower before it commits the entry that makes
+	// version current: a test holds the follower there, as a starved one would be.
+	followCommit func(ctx context.Context, version uint64)
+	// shareAwait is called when a batch of CE requests waits for the posterior version it
+	// needs (share.Apply), before it waits.
+	shareAwait func(version uint64)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.

@@ -70,6 +70,9 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 	if o, ok := own.(*step); ok {
 		s.events = o.eventsOf(e.Seq)
 	}
+	if h.d.hooks.followCommit != nil && next != nil {
+		h.d.hooks.followCommit(ctx, next.Version)
+	}
 	return h.d.commitStep(ctx, s, cp, time.Now())
 }
 

@@ -312,9 +312,11 @@ func (s *share) Reset(ctx context.Context, p int, end int64) error {
 //
 // Each registration is anchored to the posterior it was measured under: the current one, a
 // live anchor, or a past version taken from the posterior log (replica.Replica.Past). A CE measured
-// under a version this replica has not applied yet waits for it (at most awaitOwner); one
-// whose version it still lacks then is measured again under the current posterior, as a
-// registration here would be.
+// under a version this replica has not applied yet waits for it (at most awaitOwner), and so does
+// the state its previous owner left of it (up to its verdict's and history's versions, which
+// checkState wants applied; a replica that joined while its follower still plays the log gets
+// there within the wait): a CE whose version it still lacks then is measured again under the
+// current posterior, as a registration here would be, and a state past it is not used.
 func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next int64) error {
 	ops := make([]ledger.ShareOp, len(reqs))
 	newest := uint64(0)
@@ -335,9 +337,12 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		newest = max(newest, ce.AnchorVersion)
 		if r.State != nil {
 			if ops[i].State = s.stateOf(p, r); ops[i].State != nil {
-				newest = max(newest, ops[i].State.AnchorVersion)
+				newest = max(newest, ops[i].State.NewestVersion())
 			}
 		}
+	}
+	if s.d.hooks.shareAwait != nil {
+		s.d.hooks.shareAwait(newest)
 	}
 	s.awaitVersion(ctx, newest)
 	outs, err := s.applyOps(ctx, p, ops, next)

@@ -92,6 +92,20 @@ func SameCE(state, registration *CE) bool {
 		slices.Equal(state.X, registration.X) && slices.Equal(state.XCF, registration.XCF)
 }
 
+// NewestVersion is the newest posterior version c refers to: its anchor's, its verdict's and
+// its history's. A state is restored only under a current version at or past it (checkState),
+// so a replica that takes a partition over waits until it has applied it.
+func (c *CE) NewestVersion() uint64 {
+	v := c.AnchorVersion
+	if c.ConfirmedVersion != nil {
+		v = max(v, *c.ConfirmedVersion)
+	}
+	for _, ch := range c.History {
+		v = max(v, ch.PosteriorVersion)
+	}
+	return v
+}
+
 // checkState says why state cannot be restored for the registration reg under the current
 // posterior version cur, nil when it can.
 func (l *Ledger) checkState(state, reg *CE, cur uint64) error {

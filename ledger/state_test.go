@@ -244,6 +244,11 @@ func TestStateNotUsed(t *testing.T) {
 			state := good
 			state.Status = certify.Certified
 			tc.edit(&state)
+			// A state refused for a version ahead of the current one names it as its newest
+			// (a replica waits for it before applying the state); the others do not.
+			if ahead, want := state.NewestVersion() > 1, strings.HasSuffix(tc.name, " ahead"); ahead != want {
+				t.Errorf("NewestVersion() = %d with the current version 1; want past it: %v", state.NewestVersion(), want)
+			}
 			ops := registrations([]*CE{reg}, reg.CreatedAt)
 			ops[0].State = &state
 			outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
@@ -280,6 +285,9 @@ func TestStateNotUsed(t *testing.T) {
 		outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
 		if err != nil || outs[0].State != StateRestored {
 			t.Fatalf("outcome %+v, %v; want restored", outs, err)
+		}
+		if v := state.NewestVersion(); v != 1 {
+			t.Errorf("NewestVersion() = %d; want its anchor's, 1", v)
 		}
 	})
 	// The state's anchor must be at hand, as a registration's must.
