@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -149,7 +150,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	// states record before it wrote them (its outbox writes a batch's events, then its states).
 	waitfor.Cond(t, 30*time.Second, "r2's outbox drained", func() bool { return r2.metric(t, "cfguard_events_pending") == 0 })
 	byR1 := 0
-	for _, m := range eventsToEnd(t, b.Addrs(), "cfguard.events") {
+	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), "cfguard.events", 0) {
 		var e event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)

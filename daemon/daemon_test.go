@@ -453,7 +453,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 	// intermediate ones included; renewals (certified to certified) publish none.
 	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.metric(t, "cfguard_events_pending") == 0 })
 	published := map[string]bool{}
-	for _, m := range eventsToEnd(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.EventsTopic) {
+	for _, m := range kafkatest.ReadPartition(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.EventsTopic, 0) {
 		var e event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
@@ -481,32 +481,6 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 	if recorded == 0 {
 		t.Error("no status change recorded in the CEs' histories: the check shows nothing")
 	}
-}
-
-// eventsToEnd reads partition 0 of the events topic at brokers from its start to its end as of
-// the call.
-func eventsToEnd(t *testing.T, brokers []string, topic string) []kafka.Message {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: kafkatest.Transport(t)}
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(0)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	end := res.Topics[topic][0].LastOffset
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, MaxWait: 200 * time.Millisecond})
-	defer rd.Close()
-	var out []kafka.Message
-	for off := int64(0); off < end; {
-		m, err := rd.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading %s up to its end, %d: %v", topic, end, err)
-		}
-		off = m.Offset + 1
-		out = append(out, m)
-	}
-	return out
 }
 
 func TestCumulativeDriftCaughtThroughAnchorKL(t *testing.T) {
