@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -57,7 +59,20 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 	conns = nil
 	waitfor.Cond(t, 60*time.Second, "ready again after the flood", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 	// Ready needs one free slot; the broker frees the flood's as it reads each one's end, and a
-	// producer opens more than one connection: wait until the flood's slots are all free.
+	// producer opens more than one connection: wait until the flood's slots are all free. The
+	// broker may not have accepted all of the flood yet (on a busy core some wait in the
+	// listener's queue, closed by now, and each takes a slot until its end is read): a Kafka
+	// client that connects after them and is answered was accepted after all of them, since the
+	// queue is first in, first out.
+	waitfor.Cond(t, 60*time.Second, "a Kafka client connected after the flood answered", func() bool {
+		c, err := kafka.Dial("tcp", addr)
+		if err != nil {
+			return false
+		}
+		_, err = c.ApiVersions()
+		c.Close()
+		return err == nil
+	})
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the flood's connections released (the daemon's own %d left)", own), func() bool {
 		return r.d.broker.Connections().Open <= own
 	})
