@@ -3,10 +3,13 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -42,7 +45,26 @@ var sharedVAE struct {
 }
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	waitingTestsAtOnce()
 	os.Exit(runTests(m))
+}
+
+// minParallel is how many of this package's parallel tests run at once unless -test.parallel
+// says otherwise. They are the ones that mostly wait (session and send deadlines, a child
+// process, a peer that answers late: each marked t.Parallel with a comment, or in a replica
+// test): at go test's default, GOMAXPROCS at once, their waits follow one another on a
+// machine of one or two cores and the package takes minutes longer there.
+const minParallel = 4
+
+// waitingTestsAtOnce sets -test.parallel to minParallel, or GOMAXPROCS when more, unless it
+// was given.
+func waitingTestsAtOnce() {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(max(minParallel, runtime.GOMAXPROCS(0))))
+	}
 }
 
 func runTests(m *testing.M) int {
