@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -42,8 +43,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	t.Cleanup(kc.Close) // after the replicas' cleanups
 	addrs := kc.ListenAddrs()
 	key := writeKeyFile(t, testClusterKey)
-	r1 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r1", key) }, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
+	r1 := startReplicaAt(t, addrs, "r1", key)
 	ids := registerCEs(t, r1, bundled(t), 8)
 	topic, parts := r1.d.cfg.Replication.CETopic, r1.d.cfg.Replication.CEPartitions
 	ends := ceTopicEnds(t, addrs, topic, parts)
@@ -150,9 +150,7 @@ func ceTopicEnds(t *testing.T, addrs []string, topic string, parts int) map[int3
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: tr}
+	cl := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: kafkatest.Transport(t)}
 	var req []kafka.OffsetRequest
 	for p := range parts {
 		req = append(req, kafka.LastOffsetOf(p))

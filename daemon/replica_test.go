@@ -111,7 +111,13 @@ func startReplica(t testing.TB, b *broker.Broker, id string) *running {
 // startReplicaKey starts replica id with the key file keyFile and waits until it is ready.
 func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *running {
 	t.Helper()
-	r := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, keyFile) }, nil, nil)
+	return startReplicaAt(t, b.Addrs(), id, keyFile)
+}
+
+// startReplicaAt is startReplicaKey for a cluster on the brokers at addrs.
+func startReplicaAt(t testing.TB, addrs []string, id, keyFile string) *running {
+	t.Helper()
+	r := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, id, keyFile) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	return r
 }

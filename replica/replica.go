@@ -778,7 +778,7 @@ func (k *keptCursors) from(last *pastCursor, lo uint64, until int64) *pastCursor
 	for _, c := range k.by {
 		consider(c)
 	}
-	if best != nil && best.m != nil {
+	if best != nil {
 		if _, ok := k.by[best.m.Version]; ok {
 			k.touch(best.m.Version)
 		}
