@@ -34,6 +34,7 @@ const (
 	StateNotUsed  = "not_used"  // states the ledger did not use (another CE under the id, or not a state a certificate can have)
 	StateInvalid  = "invalid"   // authenticated records of the CE state topic that are not a state: left out
 	StateTooLarge = "too_large" // states over ceshare.MaxStateBytes: a tombstone written instead
+	StateFenced   = "fenced"    // states read that a previous owner wrote after the partition was claimed by another replica
 )
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
@@ -61,7 +62,7 @@ type ReplicaMetrics struct {
 	// from those its posterior log's genesis records: a replica with any refuses to join.
 	SettingsDiffer prometheus.Gauge
 	// CEStates counts CE states by result (StateWritten, StateRestored, StateNotUsed,
-	// StateInvalid, StateTooLarge); records that do not authenticate count in Unauthenticated.
+	// StateInvalid, StateTooLarge, StateFenced); records that do not authenticate count in Unauthenticated.
 	CEStates *prometheus.CounterVec
 
 	rebuilding atomic.Pointer[func() int] // SetRebuilding's function, read at each scrape
@@ -102,7 +103,7 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
 			[]string{"topic"}),
 		CEStates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameCEStates,
-			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write."},
+			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write, fenced (a previous owner's write after another replica claimed the partition)."},
 			[]string{"result"}),
 	}
 	rebuilding := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: NameCERebuilding,
@@ -113,7 +114,7 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		}
 		return 0
 	})
-	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge} {
+	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge, StateFenced} {
 		m.CEStates.WithLabelValues(r)
 	}
 	for _, r := range ignoredReasons {

@@ -38,11 +38,21 @@
 // A Directory answers which replica owns a CE, and at which URL, from the group's description
 // (DescribeGroups: each member's assignment and UserData), cached briefly.
 //
+// # States and claims
+//
+// With MemberConfig.StateTopic, owners also write each CE's state to the compacted CE state
+// topic (StateWriter), so that the next owner of a partition rebuilds its CEs with their
+// renewals, verdicts and history (Request.State). A member claims each partition it acquires
+// afresh there (Claim) before it reads the partition's requests: a state written after the
+// claim by a replica the claim does not name (a previous owner paused past its session, or
+// its outbox published after a restart) does not replace the CE's state from before it.
+//
 // # Fencing
 //
-// Ownership is not fenced here: a member cut off from the coordinator keeps what it holds
-// until it notices (its heartbeat fails, or no generation comes within the session timeout),
-// while the group may already have given its partitions to others. Each replica writes only
-// its own ledger, so two owners of one partition for a moment both apply the same requests,
-// each to its own ledger, and nothing else.
+// Ownership of the requests is not fenced: a member cut off from the coordinator keeps what it
+// holds until it notices (its heartbeat fails, or no generation comes within the session
+// timeout), while the group may already have given its partitions to others. Each replica
+// writes only its own ledger, so two owners of one partition for a moment both apply the same
+// requests, each to its own ledger, and nothing else; of what they write to the shared CE state
+// topic, readers keep the claimed owner's.
 package ceshare

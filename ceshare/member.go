@@ -51,11 +51,13 @@ type MemberConfig struct {
 	// Topic is the CE topic (replication.ce_topic). Required.
 	Topic string
 	// StateTopic is the CE state topic (StateTopic of Topic on a replica), created compacted with
-	// Partitions partitions when missing. When set, a partition acquired with registrations to
-	// replay (from offset 0, or from the offset a rebuild cut short by a crash stored) is given
-	// the states its previous owners wrote: before its requests are read, the member reads the
-	// partition of the state topic to its end, and each registration it then hands to Apply
-	// until the partition caught up carries its CE's state (Request.State). Empty: none.
+	// Partitions partitions when missing. When set, the member claims each partition it acquires
+	// afresh there (claim.go): before the partition's requests are read, it reads the partition
+	// of the state topic to its end, writes its claim and reads on to the end. A partition
+	// acquired with registrations to replay (from offset 0, or from the offset a rebuild cut
+	// short by a crash stored) is given the states its previous owners wrote: each registration
+	// it then hands to Apply until the partition caught up carries its CE's state
+	// (Request.State). Empty: none.
 	StateTopic string
 	// Group is the consumer group that shares the topic's partitions out
 	// (<kafka.group_id>.ce). Required.
@@ -75,6 +77,9 @@ type MemberConfig struct {
 	// OnMalformedState, when set, is called for each authenticated record of the CE state topic
 	// left out because it is not a State.
 	OnMalformedState func(partition int, offset int64)
+	// OnFencedState, when set, is called for each state of the CE state topic written by a
+	// replica that did not own the partition then (StateStats.Fenced).
+	OnFencedState func(partition int, offset int64)
 	// OnGeneration, when set, is called with each generation's assignment before the member
 	// takes it up (releases the partitions it lost, acquires those it gained), and holds the
 	// member until it returns: a test holds a member there, as a slow process is held.
@@ -447,7 +452,7 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 		defer close(done)
 		var wg sync.WaitGroup
 		for _, p := range assigned {
-			wg.Go(func() { m.readPartition(gctx, cl, p, fail) })
+			wg.Go(func() { m.readPartition(gctx, cl, p, gen.ID, fail) })
 		}
 		wg.Wait()
 		// A member without partitions (or whose loops failed) stays in the generation until
@@ -460,9 +465,10 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 	m.mu.Unlock()
 }
 
-// readPartition acquires p and hands its requests to Apply, batch by batch, until ctx (the
-// generation) ends. An error no retry fixes stops the member through fail.
-func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fail context.CancelCauseFunc) {
+// readPartition acquires p (given to the member in generation gen) and hands its requests to
+// Apply, batch by batch, until ctx (the generation) ends. An error no retry fixes stops the
+// member through fail.
+func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen int32, fail context.CancelCauseFunc) {
 	from, err := m.hooks.Acquire(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -483,19 +489,23 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, fai
 		m.log.Info("CE partition acquired", "partition", p, "from", from)
 	}
 	m.mu.Unlock()
-	// The registrations still to replay get their states: all of them when the partition is
-	// acquired from its start, the rest of them when a rebuild was cut short (a crash).
-	if fresh && m.cfg.StateTopic != "" && m.toReplay(ctx, cl, p, from) {
-		states := m.acquireStates(ctx, cl, p)
+	// A partition acquired afresh is claimed. The registrations still to replay get their
+	// states: all of them when the partition is acquired from its start, the rest of them when
+	// a rebuild was cut short (a crash).
+	if fresh && m.cfg.StateTopic != "" {
+		replay := m.toReplay(ctx, cl, p, from)
+		states := m.acquireStates(ctx, cl, p, gen)
 		if ctx.Err() != nil {
 			return
 		}
-		m.mu.Lock()
-		if !ps.ready {
-			ps.states = states
+		if replay {
+			m.mu.Lock()
+			if !ps.ready {
+				ps.states = states
+			}
+			m.mu.Unlock()
+			m.log.Info("CE states of the partition read", "partition", p, "states", len(states))
 		}
-		m.mu.Unlock()
-		m.log.Info("CE states of the partition read", "partition", p, "states", len(states))
 	}
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	var failing fetchFailures
@@ -607,16 +617,16 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 	return err != nil || end > from
 }
 
-// acquireStates reads partition p of the CE state topic (readStates), retrying a broker's
-// transient errors for at most a session timeout (the partition's rebuild waits no longer than
-// the group waits for a member), and creating the topic again when it is gone. A state topic
-// that cannot be read is logged at ERROR and the partition is rebuilt from its registrations
-// alone.
-func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int) map[string]State {
+// acquireStates claims partition p of the CE state topic for generation gen and reads its
+// states (claimStates), retrying a broker's transient errors for at most a session timeout (the
+// partition's rebuild waits no longer than the group waits for a member), and creating the
+// topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
+// and the partition is rebuilt from its registrations alone.
+func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32) map[string]State {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	deadline := time.Now().Add(m.cfg.SessionTimeout)
 	for {
-		states, err := m.readStates(ctx, cl, p)
+		states, err := m.claimStates(ctx, cl, p, gen)
 		if err == nil {
 			return states
 		}
@@ -631,11 +641,12 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int) map
 			err = errors.Join(err, cerr)
 		}
 		if !stream.Retryable(err) || time.Now().After(deadline) {
-			m.log.Error("CE states of an acquired partition cannot be read: its CEs are rebuilt from their registrations, without "+
-				"the renewals, verdicts and history of their previous owner", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
+			m.log.Error("CE state topic cannot be read or the partition claimed there: its CEs are rebuilt from their registrations, "+
+				"without the renewals, verdicts and history of their previous owner, and the partition's next owner may take the "+
+				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
 			return nil
 		}
-		m.log.Debug("reading CE states failed; retrying", "partition", p, "err", err)
+		m.log.Debug("reading or claiming CE states failed; retrying", "partition", p, "err", err)
 		if bo.Wait(ctx) != nil {
 			return nil
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -20,17 +21,18 @@ import (
 // The CE state topic (StateTopic: the CE topic's name + ".state") is a compacted topic with the
 // CE topic's partitions, keyed by CE id: the owner of a CE writes the CE's state there each time
 // it changes (a status change, a renewal, a verdict) and when it stores a registration with a
-// state its previous owner left, and a tombstone when the CE is deleted. A later owner of the
-// partition reads the partition from its start to its end when it acquires it with
-// registrations still to replay, so that those registrations get the state their previous
-// owner left (Request.State). The CE topic keeps the registrations.
+// state its previous owner left, and a tombstone when the CE is deleted. A replica that acquires
+// a partition afresh reads the partition to its end and claims it (claim.go) before it reads the
+// partition's requests; those registrations it replays get the state their previous owner left
+// (Request.State). The CE topic keeps the registrations.
 //
-// Of the records of one CE, a reader keeps the last one, as compaction does: the newest state,
-// or none when it is a tombstone or a record that does not authenticate or decode. The reader's
-// view is then the same before and after the cleaner ran. An owner paused past its session may
-// write a state after its successor read the topic; the successor's next write of that CE
-// supersedes it, and a later reader checks it as any other (a state is a claim the new owner
-// checks and judges again, never taken on trust).
+// Of the records of one CE, a reader keeps the last one the owner of the time wrote, as
+// compaction would keep the last one: the newest state, or none when it is a tombstone or a
+// record that does not authenticate or decode. An owner paused past its session, or one whose
+// outbox is published after a restart, may write a state after its successor claimed the
+// partition; the claim in force does not own it, so a reader keeps the CE's state from before
+// it, and takes the late one only when compaction removed every other (a state is a claim the
+// new owner checks and judges again, never taken on trust).
 
 // StateTopic is the CE state topic of CE topic ceTopic (replication.ce_topic): its name with
 // ".state" appended. Deriving it keeps the replicas of a cluster on one state topic.
@@ -227,7 +229,7 @@ func batches(recs []signed) [][]signed {
 // are lost; those written from now on are kept) and written once the client's metadata knows
 // it (within its TTL, 6 s).
 func (w *StateWriter) write(ctx context.Context, p int, recs []signed) error {
-	err := w.produce(ctx, p, recs)
+	err := produceSigned(ctx, w.cl, w.topic, p, recs)
 	bo := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
 	for topicGone(err) {
 		if _, cerr := createStateTopic(ctx, w.cl, w.topic, w.partitions); cerr != nil {
@@ -236,7 +238,7 @@ func (w *StateWriter) write(ctx context.Context, p int, recs []signed) error {
 		if bo.Wait(ctx) != nil {
 			return err
 		}
-		err = w.produce(ctx, p, recs)
+		err = produceSigned(ctx, w.cl, w.topic, p, recs)
 	}
 	return err
 }
@@ -250,9 +252,9 @@ func topicGone(err error) bool {
 // signed is a record's key, value and authenticator.
 type signed struct{ key, value, auth []byte }
 
-// produce writes states to partition p in one request (the records are made anew each time:
-// a record's key and value are read as it is sent).
-func (w *StateWriter) produce(ctx context.Context, p int, states []signed) error {
+// produceSigned writes signed records to partition p of topic in one request, with acks=all (the
+// records are made anew each time: a record's key and value are read as it is sent).
+func produceSigned(ctx context.Context, cl *kafka.Client, topic string, p int, states []signed) error {
 	now := time.Now()
 	records := make([]kafka.Record, len(states))
 	for i, s := range states {
@@ -261,7 +263,7 @@ func (w *StateWriter) produce(ctx context.Context, p int, states []signed) error
 			records[i].Value = kafka.NewBytes(s.value)
 		}
 	}
-	res, err := w.cl.Produce(ctx, &kafka.ProduceRequest{Topic: w.topic, Partition: p, RequiredAcks: kafka.RequireAll,
+	res, err := cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
 		Records: kafka.NewRecordReader(records...)})
 	if err == nil {
 		err = res.Error
@@ -276,24 +278,51 @@ func (w *StateWriter) Close() error {
 	return nil
 }
 
-// StateStats counts what a member read from the CE state topic.
+// StateStats counts what a member read from, and claimed on, the CE state topic.
 type StateStats struct {
 	Read            int64 // authenticated, well-formed states read
 	Tombstones      int64 // authenticated tombstones read
 	Unauthenticated int64 // records whose authenticator does not verify: left out
-	Malformed       int64 // authenticated records that are not a State: left out
+	Malformed       int64 // authenticated records that are not a State or a Claim: left out
+	Claims          int64 // authenticated, well-formed claims read
+	Fenced          int64 // states read that the claim in force does not own (late writes of a previous owner)
+	Claimed         int64 // claims this member wrote
 }
 
-// readStates reads partition p of the CE state topic from its start to its end as of the call
-// and returns the state of each CE whose last record is a state. Records that do not
-// authenticate or decode are counted and logged.
-func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[string]State, error) {
-	topic := m.cfg.StateTopic
-	next, end, err := partitionOffsets(ctx, cl, topic, p)
-	if err != nil {
-		return nil, err
+// stateFold is a reader's view of one partition of the CE state topic, folded record by
+// record in offset order (claim.go says which states are an owner's).
+type stateFold struct {
+	states map[string]State // each CE's last state written by the partition's owner of the time
+	late   map[string]State // a CE's last state after that one, written by a replica no claim owned
+	owner  *Claim           // the claim in force; nil before the first
+	term   int64            // the greatest term read
+}
+
+func newStateFold() *stateFold {
+	return &stateFold{states: map[string]State{}, late: map[string]State{}}
+}
+
+// result is the state of each CE: its owner's, or the late write when compaction left no other.
+func (f *stateFold) result() map[string]State {
+	out := maps.Clone(f.states)
+	for id, s := range f.late {
+		if _, ok := out[id]; !ok {
+			out[id] = s
+		}
 	}
-	states := map[string]State{}
+	return out
+}
+
+// readStates folds the records of partition p of the CE state topic from offset from (or the
+// partition's first, when later) to its end as of the call into f, and returns the offset it
+// read to. Records that do not authenticate or decode are counted and logged.
+func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int, f *stateFold, from int64) (int64, error) {
+	topic := m.cfg.StateTopic
+	first, end, err := partitionOffsets(ctx, cl, topic, p)
+	if err != nil {
+		return from, err
+	}
+	next := max(from, first)
 	for next < end {
 		fr, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: next,
 			MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
@@ -301,67 +330,137 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int) (map[s
 			err = fr.Error
 		}
 		if err != nil {
-			return nil, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, next, err)
+			return next, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, next, err)
 		}
-		from := next
-		next, err = eachRecord(fr.Records, from, func(r record) { m.foldState(states, p, r) })
+		at := next
+		next, err = eachRecord(fr.Records, at, func(r record) { m.foldState(f, p, r) })
 		if err != nil {
-			return nil, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, from, err)
+			return at, fmt.Errorf("ceshare: reading partition %d of %q at offset %d: %w", p, topic, at, err)
 		}
-		if next == from {
+		if next == at {
 			break // nothing past next up to end: records deleted meanwhile
 		}
 	}
-	return states, nil
+	return max(next, end), nil
 }
 
-// foldState folds record r of partition p into states: a state replaces the CE's state; a
-// tombstone, or a record that does not authenticate or decode, removes it (compaction keeps
-// such a record in place of the states before it, so a reader does the same). Records that do
-// not authenticate or decode are counted and logged.
-func (m *Member) foldState(states map[string]State, p int, r record) {
-	delete(states, string(r.key))
+// foldState folds record r of partition p into f. A claim may put another claim in force; a
+// state the claim in force owns replaces the CE's state, one it does not own is kept aside
+// (stateFold.late) and leaves the state before it; a tombstone, or a record of a CE that does
+// not authenticate or decode, removes the CE's state (compaction keeps such a record in place of
+// the states before it, so a reader does the same). Records that do not authenticate or decode are counted and logged.
+func (m *Member) foldState(f *stateFold, p int, r record) {
+	claim := isClaim(r.key)
+	forget := func() { // what a CE's record other than a state the claim in force owns does
+		if !claim {
+			delete(f.states, string(r.key))
+			delete(f.late, string(r.key))
+		}
+	}
 	tomb := len(r.value) == 0
 	var err error
-	if tomb {
+	switch {
+	case claim:
+		err = m.cfg.Keys.Verify(ClaimDomain, r.value, r.auth)
+	case tomb:
 		err = m.cfg.Keys.Verify(TombstoneDomain, r.key, r.auth)
-	} else {
+	default:
 		err = m.cfg.Keys.Verify(StateDomain, r.value, r.auth)
 	}
 	if err != nil {
-		m.mu.Lock()
-		m.states.Unauthenticated++
-		m.mu.Unlock()
+		forget()
+		m.count(func(s *StateStats) { s.Unauthenticated++ })
 		if m.cfg.OnUnauthenticated != nil {
 			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
 		}
 		m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
-			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", tomb, "err", err)
+			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", tomb, "claim", claim, "err", err)
 		return
 	}
-	if tomb {
-		m.mu.Lock()
-		m.states.Tombstones++
-		m.mu.Unlock()
+	if tomb && !claim {
+		forget()
+		m.count(func(s *StateStats) { s.Tombstones++ })
 		return
 	}
-	s, err := DecodeState(r.key, r.value)
+	var (
+		s State
+		c Claim
+	)
+	if claim {
+		c, err = DecodeClaim(r.key, r.value)
+	} else {
+		s, err = DecodeState(r.key, r.value)
+	}
 	var de *DecodeError
 	if errors.As(err, &de) {
-		m.mu.Lock()
-		m.states.Malformed++
-		m.mu.Unlock()
+		forget()
+		m.count(func(s *StateStats) { s.Malformed++ })
 		if m.cfg.OnMalformedState != nil {
 			m.cfg.OnMalformedState(p, r.offset)
 		}
 		m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset,
-			"reason", de.Reason, "detail", de.Detail)
+			"claim", claim, "reason", de.Reason, "detail", de.Detail)
 		return
 	}
+	switch {
+	case claim:
+		m.count(func(s *StateStats) { s.Claims++ })
+		f.term = max(f.term, c.Term)
+		if f.owner == nil || c.after(*f.owner) {
+			f.owner = &c
+		}
+	case f.owner == nil || f.owner.owns(s):
+		m.count(func(s *StateStats) { s.Read++ })
+		f.states[s.ID] = s
+		delete(f.late, s.ID)
+	default:
+		m.count(func(s *StateStats) { s.Fenced++ })
+		if m.cfg.OnFencedState != nil {
+			m.cfg.OnFencedState(p, r.offset)
+		}
+		m.log.Debug("CE state written after another replica claimed the partition: the CE keeps its state from before it",
+			"partition", p, "offset", r.offset, "id", s.ID, "writer", s.Replica, "generation", s.Generation,
+			"owner", f.owner.Replica, "owner_generation", f.owner.Generation, "term", f.owner.Term)
+		f.late[s.ID] = s
+	}
+}
+
+// count updates the member's state counters.
+func (m *Member) count(fn func(*StateStats)) {
 	m.mu.Lock()
-	m.states.Read++
+	fn(&m.states)
 	m.mu.Unlock()
-	states[s.ID] = s
+}
+
+// claimStates reads partition p of the CE state topic to its end, claims the partition for
+// generation gen with a term one past the greatest it read, then reads on to the end again
+// (the claim, and any state written meanwhile), and returns each CE's state.
+func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen int32) (map[string]State, error) {
+	f := newStateFold()
+	next, err := m.readStates(ctx, cl, p, f, 0)
+	if err != nil {
+		return nil, err
+	}
+	c := Claim{Term: f.term + 1, Replica: m.cfg.ReplicaID, Generation: gen}
+	key, value, err := EncodeClaim(c)
+	if err != nil {
+		return nil, err
+	}
+	rec := signed{key: key, value: value, auth: m.cfg.Keys.Sign(ClaimDomain, value)}
+	if err := produceSigned(ctx, cl, m.cfg.StateTopic, p, []signed{rec}); err != nil {
+		return nil, fmt.Errorf("ceshare: claiming partition %d of %q: %w", p, m.cfg.StateTopic, err)
+	}
+	m.count(func(s *StateStats) { s.Claimed++ })
+	if _, err := m.readStates(ctx, cl, p, f, next); err != nil {
+		return nil, err
+	}
+	if f.owner == nil || *f.owner != c {
+		m.log.Warn("another replica claimed the CE partition after this one did: the partition is about to move",
+			"partition", p, "term", c.Term, "generation", gen, "in_force", f.owner)
+	} else {
+		m.log.Debug("CE partition claimed", "partition", p, "term", c.Term, "generation", gen)
+	}
+	return f.result(), nil
 }
 
 // ensureStateTopic creates the CE state topic, compacted, with partitions partitions, unless it

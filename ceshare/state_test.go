@@ -65,9 +65,9 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	}
 	if err := sw.Write(ctx, []State{
 		st("a-0", 5, `{"s":"a-0 g5"}`),
-		// A paused owner's late write, of an older generation, is the last record: compaction
-		// would keep it, and so does the reader.
-		st("a-1", 5, `{"s":"a-1 g5"}`), st("a-1", 3, `{"s":"a-1 g3, a paused owner's late write"}`),
+		// A state of an older generation after a newer one, of the owner the claim in force
+		// names, is the last record: compaction would keep it, and so does the reader.
+		st("a-1", 5, `{"s":"a-1 g5"}`), st("a-1", 3, `{"s":"a-1 g3, written last"}`),
 		st("a-2", 5, `{"s":"a-2 g5"}`), st("a-2", 7, `{"s":"a-2 g7"}`),
 		st("a-3", 5, `{"s":"a-3 first"}`), st("a-3", 5, `{"s":"a-3 second"}`),
 		st("a-8", 5, `{"s":"a-8, then deleted"}`),
@@ -108,7 +108,7 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitfor.Cond(t, 30*time.Second, "the second member applying b-0", func() bool { return second.l.registered() == n+1 })
-	want := map[string]string{"a-0": `{"s":"a-0 g5"}`, "a-1": `{"s":"a-1 g3, a paused owner's late write"}`, "a-2": `{"s":"a-2 g7"}`,
+	want := map[string]string{"a-0": `{"s":"a-0 g5"}`, "a-1": `{"s":"a-1 g3, written last"}`, "a-2": `{"s":"a-2 g7"}`,
 		"a-3": `{"s":"a-3 second"}`, "a-5": `{"s":"a-5 g5"}`, "a-10": `{"s":"a-10 again"}`}
 	second.l.mu.Lock()
 	defer second.l.mu.Unlock()
@@ -160,7 +160,8 @@ func stateTopics(ctx context.Context, t *testing.T, conn stream.ConnConfig) (*St
 }
 
 // A rebuild cut short (a crash stored offset 3 of the partition's 6 registrations) gives the
-// registrations left their states too; a partition acquired at its end reads no state.
+// registrations left their states too; a partition acquired at its end is claimed, and has no
+// registration to give a state.
 func TestStatesForARebuildCutShort(t *testing.T) {
 	_, conn := startBroker(t)
 	cfg := memberConfig(conn, "r1")
@@ -205,8 +206,13 @@ func TestStatesForARebuildCutShort(t *testing.T) {
 	l.next[0] = 6
 	r = startReplicaOn(t, cfg, l)
 	waitfor.Cond(t, 60*time.Second, "the member owning every partition again, caught up", func() bool { return ownership(r) != nil })
-	if s := r.m.Stats().States; s.Read != 0 {
-		t.Errorf("a member acquiring partition 0 at its end read its states: %+v", s)
+	if s := r.m.Stats().States; s.Claimed != testPartitions {
+		t.Errorf("a member acquiring every partition afresh claimed %d (%+v), want %d", s.Claimed, s, testPartitions)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lastCE) != 0 || len(l.states) != 0 {
+		t.Errorf("a member acquiring partition 0 at its end applied %d registrations, %d with states; want none", len(l.lastCE), len(l.states))
 	}
 }
 
@@ -243,10 +249,11 @@ func TestStateWriterSplitsLargeWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := m.readStates(ctx, cl, 0)
-	if err != nil {
+	f := newStateFold()
+	if _, err := m.readStates(ctx, cl, 0, f, 0); err != nil {
 		t.Fatal(err)
 	}
+	got := f.result()
 	if len(got) != len(last) {
 		t.Fatalf("read %d states, want %d", len(got), len(last))
 	}
@@ -381,4 +388,86 @@ func cleanupPolicy(t *testing.T, cl *kafka.Client, topic string) string {
 		}
 	}
 	return ""
+}
+
+// A replica that acquires a partition afresh claims it; a state its previous owner writes after
+// that claim (a paused process, or its outbox published after a restart) does not replace the
+// state the next owner reads. r1 owns every partition, then r2 does; r1's late writes land
+// after r2's claims; r3 then reads r2's state of a-0 (r2 wrote one after r1's late write would
+// have superseded it), r1's own state of a-1 from before the claim (r2 wrote none), and r1's late
+// write of a-2 (nothing else is left of it).
+func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
+	_, conn := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr := testProducer(t, conn)
+	sw, _ := stateTopics(ctx, t, conn)
+	for _, id := range []string{"a-0", "a-1", "a-2"} {
+		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := func(id string) MemberConfig {
+		c := memberConfig(conn, id)
+		c.StateTopic = testStateTopic
+		return c
+	}
+	write := func(r *replica, id, label string) {
+		t.Helper()
+		if err := sw.Write(ctx, []State{{ID: id, Replica: r.id, Generation: r.m.LastGeneration(), CE: json.RawMessage(`{"s":"` + label + `"}`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r1 := startReplica(t, cfg("r1"))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition, caught up", func() bool { return ownership(r1) != nil })
+	write(r1, "a-0", "r1's")
+	write(r1, "a-1", "r1's")
+	r1.stop(t)
+
+	r2 := startReplica(t, cfg("r2"))
+	waitfor.Cond(t, 60*time.Second, "r2 owning every partition, caught up", func() bool { return ownership(r2) != nil })
+	write(r1, "a-0", "r1 late")
+	write(r1, "a-1", "r1 late")
+	write(r1, "a-2", "r1 late")
+	write(r2, "a-0", "r2's")
+	r2.stop(t)
+
+	r3 := startReplica(t, cfg("r3"))
+	waitfor.Cond(t, 60*time.Second, "r3 owning every partition, caught up", func() bool { return ownership(r3) != nil })
+	want := map[string]string{"a-0": `{"s":"r2's"}`, "a-1": `{"s":"r1's"}`, "a-2": `{"s":"r1 late"}`}
+	r3.l.mu.Lock()
+	for id, w := range want {
+		switch s := r3.l.states[id]; {
+		case s == nil:
+			t.Errorf("r3 gave %s no state, want %s", id, w)
+		case string(s.CE) != w:
+			t.Errorf("r3 gave %s the state %s of %s (generation %d), want %s", id, s.CE, s.Replica, s.Generation, w)
+		}
+	}
+	r3.l.mu.Unlock()
+	if s := r3.m.Stats().States; s.Fenced != 3 || s.Claims != 3*testPartitions || s.Claimed != testPartitions {
+		t.Errorf("r3's state counters %+v: want 3 fenced, %d claims read, %d written", s, 3*testPartitions, testPartitions)
+	}
+
+	// Each partition holds one claim per owner, in order of term.
+	for p := range testPartitions {
+		var got []Claim
+		for _, msg := range kafkatest.ReadPartition(t, conn.Brokers, testStateTopic, p) {
+			if isClaim(msg.Key) {
+				c, err := DecodeClaim(msg.Key, msg.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, c)
+			}
+		}
+		if len(got) != 3 {
+			t.Fatalf("partition %d holds claims %+v, want one of each replica", p, got)
+		}
+		for i, c := range got {
+			if want := fmt.Sprintf("r%d", i+1); c.Term != int64(i+1) || c.Replica != want {
+				t.Errorf("partition %d: claim %d is %+v, want term %d by %s", p, i, c, i+1, want)
+			}
+		}
+	}
 }

@@ -414,7 +414,8 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 	}
 }
 
-// writeState writes ce to r's CE state topic as r's state of it, signed with r's cluster key.
+// writeState writes ce to r's CE state topic as r's state of it, in r's latest CE group
+// generation, signed with r's cluster key.
 func writeState(t *testing.T, r *running, ce *ledger.CE) {
 	t.Helper()
 	raw, err := json.Marshal(ce)
@@ -428,7 +429,11 @@ func writeState(t *testing.T, r *running, ce *ledger.CE) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if err := w.Write(ctx, []ceshare.State{{ID: ce.ID, Replica: r.d.cfg.Replication.ReplicaID, CE: raw}}); err != nil {
+	st := ceshare.State{ID: ce.ID, Replica: r.d.cfg.Replication.ReplicaID, CE: raw}
+	if m := r.d.states.member.Load(); m != nil {
+		st.Generation = m.LastGeneration() // a state of an earlier generation than r's claim is fenced
+	}
+	if err := w.Write(ctx, []ceshare.State{st}); err != nil {
 		t.Fatal(err)
 	}
 }

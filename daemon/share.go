@@ -137,6 +137,7 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: d.rep.Keys(),
 		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
 		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
+		OnFencedState:     func(int, int64) { m.CEStates.WithLabelValues(alerts.StateFenced).Inc() },
 		OnGeneration:      d.hooks.ceGeneration}, s, s.lg); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,141 @@
+package ceshare
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"testing"
+
+	"github.com/cfguard/cfguard/internal/ident"
+)
+
+// rec builders for the fold's table: a claim, a state and a tombstone as a cluster member signs
+// them, and records another key signed.
+func claimRec(t *testing.T, term int64, replica string, gen int32) record {
+	t.Helper()
+	k, v, err := EncodeClaim(Claim{Term: term, Replica: replica, Generation: gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return record{key: k, value: v, auth: testKeys().Sign(ClaimDomain, v)}
+}
+
+func stateRec(t *testing.T, id, replica string, gen int32, label string) record {
+	t.Helper()
+	k, v, err := EncodeState(State{ID: id, Replica: replica, Generation: gen, CE: json.RawMessage(fmt.Sprintf(`{"s":%q}`, label))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return record{key: k, value: v, auth: testKeys().Sign(StateDomain, v)}
+}
+
+func tombRec(id string) record {
+	return record{key: []byte(id), auth: testKeys().Sign(TombstoneDomain, []byte(id))}
+}
+
+// The fold of a partition of the CE state topic keeps, of each CE, the last state the claim in
+// force owned when it was written; a state no claim owned (a previous owner's late write) is
+// the CE's state only when no other is left. The claim in force is the greatest by (term,
+// generation), whatever the order claims arrive in.
+func TestFoldFencesLateWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		recs   func(t *testing.T) []record
+		want   map[string]string // id -> label of the state read
+		fenced int64
+	}{
+		{"no claim: the last state of each CE, as before claims", func(t *testing.T) []record {
+			return []record{stateRec(t, "a", "r1", 1, "a1"), stateRec(t, "a", "r2", 1, "a2"), stateRec(t, "b", "r1", 3, "b")}
+		}, map[string]string{"a": "a2", "b": "b"}, 0},
+		{"a late write after the next owner's claim: the owner's state before it", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
+				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{"a": "r1's"}, 1},
+		{"the new owner's own write after a late one wins", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
+				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late"), stateRec(t, "a", "r2", 2, "r2's")}
+		}, map[string]string{"a": "r2's"}, 1},
+		{"only a late write is left (compaction removed the one before): it is used", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{"a": "r1 late"}, 1},
+		{"a tombstone after a late write removes the CE", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
+				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late"), tombRec("a")}
+		}, map[string]string{}, 1},
+		{"a claim of a lower term read later (its writer paused before sending it) is not in force", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 3, "r3", 4), claimRec(t, 2, "r2", 3),
+				stateRec(t, "a", "r3", 4, "r3's"), stateRec(t, "b", "r2", 3, "r2 late")}
+		}, map[string]string{"a": "r3's", "b": "r2 late"}, 1},
+		{"two claims of one term: the later generation is in force", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 2, "r3", 5), claimRec(t, 2, "r2", 4),
+				stateRec(t, "a", "r3", 5, "r3's"), stateRec(t, "a", "r2", 4, "r2 late")}
+		}, map[string]string{"a": "r3's"}, 1},
+		{"after the group was removed, generations start again: a later term is in force", func(t *testing.T) []record {
+			return []record{claimRec(t, 4, "r1", 40), stateRec(t, "a", "r1", 41, "old"), claimRec(t, 5, "r2", 1),
+				stateRec(t, "a", "r2", 1, "new")}
+		}, map[string]string{"a": "new"}, 0},
+		{"the owner's state of a generation before its claim, read after it, is fenced", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 2), stateRec(t, "a", "r1", 2, "r1 g2"),
+				claimRec(t, 2, "r2", 3), claimRec(t, 3, "r1", 4), stateRec(t, "a", "r1", 2, "r1 g2 outbox")}
+		}, map[string]string{"a": "r1 g2"}, 1},
+		{"a claim that does not authenticate is not in force", func(t *testing.T) []record {
+			forged := claimRec(t, 9, "evil", 9)
+			forged.auth = []byte("forged")
+			return []record{claimRec(t, 1, "r1", 1), forged, stateRec(t, "a", "r1", 1, "r1's")}
+		}, map[string]string{"a": "r1's"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Member{cfg: MemberConfig{Keys: testKeys(), StateTopic: testStateTopic}, log: testLog(t)}
+			f := newStateFold()
+			for i, r := range tc.recs(t) {
+				r.offset = int64(i)
+				m.foldState(f, 0, r)
+			}
+			got := map[string]string{}
+			for id, s := range f.result() {
+				var ce struct{ S string }
+				if err := json.Unmarshal(s.CE, &ce); err != nil {
+					t.Fatal(err)
+				}
+				got[id] = ce.S
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("states %v, want %v", got, tc.want)
+			}
+			if s := m.Stats().States; s.Fenced != tc.fenced {
+				t.Errorf("%d states fenced, want %d (%+v)", s.Fenced, tc.fenced, s)
+			}
+		})
+	}
+}
+
+// A claim's encoding is checked both ways; a claim's key is never a CE id.
+func TestClaimEncoding(t *testing.T) {
+	k, v, err := EncodeClaim(Claim{Term: 7, Replica: "r1", Generation: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := DecodeClaim(k, v); err != nil || c != (Claim{Term: 7, Replica: "r1", Generation: 3}) {
+		t.Fatalf("round trip = %+v, %v", c, err)
+	}
+	if err := ident.Check(string(k)); err == nil {
+		t.Errorf("claim key %q is a valid CE id", k)
+	}
+	for _, tc := range []struct {
+		name, key, value, reason string
+	}{
+		{"not JSON", "claim/1", `{`, ReasonJSON},
+		{"an unknown field", "claim/1", `{"term":1,"replica":"r1","generation":1,"x":1}`, ReasonJSON},
+		{"term 0", "claim/0", `{"term":0,"replica":"r1","generation":1}`, ReasonTerm},
+		{"no replica", "claim/1", `{"term":1,"generation":1}`, ReasonReplica},
+		{"another term's key", "claim/2", `{"term":1,"replica":"r1","generation":1}`, ReasonKey},
+	} {
+		_, err := DecodeClaim([]byte(tc.key), []byte(tc.value))
+		if de, ok := err.(*DecodeError); !ok || de.Reason != tc.reason {
+			t.Errorf("%s: %v; want reason %s", tc.name, err, tc.reason)
+		}
+	}
+	if _, _, err := EncodeClaim(Claim{Term: 0, Replica: "r1"}); err == nil {
+		t.Error("a claim of term 0 encoded")
+	}
+}
