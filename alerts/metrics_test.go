@@ -240,15 +240,16 @@ func TestStateCollector(t *testing.T) {
 		t.Errorf("%s = %v before the topic's offsets were read, want no sample", NameConsumerLag, v)
 	}
 	cases := []struct {
-		kl   float64
-		over float64
-	}{{0.001, 0}, {budget, 0}, {budget * 1.01, 1}}
+		kl      float64
+		clipped bool
+		over    float64
+	}{{0.001, false, 0}, {budget, false, 0}, {budget, true, 1}, {budget * 1.01, false, 1}}
 	for _, k := range cases {
-		st = State{PosteriorVersion: 7, UpdateKL: k.kl, HasUpdate: true, MaxAnchorKL: 3, Pending: 4, MinBound: 0.61, HasBound: true,
+		st = State{PosteriorVersion: 7, UpdateKL: k.kl, HasUpdate: true, UpdateClipped: k.clipped, MaxAnchorKL: 3, Pending: 4, MinBound: 0.61, HasBound: true,
 			Counts: map[certify.Status]int{certify.Certified: 9, certify.AtRisk: 2}, LastIngest: time.Unix(1700000000, 500_000_000),
 			LastBreach: time.Unix(1600000000, 0), Waiting: 64, HasWaiting: true}
 		if v, _ := gauge(NameKLOverBudget); v != k.over {
-			t.Errorf("update KL %v, budget %v: over budget %v, want %v (the anchor KL 3 must not count)", k.kl, budget, v, k.over)
+			t.Errorf("update KL %v (clipped %v), budget %v: over budget %v, want %v (the anchor KL 3 must not count)", k.kl, k.clipped, budget, v, k.over)
 		}
 	}
 	for name, want := range map[string]float64{NamePosteriorVersion: 7, NamePosteriorKL: budget * 1.01, NamePosteriorKLMaxAnchor: 3,

@@ -14,9 +14,12 @@ import (
 // ledger, so that one scrape never mixes two posterior versions.
 type State struct {
 	PosteriorVersion uint64
-	// UpdateKL is the last update's KL(q_new || q_prev) (HasUpdate false before the first).
-	UpdateKL  float64
-	HasUpdate bool
+	// UpdateKL is the last update's KL(q_new || q_prev) (HasUpdate false before the first);
+	// UpdateClipped says it was clipped to the budget (certify.on_breach: clip), a breach whose
+	// recorded KL is within the budget.
+	UpdateKL      float64
+	HasUpdate     bool
+	UpdateClipped bool
 	// MaxAnchorKL is the largest KL(q_now || q_anchor) over anchors stored CEs refer to.
 	MaxAnchorKL float64
 	Counts      map[certify.Status]int
@@ -71,7 +74,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		updateKL:    d(NamePosteriorKL, "KL(q_new || q_prev) of the last posterior update (nats, summed over parameters)."),
 		maxAnchorKL: d(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to (renewals keep it small; not an alert by itself)."),
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
-		overBudget:  d(NameKLOverBudget, "1 while the last update's KL exceeded the KL budget (certify.on_breach says what was done), else 0."),
+		overBudget:  d(NameKLOverBudget, "1 while the last update breached the KL budget (its KL over it, or clipped to it: certify.on_breach says what was done), else 0."),
 		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when none is in the ledger's KL history)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
@@ -125,7 +128,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(c.version, float64(s.PosteriorVersion))
 	over := 0.0
-	if s.HasUpdate && s.UpdateKL > c.budget {
+	if s.HasUpdate && (s.UpdateKL > c.budget || s.UpdateClipped) {
 		over = 1
 	}
 	g(c.updateKL, s.UpdateKL)

@@ -393,7 +393,7 @@ func (d *Daemon) state() (alerts.State, error) {
 		s.Waiting, s.HasWaiting = stream.Waiting(w, next), true
 	}
 	if u := st.LastUpdate; u != nil {
-		s.UpdateKL, s.HasUpdate = u.KL, true
+		s.UpdateKL, s.HasUpdate, s.UpdateClipped = u.KL, true, u.Outcome == certify.OutcomeClipped
 	}
 	return s, nil
 }

@@ -106,6 +106,24 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 			t.Fatalf("clipped step %d has KL %v over the budget %v", s.PosteriorVersion, s.KL, r.d.budget)
 		}
 	}
+	// A clipped step is a breach: the breach time is the newest clipped update's, and the gauge
+	// says whether the last update breached (CfguardKLOverBudget fires from these).
+	var last *ledger.KLEntry // the newest clipped update (the history is oldest first)
+	for i := len(hist) - 1; i >= 0 && last == nil; i-- {
+		if hist[i].Outcome == certify.OutcomeClipped {
+			last = &hist[i]
+		}
+	}
+	if last == nil {
+		t.Fatalf("no clipped update in the KL history %+v", hist)
+	}
+	if at, want := r.metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(last.At.UnixNano())/1e9; at != want {
+		t.Errorf("cfguard_kl_breach_last_timestamp_seconds = %v, want the newest clipped update's time %v", at, want)
+	}
+	newest := hist[len(hist)-1]
+	if over, want := r.metric(t, "cfguard_kl_over_budget"), map[bool]float64{true: 1, false: 0}[newest.Breached(r.d.budget)]; over != want {
+		t.Errorf("cfguard_kl_over_budget = %v after an update with outcome %s and KL %v, want %v", over, newest.Outcome, newest.KL, want)
+	}
 	if kl := r.metric(t, "cfguard_posterior_kl"); kl < 0.5*r.d.budget {
 		t.Fatalf("clipping should use most of the budget, got KL %v", kl)
 	}

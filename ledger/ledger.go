@@ -557,9 +557,9 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 	return out, nil
 }
 
-// LastKLOver returns the newest entry of the KL history whose update KL exceeded budget (ok false
-// when no kept entry did): when an update last breached the budget, whatever its outcome
-// (promoted, clipped or rejected). The history keeps Options.KLHistory updates, so a breach older
+// LastKLOver returns the newest entry of the KL history whose update breached budget
+// (KLEntry.Breached; ok false when no kept entry did): when an update last breached the budget,
+// whatever its outcome (promoted, clipped or rejected). The history keeps Options.KLHistory updates, so a breach older
 // than that many updates is not found.
 func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 	err = l.view(func(tx *bolt.Tx) error {
@@ -573,7 +573,7 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 			if err != nil {
 				return inRecord(err, "kl history entry %x", k)
 			}
-			if s.KL > budget {
+			if s.Breached(budget) {
 				e, ok = s, true
 				return nil
 			}

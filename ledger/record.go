@@ -423,6 +423,13 @@ type KLEntry struct {
 	Outcome     certify.Outcome `json:"outcome"`
 }
 
+// Breached says whether the update breached budget: its KL is over it, or it was clipped (a
+// clipped update is recorded with the KL of the scaled-back step, at most the budget; it is
+// clipped only when the step it scaled back was over).
+func (s KLEntry) Breached(budget float64) bool {
+	return s.KL > budget || s.Outcome == certify.OutcomeClipped
+}
+
 func (s KLEntry) encode() []byte {
 	v := make([]byte, 0, 33+len(s.Outcome))
 	v = binary.BigEndian.AppendUint64(v, uint64(s.At.UnixNano()))

@@ -53,13 +53,13 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	var b strings.Builder
 	over := 0
 	for _, e := range h {
-		if e.KL > budget {
+		if e.Breached(budget) {
 			over++
 		}
 	}
 	fmt.Fprintf(&b, `<svg class="timeline" viewBox="0 0 %g %g" role="img" aria-labelledby="tl-title tl-desc" xmlns="http://www.w3.org/2000/svg">`, tlWidth, tlHeight)
 	fmt.Fprintf(&b, `<title id="tl-title">Update KL per posterior version, log scale, against the budget</title>`)
-	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s. The largest KL from a live anchor is drawn dashed.</desc>`,
+	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dashed.</desc>`,
 		len(h), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
 	// Axes and decade grid.
 	for d := lo; d <= hi; d++ {
@@ -74,7 +74,8 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	by := y(budget)
 	fmt.Fprintf(&b, `<line class="budget" x1="%g" y1="%.1f" x2="%g" y2="%.1f"/>`, tlLeft, by, tlWidth-tlRight, by)
 	fmt.Fprintf(&b, `<text class="budget-label" x="%g" y="%.1f" text-anchor="end">budget %s</text>`, tlWidth-tlRight, by-4, fmtNum(budget))
-	// The anchors' KL, dashed, then the update KL with a mark per update (a cross when over).
+	// The anchors' KL, dashed, then the update KL with a mark per update (a cross when it breached
+	// the budget: over it, or clipped to it).
 	line := func(class string, v func(ledger.KLEntry) float64) {
 		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
 		for i, e := range h {
@@ -86,8 +87,12 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	line("update", func(e ledger.KLEntry) float64 { return e.KL })
 	for i, e := range h {
 		cx, cy := x(i), y(e.KL)
-		if e.KL > budget {
-			fmt.Fprintf(&b, `<path class="over" d="M%.1f %.1fl8 8m0 -8l-8 8"><title>v%d: KL %s, over the budget</title></path>`, cx-4, cy-4, e.PosteriorVersion, fmtNum(e.KL))
+		if e.Breached(budget) {
+			what := "over the budget"
+			if e.KL <= budget {
+				what = "clipped to the budget"
+			}
+			fmt.Fprintf(&b, `<path class="over" d="M%.1f %.1fl8 8m0 -8l-8 8"><title>v%d: KL %s, %s</title></path>`, cx-4, cy-4, e.PosteriorVersion, fmtNum(e.KL), what)
 		} else if len(h) <= 200 {
 			fmt.Fprintf(&b, `<circle class="point" cx="%.1f" cy="%.1f" r="2.5"><title>v%d: KL %s</title></circle>`, cx, cy, e.PosteriorVersion, fmtNum(e.KL))
 		}
