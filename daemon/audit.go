@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -119,7 +120,7 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 	// On a replica, not over a share that is still being rebuilt: the audit would miss the CEs
 	// still to replay, and say it covered the share.
 	if d.share != nil {
-		if err := d.share.caughtUp(ctx, auditRebuildWait); err != nil {
+		if err := d.share.caughtUp(ctx, cmp.Or(d.hooks.auditRebuildWait, auditRebuildWait)); err != nil {
 			return ledger.AuditReport{}, fmt.Errorf("audit: %w", err)
 		}
 	}

@@ -40,7 +40,9 @@ var errPeerBusy = errors.New("an audit is running at a replica")
 // audit runs POST /v1/audit at every replica that owns CE partitions, at once: this one's
 // audit, and the others' through their APIs (forwarded, so each audits its own ledger). It waits
 // for all of them. When one fails, the answer names it, and the replicas whose audits finished
-// (their audits are done: an audit is not undone).
+// (their audits are done: an audit is not undone); the error is errPeerBusy when every replica
+// that failed was running an audit (409), errRebuilding when every one had partitions it did not
+// rebuild within auditRebuildWait (503), else errPeer (502).
 func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
@@ -52,24 +54,33 @@ func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, e
 		}
 		var rep ledger.AuditReport
 		a, err := s.askWith(ctx, s.auditClient, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
-		if err == nil {
+		switch {
+		case err == nil && a.code == http.StatusServiceUnavailable: // its partitions not rebuilt in time
+			err = fmt.Errorf("%w: %s answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
+		case err == nil:
 			err = decodePeer(o, a, &rep)
 		}
 		return rep, err
 	})
 	if len(failed) > 0 {
 		var why []string
-		busy := 0
+		busy, rebuilding := 0, 0
 		for _, r := range slices.Sorted(maps.Keys(failed)) {
 			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
 			var b *auditBusyError
-			if errors.As(failed[r], &b) || errors.Is(failed[r], errPeerBusy) {
+			switch {
+			case errors.As(failed[r], &b) || errors.Is(failed[r], errPeerBusy):
 				busy++
+			case errors.Is(failed[r], errRebuilding):
+				rebuilding++
 			}
 		}
 		kind := errPeer
-		if busy == len(failed) {
-			kind = errPeerBusy
+		switch len(failed) {
+		case busy:
+			kind = errPeerBusy // 409, retry after the running audit
+		case rebuilding:
+			kind = errRebuilding // 503, retry once the partitions are rebuilt
 		}
 		return auditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
 			slices.Sorted(maps.Keys(reports)))

@@ -77,6 +77,8 @@ type hooks struct {
 	// shareAwait is called when a batch of CE requests waits for the posterior version it
 	// needs (share.Apply), before it waits.
 	shareAwait func(version uint64)
+	// auditRebuildWait, when set, replaces auditRebuildWait (a test does not wait 2 minutes).
+	auditRebuildWait time.Duration
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.

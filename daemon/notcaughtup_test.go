@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -84,7 +85,9 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		return resp, nil, true
 	})
 
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r2", key) }, nil, nil)
+	// An audit waits a second, not two minutes, for r2's partitions to be rebuilt.
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r2", key) },
+		func(o *Options) { o.hooks.auditRebuildWait = time.Second }, nil)
 	var stuck []int // r2's partitions that hold requests
 	waitfor.Cond(t, 60*time.Second, "r2 given CE partitions, some of them not caught up", func() bool {
 		stuck = stuck[:0]
@@ -106,6 +109,21 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	}
 	if code, body := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while partitions %v are not caught up: %d %s", stuck, code, body)
+	}
+	// An audit asked for at either replica cannot cover r2's share: 503 with Retry-After, naming
+	// r2 (r1's own audit ran).
+	for _, r := range []*running{r1, r2} {
+		resp, err := r.client.Post(r.base+"/v1/audit", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+			!strings.Contains(string(body), "being rebuilt") || !strings.Contains(string(body), `r2: `) {
+			t.Errorf("POST /v1/audit at %s while r2 rebuilds %v: %d (Retry-After %q) %s; want 503 naming r2, being rebuilt",
+				r.d.cfg.Replication.ReplicaID, stuck, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
 	}
 	if runbooktest.Tools(t, true) {
 		p := stuck[0]
