@@ -45,14 +45,13 @@ type RecordResult string
 const (
 	RecordApplied      RecordResult = "applied"       // used in a promoted (or clipped) update
 	RecordDeadLettered RecordResult = "dead_lettered" // unparseable or invalid, sent to the dead-letter topic
-	RecordSkipped      RecordResult = "skipped"       // deliberately not used (e.g. applied before a restart)
 	RecordFailed       RecordResult = "failed"        // in an increment whose update failed
 	RecordHeld         RecordResult = "held"          // in an increment whose update was rejected
 )
 
 // RecordResults lists every result (the label values created up front).
 func RecordResults() []RecordResult {
-	return []RecordResult{RecordApplied, RecordDeadLettered, RecordSkipped, RecordFailed, RecordHeld}
+	return []RecordResult{RecordApplied, RecordDeadLettered, RecordFailed, RecordHeld}
 }
 
 // Names of the metrics of NewMetrics and NewStateCollector.

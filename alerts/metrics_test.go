@@ -289,7 +289,7 @@ func TestMetricsBehaviour(t *testing.T) {
 	if n := testutil.CollectAndCount(m.updates); n != len(certify.Outcomes()) {
 		t.Errorf("unknown outcome created a series: %d series", n)
 	}
-	for _, r := range []RecordResult{RecordFailed, RecordHeld, RecordSkipped, RecordApplied, RecordApplied} {
+	for _, r := range []RecordResult{RecordFailed, RecordHeld, RecordDeadLettered, RecordApplied, RecordApplied} {
 		if err := m.AddRecords(r, 2); err != nil {
 			t.Errorf("%s: %v", r, err)
 		}
@@ -297,7 +297,7 @@ func TestMetricsBehaviour(t *testing.T) {
 	if err := m.AddRecords("lost", 1); err == nil {
 		t.Error("unknown result accepted")
 	}
-	if err := m.AddRecords(RecordSkipped, -1); err == nil {
+	if err := m.AddRecords(RecordDeadLettered, -1); err == nil {
 		t.Error("negative count accepted")
 	}
 	if v := testutil.ToFloat64(m.records.WithLabelValues("applied")); v != 4 {

@@ -61,7 +61,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 		{Cmd: "consumer_lag_records|checkpoint_failing", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$`},
 	},
 	"CfguardDeadLetterRateHigh": {
-		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*[0-9]+ .*cfguard-reason=`},
+		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},
 	},
 	"CfguardCheckpointFailing": {
 		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
@@ -184,15 +184,15 @@ type runbookState struct {
 // driftedDaemon starts a daemon whose learner's steps the learning rate lr caps (paperLearner),
 // registers 8 CEs, and produces cleans records with the data's labels, then flips records of
 // benign rows labelled malignant (an update breaches the KL budget, the certificates lapse and
-// are judged; after clean records, the change detector fires), and 3 malformed records
-// (dead-lettered). It waits until every CE has its verdict and every
+// are judged; after clean records, the change detector fires), and 4 malformed records
+// (dead-lettered, two of them for one reason). It waits until every CE has its verdict and every
 // event is published, and requires every CE to be judged want (unless want is 0).
 func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Status) *runbookState {
 	t.Helper()
 	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, lr) }))
 	data := bundled(t)
 	registerCEs(t, r, data, 8)
-	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien")}
+	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien"), []byte("{")}
 	var clean [][]byte
 	for i := range cleans {
 		clean = append(clean, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
@@ -200,7 +200,7 @@ func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Sta
 	r.produce(t, append(append(clean, flipped(data, flips)...), bad...)...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and the bad records dead-lettered", func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == float64(len(clean)+flips) &&
-			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 3
+			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == float64(len(bad))
 	})
 	waitfor.Cond(t, 60*time.Second, "every lapsed certificate judged, every event published", func() bool {
 		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&

@@ -55,7 +55,7 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardPosteriorLogBehind", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_posterior_log_lag_records"]
-		return n > 0, fmt.Sprintf("this replica is %g entries behind the posterior log (the alert waits for 10 minutes of it)", n)
+		return n > 0, fmt.Sprintf("this replica is %g entries behind the posterior log (the alert waits for 20 minutes of it)", n)
 	}, "/ui/"},
 	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
