@@ -1036,6 +1036,9 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 	if c.Embedded() {
 		if err := checkHostPort(c.Kafka.EmbeddedListen, true); err != nil {
 			bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, err.Error())
+		} else if host, _, _ := net.SplitHostPort(c.Kafka.EmbeddedListen); host != "localhost" && !net.ParseIP(host).IsLoopback() {
+			bad("kafka.embedded_listen", c.Kafka.EmbeddedListen, "must be a loopback address or localhost: the embedded broker "+
+				"has no authentication and serves this daemon only (list kafka.brokers to use a broker others reach)")
 		} else if why := sharedListen(c.HTTP.Listen, c.Kafka.EmbeddedListen); why != "" {
 			bad("http.listen", c.HTTP.Listen, fmt.Sprintf("%s kafka.embedded_listen (%s): the API and the embedded broker "+
 				"each need a port of their own; change one of the two", why, c.Kafka.EmbeddedListen))

@@ -257,8 +257,11 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 			"http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092): the API and the embedded broker each need a port of their own; change one of the two"},
 		"listen on every interface, the broker's port": {"http:\n  listen: \":7000\"\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
 			"http.listen: :7000: takes port 7000, which is also the port of kafka.embedded_listen (127.0.0.1:7000)"},
-		"broker on every interface, the API's port": {"http:\n  listen: localhost:7000\nkafka:\n  embedded_listen: \"[::]:7000\"\n",
-			"http.listen: localhost:7000: takes port 7000, which is also the port of kafka.embedded_listen ([::]:7000)"},
+		// The embedded broker has no authentication: it listens on loopback only (it refuses any
+		// other address as it starts; the configuration says so first).
+		"broker on every interface": {"kafka:\n  embedded_listen: \"[::]:7000\"\n",
+			"kafka.embedded_listen: [::]:7000: must be a loopback address or localhost"},
+		"broker on a LAN address": {"kafka:\n  embedded_listen: 10.1.2.3:9092\n", "kafka.embedded_listen: 10.1.2.3:9092: must be a loopback address"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
