@@ -1055,8 +1055,17 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
-	if err != nil {
-		writeJSON(w, registerStatus(err), map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
+	switch code := registerStatus(err); {
+	case errors.Is(err, errPending):
+		// A replica sent it to its owner, which has not stored it yet: GET it later.
+		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
+		writeJSON(w, http.StatusAccepted, map[string]any{"id": ce.ID, "status": "pending", "detail": err.Error(), "generation": res})
+		return
+	case err != nil:
+		if code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", strconv.Itoa(int(writeRetryAfter/time.Second)))
+		}
+		writeJSON(w, code, map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"counterfactual": ce, "generation": res})

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -272,4 +274,81 @@ func (r *running) listed(t *testing.T) (int, []byte, int) {
 		}
 	}
 	return code, body, len(page.CEs)
+}
+
+// An explanation asked for at a replica whose CE's owner does not store it within the wait is
+// accepted, as a registration is: 202 with the CE's Location and the generated counterfactual,
+// not a 500 for a CE that is on the CE topic. r2 is held before it takes up its partitions; the
+// CE is then stored once r2 goes on.
+func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { replicaConfig(c, b, "r1", key) }), nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
+	held, release := make(chan []int, 1), make(chan struct{})
+	var once sync.Once
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, func(o *Options) {
+		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
+			if len(assigned) == 0 {
+				return
+			}
+			once.Do(func() {
+				held <- assigned
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}, nil)
+	var mine []int
+	select {
+	case mine = <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("r2 was given no CE partition within 60 s")
+	}
+	id := ""
+	for i := 0; id == ""; i++ {
+		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.d.share.partitions)) {
+			id = c
+		}
+	}
+	data := bundled(t)
+	p, _ := r1.d.current().Predict(data.X[:40], 200, 1)
+	var x []float64
+	for i := range 40 {
+		if p.Argmax(i) == 0 && p.P(i, 0) > 0.9 {
+			x = data.X[i]
+			break
+		}
+	}
+	body, _ := json.Marshal(map[string]any{"id": id, "x": x, "target": "benign"})
+	resp, err := r1.client.Post(r1.base+"/v1/explain", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var answer struct {
+		ID, Status string
+		Generation *struct {
+			XCF []float64 `json:"x_cf"`
+		}
+	}
+	if err := json.Unmarshal(got, &answer); err != nil || resp.StatusCode != http.StatusAccepted || answer.ID != id || answer.Status != "pending" ||
+		answer.Generation == nil || len(answer.Generation.XCF) != len(x) || resp.Header.Get("Location") != "/v1/counterfactuals/"+id {
+		t.Fatalf("POST /v1/explain at r1 for %s, of r2's held partitions %v: %d (Location %q) %s; want 202 pending with the generation",
+			id, mine, resp.StatusCode, resp.Header.Get("Location"), got)
+	}
+	close(release)
+	for _, r := range []*running{r1, r2} {
+		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.d.cfg.Replication.ReplicaID, func() bool {
+			code, _ := r.get(t, "/v1/counterfactuals/"+id)
+			return code == http.StatusOK
+		})
+	}
 }
