@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
@@ -204,29 +205,8 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
 	ids := registerCEs(t, r1, bundled(t), 8)
-	held, release := make(chan []int, 1), make(chan struct{})
-	var once sync.Once
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, func(o *Options) {
-		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
-			if len(assigned) == 0 {
-				return
-			}
-			once.Do(func() {
-				held <- assigned
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}, nil)
-	defer close(release)
-	var mine []int
-	select {
-	case mine = <-held:
-	case <-time.After(60 * time.Second):
-		t.Fatal("r2 was given no CE partition within 60 s")
-	}
+	r2, mine, release := startHeldReplica(t, b, "r2", key)
+	defer release()
 	missing := 0 // CEs of the partitions r2 is held before
 	for _, id := range ids {
 		if slices.Contains(mine, ceshare.Partition(id, r1.d.share.partitions)) {
@@ -251,7 +231,7 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	if code, body, n := r2.listed(t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
 		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
 	}
-	release <- struct{}{}
+	release()
 	for _, r := range []*running{r1, r2} {
 		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.d.cfg.Replication.ReplicaID, func() bool {
 			code, _, n := r.listed(t)
@@ -289,28 +269,8 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 	key := writeKeyFile(t, testClusterKey)
 	r1 := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { replicaConfig(c, b, "r1", key) }), nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
-	held, release := make(chan []int, 1), make(chan struct{})
-	var once sync.Once
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, func(o *Options) {
-		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
-			if len(assigned) == 0 {
-				return
-			}
-			once.Do(func() {
-				held <- assigned
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}, nil)
-	var mine []int
-	select {
-	case mine = <-held:
-	case <-time.After(60 * time.Second):
-		t.Fatal("r2 was given no CE partition within 60 s")
-	}
+	r2, mine, release := startHeldReplica(t, b, "r2", key)
+	defer release()
 	id := ""
 	for i := 0; id == ""; i++ {
 		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.d.share.partitions)) {
@@ -344,11 +304,42 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 		t.Fatalf("POST /v1/explain at r1 for %s, of r2's held partitions %v: %d (Location %q) %s; want 202 pending with the generation",
 			id, mine, resp.StatusCode, resp.Header.Get("Location"), got)
 	}
-	close(release)
+	release()
 	for _, r := range []*running{r1, r2} {
 		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.d.cfg.Replication.ReplicaID, func() bool {
 			code, _ := r.get(t, "/v1/counterfactuals/"+id)
 			return code == http.StatusOK
 		})
 	}
+}
+
+// startHeldReplica starts replica id on cluster b and holds it in its first CE group generation
+// that assigns it partitions, before it takes them up, until release is called (release may be
+// called more than once). It returns the partitions it was given.
+func startHeldReplica(t *testing.T, b *broker.Broker, id, key string) (r *running, assigned []int, release func()) {
+	t.Helper()
+	held, released := make(chan []int, 1), make(chan struct{})
+	var hold, free sync.Once
+	r = startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, key) }, func(o *Options) {
+		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
+			if len(assigned) == 0 {
+				return
+			}
+			hold.Do(func() {
+				held <- assigned
+				select {
+				case <-released:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}, nil)
+	release = func() { free.Do(func() { close(released) }) }
+	select {
+	case assigned = <-held:
+	case <-time.After(60 * time.Second):
+		release()
+		t.Fatalf("%s was given no CE partition within 60 s", id)
+	}
+	return r, assigned, release
 }
