@@ -220,9 +220,10 @@ func (s *share) uniqueID(ctx context.Context, wait time.Duration) error {
 	}
 }
 
-// Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. Partitions
-// the ledger still holds from before a restart and that the group gave to others are released
-// first: this replica must not confirm, audit or publish for CEs it does not own.
+// Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. The member
+// has released (Release) the partitions the ledger still holds from before a restart and that
+// the group gave to others before it acquires any: this replica must not confirm, audit or
+// publish for CEs it does not own.
 func (s *share) Acquire(ctx context.Context, p int) (int64, error) {
 	off, ok, err := s.d.ledger.ShareOffset(p)
 	if err != nil {
