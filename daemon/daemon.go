@@ -338,7 +338,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
-		VerdictAlpha: d.cfg.Certify.VerdictAlpha})
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true})
 	if err != nil {
 		return err
 	}

@@ -237,3 +237,51 @@ func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	}
 	sameVAE(t, vae, sharedVAEDir(t))
 }
+
+// Under certify.uncertified: store a registration is certified by the rule that admits it under
+// refuse and renews certificates (the lower confidence bound of p1 at least 1 - delta), not by
+// its point estimate: a CE with p1 >= 1 - delta whose bound falls short is stored uncertified.
+func TestStoredCEIsCertifiedOnlyByItsEvidence(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Certify.Uncertified = certify.Store })
+	data := bundled(t)
+	m := r.d.current()
+	p, err := m.Predict(data.X, 400, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := -1
+	var cfs []int // x_cf rows near the threshold: classified benign with p a little over 1 - delta
+	for i := range data.X {
+		switch pb := p.P(i, 1); {
+		case x < 0 && p.Argmax(i) == 0 && p.P(i, 0) > 0.9:
+			x = i
+		case pb > 0.93 && pb < 0.985:
+			cfs = append(cfs, i)
+		}
+	}
+	if x < 0 || len(cfs) == 0 {
+		t.Fatalf("no pair near the threshold (x %d, %d x_cf)", x, len(cfs))
+	}
+	edge := 0 // CEs in the set by their point estimate, not by their bound
+	for k, cf := range cfs {
+		code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": fmt.Sprintf("edge-%d", k), "x": data.X[x], "x_cf": data.X[cf], "target": "benign"})
+		if code != http.StatusCreated {
+			t.Fatalf("register edge-%d: %d %s", k, code, body)
+		}
+		var ce ledger.CE
+		if err := json.Unmarshal(body, &ce); err != nil {
+			t.Fatal(err)
+		}
+		cert := ce.Certificate()
+		if cert.InSet() && !cert.Admits(r.d.cfg.Certify.VerdictAlpha) {
+			edge++
+		}
+		if want := map[bool]certify.Status{true: certify.Certified, false: certify.Uncertified}[cert.Admits(r.d.cfg.Certify.VerdictAlpha)]; ce.Status != want {
+			t.Errorf("edge-%d: p1 %.4f, var1 %.5f from %d draws: stored %s, want %s", k, ce.P1, ce.Var1, ce.Samples, ce.Status, want)
+		}
+	}
+	if edge == 0 {
+		t.Fatalf("none of %d CEs had p1 >= 1 - delta with a bound below it: the test shows nothing", len(cfs))
+	}
+	t.Logf("%d of %d CEs in the set by their point estimate only, stored uncertified", edge, len(cfs))
+}

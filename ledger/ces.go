@@ -305,7 +305,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 			delta: ce.Delta, epsilon: ce.Epsilon, samples: ce.Samples, updated: now.UnixNano()}
 		var b certify.Bounds
 		kl := 0.0
-		if cert := ce.Certificate(); cert.InSet() {
+		if cert := ce.Certificate(); l.admits(cert) {
 			var err error
 			if kl, err = l.putAnchorKL(tx, p, ce.AnchorVersion); errors.Is(err, ErrUnknownAnchor) {
 				p.refuse(i, fmt.Errorf("counterfactual %q: %w", ce.ID, err))
@@ -330,6 +330,14 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 		p.ces, p.headers = append(p.ces, ce), append(p.headers, h)
 	}
 	return p, nil
+}
+
+// admits says whether a new CE with certificate cert is certified (Options.AdmitByEvidence).
+func (l *Ledger) admits(cert certify.Certificate) bool {
+	if l.opts.AdmitByEvidence {
+		return cert.Admits(l.opts.VerdictAlpha)
+	}
+	return cert.InSet()
 }
 
 func idOf(ce *CE) string {

@@ -47,6 +47,11 @@ type Options struct {
 	// certificates and decide verdicts (certify.Renewable, certify.Verdict). Default:
 	// certify.DefaultVerdictAlpha.
 	VerdictAlpha float64
+	// AdmitByEvidence certifies a new CE only when its certificate's measurements admit it as a
+	// renewal would (certify.Certificate.Admits at VerdictAlpha: the lower confidence bound of
+	// p1 at least 1 - delta), else it is stored uncertified. False: when its point estimate is in
+	// the set (certify.Certificate.InSet).
+	AdmitByEvidence bool
 	// RemeasureVerdicts makes Confirm measure every at_risk or invalidated CE again under each
 	// newer posterior, even when its verdict carries there (certify.Carries): the confirmer's
 	// behaviour before verdicts carried, kept to measure what carrying saves. Default: false.
