@@ -16,8 +16,9 @@ import (
 )
 
 // TestMeasureConditionalKL measures, on the daemon's first-start model (breast_cancer trained with
-// the default model.seed and epochs) and the daemon's default updates (update.LastLayer at the
-// default update.* settings, seeded per version as the daemon seeds them, increments of 10
+// the default model.seed and epochs) and updates under the paper's protocol (update.LastLayer
+// with the prior objective and the adam solver, seeded per version as the daemon seeds them; not
+// the daemon's default learner), increments of 10
 // correctly labelled rows in data order), how much smaller the conditional KL of the logits
 // given the body is than the parameter KL, what an estimate costs, and how many updates a
 // certificate with p1 = 0.99 lasts under each. Rows: the first 40 the first posterior puts in

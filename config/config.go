@@ -202,8 +202,9 @@ type Update struct {
 	LearningRate float64 `yaml:"learning_rate"`
 	// Iterations is the adam solver's number of iterations. Default: update.DefaultIterations.
 	Iterations int `yaml:"iterations"`
-	// KLWeight scales the objective's KL term. Default: 0, meaning the objective's own weight
-	// (bnn.DefaultKLWeight for prior, update.DefaultVCLKLWeight for vcl).
+	// KLWeight scales the objective's KL term. Default: DefaultKLWeight (8), whatever the
+	// objective; 0 means the objective's own weight (bnn.DefaultKLWeight for prior,
+	// update.DefaultVCLKLWeight for vcl).
 	KLWeight float64 `yaml:"kl_weight"`
 	Samples  int     `yaml:"samples"` // adam: weight draws per iteration's NLL. Default: update.DefaultSamples.
 	Seed     uint64  `yaml:"seed"`    // Default: 1.
