@@ -254,10 +254,10 @@ type signed struct{ key, value, auth []byte }
 
 // produceSigned writes signed records to partition p of topic in one request, with acks=all (the
 // records are made anew each time: a record's key and value are read as it is sent).
-func produceSigned(ctx context.Context, cl *kafka.Client, topic string, p int, states []signed) error {
+func produceSigned(ctx context.Context, cl *kafka.Client, topic string, p int, recs []signed) error {
 	now := time.Now()
-	records := make([]kafka.Record, len(states))
-	for i, s := range states {
+	records := make([]kafka.Record, len(recs))
+	for i, s := range recs {
 		records[i] = kafka.Record{Time: now, Key: kafka.NewBytes(s.key), Headers: []kafka.Header{{Key: clusterkey.Header, Value: s.auth}}}
 		if s.value != nil { // else a tombstone: a null value
 			records[i].Value = kafka.NewBytes(s.value)
@@ -344,85 +344,102 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int, f *sta
 	return max(next, end), nil
 }
 
-// foldState folds record r of partition p into f. A claim may put another claim in force; a
-// state the claim in force owns replaces the CE's state, one it does not own is kept aside
-// (stateFold.late) and leaves the state before it; a tombstone, or a record of a CE that does
-// not authenticate or decode, removes the CE's state (compaction keeps such a record in place of
-// the states before it, so a reader does the same). Records that do not authenticate or decode are counted and logged.
+// foldState folds record r of partition p into f. A claim may put another claim in force
+// (foldClaim); a state the claim in force owns replaces the CE's state, one it does not own is
+// kept aside (stateFold.late) and leaves the state before it; a tombstone, or a record of a CE
+// that does not authenticate or decode, removes the CE's state (compaction keeps such a record in
+// place of the states before it, so a reader does the same). Records that do not authenticate
+// or decode are counted and logged.
 func (m *Member) foldState(f *stateFold, p int, r record) {
-	claim := isClaim(r.key)
-	forget := func() { // what a CE's record other than a state the claim in force owns does
-		if !claim {
-			delete(f.states, string(r.key))
-			delete(f.late, string(r.key))
-		}
+	if isClaim(r.key) {
+		m.foldClaim(f, p, r)
+		return
 	}
+	id := string(r.key)
 	tomb := len(r.value) == 0
 	var err error
-	switch {
-	case claim:
-		err = m.cfg.Keys.Verify(ClaimDomain, r.value, r.auth)
-	case tomb:
+	if tomb {
 		err = m.cfg.Keys.Verify(TombstoneDomain, r.key, r.auth)
-	default:
+	} else {
 		err = m.cfg.Keys.Verify(StateDomain, r.value, r.auth)
 	}
 	if err != nil {
-		forget()
-		m.count(func(s *StateStats) { s.Unauthenticated++ })
-		if m.cfg.OnUnauthenticated != nil {
-			m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
-		}
-		m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
-			"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", tomb, "claim", claim, "err", err)
+		delete(f.states, id)
+		delete(f.late, id)
+		m.unauthenticated(p, r, err)
 		return
 	}
-	if tomb && !claim {
-		forget()
+	if tomb {
+		delete(f.states, id)
+		delete(f.late, id)
 		m.count(func(s *StateStats) { s.Tombstones++ })
 		return
 	}
-	var (
-		s State
-		c Claim
-	)
-	if claim {
-		c, err = DecodeClaim(r.key, r.value)
-	} else {
-		s, err = DecodeState(r.key, r.value)
-	}
-	var de *DecodeError
-	if errors.As(err, &de) {
-		forget()
-		m.count(func(s *StateStats) { s.Malformed++ })
-		if m.cfg.OnMalformedState != nil {
-			m.cfg.OnMalformedState(p, r.offset)
-		}
-		m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset,
-			"claim", claim, "reason", de.Reason, "detail", de.Detail)
+	s, err := DecodeState(r.key, r.value)
+	if err != nil {
+		delete(f.states, id)
+		delete(f.late, id)
+		m.malformed(p, r, err)
 		return
 	}
-	switch {
-	case claim:
-		m.count(func(s *StateStats) { s.Claims++ })
-		f.term = max(f.term, c.Term)
-		if f.owner == nil || c.after(*f.owner) {
-			f.owner = &c
-		}
-	case f.owner == nil || f.owner.owns(s):
+	if f.owner == nil || f.owner.owns(s) {
 		m.count(func(s *StateStats) { s.Read++ })
-		f.states[s.ID] = s
-		delete(f.late, s.ID)
-	default:
-		m.count(func(s *StateStats) { s.Fenced++ })
-		if m.cfg.OnFencedState != nil {
-			m.cfg.OnFencedState(p, r.offset)
-		}
-		m.log.Debug("CE state written after another replica claimed the partition: the CE keeps its state from before it",
-			"partition", p, "offset", r.offset, "id", s.ID, "writer", s.Replica, "generation", s.Generation,
-			"owner", f.owner.Replica, "owner_generation", f.owner.Generation, "term", f.owner.Term)
-		f.late[s.ID] = s
+		f.states[id] = s
+		delete(f.late, id)
+		return
 	}
+	m.count(func(s *StateStats) { s.Fenced++ })
+	if m.cfg.OnFencedState != nil {
+		m.cfg.OnFencedState(p, r.offset)
+	}
+	m.log.Debug("CE state written after another replica claimed the partition: the CE keeps its state from before it",
+		"partition", p, "offset", r.offset, "id", id, "writer", s.Replica, "generation", s.Generation,
+		"owner", f.owner.Replica, "owner_generation", f.owner.Generation, "term", f.owner.Term)
+	f.late[id] = s
+}
+
+// foldClaim folds claim record r of partition p into f: it is in force when it is after the one
+// in force (Claim.after). A claim that does not authenticate or decode is counted, logged and
+// left out.
+func (m *Member) foldClaim(f *stateFold, p int, r record) {
+	if err := m.cfg.Keys.Verify(ClaimDomain, r.value, r.auth); err != nil {
+		m.unauthenticated(p, r, err)
+		return
+	}
+	c, err := DecodeClaim(r.key, r.value)
+	if err != nil {
+		m.malformed(p, r, err)
+		return
+	}
+	m.count(func(s *StateStats) { s.Claims++ })
+	f.term = max(f.term, c.Term)
+	if f.owner == nil || c.after(*f.owner) {
+		f.owner = &c
+	}
+}
+
+// unauthenticated counts and logs record r of partition p, whose authenticator err refused.
+func (m *Member) unauthenticated(p int, r record, err error) {
+	m.count(func(s *StateStats) { s.Unauthenticated++ })
+	if m.cfg.OnUnauthenticated != nil {
+		m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
+	}
+	m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
+		"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", len(r.value) == 0, "claim", isClaim(r.key), "err", err)
+}
+
+// malformed counts and logs authenticated record r of partition p, which does not decode (err).
+func (m *Member) malformed(p int, r record, err error) {
+	m.count(func(s *StateStats) { s.Malformed++ })
+	if m.cfg.OnMalformedState != nil {
+		m.cfg.OnMalformedState(p, r.offset)
+	}
+	reason, detail := ReasonJSON, err.Error()
+	if de := (*DecodeError)(nil); errors.As(err, &de) {
+		reason, detail = de.Reason, de.Detail
+	}
+	m.log.Warn("malformed CE state skipped", "state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset,
+		"claim", isClaim(r.key), "reason", reason, "detail", detail)
 }
 
 // count updates the member's state counters.
