@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -203,8 +204,22 @@ func publicMessage(msg string) string {
 
 // retryLater answers 429 or 409 with Retry-After (whole seconds, at least 1).
 func retryLater(w http.ResponseWriter, code int, after time.Duration, msg string) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(after.Seconds())))))
+	setRetryAfter(w, after)
 	writeError(w, code, msg)
+}
+
+// setRetryAfter sets the Retry-After header to after, in whole seconds, at least 1.
+func setRetryAfter(w http.ResponseWriter, after time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(after.Seconds())))))
+}
+
+// writePending answers 202 for a registration a replica sent to the owner of its CE's partition,
+// which has not stored it yet (errPending err): GET its Location later. more adds fields.
+func writePending(w http.ResponseWriter, id string, err error, more map[string]any) {
+	body := map[string]any{"id": id, "status": "pending", "detail": err.Error()}
+	maps.Copy(body, more)
+	w.Header().Set("Location", "/v1/counterfactuals/"+id)
+	writeJSON(w, http.StatusAccepted, body)
 }
 
 // bodyError is a request body that cannot be used: code is its HTTP status.
@@ -491,9 +506,7 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	ce, err := a.core.register(r.Context(), reg)
 	if errors.Is(err, errPending) {
-		// A replica sent it to its owner, which has not stored it yet: GET it later.
-		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
-		writeJSON(w, http.StatusAccepted, map[string]string{"id": ce.ID, "status": "pending", "detail": err.Error()})
+		writePending(w, ce.ID, err, nil)
 		return
 	}
 	if err != nil {
@@ -1057,13 +1070,11 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
 	switch code := registerStatus(err); {
 	case errors.Is(err, errPending):
-		// A replica sent it to its owner, which has not stored it yet: GET it later.
-		w.Header().Set("Location", "/v1/counterfactuals/"+ce.ID)
-		writeJSON(w, http.StatusAccepted, map[string]any{"id": ce.ID, "status": "pending", "detail": err.Error(), "generation": res})
+		writePending(w, ce.ID, err, map[string]any{"generation": res})
 		return
 	case err != nil:
 		if code == http.StatusServiceUnavailable {
-			w.Header().Set("Retry-After", strconv.Itoa(int(writeRetryAfter/time.Second)))
+			setRetryAfter(w, writeRetryAfter)
 		}
 		writeJSON(w, code, map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
 		return

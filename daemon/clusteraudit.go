@@ -54,10 +54,7 @@ func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, e
 		}
 		var rep ledger.AuditReport
 		a, err := s.askWith(ctx, s.auditClient, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
-		switch {
-		case err == nil && a.code == http.StatusServiceUnavailable: // its partitions not rebuilt in time
-			err = fmt.Errorf("%w: %s answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
-		case err == nil:
+		if err == nil {
 			err = decodePeer(o, a, &rep)
 		}
 		return rep, err
@@ -207,8 +204,8 @@ func (s *share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 	return peerAnswer{code: resp.StatusCode, body: b}, nil
 }
 
-// decodePeer decodes a 200 answer into v; a 409 is errPeerBusy, anything else an errPeer with
-// the answer.
+// decodePeer decodes a 200 answer into v; a 409 is errPeerBusy, a 503 errRebuilding (the peer
+// has not rebuilt what it was asked about yet: retry), anything else an errPeer with the answer.
 func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 	switch a.code {
 	case http.StatusOK:
@@ -218,6 +215,8 @@ func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 		return nil
 	case http.StatusConflict:
 		return fmt.Errorf("%w: %s", errPeerBusy, bytes.TrimSpace(a.body))
+	case http.StatusServiceUnavailable:
+		return fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
 	}
 	return fmt.Errorf("%w: %s answered %d: %s", errPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
 }

@@ -1,10 +1,8 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"net/url"
@@ -130,9 +128,6 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 	}
 	var got struct {
 		CEs []*ledger.CE `json:"counterfactuals"`
-	}
-	if a.code == http.StatusServiceUnavailable {
-		return listPage{}, fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
 	}
 	if err := decodePeer(o, a, &got); err != nil {
 		return listPage{}, err

@@ -708,11 +708,8 @@ func (s *share) find(ctx context.Context, id, authorization string) (ce *ledger.
 	if err != nil {
 		return nil, "", err
 	}
-	switch a.code {
-	case http.StatusNotFound:
+	if a.code == http.StatusNotFound {
 		return nil, owner.Replica, fmt.Errorf("%w: %q", ledger.ErrNotFound, id)
-	case http.StatusServiceUnavailable:
-		return nil, owner.Replica, fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, owner.Replica, bytes.TrimSpace(a.body))
 	}
 	var got ledger.CE
 	if err := decodePeer(owner, a, &got); err != nil {
