@@ -61,13 +61,8 @@ func EncodeClaim(c Claim) (key, value []byte, err error) {
 // its term's, is refused with a *DecodeError.
 func DecodeClaim(key, value []byte) (Claim, error) {
 	var c Claim
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return Claim{}, &DecodeError{Reason: ReasonJSON, Detail: err.Error()}
-	}
-	if dec.More() {
-		return Claim{}, &DecodeError{Reason: ReasonJSON, Detail: "data after the JSON object"}
+	if err := decodeStrict(value, &c); err != nil {
+		return Claim{}, err
 	}
 	if err := c.check(); err != nil {
 		return Claim{}, err

@@ -120,13 +120,8 @@ func Encode(r Request) (key, value []byte, err error) {
 // whose key is not the request's ID, is refused with a *DecodeError.
 func Decode(key, value []byte) (Request, error) {
 	var r Request
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return Request{}, &DecodeError{Reason: ReasonJSON, Detail: err.Error()}
-	}
-	if dec.More() {
-		return Request{}, &DecodeError{Reason: ReasonJSON, Detail: "data after the JSON object"}
+	if err := decodeStrict(value, &r); err != nil {
+		return Request{}, err
 	}
 	if err := r.check(); err != nil {
 		return Request{}, err
@@ -135,6 +130,20 @@ func Decode(key, value []byte) (Request, error) {
 		return Request{}, &DecodeError{Reason: ReasonKey, Detail: fmt.Sprintf("key %q is not the id %q", clip(key), r.ID)}
 	}
 	return r, nil
+}
+
+// decodeStrict decodes value, one JSON object of v's fields and nothing else, into v; any other
+// value is a *DecodeError of ReasonJSON.
+func decodeStrict(value []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &DecodeError{Reason: ReasonJSON, Detail: err.Error()}
+	}
+	if dec.More() {
+		return &DecodeError{Reason: ReasonJSON, Detail: "data after the JSON object"}
+	}
+	return nil
 }
 
 func (r *Request) check() error {

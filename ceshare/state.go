@@ -1,7 +1,6 @@
 package ceshare
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,13 +93,8 @@ func EncodeState(s State) (key, value []byte, err error) {
 // key that is not its ID, is refused with a *DecodeError.
 func DecodeState(key, value []byte) (State, error) {
 	var s State
-	dec := json.NewDecoder(bytes.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		return State{}, &DecodeError{Reason: ReasonJSON, Detail: err.Error()}
-	}
-	if dec.More() {
-		return State{}, &DecodeError{Reason: ReasonJSON, Detail: "data after the JSON object"}
+	if err := decodeStrict(value, &s); err != nil {
+		return State{}, err
 	}
 	if err := s.check(); err != nil {
 		return State{}, err
