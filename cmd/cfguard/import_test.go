@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,7 +47,7 @@ func TestImportTorchExportAgrees(t *testing.T) {
 		t.Run(tc.layout+"_"+tc.dtype, func(t *testing.T) {
 			dir := t.TempDir()
 			weights, probePath := filepath.Join(dir, "bc.safetensors"), filepath.Join(dir, "probe.json")
-			cmd := exec.Command(py, "../../examples/export_torchbnn.py", "--csv", csv, "--out", weights,
+			cmd := tooltest.TorchCommand(py, "../../examples/export_torchbnn.py", "--csv", csv, "--out", weights,
 				"--layout", tc.layout, "--dtype", tc.dtype, "--probe", probePath, "--probe-samples", tc.samples)
 			out, err := cmd.CombinedOutput()
 			if err != nil {

@@ -51,3 +51,15 @@ func PythonTorch(t testing.TB) string {
 		"apt-get install python3-torch python3-numpy")
 	return ""
 }
+
+// TorchCommand is exec.Command(py, args...) with torch on one thread (OMP_NUM_THREADS=1). By
+// default torch runs an OpenMP thread per core and every parallel operation waits at a barrier
+// for all of them; beside other busy processes (a loaded CI machine, the suite's other
+// packages) each operation waits for the slowest thread to be scheduled. Exporting the bundled
+// model with examples/export_torchbnn.py took 88 s beside 20 busy loops on two cores, and 22 s
+// on one thread, for the same CPU time.
+func TorchCommand(py string, args ...string) *exec.Cmd {
+	cmd := exec.Command(py, args...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	return cmd
+}
