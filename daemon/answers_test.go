@@ -104,6 +104,7 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
@@ -301,6 +302,7 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
@@ -480,6 +482,7 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)

@@ -84,6 +84,7 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 // new topic with the states r1 left, so every CE still stored reads the same from either replica
 // (its creation time, certificate and status included), and the deleted one from neither.
 func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	r1 := startReplica(t, b, "r1")
 	data := bundled(t)

@@ -69,6 +69,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	_, reps := startThreeReplicas(t)
 	data := bundled(t)
 	var all []string

@@ -34,6 +34,7 @@ import (
 // order with their sequence numbers as headers and acknowledged (the outbox empties). An event
 // too large for the topic is published without its records instead of blocking the rest.
 func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
+	t.Parallel() // waits for its broker's retries
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})

@@ -67,6 +67,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three daemons: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	const k2 = "k2:c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3"
 	b := startCluster(t, 2)
 	// r3 first: it writes the genesis, signed with k2, which r1 and r2 verify with their second key.

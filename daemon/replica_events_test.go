@@ -18,6 +18,7 @@ import (
 // writer that then says nothing) leaves its events owed; the next claimant publishes them,
 // exactly those, and the events topic holds them as the entry carries them.
 func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	dir := t.TempDir()

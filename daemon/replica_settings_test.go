@@ -40,6 +40,7 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("several daemons: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	r1 := startReplicaKey(t, b, "r1", key)

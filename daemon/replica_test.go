@@ -163,6 +163,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three daemons and a takeover: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 2)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
 	data := bundled(t)
@@ -318,6 +319,7 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three daemons: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
 	data := bundled(t)
