@@ -32,6 +32,11 @@ type Hooks interface {
 	// with its Offset); next is the offset after the last record read, which the ledger stores
 	// with them, in one transaction. reqs may be empty when only malformed records were read.
 	Apply(ctx context.Context, p int, reqs []Request, next int64) error
+	// Lost is called when the requests of p from offset `from` (where the ledger holds p) to
+	// `to` were deleted from the topic before they were read (its retention is not "for
+	// ever"): the ledger stores `to` as p's offset and counts to - from requests lost, in one
+	// transaction.
+	Lost(ctx context.Context, p int, from, to int64) error
 	// Release is called when p is no longer this replica's: the next generation does not
 	// give it p, no generation came within the session timeout after the last one ended (the
 	// group has surely evicted this member), the member stops, or the store held p from an
@@ -764,8 +769,8 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 
 // outOfRange handles a fetch refused because next is outside p's log. Below the log start,
 // requests were deleted before they were read (the topic's retention is not "for ever"): the
-// gap is logged as an ERROR, counted, stored through Apply, and reading goes on from the log
-// start. Past the end, the ledger's offset belongs to another log (the topic was deleted and
+// gap is logged as an ERROR and stored with its count through Lost, and reading goes on from
+// the log start. Past the end, the ledger's offset belongs to another log (the topic was deleted and
 // created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
 // on from 0, so that no request of the new log is skipped.
 func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next int64) (int64, error) {
@@ -777,10 +782,16 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 	case next < first:
 		m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
 			"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
+		if err := m.hooks.Lost(ctx, p, next, first); err != nil {
+			return next, err
+		}
 		m.mu.Lock()
 		m.gaps += first - next
+		if ps := m.parts[p]; ps != nil {
+			ps.next = first
+		}
 		m.mu.Unlock()
-		return m.apply(ctx, p, nil, next, first)
+		return first, nil
 	case next > end:
 		m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
 			"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",

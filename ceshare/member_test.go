@@ -48,7 +48,13 @@ func (w tbWriter) Write(p []byte) (int, error) {
 // group session timeout (kfake's default, 6s, is Kafka's) so that members may use testSession.
 func startBroker(t *testing.T) (*broker.Broker, stream.ConnConfig) {
 	t.Helper()
-	b, err := broker.Start(context.Background(), broker.Config{}, testLog(t))
+	return startBrokerWith(t, broker.Config{})
+}
+
+// startBrokerWith is startBroker with cfg.
+func startBrokerWith(t *testing.T, cfg broker.Config) (*broker.Broker, stream.ConnConfig) {
+	t.Helper()
+	b, err := broker.Start(context.Background(), cfg, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +95,7 @@ type ledger struct {
 	states   map[string]*State                 // the state each id's last registration came with
 	owned    map[int]bool                      // acquired and not released
 	apply    func(p int, reqs []Request) error // called by Apply, when set
+	lost     map[int]int64                     // requests counted lost per partition (Lost)
 }
 
 type acquisition struct {
@@ -146,6 +153,23 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) err
 		}
 	}
 	l.next[p] = next
+	return nil
+}
+
+func (l *ledger) Lost(_ context.Context, p int, from, to int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.owned[p] {
+		l.bad = append(l.bad, fmt.Sprintf("Lost of partition %d, not acquired", p))
+	}
+	if from != l.next[p] || to < from {
+		l.bad = append(l.bad, fmt.Sprintf("partition %d: lost from %d to %d, stored offset %d", p, from, to, l.next[p]))
+	}
+	if l.lost == nil {
+		l.lost = map[int]int64{}
+	}
+	l.lost[p] += to - from
+	l.next[p] = to
 	return nil
 }
 
@@ -808,5 +832,66 @@ func TestFetchFailuresWarnOncePerEpisode(t *testing.T) {
 				t.Errorf("logged %q; want %q\n%s", got, tc.want, out.String())
 			}
 		})
+	}
+}
+
+// TestRequestsDeletedUnreadAreCountedLost: requests the topic's retention deleted before a
+// member read them are handed to Lost, from the offset the ledger held to the partition's log
+// start, once; the member reads on from there and applies every request still in the topic.
+func TestRequestsDeletedUnreadAreCountedLost(t *testing.T) {
+	b, conn := startBrokerWith(t, broker.Config{RetentionCheckInterval: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := conn.Transport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	// The topic as an operator may create it, with a retention (cfguard creates it with none).
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+	if _, err := create(ctx, cl, testTopic, testPartitions, []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "1800000"}}); err != nil {
+		t.Fatal(err)
+	}
+	// p+1 records an hour old in partition p, then requests of now: retention deletes the old.
+	var old []kafka.Message
+	for p := range testPartitions {
+		for range p + 1 {
+			old = append(old, kafka.Message{Partition: p, Value: []byte(`{}`), Time: time.Now().Add(-time.Hour)})
+		}
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: testTopic, Transport: tr, RequiredAcks: kafka.RequireAll,
+		Balancer: kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }), BatchTimeout: time.Millisecond}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, old...); err != nil {
+		t.Fatal(err)
+	}
+	want := produced{}
+	produce(t, testProducer(t, conn), "kept", 60, want)
+	b.ApplyRetention()
+	for p, start := range b.LogStartOffsets(testTopic) {
+		if start != int64(p+1) {
+			t.Fatalf("partition %d starts at offset %d after retention, want %d", p, start, p+1)
+		}
+	}
+
+	r := startReplica(t, memberConfig(conn, "r1"))
+	var owner map[int]string
+	waitfor.Cond(t, 30*time.Second, "the member owning every partition and applying every request", func() bool {
+		owner = ownership(r)
+		return owner != nil && caughtUp(b, []*replica{r}, owner)
+	})
+	checkShares(t, b, []*replica{r}, owner, want)
+	r.l.mu.Lock()
+	lost := maps.Clone(r.l.lost)
+	r.l.mu.Unlock()
+	total := int64(0)
+	for p := range testPartitions {
+		if lost[p] != int64(p+1) {
+			t.Errorf("partition %d: %d requests counted lost, want %d", p, lost[p], p+1)
+		}
+		total += lost[p]
+	}
+	if s := r.m.Stats(); s.Gaps != total {
+		t.Errorf("Stats().Gaps = %d, want %d", s.Gaps, total)
 	}
 }

@@ -20,6 +20,7 @@ func (idleHooks) Acquire(context.Context, int) (int64, error)                { r
 func (idleHooks) Apply(context.Context, int, []ceshare.Request, int64) error { return nil }
 func (idleHooks) Release(context.Context, int) error                         { return nil }
 func (idleHooks) Reset(context.Context, int, int64) error                    { return nil }
+func (idleHooks) Lost(context.Context, int, int64, int64) error              { return nil }
 
 // An audit takes as long as a replica's share needs: POST /v1/audit asks every owner of CE
 // partitions and waits for each one's report past peerTimeout, which bounds the other questions

@@ -252,6 +252,14 @@ func (s *share) Release(ctx context.Context, p int) error {
 	return nil
 }
 
+// Lost is ceshare.Hooks: the requests of partition p from `from` to `to` were deleted from the
+// CE topic before this replica read them. The ledger moves p's offset past them and counts them
+// (cfguard_records_lost_total for the CE topic, CfguardRecordsLost) in one transaction; the CEs
+// they registered are not in this share, and those they deleted stay.
+func (s *share) Lost(_ context.Context, p int, from, to int64) error {
+	return s.d.ledger.SkipShare(p, from, to)
+}
+
 // Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read
 // (the topic was deleted and created again), so the requests that registered p's CEs are gone.
 // The partition's offset goes back to 0 first (a crash after it leaves the CEs in this ledger

@@ -14,8 +14,10 @@ import (
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
-// the offset after the last request it applied, under meta key "share/<partition>". Only
-// ApplyShare stores it, in the transaction that applies the requests before it.
+// the offset after the last request it applied, under meta key "share/<partition>". ApplyShare
+// stores it in the transaction that applies the requests before it (and 0 for a partition read
+// again from its start), SkipShare past requests the topic lost, ReleaseShare back to 0 and then
+// not at all.
 func shareKey(p int) []byte { return []byte("share/" + strconv.Itoa(p)) }
 
 // ShareOffset is the offset after the last request of CE-topic partition p the ledger applied,
@@ -40,6 +42,53 @@ func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
 		return 0, false, fmt.Errorf("ledger: share offset: %w", err)
 	}
 	return off, ok, nil
+}
+
+// CounterRequestsLost is the counter (State.Counters) of CE requests deleted from the CE topic
+// before they were read (SkipShare).
+const CounterRequestsLost = "ce_requests_lost"
+
+// SkipShare moves partition p's offset from `from`, where the ledger holds it (0 when it holds
+// none), to `to`, past requests the CE topic no longer has (its retention deleted them before
+// they were read), and adds to - from to the counter CounterRequestsLost, in one transaction: a
+// loss is counted once, and counted whenever it is passed. It refuses, writing nothing, when p's
+// offset is not `from` (another call moved it) or when to < from.
+func (l *Ledger) SkipShare(p int, from, to int64) error {
+	if p < 0 || from < 0 || to < from {
+		return fmt.Errorf("ledger: skip share: %w", invalidf("partition %d from offset %d to %d", p, from, to))
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	err := l.update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bMeta)
+		v, err := getSealed(meta, shareKey(p), "meta share offset")
+		if err != nil {
+			return err
+		}
+		held := int64(0)
+		if v != nil {
+			if len(v) != 8 {
+				return corruptf("meta share offset of partition %d: %d bytes", p, len(v))
+			}
+			held = int64(binary.BigEndian.Uint64(v))
+		}
+		if held != from {
+			return invalidf("partition %d is at offset %d, not %d", p, held, from)
+		}
+		if err := putSealed(meta, shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(to))); err != nil {
+			return err
+		}
+		ctrs := tx.Bucket(bCounters)
+		n, err := getU64(ctrs, []byte(CounterRequestsLost), fmt.Sprintf("counter %q", CounterRequestsLost))
+		if err != nil {
+			return err
+		}
+		return putU64(ctrs, []byte(CounterRequestsLost), n+uint64(to-from))
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: skip share of partition %d: %w", p, err)
+	}
+	return nil
 }
 
 // ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset and the

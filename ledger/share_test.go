@@ -128,3 +128,60 @@ func TestPutPastAnchorsToAGivenPosterior(t *testing.T) {
 		t.Errorf("after the next version: KL %v, %v; want KL(q2 || q0) = %v", got.KLFromAnchor, err, want2)
 	}
 }
+
+// TestSkipShareCountsEachLossOnce: SkipShare moves a partition's offset past lost requests and
+// counts them in the same transaction; a call from an offset the ledger does not hold, or
+// backwards, writes nothing; the count survives a reopening.
+func TestSkipShareCountsEachLossOnce(t *testing.T) {
+	l, dir := openTest(t, Options{})
+	if _, err := l.ApplyShare(2, nil, 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	lost := func(l *Ledger) int64 {
+		t.Helper()
+		st, err := l.State()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Counters[CounterRequestsLost]
+	}
+	for _, tc := range []struct {
+		name     string
+		p        int
+		from, to int64
+		ok       bool
+		offset   int64 // p's offset after the call
+		lost     int64 // the counter after the call
+	}{
+		{"past a loss", 2, 5, 12, true, 12, 7},
+		{"from an offset the ledger does not hold", 2, 5, 20, false, 12, 7},
+		{"backwards", 2, 12, 10, false, 12, 7},
+		{"a partition never held, from 0", 6, 0, 3, true, 3, 10},
+		{"nothing lost", 6, 3, 3, true, 3, 10},
+	} {
+		err := l.SkipShare(tc.p, tc.from, tc.to)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: SkipShare(%d, %d, %d) = %v, want ok %v", tc.name, tc.p, tc.from, tc.to, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("partition %d", tc.p)) {
+			t.Errorf("%s: the refusal %q does not name the partition", tc.name, err)
+		}
+		if off, _, _ := l.ShareOffset(tc.p); off != tc.offset {
+			t.Errorf("%s: offset %d, want %d", tc.name, off, tc.offset)
+		}
+		if n := lost(l); n != tc.lost {
+			t.Errorf("%s: %d requests counted lost, want %d", tc.name, n, tc.lost)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if n := lost(l); n != 10 {
+		t.Errorf("after reopening: %d requests counted lost, want 10", n)
+	}
+}
