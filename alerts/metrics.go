@@ -66,6 +66,7 @@ const (
 	NameBoundMin               = "cfguard_counterfactuals_bound_min"
 	NameUpdates                = "cfguard_updates_total"
 	NameRecords                = "cfguard_records_total"
+	NameRecordsLost            = "cfguard_records_lost_total"
 	NameRecertDuration         = "cfguard_recertification_duration_seconds"
 	NameConsumerLag            = "cfguard_consumer_lag_records"
 	NameLastIngest             = "cfguard_last_ingest_timestamp_seconds"
@@ -91,7 +92,7 @@ const (
 func Names() []string {
 	names := []string{
 		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
-		NameUpdates, NameRecords, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameUpdates, NameRecords, NameRecordsLost, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged,

@@ -34,7 +34,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	NewRequestMetrics(reg)
 	RegisterDamaged(reg, func() int { return 0 })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) {
-		return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true}, nil
+		return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true, Lost: map[string]int64{"cfguard.records": 0}}, nil
 	}))
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -344,7 +344,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
-		"CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
+		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

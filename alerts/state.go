@@ -47,6 +47,10 @@ type State struct {
 	// until the topic's offsets have been read once (the gauge then has no sample).
 	Waiting    int64
 	HasWaiting bool
+	// Lost counts, by topic, the records the broker deleted (its retention) before cfguard read
+	// them, as the ledger keeps the count: the input topic's, and on a replica the CE topic's.
+	// Stored with the offsets that pass them, they survive restarts.
+	Lost map[string]int64
 }
 
 // StateCollector is a prometheus.Collector that reads State at each scrape, as Prometheus' own
@@ -59,7 +63,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox, lastBreach, waiting                                                   *prometheus.Desc
+	unconfirmed, outbox, lastBreach, waiting, lost                                             *prometheus.Desc
 	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -87,6 +91,8 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		decided: d(NameCounterfactualsDecided, "Stored counterfactuals whose status is decided under the current posterior, by status: certified with a bound that holds, "+
 			"at_risk or invalidated with a Monte-Carlo verdict that carries to it (the API's decided: true; uncertified is never decided). "+
 			"cfguard_counterfactuals minus this gauge are the undecided ones: lapsed certificates, verdicts kept by hysteresis or that no longer carry.", "status"),
+		lost: d(NameRecordsLost, "Records the broker deleted (the topic's retention) before cfguard read them, by topic: the input topic's were never learned from, "+
+			"the CE topic's registrations and deletions were never applied (CfguardRecordsLost). Kept in the ledger: a restart does not reset it.", "topic"),
 		build:       d(NameBuildInfo, "Always 1: the cfguard build (module version, VCS revision, Go version).", "version", "revision", "goversion"),
 		buildLabels: buildLabels(),
 	}
@@ -109,7 +115,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.lost} {
 		ch <- d
 	}
 }
@@ -155,4 +161,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.waiting, float64(s.Waiting))
 	}
 	g(c.lastBreach, unix(s.LastBreach))
+	for topic, n := range s.Lost {
+		ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(n), topic)
+	}
 }

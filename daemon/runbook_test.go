@@ -76,6 +76,11 @@ var runbookChecks = map[string][]runbooktest.Check{
 		{Cmd: "kcat -Q", Want: `cfguard.records \[0\] offset 96\b`},
 		{Cmd: "--accept-topic-reset", Want: ""}, // starts a daemon: see runbookNotRun
 	},
+	"CfguardRecordsLost": {
+		{Cmd: "^cfguard_records_lost_total", Want: `(?m)^cfguard_records_lost_total\{topic="cfguard\.records"\} 32$`},
+		{Cmd: "jq -c .counters", Want: `"lost":32\b`},
+		{Cmd: "kcat -Q", Want: `cfguard.records \[0\] offset 96\b`},
+	},
 	"CfguardModelQualityDegraded": {
 		{Cmd: "jq '.prequential'", Want: `"last_change": "20`},
 		{Cmd: "prequential_(log_loss", Want: `(?m)^cfguard_prequential_last_change_timestamp_seconds [1-9]`},
@@ -95,7 +100,8 @@ var runbookNotRun = map[string]string{
 // CEs at_risk, CEs invalidated after a drift that breached the KL budget and dead-lettered
 // records (CfguardKLOverBudget, CfguardCounterfactualsInvalidated, CfguardDeadLetterRateHigh),
 // a change the quality detector found (CfguardModelQualityDegraded), a recreated input topic
-// (CfguardTopicReset), a deleted events topic (CfguardOutboxBacklog; the test then creates it
+// (CfguardTopicReset), input records deleted by retention before they were read
+// (CfguardRecordsLost, lostDaemon), a deleted events topic (CfguardOutboxBacklog; the test then creates it
 // and the backlog drains). CfguardCheckpointFailing's and CfguardIngestStalled's run in the
 // child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
 // records wait in the topic (runbookInChild). CfguardRenewalBehind's run against a daemon whose
@@ -134,6 +140,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	invalidated := driftedDaemon(t, 1e-3, 64, 160, certify.Invalidated)
 	quality := driftedDaemon(t, 1e-6, 256, 256, 0)
 	reset := resetDaemon(t)
+	lost, _ := lostDaemon(t)
 	backlog := outboxDaemon(t)
 	behind, release := behindDaemon(t)
 	for _, s := range run {
@@ -145,6 +152,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = quality
 		case "CfguardTopicReset":
 			st = reset
+		case "CfguardRecordsLost":
+			st = lost
 		case "CfguardOutboxBacklog":
 			st = backlog
 		case "CfguardRenewalBehind":

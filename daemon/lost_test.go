@@ -1,0 +1,128 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// The records of lostDaemon: applied before it stops, deleted by retention unread, and produced
+// after them.
+const lostApplied, lostDeleted, lostAfter = 64, 32, 16
+
+// lostDaemon is a daemon whose input topic's retention (30 minutes, on a broker of the test's
+// own) deleted records it had not read: it applied lostApplied records and stopped; then
+// lostDeleted records stamped an hour ago and lostAfter new ones were produced, and the broker
+// applied its retention; started again on its state directory, it applied the new ones and
+// counted the others lost (CfguardRecordsLost). start starts it again on the same state.
+func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"},
+		Partitions: 1, Retention: 30 * time.Minute, RetentionCheckInterval: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	dir := t.TempDir()
+	start = func() *running {
+		return startDaemon(t, func(c *config.Config) { c.Kafka.Brokers, c.StateDir = b.Addrs(), dir })
+	}
+	data := bundled(t)
+	records := func(prefix string, n int, at time.Time) []kafka.Message {
+		out := make([]kafka.Message, n)
+		for i := range out {
+			out[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]), Time: at}
+		}
+		return out
+	}
+	produce := func(msgs []kafka.Message) {
+		t.Helper()
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll,
+			BatchSize: len(msgs)}
+		defer w.Close()
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		if err := w.WriteMessages(wctx, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := start()
+	produce(records("applied", lostApplied, time.Time{}))
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("%d applied records", lostApplied), func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == lostApplied
+	})
+	r.stop(t)
+	produce(records("deleted", lostDeleted, time.Now().Add(-time.Hour)))
+	produce(records("after", lostAfter, time.Time{}))
+	b.ApplyRetention()
+	if first := b.LogStartOffsets("cfguard.records")[0]; first != lostApplied+lostDeleted {
+		t.Fatalf("the topic starts at offset %d after retention, want %d", first, lostApplied+lostDeleted)
+	}
+	r = start()
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("the %d records after the loss applied", lostAfter), func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == lostAfter
+	})
+	return &runbookState{r: r, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", b.Addrs()[0],
+		"STATE_DIR", ledger.ShellQuote(dir),
+	)}, start
+}
+
+// TestRecordsDeletedUnreadAreCountedOnce: input records the broker's retention deleted before
+// the daemon read them are reported by one ERROR line naming their offsets and counted in the
+// ledger (cfguard_records_lost_total, GET /v1/model's counters); the records after them are
+// applied; a restart neither forgets the count nor counts them again.
+func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
+	t.Parallel() // mostly waits for the daemon to start, three times
+	st, start := lostDaemon(t)
+	r := st.r
+	check := func(r *running, when string) {
+		t.Helper()
+		if n := r.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
+			t.Errorf("%s: cfguard_records_lost_total = %v, want %d", when, n, lostDeleted)
+		}
+		_, body := r.get(t, "/v1/model")
+		var m struct {
+			Counters map[string]int64 `json:"counters"`
+			Offsets  map[string]int64 `json:"offsets"`
+		}
+		if err := json.Unmarshal(body, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Counters["lost"] != lostDeleted {
+			t.Errorf("%s: /v1/model counters %v, want lost %d", when, m.Counters, lostDeleted)
+		}
+		if m.Offsets["0"] != lostApplied+lostDeleted+lostAfter {
+			t.Errorf("%s: /v1/model offsets %v, want partition 0 at %d", when, m.Offsets, lostApplied+lostDeleted+lostAfter)
+		}
+	}
+	check(r, "after the loss")
+	want := fmt.Sprintf("partition=0 from=%d to=%d lost=%d", lostApplied, lostApplied+lostDeleted, lostDeleted)
+	if n := strings.Count(r.logs.String(), "records were deleted by the broker (retention) before they were read"); n != 1 ||
+		!strings.Contains(r.logs.String(), want) {
+		t.Errorf("%d ERROR lines about the loss, want 1 with %q:\n%s", n, want, r.logs.String())
+	}
+	r.stop(t)
+	r = start()
+	check(r, "after a restart")
+	if n := r.metric(t, "cfguard_records_total", "result", "applied"); n != 0 {
+		t.Errorf("after a restart: %v records applied again", n)
+	}
+	if strings.Contains(r.logs.String(), "deleted by the broker") {
+		t.Errorf("after a restart the loss is reported again:\n%s", r.logs.String())
+	}
+}
