@@ -30,7 +30,7 @@ type restartable struct {
 	t      *testing.T
 	cfg    config.Config
 	http   *testnet.Port // cfg.HTTP.Listen
-	broker *testnet.Port // cfg.Kafka.EmbeddedListen
+	broker *testnet.Port // cfg.Kafka.EmbeddedListen; nil with an external broker (kafka.brokers)
 	d      *daemon.Daemon
 	cancel context.CancelFunc
 	done   chan error
@@ -43,8 +43,10 @@ func (r *restartable) start() *daemon.Daemon {
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	cfg := r.cfg
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	opts := daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready,
-		HTTPListener: r.http.Listen(t), BrokerListener: r.broker.Listen(t)}
+	opts := daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: r.http.Listen(t)}
+	if r.broker != nil {
+		opts.BrokerListener = r.broker.Listen(t)
+	}
 	go func() { done <- daemon.Run(ctx, opts) }()
 	select {
 	case r.d = <-ready:
@@ -91,6 +93,9 @@ func startDefault(t *testing.T, token, metricsToken string, mutate func(*config.
 		mutate(&cfg)
 	}
 	proc := &restartable{t: t, cfg: cfg, http: httpPort, broker: brokerPort}
+	if !cfg.Embedded() {
+		proc.broker = nil
+	}
 	t.Cleanup(proc.stop)
 	d := proc.start()
 	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
@@ -336,18 +341,18 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 				t.Errorf("restart %d: first scrape says %v %s, GET /v1/model %d", i+1, v, s, m.Counterfactuals[s])
 			}
 		}
-		// Prometheus scrapes and evaluates the restarted daemon a few times.
-		waitfor.Cond(t, 30*time.Second, "Prometheus to scrape the restarted daemon", func() bool {
-			res, err := promQuery(t, mon.prom, `timestamp(up{job="cfguard"} == 1)`)
-			if err != nil || len(res) != 1 {
-				return false
-			}
-			ts, _ := strconv.ParseFloat(res[0].Value[1].(string), 64)
-			return ts > float64(stopped.Add(3*time.Second).Unix())
-		})
+		scrapedSince(t, mon, stopped)
 	}
 	time.Sleep(3 * time.Second) // evaluations after the last restart, and group_wait
-	fr := promRange(t, mon.prom, `ALERTS{alertname="`+alertInvalidated+`",alertstate="firing"}`, firing, time.Now())[alertInvalidated]
+	oneEpisode(t, mon, alertInvalidated, firing, startsAt)
+	noResolved(t, mon)
+}
+
+// oneEpisode fails unless Prometheus held alertname firing at every evaluation from `from` to
+// now, without a gap, and Alertmanager holds it once, started at startsAt.
+func oneEpisode(t *testing.T, mon monitoring, alertname string, from, startsAt time.Time) {
+	t.Helper()
+	fr := promRange(t, mon.prom, `ALERTS{alertname="`+alertname+`",alertstate="firing"}`, from, time.Now())[alertname]
 	gaps := 0
 	for i := 1; i < len(fr); i++ {
 		if fr[i] != fr[i-1] {
@@ -355,11 +360,17 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 		}
 	}
 	if len(fr) == 0 || gaps != 0 {
-		t.Errorf("%s across the restarts: %d samples with %d changes, want one episode firing throughout", alertInvalidated, len(fr), gaps)
+		t.Errorf("%s across the restarts: %d samples with %d changes, want one episode firing throughout", alertname, len(fr), gaps)
 	}
-	if as := alertmanagerAlerts(t, mon.am, alertInvalidated); len(as) != 1 || !as[0].StartsAt.Equal(startsAt) {
-		t.Errorf("after the restarts Alertmanager holds %+v, want the one alert that started at %v", as, startsAt)
+	if as := alertmanagerAlerts(t, mon.am, alertname); len(as) != 1 || !as[0].StartsAt.Equal(startsAt) {
+		t.Errorf("after the restarts Alertmanager holds %+v, want the one %s alert that started at %v", as, alertname, startsAt)
 	}
+}
+
+// noResolved fails if a resolved notification reached the webhooks: the tests call it while
+// every alert they raised still holds.
+func noResolved(t *testing.T, mon monitoring) {
+	t.Helper()
 	mon.hook.mu.Lock()
 	defer mon.hook.mu.Unlock()
 	for path, posts := range mon.hook.posts {
@@ -378,4 +389,18 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// scrapedSince waits until Prometheus has scraped and evaluated the restarted daemon a few
+// times: a successful scrape more than 3 s after `stopped`.
+func scrapedSince(t *testing.T, mon monitoring, stopped time.Time) {
+	t.Helper()
+	waitfor.Cond(t, 30*time.Second, "Prometheus to scrape the restarted daemon", func() bool {
+		res, err := promQuery(t, mon.prom, `timestamp(up{job="cfguard"} == 1)`)
+		if err != nil || len(res) != 1 {
+			return false
+		}
+		ts, _ := strconv.ParseFloat(res[0].Value[1].(string), 64)
+		return ts > float64(stopped.Add(3*time.Second).Unix())
+	})
 }
