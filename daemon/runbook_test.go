@@ -109,6 +109,7 @@ var runbookNotRun = map[string]string{
 // backlog empties. curl, kcat, jq and df run for real; the test skips when one is missing unless
 // CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
+	t.Parallel() // mostly waits for its daemons to reach their states and for the commands
 	runbooktest.Tools(t, false)
 	sections := runbooktest.Sections(t, runbookPath)
 	// Every command is known before the daemon starts.
