@@ -58,7 +58,8 @@ type MemberConfig struct {
 	// StateTopic is the CE state topic (StateTopic of Topic on a replica), created compacted with
 	// Partitions partitions when missing. When set, the member claims each partition it acquires
 	// afresh there (claim.go): before the partition's requests are read, it reads the partition
-	// of the state topic to its end, writes its claim and reads on to the end. A partition
+	// of the state topic to its end, writes its claim and reads on to the end (the claims
+	// alone when nothing is to replay: the states are not needed). A partition
 	// acquired with registrations to replay (from offset 0, or from the offset a rebuild cut
 	// short by a crash stored) is given the states its previous owners wrote: each registration
 	// it then hands to Apply until the partition caught up carries its CE's state
@@ -499,7 +500,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	// a rebuild was cut short (a crash).
 	if fresh && m.cfg.StateTopic != "" {
 		replay := m.toReplay(ctx, cl, p, from)
-		states := m.acquireStates(ctx, cl, p, gen)
+		states := m.acquireStates(ctx, cl, p, gen, replay)
 		if ctx.Err() != nil {
 			return
 		}
@@ -622,16 +623,16 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 	return err != nil || end > from
 }
 
-// acquireStates claims partition p of the CE state topic for generation gen and reads its
-// states (claimStates), retrying a broker's transient errors for at most a session timeout (the
+// acquireStates claims partition p of the CE state topic for generation gen and, with restore,
+// reads its states (claimStates), retrying a broker's transient errors for at most a session timeout (the
 // partition's rebuild waits no longer than the group waits for a member), and creating the
 // topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
 // and the partition is rebuilt from its registrations alone.
-func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32) map[string]State {
+func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) map[string]State {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	deadline := time.Now().Add(m.cfg.SessionTimeout)
 	for {
-		states, err := m.claimStates(ctx, cl, p, gen)
+		states, err := m.claimStates(ctx, cl, p, gen, restore)
 		if err == nil {
 			return states
 		}

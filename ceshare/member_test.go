@@ -46,13 +46,13 @@ func (w tbWriter) Write(p []byte) (int, error) {
 
 // startBroker starts an embedded broker, closed when the test ends, and lowers its minimum
 // group session timeout (kfake's default, 6s, is Kafka's) so that members may use testSession.
-func startBroker(t *testing.T) (*broker.Broker, stream.ConnConfig) {
+func startBroker(t testing.TB) (*broker.Broker, stream.ConnConfig) {
 	t.Helper()
 	return startBrokerWith(t, broker.Config{})
 }
 
 // startBrokerWith is startBroker with cfg.
-func startBrokerWith(t *testing.T, cfg broker.Config) (*broker.Broker, stream.ConnConfig) {
+func startBrokerWith(t testing.TB, cfg broker.Config) (*broker.Broker, stream.ConnConfig) {
 	t.Helper()
 	b, err := broker.Start(context.Background(), cfg, testLog(t))
 	if err != nil {

@@ -142,7 +142,7 @@ func ids(prefix string, n int) []string {
 
 // stateTopics creates the CE topic and the CE state topic, as a member does, and returns a
 // state writer and a client of the broker, closed when the test ends.
-func stateTopics(ctx context.Context, t *testing.T, conn stream.ConnConfig) (*StateWriter, *kafka.Client) {
+func stateTopics(ctx context.Context, t testing.TB, conn stream.ConnConfig) (*StateWriter, *kafka.Client) {
 	t.Helper()
 	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
 	if err != nil {
