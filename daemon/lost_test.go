@@ -126,3 +126,54 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 		t.Errorf("after a restart the loss is reported again:\n%s", r.logs.String())
 	}
 }
+
+// TestCERequestsLostAreCountedByTheirOwner: on a CE topic given a retention, requests deleted
+// before their partition's owner read them are reported by one ERROR line and counted in the
+// owner's ledger (cfguard_records_lost_total for the CE topic); the partition is ready.
+func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	t.Parallel() // mostly waits for its replica to join its groups
+	b := startCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := config.Default()
+	topic, parts := c.Replication.CETopic, c.Replication.CEPartitions
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...)}
+	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: parts, ReplicationFactor: -1,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "1800000"}}}}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		t.Fatalf("creating %s with a retention: %v", topic, err)
+	}
+	old := make([]kafka.Message, 5)
+	for i := range old {
+		old[i] = kafka.Message{Value: []byte(`{}`), Time: time.Now().Add(-time.Hour)}
+	}
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: topic, RequiredAcks: kafka.RequireAll,
+		Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 })}
+	defer w.Close()
+	if err := w.WriteMessages(ctx, old...); err != nil {
+		t.Fatal(err)
+	}
+	b.ApplyRetention()
+	if first := b.LogStartOffsets(topic)[0]; first != 5 {
+		t.Fatalf("partition 0 of %s starts at offset %d after retention, want 5", topic, first)
+	}
+	r := startReplica(t, b, "r1")
+	waitfor.Cond(t, 30*time.Second, "the lost requests counted", func() bool {
+		return r.metric(t, "cfguard_records_lost_total", "topic", topic) == 5
+	})
+	if n := r.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
+		t.Errorf("cfguard_records_lost_total for the input topic = %v, want 0", n)
+	}
+	if n := strings.Count(r.logs.String(), "CE requests were deleted before they were read"); n != 1 {
+		t.Errorf("%d ERROR lines about the lost requests, want 1:\n%s", n, r.logs.String())
+	}
+	if n, err := r.d.ledger.State(); err != nil || n.Counters[ledger.CounterRequestsLost] != 5 {
+		t.Errorf("ledger counters %v (%v), want %s 5", n.Counters, err, ledger.CounterRequestsLost)
+	}
+}
