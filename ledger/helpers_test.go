@@ -68,6 +68,21 @@ func openTest(t testing.TB, opts Options) (*Ledger, string) {
 	return l, dir
 }
 
+// reopen closes l and opens the ledger in dir again, as a restart would; the ledger it returns
+// is closed at cleanup.
+func reopen(t testing.TB, l *Ledger, dir string) *Ledger {
+	t.Helper()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(dir, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // install checkpoints m as the first posterior.
 func install(t testing.TB, l *Ledger, m *bnn.Model) {
 	t.Helper()

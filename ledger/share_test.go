@@ -36,14 +36,7 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	if _, err := l.ApplyShare(4, nil, 7, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l, err := Open(dir, Options{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l = reopen(t, l, dir)
 	if off, ok, err := l.ShareOffset(3); err != nil || !ok || off != 120 {
 		t.Fatalf("ShareOffset(3) after reopening = %d, %v, %v; want 120", off, ok, err)
 	}
@@ -173,15 +166,7 @@ func TestSkipShareCountsEachLossOnce(t *testing.T) {
 			t.Errorf("%s: %d requests counted lost, want %d", tc.name, n, tc.lost)
 		}
 	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l, err := Open(dir, Options{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if n := lost(l); n != 10 {
+	if n := lost(reopen(t, l, dir)); n != 10 {
 		t.Errorf("after reopening: %d requests counted lost, want 10", n)
 	}
 }
