@@ -48,8 +48,9 @@ type State struct {
 	Waiting    int64
 	HasWaiting bool
 	// Lost counts, by topic, the records the broker deleted (its retention) before cfguard read
-	// them, as the ledger keeps the count: the input topic's, and on a replica the CE topic's.
-	// Stored with the offsets that pass them, they survive restarts.
+	// them, as the ledger keeps the count: the input topic's that this daemon's consumer read
+	// past, and on a replica the CE topic's. Stored with the offsets that pass them, they
+	// survive restarts.
 	Lost map[string]int64
 }
 

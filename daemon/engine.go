@@ -214,6 +214,13 @@ func (d *Daemon) compute(ctx context.Context, prev *bnn.Model, inc *stream.Incre
 	return s, nil
 }
 
+// counterConsumerLost is the ledger counter of input records this daemon's own consumer found
+// deleted by the broker before it read them: the "lost" of the steps it computed. On a replica
+// the counter "lost" also adds what the posterior log's other writers recorded, which a replica
+// that replays the log applies long after the loss; cfguard_records_lost_total and its alert
+// count this one.
+const counterConsumerLost = "consumer_lost"
+
 // computeUpdate is compute without the prequential scores; (X, y) are inc's good records.
 func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream.Increment, X [][]float64, y []int) (*step, error) {
 	s := &step{prev: prev, counters: map[string]int64{}, records: len(inc.Records)}
@@ -222,6 +229,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 	}
 	if lost := inc.Lost(); lost > 0 { // deleted by the broker before they were read (logged by the consumer)
 		s.counters["lost"] = lost
+		s.counters[counterConsumerLost] = lost
 	}
 	if len(inc.Records) == 0 {
 		return s, nil
@@ -384,7 +392,7 @@ func (d *Daemon) state() (alerts.State, error) {
 	}
 	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts, Decided: st.Decided,
 		Pending: st.Pending, Unconfirmed: st.Unconfirmed, OutboxPending: st.OutboxLen, MinBound: st.MinBound, HasBound: st.HasBound,
-		LastIngest: st.AppliedAt, Lost: map[string]int64{d.cfg.Kafka.Topic: st.Counters["lost"]}}
+		LastIngest: st.AppliedAt, Lost: map[string]int64{d.cfg.Kafka.Topic: st.Counters[counterConsumerLost]}}
 	if d.cfg.Replication.Enabled {
 		s.Lost[d.cfg.Replication.CETopic] = st.Counters[ledger.CounterRequestsLost]
 	}

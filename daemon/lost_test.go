@@ -21,12 +21,13 @@ import (
 // after them.
 const lostApplied, lostDeleted, lostAfter = 64, 32, 16
 
-// lostDaemon is a daemon whose input topic's retention (30 minutes, on a broker of the test's
-// own) deleted records it had not read: it applied lostApplied records and stopped; then
-// lostDeleted records stamped an hour ago and lostAfter new ones were produced, and the broker
-// applied its retention; started again on its state directory, it applied the new ones and
-// counted the others lost (CfguardRecordsLost). start starts it again on the same state.
-func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
+// lostInput starts a daemon (mutate's configuration, on a broker of the test's own whose input
+// topic keeps records 30 minutes, and a state directory of its own) whose input topic's
+// retention deleted records it had not read: it applies lostApplied records and stops; then
+// lostDeleted records stamped an hour ago and lostAfter new ones are produced, and the broker
+// applies its retention; started again, it applies the new ones and counts the others lost.
+// start starts it again on the same state directory.
+func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *broker.Broker, start func() *running) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -38,20 +39,22 @@ func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 	t.Cleanup(b.Close)
 	dir := t.TempDir()
 	start = func() *running {
-		return startDaemon(t, func(c *config.Config) { c.Kafka.Brokers, c.StateDir = b.Addrs(), dir })
+		return startDaemon(t, func(c *config.Config) {
+			c.Kafka.Brokers, c.StateDir = b.Addrs(), dir
+			if mutate != nil {
+				mutate(c)
+			}
+		})
 	}
 	data := bundled(t)
-	records := func(prefix string, n int, at time.Time) []kafka.Message {
-		out := make([]kafka.Message, n)
-		for i := range out {
-			out[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]), Time: at}
-		}
-		return out
-	}
-	produce := func(msgs []kafka.Message) {
+	produce := func(prefix string, n int, at time.Time) {
 		t.Helper()
+		msgs := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]), Time: at}
+		}
 		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll,
-			BatchSize: len(msgs)}
+			BatchSize: n}
 		defer w.Close()
 		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer wcancel()
@@ -59,14 +62,14 @@ func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 			t.Fatal(err)
 		}
 	}
-	r := start()
-	produce(records("applied", lostApplied, time.Time{}))
+	r = start()
+	produce("applied", lostApplied, time.Time{})
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("%d applied records", lostApplied), func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == lostApplied
 	})
 	r.stop(t)
-	produce(records("deleted", lostDeleted, time.Now().Add(-time.Hour)))
-	produce(records("after", lostAfter, time.Time{}))
+	produce("deleted", lostDeleted, time.Now().Add(-time.Hour))
+	produce("after", lostAfter, time.Time{})
 	b.ApplyRetention()
 	if first := b.LogStartOffsets("cfguard.records")[0]; first != lostApplied+lostDeleted {
 		t.Fatalf("the topic starts at offset %d after retention, want %d", first, lostApplied+lostDeleted)
@@ -75,10 +78,17 @@ func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("the %d records after the loss applied", lostAfter), func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == lostAfter
 	})
+	return r, b, start
+}
+
+// lostDaemon is lostInput's single daemon, in the state of CfguardRecordsLost.
+func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
+	t.Helper()
+	r, b, start := lostInput(t, nil)
 	return &runbookState{r: r, subst: strings.NewReplacer(
 		"127.0.0.1:8080", r.d.HTTPAddr(),
 		"127.0.0.1:9092", b.Addrs()[0],
-		"STATE_DIR", ledger.ShellQuote(dir),
+		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
 	)}, start
 }
 
@@ -103,8 +113,8 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 		if err := json.Unmarshal(body, &m); err != nil {
 			t.Fatal(err)
 		}
-		if m.Counters["lost"] != lostDeleted {
-			t.Errorf("%s: /v1/model counters %v, want lost %d", when, m.Counters, lostDeleted)
+		if m.Counters["lost"] != lostDeleted || m.Counters[counterConsumerLost] != lostDeleted {
+			t.Errorf("%s: /v1/model counters %v, want lost and %s %d", when, m.Counters, counterConsumerLost, lostDeleted)
 		}
 		if m.Offsets["0"] != lostApplied+lostDeleted+lostAfter {
 			t.Errorf("%s: /v1/model offsets %v, want partition 0 at %d", when, m.Offsets, lostApplied+lostDeleted+lostAfter)
@@ -175,5 +185,37 @@ func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 	}
 	if n, err := r.d.ledger.State(); err != nil || n.Counters[ledger.CounterRequestsLost] != 5 {
 		t.Errorf("ledger counters %v (%v), want %s 5", n.Counters, err, ledger.CounterRequestsLost)
+	}
+}
+
+// TestInputLossIsCountedByTheReplicaThatReadPastIt: the updater whose consumer found input
+// records deleted unread counts them (cfguard_records_lost_total, CfguardRecordsLost); a replica
+// that joins later and replays the posterior log learns of the loss from the entry (its counter
+// "lost") but does not count it as its own, so that it does not page for a loss an hour old.
+func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel() // mostly waits for its replicas to join their groups
+	key := writeKeyFile(t, testClusterKey)
+	r1, b, _ := lostInput(t, func(c *config.Config) { replicaConfigAt(c, c.Kafka.Brokers, "r1", key) })
+	if n := r1.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
+		t.Errorf("r1, the updater that read past the loss: cfguard_records_lost_total = %v, want %d", n, lostDeleted)
+	}
+	r2 := startReplicaAt(t, b.Addrs(), "r2", key)
+	head := r1.view(t).Replication.Entry
+	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.view(t).Replication.Entry >= head })
+	var m struct {
+		Counters map[string]int64 `json:"counters"`
+	}
+	_, body := r2.get(t, "/v1/model")
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Counters["lost"] != lostDeleted || m.Counters[counterConsumerLost] != 0 {
+		t.Errorf("r2's counters %v, want lost %d (the log's) and no %s", m.Counters, lostDeleted, counterConsumerLost)
+	}
+	if n := r2.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
+		t.Errorf("r2, which replayed the loss from the log: cfguard_records_lost_total = %v, want 0", n)
 	}
 }

@@ -64,11 +64,15 @@ func (h replicaHost) Compute(ctx context.Context, prev *bnn.Model, inc *stream.I
 }
 
 // Commit writes an accepted increment entry as the step it records (stepOf), with the events
-// of this replica's own step when the entry is its own.
+// of this replica's own step, and the input records its consumer found lost, when the entry is
+// its own.
 func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *bnn.Model, own replica.Step, cp *ledger.Checkpoint) error {
 	s := stepOf(e, prev, next)
 	if o, ok := own.(*step); ok {
 		s.events = o.eventsOf(e.Seq)
+		if n := o.counters[counterConsumerLost]; n > 0 {
+			s.counters[counterConsumerLost] = n
+		}
 	}
 	if h.d.hooks.followCommit != nil && next != nil {
 		h.d.hooks.followCommit(ctx, next.Version)

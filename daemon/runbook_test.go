@@ -78,7 +78,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 	},
 	"CfguardRecordsLost": {
 		{Cmd: "^cfguard_records_lost_total", Want: `(?m)^cfguard_records_lost_total\{topic="cfguard\.records"\} 32$`},
-		{Cmd: "jq -c .counters", Want: `"lost":32\b`},
+		{Cmd: "jq -c .counters", Want: `"consumer_lost":32\b`},
 		{Cmd: "kcat -Q", Want: `cfguard.records \[0\] offset 96\b`},
 	},
 	"CfguardModelQualityDegraded": {
