@@ -624,9 +624,9 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 }
 
 // acquireStates claims partition p of the CE state topic for generation gen and, with restore,
-// reads its states (claimStates), retrying a broker's transient errors for at most a session timeout (the
-// partition's rebuild waits no longer than the group waits for a member), and creating the
-// topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
+// reads its states (claimStates), retrying a broker's transient errors for at most a session
+// timeout (the partition's rebuild waits no longer than the group waits for a member), and
+// creating the topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
 // and the partition is rebuilt from its registrations alone.
 func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) map[string]State {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
@@ -771,8 +771,8 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 // outOfRange handles a fetch refused because next is outside p's log. Below the log start,
 // requests were deleted before they were read (the topic's retention is not "for ever"): the
 // gap is logged as an ERROR and stored with its count through Lost, and reading goes on from
-// the log start. Past the end, the ledger's offset belongs to another log (the topic was deleted and
-// created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
+// the log start. Past the end, the ledger's offset belongs to another log (the topic was
+// deleted and created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
 // on from 0, so that no request of the new log is skipped.
 func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next int64) (int64, error) {
 	first, end, err := partitionOffsets(ctx, cl, m.cfg.Topic, p)

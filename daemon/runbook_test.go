@@ -101,8 +101,8 @@ var runbookNotRun = map[string]string{
 // records (CfguardKLOverBudget, CfguardCounterfactualsInvalidated, CfguardDeadLetterRateHigh),
 // a change the quality detector found (CfguardModelQualityDegraded), a recreated input topic
 // (CfguardTopicReset), input records deleted by retention before they were read
-// (CfguardRecordsLost, lostDaemon), a deleted events topic (CfguardOutboxBacklog; the test then creates it
-// and the backlog drains). CfguardCheckpointFailing's and CfguardIngestStalled's run in the
+// (CfguardRecordsLost, lostDaemon), a deleted events topic (CfguardOutboxBacklog; the test
+// then creates it and the backlog drains). CfguardCheckpointFailing's and CfguardIngestStalled's run in the
 // child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
 // records wait in the topic (runbookInChild). CfguardRenewalBehind's run against a daemon whose
 // confirmers are held after a drift lapsed its certificates (behindDaemon); released, its
