@@ -29,6 +29,7 @@ func (r *running) families(t *testing.T) []string {
 // main adds them), and every metric an alert queries is registered by a single node or, for the
 // replicas' alerts, by a replica.
 func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
+	t.Parallel() // mostly waits for a replica to join and for promtool
 	single := startDaemon(t, nil)
 	replica := startReplica(t, startCluster(t, 1), "r1")
 	registered := map[string]bool{}

@@ -131,6 +131,7 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 
 // TestKcatProducer feeds the daemon with Debian's kcat, a Kafka client we did not write.
 func TestKcatProducer(t *testing.T) {
+	t.Parallel() // mostly waits for kcat
 	kcat := tooltest.Command(t, "apt-get install kcat", "kcat")
 	r := startDaemon(t, nil)
 	data := bundled(t)

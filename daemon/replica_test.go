@@ -376,6 +376,7 @@ func TestShareReleaseCutShortRestartsThePartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a replica: not with -short")
 	}
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	r := startReplica(t, b, "r1")
 	s := r.d.share

@@ -19,6 +19,7 @@ import (
 // (CfguardTopicReset). Restarted, a new updater (whose consumer never read the old topic) finds
 // it from the log's marks alone: the log still covers 64.
 func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
+	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	dir := t.TempDir()
