@@ -54,6 +54,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if _, err := readCounters(tx); err != nil {
 		return err
 	}
+	if _, err := readCountersAt(tx); err != nil {
+		return err
+	}
 	if err := checkSequences(tx, info); err != nil {
 		return err
 	}

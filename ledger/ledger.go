@@ -356,15 +356,17 @@ func (l *Ledger) LogHead() ([]byte, error) {
 
 // State is a consistent snapshot of the ledger's scalars.
 type State struct {
-	HasPosterior     bool                   `json:"has_posterior"`
-	PosteriorVersion uint64                 `json:"posterior_version"`
-	Applied          int64                  `json:"applied"`
-	Offsets          map[int]int64          `json:"offsets"`
-	Counters         map[string]int64       `json:"counters"`
-	Counts           map[certify.Status]int `json:"counts"`
-	Anchors          int                    `json:"anchors"`
-	Generation       uint64                 `json:"generation"`
-	OutboxLen        int                    `json:"outbox_len"`
+	HasPosterior     bool             `json:"has_posterior"`
+	PosteriorVersion uint64           `json:"posterior_version"`
+	Applied          int64            `json:"applied"`
+	Offsets          map[int]int64    `json:"offsets"`
+	Counters         map[string]int64 `json:"counters"`
+	// CountersAt is when each counter last increased.
+	CountersAt map[string]time.Time   `json:"counters_at"`
+	Counts     map[certify.Status]int `json:"counts"`
+	Anchors    int                    `json:"anchors"`
+	Generation uint64                 `json:"generation"`
+	OutboxLen  int                    `json:"outbox_len"`
 	// Pending is the renewal backlog: certified CEs whose bound has lapsed, waiting for Confirm.
 	Pending int `json:"pending"`
 	// Unconfirmed is how many CEs wait for a measurement under the current posterior (lapsed
@@ -433,7 +435,10 @@ func (l *Ledger) State() (State, error) {
 		if s.Offsets, err = readOffsets(tx); err != nil {
 			return err
 		}
-		s.Counters, err = readCounters(tx)
+		if s.Counters, err = readCounters(tx); err != nil {
+			return err
+		}
+		s.CountersAt, err = readCountersAt(tx)
 		return err
 	})
 	if err != nil {
@@ -453,6 +458,41 @@ func readOffsets(tx *bolt.Tx) (map[int]int64, error) {
 		return nil
 	})
 	return m, err
+}
+
+// counterAtPrefix prefixes the meta key of a counter's last increase: unix ns, sealed.
+const counterAtPrefix = "counter_at/"
+
+// addCounter adds d (>= 0) to counter name and, when d > 0, records now as its last increase.
+func addCounter(tx *bolt.Tx, name string, d int64, now time.Time) error {
+	ctrs := tx.Bucket(bCounters)
+	n, err := getU64(ctrs, []byte(name), fmt.Sprintf("counter %q", name))
+	if err != nil {
+		return err
+	}
+	if err := putU64(ctrs, []byte(name), n+uint64(d)); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	return putU64(tx.Bucket(bMeta), []byte(counterAtPrefix+name), uint64(now.UnixNano()))
+}
+
+// readCountersAt returns when each counter last increased (counters that never did, or did
+// before the ledger recorded it, have none).
+func readCountersAt(tx *bolt.Tx) (map[string]time.Time, error) {
+	m := map[string]time.Time{}
+	c := tx.Bucket(bMeta).Cursor()
+	prefix := []byte(counterAtPrefix)
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		p, ok := unseal(k, v)
+		if !ok || len(p) != 8 {
+			return nil, corruptf("meta %q (%d bytes) is damaged", k, len(v))
+		}
+		m[string(k[len(prefix):])] = time.Unix(0, int64(binary.BigEndian.Uint64(p))).UTC()
+	}
+	return m, nil
 }
 
 func readCounters(tx *bolt.Tx) (map[string]int64, error) {

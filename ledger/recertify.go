@@ -588,13 +588,8 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 			return err
 		}
 	}
-	ctrs := tx.Bucket(bCounters)
 	for name, d := range c.Counters {
-		n, err := getU64(ctrs, []byte(name), fmt.Sprintf("counter %q", name))
-		if err != nil {
-			return err
-		}
-		if err := putU64(ctrs, []byte(name), n+uint64(d)); err != nil {
+		if err := addCounter(tx, name, d, now); err != nil {
 			return err
 		}
 	}

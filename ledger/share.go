@@ -50,8 +50,8 @@ const CounterRequestsLost = "ce_requests_lost"
 
 // SkipShare moves partition p's offset from `from`, where the ledger holds it (0 when it holds
 // none), to `to`, past requests the CE topic no longer has (its retention deleted them before
-// they were read), and adds to - from to the counter CounterRequestsLost, in one transaction: a
-// loss is counted once, and counted whenever it is passed. It refuses, writing nothing, when p's
+// they were read), and adds to - from to the counter CounterRequestsLost, in one transaction:
+// this ledger counts a loss once, and whenever it passes one. It refuses, writing nothing, when p's
 // offset is not `from` (another call moved it) or when to < from.
 func (l *Ledger) SkipShare(p int, from, to int64) error {
 	if p < 0 || from < 0 || to < from {
@@ -78,12 +78,7 @@ func (l *Ledger) SkipShare(p int, from, to int64) error {
 		if err := putSealed(meta, shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(to))); err != nil {
 			return err
 		}
-		ctrs := tx.Bucket(bCounters)
-		n, err := getU64(ctrs, []byte(CounterRequestsLost), fmt.Sprintf("counter %q", CounterRequestsLost))
-		if err != nil {
-			return err
-		}
-		return putU64(ctrs, []byte(CounterRequestsLost), n+uint64(to-from))
+		return addCounter(tx, CounterRequestsLost, to-from, l.opts.Now())
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: skip share of partition %d: %w", p, err)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
@@ -126,17 +127,18 @@ func TestPutPastAnchorsToAGivenPosterior(t *testing.T) {
 // counts them in the same transaction; a call from an offset the ledger does not hold, or
 // backwards, writes nothing; the count survives a reopening.
 func TestSkipShareCountsEachLossOnce(t *testing.T) {
-	l, dir := openTest(t, Options{})
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, dir := openTest(t, Options{Now: func() time.Time { return clock }})
 	if _, err := l.ApplyShare(2, nil, 5, nil); err != nil {
 		t.Fatal(err)
 	}
-	lost := func(l *Ledger) int64 {
+	lost := func(l *Ledger) (int64, time.Time) {
 		t.Helper()
 		st, err := l.State()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Counters[CounterRequestsLost]
+		return st.Counters[CounterRequestsLost], st.CountersAt[CounterRequestsLost]
 	}
 	for _, tc := range []struct {
 		name     string
@@ -145,13 +147,15 @@ func TestSkipShareCountsEachLossOnce(t *testing.T) {
 		ok       bool
 		offset   int64 // p's offset after the call
 		lost     int64 // the counter after the call
+		at       int   // the hour of the clock its last increase was at
 	}{
-		{"past a loss", 2, 5, 12, true, 12, 7},
-		{"from an offset the ledger does not hold", 2, 5, 20, false, 12, 7},
-		{"backwards", 2, 12, 10, false, 12, 7},
-		{"a partition never held, from 0", 6, 0, 3, true, 3, 10},
-		{"nothing lost", 6, 3, 3, true, 3, 10},
+		{"past a loss", 2, 5, 12, true, 12, 7, 1},
+		{"from an offset the ledger does not hold", 2, 5, 20, false, 12, 7, 1},
+		{"backwards", 2, 12, 10, false, 12, 7, 1},
+		{"a partition never held, from 0", 6, 0, 3, true, 3, 10, 4},
+		{"nothing lost", 6, 3, 3, true, 3, 10, 4},
 	} {
+		clock = clock.Add(time.Hour)
 		err := l.SkipShare(tc.p, tc.from, tc.to)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: SkipShare(%d, %d, %d) = %v, want ok %v", tc.name, tc.p, tc.from, tc.to, err, tc.ok)
@@ -162,11 +166,11 @@ func TestSkipShareCountsEachLossOnce(t *testing.T) {
 		if off, _, _ := l.ShareOffset(tc.p); off != tc.offset {
 			t.Errorf("%s: offset %d, want %d", tc.name, off, tc.offset)
 		}
-		if n := lost(l); n != tc.lost {
-			t.Errorf("%s: %d requests counted lost, want %d", tc.name, n, tc.lost)
+		if n, at := lost(l); n != tc.lost || at.Hour() != tc.at {
+			t.Errorf("%s: %d requests counted lost, last at %v; want %d at %d:00", tc.name, n, at, tc.lost, tc.at)
 		}
 	}
-	if n := lost(reopen(t, l, dir)); n != 10 {
-		t.Errorf("after reopening: %d requests counted lost, want 10", n)
+	if n, at := lost(reopen(t, l, dir)); n != 10 || at.Hour() != 4 {
+		t.Errorf("after reopening: %d requests counted lost, last at %v; want 10 at 4:00", n, at)
 	}
 }
