@@ -67,6 +67,7 @@ const (
 	NameUpdates                = "cfguard_updates_total"
 	NameRecords                = "cfguard_records_total"
 	NameRecordsLost            = "cfguard_records_lost_total"
+	NameRecordsLostLast        = "cfguard_records_lost_last_timestamp_seconds"
 	NameRecertDuration         = "cfguard_recertification_duration_seconds"
 	NameConsumerLag            = "cfguard_consumer_lag_records"
 	NameLastIngest             = "cfguard_last_ingest_timestamp_seconds"
@@ -92,7 +93,7 @@ const (
 func Names() []string {
 	names := []string{
 		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
-		NameUpdates, NameRecords, NameRecordsLost, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged,

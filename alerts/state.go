@@ -52,6 +52,10 @@ type State struct {
 	// past, and on a replica the CE topic's. Stored with the offsets that pass them, they
 	// survive restarts.
 	Lost map[string]int64
+	// LostAt is, by topic, when the ledger last counted such records (a topic with none has
+	// none): a loss is an event with a time, which CfguardRecordsLost pages on for an hour
+	// whether it was found at a start after a long outage or while running.
+	LostAt map[string]time.Time
 }
 
 // StateCollector is a prometheus.Collector that reads State at each scrape, as Prometheus' own
@@ -64,7 +68,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox, lastBreach, waiting, lost                                             *prometheus.Desc
+	unconfirmed, outbox, lastBreach, waiting, lost, lostAt                                     *prometheus.Desc
 	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -94,6 +98,8 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 			"cfguard_counterfactuals minus this gauge are the undecided ones: lapsed certificates, verdicts kept by hysteresis or that no longer carry.", "status"),
 		lost: d(NameRecordsLost, "Records the broker deleted (the topic's retention) before cfguard read them, by topic: the input topic's were never learned from, "+
 			"the CE topic's registrations and deletions were never applied (CfguardRecordsLost). Kept in the ledger: a restart does not reset it.", "topic"),
+		lostAt: d(NameRecordsLostLast, "Unix time at which the ledger last counted records of the topic lost (cfguard_records_lost_total; 0 when it never did). "+
+			"Kept in the ledger: CfguardRecordsLost fires for an hour after it.", "topic"),
 		build:       d(NameBuildInfo, "Always 1: the cfguard build (module version, VCS revision, Go version).", "version", "revision", "goversion"),
 		buildLabels: buildLabels(),
 	}
@@ -116,7 +122,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.lost} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.lost, c.lostAt} {
 		ch <- d
 	}
 }
@@ -164,5 +170,6 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.lastBreach, unix(s.LastBreach))
 	for topic, n := range s.Lost {
 		ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(n), topic)
+		g(c.lostAt, unix(s.LostAt[topic]), topic)
 	}
 }

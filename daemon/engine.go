@@ -392,9 +392,11 @@ func (d *Daemon) state() (alerts.State, error) {
 	}
 	s := alerts.State{PosteriorVersion: st.PosteriorVersion, MaxAnchorKL: st.MaxAnchorKL, Counts: st.Counts, Decided: st.Decided,
 		Pending: st.Pending, Unconfirmed: st.Unconfirmed, OutboxPending: st.OutboxLen, MinBound: st.MinBound, HasBound: st.HasBound,
-		LastIngest: st.AppliedAt, Lost: map[string]int64{d.cfg.Kafka.Topic: st.Counters[counterConsumerLost]}}
+		LastIngest: st.AppliedAt, Lost: map[string]int64{d.cfg.Kafka.Topic: st.Counters[counterConsumerLost]},
+		LostAt: map[string]time.Time{d.cfg.Kafka.Topic: st.CountersAt[counterConsumerLost]}}
 	if d.cfg.Replication.Enabled {
 		s.Lost[d.cfg.Replication.CETopic] = st.Counters[ledger.CounterRequestsLost]
+		s.LostAt[d.cfg.Replication.CETopic] = st.CountersAt[ledger.CounterRequestsLost]
 	}
 	if w, reset, ok := d.ends.get(); ok {
 		next := maps.Clone(st.Offsets)

@@ -39,12 +39,14 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 	t.Cleanup(b.Close)
 	dir := t.TempDir()
 	start = func() *running {
-		return startDaemon(t, func(c *config.Config) {
+		r := startDaemonWith(t, func(c *config.Config) {
 			c.Kafka.Brokers, c.StateDir = b.Addrs(), dir
 			if mutate != nil {
 				mutate(c)
 			}
-		})
+		}, nil, nil)
+		waitfor.Cond(t, 60*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		return r
 	}
 	data := bundled(t)
 	produce := func(prefix string, n int, at time.Time) {
@@ -64,7 +66,7 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 	}
 	r = start()
 	produce("applied", lostApplied, time.Time{})
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("%d applied records", lostApplied), func() bool {
+	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("%d applied records", lostApplied), func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == lostApplied
 	})
 	r.stop(t)
@@ -75,7 +77,7 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 		t.Fatalf("the topic starts at offset %d after retention, want %d", first, lostApplied+lostDeleted)
 	}
 	r = start()
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("the %d records after the loss applied", lostAfter), func() bool {
+	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the %d records after the loss applied", lostAfter), func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == lostAfter
 	})
 	return r, b, start
@@ -121,6 +123,13 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 		}
 	}
 	check(r, "after the loss")
+	lostAt := r.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records")
+	if time.Since(time.Unix(int64(lostAt), 0)) > time.Minute {
+		t.Errorf("cfguard_records_lost_last_timestamp_seconds = %v, want the time of the loss", lostAt)
+	}
+	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), "CfguardRecordsLost") {
+		t.Error("the UI's overview does not show CfguardRecordsLost's condition")
+	}
 	want := fmt.Sprintf("partition=0 from=%d to=%d lost=%d", lostApplied, lostApplied+lostDeleted, lostDeleted)
 	if n := strings.Count(r.logs.String(), "records were deleted by the broker (retention) before they were read"); n != 1 ||
 		!strings.Contains(r.logs.String(), want) {
@@ -129,6 +138,9 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 	r.stop(t)
 	r = start()
 	check(r, "after a restart")
+	if at := r.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records"); at != lostAt {
+		t.Errorf("after a restart: cfguard_records_lost_last_timestamp_seconds = %v, want %v (the ledger's)", at, lostAt)
+	}
 	if n := r.metric(t, "cfguard_records_total", "result", "applied"); n != 0 {
 		t.Errorf("after a restart: %v records applied again", n)
 	}
@@ -138,13 +150,15 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 }
 
 // TestCERequestsLostAreCountedByTheirOwner: on a CE topic given a retention, requests deleted
-// before their partition's owner read them are reported by one ERROR line and counted in the
-// owner's ledger (cfguard_records_lost_total for the CE topic); the partition is ready.
+// before any replica read them are reported by one ERROR line per partition and counted in the
+// ledger of the partition's first owner (cfguard_records_lost_total for the CE topic, with the
+// time); a replica that later takes over some of the partitions finds the same gap and logs it,
+// but does not count it again, since an earlier owner claimed each of them.
 func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a replica: not with -short")
+		t.Skip("two replicas: not with -short")
 	}
-	t.Parallel() // mostly waits for its replica to join its groups
+	t.Parallel() // mostly waits for its replicas to join their groups
 	b := startCluster(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -159,32 +173,50 @@ func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 	if err != nil {
 		t.Fatalf("creating %s with a retention: %v", topic, err)
 	}
-	old := make([]kafka.Message, 5)
-	for i := range old {
-		old[i] = kafka.Message{Value: []byte(`{}`), Time: time.Now().Add(-time.Hour)}
+	// Five records an hour old in every partition: retention deletes them unread.
+	var old []kafka.Message
+	for p := range parts {
+		for range 5 {
+			old = append(old, kafka.Message{Partition: p, Value: []byte(`{}`), Time: time.Now().Add(-time.Hour)})
+		}
 	}
 	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: topic, RequiredAcks: kafka.RequireAll,
-		Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 })}
+		Balancer: kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition })}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, old...); err != nil {
 		t.Fatal(err)
 	}
 	b.ApplyRetention()
-	if first := b.LogStartOffsets(topic)[0]; first != 5 {
-		t.Fatalf("partition 0 of %s starts at offset %d after retention, want 5", topic, first)
+	for p, first := range b.LogStartOffsets(topic) {
+		if first != 5 {
+			t.Fatalf("partition %d of %s starts at offset %d after retention, want 5", p, topic, first)
+		}
 	}
-	r := startReplica(t, b, "r1")
-	waitfor.Cond(t, 30*time.Second, "the lost requests counted", func() bool {
-		return r.metric(t, "cfguard_records_lost_total", "topic", topic) == 5
-	})
-	if n := r.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	lost := func(r *running) float64 { return r.metric(t, "cfguard_records_lost_total", "topic", topic) }
+	waitfor.Cond(t, 30*time.Second, "the lost requests counted", func() bool { return lost(r1) == float64(5*parts) })
+	if n := r1.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
 		t.Errorf("cfguard_records_lost_total for the input topic = %v, want 0", n)
 	}
-	if n := strings.Count(r.logs.String(), "CE requests were deleted before they were read"); n != 1 {
-		t.Errorf("%d ERROR lines about the lost requests, want 1:\n%s", n, r.logs.String())
+	if at := r1.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", topic); time.Since(time.Unix(int64(at), 0)) > time.Minute {
+		t.Errorf("cfguard_records_lost_last_timestamp_seconds = %v, want the time of the loss", at)
 	}
-	if n, err := r.d.ledger.State(); err != nil || n.Counters[ledger.CounterRequestsLost] != 5 {
-		t.Errorf("ledger counters %v (%v), want %s 5", n.Counters, err, ledger.CounterRequestsLost)
+	if n := strings.Count(r1.logs.String(), "CE requests were deleted before they were read"); n != parts {
+		t.Errorf("%d ERROR lines about the lost requests, want %d:\n%s", n, parts, r1.logs.String())
+	}
+
+	r2 := startReplicaKey(t, b, "r2", key)
+	waitfor.Cond(t, 60*time.Second, "r2 owning partitions", func() bool { return len(r2.d.share.member.Owned()) > 0 })
+	moved := len(r2.d.share.member.Owned())
+	waitfor.Cond(t, 30*time.Second, "r2 to log the gap of each partition it took over", func() bool {
+		return strings.Count(r2.logs.String(), "after an earlier owner of the partition did") == moved
+	})
+	if n := lost(r2); n != 0 {
+		t.Errorf("r2, which took over %d partitions whose first requests r1 counted lost: cfguard_records_lost_total = %v, want 0", moved, n)
+	}
+	if n := lost(r1); n != float64(5*parts) {
+		t.Errorf("r1 after the move: cfguard_records_lost_total = %v, want %d", n, 5*parts)
 	}
 }
 

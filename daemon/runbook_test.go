@@ -77,7 +77,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 		{Cmd: "--accept-topic-reset", Want: ""}, // starts a daemon: see runbookNotRun
 	},
 	"CfguardRecordsLost": {
-		{Cmd: "^cfguard_records_lost_total", Want: `(?m)^cfguard_records_lost_total\{topic="cfguard\.records"\} 32$`},
+		{Cmd: "^cfguard_records_lost_(total", Want: `(?m)^cfguard_records_lost_last_timestamp_seconds\{topic="cfguard\.records"\} 1\.[0-9.e+]+$[\s\S]*^cfguard_records_lost_total\{topic="cfguard\.records"\} 32$`},
 		{Cmd: "jq -c .counters", Want: `"consumer_lost":32\b`},
 		{Cmd: "kcat -Q", Want: `cfguard.records \[0\] offset 96\b`},
 	},

@@ -116,7 +116,7 @@ func healthy(change map[string]string) []string {
 		`cfguard_counterfactuals_bound_min`: "0.9x40", `cfguard_posterior_version`: "7x40", `cfguard_export_posterior_version`: "7x40",
 		`cfguard_consumer_lag_records`: "0x40", `cfguard_last_ingest_timestamp_seconds`: "60x40",
 		`cfguard_records_total{result="applied"}`: "64x40", `cfguard_records_total{result="dead_lettered"}`: "0x40",
-		`cfguard_records_lost_total{topic="cfguard.records"}`: "0x40", `cfguard_records_total{result="failed"}`: "0x40", `cfguard_records_total{result="held"}`: "0x40",
+		`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: "0x40", `cfguard_records_total{result="failed"}`: "0x40", `cfguard_records_total{result="held"}`: "0x40",
 		`cfguard_updates_total{outcome="promoted"}`: "2x40", `cfguard_updates_total{outcome="clipped"}`: "0x40",
 		`cfguard_updates_total{outcome="rejected"}`: "0x40", `cfguard_updates_total{outcome="failed"}`: "0x40",
 		`cfguard_recertification_duration_seconds_bucket{le="0.1"}`: "2x40", `cfguard_recertification_duration_seconds_bucket{le="+Inf"}`: "2x40",

@@ -25,7 +25,7 @@ const alertLost = "CfguardRecordsLost"
 // Started again, the daemon reads on from the 16 and counts the 32 lost: CfguardRecordsLost
 // reaches the paging webhook with the input topic's name, and through one more restart it keeps
 // firing (one episode, the same startsAt at Alertmanager, no resolved notification), since the
-// ledger keeps the count.
+// ledger keeps the loss's time.
 func TestRecordsLostPagesAcrossRestarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real Prometheus and Alertmanager through two restarts")

@@ -2,6 +2,7 @@ package ui
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -17,8 +18,8 @@ type condition struct {
 }
 
 // conditions are the alerts whose condition the daemon's gauges decide at an instant. The rate
-// rule (CfguardDeadLetterRateHigh) and the counter rules (CfguardReplicationUnauthenticated,
-// CfguardRecordsLost) need a window of samples and are not here.
+// rule (CfguardDeadLetterRateHigh) and the counter rule (CfguardReplicationUnauthenticated) need
+// a window of samples and are not here.
 var conditions = []condition{
 	{"CfguardKLOverBudget", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_kl_breach_last_timestamp_seconds"]
@@ -45,6 +46,14 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardTopicReset", func(g map[string]float64, _ time.Time) (bool, string) {
 		return g["cfguard_consumer_topic_mismatch"] > 0, "the input topic no longer holds the offsets the ledger read up to"
+	}, "/ui/"},
+	{"CfguardRecordsLost", func(g map[string]float64, now time.Time) (bool, string) {
+		for k, t := range g {
+			if strings.HasPrefix(k, "cfguard_records_lost_last_timestamp_seconds{") && t > 0 && float64(now.Unix())-t < 3600 {
+				return true, "the broker deleted records before they were read (" + k[len("cfguard_records_lost_last_timestamp_seconds"):] + ", at " + unix(t) + ")"
+			}
+		}
+		return false, ""
 	}, "/ui/"},
 	{"CfguardOutboxBacklog", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_events_pending"]

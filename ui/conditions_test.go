@@ -44,6 +44,10 @@ func TestConditionsFollowTheRules(t *testing.T) {
 			"cfguard_last_ingest_timestamp_seconds": at(0)},
 			[]string{"CfguardCheckpointFailing", "CfguardTopicReset", "CfguardOutboxBacklog", "CfguardPosteriorLogStopped", "CfguardPosteriorLogBehind",
 				"CfguardCounterfactualsNotCaughtUp"}},
+		{"records lost 59 minutes ago", map[string]float64{`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: at(59 * time.Minute),
+			`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.ce"}`: 0, "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardRecordsLost"}},
+		{"records lost 61 minutes ago", map[string]float64{`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: at(61 * time.Minute),
+			"cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
 		{"quality dropped 59 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(59 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardModelQualityDegraded"}},
 		{"quality dropped 61 minutes ago", map[string]float64{"cfguard_prequential_last_change_timestamp_seconds": at(61 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
 	} {
