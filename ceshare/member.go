@@ -187,6 +187,9 @@ type partState struct {
 	// states are the CE states read from the state topic when the partition was acquired with
 	// registrations to replay, handed to them until the partition caught up.
 	states map[string]State
+	// ownedBefore: the state topic holds a claim of the partition older than this member's
+	// acquisition (an earlier owner read it).
+	ownedBefore bool
 }
 
 // Member is one replica's membership of the CE group: it owns the partitions the group
@@ -500,10 +503,13 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	// a rebuild was cut short (a crash).
 	if fresh && m.cfg.StateTopic != "" {
 		replay := m.toReplay(ctx, cl, p, from)
-		states := m.acquireStates(ctx, cl, p, gen, replay)
+		states, before := m.acquireStates(ctx, cl, p, gen, replay)
 		if ctx.Err() != nil {
 			return
 		}
+		m.mu.Lock()
+		ps.ownedBefore = before
+		m.mu.Unlock()
 		if replay {
 			m.mu.Lock()
 			if !ps.ready {
@@ -624,20 +630,20 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 }
 
 // acquireStates claims partition p of the CE state topic for generation gen and, with restore,
-// reads its states (claimStates), retrying a broker's transient errors for at most a session
+// reads its states, and says whether an earlier owner claimed p (claimStates), retrying a broker's transient errors for at most a session
 // timeout (the partition's rebuild waits no longer than the group waits for a member), and
 // creating the topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
 // and the partition is rebuilt from its registrations alone.
-func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) map[string]State {
+func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, bool) {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	deadline := time.Now().Add(m.cfg.SessionTimeout)
 	for {
-		states, err := m.claimStates(ctx, cl, p, gen, restore)
+		states, before, err := m.claimStates(ctx, cl, p, gen, restore)
 		if err == nil {
-			return states
+			return states, before
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, false
 		}
 		if topicGone(err) {
 			created, cerr := createStateTopic(ctx, cl, m.cfg.StateTopic, m.cfg.Partitions)
@@ -650,11 +656,11 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen
 			m.log.Error("CE state topic cannot be read or the partition claimed there: its CEs are rebuilt from their registrations, "+
 				"without the renewals, verdicts and history of their previous owner, and the partition's next owner may take the "+
 				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
-			return nil
+			return nil, false
 		}
 		m.log.Debug("reading or claiming CE states failed; retrying", "partition", p, "err", err)
 		if bo.Wait(ctx) != nil {
-			return nil
+			return nil, false
 		}
 	}
 }
@@ -781,6 +787,17 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 	}
 	switch {
 	case next < first:
+		m.mu.Lock()
+		before := next == 0 && m.parts[p] != nil && m.parts[p].ownedBefore
+		m.mu.Unlock()
+		if before {
+			// Read from its start by a new owner: an earlier owner read (or found lost) what
+			// the topic no longer holds, and a count here would repeat at every move.
+			m.log.Error("CE requests were deleted before this replica read them, after an earlier owner of the partition did: "+
+				"the CEs they registered or deleted are not in this share; not counted as lost here",
+				"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
+			return m.apply(ctx, p, nil, next, first)
+		}
 		m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
 			"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
 		if err := m.hooks.Lost(ctx, p, next, first); err != nil {

@@ -453,26 +453,28 @@ func (m *Member) count(fn func(*StateStats)) {
 // generation gen with a term one past the greatest it read, then reads on to the end again
 // (the claim, and any state written meanwhile). With restore, it returns each CE's state;
 // without, it folds the claims alone and returns none (BenchmarkClaimAtAcquisition: most of a
-// restore's time goes to authenticating and decoding the states).
-func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, error) {
+// restore's time goes to authenticating and decoding the states). before says whether the
+// partition held a claim before this one (an earlier owner).
+func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (states map[string]State, before bool, err error) {
 	f := newStateFold()
 	f.claimsOnly = !restore
 	next, err := m.readStates(ctx, cl, p, f, 0)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	before = f.term > 0
 	c := Claim{Term: f.term + 1, Replica: m.cfg.ReplicaID, Generation: gen}
 	key, value, err := EncodeClaim(c)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	rec := signed{key: key, value: value, auth: m.cfg.Keys.Sign(ClaimDomain, value)}
 	if err := produceSigned(ctx, cl, m.cfg.StateTopic, p, []signed{rec}); err != nil {
-		return nil, fmt.Errorf("ceshare: claiming partition %d of %q: %w", p, m.cfg.StateTopic, err)
+		return nil, false, fmt.Errorf("ceshare: claiming partition %d of %q: %w", p, m.cfg.StateTopic, err)
 	}
 	m.count(func(s *StateStats) { s.Claimed++ })
 	if _, err := m.readStates(ctx, cl, p, f, next); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if f.owner == nil || *f.owner != c {
 		m.log.Warn("another replica claimed the CE partition after this one did: the partition is about to move",
@@ -480,7 +482,7 @@ func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen i
 	} else {
 		m.log.Debug("CE partition claimed", "partition", p, "term", c.Term, "generation", gen)
 	}
-	return f.result(), nil
+	return f.result(), before, nil
 }
 
 // ensureStateTopic creates the CE state topic, compacted, with partitions partitions, unless it

@@ -255,9 +255,10 @@ func (s *share) Release(ctx context.Context, p int) error {
 // Lost is ceshare.Hooks: the requests of partition p from `from` to `to` were deleted from the
 // CE topic before this replica read them. The ledger moves p's offset past them and counts them
 // (cfguard_records_lost_total for the CE topic, CfguardRecordsLost) in one transaction; the CEs
-// they registered are not in this share, and those they deleted stay.
-func (s *share) Lost(_ context.Context, p int, from, to int64) error {
-	return s.d.ledger.SkipShare(p, from, to)
+// they registered are not in this share, and those they deleted stay. A ledger that cannot be
+// written is retried as every share write is (durably).
+func (s *share) Lost(ctx context.Context, p int, from, to int64) error {
+	return s.d.durably(ctx, func() error { return s.d.ledger.SkipShare(p, from, to) })
 }
 
 // Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read
