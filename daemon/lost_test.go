@@ -17,8 +17,8 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// The records of lostDaemon: applied before it stops, deleted by retention unread, and produced
-// after them.
+// The records of lostInput: applied before its daemon stops, deleted by retention unread, and
+// produced after them.
 const lostApplied, lostDeleted, lostAfter = 64, 32, 16
 
 // lostInput starts a daemon (mutate's configuration, on a broker of the test's own whose input
