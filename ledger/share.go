@@ -27,21 +27,26 @@ func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
 		off int64
 		ok  bool
 	)
-	err := l.view(func(tx *bolt.Tx) error {
-		v, err := getSealed(tx.Bucket(bMeta), shareKey(p), "meta share offset")
-		if err != nil || v == nil {
-			return err
-		}
-		if len(v) != 8 {
-			return corruptf("meta share offset of partition %d: %d bytes", p, len(v))
-		}
-		off, ok = int64(binary.BigEndian.Uint64(v)), true
-		return nil
+	err := l.view(func(tx *bolt.Tx) (err error) {
+		off, ok, err = readShareOffset(tx, p)
+		return err
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("ledger: share offset: %w", err)
 	}
 	return off, ok, nil
+}
+
+// readShareOffset is ShareOffset in tx.
+func readShareOffset(tx *bolt.Tx, p int) (int64, bool, error) {
+	v, err := getSealed(tx.Bucket(bMeta), shareKey(p), "meta share offset")
+	if err != nil || v == nil {
+		return 0, false, err
+	}
+	if len(v) != 8 {
+		return 0, false, corruptf("meta share offset of partition %d: %d bytes", p, len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), true, nil
 }
 
 // CounterRequestsLost is the counter (State.Counters) of CE requests deleted from the CE topic
@@ -51,8 +56,8 @@ const CounterRequestsLost = "ce_requests_lost"
 // SkipShare moves partition p's offset from `from`, where the ledger holds it (0 when it holds
 // none), to `to`, past requests the CE topic no longer has (its retention deleted them before
 // they were read), and adds to - from to the counter CounterRequestsLost, in one transaction:
-// this ledger counts a loss once, and whenever it passes one. It refuses, writing nothing, when p's
-// offset is not `from` (another call moved it) or when to < from.
+// this ledger counts a loss once, and whenever it passes one. It refuses, writing nothing, when
+// p's offset is not `from` (another call moved it) or when to < from.
 func (l *Ledger) SkipShare(p int, from, to int64) error {
 	if p < 0 || from < 0 || to < from {
 		return fmt.Errorf("ledger: skip share: %w", invalidf("partition %d from offset %d to %d", p, from, to))
@@ -60,22 +65,14 @@ func (l *Ledger) SkipShare(p int, from, to int64) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	err := l.update(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bMeta)
-		v, err := getSealed(meta, shareKey(p), "meta share offset")
+		held, _, err := readShareOffset(tx, p)
 		if err != nil {
 			return err
-		}
-		held := int64(0)
-		if v != nil {
-			if len(v) != 8 {
-				return corruptf("meta share offset of partition %d: %d bytes", p, len(v))
-			}
-			held = int64(binary.BigEndian.Uint64(v))
 		}
 		if held != from {
 			return invalidf("partition %d is at offset %d, not %d", p, held, from)
 		}
-		if err := putSealed(meta, shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(to))); err != nil {
+		if err := putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(to))); err != nil {
 			return err
 		}
 		return addCounter(tx, CounterRequestsLost, to-from, l.opts.Now())
