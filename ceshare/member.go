@@ -174,7 +174,7 @@ type MemberStats struct {
 	Applied     int64            // requests handed to Apply
 	Skipped     map[string]int64 // malformed records left out, by DecodeError.Reason
 	Lost        int64            // times the member released everything after no generation came in time
-	Gaps        int64            // requests deleted (by retention) before they were read
+	Gaps        int64            // requests deleted (by retention) before they were read, counted lost (Hooks.Lost)
 	States      StateStats       // what was read of the CE state topic
 }
 
