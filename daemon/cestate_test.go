@@ -336,10 +336,10 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 	return answered
 }
 
-// A registration and a state anchored to posteriors this replica's posterior log does not have
-// (here a log begun by a genesis at a later version: a cluster whose posterior topic was
-// recreated from a replica's head) are not refused: the state is not used (counted not_used,
-// with a WARN line), and the registration is measured again under the current posterior, with
+// Registrations and their states anchored to posteriors this replica's posterior log does not
+// have (here a log begun by a genesis at a later version: a cluster whose posterior topic was
+// recreated from a replica's head) are not refused: each state is not used (counted not_used,
+// with a WARN line), and each registration is measured again under the current posterior, with
 // a WARN line; the partition goes on.
 func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
@@ -359,7 +359,9 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 	if head.Version == registered.AnchorVersion {
 		t.Fatalf("64 records left the posterior at version %d, the registration's: the test shows nothing", head.Version)
 	}
-	writeState(t, r1, registered) // as r1 would write it, anchored where its registration is
+	waitfor.Cond(t, 30*time.Second, "r1's states of its registrations written", func() bool {
+		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
+	})
 	r1.stop(t)
 
 	// r2 begins another posterior log from r1's posterior, at its version.
@@ -388,54 +390,36 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 			t.Errorf("%s at r2: anchored to version %d, before the log's genesis at %d", id, got.AnchorVersion, head.Version)
 		}
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != 1 {
-		t.Errorf("r2 counted %v states not used, want 1", n)
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != float64(len(ids)) {
+		t.Errorf("r2 counted %v states not used, want %d", n, len(ids))
 	}
 	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 0 {
 		t.Errorf("r2 restored %v states, want none", n)
 	}
-	if id := r2.logs.Logged("CE stored from its registration", "id"); id != ids[0] {
-		t.Errorf("r2's WARN line for the state it did not use names %q, want %s", id, ids[0])
-	}
-	measuredAgain := map[string]bool{}
-	for _, line := range strings.Split(r2.logs.String(), "\n") {
-		if strings.Contains(line, `msg="CE measured again under the current posterior`) {
-			for _, f := range strings.Fields(line) {
-				if id, ok := strings.CutPrefix(f, "id="); ok {
-					measuredAgain[id] = true
-				}
-			}
-		}
-	}
+	notUsed, measuredAgain := loggedIDs(r2, "CE stored from its registration"), loggedIDs(r2, "CE measured again under the current posterior")
 	for _, id := range ids {
+		if !notUsed[id] {
+			t.Errorf("r2 logged no WARN line for the state of %s, which it did not use", id)
+		}
 		if !measuredAgain[id] {
 			t.Errorf("r2 logged no WARN line for %s, measured again", id)
 		}
 	}
 }
 
-// writeState writes ce to r's CE state topic as r's state of it, in r's latest CE group
-// generation, signed with r's cluster key.
-func writeState(t *testing.T, r *running, ce *ledger.CE) {
-	t.Helper()
-	raw, err := json.Marshal(ce)
-	if err != nil {
-		t.Fatal(err)
+// loggedIDs are the ids named by r's log lines whose message begins with msg.
+func loggedIDs(r *running, msg string) map[string]bool {
+	ids := map[string]bool{}
+	for _, line := range strings.Split(r.logs.String(), "\n") {
+		if strings.Contains(line, `msg="`+msg) {
+			for _, f := range strings.Fields(line) {
+				if id, ok := strings.CutPrefix(f, "id="); ok {
+					ids[id] = true
+				}
+			}
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w, err := ceshare.NewStateWriter(ctx, r.d.conn, ceshare.StateTopic(r.d.cfg.Replication.CETopic), r.d.share.partitions, r.d.rep.Keys())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	st := ceshare.State{ID: ce.ID, Replica: r.d.cfg.Replication.ReplicaID, CE: raw}
-	if m := r.d.states.member.Load(); m != nil {
-		st.Generation = m.LastGeneration() // a state of an earlier generation than r's claim is fenced
-	}
-	if err := w.Write(ctx, []ceshare.State{st}); err != nil {
-		t.Fatal(err)
-	}
+	return ids
 }
 
 // An id registered, deleted and registered again leaves on the state topic the state of its
@@ -463,7 +447,9 @@ func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeState(t, r1, second)
+	waitfor.Cond(t, 30*time.Second, "r1's states written", func() bool {
+		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= 2
+	})
 	r1.stop(t)
 
 	r2 := startReplicaKey(t, b, "r2", key)

@@ -207,7 +207,7 @@ type putPlan struct {
 	snap    map[uint64]bool       // anchors to store from past
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
-	stated  bool                  // the CEs came with a state, used or not: their own is written (Options.EncodeState)
+	stated  bool                  // the CEs' states are written (Options.EncodeState): a share's registrations
 }
 
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the

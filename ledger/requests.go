@@ -238,7 +238,7 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 		}
 		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", nil
 	}
-	put, given := ce, state != nil
+	put := ce
 	if state != nil {
 		c, err := readCur(tx)
 		if err != nil {
@@ -256,7 +256,9 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	if err != nil {
 		return "", "", "", "", err
 	}
-	plan.stated = given
+	// Its state is written whether or not one came: a replica's CE state topic then holds every
+	// CE of the share, which restores those whose registration the CE topic no longer holds.
+	plan.stated = true
 	if e := plan.errs[0]; e != nil {
 		if errors.Is(e, ErrUnknownAnchor) {
 			return "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}

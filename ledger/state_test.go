@@ -62,7 +62,7 @@ func registrations(ces []*CE, at time.Time) []ShareOp {
 }
 
 // A CE that moves to a new owner keeps what its previous owner learnt: the owner's ledger puts
-// each changed CE's state in its outbox, and the new owner, replaying the same registrations
+// each registered or changed CE's state in its outbox, and the new owner, replaying the same registrations
 // with the latest state of each, stores every CE with its renewed certificate, its verdict and
 // its history, judged to the same status, decided as far, as at its previous owner, and
 // publishes no status change again.
@@ -81,8 +81,19 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil); err != nil {
 		t.Fatal(err)
 	}
-	if s := latestStates(t, owner); len(s) != 0 {
-		t.Fatalf("registrations without states put %d states in the outbox, want none (the CE topic holds them)", len(s))
+	// Each registration puts its CE's state in the outbox: the state topic holds every CE, so
+	// that one whose registration was deleted from the CE topic can be restored.
+	for id, s := range latestStates(t, owner) {
+		got, err := owner.Get(id)
+		if err != nil {
+			t.Fatalf("state of %s, which the ledger does not hold: %v", id, err)
+		}
+		if s.Status != got.Status || s.AnchorVersion != got.AnchorVersion || !s.CreatedAt.Equal(got.CreatedAt) {
+			t.Fatalf("%s: state at registration %+v, stored %+v", id, s, got)
+		}
+	}
+	if s := latestStates(t, owner); len(s) != len(ces) {
+		t.Fatalf("%d registrations put %d states in the outbox, want one each", len(ces), len(s))
 	}
 	// A drift that lapses Theorem 2 only (renewals), then one that fails every bound.
 	m1 := drift(m0, -0.01)
