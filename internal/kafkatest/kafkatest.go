@@ -28,6 +28,24 @@ func RecreateTopic(t testing.TB, brokers []string, topic string, partitions int)
 	}
 }
 
+// SetTopicConfig sets topic's configuration name to value on brokers, as an operator's
+// kafka-configs --alter would.
+func SetTopicConfig(t testing.TB, brokers []string, topic, name, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: Transport(t)}
+	res, err := cl.IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{Resources: []kafka.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafka.IncrementalAlterConfigsRequestConfig{{Name: name, Value: value, ConfigOperation: kafka.ConfigOperationSet}}}}})
+	for i := 0; err == nil && i < len(res.Resources); i++ {
+		err = res.Resources[i].Error
+	}
+	if err != nil {
+		t.Fatalf("setting %s of %s to %s: %v", name, topic, value, err)
+	}
+}
+
 // ReadPartition reads every message of partition p of topic on brokers, from its start to the
 // end it has when called. The reader's fetches wait at most 100 ms for records past the end: it
 // prefetches beyond the last record it returns, and Close waits for that fetch (at kafka-go's
