@@ -31,6 +31,8 @@ type Hooks interface {
 	// Apply stores the requests read from p (in offset order, malformed records left out, each
 	// with its Offset); next is the offset after the last record read, which the ledger stores
 	// with them, in one transaction. reqs may be empty when only malformed records were read.
+	// At a gap of deleted requests, reqs may instead be registrations rebuilt from CE states
+	// (Request.Restored), with next the offset p is at.
 	Apply(ctx context.Context, p int, reqs []Request, next int64) error
 	// Lost is called when the requests of p from offset `from` (where the ledger holds p) to
 	// `to` were deleted from the topic before they were read (its retention is not "for
@@ -63,7 +65,11 @@ type MemberConfig struct {
 	// acquired with registrations to replay (from offset 0, or from the offset a rebuild cut
 	// short by a crash stored) is given the states its previous owners wrote: each registration
 	// it then hands to Apply until the partition caught up carries its CE's state
-	// (Request.State). Empty: none.
+	// (Request.State). When such a partition's first requests were deleted before the member
+	// read them (a CE topic given a retention), each state is handed to Apply, before the
+	// gap is stored, as a registration rebuilt from it (Request.Restored): the CEs those
+	// requests registered come back from their states, and the requests read after the gap
+	// apply to them as they did at the previous owner. Empty: none.
 	StateTopic string
 	// Group is the consumer group that shares the topic's partitions out
 	// (<kafka.group_id>.ce). Required.
@@ -175,6 +181,7 @@ type MemberStats struct {
 	Skipped     map[string]int64 // malformed records left out, by DecodeError.Reason
 	Lost        int64            // times the member released everything after no generation came in time
 	Gaps        int64            // requests deleted (by retention) before they were read, counted lost (Hooks.Lost)
+	Restored    int64            // registrations rebuilt from CE states at such a gap (Request.Restored), handed to Apply
 	States      StateStats       // what was read of the CE state topic
 }
 
@@ -211,6 +218,7 @@ type Member struct {
 	applied     int64
 	skipped     map[string]int64
 	lost, gaps  int64
+	restored    int64
 	held        []int // Held, until the first generation releases those it does not assign
 }
 
@@ -331,7 +339,7 @@ func (m *Member) LastGeneration() int32 {
 func (m *Member) Stats() MemberStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps,
+	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps, Restored: m.restored,
 		States: m.states}
 }
 
@@ -776,7 +784,9 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 
 // outOfRange handles a fetch refused because next is outside p's log. Below the log start,
 // requests were deleted before they were read (the topic's retention is not "for ever"): the
-// gap is logged as an ERROR and stored with its count through Lost, and reading goes on from
+// CEs of the partition's states, when it was acquired with states, are restored from them
+// (restore); the gap is logged as an ERROR and stored with its count through Lost (unless an
+// earlier owner read the partition: then it is stored uncounted), and reading goes on from
 // the log start. Past the end, the ledger's offset belongs to another log (the topic was
 // deleted and created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
 // on from 0, so that no request of the new log is skipped.
@@ -788,18 +798,31 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 	switch {
 	case next < first:
 		m.mu.Lock()
-		before := next == 0 && m.parts[p] != nil && m.parts[p].ownedBefore
+		ps := m.parts[p]
+		before := next == 0 && ps != nil && ps.ownedBefore
+		var states map[string]State
+		if ps != nil && !ps.ready {
+			states = ps.states
+		}
 		m.mu.Unlock()
+		restored, err := m.restore(ctx, p, next, states)
+		if err != nil {
+			return next, err
+		}
+		what := "the CEs they registered or deleted are not in this share"
+		if states != nil {
+			what = "the CEs they registered are restored from their states on the CE state topic, but for any whose state no owner wrote"
+		}
 		if before {
 			// Read from its start by a new owner: an earlier owner read (or found lost) what
 			// the topic no longer holds, and a count here would repeat at every move.
 			m.log.Error("CE requests were deleted before this replica read them, after an earlier owner of the partition did: "+
-				"the CEs they registered or deleted are not in this share; not counted as lost here",
-				"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
+				what+"; not counted as lost here",
+				"partition", p, "from", next, "to", first, "restored", restored, "fix", "keep the CE topic's retention.ms at -1")
 			return m.apply(ctx, p, nil, next, first)
 		}
-		m.log.Error("CE requests were deleted before they were read: the CEs they registered or deleted are not in this share",
-			"partition", p, "from", next, "to", first, "fix", "keep the CE topic's retention.ms at -1")
+		m.log.Error("CE requests were deleted before they were read: "+what,
+			"partition", p, "from", next, "to", first, "restored", restored, "fix", "keep the CE topic's retention.ms at -1")
 		if err := m.hooks.Lost(ctx, p, next, first); err != nil {
 			return next, err
 		}
@@ -826,6 +849,32 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		return 0, nil
 	}
 	return next, nil
+}
+
+// restore hands Apply a registration rebuilt from each of states (Request.Restored), in order of
+// id and in chunks of MaxBatch, each stored with p's offset left at next, and returns how many
+// it handed. It runs at a gap before the gap is stored, so a crash in between restores again
+// (the CEs already restored are found the same and kept).
+func (m *Member) restore(ctx context.Context, p int, next int64, states map[string]State) (int, error) {
+	ids := slices.Sorted(maps.Keys(states))
+	handed := 0
+	for len(ids) > 0 && ctx.Err() == nil {
+		n := min(len(ids), m.cfg.MaxBatch)
+		reqs := make([]Request, n)
+		for i, id := range ids[:n] {
+			s := states[id]
+			reqs[i] = Request{Kind: KindRegister, ID: id, Replica: s.Replica, Offset: next, State: &s, Restored: true}
+		}
+		if err := m.hooks.Apply(ctx, p, reqs, next); err != nil {
+			return handed, err
+		}
+		handed += n
+		m.mu.Lock()
+		m.restored += int64(n)
+		m.mu.Unlock()
+		ids = ids[n:]
+	}
+	return handed, ctx.Err()
 }
 
 // release calls Release for p and forgets it. A Release error is logged: the partition is

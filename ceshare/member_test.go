@@ -85,17 +85,19 @@ func startBrokerWith(t testing.TB, cfg broker.Config) (*broker.Broker, stream.Co
 
 // ledger is a test's Hooks: what one replica's ledger would keep of its share.
 type ledger struct {
-	mu       sync.Mutex
-	next     map[int]int64                     // stored offset per partition
-	reqs     map[int]map[string]int            // requests applied per partition: kind/id -> times
-	acquired []acquisition                     // every Acquire, in order
-	released []int                             // every Release, in order
-	bad      []string                          // what broke a rule (a request applied twice, an offset going back)
-	lastCE   map[string]json.RawMessage        // the CE of each id's last registration
-	states   map[string]*State                 // the state each id's last registration came with
-	owned    map[int]bool                      // acquired and not released
-	apply    func(p int, reqs []Request) error // called by Apply, when set
-	lost     map[int]int64                     // requests counted lost per partition (Lost)
+	mu        sync.Mutex
+	next      map[int]int64                     // stored offset per partition
+	reqs      map[int]map[string]int            // requests applied per partition: kind/id -> times
+	acquired  []acquisition                     // every Acquire, in order
+	released  []int                             // every Release, in order
+	bad       []string                          // what broke a rule (a request applied twice, an offset going back)
+	lastCE    map[string]json.RawMessage        // the CE of each id's last registration
+	states    map[string]*State                 // the state each id's last registration came with
+	owned     map[int]bool                      // acquired and not released
+	apply     func(p int, reqs []Request) error // called by Apply, when set
+	lost      map[int]int64                     // requests counted lost per partition (Lost)
+	restored  map[string]*State                 // the state of each registration rebuilt from one (Request.Restored)
+	restoreAt map[int]int64                     // the stored offset when a partition's first restored registrations came
 }
 
 type acquisition struct {
@@ -134,6 +136,10 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) err
 	if !l.owned[p] {
 		l.bad = append(l.bad, fmt.Sprintf("Apply of partition %d, not acquired", p))
 	}
+	if len(reqs) > 0 && reqs[0].Restored {
+		l.restore(p, reqs, next)
+		return nil
+	}
 	if next <= l.next[p] {
 		l.bad = append(l.bad, fmt.Sprintf("partition %d: next %d after %d", p, next, l.next[p]))
 	}
@@ -154,6 +160,30 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) err
 	}
 	l.next[p] = next
 	return nil
+}
+
+// restore keeps registrations rebuilt from states (all of reqs must be), which leave the
+// stored offset where it is.
+func (l *ledger) restore(p int, reqs []Request, next int64) {
+	if next != l.next[p] {
+		l.bad = append(l.bad, fmt.Sprintf("partition %d: restored registrations with offset %d, stored offset %d", p, next, l.next[p]))
+	}
+	if l.restored == nil {
+		l.restored, l.restoreAt = map[string]*State{}, map[int]int64{}
+	}
+	if _, ok := l.restoreAt[p]; !ok {
+		l.restoreAt[p] = l.next[p]
+	}
+	for _, r := range reqs {
+		switch {
+		case !r.Restored || r.Kind != KindRegister || r.State == nil || r.State.ID != r.ID:
+			l.bad = append(l.bad, fmt.Sprintf("partition %d: %+v among restored registrations", p, r))
+		case Partition(r.ID, testPartitions) != p:
+			l.bad = append(l.bad, fmt.Sprintf("%s restored in partition %d, belongs to %d", r.ID, p, Partition(r.ID, testPartitions)))
+		default:
+			l.restored[r.ID] = r.State
+		}
+	}
 }
 
 func (l *ledger) Lost(_ context.Context, p int, from, to int64) error {

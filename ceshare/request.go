@@ -62,6 +62,12 @@ type Request struct {
 	// a previous owner wrote for its CE on the CE state topic (set by Member, not encoded), nil
 	// for none. The caller judges whether it is a state of this registration's CE.
 	State *State `json:"-"`
+	// Restored marks a registration the member rebuilt from State alone (set by Member, not
+	// encoded): the partition's first requests were deleted before this member read them, and
+	// State is a CE's state a previous owner wrote. ID and State are set; CE, At and RID are
+	// not (the CE and its registration time are in State.CE); Offset is where the deleted
+	// requests begin.
+	Restored bool `json:"-"`
 }
 
 // MaxRIDLen bounds a request's RID.

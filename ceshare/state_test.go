@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -157,6 +159,106 @@ func stateTopics(ctx context.Context, t testing.TB, conn stream.ConnConfig) (*St
 		t.Fatal(err)
 	}
 	return sw, cl
+}
+
+// A new owner of partitions whose first requests were deleted before it read them (the CE topic
+// given a retention) restores the CEs of the states a previous owner left on the CE state topic:
+// it hands each state to Apply as a registration rebuilt from it, while the partition's offset
+// is still where the gap begins, then stores the gap (uncounted: an earlier owner claimed the
+// partitions) and applies the requests after it as they come. A CE whose owner wrote no state,
+// or whose state a tombstone ended, is not restored.
+func TestStatesRestoreCEsWhoseRequestsWereDeleted(t *testing.T) {
+	b, conn := startBrokerWith(t, broker.Config{RetentionCheckInterval: time.Hour})
+	cfg := memberConfig(conn, "r1")
+	cfg.StateTopic = testStateTopic
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sw, _ := stateTopics(ctx, t, conn)
+	pr := testProducer(t, conn)
+	first := startReplica(t, cfg)
+	const n = 12
+	for _, id := range ids("r-", n) {
+		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitfor.Cond(t, 60*time.Second, "the first member applying the registrations", func() bool { return first.l.registered() == n })
+	// The first member's states: r-0..r-8, r-8's ended by a tombstone; none for r-9..r-11.
+	gen := first.m.LastGeneration()
+	var states []State
+	for _, id := range ids("r-", 9) {
+		states = append(states, State{ID: id, Replica: "r1", Generation: gen, CE: json.RawMessage(`{"s":"` + id + `"}`)})
+	}
+	if err := sw.Write(ctx, states); err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.WriteEncoded(ctx, []Encoded{{Key: []byte("r-8")}}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop(t)
+
+	// Retention deletes every request; then r-1 is deleted, r-2 registered again, n-0 registered.
+	kafkatest.SetTopicConfig(t, conn.Brokers, testTopic, "retention.ms", "1")
+	time.Sleep(10 * time.Millisecond) // every request older than 1 ms
+	b.ApplyRetention()
+	kafkatest.SetTopicConfig(t, conn.Brokers, testTopic, "retention.ms", "-1")
+	starts, ends := b.LogStartOffsets(testTopic), b.HighWatermarks(testTopic)
+	if !slices.Equal(starts, ends) {
+		t.Fatalf("after retention, %s starts at %v and ends at %v; want every request deleted", testTopic, starts, ends)
+	}
+	for _, r := range []Request{
+		{Kind: KindDelete, ID: "r-1", Replica: "r1", At: time.Now()},
+		{Kind: KindRegister, ID: "r-2", Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)},
+		{Kind: KindRegister, ID: "n-0", Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)},
+	} {
+		if _, _, err := pr.Send(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cfg.ReplicaID = "r2"
+	second := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "the second member owning every partition, caught up", func() bool {
+		return ownership(second) != nil && caughtUp(b, []*replica{second}, ownership(second))
+	})
+	l := second.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, id := range ids("r-", n) {
+		s := l.restored[id]
+		switch {
+		case i < 8 && (s == nil || string(s.CE) != `{"s":"`+id+`"}`):
+			t.Errorf("%s restored from %v, want its state", id, s)
+		case i >= 8 && s != nil:
+			t.Errorf("%s restored from state %s, want it left out (a tombstone, or no state)", id, s.CE)
+		}
+	}
+	if len(l.restored) != 8 {
+		t.Errorf("%d CEs restored, want r-0..r-7", len(l.restored))
+	}
+	for p, at := range l.restoreAt {
+		if at != 0 {
+			t.Errorf("partition %d: restored with its offset at %d, want 0 (before the gap is stored)", p, at)
+		}
+	}
+	for _, k := range []string{"delete/r-1", "register/r-2", "register/n-0"} {
+		id := k[strings.Index(k, "/")+1:]
+		if l.reqs[Partition(id, testPartitions)][k] != 1 {
+			t.Errorf("%s after the gap applied %d times, want once", k, l.reqs[Partition(id, testPartitions)][k])
+		}
+	}
+	if s := l.states["r-2"]; s == nil || string(s.CE) != `{"s":"r-2"}` {
+		t.Errorf("r-2, registered again after the gap, came with state %v, want its own", s)
+	}
+	if len(l.lost) != 0 {
+		t.Errorf("requests counted lost %v, want none: an earlier owner claimed every partition", l.lost)
+	}
+	if len(l.bad) > 0 {
+		t.Errorf("rules broken: %v", l.bad)
+	}
+	if s := second.m.Stats(); s.Restored != 8 || s.Gaps != 0 {
+		t.Errorf("Stats(): %d restored, %d gaps counted; want 8 and 0", s.Restored, s.Gaps)
+	}
 }
 
 // A rebuild cut short (a crash stored offset 3 of the partition's 6 registrations) gives the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 
@@ -61,21 +62,49 @@ func (cs *ceStates) Write(ctx context.Context, states []ceshare.Encoded) error {
 	return nil
 }
 
-// stateOf decodes the ledger's CE out of a state read from the state topic for registration r;
-// nil, counted as invalid, when it is not one, and nil when it is the state of another
-// registration of r's id (one created at another time: the id was deleted and registered again
-// later in the partition, and that registration gets the state when it is replayed).
+// stateOf decodes the ledger's CE out of a state read from the state topic for registration r
+// (decodeState); nil when it is not one, and nil when it is the state of another registration
+// of r's id (one created at another time: the id was deleted and registered again later in
+// the partition, and that registration gets the state when it is replayed).
 func (s *share) stateOf(p int, r ceshare.Request) *ledger.CE {
+	ce := s.decodeState(p, r)
+	if ce == nil || ce.CreatedAt.Equal(r.At) {
+		return ce
+	}
+	s.lg.Debug("CE state of another registration of the id", "partition", p, "id", r.ID, "offset", r.Offset,
+		"registered_at", r.At, "state_created_at", ce.CreatedAt)
+	return nil
+}
+
+// decodeState decodes the ledger's CE out of r.State, a state read from the state topic for
+// r's id; nil, counted as invalid and logged, when it is not the CE of that id.
+func (s *share) decodeState(p int, r ceshare.Request) *ledger.CE {
 	var ce ledger.CE
-	if err := json.Unmarshal(r.State.CE, &ce); err != nil {
+	err := json.Unmarshal(r.State.CE, &ce)
+	if err == nil && ce.ID != r.ID {
+		err = fmt.Errorf("it holds the CE of id %q", ce.ID)
+	}
+	if err != nil {
 		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateInvalid).Inc()
 		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
 		return nil
 	}
-	if !ce.CreatedAt.Equal(r.At) {
-		s.lg.Debug("CE state of another registration of the id", "partition", p, "id", r.ID, "offset", r.Offset,
-			"registered_at", r.At, "state_created_at", ce.CreatedAt)
-		return nil
-	}
 	return &ce
+}
+
+// restoredOp is the registration r stands for, a registration rebuilt from its state
+// (ceshare.Request.Restored: the partition's first requests were deleted before this replica
+// read them): the CE as the state holds it, registered at the state's anchor and time, with
+// the state; one refused when the state is not a CE of r's id.
+func (s *share) restoredOp(p int, r ceshare.Request) ledger.ShareOp {
+	op := ledger.ShareOp{Offset: r.Offset, ID: r.ID}
+	st := s.decodeState(p, r)
+	if st == nil {
+		op.Refuse = "restoring it from its state on the CE state topic: the state does not decode"
+		return op
+	}
+	op.CE = &ledger.CE{ID: r.ID, X: st.X, XCF: st.XCF, Target: st.Target, AnchorVersion: st.AnchorVersion,
+		P1: st.P1, Var1: st.Var1, Samples: st.Samples, Delta: st.Delta, Epsilon: st.Epsilon, CreatedAt: st.CreatedAt}
+	op.State = st
+	return op
 }

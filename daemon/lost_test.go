@@ -3,13 +3,18 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
@@ -249,5 +254,77 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 	}
 	if n := r2.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
 		t.Errorf("r2, which replayed the loss from the log: cfguard_records_lost_total = %v, want 0", n)
+	}
+}
+
+// TestCEsWhoseRequestsWereDeletedAreRestored: a CE topic given a retention deleted the
+// registrations r1 had applied; r2, which takes every partition over, restores each CE from the
+// state r1 wrote of it on the CE state topic (one at its registration, one at each change) with
+// the same status, certificate and creation time, logs each gap, and counts none of it lost (r1
+// claimed the partitions before). A CE deleted before the retention stays deleted; a deletion
+// after it applies to a restored CE.
+func TestCEsWhoseRequestsWereDeletedAreRestored(t *testing.T) {
+	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
+	ids := registerCEs(t, r1, bundled(t), 10)
+	if code, body := r1.do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %d %s", ids[0], code, body)
+	}
+	waitfor.Cond(t, 30*time.Second, "r1's states written", func() bool {
+		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
+	})
+	was := map[string]*ledger.CE{}
+	for _, id := range ids[1:] {
+		ce, err := r1.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		was[id] = ce
+	}
+	r1.stop(t)
+
+	topic := config.Default().Replication.CETopic
+	kafkatest.SetTopicConfig(t, b.Addrs(), topic, "retention.ms", "1")
+	time.Sleep(10 * time.Millisecond) // every request is older than 1 ms
+	b.ApplyRetention()
+	kafkatest.SetTopicConfig(t, b.Addrs(), topic, "retention.ms", "-1")
+	starts, ends := b.LogStartOffsets(topic), b.HighWatermarks(topic)
+	if !slices.Equal(starts, ends) {
+		t.Fatalf("after retention, %s starts at %v and ends at %v; want every request deleted", topic, starts, ends)
+	}
+	gaps := 0
+	for _, end := range ends {
+		if end > 0 {
+			gaps++
+		}
+	}
+
+	r2 := startReplicaKey(t, b, "r2", key)
+	waitfor.Cond(t, 60*time.Second, "r2 holding every CE r1 held", func() bool {
+		return r2.held(t) == len(was) && strings.Count(r2.logs.String(), "after an earlier owner of the partition did") == gaps
+	})
+	for id, w := range was {
+		got, err := r2.d.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.UpdatedAt, got.UpdatedAt = time.Time{}, time.Time{}
+		if !reflect.DeepEqual(w, got) {
+			t.Errorf("%s restored at r2 from its state:\n r1 %+v\n r2 %+v", id, w, got)
+		}
+	}
+	if _, err := r2.d.ledger.Get(ids[0]); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("%s, deleted at r1 before the retention: %v, want not found", ids[0], err)
+	}
+	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(len(was)) {
+		t.Errorf("r2 restored %v states, want %d", n, len(was))
+	}
+	if n := r2.metric(t, "cfguard_records_lost_total", "topic", topic); n != 0 {
+		t.Errorf("r2: cfguard_records_lost_total for %s = %v, want 0 (r1 read the requests)", topic, n)
+	}
+	if code, body := r2.do(t, "DELETE", "/v1/counterfactuals/"+ids[1], "", nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE %s at r2, after the gap: %d %s", ids[1], code, body)
+	}
+	if n := r2.held(t); n != len(was)-1 {
+		t.Errorf("r2 holds %d CEs after deleting a restored one, want %d", n, len(was)-1)
 	}
 }

@@ -319,7 +319,9 @@ func (s *share) Reset(ctx context.Context, p int, end int64) error {
 // them again. A request applied before (its request id has an outcome: a producer's retry, a
 // client's retry with its Idempotency-Key) is not applied again; a registration of a stored id
 // and a deletion of a missing one change nothing. Each request's outcome, stored under its id,
-// is what the replica that accepted it answers (share.await).
+// is what the replica that accepted it answers (share.await). A registration rebuilt from a CE
+// state at a gap of deleted requests (ceshare.Request.Restored) is stored from its state
+// (restoredOp), with no outcome, and p's offset stays at next.
 //
 // Each registration is anchored to the posterior it was measured under: the current one, a
 // live anchor, or a past version taken from the posterior log (replica.Replica.Past). A CE measured
@@ -332,6 +334,12 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	ops := make([]ledger.ShareOp, len(reqs))
 	newest := uint64(0)
 	for i, r := range reqs {
+		if r.Restored {
+			if ops[i] = s.restoredOp(p, r); ops[i].State != nil {
+				newest = max(newest, ops[i].State.NewestVersion())
+			}
+			continue
+		}
 		ops[i] = ledger.ShareOp{RID: r.RID, Fingerprint: r.Fingerprint, Offset: r.Offset, ID: r.ID}
 		if r.Kind != ceshare.KindRegister {
 			continue
@@ -360,6 +368,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	if err != nil {
 		return err
 	}
+	applied := 0 // requests, not registrations rebuilt from states
 	for i, o := range outs {
 		if o.Duplicate {
 			s.d.requests.Skipped(reqs[i].Kind, 1)
@@ -370,12 +379,18 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		switch {
 		case o.State == ledger.StateRestored:
 			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateRestored).Inc()
+		case o.State != "" && reqs[i].Restored:
+			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+			s.lg.Warn("CE restored from the certificate of its state alone, without its renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
 		case o.State != "":
 			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
 			s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)
 		}
+		if !reqs[i].Restored {
+			applied++
+		}
 	}
-	s.d.rep.Metrics().CEApplied.Add(float64(len(reqs)))
+	s.d.rep.Metrics().CEApplied.Add(float64(applied))
 	s.d.confirm.notify()
 	s.applied.signal()
 	return nil
