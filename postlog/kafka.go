@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -88,7 +89,7 @@ func (l *Log) ensure(ctx context.Context, create bool) error {
 		}
 		switch {
 		case t != nil && t.Error == nil && len(t.Partitions) == 1:
-			return nil
+			return l.checkSettings(ctx)
 		case t != nil && t.Error == nil:
 			return fmt.Errorf("replication.posterior_topic %s has %d partitions: the posterior log must be one partition "+
 				"(Kafka orders records only within one); name a new topic in replication.posterior_topic", l.topic, len(t.Partitions))
@@ -115,6 +116,58 @@ func (l *Log) ensure(ctx context.Context, create bool) error {
 			return err
 		}
 	}
+}
+
+// checkSettings checks the topic's settings that lose entries of the log. Compaction
+// (cleanup.policy naming compact) keeps only the last record of each key: a losing append at a
+// sequence (key e/<seq>) would replace the accepted entry, and a new epoch's genesis the first
+// one. A writer (a replica, cfguard new-epoch) refuses such a topic; a reader (cfguard
+// verify-log) says so at WARN and reads on. A finite retention (retention.ms or retention.bytes
+// other than -1) deletes the log's first entries, which every replica bootstraps from: it is
+// logged at ERROR. Settings that cannot be read (no DescribeConfigs permission) are logged at
+// WARN.
+func (l *Log) checkSettings(ctx context.Context) error {
+	res, err := l.cl.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: l.topic, ConfigNames: []string{"cleanup.policy", "retention.ms", "retention.bytes"}}}})
+	if err == nil && len(res.Resources) != 1 {
+		err = fmt.Errorf("%d resources in the answer, want 1", len(res.Resources))
+	}
+	if err == nil {
+		err = res.Resources[0].Error
+	}
+	if err != nil {
+		l.log.Warn("the posterior topic's settings cannot be read: check by hand that it is not compacted and keeps its records for ever",
+			"topic", l.topic, "err", err, "want", "cleanup.policy=delete retention.ms=-1 retention.bytes=-1")
+		return nil
+	}
+	var finite []any
+	for _, c := range res.Resources[0].ConfigEntries {
+		switch c.ConfigName {
+		case "cleanup.policy":
+			if !strings.Contains(c.ConfigValue, "compact") {
+				continue
+			}
+			err := fmt.Errorf("replication.posterior_topic %s has cleanup.policy=%s: compaction keeps only the last record of each key "+
+				"and would drop accepted entries of the posterior log; set cleanup.policy=delete (kafka-configs.sh --alter --entity-type "+
+				"topics --entity-name %s --add-config cleanup.policy=delete) and check the log with cfguard verify-log, or name a new "+
+				"topic in replication.posterior_topic", l.topic, c.ConfigValue, l.topic)
+			if l.keys != nil {
+				return err
+			}
+			l.log.Warn("the posterior log is compacted", "err", err)
+		case "retention.ms", "retention.bytes":
+			if c.ConfigValue != "-1" {
+				finite = append(finite, c.ConfigName, c.ConfigValue)
+			}
+		}
+	}
+	if len(finite) > 0 {
+		l.log.Error("the posterior topic does not keep its records for ever: its first entries will be deleted, and a replica that "+
+			"starts with an empty state_dir cannot bootstrap from the log; set retention.ms=-1 and retention.bytes=-1 on it "+
+			"(kafka-configs.sh --alter --entity-type topics --entity-name "+l.topic+" --add-config retention.ms=-1,retention.bytes=-1)",
+			append([]any{"topic", l.topic}, finite...)...)
+	}
+	return nil
 }
 
 func waitTopic(ctx context.Context, cl *kafka.Client, topic string) error {
