@@ -171,19 +171,27 @@ func TestLoadTLS(t *testing.T) {
 	garbage := filepath.Join(t.TempDir(), "garbage.pem")
 	os.WriteFile(garbage, []byte("not a certificate"), 0o600)
 	for _, tc := range []struct {
-		name  string
-		files TLSFiles
-		want  string
+		name    string
+		section string // LoadTLSAt's; "": LoadTLS
+		files   TLSFiles
+		want    string
 	}{
-		{"missing CA file", TLSFiles{CAFile: filepath.Join(t.TempDir(), "nope.pem")}, "kafka.tls.ca_file"},
-		{"CA file without PEM", TLSFiles{CAFile: garbage}, "kafka.tls.ca_file: " + garbage + " holds no PEM"},
-		{"cert without key", TLSFiles{CertFile: certFile}, "kafka.tls.key_file"},
-		{"key without cert", TLSFiles{KeyFile: keyFile}, "kafka.tls.cert_file"},
-		{"bad key pair", TLSFiles{CertFile: certFile, KeyFile: garbage}, "kafka.tls.cert_file " + certFile + " / kafka.tls.key_file " + garbage},
+		{"missing CA file", "", TLSFiles{CAFile: filepath.Join(t.TempDir(), "nope.pem")}, "kafka.tls.ca_file"},
+		{"CA file without PEM", "", TLSFiles{CAFile: garbage}, "kafka.tls.ca_file: " + garbage + " holds no PEM"},
+		{"cert without key", "", TLSFiles{CertFile: certFile}, "kafka.tls.key_file: empty, but kafka.tls.cert_file is set"},
+		{"key without cert", "", TLSFiles{KeyFile: keyFile}, "kafka.tls.cert_file: empty, but kafka.tls.key_file is set"},
+		{"bad key pair", "", TLSFiles{CertFile: certFile, KeyFile: garbage}, "kafka.tls.cert_file " + certFile + " / kafka.tls.key_file " + garbage},
+		{"another section's CA file", "replication.peer_tls", TLSFiles{CAFile: garbage}, "replication.peer_tls.ca_file: " + garbage},
+		{"another section's key pair", "replication.peer_tls", TLSFiles{CertFile: garbage, KeyFile: keyFile},
+			"replication.peer_tls.cert_file " + garbage + " / replication.peer_tls.key_file " + keyFile},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.files.Enabled = true
-			c, err := LoadTLS(tc.files)
+			load := LoadTLS
+			if tc.section != "" {
+				load = func(f TLSFiles) (*tls.Config, error) { return LoadTLSAt(tc.section, f) }
+			}
+			c, err := load(tc.files)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("LoadTLS = %v, %v; want an error containing %q", c, err, tc.want)
 			}

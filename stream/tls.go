@@ -3,7 +3,6 @@ package stream
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"os"
 )
@@ -26,7 +25,11 @@ type TLSFiles struct {
 // LoadTLS reads the files and returns the client TLS configuration (TLS 1.2 or later), or nil
 // when f.Enabled is false. Errors name the configuration key (kafka.tls.ca_file, ...) and the
 // file.
-func LoadTLS(f TLSFiles) (*tls.Config, error) {
+func LoadTLS(f TLSFiles) (*tls.Config, error) { return LoadTLSAt("kafka.tls", f) }
+
+// LoadTLSAt is LoadTLS for the files of configuration section section (kafka.tls,
+// replication.peer_tls), which its errors name.
+func LoadTLSAt(section string, f TLSFiles) (*tls.Config, error) {
 	if !f.Enabled {
 		return nil, nil
 	}
@@ -34,24 +37,24 @@ func LoadTLS(f TLSFiles) (*tls.Config, error) {
 	if f.CAFile != "" {
 		pem, err := os.ReadFile(f.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+			return nil, fmt.Errorf("%s.ca_file: %w", section, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", f.CAFile)
+			return nil, fmt.Errorf("%s.ca_file: %s holds no PEM certificate", section, f.CAFile)
 		}
 		t.RootCAs = pool
 	}
 	switch {
 	case f.CertFile == "" && f.KeyFile == "":
 	case f.CertFile == "":
-		return nil, errors.New("kafka.tls.cert_file: empty, but kafka.tls.key_file is set: give both or neither")
+		return nil, fmt.Errorf("%[1]s.cert_file: empty, but %[1]s.key_file is set: give both or neither", section)
 	case f.KeyFile == "":
-		return nil, errors.New("kafka.tls.key_file: empty, but kafka.tls.cert_file is set: give both or neither")
+		return nil, fmt.Errorf("%[1]s.key_file: empty, but %[1]s.cert_file is set: give both or neither", section)
 	default:
 		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.cert_file %s / kafka.tls.key_file %s: %w", f.CertFile, f.KeyFile, err)
+			return nil, fmt.Errorf("%[1]s.cert_file %[2]s / %[1]s.key_file %[3]s: %[4]w", section, f.CertFile, f.KeyFile, err)
 		}
 		t.Certificates = []tls.Certificate{cert}
 	}
