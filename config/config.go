@@ -343,6 +343,27 @@ type Replication struct {
 	// enabled; `cfguard gen-key` makes one. The environment variable
 	// CFGUARD_REPLICATION_KEY_FILE overrides it (Kubernetes: a mounted Secret). Default: "".
 	KeyFile string `yaml:"key_file"`
+	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
+	// advertise URLs): the CAs that sign their server certificates, and the client certificate
+	// it presents where their http.web_config_file requires one (client_auth_type). Read at
+	// start. Default: none (the system's roots, no client certificate).
+	PeerTLS PeerTLS `yaml:"peer_tls"`
+}
+
+// PeerTLS is a replica's TLS client configuration toward its peers, as files (PEM).
+type PeerTLS struct {
+	// CAFile holds the certificates of the CAs that may sign the peers' server certificates.
+	// Default: "" (the system's roots).
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key presented to a peer that asks for
+	// one. Both or neither. Default: "" (none).
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Files is p as stream.LoadTLSAt reads it: TLS settings of their own when any file is named.
+func (p PeerTLS) Files() stream.TLSFiles {
+	return stream.TLSFiles{Enabled: p != PeerTLS{}, CAFile: p.CAFile, CertFile: p.CertFile, KeyFile: p.KeyFile}
 }
 
 // Log configures log/slog.
@@ -694,6 +715,9 @@ func (c *Config) CheckFiles() error {
 		if _, err := clusterkey.Load(c.Replication.KeyFile); err != nil {
 			errs = append(errs, err)
 		}
+		if _, err := stream.LoadTLSAt("replication.peer_tls", c.Replication.PeerTLS.Files()); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
@@ -731,7 +755,32 @@ func (c *Config) checkWebConfig() error {
 		return fmt.Errorf("http.web_config_file: %s sets basic_auth_users while http.token or http.metrics_token is set: "+
 			"both need the Authorization header, so keep one of them (basic auth guards every route, /healthz and /readyz too)", p)
 	}
+	if len(wc.Users) > 0 && c.Replication.Enabled {
+		return fmt.Errorf("http.web_config_file: %s sets basic_auth_users on a replica (replication.enabled): the replicas ask "+
+			"each other with the client's bearer token, which basic auth refuses; guard the API with http.token, and with TLS "+
+			"client certificates (replication.peer_tls)", p)
+	}
 	return nil
+}
+
+// ServesTLS says whether http.web_config_file serves the API over TLS (a tls_server_config
+// with a certificate): the default replication.advertise_url is then https://. False without
+// the file, or when it cannot be read (CheckWebConfig reports that).
+func (c *Config) ServesTLS() bool {
+	if c.HTTP.WebConfigFile == "" {
+		return false
+	}
+	b, err := os.ReadFile(c.HTTP.WebConfigFile)
+	if err != nil {
+		return false
+	}
+	var wc struct {
+		TLS struct {
+			CertFile string `yaml:"cert_file"`
+			Cert     string `yaml:"cert"`
+		} `yaml:"tls_server_config"`
+	}
+	return yaml.Unmarshal(b, &wc) == nil && (wc.TLS.CertFile != "" || wc.TLS.Cert != "")
 }
 
 // checkSchedule parses a robfig/cron spec (five fields or a descriptor). "@every D" needs a
@@ -1005,6 +1054,9 @@ func (c *Config) validateReplication() []error {
 	}
 	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
 		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
+	}
+	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
+		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")
 	}
 	return errs
 }

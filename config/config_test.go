@@ -212,7 +212,9 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"format":             {"log:\n  format: xml\n", "log.format"},
 		"bad type has key":   {"certify:\n  delta: lots\n", "certify.delta (line 2)"},
 		"suggestion":         {"kafka:\n  max_recods: 3\n", `did you mean "max_records"`},
-		"renamed key":        {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},
+		"peer tls pair": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  peer_tls:\n    cert_file: c.pem\n",
+			"replication.peer_tls.cert_file"},
+		"renamed key": {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},
 		"a key that counts inputs now": {"http:\n  max_concurrent_predict: 8\n",
 			"http.max_concurrent_predict (line 2): unknown key (renamed http.max_predict_inputs, which counts inputs, not requests)"},
 		"precision":          {"certify:\n  precision: float16\n", "float16"},
@@ -345,6 +347,7 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 		}
 	}
 	tls := "kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n"
+	replica := "kafka:\n  brokers: [kafka.example:9092]\nreplication:\n  enabled: true\n  key_file: " + writeKeyFile(t, dir) + "\n"
 	for name, tc := range map[string]struct{ text, want string }{
 		"model path":     {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
 		"model file":     {"model:\n  path: " + dir + "\n", "model.json"},
@@ -356,6 +359,11 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 		"web config tls": {"http:\n  web_config_file: " + noCert + "\n", "http.web_config_file: " + noCert},
 		"basic auth beside a token": {"http:\n  web_config_file: " + users + "\n  metrics_token: m\n",
 			"http.web_config_file: " + users + " sets basic_auth_users while http.token or http.metrics_token is set"},
+		"basic auth on a replica": {replica + "http:\n  web_config_file: " + users + "\n",
+			"http.web_config_file: " + users + " sets basic_auth_users on a replica"},
+		"peer tls ca": {replica + "  peer_tls:\n    ca_file: " + filepath.Join(dir, "peers.pem") + "\n", "replication.peer_tls.ca_file"},
+		"peer tls key pair": {replica + "  peer_tls:\n    cert_file: " + users + "\n    key_file: " + users + "\n",
+			"replication.peer_tls.cert_file " + users + " / replication.peer_tls.key_file " + users},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "c.yaml")

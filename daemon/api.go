@@ -657,19 +657,11 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	if replica != "" {
 		w.Header().Set(headerReplica, replica)
 	}
-	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, errRebuilding) {
-		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
-		return
-	}
 	if errors.Is(err, ledger.ErrNotFound) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	writeJSON(w, http.StatusOK, ce)
+	writeClusterAnswer(w, ce, err) // 502 when the owner did not answer
 }
 
 // handleOutcome answers another replica's question (share.outcome): the outcome this replica's

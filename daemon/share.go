@@ -23,6 +23,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // share is a replica's part in the CEs (package ceshare, docs/DESIGN.md): registrations and
@@ -99,8 +100,9 @@ const (
 const sendTimeout = 10 * time.Second
 
 // advertiseURL is replication.advertise_url, or the API's bound address when http.listen names
-// a host, or http://<host name>:<port> when it listens on every interface.
-func advertiseURL(configured string, bound net.Addr) (string, error) {
+// a host, or <host name>:<port> when it listens on every interface; the scheme is https when
+// the API serves TLS (http.web_config_file), else http.
+func advertiseURL(configured string, bound net.Addr, tls bool) (string, error) {
 	if configured != "" {
 		return configured, nil
 	}
@@ -113,19 +115,31 @@ func advertiseURL(configured string, bound net.Addr) (string, error) {
 			return "", fmt.Errorf("replication.advertise_url is empty, http.listen listens on every interface and the host name cannot be read (%w): set replication.advertise_url", err)
 		}
 	}
-	return "http://" + net.JoinHostPort(host, port), nil
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(host, port), nil
 }
 
 // newShare joins the CE topic: a producer for requests, a member of the CE group (run by
 // share.run) and a directory of owners.
 func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) {
 	rc := d.cfg.Replication
-	adv, err := advertiseURL(rc.AdvertiseURL, d.httpAddr)
+	adv, err := advertiseURL(rc.AdvertiseURL, d.httpAddr, d.cfg.ServesTLS())
 	if err != nil {
 		return nil, err
 	}
-	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout}, auditClient: &http.Client{},
-		lg: d.log.With("component", "ceshare")}
+	peerTLS, err := stream.LoadTLSAt("replication.peer_tls", rc.PeerTLS.Files())
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if peerTLS != nil {
+		tr.TLSClientConfig = peerTLS
+	}
+	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout, Transport: tr},
+		auditClient: &http.Client{Transport: tr}, lg: d.log.With("component", "ceshare")}
 	group := d.cfg.Kafka.GroupID + ".ce"
 	held, err := d.ledger.ShareOffsets()
 	if err != nil {
@@ -600,6 +614,16 @@ func newRID() string { return rand.Text() }
 // errPending: a registration or deletion was sent, and its owner has not applied it yet.
 var errPending = errors.New("accepted; its owner has not applied it yet")
 
+// unaskedError is errPending when the owner could not be asked whether it applied the request
+// (its last question failed: the owner unreachable, or refusing this replica's TLS handshake).
+type unaskedError struct{ err error }
+
+func (e *unaskedError) Error() string {
+	return "accepted; whether its owner applied it is not known, asking it failed: " + e.err.Error()
+}
+func (e *unaskedError) Is(target error) bool { return target == errPending }
+func (e *unaskedError) Unwrap() error        { return e.err }
+
 // await waits until the owner of want's partition has applied the partition past offset, where
 // the registration sent as ref landed, and answers the outcome of ref's request
 // (answerOutcome): what the owner decided when it applied the request, in the partition's
@@ -616,7 +640,8 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 
 // awaitOutcome waits, at most awaitOwner, until the owner of id's partition has applied the
 // partition past offset, where request rid landed, and returns the request's outcome; errPending
-// when the owner has not applied it in time. An outcome recorded at another offset is that of an
+// when the owner has not applied it in time (an *unaskedError when the last question to it
+// failed). An outcome recorded at another offset is that of an
 // earlier attempt of the request (a retry, not applied again): the answer replays it. When this
 // replica owns the partition its own Apply wakes it at once; another owner holds each question
 // until it applied past offset (outcomeHold at most), so a request costs one question or a few,
@@ -641,6 +666,9 @@ func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) 
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return ro, &unaskedError{err}
+			}
 			return ro, errPending
 		case <-applied:
 		case <-time.After(outcomeGap - time.Since(asked)):

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -18,11 +19,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // testCA issues certificates for one test.
@@ -213,5 +217,94 @@ func TestBadWebConfigStopsTheStart(t *testing.T) {
 		if _, serr := os.Stat(filepath.Join(cfg.StateDir, "cfguard.db")); serr == nil {
 			t.Errorf("%s: Run opened the ledger before refusing the web configuration", c.name)
 		}
+	}
+}
+
+// TestReplicasAskEachOtherOverTLS: replicas whose API requires client certificates
+// (http.web_config_file) reach each other with replication.peer_tls: each advertises https:// by
+// default, trusts its peers' CA and presents its client certificate, so that a registration at
+// r1 of a CE in a partition r2 owns is answered 201 with r2's outcome, and a read of it at r1 is
+// answered by r2. A replica with the CA and no client certificate is refused by its peers: its
+// read of a CE another replica owns is answered 502.
+func TestReplicasAskEachOtherOverTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three replicas: not with -short")
+	}
+	t.Parallel() // mostly waits for the replicas to join their groups
+	dir := t.TempDir()
+	ca := newTestCA(t, "cfguard test CA")
+	serverCert, serverKey := ca.issue(t, 100, x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := ca.issue(t, 200, x509.ExtKeyUsageClientAuth)
+	for name, b := range map[string][]byte{"ca.pem": ca.pem, "server.pem": serverCert, "server.key": serverKey,
+		"client.pem": clientCert, "client.key": clientKey,
+		"web.yml": []byte("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n" +
+			"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n")} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := tlsClient(t, ca, clientCert, clientKey)
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	start := func(id string, peer config.PeerTLS) *running {
+		t.Helper()
+		r := startDaemonWith(t, func(c *config.Config) {
+			replicaConfig(c, b, id, key)
+			c.HTTP.WebConfigFile = filepath.Join(dir, "web.yml")
+			c.Replication.PeerTLS = peer
+		}, nil, client)
+		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		return r
+	}
+	withCert := config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"), KeyFile: filepath.Join(dir, "client.key")}
+	r1, r2 := start("r1", withCert), start("r2", withCert)
+	parts := r1.d.share.partitions
+	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
+		return len(r1.d.share.member.Owned()) > 0 && len(r2.d.share.member.Owned()) > 0 &&
+			len(r1.d.share.member.Owned())+len(r2.d.share.member.Owned()) == parts
+	})
+	ids := registerCEs(t, r1, bundled(t), 12) // each answered 201: those of r2's partitions with r2's outcome
+	atR2 := 0
+	for _, id := range ids {
+		if slices.Contains(r2.d.share.member.Owned(), ceshare.Partition(id, parts)) {
+			atR2++
+		}
+		if code, body := r1.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+			t.Errorf("GET %s at r1: %d %s", id, code, body)
+		}
+	}
+	if atR2 == 0 {
+		t.Fatal("no CE registered in a partition r2 owns: the test shows nothing")
+	}
+
+	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")})
+	var other string // a CE another replica owns
+	waitfor.Cond(t, 60*time.Second, "r3 owning partitions, and a CE another replica owns", func() bool {
+		owned := r3.d.share.member.Owned()
+		for _, id := range ids {
+			if len(owned) > 0 && !slices.Contains(owned, ceshare.Partition(id, parts)) {
+				other = id
+				return true
+			}
+		}
+		return false
+	})
+	code, body := r3.get(t, "/v1/counterfactuals/"+other)
+	if code != http.StatusBadGateway || !strings.Contains(string(body), "certificate required") {
+		t.Errorf("GET %s at r3, which presents no client certificate to its peers: %d %s, want 502 naming the refusal", other, code, body)
+	}
+	// A registration at r3 of a CE another replica owns is sent, but r3 cannot ask for its
+	// outcome: 202, and the answer says why it does not know.
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r3.d.current(), data, 400, 1)
+	id := ""
+	for k := 0; id == ""; k++ {
+		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.d.share.member.Owned(), p) {
+			id = fmt.Sprintf("tls-%d", k)
+		}
+	}
+	code, body = r3.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	if code != http.StatusAccepted || !strings.Contains(string(body), "asking it failed") || !strings.Contains(string(body), "certificate required") {
+		t.Errorf("POST %s at r3: %d %s, want 202 saying its owner could not be asked, and why", id, code, body)
 	}
 }
