@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
@@ -396,5 +397,34 @@ func TestShareReleaseCutShortRestartsThePartition(t *testing.T) {
 	}
 	if off, ok, err := r.d.ledger.ShareOffset(p); err != nil || !ok || off != 0 {
 		t.Fatalf("after a release cut short, partition %d's offset is %d (held %v, %v); want 0", p, off, ok, err)
+	}
+}
+
+// TestUpdaterRoleStaysThroughJoins: replicas that join do not take the updater role from the
+// replica that holds it (the updater group's balancer keeps it where it is): after two joins, r1
+// is still the updater, every replica follows its one claim (term 1), and records produced
+// after the joins are applied.
+func TestUpdaterRoleStaysThroughJoins(t *testing.T) {
+	b, key, r1 := firstOfTwoReplicas(t, "three replicas")
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.d.rep.Updater)
+	gens := func(r *running) float64 { return r.metric(t, alerts.NameGenerations) }
+	reps := []*running{r1}
+	for _, id := range []string{"r2", "r3"} {
+		before := gens(r1)
+		r := startReplicaKey(t, b, id, key)
+		reps = append(reps, r)
+		waitfor.Cond(t, 60*time.Second, id+"'s join through the updater group", func() bool { return gens(r) >= 1 && gens(r1) > before })
+	}
+	data := bundled(t)
+	n := produceRows(t, r1, data, 0, 64)
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, "the records applied at every replica", func() bool {
+			return r.metric(t, "cfguard_records_total", "result", "applied") == float64(n)
+		})
+	}
+	for i, r := range reps {
+		if v := r.view(t); v.Replication.Term != 1 || r.d.rep.Updater() != (i == 0) {
+			t.Errorf("r%d: term %d, updater %v; want term 1 (r1's one claim), r1 the updater", i+1, v.Replication.Term, r.d.rep.Updater())
+		}
 	}
 }

@@ -56,6 +56,7 @@ type Replica struct {
 	id         string // replication.replica_id, or the host name
 	writer     string // "<replica id>/<nonce>": a restarted replica is a new writer
 	group      string
+	bal        *updaterBalancer // the updater group's balancer: keeps the role where it is
 	lg         *slog.Logger
 	m          *alerts.ReplicaMetrics
 	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
@@ -134,7 +135,7 @@ func New(opts Options) (*Replica, error) {
 		return nil, err
 	}
 	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
-		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater",
+		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater", bal: &updaterBalancer{topic: cfg.Replication.PosteriorTopic},
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64]Step{},
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
@@ -1075,6 +1076,7 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 	rc := r.cfg.Replication
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: r.group, Brokers: r.conn.Brokers, Dialer: dialer,
 		Topics: []string{rc.PosteriorTopic}, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
+		GroupBalancers:   []kafka.GroupBalancer{r.bal, kafka.RangeGroupBalancer{}, kafka.RoundRobinGroupBalancer{}},
 		RebalanceTimeout: rc.SessionTimeout, JoinGroupBackoff: time.Second, Timeout: 10 * time.Second,
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			r.lg.Debug("updater group: " + fmt.Sprintf(msg, args...))
@@ -1096,6 +1098,7 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 		for _, p := range gen.Assignments[rc.PosteriorTopic] {
 			assigned = assigned || p.ID == 0
 		}
+		r.bal.led(gen.ID, assigned)
 		r.m.Generations.Inc()
 		r.lg.Info("updater group: new generation", "generation", gen.ID, "updater", assigned)
 		if assigned {
@@ -1126,9 +1129,14 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 		}
 		if !r.leadTerm(ctx, generation) {
 			// Rejoin, but not at once: a failure that persists would otherwise end generations
-			// as fast as the group can rebalance. It is no longer the updater meanwhile.
+			// as fast as the group can rebalance. It is no longer the updater meanwhile; unless
+			// the generation ended, it gave the role up, and says so to the group's balancer,
+			// which gives the role to another member if there is one.
 			r.updater.Store(false)
 			r.m.Updater.Set(0)
+			if ctx.Err() == nil {
+				r.bal.steppedDown()
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(rejoinPause):

@@ -1,0 +1,69 @@
+package replica
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// The updater role stays with the member that held it last, unless it stepped down; without
+// such a member it goes to the first member by id; whichever member computes it.
+func TestPickUpdater(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		data map[string]updaterData
+		want string
+	}{
+		{"none", map[string]updaterData{}, ""},
+		{"a new group: the first by id", map[string]updaterData{"m-b": {}, "m-a": {}, "m-c": {}}, "m-a"},
+		{"the holder keeps it when a member joins", map[string]updaterData{"m-b": {Led: 4}, "m-a": {}}, "m-b"},
+		{"the latest holder of two", map[string]updaterData{"m-a": {Led: 3}, "m-b": {Led: 7}, "m-c": {Led: 5}}, "m-b"},
+		{"a holder that stepped down gives it up", map[string]updaterData{"m-a": {}, "m-b": {Led: 7, SteppedDown: true}}, "m-a"},
+		{"... to an earlier holder first", map[string]updaterData{"m-a": {}, "m-b": {Led: 7, SteppedDown: true}, "m-c": {Led: 3}}, "m-c"},
+		{"every member stepped down: the latest holder", map[string]updaterData{"m-a": {Led: 2, SteppedDown: true}, "m-b": {Led: 7, SteppedDown: true}}, "m-b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ids []string
+			for id := range tc.data {
+				ids = append(ids, id)
+			}
+			if got := pickUpdater(ids, tc.data); got != tc.want {
+				t.Errorf("pickUpdater = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// AssignGroups gives the posterior topic's partition to the member pickUpdater names and an
+// empty assignment to every other member of the topic, reading each member's UserData.
+func TestUpdaterBalancerAssigns(t *testing.T) {
+	data := func(d updaterData) []byte {
+		b, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b := &updaterBalancer{topic: "log"}
+	b.led(9, true)
+	mine, err := b.UserData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := []kafka.GroupMember{
+		{ID: "m-a", Topics: []string{"log"}, UserData: data(updaterData{Led: 3})},
+		{ID: "m-b", Topics: []string{"log"}, UserData: mine},
+		{ID: "m-c", Topics: []string{"log"}, UserData: []byte("not json")},
+		{ID: "m-d", Topics: []string{"another"}},
+	}
+	got := b.AssignGroups(members, []kafka.Partition{{Topic: "log", ID: 0}, {Topic: "another", ID: 0}})
+	if len(got) != 3 || len(got["m-b"]["log"]) != 1 || len(got["m-a"]["log"]) != 0 || len(got["m-c"]["log"]) != 0 {
+		t.Fatalf("assignments %v, want the partition to m-b (led generation 9) and none to m-a, m-c", got)
+	}
+	b.steppedDown()
+	members[1].UserData, _ = b.UserData()
+	if got := b.AssignGroups(members, []kafka.Partition{{Topic: "log", ID: 0}}); len(got["m-a"]["log"]) != 1 {
+		t.Fatalf("after m-b stepped down: %v, want the partition to m-a (led generation 3)", got)
+	}
+}
