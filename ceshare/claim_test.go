@@ -62,6 +62,14 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
 				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late"), tombRec("a")}
 		}, map[string]string{}, 1},
+		{"a late write after a tombstone does not bring the deleted CE back", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
+				claimRec(t, 2, "r2", 2), tombRec("a"), stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{}, 1},
+		{"... until its owner writes it again (registered again)", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), tombRec("a"), stateRec(t, "a", "r1", 1, "again"),
+				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{"a": "again"}, 1},
 		{"a claim of a lower term read later (its writer paused before sending it) is not in force", func(t *testing.T) []record {
 			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 3, "r3", 4), claimRec(t, 2, "r2", 3),
 				stateRec(t, "a", "r3", 4, "r3's"), stateRec(t, "b", "r2", 3, "r2 late")}

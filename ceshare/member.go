@@ -65,11 +65,11 @@ type MemberConfig struct {
 	// acquired with registrations to replay (from offset 0, or from the offset a rebuild cut
 	// short by a crash stored) is given the states its previous owners wrote: each registration
 	// it then hands to Apply until the partition caught up carries its CE's state
-	// (Request.State). When such a partition's first requests were deleted before the member
-	// read them (a CE topic given a retention), each state is handed to Apply, before the
-	// gap is stored, as a registration rebuilt from it (Request.Restored): the CEs those
-	// requests registered come back from their states, and the requests read after the gap
-	// apply to them as they did at the previous owner. Empty: none.
+	// (Request.State). When a partition acquired from offset 0 finds its first requests
+	// deleted before any were read (a CE topic given a retention), each state is handed to
+	// Apply, before the gap is stored, as a registration rebuilt from it (Request.Restored):
+	// the CEs those requests registered come back from their states, and the requests read
+	// after the gap apply to them as they did at the previous owner. Empty: none.
 	StateTopic string
 	// Group is the consumer group that shares the topic's partitions out
 	// (<kafka.group_id>.ce). Required.
@@ -783,9 +783,9 @@ func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, 
 }
 
 // outOfRange handles a fetch refused because next is outside p's log. Below the log start,
-// requests were deleted before they were read (the topic's retention is not "for ever"): the
-// CEs of the partition's states, when it was acquired with states, are restored from them
-// (restore); the gap is logged as an ERROR and stored with its count through Lost (unless an
+// requests were deleted before they were read (the topic's retention is not "for ever"): at
+// the first read of a partition acquired from offset 0 with its states, the CEs of those states
+// are restored from them (restore); the gap is logged as an ERROR and stored with its count through Lost (unless an
 // earlier owner read the partition: then it is stored uncounted), and reading goes on from
 // the log start. Past the end, the ledger's offset belongs to another log (the topic was
 // deleted and created again): Reset stores offset 0 (and sends the store's CEs of p again), and reading goes
@@ -800,8 +800,11 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		m.mu.Lock()
 		ps := m.parts[p]
 		before := next == 0 && ps != nil && ps.ownedBefore
+		// Restored only at the partition's first read from offset 0: the store holds nothing of
+		// p then, so a state brings back nothing it has deleted or replaced (past offset 0 it
+		// may have applied deletions the state topic does not show yet).
 		var states map[string]State
-		if ps != nil && !ps.ready {
+		if next == 0 && ps != nil && !ps.ready {
 			states = ps.states
 		}
 		m.mu.Unlock()
@@ -811,7 +814,8 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		}
 		what := "the CEs they registered or deleted are not in this share"
 		if states != nil {
-			what = "the CEs they registered are restored from their states on the CE state topic, but for any whose state no owner wrote"
+			what = fmt.Sprintf("%d CEs they registered are restored from the states their owners wrote on the CE state topic; "+
+				"a CE whose state no owner wrote is not in this share", restored)
 		}
 		if before {
 			// Read from its start by a new owner: an earlier owner read (or found lost) what
@@ -851,28 +855,36 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 	return next, nil
 }
 
-// restore hands Apply a registration rebuilt from each of states (Request.Restored), in order of
-// id and in chunks of MaxBatch, each stored with p's offset left at next, and returns how many
-// it handed. It runs at a gap before the gap is stored, so a crash in between restores again
-// (the CEs already restored are found the same and kept).
+// restore hands Apply a registration rebuilt from each of states (Request.Restored; a state
+// whose id is not of p is left out, WARN), in order of id and in chunks of MaxBatch, each
+// stored with p's offset left at next, and returns how many it handed. It runs at a gap found
+// at the first read of a partition acquired from offset 0, before the gap is stored, so a
+// crash in between restores again (the CEs already restored are found the same and kept).
 func (m *Member) restore(ctx context.Context, p int, next int64, states map[string]State) (int, error) {
 	ids := slices.Sorted(maps.Keys(states))
 	handed := 0
 	for len(ids) > 0 && ctx.Err() == nil {
 		n := min(len(ids), m.cfg.MaxBatch)
-		reqs := make([]Request, n)
-		for i, id := range ids[:n] {
+		reqs := make([]Request, 0, n)
+		for _, id := range ids[:n] {
 			s := states[id]
-			reqs[i] = Request{Kind: KindRegister, ID: id, Replica: s.Replica, Offset: next, State: &s, Restored: true}
+			if Partition(id, m.cfg.Partitions) != p {
+				m.log.Warn("CE state on another partition than its id's: not restored", "partition", p, "id", id, "writer", s.Replica)
+				continue
+			}
+			reqs = append(reqs, Request{Kind: KindRegister, ID: id, Replica: s.Replica, Offset: next, State: &s, Restored: true})
+		}
+		ids = ids[n:]
+		if len(reqs) == 0 {
+			continue
 		}
 		if err := m.hooks.Apply(ctx, p, reqs, next); err != nil {
 			return handed, err
 		}
-		handed += n
+		handed += len(reqs)
 		m.mu.Lock()
-		m.restored += int64(n)
+		m.restored += int64(len(reqs))
 		m.mu.Unlock()
-		ids = ids[n:]
 	}
 	return handed, ctx.Err()
 }

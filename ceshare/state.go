@@ -18,12 +18,13 @@ import (
 )
 
 // The CE state topic (StateTopic: the CE topic's name + ".state") is a compacted topic with the
-// CE topic's partitions, keyed by CE id: the owner of a CE writes the CE's state there each time
-// it changes (a status change, a renewal, a verdict) and when it stores a registration with a
-// state its previous owner left, and a tombstone when the CE is deleted. A replica that acquires
-// a partition afresh reads the partition to its end and claims it (claim.go) before it reads the
-// partition's requests; those registrations it replays get the state their previous owner left
-// (Request.State). The CE topic keeps the registrations.
+// CE topic's partitions, keyed by CE id: the owner of a CE writes the CE's state there when it
+// stores its registration and each time it changes (a status change, a renewal, a verdict), and
+// a tombstone when the CE is deleted. A replica that acquires a partition afresh reads the
+// partition to its end and claims it (claim.go) before it reads the partition's requests; those
+// registrations it replays get the state their previous owner left (Request.State), and a
+// partition whose first requests the CE topic's retention deleted gets its CEs back from their
+// states (Request.Restored). The CE topic keeps the registrations.
 //
 // Of the records of one CE, a reader keeps the last one the owner of the time wrote, as
 // compaction would keep the last one: the newest state, or none when it is a tombstone or a
@@ -288,6 +289,7 @@ type StateStats struct {
 type stateFold struct {
 	states map[string]State // each CE's last state written by the partition's owner of the time
 	late   map[string]State // a CE's last state after that one, written by a replica no claim owned
+	ended  map[string]bool  // CEs a tombstone deleted since their owner's last state: no late write brings them back
 	owner  *Claim           // the claim in force; nil before the first
 	term   int64            // the greatest term read
 	// claimsOnly folds the claims alone: states are neither authenticated nor decoded, and
@@ -296,14 +298,15 @@ type stateFold struct {
 }
 
 func newStateFold() *stateFold {
-	return &stateFold{states: map[string]State{}, late: map[string]State{}}
+	return &stateFold{states: map[string]State{}, late: map[string]State{}, ended: map[string]bool{}}
 }
 
-// result is the state of each CE: its owner's, or the late write when compaction left no other.
+// result is the state of each CE: its owner's, or the late write when compaction left no other
+// and no tombstone of its owner ended the CE.
 func (f *stateFold) result() map[string]State {
 	out := maps.Clone(f.states)
 	for id, s := range f.late {
-		if _, ok := out[id]; !ok {
+		if _, ok := out[id]; !ok && !f.ended[id] {
 			out[id] = s
 		}
 	}
@@ -345,8 +348,9 @@ func (m *Member) readStates(ctx context.Context, cl *kafka.Client, p int, f *sta
 // (foldClaim); a state the claim in force owns replaces the CE's state, one it does not own is
 // kept aside (stateFold.late) and leaves the state before it; a tombstone, or a record of a CE
 // that does not authenticate or decode, removes the CE's state (compaction keeps such a record in
-// place of the states before it, so a reader does the same). Records that do not authenticate
-// or decode are counted and logged.
+// place of the states before it, so a reader does the same); a tombstone also ends the CE until
+// its owner writes it again, so that a late write after it does not bring a deleted CE back.
+// Records that do not authenticate or decode are counted and logged.
 func (m *Member) foldState(f *stateFold, p int, r record) {
 	if isClaim(r.key) {
 		m.foldClaim(f, p, r)
@@ -372,6 +376,7 @@ func (m *Member) foldState(f *stateFold, p int, r record) {
 	if tomb {
 		delete(f.states, id)
 		delete(f.late, id)
+		f.ended[id] = true
 		m.count(func(s *StateStats) { s.Tombstones++ })
 		return
 	}
@@ -386,6 +391,7 @@ func (m *Member) foldState(f *stateFold, p int, r record) {
 		m.count(func(s *StateStats) { s.Read++ })
 		f.states[id] = s
 		delete(f.late, id)
+		delete(f.ended, id)
 		return
 	}
 	m.count(func(s *StateStats) { s.Fenced++ })
