@@ -23,7 +23,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
-	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/replica"
 )
 
 // share is a replica's part in the CEs (package ceshare, docs/DESIGN.md): registrations and
@@ -130,13 +130,9 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	if err != nil {
 		return nil, err
 	}
-	peerTLS, err := stream.LoadTLSAt("replication.peer_tls", rc.PeerTLS.Files())
+	tr, err := replica.PeerTransport(rc)
 	if err != nil {
 		return nil, err
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if peerTLS != nil {
-		tr.TLSClientConfig = peerTLS
 	}
 	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout, Transport: tr},
 		auditClient: &http.Client{Transport: tr}, lg: d.log.With("component", "ceshare")}
@@ -269,7 +265,8 @@ func (s *share) Release(ctx context.Context, p int) error {
 // Lost is ceshare.Hooks: the requests of partition p from `from` to `to` were deleted from the
 // CE topic before this replica read them. The ledger moves p's offset past them and counts them
 // (cfguard_records_lost_total for the CE topic, CfguardRecordsLost) in one transaction; the CEs
-// they registered are not in this share, and those they deleted stay. A ledger that cannot be
+// they registered are not in this share (but for those restored from their states before the
+// gap: ceshare.Request.Restored), and those they deleted stay. A ledger that cannot be
 // written is retried as every share write is (durably).
 func (s *share) Lost(ctx context.Context, p int, from, to int64) error {
 	return s.d.durably(ctx, func() error { return s.d.ledger.SkipShare(p, from, to) })
@@ -387,7 +384,12 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		if o.Duplicate {
 			s.d.requests.Skipped(reqs[i].Kind, 1)
 		}
-		if o.Result == ledger.OutcomeRefused && !o.Duplicate {
+		switch {
+		case o.Result == ledger.OutcomeRefused && reqs[i].Restored:
+			s.lg.Error("CE not restored from its state: the ledger refused it", "partition", p, "id", o.ID, "detail", o.Detail)
+		case o.Result == ledger.OutcomeExists && reqs[i].Restored:
+			s.lg.Warn("CE not restored from its state: its id holds another CE", "partition", p, "id", o.ID, "detail", o.Detail)
+		case o.Result == ledger.OutcomeRefused && !o.Duplicate:
 			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
 		}
 		switch {
@@ -395,7 +397,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateRestored).Inc()
 		case o.State != "" && reqs[i].Restored:
 			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
-			s.lg.Warn("CE restored from the certificate of its state alone, without its renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
+			s.lg.Warn("CE restored without its state's renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
 		case o.State != "":
 			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
 			s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)

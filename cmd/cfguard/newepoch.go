@@ -191,8 +191,14 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	head := st.chain.Head()
+	// The replica's API is asked as its peers ask it (replication.peer_tls).
+	tr, err := replica.PeerTransport(cfg.Replication)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Transport: tr}
 	if *headFrom != "" {
-		rh, err := fetchHead(ctx, *headFrom, cfg.HTTP.Token)
+		rh, err := fetchHead(ctx, client, *headFrom, cfg.HTTP.Token)
 		if err != nil {
 			return err
 		}
@@ -277,7 +283,7 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *headFrom != "" {
 		// Read back by the replica itself: a key file that is not the cluster's would write an
 		// epoch that this command accepts and every replica ignores.
-		if err := awaitEntry(ctx, *headFrom, cfg.HTTP.Token, e.Seq, 60*time.Second); err != nil {
+		if err := awaitEntry(ctx, client, *headFrom, cfg.HTTP.Token, e.Seq, 60*time.Second); err != nil {
 			return fmt.Errorf("the new epoch was written at offset %d, but %w: check that replication.key_file of %s is the cluster's", rep.Offset, err, *path)
 		}
 	}
@@ -292,10 +298,10 @@ type remoteHead struct {
 	model *bnn.Model
 }
 
-// fetchHead reads from a replica's API (base URL u, bearer token) the posterior log's head it
+// fetchHead reads from a replica's API (base URL u, with client and the bearer token) the posterior log's head it
 // applied last (GET /v1/model's replication block) and its posterior (GET /v1/model/posterior
 // and its sidecar), checked against the head's posterior_sha256 and version.
-func fetchHead(ctx context.Context, u, token string) (*remoteHead, error) {
+func fetchHead(ctx context.Context, client *http.Client, u, token string) (*remoteHead, error) {
 	get := func(path string) ([]byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u, "/")+path, nil)
 		if err != nil {
@@ -304,7 +310,7 @@ func fetchHead(ctx context.Context, u, token string) (*remoteHead, error) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			return nil, fmt.Errorf("--head-from: %w", err)
 		}
@@ -364,7 +370,7 @@ func fetchHead(ctx context.Context, u, token string) (*remoteHead, error) {
 
 // awaitEntry waits, at most wait, until the replica at u reports entry seq or a later one as
 // its head, not stopped.
-func awaitEntry(ctx context.Context, u, token string, seq uint64, wait time.Duration) error {
+func awaitEntry(ctx context.Context, client *http.Client, u, token string, seq uint64, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var last string
@@ -376,7 +382,7 @@ func awaitEntry(ctx context.Context, u, token string, seq uint64, wait time.Dura
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		if resp, err := client.Do(req); err == nil {
 			var view struct {
 				Replication struct {
 					Entry   uint64 `json:"entry"`
