@@ -81,18 +81,21 @@ func (c *measureCluster) brokerCPU(t *testing.T) float64 {
 	return (ut + st) / 100
 }
 
+// measureSamples is certify.samples of the measured replicas, the process tests' value: at the
+// default certify.delta and certify.verdict_alpha, a CE whose p1 is near 1 is certified only
+// when its lower confidence bound, p1 - 7 ln(2/alpha) / (3 (samples - 1)) and a variance term,
+// reaches 1 - delta, which 250 draws miss (0.9499 for p1 = 0.9997).
+const measureSamples = 400
+
 // replicas starts n replicas named prefix1..prefixN (in root/prefixK) with the extra
-// configuration, samples networks per version instead of the process tests' 200.
+// configuration, samples networks per version instead of the process tests' 400.
 func (c *measureCluster) replicas(t *testing.T, prefix string, n, samples int, extra ...string) []*replicaProc {
 	t.Helper()
 	reps := make([]*replicaProc, n)
 	for i := range reps {
 		reps[i] = c.replica(t, fmt.Sprintf("%s%d", prefix, i+1), samples, extra...)
 	}
-	for _, r := range reps {
-		r.start(t)
-	}
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the starts: a replica that does not get ready shows its log
 		if t.Failed() {
 			for _, r := range reps {
 				if r.c != nil {
@@ -101,6 +104,9 @@ func (c *measureCluster) replicas(t *testing.T, prefix string, n, samples int, e
 			}
 		}
 	})
+	for _, r := range reps {
+		r.start(t)
+	}
 	return reps
 }
 
@@ -535,7 +541,7 @@ func TestMeasureTakeovers(t *testing.T) {
 		ces    = 600
 	)
 	c := newMeasureCluster(t)
-	reps := c.replicas(t, "r", 3, 200)
+	reps := c.replicas(t, "r", 3, measureSamples)
 	others := func(r *replicaProc) []*replicaProc {
 		return slices.DeleteFunc(slices.Clone(reps), func(o *replicaProc) bool { return o == r })
 	}
@@ -693,7 +699,7 @@ func TestMeasureBootstrap(t *testing.T) {
 	}
 	c := newMeasureCluster(t)
 	var ps []phase
-	first := c.replicas(t, "a", 1, 200)[0]
+	first := c.replicas(t, "a", 1, measureSamples)[0]
 	lines := c.ceLines(t, "ce", n)
 	at := time.Now()
 	bulkRegister(t, first, lines, 1000)
@@ -704,7 +710,7 @@ func TestMeasureBootstrap(t *testing.T) {
 
 	ps = append(ps, stopTimed(t, first, "SIGTERM of that replica until it exits"))
 
-	w := c.replica(t, "b", 200)
+	w := c.replica(t, "b", measureSamples)
 	t.Cleanup(func() {
 		if t.Failed() && w.c != nil {
 			t.Logf("%s's log:\n%s", w.id, w.c.log.String())
@@ -725,7 +731,7 @@ func TestMeasureBootstrap(t *testing.T) {
 		phase{"... start -> every CE in its ledger", all, ""})
 
 	// A second replica joins: half the partitions move to it.
-	j := c.replica(t, "c", 200)
+	j := c.replica(t, "c", measureSamples)
 	t.Cleanup(func() {
 		if t.Failed() && j.c != nil {
 			t.Logf("%s's log:\n%s", j.id, j.c.log.String())
@@ -782,7 +788,7 @@ func TestMeasureRegistrationRate(t *testing.T) {
 		for n := 1; n <= 3; n++ {
 			t.Run(fmt.Sprintf("clients=%d/replicas=%d", clients, n), func(t *testing.T) {
 				c := newMeasureCluster(t)
-				reps := c.replicas(t, "r", n, 200)
+				reps := c.replicas(t, "r", n, measureSamples)
 				lines := c.ceLines(t, "ce", total)
 				var (
 					mu              sync.Mutex
@@ -840,7 +846,7 @@ func TestMeasureRegistrationRate(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "registration rate: %d CEs, one POST /v1/counterfactuals each, clients round-robin over the replicas, certify.samples 200; load average %s\n", total, loadAverage())
+	fmt.Fprintf(&b, "registration rate: %d CEs, one POST /v1/counterfactuals each, clients round-robin over the replicas, certify.samples %d; load average %s\n", total, measureSamples, loadAverage())
 	fmt.Fprintf(&b, "| clients | replicas | answered 201 | answered 202 | wall | CEs/s | replicas' CPU s | broker CPU s |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %d | %d | %d | %d | %v | %.0f | %.2f | %.2f |\n", r.clients, r.n, r.created, r.queued, r.took.Round(time.Millisecond),
