@@ -343,6 +343,11 @@ type Replication struct {
 	// enabled; `cfguard gen-key` makes one. The environment variable
 	// CFGUARD_REPLICATION_KEY_FILE overrides it (Kubernetes: a mounted Secret). Default: "".
 	KeyFile string `yaml:"key_file"`
+	// RegisterWait is how long a registration or deletion accepted by this replica waits for the
+	// owner of its CE's partition to apply it before it is answered 202 (accepted, not applied
+	// yet: GET its Location later). 0 answers 202 at once. It must be below http.write_timeout.
+	// Default: 10s.
+	RegisterWait time.Duration `yaml:"register_wait"`
 	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
 	// advertise URLs): the CAs that sign their server certificates, and the client certificate
 	// it presents where their http.web_config_file requires one (client_auth_type). Read at
@@ -413,7 +418,7 @@ func Default() Config {
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
 		Replication: Replication{PosteriorTopic: "cfguard.posterior", CETopic: "cfguard.ce", CEPartitions: 12, SessionTimeout: 10 * time.Second,
-			HeartbeatInterval: time.Second},
+			HeartbeatInterval: time.Second, RegisterWait: 10 * time.Second},
 	}
 }
 
@@ -1054,6 +1059,9 @@ func (c *Config) validateReplication() []error {
 	}
 	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
 		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
+	}
+	if r.RegisterWait < 0 || r.RegisterWait >= c.HTTP.WriteTimeout {
+		bad("replication.register_wait", r.RegisterWait, "must be 0 or more and below http.write_timeout ("+c.HTTP.WriteTimeout.String()+"), which would cut the answer")
 	}
 	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")

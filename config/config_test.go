@@ -212,6 +212,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"format":             {"log:\n  format: xml\n", "log.format"},
 		"bad type has key":   {"certify:\n  delta: lots\n", "certify.delta (line 2)"},
 		"suggestion":         {"kafka:\n  max_recods: 3\n", `did you mean "max_records"`},
+		"register wait past the write timeout": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  register_wait: 2m\n",
+			"replication.register_wait: 2m0s: must be 0 or more and below http.write_timeout (2m0s)"},
 		"peer tls pair": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  peer_tls:\n    cert_file: c.pem\n",
 			"replication.peer_tls.cert_file"},
 		"renamed key": {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},

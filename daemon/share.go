@@ -39,7 +39,8 @@ type share struct {
 	prod       *ceshare.Producer
 	member     *ceshare.Member
 	dir        *ceshare.Directory
-	client     *http.Client // questions to peers: reads, lists, outcomes (peerTimeout)
+	client     *http.Client  // questions to peers: reads, lists, outcomes (peerTimeout)
+	wait       time.Duration // how long a request waits for its owner's outcome: replication.register_wait
 	// auditClient forwards POST /v1/audit, which takes as long as the peer's share needs
 	// (minutes at 10^6 CEs): bounded by the caller's context only.
 	auditClient *http.Client
@@ -72,8 +73,9 @@ func (b *broadcast) signal() {
 	}
 }
 
-// awaitOwner bounds how long a registration waits for its owner to store the CE before it is
-// answered 202 (accepted, not yet stored).
+// awaitOwner bounds how long an owner's batch of requests waits for a posterior version it has
+// not applied yet (awaitVersion). How long a request waits for its owner before it is answered
+// 202 is replication.register_wait (share.wait).
 const awaitOwner = 10 * time.Second
 
 // peerTimeout bounds a question to another replica (a read, a page, an outcome, an audit's
@@ -134,7 +136,7 @@ func newShare(ctx context.Context, d *Daemon, replicaID string) (*share, error) 
 	if err != nil {
 		return nil, err
 	}
-	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout, Transport: tr},
+	s := &share{d: d, id: replicaID, partitions: rc.CEPartitions, client: &http.Client{Timeout: peerTimeout, Transport: tr}, wait: rc.RegisterWait,
 		auditClient: &http.Client{Transport: tr}, lg: d.log.With("component", "ceshare")}
 	group := d.cfg.Kafka.GroupID + ".ce"
 	held, err := d.ledger.ShareOffsets()
@@ -640,7 +642,7 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 	return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 }
 
-// awaitOutcome waits, at most awaitOwner, until the owner of id's partition has applied the
+// awaitOutcome waits, at most s.wait, until the owner of id's partition has applied the
 // partition past offset, where request rid landed, and returns the request's outcome; errPending
 // when the owner has not applied it in time (an *unaskedError when the last question to it
 // failed). An outcome recorded at another offset is that of an
@@ -649,7 +651,7 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 // until it applied past offset (outcomeHold at most), so a request costs one question or a few,
 // not one per poll; two questions are at least outcomeGap apart.
 func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) (requestOutcome, error) {
-	ctx, cancel := context.WithTimeout(ctx, awaitOwner)
+	ctx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
 	for {
 		// Taken before asking: this replica's Apply after the answer wakes the wait below, when
@@ -867,7 +869,7 @@ const paramPartitions = "partitions"
 // the CE topic and answers the outcome its owner recorded for it once the owner has applied the
 // partition past it (answerDeletion): nil when it deleted a CE, ledger.ErrNotFound when nothing
 // was stored under id at the request's offset; errPending when the owner has not applied it
-// within awaitOwner. A keyed retry is sent again and skipped by the owner, which answers the
+// within replication.register_wait. A keyed retry is sent again and skipped by the owner, which answers the
 // first attempt's outcome, so it deletes nothing registered since.
 func (s *share) forget(ctx context.Context, id string, ref ledger.RequestRef) error {
 	if ref.RID == "" {

@@ -246,18 +246,18 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	client := tlsClient(t, ca, clientCert, clientKey)
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
-	start := func(id string, peer config.PeerTLS) *running {
+	start := func(id string, peer config.PeerTLS, registerWait time.Duration) *running {
 		t.Helper()
 		r := startDaemonWith(t, func(c *config.Config) {
 			replicaConfig(c, b, id, key)
 			c.HTTP.WebConfigFile = filepath.Join(dir, "web.yml")
-			c.Replication.PeerTLS = peer
+			c.Replication.PeerTLS, c.Replication.RegisterWait = peer, registerWait
 		}, nil, client)
 		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 		return r
 	}
 	withCert := config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"), KeyFile: filepath.Join(dir, "client.key")}
-	r1, r2 := start("r1", withCert), start("r2", withCert)
+	r1, r2 := start("r1", withCert, 10*time.Second), start("r2", withCert, 10*time.Second)
 	parts := r1.d.share.partitions
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
 		return len(r1.d.share.member.Owned()) > 0 && len(r2.d.share.member.Owned()) > 0 &&
@@ -277,7 +277,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 		t.Fatal("no CE registered in a partition r2 owns: the test shows nothing")
 	}
 
-	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")})
+	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")}, 2*time.Second)
 	var other string // a CE another replica owns
 	waitfor.Cond(t, 60*time.Second, "r3 owning partitions, and a CE another replica owns", func() bool {
 		owned := r3.d.share.member.Owned()
@@ -294,7 +294,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 		t.Errorf("GET %s at r3, which presents no client certificate to its peers: %d %s, want 502 naming the refusal", other, code, body)
 	}
 	// A registration at r3 of a CE another replica owns is sent, but r3 cannot ask for its
-	// outcome: 202, and the answer says why it does not know.
+	// outcome: 202 after replication.register_wait, and the answer says why it does not know.
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, r3.d.current(), data, 400, 1)
 	id := ""
