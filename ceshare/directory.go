@@ -146,10 +146,15 @@ func (d *Directory) describe(ctx context.Context) (kafka.DescribeGroupsResponseG
 	return res.Groups[0], nil
 }
 
-// lookUp describes the group and rebuilds the cache. d.mu is held.
+// lookUp describes the group and rebuilds the cache. A caller whose context ended (it gave up,
+// or asked with a context already over) leaves the cache as it was: its error is not the
+// group's, and would fail every caller until the next refresh. d.mu is held.
 func (d *Directory) lookUp(ctx context.Context) {
-	d.at = time.Now()
 	g, err := d.describe(ctx)
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	d.at = time.Now()
 	if err != nil {
 		d.owners, d.refresh = nil, err
 		return

@@ -925,3 +925,28 @@ func TestRequestsDeletedUnreadAreCountedLost(t *testing.T) {
 		t.Errorf("Stats().Gaps = %d, want %d", s.Gaps, total)
 	}
 }
+
+// A question to the Directory whose context is already over fails without emptying the cache:
+// the next caller, within MinRefresh, gets the owner (before, it got the first caller's
+// context error for MinRefresh).
+func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
+	_, conn := startBroker(t)
+	r := startReplica(t, memberConfig(conn, "r1"))
+	waitfor.Cond(t, 30*time.Second, "the member owning every partition", func() bool { return ownership(r) != nil })
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	if _, err := dir.Owner(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	dir.MaxAge = 0 // every question looks the group up
+	over, cancel := context.WithCancel(context.Background())
+	cancel()
+	dir.Owner(over, "a") // fails, or answers from the cache: either way the cache stays
+	dir.MaxAge = time.Hour
+	if o, err := dir.Owner(context.Background(), "a"); err != nil || o.Replica != "r1" {
+		t.Fatalf("Owner after a caller gave up: %+v, %v; want r1 from the cache", o, err)
+	}
+}
