@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/internal/ident"
@@ -106,6 +107,9 @@ func TestFoldFencesLateWrites(t *testing.T) {
 					t.Fatal(err)
 				}
 				got[id] = ce.S
+				if late := strings.Contains(ce.S, "late"); s.Late != late {
+					t.Errorf("%s: state %q marked late %v, want %v", id, ce.S, s.Late, late)
+				}
 			}
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("states %v, want %v", got, tc.want)

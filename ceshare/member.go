@@ -856,7 +856,7 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 }
 
 // restore hands Apply a registration rebuilt from each of states (Request.Restored; a state
-// whose id is not of p is left out, WARN), in order of id and in chunks of MaxBatch, each
+// whose id is not of p, or a late write, State.Late, is left out, WARN), in order of id and in chunks of MaxBatch, each
 // stored with p's offset left at next, and returns how many it handed. It runs at a gap found
 // at the first read of a partition acquired from offset 0, before the gap is stored, so a
 // crash in between restores again (the CEs already restored are found the same and kept).
@@ -870,6 +870,12 @@ func (m *Member) restore(ctx context.Context, p int, next int64, states map[stri
 			s := states[id]
 			if Partition(id, m.cfg.Partitions) != p {
 				m.log.Warn("CE state on another partition than its id's: not restored", "partition", p, "id", id, "writer", s.Replica)
+				continue
+			}
+			if s.Late {
+				// Compaction may have removed the tombstone before it: a deleted CE would come back.
+				m.log.Warn("CE state written by a replica that no longer owned the partition, and no owner's state left: not restored",
+					"partition", p, "id", id, "writer", s.Replica)
 				continue
 			}
 			reqs = append(reqs, Request{Kind: KindRegister, ID: id, Replica: s.Replica, Offset: next, State: &s, Restored: true})

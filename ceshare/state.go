@@ -74,6 +74,10 @@ type State struct {
 	Generation int32 `json:"generation"`
 	// CE is the CE as its owner's ledger holds it (JSON); opaque here.
 	CE json.RawMessage `json:"ce"`
+	// Late marks, in a reader's result, a state written by a replica no claim owned when no
+	// owner's state of the CE was left (set by the reader, not encoded): compaction may have
+	// removed a tombstone before it, so it is not taken to restore a CE (Request.Restored).
+	Late bool `json:"-"`
 }
 
 // EncodeState checks s and returns the record's key and value.
@@ -307,6 +311,7 @@ func (f *stateFold) result() map[string]State {
 	out := maps.Clone(f.states)
 	for id, s := range f.late {
 		if _, ok := out[id]; !ok && !f.ended[id] {
+			s.Late = true
 			out[id] = s
 		}
 	}

@@ -596,3 +596,39 @@ func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
 		}
 	}
 }
+
+// restore hands Apply the states of p's CEs, not a late write (State.Late: compaction may have
+// removed the tombstone before it) nor a state of another partition's id.
+func TestRestoreLeavesLateWritesOut(t *testing.T) {
+	l := newLedger()
+	l.owned[0] = true
+	m := &Member{cfg: MemberConfig{Partitions: testPartitions, MaxBatch: 2}, hooks: l, log: testLog(t)}
+	var zero []string // ids of partition 0
+	for i := 0; len(zero) < 4; i++ {
+		if id := fmt.Sprintf("z-%d", i); Partition(id, testPartitions) == 0 {
+			zero = append(zero, id)
+		}
+	}
+	other := ""
+	for i := 0; other == ""; i++ {
+		if id := fmt.Sprintf("o-%d", i); Partition(id, testPartitions) != 0 {
+			other = id
+		}
+	}
+	states := map[string]State{other: {ID: other, Replica: "r1", CE: json.RawMessage(`{}`)}}
+	for i, id := range zero {
+		states[id] = State{ID: id, Replica: "r1", CE: json.RawMessage(`{}`), Late: i == 3}
+	}
+	n, err := m.restore(context.Background(), 0, 0, states)
+	if err != nil || n != 3 {
+		t.Fatalf("restore = %d, %v; want 3 handed (the late write and the other partition's left out)", n, err)
+	}
+	for i, id := range zero {
+		if _, ok := l.restored[id]; ok != (i < 3) {
+			t.Errorf("%s (late %v) restored %v", id, i == 3, ok)
+		}
+	}
+	if _, ok := l.restored[other]; ok || len(l.bad) > 0 {
+		t.Errorf("%s of another partition restored %v; rules broken: %v", other, ok, l.bad)
+	}
+}
