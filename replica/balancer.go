@@ -27,9 +27,9 @@ type updaterData struct {
 // partition; each member says in its UserData the latest generation that gave it the role, and
 // the group's leader gives the role to the member that held it last, unless that member stepped
 // down. Without such a member, the role goes to the first member by id. A membership change
-// then moves the role only when its holder leaves, so the log gets no claim and ingest no
-// change of process at every join (kafka-go's range balancer gives the partition to whichever
-// member id sorts first, which a joining member's random id may be).
+// then moves the role only when its holder leaves or gives it up, so the log gets no claim and
+// ingest no change of process at every join (kafka-go's range balancer gives the one partition
+// to the member id that sorts last, which a joining member's random id may be).
 type updaterBalancer struct {
 	topic string
 
@@ -37,12 +37,16 @@ type updaterBalancer struct {
 	data updaterData
 }
 
-// led records that generation gen assigned this member the role (assigned) or not.
+// led records that generation gen assigned this member the role (assigned) or not. A member not
+// assigned it says nothing at the next join: it neither holds the role nor gave it up, and a
+// generation number from before the group emptied (generations start again from 1) cannot
+// outbid the holder's.
 func (b *updaterBalancer) led(gen int32, assigned bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.data = updaterData{}
 	if assigned {
-		b.data = updaterData{Led: gen}
+		b.data.Led = gen
 	}
 }
 
