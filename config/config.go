@@ -345,8 +345,8 @@ type Replication struct {
 	KeyFile string `yaml:"key_file"`
 	// RegisterWait is how long a registration or deletion accepted by this replica waits for the
 	// owner of its CE's partition to apply it before it is answered 202 (accepted, not applied
-	// yet: GET its Location later). 0 answers 202 at once. It must be below http.write_timeout.
-	// Default: 10s.
+	// yet: GET its Location later). 0 answers 202 at once; a wait must end at least
+	// RegisterSendMargin before http.write_timeout. Default: 10s.
 	RegisterWait time.Duration `yaml:"register_wait"`
 	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
 	// advertise URLs): the CAs that sign their server certificates, and the client certificate
@@ -354,6 +354,11 @@ type Replication struct {
 	// start. Default: none (the system's roots, no client certificate).
 	PeerTLS PeerTLS `yaml:"peer_tls"`
 }
+
+// RegisterSendMargin is how much of http.write_timeout a replicated registration or deletion may
+// spend before it waits for its owner (replication.register_wait): its measurement, and its
+// send to the CE topic, which is retried for up to 10 s.
+const RegisterSendMargin = 15 * time.Second
 
 // PeerTLS is a replica's TLS client configuration toward its peers, as files (PEM).
 type PeerTLS struct {
@@ -1060,8 +1065,9 @@ func (c *Config) validateReplication() []error {
 	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
 		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
 	}
-	if r.RegisterWait < 0 || r.RegisterWait >= c.HTTP.WriteTimeout {
-		bad("replication.register_wait", r.RegisterWait, "must be 0 or more and below http.write_timeout ("+c.HTTP.WriteTimeout.String()+"), which would cut the answer")
+	if r.RegisterWait < 0 || r.RegisterWait > 0 && r.RegisterWait+RegisterSendMargin >= c.HTTP.WriteTimeout {
+		bad("replication.register_wait", r.RegisterWait, fmt.Sprintf("must be 0 or more, and at least %v below http.write_timeout (%v): "+
+			"a request is measured and sent to the CE topic before it waits, and the write deadline would cut its answer", RegisterSendMargin, c.HTTP.WriteTimeout))
 	}
 	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")

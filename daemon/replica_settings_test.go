@@ -87,7 +87,7 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	local := startDaemonWith(t, func(c *config.Config) {
 		replicaConfig(c, b, "r-local", key)
 		c.HTTP.Token = "another-token"
-		c.HTTP.WriteTimeout = 7 * time.Second
+		c.HTTP.WriteTimeout = 70 * time.Second
 		c.Explain.Concurrency = 1
 		c.Audit.Schedule = "@every 5h"
 		c.Replication.HeartbeatInterval = 400 * time.Millisecond

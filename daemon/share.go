@@ -651,6 +651,9 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 // until it applied past offset (outcomeHold at most), so a request costs one question or a few,
 // not one per poll; two questions are at least outcomeGap apart.
 func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) (requestOutcome, error) {
+	if s.wait <= 0 {
+		return requestOutcome{}, errPending // replication.register_wait 0: answered at once, nobody asked
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
 	for {
