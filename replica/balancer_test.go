@@ -66,4 +66,10 @@ func TestUpdaterBalancerAssigns(t *testing.T) {
 	if got := b.AssignGroups(members, []kafka.Partition{{Topic: "log", ID: 0}}); len(got["m-a"]["log"]) != 1 {
 		t.Fatalf("after m-b stepped down: %v, want the partition to m-a (led generation 3)", got)
 	}
+	// A generation that does not give m-b the role clears what it says: neither holder nor
+	// stepped down.
+	b.led(10, false)
+	if got, _ := b.UserData(); string(got) != string(data(updaterData{})) {
+		t.Fatalf("UserData after a generation without the role: %s, want %s", got, data(updaterData{}))
+	}
 }
