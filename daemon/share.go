@@ -383,27 +383,7 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	}
 	applied := 0 // requests, not registrations rebuilt from states
 	for i, o := range outs {
-		if o.Duplicate {
-			s.d.requests.Skipped(reqs[i].Kind, 1)
-		}
-		switch {
-		case o.Result == ledger.OutcomeRefused && reqs[i].Restored:
-			s.lg.Error("CE not restored from its state: the ledger refused it", "partition", p, "id", o.ID, "detail", o.Detail)
-		case o.Result == ledger.OutcomeExists && reqs[i].Restored:
-			s.lg.Warn("CE not restored from its state: its id holds another CE", "partition", p, "id", o.ID, "detail", o.Detail)
-		case o.Result == ledger.OutcomeRefused && !o.Duplicate:
-			s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", reqs[i].Offset, "id", o.ID, "detail", o.Detail)
-		}
-		switch {
-		case o.State == ledger.StateRestored:
-			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateRestored).Inc()
-		case o.State != "" && reqs[i].Restored:
-			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
-			s.lg.Warn("CE restored without its state's renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
-		case o.State != "":
-			s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
-			s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)
-		}
+		s.noteOutcome(p, reqs[i], o)
 		if !reqs[i].Restored {
 			applied++
 		}
@@ -412,6 +392,32 @@ func (s *share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	s.d.confirm.notify()
 	s.applied.signal()
 	return nil
+}
+
+// noteOutcome counts and logs what became of request r of partition p (o): a duplicate, a
+// refusal, a state used or not.
+func (s *share) noteOutcome(p int, r ceshare.Request, o ledger.Outcome) {
+	if o.Duplicate {
+		s.d.requests.Skipped(r.Kind, 1)
+	}
+	switch {
+	case o.Result == ledger.OutcomeRefused && r.Restored:
+		s.lg.Error("CE not restored from its state: the ledger refused it", "partition", p, "id", o.ID, "detail", o.Detail)
+	case o.Result == ledger.OutcomeExists && r.Restored:
+		s.lg.Warn("CE not restored from its state: its id holds another CE", "partition", p, "id", o.ID, "detail", o.Detail)
+	case o.Result == ledger.OutcomeRefused && !o.Duplicate:
+		s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", r.Offset, "id", o.ID, "detail", o.Detail)
+	}
+	switch {
+	case o.State == ledger.StateRestored:
+		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateRestored).Inc()
+	case o.State != "" && r.Restored:
+		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+		s.lg.Warn("CE restored without its state's renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
+	case o.State != "":
+		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+		s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)
+	}
 }
 
 // applyOps is ledger.ApplyShare under d.mu (no posterior is committed between the ledger's
