@@ -624,12 +624,13 @@ func newRID() string { return rand.Text() }
 // errPending: a registration or deletion was sent, and its owner has not applied it yet.
 var errPending = errors.New("accepted; its owner has not applied it yet")
 
-// unaskedError is errPending when the owner could not be asked whether it applied the request
-// (its last question failed: the owner unreachable, or refusing this replica's TLS handshake).
+// unaskedError is errPending when no question to the owner was answered within the wait: the
+// owner unreachable, refusing this replica's TLS handshake, or too slow. err is the last
+// question's failure, or the wait's end when no question failed before it.
 type unaskedError struct{ err error }
 
 func (e *unaskedError) Error() string {
-	return "accepted; whether its owner applied it is not known, asking it failed: " + e.err.Error()
+	return "accepted; whether its owner applied it is not known: no answer from it within replication.register_wait: " + e.err.Error()
 }
 func (e *unaskedError) Is(target error) bool { return target == errPending }
 func (e *unaskedError) Unwrap() error        { return e.err }
@@ -650,8 +651,8 @@ func (s *share) await(ctx context.Context, want *ledger.CE, ref ledger.RequestRe
 
 // awaitOutcome waits, at most s.wait, until the owner of id's partition has applied the
 // partition past offset, where request rid landed, and returns the request's outcome; errPending
-// when the owner has not applied it in time (an *unaskedError when the last question to it
-// failed). An outcome recorded at another offset is that of an
+// when the owner has not applied it in time (an *unaskedError when no question to it was
+// answered). An outcome recorded at another offset is that of an
 // earlier attempt of the request (a retry, not applied again): the answer replays it. When this
 // replica owns the partition its own Apply wakes it at once; another owner holds each question
 // until it applied past offset (outcomeHold at most), so a request costs one question or a few,
@@ -662,6 +663,8 @@ func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
+	answered := false // a question got the owner's answer (applied or not yet)
+	var failed error  // the last question that failed before the wait ended
 	for {
 		// Taken before asking: this replica's Apply after the answer wakes the wait below, when
 		// it owns the partition (another owner's apply ends its own hold of the question).
@@ -677,12 +680,21 @@ func (s *share) awaitOutcome(ctx context.Context, id, rid string, offset int64) 
 			}
 			return ro, nil
 		}
+		switch {
+		case err == nil:
+			answered = true
+		case ctx.Err() == nil:
+			failed = err
+		}
 		select {
 		case <-ctx.Done():
-			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-				return ro, &unaskedError{err}
+			switch {
+			case answered:
+				return ro, errPending
+			case failed != nil:
+				return ro, &unaskedError{failed}
 			}
-			return ro, errPending
+			return ro, &unaskedError{fmt.Errorf("none within %v", s.wait)}
 		case <-applied:
 		case <-time.After(outcomeGap - time.Since(asked)):
 		}
