@@ -754,14 +754,11 @@ func (c *Config) checkWebConfig() error {
 	if err := web.Validate(p); err != nil {
 		return fmt.Errorf("http.web_config_file: %s: %w (the format: https://prometheus.io/docs/prometheus/latest/configuration/https/)", p, err)
 	}
-	b, err := os.ReadFile(p)
+	wc, err := readWebConfig(p)
 	if err != nil {
 		return fmt.Errorf("http.web_config_file: %w", err)
 	}
-	var wc struct {
-		Users map[string]any `yaml:"basic_auth_users"`
-	}
-	if err := yaml.Unmarshal(b, &wc); err == nil && len(wc.Users) > 0 && (c.HTTP.Token != "" || c.HTTP.MetricsToken != "") {
+	if len(wc.Users) > 0 && (c.HTTP.Token != "" || c.HTTP.MetricsToken != "") {
 		return fmt.Errorf("http.web_config_file: %s sets basic_auth_users while http.token or http.metrics_token is set: "+
 			"both need the Authorization header, so keep one of them (basic auth guards every route, /healthz and /readyz too)", p)
 	}
@@ -780,17 +777,28 @@ func (c *Config) ServesTLS() bool {
 	if c.HTTP.WebConfigFile == "" {
 		return false
 	}
-	b, err := os.ReadFile(c.HTTP.WebConfigFile)
+	wc, err := readWebConfig(c.HTTP.WebConfigFile)
+	return err == nil && (wc.TLS.CertFile != "" || wc.TLS.Cert != "")
+}
+
+// webConfig is what cfguard reads itself of an exporter-toolkit web configuration file
+// (web.Validate checks the whole of it).
+type webConfig struct {
+	Users map[string]any `yaml:"basic_auth_users"`
+	TLS   struct {
+		CertFile string `yaml:"cert_file"`
+		Cert     string `yaml:"cert"`
+	} `yaml:"tls_server_config"`
+}
+
+// readWebConfig reads the web configuration file at path.
+func readWebConfig(path string) (webConfig, error) {
+	var wc webConfig
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return false
+		return wc, err
 	}
-	var wc struct {
-		TLS struct {
-			CertFile string `yaml:"cert_file"`
-			Cert     string `yaml:"cert"`
-		} `yaml:"tls_server_config"`
-	}
-	return yaml.Unmarshal(b, &wc) == nil && (wc.TLS.CertFile != "" || wc.TLS.Cert != "")
+	return wc, yaml.Unmarshal(b, &wc)
 }
 
 // checkSchedule parses a robfig/cron spec (five fields or a descriptor). "@every D" needs a
