@@ -18,6 +18,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -25,7 +26,7 @@ import (
 
 // shareReady reports whether replica r owns CE partitions and has read every one it owns.
 func shareReady(r *running) bool {
-	m := r.d.share.member
+	m := r.d.share.Member()
 	own := m.Owned()
 	if len(own) == 0 {
 		return false
@@ -44,14 +45,14 @@ func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 	t.Helper()
 	b := startCluster(t, 1)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
-	parts := reps[0].d.share.partitions
+	parts := reps[0].d.share.Partitions()
 	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each replica owning some", func() bool {
 		owned := 0
 		for _, r := range reps {
 			if !shareReady(r) {
 				return false
 			}
-			owned += len(r.d.share.member.Owned())
+			owned += len(r.d.share.Member().Owned())
 		}
 		return owned == parts
 	})
@@ -63,7 +64,7 @@ func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger.CE {
 	t.Helper()
 	s := reps[0].d.share
-	p := ceshare.Partition(id, s.partitions)
+	p := ceshare.Partition(id, s.Partitions())
 	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...)}
 	var owner *running
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d applied to its end by its owner", p), func() bool {
@@ -79,7 +80,7 @@ func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger
 			}
 		}
 		for _, r := range reps {
-			m := r.d.share.member
+			m := r.d.share.Member()
 			if next, ok := m.Next(p); ok && m.Ready(p) && next >= end && end >= 0 {
 				owner = r
 				return true
@@ -160,7 +161,7 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 		for _, r := range reps {
 			code, got := r.get(t, "/v1/counterfactuals/"+id)
 			if (code == http.StatusOK) != (stored != nil) {
-				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.d.share.id, code, got, describe(stored))
+				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.d.share.ID(), code, got, describe(stored))
 			}
 		}
 	}
@@ -330,8 +331,13 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 		t.Errorf("the keyed retry registered %s again", first.ID)
 	}
 	// A request on the CE topic twice, the deletion between: the second copy changes nothing.
-	s := reps[0].d.share
-	raw, err := json.Marshal(measured{X: first.X, XCF: first.XCF, Target: first.Target, AnchorVersion: first.AnchorVersion,
+	d0 := reps[0].d
+	prod, err := ceshare.NewProducer(context.Background(), d0.conn, d0.cfg.Replication.CETopic, d0.rep.Keys(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	raw, err := json.Marshal(cluster.Measured{X: first.X, XCF: first.XCF, Target: first.Target, AnchorVersion: first.AnchorVersion,
 		P1: first.P1, Var1: first.Var1, Samples: first.Samples, Delta: first.Delta, Epsilon: first.Epsilon})
 	if err != nil {
 		t.Fatal(err)
@@ -339,23 +345,23 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	id := "twice"
 	req := ceshare.Request{Kind: ceshare.KindRegister, ID: id, CE: raw, Replica: "r1", At: time.Now().UTC(), RID: "rid-twice"}
 	ctx := context.Background()
-	if _, _, err := s.prod.Send(ctx, req); err != nil {
+	if _, _, err := prod.Send(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	if ce := settled(t, b, reps, id); ce == nil {
 		t.Fatal("the registration request was not applied")
 	}
-	if _, _, err := s.prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: "r1", At: time.Now().UTC(), RID: "rid-delete"}); err != nil {
+	if _, _, err := prod.Send(ctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: "r1", At: time.Now().UTC(), RID: "rid-delete"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.prod.Send(ctx, req); err != nil { // the producer's retry, landing after the deletion
+	if _, _, err := prod.Send(ctx, req); err != nil { // the producer's retry, landing after the deletion
 		t.Fatal(err)
 	}
 	if ce := settled(t, b, reps, id); ce != nil {
 		t.Errorf("a registration request delivered again after the deletion registered %s again", id)
 	}
 	req.RID = "rid-new"
-	if _, _, err := s.prod.Send(ctx, req); err != nil {
+	if _, _, err := prod.Send(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	if ce := settled(t, b, reps, id); ce == nil {

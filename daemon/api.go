@@ -26,6 +26,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
@@ -66,9 +67,9 @@ type core interface {
 	// holdOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now, once it applied id's partition past offset after (at once for a negative after);
 	// ok is false when it has none (share.outcome asks the owner for it).
-	holdOutcome(ctx context.Context, id, rid string, after int64) (ro requestOutcome, ok bool, err error)
+	holdOutcome(ctx context.Context, id, rid string, after int64) (ro cluster.RequestOutcome, ok bool, err error)
 	// audit runs an audit: this ledger's, or on a replica every replica's (unless forwarded).
-	audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error)
+	audit(ctx context.Context, authorization string, forwarded bool) (cluster.AuditAnswer, error)
 	// auditState is GET /v1/audit's answer: this daemon's, or on a replica every replica's too.
 	auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error)
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
@@ -214,7 +215,7 @@ func setRetryAfter(w http.ResponseWriter, after time.Duration) {
 }
 
 // writePending answers 202 for a registration a replica sent to the owner of its CE's partition,
-// which has not stored it yet (errPending err): GET its Location later. more adds fields.
+// which has not stored it yet (cluster.ErrPending err): GET its Location later. more adds fields.
 func writePending(w http.ResponseWriter, id string, err error, more map[string]any) {
 	body := map[string]any{"id": id, "status": "pending", "detail": err.Error()}
 	maps.Copy(body, more)
@@ -505,7 +506,7 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 		keyed(&reg, key, "", r.Method, r.URL.Path, body)
 	}
 	ce, err := a.core.register(r.Context(), reg)
-	if errors.Is(err, errPending) {
+	if errors.Is(err, cluster.ErrPending) {
 		writePending(w, ce.ID, err, nil)
 		return
 	}
@@ -649,11 +650,11 @@ func (a *api) sameAsStored(r registration) bool {
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
-	if rid := r.Header.Get(headerRequestID); rid != "" && r.Header.Get(headerForwarded) != "" {
+	if rid := r.Header.Get(cluster.HeaderRequestID); rid != "" && r.Header.Get(cluster.HeaderForwarded) != "" {
 		a.handleOutcome(w, r, r.PathValue("id"), rid)
 		return
 	}
-	ce, replica, err := a.core.find(r.Context(), r.PathValue("id"), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	ce, replica, err := a.core.find(r.Context(), r.PathValue("id"), r.Header.Get("Authorization"), r.Header.Get(cluster.HeaderForwarded) != "")
 	if replica != "" {
 		w.Header().Set(headerReplica, replica)
 	}
@@ -664,15 +665,15 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	writeClusterAnswer(w, ce, err) // 502 when the owner did not answer
 }
 
-// handleOutcome answers another replica's question (share.outcome): the outcome this replica's
+// handleOutcome answers another replica's question (cluster.Share.AwaitOutcome): the outcome this replica's
 // ledger stored for request rid, or 404 while it has not applied it; held until the partition is
-// applied past headerAppliedAfter when the question names an offset.
+// applied past cluster.HeaderAppliedAfter when the question names an offset.
 func (a *api) handleOutcome(w http.ResponseWriter, r *http.Request, id, rid string) {
 	after := int64(-1)
-	if v := r.Header.Get(headerAppliedAfter); v != "" {
+	if v := r.Header.Get(cluster.HeaderAppliedAfter); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: %q is not an offset", headerAppliedAfter, v))
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: %q is not an offset", cluster.HeaderAppliedAfter, v))
 			return
 		}
 		after = n
@@ -708,7 +709,7 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
-	case errors.Is(err, errPending):
+	case errors.Is(err, cluster.ErrPending):
 		// A replica sent it to its owner, which has not applied it yet.
 		writeJSON(w, http.StatusAccepted, map[string]string{"id": id, "status": "pending", "detail": err.Error()})
 	case errors.Is(err, ledger.ErrNotFound):
@@ -741,13 +742,13 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	forwarded := r.Header.Get(headerForwarded) != ""
+	forwarded := r.Header.Get(cluster.HeaderForwarded) != ""
 	var expect []int
-	if v := q.Get(paramPartitions); forwarded && v != "" {
+	if v := q.Get(cluster.ParamPartitions); forwarded && v != "" {
 		for _, f := range strings.Split(v, ",") {
 			p, err := strconv.Atoi(f)
 			if err != nil || p < 0 {
-				writeError(w, http.StatusBadRequest, paramPartitions+" must be partition numbers separated by commas")
+				writeError(w, http.StatusBadRequest, cluster.ParamPartitions+" must be partition numbers separated by commas")
 				return
 			}
 			expect = append(expect, p)
@@ -934,12 +935,12 @@ func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
 	// The answer comes when the audit ends, which takes as long as the store needs (minutes at
 	// 10^6 CEs): http.write_timeout must not cut it, so the deadline is lifted, as for a backup.
 	http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	rep, err := a.core.audit(r.Context(), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	rep, err := a.core.audit(r.Context(), r.Header.Get("Authorization"), r.Header.Get(cluster.HeaderForwarded) != "")
 	var busy *auditBusyError
 	switch {
 	case errors.As(err, &busy):
 		retryLater(w, http.StatusConflict, busy.remaining, err.Error())
-	case errors.Is(err, errPeerBusy):
+	case errors.Is(err, cluster.ErrPeerBusy):
 		retryLater(w, http.StatusConflict, 10*time.Second, err.Error())
 	default:
 		writeClusterAnswer(w, rep, err)
@@ -947,7 +948,7 @@ func (a *api) handleAudit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
-	st, err := a.core.auditState(r.Context(), r.Header.Get("Authorization"), r.Header.Get(headerForwarded) != "")
+	st, err := a.core.auditState(r.Context(), r.Header.Get("Authorization"), r.Header.Get(cluster.HeaderForwarded) != "")
 	writeClusterAnswer(w, st, err)
 }
 
@@ -956,9 +957,9 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 // replica did not answer (the error names it), else 500.
 func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
 	switch {
-	case errors.Is(err, ceshare.ErrNoOwner), errors.Is(err, errRebuilding):
+	case errors.Is(err, ceshare.ErrNoOwner), errors.Is(err, cluster.ErrRebuilding):
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
-	case errors.Is(err, errPeer):
+	case errors.Is(err, cluster.ErrPeer):
 		writeError(w, http.StatusBadGateway, err.Error())
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
@@ -1061,7 +1062,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	ce, err := a.core.register(r.Context(), registration{id: string(req.ID), x: req.X, xcf: res.XCF, target: target{set: true, index: res.Target}})
 	switch code := registerStatus(err); {
-	case errors.Is(err, errPending):
+	case errors.Is(err, cluster.ErrPending):
 		writePending(w, ce.ID, err, map[string]any{"generation": res})
 		return
 	case err != nil:

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -239,8 +240,8 @@ func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, stri
 func (f *fakeCore) list(context.Context, certify.Status, int, string, string, bool, []int) ([]*ledger.CE, string, error) {
 	return nil, "", nil
 }
-func (f *fakeCore) holdOutcome(context.Context, string, string, int64) (requestOutcome, bool, error) {
-	return requestOutcome{}, false, nil
+func (f *fakeCore) holdOutcome(context.Context, string, string, int64) (cluster.RequestOutcome, bool, error) {
+	return cluster.RequestOutcome{}, false, nil
 }
 func (f *fakeCore) auditState(context.Context, string, bool) (auditStatus, error) {
 	return auditStatus{}, nil
@@ -248,8 +249,8 @@ func (f *fakeCore) auditState(context.Context, string, bool) (auditStatus, error
 func (f *fakeCore) readiness(context.Context) error            { return nil }
 func (f *fakeCore) replication(context.Context) map[string]any { return nil }
 func (f *fakeCore) prequential() map[string]any                { return nil }
-func (f *fakeCore) audit(context.Context, string, bool) (auditAnswer, error) {
-	return auditAnswer{}, f.auditErr
+func (f *fakeCore) audit(context.Context, string, bool) (cluster.AuditAnswer, error) {
+	return cluster.AuditAnswer{}, f.auditErr
 }
 func (f *fakeCore) register(context.Context, registration) (*ledger.CE, error) {
 	return nil, ledger.ErrExists

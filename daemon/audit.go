@@ -9,6 +9,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -31,6 +32,10 @@ type auditBusyError struct {
 	started   time.Time
 	remaining time.Duration // a guess for Retry-After: as long as the last audit took
 }
+
+// Is makes a busy audit at this replica count as a busy peer in a cluster's audit
+// (cluster.Share.Audit).
+func (e *auditBusyError) Is(target error) bool { return target == cluster.ErrPeerBusy }
 
 func (e *auditBusyError) Error() string {
 	return fmt.Sprintf("an audit (%s) has been running since %s; one audit runs at a time", e.trigger, e.started.Format(time.RFC3339))
@@ -97,21 +102,27 @@ func (d *Daemon) auditSchedule(ctx context.Context) error {
 }
 
 // audit is POST /v1/audit.
-func (d *Daemon) audit(ctx context.Context, authorization string, forwarded bool) (auditAnswer, error) {
+func (d *Daemon) audit(ctx context.Context, authorization string, forwarded bool) (cluster.AuditAnswer, error) {
 	if d.rep != nil && !forwarded {
-		return d.share.audit(ctx, authorization)
+		return d.share.Audit(ctx, authorization, func(ctx context.Context) (ledger.AuditReport, error) { return d.runAudit(ctx, "api") })
 	}
 	rep, err := d.runAudit(ctx, "api")
-	return auditAnswer{AuditReport: rep}, err
+	return cluster.AuditAnswer{AuditReport: rep}, err
 }
 
 // auditState is GET /v1/audit: this daemon's audits, and on replicas every replica's
-// (share.auditStatuses) unless another replica forwarded the request.
+// (under Replicas, this one's included) unless another replica forwarded the request.
 func (d *Daemon) auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error) {
-	if d.rep != nil && !forwarded {
-		return d.share.auditStatuses(ctx, authorization)
+	own := d.auditStatus()
+	if d.rep == nil || forwarded {
+		return own, nil
 	}
-	return d.auditStatus(), nil
+	all, err := cluster.AskAll(ctx, d.share, "/v1/audit", authorization, d.auditStatus)
+	if err != nil {
+		return auditStatus{}, err
+	}
+	own.Replicas = all
+	return own, nil
 }
 
 // runAudit re-evaluates every stored CE by Monte-Carlo under the current posterior and
@@ -120,7 +131,7 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 	// On a replica, not over a share that is still being rebuilt: the audit would miss the CEs
 	// still to replay, and say it covered the share.
 	if d.share != nil {
-		if err := d.share.caughtUp(ctx, cmp.Or(d.hooks.auditRebuildWait, auditRebuildWait)); err != nil {
+		if err := d.share.CaughtUp(ctx, cmp.Or(d.hooks.auditRebuildWait, cluster.AuditRebuildWait)); err != nil {
 			return ledger.AuditReport{}, fmt.Errorf("audit: %w", err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -92,7 +93,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 		r1.d.current().Version, statuses, changed, carried)
 	size, hist := 0, 0
 	for _, ce := range was {
-		e, err := r1.d.states.encode(ce)
+		e, err := r1.d.states.Encode(ce)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,10 +174,10 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 // A read of a CE in a partition its owner is still rebuilding is answered 503 with Retry-After,
 // not 404: the CE may be among the registrations still to replay; so is a list. Here the rebuild
 // waits on a registration measured under a posterior version the log does not have yet (its
-// owner waits for that version up to awaitOwner, then measures it again); a CE registered
+// owner waits for that version up to cluster.AwaitOwner, then measures it again); a CE registered
 // before it in the partition, and a CE of another partition, are then read as stored. Another
 // replica's question for that registration's outcome is held by the owner until it applied it
-// (headerAppliedAfter): a few questions over the wait, not one every outcomeGap. An audit asked
+// (cluster.HeaderAppliedAfter): a few questions over the wait, not one every cluster.OutcomeGap. An audit asked
 // for meanwhile waits for the rebuild and measures every CE.
 func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	b, key, r1 := firstOfTwoReplicas(t, "two replicas and a rebuild that waits")
@@ -199,7 +200,7 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := json.Marshal(measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: r1.d.current().Version + 100,
+	raw, err := json.Marshal(cluster.Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: r1.d.current().Version + 100,
 		P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
 	if err != nil {
 		t.Fatal(err)
@@ -252,9 +253,9 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		t.Errorf("the UI's page of %s while its partition is rebuilt: %d\n%s", ids[0], resp.StatusCode, body)
 	}
 	// An audit asked for now waits for the rebuild, then measures every CE.
-	audited := make(chan auditAnswer, 1)
+	audited := make(chan cluster.AuditAnswer, 1)
 	go func() {
-		var got auditAnswer
+		var got cluster.AuditAnswer
 		defer func() { audited <- got }()
 		resp, err := r2.client.Post(r2.base+"/v1/audit", "application/json", strings.NewReader("{}"))
 		if err != nil {
@@ -289,15 +290,15 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	if got := <-audited; got.Evaluated != len(ids)+1 {
 		t.Errorf("an audit asked for during the rebuild evaluated %d CEs (%+v); want all %d, once the partition was rebuilt", got.Evaluated, got, len(ids)+1)
 	}
-	if waited := time.Since(start); waited < awaitOwner/2 {
-		t.Errorf("the rebuild took %s: the registration did not make it wait (awaitOwner %s)", waited, awaitOwner)
+	if waited := time.Since(start); waited < cluster.AwaitOwner/2 {
+		t.Errorf("the rebuild took %s: the registration did not make it wait (cluster.AwaitOwner %s)", waited, cluster.AwaitOwner)
 	}
 	a := <-answered
 	if a.code != http.StatusOK || a.ro.Outcome.ID != later || a.ro.Applied <= landed {
 		t.Errorf("after %d questions: %d %+v; want the outcome of %s, applied past offset %d", a.asks, a.code, a.ro, later, landed)
 	}
-	// Each question but the last was held outcomeHold (before r2 joined, and over the wait).
-	if most := int(time.Since(start)/outcomeHold) + 3; a.asks > most {
+	// Each question but the last was held cluster.OutcomeHold (before r2 joined, and over the wait).
+	if most := int(time.Since(start)/cluster.OutcomeHold) + 3; a.asks > most {
 		t.Errorf("%d questions for one outcome over %s: the owner did not hold them (at most %d)", a.asks, time.Since(start), most)
 	}
 	t.Logf("%d questions for one outcome over a rebuild of %s", a.asks, time.Since(start).Round(time.Millisecond))
@@ -306,10 +307,10 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 // outcomeAnswer is the last answer to a question for a request's outcome, after asks questions.
 type outcomeAnswer struct {
 	asks, code int
-	ro         requestOutcome
+	ro         cluster.RequestOutcome
 }
 
-// askOutcome asks r, as a replica that accepted request rid for id would (share.outcome), for
+// askOutcome asks r, as a replica that accepted request rid for id would (cluster.Share.AwaitOutcome), for
 // the request's outcome, again each time it gets none, until it gets it, 1000 questions or two
 // minutes; the channel gets the last answer.
 func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
@@ -320,9 +321,9 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 		for a.code != http.StatusOK && a.asks < 1000 && time.Since(start) < 2*time.Minute {
 			a.asks++
 			req, _ := http.NewRequest(http.MethodGet, r.base+"/v1/counterfactuals/"+id, nil)
-			req.Header.Set(headerForwarded, "r3")
-			req.Header.Set(headerRequestID, rid)
-			req.Header.Set(headerAppliedAfter, strconv.FormatInt(landed, 10))
+			req.Header.Set(cluster.HeaderForwarded, "r3")
+			req.Header.Set(cluster.HeaderRequestID, rid)
+			req.Header.Set(cluster.HeaderAppliedAfter, strconv.FormatInt(landed, 10))
 			resp, err := r.client.Do(req)
 			if err != nil {
 				break

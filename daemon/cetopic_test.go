@@ -17,7 +17,7 @@ import (
 // TestCETopicGoneAnswers503: when the CE topic cannot take a request (recreated with one
 // partition, so the partitions of most CEs are gone), a registration and a deletion are
 // answered 503 with Retry-After, naming the CE topic and that the request may or may not be
-// applied, once sendTimeout has passed: not held open while the producer retries.
+// applied, once cluster.SendTimeout has passed: not held open while the producer retries.
 func TestCETopicGoneAnswers503(t *testing.T) {
 	t.Parallel() // mostly waits out two send deadlines of 10 s
 	b := startCluster(t, 1)
@@ -121,7 +121,7 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	}
 	r2 := startReplica(t, b, "r2")
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready", func() bool {
-		return shareReady(r2) && len(r1.d.share.member.Owned())+len(r2.d.share.member.Owned()) == r1.d.cfg.Replication.CEPartitions
+		return shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == r1.d.cfg.Replication.CEPartitions
 	})
 	for _, id := range append(ids, more...) {
 		want := http.StatusOK
@@ -140,7 +140,7 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	}
 	moved := 0
 	for _, id := range ids[1:] {
-		if slices.Contains(r2.d.share.member.Owned(), ceshare.Partition(id, r1.d.cfg.Replication.CEPartitions)) {
+		if slices.Contains(r2.d.share.Member().Owned(), ceshare.Partition(id, r1.d.cfg.Replication.CEPartitions)) {
 			moved++
 		}
 	}

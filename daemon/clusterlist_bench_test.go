@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 )
 
 // listBenchCEs is how many CEs BenchmarkClusterList registers: about 600 a replica, so that
@@ -49,10 +50,10 @@ func BenchmarkClusterList(b *testing.B) {
 	_, reps := startThreeReplicas(b)
 	all := registerSpread(b, reps, listBenchCEs)
 	r := reps[0]
-	owned := r.d.share.member.Owned()
+	owned := r.d.share.Member().Owned()
 	var own []string
 	for _, id := range all {
-		if slices.Contains(owned, ceshare.Partition(id, r.d.share.partitions)) {
+		if slices.Contains(owned, ceshare.Partition(id, r.d.share.Partitions())) {
 			own = append(own, id)
 		}
 	}
@@ -137,7 +138,7 @@ func (p *pageRead) read() error {
 		return err
 	}
 	if p.forwarded {
-		req.Header.Set(headerForwarded, "bench")
+		req.Header.Set(cluster.HeaderForwarded, "bench")
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {

@@ -16,49 +16,11 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
-
-// TestMergePages holds the merge of owners' pages to the first limit CEs of their union in id
-// order, whatever an owner left out of its own page.
-func TestMergePages(t *testing.T) {
-	ces := func(ids ...string) []*ledger.CE {
-		var out []*ledger.CE
-		for _, id := range ids {
-			out = append(out, &ledger.CE{ID: id})
-		}
-		return out
-	}
-	for _, c := range []struct {
-		name  string
-		pages []listPage
-		limit int
-		want  []string
-		next  string
-	}{
-		{"every owner done", []listPage{newListPage(ces("b", "d"), 3), newListPage(ces("a", "c"), 3)}, 3, []string{"a", "b", "c"}, "c"},
-		{"fewer than a page, nobody has more", []listPage{newListPage(ces("b"), 3), newListPage(ces("a"), 3)}, 3, []string{"a", "b"}, ""},
-		{"an owner with more bounds the page", []listPage{newListPage(ces("a", "b", "c"), 3), newListPage(ces("d"), 3)}, 3, []string{"a", "b", "c"}, "c"},
-		{"the bound leaves another owner's later CEs for the next page",
-			[]listPage{newListPage(ces("a", "e"), 2), newListPage(ces("b"), 2)}, 2, []string{"a", "b"}, "b"},
-		{"an owner's page emptied by ownership: the cursor still moves past it",
-			[]listPage{{more: true, lastID: "m"}, newListPage(ces("z"), 2)}, 2, nil, "m"},
-		{"nothing stored", []listPage{newListPage(nil, 5)}, 5, nil, ""},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			got, next := mergePages(c.pages, c.limit)
-			var ids []string
-			for _, ce := range got {
-				ids = append(ids, ce.ID)
-			}
-			if !slices.Equal(ids, c.want) || next != c.next {
-				t.Errorf("mergePages = %v, next %q; want %v, next %q", ids, next, c.want, c.next)
-			}
-		})
-	}
-}
 
 // TestListsAndAuditsCoverTheCluster: GET /v1/counterfactuals at any replica lists every CE the
 // cluster stores, each once, in id order, page by page (a small limit, so that pages cut across
@@ -145,7 +107,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 			t.Errorf("r%d lists certified %v, the CEs say %v", i+1, got, certified)
 		}
 		name := fmt.Sprintf("r%d", i+1)
-		if got := walk(r, "", map[string]string{headerForwarded: "r9"}); !slices.Equal(got, local[name]) {
+		if got := walk(r, "", map[string]string{cluster.HeaderForwarded: "r9"}); !slices.Equal(got, local[name]) {
 			t.Errorf("%s lists %v for another replica, its ledger holds %v", name, got, local[name])
 		}
 	}
@@ -167,7 +129,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	// POST /v1/audit at any replica audits every replica's CEs, each by its owner: the sum
 	// evaluates every CE once; GET /v1/audit at another reports each replica's last audit.
 	code, body := reps[1].do(t, "POST", "/v1/audit", "", map[string]any{})
-	var rep auditAnswer
+	var rep cluster.AuditAnswer
 	if code != http.StatusOK || json.Unmarshal(body, &rep) != nil {
 		t.Fatalf("POST /v1/audit at r2: %d %s", code, body)
 	}
@@ -190,8 +152,8 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 		}
 	}
 	// Forwarded by another replica, an audit is this replica's only.
-	resp, body := reps[0].rawDo(t, "POST", "/v1/audit", "{}", map[string]string{headerForwarded: "r9"})
-	var one auditAnswer
+	resp, body := reps[0].rawDo(t, "POST", "/v1/audit", "{}", map[string]string{cluster.HeaderForwarded: "r9"})
+	var one cluster.AuditAnswer
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &one) != nil || one.Evaluated != len(local["r1"]) || one.Replicas != nil {
 		t.Errorf("a forwarded audit at r1: %d %s; want r1's %d CEs only", resp.StatusCode, body, len(local["r1"]))
 	}
@@ -210,7 +172,7 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	defer release()
 	missing := 0 // CEs of the partitions r2 is held before
 	for _, id := range ids {
-		if slices.Contains(mine, ceshare.Partition(id, r1.d.share.partitions)) {
+		if slices.Contains(mine, ceshare.Partition(id, r1.d.share.Partitions())) {
 			missing++
 		}
 	}
@@ -274,7 +236,7 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 	defer release()
 	id := ""
 	for i := 0; id == ""; i++ {
-		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.d.share.partitions)) {
+		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.d.share.Partitions())) {
 			id = c
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/replica"
@@ -75,9 +76,9 @@ type hooks struct {
 	// version current: a test holds the follower there, as a starved one would be.
 	followCommit func(ctx context.Context, version uint64)
 	// shareAwait is called when a batch of CE requests waits for the posterior version it
-	// needs (share.Apply), before it waits.
+	// needs (cluster.Share.Apply), before it waits.
 	shareAwait func(version uint64)
-	// auditRebuildWait, when set, replaces auditRebuildWait (a test does not wait 2 minutes).
+	// auditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2 minutes).
 	auditRebuildWait time.Duration
 }
 
@@ -135,8 +136,8 @@ type Daemon struct {
 	requests *alerts.RequestMetrics
 
 	rep    *replica.Replica // with replication.enabled: the posterior log's follower and updater
-	share  *share           // with replication.enabled: the CEs this replica owns (set by Run once the API is bound)
-	states *ceStates        // with replication.enabled: CE states to and from the CE state topic
+	share  *cluster.Share   // with replication.enabled: the CEs this replica owns (set by Run once the API is bound)
+	states *cluster.States  // with replication.enabled: CE states to the CE state topic
 
 	quality *prequential // the served model's test-then-train scores and change detector
 
@@ -240,10 +241,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		if d.share, err = newShare(life, d, d.rep.ID()); err != nil {
+		if err := d.joinShare(life); err != nil {
 			return err
 		}
-		td.add("CE share", d.share.close)
+		td.add("CE share", d.share.Close)
 	}
 
 	ends, err := stream.NewOffsetsReader(life, d.conn, d.cfg.Kafka.Topic)
@@ -260,7 +261,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		close(d.ready)
 		g.Go("follow", d.rep.Follow)
 		g.Go("updater", d.rep.RunUpdaterGroup)
-		g.Go("ceshare", d.share.run)
+		g.Go("ceshare", d.share.Run)
 	} else {
 		g.Go("ingest", d.ingest)
 	}
@@ -333,8 +334,8 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		if err != nil {
 			return err
 		}
-		d.states = &ceStates{replica: id, log: d.log.With("component", "ce-states")}
-		encodeState = d.states.encode
+		d.states = cluster.NewStates(id, d.log.With("component", "ce-states"))
+		encodeState = d.states.Encode
 	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
@@ -355,7 +356,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		if err != nil {
 			return err
 		}
-		d.states.metrics = d.rep.Metrics() // its replica was named before the ledger opened, as replica.New names it
+		d.states.SetMetrics(d.rep.Metrics()) // its replica was named before the ledger opened, as replica.New names it
 		return nil
 	}
 	return d.bootstrapModel(ctx)
@@ -403,10 +404,12 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, replicaID, log.With("component", "outbox"))
 	if d.states != nil {
 		rc := cfg.Replication
-		if d.states.writer, err = ceshare.NewStateWriter(life, d.conn, ceshare.StateTopic(rc.CETopic), rc.CEPartitions, d.rep.Keys()); err != nil {
+		w, err := ceshare.NewStateWriter(life, d.conn, ceshare.StateTopic(rc.CETopic), rc.CEPartitions, d.rep.Keys())
+		if err != nil {
 			return err
 		}
-		td.add("CE state writer", d.states.writer.Close)
+		td.add("CE state writer", w.Close)
+		d.states.SetWriter(w)
 		d.outbox.states = d.states
 	}
 	d.reissue = newReissuer(d, cfg.Explain.Reissue, log.With("component", "reissue"))
@@ -527,7 +530,7 @@ func (d *Daemon) readiness(ctx context.Context) error {
 		if err := d.rep.Health(); err != nil {
 			return err
 		}
-		return d.share.health()
+		return d.share.Health()
 	}
 	if d.ingestStopped != nil {
 		return d.ingestStopped

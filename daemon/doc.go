@@ -23,8 +23,8 @@
 //
 // With replication.enabled, package replica takes ingest's place: its follower applies the
 // posterior log's entries and its updater appends increments, both through replicaHost
-// (replication.go), the daemon's compute and commitStep above; the CE share (share.go) stays
-// here, beside the registrations it serves.
+// (replication.go), the daemon's compute and commitStep above; the CE share is package cluster,
+// which reaches the daemon through shareHost (replication.go) only.
 //
 // Run starts everything and returns when ctx is cancelled (nil) or a component fails (its error).
 // main handles signals; nothing here calls os.Exit.

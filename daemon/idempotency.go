@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -139,69 +140,29 @@ func answerDeletion(o ledger.Outcome, fingerprint string) error {
 	return fmt.Errorf("the deletion of %q has outcome %q", o.ID, o.Result)
 }
 
-// localOutcome is the outcome of request rid in this ledger, with the CE stored under id now
-// and, on a replica, the offset of id's partition applied before they were read.
-func (d *Daemon) localOutcome(id, rid string) (requestOutcome, bool, error) {
-	var ro requestOutcome
-	if d.rep != nil {
-		off, _, err := d.ledger.ShareOffset(ceshare.Partition(id, d.share.partitions))
-		if err != nil {
-			return ro, false, err
-		}
-		ro.Applied = off
+// holdOutcome is another replica's question for the outcome of request rid (cluster.Share.
+// AwaitOutcome): on a replica, held until this one applied id's partition past offset after, at
+// most cluster.OutcomeHold (half http.write_timeout when that is shorter); on a single daemon, the
+// ledger's at once.
+func (d *Daemon) holdOutcome(ctx context.Context, id, rid string, after int64) (cluster.RequestOutcome, bool, error) {
+	if d.share == nil {
+		return cluster.Outcome(d.ledger, id, rid)
 	}
-	o, ok, err := d.ledger.Outcome(rid)
-	if err != nil || !ok {
-		return ro, false, err
-	}
-	ro.Outcome = o
-	ce, err := d.ledger.Get(id)
-	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-	case err != nil:
-		return ro, false, err
-	default:
-		ro.Counterfactual = ce
-	}
-	return ro, true, nil
-}
-
-// holdOutcome is localOutcome once this replica applied id's partition past offset after, or
-// what it has after outcomeHold (half http.write_timeout when that is shorter) or when ctx
-// ends: another replica waiting for the outcome (share.awaitOutcome) asks once instead of
-// polling. A negative after, or a single daemon, answers at once.
-func (d *Daemon) holdOutcome(ctx context.Context, id, rid string, after int64) (requestOutcome, bool, error) {
-	if after < 0 || d.share == nil {
-		return d.localOutcome(id, rid)
-	}
-	hold := outcomeHold
+	hold := cluster.OutcomeHold
 	if wt := d.cfg.HTTP.WriteTimeout; wt > 0 {
 		hold = min(hold, wt/2) // answered before http.write_timeout cuts the answer
 	}
-	ctx, cancel := context.WithTimeout(ctx, hold)
-	defer cancel()
-	for {
-		applied := d.share.applied.wait()
-		ro, ok, err := d.localOutcome(id, rid)
-		if err != nil || ok && ro.Applied > after {
-			return ro, ok, err
-		}
-		select {
-		case <-ctx.Done():
-			return ro, ok, nil
-		case <-applied:
-		}
-	}
+	return d.share.HoldOutcome(ctx, id, rid, after, hold)
 }
 
 // replay answers a keyed registration whose request this single daemon's ledger applied
 // before from its outcome; ok is false when it did not. (A replica sends the request again
-// instead: its owner applies it once, and share.await answers it in the partition's order.)
+// instead: its owner applies it once, and cluster.Share.AwaitOutcome answers it in the partition's order.)
 func (d *Daemon) replay(r registration) (registered, bool) {
 	if d.rep != nil || r.req.RID == "" || r.id == "" {
 		return registered{}, false
 	}
-	ro, ok, err := d.localOutcome(r.id, r.req.RID)
+	ro, ok, err := cluster.Outcome(d.ledger, r.id, r.req.RID)
 	if err != nil || !ok {
 		return registered{}, false
 	}

@@ -212,8 +212,8 @@ func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 	}
 
 	r2 := startReplicaKey(t, b, "r2", key)
-	waitfor.Cond(t, 60*time.Second, "r2 owning partitions", func() bool { return len(r2.d.share.member.Owned()) > 0 })
-	moved := len(r2.d.share.member.Owned())
+	waitfor.Cond(t, 60*time.Second, "r2 owning partitions", func() bool { return len(r2.d.share.Member().Owned()) > 0 })
+	moved := len(r2.d.share.Member().Owned())
 	waitfor.Cond(t, 30*time.Second, "r2 to log the gap of each partition it took over", func() bool {
 		return strings.Count(r2.logs.String(), "after an earlier owner of the partition did") == moved
 	})

@@ -91,7 +91,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	var stuck []int // r2's partitions that hold requests
 	waitfor.Cond(t, 60*time.Second, "r2 given CE partitions, some of them not caught up", func() bool {
 		stuck = stuck[:0]
-		for _, p := range r2.d.share.notCaughtUp() {
+		for _, p := range r2.d.share.NotCaughtUp() {
 			if ends[int32(p)] > 0 {
 				stuck = append(stuck, p)
 			}

@@ -41,7 +41,7 @@ type eventSink interface {
 }
 
 // stateSink is where a replica's outbox puts its CE states (ledger.StreamStates): the CE state
-// topic (*ceStates).
+// topic (*cluster.States).
 type stateSink interface {
 	Write(ctx context.Context, states []ceshare.Encoded) error
 }

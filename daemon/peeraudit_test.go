@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -23,9 +24,9 @@ func (idleHooks) Reset(context.Context, int, int64) error                    { r
 func (idleHooks) Lost(context.Context, int, int64, int64) error              { return nil }
 
 // An audit takes as long as a replica's share needs: POST /v1/audit asks every owner of CE
-// partitions and waits for each one's report past peerTimeout, which bounds the other questions
+// partitions and waits for each one's report past cluster.PeerTimeout, which bounds the other questions
 // to peers. Here the other owner is a member of the CE group whose API answers the audit
-// peerTimeout + 1 s after it is asked.
+// cluster.PeerTimeout + 1 s after it is asked.
 func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a replica and an audit of more than peerTimeout: not with -short")
@@ -35,7 +36,7 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	r := startReplica(t, b, "r1")
 	asked := make(chan struct{}, 1)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodPost || req.URL.Path != "/v1/audit" || req.Header.Get(headerForwarded) != "r1" {
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/audit" || req.Header.Get(cluster.HeaderForwarded) != "r1" {
 			http.Error(w, "not an audit forwarded by r1", http.StatusBadRequest)
 			return
 		}
@@ -44,7 +45,7 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 		default:
 		}
 		select {
-		case <-time.After(peerTimeout + time.Second):
+		case <-time.After(cluster.PeerTimeout + time.Second):
 		case <-req.Context().Done():
 			return
 		}
@@ -79,11 +80,11 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	default:
 		t.Fatalf("the slow member was not asked to audit: %d %s", code, body)
 	}
-	var got auditAnswer
+	var got cluster.AuditAnswer
 	if err := json.Unmarshal(body, &got); code != http.StatusOK || err != nil || got.Replicas["slow"].Evaluated != 3 {
-		t.Fatalf("POST /v1/audit with a peer that answers after %s: %d %s (%v); want 200 with its report", peerTimeout+time.Second, code, body, err)
+		t.Fatalf("POST /v1/audit with a peer that answers after %s: %d %s (%v); want 200 with its report", cluster.PeerTimeout+time.Second, code, body, err)
 	}
-	if took := time.Since(start); took < peerTimeout {
+	if took := time.Since(start); took < cluster.PeerTimeout {
 		t.Fatalf("the audit answered after %s, before the slow member did", took)
 	}
 }

@@ -52,7 +52,7 @@ const maxRegisterBatch = 256
 // registrations share one measurement and one durable write (see registrar).
 //
 // On a replica the registration is a request on the CE topic, and its answer is the outcome its
-// owner stored for it (share.await): what the owner decided at the request's offset. A keyed
+// owner stored for it (cluster.Share.AwaitOutcome): what the owner decided at the request's offset. A keyed
 // registration (Idempotency-Key) whose request was applied before answers from that outcome
 // (answerOutcome) and stores nothing again: a single daemon does not measure it again, a
 // replica sends it again and its owner skips it.
@@ -71,7 +71,12 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		return nil, out[0].err
 	}
 	if d.rep != nil {
-		return d.share.await(ctx, out[0].ce, out[0].req, out[0].offset)
+		want, ref := out[0].ce, out[0].req
+		ro, err := d.share.AwaitOutcome(ctx, want.ID, ref.RID, out[0].offset)
+		if err != nil {
+			return want, err
+		}
+		return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 	}
 	return d.ledger.Get(out[0].ce.ID)
 }
@@ -405,7 +410,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	case d.rep != nil:
 		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
 		d.mu.Unlock()
-		errs, offsets = d.share.send(ctx, ces, refs)
+		errs, offsets = d.share.Send(ctx, ces, refs)
 		d.mu.Lock()
 	case keyed:
 		errs, err = d.ledger.PutRequests(ctx, ces, refs)
@@ -507,13 +512,17 @@ func checkRegistration(r registration, inputs int) error {
 // ledger.ErrNotFound when nothing was stored under id when it was applied. A keyed deletion
 // applied before is not applied again, and answers its first outcome: a retry does not delete a
 // CE registered under the id since. A replica sends the deletion to the CE's owner and answers
-// once the owner has applied it, in its partition's order (share.forget).
+// once the owner has applied it, in its partition's order (cluster.Share.Forget).
 func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) error {
 	if err := ident.Check(id); err != nil {
 		return fmt.Errorf("%w: %q: %v", ledger.ErrNotFound, id, err) // no CE is stored under an invalid id
 	}
 	if d.rep != nil {
-		return d.share.forget(ctx, id, ref)
+		o, err := d.share.Forget(ctx, id, ref)
+		if err != nil {
+			return err
+		}
+		return answerDeletion(o.Outcome, ref.Fingerprint)
 	}
 	d.mu.Lock()
 	o, err := d.ledger.DeleteRequest(id, ref)
@@ -535,13 +544,13 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 }
 
 // list returns a page of the stored CEs: the ledger's, or on a replica the cluster's
-// (share.list) unless another replica forwarded the request.
+// (cluster.Share.List) unless another replica forwarded the request.
 func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool, expect []int) ([]*ledger.CE, string, error) {
 	if d.rep != nil && !forwarded {
-		return d.share.list(ctx, st, limit, after, authorization)
+		return d.share.List(ctx, st, limit, after, authorization)
 	}
 	if d.rep != nil { // an owner asked for its page: not while it misses some of its CEs
-		if err := d.share.holdsWhole(expect); err != nil {
+		if err := d.share.HoldsWhole(expect); err != nil {
 			return nil, "", err
 		}
 	}
@@ -564,8 +573,8 @@ func (d *Daemon) find(ctx context.Context, id, authorization string, forwarded b
 		ce, err := d.ledger.Get(id)
 		return ce, "", err
 	case forwarded:
-		ce, err := d.share.local(id)
+		ce, err := d.share.Local(id)
 		return ce, "", err
 	}
-	return d.share.find(ctx, id, authorization)
+	return d.share.Find(ctx, id, authorization)
 }

@@ -34,7 +34,7 @@ func BenchmarkRegisterAtReplica(b *testing.B) {
 	if len(xs) == 0 || len(cfs) == 0 {
 		b.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
-	owned := r.d.share.member.Owned()
+	owned := r.d.share.Member().Owned()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2}}
 	b.Cleanup(client.CloseIdleConnections)
 	k := 0
@@ -43,7 +43,7 @@ func BenchmarkRegisterAtReplica(b *testing.B) {
 			for {
 				k++
 				id := fmt.Sprintf("reg-%07d", k)
-				if slices.Contains(owned, ceshare.Partition(id, r.d.share.partitions)) != own {
+				if slices.Contains(owned, ceshare.Partition(id, r.d.share.Partitions())) != own {
 					continue
 				}
 				body, err := json.Marshal(map[string]any{"id": id, "x": data.X[xs[k%len(xs)]], "x_cf": data.X[cfs[k%len(cfs)]], "target": "benign"})

@@ -382,7 +382,7 @@ func TestShareReleaseCutShortRestartsThePartition(t *testing.T) {
 	r := startReplica(t, b, "r1")
 	s := r.d.share
 	id := registerCEs(t, r, bundled(t), 1)[0]
-	p := ceshare.Partition(id, s.partitions)
+	p := ceshare.Partition(id, s.Partitions())
 	waitfor.Cond(t, 10*time.Second, "the registration's offset stored", func() bool {
 		off, ok, err := r.d.ledger.ShareOffset(p)
 		return err == nil && ok && off > 0

@@ -23,7 +23,7 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
 	r1 := startReplicaKey(t, b, "r1", key)
-	owned := len(r1.d.share.member.Owned())
+	owned := len(r1.d.share.Member().Owned())
 
 	c := config.Default()
 	c.StateDir, c.HTTP.Listen = t.TempDir(), "127.0.0.1:0"
@@ -45,7 +45,7 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `replication.replica_id "r1"`) || !strings.Contains(err.Error(), "another live member") {
 		t.Fatalf("a second replica with id r1: Run = %v; want a refusal naming replication.replica_id", err)
 	}
-	if got := len(r1.d.share.member.Owned()); got != owned || got != r1.d.cfg.Replication.CEPartitions {
+	if got := len(r1.d.share.Member().Owned()); got != owned || got != r1.d.cfg.Replication.CEPartitions {
 		t.Errorf("the first r1 owns %d partitions after the twin's attempt, %d before; want all %d", got, owned, r1.d.cfg.Replication.CEPartitions)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/replica"
@@ -144,9 +145,9 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 	}
 	out := d.rep.Status()
 	if d.share != nil {
-		out["ce_partitions"] = d.share.member.Owned()
-		out["ce_generation"] = d.share.member.Generation()
-		out["ce_partitions_rebuilding"] = d.share.notCaughtUp()
+		out["ce_partitions"] = d.share.Member().Owned()
+		out["ce_generation"] = d.share.Member().Generation()
+		out["ce_partitions_rebuilding"] = d.share.NotCaughtUp()
 	}
 	return out
 }
@@ -175,4 +176,47 @@ func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, rea
 		ready <- d
 	}
 	return d.serve(ctx, srv, ln)
+}
+
+// shareHost is the daemon as package cluster sees it (cluster.Host): the posterior it serves,
+// its lock against posterior commits, its retried writes and its measurements.
+type shareHost struct{ d *Daemon }
+
+var _ cluster.Host = shareHost{}
+
+func (h shareHost) Current() *bnn.Model { return h.d.current() }
+func (h shareHost) Durably(ctx context.Context, fn func() error) error {
+	return h.d.durably(ctx, fn)
+}
+
+// Exclusive runs fn under d.mu, which serialises posterior commits with registrations.
+func (h shareHost) Exclusive(fn func() error) error {
+	h.d.mu.Lock()
+	defer h.d.mu.Unlock()
+	return fn()
+}
+
+func (h shareHost) Predict(ctx context.Context, m *bnn.Model, rows [][]float64) (*bnn.Predictive, error) {
+	pool, err := h.d.pools.get(m)
+	if err != nil {
+		return nil, err
+	}
+	return predictSplit(ctx, pool, rows)
+}
+
+// Applied wakes the confirmers: the requests applied may have stored CEs to judge.
+func (h shareHost) Applied() { h.d.confirm.notify() }
+
+// joinShare makes this replica a member of the CE group (cluster.NewShare), advertising the API
+// it serves.
+func (d *Daemon) joinShare(ctx context.Context) error {
+	rc := d.cfg.Replication
+	adv, err := cluster.AdvertiseURL(rc.AdvertiseURL, d.httpAddr, d.cfg.ServesTLS())
+	if err != nil {
+		return err
+	}
+	d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: d.cfg.Kafka.GroupID + ".ce", Token: d.cfg.HTTP.Token,
+		Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
+		Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
+	return err
 }

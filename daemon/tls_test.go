@@ -258,15 +258,15 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	}
 	withCert := config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"), KeyFile: filepath.Join(dir, "client.key")}
 	r1, r2 := start("r1", withCert, 10*time.Second), start("r2", withCert, 10*time.Second)
-	parts := r1.d.share.partitions
+	parts := r1.d.share.Partitions()
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
-		return len(r1.d.share.member.Owned()) > 0 && len(r2.d.share.member.Owned()) > 0 &&
-			len(r1.d.share.member.Owned())+len(r2.d.share.member.Owned()) == parts
+		return len(r1.d.share.Member().Owned()) > 0 && len(r2.d.share.Member().Owned()) > 0 &&
+			len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts
 	})
 	ids := registerCEs(t, r1, bundled(t), 12) // each answered 201: those of r2's partitions with r2's outcome
 	atR2 := 0
 	for _, id := range ids {
-		if slices.Contains(r2.d.share.member.Owned(), ceshare.Partition(id, parts)) {
+		if slices.Contains(r2.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
 			atR2++
 		}
 		if code, body := r1.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
@@ -280,7 +280,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")}, 3*time.Second)
 	var other string // a CE another replica owns
 	waitfor.Cond(t, 60*time.Second, "r3 owning partitions, and a CE another replica owns", func() bool {
-		owned := r3.d.share.member.Owned()
+		owned := r3.d.share.Member().Owned()
 		for _, id := range ids {
 			if len(owned) > 0 && !slices.Contains(owned, ceshare.Partition(id, parts)) {
 				other = id
@@ -303,7 +303,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	_, xs, cfs := candidatePairs(t, r3.d.current(), data, 400, 1)
 	id := ""
 	for k := 0; id == ""; k++ {
-		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.d.share.member.Owned(), p) {
+		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.d.share.Member().Owned(), p) {
 			id = fmt.Sprintf("tls-%d", k)
 		}
 	}

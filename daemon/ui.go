@@ -12,6 +12,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 )
@@ -66,7 +67,7 @@ func (s uiSource) List(ctx context.Context, st certify.Status, limit int, after 
 // notYet marks the errors of a replica that will answer in a moment (a partition without an
 // owner, or still being rebuilt) as ui.ErrNotYet.
 func notYet(err error) error {
-	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, errRebuilding) {
+	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, cluster.ErrRebuilding) {
 		return fmt.Errorf("%w: %w", ui.ErrNotYet, err)
 	}
 	return err

@@ -1,4 +1,4 @@
-package daemon
+package cluster
 
 import (
 	"bytes"
@@ -18,11 +18,11 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// auditAnswer is POST /v1/audit's answer: the audit's report, and on replicas the sum over the
+// AuditAnswer is POST /v1/audit's answer: the audit's report, and on replicas the sum over the
 // replicas that own CE partitions (counts, evaluated, re-anchored, changed, batches and behind
 // added; the oldest posterior version any of them started under; the longest duration) with each
 // replica's own report under Replicas.
-type auditAnswer struct {
+type AuditAnswer struct {
 	ledger.AuditReport
 	Replicas map[string]ledger.AuditReport `json:"replicas,omitempty"`
 }
@@ -33,24 +33,25 @@ type peerAnswer struct {
 	body []byte
 }
 
-// errPeerBusy is matched when every replica that did not audit answered that an audit was
+// ErrPeerBusy is matched when every replica that did not audit answered that an audit was
 // running there: the API answers 409 with Retry-After.
-var errPeerBusy = errors.New("an audit is running at a replica")
+var ErrPeerBusy = errors.New("an audit is running at a replica")
 
-// audit runs POST /v1/audit at every replica that owns CE partitions, at once: this one's
-// audit, and the others' through their APIs (forwarded, so each audits its own ledger). It waits
+// Audit runs POST /v1/audit at every replica that owns CE partitions, at once: this one's audit
+// (own), and the others' through their APIs (forwarded, so each audits its own ledger). It waits
 // for all of them. When one fails, the answer names it, and the replicas whose audits finished
-// (their audits are done: an audit is not undone); the error is errPeerBusy when every replica
-// that failed was running an audit (409), errRebuilding when every one had partitions it did not
-// rebuild within auditRebuildWait (503), else errPeer (502).
-func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, error) {
+// (their audits are done: an audit is not undone); the error is ErrPeerBusy when every replica
+// that failed was running an audit (409), ErrRebuilding when every one had partitions it did not
+// rebuild within AuditRebuildWait (503), else ErrPeer (502). own's error matches ErrPeerBusy
+// when an audit is running here.
+func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx context.Context) (ledger.AuditReport, error)) (AuditAnswer, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
-		return auditAnswer{}, err
+		return AuditAnswer{}, err
 	}
 	reports, failed := askOwners(owners, func(o ceshare.Owner) (ledger.AuditReport, error) {
 		if o.Replica == s.id {
-			return s.d.runAudit(ctx, "api")
+			return own(ctx)
 		}
 		var rep ledger.AuditReport
 		a, err := s.askWith(ctx, s.auditClient, o, http.MethodPost, "/v1/audit", []byte("{}"), authorization)
@@ -64,30 +65,29 @@ func (s *share) audit(ctx context.Context, authorization string) (auditAnswer, e
 		busy, rebuilding := 0, 0
 		for _, r := range slices.Sorted(maps.Keys(failed)) {
 			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
-			var b *auditBusyError
 			switch {
-			case errors.As(failed[r], &b) || errors.Is(failed[r], errPeerBusy):
+			case errors.Is(failed[r], ErrPeerBusy):
 				busy++
-			case errors.Is(failed[r], errRebuilding):
+			case errors.Is(failed[r], ErrRebuilding):
 				rebuilding++
 			}
 		}
-		kind := errPeer
+		kind := ErrPeer
 		switch len(failed) {
 		case busy:
-			kind = errPeerBusy // 409, retry after the running audit
+			kind = ErrPeerBusy // 409, retry after the running audit
 		case rebuilding:
-			kind = errRebuilding // 503, retry once the partitions are rebuilt
+			kind = ErrRebuilding // 503, retry once the partitions are rebuilt
 		}
-		return auditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
+		return AuditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
 			slices.Sorted(maps.Keys(reports)))
 	}
 	return sumAudits(reports), nil
 }
 
-// sumAudits is the cluster's report: see auditAnswer.
-func sumAudits(reports map[string]ledger.AuditReport) auditAnswer {
-	out := auditAnswer{AuditReport: ledger.AuditReport{Counts: map[certify.Status]int{}}, Replicas: reports}
+// sumAudits is the cluster's report: see AuditAnswer.
+func sumAudits(reports map[string]ledger.AuditReport) AuditAnswer {
+	out := AuditAnswer{AuditReport: ledger.AuditReport{Counts: map[certify.Status]int{}}, Replicas: reports}
 	first := true
 	for _, r := range reports {
 		for st, n := range r.Counts {
@@ -106,30 +106,29 @@ func sumAudits(reports map[string]ledger.AuditReport) auditAnswer {
 	return out
 }
 
-// auditStatuses is GET /v1/audit on replicas: this replica's status, and each replica's that
-// owns CE partitions under Replicas (this one's included).
-func (s *share) auditStatuses(ctx context.Context, authorization string) (auditStatus, error) {
+// AskAll is the answer to GET path of every replica that owns CE partitions, decoded into a T,
+// by replica id: this one's is own(), the others' come through their APIs (forwarded, with the
+// client's Authorization), all asked at once. The first failure by replica id fails it.
+func AskAll[T any](ctx context.Context, s *Share, path, authorization string, own func() T) (map[string]T, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
-		return auditStatus{}, err
+		return nil, err
 	}
-	all, failed := askOwners(owners, func(o ceshare.Owner) (auditStatus, error) {
+	all, failed := askOwners(owners, func(o ceshare.Owner) (T, error) {
+		var v T
 		if o.Replica == s.id {
-			return s.d.auditStatus(), nil
+			return own(), nil
 		}
-		var st auditStatus
-		a, err := s.ask(ctx, o, http.MethodGet, "/v1/audit", nil, authorization)
+		a, err := s.ask(ctx, o, http.MethodGet, path, nil, authorization)
 		if err == nil {
-			err = decodePeer(o, a, &st)
+			err = decodePeer(o, a, &v)
 		}
-		return st, err
+		return v, err
 	})
 	if err := firstFailure(failed); err != nil {
-		return auditStatus{}, err
+		return nil, err
 	}
-	own := s.d.auditStatus()
-	own.Replicas = all
-	return own, nil
+	return all, nil
 }
 
 // askOwners calls ask once for each replica that owns CE partitions in owners, all at once, and
@@ -171,19 +170,19 @@ func firstFailure(failed map[string]error) error {
 
 // ask sends a request to replica o's API on a client's behalf (its Authorization, or this
 // replica's http.token), marked forwarded so that o answers from its own ledger, within
-// peerTimeout. Failing to reach o is an errPeer.
-func (s *share) ask(ctx context.Context, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
+// PeerTimeout. Failing to reach o is an ErrPeer.
+func (s *Share) ask(ctx context.Context, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
 	return s.askWith(ctx, s.client, o, method, path, body, authorization)
 }
 
 // askWith is ask with the HTTP client c.
-func (s *share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
+func (s *Share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, method, path string, body []byte, authorization string) (peerAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, method, o.URL+path, bytes.NewReader(body))
 	if err != nil {
 		return peerAnswer{}, err
 	}
-	if authorization == "" && s.d.cfg.HTTP.Token != "" {
-		authorization = "Bearer " + s.d.cfg.HTTP.Token
+	if authorization == "" && s.token != "" {
+		authorization = "Bearer " + s.token
 	}
 	if authorization != "" {
 		req.Header.Set("Authorization", authorization)
@@ -191,32 +190,32 @@ func (s *share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set(headerForwarded, s.id)
+	req.Header.Set(HeaderForwarded, s.id)
 	resp, err := c.Do(req)
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
+		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", errPeer, method, path, o.Replica, o.URL, err)
+		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
 	}
 	return peerAnswer{code: resp.StatusCode, body: b}, nil
 }
 
-// decodePeer decodes a 200 answer into v; a 409 is errPeerBusy, a 503 errRebuilding (the peer
-// has not rebuilt what it was asked about yet: retry), anything else an errPeer with the answer.
+// decodePeer decodes a 200 answer into v; a 409 is ErrPeerBusy, a 503 ErrRebuilding (the peer
+// has not rebuilt what it was asked about yet: retry), anything else an ErrPeer with the answer.
 func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 	switch a.code {
 	case http.StatusOK:
 		if err := json.Unmarshal(a.body, v); err != nil {
-			return fmt.Errorf("%w: %s's answer: %v", errPeer, o.Replica, err)
+			return fmt.Errorf("%w: %s's answer: %v", ErrPeer, o.Replica, err)
 		}
 		return nil
 	case http.StatusConflict:
-		return fmt.Errorf("%w: %s", errPeerBusy, bytes.TrimSpace(a.body))
+		return fmt.Errorf("%w: %s", ErrPeerBusy, bytes.TrimSpace(a.body))
 	case http.StatusServiceUnavailable:
-		return fmt.Errorf("%w: the owner, %s, answered: %s", errRebuilding, o.Replica, bytes.TrimSpace(a.body))
+		return fmt.Errorf("%w: the owner, %s, answered: %s", ErrRebuilding, o.Replica, bytes.TrimSpace(a.body))
 	}
-	return fmt.Errorf("%w: %s answered %d: %s", errPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
+	return fmt.Errorf("%w: %s answered %d: %s", ErrPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
 }

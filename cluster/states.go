@@ -1,4 +1,4 @@
-package daemon
+package cluster
 
 import (
 	"context"
@@ -13,12 +13,12 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// ceStates carries a replica's CE states to the CE state topic (ceshare.StateTopic): the
-// ledger puts the state of every CE a transaction changes in its outbox (encode, the ledger's
+// States carries a replica's CE states to the CE state topic (ceshare.StateTopic): the
+// ledger puts the state of every CE a transaction changes in its outbox (Encode, the ledger's
 // Options.EncodeState), and the outbox publisher writes them (Write) with the events. A later
 // owner of a CE's partition reads them back (ceshare.MemberConfig.StateTopic) and stores the CE
-// with its renewals, verdict and history (share.Apply, ledger.ShareOp.State).
-type ceStates struct {
+// with its renewals, verdict and history (Share.Apply, ledger.ShareOp.State).
+type States struct {
 	replica string // this replica's id, named in each state
 	log     *slog.Logger
 	member  atomic.Pointer[ceshare.Member] // the CE group member, once the share joined
@@ -26,12 +26,24 @@ type ceStates struct {
 	metrics *alerts.ReplicaMetrics // nil until the replica is made (after the ledger opened)
 }
 
-// encode is the ledger's Options.EncodeState on a replica: the CE's state as a record of the
+// NewStates is the CE states of replica, written once SetWriter gave them a writer.
+func NewStates(replica string, log *slog.Logger) *States {
+	return &States{replica: replica, log: log}
+}
+
+// SetMetrics counts the states in m from now on (the replica's metrics exist once the ledger
+// opened, which encodes states from its start).
+func (cs *States) SetMetrics(m *alerts.ReplicaMetrics) { cs.metrics = m }
+
+// SetWriter makes Write write to w.
+func (cs *States) SetWriter(w *ceshare.StateWriter) { cs.writer = w }
+
+// Encode is the ledger's Options.EncodeState on a replica: the CE's state as a record of the
 // state topic, stamped with the CE group generation this replica took part in last (0 before
 // it joined). A state over ceshare.MaxStateBytes becomes a tombstone, counted as too_large and
 // logged: the CE's next owner rebuilds it from its registration rather than from an older
 // state.
-func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
+func (cs *States) Encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 	raw, err := json.Marshal(ce)
 	if err != nil {
 		return ledger.OutboxEntry{}, err
@@ -52,9 +64,9 @@ func (cs *ceStates) encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 	return ledger.OutboxEntry{Key: ce.ID, Value: v}, err
 }
 
-// Write is the outbox publisher's stateSink: the states (encode's records) to the state topic,
+// Write is the outbox publisher's stateSink: the states (Encode's records) to the state topic,
 // counted once written.
-func (cs *ceStates) Write(ctx context.Context, states []ceshare.Encoded) error {
+func (cs *States) Write(ctx context.Context, states []ceshare.Encoded) error {
 	if err := cs.writer.WriteEncoded(ctx, states); err != nil {
 		return err
 	}
@@ -66,7 +78,7 @@ func (cs *ceStates) Write(ctx context.Context, states []ceshare.Encoded) error {
 // (decodeState); nil when it is not one, and nil when it is the state of another registration
 // of r's id (one created at another time: the id was deleted and registered again later in
 // the partition, and that registration gets the state when it is replayed).
-func (s *share) stateOf(p int, r ceshare.Request) *ledger.CE {
+func (s *Share) stateOf(p int, r ceshare.Request) *ledger.CE {
 	ce := s.decodeState(p, r)
 	if ce == nil || ce.CreatedAt.Equal(r.At) {
 		return ce
@@ -78,14 +90,14 @@ func (s *share) stateOf(p int, r ceshare.Request) *ledger.CE {
 
 // decodeState decodes the ledger's CE out of r.State, a state read from the state topic for
 // r's id; nil, counted as invalid and logged, when it is not the CE of that id.
-func (s *share) decodeState(p int, r ceshare.Request) *ledger.CE {
+func (s *Share) decodeState(p int, r ceshare.Request) *ledger.CE {
 	var ce ledger.CE
 	err := json.Unmarshal(r.State.CE, &ce)
 	if err == nil && ce.ID != r.ID {
 		err = fmt.Errorf("it holds the CE of id %q", ce.ID)
 	}
 	if err != nil {
-		s.d.rep.Metrics().CEStates.WithLabelValues(alerts.StateInvalid).Inc()
+		s.metrics.CEStates.WithLabelValues(alerts.StateInvalid).Inc()
 		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
 		return nil
 	}
@@ -96,7 +108,7 @@ func (s *share) decodeState(p int, r ceshare.Request) *ledger.CE {
 // (ceshare.Request.Restored: the partition's first requests were deleted before this replica
 // read them): the CE as the state holds it, registered at the state's anchor and time, with
 // the state; one refused when the state is not a CE of r's id.
-func (s *share) restoredOp(p int, r ceshare.Request) ledger.ShareOp {
+func (s *Share) restoredOp(p int, r ceshare.Request) ledger.ShareOp {
 	op := ledger.ShareOp{Offset: r.Offset, ID: r.ID}
 	st := s.decodeState(p, r)
 	if st == nil {

@@ -1,4 +1,4 @@
-package daemon
+package cluster
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// errPeer is matched (errors.Is) by the failures of another replica to answer a request this
+// ErrPeer is matched (errors.Is) by the failures of another replica to answer a request this
 // one made on a client's behalf: the API answers 502.
-var errPeer = errors.New("a replica did not answer")
+var ErrPeer = errors.New("a replica did not answer")
 
 // listPage is one owner's page of GET /v1/counterfactuals: its CEs after the cursor, in id order,
 // whether it may have more after them (it returned a full page), and the id of the last CE it
@@ -36,7 +36,7 @@ func newListPage(ces []*ledger.CE, limit int) listPage {
 	return pg
 }
 
-// list answers GET /v1/counterfactuals on a replica for the whole cluster: it asks the owner of
+// List answers GET /v1/counterfactuals on a replica for the whole cluster: it asks the owner of
 // every CE partition (this ledger for its own, the others' APIs with the request's Authorization
 // for theirs) for limit CEs of status st after the cursor after, keeps of each answer the CEs of
 // the partitions the group gives that owner (a ledger may still hold a partition it is handing
@@ -45,7 +45,7 @@ func newListPage(ces []*ledger.CE, limit int) listPage {
 // first limit CEs of the cluster in id order, as a single daemon's is, and next ("" at the
 // end) resumes after it. A partition without an owner (the CE group is rebalancing) fails with
 // ceshare.ErrNoOwner; an owner that does not answer fails the list, naming it.
-func (s *share) list(ctx context.Context, st certify.Status, limit int, after, authorization string) ([]*ledger.CE, string, error) {
+func (s *Share) List(ctx context.Context, st certify.Status, limit int, after, authorization string) ([]*ledger.CE, string, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
 		return nil, "", err
@@ -99,12 +99,12 @@ func mergePages(pages []listPage, limit int) ([]*ledger.CE, string) {
 // listAt reads one page of the CEs stored at owner o, which the group gives partitions parts:
 // this ledger's, or o's API's (forwarded, naming parts, so that an owner that has not taken
 // them all up yet answers 503 rather than a page without their CEs).
-func (s *share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st certify.Status, limit int, after, authorization string) (listPage, error) {
+func (s *Share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st certify.Status, limit int, after, authorization string) (listPage, error) {
 	if o.Replica == s.id {
-		if err := s.holdsWhole(parts); err != nil {
+		if err := s.HoldsWhole(parts); err != nil {
 			return listPage{}, err
 		}
-		ces, err := s.d.ledger.List(st, limit, after)
+		ces, err := s.ledger.List(st, limit, after)
 		if err != nil {
 			return listPage{}, err
 		}
@@ -115,7 +115,7 @@ func (s *share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 	for _, p := range parts {
 		ps = append(ps, strconv.Itoa(p))
 	}
-	q.Set(paramPartitions, strings.Join(ps, ","))
+	q.Set(ParamPartitions, strings.Join(ps, ","))
 	if after != "" {
 		q.Set("after", after)
 	}

@@ -1,0 +1,16 @@
+// Package cluster is a replica's share of the counterfactuals (CEs): it joins the CE group
+// (package ceshare), applies the registrations and deletions of the partitions the group gives
+// it to the replica's ledger in partition order (Share.Apply), and answers for the cluster:
+//
+//   - a registration or a deletion accepted here is sent to the CE topic (Share.Send,
+//     Share.Forget) and answered with the outcome its owner recorded (Share.AwaitOutcome);
+//   - a read, a list or an audit is answered by the owners of the CEs it covers, this replica's
+//     ledger for its own partitions and the others' APIs for theirs (Share.Find, Share.List,
+//     Share.Audit, AskAll), with the peer protocol's headers (HeaderForwarded and others);
+//   - the CE states of its ledger go to the CE state topic (States), from which a later owner of
+//     a partition restores its CEs' renewals, verdicts and history.
+//
+// A Share reaches the daemon it runs in through Host only: the posterior it serves, a lock
+// against posterior commits, retried ledger writes and measurements. docs/DESIGN.md describes
+// the design; docs/REPLICAS.md, how to run replicas.
+package cluster
