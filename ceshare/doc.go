@@ -19,11 +19,11 @@
 // one transaction). Each request carries a request id (Request.RID) that the daemon applies
 // once, so that a producer's retry of a request that landed changes nothing. Malformed records are left out, counted by reason and logged; they never
 // block a partition. A partition the next generation gives to another member is released
-// (Hooks.Release), and so is everything when the member stops, or when no generation comes
-// within the session timeout after the last one ended (the group evicted the member). A
-// member that starts on a store still holding partitions from a run that ended without
-// releasing them (a crash: MemberConfig.Held) releases, at its first generation, those that
-// generation gives to others.
+// (Hooks.Release), and so is everything when no generation comes within the session timeout
+// after the last one ended (the group evicted the member). A member that stops, cleanly or
+// not, releases nothing: a member that starts on a store still holding partitions from an
+// earlier run (MemberConfig.Held) releases, at its first generation, those that generation
+// gives to others.
 //
 // kafka-go implements only the eager rebalance protocol: every rebalance ends every member's
 // generation, and a member rejoins only once the functions its generation started return. So

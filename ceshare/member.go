@@ -41,8 +41,9 @@ type Hooks interface {
 	Lost(ctx context.Context, p int, from, to int64) error
 	// Release is called when p is no longer this replica's: the next generation does not
 	// give it p, no generation came within the session timeout after the last one ended (the
-	// group has surely evicted this member), the member stops, or the store held p from an
-	// earlier run (MemberConfig.Held) and the first generation gives p to another member.
+	// group has surely evicted this member), or the store held p from an earlier run
+	// (MemberConfig.Held) and the first generation gives p to another member. It is not called
+	// when the member stops, for whatever reason: the store keeps its partitions (see Held).
 	Release(ctx context.Context, p int) error
 	// Reset is called when partition p ends before the offset the store read it to (the topic
 	// was deleted and created again): the requests the store applied are gone from the topic.
@@ -406,7 +407,10 @@ func (m *Member) Run(ctx context.Context) error {
 		ended = time.Now()
 	}
 	<-left
-	m.releaseAll(context.WithoutCancel(ctx), "the member stops")
+	// Not released: the store keeps what it holds, so that a restart given it back resumes
+	// from its offsets, and a restart that is not releases it then (MemberConfig.Held). A
+	// member that stops because it failed (a hook's error) must not empty the store either.
+	m.forgetAll()
 	if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -915,6 +919,14 @@ func (m *Member) callRelease(ctx context.Context, p int, why string) {
 		m.log.Error("releasing a CE partition failed", "partition", p, "err", err)
 	}
 	m.log.Info("CE partition released", "partition", p, "why", why)
+}
+
+// forgetAll drops every partition without releasing it: the member stops.
+func (m *Member) forgetAll() {
+	m.mu.Lock()
+	clear(m.parts)
+	m.mu.Unlock()
+	m.bal.setOwned(nil, 0)
 }
 
 func (m *Member) releaseAll(ctx context.Context, why string) {

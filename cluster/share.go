@@ -94,8 +94,7 @@ type Share struct {
 	// (minutes at 10^6 CEs): bounded by the caller's context only.
 	auditClient *http.Client
 	lg          *slog.Logger
-	stopping    context.Context // Run's: ended once the replica stops
-	applied     broadcast       // signalled after each Apply: outcomes waited for may be stored
+	applied     broadcast // signalled after each Apply: outcomes waited for may be stored
 }
 
 // broadcast wakes every waiter at once: wait returns a channel that the next signal closes.
@@ -241,7 +240,6 @@ func (s *Share) Health() error {
 // Run is the member of the CE group until ctx ends, once no other member carries this
 // replica's id (uniqueID).
 func (s *Share) Run(ctx context.Context) error {
-	s.stopping = ctx
 	if err := s.uniqueID(ctx, 2*s.sessionTimeout+5*time.Second); err != nil {
 		return err
 	}
@@ -306,11 +304,6 @@ func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
 // from the CE topic). A release cut short leaves p's offset at 0 (ledger.ReleaseShare), and a
 // restart that is not given p back releases it again (MemberConfig.Held).
 func (s *Share) Release(ctx context.Context, p int) error {
-	if s.stopping != nil && s.stopping.Err() != nil {
-		// The replica stops: its ledger keeps the partition, and a restart that gets it back
-		// resumes from there instead of the CE topic's start.
-		return nil
-	}
 	n, err := s.ledger.ReleaseShare(ctx, p, func(id string) bool { return ceshare.Partition(id, s.partitions) == p })
 	if err != nil {
 		return err
@@ -339,7 +332,7 @@ func (s *Share) Lost(ctx context.Context, p int, from, to int64) error {
 // cfguard_counterfactuals_repaired_total counts them; one that cannot be sent stays in this
 // ledger only (an ERROR line says how many).
 func (s *Share) Reset(ctx context.Context, p int, end int64) error {
-	if _, err := s.ledger.ApplyShare(p, nil, 0, nil); err != nil {
+	if err := s.host.Durably(ctx, func() error { _, err := s.ledger.ApplyShare(p, nil, 0, nil); return err }); err != nil {
 		return err
 	}
 	var ces []*ledger.CE
