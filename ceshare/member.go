@@ -739,6 +739,9 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 			return
 		}
 		req, err := Decode(r.key, r.value)
+		if err == nil && Partition(req.ID, m.cfg.Partitions) != p {
+			err = &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("id %q belongs to partition %d", req.ID, Partition(req.ID, m.cfg.Partitions))}
+		}
 		var de *DecodeError
 		if errors.As(err, &de) {
 			m.mu.Lock()

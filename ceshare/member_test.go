@@ -447,7 +447,10 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	pr := testProducer(t, conn)
 	want := produced{}
 	produce(t, pr, "a", 600, want)
-	writeMalformed(t, conn, 5)
+	if Partition("x-7", testPartitions) == 0 {
+		t.Fatal("x-7 is in partition 0: the misplaced request needs an id of another partition")
+	}
+	writeMalformed(t, conn, 6)
 	forged := writeForged(t, conn)
 	produce(t, pr, "b", 60, want)
 	waitfor.Cond(t, 30*time.Second, "the owners applying every request", func() bool { return caughtUp(b, reps, owner) })
@@ -467,8 +470,8 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	if applied != 660 {
 		t.Errorf("the members applied %d requests, 660 were produced", applied)
 	}
-	if want := map[string]int64{ReasonJSON: 2, ReasonKey: 1, ReasonKind: 1, ReasonCE: 1, ReasonUnauthenticated: int64(forged)}; skipped[ReasonJSON] != 2 ||
-		skipped[ReasonKey] != 1 || skipped[ReasonKind] != 1 || skipped[ReasonCE] != 1 || skipped[ReasonUnauthenticated] != int64(forged) {
+	if want := map[string]int64{ReasonJSON: 2, ReasonKey: 1, ReasonKind: 1, ReasonCE: 1, ReasonPartition: 1, ReasonUnauthenticated: int64(forged)}; skipped[ReasonJSON] != 2 ||
+		skipped[ReasonKey] != 1 || skipped[ReasonKind] != 1 || skipped[ReasonCE] != 1 || skipped[ReasonPartition] != 1 || skipped[ReasonUnauthenticated] != int64(forged) {
 		t.Errorf("malformed records skipped %v, want %v", skipped, want)
 	}
 
@@ -555,6 +558,8 @@ func writeMalformed(t *testing.T, conn stream.ConnConfig, n int) {
 		{Key: []byte("other"), Value: []byte(`{"kind":"delete","id":"x-3","replica":"r","at":"` + at + `"}`)},
 		{Key: []byte("x-4"), Value: []byte(`{"kind":"renew","id":"x-4","replica":"r","at":"` + at + `"}`)},
 		{Key: []byte("x-5"), Value: []byte(`{"kind":"register","id":"x-5","replica":"r","at":"` + at + `"}`)},
+		// Well formed and signed, but x-7's partition is not 0: a request copied out of its own.
+		{Key: []byte("x-7"), Value: []byte(`{"kind":"register","id":"x-7","replica":"r","at":"` + at + `","ce":{"i":7}}`)},
 	}[:n]
 	for i := range msgs { // authenticated: these are refused for what they hold
 		msgs[i].Headers = []kafka.Header{{Key: clusterkey.Header, Value: Sign(testKeys(), msgs[i].Value)}}

@@ -84,6 +84,9 @@ const (
 	ReasonReplica = "replica" // Replica is empty
 	ReasonAt      = "at"      // At is missing
 	ReasonRID     = "rid"     // RID or Fingerprint is too long or holds bytes other than printable ASCII
+	// ReasonPartition: the request's ID belongs to another partition (Partition): a request
+	// copied there, which its partition's owner would apply a second time, out of its order.
+	ReasonPartition = "partition"
 	// ReasonUnauthenticated: the record's authenticator is missing or does not verify under
 	// the cluster's keys (MemberConfig.Keys); the record is not decoded.
 	ReasonUnauthenticated = "unauthenticated"
@@ -91,7 +94,7 @@ const (
 
 // Reasons lists every DecodeError.Reason, so that counters can start at 0.
 func Reasons() []string {
-	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonRID, ReasonUnauthenticated}
+	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonRID, ReasonPartition, ReasonUnauthenticated}
 }
 
 // ErrDecode is matched (errors.Is) by every DecodeError.
