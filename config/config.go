@@ -327,7 +327,8 @@ type Replication struct {
 	// that can share the CEs. Default: 12.
 	CEPartitions int `yaml:"ce_partitions"`
 	// AdvertiseURL is how the other replicas reach this one's API, to answer for the CEs it
-	// owns. Default: "" (http://<host name>:<port of http.listen>). The environment variable
+	// owns. Default: "" (the API's bound address, <host name>:<port> when http.listen is every
+	// interface; https:// when http.web_config_file serves TLS, else http://). The environment variable
 	// CFGUARD_REPLICATION_ADVERTISE_URL overrides it (Kubernetes: the pod's IP from the downward
 	// API).
 	AdvertiseURL string `yaml:"advertise_url"`
