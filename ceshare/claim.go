@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// A replica that acquires a partition afresh claims it on the CE state topic before it reads
-// the partition's requests: a claim record names the replica, the CE group generation it was
+// A replica that acquires a partition afresh (also one it kept through generations that went by
+// without it: another member may have claimed it meanwhile) claims it on the CE state topic
+// before it reads the partition's requests: a claim record names the replica, the CE group generation it was
 // given the partition in, and a term one past the greatest term of the partition's claims it
 // read. Of the claims a reader has read, the one in force is the greatest by (term,
 // generation): terms grow with every claim that read the ones before it, and the generation

@@ -454,6 +454,15 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 		}
 	}
 	m.mu.Lock()
+	if m.lastGen != 0 && gen.ID != m.lastGen+1 && len(m.parts) > 0 {
+		// A generation went by without this member (it was paused past its session, or the
+		// group started again): another member may have owned and claimed what it kept, so
+		// each is acquired afresh, claimed again, with its states read anew. The store keeps
+		// what it holds.
+		m.log.Warn("CE group generations went by without this member: claiming its partitions again",
+			"last_generation", m.lastGen, "generation", gen.ID, "partitions", slices.Sorted(maps.Keys(m.parts)))
+		clear(m.parts)
+	}
 	held := m.held
 	m.held = nil
 	m.mu.Unlock()

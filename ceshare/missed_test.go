@@ -1,0 +1,163 @@
+package ceshare
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// holdGroup holds every group request (heartbeat, join, sync) of one member at the broker, as
+// a paused process's would wait: the group goes on without it.
+type holdGroup struct {
+	kc       *kfake.Cluster
+	mu       sync.Mutex
+	member   string
+	released chan struct{}
+}
+
+func (h *holdGroup) control(req kmsg.Request) (kmsg.Response, error, bool) {
+	h.kc.KeepControl()
+	var id string
+	switch r := req.(type) {
+	case *kmsg.HeartbeatRequest:
+		id = r.MemberID
+	case *kmsg.JoinGroupRequest:
+		id = r.MemberID
+	case *kmsg.SyncGroupRequest:
+		id = r.MemberID
+	}
+	h.mu.Lock()
+	held := h.member != "" && id == h.member
+	h.mu.Unlock()
+	if held {
+		h.kc.SleepControl(func() { <-h.released })
+	}
+	return nil, nil, false
+}
+
+func (h *holdGroup) hold(member string) {
+	h.mu.Lock()
+	h.member = member
+	h.mu.Unlock()
+}
+
+func (h *holdGroup) release() {
+	h.mu.Lock()
+	h.member = ""
+	h.mu.Unlock()
+	close(h.released)
+}
+
+// A member that misses a generation (paused past its session: the group gave its partitions
+// to another member, which claimed them) and is given them back in a later one claims them
+// again: the other member's claim would otherwise stay in force, and every state the member
+// writes for them would be taken for a late write.
+func TestMemberThatMissedAGenerationClaimsAgain(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the members' cleanups
+	h := &holdGroup{kc: kc, released: make(chan struct{})}
+	for _, key := range []kmsg.Key{kmsg.Heartbeat, kmsg.JoinGroup, kmsg.SyncGroup} {
+		kc.ControlKey(int16(key), h.control)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-h.released:
+		default:
+			h.release()
+		}
+	})
+	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	cfg := func(id string) MemberConfig {
+		c := memberConfig(conn, id)
+		c.StateTopic = testStateTopic
+		return c
+	}
+	// s owns everything, then r joins and is given the upper half (the sticky balancer keeps
+	// each member's first partitions in partition order).
+	s := startReplica(t, cfg("s"))
+	waitfor.Cond(t, 60*time.Second, "s owning every partition", func() bool { return ownership(s) != nil })
+	r := startReplica(t, cfg("r"))
+	waitfor.Cond(t, 60*time.Second, "r and s sharing the partitions", func() bool {
+		return ownership(s, r) != nil && len(r.m.Owned()) > 0 && len(s.m.Owned()) > 0
+	})
+	before := r.m.Owned()
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	members, err := dir.Members(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rid string
+	for _, m := range members {
+		if m.Replica == "r" {
+			rid = m.MemberID
+		}
+	}
+	if rid == "" {
+		t.Fatalf("r is not among the group's members %+v", members)
+	}
+	lastGen := r.m.LastGeneration()
+
+	// r pauses: the group evicts it, and s takes (and claims) every partition.
+	h.hold(rid)
+	waitfor.Cond(t, 60*time.Second, "s owning every partition again", func() bool {
+		return len(s.m.Owned()) == testPartitions && s.m.Generation() > lastGen
+	})
+	waitfor.Cond(t, 30*time.Second, "s claiming r's partitions", func() bool {
+		for _, p := range before {
+			if c, ok := claimInForce(t, conn, p); !ok || c.Replica != "s" {
+				return false
+			}
+		}
+		return true
+	})
+	// r resumes, and the group gives it back partitions it held before.
+	h.release()
+	waitfor.Cond(t, 60*time.Second, "r back in the group with partitions", func() bool {
+		return r.m.Generation() > lastGen && len(r.m.Owned()) > 0 && ownership(s, r) != nil
+	})
+	back := slices.DeleteFunc(r.m.Owned(), func(p int) bool { return !slices.Contains(before, p) })
+	if len(back) == 0 {
+		t.Fatalf("r was given %v after its pause, none of %v it held before: the test shows nothing", r.m.Owned(), before)
+	}
+	for _, p := range back {
+		waitfor.Cond(t, 30*time.Second, "r's claim in force on the partitions it got back", func() bool {
+			c, ok := claimInForce(t, conn, p)
+			return ok && c.Replica == "r" && c.Generation == r.m.LastGeneration()
+		})
+	}
+}
+
+// claimInForce is the claim in force on partition p of the state topic (the greatest by term,
+// then generation); ok is false when p holds none.
+func claimInForce(t *testing.T, conn stream.ConnConfig, p int) (c Claim, ok bool) {
+	t.Helper()
+	for _, msg := range kafkatest.ReadPartition(t, conn.Brokers, testStateTopic, p) {
+		if !isClaim(msg.Key) {
+			continue
+		}
+		got, err := DecodeClaim(msg.Key, msg.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok || got.after(c) {
+			c, ok = got, true
+		}
+	}
+	return c, ok
+}
