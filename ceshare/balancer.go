@@ -3,10 +3,13 @@ package ceshare
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
 // protocolName is the group protocol of the sticky balancer. Every member of the group must
@@ -24,12 +27,42 @@ type memberData struct {
 	Generation int32 `json:"generation"`
 }
 
-func decodeMemberData(b []byte) (memberData, bool) {
-	var d memberData
-	if len(b) == 0 || json.Unmarshal(b, &d) != nil {
-		return memberData{}, false
+// MemberDomain separates the authenticator of a member's UserData from those of the topics'
+// records.
+const MemberDomain = "cfguard ce member v1"
+
+// signedData is a member's UserData: memberData's JSON and its authenticator under the
+// cluster's key. Anyone the broker lets join the group can offer this protocol; a member whose
+// data does not authenticate is given no partition by the balancer, and is no owner to the
+// Directory, so that no client's token nor any question goes to the URL it names.
+type signedData struct {
+	Data json.RawMessage `json:"data"`
+	Auth string          `json:"auth"`
+}
+
+func encodeMemberData(keys *clusterkey.Keyring, d memberData) ([]byte, error) {
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
 	}
-	return d, true
+	return json.Marshal(signedData{Data: raw, Auth: string(keys.Sign(MemberDomain, raw))})
+}
+
+// decodeMemberData returns the member data of UserData b; an error when b is not signed member
+// data that authenticates under keys.
+func decodeMemberData(keys *clusterkey.Keyring, b []byte) (memberData, error) {
+	var sd signedData
+	if err := json.Unmarshal(b, &sd); err != nil || len(sd.Data) == 0 {
+		return memberData{}, fmt.Errorf("%w: its group metadata is not cfguard's signed member data", clusterkey.ErrUnauthenticated)
+	}
+	if err := keys.Verify(MemberDomain, sd.Data, []byte(sd.Auth)); err != nil {
+		return memberData{}, err
+	}
+	var d memberData
+	if err := json.Unmarshal(sd.Data, &d); err != nil || d.Replica == "" {
+		return memberData{}, fmt.Errorf("%w: its member data does not decode", ErrDecode)
+	}
+	return d, nil
 }
 
 // stickyBalancer is a kafka-go GroupBalancer that keeps partitions where they were. Each
@@ -42,6 +75,11 @@ type stickyBalancer struct {
 	topic   string
 	replica string
 	url     string
+	keys    *clusterkey.Keyring
+	// refused is called, once per member id, for a member whose data does not authenticate:
+	// it is given no partition.
+	refused func(member string, err error)
+	seen    map[string]bool // members refused already (the leader's AssignGroups only)
 
 	mu         sync.Mutex
 	owned      []int // what this member owns, sent as UserData at the next join
@@ -59,7 +97,7 @@ func (b *stickyBalancer) ProtocolName() string { return protocolName }
 func (b *stickyBalancer) UserData() ([]byte, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return json.Marshal(memberData{Replica: b.replica, URL: b.url, Owned: b.owned, Generation: b.generation})
+	return encodeMemberData(b.keys, memberData{Replica: b.replica, URL: b.url, Owned: b.owned, Generation: b.generation})
 }
 
 func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []kafka.Partition) kafka.GroupMemberAssignments {
@@ -71,20 +109,37 @@ func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []
 	}
 	var ids []string
 	prev := make(map[string]memberData, len(members))
+	out := make(kafka.GroupMemberAssignments, len(members))
 	for _, m := range members {
 		if !slices.Contains(m.Topics, b.topic) {
 			continue
 		}
-		ids = append(ids, m.ID)
-		if d, ok := decodeMemberData(m.UserData); ok {
-			prev[m.ID] = d
+		d, err := decodeMemberData(b.keys, m.UserData)
+		if err != nil {
+			out[m.ID] = map[string][]int{b.topic: {}}
+			b.refuse(m.ID, err)
+			continue
 		}
+		ids = append(ids, m.ID)
+		prev[m.ID] = d
 	}
-	out := make(kafka.GroupMemberAssignments, len(ids))
 	for id, got := range assignSticky(ids, parts, prev) {
 		out[id] = map[string][]int{b.topic: got}
 	}
 	return out
+}
+
+func (b *stickyBalancer) refuse(member string, err error) {
+	b.mu.Lock()
+	first := !b.seen[member]
+	if b.seen == nil {
+		b.seen = map[string]bool{}
+	}
+	b.seen[member] = true
+	b.mu.Unlock()
+	if first && b.refused != nil {
+		b.refused(member, err)
+	}
 }
 
 // assignSticky shares parts out to members (ids), keeping each member's previous partitions

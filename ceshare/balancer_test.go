@@ -2,11 +2,15 @@ package ceshare
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
 func parts(n int) []int {
@@ -102,19 +106,48 @@ func TestAssignStickyLaterGenerationWins(t *testing.T) {
 		t.Fatalf("the latest generation's claims should be kept: %v", got)
 	}
 	// And through the GroupBalancer interface, with UserData as members send it.
-	bal := &stickyBalancer{topic: "ce"}
+	refused := map[string]int{}
+	bal := &stickyBalancer{topic: "ce", keys: testKeys(), refused: func(member string, err error) {
+		if !errors.Is(err, clusterkey.ErrUnauthenticated) {
+			t.Errorf("member %s refused with %v, want an ErrUnauthenticated", member, err)
+		}
+		refused[member]++
+	}}
 	var members []kafka.GroupMember
 	for _, id := range []string{"m1", "m2", "m3"} {
-		ud, _ := json.Marshal(prev[id])
+		d := prev[id]
+		d.Replica = "r-" + id
+		ud, err := encodeMemberData(testKeys(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
 		members = append(members, kafka.GroupMember{ID: id, Topics: []string{"ce"}, UserData: ud})
 	}
+	// Two members outside the cluster, claiming every partition at a later generation: one
+	// with unsigned data, one signed with another key. They get nothing, and change nothing.
+	unsigned, _ := json.Marshal(memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	other, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("a5", 32)), "another cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, _ := encodeMemberData(other, memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	members = append(members, kafka.GroupMember{ID: "x-unsigned", Topics: []string{"ce"}, UserData: unsigned},
+		kafka.GroupMember{ID: "x-forged", Topics: []string{"ce"}, UserData: forged})
 	var kp []kafka.Partition
 	for p := range 6 {
 		kp = append(kp, kafka.Partition{Topic: "ce", ID: p})
 	}
-	ga := bal.AssignGroups(members, kp)
-	if fmt.Sprint(ga["m1"]["ce"], ga["m2"]["ce"], ga["m3"]["ce"]) != fmt.Sprint(got["m1"], got["m2"], got["m3"]) {
-		t.Errorf("AssignGroups %v, assignSticky %v", ga, got)
+	for range 2 {
+		ga := bal.AssignGroups(members, kp)
+		if fmt.Sprint(ga["m1"]["ce"], ga["m2"]["ce"], ga["m3"]["ce"]) != fmt.Sprint(got["m1"], got["m2"], got["m3"]) {
+			t.Errorf("AssignGroups %v, assignSticky %v", ga, got)
+		}
+		if a, b := ga["x-unsigned"]["ce"], ga["x-forged"]["ce"]; len(a) != 0 || len(b) != 0 {
+			t.Errorf("members outside the cluster were given %v and %v", a, b)
+		}
+	}
+	if refused["x-unsigned"] != 1 || refused["x-forged"] != 1 || len(refused) != 2 {
+		t.Errorf("refusals reported %v, want each outsider once", refused)
 	}
 }
 

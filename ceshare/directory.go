@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -37,9 +38,13 @@ type Directory struct {
 	tr           *kafka.Transport
 	stop         context.CancelFunc
 	log          *slog.Logger
+	keys         *clusterkey.Keyring
 
 	// MaxAge and MinRefresh tune the cache (set them before the first Owner call).
 	MaxAge, MinRefresh time.Duration
+
+	rmu     sync.Mutex      // guards refused (taken under mu, by lookUp)
+	refused map[string]bool // members whose data did not authenticate, logged once each
 
 	mu      sync.Mutex
 	owners  map[int]Owner // by partition, as of at
@@ -49,8 +54,10 @@ type Directory struct {
 }
 
 // NewDirectory returns a Directory of group's owners of topic's partitions (partitions is the
-// topic's partition count). Its connections close on Close or when ctx ends.
-func NewDirectory(ctx context.Context, conn stream.ConnConfig, group, topic string, partitions int, log *slog.Logger) (*Directory, error) {
+// topic's partition count). A member whose data does not authenticate under keys (the
+// cluster's) owns nothing and is no member to it. Its connections close on Close or when ctx
+// ends.
+func NewDirectory(ctx context.Context, conn stream.ConnConfig, group, topic string, partitions int, keys *clusterkey.Keyring, log *slog.Logger) (*Directory, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -64,7 +71,7 @@ func NewDirectory(ctx context.Context, conn stream.ConnConfig, group, topic stri
 		stop()
 		return nil, err
 	}
-	return &Directory{group: group, topic: topic, partitions: partitions, tr: tr, stop: stop,
+	return &Directory{group: group, topic: topic, partitions: partitions, tr: tr, stop: stop, keys: keys, refused: map[string]bool{},
 		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}, log: log.With("group", group),
 		MaxAge: time.Second, MinRefresh: 100 * time.Millisecond}, nil
 }
@@ -124,7 +131,7 @@ func (d *Directory) Members(ctx context.Context) ([]Owner, error) {
 	}
 	var out []Owner
 	for _, m := range g.Members {
-		if md, ok := decodeMemberData(m.MemberMetadata.UserData); ok {
+		if md, ok := d.memberData(m); ok {
 			out = append(out, Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID})
 		}
 	}
@@ -161,9 +168,8 @@ func (d *Directory) lookUp(ctx context.Context) {
 	}
 	owners := make(map[int]Owner, d.partitions)
 	for _, m := range g.Members {
-		md, ok := decodeMemberData(m.MemberMetadata.UserData)
+		md, ok := d.memberData(m)
 		if !ok {
-			d.log.Debug("group member without replica data", "member", m.MemberID, "client", m.ClientID)
 			continue
 		}
 		for _, t := range m.MemberAssignments.Topics {
@@ -176,6 +182,24 @@ func (d *Directory) lookUp(ctx context.Context) {
 		}
 	}
 	d.owners, d.state, d.refresh = owners, g.GroupState, nil
+}
+
+// memberData is member m's data, ok false (logged at WARN once per member) when it does not
+// authenticate.
+func (d *Directory) memberData(m kafka.DescribeGroupsResponseMember) (memberData, bool) {
+	md, err := decodeMemberData(d.keys, m.MemberMetadata.UserData)
+	if err == nil {
+		return md, true
+	}
+	d.rmu.Lock()
+	first := !d.refused[m.MemberID]
+	d.refused[m.MemberID] = true
+	d.rmu.Unlock()
+	if first {
+		d.log.Warn("a member of the CE group whose data does not authenticate under the cluster key is ignored: it owns no CE here",
+			"member", m.MemberID, "client", m.ClientID, "host", m.ClientHost, "err", err)
+	}
+	return memberData{}, false
 }
 
 // Close closes the directory's connections.

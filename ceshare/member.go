@@ -85,7 +85,9 @@ type MemberConfig struct {
 	Keys *clusterkey.Keyring
 	// OnUnauthenticated, when set, is called for each record of topic (the CE topic or the CE
 	// state topic) left out because it does not authenticate (the daemon counts them in a
-	// metric).
+	// metric); and, with topic GroupSource(Group), partition and offset -1, once for each member
+	// of the group whose data does not authenticate, when this member leads a rebalance (that
+	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)
 	// OnMalformedState, when set, is called for each authenticated record of the CE state topic
 	// left out because it is not a State.
@@ -264,9 +266,21 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 	for _, r := range Reasons() {
 		skipped[r] = 0
 	}
-	return &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped, held: slices.Clone(cfg.Held),
-		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held)}}, nil
+	m := &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped, held: slices.Clone(cfg.Held),
+		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held), keys: cfg.Keys}}
+	m.bal.refused = func(member string, err error) {
+		log.Warn("a member of the CE group whose data does not authenticate under the cluster key was given no partition: "+
+			"a client without replication.key_file joined the group; check the group's ACLs", "member", member, "err", err)
+		if cfg.OnUnauthenticated != nil {
+			cfg.OnUnauthenticated(GroupSource(cfg.Group), -1, -1)
+		}
+	}
+	return m, nil
 }
+
+// GroupSource is the source OnUnauthenticated names for the member data of group: "group:"
+// and its name (a CE group and the CE topic may share a name).
+func GroupSource(group string) string { return "group:" + group }
 
 func (c *MemberConfig) transport(ctx context.Context) (*kafka.Transport, error) {
 	tr, err := c.Conn.Transport(ctx)

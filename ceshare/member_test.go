@@ -421,7 +421,7 @@ func caughtUp(b *broker.Broker, reps []*replica, owner map[int]string) bool {
 func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	b, conn := startBroker(t)
 	// Before any member joins, no partition has an owner: Owners names them.
-	empty, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	empty, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 		t.Errorf("malformed records skipped %v, want %v", skipped, want)
 	}
 
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -946,7 +946,7 @@ func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
 	_, conn := startBroker(t)
 	r := startReplica(t, memberConfig(conn, "r1"))
 	waitfor.Cond(t, 30*time.Second, "the member owning every partition", func() bool { return ownership(r) != nil })
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}

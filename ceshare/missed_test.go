@@ -3,6 +3,7 @@ package ceshare
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
@@ -93,7 +95,7 @@ func TestMemberThatMissedAGenerationClaimsAgain(t *testing.T) {
 		return ownership(s, r) != nil && len(r.m.Owned()) > 0 && len(s.m.Owned()) > 0
 	})
 	before := r.m.Owned()
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testLog(t))
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,4 +162,69 @@ func claimInForce(t *testing.T, conn stream.ConnConfig, p int) (c Claim, ok bool
 		}
 	}
 	return c, ok
+}
+
+// A client that joins the CE group with member data the cluster's key did not sign (a replica
+// with another key file, or anyone the broker lets in) is given no partition by the leader,
+// which counts and logs it once, and is no member to a Directory: no question, and no token,
+// goes to the URL it names.
+func TestMemberOutsideTheClusterGetsNothing(t *testing.T) {
+	_, conn := startBroker(t)
+	var mu sync.Mutex
+	refused := map[string]int{}
+	cfg := memberConfig(conn, "r1")
+	cfg.OnUnauthenticated = func(source string, p int, off int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		refused[source]++
+	}
+	r1 := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
+	gen := r1.m.Generation()
+
+	evil := memberConfig(conn, "evil")
+	other, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("a5", 32)), "another cluster's")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil.Keys = other
+	outsider := startReplica(t, evil)
+	waitfor.Cond(t, 60*time.Second, "a generation with the outsider", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return r1.m.Generation() > gen && outsider.m.Generation() > 0 && refused[GroupSource(testGroup)] > 0
+	})
+	if got := outsider.m.Owned(); len(got) != 0 {
+		t.Errorf("the outsider was given %v", got)
+	}
+	if ownership(r1) == nil {
+		t.Errorf("r1 owns %v of %d partitions with an outsider in the group", r1.m.Owned(), testPartitions)
+	}
+	mu.Lock()
+	if n := refused[GroupSource(testGroup)]; n != 1 || len(refused) != 1 {
+		t.Errorf("refusals counted %v, want the outsider once under %q", refused, GroupSource(testGroup))
+	}
+	mu.Unlock()
+
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	members, err := dir.Members(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(members) != 1 || members[0].Replica != "r1" {
+		t.Errorf("the directory's members %+v, want r1 only", members)
+	}
+	owners, err := dir.Owners(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, o := range owners {
+		if o.Replica != "r1" {
+			t.Errorf("partition %d owned by %+v, want r1", p, o)
+		}
+	}
 }

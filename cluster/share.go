@@ -203,7 +203,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 	if s.prod, err = ceshare.NewProducer(ctx, c.Conn, rc.CETopic, c.Replica.Keys(), s.lg); err != nil {
 		return nil, err
 	}
-	if s.dir, err = ceshare.NewDirectory(ctx, c.Conn, c.Group, rc.CETopic, rc.CEPartitions, s.lg); err != nil {
+	if s.dir, err = ceshare.NewDirectory(ctx, c.Conn, c.Group, rc.CETopic, rc.CEPartitions, c.Replica.Keys(), s.lg); err != nil {
 		s.prod.Close()
 		return nil, err
 	}
