@@ -938,13 +938,18 @@ func (m *Member) release(ctx context.Context, p int, why string) {
 	m.callRelease(ctx, p, why)
 }
 
+// callRelease calls Release for p, bounded only by ctx (the member's run: a large share takes
+// as long as its deletion takes, and one cut short leaves CEs another member owns in the store,
+// where its confirmer and audits would still see them). The group is not held meanwhile: the
+// generation's heartbeats go on, and only this member's partitions wait.
 func (m *Member) callRelease(ctx context.Context, p int, why string) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+	start := time.Now()
 	if err := m.hooks.Release(ctx, p); err != nil {
-		m.log.Error("releasing a CE partition failed", "partition", p, "err", err)
+		m.log.Error("releasing a CE partition failed: its CEs that are left stay in the store until the replica restarts, "+
+			"which releases them again (the partition is held from an earlier run)", "partition", p, "why", why, "err", err)
+		return
 	}
-	m.log.Info("CE partition released", "partition", p, "why", why)
+	m.log.Info("CE partition released", "partition", p, "why", why, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // forgetAll drops every partition without releasing it: the member stops.

@@ -203,9 +203,14 @@ func (l *ledger) Lost(_ context.Context, p int, from, to int64) error {
 	return nil
 }
 
-func (l *ledger) Release(_ context.Context, p int) error {
+func (l *ledger) Release(ctx context.Context, p int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if d, ok := ctx.Deadline(); ok {
+		// A store's release takes as long as its share's deletion: a deadline would leave
+		// CEs another member owns in it.
+		l.bad = append(l.bad, fmt.Sprintf("partition %d released with a deadline %v away", p, time.Until(d).Round(time.Second)))
+	}
 	l.released = append(l.released, p)
 	delete(l.owned, p)
 	return nil
