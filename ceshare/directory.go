@@ -46,11 +46,12 @@ type Directory struct {
 	rmu     sync.Mutex      // guards refused (taken under mu, by lookUp)
 	refused map[string]bool // members whose data did not authenticate, logged once each
 
-	mu      sync.Mutex
-	owners  map[int]Owner // by partition, as of at
-	state   string        // the group's state, as of at
-	at      time.Time
-	refresh error // the last look-up's error
+	mu       sync.Mutex
+	owners   map[int]Owner // by partition, as of at
+	state    string        // the group's state, as of at
+	at       time.Time
+	refresh  error         // the last look-up's error
+	inflight chan struct{} // closed when the look-up in flight ends; nil when none is
 }
 
 // NewDirectory returns a Directory of group's owners of topic's partitions (partitions is the
@@ -81,13 +82,15 @@ func NewDirectory(ctx context.Context, conn stream.ConnConfig, group, topic stri
 func (d *Directory) Owner(ctx context.Context, id string) (Owner, error) {
 	p := Partition(id, d.partitions)
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	age := time.Since(d.at)
-	o, ok := d.owners[p]
+	_, ok := d.owners[p]
+	d.mu.Unlock()
 	if age >= d.MaxAge || (!ok && age >= d.MinRefresh) {
 		d.lookUp(ctx)
-		o, ok = d.owners[p]
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	o, ok := d.owners[p]
 	switch {
 	case ok:
 		return o, nil
@@ -103,10 +106,13 @@ func (d *Directory) Owner(ctx context.Context, id string) (Owner, error) {
 // rebalancing), or with the broker's error.
 func (d *Directory) Owners(ctx context.Context) (map[int]Owner, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if time.Since(d.at) >= d.MinRefresh || len(d.owners) < d.partitions {
+	stale := time.Since(d.at) >= d.MinRefresh || len(d.owners) < d.partitions
+	d.mu.Unlock()
+	if stale {
 		d.lookUp(ctx)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.refresh != nil {
 		return nil, d.refresh
 	}
@@ -153,11 +159,36 @@ func (d *Directory) describe(ctx context.Context) (kafka.DescribeGroupsResponseG
 	return res.Groups[0], nil
 }
 
-// lookUp describes the group and rebuilds the cache. A caller whose context ended (it gave up,
-// or asked with a context already over) leaves the cache as it was: its error is not the
-// group's, and would fail every caller until the next refresh. d.mu is held.
+// lookUp describes the group and rebuilds the cache, one look-up at a time: a caller that
+// finds one in flight waits for it instead of asking the broker again (so that a slow broker
+// costs one question, not one per caller in turn), and asks itself when the one it waited for
+// was given up. A caller whose context ended (it gave up, or asked with a context already over)
+// leaves the cache as it was: its error is not the group's, and would fail every caller until
+// the next refresh.
 func (d *Directory) lookUp(ctx context.Context) {
+	d.mu.Lock()
+	for d.inflight != nil {
+		ch, at := d.inflight, d.at
+		d.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+		d.mu.Lock()
+		if d.at != at { // the look-up waited for ended the group's way
+			d.mu.Unlock()
+			return
+		}
+	}
+	ch := make(chan struct{})
+	d.inflight = ch
+	d.mu.Unlock()
 	g, err := d.describe(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.inflight = nil
+	close(ch)
 	if err != nil && ctx.Err() != nil {
 		return
 	}

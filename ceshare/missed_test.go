@@ -228,3 +228,72 @@ func TestMemberOutsideTheClusterGetsNothing(t *testing.T) {
 		}
 	}
 }
+
+// A Directory asks the broker one look-up at a time, and a caller waiting for the look-up in
+// flight gives up when its own context ends, not when the broker answers the other caller.
+func TestDirectoryCallerGivesUpWhileALookUpIsSlow(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	r := startReplica(t, memberConfig(conn, "r1"))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r) != nil })
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	dir.MaxAge, dir.MinRefresh = 0, 0 // every question looks the group up
+
+	var mu sync.Mutex
+	described := 0
+	slow := make(chan struct{})
+	defer func() {
+		select {
+		case <-slow:
+		default:
+			close(slow)
+		}
+	}()
+	kc.ControlKey(int16(kmsg.DescribeGroups), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		mu.Lock()
+		described++
+		mu.Unlock()
+		kc.SleepControl(func() { <-slow })
+		return nil, nil, false
+	})
+	first := make(chan error, 1)
+	go func() {
+		_, err := dir.Owners(context.Background())
+		first <- err
+	}()
+	waitfor.Cond(t, 10*time.Second, "the first look-up at the broker", func() bool { mu.Lock(); defer mu.Unlock(); return described == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := dir.Owner(ctx, "a")
+		done <- err
+	}()
+	select {
+	case <-done:
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("a caller with 200ms to spare waited %v", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a caller whose context ended still waits for another caller's look-up")
+	}
+	mu.Lock()
+	if described != 1 {
+		t.Errorf("%d look-ups asked of the broker, want 1 (the one in flight)", described)
+	}
+	mu.Unlock()
+	close(slow)
+	if err := <-first; err != nil {
+		t.Errorf("the first caller: %v", err)
+	}
+}
