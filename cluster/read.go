@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// Find returns the CE id from its owner: this ledger when it owns id's partition, else the
+// owner's API (forwarding the request's Authorization). replica names who answered.
+func (s *Share) Find(ctx context.Context, id, authorization string) (ce *ledger.CE, replica string, err error) {
+	p := ceshare.Partition(id, s.partitions)
+	if slices.Contains(s.member.Owned(), p) {
+		ce, err := s.Local(id)
+		return ce, s.id, err
+	}
+	owner, err := s.dir.Owner(ctx, id)
+	if err != nil {
+		return nil, "", err
+	}
+	if owner.Replica == s.id {
+		ce, err := s.Local(id)
+		return ce, s.id, err
+	}
+	a, err := s.ask(ctx, owner, http.MethodGet, "/v1/counterfactuals/"+url.PathEscape(id), nil, authorization)
+	if err != nil {
+		return nil, "", err
+	}
+	if a.code == http.StatusNotFound {
+		return nil, owner.Replica, fmt.Errorf("%w: %q", ledger.ErrNotFound, id)
+	}
+	var got ledger.CE
+	if err := decodePeer(owner, a, &got); err != nil {
+		return nil, owner.Replica, fmt.Errorf("the owner of partition %d: %w", p, err)
+	}
+	return &got, owner.Replica, nil
+}
+
+// ErrRebuilding is the error of a read of an id this replica's ledger does not hold in a
+// partition it is still rebuilding from the CE topic (acquired, not caught up): the CE may be
+// among the registrations still to replay, so the answer is not known yet (503, not 404).
+var ErrRebuilding = errors.New("CE partition being rebuilt by its owner")
+
+// Local reads CE id from this replica's ledger, as the owner of its partition: ErrRebuilding
+// when the id is not stored and the partition is not caught up here (being rebuilt, or not
+// acquired yet: the group, which the directory described, gave it to this replica and the
+// member has not taken it; or a forwarding replica read the group before a rebalance).
+func (s *Share) Local(id string) (*ledger.CE, error) {
+	ce, err := s.ledger.Get(id)
+	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) {
+		return nil, s.rebuildingErr(p)
+	}
+	return ce, err
+}
+
+// rebuilding is ErrRebuilding for the first partition this replica holds or was assigned that
+// it has not caught up with, nil when there is none: a list of this ledger's CEs misses some.
+func (s *Share) rebuilding() error {
+	if ps := s.NotCaughtUp(); len(ps) > 0 {
+		return s.rebuildingErr(ps[0])
+	}
+	return nil
+}
+
+// HoldsWhole says why this replica's ledger may not hold every CE of the partitions expect (the
+// ones the CE group gives it, as a listing replica read them from the group) and of those it
+// holds or was assigned: one it has not caught up with, or does not hold yet (its member has
+// not taken up the group's latest assignment), or a member between two generations, which does
+// not know its partitions; nil when there is none. The directory a listing replica reads the
+// assignment from sees a new generation as soon as the group does, before each member takes it
+// up.
+func (s *Share) HoldsWhole(expect []int) error {
+	if s.member.Generation() == 0 {
+		return fmt.Errorf("%w: this replica is between two generations of the CE group of %s; retry", ErrRebuilding, s.topic)
+	}
+	for _, p := range expect {
+		if !s.member.Ready(p) {
+			return s.rebuildingErr(p)
+		}
+	}
+	return s.rebuilding()
+}
+
+// NotCaughtUp are the partitions this replica holds or was assigned and has not caught up with
+// since it acquired them, sorted (cfguard_counterfactuals_partitions_rebuilding counts them).
+func (s *Share) NotCaughtUp() []int {
+	ps := []int{}
+	for _, p := range slices.Concat(s.member.Owned(), s.member.Assigned()) {
+		if !s.member.Ready(p) && !slices.Contains(ps, p) {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// CaughtUp waits until this replica holds every CE of its partitions (HoldsWhole), at most
+// wait; after that, or when ctx ends, it returns holdsWhole's error.
+func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		applied := s.applied.wait()
+		err := s.HoldsWhole(nil)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-applied: // a partition catches up after an Apply, once the member saw its end
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Share) rebuildingErr(p int) error {
+	next, _ := s.member.Next(p)
+	return fmt.Errorf("%w: partition %d of %s, its requests replayed up to offset %d; retry", ErrRebuilding, p, s.topic, next)
+}
+
+// HeaderForwarded marks a request one replica forwards to another, naming the sender; the
+// owner answers from its ledger and never forwards it again.
+const HeaderForwarded = "Cfguard-Forwarded-By"
+
+// ParamPartitions names, on a list request one replica forwards to another, the partitions the
+// CE group gives the owner as the sender read them (Share.listAt).
+const ParamPartitions = "partitions"
