@@ -93,21 +93,34 @@ func (e *unaskedError) Error() string {
 func (e *unaskedError) Is(target error) bool { return target == ErrPending }
 func (e *unaskedError) Unwrap() error        { return e.err }
 
+// PendingError is ErrPending for a request that landed at Offset of Partition of the CE topic,
+// where its owner applies it: a client, or an operator with kcat, can find it there.
+type PendingError struct {
+	Partition int
+	Offset    int64
+	err       error // ErrPending, or an *unaskedError
+}
+
+func (e *PendingError) Error() string { return e.err.Error() }
+func (e *PendingError) Unwrap() error { return e.err }
+
 // AwaitOutcome waits, at most replication.register_wait, until the owner of id's partition has
 // applied the partition past offset, where request rid landed (Send), and returns the request's
 // outcome: what the owner decided when it applied the request, in the partition's order,
 // whatever it held when the request was accepted. A request applied before (a retry with its
 // Idempotency-Key) is answered once the owner has read the retry too, so that a deletion between
-// the two is seen. ErrPending
-// when the owner has not applied it in time (an *unaskedError when no question to it was
-// answered). An outcome recorded at another offset is that of an
+// the two is seen. A *PendingError (matching ErrPending) when the owner has not applied it in
+// time, or no question to it was answered (then it wraps an *unaskedError). An outcome recorded at another offset is that of an
 // earlier attempt of the request (a retry, not applied again): the answer replays it. When this
 // replica owns the partition its own Apply wakes it at once; another owner holds each question
 // until it applied past offset (OutcomeHold at most), so a request costs one question or a few,
 // not one per poll; two questions are at least OutcomeGap apart.
 func (s *Share) AwaitOutcome(ctx context.Context, id, rid string, offset int64) (RequestOutcome, error) {
+	pending := func(err error) error {
+		return &PendingError{Partition: ceshare.Partition(id, s.partitions), Offset: offset, err: err}
+	}
 	if s.wait <= 0 {
-		return RequestOutcome{}, ErrPending // replication.register_wait 0: answered at once, nobody asked
+		return RequestOutcome{}, pending(ErrPending) // replication.register_wait 0: answered at once, nobody asked
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
@@ -138,11 +151,11 @@ func (s *Share) AwaitOutcome(ctx context.Context, id, rid string, offset int64) 
 		case <-ctx.Done():
 			switch {
 			case answered:
-				return ro, ErrPending
+				return ro, pending(ErrPending)
 			case failed != nil:
-				return ro, &unaskedError{failed}
+				return ro, pending(&unaskedError{failed})
 			}
-			return ro, &unaskedError{fmt.Errorf("none within %v", s.wait)}
+			return ro, pending(&unaskedError{fmt.Errorf("none within %v", s.wait)})
 		case <-applied:
 		case <-time.After(OutcomeGap - time.Since(asked)):
 		}

@@ -217,10 +217,20 @@ func setRetryAfter(w http.ResponseWriter, after time.Duration) {
 // writePending answers 202 for a registration a replica sent to the owner of its CE's partition,
 // which has not stored it yet (cluster.ErrPending err): GET its Location later. more adds fields.
 func writePending(w http.ResponseWriter, id string, err error, more map[string]any) {
-	body := map[string]any{"id": id, "status": "pending", "detail": err.Error()}
+	body := pendingBody(id, err)
 	maps.Copy(body, more)
 	w.Header().Set("Location", "/v1/counterfactuals/"+id)
 	writeJSON(w, http.StatusAccepted, body)
+}
+
+// pendingBody is a 202's body for a request on CE id that its owner has not applied yet (err
+// matches cluster.ErrPending): with the partition and offset of the CE topic where it landed.
+func pendingBody(id string, err error) map[string]any {
+	body := map[string]any{"id": id, "status": "pending", "detail": err.Error()}
+	if pe := (*cluster.PendingError)(nil); errors.As(err, &pe) {
+		body["partition"], body["offset"] = pe.Partition, pe.Offset
+	}
+	return body
 }
 
 // bodyError is a request body that cannot be used: code is its HTTP status.
@@ -711,7 +721,7 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	case errors.Is(err, cluster.ErrPending):
 		// A replica sent it to its owner, which has not applied it yet.
-		writeJSON(w, http.StatusAccepted, map[string]string{"id": id, "status": "pending", "detail": err.Error()})
+		writeJSON(w, http.StatusAccepted, pendingBody(id, err))
 	case errors.Is(err, ledger.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, errKeyReused):

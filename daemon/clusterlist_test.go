@@ -258,6 +258,8 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 	resp.Body.Close()
 	var answer struct {
 		ID, Status string
+		Partition  *int
+		Offset     *int64
 		Generation *struct {
 			XCF []float64 `json:"x_cf"`
 		}
@@ -266,6 +268,13 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 		answer.Generation == nil || len(answer.Generation.XCF) != len(x) || resp.Header.Get("Location") != "/v1/counterfactuals/"+id {
 		t.Fatalf("POST /v1/explain at r1 for %s, of r2's held partitions %v: %d (Location %q) %s; want 202 pending with the generation",
 			id, mine, resp.StatusCode, resp.Header.Get("Location"), got)
+	}
+	// The 202 names where the request landed: the id's partition, at an offset it holds.
+	topic, parts := r1.d.cfg.Replication.CETopic, r1.d.cfg.Replication.CEPartitions
+	if answer.Partition == nil || *answer.Partition != ceshare.Partition(id, parts) || answer.Offset == nil ||
+		*answer.Offset < 0 || *answer.Offset >= b.HighWatermarks(topic)[*answer.Partition] {
+		t.Errorf("the 202 for %s names partition %v offset %v; want partition %d and an offset of it (its end %d)", id,
+			answer.Partition, answer.Offset, ceshare.Partition(id, parts), b.HighWatermarks(topic)[ceshare.Partition(id, parts)])
 	}
 	release()
 	for _, r := range []*running{r1, r2} {

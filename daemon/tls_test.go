@@ -308,7 +308,8 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 		}
 	}
 	code, body = r3.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
-	if code != http.StatusAccepted || !strings.Contains(string(body), "whether its owner applied it is not known") {
-		t.Errorf("POST %s at r3: %d %s, want 202 saying its owner did not answer", id, code, body)
+	if code != http.StatusAccepted || !strings.Contains(string(body), "whether its owner applied it is not known") ||
+		!strings.Contains(string(body), fmt.Sprintf(`"partition":%d`, ceshare.Partition(id, parts))) {
+		t.Errorf("POST %s at r3: %d %s, want 202 saying its owner did not answer, naming partition %d", id, code, body, ceshare.Partition(id, parts))
 	}
 }
