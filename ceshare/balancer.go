@@ -12,9 +12,11 @@ import (
 	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
-// protocolName is the group protocol of the sticky balancer. Every member of the group must
-// offer it: a member of another build that does not is refused by the coordinator.
-const protocolName = "cfguard-sticky-v1"
+// protocolName is the group protocol of the sticky balancer, with signed member data (v1's was
+// not signed). Every member of the group must offer it: the coordinator refuses a member of a
+// build that offers only another (kafka.InconsistentGroupProtocol), which waits until the
+// group's members of the other build are gone.
+const protocolName = "cfguard-sticky-v2"
 
 // memberData is a member's UserData in the group: who it is, where its API is, and what it
 // owned in the last generation it took part in.
@@ -110,6 +112,7 @@ func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []
 	var ids []string
 	prev := make(map[string]memberData, len(members))
 	out := make(kafka.GroupMemberAssignments, len(members))
+	b.forgetGone(members)
 	for _, m := range members {
 		if !slices.Contains(m.Topics, b.topic) {
 			continue
@@ -127,6 +130,17 @@ func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []
 		out[id] = map[string][]int{b.topic: got}
 	}
 	return out
+}
+
+// forgetGone drops the refused members that are no longer in the group.
+func (b *stickyBalancer) forgetGone(members []kafka.GroupMember) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id := range b.seen {
+		if !slices.ContainsFunc(members, func(m kafka.GroupMember) bool { return m.ID == id }) {
+			delete(b.seen, id)
+		}
+	}
 }
 
 func (b *stickyBalancer) refuse(member string, err error) {

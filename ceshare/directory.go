@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -198,6 +199,7 @@ func (d *Directory) lookUp(ctx context.Context) {
 		return
 	}
 	owners := make(map[int]Owner, d.partitions)
+	d.forgetGone(g.Members)
 	for _, m := range g.Members {
 		md, ok := d.memberData(m)
 		if !ok {
@@ -213,6 +215,17 @@ func (d *Directory) lookUp(ctx context.Context) {
 		}
 	}
 	d.owners, d.state, d.refresh = owners, g.GroupState, nil
+}
+
+// forgetGone drops the refused members that are no longer in the group.
+func (d *Directory) forgetGone(members []kafka.DescribeGroupsResponseMember) {
+	d.rmu.Lock()
+	defer d.rmu.Unlock()
+	for id := range d.refused {
+		if !slices.ContainsFunc(members, func(m kafka.DescribeGroupsResponseMember) bool { return m.MemberID == id }) {
+			delete(d.refused, id)
+		}
+	}
 }
 
 // memberData is member m's data, ok false (logged at WARN once per member) when it does not

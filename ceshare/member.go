@@ -126,6 +126,10 @@ type MemberConfig struct {
 	MaxBatch int
 	// RetryMin and RetryMax bound the backoff between failed fetches. Defaults: 50ms, 5s.
 	RetryMin, RetryMax time.Duration
+	// ReleaseWait bounds how long a generation waits for its releases (Hooks.Release) before it
+	// takes up its partitions; releases still running then go on in the background. Default:
+	// 10s.
+	ReleaseWait time.Duration
 	// Held is the partitions the store still holds from an earlier run (a stop that kept them,
 	// or a crash). The member asks the group for them back (the sticky balancer keeps them with
 	// it unless another member took them over meanwhile); those its first generation does not
@@ -161,12 +165,13 @@ func (c *MemberConfig) applyDefaults() error {
 	c.MaxBatch = cmp.Or(c.MaxBatch, 1000)
 	c.RetryMin = cmp.Or(c.RetryMin, 50*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 5*time.Second)
+	c.ReleaseWait = cmp.Or(c.ReleaseWait, 10*time.Second)
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout {
 		return fmt.Errorf("ceshare: replication.heartbeat_interval %v must be positive and below replication.session_timeout %v",
 			c.HeartbeatInterval, c.SessionTimeout)
 	}
 	for name, d := range map[string]time.Duration{"RebalanceTimeout": c.RebalanceTimeout, "JoinBackoff": c.JoinBackoff,
-		"FetchWait": c.FetchWait, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax} {
+		"FetchWait": c.FetchWait, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax, "ReleaseWait": c.ReleaseWait} {
 		if d < 0 {
 			return fmt.Errorf("ceshare: %s %v must be positive", name, d)
 		}
@@ -213,9 +218,12 @@ type Member struct {
 	running atomic.Bool
 
 	mu          sync.Mutex
-	parts       map[int]*partState // acquired and not released
-	generation  int32              // the live generation, 0 between generations
-	lastGen     int32              // the latest generation the member took part in
+	parts       map[int]*partState    // acquired and not released
+	generation  int32                 // the live generation, 0 between generations
+	lastGen     int32                 // the latest generation the member took part in
+	memberID    string                // its member id in lastGen
+	releasing   map[int]chan struct{} // releases still running (closed when each ends)
+	releases    sync.WaitGroup        // the goroutines of releasing, waited for by Run
 	states      StateStats
 	generations int64
 	applied     int64
@@ -267,10 +275,13 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 		skipped[r] = 0
 	}
 	m := &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped, held: slices.Clone(cfg.Held),
-		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held), keys: cfg.Keys}}
+		releasing: map[int]chan struct{}{},
+		bal:       &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held), keys: cfg.Keys}}
 	m.bal.refused = func(member string, err error) {
 		log.Warn("a member of the CE group whose data does not authenticate under the cluster key was given no partition: "+
-			"a client without replication.key_file joined the group; check the group's ACLs", "member", member, "err", err)
+			"a client without replication.key_file joined the group (check the group's ACLs), or this replica's key file "+
+			"lacks the key that member signs with (keys rotated out of order: every replica must hold every key in use)",
+			"member", member, "err", err)
 		if cfg.OnUnauthenticated != nil {
 			cfg.OnUnauthenticated(GroupSource(cfg.Group), -1, -1)
 		}
@@ -359,7 +370,9 @@ func (m *Member) Stats() MemberStats {
 }
 
 // Run joins the group and serves the partitions of each generation until ctx ends, then
-// leaves the group and releases what it holds. It returns nil when ctx ended, or the error
+// leaves the group; it releases nothing then (the store keeps its partitions: see Held), and
+// returns once the releases of partitions given to others have stopped. It returns nil when
+// ctx ended, or the error
 // that stopped it (a hook's error, a partition whose stored offset is past its end, a
 // configuration error no retry fixes). Run may be called once.
 func (m *Member) Run(ctx context.Context) error {
@@ -410,6 +423,10 @@ func (m *Member) Run(ctx context.Context) error {
 			case errors.Is(err, kafka.RebalanceInProgress): // the usual first answer to a join
 				m.log.Debug("the CE group is rebalancing; joining again", "err", err)
 				continue
+			case errors.Is(err, kafka.InconsistentGroupProtocol) && failures%30 == 0:
+				m.log.Warn("the CE group holds members of a cfguard build whose group protocol is not "+protocolName+
+					" (before member data was signed): this replica joins once they are gone; stop them (an upgrade across "+
+					"this change stops every replica first)", "err", err, "failures", failures+1)
 			case failures%30 == 0:
 				m.log.Warn("joining the CE group failed; retrying", "err", err, "failures", failures+1)
 			}
@@ -421,6 +438,7 @@ func (m *Member) Run(ctx context.Context) error {
 		ended = time.Now()
 	}
 	<-left
+	m.releases.Wait() // ctx ended: each stops where it is, and a restart releases it again (Held)
 	// Not released: the store keeps what it holds, so that a restart given it back resumes
 	// from its offsets, and a restart that is not releases it then (MemberConfig.Held). A
 	// member that stops because it failed (a hook's error) must not empty the store either.
@@ -462,29 +480,33 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 	if m.cfg.OnGeneration != nil {
 		m.cfg.OnGeneration(ctx, gen.ID, assigned)
 	}
+	var releases []chan struct{}
 	for _, p := range m.Owned() {
 		if !slices.Contains(assigned, p) {
-			m.release(ctx, p, "assigned to another member")
+			releases = append(releases, m.release(ctx, p, "assigned to another member"))
 		}
 	}
 	m.mu.Lock()
-	if m.lastGen != 0 && gen.ID != m.lastGen+1 && len(m.parts) > 0 {
-		// A generation went by without this member (it was paused past its session, or the
-		// group started again): another member may have owned and claimed what it kept, so
-		// each is acquired afresh, claimed again, with its states read anew. The store keeps
-		// what it holds.
+	if m.lastGen != 0 && gen.ID != m.lastGen+1 && gen.MemberID != m.memberID && len(m.parts) > 0 {
+		// A generation went by without this member: it left the group (its new member id:
+		// evicted after a pause past its session, or the group started again), so another
+		// member may have owned and claimed what it kept. Each is acquired afresh, claimed
+		// again, with its states read anew; the store keeps what it holds. (A generation that
+		// no member took up, its sync cut by another rebalance, leaves the member id as it was.)
 		m.log.Warn("CE group generations went by without this member: claiming its partitions again",
 			"last_generation", m.lastGen, "generation", gen.ID, "partitions", slices.Sorted(maps.Keys(m.parts)))
 		clear(m.parts)
 	}
+	m.memberID = gen.MemberID
 	held := m.held
 	m.held = nil
 	m.mu.Unlock()
 	for _, p := range held {
 		if !slices.Contains(assigned, p) {
-			m.callRelease(ctx, p, "held from an earlier run, assigned to another member")
+			releases = append(releases, m.startRelease(ctx, p, "held from an earlier run, assigned to another member"))
 		}
 	}
+	m.awaitReleases(releases)
 	m.bal.setOwned(assigned, gen.ID)
 	m.mu.Lock()
 	m.generation, m.lastGen = gen.ID, gen.ID
@@ -513,6 +535,16 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 // Apply, batch by batch, until ctx (the generation) ends. An error no retry fixes stops the
 // member through fail.
 func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen int32, fail context.CancelCauseFunc) {
+	m.mu.Lock()
+	releasing := m.releasing[p]
+	m.mu.Unlock()
+	if releasing != nil { // given back while its release still runs: acquired once it ended
+		select {
+		case <-releasing:
+		case <-ctx.Done():
+			return
+		}
+	}
 	from, err := m.hooks.Acquire(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -925,31 +957,76 @@ func (m *Member) restore(ctx context.Context, p int, next int64, states map[stri
 	return handed, ctx.Err()
 }
 
-// release calls Release for p and forgets it. A Release error is logged: the partition is
-// not this member's any more whatever the ledger says.
-func (m *Member) release(ctx context.Context, p int, why string) {
+// release forgets p and starts its release (startRelease); the channel closes when the release
+// ends (nil when the member did not hold p).
+func (m *Member) release(ctx context.Context, p int, why string) chan struct{} {
 	m.mu.Lock()
 	_, ok := m.parts[p]
 	delete(m.parts, p)
 	m.mu.Unlock()
 	if !ok {
-		return
+		return nil
 	}
-	m.callRelease(ctx, p, why)
+	return m.startRelease(ctx, p, why)
 }
 
-// callRelease calls Release for p, bounded only by ctx (the member's run: a large share takes
-// as long as its deletion takes, and one cut short leaves CEs another member owns in the store,
-// where its confirmer and audits would still see them). The group is not held meanwhile: the
-// generation's heartbeats go on, and only this member's partitions wait.
-func (m *Member) callRelease(ctx context.Context, p int, why string) {
-	start := time.Now()
-	if err := m.hooks.Release(ctx, p); err != nil {
-		m.log.Error("releasing a CE partition failed: its CEs that are left stay in the store until the replica restarts, "+
-			"which releases them again (the partition is held from an earlier run)", "partition", p, "why", why, "err", err)
-		return
+// startRelease calls Release for p in the background, bounded by ctx only (the member's run): a
+// large share takes as long as its deletion takes, and one cut short would leave CEs another
+// member owns in the store, where its confirmer and audits would still see them. A partition
+// given back meanwhile waits for its release before it is acquired (readPartition). A member
+// whose run has ended releases nothing: the store keeps p, and a restart that is not given it
+// back releases it (Held). The channel returned closes when the release ends (nil when none
+// started). A Release error is logged: the partition is not this member's any more whatever the
+// store says.
+func (m *Member) startRelease(ctx context.Context, p int, why string) chan struct{} {
+	if ctx.Err() != nil {
+		return nil
 	}
-	m.log.Info("CE partition released", "partition", p, "why", why, "took", time.Since(start).Round(time.Millisecond))
+	done := make(chan struct{})
+	m.mu.Lock()
+	m.releasing[p] = done
+	m.mu.Unlock()
+	m.releases.Add(1)
+	go func() {
+		defer m.releases.Done()
+		start := time.Now()
+		err := m.hooks.Release(ctx, p)
+		m.mu.Lock()
+		delete(m.releasing, p)
+		m.mu.Unlock()
+		close(done)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			m.log.Info("a CE partition's release stopped with the member: a restart not given it back releases it again",
+				"partition", p, "why", why)
+		case err != nil:
+			m.log.Error("releasing a CE partition failed: its CEs that are left stay in the store until the replica restarts, "+
+				"which releases them again (the partition is held from an earlier run)", "partition", p, "why", why, "err", err)
+		default:
+			m.log.Info("CE partition released", "partition", p, "why", why, "took", time.Since(start).Round(time.Millisecond))
+		}
+	}()
+	return done
+}
+
+// awaitReleases waits for releases to end, ReleaseWait at most: the generation then takes up its
+// partitions while the releases still running go on.
+func (m *Member) awaitReleases(releases []chan struct{}) {
+	deadline := time.After(m.cfg.ReleaseWait)
+	for _, done := range releases {
+		if done == nil {
+			continue
+		}
+		select {
+		case <-done:
+		case <-deadline:
+			m.mu.Lock()
+			running := slices.Sorted(maps.Keys(m.releasing))
+			m.mu.Unlock()
+			m.log.Warn("CE partitions still being released: they go on in the background", "partitions", running, "waited", m.cfg.ReleaseWait)
+			return
+		}
+	}
 }
 
 // forgetAll drops every partition without releasing it: the member stops.
@@ -961,8 +1038,10 @@ func (m *Member) forgetAll() {
 }
 
 func (m *Member) releaseAll(ctx context.Context, why string) {
+	var releases []chan struct{}
 	for _, p := range m.Owned() {
-		m.release(ctx, p, why)
+		releases = append(releases, m.release(ctx, p, why))
 	}
+	m.awaitReleases(releases)
 	m.bal.setOwned(nil, 0)
 }

@@ -95,6 +95,7 @@ type ledger struct {
 	states    map[string]*State                 // the state each id's last registration came with
 	owned     map[int]bool                      // acquired and not released
 	apply     func(p int, reqs []Request) error // called by Apply, when set
+	release   func(ctx context.Context, p int)  // called by Release before it records p, when set
 	lost      map[int]int64                     // requests counted lost per partition (Lost)
 	restored  map[string]*State                 // the state of each registration rebuilt from one (Request.Restored)
 	restoreAt map[int]int64                     // the stored offset when a partition's first restored registrations came
@@ -204,6 +205,9 @@ func (l *ledger) Lost(_ context.Context, p int, from, to int64) error {
 }
 
 func (l *ledger) Release(ctx context.Context, p int) error {
+	if l.release != nil {
+		l.release(ctx, p)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d, ok := ctx.Deadline(); ok {

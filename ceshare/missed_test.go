@@ -297,3 +297,41 @@ func TestDirectoryCallerGivesUpWhileALookUpIsSlow(t *testing.T) {
 		t.Errorf("the first caller: %v", err)
 	}
 }
+
+// A release that takes long (a large share's deletion) does not hold the member's other
+// partitions: they are taken up after ReleaseWait while the release goes on, to its end.
+func TestSlowReleaseGoesOnInTheBackground(t *testing.T) {
+	b, conn := startBroker(t)
+	gate := make(chan struct{})
+	l := newLedger()
+	l.release = func(ctx context.Context, _ int) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	cfg := memberConfig(conn, "r1")
+	cfg.ReleaseWait = 200 * time.Millisecond
+	r1 := startReplicaOn(t, cfg, l)
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
+	r2 := startReplica(t, memberConfig(conn, "r2"))
+	reps := []*replica{r1, r2}
+	var owner map[int]string
+	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
+		owner = ownership(reps...)
+		return owner != nil && len(r1.m.Owned()) > 0 && len(r2.m.Owned()) > 0
+	})
+	gave := testPartitions - len(r1.m.Owned())
+
+	// r1's releases are held: requests of every partition are applied all the same.
+	pr := testProducer(t, conn)
+	want := produced{}
+	produce(t, pr, "a", 60, want)
+	waitfor.Cond(t, 30*time.Second, "the owners applying every request while r1's releases run", func() bool { return caughtUp(b, reps, owner) })
+	if got := l.releases(); len(got) != 0 {
+		t.Fatalf("r1 released %v while its releases were held", got)
+	}
+	close(gate)
+	waitfor.Cond(t, 30*time.Second, "r1's releases ending", func() bool { return len(l.releases()) == gave })
+	checkShares(t, b, reps, owner, want)
+}
