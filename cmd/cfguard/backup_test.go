@@ -94,7 +94,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	t.Logf("backup at posterior version %d, offset %d, %d bytes", info.PosteriorVersion, info.Offsets[0], info.Size)
 
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
+	if err := c.wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
 	}
 	refState, refModel := finalState(t, dir)
@@ -114,7 +114,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	c.token = "s3cret"
 	waitApplied(c, good)
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
+	if err := c.wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
 	}
 	st, model := finalState(t, dir)

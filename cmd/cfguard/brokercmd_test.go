@@ -25,6 +25,7 @@ type brokerProc struct {
 	cmd    *exec.Cmd
 	stdout *tooltest.Output
 	stderr *tooltest.Output
+	c      *child // the process, waited for
 }
 
 // startBrokerCmd runs `cfguard broker args...` in a new process and waits for its "brokers:"
@@ -38,12 +39,7 @@ func startBrokerCmd(t *testing.T, args ...string) (*brokerProc, []string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	p.c = watch(t, cmd, "", p.stderr)
 	var addrs []string
 	waitfor.Cond(t, 30*time.Second, "the broker's \"brokers:\" line", func() bool {
 		addrs = brokersLine(p.stdout.String())
@@ -70,7 +66,7 @@ func (p *brokerProc) stop(t *testing.T) int {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	return exitOf(t, &child{cmd: p.cmd, log: p.stderr}, 30*time.Second)
+	return exitOf(t, p.c, 30*time.Second)
 }
 
 // kafkaClient produces and reads with kcat when it is installed (CI installs it), else with

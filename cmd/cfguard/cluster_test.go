@@ -116,7 +116,7 @@ func (r *replicaProc) start(t *testing.T) {
 	t.Helper()
 	r.c = startChild(t, r.cfg, anyPort)
 	waitfor.Cond(t, 60*time.Second, r.id+" ready", func() bool {
-		if r.c.cmd.ProcessState != nil {
+		if r.c.exited() {
 			t.Fatalf("%s exited: %s", r.id, r.c.log.String())
 		}
 		addr := r.c.addr()
@@ -172,7 +172,7 @@ func (r *replicaProc) terminate(t *testing.T) {
 func (r *replicaProc) kill(t *testing.T) {
 	t.Helper()
 	r.signal(t, syscall.SIGKILL)
-	r.c.cmd.Wait()
+	r.c.wait()
 }
 
 // recordStream produces labelled records (every 40th one invalid, for the dead-letter topic) until

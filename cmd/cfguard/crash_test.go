@@ -46,7 +46,25 @@ type child struct {
 	cmd   *exec.Cmd
 	http  string // the configured http.listen (anyPort: see addr)
 	log   *tooltest.Output
-	token string // http.token, when the configuration sets one
+	token string        // http.token, when the configuration sets one
+	done  chan struct{} // closed once the process exited and was waited for (err set)
+	err   error         // cmd.Wait's
+}
+
+// wait waits for the process to exit and returns cmd.Wait's error (any number of times).
+func (c *child) wait() error {
+	<-c.done
+	return c.err
+}
+
+// exited says whether the process has exited.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // addr is the child's HTTP address: the configured one, or with anyPort the one it logged ("" if
@@ -85,12 +103,22 @@ func startChild(t *testing.T, cfgPath, httpAddr string) *child {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, http: httpAddr, log: log}
+	return watch(t, cmd, httpAddr, log)
+}
+
+// watch is the child of cmd, started: one goroutine waits for it (a test learns of an exit at
+// once, with exited, however many wait), and the test's cleanup kills it if it still runs.
+func watch(t *testing.T, cmd *exec.Cmd, httpAddr string, log *tooltest.Output) *child {
+	c := &child{cmd: cmd, http: httpAddr, log: log, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		if !c.exited() {
 			cmd.Process.Kill()
-			cmd.Wait()
 		}
+		c.wait()
 	})
 	return c
 }
@@ -276,12 +304,12 @@ func TestCrashConsistency(t *testing.T) {
 			if k < len(killAt) {
 				time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
 				c.cmd.Process.Signal(syscall.SIGKILL)
-				c.cmd.Wait()
+				c.wait()
 				t.Logf("%s: SIGKILL %d once %d+ records were applied", name, k+1, target)
 				continue
 			}
 			c.cmd.Process.Signal(syscall.SIGTERM)
-			if err := c.cmd.Wait(); err != nil {
+			if err := c.wait(); err != nil {
 				t.Fatalf("%s: exit after SIGTERM: %v; log:\n%s", name, err, c.log.String())
 			}
 			if !strings.Contains(c.log.String(), "cfguard stopped") {
@@ -348,7 +376,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 		t.Fatalf("%d records applied before the kill; the test needs them pending", got)
 	}
 	c.cmd.Process.Signal(syscall.SIGKILL) // right after the acknowledgement
-	c.cmd.Wait()
+	c.wait()
 	// The restarted daemon need not hold the records until an increment of 1000 fills: with a
 	// short max_wait it applies them as soon as it has read them back from the broker's disk.
 	editConfig(t, cfg, "  max_wait: 10s\n", "  max_wait: 300ms\n")
@@ -361,7 +389,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
+	if err := c.wait(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -415,7 +443,7 @@ func restartTrials(t *testing.T, trials int) {
 	}
 	kill := func(c *child) {
 		c.cmd.Process.Signal(syscall.SIGKILL)
-		c.cmd.Wait()
+		c.wait()
 	}
 	waitApplied := func(c *child, want int64, deadline time.Time, what string) {
 		for n := c.applied(); n < want; n = c.applied() {
@@ -455,7 +483,7 @@ func restartTrials(t *testing.T, trials int) {
 		t.Logf("trial %d: applying again %v after the restart", trial, took[trial].Round(time.Millisecond))
 	}
 	c.cmd.Process.Signal(syscall.SIGTERM)
-	if err := c.cmd.Wait(); err != nil {
+	if err := c.wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
 	}
 	slices.Sort(took)

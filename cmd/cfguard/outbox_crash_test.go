@@ -148,7 +148,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 		if k < len(killAt) {
 			time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
 			c.cmd.Process.Signal(syscall.SIGKILL)
-			c.cmd.Wait()
+			c.wait()
 			continue
 		}
 		// The last run publishes what is left: outbox empty, every failing CE measured under the
@@ -162,7 +162,7 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		c.cmd.Process.Signal(syscall.SIGTERM)
-		if err := c.cmd.Wait(); err != nil {
+		if err := c.wait(); err != nil {
 			t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
 		}
 		break

@@ -247,24 +247,30 @@ type scaleProc struct {
 	cmd     *exec.Cmd
 	log     *tooltest.Output
 	started time.Time
-	exited  chan error
+	done    chan struct{} // closed once the process exited and was waited for (err set)
+	err     error         // cmd.Wait's
 }
 
 func startScaleProc(t *testing.T, taskset, bin, cfg, cpus string) *scaleProc {
 	t.Helper()
 	cmd := exec.Command(taskset, "-c", cpus, bin, "run", "--config", cfg)
 	cmd.Env = append(os.Environ(), "CFGUARD_HTTP_TOKEN=", "CFGUARD_HTTP_METRICS_TOKEN=")
-	p := &scaleProc{cmd: cmd, log: &tooltest.Output{}, exited: make(chan error, 1)}
+	p := &scaleProc{cmd: cmd, log: &tooltest.Output{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.exited <- cmd.Wait() }()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-p.done:
+		default:
 			cmd.Process.Kill()
-			<-p.exited
+			<-p.done
 		}
 	})
 	return p
@@ -279,8 +285,8 @@ func (p *scaleProc) waitReady(t *testing.T) time.Duration {
 	var took time.Duration
 	waitfor.Cond(t, 10*time.Minute, "/readyz 200", func() bool {
 		select {
-		case err := <-p.exited:
-			t.Fatalf("cfguard exited before it was ready: %v\n%s", err, p.log.String())
+		case <-p.done:
+			t.Fatalf("cfguard exited before it was ready: %v\n%s", p.err, p.log.String())
 		default:
 		}
 		a := p.addr()
@@ -304,9 +310,9 @@ func (p *scaleProc) stop(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-p.exited:
-		if err != nil {
-			t.Fatalf("cfguard after SIGTERM: %v\n%s", err, p.log.String())
+	case <-p.done:
+		if p.err != nil {
+			t.Fatalf("cfguard after SIGTERM: %v\n%s", p.err, p.log.String())
 		}
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("cfguard did not stop within 2 min of SIGTERM")

@@ -47,10 +47,9 @@ audit:
 // exitOf waits for a child that should stop by itself within limit and returns its exit code.
 func exitOf(t *testing.T, c *child, limit time.Duration) int {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- c.cmd.Wait() }()
 	select {
-	case err := <-done:
+	case <-c.done:
+		err := c.err
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return ee.ExitCode()
@@ -61,7 +60,7 @@ func exitOf(t *testing.T, c *child, limit time.Duration) int {
 		return 0
 	case <-time.After(limit):
 		c.cmd.Process.Kill()
-		<-done
+		c.wait()
 		t.Fatalf("the daemon was still running after %v; log:\n%s", limit, c.log.String())
 		return -1
 	}
