@@ -430,10 +430,7 @@ func caughtUp(b *broker.Broker, reps []*replica, owner map[int]string) bool {
 func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 	b, conn := startBroker(t)
 	// Before any member joins, no partition has an owner: Owners names them.
-	empty, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	empty := testDirectory(t, conn)
 	if o, err := empty.Owners(context.Background()); !errors.Is(err, ErrNoOwner) || !strings.Contains(err.Error(), "partitions [0 1 2") {
 		t.Fatalf("Owners of a group without members: %v, %v; want ErrNoOwner naming the partitions", o, err)
 	}
@@ -484,11 +481,7 @@ func TestMembersSharePartitionsAndMoveThemOnLeave(t *testing.T) {
 		t.Errorf("malformed records skipped %v, want %v", skipped, want)
 	}
 
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := testDirectory(t, conn)
 	checkDirectory(t, dir, owner)
 
 	// r2 leaves.
@@ -579,6 +572,17 @@ func writeMalformed(t *testing.T, conn stream.ConnConfig, n int) {
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testDirectory is a Directory of the test group's owners, closed with the test.
+func testDirectory(t *testing.T, conn stream.ConnConfig) *Directory {
+	t.Helper()
+	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dir.Close() })
+	return dir
 }
 
 // testKeys is the cluster key of these tests.
@@ -955,11 +959,7 @@ func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
 	_, conn := startBroker(t)
 	r := startReplica(t, memberConfig(conn, "r1"))
 	waitfor.Cond(t, 30*time.Second, "the member owning every partition", func() bool { return ownership(r) != nil })
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := testDirectory(t, conn)
 	if _, err := dir.Owner(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}

@@ -95,11 +95,7 @@ func TestMemberThatMissedAGenerationClaimsAgain(t *testing.T) {
 		return ownership(s, r) != nil && len(r.m.Owned()) > 0 && len(s.m.Owned()) > 0
 	})
 	before := r.m.Owned()
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := testDirectory(t, conn)
 	members, err := dir.Members(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -206,11 +202,7 @@ func TestMemberOutsideTheClusterGetsNothing(t *testing.T) {
 	}
 	mu.Unlock()
 
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := testDirectory(t, conn)
 	members, err := dir.Members(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -240,11 +232,7 @@ func TestDirectoryCallerGivesUpWhileALookUpIsSlow(t *testing.T) {
 	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
 	r := startReplica(t, memberConfig(conn, "r1"))
 	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r) != nil })
-	dir, err := NewDirectory(context.Background(), conn, testGroup, testTopic, testPartitions, testKeys(), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := testDirectory(t, conn)
 	dir.MaxAge, dir.MinRefresh = 0, 0 // every question looks the group up
 
 	var mu sync.Mutex
