@@ -66,7 +66,7 @@ type core interface {
 	list(ctx context.Context, st certify.Status, limit int, after, authorization string, forwarded bool, expect []int) (ces []*ledger.CE, next string, err error)
 	// holdOutcome is the outcome this ledger stored for request rid, with the CE stored under
 	// id now, once it applied id's partition past offset after (at once for a negative after);
-	// ok is false when it has none (share.outcome asks the owner for it).
+	// ok is false when it has none (cluster.Share.AwaitOutcome asks the owner for it).
 	holdOutcome(ctx context.Context, id, rid string, after int64) (ro cluster.RequestOutcome, ok bool, err error)
 	// audit runs an audit: this ledger's, or on a replica every replica's (unless forwarded).
 	audit(ctx context.Context, authorization string, forwarded bool) (cluster.AuditAnswer, error)
