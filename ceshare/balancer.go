@@ -81,11 +81,11 @@ type stickyBalancer struct {
 	// refused is called, once per member id, for a member whose data does not authenticate:
 	// it is given no partition.
 	refused func(member string, err error)
-	seen    map[string]bool // members refused already (the leader's AssignGroups only)
 
 	mu         sync.Mutex
-	owned      []int // what this member owns, sent as UserData at the next join
-	generation int32 // the generation that assigned owned
+	owned      []int           // what this member owns, sent as UserData at the next join
+	generation int32           // the generation that assigned owned
+	seen       map[string]bool // members refused already (the leader's AssignGroups only)
 }
 
 func (b *stickyBalancer) setOwned(parts []int, generation int32) {

@@ -21,8 +21,9 @@ import (
 )
 
 // Hooks is how a Member hands its partitions' requests to the daemon, which keeps them in its
-// ledger. The Member calls them from one goroutine per owned partition: calls for different
-// partitions may run at once, calls for one partition never do.
+// ledger. The Member calls Acquire, Apply, Lost and Reset from one goroutine per owned
+// partition, and Release from one goroutine per release: calls for different partitions may run
+// at once, calls for one partition never do.
 type Hooks interface {
 	// Acquire is called when this replica is given partition p in a new generation (also when
 	// it keeps p from the previous one): it returns the offset to read p from, the one the
@@ -43,7 +44,9 @@ type Hooks interface {
 	// give it p, no generation came within the session timeout after the last one ended (the
 	// group has surely evicted this member), or the store held p from an earlier run
 	// (MemberConfig.Held) and the first generation gives p to another member. It is not called
-	// when the member stops, for whatever reason: the store keeps its partitions (see Held).
+	// when the member stops, for whatever reason: the store keeps its partitions (see Held). It
+	// may outlive the generation (MemberConfig.ReleaseWait): ctx is the member's run, with no
+	// deadline, and Run returns only once it did, so Release must return when ctx ends.
 	Release(ctx context.Context, p int) error
 	// Reset is called when partition p ends before the offset the store read it to (the topic
 	// was deleted and created again): the requests the store applied are gone from the topic.
@@ -133,8 +136,8 @@ type MemberConfig struct {
 	// Held is the partitions the store still holds from an earlier run (a stop that kept them,
 	// or a crash). The member asks the group for them back (the sticky balancer keeps them with
 	// it unless another member took them over meanwhile); those its first generation does not
-	// give it belong to other members by now and are released (Hooks.Release) before that
-	// generation's partitions are read. Default: none.
+	// give it belong to other members by now and are released (Hooks.Release) when that
+	// generation starts. Default: none.
 	Held []int
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
@@ -325,6 +328,14 @@ func (m *Member) Assigned() []int {
 	return slices.Clone(m.bal.owned)
 }
 
+// Releasing returns the partitions whose release still runs (MemberConfig.ReleaseWait), sorted:
+// the store still holds some of their CEs, which other members own.
+func (m *Member) Releasing() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.releasing))
+}
+
 // Ready reports whether this member holds p and has applied p's requests up to the
 // partition's end at least once since it acquired p.
 func (m *Member) Ready(p int) bool {
@@ -424,9 +435,9 @@ func (m *Member) Run(ctx context.Context) error {
 				m.log.Debug("the CE group is rebalancing; joining again", "err", err)
 				continue
 			case errors.Is(err, kafka.InconsistentGroupProtocol) && failures%30 == 0:
-				m.log.Warn("the CE group holds members of a cfguard build whose group protocol is not "+protocolName+
-					" (before member data was signed): this replica joins once they are gone; stop them (an upgrade across "+
-					"this change stops every replica first)", "err", err, "failures", failures+1)
+				m.log.Warn("the CE group holds members that offer another group protocol than "+protocolName+
+					" (another cfguard build, older or newer): this replica joins once they are gone; stop every replica of "+
+					"the other build", "err", err, "failures", failures+1)
 			case failures%30 == 0:
 				m.log.Warn("joining the CE group failed; retrying", "err", err, "failures", failures+1)
 			}
@@ -539,6 +550,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	releasing := m.releasing[p]
 	m.mu.Unlock()
 	if releasing != nil { // given back while its release still runs: acquired once it ended
+		m.log.Info("CE partition given back while its release runs: acquired once the release ends", "partition", p)
 		select {
 		case <-releasing:
 		case <-ctx.Done():
@@ -984,6 +996,12 @@ func (m *Member) startRelease(ctx context.Context, p int, why string) chan struc
 	}
 	done := make(chan struct{})
 	m.mu.Lock()
+	if m.releasing[p] != nil {
+		// Not reached: p is released again only once acquired again, after its release.
+		m.mu.Unlock()
+		m.log.Error("a CE partition's release started while another of it runs: not started", "partition", p)
+		return nil
+	}
 	m.releasing[p] = done
 	m.mu.Unlock()
 	m.releases.Add(1)
@@ -992,7 +1010,9 @@ func (m *Member) startRelease(ctx context.Context, p int, why string) chan struc
 		start := time.Now()
 		err := m.hooks.Release(ctx, p)
 		m.mu.Lock()
-		delete(m.releasing, p)
+		if m.releasing[p] == done {
+			delete(m.releasing, p)
+		}
 		m.mu.Unlock()
 		close(done)
 		switch {

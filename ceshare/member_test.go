@@ -96,6 +96,7 @@ type ledger struct {
 	owned     map[int]bool                      // acquired and not released
 	apply     func(p int, reqs []Request) error // called by Apply, when set
 	release   func(ctx context.Context, p int)  // called by Release before it records p, when set
+	acquire   func(p int)                       // called by Acquire first, when set
 	lost      map[int]int64                     // requests counted lost per partition (Lost)
 	restored  map[string]*State                 // the state of each registration rebuilt from one (Request.Restored)
 	restoreAt map[int]int64                     // the stored offset when a partition's first restored registrations came
@@ -112,6 +113,9 @@ func newLedger() *ledger {
 }
 
 func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
+	if l.acquire != nil {
+		l.acquire(p)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.acquired = append(l.acquired, acquisition{p, l.next[p]})

@@ -285,15 +285,32 @@ func TestDirectoryCallerGivesUpWhileALookUpIsSlow(t *testing.T) {
 }
 
 // A release that takes long (a large share's deletion) does not hold the member's other
-// partitions: they are taken up after ReleaseWait while the release goes on, to its end.
+// partitions: they are taken up after ReleaseWait while the release goes on, to its end. A
+// partition given back meanwhile is acquired only once its release ended.
 func TestSlowReleaseGoesOnInTheBackground(t *testing.T) {
 	b, conn := startBroker(t)
 	gate := make(chan struct{})
 	l := newLedger()
-	l.release = func(ctx context.Context, _ int) {
+	var mu sync.Mutex
+	releasing := map[int]bool{}
+	var overlaps []int
+	l.release = func(ctx context.Context, p int) {
+		mu.Lock()
+		releasing[p] = true
+		mu.Unlock()
 		select {
 		case <-gate:
 		case <-ctx.Done():
+		}
+		mu.Lock()
+		delete(releasing, p)
+		mu.Unlock()
+	}
+	l.acquire = func(p int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if releasing[p] {
+			overlaps = append(overlaps, p)
 		}
 	}
 	cfg := memberConfig(conn, "r1")
@@ -317,7 +334,32 @@ func TestSlowReleaseGoesOnInTheBackground(t *testing.T) {
 	if got := l.releases(); len(got) != 0 {
 		t.Fatalf("r1 released %v while its releases were held", got)
 	}
-	close(gate)
-	waitfor.Cond(t, 30*time.Second, "r1's releases ending", func() bool { return len(l.releases()) == gave })
+	if got := r1.m.Releasing(); len(got) != gave {
+		t.Errorf("r1 is releasing %v, want the %d partitions it gave r2", got, gave)
+	}
 	checkShares(t, b, reps, owner, want)
+
+	// r2 leaves: r1 is given back the partitions it is still releasing, and waits for them.
+	gen := r1.m.Generation()
+	r2.stop(t)
+	waitfor.Cond(t, 60*time.Second, "r1 in a generation without r2", func() bool {
+		g := r1.m.Generation()
+		return g > gen && len(r1.m.Assigned()) == testPartitions
+	})
+	if got := len(r1.m.Owned()); got != testPartitions-gave {
+		t.Errorf("r1 holds %d partitions while %d of its %d are still being released", got, gave, testPartitions)
+	}
+	close(gate)
+	waitfor.Cond(t, 30*time.Second, "r1 owning every partition again", func() bool { return ownership(r1) != nil })
+	if len(l.releases()) != gave {
+		t.Errorf("r1 released %v, want the %d partitions it gave r2", l.releases(), gave)
+	}
+	mu.Lock()
+	if len(overlaps) > 0 {
+		t.Errorf("partitions %v acquired while their release still ran", overlaps)
+	}
+	mu.Unlock()
+	produce(t, pr, "b", 60, want)
+	owner = ownership(r1)
+	waitfor.Cond(t, 30*time.Second, "r1 applying every request", func() bool { return caughtUp(b, []*replica{r1}, owner) })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -14,9 +15,9 @@ import (
 )
 
 // Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. The member
-// has released (Release) the partitions the ledger still holds from before a restart and that
-// the group gave to others before it acquires any: this replica must not confirm, audit or
-// publish for CEs it does not own.
+// starts the releases (Release) of the partitions the ledger still holds from before a restart
+// and that the group gave to others when the generation starts, and acquires p only once p's
+// own release (when p was given back meanwhile) has ended.
 func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
 	off, ok, err := s.ledger.ShareOffset(p)
 	if err != nil {
@@ -328,4 +329,51 @@ func (s *Share) awaitVersion(ctx context.Context, v uint64) {
 			return
 		}
 	}
+}
+
+// stateOf decodes the ledger's CE out of a state read from the state topic for registration r
+// (decodeState); nil when it is not one, and nil when it is the state of another registration
+// of r's id (one created at another time: the id was deleted and registered again later in
+// the partition, and that registration gets the state when it is replayed).
+func (s *Share) stateOf(p int, r ceshare.Request) *ledger.CE {
+	ce := s.decodeState(p, r)
+	if ce == nil || ce.CreatedAt.Equal(r.At) {
+		return ce
+	}
+	s.lg.Debug("CE state of another registration of the id", "partition", p, "id", r.ID, "offset", r.Offset,
+		"registered_at", r.At, "state_created_at", ce.CreatedAt)
+	return nil
+}
+
+// decodeState decodes the ledger's CE out of r.State, a state read from the state topic for
+// r's id; nil, counted as invalid and logged, when it is not the CE of that id.
+func (s *Share) decodeState(p int, r ceshare.Request) *ledger.CE {
+	var ce ledger.CE
+	err := json.Unmarshal(r.State.CE, &ce)
+	if err == nil && ce.ID != r.ID {
+		err = fmt.Errorf("it holds the CE of id %q", ce.ID)
+	}
+	if err != nil {
+		s.metrics.CEStates.WithLabelValues(alerts.StateInvalid).Inc()
+		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
+		return nil
+	}
+	return &ce
+}
+
+// restoredOp is the registration r stands for, a registration rebuilt from its state
+// (ceshare.Request.Restored: the partition's first requests were deleted before this replica
+// read them): the CE as the state holds it, registered at the state's anchor and time, with
+// the state; one refused when the state is not a CE of r's id.
+func (s *Share) restoredOp(p int, r ceshare.Request) ledger.ShareOp {
+	op := ledger.ShareOp{Offset: r.Offset, ID: r.ID}
+	st := s.decodeState(p, r)
+	if st == nil {
+		op.Refuse = "restoring it from its state on the CE state topic: the state does not decode"
+		return op
+	}
+	op.CE = &ledger.CE{ID: r.ID, X: st.X, XCF: st.XCF, Target: st.Target, AnchorVersion: st.AnchorVersion,
+		P1: st.P1, Var1: st.Var1, Samples: st.Samples, Delta: st.Delta, Epsilon: st.Epsilon, CreatedAt: st.CreatedAt}
+	op.State = st
+	return op
 }

@@ -10,6 +10,11 @@
 //   - the CE states of its ledger go to the CE state topic (States), from which a later owner of
 //     a partition restores its CEs' renewals, verdicts and history.
 //
+// A partition this replica was given is rebuilding until its requests were replayed to the
+// partition's end (ceshare.Member.Ready): a read of an id the ledger does not hold there is not a
+// 404 but ErrRebuilding (Local), and so is a list while any is (HoldsWhole; NotCaughtUp names
+// them); an audit waits until none is and no release runs (CaughtUp).
+//
 // A Share reaches the daemon it runs in through Host only: the posterior it serves, a lock
 // against posterior commits, retried ledger writes and measurements. docs/DESIGN.md describes
 // the design; docs/REPLICAS.md, how to run replicas.

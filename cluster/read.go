@@ -101,14 +101,19 @@ func (s *Share) NotCaughtUp() []int {
 	return ps
 }
 
-// CaughtUp waits until this replica holds every CE of its partitions (HoldsWhole), at most
-// wait; after that, or when ctx ends, it returns holdsWhole's error.
+// CaughtUp waits until this replica holds every CE of its partitions (HoldsWhole) and no CE of
+// another's (no release runs: ceshare.Member.Releasing), at most wait; after that, or when ctx
+// ends, it returns why not (an ErrRebuilding). An audit waits so: it covers this replica's share,
+// no less and no more.
 func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		applied := s.applied.wait()
 		err := s.HoldsWhole(nil)
+		if ps := s.member.Releasing(); err == nil && len(ps) > 0 {
+			err = fmt.Errorf("%w: partitions %v of %s still being released by this replica; retry", ErrRebuilding, ps, s.topic)
+		}
 		if err == nil {
 			return nil
 		}

@@ -208,7 +208,8 @@ func (s *Share) outcome(ctx context.Context, id, rid string, after int64) (ro Re
 }
 
 // Outcome is the outcome of request rid in l, with the CE stored under id now; ok is false
-// when l has not applied the request. Applied is 0: see Share.LocalOutcome.
+// when l has not applied the request. Applied is 0: see Share.LocalOutcome. A single daemon
+// answers another replica's question, and a keyed retry, with it too.
 func Outcome(l *ledger.Ledger, id, rid string) (ro RequestOutcome, ok bool, err error) {
 	o, ok, err := l.Outcome(rid)
 	if err != nil || !ok {

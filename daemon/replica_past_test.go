@@ -78,7 +78,7 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 	}
 }
 
-// BenchmarkPastOfARebuild measures what a rebuild asks of the posterior log (share.applyOps:
+// BenchmarkPastOfARebuild measures what a rebuild asks of the posterior log (cluster.Share.applyOps:
 // one call of Replica.Past per batch) at a replica whose log has 600 one-record increments: the
 // posteriors of anchors older than the 256 it keeps, in 20 batches of 10 ascending versions, as
 // a partition's registrations come in the order they were measured, and, with verdicts, the
