@@ -73,7 +73,9 @@ type Replica struct {
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (Past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
-	rewind   chan struct{}         // halt asks Follow to read the log again from its start
+
+	unreadable time.Time     // Follow's goroutine only: since when the log cannot be read (zero while it reads)
+	rewind     chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
 	inputReset error
@@ -385,7 +387,10 @@ func (r *Replica) Head() *postlog.Head {
 // Follow plays the log from the follower's position until ctx ends. An entry it cannot apply
 // (an unknown format, a posterior that does not hash to its entry) stops following: the replica
 // keeps serving the last version it verified, and /readyz says why. It goes on reading: a new
-// epoch that moves past that entry (cfguard new-epoch) resumes it.
+// epoch that moves past that entry (cfguard new-epoch) resumes it. A log it cannot read (the
+// broker down, a leader moving) is read again with backoff, from where the follower is, while
+// the replica serves its posterior (a WARN line per episode); only an error no retry fixes
+// (credentials, ACLs) ends Follow.
 func (r *Replica) Follow(ctx context.Context) error {
 	// The watch of the log's end stops with follow: the log is closed after follow returns.
 	wctx, stopWatch := context.WithCancel(ctx)
@@ -398,13 +403,31 @@ func (r *Replica) Follow(ctx context.Context) error {
 		stopWatch()
 		<-watched
 	}()
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		r.mu.Lock()
 		from := r.read
 		r.mu.Unlock()
 		err := r.followFrom(ctx, from)
-		if !errors.Is(err, errRewind) {
+		if r.unreadable.IsZero() {
+			bo.Reset()
+		}
+		switch {
+		case errors.Is(err, errRewind):
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case !stream.Retryable(err):
 			return err
+		default:
+			if r.unreadable.IsZero() {
+				r.unreadable = time.Now()
+				r.lg.Warn("posterior log unreadable: serving the last posterior applied and reading it again", "topic", r.plog.Topic(),
+					"from", from, "err", err)
+			}
+			if bo.Wait(ctx) != nil {
+				return nil
+			}
+			continue
 		}
 		// The log was reset under the follower (halt): what it holds now is read from its
 		// start, where only a new epoch that moves past the head is accepted.
@@ -447,6 +470,10 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 				return nil
 			}
 			return fmt.Errorf("posterior log %s: %w", r.plog.Topic(), err)
+		}
+		if !r.unreadable.IsZero() {
+			r.lg.Info("posterior log readable again", "topic", r.plog.Topic(), "unreadable_for", time.Since(r.unreadable).Round(time.Second))
+			r.unreadable = time.Time{}
 		}
 		if err := r.offer(ctx, rec); err != nil {
 			if ctx.Err() != nil {
