@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -74,4 +76,91 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 	default:
 	}
 	t.Logf("fetches of the posterior log refused: %d", refused.Load())
+}
+
+// TestUpdaterOwnLateEntryIsNotBuiltOn: the updater's append of an increment is held at the
+// broker while its generation ends (a replica joins); it keeps the role and reads the input
+// again from the head's coverage. Its held entry then lands and is accepted. The records that
+// entry covers are the ones the updater's new consumer reads next: an increment on the entry
+// would apply them a second time. The updater steps down instead, and reads on from the
+// entry's coverage: every record is applied once, at every replica.
+func TestUpdaterOwnLateEntryIsNotBuiltOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas and a rebalance: not with -short")
+	}
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the replicas' cleanups
+	addrs, key := kc.ListenAddrs(), writeKeyFile(t, testClusterKey)
+	r1 := startReplicaAt(t, addrs, "r1", key)
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.d.rep.Updater)
+
+	// Controls: the posterior log's appends, then the input topic's fetches, held until released.
+	var holdAppend, holdInput atomic.Bool
+	appendHeld := make(chan struct{}, 1)
+	releaseAppend, releaseInput := make(chan struct{}), make(chan struct{})
+	defer func() {
+		for _, ch := range []chan struct{}{releaseAppend, releaseInput} {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}()
+	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == "cfguard.posterior" && holdAppend.Load() {
+				select {
+				case appendHeld <- struct{}{}:
+				default:
+				}
+				kc.SleepControl(func() { <-releaseAppend })
+			}
+		}
+		return nil, nil, false
+	})
+	kc.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			if tp.Topic == "cfguard.records" && holdInput.Load() {
+				kc.SleepControl(func() { <-releaseInput })
+			}
+		}
+		return nil, nil, false
+	})
+
+	data := bundled(t)
+	applied := func(r *running) float64 { return gatherCounter(r.reg, "cfguard_records_total", "result", "applied") }
+	head := r1.d.rep.Head().Seq
+	holdAppend.Store(true)
+	produceRows(t, r1, data, 0, 8)
+	select {
+	case <-appendHeld:
+	case <-time.After(60 * time.Second):
+		t.Fatal("r1 appended no entry for 8 records within 60s")
+	}
+	holdInput.Store(true) // r1's next consumer reads nothing until its held entry is in the log
+	gens := func(r *running) float64 { return r.metric(t, alerts.NameGenerations) }
+	before := gens(r1)
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r2", key) }, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 the updater of a new generation", func() bool { return gens(r1) > before && r1.d.rep.Updater() })
+
+	holdAppend.Store(false)
+	close(releaseAppend) // the held entry lands
+	waitfor.Cond(t, 60*time.Second, "r1's held entry accepted", func() bool { return r1.d.rep.Head().Seq > head && applied(r1) == 8 })
+	holdInput.Store(false)
+	close(releaseInput)
+	n := produceRows(t, r1, data, 8, 8)
+	for _, r := range []*running{r1, r2} {
+		waitfor.Cond(t, 60*time.Second, "the log covering every record", func() bool {
+			return r.d.rep.Head().Covers[0] == int64(n) && r.d.rep.Head().Seq == r1.d.rep.Head().Seq
+		})
+		if got := applied(r); got != float64(n) {
+			t.Errorf("%s applied %v records, %d were produced: the log applied some twice", r.d.cfg.Replication.ReplicaID, got, n)
+		}
+	}
 }

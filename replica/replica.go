@@ -68,7 +68,7 @@ type Replica struct {
 	changed  chan struct{}         // closed and replaced whenever read advances
 	stopped  error                 // following stopped for good (unknown format, failed verification)
 	caughtUp bool                  // read the log to its end once since the start
-	pending  map[uint64]Step       // the updater's steps appended and not yet accepted, by entry
+	pending  map[string]Step       // the updater's steps appended and not yet accepted, by entry hash
 	consumer *stream.Consumer      // the updater's, while it is one
 	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (Past)
 	lag      int64                 // records of the log not read yet, as watchEnd last saw
@@ -138,7 +138,7 @@ func New(opts Options) (*Replica, error) {
 	}
 	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
 		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater", bal: &updaterBalancer{topic: cfg.Replication.PosteriorTopic},
-		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[uint64]Step{},
+		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[string]Step{},
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
@@ -580,12 +580,14 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		if err != nil {
 			return err
 		}
+		// The step this updater computed for this very entry (by hash: an entry of its that
+		// lands late, after it appended another at the same place, is told apart).
 		var own Step
 		r.mu.Lock()
 		if e.Writer == r.writer {
-			own = r.pending[e.Seq]
+			own = r.pending[head.Hash]
 		}
-		delete(r.pending, e.Seq)
+		delete(r.pending, head.Hash)
 		r.mu.Unlock()
 		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
 			return err
@@ -1297,6 +1299,11 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		r.mu.Unlock()
 	}()
 	r.lg.Info("updater: consuming", "topic", r.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
+	// at is the entry whose coverage the consumer's position is: the head it started from, then
+	// each entry of this term it won. A head that is another entry (one of this updater's own,
+	// appended before its generation ended and accepted late) covers what the consumer reads
+	// next: an increment on it would apply those records twice.
+	at := head.Hash
 	for {
 		inc, err := c.Next(ctx)
 		if err != nil {
@@ -1304,7 +1311,7 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		}
 		head := r.Head()
 		prev := r.host.Current()
-		if prev.Version != head.Version || head.Writer != r.writer {
+		if prev.Version != head.Version || head.Writer != r.writer || head.Hash != at {
 			return errLost
 		}
 		// The order of an increment's records is part of its boundary, not of the fetch.
@@ -1319,8 +1326,13 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		v, err := e.Encode()
+		if err != nil {
+			return err
+		}
+		h := hashHex(v)
 		r.mu.Lock()
-		r.pending[e.Seq] = s
+		r.pending[h] = s // kept when the append fails: the entry may still land, late
 		r.mu.Unlock()
 		won, err := r.appendAndJudge(ctx, e)
 		if err != nil {
@@ -1328,10 +1340,11 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		}
 		if !won {
 			r.mu.Lock()
-			delete(r.pending, e.Seq)
+			delete(r.pending, h)
 			r.mu.Unlock()
 			return errLost
 		}
+		at = h
 		r.host.DeadLettered(inc.DeadLettered)
 		c.MarkDurable(inc)
 	}
