@@ -71,20 +71,7 @@ func startDaemonClient(t *testing.T, mutate func(c *config.Config), client *http
 // client is not nil, speaks TLS to it with client; it does not wait for readiness.
 func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *Options), client *http.Client) *running {
 	t.Helper()
-	c := config.Default()
-	c.StateDir = t.TempDir()
-	c.HTTP.Listen = "127.0.0.1:0"
-	c.Kafka.EmbeddedListen = "127.0.0.1:0"
-	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32 // increments of a fixed size: tests count them
-	c.Kafka.MaxWait = 300 * time.Millisecond
-	c.Certify.Samples = 400
-	c.Audit.Schedule = ""
-	if mutate != nil {
-		mutate(&c)
-	}
-	if trainsDefaultModel(&c) {
-		c.Model.Path = sharedModelDir(t) // the network the first start would train (firststart_test.go)
-	}
+	c := testConfig(t, mutate)
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
 	ready := make(chan *Daemon, 1)
@@ -122,6 +109,27 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	}
 	r.base = scheme + r.d.HTTPAddr()
 	return r
+}
+
+// testConfig is the configuration of a test's daemon: ephemeral loopback ports, state in a
+// temporary directory, fixed increments, the shared model; then mutate's changes.
+func testConfig(t testing.TB, mutate func(c *config.Config)) config.Config {
+	t.Helper()
+	c := config.Default()
+	c.StateDir = t.TempDir()
+	c.HTTP.Listen = "127.0.0.1:0"
+	c.Kafka.EmbeddedListen = "127.0.0.1:0"
+	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32 // increments of a fixed size: tests count them
+	c.Kafka.MaxWait = 300 * time.Millisecond
+	c.Certify.Samples = 400
+	c.Audit.Schedule = ""
+	if mutate != nil {
+		mutate(&c)
+	}
+	if trainsDefaultModel(&c) {
+		c.Model.Path = sharedModelDir(t) // the network the first start would train (firststart_test.go)
+	}
+	return c
 }
 
 // stop stops the daemon and waits for it, failing the test if it returns an error.

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -162,5 +165,30 @@ func TestUpdaterOwnLateEntryIsNotBuiltOn(t *testing.T) {
 		if got := applied(r); got != float64(n) {
 			t.Errorf("%s applied %v records, %d were produced: the log applied some twice", r.d.cfg.Replication.ReplicaID, got, n)
 		}
+	}
+}
+
+// TestNoGenesisBesideRunningReplicas: the posterior topic is deleted and created again, empty,
+// under a running replica. A replica started then with an empty state directory does not write a
+// genesis of its own (a second history beside the one the running replica follows): it refuses
+// to start, naming the updater group's member and how to start a new log, and writes nothing.
+func TestNoGenesisBesideRunningReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.d.rep.Updater)
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
+	c := testConfig(t, func(c *config.Config) { replicaConfigAt(c, b.Addrs(), "r2", key) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, Options{Config: &c, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "1 replicas run in the updater group") || !strings.Contains(err.Error(), "cfguard new-epoch --head-from") {
+		t.Fatalf("r2's start on an emptied posterior log beside r1: %v; want a refusal naming the running replica and new-epoch", err)
+	}
+	if got := kafkatest.ReadPartition(t, b.Addrs(), "cfguard.posterior", 0); len(got) != 0 {
+		t.Errorf("the emptied posterior log holds %d records after r2's refusal, want none", len(got))
 	}
 }

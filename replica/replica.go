@@ -271,6 +271,40 @@ func hashHex(v []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// noLiveUpdaters fails when the updater group has members: replicas that run on a log this
+// replica does not see (it was deleted and recreated, or emptied), which only a new epoch from
+// one of their heads may start again.
+func (r *Replica) noLiveUpdaters(ctx context.Context) error {
+	tr, err := r.conn.Transport(ctx)
+	if err != nil {
+		return err
+	}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(r.conn.Brokers...), Transport: tr}
+	res, err := cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{r.group}})
+	if err == nil && len(res.Groups) == 1 {
+		err = res.Groups[0].Error
+	}
+	if errors.Is(err, kafka.GroupIdNotFound) {
+		return nil // a new cluster's group, not created yet
+	}
+	if err != nil {
+		return fmt.Errorf("replication.posterior_topic %s is empty, and whether replicas run on it cannot be told (describing the group %s: %w): "+
+			"nothing was written; retry", r.plog.Topic(), r.group, err)
+	}
+	if len(res.Groups) != 1 || len(res.Groups[0].Members) == 0 {
+		return nil
+	}
+	var hosts []string
+	for _, m := range res.Groups[0].Members {
+		hosts = append(hosts, m.ClientHost)
+	}
+	return fmt.Errorf("replication.posterior_topic %s is empty, but %d replicas run in the updater group %s (hosts %s): the log they follow "+
+		"was deleted or emptied under them, and a genesis of this replica's would start a second history beside theirs; nothing was "+
+		"written: a new log starts from one of their heads (cfguard new-epoch --head-from <a running replica's URL>, see docs/RUNBOOK.md, "+
+		"CfguardPosteriorLogStopped), then start this replica again", r.plog.Topic(), len(res.Groups[0].Members), r.group, strings.Join(hosts, ", "))
+}
+
 // genesis finds the log's genesis, appending one from this replica's first posterior when the
 // log has none, and checkpoints the accepted one as the ledger's first posterior.
 func (r *Replica) genesis(ctx context.Context) error {
@@ -306,6 +340,12 @@ func (r *Replica) genesis(ctx context.Context) error {
 				r.plog.Topic(), authentic, r.keys.Source())
 		}
 		if next >= end && !appended {
+			// No entry at all. A new cluster's, or a log deleted under running replicas: those
+			// are members of the updater group, and a genesis of this replica's would start a
+			// second history beside theirs.
+			if err := r.noLiveUpdaters(ctx); err != nil {
+				return err
+			}
 			m, err := r.host.InitialModel(ctx)
 			if err != nil {
 				return err
