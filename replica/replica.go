@@ -305,6 +305,34 @@ func (r *Replica) noLiveUpdaters(ctx context.Context) error {
 		"CfguardPosteriorLogStopped), then start this replica again", r.plog.Topic(), len(res.Groups[0].Members), r.group, strings.Join(hosts, ", "))
 }
 
+// appendGenesis appends a genesis of this replica's first posterior (Host.InitialModel) to the
+// log.
+func (r *Replica) appendGenesis(ctx context.Context) error {
+	m, err := r.host.InitialModel(ctx)
+	if err != nil {
+		return err
+	}
+	body, err := postlog.NewBody(m)
+	if err != nil {
+		return err
+	}
+	sha, err := postlog.PosteriorHash(m)
+	if err != nil {
+		return err
+	}
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
+		ParentVersion: m.Version, PosteriorSHA256: sha, Body: body, Settings: r.settings}
+	v, err := e.Encode()
+	if err != nil {
+		return err
+	}
+	if err := r.plog.Append(ctx, "genesis", v); err != nil {
+		return err
+	}
+	r.lg.Info("posterior log empty: genesis appended", "posterior_sha256", sha, "bytes", len(v))
+	return nil
+}
+
 // genesis finds the log's genesis, appending one from this replica's first posterior when the
 // log has none, and checkpoints the accepted one as the ledger's first posterior.
 func (r *Replica) genesis(ctx context.Context) error {
@@ -318,10 +346,10 @@ func (r *Replica) genesis(ctx context.Context) error {
 	}
 	defer rd.Close()
 	chain := postlog.NewChain(r.keys)
-	appended := false
+	awaited := false          // a genesis was appended, or landed meanwhile: read on until one is accepted
 	authentic, forged := 0, 0 // records below end that authenticate, and that do not
 	for next := int64(0); ; {
-		if next >= end && !appended && forged > 0 && authentic == 0 {
+		if next >= end && !awaited && forged > 0 && authentic == 0 {
 			// A replica with another key would otherwise write a genesis of its own, accept it
 			// alone, and follow a log no other replica follows.
 			return fmt.Errorf("replication.posterior_topic %s holds %d records and none authenticates under the keys of replication.key_file %s (%s): "+
@@ -329,7 +357,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 				"without the key (check the topic's ACLs: only the replicas' principal may write it; if the log holds no entry of this cluster, "+
 				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
 		}
-		if next >= end && !appended && authentic > 0 {
+		if next >= end && !awaited && authentic > 0 {
 			// Entries of this cluster and no genesis: the log lost its start. A genesis of this
 			// replica's own would be accepted by it alone: a replica that serves another history.
 			return fmt.Errorf("replication.posterior_topic %s holds %d entries of this cluster (they authenticate under replication.key_file %s) "+
@@ -339,36 +367,22 @@ func (r *Replica) genesis(ctx context.Context) error {
 				"see docs/RUNBOOK.md, CfguardPosteriorLogStopped; nothing was written",
 				r.plog.Topic(), authentic, r.keys.Source())
 		}
-		if next >= end && !appended {
+		if next >= end && !awaited {
 			// No entry at all. A new cluster's, or a log deleted under running replicas: those
 			// are members of the updater group, and a genesis of this replica's would start a
 			// second history beside theirs.
 			if err := r.noLiveUpdaters(ctx); err != nil {
+				// Or a new cluster whose first replica joined the group just after its genesis
+				// landed, since this one asked for the log's end: read that genesis.
+				grown, eerr := r.plog.End(ctx)
+				if eerr != nil || grown <= end {
+					return err
+				}
+				end = grown
+			} else if err := r.appendGenesis(ctx); err != nil {
 				return err
 			}
-			m, err := r.host.InitialModel(ctx)
-			if err != nil {
-				return err
-			}
-			body, err := postlog.NewBody(m)
-			if err != nil {
-				return err
-			}
-			sha, err := postlog.PosteriorHash(m)
-			if err != nil {
-				return err
-			}
-			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
-				ParentVersion: m.Version, PosteriorSHA256: sha, Body: body, Settings: r.settings}
-			v, err := e.Encode()
-			if err != nil {
-				return err
-			}
-			if err := r.plog.Append(ctx, "genesis", v); err != nil {
-				return err
-			}
-			appended = true
-			r.lg.Info("posterior log empty: genesis appended", "posterior_sha256", sha, "bytes", len(v))
+			awaited = true
 		}
 		rec, err := rd.Next(ctx)
 		if err != nil {
