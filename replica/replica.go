@@ -492,6 +492,13 @@ func (r *Replica) Follow(ctx context.Context) error {
 	}
 }
 
+// storeError is a failure of this replica to store an entry it accepted (its ledger): not the
+// entry's fault, and not one a new epoch moves past.
+type storeError struct{ err error }
+
+func (e *storeError) Error() string { return "storing the entry: " + e.err.Error() }
+func (e *storeError) Unwrap() error { return e.err }
+
 // errRewind ends followFrom when the follower must read the log again from its start (halt).
 var errRewind = errors.New("posterior log: read again from the start")
 
@@ -538,7 +545,12 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 				r.chain.Block(rec)
 			}
 			recovery := "once every replica runs a build that reads it, or after cfguard new-epoch moves the log past it, the replicas resume"
-			if errors.Is(err, postlog.ErrDiverged) {
+			var se *storeError
+			switch {
+			case errors.As(err, &se):
+				recovery = "the entry is valid: this replica could not store it; once what the error names is fixed, restart this replica " +
+					"and it applies the entry again"
+			case errors.Is(err, postlog.ErrDiverged):
 				recovery = "if the other replicas follow on, this one alone refused the entry: stop it, move its state_dir aside and start it, " +
 					"and it rebuilds its ledger from the log and the CE topic; if every replica stopped here, a holder of the cluster key " +
 					"wrote these entries: cfguard new-epoch moves the log past them"
@@ -599,7 +611,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			return err
 		}
 		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
-			return err
+			return &storeError{err}
 		}
 		r.mu.Lock()
 		resumed := r.stopped != nil
@@ -620,7 +632,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			}
 		}
 		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb, Events: owed}); err != nil {
-			return err
+			return &storeError{err}
 		}
 		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
 		if len(owed) > 0 {
@@ -644,7 +656,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		delete(r.pending, head.Hash)
 		r.mu.Unlock()
 		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
-			return err
+			return &storeError{err}
 		}
 		r.remember(next)
 	}
