@@ -64,7 +64,7 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 		}
 		return refused.Load() >= 5
 	})
-	if n := strings.Count(r.logs.String(), "posterior log unreadable: serving the last posterior applied and reading it again"); n != 1 {
+	if n := strings.Count(r.logs.String(), "posterior log: reading it failed; reading it again with backoff, serving the last posterior applied"); n != 1 {
 		t.Errorf("the follower said %d times that the log is unreadable, want once for the episode", n)
 	}
 	if code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != 200 {

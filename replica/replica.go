@@ -475,7 +475,7 @@ func (r *Replica) Follow(ctx context.Context) error {
 		default:
 			if r.unreadable.IsZero() {
 				r.unreadable = time.Now()
-				r.lg.Warn("posterior log unreadable: serving the last posterior applied and reading it again", "topic", r.plog.Topic(),
+				r.lg.Warn("posterior log: reading it failed; reading it again with backoff, serving the last posterior applied", "topic", r.plog.Topic(),
 					"from", from, "err", err)
 			}
 			if bo.Wait(ctx) != nil {
