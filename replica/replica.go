@@ -67,6 +67,7 @@ type Replica struct {
 	accepted map[uint64]string     // seq -> hash of accepted entries, for the updater's read-back
 	changed  chan struct{}         // closed and replaced whenever read advances
 	stopped  error                 // following stopped for good (unknown format, failed verification)
+	halts    int                   // halt calls: an offer in flight across one halts the chain it forked
 	caughtUp bool                  // read the log to its end once since the start
 	pending  map[string]Step       // the updater's steps appended and not yet accepted, by entry hash
 	consumer *stream.Consumer      // the updater's, while it is one
@@ -570,6 +571,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
 	c := r.chain.Fork()
+	halts := r.halts
 	r.mu.Unlock()
 	e, reason, err := c.Offer(rec)
 	if err != nil {
@@ -577,7 +579,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	}
 	if reason == postlog.Unauthenticated {
 		r.unauthenticated(rec)
-		r.advance(rec.Offset+1, nil, nil)
+		r.advance(rec.Offset+1, nil, 0)
 		return nil
 	}
 	if reason != postlog.Accepted {
@@ -588,14 +590,14 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 				return err // the follower stops, blocking its chain at rec
 			}
 		}
-		r.advance(rec.Offset+1, nil, nil)
+		r.advance(rec.Offset+1, nil, 0)
 		return nil
 	}
 	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
 		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
 			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
-		r.advance(rec.Offset+1, nil, nil)
+		r.advance(rec.Offset+1, nil, 0)
 		return nil
 	} else if err != nil {
 		return err
@@ -660,7 +662,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		}
 		r.remember(next)
 	}
-	r.advance(rec.Offset+1, c, e)
+	r.advance(rec.Offset+1, c, halts)
 	return nil
 }
 
@@ -706,11 +708,17 @@ func (r *Replica) unauthenticated(rec postlog.Record) {
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 }
 
-// advance moves the follower past a record; c and e are set when the record was accepted.
-func (r *Replica) advance(next int64, c *postlog.Chain, e *postlog.Entry) {
+// advance moves the follower past a record; c is set when the record was accepted, forked from
+// the chain when halts (r.halts) halt calls had been made.
+func (r *Replica) advance(next int64, c *postlog.Chain, halts int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c != nil {
+		if r.halts != halts {
+			// Halted while the entry was applied (the log ended before what was read): the
+			// fork stops too, after the entry it applied.
+			c.Halt()
+		}
 		r.chain = c
 		h := c.Head()
 		r.accepted[h.Seq] = h.Hash
@@ -1101,6 +1109,7 @@ func (r *Replica) halt(what string) {
 		return
 	}
 	r.chain.Halt()
+	r.halts++
 	h := r.chain.Head()
 	r.stopped = fmt.Errorf("posterior log reset: replication.posterior_topic %s %s: the topic was deleted and recreated, or lost "+
 		"records. This replica keeps serving entry %d (posterior version %d) and applies nothing more until a new epoch moves past that "+
