@@ -21,7 +21,9 @@ import (
 // TestFollowerReadsThroughAnUnreadableLog: the broker answers every fetch of the posterior log
 // with an error for a while (KAFKA_STORAGE_ERROR, as a broker whose disk fails or that
 // restarts would). The replica keeps running and serving its posterior, says so once at WARN,
-// and follows the log again once it reads, without a restart.
+// and follows the log again once it reads, without a restart. Records arrive meanwhile: the
+// updater appends their entry but cannot read it back, so after resetAfter it gives the role
+// up (another replica might read the log) and /readyz says the log cannot be read.
 func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
 	if err != nil {
@@ -70,9 +72,17 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 	if code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != 200 {
 		t.Errorf("POST /v1/predict while the log is unreadable: %d %s", code, body)
 	}
-	refusing.Store(false)
 	produceRows(t, r, data, 8, 8)
+	waitfor.Cond(t, 60*time.Second, "/readyz saying the log cannot be read", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == 503 && strings.Contains(string(body), "the posterior log cannot be read since")
+	})
+	waitfor.Cond(t, 60*time.Second, "the updater giving the role up", func() bool {
+		return strings.Contains(r.logs.String(), "this replica's follower has not read it for")
+	})
+	refusing.Store(false)
 	waitfor.Cond(t, 60*time.Second, "16 records applied once the log reads again", func() bool { return applied() == 16 })
+	waitfor.Cond(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	select {
 	case err := <-r.done:
 		t.Fatalf("the replica stopped: %v", err)

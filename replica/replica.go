@@ -62,20 +62,20 @@ type Replica struct {
 	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
 	mu       sync.Mutex
-	chain    *postlog.Chain        // the follower's view; the ledger stores its head
-	read     int64                 // the next offset the follower reads
-	accepted map[uint64]string     // seq -> hash of accepted entries, for the updater's read-back
-	changed  chan struct{}         // closed and replaced whenever read advances
-	stopped  error                 // following stopped for good (unknown format, failed verification)
-	halts    int                   // halt calls: an offer in flight across one halts the chain it forked
-	caughtUp bool                  // read the log to its end once since the start
-	pending  map[string]Step       // the updater's steps appended and not yet accepted, by entry hash
-	consumer *stream.Consumer      // the updater's, while it is one
-	recent   map[uint64]*bnn.Model // the last posteriors applied, by version (Past)
-	lag      int64                 // records of the log not read yet, as watchEnd last saw
-	ends     map[int]int64         // the input topic's end offsets as last asked (checkCoverage)
+	chain    *postlog.Chain         // the follower's view; the ledger stores its head
+	read     int64                  // the next offset the follower reads
+	accepted map[uint64]string      // seq -> hash of accepted entries, for the updater's read-back
+	changed  chan struct{}          // closed and replaced whenever read advances
+	stopped  error                  // following stopped for good (unknown format, failed verification)
+	halts    int                    // halt calls: an offer in flight across one halts the chain it forked
+	caughtUp bool                   // read the log to its end once since the start
+	pending  map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
+	consumer *stream.Consumer       // the updater's, while it is one
+	recent   map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
+	lag      int64                  // records of the log not read yet, as watchEnd last saw
+	ends     map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
-	unreadable time.Time     // Follow's goroutine only: since when the log cannot be read (zero while it reads)
+	unreadable time.Time     // since when the follower cannot read the log (zero while it reads)
 	rewind     chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
@@ -139,7 +139,7 @@ func New(opts Options) (*Replica, error) {
 	}
 	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
 		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater", bal: &updaterBalancer{topic: cfg.Replication.PosteriorTopic},
-		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[string]Step{},
+		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[string]pendingStep{},
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
@@ -274,7 +274,9 @@ func hashHex(v []byte) string {
 
 // noLiveUpdaters fails when the updater group has members: replicas that run on a log this
 // replica does not see (it was deleted and recreated, or emptied), which only a new epoch from
-// one of their heads may start again.
+// one of their heads may start again. Members are waited out for a session timeout first (a
+// process of this replica's, killed, stays a member that long). A group that cannot be described
+// is asked again while the error is one a retry fixes (a coordinator not ready on a new cluster).
 func (r *Replica) noLiveUpdaters(ctx context.Context) error {
 	tr, err := r.conn.Transport(ctx)
 	if err != nil {
@@ -282,29 +284,49 @@ func (r *Replica) noLiveUpdaters(ctx context.Context) error {
 	}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(r.conn.Brokers...), Transport: tr}
-	res, err := cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{r.group}})
-	if err == nil && len(res.Groups) == 1 {
-		err = res.Groups[0].Error
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
+	deadline := time.Now().Add(r.cfg.Replication.SessionTimeout + 5*time.Second)
+	for {
+		res, err := cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{r.group}})
+		if err == nil && len(res.Groups) == 1 {
+			err = res.Groups[0].Error
+		}
+		var members []string
+		switch {
+		case errors.Is(err, kafka.GroupIdNotFound):
+			return nil // a new cluster's group, not created yet
+		case err == nil && (len(res.Groups) != 1 || len(res.Groups[0].Members) == 0):
+			return nil
+		case err == nil:
+			for _, m := range res.Groups[0].Members {
+				members = append(members, m.ClientHost)
+			}
+			if end, eerr := r.plog.End(ctx); eerr == nil && end > 0 {
+				return errLogGrew // a genesis landed meanwhile: the caller reads it
+			}
+		case !stream.Retryable(err) || ctx.Err() != nil:
+			return fmt.Errorf("replication.posterior_topic %s is empty, and whether replicas run on it cannot be told (describing the "+
+				"group %s: %w; the replicas' principal needs Describe on it): nothing was written", r.plog.Topic(), r.group, err)
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("replication.posterior_topic %s is empty, and whether replicas run on it cannot be told (describing the "+
+					"group %s: %w): nothing was written; retry", r.plog.Topic(), r.group, err)
+			}
+			return fmt.Errorf("replication.posterior_topic %s is empty, but %d replicas run in the updater group %s (hosts %s, still there "+
+				"after replication.session_timeout): the log they follow was deleted or emptied under them, and a genesis of this "+
+				"replica's would start a second history beside theirs; nothing was written: a new log starts from one of their heads "+
+				"(cfguard new-epoch --head-from <a running replica's URL>, see docs/RUNBOOK.md, CfguardPosteriorLogStopped), then start "+
+				"this replica again", r.plog.Topic(), len(members), r.group, strings.Join(members, ", "))
+		}
+		if err := bo.Wait(ctx); err != nil {
+			return err
+		}
 	}
-	if errors.Is(err, kafka.GroupIdNotFound) {
-		return nil // a new cluster's group, not created yet
-	}
-	if err != nil {
-		return fmt.Errorf("replication.posterior_topic %s is empty, and whether replicas run on it cannot be told (describing the group %s: %w): "+
-			"nothing was written; retry", r.plog.Topic(), r.group, err)
-	}
-	if len(res.Groups) != 1 || len(res.Groups[0].Members) == 0 {
-		return nil
-	}
-	var hosts []string
-	for _, m := range res.Groups[0].Members {
-		hosts = append(hosts, m.ClientHost)
-	}
-	return fmt.Errorf("replication.posterior_topic %s is empty, but %d replicas run in the updater group %s (hosts %s): the log they follow "+
-		"was deleted or emptied under them, and a genesis of this replica's would start a second history beside theirs; nothing was "+
-		"written: a new log starts from one of their heads (cfguard new-epoch --head-from <a running replica's URL>, see docs/RUNBOOK.md, "+
-		"CfguardPosteriorLogStopped), then start this replica again", r.plog.Topic(), len(res.Groups[0].Members), r.group, strings.Join(hosts, ", "))
 }
+
+// errLogGrew: the posterior log, empty when looked at, holds records now.
+var errLogGrew = errors.New("the posterior log grew meanwhile")
 
 // appendGenesis appends a genesis of this replica's first posterior (Host.InitialModel) to the
 // log.
@@ -379,11 +401,12 @@ func (r *Replica) genesis(ctx context.Context) error {
 				if eerr != nil || grown <= end {
 					return err
 				}
-				end = grown
+				end = grown // read what landed; the checks above run again at the new end
 			} else if err := r.appendGenesis(ctx); err != nil {
 				return err
+			} else {
+				awaited = true
 			}
-			awaited = true
 		}
 		rec, err := rd.Next(ctx)
 		if err != nil {
@@ -464,7 +487,10 @@ func (r *Replica) Follow(ctx context.Context) error {
 		from := r.read
 		r.mu.Unlock()
 		err := r.followFrom(ctx, from)
-		if r.unreadable.IsZero() {
+		r.mu.Lock()
+		unreadable := r.unreadable
+		r.mu.Unlock()
+		if unreadable.IsZero() {
 			bo.Reset()
 		}
 		switch {
@@ -474,8 +500,10 @@ func (r *Replica) Follow(ctx context.Context) error {
 		case !stream.Retryable(err):
 			return err
 		default:
-			if r.unreadable.IsZero() {
+			if unreadable.IsZero() {
+				r.mu.Lock()
 				r.unreadable = time.Now()
+				r.mu.Unlock()
 				r.lg.Warn("posterior log: reading it failed; reading it again with backoff, serving the last posterior applied", "topic", r.plog.Topic(),
 					"from", from, "err", err)
 			}
@@ -493,11 +521,27 @@ func (r *Replica) Follow(ctx context.Context) error {
 	}
 }
 
+// pendingStep is a step the updater appended as entry seq, kept until an entry is accepted there.
+type pendingStep struct {
+	seq  uint64
+	step Step
+}
+
 // storeError is a failure of this replica to store an entry it accepted (its ledger): not the
 // entry's fault, and not one a new epoch moves past.
 type storeError struct{ err error }
 
 func (e *storeError) Error() string { return "storing the entry: " + e.err.Error() }
+
+// storeErr is err as a storeError, unless the ledger refused the entry for what it holds (an
+// invalid field, a version that does not advance): that is the entry's, and every restart
+// meets it again.
+func storeErr(err error) error {
+	if errors.Is(err, ledger.ErrInvalid) || errors.Is(err, ledger.ErrVersion) {
+		return err
+	}
+	return &storeError{err}
+}
 func (e *storeError) Unwrap() error { return e.err }
 
 // errRewind ends followFrom when the follower must read the log again from its start (halt).
@@ -533,9 +577,12 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 			}
 			return fmt.Errorf("posterior log %s: %w", r.plog.Topic(), err)
 		}
-		if !r.unreadable.IsZero() {
-			r.lg.Info("posterior log readable again", "topic", r.plog.Topic(), "unreadable_for", time.Since(r.unreadable).Round(time.Second))
-			r.unreadable = time.Time{}
+		r.mu.Lock()
+		since := r.unreadable
+		r.unreadable = time.Time{}
+		r.mu.Unlock()
+		if !since.IsZero() {
+			r.lg.Info("posterior log readable again", "topic", r.plog.Topic(), "unreadable_for", time.Since(since).Round(time.Second))
 		}
 		if err := r.offer(ctx, rec); err != nil {
 			if ctx.Err() != nil {
@@ -613,7 +660,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			return err
 		}
 		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {
-			return &storeError{err}
+			return storeErr(err)
 		}
 		r.mu.Lock()
 		resumed := r.stopped != nil
@@ -634,7 +681,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			}
 		}
 		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb, Events: owed}); err != nil {
-			return &storeError{err}
+			return storeErr(err)
 		}
 		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
 		if len(owed) > 0 {
@@ -652,13 +699,17 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		// lands late, after it appended another at the same place, is told apart).
 		var own Step
 		r.mu.Lock()
-		if e.Writer == r.writer {
-			own = r.pending[head.Hash]
+		if p, ok := r.pending[head.Hash]; ok && e.Writer == r.writer {
+			own = p.step
 		}
-		delete(r.pending, head.Hash)
+		for h, p := range r.pending { // none other can be accepted at this entry's place or before
+			if p.seq <= e.Seq {
+				delete(r.pending, h)
+			}
+		}
 		r.mu.Unlock()
 		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
-			return &storeError{err}
+			return storeErr(err)
 		}
 		r.remember(next)
 	}
@@ -943,9 +994,11 @@ func (r *Replica) WaitChange(ctx context.Context) error {
 
 // waitRead waits until the follower has read every record below end.
 func (r *Replica) waitRead(ctx context.Context, end int64) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		r.mu.Lock()
-		read, ch, stopped := r.read, r.changed, r.stopped
+		read, ch, stopped, unreadable := r.read, r.changed, r.stopped, r.unreadable
 		r.mu.Unlock()
 		if stopped != nil {
 			return stopped
@@ -953,10 +1006,17 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 		if read >= end {
 			return nil
 		}
+		if !unreadable.IsZero() && time.Since(unreadable) >= resetAfter {
+			// An updater whose follower cannot read gives the role up (its caller steps down):
+			// another replica may read the log.
+			return fmt.Errorf("posterior log %s: this replica's follower has not read it for %s (offset %d of %d)", r.plog.Topic(),
+				time.Since(unreadable).Round(time.Second), read, end)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-ch:
+		case <-tick.C:
 		}
 	}
 }
@@ -1407,7 +1467,7 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		}
 		h := hashHex(v)
 		r.mu.Lock()
-		r.pending[h] = s // kept when the append fails: the entry may still land, late
+		r.pending[h] = pendingStep{seq: e.Seq, step: s} // kept when the append fails: the entry may still land, late
 		r.mu.Unlock()
 		won, err := r.appendAndJudge(ctx, e)
 		if err != nil {
@@ -1467,13 +1527,16 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 // since the start, and, on the updater, a healthy consumer.
 func (r *Replica) Health() error {
 	r.mu.Lock()
-	stopped, caughtUp, c, reset := r.stopped, r.caughtUp, r.consumer, r.inputReset
+	stopped, caughtUp, c, reset, unreadable, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.unreadable, r.lag
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
 		return fmt.Errorf("not following the posterior log: %w", stopped)
 	case !caughtUp:
 		return errors.New("catching up with the posterior log")
+	case !unreadable.IsZero() && time.Since(unreadable) >= resetAfter && lag > 0:
+		return fmt.Errorf("the posterior log cannot be read since %s (%d records behind); serving the last posterior applied",
+			unreadable.UTC().Format(time.RFC3339), lag)
 	case reset != nil:
 		return fmt.Errorf("updater: ingest stopped: %w", reset)
 	}
