@@ -75,7 +75,8 @@ type Replica struct {
 	lag      int64                  // records of the log not read yet, as watchEnd last saw
 	ends     map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
-	unreadable time.Time     // since when the follower cannot read the log (zero while it reads)
+	unreadable time.Time     // since when the follower failed to read the log (zero once it read a record again)
+	behind     time.Time     // since when the log holds records the follower has not read (watchEnd; zero when none)
 	rewind     chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
@@ -369,7 +370,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 	}
 	defer rd.Close()
 	chain := postlog.NewChain(r.keys)
-	awaited := false          // a genesis was appended, or landed meanwhile: read on until one is accepted
+	awaited := false          // a genesis was appended: read on until one is accepted
 	authentic, forged := 0, 0 // records below end that authenticate, and that do not
 	for next := int64(0); ; {
 		if next >= end && !awaited && forged > 0 && authentic == 0 {
@@ -521,6 +522,14 @@ func (r *Replica) Follow(ctx context.Context) error {
 	}
 }
 
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // pendingStep is a step the updater appended as entry seq, kept until an entry is accepted there.
 type pendingStep struct {
 	seq  uint64
@@ -532,6 +541,7 @@ type pendingStep struct {
 type storeError struct{ err error }
 
 func (e *storeError) Error() string { return "storing the entry: " + e.err.Error() }
+func (e *storeError) Unwrap() error { return e.err }
 
 // storeErr is err as a storeError, unless the ledger refused the entry for what it holds (an
 // invalid field, a version that does not advance): that is the entry's, and every restart
@@ -542,7 +552,6 @@ func storeErr(err error) error {
 	}
 	return &storeError{err}
 }
-func (e *storeError) Unwrap() error { return e.err }
 
 // errRewind ends followFrom when the follower must read the log again from its start (halt).
 var errRewind = errors.New("posterior log: read again from the start")
@@ -996,6 +1005,7 @@ func (r *Replica) WaitChange(ctx context.Context) error {
 func (r *Replica) waitRead(ctx context.Context, end int64) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	start := time.Now()
 	for {
 		r.mu.Lock()
 		read, ch, stopped, unreadable := r.read, r.changed, r.stopped, r.unreadable
@@ -1006,7 +1016,9 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 		if read >= end {
 			return nil
 		}
-		if !unreadable.IsZero() && time.Since(unreadable) >= resetAfter {
+		// A failure older than this wait (an outage on an idle log, whose end the follower
+		// has not read past since) counts from the wait's start.
+		if !unreadable.IsZero() && time.Since(later(unreadable, start)) >= resetAfter {
 			// An updater whose follower cannot read gives the role up (its caller steps down):
 			// another replica may read the log.
 			return fmt.Errorf("posterior log %s: this replica's follower has not read it for %s (offset %d of %d)", r.plog.Topic(),
@@ -1107,8 +1119,12 @@ func (r *Replica) watchEnd(ctx context.Context) {
 			}
 			r.mu.Lock()
 			lag := max(end-r.read, 0)
-			if lag == 0 {
+			switch {
+			case lag == 0:
 				r.caughtUp = true
+				r.behind = time.Time{}
+			case r.behind.IsZero():
+				r.behind = time.Now()
 			}
 			r.lag = lag
 			r.mu.Unlock()
@@ -1527,14 +1543,14 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 // since the start, and, on the updater, a healthy consumer.
 func (r *Replica) Health() error {
 	r.mu.Lock()
-	stopped, caughtUp, c, reset, unreadable, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.unreadable, r.lag
+	stopped, caughtUp, c, reset, unreadable, behind, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.unreadable, r.behind, r.lag
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
 		return fmt.Errorf("not following the posterior log: %w", stopped)
 	case !caughtUp:
 		return errors.New("catching up with the posterior log")
-	case !unreadable.IsZero() && time.Since(unreadable) >= resetAfter && lag > 0:
+	case !unreadable.IsZero() && !behind.IsZero() && time.Since(later(unreadable, behind)) >= resetAfter:
 		return fmt.Errorf("the posterior log cannot be read since %s (%d records behind); serving the last posterior applied",
 			unreadable.UTC().Format(time.RFC3339), lag)
 	case reset != nil:
