@@ -19,12 +19,26 @@ import (
 )
 
 // TestFollowerReadsThroughAnUnreadableLog: the broker answers every fetch of the posterior log
-// with an error for a while (KAFKA_STORAGE_ERROR, as a broker whose disk fails or that
-// restarts would). The replica keeps running and serving its posterior, says so once at WARN,
-// and follows the log again once it reads, without a restart. Records arrive meanwhile: the
-// updater appends their entry but cannot read it back, so after resetAfter it gives the role
+// with an error for a while: KAFKA_STORAGE_ERROR (a broker whose disk fails), which kafka-go hands
+// to the follower, or NOT_LEADER_OR_FOLLOWER (a leader moving), which it retries inside its
+// reader. The replica keeps running and serving its posterior (a failure handed over is said once
+// at WARN), and follows the log again once it reads, without a restart. Records arrive meanwhile:
+// the updater appends their entry but cannot read it back, so after resetAfter it gives the role
 // up (another replica might read the log) and /readyz says the log cannot be read.
 func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		code   int16
+		handed bool // kafka-go hands the error to the follower
+	}{
+		{"storage error", kerr.KafkaStorageError.Code, true},
+		{"not leader", kerr.NotLeaderForPartition.Code, false},
+	} {
+		t.Run(c.name, func(t *testing.T) { followThroughFetchErrors(t, c.code, c.handed) })
+	}
+}
+
+func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +65,7 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 		rt.Topic, rt.TopicID = f.Topics[0].Topic, f.Topics[0].TopicID
 		for _, fp := range f.Topics[0].Partitions {
 			rp := kmsg.NewFetchResponseTopicPartition()
-			rp.Partition, rp.ErrorCode, rp.HighWatermark = fp.Partition, kerr.KafkaStorageError.Code, -1
+			rp.Partition, rp.ErrorCode, rp.HighWatermark = fp.Partition, code, -1
 			rp.RecordBatches = []byte{}
 			rt.Partitions = append(rt.Partitions, rp)
 		}
@@ -66,8 +80,9 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 		}
 		return refused.Load() >= 5
 	})
-	if n := strings.Count(r.logs.String(), "posterior log: reading it failed; reading it again with backoff, serving the last posterior applied"); n != 1 {
-		t.Errorf("the follower said %d times that the log is unreadable, want once for the episode", n)
+	const said = "posterior log: reading it failed; reading it again with backoff, serving the last posterior applied"
+	if n := strings.Count(r.logs.String(), said); handed && n != 1 || !handed && n != 0 {
+		t.Errorf("the follower said %d times that reading failed; want once for the episode when kafka-go hands the error over, else never", n)
 	}
 	if code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != 200 {
 		t.Errorf("POST /v1/predict while the log is unreadable: %d %s", code, body)
@@ -75,7 +90,7 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 	produceRows(t, r, data, 8, 8)
 	waitfor.Cond(t, 60*time.Second, "/readyz saying the log cannot be read", func() bool {
 		code, body := r.get(t, "/readyz")
-		return code == 503 && strings.Contains(string(body), "the posterior log cannot be read since")
+		return code == 503 && strings.Contains(string(body), "the posterior log cannot be read")
 	})
 	waitfor.Cond(t, 60*time.Second, "the updater giving the role up", func() bool {
 		return strings.Contains(r.logs.String(), "this replica's follower has not read it for")

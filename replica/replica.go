@@ -76,6 +76,7 @@ type Replica struct {
 	ends     map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
 	unreadable time.Time     // since when the follower failed to read the log (zero once it read a record again)
+	starved    time.Time     // since when the follower has waited for a record, failing or not (zero while it applies one)
 	behind     time.Time     // since when the log holds records the follower has not read (watchEnd; zero when none)
 	rewind     chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
@@ -305,9 +306,15 @@ func (r *Replica) noLiveUpdaters(ctx context.Context) error {
 			if end, eerr := r.plog.End(ctx); eerr == nil && end > 0 {
 				return errLogGrew // a genesis landed meanwhile: the caller reads it
 			}
-		case !stream.Retryable(err) || ctx.Err() != nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !stream.Retryable(err):
+			hint := ""
+			if errors.Is(err, kafka.GroupAuthorizationFailed) {
+				hint = "; the replicas' principal needs Describe on it"
+			}
 			return fmt.Errorf("replication.posterior_topic %s is empty, and whether replicas run on it cannot be told (describing the "+
-				"group %s: %w; the replicas' principal needs Describe on it): nothing was written", r.plog.Topic(), r.group, err)
+				"group %s: %w%s): nothing was written", r.plog.Topic(), r.group, err, hint)
 		}
 		if time.Now().After(deadline) {
 			if err != nil {
@@ -395,14 +402,15 @@ func (r *Replica) genesis(ctx context.Context) error {
 			// No entry at all. A new cluster's, or a log deleted under running replicas: those
 			// are members of the updater group, and a genesis of this replica's would start a
 			// second history beside theirs.
-			if err := r.noLiveUpdaters(ctx); err != nil {
-				// Or a new cluster whose first replica joined the group just after its genesis
-				// landed, since this one asked for the log's end: read that genesis.
-				grown, eerr := r.plog.End(ctx)
-				if eerr != nil || grown <= end {
-					return err
+			if err := r.noLiveUpdaters(ctx); errors.Is(err, errLogGrew) {
+				// A new cluster whose first replica appended its genesis and joined the group
+				// since this one asked for the log's end: read what landed; the checks above run
+				// again at the new end.
+				if end, err = r.plog.End(ctx); err != nil {
+					return fmt.Errorf("reading the end of the posterior log %s: %w", r.plog.Topic(), err)
 				}
-				end = grown // read what landed; the checks above run again at the new end
+			} else if err != nil {
+				return err
 			} else if err := r.appendGenesis(ctx); err != nil {
 				return err
 			} else {
@@ -544,10 +552,9 @@ func (e *storeError) Error() string { return "storing the entry: " + e.err.Error
 func (e *storeError) Unwrap() error { return e.err }
 
 // storeErr is err as a storeError, unless the ledger refused the entry for what it holds (an
-// invalid field, a version that does not advance): that is the entry's, and every restart
-// meets it again.
+// invalid field): that is the entry's, and every restart meets it again.
 func storeErr(err error) error {
-	if errors.Is(err, ledger.ErrInvalid) || errors.Is(err, ledger.ErrVersion) {
+	if errors.Is(err, ledger.ErrInvalid) {
 		return err
 	}
 	return &storeError{err}
@@ -576,6 +583,11 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 		}
 	}()
 	for {
+		r.mu.Lock()
+		if r.starved.IsZero() {
+			r.starved = time.Now() // kept across failed reads and reopened readers
+		}
+		r.mu.Unlock()
 		rec, err := rd.Next(rctx)
 		if err != nil {
 			if rewound.Load() && ctx.Err() == nil {
@@ -588,7 +600,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 		}
 		r.mu.Lock()
 		since := r.unreadable
-		r.unreadable = time.Time{}
+		r.unreadable, r.starved = time.Time{}, time.Time{}
 		r.mu.Unlock()
 		if !since.IsZero() {
 			r.lg.Info("posterior log readable again", "topic", r.plog.Topic(), "unreadable_for", time.Since(since).Round(time.Second))
@@ -711,11 +723,6 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		if p, ok := r.pending[head.Hash]; ok && e.Writer == r.writer {
 			own = p.step
 		}
-		for h, p := range r.pending { // none other can be accepted at this entry's place or before
-			if p.seq <= e.Seq {
-				delete(r.pending, h)
-			}
-		}
 		r.mu.Unlock()
 		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
 			return storeErr(err)
@@ -782,6 +789,11 @@ func (r *Replica) advance(next int64, c *postlog.Chain, halts int) {
 		r.chain = c
 		h := c.Head()
 		r.accepted[h.Seq] = h.Hash
+		for k, p := range r.pending { // no other entry can be accepted at this place or before
+			if p.seq <= h.Seq {
+				delete(r.pending, k)
+			}
+		}
 		if h.Seq > acceptedWindow {
 			delete(r.accepted, h.Seq-acceptedWindow)
 		}
@@ -1008,7 +1020,7 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 	start := time.Now()
 	for {
 		r.mu.Lock()
-		read, ch, stopped, unreadable := r.read, r.changed, r.stopped, r.unreadable
+		read, ch, stopped, starved := r.read, r.changed, r.stopped, r.starved
 		r.mu.Unlock()
 		if stopped != nil {
 			return stopped
@@ -1016,13 +1028,14 @@ func (r *Replica) waitRead(ctx context.Context, end int64) error {
 		if read >= end {
 			return nil
 		}
-		// A failure older than this wait (an outage on an idle log, whose end the follower
-		// has not read past since) counts from the wait's start.
-		if !unreadable.IsZero() && time.Since(later(unreadable, start)) >= resetAfter {
+		// The follower waits for a record, failing or not (kafka-go retries some failures
+		// inside its reader), while records wait: counted from this wait's start when it began
+		// before (an idle log).
+		if !starved.IsZero() && time.Since(later(starved, start)) >= resetAfter {
 			// An updater whose follower cannot read gives the role up (its caller steps down):
 			// another replica may read the log.
 			return fmt.Errorf("posterior log %s: this replica's follower has not read it for %s (offset %d of %d)", r.plog.Topic(),
-				time.Since(unreadable).Round(time.Second), read, end)
+				time.Since(later(starved, start)).Round(time.Second), read, end)
 		}
 		select {
 		case <-ctx.Done():
@@ -1360,7 +1373,11 @@ func (r *Replica) awaitFollowing(ctx context.Context) error {
 func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
-			return ctx.Err() == nil && r.isStopped()
+			stopped := ctx.Err() == nil && r.isStopped()
+			if ctx.Err() == nil && !stopped {
+				r.lg.Warn("updater: the posterior log cannot be read to its end; giving the role up", "err", err)
+			}
+			return stopped
 		}
 		head := r.Head()
 		if head.Writer == r.writer {
@@ -1543,16 +1560,16 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 // since the start, and, on the updater, a healthy consumer.
 func (r *Replica) Health() error {
 	r.mu.Lock()
-	stopped, caughtUp, c, reset, unreadable, behind, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.unreadable, r.behind, r.lag
+	stopped, caughtUp, c, reset, starved, behind, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.starved, r.behind, r.lag
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
 		return fmt.Errorf("not following the posterior log: %w", stopped)
 	case !caughtUp:
 		return errors.New("catching up with the posterior log")
-	case !unreadable.IsZero() && !behind.IsZero() && time.Since(later(unreadable, behind)) >= resetAfter:
-		return fmt.Errorf("the posterior log cannot be read since %s (%d records behind); serving the last posterior applied",
-			unreadable.UTC().Format(time.RFC3339), lag)
+	case !starved.IsZero() && !behind.IsZero() && time.Since(later(starved, behind)) >= resetAfter:
+		return fmt.Errorf("the posterior log cannot be read: no record for %s while %d wait; serving the last posterior applied",
+			time.Since(later(starved, behind)).Round(time.Second), lag)
 	case reset != nil:
 		return fmt.Errorf("updater: ingest stopped: %w", reset)
 	}
