@@ -3,19 +3,12 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,57 +19,9 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/testcert"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
-
-// testCA issues certificates for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a PEM certificate and key for 127.0.0.1 (a server) or a client.
-func (ca *testCA) issue(t *testing.T, serial int64, usage x509.ExtKeyUsage) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "cfguard-test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
 
 // replaceFile writes a file as a certificate renewal does: a new file renamed over the old.
 func replaceFile(t *testing.T, path string, b []byte) {
@@ -91,11 +36,9 @@ func replaceFile(t *testing.T, path string, b []byte) {
 
 // tlsClient speaks TLS to the daemon, trusting ca, presenting the client certificate when
 // given, one connection (one handshake) per request.
-func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
+func tlsClient(t *testing.T, ca *testcert.CA, certPEM, keyPEM []byte) *http.Client {
 	t.Helper()
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.pem)
-	cfg := &tls.Config{RootCAs: pool}
+	cfg := &tls.Config{RootCAs: ca.Pool()}
 	if certPEM != nil {
 		c, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
@@ -112,10 +55,10 @@ func tlsClient(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *http.Client {
 // another CA are refused; a renewed server certificate is served without a restart.
 func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 	dir := t.TempDir()
-	ca := newTestCA(t, "cfguard test CA")
-	serverCert, serverKey := ca.issue(t, 100, x509.ExtKeyUsageServerAuth)
-	clientCert, clientKey := ca.issue(t, 200, x509.ExtKeyUsageClientAuth)
-	for name, b := range map[string][]byte{"ca.pem": ca.pem, "server.pem": serverCert, "server.key": serverKey,
+	ca := testcert.NewCA(t, "cfguard test CA")
+	serverCert, serverKey := ca.Issue(t, 100, x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := ca.Issue(t, 200, x509.ExtKeyUsageClientAuth)
+	for name, b := range map[string][]byte{"ca.pem": ca.PEM, "server.pem": serverCert, "server.key": serverKey,
 		"web.yml": []byte("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n" +
 			"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n")} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
@@ -157,8 +100,8 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 		}
 	}
 	// No client certificate, or one the client CA did not sign: no answer.
-	other := newTestCA(t, "another CA")
-	otherCert, otherKey := other.issue(t, 300, x509.ExtKeyUsageClientAuth)
+	other := testcert.NewCA(t, "another CA")
+	otherCert, otherKey := other.Issue(t, 300, x509.ExtKeyUsageClientAuth)
 	for name, c := range map[string]*http.Client{"no client certificate": tlsClient(t, ca, nil, nil),
 		"a client certificate of another CA": tlsClient(t, ca, otherCert, otherKey)} {
 		resp, err := c.Get(r.base + "/healthz")
@@ -173,7 +116,7 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 	}
 
 	// A renewed certificate (new key, new serial) is served on the next connection.
-	renewed, renewedKey := ca.issue(t, 101, x509.ExtKeyUsageServerAuth)
+	renewed, renewedKey := ca.Issue(t, 101, x509.ExtKeyUsageServerAuth)
 	replaceFile(t, filepath.Join(dir, "server.key"), renewedKey)
 	replaceFile(t, filepath.Join(dir, "server.pem"), renewed)
 	if s := servedSerial(); s != 101 {
@@ -232,10 +175,10 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	}
 	t.Parallel() // mostly waits for the replicas to join their groups
 	dir := t.TempDir()
-	ca := newTestCA(t, "cfguard test CA")
-	serverCert, serverKey := ca.issue(t, 100, x509.ExtKeyUsageServerAuth)
-	clientCert, clientKey := ca.issue(t, 200, x509.ExtKeyUsageClientAuth)
-	for name, b := range map[string][]byte{"ca.pem": ca.pem, "server.pem": serverCert, "server.key": serverKey,
+	ca := testcert.NewCA(t, "cfguard test CA")
+	serverCert, serverKey := ca.Issue(t, 100, x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := ca.Issue(t, 200, x509.ExtKeyUsageClientAuth)
+	for name, b := range map[string][]byte{"ca.pem": ca.PEM, "server.pem": serverCert, "server.key": serverKey,
 		"client.pem": clientCert, "client.key": clientKey,
 		"web.yml": []byte("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n" +
 			"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n")} {

@@ -1,43 +1,22 @@
 package replica
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/testcert"
 )
 
 // PeerTransport: without replication.peer_tls, the system's roots and no client certificate;
 // with it, the CA file's pool and the client certificate; a bad file is an error naming the key.
 func TestPeerTransport(t *testing.T) {
 	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "peer"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testcert.NewCA(t, "peer") // its own certificate serves as the client's too
 	cert, keyFile, junk := filepath.Join(dir, "peer.pem"), filepath.Join(dir, "peer.key"), filepath.Join(dir, "junk.pem")
-	for p, b := range map[string][]byte{cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyFile: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), junk: []byte("not PEM")} {
+	for p, b := range map[string][]byte{cert: ca.PEM, keyFile: ca.KeyPEM(t), junk: []byte("not PEM")} {
 		if err := os.WriteFile(p, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
