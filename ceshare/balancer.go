@@ -136,9 +136,17 @@ func (b *stickyBalancer) AssignGroups(members []kafka.GroupMember, partitions []
 func (b *stickyBalancer) forgetGone(members []kafka.GroupMember) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for id := range b.seen {
-		if !slices.ContainsFunc(members, func(m kafka.GroupMember) bool { return m.ID == id }) {
-			delete(b.seen, id)
+	keepOnly(b.seen, func(id string) bool {
+		return slices.ContainsFunc(members, func(m kafka.GroupMember) bool { return m.ID == id })
+	})
+}
+
+// keepOnly deletes from set the member ids that are not present (no longer in the group), so that
+// a set of members refused once does not grow with every id that came and went.
+func keepOnly(set map[string]bool, present func(id string) bool) {
+	for id := range set {
+		if !present(id) {
+			delete(set, id)
 		}
 	}
 }

@@ -221,11 +221,9 @@ func (d *Directory) lookUp(ctx context.Context) {
 func (d *Directory) forgetGone(members []kafka.DescribeGroupsResponseMember) {
 	d.rmu.Lock()
 	defer d.rmu.Unlock()
-	for id := range d.refused {
-		if !slices.ContainsFunc(members, func(m kafka.DescribeGroupsResponseMember) bool { return m.MemberID == id }) {
-			delete(d.refused, id)
-		}
-	}
+	keepOnly(d.refused, func(id string) bool {
+		return slices.ContainsFunc(members, func(m kafka.DescribeGroupsResponseMember) bool { return m.MemberID == id })
+	})
 }
 
 // memberData is member m's data, ok false (logged at WARN once per member) when it does not
