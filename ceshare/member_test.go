@@ -256,6 +256,16 @@ func (l *ledger) releases() []int {
 	return slices.Clone(l.released)
 }
 
+// waitReleased waits until the partitions l released after its first `from` releases are want
+// (sorted) and none is still being released by m: releases run in the background
+// (Member.startRelease), after the partitions have left Owned.
+func waitReleased(t *testing.T, m *Member, l *ledger, from int, want []int, what string) {
+	t.Helper()
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("%s releasing %v and no other partition", what, want), func() bool {
+		return slices.Equal(slices.Sorted(slices.Values(l.releases()[from:])), want) && len(m.Releasing()) == 0
+	})
+}
+
 func (l *ledger) acquisitions() []acquisition {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -741,10 +751,8 @@ func TestMemberCutOffLosesPartitions(t *testing.T) {
 	produce(t, pr, "b", 120, want)
 	waitfor.Cond(t, 30*time.Second, "the new owners applying every request", func() bool { return caughtUp(b, stay, owner) })
 	checkShares(t, b, stay, owner, want)
-	waitfor.Cond(t, 30*time.Second, "the cut-off member releasing its partitions", func() bool { return len(reps[1].m.Owned()) == 0 })
-	if rel := slices.Sorted(slices.Values(reps[1].l.releases()[cutReleased:])); !slices.Equal(rel, cutOwned) {
-		t.Errorf("the cut-off member released %v, it owned %v", rel, cutOwned)
-	}
+	waitfor.Cond(t, 30*time.Second, "the cut-off member giving its partitions up", func() bool { return len(reps[1].m.Owned()) == 0 })
+	waitReleased(t, reps[1].m, reps[1].l, cutReleased, cutOwned, "the cut-off member")
 }
 
 func TestNewMemberRefusesAnotherPartitionCount(t *testing.T) {
@@ -831,9 +839,7 @@ func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
 			want = append(want, p)
 		}
 	}
-	if got := slices.Sorted(slices.Values(l.releases())); !slices.Equal(got, want) {
-		t.Errorf("r2 released %v; it held every partition and r1 kept %v", got, want)
-	}
+	waitReleased(t, r2.m, l, 0, want, "r2, which held every partition, beside r1")
 }
 
 // TestFetchFailuresWarnOncePerEpisode: failed fetches of a partition are said at WARN once they
