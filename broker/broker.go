@@ -95,10 +95,10 @@ type Config struct {
 	// over and closes it. A caller binds it first to learn that the port is busy before it
 	// writes any state.
 	Listener net.Listener
-	// Nodes is the number of broker nodes (1..MaxNodes), node ids 0..Nodes-1. Topics created
-	// on Start have partition p led by node p mod Nodes; topics created by clients get leaders
-	// at random; topics reloaded from DataDir keep their leaders (a leader beyond Nodes is
-	// replaced at random).
+	// Nodes is the number of broker nodes (1..MaxNodes), node ids 0..Nodes-1. The topics of
+	// Topics have partition p led by node p mod Nodes, created or reloaded; topics created by
+	// clients get leaders at random, which a reload keeps for partitions holding records (a
+	// leader beyond Nodes is replaced at random).
 	// Default: 1.
 	Nodes int
 	// GroupMinSessionTimeout is the shortest session timeout a consumer group member may ask
@@ -134,8 +134,7 @@ type Config struct {
 	// Default: DefaultMaxConnections.
 	MaxConnections int
 	// IdleTimeout closes a connection that sends no request for this long while none of its
-	// requests is in flight. With TLS the broker cannot see requests, and closes a connection
-	// silent for IdleTimeout plus 5 minutes (the longest it holds a request).
+	// requests is in flight (TLS included: the broker reads requests below it).
 	// Default: DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// RequestTimeout closes a connection whose request takes longer than this from its first
@@ -207,7 +206,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, configError{err}
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
-	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, framed: cfg.TLS == nil, log: log}
+	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, log: log}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
@@ -224,7 +223,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 					return nil, err
 				}
 			}
-			ln := newListener(inner, conns, log)
+			ln := newListener(inner, conns, cfg.TLS, log)
 			lns = append(lns, ln)
 			return ln, nil
 		}),
@@ -240,9 +239,6 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		if cfg.SyncWrites {
 			opts = append(opts, kfake.SyncWrites())
 		}
-	}
-	if cfg.TLS != nil {
-		opts = append(opts, kfake.TLS(cfg.TLS))
 	}
 	if cfg.SASL != nil {
 		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(cfg.SASL.Mechanism, cfg.SASL.User, cfg.SASL.Password))
@@ -342,24 +338,24 @@ func (cfg *Config) nodeAddr(i int) string {
 	return net.JoinHostPort(host, strconv.Itoa(port))
 }
 
-// ensureTopics creates the topics that do not exist yet, partition p led by node p mod nodes. A
-// topic reloaded from DataDir keeps its partition count and leaders; a count mismatch is logged,
-// not fixed (partitions cannot be removed).
+// ensureTopics creates the topics that do not exist yet, and gives partition p of each topic
+// named node p mod nodes as its leader, created or reloaded (kfake keeps a leader only for a
+// partition that holds records, and picks one at random for the others on a reload). A reloaded
+// topic keeps its partition count; a mismatch is logged, not fixed (partitions cannot be
+// removed).
 func (b *Broker) ensureTopics(topics []string, partitions, nodes int32) error {
 	for _, t := range topics {
 		if b.c.TopicInfo(t) != nil {
 			if n := int32(len(b.c.PartitionInfos(t))); n != partitions {
 				b.log.Warn("existing topic has a different partition count", "topic", t, "partitions", n, "configured", partitions)
 			}
-			continue
-		}
-		if err := b.c.CreateTopic(t, partitions, nil); err != nil {
+		} else if err := b.c.CreateTopic(t, partitions, nil); err != nil {
 			return fmt.Errorf("broker: creating topic %q: %w", t, err)
 		}
 		if nodes == 1 {
 			continue // node 0 leads everything
 		}
-		for p := range partitions {
+		for p := range int32(len(b.c.PartitionInfos(t))) {
 			if err := b.c.MoveTopicPartition(t, p, p%nodes); err != nil {
 				return fmt.Errorf("broker: topic %q: partition %d to node %d: %w", t, p, p%nodes, err)
 			}

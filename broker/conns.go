@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,10 +26,6 @@ const (
 	DefaultRequestTimeout = 30 * time.Second
 )
 
-// MaxRequestBytes is the largest request the broker reads (Kafka's socket.request.max.bytes,
-// 100 MiB): a larger size prefix closes the connection before anything is allocated for it.
-const MaxRequestBytes = 100 << 20
-
 // maxHold is the longest the broker may hold a request before it answers (a JoinGroup waits
 // for a rebalance up to the group's session timeout, at most kfake's group.max.session.timeout,
 // 5 minutes): a connection whose request is in flight is not idle until then.
@@ -39,24 +37,51 @@ type ConnStats struct {
 	Refused   int64 // connections closed at once because Max were open
 	Idle      int64 // connections closed after IdleTimeout without a request
 	Partial   int64 // connections closed because a request took longer than RequestTimeout to arrive
-	Oversized int64 // connections closed for a request larger than MaxRequestBytes
+	Oversized int64 // connections closed for a request larger than MaxRequestBytes, or than MaxBufferedBytes had left
+	Invalid   int64 // connections closed for a request the broker does not take (see gate)
+	Clamped   int64 // fetches cut to MaxFetchBytes or MaxFetchWait
 }
 
-// connLimits is what every node's listener shares: the count of open connections and the
-// timeouts each connection gets.
+// warnEvery is how often at most the broker logs a WARN line of one kind of refusal (connections
+// beyond the limit, requests refused), each naming how many there were since the last.
+const warnEvery = time.Minute
+
+// connLimits is what every node's listener shares: the count of open connections, the bytes of
+// requests being read, and the timeouts each connection gets.
 type connLimits struct {
-	max              int
-	idle, request    time.Duration
-	framed           bool // the listener sees Kafka's framing (not TLS records)
-	log              *slog.Logger
-	open             atomic.Int64
-	refused          atomic.Int64
-	idleClosed       atomic.Int64
-	partialClosed    atomic.Int64
-	oversized        atomic.Int64
-	mu               sync.Mutex
-	refusingSince    time.Time // the first refusal of the current episode, zero when none
-	refusedInEpisode int64
+	max           int
+	idle, request time.Duration
+	log           *slog.Logger
+	open          atomic.Int64
+	buffered      atomic.Int64 // bytes of requests read and not yet handed to kfake
+	refused       atomic.Int64
+	idleClosed    atomic.Int64
+	partialClosed atomic.Int64
+	oversized     atomic.Int64
+	invalid       atomic.Int64
+	clamped       atomic.Int64
+	refusals      rateLog // connections beyond the limit
+	rejections    rateLog // requests refused
+}
+
+// rateLog logs one WARN line of a kind at most every warnEvery, with the count since the last.
+type rateLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	missed int64
+}
+
+// note counts one event and reports whether to log it now, with the events not logged since
+// the last line.
+func (r *rateLog) note(now time.Time) (log bool, missed int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.last.IsZero() && now.Sub(r.last) < warnEvery {
+		r.missed++
+		return false, 0
+	}
+	missed, r.last, r.missed = r.missed, now, 0
+	return true, missed
 }
 
 // admit takes a slot for a new connection, or reports that none is free.
@@ -64,34 +89,21 @@ func (l *connLimits) admit() bool {
 	if l.open.Add(1) > int64(l.max) {
 		l.open.Add(-1)
 		l.refused.Add(1)
-		l.mu.Lock()
-		if l.refusingSince.IsZero() {
-			l.refusingSince = time.Now()
+		if ok, missed := l.refusals.note(time.Now()); ok {
 			l.log.Warn("embedded broker at its connection limit: closing new connections until a slot frees (kafka.embedded_max_connections)",
-				"max_connections", l.max, "idle_timeout", l.idle)
+				"max_connections", l.max, "idle_timeout", l.idle, "refused_since_last_line", missed)
 		}
-		l.refusedInEpisode++
-		l.mu.Unlock()
 		return false
 	}
 	return true
 }
 
-// release frees a slot; the first release after refusals ends the episode.
-func (l *connLimits) release() {
-	l.open.Add(-1)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.refusingSince.IsZero() {
-		l.log.Info("embedded broker below its connection limit again", "refused", l.refusedInEpisode,
-			"for", time.Since(l.refusingSince).Round(time.Millisecond))
-		l.refusingSince, l.refusedInEpisode = time.Time{}, 0
-	}
-}
+// release frees a slot.
+func (l *connLimits) release() { l.open.Add(-1) }
 
 func (l *connLimits) stats() ConnStats {
 	return ConnStats{Open: int(l.open.Load()), Max: l.max, Refused: l.refused.Load(), Idle: l.idleClosed.Load(),
-		Partial: l.partialClosed.Load(), Oversized: l.oversized.Load()}
+		Partial: l.partialClosed.Load(), Oversized: l.oversized.Load(), Invalid: l.invalid.Load(), Clamped: l.clamped.Load()}
 }
 
 // full says why the broker refuses new connections, nil while it has a free slot.
@@ -103,108 +115,157 @@ func (l *connLimits) full() error {
 	return nil
 }
 
-// limitedConn is an accepted connection that holds a slot until it is closed, and whose reads
-// and writes have deadlines: at a request boundary with nothing in flight, IdleTimeout; within
-// a request, RequestTimeout from its first byte; with a request in flight (the broker holds it),
-// IdleTimeout after the response is written (maxHold at most); a write, RequestTimeout.
+// reject counts a request refused (its connection closes) and logs it, at most every warnEvery.
+func (l *connLimits) reject(remote net.Addr, err error) {
+	if errors.Is(err, errOversized) {
+		l.oversized.Add(1)
+	} else {
+		l.invalid.Add(1)
+	}
+	if ok, missed := l.rejections.note(time.Now()); ok {
+		l.log.Warn("embedded broker refused a request and closed its connection", "remote", remote.String(), "err", err,
+			"refused_since_last_line", missed)
+	}
+}
+
+// limitedConn is an accepted connection that holds a slot until it is closed. It reads each
+// request whole from the socket before kfake sees a byte of it, so that gate can refuse or cut
+// it, and gives its reads and writes deadlines: at a request boundary with nothing in flight,
+// IdleTimeout; within a request, RequestTimeout from its first byte; with a request in flight
+// (the broker holds it), IdleTimeout after the response is written (maxHold at most); a write,
+// RequestTimeout.
 //
 // kfake reads a connection from one goroutine at a time and writes it from another; mu guards
-// the framing state both touch.
+// what both touch, and each sets the read deadline under it.
 type limitedConn struct {
 	net.Conn
 	l    *connLimits
 	once sync.Once
 
-	mu        sync.Mutex
-	hdr       [4]byte
-	hdrN      int       // bytes of the current request's size prefix read
-	remaining int64     // bytes of the current request's body still to read
-	started   time.Time // when the current request's first byte arrived
-	inflight  int       // requests read and not answered yet
+	pending []byte // the current request as gate passed it, not yet read by kfake
+
+	mu       sync.Mutex
+	inflight int  // requests handed to kfake whose response is not written yet
+	reading  bool // part of a request has arrived: its RequestTimeout deadline stands
 }
 
-var errOversized = errors.New("broker: request larger than MaxRequestBytes")
+var errOversized = errors.New("broker: request too large")
 
-// midRequest reports whether part of a request has been read. Callers hold mu.
-func (c *limitedConn) midRequest() bool { return c.hdrN > 0 || c.remaining > 0 }
-
-// readDeadline is the deadline of a read that starts at now. Callers hold mu.
-func (c *limitedConn) readDeadline(now time.Time) time.Time {
-	switch {
-	case !c.l.framed:
-		// TLS records hide the requests: only a silence longer than a request may be held.
-		return now.Add(c.l.idle + maxHold)
-	case c.midRequest():
-		return c.started.Add(c.l.request)
-	case c.inflight > 0:
-		return now.Add(c.l.idle + maxHold)
-	}
-	return now.Add(c.l.idle)
-}
-
-func (c *limitedConn) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	d := c.readDeadline(time.Now())
-	c.mu.Unlock()
-	if err := c.Conn.SetReadDeadline(d); err != nil {
-		return 0, err
-	}
-	n, err := c.Conn.Read(p)
+// awaitRequest sets the read deadline of a connection at a request boundary: the idle timeout
+// from now, maxHold more while a request is in flight.
+func (c *limitedConn) awaitRequest(now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.l.framed {
-		if ferr := c.consume(p[:n]); ferr != nil {
-			c.l.oversized.Add(1)
-			return 0, ferr
-		}
+	c.reading = false
+	d := now.Add(c.l.idle)
+	if c.inflight > 0 {
+		d = d.Add(maxHold)
 	}
+	return c.Conn.SetReadDeadline(d)
+}
+
+// requestStarted sets the read deadline of a request whose first byte arrived at now.
+func (c *limitedConn) requestStarted(now time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reading = true
+	return c.Conn.SetReadDeadline(now.Add(c.l.request))
+}
+
+// requestRead marks the request read whole, and in flight when it is answered.
+func (c *limitedConn) requestRead(answered bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reading = false
+	if answered {
+		c.inflight++
+	}
+}
+
+// Read hands kfake the current request, reading the next whole one when none is left.
+func (c *limitedConn) Read(p []byte) (int, error) {
+	if len(c.pending) == 0 {
+		frame, err := c.next()
+		if err != nil {
+			return 0, err
+		}
+		c.pending = frame
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[n:]
+	if len(c.pending) == 0 {
+		c.pending = nil
+	}
+	return n, nil
+}
+
+// readChunk bounds one read of a request's body: its buffer grows with the bytes that arrived,
+// not with the size the request declares.
+const readChunk = 64 << 10
+
+// next reads one request whole (its size prefix and body), within the connection's deadlines,
+// and returns it as gate passed it.
+func (c *limitedConn) next() ([]byte, error) {
+	if err := c.awaitRequest(time.Now()); err != nil {
+		return nil, err
+	}
+	var prefix [4]byte
+	if _, err := io.ReadFull(c.Conn, prefix[:1]); err != nil {
+		return nil, c.readFailed(err, false)
+	}
+	if err := c.requestStarted(time.Now()); err != nil {
+		return nil, err
+	}
+	if _, err := io.ReadFull(c.Conn, prefix[1:]); err != nil {
+		return nil, c.readFailed(err, true)
+	}
+	size := int64(int32(binary.BigEndian.Uint32(prefix[:])))
+	if size < 0 || size > MaxRequestBytes {
+		err := fmt.Errorf("%w: a request of %d bytes, over MaxRequestBytes (%d)", errOversized, size, MaxRequestBytes)
+		c.l.reject(c.RemoteAddr(), err)
+		return nil, err
+	}
+	frame := append(make([]byte, 0, 4+min(size, readChunk)), prefix[:]...)
+	held := int64(0)
+	defer func() { c.l.buffered.Add(-held) }()
+	for int64(len(frame)-4) < size {
+		k := min(size-int64(len(frame)-4), readChunk)
+		if c.l.buffered.Add(k) > MaxBufferedBytes {
+			c.l.buffered.Add(-k)
+			err := fmt.Errorf("%w: a request of %d bytes while the requests being read hold MaxBufferedBytes (%d)", errOversized, size, MaxBufferedBytes)
+			c.l.reject(c.RemoteAddr(), err)
+			return nil, err
+		}
+		held += k
+		frame = slices.Grow(frame, int(k))
+		if _, err := io.ReadFull(c.Conn, frame[len(frame):len(frame)+int(k)]); err != nil {
+			return nil, c.readFailed(err, true)
+		}
+		frame = frame[:len(frame)+int(k)]
+	}
+	v, err := gate(frame)
+	if err != nil {
+		c.l.reject(c.RemoteAddr(), err)
+		return nil, err
+	}
+	if v.clamped {
+		c.l.clamped.Add(1)
+	}
+	c.requestRead(v.answered)
+	return v.frame, nil
+}
+
+// readFailed counts a read that timed out, as idle or within a request, and returns err.
+func (c *limitedConn) readFailed(err error, midRequest bool) error {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		if c.midRequest() {
+		if midRequest {
 			c.l.partialClosed.Add(1)
 		} else {
 			c.l.idleClosed.Add(1)
 		}
 	}
-	return n, err
-}
-
-// consume follows Kafka's framing (a 4-byte big-endian size, then the request) over b. Callers
-// hold mu.
-func (c *limitedConn) consume(b []byte) error {
-	for len(b) > 0 {
-		if c.remaining == 0 {
-			if c.hdrN == 0 {
-				c.started = time.Now()
-			}
-			k := copy(c.hdr[c.hdrN:], b)
-			c.hdrN += k
-			b = b[k:]
-			if c.hdrN < 4 {
-				return nil
-			}
-			c.hdrN = 0
-			size := int64(int32(binary.BigEndian.Uint32(c.hdr[:])))
-			if size < 0 || size > MaxRequestBytes {
-				return fmt.Errorf("%w: a request of %d bytes", errOversized, size)
-			}
-			c.remaining = size
-			if size == 0 {
-				c.inflight++
-			}
-			continue
-		}
-		k := int64(len(b))
-		if k > c.remaining {
-			k = c.remaining
-		}
-		c.remaining -= k
-		b = b[k:]
-		if c.remaining == 0 {
-			c.inflight++
-		}
-	}
-	return nil
+	return err
 }
 
 func (c *limitedConn) Write(p []byte) (int, error) {
@@ -212,14 +273,14 @@ func (c *limitedConn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	n, err := c.Conn.Write(p)
-	if err == nil && c.l.framed {
+	if err == nil {
 		// kfake writes each response whole: the request it answers is no longer in flight, and
 		// a read waiting for the next request is idle from now.
 		c.mu.Lock()
 		if c.inflight > 0 {
 			c.inflight--
 		}
-		if c.inflight == 0 && !c.midRequest() {
+		if c.inflight == 0 && !c.reading {
 			err = c.Conn.SetReadDeadline(time.Now().Add(c.l.idle))
 		}
 		c.mu.Unlock()

@@ -4,15 +4,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
@@ -83,8 +86,10 @@ func TestConnectionLimits(t *testing.T) {
 		t.Errorf("Healthy once the flood ended: %v", err)
 	}
 
-	// The timeouts, short.
-	b, addr = start(Config{IdleTimeout: time.Second, RequestTimeout: time.Second})
+	// The timeouts, short, the request timeout longer than the idle one: a request that
+	// arrives a byte at a time, each within the idle timeout, is still cut at the request
+	// timeout from its first byte.
+	b, addr = start(Config{IdleTimeout: time.Second, RequestTimeout: 3 * time.Second})
 	idle = nil
 	for range max {
 		idle = append(idle, dialIdle(t, addr))
@@ -97,7 +102,8 @@ func TestConnectionLimits(t *testing.T) {
 		t.Errorf("after the idle connections: %+v, want %d idle closed, none partial or refused", s, max)
 	}
 
-	// A request that never completes: part of a size prefix; a size prefix and part of its body.
+	// A request that never completes: part of a size prefix; a size prefix and part of its body;
+	// a body that drips in.
 	half := dialIdle(t, addr)
 	if _, err := half.Write([]byte{0, 0}); err != nil {
 		t.Fatal(err)
@@ -108,15 +114,30 @@ func TestConnectionLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	closedByPeer(t, body, "part of a request body")
-	// A size prefix that would make kfake allocate 2 GiB.
-	huge := dialIdle(t, addr)
-	if _, err := huge.Write(binary.BigEndian.AppendUint32(nil, 1<<31-1)); err != nil {
-		t.Fatal(err)
+	drip := dialIdle(t, addr)
+	dripped := make(chan struct{})
+	go func() {
+		defer close(dripped)
+		for _, c := range []byte{0, 0, 0, 64, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} {
+			if _, err := drip.Write([]byte{c}); err != nil {
+				return
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}()
+	closedByPeer(t, drip, "a request that drips in")
+	<-dripped
+	// Size prefixes past MaxRequestBytes, one that would make kfake allocate 2 GiB.
+	for _, size := range []uint32{MaxRequestBytes + 1, 1<<31 - 1} {
+		huge := dialIdle(t, addr)
+		if _, err := huge.Write(binary.BigEndian.AppendUint32(nil, size)); err != nil {
+			t.Fatal(err)
+		}
+		closedByPeer(t, huge, fmt.Sprintf("a request of %d bytes", size))
 	}
-	closedByPeer(t, huge, "an oversized request")
 	waitfor.Cond(t, 30*time.Second, "the partial and oversized connections released", func() bool { return b.Connections().Open == 0 })
-	if s := b.Connections(); s.Partial != 2 || s.Oversized != 1 {
-		t.Errorf("after partial and oversized requests: %+v, want 2 partial, 1 oversized", s)
+	if s := b.Connections(); s.Partial != 3 || s.Oversized != 2 {
+		t.Errorf("after partial and oversized requests: %+v, want 3 partial, 2 oversized", s)
 	}
 
 	// A real client, after the flood (TestConnDeadlines: a request in flight is not idle).
@@ -135,45 +156,134 @@ func TestConnectionLimits(t *testing.T) {
 	}
 }
 
-// A connection's read deadline follows its requests: idle at a boundary; from the first byte
-// while a request arrives; held (up to the longest request the broker holds) while its request
-// is in flight; idle again once the response is written.
+// deadlineConn records the read deadlines set on a connection.
+type deadlineConn struct {
+	net.Conn
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (d *deadlineConn) SetReadDeadline(t time.Time) error {
+	d.mu.Lock()
+	d.last = t
+	d.mu.Unlock()
+	return d.Conn.SetReadDeadline(t)
+}
+
+func (d *deadlineConn) readDeadline() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
+}
+
+// A connection's read deadline, as set on the socket, follows its requests: idle at a boundary;
+// from the first byte while a request arrives; held (up to the longest request the broker
+// holds) while its request is in flight; idle again once the response is written. A produce
+// with acks=0 gets no response and is never in flight; a response written while the next
+// request arrives leaves that request's deadline alone.
 func TestConnDeadlines(t *testing.T) {
 	srv, cli := net.Pipe()
 	defer srv.Close()
 	defer cli.Close()
 	go io.Copy(io.Discard, cli)
-	l := &connLimits{max: 1, idle: time.Minute, request: 10 * time.Second, framed: true, log: slog.New(slog.DiscardHandler)}
+	l := &connLimits{max: 1, idle: time.Minute, request: 10 * time.Second, log: slog.New(slog.DiscardHandler)}
 	l.open.Store(1)
-	c := &limitedConn{Conn: srv, l: l}
-	now := time.Now()
-	if d := c.readDeadline(now); !d.Equal(now.Add(time.Minute)) {
-		t.Errorf("at a boundary: deadline in %v, want the idle timeout", d.Sub(now))
+	dc := &deadlineConn{Conn: srv}
+	c := &limitedConn{Conn: dc, l: l}
+	near := func(what string, want time.Duration) {
+		t.Helper()
+		if got := time.Until(dc.readDeadline()); got > want || got < want-5*time.Second {
+			t.Errorf("%s: read deadline in %v, want %v", what, got.Round(time.Second), want)
+		}
 	}
-	if err := c.consume([]byte{0, 0, 0, 4, 1}); err != nil {
+	send := func(b []byte) {
+		go func() { _, _ = cli.Write(b) }()
+	}
+	readWhole := func(n int) {
+		t.Helper()
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta := kmsg.NewPtrMetadataRequest()
+	meta.SetVersion(4)
+	frame := (&kmsg.RequestFormatter{}).AppendRequest(nil, meta, 1)
+
+	// At a boundary, then within a request: kfake's read blocks on the socket.
+	send(frame[:1])
+	readDone := make(chan struct{})
+	go func() { defer close(readDone); readWhole(len(frame)) }()
+	waitfor.Cond(t, 10*time.Second, "the request's first byte read", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.reading
+	})
+	near("within a request", 10*time.Second)
+	// A response to an earlier request written meanwhile does not lift that deadline.
+	if _, err := c.Write([]byte("earlier response")); err != nil {
 		t.Fatal(err)
 	}
-	if d := c.readDeadline(now); !d.Equal(c.started.Add(10 * time.Second)) {
-		t.Errorf("within a request: deadline %v after its first byte, want the request timeout", d.Sub(c.started))
+	near("within a request, after a response", 10*time.Second)
+	send(frame[1:])
+	<-readDone
+	// In flight: the next read waits up to idle + maxHold.
+	send(frame[:1])
+	readDone = make(chan struct{})
+	go func() { defer close(readDone); readWhole(len(frame)) }()
+	waitfor.Cond(t, 10*time.Second, "the next request's first byte read", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.reading && c.inflight == 1
+	})
+	send(frame[1:])
+	<-readDone
+	c.mu.Lock()
+	inflight := c.inflight
+	c.mu.Unlock()
+	if inflight != 2 {
+		t.Fatalf("%d requests in flight, want 2", inflight)
 	}
-	if err := c.consume([]byte{2, 3, 4}); err != nil {
+	for range 2 {
+		if _, err := c.Write([]byte("response")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	near("after the responses", time.Minute)
+
+	// A produce with acks=0: no response comes, and the connection is idle after it.
+	prod := kmsg.NewPtrProduceRequest()
+	prod.SetVersion(7)
+	prod.Acks = 0
+	frame = (&kmsg.RequestFormatter{}).AppendRequest(nil, prod, 2)
+	send(frame)
+	readWhole(len(frame))
+	if err := c.awaitRequest(time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if d := c.readDeadline(now); !d.Equal(now.Add(time.Minute+maxHold)) || c.inflight != 1 {
-		t.Errorf("with a request in flight: deadline in %v (%d in flight), want idle + %v", d.Sub(now), c.inflight, maxHold)
-	}
-	if _, err := c.Write([]byte("response")); err != nil {
-		t.Fatal(err)
-	}
-	if d := c.readDeadline(now); !d.Equal(now.Add(time.Minute)) || c.inflight != 0 {
-		t.Errorf("after the response: deadline in %v (%d in flight), want the idle timeout", d.Sub(now), c.inflight)
-	}
-	if err := c.consume([]byte{0x80, 0, 0, 0}); err == nil {
-		t.Error("a negative size was accepted")
-	}
+	near("after a produce with acks=0", time.Minute)
+
 	c.Close()
 	c.Close()
 	if n := l.open.Load(); n != 0 {
 		t.Errorf("%d slots held after Close twice, want 0", n)
+	}
+}
+
+// TestRateLog: one line at the first event, none for warnEvery after, then one that counts the
+// events in between.
+func TestRateLog(t *testing.T) {
+	var r rateLog
+	now := time.Now()
+	if ok, missed := r.note(now); !ok || missed != 0 {
+		t.Fatalf("first event: log %v, missed %d; want a line", ok, missed)
+	}
+	for i := range 100 {
+		if ok, _ := r.note(now.Add(time.Duration(i) * time.Millisecond)); ok {
+			t.Fatalf("event %d within warnEvery logged", i)
+		}
+	}
+	if ok, missed := r.note(now.Add(warnEvery)); !ok || missed != 100 {
+		t.Fatalf("after warnEvery: log %v, missed %d; want a line counting 100", ok, missed)
 	}
 }

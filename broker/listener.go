@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,7 @@ type listener struct {
 	net.Listener
 	log    *slog.Logger
 	limits *connLimits // shared by every node's listener
+	tls    *tls.Config // when set, connections speak TLS (below limitedConn, which sees requests)
 
 	closing   chan struct{} // closed by Close
 	closeOnce sync.Once
@@ -35,8 +37,8 @@ type listener struct {
 	dead error // the error that ended the accept loop, unless Close did
 }
 
-func newListener(inner net.Listener, limits *connLimits, log *slog.Logger) *listener {
-	return &listener{Listener: inner, limits: limits, log: log, closing: make(chan struct{})}
+func newListener(inner net.Listener, limits *connLimits, tc *tls.Config, log *slog.Logger) *listener {
+	return &listener{Listener: inner, limits: limits, tls: tc, log: log, closing: make(chan struct{})}
 }
 
 // Accept waits for the next connection, retrying temporary errors (see temporaryAcceptError)
@@ -60,6 +62,9 @@ func (l *listener) Accept() (net.Conn, error) {
 			if !l.limits.admit() {
 				conn.Close()
 				continue
+			}
+			if l.tls != nil {
+				conn = tls.Server(conn, l.tls)
 			}
 			return &limitedConn{Conn: conn, l: l.limits}, nil
 		}

@@ -1,0 +1,178 @@
+package broker
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Bounds the broker puts on what one request may ask of it (see gate).
+const (
+	// MaxRequestBytes is the largest request the broker reads: a larger size prefix closes the
+	// connection before anything is read for it. Kafka clients send at most about 1 MiB
+	// (producers' max.request.size and the broker's message.max.bytes), so 16 MiB leaves room
+	// for a produce request of many partitions.
+	MaxRequestBytes = 16 << 20
+	// MaxBufferedBytes bounds the bytes of requests being read, across every connection; a
+	// request that would pass it closes its connection. Requests are buffered as their bytes
+	// arrive, so a size prefix alone holds no memory.
+	MaxBufferedBytes = 64 << 20
+	// MaxFetchBytes bounds what one fetch returns: a request asking for more (in total or for
+	// one partition) is answered with at most this much (and, as Kafka does, with the first
+	// record batch whole when that alone is larger; a batch is at most about 1 MiB).
+	MaxFetchBytes = 4 << 20
+	// MaxFetchWait bounds how long a fetch waits at the broker for records: the broker keeps a
+	// waiting fetch until it is answered, even when its connection has closed. kafka-go waits
+	// 10 s by default.
+	MaxFetchWait = 10_000 // milliseconds
+)
+
+// errInvalidRequest marks a request the broker does not take (see gate); its connection is
+// closed.
+var errInvalidRequest = errors.New("broker: invalid request")
+
+// header is the start of a request: Kafka's request header v1 or v2.
+type header struct {
+	key, version int16
+	flexible     bool
+	len          int // bytes of the header, tagged fields included
+}
+
+// readHeader parses the request header at the start of body.
+func readHeader(body []byte) (header, kmsg.Request, error) {
+	if len(body) < 10 {
+		return header{}, nil, fmt.Errorf("%w: %d bytes, shorter than a request header", errInvalidRequest, len(body))
+	}
+	h := header{key: int16(binary.BigEndian.Uint16(body)), version: int16(binary.BigEndian.Uint16(body[2:]))}
+	req := kmsg.RequestForKey(h.key)
+	if req == nil {
+		return h, nil, fmt.Errorf("%w: unknown API key %d", errInvalidRequest, h.key)
+	}
+	if h.version < 0 || h.version > req.MaxVersion() {
+		return h, nil, fmt.Errorf("%w: %s version %d, outside 0..%d", errInvalidRequest, kmsg.NameForKey(h.key), h.version, req.MaxVersion())
+	}
+	req.SetVersion(h.version)
+	h.flexible = req.IsFlexible()
+	// key, version, correlation id, then the client id: a nullable string of int16 length.
+	n := 8
+	if l := int16(binary.BigEndian.Uint16(body[n:])); l > 0 {
+		n += int(l)
+	}
+	n += 2
+	if n > len(body) {
+		return h, nil, fmt.Errorf("%w: client id past the request's end", errInvalidRequest)
+	}
+	if h.flexible { // tagged fields: a count, then (tag, size, bytes) each
+		count, k := binary.Uvarint(body[n:])
+		if k <= 0 {
+			return h, nil, fmt.Errorf("%w: header tags", errInvalidRequest)
+		}
+		n += k
+		for range count {
+			_, k := binary.Uvarint(body[n:])
+			if k <= 0 {
+				return h, nil, fmt.Errorf("%w: header tags", errInvalidRequest)
+			}
+			n += k
+			size, k := binary.Uvarint(body[n:])
+			if k <= 0 || size > uint64(len(body)-n-k) {
+				return h, nil, fmt.Errorf("%w: header tags", errInvalidRequest)
+			}
+			n += k + int(size)
+		}
+	}
+	h.len = n
+	return h, req, nil
+}
+
+// verdict is what gate decided of a request.
+type verdict struct {
+	frame    []byte // the request as kfake is to read it: size prefix and body
+	answered bool   // the broker writes a response (a produce with acks=0 gets none)
+	clamped  bool   // a fetch asked for more than MaxFetchBytes or MaxFetchWait and was cut
+}
+
+// gate judges one whole request (body: the bytes after its size prefix) before kfake reads it.
+// It refuses (errInvalidRequest, and the connection closes) what kfake would crash on or what
+// makes it hold memory out of proportion to the request:
+//
+//   - an API key kmsg does not know (kfake dereferences the nil request it gets for one), a
+//     version outside the key's range, a header that does not parse;
+//   - a produce or fetch whose body does not parse;
+//   - a fetch naming one partition twice (kfake would return its records twice).
+//
+// A fetch asking for more than MaxFetchBytes, or to wait longer than MaxFetchWait, is rewritten
+// to ask for that much. Every other request goes through as it came.
+func gate(frame []byte) (verdict, error) {
+	body := frame[4:]
+	h, req, err := readHeader(body)
+	if err != nil {
+		return verdict{}, err
+	}
+	v := verdict{frame: frame, answered: true}
+	switch r := req.(type) {
+	case *kmsg.ProduceRequest:
+		if err := r.ReadFrom(body[h.len:]); err != nil {
+			return verdict{}, fmt.Errorf("%w: produce v%d: %v", errInvalidRequest, h.version, err)
+		}
+		v.answered = r.Acks != 0
+	case *kmsg.FetchRequest:
+		if err := r.ReadFrom(body[h.len:]); err != nil {
+			return verdict{}, fmt.Errorf("%w: fetch v%d: %v", errInvalidRequest, h.version, err)
+		}
+		if err := distinctPartitions(r); err != nil {
+			return verdict{}, err
+		}
+		if clampFetch(r) {
+			v.clamped = true
+			out := binary.BigEndian.AppendUint32(make([]byte, 0, len(frame)), 0)
+			out = append(out, body[:h.len]...)
+			out = r.AppendTo(out)
+			binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+			v.frame = out
+		}
+	}
+	return v, nil
+}
+
+// distinctPartitions refuses a fetch that names one partition twice (by topic name, or by topic
+// id from v13 on).
+func distinctPartitions(r *kmsg.FetchRequest) error {
+	type tp struct {
+		topic string
+		id    [16]byte
+		p     int32
+	}
+	seen := map[tp]bool{}
+	for _, t := range r.Topics {
+		for _, p := range t.Partitions {
+			k := tp{t.Topic, t.TopicID, p.Partition}
+			if seen[k] {
+				return fmt.Errorf("%w: fetch names partition %d of topic %q%x twice", errInvalidRequest, p.Partition, t.Topic, t.TopicID)
+			}
+			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// clampFetch cuts r's byte limits to MaxFetchBytes and its wait to MaxFetchWait, and reports
+// whether it changed anything.
+func clampFetch(r *kmsg.FetchRequest) bool {
+	changed := false
+	cut := func(v *int32, limit int32) {
+		if *v > limit {
+			*v, changed = limit, true
+		}
+	}
+	cut(&r.MaxWaitMillis, MaxFetchWait)
+	cut(&r.MaxBytes, MaxFetchBytes)
+	for i := range r.Topics {
+		for j := range r.Topics[i].Partitions {
+			cut(&r.Topics[i].Partitions[j].PartitionMaxBytes, MaxFetchBytes)
+		}
+	}
+	return changed
+}
