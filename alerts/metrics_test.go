@@ -342,7 +342,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 		alerts = append(alerts, alert)
 	}
 	sort.Strings(alerts)
-	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh",
+	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh", "CfguardDown",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
 		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {

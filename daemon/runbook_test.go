@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ var runbookChecks = map[string][]runbooktest.Check{
 	"CfguardDeadLetterRateHigh": {
 		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},
 	},
+	"CfguardDown": {
+		{Cmd: "/healthz", Want: `^000$`},
+	},
 	"CfguardCheckpointFailing": {
 		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
 		{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
@@ -106,7 +110,8 @@ var runbookNotRun = map[string]string{
 // child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
 // records wait in the topic (runbookInChild). CfguardRenewalBehind's run against a daemon whose
 // confirmers are held after a drift lapsed its certificates (behindDaemon); released, its
-// backlog empties. curl, kcat, jq and df run for real; the test skips when one is missing unless
+// backlog empties. CfguardDown's run against an address where nothing listens (downState).
+// curl, kcat, jq and df run for real; the test skips when one is missing unless
 // CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	t.Parallel() // mostly waits for its daemons to reach their states and for the commands
@@ -144,6 +149,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	lost, _ := lostDaemon(t)
 	backlog := outboxDaemon(t)
 	behind, release := behindDaemon(t)
+	down := downState(t)
 	for _, s := range run {
 		st := invalidated
 		switch s.Name {
@@ -159,6 +165,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = backlog
 		case "CfguardRenewalBehind":
 			st = behind
+		case "CfguardDown":
+			st = down
 		}
 		if runbookInChild[s.Name] {
 			t.Logf("%s: run by TestCheckpointFailureChild, in the alert's state", s.Name)
@@ -264,6 +272,27 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
 		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
 	)}, release
+}
+
+// downState points the runbook at an address where no daemon listens (CfguardDown): a loopback
+// port bound and never listened on, held until the test ends, so that a connection to it is
+// refused and no other process can take it meanwhile.
+func downState(t *testing.T) *runbookState {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	return &runbookState{subst: strings.NewReplacer("127.0.0.1:8080", addr)}
 }
 
 // runbookInChild are the sections whose state is a ledger that cannot be written: the child

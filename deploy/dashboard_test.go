@@ -128,6 +128,7 @@ func healthy(change map[string]string) []string {
 		`cfguard_prequential_brier_score`: "0.05x40", `cfguard_prequential_accuracy_ratio`: "0.96x40", `cfguard_prequential_expected_calibration`: "0.02x40",
 		`cfguard_prequential_change_statistic`: "3x40", `cfguard_prequential_change_threshold`: "138.2x40", `cfguard_prequential_changes_total`: "0x40",
 		`cfguard_prequential_last_change_timestamp_seconds`: "0x40",
+		`up`: "1x40", `cfguard_build_info{version="v",revision="r",goversion="go"}`: "1x40",
 	}
 	for k, v := range change {
 		series[k] = v
