@@ -292,6 +292,9 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 	return m, nil
 }
 
+// GroupOf is the CE group of the replicas whose consumer group is groupID (kafka.group_id).
+func GroupOf(groupID string) string { return groupID + ".ce" }
+
 // GroupSource is the source OnUnauthenticated names for the member data of group: "group:"
 // and its name (a CE group and the CE topic may share a name).
 func GroupSource(group string) string { return "group:" + group }

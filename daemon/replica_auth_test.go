@@ -99,6 +99,15 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	}
 	produced = produceRows(t, reps[0], data, produced, 64)
 	before := agree()
+	// Every source of unauthenticated records has its series from the start, at 0: an alert on
+	// increase() sees the first one.
+	for _, r := range reps {
+		for _, src := range []string{"cfguard.posterior", "cfguard.ce", "cfguard.ce.state", "group:cfguard.ce"} {
+			if n := r.metric(t, "cfguard_replication_unauthenticated_total", "topic", src); n != 0 {
+				t.Errorf("%s counts %v unauthenticated records of %s before any was forged, want 0", r.d.cfg.Replication.ReplicaID, n, src)
+			}
+		}
+	}
 	// CEs registered at each replica: signed with k1 at r1 and r2, with k2 at r3.
 	var ids []string
 	for _, r := range reps {

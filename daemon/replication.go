@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
@@ -215,7 +216,7 @@ func (d *Daemon) joinShare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: d.cfg.Kafka.GroupID + ".ce", Token: d.cfg.HTTP.Token,
+	d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
 		Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
 		Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
 	return err

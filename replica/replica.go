@@ -149,7 +149,7 @@ func New(opts Options) (*Replica, error) {
 		reasons = append(reasons, string(reason))
 	}
 	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic,
-		ceshare.StateTopic(cfg.Replication.CETopic))
+		ceshare.StateTopic(cfg.Replication.CETopic), ceshare.GroupSource(ceshare.GroupOf(cfg.Kafka.GroupID)))
 	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
 	return r, nil
 }
