@@ -1429,11 +1429,10 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		r.mu.Lock()
 		r.inputReset = nil
 		r.mu.Unlock()
-		if ctx.Err() != nil {
-			return false
-		}
+		// Cleared whether the log moved or the role ended: an updater that is not this replica
+		// reads the topic now, and finds the reset itself.
 		r.host.TopicReset(nil)
-		return true
+		return ctx.Err() == nil
 	case err != nil && ctx.Err() == nil && r.isStopped():
 		return true // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
