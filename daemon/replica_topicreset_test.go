@@ -16,7 +16,7 @@ import (
 // updater finds the reset (the record the log's marks name is not there any more) and stops
 // ingesting rather than read on from offset 64 and skip the new log's first 64 records. It keeps
 // serving its posterior, /readyz names the reset, cfguard_consumer_topic_mismatch is 1
-// (CfguardTopicReset). Restarted, a new updater (whose consumer never read the old topic) finds
+// (CfguardTopicReset), and the new log's 96 records wait (cfguard_consumer_lag_records). Restarted, a new updater (whose consumer never read the old topic) finds
 // it from the log's marks alone: the log still covers 64.
 func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
@@ -42,7 +42,7 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 		waitfor.Cond(t, 60*time.Second, what, func() bool {
 			code, body := r.get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
-				r.metric(t, "cfguard_consumer_topic_mismatch") == 1
+				r.metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.metric(t, "cfguard_consumer_lag_records") == 96
 		})
 		if v := r.view(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
 			t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",

@@ -36,8 +36,16 @@ func (h replicaHost) Checkpoint(ctx context.Context, cp *ledger.Checkpoint) erro
 	return h.d.checkpoint(ctx, cp)
 }
 
-// TopicReset sets cfguard_consumer_topic_mismatch (CfguardTopicReset) while e is not nil.
-func (h replicaHost) TopicReset(e *stream.TopicResetError) { h.d.metrics.SetTopicReset(e != nil) }
+// TopicReset sets cfguard_consumer_topic_mismatch (CfguardTopicReset) while e is not nil, and
+// marks e's partition reset, so that cfguard_consumer_lag_records counts its new log whole.
+func (h replicaHost) TopicReset(e *stream.TopicResetError) {
+	h.d.metrics.SetTopicReset(e != nil)
+	if e != nil {
+		h.d.ends.setReset(e.Partition, true) // its new log waits whole (cfguard_consumer_lag_records)
+		return
+	}
+	h.d.ends.clearResets()
+}
 
 // Consumer is the updater's consumer of kafka.topic, from the log head's coverage and marks.
 func (h replicaHost) Consumer(ctx context.Context, resume map[int]int64, marks map[int]stream.RecordMark) (*stream.Consumer, error) {

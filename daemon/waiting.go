@@ -45,6 +45,13 @@ func (t *topicEnds) setReset(p int, reset bool) {
 	t.reset[p] = true
 }
 
+// clearResets unmarks every partition marked reset.
+func (t *topicEnds) clearResets() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.reset)
+}
+
 // get returns the last watermarks read and a copy of the reset partitions; ok is false before
 // the first read.
 func (t *topicEnds) get() (w map[int]stream.Watermarks, reset map[int]bool, ok bool) {

@@ -18,14 +18,16 @@ type Watermarks struct {
 //
 //	waiting = sum_p max(0, End_p - max(next_p, Start_p))
 //
-// A partition with no next offset has had nothing applied: its whole log waits. So does a
-// partition whose log ends before its next offset (the topic was deleted and created again: the
-// new log's records are not those the offsets count).
+// A partition with no next offset has had nothing applied: its whole log waits. A next offset
+// past the end counts nothing: the watermarks are read every few seconds and the offsets at
+// each scrape, so a consumer that caught up passes the end last read. (A topic deleted and
+// created again also ends before the offsets; the caller leaves such a partition out of next
+// once the reset is found, and its new log waits whole.)
 func Waiting(w map[int]Watermarks, next map[int]int64) int64 {
 	var n int64
 	for p, pw := range w {
 		from, ok := next[p]
-		if !ok || from > pw.End {
+		if !ok {
 			from = pw.Start
 		}
 		n += max(0, pw.End-max(from, pw.Start))

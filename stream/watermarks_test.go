@@ -21,7 +21,7 @@ func TestWaiting(t *testing.T) {
 		{"caught up", w, map[int]int64{0: 100, 1: 60}, 0},
 		{"partly applied", w, map[int]int64{0: 90, 1: 50}, 10 + 10},
 		{"offset below the log start (retention deleted records): from the start", w, map[int]int64{0: 100, 1: 10}, 20},
-		{"offset past the end (a recreated topic): the new log's records", w, map[int]int64{0: 100, 1: 75}, 20},
+		{"offset past the end (watermarks read before the consumer passed them): nothing", w, map[int]int64{0: 100, 1: 75}, 0},
 		{"a partition the offsets do not know yet", w, map[int]int64{0: 100}, 20},
 		{"an offset of a partition the topic no longer has", w, map[int]int64{0: 100, 1: 60, 7: 3}, 0},
 		{"empty partitions", map[int]Watermarks{0: {5, 5}, 1: {0, 0}}, map[int]int64{0: 5}, 0},
