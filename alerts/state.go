@@ -84,7 +84,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		maxAnchorKL: d(NamePosteriorKLMaxAnchor, "Largest KL(q_now || q_anchor) over anchor posteriors that stored counterfactuals refer to (renewals keep it small; not an alert by itself)."),
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
 		overBudget:  d(NameKLOverBudget, "1 while the last update breached the KL budget (its KL over it, or clipped to it: certify.on_breach says what was done), else 0."),
-		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when none is in the ledger's KL history)."),
+		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when the ledger knows none: it keeps the newest breach beyond its KL history)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		waiting: d(NameConsumerLag, "Records in the input topic not yet applied, summed over partitions: the topic's high watermarks, as last read, "+

@@ -323,6 +323,9 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 // moved on could starve a registration while ingest commits faster than a pool is drawn.
 func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint, start time.Time) error {
 	cp.Counters, cp.Update = s.counters, s.update
+	if u := cp.Update; u != nil {
+		u.Breached = ledger.KLEntry{KL: u.KL, Outcome: u.Outcome}.Breached(d.budget)
+	}
 	cp.Events = append(cp.Events, outboxEntries(s.events)...)
 	if s.next == nil {
 		if err := d.checkpoint(ctx, cp); err != nil {

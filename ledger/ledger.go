@@ -602,14 +602,23 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 	return out, nil
 }
 
-// LastKLOver returns the newest entry of the KL history whose update breached budget
-// (KLEntry.Breached; ok false when no kept entry did): when an update last breached the budget,
-// whatever its outcome (promoted, clipped or rejected). The history keeps Options.KLHistory updates, so a breach older
-// than that many updates is not found.
+// LastKLOver returns the newest update that breached budget (ok false when none is known): when
+// an update last breached the budget, whatever its outcome (promoted, clipped or rejected). It is
+// the newer of the newest KL history entry that breached budget (KLEntry.Breached) and the
+// newest update a checkpoint marked breached (UpdateRecord.Breached, under the budget of its
+// time), which the ledger keeps after its history window (Options.KLHistory updates) has
+// dropped the entry.
 func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 	err = l.view(func(tx *bolt.Tx) error {
+		kept, found, err := readKLBreach(tx)
+		if err != nil {
+			return err
+		}
 		c := tx.Bucket(bKLHistory).Cursor()
 		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			if found && binary.BigEndian.Uint64(k) <= kept.Seq {
+				break
+			}
 			p, sealed := unseal(k, v)
 			if !sealed {
 				return corruptf("kl history entry %x: checksum mismatch", k)
@@ -623,12 +632,30 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 				return nil
 			}
 		}
+		e, ok = kept, found
 		return nil
 	})
 	if err != nil {
 		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
 	}
 	return e, ok, nil
+}
+
+// readKLBreach reads the update the newest checkpoint with UpdateRecord.Breached wrote (found
+// false when none did).
+func readKLBreach(tx *bolt.Tx) (e KLEntry, found bool, err error) {
+	v, err := getSealed(tx.Bucket(bMeta), kKLBreach, "meta kl_breach")
+	if err != nil || v == nil {
+		return KLEntry{}, false, err
+	}
+	if len(v) < 8 {
+		return KLEntry{}, false, corruptf("meta kl_breach: %d bytes", len(v))
+	}
+	e, err = decodeKLEntry(v[:8], v[8:])
+	if err != nil {
+		return KLEntry{}, false, inRecord(err, "meta kl_breach")
+	}
+	return e, true, nil
 }
 
 // boundState counts the anchors and sets MaxAnchorKL and MinBound from the anchors' stored KL and

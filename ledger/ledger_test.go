@@ -384,15 +384,17 @@ func TestKLHistoryRing(t *testing.T) {
 }
 
 // LastKLOver finds the newest update over the budget, not the newest update: a breach followed by
-// updates within budget is still when the budget was last breached; none is found before a breach
-// or once the ring has dropped it.
+// updates within budget is still when the budget was last breached; none is found before a
+// breach, and one the ring has dropped is still found, from the checkpoint that marked it
+// breached (UpdateRecord.Breached, as the daemon sets it).
 func TestLastKLOver(t *testing.T) {
 	l, _ := openTest(t, Options{Policy: testPolicy(), KLHistory: 4})
 	install(t, l, testModel(4))
 	const budget = 0.1
 	put := func(v uint64, kl float64) {
 		t.Helper()
-		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: v, KL: kl, Outcome: certify.OutcomeRejected}}); err != nil {
+		u := &UpdateRecord{Version: v, KL: kl, Outcome: certify.OutcomeRejected, Breached: kl > budget}
+		if err := l.Checkpoint(&Checkpoint{Update: u}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -417,8 +419,13 @@ func TestLastKLOver(t *testing.T) {
 	}
 	put(6, 0.01)
 	put(7, 0.01)
-	put(8, 0.01) // the ring of 4 keeps versions 5..8: the breaches are gone
-	check(false, 0)
+	put(8, 0.01) // the ring of 4 keeps versions 5..8: the breaches are not in it
+	check(true, 3)
+	if e, _, _ := l.LastKLOver(budget); !e.At.Equal(h[1].At) || e.Seq != h[1].Seq {
+		t.Fatalf("LastKLOver after the ring dropped it gives %+v; the breach was %+v", e, h[1])
+	}
+	put(9, 0.5)
+	check(true, 9)
 }
 
 // testPolicy is the policy the ledger's tests are written for: paper mode with a variance

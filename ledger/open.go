@@ -180,6 +180,9 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	if _, err := getSealed(tx.Bucket(bMeta), kLogHead, "meta log_head"); err != nil {
 		return err
 	}
+	if _, _, err := readKLBreach(tx); err != nil {
+		return err
+	}
 	if c.ok {
 		if _, err := l.model(tx, c.version); err != nil {
 			return err

@@ -263,6 +263,10 @@ type UpdateRecord struct {
 	// KL is the update KL, KL(q_new || q_prev).
 	KL      float64
 	Outcome certify.Outcome
+	// Breached marks an update that breached the KL budget in force when it was made
+	// (KLEntry.Breached): the ledger keeps the newest such entry after its KL history window has
+	// dropped it (LastKLOver).
+	Breached bool
 	// Quality, if not empty, is the increment's prequential record, stored beside the KL history
 	// entry in the same transaction (see quality.go).
 	Quality []byte
@@ -608,6 +612,11 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 	hist := tx.Bucket(bKLHistory)
 	if err := putSealed(hist, u64bytes(seq), s.encode()); err != nil {
 		return err
+	}
+	if c.Update.Breached {
+		if err := putSealed(meta, kKLBreach, append(u64bytes(seq), s.encode()...)); err != nil {
+			return err
+		}
 	}
 	if err := putU64(meta, kKLSeq, seq); err != nil {
 		return err
