@@ -132,7 +132,11 @@ func (d *Daemon) schema() (*stream.Schema, error) {
 			features = append(features, fmt.Sprintf("x%d", j))
 		}
 	}
-	return stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
+	s, err := stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
+	if err != nil {
+		return nil, err
+	}
+	return s.WithScale(m.Scaler.Mean, m.Scaler.Std)
 }
 
 // resumeMarks converts the ledger's marks for the consumer, which checks at start that the topic

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,5 +51,28 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	}
 	if st.PosteriorVersion != before.Version || st.Offsets[0] != 32 || st.Counters["failed"] != 32 {
 		t.Fatalf("checkpoint after the failure: %+v", st)
+	}
+}
+
+// TestHugeFeatureIsDeadLettered: a record whose feature is finite but so far from the model's
+// mean that its scaled square overflows would fail the update of its whole increment; it is
+// dead-lettered as out_of_range and the other records of the increment are applied.
+func TestHugeFeatureIsDeadLettered(t *testing.T) {
+	data := bundled(t)
+	r := startDaemon(t, nil)
+	var vals [][]byte
+	for i := range 31 {
+		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	huge := slices.Clone(data.X[31])
+	huge[0] = 1e300
+	vals = append(vals, record("huge", huge, data.Y[31]))
+	r.produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "31 records applied and one dead-lettered", func() bool {
+		return r.metric(t, "cfguard_records_total", "result", "applied") == 31 &&
+			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1
+	})
+	if n := r.metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
+		t.Errorf("%v records failed, want none", n)
 	}
 }

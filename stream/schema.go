@@ -28,14 +28,21 @@ const (
 	ReasonMissingFeature = "missing_feature" // a feature map without some model feature
 	ReasonUnknownLabel   = "unknown_label"   // label not a class index in range nor a class name
 	ReasonBadTimestamp   = "bad_timestamp"   // ts neither RFC 3339 nor Unix seconds in range
+	ReasonOutOfRange     = "out_of_range"    // a feature more than MaxScaledFeature standard deviations from the model's mean
 )
+
+// MaxScaledFeature bounds |x_j - mean_j| / std_j, a feature's distance from the model's mean in
+// its standard deviations (Schema.WithScale): a record past it is dead-lettered, since its
+// scaled value squared would overflow the update of the whole increment it lands in (from about
+// 1e150) and fail every record of it. No data a model was fitted to comes near it.
+const MaxScaledFeature = 1e4
 
 // Reasons returns the decode reason codes, in a fixed order (for creating metric series up
 // front).
 func Reasons() []string {
 	return []string{ReasonBadJSON, ReasonTooLarge, ReasonUnknownField, ReasonDuplicateField,
 		ReasonMissingField, ReasonBadType, ReasonBadID, ReasonWrongDimension, ReasonNotFinite,
-		ReasonUnknownFeature, ReasonMissingFeature, ReasonUnknownLabel, ReasonBadTimestamp}
+		ReasonUnknownFeature, ReasonMissingFeature, ReasonUnknownLabel, ReasonBadTimestamp, ReasonOutOfRange}
 }
 
 // DecodeError is the error of Schema.Decode: a short machine reason (one of the Reason*
@@ -114,6 +121,7 @@ type Schema struct {
 	classes    []string
 	classIdx   map[string]int
 	maxBytes   int
+	lo, hi     []float64 // each feature's range (WithScale), nil for none
 }
 
 // NewSchema builds a Schema. features must be non-empty, distinct, non-empty names; classes
@@ -186,7 +194,38 @@ func (s *Schema) decodeInto(data []byte, x []float64) (Record, *DecodeError) {
 		}
 		return Record{}, err
 	}
+	if err := s.inRange(rec.X); err != nil {
+		return Record{}, err
+	}
 	return rec, nil
+}
+
+// WithScale returns a copy of s that also refuses (ReasonOutOfRange) a record with a feature j
+// further than MaxScaledFeature * std[j] from mean[j]: the model's scaler (bnn.Scaler).
+func (s *Schema) WithScale(mean, std []float64) (*Schema, error) {
+	if len(mean) != len(s.features) || len(std) != len(s.features) {
+		return nil, fmt.Errorf("stream: scale of %d means and %d deviations for %d features", len(mean), len(std), len(s.features))
+	}
+	c := *s
+	c.lo, c.hi = make([]float64, len(mean)), make([]float64, len(mean))
+	for j := range mean {
+		if math.IsNaN(mean[j]) || math.IsInf(mean[j], 0) || !(std[j] > 0) || math.IsInf(std[j], 0) {
+			return nil, fmt.Errorf("stream: feature %d (%s): scale mean %v, deviation %v", j, s.features[j], mean[j], std[j])
+		}
+		c.lo[j], c.hi[j] = mean[j]-MaxScaledFeature*std[j], mean[j]+MaxScaledFeature*std[j]
+	}
+	return &c, nil
+}
+
+// inRange checks x against the range WithScale set, if any.
+func (s *Schema) inRange(x []float64) *DecodeError {
+	for j, v := range x {
+		if s.lo != nil && (v < s.lo[j] || v > s.hi[j]) {
+			return decodeErr(ReasonOutOfRange, "feature %d (%s) = %g is further than %g standard deviations from the model's mean (outside [%g, %g])",
+				j, s.features[j], v, MaxScaledFeature, s.lo[j], s.hi[j])
+		}
+	}
+	return nil
 }
 
 // Encode renders r in the array form with a numeric label (id only when set, ts in RFC 3339
@@ -199,6 +238,9 @@ func (s *Schema) Encode(r Record) ([]byte, error) {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil, decodeErr(ReasonNotFinite, "feature %d (%s) is %v", j, s.features[j], v)
 		}
+	}
+	if err := s.inRange(r.X); err != nil {
+		return nil, err
 	}
 	if r.Label < 0 || r.Label >= len(s.classes) {
 		return nil, decodeErr(ReasonUnknownLabel, "label %d not in [0, %d)", r.Label, len(s.classes))

@@ -382,3 +382,46 @@ func TestFeatureMapKeys(t *testing.T) {
 		t.Fatalf("duplicate f10 accepted: %v, %v", rec, err)
 	}
 }
+
+// TestSchemaWithScale: with the model's scale, a feature further than MaxScaledFeature standard
+// deviations from its mean is out_of_range, at decode and at encode; one just inside is taken;
+// the schema without the scale takes both. A scale that cannot be one is refused.
+func TestSchemaWithScale(t *testing.T) {
+	plain := testSchema(t)
+	s, err := plain.WithScale([]float64{0, 100, -5}, []float64{1, 2, 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		x    [3]float64
+		ok   bool
+	}{
+		{"at the means", [3]float64{0, 100, -5}, true},
+		{"just inside", [3]float64{0.99 * MaxScaledFeature, 100 - 1.99*MaxScaledFeature, -5 + 0.49*MaxScaledFeature}, true},
+		{"past the first", [3]float64{1.01 * MaxScaledFeature, 100, -5}, false},
+		{"below the second", [3]float64{0, 100 - 2.01*MaxScaledFeature, -5}, false},
+		{"the largest finite", [3]float64{0, 100, math.MaxFloat64}, false},
+	} {
+		data := fmt.Sprintf(`{"features":[%v,%v,%v],"label":0}`, tc.x[0], tc.x[1], tc.x[2])
+		_, err := s.Decode([]byte(data))
+		var de *DecodeError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: %s refused: %v", tc.name, data, err)
+		case !tc.ok && (!errors.As(err, &de) || de.Reason != ReasonOutOfRange || !strings.Contains(de.Detail, "standard deviations")):
+			t.Errorf("%s: %s: %v, want %s", tc.name, data, err, ReasonOutOfRange)
+		}
+		if _, err := s.Encode(Record{X: tc.x[:]}); (err == nil) != tc.ok {
+			t.Errorf("%s: Encode: %v, want refused %v", tc.name, err, !tc.ok)
+		}
+		if _, err := plain.Decode([]byte(data)); err != nil {
+			t.Errorf("%s: without the scale: %v", tc.name, err)
+		}
+	}
+	for _, bad := range [][2][]float64{{{0, 0}, {1, 1}}, {{0, 0, 0}, {1, 0, 1}}, {{0, math.NaN(), 0}, {1, 1, 1}}, {{0, 0, 0}, {1, math.Inf(1), 1}}} {
+		if _, err := plain.WithScale(bad[0], bad[1]); err == nil {
+			t.Errorf("WithScale(%v, %v) accepted", bad[0], bad[1])
+		}
+	}
+}
