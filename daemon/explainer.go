@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
@@ -103,6 +104,7 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 		return nil
 	}
 	e.log.Info("training the VAE for PSCE (first explanation)", "rows", set.Len())
+	start := time.Now()
 	v, _, err := explain.TrainVAE(ctx, m, set.X, explain.TrainConfig{Seed: e.seed})
 	if err != nil {
 		return fmt.Errorf("training the VAE: %w", err)
@@ -110,6 +112,7 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 	if err := explain.SaveVAE(e.dir, v); err != nil {
 		return err
 	}
+	e.log.Info("VAE trained", "dir", e.dir, "took", time.Since(start).Round(time.Millisecond))
 	e.vae = v
 	return nil
 }
