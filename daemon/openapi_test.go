@@ -713,3 +713,30 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 	c.send("POST", "/v1/audit", "", nil, "{}", 200)
 	c.send("GET", "/v1/audit", "", nil, "", 200)
 }
+
+// A replica answers 202 when the owner of a CE's partition has not applied a registration or
+// deletion within replication.register_wait: with 0 it answers at once, naming the partition
+// and offset where the request landed, as docs/openapi.yaml says.
+func TestOpenAPIDescribesPendingAnswers(t *testing.T) {
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Replication.RegisterWait = 0
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	doc := loadOpenAPI(t)
+	c := &conformance{t: t, r: r, doc: doc, ops: doc.operations(t), seen: map[string]bool{}, codes: map[string]bool{}}
+	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	if len(xs) == 0 || len(cfs) == 0 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	c.send("POST", "/v1/counterfactuals", "", nil, js(map[string]any{"id": "pending-0", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}), 202)
+	c.send("DELETE", "/v1/counterfactuals/pending-0", "", nil, "", 202)
+	if !testing.Short() { // the replica trains its own VAE
+		c.send("POST", "/v1/explain", "", nil, js(map[string]any{"id": "pending-psce", "x": data.X[xs[0]], "target": "benign"}), 202)
+	}
+}
