@@ -235,8 +235,8 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	}
 
 	// The runbook's commands for CfguardReplicationUnauthenticated, as written, at r1: the count
-	// of records ignored, and the first forged record read back with kcat, without an
-	// authenticator header.
+	// of records ignored, and the first forged record read back with kcat at the topic, partition
+	// and offset its WARN line names, without an authenticator header.
 	if runbooktest.Tools(t, true) {
 		checks := []runbooktest.Check{
 			{Cmd: "grep cfguard_replication_unauthenticated_total", Want: fmt.Sprintf(`(?m)^cfguard_replication_unauthenticated_total\{topic="cfguard\.posterior"\} %d$`, len(postOffsets))},
@@ -245,7 +245,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		s := runbooktest.Named(t, runbookPath, "CfguardReplicationUnauthenticated")
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
-			"OFFSET", fmt.Sprint(postOffsets[0])), nil)
+			"TOPIC", topic, "PARTITION", "0", "OFFSET", fmt.Sprint(postOffsets[0])), nil)
 	}
 
 	// A replica with another cluster's key does not join: no record of the log authenticates.
