@@ -59,7 +59,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 	},
 	"CfguardIngestStalled": {
 		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
-		{Cmd: "consumer_lag_records|checkpoint_failing", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$`},
+		{Cmd: "consumer_lag_records|checkpoint_failing|records_total", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$[\s\S]*^cfguard_records_total\{result="applied"\} [1-9][0-9]*$`},
 	},
 	"CfguardDeadLetterRateHigh": {
 		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},
