@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,7 +19,9 @@ import (
 //	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy)
 //	increment_held   on_breach: reject kept the posterior; Held carries the records for replay
-//	update_failed    the update failed and the posterior was kept (Records, Error)
+//	                 (Offsets, when the event would be too large to carry them)
+//	update_failed    the update failed and the posterior was kept (Records, Error; Offsets when
+//	                 too large to list them)
 //	audit_completed  a full audit ran (Counts)
 //
 // Events of one counterfactual share its ID as the message key, so they stay in order; other
@@ -56,8 +60,17 @@ type event struct {
 	ClippedKL    *float64       `json:"clipped_kl,omitempty"`
 	Records      []string       `json:"records,omitempty"`
 	Held         []heldRecord   `json:"held,omitempty"`
+	Offsets      []offsetRange  `json:"offsets,omitempty"`
 	Error        string         `json:"error,omitempty"`
 	Counts       map[string]int `json:"counts,omitempty"`
+}
+
+// offsetRange is the input records of one partition an event stands for, from First to Last
+// (inclusive): an event too large to list its records names them by where they are.
+type offsetRange struct {
+	Partition int   `json:"partition"`
+	First     int64 `json:"first"`
+	Last      int64 `json:"last"`
 }
 
 type heldRecord struct {
@@ -104,14 +117,35 @@ func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
 	}
 	if len(v) > limit {
 		// The events topic takes messages of about 1 MB (stream); an increment_held of many
-		// records is larger. The records stay in the input topic (offsets are in the update's
-		// KL history entry and the checkpoint), so the event says so instead of carrying them.
+		// records is larger. The records stay in the input topic (while its retention keeps
+		// them), so the event names where they are instead of carrying them.
 		n := max(len(e.Held), len(e.Records))
+		e.Offsets = offsetRanges(e.Held, e.Offsets)
 		e.Held, e.Records = nil, nil
-		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted)", len(v), limit, n))
+		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted; offsets names them in the input topic)", len(v), limit, n))
 		v, _ = json.Marshal(e)
 	}
 	return ledger.OutboxEntry{Key: key, Value: v}
+}
+
+// offsetRanges is, per partition in order, the first and last offset of held, or else ranges
+// (an update_failed event carries its increment's from the start: incrementOffsets).
+func offsetRanges(held []heldRecord, ranges []offsetRange) []offsetRange {
+	if len(held) == 0 {
+		return ranges
+	}
+	byPart := map[int]offsetRange{}
+	for _, r := range held {
+		o, ok := byPart[r.Partition]
+		if !ok {
+			o = offsetRange{Partition: r.Partition, First: r.Offset, Last: r.Offset}
+		}
+		o.First, o.Last = min(o.First, r.Offset), max(o.Last, r.Offset)
+		byPart[r.Partition] = o
+	}
+	out := slices.Collect(maps.Values(byPart))
+	slices.SortFunc(out, func(a, b offsetRange) int { return cmp.Compare(a.Partition, b.Partition) })
+	return out
 }
 
 // maxEventBytes bounds one event's JSON: the stream publisher refuses messages of about 1 MB,

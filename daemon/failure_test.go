@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -51,6 +53,22 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	}
 	if st.PosteriorVersion != before.Version || st.Offsets[0] != 32 || st.Counters["failed"] != 32 {
 		t.Fatalf("checkpoint after the failure: %+v", st)
+	}
+	// Its update_failed event names the records and where they are in the input topic, for replay.
+	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.metric(t, "cfguard_events_pending") == 0 })
+	found := false
+	for _, m := range kafkatest.ReadPartition(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.EventsTopic, 0) {
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil || e.Type != "update_failed" {
+			continue
+		}
+		found = true
+		if len(e.Records) != 32 || !slices.Equal(e.Offsets, []offsetRange{{Partition: 0, First: 0, Last: 31}}) {
+			t.Errorf("update_failed names %d records at %+v, want 32 at offsets 0..31 of partition 0", len(e.Records), e.Offsets)
+		}
+	}
+	if !found {
+		t.Error("no update_failed event published")
 	}
 }
 

@@ -50,7 +50,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	}
 	held := make([]heldRecord, 5000) // about 1.5 MB of JSON
 	for i := range held {
-		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Offset: int64(i)}
+		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Partition: 1 - i%2, Offset: int64(100 + i/2)}
 	}
 	evs := []event{
 		{Type: "kl_over_budget", PosteriorVersion: 0, KL: 0.2, Budget: 0.10125, Policy: "reject"},
@@ -126,6 +126,10 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		}
 		if e.Type == "increment_held" && (len(e.Held) != 0 || len(msg.Value) > maxEventBytes || !strings.Contains(e.Error, "5000 records")) {
 			t.Fatalf("oversized event published as %d bytes: held %d, error %q", len(msg.Value), len(e.Held), e.Error)
+		}
+		// It names where its records are, for replay.
+		if want := []offsetRange{{0, 100, 2599}, {1, 100, 2599}}; e.Type == "increment_held" && !slices.Equal(e.Offsets, want) {
+			t.Fatalf("oversized event names offsets %+v, want %+v", e.Offsets, want)
 		}
 	}
 	// The recovery line follows the drain that acknowledged the last entry (the publisher logs it
