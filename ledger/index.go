@@ -467,23 +467,6 @@ func (l *Ledger) anchorGates(tx *bolt.Tx) (map[uint64]certify.Gate, map[uint64]f
 	return gates, kls, err
 }
 
-// rebuild recreates the indexes for the ledger's policy (see rebuildTx) in one transaction.
-func (l *Ledger) rebuild() error {
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	start := time.Now()
-	var n, changed int
-	err := l.update(func(tx *bolt.Tx) (err error) {
-		n, changed, err = l.rebuildTx(tx)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	l.log.Info("ledger: indexes built", "path", l.path, "counterfactuals", n, "changed_status", changed, "took", time.Since(start))
-	return nil
-}
-
 // rebuildTx recreates the indexes, re-judging every CE holding a certificate at its anchor's
 // stored KL: a status that changes is recorded like any other change (history, outbox). It
 // returns the number of CEs and of status changes. The bucket of layout v1's certified index

@@ -21,7 +21,9 @@ import (
 // meta pages, its size against the high-water mark of its last transaction, and a walk of its
 // page tree (store.Open). A file that is empty, truncated or damaged is refused with a
 // *CorruptError naming it and saying how to recover, and nothing is written to it. A schema-1
-// file is migrated, and the indexes are rebuilt when the policy changed (see doc.go).
+// file is migrated. Every record is then read once: damaged CEs are quarantined (quarantine.go),
+// and the indexes are rebuilt from the CEs left when any was, when an index entry is damaged or
+// when the policy changed (see doc.go).
 func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
@@ -49,10 +51,11 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 			l.Close()
 		}
 	}()
-	if err := l.prepare(); err != nil {
+	rebuild, err := l.prepare()
+	if err != nil {
 		return nil, err
 	}
-	if err := l.checkRecords(); err != nil {
+	if err := l.checkRecords(rebuild); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -106,14 +109,16 @@ func policyFingerprint(p certify.Policy) string {
 // have another layout has another fingerprint, so Open rebuilds them.
 const indexLayout = "v2"
 
-// prepare checks the schema and the small records, then migrates schema 1 or rebuilds the
-// indexes for a changed policy. It writes nothing when neither is needed.
-func (l *Ledger) prepare() error {
+// prepare checks the schema and the small records and migrates schema 1. It reports whether the
+// policy changed since the indexes were built (rebuild): checkRecords then rebuilds them, after
+// it has quarantined the damaged CEs, which a rebuild could not judge. It writes nothing unless
+// it migrates.
+func (l *Ledger) prepare() (rebuild bool, err error) {
 	var (
 		schema uint64
 		fp     string
 	)
-	err := l.view(func(tx *bolt.Tx) error {
+	err = l.view(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets[:8] {
 			if tx.Bucket(b) == nil {
 				return corruptf("bucket %q is missing (not a cfguard ledger?)", b)
@@ -144,19 +149,19 @@ func (l *Ledger) prepare() error {
 		return l.checkSmall(tx)
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch {
 	case schema == 1:
-		return l.migrate()
+		return false, l.migrate()
 	case schema != schemaVersion:
-		return fmt.Errorf("ledger: %s has schema %d; this build reads schemas 1 and %d (was it written by a newer cfguard?)", l.path, schema, schemaVersion)
+		return false, fmt.Errorf("ledger: %s has schema %d; this build reads schemas 1 and %d (was it written by a newer cfguard?)", l.path, schema, schemaVersion)
 	case fp != policyFingerprint(l.opts.Policy):
 		l.log.Warn("ledger: the certificate policy changed; rebuilding the indexes and re-judging every counterfactual",
 			"path", l.path, "was", fp, "now", policyFingerprint(l.opts.Policy))
-		return l.rebuild()
+		return true, nil
 	}
-	return nil
+	return false, nil
 }
 
 // checkSmall decodes every small record Open can afford to read: the meta scalars, the current

@@ -32,6 +32,9 @@ import (
 //     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
 //     damage.
 //
+// The check comes before the rebuild of the indexes for a changed policy (prepare), which then
+// happens in the quarantine's transaction: the rebuild judges the CEs left, never a damaged one.
+//
 // A CE found damaged after Open (the disk failing under a running daemon) is skipped by List,
 // logged and counted; the next Open quarantines it.
 
@@ -87,12 +90,14 @@ type damage struct {
 }
 
 // checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs and rebuilds
-// damaged indexes; other damage is a *CorruptError.
-func (l *Ledger) checkRecords() error {
+// damaged indexes; other damage is a *CorruptError. With rebuild (the policy changed, prepare),
+// it rebuilds the indexes whatever it found, from the CEs left after the quarantine: the old
+// indexes are not read, and a damaged CE never reaches the rebuild.
+func (l *Ledger) checkRecords(rebuild bool) error {
 	start := time.Now()
 	var d damage
 	err := l.view(func(tx *bolt.Tx) (err error) {
-		d, err = l.scanRecords(tx, start)
+		d, err = l.scanRecords(tx, start, !rebuild)
 		return err
 	})
 	if err != nil {
@@ -101,14 +106,15 @@ func (l *Ledger) checkRecords() error {
 	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
 		"damaged_index_entries", d.index, "took", time.Since(start))
 	l.indexRepaired = d.index
-	if len(d.ces) > 0 || d.index > 0 {
-		return l.quarantine(d)
+	if len(d.ces) > 0 || d.index > 0 || rebuild {
+		return l.quarantine(d, rebuild)
 	}
 	return nil
 }
 
-// scanRecords checks every value: its CRC-32C, and the decoding of CE headers.
-func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
+// scanRecords checks every value: its CRC-32C, and the decoding of CE headers. With indexes
+// false the index entries are not read (they are about to be rebuilt).
+func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage, error) {
 	d := damage{ces: map[string]string{}}
 	if _, _, err := readMarks(tx); err != nil {
 		return d, err
@@ -171,6 +177,9 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 		return nil
 	})
 	for _, b := range indexBuckets {
+		if !indexes {
+			break
+		}
 		tx.Bucket(b).ForEach(func(k, v []byte) error {
 			tick()
 			if _, ok := unseal(k, v); !ok {
@@ -183,8 +192,9 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time) (damage, error) {
 }
 
 // quarantine moves the damaged CEs to bQuarantine and rebuilds what depends on the CEs (anchor
-// references, indexes, status counts) in one transaction.
-func (l *Ledger) quarantine(d damage) error {
+// references, indexes, status counts) in one transaction. With rebuild (a changed policy), the
+// rebuild re-judges the CEs left under the ledger's policy, as for any rebuild.
+func (l *Ledger) quarantine(d damage, rebuild bool) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	ids := make([]string, 0, len(d.ces))
@@ -192,7 +202,9 @@ func (l *Ledger) quarantine(d damage) error {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	start := time.Now()
 	now := l.opts.Now().UTC()
+	var n, changed int
 	err := l.update(func(tx *bolt.Tx) error {
 		q, err := tx.CreateBucketIfNotExists(bQuarantine)
 		if err != nil {
@@ -215,11 +227,17 @@ func (l *Ledger) quarantine(d damage) error {
 		if err := l.recountAnchors(tx); err != nil {
 			return err
 		}
-		_, _, err = l.rebuildTx(tx)
+		n, changed, err = l.rebuildTx(tx)
 		return err
 	})
 	if err != nil {
-		return corrupt(l.path, fmt.Errorf("ledger: quarantining %d damaged counterfactuals: %w", len(ids), err))
+		if len(ids) > 0 {
+			err = fmt.Errorf("ledger: quarantining %d damaged counterfactuals: %w", len(ids), err)
+		}
+		return corrupt(l.path, err)
+	}
+	if rebuild {
+		l.log.Info("ledger: indexes built", "path", l.path, "counterfactuals", n, "changed_status", changed, "took", time.Since(start))
 	}
 	for i, id := range ids {
 		if i == 100 {

@@ -146,3 +146,40 @@ func TestListSkipsRecordDamagedAfterOpen(t *testing.T) {
 		t.Fatalf("%d log lines about damaged records, want one per record:\n%s", c, log.String())
 	}
 }
+
+// A damaged CE is quarantined at Open also when the policy changed since the ledger was last
+// open: the indexes are rebuilt for the new policy from the CEs left, instead of the rebuild
+// refusing the whole ledger on the damaged header.
+func TestDamagedRecordQuarantinedOnPolicyChange(t *testing.T) {
+	dir := t.TempDir()
+	richLedger(t, dir)
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), Now: fixedClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, "rich-a-05")
+	l.Close()
+
+	changed := testPolicy()
+	changed.EpsilonMax = 0.06
+	l, err = Open(dir, Options{Policy: changed, Logger: quietLogger(), Now: fixedClock(), EncodeChange: encodeChangeJSON})
+	if err != nil {
+		t.Fatalf("Open with a changed policy and a damaged header: %v", err)
+	}
+	defer l.Close()
+	if n := l.Damaged(); n != 1 {
+		t.Fatalf("Damaged() = %d, want 1", n)
+	}
+	if _, err := l.Get("rich-a-05"); !errors.Is(err, ErrQuarantined) {
+		t.Fatalf("Get of the damaged CE = %v, want ErrQuarantined", err)
+	}
+	var fp []byte
+	l.view(func(tx *bolt.Tx) (err error) {
+		fp, err = getSealed(tx.Bucket(bMeta), kPolicy, "meta policy")
+		return err
+	})
+	if string(fp) != policyFingerprint(changed) {
+		t.Fatalf("policy fingerprint %q after Open, want %q", fp, policyFingerprint(changed))
+	}
+	checkInvariants(t, l)
+}
