@@ -551,7 +551,8 @@ func readHeader(tx *bolt.Tx, id []byte) (header, bool, error) {
 	return h, true, inRecord(err, "counterfactual %q: header", id)
 }
 
-// Delete removes a CE and releases its anchor reference.
+// Delete removes a CE and releases its anchor reference, or drops the damaged record of a
+// quarantined CE; either way its state is a tombstone (Options.EncodeState).
 func (l *Ledger) Delete(id string) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
@@ -561,13 +562,10 @@ func (l *Ledger) Delete(id string) error {
 		if err != nil {
 			return err
 		}
-		if _, q := quarantineReason(tx, key); !ok && q {
-			return tx.Bucket(bQuarantine).Delete(key) // the damaged record is dropped
-		}
-		if !ok {
+		if _, q := quarantineReason(tx, key); !ok && !q {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
-		return l.deleteStored(tx, [][]byte{key}, true)
+		return l.deleteStored(tx, [][]byte{key}, true) // a quarantined CE's damaged record is dropped
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: delete: %w", err)

@@ -183,3 +183,50 @@ func TestDamagedRecordQuarantinedOnPolicyChange(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// Deleting a quarantined CE is a deletion like any other on a replica (Options.EncodeState): its
+// state's tombstone goes to the outbox, whether the deletion comes from the CE topic
+// (ApplyShare) or from Delete, so that no later owner restores the CE from its old state.
+func TestDeletingAQuarantinedCEWritesItsTombstone(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON}
+	l, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(3, 3))
+	x, y := newCE(t, m, rng), newCE(t, m, rng)
+	x.ID, y.ID = "x", "y"
+	if _, err := l.ApplyShare(0, []ShareOp{{RID: "r-x", Offset: 0, ID: "x", CE: x}, {RID: "r-y", Offset: 1, ID: "y", CE: y}}, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := latestStates(t, l); s["x"] == nil || s["y"] == nil {
+		t.Fatalf("states after the registrations: %v, want x and y", s)
+	}
+	damageValue(t, l, bHeaders, "x")
+	damageValue(t, l, bHeaders, "y")
+	l.Close()
+	if l, err = Open(dir, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if n := l.Damaged(); n != 2 {
+		t.Fatalf("Damaged() = %d, want 2", n)
+	}
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}}, 3, nil)
+	if err != nil || outs[0].Result != OutcomeDeleted {
+		t.Fatalf("ApplyShare of the deletion of quarantined x = %+v, %v; want deleted", outs, err)
+	}
+	if err := l.Delete("y"); err != nil {
+		t.Fatal(err)
+	}
+	if s := latestStates(t, l); s["x"] != nil || s["y"] != nil {
+		t.Fatalf("x and y deleted from the quarantine, and their states are still the last ones in the outbox: x %+v, y %+v", s["x"], s["y"])
+	}
+	if n := l.Damaged(); n != 0 {
+		t.Fatalf("Damaged() = %d after the deletions, want 0", n)
+	}
+	checkInvariants(t, l)
+}

@@ -214,10 +214,7 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !ok {
-		if _, q := quarantineReason(tx, key); q {
-			return OutcomeDeleted, tx.Bucket(bQuarantine).Delete(key)
-		}
+	if _, q := quarantineReason(tx, key); !ok && !q {
 		return OutcomeAbsent, nil
 	}
 	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key}, true)

@@ -147,9 +147,11 @@ func (l *Ledger) deleteAll(keys [][]byte) error {
 	return l.update(func(tx *bolt.Tx) error { return l.deleteStored(tx, keys, false) })
 }
 
-// deleteStored deletes in tx the CEs under keys that are stored, releases their anchor
-// references and collects the anchors no CE refers to any more. With tombstones (a CE deleted,
-// not released to another owner), each deleted CE's state is a tombstone (Options.EncodeState).
+// deleteStored deletes in tx the CEs under keys that are stored or quarantined, releases the
+// anchor references of the stored ones and collects the anchors no CE refers to any more. With
+// tombstones (a CE deleted, not released to another owner), each deleted CE's state is a
+// tombstone (Options.EncodeState), a quarantined one's too: its last state may be on the CE state
+// topic, and a later owner must not restore it from there.
 func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte, tombstones bool) error {
 	c, err := readCur(tx)
 	if err != nil {
@@ -165,6 +167,14 @@ func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte, tombstones bool) error
 			return err
 		}
 		if !ok {
+			if q := tx.Bucket(bQuarantine); q != nil && q.Get(key) != nil {
+				if err := q.Delete(key); err != nil { // the damaged record is dropped
+					return err
+				}
+				if tombstones {
+					w.states.add(key)
+				}
+			}
 			continue
 		}
 		if err := w.deleteCE(key, &h); err != nil {
