@@ -24,7 +24,8 @@ type QualityRecord struct {
 	Data []byte
 }
 
-// writeQuality stores data under seq and deletes the records at or below trimTo.
+// writeQuality stores data under seq and deletes the records at or below trimTo, and a key met
+// among them that is not a sequence number (a damaged record).
 func writeQuality(tx *bolt.Tx, seq uint64, data []byte, trimTo uint64) error {
 	b := tx.Bucket(bQuality)
 	if b == nil {
@@ -42,7 +43,7 @@ func writeQuality(tx *bolt.Tx, seq uint64, data []byte, trimTo uint64) error {
 		}
 	}
 	cur := b.Cursor()
-	for k, _ := cur.First(); k != nil && binary.BigEndian.Uint64(k) <= trimTo; k, _ = cur.First() {
+	for k, _ := cur.First(); k != nil && (len(k) != 8 || binary.BigEndian.Uint64(k) <= trimTo); k, _ = cur.First() {
 		if err := cur.Delete(); err != nil {
 			return err
 		}
