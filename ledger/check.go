@@ -15,8 +15,8 @@ import (
 // checkAll decodes every record of a schema-2 ledger and checks the invariants between them:
 // status counts and anchor references against the CEs, every CE's status against its bounds
 // at its anchor's stored KL (certified iff they hold), the four indexes against the CEs (each
-// expected entry present, no other entry), the KL history and the outbox against their meta
-// sequence numbers. It fills in info. O(stored CEs); Verify runs it.
+// expected entry present, no other entry), the KL history, the outbox and the prequential
+// records against their meta sequence numbers. It fills in info. O(stored CEs); Verify runs it.
 func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := l.checkSmall(tx); err != nil {
 		return err
@@ -49,6 +49,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 		return err
 	}
 	if err := checkOutcomes(tx); err != nil {
+		return err
+	}
+	if err := checkQuality(tx); err != nil {
 		return err
 	}
 	if _, err := readCounters(tx); err != nil {

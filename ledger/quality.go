@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -62,10 +63,10 @@ func (l *Ledger) Quality(n int) ([]QualityRecord, error) {
 		}
 		c := b.Cursor()
 		for k, v := c.Last(); k != nil && (n <= 0 || len(out) < n); k, v = c.Prev() {
-			p, ok := unseal(k, v)
-			if !ok || len(k) != 8 {
-				return corruptf("quality record %x: checksum mismatch", k)
+			if why := qualityDamage(k, v); why != "" {
+				return corruptf("quality record %x: %s", k, why)
 			}
+			p, _ := unseal(k, v)
 			out = append(out, QualityRecord{Seq: binary.BigEndian.Uint64(k), Data: append([]byte(nil), p...)})
 		}
 		return nil
@@ -77,4 +78,41 @@ func (l *Ledger) Quality(n int) ([]QualityRecord, error) {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, nil
+}
+
+// qualityDamage says what is wrong with the stored record k = v, "" when nothing is.
+func qualityDamage(k, v []byte) string {
+	p, ok := unseal(k, v)
+	switch {
+	case !ok:
+		return "checksum mismatch"
+	case len(k) != 8:
+		return fmt.Sprintf("key of %d bytes, not a sequence number", len(k))
+	case len(p) == 0:
+		return "empty"
+	}
+	return ""
+}
+
+// checkQuality checks every prequential record (Verify): intact (qualityDamage), and stored with
+// a KL history entry written, its sequence number in [1, the last one]. The ledger does not
+// decode a record's bytes, which are the daemon's.
+func checkQuality(tx *bolt.Tx) error {
+	b := tx.Bucket(bQuality)
+	if b == nil {
+		return nil
+	}
+	last, err := metaU64(tx, kKLSeq)
+	if err != nil {
+		return err
+	}
+	return b.ForEach(func(k, v []byte) error {
+		if why := qualityDamage(k, v); why != "" {
+			return corruptf("quality record %x: %s", k, why)
+		}
+		if s := binary.BigEndian.Uint64(k); s == 0 || s > last {
+			return corruptf("quality record %d: no KL history entry was written under it (the last is %d)", s, last)
+		}
+		return nil
+	})
 }

@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -42,6 +44,37 @@ func qualitySeqs(t *testing.T, l *Ledger) []uint64 {
 		seqs = append(seqs, r.Seq)
 	}
 	return seqs
+}
+
+// Verify reads the prequential records as it reads every other record: a damaged one, or one
+// that belongs to no KL history entry written, fails it with an error naming the record.
+func TestVerifyChecksQualityRecords(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		damage     func(t *testing.T, l *Ledger)
+	}{
+		{"damaged", "quality record 0000000000000002: checksum mismatch", func(t *testing.T, l *Ledger) {
+			damageValue(t, l, bQuality, string(u64bytes(2)))
+		}},
+		{"ahead of the KL history", "quality record 9", func(t *testing.T, l *Ledger) {
+			if err := l.update(func(tx *bolt.Tx) error { return putSealed(tx.Bucket(bQuality), u64bytes(9), []byte("{}")) }); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, _ := qualityLedger(t)
+			if got := qualitySeqs(t, l); !reflect.DeepEqual(got, []uint64{1, 2, 3}) {
+				t.Fatalf("prequential records %v, want 1, 2 and 3", got)
+			}
+			tc.damage(t, l)
+			l.Close()
+			_, err := Verify(l.Path())
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Verify of a ledger with a %s prequential record = %v; want a *CorruptError saying %q", tc.name, err, tc.want)
+			}
+		})
+	}
 }
 
 // The trim of the prequential records meets a key that is not a sequence number (damaged
