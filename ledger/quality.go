@@ -16,6 +16,10 @@ import (
 // The bucket is optional, like offset_marks: a ledger written before prequential scores existed
 // has none and opens as it did (the daemon starts its scores afresh); a build without scores
 // opening a newer ledger ignores the bucket.
+//
+// A damaged record (its checksum, a key that is not a sequence number, no bytes) is dropped by
+// Open's record check and named in an ERROR log line (quarantine.go): the records only feed the
+// daemon's prequential scores, which go on from the records kept. Verify reports it as damage.
 var bQuality = []byte("quality")
 
 // QualityRecord is one stored prequential record: the KL history entry it belongs to and its
@@ -26,7 +30,7 @@ type QualityRecord struct {
 }
 
 // writeQuality stores data under seq and deletes the records at or below trimTo, and a key met
-// among them that is not a sequence number (a damaged record).
+// among them that is not a sequence number (a damaged record, which Open drops too).
 func writeQuality(tx *bolt.Tx, seq uint64, data []byte, trimTo uint64) error {
 	b := tx.Bucket(bQuality)
 	if b == nil {

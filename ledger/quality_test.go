@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"testing"
@@ -74,6 +75,35 @@ func TestVerifyChecksQualityRecords(t *testing.T) {
 				t.Fatalf("Verify of a ledger with a %s prequential record = %v; want a *CorruptError saying %q", tc.name, err, tc.want)
 			}
 		})
+	}
+}
+
+// A damaged prequential record does not stop Open: it only feeds the daemon's prequential
+// scores, so Open drops it, names it in an ERROR line, and the records kept read back; the
+// ledger then passes Verify.
+func TestOpenDropsDamagedQualityRecord(t *testing.T) {
+	l, dir := qualityLedger(t)
+	damageValue(t, l, bQuality, string(u64bytes(2)))
+	l.Close()
+	var log strings.Builder
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatalf("Open with a damaged prequential record: %v", err)
+	}
+	defer l.Close()
+	if got := qualitySeqs(t, l); !reflect.DeepEqual(got, []uint64{1, 3}) {
+		t.Fatalf("prequential records after Open %v, want 1 and 3", got)
+	}
+	if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "seq=2") {
+		t.Fatalf("the log does not name the dropped record at ERROR:\n%s", log.String())
+	}
+	if n := l.Damaged(); n != 0 {
+		t.Fatalf("Damaged() = %d, want 0: it counts counterfactuals", n)
+	}
+	checkInvariants(t, l)
+	l.Close()
+	if _, err := Verify(l.Path()); err != nil {
+		t.Fatalf("Verify after Open dropped the record: %v", err)
 	}
 }
 

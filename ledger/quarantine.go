@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,9 @@ import (
 //     ErrQuarantined (not ErrNotFound), lists and audits no longer meet it, and Damaged counts it
 //     until it is deleted or registered again;
 //   - an index entry: the indexes are derived data, rebuilt the same way;
+//   - a prequential record (quality.go): it only feeds the daemon's prequential scores, and
+//     nothing can rebuild it, so it is deleted and named in an ERROR log line; the scores go on
+//     from the records kept;
 //   - anything else (meta, offsets and their marks, counters, anchors, posteriors, KL history, outbox): the ledger
 //     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
 //     damage.
@@ -86,11 +90,18 @@ func (l *Ledger) noteDamaged(id []byte, err error) {
 type damage struct {
 	ces     map[string]string // CE id -> what is wrong
 	index   int               // damaged index entries
+	quality []qualityDropped  // damaged prequential records
 	records int               // values read
 }
 
-// checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs and rebuilds
-// damaged indexes; other damage is a *CorruptError. With rebuild (the policy changed, prepare),
+// qualityDropped is a damaged prequential record: its key, and what is wrong.
+type qualityDropped struct {
+	key []byte
+	why string
+}
+
+// checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs, rebuilds
+// damaged indexes and drops damaged prequential records; other damage is a *CorruptError. With rebuild (the policy changed, prepare),
 // it rebuilds the indexes whatever it found, from the CEs left after the quarantine: the old
 // indexes are not read, and a damaged CE never reaches the rebuild.
 func (l *Ledger) checkRecords(rebuild bool) error {
@@ -104,15 +115,48 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 		return err
 	}
 	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
-		"damaged_index_entries", d.index, "took", time.Since(start))
+		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "took", time.Since(start))
 	l.indexRepaired = d.index
+	if len(d.quality) > 0 {
+		if err := l.dropQuality(d.quality); err != nil {
+			return err
+		}
+	}
 	if len(d.ces) > 0 || d.index > 0 || rebuild {
 		return l.quarantine(d, rebuild)
 	}
 	return nil
 }
 
-// scanRecords checks every value: its CRC-32C, and the decoding of CE headers. With indexes
+// dropQuality deletes the damaged prequential records, naming each in an ERROR log line.
+func (l *Ledger) dropQuality(recs []qualityDropped) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	err := l.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bQuality)
+		for _, r := range recs {
+			if err := b.Delete(r.key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return corrupt(l.path, fmt.Errorf("ledger: dropping %d damaged prequential records: %w", len(recs), err))
+	}
+	for _, r := range recs {
+		args := []any{"path", l.path, "key", fmt.Sprintf("%x", r.key), "reason", r.why}
+		if len(r.key) == 8 {
+			args = append(args, "seq", binary.BigEndian.Uint64(r.key))
+		}
+		l.log.Error("ledger: a prequential record (bucket quality) is damaged; it was deleted, and the prequential scores and "+
+			"change detector go on from the records kept", args...)
+	}
+	return nil
+}
+
+// scanRecords checks every value: its CRC-32C, the decoding of CE headers and the keys of
+// prequential records. With indexes
 // false the index entries are not read (they are about to be rebuilt).
 func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage, error) {
 	d := damage{ces: map[string]string{}}
@@ -176,6 +220,15 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 		}
 		return nil
 	})
+	if q := tx.Bucket(bQuality); q != nil {
+		q.ForEach(func(k, v []byte) error {
+			tick()
+			if why := qualityDamage(k, v); why != "" {
+				d.quality = append(d.quality, qualityDropped{key: bytes.Clone(k), why: why})
+			}
+			return nil
+		})
+	}
 	for _, b := range indexBuckets {
 		if !indexes {
 			break
