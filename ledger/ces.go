@@ -120,7 +120,8 @@ type RequestRef struct {
 }
 
 // DuplicateError refuses a CE of PutRequests whose request id has an outcome already (see
-// ApplyShare): the request was applied before, and Outcome says what it decided.
+// ApplyShare), or is the request id of a CE stored earlier in the same call: the request was
+// applied before, and Outcome says what it decided.
 type DuplicateError struct{ Outcome Outcome }
 
 func (e *DuplicateError) Error() string {
@@ -128,9 +129,10 @@ func (e *DuplicateError) Error() string {
 }
 
 // PutRequests is PutEach for CEs that come with request ids (reqs[i] is ces[i]'s): a CE whose
-// request id has an outcome is refused with a *DuplicateError and not stored again, and each CE
-// stored has its outcome (OutcomeStored, Partition -1) stored under its request id in the same
-// transaction, for Options.RequestWindow.
+// request id has an outcome, or is an earlier stored CE's of the same call, is refused with a
+// *DuplicateError holding that outcome and not stored, and each CE stored has its outcome
+// (OutcomeStored, Partition -1) stored under its request id in the same transaction, for
+// Options.RequestWindow.
 func (l *Ledger) PutRequests(ctx context.Context, ces []*CE, reqs []RequestRef) (errs []error, err error) {
 	if len(reqs) != len(ces) {
 		return nil, fmt.Errorf("ledger: put: %w", invalidf("%d request ids for %d counterfactuals", len(reqs), len(ces)))
@@ -165,7 +167,7 @@ func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*
 		if plan, err = l.judgePut(tx, ces, now, all, past); err != nil {
 			return err
 		}
-		return plan.requests(tx, reqs)
+		return plan.requests(tx, reqs, now)
 	})
 	if err == nil {
 		err = ctx.Err()
@@ -211,21 +213,32 @@ type putPlan struct {
 }
 
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
-// request of each CE left, for writePut to store its outcome. reqs[i] is the request of the
-// CE given at index i; p.ces holds those judgePut accepted, in the order given.
-func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef) error {
+// request of each CE left, for writePut to store its outcome at now. A request id given to
+// several CEs of the call is one request: the first CE accepted claims it, and each later one
+// is refused with a *DuplicateError holding the outcome the first gets, as it would be in a
+// later call. reqs[i] is the request of the CE given at index i; p.ces holds those judgePut
+// accepted, in the order given.
+func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef, now time.Time) error {
 	if reqs == nil {
 		return nil
 	}
 	var (
 		ces     []*CE
 		headers []header
-		j       int // index in p.ces
+		j       int                    // index in p.ces
+		claimed = map[string]Outcome{} // request id -> the outcome of the CE of the call that claimed it
 	)
+	// outcome is the request's outcome: the one stored, or the one a CE of this call claimed.
+	outcome := func(rid string) (Outcome, bool, error) {
+		if o, ok := claimed[rid]; ok {
+			return o, true, nil
+		}
+		return readOutcome(tx, rid)
+	}
 	for i, ref := range reqs {
 		if p.errs[i] != nil {
 			if ref.RID != "" && errors.Is(p.errs[i], ErrExists) { // stored by this very request?
-				o, ok, err := readOutcome(tx, ref.RID)
+				o, ok, err := outcome(ref.RID)
 				if err != nil {
 					return err
 				}
@@ -238,7 +251,7 @@ func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef) error {
 		ce, h := p.ces[j], p.headers[j]
 		j++
 		if ref.RID != "" {
-			o, ok, err := readOutcome(tx, ref.RID)
+			o, ok, err := outcome(ref.RID)
 			if err != nil {
 				return err
 			}
@@ -246,11 +259,17 @@ func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef) error {
 				p.refuse(i, &DuplicateError{Outcome: o})
 				continue
 			}
+			claimed[ref.RID] = storedOutcome(ce, &h, ref, now)
 		}
 		ces, headers, p.reqs = append(ces, ce), append(headers, h), append(p.reqs, ref)
 	}
 	p.ces, p.headers = ces, headers
 	return nil
+}
+
+// storedOutcome is the outcome of the registration ref that stores ce with header h at now.
+func storedOutcome(ce *CE, h *header, ref RequestRef, now time.Time) Outcome {
+	return Outcome{Result: OutcomeStored, ID: ce.ID, Status: h.status.String(), Fingerprint: ref.Fingerprint, Partition: -1, At: now}
 }
 
 // name names CE i of a call in an error: by its index too when the call is all or none (Put),
@@ -454,9 +473,7 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			}
 		}
 		if p.reqs != nil && p.reqs[i].RID != "" {
-			o := Outcome{Result: OutcomeStored, ID: ce.ID, Status: h.status.String(), Fingerprint: p.reqs[i].Fingerprint,
-				Partition: -1, At: now}
-			if err := putOutcome(tx, p.reqs[i].RID, o); err != nil {
+			if err := putOutcome(tx, p.reqs[i].RID, storedOutcome(ce, h, p.reqs[i], now)); err != nil {
 				return err
 			}
 		}

@@ -537,3 +537,48 @@ func TestDeleteRequest(t *testing.T) {
 		t.Error("a failed write stored an outcome")
 	}
 }
+
+// Two CEs of one PutRequests call with the same request id are one request applied once, as
+// across calls: the first is stored with its outcome, the second is refused with a
+// *DuplicateError holding the first's outcome, whether its fingerprint is the first's (a retry
+// racing the first) or another (a key reused), so the outcome names the CE stored.
+func TestPutRequestsOneRequestIDTwiceInABatch(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(17, 17))
+	stored := 0
+	for _, tc := range []struct {
+		name, rid, fp2 string
+		ids            [2]string
+	}{
+		{"another fingerprint", "k", "f2", [2]string{"a", "b"}},
+		{"the same fingerprint, ids given by the ledger", "k2", "f1", [2]string{"", ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first, second := newCE(t, m, rng), newCE(t, m, rng)
+			first.ID, second.ID = tc.ids[0], tc.ids[1]
+			errs, err := l.PutRequests(bg, []*CE{first, second}, []RequestRef{{RID: tc.rid, Fingerprint: "f1"}, {RID: tc.rid, Fingerprint: tc.fp2}})
+			if err != nil || errs[0] != nil {
+				t.Fatalf("PutRequests = %v, %v", errs, err)
+			}
+			var dup *DuplicateError
+			if !errors.As(errs[1], &dup) || dup.Outcome.ID != first.ID || dup.Outcome.Result != OutcomeStored || dup.Outcome.Fingerprint != "f1" {
+				t.Fatalf("the second CE with request id %q: %v (%+v); want a DuplicateError with the first's outcome", tc.rid, errs[1], dup)
+			}
+			if second.ID != "" {
+				if _, err := l.Get(second.ID); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("the second CE with request id %q was stored: %v", tc.rid, err)
+				}
+			}
+			if all, err := l.List(0, 1000, ""); err != nil || len(all) != stored+1 {
+				t.Fatalf("%d CEs stored (%v), want %d: one per request", len(all), err, stored+1)
+			}
+			stored++
+			if o, ok, err := l.Outcome(tc.rid); err != nil || !ok || o.ID != first.ID || o.Fingerprint != "f1" || !o.At.Equal(dup.Outcome.At) {
+				t.Fatalf("outcome of %q = %+v, %v, %v; want the first CE's, as the DuplicateError said (%+v)", tc.rid, o, ok, err, dup.Outcome)
+			}
+		})
+	}
+	checkInvariants(t, l)
+}
