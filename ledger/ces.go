@@ -569,24 +569,24 @@ func readHeader(tx *bolt.Tx, id []byte) (header, bool, error) {
 }
 
 // Delete removes a CE and releases its anchor reference, or drops the damaged record of a
-// quarantined CE; either way its state is a tombstone (Options.EncodeState).
+// quarantined CE or of one found damaged since Open (deleteOne); either way its state is a
+// tombstone (Options.EncodeState).
 func (l *Ledger) Delete(id string) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	var found deletedDamaged
 	err := l.update(func(tx *bolt.Tx) error {
-		key := []byte(id)
-		_, ok, err := readHeader(tx, key)
-		if err != nil {
-			return err
+		found = deletedDamaged{}
+		res, _, err := l.deleteOne(tx, id, found)
+		if err == nil && res == OutcomeAbsent {
+			err = fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
-		if _, q := quarantineReason(tx, key); !ok && !q {
-			return fmt.Errorf("%w: %q", ErrNotFound, id)
-		}
-		return l.deleteStored(tx, [][]byte{key}, true) // a quarantined CE's damaged record is dropped
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: delete: %w", err)
 	}
+	l.reportDamaged(found)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -40,7 +41,9 @@ import (
 // happens in the quarantine's transaction: the rebuild judges the CEs left, never a damaged one.
 //
 // A CE found damaged after Open (the disk failing under a running daemon) is skipped by List,
-// logged and counted; the next Open quarantines it.
+// logged and counted; the next Open quarantines it. A deletion of it deletes it at once: the
+// deletion's transaction quarantines it, with every other CE whose header is damaged, as Open
+// would, then drops its record (deleteOne), so that the request is applied, not failed.
 
 // bQuarantine holds the quarantined CEs: id -> quarantined-at, reason, raw header, raw body.
 var bQuarantine = []byte("quarantine")
@@ -101,9 +104,10 @@ type qualityDropped struct {
 }
 
 // checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs, rebuilds
-// damaged indexes and drops damaged prequential records; other damage is a *CorruptError. With rebuild (the policy changed, prepare),
-// it rebuilds the indexes whatever it found, from the CEs left after the quarantine: the old
-// indexes are not read, and a damaged CE never reaches the rebuild.
+// damaged indexes and drops damaged prequential records; other damage is a *CorruptError. With
+// rebuild (the policy changed, prepare), it rebuilds the indexes whatever it found, from the CEs
+// left after the quarantine: the old indexes are not read, and a damaged CE never reaches the
+// rebuild.
 func (l *Ledger) checkRecords(rebuild bool) error {
 	start := time.Now()
 	var d damage
@@ -245,42 +249,16 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 }
 
 // quarantine moves the damaged CEs to bQuarantine and rebuilds what depends on the CEs (anchor
-// references, indexes, status counts) in one transaction. With rebuild (a changed policy), the
-// rebuild re-judges the CEs left under the ledger's policy, as for any rebuild.
+// references, indexes, status counts) in one transaction (quarantineTx). With rebuild (a changed
+// policy), the rebuild re-judges the CEs left under the ledger's policy, as for any rebuild.
 func (l *Ledger) quarantine(d damage, rebuild bool) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	ids := make([]string, 0, len(d.ces))
-	for id := range d.ces {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	ids := slices.Sorted(maps.Keys(d.ces))
 	start := time.Now()
-	now := l.opts.Now().UTC()
 	var n, changed int
-	err := l.update(func(tx *bolt.Tx) error {
-		q, err := tx.CreateBucketIfNotExists(bQuarantine)
-		if err != nil {
-			return err
-		}
-		hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
-		for _, id := range ids {
-			k := []byte(id)
-			rec := encodeQuarantined(now, d.ces[id], hdrs.Get(k), bodies.Get(k))
-			if err := putSealed(q, k, rec); err != nil {
-				return err
-			}
-			if err := hdrs.Delete(k); err != nil {
-				return err
-			}
-			if err := bodies.Delete(k); err != nil {
-				return err
-			}
-		}
-		if err := l.recountAnchors(tx); err != nil {
-			return err
-		}
-		n, changed, err = l.rebuildTx(tx)
+	err := l.update(func(tx *bolt.Tx) (err error) {
+		n, changed, err = l.quarantineTx(tx, d.ces)
 		return err
 	})
 	if err != nil {
@@ -306,6 +284,93 @@ func (l *Ledger) quarantine(d damage, rebuild bool) error {
 			"entries", d.index)
 	}
 	return nil
+}
+
+// quarantineTx moves the CEs ces (id -> what is wrong) to bQuarantine in tx, with their raw
+// bytes and the reason, recounts the anchors' references (releasing the anchors no CE refers to
+// any more) and rebuilds the indexes and status counts from the CEs left (rebuildTx, whose
+// counts it returns).
+func (l *Ledger) quarantineTx(tx *bolt.Tx, ces map[string]string) (n, changed int, err error) {
+	q, err := tx.CreateBucketIfNotExists(bQuarantine)
+	if err != nil {
+		return 0, 0, err
+	}
+	now := l.opts.Now().UTC()
+	hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
+	for _, id := range slices.Sorted(maps.Keys(ces)) {
+		k := []byte(id)
+		if err := putSealed(q, k, encodeQuarantined(now, ces[id], hdrs.Get(k), bodies.Get(k))); err != nil {
+			return 0, 0, err
+		}
+		if err := hdrs.Delete(k); err != nil {
+			return 0, 0, err
+		}
+		if err := bodies.Delete(k); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := l.recountAnchors(tx); err != nil {
+		return 0, 0, err
+	}
+	return l.rebuildTx(tx)
+}
+
+// deletedDamaged is what a deletion found damaged since Open and quarantined in its
+// transaction (quarantineDamaged): id -> what is wrong, and whether the deletion then dropped
+// it. reportDamaged reports it once the transaction commits.
+type deletedDamaged map[string]damagedCE
+
+type damagedCE struct {
+	why     string
+	deleted bool
+}
+
+// quarantineDamaged quarantines in tx, as Open would, the CE id whose header a deletion found
+// damaged (why), with every other CE whose header is damaged: the rebuild that follows a
+// quarantine reads every header. found gets them all. O(stored CEs), paid only when a
+// deletion meets a damaged record.
+func (l *Ledger) quarantineDamaged(tx *bolt.Tx, id, why string, found deletedDamaged) error {
+	ces := map[string]string{id: why}
+	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
+		p, ok := unseal(k, v)
+		if !ok {
+			ces[string(k)] = "header checksum mismatch"
+		} else if _, err := decodeHeader(p); err != nil {
+			ces[string(k)] = "header: " + store.Reason(err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if _, _, err := l.quarantineTx(tx, ces); err != nil {
+		return err
+	}
+	for k, why := range ces {
+		found[k] = damagedCE{why: why}
+	}
+	return nil
+}
+
+// reportDamaged logs, once the deletion's transaction committed, each CE it quarantined, and
+// takes them off the count of CEs reads found damaged: the quarantine counts those it keeps.
+func (l *Ledger) reportDamaged(found deletedDamaged) {
+	if len(found) == 0 {
+		return
+	}
+	l.dmu.Lock()
+	for id := range found {
+		delete(l.runtimeDamaged, id)
+	}
+	l.dmu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(found)) {
+		if d := found[id]; d.deleted {
+			l.log.Error("ledger: a counterfactual record is damaged; a deletion of it deleted it", "path", l.path, "id", id, "reason", d.why)
+		} else {
+			l.log.Error("ledger: a counterfactual record is damaged; it was quarantined (GET answers 500 for it until it is "+
+				"deleted or registered again)", "path", l.path, "id", id, "reason", d.why)
+		}
+	}
 }
 
 // recountAnchors sets every anchor's reference count to the number of CEs holding a

@@ -230,3 +230,63 @@ func TestDeletingAQuarantinedCEWritesItsTombstone(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// A deletion of a CE whose record is found damaged while the ledger is open (after Open's
+// check) is applied, not an error that stops the batch: from the CE topic (ApplyShare), the
+// rest of the batch is applied with it and the partition's offset moves on; from a single
+// daemon (DeleteRequest) too. The CE is quarantined and dropped in the deletion's transaction
+// (the outcome is OutcomeDeleted, its Detail saying the record was damaged), its tombstone goes
+// to the outbox, it is no longer counted as damaged, and every invariant holds.
+func TestDeletingACEDamagedAfterOpen(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(4, 4))
+	var ops []ShareOp
+	for i, id := range []string{"x", "y", "z"} {
+		ce := newCE(t, m, rng)
+		ce.ID = id
+		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
+	}
+	if _, err := l.ApplyShare(0, ops, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, "x")
+	damageValue(t, l, bHeaders, "y")
+	if all, err := l.List(0, 100, ""); err != nil || len(all) != 1 || l.Damaged() != 2 {
+		t.Fatalf("List with two damaged headers: %d CEs, %v, Damaged() = %d; want z, and 2", len(all), err, l.Damaged())
+	}
+	z := newCE(t, m, rng)
+	z.ID = "w"
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 3, ID: "x"}, {RID: "r-w", Offset: 4, ID: "w", CE: z}}, 5, nil)
+	if err != nil {
+		t.Fatalf("ApplyShare of the deletion of a CE damaged since Open: %v", err)
+	}
+	if outs[0].Result != OutcomeDeleted || !strings.Contains(outs[0].Detail, "damaged") || outs[1].Result != OutcomeStored {
+		t.Fatalf("outcomes %+v; want x deleted (its detail saying it was damaged) and w stored", outs)
+	}
+	if off, _, _ := l.ShareOffset(0); off != 5 {
+		t.Fatalf("share offset %d after the batch, want 5", off)
+	}
+	o, err := l.DeleteRequest("y", RequestRef{RID: "d-y"})
+	if err != nil || o.Result != OutcomeDeleted {
+		t.Fatalf("DeleteRequest of a CE damaged since Open = %+v, %v; want deleted", o, err)
+	}
+	for _, id := range []string{"x", "y"} {
+		if _, err := l.Get(id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get(%q) after its deletion: %v, want ErrNotFound", id, err)
+		}
+	}
+	if n := l.Damaged(); n != 0 {
+		t.Fatalf("Damaged() = %d after the deletions, want 0", n)
+	}
+	if s := latestStates(t, l); s["x"] != nil || s["y"] != nil || s["z"] == nil || s["w"] == nil {
+		t.Fatalf("latest states %v; want z and w only", s)
+	}
+	checkInvariants(t, l)
+}

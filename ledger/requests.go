@@ -13,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // Requests and their outcomes. A registration or deletion that carries a request id (RID) is
@@ -61,7 +62,7 @@ type Outcome struct {
 	ID string `json:"id"`
 	// Status is the status the CE was stored with (OutcomeStored).
 	Status string `json:"status,omitempty"`
-	// Detail says why a CE was refused.
+	// Detail says why a CE was refused, or that a deleted CE's record was damaged on disk.
 	Detail string `json:"detail,omitempty"`
 	// Fingerprint is the request's (an Idempotency-Key's request hash), "" when it has none.
 	Fingerprint string `json:"fingerprint,omitempty"`
@@ -134,12 +135,15 @@ func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*b
 	now := l.opts.Now().UTC()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	var outs []Outcome
+	var (
+		outs  []Outcome
+		found deletedDamaged
+	)
 	err := l.update(func(tx *bolt.Tx) error {
-		outs = make([]Outcome, len(ops))
+		outs, found = make([]Outcome, len(ops)), deletedDamaged{}
 		need := &AnchorsNeededError{}
 		for i, op := range ops {
-			o, dup, err := l.applyOp(tx, p, op, now, past)
+			o, dup, err := l.applyOp(tx, p, op, now, past, found)
 			var unknown *unknownAnchorError
 			if errors.As(err, &unknown) {
 				need.Ops = append(need.Ops, i)
@@ -175,12 +179,13 @@ func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*b
 	if err != nil {
 		return nil, fmt.Errorf("ledger: apply share of partition %d: %w", p, err)
 	}
+	l.reportDamaged(found)
 	return outs, nil
 }
 
 // applyOp applies one request in tx: its stored outcome when its RID has one (dup), else what
-// applying it decided.
-func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map[uint64]*bnn.Model) (o Outcome, dup bool, err error) {
+// applying it decided. found gets the CEs a deletion found damaged and quarantined (deleteOne).
+func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map[uint64]*bnn.Model, found deletedDamaged) (o Outcome, dup bool, err error) {
 	if op.RID != "" {
 		if o, ok, err := readOutcome(tx, op.RID); err != nil || ok {
 			return o, ok, err
@@ -191,7 +196,7 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 	case op.Refuse != "":
 		o.Result, o.Detail = OutcomeRefused, op.Refuse
 	case op.CE == nil:
-		o.Result, err = l.deleteOne(tx, op.ID)
+		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, found)
 	default:
 		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
 	}
@@ -207,17 +212,31 @@ type unknownAnchorError struct {
 func (e *unknownAnchorError) Error() string { return e.err.Error() }
 func (e *unknownAnchorError) Unwrap() error { return e.err }
 
-// deleteOne deletes CE id in tx (a damaged record of it is dropped from the quarantine).
-func (l *Ledger) deleteOne(tx *bolt.Tx, id string) (string, error) {
+// deleteOne deletes CE id in tx: OutcomeDeleted, or OutcomeAbsent when nothing is stored under
+// id. A quarantined CE's damaged record is dropped. A CE whose header is found damaged here
+// (since Open) is deleted too: it is quarantined as Open would (quarantineDamaged, with any
+// other damaged header, which found gets) and its record dropped; detail then says so.
+func (l *Ledger) deleteOne(tx *bolt.Tx, id string, found deletedDamaged) (result, detail string, err error) {
 	key := []byte(id)
 	_, ok, err := readHeader(tx, key)
+	if errors.Is(err, ErrCorrupt) {
+		err = l.quarantineDamaged(tx, id, store.Reason(err), found)
+	}
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if _, q := quarantineReason(tx, key); !ok && !q {
-		return OutcomeAbsent, nil
+		return OutcomeAbsent, "", nil
 	}
-	return OutcomeDeleted, l.deleteStored(tx, [][]byte{key}, true)
+	if err := l.deleteStored(tx, [][]byte{key}, true); err != nil {
+		return "", "", err
+	}
+	if d, ok := found[id]; ok { // found damaged by this transaction
+		d.deleted = true
+		found[id] = d
+		detail = fmt.Sprintf("the counterfactual's record was damaged on disk (%s); it was deleted", d.why)
+	}
+	return OutcomeDeleted, detail, nil
 }
 
 // registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
@@ -279,7 +298,7 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	return OutcomeStored, h.status.String(), "", restored, nil
 }
 
-// DeleteRequest deletes CE id (a damaged record of it is dropped from the quarantine), as the
+// DeleteRequest deletes CE id (a damaged record of it is dropped, see deleteOne), as the
 // request ref, in one transaction: a request whose RID has an outcome is not applied again, and
 // its stored outcome is returned with Duplicate set; any other request with an RID gets its
 // outcome (OutcomeDeleted, or OutcomeAbsent when nothing is stored under id; Partition -1)
@@ -291,8 +310,12 @@ func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
 	now := l.opts.Now().UTC()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	var o Outcome
+	var (
+		o     Outcome
+		found deletedDamaged
+	)
 	err := l.update(func(tx *bolt.Tx) error {
+		found = deletedDamaged{}
 		if ref.RID != "" {
 			had, ok, err := readOutcome(tx, ref.RID)
 			if err != nil {
@@ -306,7 +329,7 @@ func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
 		}
 		o = Outcome{ID: id, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
 		var err error
-		if o.Result, err = l.deleteOne(tx, id); err != nil || ref.RID == "" {
+		if o.Result, o.Detail, err = l.deleteOne(tx, id, found); err != nil || ref.RID == "" {
 			return err
 		}
 		if err := putOutcome(tx, ref.RID, o); err != nil {
@@ -317,6 +340,7 @@ func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, fmt.Errorf("ledger: delete %q: %w", id, err)
 	}
+	l.reportDamaged(found)
 	return o, nil
 }
 
