@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/cli"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -51,7 +52,8 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 // download writes the backup beside out under a temporary name, fsyncs it, verifies it with
-// ledger.Verify and links it into place; nothing is left behind on failure.
+// ledger.Verify, links it into place and fsyncs out's directory; nothing is left behind on
+// failure.
 func download(ctx context.Context, url, token, out string) (ledger.Info, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -95,6 +97,14 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 	}
 	if err := os.Link(tmp.Name(), out); err != nil {
 		return ledger.Info{}, fmt.Errorf("backup: %w", err)
+	}
+	// The link is durable once its directory is: until then a crash could lose the backup
+	// reported written.
+	dir := filepath.Dir(out)
+	if err := atomicfile.SyncDir(dir); err != nil {
+		os.Remove(out)
+		return ledger.Info{}, fmt.Errorf("backup: syncing the directory %s after linking %s failed, so the backup might not survive a "+
+			"crash; %s was removed: run cfguard backup again (with --out in a directory that can be synced): %w", dir, out, out, err)
 	}
 	info.Path = out
 	return info, nil
