@@ -287,30 +287,32 @@ func (l *Ledger) quarantine(d damage, rebuild bool) error {
 }
 
 // quarantineTx moves the CEs ces (id -> what is wrong) to bQuarantine in tx, with their raw
-// bytes and the reason, recounts the anchors' references (releasing the anchors no CE refers to
-// any more) and rebuilds the indexes and status counts from the CEs left (rebuildTx, whose
-// counts it returns).
+// bytes and the reason, and recounts the anchors' references (releasing the anchors no CE
+// refers to any more); then, with ces empty too, it rebuilds the indexes and status counts from
+// the CEs left (rebuildTx, whose counts it returns).
 func (l *Ledger) quarantineTx(tx *bolt.Tx, ces map[string]string) (n, changed int, err error) {
-	q, err := tx.CreateBucketIfNotExists(bQuarantine)
-	if err != nil {
-		return 0, 0, err
-	}
-	now := l.opts.Now().UTC()
-	hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
-	for _, id := range slices.Sorted(maps.Keys(ces)) {
-		k := []byte(id)
-		if err := putSealed(q, k, encodeQuarantined(now, ces[id], hdrs.Get(k), bodies.Get(k))); err != nil {
+	if len(ces) > 0 {
+		q, err := tx.CreateBucketIfNotExists(bQuarantine)
+		if err != nil {
 			return 0, 0, err
 		}
-		if err := hdrs.Delete(k); err != nil {
+		now := l.opts.Now().UTC()
+		hdrs, bodies := tx.Bucket(bHeaders), tx.Bucket(bBodies)
+		for _, id := range slices.Sorted(maps.Keys(ces)) {
+			k := []byte(id)
+			if err := putSealed(q, k, encodeQuarantined(now, ces[id], hdrs.Get(k), bodies.Get(k))); err != nil {
+				return 0, 0, err
+			}
+			if err := hdrs.Delete(k); err != nil {
+				return 0, 0, err
+			}
+			if err := bodies.Delete(k); err != nil {
+				return 0, 0, err
+			}
+		}
+		if err := l.recountAnchors(tx); err != nil {
 			return 0, 0, err
 		}
-		if err := bodies.Delete(k); err != nil {
-			return 0, 0, err
-		}
-	}
-	if err := l.recountAnchors(tx); err != nil {
-		return 0, 0, err
 	}
 	return l.rebuildTx(tx)
 }
