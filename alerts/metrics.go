@@ -153,7 +153,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
 			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: NameEvents,
-			Help: "Outbox events by result of a publish attempt: published (acknowledged by the events topic), failed (in an attempt that failed; they stay in the outbox and are retried with backoff, and counted again each time)."}, []string{"result"}),
+			Help: "Outbox entries by result of a publish attempt: events, and on replicas CE states: published (acknowledged by the events topic, or the CE state topic), failed (in an attempt that failed, at either topic; they stay in the outbox and are retried with backoff, and counted again each time)."}, []string{"result"}),
 		audits:        f.NewCounter(prometheus.CounterOpts{Name: NameAudits, Help: "Full audits completed."}),
 		exportVersion: gauge(NameExportVersion, "Posterior version last written to model.export_dir."),
 		exportFailures: f.NewCounter(prometheus.CounterOpts{Name: NameExportFailures,

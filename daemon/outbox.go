@@ -151,10 +151,12 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		}
 		cancel()
 		if err != nil {
-			p.metrics.PublishFailed(len(batch))
+			// Every entry of the attempt stays in the outbox, the events too when only the
+			// states failed: they are published again with them.
+			p.metrics.PublishFailed(len(batch) + len(states))
 			return fmt.Errorf("publishing outbox entries %d..%d: %w", entries[0].Seq, entries[len(entries)-1].Seq, err)
 		}
-		p.metrics.EventsPublished(len(batch))
+		p.metrics.EventsPublished(len(batch) + len(states))
 		last := entries[len(entries)-1].Seq
 		if err := p.l.AckOutbox(last); err != nil {
 			// Published but not acknowledged: they are published again (consumers dedupe).

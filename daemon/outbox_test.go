@@ -178,6 +178,7 @@ func TestOutboxSplitsStatesFromEvents(t *testing.T) {
 type orderedSinks struct {
 	calls      []string
 	failEvents bool
+	failStates bool
 }
 
 func (o *orderedSinks) PublishBatch(_ context.Context, evs []stream.Event) error {
@@ -191,6 +192,9 @@ func (o *orderedSinks) PublishBatch(_ context.Context, evs []stream.Event) error
 }
 
 func (o *orderedSinks) Write(_ context.Context, states []ceshare.Encoded) error {
+	if o.failStates {
+		return errors.New("the state topic refuses them")
+	}
 	for _, s := range states {
 		o.calls = append(o.calls, "state "+string(s.Key))
 	}
@@ -217,18 +221,48 @@ func TestOutboxWritesStatesAfterTheirEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	sinks := &orderedSinks{failEvents: true}
-	p := newOutboxPublisher(l, sinks, alerts.NewMetrics(prometheus.NewRegistry()), "r1", slog.New(slog.DiscardHandler))
+	reg := prometheus.NewRegistry()
+	p := newOutboxPublisher(l, sinks, alerts.NewMetrics(reg), "r1", slog.New(slog.DiscardHandler))
 	p.states = sinks
+	count := func(result string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == alerts.NameEvents && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return -1
+	}
 	var after uint64
 	if err := p.drain(context.Background(), &after); err == nil || len(sinks.calls) != 0 {
 		t.Fatalf("with events refused: drain = %v, handed over %v; want an error and nothing", err, sinks.calls)
 	}
-	sinks.failEvents = false
+	// The state topic refuses the states after the events were published: the attempt failed,
+	// its four entries stay in the outbox and count as failed (CfguardOutboxBacklog sees it).
+	sinks.failEvents, sinks.failStates = false, true
+	if err := p.drain(context.Background(), &after); err == nil || !strings.Contains(err.Error(), "state topic") {
+		t.Fatalf("with states refused: drain = %v; want the state topic's error", err)
+	}
+	if f, pub := count("failed"), count("published"); f != 8 || pub != 0 {
+		t.Fatalf("after two failed attempts of 4 entries: %v failed, %v published; want 8 and 0", f, pub)
+	}
+	if n, _ := l.OutboxLen(); n != 4 {
+		t.Fatalf("%d entries left in the outbox after the states failed, want 4", n)
+	}
+	sinks.calls, sinks.failStates = nil, false
 	if err := p.drain(context.Background(), &after); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"event ce-1", "event ce-2", "state ce-1", "state ce-2"}
 	if !slices.Equal(sinks.calls, want) {
 		t.Fatalf("handed over %v; want %v", sinks.calls, want)
+	}
+	if pub := count("published"); pub != 4 {
+		t.Fatalf("%v entries counted published, want 4", pub)
 	}
 }
