@@ -370,7 +370,9 @@ func (c *Consumer) deliver(ctx context.Context, ps *partState, ch *chunk) bool {
 
 // readChunk reads the records of a fetch response at or after from (a response may start
 // with records before the offset asked for), decodes them and files them: good records, or
-// dead letters to write. Records without an id are named by DefaultID.
+// dead letters to write. Records without an id are named by DefaultID. A response whose
+// batches hold no record at or after from still moves the chunk's next offset on (see
+// pastEmptyBatches).
 func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chunk, error) {
 	ch := &chunk{part: part, at: time.Now(), next: from}
 	type msg struct {
@@ -401,6 +403,9 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 	})
 	if err != nil {
 		return nil, err
+	}
+	if ch.next == from {
+		ch.next = pastEmptyBatches(rr, from)
 	}
 	if len(msgs) > 0 {
 		m := msgs[len(msgs)-1]
@@ -434,6 +439,34 @@ func (c *Consumer) readChunk(part int, rr kafka.RecordReader, from int64) (*chun
 	ch.recs = recs[:w]
 	c.decoded.Add(int64(w))
 	return ch, nil
+}
+
+// pastEmptyBatches returns the offset to fetch next after a response to a fetch at from that
+// holds no record at or after from: past the offsets its batches prove empty, or from when it
+// holds no batch (nothing new). The broker answers a fetch from the first batch whose last
+// offset is at or after from, so when that batch's records all lie below from (compaction
+// removed the batch's tail, and kept the batch's last offset, as Kafka does), every offset
+// from from to that batch's end holds no record, and likewise up to the base offset of any
+// later batch, which can then only be empty. Fetching at from again would bring the same
+// batch for ever. A Java consumer moves to the batch's last offset + 1; kafka-go does not
+// decode that offset, so the position moves past what is proven: max(from, the last batch's
+// base offset) + 1, at least one offset per fetch, until a fetch reaches a record or the
+// batch's end.
+func pastEmptyBatches(rr kafka.RecordReader, from int64) int64 {
+	batches := []kafka.RecordReader{rr}
+	if s, ok := rr.(*protocol.RecordStream); ok {
+		batches = s.Records
+	}
+	next := from
+	for _, b := range batches {
+		switch b := b.(type) {
+		case *protocol.RecordBatch:
+			next = max(from, b.BaseOffset) + 1
+		case *protocol.ControlBatch:
+			next = max(from, b.BaseOffset) + 1
+		}
+	}
+	return next
 }
 
 // EachRecord calls fn for every record of rr (a kafka-go fetch response's records) in order,
