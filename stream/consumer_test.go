@@ -365,6 +365,46 @@ func TestDeadLetterTruncatesHugeValue(t *testing.T) {
 	}
 }
 
+// headerValues returns the values of m's headers named key, in order.
+func headerValues(m kafka.Message, key string) []string {
+	var out []string
+	for _, h := range m.Headers {
+		if h.Key == key {
+			out = append(out, string(h.Value))
+		}
+	}
+	return out
+}
+
+// TestReplayedDeadLetterCarriesOneReason: a dead letter replayed to the topic that fails again
+// (for another reason) is dead-lettered with one header of each cfguard name, the new one; the
+// source's other headers are kept.
+func TestReplayedDeadLetterCarriesOneReason(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produceMessages(t, conn, recordsTopic, kafka.Message{Key: []byte("p0/replayed"), Value: []byte(`{"id":"r","features":[1,2,3]}`),
+		Headers: []kafka.Header{
+			{Key: HeaderReason, Value: []byte(ReasonBadJSON)}, {Key: HeaderError, Value: []byte("invalid JSON")},
+			{Key: HeaderSourceTopic, Value: []byte(recordsTopic)}, {Key: HeaderSourcePartition, Value: []byte("0")},
+			{Key: HeaderSourceOffset, Value: []byte("41")}, {Key: "trace-id", Value: []byte("abc")},
+		}})
+	produce(t, conn, recordsTopic, 0, goodRecord("after", 1))
+	c := newConsumer(t, consumerConfig(conn, "replay"))
+	if incs := collect(t, c, 1, 20*time.Second); incs[0].DeadLettered != 1 {
+		t.Fatalf("%d dead letters, want 1", incs[0].DeadLettered)
+	}
+	m := readTopic(t, conn, deadTopic, 1)[0]
+	for key, want := range map[string]string{HeaderReason: ReasonMissingField, HeaderSourceTopic: recordsTopic,
+		HeaderSourcePartition: "0", HeaderSourceOffset: "0", "trace-id": "abc"} {
+		if got := headerValues(m, key); !slices.Equal(got, []string{want}) {
+			t.Errorf("dead letter's %s headers %q, want [%q]", key, got, want)
+		}
+	}
+	if got := headerValues(m, HeaderError); len(got) != 1 || got[0] == "invalid JSON" {
+		t.Errorf("dead letter's %s headers %q, want the new detail alone", HeaderError, got)
+	}
+}
+
 // TestCloseJoinsGoroutines checks that a Consumer and a Publisher leave no goroutine behind
 // once closed (kafka-go's included), whether closed by Close or by their context.
 func TestCloseJoinsGoroutines(t *testing.T) {

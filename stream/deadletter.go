@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/segmentio/kafka-go"
 )
 
-// Dead-letter headers. The original key and value are kept as they were.
+// Dead-letter headers. A dead letter carries these first, then the source record's headers
+// except its own cfguard-* ones (a dead letter replayed to the topic and dead-lettered again
+// carries one of each, the new one).
 const (
 	HeaderReason          = "cfguard-reason"           // a Reason* code
 	HeaderError           = "cfguard-error"            // human detail
@@ -47,6 +50,9 @@ func newWriter(brokers []string, topic string, tr *kafka.Transport, errLog kafka
 	}
 }
 
+// headerPrefix starts the name of every header cfguard writes to a dead letter.
+const headerPrefix = "cfguard-"
+
 func deadLetterMessage(topic string, part int, offset int64, key, value []byte, headers []kafka.Header, at time.Time, de *DecodeError) kafka.Message {
 	h := make([]kafka.Header, 0, 6+len(headers))
 	h = append(h,
@@ -60,7 +66,11 @@ func deadLetterMessage(topic string, part int, offset int64, key, value []byte, 
 		h = append(h, kafka.Header{Key: HeaderTruncated, Value: strconv.AppendInt(nil, int64(len(value)), 10)})
 		value = value[:maxDeadLetterValue]
 	}
-	h = append(h, headers...)
+	for _, sh := range headers {
+		if !strings.HasPrefix(sh.Key, headerPrefix) { // those of an earlier dead-lettering
+			h = append(h, sh)
+		}
+	}
 	return kafka.Message{Key: key, Value: value, Headers: h, Time: at}
 }
 

@@ -64,6 +64,17 @@ var partitionByKey = kafka.BalancerFunc(func(m kafka.Message, partitions ...int)
 // produce writes raw values (key "p<partition>/<i>") and waits for the acknowledgement.
 func produce(t testing.TB, conn ConnConfig, topic string, partition int, values ...string) {
 	t.Helper()
+	msgs := make([]kafka.Message, len(values))
+	for i, v := range values {
+		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "p%d/%d", partition, i), Value: []byte(v)}
+	}
+	produceMessages(t, conn, topic, msgs...)
+}
+
+// produceMessages writes msgs (each to the partition its key names: see partitionByKey) and
+// waits for the acknowledgement.
+func produceMessages(t testing.TB, conn ConnConfig, topic string, msgs ...kafka.Message) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := conn.applyDefaults(); err != nil {
@@ -74,10 +85,6 @@ func produce(t testing.TB, conn ConnConfig, topic string, partition int, values 
 	w := &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: topic, Balancer: partitionByKey,
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 10000, Transport: tr}
 	defer w.Close()
-	msgs := make([]kafka.Message, len(values))
-	for i, v := range values {
-		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "p%d/%d", partition, i), Value: []byte(v)}
-	}
 	for len(msgs) > 0 {
 		n := min(len(msgs), 2000)
 		if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
