@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -362,6 +364,65 @@ func TestDeadLetterTruncatesHugeValue(t *testing.T) {
 		header(m, HeaderTruncated) != strconv.Itoa(len(huge)) || string(m.Value) != huge[:maxDeadLetterValue] {
 		t.Fatalf("dead letter: reason %q, %d bytes, truncated header %q",
 			header(m, HeaderReason), len(m.Value), header(m, HeaderTruncated))
+	}
+}
+
+// TestDeadLetterOfAHugeRecordFits: a bad record whose key or headers alone are close to the
+// broker's 1 MB limit is dead-lettered cut to fit (the headers saying what was cut), and the
+// partition reads on past it.
+func TestDeadLetterOfAHugeRecordFits(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	hugeKey := append([]byte("p0/"), bytes.Repeat([]byte("k"), 1_000_100-3)...)
+	bigHeaders := []kafka.Header{{Key: "a", Value: bytes.Repeat([]byte("a"), 40<<10)},
+		{Key: "b", Value: bytes.Repeat([]byte("b"), 40<<10)}, {Key: "c", Value: []byte("c")}}
+	produceMessages(t, conn, recordsTopic,
+		kafka.Message{Key: hugeKey, Value: []byte(`{"id":"huge-key","features":[1,2,3]}`)},
+		kafka.Message{Key: []byte("p0/headers"), Value: []byte(`{"id":"big-headers","features":[1,2,3]}`), Headers: bigHeaders})
+	produce(t, conn, recordsTopic, 0, goodRecord("after", 1))
+	c := newConsumer(t, consumerConfig(conn, "hugekey"))
+	incs := collect(t, c, 1, 20*time.Second)
+	if got, n := ids(incs), c.Stats().DeadLettered[ReasonMissingField]; !slices.Equal(got, []string{"after"}) || incs[0].DeadLettered != 2 || n != 2 {
+		t.Fatalf("got %v with %d dead letters (%d counted), want [after] with 2", got, incs[0].DeadLettered, n)
+	}
+	dl := readTopic(t, conn, deadTopic, 2)
+	if m := dl[0]; !bytes.Equal(m.Key, hugeKey[:maxDeadLetterKey]) || header(m, HeaderTruncatedKey) != strconv.Itoa(len(hugeKey)) {
+		t.Errorf("dead letter of the huge key: key of %d bytes, %s %q", len(m.Key), HeaderTruncatedKey, header(m, HeaderTruncatedKey))
+	}
+	m := dl[1]
+	if header(m, HeaderTruncatedHeaders) != strconv.Itoa(3+80<<10+1) || header(m, "a") != string(bigHeaders[0].Value) ||
+		len(headerValues(m, "b")) != 0 || len(headerValues(m, "c")) != 0 {
+		t.Errorf("dead letter of the big headers: %s %q, headers a, b, c of %d, %d, %d bytes; want the first alone", HeaderTruncatedHeaders,
+			header(m, HeaderTruncatedHeaders), len(header(m, "a")), len(header(m, "b")), len(header(m, "c")))
+	}
+}
+
+// TestDeadLetterMessageIsBounded: whatever the source record and the detail, a dead letter
+// fits one produce request of the dead-letter writer, and says what was cut.
+func TestDeadLetterMessageIsBounded(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	var headers []kafka.Header
+	total := 0
+	for i := range 1000 {
+		headers = append(headers, kafka.Header{Key: fmt.Sprint("h", i), Value: big[:1000]})
+		total += len(headers[i].Key) + 1000
+	}
+	detail := strings.Repeat("é", 1<<19) // two bytes a character: the cut falls inside one
+	m := deadLetterMessage(strings.Repeat("t", 249), 7, 42, big, big, headers, time.Now(), &DecodeError{Reason: ReasonBadJSON, Detail: detail})
+	size := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		size += len(h.Key) + len(h.Value) + headerOverhead
+	}
+	if size > writerBatchBytes-100 { // kafka-go adds a record's fixed fields
+		t.Fatalf("dead letter of %d bytes, over the writer's %d", size, writerBatchBytes)
+	}
+	d := header(m, HeaderError)
+	if len(d) > maxDeadLetterDetail || !strings.HasSuffix(d, "...") || !utf8.ValidString(d) {
+		t.Errorf("detail of %d bytes, valid UTF-8 %v, ends %q", len(d), utf8.ValidString(d), d[max(0, len(d)-5):])
+	}
+	if header(m, HeaderTruncatedKey) != strconv.Itoa(len(big)) || header(m, HeaderTruncated) != strconv.Itoa(len(big)) ||
+		header(m, HeaderTruncatedHeaders) != strconv.Itoa(total) {
+		t.Errorf("truncation headers: key %q, value %q, headers %q", header(m, HeaderTruncatedKey), header(m, HeaderTruncated), header(m, HeaderTruncatedHeaders))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/segmentio/kafka-go"
@@ -14,23 +15,46 @@ import (
 
 // Dead-letter headers. A dead letter carries these first, then the source record's headers
 // except its own cfguard-* ones (a dead letter replayed to the topic and dead-lettered again
-// carries one of each, the new one).
+// carries one of each, the new one). The source's key, value and headers are copied as they
+// were, cut where they pass the bounds below; a HeaderTruncated* header then gives the size
+// that was cut.
 const (
-	HeaderReason          = "cfguard-reason"           // a Reason* code
-	HeaderError           = "cfguard-error"            // human detail
-	HeaderSourceTopic     = "cfguard-source-topic"     // where the record was read
-	HeaderSourcePartition = "cfguard-source-partition" // decimal
-	HeaderSourceOffset    = "cfguard-source-offset"    // decimal
-	HeaderTruncated       = "cfguard-truncated"        // original value size, when the value was cut
+	HeaderReason           = "cfguard-reason"            // a Reason* code
+	HeaderError            = "cfguard-error"             // human detail
+	HeaderSourceTopic      = "cfguard-source-topic"      // where the record was read
+	HeaderSourcePartition  = "cfguard-source-partition"  // decimal
+	HeaderSourceOffset     = "cfguard-source-offset"     // decimal
+	HeaderTruncated        = "cfguard-truncated"         // original value size, when the value was cut
+	HeaderTruncatedKey     = "cfguard-truncated-key"     // original key size, when the key was cut
+	HeaderTruncatedHeaders = "cfguard-truncated-headers" // size of the source's headers (names and values), when some were left out
 )
 
+// Bounds of a dead letter, so that one always fits a produce request of the dead-letter
+// writer (writerBatchBytes) whatever the source record (up to the broker's 1 MB limit, key and
+// headers included) was.
 const (
-	// maxDeadLetterValue bounds the value copied to the dead-letter topic, well below the
-	// broker's default 1 MB batch limit; longer values are cut and HeaderTruncated set.
+	// maxDeadLetterValue bounds the value copied to the dead-letter topic; longer values are
+	// cut and HeaderTruncated set.
 	maxDeadLetterValue = 256 << 10
+	// maxDeadLetterKey bounds the key copied; longer keys are cut and HeaderTruncatedKey set.
+	maxDeadLetterKey = 16 << 10
+	// maxDeadLetterHeaders bounds the source headers copied (names, values and
+	// headerOverhead each): they are copied in order while they fit, the rest are left out and
+	// HeaderTruncatedHeaders set.
+	maxDeadLetterHeaders = 64 << 10
+	// maxDeadLetterDetail bounds HeaderError; a longer detail is cut and ends with "...".
+	maxDeadLetterDetail = 1 << 10
+	// headerOverhead bounds the bytes a record spends on one header besides its name and value
+	// (two varint lengths).
+	headerOverhead = 10
 	// writerBatchBytes bounds a produce request (Kafka's and kfake's default limit is 1048588).
 	writerBatchBytes = 1_000_000
 )
+
+// A dead letter's cfguard headers (a Kafka topic name is at most 249 bytes) take well under
+// 2 KiB besides the detail: the bounds above leave room within writerBatchBytes (this does not
+// compile otherwise).
+const _ = uint(writerBatchBytes - (maxDeadLetterValue + maxDeadLetterKey + maxDeadLetterHeaders + maxDeadLetterDetail + 2<<10))
 
 // newWriter is a synchronous writer that waits for all in-sync replicas. Batching comes from
 // the caller passing many messages to one WriteMessages call, so the batch timeout is short.
@@ -53,25 +77,56 @@ func newWriter(brokers []string, topic string, tr *kafka.Transport, errLog kafka
 // headerPrefix starts the name of every header cfguard writes to a dead letter.
 const headerPrefix = "cfguard-"
 
+// deadLetterMessage is the dead letter of the record at offset of topic's partition part
+// (see the Header* constants).
 func deadLetterMessage(topic string, part int, offset int64, key, value []byte, headers []kafka.Header, at time.Time, de *DecodeError) kafka.Message {
-	h := make([]kafka.Header, 0, 6+len(headers))
+	h := make([]kafka.Header, 0, 8+len(headers))
 	h = append(h,
 		kafka.Header{Key: HeaderReason, Value: []byte(de.Reason)},
-		kafka.Header{Key: HeaderError, Value: []byte(de.Detail)},
+		kafka.Header{Key: HeaderError, Value: []byte(cutText(de.Detail, maxDeadLetterDetail))},
 		kafka.Header{Key: HeaderSourceTopic, Value: []byte(topic)},
 		kafka.Header{Key: HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(part), 10)},
 		kafka.Header{Key: HeaderSourceOffset, Value: strconv.AppendInt(nil, offset, 10)},
 	)
+	if len(key) > maxDeadLetterKey {
+		h = append(h, kafka.Header{Key: HeaderTruncatedKey, Value: strconv.AppendInt(nil, int64(len(key)), 10)})
+		key = key[:maxDeadLetterKey]
+	}
 	if len(value) > maxDeadLetterValue {
 		h = append(h, kafka.Header{Key: HeaderTruncated, Value: strconv.AppendInt(nil, int64(len(value)), 10)})
 		value = value[:maxDeadLetterValue]
 	}
+	var kept []kafka.Header
+	size, total, whole := 0, 0, true
 	for _, sh := range headers {
-		if !strings.HasPrefix(sh.Key, headerPrefix) { // those of an earlier dead-lettering
-			h = append(h, sh)
+		if strings.HasPrefix(sh.Key, headerPrefix) { // those of an earlier dead-lettering
+			continue
+		}
+		total += len(sh.Key) + len(sh.Value)
+		if n := len(sh.Key) + len(sh.Value) + headerOverhead; whole && size+n <= maxDeadLetterHeaders {
+			kept, size = append(kept, sh), size+n
+		} else {
+			whole = false
 		}
 	}
+	if !whole {
+		h = append(h, kafka.Header{Key: HeaderTruncatedHeaders, Value: strconv.AppendInt(nil, int64(total), 10)})
+	}
+	h = append(h, kept...)
 	return kafka.Message{Key: key, Value: value, Headers: h, Time: at}
+}
+
+// cutText returns s cut to at most n bytes at a UTF-8 character boundary, ending with "..."
+// when it was cut.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n - len("...")
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "..."
 }
 
 // writeDead writes ch's dead letters, retrying what failed with backoff until ctx ends. It
