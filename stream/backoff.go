@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"slices"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -14,8 +15,9 @@ var ErrClosed = errors.New("stream: closed")
 
 // ErrStopped wraps the error Consumer.Next returns when the consumer has stopped for good: a
 // configuration-class error (authentication, authorization, an invalid topic or group, a
-// certificate the broker or we refuse) that no retry can fix, or a topic whose identity
-// changed (TopicResetError). The consumer's Health then reports it; the caller decides what
+// certificate the broker or we refuse, a dead letter the dead-letter topic refuses as too
+// large on its own) that no retry can fix, or a topic whose identity changed
+// (TopicResetError). The consumer's Health then reports it; the caller decides what
 // to do (the daemon keeps serving and turns /readyz false).
 var ErrStopped = errors.New("stream: consumer stopped")
 
@@ -32,8 +34,13 @@ func retryable(err error) bool {
 }
 
 // permanent reports whether err is configuration-class: retrying cannot fix it, the operator
-// must (credentials, ACLs, topic or group names, TLS certificates).
+// must (credentials, ACLs, topic or group names, TLS certificates). A kafka.WriteErrors (a
+// writer's error per message) is when one of its errors is.
 func permanent(err error) bool {
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) {
+		return slices.ContainsFunc(werrs, func(e error) bool { return e != nil && permanent(e) })
+	}
 	var ke kafka.Error
 	if errors.As(err, &ke) {
 		switch ke {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -129,41 +130,44 @@ func cutText(s string, n int) string {
 	return s[:i] + "..."
 }
 
-// writeDead writes ch's dead letters, retrying what failed with backoff until ctx ends. It
-// returns false when the reader must stop (ctx ended, the consumer is closing, or an error no
-// retry fixes, which stops the consumer).
+// writeDead writes ch's dead letters, retrying what failed with backoff until ctx ends. Dead
+// letters that the topic refuses as too large together are written again one per request. A
+// dead letter it refuses as too large on its own, or an error no retry fixes (see permanent),
+// stops the consumer with an error that names the source records and how to recover. It
+// returns false when the reader must stop (ctx ended, the consumer is closing, or it stopped).
 func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 	const src = "dead-letter write"
 	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	todo := ch.deadMarksAndMsgs()
+	single := false // one dead letter per request: together they were too large for the topic
 	for len(todo) > 0 {
-		msgs := make([]kafka.Message, len(todo))
-		for i, d := range todo {
+		batch := todo
+		if single {
+			batch = todo[:1]
+		}
+		msgs := make([]kafka.Message, len(batch))
+		for i, d := range batch {
 			msgs[i] = d.msg
 		}
 		err := c.dlq.WriteMessages(ctx, msgs...)
-		var failed []pendingDead
-		var werrs kafka.WriteErrors
-		switch {
-		case err == nil:
-		case errors.As(err, &werrs) && len(werrs) == len(msgs):
-			for i, e := range werrs {
-				if e != nil {
-					failed = append(failed, todo[i])
-				}
-			}
-		default:
-			failed = todo
-		}
-		c.countDead(todo, failed)
-		todo = failed
-		switch {
+		failed, errs := failedDead(batch, err)
+		c.countDead(batch, failed)
+		todo = append(failed, todo[len(batch):]...)
+		switch i := slices.IndexFunc(errs, tooLarge); {
 		case err == nil:
 			c.out.ok(src)
 		case ctx.Err() != nil:
 			return false
+		case i >= 0 && len(batch) > 1:
+			single = true // they may fit one by one
+		case i >= 0:
+			c.fail(c.deadTooLarge(ch.part, failed[i], errs[i]))
+			return false
 		case !retryable(err):
-			c.fail(fmt.Errorf("stream: writing %d dead letters to %s: %w", len(failed), c.cfg.DeadLetterTopic, err))
+			c.fail(fmt.Errorf("stream: the dead letters of %s partition %d at offsets %d to %d cannot be written to the dead-letter topic %s: %w; "+
+				"fix the topic, or the client's permission to write to it, then restart the daemon: the partition is read again from its "+
+				"checkpoint, at or before offset %d", c.cfg.Topic, ch.part, failed[0].offset, failed[len(failed)-1].offset,
+				c.cfg.DeadLetterTopic, err, failed[0].offset))
 			return false
 		default:
 			c.failedAttempt(src, err)
@@ -176,7 +180,56 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 	return true
 }
 
+// failedDead returns the dead letters of batch that WriteMessages did not write (it returned
+// err), in order, and the error of each.
+func failedDead(batch []pendingDead, err error) ([]pendingDead, []error) {
+	var (
+		failed []pendingDead
+		errs   []error
+		werrs  kafka.WriteErrors
+	)
+	switch {
+	case err == nil:
+	case errors.As(err, &werrs) && len(werrs) == len(batch):
+		for i, e := range werrs {
+			if e != nil {
+				failed, errs = append(failed, batch[i]), append(errs, e)
+			}
+		}
+	default: // nothing was written (kafka-go refused a message too large for its writer, or the topic's metadata failed)
+		for _, d := range batch {
+			failed, errs = append(failed, d), append(errs, err)
+		}
+	}
+	return failed, errs
+}
+
+// tooLarge reports whether err refuses a message as too large: the topic's max.message.bytes
+// (from the broker), or the writer's own limit (kafka-go's MessageTooLargeError wraps the same
+// code).
+func tooLarge(err error) bool { return errors.Is(err, kafka.MessageSizeTooLarge) }
+
+// deadTooLarge is the error that stops the consumer when the dead-letter topic refuses d, alone
+// in its request, as too large.
+func (c *Consumer) deadTooLarge(part int, d pendingDead, err error) error {
+	need := batchBytes(d.msg)
+	return fmt.Errorf("stream: the dead letter of %s partition %d offset %d is too large for the dead-letter topic %s (a record batch "+
+		"of %d bytes at most): %w; raise the topic's max.message.bytes to %d or more, then restart the daemon: the partition is read "+
+		"again from its checkpoint, at or before offset %d", c.cfg.Topic, part, d.offset, c.cfg.DeadLetterTopic, need, err, need, d.offset)
+}
+
+// batchBytes bounds the size of a v2 record batch holding m alone: 61 bytes of batch header,
+// the record's own fixed fields and varint lengths (36 at most), its key, value and headers.
+func batchBytes(m kafka.Message) int {
+	n := 61 + 36 + len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + headerOverhead
+	}
+	return n
+}
+
 type pendingDead struct {
+	offset int64 // of the source record
 	reason string
 	msg    kafka.Message
 }
@@ -184,7 +237,7 @@ type pendingDead struct {
 func (ch *chunk) deadMarksAndMsgs() []pendingDead {
 	out := make([]pendingDead, len(ch.dead))
 	for i, d := range ch.dead {
-		out[i] = pendingDead{reason: d.reason, msg: ch.deadMsgs[i]}
+		out[i] = pendingDead{offset: d.offset, reason: d.reason, msg: ch.deadMsgs[i]}
 	}
 	return out
 }

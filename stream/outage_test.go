@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,5 +97,59 @@ func TestDeadLetterTopicMissing(t *testing.T) {
 	}
 	if m := readTopic(t, conn, deadTopic, 1)[0]; header(m, HeaderReason) != ReasonMissingField {
 		t.Fatalf("dead letter reason %q", header(m, HeaderReason))
+	}
+}
+
+// TestDeadLetterTooLargeForTheTopicStops: a dead letter larger than the dead-letter topic's
+// max.message.bytes, alone in its request, is a configuration error: the consumer stops with
+// an error that names the source record, the topic and the size to allow, and hands out
+// nothing past the record.
+func TestDeadLetterTooLargeForTheTopicStops(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	kafkatest.SetTopicConfig(t, conn.Brokers, deadTopic, "max.message.bytes", "1000")
+	produce(t, conn, recordsTopic, 0, goodRecord("before", 0), `{"id":"big","pad":"`+strings.Repeat("x", 1000)+`"}`, goodRecord("after", 2))
+	c := newConsumer(t, consumerConfig(conn, "toolarge"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var got []string
+	var err error
+	for err == nil {
+		var inc *Increment
+		if inc, err = c.Next(ctx); err == nil {
+			got = append(got, ids([]*Increment{inc})...)
+		}
+	}
+	if !errors.Is(err, ErrStopped) || !errors.Is(err, kafka.MessageSizeTooLarge) {
+		t.Fatalf("Next: %v; want ErrStopped for MessageSizeTooLarge", err)
+	}
+	for _, want := range []string{"records partition 0 offset 1", "dead-letter topic " + deadTopic, "max.message.bytes to 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if slices.Contains(got, "after") || c.Stats().DeadLettered[ReasonTooLarge] != 0 {
+		t.Fatalf("handed out %v, %v dead letters counted: past the record that was not dead-lettered", got, c.Stats().DeadLettered)
+	}
+	if h := c.Health(); h.Ready {
+		t.Fatalf("health %+v after the stop", h)
+	}
+}
+
+// TestDeadLettersTooLargeTogetherAreWrittenOneByOne: dead letters that fit the dead-letter
+// topic's max.message.bytes one by one, but not in one record batch, are all written.
+func TestDeadLettersTooLargeTogetherAreWrittenOneByOne(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	kafkatest.SetTopicConfig(t, conn.Brokers, deadTopic, "max.message.bytes", "2000")
+	bad := `{"id":"big","pad":"` + strings.Repeat("x", 1000) + `"}`
+	produce(t, conn, recordsTopic, 0, bad, bad, bad, goodRecord("after", 3))
+	c := newConsumer(t, consumerConfig(conn, "onebyone"))
+	incs := collect(t, c, 1, 20*time.Second)
+	if got := ids(incs); !slices.Equal(got, []string{"after"}) || incs[0].DeadLettered != 3 || c.Stats().DeadLettered[ReasonTooLarge] != 3 {
+		t.Fatalf("got %v with %d dead letters, counted %v; want [after] with 3", got, incs[0].DeadLettered, c.Stats().DeadLettered)
+	}
+	if hw := b.HighWatermarks(deadTopic); len(hw) != 1 || hw[0] != 3 {
+		t.Fatalf("dead-letter topic high watermark %v, want [3]", hw)
 	}
 }
