@@ -135,8 +135,10 @@ func cutText(s string, n int) string {
 // dead letter it refuses as too large on its own, or an error no retry fixes (see permanent),
 // stops the consumer with an error that names the source records and how to recover. It
 // returns false when the reader must stop (ctx ended, the consumer is closing, or it stopped).
+// Its failures are an outage source of the partition's own, so that another partition's
+// dead letters written meanwhile do not end the outage.
 func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
-	const src = "dead-letter write"
+	src := "dead-letter write, partition " + strconv.Itoa(ch.part)
 	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	todo := ch.deadMarksAndMsgs()
 	single := false // one dead letter per request: together they were too large for the topic

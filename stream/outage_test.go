@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/testnet"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestBrokerRestart stops the broker under a running consumer and starts it again on the
@@ -152,4 +154,34 @@ func TestDeadLettersTooLargeTogetherAreWrittenOneByOne(t *testing.T) {
 	if hw := b.HighWatermarks(deadTopic); len(hw) != 1 || hw[0] != 3 {
 		t.Fatalf("dead-letter topic high watermark %v, want [3]", hw)
 	}
+}
+
+// TestDeadLetterOutageNamesItsPartition: failed dead-letter writes are an outage source per
+// partition, so that one partition's dead letters written do not end the outage of another
+// whose dead letters still fail: the WARN line that starts the outage names the partition, and
+// the outage ends once its dead letters are written.
+func TestDeadLetterOutageNamesItsPartition(t *testing.T) {
+	b := startBroker(t, broker.Config{Topics: []string{recordsTopic}, Partitions: 2})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 1, `{"id":"bad"}`, goodRecord("good", 1))
+	log, lines := newLogLines(t)
+	c, err := NewConsumer(context.Background(), consumerConfig(conn, "dlqoutage"), testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitfor.Cond(t, 20*time.Second, "the outage's WARN line", func() bool { return lines.count(slog.LevelWarn, "operations failing") > 0 })
+	if v, _ := lines.attr(slog.LevelWarn, "operations failing", "source"); v.String() != "dead-letter write, partition 1" {
+		t.Fatalf("the outage starts with source %q, want the dead-letter write of partition 1", v)
+	}
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...)}
+	res, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
+		Topics: []kafka.TopicConfig{{Topic: deadTopic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[deadTopic] != nil {
+		t.Fatalf("creating %s: %v %v", deadTopic, err, res.Errors)
+	}
+	if got := ids(collect(t, c, 1, 30*time.Second)); !slices.Equal(got, []string{"good"}) {
+		t.Fatalf("after creating the topic got %v", got)
+	}
+	waitfor.Cond(t, 20*time.Second, "the outage's INFO line", func() bool { return lines.count(slog.LevelInfo, "succeed again") > 0 })
 }
