@@ -111,6 +111,7 @@ func TestDeadLetters(t *testing.T) {
 		ReasonMissingFeature: `{"id":"b11","features":{"a":1,"b":2},"label":0}`,
 		ReasonUnknownLabel:   `{"id":"b12","features":[1,2,3],"label":"spam"}`,
 		ReasonBadTimestamp:   `{"id":"b13","features":[1,2,3],"label":0,"ts":"soon"}`,
+		ReasonOutOfRange:     `{"id":"b14","features":[1,2e5,3],"label":0}`, // 2e5 standard deviations of 1 from 0
 	}
 	var values, wantGood, wantReasons []string
 	values = append(values, goodRecord("g0", 0))
@@ -126,7 +127,15 @@ func TestDeadLetters(t *testing.T) {
 	produce(t, conn, recordsTopic, 0, values...)
 
 	cfg := consumerConfig(conn, "dlq")
-	c := newConsumer(t, cfg)
+	scaled, err := testSchema(t).WithScale([]float64{0, 0, 0}, []float64{1, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConsumer(context.Background(), cfg, scaled, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	incs := collect(t, c, len(wantGood), 20*time.Second)
 	if got := ids(incs); !slices.Equal(got, wantGood) {
 		t.Fatalf("good ids %v, want %v", got, wantGood)
