@@ -93,10 +93,11 @@ type ConsumerConfig struct {
 	// StallAfter is the readiness bound of Health. Default: DefaultStallAfter.
 	StallAfter time.Duration
 	// AcceptTopicReset is the operator's confirmation that the topic was reset (deleted and
-	// recreated, or records lost by the broker): the first TopicResetError of each partition
-	// is then logged and the partition read from its log start (the next increment carries
-	// the new offset, to checkpoint) instead of stopping the consumer. Set it for one start
-	// only: a later reset stops the consumer again. Default: false.
+	// recreated, or records lost by the broker): a TopicResetError found at this start (before
+	// the partition's first fetch that succeeds) is then logged and the partition read from
+	// its log start (the next increment carries the new offset, to checkpoint) instead of
+	// stopping the consumer. A reset found later, while the consumer runs, stops it as
+	// without the confirmation. Default: false.
 	AcceptTopicReset bool
 	// ResetPartitions are partitions whose reset the operator confirmed after an earlier
 	// consumer stopped with a TopicResetError: they are read from their log start, whatever

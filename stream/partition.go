@@ -41,6 +41,7 @@ type partState struct {
 	vanished      bool
 	last          recordMark
 	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
+	fetched       bool // a fetch of this consumer's start succeeded: a reset found later is a new one
 	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
 }
 
@@ -284,7 +285,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			c.mu.Unlock()
 		}
 		c.mu.Lock()
-		ps.hwm, ps.logStart, ps.lastFetch = res.HighWatermark, res.LogStartOffset, time.Now()
+		ps.hwm, ps.logStart, ps.lastFetch, ps.fetched = res.HighWatermark, res.LogStartOffset, time.Now(), true
 		if ch.next > ps.next {
 			ps.next = ch.next
 		}

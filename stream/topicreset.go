@@ -206,13 +206,13 @@ func (c *Consumer) resetError(ps *partState, logStart, end int64, why string) *T
 	return &TopicResetError{Topic: c.cfg.Topic, Partition: ps.part, Offset: next, LogStart: logStart, End: end, Why: why, Hint: hint}
 }
 
-// topicReset handles a reset found on ps: with AcceptTopicReset, the first reset of each
-// partition is accepted (logged; the partition is read from its log start, and the next
-// increment checkpoints that offset); otherwise the consumer stops with the error. It returns
-// false when the reader must stop.
+// topicReset handles a reset found on ps: with AcceptTopicReset, a reset found at this start
+// (before the partition's first fetch that succeeded) is accepted, once (logged; the
+// partition is read from its log start, and the next increment checkpoints that offset);
+// otherwise the consumer stops with the error. It returns false when the reader must stop.
 func (c *Consumer) topicReset(ctx context.Context, ps *partState, e *TopicResetError) bool {
 	c.mu.Lock()
-	accept := c.cfg.AcceptTopicReset && !ps.resetAccepted
+	accept := c.cfg.AcceptTopicReset && !ps.resetAccepted && !ps.fetched
 	if accept {
 		ps.resetAccepted, ps.suspect, ps.vanished, ps.last = true, false, false, recordMark{}
 		ps.next, ps.logStart, ps.hwm = e.LogStart, e.LogStart, e.End

@@ -126,6 +126,29 @@ func readThenRecreate(t *testing.T, group string, n, m int) (ConsumerConfig, *Co
 	return cfg, c, nextErr(t, c, 30*time.Second)
 }
 
+// TestAcceptTopicResetCoversItsStartOnly: a consumer started with AcceptTopicReset that read
+// records finds the topic recreated while it runs: that reset is a new one, found after its
+// start, and stops it as without the confirmation.
+func TestAcceptTopicResetCoversItsStartOnly(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("old", 30)...)
+	cfg := consumerConfig(conn, "accepting")
+	cfg.AcceptTopicReset = true
+	c := newConsumer(t, cfg)
+	if got := ids(collect(t, c, 30, 20*time.Second)); len(got) != 30 {
+		t.Fatalf("read %d records, want 30", len(got))
+	}
+	waitfor.Cond(t, 10*time.Second, "the consumer to be caught up", func() bool { return c.Health().CaughtUp })
+	kafkatest.RecreateTopic(t, conn.Brokers, recordsTopic, 1)
+	produce(t, conn, recordsTopic, 0, goodRecords("new", 80)...)
+	err := nextErr(t, c, 30*time.Second)
+	var re *TopicResetError
+	if !errors.As(err, &re) || !errors.Is(err, ErrStopped) {
+		t.Fatalf("a reset found while running, with AcceptTopicReset: Next = %v, want the consumer stopped with a TopicResetError", err)
+	}
+}
+
 // TestRecreatedTopicStopsTheConsumer: N records read, the topic deleted and recreated, M > N
 // records produced to the new topic (so that the old position is inside the new log): the
 // consumer stops with a TopicResetError and hands out nothing of the new topic.
