@@ -93,6 +93,10 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	r = startDaemonWith(t, mutate, nil, nil)
 	stoppedForReset(r)
 	r.stop(t)
+	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
 	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == m })
@@ -105,5 +109,22 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	}
 	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
+	}
+	r.stop(t)
+
+	// A stop between the checkpoint of the confirmed reset and the file's removal leaves the
+	// file: the next start (with the confirmation, as the file asks, or without) finds the
+	// ledger past the point the file recorded, removes it, and applies nothing twice.
+	if err := os.WriteFile(filepath.Join(dir, topicResetFile), recorded, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
+	r.produce(t, records("after", 32)...)
+	waitfor.Cond(t, 30*time.Second, "the 32 new records applied", func() bool { return offset(r) == m+32 })
+	if a := r.metric(t, "cfguard_records_total", "result", "applied"); a != 32 {
+		t.Fatalf("%v records applied after a restart on the stale file, want the 32 new ones", a)
+	}
+	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s left after a start found its reset done: %v", topicResetFile, err)
 	}
 }

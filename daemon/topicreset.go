@@ -10,6 +10,7 @@ import (
 	"slices"
 
 	"github.com/cfguard/cfguard/internal/atomicfile"
+	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -22,8 +23,19 @@ const topicResetFile = "topic-reset.json"
 
 func (d *Daemon) topicResetPath() string { return filepath.Join(d.cfg.StateDir, topicResetFile) }
 
-// topicResets returns the resets recorded for kafka.topic (none when the file is missing).
-func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
+// recordedReset is one entry of topicResetFile: the reset, and the ledger's resume point of its
+// partition when it was recorded (ingest was stopped: nothing moves it until the reset is
+// confirmed and checkpointed). A file whose point is no longer the ledger's is one the process
+// did not remove after that checkpoint (it stopped in between): its resets are done.
+type recordedReset struct {
+	stream.TopicResetError
+	LedgerOffset *int64             `json:"ledger_offset,omitempty"` // nil: recorded without it
+	LedgerMark   *ledger.OffsetMark `json:"ledger_mark,omitempty"`
+}
+
+// readTopicResets returns the entries of topicResetFile for kafka.topic (none when the file is
+// missing).
+func (d *Daemon) readTopicResets() ([]recordedReset, error) {
 	path := d.topicResetPath()
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -32,12 +44,12 @@ func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
-	var all []stream.TopicResetError
+	var all []recordedReset
 	if err := json.Unmarshal(b, &all); err != nil {
 		return nil, fmt.Errorf("%s is damaged (%v): it records the Kafka topic resets found by the consumer; "+
 			"remove it and start again (a reset is then found again only if the topic's log ends before the ledger's offsets)", path, err)
 	}
-	var out []stream.TopicResetError
+	var out []recordedReset
 	for _, r := range all {
 		if r.Topic == d.cfg.Kafka.Topic {
 			out = append(out, r)
@@ -46,16 +58,56 @@ func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
 	return out, nil
 }
 
-// recordTopicReset adds e to the file (once per partition).
+// topicResets returns the resets recorded for kafka.topic that still wait for their
+// confirmation: those whose partition's resume point in the ledger is the one recorded with
+// them (or that were recorded without one). When none waits any more, the file is removed.
+func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
+	recorded, err := d.readTopicResets()
+	if err != nil || len(recorded) == 0 {
+		return nil, err
+	}
+	offsets, marks, err := d.ledger.ResumePoint()
+	if err != nil {
+		return nil, err
+	}
+	var out []stream.TopicResetError
+	for _, r := range recorded {
+		if r.LedgerOffset != nil {
+			m, ok := marks[r.Partition]
+			if offsets[r.Partition] != *r.LedgerOffset || ok != (r.LedgerMark != nil) || ok && m != *r.LedgerMark {
+				d.log.Info("a recorded topic reset was confirmed and checkpointed before the file recording it was removed: it is done",
+					"file", d.topicResetPath(), "partition", r.Partition, "recorded_offset", *r.LedgerOffset, "ledger_offset", offsets[r.Partition])
+				continue
+			}
+		}
+		out = append(out, r.TopicResetError)
+	}
+	if len(out) == 0 {
+		return nil, d.clearTopicResets()
+	}
+	return out, nil
+}
+
+// recordTopicReset adds e to the file (once per partition), with the ledger's resume point of
+// its partition.
 func (d *Daemon) recordTopicReset(e *stream.TopicResetError) error {
-	all, err := d.topicResets()
+	all, err := d.readTopicResets()
 	if err != nil {
 		return err
 	}
-	if slices.ContainsFunc(all, func(r stream.TopicResetError) bool { return r.Partition == e.Partition }) {
+	if slices.ContainsFunc(all, func(r recordedReset) bool { return r.Partition == e.Partition }) {
 		return nil
 	}
-	b, err := json.MarshalIndent(append(all, *e), "", "  ")
+	offsets, marks, err := d.ledger.ResumePoint()
+	if err != nil {
+		return err
+	}
+	r := recordedReset{TopicResetError: *e, LedgerOffset: new(int64)}
+	*r.LedgerOffset = offsets[e.Partition]
+	if m, ok := marks[e.Partition]; ok {
+		r.LedgerMark = &m
+	}
+	b, err := json.MarshalIndent(append(all, r), "", "  ")
 	if err != nil {
 		return err
 	}
