@@ -279,7 +279,7 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 // refused and no other process can take it meanwhile.
 func downState(t *testing.T) *runbookState {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
