@@ -54,6 +54,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := checkQuality(tx); err != nil {
 		return err
 	}
+	if err := verifyKLBreach(tx); err != nil {
+		return err
+	}
 	if _, err := readCounters(tx); err != nil {
 		return err
 	}

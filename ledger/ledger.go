@@ -612,10 +612,13 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 	err = l.view(func(tx *bolt.Tx) error {
 		kept, found, err := readKLBreach(tx)
 		if err != nil {
-			return err
+			found = false // damaged since Open (which deletes it): the KL history alone answers
 		}
 		c := tx.Bucket(bKLHistory).Cursor()
 		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			if len(k) != 8 {
+				return corruptf("kl history key %x: %d bytes, want 8", k, len(k))
+			}
 			if found && binary.BigEndian.Uint64(k) <= kept.Seq {
 				break
 			}

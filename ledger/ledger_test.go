@@ -1,12 +1,16 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -463,5 +467,59 @@ func TestLogHeadIsStoredWithItsPosterior(t *testing.T) {
 	defer l2.Close()
 	if h, err := l2.LogHead(); err != nil || string(h) != `{"seq":1}` {
 		t.Fatalf("LogHead after reopening = %q, %v, want the last one given", h, err)
+	}
+}
+
+// A breach is dated when its update was made (Checkpoint.At: a replica replaying an old log
+// gives the entries' times), not when a replica wrote it: an old breach replayed does not page.
+func TestKLBreachKeepsItsUpdateTime(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), KLHistory: 2})
+	install(t, l, testModel(4))
+	const budget = 0.1
+	long := time.Now().Add(-48 * time.Hour).UTC().Truncate(time.Millisecond)
+	for i, kl := range []float64{0.5, 0.01, 0.01, 0.01} {
+		at := long.Add(time.Duration(i) * time.Minute)
+		u := &UpdateRecord{Version: uint64(i + 1), KL: kl, Outcome: certify.OutcomePromoted, Breached: kl > budget}
+		if err := l.Checkpoint(&Checkpoint{Update: u, At: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, ok, err := l.LastKLOver(budget)
+	if err != nil || !ok || !e.At.Equal(long) {
+		t.Fatalf("LastKLOver = %+v, %v, %v; want the breach at %v, when its update was made", e, ok, err, long)
+	}
+}
+
+// A damaged record of the last breach only dates an alert: Verify refuses it, and Open deletes
+// it (an ERROR line) rather than refuse the ledger; LastKLOver then answers from the history.
+func TestDamagedKLBreachIsDropped(t *testing.T) {
+	l, dir := openTest(t, Options{Policy: testPolicy(), KLHistory: 2})
+	install(t, l, testModel(4))
+	for i, kl := range []float64{0.5, 0.01, 0.01} {
+		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: uint64(i + 1), KL: kl, Outcome: certify.OutcomePromoted, Breached: kl > 0.1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damageValue(t, l, bMeta, string(kKLBreach))
+	if e, ok, err := l.LastKLOver(0.1); err != nil || ok {
+		t.Fatalf("LastKLOver on a damaged kl_breach = %+v, %v, %v; want the history's answer (none: the ring dropped the breach)", e, ok, err)
+	}
+	l.Close()
+	path := filepath.Join(dir, FileName)
+	if _, err := Verify(path); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "kl_breach") {
+		t.Fatalf("Verify of a damaged kl_breach: %v, want a corrupt error naming it", err)
+	}
+	var logs bytes.Buffer
+	l2, err := Open(dir, Options{Policy: testPolicy(), KLHistory: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatalf("Open with a damaged kl_breach: %v", err)
+	}
+	defer l2.Close()
+	if !strings.Contains(logs.String(), "kl_breach") {
+		t.Errorf("no ERROR line names the damaged kl_breach:\n%s", logs.String())
+	}
+	l2.Close()
+	if _, err := Verify(path); err != nil {
+		t.Errorf("Verify after Open dropped it: %v", err)
 	}
 }

@@ -58,6 +58,9 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.checkRecords(rebuild); err != nil {
 		return nil, err
 	}
+	if err := l.checkKLBreach(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return l, nil
 }
@@ -164,6 +167,44 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 	return false, nil
 }
 
+// checkKLBreach deletes the kept KL budget breach (kKLBreach) when it is damaged or names an
+// update the KL history never had: it only dates the last breach for an alert, LastKLOver
+// falls back to the KL history without it, and nothing can rebuild it. An ERROR line names it.
+func (l *Ledger) checkKLBreach() error {
+	var bad error
+	if err := l.view(func(tx *bolt.Tx) error {
+		bad = verifyKLBreach(tx)
+		return nil
+	}); err != nil || bad == nil {
+		return err
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(kKLBreach) }); err != nil {
+		return corrupt(l.path, fmt.Errorf("ledger: deleting the damaged meta kl_breach: %w", err))
+	}
+	l.log.Error("ledger: the record of the last KL budget breach (meta kl_breach) is damaged; it was deleted, and the time of "+
+		"the last breach comes from the KL history alone", "path", l.path, "reason", bad)
+	return nil
+}
+
+// verifyKLBreach checks the kept KL budget breach: that it decodes, and that its sequence number
+// is one the KL history gave.
+func verifyKLBreach(tx *bolt.Tx) error {
+	e, found, err := readKLBreach(tx)
+	if err != nil || !found {
+		return err
+	}
+	last, err := metaU64(tx, kKLSeq)
+	if err != nil {
+		return err
+	}
+	if e.Seq == 0 || e.Seq > last {
+		return corruptf("meta kl_breach: update %d, the KL history's last is %d", e.Seq, last)
+	}
+	return nil
+}
+
 // checkSmall decodes every small record Open can afford to read: the meta scalars, the current
 // posterior, the anchor records and the checksums of the anchor posteriors.
 func (l *Ledger) checkSmall(tx *bolt.Tx) error {
@@ -185,9 +226,6 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	if _, err := getSealed(tx.Bucket(bMeta), kLogHead, "meta log_head"); err != nil {
 		return err
 	}
-	if _, _, err := readKLBreach(tx); err != nil {
-		return err
-	}
 	if c.ok {
 		if _, err := l.model(tx, c.version); err != nil {
 			return err
@@ -206,6 +244,9 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	// Every meta value is sealed with its key: a damaged key, which the reads above would take
 	// for a missing value (0), fails its checksum here.
 	return tx.Bucket(bMeta).ForEach(func(k, v []byte) error {
+		if bytes.Equal(k, kKLBreach) {
+			return nil // checkKLBreach: damage there is dropped, not refused
+		}
 		if _, ok := unseal(k, v); !ok {
 			return corruptf("meta %q: checksum mismatch (its key or value is damaged)", k)
 		}

@@ -365,7 +365,12 @@ func (l *Ledger) reportDamaged(found deletedDamaged) {
 		delete(l.runtimeDamaged, id)
 	}
 	l.dmu.Unlock()
-	for _, id := range slices.Sorted(maps.Keys(found)) {
+	for i, id := range slices.Sorted(maps.Keys(found)) {
+		if i == 100 {
+			l.log.Error("ledger: more damaged counterfactuals quarantined by a deletion; list them with the quarantine bucket of a backup",
+				"path", l.path, "more", len(found)-i)
+			break
+		}
 		if d := found[id]; d.deleted {
 			l.log.Error("ledger: a counterfactual record is damaged; a deletion of it deleted it", "path", l.path, "id", id, "reason", d.why)
 		} else {

@@ -284,8 +284,12 @@ type Checkpoint struct {
 	// replaces the current posterior while CEs hold certificates.
 	Recertified *Report
 	Changes     []StatusChange
-	// Update, if not nil, is appended to the KL history.
+	// Update, if not nil, is appended to the KL history, at At.
 	Update *UpdateRecord
+	// At is when the update was made: a replica gives the time the posterior log entry it
+	// applies was appended, so that a log replayed long after keeps its updates' (and
+	// breaches') times. Zero: the time of the write.
+	At time.Time
 	// Offsets are the next offsets to consume per partition (absolute, replacing the stored ones
 	// for the partitions given).
 	Offsets map[int]int64
@@ -605,7 +609,11 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 		return err
 	}
 	seq := last + 1
-	s := KLEntry{Seq: seq, At: now, PosteriorVersion: c.Update.Version, KL: c.Update.KL, Outcome: c.Update.Outcome}
+	at := now
+	if !c.At.IsZero() {
+		at = c.At.UTC()
+	}
+	s := KLEntry{Seq: seq, At: at, PosteriorVersion: c.Update.Version, KL: c.Update.KL, Outcome: c.Update.Outcome}
 	if c.Recertified != nil {
 		s.MaxAnchorKL = c.Recertified.MaxAnchorKL
 	}

@@ -237,6 +237,8 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) error {
 type Record struct {
 	Offset int64
 	Value  []byte
+	// Time is the record's Kafka timestamp: when its writer appended it.
+	Time time.Time
 	// Auth is the record's clusterkey.Header header (nil when it has none).
 	Auth []byte
 }
@@ -273,7 +275,7 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	rec := Record{Offset: m.Offset, Value: m.Value}
+	rec := Record{Offset: m.Offset, Value: m.Value, Time: m.Time}
 	for _, h := range m.Headers {
 		if h.Key == clusterkey.Header {
 			rec.Auth = h.Value

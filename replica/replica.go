@@ -724,7 +724,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			own = p.step
 		}
 		r.mu.Unlock()
-		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb}); err != nil {
+		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb, At: rec.Time}); err != nil {
 			return storeErr(err)
 		}
 		r.remember(next)
