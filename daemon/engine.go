@@ -123,16 +123,23 @@ func (d *Daemon) ingest(ctx context.Context) error {
 	}
 }
 
-// schema is the records' schema: the posterior's features (x0, x1, ... when unnamed) and classes.
+// schema is the records' schema for the current posterior (Schema).
 func (d *Daemon) schema() (*stream.Schema, error) {
-	m := d.current()
+	return Schema(d.current(), d.cfg.Kafka.MaxRecordBytes)
+}
+
+// Schema is the schema of the records a daemon serving m reads: m's features (x0, x1, ...
+// when unnamed) and classes, records of at most maxBytes, and features within
+// stream.MaxScaledFeature standard deviations of m's scaler (a model's scaler is its first
+// posterior's: updates change the last layer only). cfguard verify-log decodes with it too.
+func Schema(m *bnn.Model, maxBytes int) (*stream.Schema, error) {
 	features := m.Features
 	if len(features) == 0 {
 		for j := 0; j < m.Inputs(); j++ {
 			features = append(features, fmt.Sprintf("x%d", j))
 		}
 	}
-	s, err := stream.NewSchema(features, m.Classes, d.cfg.Kafka.MaxRecordBytes)
+	s, err := stream.NewSchema(features, m.Classes, maxBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -436,8 +443,6 @@ func recordIDs(inc *stream.Increment) []string {
 	return ids
 }
 
-// heldRecords carries a rejected increment's records in its event, so that they can be
-// replayed once an operator decides (they are not applied, and their offsets are committed).
 // incrementOffsets is where inc's records are in the input topic: per partition, the first and
 // last offset of its records.
 func incrementOffsets(inc *stream.Increment) []offsetRange {
@@ -448,6 +453,8 @@ func incrementOffsets(inc *stream.Increment) []offsetRange {
 	return offsetRanges(held, nil)
 }
 
+// heldRecords carries a rejected increment's records in its event, so that they can be
+// replayed once an operator decides (they are not applied, and their offsets are committed).
 func heldRecords(inc *stream.Increment) []heldRecord {
 	out := make([]heldRecord, len(inc.Records))
 	for i, r := range inc.Records {

@@ -20,8 +20,7 @@ import (
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy)
 //	increment_held   on_breach: reject kept the posterior; Held carries the records for replay
 //	                 (Offsets, when the event would be too large to carry them)
-//	update_failed    the update failed and the posterior was kept (Records, Error; Offsets when
-//	                 too large to list them)
+//	update_failed    the update failed and the posterior was kept (Records, Offsets, Error)
 //	audit_completed  a full audit ran (Counts)
 //
 // Events of one counterfactual share its ID as the message key, so they stay in order; other

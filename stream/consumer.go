@@ -264,8 +264,9 @@ type Consumer struct {
 	tr     *kafka.Transport
 	cl     *kafka.Client
 	dlq    *kafka.Writer
-	out    *outage // broker outages: one WARN when they start, one INFO when they end
-	group  *outage // group commits refused while the broker answers
+	dlqOne *kafka.Writer // one dead letter per record batch (writeDead's single mode)
+	out    *outage       // broker outages: one WARN when they start, one INFO when they end
+	group  *outage       // group commits refused while the broker answers
 
 	chunks chan *chunk // from the readers to Next, in offset order per partition
 
@@ -338,6 +339,10 @@ func NewConsumer(ctx context.Context, cfg ConsumerConfig, schema *Schema, log *s
 	c.tr = cfg.Conn.transport(trCtx)
 	c.cl = &kafka.Client{Addr: kafka.TCP(cfg.Conn.Brokers...), Transport: c.tr, Timeout: cfg.Conn.DialTimeout + 2*cfg.FetchWait}
 	c.dlq = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, c.out.kafkaLogger("kafka-go dead-letter writer"))
+	// The shared writer batches the messages of concurrent calls (every partition's reader)
+	// into one record batch; a dead letter written alone must be alone in its batch.
+	c.dlqOne = newWriter(cfg.Conn.Brokers, cfg.DeadLetterTopic, c.tr, c.out.kafkaLogger("kafka-go dead-letter writer"))
+	c.dlqOne.BatchSize = 1
 	lctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
 	c.wg.Add(2)
@@ -360,6 +365,7 @@ func (c *Consumer) run(ctx context.Context, stopTransport context.CancelFunc) {
 	}
 	cancel()
 	c.dlq.Close()
+	c.dlqOne.Close()
 	stopTransport()
 	c.tr.CloseIdleConnections()
 }

@@ -111,7 +111,7 @@ func TestDeadLetters(t *testing.T) {
 		ReasonMissingFeature: `{"id":"b11","features":{"a":1,"b":2},"label":0}`,
 		ReasonUnknownLabel:   `{"id":"b12","features":[1,2,3],"label":"spam"}`,
 		ReasonBadTimestamp:   `{"id":"b13","features":[1,2,3],"label":0,"ts":"soon"}`,
-		ReasonOutOfRange:     `{"id":"b14","features":[1,2e5,3],"label":0}`, // 2e5 standard deviations of 1 from 0
+		ReasonOutOfRange:     `{"id":"b14","features":[1,2e9,3],"label":0}`, // 2e9 standard deviations of 1 from 0
 	}
 	var values, wantGood, wantReasons []string
 	values = append(values, goodRecord("g0", 0))

@@ -138,7 +138,7 @@ func cutText(s string, n int) string {
 // Its failures are an outage source of the partition's own, so that another partition's
 // dead letters written meanwhile do not end the outage.
 func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
-	src := "dead-letter write, partition " + strconv.Itoa(ch.part)
+	src := deadLetterSource(ch.part)
 	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	todo := ch.deadMarksAndMsgs()
 	single := false // one dead letter per request: together they were too large for the topic
@@ -151,7 +151,11 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 		for i, d := range batch {
 			msgs[i] = d.msg
 		}
-		err := c.dlq.WriteMessages(ctx, msgs...)
+		w := c.dlq
+		if single {
+			w = c.dlqOne
+		}
+		err := w.WriteMessages(ctx, msgs...)
 		failed, errs := failedDead(batch, err)
 		c.countDead(batch, failed)
 		todo = append(failed, todo[len(batch):]...)
@@ -181,6 +185,9 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 	ch.deadMsgs = nil
 	return true
 }
+
+// deadLetterSource names the outage of partition part's dead-letter writes.
+func deadLetterSource(part int) string { return "dead-letter write, partition " + strconv.Itoa(part) }
 
 // failedDead returns the dead letters of batch that WriteMessages did not write (it returned
 // err), in order, and the error of each.

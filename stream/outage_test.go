@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -184,4 +185,36 @@ func TestDeadLetterOutageNamesItsPartition(t *testing.T) {
 		t.Fatalf("after creating the topic got %v", got)
 	}
 	waitfor.Cond(t, 20*time.Second, "the outage's INFO line", func() bool { return lines.count(slog.LevelInfo, "succeed again") > 0 })
+}
+
+// TestDeadLettersOfTwoPartitionsWrittenOneByOne: two partitions' readers write dead letters one
+// by one at once, each fitting the dead-letter topic's max.message.bytes alone but not two
+// together: each goes in a record batch of its own, and nothing stops the consumer.
+func TestDeadLettersOfTwoPartitionsWrittenOneByOne(t *testing.T) {
+	b := startBroker(t, broker.Config{Topics: []string{recordsTopic}, Partitions: 2})
+	conn := plainConn(b)
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...)}
+	res, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
+		Topics: []kafka.TopicConfig{{Topic: deadTopic, NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[deadTopic] != nil {
+		t.Fatalf("creating %s: %v %v", deadTopic, err, res.Errors)
+	}
+	kafkatest.SetTopicConfig(t, conn.Brokers, deadTopic, "max.message.bytes", "2000")
+	bad := `{"id":"big","pad":"` + strings.Repeat("x", 1000) + `"}`
+	for p := range 2 {
+		vals := slices.Repeat([]string{bad}, 20)
+		produce(t, conn, recordsTopic, p, append(vals, goodRecord(fmt.Sprintf("after%d", p), p))...)
+	}
+	c := newConsumer(t, consumerConfig(conn, "twobyone"))
+	incs := collect(t, c, 2, 30*time.Second)
+	dead := 0
+	for _, inc := range incs {
+		dead += inc.DeadLettered
+	}
+	if got := slices.Sorted(slices.Values(ids(incs))); !slices.Equal(got, []string{"after0", "after1"}) || dead != 40 {
+		t.Fatalf("got %v with %d dead letters; want after0 and after1 with 40", got, dead)
+	}
+	if hw := b.HighWatermarks(deadTopic); len(hw) != 1 || hw[0] != 40 {
+		t.Fatalf("dead-letter topic high watermark %v, want [40]", hw)
+	}
 }

@@ -183,7 +183,8 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 		c.mu.Lock()
 		ps.running = false
 		c.mu.Unlock()
-		c.out.ok(src) // a stopped reader is not failing any more
+		c.out.ok(src) // a stopped reader is not failing any more, nor writing dead letters
+		c.out.ok(deadLetterSource(ps.part))
 	}()
 	bo := backoff.Backoff{Min: c.cfg.RetryMin, Max: c.cfg.RetryMax}
 	retry := func(err error) bool {

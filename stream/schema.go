@@ -34,8 +34,10 @@ const (
 // MaxScaledFeature bounds |x_j - mean_j| / std_j, a feature's distance from the model's mean in
 // its standard deviations (Schema.WithScale): a record past it is dead-lettered, since its
 // scaled value squared would overflow the update of the whole increment it lands in (from about
-// 1e150) and fail every record of it. No data a model was fitted to comes near it.
-const MaxScaledFeature = 1e4
+// 1e150) and fail every record of it. It is a margin far below that, and far above legitimate
+// data: a near-constant feature (MNIST's rarest pixels, a feature constant in training, whose
+// scaler gives it std 1) reaches about 1e5.
+const MaxScaledFeature = 1e8
 
 // Reasons returns the decode reason codes, in a fixed order (for creating metric series up
 // front).

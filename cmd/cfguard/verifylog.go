@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/internal/cli"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/postlog"
@@ -360,13 +361,7 @@ func checkEvents(e *postlog.Entry, want ...string) string {
 // partition is read by one reader that moves on from range to range (the ranges of successive
 // increments are contiguous).
 func (v *verifier) inputs(ctx context.Context, prev *bnn.Model, ranges map[int]postlog.Range) (X [][]float64, y []int, dead int, err error) {
-	features := prev.Features
-	if len(features) == 0 {
-		for j := 0; j < prev.Inputs(); j++ {
-			features = append(features, fmt.Sprintf("x%d", j))
-		}
-	}
-	schema, err := stream.NewSchema(features, prev.Classes, v.cfg.Kafka.MaxRecordBytes)
+	schema, err := daemon.Schema(prev, v.cfg.Kafka.MaxRecordBytes)
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -208,3 +208,20 @@ func TestCheckEvents(t *testing.T) {
 		})
 	}
 }
+
+// A record the updater dead-lettered as out_of_range (a feature 2e9 standard deviations from the
+// model's mean) is one verify-log's schema refuses too: the entry's dead-letter count matches.
+func TestVerifyLogMatchesAnOutOfRangeDeadLetter(t *testing.T) {
+	l := newTestLog(t)
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(`{"id":"far","features":[1,2e9,3],"label":0}`)}); err != nil {
+		t.Fatal(err)
+	}
+	e := l.inc(1)
+	e.Counts = &postlog.Counts{DeadLettered: 1}
+	l.accept(e)
+	if code, rep, errs := l.verify(); code != 0 || len(rep.Mismatches) != 0 {
+		t.Fatalf("verify-log: exit %d, mismatches %+v\n%s; want the entry's dead letter matched", code, rep.Mismatches, errs)
+	}
+}
