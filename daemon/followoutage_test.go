@@ -217,3 +217,22 @@ func TestNoGenesisBesideRunningReplicas(t *testing.T) {
 		t.Errorf("the emptied posterior log holds %d records after r2's refusal, want none", len(got))
 	}
 }
+
+// TestUpdaterBacksOffATermThatKeepsFailing: the dead-letter topic refuses a dead letter for good
+// (its max.message.bytes is below it), so every term of the updater stops on it. The updater
+// gives the role up and rejoins after a pause that doubles with each failed term, instead of
+// going round at the speed of rebalances, each term writing the dead letters again.
+func TestUpdaterBacksOffATermThatKeepsFailing(t *testing.T) {
+	t.Parallel() // waits for terms to fail
+	b := startCluster(t, 1)
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.records.dlq", "max.message.bytes", "1000")
+	r := startReplica(t, b, "r1")
+	bad := []byte(`{"id":"big","pad":"` + strings.Repeat("x", 2000) + `"}`)
+	r.produce(t, bad)
+	waitfor.Cond(t, 60*time.Second, "a term failing again after a longer pause", func() bool {
+		return strings.Contains(r.logs.String(), "terms keep failing")
+	})
+	if got := r.logs.Logged("updater: terms keep failing; rejoining the group after a longer pause", "pause"); got != "2s" {
+		t.Errorf("the second failed term's pause is %q, want 2s", got)
+	}
+}

@@ -3,6 +3,7 @@ package replica
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -71,5 +72,18 @@ func TestUpdaterBalancerAssigns(t *testing.T) {
 	b.led(10, false)
 	if got, _ := b.UserData(); string(got) != string(data(updaterData{})) {
 		t.Fatalf("UserData after a generation without the role: %s, want %s", got, data(updaterData{}))
+	}
+}
+
+// rejoinWait doubles the pause with each consecutive failed term, from rejoinPause, up to
+// maxRejoinPause.
+func TestRejoinWait(t *testing.T) {
+	for _, tc := range []struct {
+		failed int
+		want   time.Duration
+	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {9, 256 * time.Second}, {10, maxRejoinPause}, {100, maxRejoinPause}} {
+		if got := rejoinWait(tc.failed); got != tc.want {
+			t.Errorf("rejoinWait(%d) = %v, want %v", tc.failed, got, tc.want)
+		}
 	}
 }

@@ -86,6 +86,11 @@ type Replica struct {
 	refused    error             // why it did not join (a *SettingsError), nil when it did
 
 	updater atomic.Bool
+	// failedTerms counts this replica's consecutive terms that ended on an error (a claim or
+	// the consumer failing) within failedTermSpan of their start: the updater's pause before it
+	// rejoins doubles with each (rejoinWait). Only lead's goroutine uses it.
+	failedTerms int
+	termErr     error // why the last term ended, when an error did (leadTerm)
 
 	pastMu   sync.Mutex  // one play of the log for Past at a time
 	pastAt   *pastCursor // where the last one stopped (pastMu)
@@ -1092,6 +1097,25 @@ const resetAfter = 10 * time.Second
 // keeps its generation before it ends it and rejoins the group.
 const rejoinPause = time.Second
 
+// maxRejoinPause bounds rejoinWait; failedTermSpan is how long a term must have run for its
+// failure not to follow the ones before it.
+const (
+	maxRejoinPause = 5 * time.Minute
+	failedTermSpan = 10 * time.Minute
+)
+
+// rejoinWait is the pause of an updater that steps down after failed consecutive failed terms:
+// rejoinPause doubled for each after the first, at most maxRejoinPause. An error no retry fixes
+// (credentials refused, a dead-letter topic that refuses a dead letter) fails every term, and
+// every replica's: without the doubling the role went round at the speed of rebalances, each
+// term logging the error and writing the dead letters before it again.
+func rejoinWait(failed int) time.Duration {
+	if failed <= 1 {
+		return rejoinPause
+	}
+	return min(rejoinPause<<min(failed-1, 20), maxRejoinPause)
+}
+
 // shortLogPoll is how often an updater waiting on a log that ends before what it has read asks
 // for the log's end again.
 const shortLogPoll = time.Second
@@ -1320,6 +1344,8 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 		if err := r.awaitFollowing(ctx); err != nil {
 			return
 		}
+		start := time.Now()
+		r.termErr = nil
 		if !r.leadTerm(ctx, generation) {
 			// Rejoin, but not at once: a failure that persists would otherwise end generations
 			// as fast as the group can rebalance. It is no longer the updater meanwhile; unless
@@ -1330,9 +1356,24 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 			if ctx.Err() == nil {
 				r.bal.steppedDown()
 			}
+			pause := rejoinPause
+			switch {
+			case r.termErr == nil:
+				r.failedTerms = 0
+			default:
+				if time.Since(start) > failedTermSpan {
+					r.failedTerms = 0
+				}
+				r.failedTerms++
+				pause = rejoinWait(r.failedTerms)
+				if r.failedTerms > 1 {
+					r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", r.failedTerms,
+						"pause", pause, "err", r.termErr)
+				}
+			}
 			select {
 			case <-ctx.Done():
-			case <-time.After(rejoinPause):
+			case <-time.After(pause):
 			}
 			return
 		}
@@ -1393,6 +1434,7 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 			}
 			if ctx.Err() == nil {
 				r.lg.Error("updater: claim failed", "err", err)
+				r.termErr = err
 			}
 			return false
 		}
@@ -1440,6 +1482,7 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
+		r.termErr = err
 	}
 	return false
 }
