@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"golang.org/x/sync/semaphore"
 )
 
 // SASL mechanisms understood by Config.SASL.
@@ -206,7 +207,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, configError{err}
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
-	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, log: log}
+	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, log: log,
+		budget: semaphore.NewWeighted(MaxBufferedBytes)}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // Defaults of the connection limits (Config.MaxConnections, IdleTimeout, RequestTimeout).
@@ -53,7 +56,8 @@ type connLimits struct {
 	idle, request time.Duration
 	log           *slog.Logger
 	open          atomic.Int64
-	buffered      atomic.Int64 // bytes of requests read and not yet handed to kfake
+	budget        *semaphore.Weighted // MaxBufferedBytes: request bytes past a first readChunk
+	buffered      atomic.Int64        // bytes of budget held (for tests and ConnStats)
 	refused       atomic.Int64
 	idleClosed    atomic.Int64
 	partialClosed atomic.Int64
@@ -145,8 +149,10 @@ type limitedConn struct {
 	pending []byte // the current request as gate passed it, not yet read by kfake
 
 	mu       sync.Mutex
-	inflight int  // requests handed to kfake whose response is not written yet
-	reading  bool // part of a request has arrived: its RequestTimeout deadline stands
+	held     int64 // budget held for the last request read (released when the next starts, or at Close)
+	closed   bool  // Close ran: budget taken after it is given back at once
+	inflight int   // requests handed to kfake whose response is not written yet
+	reading  bool  // part of a request has arrived: its RequestTimeout deadline stands
 }
 
 var errOversized = errors.New("broker: request too large")
@@ -205,7 +211,13 @@ const readChunk = 64 << 10
 
 // next reads one request whole (its size prefix and body), within the connection's deadlines,
 // and returns it as gate passed it.
-func (c *limitedConn) next() ([]byte, error) {
+func (c *limitedConn) next() (_ []byte, err error) {
+	c.release() // kfake parsed and queued the last request before it reads this one
+	defer func() {
+		if err != nil {
+			c.release() // what this request held: it goes no further
+		}
+	}()
 	if err := c.awaitRequest(time.Now()); err != nil {
 		return nil, err
 	}
@@ -213,7 +225,8 @@ func (c *limitedConn) next() ([]byte, error) {
 	if _, err := io.ReadFull(c.Conn, prefix[:1]); err != nil {
 		return nil, c.readFailed(err, false)
 	}
-	if err := c.requestStarted(time.Now()); err != nil {
+	started := time.Now()
+	if err := c.requestStarted(started); err != nil {
 		return nil, err
 	}
 	if _, err := io.ReadFull(c.Conn, prefix[1:]); err != nil {
@@ -226,17 +239,13 @@ func (c *limitedConn) next() ([]byte, error) {
 		return nil, err
 	}
 	frame := append(make([]byte, 0, 4+min(size, readChunk)), prefix[:]...)
-	held := int64(0)
-	defer func() { c.l.buffered.Add(-held) }()
 	for int64(len(frame)-4) < size {
 		k := min(size-int64(len(frame)-4), readChunk)
-		if c.l.buffered.Add(k) > MaxBufferedBytes {
-			c.l.buffered.Add(-k)
-			err := fmt.Errorf("%w: a request of %d bytes while the requests being read hold MaxBufferedBytes (%d)", errOversized, size, MaxBufferedBytes)
-			c.l.reject(c.RemoteAddr(), err)
-			return nil, err
+		if len(frame) > 4 { // past the first chunk: wait for budget, within the request's time
+			if err := c.hold(started, k); err != nil {
+				return nil, err
+			}
 		}
-		held += k
 		frame = slices.Grow(frame, int(k))
 		if _, err := io.ReadFull(c.Conn, frame[len(frame):len(frame)+int(k)]); err != nil {
 			return nil, c.readFailed(err, true)
@@ -253,6 +262,40 @@ func (c *limitedConn) next() ([]byte, error) {
 	}
 	c.requestRead(v.answered)
 	return v.frame, nil
+}
+
+// hold takes k bytes of the shared budget for the request that started at started, waiting for
+// them until its RequestTimeout ends (then the connection closes, counted as partial).
+func (c *limitedConn) hold(started time.Time, k int64) error {
+	ctx, cancel := context.WithDeadline(context.Background(), started.Add(c.l.request))
+	defer cancel()
+	if err := c.l.budget.Acquire(ctx, k); err != nil {
+		c.l.partialClosed.Add(1)
+		return fmt.Errorf("broker: a request waited %v for buffer room (MaxBufferedBytes, %d, held by requests being read): %w",
+			c.l.request, MaxBufferedBytes, err)
+	}
+	c.l.buffered.Add(k)
+	c.mu.Lock()
+	c.held += k
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		c.release()
+		return net.ErrClosed
+	}
+	return nil
+}
+
+// release gives back the budget the last request held.
+func (c *limitedConn) release() {
+	c.mu.Lock()
+	k := c.held
+	c.held = 0
+	c.mu.Unlock()
+	if k > 0 {
+		c.l.buffered.Add(-k)
+		c.l.budget.Release(k)
+	}
 }
 
 // readFailed counts a read that timed out, as idle or within a request, and returns err.
@@ -290,6 +333,12 @@ func (c *limitedConn) Write(p []byte) (int, error) {
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.l.release)
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.release()
+		c.l.release()
+	})
 	return err
 }

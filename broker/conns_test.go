@@ -16,6 +16,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
@@ -114,11 +115,19 @@ func TestConnectionLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	closedByPeer(t, body, "part of a request body")
+	// A byte every 300 ms of a 200-byte request: 60 s of dripping, each byte well within the
+	// idle timeout; the request timeout cuts it 3 s after its first byte (12 s allowed for a
+	// busy machine).
 	drip := dialIdle(t, addr)
 	dripped := make(chan struct{})
+	dripStart := time.Now()
 	go func() {
 		defer close(dripped)
-		for _, c := range []byte{0, 0, 0, 64, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} {
+		for i := range 4 + 200 {
+			c := byte(0)
+			if i == 3 {
+				c = 200
+			}
 			if _, err := drip.Write([]byte{c}); err != nil {
 				return
 			}
@@ -126,6 +135,9 @@ func TestConnectionLimits(t *testing.T) {
 		}
 	}()
 	closedByPeer(t, drip, "a request that drips in")
+	if took := time.Since(dripStart); took > 12*time.Second {
+		t.Errorf("a request that drips in was cut after %v, want its request timeout (3s) from its first byte", took)
+	}
 	<-dripped
 	// Size prefixes past MaxRequestBytes, one that would make kfake allocate 2 GiB.
 	for _, size := range []uint32{MaxRequestBytes + 1, 1<<31 - 1} {
@@ -161,13 +173,34 @@ type deadlineConn struct {
 	net.Conn
 	mu   sync.Mutex
 	last time.Time
+	all  []time.Duration // every deadline set, as the time left when it was set
 }
 
 func (d *deadlineConn) SetReadDeadline(t time.Time) error {
 	d.mu.Lock()
 	d.last = t
+	d.all = append(d.all, time.Until(t))
 	d.mu.Unlock()
 	return d.Conn.SetReadDeadline(t)
+}
+
+// setSince reports whether a deadline of about want (within 5 s below) was set after the first
+// from deadlines.
+func (d *deadlineConn) setSince(from int, want time.Duration) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, got := range d.all[min(from, len(d.all)):] {
+		if got <= want && got > want-5*time.Second {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *deadlineConn) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.all)
 }
 
 func (d *deadlineConn) readDeadline() time.Time {
@@ -186,7 +219,7 @@ func TestConnDeadlines(t *testing.T) {
 	defer srv.Close()
 	defer cli.Close()
 	go io.Copy(io.Discard, cli)
-	l := &connLimits{max: 1, idle: time.Minute, request: 10 * time.Second, log: slog.New(slog.DiscardHandler)}
+	l := &connLimits{max: 1, idle: time.Minute, request: 10 * time.Second, log: slog.New(slog.DiscardHandler), budget: semaphore.NewWeighted(MaxBufferedBytes)}
 	l.open.Store(1)
 	dc := &deadlineConn{Conn: srv}
 	c := &limitedConn{Conn: dc, l: l}
@@ -228,6 +261,7 @@ func TestConnDeadlines(t *testing.T) {
 	send(frame[1:])
 	<-readDone
 	// In flight: the next read waits up to idle + maxHold.
+	from := dc.count()
 	send(frame[:1])
 	readDone = make(chan struct{})
 	go func() { defer close(readDone); readWhole(len(frame)) }()
@@ -243,6 +277,9 @@ func TestConnDeadlines(t *testing.T) {
 	c.mu.Unlock()
 	if inflight != 2 {
 		t.Fatalf("%d requests in flight, want 2", inflight)
+	}
+	if !dc.setSince(from, time.Minute+maxHold) {
+		t.Errorf("no read deadline of idle + maxHold (%v) while a request was in flight", time.Minute+maxHold)
 	}
 	for range 2 {
 		if _, err := c.Write([]byte("response")); err != nil {

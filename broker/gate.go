@@ -10,15 +10,23 @@ import (
 
 // Bounds the broker puts on what one request may ask of it (see gate).
 const (
-	// MaxRequestBytes is the largest request the broker reads: a larger size prefix closes the
-	// connection before anything is read for it. Kafka clients send at most about 1 MiB
-	// (producers' max.request.size and the broker's message.max.bytes), so 16 MiB leaves room
-	// for a produce request of many partitions.
-	MaxRequestBytes = 16 << 20
-	// MaxBufferedBytes bounds the bytes of requests being read, across every connection; a
-	// request that would pass it closes its connection. Requests are buffered as their bytes
-	// arrive, so a size prefix alone holds no memory.
-	MaxBufferedBytes = 64 << 20
+	// MaxRequestBytes is the largest produce request the broker reads (Kafka's
+	// socket.request.max.bytes: franz-go's producer packs a batch of every partition in one
+	// request of up to 100 MiB): a larger size prefix closes the connection before anything is
+	// read for it.
+	MaxRequestBytes = 100 << 20
+	// MaxOtherRequestBytes is the largest request of any other kind: a fetch, a metadata or a
+	// group request is far smaller, and its parse costs kfake several times its size.
+	MaxOtherRequestBytes = 1 << 20
+	// MaxBufferedBytes bounds the bytes of requests being read and parsed past their first
+	// readChunk, across every connection (a request's bytes count until the connection's next
+	// request starts, by when kfake has parsed and queued it): a request waits for room, up to
+	// its RequestTimeout, as its bytes arrive. A size prefix alone holds nothing, and a request
+	// of at most readChunk never waits.
+	MaxBufferedBytes = 256 << 20
+	// MaxPartitions bounds the partitions one request may name or create (a fetch, a
+	// CreateTopics, a CreatePartitions): kfake builds each partition it is asked for.
+	MaxPartitions = 10_000
 	// MaxFetchBytes bounds what one fetch returns: a request asking for more (in total or for
 	// one partition) is answered with at most this much (and, as Kafka does, with the first
 	// record batch whole when that alone is larger; a batch is at most about 1 MiB).
@@ -50,7 +58,12 @@ func readHeader(body []byte) (header, kmsg.Request, error) {
 	if req == nil {
 		return h, nil, fmt.Errorf("%w: unknown API key %d", errInvalidRequest, h.key)
 	}
-	if h.version < 0 || h.version > req.MaxVersion() {
+	if shareGroupKeys[kmsg.Key(h.key)] {
+		return h, nil, fmt.Errorf("%w: %s: the embedded broker serves no share groups", errInvalidRequest, kmsg.NameForKey(h.key))
+	}
+	// A client asks for ApiVersions at its newest version, and kfake answers one it does not
+	// know with UNSUPPORTED_VERSION and its range, which the client then uses.
+	if h.version < 0 || h.version > req.MaxVersion() && kmsg.Key(h.key) != kmsg.ApiVersions {
 		return h, nil, fmt.Errorf("%w: %s version %d, outside 0..%d", errInvalidRequest, kmsg.NameForKey(h.key), h.version, req.MaxVersion())
 	}
 	req.SetVersion(h.version)
@@ -87,6 +100,12 @@ func readHeader(body []byte) (header, kmsg.Request, error) {
 	return h, req, nil
 }
 
+// shareGroupKeys are the requests of share groups (KIP-932), which the broker refuses: no client
+// of cfguard's uses them, and kfake keeps a share fetch parked for its whole wait after its
+// connection closed.
+var shareGroupKeys = map[kmsg.Key]bool{kmsg.ShareGroupHeartbeat: true, kmsg.ShareGroupDescribe: true, kmsg.ShareFetch: true,
+	kmsg.ShareAcknowledge: true, kmsg.DescribeShareGroupOffsets: true, kmsg.AlterShareGroupOffsets: true, kmsg.DeleteShareGroupOffsets: true}
+
 // verdict is what gate decided of a request.
 type verdict struct {
 	frame    []byte // the request as kfake is to read it: size prefix and body
@@ -99,9 +118,14 @@ type verdict struct {
 // makes it hold memory out of proportion to the request:
 //
 //   - an API key kmsg does not know (kfake dereferences the nil request it gets for one), a
-//     version outside the key's range, a header that does not parse;
-//   - a produce or fetch whose body does not parse;
-//   - a fetch naming one partition twice (kfake would return its records twice).
+//     version outside the key's range (but ApiVersions': kfake answers it), a header that does
+//     not parse, a share-group request;
+//   - a request other than a produce over MaxOtherRequestBytes;
+//   - a produce, fetch, CreateTopics or CreatePartitions whose body does not parse;
+//   - a fetch naming one partition twice (kfake would return its records twice), or more than
+//     MaxPartitions partitions; a CreateTopics or CreatePartitions asking for more than
+//     MaxPartitions partitions of a topic (kfake builds them all at once: 2^31 of them take the
+//     process's memory).
 //
 // A fetch asking for more than MaxFetchBytes, or to wait longer than MaxFetchWait, is rewritten
 // to ask for that much. Every other request goes through as it came.
@@ -110,6 +134,10 @@ func gate(frame []byte) (verdict, error) {
 	h, req, err := readHeader(body)
 	if err != nil {
 		return verdict{}, err
+	}
+	if kmsg.Key(h.key) != kmsg.Produce && len(body) > MaxOtherRequestBytes {
+		return verdict{}, fmt.Errorf("%w: a %s request of %d bytes, over MaxOtherRequestBytes (%d)", errOversized,
+			kmsg.NameForKey(h.key), len(body), MaxOtherRequestBytes)
 	}
 	v := verdict{frame: frame, answered: true}
 	switch r := req.(type) {
@@ -133,12 +161,31 @@ func gate(frame []byte) (verdict, error) {
 			binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 			v.frame = out
 		}
+	case *kmsg.CreateTopicsRequest:
+		if err := r.ReadFrom(body[h.len:]); err != nil {
+			return verdict{}, fmt.Errorf("%w: CreateTopics v%d: %v", errInvalidRequest, h.version, err)
+		}
+		for _, t := range r.Topics {
+			if t.NumPartitions > MaxPartitions || len(t.ReplicaAssignment) > MaxPartitions {
+				return verdict{}, fmt.Errorf("%w: CreateTopics of %q with %d partitions, over MaxPartitions (%d)", errInvalidRequest,
+					t.Topic, max(int(t.NumPartitions), len(t.ReplicaAssignment)), MaxPartitions)
+			}
+		}
+	case *kmsg.CreatePartitionsRequest:
+		if err := r.ReadFrom(body[h.len:]); err != nil {
+			return verdict{}, fmt.Errorf("%w: CreatePartitions v%d: %v", errInvalidRequest, h.version, err)
+		}
+		for _, t := range r.Topics {
+			if t.Count > MaxPartitions {
+				return verdict{}, fmt.Errorf("%w: CreatePartitions of %q to %d, over MaxPartitions (%d)", errInvalidRequest, t.Topic, t.Count, MaxPartitions)
+			}
+		}
 	}
 	return v, nil
 }
 
 // distinctPartitions refuses a fetch that names one partition twice (by topic name, or by topic
-// id from v13 on).
+// id from v13 on), or more than MaxPartitions.
 func distinctPartitions(r *kmsg.FetchRequest) error {
 	type tp struct {
 		topic string
@@ -148,6 +195,9 @@ func distinctPartitions(r *kmsg.FetchRequest) error {
 	seen := map[tp]bool{}
 	for _, t := range r.Topics {
 		for _, p := range t.Partitions {
+			if len(seen) == MaxPartitions {
+				return fmt.Errorf("%w: a fetch of more than MaxPartitions (%d) partitions", errInvalidRequest, MaxPartitions)
+			}
 			k := tp{t.Topic, t.TopicID, p.Partition}
 			if seen[k] {
 				return fmt.Errorf("%w: fetch names partition %d of topic %q%x twice", errInvalidRequest, p.Partition, t.Topic, t.TopicID)

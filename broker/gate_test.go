@@ -7,12 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -76,9 +77,40 @@ func fetch(maxBytes, maxWait, minBytes int32, parts ...int32) []byte {
 	return request(r, 4)
 }
 
+// manyPartitions is a fetch of MaxPartitions + 1 partitions of topic t.
+func manyPartitions() []byte {
+	parts := make([]int32, MaxPartitions+1)
+	for i := range parts {
+		parts[i] = int32(i)
+	}
+	return fetch(1<<20, 0, 1, parts...)
+}
+
+// createTopics asks for topic "many" with n partitions.
+func createTopics(n int32) []byte {
+	r := kmsg.NewPtrCreateTopicsRequest()
+	topic := kmsg.NewCreateTopicsRequestTopic()
+	topic.Topic, topic.NumPartitions, topic.ReplicationFactor = "many", n, 1
+	r.Topics = append(r.Topics, topic)
+	r.TimeoutMillis = 5000
+	return request(r, 4)
+}
+
+// createPartitions asks for topic t to have n partitions.
+func createPartitions(n int32) []byte {
+	r := kmsg.NewPtrCreatePartitionsRequest()
+	topic := kmsg.NewCreatePartitionsRequestTopic()
+	topic.Topic, topic.Count = "t", n
+	r.Topics = append(r.Topics, topic)
+	r.TimeoutMillis = 5000
+	return request(r, 1)
+}
+
 // TestGateRefusesWhatKfakeCannotTake: requests kfake would crash on (an unknown API key: it
-// dereferences the nil request kmsg gives for one) or that do not parse, and a fetch naming a
-// partition twice, close their connection and are counted; the broker goes on serving.
+// dereferences the nil request kmsg gives for one; a CreateTopics of 2^31 - 1 partitions takes
+// the process's memory) or that do not parse, a fetch naming a partition twice or too many, a
+// share-group request and a large request other than a produce close their connection and are
+// counted; the broker goes on serving.
 func TestGateRefusesWhatKfakeCannotTake(t *testing.T) {
 	b, addr := startGated(t)
 	header := func(key, version int16) []byte {
@@ -97,6 +129,11 @@ func TestGateRefusesWhatKfakeCannotTake(t *testing.T) {
 		{"a header cut short", framed([]byte{0, 3, 0, 4, 0, 0})},
 		{"a produce that does not parse", framed(append(header(int16(kmsg.Produce), 7), 0xff, 0xff, 0xff))},
 		{"a fetch naming a partition twice", fetch(1<<20, 0, 1, 0, 0)},
+		{"a fetch naming MaxPartitions + 1 partitions", manyPartitions()},
+		{"a CreateTopics of 2^31 - 1 partitions", createTopics(math.MaxInt32)},
+		{"a CreatePartitions to 2^31 - 1", createPartitions(math.MaxInt32)},
+		{"a share fetch", request(kmsg.NewPtrShareFetchRequest(), 1)},
+		{"a metadata request of 2 MiB", framed(append(header(int16(kmsg.Metadata), 4), make([]byte, 2<<20)...))},
 	}
 	for i, tc := range cases {
 		c := dialIdle(t, addr)
@@ -104,7 +141,19 @@ func TestGateRefusesWhatKfakeCannotTake(t *testing.T) {
 			t.Fatal(err)
 		}
 		closedByPeer(t, c, tc.name)
-		waitfor.Cond(t, 10*time.Second, tc.name+" counted", func() bool { return b.Connections().Invalid == int64(i+1) })
+		waitfor.Cond(t, 10*time.Second, tc.name+" counted", func() bool {
+			s := b.Connections()
+			return s.Invalid+s.Oversized == int64(i+1)
+		})
+	}
+	// An ApiVersions newer than the broker's is answered (UNSUPPORTED_VERSION with its range),
+	// as clients that negotiate expect, and so is a CreateTopics within the bound.
+	if n := roundTrip(t, addr, request(kmsg.NewPtrApiVersionsRequest(), 6), 10*time.Second); n == 0 {
+		t.Error("an empty answer to ApiVersions v6")
+	}
+	roundTrip(t, addr, createTopics(3), 10*time.Second)
+	if p := len(b.Leaders("many")); p != 3 {
+		t.Errorf("a CreateTopics of 3 partitions made %d", p)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -148,28 +197,70 @@ func TestFetchIsCut(t *testing.T) {
 }
 
 // TestRequestBuffersAreBounded: requests are buffered as their bytes arrive, and those being read
-// hold at most MaxBufferedBytes together: a request that would pass it closes its connection.
+// hold at most the budget together (MaxBufferedBytes, smaller here) past their first readChunk: a
+// request past it waits for room, while a small request is served at once; closing the
+// connections that hold the budget gives it back.
 func TestRequestBuffersAreBounded(t *testing.T) {
 	b, addr := startGated(t)
-	const part = 15 << 20 // of a MaxRequestBytes request; four of them leave less than one part
-	prefix := binary.BigEndian.AppendUint32(nil, MaxRequestBytes)
-	var held []net.Conn
-	for range 4 {
-		c := dialIdle(t, addr)
-		if _, err := c.Write(append(prefix, make([]byte, part)...)); err != nil {
-			t.Fatal(err)
+	const budget = 4 << 20
+	b.conns.budget = semaphore.NewWeighted(budget) // before any connection
+	prefix := binary.BigEndian.AppendUint32(nil, 3<<20)
+	first := dialIdle(t, addr)
+	if _, err := first.Write(append(prefix, make([]byte, 5<<19)...)); err != nil { // 2.5 of its 3 MiB
+		t.Fatal(err)
+	}
+	waitfor.Cond(t, 30*time.Second, "the first request's bytes held", func() bool { return b.conns.buffered.Load() >= 5<<19-readChunk })
+	second := dialIdle(t, addr)
+	go func() { _, _ = second.Write(append(prefix, make([]byte, 5<<19)...)) }()
+	waitfor.Cond(t, 30*time.Second, "the budget full", func() bool { return b.conns.buffered.Load() > budget-readChunk })
+	meta := kmsg.NewPtrMetadataRequest()
+	if n := roundTrip(t, addr, request(meta, 4), 10*time.Second); n == 0 {
+		t.Fatal("an empty answer to a metadata request while the budget is full")
+	}
+	first.Close()
+	second.Close()
+	waitfor.Cond(t, 30*time.Second, "the budget given back", func() bool { return b.conns.buffered.Load() == 0 })
+}
+
+// TestGateLetsFranzGoProduceLargeRequests: franz-go's producer packs a batch of every partition
+// in one produce request, here of 21 MB (24 partitions of a 900 kB record), which the broker
+// reads and stores.
+func TestGateLetsFranzGoProduceLargeRequests(t *testing.T) {
+	b, err := Start(context.Background(), Config{Topics: []string{"wide"}, Partitions: 24}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic("wide"), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(200*time.Millisecond), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	value := make([]byte, 900_000)
+	for i := range value {
+		value[i] = byte(i * 7919 % 251) // incompressible enough
+	}
+	var recs []*kgo.Record
+	for p := range 24 {
+		recs = append(recs, &kgo.Record{Partition: int32(p), Value: value})
+	}
+	// kgo resends a refused request for ever, ProduceSync past its context: the test waits 60 s.
+	done := make(chan error, 1)
+	go func() { done <- cl.ProduceSync(ctx, recs...).FirstErr() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("producing 24 partitions of 900 kB in one request: %v (broker %+v)", err, b.Connections())
 		}
-		held = append(held, c)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("producing 24 partitions of 900 kB in one request: no answer in 60 s (broker %+v)", b.Connections())
 	}
-	waitfor.Cond(t, 30*time.Second, "four parts of requests buffered", func() bool { return b.conns.buffered.Load() >= 4*part })
-	over := dialIdle(t, addr)
-	go func() { _, _ = over.Write(append(prefix, make([]byte, part)...)) }()
-	closedByPeer(t, over, "a request past MaxBufferedBytes")
-	if got := b.Connections().Oversized; got != 1 {
-		t.Errorf("%d connections closed as oversized, want 1", got)
+	cl.Close()
+	for p, hw := range b.HighWatermarks("wide") {
+		if hw != 1 {
+			t.Fatalf("partition %d holds %d records, want 1", p, hw)
+		}
 	}
-	for _, c := range held {
-		c.Close()
-	}
-	waitfor.Cond(t, 30*time.Second, "the buffers released", func() bool { return b.conns.buffered.Load() == 0 })
 }
