@@ -13,6 +13,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // TestFailedUpdateKeepsThePosterior serves a model whose last-layer means are so large that
@@ -73,8 +74,9 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 }
 
 // TestHugeFeatureIsDeadLettered: a record whose feature is finite but so far from the model's
-// mean that its scaled square overflows would fail the update of its whole increment; it is
-// dead-lettered as out_of_range and the other records of the increment are applied.
+// mean that its scaled square overflows would fail the update of its whole increment, and one
+// twice MaxScaledFeature out would dominate it; both are dead-lettered as out_of_range and the
+// other records of the increment are applied.
 func TestHugeFeatureIsDeadLettered(t *testing.T) {
 	data := bundled(t)
 	r := startDaemon(t, nil)
@@ -83,12 +85,16 @@ func TestHugeFeatureIsDeadLettered(t *testing.T) {
 		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
 	huge := slices.Clone(data.X[31])
-	huge[0] = 1e300
+	huge[0] = 1e300 // its scaled square overflows the update
 	vals = append(vals, record("huge", huge, data.Y[31]))
+	far := slices.Clone(data.X[32]) // 2e5 standard deviations out: it would dominate the update
+	sc := r.d.current().Scaler
+	far[0] = sc.Mean[0] + 2*stream.MaxScaledFeature*sc.Std[0]
+	vals = append(vals, record("far", far, data.Y[32]))
 	r.produce(t, vals...)
-	waitfor.Cond(t, 30*time.Second, "31 records applied and one dead-lettered", func() bool {
+	waitfor.Cond(t, 30*time.Second, "31 records applied and two dead-lettered", func() bool {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == 31 &&
-			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1
+			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 2
 	})
 	if n := r.metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
 		t.Errorf("%v records failed, want none", n)

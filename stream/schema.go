@@ -32,12 +32,13 @@ const (
 )
 
 // MaxScaledFeature bounds |x_j - mean_j| / std_j, a feature's distance from the model's mean in
-// its standard deviations (Schema.WithScale): a record past it is dead-lettered, since its
-// scaled value squared would overflow the update of the whole increment it lands in (from about
-// 1e150) and fail every record of it. It is a margin far below that, and far above legitimate
-// data: a near-constant feature (MNIST's rarest pixels, a feature constant in training, whose
-// scaler gives it std 1) reaches about 1e5.
-const MaxScaledFeature = 1e8
+// its standard deviations (Schema.WithScale): a record past it is dead-lettered. Such a record
+// dominates the update of the increment it lands in, the more the further it is (far enough, it
+// alone moves the posterior past the KL budget), and from about 1e150 its scaled square
+// overflows and fails the whole increment. Legitimate data stays below it: a near-constant
+// feature (a rare pixel, a feature constant in training, whose scaler gives it std 1) is the
+// furthest a fitted model's own data set goes.
+const MaxScaledFeature = 1e5
 
 // Reasons returns the decode reason codes, in a fixed order (for creating metric series up
 // front).
