@@ -286,9 +286,9 @@ type Checkpoint struct {
 	Changes     []StatusChange
 	// Update, if not nil, is appended to the KL history, at At.
 	Update *UpdateRecord
-	// At is when the update was made: a replica gives the time the posterior log entry it
-	// applies was appended, so that a log replayed long after keeps its updates' (and
-	// breaches') times. Zero: the time of the write.
+	// At is when the update was made: a replica replaying the posterior log gives the time its
+	// entry was written, so that a log replayed long after keeps its updates' (and breaches')
+	// times. Zero: the time of the write.
 	At time.Time
 	// Offsets are the next offsets to consume per partition (absolute, replacing the stored ones
 	// for the partitions given).

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // The updater role stays with the member that held it last, unless it stepped down; without
@@ -81,9 +83,26 @@ func TestRejoinWait(t *testing.T) {
 	for _, tc := range []struct {
 		failed int
 		want   time.Duration
-	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {9, 256 * time.Second}, {10, maxRejoinPause}, {100, maxRejoinPause}} {
+	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {5, 16 * time.Second}, {6, maxRejoinPause}, {100, maxRejoinPause}} {
 		if got := rejoinWait(tc.failed); got != tc.want {
 			t.Errorf("rejoinWait(%d) = %v, want %v", tc.failed, got, tc.want)
 		}
+	}
+}
+
+// A replica replaying the log dates its updates by their entries' Kafka time, never later than
+// now; once it follows the log as it grows, by the time of the write (zero).
+func TestReplayedAt(t *testing.T) {
+	r := &Replica{}
+	past := time.Now().Add(-48 * time.Hour)
+	if got := r.replayedAt(postlog.Record{Time: past}); !got.Equal(past) {
+		t.Errorf("replaying an entry of 48 h ago: %v, want %v", got, past)
+	}
+	if got := r.replayedAt(postlog.Record{Time: time.Now().Add(24 * time.Hour)}); got.After(time.Now()) {
+		t.Errorf("replaying an entry dated tomorrow (a writer's clock ahead): %v, want no later than now", got)
+	}
+	r.caughtUp = true
+	if got := r.replayedAt(postlog.Record{Time: past}); !got.IsZero() {
+		t.Errorf("following the log: %v, want zero (the time of the write)", got)
 	}
 }

@@ -87,10 +87,10 @@ type Replica struct {
 
 	updater atomic.Bool
 	// failedTerms counts this replica's consecutive terms that ended on an error (a claim or
-	// the consumer failing) within failedTermSpan of their start: the updater's pause before it
-	// rejoins doubles with each (rejoinWait). Only lead's goroutine uses it.
+	// the consumer failing), none of them long (failedTermSpan) and no other writer's term in
+	// between: the updater's pause before it rejoins doubles with each (rejoinWait). Guarded
+	// by mu (a lead of a generation kafka-go no longer tracks may overlap the next).
 	failedTerms int
-	termErr     error // why the last term ended, when an error did (leadTerm)
 
 	pastMu   sync.Mutex  // one play of the log for Past at a time
 	pastAt   *pastCursor // where the last one stopped (pastMu)
@@ -729,13 +729,31 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 			own = p.step
 		}
 		r.mu.Unlock()
-		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb, At: rec.Time}); err != nil {
+		if err := r.host.Commit(ctx, e, prev, next, own, &ledger.Checkpoint{Offsets: e.Covers, LogHead: hb, At: r.replayedAt(rec)}); err != nil {
 			return storeErr(err)
 		}
 		r.remember(next)
 	}
 	r.advance(rec.Offset+1, c, halts)
 	return nil
+}
+
+// replayedAt is when the update of rec was made, for the KL history: while the follower replays
+// the log to its end the first time (a replica bootstrapping, or restored from a backup), the
+// record's Kafka time, which its writer's clock set, and never later than now; once it follows the
+// log as it grows, zero (the time of the write), so that a writer's clock that is off does not
+// date the breaches every replica alerts on.
+func (r *Replica) replayedAt(rec postlog.Record) time.Time {
+	r.mu.Lock()
+	caughtUp := r.caughtUp
+	r.mu.Unlock()
+	if caughtUp || rec.Time.IsZero() {
+		return time.Time{}
+	}
+	if now := time.Now(); rec.Time.After(now) {
+		return now
+	}
+	return rec.Time
 }
 
 // checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
@@ -1097,10 +1115,11 @@ const resetAfter = 10 * time.Second
 // keeps its generation before it ends it and rejoins the group.
 const rejoinPause = time.Second
 
-// maxRejoinPause bounds rejoinWait; failedTermSpan is how long a term must have run for its
+// maxRejoinPause bounds rejoinWait: the pause is served holding the generation, so no other
+// replica can take the role meanwhile. failedTermSpan is how long a term must have run for its
 // failure not to follow the ones before it.
 const (
-	maxRejoinPause = 5 * time.Minute
+	maxRejoinPause = 30 * time.Second
 	failedTermSpan = 10 * time.Minute
 )
 
@@ -1345,8 +1364,13 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 			return
 		}
 		start := time.Now()
-		r.termErr = nil
-		if !r.leadTerm(ctx, generation) {
+		if h := r.Head(); h.Term > 0 && h.Writer != r.writer {
+			r.mu.Lock()
+			r.failedTerms = 0 // another writer held the role since: its failures are not ours
+			r.mu.Unlock()
+		}
+		keep, termErr := r.leadTerm(ctx, generation)
+		if !keep {
 			// Rejoin, but not at once: a failure that persists would otherwise end generations
 			// as fast as the group can rebalance. It is no longer the updater meanwhile; unless
 			// the generation ended, it gave the role up, and says so to the group's balancer,
@@ -1357,18 +1381,22 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 				r.bal.steppedDown()
 			}
 			pause := rejoinPause
+			r.mu.Lock()
 			switch {
-			case r.termErr == nil:
+			case termErr == nil:
 				r.failedTerms = 0
+			case time.Since(start) > failedTermSpan:
+				r.failedTerms = 1
 			default:
-				if time.Since(start) > failedTermSpan {
-					r.failedTerms = 0
-				}
 				r.failedTerms++
-				pause = rejoinWait(r.failedTerms)
-				if r.failedTerms > 1 {
-					r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", r.failedTerms,
-						"pause", pause, "err", r.termErr)
+			}
+			failed := r.failedTerms
+			r.mu.Unlock()
+			if termErr != nil {
+				pause = rejoinWait(failed)
+				if failed > 1 {
+					r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", failed,
+						"pause", pause, "err", termErr)
 				}
 			}
 			select {
@@ -1409,16 +1437,16 @@ func (r *Replica) awaitFollowing(ctx context.Context) error {
 }
 
 // leadTerm claims a term and ingests in it (lead). It reports whether the updater keeps its
-// role: the follower stopped, or a new epoch moved the log on while ingest was stopped on a
-// reset input topic.
-func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool) {
+// role (the follower stopped, or a new epoch moved the log on while ingest was stopped on a
+// reset input topic), and the error that ended the term, if one did.
+func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, failed error) {
 	for attempt := 0; ; attempt++ {
 		if err := r.catchUp(ctx); err != nil {
 			stopped := ctx.Err() == nil && r.isStopped()
 			if ctx.Err() == nil && !stopped {
 				r.lg.Warn("updater: the posterior log cannot be read to its end; giving the role up", "err", err)
 			}
-			return stopped
+			return stopped, nil
 		}
 		head := r.Head()
 		if head.Writer == r.writer {
@@ -1430,13 +1458,13 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
 			if ctx.Err() == nil && r.isStopped() {
-				return true
+				return true, nil
 			}
-			if ctx.Err() == nil {
-				r.lg.Error("updater: claim failed", "err", err)
-				r.termErr = err
+			if ctx.Err() != nil {
+				return false, nil
 			}
-			return false
+			r.lg.Error("updater: claim failed", "err", err)
+			return false, err
 		}
 		if won {
 			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
@@ -1447,7 +1475,7 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		// A claim of another writer is: rejoin, and let the group's next generation decide.
 		if h := r.Head(); h.Writer != head.Writer || attempt >= 5 {
 			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
-			return false
+			return false, nil
 		}
 	}
 	err := r.ingestTerm(ctx)
@@ -1474,17 +1502,17 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (stopped bool)
 		// Cleared whether the log moved or the role ended: an updater that is not this replica
 		// reads the topic now, and finds the reset itself.
 		r.host.TopicReset(nil)
-		return ctx.Err() == nil
+		return ctx.Err() == nil, nil
 	case err != nil && ctx.Err() == nil && r.isStopped():
-		return true // the follower logged why; the records read and not appended are read again from the head's coverage
+		return true, nil // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
 		r.m.AppendsLost.Inc()
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
-		r.termErr = err
+		return false, err
 	}
-	return false
+	return false, nil
 }
 
 // ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one
