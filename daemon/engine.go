@@ -314,6 +314,11 @@ func (d *Daemon) apply(ctx context.Context, inc *stream.Increment) error {
 	}
 	cp := &ledger.Checkpoint{Offsets: inc.NextOffsets}
 	checkpointMarks(cp, inc)
+	for p := range inc.NextOffsets {
+		if inc.Reset(p) {
+			s.counters[resetCounter(p)]++ // the reset is checkpointed: topicResets tells it by this
+		}
+	}
 	return d.commitStep(ctx, s, cp, start)
 }
 

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
@@ -126,5 +128,68 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("%s left after a start found its reset done: %v", topicResetFile, err)
+	}
+}
+
+// A reset recorded in topic-reset.json still waits after the ledger is restored from a backup
+// taken before it: the restored ledger's offsets differ from those the reset was found at, but
+// it has checkpointed no reset of the partition since, so ingest stays stopped.
+func TestRecordedResetSurvivesARestore(t *testing.T) {
+	dir := t.TempDir()
+	mutate := func(c *config.Config) { c.StateDir = dir }
+	data := bundled(t)
+	records := func(prefix string, n int) [][]byte {
+		var out [][]byte
+		for i := range n {
+			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
+		}
+		return out
+	}
+	r := startDaemon(t, mutate)
+	r.produce(t, records("a", 32)...)
+	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 32 })
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	f, err := os.Create(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.d.ledger.Backup(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	r.produce(t, records("b", 32)...)
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
+	r.produce(t, records("new", 96)...)
+	waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+	})
+	r.stop(t)
+	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The ledger restored from the backup (offset 32 of the old log), topic-reset.json kept.
+	if err := os.Rename(filepath.Join(dir, ledger.FileName), filepath.Join(dir, ledger.FileName+".aside")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ledger.FileName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = startDaemonWith(t, mutate, nil, nil)
+	waitfor.Cond(t, 30*time.Second, "readyz to report the reset after the restore", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+	})
+	// Kept as it was: not taken for done and found again by the start's mark check (which a
+	// backup without a mark, or one whose marked record is gone, would not make).
+	if now, err := os.ReadFile(filepath.Join(dir, topicResetFile)); err != nil || string(now) != string(recorded) {
+		t.Fatalf("%s after a restore: %v\n%s\nwant it kept as it was:\n%s", topicResetFile, err, now, recorded)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"slices"
 
 	"github.com/cfguard/cfguard/internal/atomicfile"
-	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -23,14 +22,17 @@ const topicResetFile = "topic-reset.json"
 
 func (d *Daemon) topicResetPath() string { return filepath.Join(d.cfg.StateDir, topicResetFile) }
 
-// recordedReset is one entry of topicResetFile: the reset, and the ledger's resume point of its
-// partition when it was recorded (ingest was stopped: nothing moves it until the reset is
-// confirmed and checkpointed). A file whose point is no longer the ledger's is one the process
-// did not remove after that checkpoint (it stopped in between): its resets are done.
+// resetCounter is the ledger counter of the confirmed resets of partition p checkpointed (each
+// checkpoint that moves p's offset to a new log adds one).
+func resetCounter(p int) string { return fmt.Sprintf("topic_resets/%d", p) }
+
+// recordedReset is one entry of topicResetFile: the reset, and how many resets of its partition
+// the ledger had checkpointed when it was recorded. A ledger that counts more checkpointed this
+// one (the process stopped before it removed the file): it is done. A ledger restored from an
+// older backup counts no more, and the reset still waits.
 type recordedReset struct {
 	stream.TopicResetError
-	LedgerOffset *int64             `json:"ledger_offset,omitempty"` // nil: recorded without it
-	LedgerMark   *ledger.OffsetMark `json:"ledger_mark,omitempty"`
+	ResetsBefore *int64 `json:"resets_before,omitempty"` // nil: recorded without it
 }
 
 // readTopicResets returns the entries of topicResetFile for kafka.topic (none when the file is
@@ -59,26 +61,24 @@ func (d *Daemon) readTopicResets() ([]recordedReset, error) {
 }
 
 // topicResets returns the resets recorded for kafka.topic that still wait for their
-// confirmation: those whose partition's resume point in the ledger is the one recorded with
-// them (or that were recorded without one). When none waits any more, the file is removed.
+// confirmation: those whose partition's resets the ledger has not checkpointed since they were
+// recorded (and those recorded without the count). When none waits any more, the file is
+// removed.
 func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
 	recorded, err := d.readTopicResets()
 	if err != nil || len(recorded) == 0 {
 		return nil, err
 	}
-	offsets, marks, err := d.ledger.ResumePoint()
+	st, err := d.ledger.State()
 	if err != nil {
 		return nil, err
 	}
 	var out []stream.TopicResetError
 	for _, r := range recorded {
-		if r.LedgerOffset != nil {
-			m, ok := marks[r.Partition]
-			if offsets[r.Partition] != *r.LedgerOffset || ok != (r.LedgerMark != nil) || ok && m != *r.LedgerMark {
-				d.log.Info("a recorded topic reset was confirmed and checkpointed before the file recording it was removed: it is done",
-					"file", d.topicResetPath(), "partition", r.Partition, "recorded_offset", *r.LedgerOffset, "ledger_offset", offsets[r.Partition])
-				continue
-			}
+		if r.ResetsBefore != nil && st.Counters[resetCounter(r.Partition)] > *r.ResetsBefore {
+			d.log.Info("a recorded topic reset was confirmed and checkpointed before the file recording it was removed: it is done",
+				"file", d.topicResetPath(), "partition", r.Partition)
+			continue
 		}
 		out = append(out, r.TopicResetError)
 	}
@@ -88,8 +88,8 @@ func (d *Daemon) topicResets() ([]stream.TopicResetError, error) {
 	return out, nil
 }
 
-// recordTopicReset adds e to the file (once per partition), with the ledger's resume point of
-// its partition.
+// recordTopicReset adds e to the file (once per partition), with the ledger's count of the
+// resets of its partition checkpointed.
 func (d *Daemon) recordTopicReset(e *stream.TopicResetError) error {
 	all, err := d.readTopicResets()
 	if err != nil {
@@ -98,16 +98,12 @@ func (d *Daemon) recordTopicReset(e *stream.TopicResetError) error {
 	if slices.ContainsFunc(all, func(r recordedReset) bool { return r.Partition == e.Partition }) {
 		return nil
 	}
-	offsets, marks, err := d.ledger.ResumePoint()
+	st, err := d.ledger.State()
 	if err != nil {
 		return err
 	}
-	r := recordedReset{TopicResetError: *e, LedgerOffset: new(int64)}
-	*r.LedgerOffset = offsets[e.Partition]
-	if m, ok := marks[e.Partition]; ok {
-		r.LedgerMark = &m
-	}
-	b, err := json.MarshalIndent(append(all, r), "", "  ")
+	n := st.Counters[resetCounter(e.Partition)]
+	b, err := json.MarshalIndent(append(all, recordedReset{TopicResetError: *e, ResetsBefore: &n}), "", "  ")
 	if err != nil {
 		return err
 	}
