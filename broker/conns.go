@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/semaphore"
 )
 
@@ -57,7 +58,7 @@ type connLimits struct {
 	log           *slog.Logger
 	open          atomic.Int64
 	budget        *semaphore.Weighted // MaxBufferedBytes: request bytes past a first readChunk
-	buffered      atomic.Int64        // bytes of budget held (for tests and ConnStats)
+	buffered      atomic.Int64        // bytes of budget held (for tests)
 	refused       atomic.Int64
 	idleClosed    atomic.Int64
 	partialClosed atomic.Int64
@@ -239,10 +240,24 @@ func (c *limitedConn) next() (_ []byte, err error) {
 		return nil, err
 	}
 	frame := append(make([]byte, 0, 4+min(size, readChunk)), prefix[:]...)
+	reserved := false
 	for int64(len(frame)-4) < size {
 		k := min(size-int64(len(frame)-4), readChunk)
-		if len(frame) > 4 { // past the first chunk: wait for budget, within the request's time
-			if err := c.hold(started, k); err != nil {
+		if len(frame) > 4 && !reserved {
+			reserved = true
+			// Past the first chunk, which holds the header: a request of a kind that may not be
+			// this large is refused before any more is read, and the rest takes its budget at
+			// once (a request holding part of it while waiting for more could wait on another
+			// doing the same), within the request's time.
+			if len(frame) >= 6 {
+				if key := kmsg.Key(binary.BigEndian.Uint16(frame[4:])); key != kmsg.Produce && size > MaxOtherRequestBytes {
+					err := fmt.Errorf("%w: a %s request of %d bytes, over MaxOtherRequestBytes (%d)", errOversized,
+						kmsg.NameForKey(int16(key)), size, MaxOtherRequestBytes)
+					c.l.reject(c.RemoteAddr(), err)
+					return nil, err
+				}
+			}
+			if err := c.hold(started, size-int64(len(frame)-4)); err != nil {
 				return nil, err
 			}
 		}

@@ -24,9 +24,13 @@ const (
 	// its RequestTimeout, as its bytes arrive. A size prefix alone holds nothing, and a request
 	// of at most readChunk never waits.
 	MaxBufferedBytes = 256 << 20
-	// MaxPartitions bounds the partitions one request may name or create (a fetch, a
-	// CreateTopics, a CreatePartitions): kfake builds each partition it is asked for.
+	// MaxPartitions bounds the partitions one CreateTopics or CreatePartitions may ask for, over
+	// all its topics: kfake builds each partition it is asked for (about 400 bytes each).
 	MaxPartitions = 10_000
+	// MaxFetchPartitions bounds the partitions one fetch may name: two topics of the most
+	// partitions Config.Partitions allows, which a client fetching every partition a broker
+	// leads names at once.
+	MaxFetchPartitions = 1 << 17
 	// MaxFetchBytes bounds what one fetch returns: a request asking for more (in total or for
 	// one partition) is answered with at most this much (and, as Kafka does, with the first
 	// record batch whole when that alone is larger; a batch is at most about 1 MiB).
@@ -123,9 +127,9 @@ type verdict struct {
 //   - a request other than a produce over MaxOtherRequestBytes;
 //   - a produce, fetch, CreateTopics or CreatePartitions whose body does not parse;
 //   - a fetch naming one partition twice (kfake would return its records twice), or more than
-//     MaxPartitions partitions; a CreateTopics or CreatePartitions asking for more than
-//     MaxPartitions partitions of a topic (kfake builds them all at once: 2^31 of them take the
-//     process's memory).
+//     MaxFetchPartitions partitions; a CreateTopics or CreatePartitions asking for more than
+//     MaxPartitions partitions over its topics (kfake builds them all at once: 2^31 of them take
+//     the process's memory).
 //
 // A fetch asking for more than MaxFetchBytes, or to wait longer than MaxFetchWait, is rewritten
 // to ask for that much. Every other request goes through as it came.
@@ -165,19 +169,22 @@ func gate(frame []byte) (verdict, error) {
 		if err := r.ReadFrom(body[h.len:]); err != nil {
 			return verdict{}, fmt.Errorf("%w: CreateTopics v%d: %v", errInvalidRequest, h.version, err)
 		}
+		total := 0
 		for _, t := range r.Topics {
-			if t.NumPartitions > MaxPartitions || len(t.ReplicaAssignment) > MaxPartitions {
-				return verdict{}, fmt.Errorf("%w: CreateTopics of %q with %d partitions, over MaxPartitions (%d)", errInvalidRequest,
-					t.Topic, max(int(t.NumPartitions), len(t.ReplicaAssignment)), MaxPartitions)
+			total += max(int(t.NumPartitions), len(t.ReplicaAssignment), 1)
+			if total > MaxPartitions {
+				return verdict{}, fmt.Errorf("%w: a CreateTopics of more than MaxPartitions (%d) partitions", errInvalidRequest, MaxPartitions)
 			}
 		}
 	case *kmsg.CreatePartitionsRequest:
 		if err := r.ReadFrom(body[h.len:]); err != nil {
 			return verdict{}, fmt.Errorf("%w: CreatePartitions v%d: %v", errInvalidRequest, h.version, err)
 		}
+		total := 0
 		for _, t := range r.Topics {
-			if t.Count > MaxPartitions {
-				return verdict{}, fmt.Errorf("%w: CreatePartitions of %q to %d, over MaxPartitions (%d)", errInvalidRequest, t.Topic, t.Count, MaxPartitions)
+			total += max(int(t.Count), 0)
+			if total > MaxPartitions {
+				return verdict{}, fmt.Errorf("%w: a CreatePartitions to more than MaxPartitions (%d) partitions", errInvalidRequest, MaxPartitions)
 			}
 		}
 	}
@@ -185,7 +192,7 @@ func gate(frame []byte) (verdict, error) {
 }
 
 // distinctPartitions refuses a fetch that names one partition twice (by topic name, or by topic
-// id from v13 on), or more than MaxPartitions.
+// id from v13 on), or more than MaxFetchPartitions.
 func distinctPartitions(r *kmsg.FetchRequest) error {
 	type tp struct {
 		topic string
@@ -195,8 +202,8 @@ func distinctPartitions(r *kmsg.FetchRequest) error {
 	seen := map[tp]bool{}
 	for _, t := range r.Topics {
 		for _, p := range t.Partitions {
-			if len(seen) == MaxPartitions {
-				return fmt.Errorf("%w: a fetch of more than MaxPartitions (%d) partitions", errInvalidRequest, MaxPartitions)
+			if len(seen) == MaxFetchPartitions {
+				return fmt.Errorf("%w: a fetch of more than MaxFetchPartitions (%d) partitions", errInvalidRequest, MaxFetchPartitions)
 			}
 			k := tp{t.Topic, t.TopicID, p.Partition}
 			if seen[k] {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,21 +80,26 @@ func fetch(maxBytes, maxWait, minBytes int32, parts ...int32) []byte {
 	return request(r, 4)
 }
 
-// manyPartitions is a fetch of MaxPartitions + 1 partitions of topic t.
-func manyPartitions() []byte {
-	parts := make([]int32, MaxPartitions+1)
+// manyPartitions is a fetch of n partitions of topic t.
+func manyPartitions(n int) []byte {
+	parts := make([]int32, n)
 	for i := range parts {
 		parts[i] = int32(i)
 	}
 	return fetch(1<<20, 0, 1, parts...)
 }
 
-// createTopics asks for topic "many" with n partitions.
-func createTopics(n int32) []byte {
+// createTopics asks for topics (default "many"), each with n partitions.
+func createTopics(n int32, topics ...string) []byte {
 	r := kmsg.NewPtrCreateTopicsRequest()
-	topic := kmsg.NewCreateTopicsRequestTopic()
-	topic.Topic, topic.NumPartitions, topic.ReplicationFactor = "many", n, 1
-	r.Topics = append(r.Topics, topic)
+	if len(topics) == 0 {
+		topics = []string{"many"}
+	}
+	for _, name := range topics {
+		topic := kmsg.NewCreateTopicsRequestTopic()
+		topic.Topic, topic.NumPartitions, topic.ReplicationFactor = name, n, 1
+		r.Topics = append(r.Topics, topic)
+	}
 	r.TimeoutMillis = 5000
 	return request(r, 4)
 }
@@ -129,7 +137,8 @@ func TestGateRefusesWhatKfakeCannotTake(t *testing.T) {
 		{"a header cut short", framed([]byte{0, 3, 0, 4, 0, 0})},
 		{"a produce that does not parse", framed(append(header(int16(kmsg.Produce), 7), 0xff, 0xff, 0xff))},
 		{"a fetch naming a partition twice", fetch(1<<20, 0, 1, 0, 0)},
-		{"a fetch naming MaxPartitions + 1 partitions", manyPartitions()},
+		{"a fetch naming MaxFetchPartitions + 1 partitions", manyPartitions(MaxFetchPartitions + 1)},
+		{"a CreateTopics of two topics of MaxPartitions partitions", createTopics(MaxPartitions, "many", "more")},
 		{"a CreateTopics of 2^31 - 1 partitions", createTopics(math.MaxInt32)},
 		{"a CreatePartitions to 2^31 - 1", createPartitions(math.MaxInt32)},
 		{"a share fetch", request(kmsg.NewPtrShareFetchRequest(), 1)},
@@ -152,6 +161,10 @@ func TestGateRefusesWhatKfakeCannotTake(t *testing.T) {
 		t.Error("an empty answer to ApiVersions v6")
 	}
 	roundTrip(t, addr, createTopics(3), 10*time.Second)
+	// A fetch of every partition of a wide topic (more than MaxPartitions) passes the gate.
+	if _, err := gate(manyPartitions(2 * MaxPartitions)); err != nil {
+		t.Errorf("a fetch of %d partitions: %v", 2*MaxPartitions, err)
+	}
 	if p := len(b.Leaders("many")); p != 3 {
 		t.Errorf("a CreateTopics of 3 partitions made %d", p)
 	}
@@ -197,29 +210,50 @@ func TestFetchIsCut(t *testing.T) {
 }
 
 // TestRequestBuffersAreBounded: requests are buffered as their bytes arrive, and those being read
-// hold at most the budget together (MaxBufferedBytes, smaller here) past their first readChunk: a
-// request past it waits for room, while a small request is served at once; closing the
-// connections that hold the budget gives it back.
+// hold at most the budget together (MaxBufferedBytes, smaller here) past their first readChunk,
+// each the whole of its rest at once: a request past it waits for room, while a small request is
+// served at once, and two large ones that do not fit together are read one after the other (one
+// holding part of the budget while waiting for more could wait for ever on the other). A request
+// of another kind than a produce over MaxOtherRequestBytes is refused at its first chunk.
 func TestRequestBuffersAreBounded(t *testing.T) {
 	b, addr := startGated(t)
 	const budget = 4 << 20
 	b.conns.budget = semaphore.NewWeighted(budget) // before any connection
-	prefix := binary.BigEndian.AppendUint32(nil, 3<<20)
-	first := dialIdle(t, addr)
-	if _, err := first.Write(append(prefix, make([]byte, 5<<19)...)); err != nil { // 2.5 of its 3 MiB
+	// Two produce requests of 3 MiB at a version the gate refuses once they are whole.
+	head := binary.BigEndian.AppendUint32(nil, 3<<20)
+	head = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(head, uint16(kmsg.Produce)), 99)
+	body := make([]byte, 3<<20-4)
+	first, second := dialIdle(t, addr), dialIdle(t, addr)
+	if _, err := first.Write(append(head, body[:5<<19]...)); err != nil {
 		t.Fatal(err)
 	}
-	waitfor.Cond(t, 30*time.Second, "the first request's bytes held", func() bool { return b.conns.buffered.Load() >= 5<<19-readChunk })
-	second := dialIdle(t, addr)
-	go func() { _, _ = second.Write(append(prefix, make([]byte, 5<<19)...)) }()
-	waitfor.Cond(t, 30*time.Second, "the budget full", func() bool { return b.conns.buffered.Load() > budget-readChunk })
+	waitfor.Cond(t, 30*time.Second, "the first request's rest reserved", func() bool { return b.conns.buffered.Load() == 3<<20-readChunk })
+	go func() { _, _ = second.Write(append(head, body[:5<<19]...)) }()
 	meta := kmsg.NewPtrMetadataRequest()
 	if n := roundTrip(t, addr, request(meta, 4), 10*time.Second); n == 0 {
-		t.Fatal("an empty answer to a metadata request while the budget is full")
+		t.Fatal("an empty answer to a metadata request while the budget is taken")
 	}
-	first.Close()
-	second.Close()
+	for _, c := range []net.Conn{first, second} {
+		go func() { _, _ = c.Write(body[5<<19:]) }()
+	}
+	closedByPeer(t, first, "the first large request, whole")
+	closedByPeer(t, second, "the second large request, whole")
+	if s := b.Connections(); s.Invalid != 2 || s.Partial != 0 {
+		t.Errorf("after two large requests that do not fit the budget together: %+v, want both read whole (2 invalid, none partial)", s)
+	}
 	waitfor.Cond(t, 30*time.Second, "the budget given back", func() bool { return b.conns.buffered.Load() == 0 })
+
+	// A metadata request declaring 100 MiB: closed at its first chunk, before the rest is read.
+	big := dialIdle(t, addr)
+	mh := binary.BigEndian.AppendUint32(nil, 100<<20)
+	mh = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(mh, uint16(kmsg.Metadata)), 4)
+	if _, err := big.Write(append(mh, make([]byte, 2<<20)...)); err != nil && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatal(err)
+	}
+	closedByPeer(t, big, "a metadata request of 100 MiB")
+	if s := b.Connections(); s.Oversized != 1 {
+		t.Errorf("%+v, want the metadata request of 100 MiB refused as oversized", s)
+	}
 }
 
 // TestGateLetsFranzGoProduceLargeRequests: franz-go's producer packs a batch of every partition
