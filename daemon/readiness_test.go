@@ -13,10 +13,20 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
+
+// rowRecords encodes the first n rows of data as records named prefix0, prefix1, ...
+func rowRecords(data *dataset.Set, prefix string, n int) [][]byte {
+	var out [][]byte
+	for i := range n {
+		out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
+	}
+	return out
+}
 
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
 // /readyz answers 503 naming it, while /healthz (the process lives) stays 200.
@@ -42,13 +52,7 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
 	data := bundled(t)
-	records := func(prefix string, n int) [][]byte {
-		var out [][]byte
-		for i := range n {
-			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
-		}
-		return out
-	}
+	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
 	const n, m = 64, 96
 	const command = "cfguard run --config config.yaml --accept-topic-reset"
 	offset := func(r *running) int64 {
@@ -138,13 +142,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
 	data := bundled(t)
-	records := func(prefix string, n int) [][]byte {
-		var out [][]byte
-		for i := range n {
-			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
-		}
-		return out
-	}
+	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
 	r := startDaemon(t, mutate)
 	r.produce(t, records("a", 32)...)
 	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 32 })

@@ -312,13 +312,7 @@ func resetDaemon(t *testing.T) *runbookState {
 	t.Helper()
 	r := startDaemon(t, nil)
 	data := bundled(t)
-	records := func(prefix string, n int) [][]byte {
-		var out [][]byte
-		for i := range n {
-			out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
-		}
-		return out
-	}
+	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
 	r.produce(t, records("old", 64)...)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
