@@ -28,6 +28,15 @@ func rowRecords(data *dataset.Set, prefix string, n int) [][]byte {
 	return out
 }
 
+// waitResetReported waits until r's /readyz answers 503 naming a reset of its input topic.
+func waitResetReported(t *testing.T, r *running, what string) {
+	t.Helper()
+	waitfor.Cond(t, 30*time.Second, what, func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+	})
+}
+
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
 // /readyz answers 503 naming it, while /healthz (the process lives) stays 200.
 func TestReadinessReportsADeadBroker(t *testing.T) {
@@ -159,10 +168,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
 	r.produce(t, records("new", 96)...)
-	waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
-		code, body := r.get(t, "/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
-	})
+	waitResetReported(t, r, "readyz to report the reset")
 	r.stop(t)
 	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
 	if err != nil {
@@ -181,10 +187,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = startDaemonWith(t, mutate, nil, nil)
-	waitfor.Cond(t, 30*time.Second, "readyz to report the reset after the restore", func() bool {
-		code, body := r.get(t, "/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
-	})
+	waitResetReported(t, r, "readyz to report the reset after the restore")
 	// Kept as it was: not taken for done and found again by the start's mark check (which a
 	// backup without a mark, or one whose marked record is gone, would not make).
 	if now, err := os.ReadFile(filepath.Join(dir, topicResetFile)); err != nil || string(now) != string(recorded) {

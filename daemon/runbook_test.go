@@ -317,10 +317,7 @@ func resetDaemon(t *testing.T) *runbookState {
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
 	r.produce(t, records("new", 96)...)
-	waitfor.Cond(t, 30*time.Second, "ingest stopped for the reset", func() bool {
-		code, body := r.get(t, "/readyz")
-		return code == 503 && strings.Contains(string(body), "was reset")
-	})
+	waitResetReported(t, r, "ingest stopped for the reset")
 	// The 96 records of the new log wait, although the ledger's offset (64) is below its end:
 	// CfguardIngestStalled can fire beside CfguardTopicReset.
 	waitfor.Cond(t, 30*time.Second, "cfguard_consumer_lag_records to count the new log's 96 records", func() bool {
