@@ -258,7 +258,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		s.outcome, s.metric = certify.OutcomeFailed, alerts.RecordFailed
 		s.counters["failed"] = int64(len(inc.Records))
 		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
-		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Offsets: incrementOffsets(inc), Error: err.Error()}}
+		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Offsets: offsetRanges(heldRecords(inc)), Error: err.Error()}}
 		return s, nil
 	}
 	if ucfg.Solver == update.SolverConverge && !st.Converged {
@@ -446,16 +446,6 @@ func recordIDs(inc *stream.Increment) []string {
 		ids[i] = r.ID
 	}
 	return ids
-}
-
-// incrementOffsets is where inc's records are in the input topic: per partition, the first and
-// last offset of its records.
-func incrementOffsets(inc *stream.Increment) []offsetRange {
-	held := make([]heldRecord, len(inc.Records))
-	for i, r := range inc.Records {
-		held[i] = heldRecord{Partition: r.Partition, Offset: r.Offset}
-	}
-	return offsetRanges(held, nil)
 }
 
 // heldRecords carries a rejected increment's records in its event, so that they can be

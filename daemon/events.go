@@ -119,7 +119,9 @@ func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
 		// records is larger. The records stay in the input topic (while its retention keeps
 		// them), so the event names where they are instead of carrying them.
 		n := max(len(e.Held), len(e.Records))
-		e.Offsets = offsetRanges(e.Held, e.Offsets)
+		if len(e.Held) > 0 { // an update_failed carries its offsets already
+			e.Offsets = offsetRanges(e.Held)
+		}
 		e.Held, e.Records = nil, nil
 		e.Error = strings.TrimSpace(e.Error + fmt.Sprintf(" (event of %d bytes exceeds %d: the %d records it would list are omitted; offsets names them in the input topic)", len(v), limit, n))
 		v, _ = json.Marshal(e)
@@ -127,12 +129,8 @@ func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
 	return ledger.OutboxEntry{Key: key, Value: v}
 }
 
-// offsetRanges is, per partition in order, the first and last offset of held, or else ranges
-// (an update_failed event carries its increment's from the start: incrementOffsets).
-func offsetRanges(held []heldRecord, ranges []offsetRange) []offsetRange {
-	if len(held) == 0 {
-		return ranges
-	}
+// offsetRanges is, per partition in order, the first and last offset of held.
+func offsetRanges(held []heldRecord) []offsetRange {
 	byPart := map[int]offsetRange{}
 	for _, r := range held {
 		o, ok := byPart[r.Partition]
