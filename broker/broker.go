@@ -141,6 +141,9 @@ type Config struct {
 	// RequestTimeout closes a connection whose request takes longer than this from its first
 	// byte to its last, or a response longer to write. Default: DefaultRequestTimeout.
 	RequestTimeout time.Duration
+
+	// bufferedBytes, when not 0, replaces MaxBufferedBytes (tests fill a smaller budget).
+	bufferedBytes int64
 }
 
 // stateLogCompactBytes bounds the broker's log of group offset commits (see
@@ -208,7 +211,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
 	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, log: log,
-		budget: semaphore.NewWeighted(MaxBufferedBytes)}
+		budget: semaphore.NewWeighted(cmp.Or(cfg.bufferedBytes, MaxBufferedBytes))}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {

@@ -213,10 +213,10 @@ const readChunk = 64 << 10
 // next reads one request whole (its size prefix and body), within the connection's deadlines,
 // and returns it as gate passed it.
 func (c *limitedConn) next() (_ []byte, err error) {
-	c.release() // kfake parsed and queued the last request before it reads this one
+	c.releaseBudget() // kfake parsed and queued the last request before it reads this one
 	defer func() {
 		if err != nil {
-			c.release() // what this request held: it goes no further
+			c.releaseBudget() // what this request held: it goes no further
 		}
 	}()
 	if err := c.awaitRequest(time.Now()); err != nil {
@@ -295,14 +295,14 @@ func (c *limitedConn) hold(started time.Time, k int64) error {
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		c.release()
+		c.releaseBudget()
 		return net.ErrClosed
 	}
 	return nil
 }
 
-// release gives back the budget the last request held.
-func (c *limitedConn) release() {
+// releaseBudget gives back the budget the last request held.
+func (c *limitedConn) releaseBudget() {
 	c.mu.Lock()
 	k := c.held
 	c.held = 0
@@ -352,7 +352,7 @@ func (c *limitedConn) Close() error {
 		c.mu.Lock()
 		c.closed = true
 		c.mu.Unlock()
-		c.release()
+		c.releaseBudget()
 		c.l.release()
 	})
 	return err

@@ -16,7 +16,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -216,9 +215,13 @@ func TestFetchIsCut(t *testing.T) {
 // holding part of the budget while waiting for more could wait for ever on the other). A request
 // of another kind than a produce over MaxOtherRequestBytes is refused at its first chunk.
 func TestRequestBuffersAreBounded(t *testing.T) {
-	b, addr := startGated(t)
 	const budget = 4 << 20
-	b.conns.budget = semaphore.NewWeighted(budget) // before any connection
+	b, err := Start(context.Background(), Config{Topics: []string{"t"}, Partitions: 2, bufferedBytes: budget}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	addr := b.Addrs()[0]
 	// Two produce requests of 3 MiB at a version the gate refuses once they are whole.
 	head := binary.BigEndian.AppendUint32(nil, 3<<20)
 	head = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(head, uint16(kmsg.Produce)), 99)
