@@ -323,8 +323,9 @@ func (l *Ledger) quarantineTx(tx *bolt.Tx, ces map[string]string) (n, changed in
 type deletedDamaged map[string]damagedCE
 
 type damagedCE struct {
-	why     string
-	deleted bool
+	why      string
+	deleted  bool // by a deletion of its id
+	released bool // with its partition, to the partition's next owner
 }
 
 // quarantineDamaged quarantines in tx, as Open would, the CE id whose header a deletion found
@@ -371,9 +372,13 @@ func (l *Ledger) reportDamaged(found deletedDamaged) {
 				"path", l.path, "more", len(found)-i)
 			break
 		}
-		if d := found[id]; d.deleted {
+		switch d := found[id]; {
+		case d.deleted:
 			l.log.Error("ledger: a counterfactual record is damaged; a deletion of it deleted it", "path", l.path, "id", id, "reason", d.why)
-		} else {
+		case d.released:
+			l.log.Error("ledger: a counterfactual record is damaged; it was dropped with its partition, whose next owner "+
+				"stores it again from the CE topic", "path", l.path, "id", id, "reason", d.why)
+		default:
 			l.log.Error("ledger: a counterfactual record is damaged; it was quarantined (GET answers 500 for it until it is "+
 				"deleted or registered again)", "path", l.path, "id", id, "reason", d.why)
 		}

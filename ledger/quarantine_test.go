@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
@@ -287,6 +288,66 @@ func TestDeletingACEDamagedAfterOpen(t *testing.T) {
 	}
 	if s := latestStates(t, l); s["x"] != nil || s["y"] != nil || s["z"] == nil || s["w"] == nil {
 		t.Fatalf("latest states %v; want z and w only", s)
+	}
+	checkInvariants(t, l)
+}
+
+// Releasing a partition that holds a CE damaged since Open, and one quarantined at Open,
+// releases it whole: the damaged records are dropped with the rest (the partition's next owner
+// stores them again from the CE topic), the one found now named in the log once, and the
+// partition's offset is gone.
+func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
+	dir := t.TempDir()
+	var log strings.Builder
+	l, err := Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { l.Close() }()
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(5, 5))
+	var ops []ShareOp
+	for i, id := range []string{"a-1", "a-2", "a-3", "b-1"} {
+		ce := newCE(t, m, rng)
+		ce.ID = id
+		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
+	}
+	if _, err := l.ApplyShare(0, ops, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, "a-3") // quarantined at the next Open
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Damaged(); n != 1 {
+		t.Fatalf("Damaged() = %d after reopening, want 1 (a-3)", n)
+	}
+	damageValue(t, l, bHeaders, "a-2")
+	damageValue(t, l, bHeaders, "b-1") // outside the released partition: quarantined, not dropped
+	n, err := l.ReleaseShare(context.Background(), 0, func(id string) bool { return strings.HasPrefix(id, "a-") })
+	if err != nil || n != 3 {
+		t.Fatalf("ReleaseShare of a partition holding a CE damaged since Open = %d, %v; want 3 released", n, err)
+	}
+	if _, ok, _ := l.ShareOffset(0); ok {
+		t.Error("the released partition keeps its offset")
+	}
+	for _, id := range []string{"a-1", "a-2", "a-3"} {
+		if _, err := l.Get(id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q) after the release: %v, want ErrNotFound", id, err)
+		}
+	}
+	if _, err := l.Get("b-1"); !errors.Is(err, ErrQuarantined) {
+		t.Errorf("Get(b-1), damaged outside the released partition: %v, want ErrQuarantined", err)
+	}
+	if n := l.Damaged(); n != 1 {
+		t.Errorf("Damaged() = %d after the release, want 1 (b-1)", n)
+	}
+	if c := strings.Count(log.String(), "it was dropped with its partition"); c != 1 {
+		t.Errorf("%d log lines naming a damaged CE dropped with its partition, want 1:\n%s", c, log.String())
 	}
 	checkInvariants(t, l)
 }

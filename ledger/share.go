@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -11,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
@@ -83,8 +85,8 @@ func (l *Ledger) SkipShare(p int, from, to int64) error {
 	return nil
 }
 
-// ReleaseShare deletes every CE for which in(id) holds and forgets partition p's offset and the
-// outcomes of its requests (ApplyShare). The CEs go in transactions of at most releaseBatch;
+// ReleaseShare deletes every CE for which in(id) holds, quarantined ones included, and forgets
+// partition p's offset and the outcomes of its requests (ApplyShare). The CEs go in transactions of at most releaseBatch;
 // before the first, a held offset is set back to 0 and the outcomes are deleted, so that a
 // release cut short (ctx, a crash) leaves the partition to be read again from its start: an
 // acquisition then stores the CEs deleted again and skips those left, instead of reading on
@@ -106,13 +108,19 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 		return 0, fmt.Errorf("ledger: release share: %w", err)
 	}
 	var ids [][]byte
+	collect := func(k, _ []byte) error {
+		if in(string(k)) {
+			ids = append(ids, bytes.Clone(k))
+		}
+		return nil
+	}
 	err = l.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bHeaders).ForEach(func(k, _ []byte) error {
-			if in(string(k)) {
-				ids = append(ids, bytes.Clone(k))
+		if q := tx.Bucket(bQuarantine); q != nil { // their damaged records go too
+			if err := q.ForEach(collect); err != nil {
+				return err
 			}
-			return nil
-		})
+		}
+		return tx.Bucket(bHeaders).ForEach(collect)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("ledger: release share: %w", err)
@@ -124,7 +132,7 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 		}
 		chunk := ids[:min(len(ids), releaseBatch)]
 		ids = ids[len(chunk):]
-		if err := l.deleteAll(chunk); err != nil {
+		if err := l.deleteAll(chunk, in); err != nil {
 			return n, fmt.Errorf("ledger: release share: %w", err)
 		}
 		n += len(chunk)
@@ -140,11 +148,38 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 // releaseBatch bounds the CEs one transaction of ReleaseShare deletes.
 const releaseBatch = 10_000
 
-// deleteAll deletes the CEs under keys (those still stored) in one transaction.
-func (l *Ledger) deleteAll(keys [][]byte) error {
+// deleteAll deletes the CEs under keys (those still stored) in one transaction, keys of the
+// share `in` selects (ReleaseShare). A CE whose header was damaged since Open is quarantined
+// first, with every other damaged header (quarantineDamaged), and its record dropped with the
+// rest: the partition's next owner stores it again from the CE topic.
+func (l *Ledger) deleteAll(keys [][]byte, in func(id string) bool) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	return l.update(func(tx *bolt.Tx) error { return l.deleteStored(tx, keys, false) })
+	var found deletedDamaged
+	err := l.update(func(tx *bolt.Tx) error {
+		found = deletedDamaged{}
+		for _, key := range keys {
+			_, _, err := readHeader(tx, key)
+			if errors.Is(err, ErrCorrupt) {
+				err = l.quarantineDamaged(tx, string(key), store.Reason(err), found)
+			}
+			if err != nil {
+				return err
+			}
+			if len(found) > 0 {
+				break // every damaged header is in quarantine now
+			}
+		}
+		for id, d := range found {
+			d.released = in(id) // dropped by this chunk or a later one
+			found[id] = d
+		}
+		return l.deleteStored(tx, keys, false)
+	})
+	if err == nil {
+		l.reportDamaged(found)
+	}
+	return err
 }
 
 // deleteStored deletes in tx the CEs under keys that are stored or quarantined, releases the
