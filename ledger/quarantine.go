@@ -326,6 +326,7 @@ type damagedCE struct {
 	why      string
 	deleted  bool // by a deletion of its id
 	released bool // with its partition, to the partition's next owner
+	replaced bool // by a registration of its id after it was quarantined
 }
 
 // quarantineDamaged quarantines in tx, as Open would, the CE id whose header a deletion found
@@ -378,6 +379,9 @@ func (l *Ledger) reportDamaged(found deletedDamaged) {
 		case d.released:
 			l.log.Error("ledger: a counterfactual record is damaged; it was dropped with its partition, whose next owner "+
 				"stores it again from the CE topic", "path", l.path, "id", id, "reason", d.why)
+		case d.replaced:
+			l.log.Error("ledger: a counterfactual record is damaged; a registration of its id replaced it",
+				"path", l.path, "id", id, "reason", d.why)
 		default:
 			l.log.Error("ledger: a counterfactual record is damaged; it was quarantined (GET answers 500 for it until it is "+
 				"deleted or registered again)", "path", l.path, "id", id, "reason", d.why)

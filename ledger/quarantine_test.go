@@ -351,3 +351,45 @@ func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// A deletion that meets a damaged header sweeps every damaged header into the quarantine; one
+// of them registered again later in the same batch is stored, and the log says the registration
+// replaced it, not that it is quarantined.
+func TestDamagedCERegisteredAgainInTheDeletingBatch(t *testing.T) {
+	var log strings.Builder
+	l, err := Open(t.TempDir(), Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(6, 6))
+	var ops []ShareOp
+	for i, id := range []string{"x", "y"} {
+		ce := newCE(t, m, rng)
+		ce.ID = id
+		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
+	}
+	if _, err := l.ApplyShare(0, ops, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, "x")
+	damageValue(t, l, bHeaders, "y")
+	y := newCE(t, m, rng)
+	y.ID = "y"
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}, {RID: "r-y2", Offset: 3, ID: "y", CE: y}}, 4, nil)
+	if err != nil || outs[0].Result != OutcomeDeleted || outs[1].Result != OutcomeStored {
+		t.Fatalf("ApplyShare = %+v, %v; want x deleted and y stored", outs, err)
+	}
+	if _, err := l.Get("y"); err != nil {
+		t.Fatalf("Get(y) after its registration: %v", err)
+	}
+	if n := l.Damaged(); n != 0 {
+		t.Errorf("Damaged() = %d, want 0", n)
+	}
+	if got := log.String(); strings.Count(got, "a registration of its id replaced it") != 1 || strings.Contains(got, "it was quarantined") {
+		t.Errorf("log, want y named once as replaced and nothing as quarantined:\n%s", got)
+	}
+	checkInvariants(t, l)
+}

@@ -199,6 +199,12 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, found)
 	default:
 		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
+		if d, ok := found[op.ID]; ok && err == nil { // swept into the quarantine by a deletion before it
+			if _, q := quarantineReason(tx, []byte(op.ID)); !q {
+				d.replaced = true
+				found[op.ID] = d
+			}
+		}
 	}
 	return o, false, err
 }
