@@ -312,8 +312,9 @@ func TestCrashConsistency(t *testing.T) {
 			if err := c.wait(); err != nil {
 				t.Fatalf("%s: exit after SIGTERM: %v; log:\n%s", name, err, c.log.String())
 			}
-			if !strings.Contains(c.log.String(), "cfguard stopped") {
-				t.Fatalf("%s: no clean stop in log", name)
+			if !strings.Contains(c.log.String(), `msg="cfguard stopping" cause="terminated signal received"`) ||
+				!strings.Contains(c.log.String(), "cfguard stopped") {
+				t.Fatalf("%s: no clean stop in log, naming its signal:\n%s", name, c.log.String())
 			}
 			return finalState(t, dir)
 		}
