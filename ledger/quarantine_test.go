@@ -11,6 +11,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
@@ -248,15 +249,7 @@ func TestDeletingACEDamagedAfterOpen(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(4, 4))
-	var ops []ShareOp
-	for i, id := range []string{"x", "y", "z"} {
-		ce := newCE(t, m, rng)
-		ce.ID = id
-		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
-	}
-	if _, err := l.ApplyShare(0, ops, 3, nil); err != nil {
-		t.Fatal(err)
-	}
+	registerShare(t, l, m, rng, "x", "y", "z")
 	damageValue(t, l, bHeaders, "x")
 	damageValue(t, l, bHeaders, "y")
 	if all, err := l.List(0, 100, ""); err != nil || len(all) != 1 || l.Damaged() != 2 {
@@ -307,15 +300,7 @@ func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(5, 5))
-	var ops []ShareOp
-	for i, id := range []string{"a-1", "a-2", "a-3", "b-1"} {
-		ce := newCE(t, m, rng)
-		ce.ID = id
-		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
-	}
-	if _, err := l.ApplyShare(0, ops, 4, nil); err != nil {
-		t.Fatal(err)
-	}
+	registerShare(t, l, m, rng, "a-1", "a-2", "a-3", "b-1")
 	damageValue(t, l, bHeaders, "a-3") // quarantined at the next Open
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -365,15 +350,7 @@ func TestDamagedCERegisteredAgainInTheDeletingBatch(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(6, 6))
-	var ops []ShareOp
-	for i, id := range []string{"x", "y"} {
-		ce := newCE(t, m, rng)
-		ce.ID = id
-		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
-	}
-	if _, err := l.ApplyShare(0, ops, 2, nil); err != nil {
-		t.Fatal(err)
-	}
+	registerShare(t, l, m, rng, "x", "y")
 	damageValue(t, l, bHeaders, "x")
 	damageValue(t, l, bHeaders, "y")
 	y := newCE(t, m, rng)
@@ -392,4 +369,19 @@ func TestDamagedCERegisteredAgainInTheDeletingBatch(t *testing.T) {
 		t.Errorf("log, want y named once as replaced and nothing as quarantined:\n%s", got)
 	}
 	checkInvariants(t, l)
+}
+
+// registerShare registers a new CE under each id in partition 0 of a replica's share, one
+// request per id from offset 0 (request id "r-" + id).
+func registerShare(t *testing.T, l *Ledger, m *bnn.Model, rng *rand.Rand, ids ...string) {
+	t.Helper()
+	var ops []ShareOp
+	for i, id := range ids {
+		ce := newCE(t, m, rng)
+		ce.ID = id
+		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
+	}
+	if _, err := l.ApplyShare(0, ops, int64(len(ids)), nil); err != nil {
+		t.Fatal(err)
+	}
 }
