@@ -141,7 +141,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		updates: f.NewCounterVec(prometheus.CounterOpts{Name: NameUpdates,
 			Help: "Posterior updates by outcome (promoted, clipped, rejected, failed)."}, []string{"outcome"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: NameRecords,
-			Help: "Consumed records by result (applied, dead_lettered, skipped, failed, held)."}, []string{"result"}),
+			Help: "Consumed records by result (applied, dead_lettered, failed, held)."}, []string{"result"}),
 		recertDuration: f.NewHistogram(prometheus.HistogramOpts{Name: NameRecertDuration,
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s

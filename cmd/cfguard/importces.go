@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -119,11 +118,9 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // readBatches reads the file's lines into batches of up to size lines and maxBody bytes,
-// refusing here the lines the daemon could not be sent: bad JSON, no id, an id given on an
-// earlier line, a line over maxBody. It prints progress on each tick.
+// refusing here the lines the daemon could not be sent: a line over maxBody (read past, not
+// kept), bad JSON, no id, an id given on an earlier line. It prints progress on each tick.
 func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *importer, out chan<- bulkBatch, tick <-chan time.Time) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<16), maxBody+1)
 	seen := map[string]int{} // id -> line
 	var b bulkBatch
 	flush := func() error {
@@ -138,34 +135,36 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 		b = bulkBatch{}
 		return nil
 	}
-	for n := 1; sc.Scan(); n++ {
+	err := eachLine(r, maxBody, func(n int, line []byte, length int) error {
 		select {
 		case <-tick:
 			imp.progress()
 		default:
 		}
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+		if line != nil {
+			if line = bytes.TrimSpace(line); len(line) == 0 {
+				return nil // blank
+			}
 		}
 		imp.read()
+		if line == nil || len(line)+1 > maxBody {
+			imp.refuse(n, fmt.Sprintf("%d bytes, over http.max_body_bytes %d", max(length, len(line)), maxBody))
+			return nil
+		}
 		var head struct {
 			ID *string `json:"id"`
 		}
 		switch err := json.Unmarshal(line, &head); {
 		case err != nil:
 			imp.refuse(n, "bad JSON: "+err.Error())
-			continue
+			return nil
 		case head.ID == nil || *head.ID == "":
 			imp.refuse(n, "no id: an import needs each CE's id, so that running it again stores nothing twice")
-			continue
-		case len(line)+1 > maxBody:
-			imp.refuse(n, fmt.Sprintf("%d bytes, over http.max_body_bytes %d", len(line), maxBody))
-			continue
+			return nil
 		}
 		if first, ok := seen[*head.ID]; ok {
 			imp.refuse(n, fmt.Sprintf("id %q repeats line %d", *head.ID, first))
-			continue
+			return nil
 		}
 		seen[*head.ID] = n
 		if len(b.lines) == size || len(b.body)+len(line)+1 > maxBody {
@@ -175,14 +174,56 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 		}
 		b.body = append(append(b.body, line...), '\n')
 		b.lines = append(b.lines, n)
-	}
-	if err := sc.Err(); err != nil {
-		if errors.Is(err, bufio.ErrTooLong) {
-			return fmt.Errorf("a line over http.max_body_bytes %d: %w", maxBody, err)
-		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	return flush()
+}
+
+// eachLine calls fn with each line of r, numbered from 1, without its newline. A line longer
+// than limit bytes is read past without being kept: fn gets it as nil with its length.
+func eachLine(r io.Reader, limit int, fn func(n int, line []byte, length int) error) error {
+	br := bufio.NewReaderSize(r, 1<<16)
+	var line []byte // reused: fn copies what it keeps
+	for n := 1; ; n++ {
+		line = line[:0]
+		length := 0
+		var err error
+		for {
+			var chunk []byte
+			chunk, err = br.ReadSlice('\n')
+			length += len(chunk)
+			if length <= limit+1 { // the line and its newline
+				line = append(line, chunk...)
+			}
+			if err != bufio.ErrBufferFull {
+				break
+			}
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if err == io.EOF && length == 0 {
+			return nil
+		}
+		if bytes.HasSuffix(line, []byte{'\n'}) {
+			line, length = line[:len(line)-1], length-1
+		} else if length > 0 && err == nil {
+			length-- // a long line's newline, not kept
+		}
+		kept := line
+		if length > limit {
+			kept = nil
+		}
+		if ferr := fn(n, kept, length); ferr != nil {
+			return ferr
+		}
+		if err == io.EOF {
+			return nil
+		}
+	}
 }
 
 // importer sends batches and keeps the counts.

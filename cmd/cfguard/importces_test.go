@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +149,51 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	}
 	if ids := storedIDs(t, c.addr()); len(ids) != n {
 		t.Errorf("%d CEs stored after the re-run, want %d", len(ids), n)
+	}
+}
+
+// TestReadBatchesRefusesLongLinesAndGoesOn: a line over http.max_body_bytes is refused by its
+// number and read past, whatever its length against the reader's buffer, and the lines after it
+// are sent; blank lines are skipped, CRLF endings and a last line without a newline are read.
+func TestReadBatchesRefusesLongLinesAndGoesOn(t *testing.T) {
+	for _, maxBody := range []int{300, 70_000, 1 << 20} {
+		t.Run(fmt.Sprint(maxBody), func(t *testing.T) {
+			long := `{"id": "long", "x": [` + strings.Repeat("1,", maxBody) + `1]}`
+			edge := `{"id": "edge", "pad": "` + strings.Repeat("a", maxBody-26) + `"}` // maxBody-1 bytes: fits with its newline
+			over := `{"id": "over", "pad": "` + strings.Repeat("a", maxBody-25) + `"}` // maxBody bytes: does not
+			if len(edge) != maxBody-1 || len(over) != maxBody {
+				t.Fatalf("lines of %d and %d bytes, want %d and %d", len(edge), len(over), maxBody-1, maxBody)
+			}
+			lines := []string{`{"id": "a"}`, long, "", `{"id": "b"}` + "\r", edge, over, `{"id": "c"}`}
+			var stderr strings.Builder
+			imp := &importer{stderr: &stderr, start: time.Now()}
+			out := make(chan bulkBatch, 10)
+			err := readBatches(context.Background(), strings.NewReader(strings.Join(lines, "\n")), 2, maxBody, imp, out, nil)
+			close(out)
+			if err != nil {
+				t.Fatalf("readBatches: %v", err)
+			}
+			var sent []int
+			for b := range out {
+				if len(b.body) > maxBody {
+					t.Errorf("a batch of %d bytes, over %d", len(b.body), maxBody)
+				}
+				sent = append(sent, b.lines...)
+			}
+			if want := []int{1, 4, 5, 7}; !slices.Equal(sent, want) {
+				t.Errorf("lines sent %v, want %v; stderr:\n%s", sent, want, stderr.String())
+			}
+			for _, want := range []string{
+				fmt.Sprintf("line 2 refused: %d bytes, over http.max_body_bytes %d", len(long), maxBody),
+				fmt.Sprintf("line 6 refused: %d bytes, over http.max_body_bytes %d", len(over), maxBody),
+			} {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+				}
+			}
+			if s := imp.summary(); s.Lines != 6 || s.Refused != 2 {
+				t.Errorf("summary %+v, want 6 lines read, 2 refused", s)
+			}
+		})
 	}
 }
