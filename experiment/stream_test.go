@@ -130,52 +130,100 @@ func TestDefaultsFollowDrift(t *testing.T) {
 	}
 }
 
-// TestStreamingMatchesBatchFit is the batch anchor: a posterior streamed over N records at the
-// default settings (from a model fitted on the first part) predicts held-out data about as well
-// as a BNN fitted on the same records in one batch (bnn.Fit).
-func TestStreamingMatchesBatchFit(t *testing.T) {
+// TestStreamingAgainstBatchFits is the batch anchor, at the default settings, over five splits
+// of two data sets: a model fitted on half of the rows, then 30% more streamed in increments of
+// 10 (the daemon's update), judged on the last 20% (held-out NLL and ECE) against
+//
+//	start      the model before the stream
+//	one        the same records in one increment (same objective, same kl_weight)
+//	untempered the same records in one increment with kl_weight 1 (each record counts 1)
+//	refit      one batch fit of the whole network on the fitted and streamed rows (bnn.Fit)
+//
+// What it holds the learner to: streaming loses no held-out NLL (at most 1%: no forgetting) and no
+// calibration beyond the start's or the refit's (+0.02); and in increments of 10 it ends within
+// 0.5% of the NLL of one increment of the same records (the streaming update is a faithful
+// sequential form of one Bayesian update). The paper's protocol (update.objective: prior, Adam)
+// fails both on breast_cancer: its prior pulls the last layer back at every increment.
+// It does not hold it to the refit: the refit retrains the body too and counts every record
+// once, where the daemon learns the last layer only and counts a streamed record 1/8
+// (update.kl_weight); the logged figures say how far apart they end (docs/MATHS.md, "Against a
+// batch fit").
+func TestStreamingAgainstBatchFits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	set, classes := streamData(t, "breast_cancer")
-	perm := set.Permutation(3)
+	for _, name := range []string{"breast_cancer", "german_credit"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			set, classes := streamData(t, name)
+			for seed := uint64(1); seed <= 5; seed++ {
+				s := batchAnchor(t, set, classes, seed)
+				t.Logf("split %d: held-out NLL / ECE: start %.4f / %.4f, streamed %.4f / %.4f, one increment %.4f / %.4f, "+
+					"untempered %.4f / %.4f, refit %.4f / %.4f", seed, s.start.nll, s.start.ece, s.streamed.nll, s.streamed.ece,
+					s.one.nll, s.one.ece, s.untempered.nll, s.untempered.ece, s.refit.nll, s.refit.ece)
+				if s.streamed.nll > 1.01*s.start.nll {
+					t.Errorf("split %d: streamed NLL %.4f, start %.4f: the stream lost held-out quality (want at most 1%% more)", seed, s.streamed.nll, s.start.nll)
+				}
+				if math.Abs(s.streamed.nll-s.one.nll) > 0.005*s.one.nll {
+					t.Errorf("split %d: streamed NLL %.4f, the same records in one increment %.4f: want within 0.5%%", seed, s.streamed.nll, s.one.nll)
+				}
+				if limit := max(s.start.ece, s.refit.ece) + 0.02; s.streamed.ece > limit {
+					t.Errorf("split %d: streamed ECE %.4f, over the start's or the refit's + 0.02 (%.4f)", seed, s.streamed.ece, limit)
+				}
+			}
+		})
+	}
+}
+
+// heldOutScore is a model's held-out log loss and calibration error.
+type heldOutScore struct{ nll, ece float64 }
+
+// anchorScores are the models TestStreamingAgainstBatchFits compares, scored on held-out rows.
+type anchorScores struct{ start, streamed, one, untempered, refit heldOutScore }
+
+// batchAnchor fits on the first half of split seed's rows, streams the next 30% and scores
+// each model on the rest.
+func batchAnchor(t *testing.T, set *dataset.Set, classes []string, seed uint64) anchorScores {
+	t.Helper()
+	perm := set.Permutation(seed)
 	nFit, nStream := len(perm)/2, len(perm)*3/10
 	fit, pool, held := set.Subset(perm[:nFit]), set.Subset(perm[nFit:nFit+nStream]), set.Subset(perm[nFit+nStream:])
 	ctx := context.Background()
-	m, _, err := bnn.Fit(ctx, fit, classes, bnn.TrainConfig{Seed: 3})
+	start, _, err := bnn.Fit(ctx, fit, classes, bnn.TrainConfig{Seed: seed})
 	if err != nil {
 		t.Fatal(err)
 	}
-	uc := defaultUpdate()
-	for lo := 0; lo < pool.Len(); lo += 10 {
-		hi := min(lo+10, pool.Len())
-		c := uc
-		c.Seed = uc.Seed ^ (m.Version+1)*0x9e3779b97f4a7c15
-		if m, _, err = update.LastLayer(ctx, m, pool.X[lo:hi], pool.Y[lo:hi], c); err != nil {
-			t.Fatal(err)
+	stream := func(klWeight float64, increment int) *bnn.Model {
+		m, uc := start, defaultUpdate()
+		uc.KLWeight = klWeight
+		for lo := 0; lo < pool.Len(); lo += increment {
+			hi := min(lo+increment, pool.Len())
+			c := uc
+			c.Seed = uc.Seed ^ (m.Version+1)*0x9e3779b97f4a7c15
+			if m, _, err = update.LastLayer(ctx, m, pool.X[lo:hi], pool.Y[lo:hi], c); err != nil {
+				t.Fatal(err)
+			}
 		}
+		return m
 	}
-	all := set.Subset(perm[:nFit+nStream])
-	batch, _, err := bnn.Fit(ctx, all, classes, bnn.TrainConfig{Seed: 3})
+	refit, _, err := bnn.Fit(ctx, set.Subset(perm[:nFit+nStream]), classes, bnn.TrainConfig{Seed: seed})
 	if err != nil {
 		t.Fatal(err)
 	}
-	nll := func(m *bnn.Model) float64 {
+	score := func(m *bnn.Model) heldOutScore {
 		p, err := m.Predict(held.X, 1000, 5)
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _, _, err := heldOut(p, held.Y)
+		nll, ece, _, err := heldOut(p, held.Y)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return v
+		return heldOutScore{nll, ece}
 	}
-	s, b, f := nll(m), nll(batch), nll(mustFit(t, fit, classes))
-	t.Logf("held-out NLL: fitted on the first %d rows %.4f, streamed over %d more %.4f, one batch fit on all %d %.4f", fit.Len(), f, pool.Len(), s, all.Len(), b)
-	if math.Abs(s-b) > 0.25*b {
-		t.Errorf("streamed NLL %.4f, batch %.4f: want within 25%% of the batch fit", s, b)
-	}
+	kw := defaultUpdate().KLWeight
+	return anchorScores{start: score(start), streamed: score(stream(kw, 10)), one: score(stream(kw, pool.Len())),
+		untempered: score(stream(1, pool.Len())), refit: score(refit)}
 }
 
 func mustFit(t *testing.T, s *dataset.Set, classes []string) *bnn.Model {
