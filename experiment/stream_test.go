@@ -225,12 +225,3 @@ func batchAnchor(t *testing.T, set *dataset.Set, classes []string, seed uint64) 
 	return anchorScores{start: score(start), streamed: score(stream(kw, 10)), one: score(stream(kw, pool.Len())),
 		untempered: score(stream(1, pool.Len())), refit: score(refit)}
 }
-
-func mustFit(t *testing.T, s *dataset.Set, classes []string) *bnn.Model {
-	t.Helper()
-	m, _, err := bnn.Fit(context.Background(), s, classes, bnn.TrainConfig{Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
