@@ -144,6 +144,8 @@ type Config struct {
 
 	// bufferedBytes, when not 0, replaces MaxBufferedBytes (tests fill a smaller budget).
 	bufferedBytes int64
+	// hold, when not 0, replaces maxHold (tests wait less for a request the broker holds).
+	hold time.Duration
 }
 
 // stateLogCompactBytes bounds the broker's log of group offset commits (see
@@ -210,8 +212,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, configError{err}
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
-	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, log: log,
-		budget: semaphore.NewWeighted(cmp.Or(cfg.bufferedBytes, MaxBufferedBytes))}
+	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, hold: cmp.Or(cfg.hold, maxHold),
+		log: log, budget: semaphore.NewWeighted(cmp.Or(cfg.bufferedBytes, MaxBufferedBytes))}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -53,20 +54,21 @@ const warnEvery = time.Minute
 // connLimits is what every node's listener shares: the count of open connections, the bytes of
 // requests being read, and the timeouts each connection gets.
 type connLimits struct {
-	max           int
-	idle, request time.Duration
-	log           *slog.Logger
-	open          atomic.Int64
-	budget        *semaphore.Weighted // MaxBufferedBytes: request bytes past a first readChunk
-	buffered      atomic.Int64        // bytes of budget held (for tests)
-	refused       atomic.Int64
-	idleClosed    atomic.Int64
-	partialClosed atomic.Int64
-	oversized     atomic.Int64
-	invalid       atomic.Int64
-	clamped       atomic.Int64
-	refusals      rateLog // connections beyond the limit
-	rejections    rateLog // requests refused
+	max                 int
+	idle, request, hold time.Duration // hold: maxHold
+	log                 *slog.Logger
+	open                atomic.Int64
+	budget              *semaphore.Weighted // MaxBufferedBytes: request bytes past a first readChunk
+	buffered            atomic.Int64        // bytes of budget held (for tests)
+	waiting             atomic.Int64        // requests waiting for budget (for tests)
+	refused             atomic.Int64
+	idleClosed          atomic.Int64
+	partialClosed       atomic.Int64
+	oversized           atomic.Int64
+	invalid             atomic.Int64
+	clamped             atomic.Int64
+	refusals            rateLog // connections beyond the limit
+	rejections          rateLog // requests refused
 }
 
 // rateLog logs one WARN line of a kind at most every warnEvery, with the count since the last.
@@ -135,10 +137,10 @@ func (l *connLimits) reject(remote net.Addr, err error) {
 
 // limitedConn is an accepted connection that holds a slot until it is closed. It reads each
 // request whole from the socket before kfake sees a byte of it, so that gate can refuse or cut
-// it, and gives its reads and writes deadlines: at a request boundary with nothing in flight,
+// it, and reads the next only once the last is answered (as Kafka mutes a connection while it
+// handles a request). It gives its reads and writes deadlines: at a request boundary,
 // IdleTimeout; within a request, RequestTimeout from its first byte; with a request in flight
-// (the broker holds it), IdleTimeout after the response is written (maxHold at most); a write,
-// RequestTimeout.
+// (the broker holds it), IdleTimeout + maxHold for its answer; a write, RequestTimeout.
 //
 // kfake reads a connection from one goroutine at a time and writes it from another; mu guards
 // what both touch, and each sets the read deadline under it.
@@ -154,21 +156,58 @@ type limitedConn struct {
 	closed   bool  // Close ran: budget taken after it is given back at once
 	inflight int   // requests handed to kfake whose response is not written yet
 	reading  bool  // part of a request has arrived: its RequestTimeout deadline stands
+	muted    bool  // the next request waits for the answer to the one in flight (awaitAnswer)
+
+	answered chan struct{} // a response was written (cap 1)
+	done     chan struct{} // closed by Close
+}
+
+func newLimitedConn(conn net.Conn, l *connLimits) *limitedConn {
+	return &limitedConn{Conn: conn, l: l, answered: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 var errOversized = errors.New("broker: request too large")
 
+// awaitAnswer waits, before the next request is read, until kfake has answered the one in
+// flight: a request read behind one the broker holds (a JoinGroup waiting for a rebalance) would
+// sit in kfake, with its budget, for as long as that one is held, and would lift the held one's
+// deadline. It waits IdleTimeout + maxHold at most; then the connection closes, counted idle.
+func (c *limitedConn) awaitAnswer() error {
+	c.mu.Lock()
+	c.muted = c.inflight > 0
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.muted = false
+		c.mu.Unlock()
+	}()
+	t := time.NewTimer(c.l.idle + c.l.hold)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		n := c.inflight
+		c.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-c.answered:
+		case <-c.done:
+			return net.ErrClosed
+		case <-t.C:
+			c.l.idleClosed.Add(1)
+			return fmt.Errorf("broker: no answer to a request in %v: %w", c.l.idle+c.l.hold, os.ErrDeadlineExceeded)
+		}
+	}
+}
+
 // awaitRequest sets the read deadline of a connection at a request boundary: the idle timeout
-// from now, maxHold more while a request is in flight.
+// from now.
 func (c *limitedConn) awaitRequest(now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.reading = false
-	d := now.Add(c.l.idle)
-	if c.inflight > 0 {
-		d = d.Add(maxHold)
-	}
-	return c.Conn.SetReadDeadline(d)
+	return c.Conn.SetReadDeadline(now.Add(c.l.idle))
 }
 
 // requestStarted sets the read deadline of a request whose first byte arrived at now.
@@ -219,6 +258,9 @@ func (c *limitedConn) next() (_ []byte, err error) {
 			c.releaseBudget() // what this request held: it goes no further
 		}
 	}()
+	if err := c.awaitAnswer(); err != nil {
+		return nil, err
+	}
 	if err := c.awaitRequest(time.Now()); err != nil {
 		return nil, err
 	}
@@ -250,9 +292,7 @@ func (c *limitedConn) next() (_ []byte, err error) {
 			// once (a request holding part of it while waiting for more could wait on another
 			// doing the same), within the request's time.
 			if len(frame) >= 6 {
-				if key := kmsg.Key(binary.BigEndian.Uint16(frame[4:])); key != kmsg.Produce && size > MaxOtherRequestBytes {
-					err := fmt.Errorf("%w: a %s request of %d bytes, over MaxOtherRequestBytes (%d)", errOversized,
-						kmsg.NameForKey(int16(key)), size, MaxOtherRequestBytes)
+				if err := checkSize(kmsg.Key(binary.BigEndian.Uint16(frame[4:])), size); err != nil {
 					c.l.reject(c.RemoteAddr(), err)
 					return nil, err
 				}
@@ -260,6 +300,7 @@ func (c *limitedConn) next() (_ []byte, err error) {
 			if err := c.hold(started, size-int64(len(frame)-4)); err != nil {
 				return nil, err
 			}
+			frame = slices.Grow(frame, int(size)-(len(frame)-4)) // once: the rest is reserved
 		}
 		frame = slices.Grow(frame, int(k))
 		if _, err := io.ReadFull(c.Conn, frame[len(frame):len(frame)+int(k)]); err != nil {
@@ -284,7 +325,10 @@ func (c *limitedConn) next() (_ []byte, err error) {
 func (c *limitedConn) hold(started time.Time, k int64) error {
 	ctx, cancel := context.WithDeadline(context.Background(), started.Add(c.l.request))
 	defer cancel()
-	if err := c.l.budget.Acquire(ctx, k); err != nil {
+	c.l.waiting.Add(1)
+	err := c.l.budget.Acquire(ctx, k)
+	c.l.waiting.Add(-1)
+	if err != nil {
 		c.l.partialClosed.Add(1)
 		return fmt.Errorf("broker: a request waited %v for buffer room (MaxBufferedBytes, %d, held by requests being read): %w",
 			c.l.request, MaxBufferedBytes, err)
@@ -342,6 +386,10 @@ func (c *limitedConn) Write(p []byte) (int, error) {
 			err = c.Conn.SetReadDeadline(time.Now().Add(c.l.idle))
 		}
 		c.mu.Unlock()
+		select {
+		case c.answered <- struct{}{}:
+		default:
+		}
 	}
 	return n, err
 }
@@ -349,6 +397,7 @@ func (c *limitedConn) Write(p []byte) (int, error) {
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
+		close(c.done)
 		c.mu.Lock()
 		c.closed = true
 		c.mu.Unlock()

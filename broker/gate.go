@@ -15,8 +15,12 @@ const (
 	// request of up to 100 MiB): a larger size prefix closes the connection before anything is
 	// read for it.
 	MaxRequestBytes = 100 << 20
-	// MaxOtherRequestBytes is the largest request of any other kind: a fetch, a metadata or a
-	// group request is far smaller, and its parse costs kfake several times its size.
+	// MaxFetchRequestBytes is the largest fetch request the broker reads: one naming
+	// MaxFetchPartitions partitions at the version franz-go sends (v13, 33 bytes a partition)
+	// takes 4.3 MB.
+	MaxFetchRequestBytes = 8 << 20
+	// MaxOtherRequestBytes is the largest request of any other kind: a metadata or a group
+	// request is far smaller, and its parse costs kfake several times its size.
 	MaxOtherRequestBytes = 1 << 20
 	// MaxBufferedBytes bounds the bytes of requests being read and parsed past their first
 	// readChunk, across every connection (a request's bytes count until the connection's next
@@ -40,6 +44,25 @@ const (
 	// 10 s by default.
 	MaxFetchWait = 10_000 // milliseconds
 )
+
+// maxRequestBytes is the largest request of kind key the broker reads.
+func maxRequestBytes(key kmsg.Key) int64 {
+	switch key {
+	case kmsg.Produce:
+		return MaxRequestBytes
+	case kmsg.Fetch:
+		return MaxFetchRequestBytes
+	}
+	return MaxOtherRequestBytes
+}
+
+// checkSize refuses a request of kind key and size bytes (errOversized) over maxRequestBytes.
+func checkSize(key kmsg.Key, size int64) error {
+	if limit := maxRequestBytes(key); size > limit {
+		return fmt.Errorf("%w: a %s request of %d bytes, over its bound (%d)", errOversized, kmsg.NameForKey(int16(key)), size, limit)
+	}
+	return nil
+}
 
 // errInvalidRequest marks a request the broker does not take (see gate); its connection is
 // closed.
@@ -124,7 +147,7 @@ type verdict struct {
 //   - an API key kmsg does not know (kfake dereferences the nil request it gets for one), a
 //     version outside the key's range (but ApiVersions': kfake answers it), a header that does
 //     not parse, a share-group request;
-//   - a request other than a produce over MaxOtherRequestBytes;
+//   - a request over its kind's bound (maxRequestBytes);
 //   - a produce, fetch, CreateTopics or CreatePartitions whose body does not parse;
 //   - a fetch naming one partition twice (kfake would return its records twice), or more than
 //     MaxFetchPartitions partitions; a CreateTopics or CreatePartitions asking for more than
@@ -139,9 +162,8 @@ func gate(frame []byte) (verdict, error) {
 	if err != nil {
 		return verdict{}, err
 	}
-	if kmsg.Key(h.key) != kmsg.Produce && len(body) > MaxOtherRequestBytes {
-		return verdict{}, fmt.Errorf("%w: a %s request of %d bytes, over MaxOtherRequestBytes (%d)", errOversized,
-			kmsg.NameForKey(h.key), len(body), MaxOtherRequestBytes)
+	if err := checkSize(kmsg.Key(h.key), int64(len(body))); err != nil {
+		return verdict{}, err
 	}
 	v := verdict{frame: frame, answered: true}
 	switch r := req.(type) {

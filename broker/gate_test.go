@@ -220,7 +220,7 @@ func TestFetchIsCut(t *testing.T) {
 // each the whole of its rest at once: a request past it waits for room, while a small request is
 // served at once, and two large ones that do not fit together are read one after the other (one
 // holding part of the budget while waiting for more could wait for ever on the other). A request
-// of another kind than a produce over MaxOtherRequestBytes is refused at its first chunk.
+// of another kind than a produce or a fetch over MaxOtherRequestBytes is refused at its first chunk.
 func TestRequestBuffersAreBounded(t *testing.T) {
 	const budget = 4 << 20
 	b, err := Start(context.Background(), Config{Topics: []string{"t"}, Partitions: 2, bufferedBytes: budget}, slog.New(slog.DiscardHandler))
@@ -239,6 +239,10 @@ func TestRequestBuffersAreBounded(t *testing.T) {
 	}
 	waitfor.Cond(t, 30*time.Second, "the first request's rest reserved", func() bool { return b.conns.buffered.Load() == 3<<20-readChunk })
 	go func() { _, _ = second.Write(append(head, body[:5<<19]...)) }()
+	waitfor.Cond(t, 30*time.Second, "the second request waiting for room", func() bool { return b.conns.waiting.Load() == 1 })
+	if got := b.conns.buffered.Load(); got != 3<<20-readChunk {
+		t.Errorf("%d bytes of budget held while the second request waits, want the first's %d", got, 3<<20-readChunk)
+	}
 	meta := kmsg.NewPtrMetadataRequest()
 	if n := roundTrip(t, addr, request(meta, 4), 10*time.Second); n == 0 {
 		t.Fatal("an empty answer to a metadata request while the budget is taken")

@@ -66,7 +66,7 @@ func (l *listener) Accept() (net.Conn, error) {
 			if l.tls != nil {
 				conn = tls.Server(conn, l.tls)
 			}
-			return &limitedConn{Conn: conn, l: l.limits}, nil
+			return newLimitedConn(conn, l.limits), nil
 		}
 		select {
 		case <-l.closing:
