@@ -2,6 +2,7 @@ package experiment
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/quality"
 	"github.com/cfguard/cfguard/update"
 )
 
@@ -139,11 +141,13 @@ func TestDefaultsFollowDrift(t *testing.T) {
 //	untempered the same records in one increment with kl_weight 1 (each record counts 1)
 //	refit      one batch fit of the whole network on the fitted and streamed rows (bnn.Fit)
 //
-// What it holds the learner to: streaming loses no held-out NLL (at most 1%: no forgetting) and no
-// calibration beyond the start's or the refit's (+0.02); and in increments of 10 it ends within
-// 0.5% of the NLL of one increment of the same records (the streaming update is a faithful
-// sequential form of one Bayesian update). The paper's protocol (update.objective: prior, Adam)
-// fails both on breast_cancer: its prior pulls the last layer back at every increment.
+// What it holds the learner to: streaming loses no held-out NLL and no Brier score (at most 1% of
+// either: no forgetting, no calibration lost; the Brier score is calibration plus refinement), and
+// in increments of 10 it ends within 0.5% of the NLL of one increment of the same records (the
+// streaming update is a faithful sequential form of one Bayesian update). ECE is logged, not
+// checked: over 200 held-out rows in 10 bins it is 0.059 streamed and 0.029 in one increment
+// where no prediction of the two differs by more than 0.013 (german_credit, split 1). The paper's protocol (update.objective: prior, Adam) fails
+// on breast_cancer: its prior pulls the last layer back at every increment.
 // It does not hold it to the refit: the refit retrains the body too and counts every record
 // once, where the daemon learns the last layer only and counts a streamed record 1/8
 // (update.kl_weight); the logged figures say how far apart they end (docs/MATHS.md, "Against a
@@ -158,25 +162,29 @@ func TestStreamingAgainstBatchFits(t *testing.T) {
 			set, classes := streamData(t, name)
 			for seed := uint64(1); seed <= 5; seed++ {
 				s := batchAnchor(t, set, classes, seed)
-				t.Logf("split %d: held-out NLL / ECE: start %.4f / %.4f, streamed %.4f / %.4f, one increment %.4f / %.4f, "+
-					"untempered %.4f / %.4f, refit %.4f / %.4f", seed, s.start.nll, s.start.ece, s.streamed.nll, s.streamed.ece,
-					s.one.nll, s.one.ece, s.untempered.nll, s.untempered.ece, s.refit.nll, s.refit.ece)
+				t.Logf("split %d: held-out NLL / Brier / ECE: start %s, streamed %s, one increment %s, untempered %s, refit %s",
+					seed, s.start, s.streamed, s.one, s.untempered, s.refit)
 				if s.streamed.nll > 1.01*s.start.nll {
 					t.Errorf("split %d: streamed NLL %.4f, start %.4f: the stream lost held-out quality (want at most 1%% more)", seed, s.streamed.nll, s.start.nll)
 				}
+				if s.streamed.brier > 1.01*s.start.brier {
+					t.Errorf("split %d: streamed Brier score %.4f, start %.4f: the stream lost calibration or refinement (want at most 1%% more)",
+						seed, s.streamed.brier, s.start.brier)
+				}
 				if math.Abs(s.streamed.nll-s.one.nll) > 0.005*s.one.nll {
 					t.Errorf("split %d: streamed NLL %.4f, the same records in one increment %.4f: want within 0.5%%", seed, s.streamed.nll, s.one.nll)
-				}
-				if limit := max(s.start.ece, s.refit.ece) + 0.02; s.streamed.ece > limit {
-					t.Errorf("split %d: streamed ECE %.4f, over the start's or the refit's + 0.02 (%.4f)", seed, s.streamed.ece, limit)
 				}
 			}
 		})
 	}
 }
 
-// heldOutScore is a model's held-out log loss and calibration error.
-type heldOutScore struct{ nll, ece float64 }
+// heldOutScore is a model's held-out log loss, Brier score and calibration error.
+type heldOutScore struct{ nll, brier, ece float64 }
+
+func (s heldOutScore) String() string {
+	return fmt.Sprintf("%.4f / %.4f / %.4f", s.nll, s.brier, s.ece)
+}
 
 // anchorScores are the models TestStreamingAgainstBatchFits compares, scored on held-out rows.
 type anchorScores struct{ start, streamed, one, untempered, refit heldOutScore }
@@ -215,11 +223,16 @@ func batchAnchor(t *testing.T, set *dataset.Set, classes []string, seed uint64) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		nll, ece, _, err := heldOut(p, held.Y)
+		probs := make([][]float64, p.N)
+		for i := range probs {
+			probs[i] = p.Mean[i*p.C : (i+1)*p.C]
+		}
+		b, err := quality.Score(probs, held.Y)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return heldOutScore{nll, ece}
+		nll, brier, _, ece := b.Means()
+		return heldOutScore{nll, brier, ece}
 	}
 	kw := defaultUpdate().KLWeight
 	return anchorScores{start: score(start), streamed: score(stream(kw, 10)), one: score(stream(kw, pool.Len())),
