@@ -74,6 +74,32 @@ func (l *Ledger) Damaged() int {
 	return n + len(l.runtimeDamaged)
 }
 
+// forgetDeleted takes off the count of CEs reads found damaged those no longer stored (deleted
+// with their record, as a body a read found damaged is).
+func (l *Ledger) forgetDeleted() {
+	l.dmu.Lock()
+	ids := slices.Collect(maps.Keys(l.runtimeDamaged))
+	l.dmu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	var gone []string
+	_ = l.view(func(tx *bolt.Tx) error { // not under dmu: reads take it; on an error, the next deletion tries again
+		gone = gone[:0]
+		for _, id := range ids {
+			if tx.Bucket(bHeaders).Get([]byte(id)) == nil {
+				gone = append(gone, id)
+			}
+		}
+		return nil
+	})
+	l.dmu.Lock()
+	for _, id := range gone {
+		delete(l.runtimeDamaged, id)
+	}
+	l.dmu.Unlock()
+}
+
 // noteDamaged logs a CE a read found damaged (once per id) and counts it.
 func (l *Ledger) noteDamaged(id []byte, err error) {
 	l.dmu.Lock()
@@ -356,9 +382,11 @@ func (l *Ledger) quarantineDamaged(tx *bolt.Tx, id, why string, found deletedDam
 	return nil
 }
 
-// reportDamaged logs, once the deletion's transaction committed, each CE it quarantined, and
-// takes them off the count of CEs reads found damaged: the quarantine counts those it keeps.
+// reportDamaged logs, once the deletion's transaction committed, each CE it quarantined or
+// dropped, and takes them, and every CE reads found damaged that is no longer stored, off the
+// count of CEs reads found damaged: the quarantine counts those it keeps.
 func (l *Ledger) reportDamaged(found deletedDamaged) {
+	l.forgetDeleted()
 	if len(found) == 0 {
 		return
 	}

@@ -147,6 +147,13 @@ func TestListSkipsRecordDamagedAfterOpen(t *testing.T) {
 	if c := strings.Count(log.String(), "a counterfactual record is damaged"); c != 2 {
 		t.Fatalf("%d log lines about damaged records, want one per record:\n%s", c, log.String())
 	}
+	// Deleted, the CE whose body is damaged leaves the count.
+	if err := l.Delete("rich-b-08"); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Damaged(); n != 1 {
+		t.Fatalf("Damaged() = %d after deleting the CE whose body is damaged, want 1", n)
+	}
 }
 
 // A damaged CE is quarantined at Open also when the policy changed since the ledger was last
@@ -285,10 +292,10 @@ func TestDeletingACEDamagedAfterOpen(t *testing.T) {
 	checkInvariants(t, l)
 }
 
-// Releasing a partition that holds a CE damaged since Open, and one quarantined at Open,
-// releases it whole: the damaged records are dropped with the rest (the partition's next owner
-// stores them again from the CE topic), the one found now named in the log once, and the
-// partition's offset is gone.
+// Releasing a partition that holds CEs damaged since Open (a header, a body a read found) and
+// one quarantined at Open releases it whole: the damaged records are dropped with the rest (the
+// partition's next owner stores them again from the CE topic), each quarantined one named in the
+// log as dropped, none left on the count of damaged CEs, and the partition's offset is gone.
 func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 	dir := t.TempDir()
 	var log strings.Builder
@@ -300,7 +307,7 @@ func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(5, 5))
-	registerShare(t, l, m, rng, "a-1", "a-2", "a-3", "b-1")
+	registerShare(t, l, m, rng, "a-1", "a-2", "a-3", "a-4", "b-1")
 	damageValue(t, l, bHeaders, "a-3") // quarantined at the next Open
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -312,15 +319,19 @@ func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 		t.Fatalf("Damaged() = %d after reopening, want 1 (a-3)", n)
 	}
 	damageValue(t, l, bHeaders, "a-2")
+	damageValue(t, l, bBodies, "a-4")  // a read finds it damaged; its header is whole
 	damageValue(t, l, bHeaders, "b-1") // outside the released partition: quarantined, not dropped
+	if _, err := l.List(0, 100, ""); err != nil || l.Damaged() != 4 {
+		t.Fatalf("List: %v, Damaged() = %d; want 4 (a-3 in quarantine, a-2, a-4 and b-1 found by the list)", err, l.Damaged())
+	}
 	n, err := l.ReleaseShare(context.Background(), 0, func(id string) bool { return strings.HasPrefix(id, "a-") })
-	if err != nil || n != 3 {
-		t.Fatalf("ReleaseShare of a partition holding a CE damaged since Open = %d, %v; want 3 released", n, err)
+	if err != nil || n != 4 {
+		t.Fatalf("ReleaseShare of a partition holding a CE damaged since Open = %d, %v; want 4 released", n, err)
 	}
 	if _, ok, _ := l.ShareOffset(0); ok {
 		t.Error("the released partition keeps its offset")
 	}
-	for _, id := range []string{"a-1", "a-2", "a-3"} {
+	for _, id := range []string{"a-1", "a-2", "a-3", "a-4"} {
 		if _, err := l.Get(id); !errors.Is(err, ErrNotFound) {
 			t.Errorf("Get(%q) after the release: %v, want ErrNotFound", id, err)
 		}
@@ -331,8 +342,11 @@ func TestReleasingAShareWithACEDamagedAfterOpen(t *testing.T) {
 	if n := l.Damaged(); n != 1 {
 		t.Errorf("Damaged() = %d after the release, want 1 (b-1)", n)
 	}
-	if c := strings.Count(log.String(), "it was dropped with its partition"); c != 1 {
-		t.Errorf("%d log lines naming a damaged CE dropped with its partition, want 1:\n%s", c, log.String())
+	for _, id := range []string{"a-2", "a-3"} {
+		if c := strings.Count(log.String(), `it was dropped with its partition, whose next owner stores it again from the CE topic" path=`+
+			dir+"/cfguard.db id="+id); c != 1 {
+			t.Errorf("%d log lines naming %s dropped with its partition, want 1:\n%s", c, id, log.String())
+		}
 	}
 	checkInvariants(t, l)
 }

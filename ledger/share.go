@@ -132,7 +132,7 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 		}
 		chunk := ids[:min(len(ids), releaseBatch)]
 		ids = ids[len(chunk):]
-		if err := l.deleteAll(chunk, in); err != nil {
+		if err := l.deleteAll(chunk); err != nil {
 			return n, fmt.Errorf("ledger: release share: %w", err)
 		}
 		n += len(chunk)
@@ -148,11 +148,11 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 // releaseBatch bounds the CEs one transaction of ReleaseShare deletes.
 const releaseBatch = 10_000
 
-// deleteAll deletes the CEs under keys (those still stored) in one transaction, keys of the
-// share `in` selects (ReleaseShare). A CE whose header was damaged since Open is quarantined
-// first, with every other damaged header (quarantineDamaged), and its record dropped with the
-// rest: the partition's next owner stores it again from the CE topic.
-func (l *Ledger) deleteAll(keys [][]byte, in func(id string) bool) error {
+// deleteAll deletes the CEs under keys (those still stored) in one transaction (ReleaseShare).
+// A CE whose header was damaged since Open is quarantined first, with every other damaged header
+// (quarantineDamaged), and a quarantined CE under keys is dropped with the rest: the partition's
+// next owner stores it again from the CE topic. The log names each one dropped.
+func (l *Ledger) deleteAll(keys [][]byte) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	var found deletedDamaged
@@ -170,9 +170,10 @@ func (l *Ledger) deleteAll(keys [][]byte, in func(id string) bool) error {
 				break // every damaged header is in quarantine now
 			}
 		}
-		for id, d := range found {
-			d.released = in(id) // dropped by this chunk or a later one
-			found[id] = d
+		for _, key := range keys {
+			if why, q := quarantineReason(tx, key); q {
+				found[string(key)] = damagedCE{why: why, released: true}
+			}
 		}
 		return l.deleteStored(tx, keys, false)
 	})
