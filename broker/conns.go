@@ -40,7 +40,7 @@ const maxHold = maxSessionTimeout
 type ConnStats struct {
 	Open, Max int   // connections open now, and the limit (Config.MaxConnections)
 	Refused   int64 // connections closed at once because Max were open
-	Idle      int64 // connections closed after IdleTimeout without a request
+	Idle      int64 // connections closed after IdleTimeout without a request, or IdleTimeout + maxHold without an answer
 	Partial   int64 // connections closed because a request took longer than RequestTimeout to arrive
 	Oversized int64 // connections closed for a request larger than MaxRequestBytes, or than MaxBufferedBytes had left
 	Invalid   int64 // connections closed for a request the broker does not take (see gate)

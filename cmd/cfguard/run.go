@@ -46,9 +46,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("cfguard starting", "config", *path, "state_dir", cfg.StateDir, "embedded_broker", cfg.Embedded())
 	// Say at once that a signal was heard: stopping drains the ledger and the broker, which may take a while.
-	heard := context.AfterFunc(ctx, func() { log.Info("cfguard stopping", "cause", context.Cause(ctx).Error()) })
-	defer heard()
-	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg, ConfigPath: *path, AcceptTopicReset: *acceptReset}); err != nil {
+	logged := make(chan struct{})
+	heard := context.AfterFunc(ctx, func() {
+		defer close(logged)
+		log.Info("cfguard stopping", "cause", context.Cause(ctx).Error())
+	})
+	err = daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Registry: reg, ConfigPath: *path, AcceptTopicReset: *acceptReset})
+	if !heard() {
+		<-logged // before the last line
+	}
+	if err != nil {
 		return namingConfig(err, *path)
 	}
 	log.Info("cfguard stopped")
