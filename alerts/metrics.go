@@ -70,6 +70,7 @@ const (
 	NameRecordsLostLast        = "cfguard_records_lost_last_timestamp_seconds"
 	NameRecertDuration         = "cfguard_recertification_duration_seconds"
 	NameConsumerLag            = "cfguard_consumer_lag_records"
+	NameConsumerOffsetsRead    = "cfguard_consumer_offsets_read_timestamp_seconds"
 	NameLastIngest             = "cfguard_last_ingest_timestamp_seconds"
 	NamePosteriorVersion       = "cfguard_posterior_version"
 	NameEventsPending          = "cfguard_events_pending"
@@ -93,7 +94,7 @@ const (
 func Names() []string {
 	names := []string{
 		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
-		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameLastIngest, NamePosteriorVersion,
+		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged,

@@ -344,7 +344,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh", "CfguardDown",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
-		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
+		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicaSettingsDiffer", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

@@ -47,6 +47,9 @@ type State struct {
 	// until the topic's offsets have been read once (the gauge then has no sample).
 	Waiting    int64
 	HasWaiting bool
+	// WaitingAt is when the input topic's offsets were last read (zero before the first: the
+	// gauge reads 0). While reads fail Waiting keeps the last count, which says nothing new.
+	WaitingAt time.Time
 	// Lost counts, by topic, the records the broker deleted (its retention) before cfguard read
 	// them, as the ledger keeps the count: the input topic's that this daemon's consumer read
 	// past, and on a replica the CE topic's. Stored with the offsets that pass them, they
@@ -68,7 +71,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox, lastBreach, waiting, lost, lostAt                                     *prometheus.Desc
+	unconfirmed, outbox, lastBreach, waiting, waitingAt, lost, lostAt                          *prometheus.Desc
 	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -89,6 +92,8 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		waiting: d(NameConsumerLag, "Records in the input topic not yet applied, summed over partitions: the topic's high watermarks, as last read, "+
 			"past the offsets the ledger has checkpointed (no sample until the topic's offsets have been read once)."),
+		waitingAt: d(NameConsumerOffsetsRead, "Unix time at which the input topic's offsets were last read (0 until the first): "+
+			"while reads fail, cfguard_consumer_lag_records keeps the last count."),
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
 		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),
 		outbox:      d(NameEventsPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
@@ -122,7 +127,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.lost, c.lostAt} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.waitingAt, c.lost, c.lostAt} {
 		ch <- d
 	}
 }
@@ -167,6 +172,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.HasWaiting {
 		g(c.waiting, float64(s.Waiting))
 	}
+	g(c.waitingAt, unix(s.WaitingAt))
 	g(c.lastBreach, unix(s.LastBreach))
 	for topic, n := range s.Lost {
 		ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(n), topic)

@@ -417,12 +417,12 @@ func (d *Daemon) state() (alerts.State, error) {
 		s.Lost[d.cfg.Replication.CETopic] = st.Counters[ledger.CounterRequestsLost]
 		s.LostAt[d.cfg.Replication.CETopic] = st.CountersAt[ledger.CounterRequestsLost]
 	}
-	if w, reset, ok := d.ends.get(); ok {
+	if w, at, reset, ok := d.ends.get(); ok {
 		next := maps.Clone(st.Offsets)
 		for p := range reset {
 			delete(next, p) // a reset partition's offset counts the old log's records
 		}
-		s.Waiting, s.HasWaiting = stream.Waiting(w, next), true
+		s.Waiting, s.HasWaiting, s.WaitingAt = stream.Waiting(w, next), true, at
 	}
 	if u := st.LastUpdate; u != nil {
 		s.UpdateKL, s.HasUpdate, s.UpdateClipped = u.KL, true, u.Outcome == certify.OutcomeClipped

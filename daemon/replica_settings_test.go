@@ -13,6 +13,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -65,6 +66,16 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	}
 	if code, _ := delta.get(t, "/v1/model"); code != http.StatusServiceUnavailable {
 		t.Fatalf("GET /v1/model on a replica that did not join: %d, want 503", code)
+	}
+	// The runbook's commands for CfguardReplicaSettingsDiffer, as written, at that replica.
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "/readyz", Want: `certify\.delta: this replica 0\.2, the cluster's log 0\.05 \(genesis at offset 0 of cfguard\.posterior\)`},
+			{Cmd: "settings_differ", Want: `(?m)^cfguard_replication_settings_differ 1$`},
+		}
+		s := runbooktest.Named(t, runbookPath, "CfguardReplicaSettingsDiffer")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", delta.d.HTTPAddr()), nil)
 	}
 
 	other := startDaemonWith(t, func(c *config.Config) {

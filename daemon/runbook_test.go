@@ -31,6 +31,7 @@ var runbookReplicaSections = map[string]string{
 	"CfguardPosteriorLogStopped":        "cmd/cfguard TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
 	"CfguardPosteriorLogBehind":         "cmd/cfguard TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
 	"CfguardCounterfactualsNotCaughtUp": "TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
+	"CfguardReplicaSettingsDiffer":      "TestReplicaSettingsMustMatchTheGenesis, at a replica with another certify.delta",
 }
 
 // runbookChecks: for every single-node alert, what each of its commands prints against the
@@ -59,7 +60,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 	},
 	"CfguardIngestStalled": {
 		{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
-		{Cmd: "consumer_lag_records|checkpoint_failing|records_total", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$[\s\S]*^cfguard_records_total\{result="applied"\} [1-9][0-9]*$`},
+		{Cmd: "consumer_lag_records|consumer_offsets_read_timestamp_seconds|checkpoint_failing|records_total", Want: `(?m)^cfguard_checkpoint_failing 1$[\s\S]*^cfguard_consumer_lag_records [1-9][0-9]*$[\s\S]*^cfguard_consumer_offsets_read_timestamp_seconds [1-9][0-9.e+]*$[\s\S]*^cfguard_records_total\{result="applied"\} [1-9][0-9]*$`},
 	},
 	"CfguardDeadLetterRateHigh": {
 		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},

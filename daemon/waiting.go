@@ -19,14 +19,15 @@ const watermarksEvery = 5 * time.Second
 type topicEnds struct {
 	mu    sync.Mutex
 	w     map[int]stream.Watermarks
+	at    time.Time // when w was read
 	reset map[int]bool
 	// failing is true while reads fail (one WARN line per episode); only readEnds uses it.
 	failing bool
 }
 
-func (t *topicEnds) set(w map[int]stream.Watermarks) {
+func (t *topicEnds) set(w map[int]stream.Watermarks, at time.Time) {
 	t.mu.Lock()
-	t.w = w
+	t.w, t.at = w, at
 	t.mu.Unlock()
 }
 
@@ -52,12 +53,12 @@ func (t *topicEnds) clearResets() {
 	clear(t.reset)
 }
 
-// get returns the last watermarks read and a copy of the reset partitions; ok is false before
-// the first read.
-func (t *topicEnds) get() (w map[int]stream.Watermarks, reset map[int]bool, ok bool) {
+// get returns the last watermarks read, when, and a copy of the reset partitions; ok is false
+// before the first read.
+func (t *topicEnds) get() (w map[int]stream.Watermarks, at time.Time, reset map[int]bool, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.w, maps.Clone(t.reset), t.w != nil
+	return t.w, t.at, maps.Clone(t.reset), t.w != nil
 }
 
 // watchTopic reads the input topic's watermarks with r every watermarksEvery until ctx ends
@@ -89,7 +90,7 @@ func (d *Daemon) readEnds(ctx context.Context, r *stream.OffsetsReader) {
 	cancel()
 	switch {
 	case err == nil:
-		d.ends.set(w)
+		d.ends.set(w, time.Now())
 		if d.ends.failing {
 			d.log.Info("input topic offsets read again", "topic", d.cfg.Kafka.Topic)
 			d.ends.failing = false

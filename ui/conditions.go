@@ -38,8 +38,21 @@ var conditions = []condition{
 		return n > 0, fmt.Sprintf("%g certificates wait for renewal (the alert waits for 30 minutes of it)", n)
 	}, "/ui/counterfactuals?status=certified&decided=no"},
 	{"CfguardIngestStalled", func(g map[string]float64, now time.Time) (bool, string) {
-		t, lag := g["cfguard_last_ingest_timestamp_seconds"], g["cfguard_consumer_lag_records"]
-		return float64(now.Unix())-t > 900 && lag > 0, fmt.Sprintf("%g records wait; the last were applied at %s", lag, unix(t))
+		since, ok := g["cfguard_last_ingest_timestamp_seconds"], true
+		if since <= 0 { // none applied: counted from the start
+			since, ok = g["process_start_time_seconds"]
+		}
+		if !ok || float64(now.Unix())-since <= 900 {
+			return false, ""
+		}
+		last := "the last were applied at " + unix(g["cfguard_last_ingest_timestamp_seconds"])
+		if lag := g["cfguard_consumer_lag_records"]; lag > 0 {
+			return true, fmt.Sprintf("%g records wait; %s", lag, last)
+		}
+		if read, ok := g["cfguard_consumer_offsets_read_timestamp_seconds"]; ok && float64(now.Unix())-read > 900 {
+			return true, "the input topic's offsets were last read at " + unix(read) + ", so whether records wait is unknown; " + last
+		}
+		return false, ""
 	}, "/ui/"},
 	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
 		return g["cfguard_checkpoint_failing"] > 0, "the last checkpoint failed: nothing is applied until one succeeds"

@@ -9,7 +9,8 @@ import (
 )
 
 // The conditions are the alerts' instant parts: each names an alert of alerts/rules.yml with
-// the same ui_path, and holds exactly when the rule's expression would on these gauges.
+// the same ui_path, and holds exactly when the rule's expression would on these gauges (a gauge
+// missing from a case is a series Prometheus does not have).
 func TestConditionsFollowTheRules(t *testing.T) {
 	rules, err := os.ReadFile("../alerts/rules.yml")
 	if err != nil {
@@ -37,8 +38,16 @@ func TestConditionsFollowTheRules(t *testing.T) {
 		{"statuses", map[string]float64{`cfguard_counterfactuals{status="invalidated"}`: 1, `cfguard_counterfactuals{status="at_risk"}`: 2,
 			"cfguard_counterfactuals_renewal_pending": 3, "cfguard_last_ingest_timestamp_seconds": at(0)},
 			[]string{"CfguardCounterfactualsInvalidated", "CfguardCounterfactualsAtRisk", "CfguardRenewalBehind"}},
-		{"stalled with records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(16 * time.Minute), "cfguard_consumer_lag_records": 5}, []string{"CfguardIngestStalled"}},
-		{"quiet, nothing waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Hour)}, nil},
+		{"stalled with records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(16 * time.Minute), "cfguard_consumer_lag_records": 5,
+			"cfguard_consumer_offsets_read_timestamp_seconds": at(0)}, []string{"CfguardIngestStalled"}},
+		{"quiet, nothing waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Hour), "cfguard_consumer_offsets_read_timestamp_seconds": at(0)}, nil},
+		{"quiet, the offsets unread for 16 minutes", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Hour),
+			"cfguard_consumer_offsets_read_timestamp_seconds": at(16 * time.Minute)}, []string{"CfguardIngestStalled"}},
+		{"a fresh ledger, started 16 minutes ago, records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": 0,
+			"process_start_time_seconds": at(16 * time.Minute), "cfguard_consumer_lag_records": 5, "cfguard_consumer_offsets_read_timestamp_seconds": at(0)},
+			[]string{"CfguardIngestStalled"}},
+		{"a fresh ledger, started 14 minutes ago, records waiting", map[string]float64{"cfguard_last_ingest_timestamp_seconds": 0,
+			"process_start_time_seconds": at(14 * time.Minute), "cfguard_consumer_lag_records": 5, "cfguard_consumer_offsets_read_timestamp_seconds": at(0)}, nil},
 		{"failures", map[string]float64{"cfguard_checkpoint_failing": 1, "cfguard_consumer_topic_mismatch": 1, "cfguard_events_pending": 10001,
 			"cfguard_posterior_log_stopped": 1, "cfguard_posterior_log_lag_records": 1, "cfguard_counterfactuals_partitions_rebuilding": 2,
 			"cfguard_last_ingest_timestamp_seconds": at(0)},
