@@ -110,10 +110,13 @@ func (u *UI) authorized(r *http.Request) bool {
 }
 
 // auth sends a request without the token to the login form, which returns to the page asked for.
+// A wrong bearer token is refused; another Authorization header (the basic auth of
+// http.web_config_file, which a browser sends on every request) is no token, and goes to the
+// form.
 func (u *UI) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !u.authorized(r) {
-			if r.Header.Get("Authorization") != "" {
+			if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 				u.render(w, http.StatusUnauthorized, "error", page{Title: "Not signed in", Error: "The bearer token is wrong."})
 				return
 			}

@@ -83,6 +83,11 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 	if code, _, body := get(t, nil, d.Base+"/ui/", "Authorization", "Bearer "+token); code != 200 || !strings.Contains(body, "<h1>Overview</h1>") {
 		t.Fatalf("the bearer token: %d", code)
 	}
+	// A browser behind http.web_config_file's basic auth sends that header on every request: it
+	// is no token, and goes to the form.
+	if code, h, _ := get(t, nil, d.Base+"/ui/events", "Authorization", "Basic dTpw"); code != http.StatusSeeOther || h.Get("Location") != "/ui/login?next=%2Fui%2Fevents" {
+		t.Fatalf("a basic auth header: %d to %q, want 303 to the login form", code, h.Get("Location"))
+	}
 
 	jar, _ := cookiejar.New(nil)
 	noFollow := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
