@@ -731,8 +731,13 @@ func (l *Ledger) Get(id string) (*CE, error) {
 		if raw == nil {
 			return fmt.Errorf("%w: %q", ErrNotFound, id)
 		}
-		var err error
-		ce, err = l.load(tx, []byte(id), raw)
+		c, err := readCur(tx)
+		if err != nil {
+			return err
+		}
+		if ce, err = l.load(tx, []byte(id), raw); err == nil {
+			ce.PosteriorVersion = c.version
+		}
 		return err
 	})
 	if err != nil {
@@ -754,6 +759,10 @@ func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, er
 	limit = min(limit, 10000)
 	var out []*CE
 	err := l.view(func(tx *bolt.Tx) error {
+		now, err := readCur(tx)
+		if err != nil {
+			return err
+		}
 		c := tx.Bucket(bHeaders).Cursor()
 		k, v := c.First()
 		if after != "" {
@@ -779,6 +788,7 @@ func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, er
 			if err != nil {
 				return err
 			}
+			ce.PosteriorVersion = now.version
 			out = append(out, ce)
 		}
 		return nil

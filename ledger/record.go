@@ -34,11 +34,14 @@ type CE struct {
 	Epsilon          float64        `json:"epsilon"`
 	Status           certify.Status `json:"status"`
 	ConfirmedVersion *uint64        `json:"confirmed_version,omitempty"`
-	Bound            float64        `json:"bound"`
-	VarBound         float64        `json:"var_bound"`
-	KLFromAnchor     float64        `json:"kl_from_anchor"`
-	CreatedAt        time.Time      `json:"created_at"`
-	UpdatedAt        time.Time      `json:"updated_at"`
+	// PosteriorVersion is the current posterior when the CE was read (Get, List): the version at
+	// which Bound, VarBound, KLFromAnchor, Decided and the pending flags are judged.
+	PosteriorVersion uint64    `json:"posterior_version"`
+	Bound            float64   `json:"bound"`
+	VarBound         float64   `json:"var_bound"`
+	KLFromAnchor     float64   `json:"kl_from_anchor"`
+	CreatedAt        time.Time `json:"created_at"`
+	UpdatedAt        time.Time `json:"updated_at"`
 	// RenewalPending is set on a certified CE whose bound has lapsed (Bound < 1/2 or VarBound over
 	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
 	// still certified) or gives it a verdict (at_risk, invalidated).

@@ -112,6 +112,10 @@ func TestPutPastAnchorsToAGivenPosterior(t *testing.T) {
 	if got.KLFromAnchor != want || got.AnchorVersion != 0 {
 		t.Errorf("stored at anchor %d with KL %v, want anchor 0 at KL(q1 || q0) = %v", got.AnchorVersion, got.KLFromAnchor, want)
 	}
+	// A CE read says at which version its bounds are judged: the current one.
+	if listed, err := l.List(0, 10, ""); err != nil || len(listed) != 1 || listed[0].PosteriorVersion != m1.Version || got.PosteriorVersion != m1.Version {
+		t.Errorf("posterior_version of Get %d, of List %v (%v); want %d", got.PosteriorVersion, listed, err, m1.Version)
+	}
 	// The snapshot is the anchor from now on: the next version is judged from it.
 	m2 := drift(m1, 0.02)
 	if _, _, err := l.Commit(context.Background(), &Checkpoint{Model: m2}); err != nil {

@@ -143,6 +143,7 @@ var funcs = template.FuncMap{
 	"pct":    func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
 	"num":    fmtNum,
 	"margin": func(b float64) float64 { return b - 0.5 },
+	"valid":  valid,
 	"sub":    func(a, b int) int { return a - b },
 	"time": func(t time.Time) string {
 		if t.IsZero() {
@@ -412,17 +413,26 @@ func isDigits(s string) bool {
 	return true
 }
 
+// certificate is the printable page: a certificate of validity while the CE is certified and
+// decided, else a statement of what holds of it now.
 func (u *UI) certificate(w http.ResponseWriter, r *http.Request) {
 	ce, snap, ok := u.load(w, r)
 	if !ok {
 		return
 	}
-	u.render(w, http.StatusOK, "certificate", u.cePage(ce, snap, "Certificate of validity: "+ce.ID))
+	title := "Statement on counterfactual " + ce.ID
+	if valid(ce) {
+		title = "Certificate of validity: " + ce.ID
+	}
+	u.render(w, http.StatusOK, "certificate", u.cePage(ce, snap, title))
 }
+
+// valid says whether ce holds under the posterior it was read at: certified, and decided.
+func valid(ce *ledger.CE) bool { return ce.Status == certify.Certified && ce.Decided }
 
 func (u *UI) cePage(ce *ledger.CE, snap *Snapshot, title string) page {
 	p := page{Title: title, Nav: "list", CE: ce, Snap: snap, Target: className(snap.Classes, ce.Target),
-		Verdict: Statement(ce, snap.PosteriorVersion, snap.Alpha)}
+		Verdict: Statement(ce, snap.Alpha)}
 	for j := range ce.X {
 		name := fmt.Sprintf("feature %d", j)
 		if j < len(snap.Features) && snap.Features[j] != "" {
@@ -458,7 +468,8 @@ func (u *UI) cePage(ce *ledger.CE, snap *Snapshot, title string) page {
 
 // Statement says what a CE's status guarantees under the current posterior, in words derived
 // from docs/MATHS.md ("Renewal and verdicts"): only a decided status states anything about p.
-func Statement(ce *ledger.CE, version uint64, alpha float64) statement {
+func Statement(ce *ledger.CE, alpha float64) statement {
+	version := ce.PosteriorVersion // the version its bounds were judged at, which a snapshot read after may have passed
 	conf := "at least " + strconv.FormatFloat(100*(1-alpha), 'g', 4, 64) + "%"
 	switch {
 	case ce.Status == certify.Certified && ce.Decided:

@@ -285,8 +285,18 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		if got := field(t, page, "p1"); !strings.HasPrefix(got, num(ce.P1)+" from "+strconv.Itoa(ce.Samples)+" draws under posterior version "+strconv.FormatUint(ce.AnchorVersion, 10)) {
 			t.Errorf("%s: p1 %q, the API %v under %d", ce.ID, got, ce.P1, ce.AnchorVersion)
 		}
-		if got := field(t, page, "bound"); !strings.HasPrefix(got, num(ce.Bound)+" ") {
+		switch got := field(t, page, "bound"); {
+		case ce.Status.String() == "uncertified":
+			if !strings.HasPrefix(got, "none: never certified") {
+				t.Errorf("%s (uncertified): bound %q, want none (the API's 0 is no bound)", ce.ID, got)
+			}
+		case !strings.HasPrefix(got, num(ce.Bound)+" "):
 			t.Errorf("%s: bound %q, the API %v", ce.ID, got, ce.Bound)
+		}
+		if ce.VerdictBound != nil {
+			if got := field(t, page, "verdict-bound"); !strings.HasPrefix(got, num(*ce.VerdictBound)+": ") {
+				t.Errorf("%s: verdict bound %q, the API %v", ce.ID, got, *ce.VerdictBound)
+			}
 		}
 		status := field(t, page, "status")
 		if !strings.Contains(status, ce.Status.String()) || strings.Contains(status, ", decided") != ce.Decided {
@@ -295,8 +305,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		_, _, cert := get(t, nil, d.Base+"/ui/counterfactuals/"+ce.ID+"/certificate")
 		head := field(t, cert, "headline")
 		holds := strings.Contains(head, "holds under the current posterior")
-		if holds != (ce.Status.String() == "certified" && ce.Decided) {
-			t.Errorf("%s (%s, decided=%v): the certificate says %q", ce.ID, ce.Status, ce.Decided, head)
+		if valid := ce.Status.String() == "certified" && ce.Decided; holds != valid ||
+			strings.Contains(cert, "<title>Certificate of validity") != valid || strings.Contains(cert, "It is not certified now") == valid {
+			t.Errorf("%s (%s, decided=%v): the certificate says %q, titled %v", ce.ID, ce.Status, ce.Decided, head, strings.Contains(cert, "<title>Certificate of validity"))
 		}
 		if !ce.Decided && !strings.HasPrefix(head, "No statement") && ce.Status.String() != "uncertified" {
 			t.Errorf("%s (%s, undecided): the certificate says %q, want no statement", ce.ID, ce.Status, head)
