@@ -706,9 +706,38 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	if err != nil {
 		return false, false, false, err
 	}
-	b := w.l.opts.Policy.Bounds(h.certificate(), a.kl)
-	return true, false, kept, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: a.kl,
+	kl, err := w.anchorKLAt(h.anchor, a, now, s)
+	if err != nil {
+		return false, false, false, err
+	}
+	b := w.l.opts.Policy.Bounds(h.certificate(), kl)
+	return true, false, kept, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: kl,
 		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P})
+}
+
+// anchorKLAt is KL(q_s || q_anchor), the anchor's KL at the sampled posterior s, which a verdict's
+// change is recorded at: a's stored KL is at the current posterior now, a later one when the
+// batch was sampled behind. Computed once per anchor and transaction.
+func (w *writeTx) anchorKLAt(anchor uint64, a anchorMeta, now cur, s sampled) (float64, error) {
+	if s.version == now.version {
+		return a.kl, nil
+	}
+	if kl, ok := w.klAt[anchor]; ok {
+		return kl, nil
+	}
+	qa, err := w.l.model(w.tx, anchor)
+	if err != nil {
+		return 0, err
+	}
+	kl, _, err := certify.KL(s.model, qa)
+	if err != nil {
+		return 0, fmt.Errorf("KL from posterior version %d to anchor %d: %w", s.version, anchor, err)
+	}
+	if w.klAt == nil {
+		w.klAt = map[uint64]float64{}
+	}
+	w.klAt[anchor] = kl
+	return kl, nil
 }
 
 // renew re-anchors a CE h (certified with a lapsed bound, at_risk or invalidated) to the

@@ -158,6 +158,20 @@ func TestConfirmRacesWriters(t *testing.T) {
 	if after := writeState(t, l); after == before {
 		t.Fatal("the concurrent commit did not happen")
 	}
+	// Each change is recorded at the version measured, with its anchor's KL and bound there, not
+	// at the posterior current when it was written.
+	kl10, _, err := certify.KL(m1, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) == 0 {
+		t.Fatal("no status change from a confirmation behind")
+	}
+	for _, ch := range changes {
+		if ch.PosteriorVersion != m1.Version || ch.KL != kl10 {
+			t.Fatalf("change %+v: want version %d at KL(q1 || q0) = %v", ch, m1.Version, kl10)
+		}
+	}
 	// The verdicts are as of m1: each CE waits for a measurement under m2.
 	for _, c := range ces[:5] {
 		ce, err := l.Get(c.ID)

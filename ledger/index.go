@@ -207,7 +207,8 @@ type writeTx struct {
 	outSeq   uint64
 	outDirty bool
 	idx      [3][]idxOp
-	states   stateSet // CEs whose state this transaction changed (Options.EncodeState)
+	states   stateSet           // CEs whose state this transaction changed (Options.EncodeState)
+	klAt     map[uint64]float64 // anchor -> KL(q_sampled || q_anchor) of a confirmation behind (anchorKLAt)
 }
 
 // idxOp is one pending index change: put key (with val, the payload to seal) or delete it.
