@@ -756,7 +756,8 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	nh := *h
 	nh.anchor, nh.p1, nh.var1, nh.samples = s.version, e.P, e.Var, e.Samples
 	nh.updated = w.now.UnixNano()
-	if b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0); !b0.Certified {
+	b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0)
+	if !b0.Certified {
 		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
 		// bounds hold. Anything else is a bug, not a state to store.
 		return false, fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
@@ -766,8 +767,9 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	if err := w.putHeader(id, h, &nh); err != nil {
 		return false, err
 	}
-	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: s.version, KL: s.kl,
-		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
+	// Recorded at the version measured, as verdicts are: its new anchor, KL 0.
+	ch := StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: s.version, KL: 0,
+		Bound: b0.ProbLower, VarBound: b0.VarUpper, P2: &e.P}
 	if h.status == certify.Certified {
 		return b.Certified, w.recordHistory(id, &ch)
 	}

@@ -236,6 +236,11 @@ func TestConfirmBehindRenews(t *testing.T) {
 		if ce.AnchorVersion != m1.Version || ce.KLFromAnchor != kl || ce.RenewalPending == b.Certified || ce.Status != certify.Certified {
 			t.Fatalf("renewed behind: %+v; want anchored to %d at KL %v, pending = %v", ce, m1.Version, kl, !b.Certified)
 		}
+		// Its history records the renewal at the version measured: the new anchor, KL 0.
+		r := ce.History[len(ce.History)-1]
+		if !r.Renewal || r.PosteriorVersion != m1.Version || r.KL != 0 || r.Bound != ce.P1 {
+			t.Fatalf("renewal recorded as %+v; want at version %d, KL 0, bound p1 = %v", r, m1.Version, ce.P1)
+		}
 	}
 	if an, _ := l.Anchors(); len(an) != 1 || an[0].Version != m1.Version || an[0].Refs != len(ces) {
 		t.Fatalf("anchors %+v: want the sampled posterior %d, held by %d CEs", an, m1.Version, len(ces))
