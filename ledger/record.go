@@ -71,10 +71,12 @@ func (c *CE) Certificate() certify.Certificate {
 	return certify.Certificate{P1: c.P1, Var1: c.Var1, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}
 }
 
-// StatusChange records one transition of a CE's status. KL is KL(q_now || q_anchor) and Bound,
-// VarBound are Theorems 1 and 2 at that KL; P2 is the Monte-Carlo estimate of p(Target | XCF)
-// under q_now when one decided the change (Confirm, Audit), nil when the bound alone did
-// (Commit, Recertify).
+// StatusChange records one transition of a CE's status at posterior version v =
+// PosteriorVersion: KL is KL(q_v || q_anchor) and Bound, VarBound are Theorems 1 and 2 at that
+// KL; P2 is the Monte-Carlo estimate of p(Target | XCF) when one decided the change (Confirm,
+// under q_v, the version measured, written later or not; Audit, whose change is at the current
+// version, measured under the audit's), nil when the bound alone did (Commit, Recertify). A
+// renewal is at its new anchor: KL 0.
 type StatusChange struct {
 	ID               string         `json:"id,omitempty"`
 	At               time.Time      `json:"at"`
