@@ -90,6 +90,7 @@ type apiConfig struct {
 	budget, delta, epsilon float64
 	mode, onBreach         string
 	verdictAlpha           float64 // reported by the UI's certificates
+	reissue                bool    // explain.reissue is set: the UI links a CE's replacements
 }
 
 // api is cfguard's HTTP API. When http.token is set, every /v1/ endpoint needs
@@ -154,7 +155,7 @@ func (a *api) routes() http.Handler {
 		mux.Handle(e.pattern, h)
 	}
 	// The web UI authenticates itself (the token as a bearer header or its session cookie).
-	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
+	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
 }

@@ -474,7 +474,7 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
-		verdictAlpha: cfg.Certify.VerdictAlpha},
+		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
 		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg}
 }

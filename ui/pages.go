@@ -81,6 +81,12 @@ type qualityRow struct{ Name, Value string }
 
 // qualityRows are the prequential block's scores, in words, in a fixed order.
 func qualityRows(q map[string]any) []qualityRow {
+	switch n := q["window_records"].(type) {
+	case int, int64, uint64:
+		if fmt.Sprint(n) == "0" { // nothing scored yet: the means are no figures
+			return []qualityRow{{"records scored", "none yet: the first increment is scored before it is learned"}}
+		}
+	}
 	var rows []qualityRow
 	for _, k := range []struct{ key, name string }{
 		{"log_loss", "log loss"}, {"brier_score", "Brier score"}, {"accuracy", "accuracy"},
@@ -199,17 +205,25 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p.Conditions, p.Gauges = holding(snap.Gauges, snap.Now), snap.Gauges != nil
 	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
-	p.Lag = ingestLag(snap.Gauges)
+	p.Lag = ingestLag(snap.Gauges, snap.Now)
 	u.render(w, http.StatusOK, "overview", p)
 }
 
 // ingestLag is the gauge of records waiting (cfguard_consumer_lag_records) in words: the input
-// topic's end, as last read, past the ledger's offsets. Empty when the daemon has no registry to
-// read it from or the topic's offsets have not been read yet.
-func ingestLag(g map[string]float64) string {
-	v, ok := g["cfguard_consumer_lag_records"]
-	if !ok {
+// topic's end, as last read, past the ledger's offsets, and when it was read if that is more
+// than a minute ago (the reads fail: the count may be out of date). Empty when the daemon has
+// no registry to read it from.
+func ingestLag(g map[string]float64, now time.Time) string {
+	if g == nil {
 		return ""
+	}
+	read, known := g["cfguard_consumer_offsets_read_timestamp_seconds"]
+	v, ok := g["cfguard_consumer_lag_records"]
+	switch {
+	case !ok:
+		return "unknown: the input topic's offsets have not been read"
+	case known && float64(now.Unix())-read > 60:
+		return strconv.FormatFloat(v, 'f', 0, 64) + " records as read at " + unix(read) + "; the offsets cannot be read since"
 	}
 	return strconv.FormatFloat(v, 'f', 0, 64) + " records"
 }
@@ -361,10 +375,12 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := u.cePage(ce, snap, "Counterfactual "+ce.ID)
-	var err error
-	if p.Reissues, p.ReissueOf, err = u.reissues(r.Context(), ce); err != nil {
-		u.fail(w, http.StatusInternalServerError, err)
-		return
+	if u.cfg.Reissue {
+		var err error
+		if p.Reissues, p.ReissueOf, err = u.reissues(r.Context(), ce); err != nil {
+			u.fail(w, http.StatusInternalServerError, err)
+			return
+		}
 	}
 	u.render(w, http.StatusOK, "ce", p)
 }

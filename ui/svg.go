@@ -59,7 +59,7 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	}
 	fmt.Fprintf(&b, `<svg class="timeline" viewBox="0 0 %g %g" role="img" aria-labelledby="tl-title tl-desc" xmlns="http://www.w3.org/2000/svg">`, tlWidth, tlHeight)
 	fmt.Fprintf(&b, `<title id="tl-title">Update KL per posterior version, log scale, against the budget</title>`)
-	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dashed.</desc>`,
+	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dotted, the budget dashed.</desc>`,
 		len(h), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
 	// Axes and decade grid.
 	for d := lo; d <= hi; d++ {
@@ -74,7 +74,7 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	by := y(budget)
 	fmt.Fprintf(&b, `<line class="budget" x1="%g" y1="%.1f" x2="%g" y2="%.1f"/>`, tlLeft, by, tlWidth-tlRight, by)
 	fmt.Fprintf(&b, `<text class="budget-label" x="%g" y="%.1f" text-anchor="end">budget %s</text>`, tlWidth-tlRight, by-4, fmtNum(budget))
-	// The anchors' KL, dashed, then the update KL with a mark per update (a cross when it breached
+	// The anchors' KL, dotted, then the update KL with a mark per update (a cross when it breached
 	// the budget: over it, or clipped to it).
 	line := func(class string, v func(ledger.KLEntry) float64) {
 		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
@@ -98,5 +98,6 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 		}
 	}
 	b.WriteString(`</svg>`)
+	fmt.Fprintf(&b, `<p class="legend" id="tl-legend">Solid line and dots: each update's KL. Dotted grey line: the largest KL from a live anchor after it. Dashed red line: the budget. A cross: an update over the budget, or clipped to it. A KL below 1e%d (0 included) is drawn on the lowest line.</p>`, int(lo))
 	return template.HTML(b.String())
 }

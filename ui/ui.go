@@ -27,6 +27,10 @@ type Config struct {
 	Token string
 	// PageSize is how many CEs a list page shows. Default: 50.
 	PageSize int
+	// Reissue is set when explain.reissue is: a CE's page links the CEs stored under the names
+	// the reissuer gives its replacements. Unset, no page names a replacement (a client's own CE
+	// may bear such a name).
+	Reissue bool
 	// Logger receives errors the pages could not show in full. Default: slog.Default().
 	Logger *slog.Logger
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 	"github.com/cfguard/cfguard/ui/uitest"
@@ -391,7 +392,24 @@ func TestEventsPageShowsTheNewestFirst(t *testing.T) {
 // target (explain.reissue's replacements), and a replacement's page the CE it replaces; a CE of
 // that name with another input, or a name that is not a version, is not linked.
 func TestReissueLinks(t *testing.T) {
-	d := uitest.Start(t, "")
+	d := uitest.Start(t, "", func(c *config.Config) { c.Explain.Reissue = "invalidated" })
+	// A daemon without explain.reissue names no replacement, whatever the ids.
+	plain := uitest.Start(t, "")
+	if plain.Register(t, 1) != 1 {
+		t.Fatal("the CE was not stored")
+	}
+	var p ledger.CE
+	plain.JSON(t, "/v1/counterfactuals/ce-000", &p)
+	body, _ := json.Marshal(map[string]any{"id": "ce-000.r7", "x": p.X, "x_cf": p.XCF, "target": p.Target})
+	if code, out := plain.Do(t, "POST", "/v1/counterfactuals", body); code != http.StatusCreated {
+		t.Fatalf("registering ce-000.r7: %d %s", code, out)
+	}
+	for _, id := range []string{"ce-000", "ce-000.r7"} {
+		if _, page := plain.Do(t, "GET", "/ui/counterfactuals/"+id, nil); strings.Contains(string(page), `id="reissue-of"`) || strings.Contains(string(page), `id="reissues"`) {
+			t.Errorf("%s's page names a reissue without explain.reissue", id)
+		}
+	}
+
 	if d.Register(t, 2) != 2 {
 		t.Fatal("the two CEs were not stored")
 	}

@@ -42,7 +42,7 @@ func (w testLog) Write(p []byte) (int, error) {
 
 // Start runs a daemon at the default settings (but certify.uncertified: store, so every CE
 // registered is kept) until the test ends.
-func Start(t testing.TB, token string) *Daemon {
+func Start(t testing.TB, token string, edit ...func(*config.Config)) *Daemon {
 	t.Helper()
 	cfg := config.Default()
 	cfg.StateDir = t.TempDir()
@@ -51,6 +51,9 @@ func Start(t testing.TB, token string) *Daemon {
 	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
 	cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
 	cfg.HTTP.Token = token
+	for _, e := range edit {
+		e(&cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
