@@ -259,6 +259,9 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			u.fail(w, http.StatusBadRequest, fmt.Errorf("target %q: the model's classes are %v (or their index)", f.Target, snap.Classes))
 			return
 		}
+		if target < len(snap.Classes) && snap.Classes[target] != "" {
+			f.Target = snap.Classes[target] // an index given: the form's select shows the class it names
+		}
 	}
 	keep := func(ce *ledger.CE) bool {
 		return (f.Decided == "" || (f.Decided == "yes") == ce.Decided) &&
@@ -331,6 +334,9 @@ func (u *UI) row(ce *ledger.CE, classes []string) ceRow {
 	r.Decided = "undecided"
 	if ce.Decided {
 		r.Decided = "decided"
+	}
+	if ce.Status == certify.Uncertified {
+		r.Bound = "none" // never certified: the API's 0 is no bound
 	}
 	var flags []string
 	if ce.RenewalPending {

@@ -337,6 +337,15 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=bogus"); code != http.StatusBadRequest {
 		t.Errorf("an unknown status filter: %d, want 400", code)
 	}
+	// A target given by its index is the class the form then shows, so that filtering again keeps it.
+	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?target=1&status=certified"); !strings.Contains(page, `<option value="benign" selected>`) {
+		t.Error("?target=1: the form's target select does not show benign")
+	}
+	// An uncertified CE's bound is none, not the API's 0; a list of one page names no pages.
+	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?status=uncertified"); !strings.Contains(page, `<td class="n">none</td>`) ||
+		strings.Contains(page, `aria-label="Pages"`) {
+		t.Error("the uncertified list: want bound none and no page navigation")
+	}
 }
 
 // TestEventsPageShowsTheNewestFirst fills a ledger's outbox past a page and reads the events page
