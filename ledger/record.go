@@ -73,10 +73,10 @@ func (c *CE) Certificate() certify.Certificate {
 
 // StatusChange records one transition of a CE's status at posterior version v =
 // PosteriorVersion: KL is KL(q_v || q_anchor) and Bound, VarBound are Theorems 1 and 2 at that
-// KL; P2 is the Monte-Carlo estimate of p(Target | XCF) when one decided the change (Confirm,
-// under q_v, the version measured, written later or not; Audit, whose change is at the current
-// version, measured under the audit's), nil when the bound alone did (Commit, Recertify). A
-// renewal is at its new anchor: KL 0.
+// KL; P2 is the Monte-Carlo estimate of p(Target | XCF) when one decided the change, nil when
+// the bound alone did (Commit, Recertify). The confirmer records a change at the version it
+// measured, written later or not (a renewal at its new anchor: KL 0); an audit at the version
+// current when it writes, measured under the audit's (a renewal then at the KL from it).
 type StatusChange struct {
 	ID               string         `json:"id,omitempty"`
 	At               time.Time      `json:"at"`

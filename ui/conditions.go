@@ -38,19 +38,30 @@ var conditions = []condition{
 		return n > 0, fmt.Sprintf("%g certificates wait for renewal (the alert waits for 30 minutes of it)", n)
 	}, "/ui/counterfactuals?status=certified&decided=no"},
 	{"CfguardIngestStalled", func(g map[string]float64, now time.Time) (bool, string) {
-		since, ok := g["cfguard_last_ingest_timestamp_seconds"], true
-		if since <= 0 { // none applied: counted from the start
-			since, ok = g["process_start_time_seconds"]
+		if g["cfguard_replication_settings_differ"] > 0 {
+			return false, "" // a replica that refused to join reads nothing
 		}
-		if !ok || float64(now.Unix())-since <= 900 {
+		// since is a gauge's time, or the process's start while it is 0 (never since the start).
+		since := func(name string) (float64, bool) {
+			if t, ok := g[name]; ok && t > 0 {
+				return t, true
+			}
+			t, ok := g["process_start_time_seconds"]
+			return t, ok
+		}
+		applied, ok := since("cfguard_last_ingest_timestamp_seconds")
+		if !ok || float64(now.Unix())-applied <= 900 {
 			return false, ""
 		}
 		last := "the last were applied at " + unix(g["cfguard_last_ingest_timestamp_seconds"])
 		if lag := g["cfguard_consumer_lag_records"]; lag > 0 {
 			return true, fmt.Sprintf("%g records wait; %s", lag, last)
 		}
-		if read, ok := g["cfguard_consumer_offsets_read_timestamp_seconds"]; ok && float64(now.Unix())-read > 900 {
-			return true, "the input topic's offsets were last read at " + unix(read) + ", so whether records wait is unknown; " + last
+		if _, has := g["cfguard_consumer_offsets_read_timestamp_seconds"]; has {
+			if read, ok := since("cfguard_consumer_offsets_read_timestamp_seconds"); ok && float64(now.Unix())-read > 900 {
+				return true, "the input topic's offsets were last read at " + unix(g["cfguard_consumer_offsets_read_timestamp_seconds"]) +
+					", so whether records wait is unknown; " + last
+			}
 		}
 		return false, ""
 	}, "/ui/"},
