@@ -175,7 +175,11 @@ var errOversized = errors.New("broker: request too large")
 func (c *limitedConn) awaitAnswer() error {
 	c.mu.Lock()
 	c.muted = c.inflight > 0
+	muted := c.muted
 	c.mu.Unlock()
+	if !muted {
+		return nil // answered already: no timer
+	}
 	defer func() {
 		c.mu.Lock()
 		c.muted = false
