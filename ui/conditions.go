@@ -41,12 +41,16 @@ var conditions = []condition{
 		if g["cfguard_replication_settings_differ"] > 0 {
 			return false, "" // a replica that refused to join reads nothing
 		}
-		// since is a gauge's time, or the process's start while it is 0 (never since the start).
+		// since is a gauge's time, or the process's start while it is 0 (never since the start),
+		// or the gauge's 0 without a start time, as the rule falls back.
 		since := func(name string) (float64, bool) {
-			if t, ok := g[name]; ok && t > 0 {
+			t, ok := g[name]
+			if ok && t > 0 {
 				return t, true
 			}
-			t, ok := g["process_start_time_seconds"]
+			if p, known := g["process_start_time_seconds"]; known {
+				return p, true
+			}
 			return t, ok
 		}
 		applied, ok := since("cfguard_last_ingest_timestamp_seconds")
@@ -57,11 +61,12 @@ var conditions = []condition{
 		if lag := g["cfguard_consumer_lag_records"]; lag > 0 {
 			return true, fmt.Sprintf("%g records wait; %s", lag, last)
 		}
-		if _, has := g["cfguard_consumer_offsets_read_timestamp_seconds"]; has {
-			if read, ok := since("cfguard_consumer_offsets_read_timestamp_seconds"); ok && float64(now.Unix())-read > 900 {
-				return true, "the input topic's offsets were last read at " + unix(g["cfguard_consumer_offsets_read_timestamp_seconds"]) +
-					", so whether records wait is unknown; " + last
+		if read, ok := since("cfguard_consumer_offsets_read_timestamp_seconds"); ok && float64(now.Unix())-read > 900 {
+			when := "were last read at " + unix(g["cfguard_consumer_offsets_read_timestamp_seconds"])
+			if g["cfguard_consumer_offsets_read_timestamp_seconds"] <= 0 {
+				when = "have not been read since the start"
 			}
+			return true, "the input topic's offsets " + when + ", so whether records wait is unknown; " + last
 		}
 		return false, ""
 	}, "/ui/"},
