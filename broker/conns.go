@@ -153,10 +153,9 @@ type limitedConn struct {
 
 	mu       sync.Mutex
 	held     int64 // budget held for the last request read (released when the next starts, or at Close)
-	closed   bool  // Close ran: budget taken after it is given back at once
 	inflight int   // requests handed to kfake whose response is not written yet
 	reading  bool  // part of a request has arrived: its RequestTimeout deadline stands
-	muted    bool  // the next request waits for the answer to the one in flight (awaitAnswer)
+	muted    bool  // the next request waits for the answer to the one in flight (awaitAnswer; read by tests)
 
 	answered chan struct{} // a response was written (cap 1)
 	done     chan struct{} // closed by Close
@@ -295,18 +294,15 @@ func (c *limitedConn) next() (_ []byte, err error) {
 			// this large is refused before any more is read, and the rest takes its budget at
 			// once (a request holding part of it while waiting for more could wait on another
 			// doing the same), within the request's time.
-			if len(frame) >= 6 {
-				if err := checkSize(kmsg.Key(binary.BigEndian.Uint16(frame[4:])), size); err != nil {
-					c.l.reject(c.RemoteAddr(), err)
-					return nil, err
-				}
+			if err := checkSize(kmsg.Key(binary.BigEndian.Uint16(frame[4:])), size); err != nil {
+				c.l.reject(c.RemoteAddr(), err)
+				return nil, err
 			}
 			if err := c.hold(started, size-int64(len(frame)-4)); err != nil {
 				return nil, err
 			}
 			frame = slices.Grow(frame, int(size)-(len(frame)-4)) // once: the rest is reserved
 		}
-		frame = slices.Grow(frame, int(k))
 		if _, err := io.ReadFull(c.Conn, frame[len(frame):len(frame)+int(k)]); err != nil {
 			return nil, c.readFailed(err, true)
 		}
@@ -340,11 +336,12 @@ func (c *limitedConn) hold(started time.Time, k int64) error {
 	c.l.buffered.Add(k)
 	c.mu.Lock()
 	c.held += k
-	closed := c.closed
 	c.mu.Unlock()
-	if closed {
+	select {
+	case <-c.done: // Close may have released before this was held: give it back
 		c.releaseBudget()
 		return net.ErrClosed
+	default:
 	}
 	return nil
 }
@@ -402,9 +399,6 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		close(c.done)
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
 		c.releaseBudget()
 		c.l.release()
 	})

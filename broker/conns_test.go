@@ -317,7 +317,9 @@ func TestRequestsBehindAHeldOneWait(t *testing.T) {
 	bad := binary.BigEndian.AppendUint32(nil, 64)
 	bad = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(bad, uint16(kmsg.Produce)), 99)
 	bad = append(bad, make([]byte, 60)...)
-	send(t, c, append(fetch(1<<20, 10_000, 1, 0), bad...))
+	if _, err := c.Write(append(fetch(1<<20, 10_000, 1, 0), bad...)); err != nil {
+		t.Fatal(err)
+	}
 	closedByPeer(t, c, "a connection whose held request got no answer in IdleTimeout + maxHold")
 	if s := b.Connections(); s.Invalid != 0 || s.Idle != 1 {
 		t.Errorf("%+v, want the connection closed idle (1) with the request behind the held one never read (0 invalid)", s)
