@@ -67,10 +67,10 @@ func (l *Ledger) Quality(n int) ([]QualityRecord, error) {
 		}
 		c := b.Cursor()
 		for k, v := c.Last(); k != nil && (n <= 0 || len(out) < n); k, v = c.Prev() {
-			if why := qualityDamage(k, v); why != "" {
+			p, why := qualityPayload(k, v)
+			if why != "" {
 				return corruptf("quality record %x: %s", k, why)
 			}
-			p, _ := unseal(k, v)
 			out = append(out, QualityRecord{Seq: binary.BigEndian.Uint64(k), Data: append([]byte(nil), p...)})
 		}
 		return nil
@@ -86,16 +86,22 @@ func (l *Ledger) Quality(n int) ([]QualityRecord, error) {
 
 // qualityDamage says what is wrong with the stored record k = v, "" when nothing is.
 func qualityDamage(k, v []byte) string {
+	_, why := qualityPayload(k, v)
+	return why
+}
+
+// qualityPayload is the stored record k = v's payload, or what is wrong with it.
+func qualityPayload(k, v []byte) (p []byte, why string) {
 	p, ok := unseal(k, v)
 	switch {
 	case !ok:
-		return "checksum mismatch"
+		return nil, "checksum mismatch"
 	case len(k) != 8:
-		return fmt.Sprintf("key of %d bytes, not a sequence number", len(k))
+		return nil, fmt.Sprintf("key of %d bytes, not a sequence number", len(k))
 	case len(p) == 0:
-		return "empty"
+		return nil, "empty"
 	}
-	return ""
+	return p, ""
 }
 
 // checkQuality checks every prequential record (Verify): intact (qualityDamage), and stored with

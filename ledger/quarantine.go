@@ -227,11 +227,8 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 	}
 	hdrs.ForEach(func(k, v []byte) error {
 		tick()
-		p, ok := unseal(k, v)
-		if !ok {
-			mark(k, "header checksum mismatch")
-		} else if _, err := decodeHeader(p); err != nil {
-			mark(k, "header: "+store.Reason(err))
+		if why := headerDamage(k, v); why != "" {
+			mark(k, why)
 		}
 		if bodies.Get(k) == nil {
 			mark(k, "body missing")
@@ -355,6 +352,18 @@ type damagedCE struct {
 	replaced bool // by a registration of its id after it was quarantined
 }
 
+// headerDamage says what is wrong with the stored header k = v, "" when nothing is.
+func headerDamage(k, v []byte) string {
+	p, ok := unseal(k, v)
+	if !ok {
+		return "header checksum mismatch"
+	}
+	if _, err := decodeHeader(p); err != nil {
+		return "header: " + store.Reason(err)
+	}
+	return ""
+}
+
 // quarantineDamaged quarantines in tx, as Open would, the CE id whose header a deletion found
 // damaged (why), with every other CE whose header is damaged: the rebuild that follows a
 // quarantine reads every header. found gets them all. O(stored CEs), paid only when a
@@ -362,11 +371,8 @@ type damagedCE struct {
 func (l *Ledger) quarantineDamaged(tx *bolt.Tx, id, why string, found deletedDamaged) error {
 	ces := map[string]string{id: why}
 	err := tx.Bucket(bHeaders).ForEach(func(k, v []byte) error {
-		p, ok := unseal(k, v)
-		if !ok {
-			ces[string(k)] = "header checksum mismatch"
-		} else if _, err := decodeHeader(p); err != nil {
-			ces[string(k)] = "header: " + store.Reason(err)
+		if why := headerDamage(k, v); why != "" {
+			ces[string(k)] = why
 		}
 		return nil
 	})
