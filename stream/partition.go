@@ -23,7 +23,7 @@ type partState struct {
 	next      int64 // next offset to fetch; -1 until the earliest offset is known
 	hwm       int64 // high watermark, as of the last fetch or refresh
 	logStart  int64 // log start offset, likewise
-	lastFetch time.Time
+	lastFetch time.Time // zero until a fetch succeeded
 	waiting   bool // waiting for Next to make room (backpressure)
 	running   bool
 	// suspect is set whenever the reader paused, so that the topic may have been deleted and
@@ -41,7 +41,6 @@ type partState struct {
 	vanished      bool
 	last          recordMark
 	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
-	fetched       bool // a fetch of this consumer's start succeeded: a reset found later is a new one
 	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
 }
 
@@ -286,7 +285,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			c.mu.Unlock()
 		}
 		c.mu.Lock()
-		ps.hwm, ps.logStart, ps.lastFetch, ps.fetched = res.HighWatermark, res.LogStartOffset, time.Now(), true
+		ps.hwm, ps.logStart, ps.lastFetch = res.HighWatermark, res.LogStartOffset, time.Now()
 		if ch.next > ps.next {
 			ps.next = ch.next
 		}

@@ -212,7 +212,8 @@ func (c *Consumer) resetError(ps *partState, logStart, end int64, why string) *T
 // otherwise the consumer stops with the error. It returns false when the reader must stop.
 func (c *Consumer) topicReset(ctx context.Context, ps *partState, e *TopicResetError) bool {
 	c.mu.Lock()
-	accept := c.cfg.AcceptTopicReset && !ps.resetAccepted && !ps.fetched
+	// A reset found after a fetch of this consumer's start succeeded is a new one.
+	accept := c.cfg.AcceptTopicReset && !ps.resetAccepted && ps.lastFetch.IsZero()
 	if accept {
 		ps.resetAccepted, ps.suspect, ps.vanished, ps.last = true, false, false, recordMark{}
 		ps.next, ps.logStart, ps.hwm = e.LogStart, e.LogStart, e.End
