@@ -20,11 +20,11 @@ import (
 // partState is one partition's reading state, guarded by Consumer.mu.
 type partState struct {
 	part      int
-	next      int64 // next offset to fetch; -1 until the earliest offset is known
-	hwm       int64 // high watermark, as of the last fetch or refresh
-	logStart  int64 // log start offset, likewise
+	next      int64     // next offset to fetch; -1 until the earliest offset is known
+	hwm       int64     // high watermark, as of the last fetch or refresh
+	logStart  int64     // log start offset, likewise
 	lastFetch time.Time // zero until a fetch succeeded
-	waiting   bool // waiting for Next to make room (backpressure)
+	waiting   bool      // waiting for Next to make room (backpressure)
 	running   bool
 	// suspect is set whenever the reader paused, so that the topic may have been deleted and
 	// recreated meanwhile: a fetch failed (the broker reported the partition unknown, or did
