@@ -130,7 +130,7 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 			return err
 		}
 		pt.Evaluated = true
-		if pt.NLL, pt.ECE, pt.Accuracy, err = heldOut(p, held.Y); err != nil {
+		if pt.NLL, _, pt.ECE, pt.Accuracy, err = heldOut(p, held.Y); err != nil {
 			return err
 		}
 		if len(si) == 0 {
@@ -243,18 +243,18 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 // scaler): the region of the "region" drift.
 func inRegion(m *bnn.Model, x []float64) bool { return x[0] > m.Scaler.Mean[0] }
 
-// heldOut returns the mean log loss of the labels under the predictive p, the expected
-// calibration error of the top class and the accuracy, as the daemon's prequential scores
-// compute them (quality.Score).
-func heldOut(p *bnn.Predictive, y []int) (nll, ece, acc float64, err error) {
+// heldOut returns the mean log loss of the labels under the predictive p, their Brier score, the
+// expected calibration error of the top class and the accuracy, as the daemon's prequential
+// scores compute them (quality.Score).
+func heldOut(p *bnn.Predictive, y []int) (nll, brier, ece, acc float64, err error) {
 	probs := make([][]float64, p.N)
 	for i := range probs {
 		probs[i] = p.Mean[i*p.C : (i+1)*p.C]
 	}
 	b, err := quality.Score(probs, y)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("experiment: held-out scores: %w", err)
+		return 0, 0, 0, 0, fmt.Errorf("experiment: held-out scores: %w", err)
 	}
-	nll, _, acc, ece = b.Means()
-	return nll, ece, acc, nil
+	nll, brier, acc, ece = b.Means()
+	return nll, brier, ece, acc, nil
 }

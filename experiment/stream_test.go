@@ -10,7 +10,6 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
-	"github.com/cfguard/cfguard/quality"
 	"github.com/cfguard/cfguard/update"
 )
 
@@ -162,8 +161,9 @@ func TestStreamingAgainstBatchFits(t *testing.T) {
 			set, classes := streamData(t, name)
 			for seed := uint64(1); seed <= 5; seed++ {
 				s := batchAnchor(t, set, classes, seed)
-				t.Logf("split %d: held-out NLL / Brier / ECE: start %s, streamed %s, one increment %s, untempered %s, refit %s",
-					seed, s.start, s.streamed, s.one, s.untempered, s.refit)
+				t.Logf("split %d: held-out NLL / Brier / ECE: start %s, streamed %s, one increment %s, untempered %s, refit %s; "+
+					"largest difference of a prediction, streamed and one increment: %.4f", seed, s.start, s.streamed, s.one, s.untempered, s.refit,
+					maxDiff(s.streamed, s.one))
 				if s.streamed.nll > 1.01*s.start.nll {
 					t.Errorf("split %d: streamed NLL %.4f, start %.4f: the stream lost held-out quality (want at most 1%% more)", seed, s.streamed.nll, s.start.nll)
 				}
@@ -179,8 +179,22 @@ func TestStreamingAgainstBatchFits(t *testing.T) {
 	}
 }
 
-// heldOutScore is a model's held-out log loss, Brier score and calibration error.
-type heldOutScore struct{ nll, brier, ece float64 }
+// heldOutScore is a model's held-out log loss, Brier score and calibration error, and its
+// predictive means.
+type heldOutScore struct {
+	nll, brier, ece float64
+	mean            []float64
+}
+
+// maxDiff is the largest difference between two models' predictive probabilities of one class
+// for one held-out row.
+func maxDiff(a, b heldOutScore) float64 {
+	d := 0.0
+	for i := range a.mean {
+		d = max(d, math.Abs(a.mean[i]-b.mean[i]))
+	}
+	return d
+}
 
 func (s heldOutScore) String() string {
 	return fmt.Sprintf("%.4f / %.4f / %.4f", s.nll, s.brier, s.ece)
@@ -223,16 +237,11 @@ func batchAnchor(t *testing.T, set *dataset.Set, classes []string, seed uint64) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		probs := make([][]float64, p.N)
-		for i := range probs {
-			probs[i] = p.Mean[i*p.C : (i+1)*p.C]
-		}
-		b, err := quality.Score(probs, held.Y)
+		nll, brier, ece, _, err := heldOut(p, held.Y)
 		if err != nil {
 			t.Fatal(err)
 		}
-		nll, brier, _, ece := b.Means()
-		return heldOutScore{nll, brier, ece}
+		return heldOutScore{nll: nll, brier: brier, ece: ece, mean: p.Mean}
 	}
 	kw := defaultUpdate().KLWeight
 	return anchorScores{start: score(start), streamed: score(stream(kw, 10)), one: score(stream(kw, pool.Len())),
