@@ -53,7 +53,7 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	rc := r.d.cfg.Replication
-	m, err := ceshare.NewMember(context.Background(), ceshare.MemberConfig{Conn: r.d.conn, Topic: rc.CETopic, Group: r.d.cfg.Kafka.GroupID + ".ce",
+	m, err := ceshare.NewMember(context.Background(), ceshare.MemberConfig{Conn: r.d.conn, Topic: rc.CETopic, Group: ceshare.GroupOf(r.d.cfg.Kafka.GroupID),
 		Partitions: rc.CEPartitions, ReplicaID: "slow", AdvertiseURL: slow.URL, Keys: r.d.rep.Keys(),
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval}, idleHooks{}, nil)
 	if err != nil {
