@@ -1380,7 +1380,6 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 			if ctx.Err() == nil {
 				r.bal.steppedDown()
 			}
-			pause := rejoinPause
 			r.mu.Lock()
 			switch {
 			case termErr == nil:
@@ -1392,12 +1391,10 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 			}
 			failed := r.failedTerms
 			r.mu.Unlock()
-			if termErr != nil {
-				pause = rejoinWait(failed)
-				if failed > 1 {
-					r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", failed,
-						"pause", pause, "err", termErr)
-				}
+			pause := rejoinWait(failed) // rejoinPause unless terms keep failing (failed > 1 only after errors)
+			if failed > 1 {
+				r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", failed,
+					"pause", pause, "err", termErr)
 			}
 			select {
 			case <-ctx.Done():

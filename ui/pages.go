@@ -81,11 +81,8 @@ type qualityRow struct{ Name, Value string }
 
 // qualityRows are the prequential block's scores, in words, in a fixed order.
 func qualityRows(q map[string]any) []qualityRow {
-	switch n := q["window_records"].(type) {
-	case int, int64, uint64:
-		if fmt.Sprint(n) == "0" { // nothing scored yet: the means are no figures
-			return []qualityRow{{"records scored", "none yet: the first increment is scored before it is learned"}}
-		}
+	if n, ok := q["window_records"].(int); ok && n == 0 { // nothing scored yet: the means are no figures
+		return []qualityRow{{"records scored", "none yet: the first increment is scored before it is learned"}}
 	}
 	var rows []qualityRow
 	for _, k := range []struct{ key, name string }{
@@ -494,7 +491,7 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 	version := ce.PosteriorVersion // the version its bounds were judged at, which a snapshot read after may have passed
 	conf := "at least " + strconv.FormatFloat(100*(1-alpha), 'g', 4, 64) + "%"
 	switch {
-	case ce.Status == certify.Certified && ce.Decided:
+	case valid(ce):
 		m := certify.BernsteinMargin(ce.Var1, ce.Samples, alpha)
 		return statement{Headline: "This explanation holds under the current posterior.", Kind: "holds", Body: []string{
 			fmt.Sprintf("Under posterior version %d, the model gives the target class to the changed input with probability at least %s, with confidence %s: the probability measured under posterior version %d (p1 = %s from %d draws), less its Monte-Carlo margin (%s), less what Theorem 1 allows the posterior to have moved since (KL = %s).",

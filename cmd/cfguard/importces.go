@@ -148,7 +148,7 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 		}
 		imp.read()
 		if line == nil || len(line)+1 > maxBody {
-			imp.refuse(n, fmt.Sprintf("%d bytes, over http.max_body_bytes %d", max(length, len(line)), maxBody))
+			imp.refuse(n, fmt.Sprintf("%d bytes, over http.max_body_bytes %d", length, maxBody))
 			return nil
 		}
 		var head struct {
