@@ -97,7 +97,7 @@ func Names() []string {
 		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
-		NameExportFailures, NameRegistrationBatch, NameDamaged,
+		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailing,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
@@ -277,4 +277,21 @@ func RegisterDamaged(reg prometheus.Registerer, damaged func() int) {
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameDamaged,
 		Help: "Counterfactual records found damaged on disk: quarantined at start (GET answers 500 until the CE is deleted or registered again) or skipped by a read since."},
 		func() float64 { return float64(damaged()) })
+}
+
+// NameLedgerWriteFailing is the gauge of a failing ledger (ledger.Ledger.WriteFailure).
+const NameLedgerWriteFailing = "cfguard_ledger_write_failing"
+
+// RegisterLedgerWriteFailing registers cfguard_ledger_write_failing on reg, read from failing at
+// each scrape.
+func RegisterLedgerWriteFailing(reg prometheus.Registerer, failing func() bool) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerWriteFailing,
+		Help: "1 while the ledger's last commit failed (no space, file size limit, failed fsync), whichever write it was: a checkpoint, a registration, a deletion, a verdict batch; " +
+			"0 once one succeeds (a probe write retries with backoff while nothing else writes)."},
+		func() float64 {
+			if failing() {
+				return 1
+			}
+			return 0
+		})
 }

@@ -273,6 +273,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("reissue", d.reissue.run)
 	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
+	g.Go("ledger-probe", d.probeLedger)
 	g.Go("watermarks", func(ctx context.Context) error { return d.watchTopic(ctx, ends) })
 	if opts.Ready != nil {
 		opts.Ready <- d
@@ -345,6 +346,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	td.add("ledger", d.ledger.Close)
 	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
+	alerts.RegisterLedgerWriteFailing(d.reg, func() bool { _, err := d.ledger.WriteFailure(); return err != nil })
 	if err := d.quality.load(d.ledger); err != nil {
 		return fmt.Errorf("ledger %s: %w (move the ledger aside and restore a backup: cfguard restore --config %s --from BACKUP)",
 			d.ledger.Path(), err, d.configPath)
@@ -505,8 +507,9 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 }
 
 // readiness is /readyz: the daemon has started, the embedded broker (when there is one)
-// accepts connections, its checkpoints are being written (not in the degraded mode of durably)
-// and its consumer is healthy (stream.Health).
+// accepts connections, its checkpoints are being written (not in the degraded mode of durably),
+// the ledger's last commit, of any writer, succeeded (ledgerHealth), and its consumer is healthy
+// (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	if d.rep != nil {
 		if err := d.rep.Refusal(); err != nil {
@@ -524,6 +527,9 @@ func (d *Daemon) readiness(ctx context.Context) error {
 		}
 	}
 	if err := d.checkpointHealth(); err != nil {
+		return err
+	}
+	if err := d.ledgerHealth(); err != nil {
 		return err
 	}
 	if d.rep != nil {

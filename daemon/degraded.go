@@ -95,6 +95,52 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 	}
 }
 
+// ledgerHealth is nil unless the ledger's last commit failed (ledger.WriteFailure) outside the
+// checkpoints, which checkpointHealth reports: a registration, a deletion, a verdict batch or a
+// probe (for /readyz).
+func (d *Daemon) ledgerHealth() error {
+	since, err := d.ledger.WriteFailure()
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("the ledger %s cannot be written since %s (registrations and deletions answer 503, verdicts wait; a probe write retries): %v",
+		d.ledger.Path(), since.UTC().Format(time.RFC3339), err)
+}
+
+// probeLedger ends an episode of failed commits that no writer would end: a registration that
+// failed on a full disk leaves ledger.WriteFailure set, and with no record arriving and no
+// client retrying nothing else commits, so /readyz and cfguard_ledger_write_failing would report
+// it for ever after the disk has room again. Every probePoll it looks; while commits fail, it
+// commits ledger.Probe after checkpointRetryMin, doubling up to checkpointRetryMax, until one
+// succeeds. While checkpoints fail it does not probe: durably retries the checkpoint itself, and
+// a small probe that succeeds beside a checkpoint that cannot would only make the episode flap.
+func (d *Daemon) probeLedger(ctx context.Context) error {
+	bo := backoff.Backoff{Min: checkpointRetryMin, Max: checkpointRetryMax}
+	wait := probePoll
+	for {
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return nil
+		}
+		_, cperr := d.writeFail.state()
+		if _, err := d.ledger.WriteFailure(); err == nil || cperr != nil {
+			bo.Reset()
+			wait = probePoll
+			continue
+		}
+		if err := d.ledger.Probe(); err == nil {
+			bo.Reset()
+			wait = probePoll
+			continue
+		} else if !errors.Is(err, ledger.ErrWrite) {
+			d.log.Warn("probing the ledger after a failed write", "ledger", d.ledger.Path(), "err", err)
+		}
+		wait = bo.Next()
+	}
+}
+
+// probePoll is how often probeLedger looks for an episode of failed commits.
+const probePoll = time.Second
+
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).
 func (d *Daemon) checkpointHealth() error {
 	since, err := d.writeFail.state()

@@ -250,13 +250,20 @@ func ledgerOffset(t *testing.T, offsets func() (map[int]int64, error)) int64 {
 // works the same increment is applied, then the rest: every record applied exactly once.
 func TestCheckpointFailureHoldsTheIncrement(t *testing.T) {
 	t.Parallel() // mostly waits for its child process
+	runFsizeChild(t, "TestCheckpointFailureChild", "1")
+}
+
+// runFsizeChild runs the test named child in a child process with fsizeChildEnv set to value
+// and fails unless it passes.
+func runFsizeChild(t *testing.T, child, value string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a child process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCheckpointFailureChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), fsizeChildEnv+"=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+child+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), fsizeChildEnv+"="+value)
 	out, err := cmd.CombinedOutput()
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
@@ -264,7 +271,96 @@ func TestCheckpointFailureHoldsTheIncrement(t *testing.T) {
 			t.Log(line)
 		}
 	}
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestCheckpointFailureChild") {
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+child) {
 		t.Fatalf("child: %v\n%s", err, out)
+	}
+}
+
+// TestFailedRegistrationOnAQuietDaemon: with no record arriving, nothing checkpoints, so only
+// registrations meet a ledger that cannot be written (a real EFBIG, as in
+// TestQuietLedgerFailureChild). The daemon says so as it does for a failing checkpoint: /readyz
+// 503 naming the ledger and the error, cfguard_ledger_write_failing 1 (CfguardCheckpointFailing);
+// once the disk has room a probe write ends the episode with no other write and no client's
+// retry, and the next registration is stored.
+func TestFailedRegistrationOnAQuietDaemon(t *testing.T) {
+	t.Parallel() // mostly waits for its child process
+	runFsizeChild(t, "TestQuietLedgerFailureChild", "quiet")
+}
+
+// TestQuietLedgerFailureChild is the child process of TestFailedRegistrationOnAQuietDaemon.
+func TestQuietLedgerFailureChild(t *testing.T) {
+	if os.Getenv(fsizeChildEnv) != "quiet" {
+		t.Skip("child process of TestFailedRegistrationOnAQuietDaemon")
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	var orig syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	reg, _ := json.Marshal(map[string]any{"id": "quiet", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	waitfor.Cond(t, 30*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+
+	// Every commit fails: a limit of one page leaves bbolt's first meta page writable and nothing
+	// else, and a commit writes a data page and the other meta page at least.
+	lim := syscall.Rlimit{Cur: 4096, Max: orig.Max}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("registration while the ledger cannot be written: %d %s, want 503", resp.StatusCode, rbody)
+	}
+	path := filepath.Join(r.d.cfg.StateDir, ledger.FileName)
+	code, body := r.get(t, "/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), ledger.FileName) || strings.Contains(string(body), path) ||
+		!strings.Contains(string(body), syscall.EFBIG.Error()) {
+		t.Fatalf("readyz after a registration the ledger could not store: %d %s (want 503 naming %s, not %s, and %q)", code, body, ledger.FileName, path, syscall.EFBIG.Error())
+	}
+	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 1 {
+		t.Fatalf("cfguard_ledger_write_failing %v after a failed registration, want 1", got)
+	}
+	if got := r.metric(t, "cfguard_checkpoint_failing"); got != 0 {
+		t.Fatalf("cfguard_checkpoint_failing %v with no checkpoint tried, want 0", got)
+	}
+	// Probes fail while the limit holds (1 s, then 2 s after): the episode goes on, and the
+	// runbook's commands, as written, show it.
+	time.Sleep(2500 * time.Millisecond)
+	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("readyz while every commit fails: %d %s, want 503", code, body)
+	}
+	if runbooktest.Tools(t, true) {
+		subst := strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))
+		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardCheckpointFailing"), []runbooktest.Check{
+			{Cmd: "/readyz", Want: `the ledger cfguard\.db cannot be written since .*file too large`},
+			{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
+		}, subst, runbookNotRun)
+	}
+
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Cond(t, 60*time.Second, "readyz once the disk has room, with no write but the probe's", func() bool {
+		code, _ := r.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 0 {
+		t.Fatalf("cfguard_ledger_write_failing %v after recovery, want 0", got)
+	}
+	if resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("the registration retried after recovery: %d %s, want 201", resp.StatusCode, rbody)
+	}
+	r.stop(t)
+	if _, err := ledger.Verify(path); err != nil {
+		t.Fatalf("the ledger after failed registrations: %v", err)
 	}
 }

@@ -386,3 +386,42 @@ func TestWriteFailsFsync(t *testing.T) {
 		}
 	}, syscall.ENOSPC)
 }
+
+// WriteFailure reports a failed commit of any writer until a commit succeeds, and Probe is such
+// a commit: it fails while commits fail, keeping the episode's start, and ends the episode once
+// they work, changing nothing the ledger holds.
+func TestProbeEndsTheEpisodeOfFailedWrites(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
+	m := testModel(4)
+	install(t, l, m)
+	if _, err := l.WriteFailure(); err != nil {
+		t.Fatalf("WriteFailure before any failed commit: %v", err)
+	}
+	before := writeState(t, l)
+	injected := errors.New("injected: fdatasync: no space left on device")
+	l.failed = func() error { return injected }
+	rng := rand.New(rand.NewPCG(47, 47))
+	if err := l.Put(bg, newCE(t, m, rng)); !errors.Is(err, ErrWrite) {
+		t.Fatalf("a registration while commits fail: %v, want ErrWrite", err)
+	}
+	since, err := l.WriteFailure()
+	if !errors.Is(err, ErrWrite) || !errors.Is(err, injected) || since.IsZero() {
+		t.Fatalf("WriteFailure after a failed registration: %v since %v, want ErrWrite carrying %q", err, since, injected)
+	}
+	if err := l.Probe(); !errors.Is(err, ErrWrite) {
+		t.Fatalf("Probe while commits fail: %v, want ErrWrite", err)
+	}
+	if again, err := l.WriteFailure(); err == nil || !again.Equal(since) {
+		t.Fatalf("after a failed probe: %v since %v, want the episode begun at %v", err, again, since)
+	}
+	l.failed = nil
+	if err := l.Probe(); err != nil {
+		t.Fatalf("Probe once commits work: %v", err)
+	}
+	if _, err := l.WriteFailure(); err != nil {
+		t.Fatalf("WriteFailure after a successful probe: %v", err)
+	}
+	if after := writeState(t, l); after != before {
+		t.Fatalf("the probes changed the state:\nbefore %.400s\nafter  %.400s", before, after)
+	}
+}

@@ -71,7 +71,13 @@ var conditions = []condition{
 		return false, ""
 	}, "/ui/"},
 	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
-		return g["cfguard_checkpoint_failing"] > 0, "the last checkpoint failed: nothing is applied until one succeeds"
+		switch {
+		case g["cfguard_checkpoint_failing"] > 0:
+			return true, "the last checkpoint failed: nothing is applied until one succeeds"
+		case g["cfguard_ledger_write_failing"] > 0:
+			return true, "the ledger's last commit failed: registrations and deletions answer 503 until one succeeds"
+		}
+		return false, ""
 	}, "/ui/"},
 	{"CfguardTopicReset", func(g map[string]float64, _ time.Time) (bool, string) {
 		return g["cfguard_consumer_topic_mismatch"] > 0, "the input topic no longer holds the offsets the ledger read up to"

@@ -63,6 +63,8 @@ func TestConditionsFollowTheRules(t *testing.T) {
 			"cfguard_last_ingest_timestamp_seconds": at(0)},
 			[]string{"CfguardCheckpointFailing", "CfguardTopicReset", "CfguardOutboxBacklog", "CfguardPosteriorLogStopped", "CfguardPosteriorLogBehind",
 				"CfguardCounterfactualsNotCaughtUp"}},
+		{"a registration failed to commit, no checkpoint tried", map[string]float64{"cfguard_ledger_write_failing": 1, "cfguard_checkpoint_failing": 0,
+			"cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardCheckpointFailing"}},
 		{"records lost 59 minutes ago", map[string]float64{`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: at(59 * time.Minute),
 			`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.ce"}`: 0, "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardRecordsLost"}},
 		{"records lost 61 minutes ago", map[string]float64{`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: at(61 * time.Minute),

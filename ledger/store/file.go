@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,9 +61,46 @@ type File struct {
 	geom    geometry     // as read by the last open
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
-	// writeFailing is set by a failed commit and cleared by the next one that succeeds: one log
-	// line per episode of failed writes, not one per retry.
-	writeFailing atomic.Bool
+	// failing is set by a failed commit and cleared by the next one that succeeds: one log line
+	// per episode of failed writes, not one per retry, and WriteFailure.
+	failing writeEpisode
+}
+
+// writeEpisode is a run of failed commits: when it began and the last error (nil: none).
+type writeEpisode struct {
+	mu    sync.Mutex
+	since time.Time
+	err   error
+}
+
+// fail records a failed commit at now; it reports whether it began an episode.
+func (w *writeEpisode) fail(err error, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := w.err == nil
+	if first {
+		w.since = now
+	}
+	w.err = err
+	return first
+}
+
+// clear ends the episode; it reports whether one was running.
+func (w *writeEpisode) clear() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	was := w.err != nil
+	w.err = nil
+	return was
+}
+
+// WriteFailure returns when the running episode of failed commits began and its last error, or a
+// nil error when the last commit succeeded (or none failed): whatever the transaction was, so
+// that a caller whose own writes are rare learns that the file cannot be written.
+func (s *File) WriteFailure() (since time.Time, err error) {
+	s.failing.mu.Lock()
+	defer s.failing.mu.Unlock()
+	return s.failing.since, s.failing.err
 }
 
 // Open opens <dir>/cfguard.db, creating it (with opts.Init) only when it does not exist.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -95,7 +96,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		s.reopen(nil)
 		return InFile(s.path, err)
 	case err == nil:
-		if committing && s.writeFailing.Swap(false) {
+		if committing && s.failing.clear() {
 			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid)
 		}
 		return nil
@@ -104,16 +105,19 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 	}
 	// The caller reports the failure (the daemon: once per episode, with /readyz and a metric);
 	// the ledger says what it does about it once per episode too.
+	cause := err
+	if rerr := s.reopen(&metaRestore{txid: txid, slot: int(txid % 2), page: saved}); rerr != nil {
+		err = fmt.Errorf("%w: %s: commit failed: %w (and reopening failed: %w)", ErrWrite, s.path, cause, rerr)
+	} else {
+		err = fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, cause)
+	}
 	level := slog.LevelDebug
-	if !s.writeFailing.Swap(true) {
+	if s.failing.fail(err, time.Now()) {
 		level = slog.LevelWarn
 	}
-	s.log.Log(context.Background(), level, "ledger: commit failed; reopening the file to read what it holds (further failures are logged at debug level until a commit succeeds)",
-		"path", s.path, "txid", txid, "err", err)
-	if rerr := s.reopen(&metaRestore{txid: txid, slot: int(txid % 2), page: saved}); rerr != nil {
-		return fmt.Errorf("%w: %s: commit failed: %w (and reopening failed: %w)", ErrWrite, s.path, err, rerr)
-	}
-	return fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, err)
+	s.log.Log(context.Background(), level, "ledger: commit failed; the file was reopened to read what it holds (further failures are logged at debug level until a commit succeeds)",
+		"path", s.path, "txid", txid, "err", cause)
+	return err
 }
 
 // reopen closes bbolt and opens the file again, first putting back restore's meta page if the
