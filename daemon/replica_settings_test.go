@@ -11,11 +11,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -135,6 +137,26 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 	b := startCluster(t, 1)
 	key := writeKeyFile(t, testClusterKey)
+	plog, sha := appendGenesisWithoutSettings(t, b, key)
+	defer plog.Close()
+	r := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Certify.Delta = 0.2
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	if got := r.d.rep.Head().PosteriorSHA256; got != sha {
+		t.Fatalf("posterior %s, the genesis's %s", got, sha)
+	}
+	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {
+		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.logs.String())
+	}
+}
+
+// appendGenesisWithoutSettings starts the posterior log of the cluster b with a genesis that
+// records no settings, as a build before they were recorded wrote it; it returns the log, open,
+// and the genesis's posterior hash.
+func appendGenesisWithoutSettings(t *testing.T, b *broker.Broker, key string) (*postlog.Log, string) {
+	t.Helper()
 	keys, err := clusterkey.Load(key)
 	if err != nil {
 		t.Fatal(err)
@@ -152,24 +174,91 @@ func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body})
+	return plog, sha
+}
+
+// A running replica that meets a new epoch recording settings its file does not have (cfguard
+// new-epoch records the file's settings on a log whose genesis records none) stops following
+// there, serving the last posterior it applied: /readyz names each differing key and points to
+// CfguardReplicaSettingsDiffer, whose gauge and commands say so, as does
+// cfguard_posterior_log_stopped. Restarted with the epoch's settings, it applies the epoch.
+func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two daemons: not with -short")
+	}
+	t.Parallel() // mostly waits for the replica's group
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	plog, _ := appendGenesisWithoutSettings(t, b, key)
 	defer plog.Close()
-	g := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body}
-	v, err := g.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := plog.Append(t.Context(), "genesis", v); err != nil {
-		t.Fatal(err)
-	}
 	r := startDaemonWith(t, func(c *config.Config) {
 		replicaConfig(c, b, "r1", key)
 		c.Certify.Delta = 0.2
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	if got := r.d.rep.Head().PosteriorSHA256; got != sha {
-		t.Fatalf("posterior %s, the genesis's %s", got, sha)
+	h := r.d.rep.Head()
+	epochCfg := *r.d.cfg
+	epochCfg.Certify.Delta = 0.05
+	settings, err := replica.ClusterSettings(&epochCfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {
-		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.logs.String())
+	eb, err := postlog.NewBody(r.d.current())
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
+		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
+		PosteriorSHA256: h.PosteriorSHA256, Body: eb, Settings: settings, Epoch: h.Epoch + 1,
+		Past: &postlog.Past{Offset: h.Offset, SHA256: h.Hash}})
+
+	var body string
+	waitfor.Cond(t, 60*time.Second, "the replica stopped at the epoch", func() bool {
+		code, b := r.get(t, "/readyz")
+		body = string(b)
+		return code == http.StatusServiceUnavailable && r.metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	for _, want := range []string{"a new epoch of the posterior log records other cluster-wide settings than this replica's file: certify.delta: this replica 0.2, the cluster's log 0.05",
+		"restart this replica", "CfguardReplicaSettingsDiffer"} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("/readyz of the stopped replica: %s\nwant it to hold %q", body, want)
+		}
+	}
+	if got := r.metric(t, "cfguard_replication_settings_differ"); got != 1 {
+		t.Fatalf("cfguard_replication_settings_differ %v, want 1", got)
+	}
+	if code, _ := r.get(t, "/v1/model"); code != http.StatusOK {
+		t.Fatalf("GET /v1/model on the stopped replica: %d, want 200 (it serves the last posterior it applied)", code)
+	}
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "/readyz", Want: `a new epoch of the posterior log records other cluster-wide settings than this replica's file: certify\.delta: this replica 0\.2, the cluster's log 0\.05`},
+			{Cmd: "settings_differ", Want: `(?m)^cfguard_replication_settings_differ 1$`},
+		}
+		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardReplicaSettingsDiffer"), checks, strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr()), nil)
+	}
+
+	dir := r.d.cfg.StateDir
+	r.stop(t)
+	again := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.StateDir = dir
+		c.Certify.Delta = 0.05
+	}, nil, nil)
+	code := 0
+	defer func() {
+		if t.Failed() {
+			t.Logf("the restarted replica: /readyz %d %s, entry %d", code, body, again.d.rep.Head().Seq)
+		}
+	}()
+	waitfor.Cond(t, 60*time.Second, "the restarted replica past the epoch", func() bool {
+		var b []byte
+		code, b = again.get(t, "/readyz")
+		body = string(b)
+		return code == http.StatusOK && again.d.rep.Head().Seq > h.Seq
+	})
+	if got := again.metric(t, "cfguard_replication_settings_differ"); got != 0 {
+		t.Fatalf("cfguard_replication_settings_differ %v after the restart, want 0", got)
 	}
 }

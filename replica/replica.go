@@ -619,8 +619,13 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 				r.chain.Block(rec)
 			}
 			recovery := "once every replica runs a build that reads it, or after cfguard new-epoch moves the log past it, the replicas resume"
+			runbook := "CfguardPosteriorLogStopped"
 			var se *storeError
+			var settings *SettingsError
 			switch {
+			case errors.As(err, &settings):
+				recovery = "replicas whose files hold the epoch's settings follow on"
+				runbook = "CfguardReplicaSettingsDiffer"
 			case errors.As(err, &se):
 				recovery = "the entry is valid: this replica could not store it; once what the error names is fixed, restart this replica " +
 					"and it applies the entry again"
@@ -629,7 +634,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 					"and it rebuilds its ledger from the log and the CE topic; if every replica stopped here, a holder of the cluster key " +
 					"wrote these entries: cfguard new-epoch moves the log past them"
 			}
-			r.stopped = fmt.Errorf("%w (offset %d of %s; %s: see docs/RUNBOOK.md, CfguardPosteriorLogStopped)", err, rec.Offset, r.plog.Topic(), recovery)
+			r.stopped = fmt.Errorf("%w (offset %d of %s; %s: see docs/RUNBOOK.md, %s)", err, rec.Offset, r.plog.Topic(), recovery, runbook)
 			r.read = rec.Offset + 1
 			close(r.changed)
 			r.changed = make(chan struct{})
@@ -683,6 +688,9 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	switch e.Kind {
 	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
 		if err := r.checkSettings(e, rec.Offset); err != nil {
+			if se := (*SettingsError)(nil); errors.As(err, &se) {
+				se.following = true
+			}
 			return err
 		}
 		if err := r.host.Checkpoint(ctx, &ledger.Checkpoint{LogHead: hb}); err != nil {

@@ -63,23 +63,34 @@ func ClusterSettings(cfg *config.Config) (map[string]string, error) {
 type settingDiff struct{ key, mine, log string }
 
 // SettingsError is a replica's refusal to join a cluster whose genesis records other
-// cluster-wide settings (Join returns it): every differing key, both values and where the
+// cluster-wide settings (Join returns it), or to follow a new epoch that records settings its
+// file does not have (the follower stops there): every differing key, both values and where the
 // genesis is.
 type SettingsError struct {
-	diffs  []settingDiff
-	topic  string
-	offset int64
-	config string
+	diffs     []settingDiff
+	topic     string
+	offset    int64
+	config    string
+	following bool // met by a running follower at a new epoch, not at Join
 }
 
 func (e *SettingsError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "not joining the cluster, whose posterior log records other cluster-wide settings: ")
+	if e.following {
+		fmt.Fprintf(&b, "a new epoch of the posterior log records other cluster-wide settings than this replica's file: ")
+	} else {
+		fmt.Fprintf(&b, "not joining the cluster, whose posterior log records other cluster-wide settings: ")
+	}
 	for i, d := range e.diffs {
 		if i > 0 {
 			b.WriteString("; ")
 		}
 		fmt.Fprintf(&b, "%s: this replica %s, the cluster's log %s", d.key, quoteEmpty(d.mine), quoteEmpty(d.log))
+	}
+	if e.following {
+		fmt.Fprintf(&b, " (genesis at offset %d of %s); set these keys to the log's values in the file %s and restart this replica: it applies the epoch then",
+			e.offset, e.topic, e.config)
+		return b.String()
 	}
 	fmt.Fprintf(&b, " (genesis at offset %d of %s); align the file %s or start a new cluster", e.offset, e.topic, e.config)
 	return b.String()
