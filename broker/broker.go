@@ -260,7 +260,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, err
 	}
 	go b.watch(ctx, cfg.RetentionCheckInterval)
-	log.Info("embedded kafka broker started", "addrs", b.addrs, "nodes", cfg.Nodes, "data_dir", cfg.DataDir,
+	log.Info("Kafka-protocol broker started", "addrs", b.addrs, "nodes", cfg.Nodes, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics,
 		"retention", cfg.Retention, "retention_bytes", cfg.RetentionBytes,
 		"max_connections", cfg.MaxConnections, "idle_timeout", cfg.IdleTimeout, "request_timeout", cfg.RequestTimeout)

@@ -390,7 +390,6 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.broker = b
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
-		log.Info("embedded Kafka-protocol broker started", "addrs", b.Addrs(), "topic", cfg.Kafka.Topic)
 	}
 	d.brokerAddr = d.conn.Brokers
 

@@ -59,7 +59,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer b.Close()
 	brokers := strings.Join(b.Addrs(), ",")
-	log.Info("Kafka-protocol broker serving; SIGINT or SIGTERM stops it", "brokers", brokers, "nodes", *nodes, "data_dir", *dataDir)
+	log.Info("SIGINT or SIGTERM stops the broker", "brokers", brokers)
 	if _, err := fmt.Fprintf(stdout, "brokers: %s\n", brokers); err != nil {
 		return err
 	}

@@ -204,8 +204,8 @@ func TestBrokerCommandServesNodesAndKeepsData(t *testing.T) {
 	// pipes that os/exec copies in two goroutines: the log line may reach p.stderr after the
 	// brokers line reached p.stdout. Wait for it on its own stream.
 	var logged string
-	waitfor.Cond(t, 30*time.Second, "the broker's \"serving\" log line", func() bool {
-		logged = p.stderr.Logged("Kafka-protocol broker serving; SIGINT or SIGTERM stops it", "brokers")
+	waitfor.Cond(t, 30*time.Second, "the broker's \"SIGINT or SIGTERM stops the broker\" log line", func() bool {
+		logged = p.stderr.Logged("SIGINT or SIGTERM stops the broker", "brokers")
 		return logged != ""
 	})
 	if logged != strings.Join(addrs, ",") {

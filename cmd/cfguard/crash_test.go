@@ -90,7 +90,7 @@ func (c *child) waitUp(t *testing.T) {
 
 // brokerAddr is the address of the child's embedded broker as it logged it ("" if not yet).
 func (c *child) brokerAddr() string {
-	return c.log.Logged("embedded Kafka-protocol broker started", "addrs")
+	return c.log.Logged("Kafka-protocol broker started", "addrs")
 }
 
 // startChild runs `cfguard run --config cfg` in a new process.

@@ -193,7 +193,7 @@ func measureDrift(t *testing.T, taskset, bin, cfg string, set *dataset.Set, n in
 	size0 := fileSize(t, db)
 	p := startScaleProc(t, taskset, bin, cfg, "0,1")
 	p.waitReady(t)
-	brokers := strings.Split(p.log.Logged("embedded Kafka-protocol broker started", "addrs"), ",")
+	brokers := strings.Split(p.log.Logged("Kafka-protocol broker started", "addrs"), ",")
 	if brokers[0] == "" {
 		t.Fatalf("no broker address logged:\n%s", p.log.String())
 	}
