@@ -97,7 +97,7 @@ func Names() []string {
 		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
-		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailing,
+		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
@@ -279,18 +279,25 @@ func RegisterDamaged(reg prometheus.Registerer, damaged func() int) {
 		func() float64 { return float64(damaged()) })
 }
 
-// NameLedgerWriteFailing is the gauge of a failing ledger (ledger.Ledger.WriteFailure).
-const NameLedgerWriteFailing = "cfguard_ledger_write_failing"
+// The metrics of the ledger's failed commits (ledger.Ledger.WriteFailures).
+const (
+	NameLedgerWriteFailures    = "cfguard_ledger_write_failures_total"
+	NameLedgerWriteFailureLast = "cfguard_ledger_write_failure_last_timestamp_seconds"
+)
 
-// RegisterLedgerWriteFailing registers cfguard_ledger_write_failing on reg, read from failing at
-// each scrape.
-func RegisterLedgerWriteFailing(reg prometheus.Registerer, failing func() bool) {
-	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerWriteFailing,
-		Help: "1 while the ledger's last commit failed (no space, file size limit, failed fsync), whichever write it was: a checkpoint, a registration, a deletion, a verdict batch; " +
-			"0 once one succeeds (a probe write retries with backoff while nothing else writes)."},
+// RegisterLedgerWriteFailures registers cfguard_ledger_write_failures_total and
+// cfguard_ledger_write_failure_last_timestamp_seconds on reg, read from failures (their count
+// and the latest one's time, zero when none) at each scrape.
+func RegisterLedgerWriteFailures(reg prometheus.Registerer, failures func() (uint64, time.Time)) {
+	f := promauto.With(reg)
+	f.NewCounterFunc(prometheus.CounterOpts{Name: NameLedgerWriteFailures,
+		Help: "Commits to the ledger that failed (no space, file size limit, failed fsync), whichever write they were: a checkpoint, a registration, a deletion, a batch of verdicts."},
+		func() float64 { n, _ := failures(); return float64(n) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerWriteFailureLast,
+		Help: "Unix time of the latest commit to the ledger that failed since the daemon started, 0 if none. A commit that succeeds does not reset it: on a full disk small commits can succeed while larger ones fail."},
 		func() float64 {
-			if failing() {
-				return 1
+			if _, at := failures(); !at.IsZero() {
+				return float64(at.UnixNano()) / 1e9
 			}
 			return 0
 		})

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/episode"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
@@ -80,6 +82,8 @@ type hooks struct {
 	shareAwait func(version uint64)
 	// auditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2 minutes).
 	auditRebuildWait time.Duration
+	// ledgerFailureHold, when set, replaces ledgerFailureHold (a test does not wait a minute).
+	ledgerFailureHold time.Duration
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -128,7 +132,8 @@ type Daemon struct {
 	confirm   confirmers       // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
 	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
-	writeFail writeFailure     // set while checkpoints fail with ledger.ErrWrite (degraded mode)
+	writeFail episode.Episode  // running while checkpoints fail with ledger.ErrWrite (degraded mode: durably)
+	recovered atomic.Int64     // unix ns when durably's last episode of failed checkpoints ended (ledgerHealth)
 	ends      topicEnds        // the input topic's watermarks as last read (waiting.go)
 
 	// requests counts the requests applied before (request ids): skipped, and answered from
@@ -273,7 +278,6 @@ func Run(ctx context.Context, opts Options) (err error) {
 	g.Go("reissue", d.reissue.run)
 	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
-	g.Go("ledger-probe", d.probeLedger)
 	g.Go("watermarks", func(ctx context.Context) error { return d.watchTopic(ctx, ends) })
 	if opts.Ready != nil {
 		opts.Ready <- d
@@ -346,7 +350,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	td.add("ledger", d.ledger.Close)
 	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
-	alerts.RegisterLedgerWriteFailing(d.reg, func() bool { _, err := d.ledger.WriteFailure(); return err != nil })
+	alerts.RegisterLedgerWriteFailures(d.reg, func() (uint64, time.Time) { f := d.ledger.WriteFailures(); return f.Count, f.At })
 	if err := d.quality.load(d.ledger); err != nil {
 		return fmt.Errorf("ledger %s: %w (move the ledger aside and restore a backup: cfguard restore --config %s --from BACKUP)",
 			d.ledger.Path(), err, d.configPath)
@@ -507,8 +511,8 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 
 // readiness is /readyz: the daemon has started, the embedded broker (when there is one)
 // accepts connections, its checkpoints are being written (not in the degraded mode of durably),
-// the ledger's last commit, of any writer, succeeded (ledgerHealth), and its consumer is healthy
-// (stream.Health).
+// no commit to the ledger failed within the last minute (ledgerHealth), and its consumer is
+// healthy (stream.Health).
 func (d *Daemon) readiness(ctx context.Context) error {
 	if d.rep != nil {
 		if err := d.rep.Refusal(); err != nil {
@@ -528,7 +532,7 @@ func (d *Daemon) readiness(ctx context.Context) error {
 	if err := d.checkpointHealth(); err != nil {
 		return err
 	}
-	if err := d.ledgerHealth(); err != nil {
+	if err := d.ledgerHealth(time.Now()); err != nil {
 		return err
 	}
 	if d.rep != nil {

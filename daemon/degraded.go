@@ -1,10 +1,10 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cfguard/cfguard/internal/backoff"
@@ -17,48 +17,6 @@ const (
 	checkpointRetryMin = time.Second
 	checkpointRetryMax = 30 * time.Second
 )
-
-// writeFailure is the degraded mode: the increment in hand cannot be checkpointed because the
-// ledger cannot be written (ledger.ErrWrite: no space, file size limit, failed fsync). The ledger
-// is then exactly as before the failed write, so the posterior and the offsets are too.
-type writeFailure struct {
-	mu       sync.Mutex
-	err      error
-	since    time.Time
-	attempts int
-}
-
-// fail records a failed attempt; it reports whether it is the first of an episode.
-func (w *writeFailure) fail(err error, now time.Time) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	first := w.err == nil
-	if first {
-		w.since = now
-	}
-	w.err = err
-	w.attempts++
-	return first
-}
-
-// clear ends an episode; it returns how long it lasted and how many attempts failed (0 if none).
-func (w *writeFailure) clear(now time.Time) (time.Duration, int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.err == nil {
-		return 0, 0
-	}
-	took, n := now.Sub(w.since), w.attempts
-	w.err, w.attempts = nil, 0
-	return took, n
-}
-
-// state returns the last error of the running episode (nil when checkpoints succeed).
-func (w *writeFailure) state() (time.Time, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.since, w.err
-}
 
 // durably runs write (one ledger write of the increment in hand) until it succeeds, ctx ends, or
 // it fails with an error other than ledger.ErrWrite (returned: the daemon stops). While it fails
@@ -73,7 +31,8 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 	for {
 		err := write()
 		if err == nil {
-			if took, n := d.writeFail.clear(time.Now()); n > 0 {
+			if took, n := d.writeFail.Clear(time.Now()); n > 0 {
+				d.recovered.Store(time.Now().UnixNano())
 				d.metrics.CheckpointRecovered()
 				d.log.Info("checkpoint written again; consuming resumed", "ledger", d.ledger.Path(),
 					"failed_for", took.Round(time.Millisecond), "failed_attempts", n)
@@ -85,7 +44,7 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 		}
 		d.metrics.CheckpointFailed()
 		wait := bo.Next()
-		if d.writeFail.fail(err, time.Now()) {
+		if d.writeFail.Fail(err, time.Now()) {
 			d.log.Error("checkpoint could not be written; the increment is held, consuming paused, retrying with backoff until it succeeds",
 				"ledger", d.ledger.Path(), "err", err, "first_retry_in", wait.Round(time.Millisecond), "max_retry_interval", checkpointRetryMax)
 		}
@@ -95,55 +54,27 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 	}
 }
 
-// ledgerHealth is nil unless the ledger's last commit failed (ledger.WriteFailure) outside the
-// checkpoints, which checkpointHealth reports: a registration, a deletion, a verdict batch or a
-// probe (for /readyz).
-func (d *Daemon) ledgerHealth() error {
-	since, err := d.ledger.WriteFailure()
-	if err == nil {
-		return nil
+// ledgerHealth is nil unless a commit to the ledger failed within the last ledgerFailureHold
+// (ledger.WriteFailures), outside the checkpoints, which checkpointHealth reports: a
+// registration, a deletion, a batch of verdicts (for /readyz). A commit that succeeds does not
+// end it: on a full disk a small commit can succeed while larger ones fail, so the report lasts
+// as long as commits keep failing, and ends ledgerFailureHold after the last, or when a held
+// checkpoint is written at last (the failures were the checkpoint's, or the disk has room).
+func (d *Daemon) ledgerHealth(now time.Time) error {
+	f := d.ledger.WriteFailures()
+	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.ledgerFailureHold, ledgerFailureHold) || f.At.UnixNano() <= d.recovered.Load() {
+		return nil // none, an old one, or one before a held checkpoint was written at last
 	}
-	return fmt.Errorf("the ledger %s cannot be written since %s (registrations and deletions answer 503, verdicts wait; a probe write retries): %v",
-		d.ledger.Path(), since.UTC().Format(time.RFC3339), err)
+	return fmt.Errorf("a commit to the ledger %s failed %s ago, at %s (the writes that fail are answered 503 or retried): %v",
+		d.ledger.Path(), now.Sub(f.At).Round(time.Second), f.At.UTC().Format(time.RFC3339), f.Err)
 }
 
-// probeLedger ends an episode of failed commits that no writer would end: a registration that
-// failed on a full disk leaves ledger.WriteFailure set, and with no record arriving and no
-// client retrying nothing else commits, so /readyz and cfguard_ledger_write_failing would report
-// it for ever after the disk has room again. Every probePoll it looks; while commits fail, it
-// commits ledger.Probe after checkpointRetryMin, doubling up to checkpointRetryMax, until one
-// succeeds. While checkpoints fail it does not probe: durably retries the checkpoint itself, and
-// a small probe that succeeds beside a checkpoint that cannot would only make the episode flap.
-func (d *Daemon) probeLedger(ctx context.Context) error {
-	bo := backoff.Backoff{Min: checkpointRetryMin, Max: checkpointRetryMax}
-	wait := probePoll
-	for {
-		if err := backoff.Sleep(ctx, wait); err != nil {
-			return nil
-		}
-		_, cperr := d.writeFail.state()
-		if _, err := d.ledger.WriteFailure(); err == nil || cperr != nil {
-			bo.Reset()
-			wait = probePoll
-			continue
-		}
-		if err := d.ledger.Probe(); err == nil {
-			bo.Reset()
-			wait = probePoll
-			continue
-		} else if !errors.Is(err, ledger.ErrWrite) {
-			d.log.Warn("probing the ledger after a failed write", "ledger", d.ledger.Path(), "err", err)
-		}
-		wait = bo.Next()
-	}
-}
-
-// probePoll is how often probeLedger looks for an episode of failed commits.
-const probePoll = time.Second
+// ledgerFailureHold is how long /readyz reports a failed commit to the ledger.
+const ledgerFailureHold = time.Minute
 
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).
 func (d *Daemon) checkpointHealth() error {
-	since, err := d.writeFail.state()
+	since, err := d.writeFail.State()
 	if err == nil {
 		return nil
 	}

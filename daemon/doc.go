@@ -21,7 +21,7 @@
 // for Kafka tooling. A checkpoint the disk refuses (ledger.ErrWrite) holds the increment and is
 // retried with backoff while /readyz reports it (degraded.go); nothing is lost or applied twice.
 // Any other commit the disk refuses (a registration, a deletion, a verdict batch) is reported by
-// /readyz too until a commit succeeds, which probeLedger tries while nothing else writes.
+// /readyz for a minute (ledgerHealth).
 //
 // With replication.enabled, package replica takes ingest's place: its follower applies the
 // posterior log's entries and its updater appends increments, both through replicaHost

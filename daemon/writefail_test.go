@@ -29,28 +29,32 @@ import (
 
 const fsizeChildEnv = "CFGUARD_DAEMON_FSIZE_CHILD"
 
-// TestCheckpointFailureChild is the child process of TestCheckpointFailureHoldsTheIncrement. A
-// full disk is made real with RLIMIT_FSIZE (the kernel refuses writes past the limit with EFBIG;
-// SIGXFSZ is ignored), which works as non-root in CI; mounting a small tmpfs needs root. The
-// limit applies to the whole process, so the broker here keeps its log in memory (an external
-// broker for the daemon) and only the daemon's files are on disk.
-func TestCheckpointFailureChild(t *testing.T) {
-	if os.Getenv(fsizeChildEnv) != "1" {
-		t.Skip("child process of TestCheckpointFailureHoldsTheIncrement")
+// fsizeChild begins a child process that runFsizeChild runs with fsizeChildEnv = value (the
+// test skips in any other process): a full disk is made real with RLIMIT_FSIZE (the kernel
+// refuses writes past the limit with EFBIG; SIGXFSZ is ignored), which works as non-root in CI;
+// mounting a small tmpfs needs root. The limit applies to the whole process, so the broker here
+// keeps its log in memory (an external broker for the daemon) and only the daemon's files are on
+// disk. It returns the daemon, its broker and the limit before the test lowers it.
+func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*running, *broker.Broker, syscall.Rlimit) {
+	t.Helper()
+	if os.Getenv(fsizeChildEnv) != value {
+		t.Skip("child process of " + parent)
 	}
 	signal.Ignore(syscall.SIGXFSZ)
 	var orig syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	b := startCluster(t, 1)
+	r := startDaemonWith(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() }, opts, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	return r, b, orig
+}
+
+// TestCheckpointFailureChild is the child process of TestCheckpointFailureHoldsTheIncrement
+// (fsizeChild).
+func TestCheckpointFailureChild(t *testing.T) {
+	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", nil)
 	data := bundled(t)
 	sent := 0
 	produce := func(n int) { // n good records (whole increments of 32)
@@ -278,10 +282,10 @@ func runFsizeChild(t *testing.T, child, value string) {
 
 // TestFailedRegistrationOnAQuietDaemon: with no record arriving, nothing checkpoints, so only
 // registrations meet a ledger that cannot be written (a real EFBIG, as in
-// TestQuietLedgerFailureChild). The daemon says so as it does for a failing checkpoint: /readyz
-// 503 naming the ledger and the error, cfguard_ledger_write_failing 1 (CfguardCheckpointFailing);
-// once the disk has room a probe write ends the episode with no other write and no client's
-// retry, and the next registration is stored.
+// TestQuietLedgerFailureChild). The daemon says so: /readyz 503 naming the ledger and the error
+// while commits fail, cfguard_ledger_write_failures_total and the latest failure's time
+// (CfguardCheckpointFailing), and the runbook's commands show it; once the disk has room the
+// registration sent again is stored, and /readyz is ready again once its hold has passed.
 func TestFailedRegistrationOnAQuietDaemon(t *testing.T) {
 	t.Parallel() // mostly waits for its child process
 	runFsizeChild(t, "TestQuietLedgerFailureChild", "quiet")
@@ -289,26 +293,11 @@ func TestFailedRegistrationOnAQuietDaemon(t *testing.T) {
 
 // TestQuietLedgerFailureChild is the child process of TestFailedRegistrationOnAQuietDaemon.
 func TestQuietLedgerFailureChild(t *testing.T) {
-	if os.Getenv(fsizeChildEnv) != "quiet" {
-		t.Skip("child process of TestFailedRegistrationOnAQuietDaemon")
-	}
-	signal.Ignore(syscall.SIGXFSZ)
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	const hold = 3 * time.Second // ledgerFailureHold in this test
+	r, _, orig := fsizeChild(t, "quiet", "TestFailedRegistrationOnAQuietDaemon", func(o *Options) { o.hooks.ledgerFailureHold = hold })
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
 	reg, _ := json.Marshal(map[string]any{"id": "quiet", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
-	waitfor.Cond(t, 30*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 
 	// Every commit fails: a limit of one page leaves bbolt's first meta page writable and nothing
 	// else, and a commit writes a data page and the other meta page at least.
@@ -316,48 +305,47 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("registration while the ledger cannot be written: %d %s, want 503", resp.StatusCode, rbody)
-	}
 	path := filepath.Join(r.d.cfg.StateDir, ledger.FileName)
-	code, body := r.get(t, "/readyz")
-	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), ledger.FileName) || strings.Contains(string(body), path) ||
-		!strings.Contains(string(body), syscall.EFBIG.Error()) {
-		t.Fatalf("readyz after a registration the ledger could not store: %d %s (want 503 naming %s, not %s, and %q)", code, body, ledger.FileName, path, syscall.EFBIG.Error())
+	for i := range 2 { // a client sending it again meets the same refusal, and /readyz says so
+		resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("registration %d while the ledger cannot be written: %d %s, want 503", i, resp.StatusCode, rbody)
+		}
+		code, body := r.get(t, "/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(string(body), ledger.FileName) || strings.Contains(string(body), path) ||
+			!strings.Contains(string(body), syscall.EFBIG.Error()) {
+			t.Fatalf("readyz after registration %d the ledger could not store: %d %s (want 503 naming %s, not %s, and %q)", i, code, body, ledger.FileName, path, syscall.EFBIG.Error())
+		}
+		if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != float64(i+1) {
+			t.Fatalf("cfguard_ledger_write_failures_total %v after %d failed registrations", got, i+1)
+		}
 	}
-	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 1 {
-		t.Fatalf("cfguard_ledger_write_failing %v after a failed registration, want 1", got)
+	if at := r.metric(t, "cfguard_ledger_write_failure_last_timestamp_seconds"); time.Since(time.Unix(int64(at), 0)) > time.Minute {
+		t.Fatalf("cfguard_ledger_write_failure_last_timestamp_seconds %v, want the time of the last failed registration", at)
 	}
 	if got := r.metric(t, "cfguard_checkpoint_failing"); got != 0 {
 		t.Fatalf("cfguard_checkpoint_failing %v with no checkpoint tried, want 0", got)
 	}
-	// Probes fail while the limit holds (1 s, then 2 s after): the episode goes on, and the
-	// runbook's commands, as written, show it.
-	time.Sleep(2500 * time.Millisecond)
-	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable {
-		t.Fatalf("readyz while every commit fails: %d %s, want 503", code, body)
-	}
+	// The runbook's commands, as written, show it.
 	if runbooktest.Tools(t, true) {
 		subst := strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))
 		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardCheckpointFailing"), []runbooktest.Check{
-			{Cmd: "/readyz", Want: `the ledger cfguard\.db cannot be written since .*file too large`},
+			{Cmd: "/readyz", Want: `a commit to the ledger cfguard\.db failed .* ago, at .*file too large`},
 			{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
 		}, subst, runbookNotRun)
 	}
 
+	// Room again: the registration sent again is stored, and /readyz is ready once the hold has
+	// passed since the last failure.
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
-	waitfor.Cond(t, 60*time.Second, "readyz once the disk has room, with no write but the probe's", func() bool {
-		code, _ := r.get(t, "/readyz")
-		return code == http.StatusOK
-	})
-	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 0 {
-		t.Fatalf("cfguard_ledger_write_failing %v after recovery, want 0", got)
-	}
 	if resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil); resp.StatusCode != http.StatusCreated {
-		t.Fatalf("the registration retried after recovery: %d %s, want 201", resp.StatusCode, rbody)
+		t.Fatalf("the registration sent again once the disk has room: %d %s, want 201", resp.StatusCode, rbody)
+	}
+	waitfor.Cond(t, 10*hold, "readyz once the hold has passed", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != 2 {
+		t.Fatalf("cfguard_ledger_write_failures_total %v after recovery, want the 2 failures", got)
 	}
 	r.stop(t)
 	if _, err := ledger.Verify(path); err != nil {

@@ -387,41 +387,40 @@ func TestWriteFailsFsync(t *testing.T) {
 	}, syscall.ENOSPC)
 }
 
-// WriteFailure reports a failed commit of any writer until a commit succeeds, and Probe is such
-// a commit: it fails while commits fail, keeping the episode's start, and ends the episode once
-// they work, changing nothing the ledger holds.
-func TestProbeEndsTheEpisodeOfFailedWrites(t *testing.T) {
+// WriteFailures counts every failed commit, whichever writer's, with the latest one's time and
+// error, and a commit that succeeds afterwards leaves them: on a full disk a small commit can
+// succeed while larger ones fail.
+func TestWriteFailuresAreCounted(t *testing.T) {
 	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m := testModel(4)
 	install(t, l, m)
-	if _, err := l.WriteFailure(); err != nil {
-		t.Fatalf("WriteFailure before any failed commit: %v", err)
+	if f := l.WriteFailures(); f.Count != 0 || !f.At.IsZero() || f.Err != nil {
+		t.Fatalf("WriteFailures before any failed commit: %+v", f)
 	}
-	before := writeState(t, l)
 	injected := errors.New("injected: fdatasync: no space left on device")
 	l.failed = func() error { return injected }
 	rng := rand.New(rand.NewPCG(47, 47))
 	if err := l.Put(bg, newCE(t, m, rng)); !errors.Is(err, ErrWrite) {
 		t.Fatalf("a registration while commits fail: %v, want ErrWrite", err)
 	}
-	since, err := l.WriteFailure()
-	if !errors.Is(err, ErrWrite) || !errors.Is(err, injected) || since.IsZero() {
-		t.Fatalf("WriteFailure after a failed registration: %v since %v, want ErrWrite carrying %q", err, since, injected)
+	first := l.WriteFailures()
+	if first.Count != 1 || first.At.IsZero() || !errors.Is(first.Err, ErrWrite) || !errors.Is(first.Err, injected) {
+		t.Fatalf("WriteFailures after a failed registration: %+v, want 1 failure carrying ErrWrite and %q", first, injected)
 	}
-	if err := l.Probe(); !errors.Is(err, ErrWrite) {
-		t.Fatalf("Probe while commits fail: %v, want ErrWrite", err)
+	next := drift(m, -0.01)
+	next.Version = m.Version + 1
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: next, Offsets: map[int]int64{0: 1}, Applied: 1}); !errors.Is(err, ErrWrite) {
+		t.Fatalf("a checkpoint while commits fail: %v, want ErrWrite", err)
 	}
-	if again, err := l.WriteFailure(); err == nil || !again.Equal(since) {
-		t.Fatalf("after a failed probe: %v since %v, want the episode begun at %v", err, again, since)
+	second := l.WriteFailures()
+	if second.Count != 2 || second.At.Before(first.At) {
+		t.Fatalf("WriteFailures after a failed checkpoint: %+v, want 2 failures, the latest at or after %v", second, first.At)
 	}
 	l.failed = nil
-	if err := l.Probe(); err != nil {
-		t.Fatalf("Probe once commits work: %v", err)
+	if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+		t.Fatalf("a registration once commits work: %v", err)
 	}
-	if _, err := l.WriteFailure(); err != nil {
-		t.Fatalf("WriteFailure after a successful probe: %v", err)
-	}
-	if after := writeState(t, l); after != before {
-		t.Fatalf("the probes changed the state:\nbefore %.400s\nafter  %.400s", before, after)
+	if after := l.WriteFailures(); after.Count != 2 || !after.At.Equal(second.At) {
+		t.Fatalf("WriteFailures after a commit that succeeded: %+v, want them unchanged (%+v)", after, second)
 	}
 }

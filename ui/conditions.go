@@ -70,12 +70,12 @@ var conditions = []condition{
 		}
 		return false, ""
 	}, "/ui/"},
-	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
-		switch {
-		case g["cfguard_checkpoint_failing"] > 0:
+	{"CfguardCheckpointFailing", func(g map[string]float64, now time.Time) (bool, string) {
+		if g["cfguard_checkpoint_failing"] > 0 {
 			return true, "the last checkpoint failed: nothing is applied until one succeeds"
-		case g["cfguard_ledger_write_failing"] > 0:
-			return true, "the ledger's last commit failed: registrations and deletions answer 503 until one succeeds"
+		}
+		if t := g["cfguard_ledger_write_failure_last_timestamp_seconds"]; t > 0 && float64(now.Unix())-t < 300 {
+			return true, "a commit to the ledger failed at " + unix(t) + ": the writes that fail are answered 503 or retried"
 		}
 		return false, ""
 	}, "/ui/"},

@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/internal/atomicfile"
+	"github.com/cfguard/cfguard/internal/episode"
 )
 
 // Options configure Open.
@@ -62,45 +63,28 @@ type File struct {
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
 	// failing is set by a failed commit and cleared by the next one that succeeds: one log line
-	// per episode of failed writes, not one per retry, and WriteFailure.
-	failing writeEpisode
+	// per episode of failed writes, not one per retry.
+	failing episode.Episode
+	// failures counts the failed commits and keeps the latest one's time and error.
+	failMu   sync.Mutex
+	failures Failures
 }
 
-// writeEpisode is a run of failed commits: when it began and the last error (nil: none).
-type writeEpisode struct {
-	mu    sync.Mutex
-	since time.Time
-	err   error
+// Failures are the commits of a File that failed, whichever transaction they were: how many,
+// and when the latest failed and why (a zero At: none).
+type Failures struct {
+	Count uint64
+	At    time.Time
+	Err   error
 }
 
-// fail records a failed commit at now; it reports whether it began an episode.
-func (w *writeEpisode) fail(err error, now time.Time) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	first := w.err == nil
-	if first {
-		w.since = now
-	}
-	w.err = err
-	return first
-}
-
-// clear ends the episode; it reports whether one was running.
-func (w *writeEpisode) clear() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	was := w.err != nil
-	w.err = nil
-	return was
-}
-
-// WriteFailure returns when the running episode of failed commits began and its last error, or a
-// nil error when the last commit succeeded (or none failed): whatever the transaction was, so
-// that a caller whose own writes are rare learns that the file cannot be written.
-func (s *File) WriteFailure() (since time.Time, err error) {
-	s.failing.mu.Lock()
-	defer s.failing.mu.Unlock()
-	return s.failing.since, s.failing.err
+// WriteFailures returns the commits that failed since Open. A success does not reset them: a
+// small commit can succeed on a disk that refuses a larger one (bbolt reuses the pages it
+// holds), so only the time of the latest failure says whether writes are refused now.
+func (s *File) WriteFailures() Failures {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failures
 }
 
 // Open opens <dir>/cfguard.db, creating it (with opts.Init) only when it does not exist.

@@ -96,7 +96,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		s.reopen(nil)
 		return InFile(s.path, err)
 	case err == nil:
-		if committing && s.failing.clear() {
+		if _, failed := s.failing.Clear(time.Now()); failed > 0 {
 			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid)
 		}
 		return nil
@@ -111,8 +111,13 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 	} else {
 		err = fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, cause)
 	}
+	now := time.Now()
+	s.failMu.Lock()
+	s.failures.Count++
+	s.failures.At, s.failures.Err = now, err
+	s.failMu.Unlock()
 	level := slog.LevelDebug
-	if s.failing.fail(err, time.Now()) {
+	if s.failing.Fail(err, now) {
 		level = slog.LevelWarn
 	}
 	s.log.Log(context.Background(), level, "ledger: commit failed; the file was reopened to read what it holds (further failures are logged at debug level until a commit succeeds)",
