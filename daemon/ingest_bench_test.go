@@ -143,13 +143,7 @@ func cpuTime() time.Duration {
 // broker stops when the benchmark ends.
 func benchStream(b *testing.B, n int) (br *broker.Broker, set *dataset.Set, m *bnn.Model, modelDir string) {
 	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	br, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(br.Close)
+	br = startCluster(b, 1)
 	set, ds, err := assets.Load("breast_cancer")
 	if err != nil {
 		b.Fatal(err)
@@ -160,11 +154,11 @@ func benchStream(b *testing.B, n int) (br *broker.Broker, set *dataset.Set, m *b
 		v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(i), "features": set.X[i%set.Len()], "label": set.Y[i%set.Len()]})
 		msgs[i] = kafka.Message{Value: v}
 	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
+	if err := w.WriteMessages(b.Context(), msgs...); err != nil {
 		b.Fatal(err)
 	}
 	w.Close()
-	m, _, err = bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
+	m, _, err = bnn.Fit(b.Context(), set, ds.Classes, bnn.TrainConfig{Seed: 1, Epochs: 5})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -182,12 +182,7 @@ func TestExternalBrokerWithSASL(t *testing.T) {
 
 func TestReadyzFailsWhenBrokerGone(t *testing.T) {
 	t.Parallel() // mostly waits for the consumer to find the broker gone
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := startCluster(t, 1)
 	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
 	b.Close()
 	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })

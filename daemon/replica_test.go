@@ -61,8 +61,9 @@ func (r *running) view(t *testing.T) replicaView {
 	return v
 }
 
-// startCluster starts a broker on loopback for replicas: the input topic with partitions
-// partitions, the dead-letter and events topics.
+// startCluster starts a broker on loopback, in memory, stopped at the test's end: the input
+// topic with partitions partitions, the dead-letter and events topics, for replicas or for a
+// daemon given an external broker.
 func startCluster(t testing.TB, partitions int) *broker.Broker {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -14,7 +14,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -28,13 +27,7 @@ import (
 // naming the topic, partition, offset and the confirming command (/readyz 503, the mismatch
 // gauge 1, nothing applied); a start with --accept-topic-reset applies the m new records.
 func TestTopicRecreatedWhileStopped(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := startCluster(t, 1)
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir, c.Kafka.Brokers = dir, b.Addrs() }
 	data := bundled(t)
@@ -48,7 +41,7 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 		for i := range msgs {
 			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i])}
 		}
-		pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+		pctx, pcancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer pcancel()
 		if err := w.WriteMessages(pctx, msgs...); err != nil {
 			t.Fatal(err)
