@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
 )
 
 // TestPosteriorLogRecreatedStopsTheReplicas deletes and recreates the posterior topic under a
@@ -62,6 +65,33 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	if r.view(t).Replication.Entry != before.Replication.Entry {
 		t.Error("the stopped replica applied an entry of the recreated log")
 	}
+
+	// A new epoch begins the recreated log from the replica's head, as cfguard new-epoch
+	// --head-from writes it, with the settings of an operator's file whose certify.delta
+	// differs (the log lost the genesis that recorded the cluster's). The stopped replica names
+	// the key and the recovery that works: a replica rebuilt from an empty state_dir with the
+	// epoch's settings follows the new log.
+	h := r.d.rep.Head()
+	epochCfg := *r.d.cfg
+	epochCfg.Certify.Delta = 0.1
+	settings, err := replica.ClusterSettings(&epochCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := postlog.NewBody(r.d.current())
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEntry(t, keyHolderLog(t, r), &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
+		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
+		PosteriorSHA256: h.PosteriorSHA256, Body: eb, Settings: settings, Epoch: h.Epoch + 1, Past: &postlog.Past{Offset: h.Offset, SHA256: h.Hash}})
+	waitfor.Cond(t, 60*time.Second, "the replica naming the epoch's settings and the rebuild", func() bool {
+		code, body := r.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "certify.delta: this replica 0.05, the cluster's log 0.1") &&
+			strings.Contains(string(body), "the log was recreated: set these keys to the log's values in the file") &&
+			strings.Contains(string(body), "move this replica's state_dir aside and restart it")
+	})
+
 	// Restarted, the replica finds the entry it applied last gone and refuses, ledger unchanged.
 	dir := r.d.cfg.StateDir
 	r.stop(t)
@@ -70,6 +100,14 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 		!strings.Contains(err.Error(), "new-epoch --head-from") {
 		t.Errorf("the replica restarted on the recreated log: Run = %v; want a refusal naming the reset and the recovery", err)
 	}
+	rebuilt := startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Certify.Delta = 0.1
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the rebuilt replica following the new log", func() bool {
+		code, _ := rebuilt.get(t, "/readyz")
+		return code == http.StatusOK && rebuilt.d.rep.Head().Epoch == h.Epoch+1
+	})
 }
 
 // TestPosteriorLogRegrownStopsTheReplica recreates the posterior topic under a running replica

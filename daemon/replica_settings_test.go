@@ -135,15 +135,7 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 // WARN that the settings cannot be checked, whatever the replica's file says: refusing it would
 // stop every replica of such a cluster at its upgrade.
 func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	plog, sha := appendGenesisWithoutSettings(t, b, key)
-	defer plog.Close()
-	r := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
-		c.Certify.Delta = 0.2
-	}, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	_, _, _, sha, r := followGenesisWithoutSettings(t)
 	if got := r.d.rep.Head().PosteriorSHA256; got != sha {
 		t.Fatalf("posterior %s, the genesis's %s", got, sha)
 	}
@@ -152,11 +144,14 @@ func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 	}
 }
 
-// appendGenesisWithoutSettings starts the posterior log of the cluster b with a genesis that
-// records no settings, as a build before they were recorded wrote it; it returns the log, open,
-// and the genesis's posterior hash.
-func appendGenesisWithoutSettings(t *testing.T, b *broker.Broker, key string) (*postlog.Log, string) {
+// followGenesisWithoutSettings starts a cluster whose posterior log begins with a genesis that
+// records no settings, as a build before they were recorded wrote it, and a replica r1 (with
+// certify.delta 0.2) that follows it, ready. It returns the broker, the key file, the log (open
+// until the test ends), the genesis's posterior hash and the replica.
+func followGenesisWithoutSettings(t *testing.T) (b *broker.Broker, key string, plog *postlog.Log, sha string, r *running) {
 	t.Helper()
+	b = startCluster(t, 1)
+	key = writeKeyFile(t, testClusterKey)
 	keys, err := clusterkey.Load(key)
 	if err != nil {
 		t.Fatal(err)
@@ -166,16 +161,20 @@ func appendGenesisWithoutSettings(t *testing.T, b *broker.Broker, key string) (*
 	if err != nil {
 		t.Fatal(err)
 	}
-	sha, err := postlog.PosteriorHash(m)
-	if err != nil {
+	if sha, err = postlog.PosteriorHash(m); err != nil {
 		t.Fatal(err)
 	}
-	plog, err := postlog.Open(t.Context(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
-	if err != nil {
+	if plog, err = postlog.Open(t.Context(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { plog.Close() })
 	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body})
-	return plog, sha
+	r = startDaemonWith(t, func(c *config.Config) {
+		replicaConfig(c, b, "r1", key)
+		c.Certify.Delta = 0.2
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	return b, key, plog, sha, r
 }
 
 // A running replica that meets a new epoch recording settings its file does not have (cfguard
@@ -188,15 +187,7 @@ func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
 		t.Skip("two daemons: not with -short")
 	}
 	t.Parallel() // mostly waits for the replica's group
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	plog, _ := appendGenesisWithoutSettings(t, b, key)
-	defer plog.Close()
-	r := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
-		c.Certify.Delta = 0.2
-	}, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	b, key, plog, _, r := followGenesisWithoutSettings(t)
 	h := r.d.rep.Head()
 	epochCfg := *r.d.cfg
 	epochCfg.Certify.Delta = 0.05

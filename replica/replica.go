@@ -84,6 +84,9 @@ type Replica struct {
 	inputReset error
 	settings   map[string]string // this replica's cluster-wide settings (ClusterSettings)
 	refused    error             // why it did not join (a *SettingsError), nil when it did
+	// recorded: the genesis or epoch this replica follows recorded the cluster-wide settings
+	// (checkSettings), so an epoch recording others changes them.
+	recorded atomic.Bool
 
 	updater atomic.Bool
 	// failedTerms counts this replica's consecutive terms that ended on an error (a claim or
@@ -689,7 +692,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
 		if err := r.checkSettings(e, rec.Offset); err != nil {
 			if se := (*SettingsError)(nil); errors.As(err, &se) {
-				se.following = true
+				se.following = stoppedAtEpoch(r.recorded.Load(), halts > 0)
 			}
 			return err
 		}

@@ -71,12 +71,36 @@ type SettingsError struct {
 	topic     string
 	offset    int64
 	config    string
-	following bool // met by a running follower at a new epoch, not at Join
+	following epochStop // met by a running follower at a new epoch (not atJoin): how it recovers
+}
+
+// epochStop is how a follower stopped by a new epoch's settings recovers.
+type epochStop uint8
+
+const (
+	atJoin        epochStop = iota // not at an epoch: the replica refused to join
+	restartAtHead                  // the log holds the head: restarted with the epoch's settings, it applies the epoch
+	rebuild                        // the log was recreated (new-epoch --head-from): its state_dir moved aside, it rebuilds from the new log
+	changed                        // the epoch changes settings the log recorded: no replica follows both
+)
+
+// stoppedAtEpoch is how a follower stopped by an epoch's settings recovers: reset says that the
+// log lost its head since this replica started (the epoch begins a recreated log: a replica
+// rebuilt from it follows it, whatever came before), recorded that the genesis or epoch it
+// follows recorded settings (which the epoch then changes).
+func stoppedAtEpoch(recorded, reset bool) epochStop {
+	switch {
+	case reset:
+		return rebuild
+	case recorded:
+		return changed
+	}
+	return restartAtHead
 }
 
 func (e *SettingsError) Error() string {
 	var b strings.Builder
-	if e.following {
+	if e.following != atJoin {
 		fmt.Fprintf(&b, "a new epoch of the posterior log records other cluster-wide settings than this replica's file: ")
 	} else {
 		fmt.Fprintf(&b, "not joining the cluster, whose posterior log records other cluster-wide settings: ")
@@ -87,12 +111,19 @@ func (e *SettingsError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s: this replica %s, the cluster's log %s", d.key, quoteEmpty(d.mine), quoteEmpty(d.log))
 	}
-	if e.following {
-		fmt.Fprintf(&b, " (genesis at offset %d of %s); set these keys to the log's values in the file %s and restart this replica: it applies the epoch then",
-			e.offset, e.topic, e.config)
-		return b.String()
+	fmt.Fprintf(&b, " (genesis at offset %d of %s); ", e.offset, e.topic)
+	switch e.following {
+	case restartAtHead:
+		fmt.Fprintf(&b, "set these keys to the log's values in the file %s and restart this replica: it applies the epoch then", e.config)
+	case rebuild:
+		fmt.Fprintf(&b, "the log was recreated: set these keys to the log's values in the file %s, move this replica's state_dir aside and restart it: "+
+			"it rebuilds from the new log", e.config)
+	case changed:
+		b.WriteString("the epoch changes settings that the log recorded before it, which no replica can follow (cfguard new-epoch keeps them): " +
+			"start a new cluster with the settings wanted")
+	default:
+		fmt.Fprintf(&b, "align the file %s or start a new cluster", e.config)
 	}
-	fmt.Fprintf(&b, " (genesis at offset %d of %s); align the file %s or start a new cluster", e.offset, e.topic, e.config)
 	return b.String()
 }
 
@@ -140,6 +171,7 @@ func (r *Replica) checkSettings(e *postlog.Entry, offset int64) error {
 	diffs := compareSettings(r.settings, e.Settings)
 	r.m.SettingsDiffer.Set(float64(len(diffs)))
 	if len(diffs) == 0 {
+		r.recorded.Store(true)
 		r.lg.Info("cluster-wide settings match the posterior log's genesis", "genesis_offset", offset, "keys", len(e.Settings))
 		return nil
 	}

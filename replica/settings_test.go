@@ -54,6 +54,30 @@ func TestSettingsErrorNamesEveryKey(t *testing.T) {
 	}
 }
 
+// A follower stopped at a new epoch says how it recovers: restarted with the epoch's settings
+// when the log still holds its head and its genesis recorded none; rebuilt from the log when
+// the log was recreated (the epoch begins it); a new cluster when the epoch changes settings
+// the log recorded.
+func TestSettingsErrorAtAnEpochSaysHowToRecover(t *testing.T) {
+	diffs := compareSettings(map[string]string{"certify.delta": "0.2"}, map[string]string{"certify.delta": "0.05"})
+	for _, tc := range []struct {
+		recorded, reset bool
+		want, not       string
+	}{
+		{false, false, "set these keys to the log's values in the file replica.yaml and restart this replica: it applies the epoch then", "state_dir"},
+		{false, true, "the log was recreated: set these keys to the log's values in the file replica.yaml, move this replica's state_dir aside and restart it", "applies the epoch"},
+		{true, true, "move this replica's state_dir aside", "new cluster"},
+		{true, false, "the epoch changes settings that the log recorded before it, which no replica can follow", "restart"},
+	} {
+		e := &SettingsError{diffs: diffs, topic: "cfguard.posterior", offset: 9, config: "replica.yaml", following: stoppedAtEpoch(tc.recorded, tc.reset)}
+		msg := e.Error()
+		if !strings.HasPrefix(msg, "a new epoch of the posterior log records other cluster-wide settings than this replica's file: certify.delta: this replica 0.2, the cluster's log 0.05 (genesis at offset 9 of cfguard.posterior); ") ||
+			!strings.Contains(msg, tc.want) || strings.Contains(msg, tc.not) {
+			t.Errorf("recorded %v, reset %v: %q\nwant it to say %q and not %q", tc.recorded, tc.reset, msg, tc.want, tc.not)
+		}
+	}
+}
+
 // TestClusterSettings: besides the file's cluster-wide keys, a replica records its starting
 // model (the SHA-256 of model.path's posterior, or that it trains on model.dataset) and its
 // data schema (x0, x1, ... for a model without feature names, as the record schema names them).
