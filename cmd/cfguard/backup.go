@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -130,9 +129,6 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	info, err := ledger.Restore(*from, cfg.StateDir)
-	if errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("%w (restore never replaces a ledger)", err)
-	}
 	if err != nil {
 		return namingConfig(err, *path)
 	}
