@@ -47,21 +47,24 @@ type StreamConfig struct {
 // StreamPoint is the state after one increment. Held-out figures and stand-ins are filled at
 // evaluation points only (Evaluated).
 type StreamPoint struct {
-	Increment  int
-	Records    int // records applied so far
-	Drifted    int // records of the drift applied so far
-	KL         float64
-	Iterations int
-	Converged  bool
-	Took       time.Duration
-	Represents float64
-	Evaluated  bool
-	NLL, ECE   float64 // held-out, of the predictive
-	Accuracy   float64
+	Increment  int           `json:"increment"`
+	Records    int           `json:"records"` // records applied so far
+	Drifted    int           `json:"drifted"` // records of the drift applied so far
+	KL         float64       `json:"kl"`
+	Iterations int           `json:"iterations"`
+	Converged  bool          `json:"converged"`
+	Took       time.Duration `json:"took_ns"`
+	Represents float64       `json:"represents"`
+	Evaluated  bool          `json:"evaluated"`
+	NLL        float64       `json:"nll"` // held-out, of the predictive
+	ECE        float64       `json:"ece"`
+	Accuracy   float64       `json:"accuracy"`
 	// Stand-ins: mean and min p(target); how many are invalidated (upper Bernstein bound < 1/2)
 	// and how many renewable (lower bound >= 1 - delta).
-	StandInMean, StandInMin float64
-	Invalidated, Renewable  int
+	StandInMean float64 `json:"stand_in_mean"`
+	StandInMin  float64 `json:"stand_in_min"`
+	Invalidated int     `json:"invalidated"`
+	Renewable   int     `json:"renewable"`
 }
 
 // StreamResult summarises a run.

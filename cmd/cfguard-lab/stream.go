@@ -31,20 +31,29 @@ var learners = map[string]func() update.Config{
 	"vcl-adam": func() update.Config { return update.Config{Objective: update.ObjectiveVCL, Solver: update.SolverAdam} },
 }
 
-// streamSummary is cmdStream's JSON line.
+// streamSummary is cmdStream's JSON line. Correct and Drift count increments; Invalidated80 and
+// InvalidatedAll count drifted records (0: never).
 type streamSummary struct {
-	Data, Learner                 string
-	Increment                     int
-	RandomSize                    bool
-	Correct, Drift                int
-	Shift                         string
-	KLWeight, Memory              float64
-	Start, AfterCorrect, End      experiment.StreamPoint
-	KLCorrectMean, KLCorrectMax   float64
-	KLDriftMean, KLDriftMax       float64
-	Breaches                      int
-	Invalidated80, InvalidatedAll int
-	TookMean                      time.Duration
+	Data            string                 `json:"data"`
+	Learner         string                 `json:"learner"`
+	Increment       int                    `json:"increment"`
+	RandomSize      bool                   `json:"random_size"`
+	Correct         int                    `json:"correct_increments"`
+	Drift           int                    `json:"drift_increments"`
+	Shift           string                 `json:"shift"`
+	KLWeight        float64                `json:"kl_weight"`
+	Memory          float64                `json:"memory"`
+	Start           experiment.StreamPoint `json:"start"`
+	AfterCorrect    experiment.StreamPoint `json:"after_correct"`
+	End             experiment.StreamPoint `json:"end"`
+	KLCorrectMean   float64                `json:"kl_correct_mean"`
+	KLCorrectMax    float64                `json:"kl_correct_max"`
+	KLDriftMean     float64                `json:"kl_drift_mean"`
+	KLDriftMax      float64                `json:"kl_drift_max"`
+	Breaches        int                    `json:"breaches"`
+	Invalidated80   int                    `json:"invalidated_80_after"`
+	InvalidatedAll  int                    `json:"invalidated_all_after"`
+	TookMeanSeconds float64                `json:"took_mean_seconds"`
 }
 
 // cmdStream replays a stream of increments through the daemon's update code on a bundled data
@@ -117,7 +126,7 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	sum.Start, sum.AfterCorrect, sum.End = res.Start, res.AfterCorrect, res.Points[len(res.Points)-1]
 	sum.Breaches, sum.Invalidated80, sum.InvalidatedAll = res.Breaches, res.First80, res.FirstAllInvalidated
 	if n > 0 {
-		sum.TookMean = took / time.Duration(n)
+		sum.TookMeanSeconds = (took / time.Duration(n)).Seconds()
 	}
 	enc := json.NewEncoder(stdout)
 	return enc.Encode(sum)
