@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,7 +132,6 @@ type Daemon struct {
 	reissue   *reissuer        // new CEs for those that reach explain.reissue's status
 	batch     *batcher         // POST /v1/predict requests served together, one engine call a batch
 	writeFail episode.Episode  // running while checkpoints fail with ledger.ErrWrite (degraded mode: durably)
-	recovered atomic.Int64     // unix ns when durably's last episode of failed checkpoints ended (ledgerHealth)
 	ends      topicEnds        // the input topic's watermarks as last read (waiting.go)
 
 	// requests counts the requests applied before (request ids): skipped, and answered from

@@ -32,7 +32,6 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 		err := write()
 		if err == nil {
 			if took, n := d.writeFail.Clear(time.Now()); n > 0 {
-				d.recovered.Store(time.Now().UnixNano())
 				d.metrics.CheckpointRecovered()
 				d.log.Info("checkpoint written again; consuming resumed", "ledger", d.ledger.Path(),
 					"failed_for", took.Round(time.Millisecond), "failed_attempts", n)
@@ -58,18 +57,19 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 // (ledger.WriteFailures), outside the checkpoints, which checkpointHealth reports: a
 // registration, a deletion, a batch of verdicts (for /readyz). A commit that succeeds does not
 // end it: on a full disk a small commit can succeed while larger ones fail, so the report lasts
-// as long as commits keep failing, and ends ledgerFailureHold after the last, or when a held
-// checkpoint is written at last (the failures were the checkpoint's, or the disk has room).
+// as long as commits keep failing, and ends ledgerFailureHold after the last (also after a held
+// checkpoint is written at last: its failed attempts were commits that failed).
 func (d *Daemon) ledgerHealth(now time.Time) error {
 	f := d.ledger.WriteFailures()
-	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.ledgerFailureHold, ledgerFailureHold) || f.At.UnixNano() <= d.recovered.Load() {
-		return nil // none, an old one, or one before a held checkpoint was written at last
+	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.ledgerFailureHold, ledgerFailureHold) {
+		return nil
 	}
 	return fmt.Errorf("a commit to the ledger %s failed %s ago, at %s (the writes that fail are answered 503 or retried): %v",
 		d.ledger.Path(), now.Sub(f.At).Round(time.Second), f.At.UTC().Format(time.RFC3339), f.Err)
 }
 
-// ledgerFailureHold is how long /readyz reports a failed commit to the ledger.
+// ledgerFailureHold is how long /readyz reports a failed commit to the ledger: the window in
+// which CfguardCheckpointFailing looks for the next failure.
 const ledgerFailureHold = time.Minute
 
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).

@@ -54,7 +54,9 @@ func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*run
 // TestCheckpointFailureChild is the child process of TestCheckpointFailureHoldsTheIncrement
 // (fsizeChild).
 func TestCheckpointFailureChild(t *testing.T) {
-	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", nil)
+	// Its failed attempts are failed commits, which /readyz reports for ledgerFailureHold after
+	// the last: a second here, so that the test sees it ready soon after the recovery.
+	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", func(o *Options) { o.hooks.ledgerFailureHold = time.Second })
 	data := bundled(t)
 	sent := 0
 	produce := func(n int) { // n good records (whole increments of 32)

@@ -74,7 +74,7 @@ var conditions = []condition{
 		if g["cfguard_checkpoint_failing"] > 0 {
 			return true, "the last checkpoint failed: nothing is applied until one succeeds"
 		}
-		if t := g["cfguard_ledger_write_failure_last_timestamp_seconds"]; t > 0 && float64(now.Unix())-t < 300 {
+		if t := g["cfguard_ledger_write_failure_last_timestamp_seconds"]; float64(now.Unix())-t < 60 {
 			return true, "a commit to the ledger failed at " + unix(t) + ": the writes that fail are answered 503 or retried"
 		}
 		return false, ""
