@@ -78,13 +78,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb, err := postlog.NewBody(r.d.current())
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendEntry(t, keyHolderLog(t, r), &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
-		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
-		PosteriorSHA256: h.PosteriorSHA256, Body: eb, Settings: settings, Epoch: h.Epoch + 1, Past: &postlog.Past{Offset: h.Offset, SHA256: h.Hash}})
+	appendEntry(t, keyHolderLog(t, r), epochOn(t, r, h, settings))
 	waitfor.Cond(t, 60*time.Second, "the replica naming the epoch's settings and the rebuild", func() bool {
 		code, body := r.get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "certify.delta: this replica 0.05, the cluster's log 0.1") &&
@@ -134,4 +128,46 @@ func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
 	if got := r.d.rep.Head(); got.Seq != head.Seq || got.Hash != head.Hash {
 		t.Errorf("after the reset the replica's head is entry %d (%s); want entry %d (%s) it had", got.Seq, got.Hash, head.Seq, head.Hash)
 	}
+
+	// An epoch with the cluster's settings begins the log again from the replica's head, and it
+	// resumes. A later, hand-written epoch that changes a setting the log recorded is no reset:
+	// the replica says that no replica can follow it, not to rebuild from the log.
+	plog := keyHolderLog(t, r)
+	settings, err := replica.ClusterSettings(r.d.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEntry(t, plog, epochOn(t, r, head, settings))
+	waitfor.Cond(t, 60*time.Second, "the replica resumed at the epoch", func() bool {
+		return r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.d.rep.Head().Epoch == head.Epoch+1
+	})
+	changed := *r.d.cfg
+	changed.Certify.Delta = 0.1
+	if settings, err = replica.ClusterSettings(&changed); err != nil {
+		t.Fatal(err)
+	}
+	appendEntry(t, plog, epochOn(t, r, r.d.rep.Head(), settings))
+	var body string
+	waitfor.Cond(t, 60*time.Second, "the replica stopped at the epoch that changes a setting", func() bool {
+		code, b := r.get(t, "/readyz")
+		body = string(b)
+		return code == http.StatusServiceUnavailable && r.metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	if !strings.Contains(body, "the epoch changes settings that the log recorded before it, which no replica can follow") ||
+		strings.Contains(body, "recreated") || strings.Contains(body, "follow on") {
+		t.Errorf("/readyz at an epoch that changes a recorded setting, after a reset an epoch healed: %s", body)
+	}
+}
+
+// epochOn is a new epoch on h, as cfguard new-epoch writes it from a head (the entry it moves
+// past is h), carrying r's posterior and recording settings.
+func epochOn(t *testing.T, r *running, h *postlog.Head, settings map[string]string) *postlog.Entry {
+	t.Helper()
+	body, err := postlog.NewBody(r.d.current())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
+		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
+		PosteriorSHA256: h.PosteriorSHA256, Body: body, Settings: settings, Epoch: h.Epoch + 1, Past: &postlog.Past{Offset: h.Offset, SHA256: h.Hash}}
 }

@@ -195,14 +195,7 @@ func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb, err := postlog.NewBody(r.d.current())
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term,
-		Writer: "new-epoch@test/1", Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records", Covers: h.Covers,
-		PosteriorSHA256: h.PosteriorSHA256, Body: eb, Settings: settings, Epoch: h.Epoch + 1,
-		Past: &postlog.Past{Offset: h.Offset, SHA256: h.Hash}})
+	appendEntry(t, plog, epochOn(t, r, h, settings))
 
 	var body string
 	waitfor.Cond(t, 60*time.Second, "the replica stopped at the epoch", func() bool {

@@ -61,19 +61,20 @@ type Replica struct {
 	m          *alerts.ReplicaMetrics
 	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
-	mu       sync.Mutex
-	chain    *postlog.Chain         // the follower's view; the ledger stores its head
-	read     int64                  // the next offset the follower reads
-	accepted map[uint64]string      // seq -> hash of accepted entries, for the updater's read-back
-	changed  chan struct{}          // closed and replaced whenever read advances
-	stopped  error                  // following stopped for good (unknown format, failed verification)
-	halts    int                    // halt calls: an offer in flight across one halts the chain it forked
-	caughtUp bool                   // read the log to its end once since the start
-	pending  map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
-	consumer *stream.Consumer       // the updater's, while it is one
-	recent   map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
-	lag      int64                  // records of the log not read yet, as watchEnd last saw
-	ends     map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
+	mu         sync.Mutex
+	chain      *postlog.Chain         // the follower's view; the ledger stores its head
+	read       int64                  // the next offset the follower reads
+	accepted   map[uint64]string      // seq -> hash of accepted entries, for the updater's read-back
+	changed    chan struct{}          // closed and replaced whenever read advances
+	stopped    error                  // following stopped for good (unknown format, failed verification)
+	halts      int                    // halt calls: an offer in flight across one halts the chain it forked
+	epochHalts int                    // halts when the follower last accepted an epoch: a halt since is a reset no epoch began again
+	caughtUp   bool                   // read the log to its end once since the start
+	pending    map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
+	consumer   *stream.Consumer       // the updater's, while it is one
+	recent     map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
+	lag        int64                  // records of the log not read yet, as watchEnd last saw
+	ends       map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
 	unreadable time.Time     // since when the follower failed to read the log (zero once it read a record again)
 	starved    time.Time     // since when the follower has waited for a record, failing or not (zero while it applies one)
@@ -621,23 +622,23 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 			if r.chain.Stuck() == nil {
 				r.chain.Block(rec)
 			}
-			recovery := "once every replica runs a build that reads it, or after cfguard new-epoch moves the log past it, the replicas resume"
+			recovery := "once every replica runs a build that reads it, or after cfguard new-epoch moves the log past it, the replicas resume: "
 			runbook := "CfguardPosteriorLogStopped"
 			var se *storeError
 			var settings *SettingsError
 			switch {
 			case errors.As(err, &settings):
-				recovery = "replicas whose files hold the epoch's settings follow on"
+				recovery = "" // the error says how to recover
 				runbook = "CfguardReplicaSettingsDiffer"
 			case errors.As(err, &se):
 				recovery = "the entry is valid: this replica could not store it; once what the error names is fixed, restart this replica " +
-					"and it applies the entry again"
+					"and it applies the entry again: "
 			case errors.Is(err, postlog.ErrDiverged):
 				recovery = "if the other replicas follow on, this one alone refused the entry: stop it, move its state_dir aside and start it, " +
 					"and it rebuilds its ledger from the log and the CE topic; if every replica stopped here, a holder of the cluster key " +
-					"wrote these entries: cfguard new-epoch moves the log past them"
+					"wrote these entries: cfguard new-epoch moves the log past them: "
 			}
-			r.stopped = fmt.Errorf("%w (offset %d of %s; %s: see docs/RUNBOOK.md, %s)", err, rec.Offset, r.plog.Topic(), recovery, runbook)
+			r.stopped = fmt.Errorf("%w (offset %d of %s; %ssee docs/RUNBOOK.md, %s)", err, rec.Offset, r.plog.Topic(), recovery, runbook)
 			r.read = rec.Offset + 1
 			close(r.changed)
 			r.changed = make(chan struct{})
@@ -652,7 +653,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
 	c := r.chain.Fork()
-	halts := r.halts
+	halts, epochHalts := r.halts, r.epochHalts
 	r.mu.Unlock()
 	e, reason, err := c.Offer(rec)
 	if err != nil {
@@ -692,7 +693,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
 		if err := r.checkSettings(e, rec.Offset); err != nil {
 			if se := (*SettingsError)(nil); errors.As(err, &se) {
-				se.following = stoppedAtEpoch(r.recorded.Load(), halts > 0)
+				se.following = stoppedAtEpoch(r.recorded.Load(), halts > epochHalts)
 			}
 			return err
 		}
@@ -702,6 +703,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.mu.Lock()
 		resumed := r.stopped != nil
 		r.stopped = nil
+		r.epochHalts = halts
 		r.mu.Unlock()
 		r.m.Stopped.Set(0)
 		r.lg.Warn("posterior log: new epoch", "epoch", e.Epoch, "entry", e.Seq, "offset", rec.Offset, "moved_past", e.Past.Offset,
