@@ -222,3 +222,29 @@ func TestTrainRejects(t *testing.T) {
 		}
 	}
 }
+
+// The training loss is the mean NLL of the rows plus KLWeight / n times KL(q || prior): each
+// row counts 1 / KLWeight times as much as the prior (ten times at the default 0.1). One epoch
+// of one batch with a learning rate too small to move the parameters, so that the KL Train
+// reports after the step is the one the loss was computed with.
+func TestTrainWeighsTheKLByKLWeightOverRows(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	X := make([][]float64, 30)
+	y := make([]int, len(X))
+	for i := range X {
+		X[i] = []float64{rng.NormFloat64(), rng.NormFloat64(), rng.NormFloat64()}
+		y[i] = i % 2
+	}
+	for _, w := range []float64{bnn.DefaultKLWeight, 1, 3} {
+		m := bnn.New(3, []int{4}, []string{"a", "b"}, 1, rand.New(rand.NewPCG(1, 2)))
+		m.Scaler = bnn.FitScaler(X)
+		st, err := bnn.Train(context.Background(), m, X, y, bnn.TrainConfig{Epochs: 1, BatchSize: len(X), LR: 1e-15, KLWeight: w, Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := (st.Loss-st.NLL)/st.KL, w/float64(len(X))
+		if math.Abs(got-want) > 1e-6*want {
+			t.Errorf("KLWeight %g: (loss - NLL) / KL = %.9g, want KLWeight / n = %.9g", w, got, want)
+		}
+	}
+}

@@ -236,3 +236,66 @@ func TestConditionalKLUpperBoundCovers(t *testing.T) {
 		t.Fatalf("misses Hoeffding %d, Bernstein %d of %d, limit %d", missH, missB, runs, limit)
 	}
 }
+
+// The confidence bounds' values against their formulas, computed here from an estimate's
+// fields (not through BernsteinMargin): with r = ParamKL and L = ln(2 / alpha),
+//
+//	Hoeffding = Mean + r sqrt(ln(1 / alpha) / (2 S))
+//	Bernstein = Mean + sqrt(2 Var L / S) + 7 r L / (3 (S - 1))
+//
+// each clipped at r, for ranges r below and above 1 (a variance scaled by r instead of r^2
+// shows there), and r itself where the clip binds.
+func TestConditionalKLBoundsAreTheirFormulas(t *testing.T) {
+	for _, e := range []ConditionalKLEstimate{
+		{Mean: 0.1, Var: 0.002, Draws: 400, ParamKL: 1},
+		{Mean: 0.05, Var: 0.0008, Draws: 200, ParamKL: 0.25},
+		{Mean: 0.9, Var: 0.4, Draws: 50, ParamKL: 3},
+		{Mean: 0.2, Var: 0.01, Draws: 10, ParamKL: 0.3}, // both clipped
+	} {
+		for _, alpha := range []float64{0.01, 0.1} {
+			s, r := float64(e.Draws), e.ParamKL
+			wantH := min(e.Mean+r*math.Sqrt(math.Log(1/alpha)/(2*s)), r)
+			l := math.Log(2 / alpha)
+			wantB := min(e.Mean+math.Sqrt(2*e.Var*l/s)+7*r*l/(3*(s-1)), r)
+			if got := e.Hoeffding(alpha); math.Abs(got-wantH) > 1e-12*wantH {
+				t.Errorf("%+v alpha %g: Hoeffding %.15g, want %.15g", e, alpha, got, wantH)
+			}
+			if got := e.Bernstein(alpha); math.Abs(got-wantB) > 1e-12*wantB {
+				t.Errorf("%+v alpha %g: Bernstein %.15g, want %.15g", e, alpha, got, wantB)
+			}
+		}
+	}
+}
+
+// The estimate's Var is the unbiased sample variance of its terms: over many estimates of two
+// draws, its mean matches the variance of single-draw estimates (each one term), where the
+// biased m2 / S would give half of it.
+func TestConditionalKLVarIsUnbiased(t *testing.T) {
+	qNew, qOld := tinyPair(6, 0.2)
+	x := []float64{0.5, -3, 2}
+	const runs = 3000
+	var meanVar float64
+	var terms []float64
+	for r := 0; r < runs; r++ {
+		e, err := EstimateConditionalKL(qNew, qOld, x, 2, uint64(7000+r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		meanVar += e.Var / runs
+		one, err := EstimateConditionalKL(qNew, qOld, x, 1, uint64(20000+r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		terms = append(terms, one.Mean)
+	}
+	var m, v float64
+	for _, t := range terms {
+		m += t / runs
+	}
+	for _, t := range terms {
+		v += (t - m) * (t - m) / (runs - 1)
+	}
+	if ratio := meanVar / v; math.Abs(ratio-1) > 0.2 {
+		t.Errorf("mean Var of two-draw estimates %.4g, variance of the terms %.4g: ratio %.3f, want 1 (0.5: a biased variance)", meanVar, v, ratio)
+	}
+}

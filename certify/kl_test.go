@@ -149,6 +149,20 @@ func TestKLToPriorZeroAtPrior(t *testing.T) {
 	if v := KLToPrior(q, 0.1); math.Abs(v-0.5) > 1e-12 {
 		t.Fatalf("KL = %v, want 0.5", v)
 	}
+	// Every sigma twice the prior's: each parameter adds log(1/2) + 4/2 - 1/2 = 1.5 - ln 2.
+	n := 0
+	for k := range q.Layers {
+		l := &q.Layers[k]
+		for _, ls := range [][]float64{l.WeightLogSigma, l.BiasLogSigma} {
+			for i := range ls {
+				ls[i] = math.Log(0.2)
+				n++
+			}
+		}
+	}
+	if v, want := KLToPrior(q, 0.1), 0.5+float64(n)*(1.5-math.Ln2); math.Abs(v-want) > 1e-9*want {
+		t.Fatalf("KL with sigma = 2 sigma_p: %v, want %v", v, want)
+	}
 }
 
 func TestExpm1MinusX(t *testing.T) {
