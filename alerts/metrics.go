@@ -97,7 +97,7 @@ func Names() []string {
 		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
-		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast,
+		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
@@ -283,12 +283,14 @@ func RegisterDamaged(reg prometheus.Registerer, damaged func() int) {
 const (
 	NameLedgerWriteFailures    = "cfguard_ledger_write_failures_total"
 	NameLedgerWriteFailureLast = "cfguard_ledger_write_failure_last_timestamp_seconds"
+	NameLedgerWriteFailing     = "cfguard_ledger_write_failing"
 )
 
-// RegisterLedgerWriteFailures registers cfguard_ledger_write_failures_total and
-// cfguard_ledger_write_failure_last_timestamp_seconds on reg, read from failures (their count
-// and the latest one's time, zero when none) at each scrape.
-func RegisterLedgerWriteFailures(reg prometheus.Registerer, failures func() (uint64, time.Time)) {
+// RegisterLedgerWriteFailures registers cfguard_ledger_write_failures_total,
+// cfguard_ledger_write_failure_last_timestamp_seconds and cfguard_ledger_write_failing on reg,
+// read at each scrape from failures (their count and the latest one's time, zero when none) and
+// failing (whether /readyz reports one now).
+func RegisterLedgerWriteFailures(reg prometheus.Registerer, failures func() (uint64, time.Time), failing func() bool) {
 	f := promauto.With(reg)
 	f.NewCounterFunc(prometheus.CounterOpts{Name: NameLedgerWriteFailures,
 		Help: "Commits to the ledger that failed (no space, file size limit, failed fsync), whichever write they were: a checkpoint, a registration, a deletion, a batch of verdicts."},
@@ -298,6 +300,14 @@ func RegisterLedgerWriteFailures(reg prometheus.Registerer, failures func() (uin
 		func() float64 {
 			if _, at := failures(); !at.IsZero() {
 				return float64(at.UnixNano()) / 1e9
+			}
+			return 0
+		})
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameLedgerWriteFailing,
+		Help: "1 within a minute of a commit to the ledger that failed (what /readyz reports), else 0, judged when scraped."},
+		func() float64 {
+			if failing() {
+				return 1
 			}
 			return 0
 		})

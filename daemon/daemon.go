@@ -348,7 +348,8 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	td.add("ledger", d.ledger.Close)
 	alerts.RegisterDamaged(d.reg, d.ledger.Damaged)
-	alerts.RegisterLedgerWriteFailures(d.reg, func() (uint64, time.Time) { f := d.ledger.WriteFailures(); return f.Count, f.At })
+	alerts.RegisterLedgerWriteFailures(d.reg, func() (uint64, time.Time) { f := d.ledger.WriteFailures(); return f.Count, f.At },
+		func() bool { return d.ledgerHealth(time.Now()) != nil })
 	if err := d.quality.load(d.ledger); err != nil {
 		return fmt.Errorf("ledger %s: %w (move the ledger aside and restore a backup: cfguard restore --config %s --from BACKUP)",
 			d.ledger.Path(), err, d.configPath)

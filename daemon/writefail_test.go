@@ -321,6 +321,9 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 		if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != float64(i+1) {
 			t.Fatalf("cfguard_ledger_write_failures_total %v after %d failed registrations", got, i+1)
 		}
+		if got := r.metric(t, "cfguard_ledger_write_failing"); got != 1 {
+			t.Fatalf("cfguard_ledger_write_failing %v after %d failed registrations, want 1", got, i+1)
+		}
 	}
 	if at := r.metric(t, "cfguard_ledger_write_failure_last_timestamp_seconds"); time.Since(time.Unix(int64(at), 0)) > time.Minute {
 		t.Fatalf("cfguard_ledger_write_failure_last_timestamp_seconds %v, want the time of the last failed registration", at)
@@ -346,6 +349,9 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 		t.Fatalf("the registration sent again once the disk has room: %d %s, want 201", resp.StatusCode, rbody)
 	}
 	waitfor.Cond(t, 10*hold, "readyz once the hold has passed", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 0 {
+		t.Fatalf("cfguard_ledger_write_failing %v once the hold has passed, want 0", got)
+	}
 	if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != 2 {
 		t.Fatalf("cfguard_ledger_write_failures_total %v after recovery, want the 2 failures", got)
 	}

@@ -122,7 +122,7 @@ func healthy(change map[string]string) []string {
 		`cfguard_recertification_duration_seconds_bucket{le="0.1"}`: "2x40", `cfguard_recertification_duration_seconds_bucket{le="+Inf"}`: "2x40",
 		`cfguard_recertification_duration_seconds_count`: "2x40", `cfguard_recertification_duration_seconds_sum`: "0.1x40",
 		`cfguard_counterfactuals_renewal_pending`: "0x40", `cfguard_counterfactuals_unconfirmed`: "0x40", `cfguard_counterfactuals_renewed_total`: "1x40",
-		`cfguard_checkpoint_failing`: "0x40", `cfguard_ledger_write_failure_last_timestamp_seconds`: "0x40", `cfguard_ledger_write_failures_total`: "0x40", `cfguard_checkpoint_failures_total`: "0x40", `cfguard_consumer_topic_mismatch`: "0x40",
+		`cfguard_checkpoint_failing`: "0x40", `cfguard_ledger_write_failing`: "0x40", `cfguard_ledger_write_failure_last_timestamp_seconds`: "0x40", `cfguard_ledger_write_failures_total`: "0x40", `cfguard_checkpoint_failures_total`: "0x40", `cfguard_consumer_topic_mismatch`: "0x40",
 		`cfguard_events_pending`: "0x40", `cfguard_events_total{result="published"}`: "10x40", `cfguard_events_total{result="failed"}`: "0x40",
 		`cfguard_prequential_records_total`: "64x40", `cfguard_prequential_window_records`: "64x40", `cfguard_prequential_log_loss`: "0.1x40",
 		`cfguard_prequential_brier_score`: "0.05x40", `cfguard_prequential_accuracy_ratio`: "0.96x40", `cfguard_prequential_expected_calibration`: "0.02x40",

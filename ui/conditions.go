@@ -70,12 +70,13 @@ var conditions = []condition{
 		}
 		return false, ""
 	}, "/ui/"},
-	{"CfguardCheckpointFailing", func(g map[string]float64, now time.Time) (bool, string) {
+	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
 		if g["cfguard_checkpoint_failing"] > 0 {
 			return true, "the last checkpoint failed: nothing is applied until one succeeds"
 		}
-		if t := g["cfguard_ledger_write_failure_last_timestamp_seconds"]; float64(now.Unix())-t < 60 {
-			return true, "a commit to the ledger failed at " + unix(t) + ": the writes that fail are answered 503 or retried"
+		if g["cfguard_ledger_write_failing"] > 0 {
+			return true, "a commit to the ledger failed at " + unix(g["cfguard_ledger_write_failure_last_timestamp_seconds"]) +
+				": the writes that fail are answered 503 or retried"
 		}
 		return false, ""
 	}, "/ui/"},
