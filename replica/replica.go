@@ -653,7 +653,7 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
 	c := r.chain.Fork()
-	halts, epochHalts := r.halts, r.epochHalts
+	halts := r.halts
 	r.mu.Unlock()
 	e, reason, err := c.Offer(rec)
 	if err != nil {
@@ -693,7 +693,10 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	case postlog.Genesis: // a new epoch: the posterior and coverage stay the head's (judgeEpoch)
 		if err := r.checkSettings(e, rec.Offset); err != nil {
 			if se := (*SettingsError)(nil); errors.As(err, &se) {
-				se.following = stoppedAtEpoch(r.recorded.Load(), halts > epochHalts)
+				r.mu.Lock() // now, not at the offer's start: a halt meanwhile is a reset too
+				reset := r.halts > r.epochHalts
+				r.mu.Unlock()
+				se.following = stoppedAtEpoch(r.recorded.Load(), reset)
 			}
 			return err
 		}

@@ -34,7 +34,7 @@ func program() cli.Program {
 				Help: "the paper's incremental-update table: one JSON row per update, and a plot in DIR", Run: cmdIncrements},
 			{Name: "psce", Args: "--data FILE.csv|NAME [--protocol paper|search] [--model bnn|dropout] [--seeds 5] [--instances 100] [--method psce,bayescf,schut,wachter,roar] [--samples 1000] [--json|--markdown]",
 				Help: "PSCE against BayesCF, Schut, Wachter and ROAR: validity, IM1, implausibility, robustness ratio, <delta,epsilon>-set, survival", Run: cmdPSCE},
-			{Name: "stream", Args: "--data FILE.csv|NAME [--learner default|paper|vcl-adam] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region]",
+			{Name: "stream", Args: "--data FILE.csv|NAME [--learner default|paper|vcl-adam] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region] [--every 50]",
 				Help: "the daemon's update on a stream of increments: held-out quality, counterfactual stand-ins, update KLs, records until a drift invalidates them", Run: cmdStream},
 		},
 	}
