@@ -285,9 +285,10 @@ func runFsizeChild(t *testing.T, child, value string) {
 // TestFailedRegistrationOnAQuietDaemon: with no record arriving, nothing checkpoints, so only
 // registrations meet a ledger that cannot be written (a real EFBIG, as in
 // TestQuietLedgerFailureChild). The daemon says so: /readyz 503 naming the ledger and the error
-// while commits fail, cfguard_ledger_write_failures_total and the latest failure's time
+// while commits fail, cfguard_ledger_write_failures_total and cfguard_ledger_write_failing 1
 // (CfguardCheckpointFailing), and the runbook's commands show it; once the disk has room the
-// registration sent again is stored, and /readyz is ready again once its hold has passed.
+// registration sent again is stored, and /readyz and the gauge are ready again once the hold has
+// passed.
 func TestFailedRegistrationOnAQuietDaemon(t *testing.T) {
 	t.Parallel() // mostly waits for its child process
 	runFsizeChild(t, "TestQuietLedgerFailureChild", "quiet")
