@@ -54,11 +54,11 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 }
 
 // ledgerHealth is nil unless a commit to the ledger failed within the last ledgerFailureHold
-// (ledger.WriteFailures), outside the checkpoints, which checkpointHealth reports: a
-// registration, a deletion, a batch of verdicts (for /readyz). A commit that succeeds does not
-// end it: on a full disk a small commit can succeed while larger ones fail, so the report lasts
-// as long as commits keep failing, and ends ledgerFailureHold after the last (also after a held
-// checkpoint is written at last: its failed attempts were commits that failed).
+// (ledger.WriteFailures), whichever write it was: a registration, a deletion, a batch of
+// verdicts, or a checkpoint (which checkpointHealth reports first while it is held), for /readyz
+// and cfguard_ledger_write_failing. A commit that succeeds does not end it: on a full disk a
+// small commit can succeed while larger ones fail, so the report lasts as long as commits keep
+// failing and ends ledgerFailureHold after the last.
 func (d *Daemon) ledgerHealth(now time.Time) error {
 	f := d.ledger.WriteFailures()
 	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.ledgerFailureHold, ledgerFailureHold) {
