@@ -296,7 +296,9 @@ func TestFailedRegistrationOnAQuietDaemon(t *testing.T) {
 
 // TestQuietLedgerFailureChild is the child process of TestFailedRegistrationOnAQuietDaemon.
 func TestQuietLedgerFailureChild(t *testing.T) {
-	const hold = 3 * time.Second // ledgerFailureHold in this test
+	// ledgerFailureHold in this test: half the default, and long enough that the checks after a
+	// failure (a readyz, the metrics, the runbook's commands) run within it on a busy machine.
+	const hold = 30 * time.Second
 	r, _, orig := fsizeChild(t, "quiet", "TestFailedRegistrationOnAQuietDaemon", func(o *Options) { o.hooks.ledgerFailureHold = hold })
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
@@ -349,7 +351,7 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	if resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("the registration sent again once the disk has room: %d %s, want 201", resp.StatusCode, rbody)
 	}
-	waitfor.Cond(t, 10*hold, "readyz once the hold has passed", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, hold+time.Minute, "readyz once the hold has passed", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
 	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 0 {
 		t.Fatalf("cfguard_ledger_write_failing %v once the hold has passed, want 0", got)
 	}
