@@ -14,7 +14,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/internal/atomicfile"
-	"github.com/cfguard/cfguard/internal/episode"
 )
 
 // Options configure Open.
@@ -62,12 +61,12 @@ type File struct {
 	geom    geometry     // as read by the last open
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
-	// failing is set by a failed commit and cleared by the next one that succeeds: one log line
-	// per episode of failed writes, not one per retry.
-	failing episode.Episode
-	// failures counts the failed commits and keeps the latest one's time and error.
+	// failures counts the failed commits and keeps the latest one's time and error; failing is
+	// set by a failed commit and cleared by the next one that succeeds: one log line per episode
+	// of failed writes, not one per retry.
 	failMu   sync.Mutex
 	failures Failures
+	failing  bool
 }
 
 // Failures are the commits of a File that failed, whichever transaction they were: how many,

@@ -96,7 +96,11 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		s.reopen(nil)
 		return InFile(s.path, err)
 	case err == nil:
-		if _, failed := s.failing.Clear(time.Now()); failed > 0 {
+		s.failMu.Lock()
+		recovered := s.failing
+		s.failing = false
+		s.failMu.Unlock()
+		if recovered {
 			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid)
 		}
 		return nil
@@ -111,13 +115,14 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 	} else {
 		err = fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, cause)
 	}
-	now := time.Now()
 	s.failMu.Lock()
 	s.failures.Count++
-	s.failures.At, s.failures.Err = now, err
+	s.failures.At, s.failures.Err = time.Now(), err
+	first := !s.failing
+	s.failing = true
 	s.failMu.Unlock()
 	level := slog.LevelDebug
-	if s.failing.Fail(err, now) {
+	if first {
 		level = slog.LevelWarn
 	}
 	s.log.Log(context.Background(), level, "ledger: commit failed; the file was reopened to read what it holds (further failures are logged at debug level until a commit succeeds)",
