@@ -30,7 +30,16 @@ type Options struct {
 	AfterCommit func() error
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
+	// Now is the clock that times failed commits. Default: time.Now.
+	Now func() time.Time
 }
+
+// FailureQuiet is how long commits must go without failing before an episode of failed commits
+// is over: the ledger logs a WARN at an episode's first failure and an INFO at its first success
+// FailureQuiet or more after its last failure. On a disk that refuses some commits and not
+// others (a full disk where a small commit reuses pages the file holds) successes and failures
+// alternate; they are one episode, not a pair of lines per retry.
+const FailureQuiet = time.Minute
 
 // File is the open ledger file. Every read and write goes through View and Update, which:
 //
@@ -62,8 +71,8 @@ type File struct {
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
 	// failures counts the failed commits and keeps the latest one's time and error; failing is
-	// set by a failed commit and cleared by the next one that succeeds: one log line per episode
-	// of failed writes, not one per retry.
+	// set by a failed commit and cleared by the first success FailureQuiet after the latest
+	// failure: one log line per episode of failed writes, not one per retry.
 	failMu   sync.Mutex
 	failures Failures
 	failing  bool
@@ -97,6 +106,9 @@ func (s *File) WriteFailures() Failures {
 func Open(dir string, opts Options) (*File, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	path := filepath.Join(dir, FileName)
 	lock, err := lockStateDir(dir, path)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,5 +235,76 @@ func TestDamagedValueNamesTheFile(t *testing.T) {
 	var ce *CorruptError
 	if !errors.As(err, &ce) || ce.Path != f.Path() || !strings.Contains(err.Error(), `value "k": checksum mismatch`) {
 		t.Fatalf("a damaged value: %v, want a *CorruptError naming %s and the value", err, f.Path())
+	}
+}
+
+// recorder keeps the level and message of every log record.
+type recorder struct {
+	mu    *sync.Mutex
+	lines *[]string
+}
+
+func (h recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h recorder) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h recorder) WithGroup(string) slog.Handler            { return h }
+func (h recorder) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	*h.lines = append(*h.lines, r.Level.String()+" "+r.Message)
+	return nil
+}
+
+// count is the number of records at level whose message starts with prefix.
+func (h recorder) count(level slog.Level, prefix string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, l := range *h.lines {
+		if strings.HasPrefix(l, level.String()+" "+prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// Failures and successes that alternate (a full disk where small commits still reuse pages the
+// file holds) are one episode: one WARN at its first failure, one INFO at the first success a
+// FailureQuiet after its last failure, and the failures in between at debug level.
+func TestAlternatingFailuresAreOneEpisode(t *testing.T) {
+	opts := testOptions()
+	rec := recorder{mu: new(sync.Mutex), lines: new([]string)}
+	opts.Logger = slog.New(rec)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	opts.Now = func() time.Time { return now }
+	var fail error
+	opts.AfterCommit = func() error { return fail }
+	f := openTest(t, t.TempDir(), opts)
+	step := func(at time.Duration, failing bool, wantWarn, wantDebug, wantInfo int) {
+		t.Helper()
+		now, fail = start.Add(at), nil
+		if failing {
+			fail = errors.New("injected: no space left on device")
+		}
+		if err := put(f, "k", at.String()); (err != nil) != failing {
+			t.Fatalf("commit at %v: %v, want failing %v", at, err, failing)
+		}
+		w, d := rec.count(slog.LevelWarn, "ledger: commit failed"), rec.count(slog.LevelDebug, "ledger: commit failed")
+		i := rec.count(slog.LevelInfo, "ledger: commits succeed again")
+		if w != wantWarn || d != wantDebug || i != wantInfo {
+			t.Fatalf("after the commit at %v (failing %v): %d WARN, %d debug failure lines, %d INFO; want %d, %d, %d",
+				at, failing, w, d, i, wantWarn, wantDebug, wantInfo)
+		}
+	}
+	step(0, true, 1, 0, 0)
+	step(10*time.Second, false, 1, 0, 0)
+	step(20*time.Second, true, 1, 1, 0)
+	step(30*time.Second, false, 1, 1, 0)
+	step(20*time.Second+FailureQuiet-time.Millisecond, false, 1, 1, 0)
+	step(20*time.Second+FailureQuiet, false, 1, 1, 1)
+	step(90*time.Second, false, 1, 1, 1)
+	step(100*time.Second, true, 2, 1, 1)
+	if got := f.WriteFailures(); got.Count != 3 || !got.At.Equal(now) {
+		t.Fatalf("WriteFailures: %+v, want 3, the latest at %v", got, now)
 	}
 }

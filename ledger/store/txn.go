@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -97,11 +96,14 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		return InFile(s.path, err)
 	case err == nil:
 		s.failMu.Lock()
-		recovered := s.failing
-		s.failing = false
+		last := s.failures.At
+		recovered := s.failing && s.opts.Now().Sub(last) >= FailureQuiet
+		if recovered {
+			s.failing = false
+		}
 		s.failMu.Unlock()
 		if recovered {
-			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid)
+			s.log.Info("ledger: commits succeed again", "path", s.path, "txid", txid, "last_failure", last)
 		}
 		return nil
 	case !committing:
@@ -117,7 +119,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 	}
 	s.failMu.Lock()
 	s.failures.Count++
-	s.failures.At, s.failures.Err = time.Now(), err
+	s.failures.At, s.failures.Err = s.opts.Now(), err
 	first := !s.failing
 	s.failing = true
 	s.failMu.Unlock()
@@ -125,7 +127,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 	if first {
 		level = slog.LevelWarn
 	}
-	s.log.Log(context.Background(), level, "ledger: commit failed; the file was reopened to read what it holds (further failures are logged at debug level until a commit succeeds)",
+	s.log.Log(context.Background(), level, "ledger: commit failed; the file was reopened to read what it holds (further failures are logged at debug level until commits have gone a minute without one)",
 		"path", s.path, "txid", txid, "err", cause)
 	return err
 }
