@@ -9,6 +9,7 @@ import (
 
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // Retrying a checkpoint that could not be written: the first retry after about
@@ -69,8 +70,9 @@ func (d *Daemon) ledgerHealth(now time.Time) error {
 }
 
 // ledgerFailureHold is how long /readyz reports a failed commit to the ledger: the window in
-// which CfguardCheckpointFailing looks for the next failure.
-const ledgerFailureHold = time.Minute
+// which CfguardCheckpointFailing looks for the next failure. It is the ledger's store.FailureQuiet,
+// so that the ledger logs an episode's end when the report ends.
+const ledgerFailureHold = store.FailureQuiet
 
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).
 func (d *Daemon) checkpointHealth() error {
