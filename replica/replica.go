@@ -1249,10 +1249,13 @@ func (r *Replica) headGone(ctx context.Context) (found string, gone bool) {
 // halt stops following a log that is no longer the one the follower read (what says so: the
 // topic has ended before what it has read, or no longer holds its head): the topic was recreated
 // (or lost records), and what it holds now is another history. The chain accepts nothing more but
-// a new epoch on its head; /readyz and cfguard_posterior_log_stopped say so.
+// a new epoch on its head; /readyz and cfguard_posterior_log_stopped say so. A replica stopped
+// at an entry (one it cannot read or verify) halts too: that entry is in a history the topic no
+// longer holds, and only the reset's recovery applies. One stopped by a halt since its last
+// epoch is left as it is.
 func (r *Replica) halt(what string) {
 	r.mu.Lock()
-	if r.stopped != nil {
+	if r.stopped != nil && r.halts > r.epochHalts {
 		r.mu.Unlock()
 		return
 	}
