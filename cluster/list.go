@@ -20,16 +20,16 @@ import (
 var ErrPeer = errors.New("a replica did not answer")
 
 // listPage is one owner's page of GET /v1/counterfactuals: its CEs after the cursor, in id order,
-// whether it may have more after them (it returned a full page), and the id of the last CE it
-// returned (before the CEs of partitions it does not own were left out).
+// whether it has more after them, and the id of the last CE it returned (before the CEs of
+// partitions it does not own were left out).
 type listPage struct {
 	ces    []*ledger.CE
 	more   bool
 	lastID string
 }
 
-func newListPage(ces []*ledger.CE, limit int) listPage {
-	pg := listPage{ces: ces, more: len(ces) >= limit}
+func newListPage(ces []*ledger.CE, more bool) listPage {
+	pg := listPage{ces: ces, more: more}
 	if len(ces) > 0 {
 		pg.lastID = ces[len(ces)-1].ID
 	}
@@ -87,7 +87,7 @@ func mergePages(pages []listPage, limit int) ([]*ledger.CE, string) {
 		all = slices.DeleteFunc(all, func(ce *ledger.CE) bool { return ce.ID > bound })
 	}
 	switch {
-	case len(all) >= limit:
+	case len(all) > limit, len(all) == limit && bounded:
 		all = all[:limit]
 		return all, all[limit-1].ID
 	case bounded:
@@ -104,11 +104,11 @@ func (s *Share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 		if err := s.HoldsWhole(parts); err != nil {
 			return listPage{}, err
 		}
-		ces, err := s.ledger.List(st, limit, after)
+		ces, more, err := ListLedger(s.ledger, st, limit, after)
 		if err != nil {
 			return listPage{}, err
 		}
-		return newListPage(ces, limit), nil
+		return newListPage(ces, more), nil
 	}
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	var ps []string
@@ -127,10 +127,22 @@ func (s *Share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 		return listPage{}, err
 	}
 	var got struct {
-		CEs []*ledger.CE `json:"counterfactuals"`
+		CEs  []*ledger.CE `json:"counterfactuals"`
+		Next string       `json:"next"`
 	}
 	if err := decodePeer(o, a, &got); err != nil {
 		return listPage{}, err
 	}
-	return newListPage(got.CEs, limit), nil
+	return newListPage(got.CEs, got.Next != ""), nil
+}
+
+// ListLedger reads one page of GET /v1/counterfactuals from l: up to limit CEs of status st after
+// the cursor after, in id order, and whether any CE follows them (read as one more CE, so that a
+// page that ends exactly at the last CE is the last page).
+func ListLedger(l *ledger.Ledger, st certify.Status, limit int, after string) ([]*ledger.CE, bool, error) {
+	ces, err := l.List(st, limit+1, after)
+	if err != nil || len(ces) <= limit {
+		return ces, false, err
+	}
+	return ces[:limit], true, nil
 }

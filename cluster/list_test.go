@@ -24,14 +24,16 @@ func TestMergePages(t *testing.T) {
 		want  []string
 		next  string
 	}{
-		{"every owner done", []listPage{newListPage(ces("b", "d"), 3), newListPage(ces("a", "c"), 3)}, 3, []string{"a", "b", "c"}, "c"},
-		{"fewer than a page, nobody has more", []listPage{newListPage(ces("b"), 3), newListPage(ces("a"), 3)}, 3, []string{"a", "b"}, ""},
-		{"an owner with more bounds the page", []listPage{newListPage(ces("a", "b", "c"), 3), newListPage(ces("d"), 3)}, 3, []string{"a", "b", "c"}, "c"},
+		{"every owner done", []listPage{newListPage(ces("b", "d"), false), newListPage(ces("a", "c"), false)}, 3, []string{"a", "b", "c"}, "c"},
+		{"fewer than a page, nobody has more", []listPage{newListPage(ces("b"), false), newListPage(ces("a"), false)}, 3, []string{"a", "b"}, ""},
+		{"an owner with more bounds the page", []listPage{newListPage(ces("a", "b", "c"), true), newListPage(ces("d"), false)}, 3, []string{"a", "b", "c"}, "c"},
 		{"the bound leaves another owner's later CEs for the next page",
-			[]listPage{newListPage(ces("a", "e"), 2), newListPage(ces("b"), 2)}, 2, []string{"a", "b"}, "b"},
+			[]listPage{newListPage(ces("a", "e"), true), newListPage(ces("b"), false)}, 2, []string{"a", "b"}, "b"},
 		{"an owner's page emptied by ownership: the cursor still moves past it",
-			[]listPage{{more: true, lastID: "m"}, newListPage(ces("z"), 2)}, 2, nil, "m"},
-		{"nothing stored", []listPage{newListPage(nil, 5)}, 5, nil, ""},
+			[]listPage{{more: true, lastID: "m"}, newListPage(ces("z"), false)}, 2, nil, "m"},
+		{"exactly a page, nobody has more: the last page", []listPage{newListPage(ces("b"), false), newListPage(ces("a", "c"), false)}, 3, []string{"a", "b", "c"}, ""},
+		{"exactly a page, an owner has more", []listPage{newListPage(ces("b"), false), newListPage(ces("a", "c"), true)}, 3, []string{"a", "b", "c"}, "c"},
+		{"nothing stored", []listPage{newListPage(nil, false)}, 5, nil, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, next := mergePages(c.pages, c.limit)

@@ -157,7 +157,29 @@ func (a *api) routes() http.Handler {
 	// The web UI authenticates itself (the token as a bearer header or its session cookie).
 	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+	mux.Handle("/", unrouted(mux))
 	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
+}
+
+// unrouted answers a request that no route of mux takes (mux routes it to "/"), in JSON as every
+// error: 405 with Allow when the path has routes for other methods, else 404.
+func unrouted(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+			probe := *r
+			probe.Method = m
+			if _, pattern := mux.Handler(&probe); m != r.Method && pattern != "/" && pattern != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			return
+		}
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s: no such route (docs/API.md lists them)", r.Method, r.URL.Path))
+	})
 }
 
 // auth requires "Authorization: Bearer <token>" when token is not empty.
@@ -175,12 +197,19 @@ func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 	})
 }
 
+// writeJSON answers v as JSON with code. v is encoded before the status line goes out, so that a
+// value JSON cannot hold (a NaN) is a 500 that says so, not a 200 with an empty body.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		code, buf = http.StatusInternalServerError, bytes.Buffer{}
+		json.NewEncoder(&buf).Encode(map[string]string{"error": "encoding the answer: " + err.Error()})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	enc.Encode(v) // the status line is out; a client that went away is not ours to report
+	w.Write(buf.Bytes()) // the status line is out; a client that went away is not ours to report
 }
 
 // writeError answers {"error": msg}. A server error's message is stripped of server paths
@@ -281,6 +310,12 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // decodeJSON decodes one JSON object into v strictly (see decodeBody).
 func decodeJSON(body []byte, v any) error {
+	switch trimmed := bytes.TrimSpace(body); {
+	case len(trimmed) == 0:
+		return &bodyError{http.StatusBadRequest, "bad JSON: the body is empty: send a JSON object {...}"}
+	case trimmed[0] != '{':
+		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", jsonKind(trimmed[0]))}
+	}
 	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
 		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
 	}
@@ -297,9 +332,9 @@ func decodeJSON(body []byte, v any) error {
 
 // checkKeys refuses, in a JSON object decoded into struct type t, what encoding/json accepts in
 // silence: a key given twice (the last would win), at any depth; a key that names a field only
-// by case folding ("X" for "x"); and null for a field (it would leave the field's zero value:
-// "target": null would be class 0). A body that is not a JSON object is left to the decoder to
-// report.
+// by case folding ("X" for "x"); and null for a field or in it (it would leave the zero value:
+// "target": null would be class 0, [1, null] would be [1, 0]). A body that is not a JSON
+// object is left to the decoder to report.
 func checkKeys(body []byte, t reflect.Type) error {
 	fields := jsonFields(t)
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -335,6 +370,9 @@ func checkKeys(body []byte, t reflect.Type) error {
 		if string(raw) == "null" {
 			return fmt.Errorf("%q is null: give it a value or leave it out", key)
 		}
+		if bytes.Contains(raw, []byte("null")) && hasNull(raw) { // [1, null] would be [1, 0]
+			return fmt.Errorf("%q holds a null: give every element a value", key)
+		}
 		if bytes.IndexByte(raw, '{') >= 0 { // a nested object (or a string holding a brace)
 			if err := noDuplicateKeys(raw); err != nil {
 				return fmt.Errorf("in %q: %w", key, err)
@@ -342,6 +380,38 @@ func checkKeys(body []byte, t reflect.Type) error {
 		}
 	}
 	return nil
+}
+
+// hasNull reports whether a JSON value holds a null at any depth (a syntax error is left to the
+// decoder).
+func hasNull(raw []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if tok == nil {
+			return true
+		}
+	}
+}
+
+// jsonKind names the kind of JSON value that begins with c, for errors.
+func jsonKind(c byte) string {
+	switch {
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 'n':
+		return "null"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == '-' || c >= '0' && c <= '9':
+		return "a number"
+	}
+	return fmt.Sprintf("%q", c)
 }
 
 // noDuplicateKeys reports the first key given twice in one object of a JSON value.
@@ -449,14 +519,28 @@ func (t *target) resolve(classes []string) (int, error) {
 	return t.index, nil
 }
 
-// checkVector checks one input against the posterior's input dimension.
-func checkVector(name string, x []float64, d int) error {
-	if len(x) != d {
+// maxStandardized bounds a feature in standard deviations of the model's scaler (|x - mean| / std):
+// no record lies a million standard deviations from the data's mean, and within the bound every
+// logit of a network whose weights are of ordinary size is finite, so p and Var are numbers.
+// Past it (1e308 is finite) the products overflow and the predictive is NaN.
+const maxStandardized = 1e6
+
+// checkVector checks one input against the posterior's input dimension and its scaler: every
+// feature finite and within maxStandardized standard deviations of the data's mean.
+func checkVector(name string, x []float64, m *bnn.Model) error {
+	if d := m.Inputs(); len(x) != d {
 		return fmt.Errorf("%s has %d features, the model takes %d", name, len(x), d)
 	}
+	sc := &m.Scaler
 	for j, v := range x {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return fmt.Errorf("%s[%d] is not finite", name, j)
+		}
+		if j < len(sc.Mean) && j < len(sc.Std) {
+			if z := math.Abs(v-sc.Mean[j]) / sc.Std[j]; !(z <= maxStandardized) {
+				return fmt.Errorf("%s[%d] = %g is %.3g standard deviations from the data's mean (%g); the model takes at most %g",
+					name, j, v, z, sc.Mean[j], float64(maxStandardized))
+			}
 		}
 	}
 	return nil
@@ -535,6 +619,8 @@ func writeRegisterError(w http.ResponseWriter, err error) {
 		retryLater(w, code, writeRetryAfter, err.Error())
 	case code == http.StatusServiceUnavailable:
 		retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
+	case errors.Is(err, ledger.ErrExists):
+		writeError(w, code, err.Error()+"; DELETE it first or choose another id")
 	default:
 		writeError(w, code, err.Error())
 	}
@@ -576,7 +662,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var (
-		results []bulkResult
+		results = []bulkResult{} // [] for a body without lines, as the schema says
 		regs    []registration
 		at      []int // index in results of each registration
 	)
@@ -908,7 +994,11 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	m := a.core.current()
 	for i, x := range xs {
-		if err := checkVector(fmt.Sprintf("xs[%d]", i), x, m.Inputs()); err != nil {
+		name := fmt.Sprintf("xs[%d]", i)
+		if req.X != nil {
+			name = "x"
+		}
+		if err := checkVector(name, x, m); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
@@ -1009,7 +1099,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m := a.core.current()
-	if err := checkVector("x", req.X, m.Inputs()); err != nil {
+	if err := checkVector("x", req.X, m); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -319,7 +320,7 @@ func (d *Daemon) measureUnder(ctx context.Context, rs []registration, m *bnn.Mod
 				continue
 			}
 		}
-		if me.out[i].err = checkRegistration(r, m.Inputs()); me.out[i].err != nil {
+		if me.out[i].err = checkRegistration(r, m); me.out[i].err != nil {
 			continue
 		}
 		t, err := r.target.resolve(m.Classes)
@@ -493,14 +494,14 @@ func nonNil(errs []error) int {
 }
 
 // checkRegistration checks what can be checked of a registration without measuring it.
-func checkRegistration(r registration, inputs int) error {
+func checkRegistration(r registration, m *bnn.Model) error {
 	if !r.target.set {
 		return fmt.Errorf("%w: target is required (class index or name)", errBadRequest)
 	}
-	if err := checkVector("x", r.x, inputs); err != nil {
+	if err := checkVector("x", r.x, m); err != nil {
 		return fmt.Errorf("%w: %v", errBadRequest, err)
 	}
-	if err := checkVector("x_cf", r.xcf, inputs); err != nil {
+	if err := checkVector("x_cf", r.xcf, m); err != nil {
 		return fmt.Errorf("%w: %v", errBadRequest, err)
 	}
 	return nil
@@ -554,12 +555,12 @@ func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, 
 			return nil, "", err
 		}
 	}
-	ces, err := d.ledger.List(st, limit, after)
+	ces, more, err := cluster.ListLedger(d.ledger, st, limit, after)
 	if err != nil {
 		return nil, "", err
 	}
 	next := ""
-	if len(ces) == limit {
+	if more {
 		next = ces[len(ces)-1].ID
 	}
 	return ces, next, nil

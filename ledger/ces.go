@@ -167,7 +167,7 @@ func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*
 		if plan, err = l.judgePut(tx, ces, now, all, past); err != nil {
 			return err
 		}
-		return plan.requests(tx, reqs, now)
+		return plan.requests(tx, ces, reqs, now)
 	})
 	if err == nil {
 		err = ctx.Err()
@@ -178,7 +178,7 @@ func (l *Ledger) put(ctx context.Context, ces []*CE, all bool, past map[uint64]*
 	if all && plan.refused > 0 {
 		return plan.errs, nil
 	}
-	if len(plan.ces) > 0 {
+	if len(plan.ces) > 0 || len(plan.existed) > 0 {
 		if err := l.update(func(tx *bolt.Tx) error { return l.writePut(tx, plan, now) }); err != nil {
 			return nil, err
 		}
@@ -208,17 +208,26 @@ type putPlan struct {
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
+	existed []keyedOutcome        // the outcomes of requests refused for an id that holds another CE
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
 	stated  bool                  // the CEs' states are written (Options.EncodeState): a share's registrations
 }
 
+// keyedOutcome is the outcome of request id rid.
+type keyedOutcome struct {
+	rid string
+	o   Outcome
+}
+
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
-// request of each CE left, for writePut to store its outcome at now. A request id given to
+// request of each CE left, for writePut to store its outcome at now; a request refused because
+// its id holds a CE (ErrExists) has that outcome stored too (OutcomeExists), so that a retry
+// answers 409 even once the id is free. A request id given to
 // several CEs of the call is one request: the first CE accepted claims it, and each later one
 // is refused with a *DuplicateError holding the outcome the first gets, as it would be in a
 // later call. reqs[i] is the request of the CE given at index i; p.ces holds those judgePut
 // accepted, in the order given.
-func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef, now time.Time) error {
+func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time.Time) error {
 	if reqs == nil {
 		return nil
 	}
@@ -244,7 +253,11 @@ func (p *putPlan) requests(tx *bolt.Tx, reqs []RequestRef, now time.Time) error 
 				}
 				if ok {
 					p.errs[i] = &DuplicateError{Outcome: o}
+					continue
 				}
+				o = Outcome{Result: OutcomeExists, ID: given[i].ID, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
+				claimed[ref.RID] = o
+				p.existed = append(p.existed, keyedOutcome{ref.RID, o})
 			}
 			continue
 		}
@@ -478,7 +491,12 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			}
 		}
 	}
-	if p.reqs != nil {
+	for _, e := range p.existed {
+		if err := putOutcome(tx, e.rid, e.o); err != nil {
+			return err
+		}
+	}
+	if p.reqs != nil || p.existed != nil {
 		if err := l.pruneOutcomes(tx, now); err != nil {
 			return err
 		}

@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestAPIRefusesWhatItCannotAnswer sends what a client gets wrong, and what encoding/json or the
+// model would take in silence, to a live daemon: each is a JSON error that names what is wrong,
+// with the status docs/API.md gives it.
+func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	x, xcf := data.X[xs[0]], data.X[cfs[0]]
+	js := func(v any) string { return mustJSON(t, v) }
+	huge := append([]float64(nil), x...)
+	huge[4] = -1e308 // finite: scaled and multiplied, it overflows
+	features := strings.Split(strings.Trim(js(x), "[]"), ",")
+	features[0] = "null"
+	withNull := "[" + strings.Join(features, ",") + "]"
+	for _, c := range []struct {
+		name, method, path, body string
+		code                     int
+		says                     []string
+	}{
+		{"a feature far out of range, predict", "POST", "/v1/predict", `{"x":` + js(huge) + `}`, 400,
+			[]string{`x[4] = -1e+308`, "standard deviations"}},
+		{"one far out of range in a batch", "POST", "/v1/predict", `{"xs":[` + js(x) + `,` + js(huge) + `]}`, 400, []string{`xs[1][4]`}},
+		{"a feature far out of range, explain", "POST", "/v1/explain", `{"x":` + js(huge) + `,"target":"benign"}`, 400, []string{`x[4]`}},
+		{"x_cf far out of range", "POST", "/v1/counterfactuals", `{"x":` + js(x) + `,"x_cf":` + js(huge) + `,"target":"benign"}`, 400,
+			[]string{`x_cf[4]`}},
+		{"null in a vector, register", "POST", "/v1/counterfactuals", `{"x":` + withNull + `,"x_cf":` + js(xcf) + `,"target":"benign"}`, 400,
+			[]string{`"x" holds a null`}},
+		{"null in a vector, predict", "POST", "/v1/predict", `{"x":` + withNull + `}`, 400, []string{`"x" holds a null`}},
+		{"the wrong number of features names x", "POST", "/v1/predict", `{"x":[1,2]}`, 400, []string{"x has 2 features"}},
+		{"an empty body", "POST", "/v1/counterfactuals", ``, 400, []string{"the body is empty"}},
+		{"an audit body of null", "POST", "/v1/audit", `null`, 400, []string{"must be a JSON object", "not null"}},
+		{"an audit body that is an array", "POST", "/v1/audit", `[]`, 400, []string{"not an array"}},
+		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, DELETE"}},
+		{"an empty id", "GET", "/v1/counterfactuals/", ``, 404, []string{"no such route"}},
+		{"no such path", "GET", "/v2/model", ``, 404, []string{"no such route"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			resp, body := r.rawDo(t, c.method, c.path, c.body, nil)
+			var e struct{ Error string }
+			if resp.StatusCode != c.code || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal(body, &e) != nil || e.Error == "" {
+				t.Fatalf("%s %s: %d %s %q; want %d with a JSON error", c.method, c.path, resp.StatusCode, resp.Header.Get("Content-Type"), body, c.code)
+			}
+			for _, s := range c.says {
+				if !strings.Contains(e.Error, s) {
+					t.Errorf("%s %s: error %q does not say %q", c.method, c.path, e.Error, s)
+				}
+			}
+			if c.code == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, DELETE" {
+				t.Errorf("Allow: %q, want GET, DELETE", resp.Header.Get("Allow"))
+			}
+		})
+	}
+}
+
+// TestAPIAnswersWhatItDocuments: the answers a client relies on to go on: an empty bulk is an
+// empty list of results, the last page of a list says it is the last even when it is full, and
+// a keyed registration refused for an id that held another CE answers 409 when sent again, also
+// once the id is free (docs/API.md, Idempotency keys).
+func TestAPIAnswersWhatItDocuments(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := bundled(t)
+	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", "", nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"results":[]`) {
+		t.Errorf("an empty bulk: %d %s, want 200 with results []", resp.StatusCode, body)
+	}
+
+	ids := registerCEs(t, r, data, 3)
+	for _, c := range []struct {
+		query, next string
+	}{
+		{"?limit=3", ""},
+		{"?limit=2", ids[1]},
+		{"?limit=2&after=" + ids[1], ""},
+		{"?limit=5", ""},
+	} {
+		code, b := r.get(t, "/v1/counterfactuals"+c.query)
+		var page struct{ Next string }
+		if code != 200 || json.Unmarshal(b, &page) != nil || page.Next != c.next {
+			t.Errorf("GET /v1/counterfactuals%s: %d next %q, want %q", c.query, code, page.Next, c.next)
+		}
+	}
+
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	other := `{"id":"` + ids[0] + `","x":` + mustJSON(t, data.X[xs[5]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[5]]) + `,"target":"benign"}`
+	key := map[string]string{"Idempotency-Key": "k-409"}
+	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", other, key)
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "DELETE it first or choose another id") {
+		t.Fatalf("another CE under a stored id: %d %s, want 409 saying how to go on", resp.StatusCode, body)
+	}
+	if resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %d %s", ids[0], resp.StatusCode, body)
+	}
+	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", other, key)
+	if resp.StatusCode != http.StatusConflict {
+		t.Errorf("the keyed registration sent again once the id is free: %d %s, want the 409 it had", resp.StatusCode, body)
+	}
+	if code, _ := r.get(t, "/v1/counterfactuals/"+ids[0]); code != http.StatusNotFound {
+		t.Errorf("GET %s after the retry: %d, want 404 (nothing registered again)", ids[0], code)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// A value JSON cannot hold is a 500 that says so, not a 200 with an empty body.
+func TestWriteJSONOfANaNIs500(t *testing.T) {
+	w := httptest.NewRecorder()
+	writeJSON(w, http.StatusOK, map[string]float64{"p": math.NaN()})
+	var e struct{ Error string }
+	if w.Code != http.StatusInternalServerError || json.Unmarshal(w.Body.Bytes(), &e) != nil || !strings.Contains(e.Error, "NaN") {
+		t.Errorf("writeJSON of a NaN: %d %q, want 500 with an error naming it", w.Code, w.Body.String())
+	}
+}
