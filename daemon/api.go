@@ -30,6 +30,7 @@ import (
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/ui"
 )
 
@@ -519,14 +520,10 @@ func (t *target) resolve(classes []string) (int, error) {
 	return t.index, nil
 }
 
-// maxStandardized bounds a feature in standard deviations of the model's scaler (|x - mean| / std):
-// no record lies a million standard deviations from the data's mean, and within the bound every
-// logit of a network whose weights are of ordinary size is finite, so p and Var are numbers.
-// Past it (1e308 is finite) the products overflow and the predictive is NaN.
-const maxStandardized = 1e6
-
 // checkVector checks one input against the posterior's input dimension and its scaler: every
-// feature finite and within maxStandardized standard deviations of the data's mean.
+// feature finite and within stream.MaxScaledFeature standard deviations of the model's mean, the
+// bound past which an input record is dead-lettered (1e308 is finite, but scaled and multiplied
+// it overflows, and the predictive is NaN).
 func checkVector(name string, x []float64, m *bnn.Model) error {
 	if d := m.Inputs(); len(x) != d {
 		return fmt.Errorf("%s has %d features, the model takes %d", name, len(x), d)
@@ -537,9 +534,9 @@ func checkVector(name string, x []float64, m *bnn.Model) error {
 			return fmt.Errorf("%s[%d] is not finite", name, j)
 		}
 		if j < len(sc.Mean) && j < len(sc.Std) {
-			if z := math.Abs(v-sc.Mean[j]) / sc.Std[j]; !(z <= maxStandardized) {
-				return fmt.Errorf("%s[%d] = %g is %.3g standard deviations from the data's mean (%g); the model takes at most %g",
-					name, j, v, z, sc.Mean[j], float64(maxStandardized))
+			if z := math.Abs(v-sc.Mean[j]) / sc.Std[j]; !(z <= stream.MaxScaledFeature) {
+				return fmt.Errorf("%s[%d] = %g is %.3g standard deviations from the model's mean (%g); the model takes at most %g",
+					name, j, v, z, sc.Mean[j], float64(stream.MaxScaledFeature))
 			}
 		}
 	}
