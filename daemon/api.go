@@ -315,7 +315,7 @@ func decodeJSON(body []byte, v any) error {
 	case len(trimmed) == 0:
 		return &bodyError{http.StatusBadRequest, "bad JSON: the body is empty: send a JSON object {...}"}
 	case trimmed[0] != '{':
-		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", jsonKind(trimmed[0]))}
+		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", stream.JSONKind(trimmed[0]))}
 	}
 	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
 		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
@@ -396,23 +396,6 @@ func hasNull(raw []byte) bool {
 			return true
 		}
 	}
-}
-
-// jsonKind names the kind of JSON value that begins with c, for errors.
-func jsonKind(c byte) string {
-	switch {
-	case c == '[':
-		return "an array"
-	case c == '"':
-		return "a string"
-	case c == 'n':
-		return "null"
-	case c == 't' || c == 'f':
-		return "a boolean"
-	case c == '-' || c >= '0' && c <= '9':
-		return "a number"
-	}
-	return fmt.Sprintf("%q", c)
 }
 
 // noDuplicateKeys reports the first key given twice in one object of a JSON value.

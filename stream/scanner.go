@@ -411,8 +411,12 @@ func (p *scanner) null() bool {
 }
 
 // kind names the JSON type of the next value, for error details.
-func (p *scanner) kind() string {
-	switch c := p.peek(); {
+func (p *scanner) kind() string { return JSONKind(p.peek()) }
+
+// JSONKind names the JSON type of a value that begins with byte c ("a string", "null", ...), for
+// error details; 0 is the end of input.
+func JSONKind(c byte) string {
+	switch {
 	case c == '"':
 		return "a string"
 	case c == '{':
@@ -428,7 +432,7 @@ func (p *scanner) kind() string {
 	case c == 0:
 		return "end of input"
 	}
-	return fmt.Sprintf("byte %q", p.peek())
+	return fmt.Sprintf("byte %q", c)
 }
 
 // str scans a string and returns its raw contents (between the quotes) and whether it holds
