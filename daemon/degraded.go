@@ -70,8 +70,8 @@ func (d *Daemon) ledgerHealth(now time.Time) error {
 }
 
 // ledgerFailureHold is how long /readyz reports a failed commit to the ledger: the window in
-// which CfguardCheckpointFailing looks for the next failure. It is the ledger's store.FailureQuiet,
-// so that the ledger logs an episode's end when the report ends.
+// which CfguardCheckpointFailing looks for the next failure. It is the ledger's store.FailureQuiet:
+// a failure the ledger logs at WARN (an episode's first) is one the report did not hold before.
 const ledgerFailureHold = store.FailureQuiet
 
 // checkpointHealth is nil unless checkpoints are failing (for /readyz).

@@ -35,8 +35,9 @@ type Options struct {
 }
 
 // FailureQuiet is how long commits must go without failing before an episode of failed commits
-// is over: the ledger logs a WARN at an episode's first failure and an INFO at its first success
-// FailureQuiet or more after its last failure. On a disk that refuses some commits and not
+// is over: the ledger logs a WARN at an episode's first failure (one FailureQuiet or more after
+// the last) and an INFO at its first success FailureQuiet or more after its last failure (none
+// when a failure comes first). On a disk that refuses some commits and not
 // others (a full disk where a small commit reuses pages the file holds) successes and failures
 // alternate; they are one episode, not a pair of lines per retry.
 const FailureQuiet = time.Minute

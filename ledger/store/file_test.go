@@ -304,7 +304,11 @@ func TestAlternatingFailuresAreOneEpisode(t *testing.T) {
 	step(20*time.Second+FailureQuiet, false, 1, 1, 1)
 	step(90*time.Second, false, 1, 1, 1)
 	step(100*time.Second, true, 2, 1, 1)
-	if got := f.WriteFailures(); got.Count != 3 || !got.At.Equal(now) {
-		t.Fatalf("WriteFailures: %+v, want 3, the latest at %v", got, now)
+	// A success within the minute leaves the episode open; a failure an idle hour later begins
+	// another.
+	step(110*time.Second, false, 2, 1, 1)
+	step(time.Hour, true, 3, 1, 1)
+	if got := f.WriteFailures(); got.Count != 4 || !got.At.Equal(now) {
+		t.Fatalf("WriteFailures: %+v, want 4, the latest at %v", got, now)
 	}
 }

@@ -118,9 +118,12 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		err = fmt.Errorf("%w: %s: commit failed, nothing of it was kept: %w", ErrWrite, s.path, cause)
 	}
 	s.failMu.Lock()
+	now := s.opts.Now()
+	// An episode ends at the first success FailureQuiet after its last failure, or, on a file
+	// written rarely, when the next failure comes FailureQuiet or more after it.
+	first := !s.failing || now.Sub(s.failures.At) >= FailureQuiet
 	s.failures.Count++
-	s.failures.At, s.failures.Err = s.opts.Now(), err
-	first := !s.failing
+	s.failures.At, s.failures.Err = now, err
 	s.failing = true
 	s.failMu.Unlock()
 	level := slog.LevelDebug
