@@ -172,6 +172,9 @@ func unrouted(mux *http.ServeMux) http.Handler {
 			probe.Method = m
 			if _, pattern := mux.Handler(&probe); m != r.Method && pattern != "/" && pattern != "" {
 				allow = append(allow, m)
+				if m == http.MethodGet && r.Method != http.MethodHead {
+					allow = append(allow, http.MethodHead) // a GET route serves HEAD
+				}
 			}
 		}
 		if len(allow) > 0 {

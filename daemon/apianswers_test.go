@@ -41,7 +41,7 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 		{"an empty body", "POST", "/v1/counterfactuals", ``, 400, []string{"the body is empty"}},
 		{"an audit body of null", "POST", "/v1/audit", `null`, 400, []string{"must be a JSON object", "not null"}},
 		{"an audit body that is an array", "POST", "/v1/audit", `[]`, 400, []string{"not an array"}},
-		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, DELETE"}},
+		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, HEAD, DELETE"}},
 		{"an empty id", "GET", "/v1/counterfactuals/", ``, 404, []string{"no such route"}},
 		{"no such path", "GET", "/v2/model", ``, 404, []string{"no such route"}},
 	} {
@@ -56,8 +56,8 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 					t.Errorf("%s %s: error %q does not say %q", c.method, c.path, e.Error, s)
 				}
 			}
-			if c.code == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, DELETE" {
-				t.Errorf("Allow: %q, want GET, DELETE", resp.Header.Get("Allow"))
+			if c.code == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, HEAD, DELETE" {
+				t.Errorf("Allow: %q, want GET, HEAD, DELETE", resp.Header.Get("Allow"))
 			}
 		})
 	}
@@ -95,8 +95,18 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 	other := `{"id":"` + ids[0] + `","x":` + mustJSON(t, data.X[xs[5]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[5]]) + `,"target":"benign"}`
 	key := map[string]string{"Idempotency-Key": "k-409"}
 	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", other, key)
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "DELETE it first or choose another id") {
-		t.Fatalf("another CE under a stored id: %d %s, want 409 saying how to go on", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "it holds another counterfactual") ||
+		!strings.Contains(string(body), "DELETE it first or choose another id") {
+		t.Fatalf("another CE under a stored id: %d %s, want 409 saying so and how to go on", resp.StatusCode, body)
+	}
+	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 0 {
+		t.Errorf("cfguard_requests_replayed_total{result=exists} after a first attempt: %v, want 0", n)
+	}
+	// The same CE sent again under its id with a key is not "another" one.
+	same := `{"id":"` + ids[1] + `","x":` + mustJSON(t, data.X[xs[1]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[1]]) + `,"target":"benign"}`
+	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", same, map[string]string{"Idempotency-Key": "k-same"})
+	if resp.StatusCode != http.StatusConflict || strings.Contains(string(body), "holds another") {
+		t.Errorf("the stored CE sent again with a key: %d %s, want 409 that does not call it another", resp.StatusCode, body)
 	}
 	if resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %d %s", ids[0], resp.StatusCode, body)
@@ -107,6 +117,9 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 	}
 	if code, _ := r.get(t, "/v1/counterfactuals/"+ids[0]); code != http.StatusNotFound {
 		t.Errorf("GET %s after the retry: %d, want 404 (nothing registered again)", ids[0], code)
+	}
+	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 1 {
+		t.Errorf("cfguard_requests_replayed_total{result=exists} after one retry: %v, want 1", n)
 	}
 }
 

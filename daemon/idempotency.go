@@ -188,6 +188,9 @@ func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
 		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
 		return registered{ce: ce, err: err}, true
 	}
+	if errors.As(err, new(*ledger.OtherCEError)) {
+		return registered{}, false // refused now, its outcome stored with it: not a replay
+	}
 	if errors.Is(err, ledger.ErrExists) {
 		return d.replay(r)
 	}
