@@ -173,42 +173,53 @@ func epochOn(t *testing.T, r *running, h *postlog.Head, settings map[string]stri
 }
 
 // TestStoppedReplicaSeesItsLogRecreated stops a replica at an entry it cannot read, then
-// recreates the posterior topic under it. The reset supersedes the earlier stop: the replica
-// names the reset and its recovery instead of the entry that is gone, and reads the new log
-// from its start, where a new epoch from its head (cfguard new-epoch --head-from) lets it
-// follow on.
+// recreates the posterior topic under it, leaving it short or writing it past the replica's
+// head before the replica could see it short. Either way the reset supersedes the earlier stop:
+// the replica names the reset and its recovery instead of the entry that is gone, and reads the
+// new log from its start, where a new epoch from its head (cfguard new-epoch --head-from) lets
+// it follow on.
 func TestStoppedReplicaSeesItsLogRecreated(t *testing.T) {
 	t.Parallel() // mostly waits for resetAfter
-	b := startCluster(t, 1)
-	r := startReplica(t, b, "r1")
-	n := produceRows(t, r, bundled(t), 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
-	head := r.d.rep.Head()
-	newer := claimOn(head, "r9/newer")
-	newer.Format = postlog.Format + 1
-	appendEntry(t, keyHolderLog(t, r), newer)
-	waitfor.Cond(t, 60*time.Second, "the replica stopped at the entry of a newer format", func() bool {
-		code, body := r.get(t, "/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "upgrade cfguard")
-	})
+	for _, regrown := range []bool{false, true} {
+		t.Run(map[bool]string{false: "short", true: "regrown"}[regrown], func(t *testing.T) {
+			t.Parallel()
+			b := startCluster(t, 1)
+			r := startReplica(t, b, "r1")
+			n := produceRows(t, r, bundled(t), 0, 64)
+			waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
+			head := r.d.rep.Head()
+			newer := claimOn(head, "r9/newer")
+			newer.Format = postlog.Format + 1
+			appendEntry(t, keyHolderLog(t, r), newer)
+			waitfor.Cond(t, 60*time.Second, "the replica stopped at the entry of a newer format", func() bool {
+				code, body := r.get(t, "/readyz")
+				return code == http.StatusServiceUnavailable && strings.Contains(string(body), "upgrade cfguard")
+			})
 
-	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
-	var body string
-	waitfor.Cond(t, 60*time.Second, "the replica naming the reset", func() bool {
-		code, b := r.get(t, "/readyz")
-		body = string(b)
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "posterior log reset")
-	})
-	if !strings.Contains(body, "new-epoch --head-from") || strings.Contains(body, "upgrade cfguard") {
-		t.Errorf("/readyz of a stopped replica whose log was recreated: %s; want the reset's recovery alone", body)
+			kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
+			if regrown { // past what the replica has read (the newer entry's offset + 1)
+				for i := int64(0); i <= head.Offset+3; i++ {
+					rawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
+				}
+			}
+			var body string
+			waitfor.Cond(t, 60*time.Second, "the replica naming the reset", func() bool {
+				code, b := r.get(t, "/readyz")
+				body = string(b)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, "posterior log reset")
+			})
+			if !strings.Contains(body, "new-epoch --head-from") || strings.Contains(body, "upgrade cfguard") {
+				t.Errorf("/readyz of a stopped replica whose log was recreated: %s; want the reset's recovery alone", body)
+			}
+			settings, err := replica.ClusterSettings(r.d.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			appendEntry(t, keyHolderLog(t, r), epochOn(t, r, head, settings))
+			waitfor.Cond(t, 60*time.Second, "the replica following the new log from the epoch", func() bool {
+				code, _ := r.get(t, "/readyz")
+				return code == http.StatusOK && r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.d.rep.Head().Epoch == head.Epoch+1
+			})
+		})
 	}
-	settings, err := replica.ClusterSettings(r.d.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendEntry(t, keyHolderLog(t, r), epochOn(t, r, head, settings))
-	waitfor.Cond(t, 60*time.Second, "the replica following the new log from the epoch", func() bool {
-		code, _ := r.get(t, "/readyz")
-		return code == http.StatusOK && r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.d.rep.Head().Epoch == head.Epoch+1
-	})
 }

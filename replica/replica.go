@@ -1220,9 +1220,9 @@ func (r *Replica) watchEnd(ctx context.Context) {
 func (r *Replica) headGone(ctx context.Context) (found string, gone bool) {
 	r.mu.Lock()
 	head := r.chain.Head()
-	stopped := r.stopped != nil
+	reset := r.stoppedByReset()
 	r.mu.Unlock()
-	if stopped || head == nil {
+	if reset || head == nil {
 		return "", false
 	}
 	rd, err := r.plog.Read(head.Offset)
@@ -1255,7 +1255,7 @@ func (r *Replica) headGone(ctx context.Context) (found string, gone bool) {
 // epoch is left as it is.
 func (r *Replica) halt(what string) {
 	r.mu.Lock()
-	if r.stopped != nil && r.halts > r.epochHalts {
+	if r.stoppedByReset() {
 		r.mu.Unlock()
 		return
 	}
@@ -1277,6 +1277,10 @@ func (r *Replica) halt(what string) {
 	default:
 	}
 }
+
+// stoppedByReset reports whether the replica is stopped by a halt since its last epoch (r.mu
+// held): a reset it has reported already.
+func (r *Replica) stoppedByReset() bool { return r.stopped != nil && r.halts > r.epochHalts }
 
 // errLost: another writer's entry was accepted in this replica's place; it is no longer the
 // updater of its term.
