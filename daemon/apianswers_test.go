@@ -91,35 +91,56 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 		}
 	}
 
+	// A keyed registration refused for an id that holds a CE (another one, the same one, or one
+	// given on an earlier line of the same request) answers 409, and so does every retry of it,
+	// also once the id is free; the first attempt is no replay.
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
-	other := `{"id":"` + ids[0] + `","x":` + mustJSON(t, data.X[xs[5]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[5]]) + `,"target":"benign"}`
-	key := map[string]string{"Idempotency-Key": "k-409"}
-	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", other, key)
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "it holds another counterfactual") ||
-		!strings.Contains(string(body), "DELETE it first or choose another id") {
-		t.Fatalf("another CE under a stored id: %d %s, want 409 saying so and how to go on", resp.StatusCode, body)
+	reg := func(id string, k int) string {
+		return `{"id":"` + id + `","x":` + mustJSON(t, data.X[xs[k]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[k]]) + `,"target":"benign"}`
+	}
+	other, same := reg(ids[0], 5), reg(ids[1], 1)
+	bulk := reg("dup", 6) + "\n" + reg("dup", 7) + "\n"
+	type attempt struct {
+		name, method, path, body, key string
+		first                         string // in the first answer
+	}
+	attempts := []attempt{
+		{"another CE under a stored id", "POST", "/v1/counterfactuals", other, "k-other", "DELETE it first or choose another id"},
+		{"the stored CE itself", "POST", "/v1/counterfactuals", same, "k-same", "DELETE it first or choose another id"},
+		{"an id given on an earlier line", "POST", "/v1/counterfactuals:bulk", bulk, "k-bulk", `"line":2,"id":"dup","code":409`},
+	}
+	for _, a := range attempts {
+		resp, body := r.rawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
+		if code := resp.StatusCode; (a.method == "POST" && a.path == "/v1/counterfactuals" && code != http.StatusConflict) ||
+			!strings.Contains(string(body), a.first) {
+			t.Fatalf("%s: %d %s, want it to say %q", a.name, code, body, a.first)
+		}
 	}
 	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 0 {
-		t.Errorf("cfguard_requests_replayed_total{result=exists} after a first attempt: %v, want 0", n)
+		t.Errorf("cfguard_requests_replayed_total{result=exists} after first attempts: %v, want 0", n)
 	}
-	// The same CE sent again under its id with a key is not "another" one.
-	same := `{"id":"` + ids[1] + `","x":` + mustJSON(t, data.X[xs[1]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[1]]) + `,"target":"benign"}`
-	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", same, map[string]string{"Idempotency-Key": "k-same"})
-	if resp.StatusCode != http.StatusConflict || strings.Contains(string(body), "holds another") {
-		t.Errorf("the stored CE sent again with a key: %d %s, want 409 that does not call it another", resp.StatusCode, body)
+	for _, id := range []string{ids[0], ids[1], "dup"} {
+		if resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("DELETE %s: %d %s", id, resp.StatusCode, body)
+		}
 	}
-	if resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("DELETE %s: %d %s", ids[0], resp.StatusCode, body)
+	for _, a := range attempts {
+		resp, body := r.rawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
+		if a.path == "/v1/counterfactuals" && (resp.StatusCode != http.StatusConflict || strings.Contains(string(body), "DELETE it first") ||
+			!strings.Contains(string(body), "send it with a new Idempotency-Key")) {
+			t.Errorf("%s, sent again once the id is free: %d %s; want the 409 it had, saying how to go on", a.name, resp.StatusCode, body)
+		}
+		if a.path != "/v1/counterfactuals" && !strings.Contains(string(body), `"line":2,"id":"dup","code":409`) {
+			t.Errorf("%s, sent again once the id is free: %d %s; want line 2 refused again", a.name, resp.StatusCode, body)
+		}
 	}
-	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals", other, key)
-	if resp.StatusCode != http.StatusConflict {
-		t.Errorf("the keyed registration sent again once the id is free: %d %s, want the 409 it had", resp.StatusCode, body)
+	for _, id := range []string{ids[0], ids[1], "dup"} {
+		if code, _ := r.get(t, "/v1/counterfactuals/"+id); code != http.StatusNotFound {
+			t.Errorf("GET %s after the retries: %d, want 404 (nothing registered again)", id, code)
+		}
 	}
-	if code, _ := r.get(t, "/v1/counterfactuals/"+ids[0]); code != http.StatusNotFound {
-		t.Errorf("GET %s after the retry: %d, want 404 (nothing registered again)", ids[0], code)
-	}
-	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 1 {
-		t.Errorf("cfguard_requests_replayed_total{result=exists} after one retry: %v, want 1", n)
+	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 3 {
+		t.Errorf("cfguard_requests_replayed_total{result=exists} after three retries: %v, want 3", n)
 	}
 }
 

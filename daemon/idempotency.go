@@ -37,6 +37,13 @@ var (
 	errDeletedSince = errors.New("registered by this request and deleted since")
 )
 
+// heldError answers a registration refused, when its request was applied, for an id that held a
+// CE (ledger.OutcomeExists): it wraps ledger.ErrExists and says how to go on itself.
+type heldError struct{ err error }
+
+func (e *heldError) Error() string { return e.err.Error() }
+func (e *heldError) Unwrap() error { return e.err }
+
 // idempotencyKey reads r's Idempotency-Key ("" when none) and checks it: 1 to 255 bytes of
 // printable ASCII. The draft's header is a structured-field string ("..."); a bare token is
 // taken as well.
@@ -115,7 +122,13 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 		return nil, fmt.Errorf("%w: counterfactual %q was stored by this request at %s and is not stored now; nothing was registered "+
 			"again: %s", errDeletedSince, o.ID, o.At.Format(time.RFC3339), again)
 	case ledger.OutcomeExists:
-		return nil, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, o.ID)
+		err := fmt.Errorf("%w: %q held a counterfactual when this request was applied, at %s; nothing was registered",
+			ledger.ErrExists, o.ID, o.At.Format(time.RFC3339))
+		if fingerprint == "" {
+			return nil, err // sent again, it is a new request: the answer adds how to go on
+		}
+		return nil, &heldError{fmt.Errorf("%w, and this request answers the same whenever it is sent: choose another id, "+
+			"or send it with a new Idempotency-Key", err)}
 	case ledger.OutcomeRefused:
 		return nil, fmt.Errorf("%w: %s", ledger.ErrInvalid, o.Detail)
 	}
@@ -188,7 +201,7 @@ func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
 		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
 		return registered{ce: ce, err: err}, true
 	}
-	if errors.As(err, new(*ledger.OtherCEError)) {
+	if errors.As(err, new(*ledger.KeyedExistsError)) {
 		return registered{}, false // refused now, its outcome stored with it: not a replay
 	}
 	if errors.Is(err, ledger.ErrExists) {

@@ -128,20 +128,22 @@ func (e *DuplicateError) Error() string {
 	return fmt.Sprintf("request for %q applied before (%s at %s)", e.Outcome.ID, e.Outcome.Result, e.Outcome.At.Format(time.RFC3339Nano))
 }
 
-// OtherCEError refuses, in PutRequests, a registration whose id holds another stored CE (other
-// x, x_cf or target). It wraps ErrExists; its outcome (OutcomeExists) was stored with the call,
-// so that a retry answers the same once the id is free. It is the request's first answer, not a
-// replay of an earlier one (a *DuplicateError).
-type OtherCEError struct{ err error }
+// KeyedExistsError refuses, in PutRequests, a registration with a request id whose CE id holds a
+// CE (stored, or given earlier in the same call). It wraps ErrExists; its outcome
+// (OutcomeExists) was stored with the call, as an owner stores it (ApplyShare), so that a retry
+// answers the same once the id is free. It is the request's first answer, not a replay of an
+// earlier one (a *DuplicateError).
+type KeyedExistsError struct{ err error }
 
-func (e *OtherCEError) Error() string { return e.err.Error() + ": it holds another counterfactual" }
-func (e *OtherCEError) Unwrap() error { return e.err }
+func (e *KeyedExistsError) Error() string { return e.err.Error() }
+func (e *KeyedExistsError) Unwrap() error { return e.err }
 
 // PutRequests is PutEach for CEs that come with request ids (reqs[i] is ces[i]'s): a CE whose
 // request id has an outcome, or is an earlier stored CE's of the same call, is refused with a
 // *DuplicateError holding that outcome and not stored, and each CE stored has its outcome
 // (OutcomeStored, Partition -1) stored under its request id in the same transaction, for
-// Options.RequestWindow.
+// Options.RequestWindow; so has each refused because its id holds a CE (OutcomeExists,
+// *KeyedExistsError).
 func (l *Ledger) PutRequests(ctx context.Context, ces []*CE, reqs []RequestRef) (errs []error, err error) {
 	if len(reqs) != len(ces) {
 		return nil, fmt.Errorf("ledger: put: %w", invalidf("%d request ids for %d counterfactuals", len(reqs), len(ces)))
@@ -230,8 +232,8 @@ type keyedOutcome struct {
 
 // requests refuses the CEs whose request id has an outcome (*DuplicateError) and keeps the
 // request of each CE left, for writePut to store its outcome at now; a request refused because
-// its id holds another stored CE has that outcome stored too (OutcomeExists, *OtherCEError), so
-// that a retry answers the same once the id is free. A request id given to
+// its id holds a CE has that outcome stored too (OutcomeExists, *KeyedExistsError), so that a
+// retry answers the same once the id is free. A request id given to
 // several CEs of the call is one request: the first CE accepted claims it, and each later one
 // is refused with a *DuplicateError holding the outcome the first gets, as it would be in a
 // later call. reqs[i] is the request of the CE given at index i; p.ces holds those judgePut
@@ -264,16 +266,10 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 					p.errs[i] = &DuplicateError{Outcome: o}
 					continue
 				}
-				other, err := holdsOther(tx, given[i])
-				if err != nil {
-					return err
-				}
-				if other {
-					o = Outcome{Result: OutcomeExists, ID: given[i].ID, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
-					claimed[ref.RID] = o
-					p.existed = append(p.existed, keyedOutcome{ref.RID, o})
-					p.errs[i] = &OtherCEError{p.errs[i]}
-				}
+				o = Outcome{Result: OutcomeExists, ID: given[i].ID, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
+				claimed[ref.RID] = o
+				p.existed = append(p.existed, keyedOutcome{ref.RID, o})
+				p.errs[i] = &KeyedExistsError{p.errs[i]}
 			}
 			continue
 		}
@@ -294,23 +290,6 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 	}
 	p.ces, p.headers = ces, headers
 	return nil
-}
-
-// holdsOther reports whether ce's id holds a stored CE with another x, x_cf or target (not one
-// given earlier in the same call, nor a damaged record: those are not judged).
-func holdsOther(tx *bolt.Tx, ce *CE) (bool, error) {
-	raw := tx.Bucket(bHeaders).Get([]byte(ce.ID))
-	if raw == nil {
-		return false, nil
-	}
-	have, _, err := loadStored(tx, []byte(ce.ID), raw)
-	if errors.Is(err, ErrCorrupt) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return have.Target != ce.Target || !slices.Equal(have.X, ce.X) || !slices.Equal(have.XCF, ce.XCF), nil
 }
 
 // storedOutcome is the outcome of the registration ref that stores ce with header h at now.
