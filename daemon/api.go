@@ -602,6 +602,8 @@ func writeRegisterError(w http.ResponseWriter, err error) {
 		retryLater(w, code, writeRetryAfter, err.Error())
 	case code == http.StatusServiceUnavailable:
 		retryLater(w, code, writeRetryAfter, "the ledger cannot be written now (see /readyz); nothing was stored, retry later: "+err.Error())
+	case errors.As(err, new(*ledger.KeyedExistsError)): // refused now, remembered with its key
+		writeError(w, code, err.Error()+"; "+keyedExistsAdvice)
 	case errors.Is(err, ledger.ErrExists) && !errors.As(err, new(*heldError)):
 		writeError(w, code, err.Error()+"; DELETE it first or choose another id")
 	default:

@@ -105,8 +105,8 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 		first                         string // in the first answer
 	}
 	attempts := []attempt{
-		{"another CE under a stored id", "POST", "/v1/counterfactuals", other, "k-other", "DELETE it first or choose another id"},
-		{"the stored CE itself", "POST", "/v1/counterfactuals", same, "k-same", "DELETE it first or choose another id"},
+		{"another CE under a stored id", "POST", "/v1/counterfactuals", other, "k-other", keyedExistsAdvice},
+		{"the stored CE itself", "POST", "/v1/counterfactuals", same, "k-same", keyedExistsAdvice},
 		{"an id given on an earlier line", "POST", "/v1/counterfactuals:bulk", bulk, "k-bulk", `"line":2,"id":"dup","code":409`},
 	}
 	for _, a := range attempts {
@@ -127,7 +127,7 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 	for _, a := range attempts {
 		resp, body := r.rawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
 		if a.path == "/v1/counterfactuals" && (resp.StatusCode != http.StatusConflict || strings.Contains(string(body), "DELETE it first") ||
-			!strings.Contains(string(body), "send it with a new Idempotency-Key")) {
+			!strings.Contains(string(body), keyedExistsAdvice)) {
 			t.Errorf("%s, sent again once the id is free: %d %s; want the 409 it had, saying how to go on", a.name, resp.StatusCode, body)
 		}
 		if a.path != "/v1/counterfactuals" && !strings.Contains(string(body), `"line":2,"id":"dup","code":409`) {

@@ -37,9 +37,15 @@ var (
 	errDeletedSince = errors.New("registered by this request and deleted since")
 )
 
-// heldError answers a registration refused, when its request was applied, for an id that held a
-// CE (ledger.OutcomeExists): it wraps ledger.ErrExists and says how to go on itself.
+// heldError answers a keyed registration refused, when its request was applied, for an id that
+// held a CE (ledger.OutcomeExists): it wraps ledger.ErrExists and says how to go on itself
+// (keyedExistsAdvice).
 type heldError struct{ err error }
+
+// keyedExistsAdvice says how to go on after a keyed registration refused for an id that held a
+// CE: the refusal is its request's outcome, which every retry with the key answers.
+const keyedExistsAdvice = "sent again with this Idempotency-Key it answers the same for http.idempotency_window: to register " +
+	"this counterfactual, DELETE the one stored under the id or choose another id, and send it with a new key"
 
 func (e *heldError) Error() string { return e.err.Error() }
 func (e *heldError) Unwrap() error { return e.err }
@@ -119,16 +125,19 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 		if fingerprint == "" {
 			again = "a later request deleted or replaced it; to register it again, send it again"
 		}
-		return nil, fmt.Errorf("%w: counterfactual %q was stored by this request at %s and is not stored now; nothing was registered "+
-			"again: %s", errDeletedSince, o.ID, o.At.Format(time.RFC3339), again)
+		stored := "was stored by this request"
+		if o.Result == ledger.OutcomeSame {
+			stored = "was stored already when this request was applied"
+		}
+		return nil, fmt.Errorf("%w: counterfactual %q %s, at %s, and is not stored now; nothing was registered "+
+			"again: %s", errDeletedSince, o.ID, stored, o.At.Format(time.RFC3339), again)
 	case ledger.OutcomeExists:
 		err := fmt.Errorf("%w: %q held a counterfactual when this request was applied, at %s; nothing was registered",
 			ledger.ErrExists, o.ID, o.At.Format(time.RFC3339))
 		if fingerprint == "" {
 			return nil, err // sent again, it is a new request: the answer adds how to go on
 		}
-		return nil, &heldError{fmt.Errorf("%w, and this request answers the same whenever it is sent: choose another id, "+
-			"or send it with a new Idempotency-Key", err)}
+		return nil, &heldError{fmt.Errorf("%w; %s", err, keyedExistsAdvice)}
 	case ledger.OutcomeRefused:
 		return nil, fmt.Errorf("%w: %s", ledger.ErrInvalid, o.Detail)
 	}

@@ -219,7 +219,7 @@ type putPlan struct {
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
-	existed []keyedOutcome        // the outcomes of requests refused for an id that holds another CE
+	existed []keyedOutcome        // the outcomes of requests refused for an id that holds a CE
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
 	stated  bool                  // the CEs' states are written (Options.EncodeState): a share's registrations
 }
@@ -247,7 +247,10 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 		headers []header
 		j       int                    // index in p.ces
 		claimed = map[string]Outcome{} // request id -> the outcome of the CE of the call that claimed it
+		held    = map[string]bool{}    // ids of the CEs of the call kept so far
 	)
+	// holds reports whether id holds a CE: a stored one, or one of the call kept before.
+	holds := func(id string) bool { return held[id] || tx.Bucket(bHeaders).Get([]byte(id)) != nil }
 	// outcome is the request's outcome: the one stored, or the one a CE of this call claimed.
 	outcome := func(rid string) (Outcome, bool, error) {
 		if o, ok := claimed[rid]; ok {
@@ -265,6 +268,9 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 				if ok {
 					p.errs[i] = &DuplicateError{Outcome: o}
 					continue
+				}
+				if !holds(given[i].ID) {
+					continue // an id given to an earlier CE of the call that was refused too: nothing to remember
 				}
 				o = Outcome{Result: OutcomeExists, ID: given[i].ID, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
 				claimed[ref.RID] = o
@@ -287,6 +293,7 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 			claimed[ref.RID] = storedOutcome(ce, &h, ref, now)
 		}
 		ces, headers, p.reqs = append(ces, ce), append(headers, h), append(p.reqs, ref)
+		held[ce.ID] = true
 	}
 	p.ces, p.headers = ces, headers
 	return nil

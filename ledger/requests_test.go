@@ -582,3 +582,53 @@ func TestPutRequestsOneRequestIDTwiceInABatch(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// A keyed registration refused because its id holds a CE (stored, or kept earlier in the same
+// call) has its outcome stored: sent again once the id is free, it is refused as before. One
+// refused for an id given only to an earlier CE of the call that was refused too stores none:
+// the id held nothing.
+func TestPutRequestsRemembersAnIDThatHeldACE(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(23, 23))
+	ce := func(id string) *CE { c := newCE(t, m, rng); c.ID = id; return c }
+	stored := ce("s")
+	if err := l.Put(bg, stored); err != nil {
+		t.Fatal(err)
+	}
+	same := *stored
+	errs, err := l.PutRequests(bg,
+		[]*CE{ce("s"), &same, ce("x"), ce("x"), ce("y"), ce("y"), ce("y")},
+		[]RequestRef{{RID: "other"}, {RID: "same"}, {RID: "first"}, {RID: "in-call"}, {RID: "first"}, {RID: "y2"}, {RID: "y3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 0 another CE under "s", 1 the stored CE itself, 2 stored, 3 "x" kept by 2, 4 a retry of
+	// request "first" (refused, so "y" holds nothing), 5 and 6 "y" given to 4 only.
+	for i, want := range []string{"keyed", "keyed", "", "keyed", "duplicate", "exists", "exists"} {
+		var ke *KeyedExistsError
+		var dup *DuplicateError
+		got := map[bool]string{true: "exists"}[errors.Is(errs[i], ErrExists)]
+		switch {
+		case errs[i] == nil:
+			got = ""
+		case errors.As(errs[i], &ke):
+			got = "keyed"
+		case errors.As(errs[i], &dup):
+			got = "duplicate"
+		}
+		if got != want {
+			t.Errorf("CE %d: %v (%s), want %s", i, errs[i], got, want)
+		}
+	}
+	for _, c := range []struct {
+		rid  string
+		want bool
+	}{{"other", true}, {"same", true}, {"in-call", true}, {"y2", false}, {"y3", false}} {
+		o, ok, err := l.Outcome(c.rid)
+		if err != nil || ok != c.want || ok && o.Result != OutcomeExists {
+			t.Errorf("outcome of %s = %+v, %v, %v; want stored: %v (exists)", c.rid, o, ok, err, c.want)
+		}
+	}
+}
