@@ -536,7 +536,7 @@ func registerStatus(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, errKeyReused):
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, ledger.ErrExists), errors.Is(err, errDeletedSince):
+	case errors.Is(err, ledger.ErrExists), errors.Is(err, errDeletedSince), errors.Is(err, errFoundDeletedSince):
 		return http.StatusConflict
 	case errors.Is(err, errNotCounterfactual), errors.Is(err, errOutsideSet):
 		return http.StatusUnprocessableEntity

@@ -35,6 +35,9 @@ var (
 	errKeyReused = errors.New("Idempotency-Key reused for another request")
 	// errDeletedSince: the key's request stored its CE, which was deleted since.
 	errDeletedSince = errors.New("registered by this request and deleted since")
+	// errFoundDeletedSince: the request found its CE stored already (on a replica, the owner's
+	// OutcomeSame), and that CE was deleted since.
+	errFoundDeletedSince = errors.New("stored before this request and deleted since")
 )
 
 // heldError answers a keyed registration refused, when its request was applied, for an id that
@@ -45,7 +48,7 @@ type heldError struct{ err error }
 // keyedExistsAdvice says how to go on after a keyed registration refused for an id that held a
 // CE: the refusal is its request's outcome, which every retry with the key answers.
 const keyedExistsAdvice = "sent again with this Idempotency-Key it answers the same for http.idempotency_window: to register " +
-	"this counterfactual, DELETE the one stored under the id or choose another id, and send it with a new key"
+	"this counterfactual, send it with a new key, under another id or under this one once it is free"
 
 func (e *heldError) Error() string { return e.err.Error() }
 func (e *heldError) Unwrap() error { return e.err }
@@ -125,12 +128,12 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 		if fingerprint == "" {
 			again = "a later request deleted or replaced it; to register it again, send it again"
 		}
-		stored := "was stored by this request"
 		if o.Result == ledger.OutcomeSame {
-			stored = "was stored already when this request was applied"
+			return nil, fmt.Errorf("%w: counterfactual %q was stored already when this request was applied, at %s, and is not "+
+				"stored now; this request registered nothing: %s", errFoundDeletedSince, o.ID, o.At.Format(time.RFC3339), again)
 		}
-		return nil, fmt.Errorf("%w: counterfactual %q %s, at %s, and is not stored now; nothing was registered "+
-			"again: %s", errDeletedSince, o.ID, stored, o.At.Format(time.RFC3339), again)
+		return nil, fmt.Errorf("%w: counterfactual %q was stored by this request at %s and is not stored now; nothing was registered "+
+			"again: %s", errDeletedSince, o.ID, o.At.Format(time.RFC3339), again)
 	case ledger.OutcomeExists:
 		err := fmt.Errorf("%w: %q held a counterfactual when this request was applied, at %s; nothing was registered",
 			ledger.ErrExists, o.ID, o.At.Format(time.RFC3339))

@@ -34,7 +34,7 @@ func TestAnswerOutcome(t *testing.T) {
 		{"unkeyed, deleted since", out(ledger.OutcomeStored, ""), nil, "", errDeletedSince, "a later request deleted or replaced it; to register it again, send it again"},
 		{"the id held another CE", out(ledger.OutcomeExists, ""), other, "", ledger.ErrExists, `"a" held a counterfactual when this request was applied, at 2026-11-28T10:00:00Z`},
 		{"keyed, the id held a CE", out(ledger.OutcomeExists, "f"), nil, "f", ledger.ErrExists, keyedExistsAdvice},
-		{"the same CE was stored, deleted since", out(ledger.OutcomeSame, "f"), nil, "f", errDeletedSince, "was stored already when this request was applied"},
+		{"the same CE was stored, deleted since", out(ledger.OutcomeSame, "f"), nil, "f", errFoundDeletedSince, "was stored already when this request was applied"},
 		{"refused", out(ledger.OutcomeRefused, ""), nil, "", ledger.ErrInvalid, "x_cf has 3 features"},
 		{"the key used for another body", out(ledger.OutcomeStored, "f"), stored, "g", errKeyReused, "2026-11-28T10:00:00Z"},
 	} {

@@ -129,7 +129,7 @@ func (e *DuplicateError) Error() string {
 }
 
 // KeyedExistsError refuses, in PutRequests, a registration with a request id whose CE id holds a
-// CE (stored, or given earlier in the same call). It wraps ErrExists; its outcome
+// CE (stored, or kept earlier in the same call). It wraps ErrExists; its outcome
 // (OutcomeExists) was stored with the call, as an owner stores it (ApplyShare), so that a retry
 // answers the same once the id is free. It is the request's first answer, not a replay of an
 // earlier one (a *DuplicateError).

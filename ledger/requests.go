@@ -45,7 +45,7 @@ const (
 	// OutcomeSame: a CE with the same x, x_cf and target was stored under the id already.
 	OutcomeSame = "same"
 	// OutcomeExists: another CE was stored under the id (on a single daemon, PutRequests: any CE,
-	// or one given earlier in the same call); nothing was stored.
+	// or one kept earlier in the same call); nothing was stored.
 	OutcomeExists = "exists"
 	// OutcomeRefused: the ledger refused the CE (Detail says why); nothing was stored.
 	OutcomeRefused = "refused"
