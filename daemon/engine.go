@@ -262,8 +262,11 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		return s, nil
 	}
 	if ucfg.Solver == update.SolverConverge && !st.Converged {
-		d.log.Warn("update did not converge within update.max_iterations; its posterior is the best found", "posterior_version", prev.Version+1,
-			"iterations", st.Iterations, "max_iterations", ucfg.MaxIterations, "records", len(X))
+		why := "update did not converge within update.max_iterations; its posterior is the best found"
+		if st.Iterations < ucfg.MaxIterations {
+			why = "update stopped before update.tolerance: the line search made no more progress; its posterior is the best found"
+		}
+		d.log.Warn(why, "posterior_version", prev.Version+1, "iterations", st.Iterations, "max_iterations", ucfg.MaxIterations, "records", len(X))
 	}
 	kl := st.KL // KL(q_new || q_prev), computed by the update
 	outcome, over := certify.Decide(kl, d.budget, d.cfg.Certify.OnBreach)

@@ -90,8 +90,9 @@ func TestDefaultsKeepQualityUnderCorrectLabels(t *testing.T) {
 
 // TestDefaultsFollowDrift streams correct labels, then a drift, at the default settings, in
 // increments of at most 64 records (random sizes) and of 10: 80% of the counterfactual stand-ins
-// must be invalidated (upper confidence bound of p(target) < 1/2) within 4,000 records of the
-// drift, for flipped labels and for a covariate-and-label shift.
+// must be invalidated (upper confidence bound of p(target) < 1/2) within 1,000 records of the
+// drift (docs/MATHS.md says so of the default), for flipped labels and for a covariate-and-label
+// shift; the drift runs on to 4,000 records.
 func TestDefaultsFollowDrift(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: thousands of records per case")
@@ -121,8 +122,8 @@ func TestDefaultsFollowDrift(t *testing.T) {
 			last := res.Points[len(res.Points)-1]
 			t.Logf("80%% of the stand-ins invalidated after %d drifted records (all after %d); %d drifted records applied; %d increments over the KL budget",
 				res.First80, res.FirstAllInvalidated, last.Drifted, res.Breaches)
-			if res.First80 == 0 || res.First80 > 4000 {
-				t.Errorf("80%% of the stand-ins invalidated after %d drifted records (0: never), want within 4,000", res.First80)
+			if res.First80 == 0 || res.First80 > 1000 {
+				t.Errorf("80%% of the stand-ins invalidated after %d drifted records (0: never), want within 1,000", res.First80)
 			}
 			if res.Breaches == 0 {
 				t.Error("no update KL over the budget during the drift: the KL does not follow the evidence")

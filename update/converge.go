@@ -41,8 +41,8 @@ import (
 // a_j = (mu_j - mu_prev,j) / sigma_prev,j and b_j = log sigma_j - log sigma_prev,j, where the KL
 // term's curvature is ~KLWeight / D for every coordinate; it stops when the largest gradient
 // coordinate is below Tolerance * KLWeight / D, i.e. when the remaining step is about Tolerance
-// previous-posterior standard deviations, or at MaxIterations (the safety net; Stats.Converged
-// says which).
+// previous-posterior standard deviations, or at MaxIterations (the safety net), or when the line
+// search can make no more progress (Stats.Converged says whether the tolerance was met).
 const ghNodes = 16
 
 // gh holds the Gauss-Hermite rule for E[f(N(0, 1))] = sum_k w_k f(x_k): the nodes of
