@@ -40,15 +40,15 @@ var (
 	errFoundDeletedSince = errors.New("stored before this request and deleted since")
 )
 
-// heldError answers a keyed registration refused, when its request was applied, for an id that
-// held a CE (ledger.OutcomeExists): it wraps ledger.ErrExists and says how to go on itself
-// (keyedExistsAdvice).
-type heldError struct{ err error }
-
 // keyedExistsAdvice says how to go on after a keyed registration refused for an id that held a
 // CE: the refusal is its request's outcome, which every retry with the key answers.
 const keyedExistsAdvice = "sent again with this Idempotency-Key it answers the same for http.idempotency_window: to register " +
 	"this counterfactual, send it with a new key, under another id or under this one once it is free"
+
+// heldError answers a keyed registration refused, when its request was applied, for an id that
+// held a CE (ledger.OutcomeExists): it wraps ledger.ErrExists and says how to go on itself
+// (keyedExistsAdvice).
+type heldError struct{ err error }
 
 func (e *heldError) Error() string { return e.err.Error() }
 func (e *heldError) Unwrap() error { return e.err }
