@@ -272,7 +272,8 @@ func TestDefaultsKeepCertifiedCEsUnderCorrectLabels(t *testing.T) {
 }
 
 // TestDefaultsInvalidateCEsUnderDrift: 1,000 correctly labelled records, then the labels flip,
-// in increments of 10 and of 64, through the daemon at the default settings: 80% of the certified
+// in increments of at most 10 and of at most 64 (kafka.max_records), through the daemon at the
+// default settings: 80% of the certified
 // counterfactuals are invalidated within 1,000 flipped records (docs/MATHS.md), and the
 // prequential detector has seen the change.
 func TestDefaultsInvalidateCEsUnderDrift(t *testing.T) {
@@ -306,7 +307,7 @@ func TestDefaultsInvalidateCEsUnderDrift(t *testing.T) {
 				}
 				if inv*5 >= 4*len(ids) {
 					changes := r.metric(t, "cfguard_prequential_changes_total")
-					t.Logf("%d of %d counterfactuals invalidated after %d flipped records (increments of %d); prequential changes detected: %v",
+					t.Logf("%d of %d counterfactuals invalidated after %d flipped records (increments of at most %d); prequential changes detected: %v",
 						inv, len(ids), flipped, inc, changes)
 					if changes < 1 {
 						t.Error("the prequential detector saw no change")
