@@ -273,9 +273,8 @@ func TestDefaultsKeepCertifiedCEsUnderCorrectLabels(t *testing.T) {
 
 // TestDefaultsInvalidateCEsUnderDrift: 1,000 correctly labelled records, then the labels flip,
 // in increments of at most 10 and of at most 64 (kafka.max_records), through the daemon at the
-// default settings: 80% of the certified
-// counterfactuals are invalidated within 1,000 flipped records (docs/MATHS.md), and the
-// prequential detector has seen the change.
+// default settings: 80% of the certified counterfactuals are invalidated within 1,000 flipped
+// records (docs/MATHS.md), and the prequential detector has seen the change.
 func TestDefaultsInvalidateCEsUnderDrift(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: thousands of records through the daemon")
