@@ -345,7 +345,8 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh", "CfguardDown",
 		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
-		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicaSettingsDiffer", "CfguardReplicationUnauthenticated", "CfguardTopicReset"}
+		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicaSettingsDiffer", "CfguardReplicationUnauthenticated", "CfguardTopicReset",
+		"CfguardUpdatesFailing"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {
 		t.Errorf("alerts %v, want %v", alerts, want)
 	}

@@ -21,19 +21,7 @@ import (
 // daemon must keep the posterior bit for bit, count the failure, and still consume the records.
 func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	data := bundled(t)
-	m, _, err := bnn.Fit(context.Background(), data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := m.Last()
-	for i := range last.WeightMu {
-		last.WeightMu[i] = 1e306 * float64(1-2*(i%2))
-	}
-	dir := filepath.Join(t.TempDir(), "model")
-	if err := bnn.Save(dir, m); err != nil {
-		t.Fatal(err)
-	}
-	r := startDaemon(t, func(c *config.Config) { c.Model.Path = dir })
+	r := startDaemon(t, func(c *config.Config) { c.Model.Path = overflowingModel(t) })
 	before := r.d.current()
 	var vals [][]byte
 	for i := 0; i < 32; i++ {
@@ -99,4 +87,23 @@ func TestHugeFeatureIsDeadLettered(t *testing.T) {
 	if n := r.metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
 		t.Errorf("%v records failed, want none", n)
 	}
+}
+
+// overflowingModel saves, in a directory it returns, a model fitted to the bundled data whose
+// last-layer means are so large that the logits overflow: every update's loss is non-finite.
+func overflowingModel(t *testing.T) string {
+	t.Helper()
+	m, _, err := bnn.Fit(context.Background(), bundled(t), []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := m.Last()
+	for i := range last.WeightMu {
+		last.WeightMu[i] = 1e306 * float64(1-2*(i%2))
+	}
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := bnn.Save(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

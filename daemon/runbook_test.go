@@ -65,6 +65,10 @@ var runbookChecks = map[string][]runbooktest.Check{
 	"CfguardDeadLetterRateHigh": {
 		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},
 	},
+	"CfguardUpdatesFailing": {
+		{Cmd: "records_total|updates_total", Want: `(?m)^cfguard_records_total\{result="failed"\} 32$[\s\S]*^cfguard_updates_total\{outcome="failed"\} 1$`},
+		{Cmd: "update_failed", Want: `^\{"posterior_version":[0-9]+,"offsets":\[\{"partition":0,"first":0,"last":31\}\],"error":"update: .+"\}$`},
+	},
 	"CfguardDown": {
 		{Cmd: "/healthz", Want: `^000$`},
 	},
@@ -111,7 +115,8 @@ var runbookNotRun = map[string]string{
 // child process of TestCheckpointFailureHoldsTheIncrement, whose ledger cannot be written while
 // records wait in the topic (runbookInChild). CfguardRenewalBehind's run against a daemon whose
 // confirmers are held after a drift lapsed its certificates (behindDaemon); released, its
-// backlog empties. CfguardDown's run against an address where nothing listens (downState).
+// backlog empties. CfguardUpdatesFailing's run against a daemon whose updates fail
+// (failingDaemon). CfguardDown's run against an address where nothing listens (downState).
 // curl, kcat, jq and df run for real; the test skips when one is missing unless
 // CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
@@ -150,6 +155,7 @@ func TestRunbookCommandsRun(t *testing.T) {
 	lost, _ := lostDaemon(t)
 	backlog := outboxDaemon(t)
 	behind, release := behindDaemon(t)
+	failing := failingDaemon(t)
 	down := downState(t)
 	for _, s := range run {
 		st := invalidated
@@ -166,6 +172,8 @@ func TestRunbookCommandsRun(t *testing.T) {
 			st = backlog
 		case "CfguardRenewalBehind":
 			st = behind
+		case "CfguardUpdatesFailing":
+			st = failing
 		case "CfguardDown":
 			st = down
 		}
@@ -273,6 +281,26 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
 		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
 	)}, release
+}
+
+// failingDaemon serves a model whose every update fails (overflowingModel), and has failed one of
+// 32 records (CfguardUpdatesFailing), its update_failed event published.
+func failingDaemon(t *testing.T) *runbookState {
+	t.Helper()
+	data := bundled(t)
+	r := startDaemon(t, func(c *config.Config) { c.Model.Path = overflowingModel(t) })
+	var vals [][]byte
+	for i := 0; i < 32; i++ {
+		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "one failed update of 32 records, its event published", func() bool {
+		return r.metric(t, "cfguard_updates_total", "outcome", "failed") == 1 && r.metric(t, "cfguard_events_pending") == 0
+	})
+	return &runbookState{r: r, subst: strings.NewReplacer(
+		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+	)}
 }
 
 // downState points the runbook at an address where no daemon listens (CfguardDown): a loopback
