@@ -61,6 +61,7 @@ const (
 	NameKLBudget               = "cfguard_kl_budget"
 	NameKLOverBudget           = "cfguard_kl_over_budget"
 	NameKLBreachLast           = "cfguard_kl_breach_last_timestamp_seconds"
+	NameUpdateFailedLast       = "cfguard_update_failed_last_timestamp_seconds"
 	NameCounterfactuals        = "cfguard_counterfactuals"
 	NameCounterfactualsDecided = "cfguard_counterfactuals_decided"
 	NameBoundMin               = "cfguard_counterfactuals_bound_min"
@@ -93,7 +94,7 @@ const (
 // daemon's registry holds.
 func Names() []string {
 	names := []string{
-		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
+		NamePosteriorKL, NamePosteriorKLMaxAnchor, NameKLBudget, NameKLOverBudget, NameKLBreachLast, NameUpdateFailedLast, NameCounterfactuals, NameCounterfactualsDecided, NameBoundMin,
 		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,

@@ -42,6 +42,11 @@ type State struct {
 	// with it (zero when none is known: the gauge reads 0). A breach is an event: this time, not
 	// the last update's KL, is what says whether one happened lately.
 	LastBreach time.Time
+	// LastFailed is when an update last failed (a loss that is not finite, an update the solver
+	// refused; zero when the ledger's KL history holds none: the gauge reads 0), dated as the KL
+	// history dates it: a replica replaying the log dates it by the entry's record, not by when it
+	// replayed it.
+	LastFailed time.Time
 	// Waiting is the number of records in the input topic not yet applied: the topic's high
 	// watermarks, as last read, past the ledger's offsets (stream.Waiting). HasWaiting is false
 	// until the topic's offsets have been read once (the gauge then has no sample).
@@ -71,7 +76,7 @@ type StateCollector struct {
 	budget float64
 
 	version, updateKL, maxAnchorKL, klBudget, overBudget, boundMin, lastIngest, backlog, build *prometheus.Desc
-	unconfirmed, outbox, lastBreach, waiting, waitingAt, lost, lostAt                          *prometheus.Desc
+	unconfirmed, outbox, lastBreach, lastFailed, waiting, waitingAt, lost, lostAt              *prometheus.Desc
 	counts, decided                                                                            *prometheus.Desc
 	buildLabels                                                                                []string
 }
@@ -88,6 +93,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
 		overBudget:  d(NameKLOverBudget, "1 while the last update breached the KL budget (its KL over it, or clipped to it: certify.on_breach says what was done), else 0."),
 		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when the ledger knows none: it keeps the newest breach beyond its KL history)."),
+		lastFailed:  d(NameUpdateFailedLast, "Unix time of the last update that failed, its records consumed and not learned (0 when the ledger's KL history holds none)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		waiting: d(NameConsumerLag, "Records in the input topic not yet applied, summed over partitions: the topic's high watermarks, as last read, "+
@@ -127,7 +133,7 @@ func buildLabels() []string {
 
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.decided, c.waiting, c.waitingAt, c.lost, c.lostAt} {
+	for _, d := range []*prometheus.Desc{c.version, c.updateKL, c.maxAnchorKL, c.klBudget, c.overBudget, c.boundMin, c.lastIngest, c.backlog, c.counts, c.build, c.unconfirmed, c.outbox, c.lastBreach, c.lastFailed, c.decided, c.waiting, c.waitingAt, c.lost, c.lostAt} {
 		ch <- d
 	}
 }
@@ -174,6 +180,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(c.waitingAt, unix(s.WaitingAt))
 	g(c.lastBreach, unix(s.LastBreach))
+	g(c.lastFailed, unix(s.LastFailed))
 	for topic, n := range s.Lost {
 		ch <- prometheus.MustNewConstMetric(c.lost, prometheus.CounterValue, float64(n), topic)
 		g(c.lostAt, unix(s.LostAt[topic]), topic)

@@ -161,9 +161,10 @@ func (d *Daemon) current() *bnn.Model {
 	return d.cur
 }
 
-// metricsState is state with the time the KL budget was last breached (LastBreach), which the
-// ledger finds in its KL history in a transaction of its own: a breach is an event with a time,
-// so that an alert on it can end a fixed time after the last one, with no update to clear it.
+// metricsState is state with the time the KL budget was last breached (LastBreach) and the time
+// an update last failed (LastFailed), which the ledger finds in its KL history in transactions of
+// their own: each is an event with a time, so that an alert on it can end a fixed time after the
+// last one, with no update to clear it.
 func (d *Daemon) metricsState() (alerts.State, error) {
 	s, err := d.state()
 	if err != nil {
@@ -175,6 +176,11 @@ func (d *Daemon) metricsState() (alerts.State, error) {
 	}
 	if ok {
 		s.LastBreach = e.At
+	}
+	if e, ok, err = d.ledger.LastKLOutcome(certify.OutcomeFailed); err != nil {
+		return alerts.State{}, err
+	} else if ok {
+		s.LastFailed = e.At
 	}
 	return s, nil
 }

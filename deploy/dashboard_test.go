@@ -109,7 +109,7 @@ var healthyStates = map[string][]string{
 // healthy is the idle state with the series of change replaced ("" removes one).
 func healthy(change map[string]string) []string {
 	series := map[string]string{
-		`cfguard_kl_breach_last_timestamp_seconds`: "0x40", `cfguard_kl_over_budget`: "0x40", `cfguard_kl_budget`: "0.10125x40",
+		`cfguard_kl_breach_last_timestamp_seconds`: "0x40", `cfguard_update_failed_last_timestamp_seconds`: "0x40", `cfguard_kl_over_budget`: "0x40", `cfguard_kl_budget`: "0.10125x40",
 		`cfguard_posterior_kl`: "0.001x40", `cfguard_posterior_kl_max_anchor`: "0.01x40",
 		`cfguard_counterfactuals{status="certified"}`: "3x40", `cfguard_counterfactuals{status="at_risk"}`: "0x40",
 		`cfguard_counterfactuals{status="invalidated"}`: "0x40", `cfguard_counterfactuals{status="uncertified"}`: "0x40",

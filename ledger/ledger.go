@@ -614,26 +614,9 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 		if err != nil {
 			found = false // damaged since Open (which deletes it): the KL history alone answers
 		}
-		c := tx.Bucket(bKLHistory).Cursor()
-		for k, v := c.Last(); k != nil; k, v = c.Prev() {
-			if len(k) != 8 {
-				return corruptf("kl history key %x: %d bytes, want 8", k, len(k))
-			}
-			if found && binary.BigEndian.Uint64(k) <= kept.Seq {
-				break
-			}
-			p, sealed := unseal(k, v)
-			if !sealed {
-				return corruptf("kl history entry %x: checksum mismatch", k)
-			}
-			s, err := decodeKLEntry(k, p)
-			if err != nil {
-				return inRecord(err, "kl history entry %x", k)
-			}
-			if s.Breached(budget) {
-				e, ok = s, true
-				return nil
-			}
+		newer := func(seq uint64) bool { return !found || seq > kept.Seq }
+		if e, ok, err = newestKL(tx, newer, func(s KLEntry) bool { return s.Breached(budget) }); err != nil || ok {
+			return err
 		}
 		e, ok = kept, found
 		return nil
@@ -642,6 +625,45 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
 	}
 	return e, ok, nil
+}
+
+// LastKLOutcome returns the newest update of the KL history whose outcome is o (ok false when the
+// history, its last Options.KLHistory updates, holds none).
+func (l *Ledger) LastKLOutcome(o certify.Outcome) (e KLEntry, ok bool, err error) {
+	err = l.view(func(tx *bolt.Tx) (err error) {
+		e, ok, err = newestKL(tx, func(uint64) bool { return true }, func(s KLEntry) bool { return s.Outcome == o })
+		return err
+	})
+	if err != nil {
+		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
+	}
+	return e, ok, nil
+}
+
+// newestKL returns the newest KL history entry for which match holds, among the newest entries
+// whose sequence numbers newer accepts.
+func newestKL(tx *bolt.Tx, newer func(seq uint64) bool, match func(KLEntry) bool) (KLEntry, bool, error) {
+	c := tx.Bucket(bKLHistory).Cursor()
+	for k, v := c.Last(); k != nil; k, v = c.Prev() {
+		if len(k) != 8 {
+			return KLEntry{}, false, corruptf("kl history key %x: %d bytes, want 8", k, len(k))
+		}
+		if !newer(binary.BigEndian.Uint64(k)) {
+			break
+		}
+		p, sealed := unseal(k, v)
+		if !sealed {
+			return KLEntry{}, false, corruptf("kl history entry %x: checksum mismatch", k)
+		}
+		s, err := decodeKLEntry(k, p)
+		if err != nil {
+			return KLEntry{}, false, inRecord(err, "kl history entry %x", k)
+		}
+		if match(s) {
+			return s, true, nil
+		}
+	}
+	return KLEntry{}, false, nil
 }
 
 // readKLBreach reads the update the newest checkpoint with UpdateRecord.Breached wrote (found

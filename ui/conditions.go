@@ -25,6 +25,10 @@ var conditions = []condition{
 		t := g["cfguard_kl_breach_last_timestamp_seconds"]
 		return t > 0 && float64(now.Unix())-t < 900, "an update exceeded the KL budget at " + unix(t)
 	}, "/ui/"},
+	{"CfguardUpdatesFailing", func(g map[string]float64, now time.Time) (bool, string) {
+		t := g["cfguard_update_failed_last_timestamp_seconds"]
+		return t > 0 && float64(now.Unix())-t < 900, "an update failed at " + unix(t) + "; its records were not learned"
+	}, "/ui/"},
 	{"CfguardCounterfactualsInvalidated", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="invalidated"}`]
 		return n > 0, fmt.Sprintf("%g counterfactuals are invalidated", n)

@@ -35,6 +35,8 @@ func TestConditionsFollowTheRules(t *testing.T) {
 		{"healthy", map[string]float64{"cfguard_last_ingest_timestamp_seconds": at(time.Minute), `cfguard_counterfactuals{status="certified"}`: 10}, nil},
 		{"a breach 14 minutes ago", map[string]float64{"cfguard_kl_breach_last_timestamp_seconds": at(14 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardKLOverBudget"}},
 		{"a breach 16 minutes ago", map[string]float64{"cfguard_kl_breach_last_timestamp_seconds": at(16 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
+		{"a failed update 14 minutes ago", map[string]float64{"cfguard_update_failed_last_timestamp_seconds": at(14 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardUpdatesFailing"}},
+		{"a failed update 16 minutes ago", map[string]float64{"cfguard_update_failed_last_timestamp_seconds": at(16 * time.Minute), "cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
 		{"statuses", map[string]float64{`cfguard_counterfactuals{status="invalidated"}`: 1, `cfguard_counterfactuals{status="at_risk"}`: 2,
 			"cfguard_counterfactuals_renewal_pending": 3, "cfguard_last_ingest_timestamp_seconds": at(0)},
 			[]string{"CfguardCounterfactualsInvalidated", "CfguardCounterfactualsAtRisk", "CfguardRenewalBehind"}},
