@@ -66,7 +66,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 		{Cmd: "cfguard.records.dlq", Want: `(?m)^\s*2 cfguard-reason=bad_json\n\s*1 cfguard-reason=[a-z_]+\n\s*1 cfguard-reason=[a-z_]+$`},
 	},
 	"CfguardUpdatesFailing": {
-		{Cmd: "records_total|update_failed_last_timestamp_seconds|updates_total", Want: `(?m)^cfguard_records_total\{result="failed"\} 32$[\s\S]*^cfguard_update_failed_last_timestamp_seconds [1-9][0-9.e+]*$[\s\S]*^cfguard_updates_total\{outcome="failed"\} 1$`},
+		{Cmd: "records_total|update_failed_last_timestamp_seconds|updates_total", Want: `(?m)^cfguard_records_total\{result="failed"\} 32$[\s\S]*^cfguard_update_failed_last_timestamp_seconds [1-9]\.[0-9]+e\+09$[\s\S]*^cfguard_updates_total\{outcome="failed"\} 1$`},
 		{Cmd: `select(.type == "update_failed")`, Want: `^\{"posterior_version":[0-9]+,"offsets":\[\{"partition":0,"first":0,"last":31\}\],"error":"update: .+"\}$`},
 	},
 	"CfguardDown": {
