@@ -162,25 +162,23 @@ func (d *Daemon) current() *bnn.Model {
 }
 
 // metricsState is state with the time the KL budget was last breached (LastBreach) and the time
-// an update last failed (LastFailed), which the ledger finds in its KL history in transactions of
-// their own: each is an event with a time, so that an alert on it can end a fixed time after the
+// an update last failed (LastFailed), which the ledger finds in its KL history in a transaction of
+// its own (LastKLEvents): each is an event with a time, so that an alert on it can end a fixed time after the
 // last one, with no update to clear it.
 func (d *Daemon) metricsState() (alerts.State, error) {
 	s, err := d.state()
 	if err != nil {
 		return s, err
 	}
-	e, ok, err := d.ledger.LastKLOver(d.budget)
+	ev, err := d.ledger.LastKLEvents(d.budget)
 	if err != nil {
 		return alerts.State{}, err
 	}
-	if ok {
-		s.LastBreach = e.At
+	if ev.Breach != nil {
+		s.LastBreach = ev.Breach.At
 	}
-	if e, ok, err = d.ledger.LastKLOutcome(certify.OutcomeFailed); err != nil {
-		return alerts.State{}, err
-	} else if ok {
-		s.LastFailed = e.At
+	if ev.Failed != nil {
+		s.LastFailed = ev.Failed.At
 	}
 	return s, nil
 }

@@ -602,6 +602,55 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 	return out, nil
 }
 
+// KLEvents are the newest updates of two kinds an alert dates: the last that breached the KL
+// budget and the last that failed (nil when none is known).
+type KLEvents struct {
+	Breach, Failed *KLEntry
+}
+
+// LastKLEvents reads both in one pass over the KL history (LastKLOver says where a breach comes
+// from); a failure is found in the history alone (its last Options.KLHistory updates).
+func (l *Ledger) LastKLEvents(budget float64) (ev KLEvents, err error) {
+	err = l.view(func(tx *bolt.Tx) error {
+		kept, found, err := readKLBreach(tx)
+		if err != nil {
+			found = false // damaged since Open (which deletes it): the KL history alone answers
+		}
+		breachDone := false // the breach is found, or the kept one is newer than what is left
+		c := tx.Bucket(bKLHistory).Cursor()
+		for k, v := c.Last(); k != nil && (!breachDone || ev.Failed == nil); k, v = c.Prev() {
+			if len(k) != 8 {
+				return corruptf("kl history key %x: %d bytes, want 8", k, len(k))
+			}
+			if found && binary.BigEndian.Uint64(k) <= kept.Seq {
+				breachDone = true
+			}
+			p, sealed := unseal(k, v)
+			if !sealed {
+				return corruptf("kl history entry %x: checksum mismatch", k)
+			}
+			s, err := decodeKLEntry(k, p)
+			if err != nil {
+				return inRecord(err, "kl history entry %x", k)
+			}
+			if !breachDone && s.Breached(budget) {
+				ev.Breach, breachDone = &s, true
+			}
+			if ev.Failed == nil && s.Outcome == certify.OutcomeFailed {
+				ev.Failed = &s
+			}
+		}
+		if ev.Breach == nil && found {
+			ev.Breach = &kept
+		}
+		return nil
+	})
+	if err != nil {
+		return KLEvents{}, fmt.Errorf("ledger: kl history: %w", err)
+	}
+	return ev, nil
+}
+
 // LastKLOver returns the newest update that breached budget (ok false when none is known): when
 // an update last breached the budget, whatever its outcome (promoted, clipped or rejected). It is
 // the newer of the newest KL history entry that breached budget (KLEntry.Breached) and the
@@ -609,61 +658,11 @@ func (l *Ledger) KLHistory(n int) ([]KLEntry, error) {
 // time), which the ledger keeps after its history window (Options.KLHistory updates) has
 // dropped the entry.
 func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
-	err = l.view(func(tx *bolt.Tx) error {
-		kept, found, err := readKLBreach(tx)
-		if err != nil {
-			found = false // damaged since Open (which deletes it): the KL history alone answers
-		}
-		newer := func(seq uint64) bool { return !found || seq > kept.Seq }
-		if e, ok, err = newestKL(tx, newer, func(s KLEntry) bool { return s.Breached(budget) }); err != nil || ok {
-			return err
-		}
-		e, ok = kept, found
-		return nil
-	})
-	if err != nil {
-		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
+	ev, err := l.LastKLEvents(budget)
+	if err != nil || ev.Breach == nil {
+		return KLEntry{}, false, err
 	}
-	return e, ok, nil
-}
-
-// LastKLOutcome returns the newest update of the KL history whose outcome is o (ok false when the
-// history, its last Options.KLHistory updates, holds none).
-func (l *Ledger) LastKLOutcome(o certify.Outcome) (e KLEntry, ok bool, err error) {
-	err = l.view(func(tx *bolt.Tx) (err error) {
-		e, ok, err = newestKL(tx, func(uint64) bool { return true }, func(s KLEntry) bool { return s.Outcome == o })
-		return err
-	})
-	if err != nil {
-		return KLEntry{}, false, fmt.Errorf("ledger: kl history: %w", err)
-	}
-	return e, ok, nil
-}
-
-// newestKL returns the newest KL history entry for which match holds, among the newest entries
-// whose sequence numbers newer accepts.
-func newestKL(tx *bolt.Tx, newer func(seq uint64) bool, match func(KLEntry) bool) (KLEntry, bool, error) {
-	c := tx.Bucket(bKLHistory).Cursor()
-	for k, v := c.Last(); k != nil; k, v = c.Prev() {
-		if len(k) != 8 {
-			return KLEntry{}, false, corruptf("kl history key %x: %d bytes, want 8", k, len(k))
-		}
-		if !newer(binary.BigEndian.Uint64(k)) {
-			break
-		}
-		p, sealed := unseal(k, v)
-		if !sealed {
-			return KLEntry{}, false, corruptf("kl history entry %x: checksum mismatch", k)
-		}
-		s, err := decodeKLEntry(k, p)
-		if err != nil {
-			return KLEntry{}, false, inRecord(err, "kl history entry %x", k)
-		}
-		if match(s) {
-			return s, true, nil
-		}
-	}
-	return KLEntry{}, false, nil
+	return *ev.Breach, true, nil
 }
 
 // readKLBreach reads the update the newest checkpoint with UpdateRecord.Breached wrote (found
