@@ -104,7 +104,7 @@ func (s *Share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 		if err := s.HoldsWhole(parts); err != nil {
 			return listPage{}, err
 		}
-		ces, more, err := ListLedger(s.ledger, st, limit, after)
+		ces, more, err := s.ledger.Page(st, limit, after)
 		if err != nil {
 			return listPage{}, err
 		}
@@ -134,15 +134,4 @@ func (s *Share) listAt(ctx context.Context, o ceshare.Owner, parts []int, st cer
 		return listPage{}, err
 	}
 	return newListPage(got.CEs, got.Next != ""), nil
-}
-
-// ListLedger reads one page of GET /v1/counterfactuals from l: up to limit CEs of status st after
-// the cursor after, in id order, and whether any CE follows them (read as one more CE, so that a
-// page that ends exactly at the last CE is the last page).
-func ListLedger(l *ledger.Ledger, st certify.Status, limit int, after string) ([]*ledger.CE, bool, error) {
-	ces, err := l.List(st, limit+1, after)
-	if err != nil || len(ces) <= limit {
-		return ces, false, err
-	}
-	return ces[:limit], true, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
-	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -555,7 +554,7 @@ func (d *Daemon) list(ctx context.Context, st certify.Status, limit int, after, 
 			return nil, "", err
 		}
 	}
-	ces, more, err := cluster.ListLedger(d.ledger, st, limit, after)
+	ces, more, err := d.ledger.Page(st, limit, after)
 	if err != nil {
 		return nil, "", err
 	}

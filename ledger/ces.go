@@ -783,6 +783,16 @@ func (l *Ledger) Get(id string) (*CE, error) {
 	return ce, nil
 }
 
+// Page is List for one page of an API's list: up to limit CEs, and whether any CE follows them
+// (read as one more CE, so that a page that ends exactly at the last CE is the last page).
+func (l *Ledger) Page(status certify.Status, limit int, after string) (ces []*CE, more bool, err error) {
+	ces, err = l.List(status, limit+1, after)
+	if err != nil || len(ces) <= limit {
+		return ces, false, err
+	}
+	return ces[:limit], true, nil
+}
+
 // List pages through CEs in ID order: up to limit (default 100, at most 10000) CEs with IDs
 // after `after` ("" = from the start) and, if status is not 0, that status. The next page
 // starts after the last ID returned.
