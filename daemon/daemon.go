@@ -162,8 +162,8 @@ func (d *Daemon) current() *bnn.Model {
 }
 
 // metricsState is state with the time the KL budget was last breached (LastBreach) and the time
-// an update last failed (LastFailed), which the ledger finds in its KL history in a transaction of
-// its own (LastKLEvents): each is an event with a time, so that an alert on it can end a fixed time after the
+// an update last failed (LastFailed), which the ledger reads in a transaction of its own
+// (LastKLEvents): each is an event with a time, so that an alert on it can end a fixed time after the
 // last one, with no update to clear it.
 func (d *Daemon) metricsState() (alerts.State, error) {
 	s, err := d.state()

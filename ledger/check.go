@@ -54,8 +54,10 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := checkQuality(tx); err != nil {
 		return err
 	}
-	if err := verifyKLBreach(tx); err != nil {
-		return err
+	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+		if err := verifyKept(tx, key); err != nil {
+			return err
+		}
 	}
 	if _, err := readCounters(tx); err != nil {
 		return err

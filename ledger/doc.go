@@ -17,8 +17,9 @@
 //	meta           schema, current posterior (blob, SHA-256, version), CE generation, status
 //	               counts, applied records, KL history and outbox sequence numbers, origin of the
 //	               first posterior, fingerprint of the policy the indexes were built for, the
-//	               newest update marked as a KL budget breach (kl_breach, kept after the KL
-//	               history drops it; a damaged one is deleted at Open)
+//	               newest update marked as a KL budget breach (kl_breach) and the newest that
+//	               failed (kl_failed), each kept after the KL history drops it (a damaged one is
+//	               deleted at Open)
 //	offsets        partition -> next offset to consume
 //	offset_marks   partition -> the offset, Kafka timestamp and key/value hash of a record read
 //	               before it (OffsetMark; optional: absent in ledgers written before marks)

@@ -608,23 +608,28 @@ type KLEvents struct {
 	Breach, Failed *KLEntry
 }
 
-// LastKLEvents reads both in one pass over the KL history (LastKLOver says where a breach comes
-// from); a failure is found in the history alone (its last Options.KLHistory updates).
+// LastKLEvents reads both in one pass over the KL history. The newest of each kind is also kept
+// apart from the history (meta kl_breach, kl_failed: a checkpoint writes it), so that it is known
+// after the history (its last Options.KLHistory updates) has dropped it; LastKLOver says where a
+// breach comes from.
 func (l *Ledger) LastKLEvents(budget float64) (ev KLEvents, err error) {
 	err = l.view(func(tx *bolt.Tx) error {
-		kept, found, err := readKLBreach(tx)
-		if err != nil {
-			found = false // damaged since Open (which deletes it): the KL history alone answers
-		}
-		breachDone := false // the breach is found, or the kept one is newer than what is left
+		// A kept event damaged since Open (which deletes it) is not known: the history alone answers.
+		breach, hasBreach, err := readKept(tx, kKLBreach)
+		hasBreach = hasBreach && err == nil
+		failed, hasFailed, err := readKept(tx, kKLFailed)
+		hasFailed = hasFailed && err == nil
+		// Each kind is done once it is found in the history, or once what is left of the
+		// history is older than the kept one.
+		breachDone, failedDone := false, false
 		c := tx.Bucket(bKLHistory).Cursor()
-		for k, v := c.Last(); k != nil && (!breachDone || ev.Failed == nil); k, v = c.Prev() {
+		for k, v := c.Last(); k != nil && !(breachDone && failedDone); k, v = c.Prev() {
 			if len(k) != 8 {
 				return corruptf("kl history key %x: %d bytes, want 8", k, len(k))
 			}
-			if found && binary.BigEndian.Uint64(k) <= kept.Seq {
-				breachDone = true
-			}
+			seq := binary.BigEndian.Uint64(k)
+			breachDone = breachDone || hasBreach && seq <= breach.Seq
+			failedDone = failedDone || hasFailed && seq <= failed.Seq
 			p, sealed := unseal(k, v)
 			if !sealed {
 				return corruptf("kl history entry %x: checksum mismatch", k)
@@ -636,12 +641,15 @@ func (l *Ledger) LastKLEvents(budget float64) (ev KLEvents, err error) {
 			if !breachDone && s.Breached(budget) {
 				ev.Breach, breachDone = &s, true
 			}
-			if ev.Failed == nil && s.Outcome == certify.OutcomeFailed {
-				ev.Failed = &s
+			if !failedDone && s.Outcome == certify.OutcomeFailed {
+				ev.Failed, failedDone = &s, true
 			}
 		}
-		if ev.Breach == nil && found {
-			ev.Breach = &kept
+		if ev.Breach == nil && hasBreach {
+			ev.Breach = &breach
+		}
+		if ev.Failed == nil && hasFailed {
+			ev.Failed = &failed
 		}
 		return nil
 	})
@@ -665,19 +673,20 @@ func (l *Ledger) LastKLOver(budget float64) (e KLEntry, ok bool, err error) {
 	return *ev.Breach, true, nil
 }
 
-// readKLBreach reads the update the newest checkpoint with UpdateRecord.Breached wrote (found
-// false when none did).
-func readKLBreach(tx *bolt.Tx) (e KLEntry, found bool, err error) {
-	v, err := getSealed(tx.Bucket(bMeta), kKLBreach, "meta kl_breach")
+// readKept reads the update a checkpoint kept under key (kKLBreach, kKLFailed; found false when
+// none did).
+func readKept(tx *bolt.Tx, key []byte) (e KLEntry, found bool, err error) {
+	name := "meta " + string(key)
+	v, err := getSealed(tx.Bucket(bMeta), key, name)
 	if err != nil || v == nil {
 		return KLEntry{}, false, err
 	}
 	if len(v) < 8 {
-		return KLEntry{}, false, corruptf("meta kl_breach: %d bytes", len(v))
+		return KLEntry{}, false, corruptf("%s: %d bytes", name, len(v))
 	}
 	e, err = decodeKLEntry(v[:8], v[8:])
 	if err != nil {
-		return KLEntry{}, false, inRecord(err, "meta kl_breach")
+		return KLEntry{}, false, inRecord(err, "%s", name)
 	}
 	return e, true, nil
 }

@@ -432,6 +432,59 @@ func TestLastKLOver(t *testing.T) {
 	check(true, 9)
 }
 
+// The newest failed update is found as the newest breach is: in the history while it is there,
+// then from the checkpoint that recorded it, and a newer failure replaces it. A breach and a
+// failure are dated apart: the one does not stand for the other.
+func TestLastFailureOutlivesTheHistory(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), KLHistory: 3})
+	install(t, l, testModel(4))
+	const budget = 0.1
+	put := func(v uint64, outcome certify.Outcome, kl float64) KLEntry {
+		t.Helper()
+		u := &UpdateRecord{Version: v, KL: kl, Outcome: outcome, Breached: kl > budget}
+		if err := l.Checkpoint(&Checkpoint{Update: u}); err != nil {
+			t.Fatal(err)
+		}
+		h, err := l.KLHistory(1)
+		if err != nil || len(h) != 1 {
+			t.Fatalf("KLHistory(1) = %+v, %v", h, err)
+		}
+		return h[0]
+	}
+	check := func(stage string, want *KLEntry) {
+		t.Helper()
+		ev, err := l.LastKLEvents(budget)
+		if err != nil {
+			t.Fatalf("%s: LastKLEvents: %v", stage, err)
+		}
+		switch {
+		case want == nil && ev.Failed != nil:
+			t.Fatalf("%s: a failure %+v, want none", stage, *ev.Failed)
+		case want != nil && (ev.Failed == nil || ev.Failed.Seq != want.Seq || !ev.Failed.At.Equal(want.At) || ev.Failed.Outcome != certify.OutcomeFailed):
+			t.Fatalf("%s: the last failure is %+v, want %+v", stage, ev.Failed, *want)
+		}
+	}
+	put(1, certify.OutcomePromoted, 0.01)
+	check("no failure", nil)
+	first := put(2, certify.OutcomeFailed, 0)
+	check("in the history", &first)
+	put(3, certify.OutcomePromoted, 0.5) // a breach, not a failure
+	check("after a breach", &first)
+	for v := uint64(4); v <= 7; v++ {
+		put(v, certify.OutcomePromoted, 0.01)
+	}
+	if h, _ := l.KLHistory(0); h[0].Seq <= first.Seq {
+		t.Fatalf("the history %+v still holds the failure: the test needs it dropped", h)
+	}
+	check("dropped from the history", &first)
+	second := put(8, certify.OutcomeFailed, 0)
+	put(9, certify.OutcomeRejected, 0.5)
+	check("a newer failure", &second)
+	if ev, _ := l.LastKLEvents(budget); ev.Breach == nil || ev.Breach.PosteriorVersion != 9 {
+		t.Fatalf("the last breach is %+v, want version 9's", ev.Breach)
+	}
+}
+
 // testPolicy is the policy the ledger's tests are written for: paper mode with a variance
 // ceiling of 0.05, low enough for Theorem 2 to bite under small drifts (the daemon's default,
 // certify.DefaultEpsilonMax, is 1/4: no variance constraint).
@@ -490,36 +543,48 @@ func TestKLBreachKeepsItsUpdateTime(t *testing.T) {
 	}
 }
 
-// A damaged record of the last breach only dates an alert: Verify refuses it, and Open deletes
-// it (an ERROR line) rather than refuse the ledger; LastKLOver then answers from the history.
-func TestDamagedKLBreachIsDropped(t *testing.T) {
-	l, dir := openTest(t, Options{Policy: testPolicy(), KLHistory: 2})
-	install(t, l, testModel(4))
-	for i, kl := range []float64{0.5, 0.01, 0.01} {
-		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: uint64(i + 1), KL: kl, Outcome: certify.OutcomePromoted, Breached: kl > 0.1}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	damageValue(t, l, bMeta, string(kKLBreach))
-	if e, ok, err := l.LastKLOver(0.1); err != nil || ok {
-		t.Fatalf("LastKLOver on a damaged kl_breach = %+v, %v, %v; want the history's answer (none: the ring dropped the breach)", e, ok, err)
-	}
-	l.Close()
-	path := filepath.Join(dir, FileName)
-	if _, err := Verify(path); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "kl_breach") {
-		t.Fatalf("Verify of a damaged kl_breach: %v, want a corrupt error naming it", err)
-	}
-	var logs bytes.Buffer
-	l2, err := Open(dir, Options{Policy: testPolicy(), KLHistory: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatalf("Open with a damaged kl_breach: %v", err)
-	}
-	defer l2.Close()
-	if !strings.Contains(logs.String(), "kl_breach") {
-		t.Errorf("no ERROR line names the damaged kl_breach:\n%s", logs.String())
-	}
-	l2.Close()
-	if _, err := Verify(path); err != nil {
-		t.Errorf("Verify after Open dropped it: %v", err)
+// A damaged record of the last breach or failure only dates an alert: Verify refuses it, and Open
+// deletes it (an ERROR line) rather than refuse the ledger; LastKLEvents then answers from the
+// history.
+func TestDamagedKeptEventIsDropped(t *testing.T) {
+	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+		t.Run(string(key), func(t *testing.T) {
+			l, dir := openTest(t, Options{Policy: testPolicy(), KLHistory: 2})
+			install(t, l, testModel(4))
+			for i, u := range []UpdateRecord{{KL: 0.5, Outcome: certify.OutcomePromoted, Breached: true}, {Outcome: certify.OutcomeFailed},
+				{KL: 0.01, Outcome: certify.OutcomePromoted}, {KL: 0.01, Outcome: certify.OutcomePromoted}} {
+				u.Version = uint64(i + 1)
+				if err := l.Checkpoint(&Checkpoint{Update: &u}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			damageValue(t, l, bMeta, string(key))
+			ev, err := l.LastKLEvents(0.1)
+			lost := map[string]*KLEntry{"kl_breach": ev.Breach, "kl_failed": ev.Failed}[string(key)]
+			if err != nil || lost != nil {
+				t.Fatalf("LastKLEvents on a damaged %s = %+v, %v; want the history's answer (none: the ring dropped the event)", key, ev, err)
+			}
+			if kept := map[string]*KLEntry{"kl_breach": ev.Failed, "kl_failed": ev.Breach}[string(key)]; kept == nil {
+				t.Fatalf("LastKLEvents on a damaged %s = %+v: the other kept event is lost too", key, ev)
+			}
+			l.Close()
+			path := filepath.Join(dir, FileName)
+			if _, err := Verify(path); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), string(key)) {
+				t.Fatalf("Verify of a damaged %s: %v, want a corrupt error naming it", key, err)
+			}
+			var logs bytes.Buffer
+			l2, err := Open(dir, Options{Policy: testPolicy(), KLHistory: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatalf("Open with a damaged %s: %v", key, err)
+			}
+			defer l2.Close()
+			if !strings.Contains(logs.String(), string(key)) {
+				t.Errorf("no ERROR line names the damaged %s:\n%s", key, logs.String())
+			}
+			l2.Close()
+			if _, err := Verify(path); err != nil {
+				t.Errorf("Verify after Open dropped it: %v", err)
+			}
+		})
 	}
 }

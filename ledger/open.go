@@ -58,7 +58,7 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.checkRecords(rebuild); err != nil {
 		return nil, err
 	}
-	if err := l.checkKLBreach(); err != nil {
+	if err := l.checkKept(); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -167,31 +167,37 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 	return false, nil
 }
 
-// checkKLBreach deletes the kept KL budget breach (kKLBreach) when it is damaged or names an
-// update the KL history never had: it only dates the last breach for an alert, LastKLOver
-// falls back to the KL history without it, and nothing can rebuild it. An ERROR line names it.
-func (l *Ledger) checkKLBreach() error {
-	var bad error
-	if err := l.view(func(tx *bolt.Tx) error {
-		bad = verifyKLBreach(tx)
-		return nil
-	}); err != nil || bad == nil {
-		return err
+// checkKept deletes a kept event (kKLBreach, kKLFailed: see LastKLEvents) that is damaged or
+// names an update the KL history never had: it only dates an alert, LastKLEvents falls back to the
+// KL history without it, and nothing can rebuild it. An ERROR line names it.
+func (l *Ledger) checkKept() error {
+	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+		var bad error
+		if err := l.view(func(tx *bolt.Tx) error {
+			bad = verifyKept(tx, key)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if bad == nil {
+			continue
+		}
+		l.wmu.Lock()
+		err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(key) })
+		l.wmu.Unlock()
+		if err != nil {
+			return corrupt(l.path, fmt.Errorf("ledger: deleting the damaged meta %s: %w", key, err))
+		}
+		l.log.Error(fmt.Sprintf("ledger: the record of the last KL event (meta %s) is damaged; it was deleted, and the time "+
+			"of that event comes from the KL history alone", key), "path", l.path, "reason", bad)
 	}
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	if err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(kKLBreach) }); err != nil {
-		return corrupt(l.path, fmt.Errorf("ledger: deleting the damaged meta kl_breach: %w", err))
-	}
-	l.log.Error("ledger: the record of the last KL budget breach (meta kl_breach) is damaged; it was deleted, and the time of "+
-		"the last breach comes from the KL history alone", "path", l.path, "reason", bad)
 	return nil
 }
 
-// verifyKLBreach checks the kept KL budget breach: that it decodes, and that its sequence number
-// is one the KL history gave.
-func verifyKLBreach(tx *bolt.Tx) error {
-	e, found, err := readKLBreach(tx)
+// verifyKept checks the event kept under key: that it decodes, and that its sequence number is
+// one the KL history gave.
+func verifyKept(tx *bolt.Tx, key []byte) error {
+	e, found, err := readKept(tx, key)
 	if err != nil || !found {
 		return err
 	}
@@ -200,7 +206,7 @@ func verifyKLBreach(tx *bolt.Tx) error {
 		return err
 	}
 	if e.Seq == 0 || e.Seq > last {
-		return corruptf("meta kl_breach: update %d, the KL history's last is %d", e.Seq, last)
+		return corruptf("meta %s: update %d, the KL history's last is %d", key, e.Seq, last)
 	}
 	return nil
 }
@@ -244,8 +250,8 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	// Every meta value is sealed with its key: a damaged key, which the reads above would take
 	// for a missing value (0), fails its checksum here.
 	return tx.Bucket(bMeta).ForEach(func(k, v []byte) error {
-		if bytes.Equal(k, kKLBreach) {
-			return nil // checkKLBreach: damage there is dropped, not refused
+		if bytes.Equal(k, kKLBreach) || bytes.Equal(k, kKLFailed) {
+			return nil // checkKept: damage there is dropped, not refused
 		}
 		if _, ok := unseal(k, v); !ok {
 			return corruptf("meta %q: checksum mismatch (its key or value is damaged)", k)

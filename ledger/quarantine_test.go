@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -22,7 +23,7 @@ func damageValue(t *testing.T, l *Ledger, b []byte, key string) {
 	err := l.update(func(tx *bolt.Tx) error {
 		v := bytes.Clone(tx.Bucket(b).Get([]byte(key)))
 		if v == nil {
-			t.Fatalf("%s has no %q", b, key)
+			return fmt.Errorf("%s has no %q", b, key) // not t.Fatalf: Close would wait for this transaction
 		}
 		v[len(v)/2] ^= 0x20
 		return tx.Bucket(b).Put([]byte(key), v)

@@ -621,8 +621,14 @@ func (l *Ledger) writeProgress(tx *bolt.Tx, c *Checkpoint, now time.Time) error 
 	if err := putSealed(hist, u64bytes(seq), s.encode()); err != nil {
 		return err
 	}
+	// The newest breach and the newest failure outlive the history: each dates an alert.
 	if c.Update.Breached {
 		if err := putSealed(meta, kKLBreach, append(u64bytes(seq), s.encode()...)); err != nil {
+			return err
+		}
+	}
+	if c.Update.Outcome == certify.OutcomeFailed {
+		if err := putSealed(meta, kKLFailed, append(u64bytes(seq), s.encode()...)); err != nil {
 			return err
 		}
 	}

@@ -48,6 +48,7 @@ var (
 	kAppliedAt   = []byte("applied_at") // unix ns of the last checkpoint that applied records
 	kKLSeq       = []byte("kl_seq")
 	kKLBreach    = []byte("kl_breach")    // the newest update UpdateRecord.Breached marked: its sequence number, then its KL history entry
+	kKLFailed    = []byte("kl_failed")    // the newest update whose outcome was failed: its sequence number, then its KL history entry
 	kOutboxSeq   = []byte("outbox_seq")   // last sequence number assigned
 	kOutboxAcked = []byte("outbox_acked") // every entry <= this was acknowledged (deleted)
 	kOrigin      = []byte("origin")       // where the first posterior came from
