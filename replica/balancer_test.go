@@ -90,19 +90,34 @@ func TestRejoinWait(t *testing.T) {
 	}
 }
 
-// A replica replaying the log dates its updates by their entries' Kafka time, never later than
-// now; once it follows the log as it grows, by the time of the write (zero).
+// A replica dates the updates it applies by their entries' Kafka time, never later than now and
+// never before the last time it was at the log's end: replaying the log from its start (never at
+// the end yet), an entry's own time; following the log as it grows, about the time of the write,
+// whatever the writer's clock; behind the log since long, the time of each entry of its backlog.
 func TestReplayedAt(t *testing.T) {
-	r := &Replica{}
-	past := time.Now().Add(-48 * time.Hour)
-	if got := r.replayedAt(postlog.Record{Time: past}); !got.Equal(past) {
-		t.Errorf("replaying an entry of 48 h ago: %v, want %v", got, past)
+	now := time.Now()
+	r := &Replica{read: 10}
+	check := func(stage string, rec, want time.Time, slack time.Duration) {
+		t.Helper()
+		got := r.replayedAt(postlog.Record{Time: rec})
+		if got.Before(want) || got.After(want.Add(slack)) {
+			t.Errorf("%s: an entry of %v dated %v, want %v (+%v)", stage, rec, got, want, slack)
+		}
 	}
-	if got := r.replayedAt(postlog.Record{Time: time.Now().Add(24 * time.Hour)}); got.After(time.Now()) {
-		t.Errorf("replaying an entry dated tomorrow (a writer's clock ahead): %v, want no later than now", got)
+	check("replaying", now.Add(-48*time.Hour), now.Add(-48*time.Hour), 0)
+	check("replaying, a writer's clock ahead", now.Add(24*time.Hour), now, time.Minute)
+	check("replaying, no time", time.Time{}, time.Time{}, 0)
+
+	if lag := r.sawEnd(10, now.Add(-time.Second)); lag != 0 || !r.caughtUp {
+		t.Fatalf("sawEnd at the end: lag %d, caught up %v", lag, r.caughtUp)
 	}
-	r.caughtUp = true
-	if got := r.replayedAt(postlog.Record{Time: past}); !got.IsZero() {
-		t.Errorf("following the log: %v, want zero (the time of the write)", got)
+	check("following, a writer's clock behind", now.Add(-48*time.Hour), now.Add(-time.Second), 0)
+	check("following, a writer's clock ahead", now.Add(24*time.Hour), now, time.Minute)
+
+	r.atEnd = now.Add(-2 * time.Hour) // as a follower that last reached the end two hours ago
+	if lag := r.sawEnd(25, now); lag != 15 || !r.atEnd.Equal(now.Add(-2*time.Hour)) {
+		t.Fatalf("sawEnd behind: lag %d, at the end %v; want 15 and the end two hours ago kept", lag, r.atEnd)
 	}
+	check("behind, an entry of its backlog", now.Add(-time.Hour), now.Add(-time.Hour), 0)
+	check("behind, an entry before it fell behind", now.Add(-48*time.Hour), now.Add(-2*time.Hour), 0)
 }

@@ -70,6 +70,7 @@ type Replica struct {
 	halts      int                    // halt calls: an offer in flight across one halts the chain it forked
 	epochHalts int                    // halts when the follower last accepted an epoch: a halt since is a reset no epoch began again
 	caughtUp   bool                   // read the log to its end once since the start
+	atEnd      time.Time              // when watchEnd last found the follower at the log's end (see sawEnd)
 	pending    map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
 	consumer   *stream.Consumer       // the updater's, while it is one
 	recent     map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
@@ -754,20 +755,45 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	return nil
 }
 
-// replayedAt is when the update of rec was made, for the KL history: while the follower replays
-// the log to its end the first time (a replica bootstrapping, or restored from a backup), the
-// record's Kafka time, which its writer's clock set, and never later than now; once it follows the
-// log as it grows, zero (the time of the write), so that a writer's clock that is off does not
-// date the breaches every replica alerts on.
-func (r *Replica) replayedAt(rec postlog.Record) time.Time {
+// sawEnd records that the posterior log ended at offset end when watchEnd asked at time asked,
+// and returns the lag: the records not read yet. At the end (lag 0) every entry not read yet was
+// appended after asked, which replayedAt takes as the earliest time of the updates it dates.
+func (r *Replica) sawEnd(end int64, asked time.Time) int64 {
 	r.mu.Lock()
-	caughtUp := r.caughtUp
-	r.mu.Unlock()
-	if caughtUp || rec.Time.IsZero() {
+	defer r.mu.Unlock()
+	lag := max(end-r.read, 0)
+	switch {
+	case lag == 0:
+		r.caughtUp = true
+		r.atEnd = asked
+		r.behind = time.Time{}
+	case r.behind.IsZero():
+		r.behind = time.Now()
+	}
+	r.lag = lag
+	return lag
+}
+
+// replayedAt is when the update of rec was made, for the KL history, so that an alert on a
+// breach or a failure is dated by the update, not by when a replica applied it: the record's
+// Kafka time, which its writer's clock set, kept between the last time the follower was at the
+// log's end (atEnd: the entry was appended after it; zero before the follower first read the log
+// to its end, when it replays the log of a bootstrap or a restored backup) and now. While the
+// follower keeps up with the log, that span is about a second wide, so a writer's clock that is
+// off does not date the updates every replica alerts on; a follower that fell behind dates its
+// backlog by its records, not as new updates.
+func (r *Replica) replayedAt(rec postlog.Record) time.Time {
+	if rec.Time.IsZero() {
 		return time.Time{}
 	}
+	r.mu.Lock()
+	floor := r.atEnd
+	r.mu.Unlock()
 	if now := time.Now(); rec.Time.After(now) {
 		return now
+	}
+	if rec.Time.Before(floor) {
+		return floor
 	}
 	return rec.Time
 }
@@ -1163,6 +1189,7 @@ func (r *Replica) watchEnd(ctx context.Context) {
 	var failingSince, shortSince time.Time
 	headChecked := time.Now()
 	for {
+		asked := time.Now()
 		end, err := r.plog.End(ctx)
 		switch {
 		case err == nil:
@@ -1189,18 +1216,7 @@ func (r *Replica) watchEnd(ctx context.Context) {
 					r.halt(found)
 				}
 			}
-			r.mu.Lock()
-			lag := max(end-r.read, 0)
-			switch {
-			case lag == 0:
-				r.caughtUp = true
-				r.behind = time.Time{}
-			case r.behind.IsZero():
-				r.behind = time.Now()
-			}
-			r.lag = lag
-			r.mu.Unlock()
-			r.m.Lag.Set(float64(lag))
+			r.m.Lag.Set(float64(r.sawEnd(end, asked)))
 		case ctx.Err() == nil && failingSince.IsZero():
 			failingSince = time.Now()
 			r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
