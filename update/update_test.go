@@ -435,3 +435,38 @@ func TestPriorDividesByTheRecordsRepresented(t *testing.T) {
 		}
 	}
 }
+
+// Adam's first step moves every parameter by lr g / (|g| + eps): by the learning rate itself,
+// whatever the gradient's size (bias correction makes the first moment g and the second g^2).
+// One iteration of the Adam solver therefore moves each last-layer parameter whose gradient is
+// not negligible by Config.LR, and none by more: the learning rate given, or the paper's 1e-5
+// by default, is the step the solver takes.
+func TestAdamStepIsTheLearningRate(t *testing.T) {
+	prev, test := trained(t)
+	for _, tc := range []struct {
+		lr, want float64
+	}{{0, 1e-5}, {1e-3, 1e-3}} {
+		next, _, err := LastLayer(context.Background(), prev, test.X[:64], test.Y[:64], Config{Solver: SolverAdam, LR: tc.lr, Iterations: 1, Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := &prev.Layers[len(prev.Layers)-1], &next.Layers[len(next.Layers)-1]
+		var moved, total int
+		for _, pair := range [][2][]float64{{a.WeightMu, b.WeightMu}, {a.WeightLogSigma, b.WeightLogSigma}, {a.BiasMu, b.BiasMu}, {a.BiasLogSigma, b.BiasLogSigma}} {
+			for j := range pair[0] {
+				d := math.Abs(pair[1][j] - pair[0][j])
+				if d > tc.want*(1+1e-6) {
+					t.Fatalf("LR %v: a parameter moved by %.6g in one Adam step, more than the learning rate %v", tc.lr, d, tc.want)
+				}
+				total++
+				if d > tc.want*(1-1e-3) {
+					moved++
+				}
+			}
+		}
+		if moved < total*9/10 {
+			t.Errorf("LR %v: %d of %d parameters moved by the learning rate %v in one Adam step, want at least 90%%", tc.lr, moved, total, tc.want)
+		}
+		t.Logf("LR %v: %d of %d parameters moved by %v", tc.lr, moved, total, tc.want)
+	}
+}
