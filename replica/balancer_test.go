@@ -120,4 +120,11 @@ func TestReplayedAt(t *testing.T) {
 	}
 	check("behind, an entry of its backlog", now.Add(-time.Hour), now.Add(-time.Hour), 0)
 	check("behind, an entry before it fell behind", now.Add(-48*time.Hour), now.Add(-2*time.Hour), 0)
+
+	// A log that ends before what the follower read (recreated, or a new leader's end catching
+	// up) was not appended after it was seen: it leaves the last time at the end as it was.
+	r.read = 50
+	if lag := r.sawEnd(20, now); lag != 0 || !r.atEnd.Equal(now.Add(-2*time.Hour)) {
+		t.Fatalf("sawEnd on a short log: lag %d, at the end %v; want 0 and the end two hours ago kept", lag, r.atEnd)
+	}
 }

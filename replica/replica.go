@@ -535,6 +535,7 @@ func (r *Replica) Follow(ctx context.Context) error {
 		// start, where only a new epoch that moves past the head is accepted.
 		r.mu.Lock()
 		r.read = 0
+		r.atEnd = time.Time{} // what the log holds now was not appended after the follower saw its end
 		r.mu.Unlock()
 		r.lg.Info("posterior log reset: reading it again from its start, for a new epoch that moves past the head", "topic", r.plog.Topic())
 	}
@@ -756,16 +757,20 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 }
 
 // sawEnd records that the posterior log ended at offset end when watchEnd asked at time asked,
-// and returns the lag: the records not read yet. At the end (lag 0) every entry not read yet was
-// appended after asked, which replayedAt takes as the earliest time of the updates it dates.
+// and returns the lag: the records not read yet. At the end (end equal to the next offset to
+// read) every entry not read yet was appended after asked, which replayedAt takes as the earliest
+// time of the updates it dates; a log that ends before what the follower read (a reset, or a new
+// leader's end catching up) says nothing of when its entries were appended.
 func (r *Replica) sawEnd(end int64, asked time.Time) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	lag := max(end-r.read, 0)
+	if end == r.read {
+		r.atEnd = asked
+	}
 	switch {
 	case lag == 0:
 		r.caughtUp = true
-		r.atEnd = asked
 		r.behind = time.Time{}
 	case r.behind.IsZero():
 		r.behind = time.Now()
