@@ -43,9 +43,9 @@ type State struct {
 	// the last update's KL, is what says whether one happened lately.
 	LastBreach time.Time
 	// LastFailed is when an update last failed (a loss that is not finite, an update the solver
-	// refused; zero when the ledger's KL history holds none: the gauge reads 0), dated as the KL
-	// history dates it: a replica replaying the log dates it by the entry's record, not by when it
-	// replayed it.
+	// refused; zero when the ledger knows none: the gauge reads 0; it keeps the newest beyond its
+	// KL history), dated as the KL history dates it: a replica replaying the log dates it by the
+	// entry's record, not by when it replayed it.
 	LastFailed time.Time
 	// Waiting is the number of records in the input topic not yet applied: the topic's high
 	// watermarks, as last read, past the ledger's offsets (stream.Waiting). HasWaiting is false
@@ -93,7 +93,7 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 		klBudget:    d(NameKLBudget, "KL budget (0.5 - delta)^2 / 2 of one update, under which Theorem 1 keeps a delta-safe counterfactual valid."),
 		overBudget:  d(NameKLOverBudget, "1 while the last update breached the KL budget (its KL over it, or clipped to it: certify.on_breach says what was done), else 0."),
 		lastBreach:  d(NameKLBreachLast, "Unix time of the last update whose KL exceeded the KL budget, promoted, clipped or rejected (0 when the ledger knows none: it keeps the newest breach beyond its KL history)."),
-		lastFailed:  d(NameUpdateFailedLast, "Unix time of the last update that failed, its records consumed and not learned (0 when the ledger's KL history holds none)."),
+		lastFailed:  d(NameUpdateFailedLast, "Unix time of the last update that failed, its records consumed and not learned (0 when the ledger knows none: it keeps the newest failure beyond its KL history)."),
 		boundMin:    d(NameBoundMin, "Smallest Theorem 1 lower bound on p(y'|x') that holds (>= 1/2) over certified counterfactuals (no sample when there is none)."),
 		lastIngest:  d(NameLastIngest, "Unix time at which records were last applied (0 until the first)."),
 		waiting: d(NameConsumerLag, "Records in the input topic not yet applied, summed over partitions: the topic's high watermarks, as last read, "+

@@ -84,7 +84,7 @@ type Info struct {
 // (so Verifies run side by side; a file another process has open for writing gives ErrLocked):
 // the meta pages and size, the page tree (store.Verify), bbolt's own tx.Check, and, for a schema-2
 // file, every record and the invariants between them (counts, anchor references, statuses
-// against their bounds, the indexes, the KL history and its kept breach, the prequential
+// against their bounds, the indexes, the KL history and its kept breach and failure, the prequential
 // records, the outbox). A schema-1 file gets the
 // structural checks; Open migrates it and checks its records then.
 func Verify(path string) (Info, error) {

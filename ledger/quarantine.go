@@ -33,6 +33,8 @@ import (
 //   - a prequential record (quality.go): it only feeds the daemon's prequential scores, and
 //     nothing can rebuild it, so it is deleted and named in an ERROR log line; the scores go on
 //     from the records kept;
+//   - the kept newest KL breach and failure (meta kl_breach, kl_failed): they only date alerts,
+//     so Open deletes a damaged one (checkKept) and names it in an ERROR log line;
 //   - anything else (meta, offsets and their marks, counters, anchors, posteriors, KL history, outbox): the ledger
 //     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
 //     damage.
