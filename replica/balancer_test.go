@@ -90,41 +90,69 @@ func TestRejoinWait(t *testing.T) {
 	}
 }
 
-// A replica dates the updates it applies by their entries' Kafka time, never later than now and
-// never before the last time it was at the log's end: replaying the log from its start (never at
-// the end yet), an entry's own time; following the log as it grows, about the time of the write,
-// whatever the writer's clock; behind the log since long, the time of each entry of its backlog.
+// A replica dates the updates it applies by their entries' Kafka time, kept within what the
+// ends of the log it has seen say of when each entry was appended: after the last look that
+// found the log ending at or before the entry, before the first that found it past the entry,
+// and never later than now. Replaying a log it has not seen grow, an entry's own time; following
+// it, about the time of the write whatever the writer's clock; behind it since long, the time
+// of each entry of its backlog.
 func TestReplayedAt(t *testing.T) {
 	now := time.Now()
-	r := &Replica{read: 10}
-	check := func(stage string, rec, want time.Time, slack time.Duration) {
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	r := &Replica{}
+	check := func(stage string, offset int64, rec, want time.Time, slack time.Duration) {
 		t.Helper()
-		got := r.replayedAt(postlog.Record{Time: rec})
+		got := r.replayedAt(postlog.Record{Offset: offset, Time: rec})
 		if got.Before(want) || got.After(want.Add(slack)) {
-			t.Errorf("%s: an entry of %v dated %v, want %v (+%v)", stage, rec, got, want, slack)
+			t.Errorf("%s: the entry at %d of %v dated %v, want %v (+%v)", stage, offset, rec, got, want, slack)
 		}
 	}
-	check("replaying", now.Add(-48*time.Hour), now.Add(-48*time.Hour), 0)
-	check("replaying, a writer's clock ahead", now.Add(24*time.Hour), now, time.Minute)
-	check("replaying, no time", time.Time{}, time.Time{}, 0)
+	check("replaying, no end seen", 0, ago(48*time.Hour), ago(48*time.Hour), 0)
+	check("replaying, a writer's clock ahead", 0, now.Add(24*time.Hour), now, time.Minute)
+	check("replaying, no time", 0, time.Time{}, time.Time{}, 0)
 
-	if lag := r.sawEnd(10, now.Add(-time.Second)); lag != 0 || !r.caughtUp {
-		t.Fatalf("sawEnd at the end: lag %d, caught up %v", lag, r.caughtUp)
+	// The log ended at 100 when the follower first looked three hours ago, and at 100 still
+	// when it looked two hours ago; then it grew to 250 (seen one hour ago) and 300 (seen now).
+	r.read = 40
+	for _, e := range []struct {
+		end     int64
+		asked   time.Time
+		wantLag int64
+	}{{100, ago(3 * time.Hour), 60}, {100, ago(2 * time.Hour), 60}, {250, ago(time.Hour), 210}, {300, ago(time.Second), 260}} {
+		if lag := r.sawEnd(e.end, e.asked, e.asked.Add(time.Millisecond)); lag != e.wantLag {
+			t.Fatalf("sawEnd(%d): lag %d, want %d", e.end, lag, e.wantLag)
+		}
 	}
-	check("following, a writer's clock behind", now.Add(-48*time.Hour), now.Add(-time.Second), 0)
-	check("following, a writer's clock ahead", now.Add(24*time.Hour), now, time.Minute)
+	check("an entry there at the first look", 50, ago(48*time.Hour), ago(48*time.Hour), 0)
+	check("... whose writer's clock is ahead", 50, ago(time.Minute), ago(3*time.Hour), time.Millisecond)
+	check("an entry appended between the second look and the third", 120, ago(90*time.Minute), ago(90*time.Minute), 0)
+	check("... whose writer's clock is behind", 120, ago(48*time.Hour), ago(2*time.Hour), 0)
+	check("... whose writer's clock is ahead", 120, ago(time.Minute), ago(time.Hour), time.Millisecond)
+	check("an entry appended in the last hour, a writer's clock behind", 280, ago(48*time.Hour), ago(time.Hour), 0)
+	check("an entry past every end seen, a writer's clock behind", 300, ago(48*time.Hour), ago(time.Second), 0)
+	check("... a writer's clock ahead", 300, now.Add(24*time.Hour), now, time.Minute)
 
-	r.atEnd = now.Add(-2 * time.Hour) // as a follower that last reached the end two hours ago
-	if lag := r.sawEnd(25, now); lag != 15 || !r.atEnd.Equal(now.Add(-2*time.Hour)) {
-		t.Fatalf("sawEnd behind: lag %d, at the end %v; want 15 and the end two hours ago kept", lag, r.atEnd)
+	// Read past 250: the ends below it but the last are forgotten; the rest still date.
+	r.read = 260
+	r.sawEnd(300, now, now)
+	if len(r.logEnds) != 2 || r.logEnds[0].end != 250 {
+		t.Fatalf("ends kept after reading to 260: %+v, want 250 and 300", r.logEnds)
 	}
-	check("behind, an entry of its backlog", now.Add(-time.Hour), now.Add(-time.Hour), 0)
-	check("behind, an entry before it fell behind", now.Add(-48*time.Hour), now.Add(-2*time.Hour), 0)
+	check("after reading on", 280, ago(48*time.Hour), ago(time.Hour), 0)
 
-	// A log that ends before what the follower read (recreated, or a new leader's end catching
-	// up) was not appended after it was seen: it leaves the last time at the end as it was.
-	r.read = 50
-	if lag := r.sawEnd(20, now); lag != 0 || !r.atEnd.Equal(now.Add(-2*time.Hour)) {
-		t.Fatalf("sawEnd on a short log: lag %d, at the end %v; want 0 and the end two hours ago kept", lag, r.atEnd)
+	// A log that ends before an end seen (recreated, or a new leader's end catching up) says
+	// nothing of when its entries were appended.
+	r.sawEnd(20, now, now)
+	if n := len(r.logEnds); n != 2 || r.logEnds[n-1].end != 300 {
+		t.Fatalf("ends after a short log: %+v, want it not recorded", r.logEnds)
+	}
+
+	// A follower far behind a growing log keeps the newest maxLogEnds ends.
+	r = &Replica{}
+	for i := range maxLogEnds + 5 {
+		r.sawEnd(int64(10+i), now, now)
+	}
+	if n := len(r.logEnds); n != maxLogEnds || r.logEnds[0].end != 15 {
+		t.Fatalf("%d ends kept, the oldest %d; want %d from 15", n, r.logEnds[0].end, maxLogEnds)
 	}
 }

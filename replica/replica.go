@@ -70,7 +70,7 @@ type Replica struct {
 	halts      int                    // halt calls: an offer in flight across one halts the chain it forked
 	epochHalts int                    // halts when the follower last accepted an epoch: a halt since is a reset no epoch began again
 	caughtUp   bool                   // read the log to its end once since the start
-	atEnd      time.Time              // when watchEnd last found the follower at the log's end (see sawEnd)
+	logEnds    []logEnd               // the log's ends watchEnd found, from the last not past read (see sawEnd)
 	pending    map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
 	consumer   *stream.Consumer       // the updater's, while it is one
 	recent     map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
@@ -535,7 +535,7 @@ func (r *Replica) Follow(ctx context.Context) error {
 		// start, where only a new epoch that moves past the head is accepted.
 		r.mu.Lock()
 		r.read = 0
-		r.atEnd = time.Time{} // what the log holds now was not appended after the follower saw its end
+		r.logEnds = nil // what the log holds now was not appended when the ends seen say
 		r.mu.Unlock()
 		r.lg.Info("posterior log reset: reading it again from its start, for a new epoch that moves past the head", "topic", r.plog.Topic())
 	}
@@ -756,18 +756,41 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	return nil
 }
 
-// sawEnd records that the posterior log ended at offset end when watchEnd asked at time asked,
-// and returns the lag: the records not read yet. At the end (end equal to the next offset to
-// read) every entry not read yet was appended after asked, which replayedAt takes as the earliest
-// time of the updates it dates; a log that ends before what the follower read (a reset, or a new
-// leader's end catching up) says nothing of when its entries were appended.
-func (r *Replica) sawEnd(end int64, asked time.Time) int64 {
+// logEnd is one end of the posterior log (its next offset) as watchEnd found it: first, when
+// the first answer that gave it came back, and last, when the last question that got it was
+// asked. An entry at offset o was appended after the last question that got an end at or below
+// o, and before the first answer that gave an end past o.
+type logEnd struct {
+	end         int64
+	first, last time.Time
+}
+
+// maxLogEnds bounds Replica.logEnds: one a second for a follower more than about three hours
+// behind a log that grows every second; past it the oldest go, and their entries are dated by
+// their own time, no later than the oldest end kept.
+const maxLogEnds = 10_000
+
+// sawEnd records that the posterior log ended at offset end when watchEnd asked at asked and had
+// the answer at answered, for replayedAt, and returns the lag: the records not read yet. A log
+// that ends before an end seen earlier (a reset, or a new leader's end catching up) says
+// nothing of when its entries were appended and is not recorded.
+func (r *Replica) sawEnd(end int64, asked, answered time.Time) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	lag := max(end-r.read, 0)
-	if end == r.read {
-		r.atEnd = asked
+	switch n := len(r.logEnds); {
+	case n > 0 && end == r.logEnds[n-1].end:
+		r.logEnds[n-1].last = asked
+	case n == 0 || end > r.logEnds[n-1].end:
+		r.logEnds = append(r.logEnds, logEnd{end: end, first: answered, last: asked})
 	}
+	// Only the entries from read on are dated again: of the ends at or below it, the last is kept.
+	drop := 0
+	for drop+1 < len(r.logEnds) && r.logEnds[drop+1].end <= r.read {
+		drop++
+	}
+	drop = max(drop, len(r.logEnds)-maxLogEnds)
+	r.logEnds = append(r.logEnds[:0], r.logEnds[drop:]...)
+	lag := max(end-r.read, 0)
 	switch {
 	case lag == 0:
 		r.caughtUp = true
@@ -781,26 +804,34 @@ func (r *Replica) sawEnd(end int64, asked time.Time) int64 {
 
 // replayedAt is when the update of rec was made, for the KL history, so that an alert on a
 // breach or a failure is dated by the update, not by when a replica applied it: the record's
-// Kafka time, which its writer's clock set, kept between the last time the follower was at the
-// log's end (atEnd: the entry was appended after it; zero before the follower first read the log
-// to its end, when it replays the log of a bootstrap or a restored backup) and now. While the
-// follower keeps up with the log, that span is about a second wide, so a writer's clock that is
-// off does not date the updates every replica alerts on; a follower that fell behind dates its
-// backlog by its records, not as new updates.
+// Kafka time, which its writer's clock set, kept within what the ends of the log seen say of
+// when it was appended (logEnd) and no later than now. While the follower keeps up, that span is
+// about watchEnd's second, so a writer's clock that is off does not date the updates every
+// replica alerts on; a follower that fell behind, or that replays the log of a bootstrap or a
+// restored backup, dates them by their records, not as new updates.
 func (r *Replica) replayedAt(rec postlog.Record) time.Time {
 	if rec.Time.IsZero() {
 		return time.Time{}
 	}
+	lo, hi := time.Time{}, time.Now()
 	r.mu.Lock()
-	floor := r.atEnd
+	for _, e := range r.logEnds {
+		if e.end > rec.Offset {
+			hi = minTime(hi, e.first)
+			break
+		}
+		lo = e.last
+	}
 	r.mu.Unlock()
-	if now := time.Now(); rec.Time.After(now) {
-		return now
+	return minTime(later(rec.Time, lo), hi)
+}
+
+// minTime is the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
 	}
-	if rec.Time.Before(floor) {
-		return floor
-	}
-	return rec.Time
+	return b
 }
 
 // checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
@@ -1196,6 +1227,7 @@ func (r *Replica) watchEnd(ctx context.Context) {
 	for {
 		asked := time.Now()
 		end, err := r.plog.End(ctx)
+		answered := time.Now()
 		switch {
 		case err == nil:
 			if !failingSince.IsZero() {
@@ -1221,7 +1253,7 @@ func (r *Replica) watchEnd(ctx context.Context) {
 					r.halt(found)
 				}
 			}
-			r.m.Lag.Set(float64(r.sawEnd(end, asked)))
+			r.m.Lag.Set(float64(r.sawEnd(end, asked, answered)))
 		case ctx.Err() == nil && failingSince.IsZero():
 			failingSince = time.Now()
 			r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
