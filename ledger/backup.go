@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -136,8 +137,17 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 // is locked by a running process, copies src to a temporary file beside the target, fsyncs and
 // verifies the copy, links it into place (a link, unlike a rename, fails if the target appeared
 // meanwhile), and fsyncs the directory. It returns what Verify found in the installed file.
+//
+// A damaged src is refused with an error wrapping ErrCorrupt that says what to do about a
+// damaged backup (another backup, or a new one), not what a damaged ledger needs.
 func Restore(src, stateDir string) (Info, error) {
 	if _, err := Verify(src); err != nil {
+		var ce *store.CorruptError
+		if errors.As(err, &ce) {
+			return Info{}, fmt.Errorf("ledger: restore: %w: the backup %s: %s. Nothing was installed; the state directory %s is as it was. "+
+				"Restore another backup (cfguard restore %s --from BACKUP), or take a new one from a running daemon (cfguard backup %s --out FILE)",
+				ErrCorrupt, store.ShellQuote(src), store.Reason(ce.Detail), store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder, store.RecoveryConfigPlaceholder)
+		}
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)
 	}
 	var info Info

@@ -177,8 +177,10 @@ func TestRestoreRefuses(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.db")
 	os.WriteFile(bad, data[:len(data)/3], 0o600)
 	empty := filepath.Join(t.TempDir(), "state")
-	if _, err := Restore(bad, empty); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), bad) {
-		t.Errorf("restore of a truncated backup: %v", err)
+	// What it says is about the backup: not to move it aside and start over, as for a ledger.
+	if _, err := Restore(bad, empty); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), bad) ||
+		!strings.Contains(err.Error(), "Restore another backup") || strings.Contains(err.Error(), "mv ") || strings.Contains(err.Error(), "start over") {
+		t.Errorf("restore of a truncated backup: %v; want a corrupt error naming it that says to restore another backup", err)
 	}
 	if _, err := os.Stat(filepath.Join(empty, FileName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a refused restore installed a file: %v", err)
