@@ -140,12 +140,20 @@ func TestReplayedAt(t *testing.T) {
 	}
 	check("after reading on", 280, ago(48*time.Hour), ago(time.Hour), 0)
 
-	// A log that ends before an end seen (recreated, or a new leader's end catching up) says
-	// nothing of when its entries were appended.
-	r.sawEnd(20, now, now)
-	if n := len(r.logEnds); n != 2 || r.logEnds[n-1].end != 300 {
-		t.Fatalf("ends after a short log: %+v, want it not recorded", r.logEnds)
+	// A log that ends before an end seen was cut (an unclean election, a recreated topic) or its
+	// new leader's end is catching up: the ends past it may not be of the records it holds now.
+	// An entry of a new history past the cut is dated by what is seen after it, not by an end
+	// of the records cut.
+	r = &Replica{read: 100}
+	r.sawEnd(600, ago(2*time.Hour), ago(2*time.Hour))
+	r.sawEnd(550, ago(time.Minute), ago(time.Minute))
+	if len(r.logEnds) != 0 {
+		t.Fatalf("ends after the log was cut to 550: %+v, want those past it forgotten and 550 not recorded", r.logEnds)
 	}
+	r.sawEnd(570, ago(time.Second), ago(time.Second))
+	check("an entry written after the log was cut", 560, ago(2*time.Second), ago(2*time.Second), 0)
+	check("an entry written after the cut, a writer's clock behind", 560, ago(48*time.Hour), ago(48*time.Hour), 0)
+	check("an entry written after the cut, a writer's clock ahead", 560, now.Add(time.Hour), ago(time.Second), 0)
 
 	// A follower far behind a growing log keeps the newest maxLogEnds ends.
 	r = &Replica{}

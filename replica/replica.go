@@ -756,10 +756,10 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	return nil
 }
 
-// logEnd is one end of the posterior log (its next offset) as watchEnd found it: first, when
-// the first answer that gave it came back, and last, when the last question that got it was
-// asked. An entry at offset o was appended after the last question that got an end at or below
-// o, and before the first answer that gave an end past o.
+// logEnd is one end of the posterior log (its next offset: the high watermark, past every record
+// committed) as watchEnd found it: first, when the first answer that gave it came back, and last,
+// when the last question that got it was asked. An entry at offset o was committed after the last
+// question that got an end at or below o, and before the first answer that gave an end past o.
 type logEnd struct {
 	end         int64
 	first, last time.Time
@@ -772,8 +772,10 @@ const maxLogEnds = 10_000
 
 // sawEnd records that the posterior log ended at offset end when watchEnd asked at asked and had
 // the answer at answered, for replayedAt, and returns the lag: the records not read yet. A log
-// that ends before an end seen earlier (a reset, or a new leader's end catching up) says
-// nothing of when its entries were appended and is not recorded.
+// that ends before an end seen earlier was cut (an unclean leader election, a topic recreated)
+// or its new leader's end is catching up: the ends seen past it may not be of the records it
+// holds now, and are forgotten; the lower end itself is not recorded either, since after a
+// leader change the records past it may be old.
 func (r *Replica) sawEnd(end int64, asked, answered time.Time) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -782,6 +784,12 @@ func (r *Replica) sawEnd(end int64, asked, answered time.Time) int64 {
 		r.logEnds[n-1].last = asked
 	case n == 0 || end > r.logEnds[n-1].end:
 		r.logEnds = append(r.logEnds, logEnd{end: end, first: answered, last: asked})
+	default:
+		keep := 0
+		for keep < n && r.logEnds[keep].end <= end {
+			keep++
+		}
+		r.logEnds = r.logEnds[:keep]
 	}
 	// Only the entries from read on are dated again: of the ends at or below it, the last is kept.
 	drop := 0
@@ -805,7 +813,7 @@ func (r *Replica) sawEnd(end int64, asked, answered time.Time) int64 {
 // replayedAt is when the update of rec was made, for the KL history, so that an alert on a
 // breach or a failure is dated by the update, not by when a replica applied it: the record's
 // Kafka time, which its writer's clock set, kept within what the ends of the log seen say of
-// when it was appended (logEnd) and no later than now. While the follower keeps up, that span is
+// when it was committed (logEnd) and no later than now. While the follower keeps up, that span is
 // about watchEnd's second, so a writer's clock that is off does not date the updates every
 // replica alerts on; a follower that fell behind, or that replays the log of a bootstrap or a
 // restored backup, dates them by their records, not as new updates.
