@@ -79,6 +79,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
+	// AfterCommit, when set, runs after each commit that succeeded; an error it returns fails
+	// the commit as a failed final fsync does (ErrWrite, the ledger as it was before it). Tests
+	// make the disk fail with it.
+	AfterCommit func() error
 
 	// syncFreelist makes every commit write bbolt's freelist, as ledgers were written before
 	// cfguard stopped syncing it (store.Options.SyncFreelist); benchmarks set it to measure the
@@ -132,8 +136,6 @@ type Ledger struct {
 	// wmu serialises the ledger's own writers, so that Commit can hold it across
 	// re-certification and checkpoint, and Confirm and Audit can write short batches.
 	wmu sync.Mutex
-
-	failed func() error // test seam: runs after each successful bbolt commit (store.Options.AfterCommit)
 
 	// Damaged CE records (quarantine.go): the last quarantine count read, and the ids reads
 	// found damaged since Open.

@@ -75,10 +75,10 @@ func (l *Ledger) view(fn func(*bolt.Tx) error) error { return l.file.View(fn) }
 // holds wmu.
 func (l *Ledger) update(fn func(*bolt.Tx) error) error { return l.file.Update(fn) }
 
-// afterCommit runs the test seam failed, if set, after each successful commit.
+// afterCommit runs Options.AfterCommit, if set, after each successful commit.
 func (l *Ledger) afterCommit() error {
-	if l.failed != nil {
-		return l.failed()
+	if l.opts.AfterCommit != nil {
+		return l.opts.AfterCommit()
 	}
 	return nil
 }

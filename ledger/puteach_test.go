@@ -22,7 +22,7 @@ func TestPutEach(t *testing.T) {
 		t.Fatal(err)
 	}
 	commits := 0
-	l.failed = func() error { commits++; return nil }
+	l.opts.AfterCommit = func() error { commits++; return nil }
 	short, anchor, outside := good("short"), good("anchor"), good("outside")
 	short.XCF = short.XCF[:2]
 	anchor.AnchorVersion = 99
@@ -65,11 +65,11 @@ func TestPutEach(t *testing.T) {
 		t.Errorf("all refused: %v, %v, %d commits; want both ErrExists and no commit", errs, err, commits)
 	}
 	// A failed write is the call's error, and stores none of them.
-	l.failed = func() error { return errors.New("injected fsync failure") }
+	l.opts.AfterCommit = func() error { return errors.New("injected fsync failure") }
 	if _, err := l.PutEach(bg, []*CE{good("w1"), good("w2")}); !errors.Is(err, ErrWrite) {
 		t.Errorf("failed write: %v, want ErrWrite", err)
 	}
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	for _, id := range []string{"w1", "w2"} {
 		if _, err := l.Get(id); !errors.Is(err, ErrNotFound) {
 			t.Errorf("%s after a failed write: %v, want not found", id, err)

@@ -69,7 +69,7 @@ func applyLog(t *testing.T, dir string, lg partitionLog, batch int, fail func(co
 		if err != nil {
 			t.Fatal(err)
 		}
-		l.failed = func() error {
+		l.opts.AfterCommit = func() error {
 			commits++
 			if fail(commits) {
 				return errors.New("injected crash at the commit's final fsync")
@@ -105,7 +105,7 @@ func applyLog(t *testing.T, dir string, lg partitionLog, batch int, fail func(co
 			l = open()
 		}
 	}
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	return l
 }
 
@@ -256,11 +256,11 @@ func TestPutRequests(t *testing.T) {
 	}
 	c := newCE(t, m, rng)
 	c.ID = "c"
-	l.failed = func() error { return errors.New("injected fsync failure") }
+	l.opts.AfterCommit = func() error { return errors.New("injected fsync failure") }
 	if _, err := l.PutRequests(bg, []*CE{c}, []RequestRef{{RID: "k3"}}); !errors.Is(err, ErrWrite) {
 		t.Errorf("failed write: %v, want ErrWrite", err)
 	}
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	if _, ok, _ := l.Outcome("k3"); ok {
 		t.Error("a failed write stored an outcome")
 	}
@@ -528,11 +528,11 @@ func TestDeleteRequest(t *testing.T) {
 	if o, err = l.DeleteRequest("a", RequestRef{}); err != nil || o.Result != OutcomeAbsent {
 		t.Errorf("DeleteRequest without a request id, again = %+v, %v; want absent", o, err)
 	}
-	l.failed = func() error { return errors.New("injected fsync failure") }
+	l.opts.AfterCommit = func() error { return errors.New("injected fsync failure") }
 	if _, err := l.DeleteRequest("x", RequestRef{RID: "d3"}); !errors.Is(err, ErrWrite) {
 		t.Errorf("failed write: %v, want ErrWrite", err)
 	}
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	if _, ok, _ := l.Outcome("d3"); ok {
 		t.Error("a failed write stored an outcome")
 	}

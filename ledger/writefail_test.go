@@ -301,12 +301,12 @@ func TestFailedFinalSyncPutsMetaBack(t *testing.T) {
 	commit(t, l, drift(m, -0.01), 1)
 	before := writeState(t, l)
 	injected := errors.New("injected: fdatasync: input/output error")
-	l.failed = func() error { return injected }
+	l.opts.AfterCommit = func() error { return injected }
 	next := drift(m, -0.02)
 	next.Version = 2
 	cp := &Checkpoint{Model: next, Offsets: map[int]int64{0: 99}, Applied: 7, Events: []OutboxEntry{{Key: "x"}}}
 	_, _, err := l.Commit(bg, cp)
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	if !errors.Is(err, ErrWrite) || !errors.Is(err, injected) {
 		t.Fatalf("commit with a failed final sync: %v", err)
 	}
@@ -398,7 +398,7 @@ func TestWriteFailuresAreCounted(t *testing.T) {
 		t.Fatalf("WriteFailures before any failed commit: %+v", f)
 	}
 	injected := errors.New("injected: fdatasync: no space left on device")
-	l.failed = func() error { return injected }
+	l.opts.AfterCommit = func() error { return injected }
 	rng := rand.New(rand.NewPCG(47, 47))
 	if err := l.Put(bg, newCE(t, m, rng)); !errors.Is(err, ErrWrite) {
 		t.Fatalf("a registration while commits fail: %v, want ErrWrite", err)
@@ -416,7 +416,7 @@ func TestWriteFailuresAreCounted(t *testing.T) {
 	if second.Count != 2 || second.At.Before(first.At) {
 		t.Fatalf("WriteFailures after a failed checkpoint: %+v, want 2 failures, the latest at or after %v", second, first.At)
 	}
-	l.failed = nil
+	l.opts.AfterCommit = nil
 	if err := l.Put(bg, newCE(t, m, rng)); err != nil {
 		t.Fatalf("a registration once commits work: %v", err)
 	}
