@@ -29,10 +29,17 @@ func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
 }
 
 // Release is ceshare.Hooks: partition p's CEs leave this ledger (their new owner rebuilds them
-// from the CE topic). A release cut short leaves p's offset at 0 (ledger.ReleaseShare), and a
-// restart that is not given p back releases it again (MemberConfig.Held).
+// from the CE topic). A ledger that cannot be written is retried as every share write is
+// (durably), from where the failed write left it; a release cut short (ctx, a crash) leaves p's
+// offset at 0 (ledger.ReleaseShare), and a restart that is not given p back releases it again
+// (MemberConfig.Held).
 func (s *Share) Release(ctx context.Context, p int) error {
-	n, err := s.ledger.ReleaseShare(ctx, p, func(id string) bool { return ceshare.Partition(id, s.partitions) == p })
+	n := 0
+	err := s.host.Durably(ctx, func() error {
+		deleted, err := s.ledger.ReleaseShare(ctx, p, func(id string) bool { return ceshare.Partition(id, s.partitions) == p })
+		n += deleted
+		return err
+	})
 	if err != nil {
 		return err
 	}

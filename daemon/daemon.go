@@ -83,6 +83,8 @@ type hooks struct {
 	auditRebuildWait time.Duration
 	// ledgerFailureHold, when set, replaces ledgerFailureHold (a test does not wait a minute).
 	ledgerFailureHold time.Duration
+	// ledgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
+	ledgerAfterCommit func() error
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -346,7 +348,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
-		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true})
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.ledgerAfterCommit})
 	if err != nil {
 		return err
 	}

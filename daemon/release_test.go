@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// A replica whose ledger cannot be written when it gives CE partitions away releases them once
+// it can: the release is retried as every share write is, and the CEs of the partitions it gave
+// away leave its ledger, as without the failure, while those it kept stay.
+func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	var failing atomic.Bool
+	var failed atomic.Int64
+	r1 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r1", key) }, func(o *Options) {
+		o.hooks.ledgerAfterCommit = func() error {
+			if failing.Load() {
+				failed.Add(1)
+				return errors.New("injected: the disk refused the commit")
+			}
+			return nil
+		}
+	}, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
+	ids := registerCEs(t, r1, bundled(t), 12)
+	parts := r1.d.cfg.Replication.CEPartitions
+
+	failing.Store(true)
+	r2 := startReplicaKey(t, b, "r2", key)
+	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready, and r1 the others", func() bool {
+		return shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts
+	})
+	waitfor.Cond(t, 30*time.Second, "r1's release failing", func() bool { return failed.Load() > 0 })
+	gone := func() (moved, left int) {
+		for _, id := range ids {
+			if slices.Contains(r1.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
+				continue
+			}
+			moved++
+			if _, err := r1.d.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
+				left++
+			}
+		}
+		return moved, left
+	}
+	if moved, left := gone(); moved == 0 || left != moved {
+		t.Fatalf("while r1's ledger fails: %d CEs moved to r2, %d of them still in r1's ledger; want some moved, all still there", moved, left)
+	}
+
+	failing.Store(false)
+	waitfor.Cond(t, 60*time.Second, "the CEs r1 gave away gone from its ledger", func() bool {
+		_, left := gone()
+		return left == 0
+	})
+	for _, id := range ids {
+		if !slices.Contains(r1.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
+			continue
+		}
+		if _, err := r1.d.ledger.Get(id); err != nil {
+			t.Errorf("%s, of a partition r1 kept: %v", id, err)
+		}
+	}
+	t.Logf("r1: %d commits refused; %v failed share writes retried", failed.Load(), r1.metric(t, "cfguard_checkpoint_failures_total"))
+}
