@@ -30,11 +30,11 @@ func program() cli.Program {
 		Intro: "cfguard-lab runs the paper's experiments on cfguard's models and generators.",
 		Outro: "Run 'cfguard-lab COMMAND --help' for a command's flags. docs/CLI.md documents the outputs.",
 		Commands: []cli.Command{
-			{Name: "increments", Args: "--data FILE.csv|NAME [--seed N] [--lr 1e-5] [--sweep 1e-5,1e-4,1e-3] [--out DIR]",
+			{Name: "increments", Args: "--data FILE.csv|NAME [--classes a,b] [--seed N] [--objective prior|vcl] [--lr 1e-5] [--steps 50] [--sweep 1e-5,1e-4,1e-3] [--out DIR] [--markdown]",
 				Help: "the paper's incremental-update table: one JSON row per update, and a plot in DIR", Run: cmdIncrements},
-			{Name: "psce", Args: "--data FILE.csv|NAME [--protocol paper|search] [--model bnn|dropout] [--seeds 5] [--instances 100] [--method psce,bayescf,schut,wachter,roar] [--samples 1000] [--json|--markdown]",
+			{Name: "psce", Args: "--data FILE.csv|NAME [--classes a,b] [--protocol paper|search] [--model bnn|dropout] [--seed 1] [--seeds 5] [--instances 100] [--epochs N] [--method psce,bayescf,schut,wachter,roar] [--samples 1000] [--budget N] [--kappa-raw] [--json|--markdown]",
 				Help: "PSCE against BayesCF, Schut, Wachter and ROAR: validity, IM1, implausibility, robustness ratio, <delta,epsilon>-set, survival", Run: cmdPSCE},
-			{Name: "stream", Args: "--data FILE.csv|NAME [--learner default|paper|vcl-adam] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region] [--every 50]",
+			{Name: "stream", Args: "--data FILE.csv|NAME [--classes a,b] [--learner default|paper|vcl-adam] [--kl-weight W] [--memory M] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region] [--every 50] [--seed N]",
 				Help: "the daemon's update on a stream of increments: held-out quality, counterfactual stand-ins, update KLs, records until a drift invalidates them", Run: cmdStream},
 		},
 	}

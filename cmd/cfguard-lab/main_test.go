@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cfguard/cfguard/internal/cli/clitest"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -178,4 +180,14 @@ func TestIncrementsMarkdown(t *testing.T) {
 	if n := strings.Count(out, "\n| 9"); n != 5 {
 		t.Errorf("%d update rows, want 5:\n%s", n, out)
 	}
+}
+
+// The overview (cfguard-lab --help) and docs/CLI.md's synopsis name every flag of every command,
+// as the command's own -h lists them.
+func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/CLI.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clitest.CheckSynopsis(t, program(), doc, "docs/CLI.md")
 }

@@ -9,9 +9,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/cfguard/cfguard/internal/cli/clitest"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -218,32 +219,5 @@ func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The synopsis: the first fenced block, each command's line and its indented continuations.
-	block := strings.SplitN(strings.SplitN(string(doc), "```\n", 3)[1], "```", 2)[0]
-	synopsis := map[string]string{}
-	name := ""
-	for _, line := range strings.Split(block, "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "cfguard" {
-			name = f[1]
-		}
-		synopsis[name] += " " + strings.SplitN(line, "#", 2)[0]
-	}
-	flagLine := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
-	for _, c := range program().Commands {
-		code, _, help := runCLI(t, c.Name, "-h")
-		flags := flagLine.FindAllStringSubmatch(help, -1)
-		if code != 0 || len(flags) == 0 && !strings.Contains(help, "Usage of "+c.Name) {
-			t.Errorf("%s -h: exit %d, no flags listed:\n%s", c.Name, code, help)
-			continue
-		}
-		for _, f := range flags {
-			want := regexp.MustCompile(`--` + regexp.QuoteMeta(f[1]) + `\b`)
-			if !want.MatchString(c.Args) {
-				t.Errorf("cfguard --help: %s %s lacks --%s", c.Name, c.Args, f[1])
-			}
-			if !want.MatchString(synopsis[c.Name]) {
-				t.Errorf("docs/CLI.md: the synopsis of %s lacks --%s", c.Name, f[1])
-			}
-		}
-	}
+	clitest.CheckSynopsis(t, program(), doc, "docs/CLI.md")
 }
