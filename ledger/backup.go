@@ -138,15 +138,16 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 // verifies the copy, links it into place (a link, unlike a rename, fails if the target appeared
 // meanwhile), and fsyncs the directory. It returns what Verify found in the installed file.
 //
-// A damaged src is refused with an error wrapping ErrCorrupt that says what to do about a
-// damaged backup (another backup, or a new one), not what a damaged ledger needs.
+// A src that does not verify (damaged, not a ledger, a schema this build does not read) is
+// refused with an error wrapping ErrCorrupt that says what to do about such a backup, not what
+// a damaged ledger needs.
 func Restore(src, stateDir string) (Info, error) {
 	if _, err := Verify(src); err != nil {
 		var ce *store.CorruptError
 		if errors.As(err, &ce) {
-			return Info{}, fmt.Errorf("ledger: restore: %w: the backup %s: %s. Nothing was installed; the state directory %s is as it was. "+
-				"Restore another backup (cfguard restore %s --from BACKUP), or take a new one from a running daemon (cfguard backup %s --out FILE)",
-				ErrCorrupt, store.ShellQuote(src), store.Reason(ce.Detail), store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder, store.RecoveryConfigPlaceholder)
+			return Info{}, fmt.Errorf("ledger: restore: %w: the backup %s cannot be restored: %s. Nothing was installed; the state directory %s "+
+				"is as it was. Restore another backup (cfguard restore %s --from BACKUP)",
+				ErrCorrupt, store.ShellQuote(src), store.Reason(ce.Detail), store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder)
 		}
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)
 	}

@@ -179,7 +179,8 @@ func TestRestoreRefuses(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "state")
 	// What it says is about the backup: not to move it aside and start over, as for a ledger.
 	if _, err := Restore(bad, empty); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), bad) ||
-		!strings.Contains(err.Error(), "Restore another backup") || strings.Contains(err.Error(), "mv ") || strings.Contains(err.Error(), "start over") {
+		!strings.Contains(err.Error(), "Restore another backup") || strings.Contains(err.Error(), "mv ") || strings.Contains(err.Error(), "start over") ||
+		strings.Contains(err.Error(), "cfguard backup") {
 		t.Errorf("restore of a truncated backup: %v; want a corrupt error naming it that says to restore another backup", err)
 	}
 	if _, err := os.Stat(filepath.Join(empty, FileName)); !errors.Is(err, fs.ErrNotExist) {

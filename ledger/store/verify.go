@@ -128,6 +128,12 @@ func Install(src, dir string, verify func(path string) error) error {
 		return fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
 	}
 	if err := verify(tmp); err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) { // not the advice for a damaged ledger: the copy is removed
+			return fmt.Errorf("ledger: restore: %w: the copy of %s in %s did not verify, though the backup did: %s. The copy was removed "+
+				"and nothing was installed; run the restore again, and if it fails again, check the disk of %s",
+				ErrCorrupt, ShellQuote(src), ShellQuote(dir), Reason(ce.Detail), ShellQuote(dir))
+		}
 		return fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
 	}
 	if err := exists(); err != nil {
