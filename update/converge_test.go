@@ -87,6 +87,15 @@ func TestConvergedObjectiveIsItsDefinition(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, prev, z, y := randomProblem([]int{5, 4}, tc.classes, 9)
+			// Sigmas away from the prior's (a fresh network has the prior's everywhere), so
+			// that forgetting's mix of the previous and the prior precisions shows.
+			prev = prev.Clone()
+			srng := rand.New(rand.NewPCG(7, 8))
+			for _, v := range [][]float64{prev.Last().WeightLogSigma, prev.Last().BiasLogSigma} {
+				for i := range v {
+					v[i] += 0.5 * srng.NormFloat64()
+				}
+			}
 			cfg := Config{Objective: tc.objective, Solver: SolverConverge, Memory: tc.memory, Draws: 3, Seed: 5, KLWeight: tc.beta, Represented: 40}.withDefaults()
 			c, err := newConverged(prev, z, y, cfg)
 			if err != nil {
