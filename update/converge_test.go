@@ -350,3 +350,19 @@ func TestPredictiveMatchesMonteCarlo(t *testing.T) {
 		})
 	}
 }
+
+// The body draws of an increment follow docs/MATHS.md: ceil(1,024 / n) for n rows, at most
+// update.draws and at least 1; scoring its records takes at least 4, at most update.draws.
+func TestDrawsPerIncrement(t *testing.T) {
+	for _, tc := range []struct{ n, most, fit, score int }{
+		{1, 16, 16, 16}, {64, 16, 16, 16}, {100, 16, 11, 11}, {512, 16, 2, 4}, {1024, 16, 1, 4},
+		{5000, 16, 1, 4}, {300, 2, 2, 2}, {10, 3, 3, 3},
+	} {
+		if got := drawsFor(tc.n, tc.most); got != tc.fit {
+			t.Errorf("drawsFor(%d rows, at most %d) = %d, want %d", tc.n, tc.most, got, tc.fit)
+		}
+		if got := ScoringDraws(tc.n, tc.most); got != tc.score {
+			t.Errorf("ScoringDraws(%d rows, at most %d) = %d, want %d", tc.n, tc.most, got, tc.score)
+		}
+	}
+}
