@@ -155,7 +155,7 @@ func (b Batch) sub(o Batch) Batch {
 // alarms occur at most at rate exp(-8 Lambda Delta / B^2) per record. With Delta = 0.05 and
 // DefaultFalseAlarmRate = 1e-6, Lambda = B^2 ln(1e6) / (8 Delta) = 138.2: at most one false alarm
 // in a million records (about six days at 2 records/s), and a rise of the mean Brier score by D
-// is detected after about Lambda / (D - Delta) records (~80 for labels that flip, D ~ 1.8). The
+// is detected after about Lambda / (D - Delta) records (~80-90 for labels that flip, D ~ 1.6-1.8). The
 // bound takes mu as known; the detector uses the running mean since its last reset instead, and
 // waits for DefaultMinRecords before it may alarm.
 const (
