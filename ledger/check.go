@@ -54,7 +54,7 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := checkQuality(tx); err != nil {
 		return err
 	}
-	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+	for _, key := range keptEvents() {
 		if err := verifyKept(tx, key); err != nil {
 			return err
 		}

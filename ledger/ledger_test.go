@@ -547,7 +547,7 @@ func TestKLBreachKeepsItsUpdateTime(t *testing.T) {
 // deletes it (an ERROR line) rather than refuse the ledger; LastKLEvents then answers from the
 // history.
 func TestDamagedKeptEventIsDropped(t *testing.T) {
-	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+	for _, key := range keptEvents() {
 		t.Run(string(key), func(t *testing.T) {
 			l, dir := openTest(t, Options{Policy: testPolicy(), KLHistory: 2})
 			install(t, l, testModel(4))

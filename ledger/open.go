@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 
 	bolt "go.etcd.io/bbolt"
@@ -171,7 +172,7 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 // names an update the KL history never had: it only dates an alert, LastKLEvents falls back to the
 // KL history without it, and nothing can rebuild it. An ERROR line names it.
 func (l *Ledger) checkKept() error {
-	for _, key := range [][]byte{kKLBreach, kKLFailed} {
+	for _, key := range keptEvents() {
 		var bad error
 		if err := l.view(func(tx *bolt.Tx) error {
 			bad = verifyKept(tx, key)
@@ -250,7 +251,7 @@ func (l *Ledger) checkSmall(tx *bolt.Tx) error {
 	// Every meta value is sealed with its key: a damaged key, which the reads above would take
 	// for a missing value (0), fails its checksum here.
 	return tx.Bucket(bMeta).ForEach(func(k, v []byte) error {
-		if bytes.Equal(k, kKLBreach) || bytes.Equal(k, kKLFailed) {
+		if slices.ContainsFunc(keptEvents(), func(e []byte) bool { return bytes.Equal(k, e) }) {
 			return nil // checkKept: damage there is dropped, not refused
 		}
 		if _, ok := unseal(k, v); !ok {

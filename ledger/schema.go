@@ -88,3 +88,7 @@ func u64bytes(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 func metaU64(tx *bolt.Tx, key []byte) (uint64, error) {
 	return getU64(tx.Bucket(bMeta), key, "meta "+string(key))
 }
+
+// keptEvents are the meta keys of the events kept after the KL history drops them (the newest
+// breach and the newest failure): they only date alerts, so damage there is dropped, not refused.
+func keptEvents() [][]byte { return [][]byte{kKLBreach, kKLFailed} }
