@@ -12,42 +12,58 @@ import (
 	"github.com/cfguard/cfguard/internal/cli"
 )
 
-// flagLine is a flag in the output of a flag.FlagSet's PrintDefaults: two spaces, a dash, the name.
-var flagLine = regexp.MustCompile(`(?m)^  -(\S+)`)
+var (
+	// flagLine is a flag in the output of a flag.FlagSet's PrintDefaults: two spaces, a dash,
+	// the name.
+	flagLine = regexp.MustCompile(`(?m)^  -(\S+)`)
+	// comment begins a comment in a synopsis line: a # after a space or a tab.
+	comment = regexp.MustCompile(`\s#`)
+)
 
-// Flags returns the flags command name of p lists when run with -h.
+// Flags returns the flags command name of p lists when run with -h; it fails t when the output
+// is not a flag set's usage.
 func Flags(t testing.TB, p cli.Program, name string) []string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	if code := p.Run(context.Background(), []string{name, "-h"}, &stdout, &stderr); code != 0 {
-		t.Fatalf("%s %s -h: exit %d:\n%s", p.Name, name, code, stderr.String())
+	code := p.Run(context.Background(), []string{name, "-h"}, &stdout, &stderr)
+	help := stdout.String() + stderr.String()
+	if code != 0 || !strings.Contains(help, "Usage of "+name) {
+		t.Fatalf("%s %s -h: exit %d, not a usage:\n%s", p.Name, name, code, help)
 	}
 	var flags []string
-	for _, m := range flagLine.FindAllStringSubmatch(stdout.String()+stderr.String(), -1) {
+	for _, m := range flagLine.FindAllStringSubmatch(help, -1) {
 		flags = append(flags, m[1])
 	}
 	return flags
 }
 
 // Synopsis returns, for each command of the program named program, its synopsis in doc: in the
-// document's fenced blocks, the line that begins with the program's name and the command's,
-// with the indented lines that follow it, without comments (from " #").
+// document's fenced blocks, the first line that begins with the program's name and the
+// command's, with the indented lines that follow it, without comments (from a # after a space
+// or a tab). A later line for the same command (an example) is not its synopsis.
 func Synopsis(doc []byte, program string) map[string]string {
 	out := map[string]string{}
 	parts := strings.Split(string(doc), "```")
 	for i := 1; i < len(parts); i += 2 { // the odd parts are inside fences
-		name := ""
+		name := "" // the command whose synopsis the lines are, if any
 		for _, line := range strings.Split(parts[i], "\n") {
-			text, _, _ := strings.Cut(line, " #")
+			text := line
+			if loc := comment.FindStringIndex(line); loc != nil {
+				text = line[:loc[0]]
+			}
 			switch f := strings.Fields(text); {
 			case len(f) > 1 && f[0] == program:
-				name = f[1]
+				name = ""
+				if _, seen := out[f[1]]; !seen {
+					name = f[1]
+				}
 			case name != "" && len(f) > 0 && (line[0] == ' ' || line[0] == '\t'):
 			default:
 				name = ""
-				continue
 			}
-			out[name] += " " + text
+			if name != "" {
+				out[name] += " " + text
+			}
 		}
 	}
 	return out

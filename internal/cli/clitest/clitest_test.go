@@ -16,7 +16,8 @@ func TestSynopsis(t *testing.T) {
 		"  [--after-a-blank-line]\n" +
 		"```\n\n" +
 		"tool run --outside-a-fence\n\n" +
-		"```\ntool-lab run --lab\ntool run2 --y\n```\n")
+		"```\ntool-lab run --lab\ntool run2 --y\t# a tab comment --z\n```\n" +
+		"```sh\ntool run --an-example-not-the-synopsis\n```\n")
 	got := Synopsis(doc, "tool")
 	want := map[string]string{
 		"run":  " tool run --config FILE [--fast]  " + " " + "         [--slow]", // each line after " " up to its comment
