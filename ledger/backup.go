@@ -111,7 +111,7 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 		return err
 	}
 	if info.Schema != schemaVersion {
-		return corruptf("schema %d; this build reads 1 and %d", info.Schema, schemaVersion)
+		return corruptf("schema %d; this build reads 1 and %d (a ledger or backup of a newer cfguard is opened or restored with that cfguard)", info.Schema, schemaVersion)
 	}
 	for _, b := range allBuckets {
 		if tx.Bucket(b) == nil {
@@ -145,9 +145,9 @@ func Restore(src, stateDir string) (Info, error) {
 	if _, err := Verify(src); err != nil {
 		var ce *store.CorruptError
 		if errors.As(err, &ce) {
-			return Info{}, fmt.Errorf("ledger: restore: %w: the backup %s cannot be restored: %s. Nothing was installed; the state directory %s "+
+			return Info{}, fmt.Errorf("ledger: restore: the backup %s cannot be restored: %w. Nothing was installed; the state directory %s "+
 				"is as it was. Restore another backup (cfguard restore %s --from BACKUP)",
-				ErrCorrupt, store.ShellQuote(src), store.Reason(ce.Detail), store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder)
+				store.ShellQuote(src), ce.Detail, store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder)
 		}
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -128,6 +129,12 @@ func TestNewerSchemaRefused(t *testing.T) {
 			}
 			if fileHash(t, path) != before {
 				t.Fatal("the newer ledger was written to")
+			}
+			// As a backup, it is refused by Restore with the same reason: another backup of
+			// the same daemon has the same schema, so the advice is the newer cfguard.
+			_, err = Restore(path, filepath.Join(t.TempDir(), "state"))
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "newer cfguard") || strings.Count(err.Error(), "ledger corrupt") > 1 {
+				t.Errorf("Restore of a ledger of schema %d: %v; want a refusal that names the newer cfguard, saying \"ledger corrupt\" once", schema, err)
 			}
 		})
 	}
