@@ -91,6 +91,12 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 		return ledger.Info{}, fmt.Errorf("backup: writing %s: %w", out, err)
 	}
 	info, err := ledger.Verify(tmp.Name())
+	if ce := (*ledger.CorruptError)(nil); errors.As(err, &ce) {
+		// Not the advice for a damaged ledger: the snapshot is removed, the daemon runs on.
+		return ledger.Info{}, fmt.Errorf("backup: the snapshot received did not verify: %v. It was removed and nothing was written to %s; "+
+			"run cfguard backup again, and if it fails again, the daemon's ledger may be damaged: see its log (cfguard run verifies every record at start)",
+			ce.Detail, out)
+	}
 	if err != nil {
 		return ledger.Info{}, fmt.Errorf("backup: the downloaded snapshot failed verification (nothing was written to %s): %w", out, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -165,6 +167,21 @@ func TestBackupRefusals(t *testing.T) {
 	}
 	if code, _, stderr := runCLI(t, "restore", "--config", cfg, "--from", existing); code != 1 || !strings.Contains(stderr, existing) {
 		t.Fatalf("restore of a file that is no ledger: exit %d, %q", code, stderr)
+	}
+	// A snapshot that does not verify (a daemon answering with a truncated ledger) is removed,
+	// with advice for a backup, not the advice for a damaged ledger (move it aside, start over).
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/backup" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(bytes.Repeat([]byte{0x5a}, 20000))
+	}))
+	defer srv.Close()
+	code, _, stderr := runCLI(t, "backup", "--config", cfg, "--out", out, "--url", srv.URL)
+	if code != 1 || !strings.Contains(stderr, "did not verify") || !strings.Contains(stderr, "run cfguard backup again") ||
+		strings.Contains(stderr, "mv ") || strings.Contains(stderr, "start over") {
+		t.Fatalf("a snapshot that does not verify: exit %d, %q", code, stderr)
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
