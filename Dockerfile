@@ -5,13 +5,13 @@
 #   openblas  (the default, last stage) the fast engine: cgo with -tags openblas, the predictive
 #             engine's matrix products in Debian's OpenBLAS, linked dynamically, on
 #             debian:bookworm-slim with libopenblas0-pthread installed by apt (it brings
-#             libgfortran5 and libquadmath0) and a nonroot user of uid 65532. ~2.4x faster than
-#             PyTorch on the predictive, ~4x the static build (docs/BENCHMARKS.md); ~160 MB
+#             libgfortran5 and libquadmath0) and a nonroot user of uid 65532. ~1.65x PyTorch's
+#             speed on the predictive, ~2x the static build's (docs/BENCHMARKS.md's Summary); ~160 MB
 #             unpacked, glibc and a shell inside, Debian packages to keep patched.
 #   static    a pure-Go binary (CGO_ENABLED=0) on gcr.io/distroless/static-debian12:nonroot: no
 #             shell, no libc, uid 65532, CA certificates and tzdata included (Kafka over TLS needs
-#             the former); ~40 MB unpacked, nothing to patch but cfguard, and the predictive
-#             ~1.7x slower than PyTorch.
+#             the former); ~40 MB unpacked, nothing to patch but cfguard, and the predictive at
+#             ~0.77x PyTorch's speed.
 #
 #   docker build -t cfguard:dev .
 #   docker build --target static -t cfguard:dev-static .

@@ -14,7 +14,8 @@ import (
 
 // TestDeployGuide: what docs/DEPLOY.md names exists. Every repository path in backquotes is a
 // file or directory, every configuration key (`section.key`, `section.key.*`) is one the daemon
-// reads, every alert is in alerts/rules.yml, and every metric is served by a running daemon.
+// reads, every alert is in alerts/rules.yml and every alert of it is named, and every metric is
+// served by a running daemon.
 func TestDeployGuide(t *testing.T) {
 	root := repoRoot(t)
 	guide, err := os.ReadFile(filepath.Join(root, "docs", "DEPLOY.md"))
@@ -93,6 +94,11 @@ func TestDeployGuide(t *testing.T) {
 	for _, a := range regexp.MustCompile(`\bCfguard[A-Z]\w+`).FindAllString(text, -1) {
 		if !strings.Contains(string(rules), "alert: "+a+"\n") {
 			t.Errorf("docs/DEPLOY.md names the alert %s, which alerts/rules.yml does not define", a)
+		}
+	}
+	for _, m := range regexp.MustCompile(`(?m)^\s*- alert: (\w+)`).FindAllStringSubmatch(string(rules), -1) {
+		if !strings.Contains(text, "`"+m[1]+"`") {
+			t.Errorf("alerts/rules.yml defines %s, which docs/DEPLOY.md's list of alerts does not name", m[1])
 		}
 	}
 
