@@ -439,7 +439,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 			changed[e.ID] = true
 			firstChange = cmp.Or(firstChange, seq)
 		case "kl_over_budget":
-			overBudget = e.KL > e.Budget
+			overBudget = e.KL != nil && *e.KL > e.Budget
 			firstOver = cmp.Or(firstOver, seq)
 			if e.ParentVersion == nil || *e.ParentVersion+1 != e.PosteriorVersion {
 				t.Fatalf("kl_over_budget event %s: want the version it describes and its parent", m.Value)

@@ -85,8 +85,8 @@ func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 			continue
 		}
 		seen++
-		if e.Decided == nil {
-			t.Fatalf("status_changed event without decided: %s", m.Value)
+		if e.Decided == nil || e.KL == nil {
+			t.Fatalf("status_changed event without decided or kl: %s", m.Value)
 		}
 		d := *e.Decided
 		switch {

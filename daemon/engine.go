@@ -273,8 +273,9 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 	if over {
 		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
 		// rejected as the policy says) and is queued before the status changes it causes.
+		stepKL := kl // kl becomes the clipped step's below
 		s.events = append(s.events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
-			KL: kl, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
+			KL: &stepKL, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
 		if outcome == certify.OutcomeClipped {
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
@@ -297,7 +298,8 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		s.metric = alerts.RecordHeld
 		s.counters["held"] = int64(len(inc.Records))
 		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.OutcomeRejected}
-		s.events = append(s.events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: kl, Records: recordIDs(inc), Held: heldRecords(inc)})
+		heldKL := kl
+		s.events = append(s.events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: &heldKL, Records: recordIDs(inc), Held: heldRecords(inc)})
 		return s, nil
 	}
 	s.next, s.metric = next, alerts.RecordApplied

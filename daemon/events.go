@@ -41,7 +41,7 @@ type event struct {
 	// that tells a copy published again by a later updater from a new event.
 	LogEntry      uint64   `json:"log_entry,omitempty"`
 	ParentVersion *uint64  `json:"parent_version,omitempty"`
-	KL            float64  `json:"kl,omitempty"`
+	KL            *float64 `json:"kl,omitempty"` // set for the events that have one, 0 included (a re-anchored CE)
 	Bound         *float64 `json:"bound,omitempty"`
 	VarBound      *float64 `json:"var_bound,omitempty"`
 	P2            *float64 `json:"p2,omitempty"`
@@ -81,9 +81,9 @@ type heldRecord struct {
 }
 
 func changeEvent(ch ledger.StatusChange) event {
-	b, vb, decided := ch.Bound, ch.VarBound, ch.Decided
+	b, vb, decided, kl := ch.Bound, ch.VarBound, ch.Decided, ch.KL
 	return event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
-		PosteriorVersion: ch.PosteriorVersion, KL: ch.KL, Bound: &b, VarBound: &vb, P2: ch.P2,
+		PosteriorVersion: ch.PosteriorVersion, KL: &kl, Bound: &b, VarBound: &vb, P2: ch.P2,
 		Decided: &decided, VerdictPending: ch.VerdictPending, RenewalPending: ch.RenewalPending}
 }
 

@@ -52,9 +52,10 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	for i := range held {
 		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Partition: 1 - i%2, Offset: int64(100 + i/2)}
 	}
+	kl := 0.2
 	evs := []event{
-		{Type: "kl_over_budget", PosteriorVersion: 0, KL: 0.2, Budget: 0.10125, Policy: "reject"},
-		{Type: "increment_held", PosteriorVersion: 0, KL: 0.2, Held: held},
+		{Type: "kl_over_budget", PosteriorVersion: 0, KL: &kl, Budget: 0.10125, Policy: "reject"},
+		{Type: "increment_held", PosteriorVersion: 0, KL: &kl, Held: held},
 		{Type: "update_failed", PosteriorVersion: 0, Records: []string{"a", "b"}, Error: "non-finite loss"},
 		{Type: "audit_completed", PosteriorVersion: 0, Counts: map[string]int{"certified": 3}},
 	}

@@ -95,7 +95,7 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 			continue
 		}
 		if e.Policy != "clip" || e.ClipFraction == nil || e.ClippedKL == nil || !(*e.ClipFraction > 0 && *e.ClipFraction < 1) ||
-			*e.ClippedKL > r.d.budget*(1+1e-9) || !(e.KL > r.d.budget) {
+			*e.ClippedKL > r.d.budget*(1+1e-9) || e.KL == nil || !(*e.KL > r.d.budget) {
 			t.Fatalf("kl_over_budget event %s: want policy clip, KL over the budget, a fraction in (0, 1) and a clipped KL within it", m.Value)
 		}
 		break
