@@ -110,7 +110,9 @@
 // Every status change the ledger writes (Commit, Checkpoint, Confirm, Audit, a policy change at
 // Open) is put in the outbox in its own transaction through Options.EncodeChange, and so are
 // Checkpoint.Events. A publisher reads Outbox in order, publishes, and calls AckOutbox: events are
-// delivered at least once, in order, and never describe a change that was not committed.
+// delivered at least once, in the outbox's order, and never describe a change that was not
+// committed. Sequence numbers are the ledger's: a ledger restored from a backup numbers again
+// from the backup's.
 //
 // # Errors and recovery
 //

@@ -13,7 +13,9 @@ import (
 // and acknowledges with AckOutbox, which deletes them; after a crash it publishes again from the
 // first unacknowledged entry (at-least-once delivery, in order, with Seq to deduplicate).
 //
-// Sequence numbers are assigned in commit order and never reused: meta outbox_seq is the last
+// Sequence numbers are assigned in commit order and never reused within the ledger (a ledger
+// restored from a backup numbers again from the backup's: consumers tell such events apart by
+// their time as well): meta outbox_seq is the last
 // one assigned and outbox_acked the last one acknowledged, and the entries in between are all
 // present, so the length is their difference.
 
