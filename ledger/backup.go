@@ -110,8 +110,12 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 	if info.Schema, err = metaU64(tx, kSchema); err != nil {
 		return err
 	}
-	if info.Schema != schemaVersion {
-		return corruptf("schema %d; this build reads 1 and %d (a ledger or backup of a newer cfguard is opened or restored with that cfguard)", info.Schema, schemaVersion)
+	switch {
+	case info.Schema > schemaVersion:
+		return fmt.Errorf("%w: %s has schema %d, this build reads 1 and %d: open or restore it with the cfguard that wrote it",
+			ErrNewerSchema, store.ShellQuote(path), info.Schema, schemaVersion)
+	case info.Schema != schemaVersion:
+		return corruptf("schema %d; this build reads 1 and %d", info.Schema, schemaVersion)
 	}
 	for _, b := range allBuckets {
 		if tx.Bucket(b) == nil {

@@ -38,6 +38,10 @@ var (
 	ErrClosed = store.ErrClosed
 )
 
+// ErrNewerSchema: the file is a ledger (or a backup) of a newer cfguard: its schema is past
+// what this build reads. It is not damaged; the cfguard that wrote it opens or restores it.
+var ErrNewerSchema = errors.New("a ledger of a newer cfguard")
+
 // CorruptError reports a damaged ledger file: which file, what is wrong, and how to recover.
 // cfguard never writes to a file it found damaged.
 type CorruptError = store.CorruptError

@@ -130,11 +130,16 @@ func TestNewerSchemaRefused(t *testing.T) {
 			if fileHash(t, path) != before {
 				t.Fatal("the newer ledger was written to")
 			}
-			// As a backup, it is refused by Restore with the same reason: another backup of
-			// the same daemon has the same schema, so the advice is the newer cfguard.
+			if !errors.Is(err, ErrNewerSchema) || errors.Is(err, ErrCorrupt) {
+				t.Errorf("Open of a ledger of schema %d: %v; want ErrNewerSchema, not a damaged file", schema, err)
+			}
+			// As a backup, it is refused by Restore for the same reason, not as a damaged one:
+			// another backup of the same daemon has the same schema, so the remedy is the
+			// newer cfguard.
 			_, err = Restore(path, filepath.Join(t.TempDir(), "state"))
-			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "newer cfguard") || strings.Count(err.Error(), "ledger corrupt") > 1 {
-				t.Errorf("Restore of a ledger of schema %d: %v; want a refusal that names the newer cfguard, saying \"ledger corrupt\" once", schema, err)
+			if !errors.Is(err, ErrNewerSchema) || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "the cfguard that wrote it") ||
+				strings.Contains(err.Error(), "another backup") {
+				t.Errorf("Restore of a ledger of schema %d: %v; want ErrNewerSchema naming the newer cfguard, not a damaged backup", schema, err)
 			}
 		})
 	}

@@ -158,8 +158,10 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 	switch {
 	case schema == 1:
 		return false, l.migrate()
+	case schema > schemaVersion:
+		return false, fmt.Errorf("ledger: %w: %s has schema %d; this build reads schemas 1 and %d (was it written by a newer cfguard?)", ErrNewerSchema, l.path, schema, schemaVersion)
 	case schema != schemaVersion:
-		return false, fmt.Errorf("ledger: %s has schema %d; this build reads schemas 1 and %d (was it written by a newer cfguard?)", l.path, schema, schemaVersion)
+		return false, corrupt(l.path, corruptf("schema %d; this build reads schemas 1 and %d", schema, schemaVersion))
 	case fp != policyFingerprint(l.opts.Policy):
 		l.log.Warn("ledger: the certificate policy changed; rebuilding the indexes and re-judging every counterfactual",
 			"path", l.path, "was", fp, "now", policyFingerprint(l.opts.Policy))
