@@ -18,16 +18,17 @@ import (
 //	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2,
 //	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy)
-//	increment_held   on_breach: reject kept the posterior; Held carries the records for replay
+//	increment_held   on_breach: reject kept the posterior (KL); Held carries the records for replay
 //	                 (Offsets, when the event would be too large to carry them)
 //	update_failed    the update failed and the posterior was kept (Records, Offsets, Error)
 //	audit_completed  a full audit ran (Counts)
 //
 // Events of one counterfactual share its ID as the message key, so they stay in order; other
-// events are keyed by their type. Every event is written to the ledger's outbox in the
-// transaction that makes the change it describes and published from there (outbox.go), at least
-// once: each message carries the Kafka header cfguard-outbox-seq (the outbox sequence number,
-// decimal), which consumers use to drop duplicates.
+// events are keyed by their type. An event is written to the ledger's outbox in the transaction
+// that makes the change it describes (audit_completed and the reissue events in a write of their
+// own after it) and published from there (outbox.go), at least once: each message carries the
+// Kafka header cfguard-outbox-seq (the outbox sequence number, decimal), which with At tells a
+// copy from a new event (a restored ledger numbers again from the backup's).
 type event struct {
 	Type             string    `json:"type"`
 	At               time.Time `json:"at"`

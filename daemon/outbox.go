@@ -18,7 +18,8 @@ import (
 
 // OutboxSeqHeader is the Kafka record header that carries an event's outbox sequence number
 // (decimal). Delivery is at least once: after a crash between publishing and acknowledging, the
-// same events are published again with the same numbers, and consumers drop what they have seen.
+// same events are published again with the same numbers and times, and consumers drop what they
+// have seen by the two (a ledger restored from a backup numbers again from the backup's).
 const OutboxSeqHeader = "cfguard-outbox-seq"
 
 // ReplicaHeader is the Kafka record header that names, on a replica, the replica whose outbox
