@@ -19,22 +19,37 @@ const (
 	checkpointRetryMax = 30 * time.Second
 )
 
-// durably runs write (one ledger write of the increment in hand) until it succeeds, ctx ends, or
-// it fails with an error other than ledger.ErrWrite (returned: the daemon stops). While it fails
-// with ErrWrite the daemon is degraded: the increment is held (its offsets are not checkpointed
-// or committed, nothing more is consumed), /readyz fails naming the ledger and the error,
-// cfguard_checkpoint_failures_total counts every failed attempt, one ERROR line is logged for the
-// episode, and the same write is retried after 1 s, 2 s, 4 s ... up to 30 s. Because a failed
-// write leaves the ledger as it was, the retry applies the increment exactly once. The first
-// success ends the episode with one INFO line.
-func (d *Daemon) durably(ctx context.Context, write func() error) error {
+// heldWrite names a kind of write durably retries, and what waits while it fails, for the log
+// lines and /readyz.
+type heldWrite struct {
+	what    string // the write
+	held    string // what waits while it fails
+	resumed string // what goes on once it succeeds
+}
+
+// checkpointWrite is an increment's checkpoint; shareWrite is a replica's write of its CE share
+// (requests applied, a partition released, requests lost or reset).
+var (
+	checkpointWrite = heldWrite{what: "checkpoint", held: "the increment is held, consuming paused", resumed: "consuming resumed"}
+	shareWrite      = heldWrite{what: "CE share write", held: "the CE partition's requests are held, reading it paused", resumed: "its requests resumed"}
+)
+
+// durably runs write (one ledger write of the increment in hand, or of a replica's CE share: w
+// says which) until it succeeds, ctx ends, or it fails with an error other than ledger.ErrWrite
+// (returned: the daemon stops). While it fails with ErrWrite the daemon is degraded: what the
+// write carries is held (an increment's offsets are not checkpointed or committed, nothing more
+// is consumed), /readyz fails naming the ledger and the error, cfguard_checkpoint_failures_total
+// counts every failed attempt, one ERROR line is logged for the episode, and the same write is
+// retried after 1 s, 2 s, 4 s ... up to 30 s. Because a failed write leaves the ledger as it was,
+// the retry applies it exactly once. The first success ends the episode with one INFO line.
+func (d *Daemon) durably(ctx context.Context, w heldWrite, write func() error) error {
 	bo := backoff.Backoff{Min: checkpointRetryMin, Max: checkpointRetryMax}
 	for {
 		err := write()
 		if err == nil {
 			if took, n := d.writeFail.Clear(time.Now()); n > 0 {
 				d.metrics.CheckpointRecovered()
-				d.log.Info("checkpoint written again; consuming resumed", "ledger", d.ledger.Path(),
+				d.log.Info(w.what+" written again; "+w.resumed, "ledger", d.ledger.Path(),
 					"failed_for", took.Round(time.Millisecond), "failed_attempts", n)
 			}
 			return nil
@@ -44,8 +59,9 @@ func (d *Daemon) durably(ctx context.Context, write func() error) error {
 		}
 		d.metrics.CheckpointFailed()
 		wait := bo.Next()
+		d.writeHeld.Store(&w)
 		if d.writeFail.Fail(err, time.Now()) {
-			d.log.Error("checkpoint could not be written; the increment is held, consuming paused, retrying with backoff until it succeeds",
+			d.log.Error(w.what+" could not be written; "+w.held+", retrying with backoff until it succeeds",
 				"ledger", d.ledger.Path(), "err", err, "first_retry_in", wait.Round(time.Millisecond), "max_retry_interval", checkpointRetryMax)
 		}
 		if err := backoff.Sleep(ctx, wait); err != nil {
@@ -80,5 +96,9 @@ func (d *Daemon) checkpointHealth() error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("checkpoint to %s failing since %s (consuming paused, retrying): %v", d.ledger.Path(), since.UTC().Format(time.RFC3339), err)
+	w := checkpointWrite
+	if held := d.writeHeld.Load(); held != nil {
+		w = *held
+	}
+	return fmt.Errorf("%s to %s failing since %s (%s, retrying): %v", w.what, d.ledger.Path(), since.UTC().Format(time.RFC3339), w.held, err)
 }

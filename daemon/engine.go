@@ -365,7 +365,7 @@ func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint,
 		rep     ledger.Report
 		changes []ledger.StatusChange
 	)
-	err := d.durably(ctx, func() error {
+	err := d.durably(ctx, checkpointWrite, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		d.published.Lock() // the ledger's new version and the new posterior are seen together
@@ -397,7 +397,7 @@ func (d *Daemon) commitStep(ctx context.Context, s *step, cp *ledger.Checkpoint,
 // checkpoint writes a checkpoint that keeps the posterior (durably, under d.mu) and wakes the
 // outbox publisher.
 func (d *Daemon) checkpoint(ctx context.Context, cp *ledger.Checkpoint) error {
-	err := d.durably(ctx, func() error {
+	err := d.durably(ctx, checkpointWrite, func() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return d.ledger.Checkpoint(cp)

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"errors"
+	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,11 +62,19 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 		t.Fatalf("while r1's ledger fails: %d CEs moved to r2, %d of them still in r1's ledger; want some moved, all still there", moved, left)
 	}
 
+	// What the log and /readyz say is of a share write, not of an increment (none is held).
+	waitfor.Cond(t, 30*time.Second, "r1's /readyz naming the failing CE share write", func() bool {
+		code, body := r1.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "CE share write to")
+	})
 	failing.Store(false)
 	waitfor.Cond(t, 60*time.Second, "the CEs r1 gave away gone from its ledger", func() bool {
 		_, left := gone()
 		return left == 0
 	})
+	if logs := r1.logs.String(); !strings.Contains(logs, "CE share write could not be written") || strings.Contains(logs, "the increment is held") {
+		t.Errorf("r1's log while its release failed does not name the CE share write, or names an increment:\n%s", logs)
+	}
 	for _, id := range ids {
 		if !slices.Contains(r1.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
 			continue

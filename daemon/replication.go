@@ -195,7 +195,7 @@ var _ cluster.Host = shareHost{}
 
 func (h shareHost) Current() *bnn.Model { return h.d.current() }
 func (h shareHost) Durably(ctx context.Context, fn func() error) error {
-	return h.d.durably(ctx, fn)
+	return h.d.durably(ctx, shareWrite, fn)
 }
 
 // Exclusive runs fn under d.mu, which serialises posterior commits with registrations.
