@@ -148,8 +148,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to re-certify every stored counterfactual after an update.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}), // 1 ms .. 262 s
 		checkpointFailures: f.NewCounter(prometheus.CounterOpts{Name: NameCheckpointFailures,
-			Help: "Checkpoints that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
-		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint and has stopped consuming, else 0."),
+			Help: "Checkpoints, and on replicas writes of the CE share, that could not be written (ledger.ErrWrite: no space, file size limit, failed fsync); each is retried."}),
+		checkpointFailing: gauge(NameCheckpointFailing, "1 while the daemon cannot write its checkpoint (and has stopped consuming) or, on a replica, a write of its CE share, else 0."),
 		topicMismatch: gauge(NameTopicMismatch, "1 while ingest is stopped because kafka.topic no longer holds the ledger's offsets "+
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,

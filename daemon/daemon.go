@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -130,13 +129,12 @@ type Daemon struct {
 	files     posteriorCache
 	export    *exporter
 
-	outbox    *outboxPublisher          // publishes the ledger's outbox to kafka.events_topic
-	confirm   confirmers                // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
-	reissue   *reissuer                 // new CEs for those that reach explain.reissue's status
-	batch     *batcher                  // POST /v1/predict requests served together, one engine call a batch
-	writeFail episode.Episode           // running while checkpoints fail with ledger.ErrWrite (degraded mode: durably)
-	writeHeld atomic.Pointer[heldWrite] // the kind of the last write durably retried
-	ends      topicEnds                 // the input topic's watermarks as last read (waiting.go)
+	outbox    *outboxPublisher                 // publishes the ledger's outbox to kafka.events_topic
+	confirm   confirmers                       // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
+	reissue   *reissuer                        // new CEs for those that reach explain.reissue's status
+	batch     *batcher                         // POST /v1/predict requests served together, one engine call a batch
+	writeFail [len(heldWrites)]episode.Episode // by heldWrite.kind: running while such writes fail with ledger.ErrWrite (degraded mode: durably)
+	ends      topicEnds                        // the input topic's watermarks as last read (waiting.go)
 
 	// requests counts the requests applied before (request ids): skipped, and answered from
 	// their outcome.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/internal/backoff"
@@ -20,8 +21,10 @@ const (
 )
 
 // heldWrite names a kind of write durably retries, and what waits while it fails, for the log
-// lines and /readyz.
+// lines and /readyz. Each kind has its own failure episode (Daemon.writeFail[kind]): on a full
+// disk one kind can fail while the other succeeds.
 type heldWrite struct {
+	kind    int    // its index in Daemon.writeFail
 	what    string // the write
 	held    string // what waits while it fails
 	resumed string // what goes on once it succeeds
@@ -30,9 +33,20 @@ type heldWrite struct {
 // checkpointWrite is an increment's checkpoint; shareWrite is a replica's write of its CE share
 // (requests applied, a partition released, requests lost or reset).
 var (
-	checkpointWrite = heldWrite{what: "checkpoint", held: "the increment is held, consuming paused", resumed: "consuming resumed"}
-	shareWrite      = heldWrite{what: "CE share write", held: "the CE partition's requests are held, reading it paused", resumed: "its requests resumed"}
+	checkpointWrite = heldWrite{kind: 0, what: "checkpoint", held: "the increment is held, consuming paused", resumed: "consuming resumed"}
+	shareWrite      = heldWrite{kind: 1, what: "CE share write", held: "what it writes for a CE partition waits", resumed: "the CE share goes on"}
+	heldWrites      = [...]heldWrite{checkpointWrite, shareWrite}
 )
+
+// writesFailing reports whether a write of any kind is failing (an episode is running).
+func (d *Daemon) writesFailing() bool {
+	for i := range d.writeFail {
+		if _, err := d.writeFail[i].State(); err != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // durably runs write (one ledger write of the increment in hand, or of a replica's CE share: w
 // says which) until it succeeds, ctx ends, or it fails with an error other than ledger.ErrWrite
@@ -47,8 +61,10 @@ func (d *Daemon) durably(ctx context.Context, w heldWrite, write func() error) e
 	for {
 		err := write()
 		if err == nil {
-			if took, n := d.writeFail.Clear(time.Now()); n > 0 {
-				d.metrics.CheckpointRecovered()
+			if took, n := d.writeFail[w.kind].Clear(time.Now()); n > 0 {
+				if !d.writesFailing() {
+					d.metrics.CheckpointRecovered()
+				}
 				d.log.Info(w.what+" written again; "+w.resumed, "ledger", d.ledger.Path(),
 					"failed_for", took.Round(time.Millisecond), "failed_attempts", n)
 			}
@@ -59,8 +75,7 @@ func (d *Daemon) durably(ctx context.Context, w heldWrite, write func() error) e
 		}
 		d.metrics.CheckpointFailed()
 		wait := bo.Next()
-		d.writeHeld.Store(&w)
-		if d.writeFail.Fail(err, time.Now()) {
+		if d.writeFail[w.kind].Fail(err, time.Now()) {
 			d.log.Error(w.what+" could not be written; "+w.held+", retrying with backoff until it succeeds",
 				"ledger", d.ledger.Path(), "err", err, "first_retry_in", wait.Round(time.Millisecond), "max_retry_interval", checkpointRetryMax)
 		}
@@ -90,15 +105,18 @@ func (d *Daemon) ledgerHealth(now time.Time) error {
 // a failure the ledger logs at WARN (an episode's first) is one the report did not hold before.
 const ledgerFailureHold = store.FailureQuiet
 
-// checkpointHealth is nil unless checkpoints are failing (for /readyz).
+// checkpointHealth is nil unless writes durably retries are failing (for /readyz): it names each
+// kind that is, checkpoints first.
 func (d *Daemon) checkpointHealth() error {
-	since, err := d.writeFail.State()
-	if err == nil {
+	var failing []string
+	for _, w := range heldWrites {
+		if since, err := d.writeFail[w.kind].State(); err != nil {
+			failing = append(failing, fmt.Sprintf("%s to %s failing since %s (%s, retrying): %v",
+				w.what, d.ledger.Path(), since.UTC().Format(time.RFC3339), w.held, err))
+		}
+	}
+	if len(failing) == 0 {
 		return nil
 	}
-	w := checkpointWrite
-	if held := d.writeHeld.Load(); held != nil {
-		w = *held
-	}
-	return fmt.Errorf("%s to %s failing since %s (%s, retrying): %v", w.what, d.ledger.Path(), since.UTC().Format(time.RFC3339), w.held, err)
+	return errors.New(strings.Join(failing, "; "))
 }

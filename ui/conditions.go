@@ -77,7 +77,7 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardCheckpointFailing", func(g map[string]float64, _ time.Time) (bool, string) {
 		if g["cfguard_checkpoint_failing"] > 0 {
-			return true, "the last checkpoint failed: nothing is applied until one succeeds"
+			return true, "a checkpoint, or on a replica a write of its CE share, is failing: what it writes waits until it succeeds"
 		}
 		if g["cfguard_ledger_write_failing"] > 0 {
 			return true, "a commit to the ledger failed at " + unix(g["cfguard_ledger_write_failure_last_timestamp_seconds"]) +
