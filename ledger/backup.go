@@ -142,9 +142,9 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 // verifies the copy, links it into place (a link, unlike a rename, fails if the target appeared
 // meanwhile), and fsyncs the directory. It returns what Verify found in the installed file.
 //
-// A src that does not verify (damaged, not a ledger, a schema this build does not read) is
-// refused with an error wrapping ErrCorrupt that says what to do about such a backup, not what
-// a damaged ledger needs.
+// A src that does not verify (damaged, not a ledger) is refused with an error wrapping ErrCorrupt
+// that says what to do about such a backup, not what a damaged ledger needs; a backup of a newer
+// cfguard with one wrapping ErrNewerSchema.
 func Restore(src, stateDir string) (Info, error) {
 	if _, err := Verify(src); err != nil {
 		var ce *store.CorruptError

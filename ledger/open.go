@@ -159,7 +159,8 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 	case schema == 1:
 		return false, l.migrate()
 	case schema > schemaVersion:
-		return false, fmt.Errorf("ledger: %w: %s has schema %d; this build reads schemas 1 and %d (was it written by a newer cfguard?)", ErrNewerSchema, l.path, schema, schemaVersion)
+		return false, fmt.Errorf("ledger: %w: %s has schema %d; this build reads schemas 1 and %d: run the cfguard that wrote it",
+			ErrNewerSchema, store.ShellQuote(l.path), schema, schemaVersion)
 	case schema != schemaVersion:
 		return false, corrupt(l.path, corruptf("schema %d; this build reads schemas 1 and %d", schema, schemaVersion))
 	case fp != policyFingerprint(l.opts.Policy):

@@ -97,6 +97,10 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 			"run cfguard backup again, and if it fails again, the daemon's ledger may be damaged: see its log (cfguard run verifies every record at start)",
 			ce.Detail, out)
 	}
+	if errors.Is(err, ledger.ErrNewerSchema) {
+		return ledger.Info{}, fmt.Errorf("backup: the daemon's ledger is of a newer cfguard than this one (nothing was written to %s): "+
+			"take the backup with the daemon's own cfguard: %w", out, err)
+	}
 	if err != nil {
 		return ledger.Info{}, fmt.Errorf("backup: the downloaded snapshot failed verification (nothing was written to %s): %w", out, err)
 	}

@@ -16,10 +16,12 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // TestBackupUnderLoadThenRestore takes a backup with `cfguard backup` while records stream in
@@ -182,6 +184,32 @@ func TestBackupRefusals(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "did not verify") || !strings.Contains(stderr, "run cfguard backup again") ||
 		strings.Contains(stderr, "mv ") || strings.Contains(stderr, "start over") {
 		t.Fatalf("a snapshot that does not verify: exit %d, %q", code, stderr)
+	}
+	// A daemon of a newer cfguard sends a ledger of a newer schema: not damage, a version skew.
+	newer := filepath.Join(t.TempDir(), "newer")
+	l, err := ledger.Open(newer, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := bolt.Open(filepath.Join(newer, ledger.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return store.PutU64(tx.Bucket([]byte("meta")), []byte("schema"), 99) })
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(filepath.Join(newer, ledger.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	defer srv2.Close()
+	code, _, stderr = runCLI(t, "backup", "--config", cfg, "--out", out, "--url", srv2.URL)
+	if code != 1 || !strings.Contains(stderr, "daemon's own cfguard") || strings.Contains(stderr, "did not verify") {
+		t.Fatalf("a snapshot of a newer schema: exit %d, %q; want the daemon's own cfguard named", code, stderr)
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
