@@ -216,7 +216,13 @@ func parsePolicyFingerprint(fp string) (p certify.Policy, old bool, err error) {
 		return certify.Policy{}, false, corruptf("meta policy %q: %v", fp, err)
 	}
 	if layout != "v1" && layout != indexLayout {
-		return certify.Policy{}, false, corruptf("meta policy %q: index layout %s; this build reads v1 and %s (was it written by a newer cfguard?)", fp, layout, indexLayout)
+		var n, ours int
+		fmt.Sscanf(indexLayout, "v%d", &ours)
+		if _, err := fmt.Sscanf(layout, "v%d", &n); err == nil && n > ours {
+			return certify.Policy{}, false, fmt.Errorf("%w: meta policy %q: index layout %s, this build reads v1 and %s: open or restore it with the cfguard that wrote it",
+				ErrNewerSchema, fp, layout, indexLayout)
+		}
+		return certify.Policy{}, false, corruptf("meta policy %q: index layout %s; this build reads v1 and %s", fp, layout, indexLayout)
 	}
 	p = certify.Policy{Mode: certify.Mode(mode), Alpha: certify.DefaultAlpha}
 	if p.EpsilonMax, err = strconv.ParseFloat(eps, 64); err != nil {

@@ -144,3 +144,26 @@ func TestNewerSchemaRefused(t *testing.T) {
 		})
 	}
 }
+
+// A ledger whose indexes have a newer layout than this build's is a ledger of a newer cfguard to
+// Verify (and so to Restore), not a damaged one; a layout that is no layout is damage.
+func TestNewerIndexLayoutRefused(t *testing.T) {
+	for _, tc := range []struct {
+		layout string
+		newer  bool
+	}{{"v9", true}, {"vx", false}} {
+		t.Run(tc.layout, func(t *testing.T) {
+			l, dir := openTest(t, Options{Policy: testPolicy()})
+			install(t, l, testModel(0))
+			fp := strings.Replace(policyFingerprint(testPolicy()), "index "+indexLayout, "index "+tc.layout, 1)
+			if err := l.update(func(tx *bolt.Tx) error { return putSealed(tx.Bucket(bMeta), kPolicy, []byte(fp)) }); err != nil {
+				t.Fatal(err)
+			}
+			l.Close()
+			_, err := Verify(filepath.Join(dir, FileName))
+			if errors.Is(err, ErrNewerSchema) != tc.newer || errors.Is(err, ErrCorrupt) == tc.newer {
+				t.Errorf("Verify of index layout %s: %v; want a newer cfguard's ledger %v, damage %v", tc.layout, err, tc.newer, !tc.newer)
+			}
+		})
+	}
+}
