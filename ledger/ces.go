@@ -783,10 +783,12 @@ func (l *Ledger) Get(id string) (*CE, error) {
 	return ce, nil
 }
 
-// Page is List for one page of an API's list: up to limit CEs, and whether any CE follows them
-// (read as one more CE, so that a page that ends exactly at the last CE is the last page).
+// Page is List for one page of an API's list: up to limit CEs (as List takes it), and whether
+// any CE follows them (read as one more CE, so that a page that ends exactly at the last CE is
+// the last page).
 func (l *Ledger) Page(status certify.Status, limit int, after string) (ces []*CE, more bool, err error) {
-	ces, err = l.List(status, limit+1, after)
+	limit = listLimit(limit)
+	ces, err = l.list(status, limit+1, after)
 	if err != nil || len(ces) <= limit {
 		return ces, false, err
 	}
@@ -797,13 +799,22 @@ func (l *Ledger) Page(status certify.Status, limit int, after string) (ces []*CE
 // after `after` ("" = from the start) and, if status is not 0, that status. The next page
 // starts after the last ID returned.
 func (l *Ledger) List(status certify.Status, limit int, after string) ([]*CE, error) {
+	return l.list(status, listLimit(limit), after)
+}
+
+// listLimit is List's page size for limit: 100 when limit is not positive, at most 10000.
+func listLimit(limit int) int {
+	if limit <= 0 {
+		return 100
+	}
+	return min(limit, 10000)
+}
+
+// list is List for a page size already set (listLimit; Page reads one more).
+func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, error) {
 	if status != 0 && !status.Valid() {
 		return nil, fmt.Errorf("ledger: list: %w: status %d", ErrInvalid, status)
 	}
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, 10000)
 	var out []*CE
 	err := l.view(func(tx *bolt.Tx) error {
 		now, err := readCur(tx)

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -586,5 +587,32 @@ func TestDamagedKeptEventIsDropped(t *testing.T) {
 				t.Errorf("Verify after Open dropped it: %v", err)
 			}
 		})
+	}
+}
+
+// Page says whether CEs follow the page, also for a page that ends exactly at the last CE and
+// for a limit List reads as its default.
+func TestPageSaysWhetherMoreFollow(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(5, 5))
+	for i := range 3 {
+		c := newCE(t, m, rng)
+		c.ID = "page-" + strconv.Itoa(i)
+		if err := l.Put(bg, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		limit int
+		after string
+		n     int
+		more  bool
+	}{{2, "", 2, true}, {3, "", 3, false}, {2, "page-1", 1, false}, {0, "", 3, false}, {-1, "", 3, false}} {
+		ces, more, err := l.Page(0, tc.limit, tc.after)
+		if err != nil || len(ces) != tc.n || more != tc.more {
+			t.Errorf("Page(limit %d, after %q) = %d CEs, more %v, %v; want %d, %v", tc.limit, tc.after, len(ces), more, err, tc.n, tc.more)
+		}
 	}
 }
