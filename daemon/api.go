@@ -507,9 +507,9 @@ func (t *target) resolve(classes []string) (int, error) {
 }
 
 // checkVector checks one input against the posterior's input dimension and its scaler: every
-// feature finite and within stream.MaxScaledFeature standard deviations of the model's mean, the
-// bound past which an input record is dead-lettered (1e308 is finite, but scaled and multiplied
-// it overflows, and the predictive is NaN).
+// feature finite and within stream.ScaledRange of the model's scale, the range past which an
+// input record is dead-lettered (1e308 is finite, but scaled and multiplied it overflows, and
+// the predictive is NaN).
 func checkVector(name string, x []float64, m *bnn.Model) error {
 	if d := m.Inputs(); len(x) != d {
 		return fmt.Errorf("%s has %d features, the model takes %d", name, len(x), d)
@@ -520,9 +520,9 @@ func checkVector(name string, x []float64, m *bnn.Model) error {
 			return fmt.Errorf("%s[%d] is not finite", name, j)
 		}
 		if j < len(sc.Mean) && j < len(sc.Std) {
-			if z := math.Abs(v-sc.Mean[j]) / sc.Std[j]; !(z <= stream.MaxScaledFeature) {
+			if lo, hi := stream.ScaledRange(sc.Mean[j], sc.Std[j]); v < lo || v > hi {
 				return fmt.Errorf("%s[%d] = %g is %.3g standard deviations from the model's mean (%g); the model takes at most %g",
-					name, j, v, z, sc.Mean[j], float64(stream.MaxScaledFeature))
+					name, j, v, math.Abs(v-sc.Mean[j])/sc.Std[j], sc.Mean[j], float64(stream.MaxScaledFeature))
 			}
 		}
 	}

@@ -203,8 +203,14 @@ func (s *Schema) decodeInto(data []byte, x []float64) (Record, *DecodeError) {
 	return rec, nil
 }
 
+// ScaledRange is the range a feature of scale mean and std may take in a record:
+// MaxScaledFeature standard deviations either side of the mean.
+func ScaledRange(mean, std float64) (lo, hi float64) {
+	return mean - MaxScaledFeature*std, mean + MaxScaledFeature*std
+}
+
 // WithScale returns a copy of s that also refuses (ReasonOutOfRange) a record with a feature j
-// further than MaxScaledFeature * std[j] from mean[j]: the model's scaler (bnn.Scaler).
+// outside ScaledRange(mean[j], std[j]): the model's scaler (bnn.Scaler).
 func (s *Schema) WithScale(mean, std []float64) (*Schema, error) {
 	if len(mean) != len(s.features) || len(std) != len(s.features) {
 		return nil, fmt.Errorf("stream: scale of %d means and %d deviations for %d features", len(mean), len(std), len(s.features))
@@ -215,7 +221,7 @@ func (s *Schema) WithScale(mean, std []float64) (*Schema, error) {
 		if math.IsNaN(mean[j]) || math.IsInf(mean[j], 0) || !(std[j] > 0) || math.IsInf(std[j], 0) {
 			return nil, fmt.Errorf("stream: feature %d (%s): scale mean %v, deviation %v", j, s.features[j], mean[j], std[j])
 		}
-		c.lo[j], c.hi[j] = mean[j]-MaxScaledFeature*std[j], mean[j]+MaxScaledFeature*std[j]
+		c.lo[j], c.hi[j] = ScaledRange(mean[j], std[j])
 	}
 	return &c, nil
 }
