@@ -17,6 +17,10 @@ type condition struct {
 	Path  string // the alert's ui_path
 }
 
+// lately reports whether the event of Unix time t (0: none) happened within the 15 minutes an
+// alert on an event fires for (the rules' time() - t < 900).
+func lately(t float64, now time.Time) bool { return t > 0 && float64(now.Unix())-t < 900 }
+
 // conditions are the alerts whose condition the daemon's gauges decide at an instant. The rate
 // rule (CfguardDeadLetterRateHigh) and the counter rule (CfguardReplicationUnauthenticated) need
 // a window of samples and are not here; nor is CfguardDown, a failed scrape of this daemon, or
@@ -24,11 +28,11 @@ type condition struct {
 var conditions = []condition{
 	{"CfguardKLOverBudget", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_kl_breach_last_timestamp_seconds"]
-		return t > 0 && float64(now.Unix())-t < 900, "an update exceeded the KL budget at " + unix(t)
+		return lately(t, now), "an update exceeded the KL budget at " + unix(t)
 	}, "/ui/"},
 	{"CfguardUpdatesFailing", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_update_failed_last_timestamp_seconds"]
-		return t > 0 && float64(now.Unix())-t < 900, "an update failed at " + unix(t) + "; its records were not learned"
+		return lately(t, now), "an update failed at " + unix(t) + "; its records were not learned"
 	}, "/ui/"},
 	{"CfguardCounterfactualsInvalidated", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="invalidated"}`]
