@@ -351,6 +351,9 @@ func predictive[F float](ctx context.Context, a arch, z [][]float64, samples int
 		return p, predictRows(ctx, a, in.rows, p, net)
 	}
 	workers = max(1, min(workers, len(in.chunks)/2))
+	if workers == 1 {
+		return p, predictChunks(ctx, a, in.chunks, 0, len(in.chunks), p, net)
+	}
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
