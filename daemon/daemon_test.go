@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,11 +243,34 @@ func record(id string, x []float64, label any) []byte {
 // candidatePairs splits the rows of data that the posterior m (S draws, seed) classifies as
 // malignant with p > 0.9 (candidates for x) from those it puts in the <delta, epsilon>-set for
 // benign with a margin (Var < 0.002 and admitted: candidates for x_cf), with the predictive that decided.
+// The predictive is a function of m's file, the rows, S and seed: it is computed once per
+// package run for each (most tests ask it of the same shared model) and must not be modified.
 func candidatePairs(t testing.TB, m *bnn.Model, data *dataset.Set, S int, seed uint64) (p *bnn.Predictive, xs, cfs []int) {
 	t.Helper()
-	p, err := m.Predict(data.X, S, seed)
+	sc, w, err := bnn.Encode(m)
 	if err != nil {
 		t.Fatal(err)
+	}
+	h := sha256.New()
+	h.Write(sc)
+	h.Write(w)
+	for _, x := range data.X {
+		for _, v := range x {
+			h.Write(binary.LittleEndian.AppendUint64(nil, math.Float64bits(v)))
+		}
+	}
+	fmt.Fprintf(h, "/%d/%d/%d", len(data.X), S, seed)
+	key := [sha256.Size]byte(h.Sum(nil))
+	predictives.Lock()
+	p, ok := predictives.of[key]
+	predictives.Unlock()
+	if !ok {
+		if p, err = m.Predict(data.X, S, seed); err != nil {
+			t.Fatal(err)
+		}
+		predictives.Lock()
+		predictives.of[key] = p
+		predictives.Unlock()
 	}
 	for i := range data.X {
 		switch {
@@ -255,6 +282,12 @@ func candidatePairs(t testing.TB, m *bnn.Model, data *dataset.Set, S int, seed u
 	}
 	return p, xs, cfs
 }
+
+// predictives holds candidatePairs' predictives by the SHA-256 of what decides them.
+var predictives = struct {
+	sync.Mutex
+	of map[[sha256.Size]byte]*bnn.Predictive
+}{of: map[[sha256.Size]byte]*bnn.Predictive{}}
 
 // paperLearner sets the paper's update protocol (the prior objective, lr Adam steps of 50
 // iterations, no memory): its steps are capped by the learning rate, so a test that needs a drift
