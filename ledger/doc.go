@@ -19,7 +19,7 @@
 //	               first posterior, fingerprint of the policy the indexes were built for, the
 //	               newest update marked as a KL budget breach (kl_breach) and the newest that
 //	               failed (kl_failed), each kept after the KL history drops it (a damaged one is
-//	               deleted at Open)
+//	               deleted at Open; a missing kl_failed is taken from the history when it holds one)
 //	offsets        partition -> next offset to consume
 //	offset_marks   partition -> the offset, Kafka timestamp and key/value hash of a record read
 //	               before it (OffsetMark; optional: absent in ledgers written before marks)

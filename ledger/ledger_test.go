@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
@@ -483,6 +485,51 @@ func TestLastFailureOutlivesTheHistory(t *testing.T) {
 	check("a newer failure", &second)
 	if ev, _ := l.LastKLEvents(budget); ev.Breach == nil || ev.Breach.PosteriorVersion != 9 {
 		t.Fatalf("the last breach is %+v, want version 9's", ev.Breach)
+	}
+}
+
+// A ledger written before meta kl_failed existed keeps its newest failure from the KL history at
+// Open, so that the failure still dates CfguardUpdatesFailing after the history drops it.
+func TestOlderLedgerKeepsItsLastFailure(t *testing.T) {
+	opts := Options{Policy: testPolicy(), KLHistory: 3}
+	l, dir := openTest(t, opts)
+	install(t, l, testModel(4))
+	for v, o := range []certify.Outcome{certify.OutcomeFailed, certify.OutcomePromoted} {
+		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: uint64(v + 1), Outcome: o}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := l.KLHistory(0)
+	if err != nil || len(h) != 2 || h[0].Outcome != certify.OutcomeFailed {
+		t.Fatalf("KLHistory = %+v, %v; want the failure, then a promotion", h, err)
+	}
+	failure := h[0]
+	// What an older build left: the history without the key.
+	if err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(kKLFailed) }); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	var logs bytes.Buffer
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	l, err = Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !strings.Contains(logs.String(), "kl_failed") {
+		t.Errorf("Open logged nothing of the failure it kept:\n%s", logs.String())
+	}
+	for v := uint64(3); v <= 6; v++ {
+		if err := l.Checkpoint(&Checkpoint{Update: &UpdateRecord{Version: v, Outcome: certify.OutcomePromoted}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, _ := l.KLHistory(0); h[0].Seq <= failure.Seq {
+		t.Fatalf("the history %+v still holds the failure: the test needs it dropped", h)
+	}
+	ev, err := l.LastKLEvents(0.1)
+	if err != nil || ev.Failed == nil || ev.Failed.Seq != failure.Seq || !ev.Failed.At.Equal(failure.At) {
+		t.Fatalf("LastKLEvents().Failed = %+v, %v; want %+v", ev.Failed, err, failure)
 	}
 }
 

@@ -62,6 +62,9 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.checkKept(); err != nil {
 		return nil, err
 	}
+	if err := l.keepFailureFromHistory(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return l, nil
 }
@@ -195,6 +198,52 @@ func (l *Ledger) checkKept() error {
 		l.log.Error(fmt.Sprintf("ledger: the record of the last KL event (meta %s) is damaged; it was deleted, and the time "+
 			"of that event comes from the KL history alone", key), "path", l.path, "reason", bad)
 	}
+	return nil
+}
+
+// keepFailureFromHistory writes meta kl_failed from the KL history when the key is missing and
+// the history holds a failed update: a ledger written before the key existed, or whose damaged
+// one checkKept deleted, would otherwise forget its newest failure once the history drops it.
+// The copy is exact: the kept failure is the newest ever, so a history that holds any failure
+// holds the newest. A history that does not decode is left to Verify and LastKLEvents; a write
+// that fails is logged and does not stop Open.
+func (l *Ledger) keepFailureFromHistory() error {
+	var failed *KLEntry
+	if err := l.view(func(tx *bolt.Tx) error {
+		if tx.Bucket(bMeta).Get(kKLFailed) != nil {
+			return nil
+		}
+		c := tx.Bucket(bKLHistory).Cursor()
+		for k, v := c.Last(); k != nil; k, v = c.Prev() {
+			p, sealed := unseal(k, v)
+			if !sealed {
+				return nil
+			}
+			s, err := decodeKLEntry(k, p)
+			if err != nil {
+				return nil
+			}
+			if s.Outcome == certify.OutcomeFailed {
+				failed = &s
+				return nil
+			}
+		}
+		return nil
+	}); err != nil || failed == nil {
+		return err
+	}
+	l.wmu.Lock()
+	err := l.update(func(tx *bolt.Tx) error {
+		return putSealed(tx.Bucket(bMeta), kKLFailed, append(u64bytes(failed.Seq), failed.encode()...))
+	})
+	l.wmu.Unlock()
+	if err != nil { // it only dates an alert: the ledger opens, and the next Open tries again
+		l.log.Warn("ledger: could not keep the KL history's last failed update apart; CfguardUpdatesFailing may end early once the history drops it",
+			"path", l.path, "key", string(kKLFailed), "err", err)
+		return nil
+	}
+	l.log.Info("ledger: kept the KL history's last failed update apart, so that it dates CfguardUpdatesFailing after the history drops it",
+		"path", l.path, "key", string(kKLFailed), "update", failed.Seq, "at", failed.At)
 	return nil
 }
 
