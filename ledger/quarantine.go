@@ -366,6 +366,16 @@ func headerDamage(k, v []byte) string {
 	return ""
 }
 
+// readHeaderForDeletion says whether key holds a CE header a deletion can read. A damaged one
+// is quarantined, with every other damaged header (quarantineDamaged), and reads as absent.
+func (l *Ledger) readHeaderForDeletion(tx *bolt.Tx, key []byte, found deletedDamaged) (ok bool, err error) {
+	_, ok, err = readHeader(tx, key)
+	if errors.Is(err, ErrCorrupt) {
+		return false, l.quarantineDamaged(tx, string(key), store.Reason(err), found)
+	}
+	return ok, err
+}
+
 // quarantineDamaged quarantines in tx, as Open would, the CE id whose header a deletion found
 // damaged (why), with every other CE whose header is damaged: the rebuild that follows a
 // quarantine reads every header. found gets them all. O(stored CEs), paid only when a

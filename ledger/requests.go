@@ -13,7 +13,6 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
-	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // Requests and their outcomes. A registration or deletion that carries a request id (RID) is
@@ -225,10 +224,7 @@ func (e *unknownAnchorError) Unwrap() error { return e.err }
 // other damaged header, which found gets) and its record dropped; detail then says so.
 func (l *Ledger) deleteOne(tx *bolt.Tx, id string, found deletedDamaged) (result, detail string, err error) {
 	key := []byte(id)
-	_, ok, err := readHeader(tx, key)
-	if errors.Is(err, ErrCorrupt) {
-		err = l.quarantineDamaged(tx, id, store.Reason(err), found)
-	}
+	ok, err := l.readHeaderForDeletion(tx, key, found)
 	if err != nil {
 		return "", "", err
 	}

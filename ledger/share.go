@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -12,7 +11,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/certify"
-	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
@@ -159,11 +157,7 @@ func (l *Ledger) deleteAll(keys [][]byte) error {
 	err := l.update(func(tx *bolt.Tx) error {
 		found = deletedDamaged{}
 		for _, key := range keys {
-			_, _, err := readHeader(tx, key)
-			if errors.Is(err, ErrCorrupt) {
-				err = l.quarantineDamaged(tx, string(key), store.Reason(err), found)
-			}
-			if err != nil {
+			if _, err := l.readHeaderForDeletion(tx, key, found); err != nil {
 				return err
 			}
 			if len(found) > 0 {
