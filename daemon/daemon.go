@@ -235,7 +235,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		err := d.rep.Join(ctx, d.conn)
+		err := d.joinLog(ctx)
 		td.add("posterior log", d.rep.Close)
 		if se := (*replica.SettingsError)(nil); errors.As(err, &se) {
 			return d.refuse(ctx, se, opts.Ready)

@@ -13,6 +13,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/replica"
@@ -229,3 +230,34 @@ func (d *Daemon) joinShare(ctx context.Context) error {
 		Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
 	return err
 }
+
+// joinLog joins the posterior log (replica.Replica.Join), waiting out a broker that cannot be
+// reached yet or answers late (replicas started before their brokers, a busy machine): a
+// transient broker error (stream.Transient) is retried with backoff, one WARN line at the first,
+// for as long as it lasts; any other error is returned. The API starts once the replica has
+// joined, as it does after a first start's training.
+func (d *Daemon) joinLog(ctx context.Context) error {
+	bo := backoff.Backoff{Min: joinRetryMin, Max: joinRetryMax}
+	for failures := 0; ; failures++ {
+		err := d.rep.Join(ctx, d.conn)
+		if err == nil || ctx.Err() != nil || !stream.Transient(err) {
+			if err == nil && failures > 0 {
+				d.log.Info("posterior log joined after its broker answered", "topic", d.cfg.Replication.PosteriorTopic, "failures", failures)
+			}
+			return err
+		}
+		if failures == 0 {
+			d.log.Warn("cannot join the posterior log yet: its broker does not answer; retrying with backoff (the API starts once joined)",
+				"topic", d.cfg.Replication.PosteriorTopic, "brokers", d.conn.Brokers, "err", err)
+		}
+		if bo.Wait(ctx) != nil {
+			return err
+		}
+	}
+}
+
+// joinLog's backoff: the consumer's, so a replica and ingestion wait out an outage alike.
+const (
+	joinRetryMin = 100 * time.Millisecond
+	joinRetryMax = 5 * time.Second
+)

@@ -184,9 +184,14 @@ func (r *Replica) Close() error {
 // Join opens the posterior log on conn and sets the current posterior from it: the ledger's,
 // checked against the log when this replica followed it before; else the log's genesis, appended
 // by this replica first when the log is empty (the first valid genesis wins, whoever wrote it).
-// A replica whose cluster-wide settings differ from the genesis's returns a *SettingsError.
+// A replica whose cluster-wide settings differ from the genesis's returns a *SettingsError. Join
+// may be called again after it failed (a broker that could not be reached): it opens the log again.
 func (r *Replica) Join(ctx context.Context, conn stream.ConnConfig) error {
 	r.conn = conn
+	if r.plog != nil {
+		r.plog.Close()
+		r.plog = nil
+	}
 	var err error
 	if r.settings, err = ClusterSettings(r.cfg); err != nil {
 		return err

@@ -1,9 +1,12 @@
 package stream
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
+	"net"
 	"slices"
 
 	"github.com/segmentio/kafka-go"
@@ -60,6 +63,31 @@ func permanent(err error) bool {
 	)
 	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
 		errors.As(err, &verify) || errors.As(err, &header)
+}
+
+// Transient reports whether err is a broker operation's failure that comes and goes with the
+// broker or the network: a network error (a refused or reset connection, a read timeout), a
+// connection the broker closed (io.EOF), a request's own deadline (context.DeadlineExceeded from
+// a client's timeout: check the caller's ctx.Err() first) or a Kafka error code that kafka-go
+// marks temporary (a leader or coordinator moving), or a group's rebalance; a writer's errors when one of them is (and
+// none is configuration-class). Unlike Retryable, which takes every error
+// but the configuration-class ones, it holds for those alone: a caller whose steps also fail for
+// reasons no wait fixes (a damaged file, a refused entry) retries only these.
+func Transient(err error) bool {
+	if err == nil || permanent(err) || errors.Is(err, ErrClosed) {
+		return false
+	}
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) {
+		return slices.ContainsFunc(werrs, Transient)
+	}
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		return ke.Temporary() || ke == kafka.RebalanceInProgress
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Retryable reports whether a broker operation that failed with err is worth retrying with

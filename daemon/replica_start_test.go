@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/testnet"
+	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// A replica started before its broker waits for it, as ingestion waits out an outage: one WARN
+// line while the broker refuses connections, then it joins the posterior log, serves and becomes
+// ready once the broker listens.
+func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica whose broker starts late: not with -short")
+	}
+	t.Parallel()
+	port := testnet.Reserve(t) // refuses connections, as a broker not started yet
+	c := testConfig(t, func(c *config.Config) {
+		replicaConfigAt(c, []string{port.Addr()}, "r1", writeKeyFile(t, testClusterKey))
+	})
+	logs := &tooltest.Output{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan *Daemon, 1), make(chan error, 1)
+	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready}) }()
+	stopBroker := func() {}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("daemon did not stop within 30 s of cancel")
+		}
+		stopBroker() // after the replica, as the other tests' clusters
+	})
+
+	const warn = "cannot join the posterior log yet"
+	waitfor.Cond(t, 60*time.Second, "the replica waiting for its broker", func() bool {
+		select {
+		case err := <-done:
+			done <- nil // Run has returned: the cleanup has nothing to wait for
+			t.Fatalf("the replica stopped while its broker was not up yet: %v", err)
+		default:
+		}
+		return strings.Contains(logs.String(), warn)
+	})
+	bctx, bcancel := context.WithCancel(context.Background())
+	b, err := broker.Start(bctx, broker.Config{Listener: port.Listen(t), Partitions: 1,
+		Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}}, nil)
+	if err != nil {
+		bcancel()
+		t.Fatal(err)
+	}
+	stopBroker = func() { b.Close(); bcancel() }
+
+	var r *running
+	select {
+	case d := <-ready:
+		r = &running{d: d, logs: logs, client: http.DefaultClient, base: "http://" + d.HTTPAddr()}
+	case err := <-done:
+		done <- nil
+		t.Fatalf("the replica stopped once its broker was up: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the replica did not start within 60 s of its broker")
+	}
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	if n := strings.Count(logs.String(), warn); n != 1 {
+		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, logs.String())
+	}
+}
