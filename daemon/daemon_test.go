@@ -92,6 +92,23 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	if client != nil {
 		r.client, scheme = client, "https://"
 	}
+	stopAtCleanup(t, cancel, done)
+	select {
+	case r.d = <-ready:
+	case err := <-done:
+		done <- nil // Run has returned: the cleanup has nothing to wait for
+		t.Fatalf("daemon failed to start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	r.base = scheme + r.d.HTTPAddr()
+	return r
+}
+
+// stopAtCleanup stops, when the test ends, the daemon whose Run reports to done: it cancels
+// Run's context and fails the test when Run returns an error or has not returned 30 s later. A
+// test that saw Run return puts nil back in done.
+func stopAtCleanup(t testing.TB, cancel context.CancelFunc, done chan error) {
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -103,16 +120,6 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 			t.Error("daemon did not stop within 30 s of cancel")
 		}
 	})
-	select {
-	case r.d = <-ready:
-	case err := <-done:
-		done <- nil // Run has returned: the cleanup has nothing to wait for
-		t.Fatalf("daemon failed to start: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("daemon did not start")
-	}
-	r.base = scheme + r.d.HTTPAddr()
-	return r
 }
 
 // testConfig is the configuration of a test's daemon: ephemeral loopback ports, state in a

@@ -30,24 +30,16 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	c := testConfig(t, func(c *config.Config) {
 		replicaConfigAt(c, []string{port.Addr()}, "r1", writeKeyFile(t, testClusterKey))
 	})
+	stopBroker := func() {}
+	t.Cleanup(func() { stopBroker() }) // after the replica's (cleanups run last first), as the other tests' clusters
 	logs := &tooltest.Output{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *Daemon, 1), make(chan error, 1)
-	go func() { done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready}) }()
-	stopBroker := func() {}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("daemon did not stop within 30 s of cancel")
-		}
-		stopBroker() // after the replica, as the other tests' clusters
-	})
+	go func() {
+		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
+	}()
+	stopAtCleanup(t, cancel, done)
 
 	const warn = "cannot join the posterior log yet"
 	waitfor.Cond(t, 60*time.Second, "the replica waiting for its broker", func() bool {
