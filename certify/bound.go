@@ -16,10 +16,10 @@ const (
 	Tight Mode = "tight"
 )
 
-// ParseMode accepts "paper" (also "") and "tight".
+// ParseMode accepts "paper" and "tight".
 func ParseMode(s string) (Mode, error) {
 	switch Mode(s) {
-	case "", Paper:
+	case Paper:
 		return Paper, nil
 	case Tight:
 		return Tight, nil

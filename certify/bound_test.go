@@ -158,12 +158,14 @@ func TestHoeffdingLower(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": Paper, "paper": Paper, "tight": Tight} {
+	for in, want := range map[string]Mode{"paper": Paper, "tight": Tight} {
 		if got, err := ParseMode(in); err != nil || got != want {
 			t.Errorf("ParseMode(%q) = %v, %v", in, got, err)
 		}
 	}
-	if _, err := ParseMode("loose"); err == nil {
-		t.Error("ParseMode(loose) should fail")
+	for _, in := range []string{"loose", ""} {
+		if _, err := ParseMode(in); err == nil {
+			t.Errorf("ParseMode(%q) should fail", in)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -161,7 +162,8 @@ type Kafka struct {
 	EmbeddedRequestTimeout time.Duration `yaml:"embedded_request_timeout"`
 }
 
-// TLS for the Kafka connection (and, for the embedded broker, its listener).
+// TLS for the connection to kafka.brokers (the embedded broker speaks plain Kafka on loopback:
+// TLS and SASL are refused without kafka.brokers).
 type TLS struct {
 	Enabled            bool   `yaml:"enabled"`
 	CAFile             string `yaml:"ca_file"`
@@ -258,8 +260,10 @@ const (
 
 // Certify configures the guarantee.
 type Certify struct {
-	Delta float64 `yaml:"delta"` // CEs need p1 >= 1 - delta. Default: 0.05 (KL budget 0.10125).
-	// Epsilon: CEs need Var1 <= epsilon to be registered as certified. Default: 0.01.
+	// Delta: a CE is registered as certified when the lower confidence bound of p1 (at
+	// certify.verdict_alpha) is at least 1 - delta. Default: 0.05 (KL budget 0.10125).
+	Delta float64 `yaml:"delta"`
+	// Epsilon: and when Var1 <= epsilon. Default: 0.01.
 	Epsilon float64 `yaml:"epsilon"`
 	// EpsilonMax is the variance a certified CE may reach under Theorem 2. Default: 0.25 (any
 	// [0,1]-valued variance), i.e. only Theorem 1 constrains; lower it to make Theorem 2 bite.
@@ -436,7 +440,15 @@ var ErrInvalid = errors.New("invalid configuration")
 func Load(text string) (*Config, error) {
 	c := Default()
 	var doc yaml.Node
-	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
+	dec := yaml.NewDecoder(strings.NewReader(text))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	// yaml.Unmarshal would read the first document alone and drop the rest, keys and mistakes.
+	var more yaml.Node
+	if err := dec.Decode(&more); err == nil && !noKeys(&more) {
+		return nil, fmt.Errorf("%w: line %d: a second YAML document (after ---): the configuration is one document; merge its keys into the first", ErrInvalid, more.Line)
+	} else if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	c.empty = noKeys(&doc)
@@ -707,6 +719,7 @@ func (c *Config) CheckFiles() error {
 			}
 		}
 	}
+	opened := len(errs)
 	for _, tf := range []struct{ key, path string }{{"kafka.tls.ca_file", c.Kafka.TLS.CAFile}, {"kafka.tls.cert_file", c.Kafka.TLS.CertFile}, {"kafka.tls.key_file", c.Kafka.TLS.KeyFile}} {
 		if tf.path == "" {
 			continue
@@ -715,6 +728,11 @@ func (c *Config) CheckFiles() error {
 			errs = append(errs, fmt.Errorf("%s: %w", tf.key, err))
 		} else {
 			f.Close()
+		}
+	}
+	if c.Kafka.TLS.Enabled && len(errs) == opened { // every file opens: parsed as run parses them
+		if _, err := stream.LoadTLS(stream.TLSFiles(c.Kafka.TLS)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := c.checkWebConfig(); err != nil {
@@ -802,10 +820,17 @@ func readWebConfig(path string) (webConfig, error) {
 	return wc, yaml.Unmarshal(b, &wc)
 }
 
-// checkSchedule parses a robfig/cron spec (five fields or a descriptor). "@every D" needs a
-// positive D of at least one second: cron would silently run "@every -1s" every second.
+// checkSchedule parses a robfig/cron spec (five fields or a descriptor, after an optional
+// TZ= or CRON_TZ= zone). "@every D" needs a positive D of at least one second: cron would
+// silently run "@every -1s" every second.
 func checkSchedule(spec string) error {
-	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
+	body := strings.TrimSpace(spec)
+	if strings.HasPrefix(body, "TZ=") || strings.HasPrefix(body, "CRON_TZ=") {
+		if _, rest, ok := strings.Cut(body, " "); ok {
+			body = strings.TrimSpace(rest)
+		}
+	}
+	if rest, ok := strings.CutPrefix(body, "@every "); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(rest))
 		if err != nil {
 			return err
@@ -889,6 +914,15 @@ func (c *Config) Validate() error {
 	if c.Kafka.GroupID == "" {
 		bad("kafka.group_id", `""`, "must be set")
 	}
+	if c.Embedded() && c.Kafka.TLS.Enabled {
+		bad("kafka.tls.enabled", true, "the embedded broker (kafka.brokers empty) speaks plain Kafka on loopback: set kafka.brokers for TLS, or remove the key")
+	}
+	if c.Embedded() && c.Kafka.SASL.Mechanism != "" {
+		bad("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "the embedded broker (kafka.brokers empty) has no authentication: set kafka.brokers for SASL, or remove the key")
+	}
+	if c.Kafka.ClientID == "" {
+		bad("kafka.client_id", `""`, "must be set (default cfguard)")
+	}
 	if c.Kafka.MaxRecords <= 0 {
 		bad("kafka.max_records", c.Kafka.MaxRecords, "must be positive")
 	}
@@ -954,8 +988,8 @@ func (c *Config) Validate() error {
 	if c.Update.Samples < 1 {
 		bad("update.samples", c.Update.Samples, "must be >= 1")
 	}
-	if c.Update.KLWeight < 0 {
-		bad("update.kl_weight", c.Update.KLWeight, "must be >= 0 (0: the objective's own weight)")
+	if !(c.Update.KLWeight >= 0) || math.IsInf(c.Update.KLWeight, 0) {
+		bad("update.kl_weight", c.Update.KLWeight, "must be finite and >= 0 (0: the objective's own weight)")
 	}
 	var rangeErr *certify.RangeError
 	if errors.As(certify.CheckDelta(c.Certify.Delta), &rangeErr) {
@@ -977,7 +1011,7 @@ func (c *Config) Validate() error {
 			"with fewer draws the confidence margin of a measurement, at least 7 ln(2/verdict_alpha) / (3 (samples - 1)), exceeds delta, "+
 			"so no counterfactual could be registered as certified or renewed", least, c.Certify.Delta, c.Certify.VerdictAlpha))
 	}
-	if c.Certify.HoeffdingAlpha < 0 || c.Certify.HoeffdingAlpha >= 1 {
+	if !(c.Certify.HoeffdingAlpha >= 0 && c.Certify.HoeffdingAlpha < 1) {
 		bad("certify.hoeffding_alpha", c.Certify.HoeffdingAlpha, "must be in [0, 1)")
 	}
 	// Enums are checked when decoded (UnmarshalText); a Config built in code is checked here.
@@ -1001,8 +1035,14 @@ func (c *Config) Validate() error {
 	if r := c.Explain.Reissue; r != "" && r != "invalidated" && r != "at_risk" {
 		bad("explain.reissue", r, `must be "", "invalidated" or "at_risk"`)
 	}
-	if c.Explain.Timeout <= 0 || c.Explain.MaxIterations <= 0 || c.Explain.Concurrency < 0 {
-		bad("explain", fmt.Sprintf("timeout=%v max_iterations=%d concurrency=%d", c.Explain.Timeout, c.Explain.MaxIterations, c.Explain.Concurrency), "must be positive (concurrency: 0 for one per core, or positive)")
+	if c.Explain.Timeout <= 0 {
+		bad("explain.timeout", c.Explain.Timeout, "must be positive")
+	}
+	if c.Explain.MaxIterations <= 0 {
+		bad("explain.max_iterations", c.Explain.MaxIterations, "must be positive")
+	}
+	if c.Explain.Concurrency < 0 {
+		bad("explain.concurrency", c.Explain.Concurrency, "must be 0 (one per core) or positive")
 	}
 	if c.Audit.Schedule != "" {
 		if err := checkSchedule(c.Audit.Schedule); err != nil {
@@ -1174,8 +1214,8 @@ func checkHostPort(addr string, listen bool) error {
 }
 
 // sharedListen says how the listen addresses a and b would take the same port, or "": the same
-// port number (not 0, which is any free port) on the same host, or on every interface ("",
-// 0.0.0.0 or ::) for either. Addresses that are not host:port are left to checkHostPort.
+// port number (not 0, which is any free port) on the same host (localhost being any loopback
+// address it may resolve to), or on every interface ("", 0.0.0.0 or ::) for either. Addresses that are not host:port are left to checkHostPort.
 func sharedListen(a, b string) string {
 	ha, pa, errA := net.SplitHostPort(a)
 	hb, pb, errB := net.SplitHostPort(b)
@@ -1185,8 +1225,9 @@ func sharedListen(a, b string) string {
 		return ""
 	}
 	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	loopback := func(h string) bool { ip := net.ParseIP(h); return ip != nil && ip.IsLoopback() }
 	switch {
-	case ha == hb:
+	case ha == hb, ha == "localhost" && loopback(hb), hb == "localhost" && loopback(ha):
 		return "is the address of"
 	case every(ha) || every(hb):
 		return fmt.Sprintf("takes port %d, which is also the port of", na)

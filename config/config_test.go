@@ -259,6 +259,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		// The API and the embedded broker on one port: refused at load, naming both keys.
 		"listen is the broker's": {"http:\n  listen: 127.0.0.1:9092\n",
 			"http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092): the API and the embedded broker each need a port of their own; change one of the two"},
+		"listen on localhost, the broker's port": {"http:\n  listen: localhost:7000\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
+			"http.listen: localhost:7000: is the address of kafka.embedded_listen (127.0.0.1:7000)"},
 		"listen on every interface, the broker's port": {"http:\n  listen: \":7000\"\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
 			"http.listen: :7000: takes port 7000, which is also the port of kafka.embedded_listen (127.0.0.1:7000)"},
 		// The embedded broker has no authentication: it listens on loopback only (it refuses any
@@ -266,6 +268,18 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"broker on every interface": {"kafka:\n  embedded_listen: \"[::]:7000\"\n",
 			"kafka.embedded_listen: [::]:7000: must be a loopback address or localhost"},
 		"broker on a LAN address": {"kafka:\n  embedded_listen: 10.1.2.3:9092\n", "kafka.embedded_listen: 10.1.2.3:9092: must be a loopback address"},
+		// What yaml would drop or read as a default: each is refused, naming the key.
+		"a second document":               {"certify:\n  delta: 0.1\n---\ncertify:\n  on_breach: reject\n", "line 3: a second YAML document"},
+		"kl_weight NaN":                   {"update:\n  kl_weight: .nan\n", "update.kl_weight: NaN: must be finite and >= 0"},
+		"kl_weight Inf":                   {"update:\n  kl_weight: .inf\n", "update.kl_weight: +Inf: must be finite and >= 0"},
+		"hoeffding_alpha NaN":             {"certify:\n  hoeffding_alpha: .nan\n", "certify.hoeffding_alpha: NaN: must be in [0, 1)"},
+		"an interval in a zone":           {"audit:\n  schedule: \"TZ=UTC @every -1s\"\n", "audit.schedule: TZ=UTC @every -1s: the interval must be at least 1s"},
+		"a sub-second interval in a zone": {"audit:\n  schedule: \"CRON_TZ=Europe/Paris @every 10ms\"\n", "audit.schedule"},
+		"explain timeout":                 {"explain:\n  timeout: 0s\n", "explain.timeout: 0s: must be positive"},
+		"explain iterations 0":            {"explain:\n  max_iterations: 0\n", "explain.max_iterations: 0: must be positive"},
+		"explain concurrency":             {"explain:\n  concurrency: -1\n", "explain.concurrency: -1: must be 0 (one per core) or positive"},
+		"empty mode":                      {"certify:\n  mode: \"\"\n", "certify.mode (line 2)"},
+		"empty client id":                 {"kafka:\n  client_id: \"\"\n", `kafka.client_id: "": must be set`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -291,6 +305,7 @@ func TestGoodValuesAtTheEdges(t *testing.T) {
 		"http:\n  listen: localhost:8080\n",
 		"http:\n  listen: 127.0.0.1:0\nkafka:\n  embedded_listen: 127.0.0.1:0\n", // two free ports, not one
 		"http:\n  listen: 127.0.0.2:9092\n",                                      // the broker's port on another address
+		"http:\n  listen: \"[::1]:9092\"\n",                                      // and on the other loopback
 		"http:\n  listen: 127.0.0.1:9092\nkafka:\n  brokers: [\"kafka:9092\"]\n", // no embedded broker
 		"kafka:\n  brokers: [\"kafka-0.kafka.svc:9093\", \"[fe80::1]:9092\"]\n",
 		"kafka:\n  topic: " + strings.Repeat("t", 249) + "\n",
@@ -357,6 +372,7 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 		"tls ca":         {tls + "    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
 		"tls cert":       {tls + "    cert_file: " + filepath.Join(dir, "c.pem") + "\n    key_file: " + users + "\n", "kafka.tls.cert_file"},
 		"tls key":        {tls + "    cert_file: " + users + "\n    key_file: " + filepath.Join(dir, "k.pem") + "\n", "kafka.tls.key_file"},
+		"tls ca not pem": {tls + "    ca_file: " + users + "\n", "kafka.tls.ca_file: " + users + " holds no PEM certificate"},
 		"web config":     {"http:\n  web_config_file: " + filepath.Join(dir, "web.yml") + "\n", "http.web_config_file"},
 		"web config tls": {"http:\n  web_config_file: " + noCert + "\n", "http.web_config_file: " + noCert},
 		"basic auth beside a token": {"http:\n  web_config_file: " + users + "\n  metrics_token: m\n",
@@ -575,9 +591,20 @@ func TestValidateRejectsEachKey(t *testing.T) {
 			func(c *Config) { c.Kafka.EmbeddedRetentionBytes = -1 }},
 		{"kafka.max_record_bytes", "must be in (0, 900000]", func(c *Config) { c.Kafka.MaxRecordBytes = 0 }, func(c *Config) { c.Kafka.MaxRecordBytes = 1 }},
 		{"kafka.max_record_bytes", "must be in (0, 900000]", func(c *Config) { c.Kafka.MaxRecordBytes = 900_001 }, func(c *Config) { c.Kafka.MaxRecordBytes = 900_000 }},
-		{"kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "GSSAPI", "u" },
-			func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "SCRAM-SHA-512", "u" }},
-		{"kafka.sasl.username", "needed with a SASL mechanism", func(c *Config) { c.Kafka.SASL.Mechanism = "PLAIN" }, nil},
+		{"kafka.sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+			func(c *Config) {
+				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "GSSAPI", "u"
+			},
+			func(c *Config) {
+				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "SCRAM-SHA-512", "u"
+			}},
+		{"kafka.sasl.username", "needed with a SASL mechanism", func(c *Config) { c.Kafka.Brokers, c.Kafka.SASL.Mechanism = []string{"k:9092"}, "PLAIN" }, nil},
+		{"kafka.sasl.mechanism", "the embedded broker (kafka.brokers empty) has no authentication", func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "PLAIN", "u" },
+			func(c *Config) {
+				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "PLAIN", "u"
+			}},
+		{"kafka.tls.enabled", "the embedded broker (kafka.brokers empty) speaks plain Kafka", func(c *Config) { c.Kafka.TLS.Enabled = true },
+			func(c *Config) { c.Kafka.Brokers, c.Kafka.TLS.Enabled = []string{"k:9092"}, true }},
 		{"kafka.tls.cert_file", "cert_file and key_file go together", func(c *Config) { c.Kafka.TLS.KeyFile = "k.pem" },
 			func(c *Config) { c.Kafka.TLS.CertFile, c.Kafka.TLS.KeyFile = "c.pem", "k.pem" }},
 		{"update.objective", "must be prior or vcl", func(c *Config) { c.Update.Objective = "sgd" }, func(c *Config) { c.Update.Objective = "vcl" }},
@@ -588,7 +615,7 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"update.iterations", "must be at most 100000", func(c *Config) { c.Update.Iterations = MaxUpdateIterations + 1 }, func(c *Config) { c.Update.Iterations = MaxUpdateIterations }},
 		{"update.samples", "must be >= 1", func(c *Config) { c.Update.Samples = 0 }, func(c *Config) { c.Update.Samples = 1 }},
 		{"update.samples", "must be at most 1000", func(c *Config) { c.Update.Samples = MaxUpdateSamples + 1 }, func(c *Config) { c.Update.Samples = MaxUpdateSamples }},
-		{"update.kl_weight", "must be >= 0", func(c *Config) { c.Update.KLWeight = -1e-9 }, func(c *Config) { c.Update.KLWeight = 0 }},
+		{"update.kl_weight", "must be finite and >= 0", func(c *Config) { c.Update.KLWeight = -1e-9 }, func(c *Config) { c.Update.KLWeight = 0 }},
 		{"certify.delta", "must be within (0, 0.5)", func(c *Config) { c.Certify.Delta = 0.5 }, func(c *Config) { c.Certify.Delta = math.Nextafter(0.5, 0) }},
 		{"certify.delta", "must be within (0, 0.5)", func(c *Config) { c.Certify.Delta = 0 }, nil},
 		{"certify.epsilon", "must be within (0, 0.25]", func(c *Config) { c.Certify.Epsilon = 0 }, func(c *Config) { c.Certify.Epsilon = 0.25 }},
@@ -613,9 +640,13 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"audit.schedule", "the interval must be at least 1s", func(c *Config) { c.Audit.Schedule = "@every 999ms" }, func(c *Config) { c.Audit.Schedule = "@every 1s" }},
 		{"audit.schedule", "expected exactly 5 fields", func(c *Config) { c.Audit.Schedule = "every tuesday" }, func(c *Config) { c.Audit.Schedule = "" }},
 		{"explain.reissue", `must be "", "invalidated" or "at_risk"`, func(c *Config) { c.Explain.Reissue = "certified" }, func(c *Config) { c.Explain.Reissue = "at_risk" }},
-		{"explain", "timeout=0s", func(c *Config) { c.Explain.Timeout = 0 }, func(c *Config) { c.Explain.Timeout = 1 }},
-		{"explain", "max_iterations=0", func(c *Config) { c.Explain.MaxIterations = 0 }, func(c *Config) { c.Explain.MaxIterations = 1 }},
-		{"explain", "concurrency=-1", func(c *Config) { c.Explain.Concurrency = -1 }, func(c *Config) { c.Explain.Concurrency = 0 }},
+		{"explain.timeout", "must be positive", func(c *Config) { c.Explain.Timeout = 0 }, func(c *Config) { c.Explain.Timeout = 1 }},
+		{"explain.max_iterations", "must be positive", func(c *Config) { c.Explain.MaxIterations = 0 }, func(c *Config) { c.Explain.MaxIterations = 1 }},
+		{"explain.concurrency", "must be 0 (one per core) or positive", func(c *Config) { c.Explain.Concurrency = -1 }, func(c *Config) { c.Explain.Concurrency = 0 }},
+		{"update.kl_weight", "must be finite and >= 0", func(c *Config) { c.Update.KLWeight = math.NaN() }, nil},
+		{"update.kl_weight", "must be finite and >= 0", func(c *Config) { c.Update.KLWeight = math.Inf(1) }, nil},
+		{"certify.hoeffding_alpha", "must be in [0, 1)", func(c *Config) { c.Certify.HoeffdingAlpha = math.NaN() }, nil},
+		{"kafka.client_id", "must be set", func(c *Config) { c.Kafka.ClientID = "" }, nil},
 		{"explain.max_iterations", "must be at most 1000000", func(c *Config) { c.Explain.MaxIterations = MaxExplainIterations + 1 },
 			func(c *Config) { c.Explain.MaxIterations = MaxExplainIterations }},
 		{"explain.concurrency", "must be at most 256", func(c *Config) { c.Explain.Concurrency = MaxExplainConcurrency + 1 },
