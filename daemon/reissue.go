@@ -10,6 +10,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/explain"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -125,12 +126,9 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 // reissueAttempts bounds the generations of one replacement while the posterior moves.
 const reissueAttempts = 3
 
-// generate runs PSCE for old's x under m and registers the result as "<id>.r<version>".
+// generate runs PSCE for old's x under m and registers the result under ident.Reissue(id, version).
 func (r *reissuer) generate(ctx context.Context, m *bnn.Model, old *ledger.CE, id string) (*ledger.CE, error) {
-	newID := fmt.Sprintf("%s.r%d", id, m.Version)
-	if len(newID) > ledger.MaxIDLen {
-		newID = fmt.Sprintf("r%d.%s", m.Version, id[len(id)-(ledger.MaxIDLen-len(fmt.Sprint(m.Version))-2):])
-	}
+	newID := ident.Reissue(id, m.Version)
 	gctx, cancel := context.WithTimeout(ctx, r.d.cfg.Explain.Timeout)
 	defer cancel()
 	res, err := r.d.exp.generate(gctx, m, old.X, old.Target, explain.MethodPSCE)

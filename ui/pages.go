@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -389,17 +390,18 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 }
 
 // reissues finds the replacements explain.reissue stored for ce, and the CE ce replaces: a CE
-// named "<id>.r<posterior version>" for the same input and target. The list is in id order,
-// so the replacements follow "<id>.r" in it. A replacement whose name the id's length forced
-// into another form ("r<version>.<end of id>") is not found.
+// named ident.Reissue(id, posterior version) for the same input and target. The list is in id
+// order, so the replacements follow their stem and ".r" in it; the CE a replacement of a long id
+// replaces is among the ids that start with the stem's first characters.
 func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev string, err error) {
 	same := func(o *ledger.CE) bool { return o.Target == ce.Target && slices.Equal(o.X, ce.X) }
-	ces, _, err := u.src.List(ctx, 0, 16, ce.ID+".r")
+	after := ident.ReissueStem(ce.ID) + ".r"
+	ces, _, err := u.src.List(ctx, 0, 16, after)
 	if err != nil {
 		return nil, "", err
 	}
 	for _, o := range ces {
-		v, ok := strings.CutPrefix(o.ID, ce.ID+".r")
+		v, ok := strings.CutPrefix(o.ID, after)
 		if !ok {
 			break
 		}
@@ -407,17 +409,37 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 			next = append(next, o.ID)
 		}
 	}
-	if i := strings.LastIndex(ce.ID, ".r"); i > 0 && isDigits(ce.ID[i+2:]) {
-		o, err := u.src.Get(ctx, ce.ID[:i])
-		switch {
-		case errors.Is(err, ledger.ErrNotFound):
-		case err != nil:
-			return nil, "", err
-		case same(o):
-			prev = o.ID
+	i := strings.LastIndex(ce.ID, ".r")
+	if i <= 0 || !isDigits(ce.ID[i+2:]) {
+		return next, "", nil
+	}
+	stem := ce.ID[:i]
+	o, err := u.src.Get(ctx, stem)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+	case err != nil:
+		return nil, "", err
+	case same(o):
+		return next, o.ID, nil
+	}
+	// A long id's stem: its first characters, ".", 16 hex digits.
+	j := strings.LastIndexByte(stem, '.')
+	if j <= 0 || len(stem)-j != 17 {
+		return next, "", nil
+	}
+	cands, _, err := u.src.List(ctx, 0, 16, stem[:j])
+	if err != nil {
+		return nil, "", err
+	}
+	for _, o := range cands {
+		if !strings.HasPrefix(o.ID, stem[:j]) {
+			break
+		}
+		if ident.ReissueStem(o.ID) == stem && same(o) {
+			return next, o.ID, nil
 		}
 	}
-	return next, prev, nil
+	return next, "", nil
 }
 
 func isDigits(s string) bool {

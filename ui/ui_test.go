@@ -20,6 +20,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 	"github.com/cfguard/cfguard/ui/uitest"
@@ -454,6 +455,22 @@ func TestReissueLinks(t *testing.T) {
 	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001"} {
 		if p := page(id); strings.Contains(p, `id="reissue-of"`) || strings.Contains(p, `id="reissues"`) {
 			t.Errorf("%s's page names a reissue", id)
+		}
+	}
+	// Two ids too long for "<id>.r<version>" that share their first characters: each replacement
+	// links to its own, and back.
+	long := func(last string) string { return strings.Repeat("p", ident.MaxLen-1) + last }
+	reg(long("a"), a.X)
+	reg(long("b"), a.X)
+	ra, rb := ident.Reissue(long("a"), 5), ident.Reissue(long("b"), 5)
+	reg(ra, a.X)
+	reg(rb, a.X)
+	for _, pair := range [][2]string{{long("a"), ra}, {long("b"), rb}} {
+		if got := page(pair[0]); !strings.Contains(got, "Replaced by "+link(pair[1])+" (") {
+			t.Errorf("%s's page does not link its replacement %s alone", pair[0], pair[1])
+		}
+		if got := page(pair[1]); !strings.Contains(got, "This explanation replaces "+link(pair[0])) {
+			t.Errorf("%s's page does not link %s", pair[1], pair[0])
 		}
 	}
 }

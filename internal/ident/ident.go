@@ -5,7 +5,12 @@
 // away, so such a CE could never be read or deleted).
 package ident
 
-import "fmt"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+)
 
 // MaxLen is the longest id, in bytes (every accepted character is one byte).
 const MaxLen = 128
@@ -33,4 +38,24 @@ func clip(s string) string {
 		return s
 	}
 	return s[:max] + "..."
+}
+
+// ReissueStem is what the id of a CE reissued for CE id (explain.reissue) starts with, before
+// ".r<posterior version>": id itself when the longest such id fits MaxLen; else id's first
+// characters, ".", and the first 16 hex digits of id's SHA-256, so that long ids that share their
+// first characters get stems of their own.
+func ReissueStem(id string) string {
+	const room = len(".r") + 20 // a posterior version (uint64) has at most 20 digits
+	if len(id)+room <= MaxLen {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	tag := "." + hex.EncodeToString(sum[:8])
+	return id[:MaxLen-room-len(tag)] + tag
+}
+
+// Reissue is the id of the CE reissued for CE id at posterior version v: ReissueStem(id) and
+// ".r<v>".
+func Reissue(id string, v uint64) string {
+	return ReissueStem(id) + ".r" + strconv.FormatUint(v, 10)
 }

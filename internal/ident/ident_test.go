@@ -34,3 +34,39 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+// A reissued CE's id is "<id>.r<version>"; an id too long for that at some version keeps its
+// first characters and a digest of the whole, so that long ids sharing their first characters
+// stay apart; every one is a valid id, and starts with its stem.
+func TestReissue(t *testing.T) {
+	long := func(first byte, n int) string { return string(first) + strings.Repeat("p", n-1) }
+	for _, tc := range []struct {
+		id   string
+		v    uint64
+		want string
+	}{
+		{"ce-1", 7, "ce-1.r7"},
+		{long('a', MaxLen-22), 18446744073709551615, long('a', MaxLen-22) + ".r18446744073709551615"},
+	} {
+		if got := Reissue(tc.id, tc.v); got != tc.want {
+			t.Errorf("Reissue(%q, %d) = %q, want %q", tc.id, tc.v, got, tc.want)
+		}
+	}
+	seen := map[string]string{}
+	for _, id := range []string{long('a', MaxLen-21), long('a', MaxLen), long('b', MaxLen), long('c', MaxLen-3), strings.Repeat("q", MaxLen)} {
+		stem := ReissueStem(id)
+		if stem == id || !strings.HasPrefix(id, stem[:8]) {
+			t.Errorf("ReissueStem(%q) = %q: want the id's first characters and a digest", id, stem)
+		}
+		if other, ok := seen[stem]; ok {
+			t.Errorf("ReissueStem gives %q for %q and for %q", stem, id, other)
+		}
+		seen[stem] = id
+		for _, v := range []uint64{1, 18446744073709551615} {
+			got := Reissue(id, v)
+			if err := Check(got); err != nil || !strings.HasPrefix(got, stem+".r") {
+				t.Errorf("Reissue(%q, %d) = %q (%v), want a valid id after %q", id, v, got, err, stem+".r")
+			}
+		}
+	}
+}
