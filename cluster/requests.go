@@ -105,7 +105,7 @@ func (e *PendingError) Error() string { return e.err.Error() }
 func (e *PendingError) Unwrap() error { return e.err }
 
 // AwaitOutcome waits, at most replication.register_wait, until the owner of id's partition has
-// applied the partition past offset, where request rid landed (Send), and returns the request's
+// applied the partition past offset, where request ref.RID landed (Send), and returns the request's
 // outcome: what the owner decided when it applied the request, in the partition's order,
 // whatever it held when the request was accepted. A request applied before (a retry with its
 // Idempotency-Key) is answered once the owner has read the retry too, so that a deletion between
@@ -115,7 +115,8 @@ func (e *PendingError) Unwrap() error { return e.err }
 // replica owns the partition its own Apply wakes it at once; another owner holds each question
 // until it applied past offset (OutcomeHold at most), so a request costs one question or a few,
 // not one per poll; two questions are at least OutcomeGap apart.
-func (s *Share) AwaitOutcome(ctx context.Context, id, rid string, offset int64) (RequestOutcome, error) {
+func (s *Share) AwaitOutcome(ctx context.Context, id string, ref ledger.RequestRef, offset int64) (RequestOutcome, error) {
+	rid := ref.RID
 	pending := func(err error) error {
 		return &PendingError{Partition: ceshare.Partition(id, s.partitions), Offset: offset, err: err}
 	}
@@ -136,7 +137,7 @@ func (s *Share) AwaitOutcome(ctx context.Context, id, rid string, offset int64) 
 		asked := time.Now()
 		ro, ok, err := s.outcome(ctx, id, rid, offset)
 		if err == nil && ok && ro.Applied > offset {
-			if ro.Outcome.Offset != offset {
+			if ro.Outcome.Offset != offset && ro.Outcome.Fingerprint == ref.Fingerprint { // not a key reused for another request
 				s.requests.Replayed(ro.Outcome.Result)
 			}
 			return ro, nil
@@ -299,7 +300,7 @@ func (s *Share) Forget(ctx context.Context, id string, ref ledger.RequestRef) (R
 		return RequestOutcome{}, fmt.Errorf("%w: the deletion could not be sent to the CE topic within %s, and may or may not be applied (a retry with an "+
 			"Idempotency-Key is the same request): %v", ledger.ErrWrite, SendTimeout, err)
 	}
-	ro, err := s.AwaitOutcome(ctx, id, ref.RID, offset)
+	ro, err := s.AwaitOutcome(ctx, id, ref, offset)
 	if err != nil {
 		return ro, fmt.Errorf("%w (the deletion is on the CE topic; GET the counterfactual later)", err)
 	}

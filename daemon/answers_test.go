@@ -223,6 +223,11 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 		!strings.Contains(string(body), "Idempotency-Key") {
 		t.Errorf("the key with another body: %d %s; want 422 naming the key", code, body)
 	}
+	// The retry's answer came from the first attempt's outcome; the key reused for another
+	// request's did not.
+	if got := counter(t, r, "cfguard_requests_replayed_total", "result", "stored"); got != 1 {
+		t.Errorf("replayed registrations after a retry and a key reused: %v, want 1", got)
+	}
 	if code, body := r.do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", code, body)
 	}
@@ -448,6 +453,12 @@ func TestKeyedDeletionSingleDaemon(t *testing.T) {
 	}
 	if got := counter(t, r, "cfguard_requests_replayed_total", "result", "deleted"); got != 1 {
 		t.Errorf("replayed deletions: %v, want 1", got)
+	}
+	if code, body := keyedDelete(t, r, "del-other", "del-key-1"); code != http.StatusUnprocessableEntity {
+		t.Errorf("the deletion's key for another id: %d %s; want 422", code, body)
+	}
+	if got := counter(t, r, "cfguard_requests_replayed_total", "result", "deleted"); got != 1 {
+		t.Errorf("replayed deletions after a key reused for another id: %v, want 1 (a 422 replays nothing)", got)
 	}
 	// A keyed DELETE of an id holding nothing is 404, and stays 404 when retried after a registration.
 	if code, body := keyedDelete(t, r, "del-b", "del-key-2"); code != http.StatusNotFound {

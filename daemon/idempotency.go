@@ -192,7 +192,9 @@ func (d *Daemon) replay(r registration) (registered, bool) {
 		return registered{}, false
 	}
 	d.requests.Skipped(ceshare.KindRegister, 1)
-	d.requests.Replayed(ro.Outcome.Result)
+	if ro.Outcome.Fingerprint == r.req.Fingerprint { // not a key reused for another request (answered 422)
+		d.requests.Replayed(ro.Outcome.Result)
+	}
 	ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
 	return registered{ce: ce, err: err}, true
 }
@@ -209,7 +211,9 @@ func (d *Daemon) duplicate(r registration, err error) (registered, bool) {
 			cur = nil
 		}
 		d.requests.Skipped(ceshare.KindRegister, 1)
-		d.requests.Replayed(dup.Outcome.Result)
+		if dup.Outcome.Fingerprint == r.req.Fingerprint {
+			d.requests.Replayed(dup.Outcome.Result)
+		}
 		ce, err := answerOutcome(dup.Outcome, cur, r.x, r.xcf, r.req.Fingerprint)
 		return registered{ce: ce, err: err}, true
 	}

@@ -72,7 +72,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	}
 	if d.rep != nil {
 		want, ref := out[0].ce, out[0].req
-		ro, err := d.share.AwaitOutcome(ctx, want.ID, ref.RID, out[0].offset)
+		ro, err := d.share.AwaitOutcome(ctx, want.ID, ref, out[0].offset)
 		if err != nil {
 			return want, err
 		}
@@ -536,7 +536,9 @@ func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) e
 	switch {
 	case o.Duplicate:
 		d.requests.Skipped(ceshare.KindDelete, 1)
-		d.requests.Replayed(o.Result)
+		if o.Fingerprint == ref.Fingerprint { // not a key reused for another request (answered 422)
+			d.requests.Replayed(o.Result)
+		}
 	case o.Result == ledger.OutcomeDeleted:
 		d.log.Info("counterfactual deleted", "id", id)
 	}
