@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"path"
 	"reflect"
@@ -732,6 +733,10 @@ func (a *api) sameAsStored(r registration) bool {
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
+	if err := ident.Check(r.PathValue("id")); err != nil { // no CE can hold it
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	if rid := r.Header.Get(cluster.HeaderRequestID); rid != "" && r.Header.Get(cluster.HeaderForwarded) != "" {
 		a.handleOutcome(w, r, r.PathValue("id"), rid)
 		return
@@ -777,6 +782,10 @@ func (a *api) handleOutcome(w http.ResponseWriter, r *http.Request, id, rid stri
 // applied it in time. With an Idempotency-Key header the deletion is one request however often
 // it is sent: a retry answers what the first attempt decided and deletes nothing again.
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if err := ident.Check(r.PathValue("id")); err != nil { // no CE can hold it
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	key, err := idempotencyKey(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -805,26 +814,31 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// handleList lists CEs: ?status=certified|at_risk|invalidated|uncertified (required),
-// &limit=N (default 100, max 1000), &after=ID (paging).
+// handleList lists CEs: ?status=certified|at_risk|invalidated|uncertified (absent: every CE),
+// &limit=N (default 100, max 1000), &after=ID (paging). Any other parameter, one given twice, and
+// an empty status or limit are refused: a misspelt filter would otherwise list everything.
 func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	forwarded := r.Header.Get(cluster.HeaderForwarded) != ""
+	if err := checkListQuery(q, forwarded); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	var st certify.Status // 0: every status
 	var err error
-	if s := q.Get("status"); s != "" {
-		if st, err = certify.ParseStatus(s); err != nil {
+	if s, ok := q["status"]; ok {
+		if st, err = certify.ParseStatus(s[0]); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 	}
 	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
-			writeError(w, http.StatusBadRequest, "limit must be 1..1000")
+	if v, ok := q["limit"]; ok {
+		if limit, err = strconv.Atoi(v[0]); err != nil || limit < 1 || limit > 1000 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: must be 1..1000", v[0]))
 			return
 		}
 	}
-	forwarded := r.Header.Get(cluster.HeaderForwarded) != ""
 	var expect []int
 	if v := q.Get(cluster.ParamPartitions); forwarded && v != "" {
 		for _, f := range strings.Split(v, ",") {
@@ -841,6 +855,25 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 		ces = []*ledger.CE{}
 	}
 	writeClusterAnswer(w, map[string]any{"counterfactuals": ces, "next": next}, err)
+}
+
+// checkListQuery refuses a list query that holds a parameter GET /v1/counterfactuals does not
+// take (partitions only from another replica), one given twice, or an empty status or limit.
+func checkListQuery(q url.Values, forwarded bool) error {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case k == "status" || k == "limit" || k == "after" || k == cluster.ParamPartitions && forwarded:
+		default:
+			return fmt.Errorf("unknown query parameter %q: GET /v1/counterfactuals takes status, limit and after", k)
+		}
+		if len(q[k]) > 1 {
+			return fmt.Errorf("query parameter %q given %d times", k, len(q[k]))
+		}
+		if q[k][0] == "" && (k == "status" || k == "limit") {
+			return fmt.Errorf("query parameter %q is empty: give a value, or leave it out", k)
+		}
+	}
+	return nil
 }
 
 // handleModel reports the posterior: version, shape, the KL budget and history, anchors, counts.
@@ -1065,10 +1098,33 @@ func (a *api) handleReady(w http.ResponseWriter, r *http.Request) {
 }
 
 type explainRequest struct {
-	X      []float64  `json:"x"`
-	Target target     `json:"target"`
-	ID     optionalID `json:"id"`
-	Method string     `json:"method"`
+	X      []float64     `json:"x"`
+	Target target        `json:"target"`
+	ID     optionalID    `json:"id"`
+	Method explainMethod `json:"method"`
+}
+
+// explainMethod is the body's method: absent is PSCE; a name explain.ParseMethod does not know,
+// "" included, is refused.
+type explainMethod struct {
+	m   explain.Method
+	set bool
+}
+
+func (e *explainMethod) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("method must be a string, got %s", b)
+	}
+	if s == "" {
+		return fmt.Errorf("method is empty: give one of %v, or leave method out (%s)", explain.Methods, explain.MethodPSCE)
+	}
+	m, err := explain.ParseMethod(s)
+	if err != nil {
+		return err
+	}
+	*e = explainMethod{m: m, set: true}
+	return nil
 }
 
 // explainRetryAfter is the Retry-After of a 429 from /v1/explain: a typical generation takes
@@ -1078,6 +1134,11 @@ const explainRetryAfter = 2 * time.Second
 // handleExplain generates a counterfactual with PSCE (or method: wachter|schut), certifies it
 // and stores it anchored to the current posterior, so the daemon re-certifies it from then on.
 func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
+	if _, ok := r.Header[http.CanonicalHeaderKey(headerIdempotencyKey)]; ok {
+		writeError(w, http.StatusBadRequest, "POST /v1/explain takes no "+headerIdempotencyKey+": give the body an id, "+
+			"and a retry is answered 409 for it once the first attempt stored its CE (GET /v1/counterfactuals/{id} reads it)")
+		return
+	}
 	var req explainRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeBodyError(w, err)
@@ -1111,12 +1172,8 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	method := explain.MethodPSCE
-	if req.Method != "" {
-		var err error
-		if method, err = explain.ParseMethod(req.Method); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
+	if req.Method.set {
+		method = req.Method.m
 	}
 	release, err := a.exp.acquire()
 	if err != nil {
@@ -1135,6 +1192,8 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.Is(err, errVAEPending):
 			retryLater(w, http.StatusServiceUnavailable, explainRetryAfter, err.Error())
+		case errors.Is(err, explain.ErrAlreadyTarget): // as POST /v1/counterfactuals answers it
+			writeError(w, http.StatusUnprocessableEntity, err.Error())
 		case errors.Is(err, explain.ErrInvalidInput):
 			writeError(w, http.StatusBadRequest, err.Error())
 		case errors.As(err, &nf):

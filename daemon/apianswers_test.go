@@ -43,10 +43,24 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 		{"an audit body that is an array", "POST", "/v1/audit", `[]`, 400, []string{"not an array"}},
 		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, HEAD, DELETE"}},
 		{"an empty id", "GET", "/v1/counterfactuals/", ``, 404, []string{"no such route"}},
+		{"an id no CE can hold, get", "GET", "/v1/counterfactuals/a%20b", ``, 400, []string{`character ' ' not in`}},
+		{"an id no CE can hold, delete", "DELETE", "/v1/counterfactuals/" + strings.Repeat("i", 129), ``, 400, []string{"want 1 to 128 characters"}},
+		{"an empty method", "POST", "/v1/explain", `{"x":` + js(x) + `,"method":""}`, 400, []string{"method is empty", "psce"}},
+		{"an Idempotency-Key to explain", "POST", "/v1/explain", `{"x":` + js(x) + `}`, 400, []string{"takes no Idempotency-Key", "give the body an id"}},
+		{"an empty status filter", "GET", "/v1/counterfactuals?status=", ``, 400, []string{`"status" is empty`}},
+		{"an empty limit", "GET", "/v1/counterfactuals?limit=", ``, 400, []string{`"limit" is empty`}},
+		{"a misspelt filter", "GET", "/v1/counterfactuals?limit=1&statuss=certified", ``, 400,
+			[]string{`unknown query parameter "statuss"`, "takes status, limit and after"}},
+		{"a filter given twice", "GET", "/v1/counterfactuals?status=certified&status=at_risk", ``, 400, []string{`"status" given 2 times`}},
+		{"partitions from a client", "GET", "/v1/counterfactuals?partitions=1", ``, 400, []string{`unknown query parameter "partitions"`}},
 		{"no such path", "GET", "/v2/model", ``, 404, []string{"no such route"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			resp, body := r.rawDo(t, c.method, c.path, c.body, nil)
+			var header map[string]string
+			if strings.Contains(c.name, "Idempotency-Key") {
+				header = map[string]string{"Idempotency-Key": "k1"}
+			}
+			resp, body := r.rawDo(t, c.method, c.path, c.body, header)
 			var e struct{ Error string }
 			if resp.StatusCode != c.code || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal(body, &e) != nil || e.Error == "" {
 				t.Fatalf("%s %s: %d %s %q; want %d with a JSON error", c.method, c.path, resp.StatusCode, resp.Header.Get("Content-Type"), body, c.code)
@@ -160,5 +174,42 @@ func TestWriteJSONOfANaNIs500(t *testing.T) {
 	var e struct{ Error string }
 	if w.Code != http.StatusInternalServerError || json.Unmarshal(w.Body.Bytes(), &e) != nil || !strings.Contains(e.Error, "NaN") {
 		t.Errorf("writeJSON of a NaN: %d %q, want 500 with an error naming it", w.Code, w.Body.String())
+	}
+}
+
+// POST /v1/explain answers an x the model already puts in the target class as
+// POST /v1/counterfactuals does (422: well formed, but no counterfactual can exist), and a 429
+// names the setting that bounds it.
+func TestExplainAnswersAsRegistrationDoes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads the shared VAE, which TestExplainStoresACertifiedCounterfactual trains")
+	}
+	r := startDaemon(t, withSharedVAE(t, nil))
+	data := bundled(t)
+	_, xs, _ := candidatePairs(t, r.d.current(), data, 400, 1)
+	x := mustJSON(t, data.X[xs[0]]) // malignant with p > 0.9
+	for _, route := range []struct{ path, body string }{
+		{"/v1/explain", `{"x":` + x + `,"target":"malignant"}`},
+		{"/v1/counterfactuals", `{"x":` + x + `,"x_cf":` + x + `,"target":"malignant"}`},
+	} {
+		resp, body := r.rawDo(t, "POST", route.path, route.body, nil)
+		if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(string(body), "already classified") {
+			t.Errorf("POST %s for an x of the target class: %d %s, want 422 saying it is already classified so", route.path, resp.StatusCode, body)
+		}
+	}
+	var releases []func()
+	for {
+		release, err := r.d.exp.acquire()
+		if err != nil {
+			break
+		}
+		releases = append(releases, release)
+	}
+	resp, body := r.rawDo(t, "POST", "/v1/explain", `{"x":`+x+`}`, nil)
+	for _, release := range releases {
+		release()
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "explain.concurrency") {
+		t.Errorf("POST /v1/explain with every slot taken: %d %s, want 429 naming explain.concurrency", resp.StatusCode, body)
 	}
 }

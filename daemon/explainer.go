@@ -16,7 +16,7 @@ import (
 )
 
 // errBusy: every generation slot is taken; the client should retry later.
-var errBusy = errors.New("explain: too many generations running; retry later")
+var errBusy = errors.New("explain: explain.concurrency generations are running; retry later")
 
 // errVAEPending: the VAE is still being trained for the first explanation.
 var errVAEPending = errors.New("explain: the VAE is still being trained; retry shortly")

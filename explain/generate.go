@@ -55,6 +55,10 @@ type Result struct {
 // target class.
 var ErrInvalidInput = errors.New("invalid counterfactual request")
 
+// ErrAlreadyTarget is wrapped, beside ErrInvalidInput, by the error of a request whose x the
+// model already puts in the target class: well formed, but no counterfactual can exist.
+var ErrAlreadyTarget = errors.New("x is already classified as the target")
+
 // ErrConfig is wrapped by errors about the Generator's configuration, model or VAE.
 var ErrConfig = errors.New("invalid counterfactual generator")
 
@@ -310,8 +314,8 @@ func (g *Generator) Generate(ctx context.Context, x []float64, target int) (*Res
 		}
 	}
 	if target == orig {
-		return nil, fmt.Errorf("%w: x is already classified as target class %d (%s) with p = %.4f; a counterfactual must change the class",
-			ErrInvalidInput, target, g.m.Classes[target], e0.mean[target])
+		return nil, fmt.Errorf("%w: %w: class %d (%s), with p = %.4f; a counterfactual must change the class",
+			ErrInvalidInput, ErrAlreadyTarget, target, g.m.Classes[target], e0.mean[target])
 	}
 	o, err := g.getObjective()
 	if err != nil {

@@ -77,12 +77,15 @@ func TestGenerateBadRequests(t *testing.T) {
 		{"inf", inf, 1, "feature 1 is -Inf"},
 		{"target too big", x, 2, "target class 2, want -1 (any other class) or 0..1"},
 		{"target negative", x, -2, "target class -2"},
-		{"already target", x, 0, "already classified as target class 0 (neg)"},
+		{"already target", x, 0, "x is already classified as the target: class 0 (neg)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := g.Generate(context.Background(), tc.x, tc.target)
 			if r != nil || !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got (%v, %v), want ErrInvalidInput containing %q", r, err, tc.want)
+			}
+			if errors.Is(err, ErrAlreadyTarget) != (tc.name == "already target") {
+				t.Fatalf("%v: ErrAlreadyTarget %v", err, errors.Is(err, ErrAlreadyTarget))
 			}
 		})
 	}
