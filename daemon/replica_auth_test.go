@@ -296,3 +296,42 @@ func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string
 		return nil
 	}
 }
+
+// A record that authenticates under the cluster key but is not an entry (a bug of a key holder,
+// or a stolen key) is ignored, counted as malformed, and logged at WARN with its offset and why
+// it does not decode.
+func TestAuthenticatedRecordThatIsNoEntryIsLogged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	t.Parallel()
+	b := startCluster(t, 1)
+	r := startReplica(t, b, "r1")
+	plog := keyHolderLog(t, r)
+	end, err := plog.End(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"this is not json", `{"format":1,"kind":"increment","seq":3}`} {
+		if err := plog.Append(context.Background(), "e/x", []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const warn = "posterior log record ignored: it authenticates under the cluster key but is not an entry"
+	waitfor.Cond(t, 30*time.Second, "both records ignored as malformed", func() bool {
+		return r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed") == 2
+	})
+	for i, why := range []string{"invalid character", "postlog: malformed entry"} {
+		offset := fmt.Sprintf("offset=%d ", end+int64(i))
+		found := false
+		for _, line := range strings.Split(r.logs.String(), "\n") {
+			found = found || strings.Contains(line, "level=WARN") && strings.Contains(line, warn) && strings.Contains(line, offset) && strings.Contains(line, why)
+		}
+		if !found {
+			t.Errorf("no WARN line %q with %s and %q:\n%s", warn, offset, why, r.logs.String())
+		}
+	}
+	if code, body := r.get(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after records that are no entries: %d %s", code, body)
+	}
+}

@@ -452,7 +452,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 			authentic++
 		}
 		if reason != postlog.Accepted {
-			r.m.Ignored.WithLabelValues(string(reason)).Inc()
+			r.ignored(rec, reason)
 			continue
 		}
 		if err := r.checkSettings(e, rec.Offset); err != nil {
@@ -672,7 +672,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		return nil
 	}
 	if reason != postlog.Accepted {
-		r.m.Ignored.WithLabelValues(string(reason)).Inc()
+		r.ignored(rec, reason)
 		if e != nil {
 			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer)
 			if err := c.Diverged(rec, e); err != nil {
@@ -887,6 +887,20 @@ func (r *Replica) unauthenticated(rec postlog.Record) {
 	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
 	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
+}
+
+// ignored counts an authenticated record the chain did not accept, and logs one that is not an
+// entry at all (malformed): a holder of the cluster key wrote it, by a bug or with a stolen key.
+// The other reasons (a replayed or late entry) are the log's ordinary traffic; the caller logs them.
+func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
+	r.m.Ignored.WithLabelValues(string(reason)).Inc()
+	if reason != postlog.Malformed {
+		return
+	}
+	if _, err := postlog.Decode(rec.Value); err != nil {
+		r.lg.Warn("posterior log record ignored: it authenticates under the cluster key but is not an entry", "topic", r.plog.Topic(),
+			"partition", 0, "offset", rec.Offset, "err", err)
+	}
 }
 
 // advance moves the follower past a record; c is set when the record was accepted, forked from
