@@ -23,7 +23,11 @@ func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.metrics.CEPartitions.Set(float64(len(s.member.Owned())))
+	owned := s.member.Owned() // the member records p as owned once Acquire returns
+	if !slices.Contains(owned, p) {
+		owned = append(owned, p)
+	}
+	s.metrics.CEPartitions.Set(float64(len(owned)))
 	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok)
 	return off, nil
 }

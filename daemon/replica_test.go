@@ -203,6 +203,18 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	}
 	produce(200)
 	v1 := agree(reps)
+	// Each replica's gauge counts the CE partitions its member owns, together every partition.
+	waitfor.Cond(t, 30*time.Second, "cfguard_counterfactuals_partitions_owned = the partitions each owns, 12 in all", func() bool {
+		sum := 0
+		for _, r := range reps {
+			owned := len(r.d.share.Member().Owned())
+			if int(r.metric(t, "cfguard_counterfactuals_partitions_owned")) != owned {
+				return false
+			}
+			sum += owned
+		}
+		return sum == reps[0].d.cfg.Replication.CEPartitions
+	})
 	// The web UI's overview shows each replica's place in the cluster as GET /v1/model does.
 	for _, r := range reps {
 		v := r.view(t)
