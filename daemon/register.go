@@ -435,11 +435,19 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		if offsets != nil {
 			out[i].offset = offsets[k]
 		}
-		if !bulk {
+		switch {
+		case bulk:
+		case d.rep != nil: // its owner decides its status, or refuses it, when it applies the request
+			d.log.Info("counterfactual registration sent to its partition's owner", "id", ces[k].ID, "offset", out[i].offset,
+				"p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
+		default:
 			d.log.Info("counterfactual registered", "id", ces[k].ID, "status", ces[k].Status, "p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
 		}
 	}
-	if bulk {
+	switch {
+	case bulk && d.rep != nil:
+		d.log.Info("counterfactual registrations sent to their partitions' owners", "sent", n, "refused", len(rs)-n, "posterior_version", m.Version)
+	case bulk:
 		d.log.Info("counterfactuals registered", "stored", n, "refused", len(rs)-n, "posterior_version", m.Version)
 	}
 	return out
