@@ -210,7 +210,8 @@ func TestNoGenesisBesideRunningReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	err := Run(ctx, Options{Config: &c, Logger: slog.New(slog.DiscardHandler)})
-	if err == nil || !strings.Contains(err.Error(), "1 replicas run in the updater group") || !strings.Contains(err.Error(), "cfguard new-epoch --head-from") {
+	if err == nil || !strings.Contains(err.Error(), "1 replicas run in the updater group") || !strings.Contains(err.Error(), "cfguard new-epoch --head-from") ||
+		!strings.Contains(err.Error(), "replication.posterior_topic is not the topic they follow") {
 		t.Fatalf("r2's start on an emptied posterior log beside r1: %v; want a refusal naming the running replica and new-epoch", err)
 	}
 	if got := kafkatest.ReadPartition(t, b.Addrs(), "cfguard.posterior", 0); len(got) != 0 {

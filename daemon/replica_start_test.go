@@ -2,14 +2,18 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
@@ -73,5 +77,39 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	if n := strings.Count(logs.String(), warn); n != 1 {
 		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, logs.String())
+	}
+}
+
+// A replica whose brokers drop its first requests to create the CE topic (a broker at its
+// connection limit closes them) waits as for the posterior log: one WARN line, then it joins the
+// CE group and becomes ready.
+func TestReplicaWaitsForTheCETopic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	t.Parallel()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the replica's cleanup
+	var dropped atomic.Int64
+	kc.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		for _, tp := range req.(*kmsg.CreateTopicsRequest).Topics {
+			if tp.Topic == "cfguard.ce" && dropped.Load() < 3 {
+				dropped.Add(1)
+				return nil, errors.New("connection closed by the test"), true
+			}
+		}
+		return nil, nil, false
+	})
+	r := startReplicaAt(t, kc.ListenAddrs(), "r1", writeKeyFile(t, testClusterKey))
+	if n := dropped.Load(); n != 3 {
+		t.Fatalf("%d questions about the CE topic dropped, want 3", n)
+	}
+	const warn = "cannot join the CE topic yet"
+	if n := strings.Count(r.logs.String(), warn); n != 1 {
+		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, r.logs.String())
 	}
 }

@@ -218,37 +218,45 @@ func (h shareHost) Predict(ctx context.Context, m *bnn.Model, rows [][]float64) 
 func (h shareHost) Applied() { h.d.confirm.notify() }
 
 // joinShare makes this replica a member of the CE group (cluster.NewShare), advertising the API
-// it serves.
+// it serves, once the brokers answer (awaitBrokers).
 func (d *Daemon) joinShare(ctx context.Context) error {
 	rc := d.cfg.Replication
 	adv, err := cluster.AdvertiseURL(rc.AdvertiseURL, d.httpAddr, d.cfg.ServesTLS())
 	if err != nil {
 		return err
 	}
-	d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
-		Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
-		Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
-	return err
+	return d.awaitBrokers(ctx, "the CE topic", func() (err error) {
+		d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
+			Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
+			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
+		return err
+	})
 }
 
-// joinLog joins the posterior log (replica.Replica.Join), waiting out a broker that cannot be
-// reached yet or answers late (replicas started before their brokers, a busy machine): a
-// transient broker error (stream.Transient) is retried with backoff, one WARN line at the first,
-// for as long as it lasts; any other error is returned. The API starts once the replica has
-// joined, as it does after a first start's training.
+// joinLog joins the posterior log (replica.Replica.Join), waiting for its brokers (awaitBrokers).
 func (d *Daemon) joinLog(ctx context.Context) error {
+	return d.awaitBrokers(ctx, "the posterior log", func() error { return d.rep.Join(ctx, d.conn) })
+}
+
+// awaitBrokers runs join, a step of a replica's start that reads or writes Kafka, until it
+// succeeds, waiting out brokers that cannot be reached yet or answer late (replicas started
+// before their brokers, a broker at its connection limit, a busy machine): a transient broker
+// error (stream.Transient) is retried with backoff, one WARN line at the first, for as long as
+// it lasts; any other error is returned. The API starts once the replica has joined, as it does
+// after a first start's training.
+func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() error) error {
 	bo := backoff.Backoff{Min: joinRetryMin, Max: joinRetryMax}
 	for failures := 0; ; failures++ {
-		err := d.rep.Join(ctx, d.conn)
+		err := join()
 		if err == nil || ctx.Err() != nil || !stream.Transient(err) {
 			if err == nil && failures > 0 {
-				d.log.Info("posterior log joined after its broker answered", "topic", d.cfg.Replication.PosteriorTopic, "failures", failures)
+				d.log.Info("joined "+what+" once its brokers answered", "failures", failures)
 			}
 			return err
 		}
 		if failures == 0 {
-			d.log.Warn("cannot join the posterior log yet: its broker does not answer; retrying with backoff (the API starts once joined)",
-				"topic", d.cfg.Replication.PosteriorTopic, "brokers", d.conn.Brokers, "err", err)
+			d.log.Warn("cannot join "+what+" yet: its brokers do not answer; retrying with backoff (the API starts once joined)",
+				"brokers", d.conn.Brokers, "err", err)
 		}
 		if bo.Wait(ctx) != nil {
 			return err
@@ -256,7 +264,7 @@ func (d *Daemon) joinLog(ctx context.Context) error {
 	}
 }
 
-// joinLog's backoff: the consumer's, so a replica and ingestion wait out an outage alike.
+// awaitBrokers' backoff: the consumer's, so a replica and ingestion wait out an outage alike.
 const (
 	joinRetryMin = 100 * time.Millisecond
 	joinRetryMax = 5 * time.Second

@@ -337,10 +337,12 @@ func (r *Replica) noLiveUpdaters(ctx context.Context) error {
 					"group %s: %w): nothing was written; retry", r.plog.Topic(), r.group, err)
 			}
 			return fmt.Errorf("replication.posterior_topic %s is empty, but %d replicas run in the updater group %s (hosts %s, still there "+
-				"after replication.session_timeout): the log they follow was deleted or emptied under them, and a genesis of this "+
+				"after replication.session_timeout): either this replica's replication.posterior_topic is not the topic they follow "+
+				"(every replica names the same: compare the configuration files; this start created %s if it did not exist), or "+
+				"the log they follow was deleted or emptied under them, and a genesis of this "+
 				"replica's would start a second history beside theirs; nothing was written: a new log starts from one of their heads "+
 				"(cfguard new-epoch --head-from <a running replica's URL>, see docs/RUNBOOK.md, CfguardPosteriorLogStopped), then start "+
-				"this replica again", r.plog.Topic(), len(members), r.group, strings.Join(members, ", "))
+				"this replica again", r.plog.Topic(), len(members), r.group, strings.Join(members, ", "), r.plog.Topic())
 		}
 		if err := bo.Wait(ctx); err != nil {
 			return err
