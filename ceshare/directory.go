@@ -198,23 +198,34 @@ func (d *Directory) lookUp(ctx context.Context) {
 		d.owners, d.refresh = nil, err
 		return
 	}
-	owners := make(map[int]Owner, d.partitions)
 	d.forgetGone(g.Members)
-	for _, m := range g.Members {
+	d.owners, d.state, d.refresh = d.ownersOf(g.Members), g.GroupState, nil
+}
+
+// ownersOf maps each partition of the topic to the member the group assigned it to, among the
+// members whose data authenticates. A member assigned none of the topic's partitions owns
+// nothing and is not judged: between generations every member's data and assignment are empty.
+func (d *Directory) ownersOf(members []kafka.DescribeGroupsResponseMember) map[int]Owner {
+	owners := make(map[int]Owner, d.partitions)
+	for _, m := range members {
+		var parts []int
+		for _, t := range m.MemberAssignments.Topics {
+			if t.Topic == d.topic {
+				parts = append(parts, t.Partitions...)
+			}
+		}
+		if len(parts) == 0 {
+			continue
+		}
 		md, ok := d.memberData(m)
 		if !ok {
 			continue
 		}
-		for _, t := range m.MemberAssignments.Topics {
-			if t.Topic != d.topic {
-				continue
-			}
-			for _, p := range t.Partitions {
-				owners[p] = Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID}
-			}
+		for _, p := range parts {
+			owners[p] = Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID}
 		}
 	}
-	d.owners, d.state, d.refresh = owners, g.GroupState, nil
+	return owners
 }
 
 // forgetGone drops the refused members that are no longer in the group.
