@@ -87,3 +87,24 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 		return r.metric(t, "cfguard_records_total", "result", "applied") == 64
 	})
 }
+
+// With a short kafka.embedded_idle_timeout (2s, below the 5s between two reads of the input
+// topic's offsets), the daemon's own clients drop their idle connections first: no read of the
+// offsets, by the watermarks reader or the consumer, goes out on a connection the broker closed.
+func TestShortBrokerIdleTimeoutSparesOurClients(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three reads of the offsets, 5s apart: not with -short")
+	}
+	t.Parallel() // waits
+	r := startDaemon(t, func(c *config.Config) { c.Kafka.EmbeddedIdleTimeout = 2 * time.Second })
+	_, first, _, _ := r.d.ends.get()
+	waitfor.Cond(t, 60*time.Second, "three more reads of the input topic's offsets", func() bool {
+		_, at, _, _ := r.d.ends.get()
+		return at.Sub(first) >= 3*watermarksEvery-time.Second
+	})
+	for _, failed := range []string{"cannot read the input topic's offsets", "kafka broker operations failing"} {
+		if strings.Contains(r.logs.String(), failed) {
+			t.Errorf("a request failed on a connection the broker closed (%q):\n%s", failed, r.logs.String())
+		}
+	}
+}

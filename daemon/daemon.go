@@ -373,6 +373,10 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	return d.bootstrapModel(ctx)
 }
 
+// embeddedClientIdle is how long the daemon's Kafka clients keep an idle connection to the
+// embedded broker at most (kafka-go's default); half kafka.embedded_idle_timeout when that is less.
+const embeddedClientIdle = 30 * time.Second
+
 // connectKafka starts the embedded broker when no kafka.brokers are configured, and the event
 // publisher, the outbox and the confirmer that depend on it.
 func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
@@ -399,6 +403,8 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.broker = b
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
+		// Our clients drop idle connections before the broker closes them under them.
+		d.conn.IdleTimeout = min(embeddedClientIdle, cfg.Kafka.EmbeddedIdleTimeout/2)
 	}
 	d.brokerAddr = d.conn.Brokers
 

@@ -47,6 +47,10 @@ type ConnConfig struct {
 	// DialTimeout bounds connecting (TCP, TLS and SASL handshakes).
 	// Default: 10s.
 	DialTimeout time.Duration
+	// IdleTimeout closes a pooled connection idle for this long: below a broker's own idle
+	// timeout, so that a request never goes out on a connection the broker has closed.
+	// Default: kafka-go's, 30s.
+	IdleTimeout time.Duration
 }
 
 func (c *ConnConfig) applyDefaults() error {
@@ -118,6 +122,7 @@ func (c *ConnConfig) transport(ctx context.Context) *kafka.Transport {
 		MetadataTTL: 2 * time.Second,
 		Dial:        (&net.Dialer{Timeout: c.DialTimeout}).DialContext,
 		DialTimeout: c.DialTimeout,
+		IdleTimeout: c.IdleTimeout,
 		ClientID:    c.ClientID,
 		TLS:         c.TLS,
 		SASL:        m,
