@@ -712,16 +712,24 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 }
 
 // acquireStates claims partition p of the CE state topic for generation gen and, with restore,
-// reads its states, and says whether an earlier owner claimed p (claimStates), retrying a broker's transient errors for at most a session
-// timeout (the partition's rebuild waits no longer than the group waits for a member), and
-// creating the topic again when it is gone. A state topic that cannot be read or written is logged at ERROR
-// and the partition is rebuilt from its registrations alone.
+// reads its states, and says whether an earlier owner claimed p (claimStates). A broker's
+// transient errors are retried for as long as they last, as fetches of the CE topic are: the
+// partition stays not caught up meanwhile (cfguard_counterfactuals_partitions_rebuilding,
+// CfguardCounterfactualsNotCaughtUp), with a WARN line once the episode reaches fetchWarnAfter.
+// Rebuilding without the states would lose the previous owner's renewals, verdicts and history,
+// and leave p unclaimed, so that the next owner would take this replica's states for late
+// writes. A state topic that is gone is created again. An error no retry fixes (ACLs) is logged
+// at ERROR and the partition is rebuilt from its registrations alone.
 func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, bool) {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
-	deadline := time.Now().Add(m.cfg.SessionTimeout)
+	var since time.Time // the episode's first failure
+	warned := false
 	for {
 		states, before, err := m.claimStates(ctx, cl, p, gen, restore)
 		if err == nil {
+			if warned {
+				m.log.Info("CE states of the partition read and claimed again", "partition", p, "failed_for", time.Since(since).Round(time.Millisecond))
+			}
 			return states, before
 		}
 		if ctx.Err() != nil {
@@ -734,11 +742,19 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen
 			}
 			err = errors.Join(err, cerr)
 		}
-		if !stream.Retryable(err) || time.Now().After(deadline) {
+		if !stream.Retryable(err) {
 			m.log.Error("CE state topic cannot be read or the partition claimed there: its CEs are rebuilt from their registrations, "+
 				"without the renewals, verdicts and history of their previous owner, and the partition's next owner may take the "+
 				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
 			return nil, false
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if failing := time.Since(since); !warned && failing >= fetchWarnAfter {
+			warned = true
+			m.log.Warn("reading or claiming the CE states of a partition keeps failing; retrying (the partition is not caught up until it works)",
+				"partition", p, "state_topic", m.cfg.StateTopic, "failing_for", failing.Round(time.Millisecond), "err", err)
 		}
 		m.log.Debug("reading or claiming CE states failed; retrying", "partition", p, "err", err)
 		if bo.Wait(ctx) != nil {

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
@@ -630,5 +633,61 @@ func TestRestoreLeavesLateWritesOut(t *testing.T) {
 	}
 	if _, ok := l.restored[other]; ok || len(l.bad) > 0 {
 		t.Errorf("%s of another partition restored %v; rules broken: %v", other, ok, l.bad)
+	}
+}
+
+// A member whose broker fails its reads of the state topic for longer than the group's session
+// timeout waits for them, the partition not caught up meanwhile, instead of rebuilding it
+// without the previous owner's states (and unclaimed): once the reads work, every CE comes with
+// its state.
+func TestMemberWaitsForTheStateTopic(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the members' cleanups
+	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	cfg := memberConfig(conn, "r1")
+	cfg.StateTopic = testStateTopic
+	first := startReplica(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr := testProducer(t, conn)
+	if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: "a-0", Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Cond(t, 60*time.Second, "the first member applying the registration", func() bool { return first.l.registered() == 1 })
+	sw, err := NewStateWriter(ctx, conn, testStateTopic, testPartitions, testKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	if err := sw.Write(ctx, []State{{ID: "a-0", Replica: "r1", Generation: first.m.Generation(), CE: json.RawMessage(`{"s":"renewed"}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	first.stop(t)
+
+	// The state topic's offsets cannot be listed for three session timeouts from now.
+	until := time.Now().Add(3 * testSession)
+	var refused atomic.Int64
+	kc.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		for _, tp := range req.(*kmsg.ListOffsetsRequest).Topics {
+			if tp.Topic == testStateTopic && time.Now().Before(until) {
+				refused.Add(1)
+				return nil, errors.New("connection closed by the test"), true
+			}
+		}
+		return nil, nil, false
+	})
+	second := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "the second member owning every partition, caught up", func() bool { return ownership(second) != nil })
+	if refused.Load() == 0 {
+		t.Fatal("no read of the state topic was refused: the test shows nothing")
+	}
+	second.l.mu.Lock()
+	defer second.l.mu.Unlock()
+	if s := second.l.states["a-0"]; s == nil || string(s.CE) != `{"s":"renewed"}` {
+		t.Errorf("a-0 came with state %+v after %d refused reads, want the first owner's", s, refused.Load())
 	}
 }
