@@ -39,7 +39,7 @@ const (
 
 // ReplicaMetrics are a replica's gauges and counters of the posterior log and the CE share.
 type ReplicaMetrics struct {
-	Entry, Term, Lag, Updater, Stopped, CEPartitions prometheus.Gauge
+	Entry, Term, Lag, Updater, Stopped prometheus.Gauge
 	// Ignored counts the log's records the acceptance rule did not accept, by reason (created
 	// at 0 for the reasons given to NewReplicaMetrics).
 	Ignored     *prometheus.CounterVec
@@ -55,8 +55,9 @@ type ReplicaMetrics struct {
 	CERepaired prometheus.Counter
 	// CEApplied counts the requests of the CE topic applied to this replica's ledger.
 	CEApplied prometheus.Counter
-	// Unauthenticated counts the records of the posterior and CE topics this replica ignored
-	// because their authenticator does not verify under the cluster key, by topic.
+	// Unauthenticated counts the records of the posterior, CE and CE state topics, and the CE
+	// group's members, this replica ignored because their authenticator does not verify under the
+	// cluster key, by topic (GroupSource for members).
 	Unauthenticated *prometheus.CounterVec
 	// SettingsDiffer is the number of cluster-wide settings of this replica's file that differ
 	// from those its posterior log's genesis records: a replica with any refuses to join.
@@ -66,11 +67,27 @@ type ReplicaMetrics struct {
 	CEStates *prometheus.CounterVec
 
 	rebuilding atomic.Pointer[func() int] // SetRebuilding's function, read at each scrape
+	owned      atomic.Pointer[func() int] // SetPartitionsOwned's
 }
 
 // SetRebuilding makes f the count of CE partitions this replica is rebuilding, read at each
 // scrape (0 until it is set).
 func (m *ReplicaMetrics) SetRebuilding(f func() int) { m.rebuilding.Store(&f) }
+
+// SetPartitionsOwned makes f the count of CE partitions this replica owns, read at each scrape
+// (0 until it is set): partitions are acquired concurrently, so no one acquisition knows the
+// count.
+func (m *ReplicaMetrics) SetPartitionsOwned(f func() int) { m.owned.Store(&f) }
+
+// funcGauge is a gauge of name read from *p at each scrape (0 while it is nil).
+func funcGauge(name, help string, p *atomic.Pointer[func() int]) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+		if f := p.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
+}
 
 // NewReplicaMetrics registers a replica's metrics on reg; the counters of unauthenticated
 // records start at 0 for topics (the posterior and CE topics).
@@ -79,12 +96,11 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 	}
 	m := &ReplicaMetrics{
-		Entry:        g(NameLogEntry, "Sequence number of the last accepted entry of the posterior log this replica applied."),
-		Term:         g(NameLogTerm, "Term of the posterior log's head (the fencing token of its updater)."),
-		Lag:          g(NameLogLag, "Records of the posterior log this replica has not read yet."),
-		Updater:      g(NameReplicaUpdater, "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."),
-		Stopped:      g(NameLogStopped, "1 when this replica stopped following the posterior log (an entry it cannot read or verify, or the log reset); it serves the last verified posterior."),
-		CEPartitions: g(NameCEPartitions, "Partitions of the CE topic this replica owns."),
+		Entry:   g(NameLogEntry, "Sequence number of the last accepted entry of the posterior log this replica applied."),
+		Term:    g(NameLogTerm, "Term of the posterior log's head (the fencing token of its updater)."),
+		Lag:     g(NameLogLag, "Records of the posterior log this replica has not read yet."),
+		Updater: g(NameReplicaUpdater, "1 while this replica is the updater (assigned the posterior log's partition by the updater group)."),
+		Stopped: g(NameLogStopped, "1 when this replica stopped following the posterior log (an entry it cannot read or verify, or the log reset); it serves the last verified posterior."),
 		Ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameLogIgnored,
 			Help: "Records of the posterior log the acceptance rule did not accept, by reason."}, []string{"reason"}),
 		AppendsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: NameLogAppendsLost,
@@ -100,20 +116,15 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
 			"a replica with any refuses to join (not ready)."),
 		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
-			Help: "Records of the posterior and CE topics ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
+			Help: "Records of the posterior, CE and CE state topics, and members of the CE group (topic group:<group>), ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
 			[]string{"topic"}),
 		CEStates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameCEStates,
 			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write, fenced (a previous owner's write after another replica claimed the partition)."},
 			[]string{"result"}),
 	}
-	rebuilding := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: NameCERebuilding,
-		Help: "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them: " +
-			"reads and lists of their CEs answer 503 meanwhile."}, func() float64 {
-		if f := m.rebuilding.Load(); f != nil {
-			return float64((*f)())
-		}
-		return 0
-	})
+	rebuilding := funcGauge(NameCERebuilding, "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them: "+
+		"reads and lists of their CEs answer 503 meanwhile.", &m.rebuilding)
+	owned := funcGauge(NameCEPartitions, "Partitions of the CE topic this replica owns.", &m.owned)
 	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge, StateFenced} {
 		m.CEStates.WithLabelValues(r)
 	}
@@ -123,6 +134,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, m.CEPartitions, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, owned, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding)
 	return m
 }

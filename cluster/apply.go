@@ -23,11 +23,6 @@ func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	owned := s.member.Owned() // the member records p as owned once Acquire returns
-	if !slices.Contains(owned, p) {
-		owned = append(owned, p)
-	}
-	s.metrics.CEPartitions.Set(float64(len(owned)))
 	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok)
 	return off, nil
 }
@@ -47,7 +42,6 @@ func (s *Share) Release(ctx context.Context, p int) error {
 	if err != nil {
 		return err
 	}
-	s.metrics.CEPartitions.Set(float64(len(s.member.Owned())))
 	s.lg.Info("CE partition released", "partition", p, "counterfactuals", n)
 	return nil
 }

@@ -194,6 +194,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 	}
 	c.States.member.Store(s.member)
 	m.SetRebuilding(func() int { return len(s.NotCaughtUp()) })
+	m.SetPartitionsOwned(func() int { return len(s.member.Owned()) })
 	if s.prod, err = ceshare.NewProducer(ctx, c.Conn, rc.CETopic, c.Replica.Keys(), s.lg); err != nil {
 		return nil, err
 	}
