@@ -153,7 +153,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		topicMismatch: gauge(NameTopicMismatch, "1 while ingest is stopped because kafka.topic no longer holds the ledger's offsets "+
 			"(deleted and recreated, or records lost by the broker) until an operator confirms with --accept-topic-reset, else 0."),
 		renewed: f.NewCounter(prometheus.CounterOpts{Name: NameRenewed,
-			Help: "Certificates renewed: counterfactuals re-anchored to the current posterior after their bound lapsed, by the confirmer or an audit."}),
+			Help: "Certificates renewed by the confirmer (re-anchored to the current posterior after their bound lapsed), plus every counterfactual an audit re-anchors (certified ones whose bound still held, and at_risk, invalidated or uncertified ones that enter the set)."}),
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: NameEvents,
 			Help: "Outbox entries by result of a publish attempt: events, and on replicas CE states: published (acknowledged by the events topic, or the CE state topic), failed (in an attempt that failed, at either topic; they stay in the outbox and are retried with backoff, and counted again each time)."}, []string{"result"}),
 		audits:        f.NewCounter(prometheus.CounterOpts{Name: NameAudits, Help: "Full audits completed."}),

@@ -102,8 +102,9 @@ func NewStateCollector(budget float64, read func() (State, error)) *StateCollect
 			"while reads fail, cfguard_consumer_lag_records keeps the last count."),
 		backlog:     d(NameRenewalPending, "Certified counterfactuals whose bound has lapsed, waiting to be renewed or judged by Monte-Carlo."),
 		unconfirmed: d(NameUnconfirmed, "Counterfactuals waiting for a Monte-Carlo measurement under the current posterior (lapsed certificates, and at_risk or invalidated ones whose last verdict is older)."),
-		outbox:      d(NameEventsPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic."),
-		counts:      d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified), decided or not.", "status"),
+		outbox: d(NameEventsPending, "Events written to the ledger's outbox and not yet acknowledged by the events topic; on a replica, also the CE states "+
+			"waiting for the CE state topic."),
+		counts: d(NameCounterfactuals, "Stored counterfactuals by status (certified, at_risk, invalidated, uncertified), decided or not.", "status"),
 		decided: d(NameCounterfactualsDecided, "Stored counterfactuals whose status is decided under the current posterior, by status: certified with a bound that holds, "+
 			"at_risk or invalidated with a Monte-Carlo verdict that carries to it (the API's decided: true; uncertified is never decided). "+
 			"cfguard_counterfactuals minus this gauge are the undecided ones: lapsed certificates, verdicts kept by hysteresis or that no longer carry.", "status"),
