@@ -250,7 +250,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if d.rep != nil {
-		if err := d.joinShare(life); err != nil {
+		if err := d.joinShare(ctx, life); err != nil {
 			return err
 		}
 		td.add("CE share", d.share.Close)

@@ -113,3 +113,59 @@ func TestReplicaWaitsForTheCETopic(t *testing.T) {
 		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, r.logs.String())
 	}
 }
+
+// A replica that waits for its brokers at start stops when asked to, whichever join it waits
+// in, and says so.
+func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replicas that wait: not with -short")
+	}
+	t.Parallel()
+	for _, tc := range []struct {
+		what    string
+		brokers func(t *testing.T) []string
+	}{
+		{"the posterior log", func(t *testing.T) []string { return []string{testnet.Reserve(t).Addr()} }},
+		{"the CE topic", func(t *testing.T) []string {
+			kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(kc.Close)
+			kc.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				kc.KeepControl()
+				for _, tp := range req.(*kmsg.CreateTopicsRequest).Topics {
+					if tp.Topic == "cfguard.ce" {
+						return nil, errors.New("connection closed by the test"), true
+					}
+				}
+				return nil, nil, false
+			})
+			return kc.ListenAddrs()
+		}},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			c := testConfig(t, func(c *config.Config) { replicaConfigAt(c, tc.brokers(t), "r1", writeKeyFile(t, testClusterKey)) })
+			logs := &tooltest.Output{}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- Run(ctx, Options{Config: &c, Registry: prometheus.NewRegistry(),
+					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			}()
+			waitfor.Cond(t, 60*time.Second, "the replica waiting to join "+tc.what, func() bool {
+				return strings.Contains(logs.String(), "cannot join "+tc.what+" yet")
+			})
+			cancel()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "stopped while joining "+tc.what) {
+					t.Errorf("Run = %v, want it stopped while joining %s", err, tc.what)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the replica did not stop within 30 s of cancel")
+			}
+		})
+	}
+}

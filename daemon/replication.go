@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -217,16 +218,17 @@ func (h shareHost) Predict(ctx context.Context, m *bnn.Model, rows [][]float64) 
 // Applied wakes the confirmers: the requests applied may have stored CEs to judge.
 func (h shareHost) Applied() { h.d.confirm.notify() }
 
-// joinShare makes this replica a member of the CE group (cluster.NewShare), advertising the API
-// it serves, once the brokers answer (awaitBrokers).
-func (d *Daemon) joinShare(ctx context.Context) error {
+// joinShare makes this replica a member of the CE group (cluster.NewShare, whose connections
+// live as long as life), advertising the API it serves, once the brokers answer (awaitBrokers,
+// which a stop through ctx ends).
+func (d *Daemon) joinShare(ctx, life context.Context) error {
 	rc := d.cfg.Replication
 	adv, err := cluster.AdvertiseURL(rc.AdvertiseURL, d.httpAddr, d.cfg.ServesTLS())
 	if err != nil {
 		return err
 	}
 	return d.awaitBrokers(ctx, "the CE topic", func() (err error) {
-		d.share, err = cluster.NewShare(ctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
+		d.share, err = cluster.NewShare(life, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
 			Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
 			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
 		return err
@@ -241,31 +243,45 @@ func (d *Daemon) joinLog(ctx context.Context) error {
 // awaitBrokers runs join, a step of a replica's start that reads or writes Kafka, until it
 // succeeds, waiting out brokers that cannot be reached yet or answer late (replicas started
 // before their brokers, a broker at its connection limit, a busy machine): a transient broker
-// error (stream.Transient) is retried with backoff, one WARN line at the first, for as long as
-// it lasts; any other error is returned. The API starts once the replica has joined, as it does
-// after a first start's training.
+// error (stream.Transient) is retried with backoff, with a WARN line at the first and every
+// joinWarnEvery while it lasts; any other error is returned, and so is ctx's end (a stop asked
+// for meanwhile). The API starts once the replica has joined, as it does after a first start's
+// training.
 func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() error) error {
 	bo := backoff.Backoff{Min: joinRetryMin, Max: joinRetryMax}
+	var since, warned time.Time
 	for failures := 0; ; failures++ {
 		err := join()
-		if err == nil || ctx.Err() != nil || !stream.Transient(err) {
-			if err == nil && failures > 0 {
-				d.log.Info("joined "+what+" once its brokers answered", "failures", failures)
+		switch {
+		case err == nil:
+			if failures > 0 {
+				d.log.Info("joined "+what+" once its brokers answered", "failures", failures, "waited", time.Since(since).Round(time.Millisecond))
 			}
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("stopped while joining %s: %w", what, context.Cause(ctx))
+		case !stream.Transient(err):
 			return err
 		}
-		if failures == 0 {
+		now := time.Now()
+		if since.IsZero() {
+			since = now
+		}
+		if now.Sub(warned) >= joinWarnEvery {
+			warned = now
 			d.log.Warn("cannot join "+what+" yet: its brokers do not answer; retrying with backoff (the API starts once joined)",
-				"brokers", d.conn.Brokers, "err", err)
+				"brokers", d.conn.Brokers, "failing_for", now.Sub(since).Round(time.Millisecond), "err", err)
 		}
 		if bo.Wait(ctx) != nil {
-			return err
+			return fmt.Errorf("stopped while joining %s: %w", what, context.Cause(ctx))
 		}
 	}
 }
 
-// awaitBrokers' backoff: the consumer's, so a replica and ingestion wait out an outage alike.
+// awaitBrokers' backoff: the consumer's, so a replica and ingestion wait out an outage alike;
+// and how often it says it still waits.
 const (
-	joinRetryMin = 100 * time.Millisecond
-	joinRetryMax = 5 * time.Second
+	joinRetryMin  = 100 * time.Millisecond
+	joinRetryMax  = 5 * time.Second
+	joinWarnEvery = 5 * time.Minute
 )

@@ -60,9 +60,13 @@ func permanent(err error) bool {
 		hostname    x509.HostnameError
 		verify      *tls.CertificateVerificationError
 		header      tls.RecordHeaderError // TLS spoken to a plain listener, or the reverse
+		op          *net.OpError
 	)
+	// A TLS alert the broker sent (crypto/tls reports it as a "remote error"): it refused our
+	// certificate, or wants one we do not present.
+	remote := errors.As(err, &op) && op.Op == "remote error"
 	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
-		errors.As(err, &verify) || errors.As(err, &header)
+		errors.As(err, &verify) || errors.As(err, &header) || remote
 }
 
 // Transient reports whether err is a broker operation's failure that comes and goes with the

@@ -56,6 +56,7 @@ func TestClassification(t *testing.T) {
 		{"unknown CA", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, false, false},
 		{"wrong host name", fmt.Errorf("dial: %w", x509.HostnameError{Host: "kafka"}), false, false},
 		{"TLS to a plain listener", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, false, false},
+		{"our certificate refused by the broker", fmt.Errorf("metadata: %w", &net.OpError{Op: "remote error", Err: tls.AlertError(42)}), false, false},
 		{"no broker's: a damaged file", errors.New("ledger: checksum mismatch"), true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
