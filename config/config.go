@@ -445,11 +445,18 @@ func Load(text string) (*Config, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	// yaml.Unmarshal would read the first document alone and drop the rest, keys and mistakes.
-	var more yaml.Node
-	if err := dec.Decode(&more); err == nil && !noKeys(&more) {
-		return nil, fmt.Errorf("%w: line %d: a second YAML document (after ---): the configuration is one document; merge its keys into the first", ErrInvalid, more.Line)
-	} else if err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		if !noKeys(&more) {
+			return nil, fmt.Errorf("%w: line %d: another YAML document (after ---): the configuration is one document; merge its keys into the first", ErrInvalid, more.Line)
+		}
 	}
 	c.empty = noKeys(&doc)
 	if !c.empty {
@@ -1214,8 +1221,8 @@ func checkHostPort(addr string, listen bool) error {
 }
 
 // sharedListen says how the listen addresses a and b would take the same port, or "": the same
-// port number (not 0, which is any free port) on the same host (localhost being any loopback
-// address it may resolve to), or on every interface ("", 0.0.0.0 or ::) for either. Addresses that are not host:port are left to checkHostPort.
+// port number (not 0, which is any free port) on the same host (localhost being 127.0.0.1 or
+// ::1, whichever it binds), or on every interface ("", 0.0.0.0 or ::) for either. Addresses that are not host:port are left to checkHostPort.
 func sharedListen(a, b string) string {
 	ha, pa, errA := net.SplitHostPort(a)
 	hb, pb, errB := net.SplitHostPort(b)
@@ -1225,9 +1232,16 @@ func sharedListen(a, b string) string {
 		return ""
 	}
 	every := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	loopback := func(h string) bool { ip := net.ParseIP(h); return ip != nil && ip.IsLoopback() }
+	// localhost binds 127.0.0.1 (or ::1 on a host without IPv4 loopback).
+	host := func(h string) string {
+		if strings.EqualFold(h, "localhost") {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	localhostV6 := func(a, b string) bool { return strings.EqualFold(a, "localhost") && b == "::1" }
 	switch {
-	case ha == hb, ha == "localhost" && loopback(hb), hb == "localhost" && loopback(ha):
+	case host(ha) == host(hb), localhostV6(ha, hb), localhostV6(hb, ha):
 		return "is the address of"
 	case every(ha) || every(hb):
 		return fmt.Sprintf("takes port %d, which is also the port of", na)

@@ -261,6 +261,7 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 			"http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092): the API and the embedded broker each need a port of their own; change one of the two"},
 		"listen on localhost, the broker's port": {"http:\n  listen: localhost:7000\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
 			"http.listen: localhost:7000: is the address of kafka.embedded_listen (127.0.0.1:7000)"},
+		"LOCALHOST, the broker's port": {"http:\n  listen: LOCALHOST:7000\nkafka:\n  embedded_listen: 127.0.0.1:7000\n", "http.listen: LOCALHOST:7000: is the address of"},
 		"listen on every interface, the broker's port": {"http:\n  listen: \":7000\"\nkafka:\n  embedded_listen: 127.0.0.1:7000\n",
 			"http.listen: :7000: takes port 7000, which is also the port of kafka.embedded_listen (127.0.0.1:7000)"},
 		// The embedded broker has no authentication: it listens on loopback only (it refuses any
@@ -269,7 +270,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 			"kafka.embedded_listen: [::]:7000: must be a loopback address or localhost"},
 		"broker on a LAN address": {"kafka:\n  embedded_listen: 10.1.2.3:9092\n", "kafka.embedded_listen: 10.1.2.3:9092: must be a loopback address"},
 		// What yaml would drop or read as a default: each is refused, naming the key.
-		"a second document":               {"certify:\n  delta: 0.1\n---\ncertify:\n  on_breach: reject\n", "line 3: a second YAML document"},
+		"a second document":               {"certify:\n  delta: 0.1\n---\ncertify:\n  on_breach: reject\n", "line 3: another YAML document"},
+		"a third document":                {"certify:\n  delta: 0.1\n---\n# nothing\n---\nbogus: 1\n", "line 5: another YAML document"},
 		"kl_weight NaN":                   {"update:\n  kl_weight: .nan\n", "update.kl_weight: NaN: must be finite and >= 0"},
 		"kl_weight Inf":                   {"update:\n  kl_weight: .inf\n", "update.kl_weight: +Inf: must be finite and >= 0"},
 		"hoeffding_alpha NaN":             {"certify:\n  hoeffding_alpha: .nan\n", "certify.hoeffding_alpha: NaN: must be in [0, 1)"},
@@ -303,10 +305,11 @@ func TestGoodValuesAtTheEdges(t *testing.T) {
 		"http:\n  listen: \":8080\"\n",   // every interface
 		"http:\n  listen: \"[::1]:0\"\n", // any free port
 		"http:\n  listen: localhost:8080\n",
-		"http:\n  listen: 127.0.0.1:0\nkafka:\n  embedded_listen: 127.0.0.1:0\n", // two free ports, not one
-		"http:\n  listen: 127.0.0.2:9092\n",                                      // the broker's port on another address
-		"http:\n  listen: \"[::1]:9092\"\n",                                      // and on the other loopback
-		"http:\n  listen: 127.0.0.1:9092\nkafka:\n  brokers: [\"kafka:9092\"]\n", // no embedded broker
+		"http:\n  listen: 127.0.0.1:0\nkafka:\n  embedded_listen: 127.0.0.1:0\n",       // two free ports, not one
+		"http:\n  listen: 127.0.0.2:9092\n",                                            // the broker's port on another address
+		"http:\n  listen: \"[::1]:9092\"\n",                                            // and on the other loopback
+		"http:\n  listen: 127.0.0.2:7000\nkafka:\n  embedded_listen: localhost:7000\n", // localhost is 127.0.0.1
+		"http:\n  listen: 127.0.0.1:9092\nkafka:\n  brokers: [\"kafka:9092\"]\n",       // no embedded broker
 		"kafka:\n  brokers: [\"kafka-0.kafka.svc:9093\", \"[fe80::1]:9092\"]\n",
 		"kafka:\n  topic: " + strings.Repeat("t", 249) + "\n",
 		"kafka:\n  topic: My_topic-1.v2\n",
