@@ -718,8 +718,8 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 // CfguardCounterfactualsNotCaughtUp), with a WARN line once the episode reaches fetchWarnAfter.
 // Rebuilding without the states would lose the previous owner's renewals, verdicts and history,
 // and leave p unclaimed, so that the next owner would take this replica's states for late
-// writes. A state topic that is gone is created again. An error no retry fixes (ACLs) is logged
-// at ERROR and the partition is rebuilt from its registrations alone.
+// writes. A state topic that is gone is created again. Any other error (ACLs, records that do
+// not decode) is logged at ERROR and the partition is rebuilt from its registrations alone.
 func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, bool) {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	var since time.Time // the episode's first failure
@@ -735,14 +735,16 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen
 		if ctx.Err() != nil {
 			return nil, false
 		}
+		transient := stream.Transient(err)
 		if topicGone(err) {
 			created, cerr := createStateTopic(ctx, cl, m.cfg.StateTopic, m.cfg.Partitions)
 			if created {
 				m.log.Warn("CE state topic was gone and is created again: the states it held are lost", "state_topic", m.cfg.StateTopic)
 			}
+			transient = cerr == nil || stream.Transient(cerr) // read it again (as created now), or create it again
 			err = errors.Join(err, cerr)
 		}
-		if !stream.Retryable(err) {
+		if !transient {
 			m.log.Error("CE state topic cannot be read or the partition claimed there: its CEs are rebuilt from their registrations, "+
 				"without the renewals, verdicts and history of their previous owner, and the partition's next owner may take the "+
 				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)

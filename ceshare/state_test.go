@@ -667,13 +667,16 @@ func TestMemberWaitsForTheStateTopic(t *testing.T) {
 	}
 	first.stop(t)
 
-	// The state topic's offsets cannot be listed for three session timeouts from now.
-	until := time.Now().Add(3 * testSession)
+	// The state topic's offsets cannot be listed until two session timeouts after the first
+	// refusal: past the time a member would have waited before rebuilding without the states.
 	var refused atomic.Int64
+	var firstRefusal atomic.Int64 // unix nanoseconds
+	var released atomic.Bool
 	kc.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		kc.KeepControl()
 		for _, tp := range req.(*kmsg.ListOffsetsRequest).Topics {
-			if tp.Topic == testStateTopic && time.Now().Before(until) {
+			if tp.Topic == testStateTopic && !released.Load() {
+				firstRefusal.CompareAndSwap(0, time.Now().UnixNano())
 				refused.Add(1)
 				return nil, errors.New("connection closed by the test"), true
 			}
@@ -681,6 +684,11 @@ func TestMemberWaitsForTheStateTopic(t *testing.T) {
 		return nil, nil, false
 	})
 	second := startReplica(t, cfg)
+	waitfor.Cond(t, 60*time.Second, "two session timeouts of refused reads of the state topic", func() bool {
+		at := firstRefusal.Load()
+		return at != 0 && time.Since(time.Unix(0, at)) >= 2*testSession
+	})
+	released.Store(true)
 	waitfor.Cond(t, 60*time.Second, "the second member owning every partition, caught up", func() bool { return ownership(second) != nil })
 	if refused.Load() == 0 {
 		t.Fatal("no read of the state topic was refused: the test shows nothing")
