@@ -325,6 +325,12 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	if code, body := keyedDo(t, reps[2], "/v1/counterfactuals", "retry-1", ceB); code != http.StatusUnprocessableEntity {
 		t.Errorf("the key with another body at r3: %d %s; want 422", code, body)
 	}
+	// r2's answer came from the first attempt's outcome; r3's, a key reused for another request, did not.
+	for i, want := range []float64{0, 1, 0} {
+		if got := counter(t, reps[i], "cfguard_requests_replayed_total", "result", "stored"); got != want {
+			t.Errorf("r%d: replayed registrations %v, want %v", i+1, got, want)
+		}
+	}
 	if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE at r2: %d %s", code, body)
 	}

