@@ -395,18 +395,21 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 // replaces is among the ids that start with the stem's first characters.
 func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev string, err error) {
 	same := func(o *ledger.CE) bool { return o.Target == ce.Target && slices.Equal(o.X, ce.X) }
-	after := ident.ReissueStem(ce.ID) + ".r"
-	ces, _, err := u.src.List(ctx, 0, 16, after)
-	if err != nil {
-		return nil, "", err
-	}
-	for _, o := range ces {
-		v, ok := strings.CutPrefix(o.ID, after)
-		if !ok {
-			break
+	// An id of 107 to 126 characters has a stem of its own; its replacements stored before
+	// stems existed are named "<id>.r<version>".
+	for _, after := range slices.Compact([]string{ident.ReissueStem(ce.ID) + ".r", ce.ID + ".r"}) {
+		ces, _, err := u.src.List(ctx, 0, 16, after)
+		if err != nil {
+			return nil, "", err
 		}
-		if isDigits(v) && same(o) {
-			next = append(next, o.ID)
+		for _, o := range ces {
+			v, ok := strings.CutPrefix(o.ID, after)
+			if !ok {
+				break
+			}
+			if isDigits(v) && same(o) {
+				next = append(next, o.ID)
+			}
 		}
 	}
 	i := strings.LastIndex(ce.ID, ".r")
@@ -427,7 +430,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 	if j <= 0 || len(stem)-j != 17 {
 		return next, "", nil
 	}
-	cands, _, err := u.src.List(ctx, 0, 16, stem[:j])
+	cands, _, err := u.src.List(ctx, 0, 64, stem[:j])
 	if err != nil {
 		return nil, "", err
 	}

@@ -465,6 +465,15 @@ func TestReissueLinks(t *testing.T) {
 	ra, rb := ident.Reissue(long("a"), 5), ident.Reissue(long("b"), 5)
 	reg(ra, a.X)
 	reg(rb, a.X)
+	// An id of 110 characters: a replacement named "<id>.r<version>" (stored before stems) and one
+	// under its stem are both linked.
+	mid := strings.Repeat("m", 110)
+	reg(mid, a.X)
+	reg(mid+".r3", a.X)
+	reg(ident.Reissue(mid, 4), a.X)
+	if got := page(mid); !strings.Contains(got, link(mid+".r3")) || !strings.Contains(got, link(ident.Reissue(mid, 4))) {
+		t.Errorf("%s's page does not link both its replacements", mid)
+	}
 	for _, pair := range [][2]string{{long("a"), ra}, {long("b"), rb}} {
 		if got := page(pair[0]); !strings.Contains(got, "Replaced by "+link(pair[1])+" (") {
 			t.Errorf("%s's page does not link its replacement %s alone", pair[0], pair[1])
