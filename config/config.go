@@ -537,8 +537,15 @@ func checkScalar(n *yaml.Node, v reflect.Value, path string) error {
 			return nil
 		}
 		var f float64
-		if err := n.Decode(&f); err == nil && f != math.Trunc(f) {
+		if err := n.Decode(&f); err != nil {
+			return nil // the decode that follows names the key
+		}
+		if f != math.Trunc(f) || math.IsInf(f, 0) {
 			return fmt.Errorf("%s (line %d): %s is not a whole number", path, n.Line, n.Value)
+		}
+		// yaml turns a float beyond the integer's range into its nearest bound, silently.
+		if v.CanInt() && (f < math.MinInt64 || f >= math.MaxInt64) || v.CanUint() && (f < 0 || f >= math.MaxUint64) {
+			return fmt.Errorf("%s (line %d): %s is out of range", path, n.Line, n.Value)
 		}
 	}
 	return nil
@@ -833,8 +840,9 @@ func readWebConfig(path string) (webConfig, error) {
 func checkSchedule(spec string) error {
 	body := strings.TrimSpace(spec)
 	if strings.HasPrefix(body, "TZ=") || strings.HasPrefix(body, "CRON_TZ=") {
-		if _, rest, ok := strings.Cut(body, " "); ok {
-			body = strings.TrimSpace(rest)
+		_, rest, _ := strings.Cut(body, " ")
+		if body = strings.TrimSpace(rest); body == "" {
+			return errors.New("a time zone and no schedule after it")
 		}
 	}
 	if rest, ok := strings.CutPrefix(body, "@every "); ok {
@@ -1237,6 +1245,9 @@ func sharedListen(a, b string) string {
 		if strings.EqualFold(h, "localhost") {
 			return "127.0.0.1"
 		}
+		if ip := net.ParseIP(h); ip != nil { // one spelling per address: ::ffff:127.0.0.1 is 127.0.0.1
+			return ip.String()
+		}
 		return h
 	}
 	localhostV6 := func(a, b string) bool { return strings.EqualFold(a, "localhost") && b == "::1" }
@@ -1252,6 +1263,9 @@ func sharedListen(a, b string) string {
 // checkTopic applies Kafka's rules for topic names: 1 to 249 of [a-zA-Z0-9._-], and neither "."
 // nor "..".
 func checkTopic(name string) error {
+	if name == "" {
+		return errors.New("must name a topic")
+	}
 	if len(name) > 249 {
 		return fmt.Errorf("is %d characters long; Kafka allows at most 249", len(name))
 	}
