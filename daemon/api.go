@@ -160,7 +160,25 @@ func (a *api) routes() http.Handler {
 	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	mux.Handle("/", unrouted(mux))
-	return http.MaxBytesHandler(mux, a.cfg.maxBodyBytes)
+	return http.MaxBytesHandler(canonical(mux), a.cfg.maxBodyBytes)
+}
+
+// canonical refuses, with a JSON 400, a path with an empty, "." or ".." segment, which the mux
+// would answer with a redirect to its cleaned form: a client that follows it would be answered
+// for another path (GET /v1/counterfactuals/. would list every CE, DELETE .. would go to /v1).
+func canonical(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean(p)
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if clean != p {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: a path has no empty, \".\" or \"..\" segment (docs/API.md lists the routes)", r.Method, p))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // unrouted answers a request that no route of mux takes (mux routes it to "/"), in JSON as every

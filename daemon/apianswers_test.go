@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -44,6 +45,10 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, HEAD, DELETE"}},
 		{"an empty id", "GET", "/v1/counterfactuals/", ``, 404, []string{"no such route"}},
 		{"an id no CE can hold, get", "GET", "/v1/counterfactuals/a%20b", ``, 400, []string{`character ' ' not in`}},
+		{"a dot segment, get", "GET", "/v1/counterfactuals/.", ``, 400, []string{`a path has no empty, "." or ".." segment`}},
+		{"a dot-dot segment, delete", "DELETE", "/v1/counterfactuals/..", ``, 400, []string{`"/v1/counterfactuals/.."`}},
+		{"an empty segment", "GET", "/v1//model", ``, 400, []string{`a path has no empty`}},
+		{"a dot segment inside", "GET", "/v1/./model", ``, 400, []string{`a path has no empty`}},
 		{"an id no CE can hold, delete", "DELETE", "/v1/counterfactuals/" + strings.Repeat("i", 129), ``, 400, []string{"want 1 to 128 characters"}},
 		{"an empty method", "POST", "/v1/explain", `{"x":` + js(x) + `,"method":""}`, 400, []string{"method is empty", "psce"}},
 		{"an Idempotency-Key to explain", "POST", "/v1/explain", `{"x":` + js(x) + `}`, 400, []string{"takes no Idempotency-Key", "give the body an id"}},
@@ -209,7 +214,7 @@ func TestExplainAnswersAsRegistrationDoes(t *testing.T) {
 	for _, release := range releases {
 		release()
 	}
-	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "explain.concurrency") {
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), fmt.Sprintf("explain.concurrency: %d at once", len(releases))) {
 		t.Errorf("POST /v1/explain with every slot taken: %d %s, want 429 naming explain.concurrency", resp.StatusCode, body)
 	}
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // errBusy: every generation slot is taken; the client should retry later.
-var errBusy = errors.New("explain: explain.concurrency generations are running; retry later")
+var errBusy = errors.New("explain: every generation slot is taken; retry later")
 
 // errVAEPending: the VAE is still being trained for the first explanation.
 var errVAEPending = errors.New("explain: the VAE is still being trained; retry shortly")
@@ -121,7 +121,7 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 func (e *explainer) acquire() (release func(), err error) {
 	release, ok := e.slots.acquire()
 	if !ok {
-		return nil, errBusy
+		return nil, fmt.Errorf("%w (explain.concurrency: %d at once)", errBusy, cap(e.slots.c))
 	}
 	return release, nil
 }
