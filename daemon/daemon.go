@@ -204,6 +204,11 @@ func (d *Daemon) snapshot(read func(m *bnn.Model) error) error {
 // released in reverse order of acquisition (teardown), each registered right after it was
 // acquired.
 func Run(ctx context.Context, opts Options) (err error) {
+	defer func() {
+		if errors.Is(err, errStoppedAtStart) { // asked to stop before it served: a clean stop
+			err = nil
+		}
+	}()
 	d, err := newDaemon(opts)
 	if err != nil {
 		for _, ln := range []net.Listener{opts.HTTPListener, opts.BrokerListener} {

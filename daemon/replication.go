@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -244,8 +245,8 @@ func (d *Daemon) joinLog(ctx context.Context) error {
 // succeeds, waiting out brokers that cannot be reached yet or answer late (replicas started
 // before their brokers, a broker at its connection limit, a busy machine): a transient broker
 // error (stream.Transient) is retried with backoff, with a WARN line at the first and every
-// joinWarnEvery while it lasts; any other error is returned, and so is ctx's end (a stop asked
-// for meanwhile). The API starts once the replica has joined, as it does after a first start's
+// joinWarnEvery while it lasts; any other error is returned, and ctx's end (a stop asked for
+// meanwhile) as errStoppedAtStart. The API starts once the replica has joined, as it does after a first start's
 // training.
 func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() error) error {
 	bo := backoff.Backoff{Min: joinRetryMin, Max: joinRetryMax}
@@ -259,7 +260,7 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 			}
 			return nil
 		case ctx.Err() != nil:
-			return fmt.Errorf("stopped while joining %s: %w", what, context.Cause(ctx))
+			return fmt.Errorf("%w: joining %s (%v)", errStoppedAtStart, what, context.Cause(ctx))
 		case !stream.Transient(err):
 			return err
 		}
@@ -273,10 +274,13 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 				"brokers", d.conn.Brokers, "failing_for", now.Sub(since).Round(time.Millisecond), "err", err)
 		}
 		if bo.Wait(ctx) != nil {
-			return fmt.Errorf("stopped while joining %s: %w", what, context.Cause(ctx))
+			return fmt.Errorf("%w: joining %s (%v)", errStoppedAtStart, what, context.Cause(ctx))
 		}
 	}
 }
+
+// errStoppedAtStart is a stop asked for while the daemon started: Run stops cleanly.
+var errStoppedAtStart = errors.New("stopped while starting")
 
 // awaitBrokers' backoff: the consumer's, so a replica and ingestion wait out an outage alike;
 // and how often it says it still waits.
