@@ -204,11 +204,6 @@ func (d *Daemon) snapshot(read func(m *bnn.Model) error) error {
 // released in reverse order of acquisition (teardown), each registered right after it was
 // acquired.
 func Run(ctx context.Context, opts Options) (err error) {
-	defer func() {
-		if errors.Is(err, errStoppedAtStart) { // asked to stop before it served: a clean stop
-			err = nil
-		}
-	}()
 	d, err := newDaemon(opts)
 	if err != nil {
 		for _, ln := range []net.Listener{opts.HTTPListener, opts.BrokerListener} {
@@ -226,6 +221,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer func() {
 		if terr := td.run(); terr != nil {
 			err = errors.Join(err, terr)
+		}
+	}()
+	defer func() { // before the teardown's: a failure of the teardown is still returned
+		if errors.Is(err, errStoppedAtStart) { // asked to stop before it served: a clean stop
+			err = nil
 		}
 	}()
 	// Every listener is bound before any state is created or a model trained: a busy port stops

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,37 +116,53 @@ func TestReplicaWaitsForTheCETopic(t *testing.T) {
 }
 
 // A replica that waits for its brokers at start stops when asked to, whichever join it waits
-// in, and cleanly (Run returns nil: cfguard run exits 0).
+// in, whether the broker refuses or holds its requests, and cleanly (Run returns nil: cfguard run
+// exits 0).
 func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replicas that wait: not with -short")
 	}
 	t.Parallel()
+	// ceTopic is a broker that drops (hold false) or holds (hold true) every request to create
+	// the CE topic; waiting is closed at the first.
+	ceTopic := func(t *testing.T, hold bool, waiting chan struct{}) []string {
+		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(kc.Close)
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) }) // before kc.Close
+		var once sync.Once
+		kc.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			kc.KeepControl()
+			for _, tp := range req.(*kmsg.CreateTopicsRequest).Topics {
+				if tp.Topic != "cfguard.ce" {
+					continue
+				}
+				once.Do(func() { close(waiting) })
+				if hold {
+					kc.SleepControl(func() { <-release })
+				}
+				return nil, errors.New("connection closed by the test"), true
+			}
+			return nil, nil, false
+		})
+		return kc.ListenAddrs()
+	}
 	for _, tc := range []struct {
 		what    string
-		brokers func(t *testing.T) []string
+		brokers func(t *testing.T, waiting chan struct{}) []string
 	}{
-		{"the posterior log", func(t *testing.T) []string { return []string{testnet.Reserve(t).Addr()} }},
-		{"the CE topic", func(t *testing.T) []string {
-			kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(kc.Close)
-			kc.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
-				kc.KeepControl()
-				for _, tp := range req.(*kmsg.CreateTopicsRequest).Topics {
-					if tp.Topic == "cfguard.ce" {
-						return nil, errors.New("connection closed by the test"), true
-					}
-				}
-				return nil, nil, false
-			})
-			return kc.ListenAddrs()
-		}},
+		{"the posterior log, refused", func(t *testing.T, _ chan struct{}) []string { return []string{testnet.Reserve(t).Addr()} }},
+		{"the CE topic, refused", func(t *testing.T, waiting chan struct{}) []string { return ceTopic(t, false, waiting) }},
+		{"the CE topic, held", func(t *testing.T, waiting chan struct{}) []string { return ceTopic(t, true, waiting) }},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
-			c := testConfig(t, func(c *config.Config) { replicaConfigAt(c, tc.brokers(t), "r1", writeKeyFile(t, testClusterKey)) })
+			waiting := make(chan struct{})
+			c := testConfig(t, func(c *config.Config) {
+				replicaConfigAt(c, tc.brokers(t, waiting), "r1", writeKeyFile(t, testClusterKey))
+			})
 			logs := &tooltest.Output{}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -154,8 +171,13 @@ func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 				done <- Run(ctx, Options{Config: &c, Registry: prometheus.NewRegistry(),
 					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 			}()
-			waitfor.Cond(t, 60*time.Second, "the replica waiting to join "+tc.what, func() bool {
-				return strings.Contains(logs.String(), "cannot join "+tc.what+" yet")
+			waitfor.Cond(t, 60*time.Second, "the replica waiting for its brokers", func() bool {
+				select {
+				case <-waiting:
+					return true
+				default:
+				}
+				return strings.Contains(logs.String(), "cannot join the posterior log yet")
 			})
 			cancel()
 			select {

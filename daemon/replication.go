@@ -229,9 +229,17 @@ func (d *Daemon) joinShare(ctx, life context.Context) error {
 		return err
 	}
 	return d.awaitBrokers(ctx, "the CE topic", func() (err error) {
-		d.share, err = cluster.NewShare(life, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
+		// The share's connections live as long as life, but a stop asked for while NewShare
+		// waits for a broker that does not answer ends the wait.
+		sctx, cancel := context.WithCancel(life)
+		stopWatching := context.AfterFunc(ctx, cancel)
+		d.share, err = cluster.NewShare(sctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
 			Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
 			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
+		stopWatching()
+		if err != nil {
+			cancel()
+		}
 		return err
 	})
 }
@@ -259,9 +267,9 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 				d.log.Info("joined "+what+" once its brokers answered", "failures", failures, "waited", time.Since(since).Round(time.Millisecond))
 			}
 			return nil
-		case ctx.Err() != nil:
+		case ctx.Err() != nil && (stream.Transient(err) || errors.Is(err, context.Canceled)):
 			return fmt.Errorf("%w: joining %s (%v)", errStoppedAtStart, what, context.Cause(ctx))
-		case !stream.Transient(err):
+		case !stream.Transient(err): // a refusal is a refusal, a stop asked for meanwhile or not
 			return err
 		}
 		now := time.Now()
