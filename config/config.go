@@ -1254,7 +1254,7 @@ func sharedListen(a, b string) string {
 	switch {
 	case host(ha) == host(hb), localhostV6(ha, hb), localhostV6(hb, ha):
 		return "is the address of"
-	case every(ha) || every(hb):
+	case every(host(ha)) || every(host(hb)):
 		return fmt.Sprintf("takes port %d, which is also the port of", na)
 	}
 	return ""

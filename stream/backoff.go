@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -62,12 +63,17 @@ func permanent(err error) bool {
 		header      tls.RecordHeaderError // TLS spoken to a plain listener, or the reverse
 		op          *net.OpError
 	)
-	// A TLS alert the broker sent (crypto/tls reports it as a "remote error"): it refused our
-	// certificate, or wants one we do not present.
-	remote := errors.As(err, &op) && op.Op == "remote error"
+	// A TLS alert the broker sent about the handshake (crypto/tls reports it as a "remote
+	// error"): it refused our certificate, wants one we do not present, or speaks no version we
+	// do. Other alerts (an internal error of the broker's) come and go.
+	remote := errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && slices.ContainsFunc(handshakeAlerts,
+		func(a string) bool { return strings.Contains(op.Err.Error(), a) })
 	return errors.As(err, &unknownCA) || errors.As(err, &invalidCert) || errors.As(err, &hostname) ||
 		errors.As(err, &verify) || errors.As(err, &header) || remote
 }
+
+// handshakeAlerts are the words of crypto/tls's alert texts that configuration causes.
+var handshakeAlerts = []string{"certificate", "access denied", "handshake failure", "protocol version", "unknown certificate authority"}
 
 // Transient reports whether err is a broker operation's failure that comes and goes with the
 // broker or the network: a network error (a refused or reset connection, a read timeout), a

@@ -57,6 +57,8 @@ func TestClassification(t *testing.T) {
 		{"wrong host name", fmt.Errorf("dial: %w", x509.HostnameError{Host: "kafka"}), false, false},
 		{"TLS to a plain listener", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, false, false},
 		{"our certificate refused by the broker", fmt.Errorf("metadata: %w", &net.OpError{Op: "remote error", Err: tls.AlertError(42)}), false, false},
+		{"a certificate the broker requires", &net.OpError{Op: "remote error", Err: tls.AlertError(116)}, false, false},
+		{"the broker's internal error", &net.OpError{Op: "remote error", Err: tls.AlertError(80)}, true, true},
 		{"no broker's: a damaged file", errors.New("ledger: checksum mismatch"), true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
