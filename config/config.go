@@ -530,6 +530,9 @@ func checkScalar(n *yaml.Node, v reflect.Value, path string) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return fmt.Errorf("%s (line %d): the key has no value; give one, or remove the key to keep the default (%s)", path, n.Line, defaultText(v))
 	}
+	if _, ok := v.Interface().(time.Duration); ok {
+		return nil // a duration is text (5s); its decode names what a number is not
+	}
 	switch v.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
