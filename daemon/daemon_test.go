@@ -105,21 +105,25 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	return r
 }
 
-// stopAtCleanup stops, when the test ends, the daemon whose Run reports to done: it cancels
-// Run's context and fails the test when Run returns an error or has not returned 30 s later. A
+// stopAtCleanup stops, when the test ends, the daemon whose Run reports to done (stopDaemon). A
 // test that saw Run return puts nil back in done.
 func stopAtCleanup(t testing.TB, cancel context.CancelFunc, done chan error) {
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("daemon did not stop within 30 s of cancel")
+	t.Cleanup(func() { stopDaemon(t, cancel, done) })
+}
+
+// stopDaemon cancels Run's context and fails the test when Run returns an error (a stop is
+// clean) or has not returned 30 s later.
+func stopDaemon(t testing.TB, cancel context.CancelFunc, done chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("daemon: %v", err)
 		}
-	})
+	case <-time.After(30 * time.Second):
+		t.Error("daemon did not stop within 30 s of cancel")
+	}
 }
 
 // testConfig is the configuration of a test's daemon: ephemeral loopback ports, state in a

@@ -179,15 +179,7 @@ func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 				}
 				return strings.Contains(logs.String(), "cannot join the posterior log yet")
 			})
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run = %v, want a clean stop", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("the replica did not stop within 30 s of cancel")
-			}
+			stopDaemon(t, cancel, done)
 		})
 	}
 }
