@@ -674,11 +674,20 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 // (cfguard_counterfactuals_partitions_rebuilding, alert CfguardCounterfactualsNotCaughtUp).
 const fetchWarnAfter = 10 * time.Second
 
-// fetchFailures is one partition's episode of failed fetches (or fetched records that do not
-// decode), for its log lines.
+// fetchFailures is one partition's episode of failed reads, for its log lines: of its requests
+// (fetches, or fetched records that do not decode; the zero value), or of its CE states
+// (stateFailures).
 type fetchFailures struct {
-	since  time.Time // the episode's first failure; zero while fetches work
-	warned bool
+	since   time.Time // the episode's first failure; zero while reads work
+	warned  bool
+	failing string // the WARN line's message; "" for fetches of requests
+	again   string // the INFO line's
+}
+
+// stateFailures is the episode of a partition's reads and claim of the CE state topic.
+func stateFailures() fetchFailures {
+	return fetchFailures{failing: "reading or claiming the CE states of a partition keeps failing; retrying (the partition is not caught up until it works)",
+		again: "CE states of the partition read and claimed again"}
 }
 
 // failed records a failure at now, and logs at WARN when the episode reaches fetchWarnAfter.
@@ -688,7 +697,7 @@ func (f *fetchFailures) failed(log *slog.Logger, now time.Time, p int, err error
 	}
 	if failing := now.Sub(f.since); !f.warned && failing >= fetchWarnAfter {
 		f.warned = true
-		log.Warn("fetching CE requests of a partition keeps failing; retrying (a partition not caught up stays so until a fetch works)",
+		log.Warn(cmp.Or(f.failing, "fetching CE requests of a partition keeps failing; retrying (a partition not caught up stays so until a fetch works)"),
 			"partition", p, "failing_for", failing.Round(time.Millisecond), "err", err)
 	}
 }
@@ -696,9 +705,9 @@ func (f *fetchFailures) failed(log *slog.Logger, now time.Time, p int, err error
 // worked ends the episode at now, saying so when it was logged at WARN.
 func (f *fetchFailures) worked(log *slog.Logger, now time.Time, p int) {
 	if f.warned {
-		log.Info("fetching CE requests of the partition works again", "partition", p, "failed_for", now.Sub(f.since).Round(time.Millisecond))
+		log.Info(cmp.Or(f.again, "fetching CE requests of the partition works again"), "partition", p, "failed_for", now.Sub(f.since).Round(time.Millisecond))
 	}
-	*f = fetchFailures{}
+	f.since, f.warned = time.Time{}, false
 }
 
 // toReplay says whether partition p of the CE topic holds records at or after from (true when
@@ -722,14 +731,11 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 // not decode) is logged at ERROR and the partition is rebuilt from its registrations alone.
 func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, bool) {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
-	var since time.Time // the episode's first failure
-	warned := false
+	failing := stateFailures()
 	for {
 		states, before, err := m.claimStates(ctx, cl, p, gen, restore)
 		if err == nil {
-			if warned {
-				m.log.Info("CE states of the partition read and claimed again", "partition", p, "failed_for", time.Since(since).Round(time.Millisecond))
-			}
+			failing.worked(m.log, time.Now(), p)
 			return states, before
 		}
 		if ctx.Err() != nil {
@@ -750,14 +756,7 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen
 				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
 			return nil, false
 		}
-		if since.IsZero() {
-			since = time.Now()
-		}
-		if failing := time.Since(since); !warned && failing >= fetchWarnAfter {
-			warned = true
-			m.log.Warn("reading or claiming the CE states of a partition keeps failing; retrying (the partition is not caught up until it works)",
-				"partition", p, "state_topic", m.cfg.StateTopic, "failing_for", failing.Round(time.Millisecond), "err", err)
-		}
+		failing.failed(m.log, time.Now(), p, err)
 		m.log.Debug("reading or claiming CE states failed; retrying", "partition", p, "err", err)
 		if bo.Wait(ctx) != nil {
 			return nil, false
