@@ -208,32 +208,17 @@ func (l *Ledger) checkKept() error {
 // holds the newest. A history that does not decode is left to Verify and LastKLEvents; a write
 // that fails is logged and does not stop Open.
 func (l *Ledger) keepFailureFromHistory() error {
-	var failed *KLEntry
-	if err := l.view(func(tx *bolt.Tx) error {
-		if tx.Bucket(bMeta).Get(kKLFailed) != nil {
-			return nil
-		}
-		c := tx.Bucket(bKLHistory).Cursor()
-		for k, v := c.Last(); k != nil; k, v = c.Prev() {
-			p, sealed := unseal(k, v)
-			if !sealed {
-				return nil
-			}
-			s, err := decodeKLEntry(k, p)
-			if err != nil {
-				return nil
-			}
-			if s.Outcome == certify.OutcomeFailed {
-				failed = &s
-				return nil
-			}
-		}
-		return nil
-	}); err != nil || failed == nil {
+	missing := false
+	if err := l.view(func(tx *bolt.Tx) error { missing = tx.Bucket(bMeta).Get(kKLFailed) == nil; return nil }); err != nil || !missing {
 		return err
 	}
+	ev, err := l.LastKLEvents(0) // without the kept one, the history's newest failure
+	if err != nil || ev.Failed == nil {
+		return nil
+	}
+	failed := ev.Failed
 	l.wmu.Lock()
-	err := l.update(func(tx *bolt.Tx) error {
+	err = l.update(func(tx *bolt.Tx) error {
 		return putSealed(tx.Bucket(bMeta), kKLFailed, append(u64bytes(failed.Seq), failed.encode()...))
 	})
 	l.wmu.Unlock()
