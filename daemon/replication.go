@@ -257,7 +257,7 @@ func (d *Daemon) joinLog(ctx context.Context) error {
 // meanwhile) as errStoppedAtStart. The API starts once the replica has joined, as it does after a first start's
 // training.
 func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() error) error {
-	bo := backoff.Backoff{Min: joinRetryMin, Max: joinRetryMax}
+	bo := backoff.Backoff{Min: stream.DefaultRetryMin, Max: stream.DefaultRetryMax} // the consumer's: ingestion waits alike
 	var since, warned time.Time
 	for failures := 0; ; failures++ {
 		err := join()
@@ -290,10 +290,5 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 // errStoppedAtStart is a stop asked for while the daemon started: Run stops cleanly.
 var errStoppedAtStart = errors.New("stopped while starting")
 
-// awaitBrokers' backoff: the consumer's, so a replica and ingestion wait out an outage alike;
-// and how often it says it still waits.
-const (
-	joinRetryMin  = 100 * time.Millisecond
-	joinRetryMax  = 5 * time.Second
-	joinWarnEvery = 5 * time.Minute
-)
+// joinWarnEvery is how often awaitBrokers says it still waits.
+const joinWarnEvery = 5 * time.Minute
