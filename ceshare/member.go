@@ -3,6 +3,7 @@ package ceshare
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,9 +30,11 @@ type Hooks interface {
 	// it keeps p from the previous one): it returns the offset to read p from, the one the
 	// ledger stored with p's last applied requests (0 when it has none).
 	Acquire(ctx context.Context, p int) (from int64, err error)
-	// Apply stores the requests read from p (in offset order, malformed records left out, each
-	// with its Offset); next is the offset after the last record read, which the ledger stores
-	// with them, in one transaction. reqs may be empty when only malformed records were read.
+	// Apply stores the requests read from p (in offset order, each with its Offset; records
+	// that do not authenticate and copies left out, and none at or after a record that blocks
+	// p: Blocked); next is the offset after the last record read (a blocking record's own
+	// offset), which the ledger stores with them, in one transaction. reqs may be empty when
+	// only records left out were read.
 	// At a gap of deleted requests, reqs may instead be registrations rebuilt from CE states
 	// (Request.Restored), with next the offset p is at.
 	Apply(ctx context.Context, p int, reqs []Request, next int64) error
@@ -142,6 +145,8 @@ type MemberConfig struct {
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// decode, when set, replaces Decode (tests play a build that reads another format).
+	decode func(key, value []byte) (Request, error)
 }
 
 func (c *MemberConfig) applyDefaults() error {
@@ -189,7 +194,7 @@ func (c *MemberConfig) applyDefaults() error {
 type MemberStats struct {
 	Generations int64            // generations this member took part in
 	Applied     int64            // requests handed to Apply
-	Skipped     map[string]int64 // malformed records left out, by DecodeError.Reason
+	Skipped     map[string]int64 // records left out (not authenticated, or copies), by DecodeError.Reason
 	Lost        int64            // times the member released everything after no generation came in time
 	Gaps        int64            // requests deleted (by retention) before they were read, counted lost (Hooks.Lost)
 	Restored    int64            // registrations rebuilt from CE states at such a gap (Request.Restored), handed to Apply
@@ -208,6 +213,26 @@ type partState struct {
 	// ownedBefore: the state topic holds a claim of the partition older than this member's
 	// acquisition (an earlier owner read it).
 	ownedBefore bool
+	// blocked is the record at next that this member cannot read, nil while there is none.
+	blocked *Blocked
+}
+
+// Blocked is a partition whose next record this member cannot read: it authenticates under the
+// cluster's keys, so a member of the cluster signed it, but it does not decode as a Request of
+// this build (most likely a newer build's format, during a rolling upgrade). Skipping it would
+// lose what a replica acknowledged, so the member applies nothing at or after it, and its store
+// keeps the record's offset as the partition's: a cfguard that reads it (this replica upgraded,
+// or the partition's next owner) applies it and what follows it. Meanwhile the partition is not
+// ready (Ready), as one being rebuilt is. A copy (a signed value under another record's key, or
+// in another partition than its id's) is no such record: anyone who can write the topic can
+// make one, and it is skipped (ReasonKey, ReasonPartition).
+type Blocked struct {
+	Partition int
+	Offset    int64
+	Reason    string    // why Decode refused it (DecodeError.Reason)
+	Detail    string    // Decode's detail
+	Writer    string    // the replica the record names (its "replica" field), "" when none can be read
+	Since     time.Time // when this member found it at the partition's offset
 }
 
 // Member is one replica's membership of the CE group: it owns the partitions the group
@@ -339,13 +364,28 @@ func (m *Member) Releasing() []int {
 	return slices.Sorted(maps.Keys(m.releasing))
 }
 
-// Ready reports whether this member holds p and has applied p's requests up to the
-// partition's end at least once since it acquired p.
+// Ready reports whether this member holds p, has applied p's requests up to the partition's
+// end at least once since it acquired p, and is not blocked at a record it cannot read.
 func (m *Member) Ready(p int) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ps := m.parts[p]
-	return ps != nil && ps.ready
+	return ps != nil && ps.ready && ps.blocked == nil
+}
+
+// Blocked returns the partitions this member holds that are blocked at a record it cannot read,
+// sorted by partition.
+func (m *Member) Blocked() []Blocked {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Blocked
+	for _, ps := range m.parts {
+		if ps.blocked != nil {
+			out = append(out, *ps.blocked)
+		}
+	}
+	slices.SortFunc(out, func(a, b Blocked) int { return cmp.Compare(a.Partition, b.Partition) })
+	return out
 }
 
 // Next returns the offset after the last request of p handed to Apply, and whether the member
@@ -602,6 +642,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 		}
 	}
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
+	blockedBo := bo // between reads of a record this build cannot read
 	var failing fetchFailures
 	next := from
 	for ctx.Err() == nil {
@@ -635,7 +676,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			continue
 		}
 		bo.Reset()
-		batch, after, err := m.decode(p, res.Records, next)
+		batch, after, blocked, err := m.decode(p, res.Records, next)
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
 			failing.failed(m.log, time.Now(), p, err)
@@ -660,12 +701,47 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 		}
 		m.mu.Lock()
 		ps.end = res.HighWatermark
+		if ps.blocked != nil && next > ps.blocked.Offset { // passed: read, or deleted by the topic's retention
+			m.log.Info("CE partition no longer blocked", "partition", p, "offset", ps.blocked.Offset, "next", next,
+				"blocked_for", time.Since(ps.blocked.Since).Round(time.Millisecond))
+			ps.blocked = nil
+		}
 		if next >= ps.end && !ps.ready {
 			ps.ready, ps.states = true, nil
 			m.log.Info("CE partition caught up", "partition", p, "next", next, "took", time.Since(ps.since).Round(time.Millisecond))
 		}
 		m.mu.Unlock()
+		if blocked == nil {
+			blockedBo.Reset()
+			continue
+		}
+		if next == blocked.Offset {
+			// This build reads nothing past it; read it again after a while all the same, as
+			// retention may delete it (then the partition's gap is counted lost, as any).
+			m.block(p, ps, blocked)
+			if blockedBo.Wait(ctx) != nil {
+				return
+			}
+		}
 	}
+}
+
+// block records that p is blocked at b (Blocked), and says so at ERROR when it was not at
+// that offset before.
+func (m *Member) block(p int, ps *partState, b *Blocked) {
+	m.mu.Lock()
+	found := ps.blocked == nil || ps.blocked.Offset != b.Offset
+	if found {
+		b.Since = time.Now()
+		ps.blocked = b
+	}
+	m.mu.Unlock()
+	if !found {
+		return
+	}
+	m.log.Error("CE partition blocked at a request this build cannot read: nothing at or after it is applied, and its "+
+		"registrations answer 202, until a cfguard that reads it owns the partition (upgrade this replica to the build "+
+		"of the replica that wrote it)", "partition", p, "offset", b.Offset, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
 }
 
 // fetchWarnAfter is how long the fetches of a partition fail in a row before the member says so
@@ -810,10 +886,16 @@ func eachRecord(rr kafka.RecordReader, from int64, fn func(r record)) (next int6
 }
 
 // decode reads the records of a fetch response at or after from. It returns the well-formed
-// requests and the offset after the last record; malformed records are counted and logged.
-func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, error) {
+// requests and the offset after the last record; records that do not authenticate and copies
+// are counted and logged. At a record that blocks p (Blocked) it stops: it returns the requests
+// before it, its offset as the offset after them, and what blocks p.
+func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, *Blocked, error) {
 	var out []offsetRequest
+	var blocked *Blocked
 	next, err := eachRecord(rr, from, func(r record) {
+		if blocked != nil {
+			return
+		}
 		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
 			m.mu.Lock()
 			m.skipped[ReasonUnauthenticated]++
@@ -825,22 +907,52 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 				"partition", p, "offset", r.offset, "err", err)
 			return
 		}
-		req, err := Decode(r.key, r.value)
+		decode := Decode
+		if m.cfg.decode != nil {
+			decode = m.cfg.decode
+		}
+		req, err := decode(r.key, r.value)
 		if err == nil && Partition(req.ID, m.cfg.Partitions) != p {
 			err = &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("id %q belongs to partition %d", req.ID, Partition(req.ID, m.cfg.Partitions))}
 		}
 		var de *DecodeError
 		if errors.As(err, &de) {
+			if blocked = m.blocks(p, r, de); blocked != nil {
+				return
+			}
 			m.mu.Lock()
 			m.skipped[de.Reason]++
 			m.mu.Unlock()
-			m.log.Warn("malformed CE request skipped", "partition", p, "offset", r.offset, "reason", de.Reason, "detail", de.Detail)
+			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's; "+
+				"only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset, "reason", de.Reason, "detail", de.Detail)
 			return
 		}
 		req.Offset = r.offset
 		out = append(out, offsetRequest{req: req, offset: r.offset})
 	})
-	return out, next, err
+	if blocked != nil {
+		next = blocked.Offset
+	}
+	return out, next, blocked, err
+}
+
+// blocks returns what blocks partition p at the authenticated record r that Decode refused with
+// de (Blocked), or nil when r is a copy: its id is not its key, or belongs to another partition.
+// Of a value that does not decode, the id and the writer are read as far as they can be.
+func (m *Member) blocks(p int, r record, de *DecodeError) *Blocked {
+	if de.Reason == ReasonKey || de.Reason == ReasonPartition {
+		return nil
+	}
+	var named struct {
+		ID      any `json:"id"`
+		Replica any `json:"replica"`
+	}
+	json.Unmarshal(r.value, &named) // as far as it goes: a value that names nothing blocks
+	if id, ok := named.ID.(string); ok && id != "" && (id != string(r.key) || Partition(id, m.cfg.Partitions) != p) {
+		return nil
+	}
+	writer, _ := named.Replica.(string)
+	return &Blocked{Partition: p, Offset: r.offset, Reason: de.Reason, Detail: de.Detail, Writer: clip([]byte(writer))}
 }
 
 // apply hands batch to Apply in chunks of MaxBatch, checking ctx between them, and returns

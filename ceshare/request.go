@@ -74,7 +74,8 @@ type Request struct {
 const MaxRIDLen = 128
 
 // Reasons a record of the CE topic is refused by Decode, as DecodeError.Reason. They label
-// MemberStats.Skipped.
+// MemberStats.Skipped (ReasonKey, ReasonPartition and ReasonUnauthenticated: a member skips only
+// those) and Blocked.Reason (the others).
 const (
 	ReasonJSON    = "json"    // the value is not a JSON object of Request's fields
 	ReasonKind    = "kind"    // Kind is neither register nor delete
