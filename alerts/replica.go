@@ -21,6 +21,7 @@ const (
 	NameReplicaUpdater  = "cfguard_replication_updater"
 	NameCEPartitions    = "cfguard_counterfactuals_partitions_owned"
 	NameCERebuilding    = "cfguard_counterfactuals_partitions_rebuilding"
+	NameCEBlocked       = "cfguard_counterfactuals_partitions_blocked"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
 	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
 	NameSettingsDiffer  = "cfguard_replication_settings_differ"
@@ -68,11 +69,16 @@ type ReplicaMetrics struct {
 
 	rebuilding atomic.Pointer[func() int] // SetRebuilding's function, read at each scrape
 	owned      atomic.Pointer[func() int] // SetPartitionsOwned's
+	blocked    atomic.Pointer[func() int] // SetBlocked's
 }
 
 // SetRebuilding makes f the count of CE partitions this replica is rebuilding, read at each
 // scrape (0 until it is set).
 func (m *ReplicaMetrics) SetRebuilding(f func() int) { m.rebuilding.Store(&f) }
+
+// SetBlocked makes f the count of CE partitions this replica owns that are blocked at a request
+// it cannot read (ceshare.Blocked), read at each scrape (0 until it is set).
+func (m *ReplicaMetrics) SetBlocked(f func() int) { m.blocked.Store(&f) }
 
 // SetPartitionsOwned makes f the count of CE partitions this replica owns, read at each scrape
 // (0 until it is set): partitions are acquired concurrently, so no one acquisition knows the
@@ -122,8 +128,10 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write, fenced (a previous owner's write after another replica claimed the partition)."},
 			[]string{"result"}),
 	}
-	rebuilding := funcGauge(NameCERebuilding, "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them: "+
-		"reads and lists of their CEs answer 503 meanwhile.", &m.rebuilding)
+	rebuilding := funcGauge(NameCERebuilding, "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them, "+
+		"or that are blocked at a request it cannot read: reads and lists of their CEs answer 503 meanwhile.", &m.rebuilding)
+	blocked := funcGauge(NameCEBlocked, "Partitions of the CE topic this replica owns that are blocked at a request it cannot read (signed by the cluster, "+
+		"in a format this build does not know): nothing at or after it is applied until a cfguard that reads it owns the partition.", &m.blocked)
 	owned := funcGauge(NameCEPartitions, "Partitions of the CE topic this replica owns.", &m.owned)
 	for _, r := range []string{StateWritten, StateRestored, StateNotUsed, StateInvalid, StateTooLarge, StateFenced} {
 		m.CEStates.WithLabelValues(r)
@@ -134,6 +142,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, owned, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, owned, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding, blocked)
 	return m
 }

@@ -127,9 +127,26 @@ func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 }
 
 func (s *Share) rebuildingErr(p int) error {
+	for _, b := range s.member.Blocked() {
+		if b.Partition == p {
+			writer := "a replica that names no id"
+			if b.Writer != "" {
+				writer = fmt.Sprintf("replica %q", b.Writer)
+			}
+			return blockedError(fmt.Sprintf("CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read "+
+				"(written by %s; %s): upgrade the partition's owner, replica %q", p, s.topic, b.Offset, writer, b.Reason, s.id))
+		}
+	}
 	next, _ := s.member.Next(p)
 	return fmt.Errorf("%w: partition %d of %s, its requests replayed up to offset %d; retry", ErrRebuilding, p, s.topic, next)
 }
+
+// blockedError is the ErrRebuilding of a partition blocked at a request this build cannot read
+// (ceshare.Blocked): the answer is not known until a build that reads it applies it.
+type blockedError string
+
+func (e blockedError) Error() string { return string(e) }
+func (e blockedError) Unwrap() error { return ErrRebuilding }
 
 // HeaderForwarded marks a request one replica forwards to another, naming the sender; the
 // owner answers from its ledger and never forwards it again.

@@ -195,6 +195,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 	c.States.member.Store(s.member)
 	m.SetRebuilding(func() int { return len(s.NotCaughtUp()) })
 	m.SetPartitionsOwned(func() int { return len(s.member.Owned()) })
+	m.SetBlocked(func() int { return len(s.member.Blocked()) })
 	if s.prod, err = ceshare.NewProducer(ctx, c.Conn, rc.CETopic, c.Replica.Keys(), s.lg); err != nil {
 		return nil, err
 	}

@@ -129,7 +129,8 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		p := stuck[0]
 		checks := []runbooktest.Check{
 			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[([0-9]+,)*%d(,[0-9]+)*\]\}$`, p)},
-			{Cmd: "partitions_rebuilding|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_rebuilding [1-9][0-9]*$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
+			{Cmd: "partitions_rebuilding|partitions_blocked|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_blocked 0$[\s\S]*^cfguard_counterfactuals_partitions_rebuilding [1-9][0-9]*$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
+			{Cmd: "ce_partitions_blocked[]", Want: `^$`},
 			{Cmd: "kcat -C", Want: `^no record within 10 s$`},
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}

@@ -113,7 +113,11 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
-		return n > 0, fmt.Sprintf("%g CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", n)
+		says := fmt.Sprintf("%g CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", n)
+		if b := g["cfguard_counterfactuals_partitions_blocked"]; b > 0 {
+			says += fmt.Sprintf("; %g of them blocked at a request this build cannot read: upgrade this replica", b)
+		}
+		return n > 0, says
 	}, "/ui/"},
 	{"CfguardModelQualityDegraded", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_prequential_last_change_timestamp_seconds"]

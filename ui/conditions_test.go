@@ -89,3 +89,21 @@ func TestConditionsFollowTheRules(t *testing.T) {
 		})
 	}
 }
+
+// A partition blocked at a request this build cannot read is a partition not caught up, and
+// the condition says what to do.
+func TestNotCaughtUpSaysWhenBlocked(t *testing.T) {
+	for _, tc := range []struct {
+		blocked float64
+		says    string
+	}{
+		{0, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)"},
+		{1, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it); 1 of them blocked at a request this build cannot read: upgrade this replica"},
+	} {
+		rows := holding(map[string]float64{"cfguard_counterfactuals_partitions_rebuilding": 2, "cfguard_counterfactuals_partitions_blocked": tc.blocked,
+			"cfguard_last_ingest_timestamp_seconds": float64(time.Now().Unix())}, time.Now())
+		if len(rows) != 1 || rows[0].Alert != "CfguardCounterfactualsNotCaughtUp" || rows[0].Says != tc.says {
+			t.Errorf("blocked %v: holding %+v, want CfguardCounterfactualsNotCaughtUp saying %q", tc.blocked, rows, tc.says)
+		}
+	}
+}
