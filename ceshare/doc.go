@@ -17,14 +17,17 @@
 // for the partition, 0 when it has none), then reads each partition from there and hands its
 // requests to Hooks.Apply in batches, with the offset after them (the daemon stores both in
 // one transaction). Each request carries a request id (Request.RID) that the daemon applies
-// once, so that a producer's retry of a request that landed changes nothing. Records that do
-// not authenticate are left out, counted and logged, and so are copies (a value the cluster
-// signed, under another record's key or in another partition than its id's): anyone who can
-// write the topic can make those. A record that authenticates and does not decode as a request
-// of this build (a newer build's format) blocks its partition instead (Blocked): nothing at or
-// after it is applied, and the store keeps its offset, until a build that reads it owns the
-// partition; skipping it would lose what a replica acknowledged. A partition the next generation gives to another member is released
-// (Hooks.Release), and so is everything when no generation comes within the session timeout
+// once, so that a producer's retry of a request that landed changes nothing.
+//
+// Records that do not authenticate are left out, counted and logged, and so are copies (a value
+// the cluster signed, under another record's key or in another partition than its id's): anyone
+// who can write the topic can make those. A record that authenticates and does not decode as a
+// request of this build (a newer build's format), or that MemberConfig.Readable refuses, blocks
+// its partition instead (Blocked): nothing at or after it is applied, and the store keeps its
+// offset, until a build that reads it owns the partition; skipping it would lose what a replica
+// acknowledged.
+//
+// A partition the next generation gives to another member is released (Hooks.Release), and so is everything when no generation comes within the session timeout
 // after the last one ended (the group evicted the member). A member that stops, cleanly or
 // not, releases nothing: a member that starts on a store still holding partitions from an
 // earlier run (MemberConfig.Held) releases, at its first generation, those that generation

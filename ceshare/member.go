@@ -95,6 +95,10 @@ type MemberConfig struct {
 	// of the group whose data does not authenticate, when this member leads a rebalance (that
 	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)
+	// Readable, when set, says whether this build reads all of a request that Decode accepted
+	// from an authenticated record (the CE a registration carries is opaque here): an error
+	// blocks the partition at the request (Blocked, ReasonCE), as a record Decode refuses does.
+	Readable func(Request) error
 	// OnMalformedState, when set, is called for each authenticated record of the CE state topic
 	// left out because it is not a State.
 	OnMalformedState func(partition int, offset int64)
@@ -914,6 +918,12 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		req, err := decode(r.key, r.value)
 		if err == nil && Partition(req.ID, m.cfg.Partitions) != p {
 			err = &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("id %q belongs to partition %d", req.ID, Partition(req.ID, m.cfg.Partitions))}
+		}
+		if err == nil && m.cfg.Readable != nil {
+			if rerr := m.cfg.Readable(req); rerr != nil {
+				blocked = &Blocked{Partition: p, Offset: r.offset, Reason: ReasonCE, Detail: rerr.Error(), Writer: clip([]byte(req.Replica))}
+				return
+			}
 		}
 		var de *DecodeError
 		if errors.As(err, &de) {

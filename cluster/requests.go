@@ -32,6 +32,25 @@ type Measured struct {
 	Epsilon       float64   `json:"epsilon"`
 }
 
+// readable is ceshare.MemberConfig.Readable: a registration's CE must be a Measured and nothing
+// else (a field this build does not know may change what the CE means: a newer build's CE
+// blocks its partition here until this replica is upgraded, rather than being stored without it).
+func readable(r ceshare.Request) error {
+	if r.Kind != ceshare.KindRegister {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(r.CE))
+	dec.DisallowUnknownFields()
+	var ce Measured
+	if err := dec.Decode(&ce); err != nil {
+		return fmt.Errorf("the registration's CE: %w", err)
+	}
+	if dec.More() {
+		return errors.New("the registration's CE: data after the JSON object")
+	}
+	return nil
+}
+
 // Send puts registrations on the CE topic, one request each, with the request id and
 // fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
 // offsets[i] where its request landed in its partition.

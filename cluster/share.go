@@ -185,7 +185,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 	m := s.metrics
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: c.Conn, Topic: rc.CETopic, Group: c.Group, Partitions: rc.CEPartitions,
 		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: s.id, AdvertiseURL: c.AdvertiseURL, Held: slices.Sorted(maps.Keys(held)),
-		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: c.Replica.Keys(),
+		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: c.Replica.Keys(), Readable: readable,
 		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
 		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
 		OnFencedState:     func(int, int64) { m.CEStates.WithLabelValues(alerts.StateFenced).Inc() },

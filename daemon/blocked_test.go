@@ -39,17 +39,30 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	registerCEs(t, r, data, 2)
 	topic, parts := r.d.cfg.Replication.CETopic, r.d.cfg.Replication.CEPartitions
 
-	const newer = "newer-1"
-	p := ceshare.Partition(newer, parts)
-	value := fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, time.Now().UTC().Format(time.RFC3339Nano))
-	offset := rawProduce(t, b, topic, p, newer, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.d.rep.Keys(), value)})
-	waitfor.Cond(t, 30*time.Second, "the partition blocked", func() bool { return r.metric(t, alerts.NameCEBlocked) == 1 })
-	if line := loggedLine(r.logs.String(), "CE partition blocked at a request this build cannot read"); !strings.Contains(line, "level=ERROR") ||
-		!strings.Contains(line, fmt.Sprintf("partition=%d offset=%d writer=r9 reason=json", p, offset)) {
-		t.Errorf("the ERROR line of the block: %q", line)
+	// One request with a field this build does not know, in another partition one whose CE has one.
+	const newer, newerCE = "newer-1", "newer-ce-2"
+	p, p2 := ceshare.Partition(newer, parts), ceshare.Partition(newerCE, parts)
+	if p == p2 {
+		t.Fatalf("%s and %s share partition %d", newer, newerCE, p)
 	}
-	if n := r.metric(t, alerts.NameCERebuilding); n != 1 {
-		t.Errorf("%s = %v while partition %d is blocked, want 1", alerts.NameCERebuilding, n, p)
+	signed := func(id string, p int, value []byte) int64 {
+		return rawProduce(t, b, topic, p, id, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.d.rep.Keys(), value)})
+	}
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	offset := signed(newer, p, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, at))
+	offset2 := signed(newerCE, p2, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{"x":[1],"condition":"x"}}`, newerCE, at))
+	waitfor.Cond(t, 30*time.Second, "both partitions blocked", func() bool { return r.metric(t, alerts.NameCEBlocked) == 2 })
+	for _, want := range []string{fmt.Sprintf("partition=%d offset=%d writer=r9 reason=json", p, offset), fmt.Sprintf("partition=%d offset=%d writer=r9 reason=ce", p2, offset2)} {
+		found := false
+		for line := range strings.Lines(r.logs.String()) {
+			found = found || strings.Contains(line, "level=ERROR") && strings.Contains(line, "CE partition blocked at a request this build cannot read") && strings.Contains(line, want)
+		}
+		if !found {
+			t.Errorf("no ERROR line of the block with %q", want)
+		}
+	}
+	if n := r.metric(t, alerts.NameCERebuilding); n != 2 {
+		t.Errorf("%s = %v while partitions %d and %d are blocked, want 2", alerts.NameCERebuilding, n, p, p2)
 	}
 
 	// A registration behind it waits in the topic: 202, and its read 503 naming the block.
@@ -76,17 +89,27 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			Blocked []map[string]any `json:"ce_partitions_blocked"`
 		} `json:"replication"`
 	}
-	if _, body := r.get(t, "/v1/model"); json.Unmarshal(body, &model) != nil || len(model.Replication.Blocked) != 1 ||
-		model.Replication.Blocked[0]["partition"] != float64(p) || model.Replication.Blocked[0]["offset"] != float64(offset) ||
-		model.Replication.Blocked[0]["writer"] != "r9" || model.Replication.Blocked[0]["reason"] != ceshare.ReasonJSON {
-		t.Errorf("GET /v1/model's ce_partitions_blocked: %s", body)
+	_, body := r.get(t, "/v1/model")
+	if err := json.Unmarshal(body, &model); err != nil || len(model.Replication.Blocked) != 2 {
+		t.Fatalf("GET /v1/model's ce_partitions_blocked: %v %s", err, body)
+	}
+	for _, want := range []map[string]any{{"partition": float64(p), "offset": float64(offset), "reason": ceshare.ReasonJSON, "detail": `json: unknown field "condition"`},
+		{"partition": float64(p2), "offset": float64(offset2), "reason": ceshare.ReasonCE, "detail": `the registration's CE: json: unknown field "condition"`}} {
+		found := false
+		for _, got := range model.Replication.Blocked {
+			found = found || got["partition"] == want["partition"] && got["offset"] == want["offset"] && got["writer"] == "r9" &&
+				got["reason"] == want["reason"] && got["detail"] == want["detail"]
+		}
+		if !found {
+			t.Errorf("GET /v1/model's ce_partitions_blocked has no %v: %s", want, body)
+		}
 	}
 
 	if runbooktest.Tools(t, true) {
 		checks := []runbooktest.Check{
-			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[%d\]\}$`, p)},
-			{Cmd: "partitions_rebuilding|partitions_blocked|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_blocked 1$[\s\S]*^cfguard_counterfactuals_partitions_rebuilding 1$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
-			{Cmd: "ce_partitions_blocked[]", Want: fmt.Sprintf(`^\{"detail":"json: unknown field \\"condition\\"","offset":%d,"partition":%d,"reason":"json","since":"[0-9T:.Z-]+","writer":"r9"\}$`, offset, p)},
+			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[%d,%d\]\}$`, min(p, p2), max(p, p2))},
+			{Cmd: "partitions_rebuilding|partitions_blocked|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_blocked 2$[\s\S]*^cfguard_counterfactuals_partitions_rebuilding 2$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
+			{Cmd: "ce_partitions_blocked[]", Want: fmt.Sprintf(`(?m)^\{"detail":"json: unknown field \\"condition\\"","offset":%d,"partition":%d,"reason":"json","since":"[0-9T:.Z-]+","writer":"r9"\}$`, offset, p)},
 			{Cmd: "kcat -C", Want: `^0$`},
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}

@@ -1,0 +1,39 @@
+package cluster
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/ceshare"
+)
+
+// A registration's CE is read only when it is a Measured and nothing else: a field this build
+// does not know blocks the partition (ceshare.MemberConfig.Readable) instead of being dropped.
+func TestReadableTakesOnlyAMeasured(t *testing.T) {
+	same, err := json.Marshal(Measured{X: []float64{1, 2}, XCF: []float64{1, 3}, Target: 1, AnchorVersion: 4, P1: 0.9, Var1: 0.01, Samples: 1000, Delta: 0.5, Epsilon: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, kind, ce string
+		want           string // "" for readable, else a part of the error
+	}{
+		{"this build's CE", ceshare.KindRegister, string(same), ""},
+		{"an older build's CE, fewer fields", ceshare.KindRegister, `{"x":[1],"x_cf":[2],"target":0}`, ""},
+		{"a field this build does not know", ceshare.KindRegister, strings.Replace(string(same), `{`, `{"condition":"x",`, 1), `unknown field "condition"`},
+		{"a field of another type", ceshare.KindRegister, `{"x":"1"}`, "cannot unmarshal"},
+		{"data after the object", ceshare.KindRegister, string(same) + ` {}`, "data after the JSON object"},
+		{"a deletion", ceshare.KindDelete, ``, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := readable(ceshare.Request{Kind: c.kind, ID: "ce-1", CE: json.RawMessage(c.ce)})
+			switch {
+			case c.want == "" && err != nil:
+				t.Errorf("readable: %v, want nil", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Errorf("readable: %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+}
