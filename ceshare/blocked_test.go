@@ -12,7 +12,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // newerDecode is Decode of a build whose requests may carry a field this build does not know
@@ -47,19 +49,14 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 
 	const id = "newer-1"
 	p := Partition(id, testPartitions)
-	at := time.Now().UTC().Format(time.RFC3339Nano)
-	offset := b.HighWatermarks(testTopic)[p]
-	writeSigned(t, conn, p, kafka.Message{Key: []byte(id),
-		Value: []byte(`{"kind":"register","id":"` + id + `","replica":"r9","at":"` + at + `","ce":{"i":1},"condition":"x"}`)})
-	want[p] = append(want[p], KindRegister+"/"+id)
+	// In one write, so that one fetch reads them: a request this build reads, the one it does
+	// not, and one it reads after it.
+	before, after := idIn(p, "before"), idIn(p, "after")
+	offset := b.HighWatermarks(testTopic)[p] + 1
+	writeSigned(t, conn, p, readableRequest(t, before), newerRequest(id), readableRequest(t, after))
+	want[p] = append(want[p], KindRegister+"/"+before, KindRegister+"/"+id, KindRegister+"/"+after)
 	produce(t, pr, "b", 60, want) // some land in p, after the unreadable request
-	var after []string
-	for _, k := range want[p] {
-		if strings.Contains(k, "/b-") {
-			after = append(after, k)
-		}
-	}
-	if len(after) == 0 {
+	if !slices.ContainsFunc(want[p], func(k string) bool { return strings.Contains(k, "/b-") }) {
 		t.Fatal("no request of the second batch in the blocked partition")
 	}
 
@@ -89,8 +86,14 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 		if got := l.stored(p); got != offset {
 			t.Errorf("partition %d: stored offset %d, want the unreadable request's %d", p, got, offset)
 		}
-		if got := l.applied(p); slices.ContainsFunc(got, func(k string) bool { return strings.Contains(k, "/b-") || k == KindRegister+"/"+id }) {
+		got := l.applied(p)
+		if slices.ContainsFunc(got, func(k string) bool {
+			return strings.Contains(k, "/b-") || k == KindRegister+"/"+id || k == KindRegister+"/"+after
+		}) {
 			t.Errorf("partition %d applied requests at or after the one it cannot read: %v", p, got)
+		}
+		if !slices.Contains(got, KindRegister+"/"+before) {
+			t.Errorf("partition %d did not apply the request before the one it cannot read: %v", p, got)
 		}
 		if s := r.m.Stats(); s.Skipped[ReasonJSON] != 0 {
 			t.Errorf("the unreadable request counted as skipped: %v", s.Skipped)
@@ -118,9 +121,36 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 	}
 }
 
+// idIn returns an id of partition p, prefix-<k> for the smallest such k.
+func idIn(p int, prefix string) string {
+	for k := 0; ; k++ {
+		if id := fmt.Sprintf("%s-%d", prefix, k); Partition(id, testPartitions) == p {
+			return id
+		}
+	}
+}
+
+// readableRequest is a registration of id in this build's format, as a record to sign.
+func readableRequest(t *testing.T, id string) kafka.Message {
+	t.Helper()
+	key, value, err := Encode(Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now().UTC(), CE: json.RawMessage(`{"i":0}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kafka.Message{Key: key, Value: value}
+}
+
+// newerRequest is a registration of id with a field this build does not know, as a newer build
+// would write it, as a record to sign.
+func newerRequest(id string) kafka.Message {
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	return kafka.Message{Key: []byte(id), Value: []byte(`{"kind":"register","id":"` + id + `","replica":"r9","at":"` + at + `","ce":{"i":1},"condition":"x"}`)}
+}
+
 // A value the cluster signed blocks only the partition it was written to by a replica: the
-// same bytes copied under another key, or to another partition than its id's, are skipped, so
-// that a writer without the key cannot block a partition with a copy.
+// same bytes copied under another key, or to another partition than its id's, are skipped, and
+// so is a value that names no id (it could have been copied anywhere), so that a writer without
+// the key cannot block a partition with a copy.
 func TestBlocksTellCopiesFromUnreadableRequests(t *testing.T) {
 	m := &Member{cfg: MemberConfig{Partitions: testPartitions}}
 	id := "newer-2"
@@ -138,8 +168,9 @@ func TestBlocksTellCopiesFromUnreadableRequests(t *testing.T) {
 		{"written by a newer replica", p, id, string(val), ReasonJSON, true},
 		{"copied under another key", p, "other", string(val), ReasonJSON, false},
 		{"copied to another partition", other, id, string(val), ReasonJSON, false},
-		{"no id to read", p, id, `not json`, ReasonJSON, true},
-		{"an id that is not a string", p, id, `{"id":7,"kind":"register"}`, ReasonJSON, true},
+		{"no id to read", p, id, `not json`, ReasonJSON, false},
+		{"an id that is not a string", p, id, `{"id":7,"kind":"register"}`, ReasonJSON, false},
+		{"an empty id", p, "", `{"id":"","kind":"register"}`, ReasonID, false},
 		{"an unknown kind", p, id, `{"kind":"renew","id":"` + id + `","replica":"r9"}`, ReasonKind, true},
 		{"a key that is not the id", p, "other", `{"kind":"delete","id":"` + id + `"}`, ReasonKey, false},
 		{"an id of another partition", other, id, `{"kind":"delete","id":"` + id + `"}`, ReasonPartition, false},
@@ -174,9 +205,9 @@ func TestBlockedRequestDeletedByRetention(t *testing.T) {
 	}
 	const id = "newer-1"
 	p := Partition(id, testPartitions)
-	at := time.Now().UTC().Format(time.RFC3339Nano)
-	writeSigned(t, conn, p, kafka.Message{Key: []byte(id), Time: time.Now().Add(-time.Hour),
-		Value: []byte(`{"kind":"register","id":"` + id + `","replica":"r9","at":"` + at + `","ce":{"i":1},"condition":"x"}`)})
+	old := newerRequest(id)
+	old.Time = time.Now().Add(-time.Hour)
+	writeSigned(t, conn, p, old)
 	want := produced{}
 	produce(t, testProducer(t, conn), "b", 60, want)
 	r := startReplica(t, memberConfig(conn, "r1"))
@@ -199,5 +230,71 @@ func TestBlockedRequestDeletedByRetention(t *testing.T) {
 	r.l.mu.Unlock()
 	if lost != 1 {
 		t.Errorf("partition %d: %d requests counted lost, want the 1 deleted", p, lost)
+	}
+}
+
+// A request no build reads, named in MemberConfig.Skip (replication.skip_ce_requests), is left
+// out, counted and lost, and the partition applies the requests after it.
+func TestSkippedUnreadableRequest(t *testing.T) {
+	b, conn := startBroker(t)
+	const id = "newer-1"
+	p := Partition(id, testPartitions)
+	createTopic(t, conn)
+	want := produced{}
+	produce(t, testProducer(t, conn), "a", 30, want)
+	offset := b.HighWatermarks(testTopic)[p]
+	writeSigned(t, conn, p, newerRequest(id))
+	produce(t, testProducer(t, conn), "b", 60, want)
+	cfg := memberConfig(conn, "r1")
+	cfg.Skip = map[int][]int64{p: {offset}, p + 1: {0}} // the other names a readable request: it is applied
+	r := startReplica(t, cfg)
+	var owner map[int]string
+	waitfor.Cond(t, 30*time.Second, "the member applying every request but the skipped one", func() bool {
+		owner = ownership(r)
+		return owner != nil && caughtUp(b, []*replica{r}, owner)
+	})
+	checkShares(t, b, []*replica{r}, owner, want)
+	if bl := r.m.Blocked(); len(bl) != 0 {
+		t.Errorf("blocked at a request named to skip: %+v", bl)
+	}
+	if s := r.m.Stats(); s.Skipped[ReasonJSON] != 1 {
+		t.Errorf("skipped %v, want the 1 unreadable request under %s", s.Skipped, ReasonJSON)
+	}
+}
+
+// A blocked partition whose topic is deleted and created again is no longer blocked: the
+// request that blocked it went with the old log.
+func TestBlockedPartitionOfATopicCreatedAgain(t *testing.T) {
+	b, conn := startBroker(t)
+	const id = "newer-1"
+	p := Partition(id, testPartitions)
+	createTopic(t, conn)
+	produce(t, testProducer(t, conn), "a", 60, produced{})
+	r := startReplica(t, memberConfig(conn, "r1"))
+	offset := b.HighWatermarks(testTopic)[p]
+	writeSigned(t, conn, p, newerRequest(id))
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d blocked at offset %d", p, offset), func() bool {
+		bl := r.m.Blocked()
+		return len(bl) == 1 && bl[0].Offset == offset
+	})
+	deleteTopic(t, conn, testTopic)
+	createTopic(t, conn)
+	writeSigned(t, conn, p, readableRequest(t, idIn(p, "again")))
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read again from the new log", p), func() bool {
+		return r.l.stored(p) == 1 && r.m.Ready(p)
+	})
+	if bl := r.m.Blocked(); len(bl) != 0 {
+		t.Errorf("still blocked at a request of the deleted log: %+v", bl)
+	}
+}
+
+// createTopic creates the test topic as a member does.
+func createTopic(t *testing.T, conn stream.ConnConfig) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
+	if _, err := create(ctx, cl, testTopic, testPartitions, nil); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -95,6 +95,11 @@ type MemberConfig struct {
 	// of the group whose data does not authenticate, when this member leads a rebalance (that
 	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)
+	// Skip names, by partition, the offsets of records that block their partition (Blocked) and
+	// are to be skipped instead (replication.skip_ce_requests: no build of the cluster reads
+	// them). What they hold is lost; each is logged at WARN and counted in MemberStats.Skipped.
+	// Default: none.
+	Skip map[int][]int64
 	// Readable, when set, says whether this build reads all of a request that Decode accepted
 	// from an authenticated record (the CE a registration carries is opaque here): an error
 	// blocks the partition at the request (Blocked, ReasonCE), as a record Decode refuses does.
@@ -233,6 +238,7 @@ type partState struct {
 type Blocked struct {
 	Partition int
 	Offset    int64
+	ID        string    // the CE id the record names (its key)
 	Reason    string    // why Decode refused it (DecodeError.Reason)
 	Detail    string    // Decode's detail
 	Writer    string    // the replica the record names (its "replica" field), "" when none can be read
@@ -735,17 +741,20 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 func (m *Member) block(p int, ps *partState, b *Blocked) {
 	m.mu.Lock()
 	found := ps.blocked == nil || ps.blocked.Offset != b.Offset
-	if found {
-		b.Since = time.Now()
-		ps.blocked = b
-	}
 	m.mu.Unlock()
 	if !found {
 		return
 	}
+	// Published after it is logged: who sees the block finds its line.
+	defer func() {
+		m.mu.Lock()
+		b.Since = time.Now()
+		ps.blocked = b
+		m.mu.Unlock()
+	}()
 	m.log.Error("CE partition blocked at a request this build cannot read: nothing at or after it is applied, and its "+
 		"registrations answer 202, until a cfguard that reads it owns the partition (upgrade this replica to the build "+
-		"of the replica that wrote it)", "partition", p, "offset", b.Offset, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
+		"of the replica that wrote it)", "partition", p, "offset", b.Offset, "id", b.ID, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
 }
 
 // fetchWarnAfter is how long the fetches of a partition fail in a row before the member says so
@@ -921,20 +930,22 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		}
 		if err == nil && m.cfg.Readable != nil {
 			if rerr := m.cfg.Readable(req); rerr != nil {
-				blocked = &Blocked{Partition: p, Offset: r.offset, Reason: ReasonCE, Detail: rerr.Error(), Writer: clip([]byte(req.Replica))}
+				blocked = m.blockOrSkip(&Blocked{Partition: p, Offset: r.offset, ID: req.ID, Reason: ReasonCE, Detail: rerr.Error(), Writer: clip([]byte(req.Replica))})
 				return
 			}
 		}
 		var de *DecodeError
 		if errors.As(err, &de) {
-			if blocked = m.blocks(p, r, de); blocked != nil {
+			if b := m.blocks(p, r, de); b != nil {
+				blocked = m.blockOrSkip(b)
 				return
 			}
 			m.mu.Lock()
 			m.skipped[de.Reason]++
 			m.mu.Unlock()
-			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's; "+
-				"only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset, "reason", de.Reason, "detail", de.Detail)
+			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's, "+
+				"or naming no id; only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset,
+				"reason", de.Reason, "detail", de.Detail)
 			return
 		}
 		req.Offset = r.offset
@@ -947,8 +958,10 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 }
 
 // blocks returns what blocks partition p at the authenticated record r that Decode refused with
-// de (Blocked), or nil when r is a copy: its id is not its key, or belongs to another partition.
-// Of a value that does not decode, the id and the writer are read as far as they can be.
+// de (Blocked), or nil when r may be a copy: a value signed for another record. The signature
+// covers the value, not the key or the partition, so r blocks only when its value names, as a
+// string "id" (every format of Request keeps one), the record's key and an id of p; any other
+// record is left out, so that a writer without the key cannot block a partition with a copy.
 func (m *Member) blocks(p int, r record, de *DecodeError) *Blocked {
 	if de.Reason == ReasonKey || de.Reason == ReasonPartition {
 		return nil
@@ -957,12 +970,26 @@ func (m *Member) blocks(p int, r record, de *DecodeError) *Blocked {
 		ID      any `json:"id"`
 		Replica any `json:"replica"`
 	}
-	json.Unmarshal(r.value, &named) // as far as it goes: a value that names nothing blocks
-	if id, ok := named.ID.(string); ok && id != "" && (id != string(r.key) || Partition(id, m.cfg.Partitions) != p) {
+	json.Unmarshal(r.value, &named) // as far as it goes
+	if id, ok := named.ID.(string); !ok || id == "" || id != string(r.key) || Partition(id, m.cfg.Partitions) != p {
 		return nil
 	}
 	writer, _ := named.Replica.(string)
-	return &Blocked{Partition: p, Offset: r.offset, Reason: de.Reason, Detail: de.Detail, Writer: clip([]byte(writer))}
+	return &Blocked{Partition: p, Offset: r.offset, ID: string(r.key), Reason: de.Reason, Detail: de.Detail, Writer: clip([]byte(writer))}
+}
+
+// blockOrSkip returns b, unless MemberConfig.Skip names its record: then the record is left
+// out (counted and logged) and it returns nil.
+func (m *Member) blockOrSkip(b *Blocked) *Blocked {
+	if !slices.Contains(m.cfg.Skip[b.Partition], b.Offset) {
+		return b
+	}
+	m.mu.Lock()
+	m.skipped[b.Reason]++
+	m.mu.Unlock()
+	m.log.Warn("CE request this build cannot read skipped, as replication.skip_ce_requests says: the registration or deletion it holds is lost",
+		"partition", b.Partition, "offset", b.Offset, "id", b.ID, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
+	return nil
 }
 
 // apply hands batch to Apply in chunks of MaxBatch, checking ctx between them, and returns
@@ -1063,7 +1090,7 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		}
 		m.mu.Lock()
 		if ps := m.parts[p]; ps != nil {
-			ps.next, ps.ready = 0, false
+			ps.next, ps.ready, ps.blocked = 0, false, nil // the blocking record went with the old log
 		}
 		m.mu.Unlock()
 		return 0, nil

@@ -32,6 +32,11 @@ const (
 )
 
 // Request is one record of the CE topic: its key is the CE id, its value the JSON of Request.
+//
+// What older builds need of a newer format: the same Domain (a value signed under another is,
+// to them, a forgery: left out), and the id as a string field "id", equal to the record's key.
+// Then an older build blocks its partition at the request (Member, Blocked) instead of leaving
+// it out, until a build that reads it owns the partition.
 type Request struct {
 	// Kind is KindRegister or KindDelete.
 	Kind string `json:"kind"`
