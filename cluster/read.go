@@ -61,8 +61,12 @@ func (s *Share) Local(id string) (*ledger.CE, error) {
 }
 
 // rebuilding is ErrRebuilding for the first partition this replica holds or was assigned that
-// it has not caught up with, nil when there is none: a list of this ledger's CEs misses some.
+// it has not caught up with, a blocked one first (it will not pass on its own), nil when there
+// is none: a list of this ledger's CEs misses some.
 func (s *Share) rebuilding() error {
+	if b := s.member.Blocked(); len(b) > 0 {
+		return s.rebuildingErr(b[0].Partition)
+	}
 	if ps := s.NotCaughtUp(); len(ps) > 0 {
 		return s.rebuildingErr(ps[0])
 	}
@@ -141,12 +145,16 @@ func (s *Share) rebuildingErr(p int) error {
 	return fmt.Errorf("%w: partition %d of %s, its requests replayed up to offset %d; retry", ErrRebuilding, p, s.topic, next)
 }
 
-// blockedError is the ErrRebuilding of a partition blocked at a request this build cannot read
-// (ceshare.Blocked): the answer is not known until a build that reads it applies it.
+// ErrBlocked is the ErrRebuilding of a partition blocked at a request this build cannot read
+// (ceshare.Blocked): the answer is not known until a build that reads it applies it, which takes
+// an upgrade, not a moment.
+var ErrBlocked = fmt.Errorf("%w: blocked at a request this build cannot read", ErrRebuilding)
+
+// blockedError is an ErrBlocked that says which partition, where and why.
 type blockedError string
 
 func (e blockedError) Error() string { return string(e) }
-func (e blockedError) Unwrap() error { return ErrRebuilding }
+func (e blockedError) Unwrap() error { return ErrBlocked }
 
 // HeaderForwarded marks a request one replica forwards to another, naming the sender; the
 // owner answers from its ledger and never forwards it again.

@@ -183,9 +183,13 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 		return nil, err
 	}
 	m := s.metrics
+	skip := map[int][]int64{}
+	for _, q := range rc.SkipCERequests {
+		skip[q.Partition] = append(skip[q.Partition], q.Offset)
+	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: c.Conn, Topic: rc.CETopic, Group: c.Group, Partitions: rc.CEPartitions,
 		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: s.id, AdvertiseURL: c.AdvertiseURL, Held: slices.Sorted(maps.Keys(held)),
-		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: c.Replica.Keys(), Readable: readable,
+		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: c.Replica.Keys(), Readable: readable, Skip: skip,
 		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
 		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
 		OnFencedState:     func(int, int64) { m.CEStates.WithLabelValues(alerts.StateFenced).Inc() },

@@ -81,7 +81,7 @@ var scopes = map[string]Scope{
 	"replication.ce_topic": Cluster, "replication.ce_partitions": Cluster,
 	"replication.replica_id": Local, "replication.advertise_url": Local,
 	"replication.session_timeout": Local, "replication.heartbeat_interval": Local,
-	"replication.key_file": Local, "replication.register_wait": Local, "replication.peer_tls.ca_file": Local,
+	"replication.key_file": Local, "replication.register_wait": Local, "replication.skip_ce_requests": Local, "replication.peer_tls.ca_file": Local,
 	"replication.peer_tls.cert_file": Local, "replication.peer_tls.key_file": Local,
 }
 

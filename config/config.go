@@ -353,11 +353,58 @@ type Replication struct {
 	// yet: GET its Location later). 0 answers 202 at once; a wait must end at least
 	// RegisterSendMargin before http.write_timeout. Default: 10s.
 	RegisterWait time.Duration `yaml:"register_wait"`
+	// SkipCERequests are requests of the CE topic that no build of the cluster reads (a newer
+	// build's, after the upgrade was rolled back; or one written wrongly), each named by its
+	// partition and offset as GET /v1/model's replication.ce_partitions_blocked names it: an
+	// owner whose partition is blocked at one skips it instead, and the registration or
+	// deletion it holds is lost (send it again). Default: none.
+	SkipCERequests []CERequest `yaml:"skip_ce_requests,omitempty"`
 	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
 	// advertise URLs): the CAs that sign their server certificates, and the client certificate
 	// it presents where their http.web_config_file requires one (client_auth_type). Read at
 	// start. Default: none (the system's roots, no client certificate).
 	PeerTLS PeerTLS `yaml:"peer_tls"`
+}
+
+// CERequest names a request of the CE topic by its partition and offset.
+type CERequest struct {
+	Partition int   `yaml:"partition"`
+	Offset    int64 `yaml:"offset"`
+}
+
+// UnmarshalYAML reads {partition: P, offset: O}: both keys, whole numbers, and nothing else, as
+// a request skipped by mistake is lost (a misspelt key must not leave an offset of 0).
+func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("item on line %d: want {partition: P, offset: O}, got %s", n.Line, nodeKind(n))
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		var dst any
+		switch k.Value {
+		case "partition":
+			dst = &r.Partition
+		case "offset":
+			dst = &r.Offset
+		default:
+			return fmt.Errorf("item on line %d: unknown key %q (want partition and offset)", k.Line, k.Value)
+		}
+		if seen[k.Value] {
+			return fmt.Errorf("item on line %d: %s given twice", k.Line, k.Value)
+		}
+		seen[k.Value] = true
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+			return fmt.Errorf("item on line %d: %s %q is not a whole number", v.Line, k.Value, v.Value)
+		}
+		if err := v.Decode(dst); err != nil {
+			return fmt.Errorf("item on line %d: %s: %w", v.Line, k.Value, err)
+		}
+	}
+	if !seen["partition"] || !seen["offset"] {
+		return fmt.Errorf("item on line %d: want both partition and offset", n.Line)
+	}
+	return nil
 }
 
 // RegisterSendMargin is how much of http.write_timeout a replicated registration or deletion may
@@ -1138,6 +1185,12 @@ func (c *Config) validateReplication() []error {
 	}
 	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")
+	}
+	for i, q := range r.SkipCERequests {
+		if q.Partition < 0 || q.Partition >= r.CEPartitions || q.Offset < 0 {
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("partition %d, offset %d", q.Partition, q.Offset),
+				fmt.Sprintf("needs a partition in [0, %d) (replication.ce_partitions) and an offset of 0 or more", r.CEPartitions))
+		}
 	}
 	return errs
 }

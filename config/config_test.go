@@ -479,6 +479,10 @@ func TestReplicationKeys(t *testing.T) {
 	if _, err := Load(cluster + "replication:\n  enabled: true\n"); err != nil {
 		t.Fatalf("replication with a shared cluster and the defaults: %v", err)
 	}
+	c, err := Load(cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 11, offset: 0}, {partition: 3, offset: 1200}]\n")
+	if err != nil || !slices.Equal(c.Replication.SkipCERequests, []CERequest{{11, 0}, {3, 1200}}) {
+		t.Fatalf("skip_ce_requests: %v, %+v", err, c)
+	}
 	// Off, the keys are not checked: a single daemon is never refused for them.
 	if _, err := Load("replication:\n  session_timeout: 1ms\n"); err != nil {
 		t.Fatalf("replication off with a bad session_timeout: %v", err)
@@ -495,6 +499,14 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  advertise_url: 10.0.0.1:8080\n", "replication.advertise_url", "http://"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 999ms\n", "replication.session_timeout", "[1s, 5m]"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 2s\n  heartbeat_interval: 2s\n", "replication.heartbeat_interval", "below"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 12, offset: 3}]\n", "replication.skip_ce_requests[0]", "[0, 12)"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests:\n    - {partition: 0, offset: 3}\n    - {partition: 1, offset: -1}\n",
+			"replication.skip_ce_requests[1]: partition 1, offset -1", "an offset of 0 or more"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, ofset: 3}]\n", "replication.skip_ce_requests", `unknown key "ofset"`},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1}]\n", "replication.skip_ce_requests", "want both partition and offset"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 2.5}]\n", "replication.skip_ce_requests", `offset "2.5" is not a whole number`},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [3]\n", "replication.skip_ce_requests", "want {partition: P, offset: O}"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: {partition: 1, offset: 3}\n", "replication.skip_ce_requests (line 5)", "cannot unmarshal !!map"},
 	} {
 		_, err := Load(tc.text)
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), tc.why) {

@@ -1090,10 +1090,13 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 // writeClusterAnswer writes v, or the error of a request that on replicas asks every owner of CE
-// partitions: 503 with Retry-After while a partition has no owner (a rebalance), 502 when a
-// replica did not answer (the error names it), else 500.
+// partitions: 503 with Retry-After while a partition has no owner (a rebalance) or is being
+// rebuilt (a minute when it is blocked until an upgrade), 502 when a replica did not answer (the
+// error names it), else 500.
 func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
 	switch {
+	case errors.Is(err, cluster.ErrBlocked):
+		retryLater(w, http.StatusServiceUnavailable, time.Minute, err.Error())
 	case errors.Is(err, ceshare.ErrNoOwner), errors.Is(err, cluster.ErrRebuilding):
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())
 	case errors.Is(err, cluster.ErrPeer):

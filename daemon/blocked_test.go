@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -52,7 +53,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	offset := signed(newer, p, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, at))
 	offset2 := signed(newerCE, p2, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{"x":[1],"condition":"x"}}`, newerCE, at))
 	waitfor.Cond(t, 30*time.Second, "both partitions blocked", func() bool { return r.metric(t, alerts.NameCEBlocked) == 2 })
-	for _, want := range []string{fmt.Sprintf("partition=%d offset=%d writer=r9 reason=json", p, offset), fmt.Sprintf("partition=%d offset=%d writer=r9 reason=ce", p2, offset2)} {
+	for _, want := range []string{fmt.Sprintf("partition=%d offset=%d id=%s writer=r9 reason=json", p, offset, newer), fmt.Sprintf("partition=%d offset=%d id=%s writer=r9 reason=ce", p2, offset2, newerCE)} {
 		found := false
 		for line := range strings.Lines(r.logs.String()) {
 			found = found || strings.Contains(line, "level=ERROR") && strings.Contains(line, "CE partition blocked at a request this build cannot read") && strings.Contains(line, want)
@@ -78,26 +79,33 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	}
 	want := fmt.Sprintf(`CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read (written by replica "r9"; json): upgrade the partition's owner, replica "r1"`, p, topic, offset)
 	var answer struct{ Error string }
-	if code, body := r.get(t, "/v1/counterfactuals/"+behind); code != http.StatusServiceUnavailable || json.Unmarshal(body, &answer) != nil || answer.Error != want {
-		t.Errorf("GET of the registration behind the block: %d %s; want 503 with %q", code, body, want)
+	resp, err := r.client.Get(r.base + "/v1/counterfactuals/" + behind)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("/readyz while partition %d is blocked: %d %s", p, code, body)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "60" || json.Unmarshal(body, &answer) != nil || answer.Error != want {
+		t.Errorf("GET of the registration behind the block: %d (Retry-After %q) %s; want 503 with Retry-After 60 and %q",
+			resp.StatusCode, resp.Header.Get("Retry-After"), body, want)
+	}
+	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cannot read") {
+		t.Errorf("/readyz while partition %d is blocked: %d %s; want 503 naming the block", p, code, body)
 	}
 	var model struct {
 		Replication struct {
 			Blocked []map[string]any `json:"ce_partitions_blocked"`
 		} `json:"replication"`
 	}
-	_, body := r.get(t, "/v1/model")
+	_, body = r.get(t, "/v1/model")
 	if err := json.Unmarshal(body, &model); err != nil || len(model.Replication.Blocked) != 2 {
 		t.Fatalf("GET /v1/model's ce_partitions_blocked: %v %s", err, body)
 	}
-	for _, want := range []map[string]any{{"partition": float64(p), "offset": float64(offset), "reason": ceshare.ReasonJSON, "detail": `json: unknown field "condition"`},
-		{"partition": float64(p2), "offset": float64(offset2), "reason": ceshare.ReasonCE, "detail": `the registration's CE: json: unknown field "condition"`}} {
+	for _, want := range []map[string]any{{"partition": float64(p), "offset": float64(offset), "id": newer, "reason": ceshare.ReasonJSON, "detail": `json: unknown field "condition"`},
+		{"partition": float64(p2), "offset": float64(offset2), "id": newerCE, "reason": ceshare.ReasonCE, "detail": `the registration's CE: json: unknown field "condition"`}} {
 		found := false
 		for _, got := range model.Replication.Blocked {
-			found = found || got["partition"] == want["partition"] && got["offset"] == want["offset"] && got["writer"] == "r9" &&
+			found = found || got["partition"] == want["partition"] && got["offset"] == want["offset"] && got["id"] == want["id"] && got["writer"] == "r9" &&
 				got["reason"] == want["reason"] && got["detail"] == want["detail"]
 		}
 		if !found {
@@ -109,7 +117,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		checks := []runbooktest.Check{
 			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[%d,%d\]\}$`, min(p, p2), max(p, p2))},
 			{Cmd: "partitions_rebuilding|partitions_blocked|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_blocked 2$[\s\S]*^cfguard_counterfactuals_partitions_rebuilding 2$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
-			{Cmd: "ce_partitions_blocked[]", Want: fmt.Sprintf(`(?m)^\{"detail":"json: unknown field \\"condition\\"","offset":%d,"partition":%d,"reason":"json","since":"[0-9T:.Z-]+","writer":"r9"\}$`, offset, p)},
+			{Cmd: "ce_partitions_blocked[]", Want: fmt.Sprintf(`(?m)^\{"detail":"json: unknown field \\"condition\\"","id":"newer-1","offset":%d,"partition":%d,"reason":"json","since":"[0-9T:.Z-]+","writer":"r9"\}$`, offset, p)},
 			{Cmd: "kcat -C", Want: `^0$`},
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}

@@ -162,7 +162,7 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 		out["ce_partitions_rebuilding"] = d.share.NotCaughtUp()
 		blocked := []map[string]any{}
 		for _, b := range d.share.Member().Blocked() {
-			blocked = append(blocked, map[string]any{"partition": b.Partition, "offset": b.Offset, "writer": b.Writer,
+			blocked = append(blocked, map[string]any{"partition": b.Partition, "offset": b.Offset, "id": b.ID, "writer": b.Writer,
 				"reason": b.Reason, "detail": b.Detail, "since": b.Since.UTC()})
 		}
 		out["ce_partitions_blocked"] = blocked
