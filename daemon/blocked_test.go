@@ -30,11 +30,15 @@ import (
 func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	t.Parallel()
 	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r := startDaemonWith(t, func(c *config.Config) {
+	key, dir := writeKeyFile(t, testClusterKey), t.TempDir()
+	var skip []config.CERequest
+	replica := func(c *config.Config) {
 		replicaConfig(c, b, "r1", key)
+		c.StateDir = dir
 		c.Replication.RegisterWait = 2 * time.Second
-	}, nil, nil)
+		c.Replication.SkipCERequests = skip
+	}
+	r := startDaemonWith(t, replica, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	data := bundled(t)
 	registerCEs(t, r, data, 2)
@@ -124,5 +128,21 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "BROKER", b.Addrs()[0], "PARTITION", fmt.Sprint(p)), nil)
+	}
+
+	// Restarted with the second request named in replication.skip_ce_requests, the replica skips
+	// it and applies its partition on; the first still blocks.
+	r.stop(t)
+	skip = []config.CERequest{{Partition: p2, Offset: offset2}}
+	r = startDaemonWith(t, replica, nil, nil)
+	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request", p2), func() bool {
+		next, held := r.d.share.Member().Next(p2)
+		return held && next == offset2+1 && r.d.share.Member().Ready(p2)
+	})
+	if bl := r.d.share.Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
+		t.Errorf("blocked after the restart: %+v, want partition %d only", bl, p)
+	}
+	if line := loggedLine(r.logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {
+		t.Errorf("the WARN line of the skip: %q", line)
 	}
 }
