@@ -358,7 +358,7 @@ type Replication struct {
 	// partition and offset as GET /v1/model's replication.ce_partitions_blocked names it: an
 	// owner whose partition is blocked at one skips it instead, and the registration or
 	// deletion it holds is lost (send it again). Default: none.
-	SkipCERequests []CERequest `yaml:"skip_ce_requests,omitempty"`
+	SkipCERequests []CERequest `yaml:"skip_ce_requests"`
 	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
 	// advertise URLs): the CAs that sign their server certificates, and the client certificate
 	// it presents where their http.web_config_file requires one (client_auth_type). Read at
@@ -475,7 +475,7 @@ func Default() Config {
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
 		Replication: Replication{PosteriorTopic: "cfguard.posterior", CETopic: "cfguard.ce", CEPartitions: 12, SessionTimeout: 10 * time.Second,
-			HeartbeatInterval: time.Second, RegisterWait: 10 * time.Second},
+			HeartbeatInterval: time.Second, RegisterWait: 10 * time.Second, SkipCERequests: []CERequest{}},
 	}
 }
 
