@@ -356,6 +356,10 @@ func className(classes []string, i int) string {
 
 // load reads the CE and the snapshot a CE page needs.
 func (u *UI) load(w http.ResponseWriter, r *http.Request) (*ledger.CE, *Snapshot, bool) {
+	if err := ident.Check(r.PathValue("id")); err != nil { // no CE can hold it: 400, as the API answers
+		u.fail(w, http.StatusBadRequest, err)
+		return nil, nil, false
+	}
 	ce, err := u.src.Get(r.Context(), r.PathValue("id"))
 	if errors.Is(err, ledger.ErrNotFound) {
 		u.fail(w, http.StatusNotFound, fmt.Errorf("no counterfactual %q is stored", r.PathValue("id")))

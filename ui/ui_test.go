@@ -332,6 +332,11 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals/no-such-ce"); code != http.StatusNotFound {
 		t.Errorf("an unknown CE: %d, want 404", code)
 	}
+	for _, id := range []string{"no%20such%20ce", strings.Repeat("c", ident.MaxLen+1)} { // ids no CE can hold, 400 as in the API
+		if code, _, page := get(t, nil, d.Base+"/ui/counterfactuals/"+id); code != http.StatusBadRequest || !strings.Contains(page, "not in [A-Za-z0-9._:-]") && !strings.Contains(page, "want 1 to 128 characters") {
+			t.Errorf("the page of an invalid id %.20s...: %d, want 400 naming the rule", id, code)
+		}
+	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?target=nosuchclass"); code != http.StatusBadRequest {
 		t.Errorf("an unknown target: %d, want 400", code)
 	}
