@@ -515,10 +515,46 @@ func Load(text string) (*Config, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 		}
 	}
-	if err := c.Validate(); err != nil {
+	var lines map[string]int
+	if !c.empty {
+		lines = keyLines(doc.Content[0], "", map[string]int{})
+	}
+	if err := c.validate(lines); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// keyLines records in lines the line of each key under n, by its path (section.key, and
+// section.key[i] for the items of a list), and returns lines.
+func keyLines(n *yaml.Node, path string, lines map[string]int) map[string]int {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			if path != "" {
+				key = path + "." + key
+			}
+			lines[key] = n.Content[i].Line
+			keyLines(n.Content[i+1], key, lines)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			lines[fmt.Sprintf("%s[%d]", path, i)] = item.Line
+		}
+	}
+	return lines
+}
+
+// keyAt is key as an error names it: with the line the text gave it on, when lines knows it.
+func keyAt(lines map[string]int, key string) string {
+	if line := lines[key]; line > 0 {
+		return fmt.Sprintf("%s (line %d)", key, line)
+	}
+	return key
 }
 
 // decodeStrict decodes node n into v (a struct field or the Config), walking mappings beside
@@ -920,9 +956,14 @@ func (c *Config) ExportDir() string {
 func (c *Config) Embedded() bool { return len(c.Kafka.Brokers) == 0 }
 
 // Validate checks every value; errors name the key.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(nil) }
+
+// validate is Validate, its errors naming the line of each key that lines knows (Load's).
+func (c *Config) validate(lines map[string]int) error {
 	var errs []error
-	bad := func(key string, v any, why string) { errs = append(errs, fmt.Errorf("%s: %v: %s", key, v, why)) }
+	bad := func(key string, v any, why string) {
+		errs = append(errs, fmt.Errorf("%s: %v: %s", keyAt(lines, key), v, why))
+	}
 	if c.HTTP.Listen == "" {
 		bad("http.listen", `""`, "must be host:port")
 	}
@@ -1114,7 +1155,7 @@ func (c *Config) Validate() error {
 			bad("audit.schedule", c.Audit.Schedule, err.Error())
 		}
 	}
-	errs = append(errs, c.validateReplication()...)
+	errs = append(errs, c.validateReplication(lines)...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
@@ -1123,13 +1164,15 @@ func (c *Config) Validate() error {
 
 // validateReplication checks the replication keys; they are checked only when replication is
 // enabled, so that a single daemon's configuration is never refused for them.
-func (c *Config) validateReplication() []error {
+func (c *Config) validateReplication(lines map[string]int) []error {
 	r := c.Replication
 	if !r.Enabled {
 		return nil
 	}
 	var errs []error
-	bad := func(key string, v any, why string) { errs = append(errs, fmt.Errorf("%s: %v: %s", key, v, why)) }
+	bad := func(key string, v any, why string) {
+		errs = append(errs, fmt.Errorf("%s: %v: %s", keyAt(lines, key), v, why))
+	}
 	if c.Embedded() {
 		bad("replication.enabled", true, "replicas share a Kafka cluster: set kafka.brokers "+
 			"(on one machine, `cfguard broker --nodes 3` runs one on loopback)")

@@ -111,7 +111,7 @@ func TestRunRejectsBadConfigWithExit2(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.yaml")
 	os.WriteFile(p, []byte("certify:\n  delta: 0.7\n"), 0o644)
 	code, _, errs := runCLI(t, "run", "--config", p)
-	if code != 2 || !strings.Contains(errs, "certify.delta: 0.7") {
+	if code != 2 || !strings.Contains(errs, "certify.delta (line 2): 0.7") {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 }
@@ -159,7 +159,7 @@ func TestOnePortForTheAPIAndTheBrokerIsRefused(t *testing.T) {
 	}
 	for _, cmd := range []string{"check-config", "run"} {
 		code, _, errs := runCLI(t, cmd, "--config", p)
-		if code != 2 || !strings.Contains(errs, "http.listen: 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092)") {
+		if code != 2 || !strings.Contains(errs, "http.listen (line 3): 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092)") {
 			t.Errorf("%s with http.listen = kafka.embedded_listen: exit %d, stderr %q; want 2 naming both keys", cmd, code, errs)
 		}
 	}
