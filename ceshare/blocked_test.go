@@ -246,7 +246,8 @@ func TestSkippedUnreadableRequest(t *testing.T) {
 	writeSigned(t, conn, p, newerRequest(id))
 	produce(t, testProducer(t, conn), "b", 60, want)
 	cfg := memberConfig(conn, "r1")
-	cfg.Skip = map[int][]int64{p: {offset}, p + 1: {0}} // the other names a readable request: it is applied
+	// The second rule names readable requests: they are applied.
+	cfg.Skip = []Skip{{Partition: p, Offset: offset, ID: id}, {Partition: (p + 1) % testPartitions, Offset: 0, Through: 1000}}
 	r := startReplica(t, cfg)
 	var owner map[int]string
 	waitfor.Cond(t, 30*time.Second, "the member applying every request but the skipped one", func() bool {
@@ -296,5 +297,30 @@ func createTopic(t *testing.T, conn stream.ConnConfig) {
 	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
 	if _, err := create(ctx, cl, testTopic, testPartitions, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A rule of MemberConfig.Skip names a blocked record by its partition, its offset or a range of
+// them, and its id when the rule gives one.
+func TestSkipRulesNameRecords(t *testing.T) {
+	b := &Blocked{Partition: 3, Offset: 10, ID: "ce-1"}
+	for _, c := range []struct {
+		name  string
+		rule  Skip
+		names bool
+	}{
+		{"its offset", Skip{Partition: 3, Offset: 10}, true},
+		{"its offset and id", Skip{Partition: 3, Offset: 10, ID: "ce-1"}, true},
+		{"another id", Skip{Partition: 3, Offset: 10, ID: "ce-2"}, false},
+		{"another partition", Skip{Partition: 4, Offset: 10}, false},
+		{"another offset", Skip{Partition: 3, Offset: 11}, false},
+		{"a range over it", Skip{Partition: 3, Offset: 5, Through: 10}, true},
+		{"a range before it", Skip{Partition: 3, Offset: 5, Through: 9}, false},
+		{"a range after it", Skip{Partition: 3, Offset: 11, Through: 90}, false},
+		{"a through below the offset", Skip{Partition: 3, Offset: 10, Through: 2}, true},
+	} {
+		if got := c.rule.names(b); got != c.names {
+			t.Errorf("%s: %+v names %+v: %v, want %v", c.name, c.rule, b, got, c.names)
+		}
 	}
 }

@@ -20,12 +20,12 @@
 // once, so that a producer's retry of a request that landed changes nothing.
 //
 // Records that do not authenticate are left out, counted and logged, and so are copies (a value
-// the cluster signed, under another record's key or in another partition than its id's): anyone
-// who can write the topic can make those. A record that authenticates and does not decode as a
-// request of this build (a newer build's format), or that MemberConfig.Readable refuses, blocks
-// its partition instead (Blocked): nothing at or after it is applied, and the store keeps its
-// offset, until a build that reads it owns the partition; skipping it would lose what a replica
-// acknowledged.
+// the cluster signed, under another record's key, in another partition than its id's, or naming
+// no id): anyone who can write the topic can make those. A record that authenticates and does
+// not decode as a request of this build (a newer build's format), or that MemberConfig.Readable
+// refuses, blocks its partition instead (Blocked): nothing at or after it is applied, and the
+// store keeps its offset, until a build that reads it owns the partition, or MemberConfig.Skip
+// names it; skipping it otherwise would lose what a replica acknowledged.
 //
 // A partition the next generation gives to another member is released (Hooks.Release), and so is everything when no generation comes within the session timeout
 // after the last one ended (the group evicted the member). A member that stops, cleanly or

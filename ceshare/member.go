@@ -95,11 +95,11 @@ type MemberConfig struct {
 	// of the group whose data does not authenticate, when this member leads a rebalance (that
 	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)
-	// Skip names, by partition, the offsets of records that block their partition (Blocked) and
-	// are to be skipped instead (replication.skip_ce_requests: no build of the cluster reads
-	// them). What they hold is lost; each is logged at WARN and counted in MemberStats.Skipped.
-	// Default: none.
-	Skip map[int][]int64
+	// Skip names records that block their partition (Blocked) and are to be skipped instead
+	// (replication.skip_ce_requests: no build of the cluster reads them). What they hold is
+	// lost; each is logged at WARN and counted in MemberStats.Skipped. Records a rule names that
+	// this build reads are applied as any. Default: none.
+	Skip []Skip
 	// Readable, when set, says whether this build reads all of a request that Decode accepted
 	// from an authenticated record (the CE a registration carries is opaque here): an error
 	// blocks the partition at the request (Blocked, ReasonCE), as a record Decode refuses does.
@@ -203,7 +203,7 @@ func (c *MemberConfig) applyDefaults() error {
 type MemberStats struct {
 	Generations int64            // generations this member took part in
 	Applied     int64            // requests handed to Apply
-	Skipped     map[string]int64 // records left out (not authenticated, or copies), by DecodeError.Reason
+	Skipped     map[string]int64 // records left out (not authenticated, copies, or named in MemberConfig.Skip), by DecodeError.Reason
 	Lost        int64            // times the member released everything after no generation came in time
 	Gaps        int64            // requests deleted (by retention) before they were read, counted lost (Hooks.Lost)
 	Restored    int64            // registrations rebuilt from CE states at such a gap (Request.Restored), handed to Apply
@@ -232,14 +232,16 @@ type partState struct {
 // lose what a replica acknowledged, so the member applies nothing at or after it, and its store
 // keeps the record's offset as the partition's: a cfguard that reads it (this replica upgraded,
 // or the partition's next owner) applies it and what follows it. Meanwhile the partition is not
-// ready (Ready), as one being rebuilt is. A copy (a signed value under another record's key, or
-// in another partition than its id's) is no such record: anyone who can write the topic can
-// make one, and it is skipped (ReasonKey, ReasonPartition).
+// ready (Ready), as one being rebuilt is. A copy (a signed value under another record's key, in
+// another partition than its id's, or naming no id) is no such record: anyone who can write the
+// topic can make one, and it is skipped. A replay of a signed request into its own partition
+// under its own key is that request again (so is a producer's retry): it blocks, as the request
+// does. MemberConfig.Skip names records to skip instead.
 type Blocked struct {
 	Partition int
 	Offset    int64
 	ID        string    // the CE id the record names (its key)
-	Reason    string    // why Decode refused it (DecodeError.Reason)
+	Reason    string    // why Decode refused it (DecodeError.Reason), ReasonCE for MemberConfig.Readable
 	Detail    string    // Decode's detail
 	Writer    string    // the replica the record names (its "replica" field), "" when none can be read
 	Since     time.Time // when this member found it at the partition's offset
@@ -930,7 +932,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		}
 		if err == nil && m.cfg.Readable != nil {
 			if rerr := m.cfg.Readable(req); rerr != nil {
-				blocked = m.blockOrSkip(&Blocked{Partition: p, Offset: r.offset, ID: req.ID, Reason: ReasonCE, Detail: rerr.Error(), Writer: clip([]byte(req.Replica))})
+				blocked = m.blockOrSkip(&Blocked{Partition: p, Offset: r.offset, ID: clip([]byte(req.ID)), Reason: ReasonCE, Detail: rerr.Error(), Writer: clip([]byte(req.Replica))})
 				return
 			}
 		}
@@ -961,7 +963,8 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 // de (Blocked), or nil when r may be a copy: a value signed for another record. The signature
 // covers the value, not the key or the partition, so r blocks only when its value names, as a
 // string "id" (every format of Request keeps one), the record's key and an id of p; any other
-// record is left out, so that a writer without the key cannot block a partition with a copy.
+// record is left out, so that a writer without the key cannot block a partition with a copy of
+// another record (a replay of a record into its own place is the record: see Blocked).
 func (m *Member) blocks(p int, r record, de *DecodeError) *Blocked {
 	if de.Reason == ReasonKey || de.Reason == ReasonPartition {
 		return nil
@@ -975,13 +978,26 @@ func (m *Member) blocks(p int, r record, de *DecodeError) *Blocked {
 		return nil
 	}
 	writer, _ := named.Replica.(string)
-	return &Blocked{Partition: p, Offset: r.offset, ID: string(r.key), Reason: de.Reason, Detail: de.Detail, Writer: clip([]byte(writer))}
+	return &Blocked{Partition: p, Offset: r.offset, ID: clip(r.key), Reason: de.Reason, Detail: de.Detail, Writer: clip([]byte(writer))}
+}
+
+// Skip is a rule of MemberConfig.Skip: the records of Partition from Offset through Through
+// (Offset alone when Through is below it), those of CE id ID only when ID is set.
+type Skip struct {
+	Partition       int
+	Offset, Through int64
+	ID              string
+}
+
+// names reports whether s names the record that b blocks at.
+func (s Skip) names(b *Blocked) bool {
+	return s.Partition == b.Partition && s.Offset <= b.Offset && b.Offset <= max(s.Offset, s.Through) && (s.ID == "" || s.ID == b.ID)
 }
 
 // blockOrSkip returns b, unless MemberConfig.Skip names its record: then the record is left
 // out (counted and logged) and it returns nil.
 func (m *Member) blockOrSkip(b *Blocked) *Blocked {
-	if !slices.Contains(m.cfg.Skip[b.Partition], b.Offset) {
+	if !slices.ContainsFunc(m.cfg.Skip, func(s Skip) bool { return s.names(b) }) {
 		return b
 	}
 	m.mu.Lock()

@@ -29,9 +29,14 @@ type AuditAnswer struct {
 
 // peerAnswer is one replica's answer to a request another made on a client's behalf.
 type peerAnswer struct {
-	code int
-	body []byte
+	code    int
+	body    []byte
+	blocked bool // a 503 the peer marked HeaderBlocked
 }
+
+// HeaderBlocked marks a 503 that a replica answers for a partition blocked at a request its build
+// cannot read (ErrBlocked), so that a replica that forwarded the question answers as the owner.
+const HeaderBlocked = "Cfguard-Blocked"
 
 // ErrPeerBusy is matched when every replica that did not audit answered that an audit was
 // running there: the API answers 409 with Retry-After.
@@ -62,7 +67,7 @@ func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx co
 	})
 	if len(failed) > 0 {
 		var why []string
-		busy, rebuilding := 0, 0
+		busy, rebuilding, blocked := 0, 0, 0
 		for _, r := range slices.Sorted(maps.Keys(failed)) {
 			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
 			switch {
@@ -70,13 +75,18 @@ func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx co
 				busy++
 			case errors.Is(failed[r], ErrRebuilding):
 				rebuilding++
+				if errors.Is(failed[r], ErrBlocked) {
+					blocked++
+				}
 			}
 		}
 		kind := ErrPeer
-		switch len(failed) {
-		case busy:
+		switch {
+		case len(failed) == busy:
 			kind = ErrPeerBusy // 409, retry after the running audit
-		case rebuilding:
+		case len(failed) == rebuilding && blocked > 0:
+			kind = ErrBlocked // 503, retry once the blocked partitions are past their request (an upgrade)
+		case len(failed) == rebuilding:
 			kind = ErrRebuilding // 503, retry once the partitions are rebuilt
 		}
 		return AuditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
@@ -200,11 +210,12 @@ func (s *Share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 	if err != nil {
 		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
 	}
-	return peerAnswer{code: resp.StatusCode, body: b}, nil
+	return peerAnswer{code: resp.StatusCode, body: b, blocked: resp.Header.Get(HeaderBlocked) != ""}, nil
 }
 
 // decodePeer decodes a 200 answer into v; a 409 is ErrPeerBusy, a 503 ErrRebuilding (the peer
-// has not rebuilt what it was asked about yet: retry), anything else an ErrPeer with the answer.
+// has not rebuilt what it was asked about yet: retry; ErrBlocked when the peer marked it
+// HeaderBlocked), anything else an ErrPeer with the answer.
 func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 	switch a.code {
 	case http.StatusOK:
@@ -215,7 +226,11 @@ func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 	case http.StatusConflict:
 		return fmt.Errorf("%w: %s", ErrPeerBusy, bytes.TrimSpace(a.body))
 	case http.StatusServiceUnavailable:
-		return fmt.Errorf("%w: the owner, %s, answered: %s", ErrRebuilding, o.Replica, bytes.TrimSpace(a.body))
+		kind := ErrRebuilding
+		if a.blocked {
+			kind = ErrBlocked
+		}
+		return fmt.Errorf("%w: the owner, %s, answered: %s", kind, o.Replica, bytes.TrimSpace(a.body))
 	}
 	return fmt.Errorf("%w: %s answered %d: %s", ErrPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
 }

@@ -64,13 +64,23 @@ func (s *Share) Local(id string) (*ledger.CE, error) {
 // it has not caught up with, a blocked one first (it will not pass on its own), nil when there
 // is none: a list of this ledger's CEs misses some.
 func (s *Share) rebuilding() error {
-	if b := s.member.Blocked(); len(b) > 0 {
-		return s.rebuildingErr(b[0].Partition)
-	}
-	if ps := s.NotCaughtUp(); len(ps) > 0 {
-		return s.rebuildingErr(ps[0])
+	if p, ok := firstNotCaughtUp(s.NotCaughtUp(), s.member.Blocked()); ok {
+		return s.rebuildingErr(p)
 	}
 	return nil
+}
+
+// firstNotCaughtUp is the partition a replica names when it has not caught up with some: the
+// first one blocked (it will not pass on its own), else the first not caught up; false when
+// there is none.
+func firstNotCaughtUp(notCaughtUp []int, blocked []ceshare.Blocked) (int, bool) {
+	if len(blocked) > 0 {
+		return blocked[0].Partition, true
+	}
+	if len(notCaughtUp) > 0 {
+		return notCaughtUp[0], true
+	}
+	return 0, false
 }
 
 // HoldsWhole says why this replica's ledger may not hold every CE of the partitions expect (the
@@ -83,6 +93,9 @@ func (s *Share) rebuilding() error {
 func (s *Share) HoldsWhole(expect []int) error {
 	if s.member.Generation() == 0 {
 		return fmt.Errorf("%w: this replica is between two generations of the CE group of %s; retry", ErrRebuilding, s.topic)
+	}
+	if b := s.member.Blocked(); len(b) > 0 {
+		return s.rebuildingErr(b[0].Partition)
 	}
 	for _, p := range expect {
 		if !s.member.Ready(p) {
@@ -133,7 +146,7 @@ func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 func (s *Share) rebuildingErr(p int) error {
 	for _, b := range s.member.Blocked() {
 		if b.Partition == p {
-			writer := "a replica that names no id"
+			writer := "a request that names no replica"
 			if b.Writer != "" {
 				writer = fmt.Sprintf("replica %q", b.Writer)
 			}

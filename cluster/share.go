@@ -183,9 +183,9 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 		return nil, err
 	}
 	m := s.metrics
-	skip := map[int][]int64{}
+	var skip []ceshare.Skip
 	for _, q := range rc.SkipCERequests {
-		skip[q.Partition] = append(skip[q.Partition], q.Offset)
+		skip = append(skip, ceshare.Skip{Partition: q.Partition, Offset: q.Offset, Through: q.Through, ID: q.ID})
 	}
 	if s.member, err = ceshare.NewMember(ctx, ceshare.MemberConfig{Conn: c.Conn, Topic: rc.CETopic, Group: c.Group, Partitions: rc.CEPartitions,
 		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: s.id, AdvertiseURL: c.AdvertiseURL, Held: slices.Sorted(maps.Keys(held)),

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/update"
 )
@@ -355,10 +357,11 @@ type Replication struct {
 	RegisterWait time.Duration `yaml:"register_wait"`
 	// SkipCERequests are requests of the CE topic that no build of the cluster reads (a newer
 	// build's, after the upgrade was rolled back; or one written wrongly), each named by its
-	// partition and offset as GET /v1/model's replication.ce_partitions_blocked names it: an
-	// owner whose partition is blocked at one skips it instead, and the registration or
-	// deletion it holds is lost (send it again). Default: none.
-	SkipCERequests []CERequest `yaml:"skip_ce_requests"`
+	// partition and offset (and id) as GET /v1/model's replication.ce_partitions_blocked names
+	// it, or by a range of offsets: an owner whose partition is blocked at one skips it instead,
+	// and the registration or deletion it holds is lost (send it again). Read at start; every
+	// replica needs them, as a partition that moves replays its requests. Default: none.
+	SkipCERequests CERequests `yaml:"skip_ce_requests"`
 	// PeerTLS is how this replica speaks TLS to the other replicas' APIs (their https://
 	// advertise URLs): the CAs that sign their server certificates, and the client certificate
 	// it presents where their http.web_config_file requires one (client_auth_type). Read at
@@ -366,14 +369,44 @@ type Replication struct {
 	PeerTLS PeerTLS `yaml:"peer_tls"`
 }
 
-// CERequest names a request of the CE topic by its partition and offset.
+// CERequest names requests of the CE topic to skip (replication.skip_ce_requests): the one at
+// Offset of Partition, or, with Through, every one from Offset to Through; with ID, only those
+// whose CE id it is.
 type CERequest struct {
-	Partition int   `yaml:"partition"`
-	Offset    int64 `yaml:"offset"`
+	Partition int    `yaml:"partition"`
+	Offset    int64  `yaml:"offset"`
+	Through   int64  `yaml:"through,omitempty"` // the last offset of a range; 0: Offset alone
+	ID        string `yaml:"id,omitempty"`
 }
 
-// UnmarshalYAML reads {partition: P, offset: O}: both keys, whole numbers, and nothing else, as
-// a request skipped by mistake is lost (a misspelt key must not leave an offset of 0).
+// Last is the last offset r names.
+func (r CERequest) Last() int64 { return max(r.Offset, r.Through) }
+
+// CERequests are replication.skip_ce_requests.
+type CERequests []CERequest
+
+// UnmarshalYAML refuses an item that is not a mapping (null included), then reads each item.
+func (rs *CERequests) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.SequenceNode {
+		return fmt.Errorf("want a list of {partition: P, offset: O}, got %s", nodeKind(n))
+	}
+	out := make(CERequests, len(n.Content))
+	for i, item := range n.Content {
+		if err := out[i].UnmarshalYAML(item); err != nil {
+			return err
+		}
+	}
+	*rs = out
+	return nil
+}
+
+// decimal is a whole number as people write one: digits, no sign, no leading zero (yaml would
+// read 012 as 10, 0x12 as 18 and 1_200 as 1200).
+var decimal = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
+
+// UnmarshalYAML reads {partition: P, offset: O} with, optionally, through: and id: — partition
+// and offset required, whole decimal numbers, nothing else — as a request skipped by mistake is
+// lost (a misspelt key must not leave an offset of 0).
 func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.MappingNode {
 		return fmt.Errorf("item on line %d: want {partition: P, offset: O}, got %s", n.Line, nodeKind(n))
@@ -381,24 +414,42 @@ func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		var dst any
-		switch k.Value {
-		case "partition":
-			dst = &r.Partition
-		case "offset":
-			dst = &r.Offset
-		default:
-			return fmt.Errorf("item on line %d: unknown key %q (want partition and offset)", k.Line, k.Value)
-		}
 		if seen[k.Value] {
 			return fmt.Errorf("item on line %d: %s given twice", k.Line, k.Value)
 		}
 		seen[k.Value] = true
-		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
-			return fmt.Errorf("item on line %d: %s %q is not a whole number", v.Line, k.Value, v.Value)
+		if k.Value == "id" {
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
+				return fmt.Errorf("item on line %d: id %q is not a CE id", v.Line, v.Value)
+			}
+			r.ID = v.Value
+			continue
 		}
-		if err := v.Decode(dst); err != nil {
+		var dst *int64
+		var p int64
+		switch k.Value {
+		case "partition":
+			dst = &p
+		case "offset":
+			dst = &r.Offset
+		case "through":
+			dst = &r.Through
+		default:
+			return fmt.Errorf("item on line %d: unknown key %q (want partition, offset, and optionally through and id)", k.Line, k.Value)
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || !decimal.MatchString(v.Value) {
+			return fmt.Errorf("item on line %d: %s %q: want a whole number of decimal digits", v.Line, k.Value, v.Value)
+		}
+		x, err := strconv.ParseInt(v.Value, 10, 64)
+		if err != nil {
 			return fmt.Errorf("item on line %d: %s: %w", v.Line, k.Value, err)
+		}
+		*dst = x
+		if k.Value == "partition" {
+			if x > math.MaxInt32 {
+				return fmt.Errorf("item on line %d: partition %s is out of range", v.Line, v.Value)
+			}
+			r.Partition = int(x)
 		}
 	}
 	if !seen["partition"] || !seen["offset"] {
@@ -475,7 +526,7 @@ func Default() Config {
 		Audit:   Audit{Schedule: "@every 1h"},
 		Log:     Log{Level: slog.LevelInfo, Format: LogText},
 		Replication: Replication{PosteriorTopic: "cfguard.posterior", CETopic: "cfguard.ce", CEPartitions: 12, SessionTimeout: 10 * time.Second,
-			HeartbeatInterval: time.Second, RegisterWait: 10 * time.Second, SkipCERequests: []CERequest{}},
+			HeartbeatInterval: time.Second, RegisterWait: 10 * time.Second, SkipCERequests: CERequests{}},
 	}
 }
 
@@ -1230,9 +1281,18 @@ func (c *Config) validateReplication(lines map[string]int) []error {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")
 	}
 	for i, q := range r.SkipCERequests {
-		if q.Partition < 0 || q.Partition >= r.CEPartitions || q.Offset < 0 {
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("partition %d, offset %d", q.Partition, q.Offset),
-				fmt.Sprintf("needs a partition in [0, %d) (replication.ce_partitions) and an offset of 0 or more", r.CEPartitions))
+		switch {
+		case q.Partition < 0 || q.Partition >= r.CEPartitions:
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("partition %d", q.Partition),
+				fmt.Sprintf("needs a partition in [0, %d) (replication.ce_partitions)", r.CEPartitions))
+		case q.Through != 0 && q.Through < q.Offset:
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("offset %d, through %d", q.Offset, q.Through),
+				"through is the last offset of the range: at least offset")
+		case q.ID != "" && q.Through != 0:
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q, through %d", q.ID, q.Through),
+				"an id names one request: give offset alone")
+		case q.ID != "" && ident.Check(q.ID) != nil:
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q", q.ID), ident.Check(q.ID).Error())
 		}
 	}
 	return errs

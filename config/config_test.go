@@ -480,8 +480,8 @@ func TestReplicationKeys(t *testing.T) {
 	if _, err := Load(cluster + "replication:\n  enabled: true\n"); err != nil {
 		t.Fatalf("replication with a shared cluster and the defaults: %v", err)
 	}
-	c, err := Load(cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 11, offset: 0}, {partition: 3, offset: 1200}]\n")
-	if err != nil || !slices.Equal(c.Replication.SkipCERequests, []CERequest{{11, 0}, {3, 1200}}) {
+	c, err := Load(cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 11, offset: 0}, {partition: 3, offset: 1200, id: ce-7}, {partition: 0, offset: 10, through: 99}]\n")
+	if err != nil || !slices.Equal(c.Replication.SkipCERequests, CERequests{{Partition: 11}, {Partition: 3, Offset: 1200, ID: "ce-7"}, {Offset: 10, Through: 99}}) {
 		t.Fatalf("skip_ce_requests: %v, %+v", err, c)
 	}
 	// Off, the keys are not checked: a single daemon is never refused for them.
@@ -500,14 +500,24 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  advertise_url: 10.0.0.1:8080\n", "replication.advertise_url", "http://"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 999ms\n", "replication.session_timeout", "[1s, 5m]"},
 		{cluster + "replication:\n  enabled: true\n  session_timeout: 2s\n  heartbeat_interval: 2s\n", "replication.heartbeat_interval", "below"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 12, offset: 3}]\n", "replication.skip_ce_requests[0]", "[0, 12)"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests:\n    - {partition: 0, offset: 3}\n    - {partition: 1, offset: -1}\n",
-			"replication.skip_ce_requests[1]: partition 1, offset -1", "an offset of 0 or more"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, ofset: 3}]\n", "replication.skip_ce_requests", `unknown key "ofset"`},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 12, offset: 3}]\n", "replication.skip_ce_requests[0]: partition 12", "[0, 12)"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: -1}]\n", "replication.skip_ce_requests", "offset \"-1\": want a whole number of decimal digits"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 3, offset: 012}]\n", "replication.skip_ce_requests", "offset \"012\": want a whole number of decimal digits"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 3, offset: 0x12}]\n", "replication.skip_ce_requests", "offset \"0x12\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 3, offset: 1_200}]\n", "replication.skip_ce_requests", "offset \"1_200\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 3, offset: +1}]\n", "replication.skip_ce_requests", "offset \"+1\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 010, offset: 1}]\n", "replication.skip_ce_requests", "partition \"010\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 2.5}]\n", "replication.skip_ce_requests", "offset \"2.5\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, ofset: 3}]\n", "replication.skip_ce_requests", "unknown key \"ofset\""},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1}]\n", "replication.skip_ce_requests", "want both partition and offset"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 2.5}]\n", "replication.skip_ce_requests", `offset "2.5" is not a whole number`},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [3]\n", "replication.skip_ce_requests", "want {partition: P, offset: O}"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: {partition: 1, offset: 3}\n", "replication.skip_ce_requests", "(line 5): cannot unmarshal !!map"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [~]\n", "replication.skip_ce_requests", "want {partition: P, offset: O}, got the value \"~\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests:\n    - {partition: 1, offset: 3}\n    -\n\n", "replication.skip_ce_requests", "item on line 7: want {partition: P, offset: O}, got the value \"\""},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: {partition: 1, offset: 3}\n", "replication.skip_ce_requests", "(line 5): want a list of {partition: P, offset: O}, got a mapping"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 4}]\n", "replication.skip_ce_requests[0]: offset 5, through 4", "at least offset"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 9, id: a}]\n", "replication.skip_ce_requests[0]", "an id names one request"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: \"a b\"}]\n", "replication.skip_ce_requests[0]", "not in [A-Za-z0-9._:-]"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: 7}]\n", "replication.skip_ce_requests", "id \"7\" is not a CE id"},
 	} {
 		_, err := Load(tc.text)
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(withoutLines(err), tc.key) || !strings.Contains(err.Error(), tc.why) {
@@ -738,7 +748,7 @@ func TestValidationErrorsNameTheLine(t *testing.T) {
 		{"update:\n  objective: \"\"\n", `update.objective (line 2): : must be prior or vcl`},
 		{"http:\n  listen: 127.0.0.1:1\n  max_body_bytes: -1\n", "http.max_body_bytes (line 3): -1: must be positive"},
 		{"kafka:\n  brokers: [127.0.0.1:9092]\nreplication:\n  enabled: true\n  skip_ce_requests:\n    - {partition: 0, offset: 3}\n    - {partition: 99, offset: 1}\n",
-			"replication.skip_ce_requests[1] (line 7): partition 99, offset 1"},
+			"replication.skip_ce_requests[1] (line 7): partition 99"},
 	} {
 		_, err := Load(tc.text)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

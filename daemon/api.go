@@ -1096,6 +1096,7 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
 	switch {
 	case errors.Is(err, cluster.ErrBlocked):
+		w.Header().Set(cluster.HeaderBlocked, "true")
 		retryLater(w, http.StatusServiceUnavailable, time.Minute, err.Error())
 	case errors.Is(err, ceshare.ErrNoOwner), errors.Is(err, cluster.ErrRebuilding):
 		retryLater(w, http.StatusServiceUnavailable, time.Second, err.Error())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -133,7 +134,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	// Restarted with the second request named in replication.skip_ce_requests, the replica skips
 	// it and applies its partition on; the first still blocks.
 	r.stop(t)
-	skip = []config.CERequest{{Partition: p2, Offset: offset2}}
+	skip = []config.CERequest{{Partition: p2, Offset: offset2, ID: newerCE}}
 	r = startDaemonWith(t, replica, nil, nil)
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request", p2), func() bool {
 		next, held := r.d.share.Member().Next(p2)
@@ -144,5 +145,49 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	}
 	if line := loggedLine(r.logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {
 		t.Errorf("the WARN line of the skip: %q", line)
+	}
+}
+
+// A question about a blocked partition asked at a replica that does not own it is answered as
+// its owner answers: 503 with Retry-After 60 (it takes an upgrade), for a read and for a list.
+func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
+	t.Parallel()
+	b := startCluster(t, 1)
+	r1, r2 := startReplica(t, b, "r1"), startReplica(t, b, "r2")
+	reps := []*running{r1, r2}
+	parts := r1.d.share.Partitions()
+	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each owning some", func() bool {
+		return shareReady(r1) && shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts &&
+			len(r1.d.share.Member().Owned()) > 0 && len(r2.d.share.Member().Owned()) > 0
+	})
+	const newer = "newer-1"
+	p := ceshare.Partition(newer, parts)
+	owner := r1
+	if !slices.Contains(r1.d.share.Member().Owned(), p) {
+		owner = r2
+	}
+	value := fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, time.Now().UTC().Format(time.RFC3339Nano))
+	rawProduce(t, b, owner.d.cfg.Replication.CETopic, p, newer, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(owner.d.rep.Keys(), value)})
+	waitfor.Cond(t, 30*time.Second, "the partition blocked at its owner", func() bool { return len(owner.d.share.Member().Blocked()) == 1 })
+
+	unknown := ""
+	for k := 0; unknown == ""; k++ {
+		if id := fmt.Sprintf("unknown-%d", k); ceshare.Partition(id, parts) == p {
+			unknown = id
+		}
+	}
+	for _, r := range reps {
+		for _, path := range []string{"/v1/counterfactuals/" + unknown, "/v1/counterfactuals?limit=10"} {
+			resp, err := r.client.Get(r.base + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "60" || !strings.Contains(string(body), "cannot read") {
+				t.Errorf("GET %s at %s (owner %v): %d (Retry-After %q) %s; want 503, Retry-After 60, naming the block",
+					path, r.d.cfg.Replication.ReplicaID, r == owner, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+			}
+		}
 	}
 }

@@ -115,7 +115,7 @@ var conditions = []condition{
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
 		says := fmt.Sprintf("%g CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", n)
 		if b := g["cfguard_counterfactuals_partitions_blocked"]; b > 0 {
-			says += fmt.Sprintf("; %g of them blocked at a request this build cannot read: upgrade this replica", b)
+			says += fmt.Sprintf("; %g of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)", b)
 		}
 		return n > 0, says
 	}, "/ui/"},

@@ -98,7 +98,7 @@ func TestNotCaughtUpSaysWhenBlocked(t *testing.T) {
 		says    string
 	}{
 		{0, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)"},
-		{1, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it); 1 of them blocked at a request this build cannot read: upgrade this replica"},
+		{1, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it); 1 of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)"},
 	} {
 		rows := holding(map[string]float64{"cfguard_counterfactuals_partitions_rebuilding": 2, "cfguard_counterfactuals_partitions_blocked": tc.blocked,
 			"cfguard_last_ingest_timestamp_seconds": float64(time.Now().Unix())}, time.Now())

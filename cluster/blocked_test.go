@@ -37,3 +37,23 @@ func TestReadableTakesOnlyAMeasured(t *testing.T) {
 		})
 	}
 }
+
+// A replica names a blocked partition before one that is only being rebuilt: the rebuild ends
+// on its own, the block does not.
+func TestFirstNotCaughtUpNamesABlockFirst(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		notCaughtUp []int
+		blocked     []ceshare.Blocked
+		want        int
+		ok          bool
+	}{
+		{"none", nil, nil, 0, false},
+		{"a rebuild", []int{2, 5}, nil, 2, true},
+		{"a rebuild before a block", []int{2, 5}, []ceshare.Blocked{{Partition: 5}}, 5, true},
+	} {
+		if got, ok := firstNotCaughtUp(c.notCaughtUp, c.blocked); got != c.want || ok != c.ok {
+			t.Errorf("%s: firstNotCaughtUp = %d, %v; want %d, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
