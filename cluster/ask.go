@@ -170,8 +170,14 @@ func askOwners[T any](owners map[int]ceshare.Owner, ask func(ceshare.Owner) (T, 
 	return got, failed
 }
 
-// firstFailure is the failure of the first replica by id, nil when none failed.
+// firstFailure is the failure of the first replica by id, of those blocked (ErrBlocked) when any
+// is (theirs will not pass on its own), nil when none failed.
 func firstFailure(failed map[string]error) error {
+	for _, r := range slices.Sorted(maps.Keys(failed)) {
+		if errors.Is(failed[r], ErrBlocked) {
+			return failed[r]
+		}
+	}
 	if len(failed) == 0 {
 		return nil
 	}

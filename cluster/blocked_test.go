@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -54,6 +55,27 @@ func TestFirstNotCaughtUpNamesABlockFirst(t *testing.T) {
 	} {
 		if got, ok := firstNotCaughtUp(c.notCaughtUp, c.blocked); got != c.want || ok != c.ok {
 			t.Errorf("%s: firstNotCaughtUp = %d, %v; want %d, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// A list that fails at several replicas answers with a blocked one's failure when there is one,
+// else with the first replica's by id.
+func TestFirstFailureNamesABlockFirst(t *testing.T) {
+	rebuild := fmt.Errorf("%w: r1", ErrRebuilding)
+	peer := fmt.Errorf("%w: r2", ErrPeer)
+	blocked := fmt.Errorf("%w: r3", ErrBlocked)
+	for _, c := range []struct {
+		name   string
+		failed map[string]error
+		want   error
+	}{
+		{"none", nil, nil},
+		{"by id", map[string]error{"r1": rebuild, "r2": peer}, rebuild},
+		{"a block after others", map[string]error{"r1": rebuild, "r2": peer, "r3": blocked}, blocked},
+	} {
+		if got := firstFailure(c.failed); got != c.want {
+			t.Errorf("%s: firstFailure = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -151,7 +151,7 @@ func (s *Share) rebuildingErr(p int) error {
 				writer = fmt.Sprintf("replica %q", b.Writer)
 			}
 			return blockedError(fmt.Sprintf("CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read "+
-				"(written by %s; %s): upgrade the partition's owner, replica %q", p, s.topic, b.Offset, writer, b.Reason, s.id))
+				"(written by %s; %s): upgrade the partition's owner, replica %q, or skip the request (replication.skip_ce_requests)", p, s.topic, b.Offset, writer, b.Reason, s.id))
 		}
 	}
 	next, _ := s.member.Next(p)

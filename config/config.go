@@ -379,14 +379,12 @@ type CERequest struct {
 	ID        string `yaml:"id,omitempty"`
 }
 
-// Last is the last offset r names.
-func (r CERequest) Last() int64 { return max(r.Offset, r.Through) }
-
 // CERequests are replication.skip_ce_requests.
 type CERequests []CERequest
 
 // UnmarshalYAML refuses an item that is not a mapping (null included), then reads each item.
 func (rs *CERequests) UnmarshalYAML(n *yaml.Node) error {
+	n = resolved(n)
 	if n.Kind != yaml.SequenceNode {
 		return fmt.Errorf("want a list of {partition: P, offset: O}, got %s", nodeKind(n))
 	}
@@ -400,29 +398,43 @@ func (rs *CERequests) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// resolved is n, or the node an alias n refers to.
+func resolved(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		return n.Alias
+	}
+	return n
+}
+
 // decimal is a whole number as people write one: digits, no sign, no leading zero (yaml would
 // read 012 as 10, 0x12 as 18 and 1_200 as 1200).
 var decimal = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
 
 // UnmarshalYAML reads {partition: P, offset: O} with, optionally, through: and id: — partition
-// and offset required, whole decimal numbers, nothing else — as a request skipped by mistake is
-// lost (a misspelt key must not leave an offset of 0).
+// and offset required, whole decimal numbers, a through not below offset, an id not empty, and
+// nothing else — as a request skipped by mistake is lost (a misspelt key must not leave an
+// offset of 0).
 func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
+	n = resolved(n)
+	line := n.Line
 	if n.Kind != yaml.MappingNode {
-		return fmt.Errorf("item on line %d: want {partition: P, offset: O}, got %s", n.Line, nodeKind(n))
+		return fmt.Errorf("item on line %d: want {partition: P, offset: O}, got %s", line, nodeKind(n))
 	}
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
+		k, v := n.Content[i], resolved(n.Content[i+1])
 		if seen[k.Value] {
-			return fmt.Errorf("item on line %d: %s given twice", k.Line, k.Value)
+			return fmt.Errorf("item on line %d: %s given twice", line, k.Value)
 		}
 		seen[k.Value] = true
+		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+			return fmt.Errorf("item on line %d: %s: want a value, got %s", line, k.Value, nodeKind(v))
+		}
 		if k.Value == "id" {
-			if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
-				return fmt.Errorf("item on line %d: id %q is not a CE id", v.Line, v.Value)
+			if v.Value == "" {
+				return fmt.Errorf("item on line %d: an empty id names no request; remove the key to name every id", line)
 			}
-			r.ID = v.Value
+			r.ID = v.Value // an id of digits (123) is an id as any: yaml's type for it does not matter
 			continue
 		}
 		var dst *int64
@@ -435,25 +447,28 @@ func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
 		case "through":
 			dst = &r.Through
 		default:
-			return fmt.Errorf("item on line %d: unknown key %q (want partition, offset, and optionally through and id)", k.Line, k.Value)
+			return fmt.Errorf("item on line %d: unknown key %q (want partition, offset, and optionally through and id)", line, k.Value)
 		}
-		if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || !decimal.MatchString(v.Value) {
-			return fmt.Errorf("item on line %d: %s %q: want a whole number of decimal digits", v.Line, k.Value, v.Value)
+		if !decimal.MatchString(v.Value) {
+			return fmt.Errorf("item on line %d: %s %q: want a whole number of decimal digits", line, k.Value, v.Value)
 		}
 		x, err := strconv.ParseInt(v.Value, 10, 64)
 		if err != nil {
-			return fmt.Errorf("item on line %d: %s: %w", v.Line, k.Value, err)
+			return fmt.Errorf("item on line %d: %s %s is out of range (at most %d)", line, k.Value, v.Value, int64(math.MaxInt64))
 		}
 		*dst = x
 		if k.Value == "partition" {
 			if x > math.MaxInt32 {
-				return fmt.Errorf("item on line %d: partition %s is out of range", v.Line, v.Value)
+				return fmt.Errorf("item on line %d: partition %s is out of range (at most replication.ce_partitions - 1)", line, v.Value)
 			}
 			r.Partition = int(x)
 		}
 	}
 	if !seen["partition"] || !seen["offset"] {
-		return fmt.Errorf("item on line %d: want both partition and offset", n.Line)
+		return fmt.Errorf("item on line %d: want both partition and offset", line)
+	}
+	if seen["through"] && r.Through < r.Offset {
+		return fmt.Errorf("item on line %d: through %d is below offset %d: through is the last offset of the range", line, r.Through, r.Offset)
 	}
 	return nil
 }
@@ -1292,7 +1307,7 @@ func (c *Config) validateReplication(lines map[string]int) []error {
 			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q, through %d", q.ID, q.Through),
 				"an id names one request: give offset alone")
 		case q.ID != "" && ident.Check(q.ID) != nil:
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q", q.ID), ident.Check(q.ID).Error())
+			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), "id", strings.TrimPrefix(ident.Check(q.ID).Error(), "id "))
 		}
 	}
 	return errs

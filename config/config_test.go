@@ -480,8 +480,10 @@ func TestReplicationKeys(t *testing.T) {
 	if _, err := Load(cluster + "replication:\n  enabled: true\n"); err != nil {
 		t.Fatalf("replication with a shared cluster and the defaults: %v", err)
 	}
-	c, err := Load(cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 11, offset: 0}, {partition: 3, offset: 1200, id: ce-7}, {partition: 0, offset: 10, through: 99}]\n")
-	if err != nil || !slices.Equal(c.Replication.SkipCERequests, CERequests{{Partition: 11}, {Partition: 3, Offset: 1200, ID: "ce-7"}, {Offset: 10, Through: 99}}) {
+	c, err := Load(cluster + "replication:\n  enabled: true\n  ce_partitions: &n 12\n  skip_ce_requests: [{partition: 11, offset: 0}, &e {partition: 3, offset: 1200, id: ce-7}, " +
+		"{partition: 0, offset: 10, through: 99}, *e, {partition: 1, offset: *n, id: 123}]\n")
+	if err != nil || !slices.Equal(c.Replication.SkipCERequests, CERequests{{Partition: 11}, {Partition: 3, Offset: 1200, ID: "ce-7"}, {Offset: 10, Through: 99},
+		{Partition: 3, Offset: 1200, ID: "ce-7"}, {Partition: 1, Offset: 12, ID: "123"}}) {
 		t.Fatalf("skip_ce_requests: %v, %+v", err, c)
 	}
 	// Off, the keys are not checked: a single daemon is never refused for them.
@@ -514,10 +516,15 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [~]\n", "replication.skip_ce_requests", "want {partition: P, offset: O}, got the value \"~\""},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests:\n    - {partition: 1, offset: 3}\n    -\n\n", "replication.skip_ce_requests", "item on line 7: want {partition: P, offset: O}, got the value \"\""},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: {partition: 1, offset: 3}\n", "replication.skip_ce_requests", "(line 5): want a list of {partition: P, offset: O}, got a mapping"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 4}]\n", "replication.skip_ce_requests[0]: offset 5, through 4", "at least offset"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 4}]\n", "replication.skip_ce_requests", "through 4 is below offset 5"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 0}]\n", "replication.skip_ce_requests", "through 0 is below offset 5"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: \"\"}]\n", "replication.skip_ce_requests", "an empty id names no request"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 9223372036854775808}]\n", "replication.skip_ce_requests", "offset 9223372036854775808 is out of range"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 99999999999999999999}]\n", "replication.skip_ce_requests", "offset 99999999999999999999 is out of range"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 2147483648, offset: 1}]\n", "replication.skip_ce_requests", "partition 2147483648 is out of range"},
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: [5]}]\n", "replication.skip_ce_requests", "offset: want a value, got a list"},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 9, id: a}]\n", "replication.skip_ce_requests[0]", "an id names one request"},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: \"a b\"}]\n", "replication.skip_ce_requests[0]", "not in [A-Za-z0-9._:-]"},
-		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: 7}]\n", "replication.skip_ce_requests", "id \"7\" is not a CE id"},
 	} {
 		_, err := Load(tc.text)
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(withoutLines(err), tc.key) || !strings.Contains(err.Error(), tc.why) {

@@ -82,7 +82,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": behind, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusAccepted {
 		t.Errorf("a registration behind the block: %d %s, want 202", code, body)
 	}
-	want := fmt.Sprintf(`CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read (written by replica "r9"; json): upgrade the partition's owner, replica "r1"`, p, topic, offset)
+	want := fmt.Sprintf(`CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read (written by replica "r9"; json): upgrade the partition's owner, replica "r1", or skip the request (replication.skip_ce_requests)`, p, topic, offset)
 	var answer struct{ Error string }
 	resp, err := r.client.Get(r.base + "/v1/counterfactuals/" + behind)
 	if err != nil {
@@ -123,7 +123,8 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			{Cmd: "ce_partitions_rebuilding}", Want: fmt.Sprintf(`^\{"ce_partitions":\[[0-9,]*\],"ce_partitions_rebuilding":\[%d,%d\]\}$`, min(p, p2), max(p, p2))},
 			{Cmd: "partitions_rebuilding|partitions_blocked|requests_applied_total", Want: `(?m)^cfguard_counterfactuals_partitions_blocked 2$[\s\S]*^cfguard_counterfactuals_partitions_rebuilding 2$[\s\S]*^cfguard_counterfactuals_requests_applied_total [0-9]+$`},
 			{Cmd: "ce_partitions_blocked[]", Want: fmt.Sprintf(`(?m)^\{"detail":"json: unknown field \\"condition\\"","id":"newer-1","offset":%d,"partition":%d,"reason":"json","since":"[0-9T:.Z-]+","writer":"r9"\}$`, offset, p)},
-			{Cmd: "kcat -C", Want: `^0$`},
+			{Cmd: "-o beginning", Want: `^0$`},
+			{Cmd: "-o -1", Want: fmt.Sprintf(`^%d$`, offset+1)}, // the registration behind the block
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}
 		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
@@ -149,7 +150,8 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 }
 
 // A question about a blocked partition asked at a replica that does not own it is answered as
-// its owner answers: 503 with Retry-After 60 (it takes an upgrade), for a read and for a list.
+// its owner answers: 503 with Retry-After 60 (it takes an upgrade), for a read and for a list, in
+// the API and in the UI.
 func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
 	t.Parallel()
 	b := startCluster(t, 1)
@@ -177,7 +179,7 @@ func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
 		}
 	}
 	for _, r := range reps {
-		for _, path := range []string{"/v1/counterfactuals/" + unknown, "/v1/counterfactuals?limit=10"} {
+		for _, path := range []string{"/v1/counterfactuals/" + unknown, "/v1/counterfactuals?limit=10", "/ui/counterfactuals/" + unknown, "/ui/counterfactuals"} {
 			resp, err := r.client.Get(r.base + path)
 			if err != nil {
 				t.Fatal(err)

@@ -65,8 +65,12 @@ func (s uiSource) List(ctx context.Context, st certify.Status, limit int, after 
 }
 
 // notYet marks the errors of a replica that will answer in a moment (a partition without an
-// owner, or still being rebuilt) as ui.ErrNotYet.
+// owner, or still being rebuilt) as ui.ErrNotYet, and those of a blocked partition, which will
+// not, as ui.ErrBlocked.
 func notYet(err error) error {
+	if errors.Is(err, cluster.ErrBlocked) {
+		return fmt.Errorf("%w: %w", ui.ErrBlocked, err)
+	}
 	if errors.Is(err, ceshare.ErrNoOwner) || errors.Is(err, cluster.ErrRebuilding) {
 		return fmt.Errorf("%w: %w", ui.ErrNotYet, err)
 	}

@@ -14,6 +14,11 @@ import (
 // owner is still rebuilding it. Its page is 503 with Retry-After and says so, with the error.
 var ErrNotYet = errors.New("not available yet")
 
+// ErrBlocked is matched (errors.Is) by the error of a Source whose answer waits on a CE
+// partition blocked at a request the owner's build cannot read: it will not answer by itself
+// (an upgrade, or a skipped request, ends it).
+var ErrBlocked = errors.New("blocked")
+
 // Source is what the pages read: the daemon's state, as the API reads it.
 type Source interface {
 	// Snapshot is the overview's figures, read at one posterior version.

@@ -204,8 +204,16 @@ func (u *UI) render(w http.ResponseWriter, code int, name string, p page) {
 }
 
 // fail shows an error page for a read that failed; one that failed with ErrNotYet is a 503 that
-// asks to reload in a moment.
+// asks to reload in a moment, one that failed with ErrBlocked a 503 that says what ends it.
 func (u *UI) fail(w http.ResponseWriter, code int, err error) {
+	if errors.Is(err, ErrBlocked) {
+		u.cfg.Logger.Info("ui: page blocked", "err", err)
+		w.Header().Set("Retry-After", "60")
+		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Blocked",
+			Error: "A partition of the counterfactuals is blocked (" + strings.TrimPrefix(err.Error(), ErrBlocked.Error()+": ") +
+				"). It does not clear by itself: the runbook's CfguardCounterfactualsNotCaughtUp section says how (upgrade the replica, or skip the request)."})
+		return
+	}
 	if errors.Is(err, ErrNotYet) {
 		u.cfg.Logger.Info("ui: page not available yet", "err", err)
 		w.Header().Set("Retry-After", "1")
