@@ -120,8 +120,9 @@ func (s *Share) NotCaughtUp() []int {
 
 // CaughtUp waits until this replica holds every CE of its partitions (HoldsWhole) and no CE of
 // another's (no release runs: ceshare.Member.Releasing), at most wait; after that, or when ctx
-// ends, it returns why not (an ErrRebuilding). An audit waits so: it covers this replica's share,
-// no less and no more.
+// ends, it returns why not (an ErrRebuilding); a blocked partition (ErrBlocked), which does not
+// pass while an audit waits, ends the wait at once. An audit waits so: it covers this replica's
+// share, no less and no more.
 func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -131,8 +132,8 @@ func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 		if ps := s.member.Releasing(); err == nil && len(ps) > 0 {
 			err = fmt.Errorf("%w: partitions %v of %s still being released by this replica; retry", ErrRebuilding, ps, s.topic)
 		}
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, ErrBlocked) { // a block does not pass while the audit waits
+			return err
 		}
 		select {
 		case <-ctx.Done():

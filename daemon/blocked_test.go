@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -39,7 +40,9 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		c.Replication.RegisterWait = 2 * time.Second
 		c.Replication.SkipCERequests = skip
 	}
-	r := startDaemonWith(t, replica, nil, nil)
+	// An audit would wait an hour for a partition being rebuilt: one that is blocked answers at once.
+	opts := func(o *Options) { o.hooks.auditRebuildWait = time.Hour }
+	r := startDaemonWith(t, replica, opts, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
 	data := bundled(t)
 	registerCEs(t, r, data, 2)
@@ -94,6 +97,22 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		t.Errorf("GET of the registration behind the block: %d (Retry-After %q) %s; want 503 with Retry-After 60 and %q",
 			resp.StatusCode, resp.Header.Get("Retry-After"), body, want)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"/v1/audit", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := r.client.Do(req); err != nil {
+		t.Errorf("POST /v1/audit while a partition is blocked: %v (an audit must not wait for a block)", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "60" || !strings.Contains(string(body), "cannot read") {
+			t.Errorf("POST /v1/audit while a partition is blocked: %d (Retry-After %q) %s; want 503, Retry-After 60, naming the block",
+				resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
 	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cannot read") {
 		t.Errorf("/readyz while partition %d is blocked: %d %s; want 503 naming the block", p, code, body)
 	}
@@ -136,7 +155,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	// it and applies its partition on; the first still blocks.
 	r.stop(t)
 	skip = []config.CERequest{{Partition: p2, Offset: offset2, ID: newerCE}}
-	r = startDaemonWith(t, replica, nil, nil)
+	r = startDaemonWith(t, replica, opts, nil)
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request", p2), func() bool {
 		next, held := r.d.share.Member().Next(p2)
 		return held && next == offset2+1 && r.d.share.Member().Ready(p2)
