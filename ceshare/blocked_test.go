@@ -41,11 +41,7 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 	pr := testProducer(t, conn)
 	want := produced{}
 	produce(t, pr, "a", 60, want)
-	var owner map[int]string
-	waitfor.Cond(t, 30*time.Second, "the member owning every partition and applying every request", func() bool {
-		owner = ownership(r)
-		return owner != nil && caughtUp(b, []*replica{r}, owner)
-	})
+	owner := waitCaughtUp(t, b, r, "the member owning every partition and applying every request")
 
 	const id = "newer-1"
 	p := Partition(id, testPartitions)
@@ -111,10 +107,7 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 	cfg := memberConfig(conn, "r1")
 	cfg.decode = newerDecode
 	r = startReplicaOn(t, cfg, l)
-	waitfor.Cond(t, 30*time.Second, "the upgraded member applying every request", func() bool {
-		owner = ownership(r)
-		return owner != nil && caughtUp(b, []*replica{r}, owner)
-	})
+	owner = waitCaughtUp(t, b, r, "the upgraded member applying every request")
 	checkShares(t, b, []*replica{r}, owner, want)
 	if bl := r.m.Blocked(); len(bl) != 0 {
 		t.Errorf("still blocked after the upgrade: %+v", bl)
@@ -192,17 +185,7 @@ func TestBlocksTellCopiesFromUnreadableRequests(t *testing.T) {
 // (Hooks.Lost), as any request deleted unread, and applies the requests after it.
 func TestBlockedRequestDeletedByRetention(t *testing.T) {
 	b, conn := startBrokerWith(t, broker.Config{RetentionCheckInterval: time.Hour})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	tr, err := conn.Transport(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
-	if _, err := create(ctx, cl, testTopic, testPartitions, []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "1800000"}}); err != nil {
-		t.Fatal(err)
-	}
+	createTopic(t, conn, halfHourRetention)
 	const id = "newer-1"
 	p := Partition(id, testPartitions)
 	old := newerRequest(id)
@@ -216,11 +199,7 @@ func TestBlockedRequestDeletedByRetention(t *testing.T) {
 		return len(bl) == 1 && bl[0].Partition == p && bl[0].Offset == 0
 	})
 	b.ApplyRetention()
-	var owner map[int]string
-	waitfor.Cond(t, 30*time.Second, "the member applying every request left", func() bool {
-		owner = ownership(r)
-		return owner != nil && caughtUp(b, []*replica{r}, owner)
-	})
+	owner := waitCaughtUp(t, b, r, "the member applying every request left")
 	checkShares(t, b, []*replica{r}, owner, want)
 	if bl := r.m.Blocked(); len(bl) != 0 {
 		t.Errorf("still blocked once the request was deleted: %+v", bl)
@@ -249,11 +228,7 @@ func TestSkippedUnreadableRequest(t *testing.T) {
 	// The second rule names readable requests: they are applied.
 	cfg.Skip = []Skip{{Partition: p, Offset: offset, ID: id}, {Partition: (p + 1) % testPartitions, Offset: 0, Through: 1000}}
 	r := startReplica(t, cfg)
-	var owner map[int]string
-	waitfor.Cond(t, 30*time.Second, "the member applying every request but the skipped one", func() bool {
-		owner = ownership(r)
-		return owner != nil && caughtUp(b, []*replica{r}, owner)
-	})
+	owner := waitCaughtUp(t, b, r, "the member applying every request but the skipped one")
 	checkShares(t, b, []*replica{r}, owner, want)
 	if bl := r.m.Blocked(); len(bl) != 0 {
 		t.Errorf("blocked at a request named to skip: %+v", bl)
@@ -289,16 +264,19 @@ func TestBlockedPartitionOfATopicCreatedAgain(t *testing.T) {
 	}
 }
 
-// createTopic creates the test topic as a member does.
-func createTopic(t *testing.T, conn stream.ConnConfig) {
+// createTopic creates the test topic as a member does, with configs.
+func createTopic(t *testing.T, conn stream.ConnConfig, configs ...kafka.ConfigEntry) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
-	if _, err := create(ctx, cl, testTopic, testPartitions, nil); err != nil {
+	if _, err := create(ctx, cl, testTopic, testPartitions, configs); err != nil {
 		t.Fatal(err)
 	}
 }
+
+// halfHourRetention is a retention an operator may give the CE topic (cfguard creates it with none).
+var halfHourRetention = kafka.ConfigEntry{ConfigName: "retention.ms", ConfigValue: "1800000"}
 
 // A rule of MemberConfig.Skip names a blocked record by its partition, its offset or a range of
 // them, and its id when the rule gives one.
@@ -323,4 +301,16 @@ func TestSkipRulesNameRecords(t *testing.T) {
 			t.Errorf("%s: %+v names %+v: %v, want %v", c.name, c.rule, b, got, c.names)
 		}
 	}
+}
+
+// waitCaughtUp waits until r owns every partition, ready, and has stored each one's end, and
+// returns who owns which.
+func waitCaughtUp(t *testing.T, b *broker.Broker, r *replica, what string) map[int]string {
+	t.Helper()
+	var owner map[int]string
+	waitfor.Cond(t, 30*time.Second, what, func() bool {
+		owner = ownership(r)
+		return owner != nil && caughtUp(b, []*replica{r}, owner)
+	})
+	return owner
 }

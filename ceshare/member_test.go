@@ -921,11 +921,7 @@ func TestRequestsDeletedUnreadAreCountedLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.CloseIdleConnections()
-	// The topic as an operator may create it, with a retention (cfguard creates it with none).
-	cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
-	if _, err := create(ctx, cl, testTopic, testPartitions, []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "1800000"}}); err != nil {
-		t.Fatal(err)
-	}
+	createTopic(t, conn, halfHourRetention)
 	// p+1 records an hour old in partition p, then requests of now: retention deletes the old.
 	var old []kafka.Message
 	for p := range testPartitions {
