@@ -756,7 +756,7 @@ func (m *Member) block(p int, ps *partState, b *Blocked) {
 	}()
 	m.log.Error("CE partition blocked at a request this build cannot read: nothing at or after it is applied, and its "+
 		"registrations answer 202, until a cfguard that reads it owns the partition (upgrade this replica to the build "+
-		"of the replica that wrote it)", "partition", p, "offset", b.Offset, "id", b.ID, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
+		"of the replica that wrote it) or replication.skip_ce_requests names it", "partition", p, "offset", b.Offset, "id", b.ID, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
 }
 
 // fetchWarnAfter is how long the fetches of a partition fail in a row before the member says so
