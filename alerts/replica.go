@@ -58,7 +58,8 @@ type ReplicaMetrics struct {
 	CEApplied prometheus.Counter
 	// Unauthenticated counts the records of the posterior, CE and CE state topics, and the CE
 	// group's members, this replica ignored because their authenticator does not verify under the
-	// cluster key, by topic (GroupSource for members).
+	// cluster key, or is not for where the record was written (a copy on the CE topic), by topic
+	// (GroupSource for members).
 	Unauthenticated *prometheus.CounterVec
 	// SettingsDiffer is the number of cluster-wide settings of this replica's file that differ
 	// from those its posterior log's genesis records: a replica with any refuses to join.
@@ -122,7 +123,7 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
 			"a replica with any refuses to join (not ready)."),
 		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
-			Help: "Records of the posterior, CE and CE state topics, and members of the CE group (topic group:<group>), ignored because they do not authenticate under the cluster key (replication.key_file), by topic."},
+			Help: "Records of the posterior, CE and CE state topics, and members of the CE group (topic group:<group>), ignored because they do not authenticate under the cluster key (replication.key_file), or, on the CE topic, because they are copies of signed records written elsewhere, by topic."},
 			[]string{"topic"}),
 		CEStates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameCEStates,
 			Help: "States of counterfactuals on the CE state topic, by result: written by this replica (tombstones included), restored with a moved CE, not used, invalid, too large to write, fenced (a previous owner's write after another replica claimed the partition)."},

@@ -90,8 +90,9 @@ type MemberConfig struct {
 	// logged at WARN. Required.
 	Keys *clusterkey.Keyring
 	// OnUnauthenticated, when set, is called for each record of topic (the CE topic or the CE
-	// state topic) left out because it does not authenticate (the daemon counts them in a
-	// metric); and, with topic GroupSource(Group), partition and offset -1, once for each member
+	// state topic) left out because it does not authenticate, or, on the CE topic, because it
+	// is a copy (Blocked: a signed value whose authenticator does not cover where it was
+	// written) (the daemon counts them in a metric); and, with topic GroupSource(Group), partition and offset -1, once for each member
 	// of the group whose data does not authenticate, when this member leads a rebalance (that
 	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)
@@ -945,6 +946,9 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 			m.mu.Lock()
 			m.skipped[de.Reason]++
 			m.mu.Unlock()
+			if m.cfg.OnUnauthenticated != nil { // its authenticator is not for where it was written
+				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.offset)
+			}
 			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's, "+
 				"or naming no id; only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset,
 				"reason", de.Reason, "detail", de.Detail)

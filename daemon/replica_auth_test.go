@@ -171,6 +171,10 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		victim:   rawProduce(t, b, "cfguard.ce", ceshare.Partition(victim, 12), victim, del),
 		"evil-1": rawProduce(t, b, "cfguard.ce", ceshare.Partition("evil-1", 12), "evil-1", reg),
 	}
+	// A copy: a value the cluster signed (a deletion of the victim), written under another key, in
+	// that key's partition. Its authenticator verifies, but not for where it was written.
+	copyAt := rawProduce(t, b, "cfguard.ce", ceshare.Partition("copy-1", 12), "copy-1", del,
+		kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r1.d.rep.Keys(), del)})
 
 	produced = produceRows(t, reps[0], data, produced, 64)
 	after := agree()
@@ -182,7 +186,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		for _, r := range reps {
 			n += r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce")
 		}
-		return n >= 2
+		return n >= 3
 	})
 	for i, r := range reps {
 		name := fmt.Sprintf("r%d", i+1)
@@ -232,6 +236,13 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		if !warned[id] {
 			t.Errorf("no replica logged a WARN line naming the forged CE request for %s at offset %d", id, off)
 		}
+	}
+	copied := false
+	for _, r := range reps {
+		copied = copied || warnedAt(r.logs.String(), "copy of a CE request skipped", copyAt)
+	}
+	if !copied {
+		t.Errorf("no replica logged a WARN line naming the copy at offset %d", copyAt)
 	}
 
 	// The runbook's commands for CfguardReplicationUnauthenticated, as written, at r1: the count
