@@ -41,7 +41,7 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 	pr := testProducer(t, conn)
 	want := produced{}
 	produce(t, pr, "a", 60, want)
-	owner := waitCaughtUp(t, b, r, "the member owning every partition and applying every request")
+	waitCaughtUp(t, b, r, "the member owning every partition and applying every request")
 
 	const id = "newer-1"
 	p := Partition(id, testPartitions)
@@ -107,7 +107,7 @@ func TestUnreadableRequestBlocksItsPartition(t *testing.T) {
 	cfg := memberConfig(conn, "r1")
 	cfg.decode = newerDecode
 	r = startReplicaOn(t, cfg, l)
-	owner = waitCaughtUp(t, b, r, "the upgraded member applying every request")
+	owner := waitCaughtUp(t, b, r, "the upgraded member applying every request")
 	checkShares(t, b, []*replica{r}, owner, want)
 	if bl := r.m.Blocked(); len(bl) != 0 {
 		t.Errorf("still blocked after the upgrade: %+v", bl)
