@@ -91,8 +91,8 @@ type MemberConfig struct {
 	Keys *clusterkey.Keyring
 	// OnUnauthenticated, when set, is called for each record of topic (the CE topic or the CE
 	// state topic) left out because it does not authenticate, or, on the CE topic, because it
-	// is a copy (Blocked: a signed value whose authenticator does not cover where it was
-	// written) (the daemon counts them in a metric); and, with topic GroupSource(Group), partition and offset -1, once for each member
+	// is a copy (a signed value whose authenticator is not for where it was written: see
+	// Blocked) (the daemon counts them in a metric); and, with topic GroupSource(Group), partition and offset -1, once for each member
 	// of the group whose data does not authenticate, when this member leads a rebalance (that
 	// member is given no partition).
 	OnUnauthenticated func(topic string, partition int, offset int64)

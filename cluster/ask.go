@@ -118,7 +118,7 @@ func sumAudits(reports map[string]ledger.AuditReport) AuditAnswer {
 
 // AskAll is the answer to GET path of every replica that owns CE partitions, decoded into a T,
 // by replica id: this one's is own(), the others' come through their APIs (forwarded, with the
-// client's Authorization), all asked at once. The first failure by replica id fails it.
+// client's Authorization), all asked at once. A failure fails it: firstFailure's.
 func AskAll[T any](ctx context.Context, s *Share, path, authorization string, own func() T) (map[string]T, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
@@ -219,6 +219,18 @@ func (s *Share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 	return peerAnswer{code: resp.StatusCode, body: b, blocked: resp.Header.Get(HeaderBlocked) != ""}, nil
 }
 
+// peerError is the error a peer's answer body holds: its "error" field when it is the API's JSON
+// error, else the body.
+func peerError(body []byte) string {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return string(bytes.TrimSpace(body))
+}
+
 // decodePeer decodes a 200 answer into v; a 409 is ErrPeerBusy, a 503 ErrRebuilding (the peer
 // has not rebuilt what it was asked about yet: retry; ErrBlocked when the peer marked it
 // HeaderBlocked), anything else an ErrPeer with the answer.
@@ -236,7 +248,7 @@ func decodePeer(o ceshare.Owner, a peerAnswer, v any) error {
 		if a.blocked {
 			kind = ErrBlocked
 		}
-		return fmt.Errorf("%w: the owner, %s, answered: %s", kind, o.Replica, bytes.TrimSpace(a.body))
+		return fmt.Errorf("%w: the owner, %s, answered: %s", kind, o.Replica, peerError(a.body))
 	}
 	return fmt.Errorf("%w: %s answered %d: %s", ErrPeer, o.Replica, a.code, bytes.TrimSpace(a.body))
 }

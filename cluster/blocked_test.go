@@ -79,3 +79,17 @@ func TestFirstFailureNamesABlockFirst(t *testing.T) {
 		}
 	}
 }
+
+// A peer's 503 is quoted by its error, not its JSON: the client of a forwarding replica reads the
+// owner's words once, without escaped quotes.
+func TestPeerErrorQuotesTheError(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{`{"error":"partition 1 blocked by \"r9\""}` + "\n", `partition 1 blocked by "r9"`},
+		{"  not json \n", "not json"},
+		{`{"other":1}`, `{"other":1}`},
+	} {
+		if got := peerError([]byte(c.body)); got != c.want {
+			t.Errorf("peerError(%q) = %q, want %q", c.body, got, c.want)
+		}
+	}
+}

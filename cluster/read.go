@@ -159,10 +159,17 @@ func (s *Share) rebuildingErr(p int) error {
 	return fmt.Errorf("%w: partition %d of %s, its requests replayed up to offset %d; retry", ErrRebuilding, p, s.topic, next)
 }
 
-// ErrBlocked is the ErrRebuilding of a partition blocked at a request this build cannot read
-// (ceshare.Blocked): the answer is not known until a build that reads it applies it, which takes
-// an upgrade, not a moment.
-var ErrBlocked = fmt.Errorf("%w: blocked at a request this build cannot read", ErrRebuilding)
+// ErrBlocked is the ErrRebuilding (errors.Is) of a partition blocked at a request its owner's
+// build cannot read (ceshare.Blocked): the answer is not known until a build that reads it
+// applies it, or the request is skipped, which takes an operator, not a moment.
+var ErrBlocked error = errBlocked{}
+
+type errBlocked struct{}
+
+func (errBlocked) Error() string {
+	return "CE partition blocked at a request its owner's build cannot read"
+}
+func (errBlocked) Is(target error) bool { return target == ErrRebuilding }
 
 // blockedError is an ErrBlocked that says which partition, where and why.
 type blockedError string

@@ -424,7 +424,7 @@ func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], resolved(n.Content[i+1])
 		if seen[k.Value] {
-			return fmt.Errorf("item on line %d: %s given twice", line, k.Value)
+			return fmt.Errorf("item on line %d: %s given twice (again on line %d)", line, k.Value, k.Line)
 		}
 		seen[k.Value] = true
 		if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
@@ -453,14 +453,14 @@ func (r *CERequest) UnmarshalYAML(n *yaml.Node) error {
 			return fmt.Errorf("item on line %d: %s %q: want a whole number of decimal digits", line, k.Value, v.Value)
 		}
 		x, err := strconv.ParseInt(v.Value, 10, 64)
+		if k.Value == "partition" && (err != nil || x > math.MaxInt32) {
+			return fmt.Errorf("item on line %d: partition %s is out of range (at most replication.ce_partitions - 1)", line, v.Value)
+		}
 		if err != nil {
 			return fmt.Errorf("item on line %d: %s %s is out of range (at most %d)", line, k.Value, v.Value, int64(math.MaxInt64))
 		}
 		*dst = x
 		if k.Value == "partition" {
-			if x > math.MaxInt32 {
-				return fmt.Errorf("item on line %d: partition %s is out of range (at most replication.ce_partitions - 1)", line, v.Value)
-			}
 			r.Partition = int(x)
 		}
 	}
@@ -1303,7 +1303,7 @@ func (c *Config) validateReplication(lines map[string]int) []error {
 		case q.Through != 0 && q.Through < q.Offset:
 			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("offset %d, through %d", q.Offset, q.Through),
 				"through is the last offset of the range: at least offset")
-		case q.ID != "" && q.Through != 0:
+		case q.ID != "" && q.Through != 0 && q.Through != q.Offset:
 			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q, through %d", q.ID, q.Through),
 				"an id names one request: give offset alone")
 		case q.ID != "" && ident.Check(q.ID) != nil:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,6 +188,24 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 			n += r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce")
 		}
 		return n >= 3
+	})
+	// The copy is counted by its partition's owner, with the forgeries of the partitions it owns.
+	copyP := ceshare.Partition("copy-1", 12)
+	waitfor.Cond(t, 30*time.Second, "the copy counted by the owner of its partition", func() bool {
+		for _, r := range reps {
+			owned := r.d.share.Member().Owned()
+			if !slices.Contains(owned, copyP) {
+				continue
+			}
+			want := 0.0
+			for _, p := range []int{ceshare.Partition(victim, 12), ceshare.Partition("evil-1", 12), copyP} {
+				if slices.Contains(owned, p) {
+					want++
+				}
+			}
+			return r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce") >= want
+		}
+		return false
 	})
 	for i, r := range reps {
 		name := fmt.Sprintf("r%d", i+1)
