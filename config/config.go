@@ -594,9 +594,7 @@ func Load(text string) (*Config, error) {
 // keyLines records in lines the line of each key under n, by its path (section.key, and
 // section.key[i] for the items of a list), and returns lines.
 func keyLines(n *yaml.Node, path string, lines map[string]int) map[string]int {
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
+	n = resolved(n)
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -628,9 +626,7 @@ func keyAt(lines map[string]int, key string) string {
 // value that does not decode (a bad number, an unknown enum name) is reported under its key.
 // Keys absent from the text keep their defaults.
 func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
+	n = resolved(n)
 	if v.Kind() != reflect.Struct {
 		if err := checkScalar(n, v, path); err != nil {
 			return []error{err}
@@ -1221,7 +1217,7 @@ func (c *Config) validate(lines map[string]int) error {
 			bad("audit.schedule", c.Audit.Schedule, err.Error())
 		}
 	}
-	errs = append(errs, c.validateReplication(lines)...)
+	c.validateReplication(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
@@ -1230,14 +1226,10 @@ func (c *Config) validate(lines map[string]int) error {
 
 // validateReplication checks the replication keys; they are checked only when replication is
 // enabled, so that a single daemon's configuration is never refused for them.
-func (c *Config) validateReplication(lines map[string]int) []error {
+func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	r := c.Replication
 	if !r.Enabled {
-		return nil
-	}
-	var errs []error
-	bad := func(key string, v any, why string) {
-		errs = append(errs, fmt.Errorf("%s: %v: %s", keyAt(lines, key), v, why))
+		return
 	}
 	if c.Embedded() {
 		bad("replication.enabled", true, "replicas share a Kafka cluster: set kafka.brokers "+
@@ -1310,7 +1302,6 @@ func (c *Config) validateReplication(lines map[string]int) []error {
 			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), "id", strings.TrimPrefix(ident.Check(q.ID).Error(), "id "))
 		}
 	}
-	return errs
 }
 
 // Upper limits of numeric keys: far above any useful value, low enough that a typo (an extra
