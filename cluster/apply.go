@@ -139,8 +139,8 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		if r.Kind != ceshare.KindRegister {
 			continue
 		}
-		var ce Measured
-		if err := json.Unmarshal(r.CE, &ce); err != nil {
+		ce, err := decodeMeasured(r.CE) // the member read it whole before (readable)
+		if err != nil {
 			s.lg.Error("CE registration refused: its CE does not decode", "partition", p, "offset", r.Offset, "id", r.ID, "err", err)
 			ops[i].Refuse = "the registration's CE does not decode: " + err.Error()
 			continue

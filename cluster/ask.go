@@ -173,15 +173,16 @@ func askOwners[T any](owners map[int]ceshare.Owner, ask func(ceshare.Owner) (T, 
 // firstFailure is the failure of the first replica by id, of those blocked (ErrBlocked) when any
 // is (theirs will not pass on its own), nil when none failed.
 func firstFailure(failed map[string]error) error {
-	for _, r := range slices.Sorted(maps.Keys(failed)) {
+	ids := slices.Sorted(maps.Keys(failed))
+	for _, r := range ids {
 		if errors.Is(failed[r], ErrBlocked) {
 			return failed[r]
 		}
 	}
-	if len(failed) == 0 {
+	if len(ids) == 0 {
 		return nil
 	}
-	return failed[slices.Min(slices.Collect(maps.Keys(failed)))]
+	return failed[ids[0]]
 }
 
 // ask sends a request to replica o's API on a client's behalf (its Authorization, or this

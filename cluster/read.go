@@ -94,15 +94,16 @@ func (s *Share) HoldsWhole(expect []int) error {
 	if s.member.Generation() == 0 {
 		return fmt.Errorf("%w: this replica is between two generations of the CE group of %s; retry", ErrRebuilding, s.topic)
 	}
-	if b := s.member.Blocked(); len(b) > 0 {
-		return s.rebuildingErr(b[0].Partition)
-	}
+	var waiting []int
 	for _, p := range expect {
 		if !s.member.Ready(p) {
-			return s.rebuildingErr(p)
+			waiting = append(waiting, p)
 		}
 	}
-	return s.rebuilding()
+	if p, ok := firstNotCaughtUp(append(waiting, s.NotCaughtUp()...), s.member.Blocked()); ok {
+		return s.rebuildingErr(p)
+	}
+	return nil
 }
 
 // NotCaughtUp are the partitions this replica holds or was assigned and has not caught up with

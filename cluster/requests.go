@@ -39,16 +39,25 @@ func readable(r ceshare.Request) error {
 	if r.Kind != ceshare.KindRegister {
 		return nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(r.CE))
+	if _, err := decodeMeasured(r.CE); err != nil {
+		return fmt.Errorf("the registration's CE: %w", err)
+	}
+	return nil
+}
+
+// decodeMeasured decodes a registration's CE: one JSON object of Measured's fields and nothing
+// else.
+func decodeMeasured(raw []byte) (Measured, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	var ce Measured
 	if err := dec.Decode(&ce); err != nil {
-		return fmt.Errorf("the registration's CE: %w", err)
+		return Measured{}, err
 	}
 	if dec.More() {
-		return errors.New("the registration's CE: data after the JSON object")
+		return Measured{}, errors.New("data after the JSON object")
 	}
-	return nil
+	return ce, nil
 }
 
 // Send puts registrations on the CE topic, one request each, with the request id and
