@@ -155,7 +155,7 @@ type MemberConfig struct {
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
-	// decode, when set, replaces Decode (tests play a build that reads another format).
+	// decode is Decode, or what a test sets to play a build that reads another format.
 	decode func(key, value []byte) (Request, error)
 }
 
@@ -184,6 +184,9 @@ func (c *MemberConfig) applyDefaults() error {
 	c.RetryMin = cmp.Or(c.RetryMin, 50*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 5*time.Second)
 	c.ReleaseWait = cmp.Or(c.ReleaseWait, 10*time.Second)
+	if c.decode == nil {
+		c.decode = Decode
+	}
 	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout {
 		return fmt.Errorf("ceshare: replication.heartbeat_interval %v must be positive and below replication.session_timeout %v",
 			c.HeartbeatInterval, c.SessionTimeout)
@@ -923,11 +926,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 				"partition", p, "offset", r.offset, "err", err)
 			return
 		}
-		decode := Decode
-		if m.cfg.decode != nil {
-			decode = m.cfg.decode
-		}
-		req, err := decode(r.key, r.value)
+		req, err := m.cfg.decode(r.key, r.value)
 		if err == nil && Partition(req.ID, m.cfg.Partitions) != p {
 			err = &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("id %q belongs to partition %d", req.ID, Partition(req.ID, m.cfg.Partitions))}
 		}

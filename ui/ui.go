@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -203,23 +204,25 @@ func (u *UI) render(w http.ResponseWriter, code int, name string, p page) {
 	}
 }
 
+// unavailable shows the 503 page of a read that waits on kind (ErrBlocked, ErrNotYet): what,
+// err's text without kind's in parentheses, then next; Retry-After is retryAfter seconds.
+func (u *UI) unavailable(w http.ResponseWriter, err, kind error, retryAfter int, title, what, next string) {
+	u.cfg.Logger.Info("ui: page "+strings.ToLower(title), "err", err)
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	u.render(w, http.StatusServiceUnavailable, "error", page{Title: title,
+		Error: what + " (" + strings.TrimPrefix(err.Error(), kind.Error()+": ") + "). " + next})
+}
+
 // fail shows an error page for a read that failed; one that failed with ErrNotYet is a 503 that
 // asks to reload in a moment, one that failed with ErrBlocked a 503 that says what ends it.
 func (u *UI) fail(w http.ResponseWriter, code int, err error) {
-	if errors.Is(err, ErrBlocked) {
-		u.cfg.Logger.Info("ui: page blocked", "err", err)
-		w.Header().Set("Retry-After", "60")
-		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Blocked",
-			Error: "A partition of the counterfactuals is blocked (" + strings.TrimPrefix(err.Error(), ErrBlocked.Error()+": ") +
-				"). It does not clear by itself: the runbook's CfguardCounterfactualsNotCaughtUp section says how (upgrade the replica, or skip the request)."})
+	switch {
+	case errors.Is(err, ErrBlocked):
+		u.unavailable(w, err, ErrBlocked, 60, "Blocked", "A partition of the counterfactuals is blocked",
+			"It does not clear by itself: the runbook's CfguardCounterfactualsNotCaughtUp section says how (upgrade the replica, or skip the request).")
 		return
-	}
-	if errors.Is(err, ErrNotYet) {
-		u.cfg.Logger.Info("ui: page not available yet", "err", err)
-		w.Header().Set("Retry-After", "1")
-		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Not available yet",
-			Error: "The counterfactuals are moving between replicas (" + strings.TrimPrefix(err.Error(), ErrNotYet.Error()+": ") +
-				"). Reload this page in a moment."})
+	case errors.Is(err, ErrNotYet):
+		u.unavailable(w, err, ErrNotYet, 1, "Not available yet", "The counterfactuals are moving between replicas", "Reload this page in a moment.")
 		return
 	}
 	u.cfg.Logger.Warn("ui: page failed", "code", code, "err", err)
