@@ -156,9 +156,11 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	r.stop(t)
 	skip = []config.CERequest{{Partition: p2, Offset: offset2, ID: newerCE}}
 	r = startDaemonWith(t, replica, opts, nil)
-	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request", p2), func() bool {
+	// The member reads its partitions apart: partition p blocks again when its read reaches the
+	// request, before or after p2 passes the skipped one.
+	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request, and %d blocked again", p2, p), func() bool {
 		next, held := r.d.share.Member().Next(p2)
-		return held && next == offset2+1 && r.d.share.Member().Ready(p2)
+		return held && next == offset2+1 && r.d.share.Member().Ready(p2) && len(r.d.share.Member().Blocked()) > 0
 	})
 	if bl := r.d.share.Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
 		t.Errorf("blocked after the restart: %+v, want partition %d only", bl, p)
