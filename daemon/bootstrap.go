@@ -63,6 +63,7 @@ func (d *Daemon) initialModel(ctx context.Context) (*bnn.Model, error) {
 		return nil, fmt.Errorf("model.dataset: %w", err)
 	}
 	d.log.Info("training the bundled model (first start)", "dataset", ds.Name, "rows", set.Len(), "features", len(set.Features))
+	d.front.setPhase("training the bundled model on " + ds.Name + " (first start)")
 	m, _, err := bnn.Fit(ctx, set, ds.Classes, bnn.TrainConfig{Seed: d.cfg.Model.Seed, Epochs: d.cfg.Model.Epochs,
 		Progress: func(e bnn.EpochStats) {
 			d.log.Info("training", "epoch", e.Epoch, "loss", fmt.Sprintf("%.4f", e.Loss), "accuracy", fmt.Sprintf("%.3f", e.Accuracy))

@@ -108,6 +108,7 @@ type Daemon struct {
 	httpAddr   net.Addr
 	brokerAddr []string
 	httpLn     net.Listener   // bound by bind, served by serve
+	front      *front         // the HTTP server's handler: the phase of the start, then the API
 	brokerLn   net.Listener   // bound by bind for the embedded broker, which takes it over
 	broker     *broker.Broker // the embedded broker, nil with kafka.brokers
 
@@ -233,9 +234,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := d.bind(&td); err != nil {
 		return err
 	}
+	// From here on the port answers: 503 naming the phase of the start (front), then the API.
+	web, hm := d.startServing()
+	td.add("HTTP server", web.close)
 	if err := d.openState(ctx, &td); err != nil {
 		return err
 	}
+	d.front.setPhase("connecting to Kafka")
 	if err := d.connectKafka(life, &td); err != nil {
 		return err
 	}
@@ -243,17 +248,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 		err := d.joinLog(ctx)
 		td.add("posterior log", d.rep.Close)
 		if se := (*replica.SettingsError)(nil); errors.As(err, &se) {
-			return d.refuse(ctx, se, opts.Ready)
+			return d.refuse(ctx, se, web, hm, opts.Ready)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	d.export = newExporter(d.cfg.ExportDir(), &d.files, d.current, d.log.With("component", "export"), d.metrics)
-	srv, ln, err := d.listen()
-	if err != nil {
-		return err
-	}
 	if d.rep != nil {
 		if err := d.joinShare(ctx, life); err != nil {
 			return err
@@ -261,6 +262,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		td.add("CE share", d.share.Close)
 	}
 
+	d.front.setPhase("reading the input topic's offsets")
 	ends, err := stream.NewOffsetsReader(life, d.conn, d.cfg.Kafka.Topic)
 	if err != nil {
 		return err
@@ -270,7 +272,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	// The components. The first to fail cancels the others; Run returns its error.
 	g := newGroup(ctx)
-	g.Go("http", func(ctx context.Context) error { return d.serve(ctx, srv, ln) })
+	d.serveAPI(d.newAPI(hm).routes())
+	g.Go("http", web.run)
 	if d.rep != nil {
 		close(d.ready)
 		g.Go("follow", d.rep.Follow)
@@ -322,7 +325,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, hooks: opts.hooks}
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.hooks}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))
@@ -351,6 +354,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		d.states = cluster.NewStates(id, d.log.With("component", "ce-states"))
 		encodeState = d.states.Encode
 	}
+	d.front.setPhase("opening the ledger")
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
 		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.ledgerAfterCommit})
@@ -444,19 +448,20 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	return nil
 }
 
-// listen binds http.listen and builds the API's server: the http.* timeouts, at most
+// startServing serves http.listen, bound by bind, with front: the http.* timeouts, at most
 // http.max_connections connections held (so that a flood of slow clients cannot take the file
-// descriptors the ledger and the embedded broker need), /v1/predict and /v1/explain bounded.
-func (d *Daemon) listen() (*http.Server, net.Listener, error) {
+// descriptors the ledger and the embedded broker need). It returns the HTTP metrics the API
+// counts its refusals in (/v1/predict and /v1/explain are bounded).
+func (d *Daemon) startServing() (*server, *alerts.HTTPMetrics) {
 	cfg := d.cfg
 	ln := d.httpLn
 	d.httpAddr = ln.Addr()
 	hm := alerts.NewHTTPMetrics(d.reg, cfg.HTTP.MaxConnections)
 	d.exp.slots.rejected = hm.Rejected(alerts.RouteExplain)
-	srv := &http.Server{Handler: d.newAPI(hm).routes(), ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+	srv := &http.Server{Handler: d.front, ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
 		ReadTimeout: cfg.HTTP.ReadTimeout, WriteTimeout: cfg.HTTP.WriteTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(d.log.With("component", "http").Handler(), slog.LevelWarn)}
-	return srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.Connections), nil
+	return d.serveOn(srv, newLimitListener(ln, cfg.HTTP.MaxConnections, hm.Connections)), hm
 }
 
 // bind binds http.listen and, for the embedded broker, kafka.embedded_listen, unless Options
@@ -500,9 +505,15 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg}
 }
 
-// serve runs the API until ctx ends, then drains it for http.shutdown_timeout. With
+// serveAPI makes h (the API, or a replica's refusal) answer on http.listen from now on.
+func (d *Daemon) serveAPI(h http.Handler) {
+	d.front.serve(h)
+	d.log.Info("HTTP API listening", "addr", d.httpAddr.String(), "web_config_file", d.cfg.HTTP.WebConfigFile)
+}
+
+// serve runs the HTTP server until ctx ends, then drains it for http.shutdown_timeout. With
 // http.web_config_file set, the Prometheus exporter-toolkit serves it (web.Serve on the listener
-// bound by listen): TLS, client certificates (mTLS) and basic auth as that file says, the file
+// bound by bind): TLS, client certificates (mTLS) and basic auth as that file says, the file
 // and the certificates it names reread on every new connection, so a renewed certificate is
 // served without a restart. Without it, plain HTTP.
 func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
@@ -513,7 +524,6 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 		defer c()
 		stopped <- srv.Shutdown(sctx)
 	}()
-	d.log.Info("HTTP API listening", "addr", d.httpAddr.String(), "web_config_file", d.cfg.HTTP.WebConfigFile)
 	systemd := false
 	flags := &web.FlagConfig{WebListenAddresses: &[]string{d.cfg.HTTP.Listen}, WebSystemdSocket: &systemd, WebConfigFile: &d.cfg.HTTP.WebConfigFile}
 	if err := web.Serve(ln, srv, flags, d.log.With("component", "http")); !errors.Is(err, http.ErrServerClosed) {

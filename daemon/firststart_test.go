@@ -94,7 +94,7 @@ func sharedModelDir(t testing.TB) string {
 	t.Helper()
 	sharedModel.once.Do(func() {
 		c := config.Default()
-		d := &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler)}
+		d := &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler), front: newFront()}
 		m, err := d.initialModel(context.Background())
 		if err != nil {
 			sharedModel.err = err
@@ -188,7 +188,7 @@ func TestFirstStartTrainsTheSharedModel(t *testing.T) {
 	}
 	c := config.Default()
 	c.StateDir = t.TempDir()
-	d := &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler)}
+	d := &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler), front: newFront()}
 	trained, err := d.initialModel(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -25,7 +26,8 @@ import (
 
 // A replica started before its broker waits for it, as ingestion waits out an outage: one WARN
 // line while the broker refuses connections, then it joins the posterior log, serves and becomes
-// ready once the broker listens.
+// ready once the broker listens. Meanwhile its port answers: /healthz 200 "starting", every other
+// route 503 with Retry-After, naming the wait and the brokers.
 func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a replica whose broker starts late: not with -short")
@@ -41,8 +43,13 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *Daemon, 1), make(chan error, 1)
+	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + httpLn.Addr().String()
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
+		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: httpLn})
 	}()
 	stopAtCleanup(t, cancel, done)
 
@@ -56,6 +63,24 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 		}
 		return strings.Contains(logs.String(), warn)
 	})
+	asked := &http.Client{Timeout: 10 * time.Second} // a port that holds connections unanswered fails the test
+	waiting := &running{client: asked, base: base}
+	if code, body := waiting.get(t, "/healthz"); code != 200 || !strings.Contains(string(body), `"status":"starting"`) {
+		t.Errorf("/healthz while waiting for the broker: %d %s, want 200 starting", code, body)
+	}
+	for _, path := range []string{"/readyz", "/v1/model", "/metrics"} {
+		resp, err := asked.Get(base + path)
+		if err != nil {
+			t.Fatalf("GET %s while waiting for the broker: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "10" ||
+			!strings.Contains(string(body), "joining the posterior log: its brokers ("+port.Addr()+") do not answer") {
+			t.Errorf("GET %s while waiting for the broker: %d (Retry-After %q) %s, want 503 naming the wait",
+				path, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
 	bctx, bcancel := context.WithCancel(context.Background())
 	b, err := broker.Start(bctx, broker.Config{Listener: port.Listen(t), Partitions: 1,
 		Topics: []string{"cfguard.records", "cfguard.records.dlq", "cfguard.events"}}, nil)

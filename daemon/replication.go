@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -175,13 +176,9 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 // the refusal), and /metrics (cfguard_replication_settings_differ) until ctx ends, so that the
 // refusal is seen where operators look, without a restart loop. Every other route answers
 // 503 with the refusal.
-func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, ready chan<- *Daemon) error {
+func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, web *server, hm *alerts.HTTPMetrics, ready chan<- *Daemon) error {
 	d.rep.Refuse(refusal)
-	srv, ln, err := d.listen()
-	if err != nil {
-		return err
-	}
-	api := srv.Handler
+	api := d.newAPI(hm).routes()
 	mux := http.NewServeMux()
 	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
 		mux.Handle(pattern, api)
@@ -189,11 +186,11 @@ func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, rea
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, refusal.Error())
 	})
-	srv.Handler = mux
+	d.serveAPI(mux)
 	if ready != nil {
 		ready <- d
 	}
-	return d.serve(ctx, srv, ln)
+	return web.run(ctx)
 }
 
 // shareHost is the daemon as package cluster sees it (cluster.Host): the posterior it serves,
@@ -260,11 +257,12 @@ func (d *Daemon) joinLog(ctx context.Context) error {
 // before their brokers, a broker at its connection limit, a busy machine): a transient broker
 // error (stream.Transient) is retried with backoff, with a WARN line at the first and every
 // joinWarnEvery while it lasts; any other error is returned, and ctx's end (a stop asked for
-// meanwhile) as errStoppedAtStart. The API starts once the replica has joined, as it does after a first start's
-// training.
+// meanwhile) as errStoppedAtStart. The API answers once the replica has joined; meanwhile every
+// route but /healthz answers 503 naming the wait (front).
 func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() error) error {
 	bo := backoff.Backoff{Min: stream.DefaultRetryMin, Max: stream.DefaultRetryMax} // the consumer's: ingestion waits alike
 	var since, warned time.Time
+	d.front.setPhase("joining " + what)
 	for failures := 0; ; failures++ {
 		err := join()
 		switch {
@@ -282,9 +280,11 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 		if since.IsZero() {
 			since = now
 		}
+		d.front.setPhase(fmt.Sprintf("joining %s: its brokers (%s) do not answer since %s, retrying: %v",
+			what, strings.Join(d.conn.Brokers, ", "), since.UTC().Format(time.RFC3339), err))
 		if now.Sub(warned) >= joinWarnEvery {
 			warned = now
-			d.log.Warn("cannot join "+what+" yet: its brokers do not answer; retrying with backoff (the API starts once joined)",
+			d.log.Warn("cannot join "+what+" yet: its brokers do not answer; retrying with backoff (the API answers once joined; meanwhile /readyz says what it waits for)",
 				"brokers", d.conn.Brokers, "failing_for", now.Sub(since).Round(time.Millisecond), "err", err)
 		}
 		if bo.Wait(ctx) != nil {

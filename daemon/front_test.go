@@ -1,0 +1,88 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// While the daemon starts, /healthz says it lives and every other request is 503 with
+// Retry-After and the phase; once the API is served, the API answers everything.
+func TestFrontAnswersWhileStarting(t *testing.T) {
+	f := newFront()
+	f.setPhase("opening the ledger")
+	for _, c := range []struct {
+		method, path string
+		code         int
+		status       string // /healthz's status field, or "" for an error body
+	}{
+		{"GET", "/healthz", 200, "starting"},
+		{"HEAD", "/healthz", 200, "starting"},
+		{"POST", "/healthz", 503, ""},
+		{"GET", "/readyz", 503, ""},
+		{"GET", "/metrics", 503, ""},
+		{"POST", "/v1/counterfactuals", 503, ""},
+		{"GET", "/ui/", 503, ""},
+	} {
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
+		if w.Code != c.code {
+			t.Errorf("%s %s: %d, want %d", c.method, c.path, w.Code, c.code)
+			continue
+		}
+		if c.method == "HEAD" {
+			continue
+		}
+		var body map[string]string
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s %s: %v: %s", c.method, c.path, err, w.Body)
+		}
+		if c.status != "" {
+			if body["status"] != c.status || body["phase"] != "opening the ledger" {
+				t.Errorf("%s %s: %v, want status %q and the phase", c.method, c.path, body, c.status)
+			}
+			continue
+		}
+		if body["error"] != "starting: opening the ledger" || w.Header().Get("Retry-After") != "10" {
+			t.Errorf("%s %s: %v (Retry-After %q), want the phase and Retry-After 10", c.method, c.path, body, w.Header().Get("Retry-After"))
+		}
+	}
+
+	f.serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	for _, path := range []string{"/healthz", "/readyz"} {
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+		if w.Code != http.StatusTeapot {
+			t.Errorf("GET %s once the API is served: %d, want the API's answer", path, w.Code)
+		}
+	}
+}
+
+// A start that fails after the port answered (here at a ledger that is not one) returns its
+// error and leaves nothing listening.
+func TestFailedStartStopsServing(t *testing.T) {
+	c := testConfig(t, nil)
+	if err := os.WriteFile(filepath.Join(c.StateDir, "cfguard.db"), []byte("not a ledger"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Run(context.Background(), Options{Config: &c, Logger: slog.New(slog.DiscardHandler), HTTPListener: ln})
+	if err == nil || !strings.Contains(err.Error(), "cfguard.db") {
+		t.Fatalf("Run on a damaged ledger: %v, want the ledger's refusal", err)
+	}
+	if conn, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second); err == nil {
+		conn.Close()
+		t.Errorf("%s still accepts connections after the start failed", ln.Addr())
+	}
+}
