@@ -4,8 +4,11 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/cfguard/cfguard/ui"
 )
 
 // startingRetryAfter is the Retry-After of the answers a starting daemon gives.
@@ -15,11 +18,12 @@ const startingRetryAfter = 10 * time.Second
 // a daemon that is still starting (opening a large ledger, training its first model, waiting for
 // its brokers) answers probes and says what it waits for instead of holding connections
 // unanswered: GET /healthz is 200 {"status": "starting", "phase": ...}, every other request 503
-// with Retry-After and the phase. Run puts the API in its place once every component the API
+// with Retry-After and the phase (an HTML page under /ui/). Run puts the API in its place once every component the API
 // calls exists (or a replica's refusal, see refuse).
 type front struct {
 	h     atomic.Pointer[http.Handler]
 	phase atomic.Pointer[string]
+	ui    http.Handler // /ui/ while starting: a page that says the same
 }
 
 func newFront() *front {
@@ -27,6 +31,7 @@ func newFront() *front {
 	var starting http.Handler = http.HandlerFunc(f.starting)
 	f.h.Store(&starting)
 	f.setPhase("starting")
+	f.ui = ui.Starting(func() string { return *f.phase.Load() }, int(startingRetryAfter/time.Second))
 	return f
 }
 
@@ -39,6 +44,10 @@ func (f *front) serve(h http.Handler) { f.h.Store(&h) }
 func (f *front) setPhase(phase string) { f.phase.Store(&phase) }
 
 func (f *front) starting(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/") {
+		f.ui.ServeHTTP(w, r)
+		return
+	}
 	phase := *f.phase.Load()
 	if r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "starting", "phase": phase})

@@ -30,7 +30,6 @@ func TestFrontAnswersWhileStarting(t *testing.T) {
 		{"GET", "/readyz", 503, ""},
 		{"GET", "/metrics", 503, ""},
 		{"POST", "/v1/counterfactuals", 503, ""},
-		{"GET", "/ui/", 503, ""},
 	} {
 		w := httptest.NewRecorder()
 		f.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
@@ -53,6 +52,27 @@ func TestFrontAnswersWhileStarting(t *testing.T) {
 		}
 		if body["error"] != "starting: opening the ledger" || w.Header().Get("Retry-After") != "10" {
 			t.Errorf("%s %s: %v (Retry-After %q), want the phase and Retry-After 10", c.method, c.path, body, w.Header().Get("Retry-After"))
+		}
+	}
+
+	// People get a page that says the same, with the UI's style sheet.
+	for _, c := range []struct {
+		path string
+		code int
+		want string
+	}{
+		{"/ui/", 503, "cfguard is starting: opening the ledger."},
+		{"/ui/counterfactuals/ce-1", 503, "cfguard is starting: opening the ledger."},
+		{"/ui", 503, "cfguard is starting: opening the ledger."},
+		{"/ui/static/style.css", 200, "body"},
+	} {
+		w := httptest.NewRecorder()
+		f.ServeHTTP(w, httptest.NewRequest("GET", c.path, nil))
+		if w.Code != c.code || !strings.Contains(w.Body.String(), c.want) {
+			t.Errorf("GET %s: %d %.200s, want %d with %q", c.path, w.Code, w.Body, c.code, c.want)
+		}
+		if c.code == 503 && (w.Header().Get("Retry-After") != "10" || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html")) {
+			t.Errorf("GET %s: Retry-After %q, Content-Type %q, want 10 and a page", c.path, w.Header().Get("Retry-After"), w.Header().Get("Content-Type"))
 		}
 	}
 

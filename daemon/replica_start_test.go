@@ -68,7 +68,7 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	if code, body := waiting.get(t, "/healthz"); code != 200 || !strings.Contains(string(body), `"status":"starting"`) {
 		t.Errorf("/healthz while waiting for the broker: %d %s, want 200 starting", code, body)
 	}
-	for _, path := range []string{"/readyz", "/v1/model", "/metrics"} {
+	for _, path := range []string{"/readyz", "/v1/model", "/metrics", "/ui/"} {
 		resp, err := asked.Get(base + path)
 		if err != nil {
 			t.Fatalf("GET %s while waiting for the broker: %v", path, err)

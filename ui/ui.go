@@ -232,3 +232,22 @@ func (u *UI) fail(w http.ResponseWriter, code int, err error) {
 	}
 	u.render(w, code, "error", page{Title: http.StatusText(code), Error: msg})
 }
+
+// Starting serves /ui/ while the daemon starts, before it has a state to show: every page is a
+// 503 with Retry-After: retryAfter seconds that says what the start does (phase's answer) and to
+// reload; the static files are served as always. It shows nothing /readyz does not.
+func Starting(phase func() string, retryAfter int) http.Handler {
+	u := &UI{cfg: Config{Logger: slog.New(slog.DiscardHandler)}, pages: map[string]*template.Template{
+		"error": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/error.html")),
+	}}
+	static, _ := fs.Sub(staticFS, "static")
+	m := http.NewServeMux()
+	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Starting", NoNav: true,
+			Error: "cfguard is starting: " + phase() + ". Its pages answer once it has started: reload this page in a moment."})
+	})
+	u.mux = m
+	return u
+}
