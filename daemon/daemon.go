@@ -38,7 +38,7 @@ type Options struct {
 	Logger *slog.Logger
 	// Registry receives the daemon's metrics and is served on /metrics. Default: a new registry.
 	Registry *prometheus.Registry
-	// Ready, when set, receives the daemon once it serves (tests use it to find addresses).
+	// Ready, when set, receives the daemon once its API serves (tests use it to find addresses).
 	Ready chan<- *Daemon
 	// ConfigPath is the configuration file's path, for the commands error messages print.
 	// Default: config.yaml.
@@ -220,6 +220,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer stopLife()
 	td := teardown{log: d.log}
 	defer func() {
+		d.front.setPhase("stopping") // a start that ends: its answers say so while teardown runs
 		if terr := td.run(); terr != nil {
 			err = errors.Join(err, terr)
 		}

@@ -40,8 +40,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*f.h.Load()
 // serve makes h answer every request from now on.
 func (f *front) serve(h http.Handler) { f.h.Store(&h) }
 
-// setPhase names what the start is doing, as the answers while starting say.
-func (f *front) setPhase(phase string) { f.phase.Store(&phase) }
+// setPhase names what the start is doing, as the answers while starting say (without absolute
+// paths: publicMessage, as every 5xx answer's error).
+func (f *front) setPhase(phase string) {
+	phase = publicMessage(phase)
+	f.phase.Store(&phase)
+}
 
 func (f *front) starting(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/ui" || strings.HasPrefix(r.URL.Path, "/ui/") {

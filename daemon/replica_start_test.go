@@ -76,7 +76,7 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "10" ||
-			!strings.Contains(string(body), "joining the posterior log: its brokers ("+port.Addr()+") do not answer") {
+			!strings.Contains(string(body), "joining the posterior log: its brokers ("+port.Addr()+") did not answer") {
 			t.Errorf("GET %s while waiting for the broker: %d (Retry-After %q) %s, want 503 naming the wait",
 				path, resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}

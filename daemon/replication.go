@@ -280,7 +280,7 @@ func (d *Daemon) awaitBrokers(ctx context.Context, what string, join func() erro
 		if since.IsZero() {
 			since = now
 		}
-		d.front.setPhase(fmt.Sprintf("joining %s: its brokers (%s) do not answer since %s, retrying: %v",
+		d.front.setPhase(fmt.Sprintf("joining %s: its brokers (%s) did not answer at the last attempt (failing since %s: %v); retrying with backoff",
 			what, strings.Join(d.conn.Brokers, ", "), since.UTC().Format(time.RFC3339), err))
 		if now.Sub(warned) >= joinWarnEvery {
 			warned = now

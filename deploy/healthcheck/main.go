@@ -1,7 +1,9 @@
 // Command cfguard-healthcheck is the container image's HEALTHCHECK. The final image has no
 // shell and no curl, so Docker runs this static binary: it sends GET to a cfguard health URL
-// and exits 0 when the answer is 200 within the timeout, 1 otherwise (with the reason on
-// stderr), which is what Docker's HEALTHCHECK and compose's "condition: service_healthy" read.
+// and exits 0 when the answer is 200 within the timeout and the daemon is not still starting
+// (/healthz answers 200 {"status": "starting", "phase": ...} from the moment it binds its port),
+// 1 otherwise (with the reason on stderr), which is what Docker's HEALTHCHECK and compose's
+// "condition: service_healthy" read: a service that depends on cfguard starts once its API answers.
 //
 //	cfguard-healthcheck [-timeout 3s] [URL]   (default URL: http://127.0.0.1:8080/healthz)
 //
@@ -10,6 +12,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -50,7 +53,7 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
-// check sends GET url and wants 200.
+// check sends GET url and wants 200 from a daemon that is not starting.
 func check(ctx context.Context, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -64,6 +67,12 @@ func check(ctx context.Context, url string) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	var health struct {
+		Status, Phase string
+	}
+	if json.Unmarshal(body, &health) == nil && health.Status == "starting" {
+		return fmt.Errorf("GET %s: still starting: %s", url, health.Phase)
 	}
 	return nil
 }

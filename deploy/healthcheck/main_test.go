@@ -18,6 +18,8 @@ func TestHealthcheckExitCodes(t *testing.T) {
 		switch r.URL.Path {
 		case "/healthz":
 			w.Write([]byte(`{"status":"ok"}`))
+		case "/starting/healthz":
+			w.Write([]byte(`{"status":"starting","phase":"opening the ledger"}`))
 		case "/readyz":
 			http.Error(w, `{"error":"broker unreachable"}`, http.StatusServiceUnavailable)
 		case "/slow":
@@ -37,6 +39,7 @@ func TestHealthcheckExitCodes(t *testing.T) {
 	}{
 		{"healthy", []string{srv.URL + "/healthz"}, 0, ""},
 		{"not ready", []string{srv.URL + "/readyz"}, 1, "503"},
+		{"starting", []string{srv.URL + "/starting/healthz"}, 1, "still starting: opening the ledger"},
 		{"nothing listening", []string{closed}, 1, "connection refused"},
 		{"too slow", []string{"-timeout", "200ms", srv.URL + "/slow"}, 1, "deadline exceeded"},
 		{"two URLs", []string{srv.URL, srv.URL}, 2, "at most one URL"},
