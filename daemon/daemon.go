@@ -272,7 +272,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	d.readEnds(ctx, ends)
 
 	// The components. The first to fail cancels the others; Run returns its error.
-	g := newGroup(ctx)
+	g := newGroup(ctx, d.log)
 	d.serveAPI(d.newAPI(hm).routes())
 	g.Go("http", web.run)
 	if d.rep != nil {

@@ -2,24 +2,29 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 )
 
 // group runs components until the first returns; then it cancels the rest and waits for them.
-// A component must return when its context is cancelled.
+// A component must return when its context is cancelled. An error a component returns once the
+// group is stopping (an HTTP server that could not drain in time, say) is not Wait's: it is
+// logged at WARN, context.Canceled excepted.
 type group struct {
 	ctx    context.Context
 	cancel context.CancelFunc
+	log    *slog.Logger
 	wg     sync.WaitGroup
 	once   sync.Once
 	err    error
 }
 
-func newGroup(ctx context.Context) *group {
+func newGroup(ctx context.Context, log *slog.Logger) *group {
 	ctx, cancel := context.WithCancel(ctx)
-	return &group{ctx: ctx, cancel: cancel}
+	return &group{ctx: ctx, cancel: cancel, log: log}
 }
 
 // Go starts a named component.
@@ -28,6 +33,9 @@ func (g *group) Go(name string, fn func(ctx context.Context) error) {
 	go func() {
 		defer g.wg.Done()
 		err := fn(g.ctx)
+		if err != nil && g.ctx.Err() != nil && !errors.Is(err, context.Canceled) {
+			g.log.Warn("component stopped with an error while the daemon stopped", "component", name, "err", err)
+		}
 		g.once.Do(func() {
 			if err != nil && g.ctx.Err() == nil {
 				g.err = fmt.Errorf("%s: %w", name, err)

@@ -1,15 +1,18 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 )
 
 func TestGroupFirstFailureStopsTheRest(t *testing.T) {
-	g := newGroup(context.Background())
+	g := newGroup(context.Background(), slog.New(slog.DiscardHandler))
 	boom := errors.New("boom")
 	stopped := make(chan struct{})
 	g.Go("waits", func(ctx context.Context) error { <-ctx.Done(); close(stopped); return nil })
@@ -22,7 +25,7 @@ func TestGroupFirstFailureStopsTheRest(t *testing.T) {
 
 func TestGroupCancelIsNotAnError(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := newGroup(ctx)
+	g := newGroup(ctx, slog.New(slog.DiscardHandler))
 	g.Go("a", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
 	cancel()
 	if err := g.Wait(time.Second); err != nil {
@@ -32,7 +35,7 @@ func TestGroupCancelIsNotAnError(t *testing.T) {
 
 func TestGroupShutdownDeadline(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := newGroup(ctx)
+	g := newGroup(ctx, slog.New(slog.DiscardHandler))
 	release := make(chan struct{})
 	defer close(release)
 	g.Go("stuck", func(ctx context.Context) error { <-release; return nil })
@@ -40,5 +43,25 @@ func TestGroupShutdownDeadline(t *testing.T) {
 	// "stuck" returns only when the test ends: Wait returns at all only because of its deadline.
 	if err := g.Wait(100 * time.Millisecond); err == nil {
 		t.Fatal("Wait = nil with a goroutine still running, want a deadline error")
+	}
+}
+
+// An error a component returns while the group stops (an HTTP server that could not drain) is
+// logged, not returned; a cancellation is neither.
+func TestGroupLogsErrorsWhileStopping(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs bytes.Buffer
+	g := newGroup(ctx, slog.New(slog.NewTextHandler(&logs, nil)))
+	g.Go("http", func(ctx context.Context) error {
+		<-ctx.Done()
+		return fmt.Errorf("draining within http.shutdown_timeout 1s: %w", context.DeadlineExceeded)
+	})
+	g.Go("quiet", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	cancel()
+	if err := g.Wait(time.Second); err != nil {
+		t.Fatalf("Wait after cancel = %v", err)
+	}
+	if got := logs.String(); strings.Count(got, "level=WARN") != 1 || !strings.Contains(got, "component=http") || !strings.Contains(got, "draining within") {
+		t.Errorf("logged %q, want one WARN line naming the http component and its error", got)
 	}
 }
