@@ -9,9 +9,12 @@ import (
 //
 //	certified    Theorem 1 keeps p_now >= 1/2 AND Theorem 2 keeps V_now within the variance budget,
 //	             both from the anchor's (p1, V1) and KL(q_now || q_anchor); no sampling needed.
-//	at_risk      a bound fails, but a Monte-Carlo estimate under q_now still gives the target:
-//	             p2 >= 1/2 and argmax_c p(c | x') = y'.
-//	invalidated  a bound fails and Monte-Carlo says p2 < 1/2 or argmax != y'.
+//	at_risk      a bound fails and the certificate could not be renewed; decided when a
+//	             Monte-Carlo verdict's lower confidence bound puts p2 >= 1/2 (so the target is the
+//	             argmax) and carries to q_now; otherwise kept by hysteresis, or a lapsed certificate
+//	             with no verdict yet (Verdict, VerdictBound).
+//	invalidated  a bound fails and a verdict's upper confidence bound put p2 < 1/2; decided while
+//	             that verdict carries to q_now, else kept by hysteresis.
 //	uncertified  stored outside the <delta, eps>-set (p1 < 1 - delta or V1 > eps); no theorem applies.
 //
 // The zero value is not a status; ParseStatus and UnmarshalText never produce it.
@@ -156,7 +159,7 @@ func (c Certificate) Validate() error {
 	return nil
 }
 
-// InSet reports membership of the <delta, eps>-set (paper, Definition 3), on the point estimates:
+// InSet reports membership of the <delta, eps>-set (paper, Definition 5), on the point estimates:
 //
 //	p1 >= 1 - delta  AND  V1 <= eps
 func InSet(p, v, delta, eps float64) bool { return p >= 1-delta && v <= eps }

@@ -142,8 +142,8 @@ type confirmItem struct {
 //
 //	renewed      if certify.Renewable(e, delta, eps, alpha): lower(p2) >= 1 - delta and V2 <= eps
 //	             (certify.Reenters, one margin more, for an at_risk or invalidated CE).
-//	             The CE is re-anchored to q_now: (anchor, p1, V1, S) = (now, p2, V2, S), KL 0,
-//	             certified. A certified CE's renewal is kept in its history but is no status change.
+//	             The CE is re-anchored to the version s its draws came from: (anchor, p1, V1, S) =
+//	             (s, p2, V2, S), certified, its bound judged at KL(q_now || q_s) (0 when s is current). A certified CE's renewal is kept in its history but is no status change.
 //	a verdict    otherwise: certify.Verdict (invalidated when upper(p2) < 1/2, at_risk when
 //	             lower(p2) >= 1/2, the previous status in between; a lapsed certificate with no
 //	             verdict yet becomes at_risk).
