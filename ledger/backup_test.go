@@ -203,3 +203,71 @@ func TestRestoreRefuses(t *testing.T) {
 		t.Errorf("restored origin %q, verified %q", o, info.Origin)
 	}
 }
+
+// A backup is a bbolt snapshot: its transaction T on meta page 0 and T-1 on page 1, whatever T,
+// where bbolt's commits put transaction t on page t mod 2. Restored, the file gets bbolt's order,
+// so that after the next commit a damaged older meta page costs nothing and is only reported, as
+// on any ledger (with T odd, it was two transactions behind and refused).
+func TestRestoredLedgerToleratesADamagedOlderMeta(t *testing.T) {
+	for _, parity := range []uint64{0, 1} {
+		t.Run(fmt.Sprintf("backup transaction mod 2 = %d", parity), func(t *testing.T) {
+			l, _ := openTest(t, Options{Policy: testPolicy()})
+			m := testModel(4)
+			install(t, l, m)
+			rng := rand.New(rand.NewPCG(5, 5))
+			backup := filepath.Join(t.TempDir(), "backup.db")
+			for {
+				f, err := os.Create(backup)
+				if err != nil {
+					t.Fatal(err)
+				}
+				info, err := l.Backup(bg, f)
+				f.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info.TxID%2 == parity {
+					break
+				}
+				if err := l.Put(bg, newCE(t, m, rng)); err != nil { // one more transaction
+					t.Fatal(err)
+				}
+			}
+			state := t.TempDir()
+			if _, err := Restore(backup, state); err != nil {
+				t.Fatal(err)
+			}
+			r, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Put(bg, newCE(t, m, rng)); err != nil {
+				t.Fatal(err)
+			}
+			r.Close()
+			path := filepath.Join(state, FileName)
+			info, err := Verify(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			older := int64(1 - info.TxID%2) // bbolt's order: the newest transaction t on page t mod 2
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[older*int64(info.PageSize)+16+16] ^= 0x04 // the older meta's root page: its checksum fails
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Verify(path)
+			if err != nil || got.TxID != info.TxID || got.MetaDamaged == "" {
+				t.Fatalf("a restored ledger with its older meta page damaged: %+v, %v; want transaction %d, the damage reported", got, err, info.TxID)
+			}
+			r, err = Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
+			if err != nil {
+				t.Fatalf("a restored ledger with its older meta page damaged does not open: %v", err)
+			}
+			r.Close()
+		})
+	}
+}

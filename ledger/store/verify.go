@@ -97,9 +97,40 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 	return c.w.Write(p)
 }
 
+// alignMetas gives a copied backup the meta pages bbolt's own commits leave. A snapshot
+// (Snapshot: bbolt's Tx.WriteTo) writes its transaction T to meta page 0 and T-1 to page 1,
+// whatever T; bbolt commits transaction t to page t mod 2. With T odd, the first commit after a
+// restore (T+1) overwrites page 0 and leaves T-1 beside it, two transactions older, and a damage
+// to that page would then be refused (olderDamaged) where it costs nothing. Two empty commits
+// (T+1 to page 0, T+2 to page 1) put the file in bbolt's order. A file whose metas cannot be
+// read is left to verify, which says what is wrong with it.
+func alignMetas(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	g, err := readMetas(f)
+	if err != nil || g.meta.txid%2 == uint64(g.slot) {
+		return f.Close()
+	}
+	db, err := boltOpen(path, f, false, false) // f is bbolt's from here
+	if err != nil {
+		f.Close()
+		return err
+	}
+	for range 2 {
+		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+			db.Close()
+			return err
+		}
+	}
+	return db.Close()
+}
+
 // Install installs the file src as <dir>/cfguard.db, never over an existing one. It refuses when
 // dir already holds a ledger (move that aside first) or is locked by a running process, copies
-// src to a temporary file beside the target, fsyncs it and runs verify on the copy, links it into
+// src to a temporary file beside the target (with meta pages in bbolt's order: alignMetas),
+// fsyncs it and runs verify on the copy, links it into
 // place (a link, unlike a rename, fails if the target appeared meanwhile), and fsyncs the
 // directory. Errors are prefixed "ledger: restore".
 func Install(src, dir string, verify func(path string) error) error {
@@ -126,6 +157,9 @@ func Install(src, dir string, verify func(path string) error) error {
 	defer os.Remove(tmp)
 	if err := CopyFile(src, tmp); err != nil {
 		return fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
+	}
+	if err := alignMetas(tmp); err != nil {
+		return fmt.Errorf("ledger: restore: %s: %w", tmp, err)
 	}
 	if err := verify(tmp); err != nil {
 		var ce *CorruptError
