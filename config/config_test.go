@@ -214,7 +214,7 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"bad type has key":   {"certify:\n  delta: lots\n", "certify.delta (line 2)"},
 		"suggestion":         {"kafka:\n  max_recods: 3\n", `did you mean "max_records"`},
 		"register wait past the write timeout": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  register_wait: 106s\n",
-			"replication.register_wait: 1m46s: must be 0 or more, and at least 15s below http.write_timeout (2m0s)"},
+			"replication.register_wait: 1m46s: must be 0 or more, and more than 15s below http.write_timeout (2m0s)"},
 		"peer tls pair": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  peer_tls:\n    cert_file: c.pem\n",
 			"replication.peer_tls.cert_file"},
 		"renamed key": {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},
