@@ -18,8 +18,8 @@ const startingRetryAfter = 10 * time.Second
 // a daemon that is still starting (opening a large ledger, training its first model, waiting for
 // its brokers) answers probes and says what it waits for instead of holding connections
 // unanswered: GET /healthz is 200 {"status": "starting", "phase": ...}, every other request 503
-// with Retry-After and the phase (an HTML page under /ui/). Run puts the API in its place once every component the API
-// calls exists (or a replica's refusal, see refuse).
+// with Retry-After and the phase (an HTML page under /ui/). Run puts the API in its place once
+// every component the API calls exists (or a replica's refusal, see refuse).
 type front struct {
 	h     atomic.Pointer[http.Handler]
 	phase atomic.Pointer[string]
