@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger/store"
 )
 
 // slowWriter writes to w, pausing after every chunk, so that a backup spans many commits.
@@ -215,24 +218,7 @@ func TestRestoredLedgerToleratesADamagedOlderMeta(t *testing.T) {
 			m := testModel(4)
 			install(t, l, m)
 			rng := rand.New(rand.NewPCG(5, 5))
-			backup := filepath.Join(t.TempDir(), "backup.db")
-			for {
-				f, err := os.Create(backup)
-				if err != nil {
-					t.Fatal(err)
-				}
-				info, err := l.Backup(bg, f)
-				f.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if info.TxID%2 == parity {
-					break
-				}
-				if err := l.Put(bg, newCE(t, m, rng)); err != nil { // one more transaction
-					t.Fatal(err)
-				}
-			}
+			backup := backupOfParity(t, l, m, rng, parity)
 			state := t.TempDir()
 			if _, err := Restore(backup, state); err != nil {
 				t.Fatal(err)
@@ -269,5 +255,68 @@ func TestRestoredLedgerToleratesADamagedOlderMeta(t *testing.T) {
 			}
 			r.Close()
 		})
+	}
+}
+
+// backupOfParity writes a backup of l whose transaction id is parity mod 2, storing a CE (one
+// transaction) between tries, and returns its path.
+func backupOfParity(t *testing.T, l *Ledger, m *bnn.Model, rng *rand.Rand, parity uint64) string {
+	t.Helper()
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	for range 10 {
+		f, err := os.Create(backup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := l.Backup(bg, f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.TxID%2 == parity {
+			return backup
+		}
+		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("no backup with a transaction id of parity %d in 10 tries", parity)
+	return ""
+}
+
+// A copy that differs from the backup Restore verified (here a backup given to Install
+// directly, its newest transaction odd and its tree's root page damaged) is refused as a copy
+// that does not verify before bbolt touches it (bbolt faults on such a file): nothing is
+// installed and nothing left behind.
+func TestInstallVerifiesACopyBeforeAligningIt(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m := testModel(4)
+	install(t, l, m)
+	backup := backupOfParity(t, l, m, rand.New(rand.NewPCG(6, 6)), 1)
+	data, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := Verify(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := info.PageSize
+	root := binary.NativeEndian.Uint64(data[16+16:])        // meta page 0 (the snapshot's newest): its root bucket's page
+	binary.NativeEndian.PutUint16(data[int(root)*ps+8:], 0) // the page's flags: no page type
+	damaged := filepath.Join(t.TempDir(), "damaged.db")
+	if err := os.WriteFile(damaged, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "state")
+	err = store.Install(damaged, dir, func(path string) error { _, err := Verify(path); return err })
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "did not verify") {
+		t.Errorf("Install of a damaged copy: %v, want it refused as a copy that does not verify", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, FileName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a damaged copy was installed: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*.restore-*")); len(left) != 0 {
+		t.Errorf("the damaged copy was left behind: %v", left)
 	}
 }

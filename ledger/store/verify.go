@@ -102,37 +102,36 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 // whatever T; bbolt commits transaction t to page t mod 2. With T odd, the first commit after a
 // restore (T+1) overwrites page 0 and leaves T-1 beside it, two transactions older, and a damage
 // to that page would then be refused (olderDamaged) where it costs nothing. Two empty commits
-// (T+1 to page 0, T+2 to page 1) put the file in bbolt's order. A file whose metas cannot be
-// read is left to verify, which says what is wrong with it.
-func alignMetas(path string) error {
+// (T+1 to page 0, T+2 to page 1) put the file in bbolt's order. It runs on a file that verified
+// (bbolt faults on a damaged one, see walk.go) and reports whether it committed.
+func alignMetas(path string) (bool, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return err
+		return false, err
 	}
 	g, err := readMetas(f)
 	if err != nil || g.meta.txid%2 == uint64(g.slot) {
-		return f.Close()
+		return false, errors.Join(err, f.Close())
 	}
 	db, err := boltOpen(path, f, false, false) // f is bbolt's from here
 	if err != nil {
 		f.Close()
-		return err
+		return false, err
 	}
 	for range 2 {
 		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
 			db.Close()
-			return err
+			return true, err
 		}
 	}
-	return db.Close()
+	return true, db.Close()
 }
 
 // Install installs the file src as <dir>/cfguard.db, never over an existing one. It refuses when
 // dir already holds a ledger (move that aside first) or is locked by a running process, copies
-// src to a temporary file beside the target (with meta pages in bbolt's order: alignMetas),
-// fsyncs it and runs verify on the copy, links it into
-// place (a link, unlike a rename, fails if the target appeared meanwhile), and fsyncs the
-// directory. Errors are prefixed "ledger: restore".
+// src to a temporary file beside the target, fsyncs it and runs verify on the copy (again after
+// alignMetas, when that committed to it), links it into place (a link, unlike a rename, fails if
+// the target appeared meanwhile), and fsyncs the directory. Errors are prefixed "ledger: restore".
 func Install(src, dir string, verify func(path string) error) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("ledger: restore: %w", err)
@@ -158,17 +157,30 @@ func Install(src, dir string, verify func(path string) error) error {
 	if err := CopyFile(src, tmp); err != nil {
 		return fmt.Errorf("ledger: restore: copy %s to %s: %w", src, tmp, err)
 	}
-	if err := alignMetas(tmp); err != nil {
-		return fmt.Errorf("ledger: restore: %s: %w", tmp, err)
-	}
-	if err := verify(tmp); err != nil {
+	checkCopy := func() error {
+		err := verify(tmp)
 		var ce *CorruptError
 		if errors.As(err, &ce) { // not the advice for a damaged ledger: the copy is removed
 			return fmt.Errorf("ledger: restore: %w: the copy of %s in %s did not verify, though the backup did: %s. The copy was removed "+
 				"and nothing was installed; run the restore again, and if it fails again, check the disk of %s",
 				ErrCorrupt, ShellQuote(src), ShellQuote(dir), Reason(ce.Detail), ShellQuote(dir))
 		}
-		return fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
+		if err != nil {
+			return fmt.Errorf("ledger: restore: the copy of %s failed verification: %w", src, err)
+		}
+		return nil
+	}
+	if err := checkCopy(); err != nil {
+		return err
+	}
+	aligned, err := alignMetas(tmp)
+	if err != nil {
+		return fmt.Errorf("ledger: restore: giving the copy %s bbolt's meta-page order: %w. Nothing was installed; run the restore again", tmp, err)
+	}
+	if aligned {
+		if err := checkCopy(); err != nil {
+			return err
+		}
 	}
 	if err := exists(); err != nil {
 		return err
