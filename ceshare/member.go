@@ -3,6 +3,8 @@ package ceshare
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,16 +30,19 @@ import (
 type Hooks interface {
 	// Acquire is called when this replica is given partition p in a new generation (also when
 	// it keeps p from the previous one): it returns the offset to read p from, the one the
-	// ledger stored with p's last applied requests (0 when it has none).
-	Acquire(ctx context.Context, p int) (from int64, err error)
+	// ledger stored with p's last applied requests (0 when it has none), and the Witness stored
+	// with it (nil when none).
+	Acquire(ctx context.Context, p int) (from int64, w *Witness, err error)
 	// Apply stores the requests read from p (in offset order, each with its Offset; records
 	// that do not authenticate and copies left out, and none at or after a record that blocks
 	// p: Blocked); next is the offset after the last record read (a blocking record's own
-	// offset), which the ledger stores with them, in one transaction. reqs may be empty when
-	// only records left out were read.
+	// offset), which the ledger stores with them, in one transaction, with w when it is not
+	// nil (a record before next; a Witness stored before stays while it is before the offset
+	// stored, and goes when the offset goes back to it or below). reqs may be empty when only
+	// records left out were read.
 	// At a gap of deleted requests, reqs may instead be registrations rebuilt from CE states
 	// (Request.Restored), with next the offset p is at.
-	Apply(ctx context.Context, p int, reqs []Request, next int64) error
+	Apply(ctx context.Context, p int, reqs []Request, next int64, w *Witness) error
 	// Lost is called when the requests of p from offset `from` (where the ledger holds p) to
 	// `to` were deleted from the topic before they were read (its retention is not "for
 	// ever"): the ledger stores `to` as p's offset and counts to - from requests lost, in one
@@ -51,12 +56,39 @@ type Hooks interface {
 	// may outlive the generation (MemberConfig.ReleaseWait): ctx is the member's run, with no
 	// deadline, and Run returns only once it did, so Release must return when ctx ends.
 	Release(ctx context.Context, p int) error
-	// Reset is called when partition p ends before the offset the store read it to (the topic
-	// was deleted and created again): the requests the store applied are gone from the topic.
+	// Reset is called when partition p ends before the offset the store read it to, or holds
+	// another record than the store's Witness at its offset (the topic was deleted and created
+	// again): the requests the store applied are gone from the topic.
 	// It must store offset 0 for p before anything else, so that no request of the new
 	// partition is skipped, and may send the store's state of p again as requests; the member
 	// then reads p from offset 0.
 	Reset(ctx context.Context, p int, end int64) error
+}
+
+// Witness is a record of a partition that the store read: its offset and the SHA-256 of its
+// timestamp, key and value (witnessOf). A partition whose record at Offset hashes otherwise, or
+// that has none there while it holds records after it, is another log than the one the store
+// read: the topic was deleted and created again, and the new partition has grown past Offset.
+// A member checks it when it acquires a partition (sameLog), so that an owner that was down, or
+// slow, while that happened does not read on from its offset in the new log.
+type Witness struct {
+	Offset int64
+	Hash   [sha256.Size]byte
+}
+
+// witnessOf is r's Witness.
+func witnessOf(r record) Witness {
+	h := sha256.New()
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(r.time.UnixMilli()))
+	h.Write(b[:])
+	binary.BigEndian.PutUint64(b[:], uint64(len(r.key)))
+	h.Write(b[:])
+	h.Write(r.key)
+	h.Write(r.value)
+	w := Witness{Offset: r.offset}
+	h.Sum(w.Hash[:0])
+	return w
 }
 
 // MemberConfig configures a Member.
@@ -616,7 +648,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			return
 		}
 	}
-	from, err := m.hooks.Acquire(ctx, p)
+	from, witness, err := m.hooks.Acquire(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
 			fail(fmt.Errorf("ceshare: acquiring partition %d of %q: %w", p, m.cfg.Topic, err))
@@ -661,7 +693,39 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	blockedBo := bo // between reads of a record this build cannot read
 	var failing fetchFailures
 	next := from
+	if witness != nil && witness.Offset >= from {
+		witness = nil // not a record before the offset: nothing to check
+	}
 	for ctx.Err() == nil {
+		if witness != nil { // first: is the partition still the log the store read?
+			other, end, err := m.sameLog(ctx, cl, p, *witness)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if !stream.Retryable(err) {
+					fail(fmt.Errorf("ceshare: reading partition %d of %q: %w", p, m.cfg.Topic, err))
+					return
+				}
+				failing.failed(m.log, time.Now(), p, err)
+				if bo.Wait(ctx) != nil {
+					return
+				}
+				continue
+			}
+			if other {
+				m.log.Error("CE partition holds another record than the one this replica read at its offset: the topic was deleted and "+
+					"created again and has grown past what this replica read; its requests are gone, the partition is read again from "+
+					"offset 0 and this replica's CEs of it are sent again", "partition", p, "offset", witness.Offset, "read_to", next, "end", end)
+				if next, err = m.reset(ctx, p, next, end); err != nil {
+					if ctx.Err() == nil {
+						fail(err)
+					}
+					return
+				}
+			}
+			witness = nil
+		}
 		res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: next,
 			MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
 		if err == nil && res.Error != nil {
@@ -692,7 +756,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			continue
 		}
 		bo.Reset()
-		batch, after, blocked, err := m.decode(p, res.Records, next)
+		batch, after, witness, blocked, err := m.decode(p, res.Records, next)
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
 			failing.failed(m.log, time.Now(), p, err)
@@ -709,7 +773,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			}
 		}
 		m.mu.Unlock()
-		if next, err = m.apply(ctx, p, batch, next, after); err != nil {
+		if next, err = m.apply(ctx, p, batch, next, after, witness); err != nil {
 			if ctx.Err() == nil {
 				fail(fmt.Errorf("ceshare: applying requests of partition %d of %q: %w", p, m.cfg.Topic, err))
 			}
@@ -869,6 +933,7 @@ type offsetRequest struct {
 // (the clusterkey.Header header, nil without one).
 type record struct {
 	offset     int64
+	time       time.Time // the record's timestamp
 	key, value []byte
 	auth       []byte
 }
@@ -885,7 +950,7 @@ func eachRecord(rr kafka.RecordReader, from int64, fn func(r record)) (next int6
 		if control {
 			return nil
 		}
-		rec := record{offset: r.Offset}
+		rec := record{offset: r.Offset, time: r.Time}
 		var err error
 		if rec.key, err = stream.ReadBytes(r.Key); err != nil {
 			return err
@@ -905,16 +970,24 @@ func eachRecord(rr kafka.RecordReader, from int64, fn func(r record)) (next int6
 }
 
 // decode reads the records of a fetch response at or after from. It returns the well-formed
-// requests and the offset after the last record; records that do not authenticate and copies
-// are counted and logged. At a record that blocks p (Blocked) it stops: it returns the requests
-// before it, its offset as the offset after them, and what blocks p.
-func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, *Blocked, error) {
+// requests, the offset after the last record and the Witness of the last record before it;
+// records that do not authenticate and copies are counted and logged. At a record that blocks p
+// (Blocked) it stops: it returns the requests before it, its offset as the offset after them,
+// and what blocks p.
+func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, *Witness, *Blocked, error) {
 	var out []offsetRequest
 	var blocked *Blocked
+	var last *Witness
 	next, err := eachRecord(rr, from, func(r record) {
 		if blocked != nil {
 			return
 		}
+		defer func() {
+			if blocked == nil { // read, not stopped at: a record before the offset returned
+				w := witnessOf(r)
+				last = &w
+			}
+		}()
 		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
 			m.mu.Lock()
 			m.skipped[ReasonUnauthenticated]++
@@ -959,7 +1032,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 	if blocked != nil {
 		next = blocked.Offset
 	}
-	return out, next, blocked, err
+	return out, next, last, blocked, err
 }
 
 // blocks returns what blocks partition p at the authenticated record r that Decode refused with
@@ -1012,22 +1085,23 @@ func (m *Member) blockOrSkip(b *Blocked) *Blocked {
 }
 
 // apply hands batch to Apply in chunks of MaxBatch, checking ctx between them, and returns
-// the offset stored with the last chunk applied. after is the offset after the whole batch.
-func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, after int64) (int64, error) {
+// the offset stored with the last chunk applied. after is the offset after the whole batch,
+// stored with w (a record before it) by the last chunk.
+func (m *Member) apply(ctx context.Context, p int, batch []offsetRequest, next, after int64, w *Witness) (int64, error) {
 	if after == next {
 		return next, nil
 	}
 	for {
 		n := min(len(batch), m.cfg.MaxBatch)
-		chunkNext := after
+		chunkNext, cw := after, w
 		if n < len(batch) {
-			chunkNext = batch[n].offset
+			chunkNext, cw = batch[n].offset, nil
 		}
 		reqs := make([]Request, n)
 		for i := range n {
 			reqs[i] = batch[i].req
 		}
-		if err := m.hooks.Apply(ctx, p, reqs, chunkNext); err != nil {
+		if err := m.hooks.Apply(ctx, p, reqs, chunkNext, cw); err != nil {
 			return next, err
 		}
 		next = chunkNext
@@ -1085,7 +1159,7 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 			m.log.Error("CE requests were deleted before this replica read them, after an earlier owner of the partition did: "+
 				what+"; not counted as lost here",
 				"partition", p, "from", next, "to", first, "restored", restored, "fix", "keep the CE topic's retention.ms at -1")
-			return m.apply(ctx, p, nil, next, first)
+			return m.apply(ctx, p, nil, next, first, nil)
 		}
 		m.log.Error("CE requests were deleted before they were read: "+what,
 			"partition", p, "from", next, "to", first, "restored", restored, "fix", "keep the CE topic's retention.ms at -1")
@@ -1103,18 +1177,58 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
 			"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",
 			"partition", p, "read_to", next, "end", end)
-		if err := m.hooks.Reset(ctx, p, end); err != nil {
-			return next, fmt.Errorf("ceshare: partition %d of %q ends at %d, before offset %d this replica read (the topic "+
-				"was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, end, next, err)
-		}
-		m.mu.Lock()
-		if ps := m.parts[p]; ps != nil {
-			ps.next, ps.ready, ps.blocked = 0, false, nil // the blocking record went with the old log
-		}
-		m.mu.Unlock()
-		return 0, nil
+		return m.reset(ctx, p, next, end)
 	}
 	return next, nil
+}
+
+// reset handles partition p being another log than the one the store read to next (the topic
+// was deleted and created again; end is the new partition's end): Reset, then p is read from
+// offset 0.
+func (m *Member) reset(ctx context.Context, p int, next, end int64) (int64, error) {
+	if err := m.hooks.Reset(ctx, p, end); err != nil {
+		return next, fmt.Errorf("ceshare: partition %d of %q (end %d) is another log than the one this replica read to offset %d "+
+			"(the topic was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, end, next, err)
+	}
+	m.mu.Lock()
+	if ps := m.parts[p]; ps != nil {
+		ps.next, ps.ready, ps.blocked = 0, false, nil // the blocking record went with the old log
+	}
+	m.mu.Unlock()
+	return 0, nil
+}
+
+// sameLog fetches p's record at w.Offset and reports whether the partition is another log than
+// the one w is a record of (other): its record there hashes otherwise, or it holds none there
+// but holds records after it. With no record at or after w.Offset (retention deleted it, or the
+// partition ends at or before it, which the read from the stored offset then finds) it cannot
+// tell, and other is false. end is p's end as the fetch saw it.
+func (m *Member) sameLog(ctx context.Context, cl *kafka.Client, p int, w Witness) (other bool, end int64, err error) {
+	res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: w.Offset,
+		MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if errors.Is(err, kafka.OffsetOutOfRange) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	var at *Witness
+	beyond := false
+	if _, err := eachRecord(res.Records, w.Offset, func(r record) {
+		switch {
+		case r.offset == w.Offset:
+			x := witnessOf(r)
+			at = &x
+		case r.offset > w.Offset:
+			beyond = true
+		}
+	}); err != nil {
+		return false, 0, err
+	}
+	return at != nil && at.Hash != w.Hash || at == nil && beyond, res.HighWatermark, nil
 }
 
 // restore hands Apply a registration rebuilt from each of states (Request.Restored; a state
@@ -1146,7 +1260,7 @@ func (m *Member) restore(ctx context.Context, p int, next int64, states map[stri
 		if len(reqs) == 0 {
 			continue
 		}
-		if err := m.hooks.Apply(ctx, p, reqs, next); err != nil {
+		if err := m.hooks.Apply(ctx, p, reqs, next, nil); err != nil {
 			return handed, err
 		}
 		handed += len(reqs)

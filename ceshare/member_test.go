@@ -100,6 +100,8 @@ type ledger struct {
 	lost      map[int]int64                     // requests counted lost per partition (Lost)
 	restored  map[string]*State                 // the state of each registration rebuilt from one (Request.Restored)
 	restoreAt map[int]int64                     // the stored offset when a partition's first restored registrations came
+	witness   map[int]Witness                   // the Witness stored per partition (Apply), as the ledger keeps it
+	resets    []int                             // every Reset, in order
 }
 
 type acquisition struct {
@@ -109,10 +111,10 @@ type acquisition struct {
 
 func newLedger() *ledger {
 	return &ledger{next: map[int]int64{}, reqs: map[int]map[string]int{}, lastCE: map[string]json.RawMessage{}, owned: map[int]bool{},
-		states: map[string]*State{}}
+		states: map[string]*State{}, witness: map[int]Witness{}}
 }
 
-func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
+func (l *ledger) Acquire(_ context.Context, p int) (int64, *Witness, error) {
 	if l.acquire != nil {
 		l.acquire(p)
 	}
@@ -120,17 +122,22 @@ func (l *ledger) Acquire(_ context.Context, p int) (int64, error) {
 	defer l.mu.Unlock()
 	l.acquired = append(l.acquired, acquisition{p, l.next[p]})
 	l.owned[p] = true
-	return l.next[p], nil
+	if w, ok := l.witness[p]; ok {
+		return l.next[p], &w, nil
+	}
+	return l.next[p], nil, nil
 }
 
 func (l *ledger) Reset(_ context.Context, p int, end int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.next[p] = 0
+	delete(l.witness, p)
+	l.resets = append(l.resets, p)
 	return nil
 }
 
-func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) error {
+func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64, w *Witness) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.apply != nil {
@@ -164,6 +171,12 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64) err
 		}
 	}
 	l.next[p] = next
+	switch {
+	case w != nil && w.Offset >= next:
+		l.bad = append(l.bad, fmt.Sprintf("partition %d: witness at offset %d stored with offset %d", p, w.Offset, next))
+	case w != nil:
+		l.witness[p] = *w
+	}
 	return nil
 }
 

@@ -18,13 +18,16 @@ import (
 // starts the releases (Release) of the partitions the ledger still holds from before a restart
 // and that the group gave to others when the generation starts, and acquires p only once p's
 // own release (when p was given back meanwhile) has ended.
-func (s *Share) Acquire(ctx context.Context, p int) (int64, error) {
-	off, ok, err := s.ledger.ShareOffset(p)
+func (s *Share) Acquire(ctx context.Context, p int) (int64, *ceshare.Witness, error) {
+	off, w, err := s.ledger.ShareStart(p)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok)
-	return off, nil
+	s.lg.Info("CE partition acquired", "partition", p, "from", off, "witness", w != nil)
+	if w == nil {
+		return off, nil, nil
+	}
+	return off, &ceshare.Witness{Offset: w.Offset, Hash: w.Hash}, nil
 }
 
 // Release is ceshare.Hooks: partition p's CEs leave this ledger (their new owner rebuilds them
@@ -65,7 +68,7 @@ func (s *Share) Lost(ctx context.Context, p int, from, to int64) error {
 // cfguard_counterfactuals_repaired_total counts them; one that cannot be sent stays in this
 // ledger only (an ERROR line says how many).
 func (s *Share) Reset(ctx context.Context, p int, end int64) error {
-	if err := s.host.Durably(ctx, func() error { _, err := s.ledger.ApplyShare(p, nil, 0, nil); return err }); err != nil {
+	if err := s.host.Durably(ctx, func() error { _, err := s.ledger.ApplyShare(p, nil, 0, nil, nil); return err }); err != nil {
 		return err
 	}
 	var ces []*ledger.CE
@@ -125,7 +128,7 @@ func (s *Share) Reset(ctx context.Context, p int, end int64) error {
 // checkState wants applied; a replica that joined while its follower still plays the log gets
 // there within the wait): a CE whose version it still lacks then is measured again under the
 // current posterior, as a registration here would be, and a state past it is not used.
-func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next int64) error {
+func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next int64, w *ceshare.Witness) error {
 	ops := make([]ledger.ShareOp, len(reqs))
 	newest := uint64(0)
 	for i, r := range reqs {
@@ -159,7 +162,11 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		s.beforeAwait(newest)
 	}
 	s.awaitVersion(ctx, newest)
-	outs, err := s.applyOps(ctx, p, ops, next)
+	var lw *ledger.ShareWitness
+	if w != nil {
+		lw = &ledger.ShareWitness{Offset: w.Offset, Hash: w.Hash}
+	}
+	outs, err := s.applyOps(ctx, p, ops, next, lw)
 	if err != nil {
 		return err
 	}
@@ -207,7 +214,7 @@ func (s *Share) noteOutcome(p int, r ceshare.Request, o ledger.Outcome) {
 // the batch names (pastVersions), then with any others the ledger still asks for that the
 // posterior log has, then with the registrations still lacking theirs measured again under the
 // current posterior.
-func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64) ([]ledger.Outcome, error) {
+func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next int64, w *ledger.ShareWitness) ([]ledger.Outcome, error) {
 	var outs []ledger.Outcome
 	anchors, err := s.ledger.Anchors()
 	if err != nil {
@@ -235,12 +242,12 @@ func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 		err := s.host.Durably(ctx, func() error {
 			return s.host.Exclusive(func() error {
 				var err error
-				outs, err = s.ledger.ApplyShare(p, ops, next, past)
+				outs, err = s.ledger.ApplyShare(p, ops, next, w, past)
 				if errors.As(err, &need) && attempt > 0 {
 					if err := s.remeasure(ctx, ops, need.Ops); err != nil {
 						return err
 					}
-					outs, err = s.ledger.ApplyShare(p, ops, next, past)
+					outs, err = s.ledger.ApplyShare(p, ops, next, w, past)
 				}
 				return err
 			})

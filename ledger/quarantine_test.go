@@ -209,7 +209,7 @@ func TestDeletingAQuarantinedCEWritesItsTombstone(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	x, y := newCE(t, m, rng), newCE(t, m, rng)
 	x.ID, y.ID = "x", "y"
-	if _, err := l.ApplyShare(0, []ShareOp{{RID: "r-x", Offset: 0, ID: "x", CE: x}, {RID: "r-y", Offset: 1, ID: "y", CE: y}}, 2, nil); err != nil {
+	if _, err := l.ApplyShare(0, []ShareOp{{RID: "r-x", Offset: 0, ID: "x", CE: x}, {RID: "r-y", Offset: 1, ID: "y", CE: y}}, 2, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if s := latestStates(t, l); s["x"] == nil || s["y"] == nil {
@@ -225,7 +225,7 @@ func TestDeletingAQuarantinedCEWritesItsTombstone(t *testing.T) {
 	if n := l.Damaged(); n != 2 {
 		t.Fatalf("Damaged() = %d, want 2", n)
 	}
-	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}}, 3, nil)
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}}, 3, nil, nil)
 	if err != nil || outs[0].Result != OutcomeDeleted {
 		t.Fatalf("ApplyShare of the deletion of quarantined x = %+v, %v; want deleted", outs, err)
 	}
@@ -265,7 +265,7 @@ func TestDeletingACEDamagedAfterOpen(t *testing.T) {
 	}
 	z := newCE(t, m, rng)
 	z.ID = "w"
-	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 3, ID: "x"}, {RID: "r-w", Offset: 4, ID: "w", CE: z}}, 5, nil)
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 3, ID: "x"}, {RID: "r-w", Offset: 4, ID: "w", CE: z}}, 5, nil, nil)
 	if err != nil {
 		t.Fatalf("ApplyShare of the deletion of a CE damaged since Open: %v", err)
 	}
@@ -370,7 +370,7 @@ func TestDamagedCERegisteredAgainInTheDeletingBatch(t *testing.T) {
 	damageValue(t, l, bHeaders, "y")
 	y := newCE(t, m, rng)
 	y.ID = "y"
-	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}, {RID: "r-y2", Offset: 3, ID: "y", CE: y}}, 4, nil)
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "d-x", Offset: 2, ID: "x"}, {RID: "r-y2", Offset: 3, ID: "y", CE: y}}, 4, nil, nil)
 	if err != nil || outs[0].Result != OutcomeDeleted || outs[1].Result != OutcomeStored {
 		t.Fatalf("ApplyShare = %+v, %v; want x deleted and y stored", outs, err)
 	}
@@ -396,7 +396,7 @@ func registerShare(t *testing.T, l *Ledger, m *bnn.Model, rng *rand.Rand, ids ..
 		ce.ID = id
 		ops = append(ops, ShareOp{RID: "r-" + id, Offset: int64(i), ID: id, CE: ce})
 	}
-	if _, err := l.ApplyShare(0, ops, int64(len(ids)), nil); err != nil {
+	if _, err := l.ApplyShare(0, ops, int64(len(ids)), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -120,7 +120,8 @@ func (e *AnchorsNeededError) Error() string {
 func (e *AnchorsNeededError) Is(target error) bool { return target == ErrUnknownAnchor }
 
 // ApplyShare applies the requests of CE-topic partition p, in order, and stores next as p's
-// offset (ShareOffset), all in one transaction: a crash leaves either none of them applied and
+// offset (ShareOffset), with w when it is not nil (a record before next: ShareWitness; one
+// stored before stays while it is before next), all in one transaction: a crash leaves either none of them applied and
 // the old offset, or all of them and next. A request whose RID has an outcome is not applied
 // again (outs[i].Duplicate); every other request with an RID gets its outcome stored. A
 // registration of an id that holds a CE is not stored (OutcomeSame or OutcomeExists); a deletion
@@ -128,7 +129,7 @@ func (e *AnchorsNeededError) Is(target error) bool { return target == ErrUnknown
 // CEs measured under versions that are neither current nor live anchors (PutPast); when some are
 // missing, ApplyShare writes nothing and returns an *AnchorsNeededError. Outcomes older than
 // Options.RequestWindow are deleted, a bounded number per call.
-func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*bnn.Model) ([]Outcome, error) {
+func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, w *ShareWitness, past map[uint64]*bnn.Model) ([]Outcome, error) {
 	if p < 0 || next < 0 {
 		return nil, fmt.Errorf("ledger: apply share: %w", invalidf("partition %d offset %d", p, next))
 	}
@@ -167,7 +168,7 @@ func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, past map[uint64]*b
 			slices.Sort(need.Versions)
 			return need // bbolt rolls the transaction back
 		}
-		if err := putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next))); err != nil {
+		if err := putShareOffset(tx, p, next, w); err != nil {
 			return err
 		}
 		return l.pruneOutcomes(tx, now)

@@ -96,7 +96,7 @@ func applyLog(t *testing.T, dir string, lg partitionLog, batch int, fail func(co
 			}
 			ops = append(ops, op)
 		}
-		if _, err := l.ApplyShare(p, ops, next, nil); err != nil {
+		if _, err := l.ApplyShare(p, ops, next, nil, nil); err != nil {
 			if !errors.Is(err, ErrWrite) || crashes > 10 {
 				t.Fatalf("ApplyShare of offsets [%d, %d): %v", from, next, err)
 			}
@@ -181,7 +181,7 @@ func TestApplyShareOutcomes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
 	a := newCE(t, m, rng)
 	a.ID = "x"
-	outs, err := l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}, {RID: "d1", ID: "x"}, {RID: "r1", ID: "x", CE: a}}, 3, nil)
+	outs, err := l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}, {RID: "d1", ID: "x"}, {RID: "r1", ID: "x", CE: a}}, 3, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestApplyShareOutcomes(t *testing.T) {
 	b := newCE(t, m, rng)
 	b.ID, b.AnchorVersion = "y", 42
 	var need *AnchorsNeededError
-	if _, err := l.ApplyShare(1, []ShareOp{{RID: "d2", ID: "gone"}, {RID: "r2", ID: "y", CE: b}}, 5, nil); !errors.As(err, &need) ||
+	if _, err := l.ApplyShare(1, []ShareOp{{RID: "d2", ID: "gone"}, {RID: "r2", ID: "y", CE: b}}, 5, nil, nil); !errors.As(err, &need) ||
 		!slices.Equal(need.Ops, []int{1}) || !slices.Equal(need.Versions, []uint64{42}) {
 		t.Fatalf("ApplyShare with an unknown anchor = %v", err)
 	}
@@ -212,12 +212,12 @@ func TestApplyShareOutcomes(t *testing.T) {
 	if _, ok, _ := l.Outcome("r1"); ok {
 		t.Error("a released partition kept its outcomes")
 	}
-	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}}, 1, nil); err != nil || outs[0].Duplicate {
+	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}}, 1, nil, nil); err != nil || outs[0].Duplicate {
 		t.Fatalf("after the release: %+v, %v", outs, err)
 	}
 	// Expired: an hour and a bit later, r1's outcome is gone.
 	now = now.Add(61 * time.Minute)
-	if _, err := l.ApplyShare(2, nil, 0, nil); err != nil {
+	if _, err := l.ApplyShare(2, nil, 0, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, _ := l.Outcome("r1"); ok {
@@ -365,7 +365,7 @@ func TestShareApplyChild(t *testing.T) {
 			}
 			batch = append(batch, op)
 		}
-		if _, err := l.ApplyShare(shareCrashPartition, batch, next, nil); err != nil {
+		if _, err := l.ApplyShare(shareCrashPartition, batch, next, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		fmt.Printf("applied %d\n", next)
@@ -456,7 +456,7 @@ func TestVerifyChecksOutcomes(t *testing.T) {
 	install(t, l, m)
 	a := newCE(t, m, rand.New(rand.NewPCG(3, 3)))
 	a.ID = "a"
-	outs, err := l.ApplyShare(0, []ShareOp{{RID: "r1", ID: "a", CE: a}, {RID: "r2", ID: "b"}}, 2, nil)
+	outs, err := l.ApplyShare(0, []ShareOp{{RID: "r1", ID: "a", CE: a}, {RID: "r2", ID: "b"}}, 2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,4 +632,48 @@ func TestPutRequestsRemembersAnIDThatHeldACE(t *testing.T) {
 			t.Errorf("outcome of %s = %+v, %v, %v; want stored: %v (exists)", c.rid, o, ok, err, c.want)
 		}
 	}
+}
+
+// A partition's share witness is stored with its offset, kept while the offset moves on without
+// one and across a restart, and dropped when the offset goes back to it or below (a reset) or
+// the share is released.
+func TestShareWitnessFollowsItsOffset(t *testing.T) {
+	l, dir := openTest(t, Options{Policy: testPolicy()})
+	const p = 2
+	apply := func(next int64, w *ShareWitness) {
+		t.Helper()
+		if _, err := l.ApplyShare(p, nil, next, w, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string, wantOff int64, want *ShareWitness) {
+		t.Helper()
+		off, got, err := l.ShareStart(p)
+		if err != nil || off != wantOff || (got == nil) != (want == nil) || got != nil && *got != *want {
+			t.Errorf("%s: ShareStart = %d, %+v, %v; want %d, %+v", what, off, got, err, wantOff, want)
+		}
+	}
+	check("nothing stored", 0, nil)
+	w := &ShareWitness{Offset: 4, Hash: [32]byte{1, 2, 3}}
+	apply(5, w)
+	check("stored with its offset", 5, w)
+	apply(9, nil)
+	check("the offset moved on without a witness", 9, w)
+	apply(12, &ShareWitness{Offset: 12, Hash: [32]byte{9}})
+	check("a witness not before its offset is not stored", 12, w)
+	l = reopen(t, l, dir)
+	check("after a restart", 12, w)
+	apply(0, nil)
+	check("the offset back to 0 (a reset)", 0, nil)
+	apply(6, nil) // past the old witness's offset: the old log's record must not come back
+	check("read on past the dropped witness's offset", 6, nil)
+	w2 := &ShareWitness{Offset: 1, Hash: [32]byte{7}}
+	apply(3, w2)
+	check("stored again", 3, w2)
+	if _, err := l.ReleaseShare(bg, p, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	check("released", 0, nil)
+	apply(4, nil)
+	check("read again after the release", 4, nil)
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // A replica keeps the CEs of the partitions of the CE topic it owns (package ceshare): for each,
-// the offset after the last request it applied, under meta key "share/<partition>". ApplyShare
+// the offset after the last request it applied, under meta key "share/<partition>" (and a record
+// it read before that offset, ShareWitness, under "sharewitness/<partition>"). ApplyShare
 // stores it in the transaction that applies the requests before it (and 0 for a partition read
 // again from its start), SkipShare past requests the topic lost, ReleaseShare back to 0 and then
 // not at all.
@@ -35,6 +36,74 @@ func (l *Ledger) ShareOffset(p int) (int64, bool, error) {
 		return 0, false, fmt.Errorf("ledger: share offset: %w", err)
 	}
 	return off, ok, nil
+}
+
+// ShareWitness is a record of CE-topic partition Partition that the ledger's share read before its
+// offset: the record's Offset and Hash (package ceshare's Witness). It is kept under meta key
+// "sharewitness/<partition>" while it is before the partition's offset, so that a replica that
+// acquires the partition again can tell the log it read from a topic deleted and created again
+// that has grown past that offset.
+type ShareWitness struct {
+	Offset int64
+	Hash   [32]byte
+}
+
+func shareWitnessKey(p int) []byte { return []byte("sharewitness/" + strconv.Itoa(p)) }
+
+// ShareStart is where the ledger's share of CE-topic partition p starts reading again: the
+// offset after the last request applied (ShareOffset) and the witness stored before it (nil when
+// none).
+func (l *Ledger) ShareStart(p int) (int64, *ShareWitness, error) {
+	var (
+		off int64
+		w   *ShareWitness
+	)
+	err := l.view(func(tx *bolt.Tx) (err error) {
+		if off, _, err = readShareOffset(tx, p); err != nil {
+			return err
+		}
+		w, err = readShareWitness(tx, p)
+		return err
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("ledger: share start: %w", err)
+	}
+	if w != nil && w.Offset >= off {
+		w = nil
+	}
+	return off, w, nil
+}
+
+// readShareWitness is partition p's ShareWitness in tx, nil when none.
+func readShareWitness(tx *bolt.Tx, p int) (*ShareWitness, error) {
+	v, err := getSealed(tx.Bucket(bMeta), shareWitnessKey(p), "meta share witness")
+	if err != nil || v == nil {
+		return nil, err
+	}
+	if len(v) != 8+32 {
+		return nil, corruptf("meta share witness of partition %d: %d bytes", p, len(v))
+	}
+	w := &ShareWitness{Offset: int64(binary.BigEndian.Uint64(v))}
+	copy(w.Hash[:], v[8:])
+	return w, nil
+}
+
+// putShareOffset stores next as partition p's offset in tx, with w when it is not nil; a witness
+// stored before stays while it is before next, and is deleted otherwise (an offset that went
+// back, to 0 at a reset or a release).
+func putShareOffset(tx *bolt.Tx, p int, next int64, w *ShareWitness) error {
+	meta := tx.Bucket(bMeta)
+	if err := putSealed(meta, shareKey(p), binary.BigEndian.AppendUint64(nil, uint64(next))); err != nil {
+		return err
+	}
+	if w != nil && w.Offset >= 0 && w.Offset < next {
+		return putSealed(meta, shareWitnessKey(p), append(binary.BigEndian.AppendUint64(nil, uint64(w.Offset)), w.Hash[:]...))
+	}
+	old, err := readShareWitness(tx, p)
+	if err != nil || old == nil || old.Offset < next {
+		return err
+	}
+	return meta.Delete(shareWitnessKey(p))
 }
 
 // readShareOffset is ShareOffset in tx.
@@ -95,7 +164,7 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 	l.wmu.Lock()
 	err := l.update(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bMeta).Get(shareKey(p)); v != nil {
-			if err := putSealed(tx.Bucket(bMeta), shareKey(p), binary.BigEndian.AppendUint64(nil, 0)); err != nil {
+			if err := putShareOffset(tx, p, 0, nil); err != nil {
 				return err
 			}
 		}
@@ -137,7 +206,12 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if err := l.update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(shareKey(p)) }); err != nil {
+	if err := l.update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bMeta).Delete(shareWitnessKey(p)); err != nil {
+			return err
+		}
+		return tx.Bucket(bMeta).Delete(shareKey(p))
+	}); err != nil {
 		return n, fmt.Errorf("ledger: release share: %w", err)
 	}
 	return n, nil

@@ -31,10 +31,10 @@ func TestShareOffsetsAndRelease(t *testing.T) {
 	if _, ok, err := l.ShareOffset(3); err != nil || ok {
 		t.Fatalf("ShareOffset of a partition never owned = %v, %v", ok, err)
 	}
-	if _, err := l.ApplyShare(3, nil, 120, nil); err != nil {
+	if _, err := l.ApplyShare(3, nil, 120, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.ApplyShare(4, nil, 7, nil); err != nil {
+	if _, err := l.ApplyShare(4, nil, 7, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	l = reopen(t, l, dir)
@@ -133,7 +133,7 @@ func TestPutPastAnchorsToAGivenPosterior(t *testing.T) {
 func TestSkipShareCountsEachLossOnce(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	l, dir := openTest(t, Options{Now: func() time.Time { return clock }})
-	if _, err := l.ApplyShare(2, nil, 5, nil); err != nil {
+	if _, err := l.ApplyShare(2, nil, 5, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	lost := func(l *Ledger) (int64, time.Time) {

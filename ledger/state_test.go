@@ -78,7 +78,7 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 		ces = append(ces, ce)
 	}
 	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil); err != nil {
+	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Each registration puts its CE's state in the outbox: the state topic holds every CE, so
@@ -153,7 +153,7 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 		ops[i].State = states[ops[i].ID]
 	}
 	past := map[uint64]*bnn.Model{0: m0, 1: m1, 2: m2}
-	outs, err := next.ApplyShare(0, ops, int64(len(ops)), past)
+	outs, err := next.ApplyShare(0, ops, int64(len(ops)), nil, past)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 	checkInvariants(t, next)
 
 	// A deletion writes a tombstone; a release (the CE moves on) writes none.
-	if _, err := next.ApplyShare(0, []ShareOp{{RID: "rid-del", Offset: int64(len(ops)), ID: ces[0].ID}}, int64(len(ops))+1, nil); err != nil {
+	if _, err := next.ApplyShare(0, []ShareOp{{RID: "rid-del", Offset: int64(len(ops)), ID: ces[0].ID}}, int64(len(ops))+1, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := next.ReleaseShare(bg, 0, func(id string) bool { return id != ces[1].ID }); err != nil {
@@ -262,7 +262,7 @@ func TestStateNotUsed(t *testing.T) {
 			}
 			ops := registrations([]*CE{reg}, reg.CreatedAt)
 			ops[0].State = &state
-			outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
+			outs, err := l.ApplyShare(0, ops, 1, nil, map[uint64]*bnn.Model{0: m0})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,7 +293,7 @@ func TestStateNotUsed(t *testing.T) {
 		state.Status, state.ConfirmedVersion, state.VerdictBound = certify.AtRisk, &zero, &bound
 		ops := registrations([]*CE{reg}, reg.CreatedAt)
 		ops[0].State = &state
-		outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0})
+		outs, err := l.ApplyShare(0, ops, 1, nil, map[uint64]*bnn.Model{0: m0})
 		if err != nil || outs[0].State != StateRestored {
 			t.Fatalf("outcome %+v, %v; want restored", outs, err)
 		}
@@ -310,10 +310,10 @@ func TestStateNotUsed(t *testing.T) {
 	state.Status = certify.Certified
 	ops[0].State = &state
 	var need *AnchorsNeededError
-	if _, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0}); !errors.As(err, &need) || !reflect.DeepEqual(need.Versions, []uint64{1}) {
+	if _, err := l.ApplyShare(0, ops, 1, nil, map[uint64]*bnn.Model{0: m0}); !errors.As(err, &need) || !reflect.DeepEqual(need.Versions, []uint64{1}) {
 		t.Fatalf("ApplyShare with the state's anchor missing = %v; want the anchors needed to name version 1", err)
 	}
-	outs, err := l.ApplyShare(0, ops, 1, map[uint64]*bnn.Model{0: m0, 1: m1})
+	outs, err := l.ApplyShare(0, ops, 1, nil, map[uint64]*bnn.Model{0: m0, 1: m1})
 	if err != nil || outs[0].State != StateRestored {
 		t.Fatalf("with the anchor given: %+v, %v; want restored", outs, err)
 	}
