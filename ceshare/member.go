@@ -66,9 +66,9 @@ type Hooks interface {
 }
 
 // Witness is a record of a partition that the store read: its offset and the SHA-256 of its
-// timestamp, key and value (witnessOf). A partition whose record at Offset hashes otherwise, or
-// that has none there while it holds records after it, is another log than the one the store
-// read: the topic was deleted and created again, and the new partition has grown past Offset.
+// timestamp, key and value (witnessOf). A partition whose record at Offset hashes otherwise is
+// another log than the one the store read: the topic was deleted and created again, and the new
+// partition has grown past Offset.
 // A member checks it when it acquires a partition (sameLog), so that an owner that was down, or
 // slow, while that happened does not read on from its offset in the new log.
 type Witness struct {
@@ -703,7 +703,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 				if ctx.Err() != nil {
 					return
 				}
-				if !stream.Retryable(err) {
+				if !stream.Retryable(err) && !errors.Is(err, errRecords) {
 					fail(fmt.Errorf("ceshare: reading partition %d of %q: %w", p, m.cfg.Topic, err))
 					return
 				}
@@ -713,6 +713,8 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 				}
 				continue
 			}
+			bo.Reset()
+			failing.worked(m.log, time.Now(), p)
 			if other {
 				m.log.Error("CE partition holds another record than the one this replica read at its offset: the topic was deleted and "+
 					"created again and has grown past what this replica read; its requests are gone, the partition is read again from "+
@@ -756,7 +758,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			continue
 		}
 		bo.Reset()
-		batch, after, witness, blocked, err := m.decode(p, res.Records, next)
+		batch, after, lastRead, blocked, err := m.decode(p, res.Records, next)
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
 			failing.failed(m.log, time.Now(), p, err)
@@ -773,7 +775,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			}
 		}
 		m.mu.Unlock()
-		if next, err = m.apply(ctx, p, batch, next, after, witness); err != nil {
+		if next, err = m.apply(ctx, p, batch, next, after, lastRead); err != nil {
 			if ctx.Err() == nil {
 				fail(fmt.Errorf("ceshare: applying requests of partition %d of %q: %w", p, m.cfg.Topic, err))
 			}
@@ -1198,14 +1200,19 @@ func (m *Member) reset(ctx context.Context, p int, next, end int64) (int64, erro
 	return 0, nil
 }
 
+// errRecords wraps a failure to read the records of a fetch that sameLog made: retried, as the
+// read loop retries its own.
+var errRecords = errors.New("reading fetched records")
+
 // sameLog fetches p's record at w.Offset and reports whether the partition is another log than
-// the one w is a record of (other): its record there hashes otherwise, or it holds none there
-// but holds records after it. With no record at or after w.Offset (retention deleted it, or the
-// partition ends at or before it, which the read from the stored offset then finds) it cannot
-// tell, and other is false. end is p's end as the fetch saw it.
+// the one w is a record of (other): its record there hashes otherwise. With no record at
+// w.Offset (retention deleted it, the partition ends at or before it, which the read from the
+// stored offset then finds, or compaction removed it from a topic an operator compacted) it
+// cannot tell, and other is false. end is p's end as the fetch saw it. It asks for one byte: the
+// broker still sends the whole first batch, which holds the record.
 func (m *Member) sameLog(ctx context.Context, cl *kafka.Client, p int, w Witness) (other bool, end int64, err error) {
 	res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: w.Offset,
-		MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
+		MinBytes: 1, MaxBytes: 1, MaxWait: m.cfg.FetchWait})
 	if err == nil && res.Error != nil {
 		err = res.Error
 	}
@@ -1216,19 +1223,15 @@ func (m *Member) sameLog(ctx context.Context, cl *kafka.Client, p int, w Witness
 		return false, 0, err
 	}
 	var at *Witness
-	beyond := false
 	if _, err := eachRecord(res.Records, w.Offset, func(r record) {
-		switch {
-		case r.offset == w.Offset:
+		if r.offset == w.Offset {
 			x := witnessOf(r)
 			at = &x
-		case r.offset > w.Offset:
-			beyond = true
 		}
 	}); err != nil {
-		return false, 0, err
+		return false, 0, fmt.Errorf("%w: %w", errRecords, err)
 	}
-	return at != nil && at.Hash != w.Hash || at == nil && beyond, res.HighWatermark, nil
+	return at != nil && at.Hash != w.Hash, res.HighWatermark, nil
 }
 
 // restore hands Apply a registration rebuilt from each of states (Request.Restored; a state

@@ -19,11 +19,11 @@ import (
 // and that the group gave to others when the generation starts, and acquires p only once p's
 // own release (when p was given back meanwhile) has ended.
 func (s *Share) Acquire(ctx context.Context, p int) (int64, *ceshare.Witness, error) {
-	off, w, err := s.ledger.ShareStart(p)
+	off, ok, w, err := s.ledger.ShareStart(p)
 	if err != nil {
 		return 0, nil, err
 	}
-	s.lg.Info("CE partition acquired", "partition", p, "from", off, "witness", w != nil)
+	s.lg.Info("CE partition acquired", "partition", p, "from", off, "held_before", ok, "witness", w != nil)
 	if w == nil {
 		return off, nil, nil
 	}

@@ -648,7 +648,7 @@ func TestShareWitnessFollowsItsOffset(t *testing.T) {
 	}
 	check := func(what string, wantOff int64, want *ShareWitness) {
 		t.Helper()
-		off, got, err := l.ShareStart(p)
+		off, _, got, err := l.ShareStart(p)
 		if err != nil || off != wantOff || (got == nil) != (want == nil) || got != nil && *got != *want {
 			t.Errorf("%s: ShareStart = %d, %+v, %v; want %d, %+v", what, off, got, err, wantOff, want)
 		}

@@ -51,27 +51,28 @@ type ShareWitness struct {
 func shareWitnessKey(p int) []byte { return []byte("sharewitness/" + strconv.Itoa(p)) }
 
 // ShareStart is where the ledger's share of CE-topic partition p starts reading again: the
-// offset after the last request applied (ShareOffset) and the witness stored before it (nil when
-// none).
-func (l *Ledger) ShareStart(p int) (int64, *ShareWitness, error) {
+// offset after the last request applied and whether the ledger holds one (ShareOffset), and the
+// witness stored before it (nil when none).
+func (l *Ledger) ShareStart(p int) (int64, bool, *ShareWitness, error) {
 	var (
-		off int64
-		w   *ShareWitness
+		off  int64
+		held bool
+		w    *ShareWitness
 	)
 	err := l.view(func(tx *bolt.Tx) (err error) {
-		if off, _, err = readShareOffset(tx, p); err != nil {
+		if off, held, err = readShareOffset(tx, p); err != nil {
 			return err
 		}
 		w, err = readShareWitness(tx, p)
 		return err
 	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("ledger: share start: %w", err)
+		return 0, false, nil, fmt.Errorf("ledger: share start: %w", err)
 	}
 	if w != nil && w.Offset >= off {
 		w = nil
 	}
-	return off, w, nil
+	return off, held, w, nil
 }
 
 // readShareWitness is partition p's ShareWitness in tx, nil when none.
