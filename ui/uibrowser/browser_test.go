@@ -52,8 +52,11 @@ type browser struct {
 
 func newBrowser(t *testing.T) *browser {
 	path := chromium(t)
+	// Chromium makes its singleton socket's directory under TMPDIR and leaves it behind: give it
+	// the test's own, removed once the browser has stopped (cleanups run last first).
+	tmp := t.TempDir()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
-		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true))
+		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true), chromedp.Env("TMPDIR="+tmp))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() }) // stops the browser process
