@@ -692,6 +692,11 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	blockedBo := bo // between reads of a record this build cannot read
 	var failing fetchFailures
+	// retry counts a failed read of p and waits out the backoff: false when ctx ended meanwhile.
+	retry := func(err error) bool {
+		failing.failed(m.log, time.Now(), p, err)
+		return bo.Wait(ctx) == nil
+	}
 	next := from
 	if witness != nil && witness.Offset >= from {
 		witness = nil // not a record before the offset: nothing to check
@@ -707,8 +712,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 					fail(fmt.Errorf("ceshare: reading partition %d of %q: %w", p, m.cfg.Topic, err))
 					return
 				}
-				failing.failed(m.log, time.Now(), p, err)
-				if bo.Wait(ctx) != nil {
+				if !retry(err) {
 					return
 				}
 				continue
@@ -751,8 +755,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 				return
 			}
 			m.log.Debug("fetching CE requests failed; retrying", "partition", p, "err", err)
-			failing.failed(m.log, time.Now(), p, err)
-			if bo.Wait(ctx) != nil {
+			if !retry(err) {
 				return
 			}
 			continue
@@ -761,8 +764,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 		batch, after, lastRead, blocked, err := m.decode(p, res.Records, next)
 		if err != nil {
 			m.log.Debug("reading fetched CE requests failed; retrying", "partition", p, "err", err)
-			failing.failed(m.log, time.Now(), p, err)
-			if bo.Wait(ctx) != nil {
+			if !retry(err) {
 				return
 			}
 			continue
@@ -979,15 +981,14 @@ func eachRecord(rr kafka.RecordReader, from int64, fn func(r record)) (next int6
 func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetRequest, int64, *Witness, *Blocked, error) {
 	var out []offsetRequest
 	var blocked *Blocked
-	var last *Witness
+	var last *record // the last record read, not stopped at: its Witness is hashed once, at the end
 	next, err := eachRecord(rr, from, func(r record) {
 		if blocked != nil {
 			return
 		}
 		defer func() {
-			if blocked == nil { // read, not stopped at: a record before the offset returned
-				w := witnessOf(r)
-				last = &w
+			if blocked == nil {
+				last = &r
 			}
 		}()
 		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
@@ -1034,7 +1035,12 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 	if blocked != nil {
 		next = blocked.Offset
 	}
-	return out, next, last, blocked, err
+	var w *Witness
+	if last != nil {
+		x := witnessOf(*last)
+		w = &x
+	}
+	return out, next, w, blocked, err
 }
 
 // blocks returns what blocks partition p at the authenticated record r that Decode refused with
