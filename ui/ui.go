@@ -65,13 +65,8 @@ func New(cfg Config, src Source) *UI {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	u := &UI{cfg: cfg, src: src, pages: map[string]*template.Template{}}
-	for _, p := range []string{"overview", "list", "ce", "certificate", "events", "login", "error"} {
-		u.pages[p] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+p+".html"))
-	}
-	static, _ := fs.Sub(staticFS, "static")
-	m := http.NewServeMux()
-	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	u := &UI{cfg: cfg, src: src, pages: parsePages("overview", "list", "ce", "certificate", "events", "login", "error")}
+	m := newMux()
 	m.HandleFunc("GET /ui/login", u.loginForm)
 	m.HandleFunc("POST /ui/login", u.login)
 	m.HandleFunc("POST /ui/logout", u.logout)
@@ -83,6 +78,23 @@ func New(cfg Config, src Source) *UI {
 	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
 	u.mux = m
 	return u
+}
+
+// parsePages parses each named page of templates/ inside the layout.
+func parsePages(names ...string) map[string]*template.Template {
+	pages := map[string]*template.Template{}
+	for _, p := range names {
+		pages[p] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+p+".html"))
+	}
+	return pages
+}
+
+// newMux is a mux that serves the static files under /ui/static/.
+func newMux() *http.ServeMux {
+	static, _ := fs.Sub(staticFS, "static")
+	m := http.NewServeMux()
+	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	return m
 }
 
 // ServeHTTP serves every path under /ui/.
@@ -237,12 +249,8 @@ func (u *UI) fail(w http.ResponseWriter, code int, err error) {
 // 503 with Retry-After: retryAfter seconds that says what the start does (phase's answer) and to
 // reload; the static files are served as always. It shows nothing /readyz does not.
 func Starting(phase func() string, retryAfter int) http.Handler {
-	u := &UI{cfg: Config{Logger: slog.New(slog.DiscardHandler)}, pages: map[string]*template.Template{
-		"error": template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/error.html")),
-	}}
-	static, _ := fs.Sub(staticFS, "static")
-	m := http.NewServeMux()
-	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	u := &UI{cfg: Config{Logger: slog.New(slog.DiscardHandler)}, pages: parsePages("error")}
+	m := newMux()
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Starting", NoNav: true,
