@@ -69,8 +69,11 @@ type Hooks interface {
 // timestamp, key and value (witnessOf). A partition whose record at Offset hashes otherwise is
 // another log than the one the store read: the topic was deleted and created again, and the new
 // partition has grown past Offset.
-// A member checks it when it acquires a partition (sameLog), so that an owner that was down, or
-// slow, while that happened does not read on from its offset in the new log.
+// A member checks the store's Witness when it acquires a partition (sameLog), so that an owner
+// that was down, or slow, while that happened does not read on from its offset in the new log;
+// and, while it owns the partition, every MemberConfig.WitnessEvery it checks the last record it
+// had read at the check before, so that an owner that keeps the partition and reads on into the
+// new log finds it too.
 type Witness struct {
 	Offset int64
 	Hash   [sha256.Size]byte
@@ -174,6 +177,12 @@ type MemberConfig struct {
 	MaxBatch int
 	// RetryMin and RetryMax bound the backoff between failed fetches. Defaults: 50ms, 5s.
 	RetryMin, RetryMax time.Duration
+	// WitnessEvery is how often the member checks, for each partition it owns, that the
+	// partition still holds the last record it had read at the check before (a Witness kept in
+	// memory): a topic deleted and created again while the member owns the partition, and grown
+	// past its offset, is found within two of these. It costs one fetch of one batch per
+	// partition. Default: 10s, as the posterior log's check of its head.
+	WitnessEvery time.Duration
 	// ReleaseWait bounds how long a generation waits for its releases (Hooks.Release) before it
 	// takes up its partitions; releases still running then go on in the background. Default:
 	// 10s.
@@ -189,6 +198,9 @@ type MemberConfig struct {
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// decode is Decode, or what a test sets to play a build that reads another format.
 	decode func(key, value []byte) (Request, error)
+	// beforeFetch, when set, is called before each fetch of a partition's requests, with the
+	// offset it reads from (a test holds a partition's read there).
+	beforeFetch func(p int, next int64)
 }
 
 func (c *MemberConfig) applyDefaults() error {
@@ -216,6 +228,7 @@ func (c *MemberConfig) applyDefaults() error {
 	c.RetryMin = cmp.Or(c.RetryMin, 50*time.Millisecond)
 	c.RetryMax = cmp.Or(c.RetryMax, 5*time.Second)
 	c.ReleaseWait = cmp.Or(c.ReleaseWait, 10*time.Second)
+	c.WitnessEvery = cmp.Or(c.WitnessEvery, 10*time.Second)
 	if c.decode == nil {
 		c.decode = Decode
 	}
@@ -224,7 +237,8 @@ func (c *MemberConfig) applyDefaults() error {
 			c.HeartbeatInterval, c.SessionTimeout)
 	}
 	for name, d := range map[string]time.Duration{"RebalanceTimeout": c.RebalanceTimeout, "JoinBackoff": c.JoinBackoff,
-		"FetchWait": c.FetchWait, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax, "ReleaseWait": c.ReleaseWait} {
+		"FetchWait": c.FetchWait, "RetryMin": c.RetryMin, "RetryMax": c.RetryMax, "ReleaseWait": c.ReleaseWait,
+		"WitnessEvery": c.WitnessEvery} {
 		if d < 0 {
 			return fmt.Errorf("ceshare: %s %v must be positive", name, d)
 		}
@@ -701,7 +715,19 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	if witness != nil && witness.Offset >= from {
 		witness = nil // not a record before the offset: nothing to check
 	}
+	// While p is owned, the last record read as of a check (seen) is the witness of the next
+	// one: once an owner reads on into a new log, its last record is of that log, but the one
+	// it had read at the check before is of the old one. Both are forgotten where next goes
+	// back (a reset): they are records of a log read no more.
+	var seen, last *Witness
+	checked := time.Now()
 	for ctx.Err() == nil {
+		if witness == nil && time.Since(checked) >= m.cfg.WitnessEvery {
+			witness, seen, checked = seen, last, time.Now()
+			if witness != nil && witness.Offset >= next {
+				witness = nil
+			}
+		}
 		if witness != nil { // first: is the partition still the log the store read?
 			other, end, err := m.sameLog(ctx, cl, p, *witness)
 			if err != nil {
@@ -729,8 +755,12 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 					}
 					return
 				}
+				seen, last = nil, nil
 			}
 			witness = nil
+		}
+		if m.cfg.beforeFetch != nil {
+			m.cfg.beforeFetch(p, next)
 		}
 		res, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: m.cfg.Topic, Partition: p, Offset: next,
 			MinBytes: 1, MaxBytes: int64(m.cfg.FetchMaxBytes), MaxWait: m.cfg.FetchWait})
@@ -738,11 +768,15 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			err = res.Error
 		}
 		if errors.Is(err, kafka.OffsetOutOfRange) {
+			was := next
 			if next, err = m.outOfRange(ctx, cl, p, next); err != nil {
 				if ctx.Err() == nil {
 					fail(err)
 				}
 				return
+			}
+			if next < was {
+				seen, last = nil, nil
 			}
 			continue
 		}
@@ -770,6 +804,9 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			continue
 		}
 		failing.worked(m.log, time.Now(), p)
+		if lastRead != nil {
+			last = lastRead
+		}
 		m.mu.Lock()
 		for i := range batch {
 			if s, ok := ps.states[batch[i].req.ID]; ok && batch[i].req.Kind == KindRegister {

@@ -133,6 +133,7 @@ func (l *ledger) Reset(_ context.Context, p int, end int64) error {
 	defer l.mu.Unlock()
 	l.next[p] = 0
 	delete(l.witness, p)
+	delete(l.reqs, p) // read again from its start: each request is applied once more, in order
 	l.resets = append(l.resets, p)
 	return nil
 }
