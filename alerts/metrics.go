@@ -101,7 +101,7 @@ func Names() []string {
 		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
-		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCEBlocked, NameCERequestsApply, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
+		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCEBlocked, NameCERequestsApply, NameCERequestsSkip, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
 		NameRequestsSkipped, NameRequestsReplayed,
 		NamePrequentialRecords, NamePrequentialLogLoss, NamePrequentialBrier, NamePrequentialAccuracy, NamePrequentialECE,
 		NamePrequentialWindow, NamePrequentialStatistic, NamePrequentialThreshold, NamePrequentialChanges, NamePrequentialLastChange,

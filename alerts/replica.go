@@ -23,6 +23,7 @@ const (
 	NameCERebuilding    = "cfguard_counterfactuals_partitions_rebuilding"
 	NameCEBlocked       = "cfguard_counterfactuals_partitions_blocked"
 	NameCERequestsApply = "cfguard_counterfactuals_requests_applied_total"
+	NameCERequestsSkip  = "cfguard_counterfactuals_requests_skipped_total"
 	NameUnauthenticated = "cfguard_replication_unauthenticated_total"
 	NameSettingsDiffer  = "cfguard_replication_settings_differ"
 	NameCEStates        = "cfguard_counterfactuals_states_total"
@@ -67,6 +68,10 @@ type ReplicaMetrics struct {
 	// CEStates counts CE states by result (StateWritten, StateRestored, StateNotUsed,
 	// StateInvalid, StateTooLarge, StateFenced); records that do not authenticate count in Unauthenticated.
 	CEStates *prometheus.CounterVec
+	// CESkipped counts records of the CE topic this replica left out because
+	// replication.skip_ce_requests names them (a request no build of the cluster reads): the
+	// registration or deletion each held is lost.
+	CESkipped prometheus.Counter
 
 	rebuilding atomic.Pointer[func() int] // SetRebuilding's function, read at each scrape
 	owned      atomic.Pointer[func() int] // SetPartitionsOwned's
@@ -120,6 +125,8 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			Help: "Counterfactuals this replica sent to the CE topic again after finding a partition of it reset (the topic deleted and created again)."}),
 		CEApplied: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsApply,
 			Help: "Registration and deletion requests of the CE topic applied to this replica's ledger."}),
+		CESkipped: prometheus.NewCounter(prometheus.CounterOpts{Name: NameCERequestsSkip,
+			Help: "Records of the CE topic this replica left out because replication.skip_ce_requests names them (the registration or deletion each held is lost)."}),
 		SettingsDiffer: g(NameSettingsDiffer, "Cluster-wide settings of this replica's configuration that differ from those the posterior log's genesis records; "+
 			"a replica with any refuses to join (not ready)."),
 		Unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: NameUnauthenticated,
@@ -143,6 +150,6 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 	for _, t := range topics {
 		m.Unauthenticated.WithLabelValues(t)
 	}
-	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, owned, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding, blocked)
+	reg.MustRegister(m.Entry, m.Term, m.Lag, m.Updater, m.Stopped, owned, m.Ignored, m.AppendsLost, m.Generations, m.Republished, m.CERepaired, m.CEApplied, m.CESkipped, m.Unauthenticated, m.SettingsDiffer, m.CEStates, rebuilding, blocked)
 	return m
 }

@@ -133,9 +133,12 @@ type MemberConfig struct {
 	OnUnauthenticated func(topic string, partition int, offset int64)
 	// Skip names records that block their partition (Blocked) and are to be skipped instead
 	// (replication.skip_ce_requests: no build of the cluster reads them). What they hold is
-	// lost; each is logged at WARN and counted in MemberStats.Skipped. Records a rule names that
-	// this build reads are applied as any. Default: none.
+	// lost; each is logged at WARN, counted in MemberStats.Skipped and handed to OnSkip. Records
+	// a rule names that this build reads are applied as any. Default: none.
 	Skip []Skip
+	// OnSkip, when set, is called for each record left out because Skip names it (the daemon
+	// counts them in a metric).
+	OnSkip func(partition int, offset int64)
 	// Readable, when set, says whether this build reads all of a request that Decode accepted
 	// from an authenticated record (the CE a registration carries is opaque here): an error
 	// blocks the partition at the request (Blocked, ReasonCE), as a record Decode refuses does.
@@ -1124,6 +1127,9 @@ func (m *Member) blockOrSkip(b *Blocked) *Blocked {
 	m.mu.Lock()
 	m.skipped[b.Reason]++
 	m.mu.Unlock()
+	if m.cfg.OnSkip != nil {
+		m.cfg.OnSkip(b.Partition, b.Offset)
+	}
 	m.log.Warn("CE request this build cannot read skipped, as replication.skip_ce_requests says: the registration or deletion it holds is lost",
 		"partition", b.Partition, "offset", b.Offset, "id", b.ID, "writer", b.Writer, "reason", b.Reason, "detail", b.Detail)
 	return nil

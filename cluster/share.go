@@ -191,6 +191,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 		StateTopic: ceshare.StateTopic(rc.CETopic), ReplicaID: s.id, AdvertiseURL: c.AdvertiseURL, Held: slices.Sorted(maps.Keys(held)),
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval, Keys: c.Replica.Keys(), Readable: readable, Skip: skip,
 		OnUnauthenticated: func(topic string, _ int, _ int64) { m.Unauthenticated.WithLabelValues(topic).Inc() },
+		OnSkip:            func(int, int64) { m.CESkipped.Inc() },
 		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
 		OnFencedState:     func(int, int64) { m.CEStates.WithLabelValues(alerts.StateFenced).Inc() },
 		OnGeneration:      c.OnGeneration}, s, s.lg); err != nil {

@@ -168,6 +168,9 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	if line := loggedLine(r.logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {
 		t.Errorf("the WARN line of the skip: %q", line)
 	}
+	if n := r.metric(t, alerts.NameCERequestsSkip); n != 1 {
+		t.Errorf("%s = %v after one request skipped, want 1", alerts.NameCERequestsSkip, n)
+	}
 }
 
 // A question about a blocked partition asked at a replica that does not own it is answered as
