@@ -160,14 +160,24 @@ func appendEntry(t testing.TB, plog *postlog.Log, e *postlog.Entry) string {
 // TestReplicasShareOnePosterior runs three replicas in one process against one broker: exactly
 // one of them is the updater, all apply the same entries to the same posterior bit for bit, the
 // log covers every record produced once, and when the updater leaves another takes over where
-// the log's head says.
+// the log's head says, without waiting for the leaver's session: the replicas' session timeout
+// is the longest the configuration allows (5 minutes), past every wait of the test.
 func TestReplicasShareOnePosterior(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three daemons and a takeover: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b := startCluster(t, 2)
-	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
+	key := writeKeyFile(t, testClusterKey)
+	start := func(id string) *running {
+		r := startDaemonWith(t, func(c *config.Config) {
+			replicaConfigAt(c, b.Addrs(), id, key)
+			c.Replication.SessionTimeout = 5 * time.Minute
+		}, nil, nil)
+		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		return r
+	}
+	reps := []*running{start("r1"), start("r2"), start("r3")}
 	data := bundled(t)
 	produced := 0
 	produce := func(n int) { produced = produceRows(t, reps[0], data, produced, n) }
