@@ -132,6 +132,30 @@ func (r *replicaProc) start(t *testing.T) {
 	})
 }
 
+// predict asks the replica for a prediction of x and returns the posterior version it answered
+// under; anything but a 200 fails the test.
+func (r *replicaProc) predict(t *testing.T, x []float64) uint64 {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"x": x})
+	cl := http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Post("http://"+r.c.addr()+"/v1/predict", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("%s: POST /v1/predict: %v", r.id, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: POST /v1/predict: %d %s", r.id, resp.StatusCode, b)
+	}
+	var answer struct {
+		Version *uint64 `json:"posterior_version"`
+	}
+	if err := json.Unmarshal(b, &answer); err != nil || answer.Version == nil {
+		t.Fatalf("%s: POST /v1/predict: no posterior_version in %s (%v)", r.id, b, err)
+	}
+	return *answer.Version
+}
+
 // view reads GET /v1/model; ok is false while the replica does not answer.
 func (r *replicaProc) view() (modelView, bool) {
 	var v modelView
@@ -401,6 +425,23 @@ func TestReplicasAsProcesses(t *testing.T) {
 	u := updaterOf(t, reps, 0, 30*time.Second)
 	killed := time.Now()
 	u.kill(t)
+	// Meanwhile the others predict, under the last version each applied (a session's wait).
+	during := 0
+	for _, r := range others(u) {
+		before, ok := r.view()
+		if !ok {
+			t.Fatalf("%s does not answer GET /v1/model after the updater's SIGKILL", r.id)
+		}
+		got := r.predict(t, data.X[0])
+		after, _ := r.view()
+		if got < before.Version || got > after.Version {
+			t.Errorf("%s predicted under posterior version %d after the updater's SIGKILL, between views of versions %d and %d", r.id, got, before.Version, after.Version)
+		}
+		if after.Replication.Term == v.Replication.Term {
+			during++
+		}
+	}
+	t.Logf("%d of %d predictions after the updater's SIGKILL answered before another replica claimed its term", during, len(reps)-1)
 	next := updaterOf(t, others(u), v.Replication.Term, 3*replicaSession+10*time.Second)
 	t.Logf("takeover after SIGKILL of %s: %s became updater in %v (session timeout %v)", u.id, next.id, time.Since(killed).Round(time.Millisecond), replicaSession)
 	u.start(t)
