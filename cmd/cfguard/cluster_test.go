@@ -725,6 +725,30 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 		return true
 	})
 	t.Logf("the killed owner's CEs answered again after %v", time.Since(killed).Round(time.Millisecond))
+	// Each CE keeps what the dead owner last wrote of it on the CE state topic: its anchor is that
+	// state's or a renewal's since, and its history holds that state's.
+	written := lastStatesOf(t, brokers, victim.id)
+	if len(written) == 0 {
+		t.Fatalf("%s wrote no CE state before its SIGKILL", victim.id)
+	}
+	entries := 0
+	for id, was := range written {
+		entries += len(was.History)
+		code, b := live[0].getCE(id)
+		var now ceState
+		if code != http.StatusOK || json.Unmarshal(b, &now) != nil {
+			t.Fatalf("GET %s after the move: %d %s", id, code, b)
+		}
+		if now.AnchorVersion < was.AnchorVersion {
+			t.Errorf("%s: anchored to version %d after the move; %s's last state of it was anchored to %d", id, now.AnchorVersion, victim.id, was.AnchorVersion)
+		}
+		for _, h := range was.History {
+			if !slices.Contains(now.History, h) {
+				t.Errorf("%s: its history after the move lacks %+v of %s's last state", id, h, victim.id)
+			}
+		}
+	}
+	t.Logf("%d CEs whose last state %s wrote holds %d history entries: each kept them when it moved", len(written), victim.id, entries)
 	victim.start(t)
 	produced := s.end(t)
 	v := waitAgree(t, "after the drift", reps, produced)
@@ -816,6 +840,44 @@ func verifyLog(t *testing.T, cfg string, want int) {
 		t.Errorf("verify-log: %s", out.String())
 	}
 	t.Logf("verify-log: %d increments re-executed from their input records to their entries' bits", rep.Matched)
+}
+
+// ceState is what TestReplicaOwnerKilledDuringDrift compares of a CE before and after it moved:
+// its anchor and its history, as GET /v1/counterfactuals/{id} and the CE state topic hold them.
+type ceState struct {
+	AnchorVersion uint64 `json:"anchor_version"`
+	History       []struct {
+		At, From, To     string
+		PosteriorVersion uint64 `json:"posterior_version"`
+		Renewal          bool   `json:"renewal"`
+	} `json:"history"`
+}
+
+// lastStatesOf reads the CE state topic (every partition of the default cfguard.ce.state) to
+// its end and returns, per CE, the last state replica wrote of it (tombstones end a CE's).
+func lastStatesOf(t *testing.T, brokers []string, replica string) map[string]ceState {
+	t.Helper()
+	out := map[string]ceState{}
+	for p := range 12 { // replication.ce_partitions' default
+		for _, msg := range kafkatest.ReadPartition(t, brokers, "cfguard.ce.state", p) {
+			if msg.Value == nil {
+				delete(out, string(msg.Key))
+				continue
+			}
+			var st struct {
+				ID      string   `json:"id"`
+				Replica string   `json:"replica"`
+				CE      *ceState `json:"ce"`
+			}
+			if err := json.Unmarshal(msg.Value, &st); err != nil || st.ID != string(msg.Key) || st.CE == nil {
+				continue // a claim of the partition
+			}
+			if st.Replica == replica {
+				out[st.ID] = *st.CE
+			}
+		}
+	}
+	return out
 }
 
 // statusEvent is a status change on the events topic.
