@@ -57,11 +57,13 @@ type Hooks interface {
 	// deadline, and Run returns only once it did, so Release must return when ctx ends.
 	Release(ctx context.Context, p int) error
 	// Reset is called when partition p ends before the offset the store read it to, or holds
-	// another record than the store's Witness at its offset (the topic was deleted and created
-	// again): the requests the store applied are gone from the topic.
-	// It must store offset 0 for p before anything else, so that no request of the new
-	// partition is skipped, and may send the store's state of p again as requests; the member
-	// then reads p from offset 0.
+	// another record than a Witness at its offset (the topic was deleted and created again):
+	// the requests the store applied are gone from the topic, but for those of the new log it
+	// read before the check found it (an owner that kept p and read on into the new log).
+	// It must store offset 0 for p and forget the outcomes of p's requests before anything
+	// else, so that no request of the new partition is skipped and each is applied again, in
+	// order, those read before among them; it may send the store's state of p again as
+	// requests. The member then reads p from offset 0.
 	Reset(ctx context.Context, p int, end int64) error
 }
 
@@ -72,8 +74,11 @@ type Hooks interface {
 // A member checks the store's Witness when it acquires a partition (sameLog), so that an owner
 // that was down, or slow, while that happened does not read on from its offset in the new log;
 // and, while it owns the partition, every MemberConfig.WitnessEvery it checks the last record it
-// had read at the check before, so that an owner that keeps the partition and reads on into the
-// new log finds it too.
+// had read at the check before (the store's Witness until it read one), so that an owner that
+// keeps the partition and reads on into the new log finds it too. The Witness it hands to Apply
+// is that record too, never one read since the last check: an owner that read into a new log
+// and then lost the partition, or crashed, before its next check leaves a Witness of the old
+// log, which the next acquisition checks.
 type Witness struct {
 	Offset int64
 	Hash   [sha256.Size]byte
@@ -181,10 +186,11 @@ type MemberConfig struct {
 	// RetryMin and RetryMax bound the backoff between failed fetches. Defaults: 50ms, 5s.
 	RetryMin, RetryMax time.Duration
 	// WitnessEvery is how often the member checks, for each partition it owns, that the
-	// partition still holds the last record it had read at the check before (a Witness kept in
-	// memory): a topic deleted and created again while the member owns the partition, and grown
-	// past its offset, is found within two of these. It costs one fetch of one batch per
-	// partition. Default: 10s, as the posterior log's check of its head.
+	// partition still holds the last record it had read at the check before (the store's
+	// Witness until it read one): a topic deleted and created again while the member owns the
+	// partition, and grown past its offset, is found at the first check after the member read
+	// into the new log. It costs one fetch of one batch per owned partition that has a Witness.
+	// Default: 10s, as the posterior log's check of its head.
 	WitnessEvery time.Duration
 	// ReleaseWait bounds how long a generation waits for its releases (Hooks.Release) before it
 	// takes up its partitions; releases still running then go on in the background. Default:
@@ -261,6 +267,7 @@ type MemberStats struct {
 	Gaps        int64            // requests deleted (by retention) before they were read, counted lost (Hooks.Lost)
 	Restored    int64            // registrations rebuilt from CE states at such a gap (Request.Restored), handed to Apply
 	States      StateStats       // what was read of the CE state topic
+	Checks      int64            // fetches of a Witness's record: at acquisitions, and every MemberConfig.WitnessEvery per owned partition
 }
 
 // partState is what the member knows of a partition it acquired.
@@ -323,6 +330,7 @@ type Member struct {
 	skipped     map[string]int64
 	lost, gaps  int64
 	restored    int64
+	checks      int64
 	held        []int // Held, until the first generation releases those it does not assign
 }
 
@@ -485,7 +493,7 @@ func (m *Member) Stats() MemberStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return MemberStats{Generations: m.generations, Applied: m.applied, Skipped: maps.Clone(m.skipped), Lost: m.lost, Gaps: m.gaps, Restored: m.restored,
-		States: m.states}
+		States: m.states, Checks: m.checks}
 }
 
 // Run joins the group and serves the partitions of each generation until ctx ends, then
@@ -720,9 +728,13 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	}
 	// While p is owned, the last record read as of a check (seen) is the witness of the next
 	// one: once an owner reads on into a new log, its last record is of that log, but the one
-	// it had read at the check before is of the old one. Both are forgotten where next goes
-	// back (a reset): they are records of a log read no more.
-	var seen, last *Witness
+	// it had read at the check before is of the old one. It starts as the store's Witness (an
+	// idle partition's is checked again at each check), or as the first record read when there
+	// is none; and it is the Witness Apply stores, so that the store's Witness, checked at the
+	// next acquisition (a new generation, a restart after a crash), is never a record read since
+	// the last check. Both are forgotten where next goes back (a reset): they are records of a
+	// log read no more.
+	seen, last := witness, witness
 	checked := time.Now()
 	for ctx.Err() == nil {
 		if witness == nil && time.Since(checked) >= m.cfg.WitnessEvery {
@@ -732,6 +744,9 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			}
 		}
 		if witness != nil { // first: is the partition still the log the store read?
+			m.mu.Lock()
+			m.checks++
+			m.mu.Unlock()
 			other, end, err := m.sameLog(ctx, cl, p, *witness)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -809,6 +824,9 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 		failing.worked(m.log, time.Now(), p)
 		if lastRead != nil {
 			last = lastRead
+			if seen == nil {
+				seen = lastRead
+			}
 		}
 		m.mu.Lock()
 		for i := range batch {
@@ -817,7 +835,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			}
 		}
 		m.mu.Unlock()
-		if next, err = m.apply(ctx, p, batch, next, after, lastRead); err != nil {
+		if next, err = m.apply(ctx, p, batch, next, after, seen); err != nil {
 			if ctx.Err() == nil {
 				fail(fmt.Errorf("ceshare: applying requests of partition %d of %q: %w", p, m.cfg.Topic, err))
 			}

@@ -59,16 +59,18 @@ func (s *Share) Lost(ctx context.Context, p int, from, to int64) error {
 	return s.host.Durably(ctx, func() error { return s.ledger.SkipShare(p, from, to) })
 }
 
-// Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read
-// (the topic was deleted and created again), so the requests that registered p's CEs are gone.
-// The partition's offset goes back to 0 first (a crash after it leaves the CEs in this ledger
-// and no request of the new log skipped), then every CE of p this ledger holds is sent again
+// Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read,
+// or holds another record than one it read (the topic was deleted and created again), so the
+// requests that registered p's CEs are gone. The partition's offset goes back to 0 and the
+// outcomes of its requests are forgotten first, together (ledger.ResetShare: a crash after it
+// leaves the CEs in this ledger, no request of the new log skipped, and those of it read
+// before the reset applied again in their order), then every CE of p this ledger holds is sent again
 // as a registration with its anchor and certificate: reading p from 0, this replica applies them
 // as already stored, and a later owner of p stores them from the topic.
 // cfguard_counterfactuals_repaired_total counts them; one that cannot be sent stays in this
 // ledger only (an ERROR line says how many).
 func (s *Share) Reset(ctx context.Context, p int, end int64) error {
-	if err := s.host.Durably(ctx, func() error { _, err := s.ledger.ApplyShare(p, nil, 0, nil, nil); return err }); err != nil {
+	if err := s.host.Durably(ctx, func() error { return s.ledger.ResetShare(p) }); err != nil {
 		return err
 	}
 	var ces []*ledger.CE

@@ -170,9 +170,9 @@ func TestApplyShareCrashLosesNoRequest(t *testing.T) {
 
 // An owner applies a request of a given request id once: delivered again after its CE was
 // deleted, it registers nothing. A batch with a registration under a posterior the ledger does
-// not have writes nothing, not even the offset. A released partition forgets its outcomes, so
-// that reading it again from its start applies its requests again. Outcomes expire after the
-// window.
+// not have writes nothing, not even the offset. A released or reset partition forgets its
+// outcomes, so that reading it again from its start applies its requests again. Outcomes expire
+// after the window.
 func TestApplyShareOutcomes(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	l, _ := openTest(t, Options{RequestWindow: time.Hour, Now: func() time.Time { return now }})
@@ -214,6 +214,29 @@ func TestApplyShareOutcomes(t *testing.T) {
 	}
 	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}}, 1, nil, nil); err != nil || outs[0].Duplicate {
 		t.Fatalf("after the release: %+v, %v", outs, err)
+	}
+	// Reset (the topic recreated): the offset back to 0 and the outcomes forgotten, the CEs kept;
+	// the new log's requests read again apply again. Another partition's outcomes stay.
+	if _, err := l.ApplyShare(2, []ShareOp{{RID: "d3", ID: "elsewhere"}}, 1, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.ResetShare(1); err != nil {
+		t.Fatal(err)
+	}
+	if off, held, _ := l.ShareOffset(1); off != 0 || !held {
+		t.Errorf("after ResetShare: offset %d (held %v), want 0, held", off, held)
+	}
+	if _, err := l.Get("x"); err != nil {
+		t.Errorf("ResetShare deleted a CE: %v", err)
+	}
+	if _, ok, _ := l.Outcome("r1"); ok {
+		t.Error("a reset partition kept its outcomes")
+	}
+	if _, ok, _ := l.Outcome("d3"); !ok {
+		t.Error("a reset of partition 1 forgot partition 2's outcome")
+	}
+	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "d1", ID: "x"}}, 1, nil, nil); err != nil || outs[0].Duplicate || outs[0].Result != OutcomeDeleted {
+		t.Fatalf("a deletion read again after the reset: %+v, %v; want it applied", outs, err)
 	}
 	// Expired: an hour and a bit later, r1's outcome is gone.
 	now = now.Add(61 * time.Minute)

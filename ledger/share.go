@@ -153,6 +153,28 @@ func (l *Ledger) SkipShare(p int, from, to int64) error {
 	return nil
 }
 
+// ResetShare sets partition p's offset back to 0 (its witness goes with it) and forgets the
+// outcomes of its requests (ApplyShare), in one transaction: the partition's topic was deleted
+// and created again, and reading it from its start applies each request of the new log, in
+// order, also those an owner that kept p read before it found the new log. The CEs stay.
+func (l *Ledger) ResetShare(p int) error {
+	if p < 0 {
+		return fmt.Errorf("ledger: reset share: %w", invalidf("partition %d", p))
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	err := l.update(func(tx *bolt.Tx) error {
+		if err := putShareOffset(tx, p, 0, nil); err != nil {
+			return err
+		}
+		return forgetOutcomes(tx, p)
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: reset share of partition %d: %w", p, err)
+	}
+	return nil
+}
+
 // ReleaseShare deletes every CE for which in(id) holds, quarantined ones included, and forgets
 // partition p's offset and the outcomes of its requests (ApplyShare). The CEs go in transactions of at most releaseBatch;
 // before the first, a held offset is set back to 0 and the outcomes are deleted, so that a
