@@ -60,7 +60,7 @@ func BenchmarkPredictEndpoint(b *testing.B) {
 				}
 			}
 		})
-		a := &api{cfg: apiConfig{maxBodyBytes: 1 << 24}, metrics: http.NotFoundHandler(), core: core}
+		a := &api{cfg: apiConfig{maxBodyBytes: 1 << 24}, metrics: http.NotFoundHandler(), core: core, predict: newInputBudget(0, maxPredictBatch)}
 		h := a.routes()
 		b.Run("api/"+prec.String(), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -36,8 +37,9 @@ import (
 //     evaluated, which must be every stored one.
 //
 // and, per size, the ledger file's bytes per CE. The audit runs at certify.samples 1000 (the
-// default) at every size and also at 100 from 10^5 on (scaleSamples). It runs real processes for
-// tens of minutes (an hour with 10^6), so `go test ./...` skips it:
+// default) at every size and also at the fewest the configuration allows from 10^5 on
+// (scaleSamples). It runs real processes for tens of minutes (an hour with 10^6), so
+// `go test ./...` skips it:
 //
 //	CFGUARD_MEASURE_SCALE=1 go test ./cmd/cfguard -run TestMeasureScale -v -timeout 3h
 func TestMeasureScale(t *testing.T) {
@@ -134,18 +136,21 @@ type scaleSample struct {
 	only    string // a build name: the other builds skip this setting
 }
 
-// scaleSamples: the audit at 1000 draws (the default), twice up to 10^5, and at 100 draws from
+// scaleSamples: the audit at 1000 draws (the default), twice up to 10^5, and at the fewest draws
+// the configuration allows at the default certify.delta and certify.verdict_alpha (249) from
 // 10^5 on, so that the cost per CE and draw is measured at two draw counts and at two sizes.
 // At 10^6 only the OpenBLAS build audits at 1000 draws (its CPU time is ~3 min; the default
-// build's is ~11 min, which its 100-draw audit and the ratios at 10^5 extrapolate).
+// build's is ~11 min, which its audit at fewer draws and the ratios at 10^5 extrapolate).
 func scaleSamples(n int) []scaleSample {
+	def := config.Default().Certify
+	fewest := config.MinCertifySamples(def.Delta, def.VerdictAlpha)
 	switch {
 	case n < 100_000:
 		return []scaleSample{{1000, true, 2, ""}}
 	case n == 100_000:
-		return []scaleSample{{1000, true, 2, ""}, {100, true, 2, ""}}
+		return []scaleSample{{1000, true, 2, ""}, {fewest, true, 2, ""}}
 	default:
-		return []scaleSample{{100, true, 1, ""}, {1000, true, 1, "openblas"}}
+		return []scaleSample{{fewest, true, 1, ""}, {1000, true, 1, "openblas"}}
 	}
 }
 
