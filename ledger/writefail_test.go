@@ -331,6 +331,62 @@ func TestFailedFinalSyncPutsMetaBack(t *testing.T) {
 	}
 }
 
+// A commit whose final fsync fails is visible to a reader from its meta page's write until the
+// file is restored: the outbox hands out none of its entries meanwhile (nor counts them), so
+// that the publisher never sends an event of a commit that did not happen. Once the retry
+// succeeds, they are handed out.
+func TestOutboxHidesAFailingCommit(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
+	m := testModel(4)
+	install(t, l, m)
+	commit(t, l, drift(m, -0.01), 1)
+	before, err := l.Outbox(0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inCommit, fail := make(chan struct{}), make(chan struct{})
+	injected := errors.New("injected: fdatasync: input/output error")
+	l.opts.AfterCommit = func() error { close(inCommit); <-fail; return injected }
+	next := drift(m, -0.02)
+	next.Version = 2
+	cp := &Checkpoint{Model: next, Offsets: map[int]int64{0: 99}, Applied: 7, Events: []OutboxEntry{{Key: "phantom"}}}
+	done := make(chan error, 1)
+	go func() { _, _, err := l.Commit(bg, cp); done <- err }()
+	<-inCommit // the commit is in the file; its final sync is failing
+	seen, err := l.Outbox(0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := l.OutboxLen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(fail)
+	if err := <-done; !errors.Is(err, ErrWrite) || !errors.Is(err, injected) {
+		t.Fatalf("commit with a failed final sync: %v", err)
+	}
+	l.opts.AfterCommit = nil
+	if len(seen) != len(before) || n != len(before) || st.OutboxLen != len(before) {
+		t.Errorf("during the failing commit: Outbox %d entries, OutboxLen %d, State().OutboxLen %d; want the %d before it", len(seen), n, st.OutboxLen, len(before))
+	}
+	for _, e := range seen {
+		if e.Key == "phantom" {
+			t.Errorf("Outbox handed out %+v of the failing commit", e)
+		}
+	}
+	if _, _, err := l.Commit(bg, cp); err != nil {
+		t.Fatalf("retrying: %v", err)
+	}
+	after, err := l.Outbox(0, 1000)
+	if err != nil || len(after) != len(before)+1 || after[len(after)-1].Key != "phantom" {
+		t.Fatalf("after the retry: %d entries (%v), want %d ending with the retried commit's", len(after), err, len(before)+1)
+	}
+}
+
 // A real failed fsync: the ledger on an ext2 file system whose loop device's backing file is on
 // a tmpfs that fills up. Writes land in the page cache (ext2 has room), but writing them back to
 // the full backing file fails, so fdatasync returns ENOSPC while the data stays in the page

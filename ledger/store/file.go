@@ -53,7 +53,10 @@ const FailureQuiet = time.Minute
 //     the failed transaction's freelist and meta in memory, put back the meta page the commit
 //     overwrote if the file shows it (a failed fsync leaves the written page in the page cache,
 //     where every later read, ours and bbolt's, would take it as committed), reopen, and return
-//     ErrWrite. The file then reads exactly what it held before the call.
+//     ErrWrite. The file then reads exactly what it held before the call. Until then, a View
+//     that starts after bbolt wrote the meta page reads the failed transaction (Views run beside
+//     an Update): a caller that hands what it reads to the world must not take a write that
+//     Update has not returned as committed (the ledger's outbox does not).
 //
 // A File is safe for concurrent use: Views run in parallel with each other and with one Update;
 // the caller serialises its Updates.
