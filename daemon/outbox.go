@@ -66,6 +66,10 @@ type outboxPublisher struct {
 	// states takes the CE states of a replica's outbox; nil on a single daemon, which drops
 	// any a replica on the same ledger left.
 	states stateSink
+	// oneByOne is the last sequence number of an attempt a topic refused as too large (its
+	// max.message.bytes): entries are published one at a time up to it, so that those before
+	// the one refused get out and that one is named. refused is the entry last named.
+	oneByOne, refused uint64
 }
 
 func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, replica string, log *slog.Logger) *outboxPublisher {
@@ -132,7 +136,11 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 // drain publishes and acknowledges outbox entries after *after until none are left.
 func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 	for ctx.Err() == nil {
-		entries, err := p.l.Outbox(*after, outboxBatch)
+		n := outboxBatch
+		if p.oneByOne > *after {
+			n = 1
+		}
+		entries, err := p.l.Outbox(*after, n)
 		if err != nil {
 			return err
 		}
@@ -155,6 +163,9 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 			// Every entry of the attempt stays in the outbox, the events too when only the
 			// states failed: they are published again with them.
 			p.metrics.PublishFailed(len(batch) + len(states))
+			if stream.TooLarge(err) {
+				p.tooLarge(entries, err)
+			}
 			return fmt.Errorf("publishing outbox entries %d..%d: %w", entries[0].Seq, entries[len(entries)-1].Seq, err)
 		}
 		p.metrics.EventsPublished(len(batch) + len(states))
@@ -166,6 +177,26 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		*after = last
 	}
 	return nil
+}
+
+// tooLarge takes an attempt a topic refused as too large: among several entries, the one it
+// refuses is found by publishing them one at a time; one alone is named at ERROR, once, with the
+// max.message.bytes its topic needs. It and every entry after it stay in the outbox (events go
+// in order), retried with backoff, until the topic takes it.
+func (p *outboxPublisher) tooLarge(entries []ledger.OutboxEntry, err error) {
+	if len(entries) > 1 {
+		p.oneByOne = entries[len(entries)-1].Seq
+		return
+	}
+	e := entries[0]
+	if p.refused == e.Seq {
+		return
+	}
+	p.refused = e.Seq
+	need := len(e.Key) + len(e.Value) + 256 // the record batch's header, the record's fields and headers
+	p.log.Error("an outbox entry is too large for its topic: it and every entry after it stay in the outbox, retried with backoff, "+
+		"until the topic takes it", "seq", e.Seq, "key", e.Key, "bytes", len(e.Value), "err", err,
+		"fix", fmt.Sprintf("raise the topic's max.message.bytes to %d or more", need))
 }
 
 // split sorts outbox entries into events for the events topic and CE states for the state

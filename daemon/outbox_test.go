@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -265,5 +266,116 @@ func TestOutboxWritesStatesAfterTheirEvents(t *testing.T) {
 	}
 	if pub := count("published"); pub != 4 {
 		t.Fatalf("%v entries counted published, want 4", pub)
+	}
+}
+
+// An event larger than the events topic takes (its max.message.bytes below the event, which is
+// under maxEventBytes) does not hold back the events before it: they are published one at a
+// time up to it. It is named at ERROR, once, with the max.message.bytes its topic needs, and
+// stays in the outbox with every event after it (events go in order) until the topic takes it:
+// then all are published, in order.
+func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	data := bundled(t)
+	held := make([]heldRecord, 400) // about 120 kB of JSON
+	for i := range held {
+		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Offset: int64(i)}
+	}
+	kl := 0.2
+	evs := []event{
+		{Type: "kl_over_budget", PosteriorVersion: 0, KL: &kl, Budget: 0.10125, Policy: "hold"},
+		{Type: "audit_completed", PosteriorVersion: 0, Counts: map[string]int{"certified": 1}},
+		{Type: "increment_held", PosteriorVersion: 0, KL: &kl, Held: held},
+		{Type: "audit_completed", PosteriorVersion: 0, Counts: map[string]int{"certified": 2}},
+	}
+	if err := l.Checkpoint(&ledger.Checkpoint{Events: outboxEntries(evs)}); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := l.Outbox(0, 100)
+	if err != nil || len(stored) != len(evs) || len(stored[2].Value) < 100_000 || len(stored[2].Value) > maxEventBytes {
+		t.Fatalf("outbox: %d entries (%v), the third of %d bytes; want %d, the third between 100 kB and %d", len(stored), err, len(stored[2].Value), len(evs), maxEventBytes)
+	}
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "100000")
+	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: b.Addrs()}, Topic: "cfguard.events"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	logs := &tooltest.Output{}
+	reg := prometheus.NewRegistry()
+	r := &running{reg: reg}
+	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
+	done := make(chan error, 1)
+	pctx, stop := context.WithCancel(ctx)
+	go func() { done <- p.run(pctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("publisher: %v", err)
+		}
+	}()
+	defer func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	}()
+	// The two events before it go; it and the one after stay.
+	waitfor.Cond(t, 30*time.Second, "the entries before the large one published and acknowledged", func() bool {
+		n, err := l.OutboxLen()
+		return err == nil && n == 2
+	})
+	line := fmt.Sprintf("seq=%d key=%s bytes=%d", stored[2].Seq, stored[2].Key, len(stored[2].Value))
+	waitfor.Cond(t, 30*time.Second, "the ERROR line naming the large entry", func() bool {
+		return strings.Contains(logs.String(), "an outbox entry is too large for its topic")
+	})
+	found := ""
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "an outbox entry is too large for its topic") {
+			found = l
+		}
+	}
+	need := fmt.Sprintf("raise the topic's max.message.bytes to %d or more", len(stored[2].Key)+len(stored[2].Value)+256)
+	if !strings.Contains(found, "level=ERROR") || !strings.Contains(found, line) || !strings.Contains(found, need) {
+		t.Errorf("the line naming the large entry: %q; want ERROR with %q and %q", found, line, need)
+	}
+	// Retried with backoff, named once.
+	failed := r.metric(t, alerts.NameEvents, "result", "failed")
+	waitfor.Cond(t, 30*time.Second, "two more attempts", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= failed+2 })
+	if n := strings.Count(logs.String(), "an outbox entry is too large for its topic"); n != 1 {
+		t.Errorf("%d ERROR lines for one entry, want 1", n)
+	}
+	if n, _ := l.OutboxLen(); n != 2 {
+		t.Errorf("%d entries left while the topic refuses the large one, want 2 (it and the one after)", n)
+	}
+
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "1048588")
+	p.notify()
+	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the topic takes the large entry", func() bool {
+		n, err := l.OutboxLen()
+		return err == nil && n == 0
+	})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	for i, want := range stored {
+		msg, err := rd.ReadMessage(rctx)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if seq := header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) {
+			t.Fatalf("event %d on the topic has %s %s, want %d: events out of order", i, OutboxSeqHeader, seq, want.Seq)
+		}
 	}
 }

@@ -159,7 +159,7 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 		failed, errs := failedDead(batch, err)
 		c.countDead(batch, failed)
 		todo = append(failed, todo[len(batch):]...)
-		switch i := slices.IndexFunc(errs, tooLarge); {
+		switch i := slices.IndexFunc(errs, TooLarge); {
 		case err == nil:
 			c.out.ok(src)
 		case ctx.Err() != nil:
@@ -213,10 +213,16 @@ func failedDead(batch []pendingDead, err error) ([]pendingDead, []error) {
 	return failed, errs
 }
 
-// tooLarge reports whether err refuses a message as too large: the topic's max.message.bytes
+// TooLarge reports whether err refuses a message as too large: the topic's max.message.bytes
 // (from the broker), or the writer's own limit (kafka-go's MessageTooLargeError wraps the same
-// code).
-func tooLarge(err error) bool { return errors.Is(err, kafka.MessageSizeTooLarge) }
+// code); of a kafka.WriteErrors (which unwraps to none of its errors), whether one does.
+func TooLarge(err error) bool {
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		return slices.ContainsFunc(we, func(e error) bool { return e != nil && errors.Is(e, kafka.MessageSizeTooLarge) })
+	}
+	return errors.Is(err, kafka.MessageSizeTooLarge)
+}
 
 // deadTooLarge is the error that stops the consumer when the dead-letter topic refuses d, alone
 // in its request, as too large.
