@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,5 +115,43 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	}
 	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
+	}
+	r.stop(t)
+
+	// Recreated again, and the confirmed reset's first increment reads past the mark of the log
+	// before (offset m-1) without taking the new log's whole fetch (m2 - 8 of its m2 records):
+	// it carries no mark of the new log, so the old log's mark must go with it, or the next
+	// plain start would take the new log for a reset one. The next increment waits for
+	// kafka.max_wait (a minute), and every commit after the first increment fails, so the
+	// ledger stays there when the daemon stops.
+	const m2 = 200
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
+	produce("again", m2)
+	var failing atomic.Bool
+	r = startDaemonWith(t, func(c *config.Config) {
+		mutate(c)
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog, c.Kafka.MaxWait = m2-8, m2-8, time.Minute
+	}, func(o *Options) {
+		o.AcceptTopicReset = true
+		o.hooks.ledgerAfterCommit = func() error {
+			if failing.Load() {
+				return errors.New("injected: the disk refused the commit")
+			}
+			return nil
+		}
+	}, nil)
+	waitfor.Cond(t, 30*time.Second, "the reset's first increment applied", func() bool { return applied(r) == m2-8 })
+	failing.Store(true)
+	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || len(marks) != 0 {
+		t.Fatalf("ledger marks %+v (%v) after an increment that took no whole fetch of the new log, want none", marks, err)
+	}
+	r.stop(t)
+	r = startDaemon(t, mutate)
+	waitfor.Cond(t, 30*time.Second, "the rest of the new log applied after a plain restart", func() bool { return applied(r) == 8 })
+	if off := offset(r); off != m2 {
+		t.Fatalf("ledger offset %d after the plain restart, want %d", off, m2)
+	}
+	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+		t.Fatalf("cfguard_consumer_topic_mismatch %v after a plain restart on the confirmed new log, want 0", g)
 	}
 }
