@@ -10,43 +10,65 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/stream"
 )
 
-// A replica that was down while the CE topic was deleted and created again, and that finds the
-// new partition grown past the offset it had read, does not read on from that offset: the record
-// before it (the store's Witness) is another one, so the partition is reset (Reset) and read from
-// offset 0, and every request of the new log is applied.
-func TestPartitionRecreatedPastItsOffsetIsReadAgain(t *testing.T) {
+// recreation is a CE topic whose partition p held an old log of 3 requests (written by
+// newRecreation) and is to hold a new one of the requests fresh (written by recreate), each a
+// registration (want: their kind/id).
+type recreation struct {
+	conn  stream.ConnConfig
+	p     int
+	fresh []kafka.Message
+	want  []string
+}
+
+// newRecreation starts a broker, creates the topic and writes the old log's 3 requests.
+func newRecreation(t *testing.T, n int) *recreation {
+	t.Helper()
 	_, conn := startBroker(t)
 	createTopic(t, conn)
-	p := Partition("old-0", testPartitions)
-	var old, fresh []kafka.Message
-	var want []string
+	rc := &recreation{conn: conn, p: Partition("old-0", testPartitions)}
+	var old []kafka.Message
 	for i := range 3 {
-		old = append(old, readableRequest(t, idIn(p, fmt.Sprintf("old%d", i))))
+		old = append(old, readableRequest(t, idIn(rc.p, fmt.Sprintf("old%d", i))))
 	}
-	for i := range 5 { // more than the old log held: the stored offset is inside the new log
-		id := idIn(p, fmt.Sprintf("new%d", i))
-		fresh = append(fresh, readableRequest(t, id))
-		want = append(want, KindRegister+"/"+id)
+	for i := range n {
+		id := idIn(rc.p, fmt.Sprintf("new%d", i))
+		rc.fresh = append(rc.fresh, readableRequest(t, id))
+		rc.want = append(rc.want, KindRegister+"/"+id)
 	}
-	writeSigned(t, conn, p, old...)
-	l := newLedger()
-	r := startReplicaOn(t, memberConfig(conn, "r1"), l)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", p), func() bool { return l.stored(p) == 3 })
-	r.stop(t)
+	writeSigned(t, conn, rc.p, old...)
+	return rc
+}
 
-	deleteTopic(t, conn, testTopic)
-	createTopic(t, conn)
-	writeSigned(t, conn, p, fresh...)
-	startReplicaOn(t, memberConfig(conn, "r1"), l)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read again from offset 0, to 5", p), func() bool {
+// recreate deletes the topic, creates it again and writes msgs to p.
+func (rc *recreation) recreate(t *testing.T, msgs []kafka.Message) {
+	t.Helper()
+	deleteTopic(t, rc.conn, testTopic)
+	createTopic(t, rc.conn)
+	writeSigned(t, rc.conn, rc.p, msgs...)
+}
+
+// resetOnceTo waits until p was reset and read again to offset to (and done, when set, holds),
+// then checks that it was reset once, that every request of the new log was applied, and the
+// ledger's rules.
+func (rc *recreation) resetOnceTo(t *testing.T, l *ledger, to int64, done func() bool) {
+	t.Helper()
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d reset and read again to offset %d", rc.p, to), func() bool {
 		l.mu.Lock()
-		defer l.mu.Unlock()
-		return slices.Contains(l.resets, p) && l.next[p] == 5
+		reset := slices.Contains(l.resets, rc.p) && l.next[rc.p] == to
+		l.mu.Unlock()
+		return reset && (done == nil || done())
 	})
-	applied := l.applied(p)
-	for _, w := range want {
+	l.mu.Lock()
+	resets := slices.Clone(l.resets)
+	l.mu.Unlock()
+	if !slices.Equal(resets, []int{rc.p}) {
+		t.Errorf("resets %v, want one of partition %d", resets, rc.p)
+	}
+	applied := l.applied(rc.p)
+	for _, w := range rc.want {
 		if !slices.Contains(applied, w) {
 			t.Errorf("%s of the new log not applied; applied %v", w, applied)
 		}
@@ -54,6 +76,67 @@ func TestPartitionRecreatedPastItsOffsetIsReadAgain(t *testing.T) {
 	if bad := l.problems(); len(bad) != 0 {
 		t.Errorf("broken rules: %v", bad)
 	}
+}
+
+// stop holds a partition's read before its fetch from offset at, once armed (reach, from
+// MemberConfig.beforeFetch), until released.
+type stop struct {
+	at         int64
+	armed      atomic.Bool
+	held, hold chan struct{}
+}
+
+func newStop(at int64) *stop {
+	return &stop{at: at, held: make(chan struct{}), hold: make(chan struct{})}
+}
+
+// reach holds the read when it is armed and about to fetch from s.at, and reports whether it did.
+func (s *stop) reach(next int64) bool {
+	if next != s.at || !s.armed.CompareAndSwap(true, false) {
+		return false
+	}
+	close(s.held)
+	<-s.hold
+	return true
+}
+
+// arm makes the next read from s.at wait there.
+func (s *stop) arm() { s.armed.Store(true) }
+
+// holdRead arms s and waits until the read is held there.
+func (s *stop) holdRead(t *testing.T) {
+	t.Helper()
+	s.arm()
+	s.wait(t)
+}
+
+// wait waits until the read is held at s.
+func (s *stop) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.held:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the partition's read did not come to offset %d within 30s", s.at)
+	}
+}
+
+// release lets the held read go on.
+func (s *stop) release() { close(s.hold) }
+
+// A replica that was down while the CE topic was deleted and created again, and that finds the
+// new partition grown past the offset it had read, does not read on from that offset: the record
+// before it (the store's Witness) is another one, so the partition is reset (Reset) and read from
+// offset 0, and every request of the new log is applied.
+func TestPartitionRecreatedPastItsOffsetIsReadAgain(t *testing.T) {
+	rc := newRecreation(t, 5) // more than the old log held: the stored offset is inside the new log
+	l := newLedger()
+	r := startReplicaOn(t, memberConfig(rc.conn, "r1"), l)
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", rc.p), func() bool { return l.stored(rc.p) == 3 })
+	r.stop(t)
+
+	rc.recreate(t, rc.fresh)
+	startReplicaOn(t, memberConfig(rc.conn, "r1"), l)
+	rc.resetOnceTo(t, l, 5, nil)
 }
 
 // An owner that keeps its partition (no new generation) while the CE topic is deleted and
@@ -75,98 +158,55 @@ func TestPartitionRecreatedUnderItsOwnerIsReadAgain(t *testing.T) {
 		{"idle since a restart", 5, 300 * time.Millisecond, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, conn := startBroker(t)
-			createTopic(t, conn)
-			p := Partition("old-0", testPartitions)
-			var old, fresh []kafka.Message
-			var want []string
-			for i := range 3 {
-				old = append(old, readableRequest(t, idIn(p, fmt.Sprintf("old%d", i))))
-			}
-			for i := range c.n {
-				id := idIn(p, fmt.Sprintf("new%d", i))
-				fresh = append(fresh, readableRequest(t, id))
-				want = append(want, KindRegister+"/"+id)
-			}
-			writeSigned(t, conn, p, old...)
-
-			hold, held := make(chan struct{}), make(chan struct{})
-			var armed atomic.Bool
+			rc := newRecreation(t, c.n)
+			at3 := newStop(3)
 			var atEnd atomic.Int64 // reads from offset n once the topic is recreated
-			var at3 atomic.Int64   // reads from offset 3
-			cfg := memberConfig(conn, "r1")
+			var reads3 atomic.Int64
+			cfg := memberConfig(rc.conn, "r1")
 			cfg.WitnessEvery = c.every
 			cfg.beforeFetch = func(q int, next int64) {
-				if q != p {
+				if q != rc.p {
 					return
 				}
 				if next == 3 {
-					at3.Add(1)
+					reads3.Add(1)
 				}
-				if next == 3 && armed.CompareAndSwap(true, false) {
-					close(held)
-					<-hold
+				if at3.reach(next) {
 					return
 				}
-				if next == int64(c.n) && !armed.Load() {
+				if next == int64(c.n) {
 					atEnd.Add(1)
 				}
 			}
 			l := newLedger()
 			r := startReplicaOn(t, cfg, l)
-			waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", p), func() bool { return l.stored(p) == 3 })
+			waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", rc.p), func() bool { return l.stored(rc.p) == 3 })
 			if c.restart {
 				r.stop(t)
 				started := time.Now()
 				r = startReplicaOn(t, cfg, l)
-				at3.Store(0)
+				reads3.Store(0)
 				// Checked at its acquisition, then every WitnessEvery, not at every read (one
 				// every FetchWait, 100 ms, while the partition is idle).
 				waitfor.Cond(t, 30*time.Second, "three checks of the store's Witness and 15 reads", func() bool {
-					return r.m.Stats().Checks >= 3 && at3.Load() >= 15
+					return r.m.Stats().Checks >= 3 && reads3.Load() >= 15
 				})
 				if n, most := r.m.Stats().Checks, 2+int64(time.Since(started)/c.every); n > most {
 					t.Errorf("%d checks in %v with WitnessEvery %v, want at most %d", n, time.Since(started).Round(time.Millisecond), c.every, most)
 				}
 			}
-			armed.Store(true)
-			select {
-			case <-held:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("partition %d's read did not come back to offset 3 within 30s", p)
-			}
+			at3.holdRead(t)
 			gens := r.m.Stats().Generations
-			deleteTopic(t, conn, testTopic)
-			createTopic(t, conn)
-			writeSigned(t, conn, p, fresh...)
+			rc.recreate(t, rc.fresh)
 			atEnd.Store(0)
-			close(hold)
+			at3.release()
 
 			// Each read from offset n after the reset follows a check: three of them show that
 			// the reset's check was the last to find another log (with a check before every
 			// fetch; with longer intervals, that no check found one for a while).
-			waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read again from offset 0, to %d, and checked after", p, c.n), func() bool {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return slices.Contains(l.resets, p) && l.next[p] == int64(c.n) && atEnd.Load() >= 3
-			})
+			rc.resetOnceTo(t, l, int64(c.n), func() bool { return atEnd.Load() >= 3 })
 			if g := r.m.Stats().Generations; g != gens {
 				t.Errorf("the member went through %d more generations: the check at acquisition found the new log, not the check while owned", g-gens)
-			}
-			l.mu.Lock()
-			resets := slices.Clone(l.resets)
-			l.mu.Unlock()
-			if !slices.Equal(resets, []int{p}) {
-				t.Errorf("resets %v, want one of partition %d", resets, p)
-			}
-			applied := l.applied(p)
-			for _, w := range want {
-				if !slices.Contains(applied, w) {
-					t.Errorf("%s of the new log not applied; applied %v", w, applied)
-				}
-			}
-			if bad := l.problems(); len(bad) != 0 {
-				t.Errorf("broken rules: %v", bad)
 			}
 		})
 	}
@@ -175,136 +215,56 @@ func TestPartitionRecreatedUnderItsOwnerIsReadAgain(t *testing.T) {
 // A partition recreated shorter than its owner's offset is reset once: the records the owner
 // read of the old log are no witnesses of the new one, even once the new log grows past them.
 func TestPartitionRecreatedShorterIsResetOnce(t *testing.T) {
-	_, conn := startBroker(t)
-	createTopic(t, conn)
-	p := Partition("old-0", testPartitions)
-	var old, fresh []kafka.Message
-	for i := range 3 {
-		old = append(old, readableRequest(t, idIn(p, fmt.Sprintf("old%d", i))))
-	}
-	for i := range 5 {
-		fresh = append(fresh, readableRequest(t, idIn(p, fmt.Sprintf("new%d", i))))
-	}
-	writeSigned(t, conn, p, old...)
-
-	// Holds at offset 3 (before the topic is recreated) and at offset 0 (after the reset, before
-	// the new log grows past the old records' offsets); counts the reads from offset 5 after.
-	type stop struct {
-		armed      atomic.Bool
-		held, hold chan struct{}
-	}
-	at3, at0 := &stop{held: make(chan struct{}), hold: make(chan struct{})}, &stop{held: make(chan struct{}), hold: make(chan struct{})}
+	rc := newRecreation(t, 5)
+	// Held at offset 3 (before the topic is recreated) and at offset 0 (after the reset, before
+	// the new log grows past the old records' offsets); the reads from offset 5 after counted.
+	at3, at0 := newStop(3), newStop(0)
 	var at5 atomic.Int64
-	cfg := memberConfig(conn, "r1")
+	cfg := memberConfig(rc.conn, "r1")
 	cfg.WitnessEvery = time.Nanosecond // a check before every fetch
 	cfg.beforeFetch = func(q int, next int64) {
-		if q != p {
+		if q != rc.p || at3.reach(next) || at0.reach(next) {
 			return
-		}
-		for off, s := range map[int64]*stop{3: at3, 0: at0} {
-			if next == off && s.armed.CompareAndSwap(true, false) {
-				close(s.held)
-				<-s.hold
-			}
 		}
 		if next == 5 {
 			at5.Add(1)
 		}
 	}
-	wait := func(s *stop, what string) {
-		t.Helper()
-		select {
-		case <-s.held:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("partition %d's read did not come to %s within 30s", p, what)
-		}
-	}
 	l := newLedger()
 	startReplicaOn(t, cfg, l)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", p), func() bool { return l.stored(p) == 3 })
-	at3.armed.Store(true)
-	wait(at3, "offset 3")
-	deleteTopic(t, conn, testTopic)
-	createTopic(t, conn)
-	writeSigned(t, conn, p, fresh[0])
-	at0.armed.Store(true)
-	close(at3.hold)
-	wait(at0, "offset 0 after its reset")
-	writeSigned(t, conn, p, fresh[1:]...)
-	close(at0.hold)
-
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 5 and checked after", p), func() bool {
-		return l.stored(p) == 5 && at5.Load() >= 2
-	})
-	l.mu.Lock()
-	resets := slices.Clone(l.resets)
-	l.mu.Unlock()
-	if !slices.Equal(resets, []int{p}) {
-		t.Errorf("resets %v, want one of partition %d", resets, p)
-	}
-	if bad := l.problems(); len(bad) != 0 {
-		t.Errorf("broken rules: %v", bad)
-	}
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", rc.p), func() bool { return l.stored(rc.p) == 3 })
+	at3.holdRead(t)
+	rc.recreate(t, rc.fresh[:1])
+	at0.arm()
+	at3.release()
+	at0.wait(t)
+	writeSigned(t, rc.conn, rc.p, rc.fresh[1:]...)
+	at0.release()
+	rc.resetOnceTo(t, l, 5, func() bool { return at5.Load() >= 2 })
 }
 
 // An owner that read into a recreated partition and stopped (a crash, or the partition moved)
 // before its next check left the store a Witness of the old log, not the record it read last:
 // its next acquisition finds the new log, resets the partition and applies every request of it.
 func TestPartitionReadIntoANewLogBeforeACheckIsFoundAtAcquisition(t *testing.T) {
-	_, conn := startBroker(t)
-	createTopic(t, conn)
-	p := Partition("old-0", testPartitions)
-	var old, fresh []kafka.Message
-	var want []string
-	for i := range 3 {
-		old = append(old, readableRequest(t, idIn(p, fmt.Sprintf("old%d", i))))
-	}
-	for i := range 5 {
-		id := idIn(p, fmt.Sprintf("new%d", i))
-		fresh = append(fresh, readableRequest(t, id))
-		want = append(want, KindRegister+"/"+id)
-	}
-	writeSigned(t, conn, p, old...)
-
-	hold, held := make(chan struct{}), make(chan struct{})
-	var armed atomic.Bool
-	cfg := memberConfig(conn, "r1")
+	rc := newRecreation(t, 5)
+	at3 := newStop(3)
+	cfg := memberConfig(rc.conn, "r1")
 	cfg.WitnessEvery = time.Hour // no check while the test runs but at acquisitions
 	cfg.beforeFetch = func(q int, next int64) {
-		if q == p && next == 3 && armed.CompareAndSwap(true, false) {
-			close(held)
-			<-hold
+		if q == rc.p {
+			at3.reach(next)
 		}
 	}
 	l := newLedger()
 	r := startReplicaOn(t, cfg, l)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", p), func() bool { return l.stored(p) == 3 })
-	armed.Store(true)
-	select {
-	case <-held:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("partition %d's read did not come back to offset 3 within 30s", p)
-	}
-	deleteTopic(t, conn, testTopic)
-	createTopic(t, conn)
-	writeSigned(t, conn, p, fresh...)
-	close(hold)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read on into the new log, to 5", p), func() bool { return l.stored(p) == 5 })
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", rc.p), func() bool { return l.stored(rc.p) == 3 })
+	at3.holdRead(t)
+	rc.recreate(t, rc.fresh)
+	at3.release()
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read on into the new log, to 5", rc.p), func() bool { return l.stored(rc.p) == 5 })
 	r.stop(t)
 
 	startReplicaOn(t, cfg, l)
-	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d reset at its acquisition and read again to 5", p), func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return slices.Contains(l.resets, p) && l.next[p] == 5
-	})
-	applied := l.applied(p)
-	for _, w := range want {
-		if !slices.Contains(applied, w) {
-			t.Errorf("%s of the new log not applied; applied %v", w, applied)
-		}
-	}
-	if bad := l.problems(); len(bad) != 0 {
-		t.Errorf("broken rules: %v", bad)
-	}
+	rc.resetOnceTo(t, l, 5, nil)
 }
