@@ -36,11 +36,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	t.Parallel() // waits for its broker's retries
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openOutboxLedger(t)
 	data := bundled(t)
 	m, _, err := bnn.Fit(ctx, data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 1})
 	if err != nil {
@@ -84,15 +80,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	r := &running{reg: reg}
 	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
-	done := make(chan error, 1)
-	pctx, stop := context.WithCancel(ctx)
-	go func() { done <- p.run(pctx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("publisher: %v", err)
-		}
-	}()
+	runPublisher(t, ctx, p)
 	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
 	if got := r.metric(t, alerts.NameEventsPending); got != float64(len(evs)) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameEventsPending, got, len(evs))
@@ -110,15 +98,8 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		t.Errorf("%s{result=published} = %v after the outbox drained, want %d", alerts.NameEvents, got, len(evs))
 	}
 
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
-	defer rd.Close()
-	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer rcancel()
-	for i, want := range stored {
-		msg, err := rd.ReadMessage(rctx)
-		if err != nil {
-			t.Fatalf("event %d: %v", i, err)
-		}
+	for i, msg := range readTopic(t, ctx, []string{addr}, len(stored)) {
+		want := stored[i]
 		if seq := header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
 			t.Fatalf("event %d: key %q, %s %q; want %q, %d", i, msg.Key, OutboxSeqHeader, seq, want.Key, want.Seq)
 		}
@@ -140,6 +121,48 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	if n := strings.Count(logs.String(), "publishing outbox entries failed"); n != 1 {
 		t.Fatalf("%d WARN lines for one outage, want 1:\n%s", n, logs.String())
 	}
+}
+
+// openOutboxLedger opens an empty ledger, closed when the test ends.
+func openOutboxLedger(t *testing.T) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// runPublisher runs p until the test ends, and fails the test if run returns an error.
+func runPublisher(t *testing.T, ctx context.Context, p *outboxPublisher) {
+	done := make(chan error, 1)
+	pctx, stop := context.WithCancel(ctx)
+	go func() { done <- p.run(pctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("publisher: %v", err)
+		}
+	})
+}
+
+// readTopic reads the first n events of cfguard.events on brokers, in order.
+func readTopic(t *testing.T, ctx context.Context, brokers []string, n int) []kafka.Message {
+	t.Helper()
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	defer rd.Close()
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msg, err := rd.ReadMessage(rctx)
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		msgs[i] = msg
+	}
+	return msgs
 }
 
 // recordingStates is a stateSink that keeps what it is given.
@@ -277,11 +300,7 @@ func TestOutboxWritesStatesAfterTheirEvents(t *testing.T) {
 func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openOutboxLedger(t)
 	data := bundled(t)
 	held := make([]heldRecord, 400) // about 120 kB of JSON
 	for i := range held {
@@ -316,15 +335,7 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := &running{reg: reg}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
-	done := make(chan error, 1)
-	pctx, stop := context.WithCancel(ctx)
-	go func() { done <- p.run(pctx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("publisher: %v", err)
-		}
-	}()
+	runPublisher(t, ctx, p)
 	defer func() {
 		if t.Failed() {
 			t.Log(logs.String())
@@ -365,16 +376,8 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		n, err := l.OutboxLen()
 		return err == nil && n == 0
 	})
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
-	defer rd.Close()
-	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
-	defer rcancel()
-	for i, want := range stored {
-		msg, err := rd.ReadMessage(rctx)
-		if err != nil {
-			t.Fatalf("event %d: %v", i, err)
-		}
-		if seq := header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) {
+	for i, msg := range readTopic(t, ctx, b.Addrs(), len(stored)) {
+		if seq, want := header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
 			t.Fatalf("event %d on the topic has %s %s, want %d: events out of order", i, OutboxSeqHeader, seq, want.Seq)
 		}
 	}
