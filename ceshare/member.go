@@ -58,13 +58,15 @@ type Hooks interface {
 	Release(ctx context.Context, p int) error
 	// Reset is called when partition p ends before the offset the store read it to, or holds
 	// another record than a Witness at its offset (the topic was deleted and created again):
-	// the requests the store applied are gone from the topic, but for those of the new log it
-	// read before the check found it (an owner that kept p and read on into the new log).
-	// It must store offset 0 for p and forget the outcomes of p's requests before anything
-	// else, so that no request of the new partition is skipped and each is applied again, in
-	// order, those read before among them; it may send the store's state of p again as
-	// requests. The member then reads p from offset 0.
-	Reset(ctx context.Context, p int, end int64) error
+	// the requests the store applied are gone from the topic, but for those of the new log an
+	// owner that kept p (or crashed, or lost p, before its next check) read on into, all at
+	// offsets from `from` on (past the Witness). It must store offset 0 for p and forget the
+	// outcomes of p's requests at offsets from `from` on before anything else, so that no
+	// request of the new partition is skipped and each is applied again, in order, those read
+	// before among them (the old log's requests before `from` keep theirs: a client's retry of
+	// one is answered as before); it may send the store's state of p again as requests. The
+	// member then reads p from offset 0.
+	Reset(ctx context.Context, p int, end, from int64) error
 }
 
 // Witness is a record of a partition that the store read: its offset and the SHA-256 of its
@@ -767,7 +769,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 				m.log.Error("CE partition holds another record than the one this replica read at its offset: the topic was deleted and "+
 					"created again and has grown past what this replica read; its requests are gone, the partition is read again from "+
 					"offset 0 and this replica's CEs of it are sent again", "partition", p, "offset", witness.Offset, "read_to", next, "end", end)
-				if next, err = m.reset(ctx, p, next, end); err != nil {
+				if next, err = m.reset(ctx, p, next, end, witness.Offset+1); err != nil {
 					if ctx.Err() == nil {
 						fail(err)
 					}
@@ -1246,16 +1248,16 @@ func (m *Member) outOfRange(ctx context.Context, cl *kafka.Client, p int, next i
 		m.log.Error("CE partition ends before what this replica read: the topic was deleted and created again; its requests "+
 			"are gone, the partition is read again from offset 0 and this replica's CEs of it are sent again",
 			"partition", p, "read_to", next, "end", end)
-		return m.reset(ctx, p, next, end)
+		return m.reset(ctx, p, next, end, next) // nothing of the new log read: it ends before next
 	}
 	return next, nil
 }
 
 // reset handles partition p being another log than the one the store read to next (the topic
-// was deleted and created again; end is the new partition's end): Reset, then p is read from
-// offset 0.
-func (m *Member) reset(ctx context.Context, p int, next, end int64) (int64, error) {
-	if err := m.hooks.Reset(ctx, p, end); err != nil {
+// was deleted and created again; end is the new partition's end; the store may have read the
+// new log from offset from on): Reset, then p is read from offset 0.
+func (m *Member) reset(ctx context.Context, p int, next, end, from int64) (int64, error) {
+	if err := m.hooks.Reset(ctx, p, end, from); err != nil {
 		return next, fmt.Errorf("ceshare: partition %d of %q (end %d) is another log than the one this replica read to offset %d "+
 			"(the topic was deleted and created again), and its reset failed: %w", p, m.cfg.Topic, end, next, err)
 	}

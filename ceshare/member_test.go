@@ -102,6 +102,7 @@ type ledger struct {
 	restoreAt map[int]int64                     // the stored offset when a partition's first restored registrations came
 	witness   map[int]Witness                   // the Witness stored per partition (Apply), as the ledger keeps it
 	resets    []int                             // every Reset, in order
+	reqOff    map[int]map[string]int64          // the offset each kind/id of reqs was last applied at
 }
 
 type acquisition struct {
@@ -128,12 +129,16 @@ func (l *ledger) Acquire(_ context.Context, p int) (int64, *Witness, error) {
 	return l.next[p], nil, nil
 }
 
-func (l *ledger) Reset(_ context.Context, p int, end int64) error {
+func (l *ledger) Reset(_ context.Context, p int, end, from int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.next[p] = 0
 	delete(l.witness, p)
-	delete(l.reqs, p) // read again from its start: each request is applied once more, in order
+	for k, off := range l.reqOff[p] { // may be of the new log: applied once more, in order
+		if off >= from {
+			delete(l.reqs[p], k)
+		}
+	}
 	l.resets = append(l.resets, p)
 	return nil
 }
@@ -161,6 +166,13 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64, w *
 	}
 	for _, r := range reqs {
 		k := r.Kind + "/" + r.ID
+		if l.reqOff == nil {
+			l.reqOff = map[int]map[string]int64{}
+		}
+		if l.reqOff[p] == nil {
+			l.reqOff[p] = map[string]int64{}
+		}
+		l.reqOff[p][k] = r.Offset
 		if l.reqs[p][k]++; l.reqs[p][k] > 1 {
 			l.bad = append(l.bad, fmt.Sprintf("partition %d: %s applied twice", p, k))
 		}

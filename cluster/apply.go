@@ -62,15 +62,16 @@ func (s *Share) Lost(ctx context.Context, p int, from, to int64) error {
 // Reset is ceshare.Hooks: partition p of the CE topic ends at end, before what this ledger read,
 // or holds another record than one it read (the topic was deleted and created again), so the
 // requests that registered p's CEs are gone. The partition's offset goes back to 0 and the
-// outcomes of its requests are forgotten first, together (ledger.ResetShare: a crash after it
-// leaves the CEs in this ledger, no request of the new log skipped, and those of it read
-// before the reset applied again in their order), then every CE of p this ledger holds is sent again
+// outcomes of its requests from offset from on (those that may be of the new log) are
+// forgotten first, together (ledger.ResetShare: a crash after it leaves the CEs in this
+// ledger, no request of the new log skipped, and those of it read before the reset applied
+// again in their order), then every CE of p this ledger holds is sent again
 // as a registration with its anchor and certificate: reading p from 0, this replica applies them
 // as already stored, and a later owner of p stores them from the topic.
 // cfguard_counterfactuals_repaired_total counts them; one that cannot be sent stays in this
 // ledger only (an ERROR line says how many).
-func (s *Share) Reset(ctx context.Context, p int, end int64) error {
-	if err := s.host.Durably(ctx, func() error { return s.ledger.ResetShare(p) }); err != nil {
+func (s *Share) Reset(ctx context.Context, p int, end, from int64) error {
+	if err := s.host.Durably(ctx, func() error { return s.ledger.ResetShare(p, from) }); err != nil {
 		return err
 	}
 	var ces []*ledger.CE

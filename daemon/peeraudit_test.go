@@ -21,9 +21,9 @@ func (idleHooks) Acquire(context.Context, int) (int64, *ceshare.Witness, error) 
 func (idleHooks) Apply(context.Context, int, []ceshare.Request, int64, *ceshare.Witness) error {
 	return nil
 }
-func (idleHooks) Release(context.Context, int) error            { return nil }
-func (idleHooks) Reset(context.Context, int, int64) error       { return nil }
-func (idleHooks) Lost(context.Context, int, int64, int64) error { return nil }
+func (idleHooks) Release(context.Context, int) error             { return nil }
+func (idleHooks) Reset(context.Context, int, int64, int64) error { return nil }
+func (idleHooks) Lost(context.Context, int, int64, int64) error  { return nil }
 
 // An audit takes as long as a replica's share needs: POST /v1/audit asks every owner of CE
 // partitions and waits for each one's report past cluster.PeerTimeout, which bounds the other questions

@@ -430,9 +430,9 @@ func (l *Ledger) pruneOutcomes(tx *bolt.Tx, now time.Time) error {
 	return nil
 }
 
-// forgetOutcomes deletes in tx every outcome of requests read from CE-topic partition p: a
-// partition read again from its start must apply its requests again.
-func forgetOutcomes(tx *bolt.Tx, p int) error {
+// forgetOutcomes deletes in tx every outcome of requests read from CE-topic partition p at
+// offsets from `from` on: a partition read again from its start must apply them again.
+func forgetOutcomes(tx *bolt.Tx, p int, from int64) error {
 	at, reqs := tx.Bucket(bRequestsAt), tx.Bucket(bRequests)
 	if at == nil || reqs == nil {
 		return nil
@@ -446,7 +446,7 @@ func forgetOutcomes(tx *bolt.Tx, p int) error {
 		if err != nil {
 			return err
 		}
-		if ok && o.Partition == p {
+		if ok && o.Partition == p && o.Offset >= from {
 			dead = append(dead, bytes.Clone(k))
 		}
 		return nil

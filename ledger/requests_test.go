@@ -215,12 +215,19 @@ func TestApplyShareOutcomes(t *testing.T) {
 	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "r1", ID: "x", CE: a}}, 1, nil, nil); err != nil || outs[0].Duplicate {
 		t.Fatalf("after the release: %+v, %v", outs, err)
 	}
-	// Reset (the topic recreated): the offset back to 0 and the outcomes forgotten, the CEs kept;
-	// the new log's requests read again apply again. Another partition's outcomes stay.
+	// Reset (the topic recreated), the new log read from offset 1 on: the offset back to 0, the
+	// CEs kept, the outcomes of requests read from offset 1 on forgotten (they apply again, in
+	// order), those before kept (a client's retry of an old request is answered as before).
+	// Another partition's outcomes stay.
+	c := newCE(t, m, rng)
+	c.ID = "y"
+	if _, err := l.ApplyShare(1, []ShareOp{{RID: "k0", ID: "old", Offset: 1}, {RID: "n1", ID: "y", CE: c, Offset: 2}}, 3, nil, nil); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := l.ApplyShare(2, []ShareOp{{RID: "d3", ID: "elsewhere"}}, 1, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.ResetShare(1); err != nil {
+	if err := l.ResetShare(1, 2); err != nil {
 		t.Fatal(err)
 	}
 	if off, held, _ := l.ShareOffset(1); off != 0 || !held {
@@ -229,14 +236,18 @@ func TestApplyShareOutcomes(t *testing.T) {
 	if _, err := l.Get("x"); err != nil {
 		t.Errorf("ResetShare deleted a CE: %v", err)
 	}
-	if _, ok, _ := l.Outcome("r1"); ok {
-		t.Error("a reset partition kept its outcomes")
+	if _, ok, _ := l.Outcome("n1"); ok {
+		t.Error("a reset partition kept the outcome of a request read at or after the reset's offset")
+	}
+	if _, ok, _ := l.Outcome("k0"); !ok {
+		t.Error("a reset partition forgot the outcome of a request read before the reset's offset")
 	}
 	if _, ok, _ := l.Outcome("d3"); !ok {
 		t.Error("a reset of partition 1 forgot partition 2's outcome")
 	}
-	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "d1", ID: "x"}}, 1, nil, nil); err != nil || outs[0].Duplicate || outs[0].Result != OutcomeDeleted {
-		t.Fatalf("a deletion read again after the reset: %+v, %v; want it applied", outs, err)
+	if outs, err = l.ApplyShare(1, []ShareOp{{RID: "k0", ID: "old", Offset: 1}, {RID: "n1", ID: "y", CE: c, Offset: 2}}, 3, nil, nil); err != nil ||
+		!outs[0].Duplicate || outs[1].Duplicate || outs[1].Result != OutcomeSame {
+		t.Fatalf("requests read again after the reset: %+v, %v; want the one before offset 2 answered from its outcome, the other applied again (same CE)", outs, err)
 	}
 	// Expired: an hour and a bit later, r1's outcome is gone.
 	now = now.Add(61 * time.Minute)

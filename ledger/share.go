@@ -154,12 +154,14 @@ func (l *Ledger) SkipShare(p int, from, to int64) error {
 }
 
 // ResetShare sets partition p's offset back to 0 (its witness goes with it) and forgets the
-// outcomes of its requests (ApplyShare), in one transaction: the partition's topic was deleted
-// and created again, and reading it from its start applies each request of the new log, in
-// order, also those an owner that kept p read before it found the new log. The CEs stay.
-func (l *Ledger) ResetShare(p int) error {
-	if p < 0 {
-		return fmt.Errorf("ledger: reset share: %w", invalidf("partition %d", p))
+// outcomes of its requests (ApplyShare) at offsets from `from` on, in one transaction: the
+// partition's topic was deleted and created again, and reading it from its start applies each
+// request of the new log, in order, also those an owner that kept p read, from `from` on,
+// before it found the new log. Outcomes of requests before `from` (the old log's) stay, so that
+// a client's retry of one is still answered as its first attempt was. The CEs stay.
+func (l *Ledger) ResetShare(p int, from int64) error {
+	if p < 0 || from < 0 {
+		return fmt.Errorf("ledger: reset share: %w", invalidf("partition %d from offset %d", p, from))
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
@@ -167,7 +169,7 @@ func (l *Ledger) ResetShare(p int) error {
 		if err := putShareOffset(tx, p, 0, nil); err != nil {
 			return err
 		}
-		return forgetOutcomes(tx, p)
+		return forgetOutcomes(tx, p, from)
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: reset share of partition %d: %w", p, err)
@@ -191,7 +193,7 @@ func (l *Ledger) ReleaseShare(ctx context.Context, p int, in func(id string) boo
 				return err
 			}
 		}
-		return forgetOutcomes(tx, p)
+		return forgetOutcomes(tx, p, 0)
 	})
 	l.wmu.Unlock()
 	if err != nil {
