@@ -357,6 +357,10 @@ func TestOutboxHidesAFailingCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	newest, err := l.OutboxNewest(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := l.OutboxLen()
 	if err != nil {
 		t.Fatal(err)
@@ -373,9 +377,9 @@ func TestOutboxHidesAFailingCommit(t *testing.T) {
 	if len(seen) != len(before) || n != len(before) || st.OutboxLen != len(before) {
 		t.Errorf("during the failing commit: Outbox %d entries, OutboxLen %d, State().OutboxLen %d; want the %d before it", len(seen), n, st.OutboxLen, len(before))
 	}
-	for _, e := range seen {
+	for _, e := range append(seen, newest...) {
 		if e.Key == "phantom" {
-			t.Errorf("Outbox handed out %+v of the failing commit", e)
+			t.Errorf("Outbox or OutboxNewest handed out %+v of the failing commit", e)
 		}
 	}
 	if _, _, err := l.Commit(bg, cp); err != nil {
@@ -384,6 +388,9 @@ func TestOutboxHidesAFailingCommit(t *testing.T) {
 	after, err := l.Outbox(0, 1000)
 	if err != nil || len(after) != len(before)+1 || after[len(after)-1].Key != "phantom" {
 		t.Fatalf("after the retry: %d entries (%v), want %d ending with the retried commit's", len(after), err, len(before)+1)
+	}
+	if newest, err := l.OutboxNewest(1); err != nil || len(newest) != 1 || newest[0].Key != "phantom" {
+		t.Fatalf("OutboxNewest after the retry: %+v (%v), want the retried commit's event first", newest, err)
 	}
 }
 
