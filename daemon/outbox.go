@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,11 +67,18 @@ type outboxPublisher struct {
 	// states takes the CE states of a replica's outbox; nil on a single daemon, which drops
 	// any a replica on the same ledger left.
 	states stateSink
-	// oneByOne is the last sequence number of an attempt a topic refused as too large (its
-	// max.message.bytes): entries are published one at a time up to it, so that those before
-	// the one refused get out and that one is named. refused is the entry last named.
-	oneByOne, refused uint64
+	// batch is how many entries an attempt takes: outboxBatch, halved at once each time a topic
+	// refuses an attempt of several as too large (its max.message.bytes below kafka-go's batch
+	// of the attempt's records), doubled again after outboxRegrow attempts that worked. refused
+	// is the entry last named as too large alone; shrunk, whether the shrinking was logged.
+	batch, worked int
+	refused       uint64
+	shrunk        bool
 }
+
+// outboxRegrow is how many attempts at a halved batch size work before the size doubles again
+// (a topic whose limit was raised gets whole batches back).
+const outboxRegrow = 8
 
 func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, replica string, log *slog.Logger) *outboxPublisher {
 	return &outboxPublisher{l: l, sink: sink, metrics: m, log: log, wake: make(chan struct{}, 1), replica: replica}
@@ -136,11 +144,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 // drain publishes and acknowledges outbox entries after *after until none are left.
 func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 	for ctx.Err() == nil {
-		n := outboxBatch
-		if p.oneByOne > *after {
-			n = 1
-		}
-		entries, err := p.l.Outbox(*after, n)
+		entries, err := p.l.Outbox(*after, cmp.Or(p.batch, outboxBatch))
 		if err != nil {
 			return err
 		}
@@ -163,12 +167,17 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 			// Every entry of the attempt stays in the outbox, the events too when only the
 			// states failed: they are published again with them.
 			p.metrics.PublishFailed(len(batch) + len(states))
-			if stream.TooLarge(err) {
-				p.tooLarge(entries, err)
+			if stream.TooLarge(err) && p.tooLarge(entries, err) {
+				continue // again at once, with half the entries
 			}
 			return fmt.Errorf("publishing outbox entries %d..%d: %w", entries[0].Seq, entries[len(entries)-1].Seq, err)
 		}
 		p.metrics.EventsPublished(len(batch) + len(states))
+		if p.batch != 0 && p.batch < outboxBatch {
+			if p.worked++; p.worked >= outboxRegrow {
+				p.batch, p.worked = min(outboxBatch, 2*p.batch), 0
+			}
+		}
 		last := entries[len(entries)-1].Seq
 		if err := p.l.AckOutbox(last); err != nil {
 			// Published but not acknowledged: they are published again (consumers dedupe).
@@ -179,24 +188,37 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 	return nil
 }
 
-// tooLarge takes an attempt a topic refused as too large: among several entries, the one it
-// refuses is found by publishing them one at a time; one alone is named at ERROR, once, with the
-// max.message.bytes its topic needs. It and every entry after it stay in the outbox (events go
-// in order), retried with backoff, until the topic takes it.
-func (p *outboxPublisher) tooLarge(entries []ledger.OutboxEntry, err error) {
+// tooLarge takes an attempt a topic refused as too large, and reports whether to try again at
+// once: an attempt of several entries is tried again with half of them (said once, at INFO, per
+// shrinking from the full batch), so that the entries that fit go; one entry alone is named at
+// ERROR, once, with the max.message.bytes its topic needs. It and every entry after it stay in
+// the outbox (events go in order), retried with backoff, until the topic takes it.
+func (p *outboxPublisher) tooLarge(entries []ledger.OutboxEntry, err error) bool {
 	if len(entries) > 1 {
-		p.oneByOne = entries[len(entries)-1].Seq
-		return
+		if !p.shrunk {
+			p.shrunk = true
+			p.log.Info("a topic refused a batch of outbox entries as too large (its max.message.bytes is below the batch): "+
+				"publishing fewer entries per batch", "entries", len(entries), "err", err)
+		}
+		p.batch, p.worked = len(entries)/2, 0
+		return true
 	}
+	p.shrunk = false
 	e := entries[0]
 	if p.refused == e.Seq {
-		return
+		return false
 	}
 	p.refused = e.Seq
-	need := len(e.Key) + len(e.Value) + 256 // the record batch's header, the record's fields and headers
+	// A record batch of it alone: the batch's header (61 bytes), the record's fixed fields and
+	// lengths (36 at most), its key and value, and its headers with their lengths.
+	need := 61 + 36 + len(e.Key) + len(e.Value) + len(OutboxSeqHeader) + 20 + 10
+	if p.replica != "" {
+		need += len(ReplicaHeader) + len(p.replica) + 10
+	}
 	p.log.Error("an outbox entry is too large for its topic: it and every entry after it stay in the outbox, retried with backoff, "+
 		"until the topic takes it", "seq", e.Seq, "key", e.Key, "bytes", len(e.Value), "err", err,
 		"fix", fmt.Sprintf("raise the topic's max.message.bytes to %d or more", need))
+	return false
 }
 
 // split sorts outbox entries into events for the events topic and CE states for the state

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -356,9 +358,9 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 			found = l
 		}
 	}
-	need := fmt.Sprintf("raise the topic's max.message.bytes to %d or more", len(stored[2].Key)+len(stored[2].Value)+256)
-	if !strings.Contains(found, "level=ERROR") || !strings.Contains(found, line) || !strings.Contains(found, need) {
-		t.Errorf("the line naming the large entry: %q; want ERROR with %q and %q", found, line, need)
+	fix := regexp.MustCompile(`raise the topic's max.message.bytes to (\d+) or more`).FindStringSubmatch(found)
+	if !strings.Contains(found, "level=ERROR") || !strings.Contains(found, line) || fix == nil {
+		t.Fatalf("the line naming the large entry: %q; want ERROR with %q and the max.message.bytes to set", found, line)
 	}
 	// Retried with backoff, named once.
 	failed := r.metric(t, alerts.NameEvents, "result", "failed")
@@ -370,9 +372,10 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		t.Errorf("%d entries left while the topic refuses the large one, want 2 (it and the one after)", n)
 	}
 
-	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "1048588")
+	// The size the line says is enough: with it, the entry and the one after go.
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", fix[1])
 	p.notify()
-	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the topic takes the large entry", func() bool {
+	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the topic takes what the line says", func() bool {
 		n, err := l.OutboxLen()
 		return err == nil && n == 0
 	})
@@ -380,5 +383,90 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		if seq, want := header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
 			t.Fatalf("event %d on the topic has %s %s, want %d: events out of order", i, OutboxSeqHeader, seq, want.Seq)
 		}
+	}
+}
+
+// countingSink records the size of each batch it hands on to its eventSink.
+type countingSink struct {
+	eventSink
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (c *countingSink) PublishBatch(ctx context.Context, events []stream.Event) error {
+	c.mu.Lock()
+	c.sizes = append(c.sizes, len(events))
+	c.mu.Unlock()
+	return c.eventSink.PublishBatch(ctx, events)
+}
+
+// largest is the largest batch a publish attempt was given since from (an index into sizes).
+func (c *countingSink) largest(from int) (most, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.sizes[min(from, len(c.sizes)):] {
+		most = max(most, s)
+	}
+	return most, len(c.sizes)
+}
+
+// Events that each fit the events topic but not as a whole batch (its max.message.bytes below
+// the writer's batch) go in smaller batches, at once, without an ERROR naming any; once the
+// topic takes whole batches again, the batches grow back to outboxBatch.
+func TestOutboxBatchesShrinkToFitTheTopic(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := openOutboxLedger(t)
+	events := func(n int) []ledger.OutboxEntry {
+		evs := make([]event, n)
+		for i := range evs {
+			evs[i] = event{Type: "audit_completed", PosteriorVersion: uint64(i), Counts: map[string]int{"certified": i}}
+		}
+		return outboxEntries(evs)
+	}
+	if err := l.Checkpoint(&ledger.Checkpoint{Events: events(1000)}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "20000")
+	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: b.Addrs()}, Topic: "cfguard.events"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	sink := &countingSink{eventSink: pub}
+	logs := &tooltest.Output{}
+	p := newOutboxPublisher(l, sink, alerts.NewMetrics(prometheus.NewRegistry()), "", slog.New(slog.NewTextHandler(logs, nil)))
+	runPublisher(t, ctx, p)
+	waitfor.Cond(t, 60*time.Second, "1000 small events published in batches the topic takes", func() bool {
+		n, err := l.OutboxLen()
+		return err == nil && n == 0
+	})
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("an ERROR line while every event fits the topic alone:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "publishing fewer entries per batch"); n != 1 {
+		t.Errorf("%d lines saying the batches shrink, want 1:\n%s", n, logs.String())
+	}
+	if most, _ := sink.largest(1); most >= outboxBatch {
+		t.Fatalf("a batch of %d after the first was refused, want fewer than %d", most, outboxBatch)
+	}
+
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "1048588")
+	_, from := sink.largest(0)
+	if err := l.Checkpoint(&ledger.Checkpoint{Events: events(4 * outboxRegrow * outboxBatch)}); err != nil {
+		t.Fatal(err)
+	}
+	p.notify()
+	waitfor.Cond(t, 60*time.Second, "the next events published", func() bool {
+		n, err := l.OutboxLen()
+		return err == nil && n == 0
+	})
+	if most, _ := sink.largest(from); most != outboxBatch {
+		t.Errorf("the largest batch once the topic takes whole batches: %d, want %d", most, outboxBatch)
 	}
 }
