@@ -600,7 +600,7 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
 	if key != "" {
-		keyed(&reg, key, "", r.Method, r.URL.Path, body)
+		keyed(&reg, key, "", requestFingerprint(r.Method, r.URL.Path, body))
 	}
 	ce, err := a.core.register(r.Context(), reg)
 	if errors.Is(err, cluster.ErrPending) {
@@ -668,8 +668,12 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 	var (
 		results = []bulkResult{} // [] for a body without lines, as the schema says
 		regs    []registration
-		at      []int // index in results of each registration
+		at      []int  // index in results of each registration
+		fp      string // the request's fingerprint, with a key: one for every line
 	)
+	if key != "" {
+		fp = requestFingerprint(r.Method, r.URL.Path, body)
+	}
 	for n, line := range bytes.Split(body, []byte("\n")) {
 		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
@@ -686,7 +690,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		} else {
 			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
 			if key != "" {
-				keyed(&reg, key, fmt.Sprintf("line %d", n+1), r.Method, r.URL.Path, body)
+				keyed(&reg, key, fmt.Sprintf("line %d", n+1), fp)
 			}
 			res.ID = reg.id
 			regs, at = append(regs, reg), append(at, len(results))
@@ -811,7 +815,7 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	var ref ledger.RequestRef
 	if key != "" {
-		ref, _ = keyRequest(key, "", r.Method, r.URL.Path, nil)
+		ref, _ = keyRequest(key, "", requestFingerprint(r.Method, r.URL.Path, nil))
 	}
 	id := r.PathValue("id")
 	err = a.core.forget(r.Context(), id, ref)

@@ -83,27 +83,32 @@ func idempotencyKey(r *http.Request) (string, error) {
 // registration within the HTTP request, "" for POST /v1/counterfactuals, "line N" for a bulk
 // line. A registration without an id gets the id derived from the key, so a retry registers the
 // same CE.
-func keyed(r *registration, key, part string, method, path string, body []byte) {
+func keyed(r *registration, key, part, fingerprint string) {
 	var id string
-	r.req, id = keyRequest(key, part, method, path, body)
+	r.req, id = keyRequest(key, part, fingerprint)
 	if r.id == "" {
 		r.id = id
 	}
 }
 
 // keyRequest derives the request sent with key: its request id (the same for every retry of
-// it; part names one request within an HTTP request), the fingerprint of the HTTP request's
-// method, path and body, and the CE id a registration without one gets. A DELETE and a POST
-// sent with one key have one request id and two fingerprints: the second is the key reused.
-func keyRequest(key, part string, method, path string, body []byte) (ledger.RequestRef, string) {
+// it; part names one request within an HTTP request) with the fingerprint of the HTTP request
+// (requestFingerprint), and the CE id a registration without one gets. A DELETE and a POST sent
+// with one key have one request id and two fingerprints: the second is the key reused.
+func keyRequest(key, part, fingerprint string) (ledger.RequestRef, string) {
 	h := sha256.New()
 	fmt.Fprintf(h, "cfguard idempotency key\x00%s\x00%s", key, part)
 	sum := h.Sum(nil)
+	return ledger.RequestRef{RID: "key-" + hex.EncodeToString(sum[:20]), Fingerprint: fingerprint}, "idem-" + hex.EncodeToString(sum[20:])
+}
+
+// requestFingerprint is the hex SHA-256 of an HTTP request's method, path and body: computed
+// once per request, whatever the number of requests (bulk lines) it holds.
+func requestFingerprint(method, path string, body []byte) string {
 	f := sha256.New()
 	fmt.Fprintf(f, "%s\x00%s\x00", method, path)
 	f.Write(body)
-	return ledger.RequestRef{RID: "key-" + hex.EncodeToString(sum[:20]), Fingerprint: hex.EncodeToString(f.Sum(nil))},
-		"idem-" + hex.EncodeToString(sum[20:])
+	return hex.EncodeToString(f.Sum(nil))
 }
 
 // answerOutcome is the answer to a registration whose request has outcome o (ledger.Outcome):
