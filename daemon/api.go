@@ -88,6 +88,7 @@ type apiConfig struct {
 	maxBodyBytes        int64
 	writeTimeout        time.Duration // http.write_timeout, which POST /v1/explain extends
 	explainTimeout      time.Duration
+	backupStall         time.Duration // each chunk of GET /v1/backup is taken within it; 0: backupStall
 	// Reported by GET /v1/model.
 	budget, delta, epsilon float64
 	mode, onBreach         string

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"net/http"
@@ -24,18 +25,36 @@ const (
 	trailerBackupError   = "Cfguard-Backup-Error"
 )
 
+// backupStall is how long a client of GET /v1/backup may take to accept each chunk of the
+// snapshot. The snapshot is one read transaction: a client that stops reading would hold it
+// open, and with it every commit that grows the ledger's file (bbolt remaps it only once no
+// read transaction holds the old mapping), and the daemon's stop.
+const backupStall = 30 * time.Second
+
+// stallWriter is a response body whose every Write must be taken within stall of its start.
+type stallWriter struct {
+	w     io.Writer
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (s stallWriter) Write(p []byte) (int, error) {
+	s.rc.SetWriteDeadline(time.Now().Add(s.stall)) // an error means the writer has no deadlines
+	return s.w.Write(p)
+}
+
 // handleBackup is GET /v1/backup: a consistent snapshot of the ledger (a complete bbolt file as
 // of one transaction) streamed while ingestion goes on. Restore it with cfguard restore.
 func (a *api) handleBackup(w http.ResponseWriter, r *http.Request) {
-	// The snapshot streams as long as the ledger takes to write: no http.write_timeout (an error
-	// means the writer has no deadline to lift).
-	http.NewResponseController(w).SetWriteDeadline(time.Time{})
+	// The snapshot streams as long as the ledger takes to write, not within http.write_timeout,
+	// but each chunk of it within backupStall.
+	body := stallWriter{w: w, rc: http.NewResponseController(w), stall: cmp.Or(a.cfg.backupStall, backupStall)}
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Disposition", `attachment; filename="cfguard.db"`)
 	h.Set("Trailer", trailerBackupTxID+", "+trailerBackupVersion+", "+trailerBackupError)
 	w.WriteHeader(http.StatusOK)
-	info, err := a.backup.Backup(r.Context(), w)
+	info, err := a.backup.Backup(r.Context(), body)
 	if err != nil {
 		h.Set(trailerBackupError, err.Error())
 		return

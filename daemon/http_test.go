@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // TestJSONBodiesRefuseWhatEncodingJSONLetsThrough: duplicate keys (at any depth), keys that match
@@ -300,17 +302,25 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup (it streams the whole ledger) and POST
-// /v1/audit (it answers when every CE is measured) lift http.write_timeout, and POST /v1/explain
-// extends it by explain.timeout.
+// TestLongResponsesOutliveTheWriteTimeout: GET /v1/backup (it streams the whole ledger) sets a
+// deadline of backupStall before each chunk instead of http.write_timeout, POST /v1/audit (it
+// answers when every CE is measured) lifts http.write_timeout, and POST /v1/explain extends it
+// by explain.timeout.
 func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute }))
 	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
 
 	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	before := time.Now()
 	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))
-	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
-		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body.Len(), rec.deadlines)
+	after := time.Now()
+	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) == 0 {
+		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one per chunk", rec.Code, rec.Body.Len(), rec.deadlines)
+	}
+	for _, d := range rec.deadlines {
+		if d.Before(before.Add(backupStall)) || d.After(after.Add(backupStall)) {
+			t.Fatalf("backup: write deadline %v, want backupStall (%v) after the chunk's start", d.Sub(before), backupStall)
+		}
 	}
 
 	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
@@ -323,10 +333,51 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the deadline is set before the generation, which then ends at once
 	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
-	before := time.Now()
+	before = time.Now()
 	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
 	if len(rec.deadlines) != 1 || rec.deadlines[0].Before(before.Add(6*time.Minute)) || rec.deadlines[0].After(time.Now().Add(6*time.Minute)) {
 		t.Fatalf("explain: write deadlines %v, want one at now + explain.timeout + http.write_timeout (6m)", rec.deadlines)
+	}
+}
+
+// endlessBackup is a backupSource that writes zeros in chunks of 1 MiB until a write fails, and
+// says on done that it returned.
+type endlessBackup struct{ done chan error }
+
+func (e endlessBackup) Backup(ctx context.Context, w io.Writer) (ledger.Info, error) {
+	chunk := make([]byte, 1<<20)
+	for {
+		if _, err := w.Write(chunk); err != nil {
+			e.done <- err
+			return ledger.Info{}, err
+		}
+	}
+}
+
+// A client of GET /v1/backup that stops reading does not hold the snapshot's read transaction
+// for as long as it keeps the connection: once a chunk waits longer than backupStall to be taken,
+// the write fails and the backup returns.
+func TestBackupOfAClientThatStopsReadingEnds(t *testing.T) {
+	src := endlessBackup{done: make(chan error, 1)}
+	a := &api{cfg: apiConfig{maxBodyBytes: 1 << 20, backupStall: 200 * time.Millisecond}, metrics: http.NotFoundHandler(), backup: src}
+	srv := httptest.NewServer(a.routes())
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /v1/backup HTTP/1.1\r\nHost: cfguard\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// It reads nothing: the socket buffers fill, and the server's writes wait.
+	select {
+	case err := <-src.done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("the backup's write failed with %v, want a deadline exceeded", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the backup still writes 30 s after its client stopped reading")
 	}
 }
 
