@@ -721,6 +721,9 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				res.Status = "exists"
 			default:
 				res.Code, res.Error = registerStatus(o.err), o.err.Error()
+				if res.Code >= 500 {
+					res.Error = publicMessage(res.Error)
+				}
 			}
 		}
 	}
@@ -1241,7 +1244,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		if code == http.StatusServiceUnavailable {
 			setRetryAfter(w, writeRetryAfter)
 		}
-		writeJSON(w, code, map[string]any{"error": "generated but not stored: " + err.Error(), "result": res})
+		writeJSON(w, code, map[string]any{"error": publicMessage("generated but not stored: " + err.Error()), "result": res})
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"counterfactual": ce, "generation": res})

@@ -66,7 +66,7 @@ func (a *auditor) end(rep ledger.AuditReport, err error, now time.Time) {
 	a.st.Running, a.st.Trigger, a.st.StartedAt = false, "", nil
 	a.st.LastFinished, a.st.LastError = &now, ""
 	if err != nil {
-		a.st.LastError = err.Error()
+		a.st.LastError = publicMessage(err.Error()) // answered by GET /v1/audit; the log has the paths
 		return
 	}
 	a.st.Last = &rep

@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -59,5 +63,43 @@ func TestRetriedWritesFailApart(t *testing.T) {
 		"# TYPE cfguard_checkpoint_failing gauge\ncfguard_checkpoint_failing 1\n"
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), alerts.NameCheckpointFailing); err != nil {
 		t.Errorf("after the share write succeeded, the checkpoint failing still: %v", err)
+	}
+}
+
+// Answers of a daemon whose ledger cannot be written name its file by its name only, as every
+// 5xx does: a bulk line refused with 503, and the last audit's error in GET /v1/audit (the log
+// keeps the paths).
+func TestAnswersOfAFailingLedgerNameNoPath(t *testing.T) {
+	var failing atomic.Bool
+	dir := t.TempDir()
+	r := startDaemonWith(t, func(c *config.Config) { c.StateDir = dir }, func(o *Options) {
+		o.hooks.ledgerAfterCommit = func() error {
+			if failing.Load() {
+				return errors.New("injected: fdatasync: input/output error")
+			}
+			return nil
+		}
+	}, nil)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	registerCEs(t, r, data, 2) // for the audit to write
+	failing.Store(true)
+	line, _ := json.Marshal(map[string]any{"id": "bulk-0", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", string(line)+"\n", map[string]string{"Content-Type": "application/x-ndjson"})
+	if code := resp.StatusCode; code < 500 && !strings.Contains(string(body), `"code":503`) {
+		t.Fatalf("a bulk registration while the ledger fails: %d %s, want its line refused with 503", code, body)
+	}
+	if strings.Contains(string(body), dir) {
+		t.Errorf("the bulk answer names the state directory %s: %s", dir, body)
+	}
+	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code < 500 {
+		t.Fatalf("an audit while the ledger fails: %d %s, want a 5xx", code, body)
+	}
+	_, body = r.get(t, "/v1/audit")
+	var st struct {
+		LastError string `json:"last_error"`
+	}
+	if err := json.Unmarshal(body, &st); err != nil || !strings.Contains(st.LastError, "cfguard.db") || strings.Contains(st.LastError, dir) {
+		t.Errorf("GET /v1/audit's last_error %q (%v): want the ledger named cfguard.db, without %s", st.LastError, err, dir)
 	}
 }
