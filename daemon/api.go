@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -89,6 +90,7 @@ type apiConfig struct {
 	writeTimeout        time.Duration // http.write_timeout, which POST /v1/explain extends
 	explainTimeout      time.Duration
 	backupStall         time.Duration // each chunk of GET /v1/backup is taken within it; 0: backupStall
+	loopback            bool          // http.listen is a loopback address: see openRequest
 	// Reported by GET /v1/model.
 	budget, delta, epsilon float64
 	mode, onBreach         string
@@ -206,7 +208,8 @@ func unrouted(mux *http.ServeMux) http.Handler {
 	})
 }
 
-// auth requires "Authorization: Bearer <token>" when token is not empty.
+// auth requires "Authorization: Bearer <token>" when token is not empty; without one, it
+// refuses what a web page could send through a browser (openRequest).
 func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token != "" {
@@ -216,9 +219,35 @@ func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 				writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 				return
 			}
+		} else if err := a.openRequest(r); err != nil {
+			writeError(w, http.StatusForbidden, err.Error())
+			return
 		}
 		h(w, r)
 	})
+}
+
+// openRequest refuses, on a route no token guards, what a web page could make a browser send: a
+// request with an Origin header (a page's request, which no API client sends: a page on any
+// site could register or delete CEs), and, on a daemon listening on a loopback address only, a
+// Host that is neither an IP address nor localhost (a page whose DNS name was rebound to this
+// machine, which could read the stored CEs and their applicants' features).
+func (a *api) openRequest(r *http.Request) error {
+	if o := r.Header.Get("Origin"); o != "" {
+		return fmt.Errorf("a request from a web page (Origin %q): without http.token, the API answers no browser; set http.token", o)
+	}
+	if !a.cfg.loopback {
+		return nil
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if net.ParseIP(strings.Trim(host, "[]")) == nil && !strings.EqualFold(host, "localhost") {
+		return fmt.Errorf("a request to host %q: without http.token, a daemon on a loopback address answers only requests to localhost "+
+			"or an IP address (a web page whose name was pointed at this machine could read its CEs); set http.token to be reached by name", r.Host)
+	}
+	return nil
 }
 
 // writeJSON answers v as JSON with code. v is encoded before the status line goes out, so that a

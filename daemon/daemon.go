@@ -493,13 +493,23 @@ func (d *Daemon) bind(td *teardown) error {
 	return nil
 }
 
+// loopbackListen reports whether listen (http.listen) binds a loopback address only.
+func loopbackListen(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return strings.EqualFold(host, "localhost") || ip != nil && ip.IsLoopback()
+}
+
 // newAPI builds the API's handlers over the daemon.
 func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	cfg := d.cfg
 	predict := newInputBudget(cfg.HTTP.MaxPredictInputs, maxPredictBatch)
 	predict.rejected = hm.Rejected(alerts.RoutePredict)
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
-		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, budget: d.budget, delta: cfg.Certify.Delta,
+		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, loopback: loopbackListen(cfg.HTTP.Listen), budget: d.budget, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
 		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,

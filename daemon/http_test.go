@@ -224,7 +224,7 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 		conns[i] = c
-		if _, err := io.WriteString(c, "POST /v1/predict HTTP/1.1\r\nHost: cfguard\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"xs\":["); err != nil {
+		if _, err := io.WriteString(c, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"xs\":["); err != nil {
 			t.Fatal(err)
 		}
 		clients.Go(func() { // the status line of the answer, or why there is none
@@ -312,7 +312,7 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 
 	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
 	before := time.Now()
-	a.routes().ServeHTTP(rec, httptest.NewRequest("GET", "/v1/backup", nil))
+	a.routes().ServeHTTP(rec, localRequest("GET", "/v1/backup", nil))
 	after := time.Now()
 	if rec.Code != 200 || rec.Body.Len() == 0 || len(rec.deadlines) == 0 {
 		t.Fatalf("backup: %d, %d bytes, write deadlines %v, want one per chunk", rec.Code, rec.Body.Len(), rec.deadlines)
@@ -324,7 +324,7 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	}
 
 	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
-	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/audit", nil))
+	a.routes().ServeHTTP(rec, localRequest("POST", "/v1/audit", nil))
 	if rec.Code != 200 || len(rec.deadlines) != 1 || !rec.deadlines[0].IsZero() {
 		t.Fatalf("audit: %d %s, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body, rec.deadlines)
 	}
@@ -334,10 +334,18 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 	cancel() // the deadline is set before the generation, which then ends at once
 	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
 	before = time.Now()
-	a.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
+	a.routes().ServeHTTP(rec, localRequest("POST", "/v1/explain", strings.NewReader(`{"x":`+string(x)+`}`)).WithContext(ctx))
 	if len(rec.deadlines) != 1 || rec.deadlines[0].Before(before.Add(6*time.Minute)) || rec.deadlines[0].After(time.Now().Add(6*time.Minute)) {
 		t.Fatalf("explain: write deadlines %v, want one at now + explain.timeout + http.write_timeout (6m)", rec.deadlines)
 	}
+}
+
+// localRequest is httptest.NewRequest to 127.0.0.1, as a client of a daemon on a loopback address
+// without a token must send it (openRequest).
+func localRequest(method, target string, body io.Reader) *http.Request {
+	r := httptest.NewRequest(method, target, body)
+	r.Host = "127.0.0.1"
+	return r
 }
 
 // endlessBackup is a backupSource that writes zeros in chunks of 1 MiB until a write fails, and
@@ -477,5 +485,55 @@ func TestInputBudget(t *testing.T) {
 	}
 	if d := newInputBudget(0, 10000); d.max != 10000*runtime.GOMAXPROCS(0) {
 		t.Errorf("default bound %d, want 10000 per CPU", d.max)
+	}
+}
+
+// Without a token, the API refuses what a web page could make a browser send: a request with an
+// Origin header, and, on a loopback address, a Host that is neither an IP address nor localhost
+// (a DNS name rebound to this machine). With a token, the token decides.
+func TestAPIWithoutATokenRefusesWebPages(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	for _, c := range []struct {
+		name          string
+		loopback      bool
+		token, bearer string
+		host, origin  string
+		want          int
+	}{
+		{"loopback, an IP address", true, "", "", "127.0.0.1:8080", "", 200},
+		{"loopback, localhost", true, "", "", "LocalHost:8080", "", 200},
+		{"loopback, IPv6", true, "", "", "[::1]:8080", "", 200},
+		{"loopback, no port", true, "", "", "127.0.0.1", "", 200},
+		{"loopback, a DNS name", true, "", "", "rebound.example:8080", "", 403},
+		{"loopback, a page's request", true, "", "", "127.0.0.1:8080", "https://evil.example", 403},
+		{"every interface, a DNS name", false, "", "", "cfguard.internal:8080", "", 200},
+		{"every interface, a page's request", false, "", "", "cfguard.internal:8080", "https://evil.example", 403},
+		{"a token, a DNS name and a page", true, "s3cret", "s3cret", "rebound.example:8080", "https://app.example", 200},
+		{"a token, none sent", true, "s3cret", "", "127.0.0.1:8080", "", 401},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &api{cfg: apiConfig{loopback: c.loopback, metricsToken: c.token}, metrics: ok}
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			req.Host = c.host
+			if c.origin != "" {
+				req.Header.Set("Origin", c.origin)
+			}
+			if c.bearer != "" {
+				req.Header.Set("Authorization", "Bearer "+c.bearer)
+			}
+			rec := httptest.NewRecorder()
+			a.routes().ServeHTTP(rec, req)
+			if rec.Code != c.want {
+				t.Errorf("%d %s, want %d", rec.Code, rec.Body, c.want)
+			}
+			if c.want == 403 && !strings.Contains(rec.Body.String(), "http.token") {
+				t.Errorf("the refusal %s does not say to set http.token", rec.Body)
+			}
+		})
+	}
+	for listen, want := range map[string]bool{"127.0.0.1:8080": true, "localhost:8080": true, "[::1]:0": true, "0.0.0.0:8080": false, ":8080": false, "10.0.0.5:8080": false} {
+		if got := loopbackListen(listen); got != want {
+			t.Errorf("loopbackListen(%q) = %v, want %v", listen, got, want)
+		}
 	}
 }
