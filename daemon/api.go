@@ -159,8 +159,20 @@ func (a *api) routes() http.Handler {
 		}
 		mux.Handle(e.pattern, h)
 	}
-	// The web UI authenticates itself (the token as a bearer header or its session cookie).
-	mux.Handle("/ui/", ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer}))
+	// The web UI authenticates itself (the token as a bearer header or its session cookie);
+	// without a token, a page whose name was pointed at a loopback daemon cannot read it either.
+	var uih http.Handler = ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer})
+	if a.cfg.token == "" {
+		next := uih
+		uih = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if err := a.localHost(r); err != nil {
+				http.Error(w, err.Error(), http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	mux.Handle("/ui/", uih)
 	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	mux.Handle("/", unrouted(mux))
 	return http.MaxBytesHandler(canonical(mux), a.cfg.maxBodyBytes)
@@ -236,6 +248,12 @@ func (a *api) openRequest(r *http.Request) error {
 	if o := r.Header.Get("Origin"); o != "" {
 		return fmt.Errorf("a request from a web page (Origin %q): without http.token, the API answers no browser; set http.token", o)
 	}
+	return a.localHost(r)
+}
+
+// localHost refuses, on a daemon listening on a loopback address only, a Host that is neither
+// an IP address nor localhost (see openRequest).
+func (a *api) localHost(r *http.Request) error {
 	if !a.cfg.loopback {
 		return nil
 	}

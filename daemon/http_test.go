@@ -531,6 +531,18 @@ func TestAPIWithoutATokenRefusesWebPages(t *testing.T) {
 			}
 		})
 	}
+	// The UI, without a token, on a loopback address: the same Host rule (a browser's page sends
+	// no Origin to its own site).
+	for host, want := range map[string]int{"127.0.0.1:8080": 200, "localhost": 200, "rebound.example:8080": 403} {
+		a := &api{cfg: apiConfig{loopback: true}, metrics: ok}
+		req := httptest.NewRequest("GET", "/ui/static/style.css", nil)
+		req.Host = host
+		rec := httptest.NewRecorder()
+		a.routes().ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("the UI's style sheet for Host %q: %d, want %d", host, rec.Code, want)
+		}
+	}
 	for listen, want := range map[string]bool{"127.0.0.1:8080": true, "localhost:8080": true, "[::1]:0": true, "0.0.0.0:8080": false, ":8080": false, "10.0.0.5:8080": false} {
 		if got := loopbackListen(listen); got != want {
 			t.Errorf("loopbackListen(%q) = %v, want %v", listen, got, want)
