@@ -189,8 +189,9 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 }
 
 // tooLarge takes an attempt a topic refused as too large, and reports whether to try again at
-// once: an attempt of several entries is tried again with half of them (said once, at INFO, per
-// shrinking from the full batch), so that the entries that fit go; one entry alone is named at
+// once: an attempt of several entries is tried again with half of them (said once at INFO, and
+// again only after an entry was refused alone: a topic whose limit stays low refuses each batch
+// that grows back, which is not news), so that the entries that fit go; one entry alone is named at
 // ERROR, once, with the max.message.bytes its topic needs. It and every entry after it stay in
 // the outbox (events go in order), retried with backoff, until the topic takes it.
 func (p *outboxPublisher) tooLarge(entries []ledger.OutboxEntry, err error) bool {
