@@ -149,6 +149,24 @@ func runPublisher(t *testing.T, ctx context.Context, p *outboxPublisher) {
 	})
 }
 
+// limitedEventsTopic starts a broker with the events topic, whose max.message.bytes is limit,
+// and a publisher to it; both are closed when the test ends.
+func limitedEventsTopic(t *testing.T, ctx context.Context, limit string) (*broker.Broker, *stream.Publisher) {
+	t.Helper()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", limit)
+	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: b.Addrs()}, Topic: "cfguard.events"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return b, pub
+}
+
 // readTopic reads the first n events of cfguard.events on brokers, in order.
 func readTopic(t *testing.T, ctx context.Context, brokers []string, n int) []kafka.Message {
 	t.Helper()
@@ -322,17 +340,7 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 	if err != nil || len(stored) != len(evs) || len(stored[2].Value) < 100_000 || len(stored[2].Value) > maxEventBytes {
 		t.Fatalf("outbox: %d entries (%v), the third of %d bytes; want %d, the third between 100 kB and %d", len(stored), err, len(stored[2].Value), len(evs), maxEventBytes)
 	}
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "100000")
-	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: b.Addrs()}, Topic: "cfguard.events"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	b, pub := limitedEventsTopic(t, ctx, "100000")
 	logs := &tooltest.Output{}
 	reg := prometheus.NewRegistry()
 	r := &running{reg: reg}
@@ -427,17 +435,7 @@ func TestOutboxBatchesShrinkToFitTheTopic(t *testing.T) {
 	if err := l.Checkpoint(&ledger.Checkpoint{Events: events(1000)}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"cfguard.events"}, Partitions: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.events", "max.message.bytes", "20000")
-	pub, err := stream.NewPublisher(ctx, stream.PublisherConfig{Conn: stream.ConnConfig{Brokers: b.Addrs()}, Topic: "cfguard.events"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	b, pub := limitedEventsTopic(t, ctx, "20000")
 	sink := &countingSink{eventSink: pub}
 	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, sink, alerts.NewMetrics(prometheus.NewRegistry()), "", slog.New(slog.NewTextHandler(logs, nil)))

@@ -106,8 +106,8 @@ func (l *Ledger) durableOutboxLen(tx *bolt.Tx) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if past := lastOutboxSeq(tx) - min(lastOutboxSeq(tx), l.outboxDurable.Load()); past > 0 {
-		n = max(0, n-int(past))
+	if last, durable := lastOutboxSeq(tx), l.outboxDurable.Load(); last > durable {
+		n = max(0, n-int(last-durable))
 	}
 	return n, nil
 }

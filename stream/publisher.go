@@ -76,23 +76,43 @@ func (p *Publisher) Publish(ctx context.Context, key string, v any) error {
 	return p.PublishBatch(ctx, []Event{{Key: key, Value: v}})
 }
 
+// message is e as PublishBatch writes it.
+func (e Event) message() (kafka.Message, error) {
+	b, err := json.Marshal(e.Value)
+	if err != nil {
+		return kafka.Message{}, err
+	}
+	m := kafka.Message{Key: []byte(e.Key), Value: b}
+	for k, v := range e.Headers {
+		m.Headers = append(m.Headers, kafka.Header{Key: k, Value: v})
+	}
+	return m, nil
+}
+
+// EventBytes bounds the size of a record batch holding e alone, as PublishBatch writes it: the
+// max.message.bytes a topic needs to take it.
+func EventBytes(e Event) (int, error) {
+	m, err := e.message()
+	if err != nil {
+		return 0, err
+	}
+	return batchBytes(m), nil
+}
+
 // PublishBatch writes events in one call. Every value is marshalled first; if one fails,
 // nothing is written. kafka-go retries transient broker errors; an error return means some
 // events may not have been written (and retrying may duplicate others).
 func (p *Publisher) PublishBatch(ctx context.Context, events []Event) error {
 	msgs := make([]kafka.Message, len(events))
 	for i, e := range events {
-		b, err := json.Marshal(e.Value)
+		m, err := e.message()
 		if err != nil {
 			return fmt.Errorf("stream: event %d (key %q): %w", i, e.Key, err)
 		}
-		if len(b) > writerBatchBytes-len(e.Key)-256 {
-			return fmt.Errorf("stream: event %d (key %q) is %d bytes, limit about %d", i, e.Key, len(b), writerBatchBytes)
+		if len(m.Value) > writerBatchBytes-len(e.Key)-256 {
+			return fmt.Errorf("stream: event %d (key %q) is %d bytes, limit about %d", i, e.Key, len(m.Value), writerBatchBytes)
 		}
-		msgs[i] = kafka.Message{Key: []byte(e.Key), Value: b}
-		for k, v := range e.Headers {
-			msgs[i].Headers = append(msgs[i].Headers, kafka.Header{Key: k, Value: v})
-		}
+		msgs[i] = m
 	}
 	if err := p.w.WriteMessages(ctx, msgs...); err != nil {
 		if errors.Is(err, io.ErrClosedPipe) {
