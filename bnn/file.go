@@ -99,13 +99,16 @@ func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 
 // Load reads a model directory written by Save (or by a torchbnn export with the same key names
 // and a sidecar). Truncated, mismatched or corrupt files are rejected with an error that names
-// the file and what is wrong; the returned model always passes Validate.
+// the directory, the file and what is wrong; the returned model always passes Validate.
 func Load(dir string) (*Model, error) {
 	js, w, err := modelFiles.Read(dir)
-	if err != nil {
-		return nil, fmt.Errorf("load model: %w", err)
+	if err == nil {
+		var m *Model
+		if m, err = Decode(js, w); err == nil {
+			return m, nil
+		}
 	}
-	return Decode(js, w)
+	return nil, fmt.Errorf("load model %s: %w", dir, err)
 }
 
 // Decode builds a model from sidecar JSON and safetensors bytes; see Load.

@@ -180,9 +180,16 @@ func (m *Model) Clone() *Model {
 // ErrInvalidModel is wrapped by every error Validate returns.
 var ErrInvalidModel = errors.New("invalid model")
 
-// Validate checks shapes, chaining of layer sizes, and that every parameter is finite. A
-// log-sigma is finite exactly when sigma = exp(log_sigma) is positive and finite, so a model that
-// validates has a proper Gaussian for every parameter.
+// MaxLogSigma bounds |log sigma| of every parameter. Within it sigma^2 = e^(2 log sigma) and the
+// ratio sigma_a^2 / sigma_b^2 <= e^(4 MaxLogSigma) of any two valid posteriors are finite, so the
+// closed-form KL between them, the KL to the prior the learner minimises and the draws of a
+// Monte-Carlo predictive stay finite (at |log sigma| = 500, sigma^2 overflows and every update
+// fails). Trained BNNs sit far inside it (torchbnn initialises log sigma near log 0.1).
+const MaxLogSigma = 100
+
+// Validate checks shapes, chaining of layer sizes, that every parameter is finite with
+// |log sigma| <= MaxLogSigma (a proper Gaussian N(mu, sigma^2) whose maths stays finite), and
+// that feature and class names are non-empty and distinct.
 func (m *Model) Validate() error {
 	if len(m.Layers) == 0 {
 		return fmt.Errorf("%w: no layers", ErrInvalidModel)
@@ -216,11 +223,11 @@ func (m *Model) Validate() error {
 					return fmt.Errorf("%w: %s.%s[%d] = %v", ErrInvalidModel, l.Name, a.name, i, v)
 				}
 			}
-			// exp(log_sigma) must be a positive, finite, normal float64.
 			if a.name == "weight_log_sigma" || a.name == "bias_log_sigma" {
 				for i, v := range a.v {
-					if v < -700 || v > 700 {
-						return fmt.Errorf("%w: %s.%s[%d] = %v gives sigma outside float64 range", ErrInvalidModel, l.Name, a.name, i, v)
+					if v < -MaxLogSigma || v > MaxLogSigma {
+						return fmt.Errorf("%w: %s.%s[%d] = %v, want |log sigma| <= %v (sigma in [e^-%v, e^%v])",
+							ErrInvalidModel, l.Name, a.name, i, v, MaxLogSigma, MaxLogSigma, MaxLogSigma)
 					}
 				}
 			}
@@ -238,14 +245,36 @@ func (m *Model) Validate() error {
 	if len(m.Features) != 0 && len(m.Features) != d {
 		return fmt.Errorf("%w: %d feature names for %d inputs", ErrInvalidModel, len(m.Features), d)
 	}
+	if err := distinctNames("feature", m.Features); err != nil {
+		return err
+	}
 	if len(m.Classes) != m.NumClasses() {
 		return fmt.Errorf("%w: %d class names for %d outputs", ErrInvalidModel, len(m.Classes), m.NumClasses())
+	}
+	if err := distinctNames("class", m.Classes); err != nil {
+		return err
 	}
 	if !(m.PriorSigma > 0) {
 		return fmt.Errorf("%w: prior sigma %v", ErrInvalidModel, m.PriorSigma)
 	}
 	if !(m.Dropout >= 0 && m.Dropout < 1) {
 		return fmt.Errorf("%w: dropout %v, want in [0, 1)", ErrInvalidModel, m.Dropout)
+	}
+	return nil
+}
+
+// distinctNames checks that every name is non-empty and used once: records name their features
+// and labels by these names, so an empty or a repeated one could not be told apart.
+func distinctNames(what string, names []string) error {
+	seen := make(map[string]int, len(names))
+	for i, n := range names {
+		if n == "" {
+			return fmt.Errorf("%w: %s %d has an empty name", ErrInvalidModel, what, i)
+		}
+		if j, ok := seen[n]; ok {
+			return fmt.Errorf("%w: %s names %d and %d are both %q", ErrInvalidModel, what, j, i, n)
+		}
+		seen[n] = i
 	}
 	return nil
 }

@@ -160,18 +160,31 @@ func TestPredictRejectsBadInput(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	breakers := map[string]func(m *Model){
-		"nan mu":         func(m *Model) { m.Layers[1].WeightMu[0] = math.NaN() },
-		"inf log sigma":  func(m *Model) { m.Layers[0].BiasLogSigma[0] = math.Inf(1) },
-		"huge log sigma": func(m *Model) { m.Layers[0].BiasLogSigma[0] = 800 },
-		"short bias":     func(m *Model) { m.Layers[2].BiasMu = m.Layers[2].BiasMu[:1] },
-		"chain":          func(m *Model) { m.Layers[1].In = 7 },
-		"classes":        func(m *Model) { m.Classes = m.Classes[:2] },
-		"scaler std":     func(m *Model) { m.Scaler.Std[1] = 0 },
-		"features":       func(m *Model) { m.Features = []string{"a"} },
-		"prior":          func(m *Model) { m.PriorSigma = 0 },
+		"nan mu":                           func(m *Model) { m.Layers[1].WeightMu[0] = math.NaN() },
+		"inf log sigma":                    func(m *Model) { m.Layers[0].BiasLogSigma[0] = math.Inf(1) },
+		"huge log sigma":                   func(m *Model) { m.Layers[0].BiasLogSigma[0] = 800 },
+		"log sigma whose square overflows": func(m *Model) { m.Layers[2].WeightLogSigma[0] = 500 },
+		"log sigma past the bound":         func(m *Model) { m.Layers[2].WeightLogSigma[0] = MaxLogSigma + 1e-9 },
+		"tiny log sigma":                   func(m *Model) { m.Layers[2].BiasLogSigma[0] = -MaxLogSigma - 1 },
+		"empty class name":                 func(m *Model) { m.Classes[1] = "" },
+		"duplicate class names":            func(m *Model) { m.Classes[1] = m.Classes[0] },
+		"empty feature name":               func(m *Model) { m.Features = []string{"a", "", "c"} },
+		"duplicate feature names":          func(m *Model) { m.Features = []string{"a", "b", "a"} },
+		"short bias":                       func(m *Model) { m.Layers[2].BiasMu = m.Layers[2].BiasMu[:1] },
+		"chain":                            func(m *Model) { m.Layers[1].In = 7 },
+		"classes":                          func(m *Model) { m.Classes = m.Classes[:2] },
+		"scaler std":                       func(m *Model) { m.Scaler.Std[1] = 0 },
+		"features":                         func(m *Model) { m.Features = []string{"a"} },
+		"prior":                            func(m *Model) { m.PriorSigma = 0 },
 	}
 	if err := smallModel(5).Validate(); err != nil {
 		t.Fatalf("fresh model invalid: %v", err)
+	}
+	edge := smallModel(5)
+	edge.Layers[2].WeightLogSigma[0], edge.Layers[2].WeightLogSigma[1] = MaxLogSigma, -MaxLogSigma
+	edge.Features = []string{"a", "b", "c"}
+	if err := edge.Validate(); err != nil {
+		t.Fatalf("log sigma at the bound, distinct names: %v", err)
 	}
 	for name, br := range breakers {
 		m := smallModel(5)

@@ -22,6 +22,10 @@ type Set struct {
 	NumClasses int
 }
 
+// MaxClasses bounds a label: the model gets one output per class 0..max(label), so a label past
+// it is a typo, not a class (a label of 2e9 would ask for 2e9 outputs).
+const MaxClasses = 1000
+
 // ErrFormat is wrapped by every parse error.
 var ErrFormat = errors.New("bad data file")
 
@@ -40,8 +44,9 @@ func LoadCSV(path string) (*Set, error) {
 }
 
 // Parse reads CSV from r. Every row must have as many fields as the header, every feature must
-// parse as a finite number, and every label as an integer >= 0; errors name the line and column.
-// NumClasses is max(label) + 1; a data set with a single class is refused.
+// parse as a finite number, and every label as an integer in [0, MaxClasses); feature names must
+// be non-empty and distinct. Errors name the line and column. NumClasses is max(label) + 1; a data
+// set with a single class is refused.
 func Parse(r io.Reader) (*Set, error) {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = true
@@ -58,6 +63,16 @@ func Parse(r io.Reader) (*Set, error) {
 	}
 	d := len(header) - 1
 	s := &Set{Features: append([]string(nil), header[:d]...)}
+	seen := make(map[string]int, d)
+	for j, f := range s.Features {
+		if strings.TrimSpace(f) == "" {
+			return nil, fmt.Errorf("%w: header column %d has no name", ErrFormat, j+1)
+		}
+		if k, ok := seen[f]; ok {
+			return nil, fmt.Errorf("%w: header columns %d and %d are both named %q", ErrFormat, k+1, j+1, f)
+		}
+		seen[f] = j
+	}
 	for line := 2; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -77,6 +92,9 @@ func Parse(r io.Reader) (*Set, error) {
 		y, err := strconv.Atoi(strings.TrimSpace(rec[d]))
 		if err != nil || y < 0 {
 			return nil, fmt.Errorf("%w: line %d: label %q is not a class index 0..C-1", ErrFormat, line, rec[d])
+		}
+		if y >= MaxClasses {
+			return nil, fmt.Errorf("%w: line %d: label %d is past the %d classes a data set may have (labels 0..%d)", ErrFormat, line, y, MaxClasses, MaxClasses-1)
 		}
 		s.X = append(s.X, x)
 		s.Y = append(s.Y, y)

@@ -2,6 +2,7 @@ package dataset
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -13,6 +14,9 @@ func TestParse(t *testing.T) {
 	}
 	if s.Len() != 2 || s.NumClasses != 3 || s.Features[1] != "b c" || s.X[1][1] != 400 || s.Y[1] != 2 {
 		t.Fatalf("parsed %+v", s)
+	}
+	if s, err := Parse(strings.NewReader(fmt.Sprintf("a,label\n1,0\n2,%d\n", MaxClasses-1))); err != nil || s.NumClasses != MaxClasses {
+		t.Fatalf("the largest label: %v, %+v", err, s)
 	}
 }
 
@@ -29,6 +33,11 @@ func TestParseErrorsNameLineAndColumn(t *testing.T) {
 		"label neg":    {"a,label\n1,-1\n", "label"},
 		"no rows":      {"a,label\n", "no data rows"},
 		"single class": {"a,label\n1,0\n2,0\n", "one class"},
+		"huge label":   {"a,label\n1,0\n2,2000000000\n", "line 3: label 2000000000 is past the 1000 classes"},
+		"label at max": {"a,label\n1,0\n2,1000\n", "line 3: label 1000"},
+		"no name":      {"a,,label\n1,2,0\n", "header column 2 has no name"},
+		"blank name":   {" ,b,label\n1,2,0\n", "header column 1 has no name"},
+		"same names":   {"a,b,a,label\n1,2,3,0\n", `header columns 1 and 3 are both named "a"`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

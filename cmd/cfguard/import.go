@@ -48,7 +48,7 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 	if !(*priorSigma > 0) || math.IsInf(*priorSigma, 0) {
 		return fmt.Errorf("%w: --prior-sigma must be a finite number > 0, got %v", cli.ErrUsage, *priorSigma)
 	}
-	if err := refuseExistingModel(*out); err != nil {
+	if err := refuseExistingModel("import", *out); err != nil {
 		return err
 	}
 	opts := torchbnn.Options{Classes: splitList(*classes), PriorSigma: *priorSigma, Activation: *activation}
@@ -94,11 +94,11 @@ func cmdImport(_ context.Context, args []string, stdout, stderr io.Writer) error
 		"prior_sigma": m.PriorSigma, "scaler": map[bool]string{true: "identity", false: *scalerFrom}[*noScaler], "posterior_version": m.Version})
 }
 
-// refuseExistingModel keeps import from replacing a model directory's files.
-func refuseExistingModel(dir string) error {
+// refuseExistingModel keeps a command (import, train) from replacing a model directory's files.
+func refuseExistingModel(cmd, dir string) error {
 	for _, name := range []string{bnn.SidecarFile, bnn.WeightsFile} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-			return fmt.Errorf("%w: --out %s already holds %s; import writes a new model directory, choose another or remove it", cli.ErrUsage, dir, name)
+			return fmt.Errorf("%w: --out %s already holds %s; %s writes a new model directory, choose another or remove it", cli.ErrUsage, dir, name, cmd)
 		}
 	}
 	return nil

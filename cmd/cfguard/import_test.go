@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/safetensors"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
@@ -141,6 +142,18 @@ func TestImportFlags(t *testing.T) {
 	os.WriteFile(csv2, []byte("a,b,label\n1,2,0\n3,2,1\n"), 0o644)
 	bad := filepath.Join(dir, "bad.safetensors")
 	os.WriteFile(bad, weights[:len(weights)/2], 0o644)
+	// One log sigma of 500: sigma^2 overflows, so every later update would fail.
+	tensors, _, err := safetensors.Decode(weights)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tensors["fc3.weight_log_sigma"].Data[0] = 500
+	wide, err := safetensors.Encode(tensors, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.safetensors")
+	os.WriteFile(huge, wide, 0o644)
 
 	out := func(name string) string { return filepath.Join(dir, name) }
 	for _, tc := range []struct {
@@ -163,6 +176,8 @@ func TestImportFlags(t *testing.T) {
 		{"scaler csv", []string{"--weights", w, "--classes", "no,yes", "--scaler-from", filepath.Join(dir, "nope.csv"), "--out", out("y")}, 1, "--scaler-from: open"},
 		{"layers", []string{"--weights", w, "--classes", "no,yes", "--no-scaler", "--layers", "fc1,fc3", "--out", out("y")}, 2, "--layers: torchbnn: layer order"},
 		{"truncated", []string{"--weights", bad, "--classes", "no,yes", "--no-scaler", "--out", out("y")}, 1, "--weights " + bad + ": torchbnn state_dict: corrupt safetensors data"},
+		{"huge log sigma", []string{"--weights", huge, "--classes", "no,yes", "--no-scaler", "--out", out("y")}, 1,
+			"--weights " + huge + ": torchbnn state_dict: invalid model: fc3.weight_log_sigma[0] = 500, want |log sigma| <= 100"},
 		{"missing weights", []string{"--weights", out("none"), "--classes", "no,yes", "--no-scaler", "--out", out("y")}, 1, "--weights: open"},
 	} {
 		code, stdout, stderr := runCLI(t, append([]string{"import"}, tc.args...)...)

@@ -71,6 +71,14 @@ func TestTrainThenKL(t *testing.T) {
 			t.Fatalf("train output lacks accuracy or progress: %s / %s", stdout, stderr)
 		}
 	}
+	// A second train into a model directory leaves it as it is.
+	before, _ := os.ReadFile(filepath.Join(a, "model.safetensors"))
+	if code, _, errs := runCLI(t, "train", "--data", "german_credit", "--out", a, "--epochs", "1"); code != 2 || !strings.Contains(errs, "--out "+a+" already holds") {
+		t.Fatalf("train into a model directory: exit %d, %s", code, errs)
+	}
+	if after, _ := os.ReadFile(filepath.Join(a, "model.safetensors")); !bytes.Equal(before, after) {
+		t.Fatal("train replaced a model directory's weights")
+	}
 	code, out, errs := runCLI(t, "kl", "--old", a, "--new", a)
 	if code != 0 || !strings.HasPrefix(out, `{"direction":"KL(new || old)","kl":0,"params":4130`) {
 		t.Fatalf("kl of a model with itself: %d %s %s", code, out, errs)
@@ -86,7 +94,7 @@ func TestTrainThenKL(t *testing.T) {
 	raw, _ := os.ReadFile(w)
 	os.WriteFile(w, raw[:len(raw)/3], 0o644)
 	code, _, errs = runCLI(t, "kl", "--old", a, "--new", b)
-	if code != 1 || !strings.Contains(errs, "truncated") {
+	if code != 1 || !strings.Contains(errs, "truncated") || !strings.Contains(errs, "--new: load model "+b) {
 		t.Fatalf("truncated model: exit %d, %s", code, errs)
 	}
 }
@@ -97,6 +105,7 @@ func TestTrainRejectsBadCSV(t *testing.T) {
 		"shape": "a,b,label\n1,2,0\n1,0\n",
 		"nan":   "a,b,label\n1,2,1\n1,NaN,0\n",
 		"label": "a,b,label\n1,2,0\n1,2,x\n",
+		"huge":  "a,b,label\n1,2,0\n1,2,2000000000\n",
 	} {
 		p := filepath.Join(dir, name+".csv")
 		os.WriteFile(p, []byte(text), 0o644)

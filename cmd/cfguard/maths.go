@@ -35,11 +35,11 @@ func cmdKL(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	q1, err := bnn.Load(*oldDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("--old: %w", err)
 	}
 	q2, err := bnn.Load(*newDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("--new: %w", err)
 	}
 	kl, n, err := certify.KL(q2, q1)
 	if err != nil {

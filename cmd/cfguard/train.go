@@ -33,6 +33,9 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *holdout < 0 || *holdout >= 1 {
 		return fmt.Errorf("%w: --holdout must be in [0, 1)", cli.ErrUsage)
 	}
+	if err := refuseExistingModel("train", *out); err != nil {
+		return err
+	}
 	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
 		return err

@@ -68,6 +68,13 @@ func LoadData(path, classes string) (*dataset.Set, []string, error) {
 	}
 	if classes != "" {
 		names = strings.Split(classes, ",")
+		seen := make(map[string]bool, len(names))
+		for i, n := range names {
+			if n == "" || seen[n] {
+				return nil, nil, fmt.Errorf("%w: --classes: class %d is %q; give every class a name of its own", ErrUsage, i, n)
+			}
+			seen[n] = true
+		}
 	}
 	if names == nil {
 		for c := 0; c < set.NumClasses; c++ {

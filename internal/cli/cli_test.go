@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -38,6 +39,11 @@ func TestLoadData(t *testing.T) {
 	}
 	if _, _, err := LoadData(p, "x,y"); !errors.Is(err, ErrUsage) {
 		t.Fatalf("too few class names: %v, want ErrUsage", err)
+	}
+	for classes, want := range map[string]string{"x,y,x": `--classes: class 2 is "x"`, "x,,z": `--classes: class 1 is ""`} {
+		if _, _, err := LoadData(p, classes); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("--classes %s: %v, want ErrUsage saying %s", classes, err, want)
+		}
 	}
 	if _, _, err := LoadData(filepath.Join(t.TempDir(), "none.csv"), ""); err == nil {
 		t.Fatal("a missing file that is not a bundled name must fail")
