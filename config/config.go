@@ -838,11 +838,16 @@ func LoadFile(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if v := os.Getenv("CFGUARD_HTTP_TOKEN"); v != "" {
-		c.HTTP.Token = v
-	}
-	if v := os.Getenv("CFGUARD_HTTP_METRICS_TOKEN"); v != "" {
-		c.HTTP.MetricsToken = v
+	for _, tk := range []struct {
+		env string
+		dst *string
+	}{{"CFGUARD_HTTP_TOKEN", &c.HTTP.Token}, {"CFGUARD_HTTP_METRICS_TOKEN", &c.HTTP.MetricsToken}} {
+		if v := os.Getenv(tk.env); v != "" {
+			if why := tokenProblem(v); why != "" {
+				return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, tk.env, why)
+			}
+			*tk.dst = v
+		}
 	}
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
 		c.Kafka.SASL.Password = v
@@ -865,7 +870,8 @@ func LoadFile(path string) (*Config, error) {
 }
 
 // CheckFiles checks that the files the configuration names exist and are what they should be:
-// model.path a directory with the model's two files, the TLS files readable, with replication
+// model.path a directory with the model's two files that load as run loads them, another
+// directory than model.export_dir, the TLS files readable, with replication
 // enabled a readable key file (replication.key_file). Validate does not
 // touch the file system; LoadFile calls both.
 func (c *Config) CheckFiles() error {
@@ -879,6 +885,15 @@ func (c *Config) CheckFiles() error {
 			} else if !st.Mode().IsRegular() {
 				errs = append(errs, fmt.Errorf("model.path: %s is not a regular file", p))
 			}
+		}
+		if len(errs) == 0 {
+			if _, err := bnn.Load(c.Model.Path); err != nil { // read as run reads it
+				errs = append(errs, fmt.Errorf("model.path: %w", err))
+			}
+		}
+		if sameDir(c.Model.Path, c.ExportDir()) {
+			errs = append(errs, fmt.Errorf("model.export_dir: %s is model.path's directory: each promoted posterior would overwrite "+
+				"the model this state directory began from; name another directory", c.ExportDir()))
 		}
 	}
 	opened := len(errs)
@@ -914,6 +929,39 @@ func (c *Config) CheckFiles() error {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
 	return nil
+}
+
+// tokenProblem says why no client could present v as "Authorization: Bearer <v>", or "" when one
+// can: an HTTP header value holds no control character (a token read from a file often keeps its
+// file's last newline) and loses the spaces at its ends.
+func tokenProblem(v string) string {
+	for i, r := range v {
+		if r < 0x20 || r == 0x7f {
+			what := fmt.Sprintf("a control character (%U) at byte %d", r, i)
+			if r == '\n' && i == len(v)-1 {
+				what = "a newline at its end (the last line of the file it was read from?)"
+			}
+			return "holds " + what + ", which no HTTP header can carry, so no client could send it; remove it " +
+				"(a Kubernetes Secret: kubectl create secret generic --from-literal, or a file written with printf '%s')"
+		}
+	}
+	if strings.TrimSpace(v) != v {
+		return "begins or ends with a space, which HTTP drops from a header's value, so no client could send it; remove it"
+	}
+	return ""
+}
+
+// sameDir reports whether a and b name one directory: the same path once cleaned and made
+// absolute, or, when both exist, the same file (a symbolic link or a bind mount to it).
+func sameDir(a, b string) bool {
+	if aa, err := filepath.Abs(a); err == nil {
+		if bb, err := filepath.Abs(b); err == nil && aa == bb {
+			return true
+		}
+	}
+	sa, errA := os.Stat(a)
+	sb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }
 
 // CheckWebConfig checks http.web_config_file as the exporter-toolkit reads it, the certificates
@@ -1047,6 +1095,11 @@ func (c *Config) validate(lines map[string]int) error {
 	}
 	if c.HTTP.MaxConnections <= 0 {
 		bad("http.max_connections", c.HTTP.MaxConnections, "must be positive")
+	}
+	for _, tk := range []struct{ key, v string }{{"http.token", c.HTTP.Token}, {"http.metrics_token", c.HTTP.MetricsToken}} {
+		if why := tokenProblem(tk.v); why != "" {
+			errs = append(errs, fmt.Errorf("%s: %s", keyAt(lines, tk.key), why)) // the value is a secret: never printed
+		}
 	}
 	if c.HTTP.MaxPredictInputs < 0 {
 		bad("http.max_predict_inputs", c.HTTP.MaxPredictInputs, "must be >= 0 (0: 10000 per CPU)")

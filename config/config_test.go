@@ -1,9 +1,11 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
@@ -375,18 +378,44 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Model directories run would refuse: weights cut short, two classes of one name (written
+	// past Save, which refuses it); and a good one, exported into by model.export_dir.
+	truncated, dupClasses, good := filepath.Join(dir, "truncated"), filepath.Join(dir, "dup"), filepath.Join(dir, "good")
+	for _, d := range []string{truncated, dupClasses, good} {
+		if err := bnn.Save(d, bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := filepath.Join(truncated, bnn.WeightsFile)
+	raw, err := os.ReadFile(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(w, raw[:len(raw)/2], 0o644)
+	sc := filepath.Join(dupClasses, bnn.SidecarFile)
+	js, _ := os.ReadFile(sc)
+	os.WriteFile(sc, bytes.Replace(js, []byte(`"yes"`), []byte(`"no"`), 1), 0o644)
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
 	tls := "kafka:\n  brokers: [a:1]\n  tls:\n    enabled: true\n"
 	replica := "kafka:\n  brokers: [kafka.example:9092]\nreplication:\n  enabled: true\n  key_file: " + writeKeyFile(t, dir) + "\n"
 	for name, tc := range map[string]struct{ text, want string }{
-		"model path":     {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
-		"model file":     {"model:\n  path: " + dir + "\n", "model.json"},
-		"model not file": {"model:\n  path: " + notFile + "\n", "model.path: " + filepath.Join(notFile, "model.json") + " is not a regular file"},
-		"tls ca":         {tls + "    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
-		"tls cert":       {tls + "    cert_file: " + filepath.Join(dir, "c.pem") + "\n    key_file: " + users + "\n", "kafka.tls.cert_file"},
-		"tls key":        {tls + "    cert_file: " + users + "\n    key_file: " + filepath.Join(dir, "k.pem") + "\n", "kafka.tls.key_file"},
-		"tls ca not pem": {tls + "    ca_file: " + users + "\n", "kafka.tls.ca_file: " + users + " holds no PEM certificate"},
-		"web config":     {"http:\n  web_config_file: " + filepath.Join(dir, "web.yml") + "\n", "http.web_config_file"},
-		"web config tls": {"http:\n  web_config_file: " + noCert + "\n", "http.web_config_file: " + noCert},
+		"model path":      {"model:\n  path: " + filepath.Join(dir, "nonexistent") + "\n", "model.path"},
+		"model file":      {"model:\n  path: " + dir + "\n", "model.json"},
+		"model not file":  {"model:\n  path: " + notFile + "\n", "model.path: " + filepath.Join(notFile, "model.json") + " is not a regular file"},
+		"model truncated": {"model:\n  path: " + truncated + "\n", "model.path: load model " + truncated + ": "},
+		"model classes":   {"model:\n  path: " + dupClasses + "\n", `class names 0 and 1 are both "no"`},
+		"export into the model": {"model:\n  path: " + good + "\n  export_dir: " + good + "/.\n",
+			"model.export_dir: " + good + "/. is model.path's directory"},
+		"export through a link": {"model:\n  path: " + good + "\n  export_dir: " + link + "\n", "model.export_dir: " + link},
+		"tls ca":                {tls + "    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
+		"tls cert":              {tls + "    cert_file: " + filepath.Join(dir, "c.pem") + "\n    key_file: " + users + "\n", "kafka.tls.cert_file"},
+		"tls key":               {tls + "    cert_file: " + users + "\n    key_file: " + filepath.Join(dir, "k.pem") + "\n", "kafka.tls.key_file"},
+		"tls ca not pem":        {tls + "    ca_file: " + users + "\n", "kafka.tls.ca_file: " + users + " holds no PEM certificate"},
+		"web config":            {"http:\n  web_config_file: " + filepath.Join(dir, "web.yml") + "\n", "http.web_config_file"},
+		"web config tls":        {"http:\n  web_config_file: " + noCert + "\n", "http.web_config_file: " + noCert},
 		"basic auth beside a token": {"http:\n  web_config_file: " + users + "\n  metrics_token: m\n",
 			"http.web_config_file: " + users + " sets basic_auth_users while http.token or http.metrics_token is set"},
 		"basic auth on a replica": {replica + "http:\n  web_config_file: " + users + "\n",
@@ -767,5 +796,39 @@ func TestValidationErrorsNameTheLine(t *testing.T) {
 	c.Update.Objective = ""
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "update.objective: : must be prior or vcl") {
 		t.Errorf("Validate of a Config built in code: %v", err)
+	}
+}
+
+// TestTokensNoClientCouldSend: a token that an HTTP header cannot carry (a newline a Secret's
+// file kept, a control character, spaces at its ends) is refused, from the file and from the
+// environment, naming where it came from and never printing it.
+func TestTokensNoClientCouldSend(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	for name, tc := range map[string]struct{ file, env, value, want string }{
+		"file newline":       {file: "http:\n  token: |\n    s3cret-abc\n", value: "s3cret-abc", want: "http.token (line 2): holds a newline at its end"},
+		"file metrics space": {file: "http:\n  metrics_token: \" s3cret-abc\"\n", value: "s3cret-abc", want: "http.metrics_token (line 2): begins or ends with a space"},
+		"env newline":        {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc\n", want: "CFGUARD_HTTP_TOKEN: holds a newline at its end"},
+		"env control":        {env: "CFGUARD_HTTP_METRICS_TOKEN", value: "s3cret\x01abc", want: "CFGUARD_HTTP_METRICS_TOKEN: holds a control character (U+0001) at byte 6"},
+		"env trailing space": {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc ", want: "CFGUARD_HTTP_TOKEN: begins or ends with a space"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv(tc.env, tc.value)
+			}
+			if err := os.WriteFile(p, []byte(tc.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadFile(p)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("got %v, want ErrInvalid saying %q without the token", err, tc.want)
+			}
+		})
+	}
+	t.Setenv("CFGUARD_HTTP_TOKEN", "a token with inner spaces")
+	if err := os.WriteFile(p, []byte("http:\n  metrics_token: \"m/+=~._-\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := LoadFile(p); err != nil || c.HTTP.Token != "a token with inner spaces" || c.HTTP.MetricsToken != "m/+=~._-" {
+		t.Fatalf("tokens a client can send: %v", err)
 	}
 }
