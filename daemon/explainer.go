@@ -88,14 +88,22 @@ func (e *explainer) run(ctx context.Context) error {
 // loadOrTrain provides the VAE that PSCE's plausibility term needs: <state_dir>/vae if present,
 // else trained on the bundled data set (in the model's standardised space) and saved. Without
 // training data (a user model and no bundled set of its dimension), generation runs without it.
+// The saved VAE is a cache of a deterministic training (explain.TrainVAE): one that does not load
+// (truncated, a save cut short by a crash, a format of another build) is moved aside to
+// <state_dir>/vae.damaged-<time>, kept for inspection, and trained again.
 func (e *explainer) loadOrTrain(ctx context.Context) error {
 	if _, err := os.Stat(e.dir); err == nil {
 		v, err := explain.LoadVAE(e.dir)
-		if err != nil {
-			return fmt.Errorf("%s: %w", e.dir, err)
+		if err == nil {
+			e.vae = v
+			return nil
 		}
-		e.vae = v
-		return nil
+		aside := e.dir + ".damaged-" + time.Now().UTC().Format("20060102T150405.000Z")
+		if rerr := os.Rename(e.dir, aside); rerr != nil {
+			return fmt.Errorf("%s: %w; moving it aside to train a new one failed: %v (move %s away; the VAE is trained again at the next start)",
+				e.dir, err, rerr, e.dir)
+		}
+		e.log.Warn("the saved VAE does not load: moved aside, training a new one", "dir", e.dir, "moved_to", aside, "err", err)
 	}
 	m := e.posterior()
 	set, _, err := assets.Load(e.dataset)

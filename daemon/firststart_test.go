@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/explain"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // The first start of a daemon whose model keys are the defaults trains the bundled breast-cancer
@@ -203,5 +205,47 @@ func TestFirstStartTrainsTheSharedModel(t *testing.T) {
 	}
 	if !bytes.Equal(js, jt) || !bytes.Equal(ws, wt) {
 		t.Fatalf("a first start trained another network than the shared model directory's:\n%s\n%s", jt, js)
+	}
+}
+
+// A saved VAE that does not load (its weights cut short, as a crash during its save or a full disk
+// leaves them) no longer stops the daemon: it is moved aside, byte for byte, and the VAE is
+// trained again, the same network as the shared one.
+func TestDamagedVAEIsMovedAsideAndTrainedAgain(t *testing.T) {
+	m, err := bnn.Load(sharedModelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	dir := filepath.Join(state, "vae")
+	if err := os.CopyFS(dir, os.DirFS(sharedVAEDir(t))); err != nil {
+		t.Fatal(err)
+	}
+	w := filepath.Join(dir, explain.VAEWeightsFile)
+	raw, err := os.ReadFile(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w, raw[:len(raw)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs tooltest.Output
+	d := config.Default().Model
+	e := &explainer{dir: dir, dataset: d.Dataset, seed: d.Seed, posterior: func() *bnn.Model { return m },
+		log: slog.New(slog.NewTextHandler(&logs, nil))}
+	if err := e.loadOrTrain(context.Background()); err != nil || e.vae == nil {
+		t.Fatalf("a damaged VAE: %v (VAE %v)", err, e.vae != nil)
+	}
+	sameVAE(t, dir, sharedVAEDir(t))
+	aside, _ := filepath.Glob(dir + ".damaged-*")
+	if len(aside) != 1 {
+		t.Fatalf("damaged VAE directories kept: %v, want one", aside)
+	}
+	if kept, err := os.ReadFile(filepath.Join(aside[0], explain.VAEWeightsFile)); err != nil || !bytes.Equal(kept, raw[:len(raw)/2]) {
+		t.Fatalf("the damaged weights were not kept as they were: %v", err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN msg=\"the saved VAE does not load: moved aside, training a new one\"") ||
+		!strings.Contains(logs.String(), "moved_to="+aside[0]) {
+		t.Fatalf("log: %s", logs.String())
 	}
 }
