@@ -307,8 +307,11 @@ func (cfg *Config) applyDefaults() error {
 	}
 	seen := make(map[string]bool, len(cfg.Topics))
 	for _, t := range cfg.Topics {
-		if t == "" || seen[t] {
-			return fmt.Errorf("broker: Topics: empty or duplicate topic %q", t)
+		if err := CheckTopic(t); err != nil {
+			return fmt.Errorf("broker: Topics: %q %w", t, err)
+		}
+		if seen[t] {
+			return fmt.Errorf("broker: Topics: %q is named twice", t)
 		}
 		seen[t] = true
 	}
@@ -496,4 +499,24 @@ func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
 	case kfake.LogLevelWarn:
 		l.log.Warn("kfake: " + fmt.Sprintf(format, args...))
 	}
+}
+
+// CheckTopic applies Kafka's rules for topic names: 1 to 249 of [a-zA-Z0-9._-], and neither "."
+// nor "..".
+func CheckTopic(name string) error {
+	if name == "" {
+		return errors.New("must name a topic")
+	}
+	if len(name) > 249 {
+		return fmt.Errorf("is %d characters long; Kafka allows at most 249", len(name))
+	}
+	if name == "." || name == ".." {
+		return errors.New(`Kafka refuses "." and ".." as topic names`)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("holds %q; Kafka topic names may hold only a-z, A-Z, 0-9, '.', '_' and '-'", r)
+		}
+	}
+	return nil
 }

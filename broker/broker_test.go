@@ -151,7 +151,8 @@ func TestConfigRejected(t *testing.T) {
 		{"public address", broker.Config{Listen: "0.0.0.0:0"}, "loopback"},
 		{"no port", broker.Config{Listen: "127.0.0.1"}, "Listen"},
 		{"negative partitions", broker.Config{Partitions: -1}, "Partitions"},
-		{"duplicate topic", broker.Config{Topics: []string{"a", "a"}}, "duplicate"},
+		{"duplicate topic", broker.Config{Topics: []string{"a", "a"}}, `"a" is named twice`},
+		{"topic name", broker.Config{Topics: []string{"a/b"}}, `Topics: "a/b" holds '/'`},
 		{"unknown mechanism", broker.Config{SASL: &broker.SASLConfig{Mechanism: "GSSAPI", User: "u", Password: "p"}}, "GSSAPI"},
 		{"no password", broker.Config{SASL: &broker.SASLConfig{Mechanism: "PLAIN", User: "u"}}, "Password"},
 	} {

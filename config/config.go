@@ -1288,10 +1288,10 @@ func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 		bad("replication.enabled", true, "replicas share a Kafka cluster: set kafka.brokers "+
 			"(on one machine, `cfguard broker --nodes 3` runs one on loopback)")
 	}
-	if err := checkTopic(r.PosteriorTopic); err != nil {
+	if err := broker.CheckTopic(r.PosteriorTopic); err != nil {
 		bad("replication.posterior_topic", fmt.Sprintf("%q", r.PosteriorTopic), err.Error())
 	}
-	if err := checkTopic(r.CETopic); err != nil {
+	if err := broker.CheckTopic(r.CETopic); err != nil {
 		bad("replication.ce_topic", fmt.Sprintf("%q", r.CETopic), err.Error())
 	}
 	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}} {
@@ -1307,7 +1307,7 @@ func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	}
 	// The CE state topic is the CE topic's name with ".state" appended (ceshare.StateTopic).
 	state := r.CETopic + ".state"
-	if err := checkTopic(state); err != nil {
+	if err := broker.CheckTopic(state); err != nil {
 		bad("replication.ce_topic", fmt.Sprintf("%q", r.CETopic), "its state topic "+state+": "+err.Error())
 	}
 	for _, t := range []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic},
@@ -1395,7 +1395,7 @@ func (c *Config) validateSyntaxAndLimits(bad func(key string, v any, why string)
 	}
 	for _, t := range c.topicKeys() {
 		if t.name != "" {
-			if err := checkTopic(t.name); err != nil {
+			if err := broker.CheckTopic(t.name); err != nil {
 				bad(t.key, strconv.Quote(t.name), err.Error())
 			}
 		}
@@ -1476,26 +1476,6 @@ func sharedListen(a, b string) string {
 		return fmt.Sprintf("takes port %d, which is also the port of", na)
 	}
 	return ""
-}
-
-// checkTopic applies Kafka's rules for topic names: 1 to 249 of [a-zA-Z0-9._-], and neither "."
-// nor "..".
-func checkTopic(name string) error {
-	if name == "" {
-		return errors.New("must name a topic")
-	}
-	if len(name) > 249 {
-		return fmt.Errorf("is %d characters long; Kafka allows at most 249", len(name))
-	}
-	if name == "." || name == ".." {
-		return errors.New(`Kafka refuses "." and ".." as topic names`)
-	}
-	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return fmt.Errorf("holds %q; Kafka topic names may hold only a-z, A-Z, 0-9, '.', '_' and '-'", r)
-		}
-	}
-	return nil
 }
 
 // MaxAuditWorkers bounds audit.workers.

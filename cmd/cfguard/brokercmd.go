@@ -40,6 +40,12 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *partitions < 1 {
 		return fmt.Errorf("%w: --partitions %d: want at least 1", cli.ErrUsage, *partitions)
 	}
+	if *retention == 0 {
+		return fmt.Errorf("%w: --retention 0: want a positive duration, or a negative one to keep records for ever", cli.ErrUsage)
+	}
+	if *retentionBytes == 0 {
+		return fmt.Errorf("%w: --retention-bytes 0: want a positive size, or a negative one for no limit", cli.ErrUsage)
+	}
 	if *minSession <= 0 {
 		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
 	}

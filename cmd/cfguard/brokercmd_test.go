@@ -269,7 +269,11 @@ func TestBrokerCommandRefusals(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--partitions", "0"}, "--partitions"},
 		{[]string{"--listen", "127.0.0.1:0", "--group-min-session-timeout", "0s"}, "--group-min-session-timeout"},
 		{[]string{"--listen", "127.0.0.1:0", "--sync-writes"}, "--data-dir"},
-		{[]string{"--listen", "127.0.0.1:0", "--topics", "a,,b"}, "topic"},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "a,,b"}, `Topics: "" must name a topic`},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "bad topic,x"}, `Topics: "bad topic" holds ' '; Kafka topic names may hold only`},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "x,y,x"}, `Topics: "x" is named twice`},
+		{[]string{"--listen", "127.0.0.1:0", "--retention", "0s"}, "--retention 0: want a positive duration"},
+		{[]string{"--listen", "127.0.0.1:0", "--retention-bytes", "0"}, "--retention-bytes 0: want a positive size"},
 	} {
 		code, stdout, stderr := runCLI(t, append([]string{"broker"}, tc.args...)...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || stdout != "" {
