@@ -20,7 +20,8 @@
 // 16 MiB); a segment's files are deleted once all its records are, so a partition's data on
 // disk stays below about RetentionBytes plus one segment. The log of committed group offsets
 // is compacted once it passes 1 MiB. A consumer that falls further behind than retention loses
-// records: cfguard's consumer reports such a gap (stream.Gap).
+// records: cfguard's consumer reports such a gap (stream.Gap). A partition whose every record
+// expired keeps its offsets across a restart, as in Kafka (keepEmptyPartitionsOffsets).
 package broker
 
 import (
@@ -242,6 +243,9 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		opts = append(opts, kfake.GroupMinSessionTimeout(cfg.GroupMinSessionTimeout))
 	}
 	if cfg.DataDir != "" {
+		if _, err := keepEmptyPartitionsOffsets(cfg.DataDir, log); err != nil {
+			return nil, err
+		}
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
 		if cfg.SyncWrites {
 			opts = append(opts, kfake.SyncWrites())
@@ -511,7 +515,7 @@ func CheckTopic(name string) error {
 		return fmt.Errorf("is %d characters long; Kafka allows at most 249", len(name))
 	}
 	if name == "." || name == ".." {
-		return errors.New(`Kafka refuses "." and ".." as topic names`)
+		return errors.New(`is "." or "..", which Kafka refuses as a topic name`)
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {

@@ -152,3 +152,50 @@ func TestRetentionConfigRejected(t *testing.T) {
 		t.Fatal("Start accepted a negative RetentionCheckInterval")
 	}
 }
+
+// TestExpiredPartitionKeepsItsOffsetsAcrossRestarts: a partition whose every record expired
+// keeps its offsets when the broker restarts on its data directory (kfake alone would restart
+// it at 0, which cfguard's consumer takes for a recreated topic), through restarts with no new
+// record, and a record produced after it takes the next offset and survives a restart.
+func TestExpiredPartitionKeepsItsOffsetsAcrossRestarts(t *testing.T) {
+	dir := t.TempDir()
+	expiring := broker.Config{DataDir: dir, Topics: []string{"records"}, Retention: 300 * time.Millisecond, RetentionCheckInterval: 100 * time.Millisecond}
+	b := start(t, context.Background(), expiring)
+	var values []string
+	for i := range 20 {
+		values = append(values, record(i))
+	}
+	produce(t, b.Addrs()[0], "records", values...)
+	waitfor.Cond(t, 10*time.Second, "every record to expire", func() bool { return b.LogStartOffsets("records")[0] == 20 })
+	b.Close()
+
+	kept := broker.Config{DataDir: dir, Topics: []string{"records"}, Retention: time.Hour}
+	offsets := func(b *broker.Broker) string {
+		return fmt.Sprintf("log start %d, high watermark %d", b.LogStartOffsets("records")[0], b.HighWatermarks("records")[0])
+	}
+	for restart := range 2 {
+		b = start(t, context.Background(), kept)
+		if got := offsets(b); got != "log start 20, high watermark 20" {
+			t.Fatalf("restart %d after every record expired: %s, want 20 and 20", restart, got)
+		}
+		b.Close()
+	}
+	b = start(t, context.Background(), kept)
+	produce(t, b.Addrs()[0], "records", "fresh")
+	b.Close()
+	b = start(t, context.Background(), kept)
+	if got := offsets(b); got != "log start 20, high watermark 21" {
+		t.Fatalf("after a record and a restart: %s, want 20 and 21", got)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "records", MaxWait: 50 * time.Millisecond})
+	defer r.Close()
+	if err := r.SetOffset(20); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := r.FetchMessage(ctx)
+	if err != nil || m.Offset != 20 || string(m.Value) != "fresh" {
+		t.Fatalf("read at offset 20: %v %d %q, want the fresh record", err, m.Offset, m.Value)
+	}
+}
