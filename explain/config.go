@@ -12,7 +12,7 @@ import (
 // Method names a counterfactual generator.
 type Method string
 
-// The generators: the paper's PSCE and the two baselines.
+// The generators: the paper's PSCE and the four baselines of its tables.
 const (
 	// MethodPSCE is the paper's objective (package documentation), stopping in the
 	// <delta, epsilon>-set.
@@ -119,8 +119,8 @@ type Config struct {
 	Delta   float64 // the <delta, epsilon>-set's delta: p >= 1 - delta [0.05]
 	Epsilon float64 // the <delta, epsilon>-set's epsilon: Var <= epsilon [0.01]
 
-	// Weights of the gradient methods; nil means DefaultWeights for PSCE and WachterWeights for
-	// Wachter. Set a non-nil value (e.g. &PaperWeights) to choose others or to ablate terms;
+	// Weights of the gradient methods; nil means DefaultWeights for PSCE, BayesCFWeights for
+	// BayesCF, ROARWeights for ROAR and WachterWeights for Wachter and Schut. Set a non-nil value (e.g. &PaperWeights) to choose others or to ablate terms;
 	// zeros are then taken as given.
 	Weights *Weights
 

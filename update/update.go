@@ -209,14 +209,17 @@ func (cfg Config) Validate() error {
 	return nil
 }
 
-// LastLayer returns a new posterior: prev with its last layer trained on the raw rows (X, y) by
-// cfg.Iterations Adam iterations of the chosen objective (see the package comment). The result's body
-// layers are bit-for-bit prev's, its Version is prev.Version+1, and it is a deterministic
-// function of (prev, X, y, cfg).
+// LastLayer returns a new posterior: prev with its last layer trained on the raw rows (X, y) on
+// the chosen objective (see the package comment) by cfg.Solver: SolverConverge (the daemon's
+// default, update.solver) minimises it with L-BFGS until the largest gradient is below
+// cfg.Tolerance on the KL's scale, at most cfg.MaxIterations iterations; SolverAdam (this
+// package's zero value, the paper's optimiser) takes cfg.Iterations Adam iterations. The
+// result's body layers are bit-for-bit prev's, its Version is prev.Version+1, and it is a
+// deterministic function of (prev, X, y, cfg).
 //
 // prev is never modified, whatever happens. Bad input (empty, wrong width, NaN/Inf, label out of
 // range) and bad configuration give an error naming the problem; a cancelled ctx (checked before
-// every iteration) returns ctx's error; a result with a NaN/Inf value or an unusable sigma is refused
+// every iteration of either solver) returns ctx's error; a result with a NaN/Inf value or an unusable sigma is refused
 // with an error wrapping ErrRefused (and bnn.ErrNonFinite). No model is returned with an error.
 func LastLayer(ctx context.Context, prev *bnn.Model, X [][]float64, y []int, cfg Config) (*bnn.Model, Stats, error) {
 	start := time.Now()
