@@ -102,3 +102,65 @@ func TestDetectorFalseAlarmsAndDelay(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestDetectorWalkByHand pins Observe's Page-Hinkley walk to hand-computed values: with
+// Delta 0.5 and Brier scores 0, 0, 3 the running means are 0, 0, 1 and the walk
+// S_t = S_{t-1} + x_t - mean_t - Delta goes -0.5, -1, 0.5, so the statistic S_t - min S is 0, 0, 1.5.
+// The third record alarms when Lambda is below 1.5 and MinRecords at most 3; an alarm resets the
+// count, the mean and the walk, so that the next record (0) starts a new reference at -Delta.
+func TestDetectorWalkByHand(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		lambda     float64
+		minRecords int
+		alarmAt    int // 0: none
+	}{
+		{"over lambda", 1.2, 2, 3},
+		{"under lambda", 1.6, 2, 0},
+		{"during the warm-up", 1.2, 4, 0},
+		{"just after the warm-up", 1.2, 3, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Detector{Delta: 0.5, Lambda: tc.lambda, MinRecords: tc.minRecords}
+			wantStat := []float64{0, 0, 1.5}
+			for i, x := range []float64{0, 0, 3} {
+				alarms := d.Observe(Batch{brier: []float64{x}})
+				if i+1 == tc.alarmAt {
+					if alarms != 1 || d.Changes != 1 || d.Count != 0 || d.Mean != 0 || d.Sum != 0 || d.Min != 0 {
+						t.Fatalf("record %d: %d alarms, detector %+v; want one alarm and a reset", i+1, alarms, *d)
+					}
+					continue
+				}
+				if alarms != 0 || math.Abs(d.Statistic()-wantStat[i]) > 1e-12 || d.Count != i+1 {
+					t.Fatalf("record %d: %d alarms, statistic %v, count %d; want none, %v, %d", i+1, alarms, d.Statistic(), d.Count, wantStat[i], i+1)
+				}
+			}
+			if tc.alarmAt == 0 {
+				return
+			}
+			d.Observe(Batch{brier: []float64{0}})
+			if d.Count != 1 || d.Mean != 0 || d.Sum != -0.5 || d.Min != -0.5 || d.Statistic() != 0 {
+				t.Fatalf("the record after an alarm: %+v, want count 1, mean 0, walk and minimum -0.5", *d)
+			}
+		})
+	}
+}
+
+// TestCalibrationErrorBinsByConfidence: two records whose top-class probabilities (0.85, a
+// hit; 0.89, a miss) share the bin [0.8, 0.9) are judged together, |1 - 1.74| / 2 = 0.37, not
+// one by one ((0.15 + 0.89) / 2 = 0.52); a probability of exactly 1 falls in the last bin.
+func TestCalibrationErrorBinsByConfidence(t *testing.T) {
+	b, err := Score([][]float64{{0.85, 0.15}, {0.89, 0.11}, {0, 1}}, []int{0, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Bins[8]; got.Count != 2 || math.Abs(got.Confidence-1.74) > 1e-12 || got.Correct != 1 {
+		t.Fatalf("bin 8 holds %+v, want 2 records of confidence 1.74, 1 correct", got)
+	}
+	if got := b.Bins[Bins-1]; got.Count != 1 || got.Confidence != 1 || got.Correct != 1 {
+		t.Fatalf("the last bin holds %+v, want the certain hit", got)
+	}
+	if _, _, _, ece := b.Means(); math.Abs(ece-(0.74+0)/3) > 1e-12 {
+		t.Fatalf("ece %v, want %v", ece, 0.74/3)
+	}
+}

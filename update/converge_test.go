@@ -366,3 +366,86 @@ func TestDrawsPerIncrement(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictiveIntegratesTheLastLayer: on a network that is its last layer alone (no body to
+// sample), Predictive is E_{z ~ N(m, diag v)}[softmax(z)] with the logits' closed-form mean and
+// variance m_c = b_c + sum_i x_i mu_ci, v_c = s_c^2 + sum_i x_i^2 s_ci^2: to 1e-3 against a Simpson
+// integral of sigmoid(d) N(d; m_1 - m_0, v_0 + v_1) with two classes (16-node Gauss-Hermite, whose
+// error on a logistic-normal this wide, sd ~2.8, is ~3e-4), and within
+// its Monte-Carlo error with three (16 fixed draws of the logits per body draw). The weights'
+// sigmas and the bias's are each large enough that dropping either moves p by far more than the
+// tolerance.
+func TestPredictiveIntegratesTheLastLayer(t *testing.T) {
+	X := [][]float64{{0.5, -1.2, 0.3}, {-0.7, 0.2, 1.1}, {1.5, 0.4, -0.9}}
+	for _, classes := range []int{2, 3} {
+		names := []string{"a", "b", "c"}[:classes]
+		m := bnn.New(3, nil, names, 0.1, rand.New(rand.NewPCG(7, uint64(classes))))
+		l := m.Last()
+		for i := range l.WeightLogSigma {
+			l.WeightLogSigma[i] = math.Log(0.8)
+		}
+		for c := range l.BiasLogSigma {
+			l.BiasLogSigma[c] = math.Log(1.5)
+		}
+		const draws = 2048
+		got, err := Predictive(m, X, draws, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mean, vari := make([]float64, classes), make([]float64, classes)
+		for r, x := range X {
+			for c := range classes {
+				mean[c], vari[c] = l.BiasMu[c], math.Exp(2*l.BiasLogSigma[c])
+				for i, xi := range x {
+					mean[c] += xi * l.WeightMu[c*len(x)+i]
+					vari[c] += xi * xi * math.Exp(2*l.WeightLogSigma[c*len(x)+i])
+				}
+			}
+			if classes == 2 {
+				mu, sd := mean[1]-mean[0], math.Sqrt(vari[0]+vari[1])
+				want := simpson(func(d float64) float64 {
+					return 1 / (1 + math.Exp(-d)) * math.Exp(-(d-mu)*(d-mu)/(2*sd*sd)) / (sd * math.Sqrt(2*math.Pi))
+				}, mu-12*sd, mu+12*sd, 20000)
+				if d := math.Abs(got[r][1] - want); d > 1e-3 {
+					t.Errorf("two classes, row %d: p(b) %.9f, the integral %.9f (|d| %.2g)", r, got[r][1], want, d)
+				}
+				continue
+			}
+			// Three classes: an independent Monte-Carlo of softmax(z), z_c ~ N(m_c, v_c).
+			const mc = 400000
+			rng := rand.New(rand.NewPCG(3, uint64(r)))
+			ref := make([]float64, classes)
+			z := make([]float64, classes)
+			for range mc {
+				for c := range z {
+					z[c] = mean[c] + math.Sqrt(vari[c])*rng.NormFloat64()
+				}
+				bnn.Softmax(z, z)
+				for c, v := range z {
+					ref[c] += v / mc
+				}
+			}
+			for c := range classes {
+				// softmax values lie in [0, 1]: their standard deviation is at most 1/2.
+				tol := 4*0.5/math.Sqrt(draws*ghNodes) + 4*0.5/math.Sqrt(mc)
+				if d := math.Abs(got[r][c] - ref[c]); d > tol {
+					t.Errorf("three classes, row %d class %d: %.5f, Monte-Carlo %.5f (|d| %.2g > %.2g)", r, c, got[r][c], ref[c], d, tol)
+				}
+			}
+		}
+	}
+}
+
+// simpson integrates f over [a, b] with Simpson's rule on n (even) intervals.
+func simpson(f func(float64) float64, a, b float64, n int) float64 {
+	h := (b - a) / float64(n)
+	s := f(a) + f(b)
+	for i := 1; i < n; i++ {
+		w := 2.0
+		if i%2 == 1 {
+			w = 4
+		}
+		s += w * f(a+float64(i)*h)
+	}
+	return s * h / 3
+}
