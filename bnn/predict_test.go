@@ -1,6 +1,7 @@
 package bnn
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -213,5 +214,61 @@ func TestFitScaler(t *testing.T) {
 	s := FitScaler([][]float64{{1, 5}, {3, 5}})
 	if s.Mean[0] != 2 || s.Std[0] != 1 || s.Mean[1] != 5 || s.Std[1] != 1 {
 		t.Fatalf("scaler %+v", s)
+	}
+}
+
+// TestSampleDrawsTheTorchbnnGaussian: every parameter is drawn from N(mu, sigma^2) with
+// sigma = exp(log_sigma) (torchbnn's convention, not exp(2 log_sigma) or softplus): over 20,000
+// draws each parameter's sample mean and standard deviation match mu and exp(log_sigma) to 4
+// standard errors, for log sigmas of -1, 0.5 and 0.
+func TestSampleDrawsTheTorchbnnGaussian(t *testing.T) {
+	m := smallModel(8)
+	logSigmas := []float64{-1, 0.5, 0}
+	for k := range m.Layers {
+		l := &m.Layers[k]
+		for i := range l.WeightLogSigma {
+			l.WeightLogSigma[i] = logSigmas[i%len(logSigmas)]
+		}
+		for i := range l.BiasLogSigma {
+			l.BiasLogSigma[i] = logSigmas[(i+1)%len(logSigmas)]
+		}
+	}
+	const n = 20000
+	rng := rand.New(rand.NewPCG(5, 6))
+	net := m.NewNet()
+	type acc struct{ sum, sq float64 }
+	w, b := make([][]acc, len(m.Layers)), make([][]acc, len(m.Layers))
+	for k, l := range m.Layers {
+		w[k], b[k] = make([]acc, len(l.WeightMu)), make([]acc, len(l.BiasMu))
+	}
+	for range n {
+		m.Sample(rng, net)
+		for k := range m.Layers {
+			for i, v := range net.W[k] {
+				w[k][i].sum += v
+				w[k][i].sq += v * v
+			}
+			for i, v := range net.B[k] {
+				b[k][i].sum += v
+				b[k][i].sq += v * v
+			}
+		}
+	}
+	check := func(what string, a acc, mu, logSigma float64) {
+		t.Helper()
+		sigma := math.Exp(logSigma)
+		mean := a.sum / n
+		sd := math.Sqrt(a.sq/n - mean*mean)
+		if math.Abs(mean-mu) > 4*sigma/math.Sqrt(n) || math.Abs(sd-sigma) > 4*sigma/math.Sqrt(2*n) {
+			t.Errorf("%s: mean %.4f sd %.4f, want %.4f and exp(%v) = %.4f", what, mean, sd, mu, logSigma, sigma)
+		}
+	}
+	for k, l := range m.Layers {
+		for i := range l.WeightMu {
+			check(fmt.Sprintf("%s.weight[%d]", l.Name, i), w[k][i], l.WeightMu[i], l.WeightLogSigma[i])
+		}
+		for i := range l.BiasMu {
+			check(fmt.Sprintf("%s.bias[%d]", l.Name, i), b[k][i], l.BiasMu[i], l.BiasLogSigma[i])
+		}
 	}
 }

@@ -150,6 +150,9 @@ func TestTheoremsMatchCheck(t *testing.T) {
 	}
 	for i := range 20000 {
 		p := Policy{Mode: []Mode{Paper, Tight}[i%2], EpsilonMax: rng.Float64() * 0.25, Hoeffding: i%3 == 0, Alpha: 0.05}
+		if i%5 == 0 {
+			p.EpsilonMax = 0.25 // the default ceiling: the 1/4 cap on V1 + slack_V decides
+		}
 		kl := math.Exp(rng.Float64()*20 - 15)
 		s := p.Slack(kl)
 		g := p.Gate(s)
@@ -160,6 +163,9 @@ func TestTheoremsMatchCheck(t *testing.T) {
 				c.P1 = near(c.P1 + math.Sqrt(math.Log(1/p.Alpha)/(2*float64(c.Samples))))
 			}
 			c.Var1 = max(0, near(p.VarCeiling(c.Epsilon)-s.Var))
+		}
+		if i%5 == 0 && i%2 == 0 {
+			c.Var1 = max(0, 0.25-s.Var/2+rng.Float64()*0.01) // V1 + slack_V past 1/4: only the cap certifies
 		}
 		_, want := g.Check(c.P1, c.Var1, c.Epsilon, c.Samples)
 		if got := g.Theorem1(p.StartP1(c)) && g.Theorem2(c.Var1, p.VarCeiling(c.Epsilon)); got != want {
