@@ -279,6 +279,39 @@ func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
 	if st.NLLEnd >= st.NLLStart && st.LossEnd >= st.LossStart {
 		t.Errorf("objective did not decrease: loss %v -> %v", st.LossStart, st.LossEnd)
 	}
+	// The tolerance met is the documented one: at the posterior returned, every gradient
+	// coordinate (scaled by the previous posterior) is below Tolerance * KLWeight / n.
+	full := cfg.withDefaults()
+	zs, err := m.Standardize(X)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := make([][]float64, len(X))
+	for r := range rows {
+		rows[r] = zs.RawRowView(r)
+	}
+	c, err := newConverged(m, rows, y, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := a.Last()
+	mu := append(append([]float64(nil), l.WeightMu...), l.BiasMu...)
+	ls := append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
+	x := make([]float64, 2*len(mu))
+	for j := range mu {
+		x[j] = (mu[j] - c.mu0[j]) / c.sig0[j]
+		x[len(mu)+j] = ls[j] - math.Log(c.sig0[j])
+	}
+	c.set(x)
+	g := make([]float64, len(x))
+	c.eval(g)
+	worst := 0.0
+	for _, v := range g {
+		worst = max(worst, math.Abs(v))
+	}
+	if threshold := full.Tolerance * full.KLWeight / float64(len(X)); !(worst < threshold) {
+		t.Errorf("largest scaled gradient at the posterior returned %.3g, want below Tolerance * KLWeight / n = %.3g", worst, threshold)
+	}
 }
 
 // TestConvergedStepShrinksWithEvidence checks the property certification relies on: on
