@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -475,4 +476,50 @@ func TestStopEstimateNeverAcceptsTheStart(t *testing.T) {
 	if trapped == 0 {
 		t.Fatal("no seed's first minibatch disagreed with the confirmation ensemble at x; the test does not exercise the start")
 	}
+}
+
+// TestResultFlagsFollowTheirDefinitions holds a result's flags to their definitions, computed
+// here from its P1, Var1 and Samples: InSet is p1 >= 1 - delta and Var1 <= epsilon (with a tiny
+// epsilon, a result whose p1 alone would pass is out of the set); Confirmed is valid with
+// Hoeffding's lower bound P1 - sqrt(ln(1/alpha) / (2 Samples)) above 1/2 (Wachter stops as soon
+// as the target comes first, so some of its results are valid with p1 > 1/2 and not confirmed).
+func TestResultFlagsFollowTheirDefinitions(t *testing.T) {
+	m, v, set := blobFixture(t)
+	var passP1, validNotConfirmed int
+	for _, cfg := range []Config{
+		{Method: MethodPSCE, Delta: 0.45, Epsilon: 1e-6, MaxIter: 30, Seed: 3},
+		{Method: MethodWachter, Seed: 3},
+	} {
+		g := NewGenerator(m, v, cfg)
+		for i := 0; i < 40 && i < set.Len(); i++ {
+			if set.Y[i] != 0 {
+				continue
+			}
+			r, err := g.Generate(context.Background(), set.X[i], 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			alpha := cmp.Or(cfg.Alpha, DefaultAlpha)
+			lower := r.P1 - math.Sqrt(math.Log(1/alpha)/(2*float64(r.Samples)))
+			if r.Confirmed != (r.Valid && lower > 0.5) {
+				t.Errorf("%s row %d: confirmed %v, valid %v, p1 %.4f over %d samples (lower bound %.4f)", cfg.Method, i, r.Confirmed, r.Valid, r.P1, r.Samples, lower)
+			}
+			if r.Valid && r.P1 > 0.5 && !r.Confirmed {
+				validNotConfirmed++
+			}
+			if cfg.Method != MethodPSCE {
+				continue
+			}
+			if want := r.P1 >= 1-cfg.Delta && r.Var1 <= cfg.Epsilon; r.InSet != want {
+				t.Errorf("psce row %d: in set %v with p1 %.4f, var1 %.3g (delta %v, epsilon %v)", i, r.InSet, r.P1, r.Var1, cfg.Delta, cfg.Epsilon)
+			}
+			if r.P1 >= 1-cfg.Delta {
+				passP1++
+			}
+		}
+	}
+	if passP1 == 0 || validNotConfirmed == 0 {
+		t.Fatalf("results with p1 >= 1 - delta: %d, valid and not confirmed: %d; the test needs some of each", passP1, validNotConfirmed)
+	}
+	t.Logf("results with p1 >= 1 - delta: %d; valid, p1 > 1/2 and not confirmed: %d", passP1, validNotConfirmed)
 }

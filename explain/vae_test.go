@@ -248,3 +248,38 @@ func TestAESeparatesClasses(t *testing.T) {
 		t.Errorf("NaN row: %v", err)
 	}
 }
+
+// TestVAELossIsTheMeanNegativeELBO: the loss the VAE is trained on is, on a batch with given
+// noise, the mean over rows of -ELBO (ELBOWith, the plain-Go ELBO PSCE differentiates) without
+// its constant (D/2) log(2 pi ObsVar), to rounding: the reconstruction term over 2 ObsVar and
+// the KL term (1/2) sum_k (mu^2 + exp(logvar) - logvar - 1), each averaged over the batch.
+func TestVAELossIsTheMeanNegativeELBO(t *testing.T) {
+	m, v, set := blobFixture(t)
+	Z, err := standardize(m, set.X[:5])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrainer(len(Z), v.Inputs, v.Latent)
+	if err := tr.compile(v.lossGraph(tr)); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.vm.Close()
+	rng := rand.New(rand.NewPCG(4, 2))
+	xb, eb := tr.xv.Data().([]float64), tr.ev.Data().([]float64)
+	want := 0.0
+	for i, z := range Z {
+		copy(xb[i*v.Inputs:], z)
+		e := eb[i*v.Latent : (i+1)*v.Latent]
+		for k := range e {
+			e[k] = 2 * rng.NormFloat64() // wide draws: the latent's variance counts
+		}
+		want -= v.ELBOWith(z, e) / float64(len(Z))
+	}
+	want -= float64(v.Inputs) / 2 * math.Log(2*math.Pi*v.ObsVar)
+	if err := tr.vm.RunAll(); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.lossVal.Data().(float64); math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+		t.Fatalf("graph loss %.12g, mean -ELBO without its constant %.12g", got, want)
+	}
+}
