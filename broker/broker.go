@@ -21,7 +21,7 @@
 // disk stays below about RetentionBytes plus one segment. The log of committed group offsets
 // is compacted once it passes 1 MiB. A consumer that falls further behind than retention loses
 // records: cfguard's consumer reports such a gap (stream.Gap). A partition whose every record
-// expired keeps its offsets across a restart, as in Kafka (keepEmptyPartitionsOffsets).
+// expired keeps its offsets across a restart or a crash, as in Kafka (expired.go).
 package broker
 
 import (
@@ -32,9 +32,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -196,6 +198,9 @@ type Broker struct {
 	// forever once the cluster has stopped.
 	mu     sync.RWMutex
 	closed bool
+
+	dataDir         string      // Config.DataDir: "" keeps no files
+	recordingFailed atomic.Bool // recordOffsets is failing (logged once per episode)
 }
 
 // Start validates cfg, starts the broker and creates cfg.Topics. The broker runs until Close
@@ -243,7 +248,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		opts = append(opts, kfake.GroupMinSessionTimeout(cfg.GroupMinSessionTimeout))
 	}
 	if cfg.DataDir != "" {
-		if _, err := keepEmptyPartitionsOffsets(cfg.DataDir, log); err != nil {
+		if _, err := keepEmptyPartitionsOffsets(cfg.DataDir, cfg.Nodes, log); err != nil {
 			return nil, err
 		}
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
@@ -258,7 +263,8 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
 	}
-	b := &Broker{c: c, lns: lns, conns: conns, addrs: c.ListenAddrs(), log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	b := &Broker{c: c, lns: lns, conns: conns, addrs: c.ListenAddrs(), log: log, dataDir: cfg.DataDir,
+		stop: make(chan struct{}), done: make(chan struct{})}
 	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions), int32(cfg.Nodes)); err != nil {
 		c.Close()
 		return nil, err
@@ -436,13 +442,27 @@ func (b *Broker) Close() {
 	<-b.done
 }
 
-// ApplyRetention deletes the records past retention now, instead of at the next check. It
-// does nothing once the broker has stopped.
+// ApplyRetention deletes the records past retention now, instead of at the next check, and,
+// with DataDir, records every partition's high watermark there (recordOffsets), so that a
+// partition it empties keeps its offsets after a crash. It does nothing once the broker has
+// stopped.
 func (b *Broker) ApplyRetention() {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	if !b.closed {
-		b.c.ApplyRetention()
+	if b.closed {
+		return
+	}
+	b.c.ApplyRetention()
+	if b.dataDir == "" {
+		return
+	}
+	if err := b.recordOffsets(); err != nil {
+		if !b.recordingFailed.Swap(true) {
+			b.log.Error("cannot record the partitions' offsets; a partition whose every record expired may restart at offset 0 after a crash",
+				"file", filepath.Join(b.dataDir, offsetsFile), "err", err)
+		}
+	} else if b.recordingFailed.Swap(false) {
+		b.log.Info("the partitions' offsets are recorded again", "file", filepath.Join(b.dataDir, offsetsFile))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -197,5 +198,47 @@ func TestExpiredPartitionKeepsItsOffsetsAcrossRestarts(t *testing.T) {
 	m, err := r.FetchMessage(ctx)
 	if err != nil || m.Offset != 20 || string(m.Value) != "fresh" {
 		t.Fatalf("read at offset 20: %v %d %q, want the fresh record", err, m.Offset, m.Value)
+	}
+}
+
+// TestExpiredPartitionKeepsItsOffsetsAfterACrash: the data directory as a crash leaves it
+// (copied while the broker runs, after a retention pass deleted every record of a partition
+// whose snapshot kfake has not written since its creation) starts a broker whose partition
+// keeps its offsets, from the broker's own record of them.
+func TestExpiredPartitionKeepsItsOffsetsAfterACrash(t *testing.T) {
+	dir := t.TempDir()
+	b := start(t, context.Background(), broker.Config{DataDir: dir, Topics: []string{"records"}, Retention: 300 * time.Millisecond,
+		RetentionCheckInterval: time.Hour})
+	var values []string
+	for i := range 20 {
+		values = append(values, record(i))
+	}
+	produce(t, b.Addrs()[0], "records", values...)
+	waitfor.Cond(t, 10*time.Second, "every record to expire", func() bool {
+		b.ApplyRetention()
+		return b.LogStartOffsets("records")[0] == 20
+	})
+	crashed := filepath.Join(t.TempDir(), "data")
+	if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	// A record of the offsets that cannot be read does not stop a start: kfake's own state is
+	// used, as before there was a record.
+	damaged := filepath.Join(t.TempDir(), "data")
+	if err := os.CopyFS(damaged, os.DirFS(crashed)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(damaged, "cfguard-offsets.json"), []byte(`{"high_water`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start(t, context.Background(), broker.Config{DataDir: damaged, Topics: []string{"records"}, Retention: time.Hour}).Close()
+	b = start(t, context.Background(), broker.Config{DataDir: crashed, Topics: []string{"records"}, Retention: time.Hour})
+	if ls, hw := b.LogStartOffsets("records")[0], b.HighWatermarks("records")[0]; ls != 20 || hw != 20 {
+		t.Fatalf("after a crash with every record expired: log start %d, high watermark %d, want 20 and 20", ls, hw)
+	}
+	produce(t, b.Addrs()[0], "records", "fresh")
+	if hw := b.HighWatermarks("records")[0]; hw != 21 {
+		t.Fatalf("a record after the crash: high watermark %d, want 21", hw)
 	}
 }
