@@ -1267,7 +1267,7 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var nf *explain.NotFoundError
 		switch {
-		case errors.Is(err, errVAEPending):
+		case errors.Is(err, errVAEPending), errors.Is(err, errStopping):
 			retryLater(w, http.StatusServiceUnavailable, explainRetryAfter, err.Error())
 		case errors.Is(err, explain.ErrAlreadyTarget): // as POST /v1/counterfactuals answers it
 			writeError(w, http.StatusUnprocessableEntity, err.Error())

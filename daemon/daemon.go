@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -522,18 +523,47 @@ func (d *Daemon) serveAPI(h http.Handler) {
 	d.log.Info("HTTP API listening", "addr", d.httpAddr.String(), "web_config_file", d.cfg.HTTP.WebConfigFile)
 }
 
+// handlerStopWait bounds how long serve waits, after the drain timed out and every request's
+// context was cancelled, for the handlers still running to return.
+const handlerStopWait = 5 * time.Second
+
 // serve runs the HTTP server until ctx ends, then drains it for http.shutdown_timeout. With
 // http.web_config_file set, the Prometheus exporter-toolkit serves it (web.Serve on the listener
 // bound by bind): TLS, client certificates (mTLS) and basic auth as that file says, the file
 // and the certificates it names reread on every new connection, so a renewed certificate is
 // served without a restart. Without it, plain HTTP.
+//
+// A request still running when the drain times out has its context cancelled and its
+// connection closed, and serve waits (up to handlerStopWait) for its handler to return, so that
+// no handler outlives the daemon's stop.
 func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	srv.BaseContext = func(net.Listener) context.Context { return base }
+	var running atomic.Int64 // handlers running
+	h := srv.Handler
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		running.Add(1)
+		defer running.Add(-1)
+		h.ServeHTTP(w, r)
+	})
 	stopped := make(chan error, 1)
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), d.cfg.HTTP.ShutdownTimeout)
 		defer c()
-		stopped <- srv.Shutdown(sctx)
+		err := srv.Shutdown(sctx)
+		if err != nil {
+			cancelBase()
+			srv.Close()
+			for end := time.Now().Add(handlerStopWait); running.Load() > 0 && time.Now().Before(end); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := running.Load(); n > 0 {
+				d.log.Warn("requests still running after the HTTP server closed", "handlers", n, "waited", handlerStopWait)
+			}
+		}
+		stopped <- err
 	}()
 	systemd := false
 	flags := &web.FlagConfig{WebListenAddresses: &[]string{d.cfg.HTTP.Listen}, WebSystemdSocket: &systemd, WebConfigFile: &d.cfg.HTTP.WebConfigFile}

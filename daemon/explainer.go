@@ -41,6 +41,7 @@ type explainer struct {
 	want     chan struct{} // closed (once) by the first explanation request
 	wantOnce sync.Once
 	ready    chan struct{} // closed once vae is set (it stays nil without training data)
+	stopped  chan struct{} // closed when run returns: a VAE not ready by then never will be
 	vae      *explain.VAE
 
 	mu     sync.Mutex
@@ -60,13 +61,15 @@ type explainerConfig struct {
 func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
 	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
 		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, log: log, posterior: posterior,
-		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{})}
+		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{}), stopped: make(chan struct{})}
 }
 
 // run is the component that makes the VAE available without delaying start-up: a saved VAE is
 // loaded at once; otherwise it is trained (seconds of CPU) when the first explanation asks for
-// it, then saved.
+// it, then saved. When it returns, the explanations still waiting for the VAE are answered
+// errStopping.
 func (e *explainer) run(ctx context.Context) error {
+	defer close(e.stopped)
 	if _, err := os.Stat(e.dir); err != nil {
 		select {
 		case <-e.want:
@@ -139,9 +142,15 @@ func (e *explainer) acquire() (release func(), err error) {
 func (e *explainer) generate(ctx context.Context, m *bnn.Model, x []float64, target int, method explain.Method) (*explain.Result, error) {
 	e.wantOnce.Do(func() { close(e.want) })
 	select {
-	case <-e.ready:
-	case <-ctx.Done():
-		return nil, errVAEPending
+	case <-e.ready: // checked first: a VAE that is ready serves the requests the stop drains
+	default:
+		select {
+		case <-e.ready:
+		case <-ctx.Done():
+			return nil, errVAEPending
+		case <-e.stopped:
+			return nil, fmt.Errorf("explain: %w", errStopping)
+		}
 	}
 	return e.generator(m, method).Generate(ctx, x, target)
 }
