@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,9 +127,7 @@ func Run(t testing.TB, s Section, checks []Check, subst *strings.Replacer, notRu
 			continue
 		}
 		line := subst.Replace(c)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		out, err := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line).CombinedOutput()
-		cancel()
+		out, err := runLine(line, commandTimeout)
 		if err != nil {
 			t.Errorf("%s: %s: %v\n%s", s.Name, line, err, out)
 			continue
@@ -139,6 +138,27 @@ func Run(t testing.TB, s Section, checks []Check, subst *strings.Replacer, notRu
 		}
 		t.Logf("%s: ran %s (%d bytes of output, as the runbook says)", s.Name, c, len(out))
 	}
+}
+
+// commandTimeout bounds one runbook command.
+const commandTimeout = 2 * time.Minute
+
+// runLine runs line with bash (pipefail) in a process group of its own and returns its combined
+// output. At timeout the whole group is killed, every process of a pipeline with it (killing bash
+// alone would leave a curl or kcat holding the output pipe, and the wait would last as long as
+// it does).
+func runLine(line string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second // then the pipes close, whatever still holds them
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("killed after %v: %w", timeout, err)
+	}
+	return out, err
 }
 
 // Tools reports whether the tools the runbook's commands use are on PATH; when one is not, it
