@@ -491,7 +491,7 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 // WriteTo copies the trainable layers' current (mu, log_sigma) into m, which must have the shape
 // of the model the graph was built from. Layers that are not trainable are left untouched. It
 // fails with ErrNonFinite, leaving m unchanged, if any value is NaN, infinite, or a log-sigma
-// outside [-700, 700] (sigma not a positive normal float64).
+// outside [-MaxLogSigma, MaxLogSigma] (a model Validate refuses).
 func (gr *Graph) WriteTo(m *Model) error {
 	if len(m.Layers) != len(gr.layers) {
 		return fmt.Errorf("graph: model has %d layers, graph %d", len(m.Layers), len(gr.layers))
@@ -510,7 +510,7 @@ func (gr *Graph) WriteTo(m *Model) error {
 			ls   bool
 		}{{"weight_mu", gl.muW, false}, {"weight_log_sigma", gl.lsW, true}, {"bias_mu", gl.muB, false}, {"bias_log_sigma", gl.lsB, true}} {
 			for i, v := range p.v {
-				if !finite(v) || (p.ls && (v < -700 || v > 700)) {
+				if !finite(v) || (p.ls && (v < -MaxLogSigma || v > MaxLogSigma)) {
 					return fmt.Errorf("graph: %s.%s[%d] = %v: %w", l.Name, p.name, i, v, ErrNonFinite)
 				}
 			}

@@ -180,11 +180,12 @@ func (m *Model) Clone() *Model {
 // ErrInvalidModel is wrapped by every error Validate returns.
 var ErrInvalidModel = errors.New("invalid model")
 
-// MaxLogSigma bounds |log sigma| of every parameter. Within it sigma^2 = e^(2 log sigma) and the
-// ratio sigma_a^2 / sigma_b^2 <= e^(4 MaxLogSigma) of any two valid posteriors are finite, so the
-// closed-form KL between them, the KL to the prior the learner minimises and the draws of a
-// Monte-Carlo predictive stay finite (at |log sigma| = 500, sigma^2 overflows and every update
-// fails). Trained BNNs sit far inside it (torchbnn initialises log sigma near log 0.1).
+// MaxLogSigma bounds |log sigma| of every parameter. Within it sigma^2 = e^(2 log sigma), 1/sigma^2
+// and the ratio sigma_a^2 / sigma_b^2 <= e^(4 MaxLogSigma) of any two valid posteriors are finite
+// normal floats, so the variance terms of the closed-form KL between them and of the KL to the
+// prior the learner minimises stay finite (at |log sigma| = 500, sigma^2 overflows and every
+// update fails; the means' terms are bounded by the means themselves). Trained BNNs sit far
+// inside it (torchbnn initialises log sigma near log 0.1).
 const MaxLogSigma = 100
 
 // Validate checks shapes, chaining of layer sizes, that every parameter is finite with

@@ -932,11 +932,11 @@ func (c *Config) CheckFiles() error {
 }
 
 // tokenProblem says why no client could present v as "Authorization: Bearer <v>", or "" when one
-// can: an HTTP header value holds no control character (a token read from a file often keeps its
-// file's last newline) and loses the spaces at its ends.
+// can: an HTTP header value holds no control character but the tab (a token read from a file
+// often keeps its file's last newline), and loses the spaces and tabs at its end.
 func tokenProblem(v string) string {
 	for i, r := range v {
-		if r < 0x20 || r == 0x7f {
+		if (r < 0x20 && r != '\t') || r == 0x7f {
 			what := fmt.Sprintf("a control character (%U) at byte %d", r, i)
 			if r == '\n' && i == len(v)-1 {
 				what = "a newline at its end (the last line of the file it was read from?)"
@@ -945,8 +945,8 @@ func tokenProblem(v string) string {
 				"(a Kubernetes Secret: kubectl create secret generic --from-literal, or a file written with printf '%s')"
 		}
 	}
-	if strings.TrimSpace(v) != v {
-		return "begins or ends with a space, which HTTP drops from a header's value, so no client could send it; remove it"
+	if strings.TrimRight(v, " \t") != v {
+		return "ends with a space or a tab, which HTTP drops from a header's value, so no client could send it; remove it"
 	}
 	return ""
 }

@@ -806,10 +806,10 @@ func TestTokensNoClientCouldSend(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.yaml")
 	for name, tc := range map[string]struct{ file, env, value, want string }{
 		"file newline":       {file: "http:\n  token: |\n    s3cret-abc\n", value: "s3cret-abc", want: "http.token (line 2): holds a newline at its end"},
-		"file metrics space": {file: "http:\n  metrics_token: \" s3cret-abc\"\n", value: "s3cret-abc", want: "http.metrics_token (line 2): begins or ends with a space"},
+		"file metrics space": {file: "http:\n  metrics_token: \"s3cret-abc\\t\"\n", value: "s3cret-abc", want: "http.metrics_token (line 2): ends with a space or a tab"},
 		"env newline":        {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc\n", want: "CFGUARD_HTTP_TOKEN: holds a newline at its end"},
 		"env control":        {env: "CFGUARD_HTTP_METRICS_TOKEN", value: "s3cret\x01abc", want: "CFGUARD_HTTP_METRICS_TOKEN: holds a control character (U+0001) at byte 6"},
-		"env trailing space": {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc ", want: "CFGUARD_HTTP_TOKEN: begins or ends with a space"},
+		"env trailing space": {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc ", want: "CFGUARD_HTTP_TOKEN: ends with a space or a tab"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.env != "" {
@@ -824,11 +824,13 @@ func TestTokensNoClientCouldSend(t *testing.T) {
 			}
 		})
 	}
-	t.Setenv("CFGUARD_HTTP_TOKEN", "a token with inner spaces")
+	// Tokens a client can send: inner spaces and tabs and leading spaces reach the server as
+	// they were sent.
+	t.Setenv("CFGUARD_HTTP_TOKEN", " a token\twith inner spaces")
 	if err := os.WriteFile(p, []byte("http:\n  metrics_token: \"m/+=~._-\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := LoadFile(p); err != nil || c.HTTP.Token != "a token with inner spaces" || c.HTTP.MetricsToken != "m/+=~._-" {
+	if c, err := LoadFile(p); err != nil || c.HTTP.Token != " a token\twith inner spaces" || c.HTTP.MetricsToken != "m/+=~._-" {
 		t.Fatalf("tokens a client can send: %v", err)
 	}
 }

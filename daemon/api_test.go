@@ -48,8 +48,11 @@ func (r *running) rawDo(t testing.TB, method, path, body string, header map[stri
 
 // TestTokenGuardsEveryV1Endpoint: with http.token set, reads of stored CEs (applicants'
 // features) need it too; health and readiness stay open; /metrics needs its own token when set.
+// The metrics token begins with a space and holds a tab, as a token may (config refuses only what
+// a header cannot carry): both reach the server as sent.
 func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token, c.HTTP.MetricsToken = "t0ken", "m3trics" })
+	const metricsToken = " m3\ttrics"
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token, c.HTTP.MetricsToken = "t0ken", metricsToken })
 	// Every route the table marks "token", so that a route added later is checked too.
 	for pattern, auth := range routeTable() {
 		if auth != "token" {
@@ -65,7 +68,7 @@ func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s %s without a token: %d, want 401 with WWW-Authenticate", method, p, resp.StatusCode)
 		}
-		resp, _ = r.rawDo(t, method, p, body, map[string]string{"Authorization": "Bearer m3trics"})
+		resp, _ = r.rawDo(t, method, p, body, map[string]string{"Authorization": "Bearer " + metricsToken})
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Errorf("%s %s with the metrics token: %d, want 401", method, p, resp.StatusCode)
 		}
@@ -81,7 +84,7 @@ func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 	if code, _ := r.get(t, "/metrics"); code != http.StatusUnauthorized {
 		t.Errorf("GET /metrics without the metrics token: %d, want 401", code)
 	}
-	resp, body := r.rawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer m3trics"})
+	resp, body := r.rawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer " + metricsToken})
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("cfguard_posterior_version")) {
 		t.Errorf("GET /metrics with its token: %d", resp.StatusCode)
 	}

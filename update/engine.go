@@ -411,7 +411,8 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // WriteTo copies the last layer's current (mu, log_sigma) into m's last layer (model layout).
 // It fails with bnn.ErrNonFinite, leaving m unchanged, if a value is NaN or infinite or a
-// log-sigma lies outside [-700, 700] (sigma not a positive normal float64), as bnn.Graph.WriteTo.
+// log-sigma lies outside [-bnn.MaxLogSigma, bnn.MaxLogSigma] (a model Validate refuses), as
+// bnn.Graph.WriteTo.
 func (o *goObjective) WriteTo(m *bnn.Model) error {
 	l := m.Last()
 	if l.In != o.hid || l.Out != o.cls {
@@ -419,7 +420,7 @@ func (o *goObjective) WriteTo(m *bnn.Model) error {
 	}
 	for bi, p := range o.params {
 		for j, v := range p.Value {
-			if !finite(v) || (bi%2 == 1 && (v < -700 || v > 700)) {
+			if !finite(v) || (bi%2 == 1 && (v < -bnn.MaxLogSigma || v > bnn.MaxLogSigma)) {
 				return fmt.Errorf("go engine: %s[%d] = %v: %w", p.Name, j, v, bnn.ErrNonFinite)
 			}
 		}
