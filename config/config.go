@@ -870,8 +870,8 @@ func LoadFile(path string) (*Config, error) {
 }
 
 // CheckFiles checks that the files the configuration names exist and are what they should be:
-// model.path a directory with the model's two files that load as run loads them, another
-// directory than model.export_dir, the TLS files readable, with replication
+// model.path a directory with the model's two files (CheckModel loads them), another directory
+// than model.export_dir, the TLS files readable, with replication
 // enabled a readable key file (replication.key_file). Validate does not
 // touch the file system; LoadFile calls both.
 func (c *Config) CheckFiles() error {
@@ -884,11 +884,6 @@ func (c *Config) CheckFiles() error {
 				break
 			} else if !st.Mode().IsRegular() {
 				errs = append(errs, fmt.Errorf("model.path: %s is not a regular file", p))
-			}
-		}
-		if len(errs) == 0 {
-			if _, err := bnn.Load(c.Model.Path); err != nil { // read as run reads it
-				errs = append(errs, fmt.Errorf("model.path: %w", err))
 			}
 		}
 		if sameDir(c.Model.Path, c.ExportDir()) {
@@ -949,6 +944,20 @@ func tokenProblem(v string) string {
 		return "ends with a space or a tab, which HTTP drops from a header's value, so no client could send it; remove it"
 	}
 	return ""
+}
+
+// CheckModel loads model.path's model as run loads it, so that a model run would refuse (cut
+// short, corrupt, invalid) is refused with the key that names it. LoadFile does not: every
+// command loads the configuration, and only check-config and run need the model (a large one
+// takes a fraction of a second to decode).
+func (c *Config) CheckModel() error {
+	if c.Model.Path == "" {
+		return nil
+	}
+	if _, err := bnn.Load(c.Model.Path); err != nil {
+		return fmt.Errorf("%w: model.path: %w", ErrInvalid, err)
+	}
+	return nil
 }
 
 // sameDir reports whether a and b name one directory: the same path once cleaned and made

@@ -429,7 +429,10 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 			if err := os.WriteFile(p, []byte(tc.text), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := LoadFile(p)
+			c, err := LoadFile(p)
+			if strings.HasPrefix(name, "model ") && err == nil {
+				err = c.CheckModel() // check-config and run load the model; LoadFile only finds its files
+			}
 			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want ErrInvalid mentioning %q", err, tc.want)
 			}

@@ -26,6 +26,9 @@ func cmdCheckConfig(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err // config.ErrInvalid: exit code 2
 	}
+	if err := cfg.CheckModel(); err != nil {
+		return fmt.Errorf("%s: %w", *path, err)
+	}
 	out, err := cfg.YAML()
 	if err != nil {
 		return err

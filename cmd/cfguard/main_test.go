@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/cli/clitest"
 )
 
@@ -139,6 +141,26 @@ func TestCheckConfig(t *testing.T) {
 	os.WriteFile(bad, []byte("audit:\n  schedule: \"@every -1s\"\n"), 0o644)
 	if code, _, errs := runCLI(t, "check-config", "--config", bad); code != 2 || !strings.Contains(errs, "audit.schedule") {
 		t.Fatalf("invalid config: exit %d, stderr %q; want 2 naming audit.schedule", code, errs)
+	}
+	// A model cut short: check-config and run load it and refuse it by its key (exit 2);
+	// commands that do not need the model load the configuration.
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model")
+	if err := bnn.Save(model, bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))); err != nil {
+		t.Fatal(err)
+	}
+	w := filepath.Join(model, bnn.WeightsFile)
+	raw, _ := os.ReadFile(w)
+	os.WriteFile(w, raw[:len(raw)/2], 0o644)
+	cut := filepath.Join(dir, "cut.yaml")
+	os.WriteFile(cut, []byte("state_dir: "+filepath.Join(dir, "state")+"\nmodel:\n  path: "+model+"\n"), 0o644)
+	for _, cmd := range []string{"check-config", "run"} {
+		if code, _, errs := runCLI(t, cmd, "--config", cut); code != 2 || !strings.Contains(errs, "model.path: load model "+model) {
+			t.Errorf("%s with a model cut short: exit %d, stderr %q; want 2 naming model.path", cmd, code, errs)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state")); !os.IsNotExist(err) {
+		t.Errorf("run with a model cut short left a state directory: %v", err)
 	}
 }
 

@@ -32,6 +32,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err // config.ErrInvalid: exit code 2
 	}
+	if err := cfg.CheckModel(); err != nil {
+		return fmt.Errorf("%s: %w", *path, err)
+	}
 	log := newLogger(stderr, cfg.Log)
 	if cfg.Empty() {
 		// An empty file is valid, but say what it means rather than run silently on defaults.
