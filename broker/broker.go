@@ -41,6 +41,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/cfguard/cfguard/internal/atomicfile"
 )
 
 // SASL mechanisms understood by Config.SASL.
@@ -147,6 +149,9 @@ type Config struct {
 
 	// bufferedBytes, when not 0, replaces MaxBufferedBytes (tests fill a smaller budget).
 	bufferedBytes int64
+	// writeFile, when not nil, replaces atomicfile.WriteFile where the start keeps the offsets of
+	// empty partitions (tests make it fail, as a full disk would).
+	writeFile func(path string, data []byte) error
 	// hold, when not 0, replaces maxHold (tests wait less for a request the broker holds).
 	hold time.Duration
 }
@@ -248,7 +253,11 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		opts = append(opts, kfake.GroupMinSessionTimeout(cfg.GroupMinSessionTimeout))
 	}
 	if cfg.DataDir != "" {
-		if _, err := keepEmptyPartitionsOffsets(cfg.DataDir, cfg.Nodes, log); err != nil {
+		writeFile := cfg.writeFile
+		if writeFile == nil {
+			writeFile = atomicfile.WriteFile
+		}
+		if _, err := keepEmptyPartitionsOffsets(cfg.DataDir, cfg.Nodes, writeFile, log); err != nil {
 			return nil, err
 		}
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
@@ -269,6 +278,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		c.Close()
 		return nil, err
 	}
+	b.record() // the record mirrors the partitions loaded, not those of before (a topic deleted)
 	go b.watch(ctx, cfg.RetentionCheckInterval)
 	log.Info("Kafka-protocol broker started", "addrs", b.addrs, "nodes", cfg.Nodes, "data_dir", cfg.DataDir,
 		"tls", cfg.TLS != nil, "sasl", cfg.SASL != nil, "topics", cfg.Topics,
@@ -402,6 +412,7 @@ wait:
 		}
 	}
 	b.mu.Lock()
+	b.record()
 	b.closed = true
 	b.c.Close() // persists state when DataDir is set
 	b.mu.Unlock()
@@ -443,9 +454,8 @@ func (b *Broker) Close() {
 }
 
 // ApplyRetention deletes the records past retention now, instead of at the next check, and,
-// with DataDir, records every partition's high watermark there (recordOffsets), so that a
-// partition it empties keeps its offsets after a crash. It does nothing once the broker has
-// stopped.
+// with DataDir, records every partition's high watermark there (record), so that a partition it
+// empties keeps its offsets after a crash. It does nothing once the broker has stopped.
 func (b *Broker) ApplyRetention() {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -453,6 +463,12 @@ func (b *Broker) ApplyRetention() {
 		return
 	}
 	b.c.ApplyRetention()
+	b.record()
+}
+
+// record writes every partition's high watermark with DataDir (recordOffsets), logging a
+// failure once per episode; the broker is running, and the caller holds b.mu or is Start.
+func (b *Broker) record() {
 	if b.dataDir == "" {
 		return
 	}

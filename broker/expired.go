@@ -23,9 +23,10 @@ import (
 // ending before its offset, as if the topic had been deleted and recreated (cfguard stops
 // ingesting and reports a topic reset), and new records would take offsets used before.
 //
-// Two things keep those offsets. After every retention pass the broker records every
-// partition's high watermark in <DataDir>/offsetsFile (recordOffsets): the records retention
-// deletes were all below it, so it survives a crash. Before kfake loads DataDir,
+// Two things keep those offsets. At start, after every retention pass and at Close, the
+// broker records every partition's high watermark in <DataDir>/offsetsFile (recordOffsets):
+// the records retention deletes were all below it, so it survives a crash, and a topic deleted
+// leaves the record at the next pass or Close. Before kfake loads DataDir,
 // keepEmptyPartitionsOffsets gives each partition that holds no record an empty segment at its
 // high watermark (the larger of its snapshot's and the recorded one), named alone in its
 // snapshot, so that kfake restores the partition from the snapshot: empty, its log start and
@@ -84,8 +85,11 @@ func readRecordedOffsets(dataDir string, log *slog.Logger) map[string]int64 {
 // when their snapshot is missing or of a format version it knows (snapshotVersion), and their
 // high watermark is above 0. nodes is the broker's node count: a snapshot it writes names
 // partition p's leader as node p mod nodes, as ensureTopics does. It returns the partitions it
-// repaired (kfake's directory names).
-func keepEmptyPartitionsOffsets(dataDir string, nodes int, log *slog.Logger) ([]string, error) {
+// repaired (kfake's directory names). A partition it cannot repair (a full or read-only disk)
+// stops the start, naming the partition: kfake would begin it again at offset 0 and write that
+// down at its Close, losing the offsets for good, while a start after the disk is freed keeps
+// them (writeFile writes each file, atomicfile.WriteFile but in tests).
+func keepEmptyPartitionsOffsets(dataDir string, nodes int, writeFile func(string, []byte) error, log *slog.Logger) ([]string, error) {
 	dirs, err := os.ReadDir(filepath.Join(dataDir, "partitions"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -100,40 +104,48 @@ func keepEmptyPartitionsOffsets(dataDir string, nodes int, log *slog.Logger) ([]
 		if !d.IsDir() || !ok {
 			continue
 		}
-		pdir := filepath.Join(dataDir, "partitions", d.Name())
-		empty, holdsRecords, err := emptySegments(pdir)
+		repaired, err := keepPartitionOffsets(filepath.Join(dataDir, "partitions", d.Name()), recorded[d.Name()], p, nodes, writeFile)
 		if err != nil {
-			return kept, err
+			return kept, fmt.Errorf("broker: cannot keep the offsets of partition %s, whose every record expired: %w; "+
+				"without them it would begin again at offset 0, which its consumers take for a recreated topic. "+
+				"Nothing was changed: make %s writable (free space) and start again", d.Name(), err, dataDir)
 		}
-		if holdsRecords {
-			continue
+		if repaired > 0 {
+			log.Info("kept the offsets of a partition whose every record retention had deleted", "partition", d.Name(), "high_watermark", repaired)
+			kept = append(kept, d.Name())
 		}
-		snap, known, err := readSnapshot(pdir)
-		if err != nil {
-			return kept, err
-		}
-		if !known {
-			continue
-		}
-		hw := max(recorded[d.Name()], snapHighWatermark(snap))
-		if hw <= 0 {
-			continue
-		}
-		if snap == nil {
-			snap = map[string]json.RawMessage{"version": json.RawMessage(strconv.Itoa(snapshotVersion)),
-				"epoch": json.RawMessage("0"), "max_timestamp": json.RawMessage("0")}
-			snap["created_at"], _ = json.Marshal(time.Now().UTC())
-			if leader := int(p) % max(nodes, 1); leader > 0 {
-				snap["leader_node"] = json.RawMessage(strconv.Itoa(leader))
-			}
-		}
-		if err := keepOffsets(pdir, snap, hw, empty); err != nil {
-			return kept, err
-		}
-		log.Info("kept the offsets of a partition whose every record retention had deleted", "partition", d.Name(), "high_watermark", hw)
-		kept = append(kept, d.Name())
 	}
 	return kept, nil
+}
+
+// keepPartitionOffsets repairs the partition stored in pdir when it holds no record and its high
+// watermark (the larger of its snapshot's and recorded) is above 0, returning that high
+// watermark; it returns 0 when there is nothing to repair.
+func keepPartitionOffsets(pdir string, recorded int64, p int32, nodes int, writeFile func(string, []byte) error) (int64, error) {
+	empty, holdsRecords, err := emptySegments(pdir)
+	if err != nil || holdsRecords {
+		return 0, err
+	}
+	snap, known, err := readSnapshot(pdir)
+	if err != nil || !known {
+		return 0, err
+	}
+	hw := max(recorded, snapHighWatermark(snap))
+	if hw <= 0 {
+		return 0, nil
+	}
+	if snap == nil {
+		snap = map[string]json.RawMessage{"version": json.RawMessage(strconv.Itoa(snapshotVersion)),
+			"epoch": json.RawMessage("0"), "max_timestamp": json.RawMessage("0")}
+		snap["created_at"], _ = json.Marshal(time.Now().UTC())
+		if leader := int(p) % max(nodes, 1); leader > 0 {
+			snap["leader_node"] = json.RawMessage(strconv.Itoa(leader))
+		}
+	}
+	if err := keepOffsets(pdir, snap, hw, empty, writeFile); err != nil {
+		return 0, err
+	}
+	return hw, nil
 }
 
 // emptySegments lists the base offsets of pdir's empty segment files, and reports whether any
@@ -193,7 +205,7 @@ func snapHighWatermark(snap map[string]json.RawMessage) int64 {
 // alone with the high watermark, log start and last stable offset at hw; every other field of
 // the snapshot is kept as written. The other empty segments (at bases in empty) are removed:
 // kfake reads a snapshot only when it names every segment file.
-func keepOffsets(pdir string, snap map[string]json.RawMessage, hw int64, empty []int64) error {
+func keepOffsets(pdir string, snap map[string]json.RawMessage, hw int64, empty []int64, writeFile func(string, []byte) error) error {
 	for _, base := range empty {
 		if base == hw {
 			continue
@@ -214,10 +226,10 @@ func keepOffsets(pdir string, snap map[string]json.RawMessage, hw int64, empty [
 	// The segment first: a crash between the two writes leaves an empty segment that the old
 	// snapshot does not name, which kfake replays as it replays none (offsets from 0), the
 	// state before this repair; the next start repairs it.
-	if err := atomicfile.WriteFile(filepath.Join(pdir, strconv.FormatInt(hw, 10)+".dat"), nil); err != nil {
+	if err := writeFile(filepath.Join(pdir, strconv.FormatInt(hw, 10)+".dat"), nil); err != nil {
 		return fmt.Errorf("broker: DataDir: %w", err)
 	}
-	if err := atomicfile.WriteFile(filepath.Join(pdir, "snapshot.json"), b); err != nil {
+	if err := writeFile(filepath.Join(pdir, "snapshot.json"), b); err != nil {
 		return fmt.Errorf("broker: DataDir: %w", err)
 	}
 	return nil
