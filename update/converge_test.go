@@ -101,9 +101,7 @@ func TestConvergedObjectiveIsItsDefinition(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := prev.Last()
-			pmu := append(append([]float64(nil), l.WeightMu...), l.BiasMu...)
-			pls := append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
+			pmu, pls := lastLayerParams(prev)
 			p := len(pmu)
 			rng := rand.New(rand.NewPCG(3, 4))
 			x := make([]float64, 2*p)
@@ -166,13 +164,7 @@ func TestConvergedReportsWhetherItConverged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.set(x)
-		g := make([]float64, len(x))
-		c.eval(g)
-		worst := 0.0
-		for _, v := range g {
-			worst = max(worst, math.Abs(v))
-		}
+		worst := largestGradient(c, x)
 		if ok != tc.want || ok != (worst < threshold) {
 			t.Errorf("after at most %d iterations: converged %v with largest gradient %.3g (threshold %g), want %v", tc.iters, ok, worst, threshold, tc.want)
 		}
@@ -294,14 +286,26 @@ func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := a.Last()
-	mu := append(append([]float64(nil), l.WeightMu...), l.BiasMu...)
-	ls := append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
+	mu, ls := lastLayerParams(a)
 	x := make([]float64, 2*len(mu))
 	for j := range mu {
 		x[j] = (mu[j] - c.mu0[j]) / c.sig0[j]
 		x[len(mu)+j] = ls[j] - math.Log(c.sig0[j])
 	}
+	if worst, threshold := largestGradient(c, x), full.Tolerance*full.KLWeight/float64(len(X)); !(worst < threshold) {
+		t.Errorf("largest scaled gradient at the posterior returned %.3g, want below Tolerance * KLWeight / n = %.3g", worst, threshold)
+	}
+}
+
+// lastLayerParams returns m's last layer's means and log sigmas in the converged solver's
+// order: the weights, then the biases.
+func lastLayerParams(m *bnn.Model) (mu, logSigma []float64) {
+	l := m.Last()
+	return append(append([]float64(nil), l.WeightMu...), l.BiasMu...), append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
+}
+
+// largestGradient is the largest |coordinate| of c's gradient at the scaled coordinates x.
+func largestGradient(c *converged, x []float64) float64 {
 	c.set(x)
 	g := make([]float64, len(x))
 	c.eval(g)
@@ -309,9 +313,7 @@ func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
 	for _, v := range g {
 		worst = max(worst, math.Abs(v))
 	}
-	if threshold := full.Tolerance * full.KLWeight / float64(len(X)); !(worst < threshold) {
-		t.Errorf("largest scaled gradient at the posterior returned %.3g, want below Tolerance * KLWeight / n = %.3g", worst, threshold)
-	}
+	return worst
 }
 
 // TestConvergedStepShrinksWithEvidence checks the property certification relies on: on
