@@ -106,7 +106,8 @@ func TestDetectorFalseAlarmsAndDelay(t *testing.T) {
 // TestDetectorWalkByHand pins Observe's Page-Hinkley walk to hand-computed values: with
 // Delta 0.5 and Brier scores 0, 0, 3 the running means are 0, 0, 1 and the walk
 // S_t = S_{t-1} + x_t - mean_t - Delta goes -0.5, -1, 0.5, so the statistic S_t - min S is 0, 0, 1.5.
-// The third record alarms when Lambda is below 1.5 and MinRecords at most 3; an alarm resets the
+// The third record alarms when Lambda is below 1.5 (not at 1.5: the statistic must exceed it) and
+// MinRecords at most 3; an alarm resets the
 // count, the mean and the walk, so that the next record (0) starts a new reference at -Delta.
 func TestDetectorWalkByHand(t *testing.T) {
 	for _, tc := range []struct {
@@ -117,6 +118,7 @@ func TestDetectorWalkByHand(t *testing.T) {
 	}{
 		{"over lambda", 1.2, 2, 3},
 		{"under lambda", 1.6, 2, 0},
+		{"at lambda", 1.5, 2, 0},
 		{"during the warm-up", 1.2, 4, 0},
 		{"just after the warm-up", 1.2, 3, 3},
 	} {
