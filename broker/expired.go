@@ -43,11 +43,8 @@ type recordedOffsets struct {
 // snapshotVersion is the format version of kfake's snapshot.json this package knows.
 const snapshotVersion = 1
 
-// partitionDir is kfake's directory name for a partition: the topic (whose Kafka name needs no
-// escaping, CheckTopic), a hyphen, the partition number.
-func partitionDir(topic string, p int32) string { return topic + "-" + strconv.Itoa(int(p)) }
-
-// parsePartitionDir inverts partitionDir.
+// parsePartitionDir splits kfake's directory name for a partition, <topic>-<partition> (a Kafka
+// topic name needs no escaping, CheckTopic), into the topic and the partition.
 func parsePartitionDir(name string) (topic string, p int32, ok bool) {
 	i := strings.LastIndexByte(name, '-')
 	if i <= 0 {
@@ -183,10 +180,8 @@ func readSnapshot(pdir string) (snap map[string]json.RawMessage, known bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("broker: DataDir: %w", err)
 	}
-	var version struct {
-		Version int `json:"version"`
-	}
-	if json.Unmarshal(raw, &snap) != nil || json.Unmarshal(raw, &version) != nil || version.Version != snapshotVersion {
+	var version int
+	if json.Unmarshal(raw, &snap) != nil || json.Unmarshal(snap["version"], &version) != nil || version != snapshotVersion {
 		return nil, false, nil
 	}
 	return snap, true, nil
@@ -257,7 +252,7 @@ func (b *Broker) recordOffsets() error {
 			}
 		}
 		if hw, ok := infos[topic][p]; ok && hw > 0 {
-			rec.HighWatermarks[partitionDir(topic, p)] = hw
+			rec.HighWatermarks[d.Name()] = hw
 		}
 	}
 	raw, err := json.Marshal(rec)
