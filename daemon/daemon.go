@@ -86,6 +86,10 @@ type hooks struct {
 	ledgerFailureHold time.Duration
 	// ledgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
 	ledgerAfterCommit func() error
+	// bundledModel, when set, stands in for training the bundled model at a first start: it
+	// returns the network the same model keys trained once before (training is deterministic;
+	// a test process trains it once, not once per cluster).
+	bundledModel func() (*bnn.Model, error)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.

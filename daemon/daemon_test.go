@@ -83,6 +83,7 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	logs := &tooltest.Output{}
 	log := slog.New(tooltest.UniqueKeys(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
 	o := Options{Config: &c, Logger: log, Registry: reg, Ready: ready}
+	o.hooks.bundledModel = bundledModelOf(t, &c)
 	if opts != nil {
 		opts(&o)
 	}
@@ -141,7 +142,7 @@ func testConfig(t testing.TB, mutate func(c *config.Config)) config.Config {
 	if mutate != nil {
 		mutate(&c)
 	}
-	if trainsDefaultModel(&c) {
+	if trainsDefaultModel(&c) && !c.Replication.Enabled {
 		c.Model.Path = sharedModelDir(t) // the network the first start would train (firststart_test.go)
 	}
 	return c

@@ -81,13 +81,24 @@ func runTests(m *testing.M) int {
 }
 
 // trainsDefaultModel says whether c's first start trains the network at the default model keys
-// (model.dataset, model.seed and model.epochs as config.Default sets them, no model.path). A
-// replica is left to train its own: the replicas' genesis records how the first posterior came
-// to be, and their tests compare it.
+// (model.dataset, model.seed and model.epochs as config.Default sets them, no model.path).
 func trainsDefaultModel(c *config.Config) bool {
 	d := config.Default().Model
-	return c.Model.Path == "" && c.Model.Dataset == d.Dataset && c.Model.Seed == d.Seed && c.Model.Epochs == d.Epochs &&
-		!c.Replication.Enabled
+	return c.Model.Path == "" && c.Model.Dataset == d.Dataset && c.Model.Seed == d.Seed && c.Model.Epochs == d.Epochs
+}
+
+// bundledModelOf is the bundledModel hook for a replica of c whose first start would train the
+// network at the default model keys: the shared model, handed over in place of training it. A
+// replica is not given the shared model as model.path, because its genesis records how the first
+// posterior came to be (the data set and its keys), and the tests compare it. Nil for any other
+// daemon.
+func bundledModelOf(t testing.TB, c *config.Config) func() (*bnn.Model, error) {
+	t.Helper()
+	if !c.Replication.Enabled || !trainsDefaultModel(c) {
+		return nil
+	}
+	dir := sharedModelDir(t)
+	return func() (*bnn.Model, error) { return bnn.Load(dir) }
 }
 
 // sharedModelDir is the model directory of the network a daemon trains on first start at the

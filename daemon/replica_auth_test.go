@@ -315,7 +315,7 @@ func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
-			Registry: prometheus.NewRegistry(), Ready: ready})
+			Registry: prometheus.NewRegistry(), Ready: ready, hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
 	}()
 	select {
 	case err := <-done:

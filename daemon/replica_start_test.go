@@ -49,7 +49,8 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	}
 	base := "http://" + httpLn.Addr().String()
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: httpLn})
+		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: httpLn,
+			hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
 	}()
 	stopAtCleanup(t, cancel, done)
 

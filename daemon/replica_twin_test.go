@@ -39,7 +39,7 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
-			Registry: prometheus.NewRegistry()})
+			Registry: prometheus.NewRegistry(), hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
 	}()
 	err := <-done
 	if err == nil || !strings.Contains(err.Error(), `replication.replica_id "r1"`) || !strings.Contains(err.Error(), "another live member") {
