@@ -2,6 +2,8 @@ package ui
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -36,15 +38,15 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardCounterfactualsInvalidated", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="invalidated"}`]
-		return n > 0, fmt.Sprintf("%g counterfactuals are invalidated", n)
+		return n > 0, fmt.Sprintf("%s counterfactuals are invalidated", count(n))
 	}, "/ui/counterfactuals?status=invalidated"},
 	{"CfguardCounterfactualsAtRisk", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="at_risk"}`]
-		return n > 0, fmt.Sprintf("%g counterfactuals are at risk (the alert waits for 30 minutes of it)", n)
+		return n > 0, fmt.Sprintf("%s counterfactuals are at risk (the alert waits for 30 minutes of it)", count(n))
 	}, "/ui/counterfactuals?status=at_risk"},
 	{"CfguardRenewalBehind", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_renewal_pending"]
-		return n > 0, fmt.Sprintf("%g certificates wait for renewal (the alert waits for 30 minutes of it)", n)
+		return n > 0, fmt.Sprintf("%s certificates wait for renewal (the alert waits for 30 minutes of it)", count(n))
 	}, "/ui/counterfactuals?status=certified&decided=no"},
 	{"CfguardIngestStalled", func(g map[string]float64, now time.Time) (bool, string) {
 		if g["cfguard_replication_settings_differ"] > 0 {
@@ -68,7 +70,7 @@ var conditions = []condition{
 		}
 		last := "the last were applied at " + unix(g["cfguard_last_ingest_timestamp_seconds"])
 		if lag := g["cfguard_consumer_lag_records"]; lag > 0 {
-			return true, fmt.Sprintf("%g records wait; %s", lag, last)
+			return true, fmt.Sprintf("%s records wait; %s", count(lag), last)
 		}
 		if read, ok := since("cfguard_consumer_offsets_read_timestamp_seconds"); ok && float64(now.Unix())-read > 900 {
 			when := "were last read at " + unix(g["cfguard_consumer_offsets_read_timestamp_seconds"])
@@ -102,20 +104,20 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardOutboxBacklog", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_events_pending"]
-		return n > 10000, fmt.Sprintf("%g events wait to be published", n)
+		return n > 10000, fmt.Sprintf("%s events wait to be published", count(n))
 	}, "/ui/events"},
 	{"CfguardPosteriorLogStopped", func(g map[string]float64, _ time.Time) (bool, string) {
 		return g["cfguard_posterior_log_stopped"] > 0, "this replica stopped following the posterior log"
 	}, "/ui/"},
 	{"CfguardPosteriorLogBehind", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_posterior_log_lag_records"]
-		return n > 0, fmt.Sprintf("this replica is %g entries behind the posterior log (the alert waits for 20 minutes of it)", n)
+		return n > 0, fmt.Sprintf("this replica is %s entries behind the posterior log (the alert waits for 20 minutes of it)", count(n))
 	}, "/ui/"},
 	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
-		says := fmt.Sprintf("%g CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", n)
+		says := fmt.Sprintf("%s CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", count(n))
 		if b := g["cfguard_counterfactuals_partitions_blocked"]; b > 0 {
-			says += fmt.Sprintf("; %g of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)", b)
+			says += fmt.Sprintf("; %s of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)", count(b))
 		}
 		return n > 0, says
 	}, "/ui/"},
@@ -155,4 +157,24 @@ func lower(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// count prints a gauge that counts things as a whole number with thousands separated
+// (1234567 as "1,234,567"), never in exponent notation.
+func count(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v != math.Trunc(v) || math.Abs(v) >= 1e15 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	digits := strconv.FormatInt(int64(math.Abs(v)), 10)
+	var b strings.Builder
+	if v < 0 {
+		b.WriteByte('-')
+	}
+	for i, d := range digits {
+		if i > 0 && (len(digits)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(d)
+	}
+	return b.String()
 }

@@ -39,6 +39,8 @@ type page struct {
 	Classes  []string
 	Filter   listFilter
 	NextURL  string
+	Scanned  int  // the CEs a filtered list page read to fill itself
+	Short    bool // a list page that stopped reading before it filled, with more to read
 	FirstURL string
 	Statuses []string
 
@@ -179,8 +181,8 @@ func fmtNum(v float64) string {
 // meanings are the statuses in words, for the overview's legend.
 var meanings = map[certify.Status]string{
 	certify.Certified:   "decided, Theorems 1 and 2 keep the explanation valid under the current posterior; undecided, its certificate lapsed and waits for renewal",
-	certify.AtRisk:      "not certified: decided, a measurement found the target still the most likely class; undecided, nothing is known",
-	certify.Invalidated: "decided, a measurement found the target no longer the most likely class; undecided, a verdict that no longer carries",
+	certify.AtRisk:      "not certified: decided, a measurement found the target's probability at or above 1/2 (so it is still the most likely class); undecided, nothing is known",
+	certify.Invalidated: "decided, a measurement found the target's probability below 1/2 (with two classes, the other class is given); undecided, a verdict that no longer carries",
 	certify.Uncertified: "stored outside the certified set; no theorem applies",
 }
 
@@ -269,13 +271,14 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 	size := u.cfg.PageSize
 	var rows []ceRow
 	after, more := f.After, false
-	for read, pages := 0, 0; len(rows) < size && read < 10*size && pages < 20; pages++ {
+	scanned := 0
+	for pages := 0; len(rows) < size && scanned < 10*size && pages < 20; pages++ {
 		ces, next, err := u.src.List(r.Context(), st, size, after)
 		if err != nil {
 			u.fail(w, http.StatusInternalServerError, err)
 			return
 		}
-		read += len(ces)
+		scanned += len(ces)
 		more = next != ""
 		full := false
 		for i, ce := range ces {
@@ -295,7 +298,8 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			after = next // on replicas the cursor may pass CEs a page left out (see GET /v1/counterfactuals)
 		}
 	}
-	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap, Classes: snap.Classes}
+	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap, Classes: snap.Classes, Scanned: scanned,
+		Short: more && len(rows) < size}
 	for _, s := range certify.Statuses() {
 		p.Statuses = append(p.Statuses, s.String())
 	}
@@ -523,8 +527,10 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 	case valid(ce):
 		m := certify.BernsteinMargin(ce.Var1, ce.Samples, alpha)
 		return statement{Headline: "This explanation holds under the current posterior.", Kind: "holds", Body: []string{
-			fmt.Sprintf("Under posterior version %d, the model gives the target class to the changed input with probability at least %s, with confidence %s: the probability measured under posterior version %d (p1 = %s from %d draws), less its Monte-Carlo margin (%s), less what Theorem 1 allows the posterior to have moved since (KL = %s).",
-				version, fmtNum(ce.Bound-m), conf, ce.AnchorVersion, fmtNum(ce.P1), ce.Samples, fmtNum(m), fmtNum(ce.KLFromAnchor)),
+			fmt.Sprintf("Under posterior version %d, Theorem 1 keeps the probability measured under posterior version %d (p1 = %s from %d draws) at %s or more, at or above 1/2, after what the posterior moved since (KL = %s).",
+				version, ce.AnchorVersion, fmtNum(ce.P1), ce.Samples, fmtNum(ce.Bound), fmtNum(ce.KLFromAnchor)),
+			fmt.Sprintf("p1 is an estimate: with confidence %s, the model gives the target class to the changed input with probability at least %s, that bound less p1's Monte-Carlo margin (%s). The certificate is judged from p1, as the paper does, so this is 1/2 less the margin at worst (docs/MATHS.md, \"What certified guarantees\").",
+				conf, fmtNum(ce.Bound-m), fmtNum(m)),
 			fmt.Sprintf("Theorem 2 bounds the variance of that probability over the posterior by %s, from the variance measured with p1 (%s, a point estimate, as at registration).", fmtNum(ce.VarBound), fmtNum(ce.Var1)),
 			"The confidence is for this explanation on its own: explanations measured under one posterior version share its draws, so no statement is joint over several.",
 		}}
@@ -544,7 +550,7 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 		}}
 	case ce.Status == certify.Invalidated && ce.Decided:
 		return statement{Headline: "This explanation no longer holds.", Kind: "fails", Body: []string{
-			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class below 1/2 with confidence %s, and that bound still carries to version %d: the changed input would no longer get the target.",
+			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class below 1/2 with confidence %s, and that bound still carries to version %d: the changed input no longer gets the target with probability 1/2 or more (with two classes, it gets the other class).",
 				confirmed(ce), conf, version),
 		}}
 	case ce.Status == certify.Invalidated:

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -144,12 +145,25 @@ func (u *UI) auth(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// safeNext keeps a post-login redirect on the UI: a path under /ui/, never another host.
+// safeNext keeps a post-login redirect on the UI: a path under /ui/ once its dot segments are
+// resolved (as a browser resolves them, also when percent-encoded), never another host. It
+// returns the resolved path with the query, or /ui/.
 func safeNext(next string) string {
 	if !strings.HasPrefix(next, "/ui/") || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
 		return "/ui/"
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Fragment != "" {
+		return "/ui/"
+	}
+	p := path.Clean(u.Path)
+	if !strings.HasPrefix(p+"/", "/ui/") {
+		return "/ui/"
+	}
+	if strings.HasSuffix(u.Path, "/") && p != "/" {
+		p += "/"
+	}
+	return (&url.URL{Path: p, RawQuery: u.RawQuery}).String()
 }
 
 func (u *UI) loginForm(w http.ResponseWriter, r *http.Request) {

@@ -244,7 +244,7 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 			if code != 200 {
 				t.Fatalf("GET %s: %d", next, code)
 			}
-			for _, m := range regexp.MustCompile(`<td><a href="/ui/counterfactuals/([^"]+)">`).FindAllStringSubmatch(page, -1) {
+			for _, m := range regexp.MustCompile(`<td data-label="Id"><a href="/ui/counterfactuals/([^"]+)">`).FindAllStringSubmatch(page, -1) {
 				ids = append(ids, m[1])
 			}
 			next = ""
@@ -348,7 +348,7 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		t.Error("?target=1: the form's target select does not show benign")
 	}
 	// An uncertified CE's bound is none, not the API's 0; a list of one page names no pages.
-	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?status=uncertified"); !strings.Contains(page, `<td class="n">none</td>`) ||
+	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?status=uncertified"); !strings.Contains(page, `<td class="n" data-label="Bound now">none</td>`) ||
 		strings.Contains(page, `aria-label="Pages"`) {
 		t.Error("the uncertified list: want bound none and no page navigation")
 	}

@@ -1,0 +1,97 @@
+package ui_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ui"
+)
+
+// A filtered list whose matches lie past what one page reads says so, rather than "No
+// counterfactual matches": 1,200 CEs of target benign come first, then 3 of target malignant, and
+// a page reads at most ten pages' worth (500 at the default 50). The walk by the "Next page" links
+// finds the 3, and only the last page says that nothing matches. On a narrow screen, where the
+// list's header row is hidden, every cell names its column (data-label, in the header's order).
+func TestFilteredListSaysWhatItRead(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rng)
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	var ces []*ledger.CE
+	for i := range 1203 {
+		target := 1
+		if i >= 1200 {
+			target = 0
+		}
+		ces = append(ces, &ledger.CE{ID: fmt.Sprintf("ce-%05d", i), X: []float64{0, 0}, XCF: []float64{1, 1}, Target: target,
+			AnchorVersion: m.Version, P1: 0.99, Var1: 0.001, Samples: 1000, Delta: 0.05, Epsilon: 0.01})
+	}
+	if err := l.Put(context.Background(), ces...); err != nil {
+		t.Fatal(err)
+	}
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, ledgerSource{l})
+	page := func(path string) string {
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != 200 {
+			t.Fatalf("GET %s: %d %s", path, rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	next := regexp.MustCompile(`rel="next" href="([^"]+)"`)
+	row := regexp.MustCompile(`<tr><td data-label="Id">`)
+	var found, empty, pages int
+	for path := "/ui/counterfactuals?target=malignant"; path != ""; pages++ {
+		body := page(path)
+		n := len(row.FindAllString(body, -1))
+		found += n
+		more := next.FindStringSubmatch(body)
+		switch {
+		case n == 0 && more != nil:
+			empty++
+			if !strings.Contains(body, "None of the 500 counterfactuals this page read matches; more remain") {
+				t.Errorf("page %d (%s) is empty with a next page, and does not say what it read", pages, path)
+			}
+		case strings.Contains(body, "No counterfactual matches") && more != nil:
+			t.Errorf("page %d (%s) says nothing matches and links a next page", pages, path)
+		}
+		path = ""
+		if more != nil {
+			path = strings.ReplaceAll(more[1], "&amp;", "&")
+		}
+	}
+	if found != 3 || empty != 2 {
+		t.Errorf("walking target=malignant: %d CEs on %d pages, %d of them empty with a next page; want 3, with 2 empty", found, pages, empty)
+	}
+
+	body := page("/ui/counterfactuals")
+	var heads []string
+	for _, m := range regexp.MustCompile(`<th scope="col">([^<]+)</th>`).FindAllStringSubmatch(body, -1) {
+		heads = append(heads, m[1])
+	}
+	first := body[strings.Index(body, "<tbody>"):]
+	first = first[:strings.Index(first, "</tr>")]
+	var labels []string
+	for _, m := range regexp.MustCompile(`<td[^>]* data-label="([^"]+)"`).FindAllStringSubmatch(first, -1) {
+		labels = append(labels, m[1])
+	}
+	if cells := strings.Count(first, "<td"); len(heads) == 0 || strings.Join(labels, "|") != strings.Join(heads, "|") || cells != len(heads) {
+		t.Errorf("the list's first row labels its %d cells %q, want the header's %q", cells, labels, heads)
+	}
+}
