@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -46,12 +47,34 @@ func TestQualityRowsBeforeAnyRecord(t *testing.T) {
 // The timeline says in words which line is which (the picture's desc is for screen readers), and
 // names its lowest decade, where a KL of 0 is drawn.
 func TestTimelineHasALegend(t *testing.T) {
-	h := []ledger.KLEntry{{PosteriorVersion: 1, KL: 0.01, MaxAnchorKL: 0}, {PosteriorVersion: 2, KL: 0.5, MaxAnchorKL: 0.5}}
+	h := []ledger.KLEntry{{PosteriorVersion: 1, KL: 0.01, MaxAnchorKL: 0, Outcome: certify.OutcomePromoted},
+		{PosteriorVersion: 2, KL: 0.5, MaxAnchorKL: 0.5, Outcome: certify.OutcomePromoted}}
 	got := string(timeline(h, 0.10125))
 	for _, want := range []string{`<p class="legend" id="tl-legend">`, "Dotted grey line: the largest KL from a live anchor", "Dashed red line: the budget",
-		"A KL below 1e-3 (0 included) is drawn on the lowest line", "drawn dotted, the budget dashed"} {
+		"A KL below 1e-3 (0 included) is drawn on the lowest line", "drawn dotted, after each promoted update, the budget dashed"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the timeline lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// An update that was rejected (or failed) left the posterior where it was and re-certified
+// nothing: its entry's largest anchor KL is a placeholder 0 (ledger.KLEntry), which the dotted
+// line must not drop to. The line has a point for each promoted or clipped update only.
+func TestTimelineDrawsNoAnchorKLForAnUpdateNotPromoted(t *testing.T) {
+	h := []ledger.KLEntry{
+		{PosteriorVersion: 2, KL: 0.01, MaxAnchorKL: 0.01, Outcome: certify.OutcomePromoted},
+		{PosteriorVersion: 3, KL: 0.5, MaxAnchorKL: 0, Outcome: certify.OutcomeRejected},
+		{PosteriorVersion: 3, KL: 0.1, MaxAnchorKL: 0.1, Outcome: certify.OutcomeClipped},
+		{PosteriorVersion: 4, KL: 0.02, MaxAnchorKL: 0, Outcome: certify.OutcomeFailed},
+	}
+	got := string(timeline(h, 0.10125))
+	i := strings.Index(got, `<polyline class="anchor" points="`)
+	if i < 0 {
+		t.Fatalf("no anchor line:\n%s", got)
+	}
+	pts := strings.Fields(got[i+len(`<polyline class="anchor" points="`) : i+strings.Index(got[i:], `"/>`)])
+	if len(pts) != 2 {
+		t.Errorf("the anchor line has %d points %q, want 2 (the promoted and the clipped update)", len(pts), pts)
 	}
 }

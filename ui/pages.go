@@ -146,11 +146,13 @@ type statement struct {
 }
 
 var funcs = template.FuncMap{
-	"pct":    func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
-	"num":    fmtNum,
-	"margin": func(b float64) float64 { return b - 0.5 },
-	"valid":  valid,
-	"sub":    func(a, b int) int { return a - b },
+	"pct": func(v float64) string { return strconv.FormatFloat(100*v, 'f', 1, 64) + "%" },
+	"num": fmtNum,
+	// promoted says whether an update KL entry's posterior was promoted (svg.go).
+	"promoted": promoted,
+	"margin":   func(b float64) float64 { return b - 0.5 },
+	"valid":    valid,
+	"sub":      func(a, b int) int { return a - b },
 	"time": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"

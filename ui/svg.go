@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -59,7 +60,7 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	}
 	fmt.Fprintf(&b, `<svg class="timeline" viewBox="0 0 %g %g" role="img" aria-labelledby="tl-title tl-desc" xmlns="http://www.w3.org/2000/svg">`, tlWidth, tlHeight)
 	fmt.Fprintf(&b, `<title id="tl-title">Update KL per posterior version, log scale, against the budget</title>`)
-	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates from version %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dotted, the budget dashed.</desc>`,
+	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates proposed as versions %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dotted, after each promoted update, the budget dashed.</desc>`,
 		len(h), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
 	// Axes and decade grid.
 	for d := lo; d <= hi; d++ {
@@ -76,15 +77,18 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	fmt.Fprintf(&b, `<text class="budget-label" x="%g" y="%.1f" text-anchor="end">budget %s</text>`, tlWidth-tlRight, by-4, fmtNum(budget))
 	// The anchors' KL, dotted, then the update KL with a mark per update (a cross when it breached
 	// the budget: over it, or clipped to it).
-	line := func(class string, v func(ledger.KLEntry) float64) {
+	line := func(class string, v func(ledger.KLEntry) float64, drawn func(ledger.KLEntry) bool) {
 		fmt.Fprintf(&b, `<polyline class="%s" points="`, class)
 		for i, e := range h {
-			fmt.Fprintf(&b, "%.1f,%.1f ", x(i), y(v(e)))
+			if drawn(e) {
+				fmt.Fprintf(&b, "%.1f,%.1f ", x(i), y(v(e)))
+			}
 		}
 		b.WriteString(`"/>`)
 	}
-	line("anchor", func(e ledger.KLEntry) float64 { return e.MaxAnchorKL })
-	line("update", func(e ledger.KLEntry) float64 { return e.KL })
+	// An update that was not promoted re-certified nothing: its MaxAnchorKL is a placeholder 0.
+	line("anchor", func(e ledger.KLEntry) float64 { return e.MaxAnchorKL }, promoted)
+	line("update", func(e ledger.KLEntry) float64 { return e.KL }, func(ledger.KLEntry) bool { return true })
 	for i, e := range h {
 		cx, cy := x(i), y(e.KL)
 		if e.Breached(budget) {
@@ -100,4 +104,10 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	b.WriteString(`</svg>`)
 	fmt.Fprintf(&b, `<p class="legend" id="tl-legend">Solid line and dots: each update's KL. Dotted grey line: the largest KL from a live anchor after it. Dashed red line: the budget. A cross: an update over the budget, or clipped to it. A KL below 1e%d (0 included) is drawn on the lowest line.</p>`, int(lo))
 	return template.HTML(b.String())
+}
+
+// promoted says whether e's posterior was promoted (clipped ones are): the others (rejected,
+// failed) left the served posterior where it was and carry no largest anchor KL.
+func promoted(e ledger.KLEntry) bool {
+	return e.Outcome == certify.OutcomePromoted || e.Outcome == certify.OutcomeClipped
 }
