@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cfguard/cfguard/stream"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -106,7 +107,7 @@ func partitionOffsets(ctx context.Context, cl *kafka.Client, topic string, p int
 			continue
 		}
 		if po.Error != nil {
-			return 0, 0, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, po.Error)
+			return 0, 0, fmt.Errorf("ceshare: listing offsets of partition %d of %q: %w", p, topic, stream.OffsetsError(po.Error))
 		}
 		return po.FirstOffset, po.LastOffset, nil
 	}

@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // Acquire is ceshare.Hooks: partition p is read from the offset the ledger applied. The member
@@ -232,7 +235,7 @@ func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 		return !errors.Is(err, ledger.ErrNotFound)
 	}
 	// Asked for at once, so that one play of the log finds them all (replica.Replica.Past).
-	past, err := s.rep.Past(ctx, pastVersions(ops, s.host.Current().Version, live, stored))
+	past, err := s.pastRetrying(ctx, p, pastVersions(ops, s.host.Current().Version, live, stored))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
@@ -266,14 +269,36 @@ func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 				versions = append(versions, v)
 			}
 		}
-		more, err := s.rep.Past(ctx, versions)
+		more, err := s.pastRetrying(ctx, p, versions)
 		if err != nil {
-			return nil, err
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			s.lg.Warn("past posteriors not found in the posterior log: the CEs anchored at them are measured again", "partition", p, "err", err)
+			continue // the next attempt measures them again, as when the log does not hold them
 		}
 		if past == nil {
 			past = map[uint64]*bnn.Model{}
 		}
 		maps.Copy(past, more)
+	}
+}
+
+// pastRetrying is Replica.Past, retried while its error is a broker's transient one (a
+// connection reset): the partition stays not caught up meanwhile, as it does while its requests
+// cannot be fetched. Measuring the CEs again instead would drop the states their previous owner
+// left (remeasure), and stopping would stop the replica.
+func (s *Share) pastRetrying(ctx context.Context, p int, versions []uint64) (map[uint64]*bnn.Model, error) {
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		past, err := s.rep.Past(ctx, versions)
+		if err == nil || !stream.Transient(err) || ctx.Err() != nil {
+			return past, err
+		}
+		s.lg.Debug("reading the posterior log for past posteriors failed; retrying", "partition", p, "err", err)
+		if bo.Wait(ctx) != nil {
+			return nil, ctx.Err()
+		}
 	}
 }
 

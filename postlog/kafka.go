@@ -199,7 +199,7 @@ func (l *Log) End(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("posterior log %s: end offset: %d partitions in the answer", l.topic, len(ps))
 	}
 	if ps[0].Error != nil {
-		return 0, fmt.Errorf("posterior log %s: end offset: %w", l.topic, ps[0].Error)
+		return 0, fmt.Errorf("posterior log %s: end offset: %w", l.topic, stream.OffsetsError(ps[0].Error))
 	}
 	return ps[0].LastOffset, nil
 }

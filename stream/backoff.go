@@ -72,20 +72,38 @@ func permanent(err error) bool {
 		errors.As(err, &verify) || errors.As(err, &header) || remote
 }
 
+// errUnanswered marks an offsets request that failed on the network (OffsetsError).
+var errUnanswered = errors.New("kafka-go answers a partition whose offsets request failed on the network (a connection reset) with error -1, Unknown")
+
+// OffsetsError is a partition's error in a kafka.Client ListOffsets answer, marked transient
+// where it may stand for a request that failed on the network: kafka-go's ListOffsets splits a
+// request by broker and answers every partition of a part that failed with kafka.Unknown (-1),
+// dropping the cause (protocol/listoffsets, Response.Merge). A broker's own unknown error is
+// then retried too, as a transient one would be. Other errors, and nil, are returned as they are.
+func OffsetsError(err error) error {
+	if errors.Is(err, kafka.Unknown) {
+		return errors.Join(err, errUnanswered)
+	}
+	return err
+}
+
 // handshakeAlerts are the words of crypto/tls's alert texts that configuration causes.
 var handshakeAlerts = []string{"certificate", "access denied", "handshake failure", "protocol version", "unknown certificate authority"}
 
 // Transient reports whether err is a broker operation's failure that comes and goes with the
 // broker or the network: a network error (a refused or reset connection, a read timeout), a
 // connection the broker closed (io.EOF), a request's own deadline (context.DeadlineExceeded from
-// a client's timeout: check the caller's ctx.Err() first) or a Kafka error code that kafka-go
-// marks temporary (a leader or coordinator moving), or a group's rebalance; a writer's errors when one of them is (and
+// a client's timeout: check the caller's ctx.Err() first), an offsets answer's Unknown
+// (OffsetsError) or a Kafka error code that kafka-go marks temporary (a leader or coordinator moving), or a group's rebalance; a writer's errors when one of them is (and
 // none is configuration-class). Unlike Retryable, which takes every error
 // but the configuration-class ones, it holds for those alone: a caller whose steps also fail for
 // reasons no wait fixes (a damaged file, a refused entry) retries only these.
 func Transient(err error) bool {
 	if err == nil || permanent(err) || errors.Is(err, ErrClosed) {
 		return false
+	}
+	if errors.Is(err, errUnanswered) {
+		return true
 	}
 	var werrs kafka.WriteErrors
 	if errors.As(err, &werrs) {

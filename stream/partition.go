@@ -167,7 +167,7 @@ func (c *Consumer) listOffsets(ctx context.Context, part int) (first, last int64
 	}
 	for _, po := range res.Topics[c.cfg.Topic] {
 		if po.Partition == part {
-			return po.FirstOffset, po.LastOffset, po.Error
+			return po.FirstOffset, po.LastOffset, OffsetsError(po.Error)
 		}
 	}
 	return 0, 0, fmt.Errorf("stream: no offsets for partition %d of %s in the broker's answer", part, c.cfg.Topic)

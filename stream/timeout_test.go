@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -62,5 +65,47 @@ func TestFetchTimeoutsAndEOFAreRetried(t *testing.T) {
 	}
 	if h := cons.Health(); slices.ContainsFunc(h.Reasons, func(s string) bool { return len(s) > 7 && s[:8] == "stopped:" }) {
 		t.Fatalf("consumer reports itself stopped: %v", h.Reasons)
+	}
+}
+
+// TestOffsetsCutOffAreTransient: kafka-go splits a ListOffsets request by broker, and answers
+// each partition of a part whose connection the broker closed with error -1 (Unknown), not with
+// the network error. ReadWatermarks reports it as an error Transient holds for, still matching
+// kafka.Unknown, and the next read, answered, returns the watermarks.
+func TestOffsetsCutOffAreTransient(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(3, recordsTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	for p := range int32(3) {
+		if err := c.MoveTopicPartition(recordsTopic, p, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := ConnConfig{Brokers: c.ListenAddrs(), DialTimeout: time.Second}
+	produce(t, conn, recordsTopic, 1, goodRecords("r", 3)...)
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(conn.Brokers...), Timeout: 5 * time.Second}
+	var cut atomic.Bool
+	c.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if cut.Load() && c.CurrentNode() == 1 {
+			return nil, errors.New("connection closed by the test"), true
+		}
+		return nil, nil, false
+	})
+	cut.Store(true)
+	_, err = ReadWatermarks(context.Background(), cl, recordsTopic)
+	if err == nil || !errors.Is(err, kafka.Unknown) || !Transient(err) {
+		t.Fatalf("offsets cut off at one broker: %v (Unknown: %t, transient: %t), want an error matching kafka.Unknown that Transient holds for",
+			err, errors.Is(err, kafka.Unknown), Transient(err))
+	}
+	if Transient(kafka.Unknown) {
+		t.Error("kafka.Unknown on its own is transient: only an offsets answer's is")
+	}
+	cut.Store(false)
+	w, err := ReadWatermarks(context.Background(), cl, recordsTopic)
+	if err != nil || w[1].End != 3 || w[0].End != 0 || w[2].End != 0 {
+		t.Fatalf("offsets answered: %v, %v; want partition 1 ending at 3, the others at 0", w, err)
 	}
 }

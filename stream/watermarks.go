@@ -89,7 +89,7 @@ func ReadWatermarks(ctx context.Context, cl *kafka.Client, topic string) (map[in
 	out := make(map[int]Watermarks, len(reqs)/2)
 	for _, po := range res.Topics[topic] {
 		if po.Error != nil {
-			return nil, fmt.Errorf("stream: topic %s partition %d: offsets: %w", topic, po.Partition, po.Error)
+			return nil, fmt.Errorf("stream: topic %s partition %d: offsets: %w", topic, po.Partition, OffsetsError(po.Error))
 		}
 		out[po.Partition] = Watermarks{Start: po.FirstOffset, End: po.LastOffset}
 	}
