@@ -385,7 +385,7 @@ func decodeJSON(body []byte, v any) error {
 	case len(trimmed) == 0:
 		return &bodyError{http.StatusBadRequest, "bad JSON: the body is empty: send a JSON object {...}"}
 	case trimmed[0] != '{':
-		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", stream.JSONKind(trimmed[0]))}
+		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", stream.JSONKind(trimmed))}
 	}
 	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
 		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}

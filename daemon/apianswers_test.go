@@ -41,6 +41,8 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 		{"the wrong number of features names x", "POST", "/v1/predict", `{"x":[1,2]}`, 400, []string{"x has 2 features"}},
 		{"an empty body", "POST", "/v1/counterfactuals", ``, 400, []string{"the body is empty"}},
 		{"an audit body of null", "POST", "/v1/audit", `null`, 400, []string{"must be a JSON object", "not null"}},
+		{"an audit body that is not JSON", "POST", "/v1/audit", `nope`, 400, []string{"must be a JSON object", "not byte 'n'"}},
+		{"a path with a trailing slash", "GET", "/v1/model/", ``, 404, []string{"no such route"}},
 		{"an audit body that is an array", "POST", "/v1/audit", `[]`, 400, []string{"not an array"}},
 		{"a method a route does not take", "PUT", "/v1/counterfactuals/a", `{}`, 405, []string{"method not allowed", "GET, HEAD, DELETE"}},
 		{"an empty id", "GET", "/v1/counterfactuals/", ``, 404, []string{"no such route"}},

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -411,28 +412,35 @@ func (p *scanner) null() bool {
 }
 
 // kind names the JSON type of the next value, for error details.
-func (p *scanner) kind() string { return JSONKind(p.peek()) }
+func (p *scanner) kind() string {
+	if p.i >= len(p.b) {
+		return JSONKind(nil)
+	}
+	return JSONKind(p.b[p.i:])
+}
 
-// JSONKind names the JSON type of a value that begins with byte c ("a string", "null", ...), for
-// error details; 0 is the end of input.
-func JSONKind(c byte) string {
-	switch {
+// JSONKind names the JSON type of the value b begins with ("a string", "null", ...), for error
+// details, from its first byte, and for the literals from their words: "txt" is not a boolean
+// but byte 't'. Empty b is the end of input.
+func JSONKind(b []byte) string {
+	if len(b) == 0 {
+		return "end of input"
+	}
+	switch c := b[0]; {
 	case c == '"':
 		return "a string"
 	case c == '{':
 		return "an object"
 	case c == '[':
 		return "an array"
-	case c == 't' || c == 'f':
+	case bytes.HasPrefix(b, []byte("true")) || bytes.HasPrefix(b, []byte("false")):
 		return "a boolean"
-	case c == 'n':
+	case bytes.HasPrefix(b, []byte("null")):
 		return "null"
 	case c == '-' || (c >= '0' && c <= '9'):
 		return "a number"
-	case c == 0:
-		return "end of input"
 	}
-	return fmt.Sprintf("byte %q", c)
+	return fmt.Sprintf("byte %q", b[0])
 }
 
 // str scans a string and returns its raw contents (between the quotes) and whether it holds
