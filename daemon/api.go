@@ -780,6 +780,8 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			resp.Refused++
 		case res.Status == "exists":
 			resp.Exists++
+		case res.Status == "accepted":
+			resp.Accepted++
 		default:
 			resp.Stored++
 		}
@@ -789,10 +791,12 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 
 // bulkResponse answers POST /v1/counterfactuals:bulk: counts, and one result per line.
 type bulkResponse struct {
-	Stored  int          `json:"stored"`
-	Exists  int          `json:"exists"`
-	Refused int          `json:"refused"`
-	Results []bulkResult `json:"results"`
+	Stored int `json:"stored"`
+	// Accepted counts the lines a replica sent to their owners, which store or refuse each.
+	Accepted int          `json:"accepted"`
+	Exists   int          `json:"exists"`
+	Refused  int          `json:"refused"`
+	Results  []bulkResult `json:"results"`
 }
 
 // sameAsStored reports whether the CE stored under r's id has r's x, x_cf and target.

@@ -610,7 +610,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	c.send("GET", "/v1/counterfactuals/nope", token, nil, "", 404)
 	bulk := js(map[string]any{"id": "bulk-1", "x": data.X[xs[1]], "x_cf": data.X[cfs[0]], "target": "benign"}) + "\n{\"x\":\n\n" + js(ce) + "\n"
 	_, _, body = c.send("POST", "/v1/counterfactuals:bulk", token, map[string]string{"Content-Type": "application/x-ndjson"}, bulk, 200)
-	if !strings.Contains(string(body), `"stored":1,"exists":1,"refused":1`) {
+	if !strings.Contains(string(body), `"stored":1,"accepted":0,"exists":1,"refused":1`) {
 		t.Errorf("bulk: %s, want one stored, one exists, one refused", body)
 	}
 	c.send("POST", "/v1/counterfactuals:bulk", token, nil, strings.Repeat("{}\n", maxBulkLines+1), 400)
@@ -714,6 +714,21 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 	c.send("GET", "/v1/counterfactuals?limit=10", "", nil, "", 200)
 	c.send("POST", "/v1/audit", "", nil, "{}", 200)
 	c.send("GET", "/v1/audit", "", nil, "", 200)
+	// A bulk line a replica sends to its owner is accepted, not stored: the owner judges it.
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	if len(xs) == 0 || len(cfs) == 0 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	line, _ := json.Marshal(map[string]any{"id": "bulk-0", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	_, _, body = c.send("POST", "/v1/counterfactuals:bulk", "", map[string]string{"Content-Type": "application/x-ndjson"}, string(line)+"\n", 200)
+	var bulk struct {
+		Stored, Accepted int
+		Results          []struct{ Status string }
+	}
+	if err := json.Unmarshal(body, &bulk); err != nil || bulk.Stored != 0 || bulk.Accepted != 1 || len(bulk.Results) != 1 || bulk.Results[0].Status != "accepted" {
+		t.Errorf("a bulk line at a replica: %s (%v), want it accepted and counted so, not stored", body, err)
+	}
 }
 
 // A replica answers 202 when the owner of a CE's partition has not applied a registration or

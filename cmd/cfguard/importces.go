@@ -21,12 +21,14 @@ import (
 
 // importSummary is what cfguard import-ces prints at the end.
 type importSummary struct {
-	Lines   int     `json:"lines"` // non-blank lines read
-	Stored  int     `json:"stored"`
-	Exists  int     `json:"exists"` // already stored with the same CE (a re-run)
-	Refused int     `json:"refused"`
-	Seconds float64 `json:"seconds"`
-	Rate    float64 `json:"lines_per_second"`
+	Lines  int `json:"lines"` // non-blank lines read
+	Stored int `json:"stored"`
+	// Accepted: lines replicas sent to their owners, which store or refuse each.
+	Accepted int     `json:"accepted"`
+	Exists   int     `json:"exists"` // already stored with the same CE (a re-run)
+	Refused  int     `json:"refused"`
+	Seconds  float64 `json:"seconds"`
+	Rate     float64 `json:"lines_per_second"`
 }
 
 // bulkBatch is lines sent in one POST /v1/counterfactuals:bulk, with their line numbers.
@@ -110,6 +112,10 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if sendErr != nil {
 		return fmt.Errorf("stopped after %d of %d lines: %w; run the same command again: stored lines are counted as existing, not stored twice", sum.Lines, total, sendErr)
+	}
+	if sum.Accepted > 0 {
+		fmt.Fprintf(stderr, "import-ces: %d lines were accepted by replicas and sent to their CEs' owners, which store or refuse each "+
+			"(an id stored with another CE is refused there): GET /v1/counterfactuals/{id} tells which\n", sum.Accepted)
 	}
 	if sum.Refused > 0 {
 		return fmt.Errorf("%d of %d lines refused (each named above with its line number); the others are stored. Fix those lines and run the same command again: stored lines are counted as existing, not stored twice", sum.Refused, sum.Lines)
@@ -234,8 +240,8 @@ type importer struct {
 	total      int
 	start      time.Time
 
-	mu                                   sync.Mutex
-	lines, stored, exists, refused, done int // done: lines answered or refused
+	mu                                             sync.Mutex
+	lines, stored, accepted, exists, refused, done int // done: lines answered or refused
 }
 
 func (imp *importer) read() {
@@ -256,7 +262,8 @@ func (imp *importer) refuse(line int, why string) {
 func (imp *importer) summary() importSummary {
 	imp.mu.Lock()
 	defer imp.mu.Unlock()
-	s := importSummary{Lines: imp.lines, Stored: imp.stored, Exists: imp.exists, Refused: imp.refused, Seconds: time.Since(imp.start).Seconds()}
+	s := importSummary{Lines: imp.lines, Stored: imp.stored, Accepted: imp.accepted, Exists: imp.exists, Refused: imp.refused,
+		Seconds: time.Since(imp.start).Seconds()}
 	s.Rate = float64(imp.done) / s.Seconds
 	return s
 }
@@ -271,8 +278,12 @@ func (imp *importer) progress() {
 	if s.Rate > 0 && done < imp.total {
 		left = fmt.Sprintf(", about %v left", (time.Duration(float64(imp.total-done)/s.Rate) * time.Second).Round(time.Second))
 	}
-	fmt.Fprintf(imp.stderr, "import-ces: %d/%d lines (%.1f%%), %d stored, %d existing, %d refused, %.0f lines/s%s\n",
-		done, imp.total, 100*float64(done)/float64(max(imp.total, 1)), s.Stored, s.Exists, s.Refused, s.Rate, left)
+	accepted := ""
+	if s.Accepted > 0 {
+		accepted = fmt.Sprintf(", %d accepted by replicas", s.Accepted)
+	}
+	fmt.Fprintf(imp.stderr, "import-ces: %d/%d lines (%.1f%%), %d stored%s, %d existing, %d refused, %.0f lines/s%s\n",
+		done, imp.total, 100*float64(done)/float64(max(imp.total, 1)), s.Stored, accepted, s.Exists, s.Refused, s.Rate, left)
 }
 
 // maxRetries bounds the retries of one batch answered 503 or 429 (the daemon's Retry-After
@@ -339,6 +350,8 @@ func (imp *importer) record(b bulkBatch, body []byte) error {
 			imp.refuse(b.lines[k], fmt.Sprintf("%d: %s", r.Code, r.Error))
 		case r.Status == "exists":
 			imp.count(&imp.exists)
+		case r.Status == "accepted":
+			imp.count(&imp.accepted)
 		default:
 			imp.count(&imp.stored)
 		}
