@@ -344,7 +344,7 @@ func TestRulesReferenceExistingMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	want := []string{"CfguardCheckpointFailing", "CfguardCounterfactualsAtRisk", "CfguardCounterfactualsInvalidated", "CfguardCounterfactualsNotCaughtUp", "CfguardDeadLetterRateHigh", "CfguardDown",
-		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogStopped",
+		"CfguardIngestStalled", "CfguardKLOverBudget", "CfguardModelQualityDegraded", "CfguardOutboxBacklog", "CfguardPosteriorLogBehind", "CfguardPosteriorLogRefused", "CfguardPosteriorLogStopped",
 		"CfguardRecordsLost", "CfguardRenewalBehind", "CfguardReplicaSettingsDiffer", "CfguardReplicationUnauthenticated", "CfguardTopicReset",
 		"CfguardUpdatesFailing"}
 	if strings.Join(alerts, ",") != strings.Join(want, ",") {

@@ -157,6 +157,15 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	pastEnd := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, fv)})
+	// Signed too, naming the head, but not following from it: a skipped increment that moves the
+	// version.
+	bad := *forged
+	bad.Covers, bad.Version = h.Covers, h.Version+7
+	bv, err := bad.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	invalid := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", bad.Seq), bv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, bv)})
 	// A deletion of a stored CE, and a registration, on the CE topic without an authenticator.
 	victim := ids[0]
 	at := time.Now().UTC()
@@ -230,6 +239,12 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		if !warnedAt(r.logs.String(), "posterior log entry refused: it covers input records that do not exist", pastEnd) {
 			t.Errorf("%s: no WARN line naming the entry covering past the end at offset %d", name, pastEnd)
 		}
+		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "invalid"); n != 1 {
+			t.Errorf("%s: %v signed entries refused as invalid, want 1", name, n)
+		}
+		if !warnedAt(r.logs.String(), "posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it", invalid) {
+			t.Errorf("%s: no WARN line naming the invalid entry at offset %d", name, invalid)
+		}
 		if code, body := r.get(t, "/readyz"); code != http.StatusOK {
 			t.Errorf("%s: /readyz %d %s", name, code, body)
 		}
@@ -276,6 +291,17 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
 			"TOPIC", topic, "PARTITION", "0", "OFFSET", fmt.Sprint(postOffsets[0])), nil)
+
+		// CfguardPosteriorLogRefused's: the counts of the signed entries refused, and the one
+		// covering past the end read back with its authenticator.
+		checks = []runbooktest.Check{
+			{Cmd: "cfguard_posterior_log_records_ignored_total", Want: `(?m)^cfguard_posterior_log_records_ignored_total\{reason="coverage_past_end"\} 1\ncfguard_posterior_log_records_ignored_total\{reason="invalid"\} 1$`},
+			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?s)^offset %d key e/%d headers cfguard-auth=.*\n\{.*"kind":"increment".*"writer":%q`, pastEnd, forged.Seq, h.Writer)},
+		}
+		s = runbooktest.Named(t, runbookPath, "CfguardPosteriorLogRefused")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
+			"TOPIC", topic, "PARTITION", "0", "OFFSET", fmt.Sprint(pastEnd)), nil)
 	}
 
 	// A replica with another cluster's key does not join: no record of the log authenticates.

@@ -506,7 +506,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		case err != nil:
 			t.Errorf("dashboard %s: %s: %v", where, q, err)
 		case len(res) == 0 && strings.Contains(q, alerts.NameBoundMin) && certified == "0":
-		case len(res) == 0 && (strings.Contains(q, alerts.NameLogStopped) || strings.Contains(q, alerts.NameLogLag) || strings.Contains(q, alerts.NameUnauthenticated) ||
+		case len(res) == 0 && (strings.Contains(q, alerts.NameLogStopped) || strings.Contains(q, alerts.NameLogLag) || strings.Contains(q, alerts.NameUnauthenticated) || strings.Contains(q, alerts.NameLogIgnored) ||
 			strings.Contains(q, alerts.NameCERebuilding) || strings.Contains(q, alerts.NameCEBlocked) || strings.Contains(q, alerts.NameSettingsDiffer)):
 			// A single daemon exports no replica series; those panels say "no replicas".
 		case len(res) == 0:

@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // uncommentAuthorization returns prometheus.yml with its commented "authorization:" block
@@ -317,7 +318,7 @@ func TestDashboard(t *testing.T) {
 	// A single node does not serve the replicas' metrics: those come from what package alerts
 	// registers for a replica (the daemon's tests check a replica registers them).
 	replica := prometheus.NewRegistry()
-	alerts.NewReplicaMetrics(replica, nil, "cfguard.posterior", "cfguard.ce")
+	alerts.NewReplicaMetrics(replica, []string{string(postlog.PastEnd), string(postlog.Invalid)}, "cfguard.posterior", "cfguard.ce")
 	mfs, err := replica.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -891,17 +891,25 @@ func (r *Replica) unauthenticated(rec postlog.Record) {
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 }
 
-// ignored counts an authenticated record the chain did not accept, and logs one that is not an
-// entry at all (malformed): a holder of the cluster key wrote it, by a bug or with a stolen key.
+// ignored counts an authenticated record the chain did not accept, and logs at WARN one that is
+// not an entry at all (malformed) or names the head but does not follow from it (invalid): a
+// holder of the cluster key wrote it, by a bug or with a stolen key (CfguardPosteriorLogRefused).
 // The other reasons (a replayed or late entry) are the log's ordinary traffic; the caller logs them.
 func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
 	r.m.Ignored.WithLabelValues(string(reason)).Inc()
-	if reason != postlog.Malformed {
-		return
-	}
-	if _, err := postlog.Decode(rec.Value); err != nil {
-		r.lg.Warn("posterior log record ignored: it authenticates under the cluster key but is not an entry", "topic", r.plog.Topic(),
-			"partition", 0, "offset", rec.Offset, "err", err)
+	switch reason {
+	case postlog.Malformed:
+		if _, err := postlog.Decode(rec.Value); err != nil {
+			r.lg.Warn("posterior log record ignored: it authenticates under the cluster key but is not an entry", "topic", r.plog.Topic(),
+				"partition", 0, "offset", rec.Offset, "err", err)
+		}
+	case postlog.Invalid:
+		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
+		if e, err := postlog.Decode(rec.Value); err == nil {
+			attrs = append(attrs, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "version", e.Version, "parent_version", e.ParentVersion)
+		}
+		r.lg.Warn("posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it "+
+			"(its version or coverage)", attrs...)
 	}
 }
 

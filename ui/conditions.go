@@ -24,9 +24,10 @@ type condition struct {
 func lately(t float64, now time.Time) bool { return t > 0 && float64(now.Unix())-t < 900 }
 
 // conditions are the alerts whose condition the daemon's gauges decide at an instant. The rate
-// rule (CfguardDeadLetterRateHigh) and the counter rule (CfguardReplicationUnauthenticated) need
-// a window of samples and are not here; nor is CfguardDown, a failed scrape of this daemon, or
-// CfguardReplicaSettingsDiffer, whose replica serves no page (503 but for health and metrics).
+// rule (CfguardDeadLetterRateHigh) and the counter rules (CfguardReplicationUnauthenticated,
+// CfguardPosteriorLogRefused) need a window of samples and are not here; nor is CfguardDown, a
+// failed scrape of this daemon, or CfguardReplicaSettingsDiffer, whose replica serves no page
+// (503 but for health and metrics).
 var conditions = []condition{
 	{"CfguardKLOverBudget", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_kl_breach_last_timestamp_seconds"]
