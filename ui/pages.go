@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/ident"
@@ -136,7 +137,12 @@ type historyRow struct {
 type eventRow struct {
 	Seq        uint64
 	Key, Value string
+	Size       int // the event's bytes, when Value shows only the first eventShown of them
 }
+
+// eventShown is how much of an event the events page shows: an event may hold up to 900 kB (an
+// increment's held records), and the page shows 200 of them.
+const eventShown = 2000
 
 // statement is what a CE's status lets one say, in words (see docs/MATHS.md).
 type statement struct {
@@ -581,7 +587,15 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 	}
 	p := page{Title: "Events", Nav: "events", More: len(evs) > max}
 	for _, e := range evs[:min(len(evs), max)] { // newest first
-		p.Events = append(p.Events, eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)})
+		row := eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)}
+		if len(e.Value) > eventShown {
+			cut := eventShown
+			for cut > 0 && !utf8.RuneStart(e.Value[cut]) {
+				cut--
+			}
+			row.Value, row.Size = string(e.Value[:cut]), len(e.Value)
+		}
+		p.Events = append(p.Events, row)
 	}
 	u.render(w, http.StatusOK, "events", p)
 }

@@ -138,6 +138,14 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 	if code, _, body := get(t, noFollow, d.Base+"/ui/events"); code != 200 || strings.Contains(body, token) {
 		t.Fatalf("with the session cookie: %d (or the page shows the token)", code)
 	}
+	// A CE's page does not link its JSON, which the cookie does not open: it names the route.
+	if d.Register(t, 1) != 1 {
+		t.Fatal("the CE was not stored")
+	}
+	if code, _, body := get(t, noFollow, d.Base+"/ui/counterfactuals/ce-000"); code != 200 || strings.Contains(body, `<a href="/v1/`) ||
+		!strings.Contains(body, "<code>GET /v1/counterfactuals/ce-000</code> with the API token") {
+		t.Errorf("a CE's page with a token set: %d; want no link into /v1/ and the route named", code)
+	}
 	// The cookie opens the UI only: the API still wants the token.
 	req, _ := http.NewRequest("GET", d.Base+"/v1/model", nil)
 	req.AddCookie(cs[0])
@@ -337,6 +345,14 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 			t.Errorf("the page of an invalid id %.20s...: %d, want 400 naming the rule", id, code)
 		}
 	}
+	// Without a token a CE's page links its JSON, and the sign-in page says there is nothing to
+	// sign in to.
+	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals/"+all[0].ID); !strings.Contains(page, `<a href="/v1/counterfactuals/`+all[0].ID+`">JSON</a>`) {
+		t.Errorf("%s's page without a token does not link its JSON", all[0].ID)
+	}
+	if _, _, page := get(t, nil, d.Base+"/ui/login"); !strings.Contains(page, `id="no-token"`) || strings.Contains(page, "requires its API token") {
+		t.Error("the sign-in page of a daemon without a token asks for one")
+	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?target=nosuchclass"); code != http.StatusBadRequest {
 		t.Errorf("an unknown target: %d, want 400", code)
 	}
@@ -368,6 +384,10 @@ func TestEventsPageShowsTheNewestFirst(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		evs = append(evs, ledger.OutboxEntry{Key: fmt.Sprintf("ce-%d", i), Value: []byte(fmt.Sprintf(`{"n":%d}`, i))})
 	}
+	// The newest is 900 kB (an increment's held records): the page shows its first 2,000 bytes
+	// (not splitting a character) and says how large it is.
+	big := `{"n":205,"held":"` + strings.Repeat("é", 450_000) + `"}`
+	evs[n-1].Value = []byte(big)
 	if err := l.Checkpoint(&ledger.Checkpoint{Events: evs}); err != nil {
 		t.Fatal(err)
 	}
@@ -381,6 +401,12 @@ func TestEventsPageShowsTheNewestFirst(t *testing.T) {
 		return rec.Body.String()
 	}
 	page := read()
+	if len(page) > 100_000 {
+		t.Errorf("the events page weighs %d bytes with one event of %d", len(page), len(big))
+	}
+	if want := fmt.Sprintf("(the first 1999 of its %d bytes;", len(big)); !strings.Contains(page, want) || !strings.Contains(page, `{&#34;n&#34;:205,&#34;held&#34;:&#34;é`) {
+		t.Errorf("the large event is not shown cut, saying %q", want)
+	}
 	var seqs []int
 	for _, m := range regexp.MustCompile(`<tr><td class="n">(\d+)</td><td>ce-(\d+)</td>`).FindAllStringSubmatch(page, -1) {
 		if m[1] != m[2] {
