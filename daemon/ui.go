@@ -49,6 +49,11 @@ func (s uiSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
 	snap.Gauges = s.gauges()
 	snap.Replication = s.a.core.replication(ctx)
 	snap.Quality = s.a.core.prequential()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second) // as /readyz waits
+	if err := s.a.core.readiness(rctx); err != nil {
+		snap.NotReady = err.Error()
+	}
+	cancel()
 	snap.Now = time.Now()
 	return snap, nil
 }

@@ -95,3 +95,47 @@ func TestFilteredListSaysWhatItRead(t *testing.T) {
 		t.Errorf("the list's first row labels its %d cells %q, want the header's %q", cells, labels, heads)
 	}
 }
+
+// brokerDownSource is a ledger's Snapshot as a daemon whose broker does not answer, with
+// records held by on_breach: reject, would give it.
+type brokerDownSource struct{ ledgerSource }
+
+func (s brokerDownSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
+	snap, err := s.ledgerSource.Snapshot(ctx)
+	snap.NotReady = "consumer not ready: the broker has not answered yet: dial tcp 127.0.0.1:9: connect: connection refused"
+	snap.Gauges = map[string]float64{`cfguard_records_total{result="held"}`: 633, `cfguard_records_total{result="applied"}`: 0}
+	return snap, err
+}
+
+// The overview says whether the daemon is ready, and why not, as /readyz does, and counts the
+// records held (not learned) by on_breach: reject, which no other figure shows.
+func TestOverviewSaysWhyNotReadyAndWhatIsHeld(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rand.New(rand.NewPCG(3, 4)))
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		src   ui.Source
+		ready string
+		held  bool
+	}{
+		{ledgerSource{l}, `<dd id="ready">yes</dd>`, false},
+		{brokerDownSource{ledgerSource{l}}, `<dd id="ready">no: consumer not ready: the broker has not answered yet: dial tcp 127.0.0.1:9: connect: connection refused</dd>`, true},
+	} {
+		u := ui.New(ui.Config{Logger: slog.New(slog.DiscardHandler)}, tc.src)
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/", nil))
+		body := rec.Body.String()
+		if rec.Code != 200 || !strings.Contains(body, tc.ready) {
+			t.Errorf("%T: overview %d, want %q", tc.src, rec.Code, tc.ready)
+		}
+		if held := strings.Contains(body, `<dd id="held">633, in updates over the KL budget`); held != tc.held {
+			t.Errorf("%T: the overview shows the records held: %t, want %t", tc.src, held, tc.held)
+		}
+	}
+}

@@ -40,8 +40,9 @@ type page struct {
 	Classes  []string
 	Filter   listFilter
 	NextURL  string
-	Scanned  int  // the CEs a filtered list page read to fill itself
-	Short    bool // a list page that stopped reading before it filled, with more to read
+	Scanned  int    // the CEs a filtered list page read to fill itself
+	Held     string // the overview's count of records held (cfguard_records_total{result="held"}), "" for none
+	Short    bool   // a list page that stopped reading before it filled, with more to read
 	FirstURL string
 	Statuses []string
 
@@ -214,6 +215,9 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p.Cluster = clusterRows(snap.Replication)
 	p.AppliedAt = funcs["time"].(func(time.Time) string)(snap.State.AppliedAt)
 	p.Lag = ingestLag(snap.Gauges, snap.Now)
+	if n := snap.Gauges[`cfguard_records_total{result="held"}`]; n > 0 {
+		p.Held = count(n)
+	}
 	u.render(w, http.StatusOK, "overview", p)
 }
 

@@ -53,6 +53,9 @@ type Snapshot struct {
 	// its labels in braces when it has some (`cfguard_counterfactuals{status="at_risk"}`). The
 	// overview evaluates the alerts' conditions on them. Nil: not known.
 	Gauges map[string]float64
+	// NotReady is why the daemon's /readyz answers 503 (a broker that does not answer, a ledger
+	// that cannot be written, ...), "" when it is ready.
+	NotReady string
 	// Now is when the snapshot was read.
 	Now time.Time
 }

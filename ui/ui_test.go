@@ -204,6 +204,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	if got := field(t, over, "posterior-version"); got != strconv.FormatUint(model.Version, 10) {
 		t.Errorf("overview: version %s, the API %d", got, model.Version)
 	}
+	if got := field(t, over, "ready"); got != "yes" {
+		t.Errorf("overview: ready %q, /readyz 200", got)
+	}
 	if got := field(t, over, "applied"); got != strconv.FormatInt(model.Applied, 10) {
 		t.Errorf("overview: applied %s, the API %d", got, model.Applied)
 	}
