@@ -714,6 +714,10 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 	c.send("GET", "/v1/counterfactuals?limit=10", "", nil, "", 200)
 	c.send("POST", "/v1/audit", "", nil, "{}", 200)
 	c.send("GET", "/v1/audit", "", nil, "", 200)
+	// Without a token, what a web page may send is 403, as the spec says of every operation.
+	for _, path := range []string{"/v1/model", "/v1/counterfactuals?limit=1", "/metrics"} {
+		c.send("GET", path, "", map[string]string{"Origin": "http://evil.example"}, "", 403)
+	}
 	// A bulk line a replica sends to its owner is accepted, not stored: the owner judges it.
 	data := bundled(t)
 	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
