@@ -157,7 +157,8 @@ func (b Batch) sub(o Batch) Batch {
 // in a million records (about six days at 2 records/s), and a rise of the mean Brier score by D
 // is detected after about Lambda / (D - Delta) records (~80-90 for labels that flip, D ~ 1.6-1.8). The
 // bound takes mu as known; the detector uses the running mean since its last reset instead, and
-// waits for DefaultMinRecords before it may alarm.
+// waits for DefaultMinRecords before it may alarm (at the default Lambda the walk cannot climb
+// that far within 100 records of a reset anyway: TestDetectorWarmUpAtTheDefaults).
 const (
 	DefaultDelta          = 0.05
 	DefaultFalseAlarmRate = 1e-6

@@ -166,3 +166,53 @@ func TestCalibrationErrorBinsByConfidence(t *testing.T) {
 		t.Fatalf("ece %v, want %v", ece, 0.74/3)
 	}
 }
+
+// At the default Lambda the warm-up decides nothing: from a reset, the walk cannot climb Lambda
+// within the first 100 records whatever the scores, so DefaultMinRecords only matters for a
+// smaller Lambda. The steepest climb is k scores of 0 then scores of 2 (2k ln(t/k) by record t,
+// at most 2t/e: 74 at t = 100, Lambda = 138.2 not before t = 188); a detector without the
+// warm-up, fed every such step and 2,000 random sequences, does not alarm before record 150. With
+// a Lambda of 50 it does, and the warm-up holds the alarm to record 100.
+func TestDetectorWarmUpAtTheDefaults(t *testing.T) {
+	first := func(d Detector, xs []float64) int {
+		for i, x := range xs {
+			if d.Observe(Batch{brier: []float64{x}}) > 0 {
+				return i + 1
+			}
+		}
+		return 0
+	}
+	step := func(k int) []float64 {
+		xs := make([]float64, 150)
+		for i := k; i < len(xs); i++ {
+			xs[i] = 2
+		}
+		return xs
+	}
+	bare := NewDetector()
+	bare.MinRecords = 0
+	for k := 1; k < 150; k++ {
+		if got := first(bare, step(k)); got != 0 {
+			t.Errorf("%d scores of 0 then 2s: an alarm at record %d, within 150 of the start", k, got)
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 2000 {
+		xs := make([]float64, 150)
+		for i := range xs {
+			xs[i] = 2 * rng.Float64() * float64(i) / 150
+		}
+		if got := first(bare, xs); got != 0 {
+			t.Fatalf("random rising scores: an alarm at record %d, within 150 of the start", got)
+		}
+	}
+	low := NewDetector()
+	low.Lambda, low.MinRecords = 50, 0
+	if got := first(low, step(37)); got == 0 || got >= DefaultMinRecords {
+		t.Fatalf("Lambda 50 without the warm-up: alarm at record %d, want one before %d", got, DefaultMinRecords)
+	}
+	low.MinRecords = DefaultMinRecords
+	if got := first(low, step(37)); got != DefaultMinRecords {
+		t.Errorf("Lambda 50 with the default warm-up: alarm at record %d, want %d", got, DefaultMinRecords)
+	}
+}
