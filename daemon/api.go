@@ -93,6 +93,7 @@ type apiConfig struct {
 	loopback            bool          // http.listen is a loopback address: see openRequest
 	// Reported by GET /v1/model.
 	budget, delta, epsilon float64
+	epsilonMax             float64 // certify.epsilon_max, shown by the UI's CE pages
 	mode, onBreach         string
 	verdictAlpha           float64 // reported by the UI's certificates
 	reissue                bool    // explain.reissue is set: the UI links a CE's replacements

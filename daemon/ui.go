@@ -40,7 +40,7 @@ func (s uiSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
 			return err
 		}
 		snap = ui.Snapshot{PosteriorVersion: m.Version, Features: m.Features, Classes: m.Classes, Budget: s.a.cfg.budget,
-			Delta: s.a.cfg.delta, Epsilon: s.a.cfg.epsilon, Alpha: s.alpha, Mode: s.a.cfg.mode, State: st, History: hist}
+			Delta: s.a.cfg.delta, Epsilon: s.a.cfg.epsilon, EpsilonMax: s.a.cfg.epsilonMax, Alpha: s.alpha, Mode: s.a.cfg.mode, State: st, History: hist}
 		return nil
 	})
 	if err != nil {

@@ -36,15 +36,16 @@ type page struct {
 	AppliedAt string
 	Lag       string // the consumer lag gauge in words; empty: no gauges
 
-	CEs      []ceRow
-	Classes  []string
-	Filter   listFilter
-	NextURL  string
-	Scanned  int    // the CEs a filtered list page read to fill itself
-	Held     string // the overview's count of records held (cfguard_records_total{result="held"}), "" for none
-	Short    bool   // a list page that stopped reading before it filled, with more to read
-	FirstURL string
-	Statuses []string
+	CEs        []ceRow
+	Classes    []string
+	Filter     listFilter
+	NextURL    string
+	Scanned    int    // the CEs a filtered list page read to fill itself
+	VarCeiling string // a CE page's Theorem 2 ceiling, max(epsilon_max, epsilon); "" when not known
+	Held       string // the overview's count of records held (cfguard_records_total{result="held"}), "" for none
+	Short      bool   // a list page that stopped reading before it filled, with more to read
+	FirstURL   string
+	Statuses   []string
 
 	CE      *ledger.CE
 	Rows    []featureRow
@@ -497,6 +498,9 @@ func valid(ce *ledger.CE) bool { return ce.Status == certify.Certified && ce.Dec
 func (u *UI) cePage(ce *ledger.CE, snap *Snapshot, title string) page {
 	p := page{Title: title, Nav: "list", CE: ce, Snap: snap, Target: className(snap.Classes, ce.Target),
 		Verdict: Statement(ce, snap.Alpha)}
+	if snap.EpsilonMax > 0 {
+		p.VarCeiling = fmtNum(max(snap.EpsilonMax, ce.Epsilon))
+	}
 	for j := range ce.X {
 		name := fmt.Sprintf("feature %d", j)
 		if j < len(snap.Features) && snap.Features[j] != "" {

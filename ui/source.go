@@ -40,6 +40,7 @@ type Snapshot struct {
 	Classes          []string
 	Budget           float64 // the KL budget (Theorem 1 from p1 = 1 - delta)
 	Delta, Epsilon   float64
+	EpsilonMax       float64 // certify.epsilon_max: Theorem 2's ceiling is max(EpsilonMax, a CE's epsilon); 0: not known
 	Alpha            float64 // the verdicts' and renewals' miss probability (certify.verdict_alpha)
 	Mode             string
 	State            ledger.State

@@ -306,6 +306,16 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		case !strings.HasPrefix(got, num(ce.Bound)+" "):
 			t.Errorf("%s: bound %q, the API %v", ce.ID, got, ce.Bound)
 		}
+		if st := ce.Status.String(); st != "uncertified" {
+			// The Theorem 2 bound names its ceiling, and a verdict's status says the Theorem 1
+			// bound is not what it rests on.
+			if got := field(t, page, "var-bound"); !strings.HasPrefix(got, num(ce.VarBound)+" (a certificate needs at most 0.25:") {
+				t.Errorf("%s: Theorem 2 bound %q, want the API's %v and its ceiling 0.25", ce.ID, got, ce.VarBound)
+			}
+			if got := field(t, page, "bound"); strings.Contains(got, "this status rests on its verdict") != (st != "certified") {
+				t.Errorf("%s (%s): Theorem 1 bound %q", ce.ID, st, got)
+			}
+		}
 		if ce.VerdictBound != nil {
 			if got := field(t, page, "verdict-bound"); !strings.HasPrefix(got, num(*ce.VerdictBound)+": ") {
 				t.Errorf("%s: verdict bound %q, the API %v", ce.ID, got, *ce.VerdictBound)
