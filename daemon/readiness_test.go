@@ -38,13 +38,20 @@ func waitResetReported(t *testing.T, r *running, what string) {
 }
 
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
-// /readyz answers 503 naming it, while /healthz (the process lives) stays 200.
+// /readyz answers 503 naming it, while /healthz (the process lives) stays 200, and the web UI's
+// overview, ready before, says it is not ready and why.
 func TestReadinessReportsADeadBroker(t *testing.T) {
 	r := startDaemon(t, nil)
+	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">yes</dd>`) {
+		t.Fatalf("the overview of a ready daemon does not say it is ready")
+	}
 	r.d.broker.Close()
 	waitfor.Cond(t, 10*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
 	if _, body := r.get(t, "/readyz"); !strings.Contains(string(body), "embedded broker") {
 		t.Fatalf("readyz body %q does not name the embedded broker", body)
+	}
+	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">no: embedded broker`) {
+		t.Errorf("the overview does not say the daemon is not ready because of its broker")
 	}
 	if code, _ := r.get(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz %d with the broker down, want 200", code)

@@ -197,3 +197,23 @@ func TestReadBatchesRefusesLongLinesAndGoesOn(t *testing.T) {
 		})
 	}
 }
+
+// A line a replica sent to its CE's owner is counted accepted, neither stored nor existing:
+// the owner stores or refuses it after the answer.
+func TestImportCountsLinesAcceptedByReplicas(t *testing.T) {
+	var stderr strings.Builder
+	imp := &importer{stderr: &stderr, total: 4, start: time.Now()}
+	body := `{"stored":1,"accepted":2,"exists":1,"refused":0,"results":[` +
+		`{"line":1,"id":"a","status":"certified"},{"line":2,"id":"b","status":"accepted"},` +
+		`{"line":3,"id":"c","status":"accepted"},{"line":4,"id":"d","status":"exists"}]}`
+	if err := imp.record(bulkBatch{lines: []int{1, 2, 3, 4}}, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	if s := imp.summary(); s.Stored != 1 || s.Accepted != 2 || s.Exists != 1 || s.Refused != 0 {
+		t.Errorf("summary %+v, want 1 stored, 2 accepted, 1 existing", s)
+	}
+	imp.progress()
+	if !strings.Contains(stderr.String(), "1 stored, 2 accepted by replicas, 1 existing") {
+		t.Errorf("progress line %q does not count the accepted lines", stderr.String())
+	}
+}
