@@ -98,7 +98,7 @@ func Names() []string {
 		NameUpdates, NameRecords, NameRecordsLost, NameRecordsLostLast, NameRecertDuration, NameConsumerLag, NameConsumerOffsetsRead, NameLastIngest, NamePosteriorVersion,
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
-		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing,
+		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing, NameBrokerWriteFailing,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCEBlocked, NameCERequestsApply, NameCERequestsSkip, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
@@ -285,7 +285,22 @@ const (
 	NameLedgerWriteFailures    = "cfguard_ledger_write_failures_total"
 	NameLedgerWriteFailureLast = "cfguard_ledger_write_failure_last_timestamp_seconds"
 	NameLedgerWriteFailing     = "cfguard_ledger_write_failing"
+	NameBrokerWriteFailing     = "cfguard_embedded_broker_write_failing"
 )
+
+// RegisterEmbeddedBrokerWrites registers cfguard_embedded_broker_write_failing on reg, read at
+// each scrape from failing (whether the embedded broker failed to write its data directory within
+// the last minute, as /readyz reports).
+func RegisterEmbeddedBrokerWrites(reg prometheus.Registerer, failing func() bool) {
+	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerWriteFailing,
+		Help: "1 within a minute of a write of the embedded broker to its data directory (state_dir/broker) that failed (no space, a read-only disk): it refuses the records produced meanwhile. Judged when scraped; absent with kafka.brokers set."},
+		func() float64 {
+			if failing() {
+				return 1
+			}
+			return 0
+		})
+}
 
 // RegisterLedgerWriteFailures registers cfguard_ledger_write_failures_total,
 // cfguard_ledger_write_failure_last_timestamp_seconds and cfguard_ledger_write_failing on reg,

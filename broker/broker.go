@@ -154,6 +154,9 @@ type Config struct {
 	writeFile func(path string, data []byte) error
 	// hold, when not 0, replaces maxHold (tests wait less for a request the broker holds).
 	hold time.Duration
+	// writeFailureHold, when not 0, replaces writeFailureHold (tests wait less for a failed
+	// write to stop counting).
+	writeFailureHold time.Duration
 }
 
 // stateLogCompactBytes bounds the broker's log of group offset commits (see
@@ -206,6 +209,7 @@ type Broker struct {
 
 	dataDir         string      // Config.DataDir: "" keeps no files
 	recordingFailed atomic.Bool // recordOffsets is failing (logged once per episode)
+	writes          *writeHealth
 }
 
 // Start validates cfg, starts the broker and creates cfg.Topics. The broker runs until Close
@@ -223,6 +227,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 		return nil, configError{err}
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
+	writes := &writeHealth{hold: cmp.Or(cfg.writeFailureHold, writeFailureHold)}
 	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, hold: cmp.Or(cfg.hold, maxHold),
 		log: log, budget: semaphore.NewWeighted(cmp.Or(cfg.bufferedBytes, MaxBufferedBytes))}
 	opts := []kfake.Opt{
@@ -245,7 +250,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 			lns = append(lns, ln)
 			return ln, nil
 		}),
-		kfake.WithLogger(kfakeLogger{log}),
+		kfake.WithLogger(kfakeLogger{log, writes}),
 		kfake.ClusterID("cfguard"),
 		kfake.BrokerConfigs(cfg.retentionConfigs()),
 	}
@@ -272,7 +277,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	if err != nil {
 		return nil, fmt.Errorf("broker: starting on %s: %w", cfg.Listen, err)
 	}
-	b := &Broker{c: c, lns: lns, conns: conns, addrs: c.ListenAddrs(), log: log, dataDir: cfg.DataDir,
+	b := &Broker{c: c, lns: lns, conns: conns, addrs: c.ListenAddrs(), log: log, dataDir: cfg.DataDir, writes: writes,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if err := b.ensureTopics(cfg.Topics, int32(cfg.Partitions), int32(cfg.Nodes)); err != nil {
 		c.Close()
@@ -433,12 +438,17 @@ func (b *Broker) Healthy() error {
 	if closed {
 		return fmt.Errorf("embedded broker on %s stopped", strings.Join(b.addrs, ","))
 	}
-	errs := []error{b.conns.full()}
+	errs := []error{b.conns.full(), b.writes.err(b.dataDir, time.Now())}
 	for _, ln := range b.lns {
 		errs = append(errs, ln.healthy())
 	}
 	return errors.Join(errs...)
 }
+
+// WriteFailing says whether the broker failed to write its data directory within the last
+// minute (what Healthy reports): a full or read-only disk, on which it refuses every record
+// produced.
+func (b *Broker) WriteFailing() bool { return b.writes.err(b.dataDir, time.Now()) != nil }
 
 // Connections returns the connection counters.
 func (b *Broker) Connections() ConnStats { return b.conns.stats() }
@@ -530,14 +540,22 @@ func (b *Broker) perPartition(topic string, get func(*kfake.PartitionInfo) int64
 
 // kfakeLogger forwards kfake's warnings and errors to slog; its info and debug lines (one per
 // request) are dropped.
-type kfakeLogger struct{ log *slog.Logger }
+// kfakeLogger passes kfake's warnings and errors to log, and its failed writes to writes.
+type kfakeLogger struct {
+	log    *slog.Logger
+	writes *writeHealth
+}
 
 func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
 	switch level {
 	case kfake.LogLevelError:
-		l.log.Error("kfake: " + fmt.Sprintf(format, args...))
+		msg := fmt.Sprintf(format, args...)
+		l.writes.logged(msg, time.Now())
+		l.log.Error("kfake: " + msg)
 	case kfake.LogLevelWarn:
-		l.log.Warn("kfake: " + fmt.Sprintf(format, args...))
+		msg := fmt.Sprintf(format, args...)
+		l.writes.logged(msg, time.Now())
+		l.log.Warn("kfake: " + msg)
 	}
 }
 

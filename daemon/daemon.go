@@ -417,6 +417,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		}
 		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.broker = b
+		alerts.RegisterEmbeddedBrokerWrites(d.reg, b.WriteFailing)
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		// Our clients drop idle connections before the broker closes them under them.
 		d.conn.IdleTimeout = min(embeddedClientIdle, cfg.Kafka.EmbeddedIdleTimeout/2)

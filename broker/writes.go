@@ -1,0 +1,49 @@
+package broker
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// writeFailureHold is how long Healthy reports a failure to write the data directory: kfake
+// reports failures, never a write that works again, so a failure stands for this long after the
+// last one (records produced meanwhile are refused each time, renewing it).
+const writeFailureHold = time.Minute
+
+// writeFailures are kfake's log lines of a write to its data directory that failed: a record
+// batch (its producer is refused), the state it saves at intervals and at Close.
+var writeFailures = []string{"persist batch", "persist to disk", "save session state"}
+
+// writeHealth keeps the embedded broker's latest failure to write its data directory (a full or
+// read-only disk), which kfake reports only in its log.
+type writeHealth struct {
+	hold time.Duration
+	mu   sync.Mutex
+	at   time.Time // the latest failure; zero: none
+	msg  string    // its log line
+}
+
+// logged records msg, a line kfake logged at now, when it reports a failed write.
+func (h *writeHealth) logged(msg string, now time.Time) {
+	for _, prefix := range writeFailures {
+		if strings.HasPrefix(msg, prefix) {
+			h.mu.Lock()
+			h.at, h.msg = now, msg
+			h.mu.Unlock()
+			return
+		}
+	}
+}
+
+// err is the failure to report at now (within hold of the latest), naming dir; nil if none.
+func (h *writeHealth) err(dir string, now time.Time) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.at.IsZero() || now.Sub(h.at) >= h.hold {
+		return nil
+	}
+	return fmt.Errorf("embedded broker cannot write its data directory %s (since %s at the latest: %s): records produced are refused until "+
+		"there is space again; free space on its file system", dir, h.at.UTC().Format(time.RFC3339), h.msg)
+}
