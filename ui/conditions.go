@@ -90,6 +90,9 @@ var conditions = []condition{
 			return true, "a commit to the ledger failed at " + unix(g["cfguard_ledger_write_failure_last_timestamp_seconds"]) +
 				": the writes that fail are answered 503 or retried"
 		}
+		if g["cfguard_embedded_broker_write_failing"] > 0 {
+			return true, "the embedded broker cannot write its data directory (state_dir/broker): it refuses the records produced; /readyz names the error"
+		}
 		return false, ""
 	}, "/ui/"},
 	{"CfguardTopicReset", func(g map[string]float64, _ time.Time) (bool, string) {

@@ -68,6 +68,8 @@ func TestConditionsFollowTheRules(t *testing.T) {
 		{"a registration failed to commit 50 s ago, no checkpoint tried", map[string]float64{"cfguard_ledger_write_failing": 1,
 			"cfguard_ledger_write_failure_last_timestamp_seconds": at(50 * time.Second), "cfguard_checkpoint_failing": 0,
 			"cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardCheckpointFailing"}},
+		{"the embedded broker cannot write", map[string]float64{"cfguard_embedded_broker_write_failing": 1, "cfguard_ledger_write_failing": 0,
+			"cfguard_checkpoint_failing": 0, "cfguard_last_ingest_timestamp_seconds": at(0)}, []string{"CfguardCheckpointFailing"}},
 		{"a registration failed to commit 70 s ago", map[string]float64{"cfguard_ledger_write_failing": 0,
 			"cfguard_ledger_write_failure_last_timestamp_seconds": at(70 * time.Second), "cfguard_checkpoint_failing": 0,
 			"cfguard_last_ingest_timestamp_seconds": at(0)}, nil},
