@@ -293,7 +293,7 @@ const (
 // the last minute, as /readyz reports).
 func RegisterEmbeddedBrokerWrites(reg prometheus.Registerer, failing func() bool) {
 	promauto.With(reg).NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerWriteFailing,
-		Help: "1 within a minute of a write of the embedded broker to its data directory (state_dir/broker) that failed (no space, a read-only disk): it refuses the records produced meanwhile. Judged when scraped; absent with kafka.brokers set."},
+		Help: "1 within a minute of a write of the embedded broker to its data directory (state_dir/broker) that failed (no space, a read-only file system, too many open files): it refuses the record batches it cannot write. Judged when scraped; absent with kafka.brokers set."},
 		func() float64 {
 			if failing() {
 				return 1

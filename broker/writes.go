@@ -12,9 +12,14 @@ import (
 // last one (records produced meanwhile are refused each time, renewing it).
 const writeFailureHold = time.Minute
 
-// writeFailures are kfake's log lines of a write to its data directory that failed: a record
-// batch (its producer is refused), the state it saves at intervals and at Close.
-var writeFailures = []string{"persist batch", "persist to disk", "save session state"}
+// writeFailures start kfake's log lines of a write to its data directory that failed: a record
+// batch (its producer is refused), a group's committed offsets or a producer id (kfake logs the
+// failure and acknowledges all the same), its topics' metadata, a transaction's control batch, the
+// logs it compacts or rebuilds, and the state it saves at Close (by then Healthy says the broker
+// stopped). kfake does not look at fsync's errors, so a failed fsync is not among them.
+var writeFailures = []string{"persist ", "save session state", "rebuildSegments ", "endTx: failed to persist",
+	"compact groups.log: create", "compact groups.log: write", "compact groups.log: sync", "compact groups.log: rename",
+	"compact pids.log"}
 
 // writeHealth keeps the embedded broker's latest failure to write its data directory (a full or
 // read-only disk), which kfake reports only in its log.
@@ -44,6 +49,7 @@ func (h *writeHealth) err(dir string, now time.Time) error {
 	if h.at.IsZero() || now.Sub(h.at) >= h.hold {
 		return nil
 	}
-	return fmt.Errorf("embedded broker cannot write its data directory %s (since %s at the latest: %s): records produced are refused until "+
-		"there is space again; free space on its file system", dir, h.at.UTC().Format(time.RFC3339), h.msg)
+	return fmt.Errorf("embedded broker cannot write its data directory %s (at %s, the latest failure: %s): it refuses the records "+
+		"produced until it can; the error says why (no space left: free some on its file system; a read-only file system; "+
+		"too many open files: raise the process's limit)", dir, h.at.UTC().Format(time.RFC3339), h.msg)
 }

@@ -68,9 +68,16 @@ func TestFailedWritesMakeTheBrokerUnhealthy(t *testing.T) {
 func TestWriteHealthHoldsAFailureForItsHold(t *testing.T) {
 	h := &writeHealth{hold: time.Minute}
 	t0 := time.Unix(1_800_000_000, 0)
-	h.logged("consumerHeartbeatLate: group=g member=m gap=1ms interval=1ms", t0)
-	if err := h.err("d", t0); err != nil {
-		t.Fatalf("a line that is no failed write: %v", err)
+	for _, line := range []string{"consumerHeartbeatLate: group=g member=m gap=1ms interval=1ms", "compact groups.log: read: EOF",
+		"load session state: open d/session_state.json: no such file or directory"} {
+		h.logged(line, t0)
+		if err := h.err("d", t0); err != nil {
+			t.Fatalf("%q, no failed write: %v", line, err)
+		}
+	}
+	h.logged("persist group entry write: write d/groups.log: no space left on device", t0.Add(-50*time.Second))
+	if err := h.err("d", t0); err == nil || !strings.Contains(err.Error(), "persist group entry write") {
+		t.Errorf("10 s after a group commit failed to persist: %v, want it reported", err)
 	}
 	h.logged("persist batch records-0: write records-0/00000000000000000000.log: no space left on device", t0)
 	if err := h.err("d", t0.Add(59*time.Second)); err == nil || !strings.Contains(err.Error(), "no space left on device") {

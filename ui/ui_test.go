@@ -363,7 +363,8 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals/"+all[0].ID); !strings.Contains(page, `<a href="/v1/counterfactuals/`+all[0].ID+`">JSON</a>`) {
 		t.Errorf("%s's page without a token does not link its JSON", all[0].ID)
 	}
-	if _, _, page := get(t, nil, d.Base+"/ui/login"); !strings.Contains(page, `id="no-token"`) || strings.Contains(page, "requires its API token") {
+	if _, _, page := get(t, nil, d.Base+"/ui/login"); !strings.Contains(page, `id="no-token"`) || strings.Contains(page, "requires its API token") ||
+		strings.Contains(page, `name="token"`) {
 		t.Error("the sign-in page of a daemon without a token asks for one")
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?target=nosuchclass"); code != http.StatusBadRequest {
