@@ -13,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 )
@@ -136,6 +137,121 @@ func TestOverviewSaysWhyNotReadyAndWhatIsHeld(t *testing.T) {
 		}
 		if held := strings.Contains(body, `<dd id="held">633, in updates over the KL budget`); held != tc.held {
 			t.Errorf("%T: the overview shows the records held: %t, want %t", tc.src, held, tc.held)
+		}
+	}
+}
+
+// statusSource is a ledger's pages with the statuses and histories a test gives some CEs, as a
+// drift would have left them (the ledger stores a CE certified).
+type statusSource struct {
+	ledgerSource
+	status  map[string]certify.Status
+	history map[string][]ledger.StatusChange
+}
+
+func (s statusSource) patch(ce *ledger.CE) *ledger.CE {
+	c := *ce
+	if st, ok := s.status[c.ID]; ok {
+		c.Status, c.History = st, s.history[c.ID]
+	}
+	return &c
+}
+
+func (s statusSource) List(ctx context.Context, st certify.Status, limit int, after string) ([]*ledger.CE, string, error) {
+	ces, next, err := s.ledgerSource.List(ctx, st, limit, after)
+	for i := range ces {
+		ces[i] = s.patch(ces[i])
+	}
+	return ces, next, err
+}
+
+func (s statusSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
+	ce, err := s.ledgerSource.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.patch(ce), nil
+}
+
+// TestReissueLinksFollowTheNames: with explain.reissue, a CE's page links the CEs stored as
+// "<id>.r<version>" (a long id's stem and ".r<version>") for the same input and target, and a
+// replacement's page the CE it replaces, when that CE stopped holding by that version (it is not
+// certified now, or its history changed its status at or before it), as the reissuer's
+// replacements do. A CE of that name with another input, a name that is not a version, and a
+// name a client gave while the CE it names held, are not linked.
+func TestReissueLinksFollowTheNames(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rand.New(rand.NewPCG(3, 4)))
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	x, other := []float64{0.5, 0.25}, []float64{0.5, 0.2505}
+	long := func(last string) string { return strings.Repeat("p", ident.MaxLen-1) + last }
+	mid := strings.Repeat("m", 110)
+	ces := map[string][]float64{
+		"ce-000": x, "ce-000.r7": x, "ce-000.r12": x, "ce-000.r9": other, "ce-000.rc2": x,
+		"ce-001": x, "ce-001.r3": x, // ce-001 held throughout: a client's own name
+		"ce-002": x, "ce-002.r4": x, "ce-002.r6": x, // ce-002 lapsed at version 5 and was certified again
+		long("a"): x, long("b"): x, ident.Reissue(long("a"), 5): x, ident.Reissue(long("b"), 5): x,
+		mid: x, mid + ".r3": x, ident.Reissue(mid, 4): x,
+	}
+	var put []*ledger.CE
+	for id, in := range ces {
+		put = append(put, &ledger.CE{ID: id, X: in, XCF: []float64{1, 1}, Target: 1, AnchorVersion: m.Version,
+			P1: 0.99, Var1: 0.001, Samples: 1000, Delta: 0.05, Epsilon: 0.01})
+	}
+	if err := l.Put(context.Background(), put...); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := []ledger.StatusChange{{From: certify.Certified, To: certify.Invalidated, PosteriorVersion: 2}}
+	src := statusSource{ledgerSource: ledgerSource{l}, status: map[string]certify.Status{
+		"ce-000": certify.Invalidated, long("a"): certify.Invalidated, long("b"): certify.AtRisk, mid: certify.Invalidated,
+		"ce-002": certify.Certified,
+	}, history: map[string][]ledger.StatusChange{
+		"ce-000": lapsed, long("a"): lapsed, long("b"): lapsed, mid: lapsed,
+		"ce-002": {{From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 5}, {From: certify.AtRisk, To: certify.Certified, PosteriorVersion: 8}},
+	}}
+	u := ui.New(ui.Config{Reissue: true, Logger: slog.New(slog.DiscardHandler)}, src)
+	page := func(id string) string {
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/counterfactuals/"+id, nil))
+		if rec.Code != 200 {
+			t.Fatalf("GET /ui/counterfactuals/%s: %d %s", id, rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	link := func(id string) string { return `<a href="/ui/counterfactuals/` + id + `">` + id + `</a>` }
+	names := func(p string) bool {
+		return strings.Contains(p, `id="reissue-of"`) || strings.Contains(p, `id="reissues"`)
+	}
+	if got, want := page("ce-000"), "Replaced by "+link("ce-000.r12")+", "+link("ce-000.r7")+" ("; !strings.Contains(got, want) ||
+		strings.Contains(got, link("ce-000.r9")) || strings.Contains(got, link("ce-000.rc2")) {
+		t.Errorf("ce-000's page: want %q and no other replacement linked", want)
+	}
+	if !strings.Contains(page("ce-000.r7"), "This explanation replaces "+link("ce-000")) {
+		t.Error("ce-000.r7's page does not link ce-000")
+	}
+	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001", "ce-001.r3", "ce-002.r4"} {
+		if names(page(id)) {
+			t.Errorf("%s's page names a reissue", id)
+		}
+	}
+	if got := page("ce-002"); !strings.Contains(got, "Replaced by "+link("ce-002.r6")+" (") || strings.Contains(got, link("ce-002.r4")) {
+		t.Error("ce-002 (lapsed at version 5): want ce-002.r6 linked, not ce-002.r4")
+	}
+	if got := page(mid); !strings.Contains(got, link(mid+".r3")) || !strings.Contains(got, link(ident.Reissue(mid, 4))) {
+		t.Errorf("%s's page does not link both its replacements", mid)
+	}
+	for _, pair := range [][2]string{{long("a"), ident.Reissue(long("a"), 5)}, {long("b"), ident.Reissue(long("b"), 5)}} {
+		if got := page(pair[0]); !strings.Contains(got, "Replaced by "+link(pair[1])+" (") {
+			t.Errorf("%s's page does not link its replacement %s alone", pair[0], pair[1])
+		}
+		if got := page(pair[1]); !strings.Contains(got, "This explanation replaces "+link(pair[0])) {
+			t.Errorf("%s's page does not link %s", pair[1], pair[0])
 		}
 	}
 }

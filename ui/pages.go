@@ -414,8 +414,32 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 // named ident.Reissue(id, posterior version) for the same input and target. The list is in id
 // order, so the replacements follow their stem and ".r" in it; the CE a replacement of a long id
 // replaces is among the ids that start with the stem's first characters.
+//
+// A client may store a CE under such a name itself, so a replacement is shown only if the CE it
+// replaces stopped holding by the version in its name, as the reissuer's do: it is not
+// certified now, or its history (the last ledger.MaxHistory changes) has a change to another
+// status at or before that version.
 func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev string, err error) {
 	same := func(o *ledger.CE) bool { return o.Target == ce.Target && slices.Equal(o.X, ce.X) }
+	replaces := func(newID string, old *ledger.CE) bool {
+		i := strings.LastIndex(newID, ".r")
+		if i < 0 {
+			return false
+		}
+		v, err := strconv.ParseUint(newID[i+2:], 10, 64)
+		if err != nil {
+			return false
+		}
+		if old.Status != certify.Certified {
+			return true
+		}
+		for _, h := range old.History {
+			if h.To != certify.Certified && h.PosteriorVersion <= v {
+				return true
+			}
+		}
+		return false
+	}
 	// An id of 107 to 126 characters has a stem of its own; its replacements stored before
 	// stems existed are named "<id>.r<version>".
 	for _, after := range slices.Compact([]string{ident.ReissueStem(ce.ID) + ".r", ce.ID + ".r"}) {
@@ -428,7 +452,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 			if !ok {
 				break
 			}
-			if isDigits(v) && same(o) {
+			if isDigits(v) && same(o) && replaces(o.ID, ce) {
 				next = append(next, o.ID)
 			}
 		}
@@ -443,7 +467,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 	case errors.Is(err, ledger.ErrNotFound):
 	case err != nil:
 		return nil, "", err
-	case same(o):
+	case same(o) && replaces(ce.ID, o):
 		return next, o.ID, nil
 	}
 	// A long id's stem: its first characters, ".", 16 hex digits.
@@ -459,7 +483,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 		if !strings.HasPrefix(o.ID, stem[:j]) {
 			break
 		}
-		if ident.ReissueStem(o.ID) == stem && same(o) {
+		if ident.ReissueStem(o.ID) == stem && same(o) && replaces(ce.ID, o) {
 			return next, o.ID, nil
 		}
 	}
