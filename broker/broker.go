@@ -448,7 +448,7 @@ func (b *Broker) Healthy() error {
 // WriteFailing says whether the broker failed to write its data directory within the last
 // minute (what Healthy reports): a full or read-only disk, on which it refuses every record
 // produced.
-func (b *Broker) WriteFailing() bool { return b.writes.err(b.dataDir, time.Now()) != nil }
+func (b *Broker) WriteFailing() bool { return b.writes.failing(time.Now()) }
 
 // Connections returns the connection counters.
 func (b *Broker) Connections() ConnStats { return b.conns.stats() }
@@ -547,14 +547,14 @@ type kfakeLogger struct {
 }
 
 func (l kfakeLogger) Logf(level kfake.LogLevel, format string, args ...any) {
-	switch level {
-	case kfake.LogLevelError:
-		msg := fmt.Sprintf(format, args...)
-		l.writes.logged(msg, time.Now())
+	if level != kfake.LogLevelError && level != kfake.LogLevelWarn {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	l.writes.logged(msg, time.Now())
+	if level == kfake.LogLevelError {
 		l.log.Error("kfake: " + msg)
-	case kfake.LogLevelWarn:
-		msg := fmt.Sprintf(format, args...)
-		l.writes.logged(msg, time.Now())
+	} else {
 		l.log.Warn("kfake: " + msg)
 	}
 }

@@ -42,11 +42,22 @@ func (h *writeHealth) logged(msg string, now time.Time) {
 	}
 }
 
+// failing says whether a write failed within hold before now.
+func (h *writeHealth) failing(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.failingLocked(now)
+}
+
+func (h *writeHealth) failingLocked(now time.Time) bool {
+	return !h.at.IsZero() && now.Sub(h.at) < h.hold
+}
+
 // err is the failure to report at now (within hold of the latest), naming dir; nil if none.
 func (h *writeHealth) err(dir string, now time.Time) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.at.IsZero() || now.Sub(h.at) >= h.hold {
+	if !h.failingLocked(now) {
 		return nil
 	}
 	return fmt.Errorf("embedded broker cannot write its data directory %s (at %s, the latest failure: %s): it refuses the records "+

@@ -18,22 +18,29 @@ import (
 	"github.com/cfguard/cfguard/ui"
 )
 
+// smallLedger is a ledger, closed when the test ends, holding a first posterior of two inputs
+// and the classes malignant and benign, which it returns.
+func smallLedger(t *testing.T) (*ledger.Ledger, *bnn.Model) {
+	t.Helper()
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rand.New(rand.NewPCG(3, 4)))
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	return l, m
+}
+
 // A filtered list whose matches lie past what one page reads says so, rather than "No
 // counterfactual matches": 1,200 CEs of target benign come first, then 3 of target malignant, and
 // a page reads at most ten pages' worth (500 at the default 50). The walk by the "Next page" links
 // finds the 3, and only the last page says that nothing matches. On a narrow screen, where the
 // list's header row is hidden, every cell names its column (data-label, in the header's order).
 func TestFilteredListSaysWhatItRead(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	rng := rand.New(rand.NewPCG(3, 4))
-	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rng)
-	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
-		t.Fatal(err)
-	}
+	l, m := smallLedger(t)
 	var ces []*ledger.CE
 	for i := range 1203 {
 		target := 1
@@ -111,15 +118,7 @@ func (s brokerDownSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
 // The overview says whether the daemon is ready, and why not, as /readyz does, and counts the
 // records held (not learned) by on_breach: reject, which no other figure shows.
 func TestOverviewSaysWhyNotReadyAndWhatIsHeld(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rand.New(rand.NewPCG(3, 4)))
-	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
-		t.Fatal(err)
-	}
+	l, _ := smallLedger(t)
 	for _, tc := range []struct {
 		src   ui.Source
 		ready string
@@ -180,15 +179,7 @@ func (s statusSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 // replacements do. A CE of that name with another input, a name that is not a version, and a
 // name a client gave while the CE it names held, are not linked.
 func TestReissueLinksFollowTheNames(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	m := bnn.New(2, []int{4}, []string{"malignant", "benign"}, 0.1, rand.New(rand.NewPCG(3, 4)))
-	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
-		t.Fatal(err)
-	}
+	l, m := smallLedger(t)
 	x, other := []float64{0.5, 0.25}, []float64{0.5, 0.2505}
 	long := func(last string) string { return strings.Repeat("p", ident.MaxLen-1) + last }
 	mid := strings.Repeat("m", 110)
