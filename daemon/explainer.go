@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/explain"
 )
 
@@ -110,8 +112,11 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 	}
 	m := e.posterior()
 	set, _, err := assets.Load(e.dataset)
-	if err != nil || len(set.Features) != m.Inputs() {
-		e.log.Warn("no training data for the VAE: /v1/explain runs PSCE without its plausibility term", "dataset", e.dataset)
+	if err == nil {
+		err = vaeDataFits(set, m)
+	}
+	if err != nil {
+		e.log.Warn("no training data for the VAE: /v1/explain runs PSCE without its plausibility term", "dataset", e.dataset, "err", err)
 		return nil
 	}
 	e.log.Info("training the VAE for PSCE (first explanation)", "rows", set.Len())
@@ -166,4 +171,21 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
 	}
 	return e.gen
+}
+
+// vaeDataFits reports why the rows of set cannot train the VAE of the model m, nil when they
+// can: they must have m's input dimension and, when m names its features, the same names in the
+// same order (rows of other features would teach the VAE another distribution).
+func vaeDataFits(set *dataset.Set, m *bnn.Model) error {
+	if len(set.Features) != m.Inputs() {
+		return fmt.Errorf("the data set has %d features, the model %d", len(set.Features), m.Inputs())
+	}
+	if len(m.Features) > 0 && !slices.Equal(set.Features, m.Features) {
+		for i, f := range m.Features {
+			if set.Features[i] != f {
+				return fmt.Errorf("feature %d is %q in the data set, %q in the model", i, set.Features[i], f)
+			}
+		}
+	}
+	return nil
 }
