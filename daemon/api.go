@@ -113,6 +113,8 @@ type api struct {
 	log     *slog.Logger // the UI's; nil: slog's default
 	// gatherer is the daemon's registry, read by the UI's overview; nil: not shown there.
 	gatherer prometheus.Gatherer
+	// publishing is the outbox publisher's state, shown on the UI's events page; nil: not known.
+	publishing func() ui.Publishing
 }
 
 // endpoint is one route of the API.
@@ -162,7 +164,7 @@ func (a *api) routes() http.Handler {
 	}
 	// The web UI authenticates itself (the token as a bearer header or its session cookie);
 	// without a token, a page whose name was pointed at a loopback daemon cannot read it either.
-	var uih http.Handler = ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer})
+	var uih http.Handler = ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer, publishing: a.publishing})
 	if a.cfg.token == "" {
 		next := uih
 		uih = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -31,6 +31,7 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/ui"
 )
 
 // Options are what Run needs from its caller.
@@ -135,12 +136,15 @@ type Daemon struct {
 	files     posteriorCache
 	export    *exporter
 
-	outbox    *outboxPublisher                 // publishes the ledger's outbox to kafka.events_topic
-	confirm   confirmers                       // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
-	reissue   *reissuer                        // new CEs for those that reach explain.reissue's status
-	batch     *batcher                         // POST /v1/predict requests served together, one engine call a batch
-	writeFail [len(heldWrites)]episode.Episode // by heldWrite.kind: running while such writes fail with ledger.ErrWrite (degraded mode: durably)
-	ends      topicEnds                        // the input topic's watermarks as last read (waiting.go)
+	outbox *outboxPublisher // publishes the ledger's outbox to kafka.events_topic
+	// publishing is the outbox publisher's state while its attempts fail (nil while they work),
+	// which the UI's events page shows; it outlives the publisher, made after the API serves.
+	publishing atomic.Pointer[ui.Publishing]
+	confirm    confirmers                       // Monte-Carlo verdicts for CEs whose bound fails, in the background, in lanes
+	reissue    *reissuer                        // new CEs for those that reach explain.reissue's status
+	batch      *batcher                         // POST /v1/predict requests served together, one engine call a batch
+	writeFail  [len(heldWrites)]episode.Episode // by heldWrite.kind: running while such writes fail with ledger.ErrWrite (degraded mode: durably)
+	ends       topicEnds                        // the input topic's watermarks as last read (waiting.go)
 
 	// requests counts the requests applied before (request ids): skipped, and answered from
 	// their outcome.
@@ -434,6 +438,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		replicaID = d.rep.ID()
 	}
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, replicaID, log.With("component", "outbox"))
+	d.outbox.state = &d.publishing
 	if d.states != nil {
 		rc := cfg.Replication
 		w, err := ceshare.NewStateWriter(life, d.conn, ceshare.StateTopic(rc.CETopic), rc.CEPartitions, d.rep.Keys())
@@ -519,7 +524,13 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 		epsilon: cfg.Certify.Epsilon, epsilonMax: cfg.Certify.EpsilonMax, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
 		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
-		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg}
+		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg,
+		publishing: func() ui.Publishing {
+			if p := d.publishing.Load(); p != nil {
+				return *p
+			}
+			return ui.Publishing{}
+		}}
 }
 
 // serveAPI makes h (the API, or a replica's refusal) answer on http.listen from now on.

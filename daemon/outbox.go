@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -15,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/ui"
 )
 
 // OutboxSeqHeader is the Kafka record header that carries an event's outbox sequence number
@@ -74,6 +76,8 @@ type outboxPublisher struct {
 	batch, worked int
 	refused       uint64
 	shrunk        bool
+	// state, when set, holds the failing attempts' state while they fail, nil while they work.
+	state *atomic.Pointer[ui.Publishing]
 }
 
 // outboxRegrow is how many attempts at a halved batch size work before the size doubles again
@@ -82,6 +86,13 @@ const outboxRegrow = 8
 
 func newOutboxPublisher(l *ledger.Ledger, sink eventSink, m *alerts.Metrics, replica string, log *slog.Logger) *outboxPublisher {
 	return &outboxPublisher{l: l, sink: sink, metrics: m, log: log, wake: make(chan struct{}, 1), replica: replica}
+}
+
+// setState records the attempts' state, when the publisher has somewhere to record it.
+func (p *outboxPublisher) setState(s *ui.Publishing) {
+	if p.state != nil {
+		p.state.Store(s)
+	}
 }
 
 // notify wakes the publisher (never blocks; wake-ups coalesce).
@@ -114,6 +125,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 			if !failedAt.IsZero() {
 				p.log.Info("outbox published again; drained", "failed_for", time.Since(failedAt).Round(time.Millisecond), "attempts", attempts)
 				failedAt, attempts = time.Time{}, 0
+				p.setState(nil)
 			}
 			bo.Reset()
 		case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrClosed):
@@ -124,6 +136,7 @@ func (p *outboxPublisher) run(ctx context.Context) error {
 				failedAt = time.Now()
 				p.log.Warn("publishing outbox entries failed (events, or a replica's CE states: the error names the topic); they stay in the outbox and are retried with backoff", "err", err)
 			}
+			p.setState(&ui.Publishing{FailingSince: failedAt, Attempts: attempts, Err: err.Error()})
 			wait = bo.Next()
 		}
 		if wait > 0 {

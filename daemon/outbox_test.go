@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/ui"
 )
 
 // TestOutboxPublisherWaitsForTheBroker: events written to the outbox while the events topic's
@@ -82,8 +84,15 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	r := &running{reg: reg}
 	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
+	var state atomic.Pointer[ui.Publishing]
+	p.state = &state
 	runPublisher(t, ctx, p)
 	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
+	// The UI's events page reads the outage from the publisher's state: since when, how many
+	// attempts, the latest error.
+	if s := state.Load(); s == nil || s.FailingSince.IsZero() || s.Attempts < 1 || !strings.Contains(s.Err, addr) {
+		t.Fatalf("the publisher's state while the broker is down: %+v, want failing since a time, attempts and an error naming %s", s, addr)
+	}
 	if got := r.metric(t, alerts.NameEventsPending); got != float64(len(evs)) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameEventsPending, got, len(evs))
 	}
@@ -122,6 +131,9 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	waitfor.Cond(t, 10*time.Second, "the recovery line", func() bool { return strings.Contains(logs.String(), "outbox published again") })
 	if n := strings.Count(logs.String(), "publishing outbox entries failed"); n != 1 {
 		t.Fatalf("%d WARN lines for one outage, want 1:\n%s", n, logs.String())
+	}
+	if s := state.Load(); s != nil {
+		t.Fatalf("the publisher's state after it drained: %+v, want none (publishing works)", s)
 	}
 }
 

@@ -39,7 +39,8 @@ func waitResetReported(t *testing.T, r *running, what string) {
 
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
 // /readyz answers 503 naming it, while /healthz (the process lives) stays 200, and the web UI's
-// overview, ready before, says it is not ready and why.
+// overview, ready before, says it is not ready and why; its events page says that an event
+// cannot be published.
 func TestReadinessReportsADeadBroker(t *testing.T) {
 	r := startDaemon(t, nil)
 	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">yes</dd>`) {
@@ -56,6 +57,18 @@ func TestReadinessReportsADeadBroker(t *testing.T) {
 	if code, _ := r.get(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz %d with the broker down, want 200", code)
 	}
+	// An audit's event cannot be published: the events page says so, with the error.
+	if _, page := r.get(t, "/ui/events"); strings.Contains(string(page), `id="failing"`) {
+		t.Fatalf("the events page says publishing fails before any attempt failed")
+	}
+	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
+		t.Fatalf("POST /v1/audit: %d %s", code, body)
+	}
+	waitfor.Cond(t, 30*time.Second, "the events page to say publishing fails", func() bool {
+		_, page := r.get(t, "/ui/events")
+		return strings.Contains(string(page), `<p id="failing" class="flag">Publishing fails: every attempt since `) &&
+			strings.Contains(string(page), "audit_completed")
+	})
 }
 
 // TestRecreatedTopicStopsIngestUntilConfirmed: n records applied, the topic deleted and

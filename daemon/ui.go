@@ -25,6 +25,8 @@ type uiSource struct {
 	// metrics is the daemon's registry, whose gauges the overview evaluates the alerts'
 	// conditions on; nil: no conditions are shown.
 	metrics prometheus.Gatherer
+	// publishing is the outbox publisher's state; nil: not known.
+	publishing func() ui.Publishing
 }
 
 // Snapshot reads GET /v1/model's figures at one posterior version.
@@ -94,6 +96,13 @@ func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 }
 
 func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.OutboxNewest(n) }
+
+func (s uiSource) Publishing() ui.Publishing {
+	if s.publishing == nil {
+		return ui.Publishing{}
+	}
+	return s.publishing()
+}
 
 // gauges reads every gauge and counter of the registry by series (see ui.Snapshot.Gauges); nil
 // when there is no registry or it cannot be read (the overview then shows no conditions).

@@ -47,6 +47,7 @@ func (s ledgerSource) List(_ context.Context, st certify.Status, limit int, afte
 }
 func (s ledgerSource) Get(_ context.Context, id string) (*ledger.CE, error) { return s.l.Get(id) }
 func (s ledgerSource) Events(n int) ([]ledger.OutboxEntry, error)           { return s.l.OutboxNewest(n) }
+func (s ledgerSource) Publishing() ui.Publishing                            { return ui.Publishing{} }
 
 var (
 	fixtureMu sync.Mutex

@@ -57,8 +57,9 @@ type page struct {
 	History   []historyRow
 	Target    string
 
-	Events []eventRow
-	More   bool
+	Events  []eventRow
+	More    bool
+	Failing *failing // the events page: the publisher's attempts fail; nil while they work
 
 	Quality    []qualityRow
 	Cluster    []qualityRow
@@ -610,6 +611,11 @@ func confirmed(ce *ledger.CE) string {
 	return strconv.FormatUint(*ce.ConfirmedVersion, 10)
 }
 
+// failing is what the events page says of a publisher whose attempts fail.
+type failing struct {
+	Since, Attempts, Err string
+}
+
 func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 	const max = 200
 	evs, err := u.src.Events(max + 1)
@@ -618,6 +624,9 @@ func (u *UI) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{Title: "Events", Nav: "events", More: len(evs) > max}
+	if pub := u.src.Publishing(); !pub.FailingSince.IsZero() {
+		p.Failing = &failing{Since: pub.FailingSince.UTC().Format("2006-01-02 15:04:05 UTC"), Attempts: count(float64(pub.Attempts)), Err: pub.Err}
+	}
 	for _, e := range evs[:min(len(evs), max)] { // newest first
 		row := eventRow{Seq: e.Seq, Key: e.Key, Value: string(e.Value)}
 		if len(e.Value) > eventShown {

@@ -31,6 +31,17 @@ type Source interface {
 	Get(ctx context.Context, id string) (*ledger.CE, error)
 	// Events returns up to n events not yet published, newest first.
 	Events(n int) ([]ledger.OutboxEntry, error)
+	// Publishing says whether the events leave for the events topic: the zero value while the
+	// publisher's attempts work.
+	Publishing() Publishing
+}
+
+// Publishing is the state of the publisher that moves events to the events topic (and, on
+// replicas, CE states to the CE state topic).
+type Publishing struct {
+	FailingSince time.Time // when its attempts began to fail; zero while they work
+	Attempts     int       // failed attempts since then
+	Err          string    // the latest attempt's error
 }
 
 // Snapshot is the state the overview shows.
