@@ -136,13 +136,23 @@ func (d *Directory) Members(ctx context.Context) ([]Owner, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.membersOf(g.Members), nil
+}
+
+// membersOf returns the members whose data authenticates. A member without data (every member,
+// between generations) is not judged and logs nothing; one whose data does not authenticate is
+// left out, with a WARN line.
+func (d *Directory) membersOf(members []kafka.DescribeGroupsResponseMember) []Owner {
 	var out []Owner
-	for _, m := range g.Members {
+	for _, m := range members {
+		if len(m.MemberMetadata.UserData) == 0 {
+			continue
+		}
 		if md, ok := d.memberData(m); ok {
 			out = append(out, Owner{Replica: md.Replica, URL: md.URL, MemberID: m.MemberID})
 		}
 	}
-	return out, nil
+	return out
 }
 
 // describe asks the broker for the group as it is now.

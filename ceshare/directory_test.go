@@ -15,6 +15,7 @@ import (
 // The directory maps each partition to the member assigned it whose data authenticates. A
 // member assigned nothing (every member, between generations) is not judged and logs nothing;
 // one assigned partitions whose data does not authenticate owns none of them, with a WARN line.
+// Members judges only the members that carry data.
 func TestDirectoryJudgesOnlyMembersThatOwnPartitions(t *testing.T) {
 	keys := testKeys()
 	var logs bytes.Buffer
@@ -48,5 +49,21 @@ func TestDirectoryJudgesOnlyMembersThatOwnPartitions(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "member=m-forged") {
 		t.Errorf("no WARN line names m-forged, assigned a partition with data that does not authenticate:\n%s", logs.String())
+	}
+
+	// Members (the replica-id check) judges the same way: the members carrying data, those that
+	// authenticate returned; a member between generations is not named.
+	logs.Reset()
+	d.refused = map[string]bool{}
+	if got := d.membersOf(members); len(got) != 1 || got[0].MemberID != "m-r1" {
+		t.Errorf("members %+v, want m-r1 alone", got)
+	}
+	for _, id := range []string{"m-rejoining", "m-other-topic", "m-r1"} {
+		if strings.Contains(logs.String(), id) {
+			t.Errorf("Members logs %s, which carries no data or authenticates:\n%s", id, logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), "member=m-forged") {
+		t.Errorf("Members: no WARN line names m-forged:\n%s", logs.String())
 	}
 }
