@@ -188,6 +188,25 @@ func TestReadyzFailsWhenBrokerGone(t *testing.T) {
 	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
 }
 
+// TestReplicasReadyzFailsWhenBrokerGone: replicas whose brokers are all gone answer /readyz 503
+// naming the posterior log they cannot read, the updater and a follower alike (no entry can be
+// known to wait, and no replica can be the updater meanwhile), as a single daemon does.
+func TestReplicasReadyzFailsWhenBrokerGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel() // mostly waits for the replicas to find the broker gone
+	b := startCluster(t, 1)
+	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2")}
+	b.Close()
+	for _, r := range reps {
+		waitfor.Cond(t, 30*time.Second, r.d.cfg.Replication.ReplicaID+"'s readyz to name the posterior log", func() bool {
+			code, body := r.get(t, "/readyz")
+			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log cannot be read: its end has not been read for")
+		})
+	}
+}
+
 // TestExplainStoresACertifiedCounterfactual: the first POST /v1/explain of a daemon trains the
 // VAE (none is in its state directory), saves it under state_dir/vae, and stores the
 // counterfactual it generates, certified and anchored to the current posterior. The VAE it saved

@@ -54,3 +54,35 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	r = start()
 	stopped(r, "the restarted updater finds the reset from the log's marks")
 }
+
+// TestReplicaStartedAfterAShorterInputIsNotReady: the input topic recreated with fewer records
+// than the posterior log covers (40 of 64), a replica that then starts on an empty state_dir
+// accepts the entry covering 32 records and refuses the last one, covering 64 records the topic
+// no longer has. It serves an older posterior than the updater's, so it does not say it is
+// ready, and /readyz says why. (Had a later entry extended the refused one, it would stop
+// following.)
+func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel() // replicas mostly wait for their group and for each other
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	produceRows(t, r1, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	v1 := r1.view(t)
+
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
+	produceRows(t, r1, data, 64, 40)
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r2 to refuse the last entry and say so", func() bool {
+		code, body := r2.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log's newest entry past this replica's head is refused") &&
+			strings.Contains(string(body), "it covers partition 0 to offset 64, and the partition ends at 40")
+	})
+	if v := r2.view(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
+		t.Errorf("r2 serves version %d covering %v, want a version older than r1's %d, covering 32", v.Version, v.Replication.Covers, v1.Version)
+	}
+}

@@ -80,6 +80,12 @@ type Replica struct {
 	unreadable time.Time     // since when the follower failed to read the log (zero once it read a record again)
 	starved    time.Time     // since when the follower has waited for a record, failing or not (zero while it applies one)
 	behind     time.Time     // since when the log holds records the follower has not read (watchEnd; zero when none)
+	endUnknown time.Time     // since when watchEnd has failed to read the log's end (zero while it reads it)
+	// refusedNext is the last entry that extends the head, read while catching up, and refused
+	// only because it covers input records that do not exist, until an entry is accepted: the
+	// replicas that applied it before the input topic was reset or cut serve a later posterior.
+	refusedNext error
+	endErr     error         // the latest of those failures
 	rewind     chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
@@ -688,6 +694,14 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
 			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
+		r.mu.Lock()
+		if !r.caughtUp {
+			// Read while catching up: the replicas that followed the log judged it earlier, on
+			// the input as it was then, and may have applied it. One refused live was judged by
+			// every follower on the same input, and the updater's next entry takes its place.
+			r.refusedNext = fmt.Errorf("entry %d at offset %d, which extends this replica's head and was read while catching up, was refused: %w", e.Seq, rec.Offset, err)
+		}
+		r.mu.Unlock()
 		r.advance(rec.Offset+1, nil, 0)
 		return nil
 	} else if err != nil {
@@ -925,6 +939,7 @@ func (r *Replica) advance(next int64, c *postlog.Chain, halts int) {
 			c.Halt()
 		}
 		r.chain = c
+		r.refusedNext = nil
 		h := c.Head()
 		r.accepted[h.Seq] = h.Hash
 		for k, p := range r.pending { // no other entry can be accepted at this place or before
@@ -1270,6 +1285,9 @@ func (r *Replica) watchEnd(ctx context.Context) {
 			if !failingSince.IsZero() {
 				r.lg.Info("posterior log reachable again", "after", time.Since(failingSince).Round(time.Second))
 				failingSince = time.Time{}
+				r.mu.Lock()
+				r.endUnknown, r.endErr = time.Time{}, nil
+				r.mu.Unlock()
 			}
 			r.mu.Lock()
 			read := r.read
@@ -1291,9 +1309,14 @@ func (r *Replica) watchEnd(ctx context.Context) {
 				}
 			}
 			r.m.Lag.Set(float64(r.sawEnd(end, asked, answered)))
-		case ctx.Err() == nil && failingSince.IsZero():
-			failingSince = time.Now()
-			r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
+		case ctx.Err() == nil:
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+				r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
+			}
+			r.mu.Lock()
+			r.endUnknown, r.endErr = failingSince, err
+			r.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
@@ -1741,17 +1764,27 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 func (r *Replica) Health() error {
 	r.mu.Lock()
 	stopped, caughtUp, c, reset, starved, behind, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.starved, r.behind, r.lag
+	endUnknown, endErr, refusedNext := r.endUnknown, r.endErr, r.refusedNext
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
 		return fmt.Errorf("not following the posterior log: %w", stopped)
 	case !caughtUp:
 		return errors.New("catching up with the posterior log")
+	case !endUnknown.IsZero() && time.Since(endUnknown) >= resetAfter:
+		// Without the log's end, no entry can be known to wait: the broker is unreachable, and
+		// no replica can be the updater meanwhile.
+		return fmt.Errorf("the posterior log cannot be read: its end has not been read for %s (%v); serving the last posterior applied",
+			time.Since(endUnknown).Round(time.Second), endErr)
 	case !starved.IsZero() && !behind.IsZero() && time.Since(later(starved, behind)) >= resetAfter:
 		return fmt.Errorf("the posterior log cannot be read: no record for %s while %d wait; serving the last posterior applied",
 			time.Since(later(starved, behind)).Round(time.Second), lag)
 	case reset != nil:
 		return fmt.Errorf("updater: ingest stopped: %w", reset)
+	case refusedNext != nil:
+		// Either a writer lied about its coverage and the next entry takes its place, or the
+		// input topic lost records after replicas applied it: they serve a later posterior.
+		return fmt.Errorf("the posterior log's newest entry past this replica's head is refused (%w): the replicas that judged it earlier may have applied it and serve a later posterior (was the input topic reset?); an entry accepted next ends this", refusedNext)
 	}
 	if c != nil {
 		if h := c.Health(); !h.Ready {
