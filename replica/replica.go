@@ -77,16 +77,16 @@ type Replica struct {
 	lag        int64                  // records of the log not read yet, as watchEnd last saw
 	ends       map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
-	unreadable time.Time     // since when the follower failed to read the log (zero once it read a record again)
-	starved    time.Time     // since when the follower has waited for a record, failing or not (zero while it applies one)
-	behind     time.Time     // since when the log holds records the follower has not read (watchEnd; zero when none)
-	endUnknown time.Time     // since when watchEnd has failed to read the log's end (zero while it reads it)
+	unreadable time.Time // since when the follower failed to read the log (zero once it read a record again)
+	starved    time.Time // since when the follower has waited for a record, failing or not (zero while it applies one)
+	behind     time.Time // since when the log holds records the follower has not read (watchEnd; zero when none)
+	endUnknown time.Time // since when watchEnd has failed to read the log's end (zero while it reads it)
 	// refusedNext is the last entry that extends the head, read while catching up, and refused
 	// only because it covers input records that do not exist, until an entry is accepted: the
 	// replicas that applied it before the input topic was reset or cut serve a later posterior.
 	refusedNext error
-	endErr     error         // the latest of those failures
-	rewind     chan struct{} // halt asks Follow to read the log again from its start
+	endErr      error         // the latest of those failures
+	rewind      chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
 	inputReset error
