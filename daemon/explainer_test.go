@@ -1,12 +1,18 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // TestVAEDataMustBeTheModelsFeatures: the VAE of PSCE's plausibility term is trained on
@@ -54,5 +60,32 @@ func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 				t.Errorf("got %v, want an error with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNoVAEFromDataOfOtherFeatures: the explainer of a model whose features are named otherwise
+// than model.dataset's trains no VAE: it says why at WARN and writes nothing under state_dir.
+func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
+	m, err := bnn.Load(sharedModelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := *m
+	c.Features = slices.Clone(m.Features)
+	c.Features[3] = "f3"
+	logs := &tooltest.Output{}
+	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", concurrency: 1}, func() *bnn.Model { return &c },
+		slog.New(slog.NewTextHandler(logs, nil)))
+	if err := e.loadOrTrain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if e.vae != nil {
+		t.Error("a VAE was trained on data of other features")
+	}
+	if _, err := os.Stat(e.dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s: %v, want nothing written", e.dir, err)
+	}
+	if want := `feature 3 is \"mean area\" in the data set, \"f3\" in the model`; !strings.Contains(logs.String(), "no training data for the VAE") || !strings.Contains(logs.String(), want) {
+		t.Errorf("no WARN line naming the feature (%s):\n%s", want, logs.String())
 	}
 }
