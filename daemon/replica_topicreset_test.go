@@ -9,6 +9,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // TestInputTopicRecreatedUnderReplicas deletes and recreates the input topic under a replica
@@ -84,5 +85,50 @@ func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
 	})
 	if v := r2.view(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
 		t.Errorf("r2 serves version %d covering %v, want a version older than r1's %d, covering 32", v.Version, v.Replication.Covers, v1.Version)
+	}
+}
+
+// TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext: an increment a holder of the cluster key
+// wrote past the input's end is the log's last entry. The running replica refused it live and
+// stays ready; a replica that starts then reads it while catching up, cannot tell it from an
+// entry the others applied before the input lost records, and is not ready, until the updater's
+// next entry (at the next input record) takes its place: then both are ready on one head.
+func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel() // replicas mostly wait for their group and for each other
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	n := produceRows(t, r1, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	h := r1.d.rep.Head()
+	appendEntry(t, keyHolderLog(t, r1), &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash,
+		Term: h.Term, Writer: h.Writer, Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records",
+		Covers: map[int]int64{0: h.Covers[0] + 500}, Outcome: postlog.Skipped, Counts: &postlog.Counts{}, PosteriorSHA256: h.PosteriorSHA256})
+	waitfor.Cond(t, 30*time.Second, "r1 to refuse the entry", func() bool {
+		return r1.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end") == 1
+	})
+	if code, body := r1.get(t, "/readyz"); code != http.StatusOK {
+		t.Fatalf("r1, which refused the entry live: /readyz %d %s", code, body)
+	}
+
+	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r2 to refuse the entry and say so", func() bool {
+		code, body := r2.get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log's newest entry past this replica's head is refused") &&
+			strings.Contains(string(body), "a holder of the cluster key wrote it")
+	})
+	n = produceRows(t, r1, data, n, 32)
+	waitfor.Cond(t, 60*time.Second, "r2 ready at the updater's next entry", func() bool {
+		code, _ := r2.get(t, "/readyz")
+		return code == http.StatusOK
+	})
+	v1, v2 := r1.view(t), r2.view(t)
+	if v2.Replication.Covers[0] != int64(n) || v2.Replication.SHA != v1.Replication.SHA || v2.Replication.Entry != v1.Replication.Entry {
+		t.Errorf("r2 at entry %d covering %v (%s), r1 at entry %d (%s): want one head covering %d",
+			v2.Replication.Entry, v2.Replication.Covers, v2.Replication.SHA, v1.Replication.Entry, v1.Replication.SHA, n)
 	}
 }

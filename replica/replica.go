@@ -81,11 +81,11 @@ type Replica struct {
 	starved    time.Time // since when the follower has waited for a record, failing or not (zero while it applies one)
 	behind     time.Time // since when the log holds records the follower has not read (watchEnd; zero when none)
 	endUnknown time.Time // since when watchEnd has failed to read the log's end (zero while it reads it)
-	// refusedNext is the last entry that extends the head, read while catching up, and refused
-	// only because it covers input records that do not exist, until an entry is accepted: the
-	// replicas that applied it before the input topic was reset or cut serve a later posterior.
+	endErr     error     // why watchEnd's latest read of the log's end failed
+	// refusedNext says why an entry that extends the head, read while catching up, was refused
+	// for covering input records that do not exist; nil once an entry is accepted. The replicas
+	// that applied it before the input topic was reset or cut serve a later posterior.
 	refusedNext error
-	endErr      error         // the latest of those failures
 	rewind      chan struct{} // halt asks Follow to read the log again from its start
 	// inputReset is why the updater stopped ingesting (a *stream.TopicResetError), while it keeps
 	// the role in that generation.
@@ -1784,7 +1784,7 @@ func (r *Replica) Health() error {
 	case refusedNext != nil:
 		// Either a writer lied about its coverage and the next entry takes its place, or the
 		// input topic lost records after replicas applied it: they serve a later posterior.
-		return fmt.Errorf("the posterior log's newest entry past this replica's head is refused (%w): the replicas that judged it earlier may have applied it and serve a later posterior (was the input topic reset?); an entry accepted next ends this", refusedNext)
+		return fmt.Errorf("the posterior log's newest entry past this replica's head is refused (%w): either the input topic lost records since the others applied it, and they serve a later posterior, or a holder of the cluster key wrote it and every replica refused it; an entry accepted next (the updater's, at the next input record) ends this", refusedNext)
 	}
 	if c != nil {
 		if h := c.Health(); !h.Ready {
