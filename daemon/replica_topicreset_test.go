@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -67,12 +69,7 @@ func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
-	data := bundled(t)
-	produceRows(t, r1, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	b, key, r1, data := replicaCovering64(t)
 	v1 := r1.view(t)
 
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
@@ -98,12 +95,8 @@ func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
-	data := bundled(t)
-	n := produceRows(t, r1, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	b, key, r1, data := replicaCovering64(t)
+	n := 64
 	h := r1.d.rep.Head()
 	appendEntry(t, keyHolderLog(t, r1), &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash,
 		Term: h.Term, Writer: h.Writer, Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records",
@@ -131,4 +124,17 @@ func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
 		t.Errorf("r2 at entry %d covering %v (%s), r1 at entry %d (%s): want one head covering %d",
 			v2.Replication.Entry, v2.Replication.Covers, v2.Replication.SHA, v1.Replication.Entry, v1.Replication.SHA, n)
 	}
+}
+
+// replicaCovering64 starts a broker and replica r1 with a key file, produces 64 rows of the
+// bundled data set and waits until the posterior log covers them.
+func replicaCovering64(t *testing.T) (*broker.Broker, string, *running, *dataset.Set) {
+	t.Helper()
+	b := startCluster(t, 1)
+	key := writeKeyFile(t, testClusterKey)
+	r1 := startReplicaKey(t, b, "r1", key)
+	data := bundled(t)
+	produceRows(t, r1, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	return b, key, r1, data
 }
