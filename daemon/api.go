@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,8 +114,9 @@ type api struct {
 	log     *slog.Logger // the UI's; nil: slog's default
 	// gatherer is the daemon's registry, read by the UI's overview; nil: not shown there.
 	gatherer prometheus.Gatherer
-	// publishing is the outbox publisher's state, shown on the UI's events page; nil: not known.
-	publishing func() ui.Publishing
+	// publishing is the outbox publisher's state (Daemon.publishing), shown on the UI's events
+	// page; nil: not known.
+	publishing *atomic.Pointer[ui.Publishing]
 }
 
 // endpoint is one route of the API.
@@ -164,7 +166,7 @@ func (a *api) routes() http.Handler {
 	}
 	// The web UI authenticates itself (the token as a bearer header or its session cookie);
 	// without a token, a page whose name was pointed at a loopback daemon cannot read it either.
-	var uih http.Handler = ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer, publishing: a.publishing})
+	var uih http.Handler = ui.New(ui.Config{Token: a.cfg.token, Reissue: a.cfg.reissue, Logger: a.log}, uiSource{a: a, alpha: a.cfg.verdictAlpha, metrics: a.gatherer})
 	if a.cfg.token == "" {
 		next := uih
 		uih = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

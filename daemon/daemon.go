@@ -524,13 +524,7 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 		epsilon: cfg.Certify.Epsilon, epsilonMax: cfg.Certify.EpsilonMax, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
 		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
-		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg,
-		publishing: func() ui.Publishing {
-			if p := d.publishing.Load(); p != nil {
-				return *p
-			}
-			return ui.Publishing{}
-		}}
+		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg, publishing: &d.publishing}
 }
 
 // serveAPI makes h (the API, or a replica's refusal) answer on http.listen from now on.

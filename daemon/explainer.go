@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -180,11 +179,9 @@ func vaeDataFits(set *dataset.Set, m *bnn.Model) error {
 	if len(set.Features) != m.Inputs() {
 		return fmt.Errorf("the data set has %d features, the model %d", len(set.Features), m.Inputs())
 	}
-	if len(m.Features) > 0 && !slices.Equal(set.Features, m.Features) {
-		for i, f := range m.Features {
-			if set.Features[i] != f {
-				return fmt.Errorf("feature %d is %q in the data set, %q in the model", i, set.Features[i], f)
-			}
+	for i, f := range m.Features { // none when the model names no feature
+		if set.Features[i] != f {
+			return fmt.Errorf("feature %d is %q in the data set, %q in the model", i, set.Features[i], f)
 		}
 	}
 	return nil

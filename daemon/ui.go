@@ -25,8 +25,6 @@ type uiSource struct {
 	// metrics is the daemon's registry, whose gauges the overview evaluates the alerts'
 	// conditions on; nil: no conditions are shown.
 	metrics prometheus.Gatherer
-	// publishing is the outbox publisher's state; nil: not known.
-	publishing func() ui.Publishing
 }
 
 // Snapshot reads GET /v1/model's figures at one posterior version.
@@ -98,10 +96,12 @@ func (s uiSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 func (s uiSource) Events(n int) ([]ledger.OutboxEntry, error) { return s.a.state.OutboxNewest(n) }
 
 func (s uiSource) Publishing() ui.Publishing {
-	if s.publishing == nil {
-		return ui.Publishing{}
+	if s.a.publishing != nil {
+		if p := s.a.publishing.Load(); p != nil {
+			return *p
+		}
 	}
-	return s.publishing()
+	return ui.Publishing{}
 }
 
 // gauges reads every gauge and counter of the registry by series (see ui.Snapshot.Gauges); nil

@@ -1274,7 +1274,7 @@ const shortLogPoll = time.Second
 func (r *Replica) watchEnd(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var failingSince, shortSince time.Time
+	var shortSince time.Time
 	headChecked := time.Now()
 	for {
 		asked := time.Now()
@@ -1282,16 +1282,13 @@ func (r *Replica) watchEnd(ctx context.Context) {
 		answered := time.Now()
 		switch {
 		case err == nil:
+			r.mu.Lock()
+			read, failingSince := r.read, r.endUnknown
+			r.endUnknown, r.endErr = time.Time{}, nil
+			r.mu.Unlock()
 			if !failingSince.IsZero() {
 				r.lg.Info("posterior log reachable again", "after", time.Since(failingSince).Round(time.Second))
-				failingSince = time.Time{}
-				r.mu.Lock()
-				r.endUnknown, r.endErr = time.Time{}, nil
-				r.mu.Unlock()
 			}
-			r.mu.Lock()
-			read := r.read
-			r.mu.Unlock()
 			switch {
 			case end >= read:
 				shortSince = time.Time{}
@@ -1310,13 +1307,16 @@ func (r *Replica) watchEnd(ctx context.Context) {
 			}
 			r.m.Lag.Set(float64(r.sawEnd(end, asked, answered)))
 		case ctx.Err() == nil:
-			if failingSince.IsZero() {
-				failingSince = time.Now()
+			r.mu.Lock()
+			first := r.endUnknown.IsZero()
+			if first {
+				r.endUnknown = time.Now()
+			}
+			r.endErr = err
+			r.mu.Unlock()
+			if first {
 				r.lg.Warn("posterior log unreachable: serving the last applied posterior", "topic", r.plog.Topic(), "err", err)
 			}
-			r.mu.Lock()
-			r.endUnknown, r.endErr = failingSince, err
-			r.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
