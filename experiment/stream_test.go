@@ -92,7 +92,8 @@ func TestDefaultsKeepQualityUnderCorrectLabels(t *testing.T) {
 // increments of at most 64 records (random sizes) and of 10: 80% of the counterfactual stand-ins
 // must be invalidated (upper confidence bound of p(target) < 1/2) within 1,000 records of the
 // drift (docs/MATHS.md says so of the default), for flipped labels and for a covariate-and-label
-// shift; the drift runs on to 4,000 records.
+// shift, and some increment of the drift must breach the KL budget. The drift runs on to 1,500
+// records: past the bound, so that an invalidation later than it is seen and fails.
 func TestDefaultsFollowDrift(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: thousands of records per case")
@@ -110,9 +111,10 @@ func TestDefaultsFollowDrift(t *testing.T) {
 		{"a region's labels change, up to 64", 64, true, "region", 32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := 4000 / tc.inc
+			const driftRecords = 1500
+			n := driftRecords / tc.inc
 			if tc.random {
-				n = 2 * 4000 / (tc.inc + 1) // sizes average (inc+1)/2
+				n = 2 * driftRecords / (tc.inc + 1) // sizes average (inc+1)/2
 			}
 			res, err := Stream(context.Background(), StreamConfig{Data: set, Classes: classes, Seed: 2, Update: defaultUpdate(),
 				Increment: tc.inc, RandomSize: tc.random, Correct: tc.correct, Drift: n, Shift: tc.shift, EvalEvery: 25})
