@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -620,5 +621,50 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 	// partition), else a request of its own that finds nothing.
 	if code, body := keyedDelete(t, reps[2], "keyed-other", "rdel-1"); code != http.StatusUnprocessableEntity && code != http.StatusNotFound {
 		t.Errorf("the key on another id: %d %s; want 422 or 404", code, body)
+	}
+}
+
+// TestRegistrationDeletedBeforeItsAnswerIs409: a DELETE handled after a registration stored its
+// CE and before the registration read it back for its answer (the hook stands at that point)
+// makes the registration answer 409, saying the CE was stored and is not now, never 500; the CE
+// stays deleted, and the same registration sent again stores it.
+func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
+	var (
+		base    atomic.Pointer[string]
+		deleted atomic.Int32 // the DELETE's status code
+	)
+	r := startDaemonWith(t, nil, func(o *Options) {
+		o.hooks.registered = func(id string) {
+			b := base.Load()
+			if b == nil || id != "raced" || deleted.Load() != 0 {
+				return
+			}
+			req, _ := http.NewRequest(http.MethodDelete, *b+"/v1/counterfactuals/raced", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				deleted.Store(-1)
+				return
+			}
+			resp.Body.Close()
+			deleted.Store(int32(resp.StatusCode))
+		}
+	}, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	base.Store(&r.base)
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	ce := map[string]any{"id": "raced", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
+	code, body := r.do(t, "POST", "/v1/counterfactuals", "", ce)
+	if got := deleted.Load(); got != http.StatusNoContent {
+		t.Fatalf("the DELETE between the store and the answer: %d, want 204", got)
+	}
+	if code != http.StatusConflict || !strings.Contains(string(body), "was stored by this request and is not stored now") {
+		t.Errorf("POST whose CE was deleted before its answer: %d %s; want 409 saying it was stored and is not now", code, body)
+	}
+	if code, body := r.get(t, "/v1/counterfactuals/raced"); code != http.StatusNotFound {
+		t.Errorf("GET after the DELETE: %d %s; want 404", code, body)
+	}
+	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ce); code != http.StatusCreated {
+		t.Errorf("the same registration sent again: %d %s; want 201", code, body)
 	}
 }

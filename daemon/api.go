@@ -1300,7 +1300,11 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		if code == http.StatusServiceUnavailable {
 			setRetryAfter(w, writeRetryAfter)
 		}
-		writeJSON(w, code, map[string]any{"error": publicMessage("generated but not stored: " + err.Error()), "result": res})
+		said := "generated but not stored: "
+		if errors.Is(err, errDeletedSince) {
+			said = "generated and stored, then deleted: "
+		}
+		writeJSON(w, code, map[string]any{"error": publicMessage(said + err.Error()), "result": res})
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"counterfactual": ce, "generation": res})

@@ -64,6 +64,9 @@ type Options struct {
 // hooks are callbacks a test sets to hold the daemon at a point, as a starved CPU or a slow
 // group would; nil ones are not called.
 type hooks struct {
+	// registered is called when a single daemon's registration stored its CE, before its answer
+	// reads the CE back: a test deletes it there, as a concurrent DELETE can.
+	registered func(id string)
 	// confirmRound is called by each confirmer lane before each of its rounds.
 	confirmRound func(ctx context.Context)
 	// ceGeneration is called with each CE group generation's assignment before this replica

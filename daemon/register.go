@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -78,7 +79,29 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		}
 		return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 	}
-	return d.ledger.Get(out[0].ce.ID)
+	if d.hooks.registered != nil {
+		d.hooks.registered(out[0].ce.ID)
+	}
+	return storedNow(d.ledger, out[0].ce, r.req.Fingerprint != "")
+}
+
+// storedNow is the answer to a registration that stored want: the CE as stored now, read back
+// for its status. A request handled after the store (a DELETE, a registration of the id once
+// free) may have removed or replaced it before the read: the answer is then errDeletedSince
+// (409), as a replica's is (answerOutcome), not the 201 of a CE that is not there.
+func storedNow(l *ledger.Ledger, want *ledger.CE, keyed bool) (*ledger.CE, error) {
+	cur, err := l.Get(want.ID)
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return nil, err
+	}
+	if cur != nil && slices.Equal(cur.X, want.X) && slices.Equal(cur.XCF, want.XCF) {
+		return cur, nil
+	}
+	again := "a later request deleted or replaced it; to register it again, send it again"
+	if keyed {
+		again = "a later request deleted or replaced it; to register it again, send it with a new Idempotency-Key"
+	}
+	return nil, fmt.Errorf("%w: counterfactual %q was stored by this request and is not stored now; %s", errDeletedSince, want.ID, again)
 }
 
 // registerMany is register for up to maxRegisterBatch CEs sent together (a bulk import): each
