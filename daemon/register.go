@@ -85,6 +85,12 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	return storedNow(d.ledger, out[0].ce, r.req.Fingerprint != "")
 }
 
+// taken reports whether the ledger holds a CE under id.
+func (d *Daemon) taken(id string) bool {
+	_, err := d.ledger.Get(id)
+	return err == nil
+}
+
 // storedNow is the answer to a registration that stored want: the CE as stored now, read back
 // for its status. A request handled after the store (a DELETE, a registration of the id once
 // free) may have removed or replaced it before the read: the answer is then errDeletedSince
@@ -400,6 +406,16 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	)
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
+		if d.rep == nil && d.taken(rs[i].id) {
+			// The id is taken, and stays so until the write (a single daemon's deletions hold
+			// d.mu). The write answers it as for any taken id (exists, 409, a key's earlier
+			// outcome) whatever this measurement says: a CE stored under an earlier posterior and
+			// sent again is not refused as if it were new.
+			ces = append(ces, &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version,
+				P1: p.P(cf, t), Var1: p.V(cf, t), Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon})
+			stored = append(stored, i)
+			continue
+		}
 		if p.Argmax(orig) == t {
 			out[i].err = fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
 			continue
