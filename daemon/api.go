@@ -900,14 +900,17 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 // &limit=N (default 100, max 1000), &after=ID (paging). Any other parameter, one given twice, and
 // an empty status or limit are refused: a misspelt filter would otherwise list everything.
 func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery) // r.URL.Query() drops what does not parse, a filter with it
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("query: %v (parameters are separated by &)", err))
+		return
+	}
 	forwarded := r.Header.Get(cluster.HeaderForwarded) != ""
 	if err := checkListQuery(q, forwarded); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	var st certify.Status // 0: every status
-	var err error
 	if s, ok := q["status"]; ok {
 		if st, err = certify.ParseStatus(s[0]); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())

@@ -60,6 +60,7 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 			[]string{`unknown query parameter "statuss"`, "takes status, limit and after"}},
 		{"a filter given twice", "GET", "/v1/counterfactuals?status=certified&status=at_risk", ``, 400, []string{`"status" given 2 times`}},
 		{"partitions from a client", "GET", "/v1/counterfactuals?partitions=1", ``, 400, []string{`unknown query parameter "partitions"`}},
+		{"a filter with a semicolon", "GET", "/v1/counterfactuals?status=certified;", ``, 400, []string{`invalid semicolon separator`}},
 		{"no such path", "GET", "/v2/model", ``, 404, []string{"no such route"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -246,7 +246,11 @@ func ingestLag(g map[string]float64, now time.Time) string {
 // returns, so a page reads ahead (at most ten pages' worth) to fill itself, and its "next" link
 // resumes after the last CE it read.
 func (u *UI) list(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery) // r.URL.Query() drops what does not parse, a filter with it
+	if err != nil {
+		u.fail(w, http.StatusBadRequest, fmt.Errorf("query: %w (parameters are separated by &)", err))
+		return
+	}
 	f := listFilter{Status: q.Get("status"), Decided: q.Get("decided"), Target: q.Get("target"), Pending: q.Get("pending"), After: q.Get("after")}
 	var st certify.Status
 	if f.Status != "" {

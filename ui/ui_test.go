@@ -372,6 +372,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=bogus"); code != http.StatusBadRequest {
 		t.Errorf("an unknown status filter: %d, want 400", code)
 	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=certified;"); code != http.StatusBadRequest {
+		t.Errorf("a filter with a semicolon, which would be dropped: %d, want 400", code)
+	}
 	// A target given by its index is the class the form then shows, so that filtering again keeps it.
 	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?target=1&status=certified"); !strings.Contains(page, `<option value="benign" selected>`) {
 		t.Error("?target=1: the form's target select does not show benign")
