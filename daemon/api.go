@@ -683,6 +683,23 @@ func writeRegisterError(w http.ResponseWriter, err error) {
 	}
 }
 
+// writeBulkCut answers a bulk registration that stopped at the batch starting at line because
+// the daemon stops or its ledger cannot be written (503): as writeRegisterError when it is the
+// first batch, else saying that the lines before it may be stored.
+func writeBulkCut(w http.ResponseWriter, err error, line int) {
+	if line <= 1 || registerStatus(err) != http.StatusServiceUnavailable {
+		writeRegisterError(w, err)
+		return
+	}
+	why := "the daemon is stopping"
+	if !errors.Is(err, errStopping) {
+		why = "the ledger cannot be written now (see /readyz): " + err.Error()
+	}
+	retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, fmt.Sprintf("%s; the request stopped at the batch starting at line %d: "+
+		"the lines before it may be stored, the rest are not; send the request again once it runs (a stored line answers exists; "+
+		"a line without an id is stored again)", why, line))
+}
+
 // maxBulkLines bounds the lines of one POST /v1/counterfactuals:bulk.
 const maxBulkLines = 10000
 
@@ -755,7 +772,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		hi := min(lo+maxRegisterBatch, len(regs))
 		out, err := a.core.registerMany(r.Context(), regs[lo:hi])
 		if err != nil {
-			writeRegisterError(w, err)
+			writeBulkCut(w, err, results[at[lo]].Line)
 			return
 		}
 		for k, o := range out {
@@ -766,8 +783,11 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				res.ID, res.Status = o.ce.ID, "accepted"
 			case o.err == nil:
 				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
-			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping), errors.Is(o.err, errKeyReused):
+			case errors.Is(o.err, errKeyReused):
 				writeRegisterError(w, o.err)
+				return
+			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
+				writeBulkCut(w, o.err, results[at[lo]].Line)
 				return
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
 				res.Status = "exists"

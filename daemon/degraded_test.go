@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,5 +102,38 @@ func TestAnswersOfAFailingLedgerNameNoPath(t *testing.T) {
 	}
 	if err := json.Unmarshal(body, &st); err != nil || !strings.Contains(st.LastError, "cfguard.db") || strings.Contains(st.LastError, dir) {
 		t.Errorf("GET /v1/audit's last_error %q (%v): want the ledger named cfguard.db, without %s", st.LastError, err, dir)
+	}
+}
+
+// TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored: a bulk registration whose second batch cannot
+// be written answers 503 naming the line it stopped at and saying that the lines before it may
+// be stored, not that nothing was: they are.
+func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
+	var commits, failFrom atomic.Int32 // failFrom: the first commit that fails, 0 for none
+	r := startDaemonWith(t, nil, func(o *Options) {
+		o.hooks.ledgerAfterCommit = func() error {
+			if n := commits.Add(1); failFrom.Load() != 0 && n >= failFrom.Load() {
+				return errors.New("injected: fdatasync: input/output error")
+			}
+			return nil
+		}
+	}, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	data := bundled(t)
+	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	var lines strings.Builder
+	n := maxRegisterBatch + 10
+	for k := range n {
+		line, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("cut-%d", k), "x": data.X[xs[k%len(xs)]], "x_cf": data.X[cfs[k%len(cfs)]], "target": "benign"})
+		lines.Write(append(line, '\n'))
+	}
+	failFrom.Store(commits.Load() + 2) // the first batch's commit succeeds, the second's fails
+	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", lines.String(), nil)
+	want := fmt.Sprintf("stopped at the batch starting at line %d: the lines before it may be stored", maxRegisterBatch+1)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || strings.Contains(string(body), "nothing was stored") {
+		t.Errorf("a bulk whose second batch cannot be written: %d %s; want 503 saying %q", resp.StatusCode, body, want)
+	}
+	if code, body := r.get(t, "/v1/counterfactuals/cut-0"); code != http.StatusOK {
+		t.Errorf("line 1, in the first batch: %d %s; want it stored", code, body)
 	}
 }
