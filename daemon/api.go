@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -294,7 +295,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	if code >= 500 {
 		msg = publicMessage(msg)
 	}
-	writeJSON(w, code, map[string]string{"error": msg})
+	writeJSON(w, code, map[string]string{"error": clip(msg, maxErrorMessage)})
 }
 
 // absPath matches an absolute file path that starts a word (after a space, a bracket, a quote,
@@ -389,6 +390,8 @@ func decodeJSON(body []byte, v any) error {
 	switch trimmed := bytes.TrimSpace(body); {
 	case len(trimmed) == 0:
 		return &bodyError{http.StatusBadRequest, "bad JSON: the body is empty: send a JSON object {...}"}
+	case bytes.HasPrefix(trimmed, []byte("\xef\xbb\xbf")):
+		return &bodyError{http.StatusBadRequest, "bad JSON: the body starts with a UTF-8 byte order mark: send the JSON object without it"}
 	case trimmed[0] != '{':
 		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", stream.JSONKind(trimmed))}
 	}
@@ -398,13 +401,77 @@ func decodeJSON(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
+		return &bodyError{http.StatusBadRequest, jsonMessage(err)}
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return &bodyError{http.StatusBadRequest, "bad JSON: trailing data after the request body's JSON value"}
 	}
 	return nil
 }
+
+// jsonMessage says what is wrong with a body encoding/json refused: where a syntax error is, and
+// which field holds a value of the wrong type (in JSON's terms, not Go's), with the value cut
+// short (a 1 MB number is not echoed back).
+func jsonMessage(err error) string {
+	var (
+		se *json.SyntaxError
+		te *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("bad JSON at byte %d of the body: %s", se.Offset, clipValue(se.Error()))
+	case errors.As(err, &te) && te.Field != "":
+		return fmt.Sprintf("bad JSON: field %q: %s is not %s", clipValue(te.Field), clipValue(te.Value), jsonKindOf(te.Type))
+	case errors.As(err, &te):
+		return fmt.Sprintf("bad JSON: %s is not %s", clipValue(te.Value), jsonKindOf(te.Type))
+	}
+	return "bad JSON: " + clipValue(err.Error())
+}
+
+// jsonKindOf names in JSON's terms what a Go type decodes from.
+func jsonKindOf(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64:
+		return "a finite number of 64 bits (about ±1.8e308)"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		if k := t.Elem().Kind(); k == reflect.Float32 || k == reflect.Float64 {
+			return "an array of numbers"
+		}
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	}
+	return "the value the field takes"
+}
+
+// clipValue cuts s, a value from a request, to at most maxEcho bytes (on a character boundary),
+// saying how much was cut, so that an answer never echoes a huge input back.
+func clipValue(s string) string { return clip(s, maxEcho) }
+
+// clip cuts s to at most max bytes, on a character boundary, saying how many were cut.
+func clip(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s... (%d more bytes)", s[:n], len(s)-n)
+}
+
+const (
+	// maxEcho bounds what of a request's value an error message repeats.
+	maxEcho = 128
+	// maxErrorMessage bounds an error answer's message, whatever of the request it repeats.
+	maxErrorMessage = 4096
+)
 
 // checkKeys refuses, in a JSON object decoded into struct type t, what encoding/json accepts in
 // silence: a key given twice (the last would win), at any depth; a key that names a field only
@@ -431,13 +498,13 @@ func checkKeys(body []byte, t reflect.Type) error {
 		if !slices.Contains(fields, key) {
 			for _, f := range fields {
 				if strings.EqualFold(f, key) {
-					return fmt.Errorf("unknown field %q (keys are case-sensitive: did you mean %q?)", key, f)
+					return fmt.Errorf("unknown field %q (keys are case-sensitive: did you mean %q?)", clipValue(key), f)
 				}
 			}
 			if len(fields) == 0 {
-				return fmt.Errorf("unknown field %q (this body takes no fields: send {} or no body)", key)
+				return fmt.Errorf("unknown field %q (this body takes no fields: send {} or no body)", clipValue(key))
 			}
-			return fmt.Errorf("unknown field %q (fields: %s)", key, strings.Join(fields, ", "))
+			return fmt.Errorf("unknown field %q (fields: %s)", clipValue(key), strings.Join(fields, ", "))
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
@@ -756,7 +823,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		res := bulkResult{Line: n + 1}
 		var req registerRequest
 		if err := decodeJSON(line, &req); err != nil {
-			res.Code, res.Error = http.StatusBadRequest, err.Error()
+			res.Code, res.Error = http.StatusBadRequest, clip(err.Error(), maxErrorMessage)
 		} else {
 			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
 			if key != "" {
@@ -792,7 +859,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
 				res.Status = "exists"
 			default:
-				res.Code, res.Error = registerStatus(o.err), o.err.Error()
+				res.Code, res.Error = registerStatus(o.err), clip(o.err.Error(), maxErrorMessage)
 				if res.Code >= 500 {
 					res.Error = publicMessage(res.Error)
 				}
