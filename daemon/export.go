@@ -125,13 +125,17 @@ func (e *exporter) verify() {
 		e.metrics.Exported(m.Version)
 		return
 	}
-	why := "stale (an older posterior)"
+	var why string
 	if serr != nil || werr != nil {
 		why = fmt.Sprintf("unreadable (%v)", errors.Join(serr, werr))
 	} else if old, err := bnn.Decode(side, w); err != nil {
 		why = fmt.Sprintf("damaged (%v)", err)
 	} else if old.Version == m.Version {
 		why = "different from the ledger's posterior of the same version"
+	} else if old.Version > m.Version {
+		why = fmt.Sprintf("of posterior version %d, ahead of the ledger's %d (a ledger restored from a backup, or another one)", old.Version, m.Version)
+	} else {
+		why = fmt.Sprintf("stale (posterior version %d, the ledger's is %d)", old.Version, m.Version)
 	}
 	e.log.Warn("the posterior export was "+why+"; rewriting it from the ledger, which is the source of truth", "dir", e.dir, "posterior_version", m.Version)
 	e.write("repair")

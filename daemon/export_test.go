@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -75,5 +76,13 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 			}
 			r.stop(t)
 		})
+	}
+
+	// A ledger behind the export (restored from a backup, or a new state_dir): the export is
+	// rewritten, and the log says which is ahead.
+	r = startDaemon(t, func(c *config.Config) { c.StateDir, c.Model.ExportDir = t.TempDir(), export })
+	waitfor.Cond(t, 10*time.Second, "the export rewritten from a ledger behind it", func() bool { return exportMatches(t, r, export) })
+	if want := fmt.Sprintf("of posterior version %d, ahead of the ledger's %d", v1, v0); !strings.Contains(r.logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, r.logs.String())
 	}
 }
