@@ -66,6 +66,19 @@ func TestCarriesEdges(t *testing.T) {
 	if !math.IsInf(CarryMargin(Certified, 0.9), -1) {
 		t.Error("CarryMargin of a certified CE is not -Inf")
 	}
+	// The margin is exact both ways, up to rounding: a verdict carries when the slack is under
+	// its margin and stops carrying when the slack passes it (an index sorted by the margin
+	// finds every verdict that stops carrying, and only those).
+	for _, st := range []Status{AtRisk, Invalidated} {
+		for b := 0.0; b <= 1; b += 1.0 / 64 {
+			for slack := 0.0; slack <= 0.6; slack += 1.0 / 128 {
+				carries, m := Carries(st, b, s(slack)), CarryMargin(st, b)
+				if carries && slack > m+1e-15 || !carries && slack < m-1e-15 {
+					t.Errorf("%v with bound %v: Carries = %v at slack %v, but its margin is %v", st, b, carries, slack, m)
+				}
+			}
+		}
+	}
 }
 
 // TestCarriesMonteCarlo checks the carry rule against simulation. Posteriors are

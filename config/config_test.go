@@ -19,6 +19,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/update"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -835,5 +836,32 @@ func TestTokensNoClientCouldSend(t *testing.T) {
 	}
 	if c, err := LoadFile(p); err != nil || c.HTTP.Token != " a token\twith inner spaces" || c.HTTP.MetricsToken != "m/+=~._-" {
 		t.Fatalf("tokens a client can send: %v", err)
+	}
+}
+
+// TestStepOfThePriorObjectiveDividesByTheRecordsRepresented: the prior objective divides its KL
+// by N_t = exp(-n / M) N_{t-1} + n (docs/MATHS.md, "The records a posterior stands for"), with
+// N_{t-1} stated as M (or UnknownRecords without a memory) for a posterior that records none;
+// the streaming objective takes no such count.
+func TestStepOfThePriorObjectiveDividesByTheRecordsRepresented(t *testing.T) {
+	const n = 64
+	for _, c := range []struct {
+		name            string
+		objective       string
+		memory, records float64
+		want            float64
+	}{
+		{"prior, memory 50,000", update.ObjectivePrior, 50000, 1000, math.Exp(-n/50000.0)*1000 + n},
+		{"prior, no memory", update.ObjectivePrior, 0, 1000, 1000 + n},
+		{"prior, records not stated, memory", update.ObjectivePrior, 2000, 0, math.Exp(-n/2000.0)*2000 + n},
+		{"prior, records not stated, no memory", update.ObjectivePrior, 0, 0, UnknownRecords + n},
+		{"vcl takes no count", update.ObjectiveVCL, 50000, 1000, 0},
+	} {
+		u := Default().Update
+		u.Objective, u.MemoryRecords = c.objective, c.memory
+		_, cfg := u.Step(&bnn.Model{Records: c.records}, n, 1)
+		if math.Abs(cfg.Represented-c.want) > 1e-9*max(1, c.want) {
+			t.Errorf("%s: Represented %v, want %v", c.name, cfg.Represented, c.want)
+		}
 	}
 }

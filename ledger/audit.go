@@ -54,8 +54,9 @@ type auditItem struct {
 //
 //	p2 = E_q[f], V2 = Var_q[f]  (p's S draws),  f(w) = p(target | x', w)
 //
-// A CE in its <delta, epsilon>-set under q at confidence 1 - Options.VerdictAlpha
-// (certify.Renewable) is re-anchored to q: anchor = q's version, (p1, V1, S) = (p2, V2, S), and
+// A CE in its <delta, epsilon>-set under q at confidence 1 - Options.VerdictAlpha is re-anchored
+// to q (certify.Renewable for a certified CE, the stricter certify.Reenters for one that is not:
+// renewable in confirm.go): anchor = q's version, (p1, V1, S) = (p2, V2, S), and
 // its status is judged by its bounds at KL(q_now || q). This is how uncertified CEs enter the set
 // and how drifted CEs get a fresh budget. A CE outside the set keeps its certificate; if its
 // bound fails and q is current it gets a verdict (certify.Verdict, as Confirm gives). A certified
@@ -296,7 +297,7 @@ func (a *audit) anchorKL(tx *bolt.Tx, now cur, v uint64) (float64, error) {
 // apply writes one CE's audit result; it reports whether the CE was re-anchored. The rules are
 // Confirm's, with the audit's evidence e = (p2, V2, S) measured under posterior v:
 //
-//	renewed      certify.Renewable(e): re-anchored to v and judged by its bounds at KL(q_now || q_v)
+//	renewed      renewable(e) (certify.Renewable; certify.Reenters when not certified): re-anchored to v and judged by its bounds at KL(q_now || q_v)
 //	             (certified, or certified with a lapsed bound when the posterior moved meanwhile);
 //	a verdict    when v is current and the CE's bound fails (certify.Verdict);
 //	replaced     when v is current, its bound holds and yet upper(p2) < 1/2: the certificate's
