@@ -139,3 +139,40 @@ func TestFitDropoutBreastCancer(t *testing.T) {
 		t.Errorf("Encode of a dropout model: %v", err)
 	}
 }
+
+// TestDropoutMaskKeepsTheExpectedInput: MC Dropout's prediction masks are inverted dropout, as
+// training's are: each input of a hidden layer is dropped with probability p and scaled by
+// 1 / (1 - p) when kept, so that its expected value is unchanged (a network predicting with
+// masks computes, in expectation, the pre-activations training fitted); the features are never
+// dropped. Checked on 20,000 masks, to four standard errors.
+func TestDropoutMaskKeepsTheExpectedInput(t *testing.T) {
+	for _, p := range []float64{0.5, 0.2} {
+		m := &Model{Dropout: p, Layers: []Layer{{In: 30, Out: 16}, {In: 16, Out: 2}}}
+		rng := rand.New(rand.NewPCG(1, 2))
+		var buf []float64
+		const draws = 20000
+		var sum, dropped float64
+		for range draws {
+			buf = m.dropoutMask(1, rng, buf)
+			for _, v := range buf {
+				sum += v
+				if v == 0 {
+					dropped++
+				}
+			}
+		}
+		n := float64(draws * m.Layers[1].In)
+		// A kept input is 1/(1-p) with probability 1-p: mean 1, variance p/(1-p).
+		if mean, se := sum/n, math.Sqrt(p/(1-p)/n); math.Abs(mean-1) > 4*se {
+			t.Errorf("p = %v: mean mask value %.5f, want 1 (±%.5f)", p, mean, 4*se)
+		}
+		if frac, se := dropped/n, math.Sqrt(p*(1-p)/n); math.Abs(frac-p) > 4*se {
+			t.Errorf("p = %v: %.5f of the inputs dropped, want %v (±%.5f)", p, frac, p, 4*se)
+		}
+		for _, v := range m.dropoutMask(0, rng, buf) {
+			if v != 1 {
+				t.Fatalf("p = %v: a feature scaled by %v: the first layer's inputs are never dropped", p, v)
+			}
+		}
+	}
+}
