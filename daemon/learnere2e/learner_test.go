@@ -185,6 +185,13 @@ func (r *running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 			defer func() { <-sem }()
 			id := fmt.Sprintf("ce-%d", k)
 			code, body := r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
+			// The first explanation trains the VAE; a request that waited explain.timeout for it
+			// is answered 503 "retry shortly", which a client does (on a busy core training
+			// takes longer than one request's wait).
+			for code == http.StatusServiceUnavailable && strings.Contains(string(body), "VAE is still being trained") {
+				time.Sleep(time.Second)
+				code, body = r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
+			}
 			var resp struct {
 				Counterfactual ce `json:"counterfactual"`
 			}
