@@ -302,10 +302,15 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // "=" or the start): the file system's layout is the server's, not a client's business.
 var absPath = regexp.MustCompile(`(^|[\s(\[{'"=])(/[^\s'"()\[\]{},;]+)`)
 
-// publicMessage replaces every absolute path in msg by its last element ("cfguard.db").
+// publicMessage replaces every absolute path in msg by its last element ("cfguard.db"); the
+// daemon's own routes ("see /readyz") are not files and stay as they are.
 func publicMessage(msg string) string {
 	return absPath.ReplaceAllStringFunc(msg, func(m string) string {
 		i := strings.IndexByte(m, '/')
+		switch p := strings.TrimRight(m[i:], ".:"); {
+		case p == "/readyz", p == "/healthz", p == "/metrics", strings.HasPrefix(p, "/v1/"), strings.HasPrefix(p, "/ui/"):
+			return m
+		}
 		return m[:i] + path.Base(m[i:])
 	})
 }
@@ -409,9 +414,10 @@ func decodeJSON(body []byte, v any) error {
 	return nil
 }
 
-// jsonMessage says what is wrong with a body encoding/json refused: where a syntax error is, and
-// which field holds a value of the wrong type (in JSON's terms, not Go's), with the value cut
-// short (a 1 MB number is not echoed back).
+// jsonMessage says what is wrong with a body (or a bulk line) encoding/json refused: where a
+// syntax error is (its byte offset in what was decoded), and which field holds a value of the
+// wrong type (in JSON's terms, not Go's), with the value cut short (a 1 MB number is not echoed
+// back).
 func jsonMessage(err error) string {
 	var (
 		se *json.SyntaxError
@@ -419,13 +425,13 @@ func jsonMessage(err error) string {
 	)
 	switch {
 	case errors.As(err, &se):
-		return fmt.Sprintf("bad JSON at byte %d of the body: %s", se.Offset, clipValue(se.Error()))
+		return fmt.Sprintf("bad JSON at byte %d: %s", se.Offset, clipValue(se.Error()))
 	case errors.As(err, &te) && te.Field != "":
 		return fmt.Sprintf("bad JSON: field %q: %s is not %s", clipValue(te.Field), clipValue(te.Value), jsonKindOf(te.Type))
 	case errors.As(err, &te):
 		return fmt.Sprintf("bad JSON: %s is not %s", clipValue(te.Value), jsonKindOf(te.Type))
 	}
-	return "bad JSON: " + clipValue(err.Error())
+	return "bad JSON: " + clip(err.Error(), maxErrorMessage)
 }
 
 // jsonKindOf names in JSON's terms what a Go type decodes from.
@@ -637,7 +643,7 @@ func (t *target) resolve(classes []string) (int, error) {
 				return i, nil
 			}
 		}
-		return 0, fmt.Errorf("unknown target class %q (classes: %v)", t.name, classes)
+		return 0, fmt.Errorf("unknown target class %q (classes: %v)", clipValue(t.name), classes)
 	}
 	if t.index < 0 || t.index >= len(classes) {
 		return 0, fmt.Errorf("target %d out of range: %d classes %v", t.index, len(classes), classes)
@@ -750,11 +756,12 @@ func writeRegisterError(w http.ResponseWriter, err error) {
 	}
 }
 
-// writeBulkCut answers a bulk registration that stopped at the batch starting at line because
-// the daemon stops or its ledger cannot be written (503): as writeRegisterError when it is the
-// first batch, else saying that the lines before it may be stored.
-func writeBulkCut(w http.ResponseWriter, err error, line int) {
-	if line <= 1 || registerStatus(err) != http.StatusServiceUnavailable {
+// writeBulkCut answers a bulk registration that stopped at line because the daemon stops or its
+// ledger cannot be written (503). When nothing of the request was handled before (first), it is
+// writeRegisterError's answer; else it says that the lines before may be stored (on replicas,
+// which send a batch's lines one by one, that line too) and what sending the request again does.
+func writeBulkCut(w http.ResponseWriter, err error, line int, first, keyed bool) {
+	if first || registerStatus(err) != http.StatusServiceUnavailable {
 		writeRegisterError(w, err)
 		return
 	}
@@ -762,9 +769,12 @@ func writeBulkCut(w http.ResponseWriter, err error, line int) {
 	if !errors.Is(err, errStopping) {
 		why = "the ledger cannot be written now (see /readyz): " + err.Error()
 	}
-	retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, fmt.Sprintf("%s; the request stopped at the batch starting at line %d: "+
-		"the lines before it may be stored, the rest are not; send the request again once it runs (a stored line answers exists; "+
-		"a line without an id is stored again)", why, line))
+	again := "a stored line answers exists; a line without an id is stored again"
+	if keyed {
+		again = "with the same Idempotency-Key, every line already applied answers as it did and is not stored again"
+	}
+	retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, fmt.Sprintf("%s; the request stopped at line %d: the lines before it "+
+		"may be stored (on replicas, that line too), the rest are not; send the request again once the daemon runs (%s)", why, line, again))
 }
 
 // maxBulkLines bounds the lines of one POST /v1/counterfactuals:bulk.
@@ -839,7 +849,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		hi := min(lo+maxRegisterBatch, len(regs))
 		out, err := a.core.registerMany(r.Context(), regs[lo:hi])
 		if err != nil {
-			writeBulkCut(w, err, results[at[lo]].Line)
+			writeBulkCut(w, err, results[at[lo]].Line, lo == 0, key != "")
 			return
 		}
 		for k, o := range out {
@@ -854,7 +864,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				writeRegisterError(w, o.err)
 				return
 			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
-				writeBulkCut(w, o.err, results[at[lo]].Line)
+				writeBulkCut(w, o.err, results[at[lo+k]].Line, lo == 0 && k == 0, key != "")
 				return
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
 				res.Status = "exists"

@@ -129,11 +129,17 @@ func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 	}
 	failFrom.Store(commits.Load() + 2) // the first batch's commit succeeds, the second's fails
 	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", lines.String(), nil)
-	want := fmt.Sprintf("stopped at the batch starting at line %d: the lines before it may be stored", maxRegisterBatch+1)
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || strings.Contains(string(body), "nothing was stored") {
-		t.Errorf("a bulk whose second batch cannot be written: %d %s; want 503 saying %q", resp.StatusCode, body, want)
+	want := fmt.Sprintf("stopped at line %d: the lines before it may be stored", maxRegisterBatch+1)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || strings.Contains(string(body), "nothing was stored") ||
+		!strings.Contains(string(body), "see /readyz") {
+		t.Errorf("a bulk whose second batch cannot be written: %d %s; want 503 saying %q and naming /readyz", resp.StatusCode, body, want)
 	}
 	if code, body := r.get(t, "/v1/counterfactuals/cut-0"); code != http.StatusOK {
 		t.Errorf("line 1, in the first batch: %d %s; want it stored", code, body)
+	}
+	// A first batch that cannot be written stored nothing, also when it starts at line 2.
+	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals:bulk", "\n"+strings.ReplaceAll(lines.String(), "cut-", "again-"), nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "nothing was stored") {
+		t.Errorf("a bulk whose first batch, from line 2, cannot be written: %d %s; want 503 saying nothing was stored", resp.StatusCode, body)
 	}
 }

@@ -391,7 +391,13 @@ func (h *healthProbes) run(ctx context.Context, url string, every, limit time.Du
 		took, code, err := get(url)
 		wg.Wait()
 		if ctx.Err() != nil {
-			return // cut by the end of the flood, not answered late
+			// Cut by the end of the flood: a probe later by then than the control allows is a
+			// /healthz that hung (one that answers no more), else it is not counted.
+			if err != nil && took > max(control, h.control)+limit {
+				h.failures = append(h.failures, fmt.Sprintf("/healthz probe %d: no answer after %v, when the flood ended (a handler that does nothing: %v)",
+					h.n+1, took.Round(time.Millisecond), max(control, h.control).Round(time.Millisecond)))
+			}
+			return
 		}
 		h.n++
 		h.slowest, h.control = max(h.slowest, took), max(h.control, control)
@@ -436,4 +442,44 @@ func gatherCounter(reg *prometheus.Registry, name string, labels ...string) floa
 		}
 	}
 	return -1
+}
+
+// TestHealthProbesCatchAHang: the flood's probes fail a /healthz that answers a few times and then
+// hangs until the flood ends, as well as one that answers late, and pass one that answers.
+func TestHealthProbesCatchAHang(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		after int           // answers before it hangs (-1: never hangs)
+		delay time.Duration // of every answer
+		fails bool
+	}{
+		{"answers", -1, 0, false},
+		{"hangs after two", 2, 0, true},
+		{"late", -1, 1500 * time.Millisecond, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // each waits out its 3 s
+			var n atomic.Int32
+			release := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if c.after >= 0 && int(n.Add(1)) > c.after {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+					return
+				}
+				time.Sleep(c.delay)
+			}))
+			defer srv.Close()
+			defer close(release)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var h healthProbes
+			h.run(ctx, srv.URL, 100*time.Millisecond, time.Second)
+			if fails := len(h.failures) > 0; fails != c.fails {
+				t.Errorf("%d probes, failures %q; want failing: %v", h.n, h.failures, c.fails)
+			}
+		})
+	}
 }

@@ -406,7 +406,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	)
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
-		if d.rep == nil && d.taken(rs[i].id) {
+		if d.rep == nil && rs[i].id != "" && d.taken(rs[i].id) {
 			// The id is taken, and stays so until the write (a single daemon's deletions hold
 			// d.mu). The write answers it as for any taken id (exists, 409, a key's earlier
 			// outcome) whatever this measurement says: a CE stored under an earlier posterior and

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
@@ -55,6 +56,9 @@ func ParseMethod(s string) (Method, error) {
 		if Method(s) == m {
 			return m, nil
 		}
+	}
+	if len(s) > 64 {
+		s = strings.ToValidUTF8(s[:64], "") + "..."
 	}
 	return "", fmt.Errorf("unknown counterfactual method %q (want one of %v)", s, Methods)
 }
