@@ -286,13 +286,7 @@ func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu, ls := lastLayerParams(a)
-	x := make([]float64, 2*len(mu))
-	for j := range mu {
-		x[j] = (mu[j] - c.mu0[j]) / c.sig0[j]
-		x[len(mu)+j] = ls[j] - math.Log(c.sig0[j])
-	}
-	if worst, threshold := largestGradient(c, x), full.Tolerance*full.KLWeight/float64(len(X)); !(worst < threshold) {
+	if worst, threshold := largestGradient(c, scaledAt(c, a)), full.Tolerance*full.KLWeight/float64(len(X)); !(worst < threshold) {
 		t.Errorf("largest scaled gradient at the posterior returned %.3g, want below Tolerance * KLWeight / n = %.3g", worst, threshold)
 	}
 }
@@ -302,6 +296,18 @@ func TestConvergedSolverConvergesAndIsDeterministic(t *testing.T) {
 func lastLayerParams(m *bnn.Model) (mu, logSigma []float64) {
 	l := m.Last()
 	return append(append([]float64(nil), l.WeightMu...), l.BiasMu...), append(append([]float64(nil), l.WeightLogSigma...), l.BiasLogSigma...)
+}
+
+// scaledAt returns the converged solver's scaled coordinates x = (a, b) of posterior m's last
+// layer in c's space: a = (mu - mu0) / sigma0, b = log sigma - log sigma0.
+func scaledAt(c *converged, m *bnn.Model) []float64 {
+	mu, ls := lastLayerParams(m)
+	x := make([]float64, 2*len(mu))
+	for j := range mu {
+		x[j] = (mu[j] - c.mu0[j]) / c.sig0[j]
+		x[len(mu)+j] = ls[j] - math.Log(c.sig0[j])
+	}
+	return x
 }
 
 // largestGradient is the largest |coordinate| of c's gradient at the scaled coordinates x.
@@ -507,13 +513,7 @@ func TestConvergedStopsAtTheDocumentedTolerance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu, ls := lastLayerParams(one)
-	x := make([]float64, 2*len(mu))
-	for j := range mu {
-		x[j] = (mu[j] - c.mu0[j]) / c.sig0[j]
-		x[len(mu)+j] = ls[j] - math.Log(c.sig0[j])
-	}
-	g1 := largestGradient(c, x)
+	g1 := largestGradient(c, scaledAt(c, one))
 	scale := full.KLWeight / float64(len(X))
 	for _, tc := range []struct {
 		tolerance float64
