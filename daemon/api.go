@@ -222,7 +222,7 @@ func unrouted(mux *http.ServeMux) http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
 			return
 		}
-		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s: no such route (docs/API.md lists them)", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s: no such route (docs/API.md lists them)", r.Method, r.URL.EscapedPath()))
 	})
 }
 

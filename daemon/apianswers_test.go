@@ -62,6 +62,7 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 		{"partitions from a client", "GET", "/v1/counterfactuals?partitions=1", ``, 400, []string{`unknown query parameter "partitions"`}},
 		{"a filter with a semicolon", "GET", "/v1/counterfactuals?status=certified;", ``, 400, []string{`invalid semicolon separator`}},
 		{"no such path", "GET", "/v2/model", ``, 404, []string{"no such route"}},
+		{"an escaped slash is not a route", "GET", "/v1/counterfactuals%2Fa1", ``, 404, []string{"GET /v1/counterfactuals%2Fa1: no such route"}},
 		{"a syntax error says where", "POST", "/v1/predict", `{"x":[NaN]}`, 400, []string{"bad JSON at byte 7: invalid character 'N'"}},
 		{"a number out of range names its field", "POST", "/v1/predict", `{"x":[1e309]}`, 400,
 			[]string{`field "x": number 1e309 is not a finite number of 64 bits`}},
