@@ -23,7 +23,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -295,7 +294,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	if code >= 500 {
 		msg = publicMessage(msg)
 	}
-	writeJSON(w, code, map[string]string{"error": clip(msg, maxErrorMessage)})
+	writeJSON(w, code, map[string]string{"error": ident.Clip(msg, maxErrorMessage)})
 }
 
 // absPath matches an absolute file path that starts a word (after a space, a bracket, a quote,
@@ -431,46 +430,28 @@ func jsonMessage(err error) string {
 	case errors.As(err, &te):
 		return fmt.Sprintf("bad JSON: %s is not %s", clipValue(te.Value), jsonKindOf(te.Type))
 	}
-	return "bad JSON: " + clip(err.Error(), maxErrorMessage)
+	return "bad JSON: " + ident.Clip(err.Error(), maxErrorMessage)
 }
 
-// jsonKindOf names in JSON's terms what a Go type decodes from.
+// jsonKindOf names in JSON's terms what a Go type of the request bodies decodes from.
 func jsonKindOf(t reflect.Type) string {
 	switch t.Kind() {
 	case reflect.Float32, reflect.Float64:
 		return "a finite number of 64 bits (about ±1.8e308)"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a whole number"
 	case reflect.String:
 		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Slice, reflect.Array:
+	case reflect.Slice:
 		if k := t.Elem().Kind(); k == reflect.Float32 || k == reflect.Float64 {
 			return "an array of numbers"
 		}
 		return "an array"
-	case reflect.Struct, reflect.Map:
-		return "an object"
 	}
 	return "the value the field takes"
 }
 
-// clipValue cuts s, a value from a request, to at most maxEcho bytes (on a character boundary),
-// saying how much was cut, so that an answer never echoes a huge input back.
-func clipValue(s string) string { return clip(s, maxEcho) }
-
-// clip cuts s to at most max bytes, on a character boundary, saying how many were cut.
-func clip(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	n := max
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return fmt.Sprintf("%s... (%d more bytes)", s[:n], len(s)-n)
-}
+// clipValue cuts s, a value from a request, to at most maxEcho bytes, so that an answer never
+// echoes a huge input back.
+func clipValue(s string) string { return ident.Clip(s, maxEcho) }
 
 const (
 	// maxEcho bounds what of a request's value an error message repeats.
@@ -833,7 +814,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		res := bulkResult{Line: n + 1}
 		var req registerRequest
 		if err := decodeJSON(line, &req); err != nil {
-			res.Code, res.Error = http.StatusBadRequest, clip(err.Error(), maxErrorMessage)
+			res.Code, res.Error = http.StatusBadRequest, ident.Clip(err.Error(), maxErrorMessage)
 		} else {
 			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
 			if key != "" {
@@ -869,7 +850,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
 				res.Status = "exists"
 			default:
-				res.Code, res.Error = registerStatus(o.err), clip(o.err.Error(), maxErrorMessage)
+				res.Code, res.Error = registerStatus(o.err), ident.Clip(o.err.Error(), maxErrorMessage)
 				if res.Code >= 500 {
 					res.Error = publicMessage(res.Error)
 				}

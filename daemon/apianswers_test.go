@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 // TestAPIRefusesWhatItCannotAnswer sends what a client gets wrong, and what encoding/json or the
@@ -88,7 +90,7 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 			}
 			for _, s := range c.says {
 				if !strings.Contains(e.Error, s) {
-					t.Errorf("%s %s: error %q does not say %q", c.method, c.path, clip(e.Error, 300), s)
+					t.Errorf("%s %s: error %q does not say %q", c.method, c.path, ident.Clip(e.Error, 300), s)
 				}
 			}
 			if len(e.Error) > maxErrorMessage+64 || strings.Contains(c.name, "not echoed") && len(e.Error) > 1000 {

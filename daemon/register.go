@@ -406,14 +406,14 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	)
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
+		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
+			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
 		if d.rep == nil && rs[i].id != "" && d.taken(rs[i].id) {
 			// The id is taken, and stays so until the write (a single daemon's deletions hold
 			// d.mu). The write answers it as for any taken id (exists, 409, a key's earlier
 			// outcome) whatever this measurement says: a CE stored under an earlier posterior and
 			// sent again is not refused as if it were new.
-			ces = append(ces, &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version,
-				P1: p.P(cf, t), Var1: p.V(cf, t), Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon})
-			stored = append(stored, i)
+			ces, stored = append(ces, ce), append(stored, i)
 			continue
 		}
 		if p.Argmax(orig) == t {
@@ -424,8 +424,6 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 			out[i].err = fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[c], p.P(cf, t), m.Classes[t])
 			continue
 		}
-		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
-			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
 		if !ce.Certificate().Admits(d.cfg.Certify.VerdictAlpha) && d.cfg.Certify.Uncertified == certify.Refuse {
 			lo, _ := certify.Evidence{P: ce.P1, Var: ce.Var1, Samples: ce.Samples}.Interval(d.cfg.Certify.VerdictAlpha)
 			out[i].err = fmt.Errorf("%w: p1 = %.4f, its lower %.0f%% confidence bound %.4f (need >= %.4f, the rule that renews certificates), "+

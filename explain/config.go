@@ -4,10 +4,10 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 // Method names a counterfactual generator.
@@ -57,10 +57,7 @@ func ParseMethod(s string) (Method, error) {
 			return m, nil
 		}
 	}
-	if len(s) > 64 {
-		s = strings.ToValidUTF8(s[:64], "") + "..."
-	}
-	return "", fmt.Errorf("unknown counterfactual method %q (want one of %v)", s, Methods)
+	return "", fmt.Errorf("unknown counterfactual method %q (want one of %v)", ident.Clip(s, 64), Methods)
 }
 
 // Stop names when a search may stop.

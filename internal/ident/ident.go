@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 )
 
 // MaxLen is the longest id, in bytes (every accepted character is one byte).
@@ -18,26 +19,30 @@ const MaxLen = 128
 // Check reports why id is not a valid id, or nil.
 func Check(id string) error {
 	if len(id) == 0 || len(id) > MaxLen {
-		return fmt.Errorf("id %q: want 1 to %d characters", clip(id), MaxLen)
+		return fmt.Errorf("id %q: want 1 to %d characters", Clip(id, MaxLen+16), MaxLen)
 	}
 	if id == "." || id == ".." {
 		return fmt.Errorf("id %q: \".\" and \"..\" are not ids", id)
 	}
 	for _, c := range id { // invalid UTF-8 is reported as U+FFFD
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
-			return fmt.Errorf("id %q: character %q not in [A-Za-z0-9._:-]", clip(id), c)
+			return fmt.Errorf("id %q: character %q not in [A-Za-z0-9._:-]", Clip(id, MaxLen+16), c)
 		}
 	}
 	return nil
 }
 
-// clip shortens an id quoted in an error (it may be a megabyte long).
-func clip(s string) string {
-	const max = MaxLen + 16
+// Clip shortens a value from a request that an error quotes (an id, a name: it may be a megabyte
+// long) to at most max bytes, on a character boundary, saying how many bytes it cut.
+func Clip(s string, max int) string {
 	if len(s) <= max {
 		return s
 	}
-	return s[:max] + "..."
+	n := max
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s... (%d more bytes)", s[:n], len(s)-n)
 }
 
 // ReissueStem is what the id of a CE reissued for CE id (explain.reissue) starts with, before
