@@ -30,6 +30,12 @@ type Measured struct {
 	Samples       int       `json:"samples"`
 	Delta         float64   `json:"delta"`
 	Epsilon       float64   `json:"epsilon"`
+	// Refusal, when set, is why the accepting replica refused the CE as a new one (not a
+	// counterfactual, or outside the set, under the posterior it measured it under). The
+	// registration is sent all the same when it names its id: a CE stored under that id before a
+	// drift, sent again, is answered as stored, and a keyed retry as its first attempt was,
+	// which only the owner knows. The owner stores nothing for it (ledger.ShareOp.RefuseNew).
+	Refusal string `json:"refusal,omitempty"`
 }
 
 // readable is ceshare.MemberConfig.Readable: a registration's CE must be a Measured and nothing
@@ -61,9 +67,10 @@ func decodeMeasured(raw []byte) (Measured, error) {
 }
 
 // Send puts registrations on the CE topic, one request each, with the request id and
-// fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
-// offsets[i] where its request landed in its partition.
-func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
+// fingerprint of reqs[i] (a random request id when it has none) and, when refusals is not nil,
+// refusals[i] as the CE's Measured.Refusal; errs[i] is ces[i]'s outcome, offsets[i] where its
+// request landed in its partition.
+func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef, refusals []string) (errs []error, offsets []int64) {
 	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
 	var failed error // a request that could not be sent within SendTimeout: the rest of the batch is not tried
 	for i, ce := range ces {
@@ -73,8 +80,12 @@ func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		if reqs[i].RID == "" {
 			reqs[i].RID = newRID()
 		}
-		raw, err := json.Marshal(Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
-			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
+		me := Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
+			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon}
+		if refusals != nil {
+			me.Refusal = refusals[i]
+		}
+		raw, err := json.Marshal(me)
 		if err != nil {
 			errs[i] = err
 			continue

@@ -703,6 +703,89 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 // after a drift) is answered as stored when sent again, by the single registration (409) and in
 // a bulk (exists), so that an import runs again without refusals; the same CE under a free id is
 // still refused (422).
+// On replicas too, a CE stored under an earlier posterior (here: sent to the CE topic as a
+// replica measured it then) and sent again, which the current posterior would refuse as new, is
+// answered as stored, by the owner of its partition: 201 with the CE (a replica's answer to the
+// same CE), exists in a bulk request. The same CE under a free id is refused as it was before
+// (422, by way of the owner, which stores nothing for it), at any replica.
+func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three replicas: not with -short")
+	}
+	t.Parallel() // replicas mostly wait for their group and for each other
+	b, reps := startThreeReplicas(t)
+	data := bundled(t)
+	m := reps[0].d.current()
+	_, _, cfs := candidatePairs(t, m, data, 400, 1)
+	d0 := reps[0].d
+	prod, err := ceshare.NewProducer(context.Background(), d0.conn, d0.cfg.Replication.CETopic, d0.rep.Keys(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	raw, err := json.Marshal(cluster.Measured{X: data.X[cfs[0]], XCF: data.X[cfs[1]], Target: 1, AnchorVersion: m.Version,
+		P1: 0.99, Var1: 0.001, Samples: 400, Delta: 0.05, Epsilon: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := map[string]any{"id": "kept", "x": data.X[cfs[0]], "x_cf": data.X[cfs[1]], "target": "benign"}
+	body, err := json.Marshal(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first attempt of a request with an Idempotency-Key, as a replica sent it then.
+	ref, _ := keyRequest("first-key", "", requestFingerprint("POST", "/v1/counterfactuals", body))
+	req := ceshare.Request{Kind: ceshare.KindRegister, ID: "kept", CE: raw, Replica: "r1", At: time.Now().UTC(), RID: ref.RID,
+		Fingerprint: ref.Fingerprint}
+	if _, _, err := prod.Send(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if ce := settled(t, b, reps, "kept"); ce == nil {
+		t.Fatal("the registration request was not applied")
+	}
+	if code, got := keyedDo(t, reps[2], "/v1/counterfactuals", "first-key", string(body)); code != http.StatusCreated {
+		t.Errorf("the keyed request's retry: %d %s; want 201, what its first attempt decided", code, got)
+	}
+	if got := counter(t, reps[2], "cfguard_requests_replayed_total", "result", "stored"); got != 1 {
+		t.Errorf("the keyed retry was not answered from its first attempt's outcome: replayed %v, want 1", got)
+	}
+	for i, r := range reps {
+		code, body := r.do(t, "POST", "/v1/counterfactuals", "", line)
+		var got ledger.CE
+		if code != http.StatusCreated || json.Unmarshal(body, &got) != nil || got.ID != "kept" || got.P1 != 0.99 {
+			t.Errorf("r%d: POST of the stored CE again: %d %s; want 201 with the CE as stored", i+1, code, body)
+		}
+	}
+	if code, body := keyedDo(t, reps[1], "/v1/counterfactuals", "kept-key", line); code != http.StatusCreated {
+		t.Errorf("POST of the stored CE again with a new Idempotency-Key: %d %s; want 201", code, body)
+	}
+	b1, _ := json.Marshal(line)
+	line["id"] = "new"
+	b2, _ := json.Marshal(line)
+	resp, body := reps[2].rawDo(t, "POST", "/v1/counterfactuals:bulk", string(b1)+"\n"+string(b2)+"\n", nil)
+	var bulk struct {
+		Exists, Refused, Accepted int
+		Results                   []struct {
+			Status string
+			Code   int
+			Error  string
+		}
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &bulk) != nil || bulk.Exists != 1 || bulk.Refused != 1 || bulk.Accepted != 0 ||
+		len(bulk.Results) != 2 || bulk.Results[1].Code != http.StatusUnprocessableEntity || !strings.Contains(bulk.Results[1].Error, "already classified") {
+		t.Errorf("bulk of the stored CE again and of the same CE under a free id: %d %s; want exists 1, refused 1 (422)", resp.StatusCode, body)
+	}
+	for i, r := range reps {
+		if code, body := r.do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
+			!strings.Contains(string(body), "already classified") {
+			t.Errorf("r%d: POST of the same CE under a free id: %d %s; want 422, x is classified as the target", i+1, code, body)
+		}
+	}
+	if ce := settled(t, b, reps, "new"); ce != nil {
+		t.Errorf("a CE refused as new was stored: %+v", ce)
+	}
+}
+
 func TestStoredCESentAgainIsAnsweredAsStored(t *testing.T) {
 	r := startDaemon(t, nil)
 	data := bundled(t)

@@ -836,6 +836,8 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		for k, o := range out {
 			res := &results[at[lo+k]]
 			switch {
+			case o.err == nil && o.exists:
+				res.ID, res.Status = o.ce.ID, "exists"
 			case o.err == nil && o.ce.Status == 0:
 				// A replica sent it to its owner, which judges it: accepted, not yet stored.
 				res.ID, res.Status = o.ce.ID, "accepted"

@@ -259,6 +259,95 @@ func TestApplyShareOutcomes(t *testing.T) {
 	}
 }
 
+// A registration the accepting replica refused as new (RefuseNew) stores nothing: it is answered
+// as a registration of a stored id when its id holds a CE (the same CE, or another), refused
+// with the replica's detail when it holds none (also at an anchor this ledger lacks, which a
+// refusal never needs), and a keyed retry of a request applied before answers its outcome.
+func TestApplyShareRefusedAsNew(t *testing.T) {
+	l, _ := openTest(t, Options{RequestWindow: time.Hour})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(9, 9))
+	a, b := newCE(t, m, rng), newCE(t, m, rng)
+	a.ID, b.ID = "a", "b"
+	if _, err := l.ApplyShare(0, []ShareOp{{RID: "r-a", ID: "a", CE: a}}, 1, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	later := func(ce *CE) *CE { // as a replica measures it under a version this ledger lacks
+		cp := *ce
+		cp.AnchorVersion, cp.P1 = 42, 0.3
+		return &cp
+	}
+	other := later(b)
+	other.ID = "a"
+	const why = "not a counterfactual: x is already classified as \"1\""
+	ops := []ShareOp{
+		{RID: "r-a", ID: "a", CE: later(a), RefuseNew: why},  // a retry of the request that stored a
+		{RID: "r-a2", ID: "a", CE: later(a), RefuseNew: why}, // the same CE sent again
+		{RID: "r-a3", ID: "a", CE: other, RefuseNew: why},    // another CE under a's id
+		{RID: "r-b", ID: "b", CE: later(b), RefuseNew: why},  // an id that holds nothing
+	}
+	outs, err := l.ApplyShare(0, ops, 5, nil, nil)
+	if err != nil {
+		t.Fatalf("ApplyShare: %v", err)
+	}
+	want := []struct {
+		result, detail string
+		dup            bool
+	}{
+		{OutcomeStored, "", true},
+		{OutcomeSame, "", false},
+		{OutcomeExists, `"a" holds another counterfactual`, false},
+		{OutcomeRefused, why, false},
+	}
+	for i, w := range want {
+		if o := outs[i]; o.Result != w.result || o.Detail != w.detail || o.Duplicate != w.dup {
+			t.Errorf("op %d: outcome %s %q (duplicate %v), want %s %q (duplicate %v)", i, o.Result, o.Detail, o.Duplicate, w.result, w.detail, w.dup)
+		}
+	}
+	if _, err := l.Get("b"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a registration refused as new stored its CE: Get(b) = %v", err)
+	}
+	got, err := l.Get("a")
+	if err != nil || got.AnchorVersion != a.AnchorVersion || got.P1 != a.P1 {
+		t.Fatalf("a registration refused as new changed the CE it found: %+v, %v", got, err)
+	}
+	if outs[1].Status != got.Status.String() {
+		t.Errorf("the same CE sent again: status %q, want the stored CE's %q", outs[1].Status, got.Status)
+	}
+	if o, ok, _ := l.Outcome("r-b"); !ok || o.Result != OutcomeRefused || !o.RefusedAsNew {
+		t.Errorf("the refusal's outcome (for the accepting replica's answer) was not kept: %+v, %v", o, ok)
+	}
+	// Nothing was decided: r-b read again is applied again, refused again or, judged a
+	// counterfactual by the replica that took the retry, stored; its outcome replaced, once.
+	outs, err = l.ApplyShare(0, []ShareOp{{RID: "r-b", ID: "b", CE: later(b), RefuseNew: why}, {RID: "r-b", ID: "b", CE: b}}, 7, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outs[0].Duplicate || outs[0].Result != OutcomeRefused || outs[1].Duplicate || outs[1].Result != OutcomeStored {
+		t.Errorf("a refusal's request applied again: outcomes %+v, want refused then stored, neither a duplicate", outs)
+	}
+	if _, err := l.Get("b"); err != nil {
+		t.Errorf("the retry judged a counterfactual was not stored: %v", err)
+	}
+	err = l.view(func(tx *bolt.Tx) error {
+		n := 0
+		err := tx.Bucket(bRequestsAt).ForEach(func(k, _ []byte) error {
+			if string(k[8:]) == "r-b" {
+				n++
+			}
+			return nil
+		})
+		if n != 1 {
+			t.Errorf("r-b has %d entries in the order outcomes expire, want 1", n)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // PutRequests stores each CE's outcome under its request id in the registration's own
 // transaction, and refuses a request applied before with its outcome, also after the CE was
 // deleted; a failed write stores neither the CE nor the outcome.
