@@ -160,6 +160,12 @@ type ce struct {
 	P1     float64 `json:"p1"`
 }
 
+// nearDeadline reports whether t's deadline (go test -timeout) is less than a minute away.
+func nearDeadline(t *testing.T) bool {
+	d, ok := t.Deadline()
+	return ok && time.Until(d) < time.Minute
+}
+
 // explainAll asks PSCE for counterfactuals (target class 1) of rows of class 0, two at a time
 // (one on one core: at explain.concurrency's default the daemon generates one per core at
 // once, and answers another 429), and returns the ids stored as certified.
@@ -187,10 +193,18 @@ func (r *running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 			code, body := r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
 			// The first explanation trains the VAE; a request that waited explain.timeout for it
 			// is answered 503 "retry shortly", which a client does (on a busy core training
-			// takes longer than one request's wait).
-			for code == http.StatusServiceUnavailable && strings.Contains(string(body), "VAE is still being trained") {
+			// takes longer than one request's wait), up to a minute before the test's deadline,
+			// so that a training that never ends is named rather than timed out.
+			training := func() bool {
+				return code == http.StatusServiceUnavailable && strings.Contains(string(body), "VAE is still being trained")
+			}
+			for training() && !nearDeadline(t) {
 				time.Sleep(time.Second)
 				code, body = r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
+			}
+			if training() {
+				t.Errorf("explain %s: the VAE was still being trained a minute before the test's deadline: %.400s", id, body)
+				return
 			}
 			var resp struct {
 				Counterfactual ce `json:"counterfactual"`
