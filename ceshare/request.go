@@ -204,11 +204,5 @@ func printable(s string, max int) bool {
 	return true
 }
 
-// clip shortens bytes quoted in an error.
-func clip(b []byte) string {
-	const max = 160
-	if len(b) <= max {
-		return string(b)
-	}
-	return string(b[:max]) + "..."
-}
+// clip shortens bytes quoted in an error to 160 bytes (ident.Clip).
+func clip(b []byte) string { return ident.Clip(string(b), 160) }

@@ -311,11 +311,5 @@ func isPlainJSON(name string) bool {
 	return utf8.ValidString(name)
 }
 
-// clip shortens user-controlled text quoted in error details.
-func clip(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "..."
-}
+// clip shortens user-controlled text quoted in error details to 64 bytes (ident.Clip).
+func clip(s string) string { return ident.Clip(s, 64) }

@@ -25,6 +25,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
+
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 // MinKeyBytes is the shortest key accepted: HMAC-SHA-256's output length (RFC 2104 discourages
@@ -188,9 +190,5 @@ func (k *Keyring) Verify(domain string, value, auth []byte) error {
 	return fmt.Errorf("%w: key id %q is not in %s (its keys: %s)", ErrUnauthenticated, clip(id), k.source, strings.Join(k.IDs(), ", "))
 }
 
-func clip(b []byte) string {
-	if len(b) > 64 {
-		return string(b[:64]) + "..."
-	}
-	return string(b)
-}
+// clip shortens a key id quoted in an error to 64 bytes (ident.Clip).
+func clip(b []byte) string { return ident.Clip(string(b), 64) }
