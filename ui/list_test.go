@@ -73,7 +73,7 @@ func TestFilteredListSaysWhatItRead(t *testing.T) {
 		switch {
 		case n == 0 && more != nil:
 			empty++
-			if !strings.Contains(body, "None of the 500 counterfactuals this page read matches; more remain") {
+			if !strings.Contains(body, "None of the 500 counterfactuals this page read matches. Counterfactuals remain unread") {
 				t.Errorf("page %d (%s) is empty with a next page, and does not say what it read", pages, path)
 			}
 		case strings.Contains(body, "No counterfactual matches") && more != nil:
@@ -88,19 +88,38 @@ func TestFilteredListSaysWhatItRead(t *testing.T) {
 		t.Errorf("walking target=malignant: %d CEs on %d pages, %d of them empty with a next page; want 3, with 2 empty", found, pages, empty)
 	}
 
-	body := page("/ui/counterfactuals")
+	labelled(t, page("/ui/counterfactuals"), "ces")
+	labelled(t, page("/ui/"), "counts")
+	labelled(t, page("/ui/counterfactuals/ce-00001"), "features")
+	if body := page("/ui/counterfactuals"); !strings.Contains(body, "50 counterfactuals on this page of 1,203 stored") {
+		t.Error("the list's caption does not say how many CEs it holds in all")
+	}
+}
+
+// labelled checks that the first row of body's table of class class labels each data cell with
+// its column's header (data-label, in the header's order), a row header (th scope="row") aside:
+// on a narrow screen the header row is hidden and each cell shows its label.
+func labelled(t *testing.T, body, class string) {
+	t.Helper()
+	i := strings.Index(body, `<table class="`+class+`">`)
+	if i < 0 {
+		t.Fatalf("no table of class %s", class)
+	}
+	table := body[i:]
+	table = table[:strings.Index(table, "</table>")]
 	var heads []string
-	for _, m := range regexp.MustCompile(`<th scope="col">([^<]+)</th>`).FindAllStringSubmatch(body, -1) {
+	for _, m := range regexp.MustCompile(`<th scope="col">([^<]+)</th>`).FindAllStringSubmatch(table, -1) {
 		heads = append(heads, m[1])
 	}
-	first := body[strings.Index(body, "<tbody>"):]
+	first := table[strings.Index(table, "<tbody>"):]
 	first = first[:strings.Index(first, "</tr>")]
+	heads = heads[min(len(heads), strings.Count(first, `<th scope="row"`)):]
 	var labels []string
 	for _, m := range regexp.MustCompile(`<td[^>]* data-label="([^"]+)"`).FindAllStringSubmatch(first, -1) {
 		labels = append(labels, m[1])
 	}
 	if cells := strings.Count(first, "<td"); len(heads) == 0 || strings.Join(labels, "|") != strings.Join(heads, "|") || cells != len(heads) {
-		t.Errorf("the list's first row labels its %d cells %q, want the header's %q", cells, labels, heads)
+		t.Errorf("the %s table's first row labels its %d cells %q, want the header's %q", class, cells, labels, heads)
 	}
 }
 
@@ -146,6 +165,15 @@ type statusSource struct {
 	ledgerSource
 	status  map[string]certify.Status
 	history map[string][]ledger.StatusChange
+	version uint64 // the snapshot's posterior version, when set
+}
+
+func (s statusSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
+	snap, err := s.ledgerSource.Snapshot(ctx)
+	if s.version > 0 {
+		snap.PosteriorVersion = s.version
+	}
+	return snap, err
 }
 
 func (s statusSource) patch(ce *ledger.CE) *ledger.CE {
@@ -173,11 +201,12 @@ func (s statusSource) Get(ctx context.Context, id string) (*ledger.CE, error) {
 }
 
 // TestReissueLinksFollowTheNames: with explain.reissue, a CE's page links the CEs stored as
-// "<id>.r<version>" (a long id's stem and ".r<version>") for the same input and target, and a
-// replacement's page the CE it replaces, when that CE stopped holding by that version (it is not
-// certified now, or its history changed its status at or before it), as the reissuer's
-// replacements do. A CE of that name with another input, a name that is not a version, and a
-// name a client gave while the CE it names held, are not linked.
+// "<id>.r<version>" (a long id's stem and ".r<version>") for the same input and target, each
+// with what its status says, and a replacement's page the CE it replaces, when that CE stopped
+// holding by that version (its history changed its status out of certified at or before it,
+// or begins after it when full), as the reissuer's replacements do. A CE of that name with
+// another input, a name that is not a version, a version not reached yet, and a name a client
+// gave while the CE it names held (also one not certified now), are not linked.
 func TestReissueLinksFollowTheNames(t *testing.T) {
 	l, m := smallLedger(t)
 	x, other := []float64{0.5, 0.25}, []float64{0.5, 0.2505}
@@ -189,6 +218,8 @@ func TestReissueLinksFollowTheNames(t *testing.T) {
 		"ce-002": x, "ce-002.r4": x, "ce-002.r6": x, // ce-002 lapsed at version 5 and was certified again
 		long("a"): x, long("b"): x, ident.Reissue(long("a"), 5): x, ident.Reissue(long("b"), 5): x,
 		mid: x, mid + ".r3": x, ident.Reissue(mid, 4): x,
+		"ce-003": x, "ce-003.r1": x, "ce-003.r9": x, "ce-003.r500": x, // ce-003 lapsed at version 5; the posterior is at 20
+		"ce-004": x, "ce-004.r2": x, // ce-004's full history begins at version 3, after its lapse
 	}
 	var put []*ledger.CE
 	for id, in := range ces {
@@ -199,10 +230,20 @@ func TestReissueLinksFollowTheNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	lapsed := []ledger.StatusChange{{From: certify.Certified, To: certify.Invalidated, PosteriorVersion: 2}}
+	var full []ledger.StatusChange // ledger.MaxHistory changes from version 3 on: the lapse is older
+	for v := range ledger.MaxHistory {
+		from, to := certify.Invalidated, certify.AtRisk
+		if v%2 == 1 {
+			from, to = to, from
+		}
+		full = append(full, ledger.StatusChange{From: from, To: to, PosteriorVersion: uint64(3 + v)})
+	}
 	src := statusSource{ledgerSource: ledgerSource{l}, status: map[string]certify.Status{
 		"ce-000": certify.Invalidated, long("a"): certify.Invalidated, long("b"): certify.AtRisk, mid: certify.Invalidated,
-		"ce-002": certify.Certified,
-	}, history: map[string][]ledger.StatusChange{
+		"ce-002": certify.Certified, "ce-003": certify.AtRisk, "ce-004": certify.Invalidated, "ce-000.r12": certify.Uncertified,
+	}, version: 20, history: map[string][]ledger.StatusChange{
+		"ce-003": {{From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 5}},
+		"ce-004": full,
 		"ce-000": lapsed, long("a"): lapsed, long("b"): lapsed, mid: lapsed,
 		"ce-002": {{From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 5}, {From: certify.AtRisk, To: certify.Certified, PosteriorVersion: 8}},
 	}}
@@ -219,14 +260,22 @@ func TestReissueLinksFollowTheNames(t *testing.T) {
 	names := func(p string) bool {
 		return strings.Contains(p, `id="reissue-of"`) || strings.Contains(p, `id="reissues"`)
 	}
-	if got, want := page("ce-000"), "Replaced by "+link("ce-000.r12")+", "+link("ce-000.r7")+" ("; !strings.Contains(got, want) ||
+	if got, want := page("ce-000"), "Replaced by "+link("ce-000.r12")+" (uncertified: never certified, no guarantee applies); "+link("ce-000.r7")+
+		" (certified"; !strings.Contains(got, want) ||
 		strings.Contains(got, link("ce-000.r9")) || strings.Contains(got, link("ce-000.rc2")) {
 		t.Errorf("ce-000's page: want %q and no other replacement linked", want)
 	}
 	if !strings.Contains(page("ce-000.r7"), "This explanation replaces "+link("ce-000")) {
 		t.Error("ce-000.r7's page does not link ce-000")
 	}
-	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001", "ce-001.r3", "ce-002.r4"} {
+	if got := page("ce-003"); !strings.Contains(got, "Replaced by "+link("ce-003.r9")+" (") || strings.Contains(got, link("ce-003.r1")) ||
+		strings.Contains(got, link("ce-003.r500")) {
+		t.Error("ce-003 (lapsed at version 5, the posterior at 20): want ce-003.r9 linked, not ce-003.r1 nor ce-003.r500")
+	}
+	if !strings.Contains(page("ce-004.r2"), "This explanation replaces "+link("ce-004")) {
+		t.Error("ce-004.r2's page does not link ce-004, whose full history begins after version 2")
+	}
+	for _, id := range []string{"ce-000.r9", "ce-000.rc2", "ce-001", "ce-001.r3", "ce-002.r4", "ce-003.r1", "ce-003.r500"} {
 		if names(page(id)) {
 			t.Errorf("%s's page names a reissue", id)
 		}

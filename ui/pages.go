@@ -44,6 +44,7 @@ type page struct {
 	VarCeiling string // a CE page's Theorem 2 ceiling, max(epsilon_max, epsilon); "" when not known
 	Held       string // the overview's count of records held (cfguard_records_total{result="held"}), "" for none
 	Short      bool   // a list page that stopped reading before it filled, with more to read
+	Total      string // how many CEs the list holds in all, when the counts by status say it; "" else
 	FirstURL   string
 	Statuses   []string
 
@@ -52,7 +53,7 @@ type page struct {
 	Verdict statement
 	// Reissues are the CEs stored as this one's replacements, ReissueOf the CE this one replaces
 	// (explain.reissue names a replacement "<id>.r<posterior version>"; see reissues).
-	Reissues  []string
+	Reissues  []reissueLink
 	ReissueOf string
 	History   []historyRow
 	Target    string
@@ -128,6 +129,28 @@ type ceRow struct {
 	Updated                            string
 }
 
+// reissueLink is a replacement a CE's page links, with what its status lets one say of it: a
+// replacement is stored as any CE is, uncertified too (certify.uncertified: store), and may have
+// stopped holding since.
+type reissueLink struct{ ID, Says string }
+
+// says is a CE's status and what it lets one say, in a few words (Statement says it in full).
+func says(ce *ledger.CE) string {
+	switch {
+	case valid(ce):
+		return "certified: it holds"
+	case ce.Status == certify.Certified:
+		return "certified, its certificate lapsed: no statement until it is measured again"
+	case ce.Status == certify.Uncertified:
+		return "uncertified: never certified, no guarantee applies"
+	case !ce.Decided:
+		return ce.Status.String() + ", undecided: no statement"
+	case ce.Status == certify.AtRisk:
+		return "at risk: the target is still the most likely class, not certified"
+	}
+	return "invalidated: it does not hold"
+}
+
 type featureRow struct {
 	Name, X, XCF, Change string
 	Changed              bool
@@ -159,6 +182,7 @@ var funcs = template.FuncMap{
 	"num": fmtNum,
 	// promoted says whether an update KL entry's posterior was promoted (svg.go).
 	"promoted": promoted,
+	"breach":   breach,
 	"margin":   func(b float64) float64 { return b - 0.5 },
 	"valid":    valid,
 	"sub":      func(a, b int) int { return a - b },
@@ -251,6 +275,16 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, http.StatusBadRequest, fmt.Errorf("query: %w (parameters are separated by &)", err))
 		return
 	}
+	for k, vs := range q { // refused as the API refuses them: a misspelt filter would list everything
+		switch {
+		case !slices.Contains(listParams, k):
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("unknown parameter %q: the list takes %s", ident.Clip(k, 64), strings.Join(listParams, ", ")))
+			return
+		case len(vs) > 1:
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("parameter %q given %d times", k, len(vs)))
+			return
+		}
+	}
 	f := listFilter{Status: q.Get("status"), Decided: q.Get("decided"), Target: q.Get("target"), Pending: q.Get("pending"), After: q.Get("after")}
 	var st certify.Status
 	if f.Status != "" {
@@ -318,6 +352,15 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 	}
 	p := page{Title: "Counterfactuals", Nav: "list", CEs: rows, Filter: f, Snap: &snap, Classes: snap.Classes, Scanned: scanned,
 		Short: more && len(rows) < size}
+	if f.Decided == "" && f.Target == "" && f.Pending == "" { // the counts say how many the list holds in all
+		n := 0
+		for s, c := range snap.State.Counts {
+			if f.Status == "" || s == st {
+				n += c
+			}
+		}
+		p.Total = count(float64(n))
+	}
 	for _, s := range certify.Statuses() {
 		p.Statuses = append(p.Statuses, s.String())
 	}
@@ -334,6 +377,9 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 	}
 	u.render(w, http.StatusOK, "list", p)
 }
+
+// listParams are the parameters a list page takes (its form sends each, empty for none).
+var listParams = []string{"status", "decided", "target", "pending", "after"}
 
 // classIndex is the class named s (by name or index), -1 when there is none.
 func classIndex(classes []string, s string) int {
@@ -355,8 +401,11 @@ func (u *UI) row(ce *ledger.CE, classes []string) ceRow {
 	if ce.Decided {
 		r.Decided = "decided"
 	}
-	if ce.Status == certify.Uncertified {
+	switch {
+	case ce.Status == certify.Uncertified:
 		r.Bound = "none" // never certified: the API's 0 is no bound
+	case ce.Bound <= 0:
+		r.Bound = "none (" + r.Bound + ")" // a lower bound on a probability that is not above 0 bounds nothing
 	}
 	var flags []string
 	if ce.RenewalPending {
@@ -407,7 +456,7 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 	p := u.cePage(ce, snap, "Counterfactual "+ce.ID)
 	if u.cfg.Reissue {
 		var err error
-		if p.Reissues, p.ReissueOf, err = u.reissues(r.Context(), ce); err != nil {
+		if p.Reissues, p.ReissueOf, err = u.reissues(r.Context(), ce, max(snap.PosteriorVersion, ce.PosteriorVersion)); err != nil {
 			u.fail(w, http.StatusInternalServerError, err)
 			return
 		}
@@ -421,10 +470,12 @@ func (u *UI) ce(w http.ResponseWriter, r *http.Request) {
 // replaces is among the ids that start with the stem's first characters.
 //
 // A client may store a CE under such a name itself, so a replacement is shown only if the CE it
-// replaces stopped holding by the version in its name, as the reissuer's do: it is not
-// certified now, or its history (the last ledger.MaxHistory changes) has a change to another
-// status at or before that version.
-func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev string, err error) {
+// replaces stopped holding by the version in its name, as the reissuer's do (it reissues a CE
+// when a status change moves it out of certified, under a version at or after the change's):
+// the version is at most current, the posterior version now, and the CE's history (the last
+// ledger.MaxHistory changes) has a change out of certified at or before it, or, when the CE is
+// not certified now and its history is full, begins after it (the change may be older).
+func (u *UI) reissues(ctx context.Context, ce *ledger.CE, current uint64) (next []reissueLink, prev string, err error) {
 	same := func(o *ledger.CE) bool { return o.Target == ce.Target && slices.Equal(o.X, ce.X) }
 	replaces := func(newID string, old *ledger.CE) bool {
 		i := strings.LastIndex(newID, ".r")
@@ -432,18 +483,15 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 			return false
 		}
 		v, err := strconv.ParseUint(newID[i+2:], 10, 64)
-		if err != nil {
+		if err != nil || v > current {
 			return false
-		}
-		if old.Status != certify.Certified {
-			return true
 		}
 		for _, h := range old.History {
 			if h.To != certify.Certified && h.PosteriorVersion <= v {
 				return true
 			}
 		}
-		return false
+		return old.Status != certify.Certified && len(old.History) >= ledger.MaxHistory && old.History[0].PosteriorVersion > v
 	}
 	// An id of 107 to 126 characters has a stem of its own; its replacements stored before
 	// stems existed are named "<id>.r<version>".
@@ -458,7 +506,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE) (next []string, prev s
 				break
 			}
 			if isDigits(v) && same(o) && replaces(o.ID, ce) {
-				next = append(next, o.ID)
+				next = append(next, reissueLink{ID: o.ID, Says: says(o)})
 			}
 		}
 	}
@@ -581,13 +629,14 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 		}}
 	case ce.Status == certify.Certified:
 		return statement{Headline: "No statement: the certificate has lapsed and waits to be measured again.", Kind: "open", Body: []string{
-			fmt.Sprintf("Its bound, %s from the measurement under posterior version %d, no longer holds under version %d (KL = %s). Until the confirmer measures it under the current posterior (renewal pending), nothing is guaranteed.",
-				fmtNum(ce.Bound), ce.AnchorVersion, version, fmtNum(ce.KLFromAnchor)),
+			fmt.Sprintf("p1 = %s was measured under posterior version %d; under version %d, after what the posterior moved since (KL = %s), Theorem 1 %s, which no longer certifies it. Until the confirmer measures it under the current posterior (renewal pending), nothing is guaranteed.",
+				fmtNum(ce.P1), ce.AnchorVersion, version, fmtNum(ce.KLFromAnchor), keeps(ce.Bound)),
 		}}
 	case ce.Status == certify.AtRisk && ce.Decided:
 		return statement{Headline: "At risk: the target is still the most likely class, but the explanation is no longer certified.", Kind: "open", Body: []string{
-			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class at or above 1/2 with confidence %s, and that bound still carries to version %d; it is below the level a certificate needs.",
+			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class at or above 1/2 with confidence %s, and that bound still carries to version %d.",
 				confirmed(ce), conf, version),
+			"It is not certified: an explanation that lost its certificate gets one again only when a measurement's lower confidence bound reaches 1 - delta plus one more Monte-Carlo margin, and its variance is at most epsilon, so that it does not go back and forth at the threshold (docs/MATHS.md, \"Renewal\").",
 		}}
 	case ce.Status == certify.AtRisk:
 		return statement{Headline: "No statement: this at-risk status is kept until a new measurement decides it.", Kind: "open", Body: []string{
@@ -606,6 +655,14 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 	return statement{Headline: "Never certified: no guarantee applies.", Kind: "none", Body: []string{
 		fmt.Sprintf("It was stored outside the certified set (p1 = %s, variance %s against delta %s, epsilon %s).", fmtNum(ce.P1), fmtNum(ce.Var1), fmtNum(ce.Delta), fmtNum(ce.Epsilon)),
 	}}
+}
+
+// keeps says what Theorem 1's bound b keeps of the probability: nothing when it is not above 0.
+func keeps(b float64) string {
+	if b <= 0 {
+		return fmt.Sprintf("no longer bounds the probability (its bound, %s, is not above 0)", fmtNum(b))
+	}
+	return fmt.Sprintf("keeps the probability only at %s or more", fmtNum(b))
 }
 
 func confirmed(ce *ledger.CE) string {

@@ -91,11 +91,7 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	line("update", func(e ledger.KLEntry) float64 { return e.KL }, func(ledger.KLEntry) bool { return true })
 	for i, e := range h {
 		cx, cy := x(i), y(e.KL)
-		if e.Breached(budget) {
-			what := "over the budget"
-			if e.KL <= budget {
-				what = "clipped to the budget"
-			}
+		if what := breach(e, budget); what != "" {
 			fmt.Fprintf(&b, `<path class="over" d="M%.1f %.1fl8 8m0 -8l-8 8"><title>v%d: KL %s, %s</title></path>`, cx-4, cy-4, e.PosteriorVersion, fmtNum(e.KL), what)
 		} else if len(h) <= 200 {
 			fmt.Fprintf(&b, `<circle class="point" cx="%.1f" cy="%.1f" r="2.5"><title>v%d: KL %s</title></circle>`, cx, cy, e.PosteriorVersion, fmtNum(e.KL))
@@ -104,6 +100,18 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	b.WriteString(`</svg>`)
 	fmt.Fprintf(&b, `<p class="legend" id="tl-legend">Solid line and dots: each update's KL. Dotted grey line: the largest KL from a live anchor after it. Dashed red line: the budget. A cross: an update over the budget, or clipped to it. A KL below 1e%d (0 included) is drawn on the lowest line.</p>`, int(lo))
 	return template.HTML(b.String())
+}
+
+// breach says how update e breached the budget: "over the budget", "clipped to the budget", or
+// "" when it did not.
+func breach(e ledger.KLEntry, budget float64) string {
+	switch {
+	case !e.Breached(budget):
+		return ""
+	case e.KL <= budget:
+		return "clipped to the budget"
+	}
+	return "over the budget"
 }
 
 // promoted says whether e's posterior was promoted (clipped ones are): the others (rejected,

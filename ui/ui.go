@@ -15,6 +15,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/cfguard/cfguard/internal/ident"
 )
 
 //go:embed templates/*.html
@@ -77,6 +79,7 @@ func New(cfg Config, src Source) *UI {
 	m.Handle("GET /ui/counterfactuals/{id}/certificate", u.auth(u.certificate))
 	m.Handle("GET /ui/events", u.auth(u.events))
 	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
+	m.HandleFunc("/ui/", u.noPage)
 	u.mux = m
 	return u
 }
@@ -218,6 +221,19 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
 
+// noPage answers a path under /ui/ that is no page, or a method no page takes, with a page that
+// says so and leads back (not the mux's plain text). It reads nothing, so it asks for no token.
+func (u *UI) noPage(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		u.render(w, http.StatusMethodNotAllowed, "error", page{Title: "Method not allowed",
+			Error: r.Method + " " + ident.Clip(r.URL.EscapedPath(), 256) + ": the UI's pages are read with GET (and change nothing)."})
+		return
+	}
+	u.render(w, http.StatusNotFound, "error", page{Title: "No such page",
+		Error: "There is no page at " + ident.Clip(r.URL.EscapedPath(), 256) + ". The UI's pages are the overview, the counterfactuals (and each one's page) and the events: the links above lead to them."})
+}
+
 // render writes a page; a template that fails mid-way has already sent its status, so the
 // error is logged.
 func (u *UI) render(w http.ResponseWriter, code int, name string, p page) {
@@ -251,7 +267,11 @@ func (u *UI) fail(w http.ResponseWriter, code int, err error) {
 		u.unavailable(w, err, ErrNotYet, 1, "Not available yet", "The counterfactuals are moving between replicas", "Reload this page in a moment.")
 		return
 	}
-	u.cfg.Logger.Warn("ui: page failed", "code", code, "err", err)
+	if code >= 500 {
+		u.cfg.Logger.Warn("ui: page failed", "code", code, "err", err)
+	} else { // a mistyped address or filter: the page says what is wrong, the log need not
+		u.cfg.Logger.Debug("ui: page refused", "code", code, "err", err)
+	}
 	msg := err.Error()
 	if code >= 500 {
 		msg = "The daemon could not read its state; its log has the error (level WARN, \"ui: page failed\")."

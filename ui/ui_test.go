@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -308,7 +309,12 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		if st := ce.Status.String(); st != "uncertified" {
 			// The Theorem 2 bound names its ceiling, and a verdict's status says the Theorem 1
 			// bound is not what it rests on.
-			if got := field(t, page, "var-bound"); !strings.HasPrefix(got, num(ce.VarBound)+" (a certificate needs at most 0.25:") {
+			// A bound at 1/4, every probability's largest variance, says so.
+			want := num(ce.VarBound) + " "
+			if ce.VarBound >= 0.25 {
+				want += "(the most any probability's variance can be: Theorem 2 adds nothing here) "
+			}
+			if got := field(t, page, "var-bound"); !strings.HasPrefix(got, want+"(a certificate needs at most 0.25:") {
 				t.Errorf("%s: Theorem 2 bound %q, want the API's %v and its ceiling 0.25", ce.ID, got, ce.VarBound)
 			}
 			if got := field(t, page, "bound"); strings.Contains(got, "this status rests on its verdict") != (st != "certified") {
@@ -374,6 +380,29 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	}
 	if code, _, _ := get(t, nil, d.Base+"/ui/counterfactuals?status=certified;"); code != http.StatusBadRequest {
 		t.Errorf("a filter with a semicolon, which would be dropped: %d, want 400", code)
+	}
+	// Refused as the API refuses them: a filter given twice, a parameter the list does not take.
+	for q, want := range map[string]string{"status=invalidated&status=certified": `parameter "status" given 2 times`,
+		"status=certified&limit=5": `unknown parameter "limit"`} {
+		if code, _, page := get(t, nil, d.Base+"/ui/counterfactuals?"+q); code != http.StatusBadRequest || !strings.Contains(html.UnescapeString(page), want) {
+			t.Errorf("?%s: %d, want 400 saying %s", q, code, want)
+		}
+	}
+	// A path or method no page takes gets a page of the UI that says so, not the mux's plain text.
+	for _, path := range []string{"/ui/nope", "/ui/counterfactuals/", "/ui/counterfactuals/" + all[0].ID + "/certificate/x"} {
+		if code, h, page := get(t, nil, d.Base+path); code != http.StatusNotFound || !strings.HasPrefix(h.Get("Content-Type"), "text/html") ||
+			!strings.Contains(page, "There is no page at "+path) {
+			t.Errorf("GET %s: %d %s, want the UI's 404 page", path, code, h.Get("Content-Type"))
+		}
+	}
+	if resp, err := http.Post(d.Base+"/ui/counterfactuals", "text/plain", nil); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" || !strings.Contains(string(b), "read with GET") {
+			t.Errorf("POST /ui/counterfactuals: %d (Allow %q), want the UI's 405 page", resp.StatusCode, resp.Header.Get("Allow"))
+		}
 	}
 	// A target given by its index is the class the form then shows, so that filtering again keeps it.
 	if _, _, page := get(t, nil, d.Base+"/ui/counterfactuals?target=1&status=certified"); !strings.Contains(page, `<option value="benign" selected>`) {

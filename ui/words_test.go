@@ -1,6 +1,12 @@
 package ui
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ledger"
+)
 
 func TestSafeNextStaysOnTheUI(t *testing.T) {
 	for _, tc := range []struct{ next, want string }{
@@ -36,6 +42,30 @@ func TestCountPrintsWholeNumbers(t *testing.T) {
 	} {
 		if got := count(tc.v); got != tc.want {
 			t.Errorf("count(%v) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+}
+
+// TestStatementNamesWhatEachFigureIs: a lapsed certificate's statement gives p1 with the version
+// it was measured under and Theorem 1's bound at the version read (nothing when the bound is not
+// above 0); a decided at_risk says why a lower bound above 1 - delta does not certify it.
+func TestStatementNamesWhatEachFigureIs(t *testing.T) {
+	v := uint64(152)
+	for _, tc := range []struct {
+		name string
+		ce   ledger.CE
+		want string
+	}{
+		{"lapsed", ledger.CE{Status: certify.Certified, P1: 0.9983, AnchorVersion: 152, PosteriorVersion: 153, Bound: 0.4957, KLFromAnchor: 0.1263},
+			"p1 = 0.9983 was measured under posterior version 152; under version 153, after what the posterior moved since (KL = 0.1263), Theorem 1 keeps the probability only at 0.4957 or more, which no longer certifies it."},
+		{"lapsed far", ledger.CE{Status: certify.Certified, P1: 0.99, AnchorVersion: 1, PosteriorVersion: 3, Bound: -11, KLFromAnchor: 72},
+			"Theorem 1 no longer bounds the probability (its bound, -11, is not above 0), which no longer certifies it."},
+		{"at risk, decided", ledger.CE{Status: certify.AtRisk, Decided: true, ConfirmedVersion: &v, PosteriorVersion: 153},
+			"gets one again only when a measurement's lower confidence bound reaches 1 - delta plus one more Monte-Carlo margin"},
+	} {
+		st := Statement(&tc.ce, 0.01)
+		if body := strings.Join(st.Body, " "); !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %q does not say %q", tc.name, body, tc.want)
 		}
 	}
 }
