@@ -97,7 +97,7 @@ func (s *Share) Reset(ctx context.Context, p int, end, from int64) error {
 	for len(ces) > 0 {
 		batch := ces[:min(len(ces), 256)]
 		ces = ces[len(batch):]
-		errs, _ := s.Send(ctx, batch, make([]ledger.RequestRef, len(batch)), nil)
+		errs, _ := s.Send(ctx, batch, make([]ledger.RequestRef, len(batch)))
 		for _, err := range errs {
 			if err != nil {
 				failed++
@@ -157,10 +157,6 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		// What the owner's ledger judges is its own to fill in.
 		ops[i].CE = &ledger.CE{ID: r.ID, X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion,
 			P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon, CreatedAt: r.At}
-		if ce.Refusal != "" { // stores nothing: needs neither its anchor nor a state
-			ops[i].RefuseNew = ce.Refusal
-			continue
-		}
 		newest = max(newest, ce.AnchorVersion)
 		if r.State != nil {
 			if ops[i].State = s.stateOf(p, r); ops[i].State != nil {
@@ -182,7 +178,7 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 	}
 	applied := 0 // requests, not registrations rebuilt from states
 	for i, o := range outs {
-		s.noteOutcome(p, reqs[i], ops[i].RefuseNew != "", o)
+		s.noteOutcome(p, reqs[i], o)
 		if !reqs[i].Restored {
 			applied++
 		}
@@ -194,8 +190,8 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 }
 
 // noteOutcome counts and logs what became of request r of partition p (o): a duplicate, a
-// refusal, a state used or not. refusedNew: the accepting replica refused r as a new CE.
-func (s *Share) noteOutcome(p int, r ceshare.Request, refusedNew bool, o ledger.Outcome) {
+// refusal, a state used or not.
+func (s *Share) noteOutcome(p int, r ceshare.Request, o ledger.Outcome) {
 	if o.Duplicate {
 		s.requests.Skipped(r.Kind, 1)
 	}
@@ -204,9 +200,6 @@ func (s *Share) noteOutcome(p int, r ceshare.Request, refusedNew bool, o ledger.
 		s.lg.Error("CE not restored from its state: the ledger refused it", "partition", p, "id", o.ID, "detail", o.Detail)
 	case o.Result == ledger.OutcomeExists && r.Restored:
 		s.lg.Warn("CE not restored from its state: its id holds another CE", "partition", p, "id", o.ID, "detail", o.Detail)
-	case o.Result == ledger.OutcomeRefused && !o.Duplicate && refusedNew:
-		s.lg.Debug("CE registration refused as its accepting replica judged it: its id holds no CE", "partition", p,
-			"offset", r.Offset, "id", o.ID, "detail", o.Detail)
 	case o.Result == ledger.OutcomeRefused && !o.Duplicate:
 		s.lg.Error("CE registration refused by the ledger", "partition", p, "offset", r.Offset, "id", o.ID, "detail", o.Detail)
 	}
@@ -327,7 +320,7 @@ func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool, stored
 		}
 	}
 	for _, op := range ops {
-		if op.CE == nil || op.RefuseNew != "" || stored(op.ID) {
+		if op.CE == nil || stored(op.ID) {
 			continue
 		}
 		anchor(op.CE.AnchorVersion)

@@ -30,12 +30,6 @@ type Measured struct {
 	Samples       int       `json:"samples"`
 	Delta         float64   `json:"delta"`
 	Epsilon       float64   `json:"epsilon"`
-	// Refusal, when set, is why the accepting replica refused the CE as a new one (not a
-	// counterfactual, or outside the set, under the posterior it measured it under). The
-	// registration is sent all the same when it names its id: a CE stored under that id before a
-	// drift, sent again, is answered as stored, and a keyed retry as its first attempt was,
-	// which only the owner knows. The owner stores nothing for it (ledger.ShareOp.RefuseNew).
-	Refusal string `json:"refusal,omitempty"`
 }
 
 // readable is ceshare.MemberConfig.Readable: a registration's CE must be a Measured and nothing
@@ -67,10 +61,9 @@ func decodeMeasured(raw []byte) (Measured, error) {
 }
 
 // Send puts registrations on the CE topic, one request each, with the request id and
-// fingerprint of reqs[i] (a random request id when it has none) and, when refusals is not nil,
-// refusals[i] as the CE's Measured.Refusal; errs[i] is ces[i]'s outcome, offsets[i] where its
-// request landed in its partition.
-func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef, refusals []string) (errs []error, offsets []int64) {
+// fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
+// offsets[i] where its request landed in its partition.
+func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
 	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
 	var failed error // a request that could not be sent within SendTimeout: the rest of the batch is not tried
 	for i, ce := range ces {
@@ -80,12 +73,8 @@ func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		if reqs[i].RID == "" {
 			reqs[i].RID = newRID()
 		}
-		me := Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
-			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon}
-		if refusals != nil {
-			me.Refusal = refusals[i]
-		}
-		raw, err := json.Marshal(me)
+		raw, err := json.Marshal(Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
+			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
 		if err != nil {
 			errs[i] = err
 			continue
@@ -202,9 +191,15 @@ func (s *Share) AwaitOutcome(ctx context.Context, id string, ref ledger.RequestR
 	}
 }
 
+// OutcomeNow is the outcome the owner of id's partition holds for request rid now, without
+// waiting for it to apply anything; ok is false when it holds none.
+func (s *Share) OutcomeNow(ctx context.Context, id, rid string) (RequestOutcome, bool, error) {
+	return s.outcome(ctx, id, rid, -1)
+}
+
 // outcome returns the outcome of request rid, for CE id, from the owner of id's partition; ok
 // is false while the owner has not applied the request. Another owner is asked to hold its
-// answer until it applied the partition past after (HeaderAppliedAfter).
+// answer until it applied the partition past after (HeaderAppliedAfter), when after >= 0.
 func (s *Share) outcome(ctx context.Context, id, rid string, after int64) (ro RequestOutcome, ok bool, err error) {
 	p := ceshare.Partition(id, s.partitions)
 	owner := ceshare.Owner{Replica: s.id}
@@ -225,7 +220,9 @@ func (s *Share) outcome(ctx context.Context, id, rid string, after int64) (ro Re
 	}
 	req.Header.Set(HeaderForwarded, s.id)
 	req.Header.Set(HeaderRequestID, rid)
-	req.Header.Set(HeaderAppliedAfter, strconv.FormatInt(after, 10))
+	if after >= 0 { // without it, the owner answers what it holds at once
+		req.Header.Set(HeaderAppliedAfter, strconv.FormatInt(after, 10))
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return ro, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)

@@ -698,16 +698,12 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 	}
 }
 
-// TestStoredCESentAgainIsAnsweredAsStored: a CE stored under an earlier posterior that the
-// current one no longer takes for a counterfactual (its x is classified as the target now, as
-// after a drift) is answered as stored when sent again, by the single registration (409) and in
-// a bulk (exists), so that an import runs again without refusals; the same CE under a free id is
-// still refused (422).
-// On replicas too, a CE stored under an earlier posterior (here: sent to the CE topic as a
-// replica measured it then) and sent again, which the current posterior would refuse as new, is
-// answered as stored, by the owner of its partition: 201 with the CE (a replica's answer to the
-// same CE), exists in a bulk request. The same CE under a free id is refused as it was before
-// (422, by way of the owner, which stores nothing for it), at any replica.
+// TestStoredCESentAgainToReplicasIsAnsweredAsStored: on replicas too, a CE stored under an
+// earlier posterior (here: sent to the CE topic as a replica measured it then) and sent again,
+// which the current posterior would refuse as new, is answered as stored, from what the owner of
+// its partition holds: 201 with the CE (a replica's answer to the same CE), exists in a bulk
+// request; a keyed retry of the request that stored it answers from its outcome. Another CE
+// under its id is 409; the same CE under a free id is refused as before (422), at any replica.
 func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
@@ -759,6 +755,11 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	if code, body := keyedDo(t, reps[1], "/v1/counterfactuals", "kept-key", line); code != http.StatusCreated {
 		t.Errorf("POST of the stored CE again with a new Idempotency-Key: %d %s; want 201", code, body)
 	}
+	other := map[string]any{"id": "kept", "x": data.X[cfs[0]], "x_cf": data.X[cfs[2]], "target": "benign"}
+	if code, body := reps[1].do(t, "POST", "/v1/counterfactuals", "", other); code != http.StatusConflict ||
+		!strings.Contains(string(body), "holds another counterfactual") {
+		t.Errorf("POST of another CE, refused as new, under the stored id: %d %s; want 409", code, body)
+	}
 	b1, _ := json.Marshal(line)
 	line["id"] = "new"
 	b2, _ := json.Marshal(line)
@@ -786,6 +787,11 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	}
 }
 
+// TestStoredCESentAgainIsAnsweredAsStored: a CE stored under an earlier posterior that the
+// current one no longer takes for a counterfactual (its x is classified as the target now, as
+// after a drift) is answered as stored when sent again, by the single registration (409) and in
+// a bulk (exists), so that an import runs again without refusals; the same CE under a free id is
+// still refused (422).
 func TestStoredCESentAgainIsAnsweredAsStored(t *testing.T) {
 	r := startDaemon(t, nil)
 	data := bundled(t)

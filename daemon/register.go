@@ -7,12 +7,12 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cfguard/cfguard/bnn"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
-	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -40,11 +40,8 @@ type registered struct {
 	err    error
 	req    ledger.RequestRef
 	offset int64 // where a replica's request landed in its CE-topic partition
-	// refused is why a replica refused the CE as new, which it sent to its owner all the same
-	// (cluster.Measured.Refusal): the answer is this error unless its id holds a CE there, or its
-	// key's request was applied before (answerSent).
-	refused error
-	// exists: a bulk line refused as new whose id held the same CE when its owner applied it.
+	// exists: on a replica, a registration refused as new whose id holds the same CE
+	// (storedInCluster).
 	exists bool
 }
 
@@ -76,11 +73,21 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		if rep, ok := d.duplicate(r, out[0].err); ok {
 			return rep.ce, rep.err
 		}
+		if d.refusedAsNew(r, out[0].err) {
+			lctx, cancel := context.WithTimeout(ctx, lookupBudget)
+			defer cancel()
+			ce, _, err := d.storedInCluster(lctx, r, out[0].err)
+			return ce, err
+		}
 		return nil, out[0].err
 	}
 	if d.rep != nil {
-		ce, _, err := d.answerSent(ctx, out[0])
-		return ce, err
+		want, ref := out[0].ce, out[0].req
+		ro, err := d.share.AwaitOutcome(ctx, want.ID, ref, out[0].offset)
+		if err != nil {
+			return want, err
+		}
+		return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 	}
 	if d.hooks.registered != nil {
 		d.hooks.registered(out[0].ce.ID)
@@ -88,38 +95,55 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	return storedNow(d.ledger, out[0].ce, r.req.Fingerprint != "")
 }
 
-// answerSent is the answer to a registration a replica sent to its CE's owner (o): the outcome
-// the owner stored for its request (answerOutcome), once the owner applied it; the want, error
-// of AwaitOutcome when it has not within the wait. A CE refused as new and sent all the same
-// whose id held nothing is answered with the refusal (o.refused), as it would have been at once.
-// same reports an answer from an outcome of ledger.OutcomeSame: the id held this CE.
-func (d *Daemon) answerSent(ctx context.Context, o registered) (ce *ledger.CE, same bool, err error) {
-	want, ref := o.ce, o.req
-	ro, err := d.share.AwaitOutcome(ctx, want.ID, ref, o.offset)
-	if err != nil {
-		return want, false, err
-	}
-	if o.refused != nil && ro.Outcome.Result == ledger.OutcomeRefused && ro.Outcome.RefusedAsNew {
-		return nil, false, o.refused
-	}
-	ce, err = answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
-	return ce, err == nil && ro.Outcome.Result == ledger.OutcomeSame, err
+// lookupBudget bounds the questions a replica asks the owners of the ids of the registrations it
+// refused as new (storedInCluster): for one registration, or all the lines of a bulk request.
+const lookupBudget = 5 * time.Second
+
+// refusedAsNew reports whether a replica refused registration r, which names its id, as a new
+// CE (not a counterfactual, or outside the set, under its posterior): its ledger holds only its
+// share, so whether the id holds that CE is the owner's to say (storedInCluster).
+func (d *Daemon) refusedAsNew(r registration, err error) bool {
+	return d.rep != nil && r.id != "" && (errors.Is(err, errNotCounterfactual) || errors.Is(err, errOutsideSet))
 }
 
-// maxAnswering bounds the questions for the outcomes of one bulk batch asked at once.
-const maxAnswering = 32
+// storedInCluster answers, on a replica, registration r refused as new (refusal) as a single
+// daemon answers it, which looks its id up before judging it (see storeRegistrations): it asks
+// the id's owner, at once. A keyed request the owner has an outcome for is answered from that
+// outcome (a retry, after a drift, of a request that stored its CE); an id that holds the same
+// CE (stored under an earlier posterior and sent again) answers it as stored (same); one that
+// holds another CE is 409. Else, or when the owner cannot say now (unreachable, rebuilding, past
+// ctx), the answer is the refusal: true of this request, which stores nothing. Nothing is sent
+// to the CE topic.
+func (d *Daemon) storedInCluster(ctx context.Context, r registration, refusal error) (ce *ledger.CE, same bool, err error) {
+	if r.req.RID != "" {
+		if ro, ok, err := d.share.OutcomeNow(ctx, r.id, r.req.RID); err == nil && ok {
+			if ro.Outcome.Fingerprint == r.req.Fingerprint { // not a key reused for another request (answered 422)
+				d.requests.Replayed(ro.Outcome.Result)
+			}
+			ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
+			return ce, false, err
+		}
+	}
+	cur, _, err := d.share.Find(ctx, r.id, "")
+	if err != nil {
+		return nil, false, refusal
+	}
+	if t, terr := r.target.resolve(d.current().Classes); terr == nil && t == cur.Target && slices.Equal(cur.X, r.x) && slices.Equal(cur.XCF, r.xcf) {
+		return cur, true, nil
+	}
+	return nil, false, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, r.id)
+}
 
-// answerRefused answers, in place, the bulk lines a replica refused as new and sent all the same
-// (registered.refused), as answerSent does, at most maxAnswering at once and all within one
-// replication.register_wait: a line whose owner has not answered by then stays accepted (sent,
-// its owner judges it).
-func (d *Daemon) answerRefused(ctx context.Context, out []registered) {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.Replication.RegisterWait)
+// storedInClusterAll is storedInCluster for the registrations of a bulk batch refused as new
+// (out[i] is rs[i]'s answer, replaced in place), at most maxAsking at once; those not asked by
+// `by` keep their refusal.
+func (d *Daemon) storedInClusterAll(ctx context.Context, by time.Time, rs []registration, out []registered) {
+	ctx, cancel := context.WithDeadline(ctx, by)
 	defer cancel()
-	sem := make(chan struct{}, maxAnswering)
+	sem := make(chan struct{}, maxAsking)
 	var wg sync.WaitGroup
 	for i := range out {
-		if out[i].err != nil || out[i].refused == nil {
+		if !d.refusedAsNew(rs[i], out[i].err) {
 			continue
 		}
 		wg.Add(1)
@@ -131,15 +155,15 @@ func (d *Daemon) answerRefused(ctx context.Context, out []registered) {
 			case <-ctx.Done():
 				return
 			}
-			ce, same, err := d.answerSent(ctx, out[i])
-			if errors.Is(err, cluster.ErrPending) {
-				return
-			}
+			ce, same, err := d.storedInCluster(ctx, rs[i], out[i].err)
 			out[i].ce, out[i].exists, out[i].err = ce, same, err
 		}()
 	}
 	wg.Wait()
 }
+
+// maxAsking bounds the owners' lookups of one bulk batch asked at once.
+const maxAsking = 16
 
 // taken reports whether the ledger holds a CE under id.
 func (d *Daemon) taken(id string) bool {
@@ -169,8 +193,10 @@ func storedNow(l *ledger.Ledger, want *ledger.CE, keyed bool) (*ledger.CE, error
 // registerMany is register for up to maxRegisterBatch CEs sent together (a bulk import): each
 // has its own outcome, in order. The CEs returned are as Put filled them in. A single daemon
 // answers a keyed registration applied before from its outcome; a replica sends every
-// registration (its owner applies a request once) and answers it accepted.
-func (d *Daemon) registerMany(ctx context.Context, rs []registration) ([]registered, error) {
+// registration (its owner applies a request once) and answers it accepted, and looks up the
+// ids of those it refused as new until lookupBy (storedInCluster), a time the caller sets once
+// for every batch of a request.
+func (d *Daemon) registerMany(ctx context.Context, rs []registration, lookupBy time.Time) ([]registered, error) {
 	out := make([]registered, len(rs))
 	var (
 		send []registration
@@ -190,13 +216,15 @@ func (d *Daemon) registerMany(ctx context.Context, rs []registration) ([]registe
 	if err != nil {
 		return nil, err
 	}
-	if d.rep != nil {
-		d.answerRefused(ctx, got)
-	}
 	for k, o := range got {
 		if rep, ok := d.duplicate(send[k], o.err); ok {
-			o = rep
+			got[k] = rep
 		}
+	}
+	if d.rep != nil {
+		d.storedInClusterAll(ctx, lookupBy, send, got)
+	}
+	for k, o := range got {
 		out[at[k]] = o
 	}
 	return out, nil
@@ -460,22 +488,9 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	}
 	p, targets, measured := me.p, me.targets, me.measured
 	var (
-		ces      []*ledger.CE
-		stored   []int    // index in rs of each CE in ces
-		refusals []string // on a replica, why each CE in ces was refused as new ("" for none)
-		refused  = map[int]error{}
+		ces    []*ledger.CE
+		stored []int // index in rs of each CE in ces
 	)
-	// refuse answers rs[i] with err, a refusal of its CE as a new one. A replica sends a
-	// registration that names its id all the same: only the owner of its partition knows whether
-	// the id holds that CE (stored under an earlier posterior, sent again) or the request's key
-	// was applied before, and answers as a single daemon does (the taken branch below).
-	refuse := func(i int, ce *ledger.CE, err error) {
-		if d.rep == nil || rs[i].id == "" {
-			out[i].err = err
-			return
-		}
-		ces, stored, refusals, refused[i] = append(ces, ce), append(stored, i), append(refusals, err.Error()), err
-	}
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
 		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
@@ -489,24 +504,21 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 			continue
 		}
 		if p.Argmax(orig) == t {
-			refuse(i, ce, fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t]))
+			out[i].err = fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
 			continue
 		}
 		if c := p.Argmax(cf); c != t {
-			refuse(i, ce, fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[c], p.P(cf, t), m.Classes[t]))
+			out[i].err = fmt.Errorf("%w: x_cf is classified as %q (p = %.4f for %q)", errNotCounterfactual, m.Classes[c], p.P(cf, t), m.Classes[t])
 			continue
 		}
 		if !ce.Certificate().Admits(d.cfg.Certify.VerdictAlpha) && d.cfg.Certify.Uncertified == certify.Refuse {
 			lo, _ := certify.Evidence{P: ce.P1, Var: ce.Var1, Samples: ce.Samples}.Interval(d.cfg.Certify.VerdictAlpha)
-			refuse(i, ce, fmt.Errorf("%w: p1 = %.4f, its lower %.0f%% confidence bound %.4f (need >= %.4f, the rule that renews certificates), "+
+			out[i].err = fmt.Errorf("%w: p1 = %.4f, its lower %.0f%% confidence bound %.4f (need >= %.4f, the rule that renews certificates), "+
 				"var1 = %.5f (need <= %.5f); set certify.uncertified: store to keep such CEs",
-				errOutsideSet, ce.P1, 100*(1-d.cfg.Certify.VerdictAlpha), lo, 1-ce.Delta, ce.Var1, ce.Epsilon))
+				errOutsideSet, ce.P1, 100*(1-d.cfg.Certify.VerdictAlpha), lo, 1-ce.Delta, ce.Var1, ce.Epsilon)
 			continue
 		}
 		ces, stored = append(ces, ce), append(stored, i)
-		if d.rep != nil {
-			refusals = append(refusals, "")
-		}
 	}
 	var (
 		errs    []error
@@ -522,14 +534,14 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	case d.rep != nil:
 		// A replica sends the CEs to their owners, without d.mu: the owner anchors them.
 		d.mu.Unlock()
-		errs, offsets = d.share.Send(ctx, ces, refs, refusals)
+		errs, offsets = d.share.Send(ctx, ces, refs)
 		d.mu.Lock()
 	case keyed:
 		errs, err = d.ledger.PutRequests(ctx, ces, refs)
 	default:
 		errs, err = d.ledger.PutEach(ctx, ces)
 	}
-	if n := len(ces) - nonNil(errs) - len(refused); err == nil && n > 0 { // a CE refused as new and sent may be answered as sent
+	if n := len(ces) - nonNil(errs); err == nil && n > 0 {
 		d.metrics.ObserveRegistrationBatch(n)
 	}
 	if err != nil {
@@ -543,16 +555,10 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		if out[i].err = errs[k]; out[i].err != nil {
 			continue
 		}
-		out[i].ce, out[i].req, out[i].refused = ces[k], refs[k], refused[i]
+		out[i].ce, out[i].req, n = ces[k], refs[k], n+1
 		if offsets != nil {
 			out[i].offset = offsets[k]
 		}
-		if out[i].refused != nil {
-			d.log.Debug("counterfactual refused as new, sent to its partition's owner, which answers it as stored if its id holds it",
-				"id", ces[k].ID, "offset", out[i].offset, "posterior_version", m.Version, "refusal", out[i].refused)
-			continue
-		}
-		n++
 		switch {
 		case bulk:
 		case d.rep != nil: // its owner decides its status, or refuses it, when it applies the request
@@ -564,8 +570,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	}
 	switch {
 	case bulk && d.rep != nil:
-		d.log.Info("counterfactual registrations sent to their partitions' owners", "sent", n, "refused", len(rs)-n-len(refused),
-			"refused_as_new_and_sent", len(refused), "posterior_version", m.Version)
+		d.log.Info("counterfactual registrations sent to their partitions' owners", "sent", n, "refused", len(rs)-n, "posterior_version", m.Version)
 	case bulk:
 		d.log.Info("counterfactuals registered", "stored", n, "refused", len(rs)-n, "posterior_version", m.Version)
 	}

@@ -220,7 +220,7 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	v0 := r.d.current().Version
 	want := alone("alone")
 	writes0, _ := batchHistogram(t, r)
-	got, err := r.d.registerMany(ctx, pairs("batch"))
+	got, err := r.d.registerMany(ctx, pairs("batch"), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

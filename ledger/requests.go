@@ -72,11 +72,6 @@ type Outcome struct {
 	Offset    int64 `json:"offset"`
 	// At is when the ledger applied the request.
 	At time.Time `json:"at"`
-	// RefusedAsNew marks an OutcomeRefused of a registration its accepting replica refused as
-	// new (ShareOp.RefuseNew) whose id held no CE: nothing was decided here, so a request of its
-	// RID read again (a client's retry with its Idempotency-Key, judged again by the replica that
-	// takes it) is applied again, not answered from this outcome.
-	RefusedAsNew bool `json:"refused_as_new,omitempty"`
 	// Duplicate is set on an outcome returned for a request whose RID was applied before: the
 	// request was not applied again. Not stored.
 	Duplicate bool `json:"-"`
@@ -101,12 +96,6 @@ type ShareOp struct {
 	// Refuse, when set, refuses the registration with this detail without judging it (its CE
 	// could not be decoded).
 	Refuse string
-	// RefuseNew, when set, is why the replica that accepted the registration refused CE as a new
-	// one (measured under a later posterior than a CE stored under its id, it may no longer be a
-	// counterfactual): nothing is stored for it. It is answered as a registration of a stored id
-	// is when the id holds a CE (OutcomeSame, OutcomeExists), and refused with this detail when
-	// the id holds none.
-	RefuseNew string
 	// State is, for a registration, the CE as a previous owner of its partition left it (read
 	// from the CE state topic), nil for none: when it is a state of the registration's CE that
 	// holds (see the CE states above), the CE is stored with it; else as read. Its anchor
@@ -199,12 +188,8 @@ func (l *Ledger) ApplyShare(p int, ops []ShareOp, next int64, w *ShareWitness, p
 // applying it decided. found gets the CEs a deletion found damaged and quarantined (deleteOne).
 func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map[uint64]*bnn.Model, found deletedDamaged) (o Outcome, dup bool, err error) {
 	if op.RID != "" {
-		o, ok, err := readOutcome(tx, op.RID)
-		if err != nil {
-			return o, false, err
-		}
-		if ok && !o.RefusedAsNew {
-			return o, true, nil
+		if o, ok, err := readOutcome(tx, op.RID); err != nil || ok {
+			return o, ok, err
 		}
 	}
 	o = Outcome{ID: op.ID, Fingerprint: op.Fingerprint, Partition: p, Offset: op.Offset, At: now}
@@ -213,12 +198,6 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 		o.Result, o.Detail = OutcomeRefused, op.Refuse
 	case op.CE == nil:
 		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, found)
-	case op.RefuseNew != "":
-		var held bool
-		o.Result, o.Status, o.Detail, held, err = l.held(tx, op.CE)
-		if err == nil && !held {
-			o.Result, o.Detail, o.RefusedAsNew = OutcomeRefused, op.RefuseNew, true
-		}
 	default:
 		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
 		if d, ok := found[op.ID]; ok && err == nil { // swept into the quarantine by a deletion before it
@@ -264,31 +243,20 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string, found deletedDamaged) (result
 	return OutcomeDeleted, detail, nil
 }
 
-// held is the outcome of registering ce when its id holds a CE in tx (held): OutcomeSame with
-// the stored CE's status when it is ce (the same x, x_cf and target), else OutcomeExists (a
-// damaged record holding the id is not replaced, nor does it stop the share).
-func (l *Ledger) held(tx *bolt.Tx, ce *CE) (result, status, detail string, held bool, err error) {
-	raw := tx.Bucket(bHeaders).Get([]byte(ce.ID))
-	if raw == nil {
-		return "", "", "", false, nil
-	}
-	have, err := l.load(tx, []byte(ce.ID), raw)
-	if err != nil {
-		return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), true, nil
-	}
-	if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
-		return OutcomeSame, have.Status.String(), "", true, nil
-	}
-	return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), true, nil
-}
-
 // registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
 // owner's state when state is one that holds (restored says what became of a state given). A
 // CE refused for its anchor (or its state's) is an *unknownAnchorError; one refused for another
 // reason is OutcomeRefused.
 func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail, restored string, err error) {
-	if result, status, detail, held, err := l.held(tx, ce); err != nil || held {
-		return result, status, detail, "", err
+	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
+		have, err := l.load(tx, []byte(ce.ID), raw)
+		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
+			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), "", nil
+		}
+		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
+			return OutcomeSame, have.Status.String(), "", "", nil
+		}
+		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", nil
 	}
 	put := ce
 	if state != nil {
@@ -422,15 +390,6 @@ func putOutcome(tx *bolt.Tx, rid string, o Outcome) error {
 	at, err := tx.CreateBucketIfNotExists(bRequestsAt)
 	if err != nil {
 		return err
-	}
-	// An outcome that replaces another (one RefusedAsNew) leaves no entry of the old one's time
-	// behind, which pruneOutcomes would take for the new one's.
-	if old, ok, err := readOutcome(tx, rid); err != nil {
-		return err
-	} else if ok {
-		if err := at.Delete(outcomeAtKey(old.At, rid)); err != nil {
-			return err
-		}
 	}
 	v, err := json.Marshal(o)
 	if err != nil {
