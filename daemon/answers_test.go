@@ -702,8 +702,9 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 // earlier posterior (here: sent to the CE topic as a replica measured it then) and sent again,
 // which the current posterior would refuse as new, is answered as stored, from what the owner of
 // its partition holds: 201 with the CE (a replica's answer to the same CE), exists in a bulk
-// request; a keyed retry of the request that stored it answers from its outcome. Another CE
-// under its id is 409; the same CE under a free id is refused as before (422), at any replica.
+// request; a keyed retry of the request that stored it answers from its outcome, a request with
+// a new key is refused (its key records nothing). Another CE under its id is 409; the same CE
+// under a free id is refused as before (422), at any replica.
 func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three replicas: not with -short")
@@ -752,8 +753,13 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 			t.Errorf("r%d: POST of the stored CE again: %d %s; want 201 with the CE as stored", i+1, code, body)
 		}
 	}
-	if code, body := keyedDo(t, reps[1], "/v1/counterfactuals", "kept-key", line); code != http.StatusCreated {
-		t.Errorf("POST of the stored CE again with a new Idempotency-Key: %d %s; want 201", code, body)
+	// A new key's request decides nothing here, and its key records nothing: refused as new, as
+	// every retry of it is until the posterior takes the CE for a counterfactual again.
+	for range 2 {
+		if code, body := keyedDo(t, reps[1], "/v1/counterfactuals", "kept-key", line); code != http.StatusUnprocessableEntity ||
+			!strings.Contains(string(body), "already classified") {
+			t.Errorf("POST of the stored CE again with a new Idempotency-Key: %d %s; want 422, refused as new", code, body)
+		}
 	}
 	other := map[string]any{"id": "kept", "x": data.X[cfs[0]], "x_cf": data.X[cfs[2]], "target": "benign"}
 	if code, body := reps[1].do(t, "POST", "/v1/counterfactuals", "", other); code != http.StatusConflict ||

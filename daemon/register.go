@@ -106,23 +106,30 @@ func (d *Daemon) refusedAsNew(r registration, err error) bool {
 	return d.rep != nil && r.id != "" && (errors.Is(err, errNotCounterfactual) || errors.Is(err, errOutsideSet))
 }
 
-// storedInCluster answers, on a replica, registration r refused as new (refusal) as a single
-// daemon answers it, which looks its id up before judging it (see storeRegistrations): it asks
-// the id's owner, at once. A keyed request the owner has an outcome for is answered from that
-// outcome (a retry, after a drift, of a request that stored its CE); an id that holds the same
-// CE (stored under an earlier posterior and sent again) answers it as stored (same); one that
-// holds another CE is 409. Else, or when the owner cannot say now (unreachable, rebuilding, past
-// ctx), the answer is the refusal: true of this request, which stores nothing. Nothing is sent
-// to the CE topic.
+// storedInCluster answers, on a replica, registration r refused as new (refusal) from what the
+// owner of its id holds now: its ledger holds only its share, and a single daemon looks the id up
+// before judging it (see storeRegistrations). Nothing is sent to the CE topic, so the answer is
+// read at one moment, not at a place in the partition's order: a request still on its way to
+// the owner is not seen.
+//
+// A keyed request is answered from the outcome the owner holds for its key (a retry, after a
+// drift, of a request that stored its CE), and otherwise refused: a key records what a request
+// decided, and this one decides nothing, so its retries are judged again (docs/API.md). An
+// unkeyed one whose id holds the same CE (stored under an earlier posterior and sent again) is
+// answered as stored (same); one whose id holds another CE is 409. Else, or when the owner cannot
+// say now (unreachable, rebuilding, past ctx), the answer is the refusal: true of this request,
+// which stores nothing.
 func (d *Daemon) storedInCluster(ctx context.Context, r registration, refusal error) (ce *ledger.CE, same bool, err error) {
 	if r.req.RID != "" {
-		if ro, ok, err := d.share.OutcomeNow(ctx, r.id, r.req.RID); err == nil && ok {
-			if ro.Outcome.Fingerprint == r.req.Fingerprint { // not a key reused for another request (answered 422)
-				d.requests.Replayed(ro.Outcome.Result)
-			}
-			ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
-			return ce, false, err
+		ro, ok, err := d.share.OutcomeNow(ctx, r.id, r.req.RID)
+		if err != nil || !ok {
+			return nil, false, refusal
 		}
+		if ro.Outcome.Fingerprint == r.req.Fingerprint { // not a key reused for another request (answered 422)
+			d.requests.Replayed(ro.Outcome.Result)
+		}
+		ce, err := answerOutcome(ro.Outcome, ro.Counterfactual, r.x, r.xcf, r.req.Fingerprint)
+		return ce, false, err
 	}
 	cur, _, err := d.share.Find(ctx, r.id, "")
 	if err != nil {
