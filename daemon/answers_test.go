@@ -782,6 +782,19 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 		len(bulk.Results) != 2 || bulk.Results[1].Code != http.StatusUnprocessableEntity || !strings.Contains(bulk.Results[1].Error, "already classified") {
 		t.Errorf("bulk of the stored CE again and of the same CE under a free id: %d %s; want exists 1, refused 1 (422)", resp.StatusCode, body)
 	}
+	// A second batch is looked up as the first is: 256 lines refused as new, then the stored CE.
+	var many strings.Builder
+	for k := range maxRegisterBatch {
+		line["id"] = fmt.Sprintf("new-%d", k)
+		b, _ := json.Marshal(line)
+		many.Write(append(b, '\n'))
+	}
+	many.Write(append(b1, '\n'))
+	line["id"] = "new"
+	resp, body = reps[0].rawDo(t, "POST", "/v1/counterfactuals:bulk", many.String(), nil)
+	if err := json.Unmarshal(body, &bulk); resp.StatusCode != http.StatusOK || err != nil || bulk.Exists != 1 || bulk.Refused != maxRegisterBatch {
+		t.Errorf("bulk of %d lines refused as new, then the stored CE: %d %.300s; want exists 1, refused %d", maxRegisterBatch, resp.StatusCode, body, maxRegisterBatch)
+	}
 	for i, r := range reps {
 		if code, body := r.do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
 			!strings.Contains(string(body), "already classified") {

@@ -57,7 +57,7 @@ type core interface {
 	snapshot(read func(m *bnn.Model) error) error
 	posteriorFiles() (*posteriorFiles, error)
 	register(ctx context.Context, r registration) (*ledger.CE, error)
-	registerMany(ctx context.Context, rs []registration, lookupBy time.Time) ([]registered, error)
+	registerMany(ctx context.Context, rs []registration, lookups *time.Duration) ([]registered, error)
 	// forget deletes CE id as the request ref (its request id and fingerprint with an
 	// Idempotency-Key) and answers the outcome recorded for it (Daemon.forget).
 	forget(ctx context.Context, id string, ref ledger.RequestRef) error
@@ -826,10 +826,10 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		results = append(results, res)
 	}
 	resp := bulkResponse{Results: results}
-	lookupBy := time.Now().Add(lookupBudget) // for every batch: the request's answer is not held longer
+	lookups := lookupBudget // for every batch: the request's answer is not held longer
 	for lo := 0; lo < len(regs); lo += maxRegisterBatch {
 		hi := min(lo+maxRegisterBatch, len(regs))
-		out, err := a.core.registerMany(r.Context(), regs[lo:hi], lookupBy)
+		out, err := a.core.registerMany(r.Context(), regs[lo:hi], &lookups)
 		if err != nil {
 			writeBulkCut(w, err, results[at[lo]].Line, lo == 0, key != "")
 			return

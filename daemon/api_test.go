@@ -258,7 +258,7 @@ func (f *fakeCore) audit(context.Context, string, bool) (cluster.AuditAnswer, er
 func (f *fakeCore) register(context.Context, registration) (*ledger.CE, error) {
 	return nil, ledger.ErrExists
 }
-func (f *fakeCore) registerMany(_ context.Context, rs []registration, _ time.Time) ([]registered, error) {
+func (f *fakeCore) registerMany(_ context.Context, rs []registration, _ *time.Duration) ([]registered, error) {
 	out := make([]registered, len(rs))
 	for i := range out {
 		out[i].err = ledger.ErrExists

@@ -142,17 +142,27 @@ func (d *Daemon) storedInCluster(ctx context.Context, r registration, refusal er
 }
 
 // storedInClusterAll is storedInCluster for the registrations of a bulk batch refused as new
-// (out[i] is rs[i]'s answer, replaced in place), at most maxAsking at once; those not asked by
-// `by` keep their refusal.
-func (d *Daemon) storedInClusterAll(ctx context.Context, by time.Time, rs []registration, out []registered) {
-	ctx, cancel := context.WithDeadline(ctx, by)
+// (out[i] is rs[i]'s answer, replaced in place), at most maxAsking at once, within *left, the
+// time the request has left for such questions, which it takes the time they took from: those
+// not answered within it keep their refusal. Measuring and storing a request's batches spend
+// none of it, so a large import's later batches are looked up as its first are.
+func (d *Daemon) storedInClusterAll(ctx context.Context, left *time.Duration, rs []registration, out []registered) {
+	var ask []int
+	for i := range out {
+		if d.refusedAsNew(rs[i], out[i].err) {
+			ask = append(ask, i)
+		}
+	}
+	if len(ask) == 0 || *left <= 0 {
+		return
+	}
+	start := time.Now()
+	defer func() { *left -= time.Since(start) }()
+	ctx, cancel := context.WithTimeout(ctx, *left)
 	defer cancel()
 	sem := make(chan struct{}, maxAsking)
 	var wg sync.WaitGroup
-	for i := range out {
-		if !d.refusedAsNew(rs[i], out[i].err) {
-			continue
-		}
+	for _, i := range ask {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -201,9 +211,9 @@ func storedNow(l *ledger.Ledger, want *ledger.CE, keyed bool) (*ledger.CE, error
 // has its own outcome, in order. The CEs returned are as Put filled them in. A single daemon
 // answers a keyed registration applied before from its outcome; a replica sends every
 // registration (its owner applies a request once) and answers it accepted, and looks up the
-// ids of those it refused as new until lookupBy (storedInCluster), a time the caller sets once
-// for every batch of a request.
-func (d *Daemon) registerMany(ctx context.Context, rs []registration, lookupBy time.Time) ([]registered, error) {
+// ids of those it refused as new (storedInCluster) within *lookups, the time left for that to
+// every batch of a request (storedInClusterAll).
+func (d *Daemon) registerMany(ctx context.Context, rs []registration, lookups *time.Duration) ([]registered, error) {
 	out := make([]registered, len(rs))
 	var (
 		send []registration
@@ -229,7 +239,7 @@ func (d *Daemon) registerMany(ctx context.Context, rs []registration, lookupBy t
 		}
 	}
 	if d.rep != nil {
-		d.storedInClusterAll(ctx, lookupBy, send, got)
+		d.storedInClusterAll(ctx, lookups, send, got)
 	}
 	for k, o := range got {
 		out[at[k]] = o

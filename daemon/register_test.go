@@ -220,7 +220,8 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	v0 := r.d.current().Version
 	want := alone("alone")
 	writes0, _ := batchHistogram(t, r)
-	got, err := r.d.registerMany(ctx, pairs("batch"), time.Now())
+	none := time.Duration(0)
+	got, err := r.d.registerMany(ctx, pairs("batch"), &none)
 	if err != nil {
 		t.Fatal(err)
 	}
