@@ -888,11 +888,7 @@ type bulkResponse struct {
 // sameAsStored reports whether the CE stored under r's id has r's x, x_cf and target.
 func (a *api) sameAsStored(r registration) bool {
 	ce, err := a.state.Get(r.id)
-	if err != nil {
-		return false
-	}
-	t, err := r.target.resolve(a.core.current().Classes)
-	return err == nil && t == ce.Target && slices.Equal(ce.X, r.x) && slices.Equal(ce.XCF, r.xcf)
+	return err == nil && r.is(ce, a.core.current().Classes)
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {

@@ -33,6 +33,12 @@ type registration struct {
 	req    ledger.RequestRef // its request id and fingerprint when sent with an Idempotency-Key
 }
 
+// is reports whether r registers ce: the same x, x_cf and target (resolved among classes).
+func (r registration) is(ce *ledger.CE, classes []string) bool {
+	t, err := r.target.resolve(classes)
+	return err == nil && t == ce.Target && slices.Equal(ce.X, r.x) && slices.Equal(ce.XCF, r.xcf)
+}
+
 // registered is the outcome of one registration: the CE as stored, or why it was not; req and
 // offset are the request a replica sent it as.
 type registered struct {
@@ -135,7 +141,7 @@ func (d *Daemon) storedInCluster(ctx context.Context, r registration, refusal er
 	if err != nil {
 		return nil, false, refusal
 	}
-	if t, terr := r.target.resolve(d.current().Classes); terr == nil && t == cur.Target && slices.Equal(cur.X, r.x) && slices.Equal(cur.XCF, r.xcf) {
+	if r.is(cur, d.current().Classes) {
 		return cur, true, nil
 	}
 	return nil, false, fmt.Errorf("%w: %q holds another counterfactual", ledger.ErrExists, r.id)
