@@ -560,12 +560,20 @@ func (d *Daemon) serve(ctx context.Context, srv *http.Server, ln net.Listener) e
 		defer running.Add(-1)
 		h.ServeHTTP(w, r)
 	})
+	unused := newUnusedConns(d.log)
+	srv.ConnState = unused.track
 	stopped := make(chan error, 1)
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), d.cfg.HTTP.ShutdownTimeout)
 		defer c()
+		// Connections a client keeps without using would hold the drain 5 s (unusedConns).
+		sweepCtx, stopSweep := context.WithCancel(sctx)
+		swept := make(chan struct{})
+		go func() { defer close(swept); unused.sweep(sweepCtx) }()
 		err := srv.Shutdown(sctx)
+		stopSweep()
+		<-swept
 		if err != nil {
 			cancelBase()
 			srv.Close()

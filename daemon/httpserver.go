@@ -1,9 +1,14 @@
 package daemon
 
 import (
+	"context"
+	"log/slog"
 	"net"
+	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -36,7 +41,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.conns.Inc()
-	return &limitConn{Conn: c, release: func() { l.conns.Dec(); <-l.slots }}, nil
+	lc := &limitConn{Conn: c, release: func() { l.conns.Dec(); <-l.slots }}
+	lc.lastRead.Store(time.Now().UnixNano())
+	return lc, nil
 }
 
 func (l *limitListener) Close() error {
@@ -44,17 +51,107 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// limitConn gives its slot back once, on the first Close.
+// limitConn gives its slot back once, on the first Close, and records when it last read
+// something (unusedConns).
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	once     sync.Once
+	release  func()
+	lastRead atomic.Int64 // Unix nanoseconds: the accept, then the last Read that returned bytes
+}
+
+func (c *limitConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.lastRead.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// unusedGrace is how long a connection that has not carried a request must have read nothing
+// before a drain closes it (unusedConns).
+const unusedGrace = time.Second
+
+// unusedConns tracks the server's connections that have not carried a request yet
+// (http.StateNew), so that a drain closes those a client keeps without using them.
+// http.Server.Shutdown closes idle keep-alive connections at once, but waits for a connection in
+// StateNew until it has been so for 5 s (golang/go#22682), and HTTP clients keep such
+// connections: Go's Transport pools the connection it dialed for a request that another one,
+// freed meanwhile, served. A peer replica's client does; a replica's stop then waited 5 s for a
+// connection nobody would use, and failed as not drained when http.shutdown_timeout was under
+// 5 s. Closing one loses no request: the server answers none whose header it reads after
+// Shutdown began. unusedGrace spares a connection whose request's header the server has just
+// read, before it marks it active.
+type unusedConns struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	log   *slog.Logger
+}
+
+func newUnusedConns(log *slog.Logger) *unusedConns {
+	return &unusedConns{conns: map[net.Conn]struct{}{}, log: log}
+}
+
+// track is the server's http.Server.ConnState.
+func (u *unusedConns) track(c net.Conn, st http.ConnState) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st == http.StateNew {
+		u.conns[c] = struct{}{}
+		return
+	}
+	delete(u.conns, c)
+}
+
+// closeStale closes the tracked connections that have read nothing for grace before now.
+func (u *unusedConns) closeStale(now time.Time, grace time.Duration) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for c := range u.conns {
+		lc := limitConnOf(c)
+		if lc == nil || now.Sub(time.Unix(0, lc.lastRead.Load())) < grace {
+			continue
+		}
+		u.log.Debug("closing a connection that carried no request, to drain", "remote", c.RemoteAddr().String())
+		c.Close()
+		delete(u.conns, c)
+	}
+}
+
+// sweep closes stale connections (closeStale with unusedGrace) every 100 ms until ctx ends:
+// while Shutdown drains.
+func (u *unusedConns) sweep(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		u.closeStale(time.Now(), unusedGrace)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// limitConnOf is the limitConn under c (a TLS connection's NetConn), or nil.
+func limitConnOf(c net.Conn) *limitConn {
+	for c != nil {
+		if lc, ok := c.(*limitConn); ok {
+			return lc
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+	return nil
 }
 
 // inputBudget bounds the inputs of the prediction requests admitted at once (running, or

@@ -1,18 +1,28 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/testcert"
 )
 
 // A request still running when the drain (http.shutdown_timeout) ends has its context cancelled
@@ -92,5 +102,113 @@ func TestExplanationWaitingForTheVAEEndsAtTheStop(t *testing.T) {
 	<-ran
 	if err := <-got; !errors.Is(err, errStopping) {
 		t.Fatalf("generate during the stop: %v, want errStopping", err)
+	}
+}
+
+// serveForStop runs d.serve on a loopback limitListener, as the daemon does, with a handler
+// answering 200 "ok" (after 1.5 s for /slow), over TLS when d's http.web_config_file says so. It
+// returns a function that stops serve and gives what it returned, and a dialer of raw
+// connections (TLS ones, their handshake done, when tlsCfg is not nil).
+func serveForStop(t *testing.T, d *Daemon, tlsCfg *tls.Config) (stop func() error, dial func() net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		io.WriteString(w, "ok")
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- d.serve(ctx, srv, newLimitListener(ln, 16, prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"})))
+	}()
+	var once sync.Once
+	var err2 error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err2 = <-served:
+			case <-time.After(60 * time.Second):
+				err2 = errors.New("serve did not return within 60 s of the stop")
+			}
+		})
+		return err2
+	}
+	t.Cleanup(func() { stop() })
+	dial = func() net.Conn {
+		t.Helper()
+		var c net.Conn
+		var err error
+		if tlsCfg != nil {
+			c, err = tls.Dial("tcp", ln.Addr().String(), tlsCfg)
+		} else {
+			c, err = net.Dial("tcp", ln.Addr().String())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	return stop, dial
+}
+
+// TestUnusedConnectionsDoNotHoldTheDrain: a connection a client keeps without sending a request
+// on it (as Go's Transport pools one it dialed for a request another connection served) is
+// closed by the drain, over plain HTTP and over TLS, so that a stop with http.shutdown_timeout
+// under 5 s drains (http.Server.Shutdown alone waits 5 s for such a connection) and a request
+// running at the stop, for longer than unusedGrace, is still answered.
+func TestUnusedConnectionsDoNotHoldTheDrain(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcert.NewCA(t, "cfguard test CA")
+	cert, key := ca.Issue(t, 100, x509.ExtKeyUsageServerAuth)
+	for name, b := range map[string][]byte{"server.pem": cert, "server.key": key,
+		"web.yml": []byte("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n")} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		web  string
+		tls  *tls.Config
+	}{
+		{"plain", "", nil},
+		{"tls", filepath.Join(dir, "web.yml"), &tls.Config{RootCAs: ca.Pool()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := config.Default()
+			c.HTTP.ShutdownTimeout, c.HTTP.WebConfigFile = 4*time.Second, tc.web
+			stop, dial := serveForStop(t, &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler)}, tc.tls)
+			unused, running := dial(), dial()
+			if _, err := io.WriteString(running, "GET /slow HTTP/1.1\r\nHost: cfguard\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // the request is read before the stop
+			stopped := make(chan error, 1)
+			go func() { stopped <- stop() }()
+			running.SetReadDeadline(time.Now().Add(30 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(running), nil)
+			if err != nil {
+				t.Fatalf("the request running at the stop: %v, want its answer", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+				t.Fatalf("the request running at the stop: %d %q", resp.StatusCode, body)
+			}
+			if err := <-stopped; err != nil {
+				t.Fatalf("stop with a connection that carried no request: %v, want drained", err)
+			}
+			unused.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := unused.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the unused connection after the stop: read %d bytes, %v; want it closed", n, err)
+			}
+		})
 	}
 }
