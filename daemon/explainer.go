@@ -167,6 +167,8 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
 		cfg := explain.DefaultConfig(method)
 		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed, cfg.TargetAlpha = e.maxIter, e.delta, e.epsilon, m.Version, e.targetAlpha
+		// Ready without a VAE: no training data fits the model (loadOrTrain logged why).
+		cfg.WithoutVAE = e.vae == nil
 		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
 	}
 	return e.gen

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
@@ -87,5 +88,16 @@ func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
 	}
 	if want := `feature 3 is \"mean area\" in the data set, \"f3\" in the model`; !strings.Contains(logs.String(), "no training data for the VAE") || !strings.Contains(logs.String(), want) {
 		t.Errorf("no WARN line naming the feature (%s):\n%s", want, logs.String())
+	}
+	// PSCE then runs without its plausibility terms, as docs/API.md says.
+	close(e.ready)
+	data := bundled(t)
+	for i, y := range data.Y {
+		if y == 0 {
+			if _, err := e.generate(context.Background(), &c, data.X[i], -1, explain.MethodPSCE); err != nil && !errors.Is(err, explain.ErrNotFound) {
+				t.Fatalf("PSCE without a VAE: %v", err)
+			}
+			break
+		}
 	}
 }

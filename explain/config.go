@@ -142,6 +142,10 @@ type Config struct {
 	// A CE found that way is admitted at registration by the same rule and can be renewed under
 	// the posterior it was measured under. 0: the point estimates (the paper's rule) [0].
 	TargetAlpha float64
+	// WithoutVAE runs PSCE without its plausibility terms (the ELBO and the latent distance),
+	// for a model no VAE can be trained for; NewGenerator then ignores its vae argument. Without
+	// it, PSCE refuses a nil VAE [false].
+	WithoutVAE bool
 	// Seed makes Generate deterministic: same model, VAE, config, x and target give the same result.
 	Seed uint64
 }

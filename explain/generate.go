@@ -98,8 +98,8 @@ type Generator struct {
 }
 
 // NewGenerator returns a generator for model (cloned; later changes to model are not seen). vae
-// is required for PSCE and ignored by the baselines. Problems with the arguments are reported by
-// every Generate call (errors wrapping ErrConfig).
+// is required for PSCE unless cfg.WithoutVAE, and ignored by the baselines. Problems with the
+// arguments are reported by every Generate call (errors wrapping ErrConfig).
 func NewGenerator(model *bnn.Model, vae *VAE, cfg Config) *Generator {
 	cfg = cfg.withDefaults()
 	g := &Generator{cfg: cfg}
@@ -118,8 +118,9 @@ func NewGenerator(model *bnn.Model, vae *VAE, cfg Config) *Generator {
 	}
 	if g.err == nil && cfg.Method == MethodPSCE {
 		switch {
+		case cfg.WithoutVAE:
 		case vae == nil:
-			g.err = fmt.Errorf("%w: psce needs a VAE", ErrConfig)
+			g.err = fmt.Errorf("%w: psce needs a VAE (or Config.WithoutVAE, without its plausibility terms)", ErrConfig)
 		case vae.validate() != nil:
 			g.err = fmt.Errorf("%w: vae: %v", ErrConfig, vae.validate())
 		case vae.Compatible(g.m) != nil:

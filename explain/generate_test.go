@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -122,9 +123,20 @@ func TestGeneratorConfigErrors(t *testing.T) {
 			}
 		})
 	}
-	// The baselines do not need a VAE.
+	// The baselines do not need a VAE, nor PSCE without its plausibility terms.
 	if _, err := NewGenerator(m, nil, Config{Method: MethodWachter}).Generate(context.Background(), set.X[0], 1); err != nil {
 		t.Fatalf("wachter without vae: %v", err)
+	}
+	res, err := NewGenerator(m, nil, Config{WithoutVAE: true}).Generate(context.Background(), set.X[0], 1)
+	if err != nil {
+		t.Fatalf("psce WithoutVAE: %v", err)
+	}
+	if len(res.XCF) != len(set.X[0]) || res.Method != MethodPSCE {
+		t.Errorf("psce WithoutVAE: %+v", res)
+	}
+	// WithoutVAE ignores a VAE given beside it.
+	if res2, err := NewGenerator(m, v, Config{WithoutVAE: true}).Generate(context.Background(), set.X[0], 1); err != nil || !slices.Equal(res2.XCF, res.XCF) {
+		t.Errorf("psce WithoutVAE with a VAE: %v, x_cf %v; want %v, as without one", err, res2.XCF, res.XCF)
 	}
 }
 
