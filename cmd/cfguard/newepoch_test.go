@@ -292,3 +292,21 @@ func TestNewEpochRebuildsARecreatedLog(t *testing.T) {
 	waitAgree(t, "with a replica begun from the epoch", append(c.reps, r3), produced)
 	verifyLog(t, c.reps[0].cfg, -1)
 }
+
+// verify-log and new-epoch read or write a replicated deployment's posterior log: a
+// configuration of a single daemon (the embedded broker, or brokers without replication) is a
+// usage error (exit 2) naming the file, before any connection.
+func TestLogCommandsRefuseASingleDaemonsConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{"embedded": "state_dir: " + dir + "\n", "no replication": "kafka:\n  brokers: [127.0.0.1:1]\n"} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"verify-log", "new-epoch"} {
+			if code, _, errs := runCLI(t, cmd, "--config", p); code != 2 || !strings.Contains(errs, p+" is not a replica's configuration") {
+				t.Errorf("%s, configuration %q: exit %d, %s; want 2 naming the file", cmd, name, code, errs)
+			}
+		}
+	}
+}

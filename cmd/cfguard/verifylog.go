@@ -83,8 +83,9 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	if cfg.Embedded() {
-		return fmt.Errorf("%w: %s names no kafka.brokers: verify-log reads a replicated deployment's cluster", cli.ErrUsage, *path)
+	if cfg.Embedded() || !cfg.Replication.Enabled {
+		return fmt.Errorf("%w: %s is not a replica's configuration (replication.enabled and kafka.brokers): verify-log reads a replicated deployment's posterior log",
+			cli.ErrUsage, *path)
 	}
 	tlsCfg, err := stream.LoadTLS(stream.TLSFiles(cfg.Kafka.TLS))
 	if err != nil {
