@@ -224,15 +224,19 @@ func (l *loadCase) faultsBehind() bool {
 }
 
 // round sends loadConcurrent explanations and as many predictions at once and waits for every
-// answer.
+// answer. Each must come within the time the daemon gives itself to write it (http.write_timeout,
+// plus explain.timeout for an explanation; after it, the daemon cuts the answer) and 10 s more:
+// on a core shared with 20 busy processes the four predictions admitted at once take a minute,
+// as they should.
 func (l *loadCase) round(n int) {
 	predict, _ := json.Marshal(map[string]any{"xs": l.data.X[:loadInputs]})
+	cfg := l.r.d.cfg
 	var wg sync.WaitGroup
 	for i := range loadConcurrent {
 		// Rows in turn, for the class the model does not give them (no target: the other class).
 		explain, _ := json.Marshal(map[string]any{"x": l.data.X[(n*loadConcurrent+i)%len(l.data.X)]})
-		wg.Go(func() { l.post("explain", explain, 90*time.Second) })
-		wg.Go(func() { l.post("predict", predict, 30*time.Second) })
+		wg.Go(func() { l.post("explain", explain, cfg.HTTP.WriteTimeout+cfg.Explain.Timeout+10*time.Second) })
+		wg.Go(func() { l.post("predict", predict, cfg.HTTP.WriteTimeout+10*time.Second) })
 	}
 	wg.Wait()
 }
