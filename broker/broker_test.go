@@ -58,7 +58,7 @@ func produce(t *testing.T, addr, topic string, values ...string) {
 // readAll reads partition 0 of topic from offset 0 until it has n messages.
 func readAll(t *testing.T, addr, topic string, n int) []string {
 	t.Helper()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, MaxWait: kafkatest.MaxWait})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

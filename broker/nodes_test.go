@@ -53,7 +53,7 @@ func readPartitions(t *testing.T, addr, topic string, want []int64) [][]string {
 	defer cancel()
 	got := make([][]string, len(want))
 	for p, n := range want {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MaxWait: kafkatest.MaxWait})
 		for int64(len(got[p])) < n {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {
@@ -300,7 +300,7 @@ func TestGroupWithShortSessionTimeout(t *testing.T) {
 	b := start(t, context.Background(), broker.Config{Nodes: 3, GroupMinSessionTimeout: time.Second, Topics: []string{"events"}, Partitions: partitions})
 	addrs := b.Addrs()
 	reader := func(addr string) *kafka.Reader {
-		cfg := kafka.ReaderConfig{Brokers: []string{addr}, GroupID: "g", Topic: "events", MaxWait: 50 * time.Millisecond,
+		cfg := kafka.ReaderConfig{Brokers: []string{addr}, GroupID: "g", Topic: "events", MaxWait: kafkatest.MaxWait,
 			SessionTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 2 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
 			StartOffset: kafka.FirstOffset}
 		if err := cfg.Validate(); err != nil {

@@ -54,7 +54,7 @@ func churn(t *testing.T, b *broker.Broker, dir string, rounds, n int) []int64 {
 	addr := b.Addrs()[0]
 	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(addr), Topic: "records", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 500}
 	defer w.Close()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "records", GroupID: "churn", MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: "records", GroupID: "churn", MaxWait: kafkatest.MaxWait})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -188,7 +188,7 @@ func TestExpiredPartitionKeepsItsOffsetsAcrossRestarts(t *testing.T) {
 	if got := offsets(b); got != "log start 20, high watermark 21" {
 		t.Fatalf("after a record and a restart: %s, want 20 and 21", got)
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "records", MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs(), Topic: "records", MaxWait: kafkatest.MaxWait})
 	defer r.Close()
 	if err := r.SetOffset(20); err != nil {
 		t.Fatal(err)

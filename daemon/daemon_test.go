@@ -454,7 +454,7 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && flagged > 0
 	})
 	// Status changes went to the events topic.
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: 200 * time.Millisecond})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -182,7 +182,7 @@ func limitedEventsTopic(t *testing.T, ctx context.Context, limit string) (*broke
 // readTopic reads the first n events of cfguard.events on brokers, in order.
 func readTopic(t *testing.T, ctx context.Context, brokers []string, n int) []kafka.Message {
 	t.Helper()
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", MaxWait: 200 * time.Millisecond})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: "cfguard.events", MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer rcancel()

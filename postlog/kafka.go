@@ -243,6 +243,15 @@ type Record struct {
 	Auth []byte
 }
 
+// ReaderMaxWait is the MaxWait of kafka-go readers of cfguard's topics. kafka-go's Reader sets a
+// fetch's read deadline to MaxWait and asks the broker to hold an empty fetch until 1 s before it
+// (defaultRTT), or, for a MaxWait under 1 s, for three quarters of it: at 250 ms that left the
+// broker's answer 62 ms to arrive, which a starved CPU misses on every fetch (an i/o timeout, a
+// new connection, a backoff), so that a follower on a core shared with 20 busy processes read
+// nothing for 10 s. At 1.25 s the broker holds an empty fetch 250 ms and its answer has 1 s;
+// Close still waits about 250 ms for the fetch in flight.
+const ReaderMaxWait = 1250 * time.Millisecond
+
 // Reader reads the log in order from an offset.
 type Reader struct {
 	r *kafka.Reader
@@ -255,10 +264,8 @@ func (l *Log) Read(from int64) (*Reader, error) {
 		return nil, err
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: l.conn.Brokers, Topic: l.topic, Partition: 0, Dialer: d,
-		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
-		// kafka-go's reader sets its read deadline to MaxWait, the time it also asks the broker to
-		// hold an empty fetch, so an idle log times out now and then; it retries. Outages show
-		// as the end offset that cannot be read (the daemon's watch of the log's end).
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: ReaderMaxWait, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
+		// Outages show as the end offset that cannot be read (the daemon's watch of the log's end).
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			l.log.Debug("posterior log reader: " + fmt.Sprintf(msg, args...))
 		})})

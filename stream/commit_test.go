@@ -132,7 +132,7 @@ func TestGroupWithMembersRefusesCommits(t *testing.T) {
 	b := startBroker(t, broker.Config{})
 	conn := plainConn(b)
 	produce(t, conn, recordsTopic, 0, goodRecords("r", 3)...)
-	member := kafka.NewReader(kafka.ReaderConfig{Brokers: conn.Brokers, GroupID: "shared", Topic: recordsTopic, MaxWait: 100 * time.Millisecond})
+	member := kafka.NewReader(kafka.ReaderConfig{Brokers: conn.Brokers, GroupID: "shared", Topic: recordsTopic, MaxWait: kafkatest.MaxWait})
 	defer member.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -25,7 +26,7 @@ func readTopic(t *testing.T, conn ConnConfig, topic string, n int) []kafka.Messa
 	if err := conn.applyDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: conn.Brokers, Topic: topic, Dialer: conn.dialer(), MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: conn.Brokers, Topic: topic, Dialer: conn.dialer(), MaxWait: kafkatest.MaxWait})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -135,7 +135,7 @@ func (k kafkaClient) readAll(t *testing.T, addr, topic string, partitions int) [
 		return got
 	}
 	for p := range partitions {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MaxWait: kafkatest.MaxWait})
 		for {
 			lag, err := r.ReadLag(ctx)
 			if err != nil {
@@ -161,7 +161,7 @@ func (k kafkaClient) readAll(t *testing.T, addr, topic string, partitions int) [
 // the node at addr, committing each; it returns their values, sorted.
 func groupRead(t *testing.T, addr, topic, group string, n int) []string {
 	t.Helper()
-	cfg := kafka.ReaderConfig{Brokers: []string{addr}, GroupID: group, Topic: topic, MaxWait: 50 * time.Millisecond,
+	cfg := kafka.ReaderConfig{Brokers: []string{addr}, GroupID: group, Topic: topic, MaxWait: kafkatest.MaxWait,
 		SessionTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 2 * time.Second,
 		StartOffset: kafka.FirstOffset}
 	if err := cfg.Validate(); err != nil {

@@ -412,7 +412,7 @@ func (v *verifier) reader(p int, from int64) (*partReader, error) {
 			return nil, err
 		}
 		rd = &partReader{r: kafka.NewReader(kafka.ReaderConfig{Brokers: v.conn.Brokers, Topic: v.cfg.Kafka.Topic, Partition: p, Dialer: dialer,
-			MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond}), next: -1}
+			MaxBytes: 16 << 20, MaxWait: postlog.ReaderMaxWait}), next: -1}
 		v.readers[p] = rd
 	}
 	if rd.next != from {

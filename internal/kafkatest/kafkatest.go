@@ -9,6 +9,11 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
+// MaxWait is the MaxWait of the tests' kafka-go readers, postlog.ReaderMaxWait (which see): with
+// a shorter one, the broker's answer to an empty fetch has so little time to arrive before the
+// reader's deadline that a busy core misses it on every fetch.
+const MaxWait = 1250 * time.Millisecond
+
 // RecreateTopic deletes topic on brokers and creates it again, empty, with partitions
 // partitions: an operator's reset of the topic under the processes that read it.
 func RecreateTopic(t testing.TB, brokers []string, topic string, partitions int) {
@@ -63,7 +68,7 @@ func ReadPartition(t testing.TB, brokers []string, topic string, p int) []kafka.
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxBytes: 16 << 20, MaxWait: MaxWait})
 	defer rd.Close()
 	var out []kafka.Message
 	for off := int64(0); off < end; {
