@@ -217,7 +217,12 @@ type runbookState struct {
 // event is published, and requires every CE to be judged want (unless want is 0).
 func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Status) *runbookState {
 	t.Helper()
-	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, lr) }))
+	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
+		paperLearner(c, lr)
+		// The runbook's re-issue (POST /v1/explain) is checked for the search's verdict (201 or
+		// 422), which on a core shared with 20 busy processes takes more than the default minute.
+		c.Explain.Timeout = 10 * time.Minute
+	}))
 	data := bundled(t)
 	registerCEs(t, r, data, 8)
 	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien"), []byte("{")}
