@@ -125,17 +125,18 @@ func (u *unusedConns) closeStale(now time.Time, grace time.Duration) {
 }
 
 // sweep closes stale connections (closeStale with unusedGrace) every 100 ms until ctx ends:
-// while Shutdown drains.
+// while Shutdown drains. It starts with a pause, so that Shutdown has begun (from then on the
+// server answers no request it had not read) before it closes anything.
 func (u *unusedConns) sweep(ctx context.Context) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		u.closeStale(time.Now(), unusedGrace)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		u.closeStale(time.Now(), unusedGrace)
 	}
 }
 
