@@ -19,15 +19,59 @@ func Cond(t testing.TB, within time.Duration, what string, cond func() bool) tim
 
 // CondEvery is Cond polling every interval instead: for a wait of seconds on a condition whose
 // check costs CPU (a scan of thousands of records), where checking it every Interval would spend
-// more CPU than the work awaited. It returns at most interval after the condition holds.
+// more CPU than the work awaited.
+//
+// Either way a check that takes longer than a ninth of the interval spaces the next one by nine
+// times its duration (at most MaxPause): on a core shared with many busy processes a check's
+// requests and scans take that much longer, and checking every interval would take most of the
+// CPU left to the process, from the work the test waits for. Cond returns at most that pause after
+// the condition holds.
 func CondEvery(t testing.TB, interval, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
+	for {
+		c0 := time.Now()
+		ok := cond()
+		took := time.Since(c0)
+		if ok {
+			return time.Since(start)
+		}
 		if time.Since(start) > within {
 			t.Fatalf("timed out after %v waiting for %s", within, what)
 		}
-		time.Sleep(interval)
+		time.Sleep(pause(interval, took))
 	}
-	return time.Since(start)
+}
+
+// MaxPause bounds the pause between two checks of Cond and CondEvery.
+const MaxPause = time.Second
+
+// pause is the time between two checks: interval, or nine times a check that took took, at most
+// MaxPause (but never less than interval), so that checks take at most a tenth of the wait's time.
+func pause(interval, took time.Duration) time.Duration {
+	return max(interval, min(MaxPause, 9*took))
+}
+
+// Progress polls check as Cond does until it reports done, and fails the test when the state it
+// reports has not changed for stall: for a wait on work that moves by steps (records applied,
+// versions followed), whose total time is the CPU the work gets, while a stop of it shows at
+// once. It returns how long the wait took.
+func Progress(t testing.TB, stall time.Duration, what string, check func() (done bool, state string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last, since := "", start
+	for {
+		c0 := time.Now()
+		done, state := check()
+		took := time.Since(c0)
+		if done {
+			return time.Since(start)
+		}
+		if state != last {
+			last, since = state, time.Now()
+		} else if time.Since(since) > stall {
+			t.Fatalf("waiting for %s: no progress for %v (after %v; state %s)", what, stall, time.Since(start).Round(time.Millisecond), state)
+		}
+		time.Sleep(pause(Interval, took))
+	}
 }
