@@ -83,9 +83,9 @@ const unusedGrace = time.Second
 // http.Server.Shutdown closes idle keep-alive connections at once, but waits for a connection in
 // StateNew until it has been so for 5 s (golang/go#22682), and HTTP clients keep such
 // connections: Go's Transport pools the connection it dialed for a request that another one,
-// freed meanwhile, served. A peer replica's client does; a replica's stop then waited 5 s for a
-// connection nobody would use, and failed as not drained when http.shutdown_timeout was under
-// 5 s. Closing one loses no request: the server answers none whose header it reads after
+// freed meanwhile, served. A peer replica's client does: without this, a replica's stop would
+// wait 5 s for a connection nobody uses, and fail as not drained with http.shutdown_timeout
+// under 5 s. Closing one loses no request: the server answers none whose header it reads after
 // Shutdown began. unusedGrace spares a connection whose request's header the server has just
 // read, before it marks it active.
 type unusedConns struct {

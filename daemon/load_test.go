@@ -226,8 +226,8 @@ func (l *loadCase) faultsBehind() bool {
 // round sends loadConcurrent explanations and as many predictions at once and waits for every
 // answer. Each must come within the time the daemon gives itself to write it (http.write_timeout,
 // plus explain.timeout for an explanation; after it, the daemon cuts the answer) and 10 s more:
-// on a core shared with 20 busy processes the four predictions admitted at once take over 30 s
-// (35 s measured), as they should.
+// on a core shared with 20 busy processes the four predictions admitted at once take over 30 s,
+// as they should.
 func (l *loadCase) round(n int) {
 	predict, _ := json.Marshal(map[string]any{"xs": l.data.X[:loadInputs]})
 	cfg := l.r.d.cfg

@@ -245,12 +245,12 @@ type Record struct {
 
 // ReaderMaxWait is the MaxWait of kafka-go readers of cfguard's topics. kafka-go's Reader sets a
 // fetch's read deadline to MaxWait and asks the broker to hold an empty fetch until 1 s before it
-// (defaultRTT), or, for a MaxWait under 1 s, for three quarters of it: at 250 ms that left the
+// (defaultRTT), or, for a MaxWait under 1 s, for three quarters of it: 250 ms would leave the
 // broker's answer 62 ms to arrive, which a starved CPU misses on every fetch (an i/o timeout, a
-// new connection, a backoff), so that a follower on a core shared with 20 busy processes read
+// new connection, a backoff), so that a follower on a core shared with 20 busy processes reads
 // nothing for 10 s. At 1.25 s the broker holds an empty fetch 250 ms and its answer has 1 s.
 // Close waits for the fetch in flight (a cancelled context does not end it): usually at most
-// the broker's 250 ms, and up to 1.25 s when the broker does not answer (188 ms and 250 ms before).
+// the broker's 250 ms, and up to 1.25 s when the broker does not answer.
 const ReaderMaxWait = 1250 * time.Millisecond
 
 // Reader reads the log in order from an offset.
