@@ -350,15 +350,20 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	n := 0
 	produce := func(k int) { n = produceRows(t, reps[0], data, n, k) }
 	produce(64)
+	// Each phase goes at the CPU the replicas get (a twenty-first of a core on a busy machine): a
+	// wait fails when no replica moves for 30 s, not after a total time.
 	var updater *running
-	waitfor.Cond(t, 30*time.Second, "an updater that applied the records", func() bool {
+	waitfor.Progress(t, 30*time.Second, "an updater that applied the records", func() (bool, string) {
 		updater = nil
+		var state strings.Builder
 		for _, r := range reps {
-			if v := r.view(t); v.Replication.Updater && v.Version >= 2 {
+			v := r.view(t)
+			if v.Replication.Updater && v.Version >= 2 {
 				updater = r
 			}
+			fmt.Fprintf(&state, "updater %v, term %d, entry %d, version %d; ", v.Replication.Updater, v.Replication.Term, v.Replication.Entry, v.Version)
 		}
-		return updater != nil
+		return updater != nil, state.String()
 	})
 	// The rival: a claim of the next term on the head, from a writer no replica knows.
 	// It holds the cluster key: this is a writer that loses, not a forgery (see
@@ -366,12 +371,11 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	h := updater.d.rep.Head()
 	appendEntry(t, keyHolderLog(t, updater), claimOn(h, "rival/1"))
 	produce(64)
-	waitfor.Cond(t, 30*time.Second, "the old updater counts its lost entry", func() bool {
-		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1
+	waitfor.Progress(t, 30*time.Second, "the old updater counts its lost entry", func() (bool, string) {
+		v := updater.view(t)
+		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1, fmt.Sprintf("entry %d, version %d", v.Replication.Entry, v.Version)
 	})
 	produce(64)
-	// The rejoin, the claim and the increments go at the CPU the replicas get: the wait fails when
-	// no replica moves for 30 s.
 	waitfor.Progress(t, 30*time.Second, "a replica claims a term after the rival's and applies every record", func() (bool, string) {
 		v0 := reps[0].view(t)
 		covered := int64(0)
