@@ -106,17 +106,21 @@ func TestExplanationWaitingForTheVAEEndsAtTheStop(t *testing.T) {
 }
 
 // serveForStop runs d.serve on a loopback limitListener, as the daemon does, with a handler
-// answering 200 "ok" (after 1.5 s for /slow), over TLS when d's http.web_config_file says so. It
-// returns a function that stops serve and gives what it returned, and a dialer of raw
-// connections (TLS ones, their handshake done, when tlsCfg is not nil).
-func serveForStop(t *testing.T, d *Daemon, tlsCfg *tls.Config) (stop func() error, dial func() net.Conn) {
+// answering 200 "ok" (after 1.5 s for /slow, closing slow when it starts), over TLS when d's
+// http.web_config_file says so. It returns a function that stops serve and gives what it
+// returned, and a dialer of raw connections (TLS ones, their handshake done, when tlsCfg is not
+// nil).
+func serveForStop(t *testing.T, d *Daemon, tlsCfg *tls.Config) (stop func() error, dial func() net.Conn, slow <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	started := make(chan struct{})
+	var startedOnce sync.Once
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
+			startedOnce.Do(func() { close(started) })
 			time.Sleep(1500 * time.Millisecond)
 		}
 		io.WriteString(w, "ok")
@@ -127,17 +131,17 @@ func serveForStop(t *testing.T, d *Daemon, tlsCfg *tls.Config) (stop func() erro
 		served <- d.serve(ctx, srv, newLimitListener(ln, 16, prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"})))
 	}()
 	var once sync.Once
-	var err2 error
+	var stopErr error
 	stop = func() error {
 		once.Do(func() {
 			cancel()
 			select {
-			case err2 = <-served:
+			case stopErr = <-served:
 			case <-time.After(60 * time.Second):
-				err2 = errors.New("serve did not return within 60 s of the stop")
+				stopErr = errors.New("serve did not return within 60 s of the stop")
 			}
 		})
-		return err2
+		return stopErr
 	}
 	t.Cleanup(func() { stop() })
 	dial = func() net.Conn {
@@ -155,7 +159,7 @@ func serveForStop(t *testing.T, d *Daemon, tlsCfg *tls.Config) (stop func() erro
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	return stop, dial
+	return stop, dial, started
 }
 
 // TestUnusedConnectionsDoNotHoldTheDrain: a connection a client keeps without sending a request
@@ -184,12 +188,12 @@ func TestUnusedConnectionsDoNotHoldTheDrain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := config.Default()
 			c.HTTP.ShutdownTimeout, c.HTTP.WebConfigFile = 4*time.Second, tc.web
-			stop, dial := serveForStop(t, &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler)}, tc.tls)
+			stop, dial, slow := serveForStop(t, &Daemon{cfg: &c, log: slog.New(slog.DiscardHandler)}, tc.tls)
 			unused, running := dial(), dial()
 			if _, err := io.WriteString(running, "GET /slow HTTP/1.1\r\nHost: cfguard\r\n\r\n"); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond) // the request is read before the stop
+			<-slow // the request is running before the stop
 			stopped := make(chan error, 1)
 			go func() { stopped <- stop() }()
 			running.SetReadDeadline(time.Now().Add(30 * time.Second))
