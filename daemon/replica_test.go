@@ -61,6 +61,25 @@ func (r *running) view(t *testing.T) replicaView {
 	return v
 }
 
+// views reads GET /v1/model of each replica.
+func views(t *testing.T, reps []*running) []replicaView {
+	t.Helper()
+	vs := make([]replicaView, len(reps))
+	for i, r := range reps {
+		vs[i] = r.view(t)
+	}
+	return vs
+}
+
+// progressOf says where each replica is: what a wait on their work (waitfor.Progress) watches.
+func progressOf(vs []replicaView) string {
+	var b strings.Builder
+	for _, v := range vs {
+		fmt.Fprintf(&b, "updater %v, term %d, entry %d, version %d; ", v.Replication.Updater, v.Replication.Term, v.Replication.Entry, v.Version)
+	}
+	return b.String()
+}
+
 // startCluster starts a broker on loopback, in memory, stopped at the test's end: the input
 // topic with partitions partitions, the dead-letter and events topics, for replicas or for a
 // daemon given an external broker.
@@ -354,16 +373,14 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	// wait fails when no replica moves for 30 s, not after a total time.
 	var updater *running
 	waitfor.Progress(t, 30*time.Second, "an updater that applied the records", func() (bool, string) {
+		vs := views(t, reps)
 		updater = nil
-		var state strings.Builder
-		for _, r := range reps {
-			v := r.view(t)
+		for i, v := range vs {
 			if v.Replication.Updater && v.Version >= 2 {
-				updater = r
+				updater = reps[i]
 			}
-			fmt.Fprintf(&state, "updater %v, term %d, entry %d, version %d; ", v.Replication.Updater, v.Replication.Term, v.Replication.Entry, v.Version)
 		}
-		return updater != nil, state.String()
+		return updater != nil, progressOf(vs)
 	})
 	// The rival: a claim of the next term on the head, from a writer no replica knows.
 	// It holds the cluster key: this is a writer that loses, not a forgery (see
@@ -372,24 +389,20 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 	appendEntry(t, keyHolderLog(t, updater), claimOn(h, "rival/1"))
 	produce(64)
 	waitfor.Progress(t, 30*time.Second, "the old updater counts its lost entry", func() (bool, string) {
-		v := updater.view(t)
-		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1, fmt.Sprintf("entry %d, version %d", v.Replication.Entry, v.Version)
+		return updater.metric(t, "cfguard_posterior_log_appends_lost_total") >= 1, progressOf(views(t, []*running{updater}))
 	})
 	produce(64)
 	waitfor.Progress(t, 30*time.Second, "a replica claims a term after the rival's and applies every record", func() (bool, string) {
-		v0 := reps[0].view(t)
+		vs := views(t, reps)
 		covered := int64(0)
-		for _, to := range v0.Replication.Covers {
+		for _, to := range vs[0].Replication.Covers {
 			covered += to
 		}
-		done := covered == int64(n) && v0.Replication.Term >= h.Term+2
-		state := fmt.Sprintf("r1: term %d, entry %d, covers %d", v0.Replication.Term, v0.Replication.Entry, covered)
-		for _, r := range reps[1:] {
-			v := r.view(t)
-			state += fmt.Sprintf("; term %d, entry %d", v.Replication.Term, v.Replication.Entry)
-			done = done && v.Replication.Entry == v0.Replication.Entry && v.Replication.SHA == v0.Replication.SHA
+		done := covered == int64(n) && vs[0].Replication.Term >= h.Term+2
+		for _, v := range vs[1:] {
+			done = done && v.Replication.Entry == vs[0].Replication.Entry && v.Replication.SHA == vs[0].Replication.SHA
 		}
-		return done, state
+		return done, fmt.Sprintf("covers %d; %s", covered, progressOf(vs))
 	})
 	for _, r := range reps {
 		if w := r.view(t).Replication.Writer; w == "rival/1" {

@@ -28,19 +28,11 @@ func Cond(t testing.TB, within time.Duration, what string, cond func() bool) tim
 // the condition holds.
 func CondEvery(t testing.TB, interval, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		c0 := time.Now()
-		ok := cond()
-		took := time.Since(c0)
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > within {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(pause(interval, took))
+	took, ok := poll(interval, within, func() (bool, string) { return cond(), "" })
+	if !ok {
+		t.Fatalf("timed out after %v waiting for %s", within, what)
 	}
+	return took
 }
 
 // MaxPause bounds the pause between two checks of Cond and CondEvery.
@@ -58,6 +50,22 @@ func pause(interval, took time.Duration) time.Duration {
 // once. It returns how long the wait took.
 func Progress(t testing.TB, stall time.Duration, what string, check func() (done bool, state string)) time.Duration {
 	t.Helper()
+	var state string
+	took, ok := poll(Interval, stall, func() (bool, string) {
+		var done bool
+		done, state = check()
+		return done, state
+	})
+	if !ok {
+		t.Fatalf("waiting for %s: no progress for %v (after %v; state %s)", what, stall, took.Round(time.Millisecond), state)
+	}
+	return took
+}
+
+// poll runs check, pausing between runs (pause), until it reports done (ok true) or the state it
+// reports has stood still for stall (ok false; a check whose state never changes has stall in
+// all). It returns how long it polled.
+func poll(interval, stall time.Duration, check func() (done bool, state string)) (took time.Duration, ok bool) {
 	start := time.Now()
 	last, since := "", start
 	for {
@@ -65,13 +73,13 @@ func Progress(t testing.TB, stall time.Duration, what string, check func() (done
 		done, state := check()
 		took := time.Since(c0)
 		if done {
-			return time.Since(start)
+			return time.Since(start), true
 		}
 		if state != last {
 			last, since = state, time.Now()
 		} else if time.Since(since) > stall {
-			t.Fatalf("waiting for %s: no progress for %v (after %v; state %s)", what, stall, time.Since(start).Round(time.Millisecond), state)
+			return time.Since(start), false
 		}
-		time.Sleep(pause(Interval, took))
+		time.Sleep(pause(interval, took))
 	}
 }
