@@ -101,3 +101,11 @@ func TestOpenChecksTheTopicsSettings(t *testing.T) {
 		})
 	}
 }
+
+// The tests' kafka-go readers wait as cfguard's do: kafkatest cannot import this package (its
+// tests import kafkatest), so the two constants are kept equal here.
+func TestTestReadersWaitAsCfguardsDo(t *testing.T) {
+	if ReaderMaxWait != kafkatest.MaxWait {
+		t.Fatalf("postlog.ReaderMaxWait %v, kafkatest.MaxWait %v: keep them equal", ReaderMaxWait, kafkatest.MaxWait)
+	}
+}
