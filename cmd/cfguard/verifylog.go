@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -424,9 +425,13 @@ func (v *verifier) reader(p int, from int64) (*partReader, error) {
 	return rd, nil
 }
 
-// close closes the readers.
+// close closes the readers, all at once: a reader's Close waits for its fetch to end, up to
+// postlog.ReaderMaxWait when the broker does not answer, and one partition's wait need not
+// follow another's.
 func (v *verifier) close() {
+	var wg sync.WaitGroup
 	for _, rd := range v.readers {
-		rd.r.Close()
+		wg.Go(func() { rd.r.Close() })
 	}
+	wg.Wait()
 }
