@@ -118,6 +118,8 @@ func (e *exporter) verify() {
 	w, werr := os.ReadFile(filepath.Join(e.dir, bnn.WeightsFile))
 	switch {
 	case errors.Is(serr, fs.ErrNotExist) && errors.Is(werr, fs.ErrNotExist):
+		e.log.Info("the posterior export is missing (a first start, or an emptied volume); writing it from the ledger",
+			"dir", e.dir, "posterior_version", m.Version)
 		e.write("first export")
 		return
 	case serr == nil && werr == nil && bytes.Equal(side, pf.sidecar) && bytes.Equal(w, pf.weights):

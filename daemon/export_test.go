@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -57,22 +59,31 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 	}
 	r.stop(t)
 
-	for name, damage := range map[string]func(){
-		"truncated weights": func() { os.Truncate(filepath.Join(export, bnn.WeightsFile), 100) },
-		"deleted sidecar":   func() { os.Remove(filepath.Join(export, bnn.SidecarFile)) },
-		"flipped byte": func() {
+	for name, c := range map[string]struct {
+		damage func()
+		said   string
+	}{
+		"truncated weights": {func() { os.Truncate(filepath.Join(export, bnn.WeightsFile), 100) }, "rewriting it from the ledger"},
+		"deleted sidecar":   {func() { os.Remove(filepath.Join(export, bnn.SidecarFile)) }, "rewriting it from the ledger"},
+		"flipped byte": {func() {
 			p := filepath.Join(export, bnn.WeightsFile)
 			b, _ := os.ReadFile(p)
 			b[len(b)/2] ^= 0x40
 			os.WriteFile(p, b, 0o644)
-		},
+		}, "rewriting it from the ledger"},
+		"emptied volume": {func() {
+			os.Remove(filepath.Join(export, bnn.SidecarFile))
+			os.Remove(filepath.Join(export, bnn.WeightsFile))
+		}, "the posterior export is missing"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			damage()
-			r := startDaemon(t, mutate)
+			c.damage()
+			// A missing export is said at INFO: this daemon logs from INFO on.
+			logs := &tooltest.Output{}
+			r := startDaemonWith(t, mutate, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
 			waitfor.Cond(t, 10*time.Second, "the repaired export", func() bool { return exportMatches(t, r, export) })
-			if !strings.Contains(r.logs.String(), "rewriting it from the ledger") {
-				t.Fatalf("the repair was not logged:\n%s", r.logs.String())
+			if !strings.Contains(logs.String(), c.said) {
+				t.Fatalf("the repair was not logged (want %q):\n%s", c.said, logs.String())
 			}
 			r.stop(t)
 		})
