@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +25,21 @@ type Log struct {
 	w     *kafka.Writer
 	keys  *clusterkey.Keyring
 	log   *slog.Logger
+	// maxMessageBytes is the topic's max.message.bytes as checkSettings read it (0: unknown).
+	maxMessageBytes int
 }
+
+// MaxRecordBytes is the largest record of the log: cfguard creates the topic with this
+// max.message.bytes, Append refuses a larger record, and readers fetch this much and more.
+// A genesis carries the whole model (base64 in JSON): about 2.8 bytes per parameter in
+// float64, so that 16 MiB holds a model of some 6 million parameters. Brokers accept records of
+// 1 MiB by default (message.max.bytes), about 370,000 parameters: the bundled mnist network
+// (52,650 parameters, a genesis of 1.2 MB) needs more.
+const MaxRecordBytes = 16 << 20
+
+// readerMaxBytes is what a reader of the log fetches at most: a batch holds one record, at most
+// MaxRecordBytes and its batch's framing. A reader asking for less than a batch would get it cut.
+const readerMaxBytes = MaxRecordBytes + 64<<10
 
 // Open connects to the posterior topic, creating it when it is missing: one partition,
 // cleanup.policy delete, retention.ms and retention.bytes -1 (kept for ever), replication factor
@@ -54,7 +70,7 @@ func open(ctx context.Context, conn stream.ConnConfig, topic string, keys *clust
 	l := &Log{conn: conn, topic: topic, tr: tr, log: log, keys: keys,
 		cl: &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr, Timeout: 10 * time.Second}}
 	l.w = &kafka.Writer{Addr: kafka.TCP(conn.Brokers...), Topic: topic, Transport: tr, RequiredAcks: kafka.RequireAll,
-		BatchSize: 1, BatchTimeout: time.Millisecond, MaxAttempts: 3, Balancer: &kafka.LeastBytes{},
+		BatchSize: 1, BatchBytes: readerMaxBytes, BatchTimeout: time.Millisecond, MaxAttempts: 3, Balancer: &kafka.LeastBytes{},
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			log.Warn("posterior log writer: " + fmt.Sprintf(msg, args...))
 		})}
@@ -103,7 +119,8 @@ func (l *Log) ensure(ctx context.Context, create bool) error {
 		rf := min(3, len(md.Brokers))
 		res, err := l.cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: l.topic, NumPartitions: 1,
 			ReplicationFactor: rf, ConfigEntries: []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "delete"},
-				{ConfigName: "retention.ms", ConfigValue: "-1"}, {ConfigName: "retention.bytes", ConfigValue: "-1"}}}}})
+				{ConfigName: "retention.ms", ConfigValue: "-1"}, {ConfigName: "retention.bytes", ConfigValue: "-1"},
+				{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(MaxRecordBytes)}}}}})
 		if err != nil {
 			return fmt.Errorf("replication.posterior_topic %s: create: %w", l.topic, err)
 		}
@@ -128,7 +145,7 @@ func (l *Log) ensure(ctx context.Context, create bool) error {
 // WARN.
 func (l *Log) checkSettings(ctx context.Context) error {
 	res, err := l.cl.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
-		ResourceType: kafka.ResourceTypeTopic, ResourceName: l.topic, ConfigNames: []string{"cleanup.policy", "retention.ms", "retention.bytes"}}}})
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: l.topic, ConfigNames: []string{"cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes"}}}})
 	if err == nil && len(res.Resources) != 1 {
 		err = fmt.Errorf("%d resources in the answer, want 1", len(res.Resources))
 	}
@@ -159,6 +176,8 @@ func (l *Log) checkSettings(ctx context.Context) error {
 			if c.ConfigValue != "-1" {
 				finite = append(finite, c.ConfigName, c.ConfigValue)
 			}
+		case "max.message.bytes":
+			l.maxMessageBytes, _ = strconv.Atoi(c.ConfigValue)
 		}
 	}
 	if len(finite) > 0 {
@@ -227,10 +246,45 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) error {
 		return fmt.Errorf("posterior log %s: append: opened without a key (a reader)", l.topic)
 	}
 	msg := kafka.Message{Key: []byte(key), Value: value, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(l.keys, value)}}}
+	// What the broker measures against max.message.bytes: the record and its batch's framing
+	// (about 70 bytes for one record; recordOverhead counts more).
+	size := len(msg.Key) + len(msg.Value) + len(clusterkey.Header) + len(msg.Headers[0].Value) + recordOverhead
+	switch {
+	case size > MaxRecordBytes:
+		return fmt.Errorf("posterior log %s: append: a record of %d bytes (key %s), over the %d bytes cfguard's readers of the log fetch "+
+			"(postlog.MaxRecordBytes): a genesis carries the whole model, and this model is too large to replicate", l.topic, size, key, MaxRecordBytes)
+	case l.maxMessageBytes > 0 && size > l.maxMessageBytes:
+		return l.tooLarge(key, size, fmt.Sprintf("over the topic's max.message.bytes (%d)", l.maxMessageBytes))
+	}
 	if err := l.w.WriteMessages(ctx, msg); err != nil {
+		if sizeRefused(err) {
+			return l.tooLarge(key, size, fmt.Sprintf("refused by the broker (%v)", err))
+		}
 		return fmt.Errorf("posterior log %s: append: %w", l.topic, err)
 	}
 	return nil
+}
+
+// sizeRefused reports whether a write failed because the broker found the record too large.
+// kafka-go's writer reports a batch's failure as WriteErrors, which errors.Is does not look into.
+func sizeRefused(err error) bool {
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		return slices.ContainsFunc(we, func(e error) bool { return errors.Is(e, kafka.MessageSizeTooLarge) })
+	}
+	return errors.Is(err, kafka.MessageSizeTooLarge)
+}
+
+// recordOverhead bounds what a batch of one record adds to its key, value and header: the
+// batch header (61 bytes) and the record's varints and attributes.
+const recordOverhead = 128
+
+// tooLarge is Append's error for a record of size bytes that the topic does not take (why),
+// with how to raise the topic's limit.
+func (l *Log) tooLarge(key string, size int, why string) error {
+	return fmt.Errorf("posterior log %s: append: a record of %d bytes (key %s) is %s: raise the topic's limit to what cfguard creates "+
+		"it with (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d) and start again",
+		l.topic, size, key, why, l.topic, MaxRecordBytes)
 }
 
 // Record is one record of the log.
@@ -265,7 +319,7 @@ func (l *Log) Read(from int64) (*Reader, error) {
 		return nil, err
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: l.conn.Brokers, Topic: l.topic, Partition: 0, Dialer: d,
-		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: ReaderMaxWait, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
+		MinBytes: 1, MaxBytes: readerMaxBytes, MaxWait: ReaderMaxWait, ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
 		// Outages show as the end offset that cannot be read (the daemon's watch of the log's end).
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
 			l.log.Debug("posterior log reader: " + fmt.Sprintf(msg, args...))

@@ -26,6 +26,16 @@ func RecreateTopic(t testing.TB, brokers []string, topic string, partitions int)
 	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
 		t.Fatalf("deleting %s: %v %v", topic, err, res)
 	}
+	CreateTopic(t, brokers, topic, partitions)
+}
+
+// CreateTopic creates topic on brokers with partitions partitions, replication factor 1 and the
+// broker's default settings, as an operator's kafka-topics --create would.
+func CreateTopic(t testing.TB, brokers []string, topic string, partitions int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: Transport(t)}
 	res, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions,
 		ReplicationFactor: 1}}})
 	if err != nil || res.Errors[topic] != nil {
