@@ -1184,6 +1184,10 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p, err := a.core.predict(r.Context(), m, xs)
+	if errors.Is(err, errStopping) {
+		retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -20,7 +21,7 @@ const maxBatchInputs = 4 * maxPredictBatch
 const minLaneInputs = 16
 
 // errPredictStopping answers the predictions still queued when the daemon stops.
-var errPredictStopping = errors.New("predict: the daemon is stopping; retry once it runs again")
+var errPredictStopping = fmt.Errorf("predict: %w", errStopping)
 
 // predictCall is one POST /v1/predict waiting for the batcher.
 type predictCall struct {
@@ -55,18 +56,23 @@ type batcher struct {
 	predict func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
 	lanes   int
 	calls   chan *predictCall
+	stopped chan struct{} // closed when run returns: no call is taken after
 }
 
 // newBatcher serves batches on up to lanes cores at once (at least 1).
 func newBatcher(lanes int, predict func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)) *batcher {
-	return &batcher{predict: predict, lanes: max(1, lanes), calls: make(chan *predictCall)}
+	return &batcher{predict: predict, lanes: max(1, lanes), calls: make(chan *predictCall), stopped: make(chan struct{})}
 }
 
-// do queues one prediction and waits for its result, or for ctx to end.
+// do queues one prediction and waits for its result, or for ctx to end. Once run has returned
+// (the daemon stops) it answers errPredictStopping at once. A call run took is always answered
+// (served, or errPredictStopping from its queue), so the wait for the reply needs no such case.
 func (b *batcher) do(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	c := &predictCall{ctx: ctx, m: m, xs: xs, reply: make(chan predictReply, 1)}
 	select {
 	case b.calls <- c:
+	case <-b.stopped:
+		return nil, errPredictStopping
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -81,6 +87,7 @@ func (b *batcher) do(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Pr
 // run queues the calls and starts their batches until ctx ends; then it answers the calls still
 // queued with errPredictStopping and returns once every running batch has.
 func (b *batcher) run(ctx context.Context) error {
+	defer close(b.stopped)
 	var (
 		queue   []*predictCall
 		running int

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sort"
@@ -281,4 +282,27 @@ func BenchmarkPredictBatchSizes(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N*n), "ms/input")
 		})
 	}
+}
+
+// A prediction that reaches the batcher after it stopped (the daemon stops; the HTTP server
+// still drains requests under way) is answered errPredictStopping at once, without waiting for
+// its own deadline.
+func TestBatcherStoppedAnswersAtOnce(t *testing.T) {
+	m, _, X := testPool(t)
+	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+		t.Error("a stopped batcher ran a prediction")
+		return nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A batcher that waits for the call to be taken answers only at the call's deadline.
+	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer dcancel()
+	if _, err := b.do(dctx, m, X[:1]); !errors.Is(err, errPredictStopping) || !errors.Is(err, errStopping) {
+		t.Fatalf("a prediction after the stop: %v, want errPredictStopping", err)
+	}
+
 }

@@ -94,6 +94,42 @@ func (g *gatedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (
 	return g.core.predict(ctx, m, xs)
 }
 
+// stoppedCore predicts through a batcher that has stopped, as a request still draining when the
+// daemon stops does.
+type stoppedCore struct {
+	core
+	b *batcher
+}
+
+func (s stoppedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+	return s.b.do(ctx, m, xs)
+}
+
+// TestPredictAfterTheStopIs503WithRetryAfter: a prediction the stopped batcher refuses is a
+// 503 with Retry-After, as a registration during a stop is, not a 500.
+func TestPredictAfterTheStopIs503WithRetryAfter(t *testing.T) {
+	r := startDaemon(t, nil)
+	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
+	b := newBatcher(1, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b.run(ctx)
+	a.core = stoppedCore{core: r.d, b: b}
+	srv := httptest.NewServer(a.routes())
+	t.Cleanup(srv.Close)
+	body, _ := json.Marshal(map[string]any{"x": bundled(t).X[0]})
+	resp, err := http.Post(srv.URL+"/v1/predict", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !bytes.Contains(out, []byte("stopping")) {
+		t.Fatalf("POST /v1/predict after the stop: %d (Retry-After %q) %s, want 503 with Retry-After saying the daemon stops",
+			resp.StatusCode, resp.Header.Get("Retry-After"), out)
+	}
+}
+
 // TestPredictBeyondTheLimitIs429WithRetryAfter: with http.max_predict_inputs = 10, of 8
 // concurrent predictions of 5 inputs 2 run and 6 are answered 429 with Retry-After at once; the 2
 // then answer correctly, and their inputs are free again after.
