@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -120,5 +122,49 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 	t.Logf("%d of %d CEs %s (or worse) after the drift: %d reissued, %d failures published", len(invalidated), len(ids), status, reissued, len(invalidated)-reissued)
 	if wantSuccess && reissued == 0 {
 		t.Fatal("no CE reissued after a mild drift")
+	}
+}
+
+// TestReissueQueueFullFailsInOneWrite: status changes beyond the reissue queue are not reissued;
+// each gets a counterfactual_reissue_failed event, all of one call in one line of the log and
+// one outbox transaction, without waiting for the queue.
+func TestReissueQueueFullFailsInOneWrite(t *testing.T) {
+	r := startDaemon(t, nil)
+	logs := &tooltest.Output{}
+	re := newReissuer(r.d, "invalidated", slog.New(slog.NewTextHandler(logs, nil))) // nothing takes from its queue
+	const over = 3
+	changes := make([]ledger.StatusChange, reissueQueue+over)
+	for i := range changes {
+		changes[i] = ledger.StatusChange{ID: fmt.Sprintf("full-%d", i), From: certify.Certified, To: certify.Invalidated, PosteriorVersion: 1}
+	}
+	re.notify(changes)
+	if n := len(re.queue); n != reissueQueue {
+		t.Fatalf("%d CEs queued, want the queue's %d", n, reissueQueue)
+	}
+	if n := strings.Count(logs.String(), "reissue queue full"); n != 1 || !strings.Contains(logs.String(), fmt.Sprintf("count=%d", over)) {
+		t.Fatalf("the log said %d times that the queue is full, want once with count=%d:\n%s", n, over, logs.String())
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	failed := map[string]bool{}
+	for len(failed) < over {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("events: %d of %d reissue failures: %v", len(failed), over, err)
+		}
+		var e event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type == "counterfactual_reissue_failed" {
+			failed[e.ID] = true
+		}
+	}
+	for i := reissueQueue; i < len(changes); i++ {
+		if !failed[changes[i].ID] {
+			t.Errorf("no counterfactual_reissue_failed for %s (got %v)", changes[i].ID, failed)
+		}
 	}
 }
