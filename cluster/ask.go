@@ -213,11 +213,28 @@ func (s *Share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	b, err := readPeerBody(resp.Body)
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
+		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %w", ErrPeer, method, path, o.Replica, o.URL, err)
 	}
 	return peerAnswer{code: resp.StatusCode, body: b, blocked: resp.Header.Get(HeaderBlocked) != ""}, nil
+}
+
+// maxPeerAnswer bounds the body of a peer's answer that a replica reads.
+const maxPeerAnswer = 16 << 20
+
+// errAnswerTooLarge: a peer's answer is over maxPeerAnswer bytes (a page of CEs of a model with
+// many features: 1000 CEs of 784 features are about 17 MB).
+var errAnswerTooLarge = fmt.Errorf("the answer is over %d bytes", maxPeerAnswer)
+
+// readPeerBody reads a peer's answer body, refusing one over maxPeerAnswer bytes with
+// errAnswerTooLarge rather than cutting it.
+func readPeerBody(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxPeerAnswer+1))
+	if err == nil && len(b) > maxPeerAnswer {
+		err = errAnswerTooLarge
+	}
+	return b, err
 }
 
 // peerError is the error a peer's answer body holds: its "error" field when it is the API's JSON

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -228,9 +227,9 @@ func (s *Share) outcome(ctx context.Context, id, rid string, after int64) (ro Re
 		return ro, false, fmt.Errorf("asking %s (%s), the owner of partition %d: %w", owner.Replica, owner.URL, p, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	body, err := readPeerBody(resp.Body)
 	if err != nil {
-		return ro, false, err
+		return ro, false, fmt.Errorf("%s's answer: %w", owner.Replica, err)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
