@@ -317,13 +317,20 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 			if got := field(t, page, "var-bound"); !strings.HasPrefix(got, want+"(a certificate needs at most 0.25:") {
 				t.Errorf("%s: Theorem 2 bound %q, want the API's %v and its ceiling 0.25", ce.ID, got, ce.VarBound)
 			}
-			if got := field(t, page, "bound"); strings.Contains(got, "this status rests on its verdict") != (st != "certified") {
-				t.Errorf("%s (%s): Theorem 1 bound %q", ce.ID, st, got)
+			// A verdict's status rests on its verdict bound only while that bound carries (decided).
+			if got := field(t, page, "bound"); strings.Contains(got, "this status rests on its verdict bound") != (st != "certified" && ce.Decided) ||
+				strings.Contains(got, "nothing decides this status now") != (st != "certified" && !ce.Decided && ce.VerdictBound != nil) {
+				t.Errorf("%s (%s, decided %v): Theorem 1 bound %q", ce.ID, st, ce.Decided, got)
 			}
 		}
 		if ce.VerdictBound != nil {
-			if got := field(t, page, "verdict-bound"); !strings.HasPrefix(got, num(*ce.VerdictBound)+": ") {
+			got := field(t, page, "verdict-bound")
+			if !strings.HasPrefix(got, num(*ce.VerdictBound)+": ") {
 				t.Errorf("%s: verdict bound %q, the API %v", ce.ID, got, *ce.VerdictBound)
+			}
+			// An undecided CE's bound no longer says what p is at least or at most.
+			if strings.Contains(got, "decided the verdict") != ce.Decided || strings.Contains(got, "says nothing of p now") == ce.Decided {
+				t.Errorf("%s (decided %v): verdict bound %q", ce.ID, ce.Decided, got)
 			}
 		}
 		status := field(t, page, "status")

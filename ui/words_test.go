@@ -1,6 +1,8 @@
 package ui
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -67,5 +69,47 @@ func TestStatementNamesWhatEachFigureIs(t *testing.T) {
 		if body := strings.Join(st.Body, " "); !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %q does not say %q", tc.name, body, tc.want)
 		}
+	}
+}
+
+// TestVerdictBoundSaysWhetherItCarries: a CE page calls a verdict bound what decided the status
+// only while it carries to the posterior read (decided); an undecided CE's bound is the one
+// measured under an earlier posterior, and the page says it no longer says what p is.
+func TestVerdictBoundSaysWhetherItCarries(t *testing.T) {
+	u := New(Config{}, nil)
+	vb, lowVB, confirmed := 0.835, 0.4357, uint64(7)
+	for _, tc := range []struct {
+		name         string
+		ce           ledger.CE
+		bound, vbSay string
+	}{
+		{"decided at_risk", ledger.CE{Status: certify.AtRisk, Decided: true, VerdictBound: &vb, ConfirmedVersion: &confirmed, PosteriorVersion: 7},
+			"this status rests on its verdict bound below", "0.835: the confidence bound on p that decided the verdict (lower: p is at least this)"},
+		{"at_risk whose verdict no longer carries", ledger.CE{Status: certify.AtRisk, VerdictBound: &vb, ConfirmedVersion: &confirmed, PosteriorVersion: 8, VerdictPending: true},
+			"its verdict bound below no longer carries to this posterior, and nothing decides this status now",
+			"0.835: the confidence bound on p under the posterior it was measured under (lower); it no longer carries to posterior version 8 and says nothing of p now"},
+		{"invalidated whose verdict no longer carries", ledger.CE{Status: certify.Invalidated, VerdictBound: &lowVB, ConfirmedVersion: &confirmed, PosteriorVersion: 8, VerdictPending: true},
+			"nothing decides this status now", "0.4357: the confidence bound on p under the posterior it was measured under (upper); it no longer carries"},
+		{"at_risk with no verdict yet", ledger.CE{Status: certify.AtRisk, PosteriorVersion: 8, VerdictPending: true},
+			"this status rests on a verdict, and none decides it now", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.ce.ID, tc.ce.P1, tc.ce.Samples, tc.ce.X, tc.ce.XCF = "ce-1", 0.97, 1000, []float64{1}, []float64{2}
+			rec := httptest.NewRecorder()
+			u.render(rec, http.StatusOK, "ce", u.cePage(&tc.ce, &Snapshot{Classes: []string{"no", "yes"}, PosteriorVersion: tc.ce.PosteriorVersion}, "t"))
+			page := rec.Body.String()
+			if !strings.Contains(page, tc.bound) {
+				t.Errorf("the page does not say %q of the Theorem 1 bound:\n%s", tc.bound, page)
+			}
+			if tc.vbSay == "" {
+				if strings.Contains(page, `id="verdict-bound"`) {
+					t.Errorf("a verdict bound shown for a CE with none")
+				}
+				return
+			}
+			if !strings.Contains(page, `<dd id="verdict-bound">`+tc.vbSay) {
+				t.Errorf("the page does not say %q of the verdict bound:\n%s", tc.vbSay, page)
+			}
+		})
 	}
 }
