@@ -47,7 +47,7 @@ var runbookChecks = map[string][]runbooktest.Check{
 	"CfguardCounterfactualsInvalidated": {
 		{Cmd: "status=invalidated", Want: `"status":"invalidated"`},
 		{Cmd: "/ID     # its history", Want: `"history":\[.*"to":"invalidated"`},
-		{Cmd: "/v1/explain", Want: `(?s)^\{.*("status":"certified".*\n201|"error":"no valid counterfactual found: .*\n422)$`},
+		{Cmd: "/v1/explain", Want: `(?s)^\{.*("status":"certified".*\n201|"error":"(no valid counterfactual found|generated but not stored: outside the <delta, epsilon>-set): .*\n422)$`},
 		{Cmd: "-XDELETE", Want: `^204$`},
 	},
 	"CfguardCounterfactualsAtRisk": {
