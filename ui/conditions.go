@@ -3,6 +3,7 @@ package ui
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -99,12 +100,21 @@ var conditions = []condition{
 		return g["cfguard_consumer_topic_mismatch"] > 0, "the input topic no longer holds the offsets the ledger read up to"
 	}, "/ui/"},
 	{"CfguardRecordsLost", func(g map[string]float64, now time.Time) (bool, string) {
+		var lost []string // "<topic> at <time>", of each topic that lost records within the hour
 		for k, t := range g {
-			if strings.HasPrefix(k, "cfguard_records_lost_last_timestamp_seconds{") && t > 0 && float64(now.Unix())-t < 3600 {
-				return true, "the broker deleted records before they were read (" + k[len("cfguard_records_lost_last_timestamp_seconds"):] + ", at " + unix(t) + ")"
+			labels, ok := strings.CutPrefix(k, `cfguard_records_lost_last_timestamp_seconds{topic="`)
+			if !ok {
+				continue
+			}
+			if topic, ok := strings.CutSuffix(labels, `"}`); ok && t > 0 && float64(now.Unix())-t < 3600 {
+				lost = append(lost, topic+" at "+unix(t))
 			}
 		}
-		return false, ""
+		if len(lost) == 0 {
+			return false, ""
+		}
+		slices.Sort(lost)
+		return true, "the broker deleted records before they were read (" + strings.Join(lost, "; ") + ")"
 	}, "/ui/"},
 	{"CfguardOutboxBacklog", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_events_pending"]

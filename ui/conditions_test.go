@@ -109,3 +109,19 @@ func TestNotCaughtUpSaysWhenBlocked(t *testing.T) {
 		}
 	}
 }
+
+// Records lost are said by topic, each with its time, in topic order.
+func TestRecordsLostNamesTheTopics(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	rows := holding(map[string]float64{
+		`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.records"}`: float64(now.Add(-time.Minute).Unix()),
+		`cfguard_records_lost_last_timestamp_seconds{topic="cfguard.ce"}`:      float64(now.Add(-2 * time.Minute).Unix()),
+		`cfguard_records_lost_last_timestamp_seconds{topic="old"}`:             float64(now.Add(-2 * time.Hour).Unix()),
+		`cfguard_records_lost_total{topic="cfguard.records"}`:                  float64(now.Unix()), // not a time
+		"cfguard_last_ingest_timestamp_seconds":                                float64(now.Unix()),
+	}, now)
+	want := "the broker deleted records before they were read (cfguard.ce at 2026-12-01 11:58:00 UTC; cfguard.records at 2026-12-01 11:59:00 UTC)"
+	if len(rows) != 1 || rows[0].Alert != "CfguardRecordsLost" || rows[0].Says != want {
+		t.Errorf("holding %+v, want CfguardRecordsLost saying %q", rows, want)
+	}
+}
