@@ -1,11 +1,13 @@
 package ledger
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -318,5 +320,68 @@ func TestInstallVerifiesACopyBeforeAligningIt(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "*.restore-*")); len(left) != 0 {
 		t.Errorf("the damaged copy was left behind: %v", left)
+	}
+}
+
+// firstWrite is a buffer that says when the first bytes arrive.
+type firstWrite struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	started chan struct{}
+}
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.buf.Len() == 0 && len(p) > 0 {
+		close(f.started)
+	}
+	return f.buf.Write(p)
+}
+
+// TestBackupHoldsNoFailedCommit: a backup asked for while a commit's meta page is written and its
+// final fsync fails (AfterCommit stands for that fsync, as in the store's tests) waits for the
+// commit's outcome and holds the ledger without it: restored, it never brings back CEs whose
+// registration was answered as failed.
+func TestBackupHoldsNoFailedCommit(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(5, 5))
+	before, err := l.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := &firstWrite{started: make(chan struct{})}
+	done := make(chan error, 1)
+	l.opts.AfterCommit = func() error {
+		go func() { _, err := l.Backup(bg, snap); done <- err }()
+		// Without the check, the backup's read transaction takes this commit and writes at once;
+		// with it, the backup waits for the outcome and writes nothing before this returns.
+		select {
+		case <-snap.started:
+		case <-time.After(2 * time.Second):
+		}
+		return errors.New("injected: the commit's final fsync failed")
+	}
+	ce1, ce2 := newCE(t, m, rng), newCE(t, m, rng)
+	ce1.ID, ce2.ID = "w1", "w2"
+	if _, err := l.PutEach(bg, []*CE{ce1, ce2}); !errors.Is(err, ErrWrite) {
+		t.Fatalf("PutEach: %v, want ErrWrite", err)
+	}
+	l.opts.AfterCommit = nil
+	if err := <-done; err != nil {
+		t.Fatalf("backup: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(path, snap.buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	info, err := Verify(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(info.Counts, before) {
+		t.Fatalf("the backup counts %v CEs, the ledger %v: it holds the commit that failed", info.Counts, before)
 	}
 }

@@ -162,6 +162,10 @@ type Ledger struct {
 	// restored the file: Outbox hands out nothing past this mark, so that the publisher never
 	// sends an event, or a CE state, of a commit that did not happen.
 	outboxDurable atomic.Uint64
+	// committed is the bbolt id of the last write transaction Update returned as committed (at
+	// Open, the file's). A View whose transaction id is greater reads a commit still under way,
+	// or one whose final fsync failed and that store.File.Update is about to take back.
+	committed atomic.Uint64
 }
 
 // maxCachedModels bounds the decoded-posterior cache.

@@ -65,7 +65,11 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.keepFailureFromHistory(); err != nil {
 		return nil, err
 	}
-	if err := l.view(func(tx *bolt.Tx) error { l.outboxDurable.Store(lastOutboxSeq(tx)); return nil }); err != nil {
+	if err := l.view(func(tx *bolt.Tx) error {
+		l.outboxDurable.Store(lastOutboxSeq(tx))
+		l.committed.Store(uint64(tx.ID()))
+		return nil
+	}); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -79,18 +83,20 @@ func (l *Ledger) Close() error { return l.file.Close() }
 func (l *Ledger) view(fn func(*bolt.Tx) error) error { return l.file.View(fn) }
 
 // update runs fn in a write transaction and commits it (see store.File.Update), and moves
-// outboxDurable to the outbox sequence number the commit left. The caller holds wmu.
+// outboxDurable to the outbox sequence number the commit left and committed to its id. The
+// caller holds wmu.
 func (l *Ledger) update(fn func(*bolt.Tx) error) error {
-	var seq uint64
+	var seq, id uint64
 	err := l.file.Update(func(tx *bolt.Tx) error {
 		if err := fn(tx); err != nil {
 			return err
 		}
-		seq = lastOutboxSeq(tx)
+		seq, id = lastOutboxSeq(tx), uint64(tx.ID())
 		return nil
 	})
 	if err == nil {
 		l.outboxDurable.Store(seq)
+		l.committed.Store(id)
 	}
 	return err
 }
