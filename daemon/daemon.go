@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/episode"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/replica"
@@ -353,7 +353,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 // openState opens the ledger (refusing a damaged or locked one) and sets the current posterior
 // (bootstrapModel); a replica sets it from the posterior log later (replica.Replica.Join).
 func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
-	if err := os.MkdirAll(d.cfg.StateDir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(d.cfg.StateDir); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
 	var encodeState func(*ledger.CE) (ledger.OutboxEntry, error)

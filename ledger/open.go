@@ -3,7 +3,6 @@ package ledger
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/ledger/store"
 )
 
@@ -32,7 +32,7 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if stateDir == "" {
 		return nil, fmt.Errorf("%w: ledger: empty state dir", ErrInvalid)
 	}
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(stateDir); err != nil {
 		return nil, fmt.Errorf("ledger: state dir: %w", err)
 	}
 	l := &Ledger{opts: opts, log: opts.Logger, models: map[uint64]*bnn.Model{}}

@@ -57,6 +57,30 @@ func SyncDir(dir string) error {
 	return nil
 }
 
+// MkdirAll creates dir and any missing parents (mode 0o755), as os.MkdirAll does, and fsyncs
+// the parent of each directory it created, so that the new directories survive a crash with the
+// files fsynced in them afterwards (a file's fsync makes its data and its entry durable, not the
+// entry of a directory created for it). Directories that exist are left as they are.
+func MkdirAll(dir string) error {
+	dir = filepath.Clean(dir)
+	var created []string // the missing directories, deepest first
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || !os.IsNotExist(err) || filepath.Dir(d) == d {
+			break
+		}
+		created = append(created, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, d := range created {
+		if err := SyncDir(filepath.Dir(d)); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
 // File is one file of a set written by WriteFiles.
 type File struct {
 	Name string
@@ -67,7 +91,7 @@ type File struct {
 // whole is not atomic: write last the file that vouches for the others (e.g. a sidecar holding
 // their checksums), so that a crash in between leaves a set its reader rejects.
 func WriteFiles(dir string, files ...File) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := MkdirAll(dir); err != nil {
 		return err
 	}
 	for _, f := range files {

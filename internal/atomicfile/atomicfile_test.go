@@ -174,3 +174,33 @@ func TestWriteFilesOrderAndPartialFailure(t *testing.T) {
 		t.Fatalf("d exists after an earlier file failed: %v", err)
 	}
 }
+
+// MkdirAll creates every missing directory of a path (and leaves an existing one as it is), is a no-op on a directory that exists, and fails, naming the path, where a file is in
+// the way.
+func TestMkdirAllCreatesTheMissingDirectories(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Chmod(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "a", "b", "c")
+	for range 2 {
+		if err := MkdirAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"a", "a/b", "a/b/c"} {
+		if fi, err := os.Stat(filepath.Join(root, d)); err != nil || !fi.IsDir() {
+			t.Fatalf("%s: %v %v, want a directory", d, fi, err)
+		}
+	}
+	if fi, _ := os.Stat(root); fi.Mode().Perm() != 0o700 {
+		t.Errorf("the existing parent's mode became %v", fi.Mode().Perm())
+	}
+	file := filepath.Join(root, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := MkdirAll(filepath.Join(file, "x")); err == nil || !strings.Contains(err.Error(), file) {
+		t.Fatalf("a file in the way: %v, want an error naming %s", err, file)
+	}
+}
