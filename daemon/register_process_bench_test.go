@@ -23,6 +23,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // registerChildEnv names the model directory the child daemon of
@@ -257,24 +258,11 @@ func scrapeBatchSize(b *testing.B, client *http.Client, addr string) (writes, st
 	return writes, stored
 }
 
-// pidCPU is the CPU time (user and system) process pid has used, from /proc/<pid>/stat (in the
-// kernel's USER_HZ ticks of 10 ms).
+// pidCPU is the CPU time (user and system) process pid has used (tooltest.CPU).
 func pidCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := tooltest.CPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Fields after the command name (which may hold spaces), from field 3 on: utime and stime are
-	// fields 14 and 15.
-	i := bytes.LastIndexByte(raw, ')')
-	f := strings.Fields(string(raw[i+1:]))
-	if len(f) < 13 {
-		b.Fatalf("/proc/%d/stat: %d fields after the name", pid, len(f))
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		b.Fatalf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }

@@ -48,8 +48,10 @@ func (b *lockedBuffer) String() string {
 }
 
 // startServer runs model_server.py on dir. The server binds 127.0.0.1 port 0 itself and prints
-// its address (no race for a free port). The test's cleanup stops it with SIGTERM and waits at
-// most 10 s; a server that does not stop fails the test.
+// its address (no race for a free port). The test's cleanup stops it with SIGTERM. Its start
+// (importing torch) and its exit take seconds of CPU, which a busy core stretches to tens of
+// seconds: a server that prints no address, or does not exit, while its CPU time stands still for
+// serverStall fails the test (and is killed).
 func startServer(t *testing.T, py, dir string, samples int) (url string, log *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(py, "model_server.py", "--model-dir", dir, "--listen", "127.0.0.1", "--port", "0",
@@ -66,15 +68,15 @@ func startServer(t *testing.T, py, dir string, samples int) (url string, log *lo
 	exited := make(chan error, 1)
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("model server: %v\n%s", err, log.String())
-			}
-		case <-time.After(10 * time.Second):
+		err, stuck := waitWorking(cmd.Process.Pid, exited)
+		if stuck != nil {
 			cmd.Process.Kill()
 			<-exited
-			t.Errorf("model server did not stop within 10 s of SIGTERM\n%s", log.String())
+			t.Errorf("model server did not stop after SIGTERM: %v\n%s", stuck, log.String())
+			return
+		}
+		if err != nil {
+			t.Errorf("model server: %v\n%s", err, log.String())
 		}
 	})
 	first := make(chan string, 1)
@@ -88,15 +90,41 @@ func startServer(t *testing.T, py, dir string, samples int) (url string, log *lo
 	var hello struct {
 		Listening string `json:"listening"`
 	}
-	select {
-	case line := <-first:
-		if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Listening == "" {
-			t.Fatalf("model server's first line %q: %v\n%s", line, err, log.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("model server printed no address within 60 s\n%s", log.String())
+	line, stuck := waitWorking(cmd.Process.Pid, first)
+	if stuck != nil {
+		t.Fatalf("model server printed no address: %v\n%s", stuck, log.String())
+	}
+	if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Listening == "" {
+		t.Fatalf("model server's first line %q: %v\n%s", line, err, log.String())
 	}
 	return "http://" + hello.Listening, log
+}
+
+// serverStall is how long the server's CPU time may stand still while a test waits for it.
+const serverStall = 30 * time.Second
+
+// waitWorking waits for a value on ch from process pid while the process works: it returns the
+// value, or an error (stuck) once pid's CPU time has not moved for serverStall.
+func waitWorking[T any](pid int, ch <-chan T) (v T, stuck error) {
+	last, since := time.Duration(-1), time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case v := <-ch:
+			return v, nil
+		case <-tick.C:
+		}
+		cpu, err := tooltest.CPU(pid)
+		if err != nil {
+			continue // exited: its value is on its way
+		}
+		if cpu != last {
+			last, since = cpu, time.Now()
+		} else if time.Since(since) > serverStall {
+			return v, fmt.Errorf("its CPU time stood at %v for %v", cpu, serverStall)
+		}
+	}
 }
 
 type prediction struct {

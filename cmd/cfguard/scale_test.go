@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -342,17 +341,14 @@ func (p *scaleProc) status(t *testing.T) map[string]float64 {
 	return out
 }
 
-// cpu is the process's user and system CPU seconds, from /proc/<pid>/stat.
+// cpu is the process's user and system CPU seconds (tooltest.CPU).
 func (p *scaleProc) cpu(t *testing.T) float64 {
 	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	d, err := tooltest.CPU(p.cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100
+	return d.Seconds()
 }
 
 // waitIdle waits until the process has used at most 20 ms of CPU over a second.

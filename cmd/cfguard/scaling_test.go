@@ -24,6 +24,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -63,22 +64,14 @@ func newMeasureCluster(t *testing.T) *measureCluster {
 	return &measureCluster{root: root, data: data, model: model, modelDir: modelDir, brokers: brokers, broker: b}
 }
 
-// brokerCPU is the CPU seconds (user and system) the broker process has used, from
-// /proc/<pid>/stat (Linux; clock ticks of 1/100 s).
+// brokerCPU is the CPU seconds (user and system) the broker process has used (tooltest.CPU).
 func (c *measureCluster) brokerCPU(t *testing.T) float64 {
 	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.broker.cmd.Process.Pid))
+	d, err := tooltest.CPU(c.broker.cmd.Process.Pid)
 	if err != nil {
 		t.Fatalf("the broker's CPU time: %v", err)
 	}
-	// Fields after the command name (in parentheses): state is field 3, utime 14, stime 15.
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	ut, err1 := strconv.ParseFloat(f[11], 64)
-	st, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("the broker's /proc stat: %q", raw)
-	}
-	return (ut + st) / 100
+	return d.Seconds()
 }
 
 // measureSamples is certify.samples of the measured replicas, the process tests' value: at the

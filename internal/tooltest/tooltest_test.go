@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // recorder is a testing.TB that records how the test would have ended.
@@ -125,5 +127,33 @@ func TestUniqueKeysReportsADuplicate(t *testing.T) {
 				t.Errorf("passed on to the wrapped handler: %v, want %v (%q)", passed, !tc.quiet, out.String())
 			}
 		})
+	}
+}
+
+// CPU reads this process's CPU time: it grows while the process works, and a process that is
+// gone is an error.
+func TestCPUGrowsWithWork(t *testing.T) {
+	before, err := CPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Work until the kernel has counted a tick more (on a busy core that takes longer).
+	for start := time.Now(); ; {
+		after, err := CPU(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("CPU time still %v after a minute of work", after)
+		}
+		for x := 0; x < 1e6; x++ {
+			_ = x * x
+		}
+	}
+	if _, err := CPU(1 << 30); err == nil {
+		t.Fatal("the CPU time of a process that does not exist")
 	}
 }
