@@ -545,10 +545,12 @@ func startMonitoring(t *testing.T, root, target, metricsToken string) monitoring
 			w.(map[string]any)["url"] = hookSrv.URL + u.Path
 		}
 	}
+	// group_interval of 1 s too: a notification that follows a group's first (a resolved one
+	// included) waits group_interval, 5 minutes as shipped, longer than any of these tests.
 	route := am["route"].(map[string]any)
-	route["group_wait"] = "1s"
+	route["group_wait"], route["group_interval"] = "1s", "1s"
 	for _, sub := range route["routes"].([]any) {
-		sub.(map[string]any)["group_wait"] = "1s"
+		sub.(map[string]any)["group_wait"], sub.(map[string]any)["group_interval"] = "1s", "1s"
 	}
 	amDir := t.TempDir()
 	writeYAML(t, filepath.Join(amDir, "alertmanager.yml"), am)

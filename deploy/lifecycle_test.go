@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strconv"
 	"testing"
@@ -343,7 +344,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 		}
 		scrapedSince(t, mon, stopped)
 	}
-	time.Sleep(3 * time.Second) // evaluations after the last restart, and group_wait
+	evaluatedAfter(t, mon, time.Now().Add(3*time.Second))
 	oneEpisode(t, mon, alertInvalidated, firing, startsAt)
 	noResolved(t, mon)
 }
@@ -365,6 +366,38 @@ func oneEpisode(t *testing.T, mon monitoring, alertname string, from, startsAt t
 	if as := alertmanagerAlerts(t, mon.am, alertname); len(as) != 1 || !as[0].StartsAt.Equal(startsAt) {
 		t.Errorf("after the restarts Alertmanager holds %+v, want the one %s alert that started at %v", as, alertname, startsAt)
 	}
+}
+
+// evaluatedAfter waits until Prometheus has evaluated every rule group after at (its
+// /api/v1/rules lastEvaluation): with evaluations every second, an alert a restart resolved
+// has been resolved at Prometheus by then, sent to Alertmanager, and, with group_wait and
+// group_interval of 1 s, notified, when at is a few seconds ahead.
+func evaluatedAfter(t *testing.T, mon monitoring, at time.Time) {
+	t.Helper()
+	waitfor.Cond(t, 60*time.Second, "Prometheus to evaluate its rules after "+at.Format(time.RFC3339Nano), func() bool {
+		resp, err := http.Get(mon.prom + "/api/v1/rules")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var rules struct {
+			Data struct {
+				Groups []struct {
+					Name           string    `json:"name"`
+					LastEvaluation time.Time `json:"lastEvaluation"`
+				} `json:"groups"`
+			} `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&rules) != nil || len(rules.Data.Groups) == 0 {
+			return false
+		}
+		for _, g := range rules.Data.Groups {
+			if !g.LastEvaluation.After(at) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // noResolved fails if a resolved notification reached the webhooks: the tests call it while

@@ -101,7 +101,7 @@ func TestRecordsLostPagesAcrossRestarts(t *testing.T) {
 	if v := sample(lost); v != 32 {
 		t.Errorf("after a restart %s = %v, want 32 (kept in the ledger, not counted again)", lost, v)
 	}
-	time.Sleep(3 * time.Second) // evaluations after the restart, and group_wait
+	evaluatedAfter(t, mon, time.Now().Add(3*time.Second))
 	oneEpisode(t, mon, alertLost, firing, startsAt)
 	noResolved(t, mon)
 }
