@@ -64,16 +64,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		}
 		produced <- nil
 	}()
-	waitApplied := func(c *child, n int64) {
-		t.Helper()
-		deadline := time.Now().Add(45 * time.Second)
-		for c.applied() < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("the daemon did not apply %d records in 45 s; log:\n%s", n, c.log.String())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	waitApplied := func(c *child, n int64) { t.Helper(); c.waitApplied(t, n, "the daemon") }
 	waitApplied(c, 4*per)
 
 	out := filepath.Join(t.TempDir(), "cfguard.backup")
