@@ -1184,7 +1184,7 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p, err := a.core.predict(r.Context(), m, xs)
-	if errors.Is(err, errStopping) {
+	if errors.Is(err, errPredictStopping) {
 		retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
 		return
 	}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/cfguard/cfguard/bnn"
 )
@@ -21,7 +20,7 @@ const maxBatchInputs = 4 * maxPredictBatch
 const minLaneInputs = 16
 
 // errPredictStopping answers the predictions still queued when the daemon stops.
-var errPredictStopping = fmt.Errorf("predict: %w", errStopping)
+var errPredictStopping = errors.New("predict: the daemon is stopping; retry once it runs again")
 
 // predictCall is one POST /v1/predict waiting for the batcher.
 type predictCall struct {
