@@ -87,6 +87,9 @@ func (b *batcher) do(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Pr
 // queued with errPredictStopping and returns once every running batch has.
 func (b *batcher) run(ctx context.Context) error {
 	defer close(b.stopped)
+	// A batch runs to its end when the daemon stops (milliseconds; the HTTP server drains the
+	// requests it answers, and run waits for it): the stop does not cut it into 500s.
+	batchCtx := context.WithoutCancel(ctx)
 	var (
 		queue   []*predictCall
 		running int
@@ -102,7 +105,7 @@ func (b *batcher) run(ctx context.Context) error {
 			queue = queue[k:]
 			running++
 			go func() {
-				b.serve(ctx, batch, n)
+				b.serve(batchCtx, batch, n)
 				ended <- struct{}{}
 			}()
 		}

@@ -306,3 +306,36 @@ func TestBatcherStoppedAnswersAtOnce(t *testing.T) {
 	}
 
 }
+
+// A batch that runs when the daemon stops runs to its end: its calls get their predictions, not
+// the stop's cancellation (the engine, like predictNow, gives up on a context that ended).
+func TestBatcherRunningBatchFinishesAtTheStop(t *testing.T) {
+	m, ps, X := testPool(t)
+	pool, err := ps.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
+		close(entered)
+		<-release
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return pool.Predict(ctx, xs)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.run(ctx) }()
+	got := make(chan error, 1)
+	go func() { _, err := b.do(context.Background(), m, X[:1]); got <- err }()
+	<-entered
+	cancel()
+	close(release)
+	if err := <-got; err != nil {
+		t.Fatalf("a prediction running when the batcher stopped: %v, want its result", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -118,7 +118,9 @@ func TestPredictAfterTheStopIs503WithRetryAfter(t *testing.T) {
 	srv := httptest.NewServer(a.routes())
 	t.Cleanup(srv.Close)
 	body, _ := json.Marshal(map[string]any{"x": bundled(t).X[0]})
-	resp, err := http.Post(srv.URL+"/v1/predict", "application/json", bytes.NewReader(body))
+	// A batcher that waits for the call to be taken would answer only at the client's timeout.
+	cl := &http.Client{Timeout: 30 * time.Second}
+	resp, err := cl.Post(srv.URL+"/v1/predict", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
