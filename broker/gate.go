@@ -37,7 +37,8 @@ const (
 	MaxFetchPartitions = 1 << 17
 	// MaxFetchBytes bounds what one fetch returns: a request asking for more (in total or for
 	// one partition) is answered with at most this much (and, as Kafka does, with the first
-	// record batch whole when that alone is larger; a batch is at most about 1 MiB).
+	// record batch whole when that alone is larger: a batch is at most its topic's
+	// max.message.bytes, 1 MiB by default and 16 MiB for cfguard's posterior topic).
 	MaxFetchBytes = 4 << 20
 	// MaxFetchWait bounds how long a fetch waits at the broker for records: the broker keeps a
 	// waiting fetch until it is answered, even when its connection has closed. kafka-go waits

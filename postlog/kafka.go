@@ -31,10 +31,10 @@ type Log struct {
 
 // MaxRecordBytes is the largest record of the log: cfguard creates the topic with this
 // max.message.bytes, Append refuses a larger record, and readers fetch this much and more.
-// A genesis carries the whole model (base64 in JSON): about 2.8 bytes per parameter in
-// float64, so that 16 MiB holds a model of some 6 million parameters. Brokers accept records of
-// 1 MiB by default (message.max.bytes), about 370,000 parameters: the bundled mnist network
-// (52,650 parameters, a genesis of 1.2 MB) needs more.
+// A genesis carries the whole model, base64 in JSON: each parameter's mean and log sigma in
+// float64, about 22.6 bytes per parameter (the bundled mnist network's 52,650 parameters make a
+// genesis of 1,192,277 bytes). Brokers accept records of 1 MiB by default (message.max.bytes),
+// about 46,000 parameters; 16 MiB holds about 740,000.
 const MaxRecordBytes = 16 << 20
 
 // readerMaxBytes is what a reader of the log fetches at most: a batch holds one record, at most
@@ -247,11 +247,12 @@ func (l *Log) Append(ctx context.Context, key string, value []byte) error {
 	}
 	msg := kafka.Message{Key: []byte(key), Value: value, Headers: []kafka.Header{{Key: clusterkey.Header, Value: Sign(l.keys, value)}}}
 	// What the broker measures against max.message.bytes: the record and its batch's framing
-	// (about 70 bytes for one record; recordOverhead counts more).
+	// (about 70 bytes for one record; recordOverhead counts more, so a record within some 60
+	// bytes of the limit is refused although the broker would take it).
 	size := len(msg.Key) + len(msg.Value) + len(clusterkey.Header) + len(msg.Headers[0].Value) + recordOverhead
 	switch {
 	case size > MaxRecordBytes:
-		return fmt.Errorf("posterior log %s: append: a record of %d bytes (key %s), over the %d bytes cfguard's readers of the log fetch "+
+		return fmt.Errorf("posterior log %s: append: a record of %d bytes (key %s), over the %d bytes a record of the log may hold "+
 			"(postlog.MaxRecordBytes): a genesis carries the whole model, and this model is too large to replicate", l.topic, size, key, MaxRecordBytes)
 	case l.maxMessageBytes > 0 && size > l.maxMessageBytes:
 		return l.tooLarge(key, size, fmt.Sprintf("over the topic's max.message.bytes (%d)", l.maxMessageBytes))
