@@ -414,7 +414,12 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	if cfg.Embedded() {
 		// SyncWrites: a produce is acknowledged only once on disk, so acknowledged records survive
 		// a crash of the daemon (and of the broker inside it).
-		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, Listener: d.brokerLn, DataDir: filepath.Join(cfg.StateDir, "broker"), SyncWrites: true,
+		// Created here so that its entry in state_dir is durable (the broker's own mkdir is not).
+		brokerDir := filepath.Join(cfg.StateDir, "broker")
+		if err := atomicfile.MkdirAll(brokerDir); err != nil {
+			return fmt.Errorf("embedded broker: %w", err)
+		}
+		b, err := broker.Start(life, broker.Config{Listen: cfg.Kafka.EmbeddedListen, Listener: d.brokerLn, DataDir: brokerDir, SyncWrites: true,
 			Topics: []string{cfg.Kafka.Topic, cfg.Kafka.DeadLetterTopic, cfg.Kafka.EventsTopic}, Partitions: 1,
 			Retention: cfg.Kafka.EmbeddedRetention, RetentionBytes: cfg.Kafka.EmbeddedRetentionBytes,
 			MaxConnections: cfg.Kafka.EmbeddedMaxConnections, IdleTimeout: cfg.Kafka.EmbeddedIdleTimeout,

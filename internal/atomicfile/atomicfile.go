@@ -58,23 +58,24 @@ func SyncDir(dir string) error {
 }
 
 // MkdirAll creates dir and any missing parents (mode 0o755), as os.MkdirAll does, and fsyncs
-// the parent of each directory it created, so that the new directories survive a crash with the
-// files fsynced in them afterwards (a file's fsync makes its data and its entry durable, not the
-// entry of a directory created for it). Directories that exist are left as they are.
+// the parent of each directory it created and of dir itself, so that the directories survive a
+// crash with the files fsynced in them afterwards (a file's fsync makes its data and its entry
+// durable, not the entry of a directory created for it). dir's parent is fsynced even when dir
+// exists: a call that created it and then failed to fsync is made good by the next.
 func MkdirAll(dir string) error {
 	dir = filepath.Clean(dir)
-	var created []string // the missing directories, deepest first
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil || !os.IsNotExist(err) || filepath.Dir(d) == d {
+	sync := []string{filepath.Dir(dir)} // parents to fsync, deepest first
+	for d := filepath.Dir(dir); filepath.Dir(d) != d; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || !os.IsNotExist(err) {
 			break
 		}
-		created = append(created, d)
+		sync = append(sync, filepath.Dir(d))
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, d := range created {
-		if err := SyncDir(filepath.Dir(d)); err != nil {
+	for _, d := range sync {
+		if err := SyncDir(d); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}
 	}

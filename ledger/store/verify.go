@@ -133,7 +133,7 @@ func alignMetas(path string) (bool, error) {
 // alignMetas, when that committed to it), links it into place (a link, unlike a rename, fails if
 // the target appeared meanwhile), and fsyncs the directory. Errors are prefixed "ledger: restore".
 func Install(src, dir string, verify func(path string) error) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir); err != nil {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	dst := filepath.Join(dir, FileName)
