@@ -29,15 +29,22 @@ func testPool(t testing.TB) (*bnn.Model, *pools, [][]float64) {
 	return m, &pools{samples: 1000, prec: bnn.Float64}, set.X
 }
 
-// Concurrent requests through the batcher get exactly the answers each would get alone (the
-// pool's draws are shared, each input's estimate depends on its own row), and they share engine
-// calls: 64 concurrent requests make far fewer than 64 calls.
-func TestBatcherSharesEngineCallsAndChangesNoAnswer(t *testing.T) {
+// testPoolDrawn is testPool with its pool drawn for the model.
+func testPoolDrawn(t testing.TB) (*bnn.Model, *bnn.Pool, [][]float64) {
+	t.Helper()
 	m, ps, X := testPool(t)
 	pool, err := ps.get(m)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, pool, X
+}
+
+// Concurrent requests through the batcher get exactly the answers each would get alone (the
+// pool's draws are shared, each input's estimate depends on its own row), and they share engine
+// calls: 64 concurrent requests make far fewer than 64 calls.
+func TestBatcherSharesEngineCallsAndChangesNoAnswer(t *testing.T) {
+	m, pool, X := testPoolDrawn(t)
 	var calls atomic.Int64
 	release := make(chan struct{})
 	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
@@ -90,11 +97,7 @@ func TestBatcherSharesEngineCallsAndChangesNoAnswer(t *testing.T) {
 // A request whose context ends while it waits is answered with that error and its batch-mates
 // are not affected.
 func TestBatcherCancelledWhileQueued(t *testing.T) {
-	m, ps, X := testPool(t)
-	pool, err := ps.get(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, pool, X := testPoolDrawn(t)
 	release, started := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
@@ -124,11 +127,7 @@ func TestBatcherCancelledWhileQueued(t *testing.T) {
 // With two lanes, a batch starts while another runs, but only with minLaneInputs inputs or more:
 // fewer wait for the running batch. Its answers are the ones each request gets alone.
 func TestBatcherSecondLaneWaitsForAFullBatch(t *testing.T) {
-	m, ps, X := testPool(t)
-	pool, err := ps.get(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, pool, X := testPoolDrawn(t)
 	release := make(chan struct{})
 	sizes := make(chan int, 64)
 	var calls atomic.Int64
@@ -304,17 +303,12 @@ func TestBatcherStoppedAnswersAtOnce(t *testing.T) {
 	if _, err := b.do(dctx, m, X[:1]); !errors.Is(err, errPredictStopping) {
 		t.Fatalf("a prediction after the stop: %v, want errPredictStopping", err)
 	}
-
 }
 
 // A batch that runs when the daemon stops runs to its end: its calls get their predictions, not
 // the stop's cancellation (the engine, like predictNow, gives up on a context that ended).
 func TestBatcherRunningBatchFinishesAtTheStop(t *testing.T) {
-	m, ps, X := testPool(t)
-	pool, err := ps.get(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, pool, X := testPoolDrawn(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	b := newBatcher(1, func(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 		close(entered)
