@@ -353,9 +353,6 @@ func newDaemon(opts Options) (*Daemon, error) {
 // openState opens the ledger (refusing a damaged or locked one) and sets the current posterior
 // (bootstrapModel); a replica sets it from the posterior log later (replica.Replica.Join).
 func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
-	if err := atomicfile.MkdirAll(d.cfg.StateDir); err != nil {
-		return fmt.Errorf("state_dir: %w", err)
-	}
 	var encodeState func(*ledger.CE) (ledger.OutboxEntry, error)
 	if d.cfg.Replication.Enabled {
 		// Named before the ledger opens: Open may rewrite CEs (a policy change, a quarantine) and
