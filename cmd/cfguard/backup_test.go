@@ -64,8 +64,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		}
 		produced <- nil
 	}()
-	waitApplied := func(c *child, n int64) { t.Helper(); c.waitApplied(t, n, "the daemon") }
-	waitApplied(c, 4*per)
+	c.waitApplied(t, 4*per, "the daemon")
 
 	out := filepath.Join(t.TempDir(), "cfguard.backup")
 	code, stdout, stderr := runCLI(t, "backup", "--config", cfg, "--url", "http://"+c.addr(), "--out", out)
@@ -79,7 +78,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
-	waitApplied(c, good)
+	c.waitApplied(t, good, "the daemon")
 	if info.PosteriorVersion == 0 || info.PosteriorVersion >= good/per {
 		t.Fatalf("the backup holds posterior version %d; want one taken mid-stream (1..%d)", info.PosteriorVersion, good/per-1)
 	}
@@ -107,7 +106,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	}
 	c = startChild(t, cfg, anyPort)
 	c.token = "s3cret"
-	waitApplied(c, good)
+	c.waitApplied(t, good, "the daemon")
 	c.cmd.Process.Signal(syscall.SIGTERM)
 	if err := c.wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.log.String())
