@@ -4,7 +4,10 @@
 // greedy search, Wachter et al.'s gradient search and ROAR (Upadhyay et al. 2021, recourse robust
 // to shifts of a local linear model); each Method's documentation says what it optimises. It also holds the generative models the
 // search and its evaluation need: a variational autoencoder (VAE) for PSCE's plausibility terms
-// and plain autoencoders (AE) for the IM1 metric.
+// and plain autoencoders (AE) for the IM1 metric. Both are trained by minibatch Adam: the VAE on
+// its gradient written out in plain Go (vaeLoss; the tests hold it to a gorgonia graph of the same
+// loss and to finite differences), faster than the graph (BenchmarkVAEMinibatch reports the
+// ratio), the autoencoders on gorgonia's autodiff.
 //
 // Everything works in the model's standardised feature space z = (x - mean) / std (the model's
 // Scaler); callers pass and receive raw features.

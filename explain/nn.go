@@ -186,34 +186,76 @@ func (t *gtrainer) compile(loss *G.Node) error {
 	return nil
 }
 
-// run trains for epochs passes over Z with seeded shuffling. Each iteration fills the batch with
-// the next rows of a running permutation (wrapping into a fresh one), so every iteration has a
-// full batch and every row is seen once per epoch up to the wrap. It returns the mean loss of the
-// last epoch.
-//
-// The optimiser is bnn.Adam, the project's one Adam, not gorgonia's solver: gorgonia computes the
-// gradients (autodiff), and the update runs on the layers' own slices, which the graph's
-// parameter nodes are bound to (their values alias dense.W and dense.B), so the next run sees it.
+// minibatchLoss is a loss over minibatches of batch rows of d features and, for a VAE, batch x
+// noise standard normal draws, with its gradient with respect to the parameters of layers.
+type minibatchLoss interface {
+	// buffers are the minibatch's rows (batch x d, row-major) and noise (batch x noise, nil
+	// without noise), which fit fills before every eval.
+	buffers() (xb, eb []float64)
+	// eval returns the loss of the rows and noise in the buffers and writes d loss / d
+	// params[i] into params[i].Grad; params are the layers' weights and biases in order.
+	eval(params []bnn.Param) (float64, error)
+}
+
+// run trains t's layers for epochs passes over Z (fit) on gorgonia's gradients.
 func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float64, rng *rand.Rand) (float64, error) {
 	defer t.vm.Close()
-	params := make([]bnn.Param, len(t.params))
+	names := make([]string, len(t.params))
 	for i, n := range t.params {
-		v := t.layers[i/2].W
-		if i%2 == 1 {
-			v = t.layers[i/2].B
-		}
-		params[i] = bnn.Param{Name: n.Name(), Value: v, Grad: make([]float64, len(v))}
+		names[i] = n.Name()
 	}
-	opt := bnn.NewAdam(params, lr)
-	n := len(Z)
-	itersPerEpoch := (n + t.batch - 1) / t.batch
-	perm := rng.Perm(n)
-	pos := 0
-	xb := t.xv.Data().([]float64)
-	var eb []float64
+	return fit(ctx, t, t.layers, names, Z, t.batch, t.d, epochs, lr, rng)
+}
+
+// buffers are the values bound to the graph's inputs X and E.
+func (t *gtrainer) buffers() (xb, eb []float64) {
+	xb = t.xv.Data().([]float64)
 	if t.ev != nil {
 		eb = t.ev.Data().([]float64)
 	}
+	return xb, eb
+}
+
+// eval runs the graph on its inputs and copies the gradients out.
+func (t *gtrainer) eval(params []bnn.Param) (float64, error) {
+	if err := G.Let(t.x, t.xv); err != nil {
+		return 0, err
+	}
+	if t.e != nil {
+		if err := G.Let(t.e, t.ev); err != nil {
+			return 0, err
+		}
+	}
+	defer t.vm.Reset()
+	if err := t.vm.RunAll(); err != nil {
+		return 0, fmt.Errorf("training iteration: %w", err)
+	}
+	return t.lossVal.Data().(float64), t.readGrads(params)
+}
+
+// fit trains layers by minibatch Adam on loss for epochs passes over Z with seeded shuffling, and
+// returns the mean loss of the last epoch. Each iteration fills the batch with the next rows of a
+// running permutation (wrapping into a fresh one), so every iteration has a full batch and every
+// row is seen once per epoch up to the wrap, then the noise with standard normal draws, both
+// from rng in that order.
+//
+// The optimiser is bnn.Adam, the project's one Adam, and it updates the layers' own slices
+// (names[2i] is layer i's weight, names[2i+1] its bias), which the next eval reads.
+func fit(ctx context.Context, loss minibatchLoss, layers []*dense, names []string, Z [][]float64, batch, d, epochs int, lr float64, rng *rand.Rand) (float64, error) {
+	params := make([]bnn.Param, 2*len(layers))
+	for i := range params {
+		v := layers[i/2].W
+		if i%2 == 1 {
+			v = layers[i/2].B
+		}
+		params[i] = bnn.Param{Name: names[i], Value: v, Grad: make([]float64, len(v))}
+	}
+	opt := bnn.NewAdam(params, lr)
+	n := len(Z)
+	itersPerEpoch := (n + batch - 1) / batch
+	perm := rng.Perm(n)
+	pos := 0
+	xb, eb := loss.buffers()
 	last := math.NaN()
 	for ep := 0; ep < epochs; ep++ {
 		sum := 0.0
@@ -221,41 +263,29 @@ func (t *gtrainer) run(ctx context.Context, Z [][]float64, epochs int, lr float6
 			if err := ctx.Err(); err != nil {
 				return 0, err
 			}
-			for r := 0; r < t.batch; r++ {
+			for r := 0; r < batch; r++ {
 				if pos == n {
 					perm, pos = rng.Perm(n), 0
 				}
-				copy(xb[r*t.d:(r+1)*t.d], Z[perm[pos]])
+				copy(xb[r*d:(r+1)*d], Z[perm[pos]])
 				pos++
 			}
 			for i := range eb {
 				eb[i] = rng.NormFloat64()
 			}
-			if err := G.Let(t.x, t.xv); err != nil {
+			l, err := loss.eval(params)
+			if err != nil {
 				return 0, err
 			}
-			if t.e != nil {
-				if err := G.Let(t.e, t.ev); err != nil {
-					return 0, err
-				}
-			}
-			if err := t.vm.RunAll(); err != nil {
-				return 0, fmt.Errorf("training iteration: %w", err)
-			}
-			l := t.lossVal.Data().(float64)
 			if !finite(l) {
 				return 0, fmt.Errorf("training loss became %v at epoch %d", l, ep+1)
 			}
 			sum += l
-			if err := t.readGrads(params); err != nil {
-				return 0, err
-			}
 			opt.Step(params)
-			t.vm.Reset()
 		}
 		last = sum / float64(itersPerEpoch)
 	}
-	for _, l := range t.layers {
+	for _, l := range layers {
 		if err := l.finite(); err != nil {
 			return 0, fmt.Errorf("training produced a non-finite parameter: %v", err)
 		}

@@ -121,7 +121,8 @@ func (v *VAE) Compatible(m *bnn.Model) error {
 }
 
 // TrainVAE fits a VAE to the raw rows X, standardised with m's scaler, by minimising the mean
-// -ELBO of minibatches (one reparameterised draw per row) with bnn.Adam on gorgonia's gradients.
+// -ELBO of minibatches (one reparameterised draw per row) with bnn.Adam on the gradients of
+// vaeLoss, which equal those of lossGraph's gorgonia graph to rounding.
 // The result is a deterministic function of (m.Scaler, X, cfg).
 func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig) (*VAE, VAEStats, error) {
 	start := time.Now()
@@ -146,11 +147,8 @@ func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig)
 	v.dec = newDense(cfg.Latent, cfg.Hidden, rng)
 	v.out = newDense(cfg.Hidden, d, rng)
 
-	t := newTrainer(cfg.BatchSize, d, cfg.Latent)
-	if err := t.compile(v.lossGraph(t)); err != nil {
-		return nil, VAEStats{}, fmt.Errorf("train vae: %w", err)
-	}
-	last, err := t.run(ctx, Z, cfg.Epochs, cfg.LR, rng)
+	f := newVAELoss(v, cfg.BatchSize)
+	last, err := fit(ctx, f, f.layers(), vaeParamNames, Z, cfg.BatchSize, d, cfg.Epochs, cfg.LR, rng)
 	if err != nil {
 		return nil, VAEStats{}, fmt.Errorf("train vae: %w", err)
 	}
@@ -159,8 +157,9 @@ func TrainVAE(ctx context.Context, m *bnn.Model, X [][]float64, cfg TrainConfig)
 	return v, VAEStats{Epochs: cfg.Epochs, Loss: last, Duration: time.Since(start)}, nil
 }
 
-// lossGraph builds the minibatch mean of -ELBO, without its constant (D/2) log(2 pi ObsVar), on
-// t's rows x_i and noise e_i:
+// lossGraph builds, as a gorgonia graph, the minibatch mean of -ELBO without its constant (D/2)
+// log(2 pi ObsVar), on t's rows x_i and noise e_i: the reference by autodiff that the tests hold
+// vaeLoss, what TrainVAE trains on, to:
 //
 //	(mu_i, logvar_i) = encoder(x_i),   u_i = mu_i + exp(logvar_i / 2) * e_i,
 //	loss = (1/B) sum_i [ ||x_i - decoder(u_i)||^2 / (2 ObsVar)
