@@ -26,35 +26,11 @@ import (
 // may grow meanwhile, and a commit that must grow bbolt's memory map (it doubles, so this is
 // rare) waits for the backup to finish.
 //
-// A backup never holds a commit that has not returned as committed: a read transaction that
-// starts once a commit wrote its meta page, before its final fsync returned, reads it, and when
-// that fsync fails the commit is taken back (store.File) and its writer told it failed. Such a
-// backup waits for the commit's outcome and reads again.
+// A backup never holds a commit that has not returned as committed: its read transaction waits
+// for the outcome of a commit under way (store.File.View).
 func (l *Ledger) Backup(ctx context.Context, w io.Writer) (Info, error) {
-	for {
-		info, err := l.backup(ctx, w)
-		if !errors.Is(err, errUncommitted) {
-			return info, err
-		}
-		// The writer holds wmu until its commit's outcome is known: only waited for.
-		l.wmu.Lock()
-		//lint:ignore SA2001 an empty critical section is the wait for the writer
-		l.wmu.Unlock()
-		if err := ctx.Err(); err != nil {
-			return Info{}, fmt.Errorf("ledger: backup: %w", err)
-		}
-	}
-}
-
-// errUncommitted: a read transaction sees a commit that has not returned as committed.
-var errUncommitted = errors.New("a commit under way")
-
-func (l *Ledger) backup(ctx context.Context, w io.Writer) (Info, error) {
 	var info Info
 	err := l.view(func(tx *bolt.Tx) error {
-		if uint64(tx.ID()) > l.committed.Load() {
-			return errUncommitted // before anything is written to w
-		}
 		info = Info{TxID: uint64(tx.ID())}
 		c, err := readCur(tx)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger/store"
 )
 
@@ -356,12 +357,16 @@ func TestBackupHoldsNoFailedCommit(t *testing.T) {
 	done := make(chan error, 1)
 	l.opts.AfterCommit = func() error {
 		go func() { _, err := l.Backup(bg, snap); done <- err }()
-		// Without the check, the backup's read transaction takes this commit and writes at once;
-		// with it, the backup waits for the outcome and writes nothing before this returns.
-		select {
-		case <-snap.started:
-		case <-time.After(2 * time.Second):
-		}
+		// The backup's read transaction, started now, would take this commit and write at once;
+		// it must wait for the outcome instead and write nothing before this returns.
+		waitfor.Cond(t, time.Minute, "the backup writing or waiting for the commit's outcome", func() bool {
+			select {
+			case <-snap.started:
+				return true
+			default:
+				return l.file.ViewsWaiting() == 1
+			}
+		})
 		return errors.New("injected: the commit's final fsync failed")
 	}
 	ce1, ce2 := newCE(t, m, rng), newCE(t, m, rng)

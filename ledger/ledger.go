@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -156,16 +155,6 @@ type Ledger struct {
 	// oldIndexes is set on a Ledger that only verifies a file whose indexes have an older
 	// layout (parsePolicyFingerprint): its index entries are not checked.
 	oldIndexes bool
-
-	// outboxDurable is the last outbox sequence number of a commit that succeeded. A commit whose
-	// final fsync fails is visible to readers from its meta page's write until store.File.Update
-	// restored the file: Outbox hands out nothing past this mark, so that the publisher never
-	// sends an event, or a CE state, of a commit that did not happen.
-	outboxDurable atomic.Uint64
-	// committed is the bbolt id of the last write transaction Update returned as committed (at
-	// Open, the file's). A View whose transaction id is greater reads a commit still under way,
-	// or one whose final fsync failed and that store.File.Update is about to take back.
-	committed atomic.Uint64
 }
 
 // maxCachedModels bounds the decoded-posterior cache.
@@ -442,7 +431,7 @@ func (l *Ledger) State() (State, error) {
 		if s.Decided, s.Unconfirmed, err = l.countDecided(tx, c, cnt); err != nil {
 			return err
 		}
-		if s.OutboxLen, err = l.durableOutboxLen(tx); err != nil {
+		if s.OutboxLen, err = outboxLen(tx); err != nil {
 			return err
 		}
 		if s.Offsets, err = readOffsets(tx); err != nil {

@@ -65,13 +65,6 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := l.keepFailureFromHistory(); err != nil {
 		return nil, err
 	}
-	if err := l.view(func(tx *bolt.Tx) error {
-		l.outboxDurable.Store(lastOutboxSeq(tx))
-		l.committed.Store(uint64(tx.ID()))
-		return nil
-	}); err != nil {
-		return nil, err
-	}
 	ok = true
 	return l, nil
 }
@@ -82,24 +75,9 @@ func (l *Ledger) Close() error { return l.file.Close() }
 // view runs fn in a read transaction (see store.File.View).
 func (l *Ledger) view(fn func(*bolt.Tx) error) error { return l.file.View(fn) }
 
-// update runs fn in a write transaction and commits it (see store.File.Update), and moves
-// outboxDurable to the outbox sequence number the commit left and committed to its id. The
-// caller holds wmu.
-func (l *Ledger) update(fn func(*bolt.Tx) error) error {
-	var seq, id uint64
-	err := l.file.Update(func(tx *bolt.Tx) error {
-		if err := fn(tx); err != nil {
-			return err
-		}
-		seq, id = lastOutboxSeq(tx), uint64(tx.ID())
-		return nil
-	})
-	if err == nil {
-		l.outboxDurable.Store(seq)
-		l.committed.Store(id)
-	}
-	return err
-}
+// update runs fn in a write transaction and commits it (see store.File.Update). The caller
+// holds wmu.
+func (l *Ledger) update(fn func(*bolt.Tx) error) error { return l.file.Update(fn) }
 
 // afterCommit runs Options.AfterCommit, if set, after each successful commit.
 func (l *Ledger) afterCommit() error {

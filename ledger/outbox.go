@@ -33,16 +33,16 @@ func readOutboxEntry(k, v []byte) (OutboxEntry, error) {
 }
 
 // Outbox returns up to max entries (default 1000) with Seq > after, in order, of commits that
-// succeeded (outboxDurable): none of a commit whose final fsync is failing.
+// succeeded: none of a commit whose final fsync is failing (store.File.View waits for its
+// outcome).
 func (l *Ledger) Outbox(after uint64, max int) ([]OutboxEntry, error) {
 	if max <= 0 {
 		max = 1000
 	}
-	durable := l.outboxDurable.Load()
 	var out []OutboxEntry
 	err := l.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bOutbox).Cursor()
-		for k, v := c.Seek(u64bytes(after + 1)); k != nil && len(out) < max && binary.BigEndian.Uint64(k) <= durable; k, v = c.Next() {
+		for k, v := c.Seek(u64bytes(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
 			e, err := readOutboxEntry(k, v)
 			if err != nil {
 				return err
@@ -93,37 +93,11 @@ func (l *Ledger) AckOutbox(upTo uint64) error {
 // OutboxLen is the number of unacknowledged entries of commits that succeeded.
 func (l *Ledger) OutboxLen() (int, error) {
 	var n int
-	err := l.view(func(tx *bolt.Tx) (err error) { n, err = l.durableOutboxLen(tx); return err })
+	err := l.view(func(tx *bolt.Tx) (err error) { n, err = outboxLen(tx); return err })
 	if err != nil {
 		return 0, fmt.Errorf("ledger: outbox: %w", err)
 	}
 	return n, nil
-}
-
-// durableOutboxLen is outboxLen without the entries past outboxDurable.
-func (l *Ledger) durableOutboxLen(tx *bolt.Tx) (int, error) {
-	n, err := outboxLen(tx)
-	if err != nil {
-		return 0, err
-	}
-	if last, durable := lastOutboxSeq(tx), l.outboxDurable.Load(); last > durable {
-		n = max(0, n-int(last-durable))
-	}
-	return n, nil
-}
-
-// lastOutboxSeq is the last outbox sequence number assigned in tx (0 while none is, or where the
-// meta key does not read: the checks that read it report the damage).
-func lastOutboxSeq(tx *bolt.Tx) uint64 {
-	b := tx.Bucket(bMeta)
-	if b == nil || b.Get(kOutboxSeq) == nil {
-		return 0
-	}
-	seq, err := metaU64(tx, kOutboxSeq)
-	if err != nil {
-		return 0
-	}
-	return seq
 }
 
 func outboxLen(tx *bolt.Tx) (int, error) {

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
@@ -16,15 +15,10 @@ func (l *Ledger) OutboxNewest(max int) ([]OutboxEntry, error) {
 	if max <= 0 {
 		max = 1000
 	}
-	durable := l.outboxDurable.Load()
 	var out []OutboxEntry
 	err := l.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bOutbox).Cursor()
-		k, v := c.Seek(u64bytes(durable))
-		if k == nil || binary.BigEndian.Uint64(k) > durable {
-			k, v = c.Prev()
-		}
-		for ; k != nil && len(out) < max; k, v = c.Prev() {
+		for k, v := c.Last(); k != nil && len(out) < max; k, v = c.Prev() {
 			e, err := readOutboxEntry(k, v)
 			if err != nil {
 				return err

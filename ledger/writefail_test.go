@@ -12,11 +12,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // writeState is what a failed write must leave unchanged.
@@ -331,10 +333,10 @@ func TestFailedFinalSyncPutsMetaBack(t *testing.T) {
 	}
 }
 
-// A commit whose final fsync fails is visible to a reader from its meta page's write until the
-// file is restored: the outbox hands out none of its entries meanwhile (nor counts them), so
-// that the publisher never sends an event of a commit that did not happen. Once the retry
-// succeeds, they are handed out.
+// Readers of the outbox while a commit's final fsync is failing (the commit is in the file, and
+// a read transaction started now would see it) wait for the commit's outcome and hand out none of
+// its entries (nor count them), so that the publisher never sends an event of a commit that did
+// not happen. Once the retry succeeds, they are handed out.
 func TestOutboxHidesAFailingCommit(t *testing.T) {
 	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m := testModel(4)
@@ -353,27 +355,40 @@ func TestOutboxHidesAFailingCommit(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, _, err := l.Commit(bg, cp); done <- err }()
 	<-inCommit // the commit is in the file; its final sync is failing
-	seen, err := l.Outbox(0, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	newest, err := l.OutboxNewest(1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := l.OutboxLen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := l.State()
-	if err != nil {
-		t.Fatal(err)
-	}
+	var (
+		seen, newest []OutboxEntry
+		n            int
+		st           State
+		errs         [4]error
+		reads        sync.WaitGroup
+	)
+	reads.Go(func() { seen, errs[0] = l.Outbox(0, 1000) })
+	reads.Go(func() { newest, errs[1] = l.OutboxNewest(1000) })
+	reads.Go(func() { n, errs[2] = l.OutboxLen() })
+	reads.Go(func() { st, errs[3] = l.State() })
+	// Each read's transaction starts while the commit is in the file: all four wait (reads that
+	// do not wait end at once, and the checks below say what they read).
+	ended := make(chan struct{})
+	go func() { reads.Wait(); close(ended) }()
+	waitfor.Cond(t, time.Minute, "the four reads waiting for the commit's outcome", func() bool {
+		select {
+		case <-ended:
+			return true
+		default:
+			return l.file.ViewsWaiting() == 4
+		}
+	})
 	close(fail)
 	if err := <-done; !errors.Is(err, ErrWrite) || !errors.Is(err, injected) {
 		t.Fatalf("commit with a failed final sync: %v", err)
 	}
+	reads.Wait()
 	l.opts.AfterCommit = nil
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	if len(seen) != len(before) || n != len(before) || st.OutboxLen != len(before) {
 		t.Errorf("during the failing commit: Outbox %d entries, OutboxLen %d, State().OutboxLen %d; want the %d before it", len(seen), n, st.OutboxLen, len(before))
 	}

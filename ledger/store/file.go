@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,10 +54,11 @@ const FailureQuiet = time.Minute
 //     the failed transaction's freelist and meta in memory, put back the meta page the commit
 //     overwrote if the file shows it (a failed fsync leaves the written page in the page cache,
 //     where every later read, ours and bbolt's, would take it as committed), reopen, and return
-//     ErrWrite. The file then reads exactly what it held before the call. Until then, a View
-//     that starts after bbolt wrote the meta page reads the failed transaction (Views run beside
-//     an Update): a caller that hands what it reads to the world must not take a write that
-//     Update has not returned as committed (the ledger's outbox does not).
+//     ErrWrite. The file then reads exactly what it held before the call;
+//   - never show a View a commit before Update returned it as committed: a read transaction
+//     that starts once bbolt wrote a commit's meta page, before its final fsync returned, would
+//     read that commit, which the fsync may still take back. Such a View waits for the commit's
+//     outcome and reads again, so what a View reads is what the file holds for good.
 //
 // A File is safe for concurrent use: Views run in parallel with each other and with one Update;
 // the caller serialises its Updates.
@@ -74,6 +76,12 @@ type File struct {
 	geom    geometry     // as read by the last open
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
+	// committed is the id of the last transaction Update returned as committed (at Open, the
+	// file's). commit is held by Update from its start until its outcome is known: a View whose
+	// transaction is past committed waits on it; waiting counts those Views.
+	committed atomic.Uint64
+	commit    sync.Mutex
+	waiting   atomic.Int64
 	// failures counts the failed commits and keeps the latest one's time and error; failing is
 	// set by a failed commit and cleared by the first success FailureQuiet after the latest
 	// failure: one log line per episode of failed writes, not one per retry.
@@ -135,9 +143,16 @@ func Open(dir string, opts Options) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.db.View(func(tx *bolt.Tx) error { s.committed.Store(uint64(tx.ID())); return nil }); err != nil {
+		return nil, InFile(path, err)
+	}
 	ok = true
 	return s, nil
 }
+
+// ViewsWaiting is the number of Views waiting, now, for the outcome of a commit they would
+// otherwise have read before Update returned it.
+func (s *File) ViewsWaiting() int64 { return s.waiting.Load() }
 
 // Path is the database file.
 func (s *File) Path() string { return s.path }

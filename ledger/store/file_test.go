@@ -224,6 +224,77 @@ func TestFailedCommitLeavesNothing(t *testing.T) {
 	}
 }
 
+// A View that starts while a commit is written but its final fsync has not returned (AfterCommit
+// stands for that fsync) does not read the commit: it waits for the outcome, then reads what the
+// file holds for good, the value before a commit that failed and the new one of a commit that
+// succeeded.
+func TestViewWaitsForTheCommitsOutcome(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fail error
+		want string
+	}{
+		{"failed", errors.New("injected: the commit's final fsync failed"), "before"},
+		{"succeeded", nil, "after"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := testOptions()
+			var hook func() error
+			opts.AfterCommit = func() error {
+				if hook != nil {
+					return hook()
+				}
+				return nil
+			}
+			f := openTest(t, t.TempDir(), opts)
+			if err := put(f, "k", "before"); err != nil {
+				t.Fatal(err)
+			}
+			read := make(chan string, 1)
+			early := ""
+			hook = func() error {
+				// The commit is in the file (bbolt wrote its meta page); a View now would read
+				// it. It must wait until this returns.
+				go func() { read <- getErr(f, "k") }()
+				for f.ViewsWaiting() == 0 && early == "" {
+					select {
+					case early = <-read:
+					case <-time.After(time.Millisecond):
+					}
+				}
+				return c.fail
+			}
+			if err := put(f, "k", "after"); !errors.Is(err, c.fail) || (c.fail == nil) != (err == nil) {
+				t.Fatalf("the commit: %v, want %v", err, c.fail)
+			}
+			hook = nil
+			if early != "" {
+				t.Fatalf("a View during the commit read %q before the commit's outcome", early)
+			}
+			if got := <-read; got != c.want {
+				t.Fatalf("the View that waited read %q, want %q", got, c.want)
+			}
+			if n := f.ViewsWaiting(); n != 0 {
+				t.Fatalf("%d Views still waiting", n)
+			}
+		})
+	}
+}
+
+// getErr is get for another goroutine: the value, or the error as a string.
+func getErr(f *File, k string) string {
+	var v []byte
+	err := f.View(func(tx *bolt.Tx) (err error) {
+		v, err = Get(tx.Bucket(bucket), []byte(k), k)
+		v = bytes.Clone(v)
+		return err
+	})
+	if err != nil {
+		return err.Error()
+	}
+	return string(v)
+}
+
 // A damaged value is a *CorruptError naming the file, from View as from Get.
 func TestDamagedValueNamesTheFile(t *testing.T) {
 	f := openTest(t, t.TempDir(), testOptions())

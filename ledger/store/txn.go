@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -44,23 +45,54 @@ func guarded(f func() error) (err error, panicked bool) {
 	return f(), false
 }
 
-// View runs fn in a read transaction.
+// View runs fn in a read transaction of what the file holds for good: a transaction that would
+// read a commit Update has not returned as committed waits for its outcome and starts again (see
+// File).
 func (s *File) View(fn func(*bolt.Tx) error) error {
+	for {
+		err := s.view(fn)
+		if !errors.Is(err, errUncommitted) {
+			return err
+		}
+		s.waiting.Add(1)
+		s.commit.Lock()
+		//lint:ignore SA2001 an empty critical section is the wait for the commit's outcome
+		s.commit.Unlock()
+		s.waiting.Add(-1)
+	}
+}
+
+// errUncommitted: a read transaction sees a commit Update has not returned as committed.
+var errUncommitted = errors.New("a commit under way")
+
+func (s *File) view(fn func(*bolt.Tx) error) error {
 	db, release, err := s.acquire()
 	if err != nil {
 		return err
 	}
-	err, panicked := guarded(func() error { return db.View(fn) })
+	err, panicked := guarded(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if uint64(tx.ID()) > s.committed.Load() {
+				return errUncommitted // before fn reads anything
+			}
+			return fn(tx)
+		})
+	})
 	release()
 	if panicked {
 		s.log.Error("ledger: panic in a read transaction", "path", s.path, "err", err, "stack", string(debug.Stack()))
 		s.reopen(nil)
+	}
+	if errors.Is(err, errUncommitted) {
+		return err
 	}
 	return InFile(s.path, err)
 }
 
 // Update runs fn in a write transaction and commits it. The caller serialises its Updates.
 func (s *File) Update(fn func(*bolt.Tx) error) error {
+	s.commit.Lock()
+	defer s.commit.Unlock()
 	db, release, err := s.acquire()
 	if err != nil {
 		return err
@@ -95,6 +127,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		s.reopen(nil)
 		return InFile(s.path, err)
 	case err == nil:
+		s.committed.Store(txid)
 		s.failMu.Lock()
 		last := s.failures.At
 		recovered := s.failing && s.opts.Now().Sub(last) >= FailureQuiet
