@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/internal/gradcheck"
 )
 
 // TestDropoutGradient checks one row's backward pass against central finite differences of its
@@ -43,22 +44,16 @@ func TestDropoutGradient(t *testing.T) {
 	if dropped == 0 {
 		t.Fatal("no unit dropped; the mask is not exercised")
 	}
-	const h = 1e-6
-	for pi, p := range params {
-		for j := range p.Value {
-			v := p.Value[j]
-			p.Value[j] = v + h
-			up := nllAt()
-			p.Value[j] = v - h
-			down := nllAt()
-			p.Value[j] = v
-			fd := (up - down) / (2 * h)
-			if d := math.Abs(fd - p.Grad[j]); d > 1e-6*math.Max(1, math.Abs(fd)) {
-				t.Errorf("param %d[%d]: backprop %.9g, finite difference %.9g", pi, j, p.Grad[j], fd)
-			}
-			checked++
-		}
+	values := make([][]float64, len(params))
+	for i, p := range params {
+		values[i] = p.Value
 	}
+	gradcheck.Central(values, 1e-6, nllAt, func(pi, j int, fd float64) {
+		if g := params[pi].Grad[j]; math.Abs(fd-g) > 1e-6*math.Max(1, math.Abs(fd)) {
+			t.Errorf("param %d[%d]: backprop %.9g, finite difference %.9g", pi, j, g, fd)
+		}
+		checked++
+	})
 	if checked == 0 {
 		t.Fatal("nothing checked")
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/gradcheck"
 )
 
 // randomVAE is an untrained VAE of the given shape (as TrainVAE initialises one) with its biases
@@ -116,21 +117,15 @@ func TestVAEGradientMatchesFiniteDifferences(t *testing.T) {
 		}
 		return l
 	}
-	const h = 1e-6
-	for _, p := range ps {
-		for j := range p.Value {
-			w := p.Value[j]
-			p.Value[j] = w + h
-			up := loss()
-			p.Value[j] = w - h
-			down := loss()
-			p.Value[j] = w
-			fd := (up - down) / (2 * h)
-			if math.Abs(fd-p.Grad[j]) > 1e-5*math.Max(1e-3, math.Abs(fd)) {
-				t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, p.Grad[j], fd)
-			}
-		}
+	values := make([][]float64, len(ps))
+	for i, p := range ps {
+		values[i] = p.Value
 	}
+	gradcheck.Central(values, 1e-6, loss, func(i, j int, fd float64) {
+		if g := ps[i].Grad[j]; math.Abs(fd-g) > 1e-5*math.Max(1e-3, math.Abs(fd)) {
+			t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", ps[i].Name, j, g, fd)
+		}
+	})
 }
 
 // Training on the plain-Go gradient and on the graph's, from one seed, gives the same VAE to

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/gradcheck"
 	"github.com/cfguard/cfguard/internal/vec"
 )
 
@@ -270,22 +271,16 @@ func TestGoObjectiveFiniteDifferences(t *testing.T) {
 				return ev.Loss
 			}
 			checked := 0
+			values := make([][]float64, len(ps))
 			for b, p := range ps {
-				for j := range p.Value {
-					const h = 1e-5
-					orig := p.Value[j]
-					p.Value[j] = orig + h
-					up := loss()
-					p.Value[j] = orig - h
-					down := loss()
-					p.Value[j] = orig
-					fd, g := (up-down)/(2*h), grads[b][j]
-					if math.Abs(g-fd) > 1e-7*math.Max(1, math.Abs(g)) {
-						t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", p.Name, j, g, fd)
-					}
-					checked++
-				}
+				values[b] = p.Value
 			}
+			gradcheck.Central(values, 1e-5, loss, func(b, j int, fd float64) {
+				if g := grads[b][j]; math.Abs(g-fd) > 1e-7*math.Max(1, math.Abs(g)) {
+					t.Errorf("%s[%d]: gradient %.10g, finite difference %.10g", ps[b].Name, j, g, fd)
+				}
+				checked++
+			})
 			if checked != 2*(q.Last().In*q.Last().Out+q.Last().Out) {
 				t.Errorf("checked %d components", checked)
 			}
