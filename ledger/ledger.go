@@ -81,7 +81,8 @@ type Options struct {
 	Now func() time.Time
 	// AfterCommit, when set, runs after each commit that succeeded; an error it returns fails
 	// the commit as a failed final fsync does (ErrWrite, the ledger as it was before it). Tests
-	// make the disk fail with it.
+	// make the disk fail with it. It must not read the ledger: a read then waits for the
+	// commit's outcome, which waits for AfterCommit.
 	AfterCommit func() error
 
 	// syncFreelist makes every commit write bbolt's freelist, as ledgers were written before
@@ -126,7 +127,8 @@ func (o *Options) defaults() error {
 // counterfactuals were certified under, the CEs and their indexes, consumed offsets, counters,
 // the KL history and the event outbox, in one bbolt file. Every change is one bbolt
 // transaction, fsynced on commit. A Ledger is safe for concurrent use: reads run in parallel
-// with each other and with one writer.
+// with each other and with one writer, and never see a commit before it returned as committed
+// (a read that starts during a commit's final fsync waits for it: store.File).
 type Ledger struct {
 	path string
 	opts Options

@@ -27,7 +27,8 @@ type Options struct {
 	SyncFreelist bool
 	// AfterCommit, when set, runs after each bbolt commit that succeeded; an error it returns is
 	// handled as a commit that failed after its pages were written (as a failed final fsync is):
-	// the meta page is put back and the file reopened. Tests inject failures with it.
+	// the meta page is put back and the file reopened. Tests inject failures with it. It must not
+	// read the file: a View then waits for the commit's outcome, which waits for AfterCommit.
 	AfterCommit func() error
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
@@ -60,8 +61,9 @@ const FailureQuiet = time.Minute
 //     read that commit, which the fsync may still take back. Such a View waits for the commit's
 //     outcome and reads again, so what a View reads is what the file holds for good.
 //
-// A File is safe for concurrent use: Views run in parallel with each other and with one Update;
-// the caller serialises its Updates.
+// A File is safe for concurrent use: Views run in parallel with each other and with one Update,
+// but for a View that starts between a commit's meta page and its outcome, which waits for that
+// outcome (milliseconds: an fsync); the caller serialises its Updates.
 type File struct {
 	path    string
 	opts    Options
@@ -76,9 +78,10 @@ type File struct {
 	geom    geometry     // as read by the last open
 	pending *metaRestore // a meta page to put back before the next open
 	closed  bool
-	// committed is the id of the last transaction Update returned as committed (at Open, the
-	// file's). commit is held by Update from its start until its outcome is known: a View whose
-	// transaction is past committed waits on it; waiting counts those Views.
+	// committed is the id of the last transaction Update returned as committed, or the file's
+	// at its last open (Open, and the reopen after a failure). commit is held by Update from
+	// fn's success until the commit's outcome is known: a View whose transaction is past
+	// committed waits on it; waiting counts those Views.
 	committed atomic.Uint64
 	commit    sync.Mutex
 	waiting   atomic.Int64
@@ -142,9 +145,6 @@ func Open(dir string, opts Options) (*File, error) {
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
-	}
-	if err := s.db.View(func(tx *bolt.Tx) error { s.committed.Store(uint64(tx.ID())); return nil }); err != nil {
-		return nil, InFile(path, err)
 	}
 	ok = true
 	return s, nil
@@ -229,8 +229,17 @@ func (s *File) openLocked() error {
 		db.Close()
 		return fmt.Errorf("ledger: open %s: %w", s.path, err)
 	}
+	var txid uint64
+	if err := db.View(func(tx *bolt.Tx) error { txid = uint64(tx.ID()); return nil }); err != nil {
+		raw.Close()
+		db.Close()
+		return fmt.Errorf("ledger: open %s: %w", s.path, err)
+	}
 	ok = true
 	s.db, s.raw, s.geom = db, raw, g
+	// What the file holds now is what every View reads: after a failed commit the meta page was
+	// put back (its id is the last committed one); after a panic, the reopened file is checked.
+	s.committed.Store(txid)
 	return nil
 }
 

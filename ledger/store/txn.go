@@ -47,7 +47,8 @@ func guarded(f func() error) (err error, panicked bool) {
 
 // View runs fn in a read transaction of what the file holds for good: a transaction that would
 // read a commit Update has not returned as committed waits for its outcome and starts again (see
-// File).
+// File). Views must not nest: a View inside another, started during a commit that fails, would
+// wait for the commit's outcome while the file's reopen waits for the outer View.
 func (s *File) View(fn func(*bolt.Tx) error) error {
 	for {
 		err := s.view(fn)
@@ -90,9 +91,11 @@ func (s *File) view(fn func(*bolt.Tx) error) error {
 }
 
 // Update runs fn in a write transaction and commits it. The caller serialises its Updates.
+//
+// From fn's success until the commit's outcome is known (the final fsync, AfterCommit, and the
+// file put back when it failed) it holds the lock a View waits on when it would read the commit
+// (see File); AfterCommit must not read the file.
 func (s *File) Update(fn func(*bolt.Tx) error) error {
-	s.commit.Lock()
-	defer s.commit.Unlock()
 	db, release, err := s.acquire()
 	if err != nil {
 		return err
@@ -102,6 +105,11 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 		txid       uint64
 		saved      []byte
 	)
+	defer func() {
+		if committing {
+			s.commit.Unlock()
+		}
+	}()
 	err, panicked := guarded(func() error {
 		return db.Update(func(tx *bolt.Tx) error {
 			txid = uint64(tx.ID())
@@ -113,6 +121,7 @@ func (s *File) Update(fn func(*bolt.Tx) error) error {
 			if _, err := s.raw.ReadAt(saved, int64(txid%2)*int64(s.geom.pageSize)); err != nil {
 				return fmt.Errorf("%w: %s: reading meta page %d: %w", ErrWrite, s.path, txid%2, err)
 			}
+			s.commit.Lock() // bbolt writes the meta page once this returns
 			committing = true
 			return nil
 		})
