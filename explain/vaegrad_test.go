@@ -207,3 +207,57 @@ func BenchmarkVAEMinibatch(b *testing.B) {
 	b.ReportMetric(float64(tGr)/float64(tGo), "graph/go")
 	b.ReportMetric(float64(tGo.Nanoseconds())/float64(b.N), "go-ns/minibatch")
 }
+
+// recordingLoss is a minibatchLoss that keeps a copy of every minibatch fit hands it.
+type recordingLoss struct {
+	xb, eb    []float64
+	rows, ebs [][]float64
+}
+
+func (r *recordingLoss) buffers() (xb, eb []float64) { return r.xb, r.eb }
+
+func (r *recordingLoss) eval(params []bnn.Param) (float64, error) {
+	r.rows = append(r.rows, append([]float64(nil), r.xb...))
+	r.ebs = append(r.ebs, append([]float64(nil), r.eb...))
+	return 0, nil
+}
+
+// fit draws from its rng as its documentation says, which is what makes a trained VAE the same
+// function of its seed whatever evaluates the loss: each minibatch's rows are the next ones of a
+// running permutation (rng.Perm, a fresh one when it is used up, across epochs), then its noise is
+// standard normal draws, in that order. 7 rows in minibatches of 3 over 2 epochs: 6 minibatches,
+// the permutation renewed twice.
+func TestFitDrawsRowsThenNoise(t *testing.T) {
+	Z := make([][]float64, 7)
+	for i := range Z {
+		Z[i] = []float64{float64(i), -float64(i)}
+	}
+	const batch, d, noise, epochs = 3, 2, 2, 2
+	rec := &recordingLoss{xb: make([]float64, batch*d), eb: make([]float64, batch*noise)}
+	layer := newDense(1, 1, rand.New(rand.NewPCG(1, 1)))
+	if _, err := fit(context.Background(), rec, []*dense{&layer}, []string{"w", "b"}, Z, batch, d, epochs, 1e-3, rand.New(rand.NewPCG(5, 6))); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	perm, pos := rng.Perm(len(Z)), 0
+	iters := epochs * ((len(Z) + batch - 1) / batch)
+	if len(rec.rows) != iters {
+		t.Fatalf("%d minibatches, want %d", len(rec.rows), iters)
+	}
+	for it := 0; it < iters; it++ {
+		for r := 0; r < batch; r++ {
+			if pos == len(Z) {
+				perm, pos = rng.Perm(len(Z)), 0
+			}
+			if got, want := rec.rows[it][r*d:(r+1)*d], Z[perm[pos]]; got[0] != want[0] || got[1] != want[1] {
+				t.Fatalf("minibatch %d row %d: %v, want row %v", it, r, got, want)
+			}
+			pos++
+		}
+		for i, e := range rec.ebs[it] {
+			if want := rng.NormFloat64(); e != want {
+				t.Fatalf("minibatch %d noise %d: %v, want %v", it, i, e, want)
+			}
+		}
+	}
+}
