@@ -45,16 +45,22 @@ func put(f *File, k, v string) error {
 
 func get(t *testing.T, f *File, k string) string {
 	t.Helper()
+	v, err := read(f, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// read is get for any goroutine: the value, or the error.
+func read(f *File, k string) (string, error) {
 	var v []byte
 	err := f.View(func(tx *bolt.Tx) (err error) {
 		v, err = Get(tx.Bucket(bucket), []byte(k), k)
 		v = bytes.Clone(v)
 		return err
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(v)
+	return string(v), err
 }
 
 // An existing empty file is a damaged ledger, not a first start: Open refuses it, names it,
@@ -250,15 +256,21 @@ func TestViewWaitsForTheCommitsOutcome(t *testing.T) {
 			if err := put(f, "k", "before"); err != nil {
 				t.Fatal(err)
 			}
-			read := make(chan string, 1)
+			got := make(chan string, 1)
 			early := ""
 			hook = func() error {
 				// The commit is in the file (bbolt wrote its meta page); a View now would read
 				// it. It must wait until this returns.
-				go func() { read <- getErr(f, "k") }()
+				go func() {
+					v, err := read(f, "k")
+					if err != nil {
+						v = err.Error()
+					}
+					got <- v
+				}()
 				for f.ViewsWaiting() == 0 && early == "" {
 					select {
-					case early = <-read:
+					case early = <-got:
 					case <-time.After(time.Millisecond):
 					}
 				}
@@ -271,28 +283,14 @@ func TestViewWaitsForTheCommitsOutcome(t *testing.T) {
 			if early != "" {
 				t.Fatalf("a View during the commit read %q before the commit's outcome", early)
 			}
-			if got := <-read; got != c.want {
-				t.Fatalf("the View that waited read %q, want %q", got, c.want)
+			if v := <-got; v != c.want {
+				t.Fatalf("the View that waited read %q, want %q", v, c.want)
 			}
 			if n := f.ViewsWaiting(); n != 0 {
 				t.Fatalf("%d Views still waiting", n)
 			}
 		})
 	}
-}
-
-// getErr is get for another goroutine: the value, or the error as a string.
-func getErr(f *File, k string) string {
-	var v []byte
-	err := f.View(func(tx *bolt.Tx) (err error) {
-		v, err = Get(tx.Bucket(bucket), []byte(k), k)
-		v = bytes.Clone(v)
-		return err
-	})
-	if err != nil {
-		return err.Error()
-	}
-	return string(v)
 }
 
 // A damaged value is a *CorruptError naming the file, from View as from Get.
