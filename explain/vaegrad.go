@@ -96,17 +96,17 @@ func (f *vaeLoss) eval(params []bnn.Param) (float64, error) {
 
 	// Reverse, layer by layer from the output.
 	dz := f.zh
-	backAffine(B, &v.out, dz, f.g, params[8].Grad, params[9].Grad, f.dg)
+	backAffine(B, &v.out, dz, f.g, params[8].Grad, params[9].Grad, f.dg, 0)
 	reluBack(f.dg, f.g)
-	backAffine(B, &v.dec, f.dg, f.u, params[6].Grad, params[7].Grad, f.du)
+	backAffine(B, &v.dec, f.dg, f.u, params[6].Grad, params[7].Grad, f.du, 0)
 	for i, du := range f.du {
 		f.dm[i] = du + f.m[i]*invB
 		f.dlv[i] = du*f.eb[i]*f.s[i]/2 + (f.s[i]*f.s[i]-1)*invB/2
 	}
-	backAffine(B, &v.mu, f.dm, f.h, params[2].Grad, params[3].Grad, f.dh)
-	backAffineAdd(B, &v.logvar, f.dlv, f.h, params[4].Grad, params[5].Grad, f.dh)
+	backAffine(B, &v.mu, f.dm, f.h, params[2].Grad, params[3].Grad, f.dh, 0)
+	backAffine(B, &v.logvar, f.dlv, f.h, params[4].Grad, params[5].Grad, f.dh, 1)
 	reluBack(f.dh, f.h)
-	backAffine(B, &v.enc, f.dh, f.xb, params[0].Grad, params[1].Grad, nil)
+	backAffine(B, &v.enc, f.dh, f.xb, params[0].Grad, params[1].Grad, nil, 0)
 	return loss, nil
 }
 
@@ -119,27 +119,18 @@ func affine(rows int, l *dense, x, y []float64) {
 }
 
 // backAffine is affine's reverse: given dy = d loss / d y (rows x l.Out) and its input x, it
-// sets dW = dy^T x, db = colsum dy and, unless dx is nil, dx = dy W.
-func backAffine(rows int, l *dense, dy, x, dW, db, dx []float64) {
-	backParams(rows, l, dy, x, dW, db)
-	if dx != nil {
-		gonum.Implementation{}.Dgemm(blas.NoTrans, blas.NoTrans, rows, l.In, l.Out, 1, dy, l.Out, l.W, l.In, 0, dx, l.In)
-	}
-}
-
-// backAffineAdd is backAffine adding dy W to dx instead of setting it: the input feeds two layers.
-func backAffineAdd(rows int, l *dense, dy, x, dW, db, dx []float64) {
-	backParams(rows, l, dy, x, dW, db)
-	gonum.Implementation{}.Dgemm(blas.NoTrans, blas.NoTrans, rows, l.In, l.Out, 1, dy, l.Out, l.W, l.In, 1, dx, l.In)
-}
-
-func backParams(rows int, l *dense, dy, x, dW, db []float64) {
+// sets dW = dy^T x, db = colsum dy and, unless dx is nil, dx = dy W + beta dx (beta 1 adds to
+// dx the gradient of a second layer reading the same input).
+func backAffine(rows int, l *dense, dy, x, dW, db, dx []float64, beta float64) {
 	gonum.Implementation{}.Dgemm(blas.Trans, blas.NoTrans, l.Out, l.In, rows, 1, dy, l.Out, x, l.In, 0, dW, l.In)
 	clear(db)
 	for r := 0; r < rows; r++ {
 		for o, d := range dy[r*l.Out : (r+1)*l.Out] {
 			db[o] += d
 		}
+	}
+	if dx != nil {
+		gonum.Implementation{}.Dgemm(blas.NoTrans, blas.NoTrans, rows, l.In, l.Out, 1, dy, l.Out, l.W, l.In, beta, dx, l.In)
 	}
 }
 

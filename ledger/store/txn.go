@@ -84,10 +84,7 @@ func (s *File) view(fn func(*bolt.Tx) error) error {
 		s.log.Error("ledger: panic in a read transaction", "path", s.path, "err", err, "stack", string(debug.Stack()))
 		s.reopen(nil)
 	}
-	if errors.Is(err, errUncommitted) {
-		return err
-	}
-	return InFile(s.path, err)
+	return InFile(s.path, err) // errUncommitted passes unchanged: it is no ErrCorrupt
 }
 
 // Update runs fn in a write transaction and commits it. The caller serialises its Updates.
