@@ -209,13 +209,19 @@ type recordStream struct {
 	err      error
 }
 
+// streamEvery is how often the tests' record streams produce 16 records: 80 records a second,
+// two or three increments of max_records 32. Each increment costs every replica a posterior and
+// its predictive pools, so the rate, more than a test's length, sets a replica test's CPU.
+const streamEvery = 200 * time.Millisecond
+
+// startStream produces 16 records every streamEvery.
 func startStream(brokers []string, data *dataset.Set) *recordStream {
-	return startStreamFlip(brokers, data, false)
+	return startStreamFlip(brokers, data, false, streamEvery)
 }
 
-// startStreamFlip is startStream with every label flipped when flip is set: the drift of a
-// model learning the opposite of what it knew.
-func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *recordStream {
+// startStreamFlip produces 16 records every period, with every label flipped when flip is set:
+// the drift of a model learning the opposite of what it knew.
+func startStreamFlip(brokers []string, data *dataset.Set, flip bool, every time.Duration) *recordStream {
 	s := &recordStream{stop: make(chan struct{}), done: make(chan struct{})}
 	tr := &kafka.Transport{} // not kafka.DefaultTransport: see kafkatest.Transport
 	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(brokers...), Topic: "cfguard.records", Balancer: &kafka.RoundRobin{},
@@ -224,7 +230,7 @@ func startStreamFlip(brokers []string, data *dataset.Set, flip bool) *recordStre
 		defer close(s.done)
 		defer tr.CloseIdleConnections()
 		defer w.Close()
-		tick := time.NewTicker(40 * time.Millisecond)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
@@ -709,7 +715,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 
 	const n = 24
 	registerRoundRobin(t, reps, data, model, n)
-	s := startStreamFlip(brokers, data, true)
+	s := startStreamFlip(brokers, data, true, streamEvery)
 	defer func() {
 		select {
 		case <-s.done:

@@ -199,11 +199,11 @@ func measureDrift(t *testing.T, taskset, bin, cfg string, set *dataset.Set, n in
 	}
 	count := func() int { return len(increments(p.log.String())) }
 
-	s := startStreamFlip(brokers, set, false)
+	s := startStreamFlip(brokers, set, false, 40*time.Millisecond)
 	waitfor.Cond(t, 10*time.Minute, fmt.Sprintf("%d steady increments", driftSteady), func() bool { return count() >= driftSteady })
 	s.end(t)
 	from := count()
-	d := startStreamFlip(brokers, set, true)
+	d := startStreamFlip(brokers, set, true, 40*time.Millisecond)
 	row := driftRow{n: n}
 	waitfor.Cond(t, 2*time.Hour, "the drift phase", func() bool {
 		k := count() - from
