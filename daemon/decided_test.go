@@ -23,8 +23,9 @@ import (
 //   - every status_changed event carries decided, and verdict_pending or renewal_pending exactly
 //     when it is false (a certified status that is undecided is a lapsed certificate, an
 //     at_risk or invalidated one a verdict that is);
-//   - an event written under the posterior that is still current and that is its CE's last
-//     change agrees with the CE the ledger returns now (nothing has moved it since).
+//   - each CE's last event names the status the ledger holds, and a CE that is not certified has
+//     one; a last event written under the posterior that is still current agrees with the CE
+//     the ledger returns now in decided and its pending flags too (nothing has moved it since).
 func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3) })
 	data := bundled(t)
@@ -105,6 +106,17 @@ func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Fatal("no status_changed event published after the drift")
+	}
+	// Every status change was published: a CE's last event names the status the ledger holds,
+	// and a CE the drift moved off certified has one.
+	for id, ce := range ces {
+		e, ok := last[id]
+		switch {
+		case !ok && ce.Status != certify.Certified:
+			t.Errorf("%s is %s and no status_changed event says so", id, ce.Status)
+		case ok && e.To != ce.Status.String():
+			t.Errorf("%s is %s; its last status_changed event says %s", id, ce.Status, e.To)
+		}
 	}
 	v := r.d.current().Version
 	compared := 0
