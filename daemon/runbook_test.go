@@ -29,8 +29,8 @@ var runbookPath = filepath.Join("..", "docs", "RUNBOOK.md")
 var runbookReplicaSections = map[string]string{
 	"CfguardReplicationUnauthenticated": "TestForgedRecordsAreRefusedByEveryReplica, after forged records",
 	"CfguardPosteriorLogRefused":        "TestForgedRecordsAreRefusedByEveryReplica, after signed entries every replica refuses",
-	"CfguardPosteriorLogStopped":        "cmd/cfguard TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
-	"CfguardPosteriorLogBehind":         "cmd/cfguard TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
+	"CfguardPosteriorLogStopped":        "cmd/cfguard/internal/tests/replicalog TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
+	"CfguardPosteriorLogBehind":         "cmd/cfguard/internal/tests/replicalog TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
 	"CfguardCounterfactualsNotCaughtUp": "TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
 	"CfguardReplicaSettingsDiffer":      "TestReplicaSettingsMustMatchTheGenesis, at a replica with another certify.delta",
 }

@@ -1,0 +1,76 @@
+package command
+
+import (
+	"github.com/cfguard/cfguard/internal/cli"
+
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/cfguard/cfguard/broker"
+)
+
+// cmdBroker runs the embedded Kafka-protocol broker alone, with one or more nodes on loopback,
+// until SIGINT/SIGTERM. Once it serves it prints "brokers: ADDR,ADDR,..." on stdout (node i's
+// address at position i) for scripts, and logs the same on stderr.
+func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:9092", "host:port of node 0; node i listens on port+i (port 0: every node on a free port). Loopback hosts only")
+	nodes := fs.Int("nodes", 1, fmt.Sprintf("number of broker nodes, 1..%d", broker.MaxNodes))
+	dataDir := fs.String("data-dir", "", "persist topics, records and committed group offsets here, and reload them at start (default: memory only)")
+	syncWrites := fs.Bool("sync-writes", false, "with --data-dir, fsync every produced batch before acknowledging it")
+	topics := fs.String("topics", "", "comma-separated topics to create at start unless they exist")
+	partitions := fs.Int("partitions", 1, "partition count of the topics --topics creates; partition p is led by node p mod --nodes")
+	minSession := fs.Duration("group-min-session-timeout", 6*time.Second, "shortest consumer-group session timeout a member may ask for (Kafka's group.min.session.timeout.ms)")
+	retention := fs.Duration("retention", broker.DefaultRetention, "delete records older than this (negative: keep)")
+	retentionBytes := fs.Int64("retention-bytes", broker.DefaultRetentionBytes, "delete a partition's oldest records past this many bytes (negative: no limit)")
+	if err := cli.ParseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if *syncWrites && *dataDir == "" {
+		return fmt.Errorf("%w: --sync-writes needs --data-dir", cli.ErrUsage)
+	}
+	if *nodes < 1 {
+		return fmt.Errorf("%w: --nodes %d: want 1..%d", cli.ErrUsage, *nodes, broker.MaxNodes)
+	}
+	if *partitions < 1 {
+		return fmt.Errorf("%w: --partitions %d: want at least 1", cli.ErrUsage, *partitions)
+	}
+	if *retention == 0 {
+		return fmt.Errorf("%w: --retention 0: want a positive duration, or a negative one to keep records for ever", cli.ErrUsage)
+	}
+	if *retentionBytes == 0 {
+		return fmt.Errorf("%w: --retention-bytes 0: want a positive size, or a negative one for no limit", cli.ErrUsage)
+	}
+	if *minSession <= 0 {
+		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
+	}
+	cfg := broker.Config{Listen: *listen, Nodes: *nodes, DataDir: *dataDir, SyncWrites: *syncWrites,
+		Partitions: *partitions, GroupMinSessionTimeout: *minSession,
+		Retention: *retention, RetentionBytes: *retentionBytes}
+	if *topics != "" {
+		cfg.Topics = strings.Split(*topics, ",")
+	}
+	log := cli.Logger(stderr)
+	b, err := broker.Start(ctx, cfg, log)
+	if errors.Is(err, broker.ErrInvalidConfig) {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	brokers := strings.Join(b.Addrs(), ",")
+	log.Info("SIGINT or SIGTERM stops the broker", "brokers", brokers)
+	if _, err := fmt.Fprintf(stdout, "brokers: %s\n", brokers); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	b.Close() // persists the state with --data-dir
+	log.Info("Kafka-protocol broker stopped", "brokers", brokers)
+	return nil
+}

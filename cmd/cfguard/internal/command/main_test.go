@@ -1,0 +1,249 @@
+package command_test
+
+import (
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/command"
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
+
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/internal/cli/clitest"
+)
+
+func TestBoundReproducesPaperRow(t *testing.T) {
+	code, out, errs := proc.RunCLI(t, "bound", "--p1", "0.9977", "--kl", "0.000330", "--var1", "0.001")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var r struct {
+		P2Lower, Var2Upper, KLMax float64
+	}
+	dec := json.NewDecoder(strings.NewReader(strings.NewReplacer("p2_lower", "P2Lower", "var2_upper", "Var2Upper", `"kl_max"`, `"KLMax"`).Replace(out)))
+	if err := dec.Decode(&r); err != nil {
+		t.Fatal(err)
+	}
+	if r.P2Lower < 0.97195 || r.P2Lower > 0.97205 || r.KLMax != 0.10125 || r.Var2Upper <= 0.001 {
+		t.Fatalf("bound output %s", out)
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"bound", "--p1", "1.5", "--kl", "0"},
+		{"bound", "--p1", "0.9", "--kl", "-1"},
+		{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"},
+		{"kl", "--old", "x"},
+		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"},
+		{"experiment", "psce"}, // moved to cfguard-lab
+	} {
+		if code, _, _ := proc.RunCLI(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+func TestTrainThenKL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains two models")
+	}
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for i, out := range []string{a, b} {
+		code, stdout, stderr := proc.RunCLI(t, "train", "--data", "breast_cancer", "--out", out, "--seed", []string{"1", "2"}[i], "--epochs", "5")
+		if code != 0 {
+			t.Fatalf("train exit %d: %s", code, stderr)
+		}
+		if !strings.Contains(stdout, "test_accuracy") || !strings.Contains(stderr, "epoch=5") {
+			t.Fatalf("train output lacks accuracy or progress: %s / %s", stdout, stderr)
+		}
+	}
+	// A second train into a model directory leaves it as it is.
+	before, _ := os.ReadFile(filepath.Join(a, "model.safetensors"))
+	if code, _, errs := proc.RunCLI(t, "train", "--data", "german_credit", "--out", a, "--epochs", "1"); code != 2 || !strings.Contains(errs, "--out "+a+" already holds") {
+		t.Fatalf("train into a model directory: exit %d, %s", code, errs)
+	}
+	if after, _ := os.ReadFile(filepath.Join(a, "model.safetensors")); !bytes.Equal(before, after) {
+		t.Fatal("train replaced a model directory's weights")
+	}
+	code, out, errs := proc.RunCLI(t, "kl", "--old", a, "--new", a)
+	if code != 0 || !strings.HasPrefix(out, `{"direction":"KL(new || old)","kl":0,"params":4130`) {
+		t.Fatalf("kl of a model with itself: %d %s %s", code, out, errs)
+	}
+	code, out, _ = proc.RunCLI(t, "kl", "--old", a, "--new", b)
+	var r struct{ KL float64 }
+	json.Unmarshal([]byte(out), &r)
+	if code != 0 || !(r.KL > 0) {
+		t.Fatalf("kl between different models: %d %s", code, out)
+	}
+	// A truncated model file is refused with a clear error.
+	w := filepath.Join(b, "model.safetensors")
+	raw, _ := os.ReadFile(w)
+	os.WriteFile(w, raw[:len(raw)/3], 0o644)
+	code, _, errs = proc.RunCLI(t, "kl", "--old", a, "--new", b)
+	if code != 1 || !strings.Contains(errs, "truncated") || !strings.Contains(errs, "--new: load model "+b) {
+		t.Fatalf("truncated model: exit %d, %s", code, errs)
+	}
+}
+
+func TestTrainRejectsBadCSV(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"shape": "a,b,label\n1,2,0\n1,0\n",
+		"nan":   "a,b,label\n1,2,1\n1,NaN,0\n",
+		"label": "a,b,label\n1,2,0\n1,2,x\n",
+		"huge":  "a,b,label\n1,2,0\n1,2,2000000000\n",
+	} {
+		p := filepath.Join(dir, name+".csv")
+		os.WriteFile(p, []byte(text), 0o644)
+		code, _, errs := proc.RunCLI(t, "train", "--data", p, "--out", filepath.Join(dir, "m"))
+		if code != 1 || !strings.Contains(errs, "line 3") || (name == "nan" && !strings.Contains(errs, `column "b"`)) {
+			t.Errorf("%s: exit %d, %s", name, code, errs)
+		}
+	}
+}
+
+func TestRunRejectsBadConfigWithExit2(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte("certify:\n  delta: 0.7\n"), 0o644)
+	code, _, errs := proc.RunCLI(t, "run", "--config", p)
+	if code != 2 || !strings.Contains(errs, "certify.delta (line 2): 0.7") {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+func TestCheckConfig(t *testing.T) {
+	code, out, errs := proc.RunCLI(t, "check-config", "--config", filepath.Join("..", "..", "..", "..", "config.yaml"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"is valid", "max_wait: 5s", "topic: cfguard.records", "delta: 0.05", "model.export_dir resolves to " + filepath.Join("state", "export")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("audit:\n  schedule: \"@every -1s\"\n"), 0o644)
+	if code, _, errs := proc.RunCLI(t, "check-config", "--config", bad); code != 2 || !strings.Contains(errs, "audit.schedule") {
+		t.Fatalf("invalid config: exit %d, stderr %q; want 2 naming audit.schedule", code, errs)
+	}
+	// A model cut short: check-config and run load it and refuse it by its key (exit 2);
+	// commands that do not need the model load the configuration.
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model")
+	if err := bnn.Save(model, bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))); err != nil {
+		t.Fatal(err)
+	}
+	w := filepath.Join(model, bnn.WeightsFile)
+	raw, _ := os.ReadFile(w)
+	os.WriteFile(w, raw[:len(raw)/2], 0o644)
+	cut := filepath.Join(dir, "cut.yaml")
+	os.WriteFile(cut, []byte("state_dir: "+filepath.Join(dir, "state")+"\nmodel:\n  path: "+model+"\n"), 0o644)
+	for _, cmd := range []string{"check-config", "run"} {
+		if code, _, errs := proc.RunCLI(t, cmd, "--config", cut); code != 2 || !strings.Contains(errs, "model.path: load model "+model) {
+			t.Errorf("%s with a model cut short: exit %d, stderr %q; want 2 naming model.path", cmd, code, errs)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state")); !os.IsNotExist(err) {
+		t.Errorf("run with a model cut short left a state directory: %v", err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, errs := proc.RunCLI(t, "version", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var v struct{ Module, Version, Go string }
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Module != "github.com/cfguard/cfguard" || !strings.HasPrefix(v.Go, "go1.") || v.Version == "" {
+		t.Fatalf("version %+v", v)
+	}
+}
+
+// The API and the embedded broker on one address: check-config and run refuse the file (exit 2)
+// naming both keys, before run binds anything or creates state_dir. An address that is busy
+// when run binds it is named by its key.
+func TestOnePortForTheAPIAndTheBrokerIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte("state_dir: "+state+"\nhttp:\n  listen: 127.0.0.1:9092\nkafka:\n  embedded_listen: 127.0.0.1:9092\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"check-config", "run"} {
+		code, _, errs := proc.RunCLI(t, cmd, "--config", p)
+		if code != 2 || !strings.Contains(errs, "http.listen (line 3): 127.0.0.1:9092: is the address of kafka.embedded_listen (127.0.0.1:9092)") {
+			t.Errorf("%s with http.listen = kafka.embedded_listen: exit %d, stderr %q; want 2 naming both keys", cmd, code, errs)
+		}
+	}
+	if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("state_dir after the refused run: %v, want it not created", err)
+	}
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if err := os.WriteFile(p, []byte("state_dir: "+state+"\nhttp:\n  listen: "+busy.Addr().String()+"\nkafka:\n  embedded_listen: 127.0.0.1:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := proc.RunCLI(t, "run", "--config", p)
+	if code == 0 || !strings.Contains(errs, "http.listen "+busy.Addr().String()+": listen tcp") || !strings.Contains(errs, "address already in use") {
+		t.Fatalf("run with http.listen busy: exit %d, stderr %q; want an error naming http.listen and its address", code, errs)
+	}
+}
+
+// check-config and run refuse replication without a readable cluster key file, naming
+// replication.key_file and how to make one; gen-key makes one that check-config accepts.
+func TestReplicationKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "replica.yaml")
+	const replica = "kafka:\n  brokers: [127.0.0.1:9]\nreplication:\n  enabled: true\n"
+	if err := os.WriteFile(p, []byte(replica), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"check-config", "run"} {
+		code, _, errs := proc.RunCLI(t, cmd, "--config", p)
+		if code != 2 || !strings.Contains(errs, "replication.key_file") || !strings.Contains(errs, "cfguard gen-key") {
+			t.Errorf("%s without a key file: exit %d, stderr %q; want 2 naming replication.key_file and cfguard gen-key", cmd, code, errs)
+		}
+	}
+	code, key, errs := proc.RunCLI(t, "gen-key", "--id", "k2")
+	if code != 0 || !strings.HasPrefix(key, "k2:") || len(strings.TrimSpace(key)) != len("k2:")+64 {
+		t.Fatalf("gen-key: exit %d, %q, %s", code, key, errs)
+	}
+	kf := filepath.Join(dir, "cluster.key")
+	if err := os.WriteFile(kf, []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(replica+"  key_file: "+kf+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := proc.RunCLI(t, "check-config", "--config", p); code != 0 {
+		t.Errorf("check-config with gen-key's key: exit %d: %s", code, errs)
+	}
+}
+
+// The overview (cfguard --help) and docs/CLI.md's synopsis name every flag of every command, as
+// the command's own -h lists them.
+func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../../../docs/CLI.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clitest.CheckSynopsis(t, command.Program(), doc, "docs/CLI.md")
+}

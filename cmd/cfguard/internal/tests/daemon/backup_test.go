@@ -1,0 +1,212 @@
+package daemon
+
+import (
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
+
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/ledger/store"
+)
+
+// TestBackupUnderLoadThenRestore takes a backup with `cfguard backup` while records stream in
+// and the daemon applies them, lets that daemon finish, then moves its ledger aside, installs
+// the backup with `cfguard restore` and starts again: the restored daemon must resume from the
+// backup's offsets and end with exactly the records and, bit for bit, the posterior of the
+// uninterrupted run (increments have a fixed size and updates are seeded by posterior version),
+// so that no record was lost or applied twice.
+func TestBackupUnderLoadThenRestore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemon processes")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := proc.StartBroker(t)
+	dir := t.TempDir()
+	set, _, modelDir := proc.TrainModel(t, t.TempDir())
+	cfg := writeConfig(t, dir, b.Addrs()[0], proc.AnyPort, "backup", modelDir)
+	editConfig(t, cfg, "http:\n", "http:\n  token: s3cret\n")
+	c := proc.StartChild(t, cfg, proc.AnyPort)
+	c.Token = "s3cret"
+
+	// 24 increments of 16 records, produced at a pace so that the backup lands mid-stream.
+	const good, per = 384, 16
+	produced := make(chan error, 1)
+	go func() {
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()[0]), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: per}
+		defer w.Close()
+		for i := 0; i < good; i += per {
+			var msgs []kafka.Message
+			for j := i; j < i+per; j++ {
+				v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(j), "features": set.X[j], "label": set.Y[j]})
+				msgs = append(msgs, kafka.Message{Value: v})
+			}
+			if err := w.WriteMessages(ctx, msgs...); err != nil {
+				produced <- err
+				return
+			}
+			time.Sleep(40 * time.Millisecond)
+		}
+		produced <- nil
+	}()
+	c.WaitApplied(t, 4*per, "the daemon")
+
+	out := filepath.Join(t.TempDir(), "cfguard.backup")
+	code, stdout, stderr := proc.RunCLI(t, "backup", "--config", cfg, "--url", "http://"+c.Addr(), "--out", out)
+	if code != 0 {
+		t.Fatalf("cfguard backup: exit %d: %s", code, stderr)
+	}
+	var info ledger.Info
+	if err := json.Unmarshal([]byte(stdout), &info); err != nil {
+		t.Fatalf("cfguard backup printed %q: %v", stdout, err)
+	}
+	if err := <-produced; err != nil {
+		t.Fatal(err)
+	}
+	c.WaitApplied(t, good, "the daemon")
+	if info.PosteriorVersion == 0 || info.PosteriorVersion >= good/per {
+		t.Fatalf("the backup holds posterior version %d; want one taken mid-stream (1..%d)", info.PosteriorVersion, good/per-1)
+	}
+	if got, want := info.Offsets[0], int64(info.PosteriorVersion*per); got != want {
+		t.Fatalf("the backup's offset %d does not match its posterior version %d (want %d): offsets and posterior must be one snapshot", got, info.PosteriorVersion, want)
+	}
+	t.Logf("backup at posterior version %d, offset %d, %d bytes", info.PosteriorVersion, info.Offsets[0], info.Size)
+
+	c.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.Log.String())
+	}
+	refState, refModel := finalState(t, dir)
+
+	// A ledger is never replaced: restore refuses until it is moved aside.
+	db := filepath.Join(dir, "state", ledger.FileName)
+	if code, _, stderr := proc.RunCLI(t, "restore", "--config", cfg, "--from", out); code != 1 || !strings.Contains(stderr, db) {
+		t.Fatalf("restore over a ledger: exit %d, %q; want 1 naming %s", code, stderr, db)
+	}
+	if err := os.Rename(db, db+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := proc.RunCLI(t, "restore", "--config", cfg, "--from", out); code != 0 {
+		t.Fatalf("cfguard restore: exit %d: %s", code, stderr)
+	}
+	c = proc.StartChild(t, cfg, proc.AnyPort)
+	c.Token = "s3cret"
+	c.WaitApplied(t, good, "the daemon")
+	c.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.Log.String())
+	}
+	st, model := finalState(t, dir)
+	if st.Applied != good || refState.Applied != good || st.PosteriorVersion != refState.PosteriorVersion {
+		t.Fatalf("restored run: applied %d, version %d; uninterrupted: applied %d, version %d; want %d records each",
+			st.Applied, st.PosteriorVersion, refState.Applied, refState.PosteriorVersion, good)
+	}
+	if !bytes.Equal(model, refModel) {
+		t.Fatal("the restored run's posterior differs from the uninterrupted run's")
+	}
+}
+
+// TestBackupRefusals: a wrong token, an existing --out and a daemon that is not running are
+// refused with errors that say what to do, and leave no file behind.
+func TestBackupRefusals(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	// A port this test holds, where nothing answers HTTP: each connection is closed at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	os.WriteFile(cfg, []byte(fmt.Sprintf("http:\n  listen: %s\nstate_dir: %s\n", ln.Addr(), filepath.Join(dir, "state"))), 0o644)
+	existing := filepath.Join(dir, "taken")
+	os.WriteFile(existing, []byte("mine"), 0o644)
+	if code, _, stderr := proc.RunCLI(t, "backup", "--config", cfg, "--out", existing); code != 2 || !strings.Contains(stderr, "never overwrites") {
+		t.Fatalf("existing --out: exit %d, %q", code, stderr)
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "mine" {
+		t.Fatal("an existing --out was changed")
+	}
+	out := filepath.Join(dir, "new")
+	if code, _, stderr := proc.RunCLI(t, "backup", "--config", cfg, "--out", out); code != 1 || !strings.Contains(stderr, "is the daemon running") {
+		t.Fatalf("no daemon: exit %d, %q", code, stderr)
+	}
+	if code, _, stderr := proc.RunCLI(t, "backup", "--config", cfg); code != 2 || !strings.Contains(stderr, "--out") {
+		t.Fatalf("no --out: exit %d, %q", code, stderr)
+	}
+	if code, _, stderr := proc.RunCLI(t, "restore", "--config", cfg, "--from", existing); code != 1 || !strings.Contains(stderr, existing) {
+		t.Fatalf("restore of a file that is no ledger: exit %d, %q", code, stderr)
+	}
+	// A snapshot that does not verify (a daemon answering with a truncated ledger) is removed,
+	// with advice for a backup, not the advice for a damaged ledger (move it aside, start over).
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/backup" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(bytes.Repeat([]byte{0x5a}, 20000))
+	}))
+	defer srv.Close()
+	code, _, stderr := proc.RunCLI(t, "backup", "--config", cfg, "--out", out, "--url", srv.URL)
+	if code != 1 || !strings.Contains(stderr, "did not verify") || !strings.Contains(stderr, "run cfguard backup again") ||
+		strings.Contains(stderr, "mv ") || strings.Contains(stderr, "start over") {
+		t.Fatalf("a snapshot that does not verify: exit %d, %q", code, stderr)
+	}
+	// A daemon of a newer cfguard sends a ledger of a newer schema: not damage, a version skew.
+	newer := filepath.Join(t.TempDir(), "newer")
+	l, err := ledger.Open(newer, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	db, err := bolt.Open(filepath.Join(newer, ledger.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return store.PutU64(tx.Bucket([]byte("meta")), []byte("schema"), 99) })
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(filepath.Join(newer, ledger.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	defer srv2.Close()
+	code, _, stderr = proc.RunCLI(t, "backup", "--config", cfg, "--out", out, "--url", srv2.URL)
+	if code != 1 || !strings.Contains(stderr, "daemon's own cfguard") || strings.Contains(stderr, "did not verify") {
+		t.Fatalf("a snapshot of a newer schema: exit %d, %q; want the daemon's own cfguard named", code, stderr)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.Name() != "config.yaml" && e.Name() != "taken" {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package daemon
+
+import (
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
+
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/internal/kafkatest"
+
+	"github.com/cfguard/cfguard/internal/waitfor"
+)
+
+// groupRead reads n records of topic in consumer group g, with a 1 s session timeout, through
+// the node at addr, committing each; it returns their values, sorted.
+func groupRead(t *testing.T, addr, topic, group string, n int) []string {
+	t.Helper()
+	cfg := kafka.ReaderConfig{Brokers: []string{addr}, GroupID: group, Topic: topic, MaxWait: kafkatest.MaxWait,
+		SessionTimeout: time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 2 * time.Second,
+		StartOffset: kafka.FirstOffset}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(cfg)
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var got []string
+	for len(got) < n {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("group %s read %d of %d: %v", group, len(got), n, err)
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatalf("group %s commit: %v", group, err)
+		}
+		got = append(got, string(m.Value))
+	}
+	slices.Sort(got)
+	return got
+}
+
+func TestBrokerCommandServesNodesAndKeepsData(t *testing.T) {
+	const partitions = 3
+	dir := t.TempDir()
+	args := []string{"--listen", "127.0.0.1:0", "--nodes", "3", "--data-dir", dir, "--topics", "records,events",
+		"--partitions", fmt.Sprint(partitions), "--group-min-session-timeout", "1s"}
+	p, addrs := proc.StartBrokerCmd(t, args...)
+	if len(addrs) != 3 || len(slices.Compact(slices.Sorted(slices.Values(addrs)))) != 3 {
+		t.Fatalf("brokers line %q, want three distinct addresses", addrs)
+	}
+	for _, a := range addrs {
+		if !strings.HasPrefix(a, "127.0.0.1:") {
+			t.Fatalf("node address %s is not on 127.0.0.1", a)
+		}
+	}
+	// The child logs this line before it prints the brokers line, but stdout and stderr are two
+	// pipes that os/exec copies in two goroutines: the log line may reach p.stderr after the
+	// brokers line reached p.stdout. Wait for it on its own stream.
+	var logged string
+	waitfor.Cond(t, 30*time.Second, "the broker's \"SIGINT or SIGTERM stops the broker\" log line", func() bool {
+		logged = p.Stderr.Logged("SIGINT or SIGTERM stops the broker", "brokers")
+		return logged != ""
+	})
+	if logged != strings.Join(addrs, ",") {
+		t.Fatalf("logged brokers=%q, printed %q", logged, addrs)
+	}
+
+	// Produce through node 0 and read back through node 2: the records spread over the three
+	// partitions, whose leaders are the three nodes.
+	k := proc.NewKafkaClient(t)
+	var want []string
+	for i := range 30 {
+		want = append(want, fmt.Sprintf("v%02d", i))
+	}
+	k.Produce(t, addrs[0], "records", want)
+	byPart := k.ReadAll(t, addrs[2], "records", partitions)
+	if got := slices.Sorted(slices.Values(slices.Concat(byPart...))); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("read back %v, want %v", got, want)
+	}
+	for p, vs := range byPart {
+		if len(vs) == 0 {
+			t.Fatalf("partition %d got no record of 30: %v", p, byPart)
+		}
+	}
+	// A consumer group with a 1 s session timeout (refused at Kafka's default 6 s minimum)
+	// reads them all through node 1 and commits.
+	if got := groupRead(t, addrs[1], "records", "g", len(want)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("group read %v, want %v", got, want)
+	}
+
+	if code := p.Stop(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; stderr:\n%s", code, p.Stderr.String())
+	}
+	if !strings.Contains(p.Stderr.String(), `msg="Kafka-protocol broker stopped"`) {
+		t.Fatalf("no clean stop logged:\n%s", p.Stderr.String())
+	}
+
+	// Started again on the same directory: the records and the group's committed offsets are
+	// there (the group reads only what is produced now).
+	p2, addrs2 := proc.StartBrokerCmd(t, args...)
+	if got := k.ReadAll(t, addrs2[1], "records", partitions); fmt.Sprint(got) != fmt.Sprint(byPart) {
+		t.Fatalf("after restart read %v, want %v", got, byPart)
+	}
+	more := []string{"w00", "w01", "w02", "w03"}
+	k.Produce(t, addrs2[2], "records", more)
+	if got := groupRead(t, addrs2[0], "records", "g", len(more)); fmt.Sprint(got) != fmt.Sprint(more) {
+		t.Fatalf("group after restart read %v, want only the new %v", got, more)
+	}
+	if code := p2.Stop(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; stderr:\n%s", code, p2.Stderr.String())
+	}
+}
+
+func TestBrokerCommandRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "0.0.0.0:9092"}, "loopback"},
+		{[]string{"--listen", "192.0.2.1:0", "--nodes", "3"}, "loopback"},
+		{[]string{"--listen", "127.0.0.1:0", "--nodes", "0"}, "--nodes"},
+		{[]string{"--listen", "127.0.0.1:0", "--partitions", "0"}, "--partitions"},
+		{[]string{"--listen", "127.0.0.1:0", "--group-min-session-timeout", "0s"}, "--group-min-session-timeout"},
+		{[]string{"--listen", "127.0.0.1:0", "--sync-writes"}, "--data-dir"},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "a,,b"}, `Topics: "" must name a topic`},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "bad topic,x"}, `Topics: "bad topic" holds ' '; Kafka topic names may hold only`},
+		{[]string{"--listen", "127.0.0.1:0", "--topics", "x,y,x"}, `Topics: "x" is named twice`},
+		{[]string{"--listen", "127.0.0.1:0", "--retention", "0s"}, "--retention 0: want a positive duration"},
+		{[]string{"--listen", "127.0.0.1:0", "--retention-bytes", "0"}, "--retention-bytes 0: want a positive size"},
+	} {
+		code, stdout, stderr := proc.RunCLI(t, append([]string{"broker"}, tc.args...)...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || stdout != "" {
+			t.Errorf("%v: exit %d, stderr %q, stdout %q; want exit 2 naming %s", tc.args, code, stderr, stdout, tc.want)
+		}
+	}
+}

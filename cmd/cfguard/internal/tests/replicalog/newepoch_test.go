@@ -1,0 +1,315 @@
+package replicalog
+
+import (
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/command"
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
+
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/internal/clusterkey"
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/runbooktest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// The runbook's recovery, as written (docs/RUNBOOK.md, "CfguardPosteriorLogStopped"): two
+// replica processes stop on an authenticated entry of an unknown format (what a newer build
+// would write) while records keep arriving; `cfguard new-epoch` refuses without the cluster key
+// and on a log that follows, then writes the next epoch; the stopped replicas resume without a
+// restart, agree on one posterior, and the log covers every record produced exactly once (its
+// coverage equals the records produced per partition, and verify-log re-executes every
+// increment from its records). Then --force moves the log, not stopped, to a second epoch, and
+// the replicas follow it too.
+func TestNewEpochResumesStoppedReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replica processes and a stream: not with -short")
+	}
+	c := proc.StreamingReplicas(t)
+	brokers, root, modelDir, data, reps, s := c.Brokers, c.Root, c.ModelDir, c.Data, c.Reps, c.Stream
+	produced := s.End(t)
+	before := proc.WaitAgree(t, "before the unreadable entry", reps, produced)
+
+	// Refusals: a log that follows (without --force), another key file.
+	if code, _, errs := proc.RunCLI(t, "new-epoch", "--config", reps[0].Config); code == 0 || !strings.Contains(errs, "the replicas are not stopped") {
+		t.Fatalf("new-epoch on a log that follows: exit %d, %s", code, errs)
+	}
+	otherRoot := t.TempDir()
+	otherDir := filepath.Join(otherRoot, "x")
+	if err := os.MkdirAll(otherDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrongKey := proc.WriteReplicaConfig(t, otherDir, "x", brokers, modelDir)
+	if code, _, errs := proc.RunCLI(t, "new-epoch", "--config", wrongKey, "--force"); code == 0 || !strings.Contains(errs, "authenticates under the keys of replication.key_file") {
+		t.Fatalf("new-epoch with another key file: exit %d, %s", code, errs)
+	}
+
+	// An authenticated entry of format 2 on the head, covering 16 more records per partition.
+	keys, err := clusterkey.Load(proc.ClusterKey(t, root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	plog, err := postlog.Open(ctx, stream.ConnConfig{Brokers: brokers}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	covers := map[int]int64{}
+	for p, to := range before.Replication.Covers {
+		covers[p] = to + 16
+	}
+	newer, err := json.Marshal(map[string]any{"format": postlog.Format + 1, "kind": "increment", "seq": before.Replication.Entry + 1,
+		"term": before.Replication.Term, "writer": "r9/newer", "covers": covers, "posterior_sha256": before.Replication.SHA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := plog.End(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plog.Append(ctx, "newer", newer); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := offsetOf(t, plog, end, newer)
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, r.ID+" stopped", func() bool {
+			v, ok := r.View()
+			return ok && strings.Contains(v.Replication.Stopped, "upgrade cfguard") && strings.Contains(v.Replication.Stopped, fmt.Sprintf("offset %d", unreadable))
+		})
+	}
+	// Records keep arriving while the replicas are stopped. The updater reads them, finds the
+	// log stopped when it appends, and keeps its role (and the group its generation) until the
+	// new epoch: no new generation of the updater group while the log is stopped.
+	const keeping = "updater: the posterior log stopped; keeping the updater role"
+	generations := func() (n int) {
+		for _, r := range reps {
+			n += strings.Count(r.Child.Log.String(), "updater group: new generation")
+		}
+		return n
+	}
+	stoppedGenerations := generations()
+	s = proc.StartStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "records produced while stopped", func() bool {
+		s.Mu.Lock()
+		defer s.Mu.Unlock()
+		return s.Produced >= 64
+	})
+	produced += s.End(t)
+	waitfor.Cond(t, 60*time.Second, "the updater keeps its role while the log is stopped", func() bool {
+		for _, r := range reps {
+			if strings.Contains(r.Child.Log.String(), keeping) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := generations(); n != stoppedGenerations {
+		t.Errorf("the updater group went through %d generations while the log was stopped, want 0", n-stoppedGenerations)
+	}
+	// Every replica counts the records the stopped log has not covered as waiting
+	// (CfguardIngestStalled), whichever of them reads the topic.
+	waiting := float64(int64(produced) - proc.Covered(before))
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, fmt.Sprintf("%s: cfguard_consumer_lag_records = %v records not covered", r.ID, waiting), func() bool {
+			v, ok := r.Metric("cfguard_consumer_lag_records")
+			return ok && v == waiting
+		})
+	}
+
+	// The runbook's commands for a stopped replica, as written, in that state.
+	if runbooktest.Tools(t, true) {
+		checks := []runbooktest.Check{
+			{Cmd: "/readyz", Want: fmt.Sprintf(`^\{"error":"not following the posterior log: .*unknown format.*upgrade cfguard \(offset %d of cfguard\.posterior`, unreadable)},
+			{Cmd: "jq .replication", Want: fmt.Sprintf(`(?s)"entry": \d+,.*"posterior_sha256": "%s".*"stopped": ".*unknown format.*offset %d of cfguard\.posterior`, before.Replication.SHA, unreadable)},
+			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?m)^%d \S+ \d+ bytes$`, unreadable)},
+		}
+		s := runbooktest.Named(t, filepath.Join("..", "..", "..", "..", "..", "docs", "RUNBOOK.md"), "CfguardPosteriorLogStopped")
+		runbooktest.Covered(t, s, checks)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", reps[0].Child.Addr(), "BROKER", brokers[0]), nil)
+	}
+
+	code, out, errs := proc.RunCLI(t, "new-epoch", "--config", reps[1].Config)
+	var rep command.EpochReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("new-epoch: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if rep.Epoch != 1 || rep.MovedPast == nil || rep.MovedPast.Offset != unreadable || !strings.Contains(rep.Stopped, "unknown format") ||
+		rep.PosteriorSHA256 != before.Replication.SHA || rep.Offset <= unreadable {
+		t.Fatalf("new-epoch's report %+v; want epoch 1 past offset %d with the head's posterior %s", rep, unreadable, before.Replication.SHA)
+	}
+	// They resume from it, without a restart, and cover every record once.
+	after := proc.WaitAgree(t, "after the new epoch", reps, produced)
+	for p, to := range after.Replication.Covers {
+		if to < before.Replication.Covers[p] {
+			t.Fatalf("partition %d covered to %d after the epoch, %d before", p, to, before.Replication.Covers[p])
+		}
+	}
+	for _, r := range reps {
+		if v, _ := r.View(); v.Replication.Stopped != "" {
+			t.Fatalf("%s still stopped: %s", r.ID, v.Replication.Stopped)
+		}
+	}
+	if after.Replication.Term <= before.Replication.Term || after.Version <= before.Version {
+		t.Fatalf("after the epoch: term %d, version %d; before: term %d, version %d (no new updater, or no update)",
+			after.Replication.Term, after.Version, before.Replication.Term, before.Version)
+	}
+	proc.VerifyLog(t, reps[0].Config, -1)
+	t.Logf("new epoch at offset %d past offset %d; %d records covered once, posterior %s", rep.Offset, unreadable, produced, after.Replication.SHA)
+
+	// On a log that follows, --force writes the next epoch past the head: the replicas, not
+	// stopped, move to it, a new term is claimed, and the records produced after it are covered
+	// once too.
+	code, out, errs = proc.RunCLI(t, "new-epoch", "--config", reps[0].Config, "--force")
+	var forced command.EpochReport
+	if err := json.Unmarshal([]byte(out), &forced); err != nil || code != 0 {
+		t.Fatalf("new-epoch --force: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if forced.Epoch != 2 || forced.Stopped != "" || forced.MovedPast == nil || forced.MovedPast.Offset <= rep.Offset ||
+		forced.PosteriorSHA256 != after.Replication.SHA {
+		t.Fatalf("new-epoch --force's report %+v; want epoch 2 past the head, with the posterior %s", forced, after.Replication.SHA)
+	}
+	s = proc.StartStream(brokers, data)
+	waitfor.Cond(t, 60*time.Second, "records produced after the forced epoch", func() bool {
+		s.Mu.Lock()
+		defer s.Mu.Unlock()
+		return s.Produced >= 64
+	})
+	produced += s.End(t)
+	final := proc.WaitAgree(t, "after the forced epoch", reps, produced)
+	if final.Replication.Entry <= forced.Seq || final.Replication.Term <= after.Replication.Term {
+		t.Fatalf("after the forced epoch (entry %d): entry %d, term %d; before it: term %d", forced.Seq, final.Replication.Entry,
+			final.Replication.Term, after.Replication.Term)
+	}
+	proc.VerifyLog(t, reps[0].Config, -1)
+}
+
+// offsetOf finds the offset of the record whose value is value, at or after from.
+func offsetOf(t *testing.T, plog *postlog.Log, from int64, value []byte) int64 {
+	t.Helper()
+	rd, err := plog.Read(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			t.Fatalf("looking for the appended record from offset %d: %v", from, err)
+		}
+		if string(rec.Value) == string(value) {
+			return rec.Offset
+		}
+	}
+}
+
+// Without the cluster key there is no epoch any replica would accept: new-epoch refuses before
+// it connects, naming the key.
+func TestNewEpochRefusesWithoutAKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte("kafka:\n  brokers: [127.0.0.1:1]\nreplication:\n  enabled: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := proc.RunCLI(t, "new-epoch", "--config", p)
+	if code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch without a key file: exit %d, %s", code, errs)
+	}
+	if code, _, errs := proc.RunCLI(t, "new-epoch", "--config", p, "--force"); code == 0 || !strings.Contains(errs, "replication.key_file") {
+		t.Fatalf("new-epoch --force without a key file: exit %d, %s", code, errs)
+	}
+}
+
+// The runbook's recovery from a reset log (docs/RUNBOOK.md, "CfguardPosteriorLogStopped", "A
+// reset log"): the posterior topic is deleted and recreated under two replica processes while
+// records keep arriving. Both stop following (the log ends before what they read), serving the
+// posterior they had. `cfguard new-epoch --head-from` writes, from one replica's head and
+// posterior, a new epoch that begins the recreated log; both replicas resume from it without a
+// restart, cover every record produced once (none skipped, none applied twice), a third replica
+// started on an empty state_dir begins from the epoch and agrees, and verify-log re-executes the
+// log from it.
+func TestNewEpochRebuildsARecreatedLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replica processes and a stream: not with -short")
+	}
+	c := proc.StreamingReplicas(t)
+	produced := c.Stream.End(t)
+	before := proc.WaitAgree(t, "before the reset", c.Reps, produced)
+
+	kafkatest.RecreateTopic(t, c.Brokers, "cfguard.posterior", 1)
+	s := proc.StartStream(c.Brokers, c.Data)
+	waitfor.Cond(t, 60*time.Second, "records produced after the reset", func() bool {
+		s.Mu.Lock()
+		defer s.Mu.Unlock()
+		return s.Produced >= 64
+	})
+	produced += s.End(t)
+	for _, r := range c.Reps {
+		waitfor.Cond(t, 60*time.Second, r.ID+" stops on the reset log", func() bool {
+			v, ok := r.View()
+			return ok && strings.Contains(v.Replication.Stopped, "posterior log reset")
+		})
+		if v, _ := r.View(); v.Replication.Entry != before.Replication.Entry || v.Replication.SHA != before.Replication.SHA {
+			t.Fatalf("%s after the reset: entry %d (%s); want what it had, entry %d (%s)", r.ID, v.Replication.Entry, v.Replication.SHA,
+				before.Replication.Entry, before.Replication.SHA)
+		}
+	}
+	// Without --head-from there is nothing to move past: the log holds no genesis.
+	if code, _, errs := proc.RunCLI(t, "new-epoch", "--config", c.Reps[0].Config, "--force"); code == 0 || !strings.Contains(errs, "holds no genesis") {
+		t.Fatalf("new-epoch on the recreated log without --head-from: exit %d, %s", code, errs)
+	}
+	code, out, errs := proc.RunCLI(t, "new-epoch", "--config", c.Reps[1].Config, "--head-from", "http://"+c.Reps[0].Child.Addr())
+	var rep command.EpochReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("new-epoch --head-from: exit %d, %v\n%s\n%s", code, err, out, errs)
+	}
+	if rep.Epoch != 1 || rep.Seq != before.Replication.Entry+1 || rep.PosteriorSHA256 != before.Replication.SHA || rep.Version != before.Version ||
+		!maps.Equal(rep.Covers, before.Replication.Covers) {
+		t.Fatalf("new-epoch --head-from's report %+v; want epoch 1, entry %d, the head's posterior %s (version %d) and coverage %v",
+			rep, before.Replication.Entry+1, before.Replication.SHA, before.Version, before.Replication.Covers)
+	}
+	after := proc.WaitAgree(t, "after the new epoch", c.Reps, produced)
+	if after.Replication.Term <= before.Replication.Term || after.Version <= before.Version {
+		t.Fatalf("after the epoch: term %d, version %d; before: term %d, version %d (no new updater, or no update)",
+			after.Replication.Term, after.Version, before.Replication.Term, before.Version)
+	}
+	// A replica that never saw the old log begins from the epoch.
+	dir := filepath.Join(c.Root, "r3")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r3 := &proc.ReplicaProc{ID: "r3", Dir: dir, Config: proc.WriteReplicaConfig(t, dir, "r3", c.Brokers, c.ModelDir)}
+	r3.Start(t)
+	proc.WaitAgree(t, "with a replica begun from the epoch", append(c.Reps, r3), produced)
+	proc.VerifyLog(t, c.Reps[0].Config, -1)
+}
+
+// verify-log and new-epoch read or write a replicated deployment's posterior log: a
+// configuration of a single daemon (the embedded broker, or brokers without replication) is a
+// usage error (exit 2) naming the file, before any connection.
+func TestLogCommandsRefuseASingleDaemonsConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{"embedded": "state_dir: " + dir + "\n", "no replication": "kafka:\n  brokers: [127.0.0.1:1]\n"} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"verify-log", "new-epoch"} {
+			if code, _, errs := proc.RunCLI(t, cmd, "--config", p); code != 2 || !strings.Contains(errs, p+" is not a replica's configuration") {
+				t.Errorf("%s, configuration %q: exit %d, %s; want 2 naming the file", cmd, name, code, errs)
+			}
+		}
+	}
+}
