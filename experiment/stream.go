@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/quality"
 	"github.com/cfguard/cfguard/update"
@@ -133,7 +134,7 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 			return err
 		}
 		pt.Evaluated = true
-		if pt.NLL, _, pt.ECE, pt.Accuracy, err = heldOut(p, held.Y); err != nil {
+		if pt.NLL, _, pt.ECE, pt.Accuracy, err = HeldOut(p, held.Y); err != nil {
 			return err
 		}
 		if len(si) == 0 {
@@ -246,10 +247,10 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 // scaler): the region of the "region" drift.
 func inRegion(m *bnn.Model, x []float64) bool { return x[0] > m.Scaler.Mean[0] }
 
-// heldOut returns the mean log loss of the labels under the predictive p, their Brier score, the
+// HeldOut returns the mean log loss of the labels under the predictive p, their Brier score, the
 // expected calibration error of the top class and the accuracy, as the daemon's prequential
 // scores compute them (quality.Score).
-func heldOut(p *bnn.Predictive, y []int) (nll, brier, ece, acc float64, err error) {
+func HeldOut(p *bnn.Predictive, y []int) (nll, brier, ece, acc float64, err error) {
 	probs := make([][]float64, p.N)
 	for i := range probs {
 		probs[i] = p.Mean[i*p.C : (i+1)*p.C]
@@ -260,4 +261,14 @@ func heldOut(p *bnn.Predictive, y []int) (nll, brier, ece, acc float64, err erro
 	}
 	nll, brier, acc, ece = b.Means()
 	return nll, brier, ece, acc, nil
+}
+
+// DefaultUpdate is the daemon's update at its default settings (config.Default), as
+// config.Update.Step builds it for a posterior's increment, with the configured seed; Stream
+// tracks the records represented through the posterior itself.
+func DefaultUpdate() update.Config {
+	u := config.Default().Update
+	_, c := u.Step(&bnn.Model{Records: 1}, 1, u.Seed)
+	c.Seed = u.Seed
+	return c
 }
