@@ -26,10 +26,11 @@ import (
 )
 
 // AnyPort is the listen address tests give a child daemon: it binds an ephemeral port and logs
-// which (child.addr), so that no test reserves a port, frees it and hopes nobody takes it before
+// which (Child.Addr), so that no test reserves a port, frees it and hopes nobody takes it before
 // the child binds it (under parallel test binaries somebody did).
 const AnyPort = "127.0.0.1:0"
 
+// Child is a cfguard process a test started: the test binary re-executed as the command (Main).
 type Child struct {
 	Cmd   *exec.Cmd
 	HTTP  string // the configured http.listen (AnyPort: see Addr)
@@ -95,7 +96,7 @@ func StartChild(t *testing.T, cfgPath, httpAddr string) *Child {
 }
 
 // Watch is the child of cmd, started: one goroutine waits for it (a test learns of an exit at
-// once, with exited, however many wait), and the test's cleanup kills it if it still runs.
+// once, with Exited, however many wait), and the test's cleanup kills it if it still runs.
 func Watch(t *testing.T, cmd *exec.Cmd, httpAddr string, log *tooltest.Output) *Child {
 	c := &Child{Cmd: cmd, HTTP: httpAddr, Log: log, Done: make(chan struct{})}
 	go func() {
@@ -220,9 +221,6 @@ func (c *Child) MetricValues(names ...string) []float64 {
 	return out
 }
 
-// CandidatePairs are the rows of set the model puts in "malignant" with p > 0.9 (candidates for
-// x) and in "benign" with p > minP and variance below maxVar (candidates for x'), measured with S
-// draws; with admit, only x' that registration admits as certified (see admitted).
 // Admitted says whether a CE measured at (p, v) from S draws is admitted as certified, with a
 // margin of 0.01 for the daemon's own draws (as many or more): registration takes the rule that
 // renews a certificate, lower(p) >= 1 - delta at confidence 1 - certify.verdict_alpha.
@@ -231,6 +229,9 @@ func Admitted(p, v float64, S int) bool {
 	return lo >= 0.96
 }
 
+// CandidatePairs are the rows of set the model puts in "malignant" with p > 0.9 (candidates for
+// x) and in "benign" with p > minP and variance below maxVar (candidates for x'), measured with S
+// draws; with admit, only x' that registration admits as certified (see Admitted).
 func CandidatePairs(t *testing.T, m *bnn.Model, set *dataset.Set, S int, minP, maxVar float64, admit bool) (xs, cfs []int) {
 	t.Helper()
 	p, err := m.Predict(set.X, S, 1)
