@@ -23,6 +23,7 @@ import (
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // AnyPort is the listen address tests give a child daemon: it binds an ephemeral port and logs
@@ -293,4 +294,73 @@ func Get(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// WriteConfig writes a daemon configuration. Increments have a fixed size (max_records_backlog =
+// max_records), so that runs over the same records make the same increments whatever the
+// timing, and their posteriors can be compared bit for bit.
+func WriteConfig(t *testing.T, dir, brokerAddr, httpAddr, group, modelDir string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`http:
+  listen: %s
+state_dir: %s
+model:
+  path: %s
+kafka:
+  brokers: [%s]
+  group_id: %s
+  max_records: 16
+  max_records_backlog: 16
+  max_wait: 10s
+certify:
+  samples: 400
+audit:
+  schedule: ""
+log:
+  level: info
+`, httpAddr, filepath.Join(dir, "state"), modelDir, brokerAddr, group)
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// EditConfig replaces old with new in the configuration file, failing the test when old is not
+// there (a silent no-op would test another configuration than the one the test describes).
+func EditConfig(t *testing.T, path, old, new string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), old) {
+		t.Fatalf("%s does not contain %q; the test's edit does not apply:\n%s", path, old, raw)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(string(raw), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FinalState opens a stopped daemon's ledger and returns its applied count and posterior bytes.
+func FinalState(t *testing.T, dir string) (ledger.State, []byte) {
+	t.Helper()
+	l, err := ledger.Open(filepath.Join(dir, "state"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	st, err := l.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := l.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, w, err := bnn.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, w
 }

@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -20,78 +18,8 @@ import (
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
-	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/ledger"
 )
-
-// writeConfig writes a daemon configuration. Increments have a fixed size (max_records_backlog =
-// max_records), so that runs over the same records make the same increments whatever the
-// timing, and their posteriors can be compared bit for bit.
-func writeConfig(t *testing.T, dir, brokerAddr, httpAddr, group, modelDir string) string {
-	t.Helper()
-	cfg := fmt.Sprintf(`http:
-  listen: %s
-state_dir: %s
-model:
-  path: %s
-kafka:
-  brokers: [%s]
-  group_id: %s
-  max_records: 16
-  max_records_backlog: 16
-  max_wait: 10s
-certify:
-  samples: 400
-audit:
-  schedule: ""
-log:
-  level: info
-`, httpAddr, filepath.Join(dir, "state"), modelDir, brokerAddr, group)
-	p := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// editConfig replaces old with new in the configuration file, failing the test when old is not
-// there (a silent no-op would test another configuration than the one the test describes).
-func editConfig(t *testing.T, path, old, new string) {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(raw), old) {
-		t.Fatalf("%s does not contain %q; the test's edit does not apply:\n%s", path, old, raw)
-	}
-	if err := os.WriteFile(path, []byte(strings.Replace(string(raw), old, new, 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// finalState opens a stopped daemon's ledger and returns its applied count and posterior bytes.
-func finalState(t *testing.T, dir string) (ledger.State, []byte) {
-	t.Helper()
-	l, err := ledger.Open(filepath.Join(dir, "state"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	st, err := l.State()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := l.Current()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, w, err := bnn.Encode(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st, w
-}
 
 // TestCrashConsistency kills the daemon with SIGKILL at random points across many increments,
 // restarts it, and compares the applied-record count and the posterior, bit for bit, with an
@@ -129,7 +57,7 @@ func TestCrashConsistency(t *testing.T) {
 	run := func(name string, killAt []int64, rng *rand.Rand) (ledger.State, []byte) {
 		dir := t.TempDir()
 		httpAddr := proc.AnyPort
-		cfg := writeConfig(t, dir, brokerAddr, httpAddr, name, modelDir)
+		cfg := proc.WriteConfig(t, dir, brokerAddr, httpAddr, name, modelDir)
 		for k := 0; ; k++ {
 			c := proc.StartChild(t, cfg, httpAddr)
 			target := int64(good)
@@ -152,7 +80,7 @@ func TestCrashConsistency(t *testing.T) {
 				!strings.Contains(c.Log.String(), "cfguard stopped") {
 				t.Fatalf("%s: no clean stop in log, naming its signal:\n%s", name, c.Log.String())
 			}
-			return finalState(t, dir)
+			return proc.FinalState(t, dir)
 		}
 	}
 	seed := uint64(time.Now().UnixNano())
@@ -188,11 +116,11 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	dir := t.TempDir()
 	set, _, modelDir := proc.TrainModel(t, dir)
 	httpAddr := proc.AnyPort
-	cfg := writeConfig(t, dir, "", httpAddr, "cfguard", modelDir)
+	cfg := proc.WriteConfig(t, dir, "", httpAddr, "cfguard", modelDir)
 	// One open increment holds every record until max_wait: at the kill nothing is applied yet, so
 	// after the restart the records can only come from the embedded broker's disk.
-	editConfig(t, cfg, "  brokers: []\n", "  brokers: []\n  embedded_listen: "+proc.AnyPort+"\n")
-	editConfig(t, cfg, "  max_records: 16\n  max_records_backlog: 16\n", "  max_records: 1000\n  max_records_backlog: 1000\n")
+	proc.EditConfig(t, cfg, "  brokers: []\n", "  brokers: []\n  embedded_listen: "+proc.AnyPort+"\n")
+	proc.EditConfig(t, cfg, "  max_records: 16\n  max_records_backlog: 16\n", "  max_records: 1000\n  max_records_backlog: 1000\n")
 	c := proc.StartChild(t, cfg, httpAddr)
 	c.WaitUp(t)
 	const n = 48
@@ -216,7 +144,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	c.Wait()
 	// The restarted daemon need not hold the records until an increment of 1000 fills: with a
 	// short max_wait it applies them as soon as it has read them back from the broker's disk.
-	editConfig(t, cfg, "  max_wait: 10s\n", "  max_wait: 300ms\n")
+	proc.EditConfig(t, cfg, "  max_wait: 10s\n", "  max_wait: 300ms\n")
 	c = proc.StartChild(t, cfg, httpAddr)
 	waitUntil := time.Now().Add(90 * time.Second)
 	for c.Applied() != n {
@@ -291,7 +219,7 @@ func restartTrials(t *testing.T, trials int) {
 	}
 
 	httpAddr := proc.AnyPort
-	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "restarts", modelDir)
+	cfg := proc.WriteConfig(t, dir, brokerAddr, httpAddr, "restarts", modelDir)
 	c := proc.StartChild(t, cfg, httpAddr)
 	produce16()
 	applied := int64(16)

@@ -48,8 +48,8 @@ func TestOutboxDeliversEveryStatusChangeAcrossKills(t *testing.T) {
 	dir := t.TempDir()
 	set, m, modelDir := proc.TrainModel(t, dir)
 	httpAddr := proc.AnyPort
-	cfg := writeConfig(t, dir, brokerAddr, httpAddr, "outbox", modelDir)
-	editConfig(t, cfg, "certify:\n  samples: 400\n", "certify:\n  samples: 400\nupdate:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.0005\n")
+	cfg := proc.WriteConfig(t, dir, brokerAddr, httpAddr, "outbox", modelDir)
+	proc.EditConfig(t, cfg, "certify:\n  samples: 400\n", "certify:\n  samples: 400\nupdate:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.0005\n")
 
 	// CEs with a spread of p1, so that the drift fails their bounds at different increments.
 	c := proc.StartChild(t, cfg, httpAddr)

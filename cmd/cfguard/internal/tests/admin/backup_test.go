@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
@@ -41,8 +41,8 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	b := proc.StartBroker(t)
 	dir := t.TempDir()
 	set, _, modelDir := proc.TrainModel(t, t.TempDir())
-	cfg := writeConfig(t, dir, b.Addrs()[0], proc.AnyPort, "backup", modelDir)
-	editConfig(t, cfg, "http:\n", "http:\n  token: s3cret\n")
+	cfg := proc.WriteConfig(t, dir, b.Addrs()[0], proc.AnyPort, "backup", modelDir)
+	proc.EditConfig(t, cfg, "http:\n", "http:\n  token: s3cret\n")
 	c := proc.StartChild(t, cfg, proc.AnyPort)
 	c.Token = "s3cret"
 
@@ -93,7 +93,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if err := c.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.Log.String())
 	}
-	refState, refModel := finalState(t, dir)
+	refState, refModel := proc.FinalState(t, dir)
 
 	// A ledger is never replaced: restore refuses until it is moved aside.
 	db := filepath.Join(dir, "state", ledger.FileName)
@@ -113,7 +113,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if err := c.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v; log:\n%s", err, c.Log.String())
 	}
-	st, model := finalState(t, dir)
+	st, model := proc.FinalState(t, dir)
 	if st.Applied != good || refState.Applied != good || st.PosteriorVersion != refState.PosteriorVersion {
 		t.Fatalf("restored run: applied %d, version %d; uninterrupted: applied %d, version %d; want %d records each",
 			st.Applied, st.PosteriorVersion, refState.Applied, refState.PosteriorVersion, good)

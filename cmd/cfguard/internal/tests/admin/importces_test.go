@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/command"
@@ -54,13 +54,13 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	b := proc.StartBroker(t)
 	dir := t.TempDir()
 	set, m, modelDir := proc.TrainModel(t, t.TempDir())
-	cfg := writeConfig(t, dir, b.Addrs()[0], proc.AnyPort, "import", modelDir)
+	cfg := proc.WriteConfig(t, dir, b.Addrs()[0], proc.AnyPort, "import", modelDir)
 	// Every counterfactual is stored, in its set or not, so that the good lines are known
 	// without measuring them here. The daemon still measures each line's x and x_cf, in the
 	// import and again in the re-run (most of the test's CPU): with the fewest draws the
 	// configuration accepts, since no check here reads a measurement.
 	def := config.Default().Certify
-	editConfig(t, cfg, "certify:\n  samples: 400\n", fmt.Sprintf("certify:\n  samples: %d\n  uncertified: store\n",
+	proc.EditConfig(t, cfg, "certify:\n  samples: 400\n", fmt.Sprintf("certify:\n  samples: %d\n  uncertified: store\n",
 		config.MinCertifySamples(def.Delta, def.VerdictAlpha)))
 	c := proc.StartChild(t, cfg, proc.AnyPort)
 	c.WaitUp(t)

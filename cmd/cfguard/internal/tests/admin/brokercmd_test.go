@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
