@@ -40,7 +40,11 @@ import (
 // loses quality, strays from one increment of the same records, or learns nothing.
 func Check(t *testing.T, name string) {
 	t.Helper()
-	set, classes := testData(t, name)
+	set, d, err := assets.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := d.Classes
 	gain := 0.0 // the held-out NLL the stream gained, summed over the splits
 	for seed := uint64(1); seed <= 5; seed++ {
 		s := batchAnchor(t, set, classes, seed)
@@ -135,14 +139,4 @@ func batchAnchor(t *testing.T, set *dataset.Set, classes []string, seed uint64) 
 	kw := experiment.DefaultUpdate().KLWeight
 	return anchorScores{start: score(start), streamed: score(stream(kw, 10)), one: score(stream(kw, pool.Len())),
 		untempered: score(stream(1, pool.Len())), refit: score(refit)}
-}
-
-// testData loads a bundled data set and its class names.
-func testData(t *testing.T, name string) (*dataset.Set, []string) {
-	t.Helper()
-	set, d, err := assets.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set, d.Classes
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/experiment"
 )
 
@@ -20,7 +19,11 @@ import (
 // falls, or an update's KL is not well inside the budget and shrinking.
 func Check(t *testing.T, name string) {
 	t.Helper()
-	set, classes := testData(t, name)
+	set, d, err := assets.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := d.Classes
 	const incs = 1000
 	var kls []float64
 	res, err := experiment.Stream(context.Background(), experiment.StreamConfig{Data: set, Classes: classes, Seed: 1, Update: experiment.DefaultUpdate(),
@@ -61,14 +64,4 @@ func Check(t *testing.T, name string) {
 	if !(last < first) {
 		t.Errorf("mean update KL of the last 200 increments %.3g, of the first 200 %.3g: want it to shrink", last, first)
 	}
-}
-
-// testData loads a bundled data set and its class names.
-func testData(t *testing.T, name string) (*dataset.Set, []string) {
-	t.Helper()
-	set, d, err := assets.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set, d.Classes
 }

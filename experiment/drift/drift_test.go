@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/experiment"
 )
 
@@ -19,7 +18,11 @@ func TestDefaultsFollowDrift(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: thousands of records per case")
 	}
-	set, classes := testData(t, "breast_cancer")
+	set, d, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := d.Classes
 	for _, tc := range []struct {
 		name    string
 		inc     int
@@ -53,14 +56,4 @@ func TestDefaultsFollowDrift(t *testing.T) {
 			}
 		})
 	}
-}
-
-// testData loads a bundled data set and its class names.
-func testData(t *testing.T, name string) (*dataset.Set, []string) {
-	t.Helper()
-	set, d, err := assets.Load(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set, d.Classes
 }
