@@ -2,7 +2,8 @@
 // boundaries with PyTorch, and of the Go tests that run them against cfguard.
 //
 //	export_torchbnn.py   trains a torchbnn-style BNN and exports its state_dict for `cfguard import`
-//	                     (tested in cmd/cfguard: the imported model's predictive agrees with torch's)
+//	                     (tested in cmd/cfguard/internal/tests/torchimport: the imported
+//	                     model's predictive agrees with torch's)
 //	model_server.py      serves a posterior cfguard exported (bnn.Save's directory) over HTTP and
 //	                     follows it as new posterior versions are written (tested here)
 //
