@@ -131,7 +131,7 @@ func (s stage) last(t *testing.T, cmd string) instruction {
 
 func readDockerfile(t *testing.T) []stage {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "Dockerfile"))
+	b, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func copyBuildContext(root, dst string) error {
 // dockerConfig is deploy/docker/config.yaml, the image's default configuration.
 func dockerConfig(t *testing.T) (*config.Config, string) {
 	t.Helper()
-	p := filepath.Join(repoRoot(t), "deploy", "docker", "config.yaml")
+	p := filepath.Join(tooltest.RepoRoot(t), "deploy", "docker", "config.yaml")
 	c, err := config.LoadFile(p)
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +248,7 @@ func targetVariant(stages []stage, target stage) (string, error) {
 // as a VOLUME and a health check binary that the build produces; and a static target (pure Go,
 // distroless) that keeps the same contract.
 func TestDockerfileStages(t *testing.T) {
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	stages := readDockerfile(t)
 	byName := map[string]stage{}
 	for _, s := range stages {

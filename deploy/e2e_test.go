@@ -340,7 +340,7 @@ const (
 // 1 s (15 s shipped) and group_wait of 1 s (10 s for pages) keep the test near 10 s, so it also
 // runs under -short.
 func TestAlertReachesAlertmanager(t *testing.T) {
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	const token, metricsToken = "t0ken", "m3trics"
 
 	// The rule fires on the first evaluation that sees an invalidated counterfactual; with a

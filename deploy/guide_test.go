@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // TestDeployGuide: what docs/DEPLOY.md names exists. Every repository path in backquotes is a
@@ -17,7 +18,7 @@ import (
 // reads, every alert is in alerts/rules.yml and every alert of it is named, and every metric is
 // served by a running daemon.
 func TestDeployGuide(t *testing.T) {
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	guide, err := os.ReadFile(filepath.Join(root, "docs", "DEPLOY.md"))
 	if err != nil {
 		t.Fatal(err)

@@ -19,21 +19,9 @@ import (
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
-
-// repoRoot is the module's root (the tests run in deploy/).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("module root not found above deploy/: %v", err)
-	}
-	return root
-}
 
 // httpGet returns the status and body of GET url with an optional bearer token.
 func httpGet(url, token string) (int, []byte, error) {
@@ -137,7 +125,7 @@ func imageBinaries(t testing.TB, variant string) (string, time.Duration) {
 		t.Fatalf("no build variant %q (build.sh builds static or openblas)", variant)
 	}
 	b.once.Do(func() {
-		root := repoRoot(t)
+		root := tooltest.RepoRoot(t)
 		var ctxDir string
 		ctxDir, b.err = os.MkdirTemp("", "cfguard-docker-context-")
 		if b.err != nil {
@@ -181,7 +169,7 @@ func cfguardBinary(t testing.TB) string {
 		dir, _ := imageBinaries(t, "static")
 		return filepath.Join(dir, "cfguard")
 	}
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	plainBuild.once.Do(func() {
 		var dir string
 		if dir, plainBuild.err = os.MkdirTemp("", "cfguard-bin-"); plainBuild.err != nil {

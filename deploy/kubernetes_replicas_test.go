@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"go.yaml.in/yaml/v3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -33,7 +34,7 @@ type replicaManifests struct {
 
 func loadReplicaManifests(t *testing.T) replicaManifests {
 	t.Helper()
-	objs, files := readManifestDir(t, filepath.Join(repoRoot(t), "deploy", "kubernetes", "replicas"))
+	objs, files := readManifestDir(t, filepath.Join(tooltest.RepoRoot(t), "deploy", "kubernetes", "replicas"))
 	m := replicaManifests{files: files}
 	seen := map[string]int{}
 	for _, o := range objs {

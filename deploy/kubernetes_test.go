@@ -25,6 +25,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // strictDecoder decodes Kubernetes manifests into the API's Go types (k8s.io/api) with
@@ -121,7 +122,7 @@ func readManifestDir(t *testing.T, dir string) ([]runtime.Object, map[string][]b
 
 func loadManifests(t *testing.T) manifests {
 	t.Helper()
-	objs, files := readManifestDir(t, filepath.Join(repoRoot(t), "deploy", "kubernetes"))
+	objs, files := readManifestDir(t, filepath.Join(tooltest.RepoRoot(t), "deploy", "kubernetes"))
 	m := manifests{files: files}
 	for _, o := range objs {
 		switch o := o.(type) {
@@ -175,7 +176,7 @@ func TestStrictDecoderRejectsMistakes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			orig, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "kubernetes", tc.file))
+			orig, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "deploy", "kubernetes", tc.file))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -401,7 +402,7 @@ func TestKubernetesManifestsAgree(t *testing.T) {
 	if sm := mountOf(container(t, spec, "cfguard"), claim); sm == nil || sm.MountPath != cfg.StateDir {
 		t.Errorf("state_dir %s, but the claim %q is mounted at %+v", cfg.StateDir, claim, sm)
 	}
-	guide, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "DEPLOY.md"))
+	guide, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "docs", "DEPLOY.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	}
 	tooltest.Command(t, "apt-get install prometheus", "prometheus")
 	tooltest.Command(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	const token, metricsToken, nCEs, nRecords = "t0ken", "m3trics", 20, 3000
 
 	proc, d := startDefault(t, token, metricsToken, func(cfg *config.Config) {

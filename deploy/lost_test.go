@@ -13,6 +13,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -30,7 +31,7 @@ func TestRecordsLostPagesAcrossRestarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real Prometheus and Alertmanager through two restarts")
 	}
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	const token, metricsToken = "t0ken", "m3trics"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -93,7 +93,7 @@ func promtoolCheck(t *testing.T, path string) {
 // option uncommented; rule_files names alerts/rules.yml; the scrape target is cfguard's
 // default http.listen.
 func TestPrometheusConfig(t *testing.T) {
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	p := filepath.Join(root, "deploy", "prometheus", "prometheus.yml")
 	promtoolCheck(t, p)
 	text, err := os.ReadFile(p)
@@ -134,7 +134,7 @@ func TestPrometheusConfig(t *testing.T) {
 // by its severity: critical ones page, the others go to the ticket receiver.
 func TestAlertmanagerConfig(t *testing.T) {
 	amtool := tooltest.Command(t, "apt-get install prometheus-alertmanager", "amtool")
-	p := filepath.Join(repoRoot(t), "deploy", "prometheus", "alertmanager.yml")
+	p := filepath.Join(tooltest.RepoRoot(t), "deploy", "prometheus", "alertmanager.yml")
 	if out, err := exec.Command(amtool, "check-config", p).CombinedOutput(); err != nil {
 		t.Fatalf("amtool check-config: %v\n%s", err, out)
 	}
@@ -209,7 +209,7 @@ type panel struct {
 
 func loadDashboard(t *testing.T) dashboard {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "grafana", "cfguard.json"))
+	b, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "deploy", "grafana", "cfguard.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

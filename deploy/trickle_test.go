@@ -35,7 +35,7 @@ func TestMeasureTrickle(t *testing.T) {
 	}
 	tooltest.Command(t, "apt-get install prometheus", "prometheus")
 	tooltest.Command(t, "apt-get install prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
-	root := repoRoot(t)
+	root := tooltest.RepoRoot(t)
 	const token, metricsToken, nCEs = "t0ken", "m3trics", 24
 
 	proc, d := startDefault(t, token, metricsToken, nil)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -62,4 +63,25 @@ func TorchCommand(py string, args ...string) *exec.Cmd {
 	cmd := exec.Command(py, args...)
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
 	return cmd
+}
+
+// RepoRoot is the repository's root: the nearest directory at or above the test's working
+// directory (its package's) that holds go.mod. Tests read docs, assets and examples from it
+// whatever the depth of their package.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod at or above the test's working directory")
+		}
+		dir = parent
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +156,18 @@ func TestCPUGrowsWithWork(t *testing.T) {
 	}
 	if _, err := CPU(1 << 30); err == nil {
 		t.Fatal("the CPU time of a process that does not exist")
+	}
+}
+
+// RepoRoot, from this package's directory, is two levels up: the directory holding go.mod and
+// internal/tooltest.
+func TestRepoRoot(t *testing.T) {
+	root := RepoRoot(t)
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Dir(filepath.Dir(wd)); root != want {
+		t.Fatalf("RepoRoot = %s, want %s", root, want)
 	}
 }

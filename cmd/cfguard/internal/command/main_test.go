@@ -17,6 +17,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/cli/clitest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 func TestBoundReproducesPaperRow(t *testing.T) {
@@ -123,7 +124,7 @@ func TestRunRejectsBadConfigWithExit2(t *testing.T) {
 }
 
 func TestCheckConfig(t *testing.T) {
-	code, out, errs := proc.RunCLI(t, "check-config", "--config", filepath.Join("..", "..", "..", "..", "config.yaml"))
+	code, out, errs := proc.RunCLI(t, "check-config", "--config", filepath.Join(tooltest.RepoRoot(t), "config.yaml"))
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -241,7 +242,7 @@ func TestReplicationKeyFile(t *testing.T) {
 // The overview (cfguard --help) and docs/CLI.md's synopsis name every flag of every command, as
 // the command's own -h lists them.
 func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
-	doc, err := os.ReadFile("../../../../docs/CLI.md")
+	doc, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "docs", "CLI.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func TestFollowerBehindTheLog(t *testing.T) {
 			{Cmd: "{entry, lag_records}", Want: `(?s)^\{\s*"entry": \d+,\s*"lag_records": [1-9]\d*\s*\}$`},
 			{Cmd: "/readyz", Want: `checkpoint to cfguard\.db failing since .*file too large`},
 		}
-		sec := runbooktest.Named(t, filepath.Join("..", "..", "..", "..", "..", "docs", "RUNBOOK.md"), "CfguardPosteriorLogBehind")
+		sec := runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardPosteriorLogBehind")
 		runbooktest.Covered(t, sec, checks)
 		runbooktest.Run(t, sec, checks, strings.NewReplacer("127.0.0.1:8080", follower.Child.Addr()), nil)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -134,7 +135,7 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 			{Cmd: "jq .replication", Want: fmt.Sprintf(`(?s)"entry": \d+,.*"posterior_sha256": "%s".*"stopped": ".*unknown format.*offset %d of cfguard\.posterior`, before.Replication.SHA, unreadable)},
 			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?m)^%d \S+ \d+ bytes$`, unreadable)},
 		}
-		s := runbooktest.Named(t, filepath.Join("..", "..", "..", "..", "..", "docs", "RUNBOOK.md"), "CfguardPosteriorLogStopped")
+		s := runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardPosteriorLogStopped")
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", reps[0].Child.Addr(), "BROKER", brokers[0]), nil)
 	}

@@ -15,7 +15,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -41,8 +40,7 @@ const float32Floor = 1e-5
 func Check(t *testing.T, layout, dtype, samples string) {
 	t.Helper()
 	py := tooltest.PythonTorch(t)
-	_, here, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(here), "..", "..", "..", "..", "..")
+	root := tooltest.RepoRoot(t)
 	csv := filepath.Join(root, "assets", "data", "breast_cancer.csv")
 	dir := t.TempDir()
 	weights, probePath := filepath.Join(dir, "bc.safetensors"), filepath.Join(dir, "probe.json")
