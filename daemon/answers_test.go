@@ -17,6 +17,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/broker"
@@ -27,35 +28,20 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// shareReady reports whether replica r owns CE partitions and has read every one it owns.
-func shareReady(r *running) bool {
-	m := r.d.share.Member()
-	own := m.Owned()
-	if len(own) == 0 {
-		return false
-	}
-	for _, p := range own {
-		if !m.Ready(p) {
-			return false
-		}
-	}
-	return true
-}
-
 // startThreeReplicas starts replicas r1, r2, r3 on one broker and waits until the CE topic's
 // partitions are shared out among them, each owner caught up with its partitions.
 func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 	t.Helper()
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2"), startReplica(t, b, "r3")}
-	parts := reps[0].d.share.Partitions()
+	parts := reps[0].D.share.Partitions()
 	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each replica owning some", func() bool {
 		owned := 0
 		for _, r := range reps {
-			if !shareReady(r) {
+			if !daemontest.ShareReady(r) {
 				return false
 			}
-			owned += len(r.d.share.Member().Owned())
+			owned += len(r.D.share.Member().Owned())
 		}
 		return owned == parts
 	})
@@ -66,24 +52,24 @@ func startThreeReplicas(t testing.TB) (*broker.Broker, []*running) {
 // holds, and returns what that owner stores under id (nil when nothing).
 func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger.CE {
 	t.Helper()
-	s := reps[0].d.share
+	s := reps[0].D.share
 	p := ceshare.Partition(id, s.Partitions())
 	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...)}
 	var owner *running
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d applied to its end by its owner", p), func() bool {
 		res, err := cl.ListOffsets(context.Background(), &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-			reps[0].d.cfg.Replication.CETopic: {kafka.LastOffsetOf(p)}}})
+			reps[0].D.cfg.Replication.CETopic: {kafka.LastOffsetOf(p)}}})
 		if err != nil {
 			return false
 		}
 		var end int64 = -1
-		for _, po := range res.Topics[reps[0].d.cfg.Replication.CETopic] {
+		for _, po := range res.Topics[reps[0].D.cfg.Replication.CETopic] {
 			if po.Partition == p && po.Error == nil {
 				end = po.LastOffset
 			}
 		}
 		for _, r := range reps {
-			m := r.d.share.Member()
+			m := r.D.share.Member()
 			if next, ok := m.Next(p); ok && m.Ready(p) && next >= end && end >= 0 {
 				owner = r
 				return true
@@ -91,7 +77,7 @@ func settled(t *testing.T, b *broker.Broker, reps []*running, id string) *ledger
 		}
 		return false
 	})
-	ce, err := owner.d.ledger.Get(id)
+	ce, err := owner.D.ledger.Get(id)
 	if err != nil {
 		return nil
 	}
@@ -110,8 +96,8 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, reps[0].D.current(), data, 400, 1)
 	if len(xs) < 2 || len(cfs) < 2 {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -128,16 +114,16 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 	answers := map[int]int{}
 	for i := range trials {
 		id := fmt.Sprintf("attack-%d", i)
-		if code, body := reps[0].do(t, "POST", "/v1/counterfactuals", "", with(ceA, id)); code != http.StatusCreated {
+		if code, body := reps[0].Do(t, "POST", "/v1/counterfactuals", "", with(ceA, id)); code != http.StatusCreated {
 			t.Fatalf("trial %d: POST A at r1: %d %s", i, code, body)
 		}
 		deleted := i%5 != 4 // every fifth trial keeps A: B's answer must then be 409
 		if deleted {
-			if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/"+id, "", nil); code != http.StatusNoContent {
+			if code, body := reps[1].Do(t, "DELETE", "/v1/counterfactuals/"+id, "", nil); code != http.StatusNoContent {
 				t.Fatalf("trial %d: DELETE at r2: %d %s", i, code, body)
 			}
 		}
-		code, body := reps[2].do(t, "POST", "/v1/counterfactuals", "", with(ceB, id))
+		code, body := reps[2].Do(t, "POST", "/v1/counterfactuals", "", with(ceB, id))
 		answers[code]++
 		stored := settled(t, b, reps, id)
 		isB := stored != nil && slices.Equal(stored.X, data.X[xs[1]]) && slices.Equal(stored.XCF, data.X[cfs[1]])
@@ -162,9 +148,9 @@ func TestRegistrationAfterDeletionAnswersWhatIsStored(t *testing.T) {
 		}
 		// Every replica serves what the owner stores.
 		for _, r := range reps {
-			code, got := r.get(t, "/v1/counterfactuals/"+id)
+			code, got := r.Get(t, "/v1/counterfactuals/"+id)
 			if (code == http.StatusOK) != (stored != nil) {
-				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.d.share.ID(), code, got, describe(stored))
+				t.Errorf("trial %d: GET at %s: %d %s; the owner stores %v", i, r.D.share.ID(), code, got, describe(stored))
 			}
 		}
 	}
@@ -190,7 +176,7 @@ func keyedDo(t *testing.T, r *running, path, key string, v any) (int, []byte) {
 		}
 		body = string(b)
 	}
-	resp, got := r.rawDo(t, "POST", path, body, map[string]string{"Idempotency-Key": key})
+	resp, got := r.RawDo(t, "POST", path, body, map[string]string{"Idempotency-Key": key})
 	return resp.StatusCode, got
 }
 
@@ -202,8 +188,8 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 	dir := t.TempDir()
 	state := func(c *config.Config) { c.StateDir = dir }
 	r := startDaemonClient(t, state, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	ceA := map[string]any{"x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
 	ceB := map[string]any{"x": data.X[xs[1]], "x_cf": data.X[cfs[1]], "target": "benign"}
 	code, body := keyedDo(t, r, "/v1/counterfactuals", "key-1", ceA)
@@ -231,7 +217,7 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 	if got := counter(t, r, "cfguard_requests_replayed_total", "result", "stored"); got != 1 {
 		t.Errorf("replayed registrations after a retry and a key reused: %v, want 1", got)
 	}
-	if code, body := r.do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
+	if code, body := r.Do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", code, body)
 	}
 	retryAfterDelete := func(r *running, when string) {
@@ -240,13 +226,13 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 		if code != http.StatusConflict || !strings.Contains(string(body), "deleted since") {
 			t.Errorf("%s: the request again after its CE's deletion: %d %s; want 409 deleted since", when, code, body)
 		}
-		if code, body := r.get(t, "/v1/counterfactuals/"+first.ID); code != http.StatusNotFound {
+		if code, body := r.Get(t, "/v1/counterfactuals/"+first.ID); code != http.StatusNotFound {
 			t.Errorf("%s: the retry registered %s again: %d %s", when, first.ID, code, body)
 		}
 	}
 	retryAfterDelete(r, "running")
 	// Without a key, the same body registers a new CE.
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceA); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ceA); code != http.StatusCreated {
 		t.Errorf("the same body without a key: %d %s", code, body)
 	}
 	// Bulk: two lines; the first deleted; the same body again.
@@ -265,7 +251,7 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 	if code != http.StatusOK || json.Unmarshal(body, &res) != nil || res.Stored != 2 {
 		t.Fatalf("bulk with a key: %d %s", code, body)
 	}
-	if code, body := r.do(t, "DELETE", "/v1/counterfactuals/"+res.Results[0].ID, "", nil); code != http.StatusNoContent {
+	if code, body := r.Do(t, "DELETE", "/v1/counterfactuals/"+res.Results[0].ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d %s", code, body)
 	}
 	code, body = keyedDo(t, r, "/v1/counterfactuals:bulk", "bulk-1", bulk)
@@ -274,14 +260,14 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 		res2.Results[1].ID != res.Results[1].ID || res2.Results[1].Code != 0 {
 		t.Errorf("bulk again after a line's deletion: %d %s; want line 1 409, line 2 as before", code, body)
 	}
-	if code, _ := r.get(t, "/v1/counterfactuals/"+res.Results[0].ID); code != http.StatusNotFound {
+	if code, _ := r.Get(t, "/v1/counterfactuals/"+res.Results[0].ID); code != http.StatusNotFound {
 		t.Errorf("the bulk retry registered %s again", res.Results[0].ID)
 	}
 	if code, body := keyedDo(t, r, "/v1/counterfactuals:bulk", "bulk-1", lines(ceB, ceA)); code != http.StatusUnprocessableEntity {
 		t.Errorf("bulk key with another body: %d %s; want 422", code, body)
 	}
 	// The outcomes are the ledger's: a restart keeps them.
-	r.stop(t)
+	r.Stop(t)
 	r = startDaemonClient(t, state, nil)
 	retryAfterDelete(r, "after a restart")
 }
@@ -289,7 +275,7 @@ func TestIdempotencyKeySingleDaemon(t *testing.T) {
 // countStored is how many CEs r lists.
 func countStored(t *testing.T, r *running) int {
 	t.Helper()
-	code, body := r.get(t, "/v1/counterfactuals?limit=1000")
+	code, body := r.Get(t, "/v1/counterfactuals?limit=1000")
 	if code != http.StatusOK {
 		t.Fatalf("GET /v1/counterfactuals: %d %s", code, body)
 	}
@@ -313,8 +299,8 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, reps[0].D.current(), data, 400, 1)
 	ceA := map[string]any{"x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
 	code, body := keyedDo(t, reps[0], "/v1/counterfactuals", "retry-1", ceA)
 	var first ledger.CE
@@ -334,7 +320,7 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 			t.Errorf("r%d: replayed registrations %v, want %v", i+1, got, want)
 		}
 	}
-	if code, body := reps[1].do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
+	if code, body := reps[1].Do(t, "DELETE", "/v1/counterfactuals/"+first.ID, "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE at r2: %d %s", code, body)
 	}
 	code, body = keyedDo(t, reps[2], "/v1/counterfactuals", "retry-1", ceA)
@@ -345,7 +331,7 @@ func TestRetriesAfterDeletionAcrossReplicas(t *testing.T) {
 		t.Errorf("the keyed retry registered %s again", first.ID)
 	}
 	// A request on the CE topic twice, the deletion between: the second copy changes nothing.
-	d0 := reps[0].d
+	d0 := reps[0].D
 	prod, err := ceshare.NewProducer(context.Background(), d0.conn, d0.cfg.Replication.CETopic, d0.rep.Keys(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -391,14 +377,14 @@ func keyedDelete(t *testing.T, r *running, id, key string) (int, []byte) {
 	if key != "" {
 		h["Idempotency-Key"] = key
 	}
-	resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", h)
+	resp, body := r.RawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", h)
 	return resp.StatusCode, body
 }
 
 // counter is the value of the series of counter name with label = value in r's registry.
 func counter(t *testing.T, r *running, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := r.d.reg.Gather()
+	mfs, err := r.D.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,23 +412,23 @@ func TestKeyedDeletionSingleDaemon(t *testing.T) {
 	dir := t.TempDir()
 	state := func(c *config.Config) { c.StateDir = dir }
 	r := startDaemonClient(t, state, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	ceA := map[string]any{"id": "del-a", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
 	ceB := map[string]any{"id": "del-a", "x": data.X[xs[1]], "x_cf": data.X[cfs[1]], "target": "benign"}
 	if code, body := keyedDelete(t, r, "del-a", ""); code != http.StatusNotFound {
 		t.Errorf("DELETE of an id never stored: %d %s; want 404", code, body)
 	}
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceA); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ceA); code != http.StatusCreated {
 		t.Fatalf("POST A: %d %s", code, body)
 	}
 	if code, body := keyedDelete(t, r, "del-a", "del-key-1"); code != http.StatusNoContent {
 		t.Fatalf("keyed DELETE: %d %s; want 204", code, body)
 	}
-	if code, body := r.get(t, "/v1/counterfactuals/del-a"); code != http.StatusNotFound {
+	if code, body := r.Get(t, "/v1/counterfactuals/del-a"); code != http.StatusNotFound {
 		t.Errorf("GET after the DELETE's 204: %d %s", code, body)
 	}
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
 		t.Fatalf("POST B under the deleted id: %d %s", code, body)
 	}
 	retry := func(when string) {
@@ -450,7 +436,7 @@ func TestKeyedDeletionSingleDaemon(t *testing.T) {
 		if code, body := keyedDelete(t, r, "del-a", "del-key-1"); code != http.StatusNoContent {
 			t.Errorf("%s: the keyed DELETE again: %d %s; want 204, its first answer", when, code, body)
 		}
-		code, body := r.get(t, "/v1/counterfactuals/del-a")
+		code, body := r.Get(t, "/v1/counterfactuals/del-a")
 		var got ledger.CE
 		if code != http.StatusOK || json.Unmarshal(body, &got) != nil || !slices.Equal(got.XCF, data.X[cfs[1]]) {
 			t.Errorf("%s: after the keyed DELETE's retry, GET answers %d %s; want B, registered after the first attempt", when, code, body)
@@ -474,13 +460,13 @@ func TestKeyedDeletionSingleDaemon(t *testing.T) {
 		t.Errorf("keyed DELETE of an id never stored: %d %s; want 404", code, body)
 	}
 	ceB["id"] = "del-b"
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ceB); code != http.StatusCreated {
 		t.Fatalf("POST del-b: %d %s", code, body)
 	}
 	if code, body := keyedDelete(t, r, "del-b", "del-key-2"); code != http.StatusNotFound {
 		t.Errorf("the keyed DELETE of nothing, again after a registration: %d %s; want 404, its first answer", code, body)
 	}
-	if code, body := r.get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
+	if code, body := r.Get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
 		t.Errorf("the retry of a DELETE that found nothing deleted the CE registered since: %d %s", code, body)
 	}
 	// One key, one request: on another id, or first used by a registration, it is 422.
@@ -490,10 +476,10 @@ func TestKeyedDeletionSingleDaemon(t *testing.T) {
 	if code, body := keyedDo(t, r, "/v1/counterfactuals", "del-key-1", ceA); code != http.StatusUnprocessableEntity {
 		t.Errorf("a DELETE's key on a POST: %d %s; want 422", code, body)
 	}
-	if code, body := r.get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
+	if code, body := r.Get(t, "/v1/counterfactuals/del-b"); code != http.StatusOK {
 		t.Errorf("a DELETE with a reused key deleted del-b: %d %s", code, body)
 	}
-	r.stop(t)
+	r.Stop(t)
 	r = startDaemonClient(t, state, nil)
 	retry("after a restart")
 }
@@ -510,8 +496,8 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, reps[0].D.current(), data, 400, 1)
 	ceFor := func(id string, k int) map[string]any {
 		return map[string]any{"id": id, "x": data.X[xs[k]], "x_cf": data.X[cfs[k]], "target": "benign"}
 	}
@@ -534,12 +520,12 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 			}
 			body = bytes.NewReader(b)
 		}
-		req, err := http.NewRequest(method, r.base+path, body)
+		req, err := http.NewRequest(method, r.Base+path, body)
 		if err != nil {
 			t.Error(err)
 			return answer{code: -1}
 		}
-		resp, err := r.client.Do(req)
+		resp, err := r.Client.Do(req)
 		if err != nil {
 			t.Errorf("%s %s: %v", method, path, err)
 			return answer{code: -1}
@@ -593,13 +579,13 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 	t.Logf("answers to a DELETE sent with a registration of the same id, over %d trials: %v", trials, answers)
 
 	id := "keyed-del"
-	if code, body := reps[0].do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 0)); code != http.StatusCreated {
+	if code, body := reps[0].Do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 0)); code != http.StatusCreated {
 		t.Fatalf("POST A at r1: %d %s", code, body)
 	}
 	if code, body := keyedDelete(t, reps[1], id, "rdel-1"); code != http.StatusNoContent {
 		t.Fatalf("keyed DELETE at r2: %d %s; want 204", code, body)
 	}
-	if code, body := reps[2].do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 1)); code != http.StatusCreated {
+	if code, body := reps[2].Do(t, "POST", "/v1/counterfactuals", "", ceFor(id, 1)); code != http.StatusCreated {
 		t.Fatalf("POST B at r3 after the deletion: %d %s", code, body)
 	}
 	if code, body := keyedDelete(t, reps[0], id, "rdel-1"); code != http.StatusNoContent {
@@ -658,10 +644,10 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 			}
 		}
 	}, nil)
-	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	base.Store(&r.base)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	base.Store(&r.Base)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	for _, c := range []struct {
 		id      string
 		replace bool // another CE registered under the id after the DELETE
@@ -673,7 +659,7 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 			then, _ = json.Marshal(other)
 		}
 		between.Store(c.id, then)
-		code, body := r.do(t, "POST", "/v1/counterfactuals", "", ce)
+		code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ce)
 		want := http.StatusNoContent
 		if c.replace {
 			want = http.StatusCreated
@@ -684,7 +670,7 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 		if code != http.StatusConflict || !strings.Contains(string(body), "was stored by this request and is not stored now") {
 			t.Errorf("%s: POST whose CE was deleted before its answer: %d %s; want 409 saying it was stored and is not now", c.id, code, body)
 		}
-		code, body = r.get(t, "/v1/counterfactuals/"+c.id)
+		code, body = r.Get(t, "/v1/counterfactuals/"+c.id)
 		var got ledger.CE
 		switch {
 		case !c.replace && code != http.StatusNotFound:
@@ -694,7 +680,7 @@ func TestRegistrationDeletedBeforeItsAnswerIs409(t *testing.T) {
 		}
 	}
 	ce := map[string]any{"id": "raced", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", ce); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", ce); code != http.StatusCreated {
 		t.Errorf("the same registration sent again: %d %s; want 201", code, body)
 	}
 }
@@ -712,10 +698,10 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, reps := startThreeReplicas(t)
-	data := bundled(t)
-	m := reps[0].d.current()
-	_, _, cfs := candidatePairs(t, m, data, 400, 1)
-	d0 := reps[0].d
+	data := daemontest.Bundled(t)
+	m := reps[0].D.current()
+	_, _, cfs := daemontest.CandidatePairs(t, m, data, 400, 1)
+	d0 := reps[0].D
 	prod, err := ceshare.NewProducer(context.Background(), d0.conn, d0.cfg.Replication.CETopic, d0.rep.Keys(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -748,7 +734,7 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 		t.Errorf("the keyed retry was not answered from its first attempt's outcome: replayed %v, want 1", got)
 	}
 	for i, r := range reps {
-		code, body := r.do(t, "POST", "/v1/counterfactuals", "", line)
+		code, body := r.Do(t, "POST", "/v1/counterfactuals", "", line)
 		var got ledger.CE
 		if code != http.StatusCreated || json.Unmarshal(body, &got) != nil || got.ID != "kept" || got.P1 != 0.99 {
 			t.Errorf("r%d: POST of the stored CE again: %d %s; want 201 with the CE as stored", i+1, code, body)
@@ -763,14 +749,14 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 		}
 	}
 	other := map[string]any{"id": "kept", "x": data.X[cfs[0]], "x_cf": data.X[cfs[2]], "target": "benign"}
-	if code, body := reps[1].do(t, "POST", "/v1/counterfactuals", "", other); code != http.StatusConflict ||
+	if code, body := reps[1].Do(t, "POST", "/v1/counterfactuals", "", other); code != http.StatusConflict ||
 		!strings.Contains(string(body), "holds another counterfactual") {
 		t.Errorf("POST of another CE, refused as new, under the stored id: %d %s; want 409", code, body)
 	}
 	b1, _ := json.Marshal(line)
 	line["id"] = "new"
 	b2, _ := json.Marshal(line)
-	resp, body := reps[2].rawDo(t, "POST", "/v1/counterfactuals:bulk", string(b1)+"\n"+string(b2)+"\n", nil)
+	resp, body := reps[2].RawDo(t, "POST", "/v1/counterfactuals:bulk", string(b1)+"\n"+string(b2)+"\n", nil)
 	var bulk struct {
 		Exists, Refused, Accepted int
 		Results                   []struct {
@@ -796,12 +782,12 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 	}
 	many.Write(append(b1, '\n'))
 	line["id"] = "new"
-	resp, body = reps[0].rawDo(t, "POST", "/v1/counterfactuals:bulk", many.String(), nil)
+	resp, body = reps[0].RawDo(t, "POST", "/v1/counterfactuals:bulk", many.String(), nil)
 	if err := json.Unmarshal(body, &bulk); resp.StatusCode != http.StatusOK || err != nil || bulk.Exists != 1 || bulk.Refused != maxRegisterBatch {
 		t.Errorf("bulk of %d lines refused as new, then the stored CE: %d %.300s; want exists 1, refused %d", maxRegisterBatch, resp.StatusCode, body, maxRegisterBatch)
 	}
 	for i, r := range reps {
-		if code, body := r.do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
+		if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
 			!strings.Contains(string(body), "already classified") {
 			t.Errorf("r%d: POST of the same CE under a free id: %d %s; want 422, x is classified as the target", i+1, code, body)
 		}
@@ -818,28 +804,28 @@ func TestStoredCESentAgainToReplicasIsAnsweredAsStored(t *testing.T) {
 // still refused (422).
 func TestStoredCESentAgainIsAnsweredAsStored(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	m := r.d.current()
-	_, _, cfs := candidatePairs(t, m, data, 400, 1)
+	data := daemontest.Bundled(t)
+	m := r.D.current()
+	_, _, cfs := daemontest.CandidatePairs(t, m, data, 400, 1)
 	ce := &ledger.CE{ID: "kept", X: data.X[cfs[0]], XCF: data.X[cfs[1]], Target: 1, AnchorVersion: m.Version, P1: 0.99, Var1: 0.001,
 		Samples: 400, Delta: 0.05, Epsilon: 0.01}
-	if err := r.d.ledger.Put(context.Background(), ce); err != nil {
+	if err := r.D.ledger.Put(context.Background(), ce); err != nil {
 		t.Fatal(err)
 	}
 	line := map[string]any{"id": "kept", "x": ce.X, "x_cf": ce.XCF, "target": "benign"}
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusConflict {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusConflict {
 		t.Errorf("POST of the stored CE again: %d %s; want 409, the id holds it", code, body)
 	}
 	if code, body := keyedDo(t, r, "/v1/counterfactuals", "kept-key", line); code != http.StatusConflict {
 		t.Errorf("POST of the stored CE again with a new Idempotency-Key: %d %s; want 409, the id holds it", code, body)
 	}
 	b, _ := json.Marshal(line)
-	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", string(b)+"\n", nil)
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", string(b)+"\n", nil)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"exists":1`) {
 		t.Errorf("bulk of the stored CE again: %d %s; want 200 with exists 1", resp.StatusCode, body)
 	}
 	line["id"] = "new"
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", line); code != http.StatusUnprocessableEntity ||
 		!strings.Contains(string(body), "already classified") {
 		t.Errorf("POST of the same CE under a free id: %d %s; want 422, x is classified as the target", code, body)
 	}

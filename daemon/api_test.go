@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -20,31 +19,10 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
-
-// rawDo sends a request with a raw body and headers and returns the response with its body read.
-func (r *running) rawDo(t testing.TB, method, path, body string, header map[string]string) (*http.Response, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, r.base+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, b
-}
 
 // TestTokenGuardsEveryV1Endpoint: with http.token set, reads of stored CEs (applicants'
 // features) need it too; health and readiness stay open; /metrics needs its own token when set.
@@ -64,27 +42,27 @@ func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 		if method == "POST" {
 			body = "{}"
 		}
-		resp, _ := r.rawDo(t, method, p, body, nil)
+		resp, _ := r.RawDo(t, method, p, body, nil)
 		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s %s without a token: %d, want 401 with WWW-Authenticate", method, p, resp.StatusCode)
 		}
-		resp, _ = r.rawDo(t, method, p, body, map[string]string{"Authorization": "Bearer " + metricsToken})
+		resp, _ = r.RawDo(t, method, p, body, map[string]string{"Authorization": "Bearer " + metricsToken})
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Errorf("%s %s with the metrics token: %d, want 401", method, p, resp.StatusCode)
 		}
 	}
-	if resp, _ := r.rawDo(t, "GET", "/v1/model", "", map[string]string{"Authorization": "Bearer t0ken"}); resp.StatusCode != 200 {
+	if resp, _ := r.RawDo(t, "GET", "/v1/model", "", map[string]string{"Authorization": "Bearer t0ken"}); resp.StatusCode != 200 {
 		t.Errorf("GET /v1/model with the token: %d", resp.StatusCode)
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
-		if code, _ := r.get(t, p); code != 200 {
+		if code, _ := r.Get(t, p); code != 200 {
 			t.Errorf("GET %s: %d, want 200 without a token", p, code)
 		}
 	}
-	if code, _ := r.get(t, "/metrics"); code != http.StatusUnauthorized {
+	if code, _ := r.Get(t, "/metrics"); code != http.StatusUnauthorized {
 		t.Errorf("GET /metrics without the metrics token: %d, want 401", code)
 	}
-	resp, body := r.rawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer " + metricsToken})
+	resp, body := r.RawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer " + metricsToken})
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("cfguard_posterior_version")) {
 		t.Errorf("GET /metrics with its token: %d", resp.StatusCode)
 	}
@@ -92,7 +70,7 @@ func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 
 func TestJSONBodiesAreStrict(t *testing.T) {
 	r := startDaemon(t, nil)
-	x, _ := json.Marshal(bundled(t).X[0])
+	x, _ := json.Marshal(daemontest.Bundled(t).X[0])
 	for name, body := range map[string]string{
 		"trailing object": `{"x":` + string(x) + `}{"x":` + string(x) + `}`,
 		"trailing junk":   `{"x":` + string(x) + `} trailing`,
@@ -100,13 +78,13 @@ func TestJSONBodiesAreStrict(t *testing.T) {
 		"both x and xs":   `{"x":` + string(x) + `,"xs":[` + string(x) + `]}`,
 		"neither":         `{}`,
 	} {
-		resp, b := r.rawDo(t, "POST", "/v1/predict", body, nil)
+		resp, b := r.RawDo(t, "POST", "/v1/predict", body, nil)
 		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(`"error"`)) {
 			t.Errorf("%s: %d %s, want 400 with an error", name, resp.StatusCode, b)
 		}
 	}
 	// Whitespace after the value is not trailing data.
-	if resp, b := r.rawDo(t, "POST", "/v1/predict", `{"x":`+string(x)+"}\n\n", nil); resp.StatusCode != 200 {
+	if resp, b := r.RawDo(t, "POST", "/v1/predict", `{"x":`+string(x)+"}\n\n", nil); resp.StatusCode != 200 {
 		t.Errorf("a body ending in newlines: %d %s", resp.StatusCode, b)
 	}
 }
@@ -121,7 +99,7 @@ func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
 		if etag != "" {
 			h["If-None-Match"] = etag
 		}
-		return r.rawDo(t, "GET", path, "", h)
+		return r.RawDo(t, "GET", path, "", h)
 	}
 	resp, weights := fetch("/v1/model/posterior", "")
 	sresp, sidecar := fetch("/v1/model/posterior/sidecar", "")
@@ -132,7 +110,7 @@ func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the served files do not load as a model directory would: %v", err)
 	}
-	cur := r.d.current()
+	cur := r.D.current()
 	wantSide, wantW, err := bnn.Encode(cur)
 	if err != nil {
 		t.Fatal(err)
@@ -152,13 +130,13 @@ func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
 		t.Fatalf("If-None-Match with the current ETag: %d (%d bytes), want 304", r2.StatusCode, len(b))
 	}
 	// An update makes a new version; the old ETag no longer matches.
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	var recs [][]byte
 	for i := 0; i < 32; i++ {
-		recs = append(recs, record("u"+strconv.Itoa(i), data.X[i], data.Y[i]))
+		recs = append(recs, daemontest.Record("u"+strconv.Itoa(i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, recs...)
-	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > cur.Version })
+	r.Produce(t, recs...)
+	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.D.current().Version > cur.Version })
 	r3, b3 := fetch("/v1/model/posterior", etag)
 	if r3.StatusCode != 200 || bytes.Equal(b3, weights) || r3.Header.Get(headerPosteriorVersion) == strconv.FormatUint(cur.Version, 10) {
 		t.Fatalf("after an update: %d, same bytes %v, version %s", r3.StatusCode, bytes.Equal(b3, weights), r3.Header.Get(headerPosteriorVersion))
@@ -167,8 +145,8 @@ func TestPosteriorEndpointServesTheCertifiedPosterior(t *testing.T) {
 
 func TestPredictEndpoint(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"xs": data.X[:20]})
+	data := daemontest.Bundled(t)
+	code, body := r.Do(t, "POST", "/v1/predict", "", map[string]any{"xs": data.X[:20]})
 	if code != 200 {
 		t.Fatalf("predict: %d %s", code, body)
 	}
@@ -180,9 +158,9 @@ func TestPredictEndpoint(t *testing.T) {
 	if err := json.Unmarshal(body, &resp); err != nil {
 		t.Fatal(err)
 	}
-	m := r.d.current()
+	m := r.D.current()
 	// The version's shared draws, made independently of the daemon's cache.
-	pool, err := bnn.NewPool(m, r.d.cfg.Certify.Samples, m.Version^poolSeed, bnn.Float64)
+	pool, err := bnn.NewPool(m, r.D.cfg.Certify.Samples, m.Version^poolSeed, bnn.Float64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +168,7 @@ func TestPredictEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.PosteriorVersion != m.Version || resp.Samples != r.d.cfg.Certify.Samples || len(resp.Predictions) != 20 {
+	if resp.PosteriorVersion != m.Version || resp.Samples != r.D.cfg.Certify.Samples || len(resp.Predictions) != 20 {
 		t.Fatalf("predict response %+v", resp)
 	}
 	agree := 0
@@ -205,7 +183,7 @@ func TestPredictEndpoint(t *testing.T) {
 	if agree < 16 {
 		t.Fatalf("the posterior predicts only %d of 20 training labels", agree)
 	}
-	code, body = r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]})
+	code, body = r.Do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]})
 	if code != 200 || !bytes.Contains(body, []byte(`"prediction":{`)) {
 		t.Fatalf("single predict: %d %s", code, body)
 	}
@@ -213,13 +191,13 @@ func TestPredictEndpoint(t *testing.T) {
 
 func TestExplainBusyAnswers429WithRetryAfter(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.Explain.Concurrency = 1 })
-	release, err := r.d.exp.acquire()
+	release, err := r.D.exp.acquire()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer release()
-	x, _ := json.Marshal(bundled(t).X[0])
-	resp, body := r.rawDo(t, "POST", "/v1/explain", `{"x":`+string(x)+`}`, nil)
+	x, _ := json.Marshal(daemontest.Bundled(t).X[0])
+	resp, body := r.RawDo(t, "POST", "/v1/explain", `{"x":`+string(x)+`}`, nil)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("explain with every slot taken: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}

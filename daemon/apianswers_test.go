@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/ident"
 )
 
@@ -17,8 +18,8 @@ import (
 // with the status docs/API.md gives it.
 func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	x, xcf := data.X[xs[0]], data.X[cfs[0]]
 	js := func(v any) string { return mustJSON(t, v) }
 	huge := append([]float64(nil), x...)
@@ -83,7 +84,7 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 			if strings.Contains(c.name, "Idempotency-Key") {
 				header = map[string]string{"Idempotency-Key": "k1"}
 			}
-			resp, body := r.rawDo(t, c.method, c.path, c.body, header)
+			resp, body := r.RawDo(t, c.method, c.path, c.body, header)
 			var e struct{ Error string }
 			if resp.StatusCode != c.code || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal(body, &e) != nil || e.Error == "" {
 				t.Fatalf("%s %s: %d %s %q; want %d with a JSON error", c.method, c.path, resp.StatusCode, resp.Header.Get("Content-Type"), body, c.code)
@@ -109,13 +110,13 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 // once the id is free (docs/API.md, Idempotency keys).
 func TestAPIAnswersWhatItDocuments(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", "", nil)
+	data := daemontest.Bundled(t)
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", "", nil)
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"results":[]`) {
 		t.Errorf("an empty bulk: %d %s, want 200 with results []", resp.StatusCode, body)
 	}
 
-	ids := registerCEs(t, r, data, 3)
+	ids := daemontest.RegisterCEs(t, r, data, 3, "")
 	for _, c := range []struct {
 		query, next string
 	}{
@@ -124,7 +125,7 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 		{"?limit=2&after=" + ids[1], ""},
 		{"?limit=5", ""},
 	} {
-		code, b := r.get(t, "/v1/counterfactuals"+c.query)
+		code, b := r.Get(t, "/v1/counterfactuals"+c.query)
 		var page struct{ Next string }
 		if code != 200 || json.Unmarshal(b, &page) != nil || page.Next != c.next {
 			t.Errorf("GET /v1/counterfactuals%s: %d next %q, want %q", c.query, code, page.Next, c.next)
@@ -134,7 +135,7 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 	// A keyed registration refused for an id that holds a CE (another one, the same one, or one
 	// given on an earlier line of the same request) answers 409, and so does every retry of it,
 	// also once the id is free; the first attempt is no replay.
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	reg := func(id string, k int) string {
 		return `{"id":"` + id + `","x":` + mustJSON(t, data.X[xs[k]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[k]]) + `,"target":"benign"}`
 	}
@@ -150,22 +151,22 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 		{"an id given on an earlier line", "POST", "/v1/counterfactuals:bulk", bulk, "k-bulk", `"line":2,"id":"dup","code":409`},
 	}
 	for _, a := range attempts {
-		resp, body := r.rawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
+		resp, body := r.RawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
 		if code := resp.StatusCode; (a.method == "POST" && a.path == "/v1/counterfactuals" && code != http.StatusConflict) ||
 			!strings.Contains(string(body), a.first) {
 			t.Fatalf("%s: %d %s, want it to say %q", a.name, code, body, a.first)
 		}
 	}
-	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 0 {
+	if n := r.Metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 0 {
 		t.Errorf("cfguard_requests_replayed_total{result=exists} after first attempts: %v, want 0", n)
 	}
 	for _, id := range []string{ids[0], ids[1], "dup"} {
-		if resp, body := r.rawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusNoContent {
+		if resp, body := r.RawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusNoContent {
 			t.Fatalf("DELETE %s: %d %s", id, resp.StatusCode, body)
 		}
 	}
 	for _, a := range attempts {
-		resp, body := r.rawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
+		resp, body := r.RawDo(t, a.method, a.path, a.body, map[string]string{"Idempotency-Key": a.key})
 		if a.path == "/v1/counterfactuals" && (resp.StatusCode != http.StatusConflict || strings.Contains(string(body), "DELETE it first") ||
 			!strings.Contains(string(body), keyedExistsAdvice)) {
 			t.Errorf("%s, sent again once the id is free: %d %s; want the 409 it had, saying how to go on", a.name, resp.StatusCode, body)
@@ -175,11 +176,11 @@ func TestAPIAnswersWhatItDocuments(t *testing.T) {
 		}
 	}
 	for _, id := range []string{ids[0], ids[1], "dup"} {
-		if code, _ := r.get(t, "/v1/counterfactuals/"+id); code != http.StatusNotFound {
+		if code, _ := r.Get(t, "/v1/counterfactuals/"+id); code != http.StatusNotFound {
 			t.Errorf("GET %s after the retries: %d, want 404 (nothing registered again)", id, code)
 		}
 	}
-	if n := r.metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 3 {
+	if n := r.Metric(t, "cfguard_requests_replayed_total", "result", "exists"); n != 3 {
 		t.Errorf("cfguard_requests_replayed_total{result=exists} after three retries: %v, want 3", n)
 	}
 }
@@ -208,30 +209,30 @@ func TestWriteJSONOfANaNIs500(t *testing.T) {
 // names the setting that bounds it.
 func TestExplainAnswersAsRegistrationDoes(t *testing.T) {
 	if testing.Short() {
-		t.Skip("reads the shared VAE, which TestExplainStoresACertifiedCounterfactual trains")
+		t.Skip("trains the shared VAE (daemontest.SharedVAEDir): not with -short")
 	}
-	r := startDaemon(t, withSharedVAE(t, nil))
-	data := bundled(t)
-	_, xs, _ := candidatePairs(t, r.d.current(), data, 400, 1)
+	r := startDaemon(t, daemontest.WithSharedVAE(t, nil))
+	data := daemontest.Bundled(t)
+	_, xs, _ := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	x := mustJSON(t, data.X[xs[0]]) // malignant with p > 0.9
 	for _, route := range []struct{ path, body string }{
 		{"/v1/explain", `{"x":` + x + `,"target":"malignant"}`},
 		{"/v1/counterfactuals", `{"x":` + x + `,"x_cf":` + x + `,"target":"malignant"}`},
 	} {
-		resp, body := r.rawDo(t, "POST", route.path, route.body, nil)
+		resp, body := r.RawDo(t, "POST", route.path, route.body, nil)
 		if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(string(body), "already classified") {
 			t.Errorf("POST %s for an x of the target class: %d %s, want 422 saying it is already classified so", route.path, resp.StatusCode, body)
 		}
 	}
 	var releases []func()
 	for {
-		release, err := r.d.exp.acquire()
+		release, err := r.D.exp.acquire()
 		if err != nil {
 			break
 		}
 		releases = append(releases, release)
 	}
-	resp, body := r.rawDo(t, "POST", "/v1/explain", `{"x":`+x+`}`, nil)
+	resp, body := r.RawDo(t, "POST", "/v1/explain", `{"x":`+x+`}`, nil)
 	for _, release := range releases {
 		release()
 	}

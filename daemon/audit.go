@@ -185,7 +185,7 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	d.metrics.AddRenewed(rep.Reanchored)
 	d.log.Info("audit done", "evaluated", rep.Evaluated, "reanchored", rep.Reanchored, "changed", rep.Changed, "behind", rep.Behind,
 		"took", time.Since(start).Round(time.Millisecond))
-	done := &ledger.Checkpoint{Events: outboxEntries([]event{{Type: "audit_completed", PosteriorVersion: rep.PosteriorVersion, Counts: countsByName(rep.Counts)}})}
+	done := &ledger.Checkpoint{Events: outboxEntries([]Event{{Type: "audit_completed", PosteriorVersion: rep.PosteriorVersion, Counts: countsByName(rep.Counts)}})}
 	if err := d.ledger.Checkpoint(done); err != nil {
 		d.log.Error("writing the audit_completed event to the outbox", "err", err)
 	} else {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -22,7 +23,7 @@ import (
 func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	const n = 2000
 	r := startDaemon(t, nil)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	storeCEs(t, r, data, n)
 	type result struct {
 		evaluated int
@@ -33,14 +34,14 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	// audit, they never would be.
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	r.d.hooks.auditBatchDone = func(done, total int) {
+	r.D.hooks.auditBatchDone = func(done, total int) {
 		if done < total {
 			once.Do(func() { close(held); <-release })
 		}
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := r.d.runAudit(context.Background(), "test")
+		rep, err := r.D.runAudit(context.Background(), "test")
 		done <- result{rep.Evaluated, err}
 	}()
 	defer func() {
@@ -57,12 +58,12 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	}
 	var vals [][]byte
 	for i := 0; i < 64; i++ {
-		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, vals...)
+	r.Produce(t, vals...)
 	waitfor.Cond(t, 60*time.Second, "64 records applied while the audit is held between its batches",
-		func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	if !r.d.auditStatus().Running {
+		func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	if !r.D.auditStatus().Running {
 		t.Fatal("the audit is not running while held between its batches")
 	}
 	close(release)
@@ -81,7 +82,7 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 	const n = backgroundBatch + 100 // two batches
 	r := startDaemon(t, nil)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	storeCEs(t, r, data, n)
 	type hold struct {
 		version uint64
@@ -100,8 +101,8 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}
-	r.d.hooks.auditPoolReady = wait
-	r.d.hooks.auditBatchDone = func(done, total int) {
+	r.D.hooks.auditPoolReady = wait
+	r.D.hooks.auditBatchDone = func(done, total int) {
 		if done < total {
 			wait(context.Background(), 0)
 		}
@@ -112,8 +113,8 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequest("POST", r.base+"/v1/audit", strings.NewReader("{}"))
-		resp, err := r.client.Do(req)
+		req, _ := http.NewRequest("POST", r.Base+"/v1/audit", strings.NewReader("{}"))
+		resp, err := r.Client.Do(req)
 		if err != nil {
 			answered <- answer{0, []byte(err.Error())}
 			return
@@ -122,7 +123,7 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		answered <- answer{resp.StatusCode, b}
 	}()
-	started := r.d.current().Version
+	started := r.D.current().Version
 	increments, next := 0, 0
 	var got answer
 	for done := false; !done; {
@@ -132,14 +133,14 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 				close(h.resume)
 				t.Fatalf("the audit stopped %d times for a promoted posterior: it restarts instead of measuring under the posterior it started with", increments)
 			}
-			before := r.d.current().Version
+			before := r.D.current().Version
 			var vals [][]byte
-			for i := 0; i < r.d.cfg.Kafka.MaxRecords; i, next = i+1, next+1 {
-				vals = append(vals, record(fmt.Sprintf("stream-%d", next), data.X[next%len(data.X)], data.Y[next%len(data.Y)]))
+			for i := 0; i < r.D.cfg.Kafka.MaxRecords; i, next = i+1, next+1 {
+				vals = append(vals, daemontest.Record(fmt.Sprintf("stream-%d", next), data.X[next%len(data.X)], data.Y[next%len(data.Y)]))
 			}
-			r.produce(t, vals...)
+			r.Produce(t, vals...)
 			waitfor.Cond(t, 60*time.Second, "a posterior promoted from the streamed increment",
-				func() bool { return r.d.current().Version > before })
+				func() bool { return r.D.current().Version > before })
 			increments++
 			close(h.resume)
 		case got = <-answered:
@@ -157,7 +158,7 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 		t.Fatalf("audit report %+v after %d streamed increments: want %d CEs evaluated under posterior %d in 2 batches, both behind the newest posterior",
 			rep, increments, n, started)
 	}
-	if st := r.d.auditStatus(); st.Running || st.LastError != "" || st.Last == nil {
+	if st := r.D.auditStatus(); st.Running || st.LastError != "" || st.Last == nil {
 		t.Fatalf("GET /v1/audit after the audit: %+v", st)
 	}
 }

@@ -5,12 +5,13 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // backgroundPredictor runs on one goroutine; the estimates must be those of a Pool call on all of
 // them, bit for bit, for sizes around bnn's chunks and its split over goroutines.
 func TestBackgroundPredictorEqualsOneCall(t *testing.T) {
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	m, _, err := bnn.Fit(context.Background(), data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -58,9 +59,9 @@ func TestBusyPortLeavesStateDirUntouched(t *testing.T) {
 // exists is refused before any generation runs, without internal error text.
 func TestListAllAndExplainDuplicateID(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	ids := registerCEs(t, r, data, 3)
-	code, body := r.get(t, "/v1/counterfactuals")
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 3, "")
+	code, body := r.Get(t, "/v1/counterfactuals")
 	var page struct {
 		Counterfactuals []struct {
 			ID string `json:"id"`
@@ -69,12 +70,12 @@ func TestListAllAndExplainDuplicateID(t *testing.T) {
 	if code != 200 || json.Unmarshal(body, &page) != nil || len(page.Counterfactuals) != len(ids) {
 		t.Fatalf("GET /v1/counterfactuals: %d %s; want all %d CEs", code, body, len(ids))
 	}
-	code, body = r.do(t, "POST", "/v1/explain", "", map[string]any{"id": ids[0], "x": data.X[0]})
+	code, body = r.Do(t, "POST", "/v1/explain", "", map[string]any{"id": ids[0], "x": data.X[0]})
 	if code != 409 || !strings.Contains(string(body), ids[0]) || strings.Contains(string(body), "ledger") {
 		t.Fatalf("explain under an existing id: %d %s; want 409 naming the id, no internal text", code, body)
 	}
 	// The first generation trains and stores the VAE under state_dir/vae: none ran.
-	if _, err := os.Stat(filepath.Join(r.d.cfg.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(r.D.cfg.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("state_dir/vae after a request refused by its id: %v, want no VAE (no generation)", err)
 	}
 }
@@ -91,11 +92,11 @@ func TestGivenListenersAreServedAndClosed(t *testing.T) {
 			c.StateDir = stateDir
 			c.HTTP.Listen, c.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
 		}, func(o *Options) { o.HTTPListener, o.BrokerListener = httpPort.Listen(t), brokerPort.Listen(t) }, nil)
-		if got := fmt.Sprint(r.d.HTTPAddr(), r.d.BrokerAddrs()); got != fmt.Sprint(httpPort.Addr(), []string{brokerPort.Addr()}) {
+		if got := fmt.Sprint(r.D.HTTPAddr(), r.D.BrokerAddrs()); got != fmt.Sprint(httpPort.Addr(), []string{brokerPort.Addr()}) {
 			t.Fatalf("round %d: serving on %s, want %s %s", round, got, httpPort.Addr(), brokerPort.Addr())
 		}
-		waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-		r.stop(t)
+		waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+		r.Stop(t)
 		for _, addr := range []string{httpPort.Addr(), brokerPort.Addr()} {
 			c, err := net.Dial("tcp", addr)
 			if err == nil {

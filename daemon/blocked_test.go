@@ -16,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -31,11 +32,11 @@ import (
 // it, from the offset the ledger kept, is ceshare's TestUnreadableRequestBlocksItsPartition.)
 func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	t.Parallel()
-	b := startCluster(t, 1)
-	key, dir := writeKeyFile(t, testClusterKey), t.TempDir()
+	b := daemontest.StartCluster(t, 1)
+	key, dir := daemontest.WriteKeyFile(t, daemontest.ClusterKey), t.TempDir()
 	var skip []config.CERequest
 	replica := func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.StateDir = dir
 		c.Replication.RegisterWait = 2 * time.Second
 		c.Replication.SkipCERequests = skip
@@ -43,10 +44,10 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	// An audit would wait an hour for a partition being rebuilt: one that is blocked answers at once.
 	opts := func(o *Options) { o.hooks.auditRebuildWait = time.Hour }
 	r := startDaemonWith(t, replica, opts, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	data := bundled(t)
-	registerCEs(t, r, data, 2)
-	topic, parts := r.d.cfg.Replication.CETopic, r.d.cfg.Replication.CEPartitions
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	daemontest.RegisterCEs(t, r, data, 2, "")
+	topic, parts := r.D.cfg.Replication.CETopic, r.D.cfg.Replication.CEPartitions
 
 	// One request with a field this build does not know, in another partition one whose CE has one.
 	const newer, newerCE = "newer-1", "newer-ce-2"
@@ -55,22 +56,22 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		t.Fatalf("%s and %s share partition %d", newer, newerCE, p)
 	}
 	signed := func(id string, p int, value []byte) int64 {
-		return rawProduce(t, b, topic, p, id, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.d.rep.Keys(), value)})
+		return daemontest.RawProduce(t, b, topic, p, id, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.D.rep.Keys(), value)})
 	}
 	at := time.Now().UTC().Format(time.RFC3339Nano)
 	offset := signed(newer, p, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, at))
 	offset2 := signed(newerCE, p2, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{"x":[1],"condition":"x"}}`, newerCE, at))
-	waitfor.Cond(t, 30*time.Second, "both partitions blocked", func() bool { return r.metric(t, alerts.NameCEBlocked) == 2 })
+	waitfor.Cond(t, 30*time.Second, "both partitions blocked", func() bool { return r.Metric(t, alerts.NameCEBlocked) == 2 })
 	for _, want := range []string{fmt.Sprintf("partition=%d offset=%d id=%s writer=r9 reason=json", p, offset, newer), fmt.Sprintf("partition=%d offset=%d id=%s writer=r9 reason=ce", p2, offset2, newerCE)} {
 		found := false
-		for line := range strings.Lines(r.logs.String()) {
+		for line := range strings.Lines(r.Logs.String()) {
 			found = found || strings.Contains(line, "level=ERROR") && strings.Contains(line, "CE partition blocked at a request this build cannot read") && strings.Contains(line, want)
 		}
 		if !found {
 			t.Errorf("no ERROR line of the block with %q", want)
 		}
 	}
-	if n := r.metric(t, alerts.NameCERebuilding); n != 2 {
+	if n := r.Metric(t, alerts.NameCERebuilding); n != 2 {
 		t.Errorf("%s = %v while partitions %d and %d are blocked, want 2", alerts.NameCERebuilding, n, p, p2)
 	}
 
@@ -81,13 +82,13 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			behind = id
 		}
 	}
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": behind, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusAccepted {
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": behind, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusAccepted {
 		t.Errorf("a registration behind the block: %d %s, want 202", code, body)
 	}
 	want := fmt.Sprintf(`CE partition %d of %s blocked at offset %d by a request this build of cfguard cannot read (written by replica "r9"; json): upgrade the partition's owner, replica "r1", or skip the request (replication.skip_ce_requests)`, p, topic, offset)
 	var answer struct{ Error string }
-	resp, err := r.client.Get(r.base + "/v1/counterfactuals/" + behind)
+	resp, err := r.Client.Get(r.Base + "/v1/counterfactuals/" + behind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,11 +100,11 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.base+"/v1/audit", strings.NewReader("{}"))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.Base+"/v1/audit", strings.NewReader("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := r.client.Do(req); err != nil {
+	if resp, err := r.Client.Do(req); err != nil {
 		t.Errorf("POST /v1/audit while a partition is blocked: %v (an audit must not wait for a block)", err)
 	} else {
 		body, _ := io.ReadAll(resp.Body)
@@ -113,7 +114,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 				resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}
 	}
-	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cannot read") {
+	if code, body := r.Get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "cannot read") {
 		t.Errorf("/readyz while partition %d is blocked: %d %s; want 503 naming the block", p, code, body)
 	}
 	var model struct {
@@ -121,7 +122,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			Blocked []map[string]any `json:"ce_partitions_blocked"`
 		} `json:"replication"`
 	}
-	_, body = r.get(t, "/v1/model")
+	_, body = r.Get(t, "/v1/model")
 	if err := json.Unmarshal(body, &model); err != nil || len(model.Replication.Blocked) != 2 {
 		t.Fatalf("GET /v1/model's ce_partitions_blocked: %v %s", err, body)
 	}
@@ -148,27 +149,27 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		}
 		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
 		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "BROKER", b.Addrs()[0], "PARTITION", fmt.Sprint(p)), nil)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "BROKER", b.Addrs()[0], "PARTITION", fmt.Sprint(p)), nil)
 	}
 
 	// Restarted with the second request named in replication.skip_ce_requests, the replica skips
 	// it and applies its partition on; the first still blocks.
-	r.stop(t)
+	r.Stop(t)
 	skip = []config.CERequest{{Partition: p2, Offset: offset2, ID: newerCE}}
 	r = startDaemonWith(t, replica, opts, nil)
 	// The member reads its partitions apart: partition p blocks again when its read reaches the
 	// request, before or after p2 passes the skipped one.
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request, and %d blocked again", p2, p), func() bool {
-		next, held := r.d.share.Member().Next(p2)
-		return held && next == offset2+1 && r.d.share.Member().Ready(p2) && len(r.d.share.Member().Blocked()) > 0
+		next, held := r.D.share.Member().Next(p2)
+		return held && next == offset2+1 && r.D.share.Member().Ready(p2) && len(r.D.share.Member().Blocked()) > 0
 	})
-	if bl := r.d.share.Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
+	if bl := r.D.share.Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
 		t.Errorf("blocked after the restart: %+v, want partition %d only", bl, p)
 	}
-	if line := loggedLine(r.logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {
+	if line := loggedLine(r.Logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {
 		t.Errorf("the WARN line of the skip: %q", line)
 	}
-	if n := r.metric(t, alerts.NameCERequestsSkip); n != 1 {
+	if n := r.Metric(t, alerts.NameCERequestsSkip); n != 1 {
 		t.Errorf("%s = %v after one request skipped, want 1", alerts.NameCERequestsSkip, n)
 	}
 }
@@ -178,23 +179,23 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 // the API and in the UI.
 func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
 	t.Parallel()
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	r1, r2 := startReplica(t, b, "r1"), startReplica(t, b, "r2")
 	reps := []*running{r1, r2}
-	parts := r1.d.share.Partitions()
+	parts := r1.D.share.Partitions()
 	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each owning some", func() bool {
-		return shareReady(r1) && shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts &&
-			len(r1.d.share.Member().Owned()) > 0 && len(r2.d.share.Member().Owned()) > 0
+		return daemontest.ShareReady(r1) && daemontest.ShareReady(r2) && len(r1.D.share.Member().Owned())+len(r2.D.share.Member().Owned()) == parts &&
+			len(r1.D.share.Member().Owned()) > 0 && len(r2.D.share.Member().Owned()) > 0
 	})
 	const newer = "newer-1"
 	p := ceshare.Partition(newer, parts)
 	owner := r1
-	if !slices.Contains(r1.d.share.Member().Owned(), p) {
+	if !slices.Contains(r1.D.share.Member().Owned(), p) {
 		owner = r2
 	}
 	value := fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, time.Now().UTC().Format(time.RFC3339Nano))
-	rawProduce(t, b, owner.d.cfg.Replication.CETopic, p, newer, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(owner.d.rep.Keys(), value)})
-	waitfor.Cond(t, 30*time.Second, "the partition blocked at its owner", func() bool { return len(owner.d.share.Member().Blocked()) == 1 })
+	daemontest.RawProduce(t, b, owner.D.cfg.Replication.CETopic, p, newer, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(owner.D.rep.Keys(), value)})
+	waitfor.Cond(t, 30*time.Second, "the partition blocked at its owner", func() bool { return len(owner.D.share.Member().Blocked()) == 1 })
 
 	unknown := ""
 	for k := 0; unknown == ""; k++ {
@@ -204,7 +205,7 @@ func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
 	}
 	for _, r := range reps {
 		for _, path := range []string{"/v1/counterfactuals/" + unknown, "/v1/counterfactuals?limit=10", "/ui/counterfactuals/" + unknown, "/ui/counterfactuals"} {
-			resp, err := r.client.Get(r.base + path)
+			resp, err := r.Client.Get(r.Base + path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -212,7 +213,7 @@ func TestBlockedPartitionAnswersAlikeThroughAnyReplica(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "60" || !strings.Contains(string(body), "cannot read") {
 				t.Errorf("GET %s at %s (owner %v): %d (Retry-After %q) %s; want 503, Retry-After 60, naming the block",
-					path, r.d.cfg.Replication.ReplicaID, r == owner, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+					path, r.D.cfg.Replication.ReplicaID, r == owner, resp.StatusCode, resp.Header.Get("Retry-After"), body)
 			}
 		}
 	}

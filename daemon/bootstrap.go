@@ -58,8 +58,8 @@ func (d *Daemon) initialModel(ctx context.Context) (*bnn.Model, error) {
 		d.log.Info("loaded model", "path", d.cfg.Model.Path, "params", m.NumParams(), "classes", m.Classes)
 		return m, nil
 	}
-	if d.hooks.bundledModel != nil {
-		return d.hooks.bundledModel()
+	if d.bundledModel != nil {
+		return d.bundledModel()
 	}
 	set, ds, err := assets.Load(d.cfg.Model.Dataset)
 	if err != nil {

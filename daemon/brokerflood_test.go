@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -24,9 +25,9 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 		c.Kafka.EmbeddedMaxConnections = max
 		c.Kafka.EmbeddedIdleTimeout = time.Hour // the flood stays until the test ends it
 	}, nil, nil)
-	waitfor.Cond(t, 30*time.Second, "ready", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
-	addr := r.d.BrokerAddrs()[0]
-	own := r.d.broker.Connections().Open // the daemon's own clients'
+	waitfor.Cond(t, 30*time.Second, "ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
+	addr := r.D.BrokerAddrs()[0]
+	own := r.D.broker.Connections().Open // the daemon's own clients'
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -41,23 +42,23 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 		conns = append(conns, c)
 	}
 	waitfor.Cond(t, 30*time.Second, "the broker full, refusing the rest of the flood", func() bool {
-		s := r.d.broker.Connections()
+		s := r.D.broker.Connections()
 		return s.Open == max && s.Refused > 0
 	})
-	if code, body := r.get(t, "/healthz"); code != http.StatusOK {
+	if code, body := r.Get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz during the flood: %d %s", code, body)
 	}
-	if code, body := r.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "connection limit") {
+	if code, body := r.Get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "connection limit") {
 		t.Errorf("/readyz during the flood: %d %s; want 503 naming the connection limit", code, body)
 	}
-	if s := r.d.broker.Connections(); s.Open > max {
+	if s := r.D.broker.Connections(); s.Open > max {
 		t.Errorf("the broker holds %d connections, over its limit %d", s.Open, max)
 	}
 	for _, c := range conns {
 		c.Close()
 	}
 	conns = nil
-	waitfor.Cond(t, 60*time.Second, "ready again after the flood", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 60*time.Second, "ready again after the flood", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	// Ready needs one free slot; the broker frees the flood's as it reads each one's end, and a
 	// producer opens more than one connection: wait until the flood's slots are all free. The
 	// broker may not have accepted all of the flood yet (on a busy core some wait in the
@@ -74,17 +75,17 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 		return err == nil
 	})
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the flood's connections released (the daemon's own %d left)", own), func() bool {
-		return r.d.broker.Connections().Open <= own
+		return r.D.broker.Connections().Open <= own
 	})
-	t.Logf("after the flood: %+v (the daemon's own before it: %d)", r.d.broker.Connections(), own)
-	data := bundled(t)
+	t.Logf("after the flood: %+v (the daemon's own before it: %d)", r.D.broker.Connections(), own)
+	data := daemontest.Bundled(t)
 	var vals [][]byte
 	for i := range 64 {
-		vals = append(vals, record(fmt.Sprintf("after-%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("after-%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, vals...)
+	r.Produce(t, vals...)
 	waitfor.Cond(t, 60*time.Second, "the records produced after the flood applied", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == 64
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 64
 	})
 }
 
@@ -97,14 +98,14 @@ func TestShortBrokerIdleTimeoutSparesOurClients(t *testing.T) {
 	}
 	t.Parallel() // waits
 	r := startDaemon(t, func(c *config.Config) { c.Kafka.EmbeddedIdleTimeout = 2 * time.Second })
-	_, first, _, _ := r.d.ends.get()
+	_, first, _, _ := r.D.ends.get()
 	waitfor.Cond(t, 60*time.Second, "three more reads of the input topic's offsets", func() bool {
-		_, at, _, _ := r.d.ends.get()
+		_, at, _, _ := r.D.ends.get()
 		return at.Sub(first) >= 3*watermarksEvery-time.Second
 	})
 	for _, failed := range []string{"cannot read the input topic's offsets", "kafka broker operations failing"} {
-		if strings.Contains(r.logs.String(), failed) {
-			t.Errorf("a request failed on a connection the broker closed (%q):\n%s", failed, r.logs.String())
+		if strings.Contains(r.Logs.String(), failed) {
+			t.Errorf("a request failed on a connection the broker closed (%q):\n%s", failed, r.Logs.String())
 		}
 	}
 }

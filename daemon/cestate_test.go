@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -30,10 +31,10 @@ import (
 func startLearningReplica(t *testing.T, b *broker.Broker, id, keyFile string, opts func(o *Options)) *running {
 	t.Helper()
 	r := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, id, keyFile)
-		paperLearner(c, 3e-3)
+		daemontest.ReplicaConfig(c, b.Addrs(), id, keyFile)
+		daemontest.PaperLearner(c, 3e-3)
 	}, opts, nil)
-	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	return r
 }
 
@@ -46,31 +47,31 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 		t.Skip("two replicas and a drift: not with -short")
 	}
 	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	r1 := startLearningReplica(t, b, "r1", key, nil)
-	data := bundled(t)
-	ids := registerCEs(t, r1, data, 10)
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r1, data, 10, "")
 	// 32 benign rows labelled malignant (a drift), then clean records.
 	var drift [][]byte
 	for i := range data.X {
 		if data.Y[i] == 1 && len(drift) < 32 {
-			drift = append(drift, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+			drift = append(drift, daemontest.Record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
 		}
 	}
 	for i := range 96 {
-		drift = append(drift, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+		drift = append(drift, daemontest.Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
 	}
-	r1.produce(t, drift...)
+	r1.Produce(t, drift...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and every CE judged", func() bool {
-		return r1.metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&
-			r1.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-			r1.metric(t, "cfguard_events_pending") == 0
+		return r1.Metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&
+			r1.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r1.Metric(t, "cfguard_events_pending") == 0
 	})
 	was := map[string]*ledger.CE{}
 	changed := 0
 	for _, id := range ids {
-		ce, err := r1.d.ledger.Get(id)
+		ce, err := r1.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,22 +86,22 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	statuses, carried := map[string]int{}, 0
 	for _, ce := range was {
 		statuses[ce.Status.String()]++
-		if ce.ConfirmedVersion != nil && *ce.ConfirmedVersion < r1.d.current().Version && ce.Decided {
+		if ce.ConfirmedVersion != nil && *ce.ConfirmedVersion < r1.D.current().Version && ce.Decided {
 			carried++
 		}
 	}
 	t.Logf("at r1 after the drift (posterior version %d): %v; %d CEs with a history, %d with a verdict carried from an earlier version",
-		r1.d.current().Version, statuses, changed, carried)
+		r1.D.current().Version, statuses, changed, carried)
 	size, hist := 0, 0
 	for _, ce := range was {
-		e, err := r1.d.states.Encode(ce)
+		e, err := r1.D.states.Encode(ce)
 		if err != nil {
 			t.Fatal(err)
 		}
 		size, hist = size+len(e.Key)+len(e.Value), hist+len(ce.History)
 	}
 	t.Logf("a state record of the bundled model's CEs: %d bytes on average, with %.1f history entries", size/len(was), float64(hist)/float64(len(was)))
-	if w := r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten); w < float64(changed) {
+	if w := r1.Metric(t, alerts.NameCEStates, "result", alerts.StateWritten); w < float64(changed) {
 		t.Fatalf("r1 wrote %v states for %d changed CEs", w, changed)
 	}
 
@@ -125,16 +126,16 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 			})
 		}
 	})
-	r1.stop(t)
+	r1.Stop(t)
 	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
-		held := r2.held(t)
-		code, _ := r2.get(t, "/readyz")
+		held := r2.HeldCEs(t)
+		code, _ := r2.Get(t, "/readyz")
 		// The log ends at r1's last entry: r2 judges at the posterior r1 judged at.
-		return held == len(ids) && code == 200 && r2.d.current().Version == r1.d.current().Version
+		return held == len(ids) && code == 200 && r2.D.current().Version == r1.D.current().Version
 	})
 	t.Logf("r2's first batch of registrations waited for posterior version %d, its follower held at version 0 until then", <-awaited)
 	for _, id := range ids {
-		got, err := r2.d.ledger.Get(id)
+		got, err := r2.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,22 +145,22 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 			t.Errorf("%s moved from r1 to r2:\n r1 %+v\n r2 %+v", id, &w, got)
 		}
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(changed) {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(changed) {
 		t.Errorf("r2 restored %v states, want the %d of the CEs that changed at r1", n, changed)
 	}
 	// r2 publishes no status change of the CEs it restored: r1 published every change their
 	// states record before it wrote them (its outbox writes a batch's events, then its states).
-	waitfor.Cond(t, 30*time.Second, "r2's outbox drained", func() bool { return r2.metric(t, "cfguard_events_pending") == 0 })
+	waitfor.Cond(t, 30*time.Second, "r2's outbox drained", func() bool { return r2.Metric(t, "cfguard_events_pending") == 0 })
 	byR1 := 0
 	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), "cfguard.events", 0) {
-		var e event
+		var e Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := was[e.ID]; !ok || e.Type != "status_changed" {
 			continue
 		}
-		switch header(m, ReplicaHeader) {
+		switch daemontest.Header(m, ReplicaHeader) {
 		case "r1":
 			byR1++
 		case "r2":
@@ -180,9 +181,9 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 // (cluster.HeaderAppliedAfter): a few questions over the wait, not one every cluster.OutcomeGap. An audit asked
 // for meanwhile waits for the rebuild and measures every CE.
 func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
-	b, key, r1 := firstOfTwoReplicas(t, "two replicas and a rebuild that waits")
-	ids := registerCEs(t, r1, bundled(t), 6)
-	parts := r1.d.cfg.Replication.CEPartitions
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas and a rebuild that waits")
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 6, "")
+	parts := r1.D.cfg.Replication.CEPartitions
 	stuck := ceshare.Partition(ids[0], parts)
 	var other string // a CE of another partition
 	for _, id := range ids[1:] {
@@ -196,17 +197,17 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 			later = id
 		}
 	}
-	ce, err := r1.d.ledger.Get(ids[0])
+	ce, err := r1.D.ledger.Get(ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := json.Marshal(cluster.Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: r1.d.current().Version + 100,
+	raw, err := json.Marshal(cluster.Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: r1.D.current().Version + 100,
 		P1: ce.P1, Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, keys, topic := r1.d.conn, r1.d.rep.Keys(), r1.d.cfg.Replication.CETopic
-	r1.stop(t)
+	conn, keys, topic := r1.D.conn, r1.D.rep.Keys(), r1.D.cfg.Replication.CETopic
+	r1.Stop(t)
 	ctx := context.Background()
 	prod, err := ceshare.NewProducer(ctx, conn, topic, keys, nil)
 	if err != nil {
@@ -219,14 +220,14 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	r2 := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r2", key) }, nil, nil)
 	start := time.Now()
 	// A replica that accepted the registration asks r2, its owner, for the outcome.
 	answered := askOutcome(r2, later, rid, landed)
 	// While the partition is rebuilt, ids[0] reads 503 (never 404), and so does a list, which
 	// would miss the CEs still to replay.
 	waitfor.Cond(t, 60*time.Second, "r2 answering "+ids[0]+" 503, being rebuilt", func() bool {
-		resp, body := r2.rawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
+		resp, body := r2.RawDo(t, "GET", "/v1/counterfactuals/"+ids[0], "", nil)
 		switch resp.StatusCode {
 		case http.StatusNotFound:
 			t.Fatalf("GET %s while its partition is rebuilt: 404", ids[0])
@@ -236,19 +237,19 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 		return resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" &&
 			strings.Contains(string(body), "being rebuilt")
 	})
-	if resp, body := r2.rawDo(t, "GET", "/v1/counterfactuals?limit=1000", "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
+	if resp, body := r2.RawDo(t, "GET", "/v1/counterfactuals?limit=1000", "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
 		resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "being rebuilt") {
 		t.Errorf("a list while a partition is rebuilt: %d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
-	if code, _ := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+	if code, _ := r2.Get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answers %d while a partition is rebuilt", code)
 	}
 	// The gauge counts the partitions r2's member holds or was assigned: from when it takes up
 	// the group's assignment (the 503 above may come before), for the whole wait.
 	waitfor.Cond(t, 30*time.Second, alerts.NameCERebuilding+" counting partition "+strconv.Itoa(stuck), func() bool {
-		return r2.metric(t, alerts.NameCERebuilding) >= 1
+		return r2.Metric(t, alerts.NameCERebuilding) >= 1
 	})
-	if resp, body := r2.rawDo(t, "GET", "/ui/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
+	if resp, body := r2.RawDo(t, "GET", "/ui/counterfactuals/"+ids[0], "", nil); resp.StatusCode != http.StatusServiceUnavailable ||
 		!strings.Contains(string(body), "being rebuilt") {
 		t.Errorf("the UI's page of %s while its partition is rebuilt: %d\n%s", ids[0], resp.StatusCode, body)
 	}
@@ -257,7 +258,7 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	go func() {
 		var got cluster.AuditAnswer
 		defer func() { audited <- got }()
-		resp, err := r2.client.Post(r2.base+"/v1/audit", "application/json", strings.NewReader("{}"))
+		resp, err := r2.Client.Post(r2.Base+"/v1/audit", "application/json", strings.NewReader("{}"))
 		if err != nil {
 			return
 		}
@@ -268,23 +269,23 @@ func TestReadDuringARebuildIsNotANotFound(t *testing.T) {
 	}()
 	// A partition rebuilt reads as stored meanwhile.
 	waitfor.Cond(t, 60*time.Second, other+", of a partition rebuilt, read", func() bool {
-		code, _ := r2.get(t, "/v1/counterfactuals/"+other)
+		code, _ := r2.Get(t, "/v1/counterfactuals/"+other)
 		return code == http.StatusOK
 	})
-	if code, _ := r2.get(t, "/v1/counterfactuals/"+ids[0]); code == http.StatusNotFound {
+	if code, _ := r2.Get(t, "/v1/counterfactuals/"+ids[0]); code == http.StatusNotFound {
 		t.Errorf("GET %s: 404", ids[0])
 	}
 	// Once the wait ends, the partition caught up: every CE reads as stored, the one that waited too.
-	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.get(t, "/readyz"); return code == 200 })
-	if n := r2.metric(t, alerts.NameCERebuilding); n != 0 {
+	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.Get(t, "/readyz"); return code == 200 })
+	if n := r2.Metric(t, alerts.NameCERebuilding); n != 0 {
 		t.Errorf("%s = %v once r2 is ready", alerts.NameCERebuilding, n)
 	}
 	for _, id := range append(ids, later) {
-		if code, body := r2.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+		if code, body := r2.Get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
 			t.Errorf("GET %s after the rebuild: %d %s", id, code, body)
 		}
 	}
-	if code, body, n := r2.listed(t); code != http.StatusOK || n != len(ids)+1 {
+	if code, body, n := listed(r2, t); code != http.StatusOK || n != len(ids)+1 {
 		t.Errorf("a list after the rebuild: %d, %d CEs (%s); want all %d", code, n, body, len(ids)+1)
 	}
 	if got := <-audited; got.Evaluated != len(ids)+1 {
@@ -320,11 +321,11 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 		var a outcomeAnswer
 		for a.code != http.StatusOK && a.asks < 1000 && time.Since(start) < 2*time.Minute {
 			a.asks++
-			req, _ := http.NewRequest(http.MethodGet, r.base+"/v1/counterfactuals/"+id, nil)
+			req, _ := http.NewRequest(http.MethodGet, r.Base+"/v1/counterfactuals/"+id, nil)
 			req.Header.Set(cluster.HeaderForwarded, "r3")
 			req.Header.Set(cluster.HeaderRequestID, rid)
 			req.Header.Set(cluster.HeaderAppliedAfter, strconv.FormatInt(landed, 10))
-			resp, err := r.client.Do(req)
+			resp, err := r.Client.Do(req)
 			if err != nil {
 				break
 			}
@@ -343,27 +344,27 @@ func askOutcome(r *running, id, rid string, landed int64) <-chan outcomeAnswer {
 // with a WARN line), and each registration is measured again under the current posterior, with
 // a WARN line; the partition goes on.
 func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
-	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
-	data := bundled(t)
-	ids := registerCEs(t, r1, data, 3)
-	registered, err := r1.d.ledger.Get(ids[0])
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas")
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r1, data, 3, "")
+	registered, err := r1.D.ledger.Get(ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Records after the registrations move the posterior on: the next log begins after the
 	// registrations' anchor.
-	produceRows(t, r1, data, 0, 64)
+	daemontest.ProduceRows(t, r1, data, 0, 64)
 	waitfor.Cond(t, 30*time.Second, "the records applied", func() bool {
-		return r1.metric(t, "cfguard_records_total", "result", "applied") == 64
+		return r1.Metric(t, "cfguard_records_total", "result", "applied") == 64
 	})
-	head := r1.d.current()
+	head := r1.D.current()
 	if head.Version == registered.AnchorVersion {
 		t.Fatalf("64 records left the posterior at version %d, the registration's: the test shows nothing", head.Version)
 	}
 	waitfor.Cond(t, 30*time.Second, "r1's states of its registrations written", func() bool {
-		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
+		return r1.Metric(t, "cfguard_events_pending") == 0 && r1.Metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
 	})
-	r1.stop(t)
+	r1.Stop(t)
 
 	// r2 begins another posterior log from r1's posterior, at its version.
 	model := filepath.Join(t.TempDir(), "model")
@@ -371,19 +372,19 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2 := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r2", key)
+		daemontest.ReplicaConfig(c, b.Addrs(), "r2", key)
 		c.Model.Path = model
 		c.Replication.PosteriorTopic = "cfguard.posterior.next"
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r2 ready, holding every CE", func() bool {
-		held := r2.held(t)
-		code, _ := r2.get(t, "/readyz")
+		held := r2.HeldCEs(t)
+		code, _ := r2.Get(t, "/readyz")
 		return held == len(ids) && code == 200
 	})
 	// r2's updater reads the input topic again from its start for the new log: the CEs are
 	// measured under the new log's genesis or a later posterior.
 	for _, id := range ids {
-		got, err := r2.d.ledger.Get(id)
+		got, err := r2.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,10 +392,10 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 			t.Errorf("%s at r2: anchored to version %d, before the log's genesis at %d", id, got.AnchorVersion, head.Version)
 		}
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != float64(len(ids)) {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != float64(len(ids)) {
 		t.Errorf("r2 counted %v states not used, want %d", n, len(ids))
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 0 {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 0 {
 		t.Errorf("r2 restored %v states, want none", n)
 	}
 	notUsed, measuredAgain := loggedIDs(r2, "CE stored from its registration"), loggedIDs(r2, "CE measured again under the current posterior")
@@ -411,7 +412,7 @@ func TestStateAnchoredOutsideTheLogIsDropped(t *testing.T) {
 // loggedIDs are the ids named by r's log lines whose message begins with msg.
 func loggedIDs(r *running, msg string) map[string]bool {
 	ids := map[string]bool{}
-	for _, line := range strings.Split(r.logs.String(), "\n") {
+	for _, line := range strings.Split(r.Logs.String(), "\n") {
 		if strings.Contains(line, `msg="`+msg) {
 			for _, f := range strings.Fields(line) {
 				if id, ok := strings.CutPrefix(f, "id="); ok {
@@ -428,9 +429,9 @@ func loggedIDs(r *running, msg string) map[string]bool {
 // stored from itself (the state is not its CE's, and it is no fault: nothing is counted), the
 // second with the state.
 func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
-	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r1.d.current(), data, 400, 1)
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas")
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r1.D.current(), data, 400, 1)
 	if len(xs) < 2 || len(cfs) < 2 {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -440,59 +441,32 @@ func TestStateOfAReRegisteredIDGoesToItsCE(t *testing.T) {
 		if method == "DELETE" {
 			path, want, body = path+"/re-1", http.StatusNoContent, nil
 		}
-		if code, out := r1.do(t, method, path, "", body); code != want {
+		if code, out := r1.Do(t, method, path, "", body); code != want {
 			t.Fatalf("%s %s: %d %s, want %d", method, path, code, out, want)
 		}
 	}
-	second, err := r1.d.ledger.Get("re-1")
+	second, err := r1.D.ledger.Get("re-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitfor.Cond(t, 30*time.Second, "r1's states written", func() bool {
-		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= 2
+		return r1.Metric(t, "cfguard_events_pending") == 0 && r1.Metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= 2
 	})
-	r1.stop(t)
+	r1.Stop(t)
 
 	r2 := startReplicaKey(t, b, "r2", key)
-	waitfor.Cond(t, 60*time.Second, "r2 holding the CE", func() bool { return r2.held(t) == 1 })
-	got, err := r2.d.ledger.Get("re-1")
+	waitfor.Cond(t, 60*time.Second, "r2 holding the CE", func() bool { return r2.HeldCEs(t) == 1 })
+	got, err := r2.D.ledger.Get("re-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ledger.SameCE(got, second) {
 		t.Errorf("r2 holds re-1 created %v with x_cf %v, want the second registration's (created %v)", got.CreatedAt, got.XCF[:3], second.CreatedAt)
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != 0 {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateNotUsed); n != 0 {
 		t.Errorf("r2 counted %v states not used, want none", n)
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 1 {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != 1 {
 		t.Errorf("r2 restored %v states, want the second registration's", n)
 	}
-}
-
-// held is how many CEs r's ledger holds.
-func (r *running) held(t *testing.T) int {
-	t.Helper()
-	c, err := r.d.ledger.Counts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := 0
-	for _, n := range c {
-		held += n
-	}
-	return held
-}
-
-// firstOfTwoReplicas begins a parallel test of two replicas (what: what it needs, skipped with
-// -short): a broker, the cluster's key file, and replica r1 ready on them.
-func firstOfTwoReplicas(t *testing.T, what string) (*broker.Broker, string, *running) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip(what + ": not with -short")
-	}
-	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	return b, key, startReplicaKey(t, b, "r1", key)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // listBenchCEs is how many CEs BenchmarkClusterList registers: about 600 a replica, so that
@@ -50,10 +51,10 @@ func BenchmarkClusterList(b *testing.B) {
 	_, reps := startThreeReplicas(b)
 	all := registerSpread(b, reps, listBenchCEs)
 	r := reps[0]
-	owned := r.d.share.Member().Owned()
+	owned := r.D.share.Member().Owned()
 	var own []string
 	for _, id := range all {
-		if slices.Contains(owned, ceshare.Partition(id, r.d.share.Partitions())) {
+		if slices.Contains(owned, ceshare.Partition(id, r.D.share.Partitions())) {
 			own = append(own, id)
 		}
 	}
@@ -64,8 +65,8 @@ func BenchmarkClusterList(b *testing.B) {
 			b.Fatalf("r1 owns %d of the %d CEs: a local page of %d would not be full", len(own), len(all), limit)
 		}
 		scan := func() error { return ledgerPage(r, limit, own[:limit]) }
-		local := (&pageRead{client: client, base: r.base, limit: limit, forwarded: true, want: own[:limit]}).read
-		cluster := (&pageRead{client: client, base: r.base, limit: limit, want: all[:limit]}).read
+		local := (&pageRead{client: client, base: r.Base, limit: limit, forwarded: true, want: own[:limit]}).read
+		cluster := (&pageRead{client: client, base: r.Base, limit: limit, want: all[:limit]}).read
 		b.Run(fmt.Sprintf("limit=%d/ledger", limit), func(b *testing.B) { alternate(b, scan, nil, "") })
 		b.Run(fmt.Sprintf("limit=%d/local", limit), func(b *testing.B) { alternate(b, local, scan, "local/ledger") })
 		b.Run(fmt.Sprintf("limit=%d/cluster", limit), func(b *testing.B) { alternate(b, cluster, local, "cluster/local") })
@@ -104,7 +105,7 @@ func alternate(b *testing.B, op, ref func() error, unit string) {
 
 // ledgerPage lists the first limit CEs of r's ledger and fails unless they are want.
 func ledgerPage(r *running, limit int, want []string) error {
-	ces, err := r.d.ledger.List(0, limit, "")
+	ces, err := r.D.ledger.List(0, limit, "")
 	if err != nil {
 		return err
 	}
@@ -179,12 +180,12 @@ func (p *pageRead) read() error {
 }
 
 // registerSpread registers n CEs with ids ce-00000... round-robin at the replicas, from 16
-// concurrent clients (the candidate pairs of registerCEs, reused in turn), and returns their
+// concurrent clients (the candidate pairs of daemontest.RegisterCEs, reused in turn), and returns their
 // ids in id order. Each is stored by its owner when its registration is answered.
 func registerSpread(b *testing.B, reps []*running, n int) []string {
 	b.Helper()
-	data := bundled(b)
-	_, xs, cfs := candidatePairs(b, reps[0].d.current(), data, 400, 1)
+	data := daemontest.Bundled(b)
+	_, xs, cfs := daemontest.CandidatePairs(b, reps[0].D.current(), data, 400, 1)
 	if len(xs) == 0 || len(cfs) == 0 {
 		b.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -206,7 +207,7 @@ func registerSpread(b *testing.B, reps []*running, n int) []string {
 			for k := int(next.Add(1)) - 1; k < n; k = int(next.Add(1)) - 1 {
 				body, _ := json.Marshal(map[string]any{"id": ids[k], "x": data.X[xs[k%len(xs)]],
 					"x_cf": data.X[cfs[(k/len(xs)+k)%len(cfs)]], "target": "benign"})
-				if err := postCE(client, reps[k%len(reps)].base, body); err != nil {
+				if err := postCE(client, reps[k%len(reps)].Base, body); err != nil {
 					mu.Lock()
 					if firstErr == nil {
 						firstErr = fmt.Errorf("register %s at r%d: %w", ids[k], k%len(reps)+1, err)

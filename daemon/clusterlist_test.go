@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -33,15 +34,15 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	_, reps := startThreeReplicas(t)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	var all []string
 	for i, r := range reps {
-		all = append(all, registerCEsPrefixed(t, r, data, 7, fmt.Sprintf("r%d-", i+1))...)
+		all = append(all, daemontest.RegisterCEs(t, r, data, 7, fmt.Sprintf("r%d-", i+1))...)
 	}
 	slices.Sort(all)
 	local := map[string][]string{}
 	for i, r := range reps {
-		ces, err := r.d.ledger.List(0, 1000, "")
+		ces, err := r.D.ledger.List(0, 1000, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +64,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 		var ids []string
 		after := ""
 		for range 100 {
-			resp, body := r.rawDo(t, "GET", "/v1/counterfactuals?limit=4"+query+after, "", header)
+			resp, body := r.RawDo(t, "GET", "/v1/counterfactuals?limit=4"+query+after, "", header)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("GET /v1/counterfactuals: %d %s", resp.StatusCode, body)
 			}
@@ -94,7 +95,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 		}
 		var certified []string
 		for _, id := range all {
-			code, body := r.get(t, "/v1/counterfactuals/"+id)
+			code, body := r.Get(t, "/v1/counterfactuals/"+id)
 			var ce ledger.CE
 			if code != http.StatusOK || json.Unmarshal(body, &ce) != nil {
 				t.Fatalf("GET %s at r%d: %d %s", id, i+1, code, body)
@@ -116,7 +117,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 	}
 
 	// The web UI's list at a replica is the cluster's too.
-	if code, body := reps[2].get(t, "/ui/counterfactuals"); code != http.StatusOK {
+	if code, body := reps[2].Get(t, "/ui/counterfactuals"); code != http.StatusOK {
 		t.Errorf("GET /ui/counterfactuals at r3: %d", code)
 	} else {
 		for _, id := range all {
@@ -128,7 +129,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 
 	// POST /v1/audit at any replica audits every replica's CEs, each by its owner: the sum
 	// evaluates every CE once; GET /v1/audit at another reports each replica's last audit.
-	code, body := reps[1].do(t, "POST", "/v1/audit", "", map[string]any{})
+	code, body := reps[1].Do(t, "POST", "/v1/audit", "", map[string]any{})
 	var rep cluster.AuditAnswer
 	if code != http.StatusOK || json.Unmarshal(body, &rep) != nil {
 		t.Fatalf("POST /v1/audit at r2: %d %s", code, body)
@@ -141,7 +142,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 			t.Errorf("%s's audit evaluated %d CEs, its ledger holds %d", name, r.Evaluated, len(ids))
 		}
 	}
-	code, body = reps[2].get(t, "/v1/audit")
+	code, body = reps[2].Get(t, "/v1/audit")
 	var st auditStatus
 	if code != http.StatusOK || json.Unmarshal(body, &st) != nil {
 		t.Fatalf("GET /v1/audit at r3: %d %s", code, body)
@@ -152,7 +153,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 		}
 	}
 	// Forwarded by another replica, an audit is this replica's only.
-	resp, body := reps[0].rawDo(t, "POST", "/v1/audit", "{}", map[string]string{cluster.HeaderForwarded: "r9"})
+	resp, body := reps[0].RawDo(t, "POST", "/v1/audit", "{}", map[string]string{cluster.HeaderForwarded: "r9"})
 	var one cluster.AuditAnswer
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &one) != nil || one.Evaluated != len(local["r1"]) || one.Replicas != nil {
 		t.Errorf("a forwarded audit at r1: %d %s; want r1's %d CEs only", resp.StatusCode, body, len(local["r1"]))
@@ -166,13 +167,13 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 // a complete page or 503 naming the wait, never a page without r2's partitions' CEs; once r2
 // goes on, both list every CE.
 func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
-	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
-	ids := registerCEs(t, r1, bundled(t), 8)
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas")
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 8, "")
 	r2, mine, release := startHeldReplica(t, b, "r2", key)
 	defer release()
 	missing := 0 // CEs of the partitions r2 is held before
 	for _, id := range ids {
-		if slices.Contains(mine, ceshare.Partition(id, r1.d.share.Partitions())) {
+		if slices.Contains(mine, ceshare.Partition(id, r1.D.share.Partitions())) {
 			missing++
 		}
 	}
@@ -182,7 +183,7 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	// r1 sees the new assignment once its directory reads it; until then it lists its own
 	// ledger, which still holds every CE.
 	waitfor.Cond(t, 30*time.Second, "a list at r1 waiting for r2", func() bool {
-		code, body, n := r1.listed(t)
+		code, body, n := listed(r1, t)
 		switch {
 		case code == http.StatusOK && n != len(ids):
 			t.Fatalf("a list at r1 while r2 has not taken up %v: 200 with %d CEs of %d", mine, n, len(ids))
@@ -191,13 +192,13 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 		}
 		return false
 	})
-	if code, body, n := r2.listed(t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
+	if code, body, n := listed(r2, t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
 		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
 	}
 	release()
 	for _, r := range []*running{r1, r2} {
-		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.d.cfg.Replication.ReplicaID, func() bool {
-			code, _, n := r.listed(t)
+		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.D.cfg.Replication.ReplicaID, func() bool {
+			code, _, n := listed(r, t)
 			return code == http.StatusOK && n == len(ids)
 		})
 	}
@@ -205,9 +206,9 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 
 // listed reads the first 1000 CEs of GET /v1/counterfactuals at r: the status, the body and,
 // on 200, how many CEs it lists.
-func (r *running) listed(t *testing.T) (int, []byte, int) {
+func listed(r *running, t *testing.T) (int, []byte, int) {
 	t.Helper()
-	code, body := r.get(t, "/v1/counterfactuals?limit=1000")
+	code, body := r.Get(t, "/v1/counterfactuals?limit=1000")
 	var page struct {
 		CEs []ledger.CE `json:"counterfactuals"`
 	}
@@ -228,20 +229,20 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { replicaConfig(c, b, "r1", key) }), nil, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }), nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
 	r2, mine, release := startHeldReplica(t, b, "r2", key)
 	defer release()
 	id := ""
 	for i := 0; id == ""; i++ {
-		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.d.share.Partitions())) {
+		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.D.share.Partitions())) {
 			id = c
 		}
 	}
-	data := bundled(t)
-	p, _ := r1.d.current().Predict(data.X[:40], 200, 1)
+	data := daemontest.Bundled(t)
+	p, _ := r1.D.current().Predict(data.X[:40], 200, 1)
 	var x []float64
 	for i := range 40 {
 		if p.Argmax(i) == 0 && p.P(i, 0) > 0.9 {
@@ -250,7 +251,7 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 		}
 	}
 	body, _ := json.Marshal(map[string]any{"id": id, "x": x, "target": "benign"})
-	resp, err := r1.client.Post(r1.base+"/v1/explain", "application/json", bytes.NewReader(body))
+	resp, err := r1.Client.Post(r1.Base+"/v1/explain", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 			id, mine, resp.StatusCode, resp.Header.Get("Location"), got)
 	}
 	// The 202 names where the request landed: the id's partition, at an offset it holds.
-	topic, parts := r1.d.cfg.Replication.CETopic, r1.d.cfg.Replication.CEPartitions
+	topic, parts := r1.D.cfg.Replication.CETopic, r1.D.cfg.Replication.CEPartitions
 	if answer.Partition == nil || *answer.Partition != ceshare.Partition(id, parts) || answer.Offset == nil ||
 		*answer.Offset < 0 || *answer.Offset >= b.HighWatermarks(topic)[*answer.Partition] {
 		t.Errorf("the 202 for %s names partition %v offset %v; want partition %d and an offset of it (its end %d)", id,
@@ -278,8 +279,8 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 	}
 	release()
 	for _, r := range []*running{r1, r2} {
-		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.d.cfg.Replication.ReplicaID, func() bool {
-			code, _ := r.get(t, "/v1/counterfactuals/"+id)
+		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.D.cfg.Replication.ReplicaID, func() bool {
+			code, _ := r.Get(t, "/v1/counterfactuals/"+id)
 			return code == http.StatusOK
 		})
 	}
@@ -292,7 +293,7 @@ func startHeldReplica(t *testing.T, b *broker.Broker, id, key string) (r *runnin
 	t.Helper()
 	held, released := make(chan []int, 1), make(chan struct{})
 	var hold, free sync.Once
-	r = startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, id, key) }, func(o *Options) {
+	r = startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), id, key) }, func(o *Options) {
 		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
 			if len(assigned) == 0 {
 				return

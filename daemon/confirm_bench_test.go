@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/update"
@@ -154,7 +155,7 @@ func confirmDrift(b *testing.B, set *dataset.Set, models []*bnn.Model, n int, cf
 	if _, _, err := l.Commit(ctx, &ledger.Checkpoint{Model: m0}); err != nil {
 		b.Fatal(err)
 	}
-	p, xs, cfs := candidatePairs(b, m0, set, cfg.Certify.Samples, 7)
+	p, xs, cfs := daemontest.CandidatePairs(b, m0, set, cfg.Certify.Samples, 7)
 	var ces []*ledger.CE
 	for k := 0; k < n; k++ {
 		x, cf := xs[k%len(xs)], cfs[k%len(cfs)]

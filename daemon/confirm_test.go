@@ -10,6 +10,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -20,9 +21,9 @@ import (
 // the posterior puts in the <delta, epsilon>-set for "benign", cycling over the candidates.
 func storeCEs(t testing.TB, r *running, data *dataset.Set, n int) {
 	t.Helper()
-	m := r.d.current()
-	S := r.d.cfg.Certify.Samples
-	p, xs, cfs := candidatePairs(t, m, data, S, 7)
+	m := r.D.current()
+	S := r.D.cfg.Certify.Samples
+	p, xs, cfs := daemontest.CandidatePairs(t, m, data, S, 7)
 	if len(xs) == 0 || len(cfs) == 0 {
 		t.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -31,9 +32,9 @@ func storeCEs(t testing.TB, r *running, data *dataset.Set, n int) {
 	for k := 0; k < n; k++ {
 		x, cf := xs[k%len(xs)], cfs[k%len(cfs)]
 		batch = append(batch, &ledger.CE{ID: fmt.Sprintf("ce-%07d", k), X: data.X[x], XCF: data.X[cf], Target: 1, AnchorVersion: m.Version,
-			P1: p.P(cf, 1), Var1: p.V(cf, 1), Samples: S, Delta: r.d.cfg.Certify.Delta, Epsilon: r.d.cfg.Certify.Epsilon})
+			P1: p.P(cf, 1), Var1: p.V(cf, 1), Samples: S, Delta: r.D.cfg.Certify.Delta, Epsilon: r.D.cfg.Certify.Epsilon})
 		if len(batch) == cap(batch) || k == n-1 {
-			if err := r.d.ledger.Put(ctx, batch...); err != nil {
+			if err := r.D.ledger.Put(ctx, batch...); err != nil {
 				t.Fatal(err)
 			}
 			batch = batch[:0]
@@ -63,47 +64,47 @@ func confirmCEs(t *testing.T) int {
 func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	n := confirmCEs(t)
 	r := startDaemon(t, func(c *config.Config) {
-		paperLearner(c, 3e-3)
+		daemontest.PaperLearner(c, 3e-3)
 		c.Certify.Samples = 1000
 		c.Audit.Workers = 1 // one confirmer lane, on any machine: the confirmation must outlast three increments
 	})
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	start := time.Now()
 	storeCEs(t, r, data, n)
 	t.Logf("stored %d CEs in %v", n, time.Since(start).Round(time.Millisecond))
-	if got := r.metric(t, "cfguard_counterfactuals", "status", "certified"); got != float64(n) {
+	if got := r.Metric(t, "cfguard_counterfactuals", "status", "certified"); got != float64(n) {
 		t.Fatalf("certified = %v, want %d", got, n)
 	}
 	// 96 benign rows labelled malignant (a drift), then 96 clean records: six increments of 32.
 	var drift, clean [][]byte
 	for i := range data.X {
 		if data.Y[i] == 1 && len(drift) < 96 {
-			drift = append(drift, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+			drift = append(drift, daemontest.Record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
 		}
 		if len(clean) < 96 {
-			clean = append(clean, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+			clean = append(clean, daemontest.Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
 		}
 	}
-	applied := func() float64 { return r.metric(t, "cfguard_records_total", "result", "applied") }
-	registeredUnder := r.d.current().Version
-	r.produce(t, drift...)
+	applied := func() float64 { return r.Metric(t, "cfguard_records_total", "result", "applied") }
+	registeredUnder := r.D.current().Version
+	r.Produce(t, drift...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return applied() == 96 })
 	// Every CE's certificate lapsed at the drift: each is now lapsed, judged, or renewed to a
 	// posterior after the one it was registered under.
 	untouched := 0
-	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+	daemontest.EachCE(t, r.D.ledger, func(ce *ledger.CE) {
 		if ce.Status == certify.Certified && !ce.RenewalPending && ce.AnchorVersion == registeredUnder {
 			untouched++
 		}
 	})
 	if untouched != 0 {
-		t.Fatalf("%d of %d CEs still certified from their first anchor after the drift (anchor KL %v, budget %v), want none", untouched, n, r.metric(t, "cfguard_posterior_kl_max_anchor"), r.d.budget)
+		t.Fatalf("%d of %d CEs still certified from their first anchor after the drift (anchor KL %v, budget %v), want none", untouched, n, r.Metric(t, "cfguard_posterior_kl_max_anchor"), r.D.budget)
 	}
 	driftAt := time.Now()
-	r.produce(t, clean...)
+	r.Produce(t, clean...)
 	waitfor.Cond(t, 60*time.Second, "the next increments applied", func() bool { return applied() == 192 })
 	ingestTook := time.Since(driftAt)
-	unconfirmed := r.metric(t, "cfguard_counterfactuals_unconfirmed")
+	unconfirmed := r.Metric(t, "cfguard_counterfactuals_unconfirmed")
 	if unconfirmed == 0 {
 		t.Fatalf("confirmation had finished before the three increments after the drift were applied (%v): this test shows nothing", ingestTook)
 	}
@@ -111,13 +112,13 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	// About 1 µs per CE and draw on one core (measured: 10^5 CEs x 1000 draws in 84 s). Each check
 	// gathers the metrics twice, and each gather scans the indexes of the n CEs: polled every
 	// 100 ms, not every waitfor.Interval, the checks cost a small part of the confirmation's CPU.
-	limit := max(2*time.Minute, time.Duration(n)*time.Duration(r.d.cfg.Certify.Samples)*3*time.Microsecond)
+	limit := max(2*time.Minute, time.Duration(n)*time.Duration(r.D.cfg.Certify.Samples)*3*time.Microsecond)
 	waitfor.CondEvery(t, 100*time.Millisecond, limit, "every failing CE confirmed", func() bool {
-		return r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+		return r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0
 	})
 	t.Logf("confirmed %d CEs %v after the drift", n, time.Since(driftAt).Round(time.Millisecond))
-	v := r.d.current().Version
-	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+	v := r.D.current().Version
+	daemontest.EachCE(t, r.D.ledger, func(ce *ledger.CE) {
 		if ce.RenewalPending {
 			t.Fatalf("%s still waits for renewal after the confirmer finished", ce.ID)
 		}
@@ -136,24 +137,6 @@ func TestDriftConfirmationDoesNotStopIngest(t *testing.T) {
 	})
 }
 
-// eachCE calls fn with every stored CE, a page at a time.
-func eachCE(t *testing.T, l *ledger.Ledger, fn func(*ledger.CE)) {
-	t.Helper()
-	for after := ""; ; {
-		page, err := l.List(0, 5000, after)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page) == 0 {
-			return
-		}
-		for _, ce := range page {
-			fn(ce)
-		}
-		after = page[len(page)-1].ID
-	}
-}
-
 // TestConfirmerDrawsNothingWithoutFailingCEs: the confirmer is woken after every commit, and its
 // draws (certify.samples networks per posterior version) cost more than the commit itself (they
 // were 64% of the daemon's CPU time while ingesting a backlog with no CE stored). With no CE
@@ -161,24 +144,24 @@ func eachCE(t *testing.T, l *ledger.Ledger, fn func(*ledger.CE)) {
 // when one fails.
 func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	storeCEs(t, r, data, 20) // certified: their bounds hold
-	ps := &pools{samples: r.d.cfg.Certify.Samples, prec: r.d.cfg.Certify.Precision}
-	c := newConfirmer(r.d.ledger, r.d.current, ps, r.d.metrics, func([]ledger.StatusChange) {}, r.d.log)
+	ps := &pools{samples: r.D.cfg.Certify.Samples, prec: r.D.cfg.Certify.Precision}
+	c := newConfirmer(r.D.ledger, r.D.current, ps, r.D.metrics, func([]ledger.StatusChange) {}, r.D.log)
 	ctx := context.Background()
 	for range 3 {
 		var vals [][]byte
 		for i := 0; i < 32; i++ {
-			vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+			vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 		}
-		v := r.d.current().Version
-		r.produce(t, vals...)
-		waitfor.Cond(t, 30*time.Second, "the increment applied", func() bool { return r.d.current().Version > v })
+		v := r.D.current().Version
+		r.Produce(t, vals...)
+		waitfor.Cond(t, 30*time.Second, "the increment applied", func() bool { return r.D.current().Version > v })
 		if err := c.round(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	counts, err := r.d.ledger.Counts()
+	counts, err := r.D.ledger.Counts()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,26 +181,26 @@ func TestConfirmerDrawsNothingWithoutFailingCEs(t *testing.T) {
 func TestConfirmerLanesShareTheWork(t *testing.T) {
 	const n = 400
 	r := startDaemon(t, func(c *config.Config) {
-		paperLearner(c, 3e-3)
+		daemontest.PaperLearner(c, 3e-3)
 		c.Audit.Workers = 2
 	})
-	if len(r.d.confirm) != 2 {
-		t.Fatalf("%d confirmer lanes with audit.workers 2, want 2", len(r.d.confirm))
+	if len(r.D.confirm) != 2 {
+		t.Fatalf("%d confirmer lanes with audit.workers 2, want 2", len(r.D.confirm))
 	}
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	storeCEs(t, r, data, n)
 	var drift [][]byte
 	for i := range data.X {
 		if data.Y[i] == 1 && len(drift) < 96 {
-			drift = append(drift, record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
+			drift = append(drift, daemontest.Record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
 		}
 	}
-	r.produce(t, drift...)
-	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	r.Produce(t, drift...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 })
 	waitfor.Cond(t, 2*time.Minute, "every CE measured", func() bool {
-		return r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+		return r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0
 	})
-	measured := []int64{r.d.confirm[0].measured.Load(), r.d.confirm[1].measured.Load()}
+	measured := []int64{r.D.confirm[0].measured.Load(), r.D.confirm[1].measured.Load()}
 	if measured[0] == 0 || measured[1] == 0 || measured[0]+measured[1] < n {
 		t.Fatalf("the lanes wrote %v measurements, want both some and at least %d in all", measured, n)
 	}

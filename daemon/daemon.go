@@ -56,6 +56,11 @@ type Options struct {
 	// starts a daemon on the same addresses holds the ports across the restarts (the tests do,
 	// with internal/testnet).
 	HTTPListener, BrokerListener net.Listener
+	// BundledModel, when set, stands in for training the bundled model at a first start without
+	// model.path: it returns the network that model.dataset, model.seed and model.epochs trained
+	// before (training is deterministic), for a program that runs many daemons on the same keys
+	// (the tests train it once per process, not once per daemon).
+	BundledModel func() (*bnn.Model, error)
 
 	// hooks are set by tests only.
 	hooks hooks
@@ -90,10 +95,6 @@ type hooks struct {
 	ledgerFailureHold time.Duration
 	// ledgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
 	ledgerAfterCommit func() error
-	// bundledModel, when set, stands in for training the bundled model at a first start: it
-	// returns the network the same model keys trained once before (training is deterministic;
-	// a test process trains it once, not once per cluster).
-	bundledModel func() (*bnn.Model, error)
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -110,6 +111,8 @@ type Daemon struct {
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
 	hooks hooks // Options.hooks; the audit's set by tests before an audit starts
+	// bundledModel is Options.BundledModel.
+	bundledModel func() (*bnn.Model, error)
 
 	configPath       string
 	acceptTopicReset bool
@@ -169,6 +172,23 @@ func (d *Daemon) HTTPAddr() string { return d.httpAddr.String() }
 
 // BrokerAddrs are the Kafka bootstrap addresses in use (the embedded broker's, when embedded).
 func (d *Daemon) BrokerAddrs() []string { return append([]string(nil), d.brokerAddr...) }
+
+// Posterior is the posterior the daemon serves now.
+func (d *Daemon) Posterior() *bnn.Model { return d.current() }
+
+// Ledger is the daemon's ledger: its posteriors, CEs, offsets and outbox.
+func (d *Daemon) Ledger() *ledger.Ledger { return d.ledger }
+
+// Replica is the daemon's place in the posterior log (follower and updater); nil without
+// replication.enabled.
+func (d *Daemon) Replica() *replica.Replica { return d.rep }
+
+// Share is the CE share this replica owns; nil without replication.enabled.
+func (d *Daemon) Share() *cluster.Share { return d.share }
+
+// Consumer is the daemon's consumer of kafka.topic: its counts (Stats) and its health, which
+// /readyz reports.
+func (d *Daemon) Consumer() *stream.Consumer { return d.consumer }
 
 func (d *Daemon) current() *bnn.Model {
 	d.rmu.RLock()
@@ -338,7 +358,8 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.hooks}
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.hooks,
+		bundledModel: opts.BundledModel}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))

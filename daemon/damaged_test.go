@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -25,11 +26,11 @@ func TestDamagedCERecordIsQuarantinedAtStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the daemon twice")
 	}
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	r := startDaemon(t, nil)
-	dir := r.d.cfg.StateDir
-	ids := registerCEs(t, r, data, 6)
-	r.stop(t)
+	dir := r.D.cfg.StateDir
+	ids := daemontest.RegisterCEs(t, r, data, 6, "")
+	r.Stop(t)
 
 	// One flipped byte in ce-3's header, the file's structure intact.
 	db, err := bolt.Open(filepath.Join(dir, ledger.FileName), 0o600, nil)
@@ -50,13 +51,13 @@ func TestDamagedCERecordIsQuarantinedAtStart(t *testing.T) {
 	}
 
 	r = startDaemon(t, func(c *config.Config) { c.StateDir = dir })
-	code, body := r.get(t, "/v1/counterfactuals/ce-3")
+	code, body := r.Get(t, "/v1/counterfactuals/ce-3")
 	if code != http.StatusInternalServerError || !strings.Contains(string(body), "quarantined") || serverPath.Match(body) || bytes.Contains(body, []byte(dir)) {
 		t.Fatalf("GET of the damaged CE: %d %s; want 500 saying it is quarantined, with no server path", code, body)
 	}
 	listed := 0
 	for _, st := range []string{"certified", "at_risk", "invalidated", "uncertified"} {
-		code, body := r.get(t, "/v1/counterfactuals?status="+st)
+		code, body := r.Get(t, "/v1/counterfactuals?status="+st)
 		if code != http.StatusOK || bytes.Contains(body, []byte(`"ce-3"`)) {
 			t.Fatalf("GET /v1/counterfactuals?status=%s: %d %s", st, code, body)
 		}
@@ -65,20 +66,20 @@ func TestDamagedCERecordIsQuarantinedAtStart(t *testing.T) {
 	if listed != len(ids)-1 {
 		t.Fatalf("the lists hold %d CEs; want the %d undamaged ones", listed, len(ids)-1)
 	}
-	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
+	if code, body := r.Do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
 		t.Fatalf("POST /v1/audit: %d %s", code, body)
 	}
-	if got := r.metric(t, alerts.NameDamaged); got != 1 {
+	if got := r.Metric(t, alerts.NameDamaged); got != 1 {
 		t.Fatalf("%s = %v, want 1", alerts.NameDamaged, got)
 	}
-	if log := r.logs.String(); !strings.Contains(log, "id=ce-3") || !strings.Contains(log, "quarantined") {
+	if log := r.Logs.String(); !strings.Contains(log, "id=ce-3") || !strings.Contains(log, "quarantined") {
 		t.Fatalf("the log does not name the quarantined CE:\n%s", log)
 	}
 	// DELETE drops the damaged record, and the gauge follows.
-	if code, body := r.do(t, "DELETE", "/v1/counterfactuals/ce-3", "", nil); code/100 != 2 {
+	if code, body := r.Do(t, "DELETE", "/v1/counterfactuals/ce-3", "", nil); code/100 != 2 {
 		t.Fatalf("DELETE of the quarantined CE: %d %s", code, body)
 	}
-	if got := r.metric(t, alerts.NameDamaged); got != 0 {
+	if got := r.Metric(t, alerts.NameDamaged); got != 0 {
 		t.Fatalf("%s = %v after the DELETE, want 0", alerts.NameDamaged, got)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -81,22 +82,22 @@ func TestAnswersOfAFailingLedgerNameNoPath(t *testing.T) {
 			return nil
 		}
 	}, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
-	registerCEs(t, r, data, 2) // for the audit to write
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	daemontest.RegisterCEs(t, r, data, 2, "") // for the audit to write
 	failing.Store(true)
 	line, _ := json.Marshal(map[string]any{"id": "bulk-0", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
-	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", string(line)+"\n", map[string]string{"Content-Type": "application/x-ndjson"})
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", string(line)+"\n", map[string]string{"Content-Type": "application/x-ndjson"})
 	if code := resp.StatusCode; code < 500 && !strings.Contains(string(body), `"code":503`) {
 		t.Fatalf("a bulk registration while the ledger fails: %d %s, want its line refused with 503", code, body)
 	}
 	if strings.Contains(string(body), dir) {
 		t.Errorf("the bulk answer names the state directory %s: %s", dir, body)
 	}
-	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code < 500 {
+	if code, body := r.Do(t, "POST", "/v1/audit", "", nil); code < 500 {
 		t.Fatalf("an audit while the ledger fails: %d %s, want a 5xx", code, body)
 	}
-	_, body = r.get(t, "/v1/audit")
+	_, body = r.Get(t, "/v1/audit")
 	var st struct {
 		LastError string `json:"last_error"`
 	}
@@ -118,9 +119,9 @@ func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 			return nil
 		}
 	}, nil)
-	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	var lines strings.Builder
 	n := maxRegisterBatch + 10
 	for k := range n {
@@ -128,17 +129,17 @@ func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 		lines.Write(append(line, '\n'))
 	}
 	failFrom.Store(commits.Load() + 2) // the first batch's commit succeeds, the second's fails
-	resp, body := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", lines.String(), nil)
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", lines.String(), nil)
 	want := fmt.Sprintf("stopped at line %d: the lines before it may be stored", maxRegisterBatch+1)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || strings.Contains(string(body), "nothing was stored") ||
 		!strings.Contains(string(body), "see /readyz") {
 		t.Errorf("a bulk whose second batch cannot be written: %d %s; want 503 saying %q and naming /readyz", resp.StatusCode, body, want)
 	}
-	if code, body := r.get(t, "/v1/counterfactuals/cut-0"); code != http.StatusOK {
+	if code, body := r.Get(t, "/v1/counterfactuals/cut-0"); code != http.StatusOK {
 		t.Errorf("line 1, in the first batch: %d %s; want it stored", code, body)
 	}
 	// A first batch that cannot be written stored nothing, also when it starts at line 2.
-	resp, body = r.rawDo(t, "POST", "/v1/counterfactuals:bulk", "\n"+strings.ReplaceAll(lines.String(), "cut-", "again-"), nil)
+	resp, body = r.RawDo(t, "POST", "/v1/counterfactuals:bulk", "\n"+strings.ReplaceAll(lines.String(), "cut-", "again-"), nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "nothing was stored") {
 		t.Errorf("a bulk whose first batch, from line 2, cannot be written: %d %s; want 503 saying nothing was stored", resp.StatusCode, body)
 	}

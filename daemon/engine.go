@@ -191,7 +191,7 @@ type step struct {
 	// checkpoint; records and metric are counted once it is durable.
 	update   *ledger.UpdateRecord
 	counters map[string]int64
-	events   []event
+	events   []Event
 	records  int
 	metric   alerts.RecordResult
 	// quality is the increment's prequential record (nil without records or when scoring
@@ -258,7 +258,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		s.outcome, s.metric = certify.OutcomeFailed, alerts.RecordFailed
 		s.counters["failed"] = int64(len(inc.Records))
 		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: 0, Outcome: certify.OutcomeFailed}
-		s.events = []event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Offsets: offsetRanges(heldRecords(inc)), Error: err.Error()}}
+		s.events = []Event{{Type: "update_failed", PosteriorVersion: prev.Version, Records: recordIDs(inc), Offsets: offsetRanges(heldRecords(inc)), Error: err.Error()}}
 		return s, nil
 	}
 	if ucfg.Solver == update.SolverConverge && !st.Converged {
@@ -274,7 +274,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
 		// rejected as the policy says) and is queued before the status changes it causes.
 		stepKL := kl // kl becomes the clipped step's below
-		s.events = append(s.events, event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
+		s.events = append(s.events, Event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
 			KL: &stepKL, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
 		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
 		if outcome == certify.OutcomeClipped {
@@ -299,7 +299,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		s.counters["held"] = int64(len(inc.Records))
 		s.update = &ledger.UpdateRecord{Version: prev.Version + 1, KL: kl, Outcome: certify.OutcomeRejected}
 		heldKL := kl
-		s.events = append(s.events, event{Type: "increment_held", PosteriorVersion: prev.Version, KL: &heldKL, Records: recordIDs(inc), Held: heldRecords(inc)})
+		s.events = append(s.events, Event{Type: "increment_held", PosteriorVersion: prev.Version, KL: &heldKL, Records: recordIDs(inc), Held: heldRecords(inc)})
 		return s, nil
 	}
 	s.next, s.metric = next, alerts.RecordApplied

@@ -13,7 +13,7 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// event is one JSON message on kafka.events_topic. Type is one of:
+// Event is one JSON message on kafka.events_topic. Type is one of:
 //
 //	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2,
 //	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
@@ -29,7 +29,7 @@ import (
 // own after it) and published from there (outbox.go), at least once: each message carries the
 // Kafka header cfguard-outbox-seq (the outbox sequence number, decimal), which with At tells a
 // copy from a new event (a restored ledger numbers again from the backup's).
-type event struct {
+type Event struct {
 	Type             string    `json:"type"`
 	At               time.Time `json:"at"`
 	ID               string    `json:"id,omitempty"`
@@ -81,9 +81,9 @@ type heldRecord struct {
 	Offset    int64     `json:"offset"`
 }
 
-func changeEvent(ch ledger.StatusChange) event {
+func changeEvent(ch ledger.StatusChange) Event {
 	b, vb, decided, kl := ch.Bound, ch.VarBound, ch.Decided, ch.KL
-	return event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
+	return Event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
 		PosteriorVersion: ch.PosteriorVersion, KL: &kl, Bound: &b, VarBound: &vb, P2: ch.P2,
 		Decided: &decided, VerdictPending: ch.VerdictPending, RenewalPending: ch.RenewalPending}
 }
@@ -96,10 +96,10 @@ func encodeChange(ch ledger.StatusChange) ledger.OutboxEntry {
 
 // entry encodes e for the outbox: the key is the CE's id for events about one CE (so they stay
 // in order on one partition), else the event type; a zero At becomes now.
-func (e event) entry(now time.Time) ledger.OutboxEntry { return e.encode(now, maxEventBytes) }
+func (e Event) entry(now time.Time) ledger.OutboxEntry { return e.encode(now, maxEventBytes) }
 
 // encode is entry for events of at most limit bytes: a larger one loses the records it lists.
-func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
+func (e Event) encode(now time.Time, limit int) ledger.OutboxEntry {
 	if e.At.IsZero() {
 		if now.IsZero() {
 			now = time.Now()
@@ -112,7 +112,7 @@ func (e event) encode(now time.Time, limit int) ledger.OutboxEntry {
 	if err != nil {
 		// Only a non-finite float (a KL, a bound) can fail: send the event without its numbers
 		// rather than lose it.
-		v, _ = json.Marshal(event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
+		v, _ = json.Marshal(Event{Type: e.Type, At: e.At, ID: e.ID, From: e.From, To: e.To, PosteriorVersion: e.PosteriorVersion,
 			Decided: e.Decided, VerdictPending: e.VerdictPending, RenewalPending: e.RenewalPending, Policy: e.Policy, Records: e.Records, Error: fmt.Sprintf("event not encodable as JSON (%v); numbers dropped", err)})
 	}
 	if len(v) > limit {
@@ -156,7 +156,7 @@ const maxEventBytes = 900_000
 const maxLogEventBytes = 64 << 10
 
 // outboxEntries encodes events for Checkpoint.Events, stamped now.
-func outboxEntries(events []event) []ledger.OutboxEntry {
+func outboxEntries(events []Event) []ledger.OutboxEntry {
 	if len(events) == 0 {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/explain"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
@@ -19,7 +20,7 @@ import (
 // TestVAEDataMustBeTheModelsFeatures: the VAE of PSCE's plausibility term is trained on
 // model.dataset only when its rows are the model's features, by name when the model names them.
 func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
-	m, err := bnn.Load(sharedModelDir(t))
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 // TestNoVAEFromDataOfOtherFeatures: the explainer of a model whose features are named otherwise
 // than model.dataset's trains no VAE: it says why at WARN and writes nothing under state_dir.
 func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
-	m, err := bnn.Load(sharedModelDir(t))
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
 	}
 	// PSCE then runs without its plausibility terms, as docs/API.md says.
 	close(e.ready)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	for i, y := range data.Y {
 		if y == 0 {
 			if _, err := e.generate(context.Background(), &c, data.X[i], -1, explain.MethodPSCE); err != nil && !errors.Is(err, explain.ErrNotFound) {

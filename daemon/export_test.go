@@ -13,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -25,7 +26,7 @@ func exportMatches(t *testing.T, r *running, dir string) bool {
 	if err1 != nil || err2 != nil {
 		return false
 	}
-	pf, err := r.d.posteriorFiles()
+	pf, err := r.D.posteriorFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,24 +41,24 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 	mutate := func(c *config.Config) { c.StateDir, c.Model.ExportDir = state, export }
 	r := startDaemon(t, mutate)
 	waitfor.Cond(t, 10*time.Second, "the first export", func() bool { return exportMatches(t, r, export) })
-	v0 := r.d.current().Version
-	data := bundled(t)
+	v0 := r.D.current().Version
+	data := daemontest.Bundled(t)
 	var recs [][]byte
 	for i := 0; i < 32; i++ {
-		recs = append(recs, record("e"+strconv.Itoa(i), data.X[i], data.Y[i]))
+		recs = append(recs, daemontest.Record("e"+strconv.Itoa(i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, recs...)
-	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.d.current().Version > v0 })
-	v1 := r.d.current().Version
+	r.Produce(t, recs...)
+	waitfor.Cond(t, 30*time.Second, "an update", func() bool { return r.D.current().Version > v0 })
+	v1 := r.D.current().Version
 	// cfguard_export_posterior_version is set once the files are durable (it may trail them,
 	// never lead): when it reports the update, the directory holds it.
 	waitfor.Cond(t, 10*time.Second, "cfguard_export_posterior_version to report the update", func() bool {
-		return r.metric(t, "cfguard_export_posterior_version") == float64(v1)
+		return r.Metric(t, "cfguard_export_posterior_version") == float64(v1)
 	})
 	if !exportMatches(t, r, export) {
 		t.Fatalf("cfguard_export_posterior_version is %d, but %s does not hold that posterior", v1, export)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	for name, c := range map[string]struct {
 		damage func()
@@ -85,7 +86,7 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 			if !strings.Contains(logs.String(), c.said) {
 				t.Fatalf("the repair was not logged (want %q):\n%s", c.said, logs.String())
 			}
-			r.stop(t)
+			r.Stop(t)
 		})
 	}
 
@@ -93,7 +94,7 @@ func TestExportFollowsThePosteriorAndRepairsItself(t *testing.T) {
 	// rewritten, and the log says which is ahead.
 	r = startDaemon(t, func(c *config.Config) { c.StateDir, c.Model.ExportDir = t.TempDir(), export })
 	waitfor.Cond(t, 10*time.Second, "the export rewritten from a ledger behind it", func() bool { return exportMatches(t, r, export) })
-	if want := fmt.Sprintf("of posterior version %d, ahead of the ledger's %d", v1, v0); !strings.Contains(r.logs.String(), want) {
-		t.Errorf("the log does not say %q:\n%s", want, r.logs.String())
+	if want := fmt.Sprintf("of posterior version %d, ahead of the ledger's %d", v1, v0); !strings.Contains(r.Logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, r.Logs.String())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
@@ -20,23 +21,23 @@ import (
 // the logits overflow: every update's loss is non-finite, update.LastLayer refuses it, and the
 // daemon must keep the posterior bit for bit, count the failure, and still consume the records.
 func TestFailedUpdateKeepsThePosterior(t *testing.T) {
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	r := startDaemon(t, func(c *config.Config) { c.Model.Path = overflowingModel(t) })
-	before := r.d.current()
+	before := r.D.current()
 	var vals [][]byte
 	for i := 0; i < 32; i++ {
-		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, vals...)
-	waitfor.Cond(t, 30*time.Second, "32 failed records", func() bool { return r.metric(t, "cfguard_records_total", "result", "failed") == 32 })
-	if r.metric(t, "cfguard_updates_total", "outcome", "failed") != 1 || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
+	r.Produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "32 failed records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "failed") == 32 })
+	if r.Metric(t, "cfguard_updates_total", "outcome", "failed") != 1 || r.Metric(t, "cfguard_records_total", "result", "applied") != 0 {
 		t.Fatal("the failure was not counted as one failed update")
 	}
-	now := r.d.current()
+	now := r.D.current()
 	if now != before || now.Version != before.Version || !bnn.LayersEqual(now.Last(), before.Last()) {
 		t.Fatal("a failed update changed the posterior")
 	}
-	st, err := r.d.ledger.State()
+	st, err := r.D.ledger.State()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,10 +45,10 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 		t.Fatalf("checkpoint after the failure: %+v", st)
 	}
 	// Its update_failed event names the records and where they are in the input topic, for replay.
-	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.metric(t, "cfguard_events_pending") == 0 })
+	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.Metric(t, "cfguard_events_pending") == 0 })
 	found := false
-	for _, m := range kafkatest.ReadPartition(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.EventsTopic, 0) {
-		var e event
+	for _, m := range kafkatest.ReadPartition(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, 0) {
+		var e Event
 		if err := json.Unmarshal(m.Value, &e); err != nil || e.Type != "update_failed" {
 			continue
 		}
@@ -66,25 +67,25 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 // twice MaxScaledFeature out would dominate it; both are dead-lettered as out_of_range and the
 // other records of the increment are applied.
 func TestHugeFeatureIsDeadLettered(t *testing.T) {
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	r := startDaemon(t, nil)
 	var vals [][]byte
 	for i := range 31 {
-		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
 	huge := slices.Clone(data.X[31])
 	huge[0] = 1e300 // its scaled square overflows the update
-	vals = append(vals, record("huge", huge, data.Y[31]))
+	vals = append(vals, daemontest.Record("huge", huge, data.Y[31]))
 	far := slices.Clone(data.X[32]) // 2e5 standard deviations out: it would dominate the update
-	sc := r.d.current().Scaler
+	sc := r.D.current().Scaler
 	far[0] = sc.Mean[0] + 2*stream.MaxScaledFeature*sc.Std[0]
-	vals = append(vals, record("far", far, data.Y[32]))
-	r.produce(t, vals...)
+	vals = append(vals, daemontest.Record("far", far, data.Y[32]))
+	r.Produce(t, vals...)
 	waitfor.Cond(t, 30*time.Second, "31 records applied and two dead-lettered", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == 31 &&
-			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 2
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 31 &&
+			r.Metric(t, "cfguard_records_total", "result", "dead_lettered") == 2
 	})
-	if n := r.metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
+	if n := r.Metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
 		t.Errorf("%v records failed, want none", n)
 	}
 }
@@ -93,7 +94,7 @@ func TestHugeFeatureIsDeadLettered(t *testing.T) {
 // last-layer means are so large that the logits overflow: every update's loss is non-finite.
 func overflowingModel(t *testing.T) string {
 	t.Helper()
-	m, _, err := bnn.Fit(context.Background(), bundled(t), []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
+	m, _, err := bnn.Fit(context.Background(), daemontest.Bundled(t), []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // While the daemon starts, /healthz says it lives and every other request is 503 with
@@ -89,7 +91,7 @@ func TestFrontAnswersWhileStarting(t *testing.T) {
 // A start that fails after the port answered (here at a ledger that is not one) returns its
 // error and leaves nothing listening.
 func TestFailedStartStopsServing(t *testing.T) {
-	c := testConfig(t, nil)
+	c := daemontest.Config(t, nil)
 	if err := os.WriteFile(filepath.Join(c.StateDir, "cfguard.db"), []byte("not a ledger"), 0o600); err != nil {
 		t.Fatal(err)
 	}

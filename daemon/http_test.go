@@ -23,6 +23,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -32,7 +33,7 @@ import (
 // that takes a body, before any work is done.
 func TestJSONBodiesRefuseWhatEncodingJSONLetsThrough(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	x, _ := json.Marshal(data.X[0])
 	xcf, _ := json.Marshal(data.X[1])
 	X, XCF := string(x), string(xcf)
@@ -57,26 +58,26 @@ func TestJSONBodiesRefuseWhatEncodingJSONLetsThrough(t *testing.T) {
 		{"empty id, explain", "/v1/explain", `{"id":"","x":` + X + `}`, `id is empty`},
 		{"id not a string, register", "/v1/counterfactuals", `{"id":7,"x":` + X + `,"x_cf":` + XCF + `,"target":1}`, `id must be a string, got 7`},
 	} {
-		resp, b := r.rawDo(t, "POST", c.path, c.body, nil)
+		resp, b := r.RawDo(t, "POST", c.path, c.body, nil)
 		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(c.want)) {
 			t.Errorf("%s: %d %s, want 400 with %s", c.name, resp.StatusCode, b, c.want)
 		}
 	}
 	// A bulk line with an empty id refuses only itself, naming the field.
-	if resp, b := r.rawDo(t, "POST", "/v1/counterfactuals:bulk", `{"id":"","x":`+X+`,"x_cf":`+XCF+`,"target":1}`+"\n", nil); resp.StatusCode != 200 ||
+	if resp, b := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", `{"id":"","x":`+X+`,"x_cf":`+XCF+`,"target":1}`+"\n", nil); resp.StatusCode != 200 ||
 		!bytes.Contains(b, []byte(`"code":400`)) || !bytes.Contains(b, []byte(`id is empty`)) || !bytes.Contains(b, []byte(`"refused":1`)) {
 		t.Errorf("bulk line with an empty id: %d %s, want 200 with the line refused (400, id is empty)", resp.StatusCode, b)
 	}
 	// The same keys, once each and in their case, are fine; an audit takes {} or no body.
-	if resp, b := r.rawDo(t, "POST", "/v1/predict", `{"xs":[`+X+`,`+XCF+`]}`, nil); resp.StatusCode != 200 {
+	if resp, b := r.RawDo(t, "POST", "/v1/predict", `{"xs":[`+X+`,`+XCF+`]}`, nil); resp.StatusCode != 200 {
 		t.Errorf("a good predict: %d %s", resp.StatusCode, b)
 	}
 	for _, body := range []string{"{}", " {} \n", ""} {
-		if resp, b := r.rawDo(t, "POST", "/v1/audit", body, nil); resp.StatusCode != 200 {
+		if resp, b := r.RawDo(t, "POST", "/v1/audit", body, nil); resp.StatusCode != 200 {
 			t.Errorf("an audit with body %q: %d %s", body, resp.StatusCode, b)
 		}
 	}
-	if n := r.metric(t, "cfguard_counterfactuals", "status", "certified") + r.metric(t, "cfguard_counterfactuals", "status", "uncertified"); n != 0 {
+	if n := r.Metric(t, "cfguard_counterfactuals", "status", "certified") + r.Metric(t, "cfguard_counterfactuals", "status", "uncertified"); n != 0 {
 		t.Errorf("%v CEs stored from refused bodies", n)
 	}
 }
@@ -109,15 +110,15 @@ func (s stoppedCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) 
 // 503 with Retry-After, as a registration during a stop is, not a 500.
 func TestPredictAfterTheStopIs503WithRetryAfter(t *testing.T) {
 	r := startDaemon(t, nil)
-	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
+	a := r.D.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
 	b := newBatcher(1, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	b.run(ctx)
-	a.core = stoppedCore{core: r.d, b: b}
+	a.core = stoppedCore{core: r.D, b: b}
 	srv := httptest.NewServer(a.routes())
 	t.Cleanup(srv.Close)
-	body, _ := json.Marshal(map[string]any{"x": bundled(t).X[0]})
+	body, _ := json.Marshal(map[string]any{"x": daemontest.Bundled(t).X[0]})
 	// A batcher that waits for the call to be taken would answer only at the client's timeout.
 	cl := &http.Client{Timeout: 30 * time.Second}
 	resp, err := cl.Post(srv.URL+"/v1/predict", "application/json", bytes.NewReader(body))
@@ -139,14 +140,14 @@ func TestPredictBeyondTheLimitIs429WithRetryAfter(t *testing.T) {
 	const limit, n = 2, 8
 	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxPredictInputs = 5 * limit })
 	hm := alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)
-	a := r.d.newAPI(hm)
-	g := &gatedCore{core: r.d, entered: make(chan struct{}, n), gate: make(chan struct{})}
+	a := r.D.newAPI(hm)
+	g := &gatedCore{core: r.D, entered: make(chan struct{}, n), gate: make(chan struct{})}
 	a.core = g
 	srv := httptest.NewServer(a.routes())
 	var open sync.Once
 	t.Cleanup(func() { open.Do(func() { close(g.gate) }); srv.Close() })
 
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	body, _ := json.Marshal(map[string]any{"xs": data.X[:5]})
 	type answer struct {
 		code       int
@@ -228,7 +229,7 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 	var watch sync.WaitGroup
 	watch.Go(func() {
 		for {
-			most = max(most, gatherGauge(r.reg, "cfguard_http_connections"))
+			most = max(most, gatherGauge(r.Reg, "cfguard_http_connections"))
 			select {
 			case <-stop:
 				return
@@ -257,7 +258,7 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 		clients.Wait()
 	})
 	for i := range conns {
-		c, err := net.Dial("tcp", r.d.HTTPAddr())
+		c, err := net.Dial("tcp", r.D.HTTPAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,11 +289,11 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 		}
 	})
 	waitfor.Cond(t, 10*time.Second, "the daemon to hold http.max_connections connections", func() bool {
-		return gatherGauge(r.reg, "cfguard_http_connections") >= limit
+		return gatherGauge(r.Reg, "cfguard_http_connections") >= limit
 	})
 	probe := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
 	start := time.Now()
-	resp, err := probe.Get(r.base + "/healthz")
+	resp, err := probe.Get(r.Base + "/healthz")
 	took := time.Since(start) // logged, not bounded: the order below is what is checked
 	if err != nil {
 		t.Fatalf("/healthz during the flood: %v", err)
@@ -324,7 +325,7 @@ func TestSlowBodiesAreCutAndHealthzAnswers(t *testing.T) {
 	if most > limit {
 		t.Fatalf("the daemon held %v connections, over http.max_connections %d", most, limit)
 	}
-	if code, b := r.get(t, "/healthz"); code != 200 {
+	if code, b := r.Get(t, "/healthz"); code != 200 {
 		t.Fatalf("/healthz after the flood: %d %s", code, b)
 	}
 }
@@ -345,8 +346,8 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 // answers when every CE is measured) lifts http.write_timeout, and POST /v1/explain extends it
 // by explain.timeout.
 func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
-	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute }))
-	a := r.d.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
+	r := startDaemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) { c.HTTP.WriteTimeout, c.Explain.Timeout = time.Minute, 5*time.Minute }))
+	a := r.D.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1))
 
 	rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
 	before := time.Now()
@@ -367,7 +368,7 @@ func TestLongResponsesOutliveTheWriteTimeout(t *testing.T) {
 		t.Fatalf("audit: %d %s, write deadlines %v, want one lifted (zero) deadline", rec.Code, rec.Body, rec.deadlines)
 	}
 
-	x, _ := json.Marshal(bundled(t).X[0])
+	x, _ := json.Marshal(daemontest.Bundled(t).X[0])
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the deadline is set before the generation, which then ends at once
 	rec = &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/assets"
@@ -143,7 +144,7 @@ func cpuTime() time.Duration {
 // broker stops when the benchmark ends.
 func benchStream(b *testing.B, n int) (br *broker.Broker, set *dataset.Set, m *bnn.Model, modelDir string) {
 	b.Helper()
-	br = startCluster(b, 1)
+	br = daemontest.StartCluster(b, 1)
 	set, ds, err := assets.Load("breast_cancer")
 	if err != nil {
 		b.Fatal(err)

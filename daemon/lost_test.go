@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -50,15 +51,15 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 				mutate(c)
 			}
 		}, nil, nil)
-		waitfor.Cond(t, 60*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		waitfor.Cond(t, 60*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 		return r
 	}
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	produce := func(prefix string, n int, at time.Time) {
 		t.Helper()
 		msgs := make([]kafka.Message, n)
 		for i := range msgs {
-			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]), Time: at}
+			msgs[i] = kafka.Message{Value: daemontest.Record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]), Time: at}
 		}
 		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll,
 			BatchSize: n}
@@ -72,9 +73,9 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 	r = start()
 	produce("applied", lostApplied, time.Time{})
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("%d applied records", lostApplied), func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == lostApplied
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == lostApplied
 	})
-	r.stop(t)
+	r.Stop(t)
 	produce("deleted", lostDeleted, time.Now().Add(-time.Hour))
 	produce("after", lostAfter, time.Time{})
 	b.ApplyRetention()
@@ -83,7 +84,7 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 	}
 	r = start()
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the %d records after the loss applied", lostAfter), func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == lostAfter
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == lostAfter
 	})
 	return r, b, start
 }
@@ -93,9 +94,9 @@ func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 	t.Helper()
 	r, b, start := lostInput(t, nil)
 	return &runbookState{r: r, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
+		"127.0.0.1:8080", r.D.HTTPAddr(),
 		"127.0.0.1:9092", b.Addrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
 	)}, start
 }
 
@@ -109,10 +110,10 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 	r := st.r
 	check := func(r *running, when string) {
 		t.Helper()
-		if n := r.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
+		if n := r.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
 			t.Errorf("%s: cfguard_records_lost_total = %v, want %d", when, n, lostDeleted)
 		}
-		_, body := r.get(t, "/v1/model")
+		_, body := r.Get(t, "/v1/model")
 		var m struct {
 			Counters map[string]int64 `json:"counters"`
 			Offsets  map[string]int64 `json:"offsets"`
@@ -128,29 +129,29 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 		}
 	}
 	check(r, "after the loss")
-	lostAt := r.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records")
+	lostAt := r.Metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records")
 	if time.Since(time.Unix(int64(lostAt), 0)) > time.Minute {
 		t.Errorf("cfguard_records_lost_last_timestamp_seconds = %v, want the time of the loss", lostAt)
 	}
-	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), "CfguardRecordsLost") {
+	if _, page := r.Get(t, "/ui/"); !strings.Contains(string(page), "CfguardRecordsLost") {
 		t.Error("the UI's overview does not show CfguardRecordsLost's condition")
 	}
 	want := fmt.Sprintf("partition=0 from=%d to=%d lost=%d", lostApplied, lostApplied+lostDeleted, lostDeleted)
-	if n := strings.Count(r.logs.String(), "records were deleted by the broker (retention) before they were read"); n != 1 ||
-		!strings.Contains(r.logs.String(), want) {
-		t.Errorf("%d ERROR lines about the loss, want 1 with %q:\n%s", n, want, r.logs.String())
+	if n := strings.Count(r.Logs.String(), "records were deleted by the broker (retention) before they were read"); n != 1 ||
+		!strings.Contains(r.Logs.String(), want) {
+		t.Errorf("%d ERROR lines about the loss, want 1 with %q:\n%s", n, want, r.Logs.String())
 	}
-	r.stop(t)
+	r.Stop(t)
 	r = start()
 	check(r, "after a restart")
-	if at := r.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records"); at != lostAt {
+	if at := r.Metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", "cfguard.records"); at != lostAt {
 		t.Errorf("after a restart: cfguard_records_lost_last_timestamp_seconds = %v, want %v (the ledger's)", at, lostAt)
 	}
-	if n := r.metric(t, "cfguard_records_total", "result", "applied"); n != 0 {
+	if n := r.Metric(t, "cfguard_records_total", "result", "applied"); n != 0 {
 		t.Errorf("after a restart: %v records applied again", n)
 	}
-	if strings.Contains(r.logs.String(), "deleted by the broker") {
-		t.Errorf("after a restart the loss is reported again:\n%s", r.logs.String())
+	if strings.Contains(r.Logs.String(), "deleted by the broker") {
+		t.Errorf("after a restart the loss is reported again:\n%s", r.Logs.String())
 	}
 }
 
@@ -164,7 +165,7 @@ func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // mostly waits for its replicas to join their groups
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c := config.Default()
@@ -197,25 +198,25 @@ func TestCERequestsLostAreCountedByTheirOwner(t *testing.T) {
 			t.Fatalf("partition %d of %s starts at offset %d after retention, want 5", p, topic, first)
 		}
 	}
-	key := writeKeyFile(t, testClusterKey)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	r1 := startReplicaKey(t, b, "r1", key)
-	lost := func(r *running) float64 { return r.metric(t, "cfguard_records_lost_total", "topic", topic) }
+	lost := func(r *running) float64 { return r.Metric(t, "cfguard_records_lost_total", "topic", topic) }
 	waitfor.Cond(t, 30*time.Second, "the lost requests counted", func() bool { return lost(r1) == float64(5*parts) })
-	if n := r1.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
+	if n := r1.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
 		t.Errorf("cfguard_records_lost_total for the input topic = %v, want 0", n)
 	}
-	if at := r1.metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", topic); time.Since(time.Unix(int64(at), 0)) > time.Minute {
+	if at := r1.Metric(t, "cfguard_records_lost_last_timestamp_seconds", "topic", topic); time.Since(time.Unix(int64(at), 0)) > time.Minute {
 		t.Errorf("cfguard_records_lost_last_timestamp_seconds = %v, want the time of the loss", at)
 	}
-	if n := strings.Count(r1.logs.String(), "CE requests were deleted before they were read"); n != parts {
-		t.Errorf("%d ERROR lines about the lost requests, want %d:\n%s", n, parts, r1.logs.String())
+	if n := strings.Count(r1.Logs.String(), "CE requests were deleted before they were read"); n != parts {
+		t.Errorf("%d ERROR lines about the lost requests, want %d:\n%s", n, parts, r1.Logs.String())
 	}
 
 	r2 := startReplicaKey(t, b, "r2", key)
-	waitfor.Cond(t, 60*time.Second, "r2 owning partitions", func() bool { return len(r2.d.share.Member().Owned()) > 0 })
-	moved := len(r2.d.share.Member().Owned())
+	waitfor.Cond(t, 60*time.Second, "r2 owning partitions", func() bool { return len(r2.D.share.Member().Owned()) > 0 })
+	moved := len(r2.D.share.Member().Owned())
 	waitfor.Cond(t, 30*time.Second, "r2 to log the gap of each partition it took over", func() bool {
-		return strings.Count(r2.logs.String(), "after an earlier owner of the partition did") == moved
+		return strings.Count(r2.Logs.String(), "after an earlier owner of the partition did") == moved
 	})
 	if n := lost(r2); n != 0 {
 		t.Errorf("r2, which took over %d partitions whose first requests r1 counted lost: cfguard_records_lost_total = %v, want 0", moved, n)
@@ -234,25 +235,25 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // mostly waits for its replicas to join their groups
-	key := writeKeyFile(t, testClusterKey)
-	r1, b, _ := lostInput(t, func(c *config.Config) { replicaConfigAt(c, c.Kafka.Brokers, "r1", key) })
-	if n := r1.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1, b, _ := lostInput(t, func(c *config.Config) { daemontest.ReplicaConfig(c, c.Kafka.Brokers, "r1", key) })
+	if n := r1.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
 		t.Errorf("r1, the updater that read past the loss: cfguard_records_lost_total = %v, want %d", n, lostDeleted)
 	}
 	r2 := startReplicaAt(t, b.Addrs(), "r2", key)
-	head := r1.view(t).Replication.Entry
-	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.view(t).Replication.Entry >= head })
+	head := r1.View(t).Replication.Entry
+	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.View(t).Replication.Entry >= head })
 	var m struct {
 		Counters map[string]int64 `json:"counters"`
 	}
-	_, body := r2.get(t, "/v1/model")
+	_, body := r2.Get(t, "/v1/model")
 	if err := json.Unmarshal(body, &m); err != nil {
 		t.Fatal(err)
 	}
 	if m.Counters["lost"] != lostDeleted || m.Counters[counterConsumerLost] != 0 {
 		t.Errorf("r2's counters %v, want lost %d (the log's) and no %s", m.Counters, lostDeleted, counterConsumerLost)
 	}
-	if n := r2.metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
+	if n := r2.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
 		t.Errorf("r2, which replayed the loss from the log: cfguard_records_lost_total = %v, want 0", n)
 	}
 }
@@ -264,23 +265,23 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 // claimed the partitions before). A CE deleted before the retention stays deleted; a deletion
 // after it applies to a restored CE.
 func TestCEsWhoseRequestsWereDeletedAreRestored(t *testing.T) {
-	b, key, r1 := firstOfTwoReplicas(t, "two replicas")
-	ids := registerCEs(t, r1, bundled(t), 10)
-	if code, body := r1.do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas")
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 10, "")
+	if code, body := r1.Do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %d %s", ids[0], code, body)
 	}
 	waitfor.Cond(t, 30*time.Second, "r1's states written", func() bool {
-		return r1.metric(t, "cfguard_events_pending") == 0 && r1.metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
+		return r1.Metric(t, "cfguard_events_pending") == 0 && r1.Metric(t, alerts.NameCEStates, "result", alerts.StateWritten) >= float64(len(ids))
 	})
 	was := map[string]*ledger.CE{}
 	for _, id := range ids[1:] {
-		ce, err := r1.d.ledger.Get(id)
+		ce, err := r1.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		was[id] = ce
 	}
-	r1.stop(t)
+	r1.Stop(t)
 
 	topic := config.Default().Replication.CETopic
 	kafkatest.SetTopicConfig(t, b.Addrs(), topic, "retention.ms", "1")
@@ -300,10 +301,10 @@ func TestCEsWhoseRequestsWereDeletedAreRestored(t *testing.T) {
 
 	r2 := startReplicaKey(t, b, "r2", key)
 	waitfor.Cond(t, 60*time.Second, "r2 holding every CE r1 held", func() bool {
-		return r2.held(t) == len(was) && strings.Count(r2.logs.String(), "after an earlier owner of the partition did") == gaps
+		return r2.HeldCEs(t) == len(was) && strings.Count(r2.Logs.String(), "after an earlier owner of the partition did") == gaps
 	})
 	for id, w := range was {
-		got, err := r2.d.ledger.Get(id)
+		got, err := r2.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -312,19 +313,19 @@ func TestCEsWhoseRequestsWereDeletedAreRestored(t *testing.T) {
 			t.Errorf("%s restored at r2 from its state:\n r1 %+v\n r2 %+v", id, w, got)
 		}
 	}
-	if _, err := r2.d.ledger.Get(ids[0]); !errors.Is(err, ledger.ErrNotFound) {
+	if _, err := r2.D.ledger.Get(ids[0]); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("%s, deleted at r1 before the retention: %v, want not found", ids[0], err)
 	}
-	if n := r2.metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(len(was)) {
+	if n := r2.Metric(t, alerts.NameCEStates, "result", alerts.StateRestored); n != float64(len(was)) {
 		t.Errorf("r2 restored %v states, want %d", n, len(was))
 	}
-	if n := r2.metric(t, "cfguard_records_lost_total", "topic", topic); n != 0 {
+	if n := r2.Metric(t, "cfguard_records_lost_total", "topic", topic); n != 0 {
 		t.Errorf("r2: cfguard_records_lost_total for %s = %v, want 0 (r1 read the requests)", topic, n)
 	}
-	if code, body := r2.do(t, "DELETE", "/v1/counterfactuals/"+ids[1], "", nil); code != http.StatusNoContent {
+	if code, body := r2.Do(t, "DELETE", "/v1/counterfactuals/"+ids[1], "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE %s at r2, after the gap: %d %s", ids[1], code, body)
 	}
-	if n := r2.held(t); n != len(was)-1 {
+	if n := r2.HeldCEs(t); n != len(was)-1 {
 		t.Errorf("r2 holds %d CEs after deleting a restored one, want %d", n, len(was)-1)
 	}
 }

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 )
 
 // families returns the metric family names r's registry exposes.
-func (r *running) families(t *testing.T) []string {
+func families(r *running, t *testing.T) []string {
 	t.Helper()
-	mfs, err := r.reg.Gather()
+	mfs, err := r.Reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,13 +32,13 @@ func (r *running) families(t *testing.T) []string {
 func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 	t.Parallel() // mostly waits for a replica to join and for promtool
 	single := startDaemon(t, nil)
-	replica := startReplica(t, startCluster(t, 1), "r1")
+	replica := startReplica(t, daemontest.StartCluster(t, 1), "r1")
 	registered := map[string]bool{}
 	for _, c := range []struct {
 		kind string
 		r    *running
 	}{{"single node", single}, {"replica", replica}} {
-		for _, name := range c.r.families(t) {
+		for _, name := range families(c.r, t) {
 			library := strings.HasPrefix(name, "promhttp_") || strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_")
 			if !library && !slices.Contains(alerts.Names(), name) {
 				t.Errorf("the %s registers %s, which package alerts does not define", c.kind, name)
@@ -68,7 +69,7 @@ func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 // node does not have; their tests run them against replicas and check what they print.
 func TestRunbookMetricGrepsFindTheirMetrics(t *testing.T) {
 	r := startDaemon(t, nil)
-	code, body := r.get(t, "/metrics")
+	code, body := r.Get(t, "/metrics")
 	if code != 200 {
 		t.Fatalf("GET /metrics: %d", code)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -43,10 +44,10 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	}
 	t.Cleanup(kc.Close) // after the replicas' cleanups
 	addrs := kc.ListenAddrs()
-	key := writeKeyFile(t, testClusterKey)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	r1 := startReplicaAt(t, addrs, "r1", key)
-	ids := registerCEs(t, r1, bundled(t), 8)
-	topic, parts := r1.d.cfg.Replication.CETopic, r1.d.cfg.Replication.CEPartitions
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 8, "")
+	topic, parts := r1.D.cfg.Replication.CETopic, r1.D.cfg.Replication.CEPartitions
 	ends := ceTopicEnds(t, addrs, topic, parts)
 
 	var refusing atomic.Bool
@@ -86,17 +87,17 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	})
 
 	// An audit waits a second, not two minutes, for r2's partitions to be rebuilt.
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r2", key) },
+	r2 := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, addrs, "r2", key) },
 		func(o *Options) { o.hooks.auditRebuildWait = time.Second }, nil)
 	var stuck []int // r2's partitions that hold requests
 	waitfor.Cond(t, 60*time.Second, "r2 given CE partitions, some of them not caught up", func() bool {
 		stuck = stuck[:0]
-		for _, p := range r2.d.share.NotCaughtUp() {
+		for _, p := range r2.D.share.NotCaughtUp() {
 			if ends[int32(p)] > 0 {
 				stuck = append(stuck, p)
 			}
 		}
-		return len(stuck) > 0 && r2.metric(t, alerts.NameCERebuilding) >= float64(len(stuck))
+		return len(stuck) > 0 && r2.Metric(t, alerts.NameCERebuilding) >= float64(len(stuck))
 	})
 	var held string // a CE of a partition not caught up
 	for _, id := range ids {
@@ -104,16 +105,16 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 			held = id
 		}
 	}
-	if code, body := r2.get(t, "/v1/counterfactuals/"+held); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "being rebuilt") {
+	if code, body := r2.Get(t, "/v1/counterfactuals/"+held); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "being rebuilt") {
 		t.Errorf("GET %s, of partition %v not caught up: %d %s; want 503 being rebuilt", held, stuck, code, body)
 	}
-	if code, body := r2.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+	if code, body := r2.Get(t, "/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while partitions %v are not caught up: %d %s", stuck, code, body)
 	}
 	// An audit asked for at either replica cannot cover r2's share: 503 with Retry-After, naming
 	// r2 (r1's own audit ran).
 	for _, r := range []*running{r1, r2} {
-		resp, err := r.client.Post(r.base+"/v1/audit", "application/json", strings.NewReader("{}"))
+		resp, err := r.Client.Post(r.Base+"/v1/audit", "application/json", strings.NewReader("{}"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,7 +123,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
 			!strings.Contains(string(body), "being rebuilt") || !strings.Contains(string(body), `r2: `) {
 			t.Errorf("POST /v1/audit at %s while r2 rebuilds %v: %d (Retry-After %q) %s; want 503 naming r2, being rebuilt",
-				r.d.cfg.Replication.ReplicaID, stuck, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+				r.D.cfg.Replication.ReplicaID, stuck, resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}
 	}
 	if runbooktest.Tools(t, true) {
@@ -137,25 +138,25 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		}
 		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
 		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r2.d.HTTPAddr(), "BROKER", addrs[0], "PARTITION", fmt.Sprint(p)), nil)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r2.D.HTTPAddr(), "BROKER", addrs[0], "PARTITION", fmt.Sprint(p)), nil)
 	}
 
 	warned := "fetching CE requests of a partition keeps failing"
 	waitfor.Cond(t, fetchWarnAfterWait, "the WARN line of failing fetches", func() bool {
-		return strings.Contains(r2.logs.String(), warned)
+		return strings.Contains(r2.Logs.String(), warned)
 	})
-	if line := loggedLine(r2.logs.String(), warned); !strings.Contains(line, "partition=") || !strings.Contains(line, "NOT_LEADER_FOR_PARTITION") && !strings.Contains(line, "Not Leader For Partition") {
+	if line := loggedLine(r2.Logs.String(), warned); !strings.Contains(line, "partition=") || !strings.Contains(line, "NOT_LEADER_FOR_PARTITION") && !strings.Contains(line, "Not Leader For Partition") {
 		t.Errorf("the WARN line names no partition or no broker error: %s", line)
 	}
 	t.Logf("%d fetches refused by the time of the WARN line", refused.Load())
 
 	// The broker serves the partitions again: r2 catches up without a restart.
 	refusing.Store(false)
-	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.get(t, "/readyz"); return code == 200 })
-	if n := r2.metric(t, alerts.NameCERebuilding); n != 0 {
+	waitfor.Cond(t, 60*time.Second, "r2 ready", func() bool { code, _ := r2.Get(t, "/readyz"); return code == 200 })
+	if n := r2.Metric(t, alerts.NameCERebuilding); n != 0 {
 		t.Errorf("%s = %v once r2 is ready", alerts.NameCERebuilding, n)
 	}
-	if code, body := r2.get(t, "/v1/counterfactuals/"+held); code != http.StatusOK {
+	if code, body := r2.Get(t, "/v1/counterfactuals/"+held); code != http.StatusOK {
 		t.Errorf("GET %s once caught up: %d %s", held, code, body)
 	}
 	t.Logf("%d fetches refused; r2 held partitions %v not caught up", refused.Load(), stuck)

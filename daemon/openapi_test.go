@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -491,7 +492,7 @@ func (c *conformance) sendTrailer(method, path, token string, header map[string]
 		hdr["Authorization"] = "Bearer " + token
 	}
 	maps.Copy(hdr, header)
-	resp, b := c.r.rawDo(t, method, path, body, hdr)
+	resp, b := c.r.RawDo(t, method, path, body, hdr)
 	where := fmt.Sprintf("%s %s -> %d", method, path, resp.StatusCode)
 	if resp.StatusCode != want {
 		t.Fatalf("%s, want %d: %s", where, want, b)
@@ -554,14 +555,14 @@ func (c *conformance) sendTrailer(method, path, token string, header map[string]
 // (successes and the errors a client meets) against docs/openapi.yaml.
 func TestOpenAPIDescribesAnswers(t *testing.T) {
 	const token, metricsToken = "t0ken", "m3trics"
-	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
+	r := startDaemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
 		c.HTTP.Token, c.HTTP.MetricsToken = token, metricsToken
 		c.Explain.Concurrency = 1
 	}))
 	doc := loadOpenAPI(t)
 	c := &conformance{t: t, r: r, doc: doc, ops: doc.operations(t), seen: map[string]bool{}, codes: map[string]bool{}}
 	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 
 	c.send("GET", "/healthz", "", nil, "", 200)
 	c.send("GET", "/readyz", "", nil, "", 200)
@@ -620,10 +621,10 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	// labels: the explanation below must still find a robust counterfactual).
 	var recs [][]byte
 	for i := 0; i < 64; i++ {
-		recs = append(recs, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		recs = append(recs, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, recs...)
-	waitfor.Cond(t, 30*time.Second, "two updates", func() bool { return r.d.current().Version >= 2 })
+	r.Produce(t, recs...)
+	waitfor.Cond(t, 30*time.Second, "two updates", func() bool { return r.D.current().Version >= 2 })
 	c.send("GET", "/v1/model", token, nil, "", 200)
 	c.send("GET", "/v1/counterfactuals/ce-0", token, nil, "", 200)
 
@@ -635,12 +636,12 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	}
 
 	// Audits: 409 with Retry-After while one runs, then one that runs.
-	if err := r.d.audits.begin("schedule", time.Now()); err != nil {
+	if err := r.D.audits.begin("schedule", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	c.send("POST", "/v1/audit", token, nil, "", 409)
 	c.send("GET", "/v1/audit", token, nil, "", 200)
-	r.d.audits.end(ledger.AuditReport{}, fmt.Errorf("stopped by the test"), time.Now())
+	r.D.audits.end(ledger.AuditReport{}, fmt.Errorf("stopped by the test"), time.Now())
 	c.send("GET", "/v1/audit", token, nil, "", 200)
 	c.send("POST", "/v1/audit", token, nil, "", 200)
 	c.send("POST", "/v1/audit", token, nil, `{"bogus":1}`, 400)
@@ -649,7 +650,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	// Explain: bad requests, 429 with every slot taken, then (without -short) one generation.
 	c.send("POST", "/v1/explain", token, nil, js(map[string]any{"x": data.X[0][:3]}), 400)
 	c.send("POST", "/v1/explain", token, nil, js(map[string]any{"x": data.X[0], "method": "magic"}), 400)
-	release, err := r.d.exp.acquire()
+	release, err := r.D.exp.acquire()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,11 +701,11 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 // lists and audits over the cluster) are what docs/openapi.yaml says too.
 func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 	t.Parallel()
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	r := startReplica(t, b, "r1")
 	doc := loadOpenAPI(t)
 	c := &conformance{t: t, r: r, doc: doc, ops: doc.operations(t), seen: map[string]bool{}, codes: map[string]bool{}}
-	registerCEs(t, r, bundled(t), 2)
+	daemontest.RegisterCEs(t, r, daemontest.Bundled(t), 2, "")
 	_, _, body := c.send("GET", "/v1/model", "", nil, "", 200)
 	for _, empty := range []string{`"ce_partitions_rebuilding":[]`, `"ce_partitions_blocked":[]`} {
 		if !strings.Contains(string(body), empty) {
@@ -719,8 +720,8 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 		c.send("GET", path, "", map[string]string{"Origin": "http://evil.example"}, "", 403)
 	}
 	// A bulk line a replica sends to its owner is accepted, not stored: the owner judges it.
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	if len(xs) == 0 || len(cfs) == 0 {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
@@ -740,20 +741,20 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 // and offset where the request landed, as docs/openapi.yaml says.
 func TestOpenAPIDescribesPendingAnswers(t *testing.T) {
 	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	// The shared VAE: a VAE trained on the first explanation would outlast explain.timeout (60 s)
 	// on a busy core under the race detector, and the explanation would be a 503.
-	r := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+	r := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.Replication.RegisterWait = 0
 	}), nil, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	doc := loadOpenAPI(t)
 	c := &conformance{t: t, r: r, doc: doc, ops: doc.operations(t), seen: map[string]bool{}, codes: map[string]bool{}}
 	js := func(v any) string { b, _ := json.Marshal(v); return string(b) }
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	if len(xs) == 0 || len(cfs) == 0 {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
@@ -41,7 +42,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	l := openOutboxLedger(t)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	m, _, err := bnn.Fit(ctx, data, []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +55,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Partition: 1 - i%2, Offset: int64(100 + i/2)}
 	}
 	kl := 0.2
-	evs := []event{
+	evs := []Event{
 		{Type: "kl_over_budget", PosteriorVersion: 0, KL: &kl, Budget: 0.10125, Policy: "reject"},
 		{Type: "increment_held", PosteriorVersion: 0, KL: &kl, Held: held},
 		{Type: "update_failed", PosteriorVersion: 0, Records: []string{"a", "b"}, Error: "non-finite loss"},
@@ -81,20 +82,20 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 		st, err := l.State()
 		return alerts.State{Counts: st.Counts, OutboxPending: st.OutboxLen}, err
 	}))
-	r := &running{reg: reg}
+	r := &running{Reg: reg}
 	logs := &tooltest.Output{}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
 	var state atomic.Pointer[ui.Publishing]
 	p.state = &state
 	runPublisher(t, ctx, p)
-	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
+	waitfor.Cond(t, 60*time.Second, "a failed publish attempt", func() bool { return r.Metric(t, alerts.NameEvents, "result", "failed") >= float64(len(evs)) })
 	// The UI's events page reads the outage from the publisher's state: since when, how many
 	// attempts, the latest error (stored after the attempt is counted: waited for).
 	waitfor.Cond(t, 30*time.Second, "the publisher's state to say it fails", func() bool { return state.Load() != nil })
 	if s := state.Load(); s.FailingSince.IsZero() || s.Attempts < 1 || !strings.Contains(s.Err, addr) {
 		t.Fatalf("the publisher's state while the broker is down: %+v, want failing since a time, attempts and an error naming %s", s, addr)
 	}
-	if got := r.metric(t, alerts.NameEventsPending); got != float64(len(evs)) {
+	if got := r.Metric(t, alerts.NameEventsPending); got != float64(len(evs)) {
 		t.Fatalf("%s = %v while the broker is down, want %d", alerts.NameEventsPending, got, len(evs))
 	}
 
@@ -105,17 +106,17 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 	defer b.Close()
 	p.notify()
 	waitfor.Cond(t, 60*time.Second, "the outbox to drain", func() bool { n, err := l.OutboxLen(); return err == nil && n == 0 })
-	waitfor.Cond(t, 5*time.Second, "cfguard_events_pending 0", func() bool { return r.metric(t, alerts.NameEventsPending) == 0 })
-	if got := r.metric(t, alerts.NameEvents, "result", "published"); got != float64(len(evs)) {
+	waitfor.Cond(t, 5*time.Second, "cfguard_events_pending 0", func() bool { return r.Metric(t, alerts.NameEventsPending) == 0 })
+	if got := r.Metric(t, alerts.NameEvents, "result", "published"); got != float64(len(evs)) {
 		t.Errorf("%s{result=published} = %v after the outbox drained, want %d", alerts.NameEvents, got, len(evs))
 	}
 
 	for i, msg := range readTopic(t, ctx, []string{addr}, len(stored)) {
 		want := stored[i]
-		if seq := header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
+		if seq := daemontest.Header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
 			t.Fatalf("event %d: key %q, %s %q; want %q, %d", i, msg.Key, OutboxSeqHeader, seq, want.Key, want.Seq)
 		}
-		var e event
+		var e Event
 		if err := json.Unmarshal(msg.Value, &e); err != nil || e.Type != evs[i].Type {
 			t.Fatalf("event %d: %s (%v), want type %s", i, msg.Value, err, evs[i].Type)
 		}
@@ -333,13 +334,13 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	l := openOutboxLedger(t)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	held := make([]heldRecord, 400) // about 120 kB of JSON
 	for i := range held {
 		held[i] = heldRecord{ID: fmt.Sprint(i), Features: data.X[i%len(data.X)], Label: 1, Offset: int64(i)}
 	}
 	kl := 0.2
-	evs := []event{
+	evs := []Event{
 		{Type: "kl_over_budget", PosteriorVersion: 0, KL: &kl, Budget: 0.10125, Policy: "hold"},
 		{Type: "audit_completed", PosteriorVersion: 0, Counts: map[string]int{"certified": 1}},
 		{Type: "increment_held", PosteriorVersion: 0, KL: &kl, Held: held},
@@ -355,7 +356,7 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 	b, pub := limitedEventsTopic(t, ctx, "100000")
 	logs := &tooltest.Output{}
 	reg := prometheus.NewRegistry()
-	r := &running{reg: reg}
+	r := &running{Reg: reg}
 	p := newOutboxPublisher(l, pub, alerts.NewMetrics(reg), "", slog.New(slog.NewTextHandler(logs, nil)))
 	runPublisher(t, ctx, p)
 	defer func() {
@@ -383,8 +384,8 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		t.Fatalf("the line naming the large entry: %q; want ERROR with %q and the max.message.bytes to set", found, line)
 	}
 	// Retried with backoff, named once.
-	failed := r.metric(t, alerts.NameEvents, "result", "failed")
-	waitfor.Cond(t, 30*time.Second, "two more attempts", func() bool { return r.metric(t, alerts.NameEvents, "result", "failed") >= failed+2 })
+	failed := r.Metric(t, alerts.NameEvents, "result", "failed")
+	waitfor.Cond(t, 30*time.Second, "two more attempts", func() bool { return r.Metric(t, alerts.NameEvents, "result", "failed") >= failed+2 })
 	if n := strings.Count(logs.String(), "an outbox entry is too large for its topic"); n != 1 {
 		t.Errorf("%d ERROR lines for one entry, want 1", n)
 	}
@@ -400,7 +401,7 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		return err == nil && n == 0
 	})
 	for i, msg := range readTopic(t, ctx, b.Addrs(), len(stored)) {
-		if seq, want := header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
+		if seq, want := daemontest.Header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
 			t.Fatalf("event %d on the topic has %s %s, want %d: events out of order", i, OutboxSeqHeader, seq, want.Seq)
 		}
 	}
@@ -438,9 +439,9 @@ func TestOutboxBatchesShrinkToFitTheTopic(t *testing.T) {
 	defer cancel()
 	l := openOutboxLedger(t)
 	events := func(n int) []ledger.OutboxEntry {
-		evs := make([]event, n)
+		evs := make([]Event, n)
 		for i := range evs {
-			evs[i] = event{Type: "audit_completed", PosteriorVersion: uint64(i), Counts: map[string]int{"certified": i}}
+			evs[i] = Event{Type: "audit_completed", PosteriorVersion: uint64(i), Counts: map[string]int{"certified": i}}
 		}
 		return outboxEntries(evs)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -23,7 +24,7 @@ import (
 func rowRecords(data *dataset.Set, prefix string, n int) [][]byte {
 	var out [][]byte
 	for i := range n {
-		out = append(out, record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
+		out = append(out, daemontest.Record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
 	}
 	return out
 }
@@ -32,7 +33,7 @@ func rowRecords(data *dataset.Set, prefix string, n int) [][]byte {
 func waitResetReported(t *testing.T, r *running, what string) {
 	t.Helper()
 	waitfor.Cond(t, 30*time.Second, what, func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
 	})
 }
@@ -43,29 +44,29 @@ func waitResetReported(t *testing.T, r *running, what string) {
 // cannot be published.
 func TestReadinessReportsADeadBroker(t *testing.T) {
 	r := startDaemon(t, nil)
-	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">yes</dd>`) {
+	if _, page := r.Get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">yes</dd>`) {
 		t.Fatalf("the overview of a ready daemon does not say it is ready")
 	}
-	r.d.broker.Close()
-	waitfor.Cond(t, 10*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
-	if _, body := r.get(t, "/readyz"); !strings.Contains(string(body), "embedded broker") {
+	r.D.broker.Close()
+	waitfor.Cond(t, 10*time.Second, "readyz to fail", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusServiceUnavailable })
+	if _, body := r.Get(t, "/readyz"); !strings.Contains(string(body), "embedded broker") {
 		t.Fatalf("readyz body %q does not name the embedded broker", body)
 	}
-	if _, page := r.get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">no: embedded broker`) {
+	if _, page := r.Get(t, "/ui/"); !strings.Contains(string(page), `<dd id="ready">no: embedded broker`) {
 		t.Errorf("the overview does not say the daemon is not ready because of its broker")
 	}
-	if code, _ := r.get(t, "/healthz"); code != http.StatusOK {
+	if code, _ := r.Get(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("healthz %d with the broker down, want 200", code)
 	}
 	// An audit's event cannot be published: the events page says so, with the error.
-	if _, page := r.get(t, "/ui/events"); strings.Contains(string(page), `id="failing"`) {
+	if _, page := r.Get(t, "/ui/events"); strings.Contains(string(page), `id="failing"`) {
 		t.Fatalf("the events page says publishing fails before any attempt failed")
 	}
-	if code, body := r.do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
+	if code, body := r.Do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
 		t.Fatalf("POST /v1/audit: %d %s", code, body)
 	}
 	waitfor.Cond(t, 30*time.Second, "the events page to say publishing fails", func() bool {
-		_, page := r.get(t, "/ui/events")
+		_, page := r.Get(t, "/ui/events")
 		return strings.Contains(string(page), `<p id="failing" class="flag">Publishing fails: every attempt since `) &&
 			strings.Contains(string(page), "audit_completed")
 	})
@@ -80,12 +81,12 @@ func TestReadinessReportsADeadBroker(t *testing.T) {
 func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
 	const n, m = 64, 96
 	const command = "cfguard run --config config.yaml --accept-topic-reset"
 	offset := func(r *running) int64 {
-		offs, err := r.d.ledger.Offsets()
+		offs, err := r.D.ledger.Offsets()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,19 +95,19 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	stoppedForReset := func(r *running) {
 		t.Helper()
 		waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
-			code, body := r.get(t, "/readyz")
+			code, body := r.Get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
 		})
-		_, body := r.get(t, "/readyz")
-		for _, s := range []string{r.d.cfg.Kafka.Topic, "partition 0", command} {
+		_, body := r.Get(t, "/readyz")
+		for _, s := range []string{r.D.cfg.Kafka.Topic, "partition 0", command} {
 			if !strings.Contains(string(body), s) {
 				t.Fatalf("readyz %q does not name %q", body, s)
 			}
 		}
-		if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 1 {
+		if g := r.Metric(t, "cfguard_consumer_topic_mismatch"); g != 1 {
 			t.Fatalf("cfguard_consumer_topic_mismatch %v, want 1", g)
 		}
-		if code, _ := r.get(t, "/v1/model"); code != http.StatusOK {
+		if code, _ := r.Get(t, "/v1/model"); code != http.StatusOK {
 			t.Fatalf("GET /v1/model %d while ingest is stopped, want 200", code)
 		}
 		if off := offset(r); off != n {
@@ -115,37 +116,37 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	}
 
 	r := startDaemon(t, mutate)
-	r.produce(t, records("old", n)...)
-	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == n })
-	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
-	r.produce(t, records("new", m)...)
+	r.Produce(t, records("old", n)...)
+	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == n })
+	kafkatest.RecreateTopic(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.Topic, 1)
+	r.Produce(t, records("new", m)...)
 	stoppedForReset(r)
-	if a := r.metric(t, "cfguard_records_total", "result", "applied"); a != n {
+	if a := r.Metric(t, "cfguard_records_total", "result", "applied"); a != n {
 		t.Fatalf("%v records applied, want %d", a, n)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	r = startDaemonWith(t, mutate, nil, nil)
 	stoppedForReset(r)
-	r.stop(t)
+	r.Stop(t)
 	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
-	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == m })
-	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == m })
+	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	if off := offset(r); off != m {
 		t.Fatalf("ledger offset %d after the confirmation, want %d", off, m)
 	}
 	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("%s after the confirmed reset was checkpointed: %v", topicResetFile, err)
 	}
-	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+	if g := r.Metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	// A stop between the checkpoint of the confirmed reset and the file's removal leaves the
 	// file: the next start (with the confirmation, as the file asks, or without) finds the
@@ -154,12 +155,12 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
-	r.produce(t, records("after", 32)...)
+	r.Produce(t, records("after", 32)...)
 	// The counter follows the checkpoint that moves the offset: wait for both.
 	waitfor.Cond(t, 30*time.Second, "the 32 new records applied", func() bool {
-		return offset(r) == m+32 && r.metric(t, "cfguard_records_total", "result", "applied") >= 32
+		return offset(r) == m+32 && r.Metric(t, "cfguard_records_total", "result", "applied") >= 32
 	})
-	if a := r.metric(t, "cfguard_records_total", "result", "applied"); a != 32 {
+	if a := r.Metric(t, "cfguard_records_total", "result", "applied"); a != 32 {
 		t.Fatalf("%v records applied after a restart on the stale file, want the 32 new ones", a)
 	}
 	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
@@ -173,26 +174,26 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 func TestRecordedResetSurvivesARestore(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
 	r := startDaemon(t, mutate)
-	r.produce(t, records("a", 32)...)
-	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 32 })
+	r.Produce(t, records("a", 32)...)
+	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 32 })
 	backup := filepath.Join(t.TempDir(), "backup.db")
 	f, err := os.Create(backup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.d.ledger.Backup(context.Background(), f); err != nil {
+	if _, err := r.D.ledger.Backup(context.Background(), f); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	r.produce(t, records("b", 32)...)
-	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
-	r.produce(t, records("new", 96)...)
+	r.Produce(t, records("b", 32)...)
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	kafkatest.RecreateTopic(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.Topic, 1)
+	r.Produce(t, records("new", 96)...)
 	waitResetReported(t, r, "readyz to report the reset")
-	r.stop(t)
+	r.Stop(t)
 	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // BenchmarkRegisterAtReplica measures one registration's round trip at a replica, from the
@@ -29,12 +30,12 @@ import (
 func BenchmarkRegisterAtReplica(b *testing.B) {
 	_, reps := startThreeReplicas(b)
 	r := reps[0]
-	data := bundled(b)
-	_, xs, cfs := candidatePairs(b, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(b)
+	_, xs, cfs := daemontest.CandidatePairs(b, r.D.current(), data, 400, 1)
 	if len(xs) == 0 || len(cfs) == 0 {
 		b.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
-	owned := r.d.share.Member().Owned()
+	owned := r.D.share.Member().Owned()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2}}
 	b.Cleanup(client.CloseIdleConnections)
 	k := 0
@@ -43,14 +44,14 @@ func BenchmarkRegisterAtReplica(b *testing.B) {
 			for {
 				k++
 				id := fmt.Sprintf("reg-%07d", k)
-				if slices.Contains(owned, ceshare.Partition(id, r.d.share.Partitions())) != own {
+				if slices.Contains(owned, ceshare.Partition(id, r.D.share.Partitions())) != own {
 					continue
 				}
 				body, err := json.Marshal(map[string]any{"id": id, "x": data.X[xs[k%len(xs)]], "x_cf": data.X[cfs[k%len(cfs)]], "target": "benign"})
 				if err != nil {
 					return err
 				}
-				return postCE(client, r.base, body)
+				return postCE(client, r.Base, body)
 			}
 		}
 	}

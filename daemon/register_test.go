@@ -14,6 +14,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -22,7 +23,7 @@ import (
 // CEs they stored.
 func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
 	t.Helper()
-	mfs, err := r.reg.Gather()
+	mfs, err := r.Reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,15 +42,15 @@ func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
 // a counterfactual are refused alone, the others stored, anchored to the current posterior.
 func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	if len(xs) < 12 || len(cfs) < 12 {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
 	}
 	pair := func(id string, k int) registration {
 		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
 	}
-	if code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "stored", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "stored", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	writes0, stored0 := batchHistogram(t, r)
@@ -67,7 +68,7 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	want["short"], want["not-cf"], want["stored"], want["a b"] = errBadRequest, errNotCounterfactual, ledger.ErrExists, errBadRequest
 
 	// A registrar of the running daemon's own storeRegistrations, started once all 16 wait.
-	g := newRegistrar(1, r.d.measureRegistrations, r.d.storeRegistrations)
+	g := newRegistrar(1, r.D.measureRegistrations, r.D.storeRegistrations)
 	out := make([][]registered, len(regs))
 	errs := make([]error, len(regs))
 	var wg sync.WaitGroup
@@ -106,13 +107,13 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 		if got.err != nil {
 			continue
 		}
-		ce, err := r.d.ledger.Get(rg.id)
+		ce, err := r.D.ledger.Get(rg.id)
 		if err != nil {
 			t.Errorf("%s is not stored: %v", rg.id, err)
 			continue
 		}
-		if ce.Status != certify.Certified || ce.AnchorVersion != r.d.current().Version || ce.P1 != got.ce.P1 {
-			t.Errorf("%s stored %v anchor %d p1 %v; want certified under version %d, p1 %v", rg.id, ce.Status, ce.AnchorVersion, ce.P1, r.d.current().Version, got.ce.P1)
+		if ce.Status != certify.Certified || ce.AnchorVersion != r.D.current().Version || ce.P1 != got.ce.P1 {
+			t.Errorf("%s stored %v anchor %d p1 %v; want certified under version %d, p1 %v", rg.id, ce.Status, ce.AnchorVersion, ce.P1, r.D.current().Version, got.ce.P1)
 		}
 	}
 	if twice != 1 {
@@ -126,8 +127,8 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 // Registrations from 16 concurrent clients are each answered with their own CE, and all stored.
 func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	const clients, each = 16, 8
 	var wg sync.WaitGroup
 	for c := 0; c < clients; c++ {
@@ -137,7 +138,7 @@ func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
 			for k := 0; k < each; k++ {
 				id := fmt.Sprintf("c%d-%d", c, k)
 				req := map[string]any{"id": id, "x": data.X[xs[(c+k)%len(xs)]], "x_cf": data.X[cfs[(c*each+k)%len(cfs)]], "target": "benign"}
-				code, body := r.do(t, "POST", "/v1/counterfactuals", "", req)
+				code, body := r.Do(t, "POST", "/v1/counterfactuals", "", req)
 				var ce ledger.CE
 				if code != http.StatusCreated || json.Unmarshal(body, &ce) != nil || ce.ID != id {
 					t.Errorf("register %s: %d %s", id, code, body)
@@ -146,7 +147,7 @@ func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n, err := r.d.ledger.Counts(); err != nil || n[certify.Certified] != clients*each {
+	if n, err := r.D.ledger.Counts(); err != nil || n[certify.Certified] != clients*each {
 		t.Errorf("counts %v, %v; want %d certified", n, err, clients*each)
 	}
 	writes, stored := batchHistogram(t, r)
@@ -178,8 +179,8 @@ func TestRegistrationAfterStop(t *testing.T) {
 // registration alone gets under it.
 func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	const n = 12
 	if len(xs) < n || len(cfs) < n {
 		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
@@ -195,7 +196,7 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	alone := func(prefix string) []*ledger.CE {
 		ces := make([]*ledger.CE, n)
 		for k, rg := range pairs(prefix) {
-			ce, err := r.d.register(ctx, rg)
+			ce, err := r.D.register(ctx, rg)
 			if err != nil {
 				t.Fatalf("%s alone: %v", rg.id, err)
 			}
@@ -217,11 +218,11 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	}
 
 	// Measured and stored together (one write), against one at a time.
-	v0 := r.d.current().Version
+	v0 := r.D.current().Version
 	want := alone("alone")
 	writes0, _ := batchHistogram(t, r)
 	none := time.Duration(0)
-	got, err := r.d.registerMany(ctx, pairs("batch"), &none)
+	got, err := r.D.registerMany(ctx, pairs("batch"), &none)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[k].ce, got[k].err = r.d.register(ctx, rg)
+			got[k].ce, got[k].err = r.D.register(ctx, rg)
 		}()
 	}
 	wg.Wait()
@@ -245,14 +246,14 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 
 	// Measured under v0, stored after the posterior moved on.
 	rs := pairs("moved")
-	me := r.d.measureRegistrations(ctx, rs)
+	me := r.D.measureRegistrations(ctx, rs)
 	var vals [][]byte
 	for i := range 32 {
-		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, vals...)
-	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 32 })
-	moved := r.d.storeRegistrations(ctx, rs, me, true)
+	r.Produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 32 })
+	moved := r.D.storeRegistrations(ctx, rs, me, true)
 	want = alone("after")
 	if want[0].AnchorVersion == v0 {
 		t.Fatalf("registrations after the increment anchored to version %d, the one before it", v0)

@@ -56,7 +56,7 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 	if r == nil || r.worst == 0 {
 		return
 	}
-	var dropped []event
+	var dropped []Event
 	for _, ch := range changes {
 		if !r.triggers(ch.To) || r.triggers(ch.From) {
 			continue
@@ -64,12 +64,12 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 		select {
 		case r.queue <- ch.ID:
 		default:
-			dropped = append(dropped, event{Type: "counterfactual_reissue_failed", ID: ch.ID, PosteriorVersion: ch.PosteriorVersion,
+			dropped = append(dropped, Event{Type: "counterfactual_reissue_failed", ID: ch.ID, PosteriorVersion: ch.PosteriorVersion,
 				Error: fmt.Sprintf("%d counterfactuals already wait to be reissued", reissueQueue)})
 		}
 	}
 	if len(dropped) > 0 {
-		r.log.Warn("reissue queue full: counterfactuals not reissued (each gets a counterfactual_reissue_failed event)",
+		r.log.Warn("reissue queue full: counterfactuals not reissued (each gets a counterfactual_reissue_failed Event)",
 			"count", len(dropped), "first_id", dropped[0].ID, "queue", reissueQueue)
 		r.publish(dropped...)
 	}
@@ -121,13 +121,13 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	}
 	if err != nil {
 		r.log.Warn("counterfactual not reissued", "id", id, "posterior_version", m.Version, "err", err)
-		r.publish(event{Type: "counterfactual_reissue_failed", ID: id, PosteriorVersion: m.Version, Error: err.Error()})
+		r.publish(Event{Type: "counterfactual_reissue_failed", ID: id, PosteriorVersion: m.Version, Error: err.Error()})
 		return
 	}
 	r.log.Info("counterfactual reissued", "id", id, "new_id", ce.ID, "status", ce.Status, "p1", ce.P1,
 		"posterior_version", ce.AnchorVersion, "took", time.Since(start).Round(time.Millisecond))
 	p1 := ce.P1
-	r.publish(event{Type: "counterfactual_reissued", ID: id, NewID: ce.ID, From: old.Status.String(), To: ce.Status.String(),
+	r.publish(Event{Type: "counterfactual_reissued", ID: id, NewID: ce.ID, From: old.Status.String(), To: ce.Status.String(),
 		PosteriorVersion: ce.AnchorVersion, P2: &p1})
 }
 
@@ -163,7 +163,7 @@ func (r *reissuer) waitSlot(ctx context.Context) (func(), error) {
 
 // publish writes es to the ledger's outbox in one transaction (published from there, at least
 // once).
-func (r *reissuer) publish(es ...event) {
+func (r *reissuer) publish(es ...Event) {
 	if err := r.d.ledger.Checkpoint(&ledger.Checkpoint{Events: outboxEntries(es)}); err != nil {
 		r.log.Error("writing reissue events to the outbox", "count", len(es), "id", es[0].ID, "type", es[0].Type, "err", err)
 		return

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -40,23 +41,23 @@ func TestReissue(t *testing.T) {
 }
 
 func testReissue(t *testing.T, status string, lr float64, maxIterations int, wantSuccess bool) {
-	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
-		paperLearner(c, lr)
+	r := startDaemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		daemontest.PaperLearner(c, lr)
 		c.Explain.MaxIterations = maxIterations
 		c.Explain.Reissue = status
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96 // the drift is one increment
 	}))
-	data := bundled(t)
-	ids := registerCEs(t, r, data, 6)
-	r.produce(t, flipped(data, 96)...)
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 6, "")
+	r.Produce(t, daemontest.Flipped(data, 96)...)
 	trigger, _ := certify.ParseStatus(status)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == 96 && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-			r.metric(t, "cfguard_counterfactuals", "status", status) > 0
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.Metric(t, "cfguard_counterfactuals", "status", status) > 0
 	})
 	var invalidated []*ledger.CE // the CEs in the triggering status (or worse)
 	for _, id := range ids {
-		ce, err := r.d.ledger.Get(id)
+		ce, err := r.D.ledger.Get(id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,17 +65,17 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 			invalidated = append(invalidated, ce)
 		}
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.D.BrokerAddrs(), Topic: r.D.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	outcome := map[string]event{}
+	outcome := map[string]Event{}
 	for len(outcome) < len(invalidated) {
 		m, err := rd.ReadMessage(ctx)
 		if err != nil {
 			t.Fatalf("events: %d reissue events for %d invalidated CEs: %v", len(outcome), len(invalidated), err)
 		}
-		var e event
+		var e Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +104,7 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 			continue
 		}
 		reissued++
-		ce, err := r.d.ledger.Get(e.NewID)
+		ce, err := r.D.ledger.Get(e.NewID)
 		if err != nil {
 			t.Fatalf("reissued %s as %s, which is not stored: %v", old.ID, e.NewID, err)
 		}
@@ -112,10 +113,10 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 		}
 		// The web UI links the two pages.
 		link := func(id string) string { return `<a href="/ui/counterfactuals/` + id + `">` + id + `</a>` }
-		if code, body := r.get(t, "/ui/counterfactuals/"+old.ID); code != 200 || !strings.Contains(string(body), "Replaced by "+link(e.NewID)) {
+		if code, body := r.Get(t, "/ui/counterfactuals/"+old.ID); code != 200 || !strings.Contains(string(body), "Replaced by "+link(e.NewID)) {
 			t.Errorf("the UI's page of %s does not link its replacement %s: %d", old.ID, e.NewID, code)
 		}
-		if code, body := r.get(t, "/ui/counterfactuals/"+e.NewID); code != 200 || !strings.Contains(string(body), "This explanation replaces "+link(old.ID)) {
+		if code, body := r.Get(t, "/ui/counterfactuals/"+e.NewID); code != 200 || !strings.Contains(string(body), "This explanation replaces "+link(old.ID)) {
 			t.Errorf("the UI's page of %s does not link the CE it replaces, %s: %d", e.NewID, old.ID, code)
 		}
 	}
@@ -131,7 +132,7 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 func TestReissueQueueFullFailsInOneWrite(t *testing.T) {
 	r := startDaemon(t, nil)
 	logs := &tooltest.Output{}
-	re := newReissuer(r.d, "invalidated", slog.New(slog.NewTextHandler(logs, nil))) // nothing takes from its queue
+	re := newReissuer(r.D, "invalidated", slog.New(slog.NewTextHandler(logs, nil))) // nothing takes from its queue
 	const over = 3
 	changes := make([]ledger.StatusChange, reissueQueue+over)
 	for i := range changes {
@@ -144,7 +145,7 @@ func TestReissueQueueFullFailsInOneWrite(t *testing.T) {
 	if n := strings.Count(logs.String(), "reissue queue full"); n != 1 || !strings.Contains(logs.String(), fmt.Sprintf("count=%d", over)) {
 		t.Fatalf("the log said %d times that the queue is full, want once with count=%d:\n%s", n, over, logs.String())
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.D.BrokerAddrs(), Topic: r.D.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -154,7 +155,7 @@ func TestReissueQueueFullFailsInOneWrite(t *testing.T) {
 		if err != nil {
 			t.Fatalf("events: %d of %d reissue failures: %v", len(failed), over, err)
 		}
-		var e event
+		var e Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}

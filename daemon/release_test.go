@@ -11,6 +11,7 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -23,11 +24,11 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	var failing atomic.Bool
 	var failed atomic.Int64
-	r1 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r1", key) }, func(o *Options) {
+	r1 := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }, func(o *Options) {
 		o.hooks.ledgerAfterCommit = func() error {
 			if failing.Load() {
 				failed.Add(1)
@@ -36,23 +37,23 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 			return nil
 		}
 	}, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.get(t, "/readyz"); return code == 200 })
-	ids := registerCEs(t, r1, bundled(t), 12)
-	parts := r1.d.cfg.Replication.CEPartitions
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 12, "")
+	parts := r1.D.cfg.Replication.CEPartitions
 
 	failing.Store(true)
 	r2 := startReplicaKey(t, b, "r2", key)
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready, and r1 the others", func() bool {
-		return shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts
+		return daemontest.ShareReady(r2) && len(r1.D.share.Member().Owned())+len(r2.D.share.Member().Owned()) == parts
 	})
 	waitfor.Cond(t, 30*time.Second, "r1's release failing", func() bool { return failed.Load() > 0 })
 	gone := func() (moved, left int) {
 		for _, id := range ids {
-			if slices.Contains(r1.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
+			if slices.Contains(r1.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
 				continue
 			}
 			moved++
-			if _, err := r1.d.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
+			if _, err := r1.D.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
 				left++
 			}
 		}
@@ -64,7 +65,7 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 
 	// What the log and /readyz say is of a share write, not of an increment (none is held).
 	waitfor.Cond(t, 30*time.Second, "r1's /readyz naming the failing CE share write", func() bool {
-		code, body := r1.get(t, "/readyz")
+		code, body := r1.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "CE share write to")
 	})
 	failing.Store(false)
@@ -72,16 +73,16 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 		_, left := gone()
 		return left == 0
 	})
-	if logs := r1.logs.String(); !strings.Contains(logs, "CE share write could not be written") || strings.Contains(logs, "the increment is held") {
+	if logs := r1.Logs.String(); !strings.Contains(logs, "CE share write could not be written") || strings.Contains(logs, "the increment is held") {
 		t.Errorf("r1's log while its release failed does not name the CE share write, or names an increment:\n%s", logs)
 	}
 	for _, id := range ids {
-		if !slices.Contains(r1.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
+		if !slices.Contains(r1.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
 			continue
 		}
-		if _, err := r1.d.ledger.Get(id); err != nil {
+		if _, err := r1.D.ledger.Get(id); err != nil {
 			t.Errorf("%s, of a partition r1 kept: %v", id, err)
 		}
 	}
-	t.Logf("r1: %d commits refused; %v failed share writes retried", failed.Load(), r1.metric(t, "cfguard_checkpoint_failures_total"))
+	t.Logf("r1: %d commits refused; %v failed share writes retried", failed.Load(), r1.Metric(t, "cfguard_checkpoint_failures_total"))
 }

@@ -109,7 +109,7 @@ func (s *step) Summary(seq uint64) replica.Summary {
 }
 
 // eventsOf is s's events as the log's entry number seq records them.
-func (s *step) eventsOf(seq uint64) []event {
+func (s *step) eventsOf(seq uint64) []Event {
 	out := slices.Clone(s.events)
 	for i := range out {
 		out[i].LogEntry = seq

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/testnet"
@@ -27,12 +28,12 @@ var runbookPath = filepath.Join("..", "docs", "RUNBOOK.md")
 // describes by the test named: their commands read replicas' /v1/model, /metrics and the
 // posterior topic.
 var runbookReplicaSections = map[string]string{
-	"CfguardReplicationUnauthenticated": "TestForgedRecordsAreRefusedByEveryReplica, after forged records",
-	"CfguardPosteriorLogRefused":        "TestForgedRecordsAreRefusedByEveryReplica, after signed entries every replica refuses",
+	"CfguardReplicationUnauthenticated": "daemon/internal/tests/replicalog TestForgedRecordsAreRefusedByEveryReplica, after forged records",
+	"CfguardPosteriorLogRefused":        "daemon/internal/tests/replicalog TestForgedRecordsAreRefusedByEveryReplica, after signed entries every replica refuses",
 	"CfguardPosteriorLogStopped":        "cmd/cfguard/internal/tests/replicalog TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
 	"CfguardPosteriorLogBehind":         "cmd/cfguard/internal/tests/replicalog TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
 	"CfguardCounterfactualsNotCaughtUp": "TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
-	"CfguardReplicaSettingsDiffer":      "TestReplicaSettingsMustMatchTheGenesis, at a replica with another certify.delta",
+	"CfguardReplicaSettingsDiffer":      "daemon/internal/tests/replicalog TestReplicaSettingsMustMatchTheGenesis, at a replica with another certify.delta",
 }
 
 // runbookChecks: for every single-node alert, what each of its commands prints against the
@@ -185,18 +186,18 @@ func TestRunbookCommandsRun(t *testing.T) {
 		st.run(t, s)
 	}
 	// The remedy of CfguardOutboxBacklog: with the events topic back, the backlog drains.
-	createTopic(t, backlog.r.d.BrokerAddrs(), backlog.r.d.cfg.Kafka.EventsTopic)
+	createTopic(t, backlog.r.D.BrokerAddrs(), backlog.r.D.cfg.Kafka.EventsTopic)
 	waitfor.Cond(t, 60*time.Second, "the outbox to drain once the events topic exists again", func() bool {
-		return backlog.r.metric(t, "cfguard_events_pending") == 0
+		return backlog.r.Metric(t, "cfguard_events_pending") == 0
 	})
 	// CfguardRenewalBehind's condition ends once the confirmers get the CPU they lacked: the
 	// backlog empties, each lapsed certificate renewed or judged.
 	release()
 	waitfor.Cond(t, 60*time.Second, "the renewal backlog to empty once the confirmers run", func() bool {
-		return behind.r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+		return behind.r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0
 	})
 	// The runbook's DELETE removed the invalidated CE the re-issue was for.
-	if _, err := invalidated.r.d.ledger.Get(invalidated.id); err == nil {
+	if _, err := invalidated.r.D.ledger.Get(invalidated.id); err == nil {
 		t.Errorf("%s is still stored after the runbook's DELETE", invalidated.id)
 	}
 }
@@ -209,7 +210,7 @@ type runbookState struct {
 	subst *strings.Replacer
 }
 
-// driftedDaemon starts a daemon whose learner's steps the learning rate lr caps (paperLearner),
+// driftedDaemon starts a daemon whose learner's steps the learning rate lr caps (daemontest.PaperLearner),
 // registers 8 CEs, and produces cleans records with the data's labels, then flips records of
 // benign rows labelled malignant (an update breaches the KL budget, the certificates lapse and
 // are judged; after clean records, the change detector fires), and 4 malformed records
@@ -217,43 +218,43 @@ type runbookState struct {
 // event is published, and requires every CE to be judged want (unless want is 0).
 func driftedDaemon(t *testing.T, lr float64, cleans, flips int, want certify.Status) *runbookState {
 	t.Helper()
-	r := startDaemon(t, withSharedVAE(t, func(c *config.Config) {
-		paperLearner(c, lr)
+	r := startDaemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		daemontest.PaperLearner(c, lr)
 		// The runbook's re-issue (POST /v1/explain) is checked for the search's verdict (201 or
 		// 422), which on a core shared with 20 busy processes takes more than the default minute.
 		c.Explain.Timeout = 10 * time.Minute
 	}))
-	data := bundled(t)
-	registerCEs(t, r, data, 8)
-	bad := [][]byte{[]byte("not json"), record("short", []float64{1, 2}, 0), record("alien", data.X[0], "alien"), []byte("{")}
+	data := daemontest.Bundled(t)
+	daemontest.RegisterCEs(t, r, data, 8, "")
+	bad := [][]byte{[]byte("not json"), daemontest.Record("short", []float64{1, 2}, 0), daemontest.Record("alien", data.X[0], "alien"), []byte("{")}
 	var clean [][]byte
 	for i := range cleans {
-		clean = append(clean, record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+		clean = append(clean, daemontest.Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, append(append(clean, flipped(data, flips)...), bad...)...)
+	r.Produce(t, append(append(clean, daemontest.Flipped(data, flips)...), bad...)...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and the bad records dead-lettered", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == float64(len(clean)+flips) &&
-			r.metric(t, "cfguard_records_total", "result", "dead_lettered") == float64(len(bad))
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == float64(len(clean)+flips) &&
+			r.Metric(t, "cfguard_records_total", "result", "dead_lettered") == float64(len(bad))
 	})
 	waitfor.Cond(t, 60*time.Second, "every lapsed certificate judged, every event published", func() bool {
-		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
-			r.metric(t, "cfguard_events_pending") == 0
+		return r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
+			r.Metric(t, "cfguard_events_pending") == 0
 	})
-	counts, err := r.d.ledger.Counts()
+	counts, err := r.D.ledger.Counts()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want != 0 && counts[want] != 8 {
 		t.Fatalf("%d flipped records left the CEs %v, want all 8 %v", flips, counts, want)
 	}
-	page, err := r.d.ledger.List(want, 1, "")
+	page, err := r.D.ledger.List(want, 1, "")
 	if err != nil || len(page) == 0 {
 		t.Fatalf("no %v CE listed: %v", want, err)
 	}
 	return &runbookState{r: r, id: page[0].ID, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
-		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+		"127.0.0.1:8080", r.D.HTTPAddr(),
+		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
 		"/ID", "/"+page[0].ID,
 	)}
 }
@@ -268,7 +269,7 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 	var once sync.Once
 	release = func() { once.Do(func() { close(held) }) }
 	t.Cleanup(release)
-	r := startDaemonWith(t, withSharedVAE(t, func(c *config.Config) { paperLearner(c, 1e-3) }), func(o *Options) {
+	r := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) }), func(o *Options) {
 		o.hooks.confirmRound = func(ctx context.Context) {
 			select {
 			case <-held:
@@ -276,16 +277,16 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 			}
 		}
 	}, nil)
-	data := bundled(t)
-	registerCEs(t, r, data, 8)
-	r.produce(t, flipped(data, 128)...)
+	data := daemontest.Bundled(t)
+	daemontest.RegisterCEs(t, r, data, 8, "")
+	r.Produce(t, daemontest.Flipped(data, 128)...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and certificates lapsed, waiting for the confirmers", func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == 128 && r.metric(t, "cfguard_counterfactuals_renewal_pending") > 0
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 128 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") > 0
 	})
 	return &runbookState{r: r, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
-		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+		"127.0.0.1:8080", r.D.HTTPAddr(),
+		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
 	)}, release
 }
 
@@ -293,19 +294,19 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 // update of 32 records (CfguardUpdatesFailing), its update_failed event published.
 func failingDaemon(t *testing.T) *runbookState {
 	t.Helper()
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	r := startDaemon(t, func(c *config.Config) { c.Model.Path = overflowingModel(t) })
 	var vals [][]byte
 	for i := 0; i < 32; i++ {
-		vals = append(vals, record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
 	}
-	r.produce(t, vals...)
+	r.Produce(t, vals...)
 	waitfor.Cond(t, 30*time.Second, "one failed update of 32 records, its event published", func() bool {
-		return r.metric(t, "cfguard_updates_total", "outcome", "failed") == 1 && r.metric(t, "cfguard_events_pending") == 0
+		return r.Metric(t, "cfguard_updates_total", "outcome", "failed") == 1 && r.Metric(t, "cfguard_events_pending") == 0
 	})
 	return &runbookState{r: r, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
-		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+		"127.0.0.1:8080", r.D.HTTPAddr(),
+		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
 	)}
 }
 
@@ -333,22 +334,22 @@ func (st *runbookState) run(t *testing.T, s runbooktest.Section) {
 func resetDaemon(t *testing.T) *runbookState {
 	t.Helper()
 	r := startDaemon(t, nil)
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
-	r.produce(t, records("old", 64)...)
-	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	kafkatest.RecreateTopic(t, r.d.BrokerAddrs(), r.d.cfg.Kafka.Topic, 1)
-	r.produce(t, records("new", 96)...)
+	r.Produce(t, records("old", 64)...)
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	kafkatest.RecreateTopic(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.Topic, 1)
+	r.Produce(t, records("new", 96)...)
 	waitResetReported(t, r, "ingest stopped for the reset")
 	// The 96 records of the new log wait, although the ledger's offset (64) is below its end:
 	// CfguardIngestStalled can fire beside CfguardTopicReset.
 	waitfor.Cond(t, 30*time.Second, "cfguard_consumer_lag_records to count the new log's 96 records", func() bool {
-		return r.metric(t, "cfguard_consumer_lag_records") == 96
+		return r.Metric(t, "cfguard_consumer_lag_records") == 96
 	})
 	return &runbookState{r: r, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
-		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir),
+		"127.0.0.1:8080", r.D.HTTPAddr(),
+		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
+		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
 	)}
 }
 
@@ -357,23 +358,23 @@ func resetDaemon(t *testing.T) *runbookState {
 // (CfguardOutboxBacklog).
 func outboxDaemon(t *testing.T) *runbookState {
 	t.Helper()
-	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3) })
-	data := bundled(t)
+	r := startDaemon(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) })
+	data := daemontest.Bundled(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...)}
-	topic := r.d.cfg.Kafka.EventsTopic
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.D.BrokerAddrs()...)}
+	topic := r.D.cfg.Kafka.EventsTopic
 	if res, err := cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}}); err != nil || res.Errors[topic] != nil {
 		t.Fatalf("deleting %s: %v %v", topic, err, res)
 	}
-	registerCEs(t, r, data, 4)
-	r.produce(t, flipped(data, 96)...)
+	daemontest.RegisterCEs(t, r, data, 4, "")
+	r.Produce(t, daemontest.Flipped(data, 96)...)
 	waitfor.Cond(t, 60*time.Second, "events waiting in the outbox after failed publish attempts", func() bool {
-		return r.metric(t, "cfguard_events_pending") > 0 && r.metric(t, "cfguard_events_total", "result", "failed") > 0
+		return r.Metric(t, "cfguard_events_pending") > 0 && r.Metric(t, "cfguard_events_total", "result", "failed") > 0
 	})
 	return &runbookState{r: r, subst: strings.NewReplacer(
-		"127.0.0.1:8080", r.d.HTTPAddr(),
-		"127.0.0.1:9092", r.d.BrokerAddrs()[0],
+		"127.0.0.1:8080", r.D.HTTPAddr(),
+		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
 	)}
 }
 

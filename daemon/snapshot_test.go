@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // modelView is what GET /v1/model reports of the posterior and the ledger beside it.
@@ -18,9 +20,9 @@ type modelView struct {
 	} `json:"kl_history"`
 }
 
-func (r *running) model(t *testing.T) modelView {
+func modelOf(r *running, t *testing.T) modelView {
 	t.Helper()
-	code, body := r.get(t, "/v1/model")
+	code, body := r.Get(t, "/v1/model")
 	if code != http.StatusOK {
 		t.Fatalf("GET /v1/model: %d %s", code, body)
 	}
@@ -36,21 +38,21 @@ func (r *running) model(t *testing.T) modelView {
 // of 32 records is one version), never the ledger's new state beside the previous posterior.
 func TestModelIsOneSnapshot(t *testing.T) {
 	r := startDaemon(t, nil)
-	v0 := r.model(t)
+	v0 := modelOf(r, t)
 	if v0.Applied != 0 {
 		t.Fatalf("a fresh daemon reports %d applied records", v0.Applied)
 	}
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	const increments = 12
 	var recs [][]byte
 	for i := 0; i < increments*32; i++ {
-		recs = append(recs, record(fmt.Sprintf("s%d", i), data.X[i%len(data.X)], data.Y[i%len(data.Y)]))
+		recs = append(recs, daemontest.Record(fmt.Sprintf("s%d", i), data.X[i%len(data.X)], data.Y[i%len(data.Y)]))
 	}
-	r.produce(t, recs...)
+	r.Produce(t, recs...)
 	deadline := time.Now().Add(60 * time.Second)
 	reads := 0
 	for {
-		v := r.model(t)
+		v := modelOf(r, t)
 		reads++
 		if want := v0.Version + uint64(v.Applied/32); v.Version != want || v.Offsets["0"] != v.Applied {
 			t.Fatalf("read %d: posterior version %d with %d records applied up to offset %d; want version %d (one per increment of 32)",

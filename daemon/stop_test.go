@@ -22,6 +22,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/testcert"
 )
 
@@ -79,7 +80,7 @@ func TestRequestsRunningAtTheStopEndBeforeServeReturns(t *testing.T) {
 // errStopping (503) at once, instead of holding the HTTP drain, and then the request, until
 // explain.timeout.
 func TestExplanationWaitingForTheVAEEndsAtTheStop(t *testing.T) {
-	m, err := bnn.Load(sharedModelDir(t))
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}

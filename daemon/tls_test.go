@@ -19,6 +19,7 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/testcert"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -73,7 +74,7 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 
 	servedSerial := func() int64 {
 		t.Helper()
-		resp, err := client.Get(r.base + "/healthz")
+		resp, err := client.Get(r.Base + "/healthz")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,13 +87,13 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 	if s := servedSerial(); s != 100 {
 		t.Fatalf("served certificate serial %d, want 100", s)
 	}
-	resp, body := r.rawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer m3trics"})
+	resp, body := r.RawDo(t, "GET", "/metrics", "", map[string]string{"Authorization": "Bearer m3trics"})
 	if resp.StatusCode != 200 || resp.TLS == nil || !bytes.Contains(body, []byte("cfguard_posterior_version")) {
 		t.Fatalf("/metrics over HTTPS: %d", resp.StatusCode)
 	}
 
 	// Plain HTTP reaches no handler.
-	if resp, err := http.Get("http://" + r.d.HTTPAddr() + "/healthz"); err == nil {
+	if resp, err := http.Get("http://" + r.D.HTTPAddr() + "/healthz"); err == nil {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode == 200 || bytes.Contains(b, []byte(`"status"`)) {
@@ -104,7 +105,7 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 	otherCert, otherKey := other.Issue(t, 300, x509.ExtKeyUsageClientAuth)
 	for name, c := range map[string]*http.Client{"no client certificate": tlsClient(t, ca, nil, nil),
 		"a client certificate of another CA": tlsClient(t, ca, otherCert, otherKey)} {
-		resp, err := c.Get(r.base + "/healthz")
+		resp, err := c.Get(r.Base + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			t.Fatalf("%s: %d, want the handshake refused", name, resp.StatusCode)
@@ -187,32 +188,32 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 		}
 	}
 	client := tlsClient(t, ca, clientCert, clientKey)
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	start := func(id string, peer config.PeerTLS, registerWait time.Duration) *running {
 		t.Helper()
 		r := startDaemonWith(t, func(c *config.Config) {
-			replicaConfig(c, b, id, key)
+			daemontest.ReplicaConfig(c, b.Addrs(), id, key)
 			c.HTTP.WebConfigFile = filepath.Join(dir, "web.yml")
 			c.Replication.PeerTLS, c.Replication.RegisterWait = peer, registerWait
 		}, nil, client)
-		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 		return r
 	}
 	withCert := config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"), KeyFile: filepath.Join(dir, "client.key")}
 	r1, r2 := start("r1", withCert, 10*time.Second), start("r2", withCert, 10*time.Second)
-	parts := r1.d.share.Partitions()
+	parts := r1.D.share.Partitions()
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
-		return len(r1.d.share.Member().Owned()) > 0 && len(r2.d.share.Member().Owned()) > 0 &&
-			len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == parts
+		return len(r1.D.share.Member().Owned()) > 0 && len(r2.D.share.Member().Owned()) > 0 &&
+			len(r1.D.share.Member().Owned())+len(r2.D.share.Member().Owned()) == parts
 	})
-	ids := registerCEs(t, r1, bundled(t), 12) // each answered 201: those of r2's partitions with r2's outcome
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 12, "") // each answered 201: those of r2's partitions with r2's outcome
 	atR2 := 0
 	for _, id := range ids {
-		if slices.Contains(r2.d.share.Member().Owned(), ceshare.Partition(id, parts)) {
+		if slices.Contains(r2.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
 			atR2++
 		}
-		if code, body := r1.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+		if code, body := r1.Get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
 			t.Errorf("GET %s at r1: %d %s", id, code, body)
 		}
 	}
@@ -223,7 +224,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")}, 3*time.Second)
 	var other string // a CE another replica owns
 	waitfor.Cond(t, 60*time.Second, "r3 owning partitions, and a CE another replica owns", func() bool {
-		owned := r3.d.share.Member().Owned()
+		owned := r3.D.share.Member().Owned()
 		for _, id := range ids {
 			if len(owned) > 0 && !slices.Contains(owned, ceshare.Partition(id, parts)) {
 				other = id
@@ -236,21 +237,21 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	// request before the alert arrives (TLS 1.3 ends the client's handshake before the server
 	// checks the client's certificate), as a broken pipe or a reset: either is the peer not
 	// answering.
-	code, body := r3.get(t, "/v1/counterfactuals/"+other)
+	code, body := r3.Get(t, "/v1/counterfactuals/"+other)
 	if code != http.StatusBadGateway || !strings.Contains(string(body), "a replica did not answer") || !strings.Contains(string(body), "https://") {
 		t.Errorf("GET %s at r3, which presents no client certificate to its peers: %d %s, want 502 naming the peer", other, code, body)
 	}
 	// A registration at r3 of a CE another replica owns is sent, but r3 cannot ask for its
 	// outcome: 202 after replication.register_wait, and the answer says why it does not know.
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r3.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r3.D.current(), data, 400, 1)
 	id := ""
 	for k := 0; id == ""; k++ {
-		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.d.share.Member().Owned(), p) {
+		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.D.share.Member().Owned(), p) {
 			id = fmt.Sprintf("tls-%d", k)
 		}
 	}
-	code, body = r3.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	code, body = r3.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": id, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
 	if code != http.StatusAccepted || !strings.Contains(string(body), "whether its owner applied it is not known") ||
 		!strings.Contains(string(body), fmt.Sprintf(`"partition":%d`, ceshare.Partition(id, parts))) {
 		t.Errorf("POST %s at r3: %d %s, want 202 saying its owner did not answer, naming partition %d", id, code, body, ceshare.Partition(id, parts))

@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -28,10 +29,10 @@ import (
 // naming the topic, partition, offset and the confirming command (/readyz 503, the mismatch
 // gauge 1, nothing applied); a start with --accept-topic-reset applies the m new records.
 func TestTopicRecreatedWhileStopped(t *testing.T) {
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir, c.Kafka.Brokers = dir, b.Addrs() }
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	produce := func(prefix string, n int) {
 		t.Helper()
 		// One batch of n records, sent once queued (a batch that is not full waits for kafka-go's
@@ -40,7 +41,7 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 		defer w.Close()
 		msgs := make([]kafka.Message, n)
 		for i := range msgs {
-			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i])}
+			msgs[i] = kafka.Message{Value: daemontest.Record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i])}
 		}
 		pctx, pcancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer pcancel()
@@ -48,9 +49,9 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	applied := func(r *running) float64 { return r.metric(t, "cfguard_records_total", "result", "applied") }
+	applied := func(r *running) float64 { return r.Metric(t, "cfguard_records_total", "result", "applied") }
 	offset := func(r *running) int64 {
-		offs, err := r.d.ledger.Offsets()
+		offs, err := r.D.ledger.Offsets()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,10 +62,10 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	r := startDaemon(t, mutate)
 	produce("old", n)
 	waitfor.Cond(t, 30*time.Second, "n applied records", func() bool { return applied(r) == n })
-	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || marks[0].Offset != n-1 {
+	if _, marks, err := r.D.ledger.ResumePoint(); err != nil || marks[0].Offset != n-1 {
 		t.Fatalf("ledger mark %+v (%v), want one at offset %d", marks[0], err, n-1)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	// A plain restart: the same log, written on.
 	produce("more", k)
@@ -73,10 +74,10 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	if off := offset(r); off != n+k {
 		t.Fatalf("ledger offset %d after the restart, want %d", off, n+k)
 	}
-	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+	if g := r.Metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after a plain restart, want 0", g)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	// Recreated while the daemon is stopped, and written past the ledger's offset.
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
@@ -84,10 +85,10 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	r = startDaemonWith(t, mutate, nil, nil)
 	const command = "--accept-topic-reset"
 	waitfor.Cond(t, 30*time.Second, "readyz to report the reset", func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
 	})
-	_, body := r.get(t, "/readyz")
+	_, body := r.Get(t, "/readyz")
 	for _, s := range []string{"topic cfguard.records partition 0", fmt.Sprintf("next offset %d", n+k), "not the one read there", command} {
 		if !strings.Contains(string(body), s) {
 			t.Fatalf("readyz %q does not name %q", body, s)
@@ -95,28 +96,28 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	}
 	// The consumer's Health reports the reset first; the ingest loop sets the gauge when the
 	// consumer's error reaches it.
-	waitfor.Cond(t, 30*time.Second, "cfguard_consumer_topic_mismatch 1", func() bool { return r.metric(t, "cfguard_consumer_topic_mismatch") == 1 })
+	waitfor.Cond(t, 30*time.Second, "cfguard_consumer_topic_mismatch 1", func() bool { return r.Metric(t, "cfguard_consumer_topic_mismatch") == 1 })
 	if a, off := applied(r), offset(r); a != 0 || off != n+k {
 		t.Fatalf("%v records applied, ledger offset %d; want none of the new topic, offset %d", a, off, n+k)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	r = startDaemonWith(t, mutate, func(o *Options) { o.AcceptTopicReset = true }, nil)
 	waitfor.Cond(t, 30*time.Second, "m applied records", func() bool { return applied(r) == m })
-	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 10*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	if off := offset(r); off != m {
 		t.Fatalf("ledger offset %d after the confirmation, want %d", off, m)
 	}
-	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || marks[0].Offset != m-1 {
+	if _, marks, err := r.D.ledger.ResumePoint(); err != nil || marks[0].Offset != m-1 {
 		t.Fatalf("ledger mark %+v (%v) after the confirmation, want one of the new log at offset %d", marks[0], err, m-1)
 	}
 	if _, err := os.Stat(filepath.Join(dir, topicResetFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("%s after the confirmed reset was checkpointed: %v", topicResetFile, err)
 	}
-	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+	if g := r.Metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after the confirmation, want 0", g)
 	}
-	r.stop(t)
+	r.Stop(t)
 
 	// Recreated again, and the confirmed reset's first increment reads past the mark of the log
 	// before (offset m-1) without taking the new log's whole fetch (m2 - 8 of its m2 records):
@@ -142,16 +143,16 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 	}, nil)
 	waitfor.Cond(t, 30*time.Second, "the reset's first increment applied", func() bool { return applied(r) == m2-8 })
 	failing.Store(true)
-	if _, marks, err := r.d.ledger.ResumePoint(); err != nil || len(marks) != 0 {
+	if _, marks, err := r.D.ledger.ResumePoint(); err != nil || len(marks) != 0 {
 		t.Fatalf("ledger marks %+v (%v) after an increment that took no whole fetch of the new log, want none", marks, err)
 	}
-	r.stop(t)
+	r.Stop(t)
 	r = startDaemon(t, mutate)
 	waitfor.Cond(t, 30*time.Second, "the rest of the new log applied after a plain restart", func() bool { return applied(r) == 8 })
 	if off := offset(r); off != m2 {
 		t.Fatalf("ledger offset %d after the plain restart, want %d", off, m2)
 	}
-	if g := r.metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
+	if g := r.Metric(t, "cfguard_consumer_topic_mismatch"); g != 0 {
 		t.Fatalf("cfguard_consumer_topic_mismatch %v after a plain restart on the confirmed new log, want 0", g)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/broker"
@@ -45,9 +46,9 @@ func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*run
 	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	r := startDaemonWith(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() }, opts, nil)
-	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	return r, b, orig
 }
 
@@ -57,24 +58,24 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// Its failed attempts are failed commits, which /readyz reports for ledgerFailureHold after
 	// the last: a second here, so that the test sees it ready soon after the recovery.
 	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", func(o *Options) { o.hooks.ledgerFailureHold = time.Second })
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	sent := 0
 	produce := func(n int) { // n good records (whole increments of 32)
 		var vals [][]byte
 		for i := 0; i < n; i++ {
-			vals = append(vals, record(fmt.Sprintf("r%d", sent), data.X[sent%len(data.X)], data.Y[sent%len(data.Y)]))
+			vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", sent), data.X[sent%len(data.X)], data.Y[sent%len(data.Y)]))
 			sent++
 		}
-		r.produce(t, vals...)
+		r.Produce(t, vals...)
 	}
 	applied := func() int64 {
-		st, err := r.d.ledger.State()
+		st, err := r.D.ledger.State()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return st.Applied
 	}
-	v0 := r.d.current().Version
+	v0 := r.D.current().Version
 	produce(64)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return applied() == 64 })
 
@@ -82,7 +83,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// with EFBIG (RLIMIT_FSIZE applies to the offset written, not only to growth). A limit at the
 	// file's size is not enough: bbolt reuses free pages, and a steady stream of checkpoints
 	// needs no new ones (tried: 1824 records applied under it).
-	path := filepath.Join(r.d.cfg.StateDir, ledger.FileName)
+	path := filepath.Join(r.D.cfg.StateDir, ledger.FileName)
 	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// Increments until one cannot be checkpointed (a commit that reuses free pages can still
 	// succeed while the file cannot grow).
 	deadline := time.Now().Add(60 * time.Second)
-	for r.metric(t, "cfguard_checkpoint_failures_total") == 0 {
+	for r.Metric(t, "cfguard_checkpoint_failures_total") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no checkpoint failed within 60 s of limiting the ledger to %d bytes (%d records sent, %d applied)", lim.Cur, sent, applied())
 		}
@@ -107,29 +108,29 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// Degraded: not ready (naming the ledger, by its file name only: /readyz is open, and server
 	// paths stay out of bodies, and the kernel's error), failing gauge set, nothing more applied
 	// while it lasts, and the retries (1 s, 2 s, ...) counted.
-	code, body := r.get(t, "/readyz")
+	code, body := r.Get(t, "/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), ledger.FileName) || strings.Contains(string(body), path) ||
 		!strings.Contains(string(body), syscall.EFBIG.Error()) {
 		t.Fatalf("readyz while checkpoints fail: %d %s (want 503 naming %s, not %s, and %q)", code, body, ledger.FileName, path, syscall.EFBIG.Error())
 	}
-	if r.metric(t, "cfguard_checkpoint_failing") != 1 {
+	if r.Metric(t, "cfguard_checkpoint_failing") != 1 {
 		t.Fatal("cfguard_checkpoint_failing is not 1 while checkpoints fail")
 	}
 	// A registration meanwhile is refused with 503 and a Retry-After, nothing stored: the client
 	// retries later, as for any unavailable service (not a 500, which says the request was bad
 	// for the server).
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	reg, _ := json.Marshal(map[string]any{"id": "during-outage", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
-	resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
+	resp, rbody := r.RawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("registration while the ledger cannot be written: %d (Retry-After %q) %s, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), rbody)
 	}
-	if _, err := r.d.ledger.Get("during-outage"); !errors.Is(err, ledger.ErrNotFound) {
+	if _, err := r.D.ledger.Get("during-outage"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("the refused registration: Get says %v, want not found", err)
 	}
 	held := applied()
 	produce(64) // more records arrive meanwhile: they wait in the topic
-	waitfor.Cond(t, 10*time.Second, "a retried checkpoint to fail again", func() bool { return r.metric(t, "cfguard_checkpoint_failures_total") >= 3 })
+	waitfor.Cond(t, 10*time.Second, "a retried checkpoint to fail again", func() bool { return r.Metric(t, "cfguard_checkpoint_failures_total") >= 3 })
 	if got := applied(); got != held {
 		t.Fatalf("applied %d records while checkpoints failed (was %d)", got, held)
 	}
@@ -137,11 +138,11 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// cfguard_consumer_lag_records counts (CfguardIngestStalled): the topic's end past the
 	// ledger's offset, not what the consumer has yet to hand out (it holds them in its backlog).
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("cfguard_consumer_lag_records = %d records waiting", int64(sent)-held), func() bool {
-		return r.metric(t, "cfguard_consumer_lag_records") == float64(int64(sent)-held)
+		return r.Metric(t, "cfguard_consumer_lag_records") == float64(int64(sent)-held)
 	})
 	// The runbook's commands for a ledger that cannot be written, as written, in that state.
 	if runbooktest.Tools(t, true) {
-		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))}
+		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))}
 		for name := range runbookInChild {
 			st.run(t, runbooktest.Named(t, runbookPath, name))
 		}
@@ -154,53 +155,53 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// fails. The commits run in the background: wait for them to reach the durable offset.
 	var committed, durable int64
 	waitfor.Cond(t, 10*time.Second, "the group's commits to reach the ledger's durable offset", func() bool {
-		durable = ledgerOffset(t, r.d.ledger.Offsets)
-		committed = groupCommitted(t, b.Addrs(), r.d.cfg.Kafka.GroupID, r.d.cfg.Kafka.Topic)
+		durable = ledgerOffset(t, r.D.ledger.Offsets)
+		committed = groupCommitted(t, b.Addrs(), r.D.cfg.Kafka.GroupID, r.D.cfg.Kafka.Topic)
 		return committed >= durable
 	})
 	if committed != durable {
-		t.Fatalf("the group %q committed offset %d while the ledger's durable offset is %d: offsets were committed before their checkpoint was durable", r.d.cfg.Kafka.GroupID, committed, durable)
+		t.Fatalf("the group %q committed offset %d while the ledger's durable offset is %d: offsets were committed before their checkpoint was durable", r.D.cfg.Kafka.GroupID, committed, durable)
 	}
-	if n := strings.Count(r.logs.String(), "checkpoint could not be written"); n != 1 {
-		t.Fatalf("%d ERROR lines for one episode of failed checkpoints, want 1:\n%s", n, r.logs.String())
+	if n := strings.Count(r.Logs.String(), "checkpoint could not be written"); n != 1 {
+		t.Fatalf("%d ERROR lines for one episode of failed checkpoints, want 1:\n%s", n, r.Logs.String())
 	}
-	t.Logf("%v checkpoint attempts failed; readyz: %s", r.metric(t, "cfguard_checkpoint_failures_total"), strings.TrimSpace(string(body)))
+	t.Logf("%v checkpoint attempts failed; readyz: %s", r.Metric(t, "cfguard_checkpoint_failures_total"), strings.TrimSpace(string(body)))
 
 	// Space again: the held increment is retried (within 30 s), then the rest; ready again.
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
 	waitfor.Cond(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
-	waitfor.Cond(t, 10*time.Second, "readyz again", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
+	waitfor.Cond(t, 10*time.Second, "readyz again", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	waitfor.Cond(t, 10*time.Second, "the group's commits to catch up", func() bool {
-		return groupCommitted(t, b.Addrs(), r.d.cfg.Kafka.GroupID, r.d.cfg.Kafka.Topic) == int64(sent)
+		return groupCommitted(t, b.Addrs(), r.D.cfg.Kafka.GroupID, r.D.cfg.Kafka.Topic) == int64(sent)
 	})
-	st, err := r.d.ledger.State()
+	st, err := r.D.ledger.State()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The ledger, and what GET /v1/model reports of the posterior beside it (one snapshot: the
 	// posterior swapped in with the checkpoint that stored it).
 	incs := uint64(sent / 32)
-	v := r.model(t)
+	v := modelOf(r, t)
 	if st.Applied != int64(sent) || st.Offsets[0] != int64(sent) || st.PosteriorVersion != v0+incs || v.Version != v0+incs || v.Applied != int64(sent) {
 		t.Fatalf("after recovery: ledger: applied %d, offset %d, posterior version %d; /v1/model: version %d, applied %d; want %d records in %d increments from version %d",
 			st.Applied, st.Offsets[0], st.PosteriorVersion, v.Version, v.Applied, sent, incs, v0)
 	}
 	// Metrics follow the checkpoint they describe (they are set once it is durable).
 	waitfor.Cond(t, 10*time.Second, fmt.Sprintf("cfguard_records_total{result=applied} = %d", sent), func() bool {
-		return r.metric(t, "cfguard_records_total", "result", "applied") == float64(sent)
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == float64(sent)
 	})
-	if r.metric(t, "cfguard_checkpoint_failing") != 0 {
+	if r.Metric(t, "cfguard_checkpoint_failing") != 0 {
 		t.Fatal("cfguard_checkpoint_failing still 1 after recovery")
 	}
-	r.stop(t)
+	r.Stop(t)
 	// One ERROR line per component for the whole episode: the checkpoint's, and the export's when
 	// an export fell into it (the same disk refuses it); retries and the refused registration
 	// add none.
 	var errs []string
 	seen := map[string]bool{}
-	for _, line := range strings.Split(r.logs.String(), "\n") {
+	for _, line := range strings.Split(r.Logs.String(), "\n") {
 		if !strings.Contains(line, "level=ERROR") {
 			continue
 		}
@@ -300,8 +301,8 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	// failure (a readyz, the metrics, the runbook's commands) run within it on a busy machine.
 	const hold = 30 * time.Second
 	r, _, orig := fsizeChild(t, "quiet", "TestFailedRegistrationOnAQuietDaemon", func(o *Options) { o.hooks.ledgerFailureHold = hold })
-	data := bundled(t)
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	reg, _ := json.Marshal(map[string]any{"id": "quiet", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
 
 	// Every commit fails: a limit of one page leaves bbolt's first meta page writable and nothing
@@ -310,33 +311,33 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(r.d.cfg.StateDir, ledger.FileName)
+	path := filepath.Join(r.D.cfg.StateDir, ledger.FileName)
 	for i := range 2 { // a client sending it again meets the same refusal, and /readyz says so
-		resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
+		resp, rbody := r.RawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("registration %d while the ledger cannot be written: %d %s, want 503", i, resp.StatusCode, rbody)
 		}
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		if code != http.StatusServiceUnavailable || !strings.Contains(string(body), ledger.FileName) || strings.Contains(string(body), path) ||
 			!strings.Contains(string(body), syscall.EFBIG.Error()) {
 			t.Fatalf("readyz after registration %d the ledger could not store: %d %s (want 503 naming %s, not %s, and %q)", i, code, body, ledger.FileName, path, syscall.EFBIG.Error())
 		}
-		if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != float64(i+1) {
+		if got := r.Metric(t, "cfguard_ledger_write_failures_total"); got != float64(i+1) {
 			t.Fatalf("cfguard_ledger_write_failures_total %v after %d failed registrations", got, i+1)
 		}
-		if got := r.metric(t, "cfguard_ledger_write_failing"); got != 1 {
+		if got := r.Metric(t, "cfguard_ledger_write_failing"); got != 1 {
 			t.Fatalf("cfguard_ledger_write_failing %v after %d failed registrations, want 1", got, i+1)
 		}
 	}
-	if at := r.metric(t, "cfguard_ledger_write_failure_last_timestamp_seconds"); time.Since(time.Unix(int64(at), 0)) > time.Minute {
+	if at := r.Metric(t, "cfguard_ledger_write_failure_last_timestamp_seconds"); time.Since(time.Unix(int64(at), 0)) > time.Minute {
 		t.Fatalf("cfguard_ledger_write_failure_last_timestamp_seconds %v, want the time of the last failed registration", at)
 	}
-	if got := r.metric(t, "cfguard_checkpoint_failing"); got != 0 {
+	if got := r.Metric(t, "cfguard_checkpoint_failing"); got != 0 {
 		t.Fatalf("cfguard_checkpoint_failing %v with no checkpoint tried, want 0", got)
 	}
 	// The runbook's commands, as written, show it.
 	if runbooktest.Tools(t, true) {
-		subst := strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.d.cfg.StateDir))
+		subst := strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))
 		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardCheckpointFailing"), []runbooktest.Check{
 			{Cmd: "/readyz", Want: `a commit to the ledger cfguard\.db failed .* ago, at .*file too large`},
 			{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
@@ -348,17 +349,17 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &orig); err != nil {
 		t.Fatal(err)
 	}
-	if resp, rbody := r.rawDo(t, "POST", "/v1/counterfactuals", string(reg), nil); resp.StatusCode != http.StatusCreated {
+	if resp, rbody := r.RawDo(t, "POST", "/v1/counterfactuals", string(reg), nil); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("the registration sent again once the disk has room: %d %s, want 201", resp.StatusCode, rbody)
 	}
-	waitfor.Cond(t, hold+time.Minute, "readyz once the hold has passed", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusOK })
-	if got := r.metric(t, "cfguard_ledger_write_failing"); got != 0 {
+	waitfor.Cond(t, hold+time.Minute, "readyz once the hold has passed", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
+	if got := r.Metric(t, "cfguard_ledger_write_failing"); got != 0 {
 		t.Fatalf("cfguard_ledger_write_failing %v once the hold has passed, want 0", got)
 	}
-	if got := r.metric(t, "cfguard_ledger_write_failures_total"); got != 2 {
+	if got := r.Metric(t, "cfguard_ledger_write_failures_total"); got != 2 {
 		t.Fatalf("cfguard_ledger_write_failures_total %v after recovery, want the 2 failures", got)
 	}
-	r.stop(t)
+	r.Stop(t)
 	if _, err := ledger.Verify(path); err != nil {
 		t.Fatalf("the ledger after failed registrations: %v", err)
 	}

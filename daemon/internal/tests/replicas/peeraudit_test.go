@@ -1,4 +1,4 @@
-package daemon
+package replicas
 
 import (
 	"context"
@@ -10,8 +10,11 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // idleHooks are the ceshare.Hooks of a member that stores nothing.
@@ -34,8 +37,8 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 		t.Skip("a replica and an audit of more than peerTimeout: not with -short")
 	}
 	t.Parallel()
-	b := startCluster(t, 1)
-	r := startReplica(t, b, "r1")
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
 	asked := make(chan struct{}, 1)
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodPost || req.URL.Path != "/v1/audit" || req.Header.Get(cluster.HeaderForwarded) != "r1" {
@@ -51,12 +54,12 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 		case <-req.Context().Done():
 			return
 		}
-		json.NewEncoder(w).Encode(ledger.AuditReport{PosteriorVersion: r.d.current().Version, Evaluated: 3})
+		json.NewEncoder(w).Encode(ledger.AuditReport{PosteriorVersion: r.D.Posterior().Version, Evaluated: 3})
 	}))
 	t.Cleanup(slow.Close)
-	rc := r.d.cfg.Replication
-	m, err := ceshare.NewMember(context.Background(), ceshare.MemberConfig{Conn: r.d.conn, Topic: rc.CETopic, Group: ceshare.GroupOf(r.d.cfg.Kafka.GroupID),
-		Partitions: rc.CEPartitions, ReplicaID: "slow", AdvertiseURL: slow.URL, Keys: r.d.rep.Keys(),
+	rc := r.Config.Replication
+	m, err := ceshare.NewMember(context.Background(), ceshare.MemberConfig{Conn: stream.ConnConfig{Brokers: r.D.BrokerAddrs()}, Topic: rc.CETopic, Group: ceshare.GroupOf(r.Config.Kafka.GroupID),
+		Partitions: rc.CEPartitions, ReplicaID: "slow", AdvertiseURL: slow.URL, Keys: r.D.Replica().Keys(),
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval}, idleHooks{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +69,7 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	go func() { done <- m.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitfor.Cond(t, 60*time.Second, "the slow member owning CE partitions, r1 ready", func() bool {
-		code, _ := r.get(t, "/readyz")
+		code, _ := r.Get(t, "/readyz")
 		return len(m.Owned()) > 0 && code == http.StatusOK
 	})
 
@@ -74,11 +77,11 @@ func TestClusterAuditWaitsForASlowPeer(t *testing.T) {
 	// most a minute. start is when the request that answered was sent.
 	retryUntil := time.Now().Add(time.Minute)
 	start := time.Now()
-	code, body := r.do(t, "POST", "/v1/audit", "", map[string]any{})
+	code, body := r.Do(t, "POST", "/v1/audit", "", map[string]any{})
 	for code == http.StatusServiceUnavailable && time.Now().Before(retryUntil) {
 		time.Sleep(time.Second)
 		start = time.Now()
-		code, body = r.do(t, "POST", "/v1/audit", "", map[string]any{})
+		code, body = r.Do(t, "POST", "/v1/audit", "", map[string]any{})
 	}
 	select {
 	case <-asked:

@@ -1,4 +1,4 @@
-package daemon
+package replicalog
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,32 +18,15 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 )
-
-// rawProduce writes one record to a partition of topic as a client of the cluster that holds no
-// cluster key would (kcat, a stray producer), and returns its offset.
-func rawProduce(t *testing.T, b *broker.Broker, topic string, partition int, key string, value []byte, headers ...kafka.Header) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(b.Addrs()...), Transport: tr}
-	res, err := cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
-		Records: kafka.NewRecordReader(kafka.Record{Time: time.Now(), Key: kafka.NewBytes([]byte(key)), Value: kafka.NewBytes(value), Headers: headers})})
-	if err == nil {
-		err = res.Error
-	}
-	if err != nil {
-		t.Fatalf("producing a forged record to %s/%d: %v", topic, partition, err)
-	}
-	return res.BaseOffset
-}
 
 // warnedAt reports whether logs hold a line with msg naming offset.
 func warnedAt(logs, msg string, offset int64) bool {
@@ -70,18 +54,18 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	const k2 = "k2:c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3"
-	b := startCluster(t, 2)
+	b := daemontest.StartCluster(t, 2)
 	// r3 first: it writes the genesis, signed with k2, which r1 and r2 verify with their second key.
-	r3 := startReplicaKey(t, b, "r3", writeKeyFile(t, k2, testClusterKey))
-	r1 := startReplicaKey(t, b, "r1", writeKeyFile(t, testClusterKey, k2))
-	r2 := startReplicaKey(t, b, "r2", writeKeyFile(t, testClusterKey, k2))
-	reps := []*running{r1, r2, r3}
-	data := bundled(t)
+	r3 := launch.ReplicaKey(t, b, "r3", daemontest.WriteKeyFile(t, k2, daemontest.ClusterKey))
+	r1 := launch.ReplicaKey(t, b, "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey, k2))
+	r2 := launch.ReplicaKey(t, b, "r2", daemontest.WriteKeyFile(t, daemontest.ClusterKey, k2))
+	reps := []*launch.Running{r1, r2, r3}
+	data := daemontest.Bundled(t)
 	produced := 0
-	agree := func() replicaView {
-		var first replicaView
+	agree := func() daemontest.ReplicaView {
+		var first daemontest.ReplicaView
 		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
-			first = reps[0].view(t)
+			first = reps[0].View(t)
 			covered := int64(0)
 			for _, to := range first.Replication.Covers {
 				covered += to
@@ -90,7 +74,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 				return false
 			}
 			for _, r := range reps[1:] {
-				if v := r.view(t); v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA {
+				if v := r.View(t); v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA {
 					return false
 				}
 			}
@@ -98,33 +82,33 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		})
 		return first
 	}
-	produced = produceRows(t, reps[0], data, produced, 64)
+	produced = daemontest.ProduceRows(t, reps[0], data, produced, 64)
 	before := agree()
 	// Every source of unauthenticated records has its series from the start, at 0: an alert on
 	// increase() sees the first one.
 	for _, r := range reps {
 		for _, src := range []string{"cfguard.posterior", "cfguard.ce", "cfguard.ce.state", "group:cfguard.ce"} {
-			if n := r.metric(t, "cfguard_replication_unauthenticated_total", "topic", src); n != 0 {
-				t.Errorf("%s counts %v unauthenticated records of %s before any was forged, want 0", r.d.cfg.Replication.ReplicaID, n, src)
+			if n := r.Metric(t, "cfguard_replication_unauthenticated_total", "topic", src); n != 0 {
+				t.Errorf("%s counts %v unauthenticated records of %s before any was forged, want 0", r.Config.Replication.ReplicaID, n, src)
 			}
 		}
 	}
 	// CEs registered at each replica: signed with k1 at r1 and r2, with k2 at r3.
 	var ids []string
 	for _, r := range reps {
-		ids = append(ids, registerCEs(t, r, data, 1)...)
+		ids = append(ids, daemontest.RegisterCEs(t, r, data, 1, "")...)
 	}
 
-	var updater *running
+	var updater *launch.Running
 	for _, r := range reps {
-		if r.view(t).Replication.Updater {
+		if r.View(t).Replication.Updater {
 			updater = r
 		}
 	}
 	if updater == nil {
 		t.Fatal("no updater")
 	}
-	h := updater.d.rep.Head()
+	h := updater.D.Replica().Head()
 	covers := map[int]int64{}
 	for p, to := range h.Covers {
 		covers[p] = to + 500
@@ -136,7 +120,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, err := claimOn(h, "evil/deadbeef").Encode()
+	ev, err := daemontest.ClaimOn(h, "evil/deadbeef").Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,17 +130,17 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	}
 	const topic = "cfguard.posterior"
 	postOffsets := []int64{
-		rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv),
-		rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(other, fv)}),
-		rawProduce(t, b, topic, 0, "evil", ev),
+		daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv),
+		daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(other, fv)}),
+		daemontest.RawProduce(t, b, topic, 0, "evil", ev),
 	}
 	// The same increment signed with the cluster key (a replica's bug, or a stolen key): it
 	// authenticates, and is refused because it covers records that do not exist.
-	cluster, err := clusterkey.Parse([]byte(testClusterKey), "the cluster's")
+	cluster, err := clusterkey.Parse([]byte(daemontest.ClusterKey), "the cluster's")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pastEnd := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, fv)})
+	pastEnd := daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", forged.Seq), fv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, fv)})
 	// Signed too, naming the head, but not following from it: a skipped increment that moves the
 	// version.
 	bad := *forged
@@ -165,7 +149,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	invalid := rawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", bad.Seq), bv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, bv)})
+	invalid := daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", bad.Seq), bv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, bv)})
 	// A deletion of a stored CE, and a registration, on the CE topic without an authenticator.
 	victim := ids[0]
 	at := time.Now().UTC()
@@ -178,15 +162,15 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	ceOffsets := map[string]int64{
-		victim:   rawProduce(t, b, "cfguard.ce", ceshare.Partition(victim, 12), victim, del),
-		"evil-1": rawProduce(t, b, "cfguard.ce", ceshare.Partition("evil-1", 12), "evil-1", reg),
+		victim:   daemontest.RawProduce(t, b, "cfguard.ce", ceshare.Partition(victim, 12), victim, del),
+		"evil-1": daemontest.RawProduce(t, b, "cfguard.ce", ceshare.Partition("evil-1", 12), "evil-1", reg),
 	}
 	// A copy: a value the cluster signed (a deletion of the victim), written under another key, in
 	// that key's partition. Its authenticator verifies, but not for where it was written.
-	copyAt := rawProduce(t, b, "cfguard.ce", ceshare.Partition("copy-1", 12), "copy-1", del,
-		kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r1.d.rep.Keys(), del)})
+	copyAt := daemontest.RawProduce(t, b, "cfguard.ce", ceshare.Partition("copy-1", 12), "copy-1", del,
+		kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r1.D.Replica().Keys(), del)})
 
-	produced = produceRows(t, reps[0], data, produced, 64)
+	produced = daemontest.ProduceRows(t, reps[0], data, produced, 64)
 	after := agree()
 	if after.Version <= before.Version {
 		t.Errorf("the posterior did not move past version %d after the forgeries", before.Version)
@@ -194,7 +178,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	waitfor.Cond(t, 30*time.Second, "the CE topic's forgeries counted by their owners", func() bool {
 		n := 0.0
 		for _, r := range reps {
-			n += r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce")
+			n += r.Metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce")
 		}
 		return n >= 3
 	})
@@ -202,7 +186,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	copyP := ceshare.Partition("copy-1", 12)
 	waitfor.Cond(t, 30*time.Second, "the copy counted by the owner of its partition", func() bool {
 		for _, r := range reps {
-			owned := r.d.share.Member().Owned()
+			owned := r.D.Share().Member().Owned()
 			if !slices.Contains(owned, copyP) {
 				continue
 			}
@@ -212,50 +196,50 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 					want++
 				}
 			}
-			return r.metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce") >= want
+			return r.Metric(t, "cfguard_replication_unauthenticated_total", "topic", "cfguard.ce") >= want
 		}
 		return false
 	})
 	for i, r := range reps {
 		name := fmt.Sprintf("r%d", i+1)
-		v := r.view(t)
+		v := r.View(t)
 		if v.Replication.Writer == "evil/deadbeef" || v.Replication.Term != after.Replication.Term {
 			t.Errorf("%s: writer %s term %d", name, v.Replication.Writer, v.Replication.Term)
 		}
-		if n := r.metric(t, "cfguard_replication_unauthenticated_total", "topic", topic); n != float64(len(postOffsets)) {
+		if n := r.Metric(t, "cfguard_replication_unauthenticated_total", "topic", topic); n != float64(len(postOffsets)) {
 			t.Errorf("%s: %v unauthenticated posterior records counted, want %d", name, n, len(postOffsets))
 		}
-		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "unauthenticated"); n != float64(len(postOffsets)) {
+		if n := r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "unauthenticated"); n != float64(len(postOffsets)) {
 			t.Errorf("%s: %v records ignored as unauthenticated, want %d", name, n, len(postOffsets))
 		}
 		for _, off := range postOffsets {
-			if !warnedAt(r.logs.String(), "unauthenticated posterior log record ignored", off) {
+			if !warnedAt(r.Logs.String(), "unauthenticated posterior log record ignored", off) {
 				t.Errorf("%s: no WARN line naming the forged record at offset %d", name, off)
 			}
 		}
-		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end"); n != 1 {
+		if n := r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end"); n != 1 {
 			t.Errorf("%s: %v entries refused for coverage past the end, want 1", name, n)
 		}
-		if !warnedAt(r.logs.String(), "posterior log entry refused: it covers input records that do not exist", pastEnd) {
+		if !warnedAt(r.Logs.String(), "posterior log entry refused: it covers input records that do not exist", pastEnd) {
 			t.Errorf("%s: no WARN line naming the entry covering past the end at offset %d", name, pastEnd)
 		}
-		if n := r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "invalid"); n != 1 {
+		if n := r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "invalid"); n != 1 {
 			t.Errorf("%s: %v signed entries refused as invalid, want 1", name, n)
 		}
-		if !warnedAt(r.logs.String(), "posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it", invalid) {
+		if !warnedAt(r.Logs.String(), "posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it", invalid) {
 			t.Errorf("%s: no WARN line naming the invalid entry at offset %d", name, invalid)
 		}
-		if code, body := r.get(t, "/readyz"); code != http.StatusOK {
+		if code, body := r.Get(t, "/readyz"); code != http.StatusOK {
 			t.Errorf("%s: /readyz %d %s", name, code, body)
 		}
-		if code, body := r.get(t, "/v1/counterfactuals/"+victim); code != http.StatusOK {
+		if code, body := r.Get(t, "/v1/counterfactuals/"+victim); code != http.StatusOK {
 			t.Errorf("%s: the CE whose deletion was forged: %d %s", name, code, body)
 		}
-		if code, _ := r.get(t, "/v1/counterfactuals/evil-1"); code != http.StatusNotFound {
+		if code, _ := r.Get(t, "/v1/counterfactuals/evil-1"); code != http.StatusNotFound {
 			t.Errorf("%s: the forged registration: %d, want 404", name, code)
 		}
 		for _, id := range ids {
-			if code, body := r.get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
+			if code, body := r.Get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
 				t.Errorf("%s: %s (registered under k1 or k2): %d %s", name, id, code, body)
 			}
 		}
@@ -263,7 +247,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	warned := map[string]bool{}
 	for _, r := range reps {
 		for id, off := range ceOffsets {
-			warned[id] = warned[id] || warnedAt(r.logs.String(), "unauthenticated CE request ignored", off)
+			warned[id] = warned[id] || warnedAt(r.Logs.String(), "unauthenticated CE request ignored", off)
 		}
 	}
 	for id, off := range ceOffsets {
@@ -273,7 +257,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	}
 	copied := false
 	for _, r := range reps {
-		copied = copied || warnedAt(r.logs.String(), "copy of a CE request skipped", copyAt)
+		copied = copied || warnedAt(r.Logs.String(), "copy of a CE request skipped", copyAt)
 	}
 	if !copied {
 		t.Errorf("no replica logged a WARN line naming the copy at offset %d", copyAt)
@@ -287,9 +271,9 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 			{Cmd: "grep cfguard_replication_unauthenticated_total", Want: fmt.Sprintf(`(?m)^cfguard_replication_unauthenticated_total\{topic="cfguard\.posterior"\} %d$`, len(postOffsets))},
 			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?s)^offset %d key e/%d headers \n\{.*"kind":"increment".*"writer":%q`, postOffsets[0], forged.Seq, h.Writer)},
 		}
-		s := runbooktest.Named(t, runbookPath, "CfguardReplicationUnauthenticated")
+		s := runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardReplicationUnauthenticated")
 		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.D.HTTPAddr(), "BROKER", b.Addrs()[0],
 			"TOPIC", topic, "PARTITION", "0", "OFFSET", fmt.Sprint(postOffsets[0])), nil)
 
 		// CfguardPosteriorLogRefused's: the counts of the signed entries refused, and the one
@@ -298,28 +282,28 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 			{Cmd: "cfguard_posterior_log_records_ignored_total", Want: `(?m)^cfguard_posterior_log_records_ignored_total\{reason="coverage_past_end"\} 1\ncfguard_posterior_log_records_ignored_total\{reason="invalid"\} 1$`},
 			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?s)^offset %d key e/%d headers cfguard-auth=.*\n\{.*"kind":"increment".*"writer":%q`, pastEnd, forged.Seq, h.Writer)},
 		}
-		s = runbooktest.Named(t, runbookPath, "CfguardPosteriorLogRefused")
+		s = runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardPosteriorLogRefused")
 		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.d.HTTPAddr(), "BROKER", b.Addrs()[0],
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r1.D.HTTPAddr(), "BROKER", b.Addrs()[0],
 			"TOPIC", topic, "PARTITION", "0", "OFFSET", fmt.Sprint(pastEnd)), nil)
 	}
 
 	// A replica with another cluster's key does not join: no record of the log authenticates.
-	wrong := writeKeyFile(t, "k9:"+strings.Repeat("77", 32))
+	wrong := daemontest.WriteKeyFile(t, "k9:"+strings.Repeat("77", 32))
 	err = runReplicaOnce(t, b, "r4", t.TempDir(), wrong)
 	if err == nil || !strings.Contains(err.Error(), "none authenticates") || !strings.Contains(err.Error(), "replication.key_file") {
 		t.Errorf("a replica with another key: Run = %v; want a refusal naming replication.key_file", err)
 	}
 	// Nor does a replica that followed the log restart with another key.
-	var follower *running
+	var follower *launch.Running
 	for _, r := range reps {
-		if !r.view(t).Replication.Updater {
+		if !r.View(t).Replication.Updater {
 			follower = r
 		}
 	}
-	dir := follower.d.cfg.StateDir
-	follower.stop(t)
-	err = runReplicaOnce(t, b, follower.d.cfg.Replication.ReplicaID, dir, wrong)
+	dir := follower.Config.StateDir
+	follower.Stop(t)
+	err = runReplicaOnce(t, b, follower.Config.Replication.ReplicaID, dir, wrong)
 	if err == nil || !strings.Contains(err.Error(), "does not authenticate") || !strings.Contains(err.Error(), "replication.key_file") {
 		t.Errorf("a replica restarted with another key: Run = %v; want a refusal naming replication.key_file", err)
 	}
@@ -334,14 +318,14 @@ func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string
 	c.HTTP.Listen = "127.0.0.1:0"
 	c.Audit.Schedule = ""
 	c.Certify.Samples = 400
-	replicaConfig(&c, b, id, keyFile)
+	daemontest.ReplicaConfig(&c, b.Addrs(), id, keyFile)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ready := make(chan *Daemon, 1)
+	ready := make(chan *daemon.Daemon, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
-			Registry: prometheus.NewRegistry(), Ready: ready, hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(daemontest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
+			Registry: prometheus.NewRegistry(), Ready: ready, BundledModel: daemontest.BundledModelOf(t, &c)})
 	}()
 	select {
 	case err := <-done:
@@ -361,9 +345,9 @@ func TestAuthenticatedRecordThatIsNoEntryIsLogged(t *testing.T) {
 		t.Skip("a replica: not with -short")
 	}
 	t.Parallel()
-	b := startCluster(t, 1)
-	r := startReplica(t, b, "r1")
-	plog := keyHolderLog(t, r)
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	plog := daemontest.KeyHolderLog(t, r)
 	end, err := plog.End(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -375,19 +359,19 @@ func TestAuthenticatedRecordThatIsNoEntryIsLogged(t *testing.T) {
 	}
 	const warn = "posterior log record ignored: it authenticates under the cluster key but is not an entry"
 	waitfor.Cond(t, 30*time.Second, "both records ignored as malformed", func() bool {
-		return r.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed") == 2
+		return r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed") == 2
 	})
 	for i, why := range []string{"invalid character", "postlog: malformed entry"} {
 		offset := fmt.Sprintf("offset=%d ", end+int64(i))
 		found := false
-		for _, line := range strings.Split(r.logs.String(), "\n") {
+		for _, line := range strings.Split(r.Logs.String(), "\n") {
 			found = found || strings.Contains(line, "level=WARN") && strings.Contains(line, warn) && strings.Contains(line, offset) && strings.Contains(line, why)
 		}
 		if !found {
-			t.Errorf("no WARN line %q with %s and %q:\n%s", warn, offset, why, r.logs.String())
+			t.Errorf("no WARN line %q with %s and %q:\n%s", warn, offset, why, r.Logs.String())
 		}
 	}
-	if code, body := r.get(t, "/readyz"); code != http.StatusOK {
+	if code, body := r.Get(t, "/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after records that are no entries: %d %s", code, body)
 	}
 }

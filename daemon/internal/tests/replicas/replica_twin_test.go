@@ -1,4 +1,4 @@
-package daemon
+package replicas
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
@@ -20,10 +23,10 @@ import (
 // keeps every partition.
 func TestReplicaIDTakenRefuses(t *testing.T) {
 	t.Parallel() // mostly waits out the twin check (twice the session timeout, plus 5 s)
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
-	owned := len(r1.d.share.Member().Owned())
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := launch.ReplicaKey(t, b, "r1", key)
+	owned := len(r1.D.Share().Member().Owned())
 
 	c := config.Default()
 	c.StateDir, c.HTTP.Listen = t.TempDir(), "127.0.0.1:0"
@@ -31,21 +34,21 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	c.Kafka.MaxWait = 300 * time.Millisecond
 	c.Certify.Samples = 400
 	c.Audit.Schedule = ""
-	replicaConfig(&c, b, "r1", key)
+	daemontest.ReplicaConfig(&c, b.Addrs(), "r1", key)
 	// Run returns the refusal by itself: a run that joined instead hangs here, and go test's
 	// timeout names this test.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
-			Registry: prometheus.NewRegistry(), hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(daemontest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
+			Registry: prometheus.NewRegistry(), BundledModel: daemontest.BundledModelOf(t, &c)})
 	}()
 	err := <-done
 	if err == nil || !strings.Contains(err.Error(), `replication.replica_id "r1"`) || !strings.Contains(err.Error(), "another live member") {
 		t.Fatalf("a second replica with id r1: Run = %v; want a refusal naming replication.replica_id", err)
 	}
-	if got := len(r1.d.share.Member().Owned()); got != owned || got != r1.d.cfg.Replication.CEPartitions {
-		t.Errorf("the first r1 owns %d partitions after the twin's attempt, %d before; want all %d", got, owned, r1.d.cfg.Replication.CEPartitions)
+	if got := len(r1.D.Share().Member().Owned()); got != owned || got != r1.Config.Replication.CEPartitions {
+		t.Errorf("the first r1 owns %d partitions after the twin's attempt, %d before; want all %d", got, owned, r1.Config.Replication.CEPartitions)
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package replicalog
 
 import (
 	"encoding/json"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -20,11 +22,11 @@ import (
 // applied, once cluster.SendTimeout has passed: not held open while the producer retries.
 func TestCETopicGoneAnswers503(t *testing.T) {
 	t.Parallel() // mostly waits out two send deadlines of 10 s
-	b := startCluster(t, 1)
-	r := startReplica(t, b, "r1")
-	data := bundled(t)
-	ids := registerCEs(t, r, data, 3)
-	parts := r.d.cfg.Replication.CEPartitions
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 3, "")
+	parts := r.Config.Replication.CEPartitions
 	stored := ""
 	for _, id := range ids {
 		if ceshare.Partition(id, parts) != 0 {
@@ -40,8 +42,8 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 	if stored == "" {
 		t.Fatalf("the CEs %v all hash to partition 0 of %d", ids, parts)
 	}
-	_, xs, cfs := candidatePairs(t, r.d.current(), data, 400, 1)
-	kafkatest.RecreateTopic(t, b.Addrs(), r.d.cfg.Replication.CETopic, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.Posterior(), data, 400, 1)
+	kafkatest.RecreateTopic(t, b.Addrs(), r.Config.Replication.CETopic, 1)
 
 	// A request held open while the producer retries would hang here: go test's timeout then
 	// names this call in its goroutine dump.
@@ -52,7 +54,7 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 			b, _ := json.Marshal(body)
 			raw = string(b)
 		}
-		resp, b := r.rawDo(t, method, path, raw, map[string]string{"Content-Type": "application/json"})
+		resp, b := r.RawDo(t, method, path, raw, map[string]string{"Content-Type": "application/json"})
 		var e struct {
 			Error string `json:"error"`
 		}
@@ -85,20 +87,20 @@ func TestCETopicGoneAnswers503(t *testing.T) {
 // (its creation time, certificate and status included), and the deleted one from neither.
 func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
-	b := startCluster(t, 1)
-	r1 := startReplica(t, b, "r1")
-	data := bundled(t)
-	ids := registerCEs(t, r1, data, 6)
-	topic := r1.d.cfg.Replication.CETopic
-	kafkatest.RecreateTopic(t, b.Addrs(), topic, r1.d.cfg.Replication.CEPartitions)
+	b := daemontest.StartCluster(t, 1)
+	r1 := launch.Replica(t, b, "r1")
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r1, data, 6, "")
+	topic := r1.Config.Replication.CETopic
+	kafkatest.RecreateTopic(t, b.Addrs(), topic, r1.Config.Replication.CEPartitions)
 	waitfor.Cond(t, 60*time.Second, "the replica sends its 6 CEs again", func() bool {
-		return r1.metric(t, "cfguard_counterfactuals_repaired_total") == 6
+		return r1.Metric(t, "cfguard_counterfactuals_repaired_total") == 6
 	})
-	if !strings.Contains(r1.logs.String(), "the topic was deleted and created again") {
-		t.Errorf("no ERROR line names the reset:\n%s", r1.logs.String())
+	if !strings.Contains(r1.Logs.String(), "the topic was deleted and created again") {
+		t.Errorf("no ERROR line names the reset:\n%s", r1.Logs.String())
 	}
-	more := registerCEsPrefixed(t, r1, data, 2, "after-")
-	if code, body := r1.do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
+	more := daemontest.RegisterCEs(t, r1, data, 2, "after-")
+	if code, body := r1.Do(t, "DELETE", "/v1/counterfactuals/"+ids[0], "", nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE %s after the reset: %d %s", ids[0], code, body)
 	}
 	type view struct {
@@ -109,8 +111,8 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 		P1            float64   `json:"p1"`
 		Status        string    `json:"status"`
 	}
-	read := func(r *running, id string) (int, string) {
-		code, body := r.get(t, "/v1/counterfactuals/"+id)
+	read := func(r *launch.Running, id string) (int, string) {
+		code, body := r.Get(t, "/v1/counterfactuals/"+id)
 		var ce view
 		json.Unmarshal(body, &ce)
 		return code, fmt.Sprint(ce.X, ce.Target, ce.CreatedAt, ce.AnchorVersion, ce.P1, ce.Status)
@@ -119,35 +121,35 @@ func TestCETopicRecreatedKeepsTheCEs(t *testing.T) {
 	for _, id := range append(ids[1:], more...) {
 		_, before[id] = read(r1, id)
 	}
-	r2 := startReplica(t, b, "r2")
+	r2 := launch.Replica(t, b, "r2")
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready", func() bool {
-		return shareReady(r2) && len(r1.d.share.Member().Owned())+len(r2.d.share.Member().Owned()) == r1.d.cfg.Replication.CEPartitions
+		return daemontest.ShareReady(r2) && len(r1.D.Share().Member().Owned())+len(r2.D.Share().Member().Owned()) == r1.Config.Replication.CEPartitions
 	})
 	for _, id := range append(ids, more...) {
 		want := http.StatusOK
 		if id == ids[0] {
 			want = http.StatusNotFound
 		}
-		for _, r := range []*running{r1, r2} {
+		for _, r := range []*launch.Running{r1, r2} {
 			code, got := read(r, id)
 			if code != want {
-				t.Errorf("GET %s at %s: %d; want %d", id, r.d.cfg.Replication.ReplicaID, code, want)
+				t.Errorf("GET %s at %s: %d; want %d", id, r.Config.Replication.ReplicaID, code, want)
 			}
 			if want == http.StatusOK && got != before[id] {
-				t.Errorf("%s reads %s at %s, %s before r2 joined", id, got, r.d.cfg.Replication.ReplicaID, before[id])
+				t.Errorf("%s reads %s at %s, %s before r2 joined", id, got, r.Config.Replication.ReplicaID, before[id])
 			}
 		}
 	}
 	moved := 0
 	for _, id := range ids[1:] {
-		if slices.Contains(r2.d.share.Member().Owned(), ceshare.Partition(id, r1.d.cfg.Replication.CEPartitions)) {
+		if slices.Contains(r2.D.Share().Member().Owned(), ceshare.Partition(id, r1.Config.Replication.CEPartitions)) {
 			moved++
 		}
 	}
 	if moved == 0 {
 		t.Errorf("no CE registered before the reset moved to r2: the test does not show that a new owner stores them")
 	}
-	if n := r2.metric(t, "cfguard_counterfactuals_states_total", "result", "not_used"); n != 0 {
-		t.Errorf("r2 did not use %v states of the CEs that moved to it:\n%s", n, r2.logs.String())
+	if n := r2.Metric(t, "cfguard_counterfactuals_states_total", "result", "not_used"); n != 0 {
+		t.Errorf("r2 did not use %v states of the CEs that moved to it:\n%s", n, r2.Logs.String())
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package replicas
 
 import (
 	"context"
@@ -14,6 +14,9 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -44,10 +47,10 @@ func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close) // after the replica's cleanup
-	r := startReplicaAt(t, kc.ListenAddrs(), "r1", writeKeyFile(t, testClusterKey))
-	data := bundled(t)
-	produceRows(t, r, data, 0, 8)
-	applied := func() float64 { return gatherCounter(r.reg, "cfguard_records_total", "result", "applied") }
+	r := launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
+	data := daemontest.Bundled(t)
+	daemontest.ProduceRows(t, r, data, 0, 8)
+	applied := func() float64 { return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") }
 	waitfor.Cond(t, 60*time.Second, "8 records applied", func() bool { return applied() == 8 })
 
 	var refusing atomic.Bool
@@ -73,35 +76,31 @@ func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
 		return resp, nil, true
 	})
 	waitfor.Cond(t, 60*time.Second, "the follower failing to read the log 5 times", func() bool {
-		select {
-		case err := <-r.done:
+		if returned, err := r.Returned(); returned {
 			t.Fatalf("the replica stopped while its posterior log was unreadable: %v", err)
-		default:
 		}
 		return refused.Load() >= 5
 	})
 	const said = "posterior log: reading it failed; reading it again with backoff, serving the last posterior applied"
-	if n := strings.Count(r.logs.String(), said); handed && n != 1 || !handed && n != 0 {
+	if n := strings.Count(r.Logs.String(), said); handed && n != 1 || !handed && n != 0 {
 		t.Errorf("the follower said %d times that reading failed; want once for the episode when kafka-go hands the error over, else never", n)
 	}
-	if code, body := r.do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != 200 {
+	if code, body := r.Do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != 200 {
 		t.Errorf("POST /v1/predict while the log is unreadable: %d %s", code, body)
 	}
-	produceRows(t, r, data, 8, 8)
+	daemontest.ProduceRows(t, r, data, 8, 8)
 	waitfor.Cond(t, 60*time.Second, "/readyz saying the log cannot be read", func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == 503 && strings.Contains(string(body), "the posterior log cannot be read")
 	})
 	waitfor.Cond(t, 60*time.Second, "the updater giving the role up", func() bool {
-		return strings.Contains(r.logs.String(), "this replica's follower has not read it for")
+		return strings.Contains(r.Logs.String(), "this replica's follower has not read it for")
 	})
 	refusing.Store(false)
 	waitfor.Cond(t, 60*time.Second, "16 records applied once the log reads again", func() bool { return applied() == 16 })
-	waitfor.Cond(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	select {
-	case err := <-r.done:
+	waitfor.Cond(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	if returned, err := r.Returned(); returned {
 		t.Fatalf("the replica stopped: %v", err)
-	default:
 	}
 	t.Logf("fetches of the posterior log refused: %d", refused.Load())
 }
@@ -121,9 +120,9 @@ func TestUpdaterOwnLateEntryIsNotBuiltOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close) // after the replicas' cleanups
-	addrs, key := kc.ListenAddrs(), writeKeyFile(t, testClusterKey)
-	r1 := startReplicaAt(t, addrs, "r1", key)
-	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.d.rep.Updater)
+	addrs, key := kc.ListenAddrs(), daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := launch.ReplicaAt(t, addrs, "r1", key)
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.D.Replica().Updater)
 
 	// Controls: the posterior log's appends, then the input topic's fetches, held until released.
 	var holdAppend, holdInput atomic.Bool
@@ -161,34 +160,36 @@ func TestUpdaterOwnLateEntryIsNotBuiltOn(t *testing.T) {
 		return nil, nil, false
 	})
 
-	data := bundled(t)
-	applied := func(r *running) float64 { return gatherCounter(r.reg, "cfguard_records_total", "result", "applied") }
-	head := r1.d.rep.Head().Seq
+	data := daemontest.Bundled(t)
+	applied := func(r *launch.Running) float64 {
+		return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied")
+	}
+	head := r1.D.Replica().Head().Seq
 	holdAppend.Store(true)
-	produceRows(t, r1, data, 0, 8)
+	daemontest.ProduceRows(t, r1, data, 0, 8)
 	select {
 	case <-appendHeld:
 	case <-time.After(60 * time.Second):
 		t.Fatal("r1 appended no entry for 8 records within 60s")
 	}
 	holdInput.Store(true) // r1's next consumer reads nothing until its held entry is in the log
-	gens := func(r *running) float64 { return r.metric(t, alerts.NameGenerations) }
+	gens := func(r *launch.Running) float64 { return r.Metric(t, alerts.NameGenerations) }
 	before := gens(r1)
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfigAt(c, addrs, "r2", key) }, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 the updater of a new generation", func() bool { return gens(r1) > before && r1.d.rep.Updater() })
+	r2 := launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, addrs, "r2", key) }, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 the updater of a new generation", func() bool { return gens(r1) > before && r1.D.Replica().Updater() })
 
 	holdAppend.Store(false)
 	close(releaseAppend) // the held entry lands
-	waitfor.Cond(t, 60*time.Second, "r1's held entry accepted", func() bool { return r1.d.rep.Head().Seq > head && applied(r1) == 8 })
+	waitfor.Cond(t, 60*time.Second, "r1's held entry accepted", func() bool { return r1.D.Replica().Head().Seq > head && applied(r1) == 8 })
 	holdInput.Store(false)
 	close(releaseInput)
-	n := produceRows(t, r1, data, 8, 8)
-	for _, r := range []*running{r1, r2} {
+	n := daemontest.ProduceRows(t, r1, data, 8, 8)
+	for _, r := range []*launch.Running{r1, r2} {
 		waitfor.Cond(t, 60*time.Second, "the log covering every record", func() bool {
-			return r.d.rep.Head().Covers[0] == int64(n) && r.d.rep.Head().Seq == r1.d.rep.Head().Seq
+			return r.D.Replica().Head().Covers[0] == int64(n) && r.D.Replica().Head().Seq == r1.D.Replica().Head().Seq
 		})
 		if got := applied(r); got != float64(n) {
-			t.Errorf("%s applied %v records, %d were produced: the log applied some twice", r.d.cfg.Replication.ReplicaID, got, n)
+			t.Errorf("%s applied %v records, %d were produced: the log applied some twice", r.Config.Replication.ReplicaID, got, n)
 		}
 	}
 }
@@ -201,15 +202,15 @@ func TestNoGenesisBesideRunningReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two replicas: not with -short")
 	}
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
-	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.d.rep.Updater)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := launch.ReplicaKey(t, b, "r1", key)
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.D.Replica().Updater)
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
-	c := testConfig(t, func(c *config.Config) { replicaConfigAt(c, b.Addrs(), "r2", key) })
+	c := daemontest.Config(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r2", key) })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	err := Run(ctx, Options{Config: &c, Logger: slog.New(slog.DiscardHandler)})
+	err := daemon.Run(ctx, daemon.Options{Config: &c, Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "1 replicas run in the updater group") || !strings.Contains(err.Error(), "cfguard new-epoch --head-from") ||
 		!strings.Contains(err.Error(), "replication.posterior_topic is not the topic they follow") {
 		t.Fatalf("r2's start on an emptied posterior log beside r1: %v; want a refusal naming the running replica and new-epoch", err)
@@ -225,15 +226,15 @@ func TestNoGenesisBesideRunningReplicas(t *testing.T) {
 // going round at the speed of rebalances, each term writing the dead letters again.
 func TestUpdaterBacksOffATermThatKeepsFailing(t *testing.T) {
 	t.Parallel() // waits for terms to fail
-	b := startCluster(t, 1)
+	b := daemontest.StartCluster(t, 1)
 	kafkatest.SetTopicConfig(t, b.Addrs(), "cfguard.records.dlq", "max.message.bytes", "1000")
-	r := startReplica(t, b, "r1")
+	r := launch.Replica(t, b, "r1")
 	bad := []byte(`{"id":"big","pad":"` + strings.Repeat("x", 2000) + `"}`)
-	r.produce(t, bad)
+	r.Produce(t, bad)
 	waitfor.Cond(t, 60*time.Second, "a term failing again after a longer pause", func() bool {
-		return strings.Contains(r.logs.String(), "terms keep failing")
+		return strings.Contains(r.Logs.String(), "terms keep failing")
 	})
-	if got := r.logs.Logged("updater: terms keep failing; rejoining the group after a longer pause", "pause"); got != "2s" {
+	if got := r.Logs.Logged("updater: terms keep failing; rejoining the group after a longer pause", "pause"); got != "2s" {
 		t.Errorf("the second failed term's pause is %q, want 2s", got)
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package replicalog
 
 import (
 	"net/http"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -23,46 +25,46 @@ import (
 // other replica does) and names the topic and the recovery.
 func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	t.Parallel() // most of it waits for resetAfter
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r := startReplicaKey(t, b, "r1", key)
-	data := bundled(t)
-	n := produceRows(t, r, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
-	before := r.view(t)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r := launch.ReplicaKey(t, b, "r1", key)
+	data := daemontest.Bundled(t)
+	n := daemontest.ProduceRows(t, r, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
+	before := r.View(t)
 
-	generations := r.metric(t, "cfguard_updater_group_generations_total")
+	generations := r.Metric(t, "cfguard_updater_group_generations_total")
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
-	produceRows(t, r, data, n, 64)
+	daemontest.ProduceRows(t, r, data, n, 64)
 	waitfor.Cond(t, 60*time.Second, "the replica stops following the recreated log", func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "posterior log reset") &&
-			r.metric(t, "cfguard_posterior_log_stopped") == 1
+			r.Metric(t, "cfguard_posterior_log_stopped") == 1
 	})
 	// While the log is short and after, the updater waits in its generation: one that ended at
 	// once would be joined again at once, thousands of times in the 10 s before the halt. A few
 	// are allowed: a process starved past its session timeout rejoins.
-	if g := r.metric(t, "cfguard_updater_group_generations_total") - generations; g > 10 {
+	if g := r.Metric(t, "cfguard_updater_group_generations_total") - generations; g > 10 {
 		t.Errorf("the updater group went through %v generations while the log was short; want the updater to keep its own", g)
 	}
-	after := r.view(t)
+	after := r.View(t)
 	if after.Version != before.Version || after.Replication.Entry != before.Replication.Entry || after.Replication.SHA != before.Replication.SHA {
 		t.Errorf("after the reset the replica serves version %d entry %d (%s); want what it had: version %d entry %d (%s)",
 			after.Version, after.Replication.Entry, after.Replication.SHA, before.Version, before.Replication.Entry, before.Replication.SHA)
 	}
-	if logs := r.logs.String(); strings.Contains(logs, "a bug") || !strings.Contains(logs, "stopped following the posterior log") {
+	if logs := r.Logs.String(); strings.Contains(logs, "a bug") || !strings.Contains(logs, "stopped following the posterior log") {
 		t.Errorf("the replica's log after the reset:\n%s", logs)
 	}
 
 	// The recreated topic holds an entry of the cluster (the updater may have appended one before
 	// it read the log's end; this one is certain) and no genesis.
-	appendEntry(t, keyHolderLog(t, r), claimOn(r.d.rep.Head(), "r9/1"))
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), daemontest.ClaimOn(r.D.Replica().Head(), "r9/1"))
 	err := runReplicaOnce(t, b, "r2", t.TempDir(), key)
 	if err == nil || !strings.Contains(err.Error(), "no genesis") || !strings.Contains(err.Error(), "cfguard.posterior") ||
 		!strings.Contains(err.Error(), "lost its start") {
 		t.Errorf("a replica starting on the recreated log: Run = %v; want a refusal naming the topic and its lost start", err)
 	}
-	if r.view(t).Replication.Entry != before.Replication.Entry {
+	if r.View(t).Replication.Entry != before.Replication.Entry {
 		t.Error("the stopped replica applied an entry of the recreated log")
 	}
 
@@ -71,36 +73,36 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	// differs (the log lost the genesis that recorded the cluster's). The stopped replica names
 	// the key and the recovery that works: a replica rebuilt from an empty state_dir with the
 	// epoch's settings follows the new log.
-	h := r.d.rep.Head()
-	epochCfg := *r.d.cfg
+	h := r.D.Replica().Head()
+	epochCfg := *r.Config
 	epochCfg.Certify.Delta = 0.1
 	settings, err := replica.ClusterSettings(&epochCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	appendEntry(t, keyHolderLog(t, r), epochOn(t, r, h, settings))
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), epochOn(t, r, h, settings))
 	waitfor.Cond(t, 60*time.Second, "the replica naming the epoch's settings and the rebuild", func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "certify.delta: this replica 0.05, the cluster's log 0.1") &&
 			strings.Contains(string(body), "the log was recreated: set these keys to the log's values in the file") &&
 			strings.Contains(string(body), "move this replica's state_dir aside and restart it")
 	})
 
 	// Restarted, the replica finds the entry it applied last gone and refuses, ledger unchanged.
-	dir := r.d.cfg.StateDir
-	r.stop(t)
+	dir := r.Config.StateDir
+	r.Stop(t)
 	err = runReplicaOnce(t, b, "r1", dir, key)
 	if err == nil || !strings.Contains(err.Error(), "posterior log reset") || !strings.Contains(err.Error(), "no longer holds it") ||
 		!strings.Contains(err.Error(), "new-epoch --head-from") {
 		t.Errorf("the replica restarted on the recreated log: Run = %v; want a refusal naming the reset and the recovery", err)
 	}
-	rebuilt := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+	rebuilt := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.Certify.Delta = 0.1
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "the rebuilt replica following the new log", func() bool {
-		code, _ := rebuilt.get(t, "/readyz")
-		return code == http.StatusOK && rebuilt.d.rep.Head().Epoch == h.Epoch+1
+		code, _ := rebuilt.Get(t, "/readyz")
+		return code == http.StatusOK && rebuilt.D.Replica().Head().Epoch == h.Epoch+1
 	})
 }
 
@@ -111,47 +113,47 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 // naming the entry and the record in its place.
 func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
 	t.Parallel() // mostly waits for the check of the head
-	b := startCluster(t, 1)
-	r := startReplica(t, b, "r1")
-	n := produceRows(t, r, bundled(t), 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
-	head := r.d.rep.Head()
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
+	head := r.D.Replica().Head()
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 	for i := int64(0); i <= head.Offset+2; i++ {
-		rawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
+		daemontest.RawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
 	}
 	waitfor.Cond(t, 60*time.Second, "the replica stops following the regrown log", func() bool {
-		code, body := r.get(t, "/readyz")
+		code, body := r.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "no longer holds entry") &&
-			r.metric(t, "cfguard_posterior_log_stopped") == 1
+			r.Metric(t, "cfguard_posterior_log_stopped") == 1
 	})
-	if got := r.d.rep.Head(); got.Seq != head.Seq || got.Hash != head.Hash {
+	if got := r.D.Replica().Head(); got.Seq != head.Seq || got.Hash != head.Hash {
 		t.Errorf("after the reset the replica's head is entry %d (%s); want entry %d (%s) it had", got.Seq, got.Hash, head.Seq, head.Hash)
 	}
 
 	// An epoch with the cluster's settings begins the log again from the replica's head, and it
 	// resumes. A later, hand-written epoch that changes a setting the log recorded is no reset:
 	// the replica says that no replica can follow it, not to rebuild from the log.
-	plog := keyHolderLog(t, r)
-	settings, err := replica.ClusterSettings(r.d.cfg)
+	plog := daemontest.KeyHolderLog(t, r)
+	settings, err := replica.ClusterSettings(r.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	appendEntry(t, plog, epochOn(t, r, head, settings))
+	daemontest.AppendEntry(t, plog, epochOn(t, r, head, settings))
 	waitfor.Cond(t, 60*time.Second, "the replica resumed at the epoch", func() bool {
-		return r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.d.rep.Head().Epoch == head.Epoch+1
+		return r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.D.Replica().Head().Epoch == head.Epoch+1
 	})
-	changed := *r.d.cfg
+	changed := *r.Config
 	changed.Certify.Delta = 0.1
 	if settings, err = replica.ClusterSettings(&changed); err != nil {
 		t.Fatal(err)
 	}
-	appendEntry(t, plog, epochOn(t, r, r.d.rep.Head(), settings))
+	daemontest.AppendEntry(t, plog, epochOn(t, r, r.D.Replica().Head(), settings))
 	var body string
 	waitfor.Cond(t, 60*time.Second, "the replica stopped at the epoch that changes a setting", func() bool {
-		code, b := r.get(t, "/readyz")
+		code, b := r.Get(t, "/readyz")
 		body = string(b)
-		return code == http.StatusServiceUnavailable && r.metric(t, "cfguard_posterior_log_stopped") == 1
+		return code == http.StatusServiceUnavailable && r.Metric(t, "cfguard_posterior_log_stopped") == 1
 	})
 	if !strings.Contains(body, "the epoch changes settings that the log recorded before it, which no replica can follow") ||
 		strings.Contains(body, "recreated") || strings.Contains(body, "follow on") {
@@ -161,9 +163,9 @@ func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
 
 // epochOn is a new epoch on h, as cfguard new-epoch writes it from a head (the entry it moves
 // past is h), carrying r's posterior and recording settings.
-func epochOn(t *testing.T, r *running, h *postlog.Head, settings map[string]string) *postlog.Entry {
+func epochOn(t *testing.T, r *launch.Running, h *postlog.Head, settings map[string]string) *postlog.Entry {
 	t.Helper()
-	body, err := postlog.NewBody(r.d.current())
+	body, err := postlog.NewBody(r.D.Posterior())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,42 +185,42 @@ func TestStoppedReplicaSeesItsLogRecreated(t *testing.T) {
 	for _, regrown := range []bool{false, true} {
 		t.Run(map[bool]string{false: "short", true: "regrown"}[regrown], func(t *testing.T) {
 			t.Parallel()
-			b := startCluster(t, 1)
-			r := startReplica(t, b, "r1")
-			n := produceRows(t, r, bundled(t), 0, 64)
-			waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.view(t).Replication.Covers[0] == int64(n) })
-			head := r.d.rep.Head()
-			newer := claimOn(head, "r9/newer")
+			b := daemontest.StartCluster(t, 1)
+			r := launch.Replica(t, b, "r1")
+			n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
+			waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
+			head := r.D.Replica().Head()
+			newer := daemontest.ClaimOn(head, "r9/newer")
 			newer.Format = postlog.Format + 1
-			appendEntry(t, keyHolderLog(t, r), newer)
+			daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), newer)
 			waitfor.Cond(t, 60*time.Second, "the replica stopped at the entry of a newer format", func() bool {
-				code, body := r.get(t, "/readyz")
+				code, body := r.Get(t, "/readyz")
 				return code == http.StatusServiceUnavailable && strings.Contains(string(body), "upgrade cfguard")
 			})
 
 			kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 			if regrown { // past what the replica has read (the newer entry's offset + 1)
 				for i := int64(0); i <= head.Offset+3; i++ {
-					rawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
+					daemontest.RawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
 				}
 			}
 			var body string
 			waitfor.Cond(t, 60*time.Second, "the replica naming the reset", func() bool {
-				code, b := r.get(t, "/readyz")
+				code, b := r.Get(t, "/readyz")
 				body = string(b)
 				return code == http.StatusServiceUnavailable && strings.Contains(body, "posterior log reset")
 			})
 			if !strings.Contains(body, "new-epoch --head-from") || strings.Contains(body, "upgrade cfguard") {
 				t.Errorf("/readyz of a stopped replica whose log was recreated: %s; want the reset's recovery alone", body)
 			}
-			settings, err := replica.ClusterSettings(r.d.cfg)
+			settings, err := replica.ClusterSettings(r.Config)
 			if err != nil {
 				t.Fatal(err)
 			}
-			appendEntry(t, keyHolderLog(t, r), epochOn(t, r, head, settings))
+			daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), epochOn(t, r, head, settings))
 			waitfor.Cond(t, 60*time.Second, "the replica following the new log from the epoch", func() bool {
-				code, _ := r.get(t, "/readyz")
-				return code == http.StatusOK && r.metric(t, "cfguard_posterior_log_stopped") == 0 && r.d.rep.Head().Epoch == head.Epoch+1
+				code, _ := r.Get(t, "/readyz")
+				return code == http.StatusOK && r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.D.Replica().Head().Epoch == head.Epoch+1
 			})
 		})
 	}

@@ -1,4 +1,4 @@
-package daemon
+package flood
 
 import (
 	"bytes"
@@ -18,12 +18,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -63,10 +64,10 @@ func TestFloodWhileRecordsStreamKeepsIngesting(t *testing.T) {
 	t.Cleanup(kc.Close) // after the daemon's cleanup
 	// Predictions are admitted by their inputs: four of 500 at once, so that the flood's 40 must
 	// be shed on any machine (the default bound, 10^4 inputs per CPU, admits all 40 on two).
-	l := &loadCase{r: startDaemon(t, withSharedVAE(t, func(c *config.Config) {
+	l := &loadCase{r: launch.Daemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
 		c.Kafka.Brokers = kc.ListenAddrs()
 		c.HTTP.MaxPredictInputs = 4 * loadInputs
-	})), kc: kc, data: bundled(t),
+	})), kc: kc, data: daemontest.Bundled(t),
 		tally: newLoadTally(), faulted: make(chan struct{})}
 	l.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * loadConcurrent}}
 	t.Cleanup(l.client.CloseIdleConnections)
@@ -75,7 +76,7 @@ func TestFloodWhileRecordsStreamKeepsIngesting(t *testing.T) {
 	var bg sync.WaitGroup
 	defer func() { stop(); bg.Wait() }()
 	l.start = time.Now()
-	bg.Go(func() { l.probes.run(ctx, l.r.base+"/healthz", 200*time.Millisecond, 5*time.Second) })
+	bg.Go(func() { l.probes.run(ctx, l.r.Base+"/healthz", 200*time.Millisecond, 5*time.Second) })
 	bg.Go(func() { l.produce(ctx) })
 	bg.Go(func() { l.faultFetches(ctx) })
 
@@ -107,13 +108,13 @@ func TestFloodWhileRecordsStreamKeepsIngesting(t *testing.T) {
 	l.alive(t, "after the flood")
 	t.Logf("/healthz: %d probes, slowest %v (a handler that does nothing: %v); a fetch held back at %v with %v records applied; all %d applied %v after the first was produced (%v after the flood); consumer retries %d",
 		l.probes.n, l.probes.slowest.Round(time.Millisecond), l.probes.control.Round(time.Millisecond), l.faultAt.Round(time.Millisecond), l.faultApplied, loadRecords,
-		time.Since(l.start).Round(time.Millisecond), took.Round(time.Millisecond), l.r.d.consumer.Stats().Retries)
+		time.Since(l.start).Round(time.Millisecond), took.Round(time.Millisecond), l.r.D.Consumer().Stats().Retries)
 	l.check(t)
 }
 
 // loadCase is the state of TestFloodWhileRecordsStreamKeepsIngesting.
 type loadCase struct {
-	r      *running
+	r      *launch.Running
 	client *http.Client // keeps a connection per concurrent request
 	kc     *kfake.Cluster
 	data   *dataset.Set
@@ -131,12 +132,12 @@ type loadCase struct {
 }
 
 func (l *loadCase) applied() float64 {
-	return gatherCounter(l.r.reg, "cfguard_records_total", "result", "applied")
+	return daemontest.GatherCounter(l.r.Reg, "cfguard_records_total", "result", "applied")
 }
 
 // stopped is why the consumer stopped for good, or "".
 func (l *loadCase) stopped() string {
-	for _, why := range l.r.d.consumer.Health().Reasons {
+	for _, why := range l.r.D.Consumer().Health().Reasons {
 		if strings.HasPrefix(why, "stopped:") {
 			return why
 		}
@@ -147,11 +148,8 @@ func (l *loadCase) stopped() string {
 // alive fails the test if Run has returned.
 func (l *loadCase) alive(t *testing.T, when string) {
 	t.Helper()
-	select {
-	case err := <-l.r.done:
-		l.r.done <- err // for the cleanup
+	if returned, err := l.r.Returned(); returned {
 		t.Fatalf("the daemon exited %s: %v", when, err)
-	default:
 	}
 }
 
@@ -159,7 +157,7 @@ func (l *loadCase) alive(t *testing.T, when string) {
 func (l *loadCase) produce(ctx context.Context) {
 	tr := &kafka.Transport{} // not kafka.DefaultTransport: see kafkatest.Transport
 	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(l.kc.ListenAddrs()...), Topic: l.r.d.cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: loadBatch}
+	w := &kafka.Writer{Transport: tr, Addr: kafka.TCP(l.kc.ListenAddrs()...), Topic: l.r.Config.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: loadBatch}
 	defer w.Close()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -168,7 +166,7 @@ func (l *loadCase) produce(ctx context.Context) {
 		for i := range msgs {
 			k := b*loadBatch + i
 			row := k % len(l.data.X)
-			msgs[i] = kafka.Message{Value: record(fmt.Sprintf("load-%d", k), l.data.X[row], l.data.Y[row])}
+			msgs[i] = kafka.Message{Value: daemontest.Record(fmt.Sprintf("load-%d", k), l.data.X[row], l.data.Y[row])}
 		}
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := w.WriteMessages(wctx, msgs...)
@@ -230,7 +228,7 @@ func (l *loadCase) faultsBehind() bool {
 // as they should.
 func (l *loadCase) round(n int) {
 	predict, _ := json.Marshal(map[string]any{"xs": l.data.X[:loadInputs]})
-	cfg := l.r.d.cfg
+	cfg := l.r.Config
 	var wg sync.WaitGroup
 	for i := range loadConcurrent {
 		// Rows in turn, for the class the model does not give them (no target: the other class).
@@ -247,7 +245,7 @@ func (l *loadCase) round(n int) {
 func (l *loadCase) post(route string, body []byte, within time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", l.r.base+"/v1/"+route, bytes.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, "POST", l.r.Base+"/v1/"+route, bytes.NewReader(body))
 	start := time.Now()
 	resp, err := l.client.Do(req)
 	if err != nil {
@@ -267,7 +265,7 @@ func (l *loadCase) post(route string, body []byte, within time.Duration) {
 			l.tally.fail(route, fmt.Sprintf("429 with Retry-After %q, want whole seconds >= 1", resp.Header.Get("Retry-After")))
 		}
 	case route == "predict" && resp.StatusCode == http.StatusOK:
-		var p struct{ Predictions []prediction }
+		var p struct{ Predictions []json.RawMessage }
 		if err := json.Unmarshal(b, &p); err != nil || len(p.Predictions) != loadInputs {
 			l.tally.fail(route, fmt.Sprintf("200 with %d predictions of %d (%v)", len(p.Predictions), loadInputs, err))
 		}
@@ -300,10 +298,10 @@ func (l *loadCase) check(t *testing.T) {
 	if !l.faultsBehind() {
 		t.Errorf("the fetch faults were not exercised (%d fetches controlled)", l.fetches.Load())
 	}
-	if got := l.r.d.consumer.Stats().Retries; got < 2 {
+	if got := l.r.D.Consumer().Stats().Retries; got < 2 {
 		t.Errorf("consumer retries %d, want at least 2 (the held-back fetch and the cut one)", got)
 	}
-	if code, body := l.r.get(t, "/readyz"); code != http.StatusOK {
+	if code, body := l.r.Get(t, "/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after the flood: %d %s", code, body)
 	}
 }
@@ -417,35 +415,6 @@ func (h *healthProbes) run(ctx context.Context, url string, every, limit time.Du
 				h.n, took.Round(time.Millisecond), limit, control.Round(time.Millisecond)))
 		}
 	}
-}
-
-// gatherCounter reads a counter (or gauge) with the given label pairs without a *testing.T, for
-// a goroutine; -1 when there is none.
-func gatherCounter(reg *prometheus.Registry, name string, labels ...string) float64 {
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			match := true
-			for i := 0; i+1 < len(labels); i += 2 {
-				match = match && have[labels[i]] == labels[i+1]
-			}
-			if !match {
-				continue
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return -1
 }
 
 // TestHealthProbesCatchAHang: the flood's probes fail a /healthz that answers a few times and then

@@ -1,4 +1,4 @@
-package daemon
+package replicalog
 
 import (
 	"net/http"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -23,37 +25,37 @@ import (
 // it from the log's marks alone: the log still covers 64.
 func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	dir := t.TempDir()
-	cfg := func(c *config.Config) { replicaConfig(c, b, "r1", key); c.StateDir = dir }
-	start := func() *running {
-		r := startDaemonWith(t, cfg, nil, nil)
-		waitfor.Cond(t, 60*time.Second, "r1 answers", func() bool { code, _ := r.get(t, "/healthz"); return code == 200 })
+	cfg := func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key); c.StateDir = dir }
+	start := func() *launch.Running {
+		r := launch.With(t, cfg, nil, nil)
+		waitfor.Cond(t, 60*time.Second, "r1 answers", func() bool { code, _ := r.Get(t, "/healthz"); return code == 200 })
 		return r
 	}
 	r := start()
-	data := bundled(t)
-	produceRows(t, r, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.view(t).Replication.Covers[0] == 64 })
-	before := r.view(t)
+	data := daemontest.Bundled(t)
+	daemontest.ProduceRows(t, r, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.View(t).Replication.Covers[0] == 64 })
+	before := r.View(t)
 
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
-	produceRows(t, r, data, 64, 96)
-	stopped := func(r *running, what string) {
+	daemontest.ProduceRows(t, r, data, 64, 96)
+	stopped := func(r *launch.Running, what string) {
 		t.Helper()
 		waitfor.Cond(t, 60*time.Second, what, func() bool {
-			code, body := r.get(t, "/readyz")
+			code, body := r.Get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
-				r.metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.metric(t, "cfguard_consumer_lag_records") == 96
+				r.Metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.Metric(t, "cfguard_consumer_lag_records") == 96
 		})
-		if v := r.view(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
+		if v := r.View(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
 			t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",
 				what, v.Replication.Covers, v.Version, before.Version)
 		}
 	}
 	stopped(r, "the updater stops on the reset topic")
-	r.stop(t)
+	r.Stop(t)
 	r = start()
 	stopped(r, "the restarted updater finds the reset from the log's marks")
 }
@@ -70,17 +72,17 @@ func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, key, r1, data := replicaCovering64(t)
-	v1 := r1.view(t)
+	v1 := r1.View(t)
 
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
-	produceRows(t, r1, data, 64, 40)
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	daemontest.ProduceRows(t, r1, data, 64, 40)
+	r2 := launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r2", key) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r2 to refuse the last entry and say so", func() bool {
-		code, body := r2.get(t, "/readyz")
+		code, body := r2.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log's newest entry past this replica's head is refused") &&
 			strings.Contains(string(body), "it covers partition 0 to offset 64, and the partition ends at 40")
 	})
-	if v := r2.view(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
+	if v := r2.View(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
 		t.Errorf("r2 serves version %d covering %v, want a version older than r1's %d, covering 32", v.Version, v.Replication.Covers, v1.Version)
 	}
 }
@@ -97,34 +99,34 @@ func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, key, r1, data := replicaCovering64(t)
 	n := 64
-	h := r1.d.rep.Head()
-	appendEntry(t, keyHolderLog(t, r1), &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash,
+	h := r1.D.Replica().Head()
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r1), &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash,
 		Term: h.Term, Writer: h.Writer, Version: h.Version, ParentVersion: h.Version, InputTopic: "cfguard.records",
 		Covers: map[int]int64{0: h.Covers[0] + 500}, Outcome: postlog.Skipped, Counts: &postlog.Counts{}, PosteriorSHA256: h.PosteriorSHA256})
 	waitfor.Cond(t, 30*time.Second, "r1 to refuse the entry", func() bool {
-		return r1.metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end") == 1
+		return r1.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end") == 1
 	})
-	if code, body := r1.get(t, "/readyz"); code != http.StatusOK {
+	if code, body := r1.Get(t, "/readyz"); code != http.StatusOK {
 		t.Fatalf("r1, which refused the entry live: /readyz %d %s", code, body)
 	}
 
-	r2 := startDaemonWith(t, func(c *config.Config) { replicaConfig(c, b, "r2", key) }, nil, nil)
+	r2 := launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r2", key) }, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r2 to refuse the entry and say so", func() bool {
-		code, body := r2.get(t, "/readyz")
+		code, body := r2.Get(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log's newest entry past this replica's head is refused") &&
 			strings.Contains(string(body), "a holder of the cluster key wrote it")
 	})
-	n = produceRows(t, r1, data, n, 32)
+	n = daemontest.ProduceRows(t, r1, data, n, 32)
 	waitfor.Cond(t, 60*time.Second, "r2 ready at the updater's next entry", func() bool {
-		code, _ := r2.get(t, "/readyz")
+		code, _ := r2.Get(t, "/readyz")
 		return code == http.StatusOK
 	})
 	// Each replica's follower applies the updater's entries on its own: r2 may be ahead of r1,
 	// the updater, which trusts its entry once its own follower read it back, or both may be at
 	// an entry before the one that covers the last record.
-	var v1, v2 replicaView
+	var v1, v2 daemontest.ReplicaView
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 on one head covering every record produced", func() bool {
-		v1, v2 = r1.view(t), r2.view(t)
+		v1, v2 = r1.View(t), r2.View(t)
 		return v1.Replication.Covers[0] == int64(n) && v2.Replication.Covers[0] == int64(n)
 	})
 	if v2.Replication.SHA != v1.Replication.SHA || v2.Replication.Entry != v1.Replication.Entry {
@@ -135,13 +137,13 @@ func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
 
 // replicaCovering64 starts a broker and replica r1 with a key file, produces 64 rows of the
 // bundled data set and waits until the posterior log covers them.
-func replicaCovering64(t *testing.T) (*broker.Broker, string, *running, *dataset.Set) {
+func replicaCovering64(t *testing.T) (*broker.Broker, string, *launch.Running, *dataset.Set) {
 	t.Helper()
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
-	data := bundled(t)
-	produceRows(t, r1, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.view(t).Replication.Covers[0] == 64 })
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := launch.ReplicaKey(t, b, "r1", key)
+	data := daemontest.Bundled(t)
+	daemontest.ProduceRows(t, r1, data, 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.View(t).Replication.Covers[0] == 64 })
 	return b, key, r1, data
 }

@@ -1,9 +1,10 @@
-package daemon
+package replicalog
 
 import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +14,11 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/replica"
@@ -22,11 +26,11 @@ import (
 )
 
 // refusedWith waits until r's /readyz answers 503 and returns its body.
-func refusedWith(t *testing.T, r *running) string {
+func refusedWith(t *testing.T, r *launch.Running) string {
 	t.Helper()
 	var body string
 	waitfor.Cond(t, 60*time.Second, "/readyz refusing", func() bool {
-		code, b := r.get(t, "/readyz")
+		code, b := r.Get(t, "/readyz")
 		body = string(b)
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "not joining the cluster")
 	})
@@ -44,12 +48,12 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 		t.Skip("several daemons: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
-	b := startCluster(t, 1)
-	key := writeKeyFile(t, testClusterKey)
-	r1 := startReplicaKey(t, b, "r1", key)
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := launch.ReplicaKey(t, b, "r1", key)
 
-	delta := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r-delta", key)
+	delta := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r-delta", key)
 		c.Certify.Delta = 0.2
 	}, nil, nil)
 	body := refusedWith(t, delta)
@@ -60,13 +64,13 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	if strings.Count(body, ": this replica ") != 1 {
 		t.Fatalf("/readyz names keys that do not differ: %s", body)
 	}
-	if got := testutil.ToFloat64(delta.d.rep.Metrics().SettingsDiffer); got != 1 {
+	if got := testutil.ToFloat64(delta.D.Replica().Metrics().SettingsDiffer); got != 1 {
 		t.Fatalf("cfguard_replication_settings_differ %v, want 1", got)
 	}
-	if !strings.Contains(delta.logs.String(), "certify.delta: this replica 0.2") {
-		t.Fatalf("the refusal is not in the log:\n%s", delta.logs.String())
+	if !strings.Contains(delta.Logs.String(), "certify.delta: this replica 0.2") {
+		t.Fatalf("the refusal is not in the log:\n%s", delta.Logs.String())
 	}
-	if code, _ := delta.get(t, "/v1/model"); code != http.StatusServiceUnavailable {
+	if code, _ := delta.Get(t, "/v1/model"); code != http.StatusServiceUnavailable {
 		t.Fatalf("GET /v1/model on a replica that did not join: %d, want 503", code)
 	}
 	// The runbook's commands for CfguardReplicaSettingsDiffer, as written, at that replica.
@@ -75,13 +79,13 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 			{Cmd: "/readyz", Want: `certify\.delta: this replica 0\.2, the cluster's log 0\.05 \(genesis at offset 0 of cfguard\.posterior\)`},
 			{Cmd: "settings_differ", Want: `(?m)^cfguard_replication_settings_differ 1$`},
 		}
-		s := runbooktest.Named(t, runbookPath, "CfguardReplicaSettingsDiffer")
+		s := runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardReplicaSettingsDiffer")
 		runbooktest.Covered(t, s, checks)
-		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", delta.d.HTTPAddr()), nil)
+		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", delta.D.HTTPAddr()), nil)
 	}
 
-	other := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r-data", key)
+	other := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r-data", key)
 		c.Model.Dataset = "german_credit"
 		c.Certify.Mode = "tight"
 	}, nil, nil)
@@ -92,36 +96,36 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 			t.Errorf("/readyz does not name %q: %s", k, body)
 		}
 	}
-	if got := testutil.ToFloat64(other.d.rep.Metrics().SettingsDiffer); got != 4 {
+	if got := testutil.ToFloat64(other.D.Replica().Metrics().SettingsDiffer); got != 4 {
 		t.Errorf("cfguard_replication_settings_differ %v, want 4", got)
 	}
 
 	// Local differences only: it joins and serves the cluster's posterior.
-	local := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r-local", key)
+	local := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r-local", key)
 		c.HTTP.Token = "another-token"
 		c.HTTP.WriteTimeout = 70 * time.Second
 		c.Explain.Concurrency = 1
 		c.Audit.Schedule = "@every 5h"
 		c.Replication.HeartbeatInterval = 400 * time.Millisecond
 	}, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "the replica with local differences ready", func() bool { code, _ := local.get(t, "/readyz"); return code == 200 })
-	if got, want := local.d.rep.Head().PosteriorSHA256, r1.d.rep.Head().PosteriorSHA256; got != want {
+	waitfor.Cond(t, 60*time.Second, "the replica with local differences ready", func() bool { code, _ := local.Get(t, "/readyz"); return code == 200 })
+	if got, want := local.D.Replica().Head().PosteriorSHA256, r1.D.Replica().Head().PosteriorSHA256; got != want {
 		t.Fatalf("posterior %s, the cluster's %s", got, want)
 	}
-	if got := testutil.ToFloat64(local.d.rep.Metrics().SettingsDiffer); got != 0 {
+	if got := testutil.ToFloat64(local.D.Replica().Metrics().SettingsDiffer); got != 0 {
 		t.Fatalf("cfguard_replication_settings_differ %v on a matching replica", got)
 	}
 	// The refused replicas take no part: no updater group, no CE share.
-	if delta.d.rep.Updater() || other.d.rep.Updater() || delta.d.share != nil || other.d.share != nil {
+	if delta.D.Replica().Updater() || other.D.Replica().Updater() || delta.D.Share() != nil || other.D.Share() != nil {
 		t.Fatal("a refused replica takes part in the cluster")
 	}
 
 	// A member restarted with an edited file refuses on its own ledger.
-	dir := r1.d.cfg.StateDir
-	r1.stop(t)
-	again := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+	dir := r1.Config.StateDir
+	r1.Stop(t)
+	again := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.StateDir = dir
 		c.Update.Seed = 9
 	}, nil, nil)
@@ -136,11 +140,11 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 // stop every replica of such a cluster at its upgrade.
 func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 	_, _, _, sha, r := followGenesisWithoutSettings(t)
-	if got := r.d.rep.Head().PosteriorSHA256; got != sha {
+	if got := r.D.Replica().Head().PosteriorSHA256; got != sha {
 		t.Fatalf("posterior %s, the genesis's %s", got, sha)
 	}
-	if !strings.Contains(r.logs.String(), "the posterior log's genesis records no settings") {
-		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.logs.String())
+	if !strings.Contains(r.Logs.String(), "the posterior log's genesis records no settings") {
+		t.Fatalf("no warning that the settings cannot be checked:\n%s", r.Logs.String())
 	}
 }
 
@@ -148,10 +152,10 @@ func TestGenesisWithoutSettingsIsFollowedWithAWarning(t *testing.T) {
 // records no settings, as a build before they were recorded wrote it, and a replica r1 (with
 // certify.delta 0.2) that follows it, ready. It returns the broker, the key file, the log (open
 // until the test ends), the genesis's posterior hash and the replica.
-func followGenesisWithoutSettings(t *testing.T) (b *broker.Broker, key string, plog *postlog.Log, sha string, r *running) {
+func followGenesisWithoutSettings(t *testing.T) (b *broker.Broker, key string, plog *postlog.Log, sha string, r *launch.Running) {
 	t.Helper()
-	b = startCluster(t, 1)
-	key = writeKeyFile(t, testClusterKey)
+	b = daemontest.StartCluster(t, 1)
+	key = daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	keys, err := clusterkey.Load(key)
 	if err != nil {
 		t.Fatal(err)
@@ -168,12 +172,12 @@ func followGenesisWithoutSettings(t *testing.T) (b *broker.Broker, key string, p
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { plog.Close() })
-	appendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body})
-	r = startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+	daemontest.AppendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "old/1", PosteriorSHA256: sha, Body: body})
+	r = launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.Certify.Delta = 0.2
 	}, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	waitfor.Cond(t, 60*time.Second, "the replica ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	return b, key, plog, sha, r
 }
 
@@ -188,20 +192,20 @@ func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
 	}
 	t.Parallel() // mostly waits for the replica's group
 	b, key, plog, _, r := followGenesisWithoutSettings(t)
-	h := r.d.rep.Head()
-	epochCfg := *r.d.cfg
+	h := r.D.Replica().Head()
+	epochCfg := *r.Config
 	epochCfg.Certify.Delta = 0.05
 	settings, err := replica.ClusterSettings(&epochCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	appendEntry(t, plog, epochOn(t, r, h, settings))
+	daemontest.AppendEntry(t, plog, epochOn(t, r, h, settings))
 
 	var body string
 	waitfor.Cond(t, 60*time.Second, "the replica stopped at the epoch", func() bool {
-		code, b := r.get(t, "/readyz")
+		code, b := r.Get(t, "/readyz")
 		body = string(b)
-		return code == http.StatusServiceUnavailable && r.metric(t, "cfguard_posterior_log_stopped") == 1
+		return code == http.StatusServiceUnavailable && r.Metric(t, "cfguard_posterior_log_stopped") == 1
 	})
 	for _, want := range []string{"a new epoch of the posterior log records other cluster-wide settings than this replica's file: certify.delta: this replica 0.2, the cluster's log 0.05",
 		"restart this replica", "CfguardReplicaSettingsDiffer"} {
@@ -209,10 +213,10 @@ func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
 			t.Fatalf("/readyz of the stopped replica: %s\nwant it to hold %q", body, want)
 		}
 	}
-	if got := r.metric(t, "cfguard_replication_settings_differ"); got != 1 {
+	if got := r.Metric(t, "cfguard_replication_settings_differ"); got != 1 {
 		t.Fatalf("cfguard_replication_settings_differ %v, want 1", got)
 	}
-	if code, _ := r.get(t, "/v1/model"); code != http.StatusOK {
+	if code, _ := r.Get(t, "/v1/model"); code != http.StatusOK {
 		t.Fatalf("GET /v1/model on the stopped replica: %d, want 200 (it serves the last posterior it applied)", code)
 	}
 	if runbooktest.Tools(t, true) {
@@ -220,29 +224,29 @@ func TestNewEpochWithOtherSettingsStopsARunningReplica(t *testing.T) {
 			{Cmd: "/readyz", Want: `a new epoch of the posterior log records other cluster-wide settings than this replica's file: certify\.delta: this replica 0\.2, the cluster's log 0\.05`},
 			{Cmd: "settings_differ", Want: `(?m)^cfguard_replication_settings_differ 1$`},
 		}
-		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardReplicaSettingsDiffer"), checks, strings.NewReplacer("127.0.0.1:8080", r.d.HTTPAddr()), nil)
+		runbooktest.Run(t, runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardReplicaSettingsDiffer"), checks, strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr()), nil)
 	}
 
-	dir := r.d.cfg.StateDir
-	r.stop(t)
-	again := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", key)
+	dir := r.Config.StateDir
+	r.Stop(t)
+	again := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
 		c.StateDir = dir
 		c.Certify.Delta = 0.05
 	}, nil, nil)
 	code := 0
 	defer func() {
 		if t.Failed() {
-			t.Logf("the restarted replica: /readyz %d %s, entry %d", code, body, again.d.rep.Head().Seq)
+			t.Logf("the restarted replica: /readyz %d %s, entry %d", code, body, again.D.Replica().Head().Seq)
 		}
 	}()
 	waitfor.Cond(t, 60*time.Second, "the restarted replica past the epoch", func() bool {
 		var b []byte
-		code, b = again.get(t, "/readyz")
+		code, b = again.Get(t, "/readyz")
 		body = string(b)
-		return code == http.StatusOK && again.d.rep.Head().Seq > h.Seq
+		return code == http.StatusOK && again.D.Replica().Head().Seq > h.Seq
 	})
-	if got := again.metric(t, "cfguard_replication_settings_differ"); got != 0 {
+	if got := again.Metric(t, "cfguard_replication_settings_differ"); got != 0 {
 		t.Fatalf("cfguard_replication_settings_differ %v after the restart, want 0", got)
 	}
 }

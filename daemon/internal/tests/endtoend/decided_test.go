@@ -1,4 +1,4 @@
-package daemon
+package endtoend
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -27,20 +30,20 @@ import (
 //     one; a last event written under the posterior that is still current agrees with the CE
 //     the ledger returns now in decided and its pending flags too (nothing has moved it since).
 func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3) })
-	data := bundled(t)
-	ids := registerCEs(t, r, data, 8)
-	r.produce(t, flipped(data, 96)...)
-	waitfor.Cond(t, 60*time.Second, "96 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 96 })
+	r := launch.Daemon(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) })
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 8, "")
+	r.Produce(t, daemontest.Flipped(data, 96)...)
+	waitfor.Cond(t, 60*time.Second, "96 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 })
 	waitfor.Cond(t, 60*time.Second, "every CE judged or renewed under the last posterior, every event published", func() bool {
-		return r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
-			r.metric(t, "cfguard_events_pending") == 0
+		return r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
+			r.Metric(t, "cfguard_events_pending") == 0
 	})
 
 	// The ledger's CEs, decided or not, against the gauges.
 	ces := map[string]*ledger.CE{}
 	decided, all := map[certify.Status]int{}, map[certify.Status]int{}
-	eachCE(t, r.d.ledger, func(ce *ledger.CE) {
+	daemontest.EachCE(t, r.D.Ledger(), func(ce *ledger.CE) {
 		ces[ce.ID] = ce
 		all[ce.Status]++
 		if ce.Decided {
@@ -58,28 +61,28 @@ func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 		t.Fatalf("the drift left no CE at_risk or invalidated (%v): this test shows nothing", all)
 	}
 	for _, st := range certify.Statuses() {
-		if got := r.metric(t, "cfguard_counterfactuals_decided", "status", st.String()); got != float64(decided[st]) {
+		if got := r.Metric(t, "cfguard_counterfactuals_decided", "status", st.String()); got != float64(decided[st]) {
 			t.Errorf("cfguard_counterfactuals_decided{status=%q} = %v, the ledger returns %d %s CEs with decided: true", st, got, decided[st], st)
 		}
-		if got := r.metric(t, "cfguard_counterfactuals", "status", st.String()); got != float64(all[st]) {
+		if got := r.Metric(t, "cfguard_counterfactuals", "status", st.String()); got != float64(all[st]) {
 			t.Errorf("cfguard_counterfactuals{status=%q} = %v, the ledger holds %d", st, got, all[st])
 		}
 	}
 
 	// Every event the outbox published, in order.
-	published := int(r.metric(t, "cfguard_events_total", "result", "published"))
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
+	published := int(r.Metric(t, "cfguard_events_total", "result", "published"))
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.D.BrokerAddrs(), Topic: r.Config.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	last := map[string]event{}
+	last := map[string]daemon.Event{}
 	var seen, undecided int
 	for range published {
 		m, err := rd.ReadMessage(ctx)
 		if err != nil {
 			t.Fatalf("events: read %d of %d published: %v", seen, published, err)
 		}
-		var e event
+		var e daemon.Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +121,7 @@ func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 			t.Errorf("%s is %s; its last status_changed event says %s", id, ce.Status, e.To)
 		}
 	}
-	v := r.d.current().Version
+	v := r.D.Posterior().Version
 	compared := 0
 	for id, e := range last {
 		ce := ces[id]

@@ -1,4 +1,4 @@
-package daemon
+package endtoend
 
 import (
 	"bytes"
@@ -20,49 +20,40 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// flipped returns n benign rows labelled malignant: a drift that moves the decision boundary.
-func flipped(data *dataset.Set, n int) [][]byte {
-	var vals [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(vals) < n {
-			vals = append(vals, record(fmt.Sprintf("flip%d", i), data.X[i], 0))
-		}
-	}
-	return vals
-}
-
 func TestRejectPolicyKeepsThePosterior(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { paperLearner(c, 1e-3); c.Certify.OnBreach = "reject" })
-	data := bundled(t)
-	registerCEs(t, r, data, 3)
-	before := r.d.current()
-	r.produce(t, flipped(data, 64)...)
-	waitfor.Cond(t, 30*time.Second, "64 held records", func() bool { return r.metric(t, "cfguard_records_total", "result", "held") == 64 })
-	if r.d.current() != before || r.metric(t, "cfguard_records_total", "result", "applied") != 0 {
+	r := launch.Daemon(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3); c.Certify.OnBreach = "reject" })
+	data := daemontest.Bundled(t)
+	daemontest.RegisterCEs(t, r, data, 3, "")
+	before := r.D.Posterior()
+	r.Produce(t, daemontest.Flipped(data, 64)...)
+	waitfor.Cond(t, 30*time.Second, "64 held records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "held") == 64 })
+	if r.D.Posterior() != before || r.Metric(t, "cfguard_records_total", "result", "applied") != 0 {
 		t.Fatal("a rejected update changed the posterior")
 	}
-	if r.metric(t, "cfguard_updates_total", "outcome", "rejected") != 2 || r.metric(t, "cfguard_kl_over_budget") != 1 {
+	if r.Metric(t, "cfguard_updates_total", "outcome", "rejected") != 2 || r.Metric(t, "cfguard_kl_over_budget") != 1 {
 		t.Fatal("rejections not counted or not alerted")
 	}
-	if r.metric(t, "cfguard_counterfactuals", "status", "certified") != 3 {
+	if r.Metric(t, "cfguard_counterfactuals", "status", "certified") != 3 {
 		t.Fatal("CEs changed status although the posterior was kept")
 	}
 	// The breach is an event with a time: the last rejected update's, from the KL history.
-	hist, err := r.d.ledger.KLHistory(1)
+	hist, err := r.D.Ledger().KLHistory(1)
 	if err != nil || len(hist) != 1 {
 		t.Fatalf("KL history: %v, %v", hist, err)
 	}
-	if at, want := r.metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(hist[0].At.UnixNano())/1e9; at != want || hist[0].KL <= r.d.budget {
-		t.Fatalf("cfguard_kl_breach_last_timestamp_seconds = %v, want the last update's time %v (KL %v, budget %v)", at, want, hist[0].KL, r.d.budget)
+	if at, want := r.Metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(hist[0].At.UnixNano())/1e9; at != want || hist[0].KL <= certify.KLBudget(r.Config.Certify.Delta) {
+		t.Fatalf("cfguard_kl_breach_last_timestamp_seconds = %v, want the last update's time %v (KL %v, budget %v)", at, want, hist[0].KL, certify.KLBudget(r.Config.Certify.Delta))
 	}
-	st, _ := r.d.ledger.State()
+	st, _ := r.D.Ledger().State()
 	if st.Counters["held"] != 64 || st.Offsets[0] < 64 {
 		t.Fatalf("held increments not checkpointed: %+v", st)
 	}
@@ -72,14 +63,14 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 // posterior far past the budget; clip scales each step back along the path to the converged
 // posterior, and its kl_over_budget event says by which fraction and to which KL.
 func TestClipPolicyMeetsTheBudget(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.Certify.OnBreach = "clip" })
-	data := bundled(t)
-	r.produce(t, flipped(data, 64)...)
-	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	if r.metric(t, "cfguard_updates_total", "outcome", "clipped") == 0 {
+	r := launch.Daemon(t, func(c *config.Config) { c.Certify.OnBreach = "clip" })
+	data := daemontest.Bundled(t)
+	r.Produce(t, daemontest.Flipped(data, 64)...)
+	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	if r.Metric(t, "cfguard_updates_total", "outcome", "clipped") == 0 {
 		t.Fatal("no update was clipped under flipped labels")
 	}
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.d.BrokerAddrs(), Topic: r.d.cfg.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: r.D.BrokerAddrs(), Topic: r.Config.Kafka.EventsTopic, MaxWait: kafkatest.MaxWait})
 	defer rd.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -88,7 +79,7 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 		if err != nil {
 			t.Fatalf("no kl_over_budget event with a clip fraction: %v", err)
 		}
-		var e event
+		var e daemon.Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
@@ -96,15 +87,15 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 			continue
 		}
 		if e.Policy != "clip" || e.ClipFraction == nil || e.ClippedKL == nil || !(*e.ClipFraction > 0 && *e.ClipFraction < 1) ||
-			*e.ClippedKL > r.d.budget*(1+1e-9) || e.KL == nil || !(*e.KL > r.d.budget) {
+			*e.ClippedKL > certify.KLBudget(r.Config.Certify.Delta)*(1+1e-9) || e.KL == nil || !(*e.KL > certify.KLBudget(r.Config.Certify.Delta)) {
 			t.Fatalf("kl_over_budget event %s: want policy clip, KL over the budget, a fraction in (0, 1) and a clipped KL within it", m.Value)
 		}
 		break
 	}
-	hist, _ := r.d.ledger.KLHistory(10)
+	hist, _ := r.D.Ledger().KLHistory(10)
 	for _, s := range hist {
-		if s.KL > r.d.budget*(1+1e-9) {
-			t.Fatalf("clipped step %d has KL %v over the budget %v", s.PosteriorVersion, s.KL, r.d.budget)
+		if s.KL > certify.KLBudget(r.Config.Certify.Delta)*(1+1e-9) {
+			t.Fatalf("clipped step %d has KL %v over the budget %v", s.PosteriorVersion, s.KL, certify.KLBudget(r.Config.Certify.Delta))
 		}
 	}
 	// A clipped step is a breach: the breach time is the newest clipped update's, and the gauge
@@ -118,14 +109,14 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 	if last == nil {
 		t.Fatalf("no clipped update in the KL history %+v", hist)
 	}
-	if at, want := r.metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(last.At.UnixNano())/1e9; at != want {
+	if at, want := r.Metric(t, "cfguard_kl_breach_last_timestamp_seconds"), float64(last.At.UnixNano())/1e9; at != want {
 		t.Errorf("cfguard_kl_breach_last_timestamp_seconds = %v, want the newest clipped update's time %v", at, want)
 	}
 	newest := hist[len(hist)-1]
-	if over, want := r.metric(t, "cfguard_kl_over_budget"), map[bool]float64{true: 1, false: 0}[newest.Breached(r.d.budget)]; over != want {
+	if over, want := r.Metric(t, "cfguard_kl_over_budget"), map[bool]float64{true: 1, false: 0}[newest.Breached(certify.KLBudget(r.Config.Certify.Delta))]; over != want {
 		t.Errorf("cfguard_kl_over_budget = %v after an update with outcome %s and KL %v, want %v", over, newest.Outcome, newest.KL, want)
 	}
-	if kl := r.metric(t, "cfguard_posterior_kl"); kl < 0.5*r.d.budget {
+	if kl := r.Metric(t, "cfguard_posterior_kl"); kl < 0.5*certify.KLBudget(r.Config.Certify.Delta) {
 		t.Fatalf("clipping should use most of the budget, got KL %v", kl)
 	}
 }
@@ -134,25 +125,25 @@ func TestClipPolicyMeetsTheBudget(t *testing.T) {
 func TestKcatProducer(t *testing.T) {
 	t.Parallel() // mostly waits for kcat
 	kcat := tooltest.Command(t, "apt-get install kcat", "kcat")
-	r := startDaemon(t, nil)
-	data := bundled(t)
+	r := launch.Daemon(t, nil)
+	data := daemontest.Bundled(t)
 	var in bytes.Buffer
 	for i := 0; i < 64; i++ {
-		in.Write(record(fmt.Sprintf("k%d", i), data.X[i], []string{"malignant", "benign"}[data.Y[i]]))
+		in.Write(daemontest.Record(fmt.Sprintf("k%d", i), data.X[i], []string{"malignant", "benign"}[data.Y[i]]))
 		in.WriteByte('\n')
 	}
 	in.WriteString("{\"id\":\"broken\"\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kcat, "-P", "-b", r.d.BrokerAddrs()[0], "-t", r.d.cfg.Kafka.Topic)
+	cmd := exec.CommandContext(ctx, kcat, "-P", "-b", r.D.BrokerAddrs()[0], "-t", r.Config.Kafka.Topic)
 	cmd.Stdin = &in
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("kcat: %v: %s", err, out)
 	}
-	waitfor.Cond(t, 30*time.Second, "64 applied records from kcat", func() bool { return r.metric(t, "cfguard_records_total", "result", "applied") == 64 })
-	waitfor.Cond(t, 10*time.Second, "one dead letter", func() bool { return r.metric(t, "cfguard_records_total", "result", "dead_lettered") == 1 })
+	waitfor.Cond(t, 30*time.Second, "64 applied records from kcat", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
+	waitfor.Cond(t, 10*time.Second, "one dead letter", func() bool { return r.Metric(t, "cfguard_records_total", "result", "dead_lettered") == 1 })
 	// Read the dead letter back with kcat too, with its reason header.
-	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", r.d.BrokerAddrs()[0], "-t", r.d.cfg.Kafka.DeadLetterTopic, "-e", "-f", "%h|%s\n").CombinedOutput()
+	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", r.D.BrokerAddrs()[0], "-t", r.Config.Kafka.DeadLetterTopic, "-e", "-f", "%h|%s\n").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "cfguard-reason=bad_json") || !strings.Contains(string(out), `{"id":"broken"`) {
 		t.Fatalf("dead letter via kcat: %v: %s", err, out)
 	}
@@ -169,24 +160,24 @@ func TestExternalBrokerWithSASL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	r := startDaemon(t, func(c *config.Config) {
+	r := launch.Daemon(t, func(c *config.Config) {
 		c.Kafka.Brokers = b.Addrs()
 		c.Kafka.SASL = config.SASL{Mechanism: "SCRAM-SHA-256", Username: "cfguard", Password: "pw"}
 	})
-	if got := r.d.BrokerAddrs(); len(got) != 1 || got[0] != b.Addrs()[0] {
+	if got := r.D.BrokerAddrs(); len(got) != 1 || got[0] != b.Addrs()[0] {
 		t.Fatalf("daemon uses %v, want the external broker %v", got, b.Addrs())
 	}
-	if code, _ := r.get(t, "/readyz"); code != 200 {
+	if code, _ := r.Get(t, "/readyz"); code != 200 {
 		t.Fatalf("readyz %d with SASL", code)
 	}
 }
 
 func TestReadyzFailsWhenBrokerGone(t *testing.T) {
 	t.Parallel() // mostly waits for the consumer to find the broker gone
-	b := startCluster(t, 1)
-	r := startDaemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Daemon(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() })
 	b.Close()
-	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.get(t, "/readyz"); return code == http.StatusServiceUnavailable })
+	waitfor.Cond(t, 20*time.Second, "readyz to fail", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusServiceUnavailable })
 }
 
 // TestReplicasReadyzFailsWhenBrokerGone: replicas whose brokers are all gone answer /readyz 503
@@ -197,12 +188,12 @@ func TestReplicasReadyzFailsWhenBrokerGone(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // mostly waits for the replicas to find the broker gone
-	b := startCluster(t, 1)
-	reps := []*running{startReplica(t, b, "r1"), startReplica(t, b, "r2")}
+	b := daemontest.StartCluster(t, 1)
+	reps := []*launch.Running{launch.Replica(t, b, "r1"), launch.Replica(t, b, "r2")}
 	b.Close()
 	for _, r := range reps {
-		waitfor.Cond(t, 30*time.Second, r.d.cfg.Replication.ReplicaID+"'s readyz to name the posterior log", func() bool {
-			code, body := r.get(t, "/readyz")
+		waitfor.Cond(t, 30*time.Second, r.Config.Replication.ReplicaID+"'s readyz to name the posterior log", func() bool {
+			code, body := r.Get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log cannot be read: its end has not been read for")
 		})
 	}
@@ -211,26 +202,26 @@ func TestReplicasReadyzFailsWhenBrokerGone(t *testing.T) {
 // TestExplainStoresACertifiedCounterfactual: the first POST /v1/explain of a daemon trains the
 // VAE (none is in its state directory), saves it under state_dir/vae, and stores the
 // counterfactual it generates, certified and anchored to the current posterior. The VAE it saved
-// is the shared one that the other tests' daemons start with (withSharedVAE).
+// is the shared one that the other tests' daemons start with (daemontest.WithSharedVAE).
 func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the VAE")
 	}
-	r := startDaemon(t, nil)
-	vae := filepath.Join(r.d.cfg.StateDir, "vae")
+	r := launch.Daemon(t, nil)
+	vae := filepath.Join(r.Config.StateDir, "vae")
 	if _, err := os.Stat(vae); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("%s before the first explanation: %v, want none", vae, err)
 	}
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	var x []float64
-	p, _ := r.d.current().Predict(data.X[:40], 200, 1)
+	p, _ := r.D.Posterior().Predict(data.X[:40], 200, 1)
 	for i := 0; i < 40; i++ {
 		if p.Argmax(i) == 0 && p.P(i, 0) > 0.9 {
 			x = data.X[i]
 			break
 		}
 	}
-	code, body := r.do(t, "POST", "/v1/explain", "", map[string]any{"id": "psce-1", "x": x, "target": "benign"})
+	code, body := r.Do(t, "POST", "/v1/explain", "", map[string]any{"id": "psce-1", "x": x, "target": "benign"})
 	if code != http.StatusCreated {
 		t.Fatalf("explain: %d %s", code, body)
 	}
@@ -248,19 +239,19 @@ func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	if ce.ID != "psce-1" || ce.Status != certify.Certified || ce.P1 < 0.95 || ce.Var1 > 0.01 || !resp.Generation.Valid {
 		t.Fatalf("explain stored %+v", ce)
 	}
-	if ce.AnchorVersion != r.d.current().Version {
+	if ce.AnchorVersion != r.D.Posterior().Version {
 		t.Fatal("the CE is not anchored to the current posterior")
 	}
-	sameVAE(t, vae, sharedVAEDir(t))
+	daemontest.SameVAE(t, vae, daemontest.SharedVAEDir(t))
 }
 
 // Under certify.uncertified: store a registration is certified by the rule that admits it under
 // refuse and renews certificates (the lower confidence bound of p1 at least 1 - delta), not by
 // its point estimate: a CE with p1 >= 1 - delta whose bound falls short is stored uncertified.
 func TestStoredCEIsCertifiedOnlyByItsEvidence(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.Certify.Uncertified = certify.Store })
-	data := bundled(t)
-	m := r.d.current()
+	r := launch.Daemon(t, func(c *config.Config) { c.Certify.Uncertified = certify.Store })
+	data := daemontest.Bundled(t)
+	m := r.D.Posterior()
 	p, err := m.Predict(data.X, 400, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +271,7 @@ func TestStoredCEIsCertifiedOnlyByItsEvidence(t *testing.T) {
 	}
 	edge := 0 // CEs in the set by their point estimate, not by their bound
 	for k, cf := range cfs {
-		code, body := r.do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": fmt.Sprintf("edge-%d", k), "x": data.X[x], "x_cf": data.X[cf], "target": "benign"})
+		code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": fmt.Sprintf("edge-%d", k), "x": data.X[x], "x_cf": data.X[cf], "target": "benign"})
 		if code != http.StatusCreated {
 			t.Fatalf("register edge-%d: %d %s", k, code, body)
 		}
@@ -289,10 +280,10 @@ func TestStoredCEIsCertifiedOnlyByItsEvidence(t *testing.T) {
 			t.Fatal(err)
 		}
 		cert := ce.Certificate()
-		if cert.InSet() && !cert.Admits(r.d.cfg.Certify.VerdictAlpha) {
+		if cert.InSet() && !cert.Admits(r.Config.Certify.VerdictAlpha) {
 			edge++
 		}
-		if want := map[bool]certify.Status{true: certify.Certified, false: certify.Uncertified}[cert.Admits(r.d.cfg.Certify.VerdictAlpha)]; ce.Status != want {
+		if want := map[bool]certify.Status{true: certify.Certified, false: certify.Uncertified}[cert.Admits(r.Config.Certify.VerdictAlpha)]; ce.Status != want {
 			t.Errorf("edge-%d: p1 %.4f, var1 %.5f from %d draws: stored %s, want %s", k, ce.P1, ce.Var1, ce.Samples, ce.Status, want)
 		}
 	}

@@ -1,4 +1,4 @@
-package daemon
+package replicas
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -117,8 +121,8 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 		t.Skip("two replicas: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their groups
-	principal, acls := documentedACLs(t, "../docs/DEPLOY.md")
-	if p, design := documentedACLs(t, "../docs/DESIGN.md"); p != principal || !slices.Equal(design, acls) {
+	principal, acls := documentedACLs(t, filepath.Join(tooltest.RepoRoot(t), "docs", "DEPLOY.md"))
+	if p, design := documentedACLs(t, filepath.Join(tooltest.RepoRoot(t), "docs", "DESIGN.md")); p != principal || !slices.Equal(design, acls) {
 		t.Fatalf("docs/DESIGN.md's kafka-acls.sh commands differ from docs/DEPLOY.md's")
 	}
 	user, ok := strings.CutPrefix(principal, "User:")
@@ -142,25 +146,25 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close) // after the replicas' cleanups
-	key := writeKeyFile(t, testClusterKey)
-	start := func(id string) *running {
-		r := startDaemonWith(t, func(c *config.Config) {
-			replicaConfigAt(c, kc.ListenAddrs(), id, key)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	start := func(id string) *launch.Running {
+		r := launch.With(t, func(c *config.Config) {
+			daemontest.ReplicaConfig(c, kc.ListenAddrs(), id, key)
 			c.Kafka.SASL = config.SASL{Mechanism: mech, Username: user, Password: "replica-secret"}
 		}, nil, nil)
-		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 		return r
 	}
-	reps := []*running{start("r1"), start("r2")}
+	reps := []*launch.Running{start("r1"), start("r2")}
 
 	// Records produced by another principal (the admin) are ingested, and both replicas apply
 	// the same head covering every one.
-	data := bundled(t)
+	data := daemontest.Bundled(t)
 	// One record is damaged: it goes to the dead-letter topic.
 	const n = 96
 	vals := make([]kafka.Message, n)
 	for i := range vals {
-		vals[i] = kafka.Message{Value: record(fmt.Sprintf("rec-%d", i), data.X[i], data.Y[i])}
+		vals[i] = kafka.Message{Value: daemontest.Record(fmt.Sprintf("rec-%d", i), data.X[i], data.Y[i])}
 	}
 	vals[n/2].Value = []byte(`{"id": "damaged", "features": [1,`)
 	admin := saslTransport(t, mech, "admin", "admin-secret")
@@ -173,7 +177,7 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 	}
 	w.Close()
 	waitfor.Cond(t, 90*time.Second, "both replicas on one head covering every record", func() bool {
-		a, b := reps[0].view(t), reps[1].view(t)
+		a, b := reps[0].View(t), reps[1].View(t)
 		covered := int64(0)
 		for _, to := range a.Replication.Covers {
 			covered += to
@@ -182,14 +186,14 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 	})
 
 	// A CE registered at one replica is stored by its owner and read at both.
-	_, xs, cfs := candidatePairs(t, reps[0].d.current(), data, 400, 1)
-	if code, body := reps[1].do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "ce-acl",
+	_, xs, cfs := daemontest.CandidatePairs(t, reps[0].D.Posterior(), data, 400, 1)
+	if code, body := reps[1].Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "ce-acl",
 		"x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
 		t.Fatalf("register at r2: %d %s", code, body)
 	}
 	for _, r := range reps {
-		if code, body := r.get(t, "/v1/counterfactuals/ce-acl"); code != http.StatusOK {
-			t.Errorf("GET ce-acl at %s: %d %s", r.d.cfg.Replication.ReplicaID, code, body)
+		if code, body := r.Get(t, "/v1/counterfactuals/ce-acl"); code != http.StatusOK {
+			t.Errorf("GET ce-acl at %s: %d %s", r.Config.Replication.ReplicaID, code, body)
 		}
 	}
 
@@ -208,7 +212,7 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 		}
 		return ps[0].LastOffset
 	}
-	if code, body := reps[0].do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
+	if code, body := reps[0].Do(t, "POST", "/v1/audit", "", nil); code != http.StatusOK {
 		t.Fatalf("POST /v1/audit: %d %s", code, body)
 	}
 	waitfor.Cond(t, 30*time.Second, "a record in the dead-letter topic and events in the events topic", func() bool {
@@ -218,9 +222,9 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 
 	// Nothing the replicas asked for was refused, the posterior topic's settings included.
 	for _, r := range reps {
-		for _, line := range strings.Split(r.logs.String(), "\n") {
+		for _, line := range strings.Split(r.Logs.String(), "\n") {
 			if strings.Contains(line, "Authorization Failed") {
-				t.Errorf("%s was refused what the documented ACLs should allow: %s", r.d.cfg.Replication.ReplicaID, line)
+				t.Errorf("%s was refused what the documented ACLs should allow: %s", r.Config.Replication.ReplicaID, line)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package daemon
+package replicalog
 
 import (
 	"context"
@@ -7,25 +7,27 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // longLog starts a replica whose posterior log has n increments of one record each, and
 // returns it with its current version.
-func longLog(t testing.TB, n int) (*running, uint64) {
+func longLog(t testing.TB, n int) (*launch.Running, uint64) {
 	t.Helper()
-	b := startCluster(t, 1)
-	keys := writeKeyFile(t, testClusterKey)
-	r := startDaemonWith(t, func(c *config.Config) {
-		replicaConfig(c, b, "r1", keys)
+	b := daemontest.StartCluster(t, 1)
+	keys := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", keys)
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 1, 1 // an entry per record
 	}, nil, nil)
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
-	produceRows(t, r, bundled(t), 0, n)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, n)
 	waitfor.Cond(t, 2*time.Minute, "every record applied", func() bool {
-		return gatherCounter(r.reg, "cfguard_records_total", "result", "applied") == float64(n)
+		return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") == float64(n)
 	})
-	return r, r.d.current().Version
+	return r, r.D.Posterior().Version
 }
 
 // TestPastFindsOldPosteriors asks a replica for posteriors older than those it keeps in memory,
@@ -36,8 +38,8 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 	r, cur := longLog(t, 300)
 	if cur < 290 {
 		t.Fatalf("version %d after 300 one-record increments (promoted %v, clipped %v, rejected %v, failed %v)", cur,
-			gatherCounter(r.reg, "cfguard_updates_total", "outcome", "promoted"), gatherCounter(r.reg, "cfguard_updates_total", "outcome", "clipped"),
-			gatherCounter(r.reg, "cfguard_updates_total", "outcome", "rejected"), gatherCounter(r.reg, "cfguard_updates_total", "outcome", "failed"))
+			daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "promoted"), daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "clipped"),
+			daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "rejected"), daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "failed"))
 	}
 	for _, want := range [][]uint64{
 		{3, 1, 2},
@@ -52,7 +54,7 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 		{cur - 300},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		got, err := r.d.rep.Past(ctx, want)
+		got, err := r.D.Replica().Past(ctx, want)
 		cancel()
 		if err != nil {
 			t.Fatalf("Past(%v): %v", want, err)
@@ -107,7 +109,7 @@ func BenchmarkPastOfARebuild(b *testing.B) {
 		ctx := context.Background()
 		for b.Loop() {
 			for _, vs := range asks {
-				got, err := r.d.rep.Past(ctx, vs)
+				got, err := r.D.Replica().Past(ctx, vs)
 				if err != nil || len(got) != len(slices.Compact(slices.Sorted(slices.Values(vs)))) {
 					b.Fatalf("Past(%v): %d found, %v", vs, len(got), err)
 				}

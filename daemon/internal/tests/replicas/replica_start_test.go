@@ -1,4 +1,4 @@
-package daemon
+package replicas
 
 import (
 	"context"
@@ -19,6 +19,9 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -34,25 +37,25 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	}
 	t.Parallel()
 	port := testnet.Reserve(t) // refuses connections, as a broker not started yet
-	c := testConfig(t, func(c *config.Config) {
-		replicaConfigAt(c, []string{port.Addr()}, "r1", writeKeyFile(t, testClusterKey))
+	c := daemontest.Config(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, []string{port.Addr()}, "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
 	})
 	stopBroker := func() {}
 	t.Cleanup(func() { stopBroker() }) // after the replica's (cleanups run last first), as the other tests' clusters
 	logs := &tooltest.Output{}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(daemontest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan *Daemon, 1), make(chan error, 1)
+	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := "http://" + httpLn.Addr().String()
 	go func() {
-		done <- Run(ctx, Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: httpLn,
-			hooks: hooks{bundledModel: bundledModelOf(t, &c)}})
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: httpLn,
+			BundledModel: daemontest.BundledModelOf(t, &c)})
 	}()
-	stopAtCleanup(t, cancel, done)
+	daemontest.StopAtCleanup(t, cancel, done)
 
 	const warn = "cannot join the posterior log yet"
 	waitfor.Cond(t, 60*time.Second, "the replica waiting for its broker", func() bool {
@@ -65,8 +68,8 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 		return strings.Contains(logs.String(), warn)
 	})
 	asked := &http.Client{Timeout: 10 * time.Second} // a port that holds connections unanswered fails the test
-	waiting := &running{client: asked, base: base}
-	if code, body := waiting.get(t, "/healthz"); code != 200 || !strings.Contains(string(body), `"status":"starting"`) {
+	waiting := &launch.Running{Client: asked, Base: base}
+	if code, body := waiting.Get(t, "/healthz"); code != 200 || !strings.Contains(string(body), `"status":"starting"`) {
 		t.Errorf("/healthz while waiting for the broker: %d %s, want 200 starting", code, body)
 	}
 	for _, path := range []string{"/readyz", "/v1/model", "/metrics", "/ui/"} {
@@ -91,17 +94,17 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	}
 	stopBroker = func() { b.Close(); bcancel() }
 
-	var r *running
+	var r *launch.Running
 	select {
 	case d := <-ready:
-		r = &running{d: d, logs: logs, client: http.DefaultClient, base: "http://" + d.HTTPAddr()}
+		r = &launch.Running{D: d, Config: &c, Logs: logs, Client: http.DefaultClient, Base: "http://" + d.HTTPAddr()}
 	case err := <-done:
 		done <- nil
 		t.Fatalf("the replica stopped once its broker was up: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("the replica did not start within 60 s of its broker")
 	}
-	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.get(t, "/readyz"); return code == 200 })
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	if n := strings.Count(logs.String(), warn); n != 1 {
 		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, logs.String())
 	}
@@ -131,13 +134,13 @@ func TestReplicaWaitsForTheCETopic(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	r := startReplicaAt(t, kc.ListenAddrs(), "r1", writeKeyFile(t, testClusterKey))
+	r := launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
 	if n := dropped.Load(); n != 3 {
 		t.Fatalf("%d questions about the CE topic dropped, want 3", n)
 	}
 	const warn = "cannot join the CE topic yet"
-	if n := strings.Count(r.logs.String(), warn); n != 1 {
-		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, r.logs.String())
+	if n := strings.Count(r.Logs.String(), warn); n != 1 {
+		t.Errorf("%d lines %q, want one for the whole wait:\n%s", n, warn, r.Logs.String())
 	}
 }
 
@@ -186,16 +189,16 @@ func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			waiting := make(chan struct{})
-			c := testConfig(t, func(c *config.Config) {
-				replicaConfigAt(c, tc.brokers(t, waiting), "r1", writeKeyFile(t, testClusterKey))
+			c := daemontest.Config(t, func(c *config.Config) {
+				daemontest.ReplicaConfig(c, tc.brokers(t, waiting), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
 			})
 			logs := &tooltest.Output{}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				done <- Run(ctx, Options{Config: &c, Registry: prometheus.NewRegistry(),
-					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+				done <- daemon.Run(ctx, daemon.Options{Config: &c, Registry: prometheus.NewRegistry(),
+					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(daemontest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 			}()
 			waitfor.Cond(t, 60*time.Second, "the replica waiting for its brokers", func() bool {
 				select {
@@ -205,7 +208,7 @@ func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 				}
 				return strings.Contains(logs.String(), "cannot join the posterior log yet")
 			})
-			stopDaemon(t, cancel, done)
+			daemontest.Stop(t, cancel, done)
 		})
 	}
 }

@@ -1,0 +1,305 @@
+package daemontest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/cluster"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/replica"
+)
+
+// Server is what the helpers ask of a started daemon: where its API and its brokers listen, the
+// posterior it serves, its ledger, its place in the posterior log and its CE share.
+// *daemon.Daemon is one.
+type Server interface {
+	HTTPAddr() string
+	BrokerAddrs() []string
+	Posterior() *bnn.Model
+	Ledger() *ledger.Ledger
+	Replica() *replica.Replica
+	Share() *cluster.Share
+}
+
+// RunFunc runs a daemon on c until ctx is cancelled, logging to log and registering its
+// metrics on reg, and sends it on ready once its API serves: daemon.Run with daemon.Options
+// made of these.
+type RunFunc[S Server] func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- S) error
+
+// Running is a daemon a test started, and the client the test talks to it with.
+type Running[S Server] struct {
+	D      S                    // the daemon, as Run sent it on ready
+	Config *config.Config       // the configuration it runs on
+	Logs   *tooltest.Output     // what it logged at WARN and above, for tests that check a message
+	Reg    *prometheus.Registry // its metrics
+	Base   string               // its API's URL: http:// or https:// and its address
+	Client *http.Client         // the API's client: http.DefaultClient, or one that speaks TLS
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// LogWriter writes what is written to it to the test's log, a line a Write.
+func LogWriter(t testing.TB) io.Writer { return testWriter{t} }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// StartWith runs run on c in a goroutine and returns once the daemon is started (not
+// necessarily ready: WaitReady waits for /readyz). When client is not nil, the test speaks TLS
+// to the daemon with it. The daemon logs at WARN and above to the test's log and to Logs; a log
+// line that repeats a key fails the test. The test's cleanup stops the daemon (Stop).
+func StartWith[S Server](t testing.TB, c config.Config, client *http.Client, run RunFunc[S]) *Running[S] {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	reg := prometheus.NewRegistry()
+	ready := make(chan S, 1)
+	done := make(chan error, 1)
+	logs := &tooltest.Output{}
+	log := slog.New(tooltest.UniqueKeys(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
+	go func() { done <- run(ctx, &c, log, reg, ready) }()
+	r := &Running[S]{Config: &c, Reg: reg, cancel: cancel, done: done, Logs: logs, Client: http.DefaultClient}
+	scheme := "http://"
+	if client != nil {
+		r.Client, scheme = client, "https://"
+	}
+	StopAtCleanup(t, cancel, done)
+	select {
+	case r.D = <-ready:
+	case err := <-done:
+		done <- nil // Run has returned: the cleanup has nothing to wait for
+		t.Fatalf("daemon failed to start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	r.Base = scheme + r.D.HTTPAddr()
+	return r
+}
+
+// WaitReady waits up to within for the daemon's /readyz to answer 200, and returns r.
+func (r *Running[S]) WaitReady(t testing.TB, what string, within time.Duration) *Running[S] {
+	t.Helper()
+	waitfor.Cond(t, within, what, func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	return r
+}
+
+// StopAtCleanup stops, when the test ends, the daemon whose Run reports to done (Stop). A test
+// that saw Run return puts nil back in done.
+func StopAtCleanup(t testing.TB, cancel context.CancelFunc, done chan error) {
+	t.Cleanup(func() { Stop(t, cancel, done) })
+}
+
+// Stop cancels Run's context and fails the test when Run returns an error (a stop is clean) or
+// has not returned 30 s later.
+func Stop(t testing.TB, cancel context.CancelFunc, done chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("daemon did not stop within 30 s of cancel")
+	}
+}
+
+// Stop stops the daemon and waits for it, failing the test if it returns an error.
+func (r *Running[S]) Stop(t testing.TB) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("daemon stopped with %v", err)
+		}
+		r.done <- nil // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not stop within 30 s")
+	}
+}
+
+// Returned says whether the daemon's Run has returned, and with which error, without waiting.
+func (r *Running[S]) Returned() (bool, error) {
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// RawDo sends a request with a raw body and headers and returns the response with its body read.
+func (r *Running[S]) RawDo(t testing.TB, method, path, body string, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, r.Base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// Get is GET path from the API: its status code and body.
+func (r *Running[S]) Get(t testing.TB, path string) (int, []byte) {
+	t.Helper()
+	resp, err := r.Client.Get(r.Base + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// Do sends method path with body as JSON (none when nil) and token as a bearer token (none
+// when empty): the status code and body of the answer.
+func (r *Running[S]) Do(t testing.TB, method, path, token string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, r.Base+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// GatherCounter reads a counter (or gauge) with the given label pairs without a *testing.T, for
+// a goroutine; -1 when there is none.
+func GatherCounter(reg *prometheus.Registry, name string, labels ...string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			match := true
+			for i := 0; i+1 < len(labels); i += 2 {
+				match = match && have[labels[i]] == labels[i+1]
+			}
+			if !match {
+				continue
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+// HeldCEs is how many CEs the daemon's ledger holds.
+func (r *Running[S]) HeldCEs(t testing.TB) int {
+	t.Helper()
+	c, err := r.D.Ledger().Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, n := range c {
+		held += n
+	}
+	return held
+}
+
+// Metric is the value of the gauge or counter name whose labels include the label pairs
+// labels (name, value, ...), as the daemon's registry holds it; the test fails when there is none.
+func (r *Running[S]) Metric(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := r.Reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}
+
+// Produce writes JSON records to the daemon's topic over TCP with kafka-go, in one batch (up to
+// 500 records a batch). The writer sends a batch when it is full, or after BatchTimeout
+// (kafka-go's default, 1 s): a batch the size of the call is full, and sent, as soon as
+// WriteMessages has queued it.
+func (r *Running[S]) Produce(t testing.TB, values ...[]byte) {
+	t.Helper()
+	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.D.BrokerAddrs()...), Topic: r.Config.Kafka.Topic, RequiredAcks: kafka.RequireAll,
+		BatchSize: min(len(values), 500)}
+	defer w.Close()
+	msgs := make([]kafka.Message, len(values))
+	for i, v := range values {
+		msgs[i] = kafka.Message{Value: v}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
