@@ -28,6 +28,13 @@ func Daemon(t testing.TB, mutate func(c *config.Config)) *Running {
 	return With(t, mutate, nil, nil).WaitReady(t, "readyz", 20*time.Second)
 }
 
+// TLS is Daemon for a daemon serving HTTPS (http.web_config_file): client speaks TLS to it, and
+// Base is https://.
+func TLS(t testing.TB, mutate func(c *config.Config), client *http.Client) *Running {
+	t.Helper()
+	return With(t, mutate, nil, client).WaitReady(t, "readyz", 20*time.Second)
+}
+
 // NoWait is With without options or TLS: a daemontest.StartFunc.
 func NoWait(t testing.TB, mutate func(c *config.Config)) *Running {
 	t.Helper()

@@ -1,4 +1,4 @@
-package daemon
+package serving
 
 import (
 	"bytes"
@@ -19,7 +19,9 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/testcert"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -67,7 +69,7 @@ func TestTLSAndClientCertificatesFromTheWebConfig(t *testing.T) {
 		}
 	}
 	client := tlsClient(t, ca, clientCert, clientKey)
-	r := startDaemonClient(t, func(c *config.Config) {
+	r := launch.TLS(t, func(c *config.Config) {
 		c.HTTP.WebConfigFile = filepath.Join(dir, "web.yml")
 		c.HTTP.MetricsToken = "m3trics"
 	}, client) // waits for /readyz over HTTPS
@@ -154,7 +156,7 @@ func TestBadWebConfigStopsTheStart(t *testing.T) {
 		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "http.web_config_file") || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: CheckFiles: %v, want an invalid http.web_config_file naming %s", c.name, err, c.want)
 		}
-		err = Run(context.Background(), Options{Config: &cfg, Logger: slog.New(slog.DiscardHandler)})
+		err = daemon.Run(context.Background(), daemon.Options{Config: &cfg, Logger: slog.New(slog.DiscardHandler)})
 		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Run: %v, want an invalid http.web_config_file naming %s", c.name, err, c.want)
 		}
@@ -190,9 +192,9 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	client := tlsClient(t, ca, clientCert, clientKey)
 	b := daemontest.StartCluster(t, 1)
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	start := func(id string, peer config.PeerTLS, registerWait time.Duration) *running {
+	start := func(id string, peer config.PeerTLS, registerWait time.Duration) *launch.Running {
 		t.Helper()
-		r := startDaemonWith(t, func(c *config.Config) {
+		r := launch.With(t, func(c *config.Config) {
 			daemontest.ReplicaConfig(c, b.Addrs(), id, key)
 			c.HTTP.WebConfigFile = filepath.Join(dir, "web.yml")
 			c.Replication.PeerTLS, c.Replication.RegisterWait = peer, registerWait
@@ -202,15 +204,15 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	}
 	withCert := config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "client.pem"), KeyFile: filepath.Join(dir, "client.key")}
 	r1, r2 := start("r1", withCert, 10*time.Second), start("r2", withCert, 10*time.Second)
-	parts := r1.D.share.Partitions()
+	parts := r1.D.Share().Partitions()
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
-		return len(r1.D.share.Member().Owned()) > 0 && len(r2.D.share.Member().Owned()) > 0 &&
-			len(r1.D.share.Member().Owned())+len(r2.D.share.Member().Owned()) == parts
+		return len(r1.D.Share().Member().Owned()) > 0 && len(r2.D.Share().Member().Owned()) > 0 &&
+			len(r1.D.Share().Member().Owned())+len(r2.D.Share().Member().Owned()) == parts
 	})
 	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 12, "") // each answered 201: those of r2's partitions with r2's outcome
 	atR2 := 0
 	for _, id := range ids {
-		if slices.Contains(r2.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
+		if slices.Contains(r2.D.Share().Member().Owned(), ceshare.Partition(id, parts)) {
 			atR2++
 		}
 		if code, body := r1.Get(t, "/v1/counterfactuals/"+id); code != http.StatusOK {
@@ -224,7 +226,7 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	r3 := start("r3", config.PeerTLS{CAFile: filepath.Join(dir, "ca.pem")}, 3*time.Second)
 	var other string // a CE another replica owns
 	waitfor.Cond(t, 60*time.Second, "r3 owning partitions, and a CE another replica owns", func() bool {
-		owned := r3.D.share.Member().Owned()
+		owned := r3.D.Share().Member().Owned()
 		for _, id := range ids {
 			if len(owned) > 0 && !slices.Contains(owned, ceshare.Partition(id, parts)) {
 				other = id
@@ -244,10 +246,10 @@ func TestReplicasAskEachOtherOverTLS(t *testing.T) {
 	// A registration at r3 of a CE another replica owns is sent, but r3 cannot ask for its
 	// outcome: 202 after replication.register_wait, and the answer says why it does not know.
 	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r3.D.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r3.D.Posterior(), data, 400, 1)
 	id := ""
 	for k := 0; id == ""; k++ {
-		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.D.share.Member().Owned(), p) {
+		if p := ceshare.Partition(fmt.Sprintf("tls-%d", k), parts); !slices.Contains(r3.D.Share().Member().Owned(), p) {
 			id = fmt.Sprintf("tls-%d", k)
 		}
 	}

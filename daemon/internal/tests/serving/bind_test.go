@@ -1,4 +1,4 @@
-package daemon
+package serving
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -43,7 +45,7 @@ func TestBusyPortLeavesStateDirUntouched(t *testing.T) {
 			cfg.StateDir = filepath.Join(t.TempDir(), "state")
 			cfg.HTTP.Listen, cfg.Kafka.EmbeddedListen = "127.0.0.1:0", "127.0.0.1:0"
 			c.mutate(&cfg)
-			err := Run(context.Background(), Options{Config: &cfg, Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+			err := daemon.Run(context.Background(), daemon.Options{Config: &cfg, Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
 			if err == nil || !strings.Contains(err.Error(), c.key+" "+busy.Addr().String()) {
 				t.Fatalf("start on a busy %s: %v, want an error naming the key and address", c.key, err)
 			}
@@ -58,7 +60,7 @@ func TestBusyPortLeavesStateDirUntouched(t *testing.T) {
 // GET /v1/counterfactuals without a status lists every CE; POST /v1/explain under an id that
 // exists is refused before any generation runs, without internal error text.
 func TestListAllAndExplainDuplicateID(t *testing.T) {
-	r := startDaemon(t, nil)
+	r := launch.Daemon(t, nil)
 	data := daemontest.Bundled(t)
 	ids := daemontest.RegisterCEs(t, r, data, 3, "")
 	code, body := r.Get(t, "/v1/counterfactuals")
@@ -75,7 +77,7 @@ func TestListAllAndExplainDuplicateID(t *testing.T) {
 		t.Fatalf("explain under an existing id: %d %s; want 409 naming the id, no internal text", code, body)
 	}
 	// The first generation trains and stores the VAE under state_dir/vae: none ran.
-	if _, err := os.Stat(filepath.Join(r.D.cfg.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(r.Config.StateDir, "vae")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("state_dir/vae after a request refused by its id: %v, want no VAE (no generation)", err)
 	}
 }
@@ -88,10 +90,10 @@ func TestGivenListenersAreServedAndClosed(t *testing.T) {
 	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
 	stateDir := filepath.Join(t.TempDir(), "state")
 	for round := range 2 {
-		r := startDaemonWith(t, func(c *config.Config) {
+		r := launch.With(t, func(c *config.Config) {
 			c.StateDir = stateDir
 			c.HTTP.Listen, c.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
-		}, func(o *Options) { o.HTTPListener, o.BrokerListener = httpPort.Listen(t), brokerPort.Listen(t) }, nil)
+		}, func(o *daemon.Options) { o.HTTPListener, o.BrokerListener = httpPort.Listen(t), brokerPort.Listen(t) }, nil)
 		if got := fmt.Sprint(r.D.HTTPAddr(), r.D.BrokerAddrs()); got != fmt.Sprint(httpPort.Addr(), []string{brokerPort.Addr()}) {
 			t.Fatalf("round %d: serving on %s, want %s %s", round, got, httpPort.Addr(), brokerPort.Addr())
 		}
