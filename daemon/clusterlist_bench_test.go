@@ -48,7 +48,7 @@ const listBenchCEs = 1800
 // the cluster's CEs, in id order, with next the last of them), every later answer equals it
 // byte for byte, and every ledger page holds r1's ids.
 func BenchmarkClusterList(b *testing.B) {
-	_, reps := startThreeReplicas(b)
+	_, reps := daemontest.StartThreeReplicas(b, startNoWait)
 	all := registerSpread(b, reps, listBenchCEs)
 	r := reps[0]
 	owned := r.D.share.Member().Owned()

@@ -33,7 +33,7 @@ func TestListsAndAuditsCoverTheCluster(t *testing.T) {
 		t.Skip("three replicas: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
-	_, reps := startThreeReplicas(t)
+	_, reps := daemontest.StartThreeReplicas(t, startNoWait)
 	data := daemontest.Bundled(t)
 	var all []string
 	for i, r := range reps {

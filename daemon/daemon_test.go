@@ -24,13 +24,6 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 	return startDaemonWith(t, mutate, nil, nil).WaitReady(t, "readyz", 20*time.Second)
 }
 
-// startDaemonClient is startDaemon for a daemon serving HTTPS (http.web_config_file): client
-// speaks TLS to it, and r.Base is https://.
-func startDaemonClient(t *testing.T, mutate func(c *config.Config), client *http.Client) *running {
-	t.Helper()
-	return startDaemonWith(t, mutate, nil, client).WaitReady(t, "readyz", 20*time.Second)
-}
-
 // startNoWait is startDaemonWith without options or TLS: a daemontest.StartFunc.
 func startNoWait(t testing.TB, mutate func(c *config.Config)) *running {
 	t.Helper()

@@ -28,7 +28,7 @@ import (
 // registration before each of its own, with the timer stopped and timed apart, and reports
 // other/own of time and of CPU time (alternate).
 func BenchmarkRegisterAtReplica(b *testing.B) {
-	_, reps := startThreeReplicas(b)
+	_, reps := daemontest.StartThreeReplicas(b, startNoWait)
 	r := reps[0]
 	data := daemontest.Bundled(b)
 	_, xs, cfs := daemontest.CandidatePairs(b, r.D.current(), data, 400, 1)

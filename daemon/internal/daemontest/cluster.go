@@ -16,8 +16,12 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -119,6 +123,65 @@ func FirstOfTwoReplicas[S Server](t *testing.T, start StartFunc[S], what string)
 	b := StartCluster(t, 1)
 	key := WriteKeyFile(t, ClusterKey)
 	return b, key, StartReplica(t, start, b.Addrs(), "r1", key)
+}
+
+// StartThreeReplicas starts replicas r1, r2, r3 on one broker and waits until the CE topic's
+// partitions are shared out among them, each owner caught up with its partitions.
+func StartThreeReplicas[S Server](t testing.TB, start StartFunc[S]) (*broker.Broker, []*Running[S]) {
+	t.Helper()
+	b := StartCluster(t, 1)
+	key := WriteKeyFile(t, ClusterKey)
+	reps := []*Running[S]{StartReplica(t, start, b.Addrs(), "r1", key), StartReplica(t, start, b.Addrs(), "r2", key),
+		StartReplica(t, start, b.Addrs(), "r3", key)}
+	parts := reps[0].D.Share().Partitions()
+	waitfor.Cond(t, 90*time.Second, "every CE partition owned by one ready replica, each replica owning some", func() bool {
+		owned := 0
+		for _, r := range reps {
+			if !ShareReady(r) {
+				return false
+			}
+			owned += len(r.D.Share().Member().Owned())
+		}
+		return owned == parts
+	})
+	return b, reps
+}
+
+// Settled waits until the owner of id's CE partition has applied every request the partition
+// holds, and returns what that owner stores under id (nil when nothing).
+func Settled[S Server](t testing.TB, b *broker.Broker, reps []*Running[S], id string) *ledger.CE {
+	t.Helper()
+	s := reps[0].D.Share()
+	topic := reps[0].Config.Replication.CETopic
+	p := ceshare.Partition(id, s.Partitions())
+	cl := &kafka.Client{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()...)}
+	var owner *Running[S]
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d applied to its end by its owner", p), func() bool {
+		res, err := cl.ListOffsets(context.Background(), &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+			topic: {kafka.LastOffsetOf(p)}}})
+		if err != nil {
+			return false
+		}
+		var end int64 = -1
+		for _, po := range res.Topics[topic] {
+			if po.Partition == p && po.Error == nil {
+				end = po.LastOffset
+			}
+		}
+		for _, r := range reps {
+			m := r.D.Share().Member()
+			if next, ok := m.Next(p); ok && m.Ready(p) && next >= end && end >= 0 {
+				owner = r
+				return true
+			}
+		}
+		return false
+	})
+	ce, err := owner.D.Ledger().Get(id)
+	if err != nil {
+		return nil
+	}
+	return ce
 }
 
 // ShareReady reports whether replica r owns CE partitions and has read every one it owns.

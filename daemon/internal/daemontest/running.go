@@ -172,6 +172,22 @@ func (r *Running[S]) RawDo(t testing.TB, method, path, body string, header map[s
 	return resp, b
 }
 
+// KeyedDo POSTs body (JSON of v, or raw when v is a string) to path with the Idempotency-Key
+// key: the status code and body of the answer.
+func (r *Running[S]) KeyedDo(t testing.TB, path, key string, v any) (int, []byte) {
+	t.Helper()
+	body, ok := v.(string)
+	if !ok {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body = string(b)
+	}
+	resp, got := r.RawDo(t, "POST", path, body, map[string]string{"Idempotency-Key": key})
+	return resp.StatusCode, got
+}
+
 // Get is GET path from the API: its status code and body.
 func (r *Running[S]) Get(t testing.TB, path string) (int, []byte) {
 	t.Helper()
