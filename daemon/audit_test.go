@@ -24,7 +24,7 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	const n = 2000
 	r := startDaemon(t, nil)
 	data := daemontest.Bundled(t)
-	storeCEs(t, r, data, n)
+	daemontest.StoreCEs(t, r, data, n)
 	type result struct {
 		evaluated int
 		err       error
@@ -83,7 +83,7 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 	const n = backgroundBatch + 100 // two batches
 	r := startDaemon(t, nil)
 	data := daemontest.Bundled(t)
-	storeCEs(t, r, data, n)
+	daemontest.StoreCEs(t, r, data, n)
 	type hold struct {
 		version uint64
 		resume  chan struct{}

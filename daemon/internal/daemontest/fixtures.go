@@ -1,6 +1,7 @@
 package daemontest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -155,6 +156,32 @@ func Flipped(data *dataset.Set, n int) [][]byte {
 		}
 	}
 	return vals
+}
+
+// StoreCEs stores n CEs anchored to r's current posterior directly in its ledger (the API would
+// measure each one separately; this measures candidate rows once): x a malignant row, x_cf a row
+// the posterior puts in the <delta, epsilon>-set for "benign", cycling over the candidates.
+func StoreCEs[S Server](t testing.TB, r *Running[S], data *dataset.Set, n int) {
+	t.Helper()
+	m := r.D.Posterior()
+	c := r.Config.Certify
+	p, xs, cfs := CandidatePairs(t, m, data, c.Samples, 7)
+	if len(xs) == 0 || len(cfs) == 0 {
+		t.Fatalf("no candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	ctx := context.Background()
+	batch := make([]*ledger.CE, 0, 2000)
+	for k := 0; k < n; k++ {
+		x, cf := xs[k%len(xs)], cfs[k%len(cfs)]
+		batch = append(batch, &ledger.CE{ID: fmt.Sprintf("ce-%07d", k), X: data.X[x], XCF: data.X[cf], Target: 1, AnchorVersion: m.Version,
+			P1: p.P(cf, 1), Var1: p.V(cf, 1), Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon})
+		if len(batch) == cap(batch) || k == n-1 {
+			if err := r.D.Ledger().Put(ctx, batch...); err != nil {
+				t.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
 }
 
 // EachCE calls fn with every CE the ledger l stores, a page at a time.
