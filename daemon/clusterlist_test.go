@@ -183,7 +183,7 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 	// r1 sees the new assignment once its directory reads it; until then it lists its own
 	// ledger, which still holds every CE.
 	waitfor.Cond(t, 30*time.Second, "a list at r1 waiting for r2", func() bool {
-		code, body, n := listed(r1, t)
+		code, body, n := r1.Listed(t)
 		switch {
 		case code == http.StatusOK && n != len(ids):
 			t.Fatalf("a list at r1 while r2 has not taken up %v: 200 with %d CEs of %d", mine, n, len(ids))
@@ -192,32 +192,16 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 		}
 		return false
 	})
-	if code, body, n := listed(r2, t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
+	if code, body, n := r2.Listed(t); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "between two generations") {
 		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
 	}
 	release()
 	for _, r := range []*running{r1, r2} {
 		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.D.cfg.Replication.ReplicaID, func() bool {
-			code, _, n := listed(r, t)
+			code, _, n := r.Listed(t)
 			return code == http.StatusOK && n == len(ids)
 		})
 	}
-}
-
-// listed reads the first 1000 CEs of GET /v1/counterfactuals at r: the status, the body and,
-// on 200, how many CEs it lists.
-func listed(r *running, t *testing.T) (int, []byte, int) {
-	t.Helper()
-	code, body := r.Get(t, "/v1/counterfactuals?limit=1000")
-	var page struct {
-		CEs []ledger.CE `json:"counterfactuals"`
-	}
-	if code == http.StatusOK {
-		if err := json.Unmarshal(body, &page); err != nil {
-			t.Fatalf("GET /v1/counterfactuals: %v: %s", err, body)
-		}
-	}
-	return code, body, len(page.CEs)
 }
 
 // An explanation asked for at a replica whose CE's owner does not store it within the wait is

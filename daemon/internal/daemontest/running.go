@@ -188,6 +188,22 @@ func (r *Running[S]) KeyedDo(t testing.TB, path, key string, v any) (int, []byte
 	return resp.StatusCode, got
 }
 
+// Listed reads the first 1000 CEs of GET /v1/counterfactuals: the status, the body and, on 200,
+// how many CEs it lists.
+func (r *Running[S]) Listed(t testing.TB) (int, []byte, int) {
+	t.Helper()
+	code, body := r.Get(t, "/v1/counterfactuals?limit=1000")
+	var page struct {
+		CEs []ledger.CE `json:"counterfactuals"`
+	}
+	if code == http.StatusOK {
+		if err := json.Unmarshal(body, &page); err != nil {
+			t.Fatalf("GET /v1/counterfactuals: %v: %s", err, body)
+		}
+	}
+	return code, body, len(page.CEs)
+}
+
 // Get is GET path from the API: its status code and body.
 func (r *Running[S]) Get(t testing.TB, path string) (int, []byte) {
 	t.Helper()
