@@ -145,18 +145,30 @@ const commandTimeout = 2 * time.Minute
 
 // runLine runs line with bash (pipefail) in a process group of its own and returns its combined
 // output. At timeout the whole group is killed, every process of a pipeline with it (killing bash
-// alone would leave a curl or kcat holding the output pipe, and the wait would last as long as
-// it does).
+// alone would leave a curl or kcat holding the output, and the wait would last as long as it
+// does). The output goes to a file, not a pipe: a process that outlives bash in another process
+// group (timeout(1) makes one for its command) holds nothing the wait must wait for, and no
+// goroutine must copy a pipe within a deadline, which a starved core misses.
 func runLine(line string, timeout time.Duration) ([]byte, error) {
+	f, err := os.CreateTemp("", "runbook-command-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = time.Second // then the pipes close, whatever still holds them
-	out, err := cmd.CombinedOutput()
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
 	if ctx.Err() != nil {
 		err = fmt.Errorf("killed after %v: %w", timeout, err)
+	}
+	out, rerr := os.ReadFile(f.Name())
+	if rerr != nil && err == nil {
+		err = rerr
 	}
 	return out, err
 }
