@@ -68,27 +68,6 @@ func TestTokenGuardsEveryV1Endpoint(t *testing.T) {
 	}
 }
 
-func TestJSONBodiesAreStrict(t *testing.T) {
-	r := startDaemon(t, nil)
-	x, _ := json.Marshal(daemontest.Bundled(t).X[0])
-	for name, body := range map[string]string{
-		"trailing object": `{"x":` + string(x) + `}{"x":` + string(x) + `}`,
-		"trailing junk":   `{"x":` + string(x) + `} trailing`,
-		"unknown field":   `{"x":` + string(x) + `,"z":1}`,
-		"both x and xs":   `{"x":` + string(x) + `,"xs":[` + string(x) + `]}`,
-		"neither":         `{}`,
-	} {
-		resp, b := r.RawDo(t, "POST", "/v1/predict", body, nil)
-		if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(b, []byte(`"error"`)) {
-			t.Errorf("%s: %d %s, want 400 with an error", name, resp.StatusCode, b)
-		}
-	}
-	// Whitespace after the value is not trailing data.
-	if resp, b := r.RawDo(t, "POST", "/v1/predict", `{"x":`+string(x)+"}\n\n", nil); resp.StatusCode != 200 {
-		t.Errorf("a body ending in newlines: %d %s", resp.StatusCode, b)
-	}
-}
-
 // TestPosteriorEndpointServesTheCertifiedPosterior: GET /v1/model/posterior and its sidecar are
 // the current posterior in model.path's format, bit for bit, with the version and an ETag that
 // If-None-Match honours; after an update both change together.

@@ -1,19 +1,11 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 )
 
 // While the daemon starts, /healthz says it lives and every other request is 503 with
@@ -85,26 +77,5 @@ func TestFrontAnswersWhileStarting(t *testing.T) {
 		if w.Code != http.StatusTeapot {
 			t.Errorf("GET %s once the API is served: %d, want the API's answer", path, w.Code)
 		}
-	}
-}
-
-// A start that fails after the port answered (here at a ledger that is not one) returns its
-// error and leaves nothing listening.
-func TestFailedStartStopsServing(t *testing.T) {
-	c := daemontest.Config(t, nil)
-	if err := os.WriteFile(filepath.Join(c.StateDir, "cfguard.db"), []byte("not a ledger"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = Run(context.Background(), Options{Config: &c, Logger: slog.New(slog.DiscardHandler), HTTPListener: ln})
-	if err == nil || !strings.Contains(err.Error(), "cfguard.db") {
-		t.Fatalf("Run on a damaged ledger: %v, want the ledger's refusal", err)
-	}
-	if conn, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second); err == nil {
-		conn.Close()
-		t.Errorf("%s still accepts connections after the start failed", ln.Addr())
 	}
 }

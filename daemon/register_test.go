@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -11,31 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
-
-// batchHistogram reads cfguard_counterfactuals_registration_batch_size: ledger writes of registrations and the
-// CEs they stored.
-func batchHistogram(t *testing.T, r *running) (writes uint64, stored float64) {
-	t.Helper()
-	mfs, err := r.Reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == alerts.NameRegistrationBatch {
-			h := mf.GetMetric()[0].GetHistogram()
-			return h.GetSampleCount(), h.GetSampleSum()
-		}
-	}
-	t.Fatalf("%s is not registered", alerts.NameRegistrationBatch)
-	return 0, 0
-}
 
 // Registrations waiting together are measured together and stored in one ledger write, and each
 // keeps its own outcome: a bad one, an id given twice, an id already stored, a pair that is not
@@ -53,7 +33,7 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "stored", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
-	writes0, stored0 := batchHistogram(t, r)
+	writes0, stored0 := r.RegistrationBatches(t)
 	var regs []registration
 	want := map[string]error{}
 	for k := 0; k < 10; k++ {
@@ -119,42 +99,9 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	if twice != 1 {
 		t.Errorf("id twice stored %d times, want once", twice)
 	}
-	if writes, stored := batchHistogram(t, r); writes-writes0 != 1 || stored-stored0 != 11 {
+	if writes, stored := r.RegistrationBatches(t); writes-writes0 != 1 || stored-stored0 != 11 {
 		t.Errorf("%d ledger writes storing %v CEs, want 1 storing 11", writes-writes0, stored-stored0)
 	}
-}
-
-// Registrations from 16 concurrent clients are each answered with their own CE, and all stored.
-func TestConcurrentRegistrationsOverHTTP(t *testing.T) {
-	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	const clients, each = 16, 8
-	var wg sync.WaitGroup
-	for c := 0; c < clients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := 0; k < each; k++ {
-				id := fmt.Sprintf("c%d-%d", c, k)
-				req := map[string]any{"id": id, "x": data.X[xs[(c+k)%len(xs)]], "x_cf": data.X[cfs[(c*each+k)%len(cfs)]], "target": "benign"}
-				code, body := r.Do(t, "POST", "/v1/counterfactuals", "", req)
-				var ce ledger.CE
-				if code != http.StatusCreated || json.Unmarshal(body, &ce) != nil || ce.ID != id {
-					t.Errorf("register %s: %d %s", id, code, body)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if n, err := r.D.ledger.Counts(); err != nil || n[certify.Certified] != clients*each {
-		t.Errorf("counts %v, %v; want %d certified", n, err, clients*each)
-	}
-	writes, stored := batchHistogram(t, r)
-	if stored != clients*each {
-		t.Errorf("the batch histogram counts %v CEs stored, want %d", stored, clients*each)
-	}
-	t.Logf("%d registrations from %d clients in %d ledger writes", clients*each, clients, writes)
 }
 
 // A registration the registrar never took, because the daemon stopped, is refused with
@@ -220,13 +167,13 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	// Measured and stored together (one write), against one at a time.
 	v0 := r.D.current().Version
 	want := alone("alone")
-	writes0, _ := batchHistogram(t, r)
+	writes0, _ := r.RegistrationBatches(t)
 	none := time.Duration(0)
 	got, err := r.D.registerMany(ctx, pairs("batch"), &none)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if writes, _ := batchHistogram(t, r); writes-writes0 != 1 {
+	if writes, _ := r.RegistrationBatches(t); writes-writes0 != 1 {
 		t.Fatalf("%d ledger writes for %d registrations sent together, want 1", writes-writes0, n)
 	}
 	same("together", got, want)

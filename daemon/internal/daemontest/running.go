@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
@@ -279,6 +280,24 @@ func (r *Running[S]) HeldCEs(t testing.TB) int {
 		held += n
 	}
 	return held
+}
+
+// RegistrationBatches reads the histogram cfguard_counterfactuals_registration_batch_size: how many
+// ledger writes stored registrations, and how many CEs they stored.
+func (r *Running[S]) RegistrationBatches(t testing.TB) (writes uint64, stored float64) {
+	t.Helper()
+	mfs, err := r.Reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == alerts.NameRegistrationBatch {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("%s is not registered", alerts.NameRegistrationBatch)
+	return 0, 0
 }
 
 // Metric is the value of the gauge or counter name whose labels include the label pairs
