@@ -146,7 +146,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			{Cmd: "-o -1", Want: fmt.Sprintf(`^%d$`, offset+1)}, // the registration behind the block
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}
-		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
+		s := runbooktest.Named(t, daemontest.RunbookPath(t), "CfguardCounterfactualsNotCaughtUp")
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "BROKER", b.Addrs()[0], "PARTITION", fmt.Sprint(p)), nil)
 	}

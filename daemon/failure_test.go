@@ -1,10 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -21,7 +19,7 @@ import (
 // daemon must keep the posterior bit for bit, count the failure, and still consume the records.
 func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	data := daemontest.Bundled(t)
-	r := startDaemon(t, func(c *config.Config) { c.Model.Path = overflowingModel(t) })
+	r := startDaemon(t, func(c *config.Config) { c.Model.Path = daemontest.OverflowingModel(t) })
 	before := r.D.current()
 	var vals [][]byte
 	for i := 0; i < 32; i++ {
@@ -59,23 +57,4 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	if !found {
 		t.Error("no update_failed event published")
 	}
-}
-
-// overflowingModel saves, in a directory it returns, a model fitted to the bundled data whose
-// last-layer means are so large that the logits overflow: every update's loss is non-finite.
-func overflowingModel(t *testing.T) string {
-	t.Helper()
-	m, _, err := bnn.Fit(context.Background(), daemontest.Bundled(t), []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := m.Last()
-	for i := range last.WeightMu {
-		last.WeightMu[i] = 1e306 * float64(1-2*(i%2))
-	}
-	dir := filepath.Join(t.TempDir(), "model")
-	if err := bnn.Save(dir, m); err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }

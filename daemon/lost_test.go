@@ -88,7 +88,7 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 	t.Helper()
 	r, b, start := lostInput(t, nil)
-	return &runbookState{r: r, subst: strings.NewReplacer(
+	return &runbookState{R: r, Subst: strings.NewReplacer(
 		"127.0.0.1:8080", r.D.HTTPAddr(),
 		"127.0.0.1:9092", b.Addrs()[0],
 		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
@@ -102,7 +102,7 @@ func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
 func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 	t.Parallel() // mostly waits for the daemon to start, three times
 	st, start := lostDaemon(t)
-	r := st.r
+	r := st.R
 	check := func(r *running, when string) {
 		t.Helper()
 		if n := r.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {

@@ -65,7 +65,7 @@ func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 // Each `curl .../metrics | grep -E 'PATTERN'` of the single-node sections of docs/RUNBOOK.md,
 // run on a live daemon's /metrics as written, prints a sample of every metric its pattern names
 // (cfguard_a_(b|c) names cfguard_a_b and cfguard_a_c), so that a runbook command shows what its
-// section says it shows. The replicas' sections (runbookReplicaSections) name metrics a single
+// section says it shows. The replicas' sections (daemontest.RunbookReplicaSections) name metrics a single
 // node does not have; their tests run them against replicas and check what they print.
 func TestRunbookMetricGrepsFindTheirMetrics(t *testing.T) {
 	r := startDaemon(t, nil)
@@ -75,8 +75,8 @@ func TestRunbookMetricGrepsFindTheirMetrics(t *testing.T) {
 	}
 	lines := strings.Split(string(body), "\n")
 	var greps [][]string
-	for _, s := range runbooktest.Sections(t, runbookPath) {
-		if _, replicas := runbookReplicaSections[s.Name]; !replicas {
+	for _, s := range runbooktest.Sections(t, daemontest.RunbookPath(t)) {
+		if _, replicas := daemontest.RunbookReplicaSections[s.Name]; !replicas {
 			for _, c := range s.Commands {
 				greps = append(greps, regexp.MustCompile(`/metrics \| grep -E '([^']+)'`).FindAllStringSubmatch(c, -1)...)
 			}

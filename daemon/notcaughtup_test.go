@@ -138,7 +138,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 			{Cmd: "-o -1", Want: `^(% [^\n]*\n)*no record within 10 s$`},
 			{Cmd: "kcat -L", Want: fmt.Sprintf(`(?m)partition %d, leader \d+, replicas: \d+`, p)},
 		}
-		s := runbooktest.Named(t, runbookPath, "CfguardCounterfactualsNotCaughtUp")
+		s := runbooktest.Named(t, daemontest.RunbookPath(t), "CfguardCounterfactualsNotCaughtUp")
 		runbooktest.Covered(t, s, checks)
 		runbooktest.Run(t, s, checks, strings.NewReplacer("127.0.0.1:8080", r2.D.HTTPAddr(), "BROKER", addrs[0], "PARTITION", fmt.Sprint(p)), nil)
 	}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"net/http"
 	"os"
@@ -14,29 +13,10 @@ import (
 
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
-	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
-
-// rowRecords encodes the first n rows of data as records named prefix0, prefix1, ...
-func rowRecords(data *dataset.Set, prefix string, n int) [][]byte {
-	var out [][]byte
-	for i := range n {
-		out = append(out, daemontest.Record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
-	}
-	return out
-}
-
-// waitResetReported waits until r's /readyz answers 503 naming a reset of its input topic.
-func waitResetReported(t *testing.T, r *running, what string) {
-	t.Helper()
-	waitfor.Cond(t, 30*time.Second, what, func() bool {
-		code, body := r.Get(t, "/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
-	})
-}
 
 // TestReadinessReportsADeadBroker: once the embedded broker stops accepting connections,
 // /readyz answers 503 naming it, while /healthz (the process lives) stays 200, and the web UI's
@@ -82,7 +62,7 @@ func TestRecreatedTopicStopsIngestUntilConfirmed(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
 	data := daemontest.Bundled(t)
-	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
+	records := func(prefix string, n int) [][]byte { return daemontest.RowRecords(data, prefix, n) }
 	const n, m = 64, 96
 	const command = "cfguard run --config config.yaml --accept-topic-reset"
 	offset := func(r *running) int64 {
@@ -175,7 +155,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 	dir := t.TempDir()
 	mutate := func(c *config.Config) { c.StateDir = dir }
 	data := daemontest.Bundled(t)
-	records := func(prefix string, n int) [][]byte { return rowRecords(data, prefix, n) }
+	records := func(prefix string, n int) [][]byte { return daemontest.RowRecords(data, prefix, n) }
 	r := startDaemon(t, mutate)
 	r.Produce(t, records("a", 32)...)
 	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 32 })
@@ -192,7 +172,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 })
 	kafkatest.RecreateTopic(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.Topic, 1)
 	r.Produce(t, records("new", 96)...)
-	waitResetReported(t, r, "readyz to report the reset")
+	r.WaitResetReported(t, "readyz to report the reset")
 	r.Stop(t)
 	recorded, err := os.ReadFile(filepath.Join(dir, topicResetFile))
 	if err != nil {
@@ -211,7 +191,7 @@ func TestRecordedResetSurvivesARestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = startDaemonWith(t, mutate, nil, nil)
-	waitResetReported(t, r, "readyz to report the reset after the restore")
+	r.WaitResetReported(t, "readyz to report the reset after the restore")
 	// Kept as it was: not taken for done and found again by the start's mark check (which a
 	// backup without a mark, or one whose marked record is gone, would not make).
 	if now, err := os.ReadFile(filepath.Join(dir, topicResetFile)); err != nil || string(now) != string(recorded) {

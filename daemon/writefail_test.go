@@ -142,9 +142,9 @@ func TestCheckpointFailureChild(t *testing.T) {
 	})
 	// The runbook's commands for a ledger that cannot be written, as written, in that state.
 	if runbooktest.Tools(t, true) {
-		st := &runbookState{r: r, subst: strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))}
-		for name := range runbookInChild {
-			st.run(t, runbooktest.Named(t, runbookPath, name))
+		st := &runbookState{R: r, Subst: strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))}
+		for name := range daemontest.RunbookInChild {
+			st.Run(t, runbooktest.Named(t, daemontest.RunbookPath(t), name))
 		}
 	} else {
 		t.Log("the runbook's commands are not run: a tool is missing")
@@ -338,10 +338,10 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	// The runbook's commands, as written, show it.
 	if runbooktest.Tools(t, true) {
 		subst := strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))
-		runbooktest.Run(t, runbooktest.Named(t, runbookPath, "CfguardCheckpointFailing"), []runbooktest.Check{
+		runbooktest.Run(t, runbooktest.Named(t, daemontest.RunbookPath(t), "CfguardCheckpointFailing"), []runbooktest.Check{
 			{Cmd: "/readyz", Want: `a commit to the ledger cfguard\.db failed .* ago, at .*file too large`},
 			{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},
-		}, subst, runbookNotRun)
+		}, subst, daemontest.RunbookNotRun)
 	}
 
 	// Room again: the registration sent again is stored, and /readyz is ready once the hold has

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -217,6 +218,34 @@ func AnySlice(x []float64) []any {
 	out := make([]any, len(x))
 	for i, v := range x {
 		out[i] = v
+	}
+	return out
+}
+
+// OverflowingModel saves, in a directory it returns, a model fitted to the bundled data whose
+// last-layer means are so large that the logits overflow: every update's loss is non-finite.
+func OverflowingModel(t testing.TB) string {
+	t.Helper()
+	m, _, err := bnn.Fit(context.Background(), Bundled(t), []string{"malignant", "benign"}, bnn.TrainConfig{Seed: 1, Epochs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := m.Last()
+	for i := range last.WeightMu {
+		last.WeightMu[i] = 1e306 * float64(1-2*(i%2))
+	}
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := bnn.Save(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// RowRecords encodes the first n rows of data as records named prefix0, prefix1, ...
+func RowRecords(data *dataset.Set, prefix string, n int) [][]byte {
+	var out [][]byte
+	for i := range n {
+		out = append(out, Record(fmt.Sprintf("%s%d", prefix, i), data.X[i], data.Y[i]))
 	}
 	return out
 }

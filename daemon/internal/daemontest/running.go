@@ -354,3 +354,12 @@ func (r *Running[S]) Produce(t testing.TB, values ...[]byte) {
 		t.Fatal(err)
 	}
 }
+
+// WaitResetReported waits until the daemon's /readyz answers 503 naming a reset of its input topic.
+func (r *Running[S]) WaitResetReported(t testing.TB, what string) {
+	t.Helper()
+	waitfor.Cond(t, 30*time.Second, what, func() bool {
+		code, body := r.Get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
+	})
+}
