@@ -44,7 +44,7 @@ func TestRunLineEndsWithBashNotWithWhatItLeft(t *testing.T) {
 	start := time.Now()
 	out, err := runLine("setsid sh -c 'echo $$ > "+pidFile+"; exec sleep 60' & echo done", time.Minute)
 	took := time.Since(start)
-	waitfor.Cond(t, 10*time.Second, "the left process's pid", func() bool { _, err := os.Stat(pidFile); return err == nil })
+	waitfor.Cond(t, 60*time.Second, "the left process's pid", func() bool { _, err := os.Stat(pidFile); return err == nil })
 	if raw, rerr := os.ReadFile(pidFile); rerr == nil {
 		if pid, perr := strconv.Atoi(strings.TrimSpace(string(raw))); perr == nil && pid > 0 {
 			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
