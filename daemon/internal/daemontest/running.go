@@ -242,30 +242,40 @@ func (r *Running[S]) Do(t testing.TB, method, path, token string, body any) (int
 // GatherCounter reads a counter (or gauge) with the given label pairs without a *testing.T, for
 // a goroutine; -1 when there is none.
 func GatherCounter(reg *prometheus.Registry, name string, labels ...string) float64 {
-	mfs, _ := reg.Gather()
+	v, ok, _ := gather(reg, name, labels...)
+	if !ok {
+		return -1
+	}
+	return v
+}
+
+// gather finds in reg the gauge or counter name whose labels include the label pairs labels
+// (name, value, ...): its value, whether there is one, and the error Gather gave (what it
+// gathered is searched all the same).
+func gather(reg *prometheus.Registry, name string, labels ...string) (float64, bool, error) {
+	mfs, err := reg.Gather()
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
+	next:
 		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			match := true
 			for i := 0; i+1 < len(labels); i += 2 {
-				match = match && have[labels[i]] == labels[i+1]
-			}
-			if !match {
-				continue
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue next
+				}
 			}
 			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
+				return g.GetValue(), true, err
 			}
-			return m.GetCounter().GetValue()
+			return m.GetCounter().GetValue(), true, err
 		}
 	}
-	return -1
+	return 0, false, err
 }
 
 // HeldCEs is how many CEs the daemon's ledger holds.
@@ -304,35 +314,14 @@ func (r *Running[S]) RegistrationBatches(t testing.TB) (writes uint64, stored fl
 // labels (name, value, ...), as the daemon's registry holds it; the test fails when there is none.
 func (r *Running[S]) Metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := r.Reg.Gather()
+	v, ok, err := gather(r.Reg, name, labels...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
+	if !ok {
+		t.Fatalf("metric %s%v not found", name, labels)
 	}
-	t.Fatalf("metric %s%v not found", name, labels)
-	return 0
+	return v
 }
 
 // Produce writes JSON records to the daemon's topic over TCP with kafka-go, in one batch (up to
