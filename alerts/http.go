@@ -35,7 +35,7 @@ func NewHTTPMetrics(reg prometheus.Registerer, maxConns int) *HTTPMetrics {
 		Connections: f.NewGauge(prometheus.GaugeOpts{Name: NameHTTPConnections,
 			Help: "Connections the API holds open (at most http.max_connections)."}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: NameHTTPRejected,
-			Help: "Requests answered 429 because every slot of their route was taken (predict: http.max_predict_inputs; explain: explain.concurrency)."}, []string{"route"}),
+			Help: "Requests answered 429 because their route had no room for them (predict: the inputs admitted plus theirs would pass http.max_predict_inputs; explain: every explain.concurrency slot was taken)."}, []string{"route"}),
 	}
 	f.NewGauge(prometheus.GaugeOpts{Name: NameHTTPMaxConnections, Help: "http.max_connections."}).Set(float64(maxConns))
 	for _, r := range []Route{RoutePredict, RouteExplain} {

@@ -43,15 +43,15 @@ const confirmPoll = 30 * time.Second
 //	at_risk (confirmed) if p2 >= 1/2 and target is the argmax, invalidated otherwise
 //
 // so the work of one increment's commit is bounded whatever the number of CEs a drift fails.
-// The S networks are one bnn.Pool per posterior version with seed = the version, which gives the
-// same estimates as (*bnn.Model).Predict(x, S, version) did when commits sampled inline; it is
+// The S networks are one bnn.Pool per posterior version with seed = the version XOR poolSeed,
+// so that a restart and a replay measure with the same networks; it is
 // evaluated on one core per lane (backgroundPredictor; confirmers: audit.workers lanes, each
 // measuring its own CEs, ledger.ConfirmLane), leaving a core to ingestion. A verdict
 // measured under one posterior stays in force under later ones while certify.Carries holds at
 // their KL from it, so a new posterior sends back to the confirmer only the CEs whose verdict it
 // no longer carries (the ledger finds them per verdict version, not per CE). What became of each
 // measurement (kept, superseded, discarded: ledger.Measurements) is counted in
-// cfguard_counterfactual_measurements_total.
+// cfguard_counterfactuals_measured_total.
 type confirmer struct {
 	l         *ledger.Ledger
 	current   func() *bnn.Model
