@@ -493,7 +493,7 @@ func (u *UI) reissues(ctx context.Context, ce *ledger.CE, current uint64) (next 
 		}
 		return old.Status != certify.Certified && len(old.History) >= ledger.MaxHistory && old.History[0].PosteriorVersion > v
 	}
-	// An id of 107 to 126 characters has a stem of its own; its replacements stored before
+	// An id of 107 to 125 characters has a stem of its own; its replacements stored before
 	// stems existed are named "<id>.r<version>".
 	for _, after := range slices.Compact([]string{ident.ReissueStem(ce.ID) + ".r", ce.ID + ".r"}) {
 		ces, _, err := u.src.List(ctx, 0, 16, after)
