@@ -1052,14 +1052,15 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 			}
 		}()
 		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
+			// The line before the counts, so that whoever sees a count (an alert, a test) finds it.
+			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
+				"partition", p, "offset", r.offset, "err", err)
 			m.mu.Lock()
 			m.skipped[ReasonUnauthenticated]++
 			m.mu.Unlock()
 			if m.cfg.OnUnauthenticated != nil {
 				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.offset)
 			}
-			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
-				"partition", p, "offset", r.offset, "err", err)
 			return
 		}
 		req, err := m.cfg.decode(r.key, r.value)
@@ -1078,15 +1079,15 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 				blocked = m.blockOrSkip(b)
 				return
 			}
+			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's, "+
+				"or naming no id; only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset,
+				"reason", de.Reason, "detail", de.Detail)
 			m.mu.Lock()
 			m.skipped[de.Reason]++
 			m.mu.Unlock()
 			if m.cfg.OnUnauthenticated != nil { // its authenticator is not for where it was written
 				m.cfg.OnUnauthenticated(m.cfg.Topic, p, r.offset)
 			}
-			m.log.Warn("copy of a CE request skipped: a signed request under another record's key or in another partition than its id's, "+
-				"or naming no id; only a writer that copies records makes one: check the CE topic's ACLs", "partition", p, "offset", r.offset,
-				"reason", de.Reason, "detail", de.Detail)
 			return
 		}
 		req.Offset = r.offset

@@ -691,9 +691,9 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		return nil
 	}
 	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
-		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc()
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
 			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
+		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc() // after the line: whoever sees the count finds it
 		r.mu.Lock()
 		if !r.caughtUp {
 			// Read while catching up: the replicas that followed the log judged it earlier, on
@@ -896,21 +896,23 @@ func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
 	}
 }
 
-// unauthenticated counts and logs a record of the posterior log that does not authenticate.
-// It is ignored: never decoded, applied, or counted as covering anything.
+// unauthenticated logs and counts a record of the posterior log that does not authenticate.
+// It is ignored: never decoded, applied, or counted as covering anything. The line is written
+// before the count, so that whoever sees the count (an alert, a test) finds the line.
 func (r *Replica) unauthenticated(rec postlog.Record) {
-	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
-	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
 	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
+	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
+	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
 }
 
 // ignored counts an authenticated record the chain did not accept, and logs at WARN one that is
 // not an entry at all (malformed) or names the head but does not follow from it (invalid): a
 // holder of the cluster key wrote it, by a bug or with a stolen key (CfguardPosteriorLogRefused).
 // The other reasons (a replayed or late entry) are the log's ordinary traffic; the caller logs them.
+// As in unauthenticated, the line is written before the count.
 func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
-	r.m.Ignored.WithLabelValues(string(reason)).Inc()
+	defer r.m.Ignored.WithLabelValues(string(reason)).Inc()
 	switch reason {
 	case postlog.Malformed:
 		if _, err := postlog.Decode(rec.Value); err != nil {
