@@ -655,11 +655,12 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 			}
 			r.stopped = fmt.Errorf("%w (offset %d of %s; %ssee docs/RUNBOOK.md, %s)", err, rec.Offset, r.plog.Topic(), recovery, runbook)
 			r.read = rec.Offset + 1
+			// The line and the gauge before the lock is released, as in halt.
+			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
+			r.m.Stopped.Set(1)
 			close(r.changed)
 			r.changed = make(chan struct{})
 			r.mu.Unlock()
-			r.m.Stopped.Set(1)
-			r.lg.Error("stopped following the posterior log; serving the last verified posterior", "offset", rec.Offset, "err", err)
 		}
 	}
 }
@@ -1381,12 +1382,13 @@ func (r *Replica) halt(what string) {
 		"records. This replica keeps serving entry %d (posterior version %d) and applies nothing more until a new epoch moves past that "+
 		"entry: cfguard new-epoch --head-from <this replica's URL> (docs/RUNBOOK.md, CfguardPosteriorLogStopped)",
 		r.plog.Topic(), what, h.Seq, h.Version)
+	// The line and the gauge before the lock is released: whoever sees the stop (/readyz, the
+	// gauge) finds the line.
+	r.lg.Error("stopped following the posterior log; serving the last verified posterior", "err", r.stopped)
+	r.m.Stopped.Set(1)
 	close(r.changed)
 	r.changed = make(chan struct{})
-	err := r.stopped
 	r.mu.Unlock()
-	r.m.Stopped.Set(1)
-	r.lg.Error("stopped following the posterior log; serving the last verified posterior", "err", err)
 	select {
 	case r.rewind <- struct{}{}:
 	default:
