@@ -26,9 +26,9 @@ var (
 	headingLinkRE = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
 )
 
-// TestLinksResolve: every relative link of every Markdown file names a file or directory of the
-// repository, and every fragment a heading (or an <a id>) of the Markdown file it points into.
-func TestLinksResolve(t *testing.T) {
+// markdownFiles is the paths of the Markdown files the tests read (markdown's patterns expanded).
+func markdownFiles(t *testing.T) []string {
+	t.Helper()
 	var files []string
 	for _, pat := range markdown {
 		m, err := filepath.Glob(pat)
@@ -37,6 +37,13 @@ func TestLinksResolve(t *testing.T) {
 		}
 		files = append(files, m...)
 	}
+	return files
+}
+
+// TestLinksResolve: every relative link of every Markdown file names a file or directory of the
+// repository, and every fragment a heading (or an <a id>) of the Markdown file it points into.
+func TestLinksResolve(t *testing.T) {
+	files := markdownFiles(t)
 	anchors := map[string][]string{} // file -> its anchors, read once
 	anchorsOf := func(path string) []string {
 		if a, ok := anchors[path]; ok {

@@ -120,14 +120,7 @@ func TestCitedTestsExist(t *testing.T) {
 	for _, fs := range funcs {
 		all = append(all, fs...)
 	}
-	var files []string
-	for _, pat := range markdown {
-		m, err := filepath.Glob(pat)
-		if err != nil || len(m) == 0 {
-			t.Fatalf("no Markdown file matches %s (%v)", pat, err)
-		}
-		files = append(files, m...)
-	}
+	files := markdownFiles(t)
 	names, cited, commands := 0, 0, 0
 	for _, f := range files {
 		b, err := os.ReadFile(f)
