@@ -17,9 +17,14 @@ var (
 	testNameRE = regexp.MustCompile(`\b(?:Test|Benchmark|Fuzz)[A-Z0-9_]\w*`)
 	// citedRE is a package followed by the tests it holds: "`ledger` `TestA`, `TestB`".
 	citedRE = regexp.MustCompile("`([\\w./-]+)`\\s+((?:`Test\\w+`(?:,?\\s+(?:and\\s+)?)?)+)")
+	// citedNameRE is one test of such a citation.
+	citedNameRE = regexp.MustCompile("`(Test\\w+)`")
 	// goTestRE is a go test command, up to the end of its code span or line.
 	goTestRE = regexp.MustCompile("go test\\b[^`\\n]*")
 )
+
+// flagPrefix is the prefix of the functions a go test flag's pattern selects.
+var flagPrefix = map[string]string{"-run": "Test", "-bench": "Benchmark"}
 
 // testFuncs maps each directory of the repository (relative to its root, "/" separated) to the
 // tests, benchmarks and fuzz targets its _test.go files declare.
@@ -144,7 +149,7 @@ func TestCitedTestsExist(t *testing.T) {
 			if !ok {
 				continue // not a package: a metric, a file, a config key
 			}
-			for _, tm := range regexp.MustCompile("`(Test\\w+)`").FindAllStringSubmatch(text[m[4]:m[5]], -1) {
+			for _, tm := range citedNameRE.FindAllStringSubmatch(text[m[4]:m[5]], -1) {
 				cited++
 				if !slices.Contains(declared, tm[1]) {
 					t.Errorf("%s:%d: %s is cited as a test of %s, which does not declare it", f, lineOf(m[0]), tm[1], pkg)
@@ -180,7 +185,7 @@ func TestCitedTestsExist(t *testing.T) {
 				if pat == "^$" || pat == "." || strings.ContainsAny(pat, "()[]*+?{}") {
 					continue
 				}
-				prefix := map[string]string{"-run": "Test", "-bench": "Benchmark"}[flag]
+				prefix := flagPrefix[flag]
 				for _, alt := range strings.Split(pat, "|") {
 					alt, _, _ = strings.Cut(alt, "/") // a subtest's name after the slash
 					re, err := regexp.Compile(alt)
