@@ -10,34 +10,21 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
-
-// flatPanels is every panel of d, those in rows included.
-func (d dashboard) flatPanels() []panel {
-	var out []panel
-	var walk func(ps []panel)
-	walk = func(ps []panel) {
-		for _, p := range ps {
-			out = append(out, p)
-			walk(p.Panels)
-		}
-	}
-	walk(d.Panels)
-	return out
-}
 
 // alertsWithoutPanel lists the alerts of rules (alert -> the metrics its expression queries)
 // that no panel of d shows: a panel shows an alert when its description names the alert and
 // its queries use every metric the alert's expression does.
-func alertsWithoutPanel(d dashboard, rules map[string][]string) []string {
+func alertsWithoutPanel(d deploytest.Dashboard, rules map[string][]string) []string {
 	known := map[string]bool{}
 	for _, n := range alerts.Names() {
 		known[n] = true
 	}
 	var missing []string
 	for alert, metrics := range rules {
-		shown := slices.ContainsFunc(d.flatPanels(), func(p panel) bool {
+		shown := slices.ContainsFunc(d.FlatPanels(), func(p deploytest.Panel) bool {
 			uses := map[string]bool{}
 			for _, tg := range p.Targets {
 				for _, r := range metricName.FindAllString(tg.Expr, -1) {
@@ -57,7 +44,7 @@ func alertsWithoutPanel(d dashboard, rules map[string][]string) []string {
 // Every alert of alerts/rules.yml has a panel that names it and queries what it queries, so
 // that an operator paged by an alert finds its history on the dashboard.
 func TestDashboardHasAPanelPerAlert(t *testing.T) {
-	d := loadDashboard(t)
+	d := deploytest.LoadDashboard(t)
 	rules, err := alerts.RuleMetrics()
 	if err != nil {
 		t.Fatal(err)
@@ -69,8 +56,8 @@ func TestDashboardHasAPanelPerAlert(t *testing.T) {
 		t.Errorf("no panel of deploy/grafana/cfguard.json names alert %s in its description and queries its metrics", m)
 	}
 	// The check can fail: without the renewal panel, CfguardRenewalBehind has none.
-	var cut dashboard
-	cut.Panels = slices.DeleteFunc(slices.Clone(d.Panels), func(p panel) bool { return strings.Contains(p.Description, "CfguardRenewalBehind") })
+	var cut deploytest.Dashboard
+	cut.Panels = slices.DeleteFunc(slices.Clone(d.Panels), func(p deploytest.Panel) bool { return strings.Contains(p.Description, "CfguardRenewalBehind") })
 	if got := alertsWithoutPanel(cut, rules); len(got) != 1 || !strings.HasPrefix(got[0], "CfguardRenewalBehind (") {
 		t.Errorf("without the renewal backlog panel, alerts without a panel: %v; want CfguardRenewalBehind", got)
 	}
@@ -159,9 +146,9 @@ func promQL(expr string) string {
 // promtool evaluates the queries over the state's series.
 func TestDashboardShowsNumbersInHealthyStates(t *testing.T) {
 	promtool := tooltest.Command(t, "apt-get install prometheus", "promtool")
-	d := loadDashboard(t)
+	d := deploytest.LoadDashboard(t)
 	var tests strings.Builder
-	for _, p := range d.flatPanels() {
+	for _, p := range d.FlatPanels() {
 		var absent []string
 		for _, tg := range p.Targets {
 			q := promQL(tg.Expr)

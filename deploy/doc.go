@@ -8,9 +8,10 @@
 // repeated fields are errors, as with the API server's strict field validation) and checked
 // against each other and the daemon's configuration; the Prometheus and Alertmanager
 // configurations pass promtool and amtool; the Grafana dashboard only queries metrics a running
-// daemon serves; and an end-to-end test runs a daemon, Prometheus and Alertmanager on loopback
-// and waits for CfguardCounterfactualsInvalidated to reach Alertmanager after drift. The
-// deployment guide, docs/DEPLOY.md, names only files, settings, alerts and metrics that exist.
+// daemon serves. The deployment guide, docs/DEPLOY.md, names only files, settings, alerts and
+// metrics that exist. The tests that run the shipped Prometheus and Alertmanager against a live
+// daemon (alerts that reach Alertmanager after drift, and stay true through learning and
+// restarts) are in deploy/internal/tests/alerting.
 //
 // Tools the tests run (promtool, amtool, prometheus, prometheus-alertmanager, file, ldd) are
 // skipped with a message when absent, and required when CFGUARD_REQUIRE_TOOLS=1 (.ci/run).

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
@@ -106,8 +107,8 @@ func TestDeployGuide(t *testing.T) {
 	// Metrics, against a running daemon's /metrics.
 	cfg2 := config.Default()
 	cfg2.Audit.Schedule = ""
-	d := startDaemon(t, cfg2)
-	code, body, err := httpGet("http://"+d.HTTPAddr()+"/metrics", "")
+	d := deploytest.StartDaemon(t, cfg2)
+	code, body, err := deploytest.HTTPGet("http://"+d.HTTPAddr()+"/metrics", "")
 	if err != nil || code != 200 {
 		t.Fatalf("/metrics: %d %v", code, err)
 	}

@@ -25,6 +25,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
@@ -441,21 +442,21 @@ func TestKubernetesConfigRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.HTTP.Token = "from-the-secret"
-	d := startDaemon(t, *cfg)
+	d := deploytest.StartDaemon(t, *cfg)
 	base := "http://" + d.HTTPAddr()
 	cf := container(t, &m.sts.Spec.Template.Spec, "cfguard")
 	for _, pr := range []*corev1.Probe{cf.StartupProbe, cf.LivenessProbe, cf.ReadinessProbe} {
-		if code, body, err := httpGet(base+pr.HTTPGet.Path, ""); err != nil || code != 200 {
+		if code, body, err := deploytest.HTTPGet(base+pr.HTTPGet.Path, ""); err != nil || code != 200 {
 			t.Errorf("probe GET %s without a token: %d %s %v", pr.HTTPGet.Path, code, body, err)
 		}
 	}
-	if code, body, err := httpGet(base+m.sts.Spec.Template.Annotations["prometheus.io/path"], ""); err != nil || code != 200 || !bytes.Contains(body, []byte("cfguard_kl_budget")) {
+	if code, body, err := deploytest.HTTPGet(base+m.sts.Spec.Template.Annotations["prometheus.io/path"], ""); err != nil || code != 200 || !bytes.Contains(body, []byte("cfguard_kl_budget")) {
 		t.Errorf("scrape path: %d %v", code, err)
 	}
-	if code, _, _ := httpGet(base+"/v1/model", ""); code != 401 {
+	if code, _, _ := deploytest.HTTPGet(base+"/v1/model", ""); code != 401 {
 		t.Errorf("GET /v1/model without the token: %d, want 401", code)
 	}
-	if code, _, _ := httpGet(base+"/v1/model", "from-the-secret"); code != 200 {
+	if code, _, _ := deploytest.HTTPGet(base+"/v1/model", "from-the-secret"); code != 200 {
 		t.Errorf("GET /v1/model with the token: %d, want 200", code)
 	}
 }

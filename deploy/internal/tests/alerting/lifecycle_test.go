@@ -1,4 +1,4 @@
-package deploy
+package alerting
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -43,7 +44,7 @@ func (r *restartable) start() *daemon.Daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	cfg := r.cfg
-	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(deploytest.TestLog{T: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	opts := daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: r.http.Listen(t)}
 	if r.broker != nil {
 		opts.BrokerListener = r.broker.Listen(t)
@@ -100,7 +101,7 @@ func startDefault(t *testing.T, token, metricsToken string, mutate func(*config.
 	t.Cleanup(proc.stop)
 	d := proc.start()
 	waitfor.Cond(t, 20*time.Second, "the daemon's /readyz", func() bool {
-		code, _, err := httpGet("http://"+d.HTTPAddr()+"/readyz", "")
+		code, _, err := deploytest.HTTPGet("http://"+d.HTTPAddr()+"/readyz", "")
 		return err == nil && code == 200
 	})
 	return proc, d
@@ -109,7 +110,7 @@ func startDefault(t *testing.T, token, metricsToken string, mutate func(*config.
 // metricsSample reads one unlabelled (or exactly labelled) sample from the daemon's /metrics.
 func metricsSample(t *testing.T, addr, token, series string) (float64, bool) {
 	t.Helper()
-	_, body, err := httpGet("http://"+addr+"/metrics", token)
+	_, body, err := deploytest.HTTPGet("http://"+addr+"/metrics", token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func splitLines(s string) []string {
 func promRange(t *testing.T, base, q string, from, to time.Time) map[string][]float64 {
 	t.Helper()
 	u := fmt.Sprintf("%s/api/v1/query_range?query=%s&start=%d&end=%d&step=1", base, url.QueryEscape(q), from.Unix(), to.Unix()+1)
-	code, body, err := httpGet(u, "")
+	code, body, err := deploytest.HTTPGet(u, "")
 	if err != nil || code != 200 {
 		t.Fatalf("query_range %s: %d %v %s", q, code, err, body)
 	}
@@ -202,7 +203,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registerCounterfactuals(t, d, token, data.X, nCEs)
+	deploytest.RegisterCounterfactuals(t, d, token, data.X, nCEs)
 	produce := func(d *daemon.Daemon, recs []kafka.Message) {
 		t.Helper()
 		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(d.BrokerAddrs()...), Topic: cfg.Kafka.Topic, RequiredAcks: kafka.RequireAll, BatchSize: 500}
@@ -244,7 +245,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 	})
 	time.Sleep(2 * time.Second) // two more evaluations of the rules on that state
 	renewed := metric("cfguard_counterfactuals_renewed_total")
-	code, body := apiDo(t, d, token, "GET", "/v1/model", nil)
+	code, body := deploytest.APIDo(t, d, token, "GET", "/v1/model", nil)
 	var model struct {
 		KLHistory []struct {
 			KL          float64 `json:"kl"`
@@ -326,7 +327,7 @@ func TestAlertsTellTheTruthThroughLearningAndRestarts(t *testing.T) {
 		stopped := time.Now()
 		d = proc.start()
 		// The first scrape after the start already says what the ledger says.
-		code, body := apiDo(t, d, token, "GET", "/v1/model", nil)
+		code, body := deploytest.APIDo(t, d, token, "GET", "/v1/model", nil)
 		var m struct {
 			PosteriorVersion uint64         `json:"posterior_version"`
 			Counterfactuals  map[string]int `json:"counterfactuals"`

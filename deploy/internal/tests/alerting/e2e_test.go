@@ -1,4 +1,4 @@
-package deploy
+package alerting
 
 import (
 	"bytes"
@@ -25,9 +25,8 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/assets"
-	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
-	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -99,7 +98,7 @@ func (p *process) waitReady(t *testing.T, url string) {
 			t.Fatalf("%s exited: %v\n%s", p.name, p.err, p.out.String())
 		default:
 		}
-		code, _, err := httpGet(url, "")
+		code, _, err := deploytest.HTTPGet(url, "")
 		return err == nil && code == 200
 	})
 }
@@ -181,7 +180,7 @@ type amAlert struct {
 
 func alertmanagerAlerts(t *testing.T, base, alertname string) []amAlert {
 	t.Helper()
-	code, body, err := httpGet(base+"/api/v2/alerts?filter="+url.QueryEscape(`alertname="`+alertname+`"`), "")
+	code, body, err := deploytest.HTTPGet(base+"/api/v2/alerts?filter="+url.QueryEscape(`alertname="`+alertname+`"`), "")
 	if err != nil || code != 200 {
 		t.Fatalf("Alertmanager /api/v2/alerts: %d %v %s", code, err, body)
 	}
@@ -198,7 +197,7 @@ func promQuery(t *testing.T, base, q string) ([]struct {
 	Value  [2]any            `json:"value"`
 }, error) {
 	t.Helper()
-	code, body, err := httpGet(base+"/api/v1/query?query="+url.QueryEscape(q), "")
+	code, body, err := deploytest.HTTPGet(base+"/api/v1/query?query="+url.QueryEscape(q), "")
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +237,7 @@ func promValue(t *testing.T, base, q string) (string, bool) {
 // promRuleFiring returns the labels of the first alert named alertname that Prometheus's
 // /api/v1/alerts reports as firing.
 func promRuleFiring(t *testing.T, base, alertname string) (map[string]string, bool) {
-	code, body, err := httpGet(base+"/api/v1/alerts", "")
+	code, body, err := deploytest.HTTPGet(base+"/api/v1/alerts", "")
 	if err != nil || code != 200 {
 		return nil, false
 	}
@@ -257,69 +256,6 @@ func promRuleFiring(t *testing.T, base, alertname string) (map[string]string, bo
 		}
 	}
 	return nil, false
-}
-
-// apiDo sends a JSON request to the daemon's API with the token.
-func apiDo(t *testing.T, d *daemon.Daemon, token, method, path string, body any) (int, []byte) {
-	t.Helper()
-	b, _ := json.Marshal(body)
-	req, _ := http.NewRequest(method, "http://"+d.HTTPAddr()+path, bytes.NewReader(b))
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, out
-}
-
-// admitted says whether a CE measured at (p, v) from S draws is admitted as certified, with a
-// margin of 0.01 for the daemon's own draws: registration takes the rule that renews a
-// certificate, lower(p) >= 1 - delta at confidence 1 - certify.verdict_alpha (the defaults).
-// S = 400, the fewest draws the tests' daemons use, judges conservatively for more.
-func admitted(p, v float64, S int) bool {
-	lo, _ := certify.Evidence{P: p, Var: v, Samples: S}.Interval(certify.DefaultVerdictAlpha)
-	return lo >= 0.96
-}
-
-// registerCounterfactuals asks the daemon (POST /v1/predict) for malignant rows x and benign
-// rows x_cf that the current posterior puts in the <delta, epsilon>-set for "benign", and
-// registers n pairs through POST /v1/counterfactuals.
-func registerCounterfactuals(t *testing.T, d *daemon.Daemon, token string, X [][]float64, n int) {
-	t.Helper()
-	code, body := apiDo(t, d, token, "POST", "/v1/predict", map[string]any{"xs": X})
-	if code != 200 {
-		t.Fatalf("predict: %d %s", code, body)
-	}
-	var resp struct {
-		Predictions []struct {
-			Index int       `json:"index"`
-			P     []float64 `json:"p"`
-			Var   []float64 `json:"var"`
-		} `json:"predictions"`
-	}
-	if err := json.Unmarshal(body, &resp); err != nil {
-		t.Fatal(err)
-	}
-	var xs, cfs []int
-	for i, p := range resp.Predictions {
-		switch {
-		case p.Index == 0 && p.P[0] > 0.9:
-			xs = append(xs, i)
-		case p.Var[1] < 0.002 && admitted(p.P[1], p.Var[1], 400):
-			cfs = append(cfs, i)
-		}
-	}
-	if len(xs) < n || len(cfs) < n {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	for k := 0; k < n; k++ {
-		code, body := apiDo(t, d, token, "POST", "/v1/counterfactuals", map[string]any{"id": fmt.Sprintf("ce-%d", k), "x": X[xs[k]], "x_cf": X[cfs[k]], "target": "benign"})
-		if code != http.StatusCreated {
-			t.Fatalf("register ce-%d: %d %s", k, code, body)
-		}
-	}
 }
 
 const (
@@ -369,7 +305,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 	cfg.Certify.Samples = 400
 	cfg.Audit.Schedule = ""
 	cfg.HTTP.Token, cfg.HTTP.MetricsToken = token, metricsToken
-	d := startDaemon(t, cfg)
+	d := deploytest.StartDaemon(t, cfg)
 	mon := startMonitoring(t, root, d.HTTPAddr(), metricsToken)
 	promBase, amBase, hook := mon.prom, mon.am, mon.hook
 
@@ -379,7 +315,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 6
-	registerCounterfactuals(t, d, token, data.X, n)
+	deploytest.RegisterCounterfactuals(t, d, token, data.X, n)
 	waitfor.Cond(t, 20*time.Second, "Prometheus to see the certified counterfactuals", func() bool {
 		c, ok1 := promValue(t, promBase, `cfguard_counterfactuals{job="cfguard",status="certified"}`)
 		i, ok2 := promValue(t, promBase, `cfguard_counterfactuals{job="cfguard",status="invalidated"}`)
@@ -403,7 +339,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitfor.Cond(t, 30*time.Second, "the 256 correct records applied", func() bool {
-		_, body, err := httpGet("http://"+d.HTTPAddr()+"/metrics", metricsToken)
+		_, body, err := deploytest.HTTPGet("http://"+d.HTTPAddr()+"/metrics", metricsToken)
 		return err == nil && bytes.Contains(body, []byte(`cfguard_records_total{result="applied"} 256`))
 	})
 	if as := alertmanagerAlerts(t, amBase, alertInvalidated); len(as) != 0 {
@@ -434,7 +370,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		}
 		now := time.Since(t0)
 		if tMetric == 0 {
-			_, body, err := httpGet("http://"+d.HTTPAddr()+"/metrics", metricsToken)
+			_, body, err := deploytest.HTTPGet("http://"+d.HTTPAddr()+"/metrics", metricsToken)
 			if err == nil && !bytes.Contains(body, []byte(`cfguard_counterfactuals{status="invalidated"} 0`)) &&
 				bytes.Contains(body, []byte(`cfguard_counterfactuals{status="invalidated"} `)) {
 				tMetric = now
@@ -491,7 +427,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 		t.Errorf("%s went to the ticket receiver; critical alerts page", alertInvalidated)
 	}
 	// The daemon agrees that counterfactuals were invalidated.
-	code, body := apiDo(t, d, token, "GET", "/v1/counterfactuals?status=invalidated", nil)
+	code, body := deploytest.APIDo(t, d, token, "GET", "/v1/counterfactuals?status=invalidated", nil)
 	if code != 200 || !bytes.Contains(body, []byte(`"id":"ce-`)) {
 		t.Errorf("GET /v1/counterfactuals?status=invalidated: %d %s", code, body)
 	}
@@ -499,7 +435,7 @@ func TestAlertReachesAlertmanager(t *testing.T) {
 	// Every query of the dashboard evaluates on this Prometheus and returns series; the smallest
 	// bound has none while no counterfactual is certified, the replicas' none on a single daemon.
 	certified, _ := promValue(t, promBase, `cfguard_counterfactuals{job="cfguard",status="certified"}`)
-	for where, q := range loadDashboard(t).queries(t) {
+	for where, q := range deploytest.LoadDashboard(t).Queries(t) {
 		q = strings.NewReplacer("$job", ".*", "$instance", ".*", "$__rate_interval", "1m").Replace(q)
 		res, err := promQuery(t, promBase, q)
 		switch {
@@ -565,20 +501,20 @@ func startMonitoring(t *testing.T, root, target, metricsToken string) monitoring
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := loadPromConfig(t, uncommentAuthorization(t, promText))
+	pc := deploytest.LoadPromConfig(t, deploytest.UncommentAuthorization(t, promText))
 	promDir := t.TempDir()
 	global := pc["global"].(map[string]any)
 	global["scrape_interval"], global["evaluation_interval"] = "1s", "1s"
 	pc["rule_files"] = []any{filepath.Join(root, "alerts", "rules.yml")}
 	pc["alerting"].(map[string]any)["alertmanagers"].([]any)[0].(map[string]any)["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{amAddr}
-	job := pc.job(t, "cfguard")
+	job := pc.Job(t, "cfguard")
 	job["static_configs"].([]any)[0].(map[string]any)["targets"] = []any{target}
 	credentials := filepath.Join(promDir, "cfguard-metrics-token")
 	if err := os.WriteFile(credentials, []byte(metricsToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	job["authorization"].(map[string]any)["credentials_file"] = credentials
-	promProc := startProcess(t, "prometheus", promBin, "--config.file="+pc.write(t, promDir),
+	promProc := startProcess(t, "prometheus", promBin, "--config.file="+pc.Write(t, promDir),
 		"--storage.tsdb.path="+filepath.Join(promDir, "data"), "--web.listen-address=127.0.0.1:0", "--log.level=info")
 	promBase := "http://" + promProc.listening(t)
 	promProc.waitReady(t, promBase+"/-/ready")

@@ -1,4 +1,4 @@
-package deploy
+package alerting
 
 import (
 	"context"
@@ -14,15 +14,16 @@ import (
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/deploy/internal/deploytest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
 // TestMeasureTrickle is a measurement, run on demand: CFGUARD_MEASURE_TRICKLE=30m go test
-// ./deploy -run TestMeasureTrickle -v -timeout 45m. The daemon at its default settings (every
-// update.*, certify.* and kafka.* setting; only addresses and tokens differ) beside the shipped
-// Prometheus rules and Alertmanager, 24 certified counterfactuals, and correctly labelled
-// breast-cancer records at 2 per second for the given duration. It counts firing alert episodes
+// ./deploy/internal/tests/alerting -run TestMeasureTrickle -v -timeout 45m. The daemon at its
+// default settings (every update.*, certify.* and kafka.* setting; only addresses and tokens
+// differ) beside the shipped Prometheus rules and Alertmanager, 24 certified counterfactuals, and
+// correctly labelled breast-cancer records at 2 per second for the given duration. It counts firing alert episodes
 // (none is expected), and compares the counterfactuals' p(target) at the end with the start.
 func TestMeasureTrickle(t *testing.T) {
 	d0 := os.Getenv("CFGUARD_MEASURE_TRICKLE")
@@ -45,7 +46,7 @@ func TestMeasureTrickle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registerCounterfactuals(t, d, token, data.X, nCEs)
+	deploytest.RegisterCounterfactuals(t, d, token, data.X, nCEs)
 	ids := make([]string, nCEs)
 	for k := range ids {
 		ids[k] = fmt.Sprintf("ce-%d", k)
@@ -54,7 +55,7 @@ func TestMeasureTrickle(t *testing.T) {
 	pNow := func() []float64 {
 		var xcf [][]float64
 		for _, id := range ids {
-			code, body := apiDo(t, d, token, "GET", "/v1/counterfactuals/"+id, nil)
+			code, body := deploytest.APIDo(t, d, token, "GET", "/v1/counterfactuals/"+id, nil)
 			var ce struct {
 				XCF []float64 `json:"x_cf"`
 			}
@@ -63,7 +64,7 @@ func TestMeasureTrickle(t *testing.T) {
 			}
 			xcf = append(xcf, ce.XCF)
 		}
-		code, body := apiDo(t, d, token, "POST", "/v1/predict", map[string]any{"xs": xcf})
+		code, body := deploytest.APIDo(t, d, token, "POST", "/v1/predict", map[string]any{"xs": xcf})
 		var resp struct {
 			Predictions []struct {
 				P []float64 `json:"p"`
@@ -120,7 +121,7 @@ func TestMeasureTrickle(t *testing.T) {
 		d := p1[i] - p0[i] - (m1 - m0)
 		dsd += d * d / float64(len(p0)-1)
 	}
-	code, body := apiDo(t, d, token, "GET", "/v1/model", nil)
+	code, body := deploytest.APIDo(t, d, token, "GET", "/v1/model", nil)
 	var model struct {
 		KLHistory []struct {
 			KL float64 `json:"kl"`
