@@ -1,131 +1,22 @@
 package examples
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/examples/internal/modelserver"
 	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
-
-// lockedBuffer collects the server's log while the test reads it.
-type lockedBuffer struct {
-	ch  chan struct{}
-	buf bytes.Buffer
-}
-
-func newLockedBuffer() *lockedBuffer {
-	b := &lockedBuffer{ch: make(chan struct{}, 1)}
-	b.ch <- struct{}{}
-	return b
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	<-b.ch
-	defer func() { b.ch <- struct{}{} }()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	<-b.ch
-	defer func() { b.ch <- struct{}{} }()
-	return b.buf.String()
-}
-
-// startServer runs model_server.py on dir. The server binds 127.0.0.1 port 0 itself and prints
-// its address (no race for a free port). The test's cleanup stops it with SIGTERM. Its start
-// (importing torch) and its exit take seconds of CPU, which a busy core stretches to tens of
-// seconds: a server that prints no address, or does not exit, while its CPU time stands still for
-// serverStall fails the test (and is killed).
-func startServer(t *testing.T, py, dir string, samples int) (url string, log *lockedBuffer) {
-	t.Helper()
-	cmd := exec.Command(py, "model_server.py", "--model-dir", dir, "--listen", "127.0.0.1", "--port", "0",
-		"--samples", fmt.Sprint(samples))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	log = newLockedBuffer()
-	cmd.Stderr = log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		err, stuck := waitWorking(cmd.Process.Pid, exited)
-		if stuck != nil {
-			cmd.Process.Kill()
-			<-exited
-			t.Errorf("model server did not stop after SIGTERM: %v\n%s", stuck, log.String())
-			return
-		}
-		if err != nil {
-			t.Errorf("model server: %v\n%s", err, log.String())
-		}
-	})
-	first := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(stdout)
-		line, _ := r.ReadString('\n')
-		first <- line
-		io.Copy(io.Discard, r) // until the process closes stdout
-		exited <- cmd.Wait()
-	}()
-	var hello struct {
-		Listening string `json:"listening"`
-	}
-	line, stuck := waitWorking(cmd.Process.Pid, first)
-	if stuck != nil {
-		t.Fatalf("model server printed no address: %v\n%s", stuck, log.String())
-	}
-	if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Listening == "" {
-		t.Fatalf("model server's first line %q: %v\n%s", line, err, log.String())
-	}
-	return "http://" + hello.Listening, log
-}
-
-// serverStall is how long the server's CPU time may stand still while a test waits for it.
-const serverStall = 30 * time.Second
-
-// waitWorking waits for a value on ch from process pid while the process works: it returns the
-// value, or an error (stuck) once pid's CPU time has not moved for serverStall.
-func waitWorking[T any](pid int, ch <-chan T) (v T, stuck error) {
-	last, since := time.Duration(-1), time.Now()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case v := <-ch:
-			return v, nil
-		case <-tick.C:
-		}
-		cpu, err := tooltest.CPU(pid)
-		if err != nil {
-			continue // exited: its value is on its way
-		}
-		if cpu != last {
-			last, since = cpu, time.Now()
-		} else if time.Since(since) > serverStall {
-			return v, fmt.Errorf("its CPU time stood at %v for %v", cpu, serverStall)
-		}
-	}
-}
 
 type prediction struct {
 	P                [][]float64 `json:"p"`
@@ -277,7 +168,7 @@ func TestModelServerFollowsExports(t *testing.T) {
 	want7 := cfguardPredictive(t, m7, xs)
 
 	const samples = 4000
-	url, log := startServer(t, py, dir, samples)
+	url, log := modelserver.Start(t, py, dir, samples)
 	got := predict(t, url, xs)
 	if got.PosteriorVersion != 7 || got.Samples != samples {
 		t.Fatalf("version %d samples %d, want 7 and %d", got.PosteriorVersion, got.Samples, samples)
@@ -349,57 +240,4 @@ func TestModelServerFollowsExports(t *testing.T) {
 		t.Errorf("reloads %d, want 2 (8 and 9)", h.Reloads)
 	}
 	t.Logf("server log:\n%s", log.String())
-}
-
-// TestModelServerRequests: a single input gets scalar fields; malformed requests get 400 with a
-// message naming what is wrong; a directory without a model stops the server at start.
-func TestModelServerRequests(t *testing.T) {
-	py := tooltest.PythonTorch(t)
-	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))
-	dir := t.TempDir()
-	if err := bnn.Save(dir, m); err != nil {
-		t.Fatal(err)
-	}
-	url, _ := startServer(t, py, dir, 100)
-	resp, err := http.Post(url+"/predict", "application/json", strings.NewReader(`{"x": [1, 2, 3]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var one struct {
-		P     []float64 `json:"p"`
-		Class string    `json:"class"`
-	}
-	json.NewDecoder(resp.Body).Decode(&one)
-	resp.Body.Close()
-	if len(one.P) != 2 || math.Abs(one.P[0]+one.P[1]-1) > 1e-12 || (one.Class != "no" && one.Class != "yes") {
-		t.Errorf("single input: %+v", one)
-	}
-	for _, tc := range []struct{ body, want string }{
-		{`{"x": [1, 2]}`, "input 0: want 3 finite numbers"},
-		{`{"xs": [[1, 2, 3], [1, "a", 3]]}`, "input 1: want 3 finite numbers"},
-		{`{"xs": []}`, `want {\"x\": [features]}`},
-		{`{"x": [1, 2, 3], "xs": [[1, 2, 3]]}`, `want {\"x\"`},
-		{`{"x": [1, 2, 1e999]}`, "input 0"},
-		{`not json`, "Expecting value"},
-	} {
-		resp, err := http.Post(url+"/predict", "application/json", strings.NewReader(tc.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), tc.want) {
-			t.Errorf("%s: %s %s, want 400 with %q", tc.body, resp.Status, raw, tc.want)
-		}
-	}
-	if resp, err := http.Get(url + "/nope"); err != nil || resp.StatusCode != http.StatusNotFound {
-		t.Errorf("GET /nope: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
-	}
-
-	out, err := exec.Command(py, "model_server.py", "--model-dir", t.TempDir(), "--port", "0").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "model.json") {
-		t.Errorf("server on an empty directory: %v, %s", err, out)
-	}
 }
