@@ -95,11 +95,11 @@ func (r *rateLog) note(now time.Time) (log bool, missed int64) {
 func (l *connLimits) admit() bool {
 	if l.open.Add(1) > int64(l.max) {
 		l.open.Add(-1)
-		l.refused.Add(1)
 		if ok, missed := l.refusals.note(time.Now()); ok {
 			l.log.Warn("embedded broker at its connection limit: closing new connections until a slot frees (kafka.embedded_max_connections)",
 				"max_connections", l.max, "idle_timeout", l.idle, "refused_since_last_line", missed)
 		}
+		l.refused.Add(1) // after the line: whoever sees the count finds the line
 		return false
 	}
 	return true
@@ -124,14 +124,15 @@ func (l *connLimits) full() error {
 
 // reject counts a request refused (its connection closes) and logs it, at most every warnEvery.
 func (l *connLimits) reject(remote net.Addr, err error) {
+	if ok, missed := l.rejections.note(time.Now()); ok {
+		l.log.Warn("embedded broker refused a request and closed its connection", "remote", remote.String(), "err", err,
+			"refused_since_last_line", missed)
+	}
+	// After the line: whoever sees the count finds the line.
 	if errors.Is(err, errOversized) {
 		l.oversized.Add(1)
 	} else {
 		l.invalid.Add(1)
-	}
-	if ok, missed := l.rejections.note(time.Now()); ok {
-		l.log.Warn("embedded broker refused a request and closed its connection", "remote", remote.String(), "err", err,
-			"refused_since_last_line", missed)
 	}
 }
 

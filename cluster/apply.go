@@ -106,14 +106,14 @@ func (s *Share) Reset(ctx context.Context, p int, end, from int64) error {
 			}
 		}
 	}
-	s.metrics.CERepaired.Add(float64(sent))
 	if failed > 0 {
 		s.lg.Error("CE partition reset: counterfactuals of this ledger could not be sent to the CE topic again; they stay in this "+
 			"ledger only, and a move of the partition loses them", "partition", p, "sent", sent, "not_sent", failed)
-		return nil
+	} else {
+		s.lg.Warn("CE partition reset: this ledger's counterfactuals of the partition sent to the CE topic again", "partition", p,
+			"counterfactuals", sent, "topic_end", end)
 	}
-	s.lg.Warn("CE partition reset: this ledger's counterfactuals of the partition sent to the CE topic again", "partition", p,
-		"counterfactuals", sent, "topic_end", end)
+	s.metrics.CERepaired.Add(float64(sent)) // after the line: whoever sees the count finds the line
 	return nil
 }
 
@@ -207,11 +207,11 @@ func (s *Share) noteOutcome(p int, r ceshare.Request, o ledger.Outcome) {
 	case o.State == ledger.StateRestored:
 		s.metrics.CEStates.WithLabelValues(alerts.StateRestored).Inc()
 	case o.State != "" && r.Restored:
-		s.metrics.CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
 		s.lg.Warn("CE restored without its state's renewals, verdict and history", "partition", p, "id", o.ID, "why", o.State)
-	case o.State != "":
 		s.metrics.CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
+	case o.State != "":
 		s.lg.Warn("CE stored from its registration", "partition", p, "id", o.ID, "why", o.State)
+		s.metrics.CEStates.WithLabelValues(alerts.StateNotUsed).Inc()
 	}
 }
 
@@ -394,8 +394,8 @@ func (s *Share) decodeState(p int, r ceshare.Request) *ledger.CE {
 		err = fmt.Errorf("it holds the CE of id %q", ce.ID)
 	}
 	if err != nil {
-		s.metrics.CEStates.WithLabelValues(alerts.StateInvalid).Inc()
 		s.lg.Warn("CE state not used: its CE does not decode", "partition", p, "id", r.ID, "writer", r.State.Replica, "err", err)
+		s.metrics.CEStates.WithLabelValues(alerts.StateInvalid).Inc()
 		return nil
 	}
 	return &ce

@@ -53,11 +53,11 @@ func (st *States) Encode(ce *ledger.CE) (ledger.OutboxEntry, error) {
 	}
 	_, v, err := ceshare.EncodeState(ceshare.State{ID: ce.ID, Replica: st.replica, Generation: gen, CE: raw})
 	if errors.Is(err, ceshare.ErrStateTooLarge) {
+		st.log.Warn("CE state too large for the CE state topic: a tombstone is written instead, and the CE's next owner rebuilds it from its registration",
+			"id", ce.ID, "err", err)
 		if st.metrics != nil {
 			st.metrics.CEStates.WithLabelValues(alerts.StateTooLarge).Inc()
 		}
-		st.log.Warn("CE state too large for the CE state topic: a tombstone is written instead, and the CE's next owner rebuilds it from its registration",
-			"id", ce.ID, "err", err)
 		return ledger.OutboxEntry{Key: ce.ID}, nil
 	}
 	return ledger.OutboxEntry{Key: ce.ID, Value: v}, err

@@ -751,9 +751,9 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		}
 		r.lg.Info("posterior log: new term", "term", e.Term, "claimant", e.Writer, "entry", e.Seq, "generation", e.Generation, "build", e.Build)
 		if len(owed) > 0 {
-			r.m.Republished.Add(float64(len(owed)))
 			r.lg.Info("updater: published again the events of entries whose writer may not have", "events", len(owed),
 				"entries", len(head.Unpublished), "from_entry", head.Unpublished[0].Seq)
+			r.m.Republished.Add(float64(len(owed)))
 		}
 	case postlog.Increment:
 		prev := r.host.Current()
@@ -1475,8 +1475,8 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 			assigned = assigned || p.ID == 0
 		}
 		r.bal.led(gen.ID, assigned)
-		r.m.Generations.Inc()
 		r.lg.Info("updater group: new generation", "generation", gen.ID, "updater", assigned)
+		r.m.Generations.Inc()
 		if assigned {
 			id := gen.ID
 			gen.Start(func(gctx context.Context) { r.lead(gctx, id) })
@@ -1643,8 +1643,8 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, fa
 	case err != nil && ctx.Err() == nil && r.isStopped():
 		return true, nil // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
-		r.m.AppendsLost.Inc()
 		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
+		r.m.AppendsLost.Inc()
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
 		return false, err

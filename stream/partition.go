@@ -325,9 +325,9 @@ func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, re
 	switch {
 	case next < first:
 		gap := Gap{Partition: ps.part, From: next, To: first}
-		c.lost.Add(gap.Records())
 		c.log.Error("records were deleted by the broker (retention) before they were read; they will not be applied",
 			"partition", ps.part, "from", gap.From, "to", gap.To, "lost", gap.Records())
+		c.lost.Add(gap.Records()) // after the line: whoever sees the count finds the line
 		c.mu.Lock()
 		ps.next = first
 		c.mu.Unlock()
