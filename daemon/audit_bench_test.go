@@ -21,7 +21,7 @@ import (
 
 // BenchmarkIngestDuringAudit measures sustained ingest (records/s from the first record to the
 // last applied) over a ledger of 10^5 stored CEs (CFGUARD_AUDIT_CES to change), without and with
-// full audits running back to back for the whole ingest (issue 7 item 11): records/s without,
+// full audits running back to back for the whole ingest: records/s without,
 // records/s_audit with, and ratio = records/s_audit / records/s (goal >= 0.8), both measured in
 // every iteration, in alternating order. Both start from a copy of the same ledger (the model,
 // the CEs, no offsets), so they consume the same records into the same increments.
