@@ -13,6 +13,6 @@
 // daemon (alerts that reach Alertmanager after drift, and stay true through learning and
 // restarts) are in deploy/internal/tests/alerting.
 //
-// Tools the tests run (promtool, amtool, prometheus, prometheus-alertmanager, file, ldd) are
+// Tools the tests run (promtool, amtool, file, ldd, gcc and dpkg for the image builds) are
 // skipped with a message when absent, and required when CFGUARD_REQUIRE_TOOLS=1 (.ci/run).
 package deploy

@@ -23,8 +23,9 @@ import (
 // ./deploy/internal/tests/alerting -run TestMeasureTrickle -v -timeout 45m. The daemon at its
 // default settings (every update.*, certify.* and kafka.* setting; only addresses and tokens
 // differ) beside the shipped Prometheus rules and Alertmanager, 24 certified counterfactuals, and
-// correctly labelled breast-cancer records at 2 per second for the given duration. It counts firing alert episodes
-// (none is expected), and compares the counterfactuals' p(target) at the end with the start.
+// correctly labelled breast-cancer records at 2 per second for the given duration. It counts
+// firing alert episodes (none is expected), and compares the counterfactuals' p(target) at the
+// end with the start.
 func TestMeasureTrickle(t *testing.T) {
 	d0 := os.Getenv("CFGUARD_MEASURE_TRICKLE")
 	if d0 == "" {
