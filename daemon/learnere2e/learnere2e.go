@@ -8,11 +8,9 @@
 package learnere2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net/http"
@@ -23,25 +21,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
-
-	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
+// running is a daemon a check started, and the client it talks to it with.
 type running struct {
-	d    *daemon.Daemon
-	base string
+	*daemontest.Running[*daemon.Daemon]
 }
 
 // start runs a daemon at the default settings but for loopback addresses, a temporary state,
-// no scheduled audit and increments of at most inc records.
-func start(t *testing.T, dataset string, inc int) *running {
+// no scheduled audit and increments of at most inc records, and waits until it is ready.
+func start(t *testing.T, dataset string, inc int) running {
 	t.Helper()
 	c := config.Default()
 	c.Model.Dataset = dataset
@@ -49,91 +45,49 @@ func start(t *testing.T, dataset string, inc int) *running {
 	c.HTTP.Listen, c.Kafka.EmbeddedListen = "127.0.0.1:0", "127.0.0.1:0"
 	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog, c.Kafka.MaxWait = inc, inc, 200*time.Millisecond
 	c.Audit.Schedule = ""
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
+	r := daemontest.StartWith(t, c, nil, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *daemon.Daemon) error {
+		return daemon.Run(ctx, daemon.Options{Config: c, Logger: log, Registry: reg, Ready: ready})
 	})
-	var d *daemon.Daemon
-	select {
-	case d = <-ready:
-	case err := <-done:
-		t.Fatalf("daemon: %v", err)
-	}
-	r := &running{d: d, base: "http://" + d.HTTPAddr()}
-	waitfor.Cond(t, 60*time.Second, "readyz", func() bool { code, _ := r.do(t, "GET", "/readyz", nil); return code == 200 })
-	return r
+	return running{r.WaitReady(t, "readyz", 60*time.Second)}
 }
 
-func (r *running) do(t *testing.T, method, path string, body any) (int, []byte) {
+// do sends method path with body as JSON (none when nil): the status code and body of the answer.
+func (r running) do(t *testing.T, method, path string, body any) (int, []byte) {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, r.base+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, out
+	return r.Do(t, method, path, "", body)
 }
 
-// metric reads one sample of /metrics ("" when absent).
-func (r *running) metric(t *testing.T, series string) float64 {
-	t.Helper()
-	_, body := r.do(t, "GET", "/metrics", nil)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			var f float64
-			fmt.Sscan(v, &f)
-			return f
-		}
-	}
-	return math.NaN()
+// metric is the value of the counter or gauge name with the label pairs labels (name, value,
+// ...) in the daemon's registry, -1 when it has none.
+func (r running) metric(name string, labels ...string) float64 {
+	return daemontest.GatherCounter(r.Reg, name, labels...)
 }
 
-// produce writes records (features, label) to the daemon's input topic.
-func (r *running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
+// produce writes records (features, label) to the daemon's input topic, produceChunk at a time
+// (each write is given 30 s: a busy core, where the daemon consumes while the test produces,
+// stretches the writes).
+func (r running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 	t.Helper()
-	msgs := make([]kafka.Message, len(X))
+	values := make([][]byte, len(X))
 	for i := range X {
-		b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("%s%d", prefix, i), "features": X[i], "label": y[i]})
-		msgs[i] = kafka.Message{Value: b}
+		values[i] = daemontest.Record(fmt.Sprintf("%s%d", prefix, i), X[i], y[i])
 	}
-	// Batches of the call's size (at most 1000) are full, and sent, once queued; a smaller batch
-	// would wait for kafka-go's BatchTimeout (1 s).
-	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.d.BrokerAddrs()...), Topic: config.Default().Kafka.Topic, RequiredAcks: kafka.RequireAll,
-		BatchSize: min(len(msgs), 1000)}
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatal(err)
+	for from := 0; from < len(values); from += produceChunk {
+		r.Produce(t, values[from:min(from+produceChunk, len(values))]...)
 	}
 }
+
+// produceChunk is the most records produce writes at once.
+const produceChunk = 1000
 
 // waitApplied waits until n records have been applied and every CE has been measured under the
 // current posterior (no renewal pending, none unconfirmed), so that the statuses read next are
 // the confirmer's verdicts on the posterior, not how far it has got with them.
-func (r *running) waitApplied(t *testing.T, n int) {
+func (r running) waitApplied(t *testing.T, n int) {
 	t.Helper()
 	waitfor.Cond(t, 8*time.Minute, fmt.Sprintf("%d records applied and every CE measured", n), func() bool {
-		return r.metric(t, `cfguard_records_total{result="applied"}`) == float64(n) && r.metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-			r.metric(t, "cfguard_counterfactuals_unconfirmed") == 0
+		return r.metric("cfguard_records_total", "result", "applied") == float64(n) && r.metric("cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.metric("cfguard_counterfactuals_unconfirmed") == 0
 	})
 }
 
@@ -144,7 +98,7 @@ func (r *running) waitApplied(t *testing.T, n int) {
 // draws. It asks POST /v1/predict for at most predictChunk rows at once: one request for
 // thousands of rows (1000 draws each) takes over http.write_timeout on a core shared with 20
 // others, which cuts it.
-func (r *running) logLoss(t *testing.T, set *dataset.Set) float64 {
+func (r running) logLoss(t *testing.T, set *dataset.Set) float64 {
 	t.Helper()
 	stride := (len(set.X) + lossRows - 1) / lossRows
 	var xs [][]float64
@@ -193,7 +147,7 @@ func nearDeadline(t *testing.T) bool {
 // (one on one core: at explain.concurrency's default the daemon generates one per core at
 // once, and answers another 429), and returns the ids stored as certified, failing the test when
 // they are fewer than half of n.
-func (r *running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
+func (r running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 	t.Helper()
 	var rows []int
 	for i, y := range set.Y {
@@ -249,7 +203,7 @@ func (r *running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 	return ids
 }
 
-func (r *running) statuses(t *testing.T, ids []string) map[string]string {
+func (r running) statuses(t *testing.T, ids []string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, id := range ids {
@@ -298,7 +252,7 @@ func KeepsCertifiedUnderCorrectLabels(t *testing.T, name string) {
 	l1 := r.logLoss(t, set)
 	st := r.statuses(t, ids)
 	t.Logf("600 increments of 10: mean log loss over the data set's sample %.4f -> %.4f (x%.3f); %d counterfactuals: %v; %v renewals",
-		l0, l1, l1/l0, len(ids), st, r.metric(t, "cfguard_counterfactuals_renewed_total"))
+		l0, l1, l1/l0, len(ids), st, r.metric("cfguard_counterfactuals_renewed_total"))
 	for id, s := range st {
 		if s != "certified" {
 			t.Errorf("%s is %s after 6,000 correctly labelled records, want certified", id, s)
@@ -307,7 +261,7 @@ func KeepsCertifiedUnderCorrectLabels(t *testing.T, name string) {
 	if l1 > 1.05*l0 {
 		t.Errorf("mean log loss over the data set's sample rose from %.4f to %.4f (more than x1.05)", l0, l1)
 	}
-	if b := r.metric(t, "cfguard_kl_breach_last_timestamp_seconds"); b != 0 {
+	if b := r.metric("cfguard_kl_breach_last_timestamp_seconds"); b != 0 {
 		t.Errorf("an update KL passed the budget under correct labels (last breach at %v)", b)
 	}
 }
@@ -342,7 +296,7 @@ func InvalidatesUnderDrift(t *testing.T, name string, inc int) {
 			}
 		}
 		if inv*5 >= 4*len(ids) {
-			changes := r.metric(t, "cfguard_prequential_changes_total")
+			changes := r.metric("cfguard_prequential_changes_total")
 			t.Logf("%d of %d counterfactuals invalidated after %d flipped records (increments of at most %d); prequential changes detected: %v",
 				inv, len(ids), flipped, inc, changes)
 			if changes < 1 {
