@@ -51,13 +51,24 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 SIDECAR, WEIGHTS = "model.json", "model.safetensors"
 MAX_BODY = 1 << 20
-ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+# numpy and torch, imported by import_torch once main has read the sidecar: importing torch takes
+# seconds of CPU, and a directory without a model is named before that.
+np = torch = F = None
+
+
+def import_torch():
+    global np, torch, F
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+
+def activations():
+    """The activations a sidecar may name."""
+    return {"relu": F.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 
 
 class ModelError(Exception):
@@ -102,9 +113,9 @@ class Posterior:
             raise ModelError(f"{SIDECAR}: format {sc.get('format')!r} version {sc.get('format_version')!r}, want cfguard-bnn version 1")
         if sc.get("output") != "log_softmax":
             raise ModelError(f"{SIDECAR}: output {sc.get('output')!r}, want log_softmax")
-        self.activation = ACTIVATIONS.get(sc.get("activation"))
+        self.activation = activations().get(sc.get("activation"))
         if self.activation is None:
-            raise ModelError(f"{SIDECAR}: activation {sc.get('activation')!r}, want one of {sorted(ACTIVATIONS)}")
+            raise ModelError(f"{SIDECAR}: activation {sc.get('activation')!r}, want one of {sorted(activations())}")
         tensors = read_safetensors(weights_raw)
         self.layers = []
         prev = None
@@ -137,10 +148,13 @@ class Posterior:
         self.version = sc.get("posterior_version")
         self.sha = sc.get("weights_sha256")
 
-    @torch.no_grad()
     def predict(self, xs, samples, seed, chunk=250):
         """Monte-Carlo predictive mean and variance (see the module documentation) for raw inputs
         xs (N x D); every input shares the draws."""
+        with torch.no_grad():
+            return self._predict(xs, samples, seed, chunk)
+
+    def _predict(self, xs, samples, seed, chunk):
         z = (torch.tensor(xs, dtype=torch.float64) - self.mean) / self.std
         gen = torch.Generator().manual_seed(seed)
         total = torch.zeros(z.shape[0], len(self.classes), dtype=torch.float64)
@@ -285,6 +299,14 @@ def main():
     args = ap.parse_args()
     if args.samples < 2 or not args.poll > 0:
         ap.error("--samples must be >= 2 and --poll > 0")
+    # The sidecar before torch: a directory without a model is named at once.
+    sidecar = os.path.join(args.model_dir, SIDECAR)
+    try:
+        with open(sidecar, "rb") as f:
+            json.loads(f.read())
+    except (OSError, ValueError) as e:
+        sys.exit(f"model_server: {sidecar}: {e}")
+    import_torch()
     torch.set_num_threads(1)
     # At start the directory may be between two writes: retry a mismatched pair briefly.
     for attempt in range(50):

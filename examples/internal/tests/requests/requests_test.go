@@ -6,7 +6,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -62,8 +64,16 @@ func TestModelServerRequests(t *testing.T) {
 		resp.Body.Close()
 	}
 
-	out, err := exec.Command(py, modelserver.Script(t), "--model-dir", t.TempDir(), "--port", "0").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "model.json") {
-		t.Errorf("server on an empty directory: %v, %s", err, out)
+	// A directory without a sidecar, or with one that is not JSON, stops the server at start
+	// with the sidecar's path.
+	empty, damaged := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(damaged, bnn.SidecarFile), []byte(`{"format": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{empty, damaged} {
+		out, err := exec.Command(py, modelserver.Script(t), "--model-dir", dir, "--port", "0").CombinedOutput()
+		if want := filepath.Join(dir, bnn.SidecarFile) + ": "; err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("server on %s: %v, %s; want an error naming %q", dir, err, out, want)
+		}
 	}
 }
