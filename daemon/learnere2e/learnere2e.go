@@ -45,9 +45,16 @@ func start(t *testing.T, dataset string, inc int) running {
 	c.HTTP.Listen, c.Kafka.EmbeddedListen = "127.0.0.1:0", "127.0.0.1:0"
 	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog, c.Kafka.MaxWait = inc, inc, 200*time.Millisecond
 	c.Audit.Schedule = ""
-	r := daemontest.StartWith(t, c, nil, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *daemon.Daemon) error {
+	// The first start trains the bundled model on the data set (seconds of CPU, minutes on a busy
+	// core): it may take until a minute before the test's deadline, so that a start that never
+	// ends is named rather than timed out.
+	within := 24 * time.Hour
+	if d, ok := t.Deadline(); ok {
+		within = time.Until(d) - time.Minute
+	}
+	r := daemontest.StartWithin(t, c, nil, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *daemon.Daemon) error {
 		return daemon.Run(ctx, daemon.Options{Config: c, Logger: log, Registry: reg, Ready: ready})
-	})
+	}, within)
 	return running{r.WaitReady(t, "readyz", 60*time.Second)}
 }
 
