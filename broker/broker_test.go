@@ -20,14 +20,7 @@ import (
 )
 
 func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(tooltest.UniqueKeys(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
+	return tooltest.Logger(t)
 }
 
 func start(t *testing.T, ctx context.Context, cfg broker.Config) *broker.Broker {

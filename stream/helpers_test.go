@@ -22,14 +22,7 @@ const (
 )
 
 func testLog(t testing.TB) *slog.Logger {
-	return slog.New(tooltest.UniqueKeys(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
-}
-
-type tbWriter struct{ t testing.TB }
-
-func (w tbWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
+	return tooltest.Logger(t)
 }
 
 // startBroker starts an embedded broker with the test topics; it is closed when the test ends.

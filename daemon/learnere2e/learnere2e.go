@@ -48,20 +48,10 @@ func start(t *testing.T, dataset string, inc int) running {
 	// The first start trains the bundled model on the data set (seconds of CPU, minutes on a busy
 	// core): it may take until a minute before the test's deadline, so that a start that never
 	// ends is named rather than timed out.
-	within := 24 * time.Hour
-	if d, ok := t.Deadline(); ok {
-		within = time.Until(d) - time.Minute
-	}
 	r := daemontest.StartWithin(t, c, nil, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *daemon.Daemon) error {
 		return daemon.Run(ctx, daemon.Options{Config: c, Logger: log, Registry: reg, Ready: ready})
-	}, within)
+	}, untilNearDeadline(t))
 	return running{r.WaitReady(t, "readyz", 60*time.Second)}
-}
-
-// do sends method path with body as JSON (none when nil): the status code and body of the answer.
-func (r running) do(t *testing.T, method, path string, body any) (int, []byte) {
-	t.Helper()
-	return r.Do(t, method, path, "", body)
 }
 
 // metric is the value of the counter or gauge name with the label pairs labels (name, value,
@@ -70,22 +60,15 @@ func (r running) metric(name string, labels ...string) float64 {
 	return daemontest.GatherCounter(r.Reg, name, labels...)
 }
 
-// produce writes records (features, label) to the daemon's input topic, produceChunk at a time
-// (each write is given 30 s: a busy core, where the daemon consumes while the test produces,
-// stretches the writes).
+// produce writes records (features, label) to the daemon's input topic.
 func (r running) produce(t *testing.T, X [][]float64, y []int, prefix string) {
 	t.Helper()
 	values := make([][]byte, len(X))
 	for i := range X {
 		values[i] = daemontest.Record(fmt.Sprintf("%s%d", prefix, i), X[i], y[i])
 	}
-	for from := 0; from < len(values); from += produceChunk {
-		r.Produce(t, values[from:min(from+produceChunk, len(values))]...)
-	}
+	r.Produce(t, values...)
 }
-
-// produceChunk is the most records produce writes at once.
-const produceChunk = 1000
 
 // waitApplied waits until n records have been applied and every CE has been measured under the
 // current posterior (no renewal pending, none unconfirmed), so that the statuses read next are
@@ -116,7 +99,7 @@ func (r running) logLoss(t *testing.T, set *dataset.Set) float64 {
 	s := 0.0
 	for from := 0; from < len(xs); from += predictChunk {
 		chunk := xs[from:min(from+predictChunk, len(xs))]
-		code, body := r.do(t, "POST", "/v1/predict", map[string]any{"xs": chunk})
+		code, body := r.Do(t, "POST", "/v1/predict", "", map[string]any{"xs": chunk})
 		var resp struct {
 			Predictions []struct {
 				P []float64 `json:"p"`
@@ -144,10 +127,13 @@ type ce struct {
 	P1     float64 `json:"p1"`
 }
 
-// nearDeadline reports whether t's deadline (go test -timeout) is less than a minute away.
-func nearDeadline(t *testing.T) bool {
-	d, ok := t.Deadline()
-	return ok && time.Until(d) < time.Minute
+// untilNearDeadline is how long until t's deadline (go test -timeout) is a minute away; a day
+// without a deadline.
+func untilNearDeadline(t *testing.T) time.Duration {
+	if d, ok := t.Deadline(); ok {
+		return time.Until(d) - time.Minute
+	}
+	return 24 * time.Hour
 }
 
 // explainAll asks PSCE for counterfactuals (target class 1) of rows of class 0, two at a time
@@ -175,7 +161,7 @@ func (r running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 			defer wg.Done()
 			defer func() { <-sem }()
 			id := fmt.Sprintf("ce-%d", k)
-			code, body := r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
+			code, body := r.Do(t, "POST", "/v1/explain", "", map[string]any{"id": id, "x": set.X[i], "target": 1})
 			// The first explanation trains the VAE; a request that waited explain.timeout for it
 			// is answered 503 "retry shortly", which a client does (on a busy core training
 			// takes longer than one request's wait), up to a minute before the test's deadline,
@@ -183,9 +169,9 @@ func (r running) explainAll(t *testing.T, set *dataset.Set, n int) []string {
 			training := func() bool {
 				return code == http.StatusServiceUnavailable && strings.Contains(string(body), "VAE is still being trained")
 			}
-			for training() && !nearDeadline(t) {
+			for training() && untilNearDeadline(t) > 0 {
 				time.Sleep(time.Second)
-				code, body = r.do(t, "POST", "/v1/explain", map[string]any{"id": id, "x": set.X[i], "target": 1})
+				code, body = r.Do(t, "POST", "/v1/explain", "", map[string]any{"id": id, "x": set.X[i], "target": 1})
 			}
 			if training() {
 				t.Errorf("explain %s: the VAE was still being trained a minute before the test's deadline: %.400s", id, body)
@@ -214,7 +200,7 @@ func (r running) statuses(t *testing.T, ids []string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, id := range ids {
-		code, body := r.do(t, "GET", "/v1/counterfactuals/"+id, nil)
+		code, body := r.Do(t, "GET", "/v1/counterfactuals/"+id, "", nil)
 		var c ce
 		if code != 200 || json.Unmarshal(body, &c) != nil {
 			t.Fatalf("GET %s: %d %s", id, code, body)

@@ -55,17 +55,6 @@ type Running[S Server] struct {
 	done   chan error
 }
 
-// LogWriter writes what is written to it to the test's log, a line a Write.
-func LogWriter(t testing.TB) io.Writer { return testWriter{t} }
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // StartWith runs run on c in a goroutine and returns once the daemon is started (not
 // necessarily ready: WaitReady waits for /readyz), failing the test if that takes over 60 s.
 // When client is not nil, the test speaks TLS to the daemon with it. The daemon logs at WARN and
@@ -85,7 +74,7 @@ func StartWithin[S Server](t testing.TB, c config.Config, client *http.Client, r
 	ready := make(chan S, 1)
 	done := make(chan error, 1)
 	logs := &tooltest.Output{}
-	log := slog.New(tooltest.UniqueKeys(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf))
+	log := tooltest.Logger(t, logs)
 	go func() { done <- run(ctx, &c, log, reg, ready) }()
 	r := &Running[S]{Config: &c, Reg: reg, cancel: cancel, done: done, Logs: logs, Client: http.DefaultClient}
 	scheme := "http://"
@@ -332,25 +321,32 @@ func (r *Running[S]) Metric(t testing.TB, name string, labels ...string) float64
 	return v
 }
 
-// Produce writes JSON records to the daemon's topic over TCP with kafka-go, in one batch (up to
-// 500 records a batch). The writer sends a batch when it is full, or after BatchTimeout
-// (kafka-go's default, 1 s): a batch the size of the call is full, and sent, as soon as
-// WriteMessages has queued it.
+// Produce writes JSON records to the daemon's topic over TCP with kafka-go, in batches of up to
+// produceBatch records, each written within 30 s (a busy core, where the daemon consumes while
+// the test produces, stretches a write of thousands). The writer sends a batch when it is full,
+// or after BatchTimeout (kafka-go's default, 1 s): a batch the size of the write is full, and
+// sent, as soon as WriteMessages has queued it.
 func (r *Running[S]) Produce(t testing.TB, values ...[]byte) {
 	t.Helper()
 	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(r.D.BrokerAddrs()...), Topic: r.Config.Kafka.Topic, RequiredAcks: kafka.RequireAll,
-		BatchSize: min(len(values), 500)}
+		BatchSize: min(len(values), produceBatch)}
 	defer w.Close()
 	msgs := make([]kafka.Message, len(values))
 	for i, v := range values {
 		msgs[i] = kafka.Message{Value: v}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatal(err)
+	for from := 0; from < len(msgs); from += produceBatch {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := w.WriteMessages(ctx, msgs[from:min(from+produceBatch, len(msgs))]...)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
+
+// produceBatch is the most records Produce writes in one batch.
+const produceBatch = 500
 
 // WaitResetReported waits until the daemon's /readyz answers 503 naming a reset of its input topic.
 func (r *Running[S]) WaitResetReported(t testing.TB, what string) {

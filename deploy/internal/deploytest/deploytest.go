@@ -51,14 +51,6 @@ func HTTPGet(url, token string) (int, []byte, error) {
 	return resp.StatusCode, b, err
 }
 
-// TestLog is an io.Writer that logs each write to t (a daemon's log lines, in the test's output).
-type TestLog struct{ T testing.TB }
-
-func (w TestLog) Write(p []byte) (int, error) {
-	w.T.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // StartDaemon runs daemon.Run in-process on loopback (HTTP API and embedded broker on ephemeral
 // ports, state in a temporary directory) with cfg as the starting point, and stops it when the
 // test ends. It returns the running daemon once /readyz answers 200.
@@ -72,7 +64,7 @@ func StartDaemon(t testing.TB, cfg config.Config) *daemon.Daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan *daemon.Daemon, 1)
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(TestLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(tooltest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	go func() {
 		done <- daemon.Run(ctx, daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready})
 	}()

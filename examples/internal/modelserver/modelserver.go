@@ -7,7 +7,6 @@ package modelserver
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,36 +25,13 @@ func Script(t testing.TB) string {
 	return filepath.Join(tooltest.RepoRoot(t), "examples", "model_server.py")
 }
 
-// Log collects the server's log while the test reads it.
-type Log struct {
-	ch  chan struct{}
-	buf bytes.Buffer
-}
-
-func newLog() *Log {
-	b := &Log{ch: make(chan struct{}, 1)}
-	b.ch <- struct{}{}
-	return b
-}
-
-func (b *Log) Write(p []byte) (int, error) {
-	<-b.ch
-	defer func() { b.ch <- struct{}{} }()
-	return b.buf.Write(p)
-}
-
-func (b *Log) String() string {
-	<-b.ch
-	defer func() { b.ch <- struct{}{} }()
-	return b.buf.String()
-}
-
-// Start runs model_server.py with the Python py on dir, with samples draws per request. The
-// server binds 127.0.0.1 port 0 itself and prints its address (no race for a free port). The
-// test's cleanup stops it with SIGTERM. Its start (importing torch) and its exit take seconds of
-// CPU, which a busy core stretches to tens of seconds: a server that prints no address, or does
-// not exit, while its CPU time stands still for stall fails the test (and is killed).
-func Start(t testing.TB, py, dir string, samples int) (url string, log *Log) {
+// Start runs model_server.py with the Python py on dir, with samples draws per request, and
+// returns its URL and its log (stderr). The server binds 127.0.0.1 port 0 itself and prints its
+// address (no race for a free port). The test's cleanup stops it with SIGTERM. Its start
+// (importing torch) and its exit take seconds of CPU, which a busy core stretches to tens of
+// seconds: a server that prints no address, or does not exit, while its CPU time stands still
+// for stall fails the test (and is killed).
+func Start(t testing.TB, py, dir string, samples int) (url string, log *tooltest.Output) {
 	t.Helper()
 	cmd := exec.Command(py, Script(t), "--model-dir", dir, "--listen", "127.0.0.1", "--port", "0",
 		"--samples", fmt.Sprint(samples))
@@ -63,7 +39,7 @@ func Start(t testing.TB, py, dir string, samples int) (url string, log *Log) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log = newLog()
+	log = &tooltest.Output{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -324,7 +323,7 @@ func runReplicaOnce(t *testing.T, b *broker.Broker, id, stateDir, keyFile string
 	ready := make(chan *daemon.Daemon, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(daemontest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: tooltest.Logger(t),
 			Registry: prometheus.NewRegistry(), Ready: ready, BundledModel: daemontest.BundledModelOf(t, &c)})
 	}()
 	select {

@@ -43,7 +43,7 @@ func TestReplicaStartedBeforeItsBrokerWaits(t *testing.T) {
 	stopBroker := func() {}
 	t.Cleanup(func() { stopBroker() }) // after the replica's (cleanups run last first), as the other tests' clusters
 	logs := &tooltest.Output{}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(daemontest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(tooltest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -198,7 +198,7 @@ func TestReplicaWaitingForItsBrokersStops(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				done <- daemon.Run(ctx, daemon.Options{Config: &c, Registry: prometheus.NewRegistry(),
-					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(daemontest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+					Logger: slog.New(slog.NewTextHandler(io.MultiWriter(tooltest.LogWriter(t), logs), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 			}()
 			waitfor.Cond(t, 60*time.Second, "the replica waiting for its brokers", func() bool {
 				select {

@@ -2,7 +2,6 @@ package replicas
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +40,7 @@ func TestReplicaIDTakenRefuses(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: slog.New(tooltest.UniqueKeys(slog.NewTextHandler(daemontest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}), t.Errorf)),
+		done <- daemon.Run(ctx, daemon.Options{Config: &c, Logger: tooltest.Logger(t),
 			Registry: prometheus.NewRegistry(), BundledModel: daemontest.BundledModelOf(t, &c)})
 	}()
 	err := <-done

@@ -44,7 +44,7 @@ func (r *restartable) start() *daemon.Daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan *daemon.Daemon, 1), make(chan error, 1)
 	cfg := r.cfg
-	log := slog.New(slog.NewTextHandler(deploytest.TestLog{T: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(tooltest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	opts := daemon.Options{Config: &cfg, Logger: log, Registry: prometheus.NewRegistry(), Ready: ready, HTTPListener: r.http.Listen(t)}
 	if r.broker != nil {
 		opts.BrokerListener = r.broker.Listen(t)
