@@ -183,7 +183,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// The ledger, and what GET /v1/model reports of the posterior beside it (one snapshot: the
 	// posterior swapped in with the checkpoint that stored it).
 	incs := uint64(sent / 32)
-	v := modelOf(r, t)
+	v := r.Model(t)
 	if st.Applied != int64(sent) || st.Offsets[0] != int64(sent) || st.PosteriorVersion != v0+incs || v.Version != v0+incs || v.Applied != int64(sent) {
 		t.Fatalf("after recovery: ledger: applied %d, offset %d, posterior version %d; /v1/model: version %d, applied %d; want %d records in %d increments from version %d",
 			st.Applied, st.Offsets[0], st.PosteriorVersion, v.Version, v.Applied, sent, incs, v0)

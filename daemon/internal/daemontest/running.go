@@ -356,3 +356,27 @@ func (r *Running[S]) WaitResetReported(t testing.TB, what string) {
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset")
 	})
 }
+
+// ModelView is what GET /v1/model reports of the posterior and the ledger beside it.
+type ModelView struct {
+	Version uint64           `json:"posterior_version"`
+	Applied int64            `json:"applied"`
+	Offsets map[string]int64 `json:"offsets"`
+	History []struct {
+		Version uint64 `json:"posterior_version"`
+	} `json:"kl_history"`
+}
+
+// Model reads GET /v1/model, failing t unless it answers 200 with JSON.
+func (r *Running[S]) Model(t testing.TB) ModelView {
+	t.Helper()
+	code, body := r.Get(t, "/v1/model")
+	if code != http.StatusOK {
+		t.Fatalf("GET /v1/model: %d %s", code, body)
+	}
+	var v ModelView
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("GET /v1/model: %v: %s", err, body)
+	}
+	return v
+}

@@ -1,44 +1,20 @@
-package daemon
+package serving
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 )
-
-// modelView is what GET /v1/model reports of the posterior and the ledger beside it.
-type modelView struct {
-	Version uint64           `json:"posterior_version"`
-	Applied int64            `json:"applied"`
-	Offsets map[string]int64 `json:"offsets"`
-	History []struct {
-		Version uint64 `json:"posterior_version"`
-	} `json:"kl_history"`
-}
-
-func modelOf(r *running, t *testing.T) modelView {
-	t.Helper()
-	code, body := r.Get(t, "/v1/model")
-	if code != http.StatusOK {
-		t.Fatalf("GET /v1/model: %d %s", code, body)
-	}
-	var v modelView
-	if err := json.Unmarshal(body, &v); err != nil {
-		t.Fatalf("GET /v1/model: %v: %s", err, body)
-	}
-	return v
-}
 
 // TestModelIsOneSnapshot: GET /v1/model, read while increments are promoted, reports the
 // posterior version of the checkpoint whose applied count and offsets it reports (each increment
 // of 32 records is one version), never the ledger's new state beside the previous posterior.
 func TestModelIsOneSnapshot(t *testing.T) {
-	r := startDaemon(t, nil)
-	v0 := modelOf(r, t)
+	r := launch.Daemon(t, nil)
+	v0 := r.Model(t)
 	if v0.Applied != 0 {
 		t.Fatalf("a fresh daemon reports %d applied records", v0.Applied)
 	}
@@ -52,7 +28,7 @@ func TestModelIsOneSnapshot(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	reads := 0
 	for {
-		v := modelOf(r, t)
+		v := r.Model(t)
 		reads++
 		if want := v0.Version + uint64(v.Applied/32); v.Version != want || v.Offsets["0"] != v.Applied {
 			t.Fatalf("read %d: posterior version %d with %d records applied up to offset %d; want version %d (one per increment of 32)",

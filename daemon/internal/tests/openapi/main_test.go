@@ -1,0 +1,9 @@
+package openapi
+
+import (
+	"testing"
+
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+)
+
+func TestMain(m *testing.M) { daemontest.Main(m) }
