@@ -30,14 +30,8 @@ func startNoWait(t testing.TB, mutate func(c *config.Config)) *running {
 	return startDaemonWith(t, mutate, nil, nil)
 }
 
-// startReplica starts replica id of the cluster on b with the test key file, and waits until
-// it is ready.
-func startReplica(t testing.TB, b *broker.Broker, id string) *running {
-	t.Helper()
-	return startReplicaKey(t, b, id, daemontest.WriteKeyFile(t, daemontest.ClusterKey))
-}
-
-// startReplicaKey is startReplica with the key file keyFile.
+// startReplicaKey starts replica id of the cluster on b with the key file keyFile, and waits
+// until it is ready.
 func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *running {
 	t.Helper()
 	return daemontest.StartReplica(t, startNoWait, b.Addrs(), id, keyFile)

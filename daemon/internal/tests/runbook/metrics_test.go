@@ -1,4 +1,4 @@
-package daemon
+package runbook
 
 import (
 	"regexp"
@@ -8,11 +8,12 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 )
 
 // families returns the metric family names r's registry exposes.
-func families(r *running, t *testing.T) []string {
+func families(r *launch.Running, t *testing.T) []string {
 	t.Helper()
 	mfs, err := r.Reg.Gather()
 	if err != nil {
@@ -31,12 +32,12 @@ func families(r *running, t *testing.T) []string {
 // replicas' alerts, by a replica.
 func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 	t.Parallel() // mostly waits for a replica to join and for promtool
-	single := startDaemon(t, nil)
-	replica := startReplica(t, daemontest.StartCluster(t, 1), "r1")
+	single := launch.Daemon(t, nil)
+	replica := launch.Replica(t, daemontest.StartCluster(t, 1), "r1")
 	registered := map[string]bool{}
 	for _, c := range []struct {
 		kind string
-		r    *running
+		r    *launch.Running
 	}{{"single node", single}, {"replica", replica}} {
 		for _, name := range families(c.r, t) {
 			library := strings.HasPrefix(name, "promhttp_") || strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_")
@@ -68,7 +69,7 @@ func TestRulesQueryWhatTheDaemonRegisters(t *testing.T) {
 // section says it shows. The replicas' sections (daemontest.RunbookReplicaSections) name metrics a single
 // node does not have; their tests run them against replicas and check what they print.
 func TestRunbookMetricGrepsFindTheirMetrics(t *testing.T) {
-	r := startDaemon(t, nil)
+	r := launch.Daemon(t, nil)
 	code, body := r.Get(t, "/metrics")
 	if code != 200 {
 		t.Fatalf("GET /metrics: %d", code)
