@@ -131,7 +131,7 @@ func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditRepo
 	// On a replica, not over a share that is still being rebuilt: the audit would miss the CEs
 	// still to replay, and say it covered the share.
 	if d.share != nil {
-		if err := d.share.CaughtUp(ctx, cmp.Or(d.hooks.auditRebuildWait, cluster.AuditRebuildWait)); err != nil {
+		if err := d.share.CaughtUp(ctx, cmp.Or(d.hooks.AuditRebuildWait, cluster.AuditRebuildWait)); err != nil {
 			return ledger.AuditReport{}, fmt.Errorf("audit: %w", err)
 		}
 	}
@@ -161,14 +161,14 @@ func (d *Daemon) auditOnce(ctx context.Context) (ledger.AuditReport, error) {
 	if err != nil {
 		return ledger.AuditReport{}, fmt.Errorf("audit: drawing networks from posterior version %d: %w", m.Version, err)
 	}
-	if d.hooks.auditPoolReady != nil {
-		d.hooks.auditPoolReady(ctx, m.Version)
+	if d.hooks.AuditPoolReady != nil {
+		d.hooks.AuditPoolReady(ctx, m.Version)
 	}
 	last := time.Now()
 	rep, changes, err := d.ledger.Audit(ctx, auditPredictor{pool, m, auditWorkers(d.cfg.Audit.Workers)}, ledger.AuditOptions{Progress: func(done, total int) {
 		d.outbox.notify()
-		if d.hooks.auditBatchDone != nil {
-			d.hooks.auditBatchDone(done, total)
+		if d.hooks.AuditBatchDone != nil {
+			d.hooks.AuditBatchDone(done, total)
 		}
 		if now := time.Now(); now.Sub(last) >= auditProgressEvery {
 			last = now

@@ -34,7 +34,7 @@ func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	// audit, they never would be.
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	r.D.hooks.auditBatchDone = func(done, total int) {
+	r.D.hooks.AuditBatchDone = func(done, total int) {
 		if done < total {
 			once.Do(func() { close(held); <-release })
 		}
@@ -101,8 +101,8 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}
-	r.D.hooks.auditPoolReady = wait
-	r.D.hooks.auditBatchDone = func(done, total int) {
+	r.D.hooks.AuditPoolReady = wait
+	r.D.hooks.AuditBatchDone = func(done, total int) {
 		if done < total {
 			wait(context.Background(), 0)
 		}

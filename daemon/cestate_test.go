@@ -106,13 +106,13 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	var release sync.Once
 	awaited := make(chan uint64, 1)
 	r2 := startLearningReplica(t, b, "r2", key, func(o *Options) {
-		o.hooks.followCommit = func(ctx context.Context, _ uint64) {
+		o.Hooks.FollowCommit = func(ctx context.Context, _ uint64) {
 			select {
 			case <-followed:
 			case <-ctx.Done():
 			}
 		}
-		o.hooks.shareAwait = func(v uint64) {
+		o.Hooks.ShareAwait = func(v uint64) {
 			release.Do(func() {
 				awaited <- v
 				close(followed)

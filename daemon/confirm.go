@@ -69,7 +69,7 @@ type confirmer struct {
 	lane      int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
 	lanes     int
 	measured  atomic.Int64 // measurements written (ConfirmReport.Confirmed), for tests and logs
-	// beforeRound, when set (hooks.confirmRound, by tests), is called before each round.
+	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/hooks"
 	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/internal/episode"
 	"github.com/cfguard/cfguard/ledger"
@@ -62,39 +63,9 @@ type Options struct {
 	// (the tests train it once per process, not once per daemon).
 	BundledModel func() (*bnn.Model, error)
 
-	// hooks are set by tests only.
-	hooks hooks
-}
-
-// hooks are callbacks a test sets to hold the daemon at a point, as a starved CPU or a slow
-// group would; nil ones are not called.
-type hooks struct {
-	// registered is called when a single daemon's registration stored its CE, before its answer
-	// reads the CE back: a test deletes it there, as a concurrent DELETE can.
-	registered func(id string)
-	// confirmRound is called by each confirmer lane before each of its rounds.
-	confirmRound func(ctx context.Context)
-	// ceGeneration is called with each CE group generation's assignment before this replica
-	// takes it up (ceshare.MemberConfig.OnGeneration).
-	ceGeneration func(ctx context.Context, generation int32, assigned []int)
-	// auditBatchDone is called after each batch an audit writes, with the CEs evaluated so far:
-	// a test holds an audit between its batches there.
-	auditBatchDone func(done, total int)
-	// auditPoolReady is called when an audit has its networks, before the ledger reads its
-	// first batch: a test promotes posteriors there, as busy ingestion does.
-	auditPoolReady func(ctx context.Context, version uint64)
-	// followCommit is called by a replica's follower before it commits the entry that makes
-	// version current: a test holds the follower there, as a starved one would be.
-	followCommit func(ctx context.Context, version uint64)
-	// shareAwait is called when a batch of CE requests waits for the posterior version it
-	// needs (cluster.Share.Apply), before it waits.
-	shareAwait func(version uint64)
-	// auditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2 minutes).
-	auditRebuildWait time.Duration
-	// ledgerFailureHold, when set, replaces ledgerFailureHold (a test does not wait a minute).
-	ledgerFailureHold time.Duration
-	// ledgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
-	ledgerAfterCommit func() error
+	// Hooks are set by the daemon's tests only (package hooks is internal to daemon); the zero
+	// value is a daemon's normal behaviour.
+	Hooks hooks.Set
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -110,7 +81,7 @@ type Daemon struct {
 	policy  certify.Policy
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
-	hooks hooks // Options.hooks; the audit's set by tests before an audit starts
+	hooks hooks.Set // Options.Hooks; the audit's set by tests before an audit starts
 	// bundledModel is Options.BundledModel.
 	bundledModel func() (*bnn.Model, error)
 
@@ -358,7 +329,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.hooks,
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.Hooks,
 		bundledModel: opts.BundledModel}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
@@ -388,7 +359,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	d.front.setPhase("opening the ledger")
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
-		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.ledgerAfterCommit})
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.LedgerAfterCommit})
 	if err != nil {
 		return err
 	}
@@ -481,7 +452,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		d.reissue.notify(changes)
 	}, log.With("component", "confirm"))
 	for _, c := range d.confirm {
-		c.beforeRound = d.hooks.confirmRound
+		c.beforeRound = d.hooks.ConfirmRound
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 
 	"github.com/cfguard/cfguard/config"
@@ -28,19 +27,6 @@ func startDaemon(t *testing.T, mutate func(c *config.Config)) *running {
 func startNoWait(t testing.TB, mutate func(c *config.Config)) *running {
 	t.Helper()
 	return startDaemonWith(t, mutate, nil, nil)
-}
-
-// startReplicaKey starts replica id of the cluster on b with the key file keyFile, and waits
-// until it is ready.
-func startReplicaKey(t testing.TB, b *broker.Broker, id, keyFile string) *running {
-	t.Helper()
-	return daemontest.StartReplica(t, startNoWait, b.Addrs(), id, keyFile)
-}
-
-// startReplicaAt is startReplicaKey for a cluster on the brokers at addrs.
-func startReplicaAt(t testing.TB, addrs []string, id, keyFile string) *running {
-	t.Helper()
-	return daemontest.StartReplica(t, startNoWait, addrs, id, keyFile)
 }
 
 // startDaemonWith starts a daemon on daemontest.Config(t, mutate) with Options set by opts

@@ -93,7 +93,7 @@ func (d *Daemon) durably(ctx context.Context, w heldWrite, write func() error) e
 // failing and ends ledgerFailureHold after the last.
 func (d *Daemon) ledgerHealth(now time.Time) error {
 	f := d.ledger.WriteFailures()
-	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.ledgerFailureHold, ledgerFailureHold) {
+	if f.Err == nil || now.Sub(f.At) >= cmp.Or(d.hooks.LedgerFailureHold, ledgerFailureHold) {
 		return nil
 	}
 	return fmt.Errorf("a commit to the ledger %s failed %s ago, at %s (the writes that fail are answered 503 or retried): %v",

@@ -95,8 +95,8 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 		}
 		return answerOutcome(ro.Outcome, ro.Counterfactual, want.X, want.XCF, ref.Fingerprint)
 	}
-	if d.hooks.registered != nil {
-		d.hooks.registered(out[0].ce.ID)
+	if d.hooks.Registered != nil {
+		d.hooks.Registered(out[0].ce.ID)
 	}
 	return storedNow(d.ledger, out[0].ce, r.req.Fingerprint != "")
 }

@@ -88,8 +88,8 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 			s.counters[counterConsumerLost] = n
 		}
 	}
-	if h.d.hooks.followCommit != nil && next != nil {
-		h.d.hooks.followCommit(ctx, next.Version)
+	if h.d.hooks.FollowCommit != nil && next != nil {
+		h.d.hooks.FollowCommit(ctx, next.Version)
 	}
 	return h.d.commitStep(ctx, s, cp, time.Now())
 }
@@ -238,7 +238,7 @@ func (d *Daemon) joinShare(ctx, life context.Context) error {
 		stopWatching := context.AfterFunc(ctx, cancel)
 		d.share, err = cluster.NewShare(sctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
 			Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
-			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.ceGeneration, BeforeAwait: d.hooks.shareAwait})
+			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.CEGeneration, BeforeAwait: d.hooks.ShareAwait})
 		stopWatching()
 		if err != nil {
 			cancel()

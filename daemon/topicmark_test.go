@@ -134,7 +134,7 @@ func TestTopicRecreatedWhileStopped(t *testing.T) {
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog, c.Kafka.MaxWait = m2-8, m2-8, time.Minute
 	}, func(o *Options) {
 		o.AcceptTopicReset = true
-		o.hooks.ledgerAfterCommit = func() error {
+		o.Hooks.LedgerAfterCommit = func() error {
 			if failing.Load() {
 				return errors.New("injected: the disk refused the commit")
 			}

@@ -19,23 +19,23 @@ var RunbookReplicaSections = map[string]string{
 	"CfguardPosteriorLogRefused":        "daemon/internal/tests/replicalog TestForgedRecordsAreRefusedByEveryReplica, after signed entries every replica refuses",
 	"CfguardPosteriorLogStopped":        "cmd/cfguard/internal/tests/replicalog TestNewEpochResumesStoppedReplicas, while the replicas are stopped",
 	"CfguardPosteriorLogBehind":         "cmd/cfguard/internal/tests/replicalog TestFollowerBehindTheLog, while a follower's disk refuses its ledger's writes",
-	"CfguardCounterfactualsNotCaughtUp": "daemon TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
+	"CfguardCounterfactualsNotCaughtUp": "daemon/internal/tests/owners TestRebuildThatCannotFetch, while the broker refuses the fetches of a partition being rebuilt",
 	"CfguardReplicaSettingsDiffer":      "daemon/internal/tests/replicalog TestReplicaSettingsMustMatchTheGenesis, at a replica with another certify.delta",
 }
 
 // RunbookInChild are the sections whose state is a ledger that cannot be written: the child
-// process of the daemon's TestCheckpointFailureHoldsTheIncrement, under RLIMIT_FSIZE, runs them
-// while its checkpoints fail.
+// process of TestCheckpointFailureHoldsTheIncrement (daemon/internal/tests/writefail), under
+// RLIMIT_FSIZE, runs them while its checkpoints fail.
 var RunbookInChild = map[string]bool{"CfguardCheckpointFailing": true, "CfguardIngestStalled": true}
 
-// RunbookInDaemon are the sections whose state only the daemon's own tests can make, run by its
-// TestRunbookOfRenewalsBehindAndRecordsLost: confirmers held as a starved CPU holds them
-// (CfguardRenewalBehind), and input records lost to retention (CfguardRecordsLost, whose state
-// the daemon's tests of lost records share).
-var RunbookInDaemon = map[string]bool{"CfguardRenewalBehind": true, "CfguardRecordsLost": true}
+// RunbookOwnState are the sections whose state takes a daemon of its own, run by
+// TestRunbookOfRenewalsBehindAndRecordsLost (daemon/internal/tests/runbook): confirmers held by a
+// hook as a starved CPU holds them (CfguardRenewalBehind), and input records lost to retention
+// (CfguardRecordsLost, whose state the tests of lost records share).
+var RunbookOwnState = map[string]bool{"CfguardRenewalBehind": true, "CfguardRecordsLost": true}
 
 // RunbookChecks: for every single-node alert, what each of its commands prints against a daemon
-// in its state (TestRunbookCommandsRun's, or those RunbookInDaemon and RunbookInChild name). A
+// in its state (TestRunbookCommandsRun's, or those RunbookOwnState and RunbookInChild name). A
 // command the table does not know fails the test, so a new runbook command comes with its check.
 var RunbookChecks = map[string][]runbooktest.Check{
 	"CfguardKLOverBudget": {

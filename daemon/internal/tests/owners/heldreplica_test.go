@@ -1,4 +1,4 @@
-package daemon
+package owners
 
 import (
 	"bytes"
@@ -16,7 +16,9 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -27,13 +29,13 @@ import (
 // a complete page or 503 naming the wait, never a page without r2's partitions' CEs; once r2
 // goes on, both list every CE.
 func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
-	b, key, r1 := daemontest.FirstOfTwoReplicas(t, startNoWait, "two replicas")
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, launch.NoWait, "two replicas")
 	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 8, "")
 	r2, mine, release := startHeldReplica(t, b, "r2", key)
 	defer release()
 	missing := 0 // CEs of the partitions r2 is held before
 	for _, id := range ids {
-		if slices.Contains(mine, ceshare.Partition(id, r1.D.share.Partitions())) {
+		if slices.Contains(mine, ceshare.Partition(id, r1.D.Share().Partitions())) {
 			missing++
 		}
 	}
@@ -56,8 +58,8 @@ func TestListWhileAReplicaTakesUpItsPartitions(t *testing.T) {
 		t.Errorf("a list at r2 while it has not taken up %v: %d, %d CEs: %s", mine, code, n, body)
 	}
 	release()
-	for _, r := range []*running{r1, r2} {
-		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.D.cfg.Replication.ReplicaID, func() bool {
+	for _, r := range []*launch.Running{r1, r2} {
+		waitfor.Cond(t, 60*time.Second, "every CE listed at "+r.Config.Replication.ReplicaID, func() bool {
 			code, _, n := r.Listed(t)
 			return code == http.StatusOK && n == len(ids)
 		})
@@ -75,18 +77,18 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 	t.Parallel()
 	b := daemontest.StartCluster(t, 1)
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	r1 := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }), nil, nil)
+	r1 := launch.With(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }), nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
 	r2, mine, release := startHeldReplica(t, b, "r2", key)
 	defer release()
 	id := ""
 	for i := 0; id == ""; i++ {
-		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.D.share.Partitions())) {
+		if c := fmt.Sprintf("slow-%d", i); slices.Contains(mine, ceshare.Partition(c, r1.D.Share().Partitions())) {
 			id = c
 		}
 	}
 	data := daemontest.Bundled(t)
-	p, _ := r1.D.current().Predict(data.X[:40], 200, 1)
+	p, _ := r1.D.Posterior().Predict(data.X[:40], 200, 1)
 	var x []float64
 	for i := range 40 {
 		if p.Argmax(i) == 0 && p.P(i, 0) > 0.9 {
@@ -115,15 +117,15 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 			id, mine, resp.StatusCode, resp.Header.Get("Location"), got)
 	}
 	// The 202 names where the request landed: the id's partition, at an offset it holds.
-	topic, parts := r1.D.cfg.Replication.CETopic, r1.D.cfg.Replication.CEPartitions
+	topic, parts := r1.Config.Replication.CETopic, r1.Config.Replication.CEPartitions
 	if answer.Partition == nil || *answer.Partition != ceshare.Partition(id, parts) || answer.Offset == nil ||
 		*answer.Offset < 0 || *answer.Offset >= b.HighWatermarks(topic)[*answer.Partition] {
 		t.Errorf("the 202 for %s names partition %v offset %v; want partition %d and an offset of it (its end %d)", id,
 			answer.Partition, answer.Offset, ceshare.Partition(id, parts), b.HighWatermarks(topic)[ceshare.Partition(id, parts)])
 	}
 	release()
-	for _, r := range []*running{r1, r2} {
-		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.D.cfg.Replication.ReplicaID, func() bool {
+	for _, r := range []*launch.Running{r1, r2} {
+		waitfor.Cond(t, 60*time.Second, id+" stored, read at "+r.Config.Replication.ReplicaID, func() bool {
 			code, _ := r.Get(t, "/v1/counterfactuals/"+id)
 			return code == http.StatusOK
 		})
@@ -133,12 +135,12 @@ func TestExplainWhoseOwnerIsSlowIsAccepted(t *testing.T) {
 // startHeldReplica starts replica id on cluster b and holds it in its first CE group generation
 // that assigns it partitions, before it takes them up, until release is called (release may be
 // called more than once). It returns the partitions it was given.
-func startHeldReplica(t *testing.T, b *broker.Broker, id, key string) (r *running, assigned []int, release func()) {
+func startHeldReplica(t *testing.T, b *broker.Broker, id, key string) (r *launch.Running, assigned []int, release func()) {
 	t.Helper()
 	held, released := make(chan []int, 1), make(chan struct{})
 	var hold, free sync.Once
-	r = startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), id, key) }, func(o *Options) {
-		o.hooks.ceGeneration = func(ctx context.Context, _ int32, assigned []int) {
+	r = launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), id, key) }, func(o *daemon.Options) {
+		o.Hooks.CEGeneration = func(ctx context.Context, _ int32, assigned []int) {
 			if len(assigned) == 0 {
 				return
 			}

@@ -1,4 +1,4 @@
-package daemon
+package owners
 
 import (
 	"context"
@@ -15,7 +15,9 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -41,12 +43,12 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		c.Replication.SkipCERequests = skip
 	}
 	// An audit would wait an hour for a partition being rebuilt: one that is blocked answers at once.
-	opts := func(o *Options) { o.hooks.auditRebuildWait = time.Hour }
-	r := startDaemonWith(t, replica, opts, nil)
+	opts := func(o *daemon.Options) { o.Hooks.AuditRebuildWait = time.Hour }
+	r := launch.With(t, replica, opts, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	data := daemontest.Bundled(t)
 	daemontest.RegisterCEs(t, r, data, 2, "")
-	topic, parts := r.D.cfg.Replication.CETopic, r.D.cfg.Replication.CEPartitions
+	topic, parts := r.Config.Replication.CETopic, r.Config.Replication.CEPartitions
 
 	// One request with a field this build does not know, in another partition one whose CE has one.
 	const newer, newerCE = "newer-1", "newer-ce-2"
@@ -55,7 +57,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 		t.Fatalf("%s and %s share partition %d", newer, newerCE, p)
 	}
 	signed := func(id string, p int, value []byte) int64 {
-		return daemontest.RawProduce(t, b, topic, p, id, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.D.rep.Keys(), value)})
+		return daemontest.RawProduce(t, b, topic, p, id, value, kafka.Header{Key: clusterkey.Header, Value: ceshare.Sign(r.D.Replica().Keys(), value)})
 	}
 	at := time.Now().UTC().Format(time.RFC3339Nano)
 	offset := signed(newer, p, fmt.Appendf(nil, `{"kind":"register","id":%q,"replica":"r9","at":%q,"ce":{},"condition":"x"}`, newer, at))
@@ -81,7 +83,7 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 			behind = id
 		}
 	}
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.Posterior(), data, 400, 1)
 	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": behind, "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusAccepted {
 		t.Errorf("a registration behind the block: %d %s, want 202", code, body)
 	}
@@ -155,14 +157,14 @@ func TestRequestOfANewerBuildBlocksItsPartition(t *testing.T) {
 	// it and applies its partition on; the first still blocks.
 	r.Stop(t)
 	skip = []config.CERequest{{Partition: p2, Offset: offset2, ID: newerCE}}
-	r = startDaemonWith(t, replica, opts, nil)
+	r = launch.With(t, replica, opts, nil)
 	// The member reads its partitions apart: partition p blocks again when its read reaches the
 	// request, before or after p2 passes the skipped one.
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("partition %d caught up past the skipped request, and %d blocked again", p2, p), func() bool {
-		next, held := r.D.share.Member().Next(p2)
-		return held && next == offset2+1 && r.D.share.Member().Ready(p2) && len(r.D.share.Member().Blocked()) > 0
+		next, held := r.D.Share().Member().Next(p2)
+		return held && next == offset2+1 && r.D.Share().Member().Ready(p2) && len(r.D.Share().Member().Blocked()) > 0
 	})
-	if bl := r.D.share.Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
+	if bl := r.D.Share().Member().Blocked(); len(bl) != 1 || bl[0].Partition != p {
 		t.Errorf("blocked after the restart: %+v, want partition %d only", bl, p)
 	}
 	if line := loggedLine(r.Logs.String(), "CE request this build cannot read skipped"); !strings.Contains(line, fmt.Sprintf("partition=%d offset=%d id=%s", p2, offset2, newerCE)) {

@@ -1,4 +1,4 @@
-package daemon
+package owners
 
 import (
 	"context"
@@ -19,7 +19,9 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -45,9 +47,9 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	t.Cleanup(kc.Close) // after the replicas' cleanups
 	addrs := kc.ListenAddrs()
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	r1 := startReplicaAt(t, addrs, "r1", key)
+	r1 := launch.ReplicaAt(t, addrs, "r1", key)
 	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 8, "")
-	topic, parts := r1.D.cfg.Replication.CETopic, r1.D.cfg.Replication.CEPartitions
+	topic, parts := r1.Config.Replication.CETopic, r1.Config.Replication.CEPartitions
 	ends := ceTopicEnds(t, addrs, topic, parts)
 
 	var refusing atomic.Bool
@@ -87,12 +89,12 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	})
 
 	// An audit waits a second, not two minutes, for r2's partitions to be rebuilt.
-	r2 := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, addrs, "r2", key) },
-		func(o *Options) { o.hooks.auditRebuildWait = time.Second }, nil)
+	r2 := launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, addrs, "r2", key) },
+		func(o *daemon.Options) { o.Hooks.AuditRebuildWait = time.Second }, nil)
 	var stuck []int // r2's partitions that hold requests
 	waitfor.Cond(t, 60*time.Second, "r2 given CE partitions, some of them not caught up", func() bool {
 		stuck = stuck[:0]
-		for _, p := range r2.D.share.NotCaughtUp() {
+		for _, p := range r2.D.Share().NotCaughtUp() {
 			if ends[int32(p)] > 0 {
 				stuck = append(stuck, p)
 			}
@@ -113,7 +115,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 	}
 	// An audit asked for at either replica cannot cover r2's share: 503 with Retry-After, naming
 	// r2 (r1's own audit ran).
-	for _, r := range []*running{r1, r2} {
+	for _, r := range []*launch.Running{r1, r2} {
 		resp, err := r.Client.Post(r.Base+"/v1/audit", "application/json", strings.NewReader("{}"))
 		if err != nil {
 			t.Fatal(err)
@@ -123,7 +125,7 @@ func TestRebuildThatCannotFetch(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
 			!strings.Contains(string(body), "being rebuilt") || !strings.Contains(string(body), `r2: `) {
 			t.Errorf("POST /v1/audit at %s while r2 rebuilds %v: %d (Retry-After %q) %s; want 503 naming r2, being rebuilt",
-				r.D.cfg.Replication.ReplicaID, stuck, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+				r.Config.Replication.ReplicaID, stuck, resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}
 	}
 	if runbooktest.Tools(t, true) {

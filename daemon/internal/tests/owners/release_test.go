@@ -1,4 +1,4 @@
-package daemon
+package owners
 
 import (
 	"errors"
@@ -11,7 +11,9 @@ import (
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -28,8 +30,8 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	var failing atomic.Bool
 	var failed atomic.Int64
-	r1 := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }, func(o *Options) {
-		o.hooks.ledgerAfterCommit = func() error {
+	r1 := launch.With(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) }, func(o *daemon.Options) {
+		o.Hooks.LedgerAfterCommit = func() error {
 			if failing.Load() {
 				failed.Add(1)
 				return errors.New("injected: the disk refused the commit")
@@ -39,21 +41,21 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 	}, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
 	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 12, "")
-	parts := r1.D.cfg.Replication.CEPartitions
+	parts := r1.Config.Replication.CEPartitions
 
 	failing.Store(true)
-	r2 := startReplicaKey(t, b, "r2", key)
+	r2 := launch.ReplicaKey(t, b, "r2", key)
 	waitfor.Cond(t, 90*time.Second, "r2 owns CE partitions, every one ready, and r1 the others", func() bool {
-		return daemontest.ShareReady(r2) && len(r1.D.share.Member().Owned())+len(r2.D.share.Member().Owned()) == parts
+		return daemontest.ShareReady(r2) && len(r1.D.Share().Member().Owned())+len(r2.D.Share().Member().Owned()) == parts
 	})
 	waitfor.Cond(t, 30*time.Second, "r1's release failing", func() bool { return failed.Load() > 0 })
 	gone := func() (moved, left int) {
 		for _, id := range ids {
-			if slices.Contains(r1.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
+			if slices.Contains(r1.D.Share().Member().Owned(), ceshare.Partition(id, parts)) {
 				continue
 			}
 			moved++
-			if _, err := r1.D.ledger.Get(id); !errors.Is(err, ledger.ErrNotFound) {
+			if _, err := r1.D.Ledger().Get(id); !errors.Is(err, ledger.ErrNotFound) {
 				left++
 			}
 		}
@@ -77,10 +79,10 @@ func TestReleaseOnAFailingLedgerIsRetried(t *testing.T) {
 		t.Errorf("r1's log while its release failed does not name the CE share write, or names an increment:\n%s", logs)
 	}
 	for _, id := range ids {
-		if !slices.Contains(r1.D.share.Member().Owned(), ceshare.Partition(id, parts)) {
+		if !slices.Contains(r1.D.Share().Member().Owned(), ceshare.Partition(id, parts)) {
 			continue
 		}
-		if _, err := r1.D.ledger.Get(id); err != nil {
+		if _, err := r1.D.Ledger().Get(id); err != nil {
 			t.Errorf("%s, of a partition r1 kept: %v", id, err)
 		}
 	}

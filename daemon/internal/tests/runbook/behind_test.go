@@ -1,4 +1,4 @@
-package daemon
+package runbook
 
 import (
 	"context"
@@ -8,15 +8,17 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/runbooktest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
 // TestRunbookOfRenewalsBehindAndRecordsLost runs the commands of docs/RUNBOOK.md's sections whose
-// state needs the daemon's insides (daemontest.RunbookInDaemon), as TestRunbookCommandsRun
-// (daemon/internal/tests/runbook) runs the others: CfguardRenewalBehind's against a daemon whose
+// state takes a daemon of its own (daemontest.RunbookOwnState), as TestRunbookCommandsRun runs
+// the others: CfguardRenewalBehind's against a daemon whose
 // confirmers are held after a drift lapsed its certificates (behindDaemon), whose backlog empties
 // once they are released; CfguardRecordsLost's against a daemon whose input records were deleted
 // by retention before it read them (lostDaemon).
@@ -26,7 +28,7 @@ func TestRunbookOfRenewalsBehindAndRecordsLost(t *testing.T) {
 	path := daemontest.RunbookPath(t)
 	behind, release := behindDaemon(t)
 	lost, _ := lostDaemon(t)
-	for name := range daemontest.RunbookInDaemon {
+	for name := range daemontest.RunbookOwnState {
 		s := runbooktest.Named(t, path, name)
 		runbooktest.Covered(t, s, daemontest.RunbookChecks[name])
 		switch name {
@@ -46,21 +48,18 @@ func TestRunbookOfRenewalsBehindAndRecordsLost(t *testing.T) {
 	})
 }
 
-// runbookState is a runbook state of a daemon these tests start.
-type runbookState = daemontest.RunbookState[*Daemon]
-
 // behindDaemon is a daemon whose confirmers are held before their first round, as a starved CPU
 // holds them, while flipped records lapse the certificates of its 8 CEs: the renewal backlog
 // stays (CfguardRenewalBehind), its CEs certified with renewal_pending. release lets the
 // confirmers run.
-func behindDaemon(t *testing.T) (st *runbookState, release func()) {
+func behindDaemon(t *testing.T) (st *state, release func()) {
 	t.Helper()
 	held := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(held) }) }
 	t.Cleanup(release)
-	r := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) }), func(o *Options) {
-		o.hooks.confirmRound = func(ctx context.Context) {
+	r := launch.With(t, daemontest.WithSharedVAE(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) }), func(o *daemon.Options) {
+		o.Hooks.ConfirmRound = func(ctx context.Context) {
 			select {
 			case <-held:
 			case <-ctx.Done():
@@ -73,9 +72,9 @@ func behindDaemon(t *testing.T) (st *runbookState, release func()) {
 	waitfor.Cond(t, 60*time.Second, "the drift applied and certificates lapsed, waiting for the confirmers", func() bool {
 		return r.Metric(t, "cfguard_records_total", "result", "applied") == 128 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") > 0
 	})
-	return &runbookState{R: r, Subst: strings.NewReplacer(
+	return &state{R: r, Subst: strings.NewReplacer(
 		"127.0.0.1:8080", r.D.HTTPAddr(),
 		"127.0.0.1:9092", r.D.BrokerAddrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
+		"STATE_DIR", ledger.ShellQuote(r.Config.StateDir),
 	)}, release
 }

@@ -1,4 +1,4 @@
-package daemon
+package runbook
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
@@ -28,7 +29,7 @@ const lostApplied, lostDeleted, lostAfter = 64, 32, 16
 // lostDeleted records stamped an hour ago and lostAfter new ones are produced, and the broker
 // applies its retention; started again, it applies the new ones and counts the others lost.
 // start starts it again on the same state directory.
-func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *broker.Broker, start func() *running) {
+func lostInput(t *testing.T, mutate func(c *config.Config)) (r *launch.Running, b *broker.Broker, start func() *launch.Running) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -39,8 +40,8 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 	}
 	t.Cleanup(b.Close)
 	dir := t.TempDir()
-	start = func() *running {
-		r := startDaemonWith(t, func(c *config.Config) {
+	start = func() *launch.Running {
+		r := launch.With(t, func(c *config.Config) {
 			c.Kafka.Brokers, c.StateDir = b.Addrs(), dir
 			if mutate != nil {
 				mutate(c)
@@ -85,13 +86,13 @@ func lostInput(t *testing.T, mutate func(c *config.Config)) (r *running, b *brok
 }
 
 // lostDaemon is lostInput's single daemon, in the state of CfguardRecordsLost.
-func lostDaemon(t *testing.T) (st *runbookState, start func() *running) {
+func lostDaemon(t *testing.T) (st *state, start func() *launch.Running) {
 	t.Helper()
 	r, b, start := lostInput(t, nil)
-	return &runbookState{R: r, Subst: strings.NewReplacer(
+	return &state{R: r, Subst: strings.NewReplacer(
 		"127.0.0.1:8080", r.D.HTTPAddr(),
 		"127.0.0.1:9092", b.Addrs()[0],
-		"STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir),
+		"STATE_DIR", ledger.ShellQuote(r.Config.StateDir),
 	)}, start
 }
 
@@ -103,7 +104,7 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 	t.Parallel() // mostly waits for the daemon to start, three times
 	st, start := lostDaemon(t)
 	r := st.R
-	check := func(r *running, when string) {
+	check := func(r *launch.Running, when string) {
 		t.Helper()
 		if n := r.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
 			t.Errorf("%s: cfguard_records_lost_total = %v, want %d", when, n, lostDeleted)
@@ -116,8 +117,8 @@ func TestRecordsDeletedUnreadAreCountedOnce(t *testing.T) {
 		if err := json.Unmarshal(body, &m); err != nil {
 			t.Fatal(err)
 		}
-		if m.Counters["lost"] != lostDeleted || m.Counters[counterConsumerLost] != lostDeleted {
-			t.Errorf("%s: /v1/model counters %v, want lost and %s %d", when, m.Counters, counterConsumerLost, lostDeleted)
+		if m.Counters["lost"] != lostDeleted || m.Counters["consumer_lost"] != lostDeleted {
+			t.Errorf("%s: /v1/model counters %v, want lost and %s %d", when, m.Counters, "consumer_lost", lostDeleted)
 		}
 		if m.Offsets["0"] != lostApplied+lostDeleted+lostAfter {
 			t.Errorf("%s: /v1/model offsets %v, want partition 0 at %d", when, m.Offsets, lostApplied+lostDeleted+lostAfter)
@@ -164,7 +165,7 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 	if n := r1.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != lostDeleted {
 		t.Errorf("r1, the updater that read past the loss: cfguard_records_lost_total = %v, want %d", n, lostDeleted)
 	}
-	r2 := startReplicaAt(t, b.Addrs(), "r2", key)
+	r2 := launch.ReplicaAt(t, b.Addrs(), "r2", key)
 	head := r1.View(t).Replication.Entry
 	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.View(t).Replication.Entry >= head })
 	var m struct {
@@ -174,8 +175,8 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 	if err := json.Unmarshal(body, &m); err != nil {
 		t.Fatal(err)
 	}
-	if m.Counters["lost"] != lostDeleted || m.Counters[counterConsumerLost] != 0 {
-		t.Errorf("r2's counters %v, want lost %d (the log's) and no %s", m.Counters, lostDeleted, counterConsumerLost)
+	if m.Counters["lost"] != lostDeleted || m.Counters["consumer_lost"] != 0 {
+		t.Errorf("r2's counters %v, want lost %d (the log's) and no %s", m.Counters, lostDeleted, "consumer_lost")
 	}
 	if n := r2.Metric(t, "cfguard_records_lost_total", "topic", "cfguard.records"); n != 0 {
 		t.Errorf("r2, which replayed the loss from the log: cfguard_records_lost_total = %v, want 0", n)

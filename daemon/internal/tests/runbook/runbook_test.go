@@ -31,11 +31,11 @@ import (
 // a recreated input topic (CfguardTopicReset), a deleted events topic (CfguardOutboxBacklog; the
 // test then creates it and the backlog drains), a daemon whose updates fail
 // (CfguardUpdatesFailing), an address where nothing listens (CfguardDown). The sections whose
-// state needs the daemon's insides are run by the daemon's own tests: CfguardCheckpointFailing's
-// and CfguardIngestStalled's in the child process of TestCheckpointFailureHoldsTheIncrement, whose
-// ledger cannot be written while records wait in the topic (daemontest.RunbookInChild);
-// CfguardRenewalBehind's and CfguardRecordsLost's by TestRunbookOfRenewalsBehindAndRecordsLost
-// (daemontest.RunbookInDaemon); the replicas' by the tests RunbookReplicaSections names. curl,
+// state takes a daemon of its own are run by other tests: CfguardCheckpointFailing's and
+// CfguardIngestStalled's in the child process of TestCheckpointFailureHoldsTheIncrement (package
+// writefail), whose ledger cannot be written while records wait in the topic
+// (daemontest.RunbookInChild); CfguardRenewalBehind's and CfguardRecordsLost's by
+// TestRunbookOfRenewalsBehindAndRecordsLost (daemontest.RunbookOwnState); the replicas' by the tests RunbookReplicaSections names. curl,
 // kcat, jq and df run for real; the test skips when one is missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	t.Parallel() // mostly waits for its daemons to reach their states and for the commands
@@ -59,9 +59,9 @@ func TestRunbookCommandsRun(t *testing.T) {
 		runbooktest.Covered(t, s, checks)
 		switch {
 		case daemontest.RunbookInChild[s.Name]:
-			t.Logf("%s: run by the daemon's TestCheckpointFailureChild, in the alert's state", s.Name)
-		case daemontest.RunbookInDaemon[s.Name]:
-			t.Logf("%s: run by the daemon's TestRunbookOfRenewalsBehindAndRecordsLost, in the alert's state", s.Name)
+			t.Logf("%s: run by TestCheckpointFailureChild (package writefail), in the alert's state", s.Name)
+		case daemontest.RunbookOwnState[s.Name]:
+			t.Logf("%s: run by TestRunbookOfRenewalsBehindAndRecordsLost, in the alert's state", s.Name)
 		default:
 			run = append(run, s)
 		}

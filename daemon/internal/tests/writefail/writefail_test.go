@@ -1,4 +1,4 @@
-package daemon
+package writefail
 
 import (
 	"bufio"
@@ -18,7 +18,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/broker"
@@ -36,7 +38,7 @@ const fsizeChildEnv = "CFGUARD_DAEMON_FSIZE_CHILD"
 // mounting a small tmpfs needs root. The limit applies to the whole process, so the broker here
 // keeps its log in memory (an external broker for the daemon) and only the daemon's files are on
 // disk. It returns the daemon, its broker and the limit before the test lowers it.
-func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*running, *broker.Broker, syscall.Rlimit) {
+func fsizeChild(t *testing.T, value, parent string, opts func(o *daemon.Options)) (*launch.Running, *broker.Broker, syscall.Rlimit) {
 	t.Helper()
 	if os.Getenv(fsizeChildEnv) != value {
 		t.Skip("child process of " + parent)
@@ -47,7 +49,7 @@ func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*run
 		t.Fatal(err)
 	}
 	b := daemontest.StartCluster(t, 1)
-	r := startDaemonWith(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() }, opts, nil)
+	r := launch.With(t, func(c *config.Config) { c.Kafka.Brokers = b.Addrs() }, opts, nil)
 	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	return r, b, orig
 }
@@ -57,7 +59,7 @@ func fsizeChild(t *testing.T, value, parent string, opts func(o *Options)) (*run
 func TestCheckpointFailureChild(t *testing.T) {
 	// Its failed attempts are failed commits, which /readyz reports for ledgerFailureHold after
 	// the last: a second here, so that the test sees it ready soon after the recovery.
-	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", func(o *Options) { o.hooks.ledgerFailureHold = time.Second })
+	r, b, orig := fsizeChild(t, "1", "TestCheckpointFailureHoldsTheIncrement", func(o *daemon.Options) { o.Hooks.LedgerFailureHold = time.Second })
 	data := daemontest.Bundled(t)
 	sent := 0
 	produce := func(n int) { // n good records (whole increments of 32)
@@ -69,13 +71,13 @@ func TestCheckpointFailureChild(t *testing.T) {
 		r.Produce(t, vals...)
 	}
 	applied := func() int64 {
-		st, err := r.D.ledger.State()
+		st, err := r.D.Ledger().State()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return st.Applied
 	}
-	v0 := r.D.current().Version
+	v0 := r.D.Posterior().Version
 	produce(64)
 	waitfor.Cond(t, 30*time.Second, "64 applied records", func() bool { return applied() == 64 })
 
@@ -83,7 +85,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// with EFBIG (RLIMIT_FSIZE applies to the offset written, not only to growth). A limit at the
 	// file's size is not enough: bbolt reuses free pages, and a steady stream of checkpoints
 	// needs no new ones (tried: 1824 records applied under it).
-	path := filepath.Join(r.D.cfg.StateDir, ledger.FileName)
+	path := filepath.Join(r.Config.StateDir, ledger.FileName)
 	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
@@ -119,13 +121,13 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// A registration meanwhile is refused with 503 and a Retry-After, nothing stored: the client
 	// retries later, as for any unavailable service (not a 500, which says the request was bad
 	// for the server).
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.Posterior(), data, 400, 1)
 	reg, _ := json.Marshal(map[string]any{"id": "during-outage", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
 	resp, rbody := r.RawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("registration while the ledger cannot be written: %d (Retry-After %q) %s, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), rbody)
 	}
-	if _, err := r.D.ledger.Get("during-outage"); !errors.Is(err, ledger.ErrNotFound) {
+	if _, err := r.D.Ledger().Get("during-outage"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("the refused registration: Get says %v, want not found", err)
 	}
 	held := applied()
@@ -142,7 +144,7 @@ func TestCheckpointFailureChild(t *testing.T) {
 	})
 	// The runbook's commands for a ledger that cannot be written, as written, in that state.
 	if runbooktest.Tools(t, true) {
-		st := &runbookState{R: r, Subst: strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))}
+		st := &daemontest.RunbookState[*daemon.Daemon]{R: r, Subst: strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.Config.StateDir))}
 		for name := range daemontest.RunbookInChild {
 			st.Run(t, runbooktest.Named(t, daemontest.RunbookPath(t), name))
 		}
@@ -155,12 +157,12 @@ func TestCheckpointFailureChild(t *testing.T) {
 	// fails. The commits run in the background: wait for them to reach the durable offset.
 	var committed, durable int64
 	waitfor.Cond(t, 10*time.Second, "the group's commits to reach the ledger's durable offset", func() bool {
-		durable = ledgerOffset(t, r.D.ledger.Offsets)
-		committed = groupCommitted(t, b.Addrs(), r.D.cfg.Kafka.GroupID, r.D.cfg.Kafka.Topic)
+		durable = ledgerOffset(t, r.D.Ledger().Offsets)
+		committed = groupCommitted(t, b.Addrs(), r.Config.Kafka.GroupID, r.Config.Kafka.Topic)
 		return committed >= durable
 	})
 	if committed != durable {
-		t.Fatalf("the group %q committed offset %d while the ledger's durable offset is %d: offsets were committed before their checkpoint was durable", r.D.cfg.Kafka.GroupID, committed, durable)
+		t.Fatalf("the group %q committed offset %d while the ledger's durable offset is %d: offsets were committed before their checkpoint was durable", r.Config.Kafka.GroupID, committed, durable)
 	}
 	if n := strings.Count(r.Logs.String(), "checkpoint could not be written"); n != 1 {
 		t.Fatalf("%d ERROR lines for one episode of failed checkpoints, want 1:\n%s", n, r.Logs.String())
@@ -174,9 +176,9 @@ func TestCheckpointFailureChild(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "every record applied after the disk has space again", func() bool { return applied() == int64(sent) })
 	waitfor.Cond(t, 10*time.Second, "readyz again", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 	waitfor.Cond(t, 10*time.Second, "the group's commits to catch up", func() bool {
-		return groupCommitted(t, b.Addrs(), r.D.cfg.Kafka.GroupID, r.D.cfg.Kafka.Topic) == int64(sent)
+		return groupCommitted(t, b.Addrs(), r.Config.Kafka.GroupID, r.Config.Kafka.Topic) == int64(sent)
 	})
-	st, err := r.D.ledger.State()
+	st, err := r.D.Ledger().State()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,9 +302,9 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	// ledgerFailureHold in this test: half the default, and long enough that the checks after a
 	// failure (a readyz, the metrics, the runbook's commands) run within it on a busy machine.
 	const hold = 30 * time.Second
-	r, _, orig := fsizeChild(t, "quiet", "TestFailedRegistrationOnAQuietDaemon", func(o *Options) { o.hooks.ledgerFailureHold = hold })
+	r, _, orig := fsizeChild(t, "quiet", "TestFailedRegistrationOnAQuietDaemon", func(o *daemon.Options) { o.Hooks.LedgerFailureHold = hold })
 	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.Posterior(), data, 400, 1)
 	reg, _ := json.Marshal(map[string]any{"id": "quiet", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
 
 	// Every commit fails: a limit of one page leaves bbolt's first meta page writable and nothing
@@ -311,7 +313,7 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(r.D.cfg.StateDir, ledger.FileName)
+	path := filepath.Join(r.Config.StateDir, ledger.FileName)
 	for i := range 2 { // a client sending it again meets the same refusal, and /readyz says so
 		resp, rbody := r.RawDo(t, "POST", "/v1/counterfactuals", string(reg), nil)
 		if resp.StatusCode != http.StatusServiceUnavailable {
@@ -337,7 +339,7 @@ func TestQuietLedgerFailureChild(t *testing.T) {
 	}
 	// The runbook's commands, as written, show it.
 	if runbooktest.Tools(t, true) {
-		subst := strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.D.cfg.StateDir))
+		subst := strings.NewReplacer("127.0.0.1:8080", r.D.HTTPAddr(), "STATE_DIR", ledger.ShellQuote(r.Config.StateDir))
 		runbooktest.Run(t, runbooktest.Named(t, daemontest.RunbookPath(t), "CfguardCheckpointFailing"), []runbooktest.Check{
 			{Cmd: "/readyz", Want: `a commit to the ledger cfguard\.db failed .* ago, at .*file too large`},
 			{Cmd: "df -h", Want: `(?s)Filesystem.*\n.*%`},

@@ -1,0 +1,44 @@
+// Package hooks holds the points at which a test steps into a running daemon: callbacks called
+// at a moment of its work, to hold it there as a starved CPU or a slow group would, or to act
+// there as a concurrent client can; and shorter waits than a daemon's own. The daemon takes them
+// from daemon.Options.Hooks; only packages under daemon can import this one, so a program
+// outside them leaves that field zero, and the zero Set is a daemon's normal behaviour.
+package hooks
+
+import (
+	"context"
+	"time"
+)
+
+// Set is the hooks of one daemon; nil callbacks are not called, zero durations are the daemon's
+// own.
+type Set struct {
+	// Registered is called when a single daemon's registration stored its CE, before its answer
+	// reads the CE back: a test deletes it there, as a concurrent DELETE can.
+	Registered func(id string)
+	// ConfirmRound is called by each confirmer lane before each of its rounds.
+	ConfirmRound func(ctx context.Context)
+	// CEGeneration is called with each CE group generation's assignment before this replica
+	// takes it up (ceshare.MemberConfig.OnGeneration).
+	CEGeneration func(ctx context.Context, generation int32, assigned []int)
+	// AuditBatchDone is called after each batch an audit writes, with the CEs evaluated so far:
+	// a test holds an audit between its batches there.
+	AuditBatchDone func(done, total int)
+	// AuditPoolReady is called when an audit has its networks, before the ledger reads its
+	// first batch: a test promotes posteriors there, as busy ingestion does.
+	AuditPoolReady func(ctx context.Context, version uint64)
+	// FollowCommit is called by a replica's follower before it commits the entry that makes
+	// version current: a test holds the follower there, as a starved one would be.
+	FollowCommit func(ctx context.Context, version uint64)
+	// ShareAwait is called when a batch of CE requests waits for the posterior version it
+	// needs (cluster.Share.Apply), before it waits.
+	ShareAwait func(version uint64)
+	// AuditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2
+	// minutes).
+	AuditRebuildWait time.Duration
+	// LedgerFailureHold, when set, replaces how long the daemon holds a failing ledger before it
+	// stops (a test does not wait a minute).
+	LedgerFailureHold time.Duration
+	// LedgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
+	LedgerAfterCommit func() error
+}
