@@ -34,6 +34,10 @@ func TestOpenAPIDescribesReplicaAnswers(t *testing.T) {
 		}
 	}
 	c.Send("GET", "/v1/counterfactuals?limit=10", "", nil, "", 200)
+	// A CE no owner holds: the owner that answered is named in the 404 too.
+	if _, h, _ := c.Send("GET", "/v1/counterfactuals/nope", "", nil, "", 404); h.Get("Cfguard-Replica") != "r1" {
+		t.Errorf("GET /v1/counterfactuals/nope at a replica: Cfguard-Replica %q, want r1", h.Get("Cfguard-Replica"))
+	}
 	c.Send("POST", "/v1/audit", "", nil, "{}", 200)
 	c.Send("GET", "/v1/audit", "", nil, "", 200)
 	// Without a token, what a web page may send is 403, as the spec says of every operation.
