@@ -25,8 +25,8 @@ const listBenchCEs = 1800
 
 // BenchmarkClusterList measures what a page of GET /v1/counterfactuals costs on replicas against
 // what it costs at one ledger, in one run. Three replicas run in one process against the
-// in-process broker (as TestListsAndAuditsCoverTheCluster starts them), with listBenchCEs CEs
-// registered round-robin at the three and stored by their owners. For each limit it measures
+// in-process broker (as TestListsAndAuditsCoverTheCluster in daemon/internal/tests/owners starts
+// them), with listBenchCEs CEs registered round-robin at the three and stored by their owners. For each limit it measures
 // three ways of reading the first page at r1, one page per op:
 //
 //   - ledger: r1's ledger.List in process (the bbolt read the other two start from);

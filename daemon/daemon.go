@@ -63,9 +63,10 @@ type Options struct {
 	// (the tests train it once per process, not once per daemon).
 	BundledModel func() (*bnn.Model, error)
 
-	// Hooks are set by the daemon's tests only (package hooks is internal to daemon); the zero
-	// value is a daemon's normal behaviour.
-	Hooks hooks.Set
+	// Hooks, when set, are the points at which a test steps into the daemon (package hooks is
+	// internal to daemon, so only code under daemon can make a Set); nil is a daemon's normal
+	// behaviour.
+	Hooks *hooks.Set
 }
 
 // Daemon is a running cfguard. Its exported methods are safe for concurrent use.
@@ -81,7 +82,7 @@ type Daemon struct {
 	policy  certify.Policy
 	budget  float64 // KL budget of one update, (0.5 - delta)^2 / 2
 
-	hooks hooks.Set // Options.Hooks; the audit's set by tests before an audit starts
+	hooks hooks.Set // *Options.Hooks; the audit's set by tests before an audit starts
 	// bundledModel is Options.BundledModel.
 	bundledModel func() (*bnn.Model, error)
 
@@ -329,8 +330,11 @@ func newDaemon(opts Options) (*Daemon, error) {
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
-		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(), hooks: opts.Hooks,
+		httpLn: opts.HTTPListener, brokerLn: opts.BrokerListener, front: newFront(),
 		bundledModel: opts.BundledModel}
+	if opts.Hooks != nil {
+		d.hooks = *opts.Hooks
+	}
 	reg.MustRegister(alerts.NewStateCollector(d.budget, d.metricsState))
 	d.requests = alerts.NewRequestMetrics(reg)
 	d.quality = newPrequential(alerts.NewQualityMetrics(reg))

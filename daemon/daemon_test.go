@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/hooks"
 
 	"github.com/cfguard/cfguard/config"
 )
@@ -37,7 +38,7 @@ func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *O
 	c := daemontest.Config(t, mutate)
 	bundledModel := daemontest.BundledModelOf(t, &c)
 	return daemontest.StartWith(t, c, client, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *Daemon) error {
-		o := Options{Config: c, Logger: log, Registry: reg, Ready: ready, BundledModel: bundledModel}
+		o := Options{Config: c, Logger: log, Registry: reg, Ready: ready, BundledModel: bundledModel, Hooks: &hooks.Set{}}
 		if opts != nil {
 			opts(&o)
 		}

@@ -255,5 +255,3 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	sort.Strings(codes)
 	t.Logf("checked %d (route, status) answers against docs/openapi.yaml: %s", len(codes), strings.Join(codes, ", "))
 }
-
-// A replica's answers that differ from a single daemon's (the replication block of /v1/model,

@@ -1,8 +1,9 @@
 // Package hooks holds the points at which a test steps into a running daemon: callbacks called
 // at a moment of its work, to hold it there as a starved CPU or a slow group would, or to act
 // there as a concurrent client can; and shorter waits than a daemon's own. The daemon takes them
-// from daemon.Options.Hooks; only packages under daemon can import this one, so a program
-// outside them leaves that field zero, and the zero Set is a daemon's normal behaviour.
+// from daemon.Options.Hooks, a *Set; only packages under daemon can import this one, so only
+// they can make one, and a program outside them leaves that field nil: a daemon's normal
+// behaviour.
 package hooks
 
 import (
@@ -36,8 +37,8 @@ type Set struct {
 	// AuditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2
 	// minutes).
 	AuditRebuildWait time.Duration
-	// LedgerFailureHold, when set, replaces how long the daemon holds a failing ledger before it
-	// stops (a test does not wait a minute).
+	// LedgerFailureHold, when set, replaces how long /readyz and cfguard_ledger_write_failing
+	// report a failed ledger commit after the last one (a minute: a test does not wait that long).
 	LedgerFailureHold time.Duration
 	// LedgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
 	LedgerAfterCommit func() error

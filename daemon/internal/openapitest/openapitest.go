@@ -323,7 +323,8 @@ func DecodeJSONNumbers(t testing.TB, b []byte) any {
 
 // Conformance sends requests to a running daemon and checks each answer against the operation
 // docs/openapi.yaml gives for its route: the status code is documented, the documented
-// headers are there (and Retry-After and ETag are documented when sent), the content type is
+// headers are there (and every header it sends of its own, Cfguard-*, or that tells a client what
+// to do, Retry-After, ETag and WWW-Authenticate, is documented), the content type is
 // one documented, and a JSON body fits its schema.
 type Conformance struct {
 	t     testing.TB
@@ -368,14 +369,14 @@ func (c *Conformance) route(method, path string) string {
 	return ""
 }
 
-// send makes the request and checks the answer; it returns the status, headers and body.
+// Send makes the request and checks the answer; it returns the status, headers and body.
 func (c *Conformance) Send(method, path, token string, header map[string]string, body string, want int) (int, http.Header, []byte) {
 	c.t.Helper()
 	code, h, _, b := c.SendTrailer(method, path, token, header, body, want)
 	return code, h, b
 }
 
-// sendTrailer is send that also returns the response's trailers.
+// SendTrailer is Send that also returns the response's trailers.
 func (c *Conformance) SendTrailer(method, path, token string, header map[string]string, body string, want int) (int, http.Header, http.Header, []byte) {
 	t := c.t
 	t.Helper()

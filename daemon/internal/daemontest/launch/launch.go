@@ -15,6 +15,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/hooks"
 )
 
 // Running is a daemon a test started.
@@ -42,14 +43,14 @@ func NoWait(t testing.TB, mutate func(c *config.Config)) *Running {
 }
 
 // With starts a daemon on daemontest.Config(t, mutate) with Options set by opts (after the
-// test's own: the shared model for a replica) and, when client is not nil, speaks TLS to it with
+// test's own: the shared model for a replica, and an empty Hooks for opts to fill in) and, when client is not nil, speaks TLS to it with
 // client; it does not wait for readiness.
 func With(t testing.TB, mutate func(c *config.Config), opts func(o *daemon.Options), client *http.Client) *Running {
 	t.Helper()
 	c := daemontest.Config(t, mutate)
 	bundledModel := daemontest.BundledModelOf(t, &c)
 	return daemontest.StartWith(t, c, client, func(ctx context.Context, c *config.Config, log *slog.Logger, reg *prometheus.Registry, ready chan<- *daemon.Daemon) error {
-		o := daemon.Options{Config: c, Logger: log, Registry: reg, Ready: ready, BundledModel: bundledModel}
+		o := daemon.Options{Config: c, Logger: log, Registry: reg, Ready: ready, BundledModel: bundledModel, Hooks: &hooks.Set{}}
 		if opts != nil {
 			opts(&o)
 		}

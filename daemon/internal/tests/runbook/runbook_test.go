@@ -35,8 +35,9 @@ import (
 // CfguardIngestStalled's in the child process of TestCheckpointFailureHoldsTheIncrement (package
 // writefail), whose ledger cannot be written while records wait in the topic
 // (daemontest.RunbookInChild); CfguardRenewalBehind's and CfguardRecordsLost's by
-// TestRunbookOfRenewalsBehindAndRecordsLost (daemontest.RunbookOwnState); the replicas' by the tests RunbookReplicaSections names. curl,
-// kcat, jq and df run for real; the test skips when one is missing unless CFGUARD_REQUIRE_TOOLS=1.
+// TestRunbookOfRenewalsBehindAndRecordsLost (daemontest.RunbookOwnState); the replicas' by the
+// tests RunbookReplicaSections names. curl, kcat, jq and df run for real; the test skips when
+// one is missing unless CFGUARD_REQUIRE_TOOLS=1.
 func TestRunbookCommandsRun(t *testing.T) {
 	t.Parallel() // mostly waits for its daemons to reach their states and for the commands
 	runbooktest.Tools(t, false)
