@@ -31,8 +31,8 @@ func startNoWait(t testing.TB, mutate func(c *config.Config)) *running {
 }
 
 // startDaemonWith starts a daemon on daemontest.Config(t, mutate) with Options set by opts
-// (after the test's own: the shared model for a replica) and, when client is not nil, speaks TLS
-// to it with client; it does not wait for readiness.
+// (after the test's own: the shared model for a replica, and an empty Hooks for opts to fill in)
+// and, when client is not nil, speaks TLS to it with client; it does not wait for readiness.
 func startDaemonWith(t testing.TB, mutate func(c *config.Config), opts func(o *Options), client *http.Client) *running {
 	t.Helper()
 	c := daemontest.Config(t, mutate)

@@ -75,7 +75,7 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 	// r1 again: a new writer, which applies the dead writer's entries and claims after them.
 	r = startDaemonWith(t, cfg, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 claims after the dead writer and publishes its event", func() bool {
-		v := r.View(t)
+		v := r.Model(t)
 		return v.Replication.Updater && v.Replication.Term == h.Term+2 && r.Metric(t, "cfguard_events_pending") == 0 &&
 			r.Metric(t, "cfguard_posterior_events_republished_total") > 0
 	})

@@ -3,10 +3,8 @@ package daemontest
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,45 +24,18 @@ import (
 	"github.com/cfguard/cfguard/stream"
 )
 
-// ReplicaView is what GET /v1/model says of a replica's place in the posterior log.
-type ReplicaView struct {
-	Version     uint64 `json:"posterior_version"`
-	Replication struct {
-		Writer  string        `json:"writer"`
-		Updater bool          `json:"updater"`
-		Entry   uint64        `json:"entry"`
-		Term    uint64        `json:"term"`
-		SHA     string        `json:"posterior_sha256"`
-		Covers  map[int]int64 `json:"covers"`
-	} `json:"replication"`
-}
-
-// View reads GET /v1/model.
-func (r *Running[S]) View(t testing.TB) ReplicaView {
-	t.Helper()
-	code, body := r.Get(t, "/v1/model")
-	if code != http.StatusOK {
-		t.Fatalf("GET /v1/model: %d %s", code, body)
-	}
-	var v ReplicaView
-	if err := json.Unmarshal(body, &v); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // Views reads GET /v1/model of each replica.
-func Views[S Server](t testing.TB, reps []*Running[S]) []ReplicaView {
+func Views[S Server](t testing.TB, reps []*Running[S]) []ModelView {
 	t.Helper()
-	vs := make([]ReplicaView, len(reps))
+	vs := make([]ModelView, len(reps))
 	for i, r := range reps {
-		vs[i] = r.View(t)
+		vs[i] = r.Model(t)
 	}
 	return vs
 }
 
 // ProgressOf says where each replica is: what a wait on their work (waitfor.Progress) watches.
-func ProgressOf(vs []ReplicaView) string {
+func ProgressOf(vs []ModelView) string {
 	var b strings.Builder
 	for _, v := range vs {
 		fmt.Fprintf(&b, "updater %v, term %d, entry %d, version %d; ", v.Replication.Updater, v.Replication.Term, v.Replication.Entry, v.Version)

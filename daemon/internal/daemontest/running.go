@@ -357,7 +357,8 @@ func (r *Running[S]) WaitResetReported(t testing.TB, what string) {
 	})
 }
 
-// ModelView is what GET /v1/model reports of the posterior and the ledger beside it.
+// ModelView is what GET /v1/model reports of the posterior, the ledger beside it and, on a
+// replica, its place in the posterior log.
 type ModelView struct {
 	Version uint64           `json:"posterior_version"`
 	Applied int64            `json:"applied"`
@@ -365,6 +366,14 @@ type ModelView struct {
 	History []struct {
 		Version uint64 `json:"posterior_version"`
 	} `json:"kl_history"`
+	Replication struct {
+		Writer  string        `json:"writer"`
+		Updater bool          `json:"updater"`
+		Entry   uint64        `json:"entry"`
+		Term    uint64        `json:"term"`
+		SHA     string        `json:"posterior_sha256"`
+		Covers  map[int]int64 `json:"covers"`
+	} `json:"replication"`
 }
 
 // Model reads GET /v1/model, failing t unless it answers 200 with JSON.

@@ -447,11 +447,11 @@ func (c *Conformance) SendTrailer(method, path, token string, header map[string]
 // watched reports whether a response header must be documented when sent: the daemon's own
 // (Cfguard-*) and those that tell a client what to do (Retry-After, ETag, WWW-Authenticate).
 func watched(name string) bool {
-	switch http.CanonicalHeaderKey(name) {
+	switch name = http.CanonicalHeaderKey(name); name {
 	case "Retry-After", "Etag", "Www-Authenticate":
 		return true
 	}
-	return strings.HasPrefix(http.CanonicalHeaderKey(name), "Cfguard-")
+	return strings.HasPrefix(name, "Cfguard-")
 }
 
 // documented reports whether headers (a response's, from the document) lists name, in any case.

@@ -43,8 +43,8 @@ func NoWait(t testing.TB, mutate func(c *config.Config)) *Running {
 }
 
 // With starts a daemon on daemontest.Config(t, mutate) with Options set by opts (after the
-// test's own: the shared model for a replica, and an empty Hooks for opts to fill in) and, when client is not nil, speaks TLS to it with
-// client; it does not wait for readiness.
+// test's own: the shared model for a replica, and an empty Hooks for opts to fill in) and, when
+// client is not nil, speaks TLS to it with client; it does not wait for readiness.
 func With(t testing.TB, mutate func(c *config.Config), opts func(o *daemon.Options), client *http.Client) *Running {
 	t.Helper()
 	c := daemontest.Config(t, mutate)

@@ -61,10 +61,10 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	reps := []*launch.Running{r1, r2, r3}
 	data := daemontest.Bundled(t)
 	produced := 0
-	agree := func() daemontest.ReplicaView {
-		var first daemontest.ReplicaView
+	agree := func() daemontest.ModelView {
+		var first daemontest.ModelView
 		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
-			first = reps[0].View(t)
+			first = reps[0].Model(t)
 			covered := int64(0)
 			for _, to := range first.Replication.Covers {
 				covered += to
@@ -73,7 +73,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 				return false
 			}
 			for _, r := range reps[1:] {
-				if v := r.View(t); v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA {
+				if v := r.Model(t); v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA {
 					return false
 				}
 			}
@@ -100,7 +100,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 
 	var updater *launch.Running
 	for _, r := range reps {
-		if r.View(t).Replication.Updater {
+		if r.Model(t).Replication.Updater {
 			updater = r
 		}
 	}
@@ -201,7 +201,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	})
 	for i, r := range reps {
 		name := fmt.Sprintf("r%d", i+1)
-		v := r.View(t)
+		v := r.Model(t)
 		if v.Replication.Writer == "evil/deadbeef" || v.Replication.Term != after.Replication.Term {
 			t.Errorf("%s: writer %s term %d", name, v.Replication.Writer, v.Replication.Term)
 		}
@@ -296,7 +296,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 	// Nor does a replica that followed the log restart with another key.
 	var follower *launch.Running
 	for _, r := range reps {
-		if !r.View(t).Replication.Updater {
+		if !r.Model(t).Replication.Updater {
 			follower = r
 		}
 	}

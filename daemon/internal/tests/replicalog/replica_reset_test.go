@@ -30,8 +30,8 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	r := launch.ReplicaKey(t, b, "r1", key)
 	data := daemontest.Bundled(t)
 	n := daemontest.ProduceRows(t, r, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
-	before := r.View(t)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
+	before := r.Model(t)
 
 	generations := r.Metric(t, "cfguard_updater_group_generations_total")
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
@@ -47,7 +47,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 	if g := r.Metric(t, "cfguard_updater_group_generations_total") - generations; g > 10 {
 		t.Errorf("the updater group went through %v generations while the log was short; want the updater to keep its own", g)
 	}
-	after := r.View(t)
+	after := r.Model(t)
 	if after.Version != before.Version || after.Replication.Entry != before.Replication.Entry || after.Replication.SHA != before.Replication.SHA {
 		t.Errorf("after the reset the replica serves version %d entry %d (%s); want what it had: version %d entry %d (%s)",
 			after.Version, after.Replication.Entry, after.Replication.SHA, before.Version, before.Replication.Entry, before.Replication.SHA)
@@ -64,7 +64,7 @@ func TestPosteriorLogRecreatedStopsTheReplicas(t *testing.T) {
 		!strings.Contains(err.Error(), "lost its start") {
 		t.Errorf("a replica starting on the recreated log: Run = %v; want a refusal naming the topic and its lost start", err)
 	}
-	if r.View(t).Replication.Entry != before.Replication.Entry {
+	if r.Model(t).Replication.Entry != before.Replication.Entry {
 		t.Error("the stopped replica applied an entry of the recreated log")
 	}
 
@@ -116,7 +116,7 @@ func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
 	b := daemontest.StartCluster(t, 1)
 	r := launch.Replica(t, b, "r1")
 	n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
 	head := r.D.Replica().Head()
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 	for i := int64(0); i <= head.Offset+2; i++ {
@@ -188,7 +188,7 @@ func TestStoppedReplicaSeesItsLogRecreated(t *testing.T) {
 			b := daemontest.StartCluster(t, 1)
 			r := launch.Replica(t, b, "r1")
 			n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
-			waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
+			waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
 			head := r.D.Replica().Head()
 			newer := daemontest.ClaimOn(head, "r9/newer")
 			newer.Format = postlog.Format + 1

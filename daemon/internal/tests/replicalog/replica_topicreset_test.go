@@ -37,8 +37,8 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	r := start()
 	data := daemontest.Bundled(t)
 	daemontest.ProduceRows(t, r, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.View(t).Replication.Covers[0] == 64 })
-	before := r.View(t)
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r.Model(t).Replication.Covers[0] == 64 })
+	before := r.Model(t)
 
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
 	daemontest.ProduceRows(t, r, data, 64, 96)
@@ -49,7 +49,7 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
 				r.Metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.Metric(t, "cfguard_consumer_lag_records") == 96
 		})
-		if v := r.View(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
+		if v := r.Model(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
 			t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",
 				what, v.Replication.Covers, v.Version, before.Version)
 		}
@@ -72,7 +72,7 @@ func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b, key, r1, data := replicaCovering64(t)
-	v1 := r1.View(t)
+	v1 := r1.Model(t)
 
 	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.records", 1)
 	daemontest.ProduceRows(t, r1, data, 64, 40)
@@ -82,7 +82,7 @@ func TestReplicaStartedAfterAShorterInputIsNotReady(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "the posterior log's newest entry past this replica's head is refused") &&
 			strings.Contains(string(body), "it covers partition 0 to offset 64, and the partition ends at 40")
 	})
-	if v := r2.View(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
+	if v := r2.Model(t); v.Version >= v1.Version || v.Replication.Covers[0] != 32 {
 		t.Errorf("r2 serves version %d covering %v, want a version older than r1's %d, covering 32", v.Version, v.Replication.Covers, v1.Version)
 	}
 }
@@ -124,9 +124,9 @@ func TestReplicaStartedAfterARefusedEntryIsReadyAtTheNext(t *testing.T) {
 	// Each replica's follower applies the updater's entries on its own: r2 may be ahead of r1,
 	// the updater, which trusts its entry once its own follower read it back, or both may be at
 	// an entry before the one that covers the last record.
-	var v1, v2 daemontest.ReplicaView
+	var v1, v2 daemontest.ModelView
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 on one head covering every record produced", func() bool {
-		v1, v2 = r1.View(t), r2.View(t)
+		v1, v2 = r1.Model(t), r2.Model(t)
 		return v1.Replication.Covers[0] == int64(n) && v2.Replication.Covers[0] == int64(n)
 	})
 	if v2.Replication.SHA != v1.Replication.SHA || v2.Replication.Entry != v1.Replication.Entry {
@@ -144,6 +144,6 @@ func replicaCovering64(t *testing.T) (*broker.Broker, string, *launch.Running, *
 	r1 := launch.ReplicaKey(t, b, "r1", key)
 	data := daemontest.Bundled(t)
 	daemontest.ProduceRows(t, r1, data, 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.View(t).Replication.Covers[0] == 64 })
+	waitfor.Cond(t, 60*time.Second, "the log covers 64 records", func() bool { return r1.Model(t).Replication.Covers[0] == 64 })
 	return b, key, r1, data
 }

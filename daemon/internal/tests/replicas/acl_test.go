@@ -177,7 +177,7 @@ func TestDocumentedACLsRunReplicasAndFenceOthers(t *testing.T) {
 	}
 	w.Close()
 	waitfor.Cond(t, 90*time.Second, "both replicas on one head covering every record", func() bool {
-		a, b := reps[0].View(t), reps[1].View(t)
+		a, b := reps[0].Model(t), reps[1].Model(t)
 		covered := int64(0)
 		for _, to := range a.Replication.Covers {
 			covered += to

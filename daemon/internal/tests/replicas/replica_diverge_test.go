@@ -27,8 +27,8 @@ func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	r := launch.ReplicaKey(t, b, "r1", key)
 	n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
-	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.View(t).Replication.Covers[0] == int64(n) })
-	before := r.View(t)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
+	before := r.Model(t)
 
 	h := r.D.Replica().Head()
 	skipped := func(seq uint64, parent string) *postlog.Entry {
@@ -62,7 +62,7 @@ func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 			t.Errorf("/readyz does not say %q: %s", want, body)
 		}
 	}
-	if after := r.View(t); after.Version != before.Version || after.Replication.Entry != before.Replication.Entry {
+	if after := r.Model(t); after.Version != before.Version || after.Replication.Entry != before.Replication.Entry {
 		t.Errorf("the stopped replica serves version %d entry %d; want what it verified: version %d entry %d",
 			after.Version, after.Replication.Entry, before.Version, before.Replication.Entry)
 	}
@@ -84,6 +84,6 @@ func TestReplicaOffAnEntryTheLogExtendsStops(t *testing.T) {
 		Past: &postlog.Past{Offset: childOffset, SHA256: childHash}})
 	waitfor.Cond(t, 60*time.Second, "the replica resumed from the epoch", func() bool {
 		code, _ := r.Get(t, "/readyz")
-		return code == http.StatusOK && r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.View(t).Replication.Entry == h.Seq+1
+		return code == http.StatusOK && r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.Model(t).Replication.Entry == h.Seq+1
 	})
 }

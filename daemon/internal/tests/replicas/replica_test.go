@@ -40,10 +40,10 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	data := daemontest.Bundled(t)
 	produced := 0
 	produce := func(n int) { produced = daemontest.ProduceRows(t, reps[0], data, produced, n) }
-	agree := func(live []*launch.Running) daemontest.ReplicaView {
-		var first daemontest.ReplicaView
+	agree := func(live []*launch.Running) daemontest.ModelView {
+		var first daemontest.ModelView
 		waitfor.Cond(t, 90*time.Second, "replicas agree on a head covering every record", func() bool {
-			first = live[0].View(t)
+			first = live[0].Model(t)
 			covered := int64(0)
 			for _, to := range first.Replication.Covers {
 				covered += to
@@ -52,7 +52,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 				return false
 			}
 			for _, r := range live[1:] {
-				v := r.View(t)
+				v := r.Model(t)
 				if v.Replication.Entry != first.Replication.Entry || v.Replication.SHA != first.Replication.SHA || v.Version != first.Version {
 					return false
 				}
@@ -61,7 +61,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 		})
 		updaters := 0
 		for _, r := range live {
-			if r.View(t).Replication.Updater {
+			if r.Model(t).Replication.Updater {
 				updaters++
 			}
 		}
@@ -86,7 +86,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	})
 	// The web UI's overview shows each replica's place in the cluster as GET /v1/model does.
 	for _, r := range reps {
-		v := r.View(t)
+		v := r.Model(t)
 		_, page := r.Get(t, "/ui/")
 		for _, want := range []string{"<dt>this replica</dt><dd>" + v.Replication.Writer + "</dd>",
 			fmt.Sprintf("<dt>the updater (writes the posterior log)</dt><dd>%v</dd>", v.Replication.Updater),
@@ -163,7 +163,7 @@ func TestReplicasShareOnePosterior(t *testing.T) {
 	// The updater leaves (SIGTERM's path): another claims the next term and goes on.
 	var updater int
 	for i, r := range reps {
-		if r.View(t).Replication.Updater {
+		if r.Model(t).Replication.Updater {
 			updater = i
 		}
 	}
@@ -245,7 +245,7 @@ func TestUpdaterThatLosesStepsDown(t *testing.T) {
 		return done, fmt.Sprintf("covers %d; %s", covered, daemontest.ProgressOf(vs))
 	})
 	for _, r := range reps {
-		if w := r.View(t).Replication.Writer; w == "rival/1" {
+		if w := r.Model(t).Replication.Writer; w == "rival/1" {
 			t.Errorf("a replica reports the rival as its writer")
 		}
 	}
@@ -304,7 +304,7 @@ func TestUpdaterRoleStaysThroughJoins(t *testing.T) {
 		})
 	}
 	for i, r := range reps {
-		if v := r.View(t); v.Replication.Term != 1 || r.D.Replica().Updater() != (i == 0) {
+		if v := r.Model(t); v.Replication.Term != 1 || r.D.Replica().Updater() != (i == 0) {
 			t.Errorf("r%d: term %d, updater %v; want term 1 (r1's one claim), r1 the updater", i+1, v.Replication.Term, r.D.Replica().Updater())
 		}
 	}

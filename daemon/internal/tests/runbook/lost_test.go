@@ -166,8 +166,8 @@ func TestInputLossIsCountedByTheReplicaThatReadPastIt(t *testing.T) {
 		t.Errorf("r1, the updater that read past the loss: cfguard_records_lost_total = %v, want %d", n, lostDeleted)
 	}
 	r2 := launch.ReplicaAt(t, b.Addrs(), "r2", key)
-	head := r1.View(t).Replication.Entry
-	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.View(t).Replication.Entry >= head })
+	head := r1.Model(t).Replication.Entry
+	waitfor.Cond(t, 60*time.Second, "r2 to replay the posterior log to r1's head", func() bool { return r2.Model(t).Replication.Entry >= head })
 	var m struct {
 		Counters map[string]int64 `json:"counters"`
 	}
