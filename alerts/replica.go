@@ -137,7 +137,7 @@ func NewReplicaMetrics(reg prometheus.Registerer, ignoredReasons []string, topic
 			[]string{"result"}),
 	}
 	rebuilding := funcGauge(NameCERebuilding, "Partitions of the CE topic this replica owns or was assigned and has not caught up with since it acquired them, "+
-		"or that are blocked at a request it cannot read: reads and lists of their CEs answer 503 meanwhile.", &m.rebuilding)
+		"or that are blocked at a request it cannot read: reads of their CEs not replayed yet, and lists, answer 503 meanwhile.", &m.rebuilding)
 	blocked := funcGauge(NameCEBlocked, "Partitions of the CE topic this replica owns that are blocked at a request it cannot read (signed by the cluster, "+
 		"in a format this build does not know): nothing at or after it is applied until a cfguard that reads it owns the partition.", &m.blocked)
 	owned := funcGauge(NameCEPartitions, "Partitions of the CE topic this replica owns.", &m.owned)

@@ -358,6 +358,11 @@ func checkPodTemplate(t *testing.T, tmpl *corev1.PodTemplateSpec, cm *corev1.Con
 		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "cfguard-http" {
 			t.Errorf("%s probe %+v, want GET %s on port cfguard-http", p.name, p.probe, p.path)
 		}
+		// docs/DEPLOY.md: a probe's answer can take seconds on a starved core; Kubernetes'
+		// default timeout is 1 s.
+		if p.probe != nil && p.probe.TimeoutSeconds != 3 {
+			t.Errorf("%s probe timeoutSeconds %d, want 3", p.name, p.probe.TimeoutSeconds)
+		}
 	}
 	if g := spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < cfg.HTTP.ShutdownTimeout+5*time.Second {
 		t.Errorf("terminationGracePeriodSeconds %v is shorter than http.shutdown_timeout %v + the consumer's 5 s group leave", g, cfg.HTTP.ShutdownTimeout)
