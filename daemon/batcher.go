@@ -14,9 +14,9 @@ const maxBatchInputs = 4 * maxPredictBatch
 // minLaneInputs is the fewest inputs for which a batch starts on a core of its own while another
 // batch runs. Each batch pays one pass over the pool from memory (about 1.35 ms of a core at
 // 1000 float64 networks, against 0.58 ms per input: the cost of ~2.3 inputs), and under load a
-// lane's batches are about as large as the inputs it starts with: at 8 they spent 22% of their
-// time on that pass and served 50 clients about 10% fewer requests than at 16 (13%). Fewer
-// inputs wait for a running batch to end and join the next.
+// lane's batches are about as large as the inputs it starts with: at 16 the pass is 13% of a
+// batch's cost, at 8 it would be 22%. Fewer inputs wait for a running batch to end and join the
+// next.
 const minLaneInputs = 16
 
 // errPredictStopping answers the predictions still queued when the daemon stops.

@@ -20,7 +20,7 @@ import (
 const imageBuildsEnv = "CFGUARD_IMAGE_BUILDS"
 
 // imageBuild is what deploy/docker/build.sh built for one variant, once per test binary, on
-// the build context (see TestDockerBuildContext).
+// the build context (see copyBuildContext).
 type imageBuild struct {
 	once sync.Once
 	dir  string

@@ -19,6 +19,8 @@ var (
 	citedRE = regexp.MustCompile("`([\\w./-]+)`\\s+((?:`Test\\w+`(?:,?\\s+(?:and\\s+)?)?)+)")
 	// citedNameRE is one test of such a citation.
 	citedNameRE = regexp.MustCompile("`(Test\\w+)`")
+	// citedAfterRE is a test followed by its package in parentheses: "`TestA` (`ledger`)".
+	citedAfterRE = regexp.MustCompile("`(Test\\w+)`\\s+\\(`([\\w./-]+)`")
 	// goTestRE is a go test command, up to the end of its code span or line.
 	goTestRE = regexp.MustCompile("go test\\b[^`\\n]*")
 )
@@ -114,7 +116,8 @@ func shellWords(s string) []string {
 // TestCitedTestsExist: the tests the documentation names are tests of the repository, where
 // it says they are. Every Test/Benchmark/Fuzz name in a Markdown file is declared in some
 // _test.go file (or begins the names of some, as a -run pattern does); a package cited before
-// its tests ("`ledger` `TestA`", "`daemon/...` `TestB`") declares each of them; and every
+// its tests ("`ledger` `TestA`", "`daemon/...` `TestB`") or after one ("`TestA` (`ledger`)")
+// declares each of them; and every
 // alternative of a go test command's -run or -bench pattern matches a test or benchmark of the
 // packages the command names. Tests move between packages as packages split: this is what keeps
 // the commands the docs give working.
@@ -154,6 +157,18 @@ func TestCitedTestsExist(t *testing.T) {
 				if !slices.Contains(declared, tm[1]) {
 					t.Errorf("%s:%d: %s is cited as a test of %s, which does not declare it", f, lineOf(m[0]), tm[1], pkg)
 				}
+			}
+		}
+
+		for _, m := range citedAfterRE.FindAllStringSubmatchIndex(text, -1) {
+			name, pkg := text[m[2]:m[3]], text[m[4]:m[5]]
+			declared, ok := inPackages(funcs, root, pkg)
+			if !ok {
+				continue // not a package: a file, a function
+			}
+			cited++
+			if !slices.Contains(declared, name) {
+				t.Errorf("%s:%d: %s is cited as a test of %s, which does not declare it", f, lineOf(m[0]), name, pkg)
 			}
 		}
 

@@ -51,7 +51,7 @@ func TestMeasureDrift(t *testing.T) {
 	root := t.TempDir()
 	set, _, modelDir := proc.TrainModel(t, root)
 	bins := []scaleBuild{{"this", filepath.Join(root, "cfguard")}}
-	if out, err := exec.Command("go", "build", "-o", bins[0].path, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bins[0].path, "github.com/cfguard/cfguard/cmd/cfguard").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	if b := os.Getenv("CFGUARD_DRIFT_BASELINE"); b != "" {
