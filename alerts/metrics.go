@@ -7,14 +7,17 @@
 // package's tests hold all three (every rule's metric is registered, every name follows the
 // naming rule, promtool runs the rules' unit tests).
 //
-// The constructors register on the Registerer they are given (never the default registry) and
-// create every label value of the bounded label sets up front, so series exist at 0 from the
-// first scrape and alerts that compare against them work before the first event:
+// The constructors register on the Registerer they are given (never the default registry; the
+// caller registers NewStateCollector's collector) and create every label value of the bounded
+// label sets up front, so series exist at 0 from the first scrape and alerts that compare
+// against them work before the first event:
 //
 //   - NewMetrics: what happens (updates, records, events, audits, renewals, checkpoints,
 //     exports, registrations) and what only the running process knows (consumer lag);
 //   - NewStateCollector: the gauges of the ledger's state, read at each scrape;
 //   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
+//   - RegisterLedgerWriteFailures, RegisterEmbeddedBrokerWrites: commits to the ledger and writes
+//     of the embedded broker that failed, read at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
 //   - NewQualityMetrics: the served model's prequential quality and its change detector;

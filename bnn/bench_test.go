@@ -111,8 +111,8 @@ func benchModel() (*Model, [][]float64) {
 }
 
 // predictBefore is the predictive engine as it was before the chunked engine (ReLU only), kept
-// as the "before" of BenchmarkPredictBefore and as an independent implementation for
-// TestEngineAgreesWithBefore: per draw, mat.Dense products H W^T and a bias + ReLU loop.
+// as the "before" of BenchmarkPredictBefore: per draw, mat.Dense products H W^T and a bias +
+// ReLU loop.
 func predictBefore(m *Model, X [][]float64, samples int, seed uint64) (*Predictive, error) {
 	if m.Activation != ReLU {
 		return nil, fmt.Errorf("predictBefore evaluates ReLU models only")

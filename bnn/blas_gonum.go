@@ -13,9 +13,9 @@ import (
 const Backend = "gonum"
 
 // chunkMin: calls of fewer inputs go one at a time (gemv per layer). With gonum's products the
-// chunked path costs more per input below about 50 inputs (1000 draws, 30 -> 64 -> 32 -> 2:
-// 0.79 ms per input at 16 in chunks against 0.63 one at a time; BenchmarkPredictBatchSizes in
-// daemon with chunkMin set to 4).
+// chunked path costs more per input in small calls (1000 draws, 30 -> 64 -> 32 -> 2: 0.79 ms
+// per input at 16 in chunks against 0.63 one at a time; BenchmarkPredictBatchSizes in daemon
+// with chunkMin set to 4).
 const chunkMin = 32
 
 // gemmTN sets c = a^T b for a (k x m), b (k x n) and c (m x n), all row-major, as k rank-one

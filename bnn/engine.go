@@ -126,7 +126,7 @@ func sampleWnet[F float](m *Model, sig *Net, rng *rand.Rand, dst wnet[F]) {
 	}
 }
 
-// biasAct sets row[i] = act(row[i] + bias), or row[i] + bias for the output layer (act < 0).
+// biasAct sets row[i] = act(row[i] + bias), or row[i] + bias for the output layer (output).
 func biasAct[F float](row []F, bias F, act Activation, output bool) {
 	switch {
 	case output:

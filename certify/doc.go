@@ -18,5 +18,13 @@
 //
 //	p2 >= p1 - TV_ub,   V2 <= min(V1 + 3 TV_ub, 1/4).
 //
-// Both modes are rigorous; tight mode's constants are half the paper's.
+// Both modes are rigorous; tight mode's constants are half the paper's. VarUpper caps the
+// variance bound at 1/4 (the variance of any f in [0, 1]) in both.
+//
+// Around the theorems, the package holds what the ledger and the daemon judge a stored CE by:
+// its statuses and the certificate that admits it (Status, Certificate, Policy and its Slack
+// and Gate at a KL; Standing and Rejudge), the empirical-Bernstein evidence of a Monte-Carlo
+// measurement (Evidence: Renewable, Reenters, Verdict), whether a verdict still carries to a
+// later posterior (VerdictBound, Carries, CarryMargin), an update's outcome against the KL budget
+// (Decide, OnBreach), and a Monte-Carlo estimate of the KL conditional on one input (dpi.go).
 package certify

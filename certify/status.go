@@ -15,7 +15,9 @@ import (
 //	             with no verdict yet (Verdict, VerdictBound).
 //	invalidated  a bound fails and a verdict's upper confidence bound put p2 < 1/2; decided while
 //	             that verdict carries to q_now, else kept by hysteresis.
-//	uncertified  stored outside the <delta, eps>-set (p1 < 1 - delta or V1 > eps); no theorem applies.
+//	uncertified  not admitted at registration: outside the <delta, eps>-set (p1 < 1 - delta or
+//	             V1 > eps), or, when the ledger admits by evidence (Certificate.Admits, the
+//	             daemon's), lower(p1) < 1 - delta at confidence 1 - alpha; no theorem applies.
 //
 // The zero value is not a status; ParseStatus and UnmarshalText never produce it.
 type Status uint8
@@ -92,7 +94,7 @@ const (
 // Policy fixes how a certificate is judged: the bound constants, the variance budget, and whether
 // Theorem 1 starts from the Monte-Carlo point estimate of p1 or from its Hoeffding lower bound.
 //
-// The variance budget. The issue asks for "Theorem 2 bound <= its epsilon budget". A CE admitted
+// The variance budget. The literal reading is "Theorem 2's bound <= the CE's epsilon". A CE admitted
 // with V1 <= eps cannot keep V_now <= eps under any KL > 0 unless V1 < eps strictly, and then
 // only for KL <= (eps - V1)^2 / 18, typically ~1e-6: the paper's threshold is an admission test,
 // not a useful ceiling. So the ceiling is a separate, configured number:

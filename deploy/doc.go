@@ -2,8 +2,10 @@
 // files honest (the Dockerfile, deploy/kubernetes, deploy/prometheus, deploy/grafana).
 //
 // They check the files against the real things they describe, without a Docker engine or a
-// cluster: the Dockerfile's build script is run on exactly the build context .dockerignore lets
-// through and must produce a static binary that starts and passes its health check; the
+// cluster: with CFGUARD_IMAGE_BUILDS=1 (.ci/run sets it in a step of its own) the Dockerfile's
+// build script is run on exactly the build context .dockerignore lets through, for both targets:
+// the static binary must be statically linked, start and pass its health check, and the default
+// one must link libopenblas.so.0 from the package its stage installs; the
 // Kubernetes manifests are decoded strictly into the Kubernetes API's own Go types (unknown or
 // repeated fields are errors, as with the API server's strict field validation) and checked
 // against each other and the daemon's configuration; the Prometheus and Alertmanager

@@ -10,8 +10,8 @@ It serves predictions from a cfguard model directory, the pair bnn.Save writes:
                         classes, posterior_version, weights_sha256 (SHA-256 of model.safetensors)
 
 and follows the directory as cfguard promotes new posteriors into it. It needs only the directory
-(cfguard's model.export_dir, or any directory bnn.Save wrote), Debian's python3-torch and the
-standard library.
+(cfguard's model.export_dir, or any directory bnn.Save wrote), Debian's python3-torch and
+python3-numpy, and the standard library.
 
     /usr/bin/python3 examples/model_server.py --model-dir DIR [--listen 127.0.0.1] [--port 8000]
         [--samples 1000] [--poll 1.0] [--seed 0]

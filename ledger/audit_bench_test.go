@@ -27,7 +27,7 @@ import (
 //	       per input and draw, at this build's dgemm peak (best of three n = 1024 products,
 //	       gonum by default, OpenBLAS with -tags openblas)
 //
-// and reports floor/audit and floor/pool-audit (the goal: >= 0.5) and mc/audit (the share of the audit that
+// and reports floor/audit and floor/pool-audit (the target: >= 0.5) and mc/audit (the share of the audit that
 // is sampling rather than reading and writing the ledger). The audit draws auditBenchSamples
 // networks per posterior, fewer than the daemon's 1000 to keep one iteration short: the ledger's
 // per-CE cost is the same at any S, so the ratios at S = 1000 are at least these.

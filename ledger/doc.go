@@ -19,7 +19,10 @@
 //	               first posterior, fingerprint of the policy the indexes were built for, the
 //	               newest update marked as a KL budget breach (kl_breach) and the newest that
 //	               failed (kl_failed), each kept after the KL history drops it (a damaged one is
-//	               deleted at Open; a missing kl_failed is taken from the history when it holds one)
+//	               deleted at Open; a missing kl_failed is taken from the history when it holds one);
+//	               on replicas, the posterior log's head the posterior is at (log_head) and, per CE
+//	               partition owned, the offset after the last request applied (share/<p>) and a
+//	               record read before it (sharewitness/<p>; share.go)
 //	offsets        partition -> next offset to consume
 //	offset_marks   partition -> the offset, Kafka timestamp and key/value hash of a record read
 //	               before it (OffsetMark; optional: absent in ledgers written before marks)
@@ -34,6 +37,10 @@
 //	               registration sent with an Idempotency-Key (optional; requests.go)
 //	requests_at    applied-at | request id: the outcomes in the order they expire (optional)
 //	outbox         sequence -> event key and value, waiting to be published
+//	quality        KL history sequence -> the daemon's prequential record of that increment
+//	               (optional; quality.go)
+//	quarantine     CE id -> a damaged CE's quarantined-at, reason, raw header and body
+//	               (optional: made by the first quarantine; quarantine.go)
 //	idx_p1, idx_var, idx_fail   the indexes (below)
 //	idx_cert       empty: the certified index of layout v1, kept so that a cfguard that reads that
 //	               layout opens the file (and rebuilds its indexes) instead of refusing it

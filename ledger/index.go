@@ -457,7 +457,7 @@ func (w *writeTx) finishNoGen() error {
 	return nil
 }
 
-// anchorSlacks maps each live anchor to the gate at its stored KL.
+// anchorGates maps each live anchor to the gate at its stored KL, and to that KL.
 func (l *Ledger) anchorGates(tx *bolt.Tx) (map[uint64]certify.Gate, map[uint64]float64, error) {
 	gates, kls := map[uint64]certify.Gate{}, map[uint64]float64{}
 	err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {

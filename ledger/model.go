@@ -37,7 +37,7 @@ var blobWords = strings.NewReplacer(bnn.ErrModelFile.Error()+": ", "", bnn.Sidec
 	bnn.WeightsFile, "its safetensors weights")
 
 // decodeModel is the inverse of encodeModel; the model it returns passes Validate. Errors are
-// recordErrors that say what part of the blob is wrong.
+// corrupt-record errors (corruptf) that say what part of the blob is wrong.
 func decodeModel(blob []byte) (*bnn.Model, error) {
 	if !bytes.HasPrefix(blob, modelMagic) || len(blob) < len(modelMagic)+4 {
 		return nil, corruptf("stored posterior (%d bytes) has no %q header", len(blob), modelMagic[:5])

@@ -21,7 +21,7 @@ var (
 	bOutbox       = []byte("outbox")
 	bIdxP1        = []byte("idx_p1")   // anchor | class | key(p1') | id, every CE holding a certificate
 	bIdxVar       = []byte("idx_var")  // anchor | class | key(variance headroom) | id, likewise
-	bIdxFail      = []byte("idx_fail") // confirmed version + 1 (0 = none) | id, at_risk and invalidated CEs
+	bIdxFail      = []byte("idx_fail") // at_risk and invalidated CEs, by their last verdict (failKey)
 
 	// bIdxCert held the certified CEs by anchor and p1' in files whose indexes have layout v1
 	// (policyFingerprint): idx_p1's certified class holds them now. It is kept, empty, so that a

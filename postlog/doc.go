@@ -13,8 +13,8 @@
 //     replica applies.
 //
 // An increment records the input offsets it covers (per partition, the next offset after it), its
-// outcome, the update KL, the new last layer, and the SHA-256 of the whole posterior as
-// bnn.Encode writes it. A follower never recomputes an update: it applies the recorded last
+// outcome, the update KL, the new last layer, and the SHA-256 of the posterior's weights (every
+// layer's safetensors tensors) as bnn.Encode writes them. A follower never recomputes an update: it applies the recorded last
 // layer to its posterior and checks the hash, so replicas agree bit for bit. Because the
 // boundaries of increments are data, a replay or a restore reaches the same versions.
 package postlog

@@ -173,8 +173,8 @@ func LambdaFor(rate, delta float64) float64 {
 }
 
 // Detector is a one-sided Page-Hinkley test for a rise of the mean of per-record Brier scores.
-// Its state is plain data, stored with each posterior version so that a restart goes on where
-// it was and every record is counted once.
+// Its state is plain data, stored with each increment's prequential record (rejected and failed
+// updates included) so that a restart goes on where it was and every record is counted once.
 type Detector struct {
 	Delta      float64 `json:"delta"`
 	Lambda     float64 `json:"lambda"`

@@ -13,7 +13,8 @@
 // (who writes the log, what counts), and it reaches the daemon only through two small
 // interfaces the daemon hands to New:
 //
-//	Host    Current, SetCurrent, InitialModel, Consumer, Compute, Commit, Checkpoint, DeadLettered
+//	Host    Current, SetCurrent, InitialModel, Consumer, Compute, Commit, Checkpoint, DeadLettered,
+//	        TopicReset
 //	Ledger  LogHead, Current, Checkpoint, Path (the daemon's *ledger.Ledger)
 //
 // Data flows one way: package daemon imports replica, never the reverse. A single daemon

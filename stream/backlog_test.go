@@ -30,9 +30,10 @@ func adamStepBound(t int, b1, b2 float64) float64 {
 	return (1 - b1) / (1 - math.Pow(b1, float64(t))) * math.Sqrt((1-math.Pow(b2, float64(t)))/(1-b2)) * math.Sqrt(s)
 }
 
-// TestUpdateKLDoesNotGrowWithIncrementSize is why increments may grow to MaxRecordsBacklog when
-// the consumer is behind. It runs the daemon's default update (update.LastLayer: a fixed number
-// T of Adam iterations on minibatches of 64, learning rate lr) from one posterior on increments
+// TestUpdateKLDoesNotGrowWithIncrementSize is why, under update.SolverAdam (update.solver: adam),
+// increments may grow to MaxRecordsBacklog when the consumer is behind without a larger update
+// KL. It runs that solver's update (update.LastLayer: a fixed number T of Adam iterations on
+// minibatches of 64, learning rate lr) from one posterior on increments
 // of 64 to 4096 records, and checks the update KL against a bound that holds for every
 // increment size. Each parameter moves by at most D = lr * sum_{t<=T} c_t (adamStepBound), so
 // with delta_j = log sigma_new,j - log sigma_old,j and |delta_j|, |mu_new,j - mu_old,j| <= D,
@@ -53,7 +54,7 @@ func TestUpdateKLDoesNotGrowWithIncrementSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := update.Config{Objective: update.ObjectivePrior, LR: update.DefaultLR, Seed: 7} // the daemon's defaults
+	cfg := update.Config{Objective: update.ObjectivePrior, Solver: update.SolverAdam, LR: update.DefaultLR, Seed: 7}
 	steps := update.DefaultIterations
 	const b1, b2 = 0.9, 0.999 // bnn.NewAdam's
 	var D float64

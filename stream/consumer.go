@@ -21,10 +21,11 @@ const (
 	DefaultMaxRecords = 64
 	// DefaultMaxRecordsBacklog caps the increment size while the consumer is behind. It was
 	// picked by measurement (BenchmarkIngestEndToEnd in package daemon: end-to-end ingest
-	// relative to plain kafka-go grows with the cap and levels off near 1024), and it is below
-	// update.DefaultIterations x update.DefaultBatchSize = 3200, so that the update's minibatches
-	// still visit every record of an increment at least once. An update's cost and its KL do
-	// not grow with the increment's size (see TestUpdateKLDoesNotGrowWithIncrementSize).
+	// relative to plain kafka-go grows with the cap and levels off near 1024). Under
+	// update.SolverAdam it is below update.DefaultIterations x update.DefaultBatchSize = 3200, so
+	// that the minibatches visit every record of an increment at least once, and an update's KL
+	// does not grow with the increment's size (TestUpdateKLDoesNotGrowWithIncrementSize); under
+	// the daemon's default, update.SolverConverge, every update uses all its records.
 	DefaultMaxRecordsBacklog = 1024
 	// DefaultMaxWait is how long an increment stays open after its first record arrived.
 	DefaultMaxWait = 5 * time.Second

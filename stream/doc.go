@@ -37,9 +37,12 @@
 //
 // While the consumer keeps up, an increment holds MaxRecords good records, or fewer once
 // MaxWait has passed since its first record arrived. When more are already fetched and
-// decoded, the consumer is behind and the increment takes them, up to MaxRecordsBacklog: an
-// update costs the same whatever its size (a fixed number of Adam iterations on minibatches),
-// and its KL is bounded by the learning rate times the iterations, not by the increment's size.
+// decoded, the consumer is behind and the increment takes them, up to MaxRecordsBacklog: fewer,
+// larger updates catch up faster. Under the daemon's default solver (update.SolverConverge) an
+// update uses every record of its increment and moves the posterior as far as their evidence
+// says, so a larger increment's update KL is larger; under update.SolverAdam an update costs a
+// fixed number of iterations on minibatches and its KL is bounded by the learning rate times the
+// iterations, whatever the increment's size.
 // The next increment is fetched, decoded and dead-lettered in the background (up to
 // 2 x MaxRecordsBacklog records ahead, plus one fetch) while the current one is applied.
 //

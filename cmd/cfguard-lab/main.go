@@ -1,5 +1,5 @@
-// Command cfguard-lab runs the paper's experiments: the incremental-update table and the PSCE
-// comparison. It is separate from cmd/cfguard so that the sidecar's binary links only what the
+// Command cfguard-lab runs the paper's experiments: the incremental-update table, the PSCE
+// comparison, and stream (the daemon's update replayed over a stream of increments). It is separate from cmd/cfguard so that the sidecar's binary links only what the
 // sidecar runs (the experiments need plotting, fonts and PDF). main only parses flags and wires
 // commands; the work lives in the experiment and evaluate packages.
 package main

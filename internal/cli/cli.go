@@ -45,7 +45,7 @@ func Required(name, v string) error {
 }
 
 // LoadData reads --data: a CSV path or, when no such file exists and the name is a bundled data
-// set (breast_cancer, german_credit, spambase), the embedded copy. Class names come from
+// set (breast_cancer, german_credit, spambase, digits, mnist), the embedded copy. Class names come from
 // classes (comma-separated), else from the bundled set, else "0".."C-1".
 func LoadData(path, classes string) (*dataset.Set, []string, error) {
 	var set *dataset.Set

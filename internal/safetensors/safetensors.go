@@ -73,7 +73,9 @@ func Encode(tensors map[string]Tensor, metadata map[string]string) ([]byte, erro
 }
 
 // Decode parses a safetensors file, checking that every byte range lies inside the data section,
-// that ranges match shape and dtype, and that the ranges cover the data section exactly.
+// that ranges match shape and dtype, and that the ranges tile the data section: in offset order,
+// each starts where the one before it ends, the first at 0, the last at the section's end (no
+// gap, no overlap, as the format's specification requires).
 func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 	if len(b) < 8 {
 		return nil, nil, fmt.Errorf("%w: %d bytes is shorter than the 8-byte header length", ErrCorrupt, len(b))
@@ -89,7 +91,11 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 	data := b[8+n:]
 	var meta map[string]string
 	out := map[string]Tensor{}
-	covered := 0
+	type span struct {
+		name   string
+		lo, hi int
+	}
+	var spans []span
 	for name, msg := range raw {
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &meta); err != nil {
@@ -125,10 +131,20 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 			}
 		}
 		out[name] = t
-		covered += hi - lo
+		spans = append(spans, span{name, lo, hi})
 	}
-	if covered != len(data) {
-		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, covered, len(data))
+	sort.Slice(spans, func(i, j int) bool {
+		return spans[i].lo < spans[j].lo || spans[i].lo == spans[j].lo && spans[i].hi < spans[j].hi
+	})
+	at := 0
+	for _, s := range spans {
+		if s.lo != at {
+			return nil, nil, fmt.Errorf("%w: tensor %q spans bytes [%d,%d), want it to start at byte %d, where the tensor before it ends (a gap or an overlap)", ErrCorrupt, s.name, s.lo, s.hi, at)
+		}
+		at = s.hi
+	}
+	if at != len(data) {
+		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, at, len(data))
 	}
 	return out, meta, nil
 }

@@ -50,6 +50,9 @@ func TestRoundTripAndRejections(t *testing.T) {
 		"out of range": handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`, []byte{1, 2}),
 		"shape":        handMade(`{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}}`, make([]byte, 8)),
 		"gap":          handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`, make([]byte, 16)),
+		// Two tensors on the same 8 bytes and 8 bytes of no tensor: the lengths add up to the section.
+		"overlap":   handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"b":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`, make([]byte, 16)),
+		"inner gap": handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"b":{"dtype":"F64","shape":[1],"data_offsets":[16,24]}}`, make([]byte, 24)),
 		// 2^61 + 1 elements: count*8 wraps to 8 in int arithmetic (found by FuzzDecode).
 		"shape overflow":     handMade(`{"a":{"dtype":"F64","shape":[2305843009213693953],"data_offsets":[0,8]}}`, make([]byte, 8)),
 		"product overflow":   handMade(`{"a":{"dtype":"F64","shape":[4294967297,4294967297],"data_offsets":[0,8]}}`, make([]byte, 8)),
