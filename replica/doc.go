@@ -21,6 +21,13 @@
 // (replication.enabled: false) never builds a Replica, and its ingest does not pass through
 // here.
 //
+// Files: replica.go (the Replica, its health and status), join.go (joining a log, or starting
+// one with its genesis), follow.go (the follower: reading, judging and applying entries),
+// past.go (earlier posteriors, for CEs measured under them), reset.go (a log that ends before
+// what was read: a reset topic), updater.go (the updater group, terms and increments),
+// settings.go (the cluster-wide settings), balancer.go (the updater group's assignment),
+// peer.go (the transport toward the other replicas' APIs).
+//
 // Invariants:
 //
 //   - The ledger stores the head of the chain the follower accepted (ledger.Checkpoint's

@@ -1,0 +1,406 @@
+package replica
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/cfguard/cfguard/internal/backoff"
+	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/stream"
+)
+
+// rejoinPause is how long an updater that stepped down (its entry lost, or its term failed)
+// keeps its generation before it ends it and rejoins the group.
+const rejoinPause = time.Second
+
+// maxRejoinPause bounds rejoinWait: the pause is served holding the generation, so no other
+// replica can take the role meanwhile. failedTermSpan is how long a term must have run for its
+// failure not to follow the ones before it.
+const (
+	maxRejoinPause = 30 * time.Second
+	failedTermSpan = 10 * time.Minute
+)
+
+// rejoinWait is the pause of an updater that steps down after failed consecutive failed terms:
+// rejoinPause doubled for each after the first, at most maxRejoinPause. An error no retry fixes
+// (credentials refused, a dead-letter topic that refuses a dead letter) fails every term, and
+// every replica's: without the doubling the role went round at the speed of rebalances, each
+// term logging the error and writing the dead letters before it again.
+func rejoinWait(failed int) time.Duration {
+	if failed <= 1 {
+		return rejoinPause
+	}
+	return min(rejoinPause<<min(failed-1, 20), maxRejoinPause)
+}
+
+// errLost: another writer's entry was accepted in this replica's place; it is no longer the
+// updater of its term.
+var errLost = errors.New("posterior log: this replica's entry lost to another writer's")
+
+// appendAndJudge appends e and reads the log back until an entry is accepted at e's place: it
+// reports whether that entry is e. An append that failed is retried after the read-back shows
+// it was not stored (a retry that was in fact stored is a duplicate, which the chain ignores).
+func (r *Replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, error) {
+	v, err := e.Encode()
+	if err != nil {
+		return false, err
+	}
+	want := hashHex(v)
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		aerr := r.plog.Append(ctx, "e/"+strconv.FormatUint(e.Seq, 10), v)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if err := r.catchUp(ctx); err != nil {
+			return false, err
+		}
+		r.mu.Lock()
+		got, judged := r.accepted[e.Seq]
+		headSeq := r.chain.Head().Seq
+		r.mu.Unlock()
+		switch {
+		case judged:
+			return got == want, nil
+		case headSeq >= e.Seq:
+			return false, nil // accepted entries at e's place are past the window: not e
+		case aerr == nil:
+			return false, fmt.Errorf("posterior log: entry %d was stored but not accepted (a bug: the updater wrote an entry the acceptance rule refuses)", e.Seq)
+		}
+		r.lg.Warn("posterior log: append failed, retrying", "entry", e.Seq, "err", aerr)
+		if err := bo.Wait(ctx); err != nil {
+			return false, err
+		}
+	}
+}
+
+// RunUpdaterGroup is a member of <kafka.group_id>.updater for as long as ctx lasts. In each
+// generation that assigns it the log's partition, it is the updater (lead) until the generation
+// ends; otherwise it only heartbeats. Leaving the group (ctx's end, SIGTERM) hands the role over
+// at once.
+func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
+	dialer, err := r.conn.Dialer()
+	if err != nil {
+		return err
+	}
+	rc := r.cfg.Replication
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: r.group, Brokers: r.conn.Brokers, Dialer: dialer,
+		Topics: []string{rc.PosteriorTopic}, SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
+		GroupBalancers:   []kafka.GroupBalancer{r.bal, kafka.RangeGroupBalancer{}, kafka.RoundRobinGroupBalancer{}},
+		RebalanceTimeout: rc.SessionTimeout, JoinGroupBackoff: time.Second, Timeout: 10 * time.Second,
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			r.lg.Debug("updater group: " + fmt.Sprintf(msg, args...))
+		})})
+	if err != nil {
+		return fmt.Errorf("updater group %s: %w", r.group, err)
+	}
+	defer cg.Close()
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.lg.Warn("updater group: joining", "group", r.group, "err", err)
+			continue
+		}
+		assigned := false
+		for _, p := range gen.Assignments[rc.PosteriorTopic] {
+			assigned = assigned || p.ID == 0
+		}
+		r.bal.led(gen.ID, assigned)
+		r.lg.Info("updater group: new generation", "generation", gen.ID, "updater", assigned)
+		r.m.Generations.Inc()
+		if assigned {
+			id := gen.ID
+			gen.Start(func(gctx context.Context) { r.lead(gctx, id) })
+		}
+	}
+}
+
+// lead is the updater's work in one generation: claim the next term unless the head is already
+// this writer's, then ingest until the generation ends or an entry loses. Returning ends the
+// generation (kafka-go's Generation.Start), so a replica that lost rejoins and the group's next
+// generation decides again. While the follower is stopped at an entry it cannot apply, the
+// updater keeps its generation and waits for a new epoch (or a restart on a build that reads
+// the entry): returning would end the generation at once, and the group would go through
+// generations as fast as it can rebalance for as long as the log stays stopped. For the same
+// reason, a replica that steps down keeps its generation for rejoinPause before it returns.
+func (r *Replica) lead(ctx context.Context, generation int32) {
+	r.updater.Store(true)
+	r.m.Updater.Set(1)
+	defer func() {
+		r.updater.Store(false)
+		r.m.Updater.Set(0)
+	}()
+	for {
+		if err := r.awaitFollowing(ctx); err != nil {
+			return
+		}
+		start := time.Now()
+		if h := r.Head(); h.Term > 0 && h.Writer != r.writer {
+			r.mu.Lock()
+			r.failedTerms = 0 // another writer held the role since: its failures are not ours
+			r.mu.Unlock()
+		}
+		keep, termErr := r.leadTerm(ctx, generation)
+		if !keep {
+			// Rejoin, but not at once: a failure that persists would otherwise end generations
+			// as fast as the group can rebalance. It is no longer the updater meanwhile; unless
+			// the generation ended, it gave the role up, and says so to the group's balancer,
+			// which gives the role to another member if there is one.
+			r.updater.Store(false)
+			r.m.Updater.Set(0)
+			if ctx.Err() == nil {
+				r.bal.steppedDown()
+			}
+			r.mu.Lock()
+			switch {
+			case termErr == nil:
+				r.failedTerms = 0
+			case time.Since(start) > failedTermSpan:
+				r.failedTerms = 1
+			default:
+				r.failedTerms++
+			}
+			failed := r.failedTerms
+			r.mu.Unlock()
+			pause := rejoinWait(failed) // rejoinPause unless terms keep failing (failed > 1 only after errors)
+			if failed > 1 {
+				r.lg.Warn("updater: terms keep failing; rejoining the group after a longer pause", "failed_terms", failed,
+					"pause", pause, "err", termErr)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(pause):
+			}
+			return
+		}
+		if r.isStopped() {
+			r.lg.Warn("updater: the posterior log stopped; keeping the updater role until a new epoch moves past the entry (see /readyz)")
+		}
+	}
+}
+
+// isStopped reports whether the follower is stopped at an entry it cannot apply.
+func (r *Replica) isStopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped != nil
+}
+
+// awaitFollowing waits while the follower is stopped at an entry it cannot apply; it returns
+// ctx's error when ctx ends first.
+func (r *Replica) awaitFollowing(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		stopped, ch := r.stopped, r.changed
+		r.mu.Unlock()
+		if stopped == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// leadTerm claims a term and ingests in it (lead). It reports whether the updater keeps its
+// role (the follower stopped, or a new epoch moved the log on while ingest was stopped on a
+// reset input topic), and the error that ended the term, if one did.
+func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, failed error) {
+	for attempt := 0; ; attempt++ {
+		if err := r.catchUp(ctx); err != nil {
+			stopped := ctx.Err() == nil && r.isStopped()
+			if ctx.Err() == nil && !stopped {
+				r.lg.Warn("updater: the posterior log cannot be read to its end; giving the role up", "err", err)
+			}
+			return stopped, nil
+		}
+		head := r.Head()
+		if head.Writer == r.writer {
+			break
+		}
+		claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
+			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.cfg.Kafka.Topic,
+			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
+		won, err := r.appendAndJudge(ctx, claim)
+		if err != nil {
+			if ctx.Err() == nil && r.isStopped() {
+				return true, nil
+			}
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			r.lg.Error("updater: claim failed", "err", err)
+			return false, err
+		}
+		if won {
+			r.lg.Info("updater: term claimed", "term", claim.Term, "entry", claim.Seq, "generation", generation, "covers", claim.Covers)
+			break
+		}
+		r.m.AppendsLost.Inc()
+		// An entry of the old term that arrived before the claim is no rival: claim again on it.
+		// A claim of another writer is: rejoin, and let the group's next generation decide.
+		if h := r.Head(); h.Writer != head.Writer || attempt >= 5 {
+			r.lg.Warn("updater: another replica claimed first; rejoining the group", "term", h.Term, "claimant", h.Writer)
+			return false, nil
+		}
+	}
+	err := r.ingestTerm(ctx)
+	var reset *stream.TopicResetError
+	switch {
+	case errors.As(err, &reset) && ctx.Err() == nil:
+		// The input topic no longer holds what the log covers: reading on would skip the new
+		// log's first records. The updater keeps its role, reading nothing, until its
+		// generation ends; /readyz and cfguard_consumer_topic_mismatch say why.
+		r.mu.Lock()
+		r.inputReset = err
+		r.mu.Unlock()
+		r.host.TopicReset(reset)
+		r.lg.Error("updater: kafka.topic was reset; ingest stopped, keeping the updater role (see docs/RUNBOOK.md, CfguardTopicReset)",
+			"err", err)
+		// Until the log moves (an operator's new epoch), or the generation ends.
+		seq := r.Head().Seq
+		for ctx.Err() == nil && r.Head().Seq == seq {
+			r.WaitChange(ctx)
+		}
+		r.mu.Lock()
+		r.inputReset = nil
+		r.mu.Unlock()
+		// Cleared whether the log moved or the role ended: an updater that is not this replica
+		// reads the topic now, and finds the reset itself.
+		r.host.TopicReset(nil)
+		return ctx.Err() == nil, nil
+	case err != nil && ctx.Err() == nil && r.isStopped():
+		return true, nil // the follower logged why; the records read and not appended are read again from the head's coverage
+	case errors.Is(err, errLost):
+		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
+		r.m.AppendsLost.Inc()
+	case err != nil && ctx.Err() == nil:
+		r.lg.Error("updater stopped", "err", err)
+		return false, err
+	}
+	return false, nil
+}
+
+// ingestTerm forms increments from kafka.topic starting at the head's coverage and appends one
+// entry per increment, each read back before the next.
+func (r *Replica) ingestTerm(ctx context.Context) error {
+	head := r.Head()
+	marks := make(map[int]stream.RecordMark, len(head.Marks))
+	for p, m := range head.Marks {
+		marks[p] = stream.RecordMark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+	}
+	c, err := r.host.Consumer(ctx, head.Covers, marks)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r.mu.Lock()
+	r.consumer = c
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.consumer = nil
+		r.mu.Unlock()
+	}()
+	r.lg.Info("updater: consuming", "topic", r.cfg.Kafka.Topic, "from", head.Covers, "term", head.Term)
+	// at is the entry whose coverage the consumer's position is: the head it started from, then
+	// each entry of this term it won. A head that is another entry (one of this updater's own,
+	// appended before its generation ended and accepted late) covers what the consumer reads
+	// next: an increment on it would apply those records twice.
+	at := head.Hash
+	for {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			return err
+		}
+		head := r.Head()
+		prev := r.host.Current()
+		if prev.Version != head.Version || head.Writer != r.writer || head.Hash != at {
+			return errLost
+		}
+		// The order of an increment's records is part of its boundary, not of the fetch.
+		slices.SortFunc(inc.Records, func(a, b stream.Record) int {
+			return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+		})
+		s, err := r.host.Compute(ctx, prev, inc)
+		if err != nil {
+			return err
+		}
+		e, err := r.entryOf(head, s, inc)
+		if err != nil {
+			return err
+		}
+		v, err := e.Encode()
+		if err != nil {
+			return err
+		}
+		h := hashHex(v)
+		r.mu.Lock()
+		r.pending[h] = pendingStep{seq: e.Seq, step: s} // kept when the append fails: the entry may still land, late
+		r.mu.Unlock()
+		won, err := r.appendAndJudge(ctx, e)
+		if err != nil {
+			return err
+		}
+		if !won {
+			r.mu.Lock()
+			delete(r.pending, h)
+			r.mu.Unlock()
+			return errLost
+		}
+		at = h
+		r.host.DeadLettered(inc.DeadLettered)
+		c.MarkDurable(inc)
+	}
+}
+
+// entryOf is the log entry of step s on head.
+func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*postlog.Entry, error) {
+	sum := s.Summary(head.Seq + 1)
+	covers := maps.Clone(head.Covers)
+	if covers == nil {
+		covers = map[int]int64{}
+	}
+	maps.Copy(covers, inc.NextOffsets)
+	var marks map[int]postlog.Mark
+	for p := range inc.NextOffsets {
+		if m, ok := inc.Mark(p); ok {
+			if marks == nil {
+				marks = map[int]postlog.Mark{}
+			}
+			marks[p] = postlog.Mark{Offset: m.Offset, Timestamp: m.Timestamp, Sum: m.Sum}
+		}
+	}
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term,
+		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.cfg.Kafka.Topic, Covers: covers,
+		Outcome: string(sum.Outcome), KL: sum.KL, Seed: sum.Seed, PosteriorSHA256: head.PosteriorSHA256,
+		Counts:  &postlog.Counts{DeadLettered: int64(inc.DeadLettered), Lost: inc.Lost(), Failed: sum.Counters["failed"], Held: sum.Counters["held"]},
+		Quality: sum.Quality, Events: sum.Events, Marks: marks,
+		// The updater applied (and so published) the head before it computed this step.
+		EventsThrough: head.Seq}
+	if sum.Outcome == "" {
+		e.Outcome = postlog.Skipped
+	}
+	if sum.Next != nil {
+		sha, err := postlog.PosteriorHash(sum.Next)
+		if err != nil {
+			return nil, err
+		}
+		e.Version, e.LastLayer, e.PosteriorSHA256, e.Records = sum.Next.Version, postlog.LastLayerOf(sum.Next), sha, sum.Next.Records
+		e.Counts.Applied = int64(sum.Records)
+	}
+	return e, nil
+}
