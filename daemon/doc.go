@@ -28,6 +28,10 @@
 // (replication.go), the daemon's compute and commitStep above; the CE share is package cluster,
 // which reaches the daemon through shareHost (replication.go) only.
 //
+// The HTTP API: api.go (routes, authentication), apibody.go (strict request bodies, error
+// answers), apices.go (registering, reading, listing, deleting, explaining and auditing CEs),
+// apimodel.go (the posterior and predictions).
+//
 // Run starts everything and returns when ctx is cancelled (nil) or a component fails (its error).
 // main handles signals; nothing here calls os.Exit.
 package daemon

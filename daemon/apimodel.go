@@ -1,0 +1,184 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// handleModel reports the posterior: version, shape, the KL budget and history, anchors, counts.
+// The posterior and the ledger's state are read as one snapshot: the applied count and offsets
+// are those of the checkpoint that stored the posterior version reported.
+func (a *api) handleModel(w http.ResponseWriter, r *http.Request) {
+	var (
+		m       *bnn.Model
+		st      ledger.State
+		hist    []ledger.KLEntry
+		anchors []ledger.Anchor
+	)
+	err := a.core.snapshot(func(cur *bnn.Model) error {
+		m = cur
+		var err error
+		if st, err = a.state.State(); err != nil {
+			return err
+		}
+		if hist, err = a.state.KLHistory(100); err != nil {
+			return err
+		}
+		anchors, err = a.state.Anchors()
+		return err
+	})
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"posterior_version": m.Version, "classes": m.Classes, "features": m.Features, "params": m.NumParams(),
+		"kl_budget": a.cfg.budget, "delta": a.cfg.delta, "epsilon": a.cfg.epsilon, "mode": a.cfg.mode,
+		"on_breach": a.cfg.onBreach, "kl_history": hist, "anchors": anchors, "applied": st.Applied,
+		"offsets": st.Offsets, "counters": st.Counters, "counterfactuals": countsByName(st.Counts),
+		"replication": a.core.replication(r.Context()), "prequential": a.core.prequential(), "records_represented": m.Records,
+	})
+}
+
+// headerReplica names the replica that answered for a CE (replication.replica_id).
+const headerReplica = "Cfguard-Replica"
+
+// Headers of the posterior endpoints.
+const (
+	headerPosteriorVersion = "Cfguard-Posterior-Version"
+	headerWeightsSHA256    = "Cfguard-Weights-Sha256"
+)
+
+// handlePosterior serves the current posterior in the format model.path reads: the weights as
+// safetensors with torchbnn key names (GET /v1/model/posterior) and the JSON sidecar carrying
+// the scaler, classes, architecture and the weights' SHA-256 (GET /v1/model/posterior/sidecar).
+// Both carry the posterior version and the weights' SHA-256 as headers, and an ETag (the
+// SHA-256 of the body) honoured by If-None-Match, so a model server can poll cheaply and check
+// that the two halves belong together.
+func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
+	pf, err := a.core.posteriorFiles()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	body, etag, ctype := pf.weights, pf.weightsETag, "application/octet-stream"
+	if strings.HasSuffix(r.URL.Path, "/sidecar") {
+		body, etag, ctype = pf.sidecar, pf.sidecarETag, "application/json"
+	}
+	h := w.Header()
+	h.Set("ETag", etag)
+	h.Set(headerPosteriorVersion, strconv.FormatUint(pf.version, 10))
+	h.Set(headerWeightsSHA256, pf.weightsSHA256)
+	h.Set("Cache-Control", "no-cache")
+	if matchesETag(r.Header.Get("If-None-Match"), etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	h.Set("Content-Type", ctype)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// matchesETag reports whether an If-None-Match header value lists etag (or is "*").
+func matchesETag(header, etag string) bool {
+	for _, v := range strings.Split(header, ",") {
+		v = strings.TrimPrefix(strings.TrimSpace(v), "W/")
+		if v == etag || v == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// predictRequest is one input (x) or a batch (xs).
+type predictRequest struct {
+	X  []float64   `json:"x"`
+	XS [][]float64 `json:"xs"`
+}
+
+// prediction is the predictive of one input under the current posterior.
+type prediction struct {
+	Class string    `json:"class"`
+	Index int       `json:"index"`
+	P     []float64 `json:"p"`   // E_q[p(c | x, w)] per class
+	Var   []float64 `json:"var"` // Var_q[p(c | x, w)] per class
+}
+
+// maxPredictBatch bounds one /v1/predict request.
+const maxPredictBatch = 10000
+
+// predictRetryAfter is the Retry-After of a 429 from /v1/predict: most predictions take well
+// under a second.
+const predictRetryAfter = time.Second
+
+// handlePredict answers p, Var and the class under the current posterior, with its version, for
+// model servers that delegate prediction.
+func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
+	var req predictRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeBodyError(w, err)
+		return
+	}
+	xs := req.XS
+	if (req.X == nil) == (req.XS == nil) {
+		writeError(w, http.StatusBadRequest, "give exactly one of x (one input) or xs (a batch)")
+		return
+	}
+	if req.X != nil {
+		xs = [][]float64{req.X}
+	}
+	if len(xs) == 0 || len(xs) > maxPredictBatch {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
+		return
+	}
+	release, ok := a.predict.acquire(len(xs))
+	if !ok {
+		retryLater(w, http.StatusTooManyRequests, predictRetryAfter,
+			fmt.Sprintf("predict: these %d inputs would take the predictions admitted past %d inputs (http.max_predict_inputs); retry later", len(xs), a.predict.max))
+		return
+	}
+	defer release()
+	m := a.core.current()
+	for i, x := range xs {
+		name := fmt.Sprintf("xs[%d]", i)
+		if req.X != nil {
+			name = "x"
+		}
+		if err := checkVector(name, x, m); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	p, err := a.core.predict(r.Context(), m, xs)
+	if errors.Is(err, errPredictStopping) {
+		retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	out := make([]prediction, len(xs))
+	for i := range out {
+		c := p.Argmax(i)
+		out[i] = prediction{Class: m.Classes[c], Index: c, P: p.Mean[i*p.C : (i+1)*p.C], Var: p.Var[i*p.C : (i+1)*p.C]}
+	}
+	resp := map[string]any{"posterior_version": m.Version, "samples": p.S}
+	if req.X != nil {
+		resp["prediction"] = out[0]
+	} else {
+		resp["predictions"] = out
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// etagOf is a strong ETag for a body: its SHA-256 in hex, quoted.
+func etagOf(sum string) string { return `"` + sum + `"` }
