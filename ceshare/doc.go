@@ -63,4 +63,14 @@
 // writes only its own ledger, so two owners of one partition for a moment both apply the same
 // requests, each to its own ledger, and nothing else; of what they write to the shared CE state
 // topic, readers keep the claimed owner's.
+//
+// # Files
+//
+// member.go (the Member, its generations and what it reports), replay.go (reading a partition:
+// authenticating and decoding its requests, blocking or skipping, applying them), gaps.go
+// (offsets the topic no longer holds, a topic recreated: restoring from states), release.go
+// (partitions given to others), state.go and claim.go (the CE state topic), request.go and
+// producer.go (requests), directory.go (finding an owner), balancer.go (the sticky assignment),
+// partition.go (a CE's partition), topic.go (the topics: creating them, their partitions and
+// offsets).
 package ceshare
