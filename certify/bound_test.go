@@ -169,3 +169,34 @@ func TestParseMode(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundsAtTheirDomainsEdges: the budgets, bounds and Hoeffding's bound at the ends of their
+// domains, against the values their formulas give by hand. A budget of 0 means "no KL keeps
+// the theorem": below or at p1 = 1/2 (or delta >= 1/2) it must be 0, never a positive budget
+// that would certify a CE whose target is not the argmax.
+func TestBoundsAtTheirDomainsEdges(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		got, want float64
+	}{
+		// KL from a rounding below 0 counts as 0 (a KL is never negative).
+		{"Pinsker(-1e-3)", Pinsker(-1e-3), 0},
+		{"TVUpper(-1e-3)", TVUpper(-1e-3), 0},
+		{"ProbLower(0.9, -1e-12, paper)", ProbLower(0.9, -1e-12, Paper), 0.9},
+		// (1/2 - delta)^2 / 2 and (p1 - 1/2)^2 / 2, and 0 from 1/2 on.
+		{"KLBudget(0.4)", KLBudget(0.4), 0.1 * 0.1 / 2},
+		{"KLBudget(0.45)", KLBudget(0.45), 0.05 * 0.05 / 2},
+		{"KLBudgetForP1(0.55)", KLBudgetForP1(0.55), 0.05 * 0.05 / 2},
+		{"KLBudgetForP1(0.5)", KLBudgetForP1(0.5), 0},
+		{"KLBudgetForP1(0.45)", KLBudgetForP1(0.45), 0},
+		// One draw: p_hat - sqrt(ln(1/alpha) / 2); alpha = 1/2: 1 - sqrt(ln 2 / 2).
+		{"HoeffdingLower(1, 1, 0.5)", HoeffdingLower(1, 1, 0.5), 0.41129498874226267},
+		// No confidence (alpha outside (0, 1)) is no bound.
+		{"HoeffdingLower(0.9, 10, 1)", HoeffdingLower(0.9, 10, 1), math.Inf(-1)},
+		{"HoeffdingLower(0.9, 10, 0)", HoeffdingLower(0.9, 10, 0), math.Inf(-1)},
+	} {
+		if !(tc.got == tc.want || math.Abs(tc.got-tc.want) <= 1e-15) { // NaN fails both
+			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+}

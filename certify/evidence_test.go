@@ -309,3 +309,32 @@ func bigLog(x *big.Float) *big.Float {
 	ln2 := atanhSeries(new(big.Float).SetPrec(prec).SetInt64(2))
 	return ln.Add(ln, ln2.Mul(ln2, new(big.Float).SetPrec(prec).SetInt64(int64(e))))
 }
+
+// TestEvidenceVarianceAndInterval: the variance half of the renewal and re-entry rules, and the
+// interval's clipping. At alpha = 0.01 and 1000 draws of variance 0.01 the margin is
+// m = sqrt(2 * 0.01 * ln 200 / 1000) + 7 ln 200 / 2997 = 0.0226692, so p = 0.999 passes both
+// rules' bound on p (p - m = 0.976, p - 2 m = 0.954 >= 0.95): Var = eps passes (the rules say
+// Var <= eps), the float above it fails both, whatever p says. With 10 draws of variance 1/4 the
+// margin (1.89) passes both ends of [0, 1]: the interval is [0, 1].
+func TestEvidenceVarianceAndInterval(t *testing.T) {
+	const alpha, delta, eps = 0.01, 0.05, 0.01
+	at := Evidence{P: 0.999, Var: eps, Samples: 1000}
+	over := Evidence{P: 0.999, Var: math.Nextafter(eps, 1), Samples: 1000}
+	for _, tc := range []struct {
+		name string
+		got  bool
+		want bool
+	}{
+		{"Renewable at Var = eps", Renewable(at, delta, eps, alpha), true},
+		{"Reenters at Var = eps", Reenters(at, delta, eps, alpha), true},
+		{"Renewable at Var just over eps", Renewable(over, delta, eps, alpha), false},
+		{"Reenters at Var just over eps", Reenters(over, delta, eps, alpha), false},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s (p = 0.999, 1000 draws): %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	if lo, hi := (Evidence{P: 0.5, Var: 0.25, Samples: 10}).Interval(alpha); lo != 0 || hi != 1 {
+		t.Errorf("Interval of 10 draws of variance 1/4 around 1/2 = [%v, %v], want [0, 1]", lo, hi)
+	}
+}

@@ -196,3 +196,14 @@ func bigExpm1MinusX(x float64) float64 {
 	f, _ := sum.Float64()
 	return f
 }
+
+// TestKLOverflowIsAnError: a posterior whose KL overflows float64 (a log sigma of 400: exp(800))
+// has no KL, and KL says so rather than returning +Inf as a value.
+func TestKLOverflowIsAnError(t *testing.T) {
+	q1 := testModel(1)
+	q2 := q1.Clone()
+	q2.Last().WeightLogSigma[0] = 400
+	if kl, _, err := KL(q2, q1); err == nil {
+		t.Fatalf("KL with a log sigma of 400 = %v, nil; want an error", kl)
+	}
+}

@@ -128,11 +128,14 @@ func lastBelow(s, ceiling float64) float64 {
 // by stepping one ulp at a time from p + the Hoeffding margin).
 func hoeffdingAt(p float64, samples int, alpha float64) Certificate {
 	p1 := p + math.Sqrt(math.Log(1/alpha)/(2*float64(samples)))
+	steps := 0
 	for HoeffdingLower(p1, samples, alpha) > p {
 		p1 = math.Nextafter(p1, 0)
+		ulpSteps(&steps, "Hoeffding's lower bound")
 	}
 	for HoeffdingLower(p1, samples, alpha) < p {
 		p1 = math.Nextafter(p1, 1)
+		ulpSteps(&steps, "Hoeffding's lower bound")
 	}
 	if HoeffdingLower(p1, samples, alpha) != p {
 		panic(fmt.Sprintf("no p1 has a Hoeffding lower bound of exactly %v", p))
@@ -191,12 +194,26 @@ func TestEvidenceAtTheEdges(t *testing.T) {
 // edge is the smallest float p with bound(p) >= threshold, for a bound non-decreasing in p,
 // stepping one ulp at a time from guess.
 func edge(bound func(float64) float64, threshold, guess float64) float64 {
-	p := guess
+	p, steps := guess, 0
 	for bound(p) < threshold {
 		p = math.Nextafter(p, 2)
+		ulpSteps(&steps, "a bound")
 	}
 	for bound(math.Nextafter(p, -1)) >= threshold {
 		p = math.Nextafter(p, -1)
+		ulpSteps(&steps, "a bound")
 	}
 	return p
+}
+
+// maxULPSteps bounds the ulp-by-ulp searches of hoeffdingAt and edge: their guesses are the
+// formulas' own values, a few ulps from the answer, so a search that takes a million steps means
+// the bound is not the formula its guess assumes (and would otherwise run for minutes).
+const maxULPSteps = 1_000_000
+
+// ulpSteps counts one step of such a search and panics past maxULPSteps.
+func ulpSteps(steps *int, what string) {
+	if *steps++; *steps > maxULPSteps {
+		panic(fmt.Sprintf("%s is not where its formula puts it: still searching after %d ulps", what, maxULPSteps))
+	}
 }

@@ -279,3 +279,50 @@ func TestTheorem1HoldsAtExactlyOneHalf(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmitsIsTheRenewalRule: a CE is admitted as certified exactly when its registration's
+// measurement would renew a certificate (Renewable at confidence 1 - alpha), not by re-entry's
+// wider margin nor at another confidence. At 1000 draws of variance 0.001 and alpha = 0.01 the
+// margin is m = 0.0156304 (0.0137910 at alpha = 0.02), so the smallest admitted p1 is
+// 0.95 + m = 0.96563: p1 = 0.964 is refused (it would pass at alpha = 0.02), p1 = 0.95 + 1.5 m
+// is admitted (re-entry, which takes p1 - 2 m >= 0.95, would refuse it).
+func TestAdmitsIsTheRenewalRule(t *testing.T) {
+	const alpha = 0.01
+	for _, tc := range []struct {
+		p1   float64
+		var1 float64
+		want bool
+	}{
+		{0.964, 0.001, false},
+		{0.9734455443485306, 0.001, true},
+		{0.999, 0.01, true},                     // Var1 = eps
+		{0.999, math.Nextafter(0.01, 1), false}, // Var1 over eps, whatever p1
+	} {
+		c := Certificate{P1: tc.p1, Var1: tc.var1, Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+		if got := c.Admits(alpha); got != tc.want {
+			t.Errorf("Certificate{p1 %v, V1 %v, 1000 draws}.Admits(%v) = %v, want %v", tc.p1, tc.var1, alpha, got, tc.want)
+		}
+	}
+}
+
+// TestRangesIncludeTheirEnds: the largest valid values are valid (epsilon = V1 = 1/4, p1 = 1),
+// and a Hoeffding policy without a confidence in (0, 1) is refused, and its gate, if one is made
+// all the same, certifies nothing: alpha = 1 would be a bound with no margin.
+func TestRangesIncludeTheirEnds(t *testing.T) {
+	if err := CheckEpsilon(0.25); err != nil {
+		t.Errorf("CheckEpsilon(0.25): %v", err)
+	}
+	if err := (Certificate{P1: 1, Var1: 0.25, Samples: 1, Delta: 0.05, Epsilon: 0.25}).Validate(); err != nil {
+		t.Errorf("a certificate at p1 = 1, V1 = eps = 1/4: %v", err)
+	}
+	for _, a := range []float64{0, 1} {
+		p := Policy{Mode: Paper, EpsilonMax: 0.25, Hoeffding: true, Alpha: a}
+		if p.Validate() == nil {
+			t.Errorf("%+v validated", p)
+		}
+		g := p.Gate(Slack{})
+		if lower, certified := g.Check(0.99, 0, 0.01, 1000); !math.IsInf(lower, -1) || certified {
+			t.Errorf("the gate of %+v: Check(p1 0.99, 1000 draws) = %v, %v; want -Inf, false", p, lower, certified)
+		}
+	}
+}

@@ -17,9 +17,12 @@ func TestScore(t *testing.T) {
 		t.Errorf("got %+v, want log loss %v, brier %v, 1 correct", b, ll, br)
 	}
 	// Top-class confidences 0.9 (hit, bin 9), 0.7 (miss, bin 7), 0.5 (ties go to class 0: a miss, bin 5).
-	_, _, acc, ece := b.Means()
+	mll, mbr, acc, ece := b.Means()
 	if want := (math.Abs(1-0.9) + math.Abs(0-0.7) + math.Abs(0-0.5)) / 3; math.Abs(ece-want) > 1e-12 || math.Abs(acc-1.0/3) > 1e-12 {
 		t.Errorf("ece %v accuracy %v, want %v and 1/3", ece, acc, want)
+	}
+	if math.Abs(mll-ll/3) > 1e-12 || math.Abs(mbr-0.5) > 1e-12 {
+		t.Errorf("mean log loss %v, mean Brier %v; want %v and 0.5", mll, mbr, ll/3)
 	}
 	for _, bad := range []struct {
 		p [][]float64
@@ -50,6 +53,15 @@ func TestWindowKeepsTheNewestRecords(t *testing.T) {
 	s := w.Sum()
 	if s.Records != 30 || s.Correct != 10 {
 		t.Errorf("window holds %d records, %d correct; want 30 and 10 (increments 7, 8, 9)", s.Records, s.Correct)
+	}
+	// At a size the increments fill exactly, the window holds that many records, no more.
+	w = Window{Size: 20}
+	for i := 0; i < 5; i++ {
+		b, _ := Score([][]float64{{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}}, make([]int, 10))
+		w.Push(b)
+	}
+	if n := w.Sum().Records; n != 20 {
+		t.Errorf("a window of 20 records over increments of 10 holds %d records, want 20", n)
 	}
 }
 
@@ -174,6 +186,9 @@ func TestCalibrationErrorBinsByConfidence(t *testing.T) {
 // warm-up, fed every such step and 2,000 random sequences, does not alarm before record 150. With
 // a Lambda of 50 it does, and the warm-up holds the alarm to record 100.
 func TestDetectorWarmUpAtTheDefaults(t *testing.T) {
+	if d := NewDetector(); d.MinRecords != 100 {
+		t.Fatalf("the default warm-up is %d records; this test and docs/MATHS.md reason about 100", d.MinRecords)
+	}
 	first := func(d Detector, xs []float64) int {
 		for i, x := range xs {
 			if d.Observe(Batch{brier: []float64{x}}) > 0 {
@@ -214,5 +229,28 @@ func TestDetectorWarmUpAtTheDefaults(t *testing.T) {
 	low.MinRecords = DefaultMinRecords
 	if got := first(low, step(37)); got != DefaultMinRecords {
 		t.Errorf("Lambda 50 with the default warm-up: alarm at record %d, want %d", got, DefaultMinRecords)
+	}
+}
+
+// TestDetectorValidate: a detector read back from storage with settings no detector is made
+// with (a drift allowance or threshold not above 0, negative counts, a state that is not
+// finite) is refused; the default one is not.
+func TestDetectorValidate(t *testing.T) {
+	if d := NewDetector(); d.Validate() != nil {
+		t.Fatalf("the default detector: %v", d.Validate())
+	}
+	for name, change := range map[string]func(*Detector){
+		"delta 0":          func(d *Detector) { d.Delta = 0 },
+		"lambda 0":         func(d *Detector) { d.Lambda = 0 },
+		"negative count":   func(d *Detector) { d.Count = -1 },
+		"negative changes": func(d *Detector) { d.Changes = -1 },
+		"NaN sum":          func(d *Detector) { d.Sum = math.NaN() },
+		"infinite mean":    func(d *Detector) { d.Mean = math.Inf(1) },
+	} {
+		d := NewDetector()
+		change(&d)
+		if d.Validate() == nil {
+			t.Errorf("a detector with %s validated", name)
+		}
 	}
 }
