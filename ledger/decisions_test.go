@@ -11,19 +11,14 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
 // TestReportPendingAfterARestore: Report.Pending after a re-certification that restores lapsed
 // certificates (none left pending), as in the ledger's state.
 func TestReportPendingAfterARestore(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "p", 10)...); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 5, "p", 10)
 	far := toBias(m0, -0.5)
 	rep, _, err := l.Commit(bg, &Checkpoint{Model: far})
 	if err != nil || rep.Lapsed != 10 || rep.Pending != 10 {
@@ -44,13 +39,7 @@ func TestReportPendingAfterARestore(t *testing.T) {
 // TestReportChecksEveryCEAndKeepsTheLargestAnchorKL: Report.Checked counts invalidated CEs too,
 // and MaxAnchorKL is the largest of two anchors' KLs.
 func TestReportChecksEveryCEAndKeepsTheLargestAnchorKL(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(6, 6))
-	if err := l.Put(bg, cheapCEs(m0, rng, "a", 5)...); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, rng := withCEs(t, 6, "a", 5)
 	m1 := toBias(m0, -4) // p(yes) far below 1/2: verdicts invalidated
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
 		t.Fatal(err)
@@ -79,13 +68,7 @@ func TestReportChecksEveryCEAndKeepsTheLargestAnchorKL(t *testing.T) {
 // TestDecidedLeavesOutLapsedCertificates: State.Decided does not count lapsed certificates as
 // decided; they stay certified in Counts, pending renewal.
 func TestDecidedLeavesOutLapsedCertificates(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "p", 10)...); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 5, "p", 10)
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: toBias(m0, -0.5)}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,13 +84,7 @@ func TestDecidedLeavesOutLapsedCertificates(t *testing.T) {
 // TestUndecidedEvidenceKeepsAnInvalidatedCE: an invalidated CE whose new evidence decides
 // nothing (p = 1/2) stays invalidated (hysteresis).
 func TestUndecidedEvidenceKeepsAnInvalidatedCE(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(6, 6))
-	if err := l.Put(bg, cheapCEs(m0, rng, "a", 5)...); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 6, "a", 5)
 	m1 := toBias(m0, -4)
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
 		t.Fatal(err)
@@ -132,7 +109,7 @@ func TestUndecidedEvidenceKeepsAnInvalidatedCE(t *testing.T) {
 // TestRenewalAndReentryBetweenTheirMargins: with evidence between Renewable and Reenters, a
 // lapsed certificate is renewed and an at_risk CE is not certified again.
 func TestRenewalAndReentryBetweenTheirMargins(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
+	l, m0, rng := withCEs(t, 6, "a", 5)
 	alpha := l.opts.VerdictAlpha
 	pStar := 0.0
 	for p := 0.95; p < 1; p += 1e-4 {
@@ -145,16 +122,7 @@ func TestRenewalAndReentryBetweenTheirMargins(t *testing.T) {
 	if pStar == 0 {
 		t.Fatal("no evidence between Renewable and Reenters")
 	}
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(6, 6))
-	if err := l.Put(bg, cheapCEs(m0, rng, "a", 5)...); err != nil {
-		t.Fatal(err)
-	}
-	m1 := toBias(m0, -0.5)
-	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
-		t.Fatal(err)
-	}
+	m1 := lapse(t, l, m0)
 	if _, _, err := l.Confirm(bg, &fixedPredictor{version: m1.Version, p: 0.7, v: 0.001, samples: 400}, 100); err != nil {
 		t.Fatal(err)
 	}
@@ -208,17 +176,8 @@ func TestLateRegistrationWaitsForAVerdict(t *testing.T) {
 // TestConfirmDoesNotOverrideANewerVerdict: a measurement of a CE that got a newer verdict while
 // it was sampled is not written.
 func TestConfirmDoesNotOverrideANewerVerdict(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "p", 5)...); err != nil {
-		t.Fatal(err)
-	}
-	m1 := toBias(m0, -0.5)
-	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 5, "p", 5)
+	m1 := lapse(t, l, m0)
 	// While the outer measurement samples (p = 0.7), another Confirm invalidates the CEs (p = 0.3).
 	racing := &fixedPredictor{version: m1.Version, p: 0.7, v: 0.001, samples: 400, during: func() {
 		if _, _, err := l.Confirm(bg, &fixedPredictor{version: m1.Version, p: 0.3, v: 0.001, samples: 400}, 100); err != nil {
@@ -237,17 +196,8 @@ func TestConfirmDoesNotOverrideANewerVerdict(t *testing.T) {
 // TestConfirmSkipsCertificatesRestoredMeanwhile: a CE whose bound holds again when the
 // measurement is written gets no verdict.
 func TestConfirmSkipsCertificatesRestoredMeanwhile(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "p", 5)...); err != nil {
-		t.Fatal(err)
-	}
-	m1 := toBias(m0, -0.5)
-	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 5, "p", 5)
+	m1 := lapse(t, l, m0)
 	back := m0.Clone()
 	back.Version = m1.Version + 1
 	// While the measurement samples (p = 0.3), a posterior under which the bounds hold is committed.
@@ -267,17 +217,8 @@ func TestConfirmSkipsCertificatesRestoredMeanwhile(t *testing.T) {
 
 // TestConfirmMeasuresAtMostMax: Confirm measures at most max CEs.
 func TestConfirmMeasuresAtMostMax(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "p", 5)...); err != nil {
-		t.Fatal(err)
-	}
-	m1 := toBias(m0, -0.5)
-	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, _ := withCEs(t, 5, "p", 5)
+	m1 := lapse(t, l, m0)
 	rep, _, err := l.Confirm(bg, &fixedPredictor{version: m1.Version, p: 0.3, v: 0.001, samples: 400}, 2)
 	if err != nil || rep.Picked != 2 || !rep.More {
 		t.Fatalf("confirm %+v, %v; want 2 picked, more to come", rep, err)
@@ -287,13 +228,7 @@ func TestConfirmMeasuresAtMostMax(t *testing.T) {
 // TestAnchorWithoutCEsIsNotReported: an anchor no CE refers to any more (kept because it is the
 // current posterior) is not re-certified: it is not in AnchorKL.
 func TestAnchorWithoutCEsIsNotReported(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
-	if err := l.Put(bg, cheapCEs(m0, rng, "a", 2)...); err != nil {
-		t.Fatal(err)
-	}
+	l, m0, rng := withCEs(t, 5, "a", 2)
 	m1 := drift(m0, 0.001)
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
 		t.Fatal(err)
@@ -312,4 +247,30 @@ func TestAnchorWithoutCEsIsNotReported(t *testing.T) {
 	if _, ok := rep.AnchorKL[m0.Version]; !ok || len(rep.AnchorKL) != 1 {
 		t.Fatalf("anchor KL %v, want only anchor %d", rep.AnchorKL, m0.Version)
 	}
+}
+
+// withCEs opens a ledger with the test policy, installs testModel(4) as its posterior m0 and
+// stores n certified CEs under it (ids prefix0, prefix1, ...), drawn with rng seeded by seed,
+// which it returns for more.
+func withCEs(t *testing.T, seed uint64, prefix string, n int) (*Ledger, *bnn.Model, *rand.Rand) {
+	t.Helper()
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	if err := l.Put(bg, cheapCEs(m0, rng, prefix, n)...); err != nil {
+		t.Fatal(err)
+	}
+	return l, m0, rng
+}
+
+// lapse commits m0 with its last bias moved by -0.5, a posterior under which the CEs certified
+// under m0 lapse, and returns it.
+func lapse(t *testing.T, l *Ledger, m0 *bnn.Model) *bnn.Model {
+	t.Helper()
+	m1 := toBias(m0, -0.5)
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: m1}); err != nil {
+		t.Fatal(err)
+	}
+	return m1
 }
