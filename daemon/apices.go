@@ -129,6 +129,22 @@ type registerRequest struct {
 	Target target     `json:"target"`
 }
 
+// keyAndBody reads a registration request's Idempotency-Key and its body, in that order. When
+// either is bad it answers the request (400 for the key, writeBodyError for the body) and ok is
+// false.
+func keyAndBody(w http.ResponseWriter, r *http.Request) (key string, body []byte, ok bool) {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", nil, false
+	}
+	if body, err = readBody(r); err != nil {
+		writeBodyError(w, err)
+		return "", nil, false
+	}
+	return key, body, true
+}
+
 // handleRegister stores a counterfactual: p1 and Var1 are measured under the current posterior,
 // the CE is anchored to it, and <delta, epsilon>-set membership decides certified vs
 // uncertified (or refusal, with certify.uncertified: refuse).
@@ -136,14 +152,8 @@ type registerRequest struct {
 // With an Idempotency-Key header, the registration is one request however often it is sent
 // (see keyed and answerOutcome).
 func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
-	key, err := idempotencyKey(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	body, err := readBody(r)
-	if err != nil {
-		writeBodyError(w, err)
+	key, body, ok := keyAndBody(w, r)
+	if !ok {
 		return
 	}
 	var req registerRequest
@@ -229,14 +239,8 @@ type bulkResult struct {
 // With an Idempotency-Key header, each line is one request however often the body is sent
 // (keyed: its request id is derived from the key and its line number).
 func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
-	key, err := idempotencyKey(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	body, err := readBody(r)
-	if err != nil {
-		writeBodyError(w, err)
+	key, body, ok := keyAndBody(w, r)
+	if !ok {
 		return
 	}
 	var (
