@@ -142,8 +142,12 @@ func (e *explainer) acquire() (release func(), err error) {
 }
 
 // generate runs one generation for x under posterior m (the caller holds a slot). target < 0
-// picks the other class.
+// picks the other class. Only PSCE asks for the VAE and waits for it: the baselines do not use
+// it, so they run at once on a daemon whose VAE is not trained yet.
 func (e *explainer) generate(ctx context.Context, m *bnn.Model, x []float64, target int, method explain.Method) (*explain.Result, error) {
+	if method != explain.MethodPSCE {
+		return e.generator(m, method).Generate(ctx, x, target)
+	}
 	e.wantOnce.Do(func() { close(e.want) })
 	select {
 	case <-e.ready: // checked first: a VAE that is ready serves the requests the stop drains
@@ -167,9 +171,14 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
 		cfg := explain.DefaultConfig(method)
 		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed, cfg.TargetAlpha = e.maxIter, e.delta, e.epsilon, m.Version, e.targetAlpha
-		// Ready without a VAE: no training data fits the model (loadOrTrain logged why).
-		cfg.WithoutVAE = e.vae == nil
-		e.gen, e.genFor = explain.NewGenerator(m, e.vae, cfg), m.Version
+		var vae *explain.VAE
+		if method == explain.MethodPSCE {
+			// generate waited for ready, after which vae is not written again. Ready without a
+			// VAE: no training data fits the model (loadOrTrain logged why).
+			vae = e.vae
+			cfg.WithoutVAE = vae == nil
+		}
+		e.gen, e.genFor = explain.NewGenerator(m, vae, cfg), m.Version
 	}
 	return e.gen
 }

@@ -102,3 +102,56 @@ func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
 		}
 	}
 }
+
+// TestBaselinesDoNotWaitForTheVAE: the baselines do not use the VAE, so on a daemon whose VAE is
+// not trained they run at once and ask for no training; PSCE then still does.
+func TestBaselinesDoNotWaitForTheVAE(t *testing.T) {
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", maxIterations: 50, concurrency: 1,
+		delta: 0.05, epsilon: 0.01}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- e.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	data := daemontest.Bundled(t)
+	x := data.X[slices.Index(data.Y, 0)]
+	for _, method := range explain.Methods {
+		if method == explain.MethodPSCE {
+			continue
+		}
+		// A request context already done: a generation that waited for the VAE would be answered
+		// errVAEPending; one that does not wait ignores it until its first iteration.
+		done, stop := context.WithCancel(context.Background())
+		stop()
+		_, err := e.generate(done, m, x, -1, method)
+		if errors.Is(err, errVAEPending) {
+			t.Errorf("%s waited for the VAE", method)
+		}
+	}
+	select {
+	case <-e.want:
+		t.Fatal("a baseline asked for the VAE's training")
+	default:
+	}
+	if _, err := os.Stat(e.dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s: %v, want no VAE trained for the baselines", e.dir, err)
+	}
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := e.generate(done, m, x, -1, explain.MethodPSCE); !errors.Is(err, errVAEPending) {
+		t.Errorf("PSCE before the VAE is trained: %v, want errVAEPending", err)
+	}
+	select {
+	case <-e.want:
+	default:
+		t.Error("PSCE did not ask for the VAE's training")
+	}
+}
