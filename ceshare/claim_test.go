@@ -87,6 +87,21 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			return []record{claimRec(t, 1, "r1", 2), stateRec(t, "a", "r1", 2, "r1 g2"),
 				claimRec(t, 2, "r2", 3), claimRec(t, 3, "r1", 4), stateRec(t, "a", "r1", 2, "r1 g2 outbox")}
 		}, map[string]string{"a": "r1 g2"}, 1},
+		// Copies of signed records (docs/DESIGN.md, "What it does not stop"): authenticated, so
+		// taken as what they say; the ACLs keep them out.
+		{"a copy of the owner's earlier state, appended later, is the CE's state", func(t *testing.T) []record {
+			early := stateRec(t, "a", "r1", 1, "early")
+			return []record{claimRec(t, 1, "r1", 1), early, stateRec(t, "a", "r1", 1, "newer"), early}
+		}, map[string]string{"a": "early"}, 0},
+		{"a copy of a tombstone ends a CE registered again", func(t *testing.T) []record {
+			tomb := tombRec("a")
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "first"), tomb,
+				stateRec(t, "a", "r1", 1, "again"), tomb}
+		}, map[string]string{}, 0},
+		{"a copy of an earlier claim is not in force", func(t *testing.T) []record {
+			c1 := claimRec(t, 1, "r1", 1)
+			return []record{c1, claimRec(t, 2, "r2", 2), c1, stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{"a": "r1 late"}, 1},
 		{"a claim that does not authenticate is not in force", func(t *testing.T) []record {
 			forged := claimRec(t, 9, "evil", 9)
 			forged.auth = []byte("forged")
