@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,6 +211,44 @@ func (r running) statuses(t *testing.T, ids []string) map[string]string {
 	return out
 }
 
+// phases logs, at each step of a check, the wall time and this process's CPU time (the test and
+// the daemon it runs, user and system) since the step before, so that a check that runs long on
+// a busy machine says where its time went.
+type phases struct {
+	t         *testing.T
+	wall      time.Time
+	cpu       time.Duration
+	cpuTimeOK bool
+}
+
+func startPhases(t *testing.T) *phases {
+	p := &phases{t: t, wall: time.Now()}
+	p.cpu, p.cpuTimeOK = processCPU()
+	return p
+}
+
+// done logs step what as ended.
+func (p *phases) done(what string) {
+	p.t.Helper()
+	now := time.Now()
+	cpu, ok := processCPU()
+	if ok && p.cpuTimeOK {
+		p.t.Logf("%s: %.1f s, %.1f CPU-s", what, now.Sub(p.wall).Seconds(), (cpu - p.cpu).Seconds())
+	} else {
+		p.t.Logf("%s: %.1f s", what, now.Sub(p.wall).Seconds())
+	}
+	p.wall, p.cpu, p.cpuTimeOK = now, cpu, ok
+}
+
+// processCPU is the user and system CPU time of this process so far.
+func processCPU() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}
+
 // cycle returns n records of set in its order, repeated, with labels flipped when flip.
 func cycle(set *dataset.Set, from, n int, flip bool) ([][]float64, []int) {
 	X, y := make([][]float64, n), make([]int, n)
@@ -236,13 +275,19 @@ func KeepsCertifiedUnderCorrectLabels(t *testing.T, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ph := startPhases(t)
 	r := start(t, name, 10)
+	ph.done("start (the bundled model trained)")
 	l0 := r.logLoss(t, set)
+	ph.done("log loss at the start")
 	ids := r.explainAll(t, set, 10)
+	ph.done("10 explanations (the VAE trained, PSCE)")
 	X, y := cycle(set, 0, 6000, false)
 	r.produce(t, X, y, "r")
 	r.waitApplied(t, 6000)
+	ph.done("6,000 records applied, every CE measured")
 	l1 := r.logLoss(t, set)
+	ph.done("log loss at the end")
 	st := r.statuses(t, ids)
 	t.Logf("600 increments of 10: mean log loss over the data set's sample %.4f -> %.4f (x%.3f); %d counterfactuals: %v; %v renewals",
 		l0, l1, l1/l0, len(ids), st, r.metric("cfguard_counterfactuals_renewed_total"))
@@ -272,11 +317,15 @@ func InvalidatesUnderDrift(t *testing.T, name string, inc int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ph := startPhases(t)
 	r := start(t, name, inc)
+	ph.done("start (the bundled model trained)")
 	ids := r.explainAll(t, set, 10)
+	ph.done("10 explanations (the VAE trained, PSCE)")
 	X, y := cycle(set, 0, 1000, false)
 	r.produce(t, X, y, "r")
 	r.waitApplied(t, 1000)
+	ph.done("1,000 correctly labelled records applied, every CE measured")
 	for flipped := 0; flipped < 1000; {
 		X, y := cycle(set, flipped, 125, true)
 		r.produce(t, X, y, fmt.Sprintf("f%d-", flipped))
@@ -289,6 +338,7 @@ func InvalidatesUnderDrift(t *testing.T, name string, inc int) {
 			}
 		}
 		if inv*5 >= 4*len(ids) {
+			ph.done(fmt.Sprintf("%d flipped records applied", flipped))
 			changes := r.metric("cfguard_prequential_changes_total")
 			t.Logf("%d of %d counterfactuals invalidated after %d flipped records (increments of at most %d); prequential changes detected: %v",
 				inv, len(ids), flipped, inc, changes)
