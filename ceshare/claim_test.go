@@ -87,6 +87,25 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			return []record{claimRec(t, 1, "r1", 2), stateRec(t, "a", "r1", 2, "r1 g2"),
 				claimRec(t, 2, "r2", 3), claimRec(t, 3, "r1", 4), stateRec(t, "a", "r1", 2, "r1 g2 outbox")}
 		}, map[string]string{"a": "r1 g2"}, 1},
+		{"a late write of the previous owner in the claim's generation is fenced", func(t *testing.T) []record {
+			// Generations are the group's: the replica that lost the partition takes part in the
+			// new owner's generation too.
+			return []record{claimRec(t, 1, "r1", 4), stateRec(t, "a", "r1", 4, "r1's"), claimRec(t, 2, "r2", 5),
+				stateRec(t, "a", "r2", 5, "r2's"), stateRec(t, "a", "r1", 5, "r1 late")}
+		}, map[string]string{"a": "r2's"}, 1},
+		{"two claims of one term and one generation: the one read later is in force", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 2, "r2", 3), claimRec(t, 2, "r3", 3),
+				stateRec(t, "a", "r3", 3, "r3's"), stateRec(t, "b", "r2", 3, "r2 late")}
+		}, map[string]string{"a": "r3's", "b": "r2 late"}, 1},
+		{"an authenticated record that does not decode removes the CE's state, as compaction would", func(t *testing.T) []record {
+			bad := record{key: []byte("a"), value: []byte("{"), auth: testKeys().Sign(StateDomain, []byte("{"))}
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"), stateRec(t, "b", "r1", 1, "b"), bad}
+		}, map[string]string{"b": "b"}, 0},
+		{"a CE its owner wrote again after a tombstone takes a later late write when its state is gone", func(t *testing.T) []record {
+			bad := record{key: []byte("a"), value: []byte("{"), auth: testKeys().Sign(StateDomain, []byte("{"))}
+			return []record{claimRec(t, 1, "r1", 1), tombRec("a"), stateRec(t, "a", "r1", 1, "again"), bad,
+				claimRec(t, 2, "r2", 2), stateRec(t, "a", "r1", 1, "r1 late")}
+		}, map[string]string{"a": "r1 late"}, 1},
 		// Copies of signed records (docs/DESIGN.md, "What it does not stop"): authenticated, so
 		// taken as what they say; the ACLs keep them out.
 		{"a copy of the owner's earlier state, appended later, is the CE's state", func(t *testing.T) []record {
@@ -111,9 +130,16 @@ func TestFoldFencesLateWrites(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &Member{cfg: MemberConfig{Keys: testKeys(), StateTopic: testStateTopic}, log: testLog(t)}
 			f := newStateFold()
+			var term int64 // the greatest term of the authenticated claims: the next claim's is one more
 			for i, r := range tc.recs(t) {
 				r.offset = int64(i)
 				m.foldState(f, 0, r)
+				if c, err := DecodeClaim(r.key, r.value); err == nil && isClaim(r.key) && testKeys().Verify(ClaimDomain, r.value, r.auth) == nil {
+					term = max(term, c.Term)
+				}
+			}
+			if f.term != term {
+				t.Errorf("the fold's greatest term is %d, want %d", f.term, term)
 			}
 			got := map[string]string{}
 			for id, s := range f.result() {
