@@ -88,6 +88,12 @@ func (l *testLog) increment(pv []byte, pe *Entry, term uint64, writer string, to
 		LastLayer: LastLayerOf(next), PosteriorSHA256: sha}
 }
 
+// edited is e after edit.
+func edited(e *Entry, edit func(*Entry)) *Entry {
+	edit(e)
+	return e
+}
+
 func TestFirstValidSuccessorWins(t *testing.T) {
 	l, g := newTestLog(t)
 	gv := l.value(g)
@@ -166,6 +172,11 @@ func TestFencing(t *testing.T) {
 		{"a claim that skips a term", l.claim(c1v, c1, 3, "b/1"), StaleTerm},
 		{"a claim of the same term", l.claim(c1v, c1, 1, "b/1"), StaleTerm},
 		{"a claim of the next term", l.claim(c1v, c1, 2, "b/1"), Accepted},
+		// A claim changes the term only: the posterior and what it covers stay the head's.
+		{"a claim that moves the coverage", edited(l.claim(c1v, c1, 2, "b/1"), func(e *Entry) { e.Covers = map[int]int64{0: 500} }), Invalid},
+		{"a claim that moves the version", edited(l.claim(c1v, c1, 2, "b/1"), func(e *Entry) { e.Version++ }), Invalid},
+		{"a claim that moves the parent version", edited(l.claim(c1v, c1, 2, "b/1"), func(e *Entry) { e.ParentVersion++ }), Invalid},
+		{"a claim of another posterior", edited(l.claim(c1v, c1, 2, "b/1"), func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("0", 64) }), Invalid},
 	}
 	for _, tc := range cases {
 		c := NewChain(testKeys())
@@ -194,6 +205,14 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 		{"promoted without a last layer", func(e *Entry) { e.LastLayer = nil }},
 		{"rejected but moves the version", func(e *Entry) { e.Outcome = Rejected }},
 		{"wrong parent hash", func(e *Entry) { e.Parent = e.Parent[:63] + "0" }},
+		{"a sequence number past the next", func(e *Entry) { e.Seq++ }},
+		{"the head's sequence number", func(e *Entry) { e.Seq-- }},
+		{"rejected, moving the version", func(e *Entry) {
+			e.Outcome, e.LastLayer, e.PosteriorSHA256 = Rejected, nil, i1.PosteriorSHA256
+		}},
+		{"skipped, with another posterior", func(e *Entry) {
+			e.Outcome, e.LastLayer, e.Version, e.PosteriorSHA256 = Skipped, nil, i1.Version, strings.Repeat("0", 64)
+		}},
 	} {
 		c := NewChain(testKeys())
 		acceptAll(t, c, gv, c1v, i1v)
@@ -206,6 +225,15 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 		if _, r, _ := c.Offer(signed(4, l.value(l.increment(i1v, i1, 1, "a/1", 20, 0.2)))); r != Accepted {
 			t.Errorf("%s: the valid successor after it: %s", tc.name, r)
 		}
+	}
+	// A clipped increment (a step scaled down to the KL budget) moves the version as a promoted
+	// one does.
+	c0 := NewChain(testKeys())
+	acceptAll(t, c0, gv, c1v, i1v)
+	clipped := l.increment(i1v, i1, 1, "a/1", 20, 0.2)
+	clipped.Outcome = Clipped
+	if _, r, _ := c0.Offer(signed(3, l.value(clipped))); r != Accepted || c0.Head().Version != 2 {
+		t.Errorf("a clipped increment: %s, head at version %d, want accepted at version 2", r, c0.Head().Version)
 	}
 	// Kept (not moving the version) with the parent's hash is fine.
 	c := NewChain(testKeys())
@@ -303,12 +331,49 @@ func TestApplyIsBitExactAndChecked(t *testing.T) {
 	if m0.Version != 0 || m1.Version != 1 {
 		t.Errorf("versions %d, %d", m0.Version, m1.Version)
 	}
+	if _, err := e.Apply(m1); err == nil || !strings.Contains(err.Error(), "applies to version 0, the posterior is version 1") {
+		t.Errorf("Apply on the wrong parent version: %v", err)
+	}
 	e.LastLayer.BiasLogSigma[0] += 1e-9
 	if _, err := e.Apply(m0); !errors.Is(err, ErrMismatch) {
 		t.Errorf("a changed parameter: Apply = %v, want ErrMismatch", err)
 	}
-	if _, err := e.Apply(m1); err == nil {
-		t.Error("Apply on the wrong parent version succeeded")
+	if _, err := back.Body.Model(strings.Repeat("0", 64)); !errors.Is(err, ErrMismatch) {
+		t.Errorf("a genesis body under another posterior hash: %v, want ErrMismatch", err)
+	}
+}
+
+// Decode refuses what no kind of entry may hold, before the chain judges it.
+func TestDecodeRefusesMalformedEntries(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	inc := l.increment(l.value(c1), c1, 1, "a/1", 10, 0.1)
+	for _, tc := range []struct {
+		name string
+		e    *Entry
+		edit func(e *Entry)
+	}{
+		{"format 0", inc, func(e *Entry) { e.Format = 0 }},
+		{"an unknown kind", inc, func(e *Entry) { e.Kind = "foo" }},
+		{"no writer", inc, func(e *Entry) { e.Writer = "" }},
+		{"a short posterior hash", inc, func(e *Entry) { e.PosteriorSHA256 = e.PosteriorSHA256[:63] }},
+		{"a genesis without a body", g, func(e *Entry) { e.Body = nil }},
+		{"a genesis without weights", g, func(e *Entry) { e.Body = &Body{Sidecar: g.Body.Sidecar} }},
+		{"a claim with events", c1, func(e *Entry) { e.EventsThrough = 1 }},
+		{"a negative offset", inc, func(e *Entry) { e.Covers = map[int]int64{0: -1} }},
+		{"a negative partition", inc, func(e *Entry) { e.Covers = map[int]int64{-1: 5} }},
+	} {
+		e := *tc.e
+		tc.edit(&e)
+		if _, err := Decode(l.value(&e)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: Decode = %v, want ErrMalformed", tc.name, err)
+		}
+	}
+	for _, e := range []*Entry{g, c1, inc} {
+		if _, err := Decode(l.value(e)); err != nil {
+			t.Errorf("a well-formed %s: %v", e.Kind, err)
+		}
 	}
 }
 

@@ -61,6 +61,27 @@ func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
 	if _, r, _ := c.Offer(signed(6, l.value(bad))); r != Invalid {
 		t.Fatalf("an epoch that changes the coverage: %s", r)
 	}
+	// The epoch is the next one, in the head's term, with the head's posterior: anything else is
+	// refused, and the chain stays stuck.
+	for _, tc := range []struct {
+		name string
+		edit func(e *Entry)
+		want Reason
+	}{
+		{"skips an epoch", func(e *Entry) { e.Epoch = 2 }, NotSuccessor},
+		{"opens a term", func(e *Entry) { e.Term++ }, Invalid},
+		{"moves the version", func(e *Entry) { e.Version++; e.ParentVersion++ }, Invalid},
+		{"carries another posterior", func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("0", 64) }, Invalid},
+	} {
+		e, err := Decode(epoch(stuck))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.edit(e)
+		if _, r, _ := c.Offer(signed(6, l.value(e))); r != tc.want || c.Stuck() == nil {
+			t.Fatalf("an epoch that %s: %s (stuck %v), want %s", tc.name, r, c.Stuck(), tc.want)
+		}
+	}
 	ev := epoch(stuck)
 	if _, r, _ := c.Offer(signed(7, ev)); r != Accepted {
 		t.Fatalf("the epoch past the unreadable entry: %s", r)
@@ -136,11 +157,26 @@ func TestALogMayBeginWithALaterEpoch(t *testing.T) {
 		t.Fatalf("an increment as a log's first record: %s", r)
 	}
 	for name, e := range map[string]Entry{
-		"no past":   func() Entry { e := *rebase; e.Past = nil; return e }(),
-		"no parent": func() Entry { e := *rebase; e.Parent = ""; return e }(),
+		"no past":           func() Entry { e := *rebase; e.Past = nil; return e }(),
+		"no parent":         func() Entry { e := *rebase; e.Parent = ""; return e }(),
+		"sequence number 0": func() Entry { e := *rebase; e.Seq = 0; return e }(),
 	} {
 		if _, r, _ := fresh.Fork().Offer(signed(1, l.value(&e))); r != NotSuccessor {
 			t.Errorf("a later epoch with %s as a log's first record: %s", name, r)
+		}
+	}
+	// A first genesis (epoch 0) starts from nothing: no sequence number, parent, past, term or
+	// coverage, and no version change.
+	for name, e := range map[string]Entry{
+		"coverage":          func() Entry { e := *g; e.Covers = map[int]int64{0: 10}; return e }(),
+		"a sequence number": func() Entry { e := *g; e.Seq = 1; return e }(),
+		"a parent":          func() Entry { e := *g; e.Parent = head.Hash; return e }(),
+		"a past":            func() Entry { e := *g; e.Past = &Past{Offset: head.Offset, SHA256: head.Hash}; return e }(),
+		"a term":            func() Entry { e := *g; e.Term = 1; return e }(),
+		"a version change":  func() Entry { e := *g; e.Version = 1; return e }(),
+	} {
+		if _, r, _ := fresh.Fork().Offer(signed(1, l.value(&e))); r != NotSuccessor {
+			t.Errorf("a first genesis with %s: %s", name, r)
 		}
 	}
 	if _, r, _ := fresh.Offer(signed(1, rv)); r != Accepted {
