@@ -1,12 +1,18 @@
 package replica
 
 import (
+	"errors"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
@@ -119,5 +125,39 @@ func TestClusterSettings(t *testing.T) {
 	cfg.Model.Path = dir + "/missing"
 	if _, err := ClusterSettings(&cfg); err == nil || !strings.Contains(err.Error(), "model.path") {
 		t.Errorf("a missing model.path: err %v, want one naming model.path", err)
+	}
+}
+
+// TestCheckSettingsOfEveryRecordingGenesis: a genesis that records settings, however few, is
+// checked key by key (a one-key genesis that differs is refused, and the gauge says by how
+// many keys); only one that records none is taken unchecked.
+func TestCheckSettingsOfEveryRecordingGenesis(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mine, log map[string]string
+		refused   bool
+	}{
+		{"one key, another value", map[string]string{"certify.delta": "0.05"}, map[string]string{"certify.delta": "0.2"}, true},
+		{"one key, the same value", map[string]string{"certify.delta": "0.05"}, map[string]string{"certify.delta": "0.05"}, false},
+		{"two keys, one another value", map[string]string{"certify.delta": "0.05", "certify.mode": "tight"},
+			map[string]string{"certify.delta": "0.05", "certify.mode": "paper"}, true},
+		{"none recorded", map[string]string{"certify.delta": "0.05"}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := alerts.NewReplicaMetrics(prometheus.NewRegistry(), nil)
+			r := &Replica{lg: slog.New(slog.DiscardHandler), m: m, plog: &postlog.Log{}, settings: tc.mine}
+			err := r.checkSettings(&postlog.Entry{Settings: tc.log}, 3)
+			var se *SettingsError
+			if tc.refused != errors.As(err, &se) || !tc.refused && err != nil {
+				t.Errorf("checkSettings = %v, want refused %v", err, tc.refused)
+			}
+			want := 0.0
+			if tc.refused {
+				want = 1
+			}
+			if got := testutil.ToFloat64(m.SettingsDiffer); got != want {
+				t.Errorf("%s = %v, want %v", alerts.NameSettingsDiffer, got, want)
+			}
+		})
 	}
 }
