@@ -35,6 +35,7 @@ type testLog struct {
 	prev   []byte // the last accepted entry's value
 	seq    uint64
 	sha    string
+	model  *bnn.Model // the genesis's posterior
 	config string
 }
 
@@ -62,7 +63,7 @@ func newTestLog(t *testing.T) *testLog {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &testLog{t: t, b: b, plog: plog, sha: sha, config: filepath.Join(dir, "config.yaml")}
+	l := &testLog{t: t, b: b, plog: plog, sha: sha, model: m, config: filepath.Join(dir, "config.yaml")}
 	if err := os.WriteFile(l.config, []byte(fmt.Sprintf("kafka:\n  brokers: [%s]\nreplication:\n  enabled: true\n  key_file: %s\nlog:\n  level: error\n",
 		strings.Join(b.Addrs(), ", "), keyFile)), 0o600); err != nil {
 		t.Fatal(err)
@@ -194,5 +195,47 @@ func TestVerifyLogMatchesAnOutOfRangeDeadLetter(t *testing.T) {
 	l.accept(e)
 	if code, rep, errs := l.verify(); code != 0 || len(rep.Mismatches) != 0 {
 		t.Fatalf("verify-log: exit %d, mismatches %+v\n%s; want the entry's dead letter matched", code, rep.Mismatches, errs)
+	}
+}
+
+// verify-log re-executes a promoted increment and compares what it records: a KL the step does
+// not give is a mismatch, and so is, at the step's own KL, a posterior it does not give.
+func TestVerifyLogComparesTheKLAndThePosterior(t *testing.T) {
+	// run writes one good record and a promoted increment of it that records kl and a posterior
+	// other than the step's (the genesis's with its first mean moved), on a log of its own, and
+	// returns verify-log's mismatches.
+	run := func(kl float64) []command.VerifyProblem {
+		l := newTestLog(t)
+		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll}
+		defer w.Close()
+		if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(`{"id":"r0","features":[0.5,-1,2],"label":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+		m := l.model.Clone()
+		m.Last().WeightMu[0] += 0.5
+		m.Version = 1
+		sha, err := postlog.PosteriorHash(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.accept(&postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: l.seq + 1, Term: 1, Writer: "r1/1", Version: 1,
+			Covers: map[int]int64{0: 1}, Outcome: postlog.Promoted, Counts: &postlog.Counts{Applied: 1}, Seed: 7, KL: kl,
+			LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: sha})
+		code, rep, errs := l.verify()
+		if code != 1 || len(rep.Mismatches) != 1 || rep.Mismatches[0].Offset != 2 {
+			t.Fatalf("verify-log: exit %d, mismatches %+v\n%s; want exit 1 and the increment at offset 2", code, rep.Mismatches, errs)
+		}
+		return rep.Mismatches
+	}
+	const made = 0.123456789
+	mm := run(made)
+	var kl float64
+	if _, err := fmt.Sscanf(mm[0].Why, "KL %g, the entry records", &kl); err != nil || !(kl >= 0) || kl == made {
+		t.Fatalf("a made-up KL: %q, want the step's KL against the entry's", mm[0].Why)
+	}
+	// At the step's own KL (verify-log prints it exactly: %v round-trips a float64), the
+	// posterior is what differs.
+	if mm = run(kl); !strings.HasPrefix(mm[0].Why, "posterior ") {
+		t.Errorf("the step's KL and another posterior: %q, want the posterior named", mm[0].Why)
 	}
 }
