@@ -1,6 +1,8 @@
 package replicalog
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,10 +11,12 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
+	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/replica"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // TestPosteriorLogRecreatedStopsTheReplicas deletes and recreates the posterior topic under a
@@ -222,6 +226,50 @@ func TestStoppedReplicaSeesItsLogRecreated(t *testing.T) {
 				code, _ := r.Get(t, "/readyz")
 				return code == http.StatusOK && r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.D.Replica().Head().Epoch == head.Epoch+1
 			})
+		})
+	}
+}
+
+// A replica starting on a log that holds a single record and no genesis writes no genesis of its
+// own (it would follow a history of its own): one record that does not authenticate makes a log
+// of another key or a forger's, one entry of the cluster a log that lost its start. Each
+// refusal names the topic.
+func TestOneRecordAndNoGenesisRefusesAStart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sign bool
+		want string
+	}{
+		{"one record that does not authenticate", false, "none authenticates"},
+		{"one entry of the cluster", true, "lost its start"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := daemontest.StartCluster(t, 1)
+			key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+			keys, err := clusterkey.Load(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plog, err := postlog.Open(context.Background(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plog.Close()
+			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: 5, Parent: strings.Repeat("ab", 32), Term: 3, Writer: "r9/1",
+				Version: 2, ParentVersion: 2, PosteriorSHA256: strings.Repeat("cd", 32)}
+			if tc.sign {
+				daemontest.AppendEntry(t, plog, e)
+			} else {
+				v, err := e.Encode()
+				if err != nil {
+					t.Fatal(err)
+				}
+				daemontest.RawProduce(t, b, "cfguard.posterior", 0, "e/5", v)
+			}
+			err = runReplicaOnce(t, b, "r1", t.TempDir(), key)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "cfguard.posterior") {
+				t.Errorf("Run = %v; want a refusal naming cfguard.posterior and saying %q", err, tc.want)
+			}
 		})
 	}
 }
