@@ -2,6 +2,7 @@ package replicalog
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -162,6 +163,30 @@ func TestPosteriorLogRegrownStopsTheReplica(t *testing.T) {
 	if !strings.Contains(body, "the epoch changes settings that the log recorded before it, which no replica can follow") ||
 		strings.Contains(body, "recreated") || strings.Contains(body, "follow on") {
 		t.Errorf("/readyz at an epoch that changes a recorded setting, after a reset an epoch healed: %s", body)
+	}
+}
+
+// A replica restarted on a log that was recreated and has grown past the entry its ledger applied
+// last finds another record at that offset: it refuses to start, naming the reset and the
+// record's hash, and the ledger keeps its head.
+func TestRestartOnARegrownLogIsRefused(t *testing.T) {
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r := launch.ReplicaKey(t, b, "r1", key)
+	n := daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 64)
+	waitfor.Cond(t, 60*time.Second, "the log covers the 64 records", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
+	head := r.D.Replica().Head()
+	dir := r.Config.StateDir
+	r.Stop(t)
+	kafkatest.RecreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
+	for i := int64(0); i <= head.Offset+2; i++ {
+		daemontest.RawProduce(t, b, "cfguard.posterior", 0, "junk", []byte(`{"not":"an entry"}`))
+	}
+	err := runReplicaOnce(t, b, "r1", dir, key)
+	want := fmt.Sprintf("the record at offset %d hashes to", head.Offset)
+	if err == nil || !strings.Contains(err.Error(), "posterior log reset") || !strings.Contains(err.Error(), want) {
+		t.Errorf("restarted on the regrown log: Run = %v; want the reset named, with %q", err, want)
 	}
 }
 
