@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
@@ -296,5 +297,35 @@ func TestOneRecordAndNoGenesisRefusesAStart(t *testing.T) {
 				t.Errorf("Run = %v; want a refusal naming cfguard.posterior and saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A genesis whose body is not the posterior its hash names (a writer's bug: the record
+// authenticates) is no start: a replica refuses it, naming the genesis's offset.
+func TestGenesisWhoseBodyIsNotItsPosteriorIsRefused(t *testing.T) {
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	keys, err := clusterkey.Load(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plog, err := postlog.Open(context.Background(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plog.Close()
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := postlog.NewBody(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemontest.AppendEntry(t, plog, &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "r9/1", InputTopic: "cfguard.records",
+		Body: body, PosteriorSHA256: strings.Repeat("cd", 32)})
+	err = runReplicaOnce(t, b, "r1", t.TempDir(), key)
+	if err == nil || !strings.Contains(err.Error(), "genesis (offset 0)") || !strings.Contains(err.Error(), "does not match") {
+		t.Errorf("Run = %v; want the genesis at offset 0 refused for its body", err)
 	}
 }
