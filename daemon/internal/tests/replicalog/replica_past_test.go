@@ -2,6 +2,7 @@ package replicalog
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -10,11 +11,13 @@ import (
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // longLog starts a replica whose posterior log has n increments of one record each, and
-// returns it with its current version.
-func longLog(t testing.TB, n int) (*launch.Running, uint64) {
+// returns it with its current version. With refused, an increment every replica refuses (signed,
+// on the head after the tenth record, covering offsets past the input's end) lies among them.
+func longLog(t testing.TB, n int, refused bool) (*launch.Running, uint64) {
 	t.Helper()
 	b := daemontest.StartCluster(t, 1)
 	keys := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
@@ -23,19 +26,44 @@ func longLog(t testing.TB, n int) (*launch.Running, uint64) {
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 1, 1 // an entry per record
 	}, nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
-	daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, n)
-	waitfor.Cond(t, 2*time.Minute, "every record applied", func() bool {
-		return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") == float64(n)
-	})
+	applied := func(n int) {
+		waitfor.Cond(t, 2*time.Minute, fmt.Sprintf("%d records applied", n), func() bool {
+			return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") == float64(n)
+		})
+	}
+	from := 0
+	if refused {
+		from = daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 10)
+		applied(from)
+		waitfor.Cond(t, time.Minute, "the log covers the 10 records", func() bool { return r.D.Replica().Head().Covers[0] == int64(from) })
+		h := r.D.Replica().Head()
+		m := r.D.Posterior().Clone()
+		m.Last().WeightMu[0] += 0.5
+		m.Version = h.Version + 1
+		sha, err := postlog.PosteriorHash(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1,
+			Parent: h.Hash, Term: h.Term, Writer: h.Writer, Version: m.Version, ParentVersion: h.Version, Covers: map[int]int64{0: 1 << 40},
+			Outcome: postlog.Promoted, Counts: &postlog.Counts{Applied: 1}, LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: sha})
+		waitfor.Cond(t, time.Minute, "the entry past the input's end refused", func() bool {
+			return daemontest.GatherCounter(r.Reg, "cfguard_posterior_log_records_ignored_total", "reason", "coverage_past_end") == 1
+		})
+	}
+	daemontest.ProduceRows(t, r, daemontest.Bundled(t), from, n-from)
+	applied(n)
 	return r, r.D.Posterior().Version
 }
 
 // TestPastFindsOldPosteriors asks a replica for posteriors older than those it keeps in memory,
 // in the orders a rebuild does (ascending batches) and does not (a version below the last
-// batch's): each answer holds every version asked for that the log has, and only those.
+// batch's): each answer holds every version asked for that the log has, and only those. The log
+// holds an increment every replica refused (its coverage passes the input's end): a replay
+// refuses it too, or it would take that entry's posterior and find no version after it.
 func TestPastFindsOldPosteriors(t *testing.T) {
 	t.Parallel()
-	r, cur := longLog(t, 300)
+	r, cur := longLog(t, 300, true)
 	if cur < 290 {
 		t.Fatalf("version %d after 300 one-record increments (promoted %v, clipped %v, rejected %v, failed %v)", cur,
 			daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "promoted"), daemontest.GatherCounter(r.Reg, "cfguard_updates_total", "outcome", "clipped"),
@@ -91,7 +119,7 @@ func TestPastFindsOldPosteriors(t *testing.T) {
 func BenchmarkPastOfARebuild(b *testing.B) {
 	const batches, per = 20, 10
 	rebuild := func(b *testing.B, verdicts bool) {
-		r, cur := longLog(b, 600)
+		r, cur := longLog(b, 600, false)
 		old := cur - 300 // versions 1..old are not in memory
 		var asks [][]uint64
 		for i := range batches {
