@@ -341,6 +341,12 @@ func TestConsumerConfigRejected(t *testing.T) {
 		{"backlog below max records", func(c *ConsumerConfig) { c.MaxRecords, c.MaxRecordsBacklog = 100, 10 }, "MaxRecordsBacklog"},
 		{"retry bounds", func(c *ConsumerConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }, "RetryMax"},
 		{"bad resume", func(c *ConsumerConfig) { c.Resume = map[int]int64{0: -1} }, "Resume"},
+		{"a mark at the resume offset", func(c *ConsumerConfig) {
+			c.Resume, c.ResumeMarks = map[int]int64{0: 5}, map[int]RecordMark{0: {Offset: 5}}
+		}, "ResumeMarks[0] at offset 5"},
+		{"a mark of a partition not resumed", func(c *ConsumerConfig) {
+			c.Resume, c.ResumeMarks = map[int]int64{0: 5}, map[int]RecordMark{1: {Offset: 4}}
+		}, "ResumeMarks[1]"},
 		{"sasl mechanism", func(c *ConsumerConfig) { c.Conn.SASL = &SASL{Mechanism: "GSSAPI", User: "u"} }, "GSSAPI"},
 		{"sasl user", func(c *ConsumerConfig) { c.Conn.SASL = &SASL{Mechanism: "PLAIN"} }, "User"},
 	} {
@@ -511,4 +517,29 @@ func TestCloseJoinsGoroutines(t *testing.T) {
 	waitfor.Cond(t, 10*time.Second, fmt.Sprintf("goroutines back to %d", before), func() bool {
 		return runtime.NumGoroutine() <= before
 	})
+}
+
+// An increment cut in the middle of a chunk holding records and dead letters takes them in
+// offset order: its checkpoint (next) covers exactly the dead letters it counts, so a restart
+// from it neither dead-letters one twice nor skips one.
+func TestTakeCutsInOffsetOrder(t *testing.T) {
+	ch := &chunk{part: 0, at: time.Now(), next: 5, recs: []Record{{Offset: 0}, {Offset: 2}, {Offset: 4}},
+		dead: []deadMark{{offset: 1, reason: ReasonBadJSON}, {offset: 3, reason: ReasonBadJSON}}}
+	for i, want := range []struct {
+		done bool
+		rec  int64 // the offset of the one record taken
+		dead int
+		next int64
+	}{
+		{false, 0, 0, 1},
+		{false, 2, 1, 3},
+		{true, 4, 1, 5},
+	} {
+		var p pending
+		done := p.take(ch, 1)
+		if done != want.done || len(p.recs) != 1 || p.recs[0].Offset != want.rec || p.dead != want.dead || p.next[0] != want.next {
+			t.Errorf("increment %d: used up %v, records %v, %d dead letters, next %d; want %v, [%d], %d, %d",
+				i, done, p.recs, p.dead, p.next[0], want.done, want.rec, want.dead, want.next)
+		}
+	}
 }

@@ -521,6 +521,12 @@ func closeBytes(b kafka.Bytes) {
 // (each record's X has its own capacity, so an append to it cannot spill into the next). It
 // returns the decode errors, nil where fine.
 func (s *Schema) decodeAll(values [][]byte, out []Record) []*DecodeError {
+	const minPerWorker = 64
+	return s.decodeOn(values, out, min(runtime.GOMAXPROCS(0), len(values)/minPerWorker, 8))
+}
+
+// decodeOn is decodeAll on workers goroutines (the caller's alone when workers <= 1).
+func (s *Schema) decodeOn(values [][]byte, out []Record, workers int) []*DecodeError {
 	errs := make([]*DecodeError, len(values))
 	d := len(s.features)
 	slab := make([]float64, len(values)*d)
@@ -529,8 +535,6 @@ func (s *Schema) decodeAll(values [][]byte, out []Record) []*DecodeError {
 			out[i], errs[i] = s.decodeInto(values[i], slab[i*d:(i+1)*d:(i+1)*d])
 		}
 	}
-	const minPerWorker = 64
-	workers := min(runtime.GOMAXPROCS(0), len(values)/minPerWorker, 8)
 	if workers <= 1 {
 		one(0, len(values))
 		return errs

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,6 +57,10 @@ func TestDecodeGood(t *testing.T) {
 			Record{X: []float64{1, 2, 3}}},
 		{"null id", `{"id":null,"features":[1,2,3],"label":"malicious"}`,
 			Record{X: []float64{1, 2, 3}, Label: 1}},
+		{"20 digits, past a uint64", `{"id":"r11","features":[18446744073709551616,1844674407370955161.7,36893488147419103233],"label":0}`,
+			Record{ID: "r11", X: []float64{18446744073709551616, 1844674407370955161.7, 36893488147419103233}}},
+		{"ts the last second of year 9999", `{"id":"r12","features":[1,2,3],"label":0,"ts":253402300799}`,
+			Record{ID: "r12", X: []float64{1, 2, 3}, Time: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.Decode([]byte(tc.in))
@@ -174,6 +179,22 @@ func TestNewSchemaRejects(t *testing.T) {
 	s, err := NewSchema([]string{"x"}, []string{"a", "b"}, 0)
 	if err != nil || s.MaxBytes() != DefaultMaxRecordBytes {
 		t.Fatalf("default max bytes: %v, %v", s, err)
+	}
+}
+
+// A record of exactly the schema's limit decodes; one byte more is too_large, whatever it holds.
+func TestRecordSizeLimitIsInclusive(t *testing.T) {
+	s := testSchema(t)
+	pad := func(n int) []byte {
+		b := []byte(`{"id":"big","features":[1,2,3],"label":0}`)
+		return append(b, bytes.Repeat([]byte(" "), n-len(b))...)
+	}
+	if rec, err := s.Decode(pad(s.MaxBytes())); err != nil || rec.ID != "big" {
+		t.Errorf("a record of %d bytes, the limit: %+v, %v", s.MaxBytes(), rec, err)
+	}
+	var de *DecodeError
+	if _, err := s.Decode(pad(s.MaxBytes() + 1)); !errors.As(err, &de) || de.Reason != ReasonTooLarge {
+		t.Errorf("a record of %d bytes: %v, want %s", s.MaxBytes()+1, err, ReasonTooLarge)
 	}
 }
 
@@ -312,7 +333,10 @@ func TestNumberFastPath(t *testing.T) {
 	lits := []string{"0", "-0", "0.0", "1", "-1", "0.1", "0.3", "123456789012345678", "9007199254740993",
 		"9007199254740992", "1e22", "1e23", "1e-22", "1e-23", "4.35", "0.000001", "1.7976931348623157e308",
 		"12345678901234567890", "0.1234567890123456789", "100000000000000000000000", "5e-324", "2.5E+3",
-		"1e999", "-1e999", "1e-400"}
+		"1e999", "-1e999", "1e-400",
+		// 20 digits whose mantissa passes a uint64 (2^64, 2^65 + 1, 2^64 / 10 with a digit after
+		// the point): taken exactly, they would wrap.
+		"18446744073709551616", "36893488147419103233", "1844674407370955161.6"}
 	for range 20000 {
 		var sb strings.Builder
 		if rng.IntN(2) == 0 {
@@ -422,6 +446,29 @@ func TestSchemaWithScale(t *testing.T) {
 	for _, bad := range [][2][]float64{{{0, 0}, {1, 1}}, {{0, 0, 0}, {1, 0, 1}}, {{0, math.NaN(), 0}, {1, 1, 1}}, {{0, 0, 0}, {1, math.Inf(1), 1}}} {
 		if _, err := plain.WithScale(bad[0], bad[1]); err == nil {
 			t.Errorf("WithScale(%v, %v) accepted", bad[0], bad[1])
+		}
+	}
+}
+
+// decodeAll's parallel path, which it takes with enough records and cores, decodes every record
+// as Decode does, whatever the number of workers (run here on any machine, one core included).
+func TestDecodeOnWorkersAgrees(t *testing.T) {
+	s := testSchema(t)
+	values := make([][]byte, 203)
+	for i := range values {
+		values[i] = []byte(goodRecord(fmt.Sprint("r", i), i))
+		if i%7 == 3 {
+			values[i] = []byte(`{"id":"short","features":[1,2],"label":0}`)
+		}
+	}
+	for _, workers := range []int{1, 2, 3, 8} {
+		out := make([]Record, len(values))
+		errs := s.decodeOn(values, out, workers)
+		for i, v := range values {
+			want, werr := s.Decode(v)
+			if (werr == nil) != (errs[i] == nil) || out[i].ID != want.ID || !slices.Equal(out[i].X, want.X) || out[i].Label != want.Label {
+				t.Fatalf("%d workers, record %d: %+v (%v), want %+v (%v)", workers, i, out[i], errs[i], want, werr)
+			}
 		}
 	}
 }

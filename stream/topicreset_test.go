@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -321,6 +322,49 @@ func TestRestartKeepsTheLog(t *testing.T) {
 	incs := collect(t, c2, k, 20*time.Second)
 	if got := ids(incs); !slices.Equal(got, goodIDs("more", k)) || checkpoint(incs)[0] != n+k {
 		t.Fatalf("after the restart read %v up to offset %d, want more0..more%d up to %d", got, checkpoint(incs)[0], k-1, n+k)
+	}
+	if e, i := lines.atLeast(slog.LevelWarn), lines.count(slog.LevelInfo, "identity"); e != 0 || i != 0 {
+		t.Fatalf("%d WARN or ERROR lines and %d INFO lines about the topic's identity, want none", e, i)
+	}
+}
+
+// TestRestartKeepsTheLogOfEveryPartition: on two partitions of different lengths, a restart
+// checks each partition's mark against that partition (no reset found), and reads on from each
+// checkpoint; records without an id are named by their own partition and offset.
+func TestRestartKeepsTheLogOfEveryPartition(t *testing.T) {
+	b := startBroker(t, broker.Config{Partitions: 2})
+	conn := plainConn(b)
+	produce(t, conn, recordsTopic, 0, goodRecords("a", 30)...)
+	produce(t, conn, recordsTopic, 1, goodRecords("b", 20)...)
+	cfg := consumerConfig(conn, "restart-two")
+	c := newConsumer(t, cfg)
+	cfg.Resume, cfg.ResumeMarks = resumePoint(collect(t, c, 50, 20*time.Second))
+	c.Close()
+	if len(cfg.ResumeMarks) != 2 || cfg.ResumeMarks[0].Offset != 29 || cfg.ResumeMarks[1].Offset != 19 {
+		t.Fatalf("marks %+v, want one per partition at offsets 29 and 19", cfg.ResumeMarks)
+	}
+
+	anonymous := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf(`{"features":[%d,1.5,-2],"label":%d}`, i, i%2)
+		}
+		return out
+	}
+	produce(t, conn, recordsTopic, 0, anonymous(3)...)
+	produce(t, conn, recordsTopic, 1, anonymous(3)...)
+	log, lines := newLogLines(t)
+	c2, err := NewConsumer(context.Background(), cfg, testSchema(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	incs := collect(t, c2, 6, 20*time.Second)
+	got := ids(incs)
+	slices.Sort(got)
+	want := []string{"records/0/30", "records/0/31", "records/0/32", "records/1/20", "records/1/21", "records/1/22"}
+	if cp := checkpoint(incs); !slices.Equal(got, want) || cp[0] != 33 || cp[1] != 23 {
+		t.Fatalf("after the restart read %v up to %v, want %v up to offsets 33 and 23", got, cp, want)
 	}
 	if e, i := lines.atLeast(slog.LevelWarn), lines.count(slog.LevelInfo, "identity"); e != 0 || i != 0 {
 		t.Fatalf("%d WARN or ERROR lines and %d INFO lines about the topic's identity, want none", e, i)
