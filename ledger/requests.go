@@ -294,11 +294,6 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	if err := l.writePut(tx, plan, now); err != nil {
 		return "", "", "", "", err
 	}
-	ce.Status, ce.ConfirmedVersion = h.status, nil
-	if h.confirmed {
-		cv := h.cv
-		ce.ConfirmedVersion = &cv
-	}
 	return OutcomeStored, h.status.String(), "", restored, nil
 }
 

@@ -711,3 +711,58 @@ func TestShareWitnessFollowsItsOffset(t *testing.T) {
 	apply(4, nil)
 	check("read again after the release", 4, nil)
 }
+
+// A registration of an id that holds a CE stores nothing: OutcomeSame when it is the same CE
+// (x, x' and target), OutcomeExists (a 409 "holds another counterfactual") when any of them
+// differs. A refused registration (its CE did not decode, or its state did not) changes nothing,
+// not even the CE its id holds, and a request without a request id (a CE restored from its
+// state) is applied with no outcome stored. A negative offset is refused.
+func TestApplyShareJudgesEachRegistration(t *testing.T) {
+	l, _ := openTest(t, Options{})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(9, 9))
+	a := newCE(t, m, rng)
+	a.ID = "x"
+	if outs, err := l.ApplyShare(1, []ShareOp{{RID: "r0", ID: "x", CE: a}}, 1, nil, nil); err != nil || outs[0].Result != OutcomeStored {
+		t.Fatalf("storing x: %+v, %v", outs, err)
+	}
+	edited := func(edit func(c *CE)) *CE {
+		c := *a
+		c.X, c.XCF = slices.Clone(a.X), slices.Clone(a.XCF)
+		edit(&c)
+		return &c
+	}
+	for i, tc := range []struct {
+		name string
+		op   ShareOp
+		want string
+	}{
+		{"the same CE", ShareOp{CE: edited(func(*CE) {})}, OutcomeSame},
+		{"another x'", ShareOp{CE: edited(func(c *CE) { c.XCF[0] += 0.25 })}, OutcomeExists},
+		{"another x", ShareOp{CE: edited(func(c *CE) { c.X[2] -= 0.25 })}, OutcomeExists},
+		{"another target", ShareOp{CE: edited(func(c *CE) { c.Target = 1 - c.Target })}, OutcomeExists},
+		{"refused", ShareOp{Refuse: "the registration's CE does not decode"}, OutcomeRefused},
+	} {
+		op := tc.op
+		op.RID, op.ID, op.Offset = fmt.Sprintf("q%d", i), "x", int64(1+i)
+		outs, err := l.ApplyShare(1, []ShareOp{op}, int64(2+i), nil, nil)
+		if err != nil || outs[0].Result != tc.want {
+			t.Errorf("%s: %+v, %v; want %s", tc.name, outs, err, tc.want)
+		}
+		if got, err := l.Get("x"); err != nil || !slices.Equal(got.XCF, a.XCF) || got.Target != a.Target {
+			t.Fatalf("%s: x is %+v (%v) after it, want the CE stored first", tc.name, got, err)
+		}
+	}
+	b := newCE(t, m, rng)
+	b.ID = "restored"
+	if outs, err := l.ApplyShare(1, []ShareOp{{ID: "restored", CE: b, Offset: 9}}, 10, nil, nil); err != nil || outs[0].Result != OutcomeStored {
+		t.Fatalf("a request without a request id: %+v, %v", outs, err)
+	}
+	if off, _, _ := l.ShareOffset(1); off != 10 {
+		t.Errorf("offset %d after the request without a request id, want 10", off)
+	}
+	if _, err := l.ApplyShare(1, nil, -1, nil, nil); err == nil {
+		t.Error("a negative offset was stored")
+	}
+}
