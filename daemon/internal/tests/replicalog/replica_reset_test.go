@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
@@ -256,6 +257,24 @@ func TestStoppedReplicaSeesItsLogRecreated(t *testing.T) {
 	}
 }
 
+// emptyLog starts a broker with an empty posterior log, and returns it, the cluster's key file
+// and the log opened as a holder of that key writes it.
+func emptyLog(t *testing.T) (*broker.Broker, string, *postlog.Log) {
+	t.Helper()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	keys, err := clusterkey.Load(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plog, err := postlog.Open(context.Background(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plog.Close() })
+	return b, key, plog
+}
+
 // A replica starting on a log that holds a single record and no genesis writes no genesis of its
 // own (it would follow a history of its own): one record that does not authenticate makes a log
 // of another key or a forger's, one entry of the cluster a log that lost its start. Each
@@ -270,17 +289,7 @@ func TestOneRecordAndNoGenesisRefusesAStart(t *testing.T) {
 		{"one entry of the cluster", true, "lost its start"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := daemontest.StartCluster(t, 1)
-			key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-			keys, err := clusterkey.Load(key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			plog, err := postlog.Open(context.Background(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer plog.Close()
+			b, key, plog := emptyLog(t)
 			e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: 5, Parent: strings.Repeat("ab", 32), Term: 3, Writer: "r9/1",
 				Version: 2, ParentVersion: 2, PosteriorSHA256: strings.Repeat("cd", 32)}
 			if tc.sign {
@@ -292,7 +301,7 @@ func TestOneRecordAndNoGenesisRefusesAStart(t *testing.T) {
 				}
 				daemontest.RawProduce(t, b, "cfguard.posterior", 0, "e/5", v)
 			}
-			err = runReplicaOnce(t, b, "r1", t.TempDir(), key)
+			err := runReplicaOnce(t, b, "r1", t.TempDir(), key)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "cfguard.posterior") {
 				t.Errorf("Run = %v; want a refusal naming cfguard.posterior and saying %q", err, tc.want)
 			}
@@ -303,17 +312,7 @@ func TestOneRecordAndNoGenesisRefusesAStart(t *testing.T) {
 // A genesis whose body is not the posterior its hash names (a writer's bug: the record
 // authenticates) is no start: a replica refuses it, naming the genesis's offset.
 func TestGenesisWhoseBodyIsNotItsPosteriorIsRefused(t *testing.T) {
-	b := daemontest.StartCluster(t, 1)
-	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	keys, err := clusterkey.Load(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plog, err := postlog.Open(context.Background(), stream.ConnConfig{Brokers: b.Addrs()}, "cfguard.posterior", keys, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plog.Close()
+	b, key, plog := emptyLog(t)
 	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
 		t.Fatal(err)
