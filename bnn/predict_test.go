@@ -177,6 +177,27 @@ func TestValidate(t *testing.T) {
 		"scaler std":                       func(m *Model) { m.Scaler.Std[1] = 0 },
 		"features":                         func(m *Model) { m.Features = []string{"a"} },
 		"prior":                            func(m *Model) { m.PriorSigma = 0 },
+		// Each of these breaks one rule only, so that the check of that rule decides.
+		"nan records":                    func(m *Model) { m.Records = math.NaN() },
+		"inf records":                    func(m *Model) { m.Records = math.Inf(1) },
+		"inf mu":                         func(m *Model) { m.Layers[1].WeightMu[0] = math.Inf(-1) },
+		"log sigma just below the bound": func(m *Model) { m.Layers[0].BiasLogSigma[0] = -MaxLogSigma - 1e-9 },
+		"nan scaler mean":                func(m *Model) { m.Scaler.Mean[0] = math.NaN() },
+		"inf scaler mean":                func(m *Model) { m.Scaler.Mean[2] = math.Inf(1) },
+		"inf scaler std":                 func(m *Model) { m.Scaler.Std[0] = math.Inf(1) },
+		"long scaler std":                func(m *Model) { m.Scaler.Std = append(m.Scaler.Std, 1) },
+		"chain, lengths agreeing": func(m *Model) {
+			l := &m.Layers[1]
+			l.In = 7
+			l.WeightMu, l.WeightLogSigma = make([]float64, l.Out*7), make([]float64, l.Out*7)
+		},
+		"a layer of no units": func(m *Model) {
+			l, next := &m.Layers[1], &m.Layers[2]
+			l.Out, l.WeightMu, l.WeightLogSigma, l.BiasMu, l.BiasLogSigma = 0, nil, nil, nil, nil
+			next.In, next.WeightMu, next.WeightLogSigma = 0, nil, nil
+		},
+		"dropout 1": func(m *Model) { m.Dropout = 1 },
+		"nan prior": func(m *Model) { m.PriorSigma = math.NaN() },
 	}
 	if err := smallModel(5).Validate(); err != nil {
 		t.Fatalf("fresh model invalid: %v", err)
@@ -214,6 +235,30 @@ func TestFitScaler(t *testing.T) {
 	s := FitScaler([][]float64{{1, 5}, {3, 5}})
 	if s.Mean[0] != 2 || s.Std[0] != 1 || s.Mean[1] != 5 || s.Std[1] != 1 {
 		t.Fatalf("scaler %+v", s)
+	}
+	// A constant feature whose mean rounds away from its value (0.1 three times sums to
+	// 0.30000000000000004): its std is rounding, about 1e-17, taken as constant (std 1), not
+	// as a scale that would multiply it by 1e17.
+	if s := FitScaler([][]float64{{0.1}, {0.1}, {0.1}}); s.Std[0] != 1 {
+		t.Errorf("a constant feature of 0.1: std %v, want 1", s.Std[0])
+	}
+}
+
+// BitsEqual compares bit patterns: NaN equals NaN, -0 is not 0, and lengths must agree.
+func TestBitsEqual(t *testing.T) {
+	nan, negZero := math.NaN(), math.Copysign(0, -1)
+	for _, tc := range []struct {
+		a, b []float64
+		want bool
+	}{
+		{[]float64{1, nan}, []float64{1, nan}, true},
+		{[]float64{0}, []float64{negZero}, false},
+		{[]float64{1}, []float64{1, 1}, false},
+		{[]float64{1, 2}, []float64{1, 2.0000000000000004}, false},
+	} {
+		if got := BitsEqual(tc.a, tc.b); got != tc.want {
+			t.Errorf("BitsEqual(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }
 

@@ -534,3 +534,27 @@ func TestConvergedStopsAtTheDocumentedTolerance(t *testing.T) {
 		}
 	}
 }
+
+// Predictive is a function of its seed: the same seed gives the same probabilities bit for bit,
+// another seed other body draws (the trained model has a body); it refuses zero draws.
+func TestPredictiveIsItsSeeds(t *testing.T) {
+	m, test := trained(t)
+	X := test.X[:5]
+	a, err := Predictive(m, X, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := Predictive(m, X, 4, 1)
+	other, _ := Predictive(m, X, 4, 2)
+	same, differ := true, false
+	for i := range a {
+		same = same && bnn.BitsEqual(a[i], again[i])
+		differ = differ || !bnn.BitsEqual(a[i], other[i])
+	}
+	if !same || !differ {
+		t.Errorf("seed 1 twice equal %v, seeds 1 and 2 differ %v; want both", same, differ)
+	}
+	if _, err := Predictive(m, X, 0, 1); err == nil {
+		t.Error("Predictive with 0 draws gave no error")
+	}
+}

@@ -289,6 +289,12 @@ func TestLastLayerRejects(t *testing.T) {
 		{"NaN lr", context.Background(), X, y, Config{LR: math.NaN()}, "lr NaN", nil},
 		{"negative iterations", context.Background(), X, y, Config{Iterations: -2}, "iterations -2", nil},
 		{"negative kl weight", context.Background(), X, y, Config{KLWeight: -1}, "kl weight", nil},
+		{"NaN kl weight", context.Background(), X, y, Config{KLWeight: math.NaN()}, "kl weight NaN", nil},
+		{"negative memory", context.Background(), X, y, Config{Memory: -1}, "memory -1", nil},
+		{"NaN memory", context.Background(), X, y, Config{Memory: math.NaN()}, "memory NaN", nil},
+		{"infinite memory", context.Background(), X, y, Config{Memory: math.Inf(1)}, "memory +Inf", nil},
+		{"NaN tolerance", context.Background(), X, y, Config{Tolerance: math.NaN()}, "tolerance NaN", nil},
+		{"infinite represented", context.Background(), X, y, Config{Represented: math.Inf(1)}, "represented records +Inf", nil},
 		{"cancelled", cancelled, X, y, Config{}, "", context.Canceled},
 		// An absurd learning rate drives the parameters to Inf: refused, prev kept.
 		{"diverging", context.Background(), X, y, Config{LR: 1e300, Iterations: 5}, "", ErrRefused},
