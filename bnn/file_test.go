@@ -98,6 +98,18 @@ func TestLoadRejectsBadFiles(t *testing.T) {
 	if _, err := Decode(noSum, w); err == nil || !strings.Contains(err.Error(), "fc2.weight_mu") {
 		t.Fatalf("NaN weight: %v", err)
 	}
+	// A tensor no layer takes (a file of another architecture, or a stray one) is refused by name.
+	for _, l := range bad.Layers {
+		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightMu}
+	}
+	if w, _ = safetensors.Encode(tensors, nil); func() error { _, err := Decode(noSum, w); return err }() != nil {
+		t.Fatalf("the well-formed tensors do not decode")
+	}
+	tensors["fc9.weight_mu"] = safetensors.Tensor{Shape: []int{1}, Data: []float64{0}}
+	w, _ = safetensors.Encode(tensors, nil)
+	if _, err := Decode(noSum, w); !errors.Is(err, ErrModelFile) || !strings.Contains(err.Error(), "fc9.weight_mu") {
+		t.Fatalf("an extra tensor: %v, want ErrModelFile naming it", err)
+	}
 	// Missing files name the file.
 	if _, err := Load(filepath.Join(t.TempDir(), "nope")); err == nil || !strings.Contains(err.Error(), "model.json") {
 		t.Fatalf("missing dir: %v", err)

@@ -404,6 +404,35 @@ func TestInterpolateAndClip(t *testing.T) {
 	if err != nil || tt != 1 || !bnn.LayersEqual(same.Last(), next.Last()) {
 		t.Errorf("within budget: t = %v, err %v", tt, err)
 	}
+	// A budget exactly the update's KL keeps the whole update (t = 1, next's layer bit for bit).
+	k1, _, err := certify.KL(next, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, tt, err := ClipToBudget(m, next, k1); err != nil || tt != 1 || !bnn.LayersEqual(at.Last(), next.Last()) {
+		t.Errorf("a budget of exactly the update's KL: t = %v, err %v; want t = 1, next's layer", tt, err)
+	}
+	// A next of another shape (a class more) is an error, not a panic.
+	wider := next.Clone()
+	wl := wider.Last()
+	wl.Out++
+	wl.WeightMu = append(wl.WeightMu, make([]float64, wl.In)...)
+	wl.WeightLogSigma = append(wl.WeightLogSigma, make([]float64, wl.In)...)
+	wl.BiasMu, wl.BiasLogSigma = append(wl.BiasMu, 0), append(wl.BiasLogSigma, 0)
+	wider.Classes = append(wider.Classes, "third")
+	if err := wider.Validate(); err != nil {
+		t.Fatalf("the wider model is invalid: %v", err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("ClipToBudget of a next with a class more panicked: %v", r)
+			}
+		}()
+		if _, _, err := ClipToBudget(m, wider, st.KL/2); err == nil {
+			t.Error("ClipToBudget of a next with a class more gave no error")
+		}
+	}()
 	zero, tt, err := ClipToBudget(m, next, 0)
 	if err != nil || tt > 1e-11 {
 		t.Errorf("zero budget: t = %v, err %v", tt, err)
