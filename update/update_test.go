@@ -505,3 +505,27 @@ func TestAdamStepIsTheLearningRate(t *testing.T) {
 		t.Logf("LR %v: %d of %d parameters moved by %v", tc.lr, moved, total, tc.want)
 	}
 }
+
+// The posterior an update returns stands for N_t = lambda N_{t-1} + n records (lambda =
+// exp(-n / memory), 1 without forgetting), or for Config.Represented when given.
+func TestUpdateRecordsWhatItRepresents(t *testing.T) {
+	m, test := trained(t)
+	X, y := test.X[:10], test.Y[:10]
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want float64
+	}{
+		{"no forgetting", Config{Seed: 3}, m.Records + 10},
+		{"a memory of 100 records", Config{Seed: 3, Memory: 100}, math.Exp(-0.1)*m.Records + 10},
+		{"given", Config{Seed: 3, Represented: 500}, 500},
+	} {
+		next, _, err := LastLayer(context.Background(), m, X, y, tc.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if math.Abs(next.Records-tc.want) > 1e-9*tc.want {
+			t.Errorf("%s: the posterior stands for %v records, want %v", tc.name, next.Records, tc.want)
+		}
+	}
+}
