@@ -15,7 +15,7 @@ import (
 func TestSaveLoadRoundTripIsBitExact(t *testing.T) {
 	m := smallModel(9)
 	m.Features = []string{"a", "b", "c"}
-	m.Version = 12
+	m.Version, m.Records = 12, 123.25
 	m.Layers[2].WeightMu[0] = math.Nextafter(0.1, 1) // a value float32 could not hold
 	dir := t.TempDir()
 	if err := Save(dir, m); err != nil {
@@ -27,8 +27,15 @@ func TestSaveLoadRoundTripIsBitExact(t *testing.T) {
 	}
 	if !SameBody(m, got) || !LayersEqual(m.Last(), got.Last()) || got.Version != 12 ||
 		strings.Join(got.Classes, ",") != "no,yes,maybe" || strings.Join(got.Features, ",") != "a,b,c" ||
-		got.Scaler.Std[1] != 0.5 || got.PriorSigma != m.PriorSigma {
+		got.Scaler.Std[1] != 0.5 || got.PriorSigma != m.PriorSigma || got.Records != 123.25 {
 		t.Fatalf("round trip changed the model")
+	}
+	// The sidecar names the output as torchbnn's models give it: log-probabilities.
+	var side struct {
+		Output string `json:"output"`
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, SidecarFile)); err != nil || json.Unmarshal(b, &side) != nil || side.Output != "log_softmax" {
+		t.Errorf("the sidecar's output is %q (%v), want log_softmax", side.Output, err)
 	}
 	// No temporary files are left behind.
 	ents, _ := os.ReadDir(dir)

@@ -100,7 +100,7 @@ func TestPredictDeterministicAndSeeded(t *testing.T) {
 	X := [][]float64{{1, 2, 3}, {0, 0, 1}}
 	a, _ := m.Predict(X, 20, 7)
 	b, _ := m.Predict(X, 20, 7)
-	c, _ := m.Predict(X, 20, 8)
+	c, _ := m.Predict(X, 20, 6) // 6 and 7 differ in their lowest bit only
 	for i := range a.Mean {
 		if a.Mean[i] != b.Mean[i] || a.Var[i] != b.Var[i] {
 			t.Fatal("same seed gave different results")
