@@ -10,13 +10,13 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // BenchmarkRegisterConcurrent measures registrations per second through a running daemon's
@@ -143,11 +143,11 @@ func histogramOf(b *testing.B, d *Daemon) (writes uint64, stored float64) {
 	return 0, 0
 }
 
-// processCPU is the CPU time (user and system) this process has used.
+// processCPU is the CPU time (user and system) this process has used (tooltest.SelfCPU).
 func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
+	d, ok := tooltest.SelfCPU()
+	if !ok {
+		b.Fatal("getrusage gave no CPU time")
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return d
 }

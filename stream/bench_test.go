@@ -9,13 +9,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 const benchRecords = 20_000
@@ -221,11 +221,8 @@ func BenchmarkDecode(b *testing.B) {
 // cpuTime is the CPU time (user + system) used by this process so far: the broker, kafka-go
 // and our code all run in it.
 func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	d, _ := tooltest.SelfCPU()
+	return d
 }
 
 // stdRecord is the record shape for encoding/json: the polymorphic members (features as array

@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/dataset"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
 
@@ -223,7 +223,7 @@ type phases struct {
 
 func startPhases(t *testing.T) *phases {
 	p := &phases{t: t, wall: time.Now()}
-	p.cpu, p.cpuTimeOK = processCPU()
+	p.cpu, p.cpuTimeOK = tooltest.SelfCPU()
 	return p
 }
 
@@ -231,22 +231,13 @@ func startPhases(t *testing.T) *phases {
 func (p *phases) done(what string) {
 	p.t.Helper()
 	now := time.Now()
-	cpu, ok := processCPU()
+	cpu, ok := tooltest.SelfCPU()
 	if ok && p.cpuTimeOK {
 		p.t.Logf("%s: %.1f s, %.1f CPU-s", what, now.Sub(p.wall).Seconds(), (cpu - p.cpu).Seconds())
 	} else {
 		p.t.Logf("%s: %.1f s", what, now.Sub(p.wall).Seconds())
 	}
 	p.wall, p.cpu, p.cpuTimeOK = now, cpu, ok
-}
-
-// processCPU is the user and system CPU time of this process so far.
-func processCPU() (time.Duration, bool) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, false
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
 
 // cycle returns n records of set in its order, repeated, with labels flipped when flip.

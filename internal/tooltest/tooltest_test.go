@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -170,4 +171,23 @@ func TestRepoRoot(t *testing.T) {
 	if want := filepath.Dir(filepath.Dir(wd)); root != want {
 		t.Fatalf("RepoRoot = %s, want %s", root, want)
 	}
+}
+
+// SelfCPU moves with this process's work: it grows while a loop spins (checked as it spins, for
+// at most 30 s of wall time, which on a starved core may hold little CPU time).
+func TestSelfCPUCountsThisProcess(t *testing.T) {
+	before, ok := SelfCPU()
+	if !ok {
+		t.Skip("getrusage gives no CPU time here")
+	}
+	x := 0.0
+	for start := time.Now(); time.Since(start) < 30*time.Second; {
+		for range 100000 {
+			x += math.Sqrt(x + 1)
+		}
+		if after, _ := SelfCPU(); after > before {
+			return
+		}
+	}
+	t.Errorf("SelfCPU stayed at %v while a loop spun for 30 s (x = %v)", before, x)
 }
