@@ -189,8 +189,9 @@ var ErrInvalidModel = errors.New("invalid model")
 const MaxLogSigma = 100
 
 // Validate checks shapes, chaining of layer sizes, that every parameter is finite with
-// |log sigma| <= MaxLogSigma (a proper Gaussian N(mu, sigma^2) whose maths stays finite), and
-// that feature and class names are non-empty and distinct.
+// |log sigma| <= MaxLogSigma (a proper Gaussian N(mu, sigma^2) whose maths stays finite), the
+// prior's sigma within the same bound, and that feature and class names are non-empty and
+// distinct.
 func (m *Model) Validate() error {
 	if len(m.Layers) == 0 {
 		return fmt.Errorf("%w: no layers", ErrInvalidModel)
@@ -255,8 +256,10 @@ func (m *Model) Validate() error {
 	if err := distinctNames("class", m.Classes); err != nil {
 		return err
 	}
-	if !(m.PriorSigma > 0) {
-		return fmt.Errorf("%w: prior sigma %v", ErrInvalidModel, m.PriorSigma)
+	// The prior N(0, PriorSigma^2) enters the learner's objective as log PriorSigma and
+	// 1/PriorSigma^2: both finite only for a sigma within the parameters' own bound.
+	if !(m.PriorSigma > 0) || math.Abs(math.Log(m.PriorSigma)) > MaxLogSigma {
+		return fmt.Errorf("%w: prior sigma %v, want finite and > 0 with |log sigma| <= %v", ErrInvalidModel, m.PriorSigma, MaxLogSigma)
 	}
 	if !(m.Dropout >= 0 && m.Dropout < 1) {
 		return fmt.Errorf("%w: dropout %v, want in [0, 1)", ErrInvalidModel, m.Dropout)

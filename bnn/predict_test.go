@@ -198,6 +198,12 @@ func TestValidate(t *testing.T) {
 		},
 		"dropout 1": func(m *Model) { m.Dropout = 1 },
 		"nan prior": func(m *Model) { m.PriorSigma = math.NaN() },
+		// An infinite prior sigma, or one whose square overflows or underflows, makes the
+		// learner's prior term log sigma or 1/sigma^2 infinite: every update would fail.
+		"inf prior":                   func(m *Model) { m.PriorSigma = math.Inf(1) },
+		"prior sigma past the bound":  func(m *Model) { m.PriorSigma = math.Exp(MaxLogSigma + 1e-9) },
+		"prior sigma below the bound": func(m *Model) { m.PriorSigma = math.Exp(-MaxLogSigma - 1e-9) },
+		"negative prior":              func(m *Model) { m.PriorSigma = -0.1 },
 	}
 	if err := smallModel(5).Validate(); err != nil {
 		t.Fatalf("fresh model invalid: %v", err)
