@@ -99,7 +99,7 @@ func KLBudgetForVar(eps, epsMax float64) float64 {
 //
 // A certificate started from this value is not fooled by Monte-Carlo noise in p1.
 func HoeffdingLower(pHat float64, samples int, alpha float64) float64 {
-	if alpha <= 0 || alpha >= 1 {
+	if !(alpha > 0 && alpha < 1) { // NaN too: no confidence is no bound
 		return math.Inf(-1)
 	}
 	return hoeffdingLower(pHat, samples, math.Log(1/alpha))

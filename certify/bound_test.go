@@ -194,6 +194,9 @@ func TestBoundsAtTheirDomainsEdges(t *testing.T) {
 		// No confidence (alpha outside (0, 1)) is no bound.
 		{"HoeffdingLower(0.9, 10, 1)", HoeffdingLower(0.9, 10, 1), math.Inf(-1)},
 		{"HoeffdingLower(0.9, 10, 0)", HoeffdingLower(0.9, 10, 0), math.Inf(-1)},
+		// -0 is outside (0, 1) too: 1/-0 = -Inf, and ln(-Inf) would be NaN, not a bound of -Inf.
+		{"HoeffdingLower(0.9, 10, -0)", HoeffdingLower(0.9, 10, math.Copysign(0, -1)), math.Inf(-1)},
+		{"HoeffdingLower(0.9, 10, NaN)", HoeffdingLower(0.9, 10, math.NaN()), math.Inf(-1)},
 	} {
 		if !(tc.got == tc.want || math.Abs(tc.got-tc.want) <= 1e-15) { // NaN fails both
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)

@@ -169,6 +169,13 @@ func TestConditionalKLZeroWhenLastLayersEqual(t *testing.T) {
 	if mean != 0 || upper != 0 {
 		t.Fatalf("equal models: mean %v, upper %v, want 0, 0", mean, upper)
 	}
+	e, err := EstimateConditionalKL(qOld.Clone(), qOld, []float64{1, 2, 3}, 100, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := e.Bernstein(0.01); b != 0 {
+		t.Fatalf("equal models: Bernstein bound %v, want 0 (a range of 0 leaves nothing to bound)", b)
+	}
 }
 
 // TestConditionalKLRefusesDifferentBodies: only a shared body gives h the same law under both.
@@ -183,6 +190,15 @@ func TestConditionalKLRefusesDifferentBodies(t *testing.T) {
 		{"body weight", func(m *bnn.Model) { m.Layers[0].WeightMu[3] += 1e-9 }, "bodies differ"},
 		{"body sigma", func(m *bnn.Model) { m.Layers[1].BiasLogSigma[0] -= 0.1 }, "bodies differ"},
 		{"scaler", func(m *bnn.Model) { m.Scaler.Std[1] *= 1.01 }, "scalers differ"},
+		{"scaler mean", func(m *bnn.Model) { m.Scaler.Mean[2] += 1e-9 }, "scalers differ"},
+		// Another number of classes: the same body, a last layer with its first two rows only.
+		{"classes", func(m *bnn.Model) {
+			l := m.Last()
+			l.Out = 2
+			l.WeightMu, l.WeightLogSigma = l.WeightMu[:2*l.In], l.WeightLogSigma[:2*l.In]
+			l.BiasMu, l.BiasLogSigma = l.BiasMu[:2], l.BiasLogSigma[:2]
+			m.Classes = m.Classes[:2]
+		}, "last layers have shapes"},
 		{"activation", func(m *bnn.Model) { m.Activation = bnn.Tanh }, "activations differ"},
 		{"invalid", func(m *bnn.Model) { m.Last().BiasMu[0] = math.NaN() }, "invalid model"},
 	}
@@ -297,5 +313,95 @@ func TestConditionalKLVarIsUnbiased(t *testing.T) {
 	}
 	if ratio := meanVar / v; math.Abs(ratio-1) > 0.2 {
 		t.Errorf("mean Var of two-draw estimates %.4g, variance of the terms %.4g: ratio %.3f, want 1 (0.5: a biased variance)", meanVar, v, ratio)
+	}
+}
+
+// TestConditionalKLBoundsOutsideTheirDomains: where a confidence bound has no confidence (alpha
+// outside (0, 1)), no draws, or too few, it is the data-processing clip ParamKL itself; and a
+// ParamKL of 0 (equal last layers) bounds everything at 0, with or without draws. (Hoeffding at
+// alpha = 1 would otherwise be the bare Mean; with no draws and ParamKL = 0, 0 * Inf is NaN.)
+func TestConditionalKLBoundsOutsideTheirDomains(t *testing.T) {
+	e := ConditionalKLEstimate{Mean: 0.1, Var: 0.01, Draws: 100, ParamKL: 0.5}
+	for _, alpha := range []float64{0, 1, -0.5, 2, math.NaN()} {
+		if h, b := e.Hoeffding(alpha), e.Bernstein(alpha); h != 0.5 || b != 0.5 {
+			t.Errorf("alpha %v: Hoeffding %v, Bernstein %v; want ParamKL 0.5", alpha, h, b)
+		}
+	}
+	for _, tc := range []struct {
+		e    ConditionalKLEstimate
+		want float64
+	}{
+		{ConditionalKLEstimate{ParamKL: 0.3}, 0.3}, // no draws
+		{ConditionalKLEstimate{}, 0},
+		{ConditionalKLEstimate{Mean: 0.1, Draws: 1, ParamKL: 0.3}, 0.3}, // Bernstein needs 2 draws
+		{ConditionalKLEstimate{Draws: 100}, 0},
+	} {
+		if tc.e.Draws < 1 || tc.e.ParamKL == 0 {
+			if h := tc.e.Hoeffding(0.01); h != tc.want {
+				t.Errorf("%+v: Hoeffding %v, want %v", tc.e, h, tc.want)
+			}
+		}
+		if b := tc.e.Bernstein(0.01); b != tc.want {
+			t.Errorf("%+v: Bernstein %v, want %v", tc.e, b, tc.want)
+		}
+	}
+}
+
+// TestConditionalKLOneDraw: the variance of one term is 0 (not m2 / 0, which is NaN).
+func TestConditionalKLOneDraw(t *testing.T) {
+	qNew, qOld := tinyPair(7, 0.2)
+	e, err := EstimateConditionalKL(qNew, qOld, []float64{0.5, -1, 2}, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Var != 0 || !(e.Mean > 0) {
+		t.Fatalf("one draw: mean %v, var %v; want a positive mean and var 0", e.Mean, e.Var)
+	}
+}
+
+// TestConditionalKLNotFiniteIsAnError: valid models (finite parameters, |log sigma| <= 100) and a
+// finite x can still overflow the estimate; it is then an error, not a value. With no hidden
+// layer h is x itself: x = 1e200 squares to +Inf in the logits' variances (Inf - Inf: NaN); a
+// weight mean of 1e200 squares to +Inf in the mean term (one draw: Mean = +Inf).
+func TestConditionalKLNotFiniteIsAnError(t *testing.T) {
+	ls := math.Log(0.1)
+	old := &bnn.Model{Layers: []bnn.Layer{{Name: "fc1", In: 1, Out: 1, WeightMu: []float64{0.5}, WeightLogSigma: []float64{ls},
+		BiasMu: []float64{0}, BiasLogSigma: []float64{ls}}}, Scaler: bnn.Scaler{Mean: []float64{0}, Std: []float64{1}},
+		Classes: []string{"only"}, PriorSigma: 0.1}
+	nu := old.Clone()
+	nu.Layers[0].WeightMu[0] = 0.7
+	if e, err := EstimateConditionalKL(nu, old, []float64{1e200}, 1, 1); err == nil {
+		t.Errorf("x = 1e200: estimate %+v, no error", e)
+	}
+	nu.Layers[0].WeightMu[0] = 1e200
+	if e, err := EstimateConditionalKL(nu, old, []float64{1}, 1, 1); err == nil {
+		t.Errorf("weight mean 1e200: estimate %+v, no error", e)
+	}
+}
+
+// TestConditionalKLRefusesInfiniteFeatures: an infinite feature is refused by name, even where
+// the network would carry it to a finite h: with one tanh hidden unit of positive weight mean,
+// x = +Inf gives the pre-activation +Inf + Inf * N(0, 1), which is +Inf (tanh 1, a finite h and a
+// finite KL) whenever the normal draw is positive, NaN otherwise. Over 32 seeds of one draw each,
+// every one must be refused as a bad feature.
+func TestConditionalKLRefusesInfiniteFeatures(t *testing.T) {
+	ls := math.Log(0.1)
+	layer := func(name string) bnn.Layer {
+		return bnn.Layer{Name: name, In: 1, Out: 1, WeightMu: []float64{1}, WeightLogSigma: []float64{ls},
+			BiasMu: []float64{0}, BiasLogSigma: []float64{ls}}
+	}
+	old := &bnn.Model{Layers: []bnn.Layer{layer("fc1"), layer("fc2")}, Activation: bnn.Tanh,
+		Scaler: bnn.Scaler{Mean: []float64{0}, Std: []float64{1}}, Classes: []string{"only"}, PriorSigma: 0.1}
+	nu := old.Clone()
+	nu.Last().WeightMu[0] = 1.5
+	if _, err := EstimateConditionalKL(nu, old, []float64{1}, 1, 1); err != nil {
+		t.Fatalf("a finite feature: %v", err)
+	}
+	for _, x := range []float64{math.Inf(1), math.Inf(-1)} {
+		for seed := uint64(1); seed <= 32; seed++ {
+			if e, err := EstimateConditionalKL(nu, old, []float64{x}, 1, seed); err == nil || !strings.Contains(err.Error(), "feature 0") {
+				t.Fatalf("x = %v, seed %d: estimate %+v, error %v; want an error naming feature 0", x, seed, e, err)
+			}
+		}
 	}
 }

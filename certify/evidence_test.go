@@ -82,7 +82,10 @@ func TestBernsteinMargin(t *testing.T) {
 		v     float64
 		n     int
 		alpha float64
-	}{{0.01, 1, 0.01}, {0.01, 0, 0.01}, {0.01, 100, 0}, {0.01, 100, 1}, {-1, 100, 0.01}, {math.NaN(), 100, 0.01}} {
+	}{{0.01, 1, 0.01}, {0.01, 0, 0.01}, {0.01, 100, 0}, {0.01, 100, 1}, {-1, 100, 0.01}, {math.NaN(), 100, 0.01},
+		// n <= 0 is refused before the formula, which there gives NaN (sqrt(0/0), sqrt(-x)), not +Inf;
+		// so is alpha = -0 (ln(2 / -0) = ln(-Inf) is NaN).
+		{0, 0, 0.01}, {0.01, -1, 0.01}, {0.01, 100, math.Copysign(0, -1)}} {
 		if m := BernsteinMargin(c.v, c.n, c.alpha); !math.IsInf(m, 1) {
 			t.Errorf("BernsteinMargin(%v, %d, %v) = %v, want +Inf", c.v, c.n, c.alpha, m)
 		}

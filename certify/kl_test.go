@@ -174,6 +174,12 @@ func TestExpm1MinusX(t *testing.T) {
 		x := 1e-3 + float64(k)*1e-3/2000
 		xs = append(xs, x, -x)
 	}
+	// From 2e-3 to 1 on a log scale: where a series with a larger cut-off than 1e-3 would be out
+	// (its truncation error ~|x|^3/60 relative passes 2.2e-10 from |x| ~ 2.4e-3 on).
+	for k := range 200 {
+		x := 2e-3 * math.Pow(500, float64(k)/199)
+		xs = append(xs, x, -x)
+	}
 	for _, x := range xs {
 		want := bigExpm1MinusX(x)
 		if got := expm1MinusX(x); math.Abs(got-want) > 2.2e-10*math.Abs(want)+1e-300 {
@@ -205,5 +211,36 @@ func TestKLOverflowIsAnError(t *testing.T) {
 	q2.Last().WeightLogSigma[0] = 400
 	if kl, _, err := KL(q2, q1); err == nil {
 		t.Fatalf("KL with a log sigma of 400 = %v, nil; want an error", kl)
+	}
+}
+
+// TestKLRefusesDifferentDepths: models with different numbers of layers have no KL, even when
+// every layer the shallower one has matches the deeper one's in shape (5->4, 4->3 against
+// 5->4, 4->3, 3->3), in either order.
+func TestKLRefusesDifferentDepths(t *testing.T) {
+	classes := []string{"a", "b", "c"}
+	shallow := bnn.New(5, []int{4}, classes, 0.1, rand.New(rand.NewPCG(1, 0)))
+	deep := bnn.New(5, []int{4, 3}, classes, 0.1, rand.New(rand.NewPCG(1, 0)))
+	for k := range shallow.Layers {
+		if a, b := shallow.Layers[k], deep.Layers[k]; a.In != b.In || a.Out != b.Out {
+			t.Fatalf("layer %d: shapes %dx%d and %dx%d: the test needs matching shapes", k, a.Out, a.In, b.Out, b.In)
+		}
+	}
+	if kl, _, err := KL(shallow, deep); err == nil {
+		t.Errorf("KL(1 hidden layer || 2 hidden layers) = %v, nil; want an error", kl)
+	}
+	if kl, _, err := KL(deep, shallow); err == nil {
+		t.Errorf("KL(2 hidden layers || 1 hidden layer) = %v, nil; want an error", kl)
+	}
+}
+
+// TestKLNaNIsAnError: a model with a NaN parameter (a corrupt model; KL does not validate its
+// inputs) has no KL, and KL says so rather than returning NaN as a value.
+func TestKLNaNIsAnError(t *testing.T) {
+	q1 := testModel(1)
+	q2 := q1.Clone()
+	q2.Last().WeightMu[0] = math.NaN()
+	if kl, _, err := KL(q2, q1); err == nil {
+		t.Fatalf("KL with a NaN weight mean = %v, nil; want an error", kl)
 	}
 }

@@ -227,6 +227,8 @@ func TestPolicyValidate(t *testing.T) {
 		{Mode: Paper, EpsilonMax: 0.3},
 		{Mode: Paper, EpsilonMax: math.NaN()},
 		{Mode: Paper, EpsilonMax: 0.05, Hoeffding: true, Alpha: 0},
+		{Mode: "", EpsilonMax: 0.05}, // no mode is not paper mode
+		{},
 	}
 	for _, p := range bad {
 		if p.Validate() == nil {
@@ -243,6 +245,9 @@ func TestPolicyValidate(t *testing.T) {
 		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0.5, Epsilon: 0.01},
 		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0},
 		{P1: math.NaN(), Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0, Epsilon: 0.01}, // delta in (0, 1/2): 0 is out
+		{P1: -0.1, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: -0.01, Samples: 1, Delta: 0.05, Epsilon: 0.01},
 	}
 	for _, c := range badCert {
 		if c.Validate() == nil {
@@ -315,7 +320,7 @@ func TestRangesIncludeTheirEnds(t *testing.T) {
 	if err := (Certificate{P1: 1, Var1: 0.25, Samples: 1, Delta: 0.05, Epsilon: 0.25}).Validate(); err != nil {
 		t.Errorf("a certificate at p1 = 1, V1 = eps = 1/4: %v", err)
 	}
-	for _, a := range []float64{0, 1} {
+	for _, a := range []float64{0, 1, math.Copysign(0, -1)} { // -0: ln(1 / -0) would be NaN, not +Inf
 		p := Policy{Mode: Paper, EpsilonMax: 0.25, Hoeffding: true, Alpha: a}
 		if p.Validate() == nil {
 			t.Errorf("%+v validated", p)
@@ -323,6 +328,121 @@ func TestRangesIncludeTheirEnds(t *testing.T) {
 		g := p.Gate(Slack{})
 		if lower, certified := g.Check(0.99, 0, 0.01, 1000); !math.IsInf(lower, -1) || certified {
 			t.Errorf("the gate of %+v: Check(p1 0.99, 1000 draws) = %v, %v; want -Inf, false", p, lower, certified)
+		}
+	}
+}
+
+// TestValidAtTheLowerEnds: the lower ends of the ranges Validate documents are valid.
+// EpsilonMax = 0 is the strict reading of the variance budget (budget(CE) = eps_CE); a policy
+// without Hoeffding's bound does not use Alpha, so any Alpha goes; a certificate may have
+// p1 = 0 and V1 = 0 (p1 in [0, 1], V1 in [0, 1/4]: a CE outside its set, stored as uncertified,
+// still has a valid certificate).
+func TestValidAtTheLowerEnds(t *testing.T) {
+	for _, p := range []Policy{
+		{Mode: Paper, EpsilonMax: 0},
+		{Mode: Tight, EpsilonMax: 0.05, Alpha: 0},
+		{Mode: Paper, EpsilonMax: 0.05, Alpha: 2},
+	} {
+		if err := p.Validate(); err != nil {
+			t.Errorf("%+v: %v", p, err)
+		}
+	}
+	for _, c := range []Certificate{
+		{P1: 0, Var1: 0.01, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0.9, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+		{P1: 0, Var1: 0, Samples: 1, Delta: 0.05, Epsilon: 0.01},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
+
+// TestStatusesAreTheFour: Statuses lists each of the four statuses once (metrics create their
+// label values from it), and each name parses back to its status.
+func TestStatusesAreTheFour(t *testing.T) {
+	want := map[string]Status{"certified": Certified, "at_risk": AtRisk, "invalidated": Invalidated, "uncertified": Uncertified}
+	got := Statuses()
+	if len(got) != len(want) {
+		t.Fatalf("Statuses() = %v, want the %d statuses", got, len(want))
+	}
+	seen := map[Status]bool{}
+	for _, s := range got {
+		if seen[s] || want[s.String()] != s {
+			t.Errorf("Statuses() = %v: %v repeated or not one of the four", got, s)
+		}
+		seen[s] = true
+	}
+	for name, s := range want {
+		if back, err := ParseStatus(name); err != nil || back != s {
+			t.Errorf("ParseStatus(%q) = %v, %v; want %v", name, back, err, s)
+		}
+	}
+}
+
+// TestSlackIsItsFormula: Slack at a KL, against the formulas written out here: paper mode
+// (2 sqrt(KL/2), 6 sqrt(KL/2)), tight mode (TV_ub, 3 TV_ub) with
+// TV_ub = min(sqrt(KL/2), sqrt(1 - exp(-KL))), and the KL it was computed at (Slack.KL).
+func TestSlackIsItsFormula(t *testing.T) {
+	for _, kl := range []float64{0, 1e-6, 0.000330, 0.1, 2, 30} {
+		pin := math.Sqrt(kl / 2)
+		tv := math.Min(pin, math.Sqrt(1-math.Exp(-kl)))
+		for _, tc := range []struct {
+			mode           Mode
+			mean, variance float64
+		}{{Paper, 2 * pin, 6 * pin}, {Tight, tv, 3 * tv}} {
+			s := Policy{Mode: tc.mode}.Slack(kl)
+			if s.KL != kl || math.Abs(s.Mean-tc.mean) > 1e-15 || math.Abs(s.Var-tc.variance) > 1e-15 {
+				t.Errorf("%s Slack(%v) = %+v, want {KL: %v, Mean: %v, Var: %v}", tc.mode, kl, s, kl, tc.mean, tc.variance)
+			}
+		}
+	}
+}
+
+// TestDocumentedDefaults pins the defaults the config layer and the ledger take from this package,
+// and the figures their comments quote: S = 1000 draws, alpha = 0.01 for p1's Hoeffding bound
+// (margin sqrt(ln(100) / 2000) = 0.0480), for verdicts (Bernstein margin 0.0156 at V = 0.001) and
+// for ConditionalKL's upper bound (Mean + ParamKL sqrt(ln(100) / (2 S))).
+func TestDocumentedDefaults(t *testing.T) {
+	if DefaultSamples != 1000 || DefaultAlpha != 0.01 || DefaultVerdictAlpha != 0.01 || ConditionalKLAlpha != 0.01 || DefaultEpsilonMax != 0.25 {
+		t.Fatalf("defaults: samples %d, alpha %v, verdict alpha %v, conditional KL alpha %v, epsilon_max %v; want 1000, 0.01, 0.01, 0.01, 0.25",
+			DefaultSamples, DefaultAlpha, DefaultVerdictAlpha, ConditionalKLAlpha, DefaultEpsilonMax)
+	}
+	if m := 1 - HoeffdingLower(1, DefaultSamples, DefaultAlpha); math.Abs(m-0.0479853) > 1e-6 {
+		t.Errorf("Hoeffding margin at the defaults %v, want 0.0479853", m)
+	}
+	if m := BernsteinMargin(0.001, DefaultSamples, DefaultVerdictAlpha); math.Abs(m-0.01563036289902046) > 1e-12 {
+		t.Errorf("Bernstein margin at the defaults %v, want 0.0156304", m)
+	}
+}
+
+// TestPolicyEnumsText: the config names of on_breach and uncertified decode to their values, and
+// nothing else does.
+func TestPolicyEnumsText(t *testing.T) {
+	for _, name := range []string{"alert", "reject", "clip"} {
+		var p OnBreach
+		if err := p.UnmarshalText([]byte(name)); err != nil || string(p) != name {
+			t.Errorf("OnBreach.UnmarshalText(%q) = %q, %v", name, p, err)
+		}
+	}
+	for _, name := range []string{"refuse", "store"} {
+		var o OutsideSet
+		if err := o.UnmarshalText([]byte(name)); err != nil || string(o) != name {
+			t.Errorf("OutsideSet.UnmarshalText(%q) = %q, %v", name, o, err)
+		}
+	}
+	for _, name := range []string{"paper", "tight"} {
+		var m Mode
+		if err := m.UnmarshalText([]byte(name)); err != nil || string(m) != name {
+			t.Errorf("Mode.UnmarshalText(%q) = %q, %v", name, m, err)
+		}
+	}
+	for _, bad := range []string{"", "Alert", "refuse ", "loose"} {
+		var p OnBreach
+		var o OutsideSet
+		var m Mode
+		if p.UnmarshalText([]byte(bad)) == nil || o.UnmarshalText([]byte(bad)) == nil || m.UnmarshalText([]byte(bad)) == nil {
+			t.Errorf("%q decoded as an on_breach policy, an uncertified policy or a mode", bad)
 		}
 	}
 }
