@@ -13,7 +13,9 @@ import (
 //	KL(q2 || q1) = sum_i [ ls1_i - ls2_i + (exp(2(ls2_i - ls1_i)) + (m2_i - m1_i)^2 exp(-2 ls1_i)) / 2 - 1/2 ]
 //
 // It is a sum over every parameter (never a mean, unlike torchbnn's default reduction), it is 0
-// exactly when the two agree, and it is asymmetric: KLDiag(a, b) != KLDiag(b, a) in general.
+// exactly when the two agree (for ls1_i above about -354, where exp(-2 ls1_i) is finite; valid
+// models keep |log sigma| <= bnn.MaxLogSigma), and it is asymmetric: KLDiag(a, b) != KLDiag(b, a)
+// in general.
 // Working in log-sigma avoids dividing by tiny variances. All four slices must have equal length.
 func KLDiag(m2, ls2, m1, ls1 []float64) float64 {
 	s := 0.0
