@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"maps"
 	"reflect"
 	"slices"
@@ -84,5 +85,56 @@ func TestWithSettingsRoundTrips(t *testing.T) {
 	}
 	if _, _, err := mine.WithSettings(map[string]string{"certify.delta": "a lot"}); err == nil || !strings.Contains(err.Error(), "certify.delta") {
 		t.Fatalf("a bad value: %v", err)
+	}
+}
+
+// TestClusterKeysAreTheDocumentedOnes: the cluster-wide keys are those docs/CONFIGURATION.md
+// lists ("Keys the replicas must share"), written out here from that list: a key moved between
+// Local and Cluster changes which replicas may join a cluster, and must change the docs too.
+func TestClusterKeysAreTheDocumentedOnes(t *testing.T) {
+	want := []string{
+		"certify.delta", "certify.epsilon", "certify.epsilon_max", "certify.hoeffding_alpha", "certify.mode",
+		"certify.on_breach", "certify.precision", "certify.samples", "certify.uncertified", "certify.verdict_alpha",
+		"explain.reissue", "http.idempotency_window",
+		"kafka.dead_letter_topic", "kafka.events_topic", "kafka.group_id", "kafka.max_record_bytes", "kafka.max_records",
+		"kafka.max_records_backlog", "kafka.max_wait", "kafka.topic",
+		"model.dataset", "model.epochs", "model.seed",
+		"replication.ce_partitions", "replication.ce_topic", "replication.enabled", "replication.posterior_topic",
+		"update.draws", "update.iterations", "update.kl_weight", "update.learning_rate", "update.max_iterations",
+		"update.memory_records", "update.objective", "update.samples", "update.seed", "update.solver", "update.tolerance",
+	}
+	if got := ClusterKeys(); !slices.Equal(got, want) {
+		t.Fatalf("ClusterKeys:\n %v\nwant (docs/CONFIGURATION.md):\n %v", got, want)
+	}
+}
+
+// TestClusterSettingsKeepEveryDigit: a setting's text compares equal exactly when the values do,
+// so two deltas that differ in the seventh digit differ, and WithSettings sets the exact value.
+func TestClusterSettingsKeepEveryDigit(t *testing.T) {
+	a, err := Load("certify:\n  delta: 0.1000001\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.ClusterSettings()["certify.delta"]; got != "0.1000001" {
+		t.Fatalf("certify.delta rendered %q, want 0.1000001", got)
+	}
+	b := Default()
+	got, changed, err := b.WithSettings(a.ClusterSettings())
+	if err != nil || got.Certify.Delta != 0.1000001 || !slices.Equal(changed, []string{"certify.delta"}) {
+		t.Fatalf("WithSettings: %v, delta %v, changed %v; want 0.1000001, [certify.delta]", err, got.Certify.Delta, changed)
+	}
+}
+
+// TestWithSettingsLeavesLocalKeysAndValidates: settings that name a local key (a genesis is not
+// expected to, but one written by another build might) do not change it, and settings that make
+// an invalid configuration are refused, naming the key.
+func TestWithSettingsLeavesLocalKeysAndValidates(t *testing.T) {
+	mine := Default()
+	got, changed, err := mine.WithSettings(map[string]string{"http.listen": "127.0.0.1:9", "state_dir": "/elsewhere"})
+	if err != nil || len(changed) != 0 || got.HTTP.Listen != mine.HTTP.Listen || got.StateDir != mine.StateDir {
+		t.Fatalf("WithSettings of local keys: %v, changed %v, http.listen %s, state_dir %s; want nothing changed", err, changed, got.HTTP.Listen, got.StateDir)
+	}
+	if _, _, err := mine.WithSettings(map[string]string{"update.solver": "sgd"}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "update.solver") {
+		t.Fatalf("WithSettings of an invalid value: %v, want ErrInvalid naming update.solver", err)
 	}
 }

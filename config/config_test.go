@@ -295,6 +295,17 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"explain concurrency":             {"explain:\n  concurrency: -1\n", "explain.concurrency: -1: must be 0 (one per core) or positive"},
 		"empty mode":                      {"certify:\n  mode: \"\"\n", "certify.mode (line 2)"},
 		"empty client id":                 {"kafka:\n  client_id: \"\"\n", `kafka.client_id: "": must be set`},
+		// localhost may bind ::1 (a host without IPv4 loopback): it shares a port with [::1], either way round.
+		"listen on localhost, the broker on [::1]": {"http:\n  listen: localhost:7000\nkafka:\n  embedded_listen: \"[::1]:7000\"\n",
+			"http.listen: localhost:7000: is the address of kafka.embedded_listen ([::1]:7000)"},
+		"listen on [::1], the broker on localhost": {"http:\n  listen: \"[::1]:7000\"\nkafka:\n  embedded_listen: localhost:7000\n",
+			"http.listen: [::1]:7000: is the address of kafka.embedded_listen (localhost:7000)"},
+		// 9.223372036854775808e18 is 2^63, one past the largest int64: yaml would store it as the
+		// smallest int64, which this key reads as "no size limit".
+		"an integer key at 2^63": {"kafka:\n  embedded_retention_bytes: 9.223372036854775808e18\n",
+			"kafka.embedded_retention_bytes (line 2): 9.223372036854775808e18 is out of range"},
+		// Suggestions reach edit distance 2 (a transposition).
+		"suggestion two edits away": {"kafka:\n  topci: x\n", `kafka.topci (line 2): unknown key (did you mean "topic"?)`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -328,6 +339,7 @@ func TestGoodValuesAtTheEdges(t *testing.T) {
 		"kafka:\n  topic: My_topic-1.v2\n",
 		"kafka:\n",               // a section with nothing under it keeps its defaults
 		"http:\n  token: \"\"\n", // an empty string is a value
+		"log:\n  format: json\n",
 	} {
 		if _, err := Load(text); err != nil {
 			t.Errorf("%q: %v", text, err)
@@ -381,8 +393,8 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 	}
 	// Model directories run would refuse: weights cut short, two classes of one name (written
 	// past Save, which refuses it); and a good one, exported into by model.export_dir.
-	truncated, dupClasses, good := filepath.Join(dir, "truncated"), filepath.Join(dir, "dup"), filepath.Join(dir, "good")
-	for _, d := range []string{truncated, dupClasses, good} {
+	truncated, dupClasses, good, noWeights := filepath.Join(dir, "truncated"), filepath.Join(dir, "dup"), filepath.Join(dir, "good"), filepath.Join(dir, "noweights")
+	for _, d := range []string{truncated, dupClasses, good, noWeights} {
 		if err := bnn.Save(d, bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))); err != nil {
 			t.Fatal(err)
 		}
@@ -396,6 +408,9 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 	sc := filepath.Join(dupClasses, bnn.SidecarFile)
 	js, _ := os.ReadFile(sc)
 	os.WriteFile(sc, bytes.Replace(js, []byte(`"yes"`), []byte(`"no"`), 1), 0o644)
+	if err := os.Remove(filepath.Join(noWeights, bnn.WeightsFile)); err != nil {
+		t.Fatal(err)
+	}
 	link := filepath.Join(dir, "link")
 	if err := os.Symlink(good, link); err != nil {
 		t.Fatal(err)
@@ -422,6 +437,10 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 		"basic auth on a replica": {replica + "http:\n  web_config_file: " + users + "\n",
 			"http.web_config_file: " + users + " sets basic_auth_users on a replica"},
 		"peer tls ca": {replica + "  peer_tls:\n    ca_file: " + filepath.Join(dir, "peers.pem") + "\n", "replication.peer_tls.ca_file"},
+		"basic auth beside the API token": {"http:\n  web_config_file: " + users + "\n  token: t\n",
+			"http.web_config_file: " + users + " sets basic_auth_users while http.token or http.metrics_token is set"},
+		// LoadFile finds both files of a model directory (CheckModel, not called here, loads them).
+		"weights missing": {"model:\n  path: " + noWeights + "\n", "model.path: " + noWeights + ": stat " + filepath.Join(noWeights, bnn.WeightsFile)},
 		"peer tls key pair": {replica + "  peer_tls:\n    cert_file: " + users + "\n    key_file: " + users + "\n",
 			"replication.peer_tls.cert_file " + users + " / replication.peer_tls.key_file " + users},
 	} {
@@ -558,6 +577,8 @@ func TestReplicationKeys(t *testing.T) {
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: [5]}]\n", "replication.skip_ce_requests", "offset: want a value, got a list"},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, through: 9, id: a}]\n", "replication.skip_ce_requests[0]", "an id names one request"},
 		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 5, id: \"a b\"}]\n", "replication.skip_ce_requests[0]", "not in [A-Za-z0-9._:-]"},
+		// yaml leaves a repeated key of a flow mapping to its reader: the second offset must not win in silence.
+		{cluster + "replication:\n  enabled: true\n  skip_ce_requests: [{partition: 1, offset: 2, offset: 3}]\n", "replication.skip_ce_requests", "offset given twice"},
 	} {
 		_, err := Load(tc.text)
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(withoutLines(err), tc.key) || !strings.Contains(err.Error(), tc.why) {
@@ -725,6 +746,32 @@ func TestValidateRejectsEachKey(t *testing.T) {
 			func(c *Config) { c.Explain.MaxIterations = MaxExplainIterations }},
 		{"explain.concurrency", "must be at most 256", func(c *Config) { c.Explain.Concurrency = MaxExplainConcurrency + 1 },
 			func(c *Config) { c.Explain.Concurrency = MaxExplainConcurrency }},
+		// Both bounds of the embedded broker's limits, each with its nearest good value: the
+		// cases above refuse only values far from them (4 connections, 10ms, 0s).
+		{"kafka.embedded_max_connections", "must be in [16, 1000000]", func(c *Config) { c.Kafka.EmbeddedMaxConnections = 15 },
+			func(c *Config) { c.Kafka.EmbeddedMaxConnections = 16 }},
+		{"kafka.embedded_max_connections", "must be in [16, 1000000]", func(c *Config) { c.Kafka.EmbeddedMaxConnections = 1_000_001 },
+			func(c *Config) { c.Kafka.EmbeddedMaxConnections = 1_000_000 }},
+		{"kafka.embedded_idle_timeout", "must be at least 1s", func(c *Config) { c.Kafka.EmbeddedIdleTimeout = time.Second - 1 },
+			func(c *Config) { c.Kafka.EmbeddedIdleTimeout = time.Second }},
+		{"kafka.embedded_request_timeout", "must be at least 1s", func(c *Config) { c.Kafka.EmbeddedRequestTimeout = time.Second - 1 },
+			func(c *Config) { c.Kafka.EmbeddedRequestTimeout = time.Second }},
+		// A space in a host is refused as a slash is (net.Dial would look the name up as given).
+		{"kafka.brokers[0]", `must be host:port, got host "a b"`, func(c *Config) { c.Kafka.Brokers = []string{"a b:9092"} },
+			func(c *Config) { c.Kafka.Brokers = []string{"a-b:9092"} }},
+		// The converge solver's keys: update.solver, and the bounds of the keys only it reads.
+		{"update.solver", "must be converge or adam", func(c *Config) { c.Update.Solver = "sgd" }, func(c *Config) { c.Update.Solver = "adam" }},
+		{"update.memory_records", "must be >= 0", func(c *Config) { c.Update.MemoryRecords = -1 }, func(c *Config) { c.Update.MemoryRecords = 0 }},
+		{"update.memory_records", "must be >= 0", func(c *Config) { c.Update.MemoryRecords = math.NaN() }, nil},
+		{"update.memory_records", "must be >= 0", func(c *Config) { c.Update.MemoryRecords = math.Inf(1) }, func(c *Config) { c.Update.MemoryRecords = math.MaxFloat64 }},
+		{"update.tolerance", "must be in (0, 1]", func(c *Config) { c.Update.Tolerance = 0 }, func(c *Config) { c.Update.Tolerance = math.SmallestNonzeroFloat64 }},
+		{"update.tolerance", "must be in (0, 1]", func(c *Config) { c.Update.Tolerance = math.NaN() }, nil},
+		{"update.tolerance", "must be in (0, 1]", func(c *Config) { c.Update.Tolerance = math.Nextafter(1, 2) }, func(c *Config) { c.Update.Tolerance = 1 }},
+		{"update.max_iterations", "must be >= 1", func(c *Config) { c.Update.MaxIterations = 0 }, func(c *Config) { c.Update.MaxIterations = 1 }},
+		{"update.max_iterations", "must be at most 100000", func(c *Config) { c.Update.MaxIterations = MaxUpdateIterations + 1 },
+			func(c *Config) { c.Update.MaxIterations = MaxUpdateIterations }},
+		{"update.draws", "must be >= 1", func(c *Config) { c.Update.Draws = 0 }, func(c *Config) { c.Update.Draws = 1 }},
+		{"update.draws", "must be at most 1000", func(c *Config) { c.Update.Draws = MaxUpdateSamples + 1 }, func(c *Config) { c.Update.Draws = MaxUpdateSamples }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.key+" "+tc.want, func(t *testing.T) {
@@ -814,6 +861,8 @@ func TestTokensNoClientCouldSend(t *testing.T) {
 		"env newline":        {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc\n", want: "CFGUARD_HTTP_TOKEN: holds a newline at its end"},
 		"env control":        {env: "CFGUARD_HTTP_METRICS_TOKEN", value: "s3cret\x01abc", want: "CFGUARD_HTTP_METRICS_TOKEN: holds a control character (U+0001) at byte 6"},
 		"env trailing space": {env: "CFGUARD_HTTP_TOKEN", value: "s3cret-abc ", want: "CFGUARD_HTTP_TOKEN: ends with a space or a tab"},
+		"env DEL":            {env: "CFGUARD_HTTP_TOKEN", value: "s3cret\x7fabc", want: "CFGUARD_HTTP_TOKEN: holds a control character (U+007F) at byte 6"},
+		"env inner newline":  {env: "CFGUARD_HTTP_TOKEN", value: "s3cret\nabc", want: "CFGUARD_HTTP_TOKEN: holds a control character (U+000A) at byte 6"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.env != "" {
@@ -863,5 +912,176 @@ func TestStepOfThePriorObjectiveDividesByTheRecordsRepresented(t *testing.T) {
 		if math.Abs(cfg.Represented-c.want) > 1e-9*max(1, c.want) {
 			t.Errorf("%s: Represented %v, want %v", c.name, cfg.Represented, c.want)
 		}
+	}
+}
+
+// TestValidateReplicationRejectsEachKey: TestValidateRejectsEachKey for the replication keys,
+// which are checked only on a replica: each case starts from a valid replica (the defaults with
+// kafka.brokers and replication.enabled), breaks one key, wants one error naming it, and accepts
+// the nearest good value (edge, when the rule is a bound or a pairing).
+func TestValidateReplicationRejectsEachKey(t *testing.T) {
+	replica := func() Config {
+		c := Default()
+		c.Kafka.Brokers = []string{"kafka.example:9092"}
+		c.Replication.Enabled = true
+		return c
+	}
+	// http.write_timeout defaults to 2m, RegisterSendMargin is 15s: a wait must end before 1m45s.
+	const lastWait = 105*time.Second - 1
+	skip := func(q CERequest) func(c *Config) {
+		return func(c *Config) { c.Replication.SkipCERequests = CERequests{q} }
+	}
+	cases := []struct {
+		key, want string
+		set, edge func(c *Config)
+	}{
+		{"replication.ce_topic", "must differ from kafka.topic", func(c *Config) { c.Replication.CETopic = c.Kafka.Topic }, nil},
+		{"replication.ce_topic", "must differ from kafka.dead_letter_topic", func(c *Config) { c.Replication.CETopic = c.Kafka.DeadLetterTopic }, nil},
+		{"replication.ce_partitions", "must be in [1, 1024]", func(c *Config) { c.Replication.CEPartitions = 1025 }, func(c *Config) { c.Replication.CEPartitions = 1024 }},
+		{"replication.advertise_url", "must be an http:// or https:// URL with a host", func(c *Config) { c.Replication.AdvertiseURL = "http://" },
+			func(c *Config) { c.Replication.AdvertiseURL = "http://h" }},
+		{"replication.advertise_url", "must be an http:// or https:// URL with a host", func(c *Config) { c.Replication.AdvertiseURL = "ftp://h:8080" },
+			func(c *Config) { c.Replication.AdvertiseURL = "https://h:8080" }},
+		{"replication.replica_id", "must be at most 128 characters", func(c *Config) { c.Replication.ReplicaID = strings.Repeat("r", 129) },
+			func(c *Config) { c.Replication.ReplicaID = strings.Repeat("r", 128) }},
+		{"replication.replica_id", "without spaces or '/'", func(c *Config) { c.Replication.ReplicaID = "r 1" }, func(c *Config) { c.Replication.ReplicaID = "r-1" }},
+		{"replication.replica_id", "without spaces or '/'", func(c *Config) { c.Replication.ReplicaID = "r\t1" }, nil},
+		{"replication.session_timeout", "must be in [1s, 5m]", func(c *Config) { c.Replication.SessionTimeout = 5*time.Minute + 1 },
+			func(c *Config) { c.Replication.SessionTimeout = 5 * time.Minute }},
+		{"replication.register_wait", "more than 15s below http.write_timeout", func(c *Config) { c.Replication.RegisterWait = lastWait + 1 },
+			func(c *Config) { c.Replication.RegisterWait = lastWait }},
+		{"replication.register_wait", "must be 0 or more", func(c *Config) { c.Replication.RegisterWait = -1 }, func(c *Config) { c.Replication.RegisterWait = 0 }},
+		// The largest durations: wait + margin would overflow to a negative sum, below any timeout.
+		{"replication.register_wait", "more than 15s below http.write_timeout", func(c *Config) { c.Replication.RegisterWait = math.MaxInt64 },
+			nil},
+		{"replication.register_wait", "more than 15s below http.write_timeout", func(c *Config) { c.Replication.RegisterWait = math.MaxInt64 - 10*time.Second },
+			nil},
+		{"replication.peer_tls.cert_file", "cert_file and key_file go together", func(c *Config) { c.Replication.PeerTLS.KeyFile = "k.pem" },
+			func(c *Config) { c.Replication.PeerTLS.CertFile, c.Replication.PeerTLS.KeyFile = "c.pem", "k.pem" }},
+		// skip_ce_requests built in code (Load's decoding checks some of this already).
+		{"replication.skip_ce_requests[0]", "needs a partition in [0, 12)", skip(CERequest{Partition: -1, Offset: 1}), skip(CERequest{Partition: 0, Offset: 1})},
+		{"replication.skip_ce_requests[0]", "through is the last offset of the range: at least offset", skip(CERequest{Offset: 5, Through: 4}),
+			skip(CERequest{Offset: 5, Through: 5})},
+		// An id with through equal to offset names one request, as offset alone does.
+		{"replication.skip_ce_requests[0]", "an id names one request", skip(CERequest{Offset: 5, Through: 6, ID: "ce-1"}),
+			skip(CERequest{Offset: 5, Through: 5, ID: "ce-1"})},
+	}
+	for _, tc := range cases {
+		t.Run(tc.key+" "+tc.want, func(t *testing.T) {
+			c := replica()
+			tc.set(&c)
+			err := c.Validate()
+			if err == nil || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Validate = %v, want ErrInvalid", err)
+			}
+			lines := strings.Split(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], tc.key+": ") || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("Validate = %v\nwant one error, for key %s, saying %q", err, tc.key, tc.want)
+			}
+			if tc.edge != nil {
+				c := replica()
+				tc.edge(&c)
+				if err := c.Validate(); err != nil {
+					t.Fatalf("the nearest good value is refused: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestSkipCERequestThroughItsOffset: a range whose through is its offset (one request, written
+// as a range) loads as written.
+func TestSkipCERequestThroughItsOffset(t *testing.T) {
+	c, err := Load("kafka:\n  brokers: [127.0.0.1:9092]\nreplication:\n  enabled: true\n  skip_ce_requests: [{partition: 2, offset: 7, through: 7}]\n")
+	if err != nil || !slices.Equal(c.Replication.SkipCERequests, CERequests{{Partition: 2, Offset: 7, Through: 7}}) {
+		t.Fatalf("Load = %v, %+v; want the one request at offset 7 of partition 2", err, c)
+	}
+}
+
+// TestSecretsFromTheEnvironment: CFGUARD_KAFKA_SASL_PASSWORD and CFGUARD_HTTP_METRICS_TOKEN
+// override the file (a Kubernetes Secret holds them, not the configuration).
+func TestSecretsFromTheEnvironment(t *testing.T) {
+	t.Setenv("CFGUARD_KAFKA_SASL_PASSWORD", "pw-from-env")
+	t.Setenv("CFGUARD_HTTP_METRICS_TOKEN", "metrics-from-env")
+	c, err := LoadFile("testdata/good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kafka.SASL.Password != "pw-from-env" || c.HTTP.MetricsToken != "metrics-from-env" {
+		t.Fatalf("kafka.sasl.password %q, http.metrics_token %q; want the environment's", c.Kafka.SASL.Password, c.HTTP.MetricsToken)
+	}
+}
+
+// TestYAMLRedactsEverySecret: the printed configuration (check-config, GET /v1/config) shows
+// "<redacted>" for each secret that is set, the metrics token and the SASL password included.
+func TestYAMLRedactsEverySecret(t *testing.T) {
+	c := Default()
+	c.HTTP.Token, c.HTTP.MetricsToken, c.Kafka.SASL.Password = "api-secret", "metrics-secret", "sasl-secret"
+	out, err := c.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"api-secret", "metrics-secret", "sasl-secret"} {
+		if strings.Contains(string(out), secret) {
+			t.Errorf("the printed configuration shows %q:\n%s", secret, out)
+		}
+	}
+	if n := strings.Count(string(out), "<redacted>"); n != 3 {
+		t.Errorf("%d secrets redacted, want 3:\n%s", n, out)
+	}
+}
+
+// TestExportDirDefault: model.export_dir empty is <state_dir>/export.
+func TestExportDirDefault(t *testing.T) {
+	c := Default()
+	if got := c.ExportDir(); got != "state/export" {
+		t.Errorf("default ExportDir %q, want state/export", got)
+	}
+	c.StateDir, c.Model.ExportDir = "/var/lib/cfguard", ""
+	if got := c.ExportDir(); got != "/var/lib/cfguard/export" {
+		t.Errorf("ExportDir %q, want /var/lib/cfguard/export", got)
+	}
+	c.Model.ExportDir = "/srv/models"
+	if got := c.ExportDir(); got != "/srv/models" {
+		t.Errorf("ExportDir %q, want the key's value", got)
+	}
+}
+
+// TestServesTLS: the web configuration serves TLS when its tls_server_config names a certificate,
+// as a file (cert_file) or inline (cert); the default advertise URL is then https://.
+func TestServesTLS(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		text string
+		want bool
+	}{
+		"cert_file":  {"tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n", true},
+		"inline":     {"tls_server_config:\n  cert: \"-----BEGIN CERTIFICATE-----\"\n  key: k\n", true},
+		"basic auth": {"basic_auth_users:\n  ops: x\n", false},
+	} {
+		p := filepath.Join(dir, name+".yml")
+		if err := os.WriteFile(p, []byte(tc.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := Default()
+		c.HTTP.WebConfigFile = p
+		if got := c.ServesTLS(); got != tc.want {
+			t.Errorf("%s: ServesTLS = %v, want %v", name, got, tc.want)
+		}
+	}
+	if c := Default(); c.ServesTLS() {
+		t.Error("no web configuration: ServesTLS = true")
+	}
+}
+
+// TestTabAfterSpaces: a tab anywhere in a line's indentation, after spaces too, is refused with
+// the plain message naming the file and line.
+func TestTabAfterSpaces(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("kafka:\n  \ttopic: x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadFile(p); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), p+":2: indentation uses a tab; YAML needs spaces") {
+		t.Fatalf("LoadFile = %v, want the tab on line 2 named", err)
 	}
 }

@@ -313,7 +313,7 @@ func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
 		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
 	}
-	if r.RegisterWait < 0 || r.RegisterWait > 0 && r.RegisterWait+RegisterSendMargin >= c.HTTP.WriteTimeout {
+	if r.RegisterWait < 0 || r.RegisterWait > 0 && r.RegisterWait >= c.HTTP.WriteTimeout-RegisterSendMargin { // no sum to overflow
 		bad("replication.register_wait", r.RegisterWait, fmt.Sprintf("must be 0 or more, and more than %v below http.write_timeout (%v): "+
 			"a request is measured and sent to the CE topic before it waits, and the write deadline would cut its answer", RegisterSendMargin, c.HTTP.WriteTimeout))
 	}
