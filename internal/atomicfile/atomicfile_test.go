@@ -204,3 +204,22 @@ func TestMkdirAllCreatesTheMissingDirectories(t *testing.T) {
 		t.Fatalf("a file in the way: %v, want an error naming %s", err, file)
 	}
 }
+
+// TestTemporaryFileBesideTheTarget: the temporary file is made in the target's directory, not
+// in $TMPDIR: a rename is atomic only within one file system, and $TMPDIR is often another one
+// (tmpfs). With $TMPDIR naming no directory at all, a write still succeeds and leaves nothing
+// behind.
+func TestTemporaryFileBesideTheTarget(t *testing.T) {
+	t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "no-such-dir"))
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.json")
+	if err := WriteFile(path, []byte("content")); err != nil {
+		t.Fatalf("WriteFile with $TMPDIR missing: %v", err)
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "content" {
+		t.Fatalf("file holds %q (%v)", got, err)
+	}
+	if names := entries(t, dir); len(names) != 1 {
+		t.Fatalf("directory holds %v, want only model.json", names)
+	}
+}

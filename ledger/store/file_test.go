@@ -381,3 +381,109 @@ func TestAlternatingFailuresAreOneEpisode(t *testing.T) {
 		t.Fatalf("WriteFailures: %+v, want 4, the latest at %v", got, now)
 	}
 }
+
+// TestOpenRemovesLeftoversOfAnInterruptedCreation: a creation interrupted before its link leaves
+// cfguard.db.new-<pid>; the next Open that creates the file (under the directory's lock, so the
+// leftover is no other process's work in progress) removes it, and touches nothing else.
+func TestOpenRemovesLeftoversOfAnInterruptedCreation(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	leftover, other := path+".new-999999", filepath.Join(dir, "cfguard.db.damaged")
+	for _, p := range []string{leftover, other} {
+		if err := os.WriteFile(p, []byte("half a ledger"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := openTest(t, dir, testOptions())
+	if !f.Created() {
+		t.Fatal("Open did not create the missing file")
+	}
+	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the leftover %s is still there: %v", leftover, err)
+	}
+	if b, err := os.ReadFile(other); err != nil || string(b) != "half a ledger" {
+		t.Errorf("another file of the directory changed: %q, %v", b, err)
+	}
+}
+
+// TestFailureExactlyAQuietAfterTheLastBeginsAnEpisode: a failure FailureQuiet or more after the
+// previous one (with no success between) begins a new episode, logged at WARN; one a moment
+// sooner is part of the same episode, at debug level.
+func TestFailureExactlyAQuietAfterTheLastBeginsAnEpisode(t *testing.T) {
+	opts := testOptions()
+	rec := recorder{mu: new(sync.Mutex), lines: new([]string)}
+	opts.Logger = slog.New(rec)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	opts.Now = func() time.Time { return now }
+	opts.AfterCommit = func() error { return errors.New("injected: no space left on device") }
+	f := openTest(t, t.TempDir(), opts)
+	for i, tc := range []struct {
+		at              time.Duration
+		wantWarn, wantD int
+	}{
+		{0, 1, 0},
+		{FailureQuiet - time.Millisecond, 1, 1},
+		{2*FailureQuiet - time.Millisecond, 2, 1}, // exactly FailureQuiet after the previous failure
+	} {
+		now = start.Add(tc.at)
+		if err := put(f, "k", "v"); !errors.Is(err, ErrWrite) {
+			t.Fatalf("commit %d: %v, want ErrWrite", i, err)
+		}
+		w, d := rec.count(slog.LevelWarn, "ledger: commit failed"), rec.count(slog.LevelDebug, "ledger: commit failed")
+		if w != tc.wantWarn || d != tc.wantD {
+			t.Fatalf("after the failure at %v: %d WARN, %d debug; want %d, %d", tc.at, w, d, tc.wantWarn, tc.wantD)
+		}
+	}
+}
+
+// TestLockFileHoldsThePid: the lock file holds exactly the pid of the process that has the
+// ledger open, whatever a previous holder left in it (a longer pid, a crashed process's line),
+// so that ErrLocked names the holder; and a second Open in this process says it is this one.
+func TestLockFileHoldsThePid(t *testing.T) {
+	dir := t.TempDir()
+	pidPath := filepath.Join(dir, PIDFileName)
+	if err := os.WriteFile(pidPath, []byte("4194304123\nleft by a crashed holder\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := openTest(t, dir, testOptions())
+	if b, err := os.ReadFile(pidPath); err != nil || string(b) != strconv.Itoa(os.Getpid())+"\n" {
+		t.Fatalf("the lock file holds %q (%v), want this process's pid and a newline", b, err)
+	}
+	_, err := Open(dir, testOptions())
+	want := fmt.Sprintf("this process (pid %d) already has %s open (lock file %s): use that Ledger, or Close it first", os.Getpid(), f.Path(), pidPath)
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a second Open in this process: %v, want ErrLocked saying %q", err, want)
+	}
+}
+
+// TestRefusedUpdateIsNoWriteFailure: an Update whose function refuses (an invalid request, a
+// damaged record found while writing) is rolled back and returns that error as it is: it is not
+// a failed commit (ErrWrite), is not counted among the write failures, and logs nothing.
+func TestRefusedUpdateIsNoWriteFailure(t *testing.T) {
+	opts := testOptions()
+	rec := recorder{mu: new(sync.Mutex), lines: new([]string)}
+	opts.Logger = slog.New(rec)
+	f := openTest(t, t.TempDir(), opts)
+	logged := func() []string { rec.mu.Lock(); defer rec.mu.Unlock(); return append([]string(nil), *rec.lines...) }
+	before := len(logged())
+	refused := errors.New("refused by fn")
+	err := f.Update(func(tx *bolt.Tx) error {
+		if err := Put(tx.Bucket(bucket), []byte("k"), []byte("rolled back")); err != nil {
+			return err
+		}
+		return refused
+	})
+	if !errors.Is(err, refused) || errors.Is(err, ErrWrite) {
+		t.Fatalf("Update whose fn refused: %v, want that error and no ErrWrite", err)
+	}
+	if n := f.WriteFailures().Count; n != 0 {
+		t.Errorf("a refused Update counted as %d write failures", n)
+	}
+	if lines := logged(); len(lines) != before {
+		t.Errorf("a refused Update logged %q", lines[before:])
+	}
+	if got := get(t, f, "k"); got != "" {
+		t.Errorf("the refused Update's value reads %q", got)
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -95,5 +97,96 @@ func TestReseal(t *testing.T) {
 	})
 	if !errors.Is(err, stop) {
 		t.Fatalf("Reseal with a failing fix: %v, want its error", err)
+	}
+}
+
+// TestUnsealShortValues: a value shorter than its checksum (a damaged length, or a value written
+// unsealed) is refused, not sliced: Get reports it as damaged, naming the record.
+func TestUnsealShortValues(t *testing.T) {
+	for n := range CRCSize {
+		if p, ok := Unseal([]byte("k"), make([]byte, n)); ok || p != nil {
+			t.Errorf("a %d-byte value unsealed: %q, %v", n, p, ok)
+		}
+	}
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "short.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("b"))
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte("short"), []byte{1, 2}); err != nil {
+			return err
+		}
+		_, err = Get(b, []byte("short"), `record "short"`)
+		return err
+	})
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `record "short": checksum mismatch (2 bytes)`) {
+		t.Fatalf("Get of a 2-byte value: %v, want ErrCorrupt naming the record", err)
+	}
+}
+
+// TestGetU64WantsEightBytes: a sealed counter of another length than 8 (a record of another
+// type under its key) is refused naming its length, whether shorter or longer.
+func TestGetU64WantsEightBytes(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "u64.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("b"))
+		if err != nil {
+			return err
+		}
+		if err := PutU64(b, []byte("good"), 0x0102030405060708); err != nil {
+			return err
+		}
+		if v, err := GetU64(b, []byte("good"), "good"); err != nil || v != 0x0102030405060708 {
+			t.Errorf("GetU64 of PutU64: %#x, %v", v, err)
+		}
+		for _, n := range []int{7, 9} {
+			k := fmt.Appendf(nil, "len%d", n)
+			if err := Put(b, k, make([]byte, n)); err != nil {
+				return err
+			}
+			_, err := GetU64(b, k, string(k))
+			if want := fmt.Sprintf("%s: %d bytes, want 8", k, n); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), want) {
+				t.Errorf("GetU64 of a %d-byte value: %v, want ErrCorrupt saying %q", n, err, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestResealRefusesANestedBucket: Reseal rewrites values; a nested bucket where values should be
+// is a damaged layout, reported, not sealed over.
+func TestResealRefusesANestedBucket(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "nested.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("b"))
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte("a"), []byte("v")); err != nil {
+			return err
+		}
+		if _, err := b.CreateBucket([]byte("inner")); err != nil {
+			return err
+		}
+		return Reseal(b, func(k, v []byte) ([]byte, error) { return v, nil })
+	})
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `unexpected nested bucket "inner"`) {
+		t.Fatalf("Reseal of a bucket holding a bucket: %v, want ErrCorrupt naming it", err)
 	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,5 +105,366 @@ func TestInspect(t *testing.T) {
 		d := append([]byte(nil), data...)
 		ne.PutUint64(d[root*ps:], uint64(root+1))
 		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d says it is page %d", root, root+1)})
+	})
+}
+
+// resealMeta rewrites the FNV-64a checksum of the meta page in slot of data (page size ps) over
+// its first 56 bytes after the page header, as bbolt computes it: the page then passes the
+// checksum, whatever the edit before it.
+func resealMeta(data []byte, slot, ps int) {
+	const meta = 16
+	m := data[slot*ps+meta : slot*ps+meta+64]
+	h := fnv.New64a()
+	h.Write(m[:56])
+	ne.PutUint64(m[56:], h.Sum64())
+}
+
+// TestInspectRefusesSoundChecksumsOnWrongFields: a meta page whose checksum is right but whose
+// magic, format version or page size is not bbolt's version-2 layout (a file of another format
+// or version, or damage that rewrote the checksum too) is not taken as valid: the newest one is
+// refused naming what is wrong, and a page size that is not a power of two or that differs
+// between the two pages is named.
+func TestInspectRefusesSoundChecksumsOnWrongFields(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps := lo.PageSize
+	newest := lo.MetaPage
+	const meta = 16
+	edit := func(slot, off int, v uint32) []byte {
+		d := append([]byte(nil), data...)
+		ne.PutUint32(d[slot*ps+meta+off:], v)
+		resealMeta(d, slot, ps)
+		return d
+	}
+	t.Run("magic", func(t *testing.T) {
+		inspectBytes(t, edit(newest, 0, 0xDEADBEEF), []string{fmt.Sprintf("bbolt meta page %d is damaged (not a bbolt meta page (bad magic))", newest)})
+	})
+	t.Run("version", func(t *testing.T) {
+		inspectBytes(t, edit(newest, 4, 3), []string{fmt.Sprintf("bbolt meta page %d is damaged (bbolt format version 3, want 2)", newest)})
+	})
+	t.Run("page size not a power of two", func(t *testing.T) {
+		inspectBytes(t, edit(0, 8, uint32(ps-1)), []string{fmt.Sprintf("meta page 0 gives page size %d", ps-1)})
+	})
+	t.Run("page 1's page size differs", func(t *testing.T) {
+		d := edit(1, 8, uint32(2*ps))
+		want := fmt.Sprintf("page size %d differs from page 0's %d", 2*ps, ps)
+		if newest == 1 {
+			inspectBytes(t, d, []string{"bbolt meta page 1 is damaged (" + want + ")"})
+			return
+		}
+		if got := inspectBytes(t, d, nil); got.TxID != lo.TxID || !strings.Contains(got.MetaDamaged, want) {
+			t.Fatalf("older page 1 with another page size: %+v, want transaction %d and %q", got, lo.TxID, want)
+		}
+	})
+}
+
+// TestInspectOlderMetaTolerance: a damaged older meta page is tolerated only when it reads as
+// the transaction just before the newest (T-1) with a high-water mark not above the newest's
+// (see "A damaged meta page" in doc.go); one that reads as T-2, or as T-1 with a larger
+// high-water mark, may be a newer transaction damaged, and is refused.
+func TestInspectOlderMetaTolerance(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, older := lo.PageSize, 1-lo.MetaPage
+	const meta = 16
+	hwm := ne.Uint64(data[lo.MetaPage*ps+meta+40:])
+	// Each edit leaves the older page's checksum as it was, so the page fails it.
+	damage := func(off int, v uint64) []byte {
+		d := append([]byte(nil), data...)
+		ne.PutUint64(d[older*ps+meta+off:], v)
+		return d
+	}
+	refusal := fmt.Sprintf("bbolt meta page %d is damaged (checksum mismatch)", older)
+	t.Run("T-1, same high-water mark", func(t *testing.T) {
+		if got := inspectBytes(t, damage(40, hwm), nil); got.TxID != lo.TxID || got.MetaDamaged == "" {
+			t.Fatalf("%+v, want transaction %d with the older page reported damaged", got, lo.TxID)
+		}
+	})
+	t.Run("T-1, higher high-water mark", func(t *testing.T) {
+		inspectBytes(t, damage(40, hwm+1), []string{refusal, fmt.Sprintf("reads as transaction %d", lo.TxID-1)})
+	})
+	t.Run("T-2", func(t *testing.T) {
+		inspectBytes(t, damage(48, lo.TxID-2), []string{refusal, fmt.Sprintf("reads as transaction %d", lo.TxID-2)})
+	})
+}
+
+// TestInspectFileOfOnePage: a file cut to its first page (meta page 1 gone) is reported as
+// truncated, not as a damaged meta page.
+func TestInspectFileOfOnePage(t *testing.T) {
+	data, lo := walkFixture(t)
+	inspectBytes(t, data[:lo.PageSize], []string{"it was truncated"})
+}
+
+// syncedFixture is walkFixture written with a synced freelist (as ledgers were before cfguard
+// stopped syncing it, and as any bbolt file is): its newest meta page records a freelist page,
+// which lists the pages the first round's values left free. It returns the file, its layout,
+// and the offset of the freelist page's first page id.
+func syncedFixture(t *testing.T) (data []byte, lo Layout, ids int) {
+	t.Helper()
+	dir := t.TempDir()
+	opts := testOptions()
+	opts.SyncFreelist = true
+	f, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		err := f.Update(func(tx *bolt.Tx) error {
+			for i := range 300 {
+				if err := Put(tx.Bucket(bucket), fmt.Appendf(nil, "key-%04d", i), fmt.Appendf(nil, "value %d of round %d", i, round)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	if data, err = os.ReadFile(filepath.Join(dir, FileName)); err != nil {
+		t.Fatal(err)
+	}
+	lo = inspectBytes(t, data, nil)
+	if lo.Freelist == NoFreelist {
+		t.Fatal("a file written with SyncFreelist records no freelist page")
+	}
+	off := int(lo.Freelist) * lo.PageSize
+	if ne.Uint16(data[off+10:]) == 0xFFFF || ne.Uint16(data[off+10:]) < 2 {
+		t.Fatalf("the fixture's freelist page holds %d ids; the test needs 2 to 0xFFFE", ne.Uint16(data[off+10:]))
+	}
+	return data, lo, off + 16
+}
+
+// TestInspectSyncedFreelist: with a freelist on file, the freelist and the tree must partition
+// the pages below the high-water mark, so that the next commit cannot reuse a page the tree
+// holds: the walk counts the pages the freelist lists, and refuses a free page left off the
+// list, a page listed twice, a page both listed and reached, and a count that does not fit.
+func TestInspectSyncedFreelist(t *testing.T) {
+	data, lo, ids := syncedFixture(t)
+	ps := lo.PageSize
+	count := int(ne.Uint16(data[ids-16+10:]))
+	if lo.FreePages != count {
+		t.Fatalf("Inspect counts %d free pages; the freelist page lists %d", lo.FreePages, count)
+	}
+	fl := lo.Freelist
+	first, last := ne.Uint64(data[ids:]), ne.Uint64(data[ids+8*(count-1):])
+	root := ne.Uint64(data[lo.MetaPage*ps+16+16:])
+	edit := func(f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	t.Run("a free page off the list", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint16(d[ids-16+10:], uint16(count-1)) })
+		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d is neither in use nor on the freelist", last)})
+	})
+	t.Run("a page listed twice", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[ids+8*(count-1):], first) })
+		inspectBytes(t, d, []string{fmt.Sprintf("freelist page %d lists page %d twice", fl, first)})
+	})
+	t.Run("a page in use listed", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[ids+8*(count-1):], root) })
+		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d is in use and on the freelist", root)})
+	})
+	t.Run("more ids than fit", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint16(d[ids-16+10:], 0xFFFE) })
+		inspectBytes(t, d, []string{fmt.Sprintf("freelist page %d claims 65534 page ids, more than fit", fl)})
+	})
+}
+
+// bucketRoot is the root page of the fixture's bucket: the value of the first element of the
+// root bucket's leaf page (a bucket header: root page u64, sequence u64).
+func bucketRoot(data []byte, lo Layout) uint64 {
+	ps := lo.PageSize
+	root := int(ne.Uint64(data[lo.MetaPage*ps+16+16:]))
+	e := root*ps + 16
+	pos, ksize := int(ne.Uint32(data[e+4:])), int(ne.Uint32(data[e+8:]))
+	return ne.Uint64(data[e+pos+ksize:])
+}
+
+// TestInspectRefusesABadBranchPage: the bucket's root, a branch page, with its element count
+// zeroed (its leaves would otherwise be taken as free pages, and the values lost in silence), an
+// unknown page type, or overflow pages past the high-water mark, is refused naming the page.
+func TestInspectRefusesABadBranchPage(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps := lo.PageSize
+	br := bucketRoot(data, lo)
+	off := int(br) * ps
+	if flags := ne.Uint16(data[off+8:]); flags != flagBranch {
+		t.Fatalf("the bucket's root page %d has flags %#x; the test needs a branch page (more values in walkFixture)", br, flags)
+	}
+	hwm := ne.Uint64(data[lo.MetaPage*ps+16+40:])
+	edit := func(f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	t.Run("empty", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[off+10:], 0) }), []string{fmt.Sprintf("bbolt branch page %d is empty", br)})
+	})
+	t.Run("type", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[off+8:], 0x20) }), []string{fmt.Sprintf("bbolt page %d has type 0x20", br)})
+	})
+	t.Run("overflow", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[off+12:], uint32(hwm-br)) }),
+			[]string{fmt.Sprintf("bbolt page %d with %d overflow pages runs past the high-water mark %d", br, hwm-br, hwm)})
+	})
+}
+
+// TestInspectRefusesKeysOutOfPlace: every key of a leaf is above the one before it and within
+// the bounds its parent branch gives, [its branch key, the next branch key): a key repeated, a
+// leaf's first key below its branch key, and a leaf's last key equal to the next branch key
+// (each the trace of a damaged key byte, which would make a lookup miss the record) are refused.
+func TestInspectRefusesKeysOutOfPlace(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps := lo.PageSize
+	br := int(bucketRoot(data, lo)) * ps
+	if ne.Uint16(data[br+8:]) != flagBranch || ne.Uint16(data[br+10:]) < 2 {
+		t.Fatal("the test needs the bucket's root to be a branch of two leaves or more")
+	}
+	// Branch element i: pos u32, ksize u32, child u64; its key at the element + pos.
+	branchKey := func(i int) []byte {
+		e := br + 16 + 16*i
+		return data[e+int(ne.Uint32(data[e:])) : e+int(ne.Uint32(data[e:]))+int(ne.Uint32(data[e+4:]))]
+	}
+	child := func(i int) int { return int(ne.Uint64(data[br+16+16*i+8:])) }
+	// leafKey is the offset and length of key i of the leaf at page p.
+	leafKey := func(p, i int) (int, int) {
+		e := p*ps + 16 + 16*i
+		return e + int(ne.Uint32(data[e+4:])), int(ne.Uint32(data[e+8:]))
+	}
+	withKey := func(p, i int, key []byte) []byte {
+		d := append([]byte(nil), data...)
+		off, n := leafKey(p, i)
+		if n != len(key) {
+			t.Fatalf("key %d of page %d is %d bytes, the replacement %d", i, p, n, len(key))
+		}
+		copy(d[off:], key)
+		return d
+	}
+	leaf0, leaf1 := child(0), child(1)
+	last0 := int(ne.Uint16(data[leaf0*ps+10:])) - 1
+	k0off, k0n := leafKey(leaf0, 0)
+	first := append([]byte(nil), data[k0off:k0off+k0n]...)
+	t.Run("a key repeated", func(t *testing.T) {
+		inspectBytes(t, withKey(leaf0, 1, first), []string{fmt.Sprintf("bbolt page %d element 1: keys out of order", leaf0)})
+	})
+	t.Run("below its branch key", func(t *testing.T) {
+		inspectBytes(t, withKey(leaf1, 0, first), []string{fmt.Sprintf("bbolt page %d element 0", leaf1), "below its branch key"})
+	})
+	t.Run("at the next branch key", func(t *testing.T) {
+		inspectBytes(t, withKey(leaf0, last0, branchKey(1)), []string{fmt.Sprintf("bbolt page %d element %d", leaf0, last0), "not below the next branch key"})
+	})
+}
+
+// rootElement is the offset of the element of the root bucket's leaf page whose key is name.
+func rootElement(t *testing.T, data []byte, lo Layout, name string) int {
+	t.Helper()
+	ps := lo.PageSize
+	root := int(ne.Uint64(data[lo.MetaPage*ps+16+16:]))
+	for i := range int(ne.Uint16(data[root*ps+10:])) {
+		e := root*ps + 16 + 16*i
+		pos, ksize := int(ne.Uint32(data[e+4:])), int(ne.Uint32(data[e+8:]))
+		if string(data[e+pos:e+pos+ksize]) == name {
+			return e
+		}
+	}
+	t.Fatalf("no bucket %q in the root page %d", name, root)
+	return 0
+}
+
+// TestInspectRefusesABadLeafElement: a leaf element is a value or a bucket (flag 1), inside its
+// page; a bucket's value is a 16-byte header, and, for a bucket small enough to live inline, a
+// leaf page after it. An element with another flag, a value running past its page, a short
+// bucket header, and an inline bucket whose page is not a leaf are refused, naming where.
+func TestInspectRefusesABadLeafElement(t *testing.T) {
+	dir := t.TempDir()
+	f, err := Open(dir, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Update(func(tx *bolt.Tx) error {
+		if err := Put(tx.Bucket(bucket), []byte("k"), []byte("v")); err != nil {
+			return err
+		}
+		small, err := tx.CreateBucket([]byte("small"))
+		if err != nil {
+			return err
+		}
+		return Put(small, []byte("x"), []byte("y"))
+	})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo := inspectBytes(t, data, nil)
+	b, small := rootElement(t, data, lo, "b"), rootElement(t, data, lo, "small")
+	edit := func(f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	t.Run("flags", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[b:], 0x02) }), []string{"element 0 has flags 0x2"})
+	})
+	t.Run("value past the page", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[b+12:], uint32(lo.PageSize)) }), []string{"element 0 lies outside the page"})
+	})
+	t.Run("short bucket header", func(t *testing.T) {
+		// walkFixture's bucket has pages of its own: its header's root page is not 0.
+		big, blo := walkFixture(t)
+		e := rootElement(t, big, blo, "b")
+		d := append([]byte(nil), big...)
+		ne.PutUint32(d[e+12:], 12)
+		inspectBytes(t, d, []string{`bucket "b" has a 12-byte header`})
+	})
+	t.Run("inline page not a leaf", func(t *testing.T) {
+		val := small + int(ne.Uint32(data[small+4:])) + int(ne.Uint32(data[small+8:]))
+		if ne.Uint64(data[val:]) != 0 {
+			t.Fatal(`bucket "small" is not inline; the test needs it to be`)
+		}
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[val+16+8:], flagBranch) }), []string{`inline bucket "small" has no leaf page`})
+	})
+}
+
+// TestInspectNamesWhatIsWrong: damage that several checks would refuse is named by the first
+// that applies, the one that says what is wrong: a meta page whose root or freelist page lies at
+// or past its high-water mark, a branch pointing at a meta page, and two branch elements
+// pointing at one page.
+func TestInspectNamesWhatIsWrong(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, newest := lo.PageSize, lo.MetaPage
+	const meta = 16
+	hwm := ne.Uint64(data[newest*ps+meta+40:])
+	root := ne.Uint64(data[newest*ps+meta+16:])
+	br := int(bucketRoot(data, lo))
+	child0 := ne.Uint64(data[br*ps+16+8:])
+	edit := func(f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	inconsistent := func(root, freelist uint64) string {
+		return fmt.Sprintf("meta page %d (transaction %d): root page %d, freelist page %d, high-water mark %d are inconsistent",
+			newest, lo.TxID, root, freelist, hwm)
+	}
+	t.Run("root at the high-water mark", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[newest*ps+meta+16:], hwm); resealMeta(d, newest, ps) })
+		inspectBytes(t, d, []string{inconsistent(hwm, NoFreelist)})
+	})
+	t.Run("freelist at the high-water mark", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[newest*ps+meta+32:], hwm); resealMeta(d, newest, ps) })
+		inspectBytes(t, d, []string{inconsistent(root, hwm)})
+	})
+	t.Run("a child that is a meta page", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[br*ps+16+8:], 1) })
+		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page id 1 outside [2, %d)", hwm)})
+	})
+	t.Run("two children one page", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint64(d[br*ps+16+16+8:], child0) })
+		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d is reached twice", child0)})
 	})
 }
