@@ -608,6 +608,24 @@ func TestSchutStopsAtConfidence(t *testing.T) {
 	}
 }
 
+// TestConfirmedStopCooldown: under the default stopping rule, the same search is checked at move
+// 5 (p1 = sigmoid(1.9) = 0.870 passes the minibatch gate, whose margin admits it), the
+// confirmation ensemble refuses it (0.870 < 0.9), the next 5 moves go unchecked, and the search
+// stops at move 11 (logit -3.1 + 4 (0.25 * 11) = 7.9), five moves past the first that meets the
+// rule: the cost of not confirming at every iteration, as the Stop documentation says.
+func TestConfirmedStopCooldown(t *testing.T) {
+	w := []float64{4, 0.1, 0.1}
+	m := linearModel(t, [][]float64{{0, 0, 0}, w}, []float64{0, -3.1}, 1e-9)
+	g := NewGenerator(m, nil, Config{Method: MethodSchut, MoveSize: 0.25, MaxChanges: 20, Confidence: 0.9})
+	r, ok := generate(t, g, rawOf(m, []float64{0, 0, 0}), 1)
+	if !ok || r.Iterations != 11 {
+		t.Fatalf("stopped after %d moves (valid %v, p1 %v), want 11", r.Iterations, ok, r.P1)
+	}
+	if want := 1 / (1 + math.Exp(-7.9)); math.Abs(r.P1-want) > 1e-6 {
+		t.Errorf("p1 %v, want %v", r.P1, want)
+	}
+}
+
 // TestStopEstimateNeedsTheTarget: for the baselines the rule is that the target comes first; the
 // paper's stopping rule does not stop before it does (here the model is a point mass, so the
 // minibatch and the final ensemble agree, and the stop is a valid counterfactual).
