@@ -356,7 +356,7 @@ func (s *Schema) timestamp(p *scanner, rec *Record) *DecodeError {
 		if err != nil {
 			return err
 		}
-		t, perr := time.Parse(time.RFC3339Nano, str)
+		t, perr := parseRFC3339(str)
 		if perr != nil {
 			return decodeErr(ReasonBadTimestamp, "ts %q is not RFC 3339", clip(str))
 		}
@@ -377,6 +377,21 @@ func (s *Schema) timestamp(p *scanner, rec *Record) *DecodeError {
 		return nil
 	}
 	return decodeErr(ReasonBadTimestamp, "ts must be an RFC 3339 string or Unix seconds, got %s", p.kind())
+}
+
+// parseRFC3339 parses an RFC 3339 date-time, which time.Parse does not take whole: RFC 3339 allows
+// a lower-case t and z (its section 5.6) and a leap second, 60 (section 5.7), read here as the
+// second after 59 (Unix time has no leap seconds). Upper-casing changes nothing else in a valid
+// date-time: its only letters are T and Z.
+func parseRFC3339(s string) (time.Time, error) {
+	s = strings.ToUpper(s)
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil && len(s) >= 19 && s[16] == ':' && s[17:19] == "60" {
+		if t, lerr := time.Parse(time.RFC3339Nano, s[:17]+"59"+s[19:]); lerr == nil {
+			return t.Add(time.Second), nil
+		}
+	}
+	return t, err
 }
 
 // scanner is a cursor over a JSON document.

@@ -2,9 +2,11 @@ package stream
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -61,6 +63,26 @@ func TestDecodeGood(t *testing.T) {
 			Record{ID: "r11", X: []float64{18446744073709551616, 1844674407370955161.7, 36893488147419103233}}},
 		{"ts the last second of year 9999", `{"id":"r12","features":[1,2,3],"label":0,"ts":253402300799}`,
 			Record{ID: "r12", X: []float64{1, 2, 3}, Time: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)}},
+		// The first Unix second is in range: ts accepts [0, 253402300799].
+		{"ts 0, the Unix epoch", `{"id":"r13","features":[1,2,3],"label":0,"ts":0}`,
+			Record{ID: "r13", X: []float64{1, 2, 3}, Time: time.Unix(0, 0)}},
+		// 1.000000007 as a float64 is 1 + 6.99999991e-9: the nanoseconds are rounded, not truncated.
+		{"ts nanoseconds rounded", `{"id":"r14","features":[1,2,3],"label":0,"ts":1.000000007}`,
+			Record{ID: "r14", X: []float64{1, 2, 3}, Time: time.Unix(1, 7)}},
+		// Exponents of three digits, which the exact fast path must leave to strconv.
+		{"three-digit exponents", `{"id":"r15","features":[1e150,2.5e-123,-7E+100],"label":0}`,
+			Record{ID: "r15", X: []float64{1e150, 2.5e-123, -7e100}}},
+		// RFC 3339 allows a lower-case t and z (section 5.6), and a leap second (section 5.7),
+		// which is read as the next second: 2016-12-31T23:59:60Z is 2017-01-01T00:00:00Z.
+		{"ts RFC 3339 in lower case", `{"id":"r16","features":[1,2,3],"label":0,"ts":"2024-05-06t07:08:09.5z"}`,
+			Record{ID: "r16", X: []float64{1, 2, 3}, Time: ts}},
+		{"ts a leap second", `{"id":"r17","features":[1,2,3],"label":0,"ts":"2016-12-31T23:59:60Z"}`,
+			Record{ID: "r17", X: []float64{1, 2, 3}, Time: time.Date(2017, 1, 1, 0, 0, 0, 0, time.UTC)}},
+		{"ts a leap second with a fraction and an offset", `{"id":"r18","features":[1,2,3],"label":0,"ts":"2016-12-31T18:59:60.25-05:00"}`,
+			Record{ID: "r18", X: []float64{1, 2, 3}, Time: time.Date(2017, 1, 1, 0, 0, 0, 250_000_000, time.UTC)}},
+		// \u escapes take hex digits in either case, a-f and A-F included.
+		{"hex digits of both cases", `{"id":"r\u006f\u006F\u004a\u004A","features":[1,2,3],"label":0}`,
+			Record{ID: "rooJJ", X: []float64{1, 2, 3}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.Decode([]byte(tc.in))
@@ -140,6 +162,32 @@ func TestDecodeBad(t *testing.T) {
 		{"ts negative", `{"id":"x","features":[1,2,3],"label":0,"ts":-5}`, ReasonBadTimestamp},
 		{"ts year 10000", `{"id":"x","features":[1,2,3],"label":0,"ts":253402300800}`, ReasonBadTimestamp},
 		{"ts bool", `{"id":"x","features":[1,2,3],"label":0,"ts":false}`, ReasonBadTimestamp},
+		// Only a second of 60 is a leap second; a minute of 60, a second of 61 or another letter
+		// than t or z is no RFC 3339 date-time.
+		{"ts second 61", `{"id":"x","features":[1,2,3],"label":0,"ts":"2016-12-31T23:59:61Z"}`, ReasonBadTimestamp},
+		{"ts minute 60", `{"id":"x","features":[1,2,3],"label":0,"ts":"2016-12-31T23:60:00Z"}`, ReasonBadTimestamp},
+		{"ts leap second without a zone", `{"id":"x","features":[1,2,3],"label":0,"ts":"2016-12-31T23:59:60"}`, ReasonBadTimestamp},
+		{"ts another separator", `{"id":"x","features":[1,2,3],"label":0,"ts":"2024-05-06x07:08:09Z"}`, ReasonBadTimestamp},
+		// Each of the four members may appear once, whatever its value; null features are absent.
+		{"duplicate features", `{"id":"x","features":[1,2,3],"features":[4,5,6],"label":0}`, ReasonDuplicateField},
+		{"duplicate ts", `{"id":"x","features":[1,2,3],"label":0,"ts":1,"ts":2}`, ReasonDuplicateField},
+		{"null features", `{"id":"x","features":null,"label":0}`, ReasonMissingField},
+		// Syntax the scanner must refuse itself: a record it accepts is never re-checked.
+		{"one trailing byte", `{"id":"x","features":[1,2,3],"label":0}x`, ReasonBadJSON},
+		{"null misspelt", `{"id":nulx,"features":[1,2,3],"label":0}`, ReasonBadJSON},
+		{"no colon", `{"id":"x","features":[1,2,3],"label"=0}`, ReasonBadJSON},
+		{"NUL for a comma", "{\"id\":\"x\",\"features\":{\"a\":1\x00\"b\":2,\"c\":3},\"label\":0}", ReasonBadJSON},
+		// Truncated records (a cut message) are bad_json, never a panic.
+		{"truncated feature array", `{"id":"x","label":0,"features":[1,2,3`, ReasonBadJSON},
+		{"truncated after the first feature", `{"id":"x","label":0,"features":[1`, ReasonBadJSON},
+		{"truncated feature name", `{"id":"x","label":0,"features":{"a`, ReasonBadJSON},
+		{"truncated second feature name", `{"id":"x","label":0,"features":{"a":1,"b`, ReasonBadJSON},
+		// A key past the model's features: repeated or unknown, never an index past the end.
+		{"feature repeated after all", `{"id":"x","features":{"a":1,"b":2,"c":3,"a":4},"label":0}`, ReasonDuplicateField},
+		{"unknown feature after all", `{"id":"x","features":{"a":1,"b":2,"c":3,"z":4},"label":0}`, ReasonUnknownFeature},
+		// Strings that spell a number that is not finite are not_finite (blanks around too), not bad_type.
+		{"overflowing string", `{"id":"x","features":[1,"1e999",3],"label":0}`, ReasonNotFinite},
+		{"NaN string with blanks", `{"id":"x","features":[1," NaN ",3],"label":0}`, ReasonNotFinite},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec, err := s.Decode([]byte(tc.in))
@@ -171,6 +219,7 @@ func TestNewSchemaRejects(t *testing.T) {
 		{"duplicate feature", []string{"x", "x"}, []string{"a", "b"}},
 		{"empty feature", []string{""}, []string{"a", "b"}},
 		{"duplicate class", []string{"x"}, []string{"a", "a"}},
+		{"empty class", []string{"x"}, []string{"a", ""}},
 	} {
 		if _, err := NewSchema(tc.features, tc.classes, 0); err == nil {
 			t.Errorf("%s: NewSchema accepted %v / %v", tc.name, tc.features, tc.classes)
@@ -179,6 +228,10 @@ func TestNewSchemaRejects(t *testing.T) {
 	s, err := NewSchema([]string{"x"}, []string{"a", "b"}, 0)
 	if err != nil || s.MaxBytes() != DefaultMaxRecordBytes {
 		t.Fatalf("default max bytes: %v, %v", s, err)
+	}
+	// A negative limit is no limit either: it means the default too.
+	if s, err := NewSchema([]string{"x"}, []string{"a", "b"}, -1); err != nil || s.MaxBytes() != DefaultMaxRecordBytes {
+		t.Fatalf("max bytes -1: %v, %v", s, err)
 	}
 }
 
@@ -469,6 +522,155 @@ func TestDecodeOnWorkersAgrees(t *testing.T) {
 			if (werr == nil) != (errs[i] == nil) || out[i].ID != want.ID || !slices.Equal(out[i].X, want.X) || out[i].Label != want.Label {
 				t.Fatalf("%d workers, record %d: %+v (%v), want %+v (%v)", workers, i, out[i], errs[i], want, werr)
 			}
+		}
+	}
+}
+
+// TestDecodeErrorMatchesOnlyErrDecode: a *DecodeError is errors.Is ErrDecode and nothing else, so
+// that a caller telling a bad record (dead-letter it) from another failure (retry) is not fooled.
+func TestDecodeErrorMatchesOnlyErrDecode(t *testing.T) {
+	_, err := testSchema(t).Decode([]byte(`{}`))
+	if !errors.Is(err, ErrDecode) {
+		t.Fatalf("%v is not ErrDecode", err)
+	}
+	for _, other := range []error{io.EOF, context.Canceled, errors.New("bad record")} {
+		if errors.Is(err, other) {
+			t.Errorf("%v matches %v", err, other)
+		}
+	}
+}
+
+// TestScaledRangeBounds pins the documented bound (docs/API.md, docs/OPERATIONS.md: 10^5
+// standard deviations) with values written out: with mean 10 and deviation 2 the range is
+// [10 - 2e5, 10 + 2e5] = [-199990, 200010], both ends included (a record is refused only when
+// further than the bound).
+func TestScaledRangeBounds(t *testing.T) {
+	plain := testSchema(t)
+	s, err := plain.WithScale([]float64{10, 10, 10}, []float64{2, 2, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		v  string
+		ok bool
+	}{
+		{"200010", true}, {"-199990", true}, {"200010.001", false}, {"-199990.001", false},
+		{"1e6", false}, {"-1e6", false},
+	} {
+		for j := range 3 {
+			x := []string{"10", "10", "10"}
+			x[j] = tc.v
+			data := `{"features":[` + strings.Join(x, ",") + `],"label":0}`
+			_, err := s.Decode([]byte(data))
+			var de *DecodeError
+			switch {
+			case tc.ok && err != nil:
+				t.Errorf("%s refused: %v", data, err)
+			case !tc.ok && (!errors.As(err, &de) || de.Reason != ReasonOutOfRange):
+				t.Errorf("%s: %v, want %s", data, err, ReasonOutOfRange)
+			}
+		}
+	}
+}
+
+// TestWithScaleRefuses: a scale is one mean and one positive, finite deviation per feature, and
+// a finite mean; anything else is refused (it would refuse every record or none).
+func TestWithScaleRefuses(t *testing.T) {
+	plain := testSchema(t)
+	inf, nan := math.Inf(1), math.NaN()
+	for _, tc := range []struct {
+		name      string
+		mean, std []float64
+	}{
+		{"two deviations", []float64{0, 0, 0}, []float64{1, 1}},
+		{"four deviations", []float64{0, 0, 0}, []float64{1, 1, 1, 1}},
+		{"infinite mean", []float64{0, inf, 0}, []float64{1, 1, 1}},
+		{"minus infinite mean", []float64{0, 0, -inf}, []float64{1, 1, 1}},
+		{"negative deviation", []float64{0, 0, 0}, []float64{1, -1, 1}},
+		{"NaN deviation", []float64{0, 0, 0}, []float64{1, 1, nan}},
+	} {
+		if _, err := plain.WithScale(tc.mean, tc.std); err == nil {
+			t.Errorf("%s: WithScale(%v, %v) accepted", tc.name, tc.mean, tc.std)
+		}
+	}
+}
+
+// TestEncodeRefuses: Encode refuses what Decode refuses, with the same reason, and its size limit
+// is inclusive. {"id":"e","features":[1,2,3],"label":0} is 39 bytes.
+func TestEncodeRefuses(t *testing.T) {
+	s := testSchema(t)
+	for _, tc := range []struct {
+		name   string
+		r      Record
+		reason string
+	}{
+		{"+Inf", Record{X: []float64{1, math.Inf(1), 3}}, ReasonNotFinite},
+		{"-Inf", Record{X: []float64{math.Inf(-1), 2, 3}}, ReasonNotFinite},
+		{"NaN", Record{X: []float64{1, 2, math.NaN()}}, ReasonNotFinite},
+		{"negative label", Record{X: []float64{1, 2, 3}, Label: -1}, ReasonUnknownLabel},
+		{"label past the classes", Record{X: []float64{1, 2, 3}, Label: 2}, ReasonUnknownLabel},
+		{"short", Record{X: []float64{1, 2}}, ReasonWrongDimension},
+		{"bad id", Record{ID: "a b", X: []float64{1, 2, 3}}, ReasonBadID},
+	} {
+		b, err := s.Encode(tc.r)
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Reason != tc.reason {
+			t.Errorf("%s: Encode = %s, %v; want %s", tc.name, b, err, tc.reason)
+		}
+	}
+	r := Record{ID: "e", X: []float64{1, 2, 3}}
+	const size = len(`{"id":"e","features":[1,2,3],"label":0}`)
+	for _, tc := range []struct {
+		limit int
+		ok    bool
+	}{{size, true}, {size - 1, false}} {
+		small, err := NewSchema([]string{"a", "b", "c"}, []string{"benign", "malicious"}, tc.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := small.Encode(r)
+		var de *DecodeError
+		if tc.ok && (err != nil || len(b) != size) {
+			t.Errorf("limit %d: Encode = %s, %v; want %d bytes", tc.limit, b, err, size)
+		}
+		if !tc.ok && (!errors.As(err, &de) || de.Reason != ReasonTooLarge) {
+			t.Errorf("limit %d: Encode = %s, %v; want %s", tc.limit, b, err, ReasonTooLarge)
+		}
+	}
+}
+
+// TestFeatureMapNamesThatNeedEscaping: the fast key match takes a feature's name byte for byte
+// only when JSON writes it so; a name with a quote, a backslash or a control character must go
+// through the JSON string grammar, which decides what the key is, and a key that merely starts
+// with a name ("f10" for "f1") is not that name.
+func TestFeatureMapNamesThatNeedEscaping(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		features []string
+		in       string
+		want     []float64 // nil: refused with reason
+		reason   string
+	}{
+		{"prefix of a later name", []string{"f1", "f10"}, `{"features":{"f10":2,"f1":1},"label":0}`, []float64{1, 2}, ""},
+		{"quote escaped", []string{`a"q`, "b"}, `{"features":{"a\"q":1,"b":2},"label":0}`, []float64{1, 2}, ""},
+		{"quote unescaped", []string{`a"q`, "b"}, `{"features":{"a"q":1,"b":2},"label":0}`, nil, ReasonBadJSON},
+		{"backslash escaped", []string{`a\b`, "c"}, `{"features":{"a\\b":1,"c":2},"label":0}`, []float64{1, 2}, ""},
+		// "a\b" in JSON is a, backspace: not the feature a\b.
+		{"backslash as an escape", []string{`a\b`, "c"}, `{"features":{"a\b":1,"c":2},"label":0}`, nil, ReasonUnknownFeature},
+		{"control escaped", []string{"a\x1f", "c"}, `{"features":{"a\u001f":1,"c":2},"label":0}`, []float64{1, 2}, ""},
+		{"control raw", []string{"a\x1f", "c"}, "{\"features\":{\"a\x1f\":1,\"c\":2},\"label\":0}", nil, ReasonBadJSON},
+	} {
+		s, err := NewSchema(tc.features, []string{"n", "p"}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Decode([]byte(tc.in))
+		var de *DecodeError
+		switch {
+		case tc.want != nil && (err != nil || !slices.Equal(rec.X, tc.want)):
+			t.Errorf("%s: Decode(%q) = %v, %v; want %v", tc.name, tc.in, rec.X, err, tc.want)
+		case tc.want == nil && (!errors.As(err, &de) || de.Reason != tc.reason):
+			t.Errorf("%s: Decode(%q) = %v, %v; want %s", tc.name, tc.in, rec.X, err, tc.reason)
 		}
 	}
 }
