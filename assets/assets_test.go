@@ -52,3 +52,32 @@ func TestLoadEveryBundled(t *testing.T) {
 		}
 	}
 }
+
+// Lookup knows exactly the bundled data sets; class names follow PROVENANCE.md's label mapping
+// (breast_cancer: 0 = malignant, 212 rows; 1 = benign, 357 rows); Provenance is the notes file.
+func TestLookupClassesAndProvenance(t *testing.T) {
+	if d, ok := Lookup("nope"); ok {
+		t.Errorf("Lookup(nope) = %+v, true", d)
+	}
+	d, ok := Lookup("breast_cancer")
+	if !ok || d.Name != "breast_cancer" || strings.Join(d.Classes, ",") != "malignant,benign" {
+		t.Fatalf("Lookup(breast_cancer) = %+v, %v", d, ok)
+	}
+	s, _, err := Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := [2]int{}
+	for _, y := range s.Y {
+		count[y]++
+	}
+	if count != [2]int{212, 357} {
+		t.Errorf("breast_cancer class counts %v, want [212 357] (0 = malignant)", count)
+	}
+	p := Provenance()
+	for _, name := range Names() {
+		if d, _ := Lookup(name); !strings.Contains(p, d.File) {
+			t.Errorf("Provenance() does not mention %s", d.File)
+		}
+	}
+}

@@ -3,6 +3,9 @@ package dataset
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -73,5 +76,91 @@ func TestSplitIsSeededPartition(t *testing.T) {
 		if tr.Y[i] != tr2.Y[i] {
 			t.Fatal("same seed gave a different split")
 		}
+	}
+}
+
+// TestParseTrimsBlanks: blanks around a number, a label or the header's "label" are not part of
+// them (a CSV written with ", " separators loads).
+func TestParseTrimsBlanks(t *testing.T) {
+	s, err := Parse(strings.NewReader("a, label \n 1.5 , 0 \n-2,\t1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != 2 || s.X[0][0] != 1.5 || s.X[1][0] != -2 || s.Y[0] != 0 || s.Y[1] != 1 || s.NumClasses != 2 {
+		t.Fatalf("parsed %+v", s)
+	}
+}
+
+// rowsSet is a data set of n rows whose row i is feature i and label i%2, so that a row can be
+// recognised and its label checked in any subset.
+func rowsSet(t *testing.T, n int) *Set {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("x,label\n")
+	for i := range n {
+		fmt.Fprintf(&b, "%d,%d\n", i, i%2)
+	}
+	s, err := Parse(strings.NewReader(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestSplitPartitionsRows: Split puts every row in exactly one of train and test, with its own
+// label, keeps the features and the number of classes, and gives train round(frac*n) rows,
+// half away from zero: 2.5 -> 3, 1.5 -> 2, 0.4 -> 0.
+func TestSplitPartitionsRows(t *testing.T) {
+	for _, tc := range []struct {
+		n           int
+		frac        float64
+		train, test int
+	}{{5, 0.5, 3, 2}, {3, 0.5, 2, 1}, {2, 0.2, 0, 2}, {4, 1, 4, 0}} {
+		s := rowsSet(t, tc.n)
+		tr, te := s.Split(tc.frac, 9)
+		if tr.Len() != tc.train || te.Len() != tc.test {
+			t.Errorf("%d rows, frac %v: split %d/%d, want %d/%d", tc.n, tc.frac, tr.Len(), te.Len(), tc.train, tc.test)
+			continue
+		}
+		seen := make([]int, tc.n)
+		for _, part := range []*Set{tr, te} {
+			if part.NumClasses != 2 || len(part.Features) != 1 || part.Features[0] != "x" {
+				t.Errorf("%d rows: part has %d classes, features %v", tc.n, part.NumClasses, part.Features)
+			}
+			for k, x := range part.X {
+				i := int(x[0])
+				seen[i]++
+				if part.Y[k] != i%2 {
+					t.Errorf("%d rows: row %d has label %d, want %d", tc.n, i, part.Y[k], i%2)
+				}
+			}
+		}
+		for i, c := range seen {
+			if c != 1 {
+				t.Errorf("%d rows, frac %v: row %d is in %d parts, want 1", tc.n, tc.frac, i, c)
+			}
+		}
+	}
+}
+
+// TestLoadCSV: LoadCSV parses a file as Parse does, and its errors name the file and still match
+// ErrFormat (or the file system's error for a file that is not there).
+func TestLoadCSV(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.csv"), filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(good, []byte("a,label\n1,0\n2,1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("a,label\n1,x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := LoadCSV(good); err != nil || s.Len() != 2 || s.NumClasses != 2 {
+		t.Errorf("LoadCSV(good) = %+v, %v", s, err)
+	}
+	if _, err := LoadCSV(bad); !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), bad) {
+		t.Errorf("LoadCSV(bad) = %v, want ErrFormat naming %s", err, bad)
+	}
+	if _, err := LoadCSV(filepath.Join(dir, "none.csv")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("LoadCSV(missing) = %v, want fs.ErrNotExist", err)
 	}
 }
