@@ -646,10 +646,7 @@ func inOrder(s string, want []string) bool {
 // names its key and says what is wanted, and accepts the nearest good value (edge, when the rule
 // is a bound). Each case starts from the defaults and breaks one key.
 func TestValidateRejectsEachKey(t *testing.T) {
-	cases := []struct {
-		key, want string
-		set, edge func(c *Config)
-	}{
+	cases := []keyCase{
 		{"http.listen", "must be host:port", func(c *Config) { c.HTTP.Listen = "" }, nil},
 		{"http.listen", "with a port number", func(c *Config) { c.HTTP.Listen = "127.0.0.1:http" }, func(c *Config) { c.HTTP.Listen = "127.0.0.1:0" }},
 		{"http.shutdown_timeout", "must be positive", func(c *Config) { c.HTTP.ShutdownTimeout = 0 }, func(c *Config) { c.HTTP.ShutdownTimeout = 1 }},
@@ -773,9 +770,23 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"update.draws", "must be >= 1", func(c *Config) { c.Update.Draws = 0 }, func(c *Config) { c.Update.Draws = 1 }},
 		{"update.draws", "must be at most 1000", func(c *Config) { c.Update.Draws = MaxUpdateSamples + 1 }, func(c *Config) { c.Update.Draws = MaxUpdateSamples }},
 	}
+	checkKeyCases(t, Default, cases)
+}
+
+// keyCase breaks one key of a valid config (set) and names the key and what its one error says;
+// edge, when the rule is a bound or a pairing, sets the nearest good value instead.
+type keyCase struct {
+	key, want string
+	set, edge func(c *Config)
+}
+
+// checkKeyCases runs each case on a fresh base(): Validate must refuse it with one error, for
+// its key, saying want, and accept the case's edge.
+func checkKeyCases(t *testing.T, base func() Config, cases []keyCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.key+" "+tc.want, func(t *testing.T) {
-			c := Default()
+			c := base()
 			tc.set(&c)
 			err := c.Validate()
 			if err == nil || !errors.Is(err, ErrInvalid) {
@@ -786,7 +797,7 @@ func TestValidateRejectsEachKey(t *testing.T) {
 				t.Fatalf("Validate = %v\nwant one error, for key %s, saying %q", err, tc.key, tc.want)
 			}
 			if tc.edge != nil {
-				c := Default()
+				c := base()
 				tc.edge(&c)
 				if err := c.Validate(); err != nil {
 					t.Fatalf("the nearest good value is refused: %v", err)
@@ -931,10 +942,7 @@ func TestValidateReplicationRejectsEachKey(t *testing.T) {
 	skip := func(q CERequest) func(c *Config) {
 		return func(c *Config) { c.Replication.SkipCERequests = CERequests{q} }
 	}
-	cases := []struct {
-		key, want string
-		set, edge func(c *Config)
-	}{
+	cases := []keyCase{
 		{"replication.ce_topic", "must differ from kafka.topic", func(c *Config) { c.Replication.CETopic = c.Kafka.Topic }, nil},
 		{"replication.ce_topic", "must differ from kafka.dead_letter_topic", func(c *Config) { c.Replication.CETopic = c.Kafka.DeadLetterTopic }, nil},
 		{"replication.ce_partitions", "must be in [1, 1024]", func(c *Config) { c.Replication.CEPartitions = 1025 }, func(c *Config) { c.Replication.CEPartitions = 1024 }},
@@ -966,27 +974,7 @@ func TestValidateReplicationRejectsEachKey(t *testing.T) {
 		{"replication.skip_ce_requests[0]", "an id names one request", skip(CERequest{Offset: 5, Through: 6, ID: "ce-1"}),
 			skip(CERequest{Offset: 5, Through: 5, ID: "ce-1"})},
 	}
-	for _, tc := range cases {
-		t.Run(tc.key+" "+tc.want, func(t *testing.T) {
-			c := replica()
-			tc.set(&c)
-			err := c.Validate()
-			if err == nil || !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Validate = %v, want ErrInvalid", err)
-			}
-			lines := strings.Split(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), "\n")
-			if len(lines) != 1 || !strings.HasPrefix(lines[0], tc.key+": ") || !strings.Contains(lines[0], tc.want) {
-				t.Fatalf("Validate = %v\nwant one error, for key %s, saying %q", err, tc.key, tc.want)
-			}
-			if tc.edge != nil {
-				c := replica()
-				tc.edge(&c)
-				if err := c.Validate(); err != nil {
-					t.Fatalf("the nearest good value is refused: %v", err)
-				}
-			}
-		})
-	}
+	checkKeyCases(t, replica, cases)
 }
 
 // TestSkipCERequestThroughItsOffset: a range whose through is its offset (one request, written
