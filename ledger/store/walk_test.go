@@ -16,8 +16,15 @@ import (
 // commits deep, as bytes.
 func walkFixture(t *testing.T) (data []byte, lo Layout) {
 	t.Helper()
+	data = fixtureBytes(t, testOptions())
+	return data, inspectBytes(t, data, nil)
+}
+
+// fixtureBytes writes walkFixture's values with opts and returns the closed file's bytes.
+func fixtureBytes(t *testing.T, opts Options) []byte {
+	t.Helper()
 	dir := t.TempDir()
-	f, err := Open(dir, testOptions())
+	f, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +42,11 @@ func walkFixture(t *testing.T) (data []byte, lo Layout) {
 		}
 	}
 	f.Close()
-	path := filepath.Join(dir, FileName)
-	if data, err = os.ReadFile(path); err != nil {
+	data, err := os.ReadFile(filepath.Join(dir, FileName))
+	if err != nil {
 		t.Fatal(err)
 	}
-	return data, inspectBytes(t, data, nil)
+	return data
 }
 
 // inspectBytes runs Inspect on data; wantErr, when set, must be in its error.
@@ -199,30 +206,9 @@ func TestInspectFileOfOnePage(t *testing.T) {
 // and the offset of the freelist page's first page id.
 func syncedFixture(t *testing.T) (data []byte, lo Layout, ids int) {
 	t.Helper()
-	dir := t.TempDir()
 	opts := testOptions()
 	opts.SyncFreelist = true
-	f, err := Open(dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for round := range 2 {
-		err := f.Update(func(tx *bolt.Tx) error {
-			for i := range 300 {
-				if err := Put(tx.Bucket(bucket), fmt.Appendf(nil, "key-%04d", i), fmt.Appendf(nil, "value %d of round %d", i, round)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
-	if data, err = os.ReadFile(filepath.Join(dir, FileName)); err != nil {
-		t.Fatal(err)
-	}
+	data = fixtureBytes(t, opts)
 	lo = inspectBytes(t, data, nil)
 	if lo.Freelist == NoFreelist {
 		t.Fatal("a file written with SyncFreelist records no freelist page")
