@@ -69,7 +69,7 @@ const (
 	// search either returns a valid counterfactual or ErrNotFound. After a confirmation fails, the
 	// next 5 iterations (10 after the final ensemble) move without being checked, so a search that
 	// reaches the rule just after a failed check stops a few moves past it, farther from the
-	// query than StopEstimate would (TestConfirmedStopCooldown: 11 moves against 6).
+	// query than StopEstimate would (TestSchutStopsAtConfidence: 11 moves against 6).
 	StopConfirmed Stop = "confirmed"
 	// StopEstimate stops at the first iterate whose own minibatch estimate (the Samples networks
 	// that gave the iteration's gradient, as a PyTorch implementation of these methods checks)

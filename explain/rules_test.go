@@ -592,37 +592,29 @@ func sub(a, b []float64) []float64 {
 }
 
 // TestSchutStopsAtConfidence: Schut's rule is p(y'|x') >= Confidence, not merely y' first, under
-// the paper's stopping rule too. One feature dominates (w = 4 against 0.1), so move k sets the
-// logit to -3.1 + 4 (0.25 k): the class flips at k = 4 (logit 0.9) and p1 >= 0.9 first holds at
-// k = 6 (logit 2.9 >= ln 9 = 2.197; k = 5 gives 1.9).
+// either stopping rule. One feature dominates (w = 4 against 0.1), so move k sets the logit to
+// -3.1 + 4 (0.25 k): the class flips at k = 4 (logit 0.9) and p1 >= 0.9 first holds at k = 6
+// (logit 2.9 >= ln 9 = 2.197; k = 5 gives 1.9). The paper's rule (StopEstimate) stops there.
+// The default rule (StopConfirmed) checks move 5 (p1 = sigmoid(1.9) = 0.870 passes the minibatch
+// gate, whose margin admits it), its confirmation ensemble refuses it (0.870 < 0.9), the next 5
+// moves go unchecked, and it stops at move 11 (logit 7.9), five moves past the first that meets
+// the rule: the cost of not confirming at every iteration, as the Stop documentation says.
 func TestSchutStopsAtConfidence(t *testing.T) {
 	w := []float64{4, 0.1, 0.1}
 	m := linearModel(t, [][]float64{{0, 0, 0}, w}, []float64{0, -3.1}, 1e-9)
-	g := NewGenerator(m, nil, Config{Method: MethodSchut, MoveSize: 0.25, MaxChanges: 20, Confidence: 0.9, Stop: StopEstimate})
-	r, ok := generate(t, g, rawOf(m, []float64{0, 0, 0}), 1)
-	if !ok || r.Iterations != 6 {
-		t.Fatalf("stopped after %d moves (valid %v, p1 %v), want 6", r.Iterations, ok, r.P1)
-	}
-	if want := 1 / (1 + math.Exp(-2.9)); math.Abs(r.P1-want) > 1e-6 {
-		t.Errorf("p1 %v, want %v", r.P1, want)
-	}
-}
-
-// TestConfirmedStopCooldown: under the default stopping rule, the same search is checked at move
-// 5 (p1 = sigmoid(1.9) = 0.870 passes the minibatch gate, whose margin admits it), the
-// confirmation ensemble refuses it (0.870 < 0.9), the next 5 moves go unchecked, and the search
-// stops at move 11 (logit -3.1 + 4 (0.25 * 11) = 7.9), five moves past the first that meets the
-// rule: the cost of not confirming at every iteration, as the Stop documentation says.
-func TestConfirmedStopCooldown(t *testing.T) {
-	w := []float64{4, 0.1, 0.1}
-	m := linearModel(t, [][]float64{{0, 0, 0}, w}, []float64{0, -3.1}, 1e-9)
-	g := NewGenerator(m, nil, Config{Method: MethodSchut, MoveSize: 0.25, MaxChanges: 20, Confidence: 0.9})
-	r, ok := generate(t, g, rawOf(m, []float64{0, 0, 0}), 1)
-	if !ok || r.Iterations != 11 {
-		t.Fatalf("stopped after %d moves (valid %v, p1 %v), want 11", r.Iterations, ok, r.P1)
-	}
-	if want := 1 / (1 + math.Exp(-7.9)); math.Abs(r.P1-want) > 1e-6 {
-		t.Errorf("p1 %v, want %v", r.P1, want)
+	for _, tc := range []struct {
+		stop  Stop
+		moves int
+		logit float64
+	}{{StopEstimate, 6, 2.9}, {StopConfirmed, 11, 7.9}} {
+		g := NewGenerator(m, nil, Config{Method: MethodSchut, MoveSize: 0.25, MaxChanges: 20, Confidence: 0.9, Stop: tc.stop})
+		r, ok := generate(t, g, rawOf(m, []float64{0, 0, 0}), 1)
+		if !ok || r.Iterations != tc.moves {
+			t.Fatalf("%s: stopped after %d moves (valid %v, p1 %v), want %d", tc.stop, r.Iterations, ok, r.P1, tc.moves)
+		}
+		if want := 1 / (1 + math.Exp(-tc.logit)); math.Abs(r.P1-want) > 1e-6 {
+			t.Errorf("%s: p1 %v, want %v", tc.stop, r.P1, want)
+		}
 	}
 }
 
