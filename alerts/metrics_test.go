@@ -204,29 +204,7 @@ func TestStateCollector(t *testing.T) {
 	reg.MustRegister(c)
 	gauge := func(name string, labels ...string) (float64, bool) {
 		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				ok := true
-				for i := 0; i+1 < len(labels); i += 2 {
-					found := false
-					for _, lp := range m.GetLabel() {
-						found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-					}
-					ok = ok && found
-				}
-				if ok {
-					return m.GetGauge().GetValue(), true
-				}
-			}
-		}
-		return 0, false
+		return sample(t, reg, name, labels...)
 	}
 	// Nothing yet: zeros, no bound, budget.
 	if v, ok := gauge(NameKLBreachLast); !ok || v != 0 {

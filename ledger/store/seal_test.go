@@ -102,26 +102,35 @@ func TestReseal(t *testing.T) {
 
 // TestUnsealShortValues: a value shorter than its checksum (a damaged length, or a value written
 // unsealed) is refused, not sliced: Get reports it as damaged, naming the record.
+// inNewBucket runs fn in a write transaction on bucket "b" of a new bolt file, and returns the
+// transaction's error.
+func inNewBucket(t *testing.T, fn func(b *bolt.Bucket) error) error {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "test.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	return db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("b"))
+		if err != nil {
+			return err
+		}
+		return fn(b)
+	})
+}
+
 func TestUnsealShortValues(t *testing.T) {
 	for n := range CRCSize {
 		if p, ok := Unseal([]byte("k"), make([]byte, n)); ok || p != nil {
 			t.Errorf("a %d-byte value unsealed: %q, %v", n, p, ok)
 		}
 	}
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "short.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucket([]byte("b"))
-		if err != nil {
-			return err
-		}
+	err := inNewBucket(t, func(b *bolt.Bucket) error {
 		if err := b.Put([]byte("short"), []byte{1, 2}); err != nil {
 			return err
 		}
-		_, err = Get(b, []byte("short"), `record "short"`)
+		_, err := Get(b, []byte("short"), `record "short"`)
 		return err
 	})
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `record "short": checksum mismatch (2 bytes)`) {
@@ -132,16 +141,7 @@ func TestUnsealShortValues(t *testing.T) {
 // TestGetU64WantsEightBytes: a sealed counter of another length than 8 (a record of another
 // type under its key) is refused naming its length, whether shorter or longer.
 func TestGetU64WantsEightBytes(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "u64.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucket([]byte("b"))
-		if err != nil {
-			return err
-		}
+	err := inNewBucket(t, func(b *bolt.Bucket) error {
 		if err := PutU64(b, []byte("good"), 0x0102030405060708); err != nil {
 			return err
 		}
@@ -168,16 +168,7 @@ func TestGetU64WantsEightBytes(t *testing.T) {
 // TestResealRefusesANestedBucket: Reseal rewrites values; a nested bucket where values should be
 // is a damaged layout, reported, not sealed over.
 func TestResealRefusesANestedBucket(t *testing.T) {
-	db, err := bolt.Open(filepath.Join(t.TempDir(), "nested.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucket([]byte("b"))
-		if err != nil {
-			return err
-		}
+	err := inNewBucket(t, func(b *bolt.Bucket) error {
 		if err := b.Put([]byte("a"), []byte("v")); err != nil {
 			return err
 		}
