@@ -360,6 +360,11 @@ func (s *Schema) timestamp(p *scanner, rec *Record) *DecodeError {
 		if perr != nil {
 			return decodeErr(ReasonBadTimestamp, "ts %q is not RFC 3339", clip(str))
 		}
+		// The range of Unix seconds below, so that a date before 1970 (or the zero time, which
+		// would read as no ts) is refused in either form.
+		if u := t.Unix(); u < 0 || u > maxUnixSeconds {
+			return decodeErr(ReasonBadTimestamp, "ts %q is outside 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z", clip(str))
+		}
 		rec.Time = t
 		return nil
 	case ch == '-' || (ch >= '0' && ch <= '9'):

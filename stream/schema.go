@@ -27,7 +27,7 @@ const (
 	ReasonUnknownFeature = "unknown_feature" // a feature map key the model does not know
 	ReasonMissingFeature = "missing_feature" // a feature map without some model feature
 	ReasonUnknownLabel   = "unknown_label"   // label not a class index in range nor a class name
-	ReasonBadTimestamp   = "bad_timestamp"   // ts neither RFC 3339 nor Unix seconds in range
+	ReasonBadTimestamp   = "bad_timestamp"   // ts neither RFC 3339 nor Unix seconds, or outside 1970 .. 9999
 	ReasonOutOfRange     = "out_of_range"    // a feature more than MaxScaledFeature standard deviations from the model's mean
 )
 
@@ -107,7 +107,8 @@ type Record struct {
 //	            CE ids, ident.Check); null = absent
 //	            (optional: the Consumer names a record without one by where it was read,
 //	            "<topic>/<partition>/<offset>", which is unique and stable across restarts)
-//	"ts":       RFC 3339 string or Unix seconds (number); null = absent     (optional)
+//	"ts":       RFC 3339 string or Unix seconds (number), in 1970-01-01T00:00:00Z ..
+//	            9999-12-31T23:59:59Z; null = absent                           (optional)
 //
 // So the smallest record a producer writes is {"features":[...],"label":0}.
 // Unknown members are rejected (ReasonUnknownField), not ignored: a producer that adds a field

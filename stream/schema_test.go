@@ -80,6 +80,11 @@ func TestDecodeGood(t *testing.T) {
 			Record{ID: "r17", X: []float64{1, 2, 3}, Time: time.Date(2017, 1, 1, 0, 0, 0, 0, time.UTC)}},
 		{"ts a leap second with a fraction and an offset", `{"id":"r18","features":[1,2,3],"label":0,"ts":"2016-12-31T18:59:60.25-05:00"}`,
 			Record{ID: "r18", X: []float64{1, 2, 3}, Time: time.Date(2017, 1, 1, 0, 0, 0, 250_000_000, time.UTC)}},
+		// An RFC 3339 ts has the range of Unix seconds, its bounds included, whatever its offset.
+		{"ts RFC 3339 at the Unix epoch, by its offset", `{"id":"r19","features":[1,2,3],"label":0,"ts":"1970-01-01T01:00:00+01:00"}`,
+			Record{ID: "r19", X: []float64{1, 2, 3}, Time: time.Unix(0, 0)}},
+		{"ts RFC 3339 the last second of year 9999", `{"id":"r20","features":[1,2,3],"label":0,"ts":"9999-12-31T23:59:59Z"}`,
+			Record{ID: "r20", X: []float64{1, 2, 3}, Time: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)}},
 		// \u escapes take hex digits in either case, a-f and A-F included.
 		{"hex digits of both cases", `{"id":"r\u006f\u006F\u004a\u004A","features":[1,2,3],"label":0}`,
 			Record{ID: "rooJJ", X: []float64{1, 2, 3}}},
@@ -168,6 +173,9 @@ func TestDecodeBad(t *testing.T) {
 		{"ts minute 60", `{"id":"x","features":[1,2,3],"label":0,"ts":"2016-12-31T23:60:00Z"}`, ReasonBadTimestamp},
 		{"ts leap second without a zone", `{"id":"x","features":[1,2,3],"label":0,"ts":"2016-12-31T23:59:60"}`, ReasonBadTimestamp},
 		{"ts another separator", `{"id":"x","features":[1,2,3],"label":0,"ts":"2024-05-06x07:08:09Z"}`, ReasonBadTimestamp},
+		{"ts before 1970", `{"id":"x","features":[1,2,3],"label":0,"ts":"1969-12-31T23:59:59Z"}`, ReasonBadTimestamp},
+		{"ts the zero time", `{"id":"x","features":[1,2,3],"label":0,"ts":"0001-01-01T00:00:00Z"}`, ReasonBadTimestamp},
+		{"ts past 9999 by its offset", `{"id":"x","features":[1,2,3],"label":0,"ts":"9999-12-31T23:59:59-00:01"}`, ReasonBadTimestamp},
 		// Each of the four members may appear once, whatever its value; null features are absent.
 		{"duplicate features", `{"id":"x","features":[1,2,3],"features":[4,5,6],"label":0}`, ReasonDuplicateField},
 		{"duplicate ts", `{"id":"x","features":[1,2,3],"label":0,"ts":1,"ts":2}`, ReasonDuplicateField},
