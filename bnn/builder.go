@@ -2,6 +2,7 @@ package bnn
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	G "gorgonia.org/gorgonia"
@@ -30,11 +31,12 @@ import (
 // does not fit its shape, a failed compilation) are recorded the same way. A GraphBuilder is not
 // safe for concurrent use; it is used for one graph.
 type GraphBuilder struct {
-	g     *G.ExprGraph
-	name  string
-	phase string
-	err   error
-	roots G.Nodes
+	g      *G.ExprGraph
+	name   string
+	phase  string
+	err    error
+	roots  G.Nodes
+	inputs Inputs
 }
 
 // NewGraphBuilder starts an empty graph; name prefixes every error.
@@ -110,7 +112,55 @@ func (b *GraphBuilder) Input(name string, data []float64, shape ...int) (*G.Node
 	if n == nil {
 		return nil, nil
 	}
+	b.inputs = append(b.inputs, boundInput{name: name, t: t, data: data, shape: slices.Clone(shape)})
 	return n, t
+}
+
+// Inputs are the tensors a graph's Input nodes hold, each with the storage and shape it was made
+// with. The graph's code writes into their storage and never reshapes them; gorgonia's ops
+// transpose some in place for the length of one op.
+type Inputs []boundInput
+
+type boundInput struct {
+	name  string
+	t     *tensor.Dense
+	data  []float64
+	shape []int
+}
+
+// Inputs returns the inputs added so far.
+func (b *GraphBuilder) Inputs() Inputs { return slices.Clone(b.inputs) }
+
+// Run runs vm once. When the run fails, the error also names every input whose tensor no longer
+// has the shape or the storage it was made with: a run that fails with its inputs as made is the
+// graph's error; one that fails with an input changed points at whatever changed it (gorgonia's
+// machine and its package-level pools of tensors and shapes, which every graph shares).
+func (in Inputs) Run(vm G.VM) error {
+	err := vm.RunAll()
+	if err == nil {
+		return nil
+	}
+	if changed := in.changed(); changed != "" {
+		return fmt.Errorf("%w (inputs changed during the run: %s)", err, changed)
+	}
+	return err
+}
+
+// changed describes the inputs whose tensor's shape or storage differs from what it was made
+// with, "" when none.
+func (in Inputs) changed() string {
+	var out []string
+	for _, x := range in {
+		shape := []int(x.t.Shape())
+		data, _ := x.t.Data().([]float64)
+		switch {
+		case !slices.Equal(shape, x.shape):
+			out = append(out, fmt.Sprintf("%s has shape %v, made %v", x.name, shape, x.shape))
+		case len(data) != len(x.data) || len(data) > 0 && &data[0] != &x.data[0]:
+			out = append(out, fmt.Sprintf("%s holds other storage (%d float64 values, made with %d)", x.name, len(data), len(x.data)))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // Scalar adds a float64 scalar variable named name with value v, rebound with gorgonia.Let.

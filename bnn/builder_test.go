@@ -1,11 +1,13 @@
 package bnn
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
 
 	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
 )
 
 // TestGraphBuilderComputes builds y = sum((mu + sigma*eps)^2) with sigma = exp(log_sigma) and
@@ -105,5 +107,68 @@ func TestGraphBuilderRejects(t *testing.T) {
 		if _, err := b.Compile(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want it to start with %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestInputsRunNamesAChangedInput: a run that fails because an input's tensor was changed behind
+// the graph's back says which input and how; a run with its inputs as made says nothing more.
+func TestInputsRunNamesAChangedInput(t *testing.T) {
+	b := NewGraphBuilder("test")
+	x, xv := b.Input("x", []float64{1, 2, 3, 4, 5, 6}, 2, 3)
+	w, _ := b.Input("w", []float64{1, 0, 0, 1, 1, 1}, 3, 2)
+	var yv G.Value
+	b.Read(b.Sum(b.Mul(x, w)), &yv)
+	vm, err := b.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Close()
+	in := b.Inputs()
+	if err := in.Run(vm); err != nil {
+		t.Fatalf("a run with its inputs as made: %v", err)
+	}
+	if got := yv.Data().(float64); got != 30 { // x w = (1+3, 2+3; 4+6, 5+6), summed
+		t.Fatalf("y = %v, want 30", got)
+	}
+	vm.Reset()
+	if err := xv.Reshape(3, 2); err != nil {
+		t.Fatal(err)
+	}
+	err = in.Run(vm)
+	if err == nil || errors.Unwrap(err) == nil {
+		t.Fatalf("a run with x reshaped: err = %v, want gorgonia's error wrapped", err)
+	}
+	if want := "(inputs changed during the run: x has shape [3 2], made [2 3])"; !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("a run with x reshaped: %v, want it to end %q", err, want)
+	}
+}
+
+// TestInputsChanged: an input is named when its tensor has another shape, or holds storage other
+// than the slice it was made with (another array, or another length), and only then.
+func TestInputsChanged(t *testing.T) {
+	data := []float64{1, 2}
+	for _, tc := range []struct {
+		name string
+		in   boundInput
+		want string
+	}{
+		{"as made", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(2)), data: data, shape: []int{2}}, ""},
+		{"another shape", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}},
+			"a has shape [1 2], made [2]"},
+		{"another array, the same values", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2})), data: data, shape: []int{2}},
+			"a holds other storage (2 float64 values, made with 2)"},
+		{"another type", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float32{1, 2})), data: data, shape: []int{2}},
+			"a holds other storage (0 float64 values, made with 2)"},
+	} {
+		if got := (Inputs{tc.in}).changed(); got != tc.want {
+			t.Errorf("%s: changed() = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	two := Inputs{
+		{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}},
+		{name: "b", t: tensor.New(tensor.WithBacking([]float64{3}), tensor.WithShape(1)), data: []float64{3}, shape: []int{1}},
+	}
+	if got, want := two.changed(), "a has shape [1 2], made [2]; b holds other storage (1 float64 values, made with 1)"; got != want {
+		t.Errorf("two changed: %q, want %q", got, want)
 	}
 }

@@ -81,6 +81,7 @@ type Graph struct {
 	xv, tv  *tensor.Dense
 	eps     [][]*G.Node // eps[s][2k] weight noise, eps[s][2k+1] bias noise of layer k
 	epsv    [][]*tensor.Dense
+	bound   Inputs // every input tensor, checked when a run fails
 	params  []Param
 	read    []G.Value // loss, nll, klVar, logp0, then one gradient per param
 	klConst float64
@@ -162,6 +163,7 @@ func NewGraph(m *Model, cfg GraphConfig) (*Graph, error) {
 	if gr.vm, err = b.Compile(); err != nil {
 		return nil, err
 	}
+	gr.bound = b.Inputs()
 	return gr, nil
 }
 
@@ -452,7 +454,7 @@ func (gr *Graph) Run() (Eval, error) {
 		}
 	}
 	defer gr.vm.Reset()
-	if err := gr.vm.RunAll(); err != nil {
+	if err := gr.bound.Run(gr.vm); err != nil {
 		return Eval{}, fmt.Errorf("graph: run: %w", err)
 	}
 	scalar := func(v G.Value) float64 { return v.Data().(float64) }

@@ -138,6 +138,7 @@ func checkRows(Z [][]float64, d int) error {
 type gtrainer struct {
 	b        *bnn.GraphBuilder
 	vm       G.VM
+	bound    bnn.Inputs // every input tensor, checked when a run fails
 	x, e     *G.Node
 	xv, ev   *tensor.Dense
 	params   G.Nodes
@@ -182,7 +183,7 @@ func (t *gtrainer) compile(loss *G.Node) error {
 	if err != nil {
 		return err
 	}
-	t.vm, t.b = vm, nil
+	t.vm, t.bound, t.b = vm, b.Inputs(), nil
 	return nil
 }
 
@@ -227,7 +228,7 @@ func (t *gtrainer) eval(params []bnn.Param) (float64, error) {
 		}
 	}
 	defer t.vm.Reset()
-	if err := t.vm.RunAll(); err != nil {
+	if err := t.bound.Run(t.vm); err != nil {
 		return 0, fmt.Errorf("training iteration: %w", err)
 	}
 	return t.lossVal.Data().(float64), t.readGrads(params)

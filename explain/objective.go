@@ -106,7 +106,8 @@ type objective struct {
 	S, D, C int
 	hasVAE  bool
 
-	vm G.VM
+	vm    G.VM
+	bound bnn.Inputs // every input tensor, checked when a run fails
 
 	x            *G.Node
 	xv           *tensor.Dense
@@ -164,6 +165,7 @@ func newObjective(m *bnn.Model, v *VAE, S int) (*objective, error) {
 	if o.vm, err = b.Compile(); err != nil {
 		return nil, err
 	}
+	o.bound = b.Inputs()
 	return o, nil
 }
 
@@ -382,7 +384,7 @@ func (o *objective) eval(z []float64, out *objectiveEval) error {
 		return err
 	}
 	o.vm.Reset()
-	if err := o.vm.RunAll(); err != nil {
+	if err := o.bound.Run(o.vm); err != nil {
 		return fmt.Errorf("objective: %w", err)
 	}
 	out.Total = o.total.Data().(float64)
