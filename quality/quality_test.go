@@ -3,6 +3,7 @@ package quality
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -31,6 +32,9 @@ func TestScore(t *testing.T) {
 		{[][]float64{{0.5, 0.5}}, []int{2}},
 		{[][]float64{{math.NaN(), 1}}, []int{0}},
 		{[][]float64{{0.5, 0.5}}, []int{0, 1}},
+		{[][]float64{{0.5, 0.5}}, []int{-1}},                     // a label below 0
+		{[][]float64{{0.4, 0.6}, {-0.2, 0.6, 0.6}}, []int{0, 1}}, // a probability below 0, the others in [0, 1]
+		{[][]float64{{1.2, 0}}, []int{0}},                        // a probability above 1
 	} {
 		if _, err := Score(bad.p, bad.y); err == nil {
 			t.Errorf("Score(%v, %v) took bad input", bad.p, bad.y)
@@ -246,11 +250,149 @@ func TestDetectorValidate(t *testing.T) {
 		"negative changes": func(d *Detector) { d.Changes = -1 },
 		"NaN sum":          func(d *Detector) { d.Sum = math.NaN() },
 		"infinite mean":    func(d *Detector) { d.Mean = math.Inf(1) },
+		"NaN delta":        func(d *Detector) { d.Delta = math.NaN() },
+		"infinite lambda":  func(d *Detector) { d.Lambda = math.Inf(1) },
+		"minimum -Inf":     func(d *Detector) { d.Min = math.Inf(-1) },
+		"negative warm-up": func(d *Detector) { d.MinRecords = -1 },
 	} {
 		d := NewDetector()
 		change(&d)
 		if d.Validate() == nil {
 			t.Errorf("a detector with %s validated", name)
 		}
+	}
+}
+
+// TestLogLossClipsAt20Nats: a record's log loss is -ln p_y up to MaxLogLoss = 20 nats (p_y =
+// e^-20 ~ 2e-9), and 20 below that: p_y = e^-19 costs 19, unclipped; e^-25 and 0 cost 20.
+func TestLogLossClipsAt20Nats(t *testing.T) {
+	if MaxLogLoss != 20 {
+		t.Fatalf("MaxLogLoss is %v; the package doc and this test reason about 20 nats", MaxLogLoss)
+	}
+	for _, tc := range []struct{ py, want float64 }{
+		{math.Exp(-19), 19},
+		{math.Exp(-25), 20},
+		{0, 20},
+	} {
+		b, err := Score([][]float64{{1 - tc.py, tc.py}}, []int{1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(b.LogLoss-tc.want) > 1e-9 {
+			t.Errorf("p_y %v: log loss %v, want %v", tc.py, b.LogLoss, tc.want)
+		}
+	}
+}
+
+// TestCalibrationBinEdges: bin b holds top-class probabilities in [b/10, (b+1)/10): a
+// probability on an edge opens the upper bin (0.5 in bin 5, 0.8 in bin 8), not the lower one.
+func TestCalibrationBinEdges(t *testing.T) {
+	b, err := Score([][]float64{{0.5, 0.5}, {0.2, 0.8}, {0.8, 0.2}}, []int{0, 1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [Bins]Bin{5: {Count: 1, Confidence: 0.5, Correct: 1}, 8: {Count: 2, Confidence: 1.6, Correct: 1}}
+	for k := range want {
+		if got := b.Bins[k]; got.Count != want[k].Count || got.Correct != want[k].Correct || math.Abs(got.Confidence-want[k].Confidence) > 1e-12 {
+			t.Errorf("bin %d holds %+v, want %+v", k, got, want[k])
+		}
+	}
+}
+
+// TestWindowSumIsTheScoreOfItsRecords: after increments are pushed and the oldest dropped, the
+// window's batch is, field by field (log loss, Brier, hits, every bin's count, confidence and
+// hits), the score of the kept increments' records scored together, and its means are theirs.
+func TestWindowSumIsTheScoreOfItsRecords(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	w := Window{Size: 20}
+	var probs [][][]float64
+	var ys [][]int
+	for i := 0; i < 9; i++ {
+		n := 3 + i%5 // increments of 3 to 7 records
+		p, y := make([][]float64, n), make([]int, n)
+		for j := range p {
+			a, c := rng.Float64(), rng.Float64()
+			p[j], y[j] = []float64{a / (1 + a + c), 1 / (1 + a + c), c / (1 + a + c)}, rng.IntN(3)
+		}
+		b, err := Score(p, y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		probs, ys = append(probs, p), append(ys, y)
+		w.Push(b)
+	}
+	// The kept increments: the fewest newest ones covering 20 records.
+	var p [][]float64
+	var y []int
+	for i := len(probs) - 1; len(y) < 20; i-- {
+		p, y = slices.Concat(probs[i], p), slices.Concat(ys[i], y)
+	}
+	want, err := Score(p, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := w.Sum()
+	if got.Records != want.Records || got.Correct != want.Correct || math.Abs(got.LogLoss-want.LogLoss) > 1e-9 || math.Abs(got.Brier-want.Brier) > 1e-9 {
+		t.Errorf("window %+v, want %+v", got, want)
+	}
+	for k := range got.Bins {
+		if g, e := got.Bins[k], want.Bins[k]; g.Count != e.Count || g.Correct != e.Correct || math.Abs(g.Confidence-e.Confidence) > 1e-9 {
+			t.Errorf("window bin %d %+v, want %+v", k, g, e)
+		}
+	}
+	// The means, computed directly from the records.
+	var ll, br float64
+	hits := 0
+	for i, row := range p {
+		ll -= math.Log(row[y[i]])
+		for c, v := range row {
+			if c == y[i] {
+				v = 1 - v
+			}
+			br += v * v
+		}
+		if top := argmax(row); top == y[i] {
+			hits++
+		}
+	}
+	n := float64(len(y))
+	mll, mbr, acc, _ := got.Means()
+	if math.Abs(mll-ll/n) > 1e-9 || math.Abs(mbr-br/n) > 1e-9 || math.Abs(acc-float64(hits)/n) > 1e-12 {
+		t.Errorf("window means %v %v %v, want %v %v %v", mll, mbr, acc, ll/n, br/n, float64(hits)/n)
+	}
+}
+
+func argmax(p []float64) int {
+	top := 0
+	for c := range p {
+		if p[c] > p[top] {
+			top = c
+		}
+	}
+	return top
+}
+
+// TestMeansOfNoRecords: an empty batch's means are all 0, not 0/0.
+func TestMeansOfNoRecords(t *testing.T) {
+	if ll, br, acc, ece := (Batch{}).Means(); ll != 0 || br != 0 || acc != 0 || ece != 0 {
+		t.Errorf("means of no records %v %v %v %v, want all 0", ll, br, acc, ece)
+	}
+}
+
+// TestSumsCarryNoRecordScores: the detector sees each record once, through the batch it was
+// scored in; a sum of batches (Add, a window's) carries no per-record scores to feed it again.
+func TestSumsCarryNoRecordScores(t *testing.T) {
+	a, err := Score([][]float64{{0.9, 0.1}, {0.2, 0.8}}, []int{0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Score([][]float64{{0.6, 0.4}}, []int{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDetector()
+	d.Observe(a.Add(b))
+	if d.Count != 0 {
+		t.Errorf("a detector fed a.Add(b) counted %d records, want 0", d.Count)
 	}
 }
