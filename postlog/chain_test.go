@@ -1,8 +1,14 @@
 package postlog
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -210,6 +216,9 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 		{"rejected, moving the version", func(e *Entry) {
 			e.Outcome, e.LastLayer, e.PosteriorSHA256 = Rejected, nil, i1.PosteriorSHA256
 		}},
+		{"rejected, carrying a last layer", func(e *Entry) {
+			e.Outcome, e.Version, e.PosteriorSHA256 = Rejected, i1.Version, i1.PosteriorSHA256
+		}},
 		{"skipped, with another posterior", func(e *Entry) {
 			e.Outcome, e.LastLayer, e.Version, e.PosteriorSHA256 = Skipped, nil, i1.Version, strings.Repeat("0", 64)
 		}},
@@ -235,18 +244,56 @@ func TestIncrementMustFollowItsParent(t *testing.T) {
 	if _, r, _ := c0.Offer(signed(3, l.value(clipped))); r != Accepted || c0.Head().Version != 2 {
 		t.Errorf("a clipped increment: %s, head at version %d, want accepted at version 2", r, c0.Head().Version)
 	}
-	// Kept (not moving the version) with the parent's hash is fine.
+	// Kept (not moving the version) with the parent's hash is fine, whatever kept it: rejected,
+	// failed, or skipped (only dead letters).
+	for _, outcome := range []string{Rejected, Failed, Skipped} {
+		c := NewChain(testKeys())
+		for i, v := range [][]byte{gv, c1v, i1v} {
+			c.Offer(signed(int64(i), v))
+		}
+		keep := &Entry{Format: Format, Kind: Increment, Seq: 3, Parent: c.Head().Hash, Term: 1, Writer: "a/1", Version: 1, ParentVersion: 1,
+			Covers: map[int]int64{0: 15}, Outcome: outcome, PosteriorSHA256: i1.PosteriorSHA256, Counts: &Counts{Held: 5}}
+		if _, r, _ := c.Offer(signed(3, l.value(keep))); r != Accepted {
+			t.Errorf("a %s increment: %s", outcome, r)
+		}
+		if got := Covered(&Head{Covers: map[int]int64{0: 10}}, keep); got[0] != (Range{10, 15}) || len(got) != 1 {
+			t.Errorf("Covered = %v, want partition 0 [10, 15)", got)
+		}
+	}
+}
+
+// TestCoverageMayStandStillInAPartition: an increment's coverage may not go back in any
+// partition the head covers, but it may stay where it was in one (an increment that read no
+// record of it) while another moves on; what it covers there is then nothing.
+func TestCoverageMayStandStillInAPartition(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	i1.Covers = map[int]int64{0: 10, 1: 5}
+	i1v := l.value(i1)
 	c := NewChain(testKeys())
-	for i, v := range [][]byte{gv, c1v, i1v} {
-		c.Offer(signed(int64(i), v))
-	}
-	keep := &Entry{Format: Format, Kind: Increment, Seq: 3, Parent: c.Head().Hash, Term: 1, Writer: "a/1", Version: 1, ParentVersion: 1,
-		Covers: map[int]int64{0: 15}, Outcome: Rejected, PosteriorSHA256: i1.PosteriorSHA256, Counts: &Counts{Held: 5}}
-	if _, r, _ := c.Offer(signed(3, l.value(keep))); r != Accepted {
-		t.Errorf("a rejected increment: %s", r)
-	}
-	if got := Covered(&Head{Covers: map[int]int64{0: 10}}, keep); got[0] != (Range{10, 15}) || len(got) != 1 {
-		t.Errorf("Covered = %v, want partition 0 [10, 15)", got)
+	acceptAll(t, c, gv, c1v, i1v)
+	for _, tc := range []struct {
+		name    string
+		covers  map[int]int64
+		want    Reason
+		covered map[int]Range // Covered after the head, when accepted
+	}{
+		{"partition 1 stays", map[int]int64{0: 20, 1: 5}, Accepted, map[int]Range{0: {10, 20}}},
+		{"both stay", map[int]int64{0: 10, 1: 5}, Accepted, map[int]Range{}},
+		{"partition 1 goes back", map[int]int64{0: 20, 1: 4}, Invalid, nil},
+		{"partition 1 dropped", map[int]int64{0: 20}, Invalid, nil},
+	} {
+		e := l.increment(i1v, i1, 1, "a/1", 0, 0.2)
+		e.Covers = tc.covers
+		if _, r, _ := c.Fork().Offer(signed(3, l.value(e))); r != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, r, tc.want)
+		}
+		if got := Covered(c.Head(), e); tc.want == Accepted && !maps.Equal(got, tc.covered) {
+			t.Errorf("%s: Covered = %v, want %v", tc.name, got, tc.covered)
+		}
 	}
 }
 
@@ -272,6 +319,7 @@ func TestDiverged(t *testing.T) {
 		{"an entry built on the refused successor", i2, false, true},
 		{"two entries past the head", at(4), false, true},
 		{"built on the refused successor, chain stopped already", i2, true, false},
+		{"a record that is not an entry", nil, false, false},
 	} {
 		c := NewChain(testKeys())
 		if err := c.Diverged(signed(2, l.value(i2)), i2); err != nil {
@@ -358,9 +406,11 @@ func TestDecodeRefusesMalformedEntries(t *testing.T) {
 		{"an unknown kind", inc, func(e *Entry) { e.Kind = "foo" }},
 		{"no writer", inc, func(e *Entry) { e.Writer = "" }},
 		{"a short posterior hash", inc, func(e *Entry) { e.PosteriorSHA256 = e.PosteriorSHA256[:63] }},
+		{"a long posterior hash", inc, func(e *Entry) { e.PosteriorSHA256 += "0" }},
 		{"a genesis without a body", g, func(e *Entry) { e.Body = nil }},
 		{"a genesis without weights", g, func(e *Entry) { e.Body = &Body{Sidecar: g.Body.Sidecar} }},
 		{"a claim with events", c1, func(e *Entry) { e.EventsThrough = 1 }},
+		{"a genesis with events", g, func(e *Entry) { e.Events = []Event{{Key: "update_failed", Value: []byte(`{}`)}} }},
 		{"a negative offset", inc, func(e *Entry) { e.Covers = map[int]int64{0: -1} }},
 		{"a negative partition", inc, func(e *Entry) { e.Covers = map[int]int64{-1: 5} }},
 	} {
@@ -370,9 +420,19 @@ func TestDecodeRefusesMalformedEntries(t *testing.T) {
 			t.Errorf("%s: Decode = %v, want ErrMalformed", tc.name, err)
 		}
 	}
-	for _, e := range []*Entry{g, c1, inc} {
+	// Values that are not an entry's JSON at all are malformed too, never another kind of error.
+	for _, v := range []string{`{`, `[]`, `null x`, `{"format":"1"}`, `{"format":1,"covers":{"p":1}}`,
+		`{"format":1,"last_layer":{"weight_mu":"AAAAAAAAAA=="}}`} {
+		if e, err := Decode([]byte(v)); !errors.Is(err, ErrMalformed) || e != nil {
+			t.Errorf("Decode(%s) = %v, %v; want nil, ErrMalformed", v, e, err)
+		}
+	}
+	// A partition covered to offset 0 (one the writer found empty) is a coverage, not a malformed one.
+	empty := *inc
+	empty.Covers = map[int]int64{0: 10, 1: 0}
+	for _, e := range []*Entry{g, c1, inc, &empty} {
 		if _, err := Decode(l.value(e)); err != nil {
-			t.Errorf("a well-formed %s: %v", e.Kind, err)
+			t.Errorf("a well-formed %s (covers %v): %v", e.Kind, e.Covers, err)
 		}
 	}
 }
@@ -582,6 +642,9 @@ func TestEventsOnlyOnIncrements(t *testing.T) {
 		{"claim with events_through", func() Entry { e := *claim; e.EventsThrough = 0 + 1; e.Seq = 2; return e }(), "a claim with events"},
 		{"increment through itself", func() Entry { e := *inc; e.EventsThrough = e.Seq; return e }(), "says its events are through entry 1"},
 		{"increment through the past", func() Entry { e := *inc; e.Seq = 3; e.EventsThrough = 2; e.Events = ev; return e }(), ""},
+		// events_through 0 says nothing: it is no claim about entry 0, whatever the entry's seq
+		// (the chain, not Decode, refuses an increment at seq 0).
+		{"increment at seq 0 saying nothing", func() Entry { e := *inc; e.Seq = 0; return e }(), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Decode(l.value(&tc.e))
@@ -592,5 +655,276 @@ func TestEventsOnlyOnIncrements(t *testing.T) {
 				t.Errorf("Decode = %v, want malformed: %q", err, tc.refuse)
 			}
 		})
+	}
+}
+
+// TestFloatsRoundTripBitForBit: a parameter list is little-endian float64 in base64, exact for
+// every value (signed zeros, subnormals, the extremes), and a value that is not a whole number
+// of float64s is refused, not cut.
+func TestFloatsRoundTripBitForBit(t *testing.T) {
+	in := Floats{0, math.Copysign(0, -1), 1e-320, -math.MaxFloat64, math.SmallestNonzeroFloat64, 0.1}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Floats
+	if err := json.Unmarshal(b, &out); err != nil || len(out) != len(in) {
+		t.Fatalf("Unmarshal(%s) = %v, %v", b, out, err)
+	}
+	for i := range in {
+		if math.Float64bits(out[i]) != math.Float64bits(in[i]) {
+			t.Errorf("value %d: %v, want %v bit for bit", i, out[i], in[i])
+		}
+	}
+	for _, n := range []int{1, 7, 9, 15} {
+		v, _ := json.Marshal(base64.StdEncoding.EncodeToString(make([]byte, n)))
+		var f Floats
+		if err := json.Unmarshal(v, &f); err == nil {
+			t.Errorf("%d bytes: decoded as %v, want an error", n, f)
+		}
+	}
+}
+
+// TestApplyRefusesWhatDoesNotFollowItsParent: Apply checks an entry against the parent posterior
+// before a follower serves it: an entry that keeps the version must record the parent's hash; one
+// that moves it needs a last layer of exactly the parent's shapes (a parameter too many or too
+// few is refused even when the rest hashes right) whose values make a valid model. All are
+// ErrMismatch.
+func TestApplyRefusesWhatDoesNotFollowItsParent(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	i1 := l.increment(l.value(c1), c1, 1, "a/1", 10, 0.1)
+	m0 := l.models[0]
+	for _, tc := range []struct {
+		name string
+		e    *Entry
+		edit func(ll *LastLayer)
+	}{
+		{"a kept version recording another posterior", edited(l.claim(gv, g, 1, "a/1"), func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("0", 64) }), nil},
+		{"a new version without a last layer", edited(l.increment(l.value(c1), c1, 1, "a/1", 10, 0.1), func(e *Entry) { e.LastLayer = nil }), nil},
+		{"a weight_mu too many", nil, func(ll *LastLayer) { ll.WeightMu = append(ll.WeightMu, 0) }},
+		{"a weight_mu too few", nil, func(ll *LastLayer) { ll.WeightMu = ll.WeightMu[:len(ll.WeightMu)-1] }},
+		{"a weight_log_sigma too many", nil, func(ll *LastLayer) { ll.WeightLogSigma = append(ll.WeightLogSigma, 0) }},
+		{"a weight_log_sigma too few", nil, func(ll *LastLayer) { ll.WeightLogSigma = ll.WeightLogSigma[:len(ll.WeightLogSigma)-1] }},
+		{"a bias_mu too many", nil, func(ll *LastLayer) { ll.BiasMu = append(ll.BiasMu, 0) }},
+		{"a bias_mu too few", nil, func(ll *LastLayer) { ll.BiasMu = ll.BiasMu[:len(ll.BiasMu)-1] }},
+		{"a bias_log_sigma too many", nil, func(ll *LastLayer) { ll.BiasLogSigma = append(ll.BiasLogSigma, 0) }},
+		{"a bias_log_sigma too few", nil, func(ll *LastLayer) { ll.BiasLogSigma = ll.BiasLogSigma[:len(ll.BiasLogSigma)-1] }},
+		{"a NaN mean", nil, func(ll *LastLayer) { ll.WeightMu[1] = math.NaN() }},
+		{"a log sigma out of range", nil, func(ll *LastLayer) { ll.BiasLogSigma[0] = 1e6 }},
+	} {
+		e := tc.e
+		if e == nil {
+			c := *i1
+			c.LastLayer = LastLayerOf(l.models[1])
+			tc.edit(c.LastLayer)
+			e = &c
+		}
+		if _, err := e.Apply(m0); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: Apply = %v, want ErrMismatch", tc.name, err)
+		}
+	}
+	if _, err := i1.Apply(m0); err != nil {
+		t.Errorf("the entry unedited: %v", err)
+	}
+}
+
+// TestApplyTakesTheRecordsTheEntryRecords: the records a posterior stands for are not in its
+// hash, so Apply takes them from the entry, or keeps the parent's when the entry omits them (a
+// log written before entries carried them).
+func TestApplyTakesTheRecordsTheEntryRecords(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	i1 := l.increment(l.value(c1), c1, 1, "a/1", 10, 0.1)
+	prev := l.models[0].Clone()
+	prev.Records = 12
+	for _, tc := range []struct{ entry, want float64 }{{0, 12}, {40, 40}} {
+		e := *i1
+		e.Records = tc.entry
+		next, err := e.Apply(prev)
+		if err != nil || next.Records != tc.want {
+			t.Errorf("an entry recording %v records on a parent of 12: %v, %v; want %v", tc.entry, next, err, tc.want)
+		}
+	}
+	if prev.Records != 12 {
+		t.Errorf("Apply changed its parent's records to %v", prev.Records)
+	}
+}
+
+// TestHeadOwesAtMostMaxUnpublished: on a log whose writer never says what it published, the head
+// keeps the events of the last MaxUnpublished increments only, the newest, in order.
+func TestHeadOwesAtMostMaxUnpublished(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, l.value(c1))
+	for seq := uint64(2); seq <= MaxUnpublished+2; seq++ {
+		h := c.Head()
+		e := &Entry{Format: Format, Kind: Increment, Seq: seq, Parent: h.Hash, Term: 1, Writer: "a/1", Version: h.Version,
+			ParentVersion: h.Version, Covers: map[int]int64{0: int64(seq)}, Outcome: Skipped, PosteriorSHA256: h.PosteriorSHA256,
+			Events: []Event{{Key: "update_failed", Value: []byte(`{"seq":` + strconv.FormatUint(seq, 10) + `}`)}}}
+		if _, r, _ := c.Offer(signed(int64(seq), l.value(e))); r != Accepted {
+			t.Fatalf("increment %d: %s", seq, r)
+		}
+		// Entries 2 .. seq are owed; the head keeps the newest MaxUnpublished of them.
+		u := c.Head().Unpublished
+		first := uint64(2)
+		if seq > MaxUnpublished+1 {
+			first = seq + 1 - MaxUnpublished
+		}
+		if len(u) != int(seq+1-first) || u[0].Seq != first || u[len(u)-1].Seq != seq {
+			t.Fatalf("after increment %d the head owes %d entries, %d to %d; want %d to %d", seq, len(u), u[0].Seq, u[len(u)-1].Seq, first, seq)
+		}
+	}
+}
+
+// TestAuthenticatorIsDomainSeparated: an entry's authenticator is the HMAC-SHA256, under the
+// cluster key, of the posterior log's domain, the key id and the value bytes (clusterkey), so
+// that entries signed by any build verify; the authenticator of the same bytes as another kind
+// of record (the CE topics' domains) does not verify as an entry's.
+func TestAuthenticatorIsDomainSeparated(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	secret, _ := hex.DecodeString(strings.Repeat("5a", 32))
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("cfguard posterior log entry v1\x00t1\x00"))
+	mac.Write(gv)
+	if got, want := string(Sign(testKeys(), gv)), "t1:"+hex.EncodeToString(mac.Sum(nil)); got != want {
+		t.Errorf("Sign = %s, want %s", got, want)
+	}
+	for _, domain := range []string{"cfguard ce request v1", "cfguard ce state v1", "cfguard ce state tombstone v1",
+		"cfguard ce state claim v1", "cfguard ce member v1", ""} {
+		rec := Record{Value: gv, Auth: testKeys().Sign(domain, gv)}
+		if err := Authenticate(testKeys(), rec); err == nil {
+			t.Errorf("an authenticator in domain %q verifies as an entry's", domain)
+		}
+		if _, r, _ := NewChain(testKeys()).Offer(rec); r != Unauthenticated {
+			t.Errorf("a genesis authenticated in domain %q: %s, want %s", domain, r, Unauthenticated)
+		}
+	}
+}
+
+// TestHaltBeforeTheGenesis: a chain without a head has nothing to stop after; it still takes
+// the genesis.
+func TestHaltBeforeTheGenesis(t *testing.T) {
+	l, g := newTestLog(t)
+	c := NewChain(testKeys())
+	c.Halt()
+	if c.Stuck() != nil {
+		t.Fatalf("stuck at %+v before the genesis", c.Stuck())
+	}
+	if _, r, _ := c.Offer(signed(0, l.value(g))); r != Accepted {
+		t.Fatalf("the genesis after Halt: %s", r)
+	}
+}
+
+// TestHeadKeepsTheLatestMarkOfEachPartition: the head's marks are, per input partition, the
+// mark of the last increment that read it, across claims (a claim's own marks count for
+// nothing) and increments that read other partitions; the head also keeps the genesis it
+// descends from. A head, once returned, is the chain's own: neither the next Offer nor the
+// caller's edits of the entry Offer returned change it.
+func TestHeadKeepsTheLatestMarkOfEachPartition(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, c1v)
+	genesis := *c.Head()
+	m := func(off int64) Mark { return Mark{Offset: off, Timestamp: 1000 + off, Sum: uint64(off) * 7} }
+	var off int64 = 1
+	offer := func(e *Entry) *Entry {
+		t.Helper()
+		off++
+		got, r, _ := c.Offer(signed(off, l.value(e)))
+		if r != Accepted {
+			t.Fatalf("entry %d: %s", e.Seq, r)
+		}
+		return got
+	}
+	marks := func(want map[int]Mark) {
+		t.Helper()
+		h := c.Head()
+		if !maps.Equal(h.Marks, want) {
+			t.Fatalf("head marks %v, want %v", h.Marks, want)
+		}
+		if h.GenesisOffset != genesis.GenesisOffset || h.GenesisHash != genesis.GenesisHash || h.GenesisHash == "" || h.Epoch != genesis.Epoch {
+			t.Fatalf("head %+v does not keep its genesis (offset %d, hash %s)", h, genesis.GenesisOffset, genesis.GenesisHash)
+		}
+	}
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	i1.Marks = map[int]Mark{0: m(9)}
+	i1v := l.value(i1)
+	got := offer(i1)
+	marks(map[int]Mark{0: m(9)})
+	h1 := c.Head()
+	got.Covers[0], got.Marks[0] = 999, m(999) // the caller's entry, not the head
+	if h1.Covers[0] != 10 || h1.Marks[0] != m(9) {
+		t.Fatalf("editing the entry Offer returned changed the head to %+v", h1)
+	}
+	i2 := l.increment(i1v, i1, 1, "a/1", 20, 0.1)
+	i2.Covers, i2.Marks = map[int]int64{0: 10, 1: 5}, map[int]Mark{1: m(4)}
+	i2v := l.value(i2)
+	offer(i2)
+	marks(map[int]Mark{0: m(9), 1: m(4)})
+	if !maps.Equal(h1.Marks, map[int]Mark{0: m(9)}) {
+		t.Fatalf("the next Offer changed an earlier head's marks to %v", h1.Marks)
+	}
+	c2 := l.claim(i2v, i2, 2, "b/1")
+	c2.Marks = map[int]Mark{0: m(1)}
+	c2v := l.value(c2)
+	offer(c2)
+	marks(map[int]Mark{0: m(9), 1: m(4)})
+	i3 := l.increment(c2v, c2, 2, "b/1", 30, 0.1)
+	i3.Covers, i3.Marks = map[int]int64{0: 30, 1: 5}, map[int]Mark{0: m(29)}
+	offer(i3)
+	marks(map[int]Mark{0: m(29), 1: m(4)})
+}
+
+// TestCoveredFromNothing: after no head (a log's first entry) an entry covers each partition
+// from offset 0, and a partition it covers to 0 is no range.
+func TestCoveredFromNothing(t *testing.T) {
+	e := &Entry{Covers: map[int]int64{0: 7, 1: 0, 2: 3}}
+	if got, want := Covered(nil, e), map[int]Range{0: {0, 7}, 2: {0, 3}}; !maps.Equal(got, want) {
+		t.Errorf("Covered(nil) = %v, want %v", got, want)
+	}
+}
+
+// TestStoredHead: a head round-trips through MarshalHead, and no stored bytes (a replica's
+// first start) is no head rather than an error; bytes that are not a head are an error.
+func TestStoredHead(t *testing.T) {
+	for _, b := range [][]byte{nil, {}} {
+		if h, err := UnmarshalHead(b); h != nil || err != nil {
+			t.Errorf("UnmarshalHead(%q) = %v, %v; want nil, nil", b, h, err)
+		}
+	}
+	if _, err := UnmarshalHead([]byte("{")); err == nil {
+		t.Error("UnmarshalHead of a cut value: no error")
+	}
+	in := &Head{Seq: 3, Hash: "ab", Offset: 7, Term: 2, Writer: "a/1", Version: 1, Covers: map[int]int64{0: 5}, Epoch: 1,
+		Unpublished: []Unpublished{{Seq: 3, Events: []Event{{Key: "k", Value: []byte(`{}`)}}}}, Marks: map[int]Mark{0: {Offset: 4}}}
+	b, err := MarshalHead(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := UnmarshalHead(b)
+	if err != nil || out.Seq != 3 || out.Hash != "ab" || out.Offset != 7 || out.Writer != "a/1" || out.Covers[0] != 5 || out.Epoch != 1 ||
+		len(out.Unpublished) != 1 || out.Marks[0].Offset != 4 {
+		t.Errorf("round trip: %+v, %v", out, err)
+	}
+}
+
+// TestResumeCopiesTheHead: a resumed chain owns its head: edits of the head it was resumed from
+// (the caller's, as UnmarshalHead returned it) do not move it.
+func TestResumeCopiesTheHead(t *testing.T) {
+	h := &Head{Seq: 3, Hash: "ab", Term: 1, Writer: "a/1", Covers: map[int]int64{0: 5}, Marks: map[int]Mark{0: {Offset: 4}},
+		Unpublished: []Unpublished{{Seq: 3}}}
+	c := Resume(h, testKeys())
+	h.Covers[0], h.Marks[0], h.Unpublished[0].Seq = 99, Mark{Offset: 99}, 99
+	if got := c.Head(); got.Covers[0] != 5 || got.Marks[0].Offset != 4 || got.Unpublished[0].Seq != 3 {
+		t.Errorf("the resumed head follows the caller's edits: %+v", got)
 	}
 }

@@ -69,8 +69,11 @@ func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
 		want Reason
 	}{
 		{"skips an epoch", func(e *Entry) { e.Epoch = 2 }, NotSuccessor},
+		{"names no record to move past", func(e *Entry) { e.Past = nil }, NotSuccessor},
 		{"opens a term", func(e *Entry) { e.Term++ }, Invalid},
 		{"moves the version", func(e *Entry) { e.Version++; e.ParentVersion++ }, Invalid},
+		{"moves the version from the head's", func(e *Entry) { e.Version++ }, Invalid},
+		{"names another parent version", func(e *Entry) { e.ParentVersion++ }, Invalid},
 		{"carries another posterior", func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("0", 64) }, Invalid},
 	} {
 		e, err := Decode(epoch(stuck))
@@ -160,14 +163,19 @@ func TestALogMayBeginWithALaterEpoch(t *testing.T) {
 		"no past":           func() Entry { e := *rebase; e.Past = nil; return e }(),
 		"no parent":         func() Entry { e := *rebase; e.Parent = ""; return e }(),
 		"sequence number 0": func() Entry { e := *rebase; e.Seq = 0; return e }(),
+		"epoch 0":           func() Entry { e := *rebase; e.Epoch = 0; return e }(),
 	} {
 		if _, r, _ := fresh.Fork().Offer(signed(1, l.value(&e))); r != NotSuccessor {
 			t.Errorf("a later epoch with %s as a log's first record: %s", name, r)
 		}
 	}
 	// A first genesis (epoch 0) starts from nothing: no sequence number, parent, past, term or
-	// coverage, and no version change.
+	// coverage, and no version change. Only a genesis starts a log: a claim or an increment shaped
+	// like a first genesis does not.
 	for name, e := range map[string]Entry{
+		"an epoch":          func() Entry { e := *g; e.Epoch = 1; return e }(),
+		"a claim's kind":    func() Entry { e := *g; e.Kind = Claim; return e }(),
+		"an increment kind": func() Entry { e := *g; e.Kind, e.Body = Increment, nil; return e }(),
 		"coverage":          func() Entry { e := *g; e.Covers = map[int]int64{0: 10}; return e }(),
 		"a sequence number": func() Entry { e := *g; e.Seq = 1; return e }(),
 		"a parent":          func() Entry { e := *g; e.Parent = head.Hash; return e }(),

@@ -3,7 +3,10 @@ package postlog
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +110,153 @@ func TestOpenChecksTheTopicsSettings(t *testing.T) {
 func TestTestReadersWaitAsCfguardsDo(t *testing.T) {
 	if ReaderMaxWait != kafkatest.MaxWait {
 		t.Fatalf("postlog.ReaderMaxWait %v, kafkatest.MaxWait %v: keep them equal", ReaderMaxWait, kafkatest.MaxWait)
+	}
+}
+
+// testBroker starts an in-process broker on loopback for a test of the log.
+func testBroker(ctx context.Context, t *testing.T) stream.ConnConfig {
+	t.Helper()
+	b, err := broker.Start(ctx, broker.Config{Listen: "127.0.0.1:0", Topics: []string{"other"}, Partitions: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return stream.ConnConfig{Brokers: b.Addrs()}
+}
+
+// A record Append writes is read back at its offset, with its value and its authenticator, which
+// verifies under the cluster's keys; End is the offset after the last record, InputEnds a topic's
+// end offsets, and a reader from an offset starts there. A reader of the log (OpenExisting) has no
+// key and cannot append.
+func TestAppendIsReadBackAuthenticated(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := testBroker(ctx, t)
+	lg := slog.New(slog.DiscardHandler)
+	l, err := Open(ctx, conn, "posterior.roundtrip", testKeys(), lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	vals := [][]byte{[]byte(`{"n":0}`), []byte(`{"n":1}`), []byte(`{"n":2}`)}
+	for i, v := range vals {
+		if err := l.Append(ctx, "e/"+strconv.Itoa(i), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if end, err := l.End(ctx); end != 3 || err != nil {
+		t.Errorf("End = %d, %v; want 3", end, err)
+	}
+	if ends, err := l.InputEnds(ctx, l.Topic()); err != nil || len(ends) != 1 || ends[0] != 3 {
+		t.Errorf("InputEnds of the log's topic = %v, %v; want partition 0 at 3", ends, err)
+	}
+	rd, err := l.Read(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	for want := int64(1); want < 3; want++ {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Offset != want || !bytes.Equal(rec.Value, vals[want]) || rec.Time.IsZero() {
+			t.Errorf("record %d: offset %d value %s time %v", want, rec.Offset, rec.Value, rec.Time)
+		}
+		if err := Authenticate(testKeys(), rec); err != nil {
+			t.Errorf("record %d: %v (authenticator %q)", want, err, rec.Auth)
+		}
+	}
+	r, err := OpenExisting(ctx, conn, l.Topic(), lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Append(ctx, "e/3", vals[0]); err == nil || !strings.Contains(err.Error(), "opened without a key") {
+		t.Errorf("a reader's Append: %v, want a refusal", err)
+	}
+}
+
+// The log must be one partition (the acceptance rule needs one order): a topic of two is refused
+// by a writer and a reader alike, and a reader (a tool) refuses a missing topic rather than
+// create it.
+func TestOpenRefusesALogItCannotOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := testBroker(ctx, t)
+	lg := slog.New(slog.DiscardHandler)
+	kafkatest.CreateTopic(t, conn.Brokers, "posterior.two", 2)
+	if l, err := Open(ctx, conn, "posterior.two", testKeys(), lg); err == nil || !strings.Contains(err.Error(), "has 2 partitions") {
+		if err == nil {
+			l.Close()
+		}
+		t.Errorf("Open of a topic of 2 partitions: %v, want a refusal", err)
+	}
+	if l, err := OpenExisting(ctx, conn, "posterior.two", lg); err == nil || !strings.Contains(err.Error(), "has 2 partitions") {
+		if err == nil {
+			l.Close()
+		}
+		t.Errorf("OpenExisting of a topic of 2 partitions: %v, want a refusal", err)
+	}
+	if l, err := OpenExisting(ctx, conn, "posterior.missing", lg); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		if err == nil {
+			l.Close()
+		}
+		t.Errorf("OpenExisting of a missing topic: %v, want a refusal", err)
+	}
+}
+
+// Append refuses, before it writes, a record over MaxRecordBytes counting its key, header and
+// batch framing (a record within the framing of the limit too), and one over the topic's own
+// max.message.bytes, naming the setting; nothing is written.
+func TestAppendRefusesATooLargeRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := testBroker(ctx, t)
+	lg := slog.New(slog.DiscardHandler)
+	const topic, key = "posterior.limits", "e/1"
+	l, err := Open(ctx, conn, topic, testKeys(), lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// A value whose record (key, value, header) comes within 32 bytes of the limit: the batch's
+	// framing (some 70 bytes) takes it over.
+	near := MaxRecordBytes - 32 - len(key) - len(clusterkey.Header) - len(Sign(testKeys(), nil))
+	for _, n := range []int{MaxRecordBytes, near} {
+		if err := l.Append(ctx, key, make([]byte, n)); err == nil || !strings.Contains(err.Error(), "postlog.MaxRecordBytes") {
+			t.Errorf("a value of %d bytes: %v, want a refusal naming postlog.MaxRecordBytes", n, err)
+		}
+	}
+	kafkatest.SetTopicConfig(t, conn.Brokers, topic, "max.message.bytes", "1000")
+	small, err := Open(ctx, conn, topic, testKeys(), lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if err := small.Append(ctx, key, make([]byte, 2000)); err == nil || !strings.Contains(err.Error(), "over the topic's max.message.bytes (1000)") {
+		t.Errorf("a value of 2000 bytes on a topic of max.message.bytes 1000: %v, want a refusal naming it", err)
+	}
+	if end, err := l.End(ctx); end != 0 || err != nil {
+		t.Errorf("End = %d, %v; want nothing written", end, err)
+	}
+}
+
+// sizeRefused finds the broker's "too large" in a write's error, also inside the WriteErrors of
+// kafka-go's writer, and nothing else.
+func TestSizeRefused(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{kafka.MessageSizeTooLarge, true},
+		{fmt.Errorf("write: %w", kafka.MessageSizeTooLarge), true},
+		{kafka.WriteErrors{nil, kafka.MessageSizeTooLarge}, true},
+		{kafka.WriteErrors{kafka.LeaderNotAvailable}, false},
+		{io.EOF, false},
+	} {
+		if got := sizeRefused(tc.err); got != tc.want {
+			t.Errorf("sizeRefused(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
