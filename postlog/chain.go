@@ -273,6 +273,13 @@ func (c *Chain) judge(e *Entry) Reason {
 		switch {
 		case e.Kind != Genesis || e.Version != e.ParentVersion:
 			return NotSuccessor
+		case c.stuck != nil:
+			// Stopped at a record before any head (the log's first entry, of an unknown format):
+			// as after a head, only a new epoch that moves past that record.
+			if e.Epoch > 0 && e.Past != nil && *e.Past == *c.stuck && e.Seq > 0 && e.Parent != "" {
+				return Accepted
+			}
+			return NotSuccessor
 		case e.Epoch == 0 && e.Past == nil && e.Seq == 0 && e.Term == 0 && e.Parent == "" && len(e.Covers) == 0:
 			return Accepted
 		case e.Epoch > 0 && e.Past != nil && e.Seq > 0 && e.Parent != "":

@@ -206,3 +206,45 @@ func TestALogMayBeginWithALaterEpoch(t *testing.T) {
 		t.Fatalf("the epoch on the halted chain: %s (stuck %v)", r, old.Stuck())
 	}
 }
+
+// TestAChainStoppedBeforeItsGenesisTakesOnlyAnEpochPastTheStop: a log whose first record is an
+// entry of an unknown format stops a reader with no head, as it stops one with a head: a genesis
+// after it (another build's first genesis, which readers of the newer format ignore as not the
+// first) is not a successor, nor is an epoch that moves past another record; an epoch that names
+// the record it stopped at starts the chain.
+func TestAChainStoppedBeforeItsGenesisTakesOnlyAnEpochPastTheStop(t *testing.T) {
+	l, g := newTestLog(t)
+	newer := []byte(`{"format":2,"kind":"genesis"}`)
+	c := NewChain(testKeys())
+	if _, _, err := c.Offer(signed(0, newer)); !errors.Is(err, ErrUnknownFormat) {
+		t.Fatalf("a first record of format 2: %v, want ErrUnknownFormat", err)
+	}
+	stop := *c.Stuck()
+	body, err := NewBody(l.models[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := func(past Past) []byte {
+		return l.value(&Entry{Format: Format, Kind: Genesis, Seq: 1, Parent: stop.SHA256, Writer: "new-epoch@x/1", Version: g.Version,
+			ParentVersion: g.Version, PosteriorSHA256: g.PosteriorSHA256, Body: body, Epoch: 1, Past: &past})
+	}
+	for name, v := range map[string][]byte{
+		"a first genesis":                       l.value(g),
+		"an epoch past another record":          epoch(Past{Offset: 7, SHA256: stop.SHA256}),
+		"an epoch past a record of other bytes": epoch(Past{Offset: stop.Offset, SHA256: strings.Repeat("0", 64)}),
+	} {
+		f := c.Fork()
+		if _, r, err := f.Offer(signed(1, v)); r != NotSuccessor || err != nil {
+			t.Errorf("%s after the stop: %s, %v; want %s", name, r, err, NotSuccessor)
+		}
+		if f.Head() != nil || f.Stuck() == nil || *f.Stuck() != stop {
+			t.Errorf("%s after the stop: head %+v, stuck %+v; want no head, stuck at %+v", name, f.Head(), f.Stuck(), stop)
+		}
+	}
+	if _, r, err := c.Offer(signed(1, epoch(stop))); r != Accepted || err != nil {
+		t.Fatalf("the epoch past the stop: %s, %v", r, err)
+	}
+	if c.Stuck() != nil || c.Head() == nil || c.Head().Epoch != 1 {
+		t.Errorf("after the epoch past the stop: head %+v, stuck %+v; want epoch 1 and not stuck", c.Head(), c.Stuck())
+	}
+}
