@@ -186,23 +186,23 @@ func TestOpenRefusesALogItCannotOrder(t *testing.T) {
 	conn := testBroker(ctx, t)
 	lg := slog.New(slog.DiscardHandler)
 	kafkatest.CreateTopic(t, conn.Brokers, "posterior.two", 2)
-	if l, err := Open(ctx, conn, "posterior.two", testKeys(), lg); err == nil || !strings.Contains(err.Error(), "has 2 partitions") {
+	open := func(topic string) (*Log, error) { return Open(ctx, conn, topic, testKeys(), lg) }
+	openExisting := func(topic string) (*Log, error) { return OpenExisting(ctx, conn, topic, lg) }
+	for _, tc := range []struct {
+		name, topic, want string
+		open              func(string) (*Log, error)
+	}{
+		{"Open of a topic of 2 partitions", "posterior.two", "has 2 partitions", open},
+		{"OpenExisting of a topic of 2 partitions", "posterior.two", "has 2 partitions", openExisting},
+		{"OpenExisting of a missing topic", "posterior.missing", "does not exist", openExisting},
+	} {
+		l, err := tc.open(tc.topic)
 		if err == nil {
 			l.Close()
 		}
-		t.Errorf("Open of a topic of 2 partitions: %v, want a refusal", err)
-	}
-	if l, err := OpenExisting(ctx, conn, "posterior.two", lg); err == nil || !strings.Contains(err.Error(), "has 2 partitions") {
-		if err == nil {
-			l.Close()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal saying %q", tc.name, err, tc.want)
 		}
-		t.Errorf("OpenExisting of a topic of 2 partitions: %v, want a refusal", err)
-	}
-	if l, err := OpenExisting(ctx, conn, "posterior.missing", lg); err == nil || !strings.Contains(err.Error(), "does not exist") {
-		if err == nil {
-			l.Close()
-		}
-		t.Errorf("OpenExisting of a missing topic: %v, want a refusal", err)
 	}
 }
 
