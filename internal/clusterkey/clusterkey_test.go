@@ -3,6 +3,7 @@ package clusterkey
 import (
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,6 +64,8 @@ func TestSignVerify(t *testing.T) {
 		"an unknown key id":              {k, "d", v, []byte("k9" + string(auth[2:])), `key id "k9"`},
 		"not id:hex":                     {k, "d", v, []byte("garbage"), "not"},
 		"a short MAC":                    {k, "d", v, []byte("k1:abcd"), "32 hex bytes"},
+		"a hex digit more":               {k, "d", v, append(append([]byte(nil), auth...), '0'), "32 hex bytes"},
+		"not hex after the MAC":          {k, "d", v, append(append([]byte(nil), auth...), "zz"...), "32 hex bytes"},
 		"no keys at all (a nil Keyring)": {nil, "d", v, auth, "no key"},
 	} {
 		err := tc.k.Verify(tc.domain, tc.value, tc.auth)
@@ -112,6 +115,12 @@ func TestParseRefusals(t *testing.T) {
 		"not hex":           "k1:zz" + good[5:],
 		"short key":         "k1:" + strings.Repeat("ab", 16),
 		"twice the same id": good + "\n" + good,
+		"no id":             good[2:],
+		"an id of 65":       strings.Repeat("k", 65) + good[2:],
+		"an id with '/'":    "k/1" + good[2:],
+		"a 31-byte key":     "k1:" + strings.Repeat("ab", 31),
+		"not hex at end":    good + "zz",
+		"an odd hex digit":  good + "0",
 	} {
 		_, err := Parse([]byte(text), "test.key")
 		if err == nil {
@@ -120,6 +129,61 @@ func TestParseRefusals(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "test.key") || !strings.Contains(err.Error(), "gen-key") {
 			t.Errorf("%s: %v: want the file named and how to make one", name, err)
+		}
+	}
+}
+
+// A file of more than MaxKeys keys, or one that cannot be read to its end (a line longer than
+// bufio.Scanner takes), is refused, naming the file: not read as the keys before the fault.
+func TestParseRefusesTooManyKeysAndUnreadableFiles(t *testing.T) {
+	var keys []string
+	for i := range MaxKeys + 1 {
+		keys = append(keys, mustGenerate(t, fmt.Sprintf("k%d", i)))
+	}
+	good := mustGenerate(t, "k1")
+	for name, text := range map[string]string{
+		"MaxKeys+1 keys":        strings.Join(keys, ""),
+		"a line of 70000 bytes": good + "#" + strings.Repeat("x", 70000) + "\n",
+	} {
+		if _, err := Parse([]byte(text), "test.key"); err == nil || !strings.Contains(err.Error(), "test.key") {
+			t.Errorf("%s: Parse = %v, want a refusal naming test.key", name, err)
+		}
+	}
+	if k, err := Parse([]byte(strings.Join(keys[:MaxKeys], "")), "test.key"); err != nil || len(k.IDs()) != MaxKeys {
+		t.Errorf("MaxKeys keys: Parse = %v, want them all", err)
+	}
+}
+
+// What a key file may hold: ids of 1 to 64 of A-Z a-z 0-9 . _ -, keys of 32 bytes or more (every
+// byte of which counts), lines indented or ended "\r\n", and lines of only spaces (blank).
+func TestParseAccepts(t *testing.T) {
+	long := strings.Repeat("Az09._-x", 8)
+	key32 := strings.Repeat("5a", 32)
+	k := mustParse(t, "  \t\r\n "+long+":"+key32+"\r\n\t"+"b:"+key32+"c3"+"  \r\n")
+	if ids := k.IDs(); len(ids) != 2 || ids[0] != long || ids[1] != "b" {
+		t.Fatalf("IDs %q, want %q and b", ids, long)
+	}
+	short, longer := mustParse(t, "k:"+key32), mustParse(t, "k:"+key32+strings.Repeat("c3", 16))
+	if v := []byte("v"); string(short.Sign("d", v)) == string(longer.Sign("d", v)) {
+		t.Error("a key of 48 bytes signs as its first 32 bytes")
+	}
+}
+
+// Generate refuses an id a key file would refuse, and draws every byte of the key at random.
+func TestGenerate(t *testing.T) {
+	for _, id := range []string{"", "a:b", "k 1", "k/1", strings.Repeat("k", 65)} {
+		if line, err := Generate(id); err == nil {
+			t.Errorf("Generate(%q) = %q, want a refusal", id, line)
+		}
+	}
+	a, b := strings.TrimSpace(mustGenerate(t, "k")), strings.TrimSpace(mustGenerate(t, "k"))
+	if len(a) != len("k:")+2*MinKeyBytes {
+		t.Fatalf("Generate = %q, want k: and %d hex digits", a, 2*MinKeyBytes)
+	}
+	// Two keys share a given 8 bytes with probability 2^-64.
+	for i := len("k:"); i < len(a); i += 16 {
+		if a[i:i+16] == b[i:i+16] {
+			t.Errorf("two generated keys share bytes %d to %d: %s, %s", (i-2)/2, (i-2)/2+7, a, b)
 		}
 	}
 }
