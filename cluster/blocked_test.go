@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -91,5 +93,64 @@ func TestPeerErrorQuotesTheError(t *testing.T) {
 		if got := peerError([]byte(c.body)); got != c.want {
 			t.Errorf("peerError(%q) = %q, want %q", c.body, got, c.want)
 		}
+	}
+}
+
+// A peer's answer is decoded on 200; a 409 is ErrPeerBusy, a 503 ErrRebuilding (ErrBlocked, itself
+// an ErrRebuilding, when the peer marked it HeaderBlocked), anything else, or a 200 that does not
+// decode, an ErrPeer.
+func TestDecodePeer(t *testing.T) {
+	o := ceshare.Owner{Replica: "r2"}
+	for _, c := range []struct {
+		name string
+		a    peerAnswer
+		is   []error // what the error matches; nil for no error
+		not  []error // what it must not match
+	}{
+		{"a page", peerAnswer{code: http.StatusOK, body: []byte(`{"n":1}`)}, nil, nil},
+		{"a 200 that does not decode", peerAnswer{code: http.StatusOK, body: []byte(`{`)}, []error{ErrPeer}, nil},
+		{"an audit running there", peerAnswer{code: http.StatusConflict, body: []byte("busy")}, []error{ErrPeerBusy}, []error{ErrPeer}},
+		{"rebuilding", peerAnswer{code: http.StatusServiceUnavailable}, []error{ErrRebuilding}, []error{ErrBlocked, ErrPeer}},
+		{"blocked", peerAnswer{code: http.StatusServiceUnavailable, blocked: true}, []error{ErrBlocked, ErrRebuilding}, []error{ErrPeer}},
+		{"another answer", peerAnswer{code: http.StatusTooManyRequests}, []error{ErrPeer}, []error{ErrPeerBusy, ErrRebuilding}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var v struct{ N int }
+			err := decodePeer(o, c.a, &v)
+			if c.is == nil && (err != nil || v.N != 1) {
+				t.Fatalf("decodePeer = %v, %+v; want the answer", err, v)
+			}
+			for _, e := range c.is {
+				if !errors.Is(err, e) {
+					t.Errorf("decodePeer = %v, want an error matching %v", err, e)
+				}
+			}
+			for _, e := range c.not {
+				if errors.Is(err, e) {
+					t.Errorf("decodePeer = %v, matches %v", err, e)
+				}
+			}
+		})
+	}
+}
+
+// A partition blocked at a request (blockedError) is ErrBlocked, and so ErrRebuilding: a list or
+// an audit that meets it answers 503 as for a rebuild, naming the block.
+func TestBlockedIsRebuilding(t *testing.T) {
+	err := fmt.Errorf("listing: %w", blockedError("partition 3 blocked"))
+	if !errors.Is(err, ErrBlocked) || !errors.Is(err, ErrRebuilding) || errors.Is(fmt.Errorf("%w", ErrRebuilding), ErrBlocked) {
+		t.Errorf("a blocked partition's error %v: ErrBlocked %v, ErrRebuilding %v", err, errors.Is(err, ErrBlocked), errors.Is(err, ErrRebuilding))
+	}
+}
+
+// A replica between two generations of the CE group (generation 0: it does not know its
+// partitions) does not hold its share whole; a Share not joined yet is healthy.
+func TestHoldsWholeBetweenGenerations(t *testing.T) {
+	s := &Share{member: &ceshare.Member{}}
+	if err := s.HoldsWhole([]int{0}); !errors.Is(err, ErrRebuilding) {
+		t.Errorf("HoldsWhole at generation 0 = %v, want ErrRebuilding", err)
+	}
+	if err := (*Share)(nil).Health(); err != nil {
+		t.Errorf("Health of a Share not joined = %v, want nil", err)
 	}
 }

@@ -34,6 +34,10 @@ func TestMergePages(t *testing.T) {
 		{"exactly a page, nobody has more: the last page", []listPage{newListPage(ces("b"), false), newListPage(ces("a", "c"), false)}, 3, []string{"a", "b", "c"}, ""},
 		{"exactly a page, an owner has more", []listPage{newListPage(ces("b"), false), newListPage(ces("a", "c"), true)}, 3, []string{"a", "b", "c"}, "c"},
 		{"nothing stored", []listPage{newListPage(nil, false)}, 5, nil, ""},
+		{"of owners with more, the smallest last id bounds the page, whichever answered first",
+			[]listPage{newListPage(ces("b", "c"), true), newListPage(ces("a", "d"), true)}, 5, []string{"a", "b", "c"}, "c"},
+		{"an owner with more that returned a single CE bounds the page at it",
+			[]listPage{newListPage(ces("b"), true), newListPage(ces("a", "c"), false)}, 3, []string{"a", "b"}, "b"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, next := mergePages(c.pages, c.limit)
