@@ -58,7 +58,8 @@ type Keyring struct {
 // ErrUnauthenticated is matched (errors.Is) by every error of Verify.
 var ErrUnauthenticated = errors.New("not authenticated by the cluster key")
 
-// Load reads the key file at path. Its errors name the file (and line) and how to make one.
+// Load reads the key file at path. Its errors name the file (and line) and what to do: how to
+// make a key file, or, for one of too many keys, which keys to remove.
 func Load(path string) (*Keyring, error) {
 	if path == "" {
 		return nil, fmt.Errorf("replication.key_file is empty: replicas authenticate what they write to Kafka with a key they share; "+
@@ -106,7 +107,8 @@ func Parse(data []byte, source string) (*Keyring, error) {
 		k.keys = append(k.keys, key{id: id, secret: secret})
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("replication.key_file %s: %w", source, err)
+		return nil, fmt.Errorf("replication.key_file %s: %w; a line is \"<id>:<hex key of at least %d bytes>\" (make one with %s)",
+			source, err, MinKeyBytes, GenerateCommand)
 	}
 	switch {
 	case len(k.keys) == 0:

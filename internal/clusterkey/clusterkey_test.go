@@ -134,19 +134,20 @@ func TestParseRefusals(t *testing.T) {
 }
 
 // A file of more than MaxKeys keys, or one that cannot be read to its end (a line longer than
-// bufio.Scanner takes), is refused, naming the file: not read as the keys before the fault.
+// bufio.Scanner takes), is refused, naming the file and what to do: not read as the keys before the
+// fault.
 func TestParseRefusesTooManyKeysAndUnreadableFiles(t *testing.T) {
 	var keys []string
 	for i := range MaxKeys + 1 {
 		keys = append(keys, mustGenerate(t, fmt.Sprintf("k%d", i)))
 	}
 	good := mustGenerate(t, "k1")
-	for name, text := range map[string]string{
-		"MaxKeys+1 keys":        strings.Join(keys, ""),
-		"a line of 70000 bytes": good + "#" + strings.Repeat("x", 70000) + "\n",
+	for name, tc := range map[string]struct{ text, want string }{
+		"MaxKeys+1 keys":        {strings.Join(keys, ""), "remove keys"},
+		"a line of 70000 bytes": {good + "#" + strings.Repeat("x", 70000) + "\n", GenerateCommand},
 	} {
-		if _, err := Parse([]byte(text), "test.key"); err == nil || !strings.Contains(err.Error(), "test.key") {
-			t.Errorf("%s: Parse = %v, want a refusal naming test.key", name, err)
+		if _, err := Parse([]byte(tc.text), "test.key"); err == nil || !strings.Contains(err.Error(), "test.key") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Parse = %v, want a refusal naming test.key and saying %q", name, err, tc.want)
 		}
 	}
 	if k, err := Parse([]byte(strings.Join(keys[:MaxKeys], "")), "test.key"); err != nil || len(k.IDs()) != MaxKeys {
