@@ -1,6 +1,7 @@
 package postlog
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -926,5 +927,25 @@ func TestResumeCopiesTheHead(t *testing.T) {
 	h.Covers[0], h.Marks[0], h.Unpublished[0].Seq = 99, Mark{Offset: 99}, 99
 	if got := c.Head(); got.Covers[0] != 5 || got.Marks[0].Offset != 4 || got.Unpublished[0].Seq != 3 {
 		t.Errorf("the resumed head follows the caller's edits: %+v", got)
+	}
+}
+
+// TestNewGenesis: NewGenesis is the genesis built from NewBody and PosteriorHash, byte for byte,
+// with the writer and settings it is given; a chain accepts it as a log's first entry.
+func TestNewGenesis(t *testing.T) {
+	l, g := newTestLog(t)
+	e, err := NewGenesis(l.models[0], g.Writer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.value(e), l.value(g); !bytes.Equal(got, want) {
+		t.Errorf("NewGenesis encodes as\n%s\nwant\n%s", got, want)
+	}
+	settings := map[string]string{"certify.delta": "0.05"}
+	if e, err = NewGenesis(l.models[0], "b/1", settings); err != nil || e.Writer != "b/1" || !maps.Equal(e.Settings, settings) {
+		t.Fatalf("NewGenesis with a writer and settings: %+v, %v", e, err)
+	}
+	if _, r, _ := NewChain(testKeys()).Offer(signed(0, l.value(e))); r != Accepted {
+		t.Errorf("a chain offered NewGenesis's entry: %s", r)
 	}
 }

@@ -254,6 +254,18 @@ func NewBody(m *bnn.Model) (*Body, error) {
 	return &Body{Sidecar: sc, Weights: w}, nil
 }
 
+// NewGenesis is a log's first entry, written by writer: m whole (NewBody), its hash
+// (PosteriorHash), and the cluster-wide settings it records; m is encoded once.
+func NewGenesis(m *bnn.Model, writer string, settings map[string]string) (*Entry, error) {
+	sc, w, err := bnn.Encode(m)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(w)
+	return &Entry{Format: Format, Kind: Genesis, Writer: writer, Version: m.Version, ParentVersion: m.Version,
+		PosteriorSHA256: hex.EncodeToString(sum[:]), Body: &Body{Sidecar: sc, Weights: w}, Settings: settings}, nil
+}
+
 // ErrMismatch is wrapped when an entry's posterior does not hash to what it records.
 var ErrMismatch = errors.New("postlog: posterior does not match its entry")
 

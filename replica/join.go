@@ -195,16 +195,10 @@ func (r *Replica) appendGenesis(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := postlog.NewBody(m)
+	e, err := postlog.NewGenesis(m, r.writer, r.settings)
 	if err != nil {
 		return err
 	}
-	sha, err := postlog.PosteriorHash(m)
-	if err != nil {
-		return err
-	}
-	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: r.writer, Version: m.Version,
-		ParentVersion: m.Version, PosteriorSHA256: sha, Body: body, Settings: r.settings}
 	v, err := e.Encode()
 	if err != nil {
 		return err
@@ -212,7 +206,7 @@ func (r *Replica) appendGenesis(ctx context.Context) error {
 	if err := r.plog.Append(ctx, "genesis", v); err != nil {
 		return err
 	}
-	r.lg.Info("posterior log empty: genesis appended", "posterior_sha256", sha, "bytes", len(v))
+	r.lg.Info("posterior log empty: genesis appended", "posterior_sha256", e.PosteriorSHA256, "bytes", len(v))
 	return nil
 }
 

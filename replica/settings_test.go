@@ -249,16 +249,11 @@ func TestGenesisOfAHead(t *testing.T) {
 	defer forger.Close()
 	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 1, rand.New(rand.NewPCG(1, 2)))
 	genesis := func(settings map[string]string) []byte {
-		body, err := postlog.NewBody(m)
+		e, err := postlog.NewGenesis(m, "r1", settings)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sha, err := postlog.PosteriorHash(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := (&postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "r1", Version: m.Version, ParentVersion: m.Version,
-			PosteriorSHA256: sha, Body: body, Settings: settings}).Encode()
+		v, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
