@@ -207,12 +207,14 @@ func Decode(value []byte) (*Entry, error) {
 		return nil, fmt.Errorf("%w: kind %q", ErrMalformed, e.Kind)
 	case e.Writer == "":
 		return nil, fmt.Errorf("%w: no writer", ErrMalformed)
-	case len(e.PosteriorSHA256) != 64:
-		return nil, fmt.Errorf("%w: posterior_sha256 %q", ErrMalformed, e.PosteriorSHA256)
+	case !isHexSHA256(e.PosteriorSHA256):
+		return nil, fmt.Errorf("%w: posterior_sha256 %q, want 64 lower-case hex digits", ErrMalformed, e.PosteriorSHA256)
 	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
 		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
 	case e.Kind != Increment && (len(e.Events) > 0 || e.EventsThrough > 0):
 		return nil, fmt.Errorf("%w: a %s with events", ErrMalformed, e.Kind)
+	case e.Kind == Increment && !knownOutcome(e.Outcome):
+		return nil, fmt.Errorf("%w: increment outcome %q, want %s, %s, %s, %s or %s", ErrMalformed, e.Outcome, Promoted, Clipped, Rejected, Failed, Skipped)
 	case e.Kind == Increment && e.EventsThrough >= e.Seq && e.EventsThrough > 0:
 		return nil, fmt.Errorf("%w: entry %d says its events are through entry %d", ErrMalformed, e.Seq, e.EventsThrough)
 	}
@@ -222,6 +224,29 @@ func Decode(value []byte) (*Entry, error) {
 		}
 	}
 	return &e, nil
+}
+
+// knownOutcome reports whether o is an outcome an increment may record.
+func knownOutcome(o string) bool {
+	switch o {
+	case Promoted, Clipped, Rejected, Failed, Skipped:
+		return true
+	}
+	return false
+}
+
+// isHexSHA256 reports whether s is a SHA-256 as PosteriorHash writes it: 64 lower-case hex
+// digits. Another spelling of the same hash would compare unequal to it.
+func isHexSHA256(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Hash is the SHA-256 of an entry's value bytes as stored: the chain links bytes, not a

@@ -175,7 +175,7 @@ func TestALogMayBeginWithALaterEpoch(t *testing.T) {
 	for name, e := range map[string]Entry{
 		"an epoch":          func() Entry { e := *g; e.Epoch = 1; return e }(),
 		"a claim's kind":    func() Entry { e := *g; e.Kind = Claim; return e }(),
-		"an increment kind": func() Entry { e := *g; e.Kind, e.Body = Increment, nil; return e }(),
+		"an increment kind": func() Entry { e := *g; e.Kind, e.Body, e.Outcome = Increment, nil, Skipped; return e }(),
 		"coverage":          func() Entry { e := *g; e.Covers = map[int]int64{0: 10}; return e }(),
 		"a sequence number": func() Entry { e := *g; e.Seq = 1; return e }(),
 		"a parent":          func() Entry { e := *g; e.Parent = head.Hash; return e }(),
