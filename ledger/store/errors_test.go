@@ -16,6 +16,7 @@ func TestShellQuote(t *testing.T) {
 		"/data/my state/cfguard.db":   "'/data/my state/cfguard.db'",
 		"/data/it's/cfguard.db":       `'/data/it'\''s/cfguard.db'`,
 		"":                            "''",
+		"/srv/a+b:c@d%e,f=g_h-i.db":   "/srv/a+b:c@d%e,f=g_h-i.db",
 	} {
 		if got := ShellQuote(in); got != want {
 			t.Errorf("ShellQuote(%q) = %s, want %s", in, got, want)
@@ -53,5 +54,17 @@ func TestReason(t *testing.T) {
 	wrapped := fmt.Errorf("ledger: verify: %w", Corruptf("bbolt check: page 9 unreachable"))
 	if got := Reason(wrapped); got != "ledger: verify: ledger corrupt: bbolt check: page 9 unreachable" {
 		t.Errorf("Reason of a wrapped Corruptf error: %q, want it whole", got)
+	}
+}
+
+// TestInRecord: InRecord of no error is no error (a decode that succeeded), and an error made by
+// Corruptf stays one, prefixed with the record.
+func TestInRecord(t *testing.T) {
+	if err := InRecord(nil, "anchor %d", 7); err != nil {
+		t.Fatalf("InRecord(nil) = %v, want nil", err)
+	}
+	err := InRecord(Corruptf("3 bytes"), "anchor %d", 7)
+	if !errors.Is(err, ErrCorrupt) || Reason(err) != "anchor 7: 3 bytes" {
+		t.Fatalf("InRecord of a Corruptf error: %v (reason %q), want ErrCorrupt with reason %q", err, Reason(err), "anchor 7: 3 bytes")
 	}
 }

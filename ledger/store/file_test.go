@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -485,5 +486,210 @@ func TestRefusedUpdateIsNoWriteFailure(t *testing.T) {
 	}
 	if got := get(t, f, "k"); got != "" {
 		t.Errorf("the refused Update's value reads %q", got)
+	}
+}
+
+// TestLockedWithoutAPid: a lock held by a process that has not written its pid (the lock taken,
+// the pid not yet written) gives ErrLocked saying no pid is recorded, not an empty "pid ".
+func TestLockedWithoutAPid(t *testing.T) {
+	dir := t.TempDir()
+	h, err := os.OpenFile(filepath.Join(dir, PIDFileName), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := syscall.Flock(int(h.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(dir, testOptions())
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "no pid recorded") || strings.Contains(err.Error(), "(pid ") {
+		t.Fatalf("Open beside a lock holder that wrote no pid: %v, want ErrLocked saying no pid is recorded", err)
+	}
+}
+
+// TestOpenInitFailureCreatesNothing: when Init fails, Open returns its error and leaves no
+// cfguard.db (a half-initialised ledger would open as an existing one) and no temporary file.
+func TestOpenInitFailureCreatesNothing(t *testing.T) {
+	dir := t.TempDir()
+	opts := testOptions()
+	refused := errors.New("injected: Init failed")
+	opts.Init = func(*bolt.Tx) error { return refused }
+	if _, err := Open(dir, opts); !errors.Is(err, refused) {
+		t.Fatalf("Open with a failing Init: %v, want its error", err)
+	}
+	path := filepath.Join(dir, FileName)
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed Init left %s: %v", path, err)
+	}
+	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+		t.Errorf("a failed Init left temporary files: %v", left)
+	}
+}
+
+// TestClosedFile: Close is idempotent (a second Close returns nil), and View and Update on a
+// closed File return ErrClosed at once.
+func TestClosedFile(t *testing.T) {
+	f, err := Open(t.TempDir(), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Errorf("a second Close: %v, want nil", err)
+	}
+	if _, err := read(f, "k"); !errors.Is(err, ErrClosed) {
+		t.Errorf("View after Close: %v, want ErrClosed", err)
+	}
+	if err := put(f, "k", "v"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Update after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestPanicIsCorruptAndReopens: a panic inside a View or an Update (what bbolt does on a
+// damaged page) is a *CorruptError naming the file, and the File reopens the file (a new bbolt
+// handle, after the checks) before its next operation, which succeeds.
+func TestPanicIsCorruptAndReopens(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(f *File, fn func(*bolt.Tx) error) error
+	}{
+		{"View", (*File).View},
+		{"Update", (*File).Update},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := openTest(t, t.TempDir(), testOptions())
+			if err := put(f, "k", "v"); err != nil {
+				t.Fatal(err)
+			}
+			f.mu.RLock()
+			before := f.db
+			f.mu.RUnlock()
+			err := c.run(f, func(*bolt.Tx) error { panic("injected: assertion failed") })
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != f.Path() || !strings.Contains(err.Error(), "injected: assertion failed") {
+				t.Fatalf("%s that panicked: %v, want a *CorruptError naming %s and the panic", c.name, err, f.Path())
+			}
+			f.mu.RLock()
+			after := f.db
+			f.mu.RUnlock()
+			if after == before {
+				t.Errorf("the File kept its bbolt handle after a panic in %s", c.name)
+			}
+			if got := get(t, f, "k"); got != "v" {
+				t.Errorf("after the panic the File reads %q, want v", got)
+			}
+		})
+	}
+}
+
+// metaPages is the bytes of the two meta pages of the file at path.
+func metaPages(t *testing.T, path string) []byte {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	lo, err := Inspect(fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 2*lo.PageSize)
+	if _, err := fh.ReadAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFailedCommitRestoresTheMetaPage: after a commit that failed once its meta page was
+// written, both meta pages hold, byte for byte, what they held before the call: the page the
+// commit overwrote is the one put back.
+func TestFailedCommitRestoresTheMetaPage(t *testing.T) {
+	opts := testOptions()
+	var fail error
+	opts.AfterCommit = func() error { return fail }
+	f := openTest(t, t.TempDir(), opts)
+	for _, v := range []string{"1", "2"} {
+		if err := put(f, "k", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := metaPages(t, f.Path())
+	fail = errors.New("injected fsync failure")
+	if err := put(f, "k", "lost"); !errors.Is(err, ErrWrite) {
+		t.Fatalf("a failed commit: %v, want ErrWrite", err)
+	}
+	if after := metaPages(t, f.Path()); !bytes.Equal(before, after) {
+		t.Fatal("after a failed commit the meta pages differ from what they were before it")
+	}
+}
+
+// TestRestoreMeta: the meta page a failed commit overwrote is put back only when the file shows
+// that very commit, in the page it was written to, and the saved page has the file's page size;
+// otherwise the file is left as it is and the mismatch is an error wrapping ErrCorrupt. After
+// putting the page back the geometry returned is the file's read again, not the failed one's.
+func TestRestoreMeta(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, slot := lo.PageSize, lo.MetaPage
+	other := append([]byte(nil), data[(1-slot)*ps:(2-slot)*ps]...) // transaction TxID-1
+	refused := "after a failed commit of transaction"
+	for _, c := range []struct {
+		name     string
+		pending  metaRestore
+		wantErr  string
+		wantTxid uint64 // when the page is put back or nothing is to be done
+		restored bool
+	}{
+		{"the failed commit in the file", metaRestore{lo.TxID, slot, other}, "", lo.TxID - 1, true},
+		{"the failed commit never reached the file", metaRestore{lo.TxID + 1, 1 - slot, other}, "", lo.TxID, false},
+		{"an older transaction in its page", metaRestore{lo.TxID - 2, slot, other}, refused, 0, false},
+		{"the failed commit in the other page", metaRestore{lo.TxID, 1 - slot, other}, refused, 0, false},
+		{"a saved page of another size", metaRestore{lo.TxID, slot, other[:ps/2]}, refused, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			fh, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fh.Close()
+			g, err := readMetas(fh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending := c.pending
+			s := &File{path: path, log: testOptions().Logger, pending: &pending}
+			g, err = s.restoreMeta(fh, g)
+			got, rerr := os.ReadFile(path)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if c.wantErr != "" {
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("restoreMeta: %v, want an error wrapping ErrCorrupt saying %q", err, c.wantErr)
+				}
+				if !bytes.Equal(got, data) {
+					t.Fatal("a refused restore wrote to the file")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.meta.txid != c.wantTxid || s.pending != nil {
+				t.Errorf("restoreMeta: transaction %d, pending %v; want %d and nothing pending", g.meta.txid, s.pending, c.wantTxid)
+			}
+			if wrote := !bytes.Equal(got, data); wrote != c.restored {
+				t.Errorf("restoreMeta wrote to the file: %v, want %v", wrote, c.restored)
+			}
+			if c.restored && !bytes.Equal(got[slot*ps:(slot+1)*ps], other) {
+				t.Errorf("meta page %d is not the saved page", slot)
+			}
+		})
 	}
 }

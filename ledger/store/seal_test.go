@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 func FuzzSeal(f *testing.F) {
@@ -179,5 +180,55 @@ func TestResealRefusesANestedBucket(t *testing.T) {
 	})
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `unexpected nested bucket "inner"`) {
 		t.Fatalf("Reseal of a bucket holding a bucket: %v, want ErrCorrupt naming it", err)
+	}
+}
+
+// TestSealEmptyPayload: a value of exactly CRCSize bytes is an empty payload and its checksum,
+// and unseals; only a value shorter than the checksum is refused.
+func TestSealEmptyPayload(t *testing.T) {
+	for _, p := range [][]byte{nil, {}, {0}} {
+		v := Seal([]byte("k"), p)
+		if got, ok := Unseal([]byte("k"), v); !ok || !bytes.Equal(got, p) || len(v) != len(p)+CRCSize {
+			t.Errorf("Seal of a %d-byte payload: %d bytes that unseal to %q, %v", len(p), len(v), got, ok)
+		}
+	}
+}
+
+// TestGetU64Absent: a counter never stored reads as 0, not as a damaged record.
+func TestGetU64Absent(t *testing.T) {
+	err := inNewBucket(t, func(b *bolt.Bucket) error {
+		if v, err := GetU64(b, []byte("missing"), "missing"); err != nil || v != 0 {
+			t.Errorf("GetU64 of an absent key: %d, %v; want 0, nil", v, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestResealReportsAFailedPut: a value Reseal cannot write back (here, in a read-only
+// transaction) is its error; it does not return as if the bucket were sealed.
+func TestResealReportsAFailedPut(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "reseal.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("b"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("k"), []byte("v"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		return Reseal(tx.Bucket([]byte("b")), func(k, v []byte) ([]byte, error) { return v, nil })
+	})
+	if !errors.Is(err, berrors.ErrTxNotWritable) {
+		t.Fatalf("Reseal in a read-only transaction: %v, want its Put's error", err)
 	}
 }

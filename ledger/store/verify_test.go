@@ -169,3 +169,37 @@ func TestSnapshotStopsWithItsContext(t *testing.T) {
 		t.Fatalf("Snapshot with an ended context: %d bytes, %v; want 0 and the context's error", n, err)
 	}
 }
+
+// TestVerifyRefusesADamagedFile: Verify runs the structural checks before bbolt sees the file: an
+// empty file and a page that is not the one its parent points to are a *CorruptError naming the
+// file and saying what the check found, with the layout filled in as far as the checks got.
+func TestVerifyRefusesADamagedFile(t *testing.T) {
+	data, lo := walkFixture(t)
+	root := int(ne.Uint64(data[lo.MetaPage*lo.PageSize+16+16:]))
+	badID := append([]byte(nil), data...)
+	ne.PutUint64(badID[root*lo.PageSize:], uint64(root+1))
+	for _, c := range []struct {
+		name     string
+		data     []byte
+		want     string
+		wantTxID uint64
+	}{
+		{"empty", nil, "empty (0 bytes)", 0},
+		{"page id", badID, fmt.Sprintf("bbolt page %d says it is page %d", root, root+1), lo.TxID},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			if err := os.WriteFile(path, c.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Verify(path, func(*bolt.Tx) error { return nil })
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != path || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Verify: %v, want a *CorruptError naming %s and saying %q", err, path, c.want)
+			}
+			if got.TxID != c.wantTxID {
+				t.Errorf("Verify's layout names transaction %d, want %d", got.TxID, c.wantTxID)
+			}
+		})
+	}
+}

@@ -407,6 +407,13 @@ func TestInspectRefusesABadLeafElement(t *testing.T) {
 		ne.PutUint32(d[e+12:], 12)
 		inspectBytes(t, d, []string{`bucket "b" has a 12-byte header`})
 	})
+	inline := small + int(ne.Uint32(data[small+4:])) + int(ne.Uint32(data[small+8:])) + 16 // the inline page
+	t.Run("inline page claims more elements than fit", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[inline+10:], 0xFFFF) }), []string{`inline bucket "small" claims 65535 elements, more than fit`})
+	})
+	t.Run("inline element flags", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[inline+16:], 0x02) }), []string{`inline bucket "small": element 0 has flags 0x2`})
+	})
 	t.Run("inline page not a leaf", func(t *testing.T) {
 		val := small + int(ne.Uint32(data[small+4:])) + int(ne.Uint32(data[small+8:]))
 		if ne.Uint64(data[val:]) != 0 {
@@ -453,4 +460,170 @@ func TestInspectNamesWhatIsWrong(t *testing.T) {
 		d := edit(func(d []byte) { ne.PutUint64(d[br*ps+16+16+8:], child0) })
 		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d is reached twice", child0)})
 	})
+}
+
+// TestInspectFindsMetaPage1AtEveryPageSize: when meta page 0 is damaged, meta page 1 is looked
+// for at every page size bbolt allows, from 1024 to 65536 bytes, as bbolt does; a file with no
+// valid meta page at any of them is refused saying so.
+func TestInspectFindsMetaPage1AtEveryPageSize(t *testing.T) {
+	for _, ps := range []int{1024, 4096, 1 << 16} {
+		t.Run(fmt.Sprint(ps), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "f.db")
+			db, err := bolt.Open(path, 0o600, &bolt.Options{PageSize: ps})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A new file: transaction 0 in page 0, 1 in page 1. Page 0 damaged is the older one.
+			data[16+16] ^= 0x04
+			lo := inspectBytes(t, data, nil)
+			if lo.PageSize != ps || lo.MetaPage != 1 || !strings.Contains(lo.MetaDamaged, "meta page 0: checksum mismatch") {
+				t.Fatalf("page size %d with meta page 0 damaged: %+v, want meta page 1 found", ps, lo)
+			}
+			data[ps+16+16] ^= 0x04
+			inspectBytes(t, data, []string{"has no valid bbolt meta page", "no page 1 found at any page size"})
+		})
+	}
+}
+
+// TestInspectRefusesPageSizesOutOfRange: a meta page 0 with a sound checksum and a page size
+// that is a power of two but outside bbolt's [1024, 65536] is refused naming the page size.
+func TestInspectRefusesPageSizesOutOfRange(t *testing.T) {
+	data, lo := walkFixture(t)
+	for _, size := range []uint32{512, 1 << 17} {
+		d := append([]byte(nil), data...)
+		ne.PutUint32(d[16+8:], size)
+		resealMeta(d, 0, lo.PageSize)
+		inspectBytes(t, d, []string{fmt.Sprintf("meta page 0 gives page size %d", size)})
+	}
+}
+
+// TestInspectPicksMetaPage0OnATie: of two valid meta pages with the same transaction id, the walk
+// checks page 0's tree, the one bbolt opens (it takes page 1 only when its txid is larger).
+func TestInspectPicksMetaPage0OnATie(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps := lo.PageSize
+	d := append([]byte(nil), data...)
+	for slot := range 2 {
+		ne.PutUint64(d[slot*ps+16+48:], lo.TxID)
+		resealMeta(d, slot, ps)
+	}
+	if got := inspectBytes(t, d, nil); got.MetaPage != 0 || got.TxID != lo.TxID {
+		t.Fatalf("two meta pages of transaction %d: %+v, want meta page 0", lo.TxID, got)
+	}
+}
+
+// TestInspectRefusesAWrappedOlderTxid: beside a newest meta page of transaction 0, a damaged page
+// cannot be the older one (there is no transaction -1): one reading as 2^64-1 is refused, not
+// taken for T-1 by wrapping around.
+func TestInspectRefusesAWrappedOlderTxid(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, newest, older := lo.PageSize, lo.MetaPage, 1-lo.MetaPage
+	d := append([]byte(nil), data...)
+	ne.PutUint64(d[newest*ps+16+48:], 0)
+	resealMeta(d, newest, ps)
+	ne.PutUint64(d[older*ps+16+48:], ^uint64(0)) // checksum left as it was: damaged
+	inspectBytes(t, d, []string{fmt.Sprintf("bbolt meta page %d is damaged (checksum mismatch) and reads as transaction %d", older, ^uint64(0))})
+}
+
+// TestInspectRefusesIdsOutOfRange: a meta page's root or freelist page that is a meta page, a
+// branch's child at the high-water mark, a branch claiming more elements than its page holds,
+// and a freelist that lists a meta page, the high-water mark, or more ids than fit are each
+// refused by the check that names them.
+func TestInspectRefusesIdsOutOfRange(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, newest := lo.PageSize, lo.MetaPage
+	hwm := ne.Uint64(data[newest*ps+16+40:])
+	root := ne.Uint64(data[newest*ps+16+16:])
+	br := int(bucketRoot(data, lo))
+	sdata, slo, ids := syncedFixture(t)
+	shwm := ne.Uint64(sdata[slo.MetaPage*slo.PageSize+16+40:])
+	edit := func(data []byte, f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	inconsistent := func(root, freelist uint64) string {
+		return fmt.Sprintf("root page %d, freelist page %d, high-water mark %d are inconsistent", root, freelist, hwm)
+	}
+	fit := (slo.PageSize - 16) / 8
+	for _, c := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"root is a meta page", edit(data, func(d []byte) { ne.PutUint64(d[newest*ps+16+16:], 1); resealMeta(d, newest, ps) }), inconsistent(1, NoFreelist)},
+		{"freelist is a meta page", edit(data, func(d []byte) { ne.PutUint64(d[newest*ps+16+32:], 1); resealMeta(d, newest, ps) }), inconsistent(root, 1)},
+		{"a child at the high-water mark", edit(data, func(d []byte) { ne.PutUint64(d[br*ps+16+8:], hwm) }), fmt.Sprintf("bbolt page id %d outside [2, %d)", hwm, hwm)},
+		{"a branch with more elements than fit", edit(data, func(d []byte) { ne.PutUint16(d[br*ps+10:], 0xFFFF) }), fmt.Sprintf("bbolt page %d claims 65535 elements, more than fit", br)},
+		{"a freelist listing a meta page", edit(sdata, func(d []byte) { ne.PutUint64(d[ids:], 1) }), fmt.Sprintf("freelist page %d lists page 1, outside [2, %d)", slo.Freelist, shwm)},
+		{"a freelist listing the high-water mark", edit(sdata, func(d []byte) { ne.PutUint64(d[ids:], shwm) }), fmt.Sprintf("freelist page %d lists page %d, outside [2, %d)", slo.Freelist, shwm, shwm)},
+		{"a freelist one id longer than fits", edit(sdata, func(d []byte) { ne.PutUint16(d[ids-16+10:], uint16(fit+1)) }), fmt.Sprintf("freelist page %d claims %d page ids, more than fit", slo.Freelist, fit+1)},
+	} {
+		t.Run(c.name, func(t *testing.T) { inspectBytes(t, c.data, []string{c.want}) })
+	}
+}
+
+// nestedBuckets is the bytes of a file holding a chain of n nested buckets under the root.
+func nestedBuckets(t *testing.T, n int) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "f.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("n"))
+		for range n - 1 {
+			if err != nil {
+				return err
+			}
+			b, err = b.CreateBucket([]byte("n"))
+		}
+		return err
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestInspectTreeDepthLimit: a page tree exactly maxTreeDepth levels below the root page is
+// walked; one level more is refused. (The innermost of a chain of nested buckets is empty and
+// lives inline in its parent's page, so a chain of maxTreeDepth+1 buckets has pages down to
+// depth maxTreeDepth.)
+func TestInspectTreeDepthLimit(t *testing.T) {
+	inspectBytes(t, nestedBuckets(t, maxTreeDepth+1), nil)
+	inspectBytes(t, nestedBuckets(t, maxTreeDepth+2), []string{fmt.Sprintf("bbolt page tree deeper than %d", maxTreeDepth)})
+}
+
+// TestInspectLongFreelistForm: a freelist page whose count field is 0xFFFF holds its count in
+// its first u64 and the page ids after it (bbolt's form for 65535 ids or more); the walk reads
+// it so, counting those ids.
+func TestInspectLongFreelistForm(t *testing.T) {
+	data, lo, ids := syncedFixture(t)
+	count := int(ne.Uint16(data[ids-16+10:]))
+	if 16+8+8*count > lo.PageSize {
+		t.Fatalf("the fixture's %d free ids do not fit the long form in one page", count)
+	}
+	d := append([]byte(nil), data...)
+	copy(d[ids+8:], data[ids:ids+8*count])
+	ne.PutUint64(d[ids:], uint64(count))
+	ne.PutUint16(d[ids-16+10:], 0xFFFF)
+	if got := inspectBytes(t, d, nil); got.FreePages != count {
+		t.Fatalf("a freelist of %d ids in the long form: %d free pages", count, got.FreePages)
+	}
 }
