@@ -240,7 +240,7 @@ func (w *walker) walk(m metaPage) (walkStats, error) {
 			return w.stats, err
 		}
 	}
-	if _, _, err := w.node(m.root, nil, nil, 0); err != nil {
+	if err := w.node(m.root, nil, nil, 0); err != nil {
 		return w.stats, err
 	}
 	for id := uint64(2); id < w.hwm; id++ {
@@ -324,34 +324,30 @@ func (w *walker) freelist(id uint64) error {
 }
 
 // node walks the page tree rooted at page id; every key must lie in [lo, hi) (nil: unbounded).
-// It returns the first and last keys.
-func (w *walker) node(id uint64, lo, hi []byte, depth int) (first, last []byte, err error) {
+func (w *walker) node(id uint64, lo, hi []byte, depth int) error {
 	if depth > maxTreeDepth {
-		return nil, nil, Corruptf("bbolt page tree deeper than %d at page %d", maxTreeDepth, id)
+		return Corruptf("bbolt page tree deeper than %d at page %d", maxTreeDepth, id)
 	}
 	span, count, err := w.page(id, flagBranch|flagLeaf)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if ne.Uint16(span[8:]) == flagLeaf {
 		return w.leaf(span, count, lo, hi, depth, fmt.Sprintf("bbolt page %d", id))
 	}
 	if count == 0 {
-		return nil, nil, Corruptf("bbolt branch page %d is empty", id)
+		return Corruptf("bbolt branch page %d is empty", id)
 	}
 	var prev []byte
 	for i := 0; i < int(count); i++ {
 		e := pageHeaderSize + i*elementSize
 		pos, ksize, child := int(ne.Uint32(span[e:])), int(ne.Uint32(span[e+4:])), ne.Uint64(span[e+8:])
 		if pos > len(span)-e || ksize > len(span)-e-pos {
-			return nil, nil, Corruptf("bbolt page %d: element %d lies outside the page", id, i)
+			return Corruptf("bbolt page %d: element %d lies outside the page", id, i)
 		}
 		key := span[e+pos : e+pos+ksize]
 		if err := inOrder(key, prev, lo, hi); err != nil {
-			return nil, nil, InRecord(err, "bbolt page %d element %d", id, i)
-		}
-		if prev == nil {
-			first = key
+			return InRecord(err, "bbolt page %d element %d", id, i)
 		}
 		prev = key
 		chi := hi
@@ -359,69 +355,62 @@ func (w *walker) node(id uint64, lo, hi []byte, depth int) (first, last []byte, 
 			n := pageHeaderSize + (i+1)*elementSize
 			npos, nks := int(ne.Uint32(span[n:])), int(ne.Uint32(span[n+4:]))
 			if npos > len(span)-n || nks > len(span)-n-npos {
-				return nil, nil, Corruptf("bbolt page %d: element %d lies outside the page", id, i+1)
+				return Corruptf("bbolt page %d: element %d lies outside the page", id, i+1)
 			}
 			chi = span[n+npos : n+npos+nks]
 		}
-		_, cl, err := w.node(child, key, chi, depth+1)
-		if err != nil {
-			return nil, nil, err
-		}
-		if cl != nil {
-			last = cl
+		if err := w.node(child, key, chi, depth+1); err != nil {
+			return err
 		}
 	}
-	return first, last, nil
+	return nil
 }
 
 // leaf checks a leaf page (or an inline bucket's page) and recurses into sub-buckets.
-func (w *walker) leaf(span []byte, count uint16, lo, hi []byte, depth int, where string) (first, last []byte, err error) {
+func (w *walker) leaf(span []byte, count uint16, lo, hi []byte, depth int, where string) error {
 	var prev []byte
 	for i := 0; i < int(count); i++ {
 		e := pageHeaderSize + i*elementSize
 		flags, pos, ksize, vsize := ne.Uint32(span[e:]), int(ne.Uint32(span[e+4:])), int(ne.Uint32(span[e+8:])), int(ne.Uint32(span[e+12:]))
 		if flags&^flagBucketLeaf != 0 {
-			return nil, nil, Corruptf("%s: element %d has flags %#x", where, i, flags)
+			return Corruptf("%s: element %d has flags %#x", where, i, flags)
 		}
 		if pos > len(span)-e || ksize > len(span)-e-pos || vsize > len(span)-e-pos-ksize {
-			return nil, nil, Corruptf("%s: element %d lies outside the page", where, i)
+			return Corruptf("%s: element %d lies outside the page", where, i)
 		}
 		key := span[e+pos : e+pos+ksize]
 		val := span[e+pos+ksize : e+pos+ksize+vsize]
 		if err := inOrder(key, prev, lo, hi); err != nil {
-			return nil, nil, InRecord(err, "%s element %d", where, i)
+			return InRecord(err, "%s element %d", where, i)
 		}
-		if prev == nil {
-			first = key
-		}
-		prev, last = key, key
+		prev = key
 		w.stats.Keys++
 		if flags&flagBucketLeaf == 0 {
 			continue
 		}
 		w.stats.Buckets++
 		if len(val) < 16 {
-			return nil, nil, Corruptf("%s: bucket %q has a %d-byte header", where, key, len(val))
+			return Corruptf("%s: bucket %q has a %d-byte header", where, key, len(val))
 		}
 		if root := ne.Uint64(val); root != 0 {
-			if _, _, err := w.node(root, nil, nil, depth+1); err != nil {
-				return nil, nil, InRecord(err, "bucket %q", key)
+			if err := w.node(root, nil, nil, depth+1); err != nil {
+				return InRecord(err, "bucket %q", key)
 			}
 			continue
 		}
 		inline := val[16:]
 		if len(inline) < pageHeaderSize || ne.Uint16(inline[8:]) != flagLeaf {
-			return nil, nil, Corruptf("%s: inline bucket %q has no leaf page", where, key)
+			return Corruptf("%s: inline bucket %q has no leaf page", where, key)
 		}
 		n := ne.Uint16(inline[10:])
 		if pageHeaderSize+int(n)*elementSize > len(inline) {
-			return nil, nil, Corruptf("%s: inline bucket %q claims %d elements, more than fit", where, key, n)
+			return Corruptf("%s: inline bucket %q claims %d elements, more than fit", where, key, n)
 		}
-		if _, _, err := w.leaf(inline, n, nil, nil, depth+1, fmt.Sprintf("inline bucket %q", key)); err != nil {
-			return nil, nil, err
+		if err := w.leaf(inline, n, nil, nil, depth+1, fmt.Sprintf("inline bucket %q", key)); err != nil {
+			return err
 		}
 	}
-	return first, last, nil
+	return nil
 }
 
 // inOrder checks prev < key and lo <= key < hi.
