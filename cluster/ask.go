@@ -45,10 +45,9 @@ var ErrPeerBusy = errors.New("an audit is running at a replica")
 // Audit runs POST /v1/audit at every replica that owns CE partitions, at once: this one's audit
 // (own), and the others' through their APIs (forwarded, so each audits its own ledger). It waits
 // for all of them. When one fails, the answer names it, and the replicas whose audits finished
-// (their audits are done: an audit is not undone); the error is ErrPeerBusy when every replica
-// that failed was running an audit (409), ErrRebuilding when every one had partitions it did not
-// rebuild within AuditRebuildWait (503), else ErrPeer (502). own's error matches ErrPeerBusy
-// when an audit is running here.
+// (their audits are done: an audit is not undone); the error is classified by auditFailure
+// (ErrPeerBusy, ErrBlocked, ErrRebuilding or ErrPeer; a partition not rebuilt is one not rebuilt
+// within AuditRebuildWait). own's error matches ErrPeerBusy when an audit is running here.
 func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx context.Context) (ledger.AuditReport, error)) (AuditAnswer, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
@@ -66,33 +65,41 @@ func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx co
 		return rep, err
 	})
 	if len(failed) > 0 {
-		var why []string
-		busy, rebuilding, blocked := 0, 0, 0
-		for _, r := range slices.Sorted(maps.Keys(failed)) {
-			why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
-			switch {
-			case errors.Is(failed[r], ErrPeerBusy):
-				busy++
-			case errors.Is(failed[r], ErrRebuilding):
-				rebuilding++
-				if errors.Is(failed[r], ErrBlocked) {
-					blocked++
-				}
-			}
-		}
-		kind := ErrPeer
-		switch {
-		case len(failed) == busy:
-			kind = ErrPeerBusy // 409, retry after the running audit
-		case len(failed) == rebuilding && blocked > 0:
-			kind = ErrBlocked // 503, retry once the blocked partitions are past their request (an upgrade)
-		case len(failed) == rebuilding:
-			kind = ErrRebuilding // 503, retry once the partitions are rebuilt
-		}
-		return AuditAnswer{}, fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "),
-			slices.Sorted(maps.Keys(reports)))
+		return AuditAnswer{}, auditFailure(failed, slices.Sorted(maps.Keys(reports)))
 	}
 	return sumAudits(reports), nil
+}
+
+// auditFailure is the error of an audit that failed at the replicas failed (by replica id) and
+// ran at ran: it names every failure and where the audit ran, and matches ErrPeerBusy when every
+// failure was an audit running there (409), ErrBlocked when every one was a partition not rebuilt
+// and at least one of them blocked at a request this build cannot read (503, until an upgrade),
+// ErrRebuilding when every one was a partition not rebuilt (503), else ErrPeer (502).
+func auditFailure(failed map[string]error, ran []string) error {
+	var why []string
+	busy, rebuilding, blocked := 0, 0, 0
+	for _, r := range slices.Sorted(maps.Keys(failed)) {
+		why = append(why, fmt.Sprintf("%s: %v", r, failed[r]))
+		switch {
+		case errors.Is(failed[r], ErrPeerBusy):
+			busy++
+		case errors.Is(failed[r], ErrRebuilding):
+			rebuilding++
+			if errors.Is(failed[r], ErrBlocked) {
+				blocked++
+			}
+		}
+	}
+	kind := ErrPeer
+	switch {
+	case len(failed) == busy:
+		kind = ErrPeerBusy
+	case len(failed) == rebuilding && blocked > 0:
+		kind = ErrBlocked
+	case len(failed) == rebuilding:
+		kind = ErrRebuilding
+	}
+	return fmt.Errorf("%w: the audit did not run at every replica (%s); it ran at %q", kind, strings.Join(why, "; "), ran)
 }
 
 // sumAudits is the cluster's report: see AuditAnswer.

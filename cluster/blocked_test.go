@@ -154,3 +154,59 @@ func TestHoldsWholeBetweenGenerations(t *testing.T) {
 		t.Errorf("Health of a Share not joined = %v, want nil", err)
 	}
 }
+
+// An audit that failed somewhere is classified by what every failure was: all of them audits
+// running there is ErrPeerBusy (409); all of them partitions not rebuilt is ErrRebuilding (503),
+// or ErrBlocked when one of those is blocked (it waits for an upgrade, not a moment); anything
+// else, or a mixture, is ErrPeer (502). The error names each failure, by replica id in order, and
+// the replicas where the audit ran.
+func TestAuditFailureClassifies(t *testing.T) {
+	busy := fmt.Errorf("%w: at r1", ErrPeerBusy)
+	rebuild := fmt.Errorf("%w: partition 2 at r2", ErrRebuilding)
+	blocked := blockedError("partition 3 at r3 blocked at offset 9")
+	peer := fmt.Errorf("%w: r4 refused the connection", ErrPeer)
+	other := errors.New("r5 answered 500")
+	for _, c := range []struct {
+		name   string
+		failed map[string]error
+		want   error
+		not    []error // the other kinds it must not match
+	}{
+		{"one busy", map[string]error{"r1": busy}, ErrPeerBusy, []error{ErrRebuilding, ErrBlocked, ErrPeer}},
+		{"all busy", map[string]error{"r1": busy, "r9": busy}, ErrPeerBusy, []error{ErrRebuilding, ErrBlocked, ErrPeer}},
+		{"one rebuilding", map[string]error{"r2": rebuild}, ErrRebuilding, []error{ErrPeerBusy, ErrBlocked, ErrPeer}},
+		{"rebuilding and blocked", map[string]error{"r2": rebuild, "r3": blocked}, ErrBlocked, []error{ErrPeerBusy, ErrPeer}},
+		{"one blocked", map[string]error{"r3": blocked}, ErrBlocked, []error{ErrPeerBusy, ErrPeer}},
+		{"busy and rebuilding", map[string]error{"r1": busy, "r2": rebuild}, ErrPeer, []error{ErrPeerBusy, ErrRebuilding, ErrBlocked}},
+		{"blocked and unreachable", map[string]error{"r3": blocked, "r4": peer}, ErrPeer, []error{ErrPeerBusy, ErrRebuilding, ErrBlocked}},
+		{"another error", map[string]error{"r5": other}, ErrPeer, []error{ErrPeerBusy, ErrRebuilding, ErrBlocked}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := auditFailure(c.failed, []string{"r0", "r6"})
+			if !errors.Is(err, c.want) {
+				t.Errorf("auditFailure = %v, want it to match %v", err, c.want)
+			}
+			for _, n := range c.not {
+				if errors.Is(err, n) {
+					t.Errorf("auditFailure = %v matches %v too", err, n)
+				}
+			}
+			msg := err.Error()
+			last := -1
+			for _, r := range []string{"r1", "r2", "r3", "r4", "r5", "r9"} {
+				f, ok := c.failed[r]
+				if !ok {
+					continue
+				}
+				i := strings.Index(msg, r+": "+f.Error())
+				if i < 0 || i < last {
+					t.Errorf("auditFailure = %q, want %q's failure named after the ones before it", msg, r)
+				}
+				last = i
+			}
+			if !strings.HasSuffix(msg, `it ran at ["r0" "r6"]`) {
+				t.Errorf("auditFailure = %q, want it to end with where the audit ran", msg)
+			}
+		})
+	}
+}
