@@ -50,18 +50,10 @@ func (s *Share) List(ctx context.Context, st certify.Status, limit int, after, a
 	if err != nil {
 		return nil, "", err
 	}
-	mine := map[string][]int{} // the partitions of each owner
-	for p, o := range owners {
-		mine[o.Replica] = append(mine[o.Replica], p)
-	}
-	for _, ps := range mine {
-		slices.Sort(ps)
-	}
+	mine := partitionsOf(owners)
 	got, failed := askOwners(owners, func(o ceshare.Owner) (listPage, error) {
 		pg, err := s.listAt(ctx, o, mine[o.Replica], st, limit, after, authorization)
-		pg.ces = slices.DeleteFunc(pg.ces, func(ce *ledger.CE) bool {
-			return owners[ceshare.Partition(ce.ID, s.partitions)].Replica != o.Replica
-		})
+		pg.ces = ownedBy(pg.ces, o.Replica, owners, s.partitions)
 		return pg, err
 	})
 	if err := firstFailure(failed); err != nil {
@@ -69,6 +61,27 @@ func (s *Share) List(ctx context.Context, st certify.Status, limit int, after, a
 	}
 	next, cursor := mergePages(slices.Collect(maps.Values(got)), limit)
 	return next, cursor, nil
+}
+
+// partitionsOf is, by replica id, the partitions owners gives each replica, in order.
+func partitionsOf(owners map[int]ceshare.Owner) map[string][]int {
+	mine := map[string][]int{}
+	for p, o := range owners {
+		mine[o.Replica] = append(mine[o.Replica], p)
+	}
+	for _, ps := range mine {
+		slices.Sort(ps)
+	}
+	return mine
+}
+
+// ownedBy keeps, of the CEs replica answered with, those whose partition (of partitions) owners
+// gives to it: a ledger may still hold CEs of a partition it is handing over, which its new owner
+// answers for.
+func ownedBy(ces []*ledger.CE, replica string, owners map[int]ceshare.Owner, partitions int) []*ledger.CE {
+	return slices.DeleteFunc(ces, func(ce *ledger.CE) bool {
+		return owners[ceshare.Partition(ce.ID, partitions)].Replica != replica
+	})
 }
 
 // mergePages merges owners' pages (each in id order) into the first limit CEs in id order, and

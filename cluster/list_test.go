@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -49,5 +52,43 @@ func TestMergePages(t *testing.T) {
 				t.Errorf("mergePages = %v, next %q; want %v, next %q", ids, next, c.want, c.next)
 			}
 		})
+	}
+}
+
+// A list asks each owner for the partitions the group gives it, in order, and keeps of its answer
+// only the CEs of those partitions: a CE of a partition another replica owns (one still being
+// handed over) or no replica owns (a rebalance) is that owner's to answer, or nobody's.
+func TestListKeepsWhatEachOwnerOwns(t *testing.T) {
+	const partitions = 16
+	owners := map[int]ceshare.Owner{} // 15: none
+	wantParts := map[string][]int{}
+	for p := range partitions - 1 {
+		r := []string{"r1", "r1", "r2"}[p%3]
+		owners[p] = ceshare.Owner{Replica: r}
+		wantParts[r] = append(wantParts[r], p)
+	}
+	if got := partitionsOf(owners); !reflect.DeepEqual(got, wantParts) {
+		t.Errorf("partitionsOf = %v, want %v", got, wantParts)
+	}
+	var all []*ledger.CE
+	want := map[string][]string{}
+	for i := range 200 {
+		id := fmt.Sprintf("ce-%03d", i)
+		all = append(all, &ledger.CE{ID: id})
+		if o, ok := owners[ceshare.Partition(id, partitions)]; ok {
+			want[o.Replica] = append(want[o.Replica], id)
+		}
+	}
+	if len(want["r1"]) == 0 || len(want["r2"]) == 0 || len(want["r1"])+len(want["r2"]) == len(all) {
+		t.Fatalf("the ids do not fall in every kind of partition: %v", want)
+	}
+	for _, r := range []string{"r1", "r2", "r3"} {
+		var got []string
+		for _, ce := range ownedBy(slices.Clone(all), r, owners, partitions) {
+			got = append(got, ce.ID)
+		}
+		if !slices.Equal(got, want[r]) {
+			t.Errorf("ownedBy(%s) = %v, want %v", r, got, want[r])
+		}
 	}
 }
