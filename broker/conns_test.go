@@ -317,11 +317,34 @@ func TestRequestsBehindAHeldOneWait(t *testing.T) {
 	bad := binary.BigEndian.AppendUint32(nil, 64)
 	bad = binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(bad, uint16(kmsg.Produce)), 99)
 	bad = append(bad, make([]byte, 60)...)
+	sent := time.Now()
 	if _, err := c.Write(append(fetch(1<<20, 10_000, 1, 0), bad...)); err != nil {
 		t.Fatal(err)
 	}
 	closedByPeer(t, c, "a connection whose held request got no answer in IdleTimeout + maxHold")
+	if waited := time.Since(sent); waited < 500*time.Millisecond {
+		t.Errorf("closed %v after the held request, before IdleTimeout + maxHold (500ms)", waited)
+	}
 	if s := b.Connections(); s.Invalid != 0 || s.Idle != 1 {
 		t.Errorf("%+v, want the connection closed idle (1) with the request behind the held one never read (0 invalid)", s)
+	}
+}
+
+// TestNegativeSizePrefixIsOversized: a size prefix of 2^31 or more is a negative int32; it is
+// refused as oversized before a buffer is sized from it (a negative capacity would panic).
+func TestNegativeSizePrefixIsOversized(t *testing.T) {
+	for _, prefix := range [][]byte{{0xff, 0xff, 0xff, 0xff}, {0x80, 0, 0, 0}} {
+		srv, cli := net.Pipe()
+		l := &connLimits{max: 1, idle: time.Minute, request: 10 * time.Second, hold: maxHold, log: slog.New(slog.DiscardHandler),
+			budget: semaphore.NewWeighted(MaxBufferedBytes)}
+		l.open.Store(1)
+		c := newLimitedConn(srv, l)
+		go func() { _, _ = cli.Write(prefix) }()
+		_, err := c.Read(make([]byte, 16))
+		if !errors.Is(err, errOversized) || l.oversized.Load() != 1 {
+			t.Errorf("size prefix %x: %v, %d oversized; want errOversized, counted", prefix, err, l.oversized.Load())
+		}
+		c.Close()
+		cli.Close()
 	}
 }

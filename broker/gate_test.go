@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -307,6 +308,110 @@ func TestGateLetsFranzGoProduceLargeRequests(t *testing.T) {
 	for p, hw := range b.HighWatermarks("wide") {
 		if hw != 1 {
 			t.Fatalf("partition %d holds %d records, want 1", p, hw)
+		}
+	}
+}
+
+// TestGateUnit pins gate's rules one by one on frames built in memory (no broker): each
+// request breaks one rule and is refused with the kind of error that counts it, or is within
+// the rule and passes with the verdict its kind gets.
+func TestGateUnit(t *testing.T) {
+	hdr := func(key, version int16, body ...byte) []byte {
+		h := binary.BigEndian.AppendUint16(nil, uint16(key))
+		h = binary.BigEndian.AppendUint16(h, uint16(version))
+		return append(h, body...)
+	}
+	// A flexible Metadata (v9) header whose one tagged field claims 100 bytes, with none there.
+	tagPastEnd := hdr(int16(kmsg.Metadata), 9, 0, 0, 0, 1, 0xff, 0xff, 1, 0, 100)
+	// A CreateTopics leaving its partition count to an assignment of MaxPartitions + 1
+	// partitions.
+	assigned := kmsg.NewPtrCreateTopicsRequest()
+	topic := kmsg.NewCreateTopicsRequestTopic()
+	topic.Topic, topic.NumPartitions, topic.ReplicationFactor = "assigned", -1, -1
+	for p := range int32(MaxPartitions + 1) {
+		a := kmsg.NewCreateTopicsRequestTopicReplicaAssignment()
+		a.Partition, a.Replicas = p, []int32{0}
+		topic.ReplicaAssignment = append(topic.ReplicaAssignment, a)
+	}
+	assigned.Topics = append(assigned.Topics, topic)
+	// A CreatePartitions whose first count is negative, to hide the second's excess in the sum.
+	negative := kmsg.NewPtrCreatePartitionsRequest()
+	for i, n := range []int32{math.MinInt32, MaxPartitions + 1} {
+		cp := kmsg.NewCreatePartitionsRequestTopic()
+		cp.Topic, cp.Count = fmt.Sprintf("t%d", i), n
+		negative.Topics = append(negative.Topics, cp)
+	}
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		want  error
+	}{
+		{"8 bytes", framed(hdr(int16(kmsg.Metadata), 4, 0, 0, 0, 1)), errInvalidRequest},
+		{"9 bytes", framed(hdr(int16(kmsg.Metadata), 4, 0, 0, 0, 1, 0)), errInvalidRequest},
+		{"a negative version", framed(hdr(int16(kmsg.Metadata), -1, 0, 0, 0, 1, 0xff, 0xff)), errInvalidRequest},
+		{"a header tag past the end", framed(tagPastEnd), errInvalidRequest},
+		{"a CreateTopics by replica assignment", request(assigned, 4), errInvalidRequest},
+		{"a CreatePartitions with a negative count", request(negative, 1), errInvalidRequest},
+		{"a metadata request of 2 MiB", framed(append(hdr(int16(kmsg.Metadata), 4, 0, 0, 0, 1, 0xff, 0xff), make([]byte, 2<<20)...)), errOversized},
+	} {
+		if _, err := gate(tc.frame); !errors.Is(err, tc.want) {
+			t.Errorf("%s: gate = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+
+	// A produce with acks=0 gets no answer, one with acks=1 does; a one-byte client id is
+	// skipped whole.
+	for _, acks := range []int16{0, 1} {
+		r := kmsg.NewPtrProduceRequest()
+		r.SetVersion(7)
+		r.Acks, r.TimeoutMillis = acks, 1000
+		v, err := gate(kmsg.NewRequestFormatter(kmsg.FormatterClientID("x")).AppendRequest(nil, r, 3))
+		if err != nil || v.answered != (acks != 0) {
+			t.Errorf("a produce with acks=%d: answered %v, err %v", acks, v.answered, err)
+		}
+	}
+
+	// A fetch asking for more is rewritten to ask for the bounds, field by field.
+	v, err := gate(fetch(1<<30, 60_000, 1, 0, 1))
+	if err != nil || !v.clamped {
+		t.Fatalf("clamped %v, err %v", v.clamped, err)
+	}
+	h, _, err := readHeader(v.frame[4:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int(binary.BigEndian.Uint32(v.frame)); got != len(v.frame)-4 {
+		t.Errorf("size prefix %d, frame body %d bytes", got, len(v.frame)-4)
+	}
+	r := kmsg.NewPtrFetchRequest()
+	r.SetVersion(4)
+	if err := r.ReadFrom(v.frame[4+h.len:]); err != nil {
+		t.Fatal(err)
+	}
+	if r.MaxWaitMillis != MaxFetchWait || r.MaxBytes != MaxFetchBytes {
+		t.Errorf("max wait %d ms, max bytes %d; want %d, %d", r.MaxWaitMillis, r.MaxBytes, MaxFetchWait, MaxFetchBytes)
+	}
+	for _, p := range r.Topics[0].Partitions {
+		if p.PartitionMaxBytes != MaxFetchBytes {
+			t.Errorf("partition %d: max bytes %d, want %d", p.Partition, p.PartitionMaxBytes, MaxFetchBytes)
+		}
+	}
+	if v, err := gate(fetch(MaxFetchBytes, MaxFetchWait, 1, 0)); err != nil || v.clamped {
+		t.Errorf("a fetch within the bounds: clamped %v, err %v", v.clamped, err)
+	}
+}
+
+// TestCheckSize: each kind's bound is inclusive, and each kind has its own.
+func TestCheckSize(t *testing.T) {
+	for _, tc := range []struct {
+		key   kmsg.Key
+		limit int64
+	}{{kmsg.Produce, MaxRequestBytes}, {kmsg.Fetch, MaxFetchRequestBytes}, {kmsg.Metadata, MaxOtherRequestBytes}, {kmsg.JoinGroup, MaxOtherRequestBytes}} {
+		if err := checkSize(tc.key, tc.limit); err != nil {
+			t.Errorf("%v of %d bytes: %v", tc.key, tc.limit, err)
+		}
+		if err := checkSize(tc.key, tc.limit+1); !errors.Is(err, errOversized) {
+			t.Errorf("%v of %d bytes: %v, want errOversized", tc.key, tc.limit+1, err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -275,6 +276,52 @@ func TestImportErrors(t *testing.T) {
 		{"layers unknown", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1", "fc9"} }, "Layers", `"fc9" is not a layer of the file`},
 		{"layers partial", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1"} }, "Layers", "lists 1 of the file's 2 layers"},
 		{"layers do not chain", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc2", "fc1"} }, "", `layer "fc1" (5 -> 4) follows layer "fc2" (4 -> 2) but takes 5 inputs, not 2`},
+		// The rules below are pinned one by one (mutation testing found them unpinned).
+		{"one class", func(_ map[string]tensor, o *Options) { o.Classes = []string{"yes"} }, "Classes", "1 class names, want one per output logit (at least 2)"},
+		{"empty class", func(_ map[string]tensor, o *Options) { o.Classes = []string{"", "b"} }, "Classes", "non-empty"},
+		{"prior sigma NaN", func(_ map[string]tensor, o *Options) { o.PriorSigma = math.NaN() }, "PriorSigma", "prior sigma NaN"},
+		{"prior sigma Inf", func(_ map[string]tensor, o *Options) { o.PriorSigma = math.Inf(1) }, "PriorSigma", "prior sigma +Inf"},
+		{"scaler lengths", func(_ map[string]tensor, o *Options) {
+			o.Scaler = &bnn.Scaler{Mean: make([]float64, 5), Std: []float64{1, 1, 1, 1}}
+		}, "Scaler", "scaler has 5 means and 4 standard deviations"},
+		{"scaler mean NaN", func(_ map[string]tensor, o *Options) {
+			o.Scaler = &bnn.Scaler{Mean: []float64{0, math.NaN(), 0, 0, 0}, Std: []float64{1, 1, 1, 1, 1}}
+		}, "Scaler", "scaler feature 1 has mean NaN"},
+		{"scaler mean Inf", func(_ map[string]tensor, o *Options) {
+			o.Scaler = &bnn.Scaler{Mean: []float64{0, 0, math.Inf(-1), 0, 0}, Std: []float64{1, 1, 1, 1, 1}}
+		}, "Scaler", "scaler feature 2 has mean -Inf"},
+		{"scaler std Inf", func(_ map[string]tensor, o *Options) {
+			o.Scaler = &bnn.Scaler{Mean: make([]float64, 5), Std: []float64{1, 1, 1, math.Inf(1), 1}}
+		}, "Scaler", "scaler feature 3 has mean 0 and standard deviation +Inf"},
+		{"weight zero dimension", func(sd map[string]tensor, _ *Options) { sd["fc1.weight_mu"] = tensor{"F32", []int{0, 5}, nil} }, "", `"fc1.weight_mu" has shape [0 5], want (out, in)`},
+		{"weight eps shape", func(sd map[string]tensor, _ *Options) {
+			sd["fc1.weight_eps"] = tensor{"F32", []int{5, 4}, make([]float64, 20)}
+		}, "", `"fc1.weight_eps" has shape [5 4], want [4 5]`},
+		{"no bias_log_sigma", func(sd map[string]tensor, _ *Options) { delete(sd, "fc2.bias_log_sigma") }, "", `layer "fc2" has no tensor "fc2.bias_log_sigma" (a BayesLinear with bias=False`},
+		{"nn.Linear bias", func(sd map[string]tensor, _ *Options) {
+			sd["fc3.bias"] = tensor{"F32", []int{2}, make([]float64, 2)}
+		}, "", `tensor "fc3.bias" is not a torchbnn BayesLinear tensor (a deterministic nn.Linear`},
+		{"no tensors", func(sd map[string]tensor, _ *Options) { clear(sd) }, "", "no tensors"},
+		{"empty prior", func(sd map[string]tensor, _ *Options) { sd["fc1.prior_sigma"] = tensor{"F32", []int{0}, nil} }, "", `"fc1.prior_sigma" has shape [0], want a scalar`},
+		{"negative prior mean", func(sd map[string]tensor, _ *Options) { sd["fc1.prior_mu"] = tensor{"F32", []int{}, []float64{-0.5}} }, "", `"fc1.prior_mu" = -0.5`},
+		// 0.10005 is 5e-4 away from 0.1: far beyond float32 rounding.
+		{"prior sigma near", func(sd map[string]tensor, _ *Options) {
+			sd["fc2.prior_sigma"] = tensor{"F64", []int{}, []float64{0.10005}}
+		}, "PriorSigma", `"fc2.prior_sigma" says the prior sigma is 0.10005`},
+		{"layers twice", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1", "fc1"} }, "Layers", `"fc1" is not a layer of the file, or is listed twice`},
+		// Ten 4 x 4 layers, none with 2 outputs, any input size: 10! orders to try, none complete. The
+		// search gives up at maxSearch and says so, rather than blaming the classes.
+		{"search bound", func(sd map[string]tensor, o *Options) {
+			clear(sd)
+			o.Scaler = nil // any input size
+			for k := range 10 {
+				p := fmt.Sprintf("h%d.", k)
+				sd[p+"weight_mu"] = tensor{"F32", []int{4, 4}, make([]float64, 16)}
+				sd[p+"weight_log_sigma"] = tensor{"F32", []int{4, 4}, make([]float64, 16)}
+				sd[p+"bias_mu"] = tensor{"F32", []int{4}, make([]float64, 4)}
+				sd[p+"bias_log_sigma"] = tensor{"F32", []int{4}, make([]float64, 4)}
+			}
+		}, "Layers", "too many candidate orders"},
 		{"no chain", func(sd map[string]tensor, _ *Options) {
 			sd["fc2.weight_mu"] = tensor{"F32", []int{2, 3}, make([]float64, 6)}
 			sd["fc2.weight_log_sigma"] = tensor{"F32", []int{2, 3}, make([]float64, 6)}
@@ -374,5 +421,51 @@ func TestImportActivation(t *testing.T) {
 		if !same || !differs {
 			t.Fatalf("%v: predictive equal to the source's: %v, differs from ReLU's: %v", act, same, differs)
 		}
+	}
+}
+
+// TestImportOrderEndsAtTheClasses: without a scaler, the last layer's output size (the number
+// of classes) is what picks the order: 3 -> 4 -> 3 and 4 -> 3 -> 4 both chain, only the first
+// ends in 3 logits.
+func TestImportOrderEndsAtTheClasses(t *testing.T) {
+	m := bnn.New(3, []int{4}, []string{"a", "b", "c"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	got, err := Import(encode(t, stateDict(m, []string{"fc1", "fc2"}, "F64")), Options{Classes: m.Classes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Layers[0].Name != "fc1" || got.Layers[1].Name != "fc2" {
+		t.Fatalf("order %s, %s", got.Layers[0].Name, got.Layers[1].Name)
+	}
+}
+
+// TestImportNotSequential: prefixes that are not nn.Sequential indices under one parent (two
+// parents; a negative "index") are ordered by their shapes, not by their trailing numbers.
+func TestImportNotSequential(t *testing.T) {
+	m := testModel(4) // 5 -> 4 -> 2
+	for _, prefixes := range [][]string{{"a.1", "b.0"}, {"0", "-1"}} {
+		// prefixes[0] is the first layer; its trailing number sorts after prefixes[1]'s.
+		got, err := Import(encode(t, stateDict(m, prefixes, "F64")), opts(m))
+		if err != nil {
+			t.Fatalf("%v: %v", prefixes, err)
+		}
+		if got.Layers[0].Name != prefixes[0] {
+			t.Errorf("%v: order %s, %s", prefixes, got.Layers[0].Name, got.Layers[1].Name)
+		}
+	}
+}
+
+// TestImportCopiesOptions: the model does not share the caller's slices; changing the options
+// after Import leaves it as imported.
+func TestImportCopiesOptions(t *testing.T) {
+	m := testModel(4)
+	o := Options{Classes: []string{"no", "yes"}, Scaler: &bnn.Scaler{Mean: append([]float64(nil), m.Scaler.Mean...),
+		Std: append([]float64(nil), m.Scaler.Std...)}, Features: []string{"a", "b", "c", "d", "e"}}
+	got, err := Import(encode(t, stateDict(m, []string{"0", "2"}, "F64")), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Classes[0], o.Scaler.Mean[0], o.Scaler.Std[0], o.Features[0] = "changed", 99, 99, "changed"
+	if got.Classes[0] != "no" || got.Scaler.Mean[0] != m.Scaler.Mean[0] || got.Scaler.Std[0] != m.Scaler.Std[0] || got.Features[0] != "a" {
+		t.Fatalf("the model shares the options' slices: %v %v %v", got.Classes, got.Scaler, got.Features)
 	}
 }

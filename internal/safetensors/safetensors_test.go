@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -63,5 +64,103 @@ func TestRoundTripAndRejections(t *testing.T) {
 		if _, _, err := Decode(b); err == nil || !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: got %v, want ErrCorrupt", name, err)
 		}
+	}
+}
+
+// TestDecodeRejectsMalformedInput pins each validation of untrusted bytes on its own: every file
+// here breaks exactly one rule, and Decode must refuse it with ErrCorrupt (never panic, never
+// accept).
+func TestDecodeRejectsMalformedInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		// 4 to 7 bytes: too short for the length prefix itself.
+		{"7 bytes", make([]byte, 7)},
+		// A header length below maxHeader but past the end of the file: 100 bytes promised, none there.
+		{"header past end", binary.LittleEndian.AppendUint64(nil, 100)},
+		// Metadata must map strings to strings.
+		{"metadata not strings", handMade(`{"__metadata__":{"format":5}}`, nil)},
+		// An unsupported dtype with an empty range: no byte count can give it away.
+		{"dtype, empty range", handMade(`{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,0]},"b":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`, make([]byte, 8))},
+		// A range starting before the data section (it would read the header).
+		{"negative offset", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[-8,0]},"b":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`, make([]byte, 8))},
+		// A negative dimension beside a zero one: zero elements, zero bytes, still no shape.
+		{"negative and zero dimension", handMade(`{"a":{"dtype":"F64","shape":[-1,0],"data_offsets":[0,0]}}`, nil)},
+		// b lies inside a: the ranges reach the section's end with no gap, but overlap.
+		{"overlap covering the section", handMade(`{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},"b":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}}`, make([]byte, 16))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := Decode(tc.b); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("got %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// TestDecodeRejectsHeaderOverMaxHeader: a header longer than maxHeader is refused from its
+// length alone, even when the file holds it whole and it parses.
+func TestDecodeRejectsHeaderOverMaxHeader(t *testing.T) {
+	header := append([]byte(`{}`), bytes.Repeat([]byte{' '}, maxHeader-1)...)
+	if _, _, err := Decode(handMade(string(header), nil)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a %d-byte header: got %v, want ErrCorrupt", len(header), err)
+	}
+}
+
+// TestDecodeAcceptsEmptyTensors: what the format allows at its edges decodes. A file of no
+// tensor (a header and no data section), and zero-element tensors, whose empty ranges may share
+// an offset with a non-empty tensor (the order of such ranges must not depend on the header's
+// map order, hence the repetitions).
+func TestDecodeAcceptsEmptyTensors(t *testing.T) {
+	enc, err := Encode(map[string]Tensor{}, map[string]string{"format": "pt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts, meta, err := Decode(enc); err != nil || len(ts) != 0 || meta["format"] != "pt" {
+		t.Fatalf("no tensors: %v %v %v", ts, meta, err)
+	}
+	b := handMade(`{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},`+
+		`"e0":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},`+
+		`"e1":{"dtype":"F64","shape":[0],"data_offsets":[16,16]},`+
+		`"e2":{"dtype":"F64","shape":[3,0],"data_offsets":[16,16]}}`, make([]byte, 16))
+	for range 64 {
+		ts, _, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ts) != 4 || len(ts["a"].Data) != 2 || len(ts["e0"].Data) != 0 || len(ts["e2"].Data) != 0 {
+			t.Fatalf("decoded %v", ts)
+		}
+	}
+}
+
+// TestEncodeFormat pins what Encode writes beyond a round trip: metadata, a header padded to a
+// multiple of 8 bytes, bytes that do not depend on map order (tensors in name order), and no
+// negative dimension.
+func TestEncodeFormat(t *testing.T) {
+	tensors := map[string]Tensor{}
+	for i, name := range []string{"e", "dd", "c", "bbbb", "a", "fffff", "g"} {
+		tensors[name] = Tensor{Shape: []int{i + 1}, Data: make([]float64, i+1)}
+		tensors[name].Data[0] = float64(i)
+	}
+	enc, err := Encode(tensors, map[string]string{"format": "pt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := binary.LittleEndian.Uint64(enc); n%8 != 0 {
+		t.Errorf("header of %d bytes, want a multiple of 8", n)
+	}
+	ts, meta, err := Decode(enc)
+	if err != nil || meta["format"] != "pt" || ts["g"].Data[0] != 6 {
+		t.Fatalf("round trip: %v %v %v", ts, meta, err)
+	}
+	for range 16 {
+		again, err := Encode(tensors, map[string]string{"format": "pt"})
+		if err != nil || !bytes.Equal(again, enc) {
+			t.Fatalf("encodings differ: %v", err)
+		}
+	}
+	if _, err := Encode(map[string]Tensor{"x": {Shape: []int{-1, -1}, Data: []float64{1}}}, nil); err == nil {
+		t.Error("negative dimensions accepted")
 	}
 }
