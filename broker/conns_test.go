@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -346,5 +347,76 @@ func TestNegativeSizePrefixIsOversized(t *testing.T) {
 		}
 		c.Close()
 		cli.Close()
+	}
+}
+
+// unansweredProduce is a produce request (acks=0: the broker writes no answer) of about n bytes,
+// framed as on the wire.
+func unansweredProduce(n int) []byte {
+	r := kmsg.NewPtrProduceRequest()
+	r.Acks, r.TimeoutMillis = 0, 1000
+	p := kmsg.NewProduceRequestTopicPartition()
+	p.Records = make([]byte, n)
+	tp := kmsg.NewProduceRequestTopic()
+	tp.Topic, tp.Partitions = "t", []kmsg.ProduceRequestTopicPartition{p}
+	r.Topics = []kmsg.ProduceRequestTopic{tp}
+	return request(r, 7)
+}
+
+// limitsForBudget are a connection's limits with a shared budget of budget bytes and
+// RequestTimeout request.
+func limitsForBudget(budget int64, request time.Duration) *connLimits {
+	l := &connLimits{max: 1, idle: time.Minute, request: request, hold: maxHold, log: slog.New(slog.DiscardHandler),
+		budget: semaphore.NewWeighted(budget)}
+	l.open.Store(1)
+	return l
+}
+
+// TestNextRequestGivesBackTheLastOnesBudget: the budget a request held is given back when the
+// connection reads its next one (kfake has parsed the last by then), so that requests one after
+// another on one connection never wait for room their own predecessor holds.
+func TestNextRequestGivesBackTheLastOnesBudget(t *testing.T) {
+	frame := unansweredProduce(3 * readChunk)
+	rest := int64(len(frame) - 4 - readChunk)         // what a request holds past its first chunk
+	l := limitsForBudget(rest+rest/2, 10*time.Second) // room for one request's rest, not two
+	srv, cli := net.Pipe()
+	defer cli.Close()
+	c := newLimitedConn(srv, l)
+	defer c.Close()
+	go func() { _, _ = cli.Write(append(slices.Clone(frame), frame...)) }()
+	for i := range 2 {
+		buf := make([]byte, len(frame))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if got := l.buffered.Load(); got != rest {
+			t.Errorf("request %d read: %d bytes of budget held, want its own %d", i+1, got, rest)
+		}
+	}
+	if s := l.partialClosed.Load(); s != 0 {
+		t.Errorf("%d requests closed partial, want none", s)
+	}
+}
+
+// TestRequestThatFindsNoRoomIsPartial: a request whose rest does not fit the budget within its
+// RequestTimeout closes its connection, counted as partial (a request cut short), and holds
+// nothing.
+func TestRequestThatFindsNoRoomIsPartial(t *testing.T) {
+	frame := unansweredProduce(3 * readChunk)
+	l := limitsForBudget(readChunk, 100*time.Millisecond) // less than the rest
+	srv, cli := net.Pipe()
+	defer cli.Close()
+	c := newLimitedConn(srv, l)
+	defer c.Close()
+	go func() { _, _ = cli.Write(frame) }()
+	_, err := c.Read(make([]byte, len(frame)))
+	if err == nil {
+		t.Fatal("a request larger than the budget was read")
+	}
+	if s := l.partialClosed.Load(); s != 1 {
+		t.Errorf("%d requests closed partial, want 1 (%v)", s, err)
+	}
+	if got := l.buffered.Load(); got != 0 {
+		t.Errorf("%d bytes of budget held after the refusal, want 0", got)
 	}
 }
