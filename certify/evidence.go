@@ -38,6 +38,13 @@ func (e Evidence) Interval(alpha float64) (lo, hi float64) {
 	return max(0, e.P-m), min(1, e.P+m)
 }
 
+// MinRenewableSamples is the fewest Monte-Carlo draws with which a measurement can meet the
+// renewal rule (Renewable) at delta and alpha at all: the empirical Bernstein margin is at least
+// 7 ln(2/alpha) / (3 (S - 1)), which must stay below delta.
+func MinRenewableSamples(delta, alpha float64) int {
+	return int(math.Floor(1+7*math.Log(2/alpha)/(3*delta))) + 1
+}
+
 // Renewable reports whether e shows, at confidence 1 - alpha, that the CE is in its
 // <delta, eps>-set under the posterior e was measured under:
 //

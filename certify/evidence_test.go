@@ -341,3 +341,19 @@ func TestEvidenceVarianceAndInterval(t *testing.T) {
 		t.Errorf("Interval of 10 draws of variance 1/4 around 1/2 = [%v, %v], want [0, 1]", lo, hi)
 	}
 }
+
+// MinRenewableSamples is the fewest draws whose estimate can be Renewable at all: with n of them
+// a measurement of p = 1 and Var = 0 is renewable, with n - 1 none is.
+func TestMinRenewableSamples(t *testing.T) {
+	for _, delta := range []float64{0.01, 0.05, 0.1, 0.3} {
+		for _, alpha := range []float64{1e-6, 0.001, 0.01, 0.05, 0.2} {
+			n := MinRenewableSamples(delta, alpha)
+			if !Renewable(Evidence{P: 1, Var: 0, Samples: n}, delta, 0.01, alpha) {
+				t.Errorf("delta %v, alpha %v: %d draws of p = 1 are not renewable (margin %v)", delta, alpha, n, BernsteinMargin(0, n, alpha))
+			}
+			if Renewable(Evidence{P: 1, Var: 0, Samples: n - 1}, delta, 0.01, alpha) {
+				t.Errorf("delta %v, alpha %v: %d draws of p = 1 are renewable, fewer than MinRenewableSamples %d", delta, alpha, n-1, n)
+			}
+		}
+	}
+}

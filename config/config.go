@@ -231,13 +231,6 @@ func (u Update) Step(prev *bnn.Model, n int, seed uint64) (*bnn.Model, update.Co
 	return prev, c
 }
 
-// MinCertifySamples is the fewest Monte-Carlo draws with which a measurement can meet the
-// renewal rule (certify.Renewable) at all: the empirical Bernstein margin is at least
-// 7 ln(2/alpha) / (3 (S - 1)), which must stay below delta.
-func MinCertifySamples(delta, alpha float64) int {
-	return int(math.Floor(1+7*math.Log(2/alpha)/(3*delta))) + 1
-}
-
 // UnknownRecords is the number of records a posterior that does not record it (a model file, or
 // a ledger or posterior log written before posteriors carried it) is taken to stand for when
 // update.memory_records is 0. With a memory it is taken to stand for memory_records records,

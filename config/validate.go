@@ -207,7 +207,7 @@ func (c *Config) validate(lines map[string]int) error {
 	}
 	if !(c.Certify.VerdictAlpha > 0 && c.Certify.VerdictAlpha < 0.5) {
 		bad("certify.verdict_alpha", c.Certify.VerdictAlpha, "must be in (0, 0.5)")
-	} else if least := MinCertifySamples(c.Certify.Delta, c.Certify.VerdictAlpha); c.Certify.Samples >= 2 && c.Certify.Samples < least && c.Certify.Delta > 0 {
+	} else if least := certify.MinRenewableSamples(c.Certify.Delta, c.Certify.VerdictAlpha); c.Certify.Samples >= 2 && c.Certify.Samples < least && c.Certify.Delta > 0 {
 		bad("certify.samples", c.Certify.Samples, fmt.Sprintf("must be >= %d for certify.delta %v and certify.verdict_alpha %v: "+
 			"with fewer draws the confidence margin of a measurement, at least 7 ln(2/verdict_alpha) / (3 (samples - 1)), exceeds delta, "+
 			"so no counterfactual could be registered as certified or renewed", least, c.Certify.Delta, c.Certify.VerdictAlpha))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/explain"
 )
@@ -169,8 +170,8 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
-		cfg := explain.DefaultConfig(method)
-		cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.Seed, cfg.TargetAlpha = e.maxIter, e.delta, e.epsilon, m.Version, e.targetAlpha
+		cfg := generatorConfig(method, e.maxIter, e.delta, e.epsilon, e.targetAlpha)
+		cfg.Seed = m.Version
 		var vae *explain.VAE
 		if method == explain.MethodPSCE {
 			// generate waited for ready, after which vae is not written again. Ready without a
@@ -181,6 +182,23 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 		e.gen, e.genFor = explain.NewGenerator(m, vae, cfg), m.Version
 	}
 	return e.gen
+}
+
+// generatorConfig is the configuration of the daemon's generators: explain's defaults, the
+// daemon's iteration cap, and its <delta, epsilon>-set with the renewal rule's confidence
+// (targetAlpha, certify.verdict_alpha), so that PSCE looks for CEs the daemon registers as
+// certified. Its confirmation ensemble has at least the draws whose margin at p = 1 is half of
+// delta (certify.MinRenewableSamples(delta/2, targetAlpha): 496 at the defaults, so explain's 500
+// stand), and its final ensemble twice that: with fewer, a small delta could never be confirmed
+// and every search would run to the cap.
+func generatorConfig(method explain.Method, maxIter int, delta, epsilon, targetAlpha float64) explain.Config {
+	cfg := explain.DefaultConfig(method)
+	cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.TargetAlpha = maxIter, delta, epsilon, targetAlpha
+	if targetAlpha > 0 && delta > 0 {
+		cfg.CheckSamples = max(cfg.CheckSamples, certify.MinRenewableSamples(delta/2, targetAlpha))
+		cfg.FinalSamples = max(cfg.FinalSamples, 2*cfg.CheckSamples)
+	}
+	return cfg
 }
 
 // vaeDataFits reports why the rows of set cannot train the VAE of the model m, nil when they

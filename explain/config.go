@@ -143,7 +143,9 @@ type Config struct {
 	// by (certify.Renewable): the lower empirical-Bernstein bound of p at confidence
 	// 1 - TargetAlpha, from the ensemble's own draws, must reach 1 - delta, and Var <= epsilon.
 	// A CE found that way is admitted at registration by the same rule and can be renewed under
-	// the posterior it was measured under. 0: the point estimates (the paper's rule) [0].
+	// the posterior it was measured under. 0: the point estimates (the paper's rule) [0]. A
+	// TargetAlpha under which an ensemble that decides has too few draws to reach the set at all
+	// is refused (ErrConfig): see certify.MinRenewableSamples.
 	TargetAlpha float64
 	// WithoutVAE runs PSCE without its plausibility terms (the ELBO and the latent distance),
 	// for a model no VAE can be trained for; NewGenerator then ignores its vae argument. Without
@@ -157,6 +159,10 @@ type Config struct {
 func DefaultConfig(method Method) Config {
 	return Config{Method: method}.withDefaults()
 }
+
+// Validate reports why NewGenerator would refuse c, its defaults applied (the reasons of
+// ErrConfig that concern the configuration alone), nil when it would not.
+func (c Config) Validate() error { return c.withDefaults().validate() }
 
 func (c Config) withDefaults() Config {
 	c.Method = cmp.Or(c.Method, DefaultMethod)
@@ -217,6 +223,42 @@ func (c Config) validate() error {
 		return fmt.Errorf("delta_max %v, want finite and >= 0", c.DeltaMax)
 	case c.Stop != StopConfirmed && c.Stop != StopEstimate:
 		return fmt.Errorf("stop %q, want %q or %q", c.Stop, StopConfirmed, StopEstimate)
+	case !(c.TargetAlpha >= 0 && c.TargetAlpha < 1):
+		return fmt.Errorf("target_alpha %v, want in [0, 1)", c.TargetAlpha)
+	}
+	if err := c.targetReachable(); err != nil {
+		return err
 	}
 	return c.Weights.validate()
+}
+
+// targetReachable refuses a TargetAlpha under which an ensemble that decides could never show
+// a CE in the <delta, epsilon>-set: its estimate's empirical Bernstein margin, at least
+// 7 ln(2/TargetAlpha) / (3 (n - 1)) for n draws, passes Delta even at p = 1 and Var = 0. The
+// final ensemble decides Result.InSet; for PSCE the confirmation ensemble (StopConfirmed), or
+// the iteration's minibatch of Samples (StopEstimate), decides when the search stops.
+func (c Config) targetReachable() error {
+	if c.TargetAlpha == 0 {
+		return nil
+	}
+	least := certify.MinRenewableSamples(c.Delta, c.TargetAlpha)
+	type ensemble struct {
+		key string
+		n   int
+	}
+	decide := []ensemble{{"final_samples", c.FinalSamples}}
+	switch {
+	case c.Method != MethodPSCE:
+	case c.Stop == StopConfirmed:
+		decide = append(decide, ensemble{"check_samples", c.CheckSamples})
+	default:
+		decide = append(decide, ensemble{"samples", c.Samples})
+	}
+	for _, d := range decide {
+		if d.n < least {
+			return fmt.Errorf("%s %d: with target_alpha %v no estimate of %d draws can show p >= 1 - delta (%v), its confidence margin alone being %.3f; want >= %d draws",
+				d.key, d.n, c.TargetAlpha, d.n, 1-c.Delta, certify.BernsteinMargin(0, d.n, c.TargetAlpha), least)
+		}
+	}
+	return nil
 }

@@ -171,6 +171,18 @@ func TestConfigValidateBoundaries(t *testing.T) {
 		{"delta_max -0.5", Config{DeltaMax: -0.5}, "delta_max -0.5"},
 		{"delta_max inf", Config{DeltaMax: inf}, "delta_max +Inf"},
 		{"stop", Config{Stop: "never"}, `stop "never"`},
+		{"target_alpha -0.1", Config{TargetAlpha: -0.1}, "target_alpha -0.1"},
+		{"target_alpha 1", Config{TargetAlpha: 1}, "target_alpha 1"},
+		// At delta 0.05 and target_alpha 0.01 an estimate needs 249 draws to reach the set.
+		{"target_alpha with the default ensembles", Config{TargetAlpha: 0.01}, ""},
+		{"target_alpha, stopping on the 32 draws' estimate", Config{TargetAlpha: 0.01, Stop: StopEstimate}, "samples 32: with target_alpha 0.01"},
+		{"target_alpha, stopping on 248 draws' estimate", Config{TargetAlpha: 0.01, Stop: StopEstimate, Samples: 248, PoolSize: 248}, "want >= 249 draws"},
+		{"target_alpha, stopping on 249 draws' estimate", Config{TargetAlpha: 0.01, Stop: StopEstimate, Samples: 249, PoolSize: 249}, ""},
+		{"target_alpha, confirming with 248 draws", Config{TargetAlpha: 0.01, CheckSamples: 248}, "check_samples 248"},
+		{"target_alpha, confirmed stop ignores the minibatch", Config{TargetAlpha: 0.01, Samples: 2, PoolSize: 2}, ""},
+		{"target_alpha, a final estimate of 248 draws", Config{TargetAlpha: 0.01, FinalSamples: 248}, "final_samples 248"},
+		{"target_alpha, Schut stops by its confidence", Config{Method: MethodSchut, TargetAlpha: 0.01, Stop: StopEstimate}, ""},
+		{"target_alpha, Schut's final estimate of 248 draws", Config{Method: MethodSchut, TargetAlpha: 0.01, FinalSamples: 248}, "final_samples 248"},
 		{"weight inf", Config{Weights: &Weights{Class: inf}}, "weight class = +Inf"},
 		{"weight prox_l1", Config{Weights: &Weights{ProxL1: -1}}, "weight prox_l1 = -1"},
 		{"weight robust", Config{Weights: &Weights{Robust: -1}}, "weight robust = -1"},
@@ -345,9 +357,9 @@ func TestStopEstimateMoments(t *testing.T) {
 		// mean 0.97; unbiased variance 4 (0.03^2) / 3 = 0.0012 > 0.001 >= 0.0009, the 1/S one.
 		{"unbiased variance above epsilon", Config{Epsilon: 0.001}, 0, []float64{1, 0.94, 1, 0.94}, false},
 		{"variance below epsilon", Config{Epsilon: 0.0013}, 0, []float64{1, 0.94, 1, 0.94}, true},
-		// Var 0, p 0.99 from S = 32 draws, TargetAlpha 0.05: lower 0.99 - 7 ln 40 / 93 = 0.712 < 0.8;
-		// from 64 draws (S x C) it would be 0.853.
-		{"bernstein over S draws", Config{Delta: 0.2, TargetAlpha: 0.05}, 0, repeat(0.99, 32), false},
+		// Var 0, p 0.97 from S = 32 draws, TargetAlpha 0.05: lower 0.97 - 7 ln 40 / 93 = 0.692 < 0.7;
+		// from 64 draws (S x C) it would be 0.833. (32 draws can reach the set: p = 1 gives 0.722.)
+		{"bernstein over S draws", Config{Delta: 0.3, TargetAlpha: 0.05}, 0, repeat(0.97, 32), false},
 		// The minibatch is in the set, the final ensemble says class 0: the iterate is handed
 		// back, invalid, with the reason.
 		{"invalid under the final ensemble", Config{}, 0.3, []float64{0.97, 0.97, 0.97, 0.97}, true},
@@ -362,8 +374,8 @@ func TestStopEstimateMoments(t *testing.T) {
 			}
 			g := twoClassGenerator(t, final, cfg)
 			if tc.cfg.TargetAlpha > 0 {
-				lo := bernsteinLower(0.99, 0, len(tc.p1), tc.cfg.TargetAlpha)
-				if (lo >= 1-tc.cfg.Delta) != tc.stop || bernsteinLower(0.99, 0, 2*len(tc.p1), tc.cfg.TargetAlpha) < 0.8 {
+				lo := bernsteinLower(tc.p1[0], 0, len(tc.p1), tc.cfg.TargetAlpha)
+				if (lo >= 1-tc.cfg.Delta) != tc.stop || bernsteinLower(tc.p1[0], 0, 2*len(tc.p1), tc.cfg.TargetAlpha) < 1-tc.cfg.Delta {
 					t.Fatalf("lower bound %v: fix the table", lo)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 )
 
@@ -61,7 +62,7 @@ func TestImportCEsLoadsEveryGoodLine(t *testing.T) {
 	// configuration accepts, since no check here reads a measurement.
 	def := config.Default().Certify
 	proc.EditConfig(t, cfg, "certify:\n  samples: 400\n", fmt.Sprintf("certify:\n  samples: %d\n  uncertified: store\n",
-		config.MinCertifySamples(def.Delta, def.VerdictAlpha)))
+		certify.MinRenewableSamples(def.Delta, def.VerdictAlpha)))
 	c := proc.StartChild(t, cfg, proc.AnyPort)
 	c.WaitUp(t)
 

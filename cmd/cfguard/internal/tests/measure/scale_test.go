@@ -144,7 +144,7 @@ type scaleSample struct {
 // build's is ~11 min, which its audit at fewer draws and the ratios at 10^5 extrapolate).
 func scaleSamples(n int) []scaleSample {
 	def := config.Default().Certify
-	fewest := config.MinCertifySamples(def.Delta, def.VerdictAlpha)
+	fewest := certify.MinRenewableSamples(def.Delta, def.VerdictAlpha)
 	switch {
 	case n < 100_000:
 		return []scaleSample{{1000, true, 2, ""}}
