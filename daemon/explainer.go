@@ -36,6 +36,7 @@ type explainer struct {
 	epsilon float64
 	// targetAlpha is certify.verdict_alpha: PSCE searches for CEs that the renewal rule admits.
 	targetAlpha float64
+	samples     int // certify.samples: the draws a registration measures with
 	log         *slog.Logger
 	posterior   func() *bnn.Model
 
@@ -58,11 +59,12 @@ type explainerConfig struct {
 	concurrency       int
 	delta, epsilon    float64
 	targetAlpha       float64
+	samples           int
 }
 
 func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
 	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
-		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, log: log, posterior: posterior,
+		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, samples: c.samples, log: log, posterior: posterior,
 		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{}), stopped: make(chan struct{})}
 }
 
@@ -170,7 +172,7 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
-		cfg := generatorConfig(method, e.maxIter, e.delta, e.epsilon, e.targetAlpha)
+		cfg := generatorConfig(method, e.maxIter, e.delta, e.epsilon, e.targetAlpha, e.samples)
 		cfg.Seed = m.Version
 		var vae *explain.VAE
 		if method == explain.MethodPSCE {
@@ -187,16 +189,17 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 // generatorConfig is the configuration of the daemon's generators: explain's defaults, the
 // daemon's iteration cap, and its <delta, epsilon>-set with the renewal rule's confidence
 // (targetAlpha, certify.verdict_alpha), so that PSCE looks for CEs the daemon registers as
-// certified. Its confirmation ensemble has at least the draws whose margin at p = 1 is half of
-// delta (certify.MinRenewableSamples(delta/2, targetAlpha): 496 at the defaults, so explain's 500
-// stand), and its final ensemble twice that: with fewer, a small delta could never be confirmed
-// and every search would run to the cap.
-func generatorConfig(method explain.Method, maxIter int, delta, epsilon, targetAlpha float64) explain.Config {
+// certified. The registration measures a CE with samples draws (certify.samples), so the final
+// ensemble has at least as many; the confirmation ensemble has at least the draws whose margin
+// at p = 1 is half of delta (certify.MinRenewableSamples(delta/2, targetAlpha)), but no more than
+// the final one: explain's 500 and 1000 at the defaults. With explain's 500 a small delta (under
+// 0.025 at alpha 0.01) could never be confirmed, and every search would run to the cap.
+func generatorConfig(method explain.Method, maxIter int, delta, epsilon, targetAlpha float64, samples int) explain.Config {
 	cfg := explain.DefaultConfig(method)
 	cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.TargetAlpha = maxIter, delta, epsilon, targetAlpha
+	cfg.FinalSamples = max(cfg.FinalSamples, samples)
 	if targetAlpha > 0 && delta > 0 {
-		cfg.CheckSamples = max(cfg.CheckSamples, certify.MinRenewableSamples(delta/2, targetAlpha))
-		cfg.FinalSamples = max(cfg.FinalSamples, 2*cfg.CheckSamples)
+		cfg.CheckSamples = max(cfg.CheckSamples, min(certify.MinRenewableSamples(delta/2, targetAlpha), cfg.FinalSamples))
 	}
 	return cfg
 }

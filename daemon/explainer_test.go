@@ -158,26 +158,34 @@ func TestBaselinesDoNotWaitForTheVAE(t *testing.T) {
 	}
 }
 
-// The daemon's generators are valid for every certify.delta and certify.verdict_alpha the
-// configuration accepts: their confirmation and final ensembles are large enough to show a CE in
-// the renewal rule's set (explain's 500 draws alone could never confirm a delta under 0.025 at
-// the default alpha), and at the defaults they are explain's own 500 and 1000 draws.
+// The daemon's generators are valid for every certify.delta, certify.verdict_alpha and
+// certify.samples the configuration accepts: their confirmation ensemble is large enough to show
+// a CE in the renewal rule's set (explain's 500 draws alone could never confirm a delta under
+// 0.025 at the default alpha), their final one has at least the registration's draws and no
+// fewer than the confirmation's, and at the defaults they are explain's own 500 and 1000 draws.
 func TestGeneratorConfigCanConfirmEveryDelta(t *testing.T) {
 	def := config.Default().Certify
-	if cfg := generatorConfig(explain.MethodPSCE, 0, def.Delta, def.Epsilon, def.VerdictAlpha); cfg.CheckSamples != explain.DefaultCheckSamples ||
+	if cfg := generatorConfig(explain.MethodPSCE, 0, def.Delta, def.Epsilon, def.VerdictAlpha, def.Samples); cfg.CheckSamples != explain.DefaultCheckSamples ||
 		cfg.FinalSamples != explain.DefaultFinalSamples {
 		t.Errorf("at the defaults: %d and %d draws, want explain's %d and %d", cfg.CheckSamples, cfg.FinalSamples,
 			explain.DefaultCheckSamples, explain.DefaultFinalSamples)
 	}
 	for _, delta := range []float64{0.001, 0.01, 0.02, 0.049, 0.05, 0.1, 0.3, 0.499} {
 		for _, alpha := range []float64{1e-6, 0.001, 0.01, 0.1, 0.499} {
-			for _, method := range explain.Methods {
-				cfg := generatorConfig(method, 0, delta, def.Epsilon, alpha)
-				if err := cfg.Validate(); err != nil {
-					t.Errorf("%s at delta %v, verdict_alpha %v: %v", method, delta, alpha, err)
+			least := certify.MinRenewableSamples(delta, alpha)
+			for _, samples := range []int{max(2, least), 1000, 4 * least} {
+				if samples < least {
+					continue // refused by the configuration
 				}
-				if m := certify.BernsteinMargin(0, cfg.CheckSamples, alpha); m > delta/2 {
-					t.Errorf("%s at delta %v, verdict_alpha %v: the confirmation's margin at p = 1 is %.4f, over half of delta", method, delta, alpha, m)
+				for _, method := range explain.Methods {
+					cfg := generatorConfig(method, 0, delta, def.Epsilon, alpha, samples)
+					if err := cfg.Validate(); err != nil {
+						t.Errorf("%s at delta %v, verdict_alpha %v, %d samples: %v", method, delta, alpha, samples, err)
+					}
+					if cfg.FinalSamples < samples || cfg.CheckSamples > cfg.FinalSamples {
+						t.Errorf("%s at delta %v, verdict_alpha %v, %d samples: %d draws confirm, %d measure the result", method, delta, alpha,
+							samples, cfg.CheckSamples, cfg.FinalSamples)
+					}
 				}
 			}
 		}

@@ -245,6 +245,53 @@ func TestExplainStoresACertifiedCounterfactual(t *testing.T) {
 	daemontest.SameVAE(t, vae, daemontest.SharedVAEDir(t))
 }
 
+// TestExplainCertifiesUnderASmallDelta: at certify.delta 0.02 (with the default verdict_alpha a
+// confirmation of explain's 500 draws could never show p >= 0.98: its margin alone is 0.025, and
+// every search ran to its iteration cap) PSCE's searches reach the set, and the daemon stores
+// what they find as certified unless its registration's own draws put the bound of p1 below
+// 0.98 (422 "generated but not stored", the search's result confirmed and in the set). Of the
+// first four rows it explains, at least one is stored certified (certify.samples 1000: 400, these
+// tests' usual, could admit none at this delta).
+func TestExplainCertifiesUnderASmallDelta(t *testing.T) {
+	if testing.Short() {
+		t.Skip("PSCE with the VAE")
+	}
+	r := launch.Daemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) { c.Certify.Delta, c.Certify.Samples = 0.02, 1000 }))
+	data := daemontest.Bundled(t)
+	p, _ := r.D.Posterior().Predict(data.X[:80], 200, 1)
+	certified, tried := 0, 0
+	for i := 0; i < 80 && tried < 4; i++ {
+		if p.Argmax(i) != 0 || p.P(i, 0) <= 0.9 {
+			continue
+		}
+		tried++
+		id := fmt.Sprintf("strict-%d", i)
+		code, body := r.Do(t, "POST", "/v1/explain", "", map[string]any{"id": id, "x": data.X[i], "target": "benign"})
+		var resp struct {
+			Counterfactual ledger.CE `json:"counterfactual"`
+			Result         struct {
+				InSet     bool `json:"in_set"`
+				Confirmed bool `json:"confirmed"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatalf("explain %s: %d %.300s", id, code, body)
+		}
+		switch ce := resp.Counterfactual; {
+		case code == http.StatusCreated && ce.Status == certify.Certified && ce.Certificate().Admits(r.Config.Certify.VerdictAlpha):
+			certified++
+			t.Logf("%s certified: p1 %.4f, var1 %.5f from %d draws", id, ce.P1, ce.Var1, ce.Samples)
+		case code == http.StatusUnprocessableEntity && strings.Contains(string(body), "generated but not stored") && resp.Result.InSet && resp.Result.Confirmed:
+			t.Logf("%s: the search reached the set, the registration's draws did not: %.200s", id, body)
+		default:
+			t.Errorf("explain %s at delta 0.02: %d %.600s", id, code, body)
+		}
+	}
+	if tried < 4 || certified == 0 {
+		t.Errorf("%d of %d explanations stored certified at delta 0.02, want at least one of 4", certified, tried)
+	}
+}
+
 // Under certify.uncertified: store a registration is certified by the rule that admits it under
 // refuse and renews certificates (the lower confidence bound of p1 at least 1 - delta), not by
 // its point estimate: a CE with p1 >= 1 - delta whose bound falls short is stored uncertified.
