@@ -342,7 +342,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 	d.registrar = newRegistrar(runtime.GOMAXPROCS(0), d.measureRegistrations, d.storeRegistrations)
 	d.exp = newExplainer(explainerConfig{stateDir: cfg.StateDir, dataset: cfg.Model.Dataset, seed: cfg.Model.Seed,
 		maxIterations: cfg.Explain.MaxIterations, concurrency: cfg.Explain.Concurrency, delta: cfg.Certify.Delta,
-		epsilon: cfg.Certify.Epsilon, targetAlpha: cfg.Certify.VerdictAlpha, samples: cfg.Certify.Samples}, d.current, log.With("component", "explain"))
+		epsilon: cfg.Certify.Epsilon, targetAlpha: cfg.Certify.VerdictAlpha, pool: d.pools.get}, d.current, log.With("component", "explain"))
 	return d, nil
 }
 

@@ -36,9 +36,11 @@ type explainer struct {
 	epsilon float64
 	// targetAlpha is certify.verdict_alpha: PSCE searches for CEs that the renewal rule admits.
 	targetAlpha float64
-	samples     int // certify.samples: the draws a registration measures with
-	log         *slog.Logger
-	posterior   func() *bnn.Model
+	// pool returns the pool a registration under a posterior is measured with: PSCE's final
+	// estimate is that pool's, so that what the search stops on is what the registration finds.
+	pool      func(*bnn.Model) (*bnn.Pool, error)
+	log       *slog.Logger
+	posterior func() *bnn.Model
 
 	slots    *slots        // explain.concurrency
 	want     chan struct{} // closed (once) by the first explanation request
@@ -59,12 +61,12 @@ type explainerConfig struct {
 	concurrency       int
 	delta, epsilon    float64
 	targetAlpha       float64
-	samples           int
+	pool              func(*bnn.Model) (*bnn.Pool, error)
 }
 
 func newExplainer(c explainerConfig, posterior func() *bnn.Model, log *slog.Logger) *explainer {
 	return &explainer{dir: filepath.Join(c.stateDir, "vae"), dataset: c.dataset, seed: c.seed, maxIter: c.maxIterations,
-		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, samples: c.samples, log: log, posterior: posterior,
+		delta: c.delta, epsilon: c.epsilon, targetAlpha: c.targetAlpha, pool: c.pool, log: log, posterior: posterior,
 		slots: newSlots(c.concurrency), want: make(chan struct{}), ready: make(chan struct{}), stopped: make(chan struct{})}
 }
 
@@ -149,7 +151,7 @@ func (e *explainer) acquire() (release func(), err error) {
 // it, so they run at once on a daemon whose VAE is not trained yet.
 func (e *explainer) generate(ctx context.Context, m *bnn.Model, x []float64, target int, method explain.Method) (*explain.Result, error) {
 	if method != explain.MethodPSCE {
-		return e.generator(m, method).Generate(ctx, x, target)
+		return e.generateWith(ctx, m, x, target, method)
 	}
 	e.wantOnce.Do(func() { close(e.want) })
 	select {
@@ -163,17 +165,31 @@ func (e *explainer) generate(ctx context.Context, m *bnn.Model, x []float64, tar
 			return nil, fmt.Errorf("explain: %w", errStopping)
 		}
 	}
-	return e.generator(m, method).Generate(ctx, x, target)
+	return e.generateWith(ctx, m, x, target, method)
+}
+
+// generateWith runs the generation with the Generator for (m's version, method).
+func (e *explainer) generateWith(ctx context.Context, m *bnn.Model, x []float64, target int, method explain.Method) (*explain.Result, error) {
+	g, err := e.generator(m, method)
+	if err != nil {
+		return nil, err
+	}
+	return g.Generate(ctx, x, target)
 }
 
 // generator returns the Generator for (m's version, method), rebuilt when either changes (a
-// Generator samples its posterior once).
-func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Generator {
+// Generator samples its posterior once), its final ensemble the pool registrations under m are
+// measured with.
+func (e *explainer) generator(m *bnn.Model, method explain.Method) (*explain.Generator, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.gen == nil || e.gen.Config().Method != method || e.genFor != m.Version {
-		cfg := generatorConfig(method, e.maxIter, e.delta, e.epsilon, e.targetAlpha, e.samples)
-		cfg.Seed = m.Version
+		pool, err := e.pool(m)
+		if err != nil {
+			return nil, fmt.Errorf("explain: drawing posterior version %d's networks: %w", m.Version, err)
+		}
+		cfg := generatorConfig(method, e.maxIter, e.delta, e.epsilon, e.targetAlpha, pool.Samples())
+		cfg.Seed, cfg.FinalPool, cfg.Precision = m.Version, pool, pool.Precision()
 		var vae *explain.VAE
 		if method == explain.MethodPSCE {
 			// generate waited for ready, after which vae is not written again. Ready without a
@@ -183,24 +199,24 @@ func (e *explainer) generator(m *bnn.Model, method explain.Method) *explain.Gene
 		}
 		e.gen, e.genFor = explain.NewGenerator(m, vae, cfg), m.Version
 	}
-	return e.gen
+	return e.gen, nil
 }
 
 // generatorConfig is the configuration of the daemon's generators: explain's defaults, the
 // daemon's iteration cap, and its <delta, epsilon>-set with the renewal rule's confidence
 // (targetAlpha, certify.verdict_alpha), so that PSCE looks for CEs the daemon registers as
-// certified. The registration measures a CE with samples draws (certify.samples), so the final
-// ensemble has at least as many; the confirmation ensemble has at least the draws whose margin
-// at p = 1 is half of delta (certify.MinRenewableSamples(delta/2, targetAlpha)), but no more than
-// the final one: explain's 500 and 1000 at the defaults. With explain's 500 a small delta (under
-// 0.025 at alpha 0.01) could never be confirmed, and every search would run to the cap.
+// certified. The final estimate has the registration's samples draws (certify.samples; the
+// generator takes the registration's pool itself); the confirmation ensemble has explain's
+// 500, or the draws whose margin at p = 1 is half of delta (certify.MinRenewableSamples(delta/2,
+// targetAlpha)) when more, but no more than the final estimate. With 500 alone a small delta
+// (under 0.025 at alpha 0.01) could never be confirmed, and every search would run to the cap.
 func generatorConfig(method explain.Method, maxIter int, delta, epsilon, targetAlpha float64, samples int) explain.Config {
 	cfg := explain.DefaultConfig(method)
-	cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.TargetAlpha = maxIter, delta, epsilon, targetAlpha
-	cfg.FinalSamples = max(cfg.FinalSamples, samples)
+	cfg.MaxIter, cfg.Delta, cfg.Epsilon, cfg.TargetAlpha, cfg.FinalSamples = maxIter, delta, epsilon, targetAlpha, samples
 	if targetAlpha > 0 && delta > 0 {
-		cfg.CheckSamples = max(cfg.CheckSamples, min(certify.MinRenewableSamples(delta/2, targetAlpha), cfg.FinalSamples))
+		cfg.CheckSamples = max(cfg.CheckSamples, certify.MinRenewableSamples(delta/2, targetAlpha))
 	}
+	cfg.CheckSamples = min(cfg.CheckSamples, samples)
 	return cfg
 }
 

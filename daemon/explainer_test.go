@@ -78,7 +78,7 @@ func TestNoVAEFromDataOfOtherFeatures(t *testing.T) {
 	c.Features = slices.Clone(m.Features)
 	c.Features[3] = "f3"
 	logs := &tooltest.Output{}
-	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", concurrency: 1}, func() *bnn.Model { return &c },
+	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", concurrency: 1, pool: drawPool}, func() *bnn.Model { return &c },
 		slog.New(slog.NewTextHandler(logs, nil)))
 	if err := e.loadOrTrain(context.Background()); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestBaselinesDoNotWaitForTheVAE(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", maxIterations: 50, concurrency: 1,
-		delta: 0.05, epsilon: 0.01}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
+		delta: 0.05, epsilon: 0.01, pool: drawPool}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- e.run(ctx) }()
@@ -158,11 +158,15 @@ func TestBaselinesDoNotWaitForTheVAE(t *testing.T) {
 	}
 }
 
+// drawPool draws a pool of 1000 networks of m, as the daemon measures registrations with at
+// the defaults.
+func drawPool(m *bnn.Model) (*bnn.Pool, error) { return bnn.NewPool(m, 1000, 1, bnn.Float64) }
+
 // The daemon's generators are valid for every certify.delta, certify.verdict_alpha and
 // certify.samples the configuration accepts: their confirmation ensemble is large enough to show
 // a CE in the renewal rule's set (explain's 500 draws alone could never confirm a delta under
-// 0.025 at the default alpha), their final one has at least the registration's draws and no
-// fewer than the confirmation's, and at the defaults they are explain's own 500 and 1000 draws.
+// 0.025 at the default alpha), their final estimate has the registration's draws, no fewer than
+// the confirmation's, and at the defaults they are explain's own 500 and 1000 draws.
 func TestGeneratorConfigCanConfirmEveryDelta(t *testing.T) {
 	def := config.Default().Certify
 	if cfg := generatorConfig(explain.MethodPSCE, 0, def.Delta, def.Epsilon, def.VerdictAlpha, def.Samples); cfg.CheckSamples != explain.DefaultCheckSamples ||
@@ -182,7 +186,7 @@ func TestGeneratorConfigCanConfirmEveryDelta(t *testing.T) {
 					if err := cfg.Validate(); err != nil {
 						t.Errorf("%s at delta %v, verdict_alpha %v, %d samples: %v", method, delta, alpha, samples, err)
 					}
-					if cfg.FinalSamples < samples || cfg.CheckSamples > cfg.FinalSamples {
+					if cfg.FinalSamples != samples || cfg.CheckSamples > cfg.FinalSamples {
 						t.Errorf("%s at delta %v, verdict_alpha %v, %d samples: %d draws confirm, %d measure the result", method, delta, alpha,
 							samples, cfg.CheckSamples, cfg.FinalSamples)
 					}

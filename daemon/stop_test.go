@@ -86,7 +86,7 @@ func TestExplanationWaitingForTheVAEEndsAtTheStop(t *testing.T) {
 	}
 	d := config.Default()
 	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: d.Model.Dataset, seed: d.Model.Seed, maxIterations: 10,
-		concurrency: 1, delta: 0.05, epsilon: 0.01}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
+		concurrency: 1, delta: 0.05, epsilon: 0.01, pool: drawPool}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { e.run(ctx); close(ran) }()

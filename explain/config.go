@@ -153,6 +153,12 @@ type Config struct {
 	WithoutVAE bool
 	// Seed makes Generate deterministic: same model, VAE, config, x and target give the same result.
 	Seed uint64
+	// FinalPool, when set, is the final ensemble: networks the caller drew from the generator's
+	// model (its Version), shared rather than drawn per Generator. FinalSamples is then its
+	// Samples, and the final estimate is in its precision. A caller that admits a counterfactual
+	// by its own estimate on a pool passes that pool, so that a search stops only where the
+	// caller's estimate will agree; NewGenerator refuses a pool of another version.
+	FinalPool *bnn.Pool
 }
 
 // DefaultConfig returns the defaults for method.
@@ -172,6 +178,9 @@ func (c Config) withDefaults() Config {
 	c.PoolSize = cmp.Or(c.PoolSize, DefaultPoolSize)
 	c.CheckSamples = cmp.Or(c.CheckSamples, DefaultCheckSamples)
 	c.FinalSamples = cmp.Or(c.FinalSamples, DefaultFinalSamples)
+	if c.FinalPool != nil {
+		c.FinalSamples = c.FinalPool.Samples()
+	}
 	c.Delta = cmp.Or(c.Delta, DefaultDelta)
 	c.Epsilon = cmp.Or(c.Epsilon, DefaultEpsilon)
 	c.MoveSize = cmp.Or(c.MoveSize, DefaultMoveSize)

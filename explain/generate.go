@@ -114,6 +114,9 @@ func NewGenerator(model *bnn.Model, vae *VAE, cfg Config) *Generator {
 	if g.err == nil {
 		if err := cfg.validate(); err != nil {
 			g.err = fmt.Errorf("%w: %v", ErrConfig, err)
+		} else if cfg.FinalPool != nil && cfg.FinalPool.Version() != model.Version {
+			g.err = fmt.Errorf("%w: the final pool was drawn from posterior version %d, the model is version %d", ErrConfig,
+				cfg.FinalPool.Version(), model.Version)
 		}
 	}
 	if g.err == nil && cfg.Method == MethodPSCE {
@@ -162,6 +165,10 @@ func (g *Generator) ensembles() error {
 			g.m.Sample(bnn.SampleSeed(seed, s), g.nets[s])
 		}
 		if g.checkPool, g.drawErr = bnn.NewPool(g.m, g.cfg.CheckSamples, seedFor(g.cfg.Seed, tagCheck), g.cfg.Precision); g.drawErr != nil {
+			return
+		}
+		if g.cfg.FinalPool != nil {
+			g.finalPool = g.cfg.FinalPool
 			return
 		}
 		g.finalPool, g.drawErr = bnn.NewPool(g.m, g.cfg.FinalSamples, seedFor(g.cfg.Seed, tagFinal), g.cfg.Precision)

@@ -115,6 +115,7 @@ func TestGeneratorConfigErrors(t *testing.T) {
 		{"precision", NewGenerator(m, v, Config{Precision: 7}), "precision Precision(7)"},
 		{"epsilon", NewGenerator(m, v, Config{Epsilon: 0.3}), "epsilon = 0.3"},
 		{"move size", NewGenerator(m, v, Config{MoveSize: -1}), "move_size -1"},
+		{"a final pool of another version", NewGenerator(m, v, Config{FinalPool: otherVersionPool(t, m)}), "drawn from posterior version 7, the model is version"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.g.Generate(context.Background(), set.X[0], 1)
@@ -137,6 +138,50 @@ func TestGeneratorConfigErrors(t *testing.T) {
 	// WithoutVAE ignores a VAE given beside it.
 	if res2, err := NewGenerator(m, v, Config{WithoutVAE: true}).Generate(context.Background(), set.X[0], 1); err != nil || !slices.Equal(res2.XCF, res.XCF) {
 		t.Errorf("psce WithoutVAE with a VAE: %v, x_cf %v; want %v, as without one", err, res2.XCF, res.XCF)
+	}
+}
+
+// otherVersionPool is a pool of 300 draws of m as posterior version 7 (m is not).
+func otherVersionPool(t *testing.T, m *bnn.Model) *bnn.Pool {
+	t.Helper()
+	o := m.Clone()
+	o.Version = 7
+	if m.Version == 7 {
+		t.Fatal("the fixture is version 7")
+	}
+	p, err := bnn.NewPool(o, 300, 9, bnn.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// With Config.FinalPool the final estimate is the caller's pool's: its draws, its seed, its
+// precision, and exactly the predictive the pool gives the counterfactual, so that a caller who
+// admits a counterfactual by that pool's estimate reaches the verdict the search stopped on.
+func TestGenerateWithTheCallersFinalPool(t *testing.T) {
+	m, v, set := blobFixture(t)
+	for _, prec := range []bnn.Precision{bnn.Float64, bnn.Float32} {
+		pool, err := bnn.NewPool(m, 300, 0xfeed, prec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := NewGenerator(m, v, Config{Seed: 1, FinalPool: pool})
+		if g.Config().FinalSamples != 300 {
+			t.Errorf("final samples %d, want the pool's 300", g.Config().FinalSamples)
+		}
+		r, err := g.Generate(context.Background(), set.X[0], 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := pool.Predict(context.Background(), [][]float64{r.XCF})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Samples != 300 || r.Seed != 0xfeed || r.Precision != prec || r.P1 != p.P(0, 1) || r.Var1 != p.V(0, 1) {
+			t.Errorf("%v: result from %d draws, seed %#x, %v, p1 %v, var1 %v; want the pool's 300, %#x, %v, %v, %v", prec,
+				r.Samples, r.Seed, r.Precision, r.P1, r.Var1, uint64(0xfeed), prec, p.P(0, 1), p.V(0, 1))
+		}
 	}
 }
 
