@@ -3,9 +3,12 @@ package atomicfile
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -221,5 +224,250 @@ func TestTemporaryFileBesideTheTarget(t *testing.T) {
 	}
 	if names := entries(t, dir); len(names) != 1 {
 		t.Fatalf("directory holds %v, want only model.json", names)
+	}
+}
+
+// openFiles counts the process's open file descriptors, or skips the test where /proc/self/fd
+// cannot be read.
+func openFiles(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("cannot count open files: %v", err)
+	}
+	return len(es)
+}
+
+// TestWriteFileClosesTheTemporary pins that WriteFile closes the temporary file on success (before
+// the rename) and on a failed write (in its cleanup, as in TestFailedWriteLeavesOldFile: file sizes
+// capped at 8 bytes, SIGXFSZ ignored): a daemon that saves state on every checkpoint must not leak
+// a descriptor per save.
+func TestWriteFileClosesTheTemporary(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	defer signal.Reset(syscall.SIGXFSZ)
+	path := filepath.Join(t.TempDir(), "f")
+	for _, tc := range []struct {
+		name    string
+		limit   uint64 // RLIMIT_FSIZE during the writes
+		wantErr bool
+	}{
+		{"success", lim.Cur, false},
+		{"failed write", 8, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			during := lim
+			during.Cur = tc.limit
+			// A first write lets the runtime open whatever it opens once (e.g. its poller).
+			if err := WriteFile(path, []byte("warm-up")); err != nil {
+				t.Fatal(err)
+			}
+			before := openFiles(t)
+			if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &during); err != nil {
+				t.Fatal(err)
+			}
+			var errs []error
+			for range 3 {
+				errs = append(errs, WriteFile(path, bytes.Repeat([]byte("x"), 1024)))
+			}
+			if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+				t.Fatal(err)
+			}
+			for _, err := range errs {
+				if (err != nil) != tc.wantErr {
+					t.Fatalf("WriteFile: %v, want an error: %v", err, tc.wantErr)
+				}
+			}
+			if after := openFiles(t); after != before {
+				t.Fatalf("%d open files after 3 writes, %d before", after, before)
+			}
+		})
+	}
+}
+
+// TestSyncDirWrapsTheOSError pins that SyncDir's error wraps the os error, so that a caller can
+// tell a missing directory (fs.ErrNotExist) from a failed fsync.
+func TestSyncDirWrapsTheOSError(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "missing")
+	if err := SyncDir(dir); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("SyncDir of a missing directory: %v, want fs.ErrNotExist naming %s", err, dir)
+	}
+}
+
+// umask returns the process's file mode creation mask, or skips the test where /proc/self/status
+// does not show it (read there rather than by syscall.Umask, which would have to change it).
+func umask(t *testing.T) fs.FileMode {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skipf("cannot read the umask: %v", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fs.FileMode(m)
+		}
+	}
+	t.Skip("no Umask line in /proc/self/status")
+	return 0
+}
+
+// TestMkdirAllMode pins the documented mode of the directories MkdirAll creates: 0o755, less
+// the umask, as os.MkdirAll gives.
+func TestMkdirAllMode(t *testing.T) {
+	want := 0o755 &^ umask(t)
+	root := t.TempDir()
+	if err := MkdirAll(filepath.Join(root, "a", "b")); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"a", "a/b"} {
+		fi, err := os.Stat(filepath.Join(root, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", d, fi.Mode().Perm(), want)
+		}
+	}
+}
+
+// nobodyEnv marks a test binary that asNobody started.
+const nobodyEnv = "CFGUARD_ATOMICFILE_AS_NOBODY"
+
+// nobody is the conventional unprivileged user and group id (nobody, nogroup).
+const nobody = 65534
+
+// asNobody runs t again, in a copy of this test binary, as user and group nobody, and fails t
+// with the child's output if the child fails. A test that needs permissions enforced runs for real
+// as root this way. The copy lives in a directory nobody can read; the child's TMPDIR is one
+// nobody owns. It skips t where the child cannot be started as nobody (no CAP_SETUID) and reports
+// the child's skip as its own.
+func asNobody(t *testing.T) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Skipf("cannot find the test binary: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "atomicfile-as-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	tmp := filepath.Join(dir, "tmp")
+	bin := filepath.Join(dir, "atomicfile.test")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(tmp, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), nobodyEnv+"=1", "TMPDIR="+tmp, "HOME="+tmp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case err != nil && !errors.As(err, &exit):
+		t.Skipf("cannot run the test as user nobody: %v", err)
+	case err != nil:
+		t.Fatalf("as user nobody: %v\n%s", err, out)
+	case bytes.Contains(out, []byte("--- SKIP")):
+		t.Skipf("skipped as user nobody too:\n%s", out)
+	case !bytes.Contains(out, []byte("--- PASS: "+t.Name())):
+		t.Fatalf("as user nobody, %s did not pass:\n%s", t.Name(), out)
+	}
+}
+
+// unreadable makes dir searchable and writable but not readable (0o300), so that creating and
+// renaming entries in it works but opening it, as a directory fsync must, fails. It skips the test
+// where permissions are not enforced (root), and restores the mode at cleanup so that the
+// directory can be removed.
+func unreadable(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.Chmod(dir, 0o300); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+	if d, err := os.Open(dir); err == nil {
+		d.Close()
+		t.Skip("permissions are not enforced (running as root?): cannot make a directory fsync fail")
+	}
+}
+
+// TestDirectoryFsyncFailuresAreReported pins which directories are fsynced and that a failed
+// fsync is reported. A directory without read permission cannot be opened, so its fsync fails:
+// WriteFile must fsync the target's directory after the rename; MkdirAll must fsync the parent of
+// dir (cleaned: a trailing slash does not make dir its own parent) even when dir exists, and the
+// parent of every directory it creates, but no directory above; WriteFiles must stop when MkdirAll
+// fails. Errors from MkdirAll name dir. Run as root, where permissions are not enforced, the test
+// runs itself again as an unprivileged user (see asNobody), and is skipped only where that fails.
+func TestDirectoryFsyncFailuresAreReported(t *testing.T) {
+	if os.Geteuid() == 0 && os.Getenv(nobodyEnv) == "" {
+		asNobody(t)
+		return
+	}
+	for _, tc := range []struct {
+		name string
+		// run gets a fresh directory root with an unreadable subdirectory root/locked holding an
+		// existing, readable directory root/locked/p.
+		run     func(root string) error
+		wantErr bool
+		names   string // the error must contain this (under root)
+	}{
+		{"WriteFile fsyncs the target's directory", func(root string) error {
+			return WriteFile(filepath.Join(root, "locked", "f"), []byte("new"))
+		}, true, "locked"},
+		{"MkdirAll fsyncs the parent of an existing dir", func(root string) error {
+			return MkdirAll(filepath.Join(root, "locked", "p"))
+		}, true, "locked/p"},
+		{"MkdirAll fsyncs the parent of dir given with a trailing slash", func(root string) error {
+			return MkdirAll(filepath.Join(root, "locked", "p") + "/")
+		}, true, "locked/p"},
+		{"MkdirAll fsyncs the parent of each created directory", func(root string) error {
+			return MkdirAll(filepath.Join(root, "locked", "new", "dir"))
+		}, true, "locked/new/dir"},
+		{"MkdirAll fsyncs nothing above the first created directory's parent", func(root string) error {
+			return MkdirAll(filepath.Join(root, "locked", "p", "new"))
+		}, false, ""},
+		{"WriteFiles stops when the directory cannot be made durable", func(root string) error {
+			return WriteFiles(filepath.Join(root, "locked", "new"), File{Name: "a", Data: []byte("1")})
+		}, true, "locked/new"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(root, "locked", "p"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			unreadable(t, filepath.Join(root, "locked"))
+			err := tc.run(root)
+			if !tc.wantErr {
+				if err != nil {
+					t.Fatalf("got %v, want no error", err)
+				}
+				return
+			}
+			if !errors.Is(err, fs.ErrPermission) || !strings.Contains(err.Error(), filepath.Join(root, tc.names)) {
+				t.Fatalf("got %v, want a permission error naming %s", err, filepath.Join(root, tc.names))
+			}
+			if _, err := os.Stat(filepath.Join(root, "locked", "new", "a")); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("a file was written into a directory that could not be made durable: %v", err)
+			}
+		})
 	}
 }

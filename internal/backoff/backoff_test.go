@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -29,4 +30,79 @@ func TestWaitHonoursContext(t *testing.T) {
 	if err := bo.Wait(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("wait on a cancelled context: %v", err)
 	}
+}
+
+// TestLongRunsStayAtMax pins the cap on the doubling: however many waits in a row (well past the
+// 64 a shift of Min could take before it overflows), every wait after the cap is reached lies in
+// [Max/2, Max]. The configurations are those of cfguard's retry loops.
+func TestLongRunsStayAtMax(t *testing.T) {
+	for _, bo := range []Backoff{
+		{Min: 10 * time.Millisecond, Max: 300 * time.Millisecond},
+		{Min: 100 * time.Millisecond, Max: 5 * time.Second},
+		{Min: time.Second, Max: 30 * time.Second},
+	} {
+		capped := false
+		for n := range 200 {
+			capped = capped || bo.Min<<n >= bo.Max
+			got := bo.Next()
+			if capped && (got < bo.Max/2 || got > bo.Max) {
+				t.Fatalf("Min %v Max %v: wait %d = %v, want in [%v, %v]", bo.Min, bo.Max, n, got, bo.Max/2, bo.Max)
+			}
+		}
+	}
+}
+
+// TestWaitsAreJittered pins the equal jitter: a wait is drawn from all of [d/2, d], both ends
+// included, not fixed at either. With d = 2ns the waits are 1ns or 2ns, each with probability
+// 1/2; the test fails on correct code only if 200 draws all agree, with probability 2^-199.
+func TestWaitsAreJittered(t *testing.T) {
+	bo := Backoff{Min: 2, Max: 2}
+	seen := map[time.Duration]bool{}
+	for range 200 {
+		d := bo.Next()
+		if d < 1 || d > 2 {
+			t.Fatalf("wait %v, want 1ns or 2ns", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("200 waits all %v, want both 1ns and 2ns", seen)
+	}
+}
+
+// TestWaitAdvances pins that Wait takes its wait from Next: a Wait, even one cut short by its
+// context, counts as a wait, so the wait after it is the second one, d_1 = 2*Min.
+func TestWaitAdvances(t *testing.T) {
+	bo := Backoff{Min: time.Hour, Max: 4 * time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := bo.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait on a cancelled context: %v", err)
+	}
+	if got := bo.Next(); got < time.Hour || got > 2*time.Hour {
+		t.Fatalf("the wait after a Wait is %v, want in [1h, 2h]", got)
+	}
+}
+
+// TestSleep pins Sleep on the synctest clock (no real time passes): it returns nil after exactly
+// d, and ctx.Err() as soon as ctx ends before d.
+func TestSleep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		if err := Sleep(t.Context(), 5*time.Second); err != nil {
+			t.Fatalf("Sleep: %v", err)
+		}
+		if took := time.Since(start); took != 5*time.Second {
+			t.Fatalf("Sleep(5s) took %v", took)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		start = time.Now()
+		if err := Sleep(ctx, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Sleep past the context's deadline: %v", err)
+		}
+		if took := time.Since(start); took != 2*time.Second {
+			t.Fatalf("Sleep cut short at 2s took %v", took)
+		}
+	})
 }

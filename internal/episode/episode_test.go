@@ -35,3 +35,20 @@ func TestEpisode(t *testing.T) {
 		t.Fatal("a failure after Clear did not begin a new episode")
 	}
 }
+
+// TestEachEpisodeCountsItsOwnAttempts pins that Clear resets the count: a later episode reports
+// only its own failed attempts, not those of the episodes before it.
+func TestEachEpisodeCountsItsOwnAttempts(t *testing.T) {
+	var e Episode
+	t0 := time.Unix(1_800_000_000, 0)
+	fail := errors.New("disk full")
+	for i, attempts := range []int{3, 1, 2} {
+		start := t0.Add(time.Duration(i) * time.Hour)
+		for a := range attempts {
+			e.Fail(fail, start.Add(time.Duration(a)*time.Second))
+		}
+		if took, n := e.Clear(start.Add(time.Minute)); took != time.Minute || n != attempts {
+			t.Fatalf("episode %d: Clear = %v, %d attempts, want 1m0s and %d", i, took, n, attempts)
+		}
+	}
+}

@@ -43,3 +43,28 @@ func TestCloneAndExp(t *testing.T) {
 		t.Fatalf("ExpInPlace = %v", e)
 	}
 }
+
+// TestTransposeRejectsAMismatchedShape pins that Transpose checks the length both ways, before
+// it touches the data: a slice shorter or longer than rows*cols panics with the package's own
+// message, not with an index error half-way or a silently truncated result.
+func TestTransposeRejectsAMismatchedShape(t *testing.T) {
+	const want = "vec.Transpose: length does not match the shape"
+	for _, tc := range []struct {
+		name       string
+		n          int
+		rows, cols int
+	}{
+		{"shorter", 5, 2, 3},
+		{"longer", 7, 2, 3},
+		{"empty shape", 1, 0, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if got := recover(); got != want {
+					t.Fatalf("Transpose of %d values as %d x %d: panic %v, want %q", tc.n, tc.rows, tc.cols, got, want)
+				}
+			}()
+			Transpose(make([]float64, tc.n), tc.rows, tc.cols)
+		})
+	}
+}
