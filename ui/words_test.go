@@ -62,6 +62,8 @@ func TestStatementNamesWhatEachFigureIs(t *testing.T) {
 			"p1 = 0.9983 was measured under posterior version 152; under version 153, after what the posterior moved since (KL = 0.1263), Theorem 1 keeps the probability only at 0.4957 or more, which no longer certifies it."},
 		{"lapsed far", ledger.CE{Status: certify.Certified, P1: 0.99, AnchorVersion: 1, PosteriorVersion: 3, Bound: -11, KLFromAnchor: 72},
 			"Theorem 1 no longer bounds the probability (its bound, -11, is not above 0), which no longer certifies it."},
+		{"lapsed to 0", ledger.CE{Status: certify.Certified, P1: 0.99, AnchorVersion: 1, PosteriorVersion: 3, Bound: 0, KLFromAnchor: 0.125},
+			"Theorem 1 no longer bounds the probability (its bound, 0, is not above 0), which no longer certifies it."},
 		{"at risk, decided", ledger.CE{Status: certify.AtRisk, Decided: true, ConfirmedVersion: &v, PosteriorVersion: 153},
 			"gets one again only when a measurement's lower confidence bound reaches 1 - delta plus one more Monte-Carlo margin"},
 	} {
@@ -111,5 +113,88 @@ func TestVerdictBoundSaysWhetherItCarries(t *testing.T) {
 				t.Errorf("the page does not say %q of the verdict bound:\n%s", tc.vbSay, page)
 			}
 		})
+	}
+}
+
+// TestClassIndexTakesANameOrAnIndex: a list's target is a class name or an index of a class the
+// model has (at least two when it names none), else no class.
+func TestClassIndexTakesANameOrAnIndex(t *testing.T) {
+	for _, tc := range []struct {
+		classes []string
+		s       string
+		want    int
+	}{
+		{[]string{"no", "yes"}, "yes", 1}, {[]string{"no", "yes"}, "1", 1}, {[]string{"no", "yes"}, "2", -1},
+		{[]string{"no", "yes"}, "-1", -1}, {[]string{"no", "yes"}, "maybe", -1},
+		{nil, "1", 1}, {nil, "2", -1}, {[]string{"a", "b", "c"}, "2", 2},
+	} {
+		if got := classIndex(tc.classes, tc.s); got != tc.want {
+			t.Errorf("classIndex(%q, %q) = %d, want %d", tc.classes, tc.s, got, tc.want)
+		}
+	}
+}
+
+// TestBoundsAndCeilingSayNothingUnknown: a list row calls a bound that is not above 0 none (with
+// the figure), and an uncertified CE's none; a CE page gives Theorem 2's ceiling as max(epsilon_max,
+// the CE's epsilon), and none while epsilon_max is not known.
+func TestBoundsAndCeilingSayNothingUnknown(t *testing.T) {
+	u := New(Config{}, nil)
+	for _, tc := range []struct {
+		ce   ledger.CE
+		want string
+	}{
+		{ledger.CE{Status: certify.Certified, Bound: 0.6}, "0.6"},
+		{ledger.CE{Status: certify.Certified, Bound: 0}, "none (0)"},
+		{ledger.CE{Status: certify.AtRisk, Bound: -0.5}, "none (-0.5)"},
+		{ledger.CE{Status: certify.Uncertified, Bound: 0.6}, "none"},
+	} {
+		if got := u.row(&tc.ce, nil).Bound; got != tc.want {
+			t.Errorf("%s with bound %v: the row says %q, want %q", tc.ce.Status, tc.ce.Bound, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		epsMax, eps float64
+		want        string
+	}{
+		{0, 0.02, ""}, {0.01, 0.02, "0.02"}, {0.03, 0.02, "0.03"},
+	} {
+		ce := ledger.CE{ID: "ce-1", Status: certify.Certified, Epsilon: tc.eps}
+		if got := u.cePage(&ce, &Snapshot{EpsilonMax: tc.epsMax}, "t").VarCeiling; got != tc.want {
+			t.Errorf("epsilon_max %v, epsilon %v: the ceiling %q, want %q", tc.epsMax, tc.eps, got, tc.want)
+		}
+	}
+}
+
+// TestSaysNamesAnUndecidedStatus: a replacement's link says an undecided at_risk or invalidated
+// status states nothing, as its page does, and a decided one what it states.
+func TestSaysNamesAnUndecidedStatus(t *testing.T) {
+	for _, tc := range []struct {
+		ce   ledger.CE
+		want string
+	}{
+		{ledger.CE{Status: certify.Certified, Decided: true}, "certified: it holds"},
+		{ledger.CE{Status: certify.Certified}, "certified, its certificate lapsed: no statement until it is measured again"},
+		{ledger.CE{Status: certify.AtRisk}, "at_risk, undecided: no statement"},
+		{ledger.CE{Status: certify.AtRisk, Decided: true}, "at risk: the target is still the most likely class, not certified"},
+		{ledger.CE{Status: certify.Invalidated}, "invalidated, undecided: no statement"},
+		{ledger.CE{Status: certify.Invalidated, Decided: true}, "invalidated: it does not hold"},
+		{ledger.CE{Status: certify.Uncertified}, "uncertified: never certified, no guarantee applies"},
+	} {
+		if got := says(&tc.ce); got != tc.want {
+			t.Errorf("%s decided %v: %q, want %q", tc.ce.Status, tc.ce.Decided, got, tc.want)
+		}
+	}
+}
+
+// TestFeatureRowsChangedFirst: a CE page lists the changed features first, then the rest, each
+// group in the model's order.
+func TestFeatureRowsChangedFirst(t *testing.T) {
+	ce := ledger.CE{ID: "ce-1", Status: certify.Certified, X: []float64{1, 2, 3, 4}, XCF: []float64{1, 5, 3, 6}}
+	var got []string
+	for _, r := range New(Config{}, nil).cePage(&ce, &Snapshot{Features: []string{"a", "b", "c", "d"}}, "t").Rows {
+		got = append(got, r.Name)
+	}
+	if want := []string{"b", "d", "a", "c"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("rows %q, want %q", got, want)
 	}
 }
