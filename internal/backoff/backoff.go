@@ -24,7 +24,9 @@ type Backoff struct {
 // Next returns the next wait.
 func (b *Backoff) Next() time.Duration {
 	d := b.Max
-	if b.n < 30 && b.Min<<b.n < b.Max {
+	// Min*2^n < Max, tested without shifting Min, which would overflow once Min > MaxInt64>>n
+	// (Min = 20s at n = 29): for n < 63, Min<<n <= Max-1 exactly when Min <= (Max-1)>>n.
+	if b.n < 30 && b.Min <= (b.Max-1)>>b.n {
 		d = b.Min << b.n
 	}
 	b.n++

@@ -106,3 +106,21 @@ func TestSleep(t *testing.T) {
 		}
 	})
 }
+
+// TestLargeMinDoesNotOverflow pins that Min*2^n is never computed by a shift that overflows: with
+// Min = 20s (more than 2^34 ns), Min<<29 wraps to a negative duration, which a test of
+// Min<<n < Max takes for "below Max"; the 30th wait in a row then panicked in rand.N. Every wait
+// once capped lies in [Max/2, Max]. stream.Config.RetryMin accepts such values.
+func TestLargeMinDoesNotOverflow(t *testing.T) {
+	for _, lo := range []time.Duration{20 * time.Second, 30 * time.Second, time.Minute, time.Hour} {
+		bo := Backoff{Min: lo, Max: 2 * time.Hour}
+		capped := false
+		for n := range 100 {
+			capped = capped || n >= 30 || bo.Min<<n >= bo.Max
+			got := bo.Next()
+			if capped && (got < bo.Max/2 || got > bo.Max) {
+				t.Fatalf("Min %v: wait %d = %v, want in [%v, %v]", lo, n, got, bo.Max/2, bo.Max)
+			}
+		}
+	}
+}
