@@ -155,3 +155,18 @@ func TestTimelineMarksUpTo200Updates(t *testing.T) {
 		}
 	}
 }
+
+// A KL below the 1e-8 floor does not widen the scale, but when the scale reaches below it (a
+// budget of 1e-6 or less: certify.delta of 0.4986 or more) it is drawn where it is, as the legend
+// says: only a KL below the lowest decade is drawn on the lowest line.
+func TestTimelineDrawsAKLBelowTheFloorWhereTheScaleReaches(t *testing.T) {
+	h := []ledger.KLEntry{{PosteriorVersion: 1, KL: 5e-9, Outcome: certify.OutcomePromoted}, {PosteriorVersion: 2, KL: 0, Outcome: certify.OutcomePromoted}}
+	got := string(timeline(h, 1e-6))
+	for _, want := range []string{"A KL below 1e-9 (0 included) is drawn on the lowest line",
+		`<circle class="point" cx="64.0" cy="157.1" r="2.5"><title>v1: KL 5e-09</title></circle>`,
+		`<circle class="point" cx="704.0" cy="200.0" r="2.5"><title>v2: KL 0</title></circle>`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the timeline lacks %q:\n%s", want, got)
+		}
+	}
+}

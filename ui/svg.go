@@ -15,7 +15,7 @@ const (
 	tlWidth, tlHeight = 720.0, 240.0
 	tlLeft, tlRight   = 64.0, 16.0
 	tlTop, tlBottom   = 16.0, 40.0
-	tlFloor           = 1e-8 // KLs below this (a step that did not move) sit on the axis
+	tlFloor           = 1e-8 // KLs at or below this (a step that did not move) do not widen the scale
 	tlMinDecades      = 3.0
 )
 
@@ -45,8 +45,8 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 		return tlLeft + float64(i)*(tlWidth-tlLeft-tlRight)/float64(len(h)-1)
 	}
 	y := func(v float64) float64 {
-		l := lo
-		if v > tlFloor {
+		l := lo // 0, and a KL below the lowest decade, sit on the lowest line
+		if v > 0 {
 			l = math.Max(lo, math.Log10(v))
 		}
 		return tlTop + (hi-l)/(hi-lo)*(tlHeight-tlTop-tlBottom)
