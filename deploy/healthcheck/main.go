@@ -25,17 +25,18 @@ import (
 const DefaultURL = "http://127.0.0.1:8080/healthz"
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], DefaultURL, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+// run checks the URL in args, or defaultURL when args name none, and returns the exit code.
+func run(args []string, defaultURL string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cfguard-healthcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	timeout := fs.Duration("timeout", 3*time.Second, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	url := DefaultURL
+	url := defaultURL
 	switch fs.NArg() {
 	case 0:
 	case 1:
