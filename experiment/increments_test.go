@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,12 +56,16 @@ func TestSweepBreastCancer(t *testing.T) {
 		if r.CE.Target == r.CE.From {
 			t.Errorf("CE target %d equals the predicted class", r.CE.Target)
 		}
+		checkCEGeometry(t, cfg, r.CE)
 		if len(r.Rows) != DefaultUpdates {
 			t.Fatalf("lr %g: %d rows", lr, len(r.Rows))
 		}
 		for i, row := range r.Rows {
 			t.Logf("lr %-6g %s p1 %.4f p2 %.4f KL %.6f bound %.4f holds %v | anchor KL %.6f bound %.4f | V1 %.2e V2 %.2e Vbound %.3f",
 				lr, row.Update, row.P1, row.P2, row.KL, row.Bound, row.Holds, row.AnchorKL, row.AnchorBound, row.V1, row.V2, row.VarBound)
+			if row.Update != PaperRows[i].Update {
+				t.Errorf("update %d is %q, want %q (the paper's)", i+1, row.Update, PaperRows[i].Update)
+			}
 			if !row.Holds || !row.AnchorHolds || !row.VarHolds {
 				t.Errorf("lr %g %s: bound failed: %+v", lr, row.Update, row)
 			}
@@ -148,6 +153,27 @@ func TestSweepBreastCancer(t *testing.T) {
 	}
 }
 
+// checkCEGeometry checks that ce lies where the straight-line search puts it: x is its test row
+// of the seeded split, and x' = x + alpha (n - x) for alpha one of the steps j/CESearchSteps,
+// j = 1..CESearchSteps, with n the training row Nearest, labelled Target.
+func checkCEGeometry(t *testing.T, cfg IncrementsConfig, ce CE) {
+	t.Helper()
+	train, test := cfg.Data.Split(TrainFrac, cfg.Seed)
+	if !slices.Equal(ce.X, test.X[ce.TestIndex]) || train.Y[ce.Nearest] != ce.Target {
+		t.Errorf("CE: x is not test row %d, or training row %d is not labelled %d", ce.TestIndex, ce.Nearest, ce.Target)
+	}
+	j := math.Round(ce.Alpha * CESearchSteps)
+	if j < 1 || j > CESearchSteps || math.Abs(ce.Alpha-j/CESearchSteps) > 1e-12 {
+		t.Errorf("CE alpha %v is not a step j/%d, j = 1..%d", ce.Alpha, CESearchSteps, CESearchSteps)
+	}
+	n := train.X[ce.Nearest]
+	for k := range ce.X {
+		if want := ce.X[k] + ce.Alpha*(n[k]-ce.X[k]); math.Abs(ce.XCF[k]-want) > 1e-9*math.Max(1, math.Abs(want)) {
+			t.Fatalf("CE feature %d: x' %v, want x + alpha (n - x) = %v", k, ce.XCF[k], want)
+		}
+	}
+}
+
 // TestIncrementsDeterministic checks that a run is a function of its seed, with the vcl
 // objective (new rows only) to exercise that path too.
 func TestIncrementsDeterministic(t *testing.T) {
@@ -197,6 +223,14 @@ func TestIncrementsRejects(t *testing.T) {
 		if _, err := Increments(context.Background(), cfg, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want one mentioning %q", tc.name, err, tc.want)
 		}
+	}
+	// 100 rows: a training split of 80, whose first 95..98% are 76, 77, 78 and 78 rows
+	// (round(0.95 80) ...), so the last of three updates, 97%->98%, would have no new row.
+	// Refused before any training.
+	small := good
+	small.Data, small.Updates = good.Data.Subset(seq(100)), 3
+	if _, err := Increments(context.Background(), small, nil); err == nil || !strings.Contains(err.Error(), "80 training rows give an empty 1% increment at 97%") {
+		t.Errorf("100 rows: %v, want an empty increment at 97%%", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

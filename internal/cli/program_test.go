@@ -47,3 +47,51 @@ func TestProgramExitCodes(t *testing.T) {
 		t.Errorf("usage:\n%s", out.String())
 	}
 }
+
+type ctxKey struct{}
+
+// Run hands the command its context, the arguments after its name and the program's stdout and
+// stderr; -h and --help print the usage on stdout, an unknown command prints it on stderr; a
+// command's flag.ErrHelp exits ExitOK; a program without IsUsage exits ExitError on other errors.
+func TestProgramRunsTheCommand(t *testing.T) {
+	var gotArgs []string
+	var gotCtx any
+	p := Program{Name: "prog", Intro: "prog does things.", Outro: "See the README.",
+		Commands: []Command{
+			{Name: "echo", Run: func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+				gotArgs, gotCtx = args, ctx.Value(ctxKey{})
+				io.WriteString(stdout, "to stdout")
+				io.WriteString(stderr, "to stderr")
+				return nil
+			}},
+			{Name: "h", Run: func(context.Context, []string, io.Writer, io.Writer) error {
+				return fmt.Errorf("parsing: %w", flag.ErrHelp)
+			}},
+			{Name: "fail", Run: func(context.Context, []string, io.Writer, io.Writer) error { return errors.New("boom") }},
+		}}
+	ctx := context.WithValue(context.Background(), ctxKey{}, "mine")
+	var out, errs bytes.Buffer
+	if code := p.Run(ctx, []string{"echo", "a", "-b"}, &out, &errs); code != ExitOK || out.String() != "to stdout" || errs.String() != "to stderr" {
+		t.Errorf("echo: exit %d, stdout %q, stderr %q", code, out.String(), errs.String())
+	}
+	if strings.Join(gotArgs, " ") != "a -b" || gotCtx != "mine" {
+		t.Errorf("echo got args %q and context value %v, want [a -b] and mine", gotArgs, gotCtx)
+	}
+	for _, tc := range []struct {
+		args           []string
+		code           int
+		stdout, stderr string // contained
+	}{
+		{[]string{"-h"}, ExitOK, "prog does things.", ""},
+		{[]string{"--help"}, ExitOK, "prog does things.", ""},
+		{[]string{"h"}, ExitOK, "", ""},
+		{[]string{"fail"}, ExitError, "", "prog fail: boom"},
+		{[]string{"nosuch"}, ExitUsage, "", "prog does things."},
+	} {
+		var out, errs bytes.Buffer
+		code := p.Run(context.Background(), tc.args, &out, &errs)
+		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errs.String(), tc.stderr) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q in stdout, %q in stderr", tc.args, code, out.String(), errs.String(), tc.code, tc.stdout, tc.stderr)
+		}
+	}
+}
