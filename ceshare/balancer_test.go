@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -161,4 +162,164 @@ func equalAssign(a, b map[string][]int) bool {
 		}
 	}
 	return true
+}
+
+// assignStickyCases are inputs of assignSticky with ties: shares that do not divide evenly,
+// members that kept as many partitions as each other, and two claims of one partition at one
+// generation.
+var assignStickyCases = []struct {
+	name    string
+	members []string
+	parts   []int
+	prev    map[string]memberData
+}{
+	{"first generation, uneven", []string{"m1", "m2", "m3"}, parts(5), nil},
+	{"a new member beside two", []string{"m1", "m2", "m3"}, parts(7),
+		map[string]memberData{"m1": {Owned: []int{0, 2, 4}, Generation: 2}, "m3": {Owned: []int{1, 3, 5, 6}, Generation: 2}}},
+	{"one partition claimed twice in one generation", []string{"m1", "m2"}, parts(4),
+		map[string]memberData{"m1": {Owned: []int{0, 1}, Generation: 3}, "m2": {Owned: []int{1, 2, 3}, Generation: 3}}},
+}
+
+// assignSticky is deterministic: the same members, partitions and previous ownership give the
+// same assignment in whatever order the leader lists the members and the partitions (kafka-go
+// hands them in the order the group and the metadata have them).
+func TestAssignStickyIgnoresTheOrderOfItsInput(t *testing.T) {
+	for _, tc := range assignStickyCases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := assignSticky(tc.members, tc.parts, tc.prev)
+			checkAssignment(t, want, tc.members, len(tc.parts))
+			for shift := range len(tc.members) {
+				members := append(slices.Clone(tc.members[shift:]), tc.members[:shift]...)
+				for _, ps := range [][]int{slices.Clone(tc.parts), reversed(tc.parts)} {
+					ps = append(ps[shift%len(ps):], ps[:shift%len(ps)]...)
+					if got := assignSticky(members, ps, tc.prev); !equalAssign(got, want) {
+						t.Errorf("members %v, partitions %v: %v; in sorted order: %v", members, ps, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+func reversed(s []int) []int {
+	out := slices.Clone(s)
+	slices.Reverse(out)
+	return out
+}
+
+// A partition two members claim at the same generation stays with the first of them in id
+// order, and the members that kept the most partitions get the larger shares, so that the
+// fewest partitions move.
+func TestAssignStickyBreaksTiesByIDAndKeepsTheMost(t *testing.T) {
+	// m1 and m2 both claim 1 at generation 3: m1, the first in id order, keeps it.
+	tc := assignStickyCases[2]
+	got := assignSticky(tc.members, tc.parts, tc.prev)
+	first := slices.Min(tc.members)
+	if !slices.Contains(got[first], 1) {
+		t.Errorf("partition 1, claimed by %v at one generation, went elsewhere than to %s: %v", tc.members, first, got)
+	}
+	// m1 owned 3 of 7, m3 owned 4, m2 joins: the shares are 3, 2 and 2, and the larger goes to
+	// m3, which kept the most; each keeps as many of its own as its share allows.
+	tc = assignStickyCases[1]
+	got = assignSticky(tc.members, tc.parts, tc.prev)
+	checkAssignment(t, got, tc.members, len(tc.parts))
+	n, k := len(tc.parts), len(tc.members)
+	most := ""
+	for m, d := range tc.prev {
+		if most == "" || len(d.Owned) > len(tc.prev[most].Owned) {
+			most = m
+		}
+	}
+	for m, d := range tc.prev {
+		share := n / k
+		if m == most {
+			share = (n + k - 1) / k
+		}
+		kept := 0
+		for _, p := range d.Owned {
+			if slices.Contains(got[m], p) {
+				kept++
+			}
+		}
+		if want := min(len(d.Owned), share); kept != want || len(got[m]) != share {
+			t.Errorf("%s has %d partitions and kept %d of its %v; want a share of %d, %d of them its own: %v", m, len(got[m]), kept, d.Owned, share, want, got)
+		}
+	}
+}
+
+// AssignGroups shares out the partitions of the CE topic alone, to the members that subscribe
+// to it: the partitions of another topic a member of the group subscribes to (anyone the broker
+// lets in may offer more topics) are not CE partitions. A member refused once is reported again
+// only after it left the group, and the balancer forgets it then.
+func TestAssignGroupsKeepsToItsTopic(t *testing.T) {
+	keys := testKeys()
+	var refused []string
+	bal := &stickyBalancer{topic: "ce", keys: keys, refused: func(member string, _ error) { refused = append(refused, member) }}
+	signed := func(d memberData) []byte {
+		ud, err := encodeMemberData(keys, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ud
+	}
+	members := []kafka.GroupMember{
+		{ID: "m1", Topics: []string{"ce"}, UserData: signed(memberData{Replica: "r1", Owned: []int{0, 1}, Generation: 1})},
+		{ID: "m2", Topics: []string{"ce"}, UserData: signed(memberData{Replica: "r2", Generation: 1})},
+		{ID: "m-elsewhere", Topics: []string{"other"}, UserData: signed(memberData{Replica: "r9", Owned: []int{2}, Generation: 1})},
+	}
+	outsider := kafka.GroupMember{ID: "x", Topics: []string{"ce", "other"}, UserData: []byte(`{}`)}
+	var kp []kafka.Partition
+	for p := range 4 {
+		kp = append(kp, kafka.Partition{Topic: "ce", ID: p})
+	}
+	for p := range 9 {
+		kp = append(kp, kafka.Partition{Topic: "other", ID: p})
+	}
+	want := assignSticky([]string{"m1", "m2"}, parts(4), map[string]memberData{
+		"m1": {Replica: "r1", Owned: []int{0, 1}, Generation: 1}, "m2": {Replica: "r2", Generation: 1}})
+	for i, ms := range [][]kafka.GroupMember{append(slices.Clone(members), outsider), members, append(slices.Clone(members), outsider)} {
+		ga := bal.AssignGroups(ms, kp)
+		for _, m := range ms {
+			if got := ga[m.ID]["ce"]; !slices.Equal(got, want[m.ID]) {
+				t.Errorf("round %d: %s assigned %v, want %v (the CE topic's partitions shared by its subscribers)", i, m.ID, got, want[m.ID])
+			}
+			if got := ga[m.ID]["other"]; len(got) != 0 {
+				t.Errorf("round %d: %s assigned partitions %v of another topic", i, m.ID, got)
+			}
+		}
+		if i == 1 && len(bal.seen) != 0 {
+			t.Errorf("the balancer remembers %v, which left the group", bal.seen)
+		}
+	}
+	if !slices.Equal(refused, []string{"x", "x"}) {
+		t.Errorf("refusals %v, want x at its first join and again when it came back", refused)
+	}
+}
+
+// A member's UserData carries what it owned and the generation that assigned it (the later
+// generation's claim wins), and member data that does not name a replica is refused even
+// when it authenticates: the Directory would answer with an owner of no replica id.
+func TestMemberDataCarriesItsGeneration(t *testing.T) {
+	keys := testKeys()
+	bal := &stickyBalancer{topic: "ce", replica: "r1", url: "http://r1.test:8080", keys: keys}
+	owned, gen := []int{1, 4, 7}, int32(12)
+	bal.setOwned(owned, gen)
+	ud, err := bal.UserData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decodeMemberData(keys, ud)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (memberData{Replica: "r1", URL: "http://r1.test:8080", Owned: owned, Generation: gen}); !reflect.DeepEqual(d, want) {
+		t.Errorf("UserData decodes as %+v, want %+v", d, want)
+	}
+	nameless, err := encodeMemberData(keys, memberData{URL: "http://r1.test:8080", Owned: owned, Generation: gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := decodeMemberData(keys, nameless); err == nil {
+		t.Errorf("member data naming no replica decodes as %+v", d)
+	}
 }

@@ -219,6 +219,30 @@ func TestMemberOutsideTheClusterGetsNothing(t *testing.T) {
 			t.Errorf("partition %d owned by %+v, want r1", p, o)
 		}
 	}
+
+	// Once the outsider left the group, the directory's next look-up forgets it: the members
+	// it refused do not pile up with every one that came and went.
+	dir.rmu.Lock()
+	n := len(dir.refused)
+	dir.rmu.Unlock()
+	if n != 1 {
+		t.Fatalf("the directory refused %d members, want the outsider", n)
+	}
+	outsider.stop(t)
+	waitfor.Cond(t, 30*time.Second, "the group without the outsider", func() bool {
+		g, err := dir.describe(context.Background())
+		return err == nil && len(g.Members) == 1
+	})
+	dir.MinRefresh = 0
+	waitfor.Cond(t, 30*time.Second, "r1 owning every partition again", func() bool {
+		_, err := dir.Owners(context.Background())
+		return err == nil
+	})
+	dir.rmu.Lock()
+	defer dir.rmu.Unlock()
+	if len(dir.refused) != 0 {
+		t.Errorf("the directory still remembers %v, which left the group", dir.refused)
+	}
 }
 
 // A Directory asks the broker one look-up at a time, and a caller waiting for the look-up in

@@ -1,10 +1,12 @@
 package ceshare
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,10 +70,58 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 			if de.Reason != tc.reason {
 				t.Errorf("reason %q (%v), want %q", de.Reason, err, tc.reason)
 			}
+			if errors.Is(err, ErrNoOwner) || errors.Is(err, context.Canceled) {
+				t.Errorf("Decode's error %v matches another package error than ErrDecode", err)
+			}
+			if n := strings.Count(" "+strings.Join(Reasons(), " ")+" ", " "+de.Reason+" "); n != 1 {
+				t.Errorf("reason %q is %d times in Reasons() %q, want once (a counter starts at 0 for each)", de.Reason, n, Reasons())
+			}
 		})
+	}
+	// The reasons the member gives records it leaves out are counted from 0 too.
+	for _, r := range []string{ReasonPartition, ReasonUnauthenticated} {
+		if !slices.Contains(Reasons(), r) {
+			t.Errorf("Reasons() %q lacks %q", Reasons(), r)
+		}
 	}
 	if _, _, err := Encode(Request{Kind: KindRegister, ID: "ce-1", Replica: "r", At: time.Now()}); !errors.Is(err, ErrDecode) {
 		t.Errorf("Encode of a registration without a CE: %v, want a refusal", err)
+	}
+}
+
+// TestDecodeAcceptsTheEdgesOfItsRules: what Decode and Encode accept at the edge of each rule is
+// a request: a RID or a fingerprint of MaxRIDLen bytes, made of the ends of printable ASCII ('!'
+// and '~'), and a deletion whose CE is JSON null (a RawMessage holding null encodes as
+// "ce":null; it carries no CE).
+func TestDecodeAcceptsTheEdgesOfItsRules(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	edge := strings.Repeat("!~", MaxRIDLen/2) + strings.Repeat("~", MaxRIDLen%2)
+	for _, tc := range []struct {
+		name string
+		r    Request
+	}{
+		{"rid of MaxRIDLen bytes", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, RID: edge}},
+		{"fingerprint of MaxRIDLen bytes", Request{Kind: KindRegister, ID: "ce-1", CE: json.RawMessage(`{}`), Replica: "r", At: at, Fingerprint: edge}},
+		{"rid of the first printable byte", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, RID: "!"}},
+		{"rid of the last printable byte", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, RID: "~"}},
+		{"deletion with a null CE", Request{Kind: KindDelete, ID: "ce-1", CE: json.RawMessage(`null`), Replica: "r", At: at}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if len(tc.r.RID) > MaxRIDLen || len(tc.r.Fingerprint) > MaxRIDLen {
+				t.Fatalf("the case is past MaxRIDLen %d", MaxRIDLen)
+			}
+			key, value, err := Encode(tc.r)
+			if err != nil {
+				t.Fatalf("Encode(%+v): %v", tc.r, err)
+			}
+			got, err := Decode(key, value)
+			if err != nil {
+				t.Fatalf("Decode(%s): %v", value, err)
+			}
+			if !reflect.DeepEqual(got, tc.r) {
+				t.Errorf("round trip: got %+v, want %+v", got, tc.r)
+			}
+		})
 	}
 }
 
