@@ -1,10 +1,12 @@
 package ceshare
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -601,11 +603,13 @@ func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
 }
 
 // restore hands Apply the states of p's CEs, not a late write (State.Late: compaction may have
-// removed the tombstone before it) nor a state of another partition's id.
+// removed the tombstone before it) nor a state of another partition's id; each state left out
+// is logged at WARN with its id.
 func TestRestoreLeavesLateWritesOut(t *testing.T) {
 	l := newLedger()
 	l.owned[0] = true
-	m := &Member{cfg: MemberConfig{Partitions: testPartitions, MaxBatch: 2}, hooks: l, log: testLog(t)}
+	var out bytes.Buffer
+	m := &Member{cfg: MemberConfig{Partitions: testPartitions, MaxBatch: 2}, hooks: l, log: slog.New(slog.NewTextHandler(&out, nil))}
 	var zero []string // ids of partition 0
 	for i := 0; len(zero) < 4; i++ {
 		if id := fmt.Sprintf("z-%d", i); Partition(id, testPartitions) == 0 {
@@ -633,6 +637,12 @@ func TestRestoreLeavesLateWritesOut(t *testing.T) {
 	}
 	if _, ok := l.restored[other]; ok || len(l.bad) > 0 {
 		t.Errorf("%s of another partition restored %v; rules broken: %v", other, ok, l.bad)
+	}
+	for _, want := range []string{`msg="CE state on another partition than its id's: not restored" partition=0 id=` + other + " ",
+		`msg="CE state written by a replica that no longer owned the partition, and no owner's state left: not restored" partition=0 id=` + zero[3] + " "} {
+		if lines := logLines(out.String(), want); len(lines) != 1 || !strings.Contains(lines[0], " level=WARN ") {
+			t.Errorf("logged %q; want one WARN line with %s", out.String(), want)
+		}
 	}
 }
 
