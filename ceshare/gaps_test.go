@@ -131,12 +131,7 @@ func TestOutOfRange(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			tr, err := conn.Transport(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.CloseIdleConnections()
-			cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+			cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
 			l := newLedger()
 			l.owned[p], l.next[p] = true, tc.next
 			handed := 0
@@ -246,12 +241,7 @@ func TestSameLog(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			tr, err := conn.Transport(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.CloseIdleConnections()
-			cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: tr}
+			cl := &kafka.Client{Addr: kafka.TCP(conn.Brokers...), Transport: kafkatest.Transport(t)}
 			m := &Member{cfg: MemberConfig{Topic: cmp.Or(tc.topic, testTopic), FetchWait: 100 * time.Millisecond}, log: testLog(t)}
 			got, end, err := m.sameLog(ctx, cl, p, tc.w)
 			if got != tc.other || (end != tc.end && tc.end >= 0) || (err != nil) != tc.wantErr {
