@@ -260,23 +260,7 @@ func TestSameLogFailsOnThePartitionsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	kc.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		r := req.(*kmsg.FetchRequest)
-		res := r.ResponseKind().(*kmsg.FetchResponse)
-		res.Version = r.Version
-		for _, rt := range r.Topics {
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, int16(kafka.NotLeaderForPartition)
-				st.Partitions = append(st.Partitions, sp)
-			}
-			res.Topics = append(res.Topics, st)
-		}
-		return res, nil, true
-	})
+	failPartitions(t, kc, kmsg.Fetch, kafka.NotLeaderForPartition, nil)
 	cl := &kafka.Client{Addr: kafka.TCP(kc.ListenAddrs()...), Transport: kafkatest.Transport(t)}
 	m := &Member{cfg: MemberConfig{Topic: testTopic, FetchWait: 100 * time.Millisecond}, log: testLog(t)}
 	if other, end, err := m.sameLog(context.Background(), cl, 3, Witness{Offset: 0}); !errors.Is(err, kafka.NotLeaderForPartition) {

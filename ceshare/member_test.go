@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
@@ -1004,4 +1006,61 @@ func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
 	if o, err := dir.Owner(context.Background(), "a"); err != nil || o.Replica != "r1" {
 		t.Fatalf("Owner after a caller gave up: %+v, %v; want r1 from the cache", o, err)
 	}
+}
+
+// failPartitions makes kc answer every request of kind key (Fetch, ListOffsets or Produce) with
+// code for each partition the request names, after calling seen (when not nil).
+func failPartitions(t *testing.T, kc *kfake.Cluster, key kmsg.Key, code kafka.Error, seen func()) {
+	kc.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		if seen != nil {
+			seen()
+		}
+		switch r := req.(type) {
+		case *kmsg.FetchRequest:
+			res := r.ResponseKind().(*kmsg.FetchResponse)
+			res.Version = r.Version
+			for _, rt := range r.Topics {
+				st := kmsg.NewFetchResponseTopic()
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewFetchResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, int16(code)
+					st.Partitions = append(st.Partitions, sp)
+				}
+				res.Topics = append(res.Topics, st)
+			}
+			return res, nil, true
+		case *kmsg.ListOffsetsRequest:
+			res := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+			res.Version = r.Version
+			for _, rt := range r.Topics {
+				st := kmsg.NewListOffsetsResponseTopic()
+				st.Topic = rt.Topic
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewListOffsetsResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, int16(code)
+					st.Partitions = append(st.Partitions, sp)
+				}
+				res.Topics = append(res.Topics, st)
+			}
+			return res, nil, true
+		case *kmsg.ProduceRequest:
+			res := r.ResponseKind().(*kmsg.ProduceResponse)
+			res.Version = r.Version
+			for _, rt := range r.Topics {
+				st := kmsg.NewProduceResponseTopic()
+				st.Topic = rt.Topic
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewProduceResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, int16(code)
+					st.Partitions = append(st.Partitions, sp)
+				}
+				res.Topics = append(res.Topics, st)
+			}
+			return res, nil, true
+		}
+		t.Errorf("failPartitions: a %T, want a Fetch, ListOffsets or Produce request", req)
+		return nil, nil, false
+	})
 }

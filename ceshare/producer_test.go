@@ -88,27 +88,12 @@ func TestProducerGivesUpOnPermanentErrors(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	attempts := 0
-	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
+	failPartitions(t, kc, kmsg.Produce, kafka.TopicAuthorizationFailed, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if attempts++; attempts > 1 {
 			cancel() // a retry: stop it
 		}
-		r := req.(*kmsg.ProduceRequest)
-		res := r.ResponseKind().(*kmsg.ProduceResponse)
-		res.Version = r.Version
-		for _, rt := range r.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, int16(kafka.TopicAuthorizationFailed)
-				st.Partitions = append(st.Partitions, sp)
-			}
-			res.Topics = append(res.Topics, st)
-		}
-		return res, nil, true
 	})
 	pr := testProducer(t, stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second})
 	_, _, err = pr.Send(ctx, Request{Kind: KindDelete, ID: "ce-1", Replica: "r1", At: time.Now()})

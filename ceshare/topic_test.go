@@ -59,23 +59,7 @@ func TestPartitionOffsetsFailsOnThePartitionsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	kc.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		r := req.(*kmsg.ListOffsetsRequest)
-		res := r.ResponseKind().(*kmsg.ListOffsetsResponse)
-		res.Version = r.Version
-		for _, rt := range r.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, int16(kafka.NotLeaderForPartition)
-				st.Partitions = append(st.Partitions, sp)
-			}
-			res.Topics = append(res.Topics, st)
-		}
-		return res, nil, true
-	})
+	failPartitions(t, kc, kmsg.ListOffsets, kafka.NotLeaderForPartition, nil)
 	cl := &kafka.Client{Addr: kafka.TCP(kc.ListenAddrs()...), Transport: kafkatest.Transport(t)}
 	if first, end, err := partitionOffsets(context.Background(), cl, testTopic, 3); err == nil {
 		t.Errorf("partitionOffsets with the partition's error: %d, %d, nil; want an error", first, end)
