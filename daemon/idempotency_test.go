@@ -16,6 +16,7 @@ func TestAnswerOutcome(t *testing.T) {
 	x, xcf := []float64{1, 2}, []float64{1, 3}
 	stored := &ledger.CE{ID: "a", X: x, XCF: xcf}
 	other := &ledger.CE{ID: "a", X: x, XCF: []float64{9, 9}}
+	otherX := &ledger.CE{ID: "a", X: []float64{9, 9}, XCF: xcf}
 	out := func(r string, fp string) ledger.Outcome {
 		return ledger.Outcome{ID: "a", Result: r, At: at, Fingerprint: fp, Detail: "x_cf has 3 features, want 2"}
 	}
@@ -31,6 +32,7 @@ func TestAnswerOutcome(t *testing.T) {
 		{"the same CE was stored", out(ledger.OutcomeSame, "f"), stored, "f", nil, ""},
 		{"keyed, deleted since", out(ledger.OutcomeStored, "f"), nil, "f", errDeletedSince, "with a new Idempotency-Key"},
 		{"keyed, replaced since", out(ledger.OutcomeStored, "f"), other, "f", errDeletedSince, "with a new Idempotency-Key"},
+		{"keyed, replaced since by another x", out(ledger.OutcomeStored, "f"), otherX, "f", errDeletedSince, "with a new Idempotency-Key"},
 		{"unkeyed, deleted since", out(ledger.OutcomeStored, ""), nil, "", errDeletedSince, "a later request deleted or replaced it; to register it again, send it again"},
 		{"the id held another CE", out(ledger.OutcomeExists, ""), other, "", ledger.ErrExists, `"a" held a counterfactual when this request was applied, at 2026-11-28T10:00:00Z`},
 		{"keyed, the id held a CE", out(ledger.OutcomeExists, "f"), nil, "f", ledger.ErrExists, keyedExistsAdvice},
@@ -51,6 +53,39 @@ func TestAnswerOutcome(t *testing.T) {
 			}
 			if c.want == errDeletedSince && c.fingerprint == "" && strings.Contains(err.Error(), "Idempotency-Key") {
 				t.Fatalf("a registration sent without a key is told about keys: %v", err)
+			}
+		})
+	}
+}
+
+// TestAnswerDeletion holds the answer of a deletion to its request's outcome: none when it
+// deleted a CE, ledger.ErrNotFound when it found none, errKeyReused when the outcome is another
+// request's (another fingerprint).
+func TestAnswerDeletion(t *testing.T) {
+	at := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name        string
+		result      string
+		stored      string // the outcome's fingerprint
+		fingerprint string // the request's
+		want        error
+	}{
+		{"deleted", ledger.OutcomeDeleted, "f", "f", nil},
+		{"deleted, no key", ledger.OutcomeDeleted, "", "", nil},
+		{"absent", ledger.OutcomeAbsent, "f", "f", ledger.ErrNotFound},
+		{"deleted, the key used for another request", ledger.OutcomeDeleted, "f", "g", errKeyReused},
+		{"absent, the key used for another request", ledger.OutcomeAbsent, "f", "g", errKeyReused},
+		{"a registration's outcome", ledger.OutcomeStored, "f", "f", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := answerDeletion(ledger.Outcome{ID: "a", Result: c.result, At: at, Fingerprint: c.stored}, c.fingerprint)
+			switch {
+			case c.result == ledger.OutcomeStored:
+				if err == nil || errors.Is(err, ledger.ErrNotFound) || errors.Is(err, errKeyReused) {
+					t.Fatalf("answer %v, want an error naming the outcome", err)
+				}
+			case c.want == nil && err != nil, c.want != nil && !errors.Is(err, c.want):
+				t.Fatalf("answer %v, want %v", err, c.want)
 			}
 		})
 	}
