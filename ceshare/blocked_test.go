@@ -3,9 +3,12 @@ package ceshare
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/stream"
 )
@@ -313,4 +317,124 @@ func waitCaughtUp(t *testing.T, b *broker.Broker, r *replica, what string) map[i
 		return owner != nil && caughtUp(b, []*replica{r}, owner)
 	})
 	return owner
+}
+
+// A partition stays blocked at the record it cannot read while the member reads that record
+// again, after a while each time: it is said at ERROR once, the block keeps the time it was
+// found, the partition is neither ready nor read past it, and a Witness stored with it is of a
+// record before it.
+func TestBlockedPartitionIsReadAgainAndSaidOnce(t *testing.T) {
+	_, conn := startBroker(t)
+	createTopic(t, conn)
+	const id = "newer-1"
+	p := Partition(id, testPartitions)
+	writeSigned(t, conn, p, readableRequest(t, idIn(p, "before")), newerRequest(id))
+	var reads atomic.Int64 // of p from offset 1, the unreadable request's
+	cfg := memberConfig(conn, "r1")
+	cfg.beforeFetch = func(q int, next int64) {
+		if q == p && next == 1 {
+			reads.Add(1)
+		}
+	}
+	var out tooltest.Output
+	l := newLedger()
+	r := startReplicaWith(t, cfg, l, l, tooltest.Logger(t, &out))
+	// Found at the first read from offset 1; the block is published before the next.
+	waitfor.Cond(t, 30*time.Second, "a second read of the unreadable request", func() bool { return reads.Load() >= 2 })
+	bl := r.m.Blocked()
+	if len(bl) != 1 || bl[0].Partition != p || bl[0].Offset != 1 {
+		t.Fatalf("blocked at %+v, want partition %d at offset 1", bl, p)
+	}
+	found := bl[0].Since
+	waitfor.Cond(t, 30*time.Second, "four more reads of the unreadable request", func() bool { return reads.Load() >= 6 })
+	if again := r.m.Blocked(); len(again) != 1 || !again[0].Since.Equal(found) || r.m.Ready(p) {
+		t.Errorf("after reading it again: blocked at %+v (found at %v), ready %v; want the block found first, not ready", again, found, r.m.Ready(p))
+	}
+	if got := logLines(out.String(), "CE partition blocked at a request this build cannot read"); len(got) != 1 {
+		t.Errorf("the block said %d times at ERROR, want once", len(got))
+	}
+	if next, _ := r.m.Next(p); next != 1 || l.stored(p) != 1 {
+		t.Errorf("partition %d: member's offset %d, stored %d; want the unreadable request's 1", p, next, l.stored(p))
+	}
+	if bad := l.problems(); len(bad) > 0 {
+		t.Errorf("rules broken: %v", bad)
+	}
+}
+
+// The member hands its callbacks what it leaves out or stops at: OnUnauthenticated, with the CE
+// topic, partition and offset, each record that does not authenticate and each copy, once;
+// OnSkip each record a Skip rule names, once; and a request Readable refuses blocks its partition
+// (Blocked, ReasonCE, with Readable's error, the record's id and writer).
+func TestMemberCallbacksNameTheRecordsLeftOut(t *testing.T) {
+	b, conn := startBroker(t)
+	createTopic(t, conn)
+	offsets := func(before []int64) []string { // topic/partition/offset of the records written since before
+		var out []string
+		for p, end := range b.HighWatermarks(testTopic) {
+			for o := before[p]; o < end; o++ {
+				out = append(out, fmt.Sprintf("%s/%d/%d", testTopic, p, o))
+			}
+		}
+		return out
+	}
+	before := b.HighWatermarks(testTopic)
+	writeForged(t, conn)
+	writeCopies(t, conn)
+	wantUnauth := offsets(before)
+	const skipID, refusedID = "newer-1", "refused-1"
+	ps, pr := Partition(skipID, testPartitions), Partition(refusedID, testPartitions)
+	skipAt := b.HighWatermarks(testTopic)[ps]
+	writeSigned(t, conn, ps, newerRequest(skipID))
+	refusedAt := b.HighWatermarks(testTopic)[pr]
+	writeSigned(t, conn, pr, readableRequest(t, refusedID))
+
+	var mu sync.Mutex
+	var unauth, skipped []string
+	cfg := memberConfig(conn, "r1")
+	cfg.OnUnauthenticated = func(topic string, p int, off int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		unauth = append(unauth, fmt.Sprintf("%s/%d/%d", topic, p, off))
+	}
+	cfg.Skip = []Skip{{Partition: ps, Offset: skipAt}}
+	cfg.OnSkip = func(p int, off int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		skipped = append(skipped, fmt.Sprintf("%d/%d", p, off))
+	}
+	cfg.Readable = func(r Request) error {
+		if r.ID == refusedID {
+			return errors.New("a CE of a newer schema")
+		}
+		return nil
+	}
+	r := startReplica(t, cfg)
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d blocked or read to its end, every other one read to its end", pr), func() bool {
+		hwm := b.HighWatermarks(testTopic)
+		for p := range testPartitions {
+			if next, ok := r.m.Next(p); !ok || (next != hwm[p] && (p != pr || len(r.m.Blocked()) == 0)) {
+				return false
+			}
+		}
+		return true
+	})
+	want := Blocked{Partition: pr, Offset: refusedAt, ID: refusedID, Reason: ReasonCE, Detail: "a CE of a newer schema", Writer: "r1"}
+	bl := r.m.Blocked()
+	var since time.Time
+	if len(bl) == 1 {
+		since, bl[0].Since = bl[0].Since, time.Time{}
+	}
+	if len(bl) != 1 || since.IsZero() || bl[0] != want {
+		t.Errorf("blocked at %+v (since %v), want %+v", bl, since, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(unauth)
+	slices.Sort(wantUnauth)
+	if !slices.Equal(unauth, wantUnauth) {
+		t.Errorf("OnUnauthenticated called for %v, want %v", unauth, wantUnauth)
+	}
+	if w := []string{fmt.Sprintf("%d/%d", ps, skipAt)}; !slices.Equal(skipped, w) {
+		t.Errorf("OnSkip called for %v, want %v", skipped, w)
+	}
 }

@@ -282,6 +282,9 @@ type partState struct {
 	// ownedBefore: the state topic holds a claim of the partition older than this member's
 	// acquisition (an earlier owner read it).
 	ownedBefore bool
+	// acquired: the acquisition (the claim and states on the CE state topic) is done; a
+	// generation that ended before it leaves it false, and the next one acquires p afresh.
+	acquired bool
 	// blocked is the record at next that this member cannot read, nil while there is none.
 	blocked *Blocked
 }

@@ -161,6 +161,12 @@ func (l *ledger) Apply(_ context.Context, p int, reqs []Request, next int64, w *
 	}
 	for _, r := range reqs {
 		k := r.Kind + "/" + r.ID
+		if r.Offset < l.next[p] || r.Offset >= next {
+			l.bad = append(l.bad, fmt.Sprintf("partition %d: %s at offset %d, stored with offsets %d to %d", p, k, r.Offset, l.next[p], next))
+		}
+		if r.Kind != KindRegister && r.State != nil {
+			l.bad = append(l.bad, fmt.Sprintf("partition %d: %s came with a state", p, k))
+		}
 		if l.reqOff == nil {
 			l.reqOff = map[int]map[string]int64{}
 		}
@@ -344,7 +350,14 @@ func startReplica(t *testing.T, cfg MemberConfig) *replica {
 // startReplicaOn starts a member on ledger l (a replica restarted on its state directory).
 func startReplicaOn(t *testing.T, cfg MemberConfig, l *ledger) *replica {
 	t.Helper()
-	m, err := NewMember(context.Background(), cfg, l, testLog(t))
+	return startReplicaWith(t, cfg, l, l, testLog(t))
+}
+
+// startReplicaWith starts a member on ledger l, through hooks (l, or hooks wrapping it), logging
+// to log.
+func startReplicaWith(t *testing.T, cfg MemberConfig, l *ledger, hooks Hooks, log *slog.Logger) *replica {
+	t.Helper()
+	m, err := NewMember(context.Background(), cfg, hooks, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -782,6 +795,9 @@ func TestMemberCutOffLosesPartitions(t *testing.T) {
 	checkShares(t, b, stay, owner, want)
 	waitfor.Cond(t, 30*time.Second, "the cut-off member giving its partitions up", func() bool { return len(reps[1].m.Owned()) == 0 })
 	waitReleased(t, reps[1].m, reps[1].l, cutReleased, cutOwned, "the cut-off member")
+	if s := reps[1].m.Stats(); s.Lost != 1 {
+		t.Errorf("the cut-off member counted %d losses of its partitions, want 1", s.Lost)
+	}
 }
 
 func TestNewMemberRefusesAnotherPartitionCount(t *testing.T) {
@@ -841,9 +857,26 @@ func TestApplyErrorStopsMember(t *testing.T) {
 	}
 }
 
+// Run may be called once: a second call, while the first runs, returns an error (whatever its
+// context) and leaves the first running.
+func TestRunCalledTwiceIsRefused(t *testing.T) {
+	_, conn := startBroker(t)
+	r := startReplica(t, memberConfig(conn, "r1"))
+	waitfor.Cond(t, 30*time.Second, "the member owning every partition", func() bool { return ownership(r) != nil })
+	over, cancel := context.WithCancel(context.Background())
+	cancel() // a second run would return at once, and with no error
+	if err := r.m.Run(over); err == nil || !strings.Contains(err.Error(), "Run called twice") {
+		t.Errorf("a second Run: %v, want an error saying Run was called twice", err)
+	}
+	if ownership(r) == nil {
+		t.Errorf("the member owns %v after a second Run, want every partition", r.m.Owned())
+	}
+}
+
 // A member that starts on a store still holding every partition (a replica SIGKILLed while it
 // owned them all, restarted while another took them over) releases, at its first generation,
-// the partitions that generation leaves with the other member, and only those.
+// the partitions that generation leaves with the other member, and only those, once: a later
+// generation releases only what the member lost in it.
 func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
 	_, conn := startBroker(t)
 	r1 := startReplica(t, memberConfig(conn, "r1"))
@@ -869,6 +902,21 @@ func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
 		}
 	}
 	waitReleased(t, r2.m, l, 0, want, "r2, which held every partition, beside r1")
+
+	gen := r2.m.LastGeneration()
+	kept := r2.m.Owned()
+	r3 := startReplica(t, memberConfig(conn, "r3"))
+	waitfor.Cond(t, 60*time.Second, "r1, r2 and r3 sharing the partitions", func() bool {
+		owner = ownership(r1, r2, r3)
+		return owner != nil && r2.m.LastGeneration() > gen && len(r3.m.Owned()) > 0
+	})
+	var lost []int
+	for _, p := range kept {
+		if owner[p] != "r2" {
+			lost = append(lost, p)
+		}
+	}
+	waitReleased(t, r2.m, l, len(want), lost, "r2, once r3 joined")
 }
 
 // TestFetchFailuresWarnOncePerEpisode: failed fetches of a partition are said at WARN once they
@@ -1011,10 +1059,24 @@ func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
 // failPartitions makes kc answer every request of kind key (Fetch, ListOffsets or Produce) with
 // code for each partition the request names, after calling seen (when not nil).
 func failPartitions(t *testing.T, kc *kfake.Cluster, key kmsg.Key, code kafka.Error, seen func()) {
-	kc.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
+	failPartitionsWhen(t, kc, key, code, func(kmsg.Request) bool {
 		if seen != nil {
 			seen()
+		}
+		return true
+	})
+}
+
+// failPartitionsWhen is failPartitions for the requests that fail reports true of; kc serves the
+// others. With code 0, kc closes the connection instead of answering.
+func failPartitionsWhen(t *testing.T, kc *kfake.Cluster, key kmsg.Key, code kafka.Error, fail func(req kmsg.Request) bool) {
+	kc.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		if !fail(req) {
+			return nil, nil, false
+		}
+		if code == 0 {
+			return nil, errors.New("connection closed by the test"), true
 		}
 		switch r := req.(type) {
 		case *kmsg.FetchRequest:

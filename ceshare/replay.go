@@ -45,9 +45,9 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	}
 	m.mu.Lock()
 	ps := m.parts[p]
-	fresh := ps == nil || ps.next != from
+	fresh := ps == nil || ps.next != from || !ps.acquired
 	if fresh {
-		ps = &partState{next: from, since: time.Now()}
+		ps = &partState{next: from, since: time.Now(), acquired: m.cfg.StateTopic == ""}
 		m.parts[p] = ps
 		m.log.Info("CE partition acquired", "partition", p, "from", from)
 	}
@@ -62,7 +62,7 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 			return
 		}
 		m.mu.Lock()
-		ps.ownedBefore = before
+		ps.ownedBefore, ps.acquired = before, true
 		m.mu.Unlock()
 		if replay {
 			m.mu.Lock()

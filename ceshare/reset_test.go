@@ -27,6 +27,12 @@ type recreation struct {
 func newRecreation(t *testing.T, n int) *recreation {
 	t.Helper()
 	_, conn := startBroker(t)
+	return newRecreationOn(t, conn, n)
+}
+
+// newRecreationOn is newRecreation on the broker of conn.
+func newRecreationOn(t *testing.T, conn stream.ConnConfig, n int) *recreation {
+	t.Helper()
 	createTopic(t, conn)
 	rc := &recreation{conn: conn, p: Partition("old-0", testPartitions)}
 	var old []kafka.Message
@@ -125,18 +131,26 @@ func (s *stop) release() { close(s.hold) }
 
 // A replica that was down while the CE topic was deleted and created again, and that finds the
 // new partition grown past the offset it had read, does not read on from that offset: the record
-// before it (the store's Witness) is another one, so the partition is reset (Reset) and read from
-// offset 0, and every request of the new log is applied.
+// before it (the store's Witness) is another one, so the partition is reset (Reset, told the new
+// log's end and the offset after the Witness, from which the store may have read the new log)
+// and read from offset 0, and every request of the new log is applied.
 func TestPartitionRecreatedPastItsOffsetIsReadAgain(t *testing.T) {
 	rc := newRecreation(t, 5) // more than the old log held: the stored offset is inside the new log
 	l := newLedger()
 	r := startReplicaOn(t, memberConfig(rc.conn, "r1"), l)
 	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to offset 3", rc.p), func() bool { return l.stored(rc.p) == 3 })
 	r.stop(t)
+	l.mu.Lock()
+	w := l.witness[rc.p]
+	l.mu.Unlock()
 
 	rc.recreate(t, rc.fresh)
-	startReplicaOn(t, memberConfig(rc.conn, "r1"), l)
+	h := &gapHooks{ledger: l}
+	startReplicaWith(t, memberConfig(rc.conn, "r1"), l, h, testLog(t))
 	rc.resetOnceTo(t, l, 5, nil)
+	if want := [][2]int64{{5, w.Offset + 1}}; !slices.Equal(h.resets, want) {
+		t.Errorf("Reset(end, from) calls %v, want %v (the Witness at offset %d)", h.resets, want, w.Offset)
+	}
 }
 
 // An owner that keeps its partition (no new generation) while the CE topic is deleted and
@@ -267,4 +281,28 @@ func TestPartitionReadIntoANewLogBeforeACheckIsFoundAtAcquisition(t *testing.T) 
 
 	startReplicaOn(t, cfg, l)
 	rc.resetOnceTo(t, l, 5, nil)
+}
+
+// A Witness the store returns at the offset it returns (or past it) is no record the store read
+// before that offset: it is not checked, and the partition is read on from the offset, not reset.
+func TestWitnessAtTheStoredOffsetIsNotChecked(t *testing.T) {
+	_, conn := startBroker(t)
+	createTopic(t, conn)
+	const p = 7
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, idIn(p, fmt.Sprintf("w%d", i)))
+		writeSigned(t, conn, p, readableRequest(t, ids[i]))
+	}
+	l := newLedger()
+	l.next[p] = 2
+	l.witness[p] = Witness{Offset: 2} // the hash of no record
+	r := startReplicaOn(t, memberConfig(conn, "r1"), l)
+	waitfor.Cond(t, 30*time.Second, fmt.Sprintf("partition %d read to its end, 3", p), func() bool { return l.stored(p) == 3 && r.m.Ready(p) })
+	l.mu.Lock()
+	resets := slices.Clone(l.resets)
+	l.mu.Unlock()
+	if got := l.applied(p); len(resets) != 0 || !slices.Equal(got, []string{KindRegister + "/" + ids[2]}) {
+		t.Errorf("resets %v, applied %v; want no reset and the request at offset 2 alone", resets, got)
+	}
 }

@@ -336,8 +336,10 @@ func TestStatesForARebuildCutShort(t *testing.T) {
 	l.next[0] = 6
 	r = startReplicaOn(t, cfg, l)
 	waitfor.Cond(t, 60*time.Second, "the member owning every partition again, caught up", func() bool { return ownership(r) != nil })
-	if s := r.m.Stats().States; s.Claimed != testPartitions {
-		t.Errorf("a member acquiring every partition afresh claimed %d (%+v), want %d", s.Claimed, s, testPartitions)
+	// Partition 0, acquired at its end, reads the claims alone: none of its states.
+	if s := r.m.Stats().States; s.Claimed != testPartitions || s.Read != 0 {
+		t.Errorf("a member acquiring every partition afresh claimed %d and read %d states (%+v), want %d claimed, none read",
+			s.Claimed, s.Read, s, testPartitions)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -499,6 +501,9 @@ func TestStateTopicDeletedIsCreatedAgain(t *testing.T) {
 	}
 	if n, err := topicPartitions(ctx, cl, testStateTopic); err != nil || n != testPartitions {
 		t.Fatalf("the state topic created again by a member has %d partitions (%v), want %d", n, err, testPartitions)
+	}
+	if s := third.m.Stats().States; s.Claimed != testPartitions {
+		t.Errorf("the third member claimed %d partitions of the state topic it created again (%+v), want %d", s.Claimed, s, testPartitions)
 	}
 }
 
@@ -707,5 +712,36 @@ func TestMemberWaitsForTheStateTopic(t *testing.T) {
 	defer second.l.mu.Unlock()
 	if s := second.l.states["a-0"]; s == nil || string(s.CE) != `{"s":"renewed"}` {
 		t.Errorf("a-0 came with state %+v after %d refused reads, want the first owner's", s, refused.Load())
+	}
+}
+
+// A member that acquires partitions afresh after the CE state topic was deleted under it creates
+// the topic again and claims them there: the partitions of a member that left are claimed by
+// the one that takes them over.
+func TestStateTopicGoneAtAnAcquisitionIsCreatedAgain(t *testing.T) {
+	_, conn := startBroker(t)
+	cfg := func(id string) MemberConfig {
+		c := memberConfig(conn, id)
+		c.StateTopic = testStateTopic
+		return c
+	}
+	r1 := startReplica(t, cfg("r1"))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
+	r2 := startReplica(t, cfg("r2"))
+	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
+		return ownership(r1, r2) != nil && len(r1.m.Owned()) > 0 && len(r2.m.Owned()) > 0
+	})
+	moved := r2.m.Owned()
+	claimed := r1.m.Stats().States.Claimed
+	deleteTopic(t, conn, testStateTopic)
+	r2.stop(t)
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition again", func() bool { return ownership(r1) != nil })
+	if got := r1.m.Stats().States.Claimed - claimed; got != int64(len(moved)) {
+		t.Errorf("r1 claimed %d partitions once r2 left, want the %d it took over", got, len(moved))
+	}
+	for _, p := range moved {
+		if c, ok := claimInForce(t, conn, p); !ok || c.Replica != "r1" {
+			t.Errorf("partition %d taken over by r1: the claim in force is %+v (any: %v)", p, c, ok)
+		}
 	}
 }
