@@ -140,6 +140,9 @@ func (r *reissuer) generate(ctx context.Context, m *bnn.Model, old *ledger.CE, i
 	gctx, cancel := context.WithTimeout(ctx, r.d.cfg.Explain.Timeout)
 	defer cancel()
 	res, err := r.d.exp.generate(gctx, m, old.X, old.Target, explain.MethodPSCE)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, fmt.Errorf("no counterfactual within explain.timeout %v: %w", r.d.cfg.Explain.Timeout, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package drift
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -28,22 +27,31 @@ import (
 // at least as new as the old CE's verdict. A mild drift (at_risk) leaves room for replacements; a
 // strong one (invalidated, learning rate 1e-2) leaves none, and says so. There every generation
 // runs to explain.max_iterations without reaching the set, so the case caps it at 200 instead of
-// the paper's 2000: the failure and its event are the same, at a tenth of the work.
+// the paper's 2000: the failure and its event are the same, at a tenth of the work. A generation
+// is bounded by explain.timeout as a request's is: at 1 ns, the mild drift's reissues fail, each
+// naming the deadline.
 func TestReissue(t *testing.T) {
 	for _, c := range []struct {
-		status        string
+		name, status  string
 		lr            float64
 		maxIterations int
-		wantSuccess   bool
-	}{{"at_risk", 1e-3, 2000, true}, {"invalidated", 1e-2, 200, false}} {
-		t.Run(c.status, func(t *testing.T) { testReissue(t, c.status, c.lr, c.maxIterations, c.wantSuccess) })
+		timeout       time.Duration
+		failure       string // what every failure event says; "" when reissues must succeed
+	}{
+		{"at_risk", "at_risk", 1e-3, 2000, config.Default().Explain.Timeout, ""},
+		{"invalidated", "invalidated", 1e-2, 200, config.Default().Explain.Timeout, "iteration cap 200"},
+		{"at_risk past explain.timeout", "at_risk", 1e-3, 2000, time.Nanosecond, "no counterfactual within explain.timeout 1ns: " + context.DeadlineExceeded.Error()},
+	} {
+		t.Run(c.name, func(t *testing.T) { testReissue(t, c.status, c.lr, c.maxIterations, c.timeout, c.failure) })
 	}
 }
 
-func testReissue(t *testing.T, status string, lr float64, maxIterations int, wantSuccess bool) {
+func testReissue(t *testing.T, status string, lr float64, maxIterations int, timeout time.Duration, failure string) {
+	wantSuccess := failure == ""
 	r := launch.Daemon(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
 		daemontest.PaperLearner(c, lr)
 		c.Explain.MaxIterations = maxIterations
+		c.Explain.Timeout = timeout
 		c.Explain.Reissue = status
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96 // the drift is one increment
 	}))
@@ -98,18 +106,27 @@ func testReissue(t *testing.T, status string, lr float64, maxIterations int, wan
 			if e.Error == "" {
 				t.Errorf("%s: a failure event without its error", old.ID)
 			}
-			if !wantSuccess && !strings.Contains(e.Error, fmt.Sprintf("iteration cap %d", maxIterations)) {
-				t.Errorf("%s: failed with %q, want the iteration cap %d named", old.ID, e.Error, maxIterations)
+			if !wantSuccess && !strings.Contains(e.Error, failure) {
+				t.Errorf("%s: failed with %q, want it to say %q", old.ID, e.Error, failure)
 			}
 			continue
 		}
 		reissued++
+		if !wantSuccess {
+			t.Errorf("%s reissued as %s; want every reissue to fail, saying %q", old.ID, e.NewID, failure)
+		}
 		ce, err := r.D.Ledger().Get(e.NewID)
 		if err != nil {
 			t.Fatalf("reissued %s as %s, which is not stored: %v", old.ID, e.NewID, err)
 		}
 		if !slices.Equal(ce.X, old.X) || ce.Target != old.Target || ce.AnchorVersion < *old.ConfirmedVersion || e.PosteriorVersion != ce.AnchorVersion {
 			t.Errorf("%s reissued as %+v (event %+v)", old.ID, ce, e)
+		}
+		// The event says the move: the old CE's status and the new one's as stored, with its p1
+		// (no record arrives after the drift, so neither status moves after the reissue).
+		if e.From != old.Status.String() || e.To != ce.Status.String() || e.P2 == nil || *e.P2 != ce.P1 {
+			t.Errorf("%s reissued as %s: event from %q to %q, p2 %v; the old CE is %v, the new %v with p1 %v",
+				old.ID, e.NewID, e.From, e.To, e.P2, old.Status, ce.Status, ce.P1)
 		}
 		// The web UI links the two pages.
 		link := func(id string) string { return `<a href="/ui/counterfactuals/` + id + `">` + id + `</a>` }
