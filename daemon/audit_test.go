@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -160,5 +163,53 @@ func TestAuditMeasuresWhileRecordsStream(t *testing.T) {
 	}
 	if st := r.D.auditStatus(); st.Running || st.LastError != "" || st.Last == nil {
 		t.Fatalf("GET /v1/audit after the audit: %+v", st)
+	}
+}
+
+// TestAuditCompletedEventAndCounters: a successful audit publishes one audit_completed event
+// naming the posterior version it measured under and its counts per status (as in its report),
+// counts one audit in cfguard_audits_total, and adds the CEs it re-anchored to
+// cfguard_counterfactuals_renewed_total. The CEs are stored before an increment, so the audit
+// re-anchors them to the newer posterior.
+func TestAuditCompletedEventAndCounters(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	daemontest.StoreCEs(t, r, data, 20)
+	v := r.D.current().Version
+	var vals [][]byte
+	for i := range 32 {
+		vals = append(vals, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.Produce(t, vals...)
+	waitfor.Cond(t, 30*time.Second, "the increment applied", func() bool { return r.D.current().Version > v })
+	audits, renewed := r.Metric(t, alerts.NameAudits), r.Metric(t, alerts.NameRenewed)
+
+	code, body := r.Do(t, "POST", "/v1/audit", "", nil)
+	if code != http.StatusOK {
+		t.Fatalf("POST /v1/audit: %d %s", code, body)
+	}
+	var rep ledger.AuditReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Evaluated != 20 || rep.Reanchored == 0 {
+		t.Fatalf("audit report %+v: want the 20 CEs evaluated and some re-anchored", rep)
+	}
+	if got := r.Metric(t, alerts.NameAudits); got != audits+1 {
+		t.Errorf("%s %v after an audit, want %v", alerts.NameAudits, got, audits+1)
+	}
+	if got := r.Metric(t, alerts.NameRenewed); got < renewed+float64(rep.Reanchored) {
+		t.Errorf("%s %v after an audit that re-anchored %d, want at least %v", alerts.NameRenewed, got, rep.Reanchored, renewed+float64(rep.Reanchored))
+	}
+	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.Metric(t, "cfguard_events_pending") == 0 })
+	var completed []Event
+	for _, m := range kafkatest.ReadPartition(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, 0) {
+		var e Event
+		if err := json.Unmarshal(m.Value, &e); err == nil && e.Type == "audit_completed" {
+			completed = append(completed, e)
+		}
+	}
+	if len(completed) != 1 || completed[0].PosteriorVersion != rep.PosteriorVersion || !maps.Equal(completed[0].Counts, countsByName(rep.Counts)) {
+		t.Fatalf("audit_completed events %+v, want one for posterior %d with counts %v", completed, rep.PosteriorVersion, countsByName(rep.Counts))
 	}
 }

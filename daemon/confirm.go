@@ -68,7 +68,8 @@ type confirmer struct {
 	failedAt  time.Time  // when the batches began to fail (zero while they work); logged once per episode
 	lane      int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
 	lanes     int
-	measured  atomic.Int64 // measurements written (ConfirmReport.Confirmed), for tests and logs
+	poll      time.Duration // how often run looks without being woken: confirmPoll
+	measured  atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
 	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
 }
@@ -115,7 +116,7 @@ func (cs confirmers) run(ctx context.Context) error {
 
 func newConfirmer(l *ledger.Ledger, current func() *bnn.Model, pools *pools, m *alerts.Metrics, changed func([]ledger.StatusChange), log *slog.Logger) *confirmer {
 	return &confirmer{l: l, current: current, pools: pools, metrics: m, changed: changed, log: log,
-		wake: make(chan struct{}, 1), batch: confirmBatch, poolSlack: confirmPoolSlack, lanes: 1}
+		wake: make(chan struct{}, 1), batch: confirmBatch, poolSlack: confirmPoolSlack, poll: confirmPoll, lanes: 1}
 }
 
 // moved reports whether m has moved from the pool's posterior by more than confirmPoolSlack
@@ -136,7 +137,7 @@ func (c *confirmer) notify() {
 // run confirms until ctx ends. Failures are logged and retried at the next wake-up or poll;
 // they never stop the daemon (the CEs stay at_risk, which is the safe side).
 func (c *confirmer) run(ctx context.Context) error {
-	t := time.NewTicker(confirmPoll)
+	t := time.NewTicker(c.poll)
 	defer t.Stop()
 	for {
 		if c.beforeRound != nil {
