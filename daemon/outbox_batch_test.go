@@ -239,10 +239,7 @@ func TestOutboxEachOutageLoggedAndTimedOnItsOwn(t *testing.T) {
 // run returns the ledger's error when the outbox cannot be read (a closed ledger) rather than
 // retrying, and records no failing publish for it.
 func TestOutboxRunStopsOnAClosedLedger(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{EncodeChange: encodeChange, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openOutboxLedger(t)
 	putEvents(t, l, 1)
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
