@@ -1,13 +1,18 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
@@ -131,5 +136,104 @@ func TestConfirmerRunsARoundWhenWoken(t *testing.T) {
 	defer ps.mu.Unlock()
 	if ps.drawn != 0 {
 		t.Fatalf("%d pools drawn for an empty ledger", ps.drawn)
+	}
+}
+
+// TestConfirmerRoundEndsWhenItsPoolsPassIsDone: a pool is kept while ingestion promotes
+// posteriors within confirmPoolSlack of it, but only until its pass is done. Then the round
+// looks again under the newest posterior: with no CE waiting it ends, drawing nothing; it does
+// not keep measuring with the old pool, which finds nothing to measure and would loop without
+// a pause.
+func TestConfirmerRoundEndsWhenItsPoolsPassIsDone(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	old := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	old.Version = 1
+	newest := old.Clone()
+	newest.Version = 2
+	last := &newest.Layers[len(newest.Layers)-1]
+	last.BiasMu[0] += 1e-3 * math.Exp(last.BiasLogSigma[0])
+	for _, m := range []*bnn.Model{old, newest} {
+		if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := &pools{samples: 8}
+	pool, err := ps.get(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newConfirmer(l, func() *bnn.Model { return newest }, ps, alerts.NewMetrics(prometheus.NewRegistry()), nil, slog.New(slog.DiscardHandler))
+	c.pool, c.model = pool, old
+	if c.moved(newest) {
+		t.Fatal("fixture: the newest posterior is past the pool slack")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the round went on measuring with a pool whose pass was done until its context ended")
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.drawn != 1 {
+		t.Fatalf("%d pools drawn, want only the fixture's: nothing waits under the newest posterior", ps.drawn)
+	}
+}
+
+// TestConfirmerFailsWhenItsLedgerCannotBeRead: a round whose ledger cannot be read fails, whether
+// it was looking for CEs that wait (no pool yet) or measuring a batch with its pool; it does not
+// end as though nothing waited. The loop logs the failure once per episode, however many rounds
+// fail in it, and goes on retrying.
+func TestConfirmerFailsWhenItsLedgerCannotBeRead(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	m.Version = 1
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	ps := &pools{samples: 8}
+	pool, err := ps.get(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	metrics := alerts.NewMetrics(prometheus.NewRegistry())
+	for _, withPool := range []bool{false, true} {
+		c := newConfirmer(l, func() *bnn.Model { return m }, ps, metrics, nil, slog.New(slog.DiscardHandler))
+		if withPool {
+			c.pool, c.model = pool, m
+		}
+		if err := c.round(context.Background()); err == nil {
+			t.Errorf("a round with a pool %v and a closed ledger: no error", withPool)
+		}
+	}
+
+	var logs bytes.Buffer
+	c := newConfirmer(l, func() *bnn.Model { return m }, ps, metrics, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	c.poll = time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rounds := 0
+	c.beforeRound = func(context.Context) {
+		if rounds++; rounds == 5 {
+			cancel()
+		}
+	}
+	if err := c.run(ctx); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); rounds < 5 || n != 1 {
+		t.Fatalf("%d ERROR lines over %d failing rounds, want 1:\n%s", n, rounds, logs.String())
 	}
 }

@@ -3,9 +3,11 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
@@ -79,5 +81,46 @@ func TestConfirmerLanesShareTheWork(t *testing.T) {
 	measured := []int64{r.D.confirm[0].measured.Load(), r.D.confirm[1].measured.Load()}
 	if measured[0] == 0 || measured[1] == 0 || measured[0]+measured[1] < n {
 		t.Fatalf("the lanes wrote %v measurements, want both some and at least %d in all", measured, n)
+	}
+}
+
+// TestConfirmerCountsWhatBecameOfItsMeasurements: every measurement the confirmers write is
+// counted in cfguard_counterfactuals_measured_total under what became of it. The confirmers are
+// held until a drift is applied, so that no posterior comes while they measure: then every
+// measurement is kept (in force for the posterior current when it is written), none superseded
+// or discarded, and the kept count is the lanes' measurements.
+func TestConfirmerCountsWhatBecameOfItsMeasurements(t *testing.T) {
+	held := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release)
+	r := startDaemonWith(t, func(c *config.Config) { daemontest.PaperLearner(c, 3e-3) }, func(o *Options) {
+		o.Hooks.ConfirmRound = func(ctx context.Context) {
+			select {
+			case <-held:
+			case <-ctx.Done():
+			}
+		}
+	}, nil).WaitReady(t, "readyz", 20*time.Second)
+	data := daemontest.Bundled(t)
+	daemontest.StoreCEs(t, r, data, 100)
+	r.Produce(t, daemontest.Flipped(data, 96)...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and certificates lapsed", func() bool {
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") > 0
+	})
+	release()
+	waitfor.Cond(t, 2*time.Minute, "every CE measured", func() bool {
+		return r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0
+	})
+	var measured int64
+	for _, c := range r.D.confirm {
+		measured += c.measured.Load()
+	}
+	got := map[string]float64{}
+	for _, res := range alerts.MeasurementResults() {
+		got[res] = r.Metric(t, "cfguard_counterfactuals_measured_total", "result", res)
+	}
+	if measured == 0 || got["kept"] != float64(measured) || got["superseded"] != 0 || got["discarded"] != 0 {
+		t.Fatalf("measurements counted %v, want all %d the confirmers wrote kept", got, measured)
 	}
 }
