@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -9,8 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/ident"
+	"github.com/cfguard/cfguard/ledger"
 )
 
 // TestAPIRefusesWhatItCannotAnswer sends what a client gets wrong, and what encoding/json or the
@@ -24,6 +27,8 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 	js := func(v any) string { return mustJSON(t, v) }
 	huge := append([]float64(nil), x...)
 	huge[4] = -1e308 // finite: scaled and multiplied, it overflows
+	hugeLast := append([]float64(nil), x...)
+	hugeLast[len(x)-1] = 1e308 // the last feature, above the model's range
 	features := strings.Split(strings.Trim(js(x), "[]"), ",")
 	features[0] = "null"
 	withNull := "[" + strings.Join(features, ",") + "]"
@@ -34,6 +39,8 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 	}{
 		{"a feature far out of range, predict", "POST", "/v1/predict", `{"x":` + js(huge) + `}`, 400,
 			[]string{`x[4] = -1e+308`, "standard deviations"}},
+		{"the last feature far above range, predict", "POST", "/v1/predict", `{"x":` + js(hugeLast) + `}`, 400,
+			[]string{fmt.Sprintf("x[%d] = 1e+308", len(x)-1), "standard deviations"}},
 		{"one far out of range in a batch", "POST", "/v1/predict", `{"xs":[` + js(x) + `,` + js(huge) + `]}`, 400, []string{`xs[1][4]`}},
 		{"a feature far out of range, explain", "POST", "/v1/explain", `{"x":` + js(huge) + `,"target":"benign"}`, 400, []string{`x[4]`}},
 		{"x_cf far out of range", "POST", "/v1/counterfactuals", `{"x":` + js(x) + `,"x_cf":` + js(huge) + `,"target":"benign"}`, 400,
@@ -42,6 +49,14 @@ func TestAPIRefusesWhatItCannotAnswer(t *testing.T) {
 			[]string{`"x" holds a null`}},
 		{"null in a vector, predict", "POST", "/v1/predict", `{"x":` + withNull + `}`, 400, []string{`"x" holds a null`}},
 		{"the wrong number of features names x", "POST", "/v1/predict", `{"x":[1,2]}`, 400, []string{"x has 2 features"}},
+		{"one feature too many", "POST", "/v1/predict", `{"x":` + js(append(x[:len(x):len(x)], 0)) + `}`, 400,
+			[]string{fmt.Sprintf("x has %d features, the model takes %d", len(x)+1, len(x))}},
+		{"an empty target name", "POST", "/v1/counterfactuals", `{"x":` + js(x) + `,"x_cf":` + js(xcf) + `,"target":""}`, 400,
+			[]string{`target must be a class index (an integer) or a class name, got ""`}},
+		{"a negative target index", "POST", "/v1/counterfactuals", `{"x":` + js(x) + `,"x_cf":` + js(xcf) + `,"target":-1}`, 400,
+			[]string{"target -1 out of range: 2 classes"}},
+		{"a target index one past the classes", "POST", "/v1/counterfactuals", `{"x":` + js(x) + `,"x_cf":` + js(xcf) + `,"target":2}`, 400,
+			[]string{"target 2 out of range: 2 classes"}},
 		{"an empty body", "POST", "/v1/counterfactuals", ``, 400, []string{"the body is empty"}},
 		{"an audit body of null", "POST", "/v1/audit", `null`, 400, []string{"must be a JSON object", "not null"}},
 		{"an audit body that is not JSON", "POST", "/v1/audit", `nope`, 400, []string{"must be a JSON object", "not byte 'n'"}},
@@ -238,5 +253,124 @@ func TestExplainAnswersAsRegistrationDoes(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), fmt.Sprintf("explain.concurrency: %d at once", len(releases))) {
 		t.Errorf("POST /v1/explain with every slot taken: %d %s, want 429 naming explain.concurrency", resp.StatusCode, body)
+	}
+}
+
+// A registration refused is answered with the status docs/API.md gives its reason, however the
+// reason is wrapped: 400 for a bad request or a CE the ledger finds invalid, 409 for an id that
+// holds (or held) a CE, 422 for a reused key and for a pair that is no counterfactual or outside
+// the <delta, epsilon>-set, 503 with a Retry-After of 10 s when nothing could be stored (a ledger
+// that cannot be written, a daemon that stops), else 500. A 409 for an id that holds a CE says to
+// DELETE it first, unless the refusal is an earlier answer held for the request's key.
+func TestRegisterErrorsAnswerTheirStatus(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("register: %w", err) }
+	for _, c := range []struct {
+		name       string
+		err        error
+		code       int
+		retryAfter string
+		says, not  string
+	}{
+		{"a bad request", wrap(errBadRequest), 400, "", "", ""},
+		{"a CE the ledger finds invalid", wrap(ledger.ErrInvalid), 400, "", "", ""},
+		{"a reused key", wrap(errKeyReused), 422, "", "", ""},
+		{"an id that holds a CE", wrap(ledger.ErrExists), 409, "", "DELETE it first or choose another id", ""},
+		{"an id that held a CE, answered again", &heldError{wrap(ledger.ErrExists)}, 409, "", "", "DELETE it first"},
+		{"registered by the request and deleted since", wrap(errDeletedSince), 409, "", "", ""},
+		{"stored before the request and deleted since", wrap(errFoundDeletedSince), 409, "", "", ""},
+		{"not a counterfactual", wrap(errNotCounterfactual), 422, "", "", ""},
+		{"outside the set", wrap(errOutsideSet), 422, "", "", ""},
+		{"a ledger that cannot be written", wrap(ledger.ErrWrite), 503, "10", "nothing was stored, retry later", ""},
+		{"a daemon that stops", wrap(errStopping), 503, "10", errStopping.Error(), "the ledger cannot be written"},
+		{"anything else", errors.New("boom"), 500, "", "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			writeRegisterError(w, c.err)
+			var e struct{ Error string }
+			if w.Code != c.code || json.Unmarshal(w.Body.Bytes(), &e) != nil || e.Error == "" {
+				t.Fatalf("%v: %d %q, want %d with a JSON error", c.err, w.Code, w.Body.String(), c.code)
+			}
+			if got := w.Header().Get("Retry-After"); got != c.retryAfter {
+				t.Errorf("%v: Retry-After %q, want %q", c.err, got, c.retryAfter)
+			}
+			if c.says != "" && !strings.Contains(e.Error, c.says) {
+				t.Errorf("%v: error %q does not say %q", c.err, e.Error, c.says)
+			}
+			if c.not != "" && strings.Contains(e.Error, c.not) {
+				t.Errorf("%v: error %q says %q", c.err, e.Error, c.not)
+			}
+		})
+	}
+}
+
+// GET /v1/counterfactuals lists 100 CEs when no limit is given, and takes a limit of 1 to 1000:
+// a page holds that many, and next names its last CE while more follow; a limit outside 1..1000
+// is refused, not cut to fit. A page without CEs is an empty list, not null.
+func TestListLimitIsOneToAThousand(t *testing.T) {
+	r := startDaemon(t, nil)
+	if code, b := r.Get(t, "/v1/counterfactuals"); code != 200 || !strings.Contains(string(b), `"counterfactuals":[]`) {
+		t.Errorf("GET /v1/counterfactuals of an empty ledger: %d %s, want 200 with counterfactuals []", code, b)
+	}
+	daemontest.StoreCEs(t, r, daemontest.Bundled(t), 1001)
+	for _, c := range []struct {
+		query string
+		code  int
+		n     int
+		next  string
+	}{
+		{"", 200, 100, "ce-0000099"},
+		{"?limit=1", 200, 1, "ce-0000000"},
+		{"?limit=1000", 200, 1000, "ce-0000999"},
+		{"?limit=1000&after=ce-0000999", 200, 1, ""},
+		{"?limit=0", 400, 0, ""},
+		{"?limit=1001", 400, 0, ""},
+		{"?limit=-1", 400, 0, ""},
+	} {
+		code, b := r.Get(t, "/v1/counterfactuals"+c.query)
+		if code != c.code {
+			t.Errorf("GET /v1/counterfactuals%s: %d %.200s, want %d", c.query, code, b, c.code)
+			continue
+		}
+		if code != 200 {
+			if !strings.Contains(string(b), "must be 1..1000") {
+				t.Errorf("GET /v1/counterfactuals%s: %s, want it to say the limit must be 1..1000", c.query, b)
+			}
+			continue
+		}
+		var page struct {
+			Counterfactuals []json.RawMessage
+			Next            string
+		}
+		if err := json.Unmarshal(b, &page); err != nil || len(page.Counterfactuals) != c.n || page.Next != c.next {
+			t.Errorf("GET /v1/counterfactuals%s: %d CEs, next %q (%v); want %d, next %q", c.query, len(page.Counterfactuals), page.Next, err, c.n, c.next)
+		}
+	}
+}
+
+// Another replica's question for a request's outcome (GET of a CE with a request id, forwarded)
+// may name the offset its partition must be applied past: a number from 0 up, or it is refused
+// with 400; a request this daemon has not applied is 404, whatever the offset.
+func TestOutcomeQuestionTakesAnOffsetFromZero(t *testing.T) {
+	r := startDaemon(t, nil)
+	for _, c := range []struct {
+		after string
+		code  int
+		says  string
+	}{
+		{"", 404, `request "rid-1" for "a1" not applied here`},
+		{"0", 404, `request "rid-1" for "a1" not applied here`},
+		{"-1", 400, `Cfguard-Applied-After: "-1" is not an offset`},
+		{"one", 400, `Cfguard-Applied-After: "one" is not an offset`},
+	} {
+		header := map[string]string{cluster.HeaderForwarded: "r2", cluster.HeaderRequestID: "rid-1"}
+		if c.after != "" {
+			header[cluster.HeaderAppliedAfter] = c.after
+		}
+		resp, body := r.RawDo(t, "GET", "/v1/counterfactuals/a1", "", header)
+		var e struct{ Error string }
+		if resp.StatusCode != c.code || json.Unmarshal(body, &e) != nil || e.Error != c.says {
+			t.Errorf("the outcome of rid-1, applied after %q: %d %s; want %d with the error %q", c.after, resp.StatusCode, body, c.code, c.says)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -103,5 +104,54 @@ func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 	resp, body = r.RawDo(t, "POST", "/v1/counterfactuals:bulk", "\n"+strings.ReplaceAll(lines.String(), "cut-", "again-"), nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "nothing was stored") {
 		t.Errorf("a bulk whose first batch, from line 2, cannot be written: %d %s; want 503 saying nothing was stored", resp.StatusCode, body)
+	}
+}
+
+// A bulk registration cut by a write that fails or a daemon that stops, after lines of it were
+// handled, answers 503 with a Retry-After of 10 s that names the line it stopped at, why it
+// stopped, and what sending it again does: with an Idempotency-Key every line applied answers as
+// it did, without one a line without an id is stored again. Cut at its first line, or by a
+// refusal of another kind, it is answered as a single registration is.
+func TestBulkCutSaysWhatSendingAgainDoes(t *testing.T) {
+	write := fmt.Errorf("commit: %w", ledger.ErrWrite)
+	for _, c := range []struct {
+		name         string
+		err          error
+		first, keyed bool
+		code         int
+		says, not    []string
+	}{
+		{"a failed write after lines were handled, without a key", write, false, false, 503,
+			[]string{"the ledger cannot be written now (see /readyz)", "stopped at line 7", "a line without an id is stored again"},
+			[]string{"Idempotency-Key", "nothing was stored"}},
+		{"a stop after lines were handled, with a key", errStopping, false, true, 503,
+			[]string{"the daemon is stopping", "stopped at line 7", "with the same Idempotency-Key, every line already applied answers as it did"},
+			[]string{"cannot be written", "a line without an id is stored again"}},
+		{"a failed write at the first line", write, true, true, 503,
+			[]string{"nothing was stored, retry later"}, []string{"stopped at line"}},
+		{"a reused key after lines were handled", errKeyReused, false, true, 422,
+			[]string{errKeyReused.Error()}, []string{"stopped at line"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			writeBulkCut(w, c.err, 7, c.first, c.keyed)
+			var e struct{ Error string }
+			if w.Code != c.code || json.Unmarshal(w.Body.Bytes(), &e) != nil {
+				t.Fatalf("%d %s, want %d with a JSON error", w.Code, w.Body, c.code)
+			}
+			if want := map[bool]string{true: "10", false: ""}[c.code == 503]; w.Header().Get("Retry-After") != want {
+				t.Errorf("Retry-After %q, want %q", w.Header().Get("Retry-After"), want)
+			}
+			for _, s := range c.says {
+				if !strings.Contains(e.Error, s) {
+					t.Errorf("error %q does not say %q", e.Error, s)
+				}
+			}
+			for _, s := range c.not {
+				if strings.Contains(e.Error, s) {
+					t.Errorf("error %q says %q", e.Error, s)
+				}
+			}
+		})
 	}
 }

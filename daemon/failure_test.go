@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
@@ -40,6 +41,11 @@ func TestFailedUpdateKeepsThePosterior(t *testing.T) {
 	}
 	if st.PosteriorVersion != before.Version || st.Offsets[0] != 32 || st.Counters["failed"] != 32 {
 		t.Fatalf("checkpoint after the failure: %+v", st)
+	}
+	// The KL history records the failed update as the candidate posterior it did not make.
+	if hist, err := r.D.ledger.KLHistory(1); err != nil || len(hist) != 1 || hist[0].PosteriorVersion != before.Version+1 ||
+		hist[0].Outcome != certify.OutcomeFailed || hist[0].KL != 0 {
+		t.Fatalf("KL history after the failure: %+v (%v), want one failed entry for version %d with KL 0", hist, err, before.Version+1)
 	}
 	// Its update_failed event names the records and where they are in the input topic, for replay.
 	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.Metric(t, "cfguard_events_pending") == 0 })

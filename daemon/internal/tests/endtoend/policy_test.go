@@ -58,6 +58,23 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	if st.Counters["held"] != 64 || st.Offsets[0] < 64 {
 		t.Fatalf("held increments not checkpointed: %+v", st)
 	}
+	// Each held increment's event names the posterior kept (not the candidate rejected), and the
+	// events carry every held record.
+	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.Metric(t, "cfguard_events_pending") == 0 })
+	held := 0
+	for _, m := range kafkatest.ReadPartition(t, r.D.BrokerAddrs(), r.Config.Kafka.EventsTopic, 0) {
+		var e daemon.Event
+		if err := json.Unmarshal(m.Value, &e); err != nil || e.Type != "increment_held" {
+			continue
+		}
+		if e.PosteriorVersion != before.Version || e.KL == nil || !(*e.KL > certify.KLBudget(r.Config.Certify.Delta)) {
+			t.Errorf("increment_held event %s: want posterior_version %d (the one kept) and a KL over the budget", m.Value, before.Version)
+		}
+		held += len(e.Records)
+	}
+	if held != 64 {
+		t.Errorf("increment_held events name %d records, want the 64 held", held)
+	}
 }
 
 // TestClipPolicyMeetsTheBudget: at the default learner, flipped labels move the converged

@@ -111,3 +111,31 @@ func TestGivenListenersAreServedAndClosed(t *testing.T) {
 		}
 	}
 }
+
+// A start refused for its configuration, before anything is bound, still closes the sockets
+// Options gave it (Options.HTTPListener and BrokerListener): nothing answers on them once Run
+// has returned.
+func TestGivenListenersAreClosedWhenTheConfigurationIsRefused(t *testing.T) {
+	httpPort, brokerPort := testnet.Reserve(t), testnet.Reserve(t)
+	c := daemontest.Config(t, func(c *config.Config) {
+		c.HTTP.Listen, c.Kafka.EmbeddedListen = httpPort.Addr(), brokerPort.Addr()
+		c.Certify.Delta = 0.7 // outside (0, 0.5)
+	})
+	httpLn, brokerLn := httpPort.Listen(t), brokerPort.Listen(t)
+	t.Cleanup(func() { httpLn.Close(); brokerLn.Close() })
+	err := daemon.Run(context.Background(), daemon.Options{Config: &c, Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(),
+		HTTPListener: httpLn, BrokerListener: brokerLn})
+	if err == nil || !strings.Contains(err.Error(), "certify.delta") {
+		t.Fatalf("Run with certify.delta 0.7: %v, want an error naming certify.delta", err)
+	}
+	for _, addr := range []string{httpPort.Addr(), brokerPort.Addr()} {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			conn.Close()
+			t.Fatalf("%s still accepts connections after Run refused the configuration", addr)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("dialling %s after Run refused the configuration: %v, want connection refused", addr, err)
+		}
+	}
+}

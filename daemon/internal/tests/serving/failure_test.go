@@ -38,4 +38,8 @@ func TestHugeFeatureIsDeadLettered(t *testing.T) {
 	if n := r.Metric(t, "cfguard_records_total", "result", "failed"); n != 0 {
 		t.Errorf("%v records failed, want none", n)
 	}
+	// The ledger counts them too, in the checkpoint of their increment.
+	if st, err := r.D.Ledger().State(); err != nil || st.Counters["dead_lettered"] != 2 {
+		t.Errorf("the ledger's dead_lettered counter: %v (%v), want 2", st.Counters["dead_lettered"], err)
+	}
 }
