@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -228,4 +229,249 @@ func sameSums(a, b []float64) bool {
 		}
 	}
 	return true
+}
+
+// A single daemon answers a registration that stored its CE with the CE the ledger holds under
+// its id when it reads it back, only when that is the same x and x_cf: a CE deleted or replaced
+// (another x_cf under the id) meanwhile is errDeletedSince (409), whose message says to send the
+// registration again, with a new Idempotency-Key when it was sent with one.
+func TestStoredNowAnswersOnlyTheCEItStored(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < 1 || len(cfs) < 2 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "held", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	const (
+		again      = "to register it again, send it again"
+		againKeyed = "to register it again, send it with a new Idempotency-Key"
+	)
+	for _, c := range []struct {
+		name   string
+		want   *ledger.CE
+		keyed  bool
+		stored bool   // answered with the CE as stored
+		says   string // what the errDeletedSince message ends with
+	}{
+		{"the same CE", &ledger.CE{ID: "held", X: data.X[xs[0]], XCF: data.X[cfs[0]]}, false, true, ""},
+		{"another x_cf under the id", &ledger.CE{ID: "held", X: data.X[xs[0]], XCF: data.X[cfs[1]]}, false, false, again},
+		{"another x_cf under the id, keyed", &ledger.CE{ID: "held", X: data.X[xs[0]], XCF: data.X[cfs[1]]}, true, false, againKeyed},
+		{"nothing under the id", &ledger.CE{ID: "gone", X: data.X[xs[0]], XCF: data.X[cfs[0]]}, false, false, again},
+		{"nothing under the id, keyed", &ledger.CE{ID: "gone", X: data.X[xs[0]], XCF: data.X[cfs[0]]}, true, false, againKeyed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ce, err := storedNow(r.D.ledger, c.want, c.keyed)
+			if c.stored {
+				if err != nil || ce == nil || ce.ID != "held" || ce.Status != certify.Certified {
+					t.Fatalf("answered CE %v, %v; want the certified CE held", ce != nil, err)
+				}
+				return
+			}
+			if ce != nil || !errors.Is(err, errDeletedSince) || !strings.HasSuffix(err.Error(), c.says) {
+				t.Fatalf("answered CE %v, %v; want errDeletedSince ending %q", ce != nil, err, c.says)
+			}
+		})
+	}
+}
+
+// Two attempts of one keyed registration stored in one write (the same key, the same request)
+// store the CE once, and the attempt the ledger refuses as applied before is answered from that
+// outcome: both with the CE as stored, as a retry after the write would be.
+func TestKeyedAttemptsInOneWriteAnswerAlike(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < 1 || len(cfs) < 1 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	body := `{"x":` + mustJSON(t, data.X[xs[0]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[0]]) + `,"target":"benign"}`
+	attempt := registration{x: data.X[xs[0]], xcf: data.X[cfs[0]], target: target{set: true, name: "benign"}}
+	keyed(&attempt, "twice-key", "", requestFingerprint("POST", "/v1/counterfactuals", []byte(body)))
+	writes0, stored0 := r.RegistrationBatches(t)
+	none := time.Duration(0)
+	got, err := r.D.registerMany(context.Background(), []registration{attempt, attempt}, &none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, o := range got {
+		if o.err != nil || o.ce == nil || o.ce.ID != attempt.id || o.ce.Status != certify.Certified {
+			t.Errorf("attempt %d: answered CE %v, %v; want the certified CE %s", k+1, o.ce != nil, o.err, attempt.id)
+		}
+	}
+	if writes, stored := r.RegistrationBatches(t); writes-writes0 != 1 || stored-stored0 != 1 {
+		t.Errorf("%d ledger writes storing %v CEs, want 1 storing 1", writes-writes0, stored-stored0)
+	}
+	if got := r.Metric(t, "cfguard_requests_replayed_total", "result", "stored"); got != 1 {
+		t.Errorf("cfguard_requests_replayed_total{result=\"stored\"} %v, want 1: the second attempt answered from the first's outcome", got)
+	}
+}
+
+// A registration whose client went away while it waited for the registrar is answered with its
+// context's error and not stored; the registrations batched with it are stored as usual.
+func TestRegistrationOfAClientGoneIsNotStored(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < 2 || len(cfs) < 2 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	pair := func(id string, k int) registration {
+		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
+	}
+	writes0, stored0 := r.RegistrationBatches(t)
+	// A registrar of the running daemon's own storeRegistrations, started once both wait.
+	g := newRegistrar(1, r.D.measureRegistrations, r.D.storeRegistrations)
+	gone, leave := context.WithCancel(context.Background())
+	goneErr := make(chan error, 1)
+	go func() {
+		_, err := g.submit(gone, []registration{pair("gone", 0)}, false)
+		goneErr <- err
+	}()
+	waitfor.Cond(t, 10*time.Second, "the first registration queued", func() bool { return len(g.jobs) == 1 })
+	stayed := make(chan []registered, 1)
+	go func() {
+		out, err := g.submit(context.Background(), []registration{pair("stayed", 1)}, false)
+		if err != nil {
+			t.Errorf("stayed: %v", err)
+		}
+		stayed <- out
+	}()
+	waitfor.Cond(t, 10*time.Second, "both registrations queued", func() bool { return len(g.jobs) == 2 })
+	leave()
+	if err := <-goneErr; !errors.Is(err, context.Canceled) {
+		t.Errorf("the registration of the client gone: %v, want context.Canceled", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go g.run(ctx)
+	out := <-stayed
+	cancel()
+	<-g.stopped
+
+	if len(out) != 1 || out[0].err != nil || out[0].ce == nil {
+		t.Fatalf("stayed: %+v, want stored", out)
+	}
+	if _, err := r.D.ledger.Get("stayed"); err != nil {
+		t.Errorf("stayed is not stored: %v", err)
+	}
+	if ce, err := r.D.ledger.Get("gone"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Errorf("the registration of the client gone: stored %v, %v; want nothing stored", ce != nil, err)
+	}
+	if writes, stored := r.RegistrationBatches(t); writes-writes0 != 1 || stored-stored0 != 1 {
+		t.Errorf("%d ledger writes storing %v CEs, want 1 storing 1", writes-writes0, stored-stored0)
+	}
+}
+
+// A keyed registration stored in one write with registrations sent without a key, before or
+// after it in the batch, records its request's outcome, from which a retry is answered.
+func TestKeyedRegistrationAmongUnkeyedRecordsItsOutcome(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < 4 || len(cfs) < 4 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	pair := func(id string, k int) registration {
+		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
+	}
+	for _, c := range []struct {
+		name  string
+		keyAt int // index of the keyed registration in the batch
+	}{
+		{"keyed first", 0},
+		{"keyed last", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rs := []registration{pair(fmt.Sprintf("plain-%d", c.keyAt), 2*c.keyAt), pair(fmt.Sprintf("plain-%d-b", c.keyAt), 2*c.keyAt+1)}
+			keyed(&rs[c.keyAt], fmt.Sprintf("mixed-key-%d", c.keyAt), "", "fingerprint")
+			out := r.D.storeRegistrations(context.Background(), rs, nil, false)
+			for k, o := range out {
+				if o.err != nil || o.ce == nil {
+					t.Fatalf("%s: %v, want stored", rs[k].id, o.err)
+				}
+			}
+			o, ok, err := r.D.ledger.Outcome(rs[c.keyAt].req.RID)
+			if err != nil || !ok || o.Result != ledger.OutcomeStored || o.ID != rs[c.keyAt].id {
+				t.Errorf("the keyed registration's outcome: %+v %v %v, want stored under %s", o, ok, err, rs[c.keyAt].id)
+			}
+		})
+	}
+}
+
+// cfguard_counterfactuals_registration_batch_size observes the ledger writes that stored
+// counterfactuals: a registration refused before the write (not a counterfactual) or by it (its
+// id taken) adds no observation.
+func TestRefusedRegistrationsObserveNoBatch(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < 2 || len(cfs) < 2 {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "taken", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	for _, c := range []struct {
+		name string
+		reg  registration
+		want error
+	}{
+		{"not a counterfactual", registration{id: "same", x: data.X[cfs[1]], xcf: data.X[cfs[1]], target: target{set: true, name: "benign"}}, errNotCounterfactual},
+		{"id taken", registration{id: "taken", x: data.X[xs[1]], xcf: data.X[cfs[1]], target: target{set: true, name: "benign"}}, ledger.ErrExists},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			writes0, stored0 := r.RegistrationBatches(t)
+			if _, err := r.D.register(context.Background(), c.reg); !errors.Is(err, c.want) {
+				t.Fatalf("register: %v, want %v", err, c.want)
+			}
+			if writes, stored := r.RegistrationBatches(t); writes != writes0 || stored != stored0 {
+				t.Errorf("%d batches observed storing %v CEs, want none", writes-writes0, stored-stored0)
+			}
+		})
+	}
+}
+
+// Registrations that wait for the registrar together, all of them counterfactuals, are measured
+// and stored as one batch: one ledger write storing every one of them.
+func TestRegistrationsQueuedTogetherAreOneWrite(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	const n = 8
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
+	}
+	writes0, stored0 := r.RegistrationBatches(t)
+	// A registrar of the running daemon's own storeRegistrations, started once all n wait.
+	g := newRegistrar(1, r.D.measureRegistrations, r.D.storeRegistrations)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reg := registration{id: fmt.Sprintf("q%d", k), x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
+			out, err := g.submit(context.Background(), []registration{reg}, false)
+			if err == nil {
+				err = out[0].err
+			}
+			errs[k] = err
+		}()
+	}
+	waitfor.Cond(t, 10*time.Second, fmt.Sprintf("%d registrations queued", n), func() bool { return len(g.jobs) == n })
+	ctx, cancel := context.WithCancel(context.Background())
+	go g.run(ctx)
+	wg.Wait()
+	cancel()
+	<-g.stopped
+	for k, err := range errs {
+		if err != nil {
+			t.Errorf("q%d: %v, want stored", k, err)
+		}
+	}
+	if writes, stored := r.RegistrationBatches(t); writes-writes0 != 1 || stored-stored0 != n {
+		t.Errorf("%d ledger writes storing %v CEs, want 1 storing %d", writes-writes0, stored-stored0, n)
+	}
 }
