@@ -16,13 +16,14 @@ import (
 	"github.com/cfguard/cfguard/postlog"
 )
 
-// TestInputTopicRecreatedUnderReplicas deletes and recreates the input topic under a replica
-// whose posterior log covers 64 records of it, and writes 96 records to the new topic: the
-// updater finds the reset (the record the log's marks name is not there any more) and stops
-// ingesting rather than read on from offset 64 and skip the new log's first 64 records. It keeps
-// serving its posterior, /readyz names the reset, cfguard_consumer_topic_mismatch is 1
-// (CfguardTopicReset), and the new log's 96 records wait (cfguard_consumer_lag_records). Restarted, a new updater (whose consumer never read the old topic) finds
-// it from the log's marks alone: the log still covers 64.
+// TestInputTopicRecreatedUnderReplicas deletes and recreates the input topic under a replica whose
+// posterior log covers 64 records of it, and writes 96 records to the new topic: the updater finds the
+// reset (the record the log's marks name is not there any more) and stops ingesting rather than read
+// on from offset 64 and skip the new log's first 64 records. It keeps serving its posterior, /readyz
+// names the reset and says that replicas cannot confirm it, cfguard_consumer_topic_mismatch is 1
+// (CfguardTopicReset), and the new log's 96 records wait (cfguard_consumer_lag_records). Restarted, a
+// new updater (whose consumer never read the old topic) finds it from the log's marks alone: the log
+// still covers 64.
 func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b := daemontest.StartCluster(t, 1)
@@ -47,6 +48,7 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 		waitfor.Cond(t, 60*time.Second, what, func() bool {
 			code, body := r.Get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
+				strings.Contains(string(body), "replicas cannot confirm a topic reset") &&
 				r.Metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.Metric(t, "cfguard_consumer_lag_records") == 96
 		})
 		if v := r.Model(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
