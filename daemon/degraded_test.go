@@ -18,6 +18,7 @@ import (
 
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -153,5 +154,68 @@ func TestBulkCutSaysWhatSendingAgainDoes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A write durably retries is tried again after each ledger.ErrWrite until it succeeds: every
+// failed attempt counts in cfguard_checkpoint_failures_total, the episode logs one ERROR line
+// when it starts and one INFO line with the failed attempts when it ends, and the gauge is back
+// to 0. A write that succeeds at once logs nothing, and an error other than ErrWrite is returned
+// at once, uncounted.
+func TestDurablyRetriesUntilTheWriteSucceeds(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	reg := prometheus.NewRegistry()
+	logs := &tooltest.Output{}
+	d := &Daemon{ledger: l, metrics: alerts.NewMetrics(reg), log: slog.New(slog.NewTextHandler(logs, nil))}
+	ctx := context.Background()
+	if err := d.durably(ctx, checkpointWrite, func() error { return nil }); err != nil || logs.String() != "" {
+		t.Fatalf("a write that succeeds at once: %v, logged %q; want nil and nothing", err, logs)
+	}
+
+	full := fmt.Errorf("no space left on device: %w", ledger.ErrWrite)
+	attempts := 0
+	err = d.durably(ctx, checkpointWrite, func() error {
+		if attempts++; attempts <= 2 {
+			return full
+		}
+		return nil
+	})
+	if err != nil || attempts != 3 {
+		t.Fatalf("a write that fails twice: %v after %d attempts, want nil after 3", err, attempts)
+	}
+	if f := gathered(t, reg, alerts.NameCheckpointFailures); f != 2 {
+		t.Errorf("%s %v, want 2", alerts.NameCheckpointFailures, f)
+	}
+	if g := gathered(t, reg, alerts.NameCheckpointFailing); g != 0 {
+		t.Errorf("%s %v once the write succeeded, want 0", alerts.NameCheckpointFailing, g)
+	}
+	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
+		t.Errorf("%d ERROR lines for one episode, want 1:\n%s", n, logs)
+	}
+	if got := logs.Logged("checkpoint written again; consuming resumed", "failed_attempts"); got != "2" {
+		t.Errorf("the episode's end logged failed_attempts %q, want 2:\n%s", got, logs)
+	}
+	if h := d.checkpointHealth(); h != nil {
+		t.Errorf("/readyz once the write succeeded: %v", h)
+	}
+
+	other := errors.New("the ledger is closed")
+	attempts = 0
+	if err := d.durably(ctx, checkpointWrite, func() error { attempts++; return other }); !errors.Is(err, other) || attempts != 1 {
+		t.Errorf("a write failing with another error: %v after %d attempts, want it returned after 1", err, attempts)
+	}
+	if f := gathered(t, reg, alerts.NameCheckpointFailures); f != 2 {
+		t.Errorf("%s %v after another error, want 2 still", alerts.NameCheckpointFailures, f)
+	}
+
+	// A context that ends while the write waits for its retry ends it with the context's error.
+	cctx, cancel := context.WithCancel(ctx)
+	err = d.durably(cctx, shareWrite, func() error { cancel(); return full })
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("a write whose context ended during its retry: %v, want context.Canceled", err)
 	}
 }
