@@ -54,9 +54,12 @@ func (p auditPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predic
 }
 
 // auditWorkers is audit.workers, 0 meaning every core but one (at least one).
-func auditWorkers(n int) int {
+func auditWorkers(n int) int { return workersOn(n, runtime.GOMAXPROCS(0)) }
+
+// workersOn is audit.workers n on procs cores: n when it is positive, else procs - 1, at least 1.
+func workersOn(n, procs int) int {
 	if n > 0 {
 		return n
 	}
-	return max(1, runtime.GOMAXPROCS(0)-1)
+	return max(1, procs-1)
 }

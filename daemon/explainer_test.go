@@ -6,9 +6,11 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
@@ -194,4 +196,43 @@ func TestGeneratorConfigCanConfirmEveryDelta(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSavedVAEIsLoadedAtStart: a VAE saved under state_dir is loaded as soon as the explainer
+// runs, before any explanation asks for it, and makes PSCE ready; it is the saved network.
+func TestSavedVAEIsLoadedAtStart(t *testing.T) {
+	m, err := bnn.Load(daemontest.SharedModelDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	if err := os.CopyFS(filepath.Join(state, "vae"), os.DirFS(daemontest.SharedVAEDir(t))); err != nil {
+		t.Fatal(err)
+	}
+	d := config.Default().Model
+	e := newExplainer(explainerConfig{stateDir: state, dataset: d.Dataset, seed: d.Seed, concurrency: 1, pool: drawPool},
+		func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- e.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	select {
+	case <-e.ready:
+	case <-time.After(time.Minute):
+		t.Fatal("a saved VAE is not ready a minute after the start, with no explanation asked for")
+	}
+	select {
+	case <-e.want:
+		t.Fatal("the start asked for the VAE's training")
+	default:
+	}
+	if e.vae == nil {
+		t.Fatal("ready without the saved VAE")
+	}
+	daemontest.SameVAE(t, e.dir, daemontest.SharedVAEDir(t))
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -405,5 +406,242 @@ func TestAPIWithoutATokenRefusesWebPages(t *testing.T) {
 		if got := loopbackListen(listen); got != want {
 			t.Errorf("loopbackListen(%q) = %v, want %v", listen, got, want)
 		}
+	}
+}
+
+// fixedBackup is a backupSource that writes body and returns info and err.
+type fixedBackup struct {
+	body string
+	info ledger.Info
+	err  error
+}
+
+func (f fixedBackup) Backup(ctx context.Context, w io.Writer) (ledger.Info, error) {
+	if _, err := io.WriteString(w, f.body); err != nil {
+		return ledger.Info{}, err
+	}
+	return f.info, f.err
+}
+
+// TestBackupTrailersTellTheSnapshotOrItsFailure: GET /v1/backup streams the snapshot and then
+// says in its trailers which transaction and which posterior version it holds; a snapshot that
+// failed says only why, in Cfguard-Backup-Error, and names no transaction or version.
+func TestBackupTrailersTellTheSnapshotOrItsFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		src                    fixedBackup
+		txid, version, failure string
+	}{
+		{"a snapshot", fixedBackup{body: "bbolt", info: ledger.Info{TxID: 41, PosteriorVersion: 7}}, "41", "7", ""},
+		{"a failed snapshot", fixedBackup{body: "bbo", info: ledger.Info{TxID: 41, PosteriorVersion: 7}, err: errors.New("disk: input/output error")},
+			"", "", "disk: input/output error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &api{cfg: apiConfig{maxBodyBytes: 1 << 20}, metrics: http.NotFoundHandler(), backup: tc.src}
+			srv := httptest.NewServer(a.routes())
+			defer srv.Close()
+			resp, err := http.Get(srv.URL + "/v1/backup")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusOK || string(body) != tc.src.body {
+				t.Fatalf("%d %q, want 200 and the snapshot's bytes %q", resp.StatusCode, body, tc.src.body)
+			}
+			got := [3]string{resp.Trailer.Get(trailerBackupTxID), resp.Trailer.Get(trailerBackupVersion), resp.Trailer.Get(trailerBackupError)}
+			if want := [3]string{tc.txid, tc.version, tc.failure}; got != want {
+				t.Errorf("trailers txid, posterior version, error %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestBackupEndsWithItsRequest: the snapshot is written under the request's context, so a
+// backup whose request has ended (its client gone, or the drain of a stop timed out) stops and
+// says so in Cfguard-Backup-Error.
+func TestBackupEndsWithItsRequest(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a := &api{cfg: apiConfig{maxBodyBytes: 1 << 20}, metrics: http.NotFoundHandler(), backup: l}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	a.routes().ServeHTTP(rec, localRequest("GET", "/v1/backup", nil).WithContext(ctx))
+	res := rec.Result()
+	if e := res.Trailer.Get(trailerBackupError); !strings.Contains(e, context.Canceled.Error()) || rec.Body.Len() != 0 {
+		t.Errorf("a backup whose request ended: %d bytes, error trailer %q, want none and %q", rec.Body.Len(), e, context.Canceled)
+	}
+	if id := res.Trailer.Get(trailerBackupTxID); id != "" {
+		t.Errorf("a backup whose request ended names transaction %q", id)
+	}
+}
+
+// failOnce is a net.Listener whose first Accept fails, as one does when the process is out of
+// file descriptors.
+type failOnce struct {
+	net.Listener
+	failed bool
+}
+
+func (f *failOnce) Accept() (net.Conn, error) {
+	if !f.failed {
+		f.failed = true
+		return nil, errors.New("accept: too many open files")
+	}
+	return f.Listener.Accept()
+}
+
+// TestLimitListenerFailedAcceptGivesItsSlotBack: an Accept that fails holds no connection, so
+// its slot is given back: with a limit of one, the next connection is still accepted.
+func TestLimitListenerFailedAcceptGivesItsSlotBack(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"})
+	l := newLimitListener(&failOnce{Listener: ln}, 1, gauge)
+	defer l.Close()
+	if c, err := l.Accept(); err == nil || c != nil {
+		t.Fatalf("first Accept: %v, %v; want the listener's error", c, err)
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		if err != nil {
+			t.Fatalf("Accept after a failed one: %v", err)
+		}
+	case <-time.After(time.Minute):
+		l.Close()
+		<-accepted
+		t.Fatal("Accept still waits for the slot of an Accept that failed")
+	}
+	if got := testutil.ToFloat64(gauge); got != 0 {
+		t.Errorf("gauge %v after the only connection closed", got)
+	}
+}
+
+// TestUnusedConnectionIsClosedAfterItsGrace: a drain closes a connection that carried no
+// request once it has read nothing for the grace, counted from its accept or its last Read that
+// returned bytes (a Read that returns none does not count), and not a moment sooner.
+func TestUnusedConnectionIsClosedAfterItsGrace(t *testing.T) {
+	const grace = time.Hour
+	for _, tc := range []struct {
+		name   string
+		read   bool // the client sends a byte and the server reads it
+		after  time.Duration
+		closed bool
+	}{
+		{"accepted, just before the grace", false, grace - time.Nanosecond, false},
+		{"accepted, at the grace", false, grace, true},
+		{"read from, just before the grace", true, grace - time.Nanosecond, false},
+		{"read from, at the grace", true, grace, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newLimitListener(ln, 1, prometheus.NewGauge(prometheus.GaugeOpts{Name: "conns"}))
+			defer l.Close()
+			before := time.Now()
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			c, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			lc := limitConnOf(c)
+			if got := lc.lastRead.Load(); got < before.UnixNano() {
+				t.Fatalf("last read %v before the accept (%v)", time.Unix(0, got), before)
+			}
+			if tc.read {
+				lc.lastRead.Store(0)
+				c.SetReadDeadline(time.Now().Add(-time.Second))
+				if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("a read past its deadline: %d, %v", n, err)
+				}
+				if got := lc.lastRead.Load(); got != 0 {
+					t.Fatalf("a read of no bytes set the last read to %v", time.Unix(0, got))
+				}
+				if _, err := client.Write([]byte("G")); err != nil {
+					t.Fatal(err)
+				}
+				c.SetReadDeadline(time.Now().Add(time.Minute))
+				before = time.Now()
+				if n, err := c.Read(make([]byte, 1)); n != 1 || err != nil {
+					t.Fatalf("read %d, %v", n, err)
+				}
+				if got := lc.lastRead.Load(); got < before.UnixNano() {
+					t.Fatalf("last read %v, before the read (%v)", time.Unix(0, got), before)
+				}
+			}
+			u := newUnusedConns(slog.New(slog.DiscardHandler))
+			u.track(c, http.StateNew)
+			u.closeStale(time.Unix(0, lc.lastRead.Load()).Add(tc.after), grace)
+			// The server's side answers the client on a kept connection; a closed one ends it.
+			c.Write([]byte("k"))
+			client.SetReadDeadline(time.Now().Add(time.Minute))
+			b := make([]byte, 1)
+			n, err := client.Read(b)
+			if closed := n == 0 && errors.Is(err, io.EOF); closed != tc.closed || !tc.closed && (n != 1 || b[0] != 'k') {
+				t.Fatalf("closed %v (client read %q, %v), want %v", closed, b[:n], err, tc.closed)
+			}
+			if _, tracked := u.conns[c]; tracked == tc.closed {
+				t.Errorf("still tracked %v after the drain's pass, want %v", tracked, !tc.closed)
+			}
+		})
+	}
+}
+
+// TestSlots: explain.concurrency generations run at once (every core's worth when 0); one more
+// is refused at once and counted, and a slot given back is taken again.
+func TestSlots(t *testing.T) {
+	if got := cap(newSlots(0).c); got != runtime.GOMAXPROCS(0) {
+		t.Errorf("explain.concurrency 0: %d slots, want one per core (%d)", got, runtime.GOMAXPROCS(0))
+	}
+	s := newSlots(2)
+	s.rejected = prometheus.NewCounter(prometheus.CounterOpts{Name: "rejected"})
+	var releases []func()
+	for i, admit := range []bool{true, true, false, false} {
+		release, ok := s.acquire()
+		if ok != admit {
+			t.Fatalf("request %d with 2 slots: admitted %v, want %v", i, ok, admit)
+		}
+		if ok {
+			releases = append(releases, release)
+		}
+	}
+	releases[0]()
+	if release, ok := s.acquire(); !ok {
+		t.Error("a slot given back was not taken again")
+	} else {
+		release()
+	}
+	releases[1]()
+	if got := testutil.ToFloat64(s.rejected); got != 2 {
+		t.Errorf("rejections counted %v, want 2", got)
 	}
 }
