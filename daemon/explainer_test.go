@@ -22,7 +22,8 @@ import (
 )
 
 // TestVAEDataMustBeTheModelsFeatures: the VAE of PSCE's plausibility term is trained on
-// model.dataset only when its rows are the model's features, by name when the model names them.
+// model.dataset only when its rows are the model's features: as many as the model's inputs, and
+// the same names in the same order when the model names them.
 func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
@@ -54,6 +55,8 @@ func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 		{"a renamed feature", with(renamed), bc.Features, `feature 3 is "mean area" in the data set, "f3" in the model`},
 		{"features in another order", with(append(slices.Clone(m.Features[1:]), m.Features[0])), bc.Features, "feature 0 is"},
 		{"another data set", m, gc.Features, "the data set has"},
+		{"fewer features than a model without names has inputs", with(nil), bc.Features[:len(bc.Features)-1], "the data set has 29 features, the model 30"},
+		{"more features than a model without names has inputs", with(nil), append(slices.Clone(bc.Features), "extra"), "the data set has 31 features, the model 30"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			set := *bc
