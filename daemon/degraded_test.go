@@ -187,10 +187,10 @@ func TestDurablyRetriesUntilTheWriteSucceeds(t *testing.T) {
 	if err != nil || attempts != 3 {
 		t.Fatalf("a write that fails twice: %v after %d attempts, want nil after 3", err, attempts)
 	}
-	if f := gathered(t, reg, alerts.NameCheckpointFailures); f != 2 {
+	if f := daemontest.GatherCounter(reg, alerts.NameCheckpointFailures); f != 2 {
 		t.Errorf("%s %v, want 2", alerts.NameCheckpointFailures, f)
 	}
-	if g := gathered(t, reg, alerts.NameCheckpointFailing); g != 0 {
+	if g := daemontest.GatherCounter(reg, alerts.NameCheckpointFailing); g != 0 {
 		t.Errorf("%s %v once the write succeeded, want 0", alerts.NameCheckpointFailing, g)
 	}
 	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 {
@@ -208,7 +208,7 @@ func TestDurablyRetriesUntilTheWriteSucceeds(t *testing.T) {
 	if err := d.durably(ctx, checkpointWrite, func() error { attempts++; return other }); !errors.Is(err, other) || attempts != 1 {
 		t.Errorf("a write failing with another error: %v after %d attempts, want it returned after 1", err, attempts)
 	}
-	if f := gathered(t, reg, alerts.NameCheckpointFailures); f != 2 {
+	if f := daemontest.GatherCounter(reg, alerts.NameCheckpointFailures); f != 2 {
 		t.Errorf("%s %v after another error, want 2 still", alerts.NameCheckpointFailures, f)
 	}
 

@@ -119,15 +119,7 @@ func TestBaselinesDoNotWaitForTheVAE(t *testing.T) {
 	}
 	e := newExplainer(explainerConfig{stateDir: t.TempDir(), dataset: "breast_cancer", maxIterations: 50, concurrency: 1,
 		delta: 0.05, epsilon: 0.01, pool: drawPool}, func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- e.run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runExplainer(t, e)
 	data := daemontest.Bundled(t)
 	x := data.X[slices.Index(data.Y, 0)]
 	for _, method := range explain.Methods {
@@ -215,15 +207,7 @@ func TestSavedVAEIsLoadedAtStart(t *testing.T) {
 	d := config.Default().Model
 	e := newExplainer(explainerConfig{stateDir: state, dataset: d.Dataset, seed: d.Seed, concurrency: 1, pool: drawPool},
 		func() *bnn.Model { return m }, slog.New(slog.DiscardHandler))
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- e.run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runExplainer(t, e)
 	select {
 	case <-e.ready:
 	case <-time.After(time.Minute):
@@ -238,4 +222,17 @@ func TestSavedVAEIsLoadedAtStart(t *testing.T) {
 		t.Fatal("ready without the saved VAE")
 	}
 	daemontest.SameVAE(t, e.dir, daemontest.SharedVAEDir(t))
+}
+
+// runExplainer runs e until the test ends, then checks that it stopped without an error.
+func runExplainer(t *testing.T, e *explainer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- e.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
 }

@@ -16,27 +16,6 @@ import (
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
-// gathered is the value of the unlabelled metric name in reg (-1 when it is not there).
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetGauge() != nil {
-				return m.GetGauge().GetValue()
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return -1
-}
-
 // exportOf is an exporter of the shared model, at version 3, to dir, logging to logs, with its metrics in reg.
 func exportOf(t *testing.T, dir string, logs *tooltest.Output) (*exporter, *prometheus.Registry, *bnn.Model) {
 	t.Helper()
@@ -66,10 +45,10 @@ func TestExportFailuresAreCountedAndLoggedOncePerEpisode(t *testing.T) {
 	for range 3 {
 		e.write("posterior promoted")
 	}
-	if n, f := strings.Count(logs.String(), failed), gathered(t, reg, alerts.NameExportFailures); n != 1 || f != 3 {
+	if n, f := strings.Count(logs.String(), failed), daemontest.GatherCounter(reg, alerts.NameExportFailures); n != 1 || f != 3 {
 		t.Fatalf("3 failed writes: %d ERROR lines, %v counted; want 1 and 3:\n%s", n, f, logs)
 	}
-	if v := gathered(t, reg, alerts.NameExportVersion); v != 0 {
+	if v := daemontest.GatherCounter(reg, alerts.NameExportVersion); v != 0 {
 		t.Fatalf("%s %v before any export was written, want 0", alerts.NameExportVersion, v)
 	}
 
@@ -81,7 +60,7 @@ func TestExportFailuresAreCountedAndLoggedOncePerEpisode(t *testing.T) {
 	if n := strings.Count(logs.String(), works); n != 1 {
 		t.Fatalf("the writes after the failures: %d lines saying it works again, want 1:\n%s", n, logs)
 	}
-	if v := gathered(t, reg, alerts.NameExportVersion); v != float64(m.Version) || e.written != m.Version {
+	if v := daemontest.GatherCounter(reg, alerts.NameExportVersion); v != float64(m.Version) || e.written != m.Version {
 		t.Fatalf("%s %v (written %d) after the export was written, want %d", alerts.NameExportVersion, v, e.written, m.Version)
 	}
 
@@ -92,7 +71,7 @@ func TestExportFailuresAreCountedAndLoggedOncePerEpisode(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.write("posterior promoted")
-	if n, f := strings.Count(logs.String(), failed), gathered(t, reg, alerts.NameExportFailures); n != 2 || f != 4 {
+	if n, f := strings.Count(logs.String(), failed), daemontest.GatherCounter(reg, alerts.NameExportFailures); n != 2 || f != 4 {
 		t.Fatalf("a failure after the export worked again: %d ERROR lines, %v counted; want 2 and 4:\n%s", n, f, logs)
 	}
 }
@@ -138,7 +117,7 @@ func TestExportCheckedAtStart(t *testing.T) {
 			if err1 != nil || err2 != nil || !bytes.Equal(s, pf.sidecar) || !bytes.Equal(w, pf.weights) {
 				t.Fatalf("the export after the start check does not hold the posterior (%v %v)", err1, err2)
 			}
-			if v := gathered(t, reg, alerts.NameExportVersion); v != float64(m.Version) || e.written != m.Version {
+			if v := daemontest.GatherCounter(reg, alerts.NameExportVersion); v != float64(m.Version) || e.written != m.Version {
 				t.Fatalf("%s %v (written %d), want %d", alerts.NameExportVersion, v, e.written, m.Version)
 			}
 		})

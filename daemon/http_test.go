@@ -271,14 +271,7 @@ func TestLimitListenerCloseWakesAWaitingAccept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
+	accepted := acceptOne(l)
 	select {
 	case err := <-accepted:
 		t.Fatalf("a second connection was accepted over the limit of 1 (err %v)", err)
@@ -516,14 +509,7 @@ func TestLimitListenerFailedAcceptGivesItsSlotBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
+	accepted := acceptOne(l)
 	select {
 	case err := <-accepted:
 		if err != nil {
@@ -644,4 +630,17 @@ func TestSlots(t *testing.T) {
 	if got := testutil.ToFloat64(s.rejected); got != 2 {
 		t.Errorf("rejections counted %v, want 2", got)
 	}
+}
+
+// acceptOne accepts one connection from l in the background, closes it, and sends Accept's error.
+func acceptOne(l net.Listener) <-chan error {
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	return accepted
 }

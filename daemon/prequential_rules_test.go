@@ -12,6 +12,7 @@ import (
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/quality"
 )
@@ -29,27 +30,6 @@ func scoredModel(t *testing.T) (*bnn.Model, [][]float64, []int) {
 	return m, X, set.Y
 }
 
-// qualityMetric is the value of one prequential metric in reg.
-func qualityMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if g := m.GetGauge(); g != nil {
-			return g.GetValue()
-		}
-		return m.GetCounter().GetValue()
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
 // Before any record is scored, the prequential block and metrics report nothing scored, the
 // default change detector's threshold, and no change.
 func TestPrequentialBeforeAnyRecord(t *testing.T) {
@@ -64,10 +44,10 @@ func TestPrequentialBeforeAnyRecord(t *testing.T) {
 	if _, ok := r["last_change"]; ok {
 		t.Fatalf("report %v has a last change before any", r)
 	}
-	if got := qualityMetric(t, reg, alerts.NamePrequentialThreshold); got != want {
+	if got := daemontest.GatherCounter(reg, alerts.NamePrequentialThreshold); got != want {
 		t.Fatalf("%s %v, want %v", alerts.NamePrequentialThreshold, got, want)
 	}
-	if got := qualityMetric(t, reg, alerts.NamePrequentialLastChange); got != 0 {
+	if got := daemontest.GatherCounter(reg, alerts.NamePrequentialLastChange); got != 0 {
 		t.Fatalf("%s %v, want 0", alerts.NamePrequentialLastChange, got)
 	}
 }
@@ -97,10 +77,10 @@ func TestPrequentialScoreThenCommit(t *testing.T) {
 		r["last_change"] != time.Unix(0, 12345).UTC() {
 		t.Fatalf("report %v after the commit, want 15 records, 10 in the window, version %d", r, m.Version)
 	}
-	if got := qualityMetric(t, reg, alerts.NamePrequentialRecords); got != 15 {
+	if got := daemontest.GatherCounter(reg, alerts.NamePrequentialRecords); got != 15 {
 		t.Fatalf("%s %v, want 15", alerts.NamePrequentialRecords, got)
 	}
-	if got := qualityMetric(t, reg, alerts.NamePrequentialWindow); got != 10 {
+	if got := daemontest.GatherCounter(reg, alerts.NamePrequentialWindow); got != 10 {
 		t.Fatalf("%s %v, want 10", alerts.NamePrequentialWindow, got)
 	}
 
@@ -122,7 +102,7 @@ func TestPrequentialScoreThenCommit(t *testing.T) {
 	if r := p.report(); r["last_change"] != now.UTC() || r["changes"] != int64(q.Detector.Changes) || r["window_records"] != 15 {
 		t.Fatalf("report %v, want the change at %v", r, now.UTC())
 	}
-	if got := qualityMetric(t, reg, alerts.NamePrequentialLastChange); got != float64(now.UnixNano())/1e9 {
+	if got := daemontest.GatherCounter(reg, alerts.NamePrequentialLastChange); got != float64(now.UnixNano())/1e9 {
 		t.Fatalf("%s %v, want %v", alerts.NamePrequentialLastChange, got, float64(now.UnixNano())/1e9)
 	}
 	p.commit(nil) // an increment with nothing scored
@@ -177,10 +157,10 @@ func TestPrequentialLoadsTheLedgersRecords(t *testing.T) {
 	if got["records"] != int64(20) || got["window_records"] != 20 || got["scored_under_version"] != m.Version+2 {
 		t.Fatalf("loaded report %v, want 20 records, all in the window, the last scored under version %d", got, m.Version+2)
 	}
-	if g := qualityMetric(t, reg, alerts.NamePrequentialRecords); g != 20 {
+	if g := daemontest.GatherCounter(reg, alerts.NamePrequentialRecords); g != 20 {
 		t.Fatalf("%s %v after the load, want 20", alerts.NamePrequentialRecords, g)
 	}
-	if g := qualityMetric(t, reg, alerts.NamePrequentialWindow); g != 20 {
+	if g := daemontest.GatherCounter(reg, alerts.NamePrequentialWindow); g != 20 {
 		t.Fatalf("%s %v after the load, want 20", alerts.NamePrequentialWindow, g)
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -23,17 +24,9 @@ import (
 // a counterfactual are refused alone, the others stored, anchored to the current posterior.
 func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 12 || len(cfs) < 12 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	pair := func(id string, k int) registration {
-		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
-	}
-	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "stored", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
-		t.Fatalf("register: %d %s", code, body)
-	}
+	p := pairsUnder(t, r, 12)
+	pair := p.reg
+	p.register(t, r, "stored", 0)
 	writes0, stored0 := r.RegistrationBatches(t)
 	var regs []registration
 	want := map[string]error{}
@@ -127,12 +120,9 @@ func TestRegistrationAfterStop(t *testing.T) {
 // registration alone gets under it.
 func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	const n = 12
-	if len(xs) < n || len(cfs) < n {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
+	p := pairsUnder(t, r, n)
+	data, xs, cfs := p.data, p.xs, p.cfs
 	pairs := func(prefix string) []registration {
 		rs := make([]registration, n)
 		for k := range rs {
@@ -237,14 +227,9 @@ func sameSums(a, b []float64) bool {
 // registration again, with a new Idempotency-Key when it was sent with one.
 func TestStoredNowAnswersOnlyTheCEItStored(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 1 || len(cfs) < 2 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "held", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
-		t.Fatalf("register: %d %s", code, body)
-	}
+	p := pairsUnder(t, r, 2)
+	data, xs, cfs := p.data, p.xs, p.cfs
+	p.register(t, r, "held", 0)
 	const (
 		again      = "to register it again, send it again"
 		againKeyed = "to register it again, send it with a new Idempotency-Key"
@@ -282,11 +267,8 @@ func TestStoredNowAnswersOnlyTheCEItStored(t *testing.T) {
 // outcome: both with the CE as stored, as a retry after the write would be.
 func TestKeyedAttemptsInOneWriteAnswerAlike(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 1 || len(cfs) < 1 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
+	p := pairsUnder(t, r, 1)
+	data, xs, cfs := p.data, p.xs, p.cfs
 	body := `{"x":` + mustJSON(t, data.X[xs[0]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[0]]) + `,"target":"benign"}`
 	attempt := registration{x: data.X[xs[0]], xcf: data.X[cfs[0]], target: target{set: true, name: "benign"}}
 	keyed(&attempt, "twice-key", "", requestFingerprint("POST", "/v1/counterfactuals", []byte(body)))
@@ -313,14 +295,8 @@ func TestKeyedAttemptsInOneWriteAnswerAlike(t *testing.T) {
 // context's error and not stored; the registrations batched with it are stored as usual.
 func TestRegistrationOfAClientGoneIsNotStored(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 2 || len(cfs) < 2 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	pair := func(id string, k int) registration {
-		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
-	}
+	p := pairsUnder(t, r, 2)
+	pair := p.reg
 	writes0, stored0 := r.RegistrationBatches(t)
 	// A registrar of the running daemon's own storeRegistrations, started once both wait.
 	g := newRegistrar(1, r.D.measureRegistrations, r.D.storeRegistrations)
@@ -368,14 +344,8 @@ func TestRegistrationOfAClientGoneIsNotStored(t *testing.T) {
 // after it in the batch, records its request's outcome, from which a retry is answered.
 func TestKeyedRegistrationAmongUnkeyedRecordsItsOutcome(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 4 || len(cfs) < 4 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	pair := func(id string, k int) registration {
-		return registration{id: id, x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
-	}
+	p := pairsUnder(t, r, 4)
+	pair := p.reg
 	for _, c := range []struct {
 		name  string
 		keyAt int // index of the keyed registration in the batch
@@ -405,14 +375,9 @@ func TestKeyedRegistrationAmongUnkeyedRecordsItsOutcome(t *testing.T) {
 // id taken) adds no observation.
 func TestRefusedRegistrationsObserveNoBatch(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
-	if len(xs) < 2 || len(cfs) < 2 {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
-	if code, body := r.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": "taken", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"}); code != http.StatusCreated {
-		t.Fatalf("register: %d %s", code, body)
-	}
+	p := pairsUnder(t, r, 2)
+	data, xs, cfs := p.data, p.xs, p.cfs
+	p.register(t, r, "taken", 0)
 	for _, c := range []struct {
 		name string
 		reg  registration
@@ -437,12 +402,9 @@ func TestRefusedRegistrationsObserveNoBatch(t *testing.T) {
 // and stored as one batch: one ledger write storing every one of them.
 func TestRegistrationsQueuedTogetherAreOneWrite(t *testing.T) {
 	r := startDaemon(t, nil)
-	data := daemontest.Bundled(t)
-	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
 	const n = 8
-	if len(xs) < n || len(cfs) < n {
-		t.Fatalf("too few candidate pairs: %d x, %d x_cf", len(xs), len(cfs))
-	}
+	p := pairsUnder(t, r, n)
+	data, xs, cfs := p.data, p.xs, p.cfs
 	writes0, stored0 := r.RegistrationBatches(t)
 	// A registrar of the running daemon's own storeRegistrations, started once all n wait.
 	g := newRegistrar(1, r.D.measureRegistrations, r.D.storeRegistrations)
@@ -473,5 +435,37 @@ func TestRegistrationsQueuedTogetherAreOneWrite(t *testing.T) {
 	}
 	if writes, stored := r.RegistrationBatches(t); writes-writes0 != 1 || stored-stored0 != n {
 		t.Errorf("%d ledger writes storing %v CEs, want 1 storing %d", writes-writes0, stored-stored0, n)
+	}
+}
+
+// benignPairs is the bundled data set and the rows of it that pair as (x, x_cf) for target benign
+// under a daemon's posterior (daemontest.CandidatePairs).
+type benignPairs struct {
+	data    *dataset.Set
+	xs, cfs []int
+}
+
+// pairsUnder finds the pairs under r's posterior, at least n of each kind.
+func pairsUnder(t *testing.T, r *running, n int) benignPairs {
+	t.Helper()
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	if len(xs) < n || len(cfs) < n {
+		t.Fatalf("too few candidate pairs: %d x, %d x_cf, want %d of each", len(xs), len(cfs), n)
+	}
+	return benignPairs{data, xs, cfs}
+}
+
+// reg is the registration under id of the k-th x with the k-th x_cf.
+func (p benignPairs) reg(id string, k int) registration {
+	return registration{id: id, x: p.data.X[p.xs[k]], xcf: p.data.X[p.cfs[k]], target: target{set: true, name: "benign"}}
+}
+
+// register stores the k-th pair under id through the API.
+func (p benignPairs) register(t *testing.T, r *running, id string, k int) {
+	t.Helper()
+	body := map[string]any{"id": id, "x": p.data.X[p.xs[k]], "x_cf": p.data.X[p.cfs[k]], "target": "benign"}
+	if code, b := r.Do(t, "POST", "/v1/counterfactuals", "", body); code != http.StatusCreated {
+		t.Fatalf("register %s: %d %s", id, code, b)
 	}
 }
