@@ -62,11 +62,7 @@ func TestRestartRefusesAnotherFirstPosterior(t *testing.T) {
 		{"no origin recorded", func(m *config.Model) {}, func(m *config.Model) { m.Path = other }, true, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l := openLedger(t)
 			start := func(keys func(m *config.Model)) (*Daemon, error) {
 				cfg := config.Default()
 				cfg.StateDir = filepath.Dir(l.Path())

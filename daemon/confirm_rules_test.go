@@ -23,11 +23,7 @@ import (
 // (certify.Policy.Slack) of KL(q_newest || q_pool); at or below it the pool is kept. A posterior
 // whose KL from the pool's cannot be computed (another architecture) counts as moved.
 func TestConfirmerMovedPastThePoolSlack(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	pool := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
 	c := newConfirmer(l, nil, nil, nil, nil, slog.New(slog.DiscardHandler))
 	c.model = pool
@@ -69,11 +65,7 @@ func TestConfirmerMovedPastThePoolSlack(t *testing.T) {
 // only its own CEs, so a lane left asleep leaves its CEs waiting until the poll), and waking never
 // blocks: wake-ups that come while one is pending coalesce into it.
 func TestConfirmersNotifyWakesEveryLane(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	cs := newConfirmers(3, l, nil, nil, nil, nil, slog.New(slog.DiscardHandler))
 	for i, c := range cs {
 		if c.lane != i || c.lanes != 3 {
@@ -94,11 +86,7 @@ func TestConfirmersNotifyWakesEveryLane(t *testing.T) {
 // as it is woken (notify, after every commit), not only at its poll; it stops when its context
 // ends. The poll is set to an hour here, so a second round can only come from the wake-up.
 func TestConfirmerRunsARoundWhenWoken(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
 	ps := &pools{samples: 8}
 	c := newConfirmer(l, func() *bnn.Model { return m }, ps, nil, nil, slog.New(slog.DiscardHandler))
@@ -145,11 +133,7 @@ func TestConfirmerRunsARoundWhenWoken(t *testing.T) {
 // not keep measuring with the old pool, which finds nothing to measure and would loop without
 // a pause.
 func TestConfirmerRoundEndsWhenItsPoolsPassIsDone(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	old := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
 	old.Version = 1
 	newest := old.Clone()
@@ -191,10 +175,7 @@ func TestConfirmerRoundEndsWhenItsPoolsPassIsDone(t *testing.T) {
 // end as though nothing waited. The loop logs the failure once per episode, however many rounds
 // fail in it, and goes on retrying.
 func TestConfirmerFailsWhenItsLedgerCannotBeRead(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openLedger(t)
 	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
 	m.Version = 1
 	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {

@@ -27,11 +27,7 @@ import (
 // write can succeed while a checkpoint keeps failing, and that success ends neither the
 // checkpoint's episode nor its gauge; /readyz names each kind that is failing.
 func TestRetriedWritesFailApart(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	reg := prometheus.NewRegistry()
 	d := &Daemon{ledger: l, metrics: alerts.NewMetrics(reg), log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -42,7 +38,7 @@ func TestRetriedWritesFailApart(t *testing.T) {
 	waitfor.Cond(t, 10*time.Second, "the checkpoint failing", func() bool { return d.checkpointHealth() != nil })
 
 	attempts := 0
-	err = d.durably(ctx, shareWrite, func() error {
+	err := d.durably(ctx, shareWrite, func() error {
 		attempts++
 		if attempts == 1 {
 			if h := d.checkpointHealth(); h != nil && strings.Contains(h.Error(), "CE share write") {
@@ -163,11 +159,7 @@ func TestBulkCutSaysWhatSendingAgainDoes(t *testing.T) {
 // to 0. A write that succeeds at once logs nothing, and an error other than ErrWrite is returned
 // at once, uncounted.
 func TestDurablyRetriesUntilTheWriteSucceeds(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	reg := prometheus.NewRegistry()
 	logs := &tooltest.Output{}
 	d := &Daemon{ledger: l, metrics: alerts.NewMetrics(reg), log: slog.New(slog.NewTextHandler(logs, nil))}
@@ -178,7 +170,7 @@ func TestDurablyRetriesUntilTheWriteSucceeds(t *testing.T) {
 
 	full := fmt.Errorf("no space left on device: %w", ledger.ErrWrite)
 	attempts := 0
-	err = d.durably(ctx, checkpointWrite, func() error {
+	err := d.durably(ctx, checkpointWrite, func() error {
 		if attempts++; attempts <= 2 {
 			return full
 		}

@@ -457,11 +457,7 @@ func TestBackupTrailersTellTheSnapshotOrItsFailure(t *testing.T) {
 // backup whose request has ended (its client gone, or the drain of a stop timed out) stops and
 // says so in Cfguard-Backup-Error.
 func TestBackupEndsWithItsRequest(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	a := &api{cfg: apiConfig{maxBodyBytes: 1 << 20}, metrics: http.NotFoundHandler(), backup: l}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

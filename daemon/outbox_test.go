@@ -149,6 +149,17 @@ func openOutboxLedger(t *testing.T) *ledger.Ledger {
 	return l
 }
 
+// openLedger opens a ledger in a new temporary directory, closed when the test ends.
+func openLedger(t *testing.T) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // runPublisher runs p until the test ends, and fails the test if run returns an error.
 func runPublisher(t *testing.T, ctx context.Context, p *outboxPublisher) {
 	done := make(chan error, 1)
@@ -264,12 +275,8 @@ func (o *orderedSinks) Write(_ context.Context, states []ceshare.Encoded) error 
 // before its states. A new owner relies on it: every change a state records was published, so it
 // publishes none again (ledger's CE states).
 func TestOutboxWritesStatesAfterTheirEvents(t *testing.T) {
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	err = l.Checkpoint(&ledger.Checkpoint{Events: []ledger.OutboxEntry{
+	l := openLedger(t)
+	err := l.Checkpoint(&ledger.Checkpoint{Events: []ledger.OutboxEntry{
 		{Key: "ce-1", Value: []byte(`{"type":"status_changed"}`)},
 		{Stream: ledger.StreamStates, Key: "ce-1", Value: []byte(`{"id":"ce-1"}`)},
 		{Key: "ce-2", Value: []byte(`{"type":"status_changed"}`)},

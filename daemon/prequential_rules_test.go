@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -116,11 +115,7 @@ func TestPrequentialScoreThenCommit(t *testing.T) {
 // is not valid stops the load.
 func TestPrequentialLoadsTheLedgersRecords(t *testing.T) {
 	m, X, y := scoredModel(t)
-	l, err := ledger.Open(t.TempDir(), ledger.Options{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openLedger(t)
 	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
 		t.Fatal(err)
 	}
