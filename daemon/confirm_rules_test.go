@@ -134,8 +134,7 @@ func TestConfirmerRunsARoundWhenWoken(t *testing.T) {
 // a pause.
 func TestConfirmerRoundEndsWhenItsPoolsPassIsDone(t *testing.T) {
 	l := openLedger(t)
-	old := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
-	old.Version = 1
+	old := smallModel(1)
 	newest := old.Clone()
 	newest.Version = 2
 	last := &newest.Layers[len(newest.Layers)-1]
@@ -176,8 +175,7 @@ func TestConfirmerRoundEndsWhenItsPoolsPassIsDone(t *testing.T) {
 // fail in it, and goes on retrying.
 func TestConfirmerFailsWhenItsLedgerCannotBeRead(t *testing.T) {
 	l := openLedger(t)
-	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rand.New(rand.NewPCG(1, 2)))
-	m.Version = 1
+	m := smallModel(1)
 	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
 		t.Fatal(err)
 	}
