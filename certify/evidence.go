@@ -40,9 +40,18 @@ func (e Evidence) Interval(alpha float64) (lo, hi float64) {
 
 // MinRenewableSamples is the fewest Monte-Carlo draws with which a measurement can meet the
 // renewal rule (Renewable) at delta and alpha at all: the empirical Bernstein margin is at least
-// 7 ln(2/alpha) / (3 (S - 1)), which must stay below delta.
+// 7 ln(2/alpha) / (3 (S - 1)), which must stay below delta. When no count can (delta <= 0,
+// alpha outside (0, 1), or a count past the largest int) it is math.MaxInt, so that every count
+// is too few: Go leaves the conversion of an infinite or too large float to int to the platform.
 func MinRenewableSamples(delta, alpha float64) int {
-	return int(math.Floor(1+7*math.Log(2/alpha)/(3*delta))) + 1
+	if !(delta > 0) || !(alpha > 0 && alpha < 1) {
+		return math.MaxInt
+	}
+	n := math.Floor(1+7*math.Log(2/alpha)/(3*delta)) + 1
+	if !(n < math.MaxInt) { // float64(math.MaxInt) is 2^63, one past it
+		return math.MaxInt
+	}
+	return int(n)
 }
 
 // Renewable reports whether e shows, at confidence 1 - alpha, that the CE is in its

@@ -357,3 +357,30 @@ func TestMinRenewableSamples(t *testing.T) {
 		}
 	}
 }
+
+// Where no count of draws can meet the renewal rule, MinRenewableSamples is the largest int on
+// every platform, rather than what converting an infinite or too large count gives there.
+func TestMinRenewableSamplesWhenNoCountCan(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		delta, alpha float64
+	}{
+		{"delta 0", 0, 0.01},
+		{"negative delta", -0.1, 0.01},
+		{"delta NaN", math.NaN(), 0.01},
+		{"alpha 0", 0.05, 0},
+		{"alpha 1", 0.05, 1},
+		{"negative alpha", 0.05, -0.01},
+		{"alpha NaN", 0.05, math.NaN()},
+		{"a count past the largest int", 1e-300, 0.01},
+	} {
+		if got := MinRenewableSamples(c.delta, c.alpha); got != math.MaxInt {
+			t.Errorf("%s: MinRenewableSamples(%v, %v) = %d, want math.MaxInt", c.name, c.delta, c.alpha, got)
+		}
+	}
+	// The largest count below the cut: 7 ln(200) / (3 delta) + 2 is about 2^62 here.
+	delta := 7 * math.Log(200) / (3 * math.Exp2(62))
+	if got := MinRenewableSamples(delta, 0.01); got <= 1<<61 || got == math.MaxInt {
+		t.Errorf("MinRenewableSamples(%v, 0.01) = %d, want about 2^62", delta, got)
+	}
+}
