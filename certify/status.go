@@ -142,15 +142,17 @@ type Certificate struct {
 	Delta, Epsilon float64
 }
 
-// Validate checks ranges: p1 in [0, 1], V1 in [0, 1/4], S >= 1, delta in (0, 1/2), eps in (0, 1/4].
+// Validate checks ranges: p1 in [0, 1], V1 in [0, MaxSampleVar(S)], S >= 1, delta in (0, 1/2),
+// eps in (0, 1/4].
 func (c Certificate) Validate() error {
 	switch {
 	case !(c.P1 >= 0 && c.P1 <= 1):
 		return fmt.Errorf("certificate: p1 = %v, want within [0, 1]", c.P1)
-	case !(c.Var1 >= 0 && c.Var1 <= 0.25):
-		return fmt.Errorf("certificate: var1 = %v, want within [0, 0.25]", c.Var1)
 	case c.Samples < 1:
 		return fmt.Errorf("certificate: samples = %d, want >= 1 (the Monte-Carlo draws p1 was measured with)", c.Samples)
+	case !(c.Var1 >= 0 && c.Var1 <= MaxSampleVar(c.Samples)):
+		return fmt.Errorf("certificate: var1 = %v, want within [0, %v] (the largest unbiased sample variance of %d draws in [0, 1])",
+			c.Var1, MaxSampleVar(c.Samples), c.Samples)
 	}
 	if err := CheckDelta(c.Delta); err != nil {
 		return fmt.Errorf("certificate: %w", err)
@@ -159,6 +161,17 @@ func (c Certificate) Validate() error {
 		return fmt.Errorf("certificate: %w", err)
 	}
 	return nil
+}
+
+// MaxSampleVar is the largest unbiased sample variance n values in [0, 1] can have, n/(4(n - 1))
+// for n >= 2 (half of them 0, half 1, n even), and 1/4 for n < 2. It is above 1/4, the largest
+// variance of a [0, 1]-valued variable, by the factor n/(n - 1): a measured V1 may exceed 1/4 by
+// that much (0.25025 at 1000 draws).
+func MaxSampleVar(n int) float64 {
+	if n < 2 {
+		return 0.25
+	}
+	return float64(n) / (4 * float64(n-1))
 }
 
 // InSet reports membership of the <delta, eps>-set (paper, Definition 5), on the point estimates:

@@ -446,3 +446,58 @@ func TestPolicyEnumsText(t *testing.T) {
 		}
 	}
 }
+
+// A certificate's V1 is the unbiased sample variance of its draws, which n values in [0, 1] push
+// highest with half of them 0 and half 1: sum (x - mean)^2 / (n - 1) = (n/4) / (n - 1), above 1/4.
+// Validate takes V1 up to that, computed here from the values themselves, and no further; random
+// draws in [0, 1] never pass it.
+func TestCertificateVarianceUpToTheUnbiasedMaximum(t *testing.T) {
+	unbiased := func(xs []float64) float64 {
+		mean := 0.0
+		for _, x := range xs {
+			mean += x
+		}
+		mean /= float64(len(xs))
+		ss := 0.0
+		for _, x := range xs {
+			ss += (x - mean) * (x - mean)
+		}
+		return ss / float64(len(xs)-1)
+	}
+	for _, n := range []int{2, 10, 1000} {
+		xs := make([]float64, n)
+		for i := range n / 2 {
+			xs[i] = 1
+		}
+		v := unbiased(xs)
+		if v <= 0.25 {
+			t.Fatalf("%d draws, half 0 and half 1: unbiased variance %v, want above 1/4", n, v)
+		}
+		c := Certificate{P1: 0.5, Var1: v, Samples: n, Delta: 0.05, Epsilon: 0.01}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%d draws, half 0 and half 1 (V1 = %v): %v", n, v, err)
+		}
+		if c.InSet() {
+			t.Errorf("%d draws: V1 = %v is in the set of epsilon 0.01", n, v)
+		}
+		c.Var1 = math.Nextafter(v, 1)
+		if c.Validate() == nil {
+			t.Errorf("%d draws: V1 = %v, above the largest unbiased variance %v, validated", n, c.Var1, v)
+		}
+		rng := rand.New(rand.NewPCG(uint64(n), 1))
+		for range 200 {
+			for i := range xs {
+				xs[i] = float64(rng.IntN(2))
+				if rng.IntN(4) == 0 {
+					xs[i] = rng.Float64()
+				}
+			}
+			if v := unbiased(xs); v > MaxSampleVar(n)*(1+1e-12) {
+				t.Fatalf("%d draws in [0, 1] with unbiased variance %v, above MaxSampleVar %v", n, v, MaxSampleVar(n))
+			}
+		}
+	}
+	if c := (Certificate{P1: 0.5, Var1: math.Nextafter(0.25, 1), Samples: 1, Delta: 0.05, Epsilon: 0.01}); c.Validate() == nil {
+		t.Errorf("one draw: V1 above 1/4 validated")
+	}
+}

@@ -148,6 +148,33 @@ func sum(m map[certify.Status]int) int {
 	return s
 }
 
+// A measured V1 may exceed 1/4, the largest variance of f in [0, 1], by the unbiased estimate's
+// factor S/(S - 1) (draws of f near 0 or 1 and p1 near 1/2): such a CE is outside its set and is
+// stored as uncertified, not refused as invalid (which would fail the whole batch).
+func TestPutStoresAVarianceAboveAQuarterAsUncertified(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(3, 3))
+	in, wide := newCE(t, m, rng), newCE(t, m, rng)
+	wide.P1, wide.Var1 = 0.502, 0.2502 // newCE measures with 400 draws: at most 400/1596 = 0.25063
+	if err := l.Put(bg, in, wide); err != nil {
+		t.Fatalf("Put of a CE with V1 = %v from %d draws: %v", wide.Var1, wide.Samples, err)
+	}
+	got, err := l.Get(wide.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != certify.Uncertified || got.Var1 != wide.Var1 || in.Status != certify.Certified {
+		t.Errorf("stored %v with V1 %v beside a %v CE; want uncertified with V1 %v beside a certified one", got.Status, got.Var1, in.Status, wide.Var1)
+	}
+	over := newCE(t, m, rng)
+	over.Var1 = math.Nextafter(certify.MaxSampleVar(over.Samples), 1)
+	if err := l.Put(bg, over); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Put of a CE with V1 = %v from %d draws, above any unbiased variance: %v, want ErrInvalid", over.Var1, over.Samples, err)
+	}
+}
+
 // Registering under the current posterior: certified (in set, KL = 0) or uncertified (outside),
 // the current posterior stored as an anchor, the derived bound equal to p1 at KL = 0.
 func TestPutStatuses(t *testing.T) {

@@ -10,8 +10,9 @@ import (
 
 // CE is a stored counterfactual: the instance X, its counterfactual XCF with target class Target,
 // and the certificate measured under the anchor posterior (AnchorVersion): P1 = E_q1[f],
-// Var1 = Var_q1[f] from Samples Monte-Carlo draws, f(w) = p(Target | XCF, w), admitted to the
-// <Delta, Epsilon>-set.
+// Var1 = Var_q1[f] from Samples Monte-Carlo draws (the unbiased estimate, which may exceed 1/4 by
+// the factor Samples/(Samples - 1): certify.MaxSampleVar), f(w) = p(Target | XCF, w), admitted to
+// the <Delta, Epsilon>-set.
 //
 // Bound, VarBound and KLFromAnchor are not stored per record: they are derived on read from the
 // anchor's KL(q_now || q_anchor) as of the last checkpoint, so that a re-certification that changes
