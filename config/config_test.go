@@ -722,6 +722,9 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		{"certify.verdict_alpha", "must be in (0, 0.5)", func(c *Config) { c.Certify.VerdictAlpha = 0.5 }, func(c *Config) { c.Certify.VerdictAlpha = 0.499 }},
 		{"certify.hoeffding_alpha", "must be in [0, 1)", func(c *Config) { c.Certify.HoeffdingAlpha = -0.01 }, func(c *Config) { c.Certify.HoeffdingAlpha = 0 }},
 		{"certify.hoeffding_alpha", "must be in [0, 1)", func(c *Config) { c.Certify.HoeffdingAlpha = 1 }, func(c *Config) { c.Certify.HoeffdingAlpha = 0.999 }},
+		// At 1000 draws and delta 0.45, sqrt(ln(1/alpha) / 2000) <= 0.05 needs alpha >= e^-5 = 0.0067.
+		{"certify.hoeffding_alpha", "exceeds 1/2 - delta = 0.05", func(c *Config) { c.Certify.Samples, c.Certify.Delta, c.Certify.HoeffdingAlpha = 1000, 0.45, 0.0067 },
+			func(c *Config) { c.Certify.Samples, c.Certify.Delta, c.Certify.HoeffdingAlpha = 1000, 0.45, 0.0068 }},
 		{"certify.mode", "unknown bound mode", func(c *Config) { c.Certify.Mode = "loose" }, nil},
 		{"certify.on_breach", "unknown on_breach policy", func(c *Config) { c.Certify.OnBreach = "ignore" }, nil},
 		{"certify.uncertified", "want refuse or store", func(c *Config) { c.Certify.Uncertified = "maybe" }, nil},

@@ -297,7 +297,7 @@ func (a *audit) anchorKL(tx *bolt.Tx, now cur, v uint64) (float64, error) {
 // apply writes one CE's audit result; it reports whether the CE was re-anchored. The rules are
 // Confirm's, with the audit's evidence e = (p2, V2, S) measured under posterior v:
 //
-//	renewed      renewable(e) (certify.Renewable; certify.Reenters when not certified): re-anchored to v and judged by its bounds at KL(q_now || q_v)
+//	renewed      renewable(e) (certify.Renewable; certify.Reenters when not certified; holding at KL 0): re-anchored to v and judged by its bounds at KL(q_now || q_v)
 //	             (certified, or certified with a lapsed bound when the posterior moved meanwhile);
 //	a verdict    when v is current and the CE's bound fails (certify.Verdict);
 //	replaced     when v is current, its bound holds and yet upper(p2) < 1/2: the certificate's
@@ -317,7 +317,7 @@ func (a *audit) apply(w *writeTx, now cur, v uint64, kl float64, it *auditItem, 
 	}
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	nh := h
-	moved := renewable(&h, e, alpha)
+	moved := renewable(&h, e, alpha, pol)
 	current := v == now.version
 	_, hi := e.Interval(alpha)
 	// contradicted: the bound holds, yet the audit measures p < 1/2 under the current posterior:

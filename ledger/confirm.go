@@ -650,12 +650,19 @@ func sameState(a, b *header) bool {
 }
 
 // renewable applies certify.Renewable to a certified CE whose certificate lapsed, and the stricter
-// certify.Reenters to one that lost it (at_risk, invalidated) or never had one (uncertified).
-func renewable(h *header, e certify.Evidence, alpha float64) bool {
+// certify.Reenters to one that lost it (at_risk, invalidated) or never had one (uncertified); and
+// it asks, of both, that the certificate made of e hold at KL 0 under the ledger's policy pol.
+// Without Hoeffding's bound the rules imply it (p >= 1 - delta > 1/2, V <= epsilon <= the
+// ceiling); with it (certify.hoeffding_alpha) a certificate starts from p - sqrt(ln(1/alpha_H) /
+// (2 S)), whose margin may exceed the Bernstein margin the rules use when delta is near 1/2, and
+// a certificate that fails at its own anchor is no renewal: the CE gets a verdict instead.
+func renewable(h *header, e certify.Evidence, alpha float64, pol certify.Policy) bool {
+	ok := certify.Reenters(e, h.delta, h.epsilon, alpha)
 	if h.status == certify.Certified {
-		return certify.Renewable(e, h.delta, h.epsilon, alpha)
+		ok = certify.Renewable(e, h.delta, h.epsilon, alpha)
 	}
-	return certify.Reenters(e, h.delta, h.epsilon, alpha)
+	c := certify.Certificate{P1: e.P, Var1: e.Var, Samples: e.Samples, Delta: h.delta, Epsilon: h.epsilon}
+	return ok && pol.Bounds(c, 0).Certified
 }
 
 // sampled is the posterior a batch was measured under: its version, model, and KL(q_now || it)
@@ -685,7 +692,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	}
 	v := s.version
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
-	if renewable(&h, e, w.l.opts.VerdictAlpha) {
+	if renewable(&h, e, w.l.opts.VerdictAlpha, w.l.opts.Policy) {
 		holds, err := w.renew(it.id, &h, now, s, e)
 		return true, true, holds, err
 	}
@@ -758,8 +765,8 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	nh.updated = w.now.UnixNano()
 	b0 := w.l.opts.Policy.Bounds(nh.certificate(), 0)
 	if !b0.Certified {
-		// Renewable puts p1 >= 1 - delta > 1/2 and V1 <= epsilon <= the ceiling: at KL 0 both
-		// bounds hold. Anything else is a bug, not a state to store.
+		// renewable asks that both bounds hold at KL 0. Anything else is a bug, not a state to
+		// store.
 		return false, fmt.Errorf("renewing counterfactual %q: its new certificate (p1 %v, V1 %v) does not hold at KL 0", id, e.P, e.Var)
 	}
 	b := w.l.opts.Policy.Bounds(nh.certificate(), s.kl)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -292,4 +293,77 @@ func TestConfirmWithAReplacedPosterior(t *testing.T) {
 		}
 	}
 	checkInvariants(t, l)
+}
+
+// With Hoeffding's bound (certify.hoeffding_alpha) a certificate starts from p1 - sqrt(ln(1/alpha)
+// / (2 S)), 0.048 at S = 1000 and alpha = 0.01, a wider margin than the empirical Bernstein one the
+// renewal rules use (0.012 at Var = 0). At delta = 0.49 a measurement of p = 0.54 re-enters its set
+// (0.54 - 2 x 0.012 >= 0.51) while a certificate of it fails at KL 0 (0.54 - 0.048 < 1/2): Confirm
+// gives it a verdict (at_risk, decided at the new version), never a certificate that fails at its
+// own anchor. A CE measured at p = 0.60 is renewed as before.
+func TestConfirmWithHoeffdingRenewsOnlyWhatHoldsAtItsAnchor(t *testing.T) {
+	m := testModel(0)
+	for k := range m.Layers { // sigmas of e^-12: every draw gives the same p
+		l := &m.Layers[k]
+		for i := range l.WeightLogSigma {
+			l.WeightLogSigma[i] = -12
+		}
+		for i := range l.BiasLogSigma {
+			l.BiasLogSigma[i] = -12
+		}
+	}
+	xcf := []float64{0.1, -0.2, 0.3}
+	// Class 1's bias moves p(yes | xcf) to pTarget (the two logits differ by the bias alone).
+	at := func(m *bnn.Model, pTarget float64) *bnn.Model {
+		c := m.Clone()
+		p, _ := measure(t, c, xcf, 1, 10, 1)
+		c.Last().BiasMu[1] += math.Log(pTarget/(1-pTarget)) - math.Log(p/(1-p))
+		return c
+	}
+	pol := certify.Policy{Mode: certify.Paper, EpsilonMax: 0.25, Hoeffding: true, Alpha: 0.01}
+	for _, tc := range []struct {
+		p       float64
+		renewed bool
+	}{{0.54, false}, {0.60, true}} {
+		l, _ := openTest(t, Options{Policy: pol, VerdictAlpha: 0.01})
+		// Registered at p = 0.54: in its set, its certificate failing at KL 0 (at_risk at once,
+		// decided); then the posterior moves p to tc.p, and by a KL the verdict does not carry over.
+		m1 := at(m, 0.54)
+		install(t, l, m1)
+		p1, v1 := measure(t, m1, xcf, 1, 1000, 3)
+		ce := &CE{ID: "ce", X: []float64{0, 0, 0}, XCF: xcf, Target: 1, AnchorVersion: m1.Version, P1: p1, Var1: v1, Samples: 1000, Delta: 0.49, Epsilon: 0.01}
+		if err := l.Put(bg, ce); err != nil {
+			t.Fatal(err)
+		}
+		m2 := drift(at(m1, tc.p), 1e-6)
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: m2}); err != nil {
+			t.Fatal(err)
+		}
+		p2, v2 := measure(t, m2, xcf, 1, 1000, 3)
+		e := certify.Evidence{P: p2, Var: v2, Samples: 1000}
+		if !certify.Reenters(e, 0.49, 0.01, 0.01) {
+			t.Fatalf("p = %v: the measurement (%v, %v) does not re-enter its set; the case is not the one tested", tc.p, p2, v2)
+		}
+		got, err := l.Get("ce")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status != certify.AtRisk {
+			t.Fatalf("p = %v: before Confirm the CE is %v; want at_risk, its certificate failing at KL 0", tc.p, got.Status)
+		}
+		rep, _, err := l.Confirm(bg, NewModelPredictor(m2, 1000, 3), 16)
+		if err != nil {
+			t.Fatalf("p = %v: Confirm: %v", tc.p, err)
+		}
+		if got, err = l.Get("ce"); err != nil {
+			t.Fatal(err)
+		}
+		holds := pol.Bounds(got.Certificate(), 0).Certified
+		switch {
+		case tc.renewed && (rep.Renewed != 1 || got.Status != certify.Certified || got.AnchorVersion != m2.Version || !holds):
+			t.Errorf("p = %v: %+v, CE %v anchored at %d (holds at KL 0: %v); want renewed, certified at %d", tc.p, rep, got.Status, got.AnchorVersion, holds, m2.Version)
+		case !tc.renewed && (rep.Renewed != 0 || rep.Confirmed != 1 || got.Status != certify.AtRisk || got.ConfirmedVersion == nil || *got.ConfirmedVersion != m2.Version):
+			t.Errorf("p = %v: %+v, CE %v with verdict at %v; want no renewal, at_risk decided at %d", tc.p, rep, got.Status, got.ConfirmedVersion, m2.Version)
+		}
+	}
 }
