@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/cluster"
+	"github.com/cfguard/cfguard/internal/bearer"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 )
@@ -209,12 +210,12 @@ func unrouted(mux *http.ServeMux) http.Handler {
 	})
 }
 
-// auth requires "Authorization: Bearer <token>" when token is not empty; without one, it
-// refuses what a web page could send through a browser (openRequest).
+// auth requires "Authorization: Bearer <token>" (the scheme in any case) when token is not
+// empty; without one, it refuses what a web page could send through a browser (openRequest).
 func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			got, ok := bearer.Token(r.Header.Get("Authorization"))
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="cfguard"`)
 				writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")

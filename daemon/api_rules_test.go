@@ -113,6 +113,7 @@ func TestAPIAuthorizationRules(t *testing.T) {
 		want                             int
 	}{
 		{"the bearer token", "t0ken", "Bearer t0ken", "", 200},
+		{"the scheme in lower case (RFC 9110: case-insensitive)", "t0ken", "bearer t0ken", "", 200},
 		{"the token without its scheme", "t0ken", "t0ken", "", 401},
 		{"another scheme", "t0ken", "Basic t0ken", "", 401},
 		{"a token that only begins as it", "t0ken", "Bearer t0ken2", "", 401},

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cfguard/cfguard/internal/bearer"
 	"github.com/cfguard/cfguard/internal/ident"
 )
 
@@ -123,7 +124,7 @@ func (u *UI) authorized(r *http.Request) bool {
 	if u.cfg.Token == "" {
 		return true
 	}
-	if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+	if got, ok := bearer.Token(r.Header.Get("Authorization")); ok {
 		return subtle.ConstantTimeCompare([]byte(got), []byte(u.cfg.Token)) == 1
 	}
 	c, err := r.Cookie(Cookie)
@@ -137,7 +138,7 @@ func (u *UI) authorized(r *http.Request) bool {
 func (u *UI) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !u.authorized(r) {
-			if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+			if _, ok := bearer.Token(r.Header.Get("Authorization")); ok {
 				u.render(w, http.StatusUnauthorized, "error", page{Title: "Not signed in", Error: "The bearer token is wrong."})
 				return
 			}

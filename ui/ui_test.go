@@ -85,6 +85,13 @@ func TestLoginKeepsTheTokenOutOfURLsAndCookies(t *testing.T) {
 	if code, _, body := get(t, nil, d.Base+"/ui/", "Authorization", "Bearer "+token); code != 200 || !strings.Contains(body, "<h1>Overview</h1>") {
 		t.Fatalf("the bearer token: %d", code)
 	}
+	// The scheme's name is case-insensitive (RFC 9110, section 11.1).
+	if code, _, _ := get(t, nil, d.Base+"/ui/", "Authorization", "bearer "+token); code != 200 {
+		t.Fatalf("the bearer token, its scheme in lower case: %d", code)
+	}
+	if code, _, _ := get(t, nil, d.Base+"/ui/", "Authorization", "BEARER wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong bearer token, its scheme in upper case: %d, want 401", code)
+	}
 	// A browser behind http.web_config_file's basic auth sends that header on every request: it
 	// is no token, and goes to the form.
 	if code, h, _ := get(t, nil, d.Base+"/ui/events", "Authorization", "Basic dTpw"); code != http.StatusSeeOther || h.Get("Location") != "/ui/login?next=%2Fui%2Fevents" {
