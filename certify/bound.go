@@ -82,6 +82,23 @@ func KLBudgetForP1(p1 float64) float64 {
 	return (p1 - 0.5) * (p1 - 0.5) / 2
 }
 
+// KLBudgetForP1In is KLBudgetForP1 in mode: the largest KL(q2 || q1) at which ProbLower(p1, KL,
+// mode) stays at or above 1/2. With g = p1 - 1/2 (0 if p1 <= 1/2):
+//
+//	paper: g^2 / 2
+//	tight: max(2 g^2, -ln(1 - g^2))      (TV_ub <= g: Pinsker's sqrt(KL/2) <= g, or Bretagnolle-Huber's
+//	                                      sqrt(1 - exp(-KL)) <= g, whichever allows more)
+func KLBudgetForP1In(p1 float64, mode Mode) float64 {
+	if mode != Tight {
+		return KLBudgetForP1(p1)
+	}
+	if p1 <= 0.5 {
+		return 0
+	}
+	g := p1 - 0.5
+	return math.Max(2*g*g, -math.Log1p(-g*g))
+}
+
 // KLBudgetForVar is the largest KL for which Theorem 2 keeps V2 <= epsMax from V1 <= eps:
 //
 //	eps + 6 sqrt(KL/2) <= epsMax  <=>  KL <= (epsMax - eps)^2 / 18        (0 if eps >= epsMax)

@@ -203,3 +203,33 @@ func TestBoundsAtTheirDomainsEdges(t *testing.T) {
 		}
 	}
 }
+
+// KLBudgetForP1In is the KL at which ProbLower(p1, KL, mode) reaches 1/2, found here by bisection
+// on ProbLower itself (decreasing in KL), in both modes; tight mode's is never below paper's.
+func TestKLBudgetForP1InIsWhereTheBoundReachesOneHalf(t *testing.T) {
+	for _, mode := range []Mode{Paper, Tight} {
+		for _, p1 := range []float64{0.501, 0.55, 0.6, 0.75, 0.9, 0.95, 0.99, 1} {
+			lo, hi := 0.0, 50.0
+			for range 200 {
+				mid := (lo + hi) / 2
+				if ProbLower(p1, mid, mode) >= 0.5 {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			got := KLBudgetForP1In(p1, mode)
+			if math.Abs(got-lo) > 1e-9*lo {
+				t.Errorf("%s, p1 %v: KLBudgetForP1In = %v, the bound reaches 1/2 at %v", mode, p1, got, lo)
+			}
+			if mode == Tight && got < KLBudgetForP1(p1) {
+				t.Errorf("p1 %v: tight budget %v below paper's %v", p1, got, KLBudgetForP1(p1))
+			}
+		}
+		for _, p1 := range []float64{0.5, 0.3, 0} {
+			if b := KLBudgetForP1In(p1, mode); b != 0 {
+				t.Errorf("%s, p1 %v: budget %v, want 0", mode, p1, b)
+			}
+		}
+	}
+}

@@ -57,8 +57,8 @@ type boundResult struct {
 	P2Lower    float64  `json:"p2_lower"`
 	Var1       *float64 `json:"var1,omitempty"`
 	Var2Upper  *float64 `json:"var2_upper,omitempty"`
-	KLMax      float64  `json:"kl_max"`      // budget for delta: (0.5 - delta)^2 / 2
-	KLMaxForP1 float64  `json:"kl_max_p1"`   // budget from the observed p1: (p1 - 0.5)^2 / 2
+	KLMax      float64  `json:"kl_max"`      // the daemon's KL budget for delta (certify.on_breach): (0.5 - delta)^2 / 2 in either mode
+	KLMaxForP1 float64  `json:"kl_max_p1"`   // the largest KL at which p1's bound holds in mode (certify.KLBudgetForP1In)
 	StillValid bool     `json:"still_valid"` // p2_lower >= 0.5
 }
 
@@ -86,7 +86,7 @@ func cmdBound(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("%w: --delta must be in (0, 0.5), got %v", cli.ErrUsage, *delta)
 	}
 	r := boundResult{Mode: string(m), P1: *p1, KL: *kl, Delta: *delta,
-		P2Lower: certify.ProbLower(*p1, *kl, m), KLMax: certify.KLBudget(*delta), KLMaxForP1: certify.KLBudgetForP1(*p1)}
+		P2Lower: certify.ProbLower(*p1, *kl, m), KLMax: certify.KLBudget(*delta), KLMaxForP1: certify.KLBudgetForP1In(*p1, m)}
 	r.StillValid = r.P2Lower >= 0.5
 	if !math.IsNaN(*var1) {
 		if !(*var1 >= 0 && *var1 <= 0.25) {
