@@ -102,6 +102,35 @@ func forgetting(n int, memory float64) float64 {
 	return math.Exp(-float64(n) / memory)
 }
 
+// flatten is stabilised forgetting of one parameter's Gaussian, mean mu and precision tau,
+// towards the training prior N(0, 1 / tau0) with weight lambda (the geometric mixture
+// N(mu, 1/tau)^lambda N(0, 1/tau0)^(1 - lambda), renormalised):
+//
+//	tau~ = lambda tau + (1 - lambda) tau0,   mu~ = lambda tau mu / tau~
+func flatten(mu, tau, tau0, lambda float64) (tmu, ttau float64) {
+	ttau = lambda*tau + (1-lambda)*tau0
+	return lambda * tau * mu / ttau, ttau
+}
+
+// flattened is prev with its last layer flattened by stabilised forgetting with weight lambda
+// (flatten, per weight and bias): the vcl objective's target q~. It is prev itself when lambda
+// is 1 (no forgetting).
+func flattened(prev *bnn.Model, lambda float64) *bnn.Model {
+	if lambda == 1 {
+		return prev
+	}
+	out := prev.Clone()
+	tau0 := 1 / (prev.PriorSigma * prev.PriorSigma)
+	l := out.Last()
+	for _, p := range []struct{ mu, ls []float64 }{{l.WeightMu, l.WeightLogSigma}, {l.BiasMu, l.BiasLogSigma}} {
+		for j := range p.mu {
+			mu, ttau := flatten(p.mu[j], math.Exp(-2*p.ls[j]), tau0, lambda)
+			p.mu[j], p.ls[j] = mu, -0.5*math.Log(ttau)
+		}
+	}
+	return out
+}
+
 // lastVector returns the last layer's means and log sigmas as vectors of P: weights in model
 // layout (Out x In), then biases.
 func lastVector(m *bnn.Model) (mu, ls []float64) {
@@ -161,9 +190,7 @@ func newConverged(prev *bnn.Model, rows [][]float64, y []int, cfg Config) (*conv
 			c.tmu[j], c.ttau[j] = 0, tau0
 			continue
 		}
-		tp := math.Exp(-2 * ls0[j])
-		c.ttau[j] = lambda*tp + (1-lambda)*tau0
-		c.tmu[j] = lambda * tp * c.mu0[j] / c.ttau[j]
+		c.tmu[j], c.ttau[j] = flatten(c.mu0[j], math.Exp(-2*ls0[j]), tau0, lambda)
 	}
 	d := float64(n)
 	if cfg.Objective == ObjectivePrior && cfg.Represented > 0 {

@@ -380,3 +380,46 @@ func TestLastLayerCancelledMidway(t *testing.T) {
 		}
 	}
 }
+
+// The vcl objective's KL term is KL(q || q~), q~ the previous posterior flattened by the memory
+// (lambda = exp(-n / M) per parameter, towards N(0, prior_sigma^2)), in both engines and so in the
+// Adam solver as in the converged one: computed here from the formula on prev's parameters and
+// certify.KLDiag. With M = 0, q~ is prev.
+func TestVCLTargetIsTheFlattenedPosterior(t *testing.T) {
+	q, prev, z, y := randomProblem([]int{5, 4}, 2, 7)
+	qm, qls := lastVector(q)
+	pm, pls := lastVector(prev)
+	tau0 := 1 / (prev.PriorSigma * prev.PriorSigma)
+	for _, engine := range []string{EngineGo, EngineGorgonia} {
+		for _, memory := range []float64{0, 30} {
+			lambda := 1.0
+			if memory > 0 {
+				lambda = math.Exp(-7 / memory)
+			}
+			tm, tls := make([]float64, len(pm)), make([]float64, len(pm))
+			for j := range pm {
+				tau := math.Exp(-2 * pls[j])
+				prec := lambda*tau + (1-lambda)*tau0
+				tm[j], tls[j] = lambda*tau*pm[j]/prec, -0.5*math.Log(prec)
+			}
+			want := certify.KLDiag(qm, qls, tm, tls)
+			cfg := Config{Objective: ObjectiveVCL, Solver: SolverAdam, Memory: memory, Engine: engine, Seed: 5}.withDefaults()
+			o, err := newObjectiveWithPrev(q, prev, len(z), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.SetBatch(z, y); err != nil {
+				t.Fatal(err)
+			}
+			o.DrawEps(rand.New(rand.NewPCG(1, 2)))
+			ev, err := o.Run()
+			o.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(ev.KL-want) > 1e-9*want {
+				t.Errorf("%s engine, memory %v: KL term %.12g, KL(q || flattened prev) %.12g", engine, memory, ev.KL, want)
+			}
+		}
+	}
+}

@@ -107,9 +107,10 @@ type Config struct {
 	Seed uint64
 	// Solver is SolverAdam (default) or SolverConverge.
 	Solver string
-	// Memory is the converged vcl solver's memory in records (M): before each update the previous
-	// posterior is flattened towards the prior by stabilised forgetting with lambda =
-	// exp(-n / M), so that the posterior stands for about M records at most. 0: no forgetting.
+	// Memory is the posterior's memory in records (M): the records it stands for are
+	// N_t = lambda N_{t-1} + n with lambda = exp(-n / M), about M at most; with the vcl objective
+	// (either solver) the previous posterior is first flattened towards the prior by stabilised
+	// forgetting with the same lambda (see converge.go). 0: no forgetting.
 	Memory float64
 	// Represented is the number of records the new posterior stands for; the prior objective
 	// divides its KL term by it (as training divides by its rows). 0: the increment's rows (the
@@ -378,12 +379,14 @@ func lastLayerConverged(ctx context.Context, start time.Time, prev *bnn.Model, z
 	return finish(prev, out, n, cfg, st, start)
 }
 
-// graphConfig is the objective of an update of prev on n rows (cfg with defaults applied).
+// graphConfig is the objective of an update of prev on n rows (cfg with defaults applied): for
+// vcl, the KL term's target is prev flattened by the memory (flattened), as in the converged
+// solver.
 func graphConfig(prev *bnn.Model, n int, cfg Config) bnn.GraphConfig {
 	g := bnn.GraphConfig{Batch: min(cfg.BatchSize, n), Samples: cfg.Samples, LastOnly: true,
 		KLScale: cfg.KLWeight / float64(n)}
 	if cfg.Objective == ObjectiveVCL {
-		g.Prev = prev
+		g.Prev = flattened(prev, forgetting(n, cfg.Memory))
 	} else if cfg.Represented > 0 {
 		g.KLScale = cfg.KLWeight / cfg.Represented // as training divides by its rows
 	}
