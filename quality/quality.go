@@ -159,6 +159,16 @@ func (b Batch) sub(o Batch) Batch {
 // bound takes mu as known; the detector uses the running mean since its last reset instead, and
 // waits for DefaultMinRecords before it may alarm (at the default Lambda the walk cannot climb
 // that far within 100 records of a reset anyway: TestDetectorWarmUpAtTheDefaults).
+//
+// The running mean forgets nothing since the last reset, so that a model that got better would
+// keep a reference above what it does now, and a rise back towards its old level would never
+// climb the walk. A second walk, sum (mean_i - x_i - Delta), watches for a fall of the scores by
+// the same test (same Delta and Lambda, so at most as many false resets as false alarms); when it
+// climbs Lambda the reference starts again from the new level, without an alarm. A rise is
+// detected after about Lambda / (D - Delta) records once the level before it held for several
+// times that long since the last reset; within a few hundred records of a reset the running mean
+// is still learning the level and absorbs part of a rise (from N records of reference, a rise by D
+// climbs about D N ln(1 + k/N) - Delta k after k records: TestDetectorAfterAShortReference).
 const (
 	DefaultDelta          = 0.05
 	DefaultFalseAlarmRate = 1e-6
@@ -179,13 +189,18 @@ type Detector struct {
 	Delta      float64 `json:"delta"`
 	Lambda     float64 `json:"lambda"`
 	MinRecords int     `json:"min_records"`
-	// State since the last reset: records, their mean, the walk and its minimum.
-	Count int     `json:"count"`
-	Mean  float64 `json:"mean"`
-	Sum   float64 `json:"sum"`
-	Min   float64 `json:"min"`
-	// Changes counts alarms since the detector was made.
-	Changes int `json:"changes"`
+	// State since the last reset: records, their mean, the walk and its minimum, and the walk
+	// of falls (sum (mean_i - x_i - Delta)) and its minimum.
+	Count   int     `json:"count"`
+	Mean    float64 `json:"mean"`
+	Sum     float64 `json:"sum"`
+	Min     float64 `json:"min"`
+	Fall    float64 `json:"fall"`
+	FallMin float64 `json:"fall_min"`
+	// Changes counts alarms since the detector was made; Improvements the resets after a fall of
+	// the scores (no alarm).
+	Changes      int `json:"changes"`
+	Improvements int `json:"improvements"`
 }
 
 // NewDetector returns a detector with the default tolerance, false-alarm rate and warm-up.
@@ -195,13 +210,14 @@ func NewDetector() Detector {
 
 // Validate checks a detector's settings and state (one read back from storage).
 func (d *Detector) Validate() error {
-	for _, v := range []float64{d.Delta, d.Lambda, d.Mean, d.Sum, d.Min} {
+	for _, v := range []float64{d.Delta, d.Lambda, d.Mean, d.Sum, d.Min, d.Fall, d.FallMin} {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return errors.New("quality: detector state is not finite")
 		}
 	}
-	if d.Delta <= 0 || d.Lambda <= 0 || d.Count < 0 || d.MinRecords < 0 || d.Changes < 0 {
-		return fmt.Errorf("quality: detector settings delta %v, lambda %v, min records %d, count %d", d.Delta, d.Lambda, d.MinRecords, d.Count)
+	if d.Delta <= 0 || d.Lambda <= 0 || d.Count < 0 || d.MinRecords < 0 || d.Changes < 0 || d.Improvements < 0 {
+		return fmt.Errorf("quality: detector settings delta %v, lambda %v, min records %d, count %d, changes %d, improvements %d",
+			d.Delta, d.Lambda, d.MinRecords, d.Count, d.Changes, d.Improvements)
 	}
 	return nil
 }
@@ -211,7 +227,8 @@ func (d *Detector) Validate() error {
 func (d *Detector) Statistic() float64 { return d.Sum - d.Min }
 
 // Observe feeds the batch's records in order and returns how many alarms they raised. After an
-// alarm the detector resets, so that the new regime becomes its reference.
+// alarm, or a significant fall of the scores, the detector resets, so that the new regime
+// becomes its reference.
 func (d *Detector) Observe(b Batch) int {
 	alarms := 0
 	for _, x := range b.brier {
@@ -219,11 +236,23 @@ func (d *Detector) Observe(b Batch) int {
 		d.Mean += (x - d.Mean) / float64(d.Count)
 		d.Sum += x - d.Mean - d.Delta
 		d.Min = min(d.Min, d.Sum)
-		if d.Count >= d.MinRecords && d.Sum-d.Min > d.Lambda {
+		d.Fall += d.Mean - x - d.Delta
+		d.FallMin = min(d.FallMin, d.Fall)
+		switch {
+		case d.Count < d.MinRecords:
+		case d.Sum-d.Min > d.Lambda:
 			alarms++
 			d.Changes++
-			d.Count, d.Mean, d.Sum, d.Min = 0, 0, 0, 0
+			d.reset()
+		case d.Fall-d.FallMin > d.Lambda:
+			d.Improvements++
+			d.reset()
 		}
 	}
 	return alarms
+}
+
+// reset starts the reference and both walks again from the next record.
+func (d *Detector) reset() {
+	d.Count, d.Mean, d.Sum, d.Min, d.Fall, d.FallMin = 0, 0, 0, 0, 0, 0
 }

@@ -97,8 +97,8 @@ func TestDetectorFalseAlarmsAndDelay(t *testing.T) {
 		t.Fatalf("lambda %v", d.Lambda)
 	}
 	for i := 0; i < 2000; i++ { // 200,000 stationary records
-		if a := d.Observe(batch(100, 0.95)); a != 0 {
-			t.Fatalf("false alarm after %d stationary records", (i+1)*100)
+		if a := d.Observe(batch(100, 0.95)); a != 0 || d.Improvements != 0 {
+			t.Fatalf("false alarm or reset after %d stationary records: %d alarms, %d resets", (i+1)*100, a, d.Improvements)
 		}
 	}
 	// Labels flip: the model is now right 5% of the time; the mean Brier score rises by ~1.6.
@@ -394,5 +394,114 @@ func TestSumsCarryNoRecordScores(t *testing.T) {
 	d.Observe(a.Add(b))
 	if d.Count != 0 {
 		t.Errorf("a detector fed a.Add(b) counted %d records, want 0", d.Count)
+	}
+}
+
+// coinScores draws n Brier scores of mean m from a confident binary model: 2 (a miss at
+// probability 1) with probability m/2, else 0; the largest variance scores of mean m can have.
+func coinScores(rng *rand.Rand, n int, m float64) []float64 {
+	xs := make([]float64, n)
+	for i := range xs {
+		if rng.Float64() < m/2 {
+			xs[i] = 2
+		}
+	}
+	return xs
+}
+
+// firstAlarm feeds xs to d record by record and returns the 1-based index of the first alarm,
+// 0 for none.
+func firstAlarm(d *Detector, xs []float64) int {
+	for i, x := range xs {
+		if d.Observe(Batch{brier: []float64{x}}) > 0 {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// A model that got better (mean Brier 0.4 for 50,000 records, then 0.1 for 50,000) and then
+// worse (0.25, a rise of D = 0.15) is flagged within about Lambda / (D - Delta) records of the
+// rise: the fall of its scores reset the reference (an improvement, no alarm), which otherwise
+// would have stayed near 0.25, the mean of everything seen, and never let the walk climb.
+func TestDetectorResetsAfterTheScoresFall(t *testing.T) {
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(4, seed))
+		d := NewDetector()
+		firstAlarm(&d, coinScores(rng, 50_000, 0.4))
+		firstAlarm(&d, coinScores(rng, 50_000, 0.1))
+		if d.Changes != 0 || d.Improvements == 0 {
+			t.Fatalf("seed %d: %d alarms and %d resets while the scores fell; want none and at least one", seed, d.Changes, d.Improvements)
+		}
+		claim := d.Lambda / (0.15 - d.Delta)
+		if got := firstAlarm(&d, coinScores(rng, 20_000, 0.25)); got == 0 || float64(got) > 2*claim {
+			t.Errorf("seed %d: a rise of the mean Brier score from 0.1 to 0.25 after the fall: first alarm after %d records (0: none in 20,000), want within 2 x %.0f", seed, got, claim)
+		}
+	}
+}
+
+// From N records of reference at a constant score, a rise by D at record N + 1 climbs the walk
+// by D N (H_{N+k} - H_N) - Delta k after k records (H the harmonic numbers: the running mean
+// absorbs the rise as D k / (N + k)), about D N ln(1 + k / N) - Delta k. The detector alarms at
+// the first k where that exceeds Lambda, computed here on its own. The climb peaks at
+// k = N (D / Delta - 1): after 100 or 1,000 records of reference a rise by 0.2 never climbs
+// Lambda (138.2; it peaks at about 12.7 and 127), after 10,000 it is found after about 990
+// records and after 100,000 after about Lambda / (D - Delta) = 921. A flip (D = 1.7) is found
+// after 136 records from 100 of reference and 98 from 300, against 84 from a long one.
+func TestDetectorAfterAShortReference(t *testing.T) {
+	const before = 0.1
+	for _, tc := range []struct {
+		n      int
+		rise   float64
+		within int // the first alarm is expected within this many records of the rise; 0: never
+	}{
+		{100, 0.2, 0}, {1_000, 0.2, 0}, {10_000, 0.2, 1_000}, {100_000, 0.2, 930},
+		{100, 1.7, 140}, {300, 1.7, 100}, // a flip: Lambda / (D - Delta) = 84
+	} {
+		d := NewDetector()
+		flat := make([]float64, tc.n)
+		for i := range flat {
+			flat[i] = before
+		}
+		if got := firstAlarm(&d, flat); got != 0 {
+			t.Fatalf("%d records of one score: an alarm at %d", tc.n, got)
+		}
+		want, h := 0, 0.0 // h = H_{N+k} - H_N
+		for k := 1; k <= 20_000 && want == 0; k++ {
+			h += 1 / float64(tc.n+k)
+			if tc.rise*float64(tc.n)*h-d.Delta*float64(k) > d.Lambda*(1+1e-9) {
+				want = k
+			}
+		}
+		up := make([]float64, 20_000)
+		for i := range up {
+			up[i] = before + tc.rise
+		}
+		got := firstAlarm(&d, up)
+		if got != want || (tc.within == 0) != (got == 0) || got > tc.within {
+			t.Errorf("%d records of reference, then a rise by %v: first alarm after %d records, the walk's formula says %d (want within %d; 0: never)", tc.n, tc.rise, got, want, tc.within)
+		}
+		t.Logf("%d records of reference: a rise by %v found after %d records (Lambda / (D - Delta) = %.0f)", tc.n, tc.rise, got, d.Lambda/(tc.rise-d.Delta))
+	}
+}
+
+// Both walks keep the false-event rate of the threshold (at most 1e-6 per record, each, with the
+// mean known) on the hardest stationary scores, 0 or 2 with equal probability (variance 1, the
+// largest): in 10^7 records at most 10 alarms and 10 resets, the bound's expectation (none happen
+// with this seed).
+func TestDetectorFalseEventsOnTheHardestScores(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	d := NewDetector()
+	xs := make([]float64, 1_000_000)
+	alarms := 0
+	for range 10 {
+		for i := range xs {
+			xs[i] = float64(2 * rng.IntN(2))
+		}
+		alarms += d.Observe(Batch{brier: xs})
+	}
+	t.Logf("10^7 stationary records of variance 1: %d alarms, %d resets", alarms, d.Improvements)
+	if alarms > 10 || d.Improvements > 10 {
+		t.Errorf("10^7 stationary records: %d alarms and %d resets, the bound allows about 10 of each", alarms, d.Improvements)
 	}
 }
