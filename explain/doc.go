@@ -45,11 +45,14 @@
 // measured on the draws that accepted it, which biases it (slightly, at 1000 draws) towards
 // success. Hoeffding's P1Lower assumes draws independent of x', so for a Result it is optimistic
 // by that selection, and with shared draws it holds per CE, not jointly over many CEs (see
-// bnn.Pool). A caller that needs an estimate independent of the search draws its own, as the
-// daemon does when it registers a CE.
+// bnn.Pool). A caller that needs an estimate independent of the search measures the Result again
+// with draws of its own. The daemon does not: it passes its registration pool as FinalPool, so
+// that the CE it registers carries the measurement that accepted it, with that selection.
 //
-// A Generate call that ends without a valid counterfactual returns an error wrapping ErrNotFound
-// (a *NotFoundError carrying the best attempt); a Result is always valid. Config.Stop =
+// A Generate call that ends without a counterfactual that meets the method's rule returns an
+// error wrapping ErrNotFound (a *NotFoundError carrying the best attempt, which may be valid and
+// still miss the rule, as at the iteration cap); under StopConfirmed (the default) a Result
+// always meets it. Config.Stop =
 // StopEstimate replaces the confirmation by the paper's protocol: a search stops where its own
 // minibatch estimate meets the rule (or at the iteration cap), and the attempt is handed back
 // whatever the final ensemble says of it, to be accepted and measured as the paper does.

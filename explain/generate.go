@@ -341,7 +341,10 @@ func (g *Generator) Generate(ctx context.Context, x []float64, target int) (*Res
 	}
 	res.Original = orig
 	res.Duration = time.Since(start)
-	if !res.Valid {
+	// Under StopConfirmed a search returns only what met its rule (done); an attempt it gave up
+	// on (the iteration cap, a failed objective) is no counterfactual of the method's kind, valid
+	// or not. Under StopEstimate the paper's protocol accepts a valid attempt.
+	if !res.Valid || g.cfg.Stop == StopConfirmed && !g.meetsResult(res) {
 		return nil, &NotFoundError{Best: res, Reason: res.Reason}
 	}
 	return res, nil
