@@ -225,7 +225,8 @@ func (o *objective) forward(b *bnn.GraphBuilder, m *bnn.Model) *G.Node {
 //	L_clf   = -(1/S) sum_s log p_s
 //	L_delta = max(1 - delta - E[p], 0)
 //	L_var   = max(Var[p] - epsilon, 0)
-//	L_pred  = -log E[p]
+//	L_pred  = -log(E[p] + 1e-300)   (the constant keeps it finite where E[p] underflows to 0, so
+//	          that a weight of 0 gives 0, not 0 x Inf = NaN; it changes no E[p] above 1e-284)
 //	L_roar  = (1/S) sum_s softplus(DeltaMax (||x'||_1 + 1) - logit_s),
 //	          logit_s = log p_s - log(sum_{c != y'} p(c | x', w_s) + 1e-12)
 //	L_prox  = ||x' - x0||^2,   L_prox1 = ||x' - x0||_1.
@@ -241,7 +242,7 @@ func (o *objective) classTerms(b *bnn.GraphBuilder, lp *G.Node) [numTerms]*G.Nod
 	terms[termDelta] = b.Rectify(b.Sub(o.thr, ep))
 	terms[termVar] = b.Rectify(b.Sub(varp, o.epsilon))
 	terms[termProx] = b.Sum(b.Square(b.Sub(o.x, o.x0)))
-	terms[termPred] = b.Neg(b.Log(ep))
+	terms[termPred] = b.Neg(b.Log(b.Add(ep, G.NewConstant(1e-300))))
 	terms[termProxL1] = b.Sum(b.Abs(b.Sub(o.x, o.x0)))
 	others := b.Mul(b.Exp(lp), o.noh) // (S): sum_{c != y'} p(c | x', w_s)
 	logit := b.Sub(lpt, b.Log(b.Add(others, G.NewConstant(1e-12))))

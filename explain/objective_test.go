@@ -284,3 +284,46 @@ func TestObjectiveWithoutVAE(t *testing.T) {
 	}
 	_ = context.Background()
 }
+
+// Far from the data (x' at -1000 standard deviations in every feature) E_w[p(y' | x', w)]
+// underflows to 0, and L_pred = -log E[p] would be +Inf: with the weight 0 Wachter gives it, the
+// total would be 0 x Inf = NaN, and the search would give up on an objective whose own terms
+// are finite. L_pred is kept finite (-log(E[p] + 1e-300), about 690.8 there), so the total and its
+// gradient are Wachter's terms alone.
+func TestZeroWeightTermLeavesTheObjectiveFinite(t *testing.T) {
+	m, _, _ := blobFixture(t)
+	const S = 4
+	o, err := newObjective(m, nil, S)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.close()
+	if err := o.setNets(sampleNets(m, S, 3)); err != nil {
+		t.Fatal(err)
+	}
+	z0 := make([]float64, m.Inputs())
+	w := WachterWeights
+	if err := o.setProblem(1, z0, nil, w, 0.05, 0.01); err != nil {
+		t.Fatal(err)
+	}
+	z := make([]float64, m.Inputs())
+	for j := range z {
+		z[j] = -1000
+	}
+	var ev objectiveEval
+	if err := o.eval(z, &ev); err != nil {
+		t.Fatal(err)
+	}
+	want := w.Class*ev.Terms[termClf] + w.Prox*ev.Terms[termProx]
+	if w.Pred != 0 || math.IsNaN(ev.Total) || math.Abs(ev.Total-want) > 1e-9*math.Abs(want) {
+		t.Errorf("total %v, want Wachter's own %v (L_clf %v, L_prox %v; L_pred %v at weight %v)", ev.Total, want, ev.Terms[termClf], ev.Terms[termProx], ev.Terms[termPred], w.Pred)
+	}
+	if math.Abs(ev.Terms[termPred]+math.Log(1e-300)) > 1e-9 {
+		t.Errorf("L_pred %v where E[p] underflows, want -log(1e-300) = %v", ev.Terms[termPred], -math.Log(1e-300))
+	}
+	for j, g := range ev.Grad {
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			t.Fatalf("gradient[%d] = %v", j, g)
+		}
+	}
+}
