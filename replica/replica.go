@@ -158,6 +158,10 @@ func New(opts Options) (*Replica, error) {
 	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic,
 		ceshare.StateTopic(cfg.Replication.CETopic), ceshare.GroupSource(ceshare.GroupOf(cfg.Kafka.GroupID)))
 	r.lg.Info("cluster key loaded", "key_file", keys.Source(), "signs_with", keys.IDs()[0], "verifies", keys.IDs())
+	if mode, exposed := clusterkey.Exposed(cfg.Replication.KeyFile); exposed {
+		r.lg.Warn("the cluster key file can be read or written by every user of this machine: whoever reads it can write records every replica accepts; "+
+			"chmod o-rw it (a Kubernetes Secret mounted with defaultMode 0440 is not exposed)", "key_file", keys.Source(), "mode", mode.String())
+	}
 	return r, nil
 }
 

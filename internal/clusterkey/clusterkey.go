@@ -22,6 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"strings"
@@ -70,6 +71,17 @@ func Load(path string) (*Keyring, error) {
 		return nil, fmt.Errorf("replication.key_file: %w (make one with %s and give every replica the same file)", err, GenerateCommand)
 	}
 	return Parse(b, path)
+}
+
+// Exposed reports whether the key file at path can be read or written by every user of the
+// machine (its permission bits for others), with its permissions; false when it cannot be
+// stated. A key file is a secret: whoever reads it can write records every replica accepts.
+func Exposed(path string) (fs.FileMode, bool) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, false
+	}
+	return st.Mode().Perm(), st.Mode().Perm()&0o006 != 0
 }
 
 // Parse reads a key file's contents; source names it in errors.

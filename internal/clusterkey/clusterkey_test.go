@@ -208,3 +208,26 @@ func TestLoad(t *testing.T) {
 		t.Errorf("IDs %v, source %s", ids, k.Source())
 	}
 }
+
+// A key file is exposed when every user of the machine may read or write it; a file for its
+// owner, or for its owner and group (a Kubernetes Secret mounted 0440 with fsGroup), is not.
+func TestExposed(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "cluster.key")
+	if err := os.WriteFile(p, []byte("k1:"+strings.Repeat("5a", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		mode    os.FileMode
+		exposed bool
+	}{{0o600, false}, {0o400, false}, {0o440, false}, {0o640, false}, {0o601, false}, {0o644, true}, {0o604, true}, {0o602, true}, {0o666, true}} {
+		if err := os.Chmod(p, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		if mode, exposed := Exposed(p); exposed != c.exposed || mode != c.mode {
+			t.Errorf("mode %v: Exposed = %v, %v; want %v", c.mode, mode, exposed, c.exposed)
+		}
+	}
+	if _, exposed := Exposed(filepath.Join(t.TempDir(), "missing")); exposed {
+		t.Error("a missing file is exposed")
+	}
+}
