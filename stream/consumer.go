@@ -255,7 +255,8 @@ type Stats struct {
 // It is not a member of a consumer group: it reads each partition from the checkpointed
 // offset it was given, so a restart after a crash reads again at once, without waiting for a
 // group's session timeout or rebalance. One reader goroutine per partition fetches, decodes
-// and dead-letters in the background, up to 2 x MaxRecordsBacklog records ahead (nothing is
+// and dead-letters in the background, up to 2 x MaxRecordsBacklog messages (records and dead
+// letters) ahead (nothing is
 // committed early: group commits follow MarkDurable); Next assembles increments from what
 // they have ready.
 type Consumer struct {
@@ -288,6 +289,7 @@ type Consumer struct {
 	lastErr     error     // last broker error
 	handed      map[int]int64
 	buffered    int           // records fetched and decoded, not handed out yet (the prefetch)
+	deadAhead   int           // dead letters written, not handed out yet (in the prefetch's bound too)
 	spaceCh     chan struct{} // closed (and replaced) when Next hands records out
 
 	nextMu sync.Mutex // serialises Next; guards pend and carry
@@ -539,6 +541,7 @@ func (c *Consumer) finish() *Increment {
 	c.mu.Lock()
 	maps.Copy(c.handed, p.next)
 	c.buffered -= len(p.recs)
+	c.deadAhead -= p.dead
 	close(c.spaceCh) // wakes the readers waiting for room
 	c.spaceCh = make(chan struct{})
 	c.mu.Unlock()

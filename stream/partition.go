@@ -339,15 +339,17 @@ func (c *Consumer) outOfRange(ctx context.Context, ps *partState, next int64, re
 }
 
 // deliver queues ch for Next once the prefetch has room: while fewer than 2 x
-// MaxRecordsBacklog records are fetched and not handed out. So the prefetch holds at most that
-// plus one fetch, and Next, which waits only while it holds fewer than MaxRecords <=
-// MaxRecordsBacklog records, never waits for room it is itself holding.
+// MaxRecordsBacklog messages, records and dead letters, are fetched and not handed out. So the
+// prefetch holds at most that plus one fetch, and the dead-letter topic is written at most that
+// far ahead of the checkpoint. Next, which waits for more only while it holds fewer than
+// MaxRecords <= MaxRecordsBacklog records and, holding dead letters, no longer than MaxWait,
+// never waits for long for room it is itself holding.
 func (c *Consumer) deliver(ctx context.Context, ps *partState, ch *chunk) bool {
 	limit := 2 * c.cfg.MaxRecordsBacklog
 	for {
 		c.mu.Lock()
-		if c.buffered < limit {
-			c.buffered += len(ch.recs)
+		if c.buffered+c.deadAhead < limit {
+			c.buffered, c.deadAhead = c.buffered+len(ch.recs), c.deadAhead+len(ch.dead)
 			ps.waiting = false
 			c.mu.Unlock()
 			break

@@ -96,6 +96,57 @@ func TestPrefetchIsBounded(t *testing.T) {
 	}
 }
 
+// TestPrefetchOfDeadLettersIsBounded: dead letters count in the prefetch's bound as records do,
+// so that a stream of bad records is not fetched and written to the dead-letter topic without
+// limit ahead of Next (and of the checkpoint: a crash writes again what is ahead); drained, every
+// one is handed out once.
+func TestPrefetchOfDeadLettersIsBounded(t *testing.T) {
+	b := startBroker(t, broker.Config{})
+	conn := plainConn(b)
+	const n = 3000
+	bad := make([]string, n)
+	for i := range bad {
+		bad[i] = `{"id":"bad"}`
+	}
+	for i := 0; i < n; i += 50 {
+		produce(t, conn, recordsTopic, 0, bad[i:i+50]...)
+	}
+	cfg := consumerConfig(conn, "prefetch-dead")
+	cfg.MaxRecords, cfg.MaxRecordsBacklog = 50, 100
+	cfg.FetchMaxBytes = 1 << 10 // one batch of 50 bad records per fetch
+	cfg.MaxWait = 100 * time.Millisecond
+	c := newConsumer(t, cfg)
+	written := func() int64 {
+		var d int64
+		for _, v := range c.Stats().DeadLettered {
+			d += v
+		}
+		return d
+	}
+	waitfor.Cond(t, 20*time.Second, "the prefetch to fill with dead letters", func() bool { return written() >= int64(2*cfg.MaxRecordsBacklog-70) })
+	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
+	if s := c.Stats(); s.Fetched > int64(2*cfg.MaxRecordsBacklog+100) || written() > int64(2*cfg.MaxRecordsBacklog+100) {
+		t.Fatalf("fetched %d and dead-lettered %d bad records ahead of Next with MaxRecordsBacklog %d", s.Fetched, written(), cfg.MaxRecordsBacklog)
+	}
+	t.Logf("ahead of Next: fetched %d, dead-lettered %d", c.Stats().Fetched, written())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	handed := 0
+	for handed < n {
+		inc, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("Next after %d of %d dead letters: %v", handed, n, err)
+		}
+		if len(inc.Records) != 0 {
+			t.Fatalf("%d good records among bad ones", len(inc.Records))
+		}
+		handed += inc.DeadLettered
+	}
+	if handed != n || written() != n {
+		t.Errorf("%d dead letters handed out and %d written, want %d each", handed, written(), n)
+	}
+}
+
 // TestGapReportedOnce: a checkpoint below the partition's log start offset (retention deleted
 // records while the daemon was down) is not skipped silently: the first increment carries the
 // gap, NextOffsets is past it, Stats.Lost counts it, and one ERROR line names the range.
