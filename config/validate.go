@@ -215,9 +215,11 @@ func (c *Config) validate(lines map[string]int) error {
 	if !(c.Certify.HoeffdingAlpha >= 0 && c.Certify.HoeffdingAlpha < 1) {
 		bad("certify.hoeffding_alpha", c.Certify.HoeffdingAlpha, "must be in [0, 1)")
 	} else if a, s, d := c.Certify.HoeffdingAlpha, c.Certify.Samples, c.Certify.Delta; a > 0 && s >= 2 && certify.CheckDelta(d) == nil {
-		// A certificate starts from p1 - m, m = sqrt(ln(1/alpha) / (2 samples)); a CE in its set
-		// (p1 >= 1 - delta) holds its bound at KL 0 (p1 - m >= 1/2) only if m <= 1/2 - delta.
-		if m := math.Sqrt(math.Log(1/a) / (2 * float64(s))); m > 0.5-d {
+		// A certificate starts from Hoeffding's lower bound p1 - m (certify.HoeffdingLower); a CE
+		// in its set (p1 >= 1 - delta) holds its bound at KL 0 (p1 - m >= 1/2) only if the least
+		// such p1 does.
+		if lo := certify.HoeffdingLower(1-d, s, a); lo < 0.5 {
+			m := 1 - d - lo
 			bad("certify.hoeffding_alpha", a, fmt.Sprintf("with certify.samples %d and certify.delta %v, Hoeffding's margin sqrt(ln(1/hoeffding_alpha) / (2 samples)) = %.4g "+
 				"exceeds 1/2 - delta = %.4g, so a counterfactual in its set could hold no certificate even under the posterior it was measured under; "+
 				"raise hoeffding_alpha (at least %.4g) or certify.samples, or lower certify.delta", s, d, m, 0.5-d, math.Exp(-2*float64(s)*(0.5-d)*(0.5-d))))

@@ -67,10 +67,10 @@ const (
 	// StopConfirmed (the default) accepts an iterate only when the confirmation ensemble and then
 	// the final ensemble both say it meets the method's rule (see the package documentation): a
 	// search either returns a counterfactual that meets the rule or ErrNotFound, whose best
-	// attempt may be valid and still miss the rule (at the iteration cap). After a confirmation fails, the
-	// next 5 iterations (10 after the final ensemble) move without being checked, so a search that
-	// reaches the rule just after a failed check stops a few moves past it, farther from the
-	// query than StopEstimate would (TestSchutStopsAtConfidence: 11 moves against 6).
+	// attempt may be valid and still miss the rule (at the iteration cap). After a confirmation
+	// fails, the next 5 iterations (10 after the final ensemble) move without being checked, so a
+	// search that reaches the rule just after a failed check stops a few moves past it, farther
+	// from the query than StopEstimate would (TestSchutStopsAtConfidence: 11 moves against 6).
 	StopConfirmed Stop = "confirmed"
 	// StopEstimate stops at the first iterate whose own minibatch estimate (the Samples networks
 	// that gave the iteration's gradient, as a PyTorch implementation of these methods checks)

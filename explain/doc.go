@@ -52,8 +52,8 @@
 // A Generate call that ends without a counterfactual that meets the method's rule returns an
 // error wrapping ErrNotFound (a *NotFoundError carrying the best attempt, which may be valid and
 // still miss the rule, as at the iteration cap); under StopConfirmed (the default) a Result
-// always meets it. Config.Stop =
-// StopEstimate replaces the confirmation by the paper's protocol: a search stops where its own
-// minibatch estimate meets the rule (or at the iteration cap), and the attempt is handed back
-// whatever the final ensemble says of it, to be accepted and measured as the paper does.
+// always meets it. Config.Stop = StopEstimate replaces the confirmation by the paper's
+// protocol: a search stops where its own minibatch estimate meets the rule (or at the iteration
+// cap), and the attempt is handed back whatever the final ensemble says of it, to be accepted
+// and measured as the paper does.
 package explain

@@ -193,14 +193,7 @@ func TestDetectorWarmUpAtTheDefaults(t *testing.T) {
 	if d := NewDetector(); d.MinRecords != 100 {
 		t.Fatalf("the default warm-up is %d records; this test and docs/MATHS.md reason about 100", d.MinRecords)
 	}
-	first := func(d Detector, xs []float64) int {
-		for i, x := range xs {
-			if d.Observe(Batch{brier: []float64{x}}) > 0 {
-				return i + 1
-			}
-		}
-		return 0
-	}
+	first := func(d Detector, xs []float64) int { return firstAlarm(&d, xs) } // from d's state, not changing it
 	step := func(k int) []float64 {
 		xs := make([]float64, 150)
 		for i := k; i < len(xs); i++ {

@@ -256,9 +256,8 @@ type Stats struct {
 // offset it was given, so a restart after a crash reads again at once, without waiting for a
 // group's session timeout or rebalance. One reader goroutine per partition fetches, decodes
 // and dead-letters in the background, up to 2 x MaxRecordsBacklog messages (records and dead
-// letters) ahead (nothing is
-// committed early: group commits follow MarkDurable); Next assembles increments from what
-// they have ready.
+// letters) ahead (nothing is committed early: group commits follow MarkDurable); Next
+// assembles increments from what they have ready.
 type Consumer struct {
 	cfg    ConsumerConfig
 	schema *Schema
