@@ -32,7 +32,7 @@
 //	                  every instance has a counterfactual
 //	search_success    fraction of instances whose generator reported success: the method's rule
 //	                  (PSCE: the <delta,eps>-set; Schut: confidence 0.95; the others: the target
-//	                  first) met before the budget, by the optimiser's own estimate under
+//	                  first) met within the budget, by the optimiser's own estimate under
 //	                  ProtocolPaper, by the confirmation ensembles under ProtocolSearch, and the
 //	                  result valid under the generator's final ensemble. Under ProtocolSearch it
 //	                  is what validity measures too
@@ -454,8 +454,9 @@ func runSeed(ctx context.Context, cfg Config, seed uint64) ([]SeedResult, error)
 }
 
 // generate runs g. found says whether the search met the method's rule. Under ProtocolPaper a
-// search that did not still hands back its attempt, which is accepted; under ProtocolSearch it
-// gives nil.
+// search that did not still hands back its attempt, which is accepted: an invalid one as the
+// NotFoundError's best attempt, a valid one (the paper's StopEstimate) as a Result whose Reason
+// says why it stopped short; under ProtocolSearch it gives nil.
 func generate(ctx context.Context, cfg Config, g *explain.Generator, x []float64, target int) (r *explain.Result, found bool, err error) {
 	r, err = g.Generate(ctx, x, target)
 	var nf *explain.NotFoundError
@@ -465,7 +466,10 @@ func generate(ctx context.Context, cfg Config, g *explain.Generator, x []float64
 		}
 		return nil, false, nil
 	}
-	return r, err == nil, err
+	if err != nil {
+		return nil, false, err
+	}
+	return r, r.Reason == "", nil
 }
 
 // evalMethod evaluates one method on the first n test rows: g generates every counterfactual

@@ -206,6 +206,34 @@ func TestRunBreastCancer(t *testing.T) {
 	}
 }
 
+// TestSearchSuccessCountsOnlyTheRuleMet: after four iterations some PSCE attempts are valid
+// (the independent predictive gives them the target) but none has reached the <delta,eps>-set
+// its rule asks for. The paper's protocol measures every attempt, so validity counts those; search
+// success counts only the searches that met their rule, here none.
+func TestSearchSuccessCountsOnlyTheRuleMet(t *testing.T) {
+	set, ds, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	sums, err := Run(context.Background(), Config{Data: set, Classes: ds.Classes, Dataset: "breast_cancer", Seeds: 1, Instances: n,
+		Methods: []string{"psce"}, VAE: explain.TrainConfig{Epochs: 5}, AE: explain.TrainConfig{Epochs: 5}, SkipSameSeedRR: true,
+		ValiditySamples: 200, Explain: explain.Config{MaxIter: 4, FinalSamples: 200, CheckSamples: 100, PoolSize: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, r := sums[0], sums[0].PerSeed[0]
+	t.Logf("%+v", r)
+	if r.Generated != n || r.Valid == 0 || r.InSet != 0 {
+		t.Fatalf("generated %d, valid %d, in the set %d: want all %d generated, some valid, none in the set (the scenario this test needs)",
+			r.Generated, r.Valid, r.InSet, n)
+	}
+	if r.Found != 0 || s.SearchSuccess.Mean != 0 {
+		t.Errorf("found %d (search success %v) of %d searches, %d valid, none in the set: want 0, success is the rule met",
+			r.Found, s.SearchSuccess.Mean, n, r.Valid)
+	}
+}
+
 // TestProtocols: with a budget of one iteration no PSCE search reaches the <delta,eps>-set. The
 // paper's protocol still accepts and measures every attempt (its validity judged by an
 // independent predictive, so low), the search protocol measures none; both report the search's
