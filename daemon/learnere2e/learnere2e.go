@@ -4,7 +4,7 @@
 // drift invalidates them within a stated number of records. The tests that run them are in
 // packages of their own (breastcancer, breastcancer/drift, spambase), so that each check's
 // minutes of streaming are a go test process of their own, within go test's time limit on a busy
-// core.
+// core; spambase's, the longest, runs only with CFGUARD_LONG_CHECKS=1 (see its package).
 package learnere2e
 
 import (
