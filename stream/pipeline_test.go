@@ -66,6 +66,15 @@ func appendInt(b []byte, i int) []byte {
 	return append(b, byte('0'+i%10))
 }
 
+// waitsForRoom reports whether partition p's reader waits for Next to make room in the
+// prefetch (Consumer.deliver): it fetches nothing more until Next is called.
+func waitsForRoom(c *Consumer, p int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := c.parts[p]
+	return ps != nil && ps.waiting
+}
+
 // TestPrefetchIsBounded: while Next is not called, the readers fetch and decode ahead, but no
 // more than 2 x MaxRecordsBacklog records plus one fetch; Next then drains them and the readers
 // go on.
@@ -81,11 +90,18 @@ func TestPrefetchIsBounded(t *testing.T) {
 	cfg.MaxRecords, cfg.MaxRecordsBacklog = 50, 100
 	cfg.FetchMaxBytes = 4 << 10 // ~60 records per fetch
 	c := newConsumer(t, cfg)
-	waitfor.Cond(t, 20*time.Second, "the prefetch to fill", func() bool { return c.Stats().Pending >= int64(2*cfg.MaxRecordsBacklog-70) })
-	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
-	s := c.Stats()
-	if s.Pending >= int64(2*cfg.MaxRecordsBacklog+100) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) { // one fetch is ~60 records
+	overfull := func(s Stats) bool {
+		return s.Pending >= int64(2*cfg.MaxRecordsBacklog+100) || s.Fetched > int64(2*cfg.MaxRecordsBacklog+200) // one fetch is ~60 records
+	}
+	// Until Next is called, the reader stops for good once it waits for room: what it fetched by
+	// then is all it ever fetches.
+	waitfor.Cond(t, 20*time.Second, "the reader to wait for room", func() bool { return waitsForRoom(c, 0) || overfull(c.Stats()) })
+	if s := c.Stats(); overfull(s) {
 		t.Fatalf("prefetched %d records (fetched %d) with MaxRecordsBacklog %d", s.Pending, s.Fetched, cfg.MaxRecordsBacklog)
+	}
+	s := c.Stats()
+	if s.Pending < int64(2*cfg.MaxRecordsBacklog-70) {
+		t.Fatalf("the reader waits for room with %d records prefetched, MaxRecordsBacklog %d", s.Pending, cfg.MaxRecordsBacklog)
 	}
 	if h := c.Health(); !h.Ready {
 		t.Fatalf("a consumer waiting for Next is not ready: %v", h.Reasons)
@@ -123,10 +139,15 @@ func TestPrefetchOfDeadLettersIsBounded(t *testing.T) {
 		}
 		return d
 	}
-	waitfor.Cond(t, 20*time.Second, "the prefetch to fill with dead letters", func() bool { return written() >= int64(2*cfg.MaxRecordsBacklog-70) })
-	time.Sleep(500 * time.Millisecond) // time to overfill, if it could
-	if s := c.Stats(); s.Fetched > int64(2*cfg.MaxRecordsBacklog+100) || written() > int64(2*cfg.MaxRecordsBacklog+100) {
-		t.Fatalf("fetched %d and dead-lettered %d bad records ahead of Next with MaxRecordsBacklog %d", s.Fetched, written(), cfg.MaxRecordsBacklog)
+	overfull := func() bool {
+		return c.Stats().Fetched > int64(2*cfg.MaxRecordsBacklog+100) || written() > int64(2*cfg.MaxRecordsBacklog+100)
+	}
+	waitfor.Cond(t, 20*time.Second, "the reader to wait for room", func() bool { return waitsForRoom(c, 0) || overfull() })
+	if overfull() {
+		t.Fatalf("fetched %d and dead-lettered %d bad records ahead of Next with MaxRecordsBacklog %d", c.Stats().Fetched, written(), cfg.MaxRecordsBacklog)
+	}
+	if written() < int64(2*cfg.MaxRecordsBacklog-70) {
+		t.Fatalf("the reader waits for room with %d dead letters written, MaxRecordsBacklog %d", written(), cfg.MaxRecordsBacklog)
 	}
 	t.Logf("ahead of Next: fetched %d, dead-lettered %d", c.Stats().Fetched, written())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
