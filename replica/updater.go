@@ -45,9 +45,17 @@ func rejoinWait(failed int) time.Duration {
 // updater of its term.
 var errLost = errors.New("posterior log: this replica's entry lost to another writer's")
 
+// errStopped: the follower is stopped at an entry it cannot apply; nothing is appended on a head
+// that is no longer the log's.
+var errStopped = errors.New("posterior log: stopped at an entry this replica cannot apply; nothing appended")
+
 // appendAndJudge appends e and reads the log back until an entry is accepted at e's place: it
 // reports whether that entry is e. An append that failed is retried after the read-back shows
 // it was not stored (a retry that was in fact stored is a duplicate, which the chain ignores).
+// Once the follower has stopped at an entry it cannot apply, e is not appended (errStopped):
+// every replica would ignore it as no successor of that entry, and the new epoch that moves the
+// log on starts from the head's coverage anyway. An entry appended while the follower had not
+// yet read the stopping one is ignored so, counted as not_successor.
 func (r *Replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, error) {
 	v, err := e.Encode()
 	if err != nil {
@@ -56,6 +64,9 @@ func (r *Replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, e
 	want := hashHex(v)
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for {
+		if r.isStopped() {
+			return false, errStopped
+		}
 		aerr := r.plog.Append(ctx, "e/"+strconv.FormatUint(e.Seq, 10), v)
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -352,6 +363,11 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		r.pending[h] = pendingStep{seq: e.Seq, step: s} // kept when the append fails: the entry may still land, late
 		r.mu.Unlock()
 		won, err := r.appendAndJudge(ctx, e)
+		if errors.Is(err, errStopped) {
+			r.mu.Lock()
+			delete(r.pending, h) // never appended
+			r.mu.Unlock()
+		}
 		if err != nil {
 			return err
 		}

@@ -90,7 +90,7 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 		})
 	}
 	// Records keep arriving while the replicas are stopped. The updater reads them, finds the
-	// log stopped when it appends, and keeps its role (and the group its generation) until the
+	// log stopped, appends nothing, and keeps its role (and the group its generation) until the
 	// new epoch: no new generation of the updater group while the log is stopped.
 	const keeping = "updater: the posterior log stopped; keeping the updater role"
 	generations := func() (n int) {
@@ -117,6 +117,9 @@ func TestNewEpochResumesStoppedReplicas(t *testing.T) {
 	})
 	if n := generations(); n != stoppedGenerations {
 		t.Errorf("the updater group went through %d generations while the log was stopped, want 0", n-stoppedGenerations)
+	}
+	if end, err := plog.End(ctx); err != nil || end != unreadable+1 {
+		t.Errorf("the posterior log ends at %d (%v) while stopped at offset %d: the updater appended on a stopped log", end, err, unreadable)
 	}
 	// Every replica counts the records the stopped log has not covered as waiting
 	// (CfguardIngestStalled), whichever of them reads the topic.
