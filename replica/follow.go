@@ -219,7 +219,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		r.advance(rec.Offset+1, nil, 0)
 		return nil
 	}
-	if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+	if err := r.checkCoverage(ctx, e, true); errors.Is(err, postlog.ErrPastEnd) {
 		r.lg.Warn("posterior log entry refused: it covers input records that do not exist", "topic", r.plog.Topic(), "partition", 0,
 			"offset", rec.Offset, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "input_topic", r.cfg.Kafka.Topic, "err", err)
 		r.m.Ignored.WithLabelValues(string(postlog.PastEnd)).Inc() // after the line: whoever sees the count finds it
@@ -395,8 +395,9 @@ func minTime(a, b time.Time) time.Time {
 // checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
 // offsets of kafka.topic past its partitions' ends. The ends are asked of the broker only when e
 // covers more than they did the last time (they only grow); a failure to ask is retried until
-// ctx ends, since an entry is never accepted unchecked.
-func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
+// ctx ends, since an entry is never accepted unchecked. For the follower (follower true), the
+// time since the asking began to fail is kept for /readyz (Health) while it fails.
+func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry, follower bool) error {
 	if e.Kind != postlog.Increment {
 		return nil
 	}
@@ -407,18 +408,39 @@ func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry) error {
 		return nil
 	}
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	var failing time.Time // since the first failed attempt: logged once, at WARN, and its end at INFO
 	for {
 		fresh, err := r.plog.InputEnds(ctx, r.cfg.Kafka.Topic)
 		if err == nil {
 			r.mu.Lock()
 			r.ends = fresh
 			r.mu.Unlock()
+			if !failing.IsZero() {
+				r.lg.Info("posterior log: the input topic's end offsets read again; checking the entry's coverage", "entry", e.Seq,
+					"failed_for", time.Since(failing).Round(time.Millisecond))
+			}
 			return postlog.CheckCoverage(e.Covers, fresh)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.lg.Warn("posterior log: cannot read the input topic's end offsets to check an entry's coverage; retrying", "entry", e.Seq, "err", err)
+		if failing.IsZero() {
+			failing = time.Now()
+			r.lg.Warn("posterior log: cannot read the input topic's end offsets to check an entry's coverage; retrying with backoff, "+
+				"serving the last posterior applied", "entry", e.Seq, "err", err)
+			if follower {
+				defer func() {
+					r.mu.Lock()
+					r.coverageUnknown, r.coverageErr = time.Time{}, nil
+					r.mu.Unlock()
+				}()
+			}
+		}
+		if follower {
+			r.mu.Lock()
+			r.coverageUnknown, r.coverageEntry, r.coverageErr = failing, e.Seq, err
+			r.mu.Unlock()
+		}
 		if err := bo.Wait(ctx); err != nil {
 			return err
 		}

@@ -180,7 +180,7 @@ func (r *Replica) replay(ctx context.Context, c *pastCursor, rec postlog.Record)
 		return err
 	}
 	if reason == postlog.Accepted {
-		if err := r.checkCoverage(ctx, e); errors.Is(err, postlog.ErrPastEnd) {
+		if err := r.checkCoverage(ctx, e, false); errors.Is(err, postlog.ErrPastEnd) {
 			reason = postlog.PastEnd // refused, as the follower refuses it
 		} else if err != nil {
 			return err

@@ -73,6 +73,12 @@ type Replica struct {
 	behind     time.Time // since when the log holds records the follower has not read (watchEnd; zero when none)
 	endUnknown time.Time // since when watchEnd has failed to read the log's end (zero while it reads it)
 	endErr     error     // why watchEnd's latest read of the log's end failed
+	// coverageUnknown is since when the follower has failed to read the input topic's end
+	// offsets, which the entry coverageEntry it read must be checked against before it is
+	// applied (checkCoverage; zero while it reads them); coverageErr why.
+	coverageUnknown time.Time
+	coverageEntry   uint64
+	coverageErr     error
 	// refusedNext says why an entry that extends the head, read while catching up, was refused
 	// for covering input records that do not exist; nil once an entry is accepted. The replicas
 	// that applied it before the input topic was reset or cut serve a later posterior.
@@ -188,6 +194,7 @@ func (r *Replica) Health() error {
 	r.mu.Lock()
 	stopped, caughtUp, c, reset, starved, behind, lag := r.stopped, r.caughtUp, r.consumer, r.inputReset, r.starved, r.behind, r.lag
 	endUnknown, endErr, refusedNext := r.endUnknown, r.endErr, r.refusedNext
+	coverageUnknown, coverageEntry, coverageErr := r.coverageUnknown, r.coverageEntry, r.coverageErr
 	r.mu.Unlock()
 	switch {
 	case stopped != nil:
@@ -202,6 +209,11 @@ func (r *Replica) Health() error {
 	case !starved.IsZero() && !behind.IsZero() && time.Since(later(starved, behind)) >= resetAfter:
 		return fmt.Errorf("the posterior log cannot be read: no record for %s while %d wait; serving the last posterior applied",
 			time.Since(later(starved, behind)).Round(time.Second), lag)
+	case !coverageUnknown.IsZero() && time.Since(coverageUnknown) >= resetAfter:
+		// An entry read and not applied: the log moved on while this replica serves its head.
+		return fmt.Errorf("the posterior log's entry %d cannot be applied: its coverage is checked against kafka.topic's end offsets, "+
+			"which have not been read for %s (%v); serving the last posterior applied",
+			coverageEntry, time.Since(coverageUnknown).Round(time.Second), coverageErr)
 	case reset != nil:
 		return fmt.Errorf("updater: ingest stopped: %w", reset)
 	case refusedNext != nil:

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -108,6 +109,55 @@ func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
 		t.Fatalf("the replica stopped: %v", err)
 	}
 	t.Logf("fetches of the posterior log refused: %d", refused.Load())
+}
+
+// TestFollowerWithoutTheInputEndsIsNotReady: the broker refuses every request for kafka.topic's
+// end offsets while the posterior log and the input records read as usual. The next increment's
+// entry covers records past the ends the follower knows, so it cannot be checked, and is not
+// applied: the replica serves its head, and after resetAfter /readyz says which entry waits and
+// why. Once the ends are read again, the entry is applied and the replica is ready again.
+func TestFollowerWithoutTheInputEndsIsNotReady(t *testing.T) {
+	t.Parallel() // mostly waits for resetAfter
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close) // after the replica's cleanup
+	r := launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
+	data := daemontest.Bundled(t)
+	daemontest.ProduceRows(t, r, data, 0, 8)
+	applied := func() float64 { return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") }
+	waitfor.Cond(t, 60*time.Second, "8 records applied", func() bool { return applied() == 8 })
+	version := r.D.Posterior().Version
+
+	var refusing atomic.Bool
+	var refused atomic.Int64
+	refusing.Store(true)
+	kc.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		for _, tp := range req.(*kmsg.ListOffsetsRequest).Topics {
+			if tp.Topic == "cfguard.records" && refusing.Load() {
+				refused.Add(1)
+				return nil, errors.New("connection closed by the test"), true
+			}
+		}
+		return nil, nil, false
+	})
+	daemontest.ProduceRows(t, r, data, 8, 8)
+	waitfor.Cond(t, 60*time.Second, "/readyz naming the entry that waits for the input's ends", func() bool {
+		code, body := r.Get(t, "/readyz")
+		return code == 503 && strings.Contains(string(body), "cannot be applied: its coverage is checked against kafka.topic's end offsets")
+	})
+	if got := r.D.Posterior().Version; got != version || applied() != 8 {
+		t.Fatalf("posterior version %d with %v records applied while the entry could not be checked; want version %d, 8", got, applied(), version)
+	}
+	refusing.Store(false)
+	waitfor.Cond(t, 60*time.Second, "16 records applied once the ends are read", func() bool { return applied() == 16 })
+	waitfor.Cond(t, 60*time.Second, "/readyz 200 again", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	if n := strings.Count(r.Logs.String(), "cannot read the input topic's end offsets to check an entry's coverage"); n != 1 {
+		t.Errorf("the follower said %d times that it cannot read the input's ends; want once for the episode", n)
+	}
+	t.Logf("requests for the input's end offsets refused: %d", refused.Load())
 }
 
 // TestUpdaterOwnLateEntryIsNotBuiltOn: the updater's append of an increment is held at the
