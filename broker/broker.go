@@ -146,6 +146,10 @@ type Config struct {
 	// RequestTimeout closes a connection whose request takes longer than this from its first
 	// byte to its last, or a response longer to write. Default: DefaultRequestTimeout.
 	RequestTimeout time.Duration
+	// LimitNames name the settings of MaxConnections and IdleTimeout in the broker's lines and
+	// in Healthy, so that they say what to change. Default: the daemon's configuration keys,
+	// kafka.embedded_max_connections and kafka.embedded_idle_timeout.
+	LimitNames LimitNames
 
 	// bufferedBytes, when not 0, replaces MaxBufferedBytes (tests fill a smaller budget).
 	bufferedBytes int64
@@ -228,7 +232,7 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 	}
 	var lns []*listener // appended to by kfake's calls of ListenFn (node 0, 1, ...), within NewCluster
 	writes := &writeHealth{hold: cmp.Or(cfg.writeFailureHold, writeFailureHold)}
-	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, hold: cmp.Or(cfg.hold, maxHold),
+	conns := &connLimits{max: cfg.MaxConnections, idle: cfg.IdleTimeout, request: cfg.RequestTimeout, hold: cmp.Or(cfg.hold, maxHold), names: cfg.LimitNames,
 		log: log, budget: semaphore.NewWeighted(cmp.Or(cfg.bufferedBytes, MaxBufferedBytes))}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(cfg.Nodes),
@@ -321,6 +325,9 @@ func (cfg *Config) applyDefaults() error {
 	cfg.MaxConnections = cmp.Or(cfg.MaxConnections, DefaultMaxConnections)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
 	cfg.RequestTimeout = cmp.Or(cfg.RequestTimeout, DefaultRequestTimeout)
+	if cfg.LimitNames == (LimitNames{}) {
+		cfg.LimitNames = LimitNames{MaxConnections: "kafka.embedded_max_connections", IdleTimeout: "kafka.embedded_idle_timeout"}
+	}
 	if cfg.MaxConnections < 1 {
 		return fmt.Errorf("broker: MaxConnections %d: want at least 1", cfg.MaxConnections)
 	}

@@ -31,6 +31,11 @@ const (
 	DefaultRequestTimeout = 30 * time.Second
 )
 
+// LimitNames are what an operator sets to change the connection limits: Config.LimitNames.
+type LimitNames struct {
+	MaxConnections, IdleTimeout string
+}
+
 // maxHold is the longest the broker may hold a request before it answers (a JoinGroup waits
 // for a rebalance up to the group's session timeout, at most kfake's group.max.session.timeout,
 // 5 minutes): a connection whose request is in flight is not idle until then.
@@ -56,6 +61,7 @@ const warnEvery = time.Minute
 type connLimits struct {
 	max                 int
 	idle, request, hold time.Duration // hold: maxHold
+	names               LimitNames
 	log                 *slog.Logger
 	open                atomic.Int64
 	budget              *semaphore.Weighted // MaxBufferedBytes: request bytes past a first readChunk
@@ -96,7 +102,7 @@ func (l *connLimits) admit() bool {
 	if l.open.Add(1) > int64(l.max) {
 		l.open.Add(-1)
 		if ok, missed := l.refusals.note(time.Now()); ok {
-			l.log.Warn("embedded broker at its connection limit: closing new connections until a slot frees (kafka.embedded_max_connections)",
+			l.log.Warn("embedded broker at its connection limit: closing new connections until a slot frees ("+l.names.MaxConnections+")",
 				"max_connections", l.max, "idle_timeout", l.idle, "refused_since_last_line", missed)
 		}
 		l.refused.Add(1) // after the line: whoever sees the count finds the line
@@ -116,8 +122,8 @@ func (l *connLimits) stats() ConnStats {
 // full says why the broker refuses new connections, nil while it has a free slot.
 func (l *connLimits) full() error {
 	if open := l.open.Load(); open >= int64(l.max) {
-		return fmt.Errorf("embedded broker at its connection limit (%d of kafka.embedded_max_connections %d open): new Kafka clients are "+
-			"refused until a connection closes (idle ones after kafka.embedded_idle_timeout %v)", open, l.max, l.idle)
+		return fmt.Errorf("embedded broker at its connection limit (%d of %s %d open): new Kafka clients are "+
+			"refused until a connection closes (idle ones after %s %v)", open, l.names.MaxConnections, l.max, l.names.IdleTimeout, l.idle)
 	}
 	return nil
 }

@@ -28,6 +28,8 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	minSession := fs.Duration("group-min-session-timeout", 6*time.Second, "shortest consumer-group session timeout a member may ask for (Kafka's group.min.session.timeout.ms)")
 	retention := fs.Duration("retention", broker.DefaultRetention, "delete records older than this (negative: keep)")
 	retentionBytes := fs.Int64("retention-bytes", broker.DefaultRetentionBytes, "delete a partition's oldest records past this many bytes (negative: no limit)")
+	maxConns := fs.Int("max-connections", broker.DefaultMaxConnections, "connections open at once, across the nodes and every client; the broker closes those beyond it")
+	idle := fs.Duration("idle-timeout", broker.DefaultIdleTimeout, "close a connection with no request in progress for this long")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -46,12 +48,19 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *retentionBytes == 0 {
 		return fmt.Errorf("%w: --retention-bytes 0: want a positive size, or a negative one for no limit", cli.ErrUsage)
 	}
+	if *maxConns < 1 {
+		return fmt.Errorf("%w: --max-connections %d: want at least 1", cli.ErrUsage, *maxConns)
+	}
+	if *idle <= 0 {
+		return fmt.Errorf("%w: --idle-timeout %v: want a positive duration", cli.ErrUsage, *idle)
+	}
 	if *minSession <= 0 {
 		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
 	}
 	cfg := broker.Config{Listen: *listen, Nodes: *nodes, DataDir: *dataDir, SyncWrites: *syncWrites,
 		Partitions: *partitions, GroupMinSessionTimeout: *minSession,
-		Retention: *retention, RetentionBytes: *retentionBytes}
+		Retention: *retention, RetentionBytes: *retentionBytes, MaxConnections: *maxConns, IdleTimeout: *idle,
+		LimitNames: broker.LimitNames{MaxConnections: "--max-connections", IdleTimeout: "--idle-timeout"}}
 	if *topics != "" {
 		cfg.Topics = strings.Split(*topics, ",")
 	}

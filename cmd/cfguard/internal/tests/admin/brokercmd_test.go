@@ -4,7 +4,10 @@ import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
 
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -134,10 +137,60 @@ func TestBrokerCommandRefusals(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--topics", "x,y,x"}, `Topics: "x" is named twice`},
 		{[]string{"--listen", "127.0.0.1:0", "--retention", "0s"}, "--retention 0: want a positive duration"},
 		{[]string{"--listen", "127.0.0.1:0", "--retention-bytes", "0"}, "--retention-bytes 0: want a positive size"},
+		{[]string{"--listen", "127.0.0.1:0", "--max-connections", "0"}, "--max-connections 0: want at least 1"},
+		{[]string{"--listen", "127.0.0.1:0", "--idle-timeout", "0s"}, "--idle-timeout 0s: want a positive duration"},
 	} {
 		code, stdout, stderr := proc.RunCLI(t, append([]string{"broker"}, tc.args...)...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || stdout != "" {
 			t.Errorf("%v: exit %d, stderr %q, stdout %q; want exit 2 naming %s", tc.args, code, stderr, stdout, tc.want)
 		}
+	}
+}
+
+// TestBrokerCommandLimitsConnections: --max-connections bounds the connections open at once
+// and --idle-timeout closes one that sends nothing; the line the broker logs at its limit names
+// the flag to change, not the daemon's configuration key.
+func TestBrokerCommandLimitsConnections(t *testing.T) {
+	p, addrs := proc.StartBrokerCmd(t, "--listen", "127.0.0.1:0", "--max-connections", "2", "--idle-timeout", "1s")
+	defer p.Stop(t)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 3 {
+		c, err := net.Dial("tcp", addrs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// The third is closed at once; the first two once they have been idle for a second.
+	closed := func(c net.Conn) <-chan time.Duration {
+		ch := make(chan time.Duration, 1)
+		go func() {
+			start := time.Now()
+			c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, err := c.Read(make([]byte, 1))
+			if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				ch <- -1
+				return
+			}
+			ch <- time.Since(start)
+		}()
+		return ch
+	}
+	waits := []<-chan time.Duration{closed(conns[0]), closed(conns[1]), closed(conns[2])}
+	for i, w := range waits {
+		if d := <-w; d < 0 {
+			t.Errorf("connection %d of 3 still open after 30 s, with --max-connections 2 --idle-timeout 1s", i+1)
+		}
+	}
+	waitfor.Cond(t, 30*time.Second, "the line at the connection limit", func() bool {
+		return strings.Contains(p.Stderr.String(), "embedded broker at its connection limit")
+	})
+	if line := p.Stderr.String(); !strings.Contains(line, "(--max-connections)") || strings.Contains(line, "kafka.embedded_max_connections") {
+		t.Errorf("the broker's line at its limit does not name --max-connections alone:\n%s", line)
 	}
 }
