@@ -395,8 +395,8 @@ func minTime(a, b time.Time) time.Time {
 // checkCoverage returns an error wrapping postlog.ErrPastEnd when the increment e covers
 // offsets of kafka.topic past its partitions' ends. The ends are asked of the broker only when e
 // covers more than they did the last time (they only grow); a failure to ask is retried until
-// ctx ends, since an entry is never accepted unchecked. For the follower (follower true), the
-// time since the asking began to fail is kept for /readyz (Health) while it fails.
+// ctx ends, since an entry is never accepted unchecked. For the follower (follower true), when
+// the asking began and its last error are kept for /readyz (Health) until it is answered.
 func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry, follower bool) error {
 	if e.Kind != postlog.Increment {
 		return nil
@@ -406,6 +406,16 @@ func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry, follower 
 	r.mu.Unlock()
 	if postlog.CheckCoverage(e.Covers, ends) == nil {
 		return nil
+	}
+	if follower {
+		r.mu.Lock()
+		r.coverageUnknown, r.coverageEntry, r.coverageErr = time.Now(), e.Seq, nil
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			r.coverageUnknown, r.coverageErr = time.Time{}, nil
+			r.mu.Unlock()
+		}()
 	}
 	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	var failing time.Time // since the first failed attempt: logged once, at WARN, and its end at INFO
@@ -428,17 +438,10 @@ func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry, follower 
 			failing = time.Now()
 			r.lg.Warn("posterior log: cannot read the input topic's end offsets to check an entry's coverage; retrying with backoff, "+
 				"serving the last posterior applied", "entry", e.Seq, "err", err)
-			if follower {
-				defer func() {
-					r.mu.Lock()
-					r.coverageUnknown, r.coverageErr = time.Time{}, nil
-					r.mu.Unlock()
-				}()
-			}
 		}
 		if follower {
 			r.mu.Lock()
-			r.coverageUnknown, r.coverageEntry, r.coverageErr = failing, e.Seq, err
+			r.coverageErr = err
 			r.mu.Unlock()
 		}
 		if err := bo.Wait(ctx); err != nil {

@@ -73,9 +73,9 @@ type Replica struct {
 	behind     time.Time // since when the log holds records the follower has not read (watchEnd; zero when none)
 	endUnknown time.Time // since when watchEnd has failed to read the log's end (zero while it reads it)
 	endErr     error     // why watchEnd's latest read of the log's end failed
-	// coverageUnknown is since when the follower has failed to read the input topic's end
-	// offsets, which the entry coverageEntry it read must be checked against before it is
-	// applied (checkCoverage; zero while it reads them); coverageErr why.
+	// coverageUnknown is since when the follower has asked for the input topic's end offsets,
+	// which the entry coverageEntry it read must be checked against before it is applied
+	// (checkCoverage; zero once answered); coverageErr is why the last attempt failed.
 	coverageUnknown time.Time
 	coverageEntry   uint64
 	coverageErr     error
@@ -211,9 +211,13 @@ func (r *Replica) Health() error {
 			time.Since(later(starved, behind)).Round(time.Second), lag)
 	case !coverageUnknown.IsZero() && time.Since(coverageUnknown) >= resetAfter:
 		// An entry read and not applied: the log moved on while this replica serves its head.
+		why := "no answer yet"
+		if coverageErr != nil {
+			why = coverageErr.Error()
+		}
 		return fmt.Errorf("the posterior log's entry %d cannot be applied: its coverage is checked against kafka.topic's end offsets, "+
-			"which have not been read for %s (%v); serving the last posterior applied",
-			coverageEntry, time.Since(coverageUnknown).Round(time.Second), coverageErr)
+			"asked for %s without an answer (%s); serving the last posterior applied",
+			coverageEntry, time.Since(coverageUnknown).Round(time.Second), why)
 	case reset != nil:
 		return fmt.Errorf("updater: ingest stopped: %w", reset)
 	case refusedNext != nil:
