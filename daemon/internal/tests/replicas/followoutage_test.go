@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 )
@@ -42,17 +43,25 @@ func TestFollowerReadsThroughAnUnreadableLog(t *testing.T) {
 	}
 }
 
-func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
+// replicaOnKfake starts one replica on a kfake cluster whose requests a test can control, and
+// waits until 8 records of the bundled data set are applied; applied counts the applied records.
+func replicaOnKfake(t *testing.T) (kc *kfake.Cluster, r *launch.Running, data *dataset.Set, applied func() float64) {
+	t.Helper()
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close) // after the replica's cleanup
-	r := launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
-	data := daemontest.Bundled(t)
+	r = launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
+	data = daemontest.Bundled(t)
 	daemontest.ProduceRows(t, r, data, 0, 8)
-	applied := func() float64 { return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") }
+	applied = func() float64 { return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") }
 	waitfor.Cond(t, 60*time.Second, "8 records applied", func() bool { return applied() == 8 })
+	return kc, r, data, applied
+}
+
+func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
+	kc, r, data, applied := replicaOnKfake(t)
 
 	var refusing atomic.Bool
 	var refused atomic.Int64
@@ -118,16 +127,7 @@ func followThroughFetchErrors(t *testing.T, code int16, handed bool) {
 // why. Once the ends are read again, the entry is applied and the replica is ready again.
 func TestFollowerWithoutTheInputEndsIsNotReady(t *testing.T) {
 	t.Parallel() // mostly waits for resetAfter
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close) // after the replica's cleanup
-	r := launch.ReplicaAt(t, kc.ListenAddrs(), "r1", daemontest.WriteKeyFile(t, daemontest.ClusterKey))
-	data := daemontest.Bundled(t)
-	daemontest.ProduceRows(t, r, data, 0, 8)
-	applied := func() float64 { return daemontest.GatherCounter(r.Reg, "cfguard_records_total", "result", "applied") }
-	waitfor.Cond(t, 60*time.Second, "8 records applied", func() bool { return applied() == 8 })
+	kc, r, data, applied := replicaOnKfake(t)
 	version := r.D.Posterior().Version
 
 	var refusing atomic.Bool
