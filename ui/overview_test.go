@@ -20,7 +20,9 @@ func TestIngestLagSaysWhatIsKnown(t *testing.T) {
 		want   string
 	}{
 		{"no registry", nil, ""},
-		{"read now", map[string]float64{"cfguard_consumer_lag_records": 5, "cfguard_consumer_offsets_read_timestamp_seconds": at(5 * time.Second)}, "5 records"},
+		{"read now", map[string]float64{"cfguard_consumer_lag_records": 5, "cfguard_consumer_offsets_read_timestamp_seconds": at(5 * time.Second)},
+			"5 records (end offsets read at " + unix(at(5*time.Second)) + "; records produced since are not counted)"},
+		{"no read time", map[string]float64{"cfguard_consumer_lag_records": 5}, "5 records"},
 		{"never read", map[string]float64{"cfguard_consumer_offsets_read_timestamp_seconds": 0}, "unknown: the input topic's offsets have not been read"},
 		{"read 10 minutes ago", map[string]float64{"cfguard_consumer_lag_records": 0, "cfguard_consumer_offsets_read_timestamp_seconds": at(10 * time.Minute)},
 			"0 records as read at " + unix(at(10*time.Minute)) + "; the offsets cannot be read since"},

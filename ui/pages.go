@@ -248,9 +248,9 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // ingestLag is the gauge of records waiting (cfguard_consumer_lag_records) in words: the input
-// topic's end, as last read, past the ledger's offsets, and when it was read if that is more
-// than a minute ago (the reads fail: the count may be out of date). Empty when the daemon has
-// no registry to read it from.
+// topic's end, as last read, past the ledger's offsets, and when the end was read: records
+// produced since are not counted (the ends are read every few seconds), and a read more than a
+// minute ago says the reads fail. Empty when the daemon has no registry to read it from.
 func ingestLag(g map[string]float64, now time.Time) string {
 	if g == nil {
 		return ""
@@ -262,6 +262,8 @@ func ingestLag(g map[string]float64, now time.Time) string {
 		return "unknown: the input topic's offsets have not been read"
 	case known && float64(now.Unix())-read > 60:
 		return strconv.FormatFloat(v, 'f', 0, 64) + " records as read at " + unix(read) + "; the offsets cannot be read since"
+	case known && read > 0:
+		return strconv.FormatFloat(v, 'f', 0, 64) + " records (end offsets read at " + unix(read) + "; records produced since are not counted)"
 	}
 	return strconv.FormatFloat(v, 'f', 0, 64) + " records"
 }

@@ -232,7 +232,8 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		}
 	}
 	// The ingest figures are the gauges /metrics serves (still: the stream has been applied).
-	if got, want := field(t, over, "ingest-lag"), fmt.Sprintf("%.0f records", d.Metric(t, "cfguard_consumer_lag_records")); got != want {
+	if got, want := field(t, over, "ingest-lag"), fmt.Sprintf("%.0f records (end offsets read at %s; records produced since are not counted)",
+		d.Metric(t, "cfguard_consumer_lag_records"), time.Unix(int64(d.Metric(t, "cfguard_consumer_offsets_read_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC")); got != want {
 		t.Errorf("overview: records waiting %q, /metrics %q", got, want)
 	}
 	if got, want := field(t, over, "applied-at"), time.Unix(int64(d.Metric(t, "cfguard_last_ingest_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC"); got != want {
