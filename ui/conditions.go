@@ -130,7 +130,7 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
-		says := fmt.Sprintf("%s CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)", count(n))
+		says := fmt.Sprintf("%s CE partitions of this replica are not caught up (the alert fires after 15 to 20 minutes of it)", count(n))
 		if b := g["cfguard_counterfactuals_partitions_blocked"]; b > 0 {
 			says += fmt.Sprintf("; %s of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)", count(b))
 		}

@@ -123,8 +123,8 @@ func TestNotCaughtUpSaysWhenBlocked(t *testing.T) {
 		blocked float64
 		says    string
 	}{
-		{0, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)"},
-		{1, "2 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it); 1 of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)"},
+		{0, "2 CE partitions of this replica are not caught up (the alert fires after 15 to 20 minutes of it)"},
+		{1, "2 CE partitions of this replica are not caught up (the alert fires after 15 to 20 minutes of it); 1 of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)"},
 	} {
 		rows := holding(map[string]float64{"cfguard_counterfactuals_partitions_rebuilding": 2, "cfguard_counterfactuals_partitions_blocked": tc.blocked,
 			"cfguard_last_ingest_timestamp_seconds": float64(time.Now().Unix())}, time.Now())
@@ -190,7 +190,7 @@ func TestConditionsSayWhatTheGaugesShow(t *testing.T) {
 			"CfguardOutboxBacklog":              "10,001 events wait to be published",
 			"CfguardPosteriorLogStopped":        "this replica stopped following the posterior log",
 			"CfguardPosteriorLogBehind":         "this replica is 3 entries behind the posterior log (the alert waits for 20 minutes of it)",
-			"CfguardCounterfactualsNotCaughtUp": "1 CE partitions of this replica are not caught up (the alert waits for 15 minutes of it)",
+			"CfguardCounterfactualsNotCaughtUp": "1 CE partitions of this replica are not caught up (the alert fires after 15 to 20 minutes of it)",
 			"CfguardModelQualityDegraded":       "the served model's quality dropped (change detected at 2027-01-15 07:56:00 UTC)",
 		}},
 		{"a commit to the ledger failed", map[string]float64{"cfguard_ledger_write_failing": 1, "cfguard_ledger_write_failure_last_timestamp_seconds": at(50 * time.Second),
