@@ -364,8 +364,10 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		r.mu.Unlock()
 		won, err := r.appendAndJudge(ctx, e)
 		if errors.Is(err, errStopped) {
+			// Not appended (or appended by an attempt that failed before the stop): no replica
+			// accepts it, as the head it extends is the one the follower stopped after.
 			r.mu.Lock()
-			delete(r.pending, h) // never appended
+			delete(r.pending, h)
 			r.mu.Unlock()
 		}
 		if err != nil {

@@ -96,10 +96,10 @@ func TestPrefetchIsBounded(t *testing.T) {
 	// Until Next is called, the reader stops for good once it waits for room: what it fetched by
 	// then is all it ever fetches.
 	waitfor.Cond(t, 20*time.Second, "the reader to wait for room", func() bool { return waitsForRoom(c, 0) || overfull(c.Stats()) })
-	if s := c.Stats(); overfull(s) {
+	s := c.Stats()
+	if overfull(s) {
 		t.Fatalf("prefetched %d records (fetched %d) with MaxRecordsBacklog %d", s.Pending, s.Fetched, cfg.MaxRecordsBacklog)
 	}
-	s := c.Stats()
 	if s.Pending < int64(2*cfg.MaxRecordsBacklog-70) {
 		t.Fatalf("the reader waits for room with %d records prefetched, MaxRecordsBacklog %d", s.Pending, cfg.MaxRecordsBacklog)
 	}

@@ -232,11 +232,14 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 		}
 	}
 	// The ingest figures are the gauges /metrics serves (still: the stream has been applied).
+	utc := func(gauge string) string {
+		return time.Unix(int64(d.Metric(t, gauge)), 0).UTC().Format("2006-01-02 15:04:05 UTC")
+	}
 	if got, want := field(t, over, "ingest-lag"), fmt.Sprintf("%.0f records (end offsets read at %s; records produced since are not counted)",
-		d.Metric(t, "cfguard_consumer_lag_records"), time.Unix(int64(d.Metric(t, "cfguard_consumer_offsets_read_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC")); got != want {
+		d.Metric(t, "cfguard_consumer_lag_records"), utc("cfguard_consumer_offsets_read_timestamp_seconds")); got != want {
 		t.Errorf("overview: records waiting %q, /metrics %q", got, want)
 	}
-	if got, want := field(t, over, "applied-at"), time.Unix(int64(d.Metric(t, "cfguard_last_ingest_timestamp_seconds")), 0).UTC().Format("2006-01-02 15:04:05 UTC"); got != want {
+	if got, want := field(t, over, "applied-at"), utc("cfguard_last_ingest_timestamp_seconds"); got != want {
 		t.Errorf("overview: last records applied %q, /metrics %q", got, want)
 	}
 	// The alert conditions the overview lists are those the daemon's gauges make true.
