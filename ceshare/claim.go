@@ -10,9 +10,10 @@ import (
 
 // A replica that acquires a partition afresh (also one it kept through generations that went by
 // without it: another member may have claimed it meanwhile) claims it on the CE state topic
-// before it reads the partition's requests: a claim record names the replica, the CE group generation it was
-// given the partition in, and a term one past the greatest term of the partition's claims it
-// read. Of the claims a reader has read, the one in force is the greatest by (term,
+// before it reads the partition's requests: a claim record names the partition, the replica, the CE
+// group generation it was given the partition in, and a term one past the greatest term of the
+// partition's claims it read. The partition is in the signed value, so a claim copied into another
+// partition is no claim there. Of the claims a reader has read, the one in force is the greatest by (term,
 // generation): terms grow with every claim that read the ones before it, and the generation
 // breaks a tie between two replicas that claimed without seeing each other's claim (the later
 // generation was given the partition last). Terms, not generations, order claims because
@@ -32,18 +33,31 @@ const ClaimDomain = "cfguard ce state claim v1"
 // among Reasons, which label the CE topic's refusals).
 const ReasonTerm = "term"
 
+// A claim read in another partition than the one it names, or naming none (a build before claims
+// named their partition wrote it), is refused with ReasonPartition.
+
 // claimPrefix starts the key of every claim record ("claim/<term>"): a CE id cannot hold '/'
 // (ident.Check), so no claim shares a key with a CE, and compaction keeps every claim.
 const claimPrefix = "claim/"
 
 // Claim is a claim record of the CE state topic (its value's JSON).
 type Claim struct {
+	// Partition is the partition of the CE state topic (and of the CE topic) claimed.
+	Partition int `json:"partition"`
 	// Term is one past the greatest term of the partition's claims its writer read (from 1).
 	Term int64 `json:"term"`
 	// Replica is the id of the replica that claims the partition.
 	Replica string `json:"replica"`
 	// Generation is the CE group generation that gave it the partition.
 	Generation int32 `json:"generation"`
+}
+
+// claimValue is a claim's value as read, so that a missing partition is told from partition 0.
+type claimValue struct {
+	Partition  *int   `json:"partition"`
+	Term       int64  `json:"term"`
+	Replica    string `json:"replica"`
+	Generation int32  `json:"generation"`
 }
 
 // isClaim says whether a record's key is a claim's.
@@ -58,24 +72,35 @@ func EncodeClaim(c Claim) (key, value []byte, err error) {
 	return []byte(claimPrefix + strconv.FormatInt(c.Term, 10)), value, err
 }
 
-// DecodeClaim parses a claim record; a value that is not a valid Claim, or a key that is not
-// its term's, is refused with a *DecodeError.
-func DecodeClaim(key, value []byte) (Claim, error) {
-	var c Claim
-	if err := decodeStrict(value, &c); err != nil {
+// DecodeClaim parses a claim record read in partition p; a value that is not a valid Claim, a
+// key that is not its term's, or a claim of another partition than p (or of none) is refused
+// with a *DecodeError.
+func DecodeClaim(p int, key, value []byte) (Claim, error) {
+	var v claimValue
+	if err := decodeStrict(value, &v); err != nil {
 		return Claim{}, err
 	}
+	c := Claim{Term: v.Term, Replica: v.Replica, Generation: v.Generation}
 	if err := c.check(); err != nil {
 		return Claim{}, err
 	}
 	if want := claimPrefix + strconv.FormatInt(c.Term, 10); string(key) != want {
 		return Claim{}, &DecodeError{Reason: ReasonKey, Detail: fmt.Sprintf("key %q is not %q", clip(key), want)}
 	}
+	switch {
+	case v.Partition == nil:
+		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: "the claim names no partition (an earlier build wrote it); it is not read, and the partition is fenced from its next claim on"}
+	case *v.Partition != p:
+		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("a claim of partition %d read in partition %d: a copy", *v.Partition, p)}
+	}
+	c.Partition = p
 	return c, nil
 }
 
 func (c *Claim) check() error {
 	switch {
+	case c.Partition < 0:
+		return &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("partition %d", c.Partition)}
 	case c.Term < 1:
 		return &DecodeError{Reason: ReasonTerm, Detail: fmt.Sprintf("term %d: want 1 or more", c.Term)}
 	case strings.TrimSpace(c.Replica) == "":

@@ -14,7 +14,13 @@ import (
 // them, and records another key signed.
 func claimRec(t *testing.T, term int64, replica string, gen int32) record {
 	t.Helper()
-	k, v, err := EncodeClaim(Claim{Term: term, Replica: replica, Generation: gen})
+	return claimRecOf(t, 0, term, replica, gen)
+}
+
+// claimRecOf is a claim of partition p (the fold's table reads partition 0).
+func claimRecOf(t *testing.T, p int, term int64, replica string, gen int32) record {
+	t.Helper()
+	k, v, err := EncodeClaim(Claim{Partition: p, Term: term, Replica: replica, Generation: gen})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +127,16 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			c1 := claimRec(t, 1, "r1", 1)
 			return []record{c1, claimRec(t, 2, "r2", 2), c1, stateRec(t, "a", "r1", 1, "r1 late")}
 		}, map[string]string{"a": "r1 late"}, 1},
+		{"a copy of another partition's claim, of a greater term, is not in force", func(t *testing.T) []record {
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"),
+				claimRecOf(t, 1, 5, "r2", 7), stateRec(t, "a", "r1", 1, "r1's after the copy")}
+		}, map[string]string{"a": "r1's after the copy"}, 0},
+		{"a signed claim that names no partition (an earlier build's) is not in force", func(t *testing.T) []record {
+			v := []byte(`{"term":5,"replica":"r2","generation":7}`)
+			old := record{key: []byte("claim/5"), value: v, auth: testKeys().Sign(ClaimDomain, v)}
+			return []record{claimRec(t, 1, "r1", 1), stateRec(t, "a", "r1", 1, "r1's"), old,
+				stateRec(t, "a", "r1", 1, "r1's after it")}
+		}, map[string]string{"a": "r1's after it"}, 0},
 		{"a claim that does not authenticate is not in force", func(t *testing.T) []record {
 			forged := claimRec(t, 9, "evil", 9)
 			forged.auth = []byte("forged")
@@ -134,7 +150,7 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			for i, r := range tc.recs(t) {
 				r.offset = int64(i)
 				m.foldState(f, 0, r)
-				if c, err := DecodeClaim(r.key, r.value); err == nil && isClaim(r.key) && testKeys().Verify(ClaimDomain, r.value, r.auth) == nil {
+				if c, err := DecodeClaim(0, r.key, r.value); err == nil && isClaim(r.key) && testKeys().Verify(ClaimDomain, r.value, r.auth) == nil {
 					term = max(term, c.Term)
 				}
 			}
@@ -164,11 +180,12 @@ func TestFoldFencesLateWrites(t *testing.T) {
 
 // A claim's encoding is checked both ways; a claim's key is never a CE id.
 func TestClaimEncoding(t *testing.T) {
-	k, v, err := EncodeClaim(Claim{Term: 7, Replica: "r1", Generation: 3})
+	want := Claim{Partition: 2, Term: 7, Replica: "r1", Generation: 3}
+	k, v, err := EncodeClaim(want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, err := DecodeClaim(k, v); err != nil || c != (Claim{Term: 7, Replica: "r1", Generation: 3}) {
+	if c, err := DecodeClaim(2, k, v); err != nil || c != want {
 		t.Fatalf("round trip = %+v, %v", c, err)
 	}
 	if err := ident.Check(string(k)); err == nil {
@@ -178,17 +195,23 @@ func TestClaimEncoding(t *testing.T) {
 		name, key, value, reason string
 	}{
 		{"not JSON", "claim/1", `{`, ReasonJSON},
-		{"an unknown field", "claim/1", `{"term":1,"replica":"r1","generation":1,"x":1}`, ReasonJSON},
-		{"term 0", "claim/0", `{"term":0,"replica":"r1","generation":1}`, ReasonTerm},
-		{"no replica", "claim/1", `{"term":1,"generation":1}`, ReasonReplica},
-		{"another term's key", "claim/2", `{"term":1,"replica":"r1","generation":1}`, ReasonKey},
+		{"an unknown field", "claim/1", `{"partition":2,"term":1,"replica":"r1","generation":1,"x":1}`, ReasonJSON},
+		{"term 0", "claim/0", `{"partition":2,"term":0,"replica":"r1","generation":1}`, ReasonTerm},
+		{"no replica", "claim/1", `{"partition":2,"term":1,"generation":1}`, ReasonReplica},
+		{"another term's key", "claim/2", `{"partition":2,"term":1,"replica":"r1","generation":1}`, ReasonKey},
+		{"no partition (an earlier build's claim)", "claim/1", `{"term":1,"replica":"r1","generation":1}`, ReasonPartition},
+		{"another partition (a copy)", "claim/1", `{"partition":0,"term":1,"replica":"r1","generation":1}`, ReasonPartition},
+		{"a negative partition", "claim/1", `{"partition":-2,"term":1,"replica":"r1","generation":1}`, ReasonPartition},
 	} {
-		_, err := DecodeClaim([]byte(tc.key), []byte(tc.value))
+		_, err := DecodeClaim(2, []byte(tc.key), []byte(tc.value))
 		if de, ok := err.(*DecodeError); !ok || de.Reason != tc.reason {
 			t.Errorf("%s: %v; want reason %s", tc.name, err, tc.reason)
 		}
 	}
 	if _, _, err := EncodeClaim(Claim{Term: 0, Replica: "r1"}); err == nil {
 		t.Error("a claim of term 0 encoded")
+	}
+	if _, _, err := EncodeClaim(Claim{Partition: -1, Term: 1, Replica: "r1"}); err == nil {
+		t.Error("a claim of partition -1 encoded")
 	}
 }

@@ -149,7 +149,7 @@ func claimInForce(t *testing.T, conn stream.ConnConfig, p int) (c Claim, ok bool
 		if !isClaim(msg.Key) {
 			continue
 		}
-		got, err := DecodeClaim(msg.Key, msg.Value)
+		got, err := DecodeClaim(p, msg.Key, msg.Value)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -417,7 +417,7 @@ func (m *Member) foldClaim(f *stateFold, p int, r record) {
 		m.unauthenticated(p, r, err)
 		return
 	}
-	c, err := DecodeClaim(r.key, r.value)
+	c, err := DecodeClaim(p, r.key, r.value)
 	if err != nil {
 		m.malformed(p, r, err)
 		return
@@ -474,7 +474,7 @@ func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen i
 		return nil, false, err
 	}
 	before = f.term > 0
-	c := Claim{Term: f.term + 1, Replica: m.cfg.ReplicaID, Generation: gen}
+	c := Claim{Partition: p, Term: f.term + 1, Replica: m.cfg.ReplicaID, Generation: gen}
 	key, value, err := EncodeClaim(c)
 	if err != nil {
 		return nil, false, err

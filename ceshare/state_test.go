@@ -589,7 +589,7 @@ func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
 		var got []Claim
 		for _, msg := range kafkatest.ReadPartition(t, conn.Brokers, testStateTopic, p) {
 			if isClaim(msg.Key) {
-				c, err := DecodeClaim(msg.Key, msg.Value)
+				c, err := DecodeClaim(p, msg.Key, msg.Value)
 				if err != nil {
 					t.Fatal(err)
 				}
