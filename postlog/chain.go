@@ -84,6 +84,9 @@ const (
 	Invalid Reason = "invalid"
 	// Malformed: not an entry.
 	Malformed Reason = "malformed"
+	// UnknownFormat: an entry of a newer format read after the chain stopped at an earlier one
+	// (the first one stops the chain: Offer returns ErrUnknownFormat).
+	UnknownFormat Reason = "unknown_format"
 	// Unauthenticated: the record's authenticator is missing or does not verify under the
 	// cluster's keys; it was not written by a replica, and is not even decoded.
 	Unauthenticated Reason = "unauthenticated"
@@ -220,7 +223,7 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	e, err := Decode(value)
 	if errors.Is(err, ErrUnknownFormat) {
 		if c.stuck != nil {
-			return nil, Malformed, nil // stopped already, at an earlier record
+			return nil, UnknownFormat, nil // stopped already, at an earlier record
 		}
 		c.Block(Record{Offset: offset, Value: value})
 		return nil, Malformed, err

@@ -44,7 +44,7 @@ func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
 	}
 	// Stuck: another unknown record, a valid claim, an epoch past the head or naming another
 	// record are all refused, and the chain stays where it stopped.
-	if _, r, err := c.Offer(signed(3, newer)); r != Malformed || err != nil {
+	if _, r, err := c.Offer(signed(3, newer)); r != UnknownFormat || err != nil {
 		t.Fatalf("a second unknown record: %s %v", r, err)
 	}
 	if _, r, _ := c.Offer(signed(4, l.value(l.claim(cv, cl, 2, "b/1")))); r != NotSuccessor {

@@ -473,6 +473,9 @@ func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
 			r.lg.Warn("posterior log record ignored: it authenticates under the cluster key but is not an entry", "topic", r.plog.Topic(),
 				"partition", 0, "offset", rec.Offset, "err", err)
 		}
+	case postlog.UnknownFormat:
+		r.lg.Warn("posterior log entry of a format this build does not read ignored: the replica stopped at an earlier one", "topic", r.plog.Topic(),
+			"partition", 0, "offset", rec.Offset)
 	case postlog.Invalid:
 		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
 		if e, err := postlog.Decode(rec.Value); err == nil {

@@ -158,7 +158,7 @@ func New(opts Options) (*Replica, error) {
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.Unauthenticated, postlog.PastEnd} {
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.UnknownFormat, postlog.Unauthenticated, postlog.PastEnd} {
 		reasons = append(reasons, string(reason))
 	}
 	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic,

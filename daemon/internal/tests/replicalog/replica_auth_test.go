@@ -374,3 +374,44 @@ func TestAuthenticatedRecordThatIsNoEntryIsLogged(t *testing.T) {
 		t.Errorf("/readyz after records that are no entries: %d %s", code, body)
 	}
 }
+
+// An entry of a newer format stops the follower; another one read after it is counted as
+// unknown_format (not malformed: it is an entry, of a build this one is older than) and logged at
+// WARN with its offset.
+func TestNewerFormatAfterTheStopIsCountedAsSuch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	plog := daemontest.KeyHolderLog(t, r)
+	newer := daemontest.ClaimOn(r.D.Replica().Head(), "r9/newer")
+	newer.Format = postlog.Format + 1
+	daemontest.AppendEntry(t, plog, newer)
+	waitfor.Cond(t, 60*time.Second, "the replica stopped at the entry of a newer format", func() bool {
+		code, body := r.Get(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "upgrade cfguard")
+	})
+	end, err := plog.End(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer.Seq++
+	daemontest.AppendEntry(t, plog, newer)
+	waitfor.Cond(t, 30*time.Second, "the second entry of a newer format counted", func() bool {
+		return r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "unknown_format") == 1
+	})
+	if n := r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed"); n != 0 {
+		t.Errorf("%v records counted as malformed, want 0", n)
+	}
+	const warn = "posterior log entry of a format this build does not read ignored: the replica stopped at an earlier one"
+	offset := fmt.Sprintf(" offset=%d ", end)
+	found := false
+	for _, line := range strings.Split(r.Logs.String(), "\n") {
+		found = found || strings.Contains(line, "level=WARN") && strings.Contains(line, warn) && strings.Contains(line+" ", offset)
+	}
+	if !found {
+		t.Errorf("no WARN line %q with %s:\n%s", warn, offset, r.Logs.String())
+	}
+}
