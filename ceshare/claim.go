@@ -10,14 +10,15 @@ import (
 
 // A replica that acquires a partition afresh (also one it kept through generations that went by
 // without it: another member may have claimed it meanwhile) claims it on the CE state topic
-// before it reads the partition's requests: a claim record names the partition, the replica, the CE
-// group generation it was given the partition in, and a term one past the greatest term of the
-// partition's claims it read. The partition is in the signed value, so a claim copied into another
-// partition is no claim there. Of the claims a reader has read, the one in force is the greatest by (term,
-// generation): terms grow with every claim that read the ones before it, and the generation
-// breaks a tie between two replicas that claimed without seeing each other's claim (the later
-// generation was given the partition last). Terms, not generations, order claims because
-// generations start again from 1 when the group is removed (every replica stopped).
+// before it reads the partition's requests: a claim record names the partition, the replica, the
+// CE group generation it was given the partition in, and a term one past the greatest term of
+// the partition's claims it read. The partition is in the signed value, so a claim copied into
+// another partition is no claim there (DecodeClaim). Of the claims a reader has read, the one in
+// force is the greatest by (term, generation): terms grow with every claim that read the ones
+// before it, and the generation breaks a tie between two replicas that claimed without seeing
+// each other's claim (the later generation was given the partition last). Terms, not
+// generations, order claims because generations start again from 1 when the group is removed
+// (every replica stopped).
 //
 // A state is the owner's when no claim was read before it, or when the claim in force names its
 // writer and a generation no later than the state's. Any other state is a previous owner's late
@@ -32,9 +33,6 @@ const ClaimDomain = "cfguard ce state claim v1"
 // ReasonTerm is the DecodeError.Reason of a claim whose term is below 1 (claims only: it is not
 // among Reasons, which label the CE topic's refusals).
 const ReasonTerm = "term"
-
-// A claim read in another partition than the one it names, or naming none (a build before claims
-// named their partition wrote it), is refused with ReasonPartition.
 
 // claimPrefix starts the key of every claim record ("claim/<term>"): a CE id cannot hold '/'
 // (ident.Check), so no claim shares a key with a CE, and compaction keeps every claim.

@@ -226,7 +226,7 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 			return nil, UnknownFormat, nil // stopped already, at an earlier record
 		}
 		c.Block(Record{Offset: offset, Value: value})
-		return nil, Malformed, err
+		return nil, UnknownFormat, err
 	}
 	if err != nil {
 		return nil, Malformed, nil

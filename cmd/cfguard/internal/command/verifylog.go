@@ -140,7 +140,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			// The replicas stop here until a new epoch moves past it (cfguard new-epoch).
 			chain = fork
 			rep.Stopped = append(rep.Stopped, VerifyProblem{Offset: rec.Offset, Why: err.Error()})
-			rep.Ignored["unknown_format"]++
+			rep.Ignored[string(postlog.UnknownFormat)]++
 			continue
 		}
 		if err != nil {
