@@ -148,6 +148,22 @@ func TestScrapeTimeFunctions(t *testing.T) {
 	want(t, reg, 1, NameBrokerWriteFailing)
 }
 
+// Each of the embedded broker's connection series reads its own counter: every counter gets a
+// value no other has.
+func TestBrokerConnectionSeriesReadTheirOwnCounter(t *testing.T) {
+	c := BrokerConns{Open: 3, Max: 1024, Limit: 5, Idle: 6, Partial: 7, Oversized: 8, Invalid: 9}
+	reg := prometheus.NewRegistry()
+	RegisterEmbeddedBrokerConnections(reg, func() BrokerConns { return c })
+	want(t, reg, 3, NameBrokerConnections)
+	want(t, reg, 1024, NameBrokerMaxConnections)
+	for reason, v := range map[string]float64{BrokerClosedLimit: 5, BrokerClosedIdle: 6, BrokerClosedPartial: 7, BrokerClosedOversized: 8, BrokerClosedInvalid: 9} {
+		want(t, reg, v, NameBrokerConnsClosed, "reason", reason)
+	}
+	c.Open, c.Limit = 4, 50
+	want(t, reg, 4, NameBrokerConnections)
+	want(t, reg, 50, NameBrokerConnsClosed, "reason", BrokerClosedLimit)
+}
+
 // Each state gauge reads its own field of State: every field gets a value no other has.
 func TestStateGaugesReadTheirOwnField(t *testing.T) {
 	budget := 0.2

@@ -18,6 +18,7 @@
 //   - RegisterDamaged: damaged counterfactual records, read from the ledger at each scrape;
 //   - RegisterLedgerWriteFailures, RegisterEmbeddedBrokerWrites: commits to the ledger and writes
 //     of the embedded broker that failed, read at each scrape;
+//   - RegisterEmbeddedBrokerConnections: the embedded broker's connections, read at each scrape;
 //   - NewHTTPMetrics: the API server's connections and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
 //   - NewQualityMetrics: the served model's prequential quality and its change detector;
@@ -102,6 +103,7 @@ func Names() []string {
 		NameEventsPending, NameCheckpointFailures, NameCheckpointFailing, NameUnconfirmed, NameRenewed,
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing, NameBrokerWriteFailing,
+		NameBrokerConnections, NameBrokerMaxConnections, NameBrokerConnsClosed,
 		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCEBlocked, NameCERequestsApply, NameCERequestsSkip, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
@@ -303,6 +305,56 @@ func RegisterEmbeddedBrokerWrites(reg prometheus.Registerer, failing func() bool
 			}
 			return 0
 		})
+}
+
+// The embedded broker's connections (broker.Broker.Connections).
+const (
+	NameBrokerConnections    = "cfguard_embedded_broker_connections"
+	NameBrokerMaxConnections = "cfguard_embedded_broker_max_connections"
+	NameBrokerConnsClosed    = "cfguard_embedded_broker_connections_closed_total"
+)
+
+// Reasons of NameBrokerConnsClosed: why the embedded broker closed a connection itself.
+const (
+	BrokerClosedLimit     = "limit"     // at once: kafka.embedded_max_connections were open
+	BrokerClosedIdle      = "idle"      // no request for kafka.embedded_idle_timeout (or no answer for it plus the longest hold)
+	BrokerClosedPartial   = "partial"   // a request that took longer than kafka.embedded_request_timeout to arrive
+	BrokerClosedOversized = "oversized" // a request larger than the broker takes, or than its buffer had left
+	BrokerClosedInvalid   = "invalid"   // a request the broker does not take
+)
+
+// BrokerConns are the embedded broker's connection counters (broker.ConnStats): open now, the
+// limit, and the connections it closed, by reason.
+type BrokerConns struct {
+	Open, Max                                int
+	Limit, Idle, Partial, Oversized, Invalid int64
+}
+
+// RegisterEmbeddedBrokerConnections registers cfguard_embedded_broker_connections,
+// cfguard_embedded_broker_max_connections and cfguard_embedded_broker_connections_closed_total
+// on reg, read from conns at each scrape.
+func RegisterEmbeddedBrokerConnections(reg prometheus.Registerer, conns func() BrokerConns) {
+	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerConnections,
+		Help: "Connections open to the embedded broker, the daemon's own clients included. At cfguard_embedded_broker_max_connections it closes every new one at once and /readyz says so. Absent with kafka.brokers set."},
+		func() float64 { return float64(conns().Open) })
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerMaxConnections,
+		Help: "The most connections the embedded broker keeps open at once (kafka.embedded_max_connections)."},
+		func() float64 { return float64(conns().Max) })
+	for _, r := range []struct {
+		reason string
+		n      func(BrokerConns) int64
+	}{
+		{BrokerClosedLimit, func(c BrokerConns) int64 { return c.Limit }},
+		{BrokerClosedIdle, func(c BrokerConns) int64 { return c.Idle }},
+		{BrokerClosedPartial, func(c BrokerConns) int64 { return c.Partial }},
+		{BrokerClosedOversized, func(c BrokerConns) int64 { return c.Oversized }},
+		{BrokerClosedInvalid, func(c BrokerConns) int64 { return c.Invalid }},
+	} {
+		f.NewCounterFunc(prometheus.CounterOpts{Name: NameBrokerConnsClosed, ConstLabels: prometheus.Labels{"reason": r.reason},
+			Help: "Connections the embedded broker closed itself, by reason: limit (at once, kafka.embedded_max_connections were open), idle (kafka.embedded_idle_timeout without a request), partial (a request slower than kafka.embedded_request_timeout to arrive), oversized, invalid (a request it does not take)."},
+			func() float64 { return float64(r.n(conns())) })
+	}
 }
 
 // RegisterLedgerWriteFailures registers cfguard_ledger_write_failures_total,

@@ -35,6 +35,7 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	RegisterDamaged(reg, func() int { return 0 })
 	RegisterLedgerWriteFailures(reg, func() (uint64, time.Time) { return 0, time.Time{} }, func() bool { return false })
 	RegisterEmbeddedBrokerWrites(reg, func() bool { return false })
+	RegisterEmbeddedBrokerConnections(reg, func() BrokerConns { return BrokerConns{} })
 	reg.MustRegister(NewStateCollector(0.1, func() (State, error) {
 		return State{HasUpdate: true, HasBound: true, MinBound: 0.9, HasWaiting: true, Lost: map[string]int64{"cfguard.records": 0}}, nil
 	}))

@@ -54,6 +54,17 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 	if s := r.D.broker.Connections(); s.Open > max {
 		t.Errorf("the broker holds %d connections, over its limit %d", s.Open, max)
 	}
+	// The scrape says what the broker counts: full, at its limit, closing the rest at once.
+	if limit := r.Metric(t, "cfguard_embedded_broker_max_connections"); limit != max {
+		t.Errorf("cfguard_embedded_broker_max_connections %v, want %d", limit, max)
+	}
+	waitfor.Cond(t, 30*time.Second, "the scrape showing the broker full", func() bool {
+		return r.Metric(t, "cfguard_embedded_broker_connections") == max
+	})
+	refused := r.D.broker.Connections().Refused
+	if n := r.Metric(t, "cfguard_embedded_broker_connections_closed_total", "reason", "limit"); n < float64(refused) || refused == 0 {
+		t.Errorf("cfguard_embedded_broker_connections_closed_total{reason=\"limit\"} %v, want at least the %d the broker counted before the scrape", n, refused)
+	}
 	for _, c := range conns {
 		c.Close()
 	}
@@ -75,7 +86,7 @@ func TestEmbeddedBrokerConnectionFlood(t *testing.T) {
 		return err == nil
 	})
 	waitfor.Cond(t, 60*time.Second, fmt.Sprintf("the flood's connections released (the daemon's own %d left)", own), func() bool {
-		return r.D.broker.Connections().Open <= own
+		return r.D.broker.Connections().Open <= own && r.Metric(t, "cfguard_embedded_broker_connections") <= float64(own)
 	})
 	t.Logf("after the flood: %+v (the daemon's own before it: %d)", r.D.broker.Connections(), own)
 	data := daemontest.Bundled(t)

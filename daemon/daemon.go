@@ -423,6 +423,10 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.broker = b
 		alerts.RegisterEmbeddedBrokerWrites(d.reg, b.WriteFailing)
+		alerts.RegisterEmbeddedBrokerConnections(d.reg, func() alerts.BrokerConns {
+			s := b.Connections()
+			return alerts.BrokerConns{Open: s.Open, Max: s.Max, Limit: s.Refused, Idle: s.Idle, Partial: s.Partial, Oversized: s.Oversized, Invalid: s.Invalid}
+		})
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		// Our clients drop idle connections before the broker closes them under them.
 		d.conn.IdleTimeout = min(embeddedClientIdle, cfg.Kafka.EmbeddedIdleTimeout/2)
