@@ -336,10 +336,10 @@ type BrokerConns struct {
 func RegisterEmbeddedBrokerConnections(reg prometheus.Registerer, conns func() BrokerConns) {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerConnections,
-		Help: "Connections open to the embedded broker, the daemon's own clients included. At cfguard_embedded_broker_max_connections it closes every new one at once and /readyz says so. Absent with kafka.brokers set."},
+		Help: "Connections open to the embedded broker (the daemon's, or cfguard broker's), its own process's clients included. At cfguard_embedded_broker_max_connections it closes every new one at once (the daemon's /readyz says so). Absent with kafka.brokers set."},
 		func() float64 { return float64(conns().Open) })
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: NameBrokerMaxConnections,
-		Help: "The most connections the embedded broker keeps open at once (kafka.embedded_max_connections)."},
+		Help: "The most connections the embedded broker keeps open at once (kafka.embedded_max_connections; cfguard broker --max-connections)."},
 		func() float64 { return float64(conns().Max) })
 	for _, r := range []struct {
 		reason string
@@ -352,7 +352,7 @@ func RegisterEmbeddedBrokerConnections(reg prometheus.Registerer, conns func() B
 		{BrokerClosedInvalid, func(c BrokerConns) int64 { return c.Invalid }},
 	} {
 		f.NewCounterFunc(prometheus.CounterOpts{Name: NameBrokerConnsClosed, ConstLabels: prometheus.Labels{"reason": r.reason},
-			Help: "Connections the embedded broker closed itself, by reason: limit (at once, kafka.embedded_max_connections were open), idle (kafka.embedded_idle_timeout without a request), partial (a request slower than kafka.embedded_request_timeout to arrive), oversized, invalid (a request it does not take)."},
+			Help: "Connections the embedded broker closed itself, by reason: limit (at once, at its connection limit), idle (kafka.embedded_idle_timeout or cfguard broker --idle-timeout without a request), partial (a request slower than kafka.embedded_request_timeout to arrive), oversized, invalid (a request it does not take)."},
 			func() float64 { return float64(r.n(conns())) })
 	}
 }

@@ -1,22 +1,29 @@
 package command
 
 import (
-	"github.com/cfguard/cfguard/internal/cli"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/internal/cli"
 )
 
 // cmdBroker runs the embedded Kafka-protocol broker alone, with one or more nodes on loopback,
 // until SIGINT/SIGTERM. Once it serves it prints "brokers: ADDR,ADDR,..." on stdout (node i's
-// address at position i) for scripts, and logs the same on stderr.
+// address at position i) for scripts, and logs the same on stderr. With --metrics-listen it
+// serves the broker's connection and write metrics on /metrics there, and prints
+// "metrics: http://ADDR/metrics" before the brokers line.
 func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:9092", "host:port of node 0; node i listens on port+i (port 0: every node on a free port). Loopback hosts only")
@@ -30,6 +37,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	retentionBytes := fs.Int64("retention-bytes", broker.DefaultRetentionBytes, "delete a partition's oldest records past this many bytes (negative: no limit)")
 	maxConns := fs.Int("max-connections", broker.DefaultMaxConnections, "connections open at once, across the nodes and every client; the broker closes those beyond it")
 	idle := fs.Duration("idle-timeout", broker.DefaultIdleTimeout, "close a connection with no request in progress for this long")
+	metricsListen := fs.String("metrics-listen", "", "host:port to serve the broker's connection and write metrics on, at /metrics (default: none; port 0: a free port)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -64,6 +72,14 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *topics != "" {
 		cfg.Topics = strings.Split(*topics, ",")
 	}
+	var metricsLn net.Listener
+	if *metricsListen != "" {
+		var err error
+		if metricsLn, err = net.Listen("tcp", *metricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", *metricsListen, err)
+		}
+		defer metricsLn.Close()
+	}
 	log := cli.Logger(stderr)
 	b, err := broker.Start(ctx, cfg, log)
 	if errors.Is(err, broker.ErrInvalidConfig) {
@@ -73,6 +89,15 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer b.Close()
+	if metricsLn != nil {
+		stop := serveBrokerMetrics(b, metricsLn)
+		defer stop()
+		url := "http://" + metricsLn.Addr().String() + "/metrics"
+		log.Info("serving the broker's metrics", "url", url)
+		if _, err := fmt.Fprintf(stdout, "metrics: %s\n", url); err != nil {
+			return err
+		}
+	}
 	brokers := strings.Join(b.Addrs(), ",")
 	log.Info("SIGINT or SIGTERM stops the broker", "brokers", brokers)
 	if _, err := fmt.Fprintf(stdout, "brokers: %s\n", brokers); err != nil {
@@ -82,4 +107,28 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	b.Close() // persists the state with --data-dir
 	log.Info("Kafka-protocol broker stopped", "brokers", brokers)
 	return nil
+}
+
+// serveBrokerMetrics serves b's connection and write metrics (the series the daemon exports for
+// its embedded broker) on /metrics at ln, from a registry of their own, until the returned stop
+// is called.
+func serveBrokerMetrics(b *broker.Broker, ln net.Listener) (stop func()) {
+	reg := prometheus.NewRegistry()
+	alerts.RegisterEmbeddedBrokerWrites(reg, b.WriteFailing)
+	alerts.RegisterEmbeddedBrokerConnections(reg, func() alerts.BrokerConns {
+		s := b.Connections()
+		return alerts.BrokerConns{Open: s.Open, Max: s.Max, Limit: s.Refused, Idle: s.Idle, Partial: s.Partial, Oversized: s.Oversized, Invalid: s.Invalid}
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln) // ErrServerClosed once stopped
+	}()
+	return func() {
+		srv.Close()
+		<-done
+	}
 }

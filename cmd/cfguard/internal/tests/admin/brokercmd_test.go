@@ -6,8 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -121,6 +124,20 @@ func TestBrokerCommandServesNodesAndKeepsData(t *testing.T) {
 	}
 }
 
+// A --metrics-listen address the command cannot listen on (here one this test holds) stops it
+// before any broker starts, naming the flag.
+func TestBrokerCommandMetricsAddressInUse(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	code, stdout, stderr := proc.RunCLI(t, "broker", "--listen", "127.0.0.1:0", "--metrics-listen", held.Addr().String())
+	if want := "--metrics-listen " + held.Addr().String(); code != 1 || !strings.Contains(stderr, want) || !strings.Contains(stderr, "address already in use") || stdout != "" {
+		t.Errorf("broker with --metrics-listen on an address in use: exit %d, stdout %q, stderr %q; want 1, nothing, an error naming %q", code, stdout, stderr, want)
+	}
+}
+
 func TestBrokerCommandRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -151,8 +168,13 @@ func TestBrokerCommandRefusals(t *testing.T) {
 // and --idle-timeout closes one that sends nothing; the line the broker logs at its limit names
 // the flag to change, not the daemon's configuration key.
 func TestBrokerCommandLimitsConnections(t *testing.T) {
-	p, addrs := proc.StartBrokerCmd(t, "--listen", "127.0.0.1:0", "--max-connections", "2", "--idle-timeout", "1s")
+	p, addrs := proc.StartBrokerCmd(t, "--listen", "127.0.0.1:0", "--max-connections", "2", "--idle-timeout", "1s", "--metrics-listen", "127.0.0.1:0")
 	defer p.Stop(t)
+	// The metrics line comes before the brokers line on the same pipe.
+	m := regexp.MustCompile(`(?m)^metrics: (http://127\.0\.0\.1:[0-9]+/metrics)$`).FindStringSubmatch(p.Stdout.String())
+	if m == nil {
+		t.Fatalf("no metrics line before the brokers line:\n%s", p.Stdout.String())
+	}
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -193,4 +215,35 @@ func TestBrokerCommandLimitsConnections(t *testing.T) {
 	if line := p.Stderr.String(); !strings.Contains(line, "(--max-connections)") || strings.Contains(line, "kafka.embedded_max_connections") {
 		t.Errorf("the broker's line at its limit does not name --max-connections alone:\n%s", line)
 	}
+	// /metrics counts what happened: one connection closed at the limit, two idle ones, and none
+	// open once the broker has released the last (it may count it a moment after closing it).
+	wants := []string{
+		`cfguard_embedded_broker_max_connections 2`,
+		`cfguard_embedded_broker_connections 0`,
+		`cfguard_embedded_broker_connections_closed_total{reason="limit"} 1`,
+		`cfguard_embedded_broker_connections_closed_total{reason="idle"} 2`,
+		`cfguard_embedded_broker_write_failing 0`,
+	}
+	var body []byte
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s last answered:\n%s", m[1], body)
+		}
+	}()
+	waitfor.Cond(t, 30*time.Second, "/metrics counting the three connections closed", func() bool {
+		resp, err := http.Get(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if body, err = io.ReadAll(resp.Body); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", m[1], resp.StatusCode, err)
+		}
+		for _, want := range wants {
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).Match(body) {
+				return false
+			}
+		}
+		return true
+	})
 }
