@@ -27,14 +27,24 @@ import (
 	"github.com/cfguard/cfguard/postlog"
 )
 
-// warnedAt reports whether logs hold a line with msg naming offset.
-func warnedAt(logs, msg string, offset int64) bool {
+// warnedAt reports whether logs hold a WARN line with msg naming offset (and each of also).
+func warnedAt(logs, msg string, offset int64, also ...string) bool {
+	attr := fmt.Sprintf(" offset=%d ", offset)
 	for _, line := range strings.Split(logs, "\n") {
-		if strings.Contains(line, "level=WARN") && strings.Contains(line, msg) && strings.Contains(line, fmt.Sprintf("offset=%d ", offset)) {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, msg) && strings.Contains(line+" ", attr) && containsAll(line, also) {
 			return true
 		}
 	}
 	return false
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestForgedRecordsAreRefusedByEveryReplica forges, as a client without the cluster key, what
@@ -361,13 +371,8 @@ func TestAuthenticatedRecordThatIsNoEntryIsLogged(t *testing.T) {
 		return r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "malformed") == 2
 	})
 	for i, why := range []string{"invalid character", "postlog: malformed entry"} {
-		offset := fmt.Sprintf("offset=%d ", end+int64(i))
-		found := false
-		for _, line := range strings.Split(r.Logs.String(), "\n") {
-			found = found || strings.Contains(line, "level=WARN") && strings.Contains(line, warn) && strings.Contains(line, offset) && strings.Contains(line, why)
-		}
-		if !found {
-			t.Errorf("no WARN line %q with %s and %q:\n%s", warn, offset, why, r.Logs.String())
+		if !warnedAt(r.Logs.String(), warn, end+int64(i), why) {
+			t.Errorf("no WARN line %q at offset %d with %q:\n%s", warn, end+int64(i), why, r.Logs.String())
 		}
 	}
 	if code, body := r.Get(t, "/readyz"); code != http.StatusOK {
@@ -406,12 +411,7 @@ func TestNewerFormatAfterTheStopIsCountedAsSuch(t *testing.T) {
 		t.Errorf("%v records counted as malformed, want 0", n)
 	}
 	const warn = "posterior log entry of a format this build does not read ignored: the replica stopped at an earlier one"
-	offset := fmt.Sprintf(" offset=%d ", end)
-	found := false
-	for _, line := range strings.Split(r.Logs.String(), "\n") {
-		found = found || strings.Contains(line, "level=WARN") && strings.Contains(line, warn) && strings.Contains(line+" ", offset)
-	}
-	if !found {
-		t.Errorf("no WARN line %q with %s:\n%s", warn, offset, r.Logs.String())
+	if !warnedAt(r.Logs.String(), warn, end) {
+		t.Errorf("no WARN line %q at offset %d:\n%s", warn, end, r.Logs.String())
 	}
 }
