@@ -422,11 +422,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 		}
 		td.add("embedded broker", func() error { b.Close(); return nil })
 		d.broker = b
-		alerts.RegisterEmbeddedBrokerWrites(d.reg, b.WriteFailing)
-		alerts.RegisterEmbeddedBrokerConnections(d.reg, func() alerts.BrokerConns {
-			s := b.Connections()
-			return alerts.BrokerConns{Open: s.Open, Max: s.Max, Limit: s.Refused, Idle: s.Idle, Partial: s.Partial, Oversized: s.Oversized, Invalid: s.Invalid}
-		})
+		RegisterBrokerMetrics(d.reg, b)
 		d.conn.Brokers, d.conn.TLS, d.conn.SASL = b.Addrs(), nil, nil
 		// Our clients drop idle connections before the broker closes them under them.
 		d.conn.IdleTimeout = min(embeddedClientIdle, cfg.Kafka.EmbeddedIdleTimeout/2)
@@ -646,4 +642,16 @@ func alphaOr(a float64) float64 {
 		return a
 	}
 	return certify.DefaultAlpha
+}
+
+// RegisterBrokerMetrics registers on reg the metrics of an embedded broker b, read at each
+// scrape: its failing writes and its connections (alerts.RegisterEmbeddedBrokerWrites,
+// alerts.RegisterEmbeddedBrokerConnections). The daemon registers its own broker's; cfguard broker
+// --metrics-listen serves the standalone one's.
+func RegisterBrokerMetrics(reg prometheus.Registerer, b *broker.Broker) {
+	alerts.RegisterEmbeddedBrokerWrites(reg, b.WriteFailing)
+	alerts.RegisterEmbeddedBrokerConnections(reg, func() alerts.BrokerConns {
+		s := b.Connections()
+		return alerts.BrokerConns{Open: s.Open, Max: s.Max, Limit: s.Refused, Idle: s.Idle, Partial: s.Partial, Oversized: s.Oversized, Invalid: s.Invalid}
+	})
 }

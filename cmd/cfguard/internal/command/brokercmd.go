@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/internal/cli"
 )
 
@@ -114,11 +114,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // is called.
 func serveBrokerMetrics(b *broker.Broker, ln net.Listener) (stop func()) {
 	reg := prometheus.NewRegistry()
-	alerts.RegisterEmbeddedBrokerWrites(reg, b.WriteFailing)
-	alerts.RegisterEmbeddedBrokerConnections(reg, func() alerts.BrokerConns {
-		s := b.Connections()
-		return alerts.BrokerConns{Open: s.Open, Max: s.Max, Limit: s.Refused, Idle: s.Idle, Partial: s.Partial, Oversized: s.Oversized, Invalid: s.Invalid}
-	})
+	daemon.RegisterBrokerMetrics(reg, b)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
