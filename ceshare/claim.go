@@ -50,14 +50,6 @@ type Claim struct {
 	Generation int32 `json:"generation"`
 }
 
-// claimValue is a claim's value as read, so that a missing partition is told from partition 0.
-type claimValue struct {
-	Partition  *int   `json:"partition"`
-	Term       int64  `json:"term"`
-	Replica    string `json:"replica"`
-	Generation int32  `json:"generation"`
-}
-
 // isClaim says whether a record's key is a claim's.
 func isClaim(key []byte) bool { return bytes.HasPrefix(key, []byte(claimPrefix)) }
 
@@ -74,24 +66,22 @@ func EncodeClaim(c Claim) (key, value []byte, err error) {
 // key that is not its term's, or a claim of another partition than p (or of none) is refused
 // with a *DecodeError.
 func DecodeClaim(p int, key, value []byte) (Claim, error) {
-	var v claimValue
-	if err := decodeStrict(value, &v); err != nil {
+	c := Claim{Partition: -1} // stays -1 when the value names no partition
+	if err := decodeStrict(value, &c); err != nil {
 		return Claim{}, err
 	}
-	c := Claim{Term: v.Term, Replica: v.Replica, Generation: v.Generation}
+	if c.Partition == -1 {
+		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: "the claim names no partition (an earlier build wrote it); it is not read, and the partition is fenced from its next claim on"}
+	}
+	if c.Partition != p {
+		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("a claim of partition %d read in partition %d: a copy", c.Partition, p)}
+	}
 	if err := c.check(); err != nil {
 		return Claim{}, err
 	}
 	if want := claimPrefix + strconv.FormatInt(c.Term, 10); string(key) != want {
 		return Claim{}, &DecodeError{Reason: ReasonKey, Detail: fmt.Sprintf("key %q is not %q", clip(key), want)}
 	}
-	switch {
-	case v.Partition == nil:
-		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: "the claim names no partition (an earlier build wrote it); it is not read, and the partition is fenced from its next claim on"}
-	case *v.Partition != p:
-		return Claim{}, &DecodeError{Reason: ReasonPartition, Detail: fmt.Sprintf("a claim of partition %d read in partition %d: a copy", *v.Partition, p)}
-	}
-	c.Partition = p
 	return c, nil
 }
 

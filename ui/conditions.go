@@ -27,9 +27,8 @@ func lately(t float64, now time.Time) bool { return t > 0 && float64(now.Unix())
 // conditions are the alerts whose condition the daemon's gauges decide at an instant. The rate
 // rule (CfguardDeadLetterRateHigh) and the counter rules (CfguardReplicationUnauthenticated,
 // CfguardPosteriorLogRefused) and CfguardOutboxBacklog's branch for failed publishing need a
-// window of samples and are not here; nor is CfguardDown, a
-// failed scrape of this daemon, or CfguardReplicaSettingsDiffer, whose replica serves no page
-// (503 but for health and metrics).
+// window of samples and are not here; nor is CfguardDown, a failed scrape of this daemon, or
+// CfguardReplicaSettingsDiffer, whose replica serves no page (503 but for health and metrics).
 var conditions = []condition{
 	{"CfguardKLOverBudget", func(g map[string]float64, now time.Time) (bool, string) {
 		t := g["cfguard_kl_breach_last_timestamp_seconds"]
