@@ -39,6 +39,15 @@ type Head struct {
 	Marks map[int]Mark `json:"marks,omitempty"`
 }
 
+// Lineage sets the Genesis and Epoch of e, a claim or an increment to append on h, to those of the
+// genesis h descends from; it leaves them unset when h does not know its genesis (a head stored
+// before heads kept it).
+func (h *Head) Lineage(e *Entry) {
+	if h.GenesisHash != "" {
+		e.Genesis, e.Epoch = h.GenesisHash, h.Epoch
+	}
+}
+
 // Unpublished is an accepted increment's posterior events, by the increment's seq.
 type Unpublished struct {
 	Seq    uint64  `json:"seq"`
@@ -90,6 +99,11 @@ const (
 	// Unauthenticated: the record's authenticator is missing or does not verify under the
 	// cluster's keys; it was not written by a replica, and is not even decoded.
 	Unauthenticated Reason = "unauthenticated"
+	// OtherLog: a claim or an increment numbered past the head's successor that names another
+	// genesis (Entry.Genesis) of an epoch no later than the head's: an entry signed with the
+	// cluster's key for another log, or for an epoch this log moved past, copied in. No writer
+	// of this log appends one, and it does not stop the chain as a diverged entry would.
+	OtherLog Reason = "other_log"
 	// PastEnd: an increment that covers offsets of the input topic that do not exist
 	// (CheckCoverage). The chain does not know the input topic: its reader checks this.
 	PastEnd Reason = "coverage_past_end"
@@ -193,13 +207,27 @@ var ErrDiverged = errors.New("postlog: the log extends an entry this chain does 
 // ends as each reader sees them. A reader that went on would ignore every later entry of the log.
 // A nil e (a record that is not an entry) never diverges.
 func (c *Chain) Diverged(rec Record, e *Entry) error {
-	if e == nil || c.head == nil || c.stuck != nil || e.Seq <= c.head.Seq+1 {
+	if e == nil || c.head == nil || c.stuck != nil || e.Seq <= c.head.Seq+1 || c.otherLog(e) {
 		return nil
 	}
 	c.Block(rec)
 	return fmt.Errorf("%w: entry %d (term %d, writer %s) follows an entry after this reader's head, entry %d, that the reader "+
 		"judged otherwise (a reader refuses an increment whose coverage passes the input topic's end as it sees it, and logs it)",
 		ErrDiverged, e.Seq, e.Term, e.Writer, c.head.Seq)
+}
+
+// otherGenesis reports whether e, a claim or an increment, names a genesis other than the one
+// the head descends from. Entries and heads written before entries named their genesis name
+// none, and are judged without it.
+func (c *Chain) otherGenesis(e *Entry) bool {
+	return c.head != nil && e.Kind != Genesis && e.Genesis != "" && c.head.GenesisHash != "" && e.Genesis != c.head.GenesisHash
+}
+
+// otherLog reports whether e is OtherLog: numbered past the head's successor, naming another
+// genesis of an epoch no later than the head's. One of a later epoch is this log's: the reader
+// missed the new epoch it descends from, and diverged (Diverged).
+func (c *Chain) otherLog(e *Entry) bool {
+	return c.otherGenesis(e) && e.Seq > c.head.Seq+1 && e.Epoch <= c.head.Epoch
 }
 
 // Head is the last accepted entry, nil before the genesis. The caller must not modify it.
@@ -293,11 +321,17 @@ func (c *Chain) judge(e *Entry) Reason {
 		}
 		return NotSuccessor
 	}
+	if c.otherLog(e) {
+		return OtherLog
+	}
 	if e.Seq != h.Seq+1 || e.Parent != h.Hash {
 		return NotSuccessor
 	}
 	if e.Kind == Genesis {
 		return c.judgeEpoch(e)
+	}
+	if c.otherGenesis(e) || e.Genesis != "" && h.GenesisHash != "" && e.Epoch != h.Epoch {
+		return Invalid // it names the head, and not the genesis or the epoch the head descends from
 	}
 	if c.stuck != nil {
 		return NotSuccessor // nothing follows a record the chain cannot apply but a new epoch

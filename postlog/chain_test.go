@@ -418,6 +418,10 @@ func TestDecodeRefusesMalformedEntries(t *testing.T) {
 		{"a genesis with events", g, func(e *Entry) { e.Events = []Event{{Key: "update_failed", Value: []byte(`{}`)}} }},
 		{"a negative offset", inc, func(e *Entry) { e.Covers = map[int]int64{0: -1} }},
 		{"a negative partition", inc, func(e *Entry) { e.Covers = map[int]int64{-1: 5} }},
+		{"a genesis naming a genesis", g, func(e *Entry) { e.Genesis = e.PosteriorSHA256 }},
+		{"a short genesis hash", inc, func(e *Entry) { e.Genesis = e.PosteriorSHA256[:63] }},
+		{"an upper-case genesis hash", c1, func(e *Entry) { e.Genesis = strings.ToUpper(inc.PosteriorSHA256) }},
+		{"a claim of an epoch naming no genesis", c1, func(e *Entry) { e.Epoch = 1 }},
 	} {
 		e := *tc.e
 		tc.edit(&e)
@@ -951,5 +955,83 @@ func TestNewGenesis(t *testing.T) {
 	}
 	if _, r, _ := NewChain(testKeys()).Offer(signed(0, l.value(e))); r != Accepted {
 		t.Errorf("a chain offered NewGenesis's entry: %s", r)
+	}
+}
+
+// An entry names the genesis it descends from (Head.Lineage), so that one signed with the same key
+// for another log, copied in past the head, is counted as such (OtherLog) and does not stop the
+// chain as a diverged entry does; and the head's successor must name the head's genesis and epoch.
+// Entries that name no genesis (written by an earlier build) are judged as before.
+func TestEntriesOfAnotherLog(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	gh := Hash(gv)
+	ours := hex.EncodeToString(gh[:])
+	other := edited(&Entry{}, func(e *Entry) { *e = *g; e.Writer = "staging/1" })
+	oh := Hash(l.value(other))
+	theirs := hex.EncodeToString(oh[:])
+	// The head's successor, as the updater writes it.
+	next := func() *Entry {
+		e := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+		e.Genesis = ours
+		return e
+	}
+	past := func(edit func(e *Entry)) *Entry { // numbered two past the head's successor
+		e := next()
+		e.Seq += 2
+		e.Parent = strings.Repeat("ab", 32)
+		edit(e)
+		return e
+	}
+	for _, tc := range []struct {
+		name    string
+		e       *Entry
+		want    Reason
+		diverge bool
+	}{
+		{"another log's entry past the head", past(func(e *Entry) { e.Genesis = theirs }), OtherLog, false},
+		{"this log's entry past the head", past(func(*Entry) {}), NotSuccessor, true},
+		{"an entry naming no genesis past the head (an earlier build's)", past(func(e *Entry) { e.Genesis = "" }), NotSuccessor, true},
+		{"an entry of a later epoch past the head (a new epoch this reader missed)", past(func(e *Entry) { e.Genesis, e.Epoch = theirs, 1 }), NotSuccessor, true},
+		{"another log's entry at the head's place", edited(next(), func(e *Entry) { e.Genesis = theirs; e.Parent = strings.Repeat("ab", 32) }), NotSuccessor, false},
+		{"the head's successor naming another genesis", edited(next(), func(e *Entry) { e.Genesis = theirs }), Invalid, false},
+		{"the head's successor naming another epoch", edited(next(), func(e *Entry) { e.Epoch = 1 }), Invalid, false},
+		{"the head's successor naming no genesis", edited(next(), func(e *Entry) { e.Genesis = "" }), Accepted, false},
+		{"the head's successor", next(), Accepted, false},
+	} {
+		c := NewChain(testKeys())
+		acceptAll(t, c, gv, c1v)
+		rec := signed(2, l.value(tc.e))
+		_, r, err := c.Offer(rec)
+		if r != tc.want || err != nil {
+			t.Errorf("%s: Offer = %s, %v; want %s", tc.name, r, err, tc.want)
+		}
+		if err := c.Diverged(rec, tc.e); tc.diverge != errors.Is(err, ErrDiverged) || !tc.diverge && err != nil {
+			t.Errorf("%s: Diverged = %v, want diverged %v", tc.name, err, tc.diverge)
+		}
+		if r == OtherLog {
+			// The chain goes on: the head's successor is accepted after it.
+			if _, r, _ := c.Offer(signed(3, l.value(next()))); r != Accepted {
+				t.Errorf("%s: the head's successor after it: %s", tc.name, r)
+			}
+		}
+	}
+	// An entry appended on a head names the head's genesis and epoch, unless the head does not
+	// know its genesis (stored before heads kept it).
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, c1v)
+	e := &Entry{}
+	c.Head().Lineage(e)
+	if e.Genesis != ours || e.Epoch != 0 {
+		t.Errorf("Lineage on the head: genesis %q epoch %d, want %q 0", e.Genesis, e.Epoch, ours)
+	}
+	h := *c.Head()
+	h.GenesisHash, h.Epoch = "", 3
+	e = &Entry{}
+	h.Lineage(e)
+	if e.Genesis != "" || e.Epoch != 0 {
+		t.Errorf("Lineage on a head without its genesis: genesis %q epoch %d, want none", e.Genesis, e.Epoch)
 	}
 }

@@ -83,9 +83,15 @@ type Entry struct {
 	// authenticator covers them. Absent in a genesis of a log written before it was recorded.
 	Settings map[string]string `json:"settings,omitempty"`
 	// Epoch and Past are a new epoch's (a genesis after the first): its number, the head's
-	// epoch + 1, and the record it moves past (the one the chain stopped at, or the head).
+	// epoch + 1, and the record it moves past (the one the chain stopped at, or the head). A
+	// claim's or an increment's Epoch is that of the genesis it names (Genesis).
 	Epoch uint64 `json:"epoch,omitempty"`
 	Past  *Past  `json:"past,omitempty"`
+	// Genesis is a claim's or an increment's: the hex SHA-256 of the genesis that begins its
+	// epoch (Head.GenesisHash), so that an entry signed with the cluster's key for another log,
+	// or for an epoch this log moved past, is not taken for one of this log's (OtherLog).
+	// Empty in entries written before it was recorded, which are judged without it.
+	Genesis string `json:"genesis,omitempty"`
 	// Build and Generation are claim only, for forensics: the writer's build and the consumer
 	// group generation that made it the updater.
 	Build      string `json:"build,omitempty"`
@@ -211,6 +217,12 @@ func Decode(value []byte) (*Entry, error) {
 		return nil, fmt.Errorf("%w: posterior_sha256 %q, want 64 lower-case hex digits", ErrMalformed, e.PosteriorSHA256)
 	case e.Kind == Genesis && (e.Body == nil || len(e.Body.Weights) == 0):
 		return nil, fmt.Errorf("%w: genesis without a body", ErrMalformed)
+	case e.Kind == Genesis && e.Genesis != "":
+		return nil, fmt.Errorf("%w: a genesis naming a genesis", ErrMalformed)
+	case e.Genesis != "" && !isHexSHA256(e.Genesis):
+		return nil, fmt.Errorf("%w: genesis %q, want 64 lower-case hex digits", ErrMalformed, e.Genesis)
+	case e.Kind != Genesis && e.Epoch > 0 && e.Genesis == "":
+		return nil, fmt.Errorf("%w: a %s of epoch %d naming no genesis", ErrMalformed, e.Kind, e.Epoch)
 	case e.Kind != Increment && (len(e.Events) > 0 || e.EventsThrough > 0):
 		return nil, fmt.Errorf("%w: a %s with events", ErrMalformed, e.Kind)
 	case e.Kind == Increment && !knownOutcome(e.Outcome):

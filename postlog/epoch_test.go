@@ -100,6 +100,18 @@ func TestNewEpochMovesPastAnUnreadableEntry(t *testing.T) {
 	if _, r, _ := c.Offer(signed(8, l.value(l.claim(ev, ee, head.Term+1, "b/1")))); r != Accepted {
 		t.Fatalf("a claim after the epoch: %s", r)
 	}
+	// A copy of an entry of the branch the epoch moved past (naming the first genesis), numbered
+	// past the new head: another log's entry, which does not stop the chain.
+	gh := Hash(gv)
+	old := l.increment(cv, cl, 1, "a/1", 10, 0.1)
+	old.Genesis, old.Seq = hex.EncodeToString(gh[:]), c.Head().Seq+2
+	rec := signed(9, l.value(old))
+	if _, r, _ := c.Offer(rec); r != OtherLog {
+		t.Fatalf("a copy of the abandoned branch's entry past the head: %s, want %s", r, OtherLog)
+	}
+	if err := c.Diverged(rec, old); err != nil || c.Stuck() != nil {
+		t.Fatalf("a copy of the abandoned branch's entry past the head: Diverged = %v, stuck %v", err, c.Stuck())
+	}
 }
 
 // The settings a genesis records are part of its value bytes: changing one breaks its

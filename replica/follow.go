@@ -476,6 +476,13 @@ func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
 	case postlog.UnknownFormat:
 		r.lg.Warn("posterior log entry of a format this build does not read ignored: the replica stopped at an earlier one", "topic", r.plog.Topic(),
 			"partition", 0, "offset", rec.Offset)
+	case postlog.OtherLog:
+		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
+		if e, err := postlog.Decode(rec.Value); err == nil {
+			attrs = append(attrs, "seq", e.Seq, "entry_writer", e.Writer, "genesis", e.Genesis, "epoch", e.Epoch)
+		}
+		r.lg.Warn("posterior log entry refused: it authenticates under the cluster key but belongs to another log "+
+			"(it names another genesis than this log's, of an epoch no later than its own): the cluster's key signs another log too", attrs...)
 	case postlog.Invalid:
 		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
 		if e, err := postlog.Decode(rec.Value); err == nil {

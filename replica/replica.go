@@ -158,7 +158,7 @@ func New(opts Options) (*Replica, error) {
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
 	r.lg = opts.Logger.With("component", "replica", "writer", r.writer)
 	var reasons []string
-	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.UnknownFormat, postlog.Unauthenticated, postlog.PastEnd} {
+	for _, reason := range []postlog.Reason{postlog.NotSuccessor, postlog.StaleTerm, postlog.Invalid, postlog.Malformed, postlog.UnknownFormat, postlog.Unauthenticated, postlog.PastEnd, postlog.OtherLog} {
 		reasons = append(reasons, string(reason))
 	}
 	r.m = alerts.NewReplicaMetrics(opts.Registry, reasons, cfg.Replication.PosteriorTopic, cfg.Replication.CETopic,
@@ -247,6 +247,9 @@ func (r *Replica) Status() map[string]any {
 	out := map[string]any{"writer": r.writer, "updater": r.updater.Load(), "entry": h.Seq, "term": h.Term,
 		"offset": h.Offset, "hash": h.Hash, "epoch": h.Epoch, "posterior_sha256": h.PosteriorSHA256, "covers": covers,
 		"topic": r.plog.Topic(), "lag_records": lag}
+	if h.GenesisHash != "" {
+		out["genesis"] = h.GenesisHash
+	}
 	if stopped != nil {
 		out["stopped"] = stopped.Error()
 	}

@@ -245,6 +245,7 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, fa
 		claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
 			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.cfg.Kafka.Topic,
 			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
+		head.Lineage(claim)
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
 			if ctx.Err() == nil && r.isStopped() {
@@ -409,6 +410,7 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 		Quality: sum.Quality, Events: sum.Events, Marks: marks,
 		// The updater applied (and so published) the head before it computed this step.
 		EventsThrough: head.Seq}
+	head.Lineage(e)
 	if sum.Outcome == "" {
 		e.Outcome = postlog.Skipped
 	}

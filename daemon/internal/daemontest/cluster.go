@@ -228,8 +228,10 @@ func KeyHolderLog[S Server](t testing.TB, r *Running[S]) *postlog.Log {
 
 // ClaimOn is a claim of the next term on head h by writer.
 func ClaimOn(h *postlog.Head, writer string) *postlog.Entry {
-	return &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term + 1,
 		Writer: writer, Version: h.Version, ParentVersion: h.Version, Covers: h.Covers, PosteriorSHA256: h.PosteriorSHA256}
+	h.Lineage(e)
+	return e
 }
 
 // AppendEntry writes e to the posterior log plog as a writer holding the cluster key would, and

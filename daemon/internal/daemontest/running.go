@@ -373,6 +373,7 @@ type ModelView struct {
 		Term    uint64        `json:"term"`
 		SHA     string        `json:"posterior_sha256"`
 		Covers  map[int]int64 `json:"covers"`
+		Genesis string        `json:"genesis"`
 	} `json:"replication"`
 }
 

@@ -52,7 +52,9 @@ func containsAll(s string, subs []string) bool {
 // the last accepted entry naming the current updater, "skipped", covering 500 more offsets per
 // partition (without an authenticator, and under another key with the cluster's key id; signed
 // with the cluster's key, it is refused for its coverage); a claim
-// of a writer outside the group; a deletion of a stored CE and a registration. Every replica
+// of a writer outside the group; a deletion of a stored CE and a registration; and, signed with
+// the cluster's key, an increment of another log past the head, which would stop every follower
+// were it not for the genesis it names. Every replica
 // ignores each, counts it, and logs a WARN line naming its offset; the real updater goes on and
 // the log covers exactly the records produced. The replicas are mid-rotation (r3 signs with a
 // new key k2 that r1 and r2 hold second), and a replica whose key file holds neither key cannot
@@ -159,6 +161,20 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	invalid := daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", bad.Seq), bv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, bv)})
+	// Signed too, an increment of another log that shares the cluster's key (a staging cluster),
+	// numbered past the head's successor: without the genesis it names, every follower would stop
+	// as at a diverged chain.
+	if h.GenesisHash == "" || h.GenesisHash != before.Replication.Genesis {
+		t.Fatalf("the head's genesis %q, GET /v1/model's %q", h.GenesisHash, before.Replication.Genesis)
+	}
+	foreign := *forged
+	foreign.Seq, foreign.Parent, foreign.Covers = h.Seq+3, strings.Repeat("ab", 32), h.Covers
+	foreign.Genesis = strings.Repeat("cd", 32)
+	xv, err := foreign.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherLog := daemontest.RawProduce(t, b, topic, 0, fmt.Sprintf("e/%d", foreign.Seq), xv, kafka.Header{Key: clusterkey.Header, Value: postlog.Sign(cluster, xv)})
 	// A deletion of a stored CE, and a registration, on the CE topic without an authenticator.
 	victim := ids[0]
 	at := time.Now().UTC()
@@ -238,6 +254,12 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		if !warnedAt(r.Logs.String(), "posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it", invalid) {
 			t.Errorf("%s: no WARN line naming the invalid entry at offset %d", name, invalid)
 		}
+		if n := r.Metric(t, "cfguard_posterior_log_records_ignored_total", "reason", "other_log"); n != 1 {
+			t.Errorf("%s: %v signed entries of another log refused, want 1", name, n)
+		}
+		if !warnedAt(r.Logs.String(), "posterior log entry refused: it authenticates under the cluster key but belongs to another log", otherLog, "genesis="+foreign.Genesis) {
+			t.Errorf("%s: no WARN line naming the entry of another log at offset %d and its genesis", name, otherLog)
+		}
 		if code, body := r.Get(t, "/readyz"); code != http.StatusOK {
 			t.Errorf("%s: /readyz %d %s", name, code, body)
 		}
@@ -288,7 +310,7 @@ func TestForgedRecordsAreRefusedByEveryReplica(t *testing.T) {
 		// CfguardPosteriorLogRefused's: the counts of the signed entries refused, and the one
 		// covering past the end read back with its authenticator.
 		checks = []runbooktest.Check{
-			{Cmd: "cfguard_posterior_log_records_ignored_total", Want: `(?m)^cfguard_posterior_log_records_ignored_total\{reason="coverage_past_end"\} 1\ncfguard_posterior_log_records_ignored_total\{reason="invalid"\} 1$`},
+			{Cmd: "cfguard_posterior_log_records_ignored_total", Want: `(?m)^cfguard_posterior_log_records_ignored_total\{reason="coverage_past_end"\} 1\ncfguard_posterior_log_records_ignored_total\{reason="invalid"\} 1\ncfguard_posterior_log_records_ignored_total\{reason="other_log"\} 1$`},
 			{Cmd: "kcat -C", Want: fmt.Sprintf(`(?s)^offset %d key e/%d headers cfguard-auth=.*\n\{.*"kind":"increment".*"writer":%q`, pastEnd, forged.Seq, h.Writer)},
 		}
 		s = runbooktest.Named(t, filepath.Join(tooltest.RepoRoot(t), "docs", "RUNBOOK.md"), "CfguardPosteriorLogRefused")
