@@ -216,11 +216,11 @@ func (c *Chain) Diverged(rec Record, e *Entry) error {
 		ErrDiverged, e.Seq, e.Term, e.Writer, c.head.Seq)
 }
 
-// otherGenesis reports whether e, a claim or an increment, names a genesis other than the one
-// the head descends from. Entries and heads written before entries named their genesis name
-// none, and are judged without it.
+// otherGenesis reports whether e names a genesis other than the one the head descends from (a
+// genesis names none: Decode). Entries and heads written before entries named their genesis
+// name none, and are judged without it.
 func (c *Chain) otherGenesis(e *Entry) bool {
-	return c.head != nil && e.Kind != Genesis && e.Genesis != "" && c.head.GenesisHash != "" && e.Genesis != c.head.GenesisHash
+	return c.head != nil && e.Genesis != "" && c.head.GenesisHash != "" && e.Genesis != c.head.GenesisHash
 }
 
 // otherLog reports whether e is OtherLog: numbered past the head's successor, naming another

@@ -1028,7 +1028,13 @@ func TestEntriesOfAnotherLog(t *testing.T) {
 		t.Errorf("Lineage on the head: genesis %q epoch %d, want %q 0", e.Genesis, e.Epoch, ours)
 	}
 	h := *c.Head()
-	h.GenesisHash, h.Epoch = "", 3
+	h.Epoch = 3 // as after three new epochs
+	e = &Entry{}
+	h.Lineage(e)
+	if e.Genesis != ours || e.Epoch != 3 {
+		t.Errorf("Lineage on a head of epoch 3: genesis %q epoch %d, want %q 3", e.Genesis, e.Epoch, ours)
+	}
+	h.GenesisHash = ""
 	e = &Entry{}
 	h.Lineage(e)
 	if e.Genesis != "" || e.Epoch != 0 {
