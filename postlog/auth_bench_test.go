@@ -1,20 +1,27 @@
 package postlog
 
 import (
+	"encoding/hex"
 	"testing"
 
 	"github.com/cfguard/cfguard/internal/clusterkey"
 )
 
 // benchRecords are a chain's records for the benchmarks: the genesis, a claim and a promoted
-// increment of the test model, each authenticated.
+// increment of the test model, each authenticated, the claim and the increment naming the
+// genesis as the updater writes them (Head.Lineage).
 func benchRecords(b *testing.B) (setup []Record, inc Record) {
 	t := &testing.T{}
 	l, g := newTestLog(t)
 	gv := l.value(g)
+	gh := Hash(gv)
+	head := &Head{GenesisHash: hex.EncodeToString(gh[:])}
 	c1 := l.claim(gv, g, 1, "a/1")
+	head.Lineage(c1)
 	c1v := l.value(c1)
-	iv := l.value(l.increment(c1v, c1, 1, "a/1", 10, 0.1))
+	i1 := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+	head.Lineage(i1)
+	iv := l.value(i1)
 	if t.Failed() {
 		b.Fatal("building the records failed")
 	}
