@@ -482,7 +482,7 @@ func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
 			attrs = append(attrs, "seq", e.Seq, "entry_writer", e.Writer, "genesis", e.Genesis, "epoch", e.Epoch)
 		}
 		r.lg.Warn("posterior log entry refused: it authenticates under the cluster key but belongs to another log "+
-			"(it names another genesis than this log's, of an epoch no later than its own): the cluster's key signs another log too", attrs...)
+			"(it names another genesis than this log's, of an epoch no later than this log's): the cluster's key signs another log too", attrs...)
 	case postlog.Invalid:
 		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
 		if e, err := postlog.Decode(rec.Value); err == nil {
