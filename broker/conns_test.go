@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -299,6 +300,15 @@ func TestRateLog(t *testing.T) {
 	if ok, missed := r.note(now.Add(warnEvery)); !ok || missed != 100 {
 		t.Fatalf("after warnEvery: log %v, missed %d; want a line counting 100", ok, missed)
 	}
+	// The next line counts the events since that line, not since the first.
+	for i := range 3 {
+		if ok, _ := r.note(now.Add(warnEvery + time.Duration(i+1)*time.Millisecond)); ok {
+			t.Fatalf("event %d after the second line logged", i)
+		}
+	}
+	if ok, missed := r.note(now.Add(2 * warnEvery)); !ok || missed != 3 {
+		t.Fatalf("after another warnEvery: log %v, missed %d; want a line counting 3", ok, missed)
+	}
 }
 
 // A request sent behind one the broker holds (a fetch waiting for records here, a JoinGroup
@@ -418,5 +428,144 @@ func TestRequestThatFindsNoRoomIsPartial(t *testing.T) {
 	}
 	if got := l.buffered.Load(); got != 0 {
 		t.Errorf("%d bytes of budget held after the refusal, want 0", got)
+	}
+}
+
+// TestSizePrefixBound: a size prefix of MaxRequestBytes is read on (here the client goes away
+// before the body), one past it, or negative, is refused as oversized before a byte more is read.
+func TestSizePrefixBound(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		size      uint32
+		oversized bool
+	}{
+		{"MaxRequestBytes", MaxRequestBytes, false},
+		{"MaxRequestBytes + 1", MaxRequestBytes + 1, true},
+		{"2^31 - 1", 1<<31 - 1, true},
+		{"2^32 - 1 (negative)", 1<<32 - 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
+			srv, cli := net.Pipe()
+			c := newLimitedConn(srv, l)
+			defer c.Close()
+			go func() {
+				_, _ = cli.Write(binary.BigEndian.AppendUint32(nil, tc.size))
+				cli.Close() // no body: a request read on fails at its first chunk
+			}()
+			_, err := c.Read(make([]byte, 16))
+			if err == nil {
+				t.Fatal("a request with no body was read")
+			}
+			want := int64(0)
+			if tc.oversized {
+				want = 1
+			}
+			if got := errors.Is(err, errOversized); got != tc.oversized || l.oversized.Load() != want {
+				t.Errorf("size prefix %d: %v, %d oversized; want oversized %v", tc.size, err, l.oversized.Load(), tc.oversized)
+			}
+		})
+	}
+}
+
+// TestWriteDeadlineIsRequestTimeout: a response the client does not read fails after
+// RequestTimeout, not IdleTimeout.
+func TestWriteDeadlineIsRequestTimeout(t *testing.T) {
+	l := &connLimits{max: 1, idle: time.Hour, request: 100 * time.Millisecond, hold: maxHold, log: slog.New(slog.DiscardHandler),
+		budget: semaphore.NewWeighted(MaxBufferedBytes)}
+	l.open.Store(1)
+	srv, cli := net.Pipe() // nobody reads cli
+	defer cli.Close()
+	c := newLimitedConn(srv, l)
+	defer c.Close()
+	written := make(chan error, 1)
+	go func() {
+		_, err := c.Write([]byte("a response nobody reads"))
+		written <- err
+	}()
+	select {
+	case err := <-written:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("a write nobody reads: %v, want a deadline exceeded", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a write nobody reads still blocks after 30s, want it cut at RequestTimeout (100ms)")
+	}
+}
+
+// TestFailedRequestGivesBackItsBudget: a request that holds budget and then fails (the gate
+// refuses it whole, or its client goes away mid-body) gives the budget back as its read fails,
+// before the connection is closed.
+func TestFailedRequestGivesBackItsBudget(t *testing.T) {
+	refused := unansweredProduce(3 * readChunk)
+	binary.BigEndian.PutUint16(refused[6:], 99) // a produce version past the broker's
+	for _, tc := range []struct {
+		name  string
+		bytes []byte // what the client sends before it goes away
+		err   error
+	}{
+		{"refused by the gate", refused, errInvalidRequest},
+		{"cut short", unansweredProduce(3 * readChunk)[:4+2*readChunk+10], io.ErrUnexpectedEOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
+			srv, cli := net.Pipe()
+			c := newLimitedConn(srv, l)
+			defer c.Close()
+			go func() {
+				_, _ = cli.Write(tc.bytes)
+				cli.Close()
+			}()
+			_, err := c.Read(make([]byte, 16))
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("read = %v, want %v", err, tc.err)
+			}
+			if got := l.buffered.Load(); got != 0 {
+				t.Errorf("%d bytes of budget held after the failed read, want 0", got)
+			}
+		})
+	}
+}
+
+// TestBudgetWaitEndsAtRequestTimeoutFromFirstByte: a request waiting for budget waits until
+// RequestTimeout from its first byte, not from when it starts to wait.
+func TestBudgetWaitEndsAtRequestTimeoutFromFirstByte(t *testing.T) {
+	t.Parallel() // it waits out a request's time
+	const request, firstChunkAfter = 8 * time.Second, 7 * time.Second
+	frame := unansweredProduce(3 * readChunk)
+	l := limitsForBudget(readChunk, request) // less than the rest: it waits
+	srv, cli := net.Pipe()
+	defer cli.Close()
+	c := newLimitedConn(srv, l)
+	defer c.Close()
+	go func() { _, _ = cli.Write(frame[:1]) }()
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, len(frame)))
+		read <- err
+	}()
+	waitfor.Cond(t, 10*time.Second, "the request's first byte read", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.reading
+	})
+	first := time.Now() // not before the first byte's
+	go func() {
+		time.Sleep(firstChunkAfter) // the rest of the first chunk, late but within the request's time
+		_, _ = cli.Write(frame[1 : 4+readChunk])
+	}()
+	var err error
+	select {
+	case err = <-read:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the request still waits after 60s")
+	}
+	// RequestTimeout from the first byte ends 8s after it; from the wait's start, 15s at least.
+	// 4s are allowed for a busy machine's timers and scheduling, short of the 7s between them.
+	if took := time.Since(first); err == nil || took > request+4*time.Second {
+		t.Errorf("the request waiting for budget failed after %v (%v), want its RequestTimeout (%v) from its first byte", took, err, request)
+	}
+	if s := l.partialClosed.Load(); s != 1 {
+		t.Errorf("%d requests closed partial, want 1", s)
 	}
 }

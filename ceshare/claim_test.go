@@ -81,6 +81,12 @@ func TestFoldFencesLateWrites(t *testing.T) {
 			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 3, "r3", 4), claimRec(t, 2, "r2", 3),
 				stateRec(t, "a", "r3", 4, "r3's"), stateRec(t, "b", "r2", 3, "r2 late")}
 		}, map[string]string{"a": "r3's", "b": "r2 late"}, 1},
+		{"a claim of a lower term but a later generation, read later, is not in force", func(t *testing.T) []record {
+			// Generations start again when the group is removed: a lower term's claim may name a
+			// later generation than the claim in force.
+			return []record{claimRec(t, 4, "r1", 40), claimRec(t, 5, "r2", 1), claimRec(t, 4, "r3", 41),
+				stateRec(t, "a", "r2", 1, "r2's"), stateRec(t, "b", "r3", 41, "r3 late")}
+		}, map[string]string{"a": "r2's", "b": "r3 late"}, 1},
 		{"two claims of one term: the later generation is in force", func(t *testing.T) []record {
 			return []record{claimRec(t, 1, "r1", 1), claimRec(t, 2, "r3", 5), claimRec(t, 2, "r2", 4),
 				stateRec(t, "a", "r3", 5, "r3's"), stateRec(t, "a", "r2", 4, "r2 late")}
@@ -198,6 +204,7 @@ func TestClaimEncoding(t *testing.T) {
 		{"an unknown field", "claim/1", `{"partition":2,"term":1,"replica":"r1","generation":1,"x":1}`, ReasonJSON},
 		{"term 0", "claim/0", `{"partition":2,"term":0,"replica":"r1","generation":1}`, ReasonTerm},
 		{"no replica", "claim/1", `{"partition":2,"term":1,"generation":1}`, ReasonReplica},
+		{"a blank replica", "claim/1", `{"partition":2,"term":1,"replica":" ","generation":1}`, ReasonReplica},
 		{"another term's key", "claim/2", `{"partition":2,"term":1,"replica":"r1","generation":1}`, ReasonKey},
 		{"no partition (an earlier build's claim)", "claim/1", `{"term":1,"replica":"r1","generation":1}`, ReasonPartition},
 		{"another partition (a copy)", "claim/1", `{"partition":0,"term":1,"replica":"r1","generation":1}`, ReasonPartition},
