@@ -446,14 +446,9 @@ func TestSizePrefixBound(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
-			srv, cli := net.Pipe()
-			c := newLimitedConn(srv, l)
+			// No body: a request read on fails at its first chunk.
+			c, err := readSent(l, binary.BigEndian.AppendUint32(nil, tc.size))
 			defer c.Close()
-			go func() {
-				_, _ = cli.Write(binary.BigEndian.AppendUint32(nil, tc.size))
-				cli.Close() // no body: a request read on fails at its first chunk
-			}()
-			_, err := c.Read(make([]byte, 16))
 			if err == nil {
 				t.Fatal("a request with no body was read")
 			}
@@ -509,14 +504,8 @@ func TestFailedRequestGivesBackItsBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
-			srv, cli := net.Pipe()
-			c := newLimitedConn(srv, l)
+			c, err := readSent(l, tc.bytes)
 			defer c.Close()
-			go func() {
-				_, _ = cli.Write(tc.bytes)
-				cli.Close()
-			}()
-			_, err := c.Read(make([]byte, 16))
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("read = %v, want %v", err, tc.err)
 			}
@@ -568,4 +557,17 @@ func TestBudgetWaitEndsAtRequestTimeoutFromFirstByte(t *testing.T) {
 	if s := l.partialClosed.Load(); s != 1 {
 		t.Errorf("%d requests closed partial, want 1", s)
 	}
+}
+
+// readSent reads, under l, a connection whose client sends b and goes away, and returns the
+// connection (still open: the caller closes it) and the read's error.
+func readSent(l *connLimits, b []byte) (*limitedConn, error) {
+	srv, cli := net.Pipe()
+	c := newLimitedConn(srv, l)
+	go func() {
+		_, _ = cli.Write(b)
+		cli.Close()
+	}()
+	_, err := c.Read(make([]byte, 16))
+	return c, err
 }
