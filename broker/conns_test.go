@@ -447,8 +447,7 @@ func TestSizePrefixBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
 			// No body: a request read on fails at its first chunk.
-			c, err := readSent(l, binary.BigEndian.AppendUint32(nil, tc.size))
-			defer c.Close()
+			err := readSent(t, l, binary.BigEndian.AppendUint32(nil, tc.size))
 			if err == nil {
 				t.Fatal("a request with no body was read")
 			}
@@ -504,8 +503,7 @@ func TestFailedRequestGivesBackItsBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := limitsForBudget(MaxBufferedBytes, 10*time.Second)
-			c, err := readSent(l, tc.bytes)
-			defer c.Close()
+			err := readSent(t, l, tc.bytes)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("read = %v, want %v", err, tc.err)
 			}
@@ -560,14 +558,15 @@ func TestBudgetWaitEndsAtRequestTimeoutFromFirstByte(t *testing.T) {
 }
 
 // readSent reads, under l, a connection whose client sends b and goes away, and returns the
-// connection (still open: the caller closes it) and the read's error.
-func readSent(l *connLimits, b []byte) (*limitedConn, error) {
+// read's error. The connection stays open until the test ends.
+func readSent(t *testing.T, l *connLimits, b []byte) error {
 	srv, cli := net.Pipe()
 	c := newLimitedConn(srv, l)
+	t.Cleanup(func() { c.Close() })
 	go func() {
 		_, _ = cli.Write(b)
 		cli.Close()
 	}()
 	_, err := c.Read(make([]byte, 16))
-	return c, err
+	return err
 }
