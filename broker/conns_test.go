@@ -465,10 +465,8 @@ func TestSizePrefixBound(t *testing.T) {
 // TestWriteDeadlineIsRequestTimeout: a response the client does not read fails after
 // RequestTimeout, not IdleTimeout.
 func TestWriteDeadlineIsRequestTimeout(t *testing.T) {
-	l := &connLimits{max: 1, idle: time.Hour, request: 100 * time.Millisecond, hold: maxHold, log: slog.New(slog.DiscardHandler),
-		budget: semaphore.NewWeighted(MaxBufferedBytes)}
-	l.open.Store(1)
-	srv, cli := net.Pipe() // nobody reads cli
+	l := limitsForBudget(MaxBufferedBytes, 100*time.Millisecond) // idle: a minute, past the bound below
+	srv, cli := net.Pipe()                                       // nobody reads cli
 	defer cli.Close()
 	c := newLimitedConn(srv, l)
 	defer c.Close()
