@@ -209,7 +209,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		return nil
 	}
 	if reason != postlog.Accepted {
-		r.ignored(rec, reason)
+		r.ignored(rec, e, reason)
 		if e != nil {
 			r.lg.Info("posterior log record ignored", "offset", rec.Offset, "reason", reason, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer)
 			if err := c.Diverged(rec, e); err != nil {
@@ -460,12 +460,14 @@ func (r *Replica) unauthenticated(rec postlog.Record) {
 	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
 }
 
-// ignored counts an authenticated record the chain did not accept, and logs at WARN one that is
-// not an entry at all (malformed) or names the head but does not follow from it (invalid): a
-// holder of the cluster key wrote it, by a bug or with a stolen key (CfguardPosteriorLogRefused).
-// The other reasons (a replayed or late entry) are the log's ordinary traffic; the caller logs them.
+// ignored counts an authenticated record the chain did not accept (e its entry as Offer decoded
+// it, nil for a record that is not one), and logs at WARN one that is not an entry at all
+// (malformed), an entry of a newer format, another log's entry (other_log) or one that names the
+// head but does not follow from it (invalid): a holder of the cluster key wrote it, by a bug, with
+// a stolen key, or for another log (CfguardPosteriorLogRefused). The other reasons (a replayed or
+// late entry) are the log's ordinary traffic; the caller logs them.
 // As in unauthenticated, the line is written before the count.
-func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
+func (r *Replica) ignored(rec postlog.Record, e *postlog.Entry, reason postlog.Reason) {
 	defer r.m.Ignored.WithLabelValues(string(reason)).Inc()
 	switch reason {
 	case postlog.Malformed:
@@ -478,18 +480,18 @@ func (r *Replica) ignored(rec postlog.Record, reason postlog.Reason) {
 			"partition", 0, "offset", rec.Offset)
 	case postlog.OtherLog:
 		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
-		if e, err := postlog.Decode(rec.Value); err == nil {
+		if e != nil {
 			attrs = append(attrs, "seq", e.Seq, "entry_writer", e.Writer, "genesis", e.Genesis, "epoch", e.Epoch)
 		}
 		r.lg.Warn("posterior log entry refused: it authenticates under the cluster key but belongs to another log "+
 			"(it names another genesis than this log's, of an epoch no later than this log's): the cluster's key signs another log too", attrs...)
 	case postlog.Invalid:
 		attrs := []any{"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset}
-		if e, err := postlog.Decode(rec.Value); err == nil {
+		if e != nil {
 			attrs = append(attrs, "seq", e.Seq, "term", e.Term, "entry_writer", e.Writer, "version", e.Version, "parent_version", e.ParentVersion)
 		}
 		r.lg.Warn("posterior log entry refused: it authenticates under the cluster key and names the head, but does not follow from it "+
-			"(its version or coverage)", attrs...)
+			"(its version, its coverage, or the genesis it names)", attrs...)
 	}
 }
 

@@ -283,7 +283,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 			authentic++
 		}
 		if reason != postlog.Accepted {
-			r.ignored(rec, reason)
+			r.ignored(rec, e, reason)
 			continue
 		}
 		if err := r.checkSettings(e, rec.Offset); err != nil {
