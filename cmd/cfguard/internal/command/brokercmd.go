@@ -37,6 +37,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	retentionBytes := fs.Int64("retention-bytes", broker.DefaultRetentionBytes, "delete a partition's oldest records past this many bytes (negative: no limit)")
 	maxConns := fs.Int("max-connections", broker.DefaultMaxConnections, "connections open at once, across the nodes and every client; the broker closes those beyond it")
 	idle := fs.Duration("idle-timeout", broker.DefaultIdleTimeout, "close a connection with no request in progress for this long")
+	request := fs.Duration("request-timeout", broker.DefaultRequestTimeout, "close a connection whose request takes longer than this from its first byte to its last, or whose response takes longer to write")
 	metricsListen := fs.String("metrics-listen", "", "host:port to serve the broker's connection and write metrics on, at /metrics (default: none; port 0: a free port)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
@@ -62,12 +63,15 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *idle <= 0 {
 		return fmt.Errorf("%w: --idle-timeout %v: want a positive duration", cli.ErrUsage, *idle)
 	}
+	if *request <= 0 {
+		return fmt.Errorf("%w: --request-timeout %v: want a positive duration", cli.ErrUsage, *request)
+	}
 	if *minSession <= 0 {
 		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
 	}
 	cfg := broker.Config{Listen: *listen, Nodes: *nodes, DataDir: *dataDir, SyncWrites: *syncWrites,
 		Partitions: *partitions, GroupMinSessionTimeout: *minSession,
-		Retention: *retention, RetentionBytes: *retentionBytes, MaxConnections: *maxConns, IdleTimeout: *idle,
+		Retention: *retention, RetentionBytes: *retentionBytes, MaxConnections: *maxConns, IdleTimeout: *idle, RequestTimeout: *request,
 		LimitNames: broker.LimitNames{MaxConnections: "--max-connections", IdleTimeout: "--idle-timeout"}}
 	if *topics != "" {
 		cfg.Topics = strings.Split(*topics, ",")

@@ -38,7 +38,7 @@ func Program() cli.Program {
 		Commands: []cli.Command{
 			{Name: "run", Args: "--config FILE [--accept-topic-reset]",
 				Help: "run the daemon (the repo's config.yaml: embedded broker, bundled model)", Run: cmdRun},
-			{Name: "broker", Args: "[--listen 127.0.0.1:9092] [--nodes N] [--data-dir DIR] [--topics a,b --partitions N] [--group-min-session-timeout 6s] [--sync-writes] [--retention 168h] [--retention-bytes N] [--max-connections 1024] [--idle-timeout 2m] [--metrics-listen ADDR]",
+			{Name: "broker", Args: "[--listen 127.0.0.1:9092] [--nodes N] [--data-dir DIR] [--topics a,b --partitions N] [--group-min-session-timeout 6s] [--sync-writes] [--retention 168h] [--retention-bytes N] [--max-connections 1024] [--idle-timeout 2m] [--request-timeout 30s] [--metrics-listen ADDR]",
 				Help: "run the embedded Kafka-protocol broker alone, N nodes on loopback ports; prints \"brokers: ADDR,...\"", Run: cmdBroker},
 			{Name: "train", Args: "--data FILE.csv|NAME --out DIR [--seed N] [--epochs N] [--holdout 0.2] [--classes a,b]",
 				Help: "train a Bayesian MLP and write model.safetensors + model.json", Run: cmdTrain},

@@ -156,6 +156,7 @@ func TestBrokerCommandRefusals(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--retention-bytes", "0"}, "--retention-bytes 0: want a positive size"},
 		{[]string{"--listen", "127.0.0.1:0", "--max-connections", "0"}, "--max-connections 0: want at least 1"},
 		{[]string{"--listen", "127.0.0.1:0", "--idle-timeout", "0s"}, "--idle-timeout 0s: want a positive duration"},
+		{[]string{"--listen", "127.0.0.1:0", "--request-timeout", "-1s"}, "--request-timeout -1s: want a positive duration"},
 	} {
 		code, stdout, stderr := proc.RunCLI(t, append([]string{"broker"}, tc.args...)...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || stdout != "" {
@@ -231,6 +232,58 @@ func TestBrokerCommandLimitsConnections(t *testing.T) {
 		}
 	}()
 	waitfor.Cond(t, 30*time.Second, "/metrics counting the three connections closed", func() bool {
+		resp, err := http.Get(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if body, err = io.ReadAll(resp.Body); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", m[1], resp.StatusCode, err)
+		}
+		for _, want := range wants {
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).Match(body) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestBrokerCommandClosesASlowRequest: --request-timeout closes a connection whose request stops
+// arriving part way, long before --idle-timeout would, and /metrics counts it as partial, not idle.
+func TestBrokerCommandClosesASlowRequest(t *testing.T) {
+	p, addrs := proc.StartBrokerCmd(t, "--listen", "127.0.0.1:0", "--idle-timeout", "10m", "--request-timeout", "1s", "--metrics-listen", "127.0.0.1:0")
+	defer p.Stop(t)
+	m := regexp.MustCompile(`(?m)^metrics: (http://127\.0\.0\.1:[0-9]+/metrics)$`).FindStringSubmatch(p.Stdout.String())
+	if m == nil {
+		t.Fatalf("no metrics line before the brokers line:\n%s", p.Stdout.String())
+	}
+	if !strings.Contains(p.Stderr.String(), "request_timeout=1s") {
+		t.Errorf("the broker's start line does not give --request-timeout 1s:\n%s", p.Stderr.String())
+	}
+	c, err := net.Dial("tcp", addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{0, 0}); err != nil { // half of a request's size prefix, and no more
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Minute)) // well inside --idle-timeout 10m
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a request stalled after 2 bytes was not closed (read: %v), with --request-timeout 1s", err)
+	}
+	wants := []string{
+		`cfguard_embedded_broker_connections_closed_total{reason="partial"} 1`,
+		`cfguard_embedded_broker_connections_closed_total{reason="idle"} 0`,
+	}
+	var body []byte
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s last answered:\n%s", m[1], body)
+		}
+	}()
+	waitfor.Cond(t, 30*time.Second, "/metrics counting the connection closed mid-request", func() bool {
 		resp, err := http.Get(m[1])
 		if err != nil {
 			t.Fatal(err)
