@@ -15,14 +15,16 @@ import (
 
 // TestHeaderCarryBound checks the carry bound's place in the header: it survives encoding, is
 // rounded to float32 away from the side its verdict proves (so the stored bound carries no
-// further than the exact one), and a header whose flag and bytes disagree is refused.
+// further than the exact one), and a header whose flag and bytes disagree is refused. For each
+// verdict one bound's nearest float32 lies on its wrong side and one's on its right side, so both
+// the rounding and its absence are checked.
 func TestHeaderCarryBound(t *testing.T) {
 	const alpha = 0.01
 	base := header{target: 1, anchor: 3, p1: 0.97, var1: 0.01, delta: 0.05, epsilon: 0.05, samples: 1000, updated: 5}
 	for _, c := range []struct {
 		status certify.Status
 		p      float64
-	}{{certify.AtRisk, 0.7123456789}, {certify.Invalidated, 0.2123456789}} {
+	}{{certify.AtRisk, 0.7123456789}, {certify.AtRisk, 0.8}, {certify.Invalidated, 0.2123456789}, {certify.Invalidated, 0.2}} {
 		e := certify.Evidence{P: c.p, Var: 0.01, Samples: 1000}
 		exact, ok := certify.VerdictBound(c.status, e, alpha)
 		if !ok {

@@ -257,8 +257,10 @@ type posteriorPredictor struct{ *ModelPredictor }
 func (p posteriorPredictor) Posterior() *bnn.Model { return p.m }
 
 // A predictor whose posterior ingestion has already replaced is still used when it says which
-// posterior it samples: renewals are anchored to it, judged at KL from the current one. Without
-// that (a plain Predictor) the call is discarded, nothing read.
+// posterior it samples: renewals are anchored to it, judged at KL(q_now || q_sampled) (m2 also
+// changes a standard deviation, so that the reverse KL differs). Without that (a plain
+// Predictor) the call is discarded, nothing read, and so is one of a posterior newer than the
+// ledger's.
 func TestConfirmWithAReplacedPosterior(t *testing.T) {
 	l, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON})
 	m0 := testModel(4)
@@ -272,7 +274,8 @@ func TestConfirmWithAReplacedPosterior(t *testing.T) {
 		t.Fatal(err)
 	}
 	m1 := drift(m0, -0.01)
-	m2 := drift(m1, -0.0001)
+	m2 := scaleSigma(drift(m1, -0.0001), 1.001)
+	m2.Version = m1.Version + 1
 	for _, m := range []*bnn.Model{m1, m2} {
 		if _, _, err := l.Commit(bg, &Checkpoint{Model: m}); err != nil {
 			t.Fatal(err)
@@ -281,11 +284,18 @@ func TestConfirmWithAReplacedPosterior(t *testing.T) {
 	if crep, _, err := l.Confirm(bg, NewModelPredictor(m1, auditSamples, 2), 100); err != nil || !crep.Discarded || crep.Picked != 0 {
 		t.Fatalf("a plain predictor of a replaced posterior: %+v, %v; want discarded", crep, err)
 	}
+	ahead := drift(m2, -0.0001)
+	if crep, _, err := l.Confirm(bg, posteriorPredictor{NewModelPredictor(ahead, auditSamples, 2)}, 100); err != nil || !crep.Discarded || crep.Picked != 0 {
+		t.Fatalf("a predictor of a posterior newer than the ledger's: %+v, %v; want discarded", crep, err)
+	}
 	crep, _, err := l.Confirm(bg, posteriorPredictor{NewModelPredictor(m1, auditSamples, 2)}, 100)
 	if err != nil || crep.Discarded || !crep.Behind || crep.Renewed != len(ces) {
 		t.Fatalf("a predictor of a replaced posterior that names it: %+v, %v; want all %d renewed as of version %d", crep, err, len(ces), m1.Version)
 	}
 	kl, _, _ := certify.KL(m2, m1)
+	if rev, _, _ := certify.KL(m1, m2); rev == kl {
+		t.Fatalf("KL %v both ways: the test cannot tell the directions apart", kl)
+	}
 	for _, c := range ces {
 		ce, _ := l.Get(c.ID)
 		if ce.AnchorVersion != m1.Version || ce.KLFromAnchor != kl {

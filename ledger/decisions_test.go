@@ -1,10 +1,9 @@
 package ledger
 
-// The ledger's status decisions at the cases a mutation of their code showed untested: the
-// re-certification report's counts, the decided counts while certificates are lapsed,
-// hysteresis on undecided evidence, renewal against re-entry between their margins, a late
-// registration, a measurement overtaken by a newer verdict or by a posterior that restores the
-// bounds, and Confirm's batch size.
+// The ledger's status decisions at their edges: the re-certification report's counts, the decided
+// counts while certificates are lapsed, hysteresis on undecided evidence, renewal against re-entry
+// between their margins, a late registration, a measurement overtaken by a newer verdict or by a
+// posterior that restores the bounds, and Confirm's batch size.
 
 import (
 	"math"

@@ -343,8 +343,32 @@ func TestPolicyChangeRebuilds(t *testing.T) {
 // is certified at slack s) while h < s. When an anchor's KL falls back to that s from above,
 // the scan from s up stops short of such a CE and it would stay at_risk. CEs on every float
 // from 8 ulps below to 8 ulps above ceiling - s, at least one of them such a case, must be
-// judged by Recertify exactly as by a full scan; without scanMargin the scan misses them.
+// judged by Recertify exactly as by a full scan; without scanMargin the scan misses them. The
+// margin is absolute below 1 (1e-9, not 1e-9 times the slack): the rounding is of the order of
+// the ceiling's ulp whatever the slack, so it is checked at a slack of ~3e-3 (a move of a mean)
+// and at one of ~3e-12 (a move of a log standard deviation, whose KL is not quantised by the
+// mean's ulp), as right after registration, where a margin relative to the slack would be far
+// below an ulp.
 func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		d0   float64
+		move func(m *bnn.Model, d float64) *bnn.Model
+	}{
+		{"mean", 1e-4, drift},
+		{"log sigma", 7e-13, func(m *bnn.Model, d float64) *bnn.Model {
+			c := drift(m, 0)
+			c.Last().BiasLogSigma[1] += d
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { recertifyAtTheRoundedThreshold(t, tc.d0, tc.move) })
+	}
+}
+
+// recertifyAtTheRoundedThreshold is TestRecertifyAtTheRoundedThreshold with the anchor's last
+// bias moved by move, from d0 up to the first move that puts a rounding case at the threshold.
+func recertifyAtTheRoundedThreshold(t *testing.T, d0 float64, move func(m *bnn.Model, d float64) *bnn.Model) {
 	pol := certify.Policy{Mode: certify.Paper, EpsilonMax: 0.05, Alpha: certify.DefaultAlpha}
 	const eps = 0.05
 	ceiling := pol.VarCeiling(eps)
@@ -355,8 +379,8 @@ func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
 		vs       []float64
 		rounding int
 	)
-	for d = 1e-4; rounding == 0; d *= 1.01 {
-		next = drift(anchor, d)
+	for d = d0; rounding == 0; d *= 1.01 {
+		next = move(anchor, d)
 		kl, _, err := certify.KL(next, anchor)
 		if err != nil {
 			t.Fatal(err)
@@ -391,7 +415,7 @@ func TestRecertifyAtTheRoundedThreshold(t *testing.T) {
 	}
 	// Further first (every CE fails its variance bound, none its mean bound, so that only the
 	// variance index finds them), then back to slack s.
-	far := drift(anchor, 2*d)
+	far := move(anchor, 2*d)
 	if _, _, err := l.Commit(bg, &Checkpoint{Model: far}); err != nil {
 		t.Fatal(err)
 	}

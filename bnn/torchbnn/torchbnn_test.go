@@ -276,7 +276,7 @@ func TestImportErrors(t *testing.T) {
 		{"layers unknown", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1", "fc9"} }, "Layers", `"fc9" is not a layer of the file`},
 		{"layers partial", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc1"} }, "Layers", "lists 1 of the file's 2 layers"},
 		{"layers do not chain", func(_ map[string]tensor, o *Options) { o.Layers = []string{"fc2", "fc1"} }, "", `layer "fc1" (5 -> 4) follows layer "fc2" (4 -> 2) but takes 5 inputs, not 2`},
-		// The rules below are pinned one by one (mutation testing found them unpinned).
+		// The rules below are pinned one by one.
 		{"one class", func(_ map[string]tensor, o *Options) { o.Classes = []string{"yes"} }, "Classes", "1 class names, want one per output logit (at least 2)"},
 		{"empty class", func(_ map[string]tensor, o *Options) { o.Classes = []string{"", "b"} }, "Classes", "non-empty"},
 		{"prior sigma NaN", func(_ map[string]tensor, o *Options) { o.PriorSigma = math.NaN() }, "PriorSigma", "prior sigma NaN"},
