@@ -410,6 +410,7 @@ func TestDecodeRefusesMalformedEntries(t *testing.T) {
 		{"a long posterior hash", inc, func(e *Entry) { e.PosteriorSHA256 += "0" }},
 		{"an upper-case posterior hash", inc, func(e *Entry) { e.PosteriorSHA256 = strings.ToUpper(e.PosteriorSHA256) }},
 		{"a posterior hash of 64 non-hex characters", inc, func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("g", 64) }},
+		{"a posterior hash of 64 characters below '0'", inc, func(e *Entry) { e.PosteriorSHA256 = strings.Repeat("/", 64) }},
 		{"an increment without an outcome", inc, func(e *Entry) { e.Outcome = "" }},
 		{"an increment with an unknown outcome", inc, func(e *Entry) { e.Outcome = "held" }},
 		{"a genesis without a body", g, func(e *Entry) { e.Body = nil }},
@@ -737,6 +738,12 @@ func TestApplyRefusesWhatDoesNotFollowItsParent(t *testing.T) {
 	if _, err := i1.Apply(m0); err != nil {
 		t.Errorf("the entry unedited: %v", err)
 	}
+	// A version that goes back from the parent's moves it too: it needs a last layer, even when
+	// the entry records the parent's posterior.
+	back := edited(l.claim(gv, g, 1, "a/1"), func(e *Entry) { e.ParentVersion, e.Version, e.PosteriorSHA256 = 1, 0, i1.PosteriorSHA256 })
+	if _, err := back.Apply(l.models[1]); !errors.Is(err, ErrMismatch) {
+		t.Errorf("an entry from version 1 back to 0, recording version 1's posterior: Apply = %v, want ErrMismatch", err)
+	}
 }
 
 // TestApplyTakesTheRecordsTheEntryRecords: the records a posterior stands for are not in its
@@ -1039,5 +1046,42 @@ func TestEntriesOfAnotherLog(t *testing.T) {
 	h.Lineage(e)
 	if e.Genesis != "" || e.Epoch != 0 {
 		t.Errorf("Lineage on a head without its genesis: genesis %q epoch %d, want none", e.Genesis, e.Epoch)
+	}
+}
+
+// TestAHeadWithoutItsGenesisJudgesEntriesWithoutIt: a head stored before heads kept their genesis
+// (GenesisHash empty, as a replica upgraded from such a build resumes it) cannot tell which genesis
+// or epoch an entry names, so it judges the successors that name one (written by a replica whose
+// head knows it: Head.Lineage) without it, as it judges those that name none; the heads it moves
+// to stay without a genesis.
+func TestAHeadWithoutItsGenesisJudgesEntriesWithoutIt(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, c1v)
+	old := *c.Head()
+	ours := old.GenesisHash
+	old.GenesisOffset, old.GenesisHash = 0, ""
+	for _, tc := range []struct {
+		name    string
+		genesis string
+		epoch   uint64
+	}{
+		{"naming no genesis", "", 0},
+		{"naming the log's genesis", ours, 0},
+		{"naming the log's genesis and epoch 1", ours, 1},
+	} {
+		e := l.increment(c1v, c1, 1, "a/1", 10, 0.1)
+		e.Genesis, e.Epoch = tc.genesis, tc.epoch
+		f := Resume(&old, testKeys())
+		if _, r, err := f.Offer(signed(2, l.value(e))); r != Accepted || err != nil {
+			t.Errorf("the successor %s: %s, %v; want %s", tc.name, r, err, Accepted)
+			continue
+		}
+		if h := f.Head(); h.GenesisHash != "" || h.Seq != 2 {
+			t.Errorf("the successor %s: head %+v, want entry 2 without a genesis", tc.name, h)
+		}
 	}
 }

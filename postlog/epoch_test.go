@@ -236,14 +236,21 @@ func TestAChainStoppedBeforeItsGenesisTakesOnlyAnEpochPastTheStop(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	epoch := func(past Past) []byte {
-		return l.value(&Entry{Format: Format, Kind: Genesis, Seq: 1, Parent: stop.SHA256, Writer: "new-epoch@x/1", Version: g.Version,
-			ParentVersion: g.Version, PosteriorSHA256: g.PosteriorSHA256, Body: body, Epoch: 1, Past: &past})
+	epochEntry := func(past Past) *Entry {
+		return &Entry{Format: Format, Kind: Genesis, Seq: 1, Parent: stop.SHA256, Writer: "new-epoch@x/1", Version: g.Version,
+			ParentVersion: g.Version, PosteriorSHA256: g.PosteriorSHA256, Body: body, Epoch: 1, Past: &past}
 	}
+	epoch := func(past Past) []byte { return l.value(epochEntry(past)) }
+	// An epoch past the stop is a later one (epoch above 0), numbered past the log's start and
+	// naming a parent, as rule 2 asks of any later epoch that begins a chain: a genesis that names
+	// the stop but lacks one of them is no successor either.
 	for name, v := range map[string][]byte{
-		"a first genesis":                       l.value(g),
-		"an epoch past another record":          epoch(Past{Offset: 7, SHA256: stop.SHA256}),
-		"an epoch past a record of other bytes": epoch(Past{Offset: stop.Offset, SHA256: strings.Repeat("0", 64)}),
+		"a first genesis":                         l.value(g),
+		"an epoch past another record":            epoch(Past{Offset: 7, SHA256: stop.SHA256}),
+		"an epoch past a record of other bytes":   epoch(Past{Offset: stop.Offset, SHA256: strings.Repeat("0", 64)}),
+		"an epoch 0 past the stop":                l.value(edited(epochEntry(stop), func(e *Entry) { e.Epoch = 0 })),
+		"an epoch past the stop numbered 0":       l.value(edited(epochEntry(stop), func(e *Entry) { e.Seq = 0 })),
+		"an epoch past the stop naming no parent": l.value(edited(epochEntry(stop), func(e *Entry) { e.Parent = "" })),
 	} {
 		f := c.Fork()
 		if _, r, err := f.Offer(signed(1, v)); r != NotSuccessor || err != nil {

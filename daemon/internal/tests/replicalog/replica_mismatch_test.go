@@ -1,0 +1,58 @@
+package replicalog
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/postlog"
+)
+
+// TestIncrementWhosePosteriorDoesNotVerifyStopsTheReplica: an increment that the acceptance rule
+// takes (on the head, in its term, by its claimant, one version on) but whose last layer does not
+// hash to the posterior it records is the entry's fault, not the replica's: the follower stops
+// (/readyz 503, cfguard_posterior_log_stopped 1) naming the mismatch and the recovery for an entry
+// it cannot apply (a build that reads it, or cfguard new-epoch), not the one for an entry it could
+// not store (a restart), and keeps serving the posterior it verified.
+func TestIncrementWhosePosteriorDoesNotVerifyStopsTheReplica(t *testing.T) {
+	t.Parallel() // mostly waits for its replica
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	waitfor.Cond(t, 60*time.Second, "r1 ready in a term it claimed", func() bool {
+		code, _ := r.Get(t, "/readyz")
+		return code == http.StatusOK && r.D.Replica().Head().Term > 0
+	})
+	before := r.Model(t)
+	h := r.D.Replica().Head()
+	m := r.D.Posterior().Clone()
+	m.Last().WeightMu[0] += 0.5
+	m.Version = h.Version + 1
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
+		Version: m.Version, ParentVersion: h.Version, Covers: h.Covers, Outcome: postlog.Promoted, Counts: &postlog.Counts{},
+		LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: h.PosteriorSHA256} // the parent's hash, not m's
+	h.Lineage(e)
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), e)
+	var body string
+	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
+		code, b := r.Get(t, "/readyz")
+		body = string(b)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "posterior does not match its entry") &&
+			r.Metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	for _, want := range []string{"cfguard new-epoch moves the log past it", "CfguardPosteriorLogStopped"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/readyz does not say %q: %s", want, body)
+		}
+	}
+	if strings.Contains(body, "could not store it") {
+		t.Errorf("/readyz takes the entry for one the replica could not store: %s", body)
+	}
+	if after := r.Model(t); after.Version != before.Version || after.Replication.Entry != before.Replication.Entry {
+		t.Errorf("the stopped replica serves version %d entry %d; want what it verified: version %d entry %d",
+			after.Version, after.Replication.Entry, before.Version, before.Replication.Entry)
+	}
+}
