@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
@@ -24,14 +25,7 @@ import (
 func TestPastFindsPosteriorsAfterAnEpochPastAnUnreadableEntry(t *testing.T) {
 	t.Parallel() // mostly waits for its replica
 	b := daemontest.StartCluster(t, 1)
-	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	dir := t.TempDir()
-	cfg := func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key); c.StateDir = dir }
-	start := func() *launch.Running {
-		r := launch.With(t, cfg, nil, nil)
-		waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
-		return r
-	}
+	start := restartable(t, b)
 	r := start()
 	data := daemontest.Bundled(t)
 	n := daemontest.ProduceRows(t, r, data, 0, 32)
@@ -72,20 +66,7 @@ func TestPastFindsPosteriorsAfterAnEpochPastAnUnreadableEntry(t *testing.T) {
 
 	r.Stop(t)
 	r = start()
-	got, err := r.D.Replica().Past(context.Background(), []uint64{before.Version, after.Version})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range []*postlog.Head{before, after} {
-		m, ok := got[h.Version]
-		if !ok {
-			t.Errorf("version %d (epoch %d) not found", h.Version, h.Epoch)
-			continue
-		}
-		if sha, err := postlog.PosteriorHash(m); err != nil || sha != h.PosteriorSHA256 {
-			t.Errorf("version %d hashes to %s (%v), want %s", h.Version, sha, err, h.PosteriorSHA256)
-		}
-	}
+	wantPast(t, r, before, after)
 }
 
 // TestPastFindsPosteriorsOfALogBegunAgain: a posterior topic recreated under a replica and begun
@@ -96,14 +77,7 @@ func TestPastFindsPosteriorsAfterAnEpochPastAnUnreadableEntry(t *testing.T) {
 func TestPastFindsPosteriorsOfALogBegunAgain(t *testing.T) {
 	t.Parallel() // mostly waits for its replica
 	b := daemontest.StartCluster(t, 1)
-	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
-	dir := t.TempDir()
-	cfg := func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key); c.StateDir = dir }
-	start := func() *launch.Running {
-		r := launch.With(t, cfg, nil, nil)
-		waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
-		return r
-	}
+	start := restartable(t, b)
 	r := start()
 	data := daemontest.Bundled(t)
 	n := daemontest.ProduceRows(t, r, data, 0, 32)
@@ -137,11 +111,36 @@ func TestPastFindsPosteriorsOfALogBegunAgain(t *testing.T) {
 
 	r.Stop(t)
 	r = start()
-	got, err := r.D.Replica().Past(context.Background(), []uint64{head.Version, after.Version})
+	wantPast(t, r, head, after)
+}
+
+// restartable returns what starts replica r1 of b, with the cluster key, on a state_dir of its
+// own and waits for it to be ready: again on the same state_dir at each call.
+func restartable(t *testing.T, b *broker.Broker) func() *launch.Running {
+	t.Helper()
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	dir := t.TempDir()
+	cfg := func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key); c.StateDir = dir }
+	return func() *launch.Running {
+		r := launch.With(t, cfg, nil, nil)
+		waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
+		return r
+	}
+}
+
+// wantPast asks r for the posteriors of the heads' versions (Replica.Past) and checks that each
+// hashes to its head's posterior.
+func wantPast(t *testing.T, r *launch.Running, heads ...*postlog.Head) {
+	t.Helper()
+	versions := make([]uint64, len(heads))
+	for i, h := range heads {
+		versions[i] = h.Version
+	}
+	got, err := r.D.Replica().Past(context.Background(), versions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range []*postlog.Head{head, after} {
+	for _, h := range heads {
 		m, ok := got[h.Version]
 		if !ok {
 			t.Errorf("version %d (epoch %d) not found", h.Version, h.Epoch)

@@ -225,28 +225,7 @@ func TestBrokerCommandLimitsConnections(t *testing.T) {
 		`cfguard_embedded_broker_connections_closed_total{reason="idle"} 2`,
 		`cfguard_embedded_broker_write_failing 0`,
 	}
-	var body []byte
-	defer func() {
-		if t.Failed() {
-			t.Logf("%s last answered:\n%s", m[1], body)
-		}
-	}()
-	waitfor.Cond(t, 30*time.Second, "/metrics counting the three connections closed", func() bool {
-		resp, err := http.Get(m[1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		if body, err = io.ReadAll(resp.Body); err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("GET %s: %d %v", m[1], resp.StatusCode, err)
-		}
-		for _, want := range wants {
-			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).Match(body) {
-				return false
-			}
-		}
-		return true
-	})
+	waitMetrics(t, m[1], "/metrics counting the three connections closed", wants)
 }
 
 // TestBrokerCommandClosesASlowRequest: --request-timeout closes a connection whose request stops
@@ -277,20 +256,27 @@ func TestBrokerCommandClosesASlowRequest(t *testing.T) {
 		`cfguard_embedded_broker_connections_closed_total{reason="partial"} 1`,
 		`cfguard_embedded_broker_connections_closed_total{reason="idle"} 0`,
 	}
+	waitMetrics(t, m[1], "/metrics counting the connection closed mid-request", wants)
+}
+
+// waitMetrics waits until the broker's /metrics at url holds every line of wants, and logs what it
+// last answered when the test fails.
+func waitMetrics(t *testing.T, url, what string, wants []string) {
+	t.Helper()
 	var body []byte
 	defer func() {
 		if t.Failed() {
-			t.Logf("%s last answered:\n%s", m[1], body)
+			t.Logf("%s last answered:\n%s", url, body)
 		}
 	}()
-	waitfor.Cond(t, 30*time.Second, "/metrics counting the connection closed mid-request", func() bool {
-		resp, err := http.Get(m[1])
+	waitfor.Cond(t, 30*time.Second, what, func() bool {
+		resp, err := http.Get(url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		if body, err = io.ReadAll(resp.Body); err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("GET %s: %d %v", m[1], resp.StatusCode, err)
+			t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
 		}
 		for _, want := range wants {
 			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).Match(body) {
