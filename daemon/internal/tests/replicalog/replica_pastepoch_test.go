@@ -11,6 +11,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
+	"github.com/cfguard/cfguard/dataset"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
@@ -55,18 +56,7 @@ func TestPastFindsPosteriorsAfterAnEpochPastAnUnreadableEntry(t *testing.T) {
 		code, _ := r.Get(t, "/readyz")
 		return code == http.StatusOK && r.D.Replica().Head().Epoch == before.Epoch+1
 	})
-	n = daemontest.ProduceRows(t, r, data, n, 32)
-	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
-	after := r.D.Replica().Head()
-	n = daemontest.ProduceRows(t, r, data, n, 32) // so that the version after the epoch is not the current one
-	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
-	if cur := r.D.Replica().Head().Version; after.Version <= before.Version || cur <= after.Version {
-		t.Fatalf("versions %d before the epoch, %d after it, %d now: no past version to look for after the epoch", before.Version, after.Version, cur)
-	}
-
-	r.Stop(t)
-	r = start()
-	wantPast(t, r, before, after)
+	findPastAfterTheEpoch(t, r, start, data, n, before)
 }
 
 // TestPastFindsPosteriorsOfALogBegunAgain: a posterior topic recreated under a replica and begun
@@ -100,18 +90,7 @@ func TestPastFindsPosteriorsOfALogBegunAgain(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "the replica resumed at the epoch", func() bool {
 		return r.Metric(t, "cfguard_posterior_log_stopped") == 0 && r.D.Replica().Head().Epoch == head.Epoch+1
 	})
-	n = daemontest.ProduceRows(t, r, data, n, 32)
-	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
-	after := r.D.Replica().Head()
-	n = daemontest.ProduceRows(t, r, data, n, 32) // so that the version after the epoch is not the current one
-	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
-	if cur := r.D.Replica().Head().Version; after.Version <= head.Version || cur <= after.Version {
-		t.Fatalf("versions %d at the epoch, %d after it, %d now: no past version to look for after the epoch", head.Version, after.Version, cur)
-	}
-
-	r.Stop(t)
-	r = start()
-	wantPast(t, r, head, after)
+	findPastAfterTheEpoch(t, r, start, data, n, head)
 }
 
 // restartable returns what starts replica r1 of b, with the cluster key, on a state_dir of its
@@ -126,6 +105,23 @@ func restartable(t *testing.T, b *broker.Broker) func() *launch.Running {
 		waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == http.StatusOK })
 		return r
 	}
+}
+
+// findPastAfterTheEpoch has r, which resumed from an epoch on head and has read n records of data,
+// apply two more increments, restarts it (start) so that it keeps no past posterior in memory,
+// and checks that Past finds head's version and the one between the two increments.
+func findPastAfterTheEpoch(t *testing.T, r *launch.Running, start func() *launch.Running, data *dataset.Set, n int, head *postlog.Head) {
+	t.Helper()
+	n = daemontest.ProduceRows(t, r, data, n, 32)
+	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
+	after := r.D.Replica().Head()
+	n = daemontest.ProduceRows(t, r, data, n, 32) // so that the version after the epoch is not the current one
+	waitfor.Cond(t, 60*time.Second, "the log covers every record", func() bool { return r.Model(t).Replication.Covers[0] == int64(n) })
+	if cur := r.D.Replica().Head().Version; after.Version <= head.Version || cur <= after.Version {
+		t.Fatalf("versions %d at the epoch's head, %d after it, %d now: no past version to look for after the epoch", head.Version, after.Version, cur)
+	}
+	r.Stop(t)
+	wantPast(t, start(), head, after)
 }
 
 // wantPast asks r for the posteriors of the heads' versions (Replica.Past) and checks that each
