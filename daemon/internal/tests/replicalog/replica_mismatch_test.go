@@ -1,11 +1,13 @@
 package replicalog
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -54,5 +56,49 @@ func TestIncrementWhosePosteriorDoesNotVerifyStopsTheReplica(t *testing.T) {
 	if after := r.Model(t); after.Version != before.Version || after.Replication.Entry != before.Replication.Entry {
 		t.Errorf("the stopped replica serves version %d entry %d; want what it verified: version %d entry %d",
 			after.Version, after.Replication.Entry, before.Version, before.Replication.Entry)
+	}
+}
+
+// TestStoppedUpdaterAppendsNothing: an updater whose follower stopped at an entry it cannot
+// apply forms the next increment when records arrive but appends nothing on a head that is no
+// longer the log's (every replica would ignore it as no successor of the stopping entry); it
+// keeps the updater role until a new epoch moves the log on.
+func TestStoppedUpdaterAppendsNothing(t *testing.T) {
+	t.Parallel() // mostly waits for its replica
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	waitfor.Cond(t, 60*time.Second, "r1 ready in a term it claimed", func() bool {
+		code, _ := r.Get(t, "/readyz")
+		return code == http.StatusOK && r.D.Replica().Head().Term > 0
+	})
+	h := r.D.Replica().Head()
+	m := r.D.Posterior().Clone()
+	m.Last().WeightMu[0] += 0.5
+	m.Version = h.Version + 1
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
+		Version: m.Version, ParentVersion: h.Version, Covers: h.Covers, Outcome: postlog.Promoted, Counts: &postlog.Counts{},
+		LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: h.PosteriorSHA256} // the parent's hash, not m's
+	h.Lineage(e)
+	plog := daemontest.KeyHolderLog(t, r)
+	daemontest.AppendEntry(t, plog, e)
+	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
+		return r.Metric(t, "cfguard_posterior_log_stopped") == 1
+	})
+	end, err := plog.End(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemontest.ProduceRows(t, r, daemontest.Bundled(t), 0, 16)
+	waitfor.Cond(t, 60*time.Second, "the updater forms an increment and keeps its role", func() bool {
+		return strings.Contains(r.Logs.String(), "updater: the posterior log stopped; keeping the updater role")
+	})
+	if got, err := plog.End(context.Background()); err != nil || got != end {
+		t.Errorf("the posterior log ends at %d (%v) after the stopped updater read records; want %d, nothing appended", got, err, end)
+	}
+	if n := r.Metric(t, alerts.NameLogIgnored, "reason", string(postlog.NotSuccessor)); n != 0 {
+		t.Errorf("%v records ignored as not_successor; want none", n)
+	}
+	if !r.D.Replica().Updater() {
+		t.Error("the stopped updater gave its role up")
 	}
 }

@@ -309,3 +309,42 @@ func TestUpdaterRoleStaysThroughJoins(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdaterThatLosesGivesTheRoleToAnother: an updater whose entry lost (here to a rival's
+// claim on its head) says so to the updater group's balancer, which gives the role to another
+// member: the other replica claims the next term, and the one that lost follows it.
+func TestUpdaterThatLosesGivesTheRoleToAnother(t *testing.T) {
+	b, key, r1 := daemontest.FirstOfTwoReplicas(t, launch.NoWait, "two replicas")
+	waitfor.Cond(t, 30*time.Second, "r1 the updater", r1.D.Replica().Updater)
+	gens := func(r *launch.Running) float64 { return r.Metric(t, alerts.NameGenerations) }
+	before := gens(r1)
+	r2 := launch.ReplicaKey(t, b, "r2", key)
+	waitfor.Cond(t, 60*time.Second, "r2's join through the updater group", func() bool { return gens(r2) >= 1 && gens(r1) > before })
+	waitfor.Cond(t, 60*time.Second, "r1 the updater of the new generation", r1.D.Replica().Updater)
+	data := daemontest.Bundled(t)
+	n := daemontest.ProduceRows(t, r1, data, 0, 32)
+	reps := []*launch.Running{r1, r2}
+	applied := func(r *launch.Running) bool {
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == float64(n)
+	}
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, "the records applied at every replica", func() bool { return applied(r) })
+	}
+	h := r1.D.Replica().Head()
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r1), daemontest.ClaimOn(h, "rival/1"))
+	n = daemontest.ProduceRows(t, r1, data, n, 32)
+	waitfor.Cond(t, 60*time.Second, "r1 counts its lost entry", func() bool {
+		return r1.Metric(t, "cfguard_posterior_log_appends_lost_total") >= 1
+	})
+	for _, r := range reps {
+		waitfor.Cond(t, 60*time.Second, "a term after the rival's that applies every record", func() bool {
+			return r.D.Replica().Head().Term >= h.Term+2 && applied(r)
+		})
+	}
+	if !r2.D.Replica().Updater() || r1.D.Replica().Updater() {
+		t.Errorf("after r1 lost: r1 updater %v, r2 updater %v; want the role with r2", r1.D.Replica().Updater(), r2.D.Replica().Updater())
+	}
+	if w := r2.D.Replica().Head().Writer; w == h.Writer || w == "rival/1" {
+		t.Errorf("the term after the rival's is written by %q; want r2's", w)
+	}
+}
