@@ -22,22 +22,7 @@ import (
 // not store (a restart), and keeps serving the posterior it verified.
 func TestIncrementWhosePosteriorDoesNotVerifyStopsTheReplica(t *testing.T) {
 	t.Parallel() // mostly waits for its replica
-	b := daemontest.StartCluster(t, 1)
-	r := launch.Replica(t, b, "r1")
-	waitfor.Cond(t, 60*time.Second, "r1 ready in a term it claimed", func() bool {
-		code, _ := r.Get(t, "/readyz")
-		return code == http.StatusOK && r.D.Replica().Head().Term > 0
-	})
-	before := r.Model(t)
-	h := r.D.Replica().Head()
-	m := r.D.Posterior().Clone()
-	m.Last().WeightMu[0] += 0.5
-	m.Version = h.Version + 1
-	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
-		Version: m.Version, ParentVersion: h.Version, Covers: h.Covers, Outcome: postlog.Promoted, Counts: &postlog.Counts{},
-		LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: h.PosteriorSHA256} // the parent's hash, not m's
-	h.Lineage(e)
-	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), e)
+	r, before, _ := appendAnIncrementThatDoesNotVerify(t)
 	var body string
 	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
 		code, b := r.Get(t, "/readyz")
@@ -65,22 +50,7 @@ func TestIncrementWhosePosteriorDoesNotVerifyStopsTheReplica(t *testing.T) {
 // keeps the updater role until a new epoch moves the log on.
 func TestStoppedUpdaterAppendsNothing(t *testing.T) {
 	t.Parallel() // mostly waits for its replica
-	b := daemontest.StartCluster(t, 1)
-	r := launch.Replica(t, b, "r1")
-	waitfor.Cond(t, 60*time.Second, "r1 ready in a term it claimed", func() bool {
-		code, _ := r.Get(t, "/readyz")
-		return code == http.StatusOK && r.D.Replica().Head().Term > 0
-	})
-	h := r.D.Replica().Head()
-	m := r.D.Posterior().Clone()
-	m.Last().WeightMu[0] += 0.5
-	m.Version = h.Version + 1
-	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
-		Version: m.Version, ParentVersion: h.Version, Covers: h.Covers, Outcome: postlog.Promoted, Counts: &postlog.Counts{},
-		LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: h.PosteriorSHA256} // the parent's hash, not m's
-	h.Lineage(e)
-	plog := daemontest.KeyHolderLog(t, r)
-	daemontest.AppendEntry(t, plog, e)
+	r, _, plog := appendAnIncrementThatDoesNotVerify(t)
 	waitfor.Cond(t, 60*time.Second, "the replica stops following", func() bool {
 		return r.Metric(t, "cfguard_posterior_log_stopped") == 1
 	})
@@ -101,4 +71,31 @@ func TestStoppedUpdaterAppendsNothing(t *testing.T) {
 	if !r.D.Replica().Updater() {
 		t.Error("the stopped updater gave its role up")
 	}
+}
+
+// appendAnIncrementThatDoesNotVerify starts replica r1, waits until it is ready in a term it
+// claimed, and appends, with the cluster key, an increment that the acceptance rule takes (on the
+// head, in its term, by its claimant, one version on) but whose last layer does not hash to the
+// posterior it records. It returns the replica, what GET /v1/model answered before the append,
+// and the log it appended to.
+func appendAnIncrementThatDoesNotVerify(t *testing.T) (*launch.Running, daemontest.ModelView, *postlog.Log) {
+	t.Helper()
+	b := daemontest.StartCluster(t, 1)
+	r := launch.Replica(t, b, "r1")
+	waitfor.Cond(t, 60*time.Second, "r1 ready in a term it claimed", func() bool {
+		code, _ := r.Get(t, "/readyz")
+		return code == http.StatusOK && r.D.Replica().Head().Term > 0
+	})
+	before := r.Model(t)
+	h := r.D.Replica().Head()
+	m := r.D.Posterior().Clone()
+	m.Last().WeightMu[0] += 0.5
+	m.Version = h.Version + 1
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: h.Term, Writer: h.Writer,
+		Version: m.Version, ParentVersion: h.Version, Covers: h.Covers, Outcome: postlog.Promoted, Counts: &postlog.Counts{},
+		LastLayer: postlog.LastLayerOf(m), PosteriorSHA256: h.PosteriorSHA256} // the parent's hash, not m's
+	h.Lineage(e)
+	plog := daemontest.KeyHolderLog(t, r)
+	daemontest.AppendEntry(t, plog, e)
+	return r, before, plog
 }
