@@ -14,6 +14,7 @@ import (
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/postlog"
+	"github.com/cfguard/cfguard/replica"
 )
 
 // TestInputTopicRecreatedUnderReplicas deletes and recreates the input topic under a replica whose
@@ -23,7 +24,9 @@ import (
 // names the reset and says that replicas cannot confirm it, cfguard_consumer_topic_mismatch is 1
 // (CfguardTopicReset), and the new log's 96 records wait (cfguard_consumer_lag_records). Restarted, a
 // new updater (whose consumer never read the old topic) finds it from the log's marks alone: the log
-// still covers 64.
+// still covers 64. A new epoch written meanwhile moves the log on, and the updater, keeping its
+// role, claims a term on it and stops again at the same reset: an epoch keeps the marks, so it
+// confirms no reset.
 func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	t.Parallel() // replicas mostly wait for their group and for each other
 	b := daemontest.StartCluster(t, 1)
@@ -45,18 +48,43 @@ func TestInputTopicRecreatedUnderReplicas(t *testing.T) {
 	daemontest.ProduceRows(t, r, data, 64, 96)
 	stopped := func(r *launch.Running, what string) {
 		t.Helper()
+		read := func() {
+			t.Helper()
+			if v := r.Model(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
+				t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",
+					what, v.Replication.Covers, v.Version, before.Version)
+			}
+		}
 		waitfor.Cond(t, 60*time.Second, what, func() bool {
+			read()
 			code, body := r.Get(t, "/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(string(body), "was reset") &&
 				strings.Contains(string(body), "replicas cannot confirm a topic reset") &&
 				r.Metric(t, "cfguard_consumer_topic_mismatch") == 1 && r.Metric(t, "cfguard_consumer_lag_records") == 96
 		})
-		if v := r.Model(t); v.Replication.Covers[0] != 64 || v.Version != before.Version {
-			t.Fatalf("%s: the log covers %v at version %d; want 64 at version %d: records of the new topic were read past its start",
-				what, v.Replication.Covers, v.Version, before.Version)
-		}
+		read()
 	}
 	stopped(r, "the updater stops on the reset topic")
+
+	// A new epoch (cfguard new-epoch) moves the log on under the stopped updater: it keeps its
+	// role, claims the next term on the epoch, and finds the reset again from the marks the epoch
+	// keeps; the epoch confirms nothing, so no record of the new topic is skipped.
+	h := r.D.Replica().Head()
+	settings, err := replica.ClusterSettings(r.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	generations := r.Metric(t, "cfguard_updater_group_generations_total")
+	daemontest.AppendEntry(t, daemontest.KeyHolderLog(t, r), epochOn(t, r, h, settings))
+	waitfor.Cond(t, 60*time.Second, "the updater claims a term on the epoch", func() bool {
+		now := r.D.Replica().Head()
+		return now.Epoch == h.Epoch+1 && now.Term == h.Term+1 && now.Writer != "" && now.Writer == h.Writer
+	})
+	if u, g := r.Metric(t, "cfguard_replication_updater"), r.Metric(t, "cfguard_updater_group_generations_total"); u != 1 || g != generations {
+		t.Errorf("after the epoch: cfguard_replication_updater %v, %v generations of the updater group; want 1 and %v (the role kept)", u, g, generations)
+	}
+	stopped(r, "the updater stops again on the reset topic after the epoch")
+
 	r.Stop(t)
 	r = start()
 	stopped(r, "the restarted updater finds the reset from the log's marks")
