@@ -2,6 +2,7 @@ package replica
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -86,6 +87,32 @@ func TestRejoinWait(t *testing.T) {
 	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {5, 16 * time.Second}, {6, maxRejoinPause}, {100, maxRejoinPause}} {
 		if got := rejoinWait(tc.failed); got != tc.want {
 			t.Errorf("rejoinWait(%d) = %v, want %v", tc.failed, got, tc.want)
+		}
+	}
+}
+
+// A term that ends without an error ends the run of failed terms; a failure late in its term
+// starts a new run; an early one extends the run. Together with rejoinWait, a replica whose
+// terms keep failing fast pauses longer each time, and one that lost its term cleanly pauses
+// rejoinPause.
+func TestFailedTerms(t *testing.T) {
+	failure := errors.New("dead-letter topic refused a record")
+	for _, tc := range []struct {
+		name string
+		prev int
+		err  error
+		ran  time.Duration
+		want int
+	}{
+		{"a clean end after failures", 4, nil, time.Second, 0},
+		{"a clean end after a long term", 4, nil, time.Hour, 0},
+		{"the first failure", 0, failure, time.Second, 1},
+		{"a failure soon after another", 3, failure, time.Second, 4},
+		{"a failure at the span", 3, failure, failedTermSpan, 4},
+		{"a failure past the span", 3, failure, failedTermSpan + time.Millisecond, 1},
+	} {
+		if got := failedTerms(tc.prev, tc.err, tc.ran); got != tc.want {
+			t.Errorf("%s: failedTerms(%d, %v, %v) = %d, want %d", tc.name, tc.prev, tc.err, tc.ran, got, tc.want)
 		}
 	}
 }

@@ -41,6 +41,21 @@ func rejoinWait(failed int) time.Duration {
 	return min(rejoinPause<<min(failed-1, 20), maxRejoinPause)
 }
 
+// failedTerms is the count of consecutive failed terms after a term that ran for ran and ended
+// with termErr, prev being the count before it: 0 after a term that ended without an error (it
+// lost, or gave the role up), 1 after a failure that came more than failedTermSpan into its term
+// (it does not follow the ones before), prev + 1 otherwise.
+func failedTerms(prev int, termErr error, ran time.Duration) int {
+	switch {
+	case termErr == nil:
+		return 0
+	case ran > failedTermSpan:
+		return 1
+	default:
+		return prev + 1
+	}
+}
+
 // errLost: another writer's entry was accepted in this replica's place; it is no longer the
 // updater of its term.
 var errLost = errors.New("posterior log: this replica's entry lost to another writer's")
@@ -174,14 +189,7 @@ func (r *Replica) lead(ctx context.Context, generation int32) {
 				r.bal.steppedDown()
 			}
 			r.mu.Lock()
-			switch {
-			case termErr == nil:
-				r.failedTerms = 0
-			case time.Since(start) > failedTermSpan:
-				r.failedTerms = 1
-			default:
-				r.failedTerms++
-			}
+			r.failedTerms = failedTerms(r.failedTerms, termErr, time.Since(start))
 			failed := r.failedTerms
 			r.mu.Unlock()
 			pause := rejoinWait(failed) // rejoinPause unless terms keep failing (failed > 1 only after errors)
