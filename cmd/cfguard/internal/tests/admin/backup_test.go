@@ -46,13 +46,23 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	c := proc.StartChild(t, cfg, proc.AnyPort)
 	c.Token = "s3cret"
 
-	// 24 increments of 16 records, produced at a pace so that the backup lands mid-stream.
-	const good, per = 384, 16
-	produced := make(chan error, 1)
+	// 24 increments of 16 records, produced at a pace so that records stream in while the backup
+	// is taken; the last 4 wait for the backup, so that it lands mid-stream however slowly the
+	// daemon and the backup command run.
+	const good, per, held = 384, 16, 4 * 16
+	produced, backedUp := make(chan error, 1), make(chan struct{})
 	go func() {
 		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(b.Addrs()[0]), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll, BatchSize: per}
 		defer w.Close()
 		for i := 0; i < good; i += per {
+			if i == good-held {
+				select {
+				case <-backedUp:
+				case <-ctx.Done():
+					produced <- ctx.Err()
+					return
+				}
+			}
 			var msgs []kafka.Message
 			for j := i; j < i+per; j++ {
 				v, _ := json.Marshal(map[string]any{"id": fmt.Sprint(j), "features": set.X[j], "label": set.Y[j]})
@@ -73,6 +83,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("cfguard backup: exit %d: %s", code, stderr)
 	}
+	close(backedUp)
 	var info ledger.Info
 	if err := json.Unmarshal([]byte(stdout), &info); err != nil {
 		t.Fatalf("cfguard backup printed %q: %v", stdout, err)
@@ -81,8 +92,8 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.WaitApplied(t, good, "the daemon")
-	if info.PosteriorVersion == 0 || info.PosteriorVersion >= good/per {
-		t.Fatalf("the backup holds posterior version %d; want one taken mid-stream (1..%d)", info.PosteriorVersion, good/per-1)
+	if info.PosteriorVersion < 4 || info.PosteriorVersion > (good-held)/per {
+		t.Fatalf("the backup holds posterior version %d; want one taken mid-stream (4..%d)", info.PosteriorVersion, (good-held)/per)
 	}
 	if got, want := info.Offsets[0], int64(info.PosteriorVersion*per); got != want {
 		t.Fatalf("the backup's offset %d does not match its posterior version %d (want %d): offsets and posterior must be one snapshot", got, info.PosteriorVersion, want)
