@@ -2,9 +2,16 @@ package command
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -72,5 +79,286 @@ func TestImportCountsLinesAcceptedByReplicas(t *testing.T) {
 	imp.progress()
 	if !strings.Contains(stderr.String(), "1 stored, 2 accepted by replicas, 1 existing") {
 		t.Errorf("progress line %q does not count the accepted lines", stderr.String())
+	}
+}
+
+// fakeBulk is an HTTP server that answers POST /v1/counterfactuals:bulk as the daemon does: one
+// "certified" result per non-blank line. It records each request's path, Authorization header and
+// line count; busy answers that many requests 429 with Retry-After: 2 first, and fail, when set,
+// answers every request instead.
+type fakeBulk struct {
+	mu    sync.Mutex
+	paths []string
+	auths []string
+	sizes []int
+	busy  int
+	fail  func(w http.ResponseWriter, lines int)
+}
+
+func (f *fakeBulk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	n := 0
+	for line := range strings.Lines(string(body)) {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	f.mu.Lock()
+	f.paths, f.auths = append(f.paths, r.Method+" "+r.URL.Path), append(f.auths, r.Header.Get("Authorization"))
+	busy := f.busy > 0
+	if busy {
+		f.busy--
+	} else {
+		f.sizes = append(f.sizes, n)
+	}
+	fail := f.fail
+	f.mu.Unlock()
+	switch {
+	case busy:
+		w.Header().Set("Retry-After", "2")
+		http.Error(w, "busy", http.StatusTooManyRequests)
+	case fail != nil:
+		fail(w, n)
+	default:
+		results := make([]map[string]any, n)
+		for k := range results {
+			results[k] = map[string]any{"line": k + 1, "status": "certified"}
+		}
+		json.NewEncoder(w).Encode(map[string]any{"stored": n, "results": results})
+	}
+}
+
+// lines returns how many lines the server was sent in answered requests, and the most in one.
+func (f *fakeBulk) lines() (total, most int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range f.sizes {
+		total, most = total+n, max(most, n)
+	}
+	return total, most
+}
+
+// importSetup starts a fakeBulk and writes a configuration whose http.listen is its address and
+// whose http.token is "tok".
+func importSetup(t *testing.T) (*fakeBulk, *httptest.Server, string) {
+	t.Helper()
+	f := &fakeBulk{}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  listen: "+srv.Listener.Addr().String()+"\n  token: tok\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f, srv, cfg
+}
+
+// ceFile writes n lines with the ids ce-0 .. ce-n-1, then the extra lines, and returns its path.
+func ceFile(t *testing.T, n int, extra ...string) string {
+	t.Helper()
+	var b strings.Builder
+	for k := range n {
+		fmt.Fprintf(&b, `{"id": "ce-%d", "x": [1], "x_cf": [2], "target": 1}`+"\n", k)
+	}
+	for _, l := range extra {
+		b.WriteString(l + "\n")
+	}
+	p := filepath.Join(t.TempDir(), "ces.ndjson")
+	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Without --url, import-ces posts to http.listen of its configuration, with http.token, in
+// batches of at most --batch lines (1000 when not given); a URL given with a trailing slash
+// names the same endpoint. A batch answered 429 is sent again after the daemon's Retry-After.
+// A line whose id is empty is refused before sending: the id is what makes a re-run store
+// nothing twice.
+func TestImportCEsPostsToTheConfiguredDaemon(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		n         int
+		extra     []string
+		args      []string
+		busy      int
+		wantErr   string
+		wantStd   []string
+		wantBatch int
+	}{
+		{name: "config address, token, batch and a 429", n: 5, extra: []string{`{"id": "", "x": [1], "x_cf": [2], "target": 1}`},
+			args: []string{"--batch", "2"}, busy: 1, wantErr: "1 of 6 lines refused",
+			wantStd: []string{"line 6 refused: no id", "429 Too Many Requests, retrying in 2s"}, wantBatch: 2},
+		{name: "default batch", n: 1001, wantBatch: 1000},
+		{name: "trailing slash", n: 3, args: []string{"--url", "/"}, wantBatch: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, srv, cfg := importSetup(t)
+			f.busy = tc.busy
+			args := []string{"--config", cfg, "--from", ceFile(t, tc.n, tc.extra...), "--progress", "1h"}
+			for i := 0; i < len(tc.args); i += 2 {
+				if tc.args[i] == "--url" {
+					tc.args[i+1] = srv.URL + tc.args[i+1]
+				}
+			}
+			var stdout, stderr strings.Builder
+			err := cmdImportCEs(context.Background(), append(args, tc.args...), &stdout, &stderr)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("import-ces: %v, want an error naming %q; stderr:\n%s", err, tc.wantErr, stderr.String())
+			}
+			for _, want := range tc.wantStd {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+				}
+			}
+			var sum ImportSummary
+			if err := json.Unmarshal([]byte(stdout.String()), &sum); err != nil || sum.Stored != tc.n {
+				t.Errorf("summary %q (%v), want %d stored", stdout.String(), err, tc.n)
+			}
+			if total, most := f.lines(); total != tc.n || most != tc.wantBatch {
+				t.Errorf("the daemon was sent %d lines, at most %d in a request; want %d, at most %d", total, most, tc.n, tc.wantBatch)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for k := range f.paths {
+				if f.paths[k] != "POST /v1/counterfactuals:bulk" || f.auths[k] != "Bearer tok" {
+					t.Errorf("request %d: %s with Authorization %q, want POST /v1/counterfactuals:bulk with Bearer tok", k, f.paths[k], f.auths[k])
+				}
+			}
+		})
+	}
+}
+
+// An answer import-ces cannot count lines by stops the import at once with an error naming it:
+// a status other than 200 by its status and body, a 200 without one result per line as such.
+func TestImportCEsStopsOnAnAnswerItCannotCount(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail func(w http.ResponseWriter, lines int)
+		want string
+	}{
+		{"500", func(w http.ResponseWriter, _ int) {
+			http.Error(w, "the ledger is gone", http.StatusInternalServerError)
+		},
+			"500 Internal Server Error: the ledger is gone"},
+		{"a result short", func(w http.ResponseWriter, lines int) {
+			json.NewEncoder(w).Encode(map[string]any{"results": make([]map[string]any, lines-1)})
+		}, "does not hold one result per line (1 for 2 lines)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _, cfg := importSetup(t)
+			f.fail = tc.fail
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var stdout, stderr strings.Builder
+			err := cmdImportCEs(ctx, []string{"--config", cfg, "--from", ceFile(t, 20), "--batch", "2", "--parallel", "1", "--progress", "1h"}, &stdout, &stderr)
+			if ctx.Err() != nil {
+				t.Fatalf("import-ces ran until the test's deadline: %v", err)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "stopped after") {
+				t.Fatalf("import-ces: %v, want it stopped naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A cancelled import (SIGINT) ends with an error, never as an import that read the whole file.
+func TestImportCEsCancelledIsAnError(t *testing.T) {
+	_, _, cfg := importSetup(t)
+	file := ceFile(t, 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// Where the cancel is seen depends on scheduling (a send, or the reader handing a batch over):
+	// each run must end in an error.
+	for range 20 {
+		var stdout, stderr strings.Builder
+		if err := cmdImportCEs(ctx, []string{"--config", cfg, "--from", file, "--batch", "5", "--progress", "1h"}, &stdout, &stderr); err == nil {
+			t.Fatalf("a cancelled import-ces returned no error; stdout %s", stdout.String())
+		}
+	}
+}
+
+// --batch outside 1..10000, --parallel below 1 and a --progress that is not positive are usage
+// errors (exit 2), refused before anything is sent.
+func TestImportCEsFlagRanges(t *testing.T) {
+	f, _, cfg := importSetup(t)
+	file := ceFile(t, 3)
+	for _, bad := range [][]string{{"--batch", "0"}, {"--batch", "10001"}, {"--parallel", "0"}, {"--progress", "0s"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var stdout, stderr strings.Builder
+		code := Run(ctx, append([]string{"import-ces", "--config", cfg, "--from", file}, bad...), &stdout, &stderr)
+		cancel()
+		if code != 2 || !strings.Contains(stderr.String(), "--batch must be 1..10000") {
+			t.Errorf("import-ces %v: exit %d, stderr %q; want 2 naming the ranges", bad, code, stderr.String())
+		}
+	}
+	if total, _ := f.lines(); total != 0 {
+		t.Errorf("refused imports sent %d lines", total)
+	}
+}
+
+// A batch is bounded in bytes with its newlines: two lines of L bytes do not share a batch of
+// at most 2L+1 bytes.
+func TestReadBatchesCountsTheNewlines(t *testing.T) {
+	const line = `{"id": "a%d"}`
+	l := len(fmt.Sprintf(line, 0))
+	var in strings.Builder
+	for k := range 5 {
+		fmt.Fprintf(&in, line+"\n", k)
+	}
+	var stderr strings.Builder
+	imp := &importer{stderr: &stderr, start: time.Now()}
+	out := make(chan bulkBatch, 10)
+	if err := readBatches(context.Background(), strings.NewReader(in.String()), 10, 2*l+1, imp, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	for b := range out {
+		if len(b.body) > 2*l+1 || len(b.lines) != 1 {
+			t.Errorf("a batch of %d bytes holding lines %v; want one line, at most %d bytes", len(b.body), b.lines, 2*l+1)
+		}
+	}
+}
+
+// The total the progress lines count toward is the number of lines the import reads: blank
+// lines (spaces, tabs, CR) are not counted, a last line without a newline is.
+func TestCountLinesMatchesTheLinesRead(t *testing.T) {
+	text := "{\"id\": \"a\"}\r\n \t\r\n\n{\"id\": \"b\"}\n   \n{\"id\": \"c\"}"
+	p := filepath.Join(t.TempDir(), "ces.ndjson")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := countLines(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	imp := &importer{stderr: &stderr, start: time.Now()}
+	out := make(chan bulkBatch, 10)
+	if err := readBatches(context.Background(), strings.NewReader(text), 10, 1<<20, imp, out, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s := imp.summary(); n != 3 || s.Lines != 3 {
+		t.Errorf("countLines %d, lines read %d; want 3 and 3", n, s.Lines)
+	}
+}
+
+// The address import-ces and backup dial when --url is not given is http.listen's, a wildcard
+// host read as 127.0.0.1.
+func TestDialAddr(t *testing.T) {
+	for listen, want := range map[string]string{
+		"0.0.0.0:8080":   "127.0.0.1:8080",
+		":8080":          "127.0.0.1:8080",
+		"[::]:8080":      "127.0.0.1:8080",
+		"127.0.0.2:8080": "127.0.0.2:8080",
+		"[::1]:8080":     "[::1]:8080",
+		"localhost:8080": "localhost:8080",
+	} {
+		if got := dialAddr(listen); got != want {
+			t.Errorf("dialAddr(%q) = %q, want %q", listen, got, want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/cli/clitest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
@@ -46,6 +48,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"},
 		{"kl", "--old", "x"},
 		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"},
+		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "1"},
+		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "-0.1"},
 		{"experiment", "psce"}, // moved to cfguard-lab
 	} {
 		if code, _, _ := proc.RunCLI(t, args...); code != 2 {
@@ -59,6 +63,15 @@ func TestTrainThenKL(t *testing.T) {
 		t.Skip("trains two models")
 	}
 	dir := t.TempDir()
+	// --holdout 0 trains on every row and reports no test accuracy.
+	code, stdout, stderr := proc.RunCLI(t, "train", "--data", "breast_cancer", "--out", filepath.Join(dir, "all"), "--holdout", "0", "--epochs", "1")
+	var all struct {
+		Rows         int
+		TestAccuracy *float64 `json:"test_accuracy"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &all); err != nil || code != 0 || all.TestAccuracy != nil || all.Rows == 0 {
+		t.Fatalf("train --holdout 0: exit %d, %q (%v): %s", code, stdout, err, stderr)
+	}
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	for i, out := range []string{a, b} {
 		code, stdout, stderr := proc.RunCLI(t, "train", "--data", "breast_cancer", "--out", out, "--seed", []string{"1", "2"}[i], "--epochs", "5")
@@ -67,6 +80,19 @@ func TestTrainThenKL(t *testing.T) {
 		}
 		if !strings.Contains(stdout, "test_accuracy") || !strings.Contains(stderr, "epoch=5") {
 			t.Fatalf("train output lacks accuracy or progress: %s / %s", stdout, stderr)
+		}
+		// The default holdout keeps a fifth of the rows out of training and scores the model on
+		// them: on this data set, well above chance.
+		var r struct {
+			Rows         int
+			TestRows     int     `json:"test_rows"`
+			TestAccuracy float64 `json:"test_accuracy"`
+		}
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Rows+r.TestRows != all.Rows || math.Abs(float64(r.TestRows)-0.2*float64(all.Rows)) > 1 || !(r.TestAccuracy > 0.8) {
+			t.Fatalf("train: %d rows, %d test rows, test accuracy %v; want %d rows in all, a fifth held out, accuracy over 0.8", r.Rows, r.TestRows, r.TestAccuracy, all.Rows)
 		}
 	}
 	// A second train into a model directory leaves it as it is.
@@ -172,6 +198,35 @@ func TestVersion(t *testing.T) {
 	if v.Module != "github.com/cfguard/cfguard" || !strings.HasPrefix(v.Go, "go1.") || v.Version == "" {
 		t.Fatalf("version %+v", v)
 	}
+	// Without --json: lines for people. A test binary carries no VCS stamp, and the commit line
+	// says so rather than stay empty.
+	code, out, errs = proc.RunCLI(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "cfguard "+v.Version+"\n  module github.com/cfguard/cfguard\n") ||
+		!strings.Contains(out, "\n  commit unknown (not built from a VCS checkout)\n") || !strings.Contains(out, "\n  "+v.Go+" ") {
+		t.Fatalf("version: exit %d, %q, %s", code, out, errs)
+	}
+}
+
+// With log.format json, cfguard run logs JSON lines on stderr from its first line on.
+func TestRunLogsJSON(t *testing.T) {
+	dir := t.TempDir()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	// http.listen is taken, so that run stops once it has logged its start.
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte("state_dir: "+filepath.Join(dir, "state")+"\nhttp:\n  listen: "+busy.Addr().String()+
+		"\nkafka:\n  embedded_listen: 127.0.0.1:0\nlog:\n  format: json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := proc.RunCLI(t, "run", "--config", p)
+	first, _, _ := strings.Cut(errs, "\n")
+	var line struct{ Msg, Config string }
+	if code == 0 || json.Unmarshal([]byte(first), &line) != nil || line.Msg != "cfguard starting" || line.Config != p {
+		t.Fatalf("run with log.format json: exit %d, stderr %q; want a JSON line saying cfguard starting first", code, errs)
+	}
 }
 
 // The API and the embedded broker on one address: check-config and run refuse the file (exit 2)
@@ -247,4 +302,73 @@ func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	clitest.CheckSynopsis(t, command.Program(), doc, "docs/CLI.md")
+}
+
+// cfguard kl prints KL(new || old): the divergence of --new's posterior from --old's, which is
+// not symmetric when the two differ in their sigmas.
+func TestKLDirection(t *testing.T) {
+	dir := t.TempDir()
+	oldM := bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	newM := bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(3, 4)))
+	for i := range newM.Layers[0].WeightLogSigma {
+		newM.Layers[0].WeightLogSigma[i] = math.Log(0.3)
+	}
+	oldDir, newDir := filepath.Join(dir, "old"), filepath.Join(dir, "new")
+	for p, m := range map[string]*bnn.Model{oldDir: oldM, newDir: newM} {
+		if err := bnn.Save(p, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _, err := certify.KL(newM, oldM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, _, err := certify.KL(oldM, newM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(want-back) < 1e-6*want {
+		t.Fatalf("KL(new || old) %v and KL(old || new) %v agree: the check cannot tell the directions apart", want, back)
+	}
+	code, out, errs := proc.RunCLI(t, "kl", "--old", oldDir, "--new", newDir)
+	var r struct{ KL float64 }
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 {
+		t.Fatalf("kl: exit %d, %q (%v): %s", code, out, err, errs)
+	}
+	if math.Abs(r.KL-want) > 1e-9*want {
+		t.Fatalf("kl printed %v, want KL(new || old) = %v (KL(old || new) is %v)", r.KL, want, back)
+	}
+}
+
+// cfguard bound accepts the ends of its ranges (p1 0 and 1, var1 0 and 0.25, a delta just
+// under 0.5) and refuses, as usage errors, a missing or infinite --kl, a delta of 0 or 0.5 and a
+// var1 over 0.25.
+func TestBoundRanges(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--p1", "0", "--kl", "0"}, 0},
+		{[]string{"--p1", "1", "--kl", "0.1", "--var1", "0"}, 0},
+		{[]string{"--p1", "0.9", "--kl", "0.1", "--var1", "0.25", "--delta", "0.4999"}, 0},
+		{[]string{"--p1", "0.9"}, 2},
+		{[]string{"--p1", "0.9", "--kl", "+Inf"}, 2},
+		{[]string{"--p1", "0.9", "--kl", "0.1", "--delta", "0"}, 2},
+		{[]string{"--p1", "0.9", "--kl", "0.1", "--delta", "0.5"}, 2},
+		{[]string{"--p1", "0.9", "--kl", "0.1", "--var1", "0.26"}, 2},
+	} {
+		if code, out, errs := proc.RunCLI(t, append([]string{"bound"}, tc.args...)...); code != tc.code {
+			t.Errorf("bound %v: exit %d, want %d; %s%s", tc.args, code, tc.code, out, errs)
+		}
+	}
+}
+
+// gen-key names the key k1 unless --id says otherwise; an id it cannot take is a usage error.
+func TestGenKeyID(t *testing.T) {
+	if code, key, errs := proc.RunCLI(t, "gen-key"); code != 0 || !strings.HasPrefix(key, "k1:") {
+		t.Errorf("gen-key: exit %d, %q, %s; want a key named k1", code, key, errs)
+	}
+	if code, key, errs := proc.RunCLI(t, "gen-key", "--id", "a b"); code != 2 || key != "" || !strings.Contains(errs, "--id") {
+		t.Errorf("gen-key --id 'a b': exit %d, %q, %s; want 2 naming --id", code, key, errs)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -219,5 +220,126 @@ func TestBackupRefusals(t *testing.T) {
 		if e.Name() != "config.yaml" && e.Name() != "taken" {
 			t.Errorf("left behind: %s", e.Name())
 		}
+	}
+}
+
+// freshLedger returns the bytes of a new, empty ledger file.
+func freshLedger(t *testing.T) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	l, err := ledger.Open(dir, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(filepath.Join(dir, ledger.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+// TestBackupTalksToTheConfiguredDaemon: without --url, cfguard backup asks http.listen of its
+// configuration for GET /v1/backup with http.token, and prints what it verified with --out as
+// its path; a URL with a trailing slash names the same endpoint. An answer other than 200 is
+// refused by its status and body, and a snapshot the daemon reports as failed in its
+// Cfguard-Backup-Error trailer is refused even when it verifies; neither leaves a file.
+func TestBackupTalksToTheConfiguredDaemon(t *testing.T) {
+	body := freshLedger(t)
+	var mu sync.Mutex
+	var requests []string
+	answer := "ok"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		a := answer
+		mu.Unlock()
+		switch a {
+		case "503":
+			http.Error(w, "the daemon is stopping", http.StatusServiceUnavailable)
+		case "trailer":
+			w.Header().Set("Trailer", "Cfguard-Backup-Error")
+			w.Write(body)
+			w.Header().Set("Cfguard-Backup-Error", "the ledger could not be read")
+		default:
+			w.Write(body)
+		}
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  listen: "+srv.Listener.Addr().String()+"\n  token: tok\nstate_dir: "+filepath.Join(dir, "state")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	outDir := t.TempDir()
+	for _, tc := range []struct {
+		name, answer string
+		url          []string
+		code         int
+		want         string
+	}{
+		{"from the configuration", "ok", nil, 0, ""},
+		{"trailing slash", "ok", []string{"--url", srv.URL + "/"}, 0, ""},
+		{"503", "503", nil, 1, "503 Service Unavailable: the daemon is stopping"},
+		{"error trailer", "trailer", nil, 1, "the daemon reported: the ledger could not be read"},
+	} {
+		mu.Lock()
+		answer, requests = tc.answer, nil
+		mu.Unlock()
+		out := filepath.Join(outDir, strings.ReplaceAll(tc.name, " ", "-"))
+		code, stdout, stderr := proc.RunCLI(t, append([]string{"backup", "--config", cfg, "--out", out}, tc.url...)...)
+		if code != tc.code || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %d naming %q", tc.name, code, stderr, tc.code, tc.want)
+		}
+		mu.Lock()
+		if len(requests) != 1 || requests[0] != "GET /v1/backup Bearer tok" {
+			t.Errorf("%s: the daemon was asked %q, want one GET /v1/backup with Bearer tok", tc.name, requests)
+		}
+		mu.Unlock()
+		got, err := os.ReadFile(out)
+		if tc.code != 0 {
+			if !os.IsNotExist(err) {
+				t.Errorf("%s: a refused backup left %s: %v", tc.name, out, err)
+			}
+			continue
+		}
+		var info ledger.Info
+		if err := json.Unmarshal([]byte(stdout), &info); err != nil || info.Path != out || !bytes.Equal(got, body) {
+			t.Errorf("%s: printed %s (%v), %d bytes written; want the path %s and the daemon's %d bytes", tc.name, stdout, err, len(got), out, len(body))
+		}
+	}
+	if entries, _ := os.ReadDir(outDir); len(entries) != 2 {
+		t.Errorf("%d files in --out's directory, want the 2 backups", len(entries))
+	}
+}
+
+// cfguard restore needs --from (exit 2). A backup that cannot be restored is refused with the
+// command to restore another, naming the configuration it was given as an absolute path, quoted
+// for a shell, so that the command works as printed from any directory.
+func TestRestoreRefusalsNameTheConfig(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "my deploy")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("state_dir: "+filepath.Join(dir, "state")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notLedger := filepath.Join(dir, "backup")
+	if err := os.WriteFile(notLedger, bytes.Repeat([]byte{0x5a}, 20000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	if code, _, stderr := proc.RunCLI(t, "restore", "--config", "config.yaml"); code != 2 || !strings.Contains(stderr, "--from") {
+		t.Errorf("restore without --from: exit %d, %q; want 2 naming --from", code, stderr)
+	}
+	code, _, stderr := proc.RunCLI(t, "restore", "--config", "config.yaml", "--from", notLedger)
+	if want := "cfguard restore --config " + ledger.ShellQuote(cfg) + " --from BACKUP"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("restore of a file that is no ledger: exit %d, %q; want 1 with %q", code, stderr, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state", ledger.FileName)); !os.IsNotExist(err) {
+		t.Errorf("a refused restore installed a ledger: %v", err)
 	}
 }
