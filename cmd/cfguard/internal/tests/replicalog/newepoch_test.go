@@ -5,16 +5,21 @@ import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
 
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/runbooktest"
@@ -315,5 +320,172 @@ func TestLogCommandsRefuseASingleDaemonsConfig(t *testing.T) {
 				t.Errorf("%s, configuration %q: exit %d, %s; want 2 naming the file", cmd, name, code, errs)
 			}
 		}
+	}
+}
+
+// runNewEpoch runs new-epoch on l's log with args after --config and decodes its report; it
+// fails the test unless new-epoch exits 0.
+func (l *testLog) runNewEpoch(args ...string) command.EpochReport {
+	l.t.Helper()
+	code, out, errs := proc.RunCLI(l.t, append([]string{"new-epoch", "--config", l.config}, args...)...)
+	var ep command.EpochReport
+	if err := json.Unmarshal([]byte(out), &ep); code != 0 || err != nil {
+		l.t.Fatalf("new-epoch %v: exit %d, %v\n%s\n%s", args, code, err, out, errs)
+	}
+	return ep
+}
+
+// An authenticated record of an unknown format stops the replicas: verify-log lists it under
+// stopped and under ignored, and exits 1 naming its offset; a record that does not authenticate
+// before it does not keep new-epoch from moving past it. After the epoch verify-log follows the
+// log to the epoch and exits 0.
+func TestNewEpochMovesPastAnUnreadableRecord(t *testing.T) {
+	l := newTestLog(t)
+	head := l.seq
+	l.append(l.inc(0), false) // offset 2: not authenticated, ignored
+	newer, err := json.Marshal(map[string]any{"format": postlog.Format + 1, "kind": "increment", "seq": head + 1, "term": 1, "writer": "r9/newer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.plog.Append(context.Background(), "newer", newer); err != nil { // offset 3
+		t.Fatal(err)
+	}
+	code, rep, errs := l.verify()
+	if code != 1 || !strings.Contains(errs, "the replicas are stopped at offset 3 of cfguard.posterior") {
+		t.Errorf("verify-log on the stopped log: exit %d, %s; want 1, naming offset 3", code, errs)
+	}
+	if len(rep.Stopped) != 1 || rep.Stopped[0].Offset != 3 || !strings.Contains(rep.Stopped[0].Why, "unknown format") ||
+		rep.Ignored["unknown_format"] != 1 || rep.Ignored["unauthenticated"] != 1 {
+		t.Errorf("stopped %+v, ignored %v; want the record at offset 3, of an unknown format, and one unauthenticated", rep.Stopped, rep.Ignored)
+	}
+	ep := l.runNewEpoch()
+	if ep.Epoch != 1 || ep.Seq != head+1 || ep.MovedPast == nil || ep.MovedPast.Offset != 3 || !strings.Contains(ep.Stopped, "unknown format") ||
+		ep.PosteriorSHA256 != l.sha || ep.Offset != 4 {
+		t.Fatalf("new-epoch wrote %+v; want epoch 1, entry %d at offset 4, past offset 3, with the head's posterior %s", ep, head+1, l.sha)
+	}
+	code, rep, errs = l.verify()
+	if code != 0 || rep.Head == nil || rep.Head.Seq != head+1 || rep.Head.Epoch != 1 || rep.Head.Offset != 4 || len(rep.Stopped) != 1 {
+		t.Errorf("verify-log after the epoch: exit %d, head %+v, stopped %+v\n%s; want 0, the epoch as the head", code, rep.Head, rep.Stopped, errs)
+	}
+}
+
+// The settings a new epoch records are the log genesis's, whatever --config holds; a log whose
+// genesis records none gets the file's. verify-log re-executes with those the last genesis
+// records and says which genesis that is.
+func TestNewEpochCarriesTheLogsSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settings map[string]string // the first genesis's
+		from     string            // EpochReport.Settings
+		differ   []string          // the keys the epoch's settings change from the file's
+	}{
+		{"the genesis's", map[string]string{"update.kl_weight": "2"}, "the log's genesis at offset 0", []string{"update.kl_weight"}},
+		{"none: the file's", nil, "file", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newTestLogWith(t, func(g *postlog.Entry) { g.Settings = tc.settings })
+			l.accept(l.inc(0))
+			if _, rep, _ := l.verify(); (tc.settings == nil) != (rep.Settings.From == "file") {
+				t.Errorf("verify-log before the epoch: settings %+v; want the genesis's when it records some, else the file's", rep.Settings)
+			}
+			ep := l.runNewEpoch("--force")
+			if ep.Settings != tc.from {
+				t.Errorf("new-epoch's settings: %q, want %q", ep.Settings, tc.from)
+			}
+			code, rep, errs := l.verify()
+			if want := fmt.Sprintf("genesis at offset %d", ep.Offset); code != 0 || rep.Settings.From != want || !slices.Equal(rep.Settings.DifferFromFile, tc.differ) {
+				t.Errorf("verify-log after the epoch: exit %d, settings %+v\n%s; want %s, differing from the file in %v", code, rep.Settings, errs, want, tc.differ)
+			}
+		})
+	}
+}
+
+// A log that begins with a later epoch (a recreated topic, begun by new-epoch --head-from)
+// brings its posterior in that epoch: verify-log re-executes the increments after it, and
+// new-epoch writes the next epoch with it.
+func TestNewEpochOnALogBegunByALaterEpoch(t *testing.T) {
+	past := strings.Repeat("ab", 32)
+	l := newTestLogWith(t, func(g *postlog.Entry) {
+		g.Seq, g.Epoch, g.Parent, g.Past = 5, 1, past, &postlog.Past{Offset: 9, SHA256: past}
+	})
+	l.accept(l.inc(0))
+	code, rep, errs := l.verify()
+	if code != 0 || rep.Increments != 1 || rep.Matched != 1 || rep.Head == nil || rep.Head.Epoch != 1 {
+		t.Fatalf("verify-log: exit %d, %d re-executed, %d matched, head %+v\n%s; want 0 and the increment matched", code, rep.Increments, rep.Matched, rep.Head, errs)
+	}
+	ep := l.runNewEpoch("--force")
+	if ep.Epoch != 2 || ep.Seq != 8 || ep.PosteriorSHA256 != l.sha || ep.MovedPast == nil || ep.MovedPast.Offset != 2 {
+		t.Fatalf("new-epoch --force wrote %+v; want epoch 2, entry 8, past the head at offset 2, with the posterior %s", ep, l.sha)
+	}
+}
+
+// An increment whose recorded last layer does not hash to its posterior_sha256 stops the
+// replicas: new-epoch finds it without --force and moves past it, after its parent.
+func TestNewEpochMovesPastAPosteriorThatDoesNotHash(t *testing.T) {
+	l := newTestLog(t)
+	head := l.seq
+	m := l.model.Clone()
+	m.Last().WeightMu[0] += 0.5
+	e := l.inc(0)
+	e.Outcome, e.Version, e.LastLayer = postlog.Promoted, 1, postlog.LastLayerOf(m) // posterior_sha256 stays the genesis's
+	l.accept(e)
+	ep := l.runNewEpoch()
+	if ep.Epoch != 1 || ep.Seq != head+1 || ep.MovedPast == nil || ep.MovedPast.Offset != 2 || !strings.Contains(ep.Stopped, fmt.Sprintf("entry %d:", head+1)) ||
+		ep.PosteriorSHA256 != l.sha {
+		t.Fatalf("new-epoch wrote %+v; want epoch 1, entry %d past offset 2, naming the entry that does not hash", ep, head+1)
+	}
+}
+
+// new-epoch --head-from is for a log that no longer holds the replica's head: on a log that holds
+// an entry as far as the replica's head it refuses and writes nothing. It asks the replica's API
+// with http.token of --config.
+func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
+	l := newTestLog(t)
+	l.accept(l.inc(0))
+	sidecar, weights, err := bnn.Encode(l.model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := postlog.Hash(l.prev)
+	const token = "replica-token"
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			http.Error(w, "no token", http.StatusUnauthorized)
+			return
+		}
+		switch r.URL.Path {
+		case "/v1/model":
+			fmt.Fprintf(w, `{"posterior_version":%d,"replication":{"entry":%d,"term":1,"offset":2,"hash":"%s","posterior_sha256":"%s","covers":{"0":0}}}`,
+				l.model.Version, l.seq, hex.EncodeToString(h[:]), l.sha)
+		case "/v1/model/posterior/sidecar":
+			w.Write(sidecar)
+		case "/v1/model/posterior":
+			w.Write(weights)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer api.Close()
+	f, err := os.OpenFile(l.config, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(f, "http:\n  token: %s\n", token); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	end, err := l.plog.End(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := proc.RunCLI(t, "new-epoch", "--config", l.config, "--head-from", api.URL)
+	if code == 0 || !strings.Contains(errs, fmt.Sprintf("holds entry %d at offset 2, as far as the head of the replica at %s (entry %d): the log did not lose it", l.seq, api.URL, l.seq)) {
+		t.Errorf("new-epoch --head-from on a log that holds the head: exit %d\n%s\n%s; want a refusal", code, out, errs)
+	}
+	if after, err := l.plog.End(ctx); err != nil || after != end {
+		t.Errorf("the log ends at %d (%v) after the refusal, at %d before: it wrote", after, err, end)
 	}
 }

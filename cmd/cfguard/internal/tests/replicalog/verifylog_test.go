@@ -12,8 +12,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -21,6 +23,7 @@ import (
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/stream"
@@ -41,7 +44,11 @@ type testLog struct {
 
 // newTestLog opens cfguard.posterior on a new broker with a genesis and a claim of term 1 by
 // r1/1 accepted.
-func newTestLog(t *testing.T) *testLog {
+func newTestLog(t *testing.T) *testLog { return newTestLogWith(t, nil) }
+
+// newTestLogWith is newTestLog with the genesis edited by edit (nil: as newTestLog writes it)
+// before it is appended.
+func newTestLogWith(t *testing.T, edit func(g *postlog.Entry)) *testLog {
 	b := proc.StartBroker(t)
 	dir := t.TempDir()
 	keyFile := proc.ClusterKey(t, dir)
@@ -68,7 +75,11 @@ func newTestLog(t *testing.T) *testLog {
 		strings.Join(b.Addrs(), ", "), keyFile)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l.accept(&postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "r1/1", Body: body, PosteriorSHA256: sha})
+	g := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "r1/1", Body: body, PosteriorSHA256: sha}
+	if edit != nil {
+		edit(g)
+	}
+	l.accept(g)
 	l.accept(&postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: l.seq + 1, Term: 1, Writer: "r1/1", PosteriorSHA256: sha})
 	return l
 }
@@ -112,10 +123,10 @@ func (l *testLog) accept(e *postlog.Entry) {
 	l.prev, l.seq = l.append(e, true), e.Seq
 }
 
-// verify runs verify-log on the log and decodes its report.
-func (l *testLog) verify() (int, command.VerifyReport, string) {
+// verify runs verify-log on the log, with args after --config, and decodes its report.
+func (l *testLog) verify(args ...string) (int, command.VerifyReport, string) {
 	l.t.Helper()
-	code, out, errs := proc.RunCLI(l.t, "verify-log", "--config", l.config)
+	code, out, errs := proc.RunCLI(l.t, append([]string{"verify-log", "--config", l.config}, args...)...)
 	var rep command.VerifyReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		l.t.Fatalf("verify-log: exit %d, %v\n%s\n%s", code, err, out, errs)
@@ -237,5 +248,191 @@ func TestVerifyLogComparesTheKLAndThePosterior(t *testing.T) {
 	// posterior is what differs.
 	if mm = run(kl); !strings.HasPrefix(mm[0].Why, "posterior ") {
 		t.Errorf("the step's KL and another posterior: %q, want the posterior named", mm[0].Why)
+	}
+}
+
+// produce writes msgs to the input topic, cfguard.records, one at a time.
+func (l *testLog) produce(msgs ...kafka.Message) {
+	l.t.Helper()
+	w := &kafka.Writer{Transport: kafkatest.Transport(l.t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	for _, m := range msgs {
+		if err := w.WriteMessages(context.Background(), m); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+}
+
+// verify-log's mismatch says what of the increment differs from its re-execution: the records
+// that fail the schema against those it dead-lettered, the good records against those it
+// counts, a version that moves over no records, the events of a step over no records, and the
+// outcome of the step.
+func TestVerifyLogNamesWhatDiffers(t *testing.T) {
+	const (
+		good = `{"id":"r0","features":[0.5,-1,2],"label":1}`
+		far  = `{"id":"far","features":[1,2e9,3],"label":0}`
+	)
+	for _, tc := range []struct {
+		name    string
+		records []string
+		edit    func(l *testLog, e *postlog.Entry)
+		why     string
+	}{
+		{"a record it did not dead-letter", []string{far}, nil, "1 records fail the schema, the entry dead-lettered 0"},
+		{"a good record it does not count", []string{good}, nil, "1 good records, the entry covers 0 (applied 0, held 0, failed 0)"},
+		{"a version that moves over no records", nil, func(l *testLog, e *postlog.Entry) {
+			m := l.model.Clone()
+			m.Version = 1
+			sha, err := postlog.PosteriorHash(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Outcome, e.Version, e.LastLayer, e.PosteriorSHA256 = postlog.Promoted, 1, postlog.LastLayerOf(m), sha
+		}, "no records, yet the version moves"},
+		{"an event of a step over no records", nil, func(l *testLog, e *postlog.Entry) {
+			e.Events = []postlog.Event{{Key: "kl_over_budget", Value: []byte(fmt.Sprintf(`{"type":"kl_over_budget","log_entry":%d}`, e.Seq))}}
+			e.EventsThrough = e.Seq - 1
+		}, "events [kl_over_budget], the step has []"},
+		{"another outcome", []string{good}, func(l *testLog, e *postlog.Entry) { e.Counts = &postlog.Counts{Applied: 1} }, "the entry says skipped at KL 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newTestLog(t)
+			for _, r := range tc.records {
+				l.produce(kafka.Message{Value: []byte(r)})
+			}
+			e := l.inc(int64(len(tc.records)))
+			if tc.edit != nil {
+				tc.edit(l, e)
+			}
+			l.accept(e)
+			code, rep, errs := l.verify()
+			if code != 1 || len(rep.Mismatches) != 1 || rep.Mismatches[0].Offset != 2 || !strings.Contains(rep.Mismatches[0].Why, tc.why) {
+				t.Fatalf("verify-log: exit %d, mismatches %+v\n%s; want exit 1 and the increment at offset 2: %q", code, rep.Mismatches, errs, tc.why)
+			}
+			if tc.name == "another outcome" && !strings.HasPrefix(rep.Mismatches[0].Why, "outcome ") {
+				t.Errorf("mismatch %q, want the step's outcome named first", rep.Mismatches[0].Why)
+			}
+		})
+	}
+}
+
+// --from and --to bound, both included, the entries verify-log re-executes; the others are
+// applied as recorded.
+func TestVerifyLogReexecutesFromTo(t *testing.T) {
+	l := newTestLog(t)
+	first := l.seq + 1
+	for range 3 {
+		l.accept(l.inc(0))
+	}
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 3},
+		{[]string{"--from", fmt.Sprint(first + 1), "--to", fmt.Sprint(first + 1)}, 1},
+		{[]string{"--from", fmt.Sprint(first + 1)}, 2},
+		{[]string{"--to", fmt.Sprint(first + 1)}, 2},
+	} {
+		code, rep, errs := l.verify(tc.args...)
+		if code != 0 || rep.Increments != tc.want || rep.Matched != tc.want || rep.Entries != 5 {
+			t.Errorf("verify-log %v: exit %d, %d re-executed, %d matched, %d entries\n%s; want %d re-executed and matched of 5 entries",
+				tc.args, code, rep.Increments, rep.Matched, rep.Entries, errs, tc.want)
+		}
+	}
+}
+
+// An increment whose input records the topic no longer holds (deleted by retention) is listed
+// as unverifiable, not as a mismatch, and verify-log goes on with the entries after it.
+func TestVerifyLogInputPastRetention(t *testing.T) {
+	l := newTestLog(t)
+	l.produce(kafka.Message{Value: []byte(`{"id":"old","features":[0.5,-1,2],"label":1}`), Time: time.Now().Add(-30 * 24 * time.Hour)},
+		kafka.Message{Value: []byte(`{"id":"new","features":[0.5,-1,2],"label":1}`)})
+	l.b.ApplyRetention()
+	if got := l.b.LogStartOffsets("cfguard.records"); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("cfguard.records starts at %v after retention, want [1]", got)
+	}
+	past := l.inc(2)
+	past.Counts = &postlog.Counts{Held: 2}
+	l.accept(past)
+	l.accept(l.inc(2))
+	code, rep, errs := l.verify()
+	if code != 0 || len(rep.Mismatches) != 0 || rep.Increments != 2 || rep.Matched != 1 {
+		t.Errorf("verify-log: exit %d, mismatches %+v, %d re-executed, %d matched\n%s; want exit 0, 2 re-executed, 1 matched", code, rep.Mismatches, rep.Increments, rep.Matched, errs)
+	}
+	if len(rep.Unverifiable) != 1 || rep.Unverifiable[0].Offset != 2 || !strings.Contains(rep.Unverifiable[0].Why, "input past the topic's retention") {
+		t.Errorf("unverifiable %+v, want the increment at offset 2, its input past retention", rep.Unverifiable)
+	}
+}
+
+// verify-log given a key file that is not the cluster's authenticates none of the log's records:
+// it says so (exit 1), rather than report an empty log.
+func TestVerifyLogRefusesAnotherKeyFile(t *testing.T) {
+	l := newTestLog(t)
+	l.accept(l.inc(0))
+	other := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(other, []byte(fmt.Sprintf("kafka:\n  brokers: [%s]\nreplication:\n  enabled: true\n  key_file: %s\nlog:\n  level: error\n",
+		strings.Join(l.b.Addrs(), ", "), proc.ClusterKey(t, filepath.Dir(other)))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := proc.RunCLI(t, "verify-log", "--config", other)
+	if code != 1 || !strings.Contains(errs, "none of the 3 records of cfguard.posterior authenticates under the keys of replication.key_file") {
+		t.Fatalf("verify-log with another key file: exit %d\n%s\n%s; want 1, naming the key file", code, out, errs)
+	}
+}
+
+// A step over the KL budget is re-executed under the genesis's certify.on_breach: under reject
+// the increment is held, its posterior the parent's, and the entry matches at the step's KL;
+// under clip the step is clipped to the budget, and the KL it compares is the clipped one.
+func TestVerifyLogReexecutesAStepOverTheBudget(t *testing.T) {
+	const delta = "0.45"
+	d, err := strconv.ParseFloat(delta, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := certify.KLBudget(d)
+	// run writes one good record and an increment of it with outcome and kl, on a log whose
+	// genesis records on_breach, and returns verify-log's exit and report.
+	run := func(onBreach, outcome string, kl float64) (int, command.VerifyReport) {
+		l := newTestLogWith(t, func(g *postlog.Entry) {
+			g.Settings = map[string]string{"certify.delta": delta, "certify.on_breach": onBreach}
+		})
+		l.produce(kafka.Message{Value: []byte(`{"id":"r0","features":[0.5,-1,2],"label":1}`)})
+		e := l.inc(1)
+		e.Outcome, e.Counts, e.Seed, e.KL = outcome, &postlog.Counts{Held: 1}, 7, kl
+		if outcome == postlog.Clipped { // a posterior that moves, of its own version
+			m := l.model.Clone()
+			m.Version = 1
+			sha, err := postlog.PosteriorHash(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Counts, e.Version, e.LastLayer, e.PosteriorSHA256 = &postlog.Counts{Applied: 1}, 1, postlog.LastLayerOf(m), sha
+		}
+		l.accept(e)
+		code, rep, _ := l.verify()
+		return code, rep
+	}
+	stepKL := func(rep command.VerifyReport) float64 {
+		t.Helper()
+		var kl float64
+		if len(rep.Mismatches) != 1 {
+			t.Fatalf("mismatches %+v, want the increment's", rep.Mismatches)
+		}
+		if _, err := fmt.Sscanf(rep.Mismatches[0].Why, "KL %g, the entry records", &kl); err != nil {
+			t.Fatalf("mismatch %q, want the step's KL named: %v", rep.Mismatches[0].Why, err)
+		}
+		return kl
+	}
+	_, rep := run("reject", postlog.Rejected, -1)
+	kl := stepKL(rep)
+	if !(kl > budget) {
+		t.Fatalf("the step's KL %v is within the budget %v: no breach to re-execute", kl, budget)
+	}
+	if code, rep := run("reject", postlog.Rejected, kl); code != 0 || rep.Matched != 1 || len(rep.Mismatches) != 0 {
+		t.Errorf("a held increment at the step's KL %v: exit %d, %d matched, mismatches %+v; want it matched", kl, code, rep.Matched, rep.Mismatches)
+	}
+	_, rep = run("clip", postlog.Clipped, -1)
+	if clipped := stepKL(rep); !(clipped <= budget) || clipped == kl {
+		t.Errorf("a clipped step's KL %v (unclipped %v), want the clipped one, within the budget %v", clipped, kl, budget)
 	}
 }
