@@ -39,8 +39,9 @@ type VerifyReport struct {
 	// Unauthenticated are the records whose authenticator does not verify under the cluster
 	// key: every replica ignored them too (also counted in Ignored).
 	Unauthenticated []VerifyProblem `json:"unauthenticated"`
-	// Stopped are the authenticated records the replicas could not apply (an unknown format),
-	// each followed by the new epoch that moved past it, if one did.
+	// Stopped are the authenticated records the replicas could not apply (an unknown format, or
+	// a posterior that does not hash to its entry), each followed by the new epoch that moved
+	// past it, if one did.
 	Stopped []VerifyProblem `json:"stopped"`
 	// Settings says whose update.*, certify.* and kafka.* settings re-executed the increments.
 	Settings verifySettings `json:"settings"`
@@ -54,6 +55,10 @@ type verifySettings struct {
 	// the log's were used.
 	DifferFromFile []string `json:"differ_from_file"`
 }
+
+// ignoredPosterior counts, in VerifyReport.Ignored, the accepted entries whose posterior cannot
+// be made (it does not hash to the entry, or its body does not decode): listed in Stopped.
+const ignoredPosterior = "posterior_mismatch"
 
 type VerifyProblem struct {
 	Seq    uint64 `json:"seq"`
@@ -158,6 +163,25 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 				return err
 			}
 		}
+		var next *bnn.Model // the posterior after e, an accepted genesis or increment
+		if reason == postlog.Accepted && e.Kind != postlog.Claim {
+			switch {
+			case e.Kind == postlog.Genesis && e.Epoch > 0 && m != nil:
+				next = m // a new epoch goes on with the head's posterior (the rule checked its hash)
+			case e.Kind == postlog.Genesis:
+				next, err = e.Body.Model(e.PosteriorSHA256)
+			default:
+				next, err = e.Apply(m)
+			}
+			if err != nil {
+				// Every replica stops here too, until a new epoch moves past it: the entry never
+				// becomes the head.
+				chain.Block(rec)
+				rep.Stopped = append(rep.Stopped, VerifyProblem{Seq: e.Seq, Offset: rec.Offset, Why: fmt.Sprintf("entry %d: %v", e.Seq, err)})
+				rep.Ignored[ignoredPosterior]++
+				continue
+			}
+		}
 		if reason == postlog.Accepted {
 			chain = fork
 		}
@@ -176,13 +200,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		rep.Entries++
 		switch e.Kind {
 		case postlog.Genesis:
-			g, err := e.Body.Model(e.PosteriorSHA256)
-			if err != nil {
-				return err
-			}
-			if e.Epoch == 0 || m == nil { // a new epoch goes on with the head's posterior, which its body is, unless it begins the log
-				m = g
-			}
+			m = next
 			if err := v.useSettings(cfg, e, rec.Offset, &rep.Settings, log); err != nil {
 				return err
 			}
@@ -203,9 +221,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 				rep.Matched++
 			}
 		}
-		if m, err = e.Apply(m); err != nil {
-			return fmt.Errorf("entry %d: %w", e.Seq, err)
-		}
+		m = next
 		if time.Since(progress) > 5*time.Second {
 			log.Info("verifying the posterior log", "offset", rec.Offset, "end", end, "matched", rep.Matched, "mismatches", len(rep.Mismatches))
 			progress = time.Now()

@@ -420,7 +420,9 @@ func TestNewEpochOnALogBegunByALaterEpoch(t *testing.T) {
 }
 
 // An increment whose recorded last layer does not hash to its posterior_sha256 stops the
-// replicas: new-epoch finds it without --force and moves past it, after its parent.
+// replicas: verify-log lists it under stopped and exits 1 naming its offset; new-epoch finds it
+// without --force and moves past it, after its parent; verify-log then follows the log to the
+// epoch and exits 0.
 func TestNewEpochMovesPastAPosteriorThatDoesNotHash(t *testing.T) {
 	l := newTestLog(t)
 	head := l.seq
@@ -429,10 +431,23 @@ func TestNewEpochMovesPastAPosteriorThatDoesNotHash(t *testing.T) {
 	e := l.inc(0)
 	e.Outcome, e.Version, e.LastLayer = postlog.Promoted, 1, postlog.LastLayerOf(m) // posterior_sha256 stays the genesis's
 	l.accept(e)
+	stopped := func(rep command.VerifyReport) bool {
+		return len(rep.Stopped) == 1 && rep.Stopped[0].Offset == 2 && strings.Contains(rep.Stopped[0].Why, "posterior does not match its entry") &&
+			rep.Ignored["posterior_mismatch"] == 1
+	}
+	code, rep, errs := l.verify()
+	if code != 1 || !strings.Contains(errs, "the replicas are stopped at offset 2 of cfguard.posterior") || !stopped(rep) || rep.Head == nil || rep.Head.Seq != head {
+		t.Errorf("verify-log on the stopped log: exit %d, stopped %+v, ignored %v, head %+v\n%s; want 1, the entry at offset 2 stopped, the head before it",
+			code, rep.Stopped, rep.Ignored, rep.Head, errs)
+	}
 	ep := l.runNewEpoch()
 	if ep.Epoch != 1 || ep.Seq != head+1 || ep.MovedPast == nil || ep.MovedPast.Offset != 2 || !strings.Contains(ep.Stopped, fmt.Sprintf("entry %d:", head+1)) ||
 		ep.PosteriorSHA256 != l.sha {
 		t.Fatalf("new-epoch wrote %+v; want epoch 1, entry %d past offset 2, naming the entry that does not hash", ep, head+1)
+	}
+	code, rep, errs = l.verify()
+	if code != 0 || !stopped(rep) || rep.Head == nil || rep.Head.Seq != head+1 || rep.Head.Epoch != 1 {
+		t.Errorf("verify-log after the epoch: exit %d, stopped %+v, head %+v\n%s; want 0, the epoch as the head", code, rep.Stopped, rep.Head, errs)
 	}
 }
 
