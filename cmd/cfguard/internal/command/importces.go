@@ -66,7 +66,9 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *url == "" {
 		*url = "http://" + dialAddr(cfg.HTTP.Listen)
 	}
-	total, err := countLines(*from)
+	// A batch's body stays under http.max_body_bytes with room for the line separators.
+	maxBody := int(cfg.HTTP.MaxBodyBytes)
+	total, err := countLines(*from, maxBody)
 	if err != nil {
 		return err
 	}
@@ -77,8 +79,6 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer f.Close()
 	imp := &importer{url: strings.TrimSuffix(*url, "/") + "/v1/counterfactuals:bulk", token: cfg.HTTP.Token,
 		stderr: stderr, client: &http.Client{}, total: total, start: time.Now()}
-	// A batch's body stays under http.max_body_bytes with room for the line separators.
-	maxBody := int(cfg.HTTP.MaxBodyBytes)
 	batches := make(chan bulkBatch, *parallel)
 	sendCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -147,10 +147,11 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 			imp.progress()
 		default:
 		}
+		if blank(line) {
+			return nil
+		}
 		if line != nil {
-			if line = bytes.TrimSpace(line); len(line) == 0 {
-				return nil // blank
-			}
+			line = bytes.TrimSpace(line)
 		}
 		imp.read()
 		if line == nil || len(line)+1 > maxBody {
@@ -366,35 +367,27 @@ func (imp *importer) count(n *int) {
 	imp.mu.Unlock()
 }
 
-// countLines counts the non-blank lines of a file, for the progress lines' total.
-func countLines(path string) (int, error) {
+// countLines counts the lines of a file that readBatches reads (eachLine with limit, blank
+// lines skipped), for the progress lines' total.
+func countLines(path string, limit int) (int, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	r := bufio.NewReaderSize(f, 1<<20)
-	n, blank := 0, true
-	for {
-		c, err := r.ReadByte()
-		if err == io.EOF {
-			if !blank {
-				n++
-			}
-			return n, nil
+	n := 0
+	err = eachLine(f, limit, func(_ int, line []byte, _ int) error {
+		if !blank(line) {
+			n++
 		}
-		if err != nil {
-			return 0, fmt.Errorf("--from %s: %w", path, err)
-		}
-		switch c {
-		case '\n':
-			if !blank {
-				n++
-			}
-			blank = true
-		case ' ', '\t', '\r':
-		default:
-			blank = false
-		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("--from %s: %w", path, err)
 	}
+	return n, nil
 }
+
+// blank reports whether line, as eachLine gives it, holds only white space (bytes.TrimSpace's:
+// ASCII and Unicode). A line over the limit (nil) is not blank: it is read, and refused.
+func blank(line []byte) bool { return line != nil && len(bytes.TrimSpace(line)) == 0 }

@@ -324,25 +324,27 @@ func TestReadBatchesCountsTheNewlines(t *testing.T) {
 }
 
 // The total the progress lines count toward is the number of lines the import reads: blank
-// lines (spaces, tabs, CR) are not counted, a last line without a newline is.
+// lines (ASCII or Unicode white space only) are not counted; a last line without a newline is,
+// and so is a line over the limit, even of spaces (it is read, and refused).
 func TestCountLinesMatchesTheLinesRead(t *testing.T) {
-	text := "{\"id\": \"a\"}\r\n \t\r\n\n{\"id\": \"b\"}\n   \n{\"id\": \"c\"}"
+	const limit = 64
+	text := "{\"id\": \"a\"}\r\n \t\r\n\n{\"id\": \"b\"}\n   \n\v\f\n\u00a0\u3000\n" + strings.Repeat(" ", 2*limit) + "\n{\"id\": \"c\"}"
 	p := filepath.Join(t.TempDir(), "ces.ndjson")
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n, err := countLines(p)
+	n, err := countLines(p, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var stderr strings.Builder
 	imp := &importer{stderr: &stderr, start: time.Now()}
 	out := make(chan bulkBatch, 10)
-	if err := readBatches(context.Background(), strings.NewReader(text), 10, 1<<20, imp, out, nil); err != nil {
+	if err := readBatches(context.Background(), strings.NewReader(text), 10, limit, imp, out, nil); err != nil {
 		t.Fatal(err)
 	}
-	if s := imp.summary(); n != 3 || s.Lines != 3 {
-		t.Errorf("countLines %d, lines read %d; want 3 and 3", n, s.Lines)
+	if s := imp.summary(); n != 4 || s.Lines != 4 {
+		t.Errorf("countLines %d, lines read %d; want 4 and 4", n, s.Lines)
 	}
 }
 
