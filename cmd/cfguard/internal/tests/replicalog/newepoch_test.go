@@ -481,16 +481,7 @@ func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
 		}
 	}))
 	defer api.Close()
-	f, err := os.OpenFile(l.config, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fmt.Fprintf(f, "http:\n  token: %s\n", token); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	proc.EditConfig(t, l.config, "log:\n", "http:\n  token: "+token+"\nlog:\n")
 	ctx := context.Background()
 	end, err := l.plog.End(ctx)
 	if err != nil {

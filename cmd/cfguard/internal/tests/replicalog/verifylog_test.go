@@ -46,6 +46,18 @@ type testLog struct {
 // r1/1 accepted.
 func newTestLog(t *testing.T) *testLog { return newTestLogWith(t, nil) }
 
+// writeLogConfig writes dir/config.yaml for the log commands: replication on brokers with
+// keyFile, errors only in the log. It returns the file's path.
+func writeLogConfig(t *testing.T, dir string, brokers []string, keyFile string) string {
+	t.Helper()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("kafka:\n  brokers: [%s]\nreplication:\n  enabled: true\n  key_file: %s\nlog:\n  level: error\n",
+		strings.Join(brokers, ", "), keyFile)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // newTestLogWith is newTestLog with the genesis edited by edit (nil: as newTestLog writes it)
 // before it is appended.
 func newTestLogWith(t *testing.T, edit func(g *postlog.Entry)) *testLog {
@@ -70,11 +82,7 @@ func newTestLogWith(t *testing.T, edit func(g *postlog.Entry)) *testLog {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &testLog{t: t, b: b, plog: plog, sha: sha, model: m, config: filepath.Join(dir, "config.yaml")}
-	if err := os.WriteFile(l.config, []byte(fmt.Sprintf("kafka:\n  brokers: [%s]\nreplication:\n  enabled: true\n  key_file: %s\nlog:\n  level: error\n",
-		strings.Join(b.Addrs(), ", "), keyFile)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	l := &testLog{t: t, b: b, plog: plog, sha: sha, model: m, config: writeLogConfig(t, dir, b.Addrs(), keyFile)}
 	g := &postlog.Entry{Format: postlog.Format, Kind: postlog.Genesis, Writer: "r1/1", Body: body, PosteriorSHA256: sha}
 	if edit != nil {
 		edit(g)
@@ -196,11 +204,7 @@ func TestNewEpochMovesPastAnEntryBuiltOnARefusedOne(t *testing.T) {
 // model's mean) is one verify-log's schema refuses too: the entry's dead-letter count matches.
 func TestVerifyLogMatchesAnOutOfRangeDeadLetter(t *testing.T) {
 	l := newTestLog(t)
-	w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll}
-	defer w.Close()
-	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(`{"id":"far","features":[1,2e9,3],"label":0}`)}); err != nil {
-		t.Fatal(err)
-	}
+	l.produce(kafka.Message{Value: []byte(`{"id":"far","features":[1,2e9,3],"label":0}`)})
 	e := l.inc(1)
 	e.Counts = &postlog.Counts{DeadLettered: 1}
 	l.accept(e)
@@ -217,11 +221,7 @@ func TestVerifyLogComparesTheKLAndThePosterior(t *testing.T) {
 	// returns verify-log's mismatches.
 	run := func(kl float64) []command.VerifyProblem {
 		l := newTestLog(t)
-		w := &kafka.Writer{Transport: kafkatest.Transport(t), Addr: kafka.TCP(l.b.Addrs()...), Topic: "cfguard.records", RequiredAcks: kafka.RequireAll}
-		defer w.Close()
-		if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte(`{"id":"r0","features":[0.5,-1,2],"label":1}`)}); err != nil {
-			t.Fatal(err)
-		}
+		l.produce(kafka.Message{Value: []byte(`{"id":"r0","features":[0.5,-1,2],"label":1}`)})
 		m := l.model.Clone()
 		m.Last().WeightMu[0] += 0.5
 		m.Version = 1
@@ -369,11 +369,8 @@ func TestVerifyLogInputPastRetention(t *testing.T) {
 func TestVerifyLogRefusesAnotherKeyFile(t *testing.T) {
 	l := newTestLog(t)
 	l.accept(l.inc(0))
-	other := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(other, []byte(fmt.Sprintf("kafka:\n  brokers: [%s]\nreplication:\n  enabled: true\n  key_file: %s\nlog:\n  level: error\n",
-		strings.Join(l.b.Addrs(), ", "), proc.ClusterKey(t, filepath.Dir(other)))), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
+	other := writeLogConfig(t, dir, l.b.Addrs(), proc.ClusterKey(t, dir))
 	code, out, errs := proc.RunCLI(t, "verify-log", "--config", other)
 	if code != 1 || !strings.Contains(errs, "none of the 3 records of cfguard.posterior authenticates under the keys of replication.key_file") {
 		t.Fatalf("verify-log with another key file: exit %d\n%s\n%s; want 1, naming the key file", code, out, errs)
