@@ -83,10 +83,10 @@ func (c *Child) BrokerAddr() string {
 	return c.Log.Logged("Kafka-protocol broker started", "addrs")
 }
 
-// StartChild runs `cfguard run --config cfg` in a new process.
-func StartChild(t *testing.T, cfgPath, httpAddr string) *Child {
+// StartChild runs `cfguard run --config cfg` in a new process, with flags after the config's.
+func StartChild(t *testing.T, cfgPath, httpAddr string, flags ...string) *Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "run", "--config", cfgPath)
+	cmd := exec.Command(os.Args[0], append([]string{"run", "--config", cfgPath}, flags...)...)
 	cmd.Env = append(os.Environ(), "CFGUARD_TEST_MAIN=1")
 	log := &tooltest.Output{}
 	cmd.Stdout, cmd.Stderr = log, log
