@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,6 +76,20 @@ func TestSignVerify(t *testing.T) {
 	}
 }
 
+// An error about an unknown key id quotes at most its first 64 bytes: the id comes from a Kafka
+// record, which may carry a megabyte of it.
+func TestVerifyClipsAnUnknownKeyID(t *testing.T) {
+	k := mustParse(t, mustGenerate(t, "k1"))
+	long := strings.Repeat("x", 1<<20)
+	err := k.Verify("d", []byte("v"), []byte(long+":"+strings.Repeat("ab", 32)))
+	if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), `key id "`+strings.Repeat("x", 64)+`... (`) {
+		t.Fatalf("Verify = %.200v, want ErrUnauthenticated quoting the id's first 64 bytes", err)
+	}
+	if len(err.Error()) > 500 {
+		t.Errorf("the error quotes %d bytes", len(err.Error()))
+	}
+}
+
 // Rotation: a key added after the old one verifies; moved first, it signs, and what the old
 // key signed still verifies.
 func TestRotation(t *testing.T) {
@@ -106,29 +121,33 @@ func TestRotation(t *testing.T) {
 	}
 }
 
+// Every refusal names the file, the line at fault (counting comments and blank lines, as an
+// editor does), what is wrong with it, and how to make a key file.
 func TestParseRefusals(t *testing.T) {
 	good := strings.TrimSpace(mustGenerate(t, "k1"))
-	for name, text := range map[string]string{
-		"empty":             "# only a comment\n",
-		"no colon":          strings.Replace(good, ":", "", 1),
-		"bad id":            "k 1" + good[2:],
-		"not hex":           "k1:zz" + good[5:],
-		"short key":         "k1:" + strings.Repeat("ab", 16),
-		"twice the same id": good + "\n" + good,
-		"no id":             good[2:],
-		"an id of 65":       strings.Repeat("k", 65) + good[2:],
-		"an id with '/'":    "k/1" + good[2:],
-		"a 31-byte key":     "k1:" + strings.Repeat("ab", 31),
-		"not hex at end":    good + "zz",
-		"an odd hex digit":  good + "0",
+	for name, tc := range map[string]struct{ text, want string }{
+		"empty":                {"# only a comment\n", "test.key holds no key"},
+		"no colon":             {strings.Replace(good, ":", "", 1), "test.key:1: no ':' between the key id and the key"},
+		"bad id":               {"k 1" + good[2:], `test.key:1: key id "k 1"`},
+		"not hex":              {"k1:zz" + good[5:], "test.key:1: the key is not hex"},
+		"short key":            {"k1:" + strings.Repeat("ab", 16), `test.key:1: key "k1" has 16 bytes, want at least 32`},
+		"twice the same id":    {good + "\n" + good, `test.key:2: key id "k1" appears twice`},
+		"no id":                {good[2:], `test.key:1: key id ""`},
+		"an id of 65":          {strings.Repeat("k", 65) + good[2:], `test.key:1: key id "` + strings.Repeat("k", 65) + `"`},
+		"an id with '/'":       {"k/1" + good[2:], `test.key:1: key id "k/1"`},
+		"a 31-byte key":        {"k1:" + strings.Repeat("ab", 31), `test.key:1: key "k1" has 31 bytes`},
+		"not hex at end":       {good + "zz", "test.key:1: the key is not hex"},
+		"an odd hex digit":     {good + "0", "test.key:1: the key is not hex"},
+		"a fault on line 5":    {"# keys\n\n" + good + "\n  \nk2:zz\n", "test.key:5: the key is not hex"},
+		"a short id, no colon": {"k1\n", "test.key:1: no ':' between the key id and the key"},
 	} {
-		_, err := Parse([]byte(text), "test.key")
+		_, err := Parse([]byte(tc.text), "test.key")
 		if err == nil {
 			t.Errorf("%s: parsed", name)
 			continue
 		}
-		if !strings.Contains(err.Error(), "test.key") || !strings.Contains(err.Error(), "gen-key") {
-			t.Errorf("%s: %v: want the file named and how to make one", name, err)
+		if !strings.Contains(err.Error(), "test.key") || !strings.Contains(err.Error(), "gen-key") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v: want the file named, %q, and how to make one", name, err, tc.want)
 		}
 	}
 }
@@ -194,8 +213,8 @@ func TestLoad(t *testing.T) {
 		t.Errorf("Load(\"\") = %v, want a refusal naming replication.key_file and gen-key", err)
 	}
 	p := filepath.Join(t.TempDir(), "cluster.key")
-	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), p) {
-		t.Errorf("Load of a missing file = %v, want its path named", err)
+	if _, err := Load(p); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "gen-key") {
+		t.Errorf("Load of a missing file = %v, want fs.ErrNotExist naming its path and gen-key", err)
 	}
 	if err := os.WriteFile(p, []byte(mustGenerate(t, "a")+mustGenerate(t, "b")), 0o600); err != nil {
 		t.Fatal(err)
