@@ -471,3 +471,105 @@ func TestDirectoryFsyncFailuresAreReported(t *testing.T) {
 		})
 	}
 }
+
+// tracedEnv marks a test binary that traced started; its value is the directory to write in.
+const tracedEnv = "CFGUARD_ATOMICFILE_TRACED"
+
+// traced runs t again, in this test binary under strace -f -y (which shows the path of every file
+// descriptor) with the further options opts (what to trace, faults to inject), with tracedEnv set
+// to dir, and returns the trace's lines. It fails t if the child, once started, does not pass, and
+// skips t where strace is not installed or cannot start it.
+func traced(t *testing.T, dir string, opts ...string) []string {
+	t.Helper()
+	strace, err := exec.LookPath("strace")
+	if err != nil {
+		t.Skip("strace is not installed: cannot see the system calls")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Skipf("cannot find the test binary: %v", err)
+	}
+	out := filepath.Join(t.TempDir(), "trace")
+	args := append([]string{"-f", "-qq", "-y", "-o", out}, opts...)
+	args = append(args, self, "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd := exec.CommandContext(t.Context(), strace, args...)
+	cmd.Env = append(os.Environ(), tracedEnv+"="+dir)
+	b, err := cmd.CombinedOutput()
+	switch {
+	case !bytes.Contains(b, []byte("=== RUN   "+t.Name())):
+		t.Skipf("cannot run the test under strace: %v\n%s", err, b)
+	case err != nil || !bytes.Contains(b, []byte("--- PASS: "+t.Name())):
+		t.Fatalf("traced: %v\n%s", err, b)
+	}
+	tr, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(string(tr), "\n")
+}
+
+// TestWriteFileFsyncsAroundTheRename pins the fsyncs that make a write durable, as the system
+// calls show them: the temporary file's before the rename, so that a crash after the rename
+// cannot leave the target with data that never reached the disk, and the directory's after it,
+// so that the rename itself survives a crash. It runs WriteFile under strace (see traced).
+func TestWriteFileFsyncsAroundTheRename(t *testing.T) {
+	if dir := os.Getenv(tracedEnv); dir != "" {
+		if err := WriteFile(filepath.Join(dir, "f"), []byte("new")); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir()) // strace -y shows descriptors' resolved paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := traced(t, dir, "-e", "trace=fsync,fdatasync,rename,renameat,renameat2")
+	tmp := dir + "/.f.tmp-"
+	syncTmp, rename, syncDir := -1, -1, -1
+	for i, l := range lines {
+		switch {
+		case strings.Contains(l, "fsync(") && strings.Contains(l, "<"+tmp) && syncTmp < 0:
+			syncTmp = i
+		case strings.Contains(l, "rename") && strings.Contains(l, `"`+tmp) && strings.Contains(l, `"`+dir+`/f"`) && rename < 0:
+			rename = i
+		case strings.Contains(l, "fsync(") && strings.Contains(l, "<"+dir+">") && rename >= 0 && syncDir < 0:
+			syncDir = i
+		}
+	}
+	if syncTmp < 0 || rename < 0 || syncDir < 0 || !(syncTmp < rename && rename < syncDir) {
+		t.Fatalf("want fsync of the temporary file (line %d), then the rename (line %d), then fsync of %s (line %d); trace:\n%s",
+			syncTmp, rename, dir, syncDir, strings.Join(lines, "\n"))
+	}
+}
+
+// TestFailedFsyncLeavesOldFile makes every fsync fail (EIO, injected by strace; see traced): the
+// write must fail, wrapping the error and naming the target, before the rename, so that the old
+// file is untouched and the temporary file removed. A write whose data may not be on the disk
+// must not replace the old.
+func TestFailedFsyncLeavesOldFile(t *testing.T) {
+	if dir := os.Getenv(tracedEnv); dir != "" {
+		path := filepath.Join(dir, "model.json")
+		if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := WriteFile(path, []byte("new"))
+		if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "fsync") {
+			t.Fatalf("got %v, want EIO from fsync naming %s", err, path)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != "old" {
+			t.Fatalf("old file now holds %q (%v), want %q", got, err, "old")
+		}
+		if names := entries(t, dir); len(names) != 1 {
+			t.Fatalf("directory holds %v after a failed fsync, want only model.json", names)
+		}
+		return
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := traced(t, dir, "-e", "trace=fsync", "-e", "inject=fsync:error=EIO")
+	if !strings.Contains(strings.Join(lines, "\n"), "(INJECTED)") {
+		t.Fatalf("no fsync failed; trace:\n%s", strings.Join(lines, "\n"))
+	}
+}
