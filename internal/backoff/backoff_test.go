@@ -124,3 +124,41 @@ func TestLargeMinDoesNotOverflow(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitsAtTheCap pins d_n = min(Max, Min*2^n) where Min*2^n is next to Max: one below it
+// (d_n is Min*2^n), equal to it, and one above it (d_n is Max). Waits are counted in nanoseconds,
+// so that in 1000 runs each wait takes every value it can (at most 11: the test fails on correct
+// code with probability below 10^-39): from d_n/2 to twice that, d_n/2 rounded down to a whole
+// nanosecond (an odd d_n's top wait is d_n-1).
+func TestWaitsAtTheCap(t *testing.T) {
+	for _, tc := range []struct {
+		min, max time.Duration
+		d        []time.Duration // d_0, d_1, ...
+	}{
+		{3, 4, []time.Duration{3, 4, 4}},
+		{3, 5, []time.Duration{3, 5, 5}},
+		{3, 6, []time.Duration{3, 6, 6}},
+		{3, 7, []time.Duration{3, 6, 7}},
+		{5, 19, []time.Duration{5, 10, 19}},
+		{5, 20, []time.Duration{5, 10, 20, 20}},
+		{5, 21, []time.Duration{5, 10, 20, 21}},
+	} {
+		lo := make([]time.Duration, len(tc.d))
+		hi := make([]time.Duration, len(tc.d))
+		for i := range lo {
+			lo[i] = tc.max
+		}
+		for range 1000 {
+			bo := Backoff{Min: tc.min, Max: tc.max}
+			for n := range tc.d {
+				got := bo.Next()
+				lo[n], hi[n] = min(lo[n], got), max(hi[n], got)
+			}
+		}
+		for n, d := range tc.d {
+			if lo[n] != d/2 || hi[n] != d/2*2 {
+				t.Errorf("Min %d Max %d: wait %d from %d to %d in 1000 runs, want %d to %d", tc.min, tc.max, n, lo[n], hi[n], d/2, d/2*2)
+			}
+		}
+	}
+}
