@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/cfguard/cfguard/internal/tooltest"
 )
 
 // entries lists the names in dir, so that a test can see leftover temporary files.
@@ -481,10 +483,7 @@ const tracedEnv = "CFGUARD_ATOMICFILE_TRACED"
 // skips t where strace is not installed or cannot start it.
 func traced(t *testing.T, dir string, opts ...string) []string {
 	t.Helper()
-	strace, err := exec.LookPath("strace")
-	if err != nil {
-		t.Skip("strace is not installed: cannot see the system calls")
-	}
+	strace := tooltest.Command(t, "apt-get install strace", "strace")
 	self, err := os.Executable()
 	if err != nil {
 		t.Skipf("cannot find the test binary: %v", err)
