@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -222,13 +223,14 @@ func generatorConfig(method explain.Method, maxIter int, delta, epsilon, targetA
 
 // vaeDataFits reports why the rows of set cannot train the VAE of the model m, nil when they
 // can: they must have m's input dimension and, when m names its features, the same names in the
-// same order (rows of other features would teach the VAE another distribution).
+// same order (rows of other features would teach the VAE another distribution). A model's names
+// are compared without the blanks around them, which a data set's names never have.
 func vaeDataFits(set *dataset.Set, m *bnn.Model) error {
 	if len(set.Features) != m.Inputs() {
 		return fmt.Errorf("the data set has %d features, the model %d", len(set.Features), m.Inputs())
 	}
 	for i, f := range m.Features { // none when the model names no feature
-		if set.Features[i] != f {
+		if set.Features[i] != strings.TrimSpace(f) {
 			return fmt.Errorf("feature %d is %q in the data set, %q in the model", i, set.Features[i], f)
 		}
 	}

@@ -44,6 +44,8 @@ func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 	}
 	renamed := slices.Clone(m.Features)
 	renamed[3] = "f3"
+	spaced := slices.Clone(m.Features) // a model named from a header with blanks around its names
+	spaced[3] = " " + spaced[3] + " "
 	for _, tc := range []struct {
 		name  string
 		model *bnn.Model
@@ -53,6 +55,7 @@ func TestVAEDataMustBeTheModelsFeatures(t *testing.T) {
 		{"the model's own data", m, bc.Features, ""},
 		{"a model without feature names", with(nil), bc.Features, ""},
 		{"a renamed feature", with(renamed), bc.Features, `feature 3 is "mean area" in the data set, "f3" in the model`},
+		{"a model's name with blanks around it", with(spaced), bc.Features, ""},
 		{"features in another order", with(append(slices.Clone(m.Features[1:]), m.Features[0])), bc.Features, "feature 0 is"},
 		{"another data set", m, gc.Features, "the data set has"},
 		{"fewer features than a model without names has inputs", with(nil), bc.Features[:len(bc.Features)-1], "the data set has 29 features, the model 30"},

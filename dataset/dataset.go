@@ -44,8 +44,8 @@ func LoadCSV(path string) (*Set, error) {
 }
 
 // Parse reads CSV from r. Every row must have as many fields as the header, every feature must
-// parse as a finite number, and every label as an integer in [0, MaxClasses); feature names must
-// be non-empty and distinct. Errors name the line and column. NumClasses is max(label) + 1; a data
+// parse as a finite number, and every label as an integer in [0, MaxClasses); feature names,
+// without the blanks around them, must be non-empty and distinct. Errors name the line and column. NumClasses is max(label) + 1; a data
 // set with a single class is refused.
 func Parse(r io.Reader) (*Set, error) {
 	cr := csv.NewReader(r)
@@ -62,10 +62,12 @@ func Parse(r io.Reader) (*Set, error) {
 		return nil, fmt.Errorf("%w: last column is %q, want \"label\"", ErrFormat, header[len(header)-1])
 	}
 	d := len(header) - 1
-	s := &Set{Features: append([]string(nil), header[:d]...)}
+	s := &Set{Features: make([]string, d)}
 	seen := make(map[string]int, d)
-	for j, f := range s.Features {
-		if strings.TrimSpace(f) == "" {
+	for j := range s.Features {
+		f := strings.TrimSpace(header[j]) // as numbers and the label column are
+		s.Features[j] = f
+		if f == "" {
 			return nil, fmt.Errorf("%w: header column %d has no name", ErrFormat, j+1)
 		}
 		if k, ok := seen[f]; ok {

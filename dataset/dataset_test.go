@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -41,6 +42,7 @@ func TestParseErrorsNameLineAndColumn(t *testing.T) {
 		"no name":      {"a,,label\n1,2,0\n", "header column 2 has no name"},
 		"blank name":   {" ,b,label\n1,2,0\n", "header column 1 has no name"},
 		"same names":   {"a,b,a,label\n1,2,3,0\n", `header columns 1 and 3 are both named "a"`},
+		"same trimmed": {"a, a,label\n1,2,0\n", `header columns 1 and 2 are both named "a"`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -82,12 +84,15 @@ func TestSplitIsSeededPartition(t *testing.T) {
 // TestParseTrimsBlanks: blanks around a number, a label or the header's "label" are not part of
 // them (a CSV written with ", " separators loads).
 func TestParseTrimsBlanks(t *testing.T) {
-	s, err := Parse(strings.NewReader("a, label \n 1.5 , 0 \n-2,\t1\n"))
+	s, err := Parse(strings.NewReader("a, b ,label \n 1.5 , 3, 0 \n-2,4,\t1\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Len() != 2 || s.X[0][0] != 1.5 || s.X[1][0] != -2 || s.Y[0] != 0 || s.Y[1] != 1 || s.NumClasses != 2 {
 		t.Fatalf("parsed %+v", s)
+	}
+	if !slices.Equal(s.Features, []string{"a", "b"}) {
+		t.Fatalf("features %q, want [a b]", s.Features)
 	}
 }
 
