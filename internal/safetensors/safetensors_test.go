@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -89,6 +90,20 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 		{"negative and zero dimension", handMade(`{"a":{"dtype":"F64","shape":[-1,0],"data_offsets":[0,0]}}`, nil)},
 		// b lies inside a: the ranges reach the section's end with no gap, but overlap.
 		{"overlap covering the section", handMade(`{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},"b":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}}`, make([]byte, 16))},
+		// A header length one past the end of the file.
+		{"header one byte past end", func() []byte {
+			b := handMade(`{}`, nil)
+			binary.LittleEndian.PutUint64(b, 3)
+			return b
+		}()},
+		// A dimension that is no integer: the entry does not parse, whatever the rest of it says.
+		{"fractional dimension", handMade(`{"a":{"dtype":"F64","shape":[0.5],"data_offsets":[0,0]}}`, nil)},
+		// Sixteen dimensions of 16, each no larger than the data section: their product, 2^64, is 0
+		// in int arithmetic, which would pass for an empty tensor.
+		{"product wrapping to zero", handMade(`{"a":{"dtype":"F64","shape":[16,16,16,16,16,16,16,16,16,16,16,16,16,16,16,16],"data_offsets":[16,16]},`+
+			`"b":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}}`, make([]byte, 16))},
+		// A range longer than its shape needs: the bytes past the shape's would belong to no tensor.
+		{"range longer than the shape", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,16]}}`, make([]byte, 16))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := Decode(tc.b); !errors.Is(err, ErrCorrupt) {
@@ -104,6 +119,17 @@ func TestDecodeRejectsHeaderOverMaxHeader(t *testing.T) {
 	header := append([]byte(`{}`), bytes.Repeat([]byte{' '}, maxHeader-1)...)
 	if _, _, err := Decode(handMade(string(header), nil)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("a %d-byte header: got %v, want ErrCorrupt", len(header), err)
+	}
+}
+
+// TestDecodeHeaderOfMaxHeaderIsWithinTheLimit: a header of exactly maxHeader bytes is read, not
+// refused from its length (here its first byte is not JSON, which is what the error says).
+func TestDecodeHeaderOfMaxHeaderIsWithinTheLimit(t *testing.T) {
+	b := make([]byte, 8+maxHeader)
+	binary.LittleEndian.PutUint64(b, maxHeader)
+	_, _, err := Decode(b)
+	if !errors.Is(err, ErrCorrupt) || strings.Contains(err.Error(), "exceeds") || !strings.Contains(err.Error(), "header: invalid character") {
+		t.Fatalf("a %d-byte header of zero bytes: got %v, want a JSON error", maxHeader, err)
 	}
 }
 
@@ -149,6 +175,19 @@ func TestEncodeFormat(t *testing.T) {
 	}
 	if n := binary.LittleEndian.Uint64(enc); n%8 != 0 {
 		t.Errorf("header of %d bytes, want a multiple of 8", n)
+	}
+	// Names of 1 to 8 bytes give headers of eight consecutive lengths: every remainder mod 8 is padded.
+	for k := 1; k <= 8; k++ {
+		enc, err := Encode(map[string]Tensor{strings.Repeat("n", k): {Shape: []int{1}, Data: []float64{1}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := binary.LittleEndian.Uint64(enc); n%8 != 0 {
+			t.Errorf("a %d-byte name: header of %d bytes, want a multiple of 8", k, n)
+		}
+		if _, _, err := Decode(enc); err != nil {
+			t.Errorf("a %d-byte name: %v", k, err)
+		}
 	}
 	ts, meta, err := Decode(enc)
 	if err != nil || meta["format"] != "pt" || ts["g"].Data[0] != 6 {
