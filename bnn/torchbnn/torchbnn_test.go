@@ -322,6 +322,19 @@ func TestImportErrors(t *testing.T) {
 				sd[p+"bias_log_sigma"] = tensor{"F32", []int{4}, make([]float64, 4)}
 			}
 		}, "Layers", "too many candidate orders"},
+		{"no weight_mu", func(sd map[string]tensor, _ *Options) { delete(sd, "fc1.weight_mu") }, "", `layer "fc1" has no tensor "fc1.weight_mu"`},
+		{"no weight_log_sigma", func(sd map[string]tensor, _ *Options) { delete(sd, "fc1.weight_log_sigma") }, "", `layer "fc1" has no tensor "fc1.weight_log_sigma"`},
+		{"weight zero inputs", func(sd map[string]tensor, _ *Options) { sd["fc1.weight_mu"] = tensor{"F32", []int{4, 0}, nil} }, "", `"fc1.weight_mu" has shape [4 0], want (out, in)`},
+		{"bias_mu shape", func(sd map[string]tensor, _ *Options) {
+			sd["fc2.bias_mu"] = tensor{"F32", []int{1, 2}, make([]float64, 2)}
+		}, "", `"fc2.bias_mu" has shape [1 2], want [2]`},
+		{"bias_log_sigma shape", func(sd map[string]tensor, _ *Options) {
+			sd["fc2.bias_log_sigma"] = tensor{"F32", []int{3}, make([]float64, 3)}
+		}, "", `"fc2.bias_log_sigma" has shape [3], want [2]`},
+		// 0.1000005 is 5e-6 (relative) from 0.1, some 80 float32 roundings.
+		{"prior sigma beyond float32 rounding", func(sd map[string]tensor, _ *Options) {
+			sd["fc2.prior_sigma"] = tensor{"F64", []int{}, []float64{0.1000005}}
+		}, "PriorSigma", `"fc2.prior_sigma" says the prior sigma is 0.1000005`},
 		{"no chain", func(sd map[string]tensor, _ *Options) {
 			sd["fc2.weight_mu"] = tensor{"F32", []int{2, 3}, make([]float64, 6)}
 			sd["fc2.weight_log_sigma"] = tensor{"F32", []int{2, 3}, make([]float64, 6)}
@@ -439,10 +452,11 @@ func TestImportOrderEndsAtTheClasses(t *testing.T) {
 }
 
 // TestImportNotSequential: prefixes that are not nn.Sequential indices under one parent (two
-// parents; a negative "index") are ordered by their shapes, not by their trailing numbers.
+// parents; a negative "index"; one past 31 bits) are ordered by their shapes, not by their trailing numbers.
 func TestImportNotSequential(t *testing.T) {
 	m := testModel(4) // 5 -> 4 -> 2
-	for _, prefixes := range [][]string{{"a.1", "b.0"}, {"0", "-1"}} {
+	// 2147483648 does not fit the 31 bits of an nn.Sequential index.
+	for _, prefixes := range [][]string{{"a.1", "b.0"}, {"0", "-1"}, {"2147483648", "0"}} {
 		// prefixes[0] is the first layer; its trailing number sorts after prefixes[1]'s.
 		got, err := Import(encode(t, stateDict(m, prefixes, "F64")), opts(m))
 		if err != nil {
