@@ -5,6 +5,7 @@
 package safetensors
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -25,7 +26,7 @@ var ErrCorrupt = errors.New("corrupt safetensors data")
 type entry struct {
 	Dtype       string `json:"dtype"`
 	Shape       []int  `json:"shape"`
-	DataOffsets [2]int `json:"data_offsets"`
+	DataOffsets []int  `json:"data_offsets"`
 }
 
 // maxHeader bounds the JSON header so that a garbage length cannot make us allocate gigabytes.
@@ -49,7 +50,7 @@ func Encode(tensors map[string]Tensor, metadata map[string]string) ([]byte, erro
 		if prod(t.Shape) != len(t.Data) {
 			return nil, fmt.Errorf("tensor %q: shape %v holds %d values, data has %d", n, t.Shape, prod(t.Shape), len(t.Data))
 		}
-		header[n] = entry{Dtype: "F64", Shape: t.Shape, DataOffsets: [2]int{off, off + 8*len(t.Data)}}
+		header[n] = entry{Dtype: "F64", Shape: t.Shape, DataOffsets: []int{off, off + 8*len(t.Data)}}
 		off += 8 * len(t.Data)
 	}
 	hj, err := json.Marshal(header)
@@ -72,7 +73,8 @@ func Encode(tensors map[string]Tensor, metadata map[string]string) ([]byte, erro
 	return buf, nil
 }
 
-// Decode parses a safetensors file, checking that every byte range lies inside the data section,
+// Decode parses a safetensors file, checking that the header names each tensor once and gives it
+// one [begin, end) pair of data_offsets, that every byte range lies inside the data section,
 // that ranges match shape and dtype, and that the ranges tile the data section: in offset order,
 // each starts where the one before it ends, the first at 0, the last at the section's end (no
 // gap, no overlap, as the format's specification requires).
@@ -87,6 +89,9 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
 		return nil, nil, fmt.Errorf("%w: header: %v", ErrCorrupt, err)
+	}
+	if name, ok := repeatedName(b[8 : 8+n]); ok {
+		return nil, nil, fmt.Errorf("%w: tensor %q is named twice in the header (re-export the file: a writer names each tensor once)", ErrCorrupt, name)
 	}
 	data := b[8+n:]
 	var meta map[string]string
@@ -110,6 +115,9 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 		width := map[string]int{"F64": 8, "F32": 4}[e.Dtype]
 		if width == 0 {
 			return nil, nil, fmt.Errorf("%w: tensor %q has unsupported dtype %q", ErrCorrupt, name, e.Dtype)
+		}
+		if len(e.DataOffsets) != 2 {
+			return nil, nil, fmt.Errorf("%w: tensor %q has data_offsets %v, want [begin, end]", ErrCorrupt, name, e.DataOffsets)
 		}
 		lo, hi := e.DataOffsets[0], e.DataOffsets[1]
 		if lo < 0 || hi < lo || hi > len(data) {
@@ -147,6 +155,33 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, at, len(data))
 	}
 	return out, meta, nil
+}
+
+// repeatedName returns a name that the header h, valid JSON, gives twice at its top level, if
+// any. json.Unmarshal keeps the last entry of a repeated name, where another reader may keep the
+// first.
+func repeatedName(h []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(h))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return name, true
+		}
+		seen[name] = true
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 // elements is the number of elements of shape, if no dimension is negative and it is at most

@@ -102,6 +102,9 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 		// in int arithmetic, which would pass for an empty tensor.
 		{"product wrapping to zero", handMade(`{"a":{"dtype":"F64","shape":[16,16,16,16,16,16,16,16,16,16,16,16,16,16,16,16],"data_offsets":[16,16]},`+
 			`"b":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}}`, make([]byte, 16))},
+		// data_offsets is a pair: a third number, or a lone one, is a damaged header.
+		{"three data offsets", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8,16]}}`, make([]byte, 8))},
+		{"one data offset", handMade(`{"a":{"dtype":"F64","shape":[0],"data_offsets":[0]}}`, nil)},
 		// A range longer than its shape needs: the bytes past the shape's would belong to no tensor.
 		{"range longer than the shape", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,16]}}`, make([]byte, 16))},
 	} {
@@ -110,6 +113,22 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 				t.Fatalf("got %v, want ErrCorrupt", err)
 			}
 		})
+	}
+}
+
+// TestDecodeRejectsRepeatedName: a header that names a tensor twice is refused, and the error
+// names it, even when both entries describe the same bytes (one reader would take the first
+// entry, another the last: here an F64 scalar or two F32 values).
+func TestDecodeRejectsRepeatedName(t *testing.T) {
+	for _, header := range []string{
+		`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`,
+		`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`,
+		`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},"b":{"dtype":"F64","shape":[0],"data_offsets":[8,8]},"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}`,
+	} {
+		_, _, err := Decode(handMade(header, make([]byte, 8)))
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `tensor "a" is named twice`) {
+			t.Errorf("%s: got %v, want ErrCorrupt naming tensor \"a\" twice", header, err)
+		}
 	}
 }
 
