@@ -76,14 +76,18 @@ func inspectBytes(t *testing.T, data []byte, wantErr []string) Layout {
 	return lo
 }
 
-// Inspect reads a sound file's layout, and refuses a truncated file, a page that is not the
-// one its parent points to, and a damaged newest meta page; a damaged older meta page is only
-// reported (MetaDamaged).
+// Inspect reads a sound file's layout, every page below the high-water mark but the two meta
+// pages counted as in use or free, and refuses a truncated file, a page that is not the one its
+// parent points to, and a damaged newest meta page; a damaged older meta page is only reported
+// (MetaDamaged).
 func TestInspect(t *testing.T) {
 	data, lo := walkFixture(t)
 	ps := lo.PageSize
 	if lo.TxID < 2 || lo.Freelist != NoFreelist || lo.Pages < 3 || lo.MetaDamaged != "" || lo.Size != int64(len(data)) {
 		t.Fatalf("layout of a sound file: %+v", lo)
+	}
+	if hwm := ne.Uint64(data[lo.MetaPage*ps+16+40:]); uint64(2+lo.Pages+lo.FreePages) != hwm {
+		t.Fatalf("%d pages in use and %d free beside the 2 meta pages; the high-water mark is %d", lo.Pages, lo.FreePages, hwm)
 	}
 	newest, older := lo.MetaPage, 1-lo.MetaPage
 	flip := func(off int) []byte {
@@ -223,7 +227,8 @@ func syncedFixture(t *testing.T) (data []byte, lo Layout, ids int) {
 // TestInspectSyncedFreelist: with a freelist on file, the freelist and the tree must partition
 // the pages below the high-water mark, so that the next commit cannot reuse a page the tree
 // holds: the walk counts the pages the freelist lists, and refuses a free page left off the
-// list, a page listed twice, a page both listed and reached, and a count that does not fit.
+// list (the last, or the first, page 2), a page listed twice, a page both listed and reached, a
+// count that does not fit, and a freelist page of another type.
 func TestInspectSyncedFreelist(t *testing.T) {
 	data, lo, ids := syncedFixture(t)
 	ps := lo.PageSize
@@ -242,6 +247,20 @@ func TestInspectSyncedFreelist(t *testing.T) {
 	t.Run("a free page off the list", func(t *testing.T) {
 		d := edit(func(d []byte) { ne.PutUint16(d[ids-16+10:], uint16(count-1)) })
 		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d is neither in use nor on the freelist", last)})
+	})
+	t.Run("the first free page off the list", func(t *testing.T) {
+		if first != 2 {
+			t.Fatalf("the fixture's first free page is %d; the test needs page 2", first)
+		}
+		d := edit(func(d []byte) {
+			copy(d[ids:], data[ids+8:ids+8*count])
+			ne.PutUint16(d[ids-16+10:], uint16(count-1))
+		})
+		inspectBytes(t, d, []string{"bbolt page 2 is neither in use nor on the freelist"})
+	})
+	t.Run("a freelist page of another type", func(t *testing.T) {
+		d := edit(func(d []byte) { ne.PutUint16(d[ids-16+8:], flagLeaf) })
+		inspectBytes(t, d, []string{fmt.Sprintf("bbolt page %d has type 0x2, want 0x10", fl)})
 	})
 	t.Run("a page listed twice", func(t *testing.T) {
 		d := edit(func(d []byte) { ne.PutUint64(d[ids+8*(count-1):], first) })
@@ -268,8 +287,10 @@ func bucketRoot(data []byte, lo Layout) uint64 {
 }
 
 // TestInspectRefusesABadBranchPage: the bucket's root, a branch page, with its element count
-// zeroed (its leaves would otherwise be taken as free pages, and the values lost in silence), an
-// unknown page type, or overflow pages past the high-water mark, is refused naming the page.
+// zeroed (its leaves would otherwise be taken as free pages, and the values lost in silence), a
+// type that is neither branch nor leaf (unknown, freelist, meta, or both flags), overflow pages
+// past the high-water mark, or an element whose key runs past the page (the first, or the next
+// one, whose key bounds the first child), is refused naming the page.
 func TestInspectRefusesABadBranchPage(t *testing.T) {
 	data, lo := walkFixture(t)
 	ps := lo.PageSize
@@ -287,12 +308,20 @@ func TestInspectRefusesABadBranchPage(t *testing.T) {
 	t.Run("empty", func(t *testing.T) {
 		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[off+10:], 0) }), []string{fmt.Sprintf("bbolt branch page %d is empty", br)})
 	})
-	t.Run("type", func(t *testing.T) {
-		inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[off+8:], 0x20) }), []string{fmt.Sprintf("bbolt page %d has type 0x20", br)})
-	})
+	for _, typ := range []uint16{0x20, flagFreelist, flagMeta, flagBranch | flagLeaf} {
+		t.Run(fmt.Sprintf("type %#x", typ), func(t *testing.T) {
+			inspectBytes(t, edit(func(d []byte) { ne.PutUint16(d[off+8:], typ) }), []string{fmt.Sprintf("bbolt page %d has type %#x, want 0x3", br, typ)})
+		})
+	}
 	t.Run("overflow", func(t *testing.T) {
 		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[off+12:], uint32(hwm-br)) }),
 			[]string{fmt.Sprintf("bbolt page %d with %d overflow pages runs past the high-water mark %d", br, hwm-br, hwm)})
+	})
+	t.Run("a key past the page", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[off+16+4:], uint32(ps)) }), []string{fmt.Sprintf("bbolt page %d: element 0 lies outside the page", br)})
+	})
+	t.Run("the next key past the page", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[off+16+16:], 0xFFFFFF00) }), []string{fmt.Sprintf("bbolt page %d: element 1 lies outside the page", br)})
 	})
 }
 
@@ -361,7 +390,8 @@ func rootElement(t *testing.T, data []byte, lo Layout, name string) int {
 // TestInspectRefusesABadLeafElement: a leaf element is a value or a bucket (flag 1), inside its
 // page; a bucket's value is a 16-byte header, and, for a bucket small enough to live inline, a
 // leaf page after it. An element with another flag, a value running past its page, a short
-// bucket header, and an inline bucket whose page is not a leaf are refused, naming where.
+// bucket header, and an inline bucket whose page is not a leaf or is shorter than a page header
+// are refused, naming where.
 func TestInspectRefusesABadLeafElement(t *testing.T) {
 	dir := t.TempDir()
 	f, err := Open(dir, testOptions())
@@ -413,6 +443,9 @@ func TestInspectRefusesABadLeafElement(t *testing.T) {
 	})
 	t.Run("inline element flags", func(t *testing.T) {
 		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[inline+16:], 0x02) }), []string{`inline bucket "small": element 0 has flags 0x2`})
+	})
+	t.Run("inline page shorter than a page header", func(t *testing.T) {
+		inspectBytes(t, edit(func(d []byte) { ne.PutUint32(d[small+12:], 16+12) }), []string{`inline bucket "small" has no leaf page`})
 	})
 	t.Run("inline page not a leaf", func(t *testing.T) {
 		val := small + int(ne.Uint32(data[small+4:])) + int(ne.Uint32(data[small+8:]))
@@ -535,7 +568,8 @@ func TestInspectRefusesAWrappedOlderTxid(t *testing.T) {
 // TestInspectRefusesIdsOutOfRange: a meta page's root or freelist page that is a meta page, a
 // branch's child at the high-water mark, a branch claiming more elements than its page holds,
 // and a freelist that lists a meta page, the high-water mark, or more ids than fit are each
-// refused by the check that names them.
+// refused by the check that names them; a freelist whose count fills its page exactly is read to
+// its last id (here the zeros after the fixture's ids, page 0).
 func TestInspectRefusesIdsOutOfRange(t *testing.T) {
 	data, lo := walkFixture(t)
 	ps, newest := lo.PageSize, lo.MetaPage
@@ -564,6 +598,7 @@ func TestInspectRefusesIdsOutOfRange(t *testing.T) {
 		{"a branch with more elements than fit", edit(data, func(d []byte) { ne.PutUint16(d[br*ps+10:], 0xFFFF) }), fmt.Sprintf("bbolt page %d claims 65535 elements, more than fit", br)},
 		{"a freelist listing a meta page", edit(sdata, func(d []byte) { ne.PutUint64(d[ids:], 1) }), fmt.Sprintf("freelist page %d lists page 1, outside [2, %d)", slo.Freelist, shwm)},
 		{"a freelist listing the high-water mark", edit(sdata, func(d []byte) { ne.PutUint64(d[ids:], shwm) }), fmt.Sprintf("freelist page %d lists page %d, outside [2, %d)", slo.Freelist, shwm, shwm)},
+		{"a freelist filling its page", edit(sdata, func(d []byte) { ne.PutUint16(d[ids-16+10:], uint16(fit)) }), fmt.Sprintf("freelist page %d lists page 0, outside [2, %d)", slo.Freelist, shwm)},
 		{"a freelist one id longer than fits", edit(sdata, func(d []byte) { ne.PutUint16(d[ids-16+10:], uint16(fit+1)) }), fmt.Sprintf("freelist page %d claims %d page ids, more than fit", slo.Freelist, fit+1)},
 	} {
 		t.Run(c.name, func(t *testing.T) { inspectBytes(t, c.data, []string{c.want}) })
