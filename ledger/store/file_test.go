@@ -693,3 +693,73 @@ func TestRestoreMeta(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenRefusesADamagedFile: Open runs the structural checks before bbolt opens an existing
+// file for writing: a damaged page tree, like a damaged newest meta page, is refused with a
+// *CorruptError naming the file, saying what the check found and how to recover, and the file is
+// left byte for byte as it was.
+func TestOpenRefusesADamagedFile(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, newest := lo.PageSize, lo.MetaPage
+	root := int(ne.Uint64(data[newest*ps+16+16:]))
+	br := int(bucketRoot(data, lo))
+	edit := func(f func(d []byte)) []byte {
+		d := append([]byte(nil), data...)
+		f(d)
+		return d
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"newest meta page", edit(func(d []byte) { d[newest*ps+16+16] ^= 0x04 }), fmt.Sprintf("bbolt meta page %d is damaged (checksum mismatch)", newest)},
+		{"page id", edit(func(d []byte) { ne.PutUint64(d[root*ps:], uint64(root+1)) }), fmt.Sprintf("bbolt page %d says it is page %d", root, root+1)},
+		{"empty branch page", edit(func(d []byte) { ne.PutUint16(d[br*ps+10:], 0) }), fmt.Sprintf("bbolt branch page %d is empty", br)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, FileName)
+			if err := os.WriteFile(path, c.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(dir, testOptions())
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != path || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "mv "+path) {
+				t.Fatalf("Open: %v, want a *CorruptError naming %s, saying %q and how to recover", err, path, c.want)
+			}
+			if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, c.data) {
+				t.Fatalf("the refused file changed (%v)", err)
+			}
+		})
+	}
+}
+
+// TestOpenBesideAnotherLockOnTheFile: a process that holds a lock on cfguard.db itself, not on
+// the state directory's lock file (a Verify of it, bbolt's own tools), makes Open fail at once
+// with ErrLocked naming the file, before bbolt opens it.
+func TestOpenBesideAnotherLockOnTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	data, _ := walkFixture(t)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := syscall.Flock(int(held.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(dir, testOptions())
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "another process holds bbolt's lock on "+path) {
+		t.Fatalf("Open of a file another handle has locked: %v, want ErrLocked naming %s", err, path)
+	}
+	held.Close()
+	f := openTest(t, dir, testOptions())
+	if got := get(t, f, "key-0000"); got != "value 0 of round 1" {
+		t.Fatalf("once the other lock is gone the file reads %q", got)
+	}
+}
