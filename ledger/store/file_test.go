@@ -763,3 +763,67 @@ func TestOpenBesideAnotherLockOnTheFile(t *testing.T) {
 		t.Fatalf("once the other lock is gone the file reads %q", got)
 	}
 }
+
+// TestOpenKeepsAFileThatAppearsDuringCreation: Open links the file it built under a temporary
+// name into place only if no cfguard.db appeared meanwhile (put there by another program that
+// does not take the state directory's lock; here, by Init): that file is kept, not replaced,
+// Created reports false, the File reads it, and the temporary file is removed.
+func TestOpenKeepsAFileThatAppearsDuringCreation(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	data, _ := walkFixture(t)
+	opts := testOptions()
+	init := opts.Init
+	opts.Init = func(tx *bolt.Tx) error {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return err
+		}
+		return init(tx)
+	}
+	f := openTest(t, dir, opts)
+	if f.Created() {
+		t.Error("Created() = true, though the file in place is not the one Open built")
+	}
+	if got := get(t, f, "key-0000"); got != "value 0 of round 1" {
+		t.Fatalf("the File reads %q, want the file that appeared", got)
+	}
+	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+		t.Errorf("creation left temporary files: %v", left)
+	}
+}
+
+// TestOpenWarnsOfADamagedOlderMetaPage: a file whose older meta page is damaged (the newest
+// transaction whole) opens, reads its newest transaction, and Open logs one WARN naming the
+// damage; a sound file logs none.
+func TestOpenWarnsOfADamagedOlderMetaPage(t *testing.T) {
+	data, lo := walkFixture(t)
+	older := 1 - lo.MetaPage
+	damaged := append([]byte(nil), data...)
+	damaged[older*lo.PageSize+16+16] ^= 0x04
+	const warning = "ledger: the older of the two bbolt meta pages is damaged"
+	for _, c := range []struct {
+		name  string
+		data  []byte
+		warns int
+	}{
+		{"sound", data, 0},
+		{"older meta page damaged", damaged, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, FileName), c.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			opts := testOptions()
+			rec := recorder{mu: new(sync.Mutex), lines: new([]string)}
+			opts.Logger = slog.New(rec)
+			f := openTest(t, dir, opts)
+			if got := get(t, f, "key-0299"); got != "value 299 of round 1" {
+				t.Fatalf("the File reads %q, want the newest transaction's value", got)
+			}
+			if n := rec.count(slog.LevelWarn, warning); n != c.warns {
+				t.Fatalf("%d WARNs %q, want %d", n, warning, c.warns)
+			}
+		})
+	}
+}
