@@ -202,7 +202,7 @@ func (s *File) openLocked() error {
 	g, err := readMetas(f)
 	if err == nil && s.pending != nil {
 		if g, err = s.restoreMeta(f, g); err != nil {
-			return err
+			return InFile(s.path, err)
 		}
 	}
 	if err != nil {

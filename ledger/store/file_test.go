@@ -827,3 +827,56 @@ func TestOpenWarnsOfADamagedOlderMetaPage(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedCommitBesideAnotherWriterNamesTheFile: when the file reread after a failed commit
+// shows a transaction this File did not write (another program wrote to the file), the meta page
+// is not put back and nothing is written; the error, from the failed Update and from the View
+// after it, is a *CorruptError naming the file and how to recover.
+func TestFailedCommitBesideAnotherWriterNamesTheFile(t *testing.T) {
+	opts := testOptions()
+	var hook func() error
+	opts.AfterCommit = func() error {
+		if hook != nil {
+			return hook()
+		}
+		return nil
+	}
+	f := openTest(t, t.TempDir(), opts)
+	if err := put(f, "k", "before"); err != nil {
+		t.Fatal(err)
+	}
+	ps := f.geom.pageSize
+	var after []byte
+	hook = func() error {
+		// Another writer's transaction, one later than the failing commit, in the other meta page.
+		data, err := os.ReadFile(f.Path())
+		if err != nil {
+			return err
+		}
+		txids, newest := metaTxids(t, f.Path(), ps)
+		other := 1 - newest
+		copy(data[other*ps:(other+1)*ps], data[newest*ps:(newest+1)*ps])
+		ne.PutUint64(data[other*ps:], uint64(other))
+		ne.PutUint64(data[other*ps+16+48:], txids[newest]+1)
+		resealMeta(data, other, ps)
+		if err := os.WriteFile(f.Path(), data, 0o600); err != nil {
+			return err
+		}
+		after = data
+		return errors.New("injected fsync failure")
+	}
+	err := put(f, "k", "lost")
+	hook = nil
+	var ce *CorruptError
+	if !errors.Is(err, ErrWrite) || !errors.As(err, &ce) || ce.Path != f.Path() {
+		t.Fatalf("the failed commit: %v, want ErrWrite and a *CorruptError naming %s", err, f.Path())
+	}
+	_, err = read(f, "k")
+	if !errors.As(err, &ce) || ce.Path != f.Path() || !strings.Contains(err.Error(), "after a failed commit of transaction") ||
+		!strings.Contains(err.Error(), "mv "+f.Path()) {
+		t.Fatalf("a View after it: %v, want a *CorruptError naming %s and how to recover", err, f.Path())
+	}
+	if got, err := os.ReadFile(f.Path()); err != nil || !bytes.Equal(got, after) {
+		t.Fatalf("the file changed after the other writer's transaction (%v)", err)
+	}
+}
