@@ -259,7 +259,7 @@ func (s *File) restoreMeta(f *os.File, g geometry) (geometry, error) {
 		return g, nil
 	}
 	if g.meta.txid != p.txid || g.slot != p.slot || len(p.page) != g.pageSize {
-		return g, Corruptf("after a failed commit of transaction %d the file shows transaction %d in meta page %d", p.txid, g.meta.txid, g.slot)
+		return g, Corruptf("after a failed commit of transaction %d the file shows transaction %d in meta page %d, which this process did not write (another program wrote to the file?)", p.txid, g.meta.txid, g.slot)
 	}
 	if _, err := f.WriteAt(p.page, int64(p.slot*g.pageSize)); err != nil {
 		return g, fmt.Errorf("%w: %s: putting back meta page %d after a failed commit: %w", ErrWrite, s.path, p.slot, err)
