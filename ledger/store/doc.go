@@ -46,8 +46,10 @@
 // A commit that fails (no space, file size limit, failed fsync) returns ErrWrite and leaves the
 // ledger exactly as before the call: bbolt is closed and the file reopened, and if the failed
 // commit's meta page reached the page cache (where a failed fsync leaves it, and where every later
-// read would find it), the page it overwrote is put back first. The caller can retry once space
-// is available.
+// read would find it), the page it overwrote is put back first. So it is when the failed commit
+// left its meta page damaged (a write that stopped part way): read cold, such a page would be
+// refused as one that may hold a newer transaction, but this File knows it holds the commit it
+// reported failed. The caller can retry once space is available.
 //
 // # The freelist
 //

@@ -200,8 +200,8 @@ func (s *File) openLocked() error {
 		return fmt.Errorf("ledger: lock %s: %w", s.path, err)
 	}
 	g, err := readMetas(f)
-	if err == nil && s.pending != nil {
-		if g, err = s.restoreMeta(f, g); err != nil {
+	if s.pending != nil {
+		if g, err = s.restoreMeta(f, g, err); err != nil {
 			return InFile(s.path, err)
 		}
 	}
@@ -251,10 +251,30 @@ type metaRestore struct {
 	page []byte
 }
 
-// restoreMeta puts back the meta page a failed commit overwrote, if the file shows that commit.
-func (s *File) restoreMeta(f *os.File, g geometry) (geometry, error) {
+// restoreMeta puts back the meta page a failed commit overwrote, if the file shows that commit:
+// as its newest meta page, or as a damaged page in the slot the commit wrote, beside the
+// transaction before it (a meta page write that failed part way, which readMetas, with readErr,
+// refuses: from the file alone such a page may hold an acknowledged transaction, but this one was
+// reported failed, and what it overwrote is the saved page).
+func (s *File) restoreMeta(f *os.File, g geometry, readErr error) (geometry, error) {
 	p := s.pending
-	if g.meta.txid < p.txid {
+	torn := g.meta.valid && g.meta.txid+1 == p.txid && g.slot != p.slot && g.other.read && !g.other.valid &&
+		len(p.page) == g.pageSize
+	switch {
+	case readErr != nil && !torn:
+		return g, readErr
+	case torn:
+		if _, err := f.WriteAt(p.page, int64(p.slot*g.pageSize)); err != nil {
+			return g, fmt.Errorf("%w: %s: putting back meta page %d after a failed commit: %w", ErrWrite, s.path, p.slot, err)
+		}
+		if err := f.Sync(); err != nil {
+			return g, fmt.Errorf("%w: %s: syncing meta page %d after a failed commit: %w", ErrWrite, s.path, p.slot, err)
+		}
+		s.log.Warn("ledger: a failed commit left its meta page damaged; the page it overwrote was put back", "path", s.path,
+			"txid", p.txid, "page", p.slot, "reason", g.other.why)
+		s.pending = nil
+		return readMetas(f)
+	case g.meta.txid < p.txid:
 		s.pending = nil // the failed transaction never reached the file
 		return g, nil
 	}

@@ -626,6 +626,60 @@ func TestFailedCommitRestoresTheMetaPage(t *testing.T) {
 	}
 }
 
+// TestFailedCommitThatTornItsMetaPage: a commit that fails after writing part of its meta page
+// leaves a damaged page where the newest transaction would be, which a file read cold refuses
+// (it may hold an acknowledged transaction). This File reported that commit failed and saved the
+// page it overwrote, so it puts that page back: the failed Update is a write failure, not a
+// damaged ledger, the next View reads the last committed value, and the meta pages are as
+// before the commit, which later commits go on from.
+func TestFailedCommitThatTornItsMetaPage(t *testing.T) {
+	opts := testOptions()
+	var hook func() error
+	opts.AfterCommit = func() error {
+		if hook != nil {
+			return hook()
+		}
+		return nil
+	}
+	f := openTest(t, t.TempDir(), opts)
+	for _, v := range []string{"1", "2"} {
+		if err := put(f, "k", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := metaPages(t, f.Path())
+	ps := f.geom.pageSize
+	hook = func() error {
+		data, err := os.ReadFile(f.Path())
+		if err != nil {
+			return err
+		}
+		_, newest := metaTxids(t, f.Path(), ps)
+		data[newest*ps+16+40] ^= 0xff // inside the meta's fields: its checksum no longer holds
+		if err := os.WriteFile(f.Path(), data, 0o600); err != nil {
+			return err
+		}
+		return errors.New("injected write failure")
+	}
+	err := put(f, "k", "lost")
+	hook = nil
+	if !errors.Is(err, ErrWrite) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("the failed commit: %v, want ErrWrite and no damaged ledger", err)
+	}
+	if v, err := read(f, "k"); err != nil || v != "2" {
+		t.Fatalf("a View after it: %q, %v; want the last committed value", v, err)
+	}
+	if after := metaPages(t, f.Path()); !bytes.Equal(before, after) {
+		t.Fatal("after the failed commit the meta pages differ from what they were before it")
+	}
+	if err := put(f, "k", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := read(f, "k"); err != nil || v != "3" {
+		t.Fatalf("after a later commit: %q, %v", v, err)
+	}
+}
+
 // TestRestoreMeta: the meta page a failed commit overwrote is put back only when the file shows
 // that very commit, in the page it was written to, and the saved page has the file's page size;
 // otherwise the file is left as it is and the mismatch is an error wrapping ErrCorrupt. After
@@ -664,7 +718,7 @@ func TestRestoreMeta(t *testing.T) {
 			}
 			pending := c.pending
 			s := &File{path: path, log: testOptions().Logger, pending: &pending}
-			g, err = s.restoreMeta(fh, g)
+			g, err = s.restoreMeta(fh, g, nil)
 			got, rerr := os.ReadFile(path)
 			if rerr != nil {
 				t.Fatal(rerr)
@@ -689,6 +743,63 @@ func TestRestoreMeta(t *testing.T) {
 			}
 			if c.restored && !bytes.Equal(got[slot*ps:(slot+1)*ps], other) {
 				t.Errorf("meta page %d is not the saved page", slot)
+			}
+		})
+	}
+}
+
+// TestRestoreMetaOverATornPage: with the file refused by readMetas (readErr), the saved page is
+// put back only when the refusal is the failed commit's own torn page: a damaged page in the slot
+// the commit wrote, beside a valid transaction one before it, and a saved page of the file's page
+// size. Otherwise readErr is returned and nothing is written.
+func TestRestoreMetaOverATornPage(t *testing.T) {
+	data, lo := walkFixture(t)
+	ps, slot := lo.PageSize, lo.MetaPage
+	saved := append([]byte(nil), data[(1-slot)*ps:(2-slot)*ps]...)
+	readErr := Corruptf("bbolt meta page %d is damaged", 1-slot)
+	torn := metaPage{read: true, why: "checksum"}
+	for _, c := range []struct {
+		name     string
+		pending  metaRestore
+		other    metaPage
+		restored bool
+	}{
+		{"the failed commit's torn page", metaRestore{lo.TxID + 1, 1 - slot, saved}, torn, true},
+		{"a commit two transactions on", metaRestore{lo.TxID + 2, 1 - slot, saved}, torn, false},
+		{"the commit wrote the valid page's slot", metaRestore{lo.TxID + 1, slot, saved}, torn, false},
+		{"a saved page of another size", metaRestore{lo.TxID + 1, 1 - slot, saved[:ps/2]}, torn, false},
+		{"the other page past the file's end", metaRestore{lo.TxID + 1, 1 - slot, saved}, metaPage{why: "beyond the end of the file"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			fh, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fh.Close()
+			g, err := readMetas(fh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.other = c.other // as readMetas finds the page the commit tore
+			pending := c.pending
+			s := &File{path: path, log: testOptions().Logger, pending: &pending}
+			g, err = s.restoreMeta(fh, g, readErr)
+			got, rerr := os.ReadFile(path)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if !c.restored {
+				if err != readErr || !bytes.Equal(got, data) {
+					t.Fatalf("restoreMeta: %v, wrote %v; want readErr and nothing written", err, !bytes.Equal(got, data))
+				}
+				return
+			}
+			if err != nil || s.pending != nil || g.meta.txid != lo.TxID {
+				t.Fatalf("restoreMeta: %v, pending %v, transaction %d; want the file read again at %d and nothing pending", err, s.pending, g.meta.txid, lo.TxID)
 			}
 		})
 	}
