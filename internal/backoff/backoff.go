@@ -30,7 +30,7 @@ func (b *Backoff) Next() time.Duration {
 		d = b.Min << b.n
 	}
 	b.n++
-	return d/2 + rand.N(d/2+1)
+	return d/2 + rand.N(d-d/2+1) // d/2 rounded down, so that an odd d_n is reached too
 }
 
 // Reset starts over at Min.

@@ -127,9 +127,8 @@ func TestLargeMinDoesNotOverflow(t *testing.T) {
 
 // TestWaitsAtTheCap pins d_n = min(Max, Min*2^n) where Min*2^n is next to Max: one below it
 // (d_n is Min*2^n), equal to it, and one above it (d_n is Max). Waits are counted in nanoseconds,
-// so that in 1000 runs each wait takes every value it can (at most 11: the test fails on correct
-// code with probability below 10^-39): from d_n/2 to twice that, d_n/2 rounded down to a whole
-// nanosecond (an odd d_n's top wait is d_n-1).
+// so that in 1000 runs each wait takes every value it can (at most 12: the test fails on correct
+// code with probability below 10^-36): from d_n/2, rounded down to a whole nanosecond, to d_n.
 func TestWaitsAtTheCap(t *testing.T) {
 	for _, tc := range []struct {
 		min, max time.Duration
@@ -156,8 +155,8 @@ func TestWaitsAtTheCap(t *testing.T) {
 			}
 		}
 		for n, d := range tc.d {
-			if lo[n] != d/2 || hi[n] != d/2*2 {
-				t.Errorf("Min %d Max %d: wait %d from %d to %d in 1000 runs, want %d to %d", tc.min, tc.max, n, lo[n], hi[n], d/2, d/2*2)
+			if lo[n] != d/2 || hi[n] != d {
+				t.Errorf("Min %d Max %d: wait %d from %d to %d in 1000 runs, want %d to %d", tc.min, tc.max, n, lo[n], hi[n], d/2, d)
 			}
 		}
 	}
