@@ -112,6 +112,9 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 		if err := json.Unmarshal(msg, &e); err != nil {
 			return nil, nil, fmt.Errorf("%w: tensor %q: %v", ErrCorrupt, name, err)
 		}
+		if field := missingField(msg); field != "" {
+			return nil, nil, fmt.Errorf("%w: tensor %q has no %q (field names are lower case; a scalar's shape is [])", ErrCorrupt, name, field)
+		}
 		width := map[string]int{"F64": 8, "F32": 4}[e.Dtype]
 		if width == 0 {
 			return nil, nil, fmt.Errorf("%w: tensor %q has unsupported dtype %q", ErrCorrupt, name, e.Dtype)
@@ -155,6 +158,23 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 		return nil, nil, fmt.Errorf("%w: tensors cover %d of %d data bytes", ErrCorrupt, at, len(data))
 	}
 	return out, meta, nil
+}
+
+// missingField returns the first of a tensor entry's three fields that msg, a JSON object, does
+// not give as its specification spells it ("" when it gives all three): encoding/json matches
+// names regardless of case and reads a missing or null shape as none, which would make a
+// scalar of a damaged entry.
+func missingField(msg json.RawMessage) string {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(msg, &fields); err != nil {
+		return "dtype"
+	}
+	for _, f := range []string{"dtype", "shape", "data_offsets"} {
+		if v, ok := fields[f]; !ok || string(v) == "null" {
+			return f
+		}
+	}
+	return ""
 }
 
 // repeatedName returns a name that the header h, valid JSON, gives twice at its top level, if

@@ -105,6 +105,11 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 		// data_offsets is a pair: a third number, or a lone one, is a damaged header.
 		{"three data offsets", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8,16]}}`, make([]byte, 8))},
 		{"one data offset", handMade(`{"a":{"dtype":"F64","shape":[0],"data_offsets":[0]}}`, nil)},
+		// Every field as the specification spells it: none missing, null, or in another case.
+		{"no shape", handMade(`{"a":{"dtype":"F64","data_offsets":[0,8]}}`, make([]byte, 8))},
+		{"null shape", handMade(`{"a":{"dtype":"F64","shape":null,"data_offsets":[0,8]}}`, make([]byte, 8))},
+		{"shape in upper case", handMade(`{"a":{"dtype":"F64","SHAPE":[],"data_offsets":[0,8]}}`, make([]byte, 8))},
+		{"no data offsets", handMade(`{"a":{"dtype":"F64","shape":[0]}}`, nil)},
 		// A range longer than its shape needs: the bytes past the shape's would belong to no tensor.
 		{"range longer than the shape", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,16]}}`, make([]byte, 16))},
 	} {
