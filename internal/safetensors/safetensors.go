@@ -90,6 +90,9 @@ func Decode(b []byte) (map[string]Tensor, map[string]string, error) {
 	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
 		return nil, nil, fmt.Errorf("%w: header: %v", ErrCorrupt, err)
 	}
+	if raw == nil { // encoding/json takes null for a map as no map
+		return nil, nil, fmt.Errorf("%w: header is null, want a JSON object", ErrCorrupt)
+	}
 	if name, ok := repeatedName(b[8 : 8+n]); ok {
 		return nil, nil, fmt.Errorf("%w: tensor %q is named twice in the header (re-export the file: a writer names each tensor once)", ErrCorrupt, name)
 	}

@@ -105,6 +105,8 @@ func TestDecodeRejectsMalformedInput(t *testing.T) {
 		// data_offsets is a pair: a third number, or a lone one, is a damaged header.
 		{"three data offsets", handMade(`{"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8,16]}}`, make([]byte, 8))},
 		{"one data offset", handMade(`{"a":{"dtype":"F64","shape":[0],"data_offsets":[0]}}`, nil)},
+		// The header is an object: null is not an empty file.
+		{"null header", handMade(`null`, nil)},
 		// Every field as the specification spells it: none missing, null, or in another case.
 		{"no shape", handMade(`{"a":{"dtype":"F64","data_offsets":[0,8]}}`, make([]byte, 8))},
 		{"null shape", handMade(`{"a":{"dtype":"F64","shape":null,"data_offsets":[0,8]}}`, make([]byte, 8))},
