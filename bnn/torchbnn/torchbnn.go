@@ -362,23 +362,25 @@ func seqIndex(prefix string) int {
 	return n
 }
 
-// maxSearch bounds the partial orders chainsOf visits: many layers of one square shape have
-// factorially many orders.
-const maxSearch = 1 << 20
+// maxSearch bounds the work of chainsOf, counted as layers considered for a place: many layers
+// of one square shape have factorially many orders, and each partial order considers every
+// layer for its next place. A chain of L layers that the sizes decide takes about L^2 (a
+// thousand layers: 2^20), so the bound refuses no model of a sane depth, and a file of many
+// square layers costs at most 2^24 steps.
+const maxSearch = 1 << 24
 
 // chainsOf returns up to limit orderings of all layers in which sizes chain, the first layer
 // takes inputs and the last gives outputs (either any, when 0). complete is false when the search gave
-// up after maxSearch partial orders without finding limit of them.
+// up after maxSearch steps without finding limit of them.
 func chainsOf(layers []*layer, inputs, outputs, limit int) (found [][]*layer, complete bool) {
 	used := make([]bool, len(layers))
 	path := make([]*layer, 0, len(layers))
-	visited := 0
+	steps := 0
 	var walk func()
 	walk = func() {
-		if len(found) >= limit || visited > maxSearch {
+		if len(found) >= limit || steps > maxSearch {
 			return
 		}
-		visited++
 		if len(path) == len(layers) {
 			if outputs == 0 || path[len(path)-1].out == outputs {
 				found = append(found, append([]*layer(nil), path...))
@@ -386,6 +388,9 @@ func chainsOf(layers []*layer, inputs, outputs, limit int) (found [][]*layer, co
 			return
 		}
 		for i, l := range layers {
+			if steps++; steps > maxSearch {
+				return
+			}
 			if used[i] {
 				continue
 			}
@@ -403,13 +408,21 @@ func chainsOf(layers []*layer, inputs, outputs, limit int) (found [][]*layer, co
 		}
 	}
 	walk()
-	return found, len(found) >= limit || visited <= maxSearch
+	return found, len(found) >= limit || steps <= maxSearch
 }
 
+// describeAtMost is how many layers an error lists before it says how many more there are.
+const describeAtMost = 16
+
+// describe lists the layers with their sizes, the first describeAtMost of them.
 func describe(layers []*layer) string {
-	parts := make([]string, len(layers))
+	var parts []string
 	for i, l := range layers {
-		parts[i] = fmt.Sprintf("%s (%d -> %d)", l.prefix, l.in, l.out)
+		if i == describeAtMost {
+			parts = append(parts, fmt.Sprintf("and %d more", len(layers)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (%d -> %d)", l.prefix, l.in, l.out))
 	}
 	return strings.Join(parts, ", ")
 }

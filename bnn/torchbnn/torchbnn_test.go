@@ -322,6 +322,19 @@ func TestImportErrors(t *testing.T) {
 				sd[p+"bias_log_sigma"] = tensor{"F32", []int{4}, make([]float64, 4)}
 			}
 		}, "Layers", "too many candidate orders"},
+		// A thousand 1 x 1 layers: the search's work is bounded, not its partial orders (each of
+		// which considers every layer), and the error lists 16 layers, not a thousand.
+		{"a thousand square layers", func(sd map[string]tensor, o *Options) {
+			clear(sd)
+			o.Scaler = nil
+			for k := range 1000 {
+				p := fmt.Sprintf("h%d.", k)
+				sd[p+"weight_mu"] = tensor{"F32", []int{1, 1}, []float64{0}}
+				sd[p+"weight_log_sigma"] = tensor{"F32", []int{1, 1}, []float64{0}}
+				sd[p+"bias_mu"] = tensor{"F32", []int{1}, []float64{0}}
+				sd[p+"bias_log_sigma"] = tensor{"F32", []int{1}, []float64{0}}
+			}
+		}, "Layers", "(1 -> 1), and 984 more to search"},
 		{"no weight_mu", func(sd map[string]tensor, _ *Options) { delete(sd, "fc1.weight_mu") }, "", `layer "fc1" has no tensor "fc1.weight_mu"`},
 		{"no weight_log_sigma", func(sd map[string]tensor, _ *Options) { delete(sd, "fc1.weight_log_sigma") }, "", `layer "fc1" has no tensor "fc1.weight_log_sigma"`},
 		{"weight zero inputs", func(sd map[string]tensor, _ *Options) { sd["fc1.weight_mu"] = tensor{"F32", []int{4, 0}, nil} }, "", `"fc1.weight_mu" has shape [4 0], want (out, in)`},
@@ -364,6 +377,30 @@ func TestImportErrors(t *testing.T) {
 	}
 	if _, err := Import([]byte("not safetensors"), opts(m)); !errors.Is(err, ErrStateDict) {
 		t.Errorf("garbage: %v", err)
+	}
+}
+
+// TestImportLongNamedChain: a hundred named layers (no Sequential indices) whose sizes decide
+// their order, 102 -> 101 -> ... -> 2, import in that order: the search's bound leaves room for
+// models far deeper than a BNN's.
+func TestImportLongNamedChain(t *testing.T) {
+	hidden := make([]int, 0, 99)
+	for s := 101; s >= 3; s-- {
+		hidden = append(hidden, s)
+	}
+	m := bnn.New(102, hidden, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	names := make([]string, len(m.Layers))
+	for k := range names {
+		names[k] = fmt.Sprintf("h%d", (k*37)%len(names)) // names that do not give the order
+	}
+	got, err := Import(encode(t, stateDict(m, names, "F32")), opts(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, l := range got.Layers {
+		if l.Name != names[k] || l.In != m.Layers[k].In {
+			t.Fatalf("layer %d is %q (%d -> %d), want %q (%d -> %d)", k, l.Name, l.In, l.Out, names[k], m.Layers[k].In, m.Layers[k].Out)
+		}
 	}
 }
 
