@@ -56,7 +56,7 @@ func Program() cli.Program {
 				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", Run: cmdRestore},
 			{Name: "verify-log", Args: "--config FILE [--from SEQ] [--to SEQ]",
 				Help: "re-execute a replicated deployment's posterior log from its input records, entry by entry, and report every difference", Run: cmdVerifyLog},
-			{Name: "new-epoch", Args: "--config FILE [--force] [--head-from URL]",
+			{Name: "new-epoch", Args: "--config FILE [--force] [--head-from URL [--wait 60s]]",
 				Help: "move a replicated deployment's posterior log past a record its replicas cannot apply, or past a head the log lost (--head-from a replica): a new genesis, signed with the cluster key", Run: cmdNewEpoch},
 			{Name: "gen-key", Args: "[--id k1]",
 				Help: "print a new cluster key line for replication.key_file (\"<id>:<hex>\"; the first line of the file signs, every line verifies)", Run: cmdGenKey},

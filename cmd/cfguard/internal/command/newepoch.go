@@ -153,8 +153,12 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	force := fs.Bool("force", false, "write a new epoch on a log that does not stop the replicas (after its head)")
 	headFrom := fs.String("head-from", "", "a replica's API URL: write the new epoch after the head that replica applied, "+
 		"for a log that no longer holds it (the topic recreated); it uses http.token of --config")
+	wait := fs.Duration("wait", 60*time.Second, "with --head-from: how long to wait for that replica to resume from the new epoch")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	if *wait <= 0 {
+		return fmt.Errorf("%w: --wait %v, want a positive duration (the time the replica at --head-from has to resume)", cli.ErrUsage, *wait)
 	}
 	cfg, err := config.LoadFile(*path)
 	if err != nil {
@@ -283,7 +287,7 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *headFrom != "" {
 		// Read back by the replica itself: a key file that is not the cluster's would write an
 		// epoch that this command accepts and every replica ignores.
-		if err := awaitEntry(ctx, client, *headFrom, cfg.HTTP.Token, e.Seq, 60*time.Second); err != nil {
+		if err := awaitEntry(ctx, client, *headFrom, cfg.HTTP.Token, e.Seq, *wait); err != nil {
 			return fmt.Errorf("the new epoch was written at offset %d, but %w: check that replication.key_file of %s is the cluster's", rep.Offset, err, *path)
 		}
 	}

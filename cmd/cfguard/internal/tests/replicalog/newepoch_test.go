@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -493,5 +494,57 @@ func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
 	}
 	if after, err := l.plog.End(ctx); err != nil || after != end {
 		t.Errorf("the log ends at %d (%v) after the refusal, at %d before: it wrote", after, err, end)
+	}
+}
+
+// new-epoch --head-from exits 0 only once the replica at --head-from reports the new epoch as
+// its head: an epoch that the replica never takes (written with a key file that is not the
+// cluster's, say) is written, but the command fails after --wait, naming the offset and what to
+// check. A replica that resumes from the epoch ends the wait at once.
+func TestNewEpochHeadFromWaitsForTheReplica(t *testing.T) {
+	l := newTestLog(t)
+	l.accept(l.inc(0))
+	sidecar, weights, err := bnn.Encode(l.model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := postlog.Hash(l.prev)
+	var resumes, served atomic.Bool // the replica resumes from the epoch; its posterior was read
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/model":
+			entry := l.seq
+			if resumes.Load() && served.Load() {
+				entry++ // the epoch
+			}
+			fmt.Fprintf(w, `{"posterior_version":%d,"replication":{"entry":%d,"term":1,"offset":2,"hash":"%s","posterior_sha256":"%s","covers":{"0":0}}}`,
+				l.model.Version, entry, hex.EncodeToString(h[:]), l.sha)
+		case "/v1/model/posterior/sidecar":
+			w.Write(sidecar)
+		case "/v1/model/posterior":
+			w.Write(weights)
+			served.Store(true)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer api.Close()
+
+	kafkatest.RecreateTopic(t, l.b.Addrs(), "cfguard.posterior", 1) // the log lost the replica's head
+	code, out, errs := proc.RunCLI(t, "new-epoch", "--config", l.config, "--head-from", api.URL, "--wait", "2s")
+	if want := fmt.Sprintf("the new epoch was written at offset 0, but the replica at %s did not resume from it within 2s", api.URL); code != 1 ||
+		!strings.Contains(errs, want) || !strings.Contains(errs, "check that replication.key_file of "+l.config+" is the cluster's") {
+		t.Fatalf("new-epoch --head-from with a replica that does not resume: exit %d\n%s\n%s; want 1 and %q", code, out, errs, want)
+	}
+
+	kafkatest.RecreateTopic(t, l.b.Addrs(), "cfguard.posterior", 1)
+	resumes.Store(true)
+	served.Store(false)
+	rep := l.runNewEpoch("--head-from", api.URL)
+	if rep.Epoch != 1 || rep.Seq != l.seq+1 || rep.Offset != 0 {
+		t.Fatalf("new-epoch --head-from with a replica that resumes: %+v; want epoch 1, entry %d at offset 0", rep, l.seq+1)
+	}
+	if code, _, errs := proc.RunCLI(t, "new-epoch", "--config", l.config, "--head-from", api.URL, "--wait", "0s"); code != 2 || !strings.Contains(errs, "--wait 0s") {
+		t.Errorf("new-epoch --wait 0s: exit %d, %s; want 2 naming the flag", code, errs)
 	}
 }
