@@ -452,36 +452,47 @@ func TestNewEpochMovesPastAPosteriorThatDoesNotHash(t *testing.T) {
 	}
 }
 
-// new-epoch --head-from is for a log that no longer holds the replica's head: on a log that holds
-// an entry as far as the replica's head it refuses and writes nothing. It asks the replica's API
-// with http.token of --config.
-func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
-	l := newTestLog(t)
-	l.accept(l.inc(0))
+// replicaAPI serves, as a replica's API does, l's head (its last entry, in term 1 at offset 2)
+// with the entry number entry gives (served: whether this server has served the posterior yet)
+// and l's posterior, to requests that carry token ("" for none). It stops with the test.
+func replicaAPI(t *testing.T, l *testLog, token string, entry func(served bool) uint64) *httptest.Server {
+	t.Helper()
 	sidecar, weights, err := bnn.Encode(l.model)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := postlog.Hash(l.prev)
-	const token = "replica-token"
+	var served atomic.Bool
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+token {
+		if token != "" && r.Header.Get("Authorization") != "Bearer "+token {
 			http.Error(w, "no token", http.StatusUnauthorized)
 			return
 		}
 		switch r.URL.Path {
 		case "/v1/model":
 			fmt.Fprintf(w, `{"posterior_version":%d,"replication":{"entry":%d,"term":1,"offset":2,"hash":"%s","posterior_sha256":"%s","covers":{"0":0}}}`,
-				l.model.Version, l.seq, hex.EncodeToString(h[:]), l.sha)
+				l.model.Version, entry(served.Load()), hex.EncodeToString(h[:]), l.sha)
 		case "/v1/model/posterior/sidecar":
 			w.Write(sidecar)
 		case "/v1/model/posterior":
 			w.Write(weights)
+			served.Store(true)
 		default:
 			http.NotFound(w, r)
 		}
 	}))
-	defer api.Close()
+	t.Cleanup(api.Close)
+	return api
+}
+
+// new-epoch --head-from is for a log that no longer holds the replica's head: on a log that holds
+// an entry as far as the replica's head it refuses and writes nothing. It asks the replica's API
+// with http.token of --config.
+func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
+	l := newTestLog(t)
+	l.accept(l.inc(0))
+	const token = "replica-token"
+	api := replicaAPI(t, l, token, func(bool) uint64 { return l.seq })
 	proc.EditConfig(t, l.config, "log:\n", "http:\n  token: "+token+"\nlog:\n")
 	ctx := context.Background()
 	end, err := l.plog.End(ctx)
@@ -504,31 +515,7 @@ func TestNewEpochHeadFromRefusesALogThatHoldsTheHead(t *testing.T) {
 func TestNewEpochHeadFromWaitsForTheReplica(t *testing.T) {
 	l := newTestLog(t)
 	l.accept(l.inc(0))
-	sidecar, weights, err := bnn.Encode(l.model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := postlog.Hash(l.prev)
-	var resumes, served atomic.Bool // the replica resumes from the epoch; its posterior was read
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/model":
-			entry := l.seq
-			if resumes.Load() && served.Load() {
-				entry++ // the epoch
-			}
-			fmt.Fprintf(w, `{"posterior_version":%d,"replication":{"entry":%d,"term":1,"offset":2,"hash":"%s","posterior_sha256":"%s","covers":{"0":0}}}`,
-				l.model.Version, entry, hex.EncodeToString(h[:]), l.sha)
-		case "/v1/model/posterior/sidecar":
-			w.Write(sidecar)
-		case "/v1/model/posterior":
-			w.Write(weights)
-			served.Store(true)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	defer api.Close()
+	api := replicaAPI(t, l, "", func(bool) uint64 { return l.seq })
 
 	kafkatest.RecreateTopic(t, l.b.Addrs(), "cfguard.posterior", 1) // the log lost the replica's head
 	code, out, errs := proc.RunCLI(t, "new-epoch", "--config", l.config, "--head-from", api.URL, "--wait", "2s")
@@ -538,8 +525,12 @@ func TestNewEpochHeadFromWaitsForTheReplica(t *testing.T) {
 	}
 
 	kafkatest.RecreateTopic(t, l.b.Addrs(), "cfguard.posterior", 1)
-	resumes.Store(true)
-	served.Store(false)
+	api = replicaAPI(t, l, "", func(served bool) uint64 {
+		if served { // new-epoch read the head, then wrote the epoch, which this replica applies
+			return l.seq + 1
+		}
+		return l.seq
+	})
 	rep := l.runNewEpoch("--head-from", api.URL)
 	if rep.Epoch != 1 || rep.Seq != l.seq+1 || rep.Offset != 0 {
 		t.Fatalf("new-epoch --head-from with a replica that resumes: %+v; want epoch 1, entry %d at offset 0", rep, l.seq+1)
