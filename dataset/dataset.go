@@ -45,8 +45,8 @@ func LoadCSV(path string) (*Set, error) {
 
 // Parse reads CSV from r. Every row must have as many fields as the header, every feature must
 // parse as a finite number, and every label as an integer in [0, MaxClasses); feature names,
-// without the blanks around them, must be non-empty and distinct. Errors name the line and column. NumClasses is max(label) + 1; a data
-// set with a single class is refused.
+// without the blanks around them, must be non-empty and distinct. Errors name the line and
+// column. NumClasses is max(label) + 1; a data set with a single class is refused.
 func Parse(r io.Reader) (*Set, error) {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = true
