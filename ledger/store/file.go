@@ -337,6 +337,13 @@ func (s *File) closeDBLocked() error {
 	return err
 }
 
+// temporaries lists the files createIfMissing builds a ledger at path under (path.new-<pid>)
+// that are left in the directory.
+func temporaries(path string) []string {
+	m, _ := filepath.Glob(path + ".new-*")
+	return m
+}
+
 // createIfMissing creates an empty ledger at path when no file is there: built under a
 // temporary name, fsynced, then linked into place (link never replaces a file) and the
 // directory fsynced, so that a crash never leaves an empty or half-initialised cfguard.db.
@@ -345,8 +352,7 @@ func createIfMissing(path string, init func(*bolt.Tx) error) (bool, error) {
 		return false, err
 	}
 	// Under the directory lock, leftovers of an interrupted creation are ours to remove.
-	old, _ := filepath.Glob(path + ".new-*")
-	for _, f := range old {
+	for _, f := range temporaries(path) {
 		os.Remove(f)
 	}
 	tmp := fmt.Sprintf("%s.new-%d", path, os.Getpid())

@@ -105,7 +105,7 @@ func TestOpenEmptyFileRefused(t *testing.T) {
 	if got := get(t, f, "k"); got != "v" {
 		t.Errorf("after reopening: %q, want v", got)
 	}
-	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+	if left := temporaries(path); len(left) != 0 {
 		t.Errorf("creation left temporary files: %v", left)
 	}
 }
@@ -521,7 +521,7 @@ func TestOpenInitFailureCreatesNothing(t *testing.T) {
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a failed Init left %s: %v", path, err)
 	}
-	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+	if left := temporaries(path); len(left) != 0 {
 		t.Errorf("a failed Init left temporary files: %v", left)
 	}
 }
@@ -898,7 +898,7 @@ func TestOpenKeepsAFileThatAppearsDuringCreation(t *testing.T) {
 	if got := get(t, f, "key-0000"); got != "value 0 of round 1" {
 		t.Fatalf("the File reads %q, want the file that appeared", got)
 	}
-	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+	if left := temporaries(path); len(left) != 0 {
 		t.Errorf("creation left temporary files: %v", left)
 	}
 }

@@ -150,9 +150,7 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 		if blank(line) {
 			return nil
 		}
-		if line != nil {
-			line = bytes.TrimSpace(line)
-		}
+		line = bytes.TrimSpace(line) // nil (over the limit) stays nil
 		imp.read()
 		if line == nil || len(line)+1 > maxBody {
 			imp.refuse(n, fmt.Sprintf("%d bytes, over http.max_body_bytes %d", length, maxBody))
