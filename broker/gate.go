@@ -150,6 +150,7 @@ type verdict struct {
 //     not parse, a share-group request;
 //   - a request over its kind's bound (maxRequestBytes);
 //   - a produce, fetch, CreateTopics or CreatePartitions whose body does not parse;
+//   - a produce of a record batch no consumer could read (checkBatches);
 //   - a fetch naming one partition twice (kfake would return its records twice), or more than
 //     MaxFetchPartitions partitions; a CreateTopics or CreatePartitions asking for more than
 //     MaxPartitions partitions over its topics (kfake builds them all at once: 2^31 of them take
@@ -171,6 +172,9 @@ func gate(frame []byte) (verdict, error) {
 	case *kmsg.ProduceRequest:
 		if err := r.ReadFrom(body[h.len:]); err != nil {
 			return verdict{}, fmt.Errorf("%w: produce v%d: %v", errInvalidRequest, h.version, err)
+		}
+		if err := checkBatches(r); err != nil {
+			return verdict{}, err
 		}
 		v.answered = r.Acks != 0
 	case *kmsg.FetchRequest:

@@ -11,9 +11,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 )
 
@@ -83,14 +83,19 @@ func rawBatch(recs []kmsg.Record, lastOffsetDelta int32) []byte {
 // TestCompactedTailDoesNotStallThePartition reads a partition from an offset inside a batch
 // whose records all lie below it, as compaction leaves a batch whose tail it removed: Kafka
 // keeps such a batch's last offset, and answers a fetch at any offset up to it with that batch.
-// The embedded broker rewrites a batch it compacts to end at its last record, so the test
-// produces such a batch itself: ten records whose offset deltas stop at 4 (the broker checks
-// the last offset delta against the record count, not against the records' own deltas), then
-// a good record at offset 10. With one batch per fetch (FetchMaxBytes 1: a fetch returns its
-// first batch whole), the consumer must pass offsets 5 to 9 and hand out the good record.
+// The embedded broker rewrites a batch it compacts to end at its last record, and refuses a
+// produced batch whose records' offset deltas are not 0, 1, ..., as Kafka does, so the test
+// produces such a batch to a bare kfake cluster, which checks the last offset delta against the
+// record count only: ten records whose offset deltas stop at 4, then a good record at offset
+// 10. With one batch per fetch (FetchMaxBytes 1: a fetch returns its first batch whole), the
+// consumer must pass offsets 5 to 9 and hand out the good record.
 func TestCompactedTailDoesNotStallThePartition(t *testing.T) {
-	b := startBroker(t, broker.Config{})
-	conn := plainConn(b)
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, recordsTopic, deadTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	conn := ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
 	var recs []kmsg.Record
 	for i := range 10 {
 		recs = append(recs, kmsg.Record{OffsetDelta: int32(i % 5), Key: []byte("k"), Value: []byte(goodRecord("old", i))})
@@ -107,8 +112,12 @@ func TestCompactedTailDoesNotStallThePartition(t *testing.T) {
 		t.Fatalf("producing the batch: %v", err)
 	}
 	produce(t, conn, recordsTopic, 0, goodRecord("after", 10))
-	if hw := b.HighWatermarks(recordsTopic); len(hw) != 1 || hw[0] != 11 {
-		t.Fatalf("high watermark %v, want [11]: the batch does not end at offset 9", hw)
+	ends, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{recordsTopic: {kafka.LastOffsetOf(0)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if po := ends.Topics[recordsTopic]; len(po) != 1 || po[0].Error != nil || po[0].LastOffset != 11 {
+		t.Fatalf("the topic's end %+v, want offset 11: the batch does not end at offset 9", po)
 	}
 	cfg := consumerConfig(conn, "compacted")
 	cfg.Resume = map[int]int64{0: 5}
