@@ -107,6 +107,10 @@ type ConsumerConfig struct {
 	// TopicResetHint ends a TopicResetError's message: how the operator confirms the reset
 	// (the daemon names its command). Default: a sentence naming AcceptTopicReset.
 	TopicResetHint string
+
+	// deadLogWindow is the window of deadLogBurst dead letters logged one by one (tests shorten
+	// it). Default: defaultDeadLogWindow.
+	deadLogWindow time.Duration
 }
 
 func (c *ConsumerConfig) applyDefaults() error {
@@ -140,6 +144,7 @@ func (c *ConsumerConfig) applyDefaults() error {
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, DefaultRefreshInterval)
 	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
 	c.RetryMin = cmp.Or(c.RetryMin, DefaultRetryMin)
+	c.deadLogWindow = cmp.Or(c.deadLogWindow, defaultDeadLogWindow)
 	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryMin))
 	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	if explicitBacklog && c.MaxRecordsBacklog < c.MaxRecords {
@@ -305,6 +310,8 @@ type Consumer struct {
 	dead                                                 map[string]int64
 	deadLogAt                                            time.Time // start of the dead letters' log window (guarded by deadMu)
 	deadLogged, deadSuppressed                           int
+	deadTimer                                            *time.Timer // ends the window of a spent burst (logDead)
+	deadClosed                                           bool        // Close has logged the last summary
 }
 
 // NewConsumer validates cfg and starts reading. Its connections and goroutines stop when ctx
@@ -361,6 +368,7 @@ func (c *Consumer) run(ctx context.Context, stopTransport context.CancelFunc) {
 	<-ctx.Done()
 	close(c.stopped)
 	c.wg.Wait()
+	c.closeDeadLog() // the readers, which count dead letters, have stopped
 	fctx, cancel := context.WithTimeout(context.Background(), finalCommitTimeout)
 	if err := c.commitDurable(fctx); err != nil {
 		c.log.Warn("last group offset commit failed; the group's offsets stay behind the checkpoint (they are informational)", "err", err)
@@ -624,7 +632,9 @@ type Health struct {
 //     running reader (a reader stops only on an error no retry fixes);
 //  3. every partition has fetched within StallAfter, or has nothing to fetch (its position is
 //     at its high watermark), or is waiting for Next to make room (the daemon is busy: that is
-//     backpressure, not a stall).
+//     backpressure, not a stall);
+//  4. no partition's dead-letter writes have been failing for longer than StallAfter (its
+//     reader retries them and reads no further, also when nothing more was produced).
 //
 // So a consumer whose broker goes away turns unready within StallAfter, and ready again
 // within about max(RefreshInterval, RetryMax) + FetchWait after the broker answers again
@@ -667,6 +677,10 @@ func (c *Consumer) Health() Health {
 		caughtUp := ps.next >= 0 && ps.next >= ps.hwm
 		if !caughtUp {
 			h.CaughtUp = false
+		}
+		if !ps.deadFailing.IsZero() && now.Sub(ps.deadFailing) > bound {
+			why = append(why, fmt.Sprintf("partition %d: its dead letters cannot be written to %s for %v, and it is read no further until they are: %v",
+				p, c.cfg.DeadLetterTopic, now.Sub(ps.deadFailing).Round(time.Millisecond), ps.deadErr))
 		}
 		switch {
 		case caughtUp || ps.waiting:

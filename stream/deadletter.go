@@ -162,6 +162,7 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 		switch i := slices.IndexFunc(errs, TooLarge); {
 		case err == nil:
 			c.out.ok(src)
+			c.deadWriteFailing(ch.part, nil)
 		case ctx.Err() != nil:
 			return false
 		case i >= 0 && len(batch) > 1:
@@ -177,6 +178,7 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 			return false
 		default:
 			c.failedAttempt(src, err)
+			c.deadWriteFailing(ch.part, err)
 			if bo.Wait(ctx) != nil {
 				return false
 			}
@@ -184,6 +186,58 @@ func (c *Consumer) writeDead(ctx context.Context, ch *chunk) bool {
 	}
 	ch.deadMsgs = nil
 	return true
+}
+
+// deadWriteFailing notes that a dead-letter write of partition part failed with err, or, with a
+// nil err, that one succeeded (see partState.deadFailing).
+func (c *Consumer) deadWriteFailing(part int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := c.parts[part]
+	switch {
+	case ps == nil:
+	case err == nil:
+		ps.deadFailing, ps.deadErr = time.Time{}, nil
+	default:
+		if ps.deadFailing.IsZero() {
+			ps.deadFailing = time.Now()
+		}
+		ps.deadErr = err
+	}
+}
+
+// summarizeDead logs how many dead letters were counted and not logged since the last summary,
+// if any (c.deadMu held).
+func (c *Consumer) summarizeDead() {
+	if c.deadSuppressed == 0 {
+		return
+	}
+	c.log.Warn("more records dead-lettered than logged one by one", "not_logged", c.deadSuppressed,
+		"window", c.cfg.deadLogWindow, "dead_letter_topic", c.cfg.DeadLetterTopic)
+	c.deadSuppressed = 0
+}
+
+// deadWindowEnded is the timer logDead sets when a window's burst is spent.
+func (c *Consumer) deadWindowEnded() {
+	c.deadMu.Lock()
+	defer c.deadMu.Unlock()
+	c.deadTimer = nil
+	if !c.deadClosed {
+		c.summarizeDead()
+	}
+}
+
+// closeDeadLog stops the window's timer and logs what it would have (at Close: no dead letter is
+// counted after it).
+func (c *Consumer) closeDeadLog() {
+	c.deadMu.Lock()
+	defer c.deadMu.Unlock()
+	c.deadClosed = true
+	if c.deadTimer != nil {
+		c.deadTimer.Stop()
+		c.deadTimer = nil
+	}
+	c.summarizeDead()
 }
 
 // deadLetterSource names the outage of partition part's dead-letter writes.
@@ -257,11 +311,13 @@ func (ch *chunk) deadMarksAndMsgs() []pendingDead {
 	return out
 }
 
-// Dead letters are logged one line each, up to deadLogBurst per deadLogWindow; beyond that they
-// are counted and one summary line per window says how many were not logged.
+// Dead letters are logged one line each, up to deadLogBurst per window (ConsumerConfig's
+// deadLogWindow, defaultDeadLogWindow); beyond that they are counted, and one summary line says
+// how many were not logged: when the window ends (a timer, so that a burst followed by silence
+// is reported too), and at Close.
 const (
-	deadLogBurst  = 10
-	deadLogWindow = time.Minute
+	deadLogBurst         = 10
+	defaultDeadLogWindow = time.Minute
 )
 
 // countDead adds the written dead letters (all minus failed, which is a subsequence) to the
@@ -304,14 +360,15 @@ func headerValue(m kafka.Message, key string) string {
 // held).
 func (c *Consumer) logDead(d pendingDead) {
 	now := time.Now()
-	if now.Sub(c.deadLogAt) >= deadLogWindow {
-		if c.deadSuppressed > 0 {
-			c.log.Warn("more records dead-lettered than logged one by one", "not_logged", c.deadSuppressed,
-				"window", deadLogWindow, "dead_letter_topic", c.cfg.DeadLetterTopic)
-		}
+	if now.Sub(c.deadLogAt) >= c.cfg.deadLogWindow {
+		c.summarizeDead()
 		c.deadLogAt, c.deadLogged, c.deadSuppressed = now, 0, 0
 	}
 	if c.deadLogged >= deadLogBurst {
+		if c.deadSuppressed == 0 && c.deadTimer == nil && !c.deadClosed {
+			// Report the window's count when it ends, whether or not another dead letter comes.
+			c.deadTimer = time.AfterFunc(c.deadLogAt.Add(c.cfg.deadLogWindow).Sub(now), c.deadWindowEnded)
+		}
 		c.deadSuppressed++
 		return
 	}

@@ -42,6 +42,11 @@ type partState struct {
 	last          recordMark
 	resetAccepted bool // a TopicResetError was accepted (ConsumerConfig.AcceptTopicReset)
 	resetPending  bool // in ConsumerConfig.ResetPartitions: reset to the log start once it is known
+	// deadFailing is when the partition's dead-letter writes began to fail (zero while they
+	// succeed), deadErr the last failure: the reader retries them and reads no further meanwhile,
+	// though the partition may look read to its end (Health).
+	deadFailing time.Time
+	deadErr     error
 }
 
 // chunk is what one fetch of one partition yields, decoded: the good records and the dead
