@@ -685,7 +685,11 @@ func (c *Consumer) Health() Health {
 		switch {
 		case caughtUp || ps.waiting:
 		case now.Sub(ps.lastFetch) > bound:
-			why = append(why, fmt.Sprintf("partition %d: no fetch for %v with %d records to read", p, now.Sub(ps.lastFetch).Round(time.Millisecond), ps.hwm-ps.next))
+			msg := fmt.Sprintf("partition %d: no fetch for %v with %d records to read", p, now.Sub(ps.lastFetch).Round(time.Millisecond), ps.hwm-ps.next)
+			if ps.readErr != nil {
+				msg += ": " + ps.readErr.Error()
+			}
+			why = append(why, msg)
 		}
 	}
 	if c.metaOK && c.topicErr == nil && h.Readers < c.nparts {

@@ -47,6 +47,9 @@ type partState struct {
 	// though the partition may look read to its end (Health).
 	deadFailing time.Time
 	deadErr     error
+	// readErr is the last error of a fetch, or of reading what it fetched, since the last
+	// fetch that succeeded (Health names it beside a partition that has not fetched).
+	readErr error
 }
 
 // chunk is what one fetch of one partition yields, decoded: the good records and the dead
@@ -202,6 +205,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 		c.mu.Lock()
 		ps.suspect = true
 		ps.vanished = ps.vanished || unknownTopic(err)
+		ps.readErr = err
 		c.mu.Unlock()
 		c.failedAttempt(src, err)
 		return bo.Wait(ctx) == nil
@@ -290,7 +294,7 @@ func (c *Consumer) readPartition(ctx context.Context, ps *partState) {
 			c.mu.Unlock()
 		}
 		c.mu.Lock()
-		ps.hwm, ps.logStart, ps.lastFetch = res.HighWatermark, res.LogStartOffset, time.Now()
+		ps.hwm, ps.logStart, ps.lastFetch, ps.readErr = res.HighWatermark, res.LogStartOffset, time.Now(), nil
 		if ch.next > ps.next {
 			ps.next = ch.next
 		}
