@@ -111,7 +111,10 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if sendErr != nil {
-		return fmt.Errorf("stopped after %d of %d lines: %w; run the same command again: stored lines are counted as existing, not stored twice", sum.Lines, total, sendErr)
+		imp.mu.Lock()
+		done := imp.done
+		imp.mu.Unlock()
+		return fmt.Errorf("stopped after %d of %d lines were answered: %w; once its cause is fixed, run the same command again: stored lines are counted as existing, not stored twice", done, total, sendErr)
 	}
 	if sum.Accepted > 0 {
 		fmt.Fprintf(stderr, "import-ces: %d lines were accepted by replicas and sent to their CEs' owners, which store or refuse each "+
@@ -324,7 +327,11 @@ func (imp *importer) send(ctx context.Context, b bulkBatch) error {
 			}
 		}
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("lines %d-%d: POST %s: %s: %s", b.lines[0], b.lines[len(b.lines)-1], imp.url, resp.Status, strings.TrimSpace(string(body)))
+			hint := ""
+			if resp.StatusCode == http.StatusUnauthorized {
+				hint = " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
+			}
+			return fmt.Errorf("lines %d-%d: POST %s: %s: %s%s", b.lines[0], b.lines[len(b.lines)-1], imp.url, resp.Status, strings.TrimSpace(string(body)), hint)
 		}
 		return imp.record(b, body)
 	}
