@@ -45,7 +45,7 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *syncWrites && *dataDir == "" {
 		return fmt.Errorf("%w: --sync-writes needs --data-dir", cli.ErrUsage)
 	}
-	if *nodes < 1 {
+	if *nodes < 1 || *nodes > broker.MaxNodes {
 		return fmt.Errorf("%w: --nodes %d: want 1..%d", cli.ErrUsage, *nodes, broker.MaxNodes)
 	}
 	if *partitions < 1 {

@@ -39,21 +39,30 @@ func TestBoundReproducesPaperRow(t *testing.T) {
 	}
 }
 
+// TestUsageErrorsExit2: a usage error exits 2, and where its message is given, says it.
 func TestUsageErrorsExit2(t *testing.T) {
-	for _, args := range [][]string{
-		{},
-		{"frobnicate"},
-		{"bound", "--p1", "1.5", "--kl", "0"},
-		{"bound", "--p1", "0.9", "--kl", "-1"},
-		{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"},
-		{"kl", "--old", "x"},
-		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"},
-		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "1"},
-		{"train", "--data", "nope.csv", "--out", "x", "--holdout", "-0.1"},
-		{"experiment", "psce"}, // moved to cfguard-lab
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr; "" checks the exit code only
+	}{
+		{nil, ""},
+		{[]string{"frobnicate"}, ""},
+		{[]string{"bound", "--p1", "1.5", "--kl", "0"}, "--p1 must be in [0, 1], got 1.5"},
+		{[]string{"bound", "--p1", "0.9", "--kl", "-1"}, ""},
+		{[]string{"bound", "--p1", "0.9", "--kl", "0.1", "--mode", "loose"}, ""},
+		{[]string{"bound", "--kl", "0.1"}, "--p1 and --kl are required"},
+		{[]string{"bound", "--p1", "0.9"}, "--p1 and --kl are required"},
+		{[]string{"broker", "--nodes", "65"}, "--nodes 65: want 1..64"},
+		{[]string{"new-epoch", "--config", "cfguard.yaml", "--wait", "5s"}, "give --head-from too, or drop --wait"},
+		{[]string{"kl", "--old", "x"}, ""},
+		{[]string{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"}, ""},
+		{[]string{"train", "--data", "nope.csv", "--out", "x", "--holdout", "1"}, ""},
+		{[]string{"train", "--data", "nope.csv", "--out", "x", "--holdout", "-0.1"}, ""},
+		{[]string{"experiment", "psce"}, ""}, // moved to cfguard-lab
 	} {
-		if code, _, _ := proc.RunCLI(t, args...); code != 2 {
-			t.Errorf("%v: exit %d, want 2", args, code)
+		code, _, stderr := proc.RunCLI(t, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 2, saying %q", tc.args, code, stderr, tc.want)
 		}
 	}
 }

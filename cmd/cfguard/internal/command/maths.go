@@ -78,6 +78,8 @@ func cmdBound(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	switch {
+	case math.IsNaN(*p1) || math.IsNaN(*kl):
+		return fmt.Errorf("%w: --p1 and --kl are required", cli.ErrUsage)
 	case !(*p1 >= 0 && *p1 <= 1):
 		return fmt.Errorf("%w: --p1 must be in [0, 1], got %v", cli.ErrUsage, *p1)
 	case !(*kl >= 0) || math.IsInf(*kl, 0):

@@ -160,6 +160,11 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *wait <= 0 {
 		return fmt.Errorf("%w: --wait %v, want a positive duration (the time the replica at --head-from has to resume)", cli.ErrUsage, *wait)
 	}
+	waitSet := false
+	fs.Visit(func(f *flag.Flag) { waitSet = waitSet || f.Name == "wait" })
+	if waitSet && *headFrom == "" {
+		return fmt.Errorf("%w: --wait is the wait for the replica at --head-from: give --head-from too, or drop --wait", cli.ErrUsage)
+	}
 	cfg, err := config.LoadFile(*path)
 	if err != nil {
 		return err
