@@ -162,6 +162,19 @@ func (c *Config) validate(lines map[string]int) error {
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		bad("kafka.tls.cert_file", c.Kafka.TLS.CertFile, "cert_file and key_file go together")
 	}
+	if !c.Kafka.TLS.Enabled {
+		// Files without enabled are not used: the connection would be plain Kafka, however
+		// carefully the certificates were named.
+		for _, f := range []struct{ key, path string }{{"kafka.tls.ca_file", c.Kafka.TLS.CAFile},
+			{"kafka.tls.cert_file", c.Kafka.TLS.CertFile}, {"kafka.tls.key_file", c.Kafka.TLS.KeyFile}} {
+			if f.path != "" {
+				bad(f.key, f.path, "is set but kafka.tls.enabled is false, so the connection to Kafka would not use TLS: set kafka.tls.enabled: true, or remove the key")
+			}
+		}
+		if c.Kafka.TLS.InsecureSkipVerify {
+			bad("kafka.tls.insecure_skip_verify", true, "is set but kafka.tls.enabled is false (there is no TLS to verify): set kafka.tls.enabled: true, or remove the key")
+		}
+	}
 	if c.Update.Objective != "prior" && c.Update.Objective != "vcl" {
 		bad("update.objective", c.Update.Objective, "must be prior or vcl")
 	}
