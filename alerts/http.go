@@ -5,10 +5,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// Names of the API server's metrics: the connections it holds and the requests it sheds.
+// Names of the API server's metrics: the connections it holds, the requests it answers and
+// those it sheds.
 const (
 	NameHTTPConnections    = "cfguard_http_connections"
 	NameHTTPMaxConnections = "cfguard_http_max_connections"
+	NameHTTPRequests       = "cfguard_http_requests_total"
 	NameHTTPRejected       = "cfguard_http_requests_rejected_total"
 )
 
@@ -25,6 +27,7 @@ const (
 type HTTPMetrics struct {
 	// Connections is the number of connections the API holds open.
 	Connections prometheus.Gauge
+	requests    *prometheus.CounterVec
 	rejected    *prometheus.CounterVec
 }
 
@@ -34,6 +37,8 @@ func NewHTTPMetrics(reg prometheus.Registerer, maxConns int) *HTTPMetrics {
 	m := &HTTPMetrics{
 		Connections: f.NewGauge(prometheus.GaugeOpts{Name: NameHTTPConnections,
 			Help: "Connections the API holds open (at most http.max_connections)."}),
+		requests: f.NewCounterVec(prometheus.CounterOpts{Name: NameHTTPRequests,
+			Help: "Requests answered, by route (the API's pattern, \"ui\" for the web UI, \"other\" for a path no route takes) and status code."}, []string{"route", "code"}),
 		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: NameHTTPRejected,
 			Help: "Requests answered 429 because their route had no room for them (predict: the inputs admitted plus theirs would pass http.max_predict_inputs; explain: every explain.concurrency slot was taken)."}, []string{"route"}),
 	}
@@ -42,6 +47,12 @@ func NewHTTPMetrics(reg prometheus.Registerer, maxConns int) *HTTPMetrics {
 		m.rejected.WithLabelValues(string(r))
 	}
 	return m
+}
+
+// Requests is the counter of the requests to route answered, by status code (label "code", as
+// promhttp.InstrumentHandlerCounter sets it).
+func (m *HTTPMetrics) Requests(route string) *prometheus.CounterVec {
+	return m.requests.MustCurryWith(prometheus.Labels{"route": route})
 }
 
 // Rejected is the counter of requests to route answered 429.

@@ -19,7 +19,7 @@
 //   - RegisterLedgerWriteFailures, RegisterEmbeddedBrokerWrites: commits to the ledger and writes
 //     of the embedded broker that failed, read at each scrape;
 //   - RegisterEmbeddedBrokerConnections: the embedded broker's connections, read at each scrape;
-//   - NewHTTPMetrics: the API server's connections and shed requests;
+//   - NewHTTPMetrics: the API server's connections, answered requests and shed requests;
 //   - NewReplicaMetrics: a replica's place in the posterior log and its share of the CEs;
 //   - NewQualityMetrics: the served model's prequential quality and its change detector;
 //   - NewRequestMetrics: requests applied before (request ids), skipped and answered from their
@@ -104,7 +104,7 @@ func Names() []string {
 		NameRenewalPending, NameMeasured, NameBuildInfo, NameTopicMismatch, NameEvents, NameAudits, NameExportVersion,
 		NameExportFailures, NameRegistrationBatch, NameDamaged, NameLedgerWriteFailures, NameLedgerWriteFailureLast, NameLedgerWriteFailing, NameBrokerWriteFailing,
 		NameBrokerConnections, NameBrokerMaxConnections, NameBrokerConnsClosed,
-		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRejected,
+		NameHTTPConnections, NameHTTPMaxConnections, NameHTTPRequests, NameHTTPRejected,
 		NameLogEntry, NameLogTerm, NameLogLag, NameLogStopped, NameLogIgnored, NameLogAppendsLost, NameGenerations, NameEventsRepublish, NameCERepaired,
 		NameReplicaUpdater, NameCEPartitions, NameCERebuilding, NameCEBlocked, NameCERequestsApply, NameCERequestsSkip, NameUnauthenticated, NameSettingsDiffer, NameCEStates,
 		NameRequestsSkipped, NameRequestsReplayed,

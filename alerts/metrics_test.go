@@ -30,7 +30,8 @@ func gathered(t *testing.T) []*dto.MetricFamily {
 	NewMetrics(reg)
 	NewReplicaMetrics(reg, []string{"not_successor"}, "cfguard.posterior")
 	NewQualityMetrics(reg)
-	NewHTTPMetrics(reg, 1)
+	// Requests' series appear with a route's first answer.
+	NewHTTPMetrics(reg, 1).Requests("GET /healthz").WithLabelValues("200").Inc()
 	NewRequestMetrics(reg)
 	RegisterDamaged(reg, func() int { return 0 })
 	RegisterLedgerWriteFailures(reg, func() (uint64, time.Time) { return 0, time.Time{} }, func() bool { return false })

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/cluster"
@@ -102,6 +104,8 @@ type api struct {
 	// publishing is the outbox publisher's state (Daemon.publishing), shown on the UI's events
 	// page; nil: not known.
 	publishing *atomic.Pointer[ui.Publishing]
+	// httpMetrics counts the requests answered by route and code; nil: not counted.
+	httpMetrics *alerts.HTTPMetrics
 }
 
 // endpoint is one route of the API.
@@ -147,7 +151,7 @@ func (a *api) routes() http.Handler {
 		case "metrics":
 			h = a.auth(a.cfg.metricsToken, e.handler)
 		}
-		mux.Handle(e.pattern, h)
+		mux.Handle(e.pattern, a.counted(e.pattern, h))
 	}
 	// The web UI authenticates itself (the token as a bearer header or its session cookie);
 	// without a token, a page whose name was pointed at a loopback daemon cannot read it either.
@@ -162,16 +166,25 @@ func (a *api) routes() http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
-	mux.Handle("/ui/", uih)
-	mux.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
-	mux.Handle("/", unrouted(mux))
-	return http.MaxBytesHandler(canonical(mux), a.cfg.maxBodyBytes)
+	mux.Handle("/ui/", a.counted("ui", uih))
+	mux.Handle("/ui", a.counted("ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently)))
+	mux.Handle("/", a.counted("other", unrouted(mux)))
+	return http.MaxBytesHandler(canonical(mux, a.counted("other", http.HandlerFunc(uncanonical))), a.cfg.maxBodyBytes)
 }
 
-// canonical refuses, with a JSON 400, a path with an empty, "." or ".." segment, which the mux
-// would answer with a redirect to its cleaned form: a client that follows it would be answered
+// counted counts h's answers in cfguard_http_requests_total under route (an endpoint's pattern,
+// "ui", or "other" for what no route takes), by status code.
+func (a *api) counted(route string, h http.Handler) http.Handler {
+	if a.httpMetrics == nil {
+		return h
+	}
+	return promhttp.InstrumentHandlerCounter(a.httpMetrics.Requests(route), h)
+}
+
+// canonical hands a path with an empty, "." or ".." segment to refuse, not to h: the mux would
+// answer it with a redirect to its cleaned form, and a client that follows it would be answered
 // for another path (GET /v1/counterfactuals/. would list every CE, DELETE .. would go to /v1).
-func canonical(h http.Handler) http.Handler {
+func canonical(h, refuse http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
 		clean := path.Clean(p)
@@ -179,11 +192,16 @@ func canonical(h http.Handler) http.Handler {
 			clean += "/"
 		}
 		if clean != p {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: a path has no empty, \".\" or \"..\" segment (docs/API.md lists the routes)", r.Method, p))
+			refuse.ServeHTTP(w, r)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// uncanonical answers a path canonical refuses: a JSON 400.
+func uncanonical(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: a path has no empty, \".\" or \"..\" segment (docs/API.md lists the routes)", r.Method, r.URL.Path))
 }
 
 // unrouted answers a request that no route of mux takes (mux routes it to "/"), in JSON as every

@@ -525,7 +525,8 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 		epsilon: cfg.Certify.Epsilon, epsilonMax: cfg.Certify.EpsilonMax, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
 		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
-		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg, publishing: &d.publishing}
+		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg, publishing: &d.publishing,
+		httpMetrics: hm}
 }
 
 // serveAPI makes h (the API, or a replica's refusal) answer on http.listen from now on.

@@ -640,3 +640,61 @@ func acceptOne(l net.Listener) <-chan error {
 	}()
 	return accepted
 }
+
+// TestRequestsAreCountedByRouteAndCode: cfguard_http_requests_total counts every answer once,
+// under the route that answered it (a refusal by the token check included) or "other" when no
+// route took the request (an unknown path, a method no route has, a path with a "." segment).
+func TestRequestsAreCountedByRouteAndCode(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.Token = "tok" })
+	hm := alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)
+	a := r.D.newAPI(hm)
+	srv := httptest.NewServer(a.routes())
+	t.Cleanup(srv.Close)
+	for _, q := range []struct {
+		method, path string
+		token        bool
+		want         int
+	}{
+		{"GET", "/healthz", false, 200},
+		{"GET", "/healthz", false, 200},
+		{"GET", "/v1/counterfactuals/nope", true, 404},
+		{"GET", "/v1/counterfactuals/nope", false, 401},
+		{"GET", "/v1/nothing", true, 404},
+		{"PUT", "/v1/counterfactuals", true, 405},
+		{"GET", "/v1/counterfactuals/.", true, 400},
+		{"GET", "/ui/nothing", true, 404},
+	} {
+		req, _ := http.NewRequest(q.method, srv.URL+q.path, nil)
+		if q.token {
+			req.Header.Set("Authorization", "Bearer tok")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != q.want {
+			t.Fatalf("%s %s: %d, want %d", q.method, q.path, resp.StatusCode, q.want)
+		}
+	}
+	for _, c := range []struct {
+		route, code string
+		want        float64
+	}{
+		{"GET /healthz", "200", 2},
+		{"GET /v1/counterfactuals/{id}", "404", 1},
+		{"GET /v1/counterfactuals/{id}", "401", 1},
+		{"other", "404", 1},
+		{"other", "405", 1},
+		{"other", "400", 1},
+		{"ui", "404", 1},
+	} {
+		if got := testutil.ToFloat64(hm.Requests(c.route).WithLabelValues(c.code)); got != c.want {
+			t.Errorf("cfguard_http_requests_total{route=%q, code=%q} %v, want %v", c.route, c.code, got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(hm.Requests("GET /healthz")); n != 7 {
+		t.Errorf("%d series of cfguard_http_requests_total, want the 7 above", n)
+	}
+}
