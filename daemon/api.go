@@ -169,7 +169,33 @@ func (a *api) routes() http.Handler {
 	mux.Handle("/ui/", a.counted("ui", uih))
 	mux.Handle("/ui", a.counted("ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently)))
 	mux.Handle("/", a.counted("other", unrouted(mux)))
-	return http.MaxBytesHandler(canonical(mux, a.counted("other", http.HandlerFunc(uncanonical))), a.cfg.maxBodyBytes)
+	return boundBodies(canonical(mux, a.counted("other", http.HandlerFunc(uncanonical))), a.cfg.maxBodyBytes, a.counted("other", http.HandlerFunc(tooLong)))
+}
+
+// boundBodies bounds every request body to n bytes (http.max_body_bytes): a body that turns out
+// longer fails its read (readBody answers 400), and a request whose Content-Length already says
+// so goes to refuse before anything is read, so that a client that waits for 100 Continue is not
+// kept waiting for the read timeout, nor its body read only to be refused.
+func boundBodies(h http.Handler, n int64, refuse http.Handler) http.Handler {
+	bounded := http.MaxBytesHandler(h, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > n {
+			refuse.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyLimit{}, n)))
+			return
+		}
+		bounded.ServeHTTP(w, r)
+	})
+}
+
+// bodyLimit is the context key of the limit boundBodies refused a request over.
+type bodyLimit struct{}
+
+// tooLong answers a request whose Content-Length is over http.max_body_bytes: a JSON 400, as a
+// body found too long when read is answered, and the connection closed (its body is not read).
+func tooLong(w http.ResponseWriter, r *http.Request) {
+	n, _ := r.Context().Value(bodyLimit{}).(int64)
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusBadRequest, fmt.Sprintf("request body of %d bytes (Content-Length) over %d bytes (http.max_body_bytes)", r.ContentLength, n))
 }
 
 // counted counts h's answers in cfguard_http_requests_total under route (an endpoint's pattern,

@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -696,5 +698,59 @@ func TestRequestsAreCountedByRouteAndCode(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(hm.Requests("GET /healthz")); n != 7 {
 		t.Errorf("%d series of cfguard_http_requests_total, want the 7 above", n)
+	}
+}
+
+// TestBodyOverTheLimitIsRefusedBeforeItIsRead: a request whose Content-Length is over
+// http.max_body_bytes is answered 400 at once, without 100 Continue to a client that waits for
+// it, and its connection closed; the client sends no byte of the body. A body of the limit is
+// read, and one that turns out longer than its Content-Length allows is not taken either.
+func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.HTTP.MaxBodyBytes = 1000 })
+	hm := alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)
+	srv := httptest.NewServer(r.D.newAPI(hm).routes())
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The deadline only ends a test whose server waits for a body that never comes.
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	fmt.Fprintf(conn, "POST /v1/counterfactuals HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 1000000000\r\nExpect: 100-continue\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer before the body: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !resp.Close ||
+		!strings.Contains(string(body), "request body of 1000000000 bytes (Content-Length) over 1000 bytes (http.max_body_bytes)") {
+		t.Fatalf("%d (close %v) %s; want 400 naming the limit, the connection closed", resp.StatusCode, resp.Close, body)
+	}
+	if got := testutil.ToFloat64(hm.Requests("other").WithLabelValues("400")); got != 1 {
+		t.Errorf("cfguard_http_requests_total{route=other, code=400} %v, want 1", got)
+	}
+	// A body of the limit is read (and refused as the JSON it is not); one past it is refused by
+	// its Content-Length, or, sent without one (chunked), as it is read.
+	for _, c := range []struct {
+		n       int
+		chunked bool
+		want    string
+	}{{1000, false, "bad JSON"}, {1001, false, "request body of 1001 bytes (Content-Length)"},
+		{1000, true, "bad JSON"}, {1001, true, "request body over 1000 bytes (http.max_body_bytes)"}} {
+		var body io.Reader = strings.NewReader(strings.Repeat(" ", c.n-1) + "x")
+		if c.chunked {
+			body = io.MultiReader(body) // no length the client can see
+		}
+		resp, err := http.Post(srv.URL+"/v1/counterfactuals", "application/json", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), c.want) {
+			t.Errorf("a body of %d bytes (chunked %v): %d %s, want 400 saying %q", c.n, c.chunked, resp.StatusCode, b, c.want)
+		}
 	}
 }
