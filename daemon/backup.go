@@ -44,7 +44,8 @@ func (s stallWriter) Write(p []byte) (int, error) {
 }
 
 // handleBackup is GET /v1/backup: a consistent snapshot of the ledger (a complete bbolt file as
-// of one transaction) streamed while ingestion goes on. Restore it with cfguard restore.
+// of one transaction) streamed while ingestion goes on. Restore it with cfguard restore. A HEAD
+// gets the headers only, without a snapshot taken.
 func (a *api) handleBackup(w http.ResponseWriter, r *http.Request) {
 	// The snapshot streams as long as the ledger takes to write, not within http.write_timeout,
 	// but each chunk of it within backupStall.
@@ -54,6 +55,9 @@ func (a *api) handleBackup(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Disposition", `attachment; filename="cfguard.db"`)
 	h.Set("Trailer", trailerBackupTxID+", "+trailerBackupVersion+", "+trailerBackupError)
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return // a HEAD has no body: the snapshot is not read only to be thrown away
+	}
 	info, err := a.backup.Backup(r.Context(), body)
 	if err != nil {
 		h.Set(trailerBackupError, err.Error())

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -452,6 +453,41 @@ func TestBackupTrailersTellTheSnapshotOrItsFailure(t *testing.T) {
 				t.Errorf("trailers txid, posterior version, error %q, want %q", got, want)
 			}
 		})
+	}
+}
+
+// countedBackup counts the snapshots taken.
+type countedBackup struct{ n atomic.Int32 }
+
+func (c *countedBackup) Backup(ctx context.Context, w io.Writer) (ledger.Info, error) {
+	c.n.Add(1)
+	_, err := io.WriteString(w, "bbolt")
+	return ledger.Info{TxID: 1}, err
+}
+
+// TestBackupHeadTakesNoSnapshot: HEAD /v1/backup answers GET's status and headers without a
+// snapshot taken (it would be read whole only to be thrown away); a GET takes one.
+func TestBackupHeadTakesNoSnapshot(t *testing.T) {
+	src := &countedBackup{}
+	a := &api{cfg: apiConfig{maxBodyBytes: 1 << 20}, metrics: http.NotFoundHandler(), backup: src}
+	srv := httptest.NewServer(a.routes())
+	defer srv.Close()
+	resp, err := http.Head(srv.URL + "/v1/backup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/octet-stream" || src.n.Load() != 0 {
+		t.Fatalf("HEAD: %d %q, %d snapshots taken; want 200 application/octet-stream and none", resp.StatusCode, resp.Header.Get("Content-Type"), src.n.Load())
+	}
+	resp, err = http.Get(srv.URL + "/v1/backup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if src.n.Load() != 1 {
+		t.Fatalf("GET took %d snapshots, want 1", src.n.Load())
 	}
 }
 
