@@ -11,7 +11,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/internal/kafkatest"
@@ -90,12 +89,7 @@ func rawBatch(recs []kmsg.Record, lastOffsetDelta int32) []byte {
 // 10. With one batch per fetch (FetchMaxBytes 1: a fetch returns its first batch whole), the
 // consumer must pass offsets 5 to 9 and hand out the good record.
 func TestCompactedTailDoesNotStallThePartition(t *testing.T) {
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, recordsTopic, deadTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
-	conn := ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	_, conn := bareCluster(t)
 	var recs []kmsg.Record
 	for i := range 10 {
 		recs = append(recs, kmsg.Record{OffsetDelta: int32(i % 5), Key: []byte("k"), Value: []byte(goodRecord("old", i))})

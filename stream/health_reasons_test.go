@@ -12,7 +12,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/broker"
@@ -58,12 +57,7 @@ func TestHealthNamesAFailingDeadLetterTopic(t *testing.T) {
 // the partition has not fetched. A bare kfake cluster takes the batch: its records section holds
 // eleven bytes of 0xff, no record, though its header counts two.
 func TestHealthNamesWhyAPartitionIsNotRead(t *testing.T) {
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, recordsTopic, deadTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
-	conn := ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	_, conn := bareCluster(t)
 	produce(t, conn, recordsTopic, 0, goodRecord("first", 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

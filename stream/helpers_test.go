@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/tooltest"
@@ -41,6 +42,20 @@ func startBroker(t testing.TB, cfg broker.Config) *broker.Broker {
 
 func plainConn(b *broker.Broker) ConnConfig {
 	return ConnConfig{Brokers: b.Addrs(), DialTimeout: 5 * time.Second}
+}
+
+// bareCluster starts a kfake cluster of one broker with the records and dead-letter topics of
+// one partition, without the embedded broker's gate: a test that needs a log the gate would not
+// let a producer write (a batch as compaction leaves it, or one no fetch can read) writes it
+// there. It returns the cluster and a ConnConfig to it.
+func bareCluster(t testing.TB) (*kfake.Cluster, ConnConfig) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, recordsTopic, deadTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, ConnConfig{Brokers: c.ListenAddrs(), DialTimeout: 5 * time.Second}
 }
 
 // partitionByKey sends a message with key "p<N>/..." to partition N, others to 0.

@@ -20,12 +20,8 @@ import (
 // overloaded machine) and then closes connections mid-request (unexpected EOF) does not stop the
 // consumer: it retries with backoff, and every record arrives, once, in order.
 func TestFetchTimeoutsAndEOFAreRetried(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, recordsTopic, deadTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	conn := ConnConfig{Brokers: c.ListenAddrs(), DialTimeout: 100 * time.Millisecond}
+	c, conn := bareCluster(t)
+	conn.DialTimeout = 100 * time.Millisecond
 	const n = 300
 	produce(t, conn, recordsTopic, 0, goodRecords("r", n)...)
 
