@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"hash/crc32"
+	"io"
 	"log/slog"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,8 +51,8 @@ func gzipped(t *testing.T, b []byte) []byte {
 	return buf.Bytes()
 }
 
-// produceFrame is a Produce v7 (acks=all) of batch to topic "t" partition 0.
-func produceFrame(batch []byte) []byte {
+// produceRequest is a Produce (acks=all) of batch to topic "t" partition 0.
+func produceRequest(batch []byte) *kmsg.ProduceRequest {
 	r := kmsg.NewPtrProduceRequest()
 	r.Acks, r.TimeoutMillis = -1, 5000
 	topic := kmsg.NewProduceRequestTopic()
@@ -57,8 +61,11 @@ func produceFrame(batch []byte) []byte {
 	p.Records = batch
 	topic.Partitions = append(topic.Partitions, p)
 	r.Topics = append(r.Topics, topic)
-	return request(r, 7)
+	return r
 }
+
+// produceFrame is produceRequest(batch) at version 7, as written on the wire.
+func produceFrame(batch []byte) []byte { return request(produceRequest(batch), 7) }
 
 // TestProduceOfUnreadableBatchIsRefused: a batch whose header and CRC are right but whose
 // records no consumer can read (kafka-go's fetch fails on it for good: cfguard's consumer
@@ -161,5 +168,62 @@ func TestProduceOfEveryCodecPasses(t *testing.T) {
 	}
 	if hw := b.HighWatermarks("c"); hw[0] != want {
 		t.Fatalf("partition holds %d records, want %d (connections %+v)", hw[0], want, b.Connections())
+	}
+}
+
+// BenchmarkProduceCheck sets what the gate's check of a produced batch costs (checkBatches,
+// uncompressed and gzipped) beside what the produce costs whole: the same request sent to the
+// embedded broker over loopback and its answer read, gate and check included. A batch is 64
+// records of about 250 bytes, as the daemon's input records are:
+//
+//	go test -run '^$' -bench ProduceCheck -count 5 ./broker
+func BenchmarkProduceCheck(b *testing.B) {
+	value := `{"id":"r-000000","features":[` + strings.TrimSuffix(strings.Repeat("0.123456,", 30), ",") + `],"label":1}`
+	var recs []byte
+	for i := range 64 {
+		recs = append(recs, record(int32(i), value)...)
+	}
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	w.Write(recs)
+	w.Close()
+	for _, c := range []struct {
+		name  string
+		batch []byte
+	}{{"none", rawBatch(0, 64, recs)}, {"gzip", rawBatch(1, 64, gz.Bytes())}} {
+		frame, r := produceFrame(c.batch), produceRequest(c.batch)
+		b.Run("check/"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(recs)))
+			for b.Loop() {
+				if err := checkBatches(r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("produce/"+c.name, func(b *testing.B) {
+			br, err := Start(context.Background(), Config{Topics: []string{"t"}, Partitions: 1}, slog.New(slog.DiscardHandler))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer br.Close()
+			conn, err := net.Dial("tcp", br.Addrs()[0])
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			b.SetBytes(int64(len(recs)))
+			var size [4]byte
+			for b.Loop() {
+				if _, err := conn.Write(frame); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(conn, size[:]); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.CopyN(io.Discard, conn, int64(binary.BigEndian.Uint32(size[:]))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
