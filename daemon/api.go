@@ -20,6 +20,7 @@ import (
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/cluster"
 	"github.com/cfguard/cfguard/internal/bearer"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/ui"
 )
@@ -145,11 +146,14 @@ func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	for _, e := range a.endpoints() {
 		var h http.Handler = e.handler
+		if strings.Contains(e.pattern, " /v1/") && e.pattern != "GET /v1/counterfactuals" {
+			h = noQuery(h)
+		}
 		switch e.auth {
 		case "token":
-			h = a.auth(a.cfg.token, e.handler)
+			h = a.auth(a.cfg.token, h)
 		case "metrics":
-			h = a.auth(a.cfg.metricsToken, e.handler)
+			h = a.auth(a.cfg.metricsToken, h)
 		}
 		mux.Handle(e.pattern, a.counted(e.pattern, h))
 	}
@@ -225,6 +229,19 @@ func canonical(h, refuse http.Handler) http.Handler {
 	})
 }
 
+// noQuery refuses, with a JSON 400, a request that carries query parameters to a route that
+// takes none (every /v1/ route but the list): a parameter the route does not know would be
+// ignored in silence, and DELETE /v1/counterfactuals/x?dry_run=1 would delete.
+func noQuery(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %s takes no query parameters, got %q (docs/API.md)", r.Method, r.URL.Path, ident.Clip(r.URL.RawQuery, 64)))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // uncanonical answers a path canonical refuses: a JSON 400.
 func uncanonical(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: a path has no empty, \".\" or \"..\" segment (docs/API.md lists the routes)", r.Method, r.URL.Path))
@@ -256,7 +273,7 @@ func unrouted(mux *http.ServeMux) http.Handler {
 
 // auth requires "Authorization: Bearer <token>" (the scheme in any case) when token is not
 // empty; without one, it refuses what a web page could send through a browser (openRequest).
-func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
+func (a *api) auth(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token != "" {
 			got, ok := bearer.Token(r.Header.Get("Authorization"))
@@ -269,7 +286,7 @@ func (a *api) auth(token string, h http.HandlerFunc) http.Handler {
 			writeError(w, http.StatusForbidden, err.Error())
 			return
 		}
-		h(w, r)
+		h.ServeHTTP(w, r)
 	})
 }
 

@@ -790,3 +790,36 @@ func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestQueryParametersOnlyWhereARouteTakesThem: a /v1/ route other than the list refuses query
+// parameters (400 naming them) rather than ignore them: a DELETE with ?dry_run=1 must not delete.
+// The list takes its own; the probes and /metrics are left as they are.
+func TestQueryParametersOnlyWhereARouteTakesThem(t *testing.T) {
+	r := startDaemon(t, nil)
+	srv := httptest.NewServer(r.D.newAPI(alerts.NewHTTPMetrics(prometheus.NewRegistry(), 1)).routes())
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		method, target string
+		want           int
+		says           string
+	}{
+		{"DELETE", "/v1/counterfactuals/nope?dry_run=1", 400, `DELETE /v1/counterfactuals/nope takes no query parameters, got \"dry_run=1\"`},
+		{"DELETE", "/v1/counterfactuals/nope", 404, ""},
+		{"GET", "/v1/model?version=3", 400, "takes no query parameters"},
+		{"GET", "/v1/model", 200, ""},
+		{"POST", "/v1/audit?x", 400, "takes no query parameters"},
+		{"GET", "/v1/counterfactuals?limit=5", 200, ""},
+		{"GET", "/healthz?probe=1", 200, ""},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.target, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want || !strings.Contains(string(b), c.says) {
+			t.Errorf("%s %s: %d %s, want %d saying %q", c.method, c.target, resp.StatusCode, b, c.want, c.says)
+		}
+	}
+}
