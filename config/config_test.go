@@ -704,10 +704,14 @@ func TestValidateRejectsEachKey(t *testing.T) {
 		}},
 		{"kafka.tls.ca_file", "kafka.tls.enabled is false, so the connection to Kafka would not use TLS", func(c *Config) {
 			c.Kafka.Brokers, c.Kafka.TLS.CAFile = []string{"k:9092"}, "ca.pem"
-		}, func(c *Config) { c.Kafka.Brokers, c.Kafka.TLS.Enabled, c.Kafka.TLS.CAFile = []string{"k:9092"}, true, "ca.pem" }},
+		}, func(c *Config) {
+			c.Kafka.Brokers, c.Kafka.TLS.Enabled, c.Kafka.TLS.CAFile = []string{"k:9092"}, true, "ca.pem"
+		}},
 		{"kafka.tls.insecure_skip_verify", "there is no TLS to verify", func(c *Config) {
 			c.Kafka.Brokers, c.Kafka.TLS.InsecureSkipVerify = []string{"k:9092"}, true
-		}, func(c *Config) { c.Kafka.Brokers, c.Kafka.TLS.Enabled, c.Kafka.TLS.InsecureSkipVerify = []string{"k:9092"}, true, true }},
+		}, func(c *Config) {
+			c.Kafka.Brokers, c.Kafka.TLS.Enabled, c.Kafka.TLS.InsecureSkipVerify = []string{"k:9092"}, true, true
+		}},
 		{"update.objective", "must be prior or vcl", func(c *Config) { c.Update.Objective = "sgd" }, func(c *Config) { c.Update.Objective = "vcl" }},
 		{"update.learning_rate", "must be in (0, 1]", func(c *Config) { c.Update.LearningRate = 0 }, nil},
 		{"update.learning_rate", "must be in (0, 1]", func(c *Config) { c.Update.LearningRate = math.Nextafter(1, 2) }, func(c *Config) { c.Update.LearningRate = 1 }},
