@@ -199,7 +199,7 @@ type bodyLimit struct{}
 func tooLong(w http.ResponseWriter, r *http.Request) {
 	n, _ := r.Context().Value(bodyLimit{}).(int64)
 	w.Header().Set("Connection", "close")
-	writeError(w, http.StatusBadRequest, fmt.Sprintf("request body of %d bytes (Content-Length) over %d bytes (http.max_body_bytes)", r.ContentLength, n))
+	writeError(w, http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes): its Content-Length is %d", n, r.ContentLength))
 }
 
 // counted counts h's answers in cfguard_http_requests_total under route (an endpoint's pattern,

@@ -761,7 +761,7 @@ func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusBadRequest || !resp.Close ||
-		!strings.Contains(string(body), "request body of 1000000000 bytes (Content-Length) over 1000 bytes (http.max_body_bytes)") {
+		!strings.Contains(string(body), "request body over 1000 bytes (http.max_body_bytes): its Content-Length is 1000000000") {
 		t.Fatalf("%d (close %v) %s; want 400 naming the limit, the connection closed", resp.StatusCode, resp.Close, body)
 	}
 	if got := testutil.ToFloat64(hm.Requests("other").WithLabelValues("400")); got != 1 {
@@ -773,7 +773,7 @@ func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
 		n       int
 		chunked bool
 		want    string
-	}{{1000, false, "bad JSON"}, {1001, false, "request body of 1001 bytes (Content-Length)"},
+	}{{1000, false, "bad JSON"}, {1001, false, "request body over 1000 bytes (http.max_body_bytes): its Content-Length is 1001"},
 		{1000, true, "bad JSON"}, {1001, true, "request body over 1000 bytes (http.max_body_bytes)"}} {
 		var body io.Reader = strings.NewReader(strings.Repeat(" ", c.n-1) + "x")
 		if c.chunked {
