@@ -61,8 +61,10 @@
 // holds until it notices (its heartbeat fails, or no generation comes within the session
 // timeout), while the group may already have given its partitions to others. Each replica
 // writes only its own ledger, so two owners of one partition for a moment both apply the same
-// requests, each to its own ledger, and nothing else; of what they write to the shared CE state
-// topic, readers keep the claimed owner's.
+// requests, each to its own ledger; of what they write to the shared CE state topic, readers
+// keep the claimed owner's. Until the cut-off member learns that its generation ended, it also
+// answers reads from its own ledger (cluster.Share.Local answers them 503 from then on, until
+// the partition is caught up again).
 //
 // # Files
 //

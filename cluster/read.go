@@ -49,15 +49,24 @@ func (s *Share) Find(ctx context.Context, id, authorization string) (ce *ledger.
 var ErrRebuilding = errors.New("CE partition being rebuilt by its owner")
 
 // Local reads CE id from this replica's ledger, as the owner of its partition: ErrRebuilding
-// when the id is not stored and the partition is not caught up here (being rebuilt, or not
-// acquired yet: the group, which the directory described, gave it to this replica and the
-// member has not taken it; or a forwarding replica read the group before a rebalance).
+// when the partition is not caught up here (being rebuilt, or not acquired yet: the group,
+// which the directory described, gave it to this replica and the member has not taken it; or
+// a forwarding replica read the group before a rebalance), whether the ledger holds the id or
+// not: a copy the ledger kept from an earlier hold of the partition (a restart, a pause past
+// the session) may be one that requests still to replay delete or replace.
+//
+// Between two generations of the CE group (a member evicted after a pause past its session
+// learns it when its generation ends) it answers ErrRebuilding too, as HoldsWhole does for a
+// list: the group may have given the partition to another member, which applied requests this
+// ledger has not read.
 func (s *Share) Local(id string) (*ledger.CE, error) {
-	ce, err := s.ledger.Get(id)
-	if p := ceshare.Partition(id, s.partitions); errors.Is(err, ledger.ErrNotFound) && !s.member.Ready(p) {
+	if s.member.Generation() == 0 {
+		return nil, fmt.Errorf("%w: this replica is between two generations of the CE group of %s; retry", ErrRebuilding, s.topic)
+	}
+	if p := ceshare.Partition(id, s.partitions); !s.member.Ready(p) {
 		return nil, s.rebuildingErr(p)
 	}
-	return ce, err
+	return s.ledger.Get(id)
 }
 
 // rebuilding is ErrRebuilding for the first partition this replica holds or was assigned that
