@@ -43,9 +43,10 @@ func (s *Share) Find(ctx context.Context, id, authorization string) (ce *ledger.
 	return &got, owner.Replica, nil
 }
 
-// ErrRebuilding is the error of a read of an id this replica's ledger does not hold in a
-// partition it is still rebuilding from the CE topic (acquired, not caught up): the CE may be
-// among the registrations still to replay, so the answer is not known yet (503, not 404).
+// ErrRebuilding is the error of a read of an id in a partition this replica is still rebuilding
+// from the CE topic (acquired, not caught up) or is blocked in, held here or not: the CE may be
+// among the registrations still to replay, or a copy that requests still to replay delete or
+// replace, so the answer is not known yet (503, not 404 nor the copy).
 var ErrRebuilding = errors.New("CE partition being rebuilt by its owner")
 
 // Local reads CE id from this replica's ledger, as the owner of its partition: ErrRebuilding
