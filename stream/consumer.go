@@ -654,7 +654,9 @@ func (c *Consumer) Health() Health {
 	if since := now.Sub(c.brokerReply); since > bound {
 		msg := "the broker has not answered yet"
 		if !c.brokerReply.IsZero() {
-			msg = fmt.Sprintf("the broker has not answered for %v (bound %v)", since.Round(time.Millisecond), bound)
+			// An error the broker answers (an unknown topic) is not an answer here: say so, so
+			// that the reason does not read as a broker gone.
+			msg = fmt.Sprintf("the broker has not answered a request successfully for %v (bound %v)", since.Round(time.Millisecond), bound)
 		}
 		if c.lastErr != nil {
 			msg += ": " + c.lastErr.Error()
