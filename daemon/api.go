@@ -173,7 +173,8 @@ func (a *api) routes() http.Handler {
 	mux.Handle("/ui/", a.counted("ui", uih))
 	mux.Handle("/ui", a.counted("ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently)))
 	mux.Handle("/", a.counted("other", unrouted(mux)))
-	return boundBodies(canonical(mux, a.counted("other", http.HandlerFunc(uncanonical))), a.cfg.maxBodyBytes, a.counted("other", http.HandlerFunc(tooLong)))
+	n := a.cfg.maxBodyBytes
+	return boundBodies(canonical(mux, a.counted("other", http.HandlerFunc(uncanonical))), n, a.counted("other", tooLong(n)))
 }
 
 // boundBodies bounds every request body to n bytes (http.max_body_bytes): a body that turns out
@@ -184,22 +185,20 @@ func boundBodies(h http.Handler, n int64, refuse http.Handler) http.Handler {
 	bounded := http.MaxBytesHandler(h, n)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > n {
-			refuse.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyLimit{}, n)))
+			refuse.ServeHTTP(w, r)
 			return
 		}
 		bounded.ServeHTTP(w, r)
 	})
 }
 
-// bodyLimit is the context key of the limit boundBodies refused a request over.
-type bodyLimit struct{}
-
-// tooLong answers a request whose Content-Length is over http.max_body_bytes: a JSON 400, as a
-// body found too long when read is answered, and the connection closed (its body is not read).
-func tooLong(w http.ResponseWriter, r *http.Request) {
-	n, _ := r.Context().Value(bodyLimit{}).(int64)
-	w.Header().Set("Connection", "close")
-	writeError(w, http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes): its Content-Length is %d", n, r.ContentLength))
+// tooLong answers a request whose Content-Length is over n (http.max_body_bytes): a JSON 400, as
+// a body found too long when read is answered, and the connection closed (its body is not read).
+func tooLong(n int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes): its Content-Length is %d", n, r.ContentLength))
+	})
 }
 
 // counted counts h's answers in cfguard_http_requests_total under route (an endpoint's pattern,

@@ -144,9 +144,9 @@ func (c *ConsumerConfig) applyDefaults() error {
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, DefaultRefreshInterval)
 	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
 	c.RetryMin = cmp.Or(c.RetryMin, DefaultRetryMin)
-	c.deadLogWindow = cmp.Or(c.deadLogWindow, defaultDeadLogWindow)
 	c.RetryMax = cmp.Or(c.RetryMax, max(DefaultRetryMax, c.RetryMin))
 	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
+	c.deadLogWindow = cmp.Or(c.deadLogWindow, defaultDeadLogWindow)
 	if explicitBacklog && c.MaxRecordsBacklog < c.MaxRecords {
 		return fmt.Errorf("stream: consumer MaxRecordsBacklog %d < MaxRecords %d", c.MaxRecordsBacklog, c.MaxRecords)
 	}

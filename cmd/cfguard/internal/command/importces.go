@@ -111,10 +111,7 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if sendErr != nil {
-		imp.mu.Lock()
-		done := imp.done
-		imp.mu.Unlock()
-		return fmt.Errorf("stopped after %d of %d lines were answered: %w; once its cause is fixed, run the same command again: stored lines are counted as existing, not stored twice", done, total, sendErr)
+		return fmt.Errorf("stopped after %d of %d lines were answered: %w; once its cause is fixed, run the same command again: stored lines are counted as existing, not stored twice", imp.answered(), total, sendErr)
 	}
 	if sum.Accepted > 0 {
 		fmt.Fprintf(stderr, "import-ces: %d lines were accepted by replicas and sent to their CEs' owners, which store or refuse each "+
@@ -270,12 +267,17 @@ func (imp *importer) summary() ImportSummary {
 	return s
 }
 
+// answered is how many lines were answered or refused so far.
+func (imp *importer) answered() int {
+	imp.mu.Lock()
+	defer imp.mu.Unlock()
+	return imp.done
+}
+
 // progress prints done/total, the counts and the rate on stderr.
 func (imp *importer) progress() {
 	s := imp.summary()
-	imp.mu.Lock()
-	done := imp.done
-	imp.mu.Unlock()
+	done := imp.answered()
 	left := ""
 	if s.Rate > 0 && done < imp.total {
 		left = fmt.Sprintf(", about %v left", (time.Duration(float64(imp.total-done)/s.Rate) * time.Second).Round(time.Second))
