@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -155,6 +156,44 @@ func TestOverviewSaysWhyNotReadyAndWhatIsHeld(t *testing.T) {
 		}
 		if held := strings.Contains(body, `<dd id="held">633, in updates over the KL budget`); held != tc.held {
 			t.Errorf("%T: the overview shows the records held: %t, want %t", tc.src, held, tc.held)
+		}
+	}
+}
+
+// deadLetterSource is a ledger's Snapshot as a daemon that dead-lettered records would give it.
+type deadLetterSource struct{ ledgerSource }
+
+func (s deadLetterSource) Snapshot(ctx context.Context) (ui.Snapshot, error) {
+	snap, err := s.ledgerSource.Snapshot(ctx)
+	snap.Gauges = map[string]float64{`cfguard_records_total{result="dead_lettered"}`: 41, `cfguard_records_total{result="applied"}`: 7}
+	return snap, err
+}
+
+// CfguardDeadLetterRateHigh's ui_path is a page that shows what the alert counts: the records
+// dead-lettered, which no other page shows.
+func TestDeadLetterAlertPageShowsTheDeadLetters(t *testing.T) {
+	rules, err := os.ReadFile("../alerts/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)- alert: CfguardDeadLetterRateHigh\n.*?ui_path: "([^"]+)"`).FindSubmatch(rules)
+	if m == nil {
+		t.Fatal("alerts/rules.yml: no ui_path for CfguardDeadLetterRateHigh")
+	}
+	l, _ := smallLedger(t)
+	for _, tc := range []struct {
+		src  ui.Source
+		dead bool
+	}{{ledgerSource{l}, false}, {deadLetterSource{ledgerSource{l}}, true}} {
+		u := ui.New(ui.Config{Logger: slog.New(slog.DiscardHandler)}, tc.src)
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", string(m[1]), nil))
+		body := rec.Body.String()
+		if rec.Code != 200 {
+			t.Fatalf("%T: %s answered %d", tc.src, m[1], rec.Code)
+		}
+		if dead := strings.Contains(body, `<dd id="dead-lettered">41, refused by validation`); dead != tc.dead {
+			t.Errorf("%T: CfguardDeadLetterRateHigh's page %s shows the records dead-lettered: %t, want %t", tc.src, m[1], dead, tc.dead)
 		}
 	}
 }

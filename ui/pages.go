@@ -43,6 +43,7 @@ type page struct {
 	Scanned    int    // the CEs a filtered list page read to fill itself
 	VarCeiling string // a CE page's Theorem 2 ceiling, max(epsilon_max, epsilon); "" when not known
 	Held       string // the overview's count of records held (cfguard_records_total{result="held"}), "" for none
+	Dead       string // the overview's count of records dead-lettered (cfguard_records_total{result="dead_lettered"}), "" for none
 	Short      bool   // a list page that stopped reading before it filled, with more to read
 	Total      string // how many CEs the list holds in all, when the counts by status say it; "" else
 	FirstURL   string
@@ -243,6 +244,9 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	p.Lag = ingestLag(snap.Gauges, snap.Now)
 	if n := snap.Gauges[`cfguard_records_total{result="held"}`]; n > 0 {
 		p.Held = count(n)
+	}
+	if n := snap.Gauges[`cfguard_records_total{result="dead_lettered"}`]; n > 0 {
+		p.Dead = count(n)
 	}
 	u.render(w, http.StatusOK, "overview", p)
 }
