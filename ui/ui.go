@@ -70,7 +70,7 @@ func New(cfg Config, src Source) *UI {
 		cfg.Logger = slog.Default()
 	}
 	u := &UI{cfg: cfg, src: src, pages: parsePages("overview", "list", "ce", "certificate", "events", "login", "error")}
-	m := newMux()
+	m := newMux(u.noPage)
 	m.HandleFunc("GET /ui/login", u.loginForm)
 	m.HandleFunc("POST /ui/login", u.login)
 	m.HandleFunc("POST /ui/logout", u.logout)
@@ -94,11 +94,19 @@ func parsePages(names ...string) map[string]*template.Template {
 	return pages
 }
 
-// newMux is a mux that serves the static files under /ui/static/.
-func newMux() *http.ServeMux {
+// newMux is a mux that serves the static files under /ui/static/; a path there that names no
+// file (a directory included, which the file server would list) goes to noFile.
+func newMux(noFile http.HandlerFunc) *http.ServeMux {
 	static, _ := fs.Sub(staticFS, "static")
+	files := http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static)))
 	m := http.NewServeMux()
-	m.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	m.HandleFunc("GET /ui/static/", func(w http.ResponseWriter, r *http.Request) {
+		if fi, err := fs.Stat(static, strings.TrimPrefix(r.URL.Path, "/ui/static/")); err != nil || fi.IsDir() {
+			noFile(w, r)
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
 	return m
 }
 
@@ -285,12 +293,13 @@ func (u *UI) fail(w http.ResponseWriter, code int, err error) {
 // reload; the static files are served as always. It shows nothing /readyz does not.
 func Starting(phase func() string, retryAfter int) http.Handler {
 	u := &UI{cfg: Config{Logger: slog.New(slog.DiscardHandler)}, pages: parsePages("error")}
-	m := newMux()
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	starting := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 		u.render(w, http.StatusServiceUnavailable, "error", page{Title: "Starting", NoNav: true,
 			Error: "cfguard is starting: " + phase() + ". Its pages answer once it has started: reload this page in a moment."})
-	})
+	}
+	m := newMux(starting)
+	m.HandleFunc("/", starting)
 	u.mux = m
 	return u
 }

@@ -547,3 +547,35 @@ func TestPagesNotAvailableYetSayWhy(t *testing.T) {
 		}
 	}
 }
+
+// A path under /ui/static/ that names no file, the directory itself included, gets the UI's 404
+// page as every path that is no page does, not the file server's plain text or its listing; the
+// stylesheet is served. The same holds while the daemon starts, whose pages are its 503.
+func TestStaticPathsThatNameNoFileAreNoPage(t *testing.T) {
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: certify.DefaultPolicy(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, ledgerSource{l})
+	starting := ui.Starting(func() string { return "opening the ledger" }, 10)
+	for _, c := range []struct {
+		h    http.Handler
+		code int
+		says string
+	}{{u, http.StatusNotFound, "There is no page at "}, {starting, http.StatusServiceUnavailable, "cfguard is starting"}} {
+		for _, path := range []string{"/ui/static/", "/ui/static/nope.css", "/ui/static/style.css/"} {
+			rec := httptest.NewRecorder()
+			c.h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+			if rec.Code != c.code || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/html") || !strings.Contains(rec.Body.String(), c.says) ||
+				!strings.Contains(rec.Body.String(), `<a href="/ui/">`) {
+				t.Errorf("GET %s: %d %s, want %d saying %q with a way back\n%s", path, rec.Code, rec.Header().Get("Content-Type"), c.code, c.says, rec.Body.String())
+			}
+		}
+		rec := httptest.NewRecorder()
+		c.h.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/static/style.css", nil))
+		if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/css") {
+			t.Errorf("GET /ui/static/style.css: %d %s, want the stylesheet", rec.Code, rec.Header().Get("Content-Type"))
+		}
+	}
+}
