@@ -3,6 +3,7 @@ package uibrowser
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -339,4 +340,33 @@ func TestUIInABrowser(t *testing.T) {
 	// Sign out: the next page asks for the token again.
 	b.run(chromedp.Click(chromedp.CSS("form.logout button")), chromedp.WaitVisible(chromedp.CSS("#token")))
 	t.Logf("screenshots in %s", b.shots)
+}
+
+// TestLongIDsDoNotWidenThePage opens the pages that show a CE id of the longest kind (128
+// characters, no space to break at) at a phone's width and a desktop's: the list, whose table
+// shows one block per row there, its next page's caption, the CE's page and the 404 page of an
+// id not stored. The id wraps; neither the page nor the list's table scrolls sideways.
+func TestLongIDsDoNotWidenThePage(t *testing.T) {
+	b := newBrowser(t)
+	d := uitest.Start(t, "")
+	d.Register(t, 2)
+	var ce ledger.CE
+	d.JSON(t, "/v1/counterfactuals/ce-001", &ce)
+	long := strings.Repeat("W", 128)
+	body, _ := json.Marshal(map[string]any{"id": long, "x": ce.X, "x_cf": ce.XCF, "target": ce.Target})
+	if code, b := d.Do(t, "POST", "/v1/counterfactuals", body); code != 201 {
+		t.Fatalf("registering %s: %d %s", long, code, b)
+	}
+	for _, path := range []string{"/ui/counterfactuals", "/ui/counterfactuals?after=" + long, "/ui/counterfactuals/" + long,
+		"/ui/counterfactuals/" + strings.Repeat("M", 128)} {
+		for _, width := range []int64{375, 1280} {
+			b.run(chromedp.EmulateViewport(width, 800), chromedp.Navigate(d.Base+path), chromedp.WaitVisible(chromedp.CSS("main")))
+			wide := value(b, chromedp.Evaluate[[]string](`[document.documentElement, ...document.querySelectorAll('.scroll:has(table.ces)')]
+			  .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.tagName + ' ' + e.scrollWidth + ' > ' + e.clientWidth)`))
+			if len(wide) > 0 {
+				t.Errorf("%s at %d px: scrolls sideways: %v", path, width, wide)
+			}
+		}
+	}
+	b.run(chromedp.EmulateViewport(1280, 800))
 }
