@@ -206,12 +206,24 @@ var funcs = template.FuncMap{
 	},
 }
 
-// fmtNum prints a figure with four significant digits.
+// fmtNum prints a figure with four significant digits, or as many more as it takes to keep it on
+// its side of 1/2 and of 1: a p1 of 0.999998 printed "1" would say the target is certain (and a
+// bound "at 1 or more"), a lapsed bound of 0.49996 printed "0.5" would say it reaches 1/2.
 func fmtNum(v float64) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return strconv.FormatFloat(v, 'g', -1, 64)
 	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
+	s := strconv.FormatFloat(v, 'g', 4, 64)
+	for digits := 5; digits <= 17 && crosses(v, s); digits++ {
+		s = strconv.FormatFloat(v, 'g', digits, 64)
+	}
+	return s
+}
+
+// crosses says whether s, v rounded, lies on the other side of 1/2 or 1 than v.
+func crosses(v float64, s string) bool {
+	r, _ := strconv.ParseFloat(s, 64)
+	return (v < 0.5) != (r < 0.5) || (v < 1) != (r < 1)
 }
 
 // meanings are the statuses in words, for the overview's legend.

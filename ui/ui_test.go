@@ -66,7 +66,18 @@ func field(t *testing.T, page, id string) string {
 	return strings.TrimSpace(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(rest[:end], ""))
 }
 
-func num(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
+// num is a figure as the pages print it: four significant digits, more where rounding would take
+// it across 1/2 or 1.
+func num(v float64) string {
+	s := strconv.FormatFloat(v, 'g', 4, 64)
+	for digits := 5; digits <= 17; digits++ {
+		if r, _ := strconv.ParseFloat(s, 64); (v < 0.5) == (r < 0.5) && (v < 1) == (r < 1) {
+			break
+		}
+		s = strconv.FormatFloat(v, 'g', digits, 64)
+	}
+	return s
+}
 
 // TestLoginKeepsTheTokenOutOfURLsAndCookies signs in with the form, the way a browser does, and
 // checks every way in and out: the token is needed, never lands in a URL or a cookie, and a

@@ -198,3 +198,18 @@ func TestFeatureRowsChangedFirst(t *testing.T) {
 		t.Errorf("rows %q, want %q", got, want)
 	}
 }
+
+// A figure is rounded to four significant digits, but never across 1/2 or 1: a probability just
+// under 1 does not read as certain, a bound just under 1/2 does not read as reaching it.
+func TestFiguresKeepTheirSideOfOneHalfAndOne(t *testing.T) {
+	for v, want := range map[float64]string{0.9999987670535658: "0.999999", 0.99996: "0.99996", 0.99994: "0.9999", 1: "1",
+		0.49996: "0.49996", 0.500004: "0.5", 0.4999999999999999: "0.4999999999999999", 0.0045: "0.0045", -11.18: "-11.18", 74.12006940525939: "74.12"} {
+		if got := fmtNum(v); got != want {
+			t.Errorf("fmtNum(%v) = %q, want %q", v, got, want)
+		}
+	}
+	ce := &ledger.CE{ID: "ce-1", Status: certify.Certified, Decided: true, P1: 0.9999987670535658, Bound: 0.9999987670535658, Samples: 1000, Var1: 3e-7, VarBound: 3e-7}
+	if s := strings.Join(Statement(ce, 0.01).Body, " "); strings.Contains(s, "p1 = 1 ") || strings.Contains(s, " at 1 or more") {
+		t.Errorf("a p1 of 0.999999 reads as 1: %s", s)
+	}
+}
