@@ -213,3 +213,25 @@ func TestFiguresKeepTheirSideOfOneHalfAndOne(t *testing.T) {
 		t.Errorf("a p1 of 0.999999 reads as 1: %s", s)
 	}
 }
+
+// TestCertificatePageSaysTheStatusItHas: the printable page of a CE that is not valid now says
+// what keeps it from being valid, without contradicting its status: a certified CE whose
+// certificate lapsed (renewal pending) is still certified, the others are not.
+func TestCertificatePageSaysTheStatusItHas(t *testing.T) {
+	u := New(Config{}, nil)
+	for _, tc := range []struct {
+		ce        ledger.CE
+		want, not string
+	}{
+		{ledger.CE{Status: certify.Certified, RenewalPending: true}, "Its certificate has lapsed", "It is not certified now"},
+		{ledger.CE{Status: certify.AtRisk, Decided: true}, "It is not certified now", "Its certificate has lapsed"},
+		{ledger.CE{Status: certify.Uncertified}, "It is not certified now", "Its certificate has lapsed"},
+	} {
+		tc.ce.ID, tc.ce.X, tc.ce.XCF = "ce-1", []float64{1}, []float64{2}
+		rec := httptest.NewRecorder()
+		u.render(rec, http.StatusOK, "certificate", u.cePage(&tc.ce, &Snapshot{}, "t"))
+		if page := rec.Body.String(); !strings.Contains(page, tc.want) || strings.Contains(page, tc.not) {
+			t.Errorf("%s decided %v: the certificate page does not say %q, or says %q", tc.ce.Status, tc.ce.Decided, tc.want, tc.not)
+		}
+	}
+}
