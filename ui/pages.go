@@ -318,6 +318,12 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if f.After != "" { // the cursor the Next page link carries is a CE id; other text would be shown as the page's own
+		if err := ident.Check(f.After); err != nil {
+			u.fail(w, http.StatusBadRequest, fmt.Errorf("after: %w (the cursor of the Next page link, a CE id)", err))
+			return
+		}
+	}
 	snap, err := u.src.Snapshot(r.Context())
 	if err != nil {
 		u.fail(w, http.StatusInternalServerError, err)

@@ -590,3 +590,35 @@ func TestStaticPathsThatNameNoFileAreNoPage(t *testing.T) {
 		}
 	}
 }
+
+// emptySource is a daemon that stores no CE.
+type emptySource struct{}
+
+func (emptySource) Snapshot(context.Context) (ui.Snapshot, error) {
+	return ui.Snapshot{Classes: []string{"malignant", "benign"}, Now: time.Now()}, nil
+}
+func (emptySource) List(context.Context, certify.Status, int, string) ([]*ledger.CE, string, error) {
+	return nil, "", nil
+}
+func (emptySource) Get(context.Context, string) (*ledger.CE, error) { return nil, ledger.ErrNotFound }
+func (emptySource) Events(int) ([]ledger.OutboxEntry, error)        { return nil, nil }
+func (emptySource) Publishing() ui.Publishing                       { return ui.Publishing{} }
+
+// The list's cursor is a CE id: other text, which the page's caption would show as its own
+// words ("after ..."), a right-to-left override turning the rest of the line around, is refused
+// as an id no CE can hold is; an id, stored or not, is a cursor.
+func TestListCursorIsAnID(t *testing.T) {
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, emptySource{})
+	for after, code := range map[string]int{"ce-1": http.StatusOK, strings.Repeat("W", 128): http.StatusOK,
+		"x; every counterfactual here is certified": http.StatusBadRequest, "\u202edeifitrec": http.StatusBadRequest,
+		"<b>x</b>": http.StatusBadRequest, "..": http.StatusBadRequest, strings.Repeat("W", 129): http.StatusBadRequest} {
+		rec := httptest.NewRecorder()
+		u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/counterfactuals?after="+url.QueryEscape(after), nil))
+		if rec.Code != code {
+			t.Errorf("after=%q: %d, want %d", after, rec.Code, code)
+		}
+		if strings.Contains(rec.Body.String(), "\u202e") || strings.Contains(rec.Body.String(), ", after x; every") {
+			t.Errorf("after=%q: the page shows the text as its own", after)
+		}
+	}
+}
