@@ -290,8 +290,23 @@ func noKeys(n *yaml.Node) bool {
 // LoadFile reads and parses a configuration file, then applies environment overrides: for
 // secrets (CFGUARD_HTTP_TOKEN, CFGUARD_HTTP_METRICS_TOKEN, CFGUARD_KAFKA_SASL_PASSWORD,
 // CFGUARD_REPLICATION_KEY_FILE) and for replication.advertise_url
-// (CFGUARD_REPLICATION_ADVERTISE_URL).
+// (CFGUARD_REPLICATION_ADVERTISE_URL), and checks the files it names (CheckFiles).
 func LoadFile(path string) (*Config, error) {
+	c, err := LoadClientFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// LoadClientFile is LoadFile without CheckFiles, for the commands that only talk to a running
+// daemon's API (cfguard backup, cfguard import-ces): they read http.listen and http.token, and
+// run where the files the configuration names (model.path, replication.key_file, TLS files)
+// need not exist, such as an operator's machine with the daemon's configuration file.
+func LoadClientFile(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -332,9 +347,6 @@ func LoadFile(path string) (*Config, error) {
 		if err := c.Validate(); err != nil {
 			return nil, fmt.Errorf("%s, with CFGUARD_REPLICATION_ADVERTISE_URL=%q: %w", path, v, err)
 		}
-	}
-	if err := c.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }

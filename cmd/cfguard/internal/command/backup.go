@@ -33,7 +33,9 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := cli.Required("out", *out); err != nil {
 		return err
 	}
-	cfg, err := config.LoadFile(*path)
+	// A client of the daemon's API: the files the configuration names are the daemon's, and
+	// need not exist where this runs.
+	cfg, err := config.LoadClientFile(*path)
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,9 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *batch < 1 || *batch > 10000 || *parallel < 1 || *every <= 0 {
 		return fmt.Errorf("%w: --batch must be 1..10000, --parallel at least 1, --progress positive", cli.ErrUsage)
 	}
-	cfg, err := config.LoadFile(*path)
+	// A client of the daemon's API: the files the configuration names are the daemon's, and
+	// need not exist where this runs.
+	cfg, err := config.LoadClientFile(*path)
 	if err != nil {
 		return err
 	}

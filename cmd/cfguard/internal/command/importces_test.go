@@ -369,3 +369,27 @@ func TestDialAddr(t *testing.T) {
 		}
 	}
 }
+
+// backup and import-ces are clients of the daemon's API: they run where the files its
+// configuration names (model.path, replication.key_file, TLS files) do not exist, such as an
+// operator's machine with the daemon's configuration file (docs/DEPLOY.md, "Backups").
+func TestClientsDoNotNeedTheFilesTheConfigurationNames(t *testing.T) {
+	f, srv, _ := importSetup(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	text := "http:\n  listen: " + srv.Listener.Addr().String() + "\n  token: tok\nmodel:\n  path: " + filepath.Join(dir, "absent-model") + "\n"
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	if err := cmdImportCEs(context.Background(), []string{"--config", cfg, "--from", ceFile(t, 2), "--progress", "1h"}, &stdout, &stderr); err != nil {
+		t.Fatalf("import-ces with a configuration whose model.path is not on this machine: %v", err)
+	}
+	if total, _ := f.lines(); total != 2 {
+		t.Errorf("the daemon was sent %d lines, want 2", total)
+	}
+	err := cmdBackup(context.Background(), []string{"--config", cfg, "--out", filepath.Join(dir, "b.db")}, &stdout, &stderr)
+	if err == nil || strings.Contains(err.Error(), "model.path") || !strings.Contains(err.Error(), "snapshot received did not verify") {
+		t.Fatalf("backup: %v, want the fake daemon's answer refused as a snapshot, not model.path", err)
+	}
+}
