@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -54,7 +55,20 @@ func recoveryHint(path string) string {
 		"(mv %s %s), then either restore a backup (cfguard restore --config CONFIG --from BACKUP, which verifies it "+
 		"first) and start cfguard, or start cfguard without restoring one to start over: it bootstraps its model again, every stored "+
 		"counterfactual is lost, and it reads each partition of kafka.topic from the earliest offset the broker still "+
-		"holds (not from the consumer group's committed offsets)", q, ShellQuote(path+".damaged"))
+		"holds (not from the consumer group's committed offsets)", q, ShellQuote(AsideName(path, ".damaged")))
+}
+
+// AsideName is the name a recovery instruction moves path aside to: path+suffix, or, when that
+// exists (a file set aside by an earlier recovery), path+suffix+"-2", "-3", ..., the first that
+// does not, so that the printed mv does not replace a file.
+func AsideName(path, suffix string) string {
+	name := path + suffix
+	for n := 2; ; n++ {
+		if _, err := os.Lstat(name); err != nil {
+			return name
+		}
+		name = fmt.Sprintf("%s%s-%d", path, suffix, n)
+	}
 }
 
 // RecoveryConfigPlaceholder is what recovery instructions print for the daemon's configuration

@@ -145,7 +145,7 @@ func Install(src, dir string, verify func(path string) error) error {
 	exists := func() error {
 		if _, err := os.Lstat(dst); err == nil {
 			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
-				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(dst+".old"))
+				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(AsideName(dst, ".old")))
 		}
 		return nil
 	}

@@ -203,3 +203,24 @@ func TestVerifyRefusesADamagedFile(t *testing.T) {
 		})
 	}
 }
+
+// The mv that a refusal prints moves the ledger to a name that does not exist: a file set aside
+// by an earlier restore (or found damaged earlier) is not replaced by following the advice again.
+func TestRecoveryAdviceNeverMovesOverAFile(t *testing.T) {
+	paths := snapshots(t)
+	dir := t.TempDir()
+	dst := filepath.Join(dir, FileName)
+	for _, name := range []string{dst, dst + ".old", dst + ".damaged", dst + ".damaged-2"} {
+		if err := os.WriteFile(name, []byte(name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := Install(paths[0], dir, func(string) error { return nil })
+	if !errors.Is(err, fs.ErrExist) || !strings.Contains(err.Error(), "mv "+dst+" "+dst+".old-2)") {
+		t.Errorf("Install over a ledger beside %s.old: %v, want the advice to move it to %s.old-2", dst, err, dst)
+	}
+	ce := &CorruptError{Path: dst, Detail: errors.New("bad")}
+	if !strings.Contains(ce.Error(), "mv "+dst+" "+dst+".damaged-3)") {
+		t.Errorf("a damaged ledger beside %s.damaged and .damaged-2: %v, want the advice to move it to %s.damaged-3", dst, ce, dst)
+	}
+}
