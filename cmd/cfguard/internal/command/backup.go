@@ -70,7 +70,11 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return ledger.Info{}, fmt.Errorf("backup: GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+		hint := ""
+		if resp.StatusCode == http.StatusUnauthorized {
+			hint = " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
+		}
+		return ledger.Info{}, fmt.Errorf("backup: GET %s: %s: %s%s", url, resp.Status, strings.TrimSpace(string(b)), hint)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".partial-*")
 	if err != nil {

@@ -393,3 +393,21 @@ func TestClientsDoNotNeedTheFilesTheConfigurationNames(t *testing.T) {
 		t.Fatalf("backup: %v, want the fake daemon's answer refused as a snapshot, not model.path", err)
 	}
 }
+
+// A backup the daemon refuses for its token says which setting gives it, as import-ces does.
+func TestBackupUnauthorizedNamesTheToken(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"missing or wrong bearer token"}`, http.StatusUnauthorized)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  listen: "+srv.Listener.Addr().String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	err := cmdBackup(context.Background(), []string{"--config", cfg, "--out", filepath.Join(dir, "b.db")}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "http.token") || !strings.Contains(err.Error(), "CFGUARD_HTTP_TOKEN") {
+		t.Fatalf("backup refused with 401: %v, want an error naming http.token and CFGUARD_HTTP_TOKEN", err)
+	}
+}
