@@ -321,6 +321,7 @@ type Member struct {
 	running atomic.Bool
 
 	mu          sync.Mutex
+	joinErr     error                 // why the last join of the group failed; nil once one worked
 	parts       map[int]*partState    // acquired and not released
 	generation  int32                 // the live generation, 0 between generations
 	lastGen     int32                 // the latest generation the member took part in
@@ -491,6 +492,13 @@ func (m *Member) LastGeneration() int32 {
 	return m.lastGen
 }
 
+// JoinError is why the member's last attempt to join the group failed, or nil once one worked.
+func (m *Member) JoinError() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.joinErr
+}
+
 // Stats returns a snapshot of the member's counters.
 func (m *Member) Stats() MemberStats {
 	m.mu.Lock()
@@ -558,11 +566,19 @@ func (m *Member) Run(ctx context.Context) error {
 					" (another cfguard build, older or newer): this replica joins once they are gone; stop every replica of "+
 					"the other build", "err", err, "failures", failures+1)
 			case failures%30 == 0:
-				m.log.Warn("joining the CE group failed; retrying", "err", err, "failures", failures+1)
+				m.log.Warn("joining the CE group failed; retrying", "err", stream.GroupJoinError(err, "replication.session_timeout", m.cfg.SessionTimeout), "failures", failures+1)
+			}
+			if ctx.Err() == nil {
+				m.mu.Lock()
+				m.joinErr = stream.GroupJoinError(err, "replication.session_timeout", m.cfg.SessionTimeout)
+				m.mu.Unlock()
 			}
 			failures++
 			continue
 		}
+		m.mu.Lock()
+		m.joinErr = nil
+		m.mu.Unlock()
 		failures = 0
 		m.serve(ctx, cl, gen, fail)
 		ended = time.Now()

@@ -1126,3 +1126,27 @@ func failPartitionsWhen(t *testing.T, kc *kfake.Cluster, key kmsg.Key, code kafk
 		return nil, nil, false
 	})
 }
+
+// A broker that refuses the session timeout asked for (below its group.min.session.timeout.ms,
+// 6s on Kafka and kfake by default) leaves the member joining for ever: JoinError, which
+// /readyz shows, says which setting to change.
+func TestJoinErrorNamesTheSessionTimeoutTheBrokerRefuses(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(testPartitions, testTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
+	r := startReplica(t, memberConfig(conn, "r1"))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := r.m.JoinError()
+		if err != nil && strings.Contains(err.Error(), "replication.session_timeout") && strings.Contains(err.Error(), "group.min.session.timeout.ms") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("JoinError = %v after 20 s, want the broker's refusal naming replication.session_timeout and group.min.session.timeout.ms", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -232,6 +232,9 @@ func (s *Share) Health() error {
 		return nil
 	}
 	if s.member.Stats().Generations == 0 {
+		if err := s.member.JoinError(); err != nil {
+			return fmt.Errorf("joining the CE group of %s: %w", s.topic, err)
+		}
 		return fmt.Errorf("joining the CE group of %s", s.topic)
 	}
 	// Assigned too: a partition of a new generation is assigned before it is acquired.

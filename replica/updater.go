@@ -135,7 +135,7 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.lg.Warn("updater group: joining", "group", r.group, "err", err)
+			r.lg.Warn("updater group: joining", "group", r.group, "err", stream.GroupJoinError(err, "replication.session_timeout", rc.SessionTimeout))
 			continue
 		}
 		assigned := false

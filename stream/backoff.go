@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -122,3 +124,15 @@ func Transient(err error) bool {
 // backoff: every error except the configuration-class ones (authentication, authorization,
 // invalid topic or group names, refused certificates), which only the operator can fix.
 func Retryable(err error) bool { return retryable(err) }
+
+// GroupJoinError is err, from joining a consumer group, with what to change when the broker
+// refused the session timeout asked for (key names the setting that gives it): kafka-go's own
+// message names neither the setting nor the broker's bounds, and the join is retried for ever.
+func GroupJoinError(err error, key string, session time.Duration) error {
+	if !errors.Is(err, kafka.InvalidSessionTimeout) {
+		return err
+	}
+	return fmt.Errorf("%w: %s %s is outside the broker's group.min.session.timeout.ms .. group.max.session.timeout.ms "+
+		"(Kafka's defaults: 6s .. 30m; cfguard broker: --group-min-session-timeout, 6s by default): set %s within them, "+
+		"or lower the broker's floor, and restart", err, key, session, key)
+}
