@@ -54,6 +54,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bound", "--p1", "0.9"}, "--p1 and --kl are required"},
 		{[]string{"broker", "--nodes", "65"}, "--nodes 65: want 1..64"},
 		{[]string{"new-epoch", "--config", "cfguard.yaml", "--wait", "5s"}, "give --head-from too, or drop --wait"},
+		{[]string{"verify-log", "--config", "cfguard.yaml", "--from", "5", "--to", "2"}, "--from 5 is past --to 2"},
 		{[]string{"kl", "--old", "x"}, ""},
 		{[]string{"train", "--data", "nope.csv", "--out", "x", "--holdout", "2"}, ""},
 		{[]string{"train", "--data", "nope.csv", "--out", "x", "--holdout", "1"}, ""},

@@ -85,6 +85,10 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
+	if *from > *to {
+		// Nothing would be re-executed, and the report would read as a log that verified.
+		return fmt.Errorf("%w: --from %d is past --to %d: no entry would be re-executed", cli.ErrUsage, *from, *to)
+	}
 	cfg, err := config.LoadFile(*path)
 	if err != nil {
 		return err
