@@ -2,6 +2,8 @@ package command
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -26,7 +28,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "the running daemon's configuration (http.listen, http.token)")
 	out := fs.String("out", "", "file to write the backup to (must not exist)")
-	url := fs.String("url", "", "the daemon's base URL (default: http://<http.listen>, a wildcard host read as 127.0.0.1)")
+	url := fs.String("url", "", "the daemon's base URL (default: http://<http.listen>, https:// when http.web_config_file serves TLS; a wildcard host read as 127.0.0.1)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -40,7 +42,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if *url == "" {
-		*url = "http://" + dialAddr(cfg.HTTP.Listen)
+		*url = daemonURL(cfg)
 	}
 	if _, err := os.Lstat(*out); err == nil {
 		return fmt.Errorf("%w: --out %s exists; cfguard backup never overwrites a file", cli.ErrUsage, *out)
@@ -65,6 +67,9 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		if hint := tlsHint(err); hint != "" {
+			return ledger.Info{}, fmt.Errorf("backup: %w (%s)", err, hint)
+		}
 		return ledger.Info{}, fmt.Errorf("backup: %w (is the daemon running? a stopped daemon's ledger can be copied as a file: state_dir/%s)", err, ledger.FileName)
 	}
 	defer resp.Body.Close()
@@ -149,6 +154,27 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return namingConfig(err, *path)
 	}
 	return printJSON(stdout, info)
+}
+
+// daemonURL is the base URL of the daemon cfg configures: https:// when http.web_config_file
+// serves TLS (and is readable here), else http://, to http.listen.
+func daemonURL(cfg *config.Config) string {
+	scheme := "http://"
+	if cfg.ServesTLS() {
+		scheme = "https://"
+	}
+	return scheme + dialAddr(cfg.HTTP.Listen)
+}
+
+// tlsHint says how to make the daemon's certificate trusted when err is a TLS verification
+// failure, else "".
+func tlsHint(err error) string {
+	var unknown x509.UnknownAuthorityError
+	var verify *tls.CertificateVerificationError
+	if errors.As(err, &unknown) || errors.As(err, &verify) {
+		return "the daemon's certificate (http.web_config_file) is not trusted here: give its CA in SSL_CERT_FILE, or add it to the system's CAs"
+	}
+	return ""
 }
 
 // dialAddr turns a listen address into one to dial: a wildcard host becomes 127.0.0.1.

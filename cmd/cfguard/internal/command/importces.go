@@ -46,7 +46,7 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("import-ces", flag.ContinueOnError)
 	path := fs.String("config", "config.yaml", "the running daemon's configuration (http.listen, http.token, http.max_body_bytes)")
 	from := fs.String("from", "", "NDJSON file: one {\"id\", \"x\", \"x_cf\", \"target\"} per line")
-	url := fs.String("url", "", "the daemon's base URL (default: http://<http.listen>, a wildcard host read as 127.0.0.1)")
+	url := fs.String("url", "", "the daemon's base URL (default: http://<http.listen>, https:// when http.web_config_file serves TLS; a wildcard host read as 127.0.0.1)")
 	batch := fs.Int("batch", 1000, "lines per request (also bounded by http.max_body_bytes)")
 	parallel := fs.Int("parallel", 2, "requests in flight")
 	every := fs.Duration("progress", 5*time.Second, "progress line interval on stderr")
@@ -66,7 +66,7 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *url == "" {
-		*url = "http://" + dialAddr(cfg.HTTP.Listen)
+		*url = daemonURL(cfg)
 	}
 	// A batch's body stays under http.max_body_bytes with room for the line separators.
 	maxBody := int(cfg.HTTP.MaxBodyBytes)
@@ -310,7 +310,11 @@ func (imp *importer) send(ctx context.Context, b bulkBatch) error {
 		}
 		resp, err := imp.client.Do(req)
 		if err != nil {
-			return fmt.Errorf("lines %d-%d: %w (is the daemon running?)", b.lines[0], b.lines[len(b.lines)-1], err)
+			hint := tlsHint(err)
+			if hint == "" {
+				hint = "is the daemon running?"
+			}
+			return fmt.Errorf("lines %d-%d: %w (%s)", b.lines[0], b.lines[len(b.lines)-1], err, hint)
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()

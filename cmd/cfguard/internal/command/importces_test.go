@@ -411,3 +411,29 @@ func TestBackupUnauthorizedNamesTheToken(t *testing.T) {
 		t.Fatalf("backup refused with 401: %v, want an error naming http.token and CFGUARD_HTTP_TOKEN", err)
 	}
 }
+
+// A daemon whose http.web_config_file serves TLS is asked over https:// by default, and a
+// certificate not trusted here is refused with how to trust it.
+func TestClientsAskATLSDaemonOverHTTPS(t *testing.T) {
+	f := &fakeBulk{}
+	srv := httptest.NewTLSServer(f)
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	web := filepath.Join(dir, "web.yml")
+	if err := os.WriteFile(web, []byte("tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  listen: "+srv.Listener.Addr().String()+"\n  web_config_file: "+web+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	err := cmdImportCEs(context.Background(), []string{"--config", cfg, "--from", ceFile(t, 1), "--progress", "1h"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "https://"+srv.Listener.Addr().String()) || !strings.Contains(err.Error(), "SSL_CERT_FILE") {
+		t.Errorf("import-ces to a TLS daemon whose CA is not trusted: %v, want an https:// request refused naming SSL_CERT_FILE", err)
+	}
+	err = cmdBackup(context.Background(), []string{"--config", cfg, "--out", filepath.Join(dir, "b.db")}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "https://"+srv.Listener.Addr().String()) || !strings.Contains(err.Error(), "SSL_CERT_FILE") {
+		t.Errorf("backup of a TLS daemon whose CA is not trusted: %v, want an https:// request refused naming SSL_CERT_FILE", err)
+	}
+}
