@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -161,7 +162,14 @@ func readBatches(ctx context.Context, r io.Reader, size, maxBody int, imp *impor
 		var head struct {
 			ID *string `json:"id"`
 		}
+		var typeErr *json.UnmarshalTypeError
 		switch err := json.Unmarshal(line, &head); {
+		case errors.As(err, &typeErr) && typeErr.Field == "id":
+			imp.refuse(n, fmt.Sprintf("bad JSON: id is a JSON %s, want a string", typeErr.Value))
+			return nil
+		case errors.As(err, &typeErr):
+			imp.refuse(n, fmt.Sprintf(`bad JSON: the line is a JSON %s, want an object {"id", "x", "x_cf", "target"}`, typeErr.Value))
+			return nil
 		case err != nil:
 			imp.refuse(n, "bad JSON: "+err.Error())
 			return nil

@@ -437,3 +437,22 @@ func TestClientsAskATLSDaemonOverHTTPS(t *testing.T) {
 		t.Errorf("backup of a TLS daemon whose CA is not trusted: %v, want an https:// request refused naming SSL_CERT_FILE", err)
 	}
 }
+
+// A line of another JSON type than an object, or with an id that is no string, is refused
+// saying so, not with the Go type import-ces decodes into.
+func TestImportCEsRefusesLinesOfAnotherJSONType(t *testing.T) {
+	_, _, cfg := importSetup(t)
+	var stdout, stderr strings.Builder
+	from := ceFile(t, 0, `[1, 2]`, `{"id": 5, "x": [1], "x_cf": [2], "target": 1}`)
+	if err := cmdImportCEs(context.Background(), []string{"--config", cfg, "--from", from, "--progress", "1h"}, &stdout, &stderr); err == nil {
+		t.Fatal("import-ces of two bad lines: no error")
+	}
+	for _, want := range []string{"line 1 refused: bad JSON: the line is a JSON array, want an object", "line 2 refused: bad JSON: id is a JSON number, want a string"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+	if strings.Contains(stderr.String(), "Go ") {
+		t.Errorf("stderr names Go types:\n%s", stderr.String())
+	}
+}
