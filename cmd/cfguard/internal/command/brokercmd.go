@@ -51,6 +51,11 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *partitions < 1 {
 		return fmt.Errorf("%w: --partitions %d: want at least 1", cli.ErrUsage, *partitions)
 	}
+	partitionsGiven := false
+	fs.Visit(func(f *flag.Flag) { partitionsGiven = partitionsGiven || f.Name == "partitions" })
+	if partitionsGiven && *topics == "" {
+		return fmt.Errorf("%w: --partitions %d applies to the topics --topics creates: give --topics too", cli.ErrUsage, *partitions)
+	}
 	if *retention == 0 {
 		return fmt.Errorf("%w: --retention 0: want a positive duration, or a negative one to keep records for ever", cli.ErrUsage)
 	}

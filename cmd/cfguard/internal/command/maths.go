@@ -77,8 +77,10 @@ func cmdBound(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	switch {
-	case math.IsNaN(*p1) || math.IsNaN(*kl):
+	case !given["p1"] || !given["kl"]:
 		return fmt.Errorf("%w: --p1 and --kl are required", cli.ErrUsage)
 	case !(*p1 >= 0 && *p1 <= 1):
 		return fmt.Errorf("%w: --p1 must be in [0, 1], got %v", cli.ErrUsage, *p1)
@@ -90,7 +92,7 @@ func cmdBound(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	r := boundResult{Mode: string(m), P1: *p1, KL: *kl, Delta: *delta,
 		P2Lower: certify.ProbLower(*p1, *kl, m), KLMax: certify.KLBudget(*delta), KLMaxForP1: certify.KLBudgetForP1In(*p1, m)}
 	r.StillValid = r.P2Lower >= 0.5
-	if !math.IsNaN(*var1) {
+	if given["var1"] {
 		if !(*var1 >= 0 && *var1 <= 0.25) {
 			return fmt.Errorf("%w: --var1 must be in [0, 0.25], got %v", cli.ErrUsage, *var1)
 		}

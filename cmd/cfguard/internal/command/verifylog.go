@@ -246,6 +246,10 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if len(rep.Mismatches) > 0 {
 		return fmt.Errorf("%d increments do not match the input records they cover (%d re-executed)", len(rep.Mismatches), rep.Increments)
 	}
+	if rep.Head != nil && *from > rep.Head.Seq {
+		// Nothing was re-executed, and the report would read as a log that verified.
+		return fmt.Errorf("--from %d is past the log's head, entry %d: no entry was re-executed", *from, rep.Head.Seq)
+	}
 	return nil
 }
 

@@ -339,6 +339,12 @@ func TestVerifyLogReexecutesFromTo(t *testing.T) {
 				tc.args, code, rep.Increments, rep.Matched, rep.Entries, errs, tc.want)
 		}
 	}
+	// A --from past the head re-executes nothing: a failure, not a log that verified.
+	past := fmt.Sprint(first + 3)
+	want := "--from " + past + " is past the log's head, entry " + fmt.Sprint(first+2)
+	if code, rep, errs := l.verify("--from", past); code != 1 || rep.Increments != 0 || !strings.Contains(errs, want) {
+		t.Errorf("verify-log --from %s: exit %d, %d re-executed\n%s; want exit 1 saying %q", past, code, rep.Increments, errs, want)
+	}
 }
 
 // An increment whose input records the topic no longer holds (deleted by retention) is listed
