@@ -392,30 +392,19 @@ func TestPredictiveMatchesMonteCarlo(t *testing.T) {
 	}
 }
 
-// The body draws of an increment follow docs/MATHS.md: ceil(1,024 / n) for n rows, at most
-// update.draws and at least 1; scoring its records takes at least 4, at most update.draws.
-func TestDrawsPerIncrement(t *testing.T) {
-	for _, tc := range []struct{ n, most, fit, score int }{
-		{1, 16, 16, 16}, {64, 16, 16, 16}, {100, 16, 11, 11}, {512, 16, 2, 4}, {1024, 16, 1, 4},
-		{5000, 16, 1, 4}, {300, 2, 2, 2}, {10, 3, 3, 3},
+// Scoring an increment's records takes ceil(1,024 / n) body draws for n rows, at least 4 and at
+// most update.draws (docs/MATHS.md).
+func TestScoringDraws(t *testing.T) {
+	for _, tc := range []struct{ n, most, score int }{
+		{1, 16, 16}, {64, 16, 16}, {100, 16, 11}, {512, 16, 4}, {1024, 16, 4},
+		{5000, 16, 4}, {300, 2, 2}, {10, 3, 3},
 	} {
-		if got := drawsFor(tc.n, tc.most); got != tc.fit {
-			t.Errorf("drawsFor(%d rows, at most %d) = %d, want %d", tc.n, tc.most, got, tc.fit)
-		}
 		if got := ScoringDraws(tc.n, tc.most); got != tc.score {
 			t.Errorf("ScoringDraws(%d rows, at most %d) = %d, want %d", tc.n, tc.most, got, tc.score)
 		}
 	}
 }
 
-// TestPredictiveIntegratesTheLastLayer: on a network that is its last layer alone (no body to
-// sample), Predictive is E_{z ~ N(m, diag v)}[softmax(z)] with the logits' closed-form mean and
-// variance m_c = b_c + sum_i x_i mu_ci, v_c = s_c^2 + sum_i x_i^2 s_ci^2: to 1e-3 against a Simpson
-// integral of sigmoid(d) N(d; m_1 - m_0, v_0 + v_1) with two classes (16-node Gauss-Hermite, whose
-// error on a logistic-normal this wide, sd ~2.8, is ~3e-4), and within
-// its Monte-Carlo error with three (16 fixed draws of the logits per body draw). The weights'
-// sigmas and the bias's are each large enough that dropping either moves p by far more than the
-// tolerance.
 func TestPredictiveIntegratesTheLastLayer(t *testing.T) {
 	X := [][]float64{{0.5, -1.2, 0.3}, {-0.7, 0.2, 1.1}, {1.5, 0.4, -0.9}}
 	for _, classes := range []int{2, 3} {
