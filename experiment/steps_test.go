@@ -59,3 +59,58 @@ func TestDefaultStepDoesNotDependOnItsDrawsAtAnySize(t *testing.T) {
 		}
 	}
 }
+
+// The projection is not order-invariant: at the default settings the 569 records of
+// breast_cancer with every label flipped, applied in one increment, leave more of the data set
+// predicted on the side it was before than the same records in increments of 32 (docs/MATHS.md,
+// "What it does not do").
+func TestOneLargeIncrementMovesThePosteriorLessThanSmallOnes(t *testing.T) {
+	set, d, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0, _, err := bnn.Fit(context.Background(), set, d.Classes, bnn.TrainConfig{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m0.Records = float64(len(set.X))
+	flipped := make([]int, len(set.Y))
+	for i, y := range set.Y {
+		flipped[i] = 1 - y
+	}
+	before, err := m0.Predict(set.X, 200, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// oldSide is the fraction of the data set whose predicted class under m is the one m0 predicts.
+	oldSide := func(m *bnn.Model) float64 {
+		after, err := m.Predict(set.X, 200, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := 0
+		for i := range set.X {
+			if (before.Mean[2*i+1] >= 0.5) == (after.Mean[2*i+1] >= 0.5) {
+				same++
+			}
+		}
+		return float64(same) / float64(len(set.X))
+	}
+	var side [2]float64
+	for k, inc := range []int{len(set.X), 32} {
+		m := m0
+		for from := 0; from < len(set.X); from += inc {
+			to := min(from+inc, len(set.X))
+			cfg := DefaultUpdate()
+			cfg.Seed = uint64(from + 1)
+			if m, _, err = update.LastLayer(context.Background(), m, set.X[from:to], flipped[from:to], cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		side[k] = oldSide(m)
+		t.Logf("flipped labels in increments of %d: %.2f of the data set predicted on its old side", inc, side[k])
+	}
+	if !(side[0] > side[1]) {
+		t.Errorf("on its old side: %.2f after one increment, %.2f after increments of 32; want more after one", side[0], side[1])
+	}
+}
