@@ -17,6 +17,7 @@ import (
 // backlog, kafka.max_records_backlog) as at 64. Every row of an increment shares its body
 // draws, so their noise does not average out over rows: an increment fitted to fewer draws
 // measures the draws it got, and its step KL (the KL the budget and the alerts watch) with it.
+// The same fits under one draw are logged beside, and must be further apart.
 func TestDefaultStepDoesNotDependOnItsDrawsAtAnySize(t *testing.T) {
 	for _, data := range []string{"breast_cancer", "german_credit"} {
 		set, d, err := assets.Load(data)
@@ -34,24 +35,33 @@ func TestDefaultStepDoesNotDependOnItsDrawsAtAnySize(t *testing.T) {
 			for i := range n {
 				X[i], y[i] = set.X[i%len(set.X)], set.Y[i%len(set.X)]
 			}
-			var fits [2]*bnn.Model
-			for k := range fits {
-				cfg := DefaultUpdate()
-				cfg.Seed = uint64(11 + k)
-				next, st, err := update.LastLayer(context.Background(), m, X, y, cfg)
+			// apart is the KL between the fits of X, y under two seeds with draws body draws.
+			apart := func(draws int) float64 {
+				var fits [2]*bnn.Model
+				for k := range fits {
+					cfg := DefaultUpdate()
+					cfg.Seed, cfg.Draws = uint64(11+k), draws
+					next, st, err := update.LastLayer(context.Background(), m, X, y, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !st.Converged {
+						t.Fatalf("%s, %d records, %d draws, seed %d: did not converge", data, n, draws, cfg.Seed)
+					}
+					fits[k] = next
+				}
+				kl, _, err := certify.KL(fits[0], fits[1])
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !st.Converged {
-					t.Fatalf("%s, %d records, seed %d: did not converge", data, n, cfg.Seed)
-				}
-				fits[k] = next
+				return kl
 			}
-			kl, _, err := certify.KL(fits[0], fits[1])
-			if err != nil {
-				t.Fatal(err)
+			kl, one := apart(DefaultUpdate().Draws), apart(1)
+			t.Logf("%s, %d records: the fits under two seeds are KL %.3g apart (%.3g under one draw)", data, n, kl, one)
+			if !(one > kl) {
+				t.Errorf("%s, %d records: the fits under two seeds are KL %.3g apart under one draw, %.3g under %d: want fewer draws noisier",
+					data, n, one, kl, DefaultUpdate().Draws)
 			}
-			t.Logf("%s, %d records: the fits under two seeds are KL %.3g apart", data, n, kl)
 			if most := certify.KLBudget(config.Default().Certify.Delta) / 2; !(kl < most) {
 				t.Errorf("%s, %d correct records fitted under two seeds: KL %.3g apart, want < %.4g (half the default KL budget)",
 					data, n, kl, most)
