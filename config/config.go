@@ -239,8 +239,9 @@ const UnknownRecords = 1000
 
 // Defaults of the streaming update, chosen by measurement (docs/MATHS.md, "The streaming
 // update"): DefaultKLWeight is the default update.kl_weight (each streamed record counts 1/8 of
-// a record: the largest single-increment KL under correct labels stays under a quarter of the
-// budget), DefaultMemoryRecords the default update.memory_records.
+// a record: the largest single-increment KL under correct labels, in increments of 10 to 64
+// records, stays under a quarter of the budget), DefaultMemoryRecords the default
+// update.memory_records.
 const (
 	DefaultKLWeight      = 8
 	DefaultMemoryRecords = 50000

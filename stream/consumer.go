@@ -21,7 +21,8 @@ const (
 	DefaultMaxRecords = 64
 	// DefaultMaxRecordsBacklog caps the increment size while the consumer is behind. It was
 	// picked by measurement (BenchmarkIngestEndToEnd in package daemon: end-to-end ingest
-	// relative to plain kafka-go grows with the cap and levels off near 1024). Under
+	// relative to plain kafka-go grows with the cap and levels off between 256 and 1024, where
+	// the update's cost, which grows with the increment's records, is nearly all of it). Under
 	// update.SolverAdam it is below update.DefaultIterations x update.DefaultBatchSize = 3200, so
 	// that the minibatches visit every record of an increment at least once, and an update's KL
 	// does not grow with the increment's size (TestUpdateKLDoesNotGrowWithIncrementSize); under
