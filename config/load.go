@@ -303,9 +303,10 @@ func LoadFile(path string) (*Config, error) {
 }
 
 // LoadClientFile is LoadFile without CheckFiles, for the commands that only talk to a running
-// daemon's API (cfguard backup, cfguard import-ces): they read http.listen and http.token, and
-// run where the files the configuration names (model.path, replication.key_file, TLS files)
-// need not exist, such as an operator's machine with the daemon's configuration file.
+// daemon's API (cfguard backup, cfguard import-ces), which read http.listen and http.token, and
+// for cfguard restore, which reads state_dir: they run where the files the configuration names
+// (model.path, replication.key_file, TLS files) need not exist, such as an operator's machine
+// with the daemon's configuration file, or a pod that mounts the state volume alone.
 func LoadClientFile(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

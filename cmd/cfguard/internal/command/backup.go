@@ -145,7 +145,9 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cli.Required("from", *from); err != nil {
 		return err
 	}
-	cfg, err := config.LoadFile(*path)
+	// Only state_dir is read: a restore runs where the model and key files need not be (a
+	// one-off pod that mounts the state volume alone).
+	cfg, err := config.LoadClientFile(*path)
 	if err != nil {
 		return err
 	}

@@ -370,7 +370,7 @@ func TestDialAddr(t *testing.T) {
 	}
 }
 
-// backup and import-ces are clients of the daemon's API: they run where the files its
+// backup and import-ces are clients of the daemon's API, restore reads state_dir: they run where the files its
 // configuration names (model.path, replication.key_file, TLS files) do not exist, such as an
 // operator's machine with the daemon's configuration file (docs/DEPLOY.md, "Backups").
 func TestClientsDoNotNeedTheFilesTheConfigurationNames(t *testing.T) {
@@ -391,6 +391,15 @@ func TestClientsDoNotNeedTheFilesTheConfigurationNames(t *testing.T) {
 	err := cmdBackup(context.Background(), []string{"--config", cfg, "--out", filepath.Join(dir, "b.db")}, &stdout, &stderr)
 	if err == nil || strings.Contains(err.Error(), "model.path") || !strings.Contains(err.Error(), "snapshot received did not verify") {
 		t.Fatalf("backup: %v, want the fake daemon's answer refused as a snapshot, not model.path", err)
+	}
+	// restore reads state_dir alone.
+	garbage := filepath.Join(dir, "garbage.db")
+	if err := os.WriteFile(garbage, []byte("not a ledger"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = cmdRestore(context.Background(), []string{"--config", cfg, "--from", garbage}, &stdout, &stderr)
+	if err == nil || strings.Contains(err.Error(), "model.path") || !strings.Contains(err.Error(), garbage) {
+		t.Fatalf("restore: %v, want the backup %s refused, not model.path", err, garbage)
 	}
 }
 
