@@ -426,6 +426,8 @@ func TestFilesNamedByTheConfigMustExist(t *testing.T) {
 		"export into the model": {"model:\n  path: " + good + "\n  export_dir: " + good + "/.\n",
 			"model.export_dir: " + good + "/. is model.path's directory"},
 		"export through a link": {"model:\n  path: " + good + "\n  export_dir: " + link + "\n", "model.export_dir: " + link},
+		"state dir a file":      {"state_dir: " + users + "\n", "state_dir: " + users + " is not a directory"},
+		"export dir a file":     {"model:\n  export_dir: " + users + "\n", "model.export_dir: " + users + " is not a directory"},
 		"tls ca":                {tls + "    ca_file: " + filepath.Join(dir, "ca.pem") + "\n", "kafka.tls.ca_file"},
 		"tls cert":              {tls + "    cert_file: " + filepath.Join(dir, "c.pem") + "\n    key_file: " + users + "\n", "kafka.tls.cert_file"},
 		"tls key":               {tls + "    cert_file: " + users + "\n    key_file: " + filepath.Join(dir, "k.pem") + "\n", "kafka.tls.key_file"},

@@ -37,6 +37,11 @@ func (c *Config) CheckFiles() error {
 				"the model this state directory began from; name another directory", c.ExportDir()))
 		}
 	}
+	for _, d := range []struct{ key, path string }{{"state_dir", c.StateDir}, {"model.export_dir", c.ExportDir()}} {
+		if st, err := os.Stat(d.path); err == nil && !st.IsDir() {
+			errs = append(errs, fmt.Errorf("%s: %s is not a directory: name a directory, or move the file aside", d.key, d.path))
+		}
+	}
 	opened := len(errs)
 	for _, tf := range []struct{ key, path string }{{"kafka.tls.ca_file", c.Kafka.TLS.CAFile}, {"kafka.tls.cert_file", c.Kafka.TLS.CertFile}, {"kafka.tls.key_file", c.Kafka.TLS.KeyFile}} {
 		if tf.path == "" {
