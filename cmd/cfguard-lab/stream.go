@@ -72,6 +72,8 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	drift := fs.Int("drift", 0, "increments of the drift after them")
 	shift := fs.String("shift", "flip", "the drift: flip (every label) or region (labels above the first feature's mean)")
 	every := fs.Int("every", 50, "held-out evaluation every N increments")
+	fit := fs.Float64("fit", 0.8, "fraction of the data set (a seeded shuffle) the first posterior is fitted on")
+	unseen := fs.Float64("unseen", 0, "fraction after it streamed as rows the fit never saw (0: stream the fitted rows); the rest is held out")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -84,6 +86,9 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *inc < 1 || *correct < 0 || *drift < 0 || *every < 1 {
 		return fmt.Errorf("%w: --increment and --every must be >= 1, --correct and --drift >= 0", cli.ErrUsage)
+	}
+	if !(*fit > 0 && *unseen >= 0 && *fit+*unseen < 1) {
+		return fmt.Errorf("%w: --fit %v and --unseen %v: want --fit > 0, --unseen >= 0 and their sum < 1 (the rest is held out)", cli.ErrUsage, *fit, *unseen)
 	}
 	set, names, err := cli.LoadData(*data, *classes)
 	if err != nil {
@@ -104,6 +109,7 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var took time.Duration
 	n := 0
 	res, err := experiment.Stream(ctx, experiment.StreamConfig{Data: set, Classes: names, Seed: *seed, Update: uc, Increment: *inc,
+		FitFrac: *fit, StreamFrac: *unseen,
 		RandomSize: *random, Correct: *correct, Drift: *drift, Shift: *shift, EvalEvery: *every,
 		Progress: func(p experiment.StreamPoint) {
 			n++
