@@ -77,9 +77,10 @@ type converged struct {
 
 // An increment is fitted under Config.Draws body draws whatever its size. Every row of the
 // increment shares them, so the objective's noise across draws (how the fitted last layer
-// depends on the body's features under the draws it got) does not average out over rows: one
-// draw for an increment of 1,024 rows left two seeds' posteriors KL 0.2 to 0.7 apart, more than
-// the default KL budget (experiment's TestDefaultStepDoesNotDependOnItsDrawsAtAnySize).
+// depends on the body's features under the draws it got) does not average out over rows: under
+// one draw, an increment of 1,024 rows lands two seeds' posteriors KL 0.2 to 0.7 apart, more
+// than the default KL budget, and under 16 about 0.02 apart (experiment's
+// TestDefaultStepDoesNotDependOnItsDrawsAtAnySize).
 
 // scoreRowDraws is the number of (row, body draw) pairs over which ScoringDraws scores an
 // increment's records, at least.
