@@ -35,6 +35,19 @@ type updaterBalancer struct {
 
 	mu   sync.Mutex
 	data updaterData
+	// noTopic: the last assignment this member computed, as the group's leader, found no
+	// partition of the topic (deleted, not yet created again), so it gave nobody the role.
+	noTopic bool
+}
+
+// assignedWithoutTopic reports whether this member, leading the group, found no partition of
+// the topic when it assigned the generation that just began, and forgets it.
+func (b *updaterBalancer) assignedWithoutTopic() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	no := b.noTopic
+	b.noTopic = false
+	return no
 }
 
 // led records that generation gen assigned this member the role (assigned) or not. A member not
@@ -89,6 +102,9 @@ func (b *updaterBalancer) AssignGroups(members []kafka.GroupMember, partitions [
 	if to := pickUpdater(ids, data); to != "" {
 		out[to][b.topic] = parts
 	}
+	b.mu.Lock()
+	b.noTopic = len(parts) == 0
+	b.mu.Unlock()
 	return out
 }
 

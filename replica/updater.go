@@ -149,6 +149,31 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 			id := gen.ID
 			gen.Start(func(gctx context.Context) { r.lead(gctx, id) })
 		}
+		if r.bal.assignedWithoutTopic() {
+			// The posterior topic had no partition when this member assigned the generation:
+			// nobody holds the role, and the group would not rebalance when the topic is
+			// created again. End the generation once the topic answers.
+			r.lg.Warn("updater group: the posterior topic has no partition; nobody is the updater until it exists again",
+				"topic", rc.PosteriorTopic, "generation", gen.ID)
+			gen.Start(r.awaitPosteriorTopic)
+		}
+	}
+}
+
+// awaitPosteriorTopic returns once the posterior topic answers its end offset, or when ctx ends.
+func (r *Replica) awaitPosteriorTopic(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := r.plog.End(ctx); err == nil {
+			r.lg.Info("updater group: the posterior topic exists again; rejoining to give the updater role", "topic", r.plog.Topic())
+			return
+		}
 	}
 }
 
