@@ -43,7 +43,6 @@ func TestUpdaterReturnsWhenThePosteriorTopicIsCreatedAgain(t *testing.T) {
 	waitfor.Cond(t, 60*time.Second, "a generation of the updater group without the posterior topic", func() bool {
 		return r.Metric(t, "cfguard_updater_group_generations_total") > generations && !r.Model(t).Replication.Updater
 	})
-	time.Sleep(2 * time.Second)
 
 	kafkatest.CreateTopic(t, b.Addrs(), "cfguard.posterior", 1)
 	waitfor.Cond(t, 60*time.Second, "the replica naming the reset", func() bool {
