@@ -410,7 +410,7 @@ func (m *Member) decode(p int, rr kafka.RecordReader, from int64) ([]offsetReque
 		}()
 		if err := Authenticate(m.cfg.Keys, r.value, r.auth); err != nil {
 			// The line before the counts, so that whoever sees a count (an alert, a test) finds it.
-			m.log.Warn("unauthenticated CE request ignored: a writer without the cluster key (replication.key_file) wrote to the CE topic; check its ACLs",
+			m.log.Warn("unauthenticated CE request ignored: it is not signed under a key of this replica's replication.key_file: a writer without the cluster key (check the CE topic's ACLs), or a key file that is not the cluster's",
 				"partition", p, "offset", r.offset, "err", err)
 			m.mu.Lock()
 			m.skipped[ReasonUnauthenticated]++

@@ -435,7 +435,7 @@ func (m *Member) unauthenticated(p int, r record, err error) {
 	if m.cfg.OnUnauthenticated != nil {
 		m.cfg.OnUnauthenticated(m.cfg.StateTopic, p, r.offset)
 	}
-	m.log.Warn("unauthenticated CE state ignored: a writer without the cluster key (replication.key_file) wrote to the CE state topic; check its ACLs",
+	m.log.Warn("unauthenticated CE state ignored: it is not signed under a key of this replica's replication.key_file: a writer without the cluster key (check the CE state topic's ACLs), or a key file that is not the cluster's",
 		"state_topic", m.cfg.StateTopic, "partition", p, "offset", r.offset, "tombstone", len(r.value) == 0, "claim", isClaim(r.key), "err", err)
 }
 

@@ -454,7 +454,7 @@ func (r *Replica) checkCoverage(ctx context.Context, e *postlog.Entry, follower 
 // It is ignored: never decoded, applied, or counted as covering anything. The line is written
 // before the count, so that whoever sees the count (an alert, a test) finds the line.
 func (r *Replica) unauthenticated(rec postlog.Record) {
-	r.lg.Warn("unauthenticated posterior log record ignored: a writer without the cluster key (replication.key_file) wrote to the topic; check its ACLs",
+	r.lg.Warn("unauthenticated posterior log record ignored: it is not signed under a key of this replica's replication.key_file: a writer without the cluster key (check the topic's ACLs), or a key file that is not the cluster's",
 		"topic", r.plog.Topic(), "partition", 0, "offset", rec.Offset, "err", postlog.Authenticate(r.keys, rec))
 	r.m.Ignored.WithLabelValues(string(postlog.Unauthenticated)).Inc()
 	r.m.Unauthenticated.WithLabelValues(r.plog.Topic()).Inc()
