@@ -330,7 +330,8 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, fa
 	case err != nil && ctx.Err() == nil && r.isStopped():
 		return true, nil // the follower logged why; the records read and not appended are read again from the head's coverage
 	case errors.Is(err, errLost):
-		r.lg.Warn("updater: an entry lost to another writer's; stepping down and rejoining the group", "head", r.Head().Seq, "term", r.Head().Term)
+		r.lg.Warn("updater: the log's head is not this replica's last entry (another writer's entry took its place, or the log changed under it); stepping down and rejoining the group",
+			"head", r.Head().Seq, "term", r.Head().Term)
 		r.m.AppendsLost.Inc()
 	case err != nil && ctx.Err() == nil:
 		r.lg.Error("updater stopped", "err", err)
