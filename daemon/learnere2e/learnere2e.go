@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/assets"
+	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
@@ -290,16 +291,23 @@ func KeepsCertifiedUnderCorrectLabels(t *testing.T, name string) {
 	st := r.statuses(t, ids)
 	t.Logf("600 increments of 10: mean log loss over the data set's sample %.4f -> %.4f (x%.3f); %d counterfactuals: %v; %v renewals",
 		l0, l1, l1/l0, len(ids), st, r.metric("cfguard_counterfactuals_renewed_total"))
-	for id, s := range st {
-		if s != "certified" {
-			t.Errorf("%s is %s after 6,000 correctly labelled records, want certified", id, s)
-		}
-	}
+	r.keptCertified(t, st, "6,000 correctly labelled records")
 	if l1 > 1.05*l0 {
 		t.Errorf("mean log loss over the data set's sample rose from %.4f to %.4f (more than x1.05)", l0, l1)
 	}
+}
+
+// keptCertified fails t unless every CE of st (id -> status) is certified and no update KL
+// passed the budget; after names the records streamed.
+func (r running) keptCertified(t *testing.T, st map[string]string, after string) {
+	t.Helper()
+	for id, s := range st {
+		if s != "certified" {
+			t.Errorf("%s is %s after %s, want certified", id, s, after)
+		}
+	}
 	if b := r.metric("cfguard_kl_breach_last_timestamp_seconds"); b != 0 {
-		t.Errorf("an update KL passed the budget under correct labels (last breach at %v)", b)
+		t.Errorf("an update KL passed the budget under %s (last breach at %v)", after, b)
 	}
 }
 
@@ -329,8 +337,8 @@ func KeepsCertifiedThroughABacklog(t *testing.T, name string) {
 	r.waitApplied(t, n)
 	ph.done("5,120 records applied, every CE measured")
 	updates := 0.0
-	for _, outcome := range []string{"promoted", "clipped", "rejected", "failed"} {
-		updates += r.metric("cfguard_updates_total", "outcome", outcome)
+	for _, o := range certify.Outcomes() {
+		updates += r.metric("cfguard_updates_total", "outcome", string(o))
 	}
 	st := r.statuses(t, ids)
 	t.Logf("a backlog of %d records in %v increments; %d counterfactuals: %v; %v renewals",
@@ -338,14 +346,7 @@ func KeepsCertifiedThroughABacklog(t *testing.T, name string) {
 	if updates > 16 {
 		t.Errorf("the backlog of %d records took %v increments, want at most 16: it was not taken in a backlog's increments", n, updates)
 	}
-	for id, s := range st {
-		if s != "certified" {
-			t.Errorf("%s is %s after a backlog of %d correctly labelled records, want certified", id, s, n)
-		}
-	}
-	if b := r.metric("cfguard_kl_breach_last_timestamp_seconds"); b != 0 {
-		t.Errorf("an update KL passed the budget under correct labels in a backlog (last breach at %v)", b)
-	}
+	r.keptCertified(t, st, fmt.Sprintf("a backlog of %d correctly labelled records", n))
 }
 
 // InvalidatesUnderDrift streams 1,000 correctly labelled records of the bundled data set name,
