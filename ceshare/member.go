@@ -554,6 +554,7 @@ func (m *Member) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		gen, err := m.next(ctx, cg, ended)
 		if err != nil {
+			joinErr := stream.GroupJoinError(err, "replication.session_timeout", m.cfg.SessionTimeout)
 			switch {
 			case ctx.Err() != nil:
 			case !stream.Retryable(err):
@@ -566,11 +567,11 @@ func (m *Member) Run(ctx context.Context) error {
 					" (another cfguard build, older or newer): this replica joins once they are gone; stop every replica of "+
 					"the other build", "err", err, "failures", failures+1)
 			case failures%30 == 0:
-				m.log.Warn("joining the CE group failed; retrying", "err", stream.GroupJoinError(err, "replication.session_timeout", m.cfg.SessionTimeout), "failures", failures+1)
+				m.log.Warn("joining the CE group failed; retrying", "err", joinErr, "failures", failures+1)
 			}
 			if ctx.Err() == nil {
 				m.mu.Lock()
-				m.joinErr = stream.GroupJoinError(err, "replication.session_timeout", m.cfg.SessionTimeout)
+				m.joinErr = joinErr
 				m.mu.Unlock()
 			}
 			failures++

@@ -1138,15 +1138,8 @@ func TestJoinErrorNamesTheSessionTimeoutTheBrokerRefuses(t *testing.T) {
 	t.Cleanup(kc.Close)
 	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
 	r := startReplica(t, memberConfig(conn, "r1"))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitfor.Cond(t, 20*time.Second, "JoinError naming replication.session_timeout and group.min.session.timeout.ms", func() bool {
 		err := r.m.JoinError()
-		if err != nil && strings.Contains(err.Error(), "replication.session_timeout") && strings.Contains(err.Error(), "group.min.session.timeout.ms") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("JoinError = %v after 20 s, want the broker's refusal naming replication.session_timeout and group.min.session.timeout.ms", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err != nil && strings.Contains(err.Error(), "replication.session_timeout") && strings.Contains(err.Error(), "group.min.session.timeout.ms")
+	})
 }
