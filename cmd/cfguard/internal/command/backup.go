@@ -75,11 +75,7 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		hint := ""
-		if resp.StatusCode == http.StatusUnauthorized {
-			hint = " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
-		}
-		return ledger.Info{}, fmt.Errorf("backup: GET %s: %s: %s%s", url, resp.Status, strings.TrimSpace(string(b)), hint)
+		return ledger.Info{}, fmt.Errorf("backup: GET %s: %s: %s%s", url, resp.Status, strings.TrimSpace(string(b)), statusHint(resp.StatusCode))
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".partial-*")
 	if err != nil {
@@ -166,6 +162,15 @@ func daemonURL(cfg *config.Config) string {
 		scheme = "https://"
 	}
 	return scheme + dialAddr(cfg.HTTP.Listen)
+}
+
+// statusHint is what to do about an answer of the daemon's API with status code, in brackets
+// after a space, or "": a 401 names the setting that gives the token.
+func statusHint(code int) string {
+	if code == http.StatusUnauthorized {
+		return " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
+	}
+	return ""
 }
 
 // tlsHint says how to make the daemon's certificate trusted when err is a TLS verification

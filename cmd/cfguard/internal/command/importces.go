@@ -343,11 +343,7 @@ func (imp *importer) send(ctx context.Context, b bulkBatch) error {
 			}
 		}
 		if resp.StatusCode != http.StatusOK {
-			hint := ""
-			if resp.StatusCode == http.StatusUnauthorized {
-				hint = " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
-			}
-			return fmt.Errorf("lines %d-%d: POST %s: %s: %s%s", b.lines[0], b.lines[len(b.lines)-1], imp.url, resp.Status, strings.TrimSpace(string(body)), hint)
+			return fmt.Errorf("lines %d-%d: POST %s: %s: %s%s", b.lines[0], b.lines[len(b.lines)-1], imp.url, resp.Status, strings.TrimSpace(string(body)), statusHint(resp.StatusCode))
 		}
 		return imp.record(b, body)
 	}
