@@ -124,3 +124,32 @@ func TestOneLargeIncrementMovesThePosteriorLessThanSmallOnes(t *testing.T) {
 		t.Errorf("on its old side: %.2f after one increment, %.2f after increments of 32; want more after one", side[0], side[1])
 	}
 }
+
+// Stream's orders: shuffled increments hold every label, as the rows do; label-ordered ones
+// hold one label each, but for the increment that crosses from one label to the next.
+func TestStreamOrders(t *testing.T) {
+	set, d, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range []string{"shuffled", "label"} {
+		res, err := Stream(context.Background(), StreamConfig{Data: set, Classes: d.Classes, Seed: 1, Update: DefaultUpdate(),
+			Train: bnn.TrainConfig{Epochs: 2}, Increment: 64, Correct: 14, EvalEvery: 100, Order: order})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mixed := 0
+		for _, p := range res.Points {
+			if len(p.Labels) != 2 || p.Labels[0]+p.Labels[1] != 64 {
+				t.Fatalf("%s: increment %d counts the labels %v, want 64 records of 2 labels", order, p.Increment, p.Labels)
+			}
+			if p.Labels[0] > 0 && p.Labels[1] > 0 {
+				mixed++
+			}
+		}
+		// 14 increments of 64 pass through the 455 fitted rows about twice: two label changes each.
+		if order == "shuffled" && mixed != len(res.Points) || order == "label" && (mixed < 1 || mixed > 4) {
+			t.Errorf("%s: %d of %d increments hold both labels", order, mixed, len(res.Points))
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -29,17 +30,22 @@ type StreamConfig struct {
 	// (cycled through seeded permutations: correct labels, from the distribution the model was
 	// fitted on), or, with StreamFrac > 0, from the next StreamFrac of the shuffle (rows the fit
 	// never saw; the held-out part is then what remains).
-	Train                   bnn.TrainConfig
-	FitFrac, StreamFrac     float64
-	Update                  update.Config // its Seed is the daemon's update.seed
-	Increment               int           // records per increment; with RandomSize, the most
-	RandomSize              bool          // sizes uniform in [1, Increment]
-	Correct, Drift          int           // increments with correct labels, then with the drift
-	Shift                   string        // the drift: "flip" (every label changed) or "region" (see Stream)
-	EvalEvery               int           // held-out evaluation every that many increments (default 50)
-	Samples                 int           // predictive draws for evaluations (default 400)
-	StandIns                int           // CE stand-ins (default 10)
-	VerdictAlpha, Delta     float64       // for stand-ins' verdicts (defaults 0.01, 0.05)
+	Train               bnn.TrainConfig
+	FitFrac, StreamFrac float64
+	Update              update.Config // its Seed is the daemon's update.seed
+	Increment           int           // records per increment; with RandomSize, the most
+	RandomSize          bool          // sizes uniform in [1, Increment]
+	Correct, Drift      int           // increments with correct labels, then with the drift
+	Shift               string        // the drift: "flip" (every label changed) or "region" (see Stream)
+	// Order is how the increments take the stream's rows: "shuffled" (default; seeded
+	// permutations, so that every increment holds the labels in about their proportions) or
+	// "label" (the rows of label 0, then those of label 1, ..., each label's in the seeded
+	// shuffle's order, over and over: a backlog sorted by class, whose increments hold one label).
+	Order                   string
+	EvalEvery               int     // held-out evaluation every that many increments (default 50)
+	Samples                 int     // predictive draws for evaluations (default 400)
+	StandIns                int     // CE stand-ins (default 10)
+	VerdictAlpha, Delta     float64 // for stand-ins' verdicts (defaults 0.01, 0.05)
 	Progress                func(StreamPoint)
 	Budget                  float64 // the step KL budget, for counting breaches (default (0.5-Delta)^2/2)
 	StandInLow, StandInHigh float64 // stand-ins start at p(target) in [low, high] (0.95, 0.99)
@@ -51,6 +57,7 @@ type StreamPoint struct {
 	Increment  int           `json:"increment"`
 	Records    int           `json:"records"` // records applied so far
 	Drifted    int           `json:"drifted"` // records of the drift applied so far
+	Labels     []int         `json:"labels"`  // the increment's records per label (after the drift's change)
 	KL         float64       `json:"kl"`
 	Iterations int           `json:"iterations"`
 	Converged  bool          `json:"converged"`
@@ -91,6 +98,10 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 	cfg.Budget = cmp.Or(cfg.Budget, (0.5-cfg.Delta)*(0.5-cfg.Delta)/2)
 	cfg.StandInLow, cfg.StandInHigh = cmp.Or(cfg.StandInLow, 0.95), cmp.Or(cfg.StandInHigh, 0.99)
 	cfg.Shift = cmp.Or(cfg.Shift, "flip")
+	cfg.Order = cmp.Or(cfg.Order, "shuffled")
+	if cfg.Order != "shuffled" && cfg.Order != "label" {
+		return nil, fmt.Errorf("stream: order %q, want shuffled or label", cfg.Order)
+	}
 	if cfg.Data == nil || cfg.Increment < 1 {
 		return nil, errors.New("stream: need a data set and an increment size >= 1")
 	}
@@ -168,6 +179,9 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 	next := func() int {
 		if len(ord) == 0 {
 			ord = order.Perm(pool.Len())
+			if cfg.Order == "label" {
+				slices.SortStableFunc(ord, func(a, b int) int { return cmp.Compare(pool.Y[a], pool.Y[b]) })
+			}
 		}
 		i := ord[0]
 		ord = ord[1:]
@@ -215,7 +229,10 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 			drifted += n
 		}
 		pt := StreamPoint{Increment: k, Records: records, Drifted: drifted, KL: st.KL, Iterations: st.Iterations,
-			Converged: st.Converged, Took: st.Duration, Represents: m.Records}
+			Converged: st.Converged, Took: st.Duration, Represents: m.Records, Labels: make([]int, len(m.Classes))}
+		for _, label := range y {
+			pt.Labels[label]++
+		}
 		if st.KL > cfg.Budget {
 			res.Breaches++
 		}

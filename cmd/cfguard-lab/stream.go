@@ -41,6 +41,7 @@ type streamSummary struct {
 	Correct         int                    `json:"correct_increments"`
 	Drift           int                    `json:"drift_increments"`
 	Shift           string                 `json:"shift"`
+	Order           string                 `json:"order"`
 	KLWeight        float64                `json:"kl_weight"`
 	Memory          float64                `json:"memory"`
 	Start           experiment.StreamPoint `json:"start"`
@@ -71,6 +72,7 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	correct := fs.Int("correct", 1000, "increments with correct labels")
 	drift := fs.Int("drift", 0, "increments of the drift after them")
 	shift := fs.String("shift", "flip", "the drift: flip (every label) or region (labels above the first feature's mean)")
+	order := fs.String("order", "shuffled", "how increments take the rows: shuffled, or label (every row of one label, then the next: a backlog sorted by class)")
 	every := fs.Int("every", 50, "held-out evaluation every N increments")
 	fit := fs.Float64("fit", 0.8, "fraction of the data set (a seeded shuffle) the first posterior is fitted on")
 	unseen := fs.Float64("unseen", 0, "fraction after it streamed as rows the fit never saw (0: stream the fitted rows); the rest is held out")
@@ -86,6 +88,9 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *inc < 1 || *correct < 0 || *drift < 0 || *every < 1 {
 		return fmt.Errorf("%w: --increment and --every must be >= 1, --correct and --drift >= 0", cli.ErrUsage)
+	}
+	if *order != "shuffled" && *order != "label" {
+		return fmt.Errorf("%w: --order %q, want shuffled or label", cli.ErrUsage, *order)
 	}
 	if !(*fit > 0 && *unseen >= 0 && *fit+*unseen < 1) {
 		return fmt.Errorf("%w: --fit %v and --unseen %v: want --fit > 0, --unseen >= 0 and their sum < 1 (the rest is held out)", cli.ErrUsage, *fit, *unseen)
@@ -105,11 +110,11 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	sum := streamSummary{Data: *data, Learner: *learner, Increment: *inc, RandomSize: *random, Correct: *correct, Drift: *drift,
-		Shift: *shift, KLWeight: uc.KLWeight, Memory: uc.Memory}
+		Shift: *shift, Order: *order, KLWeight: uc.KLWeight, Memory: uc.Memory}
 	var took time.Duration
 	n := 0
 	res, err := experiment.Stream(ctx, experiment.StreamConfig{Data: set, Classes: names, Seed: *seed, Update: uc, Increment: *inc,
-		FitFrac: *fit, StreamFrac: *unseen,
+		FitFrac: *fit, StreamFrac: *unseen, Order: *order,
 		RandomSize: *random, Correct: *correct, Drift: *drift, Shift: *shift, EvalEvery: *every,
 		Progress: func(p experiment.StreamPoint) {
 			n++
