@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -274,9 +275,10 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 		// The event describes the candidate posterior prev.Version + 1 (promoted, clipped or
 		// rejected as the policy says) and is queued before the status changes it causes.
 		stepKL := kl // kl becomes the clipped step's below
+		labels := labelCounts(prev.Classes, y)
 		s.events = append(s.events, Event{Type: "kl_over_budget", PosteriorVersion: prev.Version + 1, ParentVersion: &prev.Version,
-			KL: &stepKL, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach)})
-		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records))
+			KL: &stepKL, Budget: d.budget, Policy: string(d.cfg.Certify.OnBreach), Labels: labels})
+		d.log.Warn("update KL over budget", "posterior_version", prev.Version+1, "kl", kl, "budget", d.budget, "on_breach", d.cfg.Certify.OnBreach, "records", len(inc.Records), "labels", labels)
 		if outcome == certify.OutcomeClipped {
 			clipped, t, err := update.ClipToBudget(prev, next, d.budget)
 			if err != nil {
@@ -461,4 +463,25 @@ func heldRecords(inc *stream.Increment) []heldRecord {
 		out[i] = heldRecord{ID: r.ID, Features: r.X, Label: r.Label, Partition: r.Partition, Offset: r.Offset}
 	}
 	return out
+}
+
+// labelCounts is how many of the labels y are of each class, by the class's name (its index
+// when the model names none), every class included: an increment of one label steps further
+// than one of the same size whose labels come in their usual proportions (docs/MATHS.md, "The
+// streaming update"), so an over-budget step names them.
+func labelCounts(classes []string, y []int) map[string]int {
+	name := func(c int) string {
+		if c < len(classes) && classes[c] != "" {
+			return classes[c]
+		}
+		return strconv.Itoa(c)
+	}
+	n := make(map[string]int, len(classes))
+	for c := range classes {
+		n[name(c)] = 0
+	}
+	for _, c := range y {
+		n[name(c)]++
+	}
+	return n
 }

@@ -17,7 +17,8 @@ import (
 //
 //	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2,
 //	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
-//	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy)
+//	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy, and the
+//	                 increment's Labels)
 //	increment_held   on_breach: reject kept the posterior (KL); Held carries the records for replay
 //	                 (Offsets, when the event would be too large to carry them)
 //	update_failed    the update failed and the posterior was kept (Records, Offsets, Error)
@@ -56,13 +57,16 @@ type Event struct {
 	Policy         string  `json:"policy,omitempty"`
 	// ClipFraction and ClippedKL: with on_breach clip, the fraction t of the step from the
 	// previous posterior to the converged one that was kept, and the KL of the clipped step.
-	ClipFraction *float64       `json:"clip_fraction,omitempty"`
-	ClippedKL    *float64       `json:"clipped_kl,omitempty"`
-	Records      []string       `json:"records,omitempty"`
-	Held         []heldRecord   `json:"held,omitempty"`
-	Offsets      []offsetRange  `json:"offsets,omitempty"`
-	Error        string         `json:"error,omitempty"`
-	Counts       map[string]int `json:"counts,omitempty"`
+	ClipFraction *float64 `json:"clip_fraction,omitempty"`
+	ClippedKL    *float64 `json:"clipped_kl,omitempty"`
+	// Labels (kl_over_budget) is how many of the increment's records carry each label, by class
+	// name, every class included.
+	Labels  map[string]int `json:"labels,omitempty"`
+	Records []string       `json:"records,omitempty"`
+	Held    []heldRecord   `json:"held,omitempty"`
+	Offsets []offsetRange  `json:"offsets,omitempty"`
+	Error   string         `json:"error,omitempty"`
+	Counts  map[string]int `json:"counts,omitempty"`
 }
 
 // offsetRange is the input records of one partition an event stands for, from First to Last

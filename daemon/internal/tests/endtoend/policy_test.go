@@ -61,10 +61,20 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	// Each held increment's event names the posterior kept (not the candidate rejected), and the
 	// events carry every held record.
 	waitfor.Cond(t, 30*time.Second, "the outbox drained", func() bool { return r.Metric(t, "cfguard_events_pending") == 0 })
-	held := 0
+	// The over-budget events count the labels of the increments they describe: every held record
+	// was a malignant row labelled with class 0.
+	held, labelled := 0, map[string]int{}
 	for _, m := range kafkatest.ReadPartition(t, r.D.BrokerAddrs(), r.Config.Kafka.EventsTopic, 0) {
 		var e daemon.Event
-		if err := json.Unmarshal(m.Value, &e); err != nil || e.Type != "increment_held" {
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			continue
+		}
+		if e.Type == "kl_over_budget" {
+			for k, n := range e.Labels {
+				labelled[k] += n
+			}
+		}
+		if e.Type != "increment_held" {
 			continue
 		}
 		if e.PosteriorVersion != before.Version || e.KL == nil || !(*e.KL > certify.KLBudget(r.Config.Certify.Delta)) {
@@ -74,6 +84,9 @@ func TestRejectPolicyKeepsThePosterior(t *testing.T) {
 	}
 	if held != 64 {
 		t.Errorf("increment_held events name %d records, want the 64 held", held)
+	}
+	if cl := before.Classes; len(labelled) != len(cl) || labelled[cl[0]] != 64 || labelled[cl[1]] != 0 {
+		t.Errorf("kl_over_budget events count the labels %v, want %d of %q and none of %q", labelled, 64, cl[0], cl[1])
 	}
 }
 
