@@ -12,6 +12,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/stream"
 	"github.com/cfguard/cfguard/update"
@@ -457,10 +458,17 @@ func recordIDs(inc *stream.Increment) []string {
 
 // heldRecords carries a rejected increment's records in its event, so that they can be
 // replayed once an operator decides (they are not applied, and their offsets are committed).
+// A record produced without an id carries none: the consumer's name for it,
+// "<topic>/<partition>/<offset>" (stream.DefaultID), is no record id, and produced again it
+// would be dead-lettered as bad_id.
 func heldRecords(inc *stream.Increment) []heldRecord {
 	out := make([]heldRecord, len(inc.Records))
 	for i, r := range inc.Records {
-		out[i] = heldRecord{ID: r.ID, Features: r.X, Label: r.Label, Partition: r.Partition, Offset: r.Offset}
+		id := r.ID
+		if ident.Check(id) != nil {
+			id = ""
+		}
+		out[i] = heldRecord{ID: id, Features: r.X, Label: r.Label, Partition: r.Partition, Offset: r.Offset}
 	}
 	return out
 }

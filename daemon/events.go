@@ -78,7 +78,7 @@ type offsetRange struct {
 }
 
 type heldRecord struct {
-	ID        string    `json:"id"`
+	ID        string    `json:"id,omitempty"` // none when the record was produced without one
 	Features  []float64 `json:"features"`
 	Label     int       `json:"label"`
 	Partition int       `json:"partition"`
