@@ -194,3 +194,18 @@ func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
 	}
 	clitest.CheckSynopsis(t, program(), doc, "docs/CLI.md")
 }
+
+// --correct and --drift may be 0 (CLI.md: ">= 0"): a stream of no increment, or of drift only,
+// prints its summary rather than failing.
+func TestStreamOfNoCorrectIncrement(t *testing.T) {
+	for _, args := range [][]string{
+		{"stream", "--data", "breast_cancer", "--correct", "0", "--increment", "64"},
+		{"stream", "--data", "breast_cancer", "--correct", "0", "--drift", "1", "--increment", "64", "--every", "1"},
+	} {
+		code, out, errs := runCLI(t, args...)
+		var sum streamSummary
+		if code != 0 || json.Unmarshal([]byte(out), &sum) != nil {
+			t.Fatalf("%v: exit %d, want 0 and a JSON summary; stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+}

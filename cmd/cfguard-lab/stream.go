@@ -134,7 +134,10 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	sum.Start, sum.AfterCorrect, sum.End = res.Start, res.AfterCorrect, res.Points[len(res.Points)-1]
+	sum.Start, sum.AfterCorrect, sum.End = res.Start, res.AfterCorrect, res.Start
+	if len(res.Points) > 0 { // --correct 0 --drift 0 streams no increment: the end is the start
+		sum.End = res.Points[len(res.Points)-1]
+	}
 	sum.Breaches, sum.Invalidated80, sum.InvalidatedAll = res.Breaches, res.First80, res.FirstAllInvalidated
 	if n > 0 {
 		sum.TookMeanSeconds = (took / time.Duration(n)).Seconds()
