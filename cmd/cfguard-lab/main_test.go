@@ -37,6 +37,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"increments", "--data", "breast_cancer", "--sweep", "1e-5,x"},
 		{"increments", "--data", "breast_cancer", "--classes", "one"},
 		{"stream", "--data", "breast_cancer", "--order", "random"},
+		{"stream", "--data", "breast_cancer", "--shift", "swap", "--drift", "1", "--correct", "1"},
 	} {
 		if code, _, errs := runCLI(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errs)

@@ -89,6 +89,9 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *inc < 1 || *correct < 0 || *drift < 0 || *every < 1 {
 		return fmt.Errorf("%w: --increment and --every must be >= 1, --correct and --drift >= 0", cli.ErrUsage)
 	}
+	if *shift != "flip" && *shift != "region" {
+		return fmt.Errorf("%w: --shift %q, want flip or region", cli.ErrUsage, *shift)
+	}
 	if *order != "shuffled" && *order != "label" {
 		return fmt.Errorf("%w: --order %q, want shuffled or label", cli.ErrUsage, *order)
 	}
