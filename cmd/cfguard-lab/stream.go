@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -65,8 +66,8 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	classes := fs.String("classes", "", "comma-separated class names")
 	seed := fs.Uint64("seed", 1, "random seed")
 	learner := fs.String("learner", "default", "update settings: default (the daemon's), paper (prior objective, Adam lr 1e-5 x 50) or vcl-adam")
-	klw := fs.Float64("kl-weight", 0, "override update.kl_weight (default learner; 0: keep)")
-	memory := fs.Float64("memory", -1, "override update.memory_records (default learner; -1: keep)")
+	klw := fs.Float64("kl-weight", 0, "override the learner's update.kl_weight (0: keep)")
+	memory := fs.Float64("memory", -1, "override the learner's update.memory_records (-1: keep)")
 	inc := fs.Int("increment", 10, "records per increment (with --random, the most)")
 	random := fs.Bool("random", false, "increment sizes uniform in [1, --increment]")
 	correct := fs.Int("correct", 1000, "increments with correct labels")
@@ -88,6 +89,12 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *inc < 1 || *correct < 0 || *drift < 0 || *every < 1 {
 		return fmt.Errorf("%w: --increment and --every must be >= 1, --correct and --drift >= 0", cli.ErrUsage)
+	}
+	if !(*klw >= 0) || math.IsInf(*klw, 1) {
+		return fmt.Errorf("%w: --kl-weight %v, want a finite weight > 0, or 0 to keep the learner's", cli.ErrUsage, *klw)
+	}
+	if !(*memory >= 0 || *memory == -1) || math.IsInf(*memory, 1) {
+		return fmt.Errorf("%w: --memory %v, want a finite number of records >= 0 (0: every record), or -1 to keep the learner's", cli.ErrUsage, *memory)
 	}
 	if *shift != "flip" && *shift != "region" {
 		return fmt.Errorf("%w: --shift %q, want flip or region", cli.ErrUsage, *shift)
