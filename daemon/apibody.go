@@ -150,7 +150,7 @@ func decodeJSON(body []byte, v any) error {
 		return &bodyError{http.StatusBadRequest, fmt.Sprintf("bad JSON: the body must be a JSON object {...}, not %s", stream.JSONKind(trimmed))}
 	}
 	if err := checkKeys(body, reflect.TypeOf(v).Elem()); err != nil {
-		return &bodyError{http.StatusBadRequest, "bad JSON: " + err.Error()}
+		return &bodyError{http.StatusBadRequest, jsonMessage(err)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -163,6 +163,17 @@ func decodeJSON(body []byte, v any) error {
 	return nil
 }
 
+// valueError is a field's value that is well-formed JSON but not one the field takes (an empty
+// id, a method no one knows), from a request type's UnmarshalJSON: jsonMessage says what the
+// field takes without calling the body bad JSON.
+type valueError struct{ msg string }
+
+func (e *valueError) Error() string { return e.msg }
+
+func valueErrorf(format string, args ...any) error {
+	return &valueError{fmt.Sprintf(format, args...)}
+}
+
 // jsonMessage says what is wrong with a body (or a bulk line) encoding/json refused: where a
 // syntax error is (its byte offset in what was decoded), and which field holds a value of the
 // wrong type (in JSON's terms, not Go's), with the value cut short (a 1 MB number is not echoed
@@ -171,8 +182,11 @@ func jsonMessage(err error) string {
 	var (
 		se *json.SyntaxError
 		te *json.UnmarshalTypeError
+		ve *valueError
 	)
 	switch {
+	case errors.As(err, &ve):
+		return ident.Clip(ve.msg, maxErrorMessage)
 	case errors.As(err, &se):
 		return fmt.Sprintf("bad JSON at byte %d: %s", se.Offset, clipValue(se.Error()))
 	case errors.As(err, &te) && te.Field != "":
@@ -248,10 +262,10 @@ func checkKeys(body []byte, t reflect.Type) error {
 			return nil
 		}
 		if string(raw) == "null" {
-			return fmt.Errorf("%q is null: give it a value or leave it out", key)
+			return valueErrorf("%q is null: give it a value or leave it out", key)
 		}
 		if bytes.Contains(raw, []byte("null")) && hasNull(raw) { // [1, null] would be [1, 0]
-			return fmt.Errorf("%q holds a null: give every element a value", key)
+			return valueErrorf("%q holds a null: give every element a value", key)
 		}
 		if bytes.IndexByte(raw, '{') >= 0 { // a nested object (or a string holding a brace)
 			if err := noDuplicateKeys(raw); err != nil {

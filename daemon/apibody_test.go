@@ -195,3 +195,22 @@ func TestWritePending(t *testing.T) {
 		t.Errorf("writePending: %d (Location %q) %s", w.Code, w.Header().Get("Location"), w.Body.String())
 	}
 }
+
+// A field whose value is JSON the field does not take is refused by what the field takes, not
+// as bad JSON: the body parsed.
+func TestAValueAFieldDoesNotTakeIsNotBadJSON(t *testing.T) {
+	for _, c := range []struct{ body, says string }{
+		{`{"x":[1],"method":"dice"}`, `"dice"`},
+		{`{"x":[1],"method":""}`, "method is empty"},
+		{`{"x":[1],"method":1}`, "method must be a string"},
+		{`{"x":[1],"id":""}`, "id is empty"},
+		{`{"x":[1],"target":null}`, `"target" is null`},
+		{`{"x":[1],"target":[1]}`, "target must be a class index"},
+	} {
+		err := decodeJSON([]byte(c.body), new(explainRequest))
+		var be *bodyError
+		if !errors.As(err, &be) || be.code != http.StatusBadRequest || !strings.Contains(be.msg, c.says) || strings.Contains(be.msg, "bad JSON") {
+			t.Errorf("decodeJSON(%s): %v, want a 400 saying %q, not bad JSON", c.body, err, c.says)
+		}
+	}
+}

@@ -39,10 +39,10 @@ type optionalID string
 func (id *optionalID) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("id must be a string, got %s", b)
+		return valueErrorf("id must be a string, got %s", b)
 	}
 	if s == "" {
-		return fmt.Errorf("id is empty: give 1 to %d characters of [A-Za-z0-9._:-], or leave id out and the ledger makes one", ident.MaxLen)
+		return valueErrorf("id is empty: give 1 to %d characters of [A-Za-z0-9._:-], or leave id out and the ledger makes one", ident.MaxLen)
 	}
 	*id = optionalID(s)
 	return nil
@@ -50,7 +50,7 @@ func (id *optionalID) UnmarshalJSON(b []byte) error {
 
 func (t *target) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
-		return errors.New("target is null: give a class index or name, or leave target out")
+		return valueErrorf("target is null: give a class index or name, or leave target out")
 	}
 	t.set = true
 	if err := json.Unmarshal(b, &t.index); err == nil {
@@ -58,7 +58,7 @@ func (t *target) UnmarshalJSON(b []byte) error {
 	}
 	t.index = -1
 	if err := json.Unmarshal(b, &t.name); err != nil || t.name == "" {
-		return fmt.Errorf("target must be a class index (an integer) or a class name, got %s", b)
+		return valueErrorf("target must be a class index (an integer) or a class name, got %s", b)
 	}
 	return nil
 }
@@ -556,14 +556,14 @@ type explainMethod struct {
 func (e *explainMethod) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("method must be a string, got %s", b)
+		return valueErrorf("method must be a string, got %s", b)
 	}
 	if s == "" {
-		return fmt.Errorf("method is empty: give one of %v, or leave method out (%s)", explain.Methods, explain.MethodPSCE)
+		return valueErrorf("method is empty: give one of %v, or leave method out (%s)", explain.Methods, explain.MethodPSCE)
 	}
 	m, err := explain.ParseMethod(s)
 	if err != nil {
-		return err
+		return valueErrorf("%v", err)
 	}
 	*e = explainMethod{m: m, set: true}
 	return nil
