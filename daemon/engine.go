@@ -292,7 +292,7 @@ func (d *Daemon) computeUpdate(ctx context.Context, prev *bnn.Model, inc *stream
 			// The event says how far along the path to the converged posterior the step went.
 			ev := &s.events[len(s.events)-1]
 			ev.ClipFraction, ev.ClippedKL = &t, &kl
-			d.log.Warn("update KL over budget: clipped", "t", t, "kl", kl, "budget", d.budget)
+			d.log.Warn("update KL over budget: clipped", "clip_fraction", t, "kl", kl, "budget", d.budget)
 		}
 	}
 	s.kl, s.outcome = kl, outcome
