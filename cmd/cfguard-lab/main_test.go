@@ -37,6 +37,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"increments", "--data", "breast_cancer", "--sweep", "1e-5,x"},
 		{"increments", "--data", "breast_cancer", "--classes", "one"},
 		{"stream", "--data", "breast_cancer", "--order", "random"},
+		{"stream", "--data", "breast_cancer", "--classes", "a,b,c"}, // a class the bundled set has no row of
 		{"stream", "--data", "breast_cancer", "--shift", "swap", "--drift", "1", "--correct", "1"},
 		{"stream", "--data", "breast_cancer", "--kl-weight", "-1", "--correct", "1"},
 		{"stream", "--data", "breast_cancer", "--kl-weight", "NaN", "--correct", "1"},

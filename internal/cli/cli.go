@@ -50,6 +50,7 @@ func Required(name, v string) error {
 func LoadData(path, classes string) (*dataset.Set, []string, error) {
 	var set *dataset.Set
 	var names []string
+	bundled := false
 	if _, err := os.Stat(path); err != nil {
 		if _, ok := assets.Lookup(path); !ok {
 			return nil, nil, fmt.Errorf("--data %s: %w (bundled data sets: %v)", path, err, assets.Names())
@@ -58,7 +59,7 @@ func LoadData(path, classes string) (*dataset.Set, []string, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		set, names = s, d.Classes
+		set, names, bundled = s, d.Classes, true
 	} else {
 		s, err := dataset.LoadCSV(path)
 		if err != nil {
@@ -83,6 +84,11 @@ func LoadData(path, classes string) (*dataset.Set, []string, error) {
 	}
 	if len(names) < set.NumClasses {
 		return nil, nil, fmt.Errorf("%w: %d class names for labels 0..%d", ErrUsage, len(names), set.NumClasses-1)
+	}
+	// A CSV may lack the rows of its last classes, so more names than labels seen can be meant; a
+	// bundled data set has all of its classes, and a name more would be a class with no row.
+	if bundled && len(names) > set.NumClasses {
+		return nil, nil, fmt.Errorf("%w: --classes: %d class names for the bundled %s, which has %d classes", ErrUsage, len(names), path, set.NumClasses)
 	}
 	return set, names, nil
 }
