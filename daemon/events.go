@@ -15,14 +15,18 @@ import (
 
 // Event is one JSON message on kafka.events_topic. Type is one of:
 //
-//	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound, P2,
-//	                 and whether the new status is decided: Decided, VerdictPending, RenewalPending)
-//	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (KL, Budget, Policy, and the
-//	                 increment's Labels)
-//	increment_held   on_breach: reject kept the posterior (KL); Held carries the records for replay
-//	                 (Offsets, when the event would be too large to carry them)
+//	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound,
+//	                 VarBound, P2, and whether the new status is decided: Decided, VerdictPending,
+//	                 RenewalPending)
+//	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (ParentVersion, KL, Budget,
+//	                 Policy, the increment's Labels; with on_breach clip, ClipFraction and ClippedKL)
+//	increment_held   on_breach: reject kept the posterior (KL); Records and Held carry the records for
+//	                 replay (Offsets, when the event would be too large to carry them)
 //	update_failed    the update failed and the posterior was kept (Records, Offsets, Error)
 //	audit_completed  a full audit ran (Counts)
+//	counterfactual_reissued        with explain.reissue, a replacement was stored (ID, NewID, From:
+//	                               the old CE's status, To: the new CE's, P2: the new CE's p1)
+//	counterfactual_reissue_failed  with explain.reissue, no replacement was stored (ID, Error)
 //
 // Events of one counterfactual share its ID as the message key, so they stay in order; other
 // events are keyed by their type. An event is written to the ledger's outbox in the transaction
