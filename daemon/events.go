@@ -16,8 +16,8 @@ import (
 // Event is one JSON message on kafka.events_topic. Type is one of:
 //
 //	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound,
-//	                 VarBound, P2, and whether the new status is decided: Decided, VerdictPending,
-//	                 RenewalPending)
+//	                 VarBound, P2 when a measurement made the change, and whether the new status is
+//	                 decided: Decided, VerdictPending, RenewalPending)
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (ParentVersion, KL, Budget,
 //	                 Policy, the increment's Labels; with on_breach clip, ClipFraction and ClippedKL)
 //	increment_held   on_breach: reject kept the posterior (KL); Records and Held carry the records for
