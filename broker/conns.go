@@ -97,10 +97,18 @@ func (r *rateLog) note(now time.Time) (log bool, missed int64) {
 	return true, missed
 }
 
-// admit takes a slot for a new connection, or reports that none is free.
+// admit takes a slot for a new connection, or reports that none is free. The slot is taken only
+// when one is free (compare and swap), so that the count never passes the limit, not even while a
+// connection beyond it is refused: stats, full and the scrape read it meanwhile.
 func (l *connLimits) admit() bool {
-	if l.open.Add(1) > int64(l.max) {
-		l.open.Add(-1)
+	for {
+		open := l.open.Load()
+		if open < int64(l.max) {
+			if l.open.CompareAndSwap(open, open+1) {
+				return true
+			}
+			continue
+		}
 		if ok, missed := l.refusals.note(time.Now()); ok {
 			l.log.Warn("embedded broker at its connection limit: closing new connections until a slot frees ("+l.names.MaxConnections+")",
 				"max_connections", l.max, "idle_timeout", l.idle, "refused_since_last_line", missed)
@@ -108,7 +116,6 @@ func (l *connLimits) admit() bool {
 		l.refused.Add(1) // after the line: whoever sees the count finds the line
 		return false
 	}
-	return true
 }
 
 // release frees a slot.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -567,4 +568,48 @@ func readSent(t *testing.T, l *connLimits, b []byte) error {
 	}()
 	_, err := c.Read(make([]byte, 16))
 	return err
+}
+
+// The count of open connections never passes the limit, not even for an instant while a
+// connection beyond it is refused: stats, the readiness check (full) and the scrape read it while
+// the nodes' accept loops admit at once.
+func TestAdmitNeverCountsPastTheLimit(t *testing.T) {
+	l := &connLimits{max: 1, log: slog.New(slog.DiscardHandler)}
+	if !l.admit() {
+		t.Fatal("the first connection was refused")
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 { // four nodes' accept loops, each refusing a flood
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if l.admit() {
+					t.Error("a connection past the limit was admitted")
+					l.release()
+				}
+			}
+		}()
+	}
+	// Read while the loops refuse 200,000 connections (on one core too: the loops are preempted).
+	over, reads := 0, 0
+	for l.refused.Load() < 200000 {
+		if l.stats().Open > l.max {
+			over++
+		}
+		if reads++; reads%1000 == 0 {
+			runtime.Gosched()
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if over > 0 {
+		t.Errorf("%d of %d reads counted more open connections than the limit %d (%d refused meanwhile)", over, reads, l.max, l.refused.Load())
+	}
 }
