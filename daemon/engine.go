@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/cfguard/cfguard/alerts"
@@ -473,23 +472,17 @@ func heldRecords(inc *stream.Increment) []heldRecord {
 	return out
 }
 
-// labelCounts is how many of the labels y are of each class, by the class's name (its index
-// when the model names none), every class included: an increment of one label steps further
-// than one of the same size whose labels come in their usual proportions (docs/MATHS.md, "The
-// streaming update"), so an over-budget step names them.
+// labelCounts is how many of the labels y are of each class, by the class's name (a valid model
+// names every class), every class included: an increment of one label steps further than one of
+// the same size whose labels come in their usual proportions (docs/MATHS.md, "Increments of one
+// label"), so an over-budget step names them.
 func labelCounts(classes []string, y []int) map[string]int {
-	name := func(c int) string {
-		if c < len(classes) && classes[c] != "" {
-			return classes[c]
-		}
-		return strconv.Itoa(c)
-	}
 	n := make(map[string]int, len(classes))
-	for c := range classes {
-		n[name(c)] = 0
+	for _, c := range classes {
+		n[c] = 0
 	}
 	for _, c := range y {
-		n[name(c)]++
+		n[classes[c]]++
 	}
 	return n
 }
