@@ -74,6 +74,8 @@ func New(cfg Config, src Source) *UI {
 	m.HandleFunc("GET /ui/login", u.loginForm)
 	m.HandleFunc("POST /ui/login", u.login)
 	m.HandleFunc("POST /ui/logout", u.logout)
+	m.HandleFunc("/ui/login", u.notAllowed("GET, HEAD, POST", "the sign-in form is read with GET and sent with POST"))
+	m.HandleFunc("/ui/logout", u.notAllowed("POST", "signing out is a POST (the button on every page)"))
 	m.Handle("GET /ui/{$}", u.auth(u.overview))
 	m.Handle("GET /ui/counterfactuals", u.auth(u.list))
 	m.Handle("GET /ui/counterfactuals/{id}", u.auth(u.ce))
@@ -234,13 +236,21 @@ func (u *UI) logout(w http.ResponseWriter, r *http.Request) {
 // says so and leads back (not the mux's plain text). It reads nothing, so it asks for no token.
 func (u *UI) noPage(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		u.render(w, http.StatusMethodNotAllowed, "error", page{Title: "Method not allowed",
-			Error: r.Method + " " + ident.Clip(r.URL.EscapedPath(), 256) + ": the UI's pages are read with GET (and change nothing)."})
+		u.notAllowed("GET, HEAD", "the UI's pages are read with GET (and change nothing)")(w, r)
 		return
 	}
 	u.render(w, http.StatusNotFound, "error", page{Title: "No such page",
 		Error: "There is no page at " + ident.Clip(r.URL.EscapedPath(), 256) + ". The UI's pages are the overview, the counterfactuals (and each one's page) and the events: the links above lead to them."})
+}
+
+// notAllowed answers a method the path does not take: a 405 page naming the methods it takes
+// (allow, also sent as Allow) and why (how).
+func (u *UI) notAllowed(allow, how string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		u.render(w, http.StatusMethodNotAllowed, "error", page{Title: "Method not allowed",
+			Error: r.Method + " " + ident.Clip(r.URL.EscapedPath(), 256) + ": " + how + "."})
+	}
 }
 
 // render writes a page; a template that fails mid-way has already sent its status, so the

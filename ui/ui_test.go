@@ -424,13 +424,23 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want the UI's 404 page", path, code, h.Get("Content-Type"))
 		}
 	}
-	if resp, err := http.Post(d.Base+"/ui/counterfactuals", "text/plain", nil); err != nil {
-		t.Fatal(err)
-	} else {
+	// A method its path does not take: a 405 page whose Allow names the methods that path takes.
+	for _, c := range []struct{ method, path, allow, says string }{
+		{"POST", "/ui/counterfactuals", "GET, HEAD", "read with GET"},
+		{"PUT", "/ui/login", "GET, HEAD, POST", "sent with POST"},
+		{"DELETE", "/ui/login", "GET, HEAD, POST", "sent with POST"},
+		{"GET", "/ui/logout", "POST", "signing out is a POST"},
+	} {
+		req, _ := http.NewRequest(c.method, d.Base+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" || !strings.Contains(string(b), "read with GET") {
-			t.Errorf("POST /ui/counterfactuals: %d (Allow %q), want the UI's 405 page", resp.StatusCode, resp.Header.Get("Allow"))
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != c.allow ||
+			!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(b), c.says) {
+			t.Errorf("%s %s: %d (Allow %q), want the UI's 405 page with Allow %q saying %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), c.allow, c.says)
 		}
 	}
 	// A target given by its index is the class the form then shows, so that filtering again keeps it.
