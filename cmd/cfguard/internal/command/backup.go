@@ -2,8 +2,6 @@ package command
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,10 +27,15 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	path := fs.String("config", "config.yaml", "the running daemon's configuration (http.listen, http.token)")
 	out := fs.String("out", "", "file to write the backup to (must not exist)")
 	url := fs.String("url", "", "the daemon's base URL (default: http://<http.listen>, https:// when http.web_config_file serves TLS; a wildcard host read as 127.0.0.1)")
+	tlsFlags := addAPITLSFlags(fs)
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	if err := cli.Required("out", *out); err != nil {
+		return err
+	}
+	client, err := tlsFlags.client()
+	if err != nil {
 		return err
 	}
 	// A client of the daemon's API: the files the configuration names are the daemon's, and
@@ -47,7 +50,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := os.Lstat(*out); err == nil {
 		return fmt.Errorf("%w: --out %s exists; cfguard backup never overwrites a file", cli.ErrUsage, *out)
 	}
-	info, err := download(ctx, strings.TrimSuffix(*url, "/")+"/v1/backup", cfg.HTTP.Token, *out)
+	info, err := download(ctx, client, strings.TrimSuffix(*url, "/")+"/v1/backup", cfg.HTTP.Token, *out)
 	if err != nil {
 		return err
 	}
@@ -57,7 +60,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // download writes the backup beside out under a temporary name, fsyncs it, verifies it with
 // ledger.Verify, links it into place and fsyncs out's directory; nothing is left behind on
 // failure.
-func download(ctx context.Context, url, token, out string) (ledger.Info, error) {
+func download(ctx context.Context, client *http.Client, url, token, out string) (ledger.Info, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return ledger.Info{}, err
@@ -65,7 +68,7 @@ func download(ctx context.Context, url, token, out string) (ledger.Info, error) 
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		if hint := tlsHint(err); hint != "" {
 			return ledger.Info{}, fmt.Errorf("backup: %w (%s)", err, hint)
@@ -169,17 +172,6 @@ func daemonURL(cfg *config.Config) string {
 func statusHint(code int) string {
 	if code == http.StatusUnauthorized {
 		return " (the daemon wants http.token: give --config the daemon's token, or set CFGUARD_HTTP_TOKEN)"
-	}
-	return ""
-}
-
-// tlsHint says how to make the daemon's certificate trusted when err is a TLS verification
-// failure, else "".
-func tlsHint(err error) string {
-	var unknown x509.UnknownAuthorityError
-	var verify *tls.CertificateVerificationError
-	if errors.As(err, &unknown) || errors.As(err, &verify) {
-		return "the daemon's certificate (http.web_config_file) is not trusted here: give its CA in SSL_CERT_FILE, or add it to the system's CAs"
 	}
 	return ""
 }

@@ -51,6 +51,7 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	batch := fs.Int("batch", 1000, "lines per request (also bounded by http.max_body_bytes)")
 	parallel := fs.Int("parallel", 2, "requests in flight")
 	every := fs.Duration("progress", 5*time.Second, "progress line interval on stderr")
+	tlsFlags := addAPITLSFlags(fs)
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -59,6 +60,10 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if *batch < 1 || *batch > 10000 || *parallel < 1 || *every <= 0 {
 		return fmt.Errorf("%w: --batch must be 1..10000, --parallel at least 1, --progress positive", cli.ErrUsage)
+	}
+	client, err := tlsFlags.client()
+	if err != nil {
+		return err
 	}
 	// A client of the daemon's API: the files the configuration names are the daemon's, and
 	// need not exist where this runs.
@@ -81,7 +86,7 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer f.Close()
 	imp := &importer{url: strings.TrimSuffix(*url, "/") + "/v1/counterfactuals:bulk", token: cfg.HTTP.Token,
-		stderr: stderr, client: &http.Client{}, total: total, start: time.Now()}
+		stderr: stderr, client: client, total: total, start: time.Now()}
 	batches := make(chan bulkBatch, *parallel)
 	sendCtx, stop := context.WithCancel(ctx)
 	defer stop()
