@@ -1,7 +1,3 @@
-// Package docs holds cfguard's documentation. Its tests check what the Markdown files of the
-// repository point at: every link leads somewhere (the file or directory exists, and a
-// #fragment names a heading of the file it points into, or an <a id>, as GitHub renders them),
-// and every test they name is one of the repository's, in the package they name.
 package docs
 
 import (

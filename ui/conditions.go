@@ -150,7 +150,7 @@ func holding(g map[string]float64, now time.Time) []conditionRow {
 	for _, c := range conditions {
 		if ok, says := c.holds(g, now); ok {
 			out = append(out, conditionRow{Alert: c.Alert, Says: says, Path: c.Path,
-				Runbook: "https://github.com/cfguard/cfguard/blob/main/docs/RUNBOOK.md#" + lower(c.Alert)})
+				Runbook: runbookLink(c.Alert)})
 		}
 	}
 	return out
@@ -161,16 +161,6 @@ func unix(t float64) string {
 		return "never"
 	}
 	return time.Unix(int64(t), 0).UTC().Format("2006-01-02 15:04:05 UTC")
-}
-
-func lower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }
 
 // count prints a gauge that counts things as a whole number with thousands separated

@@ -63,6 +63,8 @@ type page struct {
 	More    bool
 	Failing *failing // the events page: the publisher's attempts fail; nil while they work
 
+	Doc template.HTML // the runbook page's body
+
 	Quality    []qualityRow
 	Cluster    []qualityRow
 	Conditions []conditionRow

@@ -58,6 +58,8 @@ type UI struct {
 	src   Source
 	pages map[string]*template.Template
 	mux   *http.ServeMux
+	// runbookHTML is docs/RUNBOOK.md rendered once (renderRunbook).
+	runbookHTML template.HTML
 }
 
 // New returns the UI over src. It panics only if an embedded template does not parse, which
@@ -69,7 +71,8 @@ func New(cfg Config, src Source) *UI {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	u := &UI{cfg: cfg, src: src, pages: parsePages("overview", "list", "ce", "certificate", "events", "login", "error")}
+	u := &UI{cfg: cfg, src: src, pages: parsePages("overview", "list", "ce", "certificate", "events", "runbook", "login", "error"),
+		runbookHTML: mustRunbook()}
 	m := newMux(u.noPage)
 	m.HandleFunc("GET /ui/login", u.loginForm)
 	m.HandleFunc("POST /ui/login", u.login)
@@ -81,6 +84,7 @@ func New(cfg Config, src Source) *UI {
 	m.Handle("GET /ui/counterfactuals/{id}", u.auth(u.ce))
 	m.Handle("GET /ui/counterfactuals/{id}/certificate", u.auth(u.certificate))
 	m.Handle("GET /ui/events", u.auth(u.events))
+	m.Handle("GET "+runbookPath, u.auth(u.runbook))
 	m.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui/", http.StatusMovedPermanently) })
 	m.HandleFunc("/ui/", u.noPage)
 	u.mux = m

@@ -337,6 +337,9 @@ func TestUIInABrowser(t *testing.T) {
 	b.run(chromedp.Navigate(d.Base+"/ui/events"), chromedp.WaitVisible(chromedp.CSS("main")))
 	b.check("events")
 	b.tabReachesEverything("events")
+	// The runbook, served by the daemon: an alert's section by its anchor.
+	b.run(chromedp.Navigate(d.Base+"/ui/runbook#cfguardkloverbudget"), chromedp.WaitVisible(chromedp.CSS("#cfguardkloverbudget")))
+	b.check("runbook")
 	// Sign out: the next page asks for the token again.
 	b.run(chromedp.Click(chromedp.CSS("form.logout button")), chromedp.WaitVisible(chromedp.CSS("#token")))
 	t.Logf("screenshots in %s", b.shots)
