@@ -200,7 +200,8 @@ type MemberConfig struct {
 	// or a crash). The member asks the group for them back (the sticky balancer keeps them with
 	// it unless another member took them over meanwhile); those its first generation does not
 	// give it belong to other members by now and are released (Hooks.Release) when that
-	// generation starts. Default: none.
+	// generation starts; one it gives back that another replica claimed since is released and
+	// rebuilt from offset 0 with that replica's states. Default: none.
 	Held []int
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
@@ -210,6 +211,9 @@ type MemberConfig struct {
 	// beforeFetch, when set, is called before each fetch of a partition's requests, with the
 	// offset it reads from (a test holds a partition's read there).
 	beforeFetch func(p int, next int64)
+	// afterClaim, when set, is called once a claim of partition p is written, before the member
+	// reads on (a test writes a state there).
+	afterClaim func(p int)
 }
 
 func (c *MemberConfig) applyDefaults() error {

@@ -57,9 +57,38 @@ func (m *Member) readPartition(ctx context.Context, cl *kafka.Client, p int, gen
 	// a rebuild was cut short (a crash).
 	if fresh && m.cfg.StateTopic != "" {
 		replay := m.toReplay(ctx, cl, p, from)
-		states, before := m.acquireStates(ctx, cl, p, gen, replay)
+		states, before, stale := m.acquireStates(ctx, cl, p, gen, replay, from > 0, false)
 		if ctx.Err() != nil {
 			return
+		}
+		if stale != nil {
+			// The store holds p from before another replica claimed it (a restart, or a pause
+			// past the session, given p back): its CEs of p lack what that owner learnt of them
+			// (renewals, verdicts, history), which that owner's states hold. p is released and
+			// rebuilt from offset 0 with them, as a partition acquired afresh is, and claimed
+			// only then; a state this replica wrote from its copy (its confirmer judged it until
+			// the release, and its outbox may publish that after the claim) is a late write.
+			m.log.Warn("this replica's ledger holds the CE partition from before another replica owned it: released and rebuilt "+
+				"from offset 0 with the states that owner left", "partition", p, "from", from, "owner_since", stale.Replica, "term", stale.Term)
+			if err := m.hooks.Release(ctx, p); err != nil {
+				if ctx.Err() == nil {
+					fail(fmt.Errorf("ceshare: releasing partition %d of %q held from before another owner: %w", p, m.cfg.Topic, err))
+				}
+				return
+			}
+			if from, witness, err = m.hooks.Acquire(ctx, p); err != nil {
+				if ctx.Err() == nil {
+					fail(fmt.Errorf("ceshare: acquiring partition %d of %q: %w", p, m.cfg.Topic, err))
+				}
+				return
+			}
+			m.mu.Lock()
+			ps.next = from
+			m.mu.Unlock()
+			replay = true
+			if states, before, _ = m.acquireStates(ctx, cl, p, gen, true, false, true); ctx.Err() != nil {
+				return
+			}
 		}
 		m.mu.Lock()
 		ps.ownedBefore, ps.acquired = before, true
@@ -301,7 +330,10 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 }
 
 // acquireStates claims partition p of the CE state topic for generation gen and, with restore,
-// reads its states, and says whether an earlier owner claimed p (claimStates). A broker's
+// reads its states, and says whether an earlier owner claimed p (claimStates). With held (the
+// store holds p from an earlier acquisition), it claims nothing when another replica's claim is
+// in force, and returns that claim as stale instead; with fenceSelf, this replica's states are
+// late writes (claimStates). A broker's
 // transient errors are retried for as long as they last, as fetches of the CE topic are: the
 // partition stays not caught up meanwhile (cfguard_counterfactuals_partitions_rebuilding,
 // CfguardCounterfactualsNotCaughtUp), with a WARN line once the episode reaches fetchWarnAfter.
@@ -309,17 +341,21 @@ func (m *Member) toReplay(ctx context.Context, cl *kafka.Client, p int, from int
 // and leave p unclaimed, so that the next owner would take this replica's states for late
 // writes. A state topic that is gone is created again. Any other error (ACLs, records that do
 // not decode) is logged at ERROR and the partition is rebuilt from its registrations alone.
-func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (map[string]State, bool) {
+func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore, held, fenceSelf bool) (states map[string]State, before bool, stale *Claim) {
 	bo := backoff.Backoff{Min: m.cfg.RetryMin, Max: m.cfg.RetryMax}
 	failing := stateFailures()
 	for {
-		states, before, err := m.claimStates(ctx, cl, p, gen, restore)
+		states, before, err := m.claimStates(ctx, cl, p, gen, restore, held, fenceSelf)
 		if err == nil {
 			failing.worked(m.log, time.Now(), p)
-			return states, before
+			return states, before, nil
 		}
 		if ctx.Err() != nil {
-			return nil, false
+			return nil, false, nil
+		}
+		if s := (*staleStore)(nil); errors.As(err, &s) {
+			failing.worked(m.log, time.Now(), p)
+			return nil, false, &s.claim
 		}
 		transient := stream.Transient(err)
 		if topicGone(err) {
@@ -334,12 +370,12 @@ func (m *Member) acquireStates(ctx context.Context, cl *kafka.Client, p int, gen
 			m.log.Error("CE state topic cannot be read or the partition claimed there: its CEs are rebuilt from their registrations, "+
 				"without the renewals, verdicts and history of their previous owner, and the partition's next owner may take the "+
 				"states this replica writes for them for a previous owner's late writes", "partition", p, "state_topic", m.cfg.StateTopic, "err", err)
-			return nil, false
+			return nil, false, nil
 		}
 		failing.failed(m.log, time.Now(), p, err)
 		m.log.Debug("reading or claiming CE states failed; retrying", "partition", p, "err", err)
 		if bo.Wait(ctx) != nil {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 }

@@ -299,6 +299,9 @@ type stateFold struct {
 	// claimsOnly folds the claims alone: states are neither authenticated nor decoded, and
 	// result is empty (a partition acquired with no registration to replay needs only its terms).
 	claimsOnly bool
+	// self, when set, is this replica's id, whose states are late writes wherever they are
+	// (fenceSelf: its copy of the partition is stale).
+	self string
 }
 
 func newStateFold() *stateFold {
@@ -392,7 +395,7 @@ func (m *Member) foldState(f *stateFold, p int, r record) {
 		m.malformed(p, r, err)
 		return
 	}
-	if f.owner == nil || f.owner.owns(s) {
+	if (f.owner == nil || f.owner.owns(s)) && (f.self == "" || s.Replica != f.self) {
 		m.count(func(s *StateStats) { s.Read++ })
 		f.states[id] = s
 		delete(f.late, id)
@@ -465,13 +468,24 @@ func (m *Member) count(fn func(*StateStats)) {
 // (the claim, and any state written meanwhile). With restore, it returns each CE's state;
 // without, it folds the claims alone and returns none (BenchmarkClaimAtAcquisition: most of a
 // restore's time goes to authenticating and decoding the states). before says whether the
-// partition held a claim before this one (an earlier owner).
-func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore bool) (states map[string]State, before bool, err error) {
+// partition held a claim before this one (an earlier owner). With held (the store holds p from
+// an earlier acquisition), a claim in force of another replica is returned as a *staleStore
+// error before any claim is written: that replica owned p since, and the store's CEs of p lack
+// what it learnt of them. With fenceSelf (the store's copy of p, stale, was released), every
+// state this replica wrote of p is a late write: one that its outbox publishes after this claim,
+// under the generation of the claim, was judged from that copy.
+func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen int32, restore, held, fenceSelf bool) (states map[string]State, before bool, err error) {
 	f := newStateFold()
 	f.claimsOnly = !restore
+	if fenceSelf {
+		f.self = m.cfg.ReplicaID
+	}
 	next, err := m.readStates(ctx, cl, p, f, 0)
 	if err != nil {
 		return nil, false, err
+	}
+	if held && f.owner != nil && f.owner.Replica != m.cfg.ReplicaID {
+		return nil, false, &staleStore{claim: *f.owner}
 	}
 	before = f.term > 0
 	c := Claim{Partition: p, Term: f.term + 1, Replica: m.cfg.ReplicaID, Generation: gen}
@@ -484,6 +498,9 @@ func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen i
 		return nil, false, fmt.Errorf("ceshare: claiming partition %d of %q: %w", p, m.cfg.StateTopic, err)
 	}
 	m.count(func(s *StateStats) { s.Claimed++ })
+	if m.cfg.afterClaim != nil {
+		m.cfg.afterClaim(p)
+	}
 	if _, err := m.readStates(ctx, cl, p, f, next); err != nil {
 		return nil, false, err
 	}
@@ -494,6 +511,14 @@ func (m *Member) claimStates(ctx context.Context, cl *kafka.Client, p int, gen i
 		m.log.Debug("CE partition claimed", "partition", p, "term", c.Term, "generation", gen)
 	}
 	return f.result(), before, nil
+}
+
+// staleStore is claimStates' answer for a partition the store holds from an earlier acquisition
+// and that another replica claimed since (claim, the claim in force).
+type staleStore struct{ claim Claim }
+
+func (e *staleStore) Error() string {
+	return fmt.Sprintf("ceshare: partition %d was claimed by replica %s (term %d) since this store read it", e.claim.Partition, e.claim.Replica, e.claim.Term)
 }
 
 // ensureStateTopic creates the CE state topic, compacted, with partitions partitions, unless it

@@ -47,7 +47,7 @@ func BenchmarkClaimAtAcquisition(b *testing.B) {
 	}{{"restoring", true}, {"at_the_end", false}} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
-				got, _, err := m.claimStates(ctx, cl, 0, 1, bc.restore)
+				got, _, err := m.claimStates(ctx, cl, 0, 1, bc.restore, false, false)
 				if err != nil {
 					b.Fatal(err)
 				}

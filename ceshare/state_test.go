@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -743,5 +744,125 @@ func TestStateTopicGoneAtAnAcquisitionIsCreatedAgain(t *testing.T) {
 		if c, ok := claimInForce(t, conn, p); !ok || c.Replica != "r1" {
 			t.Errorf("partition %d taken over by r1: the claim in force is %+v (any: %v)", p, c, ok)
 		}
+	}
+}
+
+// releasingLedger is a test ledger whose Release does what the daemon's does
+// (ledger.ReleaseShare): the partition's offset goes back to 0 and its CEs, states and
+// outcomes leave the store.
+type releasingLedger struct{ *ledger }
+
+func (l releasingLedger) Release(ctx context.Context, p int) error {
+	if err := l.ledger.Release(ctx, p); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next[p] = 0
+	delete(l.reqs, p)
+	delete(l.witness, p)
+	for id := range l.lastCE {
+		if Partition(id, testPartitions) == p {
+			delete(l.lastCE, id)
+			delete(l.states, id)
+		}
+	}
+	return nil
+}
+
+// A replica that comes back on a store still holding partitions that another replica owned
+// meanwhile (its states, renewals, verdicts and history are on the CE state topic) does not go
+// on from its own copy of them, which lacks what that owner learnt: it rebuilds each from
+// offset 0 with the states the other owner wrote. A partition whose claim in force is still
+// its own is kept as it is, and read from its stored offset.
+func TestHeldPartitionAnotherOwnerClaimedIsRebuilt(t *testing.T) {
+	_, conn := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pr := testProducer(t, conn)
+	sw, _ := stateTopics(ctx, t, conn)
+	const n = 12
+	for _, id := range ids("a-", n) {
+		if _, _, err := pr.Send(ctx, Request{Kind: KindRegister, ID: id, Replica: "r1", At: time.Now(), CE: json.RawMessage(`{"reg":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := func(id string) MemberConfig {
+		c := memberConfig(conn, id)
+		c.StateTopic = testStateTopic
+		return c
+	}
+	l1 := releasingLedger{newLedger()}
+	r1 := startReplicaWith(t, cfg("r1"), l1.ledger, l1, testLog(t))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition, caught up", func() bool { return ownership(r1) != nil })
+	if got := l1.registered(); got != n {
+		t.Fatalf("r1 applied %d registrations, want %d", got, n)
+	}
+	r1.stop(t) // r1's store keeps every partition (Held at its next start)
+
+	r2 := startReplica(t, cfg("r2"))
+	waitfor.Cond(t, 60*time.Second, "r2 owning every partition, caught up", func() bool { return ownership(r2) != nil })
+	for _, id := range ids("a-", n) {
+		if err := sw.Write(ctx, []State{{ID: id, Replica: "r2", Generation: r2.m.LastGeneration(), CE: json.RawMessage(`{"s":"r2's"}`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r2.stop(t)
+
+	held := make([]int, testPartitions)
+	for p := range held {
+		held[p] = p
+	}
+	c := cfg("r1")
+	c.Held = held
+	// Until its copy of a partition is released, r1's confirmer may still judge those CEs and
+	// write their states, under the generation r1 takes part in: none of them is the state
+	// restored.
+	var back *replica
+	var backMu sync.Mutex
+	copyStates := func(ctx context.Context, p int, label string) {
+		backMu.Lock()
+		gen := back.m.Generation()
+		backMu.Unlock()
+		for _, id := range ids("a-", n) {
+			if Partition(id, testPartitions) == p {
+				if err := sw.Write(ctx, []State{{ID: id, Replica: "r1", Generation: gen, CE: json.RawMessage(`{"s":"` + label + `"}`)}}); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+	l1.release = func(ctx context.Context, p int) { copyStates(ctx, p, "r1's copy") }
+	// ... and its outbox may publish those states after r1 claimed the partition again.
+	c.afterClaim = func(p int) { copyStates(ctx, p, "r1's copy, published after its claim") }
+	backMu.Lock()
+	r1 = startReplicaWith(t, c, l1.ledger, l1, testLog(t))
+	back = r1
+	backMu.Unlock()
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition again, caught up", func() bool {
+		return ownership(r1) != nil && l1.registered() == n
+	})
+	l1.mu.Lock()
+	for _, id := range ids("a-", n) {
+		if s := l1.states[id]; s == nil || string(s.CE) != `{"s":"r2's"}` {
+			t.Errorf("r1, back on its store after r2 owned %s's partition, holds %s with state %v; want r2's state", id, id, s)
+		}
+	}
+	if bad := slices.Clone(l1.bad); len(bad) > 0 {
+		t.Errorf("r1's store: %v", bad)
+	}
+	l1.mu.Unlock()
+
+	// r1 stops and comes back again: its own claim is in force, so it keeps its store as it is.
+	r1.stop(t)
+	l1.release, c.afterClaim = nil, nil
+	released := len(l1.releases())
+	r1 = startReplicaWith(t, c, l1.ledger, l1, testLog(t))
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition a third time, caught up", func() bool { return ownership(r1) != nil })
+	if got := l1.releases()[released:]; len(got) != 0 {
+		t.Errorf("r1, back on partitions it owned last, released %v", got)
+	}
+	if s := r1.m.Stats().States; s.Read != 0 {
+		t.Errorf("r1, back on partitions it owned last, read %d states, want none", s.Read)
 	}
 }
