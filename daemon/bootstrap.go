@@ -120,10 +120,17 @@ func (d *Daemon) checkOrigin(want string) error {
 	case have == want:
 		return nil
 	}
+	return d.originRefused(have, want)
+}
+
+// originRefused is the refusal of a ledger whose first posterior came from have when the
+// configuration names want (checkOrigin, and ledger.Open's *OriginError).
+func (d *Daemon) originRefused(have, want string) error {
 	if d.cfg.Model.Path != "" {
 		want += " in model.path " + d.cfg.Model.Path
 	}
+	path := filepath.Join(d.cfg.StateDir, ledger.FileName)
 	return fmt.Errorf("%w: state_dir %s holds a ledger whose first posterior came from %s, but the configuration names %s. "+
 		"The ledger is the source of truth and was not changed. To keep it, restore the model.* keys; to start over with the new model, "+
-		"set state_dir to an empty directory (or move %s aside)", config.ErrInvalid, d.cfg.StateDir, have, want, d.ledger.Path())
+		"set state_dir to an empty directory (or move %s aside)", config.ErrInvalid, d.cfg.StateDir, have, want, path)
 }

@@ -360,10 +360,20 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		d.states = cluster.NewStates(id, d.log.With("component", "ce-states"))
 		encodeState = d.states.Encode
 	}
+	var origin string // a replica's posterior comes from the posterior log, not model.*
+	if !d.cfg.Replication.Enabled {
+		if origin, err = configOrigin(d.cfg); err != nil {
+			return err
+		}
+	}
 	d.front.setPhase("opening the ledger")
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
-		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState,
+		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState, Origin: origin,
 		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.LedgerAfterCommit})
+	var refused *ledger.OriginError
+	if errors.As(err, &refused) {
+		return d.originRefused(refused.Have, refused.Want)
+	}
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,19 @@ var (
 	ErrOrigin = errors.New("posterior origin differs from the stored one")
 )
 
+// OriginError is Open's refusal of a ledger whose first posterior came from another origin than
+// Options.Origin. Open wrote nothing for the Policy before it (errors.Is(err, ErrOrigin) holds).
+type OriginError struct {
+	Have string // the origin the ledger records
+	Want string // Options.Origin
+}
+
+func (e *OriginError) Error() string {
+	return fmt.Sprintf("ledger: the first posterior came from %s, the configuration names %s", e.Have, e.Want)
+}
+
+func (e *OriginError) Unwrap() error { return ErrOrigin }
+
 // Errors of the file, from package store (the same values, so errors.Is holds either way).
 var (
 	// ErrCorrupt: the ledger file is damaged or is not a ledger. Nothing was written to it.

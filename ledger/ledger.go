@@ -75,6 +75,12 @@ type Options struct {
 	// (ApplyShare, PutRequests): a request that arrives again within it is not applied again.
 	// Default: DefaultRequestWindow.
 	RequestWindow time.Duration
+	// Origin, when set, names the first posterior the caller's configuration asks for
+	// (Checkpoint.Origin). Open refuses a ledger whose first posterior records another origin
+	// with an *OriginError, before it rebuilds indexes or re-judges a CE for a changed Policy,
+	// so that a configuration refused for its model leaves the ledger as it was. A ledger that
+	// records no origin (no posterior yet, or one written by an older release) is opened.
+	Origin string
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Default: time.Now.

@@ -22,9 +22,10 @@ import (
 // meta pages, its size against the high-water mark of its last transaction, and a walk of its
 // page tree (store.Open). A file that is empty, truncated or damaged is refused with a
 // *CorruptError naming it and saying how to recover, and nothing is written to it. A schema-1
-// file is migrated. Every record is then read once: damaged CEs are quarantined (quarantine.go),
-// and the indexes are rebuilt from the CEs left when any was, when an index entry is damaged or
-// when the policy changed (see doc.go).
+// file is migrated. A ledger whose first posterior came from another origin than
+// Options.Origin is then refused (*OriginError) with nothing written. Every record is then read
+// once: damaged CEs are quarantined (quarantine.go), and the indexes are rebuilt from the CEs
+// left when any was, when an index entry is damaged or when the policy changed (see doc.go).
 func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
@@ -52,9 +53,24 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 			l.Close()
 		}
 	}()
-	rebuild, err := l.prepare()
+	rebuild, policyWas, err := l.prepare()
 	if err != nil {
 		return nil, err
+	}
+	if opts.Origin != "" {
+		// Before checkRecords, which rebuilds the indexes and re-judges every CE for a changed
+		// Policy: a refused configuration must leave the ledger as it was.
+		have, err := l.Origin()
+		if err != nil {
+			return nil, err
+		}
+		if have != "" && have != opts.Origin {
+			return nil, &OriginError{Have: have, Want: opts.Origin}
+		}
+	}
+	if rebuild {
+		l.log.Warn("ledger: the certificate policy changed; rebuilding the indexes and re-judging every counterfactual",
+			"path", l.path, "was", policyWas, "now", policyFingerprint(l.opts.Policy))
 	}
 	if err := l.checkRecords(rebuild); err != nil {
 		return nil, err
@@ -117,10 +133,10 @@ func policyFingerprint(p certify.Policy) string {
 const indexLayout = "v2"
 
 // prepare checks the schema and the small records and migrates schema 1. It reports whether the
-// policy changed since the indexes were built (rebuild): checkRecords then rebuilds them, after
-// it has quarantined the damaged CEs, which a rebuild could not judge. It writes nothing unless
-// it migrates.
-func (l *Ledger) prepare() (rebuild bool, err error) {
+// policy changed since the indexes were built (rebuild), and the fingerprint they were built
+// for (was): checkRecords then rebuilds them, after it has quarantined the damaged CEs, which a
+// rebuild could not judge. It writes nothing unless it migrates.
+func (l *Ledger) prepare() (rebuild bool, was string, err error) {
 	var (
 		schema uint64
 		fp     string
@@ -156,22 +172,20 @@ func (l *Ledger) prepare() (rebuild bool, err error) {
 		return l.checkSmall(tx)
 	})
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	switch {
 	case schema == 1:
-		return false, l.migrate()
+		return false, "", l.migrate()
 	case schema > schemaVersion:
-		return false, fmt.Errorf("ledger: %w: %s has schema %d; this build reads schemas 1 and %d: run the cfguard that wrote it",
+		return false, "", fmt.Errorf("ledger: %w: %s has schema %d; this build reads schemas 1 and %d: run the cfguard that wrote it",
 			ErrNewerSchema, store.ShellQuote(l.path), schema, schemaVersion)
 	case schema != schemaVersion:
-		return false, corrupt(l.path, corruptf("schema %d; this build reads schemas 1 and %d", schema, schemaVersion))
+		return false, "", corrupt(l.path, corruptf("schema %d; this build reads schemas 1 and %d", schema, schemaVersion))
 	case fp != policyFingerprint(l.opts.Policy):
-		l.log.Warn("ledger: the certificate policy changed; rebuilding the indexes and re-judging every counterfactual",
-			"path", l.path, "was", fp, "now", policyFingerprint(l.opts.Policy))
-		return true, nil
+		return true, fp, nil
 	}
-	return false, nil
+	return false, "", nil
 }
 
 // checkKept deletes a kept event (kKLBreach, kKLFailed: see LastKLEvents) that is damaged or
