@@ -137,6 +137,33 @@ func TestTrainThenKL(t *testing.T) {
 	}
 }
 
+// A negative --epochs, and a --holdout that leaves no row to train or to test on, are usage
+// errors naming the flag, refused before any training.
+func TestTrainRefusesEpochsAndHoldoutThatCannotWork(t *testing.T) {
+	dir := t.TempDir()
+	tiny := filepath.Join(dir, "tiny.csv")
+	if err := os.WriteFile(tiny, []byte("a,b,label\n1,2,0\n3,4,1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--data", "breast_cancer", "--epochs", "-1"}, "--epochs must be >= 0"},
+		{[]string{"--data", tiny}, "--holdout 0.2 of the 2 rows of " + tiny + " leaves 2 to train on and 0 to test on"},
+		{[]string{"--data", tiny, "--holdout", "0.9"}, "leaves 0 to train on and 2 to test on"},
+	} {
+		out := filepath.Join(dir, "m")
+		code, _, errs := proc.RunCLI(t, append([]string{"train", "--out", out}, tc.args...)...)
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %s; want 2 saying %q", tc.args, code, errs, tc.want)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%v: wrote %s", tc.args, out)
+		}
+	}
+}
+
 func TestTrainRejectsBadCSV(t *testing.T) {
 	dir := t.TempDir()
 	for name, text := range map[string]string{

@@ -33,6 +33,9 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *holdout < 0 || *holdout >= 1 {
 		return fmt.Errorf("%w: --holdout must be in [0, 1)", cli.ErrUsage)
 	}
+	if *epochs < 0 {
+		return fmt.Errorf("%w: --epochs must be >= 0 (0: the trainer's default), got %d", cli.ErrUsage, *epochs)
+	}
 	if err := refuseExistingModel("train", *out); err != nil {
 		return err
 	}
@@ -44,6 +47,11 @@ func cmdTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	train, test := set, (*dataset.Set)(nil)
 	if *holdout > 0 {
 		train, test = set.Split(1-*holdout, *seed)
+		if train.Len() == 0 || test.Len() == 0 {
+			return fmt.Errorf("%w: --holdout %v of the %d rows of %s leaves %d to train on and %d to test on: "+
+				"give a --holdout that leaves rows on both sides, or --holdout 0 to train on every row", cli.ErrUsage,
+				*holdout, set.Len(), *data, train.Len(), test.Len())
+		}
 	}
 	cfg := bnn.TrainConfig{Epochs: *epochs, Seed: *seed, Progress: func(e bnn.EpochStats) {
 		log.Info("epoch", "epoch", e.Epoch, "loss", fmt.Sprintf("%.4f", e.Loss), "nll", fmt.Sprintf("%.4f", e.NLL), "kl", fmt.Sprintf("%.1f", e.KL), "accuracy", fmt.Sprintf("%.3f", e.Accuracy))
