@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"reflect"
@@ -102,7 +103,7 @@ func decodeStrict(n *yaml.Node, v reflect.Value, path string) []error {
 			return []error{err}
 		}
 		if err := n.Decode(v.Addr().Interface()); err != nil {
-			return []error{fmt.Errorf("%s (line %d): %s", path, n.Line, yamlMessage(err))}
+			return []error{fmt.Errorf("%s (line %d): %s%s", path, n.Line, yamlMessage(err), valueHint(v))}
 		}
 		return nil
 	}
@@ -167,6 +168,18 @@ func checkScalar(n *yaml.Node, v reflect.Value, path string) error {
 		}
 	}
 	return nil
+}
+
+// valueHint says what a key of v's type takes, for a value that does not decode into it: yaml's
+// own message names the Go type only.
+func valueHint(v reflect.Value) string {
+	switch v.Interface().(type) {
+	case time.Duration:
+		return " (want a duration with its unit, such as 500ms, 5s, 2m or 1h)"
+	case slog.Level:
+		return " (want debug, info, warn or error)"
+	}
+	return ""
 }
 
 // defaultText renders the value a key keeps when it is absent, as the key would be written.
