@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,9 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if err := cli.Required("out", *out); err != nil {
+		return err
+	}
+	if err := checkURL(*url); err != nil {
 		return err
 	}
 	client, err := tlsFlags.client()
@@ -165,6 +169,17 @@ func daemonURL(cfg *config.Config) string {
 		scheme = "https://"
 	}
 	return scheme + dialAddr(cfg.HTTP.Listen)
+}
+
+// checkURL refuses a --url a client of the daemon's API could not ask ("" is the default).
+func checkURL(u string) error {
+	if u == "" {
+		return nil
+	}
+	if p, err := neturl.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+		return fmt.Errorf("%w: --url %q: want the daemon's base URL, http:// or https:// with its host and port (http://127.0.0.1:8080)", cli.ErrUsage, u)
+	}
+	return nil
 }
 
 // statusHint is what to do about an answer of the daemon's API with status code, in brackets

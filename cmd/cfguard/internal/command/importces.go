@@ -61,6 +61,9 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *batch < 1 || *batch > 10000 || *parallel < 1 || *every <= 0 {
 		return fmt.Errorf("%w: --batch must be 1..10000, --parallel at least 1, --progress positive", cli.ErrUsage)
 	}
+	if err := checkURL(*url); err != nil {
+		return err
+	}
 	client, err := tlsFlags.client()
 	if err != nil {
 		return err
@@ -394,7 +397,7 @@ func (imp *importer) count(n *int) {
 func countLines(path string, limit int) (int, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("--from: %w", err)
 	}
 	defer f.Close()
 	n := 0

@@ -10,10 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cfguard/cfguard/internal/cli"
 )
 
 // TestReadBatchesRefusesLongLinesAndGoesOn: a line over http.max_body_bytes is refused by its
@@ -355,6 +358,36 @@ func TestCountLinesMatchesTheLinesRead(t *testing.T) {
 
 // The address import-ces and backup dial when --url is not given is http.listen's, a wildcard
 // host read as 127.0.0.1.
+// backup and import-ces refuse a --url they could not ask as a usage error naming the flag, not
+// as a daemon that does not answer; import-ces names --from when the file cannot be opened.
+func TestClientsNameTheFlagsTheyCannotUse(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	lines := filepath.Join(dir, "ces.ndjson")
+	for _, p := range []string{cfg, lines} {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, u := range []string{"notaurl", "127.0.0.1:8080", "ftp://127.0.0.1:8080", "http://"} {
+		for _, args := range [][]string{
+			{"backup", "--config", cfg, "--out", filepath.Join(dir, "b.db"), "--url", u},
+			{"import-ces", "--config", cfg, "--from", lines, "--url", u},
+		} {
+			var out, errs strings.Builder
+			if code := Run(context.Background(), args, &out, &errs); code != cli.ExitUsage || !strings.Contains(errs.String(), "--url "+strconv.Quote(u)) {
+				t.Errorf("%v: exit %d, %s; want %d naming --url", args, code, errs.String(), cli.ExitUsage)
+			}
+		}
+	}
+	var out, errs strings.Builder
+	missing := filepath.Join(dir, "missing.ndjson")
+	if code := Run(context.Background(), []string{"import-ces", "--config", cfg, "--from", missing}, &out, &errs); code != cli.ExitError ||
+		!strings.Contains(errs.String(), "--from: open "+missing) {
+		t.Errorf("a missing --from: exit %d, %s", code, errs.String())
+	}
+}
+
 func TestDialAddr(t *testing.T) {
 	for listen, want := range map[string]string{
 		"0.0.0.0:8080":   "127.0.0.1:8080",
