@@ -184,27 +184,33 @@ func TestSecondDaemonOnOneStateDirExitsAtOnce(t *testing.T) {
 
 // TestConfigNamingAnotherModelIsRefused: once a ledger exists, a config whose model differs from
 // the one the ledger started from is refused (exit 2) with a message that says how to start
-// over, instead of being silently ignored.
+// over, instead of being silently ignored, and the ledger is not written to: not even when the
+// config also names another certificate policy, which would rebuild the indexes.
 func TestConfigNamingAnotherModelIsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts daemon processes")
 	}
-	cfg, db := firstStart(t)
-	text, _ := os.ReadFile(cfg)
-	changed := strings.Replace(string(text), "dataset: breast_cancer", "dataset: german_credit", 1)
-	if changed == string(text) {
-		t.Fatal("the config edit did not apply")
-	}
-	os.WriteFile(cfg, []byte(changed), 0o644)
-	before := fileSum(t, db)
-	c := proc.StartChild(t, cfg, proc.AnyPort)
-	code := proc.ExitOf(t, c, 30*time.Second)
-	log := c.Log.String()
-	if code != 2 || !strings.Contains(log, "german_credit") || !strings.Contains(log, "breast_cancer") || !strings.Contains(log, "state_dir") {
-		t.Fatalf("exit %d; want 2 naming both models and how to start over; log:\n%s", code, log)
-	}
-	if fileSum(t, db) != before {
-		t.Fatal("the ledger was written to")
+	for name, policy := range map[string]string{"the same policy": "", "another policy": "\n  mode: tight"} {
+		t.Run(name, func(t *testing.T) {
+			cfg, db := firstStart(t)
+			text, _ := os.ReadFile(cfg)
+			changed := strings.Replace(string(text), "dataset: breast_cancer", "dataset: german_credit", 1)
+			changed = strings.Replace(changed, "samples: 400", "samples: 400"+policy, 1)
+			if changed == string(text) || !strings.Contains(changed, "samples: 400"+policy) {
+				t.Fatal("the config edit did not apply")
+			}
+			os.WriteFile(cfg, []byte(changed), 0o644)
+			before := fileSum(t, db)
+			c := proc.StartChild(t, cfg, proc.AnyPort)
+			code := proc.ExitOf(t, c, 30*time.Second)
+			log := c.Log.String()
+			if code != 2 || !strings.Contains(log, "german_credit") || !strings.Contains(log, "breast_cancer") || !strings.Contains(log, "state_dir") {
+				t.Fatalf("exit %d; want 2 naming both models and how to start over; log:\n%s", code, log)
+			}
+			if fileSum(t, db) != before || strings.Contains(log, "policy changed") {
+				t.Fatalf("the ledger was written to; log:\n%s", log)
+			}
+		})
 	}
 }
 
