@@ -153,3 +153,39 @@ func TestStreamOrders(t *testing.T) {
 		}
 	}
 }
+
+// StreamConfig.Settle starts the stream at the optimum of the fit's own objective over the last
+// layer: the settle step itself is converged and moves the under-trained fit, and the first
+// increment of fitted rows then steps less than it does from the fitted posterior, which moves
+// towards that optimum as well as to where its records hold it.
+func TestStreamSettleStartsAtTheFitsOptimum(t *testing.T) {
+	set, d, err := assets.Load("breast_cancer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first [2]float64
+	for k, settle := range []bool{false, true} {
+		res, err := Stream(context.Background(), StreamConfig{Data: set, Classes: d.Classes, Seed: 1, Update: DefaultUpdate(),
+			Train: bnn.TrainConfig{Epochs: 5}, Increment: 256, Correct: 1, EvalEvery: 100, Settle: settle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first[k] = res.Points[0].KL
+		if !settle {
+			if res.Settled != (update.Stats{}) {
+				t.Errorf("without Settle: Settled %+v, want zero", res.Settled)
+			}
+			continue
+		}
+		if !res.Settled.Converged || !(res.Settled.KL > 0) || !(res.Settled.LossEnd < res.Settled.LossStart) {
+			t.Errorf("settle: converged %v, KL %v, objective %v -> %v; want converged, a move, a lower objective",
+				res.Settled.Converged, res.Settled.KL, res.Settled.LossStart, res.Settled.LossEnd)
+		}
+		t.Logf("settle: KL(settled || fitted) %.3f, objective %.5f -> %.5f in %d iterations",
+			res.Settled.KL, res.Settled.LossStart, res.Settled.LossEnd, res.Settled.Iterations)
+	}
+	t.Logf("first increment of 256 fitted rows: KL %.4f from the fit, %.4f from the settled fit", first[0], first[1])
+	if !(first[1] < first[0]/2) {
+		t.Errorf("first step KL %.4f from the settled fit, %.4f from the fit; want under half", first[1], first[0])
+	}
+}

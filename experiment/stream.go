@@ -32,11 +32,15 @@ type StreamConfig struct {
 	// never saw; the held-out part is then what remains).
 	Train               bnn.TrainConfig
 	FitFrac, StreamFrac float64
-	Update              update.Config // its Seed is the daemon's update.seed
-	Increment           int           // records per increment; with RandomSize, the most
-	RandomSize          bool          // sizes uniform in [1, Increment]
-	Correct, Drift      int           // increments with correct labels, then with the drift
-	Shift               string        // the drift: "flip" (every label changed) or "region" (see Stream)
+	// Settle, when set, moves the fitted posterior's last layer to the optimum of its own
+	// training objective before the stream starts (update.Settle over the fitted rows, seeded
+	// by Seed). The daemon does not: this measures what it changes.
+	Settle         bool
+	Update         update.Config // its Seed is the daemon's update.seed
+	Increment      int           // records per increment; with RandomSize, the most
+	RandomSize     bool          // sizes uniform in [1, Increment]
+	Correct, Drift int           // increments with correct labels, then with the drift
+	Shift          string        // the drift: "flip" (every label changed) or "region" (see Stream)
 	// Order is how the increments take the stream's rows: "shuffled" (default; seeded
 	// permutations, so that every increment holds the labels in about their proportions) or
 	// "label" (the rows of label 0, then those of label 1, ..., each label's in the seeded
@@ -85,6 +89,10 @@ type StreamResult struct {
 	// invalidated (0: never), and First80 when 80% were.
 	FirstAllInvalidated, First80 int
 	Breaches                     int // increments whose KL exceeded the budget
+	// Settled describes the Settle step (zero without Settle): its KL(settled || fitted), its
+	// objective at the fitted and the settled last layer (LossStart, LossEnd) and whether it
+	// converged.
+	Settled update.Stats
 }
 
 // Stream runs the protocol of StreamConfig. It returns ctx's error if ctx ends first.
@@ -119,6 +127,12 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream: fit: %w", err)
 	}
+	res := &StreamResult{}
+	if cfg.Settle {
+		if m, res.Settled, err = update.Settle(ctx, m, fit.X, fit.Y, cfg.Train.KLWeight, cfg.Seed); err != nil {
+			return nil, fmt.Errorf("stream: settle: %w", err)
+		}
+	}
 	// Stand-ins: held-out and pool points whose predicted class, their label, has p in
 	// [low, high]: in the target class's region, as a counterfactual that PSCE found plausible is.
 	cand := append(append([][]float64(nil), held.X...), pool.X...)
@@ -138,7 +152,6 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 			si, target = append(si, cand[i]), append(target, c)
 		}
 	}
-	res := &StreamResult{}
 	eval := func(pt *StreamPoint, m *bnn.Model, version uint64) error {
 		p, err := m.Predict(held.X, cfg.Samples, cfg.Seed^version)
 		if err != nil {

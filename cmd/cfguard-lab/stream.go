@@ -56,6 +56,10 @@ type streamSummary struct {
 	Invalidated80   int                    `json:"invalidated_80_after"`
 	InvalidatedAll  int                    `json:"invalidated_all_after"`
 	TookMeanSeconds float64                `json:"took_mean_seconds"`
+	Settle          bool                   `json:"settle"`
+	SettleKL        float64                `json:"settle_kl"`
+	// SettleObjective is the training objective (per row) at the fitted and at the settled last layer.
+	SettleObjective [2]float64 `json:"settle_objective"`
 }
 
 // cmdStream replays a stream of increments through the daemon's update code on a bundled data
@@ -77,6 +81,7 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	every := fs.Int("every", 50, "held-out evaluation every N increments")
 	fit := fs.Float64("fit", 0.8, "fraction of the data set (a seeded shuffle) the first posterior is fitted on")
 	unseen := fs.Float64("unseen", 0, "fraction after it streamed as rows the fit never saw (0: stream the fitted rows); the rest is held out")
+	settle := fs.Bool("settle", false, "before the stream, move the fitted last layer to the optimum of its own training objective (converged, body frozen)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -120,11 +125,11 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	sum := streamSummary{Data: *data, Learner: *learner, Increment: *inc, RandomSize: *random, Correct: *correct, Drift: *drift,
-		Shift: *shift, Order: *order, KLWeight: uc.KLWeight, Memory: uc.Memory}
+		Shift: *shift, Order: *order, KLWeight: uc.KLWeight, Memory: uc.Memory, Settle: *settle}
 	var took time.Duration
 	n := 0
 	res, err := experiment.Stream(ctx, experiment.StreamConfig{Data: set, Classes: names, Seed: *seed, Update: uc, Increment: *inc,
-		FitFrac: *fit, StreamFrac: *unseen, Order: *order,
+		FitFrac: *fit, StreamFrac: *unseen, Order: *order, Settle: *settle,
 		RandomSize: *random, Correct: *correct, Drift: *drift, Shift: *shift, EvalEvery: *every,
 		Progress: func(p experiment.StreamPoint) {
 			n++
@@ -148,6 +153,7 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(res.Points) > 0 { // --correct 0 --drift 0 streams no increment: the end is the start
 		sum.End = res.Points[len(res.Points)-1]
 	}
+	sum.SettleKL, sum.SettleObjective = res.Settled.KL, [2]float64{res.Settled.LossStart, res.Settled.LossEnd}
 	sum.Breaches, sum.Invalidated80, sum.InvalidatedAll = res.Breaches, res.First80, res.FirstAllInvalidated
 	if n > 0 {
 		sum.TookMeanSeconds = (took / time.Duration(n)).Seconds()
