@@ -6,9 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/cfguard/cfguard/internal/cli"
 )
@@ -29,12 +31,14 @@ func addAPITLSFlags(fs *flag.FlagSet) apiTLS {
 	}
 }
 
-// client returns the HTTP client the flags describe; an error names the flag and its file.
+// client returns the HTTP client the flags describe; an error names the flag and its file. A
+// request that fails after a handshake in which the daemon asked for a client certificate and got
+// none, or one not of its CAs, fails with a *clientCertError: the daemon may drop the connection
+// before its TLS alert is read, and the error the client sees then (a reset, a broken pipe, EOF)
+// does not say why.
 func (a apiTLS) client() (*http.Client, error) {
-	if *a.ca == "" && *a.cert == "" && *a.key == "" {
-		return &http.Client{}, nil
-	}
 	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	refused := &clientCertRefusal{}
 	if *a.ca != "" {
 		pem, err := os.ReadFile(*a.ca)
 		if err != nil {
@@ -57,9 +61,64 @@ func (a apiTLS) client() (*http.Client, error) {
 		}
 		t.Certificates = []tls.Certificate{cert}
 	}
+	// crypto/tls's own choice: the certificate when it is of a CA the daemon names, else none.
+	t.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		switch {
+		case len(t.Certificates) == 0:
+			refused.set("the daemon asks for a client certificate of its client_ca_file (http.web_config_file): give one with --cert and --key")
+		case cri.SupportsCertificate(&t.Certificates[0]) != nil:
+			refused.set(fmt.Sprintf("--cert %s is not of a CA of the daemon's client_ca_file (http.web_config_file): give one with --cert and --key", *a.cert))
+		default:
+			return &t.Certificates[0], nil
+		}
+		return &tls.Certificate{}, nil
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = t
-	return &http.Client{Transport: tr}, nil
+	return &http.Client{Transport: certRefusalTransport{tr, refused}}, nil
+}
+
+// clientCertRefusal is what a handshake found wrong with the client certificate, "" when nothing.
+type clientCertRefusal struct {
+	mu   sync.Mutex
+	hint string
+}
+
+func (c *clientCertRefusal) set(hint string) { c.mu.Lock(); c.hint = hint; c.mu.Unlock() }
+
+func (c *clientCertRefusal) get() string { c.mu.Lock(); defer c.mu.Unlock(); return c.hint }
+
+// clientCertError is a request's error after the daemon asked for a client certificate it did not
+// get; Hint says what to do.
+type clientCertError struct {
+	Err  error
+	Hint string
+}
+
+func (e *clientCertError) Error() string { return e.Err.Error() }
+func (e *clientCertError) Unwrap() error { return e.Err }
+
+// certRefusalTransport gives a failed request's error the client certificate's refusal, if any.
+type certRefusalTransport struct {
+	http.RoundTripper
+	refused *clientCertRefusal
+}
+
+func (t certRefusalTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.RoundTripper.RoundTrip(r)
+	var op *net.OpError
+	switch {
+	case err == nil:
+		// The daemon took the connection as it was: its client certificate is optional.
+		t.refused.set("")
+	case errors.As(err, &op) && op.Op == "dial":
+		// No handshake: the daemon is not there.
+	default:
+		if hint := t.refused.get(); hint != "" {
+			err = &clientCertError{Err: err, Hint: hint}
+		}
+	}
+	return resp, err
 }
 
 // tlsHint says what to do when err is the TLS handshake with the daemon failing, else "": its
@@ -68,7 +127,10 @@ func (a apiTLS) client() (*http.Client, error) {
 func tlsHint(err error) string {
 	var unknown x509.UnknownAuthorityError
 	var verify *tls.CertificateVerificationError
+	var refused *clientCertError
 	switch msg := err.Error(); {
+	case errors.As(err, &refused):
+		return refused.Hint
 	case errors.As(err, &unknown) || errors.As(err, &verify):
 		return "the daemon's certificate (http.web_config_file) is not trusted here: give its CA with --ca or in SSL_CERT_FILE, or add it to the system's CAs"
 	case strings.Contains(msg, "tls: certificate required") || strings.Contains(msg, "tls: bad certificate") ||

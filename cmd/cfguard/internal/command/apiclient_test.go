@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -94,5 +95,64 @@ func TestClientsPresentACertificateWhereTheDaemonAsksForOne(t *testing.T) {
 	}
 	if !slices.Contains(f.paths, "GET /v1/backup") {
 		t.Errorf("requests %v, want GET /v1/backup among them", f.paths)
+	}
+}
+
+// A daemon that refuses the client certificate may close the connection before its TLS alert is
+// read (the client then sees a reset, a broken pipe or EOF): the refusal still says that the
+// daemon asked for a client certificate, and whether none was given or the one given is of
+// another CA, not that the daemon may be down.
+func TestARefusedClientCertificateIsNamedWithoutTheAlert(t *testing.T) {
+	ca, other := testcert.NewCA(t, "cfguard test CA"), testcert.NewCA(t, "another CA")
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.KeyPair(t, 2, x509.ExtKeyUsageServerAuth)},
+		ClientCAs: ca.Pool(), ClientAuth: tls.VerifyClientCertIfGiven})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// The handshake, then a close with no alert and no answer, as a daemon that
+			// drops a client without a certificate before the client reads its alert.
+			tc := c.(*tls.Conn)
+			_ = tc.Handshake()
+			if raw, ok := tc.NetConn().(*net.TCPConn); ok {
+				_ = raw.SetLinger(0)
+			}
+			c.Close()
+		}
+	}()
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	caFile := write("ca.pem", ca.PEM)
+	otherPEM, otherKey := other.Issue(t, 4, x509.ExtKeyUsageClientAuth)
+	foreign, foreignKey := write("foreign.pem", otherPEM), write("foreign.key", otherKey)
+	cfg := write("config.yaml", []byte("http:\n  listen: "+ln.Addr().String()+"\n"))
+	url := "https://" + ln.Addr().String()
+	run := func(cmd string, flags ...string) error {
+		var stdout, stderr strings.Builder
+		if cmd == "backup" {
+			return cmdBackup(context.Background(), append([]string{"--config", cfg, "--url", url, "--out", filepath.Join(dir, "backup.db")}, flags...), &stdout, &stderr)
+		}
+		return cmdImportCEs(context.Background(), append([]string{"--config", cfg, "--url", url, "--from", ceFile(t, 2), "--progress", "1h"}, flags...), &stdout, &stderr)
+	}
+	for _, cmd := range []string{"import-ces", "backup"} {
+		if err := run(cmd, "--ca", caFile); err == nil || !strings.Contains(err.Error(), "give one with --cert and --key") {
+			t.Errorf("%s without a certificate: %v, want it to say to give one with --cert and --key", cmd, err)
+		}
+		want := "--cert " + foreign + " is not of a CA of the daemon's client_ca_file"
+		if err := run(cmd, "--ca", caFile, "--cert", foreign, "--key", foreignKey); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s with a certificate of another CA: %v, want it to say %q", cmd, err, want)
+		}
 	}
 }
