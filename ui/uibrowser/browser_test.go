@@ -373,3 +373,18 @@ func TestLongIDsDoNotWidenThePage(t *testing.T) {
 	}
 	b.run(chromedp.EmulateViewport(1280, 800))
 }
+
+// An alert's runbook link opened without a session comes back, once signed in, to the alert's
+// section: the fragment is the browser's alone, and the form keeps it through its post and the
+// redirect that follows.
+func TestSignInReturnsToTheRunbooksSection(t *testing.T) {
+	b := newBrowser(t)
+	const token = "browser-test-token"
+	d := uitest.Start(t, token)
+	b.run(chromedp.Navigate(d.Base+"/ui/runbook#cfguardoutboxbacklog"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.run(chromedp.SendKeys(chromedp.CSS("#token"), token), chromedp.Submit(chromedp.CSS("#token")),
+		chromedp.WaitVisible(chromedp.CSS("#cfguardoutboxbacklog")))
+	if at := value(b, chromedp.Location()); !strings.HasSuffix(at, "/ui/runbook#cfguardoutboxbacklog") {
+		t.Errorf("after signing in the UI is at %s, want the runbook's section /ui/runbook#cfguardoutboxbacklog", at)
+	}
+}
