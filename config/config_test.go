@@ -547,6 +547,25 @@ func TestReplicationKeys(t *testing.T) {
 	if _, err := Load("replication:\n  session_timeout: 1ms\n"); err != nil {
 		t.Fatalf("replication off with a bad session_timeout: %v", err)
 	}
+	// Off, the items of skip_ce_requests are still checked (all but the partition's upper bound,
+	// replication.ce_partitions, which is checked with the other keys only when on).
+	if _, err := Load("replication:\n  skip_ce_requests: [{partition: 99, offset: 1, id: ce-1}]\n"); err != nil {
+		t.Fatalf("replication off, a skip_ce_requests partition above ce_partitions: %v", err)
+	}
+	for _, tc := range []struct{ text, key, why string }{
+		{"replication:\n  skip_ce_requests: [{partition: 1, offset: 1, id: \"a b\"}]\n", "replication.skip_ce_requests[0]", "not in [A-Za-z0-9._:-]"},
+		{"replication:\n  skip_ce_requests: [{partition: 1, offset: 5, through: 9, id: a}]\n", "replication.skip_ce_requests[0]", "an id names one request"},
+		{"replication:\n  skip_ce_requests: [{partition: 1, offset: 5, through: 4}]\n", "replication.skip_ce_requests", "through 4 is below offset 5"},
+	} {
+		if _, err := Load(tc.text); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(withoutLines(err), tc.key) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("replication off, %q: Load = %v, want an error naming %s and saying %q", tc.text, err, tc.key, tc.why)
+		}
+	}
+	off := Default()
+	off.Replication.SkipCERequests = CERequests{{Partition: -1, Offset: 1}}
+	if err := off.Validate(); err == nil || !strings.Contains(err.Error(), "replication.skip_ce_requests[0]: partition -1: needs a partition of 0 or more") {
+		t.Errorf("replication off, a negative partition built in code: Validate = %v", err)
+	}
 	for _, tc := range []struct{ text, key, why string }{
 		{"replication:\n  enabled: true\n", "replication.enabled", "kafka.brokers"},
 		{cluster + "replication:\n  enabled: true\n  posterior_topic: \"a b\"\n", "replication.posterior_topic", "topic names"},

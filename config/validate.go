@@ -274,6 +274,7 @@ func (c *Config) validate(lines map[string]int) error {
 		}
 	}
 	c.validateReplication(bad)
+	c.validateSkipCERequests(bad)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
@@ -281,7 +282,8 @@ func (c *Config) validate(lines map[string]int) error {
 }
 
 // validateReplication checks the replication keys; they are checked only when replication is
-// enabled, so that a single daemon's configuration is never refused for them.
+// enabled, so that a single daemon's configuration is never refused for them; the items of
+// skip_ce_requests are checked apart (validateSkipCERequests).
 func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	r := c.Replication
 	if !r.Enabled {
@@ -343,19 +345,30 @@ func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")
 	}
+}
+
+// validateSkipCERequests checks the items of replication.skip_ce_requests whatever
+// replication.enabled says: a partition not negative, a range's through at least its offset, an
+// id in the format of CE ids and naming one request. The partition's upper bound,
+// replication.ce_partitions, is checked only with replication enabled, as that key is checked
+// (and the CE topic read) only then.
+func (c *Config) validateSkipCERequests(bad func(key string, v any, why string)) {
+	r := c.Replication
 	for i, q := range r.SkipCERequests {
+		key := fmt.Sprintf("replication.skip_ce_requests[%d]", i)
 		switch {
-		case q.Partition < 0 || q.Partition >= r.CEPartitions:
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("partition %d", q.Partition),
-				fmt.Sprintf("needs a partition in [0, %d) (replication.ce_partitions)", r.CEPartitions))
+		case q.Partition < 0 || r.Enabled && q.Partition >= r.CEPartitions:
+			if r.Enabled {
+				bad(key, fmt.Sprintf("partition %d", q.Partition), fmt.Sprintf("needs a partition in [0, %d) (replication.ce_partitions)", r.CEPartitions))
+			} else {
+				bad(key, fmt.Sprintf("partition %d", q.Partition), "needs a partition of 0 or more")
+			}
 		case q.Through != 0 && q.Through < q.Offset:
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("offset %d, through %d", q.Offset, q.Through),
-				"through is the last offset of the range: at least offset")
+			bad(key, fmt.Sprintf("offset %d, through %d", q.Offset, q.Through), "through is the last offset of the range: at least offset")
 		case q.ID != "" && q.Through != 0 && q.Through != q.Offset:
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), fmt.Sprintf("id %q, through %d", q.ID, q.Through),
-				"an id names one request: give offset alone")
+			bad(key, fmt.Sprintf("id %q, through %d", q.ID, q.Through), "an id names one request: give offset alone")
 		case q.ID != "" && ident.Check(q.ID) != nil:
-			bad(fmt.Sprintf("replication.skip_ce_requests[%d]", i), "id", strings.TrimPrefix(ident.Check(q.ID).Error(), "id "))
+			bad(key, "id", strings.TrimPrefix(ident.Check(q.ID).Error(), "id "))
 		}
 	}
 }
