@@ -49,7 +49,9 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if *url == "" {
-		*url = daemonURL(cfg)
+		if *url, err = daemonURL(cfg); err != nil {
+			return err
+		}
 	}
 	if _, err := os.Lstat(*out); err == nil {
 		return fmt.Errorf("%w: --out %s exists; cfguard backup never overwrites a file", cli.ErrUsage, *out)
@@ -163,12 +165,16 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // daemonURL is the base URL of the daemon cfg configures: https:// when http.web_config_file
 // serves TLS (and is readable here), else http://, to http.listen.
-func daemonURL(cfg *config.Config) string {
+func daemonURL(cfg *config.Config) (string, error) {
+	if _, port, err := net.SplitHostPort(cfg.HTTP.Listen); err == nil && port == "0" {
+		return "", fmt.Errorf("%w: http.listen %q has port 0: the daemon picks its port at start, so no default URL can be made from it; "+
+			"give --url with the address the daemon's log line \"HTTP API listening\" names", cli.ErrUsage, cfg.HTTP.Listen)
+	}
 	scheme := "http://"
 	if cfg.ServesTLS() {
 		scheme = "https://"
 	}
-	return scheme + dialAddr(cfg.HTTP.Listen)
+	return scheme + dialAddr(cfg.HTTP.Listen), nil
 }
 
 // checkURL refuses a --url a client of the daemon's API could not ask ("" is the default).

@@ -75,7 +75,9 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *url == "" {
-		*url = daemonURL(cfg)
+		if *url, err = daemonURL(cfg); err != nil {
+			return err
+		}
 	}
 	// A batch's body stays under http.max_body_bytes with room for the line separators.
 	maxBody := int(cfg.HTTP.MaxBodyBytes)

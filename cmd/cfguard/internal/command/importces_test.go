@@ -388,6 +388,27 @@ func TestClientsNameTheFlagsTheyCannotUse(t *testing.T) {
 	}
 }
 
+// http.listen with port 0 makes no default URL: backup and import-ces say so and ask for --url,
+// rather than dial port 0 and ask whether the daemon runs.
+func TestPortZeroListenWantsURL(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("http:\n  listen: 127.0.0.1:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := ceFile(t, 1)
+	for _, args := range [][]string{
+		{"backup", "--config", cfg, "--out", filepath.Join(dir, "b.db")},
+		{"import-ces", "--config", cfg, "--from", from},
+	} {
+		var out, errs strings.Builder
+		code := Run(context.Background(), args, &out, &errs)
+		if code != cli.ExitUsage || !strings.Contains(errs.String(), `http.listen "127.0.0.1:0" has port 0`) || !strings.Contains(errs.String(), "give --url") {
+			t.Errorf("%s with http.listen 127.0.0.1:0: exit %d, %s", args[0], code, errs.String())
+		}
+	}
+}
+
 func TestDialAddr(t *testing.T) {
 	for listen, want := range map[string]string{
 		"0.0.0.0:8080":   "127.0.0.1:8080",
