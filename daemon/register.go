@@ -573,9 +573,16 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		}
 		return out
 	}
-	n := 0
+	n, existing := 0, 0
 	for k, i := range stored {
 		if out[i].err = errs[k]; out[i].err != nil {
+			// A bulk line whose CE is stored already under its id is answered "exists", not
+			// refused (handleBulkRegister): its log line counts it so.
+			if bulk && d.rep == nil && errors.Is(out[i].err, ledger.ErrExists) {
+				if cur, err := d.ledger.Get(rs[i].id); err == nil && rs[i].is(cur, m.Classes) {
+					existing++
+				}
+			}
 			continue
 		}
 		out[i].ce, out[i].req, n = ces[k], refs[k], n+1
@@ -595,7 +602,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	case bulk && d.rep != nil:
 		d.log.Info("counterfactual registrations sent to their partitions' owners", "sent", n, "refused", len(rs)-n, "posterior_version", m.Version)
 	case bulk:
-		d.log.Info("counterfactuals registered", "stored", n, "refused", len(rs)-n, "posterior_version", m.Version)
+		d.log.Info("counterfactuals registered", "stored", n, "existing", existing, "refused", len(rs)-n-existing, "posterior_version", m.Version)
 	}
 	return out
 }
