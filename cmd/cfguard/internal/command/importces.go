@@ -131,9 +131,18 @@ func cmdImportCEs(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			"(an id stored with another CE is refused there): GET /v1/counterfactuals/{id} tells which\n", sum.Accepted)
 	}
 	if sum.Refused > 0 {
-		return fmt.Errorf("%d of %d lines refused (each named above with its line number); the others are stored. Fix those lines and run the same command again: stored lines are counted as existing, not stored twice", sum.Refused, sum.Lines)
+		return fmt.Errorf("%d of %d lines refused (each named above with its line number); %s. Fix those lines and run the same command again: stored lines are counted as existing, not stored twice", sum.Refused, sum.Lines, othersSaid(sum))
 	}
 	return nil
+}
+
+// othersSaid says what became of the lines not refused, from the summary's counts.
+func othersSaid(sum ImportSummary) string {
+	parts := []string{fmt.Sprintf("%d stored", sum.Stored), fmt.Sprintf("%d existing (stored already)", sum.Exists)}
+	if sum.Accepted > 0 {
+		parts = append(parts, fmt.Sprintf("%d accepted by replicas", sum.Accepted))
+	}
+	return "of the others, " + strings.Join(parts, ", ")
 }
 
 // readBatches reads the file's lines into batches of up to size lines and maxBody bytes,

@@ -388,6 +388,26 @@ func TestClientsNameTheFlagsTheyCannotUse(t *testing.T) {
 	}
 }
 
+// A run with refused lines says what became of the others by its counts: lines stored
+// already are existing, not stored.
+func TestImportCEsRefusedSaysWhatTheOthersAre(t *testing.T) {
+	f, _, cfg := importSetup(t)
+	f.fail = func(w http.ResponseWriter, n int) {
+		results := make([]map[string]any, n)
+		for k := range results {
+			results[k] = map[string]any{"line": k + 1, "status": "exists"}
+		}
+		json.NewEncoder(w).Encode(map[string]any{"exists": n, "results": results})
+	}
+	from := ceFile(t, 3, `{"id": "", "x": [1], "x_cf": [2], "target": 1}`)
+	var stdout, stderr strings.Builder
+	err := cmdImportCEs(context.Background(), []string{"--config", cfg, "--from", from, "--progress", "1h"}, &stdout, &stderr)
+	if want := "1 of 4 lines refused (each named above with its line number); of the others, 0 stored, 3 existing (stored already)."; err == nil ||
+		!strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "the others are stored") {
+		t.Errorf("import-ces of lines stored already and one refused: %v; want %q", err, want)
+	}
+}
+
 // http.listen with port 0 makes no default URL: backup and import-ces say so and ask for --url,
 // rather than dial port 0 and ask whether the daemon runs.
 func TestPortZeroListenWantsURL(t *testing.T) {
