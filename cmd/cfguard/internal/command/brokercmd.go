@@ -74,6 +74,11 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *minSession <= 0 {
 		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
 	}
+	if *metricsListen != "" {
+		if err := checkListenAddr(*metricsListen); err != nil {
+			return fmt.Errorf("%w: --metrics-listen %q: %v: want host:port, such as 127.0.0.1:9644 (port 0: a free port)", cli.ErrUsage, *metricsListen, err)
+		}
+	}
 	cfg := broker.Config{Listen: *listen, Nodes: *nodes, DataDir: *dataDir, SyncWrites: *syncWrites,
 		Partitions: *partitions, GroupMinSessionTimeout: *minSession,
 		Retention: *retention, RetentionBytes: *retentionBytes, MaxConnections: *maxConns, IdleTimeout: *idle, RequestTimeout: *request,
@@ -136,4 +141,17 @@ func serveBrokerMetrics(b *broker.Broker, ln net.Listener) (stop func()) {
 		srv.Close()
 		<-done
 	}
+}
+
+// checkListenAddr refuses an address a listener cannot be given: not host:port, or a port that
+// is neither a number in [0, 65535] nor a service name.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return err
+	}
+	return nil
 }

@@ -57,6 +57,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bound", "--p1", "0.9", "--kl", "0.1", "--var1", "NaN"}, "--var1 must be in [0, 0.25], got NaN"},
 		{[]string{"broker", "--nodes", "65"}, "--nodes 65: want 1..64"},
 		{[]string{"broker", "--partitions", "3"}, "--partitions 3 applies to the topics --topics creates: give --topics too"},
+		{[]string{"broker", "--metrics-listen", "bogus"}, `--metrics-listen "bogus": address bogus: missing port in address: want host:port`},
+		{[]string{"broker", "--metrics-listen", "127.0.0.1:99999"}, `--metrics-listen "127.0.0.1:99999"`},
 		{[]string{"new-epoch", "--config", "cfguard.yaml", "--wait", "5s"}, "give --head-from too, or drop --wait"},
 		{[]string{"verify-log", "--config", "cfguard.yaml", "--from", "5", "--to", "2"}, "--from 5 is past --to 2"},
 		{[]string{"kl", "--old", "x"}, ""},
