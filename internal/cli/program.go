@@ -43,9 +43,13 @@ func (p Program) Usage(w io.Writer) {
 }
 
 // Run runs the command args[0] names and returns the process's exit code: ExitOK on success or
-// -h, ExitUsage for a usage error (printed with the command's name) or no or an unknown command
+// -h (help CMD runs CMD --help), ExitUsage for a usage error (printed with the command's name) or no or an unknown command
 // (with the usage), ExitError otherwise.
 func (p Program) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 1 && args[0] == "help" && args[1] != "help" && args[1] != "-h" && args[1] != "--help" {
+		// help CMD is CMD --help: the command's own flags, not the list of commands.
+		return p.Run(ctx, []string{args[1], "--help"}, stdout, stderr)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		p.Usage(stdout)
 		if len(args) == 0 {

@@ -41,6 +41,22 @@ func TestProgramExitCodes(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want %d, %q", tc.args, code, errs.String(), tc.code, tc.stderr)
 		}
 	}
+	// help CMD runs CMD --help; help of an unknown command is an unknown command.
+	var got []string
+	p.Commands = append(p.Commands, Command{Name: "flagged", Run: func(_ context.Context, args []string, _, stderr io.Writer) error {
+		got = args
+		fmt.Fprintln(stderr, "Usage of flagged:")
+		return flag.ErrHelp
+	}})
+	var hout, herrs bytes.Buffer
+	if code := p.Run(context.Background(), []string{"help", "flagged"}, &hout, &herrs); code != ExitOK || len(got) != 1 || got[0] != "--help" ||
+		herrs.String() != "Usage of flagged:\n" || strings.Contains(hout.String(), "prog does things.") {
+		t.Errorf("help flagged: exit %d, args %q, stdout %q, stderr %q; want flagged run with --help alone", code, got, hout.String(), herrs.String())
+	}
+	herrs.Reset()
+	if code := p.Run(context.Background(), []string{"help", "nosuch"}, &hout, &herrs); code != ExitUsage || !strings.Contains(herrs.String(), `prog: unknown command "nosuch"`) {
+		t.Errorf("help nosuch: exit %d, stderr %q", code, herrs.String())
+	}
 	var out bytes.Buffer
 	p.Usage(&out)
 	if !strings.Contains(out.String(), "prog does things.") || !strings.Contains(out.String(), "  prog ok \n      succeeds") || !strings.Contains(out.String(), "See the README.") {
