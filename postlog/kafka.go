@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,6 +82,16 @@ func open(ctx context.Context, conn stream.ConnConfig, topic string, keys *clust
 	return l, nil
 }
 
+// unreachable is what to do about an error of asking the brokers that did not reach them (a
+// refused or failed connection, a timeout), in brackets after a space, or "".
+func unreachable(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) || errors.Is(err, context.DeadlineExceeded) {
+		return " (check that the brokers kafka.brokers names are up and reachable from here)"
+	}
+	return ""
+}
+
 // Close releases the connections.
 func (l *Log) Close() error {
 	err := l.w.Close()
@@ -95,7 +106,7 @@ func (l *Log) ensure(ctx context.Context, create bool) error {
 	for attempt := 0; ; attempt++ {
 		md, err := l.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.topic}})
 		if err != nil {
-			return fmt.Errorf("replication.posterior_topic %s: metadata: %w", l.topic, err)
+			return fmt.Errorf("replication.posterior_topic %s: metadata from kafka.brokers %v: %w%s", l.topic, l.conn.Brokers, err, unreachable(err))
 		}
 		var t *kafka.Topic
 		for i := range md.Topics {

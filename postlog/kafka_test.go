@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -174,6 +175,23 @@ func TestAppendIsReadBackAuthenticated(t *testing.T) {
 	defer r.Close()
 	if err := r.Append(ctx, "e/3", vals[0]); err == nil || !strings.Contains(err.Error(), "opened without a key") {
 		t.Errorf("a reader's Append: %v, want a refusal", err)
+	}
+}
+
+// Brokers that cannot be reached are named, with kafka.brokers and what to check.
+func TestOpenNamesUnreachableBrokers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = OpenExisting(ctx, stream.ConnConfig{Brokers: []string{addr}}, "posterior", slog.New(slog.DiscardHandler))
+	want := "replication.posterior_topic posterior: metadata from kafka.brokers [" + addr + "]: "
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "check that the brokers kafka.brokers names are up and reachable") {
+		t.Errorf("OpenExisting with no broker listening: %v, want %q and what to check", err, want)
 	}
 }
 
