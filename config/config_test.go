@@ -822,6 +822,16 @@ type keyCase struct {
 
 // checkKeyCases runs each case on a fresh base(): Validate must refuse it with one error, for
 // its key, saying want, and accept the case's edge.
+// certify.epsilon above 0.25 alone: the rule between it and certify.epsilon_max, at its
+// default, says so and names the key to change.
+func TestEpsilonAboveEpsilonMaxDefault(t *testing.T) {
+	_, err := Load("certify:\n  epsilon: 0.3\n")
+	want := "certify.epsilon_max: 0.25: must be in [certify.epsilon, 0.25]: certify.epsilon_max is at its default, 0.25, the most it may be; lower certify.epsilon (0.3)"
+	if err == nil || !strings.Contains(err.Error(), "certify.epsilon (line 2): 0.3: must be within (0, 0.25]") || !strings.Contains(err.Error(), want) {
+		t.Errorf("certify.epsilon 0.3: Load = %v, want %q", err, want)
+	}
+}
+
 func checkKeyCases(t *testing.T, base func() Config, cases []keyCase) {
 	t.Helper()
 	for _, tc := range cases {

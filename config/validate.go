@@ -213,7 +213,12 @@ func (c *Config) validate(lines map[string]int) error {
 		bad("certify.epsilon", c.Certify.Epsilon, "must be within "+rangeErr.Want)
 	}
 	if !(c.Certify.EpsilonMax >= c.Certify.Epsilon && c.Certify.EpsilonMax <= 0.25) {
-		bad("certify.epsilon_max", c.Certify.EpsilonMax, "must be in [certify.epsilon, 0.25]")
+		why := "must be in [certify.epsilon, 0.25]"
+		if c.Certify.EpsilonMax == certify.DefaultEpsilonMax {
+			// Met by every valid certify.epsilon: it is certify.epsilon that is too large.
+			why += fmt.Sprintf(": certify.epsilon_max is at its default, %v, the most it may be; lower certify.epsilon (%v)", certify.DefaultEpsilonMax, c.Certify.Epsilon)
+		}
+		bad("certify.epsilon_max", c.Certify.EpsilonMax, why)
 	}
 	if c.Certify.Samples < 2 {
 		bad("certify.samples", c.Certify.Samples, "must be >= 2")
