@@ -197,6 +197,11 @@ func copyBuildContext(root, dst string) error {
 		if err != nil {
 			return err
 		}
+		// A file let through inside an excluded directory (an exception, !dir/file) brings its
+		// directories with it, as the Docker client's context does.
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
 		return os.WriteFile(target, b, info.Mode().Perm())
 	})
 }
