@@ -33,14 +33,7 @@ func TestClientsPresentACertificateWhereTheDaemonAsksForOne(t *testing.T) {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	dir, write := tempWriter(t)
 	caFile := write("ca.pem", ca.PEM)
 	certPEM, keyPEM := ca.Issue(t, 3, x509.ExtKeyUsageClientAuth)
 	cert, key := write("client.pem", certPEM), write("client.key", keyPEM)
@@ -126,14 +119,7 @@ func TestARefusedClientCertificateIsNamedWithoutTheAlert(t *testing.T) {
 			c.Close()
 		}
 	}()
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	dir, write := tempWriter(t)
 	caFile := write("ca.pem", ca.PEM)
 	otherPEM, otherKey := other.Issue(t, 4, x509.ExtKeyUsageClientAuth)
 	foreign, foreignKey := write("foreign.pem", otherPEM), write("foreign.key", otherKey)
@@ -154,5 +140,19 @@ func TestARefusedClientCertificateIsNamedWithoutTheAlert(t *testing.T) {
 		if err := run(cmd, "--ca", caFile, "--cert", foreign, "--key", foreignKey); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s with a certificate of another CA: %v, want it to say %q", cmd, err, want)
 		}
+	}
+}
+
+// tempWriter returns a temporary directory and a function that writes a file into it and
+// returns the file's path.
+func tempWriter(t *testing.T) (string, func(name string, b []byte) string) {
+	dir := t.TempDir()
+	return dir, func(name string, b []byte) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
 }
