@@ -36,6 +36,7 @@ type StreamConfig struct {
 	// training objective before the stream starts (update.Settle over the fitted rows, seeded
 	// by Seed). The daemon does not: this measures what it changes.
 	Settle         bool
+	SettleMeans    bool          // without Settle: the means only (update.SettleMeans)
 	Update         update.Config // its Seed is the daemon's update.seed
 	Increment      int           // records per increment; with RandomSize, the most
 	RandomSize     bool          // sizes uniform in [1, Increment]
@@ -131,6 +132,10 @@ func Stream(ctx context.Context, cfg StreamConfig) (*StreamResult, error) {
 	if cfg.Settle {
 		if m, res.Settled, err = update.Settle(ctx, m, fit.X, fit.Y, cfg.Train.KLWeight, cfg.Seed); err != nil {
 			return nil, fmt.Errorf("stream: settle: %w", err)
+		}
+	} else if cfg.SettleMeans {
+		if m, res.Settled, err = update.SettleMeans(ctx, m, fit.X, fit.Y, cfg.Train.KLWeight, cfg.Seed); err != nil {
+			return nil, fmt.Errorf("stream: settle means: %w", err)
 		}
 	}
 	// Stand-ins: held-out and pool points whose predicted class, their label, has p in

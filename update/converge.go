@@ -73,6 +73,7 @@ type converged struct {
 	evals      int
 	lastNLL    float64 // the data term and the objective at the last evaluation
 	lastObject float64
+	freeze     bool // FreezeSigma: the log-sigma gradient is zeroed
 }
 
 // An increment is fitted under Config.Draws body draws whatever its size. Every row of the
@@ -163,7 +164,7 @@ func bodyOutputs(prev *bnn.Model, rows [][]float64, labels []int, draws int, rng
 func newConverged(prev *bnn.Model, rows [][]float64, y []int, cfg Config) (*converged, error) {
 	n := len(rows)
 	last := prev.Last()
-	c := &converged{n: n, draws: cfg.Draws, hid: last.In, cls: last.Out, y: y}
+	c := &converged{n: n, draws: cfg.Draws, hid: last.In, cls: last.Out, y: y, freeze: cfg.FreezeSigma}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0xc0fe))
 	var err error
 	if c.h, err = bodyOutputs(prev, rows, y, c.draws, rng); err != nil {
@@ -240,6 +241,9 @@ func (c *converged) eval(grad []float64) float64 {
 		for j := 0; j < p; j++ {
 			grad[j] = c.gmu[j] * c.sig0[j]
 			grad[p+j] = c.gls[j]
+			if c.freeze {
+				grad[p+j] = 0
+			}
 		}
 	}
 	return c.lastObject
@@ -447,6 +451,9 @@ func (c *converged) writeTo(m *bnn.Model) {
 	nw := len(l.WeightMu)
 	copy(l.WeightMu, c.mu[:nw])
 	copy(l.BiasMu, c.mu[nw:])
+	if c.freeze {
+		return // the log sigmas stay prev's, bit for bit
+	}
 	for j, s := range c.sig {
 		if j < nw {
 			l.WeightLogSigma[j] = math.Log(s)

@@ -36,3 +36,17 @@ func Settle(ctx context.Context, m *bnn.Model, X [][]float64, y []int, klWeight 
 	out.Version, out.Records = m.Version, m.Records
 	return out, st, nil
 }
+
+// SettleMeans is Settle over the last layer's means only, its log sigmas kept at m's, bit for
+// bit: the fit's means reach the optimum of its objective for the fit's sigmas, while the
+// sigmas, which size a stream's steps and how fast it follows a drift, stay as training left
+// them (cfguard-lab stream --settle-means; docs/MATHS.md, "Why the daemon does not settle").
+func SettleMeans(ctx context.Context, m *bnn.Model, X [][]float64, y []int, klWeight float64, seed uint64) (*bnn.Model, Stats, error) {
+	out, st, err := LastLayer(ctx, m, X, y, Config{Objective: ObjectivePrior, Solver: SolverConverge, FreezeSigma: true,
+		KLWeight: cmp.Or(klWeight, bnn.DefaultKLWeight), Represented: float64(len(X)), Seed: seed ^ settleSeed})
+	if err != nil {
+		return nil, st, fmt.Errorf("settling the last layer's means: %w", err)
+	}
+	out.Version, out.Records = m.Version, m.Records
+	return out, st, nil
+}

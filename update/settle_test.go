@@ -2,7 +2,9 @@ package update
 
 import (
 	"context"
+	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -64,6 +66,47 @@ func TestSettleReachesTheTrainingOptimum(t *testing.T) {
 	t.Logf("first increment of 256 training rows: KL %.4f from the fit, %.4f from the settled fit", fromFit.KL, fromSettled.KL)
 	if !(fromSettled.KL < fromFit.KL/2) {
 		t.Errorf("first step KL %.4f from the settled fit, %.4f from the fit; want under half", fromSettled.KL, fromFit.KL)
+	}
+}
+
+// SettleMeans moves the last layer's means to the optimum of the training objective for the
+// fit's sigmas: the sigmas stay bit for bit, the objective falls, but less than Settle's (which
+// may move the sigmas too), and settling the means again moves nothing. The Adam solver
+// refuses FreezeSigma.
+func TestSettleMeansKeepsTheSigmas(t *testing.T) {
+	fit, _ := trained(t)
+	train := fixture.train
+	means, st, err := SettleMeans(context.Background(), fit, train.X, train.Y, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, full, err := Settle(context.Background(), fit, train.X, train.Y, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, f := means.Last(), fit.Last()
+	if !slices.Equal(l.WeightLogSigma, f.WeightLogSigma) || !slices.Equal(l.BiasLogSigma, f.BiasLogSigma) {
+		t.Error("SettleMeans moved a log sigma")
+	}
+	if slices.Equal(l.WeightMu, f.WeightMu) || slices.Equal(l.BiasMu, f.BiasMu) {
+		t.Error("SettleMeans left the weight or bias means where they were")
+	}
+	t.Logf("means only: objective %.5f -> %.5f, KL %.3f in %d iterations; with the sigmas: -> %.5f, KL %.3f",
+		st.LossStart, st.LossEnd, st.KL, st.Iterations, full.LossEnd, full.KL)
+	if !st.Converged || !(st.LossEnd < st.LossStart) || !(full.LossEnd <= st.LossEnd) {
+		t.Errorf("means only: converged %v, objective %v -> %v; with the sigmas %v: want converged, lower, and no lower than Settle's",
+			st.Converged, st.LossStart, st.LossEnd, full.LossEnd)
+	}
+	_, again, err := SettleMeans(context.Background(), means, train.X, train.Y, 0, 3)
+	if err != nil || !(again.KL < 1e-4*st.KL) {
+		t.Errorf("settling the settled means moved them by KL %g (the first %g; %v): they were not at the optimum", again.KL, st.KL, err)
+	}
+	// The objective reported is the returned model's (same rows and seed, so the same draws).
+	if math.Abs(again.LossStart-st.LossEnd) > 1e-12*st.LossEnd {
+		t.Errorf("the settled means' objective is %.15g, SettleMeans reported %.15g: it optimised another model than it returned", again.LossStart, st.LossEnd)
+	}
+	if _, _, err := LastLayer(context.Background(), fit, train.X[:10], train.Y[:10], Config{FreezeSigma: true}); err == nil || !strings.Contains(err.Error(), "freeze sigma") {
+		t.Errorf("FreezeSigma with the Adam solver: %v, want it refused", err)
 	}
 }
 

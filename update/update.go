@@ -129,6 +129,9 @@ type Config struct {
 	// minibatches and the same weight noise and compute the same objective, so their results
 	// agree up to floating-point rounding (KL(q_new || q_prev) to ~1e-14 relative).
 	Engine string
+	// FreezeSigma makes the converged solver move the last layer's means only: the log sigmas
+	// stay prev's, bit for bit (SettleMeans). The Adam solver refuses it.
+	FreezeSigma bool
 }
 
 // Stats describes an update. LossStart and LossEnd are the loss of the first minibatch under the
@@ -184,6 +187,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("update: objective %q, want %q or %q", c.Objective, ObjectivePrior, ObjectiveVCL)
 	case c.Solver != SolverAdam && c.Solver != SolverConverge:
 		return fmt.Errorf("update: solver %q, want %q or %q", c.Solver, SolverAdam, SolverConverge)
+	case c.FreezeSigma && c.Solver != SolverConverge:
+		return fmt.Errorf("update: freeze sigma with solver %q: only %q keeps the sigmas", c.Solver, SolverConverge)
 	case !(c.Memory >= 0) || math.IsInf(c.Memory, 0):
 		return fmt.Errorf("update: memory %v records, want finite and >= 0 (0: no forgetting)", c.Memory)
 	case !(c.Represented >= 0) || math.IsInf(c.Represented, 0):

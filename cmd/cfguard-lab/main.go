@@ -34,7 +34,7 @@ func program() cli.Program {
 				Help: "the paper's incremental-update table: one JSON row per update, and a plot in DIR", Run: cmdIncrements},
 			{Name: "psce", Args: "--data FILE.csv|NAME [--classes a,b] [--protocol paper|search] [--model bnn|dropout] [--seed 1] [--seeds 5] [--instances 100] [--epochs N] [--method psce,bayescf,schut,wachter,roar] [--samples 1000] [--budget N] [--kappa-raw] [--json|--markdown]",
 				Help: "PSCE against BayesCF, Schut, Wachter and ROAR: validity, IM1, implausibility, robustness ratio, <delta,epsilon>-set, survival", Run: cmdPSCE},
-			{Name: "stream", Args: "--data FILE.csv|NAME [--classes a,b] [--learner default|paper|vcl-adam] [--kl-weight W] [--memory M] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region] [--order shuffled|label] [--every 50] [--fit 0.8] [--unseen 0] [--settle] [--seed N]",
+			{Name: "stream", Args: "--data FILE.csv|NAME [--classes a,b] [--learner default|paper|vcl-adam] [--kl-weight W] [--memory M] [--increment 10] [--random] [--correct 1000] [--drift 0] [--shift flip|region] [--order shuffled|label] [--every 50] [--fit 0.8] [--unseen 0] [--settle | --settle-means] [--seed N]",
 				Help: "the daemon's update on a stream of increments: held-out quality, counterfactual stand-ins, update KLs, records until a drift invalidates them", Run: cmdStream},
 		},
 	}

@@ -42,6 +42,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"stream", "--data", "breast_cancer", "--kl-weight", "-1", "--correct", "1"},
 		{"stream", "--data", "breast_cancer", "--kl-weight", "NaN", "--correct", "1"},
 		{"stream", "--data", "breast_cancer", "--memory", "-5", "--correct", "1"},
+		{"stream", "--data", "breast_cancer", "--settle", "--settle-means", "--correct", "1"},
 	} {
 		if code, _, errs := runCLI(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errs)

@@ -57,6 +57,7 @@ type streamSummary struct {
 	InvalidatedAll  int                    `json:"invalidated_all_after"`
 	TookMeanSeconds float64                `json:"took_mean_seconds"`
 	Settle          bool                   `json:"settle"`
+	SettleMeans     bool                   `json:"settle_means"`
 	SettleKL        float64                `json:"settle_kl"`
 	// SettleObjective is the training objective (per row) at the fitted and at the settled last layer.
 	SettleObjective [2]float64 `json:"settle_objective"`
@@ -82,8 +83,12 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fit := fs.Float64("fit", 0.8, "fraction of the data set (a seeded shuffle) the first posterior is fitted on")
 	unseen := fs.Float64("unseen", 0, "fraction after it streamed as rows the fit never saw (0: stream the fitted rows); the rest is held out")
 	settle := fs.Bool("settle", false, "before the stream, move the fitted last layer to the optimum of its own training objective (converged, body frozen)")
+	settleMeans := fs.Bool("settle-means", false, "as --settle, over the last layer's means only (log sigmas kept at the fit's)")
 	if err := cli.ParseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	if *settle && *settleMeans {
+		return fmt.Errorf("%w: --settle and --settle-means: give one (--settle moves the sigmas too)", cli.ErrUsage)
 	}
 	if err := cli.Required("data", *data); err != nil {
 		return err
@@ -125,11 +130,11 @@ func cmdStream(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	sum := streamSummary{Data: *data, Learner: *learner, Increment: *inc, RandomSize: *random, Correct: *correct, Drift: *drift,
-		Shift: *shift, Order: *order, KLWeight: uc.KLWeight, Memory: uc.Memory, Settle: *settle}
+		Shift: *shift, Order: *order, KLWeight: uc.KLWeight, Memory: uc.Memory, Settle: *settle, SettleMeans: *settleMeans}
 	var took time.Duration
 	n := 0
 	res, err := experiment.Stream(ctx, experiment.StreamConfig{Data: set, Classes: names, Seed: *seed, Update: uc, Increment: *inc,
-		FitFrac: *fit, StreamFrac: *unseen, Order: *order, Settle: *settle,
+		FitFrac: *fit, StreamFrac: *unseen, Order: *order, Settle: *settle, SettleMeans: *settleMeans,
 		RandomSize: *random, Correct: *correct, Drift: *drift, Shift: *shift, EvalEvery: *every,
 		Progress: func(p experiment.StreamPoint) {
 			n++
