@@ -30,6 +30,14 @@ func LoadTLS(f TLSFiles) (*tls.Config, error) { return LoadTLSAt("kafka.tls", f)
 // LoadTLSAt is LoadTLS for the files of configuration section section (kafka.tls,
 // replication.peer_tls), which its errors name.
 func LoadTLSAt(section string, f TLSFiles) (*tls.Config, error) {
+	return LoadTLSNamed(TLSNames{CA: section + ".ca_file", Cert: section + ".cert_file", Key: section + ".key_file"}, f)
+}
+
+// TLSNames are what errors call the three files: configuration keys, or a command's flags.
+type TLSNames struct{ CA, Cert, Key string }
+
+// LoadTLSNamed is LoadTLS with the files named as names says.
+func LoadTLSNamed(names TLSNames, f TLSFiles) (*tls.Config, error) {
 	if !f.Enabled {
 		return nil, nil
 	}
@@ -37,24 +45,24 @@ func LoadTLSAt(section string, f TLSFiles) (*tls.Config, error) {
 	if f.CAFile != "" {
 		pem, err := os.ReadFile(f.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("%s.ca_file: %w", section, err)
+			return nil, fmt.Errorf("%s: %w", names.CA, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s.ca_file: %s holds no PEM certificate", section, f.CAFile)
+			return nil, fmt.Errorf("%s: %s holds no PEM certificate", names.CA, f.CAFile)
 		}
 		t.RootCAs = pool
 	}
 	switch {
 	case f.CertFile == "" && f.KeyFile == "":
 	case f.CertFile == "":
-		return nil, fmt.Errorf("%[1]s.cert_file: empty, but %[1]s.key_file is set: give both or neither", section)
+		return nil, fmt.Errorf("%s: empty, but %s is set: give both or neither", names.Cert, names.Key)
 	case f.KeyFile == "":
-		return nil, fmt.Errorf("%[1]s.key_file: empty, but %[1]s.cert_file is set: give both or neither", section)
+		return nil, fmt.Errorf("%s: empty, but %s is set: give both or neither", names.Key, names.Cert)
 	default:
 		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%[1]s.cert_file %[2]s / %[1]s.key_file %[3]s: %[4]w", section, f.CertFile, f.KeyFile, err)
+			return nil, fmt.Errorf("%s %s / %s %s: %w", names.Cert, f.CertFile, names.Key, f.KeyFile, err)
 		}
 		t.Certificates = []tls.Certificate{cert}
 	}

@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 
 	"github.com/cfguard/cfguard/internal/cli"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // apiTLS holds the TLS flags of a command that asks a daemon's API (backup, import-ces): the CAs
@@ -37,30 +37,15 @@ func addAPITLSFlags(fs *flag.FlagSet) apiTLS {
 // before its TLS alert is read, and the error the client sees then (a reset, a broken pipe, EOF)
 // does not say why.
 func (a apiTLS) client() (*http.Client, error) {
-	t := &tls.Config{MinVersion: tls.VersionTLS12}
-	refused := &clientCertRefusal{}
-	if *a.ca != "" {
-		pem, err := os.ReadFile(*a.ca)
-		if err != nil {
-			return nil, fmt.Errorf("--ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--ca: %s holds no PEM certificate", *a.ca)
-		}
-		t.RootCAs = pool
-	}
-	switch {
-	case *a.cert == "" && *a.key == "":
-	case *a.cert == "" || *a.key == "":
+	if (*a.cert == "") != (*a.key == "") {
 		return nil, fmt.Errorf("%w: --cert and --key go together: give both or neither", cli.ErrUsage)
-	default:
-		cert, err := tls.LoadX509KeyPair(*a.cert, *a.key)
-		if err != nil {
-			return nil, fmt.Errorf("--cert %s / --key %s: %w", *a.cert, *a.key, err)
-		}
-		t.Certificates = []tls.Certificate{cert}
 	}
+	t, err := stream.LoadTLSNamed(stream.TLSNames{CA: "--ca", Cert: "--cert", Key: "--key"},
+		stream.TLSFiles{Enabled: true, CAFile: *a.ca, CertFile: *a.cert, KeyFile: *a.key})
+	if err != nil {
+		return nil, err
+	}
+	refused := &clientCertRefusal{}
 	// crypto/tls's own choice: the certificate when it is of a CA the daemon names, else none.
 	t.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		switch {
