@@ -90,9 +90,9 @@ type StreamResult struct {
 	// invalidated (0: never), and First80 when 80% were.
 	FirstAllInvalidated, First80 int
 	Breaches                     int // increments whose KL exceeded the budget
-	// Settled describes the Settle step (zero without Settle): its KL(settled || fitted), its
-	// objective at the fitted and the settled last layer (LossStart, LossEnd) and whether it
-	// converged.
+	// Settled describes the Settle or SettleMeans step (zero without either): its
+	// KL(settled || fitted), its objective at the fitted and the settled last layer (LossStart,
+	// LossEnd) and whether it converged.
 	Settled update.Stats
 }
 

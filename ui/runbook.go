@@ -17,9 +17,9 @@ import (
 	"github.com/cfguard/cfguard/docs"
 )
 
-// repoDocs is where the documents the runbook links to are read: the daemon serves the runbook
-// alone.
-const repoDocs = "https://github.com/cfguard/cfguard/blob/main/docs/"
+// repoBlob is where the repository's files the runbook links to are read: the daemon serves the
+// runbook alone.
+const repoBlob = "https://github.com/cfguard/cfguard/blob/main/"
 
 // runbookPath is the runbook's page; an alert's section is runbookPath + "#" + its name in lower
 // case, the anchor GitHub gives the same heading (alerts/rules.yml's runbook_url).
@@ -78,7 +78,7 @@ func repoLink(dest string) string {
 	}
 	file, frag, _ := strings.Cut(dest, "#")
 	// docs/../x is x at the repository's root, which GitHub serves under blob/main/ too.
-	link := strings.TrimSuffix(repoDocs, "docs/") + strings.TrimPrefix(path.Clean("docs/"+file), "/")
+	link := repoBlob + strings.TrimPrefix(path.Clean("docs/"+file), "/")
 	if frag != "" {
 		link += "#" + frag
 	}
