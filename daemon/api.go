@@ -178,7 +178,7 @@ func (a *api) routes() http.Handler {
 }
 
 // boundBodies bounds every request body to n bytes (http.max_body_bytes): a body that turns out
-// longer fails its read (readBody answers 400), and a request whose Content-Length already says
+// longer fails its read (readBody answers 413), and a request whose Content-Length already says
 // so goes to refuse before anything is read, so that a client that waits for 100 Continue is not
 // kept waiting for the read timeout, nor its body read only to be refused.
 func boundBodies(h http.Handler, n int64, refuse http.Handler) http.Handler {
@@ -192,12 +192,12 @@ func boundBodies(h http.Handler, n int64, refuse http.Handler) http.Handler {
 	})
 }
 
-// tooLong answers a request whose Content-Length is over n (http.max_body_bytes): a JSON 400, as
+// tooLong answers a request whose Content-Length is over n (http.max_body_bytes): a JSON 413, as
 // a body found too long when read is answered, and the connection closed (its body is not read).
 func tooLong(n int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes): its Content-Length is %d", n, r.ContentLength))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes (http.max_body_bytes): its Content-Length is %d", n, r.ContentLength))
 	})
 }
 

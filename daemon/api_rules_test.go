@@ -365,7 +365,7 @@ func TestUISourceRules(t *testing.T) {
 }
 
 // A request body is bounded by http.max_body_bytes on every route: a body of the limit is read,
-// one byte more is a 400 naming the setting.
+// one byte more is a 413 naming the setting.
 func TestBodyLimitRule(t *testing.T) {
 	const limit = 64
 	a := rulesAPI("", &rulesCore{}, &fakeState{})
@@ -378,7 +378,7 @@ func TestBodyLimitRule(t *testing.T) {
 		says string
 	}{
 		{"at the limit", limit, 200, `"prediction":`},
-		{"one byte over", limit + 1, 400, "request body over 64 bytes (http.max_body_bytes)"},
+		{"one byte over", limit + 1, 413, "request body over 64 bytes (http.max_body_bytes)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			body := strings.Repeat(" ", c.size-len(input)) + input

@@ -130,7 +130,7 @@ func readBody(r *http.Request) ([]byte, error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return nil, &bodyError{http.StatusBadRequest, fmt.Sprintf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)}
+		return nil, &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes (http.max_body_bytes)", mbe.Limit)}
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return nil, &bodyError{http.StatusRequestTimeout, "request body not received within the server's http.read_timeout"}
 	case err != nil:

@@ -114,7 +114,7 @@ type errReader struct{ err error }
 func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // TestReadBodyErrors holds the statuses readBody gives a body it cannot read, as writeBodyError
-// answers them: over http.max_body_bytes is 400 naming the limit, not received within
+// answers them: over http.max_body_bytes is 413 naming the limit, not received within
 // http.read_timeout is 408, any other failure is 400.
 func TestReadBodyErrors(t *testing.T) {
 	for _, c := range []struct {
@@ -125,7 +125,7 @@ func TestReadBodyErrors(t *testing.T) {
 	}{
 		{"over the limit", func(w http.ResponseWriter) io.ReadCloser {
 			return http.MaxBytesReader(w, io.NopCloser(strings.NewReader(`{"x":[1,2,3]}`)), 8)
-		}, http.StatusBadRequest, "request body over 8 bytes (http.max_body_bytes)"},
+		}, http.StatusRequestEntityTooLarge, "request body over 8 bytes (http.max_body_bytes)"},
 		{"past the read deadline", func(http.ResponseWriter) io.ReadCloser {
 			return io.NopCloser(errReader{os.ErrDeadlineExceeded})
 		}, http.StatusRequestTimeout, "http.read_timeout"},

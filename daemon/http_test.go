@@ -738,7 +738,7 @@ func TestRequestsAreCountedByRouteAndCode(t *testing.T) {
 }
 
 // TestBodyOverTheLimitIsRefusedBeforeItIsRead: a request whose Content-Length is over
-// http.max_body_bytes is answered 400 at once, without 100 Continue to a client that waits for
+// http.max_body_bytes is answered 413 at once, without 100 Continue to a client that waits for
 // it, and its connection closed; the client sends no byte of the body. A body of the limit is
 // read, and one that turns out longer than its Content-Length allows is not taken either.
 func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
@@ -760,21 +760,22 @@ func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
 		t.Fatalf("no answer before the body: %v", err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusBadRequest || !resp.Close ||
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close ||
 		!strings.Contains(string(body), "request body over 1000 bytes (http.max_body_bytes): its Content-Length is 1000000000") {
-		t.Fatalf("%d (close %v) %s; want 400 naming the limit, the connection closed", resp.StatusCode, resp.Close, body)
+		t.Fatalf("%d (close %v) %s; want 413 naming the limit, the connection closed", resp.StatusCode, resp.Close, body)
 	}
-	if got := testutil.ToFloat64(hm.Requests("other").WithLabelValues("400")); got != 1 {
-		t.Errorf("cfguard_http_requests_total{route=other, code=400} %v, want 1", got)
+	if got := testutil.ToFloat64(hm.Requests("other").WithLabelValues("413")); got != 1 {
+		t.Errorf("cfguard_http_requests_total{route=other, code=413} %v, want 1", got)
 	}
 	// A body of the limit is read (and refused as the JSON it is not); one past it is refused by
 	// its Content-Length, or, sent without one (chunked), as it is read.
 	for _, c := range []struct {
 		n       int
 		chunked bool
+		code    int
 		want    string
-	}{{1000, false, "bad JSON"}, {1001, false, "request body over 1000 bytes (http.max_body_bytes): its Content-Length is 1001"},
-		{1000, true, "bad JSON"}, {1001, true, "request body over 1000 bytes (http.max_body_bytes)"}} {
+	}{{1000, false, 400, "bad JSON"}, {1001, false, 413, "request body over 1000 bytes (http.max_body_bytes): its Content-Length is 1001"},
+		{1000, true, 400, "bad JSON"}, {1001, true, 413, "request body over 1000 bytes (http.max_body_bytes)"}} {
 		var body io.Reader = strings.NewReader(strings.Repeat(" ", c.n-1) + "x")
 		if c.chunked {
 			body = io.MultiReader(body) // no length the client can see
@@ -785,8 +786,8 @@ func TestBodyOverTheLimitIsRefusedBeforeItIsRead(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), c.want) {
-			t.Errorf("a body of %d bytes (chunked %v): %d %s, want 400 saying %q", c.n, c.chunked, resp.StatusCode, b, c.want)
+		if resp.StatusCode != c.code || !strings.Contains(string(b), c.want) {
+			t.Errorf("a body of %d bytes (chunked %v): %d %s, want %d saying %q", c.n, c.chunked, resp.StatusCode, b, c.code, c.want)
 		}
 	}
 }

@@ -135,6 +135,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	_, _, body := c.Send("POST", "/v1/predict", token, nil, js(map[string]any{"xs": data.X}), 200)
 	c.Send("POST", "/v1/predict", token, nil, js(map[string]any{"x": data.X[0], "xs": data.X[:2]}), 400)
 	c.Send("POST", "/v1/predict", token, nil, `{"x": [1, 2]}`, 400)
+	c.Send("POST", "/v1/predict", token, nil, strings.Repeat(" ", int(r.Config.HTTP.MaxBodyBytes)+1), 413)
 	var pred struct {
 		Predictions []prediction `json:"predictions"`
 	}
