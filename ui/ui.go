@@ -210,7 +210,8 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := r.ParseForm(); err != nil {
-		u.render(w, http.StatusBadRequest, "login", page{Title: "Sign in", Error: "The form could not be read.", NoNav: true})
+		code, msg := formError(err)
+		u.render(w, code, "login", page{Title: "Sign in", Error: msg, NoNav: true})
 		return
 	}
 	next := safeNext(r.PostForm.Get("next"))
@@ -225,6 +226,15 @@ func (u *UI) login(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: Cookie, Value: sessionValue(u.cfg.Token), Path: "/ui/", HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// formError is the status and message for a form ParseForm could not read: 413 naming the limit
+// for a body over the daemon's bound (http.max_body_bytes), 400 for any other failure.
+func formError(err error) (int, string) {
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		return http.StatusRequestEntityTooLarge, "The form is over " + strconv.FormatInt(mbe.Limit, 10) + " bytes (http.max_body_bytes)."
+	}
+	return http.StatusBadRequest, "The form could not be read."
 }
 
 func (u *UI) logout(w http.ResponseWriter, r *http.Request) {

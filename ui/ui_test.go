@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/cfguard/cfguard/certify"
@@ -630,5 +631,36 @@ func TestListCursorIsAnID(t *testing.T) {
 		if strings.Contains(rec.Body.String(), "\u202e") || strings.Contains(rec.Body.String(), ", after x; every") {
 			t.Errorf("after=%q: the page shows the text as its own", after)
 		}
+	}
+}
+
+// TestLoginFormOverTheBodyLimit: a sign-in form whose body passes the daemon's bound
+// (http.max_body_bytes) is a 413 that names the setting, as the API answers such a body; a form
+// that cannot be read for another reason is a 400.
+func TestLoginFormOverTheBodyLimit(t *testing.T) {
+	u := ui.New(ui.Config{Token: "t0ken", Logger: slog.New(slog.DiscardHandler)}, nil)
+	for _, c := range []struct {
+		name string
+		body func(w http.ResponseWriter) io.ReadCloser
+		code int
+		says string
+	}{
+		{"over the limit", func(w http.ResponseWriter) io.ReadCloser {
+			return http.MaxBytesReader(w, io.NopCloser(strings.NewReader("token="+strings.Repeat("a", 64))), 16)
+		}, http.StatusRequestEntityTooLarge, "The form is over 16 bytes (http.max_body_bytes)."},
+		{"cut short", func(http.ResponseWriter) io.ReadCloser {
+			return io.NopCloser(io.MultiReader(strings.NewReader("token="), iotest.ErrReader(io.ErrUnexpectedEOF)))
+		}, http.StatusBadRequest, "The form could not be read."},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("POST", "/ui/login", nil)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Body = c.body(rec)
+			u.ServeHTTP(rec, req)
+			if rec.Code != c.code || !strings.Contains(rec.Body.String(), html.EscapeString(c.says)) {
+				t.Fatalf("%d %.300s, want %d saying %q", rec.Code, rec.Body, c.code, c.says)
+			}
+		})
 	}
 }
