@@ -234,6 +234,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"backlog below max_records": {"kafka:\n  max_records: 100\n  max_records_backlog: 50\n",
 			"kafka.max_records_backlog: 50: must be >= kafka.max_records (100)"},
 		"sasl without username": {"kafka:\n  brokers: [a:1]\n  sasl:\n    mechanism: PLAIN\n", "kafka.sasl.username"},
+		"sasl credentials without a mechanism": {"kafka:\n  brokers: [a:1]\n  sasl:\n    username: u\n    password: hunter2\n",
+			"kafka.sasl.username (line 4): u: is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate"},
 		// Whole numbers only for integer keys (yaml would truncate 10.5 to 10).
 		"fraction for an integer": {"certify:\n  samples: 10.5\n", "certify.samples (line 2): 10.5 is not a whole number"},
 		"fraction for a uint":     {"model:\n  seed: 1.5\n", "model.seed (line 2): 1.5 is not a whole number"},
@@ -715,6 +717,16 @@ func TestValidateRejectsEachKey(t *testing.T) {
 				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "SCRAM-SHA-512", "u"
 			}},
 		{"kafka.sasl.username", "needed with a SASL mechanism", func(c *Config) { c.Kafka.Brokers, c.Kafka.SASL.Mechanism = []string{"k:9092"}, "PLAIN" }, nil},
+		{"kafka.sasl.username", "is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate: set kafka.sasl.mechanism",
+			func(c *Config) { c.Kafka.Brokers, c.Kafka.SASL.Username = []string{"k:9092"}, "u" },
+			func(c *Config) {
+				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "PLAIN", "u"
+			}},
+		{"kafka.sasl.password", "<redacted>: is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate: set kafka.sasl.mechanism",
+			func(c *Config) { c.Kafka.Brokers, c.Kafka.SASL.Password = []string{"k:9092"}, "hunter2" },
+			func(c *Config) {
+				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username, c.Kafka.SASL.Password = []string{"k:9092"}, "PLAIN", "u", "hunter2"
+			}},
 		{"kafka.sasl.mechanism", "the embedded broker (kafka.brokers empty) has no authentication", func(c *Config) { c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = "PLAIN", "u" },
 			func(c *Config) {
 				c.Kafka.Brokers, c.Kafka.SASL.Mechanism, c.Kafka.SASL.Username = []string{"k:9092"}, "PLAIN", "u"
@@ -1047,6 +1059,22 @@ func TestSecretsFromTheEnvironment(t *testing.T) {
 	}
 	if c.Kafka.SASL.Password != "pw-from-env" || c.HTTP.MetricsToken != "metrics-from-env" {
 		t.Fatalf("kafka.sasl.password %q, http.metrics_token %q; want the environment's", c.Kafka.SASL.Password, c.HTTP.MetricsToken)
+	}
+}
+
+// TestSASLPasswordFromTheEnvironmentNeedsAMechanism: CFGUARD_KAFKA_SASL_PASSWORD without
+// kafka.sasl.mechanism would not be used, so LoadFile refuses it, naming the variable and the
+// keys to set, without printing the password.
+func TestSASLPasswordFromTheEnvironmentNeedsAMechanism(t *testing.T) {
+	t.Setenv("CFGUARD_KAFKA_SASL_PASSWORD", "pw-from-env")
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("kafka:\n  brokers: [k.example:9092]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadFile(p)
+	want := "CFGUARD_KAFKA_SASL_PASSWORD: <redacted>: is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate"
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pw-from-env") {
+		t.Fatalf("LoadFile = %v, want ErrInvalid saying %q, without the password", err, want)
 	}
 }
 

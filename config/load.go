@@ -349,6 +349,10 @@ func LoadClientFile(path string) (*Config, error) {
 		}
 	}
 	if v := os.Getenv("CFGUARD_KAFKA_SASL_PASSWORD"); v != "" {
+		if c.Kafka.SASL.Mechanism == "" {
+			return nil, fmt.Errorf("%w: CFGUARD_KAFKA_SASL_PASSWORD: %s: %sset kafka.sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512) "+
+				"and kafka.sasl.username in %s, or unset the variable", ErrInvalid, redacted, saslWithoutMechanism, path)
+		}
 		c.Kafka.SASL.Password = v
 	}
 	if v := os.Getenv("CFGUARD_REPLICATION_KEY_FILE"); v != "" {

@@ -45,6 +45,9 @@ func checkSchedule(spec string) error {
 	return err
 }
 
+// saslWithoutMechanism begins the refusal of a SASL credential given without kafka.sasl.mechanism.
+const saslWithoutMechanism = "is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate: "
+
 // Validate checks every value; errors name the key.
 func (c *Config) Validate() error { return c.validate(nil) }
 
@@ -158,6 +161,20 @@ func (c *Config) validate(lines map[string]int) error {
 	}
 	if c.Kafka.SASL.Mechanism != "" && c.Kafka.SASL.Username == "" {
 		bad("kafka.sasl.username", `""`, "needed with a SASL mechanism")
+	}
+	if c.Kafka.SASL.Mechanism == "" {
+		// Credentials without a mechanism are not used: the connection would not authenticate,
+		// however carefully they were set. The password is never printed.
+		for _, f := range []struct {
+			key   string
+			set   bool
+			shown any
+		}{{"kafka.sasl.username", c.Kafka.SASL.Username != "", c.Kafka.SASL.Username},
+			{"kafka.sasl.password", c.Kafka.SASL.Password != "", redacted}} {
+			if f.set {
+				bad(f.key, f.shown, saslWithoutMechanism+"set kafka.sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512), or remove the key")
+			}
+		}
 	}
 	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
 		bad("kafka.tls.cert_file", c.Kafka.TLS.CertFile, "cert_file and key_file go together")

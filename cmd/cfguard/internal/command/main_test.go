@@ -229,6 +229,44 @@ func TestCheckConfig(t *testing.T) {
 	}
 }
 
+// SASL credentials without kafka.sasl.mechanism would not be used: check-config refuses them
+// (exit 2), in the file or the environment, naming each key or variable and how to fix it, and
+// does not print the password.
+func TestCheckConfigRefusesSASLCredentialsWithoutAMechanism(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file.yaml")
+	if err := os.WriteFile(file, []byte("kafka:\n  brokers: [k.example:9092]\n  sasl:\n    username: svc\n    password: pw-in-file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := filepath.Join(dir, "env.yaml")
+	if err := os.WriteFile(env, []byte("kafka:\n  brokers: [k.example:9092]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CFGUARD_KAFKA_SASL_PASSWORD", "pw-from-env")
+	for _, c := range []struct {
+		path string
+		want []string
+	}{
+		{file, []string{
+			"kafka.sasl.username (line 4): svc: is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate: " +
+				"set kafka.sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512), or remove the key",
+			"kafka.sasl.password (line 5): <redacted>: is set but kafka.sasl.mechanism is empty",
+		}},
+		{env, []string{"CFGUARD_KAFKA_SASL_PASSWORD: <redacted>: is set but kafka.sasl.mechanism is empty, so the connection to Kafka would not authenticate: " +
+			"set kafka.sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512) and kafka.sasl.username in " + env + ", or unset the variable"}},
+	} {
+		code, _, errs := proc.RunCLI(t, "check-config", "--config", c.path)
+		for _, want := range c.want {
+			if code != 2 || !strings.Contains(errs, want) {
+				t.Errorf("check-config %s: exit %d, stderr %q; want 2 saying %q", filepath.Base(c.path), code, errs, want)
+			}
+		}
+		if strings.Contains(errs, "pw-") {
+			t.Errorf("check-config %s printed the password: %s", filepath.Base(c.path), errs)
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	code, out, errs := proc.RunCLI(t, "version", "--json")
 	if code != 0 {
