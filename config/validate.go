@@ -462,6 +462,12 @@ func (c *Config) topicKeys() []struct{ key, name string } {
 	return []struct{ key, name string }{{"kafka.topic", c.Kafka.Topic}, {"kafka.dead_letter_topic", c.Kafka.DeadLetterTopic}, {"kafka.events_topic", c.Kafka.EventsTopic}}
 }
 
+// CheckListenAddr checks an address to listen on as the listen keys (http.listen,
+// kafka.embedded_listen) are checked: host:port with a port number in 0..65535 (0: any free
+// port), the host empty for every interface. The commands' flags that take such an address use
+// it too, so that a flag and a key refuse the same addresses, with the same words.
+func CheckListenAddr(addr string) error { return checkHostPort(addr, true) }
+
 // checkHostPort checks host:port as net.Listen and net.Dial read it: a port number (0, "any
 // free port", only where the address is listened on); the host may be empty to listen on every
 // interface.

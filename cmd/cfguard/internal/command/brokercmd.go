@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/cfguard/cfguard/broker"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/internal/cli"
 )
@@ -74,9 +75,12 @@ func cmdBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *minSession <= 0 {
 		return fmt.Errorf("%w: --group-min-session-timeout %v: want a positive duration", cli.ErrUsage, *minSession)
 	}
+	if err := config.CheckListenAddr(*listen); err != nil {
+		return fmt.Errorf("%w: --listen %q: %v, such as 127.0.0.1:9092 (port 0: every node on a free port)", cli.ErrUsage, *listen, err)
+	}
 	if *metricsListen != "" {
-		if err := checkListenAddr(*metricsListen); err != nil {
-			return fmt.Errorf("%w: --metrics-listen %q: %v: want host:port, such as 127.0.0.1:9644 (port 0: a free port)", cli.ErrUsage, *metricsListen, err)
+		if err := config.CheckListenAddr(*metricsListen); err != nil {
+			return fmt.Errorf("%w: --metrics-listen %q: %v, such as 127.0.0.1:9644 (port 0: a free port)", cli.ErrUsage, *metricsListen, err)
 		}
 	}
 	cfg := broker.Config{Listen: *listen, Nodes: *nodes, DataDir: *dataDir, SyncWrites: *syncWrites,
@@ -141,17 +145,4 @@ func serveBrokerMetrics(b *broker.Broker, ln net.Listener) (stop func()) {
 		srv.Close()
 		<-done
 	}
-}
-
-// checkListenAddr refuses an address a listener cannot be given: not host:port, or a port that
-// is neither a number in [0, 65535] nor a service name.
-func checkListenAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if _, err := net.LookupPort("tcp", port); err != nil {
-		return err
-	}
-	return nil
 }

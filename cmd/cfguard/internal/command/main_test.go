@@ -5,19 +5,23 @@ import (
 	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
 
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/internal/cli/clitest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 )
@@ -57,7 +61,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bound", "--p1", "0.9", "--kl", "0.1", "--var1", "NaN"}, "--var1 must be in [0, 0.25], got NaN"},
 		{[]string{"broker", "--nodes", "65"}, "--nodes 65: want 1..64"},
 		{[]string{"broker", "--partitions", "3"}, "--partitions 3 applies to the topics --topics creates: give --topics too"},
-		{[]string{"broker", "--metrics-listen", "bogus"}, `--metrics-listen "bogus": address bogus: missing port in address: want host:port`},
+		{[]string{"broker", "--metrics-listen", "bogus"}, `--metrics-listen "bogus": must be host:port (address bogus: missing port in address), such as 127.0.0.1:9644`},
 		{[]string{"broker", "--metrics-listen", "127.0.0.1:99999"}, `--metrics-listen "127.0.0.1:99999"`},
 		{[]string{"new-epoch", "--config", "cfguard.yaml", "--wait", "5s"}, "give --head-from too, or drop --wait"},
 		{[]string{"verify-log", "--config", "cfguard.yaml", "--from", "5", "--to", "2"}, "--from 5 is past --to 2"},
@@ -226,6 +230,33 @@ func TestCheckConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state")); !os.IsNotExist(err) {
 		t.Errorf("run with a model cut short left a state directory: %v", err)
+	}
+}
+
+// The broker command's --listen and --metrics-listen refuse the addresses http.listen refuses,
+// for the same reason in the same words (config.CheckListenAddr), naming the flag (exit 2). A
+// --listen port that is not a number would have node 0 listen on a port no flag names. The
+// context is cancelled, so that a broker started on an address taken in error stops at once.
+func TestBrokerListenFlagsRefuseWhatHTTPListenRefuses(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, addr := range []string{"bogus", "127.0.0.1:abc", "127.0.0.1:http", "127.0.0.1:99999", "localhost:-1", "127.0.0.1:"} {
+		_, err := config.Load("http:\n  listen: " + strconv.Quote(addr) + "\n")
+		if err == nil {
+			t.Fatalf("http.listen %q is accepted", addr)
+		}
+		first, _, _ := strings.Cut(err.Error(), "\n")
+		_, why, ok := strings.Cut(first, "http.listen (line 2): "+addr+": ")
+		if !ok {
+			t.Fatalf("http.listen %q: %v, want an error naming the key and the address", addr, err)
+		}
+		for _, flag := range []string{"--listen", "--metrics-listen"} {
+			var stdout, stderr bytes.Buffer
+			code := command.Run(ctx, []string{"broker", "--listen", "127.0.0.1:0", flag, addr}, &stdout, &stderr)
+			if want := fmt.Sprintf("%s %q: %s, such as ", flag, addr, why); code != 2 || !strings.Contains(stderr.String(), want) {
+				t.Errorf("broker %s %q: exit %d, stderr %q; want 2 saying %q", flag, addr, code, stderr.String(), want)
+			}
+		}
 	}
 }
 
