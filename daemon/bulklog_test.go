@@ -38,4 +38,14 @@ func TestBulkLogCountsExistingCEs(t *testing.T) {
 	if want := `msg="counterfactuals registered" stored=0 existing=3 refused=1`; !strings.Contains(logs.String(), want) {
 		t.Errorf("the log does not say %q:\n%s", want, logs.String())
 	}
+	// A new id given twice in one write, with the same CE: the first line stores it and the
+	// second finds it stored, by that write.
+	twice, _ := json.Marshal(map[string]any{"id": "twice", "x": data.X[xs[0]], "x_cf": data.X[cfs[0]], "target": "benign"})
+	resp, body = r.RawDo(t, "POST", "/v1/counterfactuals:bulk", string(twice)+"\n"+string(twice)+"\n", nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"stored":1,"accepted":0,"exists":1,"refused":0`) {
+		t.Fatalf("one new CE on two lines: %d %s", resp.StatusCode, body)
+	}
+	if want := `msg="counterfactuals registered" stored=1 existing=1 refused=0`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, logs.String())
+	}
 }

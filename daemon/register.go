@@ -188,10 +188,13 @@ func (d *Daemon) storedInClusterAll(ctx context.Context, left *time.Duration, rs
 // maxAsking bounds the owners' lookups of one bulk batch asked at once.
 const maxAsking = 16
 
-// taken reports whether the ledger holds a CE under id.
-func (d *Daemon) taken(id string) bool {
-	_, err := d.ledger.Get(id)
-	return err == nil
+// held is the CE the ledger holds under id, nil when it holds none (or cannot read it).
+func (d *Daemon) held(id string) *ledger.CE {
+	ce, err := d.ledger.Get(id)
+	if err != nil {
+		return nil
+	}
+	return ce
 }
 
 // storedNow is the answer to a registration that stored want: the CE as stored now, read back
@@ -512,19 +515,22 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	p, targets, measured := me.p, me.targets, me.measured
 	var (
 		ces    []*ledger.CE
-		stored []int // index in rs of each CE in ces
+		stored []int        // index in rs of each CE in ces
+		before []*ledger.CE // for each CE in ces, the CE its id held before the write, or nil
 	)
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
 		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
 			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-		if d.rep == nil && rs[i].id != "" && d.taken(rs[i].id) {
-			// The id is taken, and stays so until the write (a single daemon's deletions hold
-			// d.mu). The write answers it as for any taken id (exists, 409, a key's earlier
-			// outcome) whatever this measurement says: a CE stored under an earlier posterior and
-			// sent again is not refused as if it were new.
-			ces, stored = append(ces, ce), append(stored, i)
-			continue
+		if d.rep == nil && rs[i].id != "" {
+			if cur := d.held(rs[i].id); cur != nil {
+				// The id is taken, and holds cur until the write (a single daemon's deletions
+				// hold d.mu). The write answers it as for any taken id (exists, 409, a key's
+				// earlier outcome) whatever this measurement says: a CE stored under an earlier
+				// posterior and sent again is not refused as if it were new.
+				ces, stored, before = append(ces, ce), append(stored, i), append(before, cur)
+				continue
+			}
 		}
 		if p.Argmax(orig) == t {
 			out[i].err = fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])
@@ -541,7 +547,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 				errOutsideSet, ce.P1, 100*(1-d.cfg.Certify.VerdictAlpha), lo, 1-ce.Delta, ce.Var1, ce.Epsilon)
 			continue
 		}
-		ces, stored = append(ces, ce), append(stored, i)
+		ces, stored, before = append(ces, ce), append(stored, i), append(before, nil)
 	}
 	var (
 		errs    []error
@@ -577,9 +583,14 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	for k, i := range stored {
 		if out[i].err = errs[k]; out[i].err != nil {
 			// A bulk line whose CE is stored already under its id is answered "exists", not
-			// refused (handleBulkRegister): its log line counts it so.
+			// refused (handleBulkRegister): its log line counts it so. The CE is the one read
+			// before the write, unless an earlier line of this write took the id.
 			if bulk && d.rep == nil && errors.Is(out[i].err, ledger.ErrExists) {
-				if cur, err := d.ledger.Get(rs[i].id); err == nil && rs[i].is(cur, m.Classes) {
+				cur := before[k]
+				if cur == nil {
+					cur = d.held(rs[i].id)
+				}
+				if cur != nil && rs[i].is(cur, m.Classes) {
 					existing++
 				}
 			}
