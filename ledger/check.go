@@ -16,7 +16,8 @@ import (
 // status counts and anchor references against the CEs, every CE's status against its bounds
 // at its anchor's stored KL (certified iff they hold), the four indexes against the CEs (each
 // expected entry present, no other entry), the KL history, the outbox and the prequential
-// records against their meta sequence numbers. It fills in info. O(stored CEs); Verify runs it.
+// records against their meta sequence numbers, and the reissue entries' seals. It fills in
+// info. O(stored CEs); Verify runs it.
 func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := l.checkSmall(tx); err != nil {
 		return err
@@ -52,6 +53,9 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 		return err
 	}
 	if err := checkQuality(tx); err != nil {
+		return err
+	}
+	if err := checkReissues(tx); err != nil {
 		return err
 	}
 	for _, key := range keptEvents() {

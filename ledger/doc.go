@@ -41,6 +41,9 @@
 //	               (optional; quality.go)
 //	quarantine     CE id -> a damaged CE's quarantined-at, reason, raw header and body
 //	               (optional: made by the first quarantine; quarantine.go)
+//	reissue        CE id -> the posterior version of the status change after which it waits for
+//	               a reissue (optional: made by the first such change with Options.Reissue;
+//	               reissue.go)
 //	idx_p1, idx_var, idx_fail   the indexes (below)
 //	idx_cert       empty: the certified index of layout v1, kept so that a cfguard that reads that
 //	               layout opens the file (and rebuilds its indexes) instead of refusing it

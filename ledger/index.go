@@ -287,7 +287,7 @@ func (w *writeTx) putHeader(id []byte, old, h *header) error {
 	return nil
 }
 
-// deleteCE removes a CE's header, body and index entries.
+// deleteCE removes a CE's header, body, index entries and reissue entry.
 func (w *writeTx) deleteCE(id []byte, old *header) error {
 	if err := w.addCount(old, -1); err != nil {
 		return err
@@ -296,6 +296,9 @@ func (w *writeTx) deleteCE(id []byte, old *header) error {
 		return err
 	}
 	if err := w.tx.Bucket(bBodies).Delete(id); err != nil {
+		return err
+	}
+	if err := dropReissue(w.tx, id); err != nil {
 		return err
 	}
 	w.moveIndex(id, old, nil)
@@ -355,7 +358,8 @@ func idLen(i int, key []byte) int {
 }
 
 // recordChange appends ch to the CE's history and to the transaction's list of changes, which
-// finish puts in the outbox (Options.EncodeChange). The one place a status change is recorded.
+// finish puts in the outbox (Options.EncodeChange) and, when Options.Reissue selects it, in the
+// reissue bucket. The one place a status change is recorded.
 func (w *writeTx) recordChange(id []byte, ch StatusChange) error {
 	if err := w.recordHistory(id, &ch); err != nil {
 		return err
@@ -440,6 +444,9 @@ func (w *writeTx) finish() error {
 // finishNoGen is finish for a transaction that changed no CE and no posterior.
 func (w *writeTx) finishNoGen() error {
 	if err := w.decideChanges(); err != nil {
+		return err
+	}
+	if err := w.markReissues(); err != nil {
 		return err
 	}
 	if err := w.enqueueStates(); err != nil {

@@ -60,6 +60,11 @@ type Options struct {
 	// Confirm, Audit, a policy change at Open) into an outbox entry written in the same
 	// transaction. Nil: status changes are not put in the outbox.
 	EncodeChange func(StatusChange) OutboxEntry
+	// Reissue, when set, selects the status changes after which a CE waits for a reissue: the
+	// transaction that records one stores the CE in the reissue bucket (PendingReissues), where
+	// it stays until a Checkpoint settles it (Checkpoint.Reissued) or the CE is deleted, across
+	// restarts and crashes. Nil: nothing is stored there.
+	Reissue func(StatusChange) bool
 	// EncodeState, when set, turns the state of each stored CE a transaction changes (its
 	// header or its history: a status change, a renewal, a verdict) into an outbox entry of
 	// StreamStates written in the same transaction, after its status changes: the CE as the

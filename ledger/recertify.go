@@ -307,6 +307,9 @@ type Checkpoint struct {
 	// Events are put in the outbox in this transaction (their Seq is assigned by the ledger),
 	// before the status changes.
 	Events []OutboxEntry
+	// Reissued are CEs whose reissue these Events settle (Options.Reissue): each one's entry is
+	// deleted unless a status change after its Version wrote it again.
+	Reissued []PendingReissue
 	// LogHead, when not nil, replaces the stored head of the posterior log (a replica's position
 	// in the log it follows, opaque to the ledger: see package postlog). It is written in the
 	// transaction that stores the posterior it describes.
@@ -430,6 +433,9 @@ func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 			if err := w.enqueue(e); err != nil {
 				return err
 			}
+		}
+		if err := settleReissues(tx, c.Reissued); err != nil {
+			return err
 		}
 		changed, err := l.applyRecertification(w, c, old, next)
 		if err != nil {

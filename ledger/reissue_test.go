@@ -1,0 +1,93 @@
+package ledger
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/certify"
+)
+
+// TestReissueEntries: with Options.Reissue, the transaction of each status change it selects
+// stores the CE as waiting for a reissue, under the change's posterior version; the entries
+// survive a reopen, page in id order, are settled by a Checkpoint with an outcome at or after
+// that version (not before), and go with their CE. Verify accepts them. Without the option,
+// nothing is stored.
+func TestReissueEntries(t *testing.T) {
+	enters := func(ch StatusChange) bool { return ch.To == certify.Invalidated }
+	for _, c := range []struct {
+		name   string
+		option func(StatusChange) bool
+	}{{"off", nil}, {"invalidated", enters}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, dir := openTest(t, Options{Reissue: c.option})
+			m := testModel(4)
+			install(t, l, m)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for range 40 {
+				if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			next := drift(m, -8)
+			_, changes := commit(t, l, next, 3)
+			var want []PendingReissue
+			for _, ch := range changes {
+				if c.option != nil && enters(ch) {
+					want = append(want, PendingReissue{ID: ch.ID, Version: ch.PosteriorVersion})
+				}
+			}
+			slices.SortFunc(want, func(a, b PendingReissue) int { return strings.Compare(a.ID, b.ID) })
+			if c.option != nil && len(want) < 3 {
+				t.Fatalf("%d CEs invalidated by the drift, want at least 3: %+v", len(want), changes)
+			}
+			l = reopen(t, l, dir)
+			var got []PendingReissue
+			for after := ""; ; {
+				page, err := l.PendingReissues(after, 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(page) == 0 {
+					break
+				}
+				got = append(got, page...)
+				after = page[len(page)-1].ID
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("waiting for a reissue after the reopen:\n%+v\nwant\n%+v", got, want)
+			}
+			if len(want) == 0 {
+				return
+			}
+			first, second := want[0], want[1]
+			if err := l.Checkpoint(&Checkpoint{Reissued: []PendingReissue{{ID: first.ID, Version: first.Version - 1}}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, waits, err := l.PendingReissue(first.ID); err != nil || !waits {
+				t.Fatalf("%s settled by an outcome before its change (%v)", first.ID, err)
+			}
+			if err := l.Checkpoint(&Checkpoint{Reissued: []PendingReissue{first}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, waits, err := l.PendingReissue(first.ID); err != nil || waits {
+				t.Fatalf("%s still waits after its outcome (%v)", first.ID, err)
+			}
+			if err := l.Delete(second.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, waits, err := l.PendingReissue(second.ID); err != nil || waits {
+				t.Fatalf("%s still waits after its deletion (%v)", second.ID, err)
+			}
+			if rest, err := l.PendingReissues("", 100); err != nil || !slices.Equal(rest, want[2:]) {
+				t.Fatalf("waiting: %+v (%v), want %+v", rest, err, want[2:])
+			}
+			checkInvariants(t, l)
+			l.Close()
+			if _, err := Verify(l.Path()); err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+		})
+	}
+}
