@@ -368,6 +368,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	}
 	d.front.setPhase("opening the ledger")
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
+		Reissue:       parseReissueRule(d.cfg.Explain.Reissue).ledgerOption(),
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState, Origin: origin,
 		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.LedgerAfterCommit})
 	var refused *ledger.OriginError

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -14,8 +17,8 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// reissueQueue bounds the CEs waiting to be reissued; beyond it they are dropped, logged and
-// published as failures (the operator can still reissue them with POST /v1/explain).
+// reissueQueue bounds the CEs waiting in memory to be reissued; beyond it they are dropped, logged
+// and published as failures (the operator can still reissue them with POST /v1/explain).
 const reissueQueue = 4096
 
 // reissuer gives the system that told an applicant the explanation a replacement when the old
@@ -25,59 +28,152 @@ const reissueQueue = 4096
 // "<old id>.r<posterior version>", and publishes counterfactual_reissued (id -> new_id) or
 // counterfactual_reissue_failed (with the error) through the ledger's outbox. The old CE is kept:
 // deleting it is the caller's decision.
+//
+// The ledger records that a CE waits for its reissue in the transaction of the status change
+// (ledger.Options.Reissue) and forgets it in the transaction of the outcome's event
+// (ledger.Checkpoint.Reissued), so a CE queued when the daemon stops is queued again at the next
+// start (resume), and one whose replacement was stored but not announced is announced, not
+// generated again (stored).
 type reissuer struct {
 	d     *Daemon
-	worst certify.Status // the least severe status that triggers a reissue
+	rule  reissueRule
 	queue chan string
 	log   *slog.Logger
 }
 
-func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
-	r := &reissuer{d: d, log: log, queue: make(chan string, reissueQueue)}
+// reissueRule is explain.reissue: the least severe status that triggers a reissue, 0 when off.
+type reissueRule certify.Status
+
+func parseReissueRule(status string) reissueRule {
 	switch status {
 	case "invalidated":
-		r.worst = certify.Invalidated
+		return reissueRule(certify.Invalidated)
 	case "at_risk":
-		r.worst = certify.AtRisk
+		return reissueRule(certify.AtRisk)
 	}
-	return r
+	return 0
+}
+
+// triggers reports whether a CE in status s waits for a reissue.
+func (w reissueRule) triggers(s certify.Status) bool {
+	return w != 0 && (s == certify.Invalidated || s == certify.Status(w))
+}
+
+// enters reports whether ch moves a CE into a status that triggers a reissue (a change between
+// two such statuses does not: the CE waits since the first).
+func (w reissueRule) enters(ch ledger.StatusChange) bool {
+	return w.triggers(ch.To) && !w.triggers(ch.From)
+}
+
+// ledgerOption is the rule as ledger.Options.Reissue (nil when off).
+func (w reissueRule) ledgerOption() func(ledger.StatusChange) bool {
+	if w == 0 {
+		return nil
+	}
+	return w.enters
+}
+
+func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
+	return &reissuer{d: d, log: log, rule: parseReissueRule(status), queue: make(chan string, reissueQueue)}
 }
 
 // triggers reports whether a CE entering status s is reissued.
-func (r *reissuer) triggers(s certify.Status) bool {
-	return r.worst != 0 && (s == certify.Invalidated || s == r.worst)
-}
+func (r *reissuer) triggers(s certify.Status) bool { return r.rule.triggers(s) }
 
 // notify queues the CEs the changes move into a triggering status, without waiting for the
 // queue. The CEs that do not fit get their counterfactual_reissue_failed events in one outbox
 // transaction per call (a drift that invalidates 10^5 CEs writes one, not 10^5 fsyncs while the
 // confirmer that called waits) and one WARN line.
 func (r *reissuer) notify(changes []ledger.StatusChange) {
-	if r == nil || r.worst == 0 {
+	if r == nil || r.rule == 0 {
 		return
 	}
-	var dropped []Event
+	var dropped []ledger.PendingReissue
 	for _, ch := range changes {
-		if !r.triggers(ch.To) || r.triggers(ch.From) {
+		if !r.rule.enters(ch) {
 			continue
 		}
 		select {
 		case r.queue <- ch.ID:
 		default:
-			dropped = append(dropped, Event{Type: "counterfactual_reissue_failed", ID: ch.ID, PosteriorVersion: ch.PosteriorVersion,
-				Error: fmt.Sprintf("%d counterfactuals already wait to be reissued", reissueQueue)})
+			dropped = append(dropped, ledger.PendingReissue{ID: ch.ID, Version: ch.PosteriorVersion})
 		}
 	}
 	if len(dropped) > 0 {
 		r.log.Warn("reissue queue full: counterfactuals not reissued (each gets a counterfactual_reissue_failed Event)",
 			"count", len(dropped), "first_id", dropped[0].ID, "queue", reissueQueue)
-		r.publish(dropped...)
+		r.fail(dropped, queueFull)
+	}
+}
+
+// queueFull is the error of a CE that found the queue full.
+var queueFull = fmt.Sprintf("%d counterfactuals already wait to be reissued", reissueQueue)
+
+// fail publishes a counterfactual_reissue_failed event saying why for each of ps, settling them,
+// in one outbox transaction.
+func (r *reissuer) fail(ps []ledger.PendingReissue, why string) {
+	es := make([]Event, len(ps))
+	for i, p := range ps {
+		es[i] = Event{Type: "counterfactual_reissue_failed", ID: p.ID, PosteriorVersion: p.Version, Error: why}
+	}
+	r.publish(ps, es...)
+}
+
+// resumePage is how many waiting CEs resume reads from the ledger at once.
+const resumePage = 1024
+
+// resume queues the CEs the ledger holds as waiting for a reissue, those a stopped daemon left in
+// its queue, as far as the queue has room; the others get their failure events, as notify's do,
+// a page per outbox transaction. With explain.reissue off, every one gets its failure event: none
+// will be reissued. It reads a page at a time, whatever the number waiting.
+func (r *reissuer) resume(ctx context.Context) {
+	why := queueFull
+	if r.rule == 0 {
+		why = "explain.reissue is off"
+	}
+	queued, failed := 0, 0
+	for after := ""; ctx.Err() == nil; {
+		page, err := r.d.ledger.PendingReissues(after, resumePage)
+		if err != nil {
+			r.log.Error("reading the counterfactuals waiting for a reissue; those not read stay waiting until the next start",
+				"after", after, "err", err)
+			break
+		}
+		if len(page) == 0 {
+			break
+		}
+		var dropped []ledger.PendingReissue
+		for _, p := range page {
+			if r.rule == 0 {
+				dropped = append(dropped, p)
+				continue
+			}
+			select {
+			case r.queue <- p.ID:
+				queued++
+			default:
+				dropped = append(dropped, p)
+			}
+		}
+		if len(dropped) > 0 {
+			failed += len(dropped)
+			r.fail(dropped, why)
+		}
+		after = page[len(page)-1].ID
+	}
+	switch {
+	case r.rule != 0:
+		r.log.Info("counterfactuals waiting for a reissue queued again at start", "queued", queued, "failed", failed, "queue", reissueQueue)
+	case failed > 0:
+		r.log.Warn("counterfactuals waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event",
+			"count", failed)
 	}
 }
 
 // run reissues queued CEs until ctx ends.
 func (r *reissuer) run(ctx context.Context) error {
-	if r.worst == 0 {
+	r.resume(ctx)
+	if r.rule == 0 {
 		<-ctx.Done()
 		return nil
 	}
@@ -91,11 +187,31 @@ func (r *reissuer) run(ctx context.Context) error {
 	}
 }
 
-// reissue generates and stores the replacement of CE id, if it still needs one.
+// reissue generates and stores the replacement of CE id, if it still waits for one: the ledger
+// holds it as waiting (a CE queued twice is reissued once), in a status that triggers a reissue,
+// and with no replacement stored since the change that made it wait.
 func (r *reissuer) reissue(ctx context.Context, id string) {
+	p, waits, err := r.d.ledger.PendingReissue(id)
+	if err != nil || !waits {
+		return
+	}
 	old, err := r.d.ledger.Get(id)
-	if err != nil || !r.triggers(old.Status) {
-		return // deleted, or it recovered before its turn
+	if errors.Is(err, ledger.ErrNotFound) || (err == nil && !r.triggers(old.Status)) {
+		r.publish([]ledger.PendingReissue{p}) // deleted, or it recovered before its turn
+		return
+	}
+	if err != nil {
+		return
+	}
+	if ce, err := r.stored(old, p); err != nil || ce != nil {
+		if ce != nil {
+			r.log.Info("counterfactual reissued by an earlier run, its event not written: announcing it", "id", id, "new_id", ce.ID)
+			r.announce(old, ce, p)
+		}
+		return
+	}
+	if r.d.hooks.Reissue != nil {
+		r.d.hooks.Reissue(ctx, id)
 	}
 	release, err := r.waitSlot(ctx)
 	if err != nil {
@@ -121,14 +237,49 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	}
 	if err != nil {
 		r.log.Warn("counterfactual not reissued", "id", id, "posterior_version", m.Version, "err", err)
-		r.publish(Event{Type: "counterfactual_reissue_failed", ID: id, PosteriorVersion: m.Version, Error: err.Error()})
+		r.publish([]ledger.PendingReissue{{ID: id, Version: max(p.Version, m.Version)}},
+			Event{Type: "counterfactual_reissue_failed", ID: id, PosteriorVersion: m.Version, Error: err.Error()})
 		return
 	}
 	r.log.Info("counterfactual reissued", "id", id, "new_id", ce.ID, "status", ce.Status, "p1", ce.P1,
 		"posterior_version", ce.AnchorVersion, "took", time.Since(start).Round(time.Millisecond))
+	r.announce(old, ce, p)
+}
+
+// announce publishes counterfactual_reissued for old's replacement ce, settling p.
+func (r *reissuer) announce(old, ce *ledger.CE, p ledger.PendingReissue) {
 	p1 := ce.P1
-	r.publish(Event{Type: "counterfactual_reissued", ID: id, NewID: ce.ID, From: old.Status.String(), To: ce.Status.String(),
-		PosteriorVersion: ce.AnchorVersion, P2: &p1})
+	r.publish([]ledger.PendingReissue{{ID: old.ID, Version: max(p.Version, ce.AnchorVersion)}},
+		Event{Type: "counterfactual_reissued", ID: old.ID, NewID: ce.ID, From: old.Status.String(), To: ce.Status.String(),
+			PosteriorVersion: ce.AnchorVersion, P2: &p1})
+}
+
+// stored finds the replacement of old stored for p: named ident.Reissue(old.ID, v) for a
+// posterior version v at or after p's change, for the same x and target. A daemon that stopped
+// between storing a replacement and writing its event leaves one.
+func (r *reissuer) stored(old *ledger.CE, p ledger.PendingReissue) (*ledger.CE, error) {
+	prefix := ident.ReissueStem(old.ID) + ".r"
+	for after := prefix; ; {
+		ces, err := r.d.ledger.List(0, 16, after)
+		if err != nil {
+			r.log.Error("looking for a stored replacement; the CE stays waiting for a reissue until the next start", "id", old.ID, "err", err)
+			return nil, err
+		}
+		for _, ce := range ces {
+			v, ok := strings.CutPrefix(ce.ID, prefix)
+			if !ok {
+				return nil, nil
+			}
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err == nil && n >= p.Version && ce.Target == old.Target && slices.Equal(ce.X, old.X) {
+				return ce, nil
+			}
+		}
+		if len(ces) < 16 {
+			return nil, nil
+		}
+		after = ces[len(ces)-1].ID
+	}
 }
 
 // reissueAttempts bounds the generations of one replacement while the posterior moves.
@@ -165,11 +316,17 @@ func (r *reissuer) waitSlot(ctx context.Context) (func(), error) {
 }
 
 // publish writes es to the ledger's outbox in one transaction (published from there, at least
-// once).
-func (r *reissuer) publish(es ...Event) {
-	if err := r.d.ledger.Checkpoint(&ledger.Checkpoint{Events: outboxEntries(es)}); err != nil {
-		r.log.Error("writing reissue events to the outbox", "count", len(es), "id", es[0].ID, "type", es[0].Type, "err", err)
+// once), settling the reissues of done in it.
+func (r *reissuer) publish(done []ledger.PendingReissue, es ...Event) {
+	if err := r.d.ledger.Checkpoint(&ledger.Checkpoint{Events: outboxEntries(es), Reissued: done}); err != nil {
+		args := []any{"count", len(es), "settled", len(done), "err", err}
+		if len(es) > 0 {
+			args = append(args, "id", es[0].ID, "type", es[0].Type)
+		}
+		r.log.Error("writing reissue events to the outbox; the CEs stay waiting for a reissue until the next start", args...)
 		return
 	}
-	r.d.outbox.notify()
+	if len(es) > 0 {
+		r.d.outbox.notify()
+	}
 }

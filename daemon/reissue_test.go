@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +13,12 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/tooltest"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -58,5 +63,206 @@ func TestReissueQueueFullFailsInOneWrite(t *testing.T) {
 		if !failed[changes[i].ID] {
 			t.Errorf("no counterfactual_reissue_failed for %s (got %v)", changes[i].ID, failed)
 		}
+	}
+}
+
+// reissueDrift is the configuration of the reissue tests' daemons: explain.reissue invalidated,
+// one generation at a time, and a drift (a strong one, one increment) that invalidates CEs.
+func reissueDrift(c *config.Config) {
+	daemontest.PaperLearner(c, 1e-2)
+	c.Explain.Reissue = "invalidated"
+	c.Explain.Concurrency = 1
+	c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96
+}
+
+// heldAfterDrift starts a daemon with reissueDrift and mutate whose reissuer is held before its
+// first generation until the daemon stops, registers 6 CEs and drifts until several are
+// invalidated; it returns the daemon, once its reissuer holds one, and the CEs invalidated, all
+// waiting for their reissue (the held one and those in the queue).
+func heldAfterDrift(t *testing.T, mutate func(c *config.Config)) (*running, []string) {
+	t.Helper()
+	held := make(chan string, 1)
+	r := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		reissueDrift(c)
+		if mutate != nil {
+			mutate(c)
+		}
+	}), func(o *Options) {
+		o.Hooks.Reissue = func(ctx context.Context, id string) {
+			select {
+			case held <- id:
+			default:
+			}
+			<-ctx.Done()
+		}
+	}, nil).WaitReady(t, "readyz", 20*time.Second)
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 6, "")
+	r.Produce(t, daemontest.Flipped(data, 96)...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.Metric(t, "cfguard_counterfactuals", "status", "invalidated") > 2
+	})
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reissuer took no invalidated CE within 30 s")
+	}
+	var invalidated []string
+	for _, id := range ids {
+		if ce, err := r.D.ledger.Get(id); err != nil {
+			t.Fatal(err)
+		} else if ce.Status == certify.Invalidated {
+			invalidated = append(invalidated, id)
+		}
+	}
+	return r, invalidated
+}
+
+// reissueOutcomes reads the events topic from its start until each of ids has a reissue outcome,
+// and returns the distinct outcome events of each (a value published again counts once).
+func reissueOutcomes(t *testing.T, brokers []string, topic string, ids []string) map[string][]Event {
+	t.Helper()
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, MaxWait: kafkatest.MaxWait})
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	seen, out := map[string]bool{}, map[string][]Event{}
+	missing := func() int {
+		n := 0
+		for _, id := range ids {
+			if len(out[id]) == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	for missing() > 0 {
+		m, err := rd.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("events: no reissue outcome for %d of %v: %v", missing(), ids, err)
+		}
+		var e Event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if (e.Type != "counterfactual_reissued" && e.Type != "counterfactual_reissue_failed") || seen[string(m.Value)] {
+			continue
+		}
+		seen[string(m.Value)] = true
+		out[e.ID] = append(out[e.ID], e)
+	}
+	return out
+}
+
+// TestReissueResumesAfterStop: CEs queued for a reissue when the daemon stops are queued again at
+// the next start on the same ledger, each reissued once or failed once: a drift invalidates
+// several CEs, the reissuer is held at the first of them while the others wait in its queue, the
+// daemon stops, and a daemon on the same state directory and broker publishes one outcome for
+// every one of them (explain.timeout 1 ns: each generation fails at once) and leaves none
+// waiting. Its log says how many it queued again.
+func TestReissueResumesAfterStop(t *testing.T) {
+	b := daemontest.StartCluster(t, 1)
+	dir := t.TempDir()
+	mutate := func(c *config.Config) {
+		c.StateDir, c.Kafka.Brokers = dir, b.Addrs()
+		c.Explain.Timeout = time.Nanosecond
+	}
+	r, invalidated := heldAfterDrift(t, mutate)
+	r.Stop(t)
+
+	logs := &tooltest.Output{}
+	r = startDaemonWith(t, func(c *config.Config) { reissueDrift(c); mutate(c) }, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil).
+		WaitReady(t, "readyz", 20*time.Second)
+	outcomes := reissueOutcomes(t, b.Addrs(), r.D.cfg.Kafka.EventsTopic, invalidated)
+	for _, id := range invalidated {
+		if len(outcomes[id]) != 1 {
+			t.Errorf("%s: %d reissue outcomes, want 1: %+v", id, len(outcomes[id]), outcomes[id])
+		}
+	}
+	waitfor.Cond(t, 10*time.Second, "no CE waiting for a reissue", func() bool {
+		waiting, err := r.D.ledger.PendingReissues("", 100)
+		return err == nil && len(waiting) == 0
+	})
+	if want := fmt.Sprintf("queued again at start\" component=reissue queued=%d failed=0", len(invalidated)); !strings.Contains(logs.String(), want) {
+		t.Errorf("the restart's log does not say %q:\n%s", want, logs.String())
+	}
+}
+
+// TestReissueResumeBoundsTheQueue: the CEs waiting in the ledger at start beyond the room left in
+// the queue get their counterfactual_reissue_failed events, as notify's do, and are no longer
+// waiting; the others are queued, and the queue holds no more than its bound.
+func TestReissueResumeBoundsTheQueue(t *testing.T) {
+	r, invalidated := heldAfterDrift(t, nil)
+	const room = 2
+	logs := &tooltest.Output{}
+	re := newReissuer(r.D, "invalidated", slog.New(slog.NewTextHandler(logs, nil))) // nothing takes from its queue
+	for i := range reissueQueue - room {
+		re.queue <- fmt.Sprintf("filler-%d", i)
+	}
+	re.resume(context.Background())
+	if n := len(re.queue); n != reissueQueue {
+		t.Fatalf("%d CEs queued, want the queue's %d", n, reissueQueue)
+	}
+	if want := fmt.Sprintf("queued=%d failed=%d", room, len(invalidated)-room); !strings.Contains(logs.String(), want) {
+		t.Fatalf("the log does not say %q:\n%s", want, logs.String())
+	}
+	// resume reads in id order: the first ones fit.
+	failed := invalidated[room:]
+	outcomes := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, failed)
+	for _, id := range failed {
+		if es := outcomes[id]; len(es) != 1 || es[0].Type != "counterfactual_reissue_failed" || es[0].Error != queueFull {
+			t.Errorf("%s: outcomes %+v, want one failure saying %q", id, es, queueFull)
+		}
+	}
+	waiting, err := r.D.ledger.PendingReissues("", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, w := range waiting {
+		ids = append(ids, w.ID)
+	}
+	if !slices.Equal(ids, invalidated[:room]) {
+		t.Fatalf("waiting for a reissue: %v, want the %d queued %v", ids, room, invalidated[:room])
+	}
+}
+
+// TestReissueAnnouncesAStoredReplacement: a CE waiting for its reissue whose replacement is
+// stored already (the daemon stopped after storing it, before its event) gets its
+// counterfactual_reissued event naming that replacement and nothing generated; queued again, it
+// is passed over.
+func TestReissueAnnouncesAStoredReplacement(t *testing.T) {
+	r, invalidated := heldAfterDrift(t, nil)
+	id := invalidated[len(invalidated)-1] // in the daemon's queue, behind the held one
+	old, err := r.D.ledger.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.D.current()
+	c := r.D.cfg.Certify
+	newID := ident.Reissue(id, m.Version)
+	if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
+		P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &tooltest.Output{}
+	re := newReissuer(r.D, "invalidated", slog.New(slog.NewTextHandler(logs, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the hook holds a generation until then
+	defer cancel()
+	re.reissue(ctx, id)
+	re.reissue(ctx, id)
+	if ctx.Err() != nil {
+		t.Fatalf("the reissuer went on to generate a replacement:\n%s", logs.String())
+	}
+	es := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, []string{id})[id]
+	if len(es) != 1 || es[0].Type != "counterfactual_reissued" || es[0].NewID != newID {
+		t.Fatalf("outcomes of %s: %+v, want one counterfactual_reissued naming %s", id, es, newID)
+	}
+	if _, waits, err := r.D.ledger.PendingReissue(id); err != nil || waits {
+		t.Fatalf("%s still waits for a reissue (%v)", id, err)
+	}
+	if n := strings.Count(logs.String(), "announcing it"); n != 1 {
+		t.Fatalf("the log announced %d replacements, want 1:\n%s", n, logs.String())
 	}
 }

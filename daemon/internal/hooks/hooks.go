@@ -34,6 +34,9 @@ type Set struct {
 	// ShareAwait is called when a batch of CE requests waits for the posterior version it
 	// needs (cluster.Share.Apply), before it waits.
 	ShareAwait func(version uint64)
+	// Reissue is called by the reissuer before it generates the replacement of CE id: a test
+	// holds it there, as a slow generation would, and stops the daemon with CEs still queued.
+	Reissue func(ctx context.Context, id string)
 	// AuditRebuildWait, when set, replaces cluster.AuditRebuildWait (a test does not wait 2
 	// minutes).
 	AuditRebuildWait time.Duration
