@@ -135,7 +135,8 @@
 // CE is moved to the quarantine bucket, counted (Damaged) and named in the log, and the indexes,
 // counts and anchor references are rebuilt without it, so that one bad record never takes down a
 // list, an audit or a re-certification; a damaged prequential record (quality.go) is deleted and
-// named in the log; damage to any other record is a *CorruptError like structural damage.
+// named in the log; a damaged reissue entry (reissue.go) is written again, the CE still waiting,
+// and named in the log; damage to any other record is a *CorruptError like structural damage.
 //
 // Backup streams a consistent snapshot while writers continue; Verify checks a file (structure,
 // bbolt's tx.Check, every record and the invariants between them) without writing or locking it

@@ -122,6 +122,7 @@ type damage struct {
 	ces     map[string]string // CE id -> what is wrong
 	index   int               // damaged index entries
 	quality []qualityDropped  // damaged prequential records
+	reissue [][]byte          // CE ids whose reissue entry is damaged
 	records int               // values read
 }
 
@@ -132,7 +133,8 @@ type qualityDropped struct {
 }
 
 // checkRecords reads every value of a schema-2 ledger, quarantines damaged CEs, rebuilds
-// damaged indexes and drops damaged prequential records; other damage is a *CorruptError. With
+// damaged indexes, drops damaged prequential records and writes damaged reissue entries again
+// (repairReissues); other damage is a *CorruptError. With
 // rebuild (the policy changed, prepare), it rebuilds the indexes whatever it found, from the CEs
 // left after the quarantine: the old indexes are not read, and a damaged CE never reaches the
 // rebuild.
@@ -147,10 +149,16 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 		return err
 	}
 	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
-		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "took", time.Since(start))
+		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "damaged_reissue_entries", len(d.reissue),
+		"took", time.Since(start))
 	l.indexRepaired = d.index
 	if len(d.quality) > 0 {
 		if err := l.dropQuality(d.quality); err != nil {
+			return err
+		}
+	}
+	if len(d.reissue) > 0 {
+		if err := l.repairReissues(d.reissue); err != nil {
 			return err
 		}
 	}
@@ -254,6 +262,15 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 			tick()
 			if why := qualityDamage(k, v); why != "" {
 				d.quality = append(d.quality, qualityDropped{key: bytes.Clone(k), why: why})
+			}
+			return nil
+		})
+	}
+	if r := tx.Bucket(bReissue); r != nil {
+		r.ForEach(func(k, v []byte) error {
+			tick()
+			if _, ok := unseal(k, v); !ok {
+				d.reissue = append(d.reissue, bytes.Clone(k))
 			}
 			return nil
 		})

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -16,7 +17,7 @@ import (
 //
 // The bucket is optional, like quality: a ledger written by a build without it opens as it did,
 // and a build without it opening a newer ledger ignores it. A damaged value is read as version
-// 0: the key is the CE waiting, which is what matters.
+// 0: the key is the CE waiting, which is what matters; Open writes it again so (repairReissues).
 var bReissue = []byte("reissue")
 
 // PendingReissue is a CE waiting for a reissue: its id, and the posterior version of the status
@@ -80,6 +81,33 @@ func settleReissues(tx *bolt.Tx, done []PendingReissue) error {
 func dropReissue(tx *bolt.Tx, id []byte) error {
 	if b := tx.Bucket(bReissue); b != nil {
 		return b.Delete(id)
+	}
+	return nil
+}
+
+// repairReissues writes the damaged reissue entries of ids (Open's record check) again, sealed,
+// as waiting since version 0, naming each in an ERROR line: the key is what matters, the CE
+// waiting, and an entry at version 0 is settled by any outcome. Dropping one would lose the
+// reissue; keeping it damaged would fail every Verify, and so every backup, of a ledger the
+// daemon runs on.
+func (l *Ledger) repairReissues(ids [][]byte) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	err := l.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bReissue)
+		for _, id := range ids {
+			if err := putSealed(b, id, u64bytes(0)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return corrupt(l.path, fmt.Errorf("ledger: writing %d damaged reissue entries again: %w", len(ids), err))
+	}
+	for _, id := range ids {
+		l.log.Error("ledger: a reissue entry (bucket reissue) is damaged; it was written again, the counterfactual still waiting "+
+			"for its reissue (settled by any outcome)", "path", l.path, "id", string(id))
 	}
 	return nil
 }

@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -89,5 +91,49 @@ func TestReissueEntries(t *testing.T) {
 				t.Fatalf("Verify: %v", err)
 			}
 		})
+	}
+}
+
+// A damaged reissue entry fails Verify, naming the CE; Open writes it again as waiting since
+// version 0, at ERROR, so that the CE still waits (any outcome settles it) and the ledger the
+// daemon runs on passes Verify again, and with it every backup.
+func TestOpenRepairsADamagedReissueEntry(t *testing.T) {
+	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 40 {
+		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(t, l, drift(m, -8), 3)
+	waiting, err := l.PendingReissues("", 100)
+	if err != nil || len(waiting) < 2 {
+		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least 2", waiting, err)
+	}
+	hit := waiting[1].ID
+	damageValue(t, l, bReissue, hit)
+	l.Close()
+	if _, err := Verify(l.Path()); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), hit) {
+		t.Fatalf("Verify of a ledger with a damaged reissue entry = %v, want a *CorruptError naming %s", err, hit)
+	}
+	var log strings.Builder
+	l, err = Open(dir, Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatalf("Open with a damaged reissue entry: %v", err)
+	}
+	defer l.Close()
+	if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "id="+hit) {
+		t.Fatalf("the log does not name the repaired entry at ERROR:\n%s", log.String())
+	}
+	want := slices.Clone(waiting)
+	want[1].Version = 0
+	if got, err := l.PendingReissues("", 100); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("waiting after Open: %+v (%v), want %+v", got, err, want)
+	}
+	l.Close()
+	if _, err := Verify(l.Path()); err != nil {
+		t.Fatalf("Verify after Open wrote the entry again: %v", err)
 	}
 }
