@@ -147,17 +147,21 @@ func (in Inputs) Run(vm G.VM) error {
 }
 
 // changed describes the inputs whose tensor's shape or storage differs from what it was made
-// with, "" when none.
+// with, "" when none. An input changed both ways is described both ways: a shape changed alone
+// is a reshape of the input's own tensor, a shape and storage changed together say the tensor was
+// rebuilt (another *Dense's data and shape written into it).
 func (in Inputs) changed() string {
 	var out []string
 	for _, x := range in {
-		shape := []int(x.t.Shape())
-		data, _ := x.t.Data().([]float64)
-		switch {
-		case !slices.Equal(shape, x.shape):
-			out = append(out, fmt.Sprintf("%s has shape %v, made %v", x.name, shape, x.shape))
-		case len(data) != len(x.data) || len(data) > 0 && &data[0] != &x.data[0]:
-			out = append(out, fmt.Sprintf("%s holds other storage (%d float64 values, made with %d)", x.name, len(data), len(x.data)))
+		var what []string
+		if shape := []int(x.t.Shape()); !slices.Equal(shape, x.shape) {
+			what = append(what, fmt.Sprintf("has shape %v, made %v", shape, x.shape))
+		}
+		if data, _ := x.t.Data().([]float64); len(data) != len(x.data) || len(data) > 0 && &data[0] != &x.data[0] {
+			what = append(what, fmt.Sprintf("holds other storage (%d float64 values, made with %d)", len(data), len(x.data)))
+		}
+		if len(what) > 0 {
+			out = append(out, x.name+" "+strings.Join(what, ", and "))
 		}
 	}
 	return strings.Join(out, "; ")

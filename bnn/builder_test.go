@@ -144,7 +144,9 @@ func TestInputsRunNamesAChangedInput(t *testing.T) {
 }
 
 // TestInputsChanged: an input is named when its tensor has another shape, or holds storage other
-// than the slice it was made with (another array, or another length), and only then.
+// than the slice it was made with (another array, or another length), and only then; an input
+// changed both ways says both (its tensor's shape alone changes on a reshape, its shape and
+// storage together when the tensor was rebuilt).
 func TestInputsChanged(t *testing.T) {
 	data := []float64{1, 2}
 	for _, tc := range []struct {
@@ -159,6 +161,8 @@ func TestInputsChanged(t *testing.T) {
 			"a holds other storage (2 float64 values, made with 2)"},
 		{"another type", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float32{1, 2})), data: data, shape: []int{2}},
 			"a holds other storage (0 float64 values, made with 2)"},
+		{"another shape and another array", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2, 3}), tensor.WithShape(1, 3)), data: data, shape: []int{2}},
+			"a has shape [1 3], made [2], and holds other storage (3 float64 values, made with 2)"},
 	} {
 		if got := (Inputs{tc.in}).changed(); got != tc.want {
 			t.Errorf("%s: changed() = %q, want %q", tc.name, got, tc.want)
