@@ -125,13 +125,15 @@ const resumePage = 1024
 // resume queues the CEs the ledger holds as waiting for a reissue, those a stopped daemon left in
 // its queue, as far as the queue has room; the others get their failure events, as notify's do,
 // a page per outbox transaction. With explain.reissue off, every one gets its failure event: none
-// will be reissued. It reads a page at a time, whatever the number waiting.
+// will be reissued. A CE not queued whose replacement an earlier run stored gets that
+// replacement's counterfactual_reissued event instead (announceStored). It reads a page at a time,
+// whatever the number waiting.
 func (r *reissuer) resume(ctx context.Context) {
 	why := queueFull
 	if r.rule == 0 {
 		why = "explain.reissue is off"
 	}
-	queued, failed := 0, 0
+	queued, failed, announced := 0, 0, 0
 	for after := ""; ctx.Err() == nil; {
 		page, err := r.d.ledger.PendingReissues(after, resumePage)
 		if err != nil {
@@ -156,18 +158,50 @@ func (r *reissuer) resume(ctx context.Context) {
 			}
 		}
 		if len(dropped) > 0 {
-			failed += len(dropped)
-			r.fail(dropped, why)
+			rest := r.announceStored(dropped)
+			announced += len(dropped) - len(rest)
+			failed += len(rest)
+			r.fail(rest, why)
 		}
 		after = page[len(page)-1].ID
 	}
 	switch {
 	case r.rule != 0:
-		r.log.Info("counterfactuals waiting for a reissue queued again at start", "queued", queued, "failed", failed, "queue", reissueQueue)
-	case failed > 0:
-		r.log.Warn("counterfactuals waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event",
-			"count", failed)
+		r.log.Info("counterfactuals waiting for a reissue queued again at start", "queued", queued, "failed", failed,
+			"announced", announced, "queue", reissueQueue)
+	case failed+announced > 0:
+		r.log.Warn("counterfactuals waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event, or counterfactual_reissued when its replacement is stored",
+			"count", failed, "announced", announced)
 	}
+}
+
+// announceStored announces the replacements of the CEs of ps that an earlier run stored without
+// announcing them, and returns the others. A CE resume does not queue would otherwise get a
+// failure event while its replacement is stored, and that replacement would never be announced.
+func (r *reissuer) announceStored(ps []ledger.PendingReissue) []ledger.PendingReissue {
+	var rest []ledger.PendingReissue
+	for _, p := range ps {
+		old, err := r.d.ledger.Get(p.ID)
+		if errors.Is(err, ledger.ErrNotFound) {
+			rest = append(rest, p)
+			continue
+		}
+		if err != nil {
+			r.log.Error("reading a counterfactual waiting for a reissue; it stays waiting until the next start", "id", p.ID, "err", err)
+			continue
+		}
+		ce, err := r.stored(old, p)
+		if err != nil {
+			continue // stored logged it; the CE stays waiting
+		}
+		if ce == nil {
+			rest = append(rest, p)
+			continue
+		}
+		r.log.Info("counterfactual reissued by an earlier run, its event not written: announcing it", "id", p.ID, "new_id", ce.ID)
+		r.announce(old, ce, p)
+	}
+	return rest
 }
 
 // run reissues queued CEs until ctx ends.

@@ -266,3 +266,49 @@ func TestReissueAnnouncesAStoredReplacement(t *testing.T) {
 		t.Fatalf("the log announced %d replacements, want 1:\n%s", n, logs.String())
 	}
 }
+
+// TestReissueResumeAnnouncesAStoredReplacement: a CE waiting for its reissue at start that resume
+// does not queue (explain.reissue off, or no room left in the queue) but whose replacement an
+// earlier run stored before its event gets counterfactual_reissued naming that replacement, not a
+// failure that would leave the stored replacement unannounced; the others get their failures.
+func TestReissueResumeAnnouncesAStoredReplacement(t *testing.T) {
+	for _, tc := range []struct {
+		name, rule, why string
+		fill            int // CEs already in the queue
+	}{
+		{name: "off", rule: "", why: "explain.reissue is off"},
+		{name: "queue full", rule: "invalidated", why: queueFull, fill: reissueQueue},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, invalidated := heldAfterDrift(t, nil)
+			id := invalidated[len(invalidated)-1]
+			old, err := r.D.ledger.Get(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, c := r.D.current(), r.D.cfg.Certify
+			newID := ident.Reissue(id, m.Version)
+			if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
+				P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
+				t.Fatal(err)
+			}
+			re := newReissuer(r.D, tc.rule, slog.New(slog.NewTextHandler(&tooltest.Output{}, nil))) // nothing takes from its queue
+			for i := range tc.fill {
+				re.queue <- fmt.Sprintf("filler-%d", i)
+			}
+			re.resume(context.Background())
+			outcomes := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, invalidated)
+			if es := outcomes[id]; len(es) != 1 || es[0].Type != "counterfactual_reissued" || es[0].NewID != newID {
+				t.Errorf("outcomes of %s: %+v, want one counterfactual_reissued naming its stored replacement %s", id, es, newID)
+			}
+			for _, other := range invalidated[:len(invalidated)-1] {
+				if es := outcomes[other]; len(es) != 1 || es[0].Type != "counterfactual_reissue_failed" || es[0].Error != tc.why {
+					t.Errorf("outcomes of %s: %+v, want one failure saying %q", other, es, tc.why)
+				}
+			}
+			if waiting, err := r.D.ledger.PendingReissues("", 100); err != nil || len(waiting) != 0 {
+				t.Fatalf("waiting for a reissue after resume: %+v (%v), want none", waiting, err)
+			}
+		})
+	}
+}
