@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cfguard/cfguard/bnn"
@@ -33,13 +34,22 @@ const reissueQueue = 4096
 // (ledger.Options.Reissue) and forgets it in the transaction of the outcome's event
 // (ledger.Checkpoint.Reissued), so a CE queued when the daemon stops is queued again at the next
 // start (resume), and one whose replacement was stored but not announced is announced, not
-// generated again (stored).
+// generated again (stored). A CE whose change reached the ledger without reaching notify (a CE
+// a replica took over and judged at another status than its previous owner left) is found by
+// the sweep every sweepEvery, as at a start.
 type reissuer struct {
-	d     *Daemon
-	rule  reissueRule
-	queue chan string
-	log   *slog.Logger
+	d          *Daemon
+	rule       reissueRule
+	queue      chan string
+	log        *slog.Logger
+	sweepEvery time.Duration // how often run looks for waiting CEs not queued: reissueSweep
+
+	mu     sync.Mutex
+	queued map[string]bool // the ids in queue
 }
+
+// reissueSweep is how often the reissuer looks in the ledger for CEs waiting and not queued.
+const reissueSweep = 30 * time.Second
 
 // reissueRule is explain.reissue: the least severe status that triggers a reissue, 0 when off.
 type reissueRule certify.Status
@@ -74,7 +84,24 @@ func (w reissueRule) ledgerOption() func(ledger.StatusChange) bool {
 }
 
 func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
-	return &reissuer{d: d, log: log, rule: parseReissueRule(status), queue: make(chan string, reissueQueue)}
+	return &reissuer{d: d, log: log, rule: parseReissueRule(status), queue: make(chan string, reissueQueue),
+		sweepEvery: reissueSweep, queued: map[string]bool{}}
+}
+
+// offer queues id unless it is queued already; it reports false when the queue is full.
+func (r *reissuer) offer(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.queued[id] {
+		return true
+	}
+	select {
+	case r.queue <- id:
+		r.queued[id] = true
+		return true
+	default:
+		return false
+	}
 }
 
 // triggers reports whether a CE entering status s is reissued.
@@ -90,12 +117,7 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 	}
 	var dropped []ledger.PendingReissue
 	for _, ch := range changes {
-		if !r.rule.enters(ch) {
-			continue
-		}
-		select {
-		case r.queue <- ch.ID:
-		default:
+		if r.rule.enters(ch) && !r.offer(ch.ID) {
 			dropped = append(dropped, ledger.PendingReissue{ID: ch.ID, Version: ch.PosteriorVersion})
 		}
 	}
@@ -146,12 +168,8 @@ func (r *reissuer) resume(ctx context.Context) {
 		}
 		var dropped []ledger.PendingReissue
 		for _, p := range page {
-			if r.rule == 0 {
-				dropped = append(dropped, p)
-				continue
-			}
-			select {
-			case r.queue <- p.ID:
+			switch {
+			case r.rule != 0 && r.offer(p.ID):
 				queued++
 			default:
 				dropped = append(dropped, p)
@@ -204,20 +222,61 @@ func (r *reissuer) announceStored(ps []ledger.PendingReissue) []ledger.PendingRe
 	return rest
 }
 
-// run reissues queued CEs until ctx ends.
+// run reissues queued CEs until ctx ends, sweeping the ledger every sweepEvery.
 func (r *reissuer) run(ctx context.Context) error {
 	r.resume(ctx)
 	if r.rule == 0 {
 		<-ctx.Done()
 		return nil
 	}
+	t := time.NewTicker(r.sweepEvery)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-t.C:
+			r.sweep(ctx)
 		case id := <-r.queue:
+			r.mu.Lock()
+			delete(r.queued, id)
+			r.mu.Unlock()
 			r.reissue(ctx, id)
 		}
+	}
+}
+
+// sweep queues the CEs the ledger holds as waiting for a reissue that are not queued, in id
+// order, until the queue is full: those left are found by a later sweep, or the next start. A CE
+// whose status change reached the ledger but not notify waits no longer than a sweep.
+func (r *reissuer) sweep(ctx context.Context) {
+	queued := 0
+	for after := ""; ctx.Err() == nil; {
+		page, err := r.d.ledger.PendingReissues(after, resumePage)
+		if err != nil {
+			r.log.Error("reading the counterfactuals waiting for a reissue; retried at the next sweep", "after", after, "err", err)
+			return
+		}
+		for _, p := range page {
+			r.mu.Lock()
+			known := r.queued[p.ID]
+			r.mu.Unlock()
+			if known {
+				continue
+			}
+			if !r.offer(p.ID) {
+				r.log.Info("counterfactuals waiting for a reissue found in the ledger and queued", "queued", queued, "queue", "full")
+				return
+			}
+			queued++
+		}
+		if len(page) < resumePage {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	if queued > 0 {
+		r.log.Info("counterfactuals waiting for a reissue found in the ledger and queued", "queued", queued)
 	}
 }
 

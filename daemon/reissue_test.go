@@ -312,3 +312,49 @@ func TestReissueResumeAnnouncesAStoredReplacement(t *testing.T) {
 		})
 	}
 }
+
+// TestReissueSweepQueuesWhatNotifyMissed: a CE whose status change reached the ledger without
+// reaching notify (a replica's takeover judging a CE at another status than its previous owner
+// left) waits in the ledger; the sweep queues every such CE not queued yet, in id order, once
+// (a second sweep and a notify of the same change add nothing), and a full queue leaves the rest
+// waiting for a later sweep, failing none.
+func TestReissueSweepQueuesWhatNotifyMissed(t *testing.T) {
+	r, invalidated := heldAfterDrift(t, nil)
+	logs := &tooltest.Output{}
+	re := newReissuer(r.D, "invalidated", slog.New(slog.NewTextHandler(logs, nil))) // notified of nothing
+	re.sweep(context.Background())
+	var queued []string
+	for len(re.queue) > 0 {
+		queued = append(queued, <-re.queue)
+	}
+	if !slices.Equal(queued, invalidated) {
+		t.Fatalf("a sweep queued %v, want every CE waiting, in id order: %v", queued, invalidated)
+	}
+	if want := fmt.Sprintf("queued=%d", len(invalidated)); !strings.Contains(logs.String(), want) {
+		t.Fatalf("the log does not say %q:\n%s", want, logs.String())
+	}
+	for _, id := range queued { // back in the queue, as the sweep left them
+		re.queue <- id
+	}
+	re.sweep(context.Background())
+	re.notify([]ledger.StatusChange{{ID: invalidated[0], From: certify.AtRisk, To: certify.Invalidated, PosteriorVersion: 1}})
+	if n := len(re.queue); n != len(invalidated) {
+		t.Fatalf("%d CEs queued after a second sweep and a notify of a queued CE, want %d: nothing twice", n, len(invalidated))
+	}
+
+	full := newReissuer(r.D, "invalidated", slog.New(slog.DiscardHandler))
+	for i := range reissueQueue - 1 {
+		full.queue <- fmt.Sprintf("filler-%d", i)
+	}
+	full.sweep(context.Background())
+	if n := len(full.queue); n != reissueQueue {
+		t.Fatalf("%d CEs queued, want the queue's %d", n, reissueQueue)
+	}
+	waiting, err := r.D.ledger.PendingReissues("", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(waiting) != len(invalidated) {
+		t.Fatalf("%d CEs waiting after sweeps into a full queue, want all %d: a sweep fails none", len(waiting), len(invalidated))
+	}
+}
