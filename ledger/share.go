@@ -276,11 +276,11 @@ func (l *Ledger) deleteAll(keys [][]byte) error {
 	return err
 }
 
-// deleteStored deletes in tx the CEs under keys that are stored or quarantined, releases the
-// anchor references of the stored ones and collects the anchors no CE refers to any more. With
-// tombstones (a CE deleted, not released to another owner), each deleted CE's state is a
-// tombstone (Options.EncodeState), a quarantined one's too: its last state may be on the CE state
-// topic, and a later owner must not restore it from there.
+// deleteStored deletes in tx the CEs under keys that are stored or quarantined, with their reissue
+// entries, releases the anchor references of the stored ones and collects the anchors no CE
+// refers to any more. With tombstones (a CE deleted, not released to another owner), each
+// deleted CE's state is a tombstone (Options.EncodeState), a quarantined one's too: its last
+// state may be on the CE state topic, and a later owner must not restore it from there.
 func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte, tombstones bool) error {
 	c, err := readCur(tx)
 	if err != nil {
@@ -298,6 +298,9 @@ func (l *Ledger) deleteStored(tx *bolt.Tx, keys [][]byte, tombstones bool) error
 		if !ok {
 			if q := tx.Bucket(bQuarantine); q != nil && q.Get(key) != nil {
 				if err := q.Delete(key); err != nil { // the damaged record is dropped
+					return err
+				}
+				if err := dropReissue(tx, key); err != nil {
 					return err
 				}
 				if tombstones {
