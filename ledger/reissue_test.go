@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/certify"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestReissueEntries: with Options.Reissue, the transaction of each status change it selects
@@ -169,5 +170,36 @@ func TestDeletingAQuarantinedCEDropsItsReissueEntry(t *testing.T) {
 	}
 	if p, waits, err := l.PendingReissue(hit); err != nil || waits {
 		t.Fatalf("%s still waits for a reissue after its quarantined record was deleted: %+v (%v)", hit, p, err)
+	}
+}
+
+// An entry sealed but not 8 bytes long is damaged for Open as it is for Verify: Open writes it
+// again, so that the ledger the daemon runs on, and every backup of it, verifies.
+func TestOpenRepairsAReissueEntryOfTheWrongLength(t *testing.T) {
+	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 40 {
+		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(t, l, drift(m, -8), 3)
+	waiting, err := l.PendingReissues("", 100)
+	if err != nil || len(waiting) < 1 {
+		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least 1", waiting, err)
+	}
+	hit := waiting[0].ID
+	if err := l.update(func(tx *bolt.Tx) error { return putSealed(tx.Bucket(bReissue), []byte(hit), []byte{1, 2, 3}) }); err != nil {
+		t.Fatal(err)
+	}
+	l = reopen(t, l, dir)
+	if p, waits, err := l.PendingReissue(hit); err != nil || !waits || p.Version != 0 {
+		t.Fatalf("%s after Open: %+v waits=%v (%v), want waiting since version 0", hit, p, waits, err)
+	}
+	l.Close()
+	if _, err := Verify(l.Path()); err != nil {
+		t.Fatalf("Verify after Open: %v", err)
 	}
 }
