@@ -99,20 +99,7 @@ func TestReissueEntries(t *testing.T) {
 // version 0, at ERROR, so that the CE still waits (any outcome settles it) and the ledger the
 // daemon runs on passes Verify again, and with it every backup.
 func TestOpenRepairsADamagedReissueEntry(t *testing.T) {
-	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
-	m := testModel(4)
-	install(t, l, m)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for range 40 {
-		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	commit(t, l, drift(m, -8), 3)
-	waiting, err := l.PendingReissues("", 100)
-	if err != nil || len(waiting) < 2 {
-		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least 2", waiting, err)
-	}
+	l, dir, waiting := waitingLedger(t, 3, 2)
 	hit := waiting[1].ID
 	damageValue(t, l, bReissue, hit)
 	l.Close()
@@ -120,7 +107,7 @@ func TestOpenRepairsADamagedReissueEntry(t *testing.T) {
 		t.Fatalf("Verify of a ledger with a damaged reissue entry = %v, want a *CorruptError naming %s", err, hit)
 	}
 	var log strings.Builder
-	l, err = Open(dir, Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	l, err := Open(dir, Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatalf("Open with a damaged reissue entry: %v", err)
 	}
@@ -144,20 +131,7 @@ func TestOpenRepairsADamagedReissueEntry(t *testing.T) {
 // reissue no change of its own asked for, and with explain.reissue off earn a failure event for
 // a CE the caller deleted.
 func TestDeletingAQuarantinedCEDropsItsReissueEntry(t *testing.T) {
-	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
-	m := testModel(4)
-	install(t, l, m)
-	rng := rand.New(rand.NewPCG(5, 6))
-	for range 40 {
-		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	commit(t, l, drift(m, -8), 3)
-	waiting, err := l.PendingReissues("", 100)
-	if err != nil || len(waiting) < 1 {
-		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least 1", waiting, err)
-	}
+	l, dir, waiting := waitingLedger(t, 5, 1)
 	hit := waiting[0].ID
 	damageValue(t, l, bHeaders, hit)
 	l = reopen(t, l, dir)
@@ -176,20 +150,7 @@ func TestDeletingAQuarantinedCEDropsItsReissueEntry(t *testing.T) {
 // An entry sealed but not 8 bytes long is damaged for Open as it is for Verify: Open writes it
 // again, so that the ledger the daemon runs on, and every backup of it, verifies.
 func TestOpenRepairsAReissueEntryOfTheWrongLength(t *testing.T) {
-	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
-	m := testModel(4)
-	install(t, l, m)
-	rng := rand.New(rand.NewPCG(7, 8))
-	for range 40 {
-		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	commit(t, l, drift(m, -8), 3)
-	waiting, err := l.PendingReissues("", 100)
-	if err != nil || len(waiting) < 1 {
-		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least 1", waiting, err)
-	}
+	l, dir, waiting := waitingLedger(t, 7, 1)
 	hit := waiting[0].ID
 	if err := l.update(func(tx *bolt.Tx) error { return putSealed(tx.Bucket(bReissue), []byte(hit), []byte{1, 2, 3}) }); err != nil {
 		t.Fatal(err)
@@ -202,4 +163,25 @@ func TestOpenRepairsAReissueEntryOfTheWrongLength(t *testing.T) {
 	if _, err := Verify(l.Path()); err != nil {
 		t.Fatalf("Verify after Open: %v", err)
 	}
+}
+
+// waitingLedger is a ledger with Options.Reissue marking CEs that enter invalidated, 40 CEs
+// (drawn with seed) and a drift that invalidates at least want of them, all waiting.
+func waitingLedger(t *testing.T, seed uint64, want int) (*Ledger, string, []PendingReissue) {
+	t.Helper()
+	l, dir := openTest(t, Options{Reissue: func(ch StatusChange) bool { return ch.To == certify.Invalidated }})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	for range 40 {
+		if err := l.Put(bg, newCE(t, m, rng)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(t, l, drift(m, -8), 3)
+	waiting, err := l.PendingReissues("", 100)
+	if err != nil || len(waiting) < want {
+		t.Fatalf("waiting for a reissue after the drift: %+v (%v), want at least %d", waiting, err, want)
+	}
+	return l, dir, waiting
 }
