@@ -176,7 +176,7 @@ func (r *reissuer) resume(ctx context.Context) {
 			}
 		}
 		if len(dropped) > 0 {
-			rest := r.announceStored(dropped)
+			rest := r.announceStored(ctx, dropped)
 			announced += len(dropped) - len(rest)
 			failed += len(rest)
 			r.fail(rest, why)
@@ -196,7 +196,7 @@ func (r *reissuer) resume(ctx context.Context) {
 // announceStored announces the replacements of the CEs of ps that an earlier run stored without
 // announcing them, and returns the others. A CE resume does not queue would otherwise get a
 // failure event while its replacement is stored, and that replacement would never be announced.
-func (r *reissuer) announceStored(ps []ledger.PendingReissue) []ledger.PendingReissue {
+func (r *reissuer) announceStored(ctx context.Context, ps []ledger.PendingReissue) []ledger.PendingReissue {
 	var rest []ledger.PendingReissue
 	for _, p := range ps {
 		old, err := r.d.ledger.Get(p.ID)
@@ -208,7 +208,7 @@ func (r *reissuer) announceStored(ps []ledger.PendingReissue) []ledger.PendingRe
 			r.log.Error("reading a counterfactual waiting for a reissue; it stays waiting until the next start", "id", p.ID, "err", err)
 			continue
 		}
-		ce, err := r.stored(old, p)
+		ce, err := r.stored(ctx, old, p)
 		if err != nil {
 			continue // stored logged it; the CE stays waiting
 		}
@@ -296,7 +296,7 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	if err != nil {
 		return
 	}
-	if ce, err := r.stored(old, p); err != nil || ce != nil {
+	if ce, err := r.stored(ctx, old, p); err != nil || ce != nil {
 		if ce != nil {
 			r.log.Info("counterfactual reissued by an earlier run, its event not written: announcing it", "id", id, "new_id", ce.ID)
 			r.announce(old, ce, p)
@@ -349,13 +349,26 @@ func (r *reissuer) announce(old, ce *ledger.CE, p ledger.PendingReissue) {
 
 // stored finds the replacement of old stored for p: named ident.Reissue(old.ID, v) for a
 // posterior version v at or after p's change, for the same x and target. A daemon that stopped
-// between storing a replacement and writing its event leaves one.
-func (r *reissuer) stored(old *ledger.CE, p ledger.PendingReissue) (*ledger.CE, error) {
+// between storing a replacement and writing its event leaves one. A replica pages the cluster's
+// list, as GET /v1/counterfactuals does: the replacement was registered at the owner of its own
+// id's partition, which need not be this one; a peer that does not answer leaves the CE waiting.
+func (r *reissuer) stored(ctx context.Context, old *ledger.CE, p ledger.PendingReissue) (*ledger.CE, error) {
+	page := func(after string) ([]*ledger.CE, error) {
+		if r.d.rep == nil {
+			return r.d.ledger.List(0, 16, after)
+		}
+		auth := ""
+		if t := r.d.cfg.HTTP.Token; t != "" {
+			auth = "Bearer " + t
+		}
+		ces, _, err := r.d.list(ctx, 0, 16, after, auth, false, nil)
+		return ces, err
+	}
 	prefix := ident.ReissueStem(old.ID) + ".r"
 	for after := prefix; ; {
-		ces, err := r.d.ledger.List(0, 16, after)
+		ces, err := page(after)
 		if err != nil {
-			r.log.Error("looking for a stored replacement; the CE stays waiting for a reissue until the next start", "id", old.ID, "err", err)
+			r.log.Error("looking for a stored replacement; the CE stays waiting for a reissue until the next sweep", "id", old.ID, "err", err)
 			return nil, err
 		}
 		for _, ce := range ces {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/ident"
@@ -356,5 +358,56 @@ func TestReissueSweepQueuesWhatNotifyMissed(t *testing.T) {
 	}
 	if len(waiting) != len(invalidated) {
 		t.Fatalf("%d CEs waiting after sweeps into a full queue, want all %d: a sweep fails none", len(waiting), len(invalidated))
+	}
+}
+
+// TestReissueFindsAReplacementStoredAtAnotherReplica: on replicas a replacement is registered at
+// the owner of its own id's partition; the owner of the old CE, looking for a replacement an
+// earlier run stored but did not announce, finds it there too, not only in its own ledger (which
+// would make a restart generate a second replacement, or a failure event).
+func TestReissueFindsAReplacementStoredAtAnotherReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas: not with -short")
+	}
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1 := startLearningReplica(t, b, "r1", key, nil)
+	r2 := startLearningReplica(t, b, "r2", key, nil)
+	n := r1.D.Share().Partitions()
+	waitfor.Cond(t, 60*time.Second, "the CE partitions split between the two replicas", func() bool {
+		o1, o2 := len(r1.D.Share().Member().Owned()), len(r2.D.Share().Member().Owned())
+		return o1 > 0 && o2 > 0 && o1+o2 == n
+	})
+	data := daemontest.Bundled(t)
+	var old *ledger.CE
+	for _, id := range daemontest.RegisterCEs(t, r1, data, 10, "") {
+		if ce, err := r1.D.ledger.Get(id); err == nil {
+			old = ce
+			break
+		}
+	}
+	if old == nil {
+		t.Fatal("r1 owns none of the 10 CEs registered")
+	}
+	atR2 := map[int]bool{}
+	for _, p := range r2.D.Share().Member().Owned() {
+		atR2[p] = true
+	}
+	v := old.AnchorVersion
+	for !atR2[ceshare.Partition(ident.Reissue(old.ID, v), n)] {
+		v++
+	}
+	newID := ident.Reissue(old.ID, v)
+	if code, body := r1.Do(t, "POST", "/v1/counterfactuals", "", map[string]any{"id": newID, "x": old.X, "x_cf": old.XCF, "target": "benign"}); code != http.StatusCreated {
+		t.Fatalf("register %s: %d %s", newID, code, body)
+	}
+	if _, err := r2.D.ledger.Get(newID); err != nil {
+		t.Fatalf("%s is not stored at r2, the owner of its partition: %v", newID, err)
+	}
+	re := newReissuer(r1.D, "invalidated", slog.New(slog.DiscardHandler))
+	got, err := re.stored(context.Background(), old, ledger.PendingReissue{ID: old.ID, Version: old.AnchorVersion})
+	if err != nil || got == nil || got.ID != newID {
+		t.Fatalf("the replacement r1 finds for %s: %+v (%v), want %s, stored at r2", old.ID, got, err, newID)
 	}
 }
