@@ -379,20 +379,21 @@ func TestReissueFindsAReplacementStoredAtAnotherReplica(t *testing.T) {
 		o1, o2 := len(r1.D.Share().Member().Owned()), len(r2.D.Share().Member().Owned())
 		return o1 > 0 && o2 > 0 && o1+o2 == n
 	})
-	data := daemontest.Bundled(t)
-	var old *ledger.CE
-	for _, id := range daemontest.RegisterCEs(t, r1, data, 10, "") {
-		if ce, err := r1.D.ledger.Get(id); err == nil {
-			old = ce
-			break
-		}
+	atR1, atR2 := map[int]bool{}, map[int]bool{}
+	for _, p := range r1.D.Share().Member().Owned() {
+		atR1[p] = true
 	}
-	if old == nil {
-		t.Fatal("r1 owns none of the 10 CEs registered")
-	}
-	atR2 := map[int]bool{}
 	for _, p := range r2.D.Share().Member().Owned() {
 		atR2[p] = true
+	}
+	prefix := "a"
+	for !atR1[ceshare.Partition(prefix+"ce-0", n)] { // RegisterCEs's first id, in a partition of r1's
+		prefix += "a"
+	}
+	ids := daemontest.RegisterCEs(t, r1, daemontest.Bundled(t), 1, prefix)
+	old, err := r1.D.ledger.Get(ids[0])
+	if err != nil {
+		t.Fatalf("%s is not stored at r1, the owner of its partition: %v", ids[0], err)
 	}
 	v := old.AnchorVersion
 	for !atR2[ceshare.Partition(ident.Reissue(old.ID, v), n)] {
