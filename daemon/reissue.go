@@ -88,20 +88,28 @@ func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
 		sweepEvery: reissueSweep, queued: map[string]bool{}}
 }
 
-// offer queues id unless it is queued already; it reports false when the queue is full.
-func (r *reissuer) offer(id string) bool {
+// offer queues id unless it is queued already: added says it was queued now, ok that it is
+// queued (false when the queue is full).
+func (r *reissuer) offer(id string) (added, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.queued[id] {
-		return true
+		return false, true
 	}
 	select {
 	case r.queue <- id:
 		r.queued[id] = true
-		return true
+		return true, true
 	default:
-		return false
+		return false, false
 	}
+}
+
+// taken forgets that id, just received from the queue, is queued.
+func (r *reissuer) taken(id string) {
+	r.mu.Lock()
+	delete(r.queued, id)
+	r.mu.Unlock()
 }
 
 // triggers reports whether a CE entering status s is reissued.
@@ -117,7 +125,10 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 	}
 	var dropped []ledger.PendingReissue
 	for _, ch := range changes {
-		if r.rule.enters(ch) && !r.offer(ch.ID) {
+		if !r.rule.enters(ch) {
+			continue
+		}
+		if _, ok := r.offer(ch.ID); !ok {
 			dropped = append(dropped, ledger.PendingReissue{ID: ch.ID, Version: ch.PosteriorVersion})
 		}
 	}
@@ -141,8 +152,24 @@ func (r *reissuer) fail(ps []ledger.PendingReissue, why string) {
 	r.publish(ps, es...)
 }
 
-// resumePage is how many waiting CEs resume reads from the ledger at once.
-const resumePage = 1024
+// waitingPage is how many waiting CEs resume and sweep read from the ledger at once.
+const waitingPage = 1024
+
+// eachWaiting calls fn with the CEs the ledger holds as waiting for a reissue, a page at a time
+// in id order, until fn returns false, ctx ends or no CE is left; an error is the ledger's.
+func (r *reissuer) eachWaiting(ctx context.Context, fn func([]ledger.PendingReissue) bool) error {
+	for after := ""; ctx.Err() == nil; {
+		page, err := r.d.ledger.PendingReissues(after, waitingPage)
+		if err != nil {
+			return fmt.Errorf("after %q: %w", after, err)
+		}
+		if len(page) == 0 || !fn(page) {
+			return nil
+		}
+		after = page[len(page)-1].ID
+	}
+	return nil
+}
 
 // resume queues the CEs the ledger holds as waiting for a reissue, those a stopped daemon left in
 // its queue, as far as the queue has room; the others get their failure events, as notify's do,
@@ -156,22 +183,14 @@ func (r *reissuer) resume(ctx context.Context) {
 		why = "explain.reissue is off"
 	}
 	queued, failed, announced := 0, 0, 0
-	for after := ""; ctx.Err() == nil; {
-		page, err := r.d.ledger.PendingReissues(after, resumePage)
-		if err != nil {
-			r.log.Error("reading the counterfactuals waiting for a reissue; those not read stay waiting until the next start",
-				"after", after, "err", err)
-			break
-		}
-		if len(page) == 0 {
-			break
-		}
+	err := r.eachWaiting(ctx, func(page []ledger.PendingReissue) bool {
 		var dropped []ledger.PendingReissue
 		for _, p := range page {
-			switch {
-			case r.rule != 0 && r.offer(p.ID):
+			if r.rule == 0 {
+				dropped = append(dropped, p)
+			} else if _, ok := r.offer(p.ID); ok {
 				queued++
-			default:
+			} else {
 				dropped = append(dropped, p)
 			}
 		}
@@ -181,7 +200,10 @@ func (r *reissuer) resume(ctx context.Context) {
 			failed += len(rest)
 			r.fail(rest, why)
 		}
-		after = page[len(page)-1].ID
+		return true
+	})
+	if err != nil {
+		r.log.Error("reading the counterfactuals waiting for a reissue; those not read stay waiting for a sweep or the next start", "err", err)
 	}
 	switch {
 	case r.rule != 0:
@@ -205,7 +227,7 @@ func (r *reissuer) announceStored(ctx context.Context, ps []ledger.PendingReissu
 			continue
 		}
 		if err != nil {
-			r.log.Error("reading a counterfactual waiting for a reissue; it stays waiting until the next start", "id", p.ID, "err", err)
+			r.log.Error("reading a counterfactual waiting for a reissue; it stays waiting for a sweep or the next start", "id", p.ID, "err", err)
 			continue
 		}
 		ce, err := r.stored(ctx, old, p)
@@ -238,9 +260,7 @@ func (r *reissuer) run(ctx context.Context) error {
 		case <-t.C:
 			r.sweep(ctx)
 		case id := <-r.queue:
-			r.mu.Lock()
-			delete(r.queued, id)
-			r.mu.Unlock()
+			r.taken(id)
 			r.reissue(ctx, id)
 		}
 	}
@@ -250,33 +270,25 @@ func (r *reissuer) run(ctx context.Context) error {
 // order, until the queue is full: those left are found by a later sweep, or the next start. A CE
 // whose status change reached the ledger but not notify waits no longer than a sweep.
 func (r *reissuer) sweep(ctx context.Context) {
-	queued := 0
-	for after := ""; ctx.Err() == nil; {
-		page, err := r.d.ledger.PendingReissues(after, resumePage)
-		if err != nil {
-			r.log.Error("reading the counterfactuals waiting for a reissue; retried at the next sweep", "after", after, "err", err)
-			return
-		}
+	queued, full := 0, false
+	err := r.eachWaiting(ctx, func(page []ledger.PendingReissue) bool {
 		for _, p := range page {
-			r.mu.Lock()
-			known := r.queued[p.ID]
-			r.mu.Unlock()
-			if known {
-				continue
+			added, ok := r.offer(p.ID)
+			if !ok {
+				full = true
+				return false
 			}
-			if !r.offer(p.ID) {
-				r.log.Info("counterfactuals waiting for a reissue found in the ledger and queued", "queued", queued, "queue", "full")
-				return
+			if added {
+				queued++
 			}
-			queued++
 		}
-		if len(page) < resumePage {
-			break
-		}
-		after = page[len(page)-1].ID
+		return true
+	})
+	if err != nil {
+		r.log.Error("reading the counterfactuals waiting for a reissue; retried at the next sweep", "err", err)
 	}
-	if queued > 0 {
-		r.log.Info("counterfactuals waiting for a reissue found in the ledger and queued", "queued", queued)
+	if queued > 0 || full {
+		r.log.Info("counterfactuals waiting for a reissue found in the ledger and queued", "queued", queued, "queue_full", full)
 	}
 }
 
@@ -429,7 +441,7 @@ func (r *reissuer) publish(done []ledger.PendingReissue, es ...Event) {
 		if len(es) > 0 {
 			args = append(args, "id", es[0].ID, "type", es[0].Type)
 		}
-		r.log.Error("writing reissue events to the outbox; the CEs stay waiting for a reissue until the next start", args...)
+		r.log.Error("writing reissue events to the outbox; the CEs stay waiting for a reissue, for a sweep or the next start", args...)
 		return
 	}
 	if len(es) > 0 {
