@@ -269,7 +269,7 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 	if r := tx.Bucket(bReissue); r != nil {
 		r.ForEach(func(k, v []byte) error {
 			tick()
-			if p, ok := unseal(k, v); !ok || len(p) != 8 { // as checkReissues
+			if _, ok := decodeReissue(k, v); !ok {
 				d.reissue = append(d.reissue, bytes.Clone(k))
 			}
 			return nil

@@ -114,11 +114,19 @@ func (l *Ledger) repairReissues(ids [][]byte) error {
 
 // reissueVersion decodes an entry's value; a damaged one is version 0.
 func reissueVersion(k, v []byte) uint64 {
+	version, _ := decodeReissue(k, v)
+	return version
+}
+
+// decodeReissue decodes an entry's value: its version, and false when it is damaged (its seal
+// fails, or it does not hold 8 bytes). Open (scanRecords) and Verify (checkReissues) both judge
+// an entry by it.
+func decodeReissue(k, v []byte) (uint64, bool) {
 	p, ok := unseal(k, v)
 	if !ok || len(p) != 8 {
-		return 0
+		return 0, false
 	}
-	return binary.BigEndian.Uint64(p)
+	return binary.BigEndian.Uint64(p), true
 }
 
 // checkReissues checks that every reissue entry is sealed and holds a version (Verify). An entry
@@ -129,7 +137,7 @@ func checkReissues(tx *bolt.Tx) error {
 		return nil
 	}
 	return b.ForEach(func(k, v []byte) error {
-		if p, ok := unseal(k, v); !ok || len(p) != 8 {
+		if _, ok := decodeReissue(k, v); !ok {
 			return corruptf("reissue entry of counterfactual %q: checksum mismatch or not a version", k)
 		}
 		return nil
