@@ -31,6 +31,9 @@ func addAPITLSFlags(fs *flag.FlagSet) apiTLS {
 	}
 }
 
+// askedForCert is the hint when the daemon asked for a client certificate and none was given.
+const askedForCert = "the daemon asks for a client certificate of its client_ca_file (http.web_config_file): give one with --cert and --key"
+
 // client returns the HTTP client the flags describe; an error names the flag and its file. A
 // request that fails after a handshake in which the daemon asked for a client certificate and got
 // none, or one not of its CAs, fails with a *clientCertError: the daemon may drop the connection
@@ -50,7 +53,7 @@ func (a apiTLS) client() (*http.Client, error) {
 	t.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		switch {
 		case len(t.Certificates) == 0:
-			refused.set("the daemon asks for a client certificate of its client_ca_file (http.web_config_file): give one with --cert and --key")
+			refused.set(askedForCert)
 		case cri.SupportsCertificate(&t.Certificates[0]) != nil:
 			refused.set(fmt.Sprintf("--cert %s is not of a CA of the daemon's client_ca_file (http.web_config_file): give one with --cert and --key", *a.cert))
 		default:
@@ -120,7 +123,7 @@ func tlsHint(err error) string {
 		return "the daemon's certificate (http.web_config_file) is not trusted here: give its CA with --ca or in SSL_CERT_FILE, or add it to the system's CAs"
 	case strings.Contains(msg, "tls: certificate required") || strings.Contains(msg, "tls: bad certificate") ||
 		strings.Contains(msg, "tls: unknown certificate authority"):
-		return "the daemon asks for a client certificate of its client_ca_file (http.web_config_file): give one with --cert and --key"
+		return askedForCert
 	}
 	return ""
 }
