@@ -45,12 +45,7 @@ func TestAcquisitionCutShortByAGenerationEndIsDoneAgain(t *testing.T) {
 		return nil, nil, false
 	})
 	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
-	cfg := func(id string) MemberConfig {
-		c := memberConfig(conn, id)
-		c.StateTopic = testStateTopic
-		return c
-	}
-	r1 := startReplica(t, cfg("r1"))
+	r1 := startReplica(t, statefulConfig(conn, "r1"))
 	waitfor.Cond(t, 60*time.Second, "r1 acquiring every partition, held at the state topic", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -58,7 +53,7 @@ func TestAcquisitionCutShortByAGenerationEndIsDoneAgain(t *testing.T) {
 	})
 	first := r1.m.LastGeneration()
 	// r2 joins: the generation whose acquisitions are held ends, and r1 keeps some partitions.
-	r2 := startReplica(t, cfg("r2"))
+	r2 := startReplica(t, statefulConfig(conn, "r2"))
 	waitfor.Cond(t, 60*time.Second, "a generation that shares the partitions between r1 and r2", func() bool {
 		g := r1.m.Generation()
 		return g > first && r2.m.Generation() == g && len(r1.m.Assigned()) > 0 && len(r2.m.Assigned()) > 0

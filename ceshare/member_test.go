@@ -342,6 +342,14 @@ func memberConfig(conn stream.ConnConfig, id string) MemberConfig {
 		JoinBackoff: 100 * time.Millisecond}
 }
 
+// statefulConfig is memberConfig with the CE state topic, for the tests of owners that keep
+// their CEs' states.
+func statefulConfig(conn stream.ConnConfig, id string) MemberConfig {
+	c := memberConfig(conn, id)
+	c.StateTopic = testStateTopic
+	return c
+}
+
 func startReplica(t *testing.T, cfg MemberConfig) *replica {
 	t.Helper()
 	return startReplicaOn(t, cfg, newLedger())

@@ -81,16 +81,11 @@ func TestMemberThatMissedAGenerationClaimsAgain(t *testing.T) {
 		}
 	})
 	conn := stream.ConnConfig{Brokers: kc.ListenAddrs(), DialTimeout: 5 * time.Second}
-	cfg := func(id string) MemberConfig {
-		c := memberConfig(conn, id)
-		c.StateTopic = testStateTopic
-		return c
-	}
 	// s owns everything, then r joins and is given the upper half (the sticky balancer keeps
 	// each member's first partitions in partition order).
-	s := startReplica(t, cfg("s"))
+	s := startReplica(t, statefulConfig(conn, "s"))
 	waitfor.Cond(t, 60*time.Second, "s owning every partition", func() bool { return ownership(s) != nil })
-	r := startReplica(t, cfg("r"))
+	r := startReplica(t, statefulConfig(conn, "r"))
 	waitfor.Cond(t, 60*time.Second, "r and s sharing the partitions", func() bool {
 		return ownership(s, r) != nil && len(r.m.Owned()) > 0 && len(s.m.Owned()) > 0
 	})

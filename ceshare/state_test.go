@@ -543,24 +543,19 @@ func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg := func(id string) MemberConfig {
-		c := memberConfig(conn, id)
-		c.StateTopic = testStateTopic
-		return c
-	}
 	write := func(r *replica, id, label string) {
 		t.Helper()
 		if err := sw.Write(ctx, []State{{ID: id, Replica: r.id, Generation: r.m.LastGeneration(), CE: json.RawMessage(`{"s":"` + label + `"}`)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r1 := startReplica(t, cfg("r1"))
+	r1 := startReplica(t, statefulConfig(conn, "r1"))
 	waitfor.Cond(t, 60*time.Second, "r1 owning every partition, caught up", func() bool { return ownership(r1) != nil })
 	write(r1, "a-0", "r1's")
 	write(r1, "a-1", "r1's")
 	r1.stop(t)
 
-	r2 := startReplica(t, cfg("r2"))
+	r2 := startReplica(t, statefulConfig(conn, "r2"))
 	waitfor.Cond(t, 60*time.Second, "r2 owning every partition, caught up", func() bool { return ownership(r2) != nil })
 	write(r1, "a-0", "r1 late")
 	write(r1, "a-1", "r1 late")
@@ -568,7 +563,7 @@ func TestLateStatesOfAPreviousOwnerAreFenced(t *testing.T) {
 	write(r2, "a-0", "r2's")
 	r2.stop(t)
 
-	r3 := startReplica(t, cfg("r3"))
+	r3 := startReplica(t, statefulConfig(conn, "r3"))
 	waitfor.Cond(t, 60*time.Second, "r3 owning every partition, caught up", func() bool { return ownership(r3) != nil })
 	want := map[string]string{"a-0": `{"s":"r2's"}`, "a-1": `{"s":"r1's"}`, "a-2": `{"s":"r1 late"}`}
 	r3.l.mu.Lock()
@@ -721,14 +716,9 @@ func TestMemberWaitsForTheStateTopic(t *testing.T) {
 // the one that takes them over.
 func TestStateTopicGoneAtAnAcquisitionIsCreatedAgain(t *testing.T) {
 	_, conn := startBroker(t)
-	cfg := func(id string) MemberConfig {
-		c := memberConfig(conn, id)
-		c.StateTopic = testStateTopic
-		return c
-	}
-	r1 := startReplica(t, cfg("r1"))
+	r1 := startReplica(t, statefulConfig(conn, "r1"))
 	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
-	r2 := startReplica(t, cfg("r2"))
+	r2 := startReplica(t, statefulConfig(conn, "r2"))
 	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
 		return ownership(r1, r2) != nil && len(r1.m.Owned()) > 0 && len(r2.m.Owned()) > 0
 	})
@@ -787,20 +777,15 @@ func TestHeldPartitionAnotherOwnerClaimedIsRebuilt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg := func(id string) MemberConfig {
-		c := memberConfig(conn, id)
-		c.StateTopic = testStateTopic
-		return c
-	}
 	l1 := releasingLedger{newLedger()}
-	r1 := startReplicaWith(t, cfg("r1"), l1.ledger, l1, testLog(t))
+	r1 := startReplicaWith(t, statefulConfig(conn, "r1"), l1.ledger, l1, testLog(t))
 	waitfor.Cond(t, 60*time.Second, "r1 owning every partition, caught up", func() bool { return ownership(r1) != nil })
 	if got := l1.registered(); got != n {
 		t.Fatalf("r1 applied %d registrations, want %d", got, n)
 	}
 	r1.stop(t) // r1's store keeps every partition (Held at its next start)
 
-	r2 := startReplica(t, cfg("r2"))
+	r2 := startReplica(t, statefulConfig(conn, "r2"))
 	waitfor.Cond(t, 60*time.Second, "r2 owning every partition, caught up", func() bool { return ownership(r2) != nil })
 	for _, id := range ids("a-", n) {
 		if err := sw.Write(ctx, []State{{ID: id, Replica: "r2", Generation: r2.m.LastGeneration(), CE: json.RawMessage(`{"s":"r2's"}`)}}); err != nil {
@@ -813,7 +798,7 @@ func TestHeldPartitionAnotherOwnerClaimedIsRebuilt(t *testing.T) {
 	for p := range held {
 		held[p] = p
 	}
-	c := cfg("r1")
+	c := statefulConfig(conn, "r1")
 	c.Held = held
 	// Until its copy of a partition is released, r1's confirmer may still judge those CEs and
 	// write their states, under the generation r1 takes part in: none of them is the state
