@@ -361,24 +361,18 @@ func (r *reissuer) announce(old, ce *ledger.CE, p ledger.PendingReissue) {
 
 // stored finds the replacement of old stored for p: named ident.Reissue(old.ID, v) for a
 // posterior version v at or after p's change, for the same x and target. A daemon that stopped
-// between storing a replacement and writing its event leaves one. A replica pages the cluster's
-// list, as GET /v1/counterfactuals does: the replacement was registered at the owner of its own
-// id's partition, which need not be this one; a peer that does not answer leaves the CE waiting.
+// between storing a replacement and writing its event leaves one. It pages the list GET
+// /v1/counterfactuals serves, which on a replica is the cluster's: the replacement was registered
+// at the owner of its own id's partition, which need not be this one; a peer that does not answer
+// leaves the CE waiting.
 func (r *reissuer) stored(ctx context.Context, old *ledger.CE, p ledger.PendingReissue) (*ledger.CE, error) {
-	page := func(after string) ([]*ledger.CE, error) {
-		if r.d.rep == nil {
-			return r.d.ledger.List(0, 16, after)
-		}
-		auth := ""
-		if t := r.d.cfg.HTTP.Token; t != "" {
-			auth = "Bearer " + t
-		}
-		ces, _, err := r.d.list(ctx, 0, 16, after, auth, false, nil)
-		return ces, err
+	auth := "" // a replica's peers ask for the API's token, as they do of the UI's lists
+	if t := r.d.cfg.HTTP.Token; t != "" {
+		auth = "Bearer " + t
 	}
 	prefix := ident.ReissueStem(old.ID) + ".r"
 	for after := prefix; ; {
-		ces, err := page(after)
+		ces, _, err := r.d.list(ctx, 0, 16, after, auth, false, nil)
 		if err != nil {
 			r.log.Error("looking for a stored replacement; the CE stays waiting for a reissue until the next sweep", "id", old.ID, "err", err)
 			return nil, err
