@@ -487,6 +487,11 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
 		}
+		if state != nil && state.ReissuePendingSince != nil {
+			if err := w.restoreReissue(id, *state.ReissuePendingSince); err != nil {
+				return err
+			}
+		}
 		if p.stated {
 			w.states.add(id) // the topic's last record of the CE is then this owner's
 		}
@@ -689,6 +694,12 @@ func loadStored(tx *bolt.Tx, id, rawHdr []byte) (*CE, header, error) {
 	for i := range ce.History {
 		ce.History[i].ID = ce.ID
 		ce.History[i].Renewal = ce.History[i].From == certify.Certified && ce.History[i].To == certify.Certified
+	}
+	if b := tx.Bucket(bReissue); b != nil {
+		if v := b.Get(id); v != nil {
+			since := reissueVersion(id, v)
+			ce.ReissuePendingSince = &since
+		}
 	}
 	return ce, h, nil
 }

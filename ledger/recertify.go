@@ -434,7 +434,7 @@ func (l *Ledger) checkpoint(c *Checkpoint, blob []byte) error {
 				return err
 			}
 		}
-		if err := settleReissues(tx, c.Reissued); err != nil {
+		if err := w.settleReissues(c.Reissued); err != nil {
 			return err
 		}
 		changed, err := l.applyRecertification(w, c, old, next)

@@ -63,6 +63,10 @@ type CE struct {
 	// confirmer measures it again (one kept by hysteresis under the current posterior, at the next
 	// posterior), as RenewalPending is for certificates.
 	VerdictPending bool `json:"verdict_pending,omitempty"`
+	// ReissuePendingSince is set on a CE that waits for its replacement (explain.reissue): the
+	// posterior version of the status change that made it wait (PendingReissue). It goes with
+	// the CE's state to a new owner, which reissues it.
+	ReissuePendingSince *uint64 `json:"reissue_pending_since,omitempty"`
 	// History holds the last MaxHistory status changes and renewals, oldest first.
 	History []StatusChange `json:"history,omitempty"`
 }

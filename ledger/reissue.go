@@ -58,12 +58,14 @@ func (w *writeTx) markReissues() error {
 }
 
 // settleReissues deletes the entries of done whose stored change is at or before the version
-// given: an entry a later status change wrote again waits on.
-func settleReissues(tx *bolt.Tx, done []PendingReissue) error {
-	b := tx.Bucket(bReissue)
+// given: an entry a later status change wrote again waits on. The state of each CE settled is
+// written again (Options.EncodeState), so that a later owner of the CE does not reissue it again.
+func (w *writeTx) settleReissues(done []PendingReissue) error {
+	b := w.tx.Bucket(bReissue)
 	if b == nil {
 		return nil
 	}
+	hdrs := w.tx.Bucket(bHeaders)
 	for _, d := range done {
 		k := []byte(d.ID)
 		v := b.Get(k)
@@ -73,8 +75,23 @@ func settleReissues(tx *bolt.Tx, done []PendingReissue) error {
 		if err := b.Delete(k); err != nil {
 			return err
 		}
+		if hdrs.Get(k) != nil {
+			w.states.add(k)
+		}
 	}
 	return nil
+}
+
+// restoreReissue makes CE id wait for a reissue since version, as the state its previous owner
+// left says it did (CE.ReissuePendingSince): the new owner reissues it, or, with explain.reissue
+// off, publishes why not. A status change of the same transaction that makes it wait writes the
+// entry again, at its own version (markReissues runs after).
+func (w *writeTx) restoreReissue(id []byte, version uint64) error {
+	b, err := w.tx.CreateBucketIfNotExists(bReissue)
+	if err != nil {
+		return err
+	}
+	return putSealed(b, id, u64bytes(version))
 }
 
 // dropReissue deletes the entry of a deleted CE.

@@ -92,9 +92,9 @@ func SameCE(state, registration *CE) bool {
 		slices.Equal(state.X, registration.X) && slices.Equal(state.XCF, registration.XCF)
 }
 
-// NewestVersion is the newest posterior version c refers to: its anchor's, its verdict's and
-// its history's. A state is restored only under a current version at or past it (checkState),
-// so a replica that takes a partition over waits until it has applied it.
+// NewestVersion is the newest posterior version c refers to: its anchor's, its verdict's, its
+// history's and its reissue wait's. A state is restored only under a current version at or past
+// it (checkState), so a replica that takes a partition over waits until it has applied it.
 func (c *CE) NewestVersion() uint64 {
 	v := c.AnchorVersion
 	if c.ConfirmedVersion != nil {
@@ -102,6 +102,9 @@ func (c *CE) NewestVersion() uint64 {
 	}
 	for _, ch := range c.History {
 		v = max(v, ch.PosteriorVersion)
+	}
+	if c.ReissuePendingSince != nil {
+		v = max(v, *c.ReissuePendingSince)
 	}
 	return v
 }
@@ -140,6 +143,9 @@ func (l *Ledger) checkState(state, reg *CE, cur uint64) error {
 	}
 	if b := state.VerdictBound; b != nil && (state.ConfirmedVersion == nil || !(*b >= 0 && *b <= 1) || !certify.Carries(state.Status, *b, certify.Slack{})) {
 		return fmt.Errorf("verdict bound %v without a verdict, outside [0, 1], or not on the side of 1/2 its status %s needs", *b, state.Status)
+	}
+	if v := state.ReissuePendingSince; v != nil && *v > cur {
+		return fmt.Errorf("it waits for a reissue since version %d, past the current %d", *v, cur)
 	}
 	if len(state.History) > MaxHistory {
 		return fmt.Errorf("%d history entries (at most %d)", len(state.History), MaxHistory)

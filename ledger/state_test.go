@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -403,5 +404,102 @@ func BenchmarkConfirmStates(b *testing.B) {
 			}
 			b.ReportMetric(float64(entries)/float64(b.N*n), "states/CE")
 		})
+	}
+}
+
+// A CE waiting for its reissue (Options.Reissue) says so in its state, from the transaction of
+// the change that made it wait to the one that settles it, and a new owner that restores the
+// state makes it wait again, since the same version: it is reissued by whoever owns it, once.
+// A state that waits since a version past the new owner's current one is not used.
+func TestStatesCarryAReissueWait(t *testing.T) {
+	enters := func(ch StatusChange) bool { return ch.To == certify.Invalidated }
+	opts := Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON, Reissue: enters}
+	owner, _ := openTest(t, opts)
+	m0 := testModel(4)
+	install(t, owner, m0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ces []*CE
+	for i := range 40 {
+		ce := newCE(t, m0, rng)
+		ce.ID = fmt.Sprintf("ce-%02d", i)
+		ces = append(ces, ce)
+	}
+	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	m1 := drift(m0, -8)
+	commit(t, owner, m1, 3)
+	waiting, err := owner.PendingReissues("", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(waiting) < 3 {
+		t.Fatalf("%d CEs wait for a reissue after the drift, want at least 3", len(waiting))
+	}
+	states := latestStates(t, owner)
+	for _, p := range waiting {
+		got, err := owner.Get(p.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := states[p.ID]; s == nil || s.ReissuePendingSince == nil || *s.ReissuePendingSince != p.Version ||
+			got.ReissuePendingSince == nil || *got.ReissuePendingSince != p.Version {
+			t.Fatalf("%s waits for a reissue since %d: its state %+v, Get %+v", p.ID, p.Version, s, got)
+		}
+	}
+	for id, s := range states {
+		if _, err := owner.Get(id); err == nil && s.ReissuePendingSince != nil && !slices.ContainsFunc(waiting, func(p PendingReissue) bool { return p.ID == id }) {
+			t.Fatalf("%s's state waits for a reissue, the ledger does not: %+v", id, s)
+		}
+	}
+	// The first one's outcome settles it: its state says so at once.
+	settled := waiting[0]
+	if err := owner.Checkpoint(&Checkpoint{Reissued: []PendingReissue{settled}}); err != nil {
+		t.Fatal(err)
+	}
+	states = latestStates(t, owner)
+	if s := states[settled.ID]; s == nil || s.ReissuePendingSince != nil {
+		t.Fatalf("%s settled, and its latest state %+v still waits: its next owner would reissue it again", settled.ID, s)
+	}
+
+	next, _ := openTest(t, opts)
+	install(t, next, m1)
+	ops := registrations(ces, at)
+	for i := range ops {
+		ops[i].State = states[ops[i].ID]
+	}
+	outs, err := next.ApplyShare(0, ops, int64(len(ops)), nil, map[uint64]*bnn.Model{m0.Version: m0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range outs {
+		if o.Result != OutcomeStored || o.State != StateRestored && ops[i].State.Status != certify.Uncertified {
+			t.Fatalf("%s: outcome %+v; want stored and restored", ops[i].ID, o)
+		}
+	}
+	got, err := next.PendingReissues("", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, waiting[1:]) {
+		t.Fatalf("the new owner holds as waiting for a reissue\n%+v\nwant what the old one left waiting\n%+v", got, waiting[1:])
+	}
+	checkInvariants(t, next)
+
+	// A state waiting since a version the new owner has not reached is a claim it cannot check.
+	late := *states[waiting[1].ID]
+	v := m1.Version + 1
+	late.ReissuePendingSince = &v
+	third, _ := openTest(t, opts)
+	install(t, third, m1)
+	op := registrations(ces, at)[slices.IndexFunc(ces, func(c *CE) bool { return c.ID == late.ID })]
+	op.State = &late
+	outs, err = third.ApplyShare(0, []ShareOp{op}, op.Offset+1, nil, map[uint64]*bnn.Model{m0.Version: m0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := outs[0]; o.Result != OutcomeStored || !strings.Contains(o.State, "waits for a reissue since version") {
+		t.Fatalf("a state waiting since version %d under current %d: %+v; want stored from its registration, the state refused", v, m1.Version, o)
 	}
 }
