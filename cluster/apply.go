@@ -177,14 +177,18 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 		return err
 	}
 	applied := 0 // requests, not registrations rebuilt from states
+	var waiting []ledger.PendingReissue
 	for i, o := range outs {
 		s.noteOutcome(p, reqs[i], o)
 		if !reqs[i].Restored {
 			applied++
 		}
+		if st := ops[i].State; o.State == ledger.StateRestored && st != nil && st.ReissuePendingSince != nil {
+			waiting = append(waiting, ledger.PendingReissue{ID: o.ID, Version: *st.ReissuePendingSince})
+		}
 	}
 	s.metrics.CEApplied.Add(float64(applied))
-	s.host.Applied()
+	s.host.Applied(waiting)
 	s.applied.signal()
 	return nil
 }

@@ -34,8 +34,10 @@ type Host interface {
 	Exclusive(fn func() error) error
 	// Predict measures rows under m (the version's shared Monte-Carlo draws).
 	Predict(ctx context.Context, m *bnn.Model, rows [][]float64) (*bnn.Predictive, error)
-	// Applied is called after each batch of requests the ledger applied: CEs to judge.
-	Applied()
+	// Applied is called after each batch of requests the ledger applied: CEs to judge, and
+	// waiting the CEs stored with a previous owner's state that waits for a reissue
+	// (ledger.CE.ReissuePendingSince), which the ledger now holds as waiting.
+	Applied(waiting []ledger.PendingReissue)
 }
 
 // Config is what NewShare needs.

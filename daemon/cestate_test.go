@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
@@ -162,5 +165,52 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	}
 	if byR1 == 0 {
 		t.Error("r1 published no status change: the test shows nothing")
+	}
+}
+
+// A CE waiting for its reissue when its partition moves is reissued by its new owner: the wait
+// goes with its state (ledger.CE.ReissuePendingSince). r1's reissuer is held while a drift
+// invalidates CEs; r2 takes every partition over as r1 leaves, and publishes one outcome for
+// each CE r1 left waiting (explain.timeout 1 ns at r2: each generation fails at once), leaving
+// none waiting.
+func TestMovedCEKeepsItsReissue(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas and a drift: not with -short")
+	}
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r1, invalidated := heldAfterDrift(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) })
+	waitfor.Cond(t, 30*time.Second, "r1's outbox drained (its states written)", func() bool { return r1.Metric(t, "cfguard_events_pending") == 0 })
+	waiting, err := r1.D.ledger.PendingReissues("", 100)
+	if err != nil || len(waiting) != len(invalidated) {
+		t.Fatalf("r1 holds %+v (%v) as waiting for a reissue, want the %d CEs invalidated", waiting, err, len(invalidated))
+	}
+	held := r1.HeldCEs(t)
+
+	logs := &tooltest.Output{}
+	r2 := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		reissueDrift(c)
+		daemontest.ReplicaConfig(c, b.Addrs(), "r2", key)
+		c.Explain.Timeout = time.Nanosecond
+	}), func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
+	r1.Stop(t)
+	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
+		code, _ := r2.Get(t, "/readyz")
+		return code == 200 && r2.HeldCEs(t) == held
+	})
+	outcomes := reissueOutcomes(t, b.Addrs(), r2.D.cfg.Kafka.EventsTopic, invalidated)
+	for _, id := range invalidated {
+		if len(outcomes[id]) != 1 || outcomes[id][0].Type != "counterfactual_reissue_failed" {
+			t.Errorf("%s: reissue outcomes %+v, want r2's one failure (explain.timeout 1 ns)", id, outcomes[id])
+		}
+	}
+	waitfor.Cond(t, 10*time.Second, "no CE waiting for a reissue at r2", func() bool {
+		w, err := r2.D.ledger.PendingReissues("", 100)
+		return err == nil && len(w) == 0
+	})
+	// Queued as r2 took them over, not left for a sweep.
+	if want := "counterfactuals a previous owner left waiting for a reissue queued"; !strings.Contains(logs.String(), want) {
+		t.Errorf("r2's log does not say %q:\n%s", want, logs.String())
 	}
 }

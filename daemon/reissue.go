@@ -139,6 +139,34 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 	}
 }
 
+// adopt takes the CEs a previous owner of their partition left waiting for a reissue (restored
+// with their states, ledger.CE.ReissuePendingSince), which the ledger now holds as waiting: they
+// are queued as far as the queue has room, the rest left for a sweep. With explain.reissue off,
+// each gets its failure event: none will be reissued here.
+func (r *reissuer) adopt(ps []ledger.PendingReissue) {
+	if r == nil || len(ps) == 0 {
+		return
+	}
+	if r.rule == 0 {
+		r.log.Warn("counterfactuals a previous owner left waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event",
+			"count", len(ps), "first_id", ps[0].ID)
+		r.fail(ps, reissueOff)
+		return
+	}
+	queued := 0
+	for _, p := range ps {
+		if _, ok := r.offer(p.ID); !ok {
+			break
+		}
+		queued++
+	}
+	r.log.Info("counterfactuals a previous owner left waiting for a reissue queued", "queued", queued,
+		"left_for_a_sweep", len(ps)-queued, "first_id", ps[0].ID)
+}
+
+// reissueOff is the error of a CE waiting for a reissue in a daemon that does not reissue.
+const reissueOff = "explain.reissue is off"
+
 // queueFull is the error of a CE that found the queue full.
 var queueFull = fmt.Sprintf("%d counterfactuals already wait to be reissued", reissueQueue)
 
@@ -180,7 +208,7 @@ func (r *reissuer) eachWaiting(ctx context.Context, fn func([]ledger.PendingReis
 func (r *reissuer) resume(ctx context.Context) {
 	why := queueFull
 	if r.rule == 0 {
-		why = "explain.reissue is off"
+		why = reissueOff
 	}
 	queued, failed, announced := 0, 0, 0
 	err := r.eachWaiting(ctx, func(page []ledger.PendingReissue) bool {

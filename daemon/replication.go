@@ -219,8 +219,12 @@ func (h shareHost) Predict(ctx context.Context, m *bnn.Model, rows [][]float64) 
 	return predictSplit(ctx, pool, rows)
 }
 
-// Applied wakes the confirmers: the requests applied may have stored CEs to judge.
-func (h shareHost) Applied() { h.d.confirm.notify() }
+// Applied wakes the confirmers (the requests applied may have stored CEs to judge) and hands
+// the reissuer the CEs a previous owner left waiting for a reissue.
+func (h shareHost) Applied(waiting []ledger.PendingReissue) {
+	h.d.confirm.notify()
+	h.d.reissue.adopt(waiting)
+}
 
 // joinShare makes this replica a member of the CE group (cluster.NewShare, whose connections
 // live as long as life), advertising the API it serves, once the brokers answer (awaitBrokers,
