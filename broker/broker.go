@@ -298,9 +298,13 @@ func start(ctx context.Context, cfg Config, log *slog.Logger, listen func(networ
 
 func (cfg *Config) applyDefaults() error {
 	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:0")
-	host, _, err := net.SplitHostPort(cfg.Listen)
+	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("broker: Listen %q: %w", cfg.Listen, err)
+	}
+	// A port number only: net.Listen would also take a service name ("http" is port 80).
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("broker: Listen %q: the port must be a number 0..65535 (0: any free port)", cfg.Listen)
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("broker: Listen %q: host must be a loopback address or localhost", cfg.Listen)

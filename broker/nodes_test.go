@@ -241,6 +241,9 @@ func TestSeveralNodesConfigRejected(t *testing.T) {
 		{"negative session timeout", broker.Config{GroupMinSessionTimeout: -time.Second}, "GroupMinSessionTimeout"},
 		{"session timeout past the maximum", broker.Config{GroupMinSessionTimeout: 6 * time.Minute}, "GroupMinSessionTimeout"},
 		{"public address", broker.Config{Listen: "192.0.2.1:9092", Nodes: 3}, "loopback"},
+		{"port not a number", broker.Config{Listen: "127.0.0.1:http"}, "port"},
+		{"port past 65535", broker.Config{Listen: "127.0.0.1:70000"}, "port"},
+		{"negative port", broker.Config{Listen: "127.0.0.1:-1"}, "port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := broker.Start(context.Background(), tc.cfg, nil)
