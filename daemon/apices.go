@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"net/http"
@@ -266,7 +268,7 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		if err := decodeJSON(line, &req); err != nil {
 			res.Code, res.Error = http.StatusBadRequest, ident.Clip(err.Error(), maxErrorMessage)
 		} else {
-			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target}
+			reg := registration{id: string(req.ID), x: req.X, xcf: req.XCF, target: req.Target, inBulk: true}
 			if key != "" {
 				keyed(&reg, key, fmt.Sprintf("line %d", n+1), fp)
 			}
@@ -322,6 +324,9 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			resp.Stored++
 		}
 	}
+	// One line for the request, with the answer's counts (its lines get none of their own).
+	cmp.Or(a.log, slog.Default()).Info("bulk registration answered", "lines", len(results), "stored", resp.Stored,
+		"accepted", resp.Accepted, "exists", resp.Exists, "refused", resp.Refused)
 	writeJSON(w, http.StatusOK, resp)
 }
 

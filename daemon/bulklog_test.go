@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -8,14 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/internal/tooltest"
 	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
 )
 
-// TestBulkLogCountsExistingCEs: the log line of a bulk registration counts the lines whose CE is
-// stored already as existing, as the answer does, not as refused; a line whose id holds another
-// CE is refused.
+// TestBulkLogCountsExistingCEs: the log line of a bulk registration has the answer's counts: the
+// lines whose CE is stored already as existing, not as refused; a line whose id holds another CE
+// as refused.
 func TestBulkLogCountsExistingCEs(t *testing.T) {
 	logs := &tooltest.Output{}
 	r := startDaemonWith(t, nil, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
@@ -35,7 +38,7 @@ func TestBulkLogCountsExistingCEs(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"stored":0,"accepted":0,"exists":3,"refused":1`) {
 		t.Fatalf("the same lines again, and another CE under a taken id: %d %s", resp.StatusCode, body)
 	}
-	if want := `msg="counterfactuals registered" stored=0 existing=3 refused=1`; !strings.Contains(logs.String(), want) {
+	if want := `msg="bulk registration answered" lines=4 stored=0 accepted=0 exists=3 refused=1`; !strings.Contains(logs.String(), want) {
 		t.Errorf("the log does not say %q:\n%s", want, logs.String())
 	}
 	// A new id given twice in one write, with the same CE: the first line stores it and the
@@ -45,7 +48,68 @@ func TestBulkLogCountsExistingCEs(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"stored":1,"accepted":0,"exists":1,"refused":0`) {
 		t.Fatalf("one new CE on two lines: %d %s", resp.StatusCode, body)
 	}
-	if want := `msg="counterfactuals registered" stored=1 existing=1 refused=0`; !strings.Contains(logs.String(), want) {
+	if want := `msg="bulk registration answered" lines=2 stored=1 accepted=0 exists=1 refused=0`; !strings.Contains(logs.String(), want) {
 		t.Errorf("the log does not say %q:\n%s", want, logs.String())
+	}
+}
+
+// TestBulkLogOnAReplica: on a replica too the log line of a bulk registration has the answer's
+// counts: a line refused as new (its x is classified as the target) whose CE is stored under its
+// id is counted as existing, not refused.
+func TestBulkLogOnAReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica: not with -short")
+	}
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	logs := &tooltest.Output{}
+	r := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), "r1", key) },
+		func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
+	waitfor.Cond(t, 60*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	m := r.D.current()
+	_, _, cfs := daemontest.CandidatePairs(t, m, data, 400, 1)
+	// Stored at its owner (this replica owns every partition), as after a drift: its x is
+	// classified as its target by the current posterior.
+	ce := &ledger.CE{ID: "kept", X: data.X[cfs[0]], XCF: data.X[cfs[1]], Target: 1, AnchorVersion: m.Version, P1: 0.99, Var1: 0.001,
+		Samples: 400, Delta: 0.05, Epsilon: 0.01}
+	if err := r.D.ledger.Put(context.Background(), ce); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := json.Marshal(map[string]any{"id": "kept", "x": ce.X, "x_cf": ce.XCF, "target": "benign"})
+	fresh, _ := json.Marshal(map[string]any{"id": "fresh", "x": ce.X, "x_cf": ce.XCF, "target": "benign"})
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", string(line)+"\n"+string(fresh)+"\n", nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"stored":0,"accepted":0,"exists":1,"refused":1`) {
+		t.Fatalf("a stored CE sent again and the same CE under a free id: %d %s", resp.StatusCode, body)
+	}
+	if want := `msg="bulk registration answered" lines=2 stored=0 accepted=0 exists=1 refused=1`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, logs.String())
+	}
+}
+
+// A registration stored in one batch with the lines of a bulk request (the registrar stores
+// what is queued together) gets its own log line; the bulk's lines get none.
+func TestRegistrationBesideABulkIsLogged(t *testing.T) {
+	logs := &tooltest.Output{}
+	r := startDaemonWith(t, nil, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	benign := target{set: true, name: "benign"}
+	rs := []registration{
+		{id: "alone", x: data.X[xs[0]], xcf: data.X[cfs[0]], target: benign},
+		{id: "line", x: data.X[xs[1%len(xs)]], xcf: data.X[cfs[1%len(cfs)]], target: benign, inBulk: true},
+	}
+	for i, o := range r.D.storeRegistrations(context.Background(), rs, nil) {
+		if o.err != nil {
+			t.Fatalf("%s: %v", rs[i].id, o.err)
+		}
+	}
+	if want := `msg="counterfactual registered" id=alone`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, logs.String())
+	}
+	if strings.Contains(logs.String(), "id=line") {
+		t.Errorf("the bulk's line was logged alone:\n%s", logs.String())
 	}
 }

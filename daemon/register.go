@@ -31,6 +31,9 @@ type registration struct {
 	x, xcf []float64
 	target target
 	req    ledger.RequestRef // its request id and fingerprint when sent with an Idempotency-Key
+	// inBulk marks a line of POST /v1/counterfactuals:bulk: the request logs one line for all
+	// its lines (handleBulkRegister), so none is logged for it alone.
+	inBulk bool
 }
 
 // is reports whether r registers ce: the same x, x_cf and target (resolved among classes).
@@ -71,7 +74,7 @@ func (d *Daemon) register(ctx context.Context, r registration) (*ledger.CE, erro
 	if rep, ok := d.replay(r); ok {
 		return rep.ce, rep.err
 	}
-	out, err := d.registrar.submit(ctx, []registration{r}, false)
+	out, err := d.registrar.submit(ctx, []registration{r})
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +241,7 @@ func (d *Daemon) registerMany(ctx context.Context, rs []registration, lookups *t
 	if len(send) == 0 {
 		return out, nil
 	}
-	got, err := d.registrar.submit(ctx, send, true)
+	got, err := d.registrar.submit(ctx, send)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +281,7 @@ type registrar struct {
 	stopped chan struct{} // closed when run returns: every job it took was answered before
 	lanes   int
 	measure func(ctx context.Context, rs []registration) *regMeasure
-	store   func(ctx context.Context, rs []registration, me *regMeasure, bulk bool) []registered
+	store   func(ctx context.Context, rs []registration, me *regMeasure) []registered
 }
 
 // registerQueue is how many jobs may wait for the registrar (more wait to be queued).
@@ -288,14 +291,13 @@ const registerQueue = 1024
 type registerJob struct {
 	ctx  context.Context
 	regs []registration
-	bulk bool
 	out  []registered
 	done chan struct{}
 }
 
 // newRegistrar measures on up to lanes cores at once (at least 1) and stores with store.
 func newRegistrar(lanes int, measure func(ctx context.Context, rs []registration) *regMeasure,
-	store func(ctx context.Context, rs []registration, me *regMeasure, bulk bool) []registered) *registrar {
+	store func(ctx context.Context, rs []registration, me *regMeasure) []registered) *registrar {
 	return &registrar{jobs: make(chan *registerJob, registerQueue), stopped: make(chan struct{}), lanes: max(1, lanes),
 		measure: measure, store: store}
 }
@@ -303,8 +305,8 @@ func newRegistrar(lanes int, measure func(ctx context.Context, rs []registration
 // submit hands rs to the registrar and waits for their outcomes. It returns ctx's error if ctx
 // ends first (the registrations may still be stored) and errStopping if the daemon stops
 // before taking them.
-func (g *registrar) submit(ctx context.Context, rs []registration, bulk bool) ([]registered, error) {
-	j := &registerJob{ctx: ctx, regs: rs, bulk: bulk, done: make(chan struct{})}
+func (g *registrar) submit(ctx context.Context, rs []registration) ([]registered, error) {
+	j := &registerJob{ctx: ctx, regs: rs, done: make(chan struct{})}
 	select {
 	case g.jobs <- j:
 	case <-g.stopped:
@@ -398,7 +400,6 @@ func (g *registrar) run(ctx context.Context) error {
 type regBatch struct {
 	live []*registerJob
 	regs []registration
-	bulk bool
 	me   *regMeasure
 }
 
@@ -415,7 +416,7 @@ func (g *registrar) prepare(ctx context.Context, batch []*registerJob) *regBatch
 			close(j.done)
 			continue
 		}
-		b.regs, b.live, b.bulk = append(b.regs, j.regs...), append(b.live, j), b.bulk || j.bulk
+		b.regs, b.live = append(b.regs, j.regs...), append(b.live, j)
 	}
 	if len(b.regs) == 0 {
 		return nil
@@ -426,7 +427,7 @@ func (g *registrar) prepare(ctx context.Context, batch []*registerJob) *regBatch
 
 // commit stores a measured batch and answers each of its jobs.
 func (g *registrar) commit(ctx context.Context, b *regBatch) {
-	out := g.store(ctx, b.regs, b.me, b.bulk)
+	out := g.store(ctx, b.regs, b.me)
 	for _, j := range b.live {
 		j.out, out = out[:len(j.regs):len(j.regs)], out[len(j.regs):]
 		close(j.done)
@@ -494,8 +495,8 @@ func (d *Daemon) measureUnder(ctx context.Context, rs []registration, m *bnn.Mod
 // measured (measureRegistrations); it holds d.mu from reading the current posterior to the
 // write, and measures rs again under it when me is nil or of another posterior, so that every
 // CE is anchored to the posterior it was measured under, current when it is stored (see apply).
-// bulk logs one line for the batch instead of one per CE.
-func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *regMeasure, bulk bool) []registered {
+// Each CE stored gets a log line, except the lines of a bulk request (registration.inBulk).
+func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *regMeasure) []registered {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := d.current()
@@ -515,8 +516,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 	p, targets, measured := me.p, me.targets, me.measured
 	var (
 		ces    []*ledger.CE
-		stored []int        // index in rs of each CE in ces
-		before []*ledger.CE // for each CE in ces, the CE its id held before the write, or nil
+		stored []int // index in rs of each CE in ces
 	)
 	for k, i := range measured {
 		t, cf, orig := targets[i], 2*k, 2*k+1
@@ -528,7 +528,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 				// hold d.mu). The write answers it as for any taken id (exists, 409, a key's
 				// earlier outcome) whatever this measurement says: a CE stored under an earlier
 				// posterior and sent again is not refused as if it were new.
-				ces, stored, before = append(ces, ce), append(stored, i), append(before, cur)
+				ces, stored = append(ces, ce), append(stored, i)
 				continue
 			}
 		}
@@ -547,7 +547,7 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 				errOutsideSet, ce.P1, 100*(1-d.cfg.Certify.VerdictAlpha), lo, 1-ce.Delta, ce.Var1, ce.Epsilon)
 			continue
 		}
-		ces, stored, before = append(ces, ce), append(stored, i), append(before, nil)
+		ces, stored = append(ces, ce), append(stored, i)
 	}
 	var (
 		errs    []error
@@ -579,41 +579,22 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		}
 		return out
 	}
-	n, existing := 0, 0
 	for k, i := range stored {
 		if out[i].err = errs[k]; out[i].err != nil {
-			// A bulk line whose CE is stored already under its id is answered "exists", not
-			// refused (handleBulkRegister): its log line counts it so. The CE is the one read
-			// before the write, unless an earlier line of this write took the id.
-			if bulk && d.rep == nil && errors.Is(out[i].err, ledger.ErrExists) {
-				cur := before[k]
-				if cur == nil {
-					cur = d.held(rs[i].id)
-				}
-				if cur != nil && rs[i].is(cur, m.Classes) {
-					existing++
-				}
-			}
 			continue
 		}
-		out[i].ce, out[i].req, n = ces[k], refs[k], n+1
+		out[i].ce, out[i].req = ces[k], refs[k]
 		if offsets != nil {
 			out[i].offset = offsets[k]
 		}
 		switch {
-		case bulk:
+		case rs[i].inBulk:
 		case d.rep != nil: // its owner decides its status, or refuses it, when it applies the request
 			d.log.Info("counterfactual registration sent to its partition's owner", "id", ces[k].ID, "offset", out[i].offset,
 				"p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
 		default:
 			d.log.Info("counterfactual registered", "id", ces[k].ID, "status", ces[k].Status, "p1", ces[k].P1, "var1", ces[k].Var1, "posterior_version", m.Version)
 		}
-	}
-	switch {
-	case bulk && d.rep != nil:
-		d.log.Info("counterfactual registrations sent to their partitions' owners", "sent", n, "refused", len(rs)-n, "posterior_version", m.Version)
-	case bulk:
-		d.log.Info("counterfactuals registered", "stored", n, "existing", existing, "refused", len(rs)-n-existing, "posterior_version", m.Version)
 	}
 	return out
 }

@@ -50,7 +50,7 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i], errs[i] = g.submit(context.Background(), regs[i:i+1], false)
+			out[i], errs[i] = g.submit(context.Background(), regs[i:i+1])
 		}()
 	}
 	waitfor.Cond(t, 10*time.Second, "16 registrations queued", func() bool { return len(g.jobs) == len(regs) })
@@ -102,11 +102,11 @@ func TestRegistrationsWaitingTogetherShareOneWrite(t *testing.T) {
 // errStopping (503), not left waiting.
 func TestRegistrationAfterStop(t *testing.T) {
 	g := newRegistrar(1, func(context.Context, []registration) *regMeasure { panic("not reached") },
-		func(context.Context, []registration, *regMeasure, bool) []registered { panic("not reached") })
+		func(context.Context, []registration, *regMeasure) []registered { panic("not reached") })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	g.run(ctx)
-	if _, err := g.submit(context.Background(), []registration{{id: "late"}}, false); !errors.Is(err, errStopping) || registerStatus(err) != http.StatusServiceUnavailable {
+	if _, err := g.submit(context.Background(), []registration{{id: "late"}}); !errors.Is(err, errStopping) || registerStatus(err) != http.StatusServiceUnavailable {
 		t.Errorf("submit after stop: %v, want errStopping (503)", err)
 	}
 }
@@ -191,7 +191,7 @@ func TestBatchedRegistrationsMeasureAsAlone(t *testing.T) {
 	}
 	r.Produce(t, vals...)
 	waitfor.Cond(t, 30*time.Second, "32 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 32 })
-	moved := r.D.storeRegistrations(ctx, rs, me, true)
+	moved := r.D.storeRegistrations(ctx, rs, me)
 	want = alone("after")
 	if want[0].AnchorVersion == v0 {
 		t.Fatalf("registrations after the increment anchored to version %d, the one before it", v0)
@@ -303,13 +303,13 @@ func TestRegistrationOfAClientGoneIsNotStored(t *testing.T) {
 	gone, leave := context.WithCancel(context.Background())
 	goneErr := make(chan error, 1)
 	go func() {
-		_, err := g.submit(gone, []registration{pair("gone", 0)}, false)
+		_, err := g.submit(gone, []registration{pair("gone", 0)})
 		goneErr <- err
 	}()
 	waitfor.Cond(t, 10*time.Second, "the first registration queued", func() bool { return len(g.jobs) == 1 })
 	stayed := make(chan []registered, 1)
 	go func() {
-		out, err := g.submit(context.Background(), []registration{pair("stayed", 1)}, false)
+		out, err := g.submit(context.Background(), []registration{pair("stayed", 1)})
 		if err != nil {
 			t.Errorf("stayed: %v", err)
 		}
@@ -356,7 +356,7 @@ func TestKeyedRegistrationAmongUnkeyedRecordsItsOutcome(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rs := []registration{pair(fmt.Sprintf("plain-%d", c.keyAt), 2*c.keyAt), pair(fmt.Sprintf("plain-%d-b", c.keyAt), 2*c.keyAt+1)}
 			keyed(&rs[c.keyAt], fmt.Sprintf("mixed-key-%d", c.keyAt), "", "fingerprint")
-			out := r.D.storeRegistrations(context.Background(), rs, nil, false)
+			out := r.D.storeRegistrations(context.Background(), rs, nil)
 			for k, o := range out {
 				if o.err != nil || o.ce == nil {
 					t.Fatalf("%s: %v, want stored", rs[k].id, o.err)
@@ -415,7 +415,7 @@ func TestRegistrationsQueuedTogetherAreOneWrite(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			reg := registration{id: fmt.Sprintf("q%d", k), x: data.X[xs[k]], xcf: data.X[cfs[k]], target: target{set: true, name: "benign"}}
-			out, err := g.submit(context.Background(), []registration{reg}, false)
+			out, err := g.submit(context.Background(), []registration{reg})
 			if err == nil {
 				err = out[0].err
 			}
