@@ -62,18 +62,16 @@ func registrations(ces []*CE, at time.Time) []ShareOp {
 	return ops
 }
 
-// A CE that moves to a new owner keeps what its previous owner learnt: the owner's ledger puts
-// each registered or changed CE's state in its outbox, and the new owner, replaying the same registrations
-// with the latest state of each, stores every CE with its renewed certificate, its verdict and
-// its history, judged to the same status, decided as far, as at its previous owner, and
-// publishes no status change again.
-func TestStatesFollowAMovedCE(t *testing.T) {
-	owner, _ := openTest(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
+// shareOwner is a ledger with opts on a model's posterior, holding n CEs ce-00, ce-01, ...
+// (drawn with seed) registered through its share at the time it returns.
+func shareOwner(t *testing.T, opts Options, n int, seed uint64) (*Ledger, *bnn.Model, []*CE, time.Time) {
+	t.Helper()
+	owner, _ := openTest(t, opts)
 	m0 := testModel(4)
 	install(t, owner, m0)
-	rng := rand.New(rand.NewPCG(5, 5))
+	rng := rand.New(rand.NewPCG(seed, seed))
 	var ces []*CE
-	for i := range 30 {
+	for i := range n {
 		ce := newCE(t, m0, rng)
 		ce.ID = fmt.Sprintf("ce-%02d", i)
 		ces = append(ces, ce)
@@ -82,6 +80,16 @@ func TestStatesFollowAMovedCE(t *testing.T) {
 	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil, nil); err != nil {
 		t.Fatal(err)
 	}
+	return owner, m0, ces, at
+}
+
+// A CE that moves to a new owner keeps what its previous owner learnt: the owner's ledger puts
+// each registered or changed CE's state in its outbox, and the new owner, replaying the same registrations
+// with the latest state of each, stores every CE with its renewed certificate, its verdict and
+// its history, judged to the same status, decided as far, as at its previous owner, and
+// publishes no status change again.
+func TestStatesFollowAMovedCE(t *testing.T) {
+	owner, m0, ces, at := shareOwner(t, Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON}, 30, 5)
 	// Each registration puts its CE's state in the outbox: the state topic holds every CE, so
 	// that one whose registration was deleted from the CE topic can be restored.
 	for id, s := range latestStates(t, owner) {
@@ -414,20 +422,7 @@ func BenchmarkConfirmStates(b *testing.B) {
 func TestStatesCarryAReissueWait(t *testing.T) {
 	enters := func(ch StatusChange) bool { return ch.To == certify.Invalidated }
 	opts := Options{Policy: testPolicy(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON, Reissue: enters}
-	owner, _ := openTest(t, opts)
-	m0 := testModel(4)
-	install(t, owner, m0)
-	rng := rand.New(rand.NewPCG(1, 2))
-	var ces []*CE
-	for i := range 40 {
-		ce := newCE(t, m0, rng)
-		ce.ID = fmt.Sprintf("ce-%02d", i)
-		ces = append(ces, ce)
-	}
-	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	if _, err := owner.ApplyShare(0, registrations(ces, at), int64(len(ces)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	owner, m0, ces, at := shareOwner(t, opts, 40, 1)
 	m1 := drift(m0, -8)
 	commit(t, owner, m1, 3)
 	waiting, err := owner.PendingReissues("", 100)
