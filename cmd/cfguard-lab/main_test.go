@@ -192,7 +192,7 @@ func TestIncrementsMarkdown(t *testing.T) {
 }
 
 // The overview (cfguard-lab --help) and docs/CLI.md's synopsis name every flag of every command,
-// as the command's own -h lists them.
+// as the command's own -h lists them, and no command, flag or default the binary does not have.
 func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/CLI.md")
 	if err != nil {

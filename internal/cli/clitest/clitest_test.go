@@ -28,3 +28,43 @@ func TestSynopsis(t *testing.T) {
 		t.Errorf("Synopsis = %q\nwant %q", got, want)
 	}
 }
+
+func TestShownDefault(t *testing.T) {
+	for _, c := range []struct {
+		value, want string
+		ok          bool
+	}{
+		{"1", "1", true},
+		{"paper|tight", "paper", true},
+		{"127.0.0.1:9092", "127.0.0.1:9092", true},
+		{"N", "", false}, // a placeholder
+		{"FILE.csv|NAME", "", false},
+		{"|", "", false}, // "[--settle | --settle-means]"
+		{"--partitions", "", false},
+		{"", "", false},
+	} {
+		if got, ok := shownDefault(c.value); got != c.want || ok != c.ok {
+			t.Errorf("shownDefault(%q) = %q, %v; want %q, %v", c.value, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestSameDefault(t *testing.T) {
+	for _, c := range []struct {
+		shown, def string
+		want       bool
+	}{
+		{"60s", "1m0s", true},
+		{"168h", "168h0m0s", true},
+		{"2m", "1m0s", false},
+		{"1e-5", "1e-05", true},
+		{"0.2", "0.2", true},
+		{"1024", "1000", false},
+		{"relu", "relu", true},
+		{"k1", "k2", false},
+	} {
+		if got := sameDefault(c.shown, c.def); got != c.want {
+			t.Errorf("sameDefault(%q, %q) = %v, want %v", c.shown, c.def, got, c.want)
+		}
+	}
+}

@@ -407,7 +407,7 @@ func TestReplicationKeyFile(t *testing.T) {
 }
 
 // The overview (cfguard --help) and docs/CLI.md's synopsis name every flag of every command, as
-// the command's own -h lists them.
+// the command's own -h lists them, and no command, flag or default the binary does not have.
 func TestOverviewAndCLIDocNameEveryFlag(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join(tooltest.RepoRoot(t), "docs", "CLI.md"))
 	if err != nil {
