@@ -169,8 +169,8 @@ type eventRow struct {
 	Size       int // the event's bytes, when Value shows only the first eventShown of them
 }
 
-// eventShown is how much of an event the events page shows: an event may hold up to 900 kB (an
-// increment's held records), and the page shows 200 of them.
+// eventShown is how many bytes of an event the events page shows: an event may hold up to 900 kB
+// (an increment's held records), and the page shows up to 200 events.
 const eventShown = 2000
 
 // statement is what a CE's status lets one say, in words (see docs/MATHS.md).
