@@ -102,6 +102,7 @@ func (e *explainer) run(ctx context.Context) error {
 // (truncated, a save cut short by a crash, a format of another build) is moved aside to
 // <state_dir>/vae.damaged-<time>, kept for inspection, and trained again.
 func (e *explainer) loadOrTrain(ctx context.Context) error {
+	cause := "first explanation" // what the training log line says it is for
 	if _, err := os.Stat(e.dir); err == nil {
 		v, err := explain.LoadVAE(e.dir)
 		if err == nil {
@@ -114,6 +115,7 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 				e.dir, err, rerr, e.dir)
 		}
 		e.log.Warn("the saved VAE does not load: moved aside, training a new one", "dir", e.dir, "moved_to", aside, "err", err)
+		cause = "the saved VAE does not load"
 	}
 	m := e.posterior()
 	set, _, err := assets.Load(e.dataset)
@@ -124,7 +126,7 @@ func (e *explainer) loadOrTrain(ctx context.Context) error {
 		e.log.Warn("no training data for the VAE: /v1/explain runs PSCE without its plausibility term", "dataset", e.dataset, "err", err)
 		return nil
 	}
-	e.log.Info("training the VAE for PSCE (first explanation)", "rows", set.Len())
+	e.log.Info("training the VAE for PSCE", "cause", cause, "rows", set.Len())
 	start := time.Now()
 	v, _, err := explain.TrainVAE(ctx, m, set.X, explain.TrainConfig{Seed: e.seed})
 	if err != nil {

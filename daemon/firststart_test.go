@@ -53,7 +53,8 @@ func TestFirstStartTrainsTheSharedModel(t *testing.T) {
 
 // A saved VAE that does not load (its weights cut short, as a crash during its save or a full disk
 // leaves them) no longer stops the daemon: it is moved aside, byte for byte, and the VAE is
-// trained again, the same network as the shared one.
+// trained again, the same network as the shared one, with a log line that says why (at start,
+// not for a first explanation).
 func TestDamagedVAEIsMovedAsideAndTrainedAgain(t *testing.T) {
 	m, err := bnn.Load(daemontest.SharedModelDir(t))
 	if err != nil {
@@ -88,7 +89,8 @@ func TestDamagedVAEIsMovedAsideAndTrainedAgain(t *testing.T) {
 		t.Fatalf("the damaged weights were not kept as they were: %v", err)
 	}
 	if !strings.Contains(logs.String(), "level=WARN msg=\"the saved VAE does not load: moved aside, training a new one\"") ||
-		!strings.Contains(logs.String(), "moved_to="+aside[0]) {
+		!strings.Contains(logs.String(), "moved_to="+aside[0]) ||
+		!strings.Contains(logs.String(), `msg="training the VAE for PSCE" cause="the saved VAE does not load"`) {
 		t.Fatalf("log: %s", logs.String())
 	}
 }
