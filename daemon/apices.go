@@ -277,17 +277,30 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 		}
 		results = append(results, res)
 	}
-	resp := bulkResponse{Results: results}
 	lookups := lookupBudget // for every batch: the request's answer is not held longer
 	for lo := 0; lo < len(regs); lo += maxRegisterBatch {
 		hi := min(lo+maxRegisterBatch, len(regs))
 		out, err := a.core.registerMany(r.Context(), regs[lo:hi], &lookups)
 		if err != nil {
+			// The batch's lines may be stored, or not: the log counts the lines before it.
+			a.logBulkCut(results[:at[lo]], len(results), results[at[lo]].Line, hi-lo, err)
 			writeBulkCut(w, err, results[at[lo]].Line, lo == 0, key != "")
 			return
 		}
+		// The first line that cuts the request answers it. The batch's other lines were written
+		// with it: the log counts them, a line whose write failed as in doubt.
+		var (
+			cut      error
+			cutLine  int
+			cutFirst bool
+			inDoubt  int
+		)
 		for k, o := range out {
 			res := &results[at[lo+k]]
+			stops := errors.Is(o.err, ledger.ErrWrite) || errors.Is(o.err, errStopping)
+			if cut == nil && (stops || errors.Is(o.err, errKeyReused)) {
+				cut, cutLine, cutFirst = o.err, res.Line, lo == 0 && k == 0
+			}
 			switch {
 			case o.err == nil && o.exists:
 				res.ID, res.Status = o.ce.ID, "exists"
@@ -296,12 +309,8 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				res.ID, res.Status = o.ce.ID, "accepted"
 			case o.err == nil:
 				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
-			case errors.Is(o.err, errKeyReused):
-				writeRegisterError(w, o.err)
-				return
-			case errors.Is(o.err, ledger.ErrWrite), errors.Is(o.err, errStopping):
-				writeBulkCut(w, o.err, results[at[lo+k]].Line, lo == 0 && k == 0, key != "")
-				return
+			case stops:
+				inDoubt++ // answered by the request's 503: it may be stored
 			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
 				res.Status = "exists"
 			default:
@@ -311,9 +320,31 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
+		if cut != nil {
+			a.logBulkCut(results[:at[hi-1]+1], len(results), cutLine, inDoubt, cut)
+			if errors.Is(cut, errKeyReused) {
+				writeRegisterError(w, cut)
+			} else {
+				writeBulkCut(w, cut, cutLine, cutFirst, key != "")
+			}
+			return
+		}
 	}
+	resp := countBulk(results)
+	resp.Results = results
+	// One line for the request, with the answer's counts (its lines get none of their own).
+	cmp.Or(a.log, slog.Default()).Info("bulk registration answered", "lines", len(results), "stored", resp.Stored,
+		"accepted", resp.Accepted, "exists", resp.Exists, "refused", resp.Refused)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// countBulk counts the outcomes of results; a line without a code or status (not answered: its
+// request was cut) is not counted.
+func countBulk(results []bulkResult) bulkResponse {
+	var resp bulkResponse
 	for _, res := range results {
 		switch {
+		case res.Code == 0 && res.Status == "":
 		case res.Code != 0:
 			resp.Refused++
 		case res.Status == "exists":
@@ -324,10 +355,17 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			resp.Stored++
 		}
 	}
-	// One line for the request, with the answer's counts (its lines get none of their own).
-	cmp.Or(a.log, slog.Default()).Info("bulk registration answered", "lines", len(results), "stored", resp.Stored,
-		"accepted", resp.Accepted, "exists", resp.Exists, "refused", resp.Refused)
-	writeJSON(w, http.StatusOK, resp)
+	return resp
+}
+
+// logBulkCut logs a bulk registration of lines lines answered with an error at line atLine
+// (err): the counts of done, the lines handled up to the cut, and inDoubt, the lines that may
+// or may not be stored (a failed write, the daemon stopping, the client gone). Its lines get no
+// log line of their own, so this is the only one of what it stored.
+func (a *api) logBulkCut(done []bulkResult, lines, atLine, inDoubt int, err error) {
+	c := countBulk(done)
+	cmp.Or(a.log, slog.Default()).Warn("bulk registration cut", "lines", lines, "at_line", atLine, "stored", c.Stored,
+		"accepted", c.Accepted, "exists", c.Exists, "refused", c.Refused, "in_doubt", inDoubt, "err", err)
 }
 
 // bulkResponse answers POST /v1/counterfactuals:bulk: counts, and one result per line.

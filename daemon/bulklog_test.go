@@ -113,3 +113,34 @@ func TestRegistrationBesideABulkIsLogged(t *testing.T) {
 		t.Errorf("the bulk's line was logged alone:\n%s", logs.String())
 	}
 }
+
+// TestBulkCutLogsWhatItStored: a bulk registration answered with an error after it stored lines
+// logs what it stored, as an answered one does: its lines get no log line of their own. Here
+// the key of an earlier one-line request is sent with a longer body: line 1 is the key reused
+// (422), and line 2, stored in the same write, is in the log's counts.
+func TestBulkCutLogsWhatItStored(t *testing.T) {
+	logs := &tooltest.Output{}
+	r := startDaemonWith(t, nil, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) }, nil)
+	waitfor.Cond(t, 20*time.Second, "readyz", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	var lines []string
+	for k := range 2 {
+		line, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("cut-%d", k), "x": data.X[xs[k%len(xs)]], "x_cf": data.X[cfs[k%len(cfs)]], "target": "benign"})
+		lines = append(lines, string(line)+"\n")
+	}
+	key := map[string]string{"Idempotency-Key": "bulk-cut"}
+	if resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", lines[0], key); resp.StatusCode != 200 || !strings.Contains(string(body), `"stored":1`) {
+		t.Fatalf("the first bulk: %d %s", resp.StatusCode, body)
+	}
+	resp, body := r.RawDo(t, "POST", "/v1/counterfactuals:bulk", lines[0]+lines[1], key)
+	if resp.StatusCode != 422 {
+		t.Fatalf("the key again with another body: %d %s; want 422", resp.StatusCode, body)
+	}
+	if code, body := r.Get(t, "/v1/counterfactuals/cut-1"); code != 200 {
+		t.Fatalf("line 2 of the cut request is not stored (%d %s): the test needs it stored", code, body)
+	}
+	if want := `msg="bulk registration cut" lines=2 at_line=1 stored=1 accepted=0 exists=0 refused=1`; !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, logs.String())
+	}
+}
