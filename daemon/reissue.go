@@ -43,6 +43,9 @@ type reissuer struct {
 	queue      chan string
 	log        *slog.Logger
 	sweepEvery time.Duration // how often run looks for waiting CEs not queued: reissueSweep
+	// wake asks run, with explain.reissue off, to publish the outcomes of the CEs waiting
+	// (resume): adopt's CEs, restored from a previous owner's states.
+	wake chan struct{}
 
 	mu     sync.Mutex
 	queued map[string]bool // the ids in queue
@@ -85,7 +88,7 @@ func (w reissueRule) ledgerOption() func(ledger.StatusChange) bool {
 
 func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
 	return &reissuer{d: d, log: log, rule: parseReissueRule(status), queue: make(chan string, reissueQueue),
-		sweepEvery: reissueSweep, queued: map[string]bool{}}
+		sweepEvery: reissueSweep, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // offer queues id unless it is queued already: added says it was queued now, ok that it is
@@ -142,15 +145,21 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 // adopt takes the CEs a previous owner of their partition left waiting for a reissue (restored
 // with their states, ledger.CE.ReissuePendingSince), which the ledger now holds as waiting: they
 // are queued as far as the queue has room, the rest left for a sweep. With explain.reissue off,
-// each gets its failure event: none will be reissued here.
+// none will be reissued here: run publishes the outcome of each as at a start (resume), a failure,
+// or counterfactual_reissued for one whose previous owner stored its replacement, from the
+// ledger (a CE deleted since gets none) and in turn with resume's (none gets two). adopt does not
+// wait for that: it is called as the share applies requests, and resume may ask the cluster.
 func (r *reissuer) adopt(ps []ledger.PendingReissue) {
 	if r == nil || len(ps) == 0 {
 		return
 	}
 	if r.rule == 0 {
-		r.log.Warn("counterfactuals a previous owner left waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event",
+		r.log.Warn("counterfactuals a previous owner left waiting for a reissue, with explain.reissue off: each gets a counterfactual_reissue_failed Event, or counterfactual_reissued when its replacement is stored",
 			"count", len(ps), "first_id", ps[0].ID)
-		r.fail(ps, reissueOff)
+		select {
+		case r.wake <- struct{}{}:
+		default: // run has a wake pending, which reads the ledger after these
+		}
 		return
 	}
 	queued := 0
@@ -275,9 +284,13 @@ func (r *reissuer) announceStored(ctx context.Context, ps []ledger.PendingReissu
 // run reissues queued CEs until ctx ends, sweeping the ledger every sweepEvery.
 func (r *reissuer) run(ctx context.Context) error {
 	r.resume(ctx)
-	if r.rule == 0 {
-		<-ctx.Done()
-		return nil
+	for r.rule == 0 {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+			r.resume(ctx)
+		}
 	}
 	t := time.NewTicker(r.sweepEvery)
 	defer t.Stop()

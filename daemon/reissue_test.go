@@ -412,3 +412,49 @@ func TestReissueFindsAReplacementStoredAtAnotherReplica(t *testing.T) {
 		t.Fatalf("the replacement r1 finds for %s: %+v (%v), want %s, stored at r2", old.ID, got, err, newID)
 	}
 }
+
+// TestReissueOffAdoptsAsAtStart: with explain.reissue off, the CEs a previous owner left waiting
+// (adopt) get the outcomes a start gives them, from the ledger and after adopt returns: the one
+// whose replacement is stored gets counterfactual_reissued naming it, not a failure leaving it
+// unannounced, and each gets one outcome however often it is adopted.
+func TestReissueOffAdoptsAsAtStart(t *testing.T) {
+	r, invalidated := heldAfterDrift(t, nil)
+	id := invalidated[len(invalidated)-1]
+	old, err := r.D.ledger.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, c := r.D.current(), r.D.cfg.Certify
+	newID := ident.Reissue(id, m.Version)
+	if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
+		P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := r.D.ledger.PendingReissues("", 100)
+	if err != nil || len(waiting) != len(invalidated) {
+		t.Fatalf("waiting for a reissue: %+v (%v), want %v", waiting, err, invalidated)
+	}
+	re := newReissuer(r.D, "", slog.New(slog.NewTextHandler(&tooltest.Output{}, nil)))
+	re.adopt(waiting)
+	re.adopt(waiting)
+	if still, err := r.D.ledger.PendingReissues("", 100); err != nil || len(still) != len(waiting) {
+		t.Errorf("waiting for a reissue after adopt: %+v (%v); want all %d, left to run", still, err, len(waiting))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- re.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	outcomes := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, invalidated)
+	if es := outcomes[id]; len(es) != 1 || es[0].Type != "counterfactual_reissued" || es[0].NewID != newID {
+		t.Errorf("outcomes of %s: %+v, want one counterfactual_reissued naming its stored replacement %s", id, es, newID)
+	}
+	for _, other := range invalidated[:len(invalidated)-1] {
+		if es := outcomes[other]; len(es) != 1 || es[0].Type != "counterfactual_reissue_failed" || es[0].Error != reissueOff {
+			t.Errorf("outcomes of %s: %+v, want one failure saying %q", other, es, reissueOff)
+		}
+	}
+	waitfor.Cond(t, 10*time.Second, "no CE waiting", func() bool {
+		still, err := r.D.ledger.PendingReissues("", 100)
+		return err == nil && len(still) == 0
+	})
+}
