@@ -70,7 +70,9 @@ func TestRetriedWritesFailApart(t *testing.T) {
 // be stored, not that nothing was: they are.
 func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 	var commits, failFrom atomic.Int32 // failFrom: the first commit that fails, 0 for none
+	logs := &tooltest.Output{}
 	r := startDaemonWith(t, nil, func(o *Options) {
+		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		o.Hooks.LedgerAfterCommit = func() error {
 			if n := commits.Add(1); failFrom.Load() != 0 && n >= failFrom.Load() {
 				return errors.New("injected: fdatasync: input/output error")
@@ -96,6 +98,11 @@ func TestBulkCutAfterItsFirstBatchSaysWhatMayBeStored(t *testing.T) {
 	}
 	if code, body := r.Get(t, "/v1/counterfactuals/cut-0"); code != http.StatusOK {
 		t.Errorf("line 1, in the first batch: %d %s; want it stored", code, body)
+	}
+	// Its lines log nothing of their own: the request's line says what it stored.
+	if want := fmt.Sprintf(`msg="bulk registration cut" lines=%d at_line=%d stored=%d accepted=0 exists=0 refused=0 in_doubt=10`,
+		n, maxRegisterBatch+1, maxRegisterBatch); !strings.Contains(logs.String(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, logs.String())
 	}
 	// A first batch that cannot be written stored nothing, also when it starts at line 2.
 	resp, body = r.RawDo(t, "POST", "/v1/counterfactuals:bulk", "\n"+strings.ReplaceAll(lines.String(), "cut-", "again-"), nil)
