@@ -36,7 +36,7 @@ type Host interface {
 	Predict(ctx context.Context, m *bnn.Model, rows [][]float64) (*bnn.Predictive, error)
 	// Applied is called after each batch of requests the ledger applied: CEs to judge, and
 	// waiting the CEs stored with a previous owner's state that waits for a reissue
-	// (ledger.CE.ReissuePendingSince), which the ledger now holds as waiting.
+	// (ledger.CE.ReissuePendingSince), which the ledger holds as waiting from that batch on.
 	Applied(waiting []ledger.PendingReissue)
 }
 
