@@ -59,7 +59,9 @@ func (w *writeTx) markReissues() error {
 
 // settleReissues deletes the entries of done whose stored change is at or before the version
 // given: an entry a later status change wrote again waits on. The state of each CE settled is
-// written again (Options.EncodeState), so that a later owner of the CE does not reissue it again.
+// written again (Options.EncodeState), so that a later owner of the CE does not reissue it again;
+// not that of a CE whose record is damaged (found after Open), which would fail the outcome's
+// transaction: a later owner may then reissue it once more.
 func (w *writeTx) settleReissues(done []PendingReissue) error {
 	b := w.tx.Bucket(bReissue)
 	if b == nil {
@@ -75,8 +77,10 @@ func (w *writeTx) settleReissues(done []PendingReissue) error {
 		if err := b.Delete(k); err != nil {
 			return err
 		}
-		if hdrs.Get(k) != nil {
-			w.states.add(k)
+		if raw := hdrs.Get(k); raw != nil && w.l.opts.EncodeState != nil {
+			if _, _, err := loadStored(w.tx, k, raw); err == nil {
+				w.states.add(k)
+			}
 		}
 	}
 	return nil

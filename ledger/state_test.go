@@ -457,6 +457,20 @@ func TestStatesCarryAReissueWait(t *testing.T) {
 	if s := states[settled.ID]; s == nil || s.ReissuePendingSince != nil {
 		t.Fatalf("%s settled, and its latest state %+v still waits: its next owner would reissue it again", settled.ID, s)
 	}
+	// A CE whose record was damaged since Open does not stop the outcome of the others it
+	// settles with: its state is left as it was.
+	damaged, other := waiting[len(waiting)-1], waiting[len(waiting)-2]
+	damageValue(t, owner, bBodies, damaged.ID)
+	if err := owner.Checkpoint(&Checkpoint{Reissued: []PendingReissue{damaged, other}}); err != nil {
+		t.Fatalf("settling %s with %s, whose record is damaged: %v", other.ID, damaged.ID, err)
+	}
+	if s := latestStates(t, owner)[other.ID]; s == nil || s.ReissuePendingSince != nil {
+		t.Fatalf("%s settled beside a damaged CE, and its latest state %+v still waits", other.ID, s)
+	}
+	// What the new owner must hold as waiting: the others, and the damaged one, whose last state
+	// still waits.
+	waiting = append(waiting[:len(waiting)-2], damaged)
+	states = latestStates(t, owner)
 
 	next, _ := openTest(t, opts)
 	install(t, next, m1)
