@@ -487,11 +487,6 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		if err := putSealed(bodies, id, bd.encode()); err != nil {
 			return err
 		}
-		if state != nil && state.ReissuePendingSince != nil {
-			if err := w.restoreReissue(id, *state.ReissuePendingSince); err != nil {
-				return err
-			}
-		}
 		if p.stated {
 			w.states.add(id) // the topic's last record of the CE is then this owner's
 		}
@@ -506,6 +501,15 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		}
 		if q := tx.Bucket(bQuarantine); q != nil && q.Get(id) != nil { // registered again
 			if err := q.Delete(id); err != nil {
+				return err
+			}
+			// The quarantined CE is replaced, as if deleted: its reissue goes with it.
+			if err := dropReissue(tx, id); err != nil {
+				return err
+			}
+		}
+		if state != nil && state.ReissuePendingSince != nil {
+			if err := w.restoreReissue(id, *state.ReissuePendingSince); err != nil {
 				return err
 			}
 		}

@@ -147,6 +147,37 @@ func TestDeletingAQuarantinedCEDropsItsReissueEntry(t *testing.T) {
 	}
 }
 
+// Registering a CE under the id of a quarantined one replaces it: the quarantined CE's reissue
+// entry goes, as its deletion's would, and the new CE does not wait for a reissue no change of
+// its own asked for.
+func TestRegisteringOverAQuarantinedCEDropsItsReissueEntry(t *testing.T) {
+	l, dir, waiting := waitingLedger(t, 5, 1)
+	hit := waiting[0].ID
+	old, err := l.Get(hit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damageValue(t, l, bHeaders, hit)
+	l = reopen(t, l, dir)
+	defer l.Close()
+	m, err := l.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ce := newCE(t, m, rand.New(rand.NewPCG(9, 9)))
+	ce.ID = hit
+	if err := l.Put(bg, ce); err != nil {
+		t.Fatalf("registering %s over its quarantined record: %v (was %+v)", hit, err, old)
+	}
+	if p, waits, err := l.PendingReissue(hit); err != nil || waits {
+		t.Fatalf("%s registered again still waits for the quarantined CE's reissue: %+v (%v)", hit, p, err)
+	}
+	if got, err := l.Get(hit); err != nil || got.ReissuePendingSince != nil {
+		t.Fatalf("Get(%s) = %+v (%v), want a CE waiting for no reissue", hit, got, err)
+	}
+	checkInvariants(t, l)
+}
+
 // An entry sealed but not 8 bytes long is damaged for Open as it is for Verify: Open writes it
 // again, so that the ledger the daemon runs on, and every backup of it, verifies.
 func TestOpenRepairsAReissueEntryOfTheWrongLength(t *testing.T) {
