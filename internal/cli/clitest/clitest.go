@@ -26,8 +26,9 @@ var (
 	// value: (default "text") for a string, (default 1m0s) for the others.
 	defaultRE = regexp.MustCompile(`\(default ("(?:[^"\\]|\\.)*"|[^\s():]+)\)\s*$`)
 	// namedFlag is a flag a synopsis names, with the value written after it, if any: "--name"
-	// or "--name VALUE", the value up to a space or a bracket.
-	namedFlag = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)(?: ([^\s\[\]]+))?`)
+	// or "--name VALUE", the value up to a space or a bracket; a dash begins no value (a flag
+	// after a flag is a flag).
+	namedFlag = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)(?: ([^\s\[\]-][^\s\[\]]*))?`)
 )
 
 // Flags returns the flags command name of p lists when run with -h; it fails t when the output
@@ -134,6 +135,13 @@ func Synopsis(doc []byte, program string) map[string]string {
 	return out
 }
 
+// namedFlags returns the flags text names, each as namedFlag's submatches (the whole match, the
+// name, the value written after it). A flag given as the other choice of a value
+// ("--scaler-from CSV|--no-scaler") is named too, not read as part of that value.
+func namedFlags(text string) [][]string {
+	return namedFlag.FindAllStringSubmatch(strings.ReplaceAll(text, "|--", "| --"), -1)
+}
+
 // CheckSynopsis reports through t every flag a command of p lists in its -h output that p's
 // overview (the command's Args) or doc's synopsis of the command (Synopsis) does not name, as
 // --flag followed by anything but a letter, a digit or a dash; every flag either names that the
@@ -163,7 +171,7 @@ func CheckSynopsis(t testing.TB, p cli.Program, doc []byte, docName string) {
 			}
 		}
 		for where, text := range map[string]string{p.Name + " --help": c.Args, docName: synopsis[c.Name]} {
-			for _, m := range namedFlag.FindAllStringSubmatch(text, -1) {
+			for _, m := range namedFlags(text) {
 				i := slices.IndexFunc(flags, func(f flagDefault) bool { return f.name == m[1] })
 				if i < 0 {
 					t.Errorf("%s: %s %s names --%s, which %s %s -h does not list", where, p.Name, c.Name, m[1], p.Name, c.Name)

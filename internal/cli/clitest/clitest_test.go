@@ -68,3 +68,23 @@ func TestSameDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestNamedFlags(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want [][2]string // name, value
+	}{
+		{"--mode paper|tight [--fast]", [][2]string{{"mode", "paper|tight"}, {"fast", ""}}},
+		{"--scaler-from CSV|--no-scaler --out DIR", [][2]string{{"scaler-from", "CSV|"}, {"no-scaler", ""}, {"out", "DIR"}}},
+		{"(--scaler-from CSV | --no-scaler)", [][2]string{{"scaler-from", "CSV"}, {"no-scaler", ""}}},
+		{"--verbose --out DIR", [][2]string{{"verbose", ""}, {"out", "DIR"}}}, // a flag is no value
+	} {
+		var got [][2]string
+		for _, m := range namedFlags(c.text) {
+			got = append(got, [2]string{m[1], m[2]})
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("namedFlags(%q) = %q, want %q", c.text, got, c.want)
+		}
+	}
+}
