@@ -340,6 +340,10 @@ type Member struct {
 	restored    int64
 	checks      int64
 	held        []int // Held, until the first generation releases those it does not assign
+	// settled is closed once the first generation has released the Held partitions it gives
+	// to others (Settled).
+	settled    chan struct{}
+	settleOnce sync.Once
 }
 
 // NewMember checks cfg, creates the CE topic when it is missing (with cfg.Partitions
@@ -384,8 +388,11 @@ func NewMember(ctx context.Context, cfg MemberConfig, hooks Hooks, log *slog.Log
 		skipped[r] = 0
 	}
 	m := &Member{cfg: cfg, hooks: hooks, log: log, parts: map[int]*partState{}, skipped: skipped, held: slices.Clone(cfg.Held),
-		releasing: map[int]chan struct{}{},
-		bal:       &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held), keys: cfg.Keys}}
+		releasing: map[int]chan struct{}{}, settled: make(chan struct{}),
+		bal: &stickyBalancer{topic: cfg.Topic, replica: cfg.ReplicaID, url: cfg.AdvertiseURL, owned: slices.Clone(cfg.Held), keys: cfg.Keys}}
+	if len(cfg.Held) == 0 {
+		m.settle()
+	}
 	m.bal.refused = func(member string, err error) {
 		log.Warn("a member of the CE group whose data does not authenticate under the cluster key was given no partition: "+
 			"a client without replication.key_file joined the group (check the group's ACLs), or this replica's key file "+
@@ -420,6 +427,18 @@ func (c *MemberConfig) dialer() (*kafka.Dialer, error) {
 	}
 	return d, err
 }
+
+// Settled returns a channel closed once the store holds no CE of a partition held from an
+// earlier run (MemberConfig.Held) that another member owns: when the first generation's
+// releases of those it gives to others have ended, or ReleaseWait has passed (then the
+// releases still running go on, as every release does); at once when nothing is held. Until
+// then the store holds a stopped replica's copies of CEs that another replica may have owned,
+// judged and published meanwhile: whoever re-certifies, confirms or reissues the store's CEs
+// waits for it, or it would publish stale changes of CEs it gives up. It is closed before
+// the generation takes up its partitions, so that nothing Hooks.Apply waits for waits for it.
+func (m *Member) Settled() <-chan struct{} { return m.settled }
+
+func (m *Member) settle() { m.settleOnce.Do(func() { close(m.settled) }) }
 
 // Owned returns the partitions this member holds (acquired and not released), in order.
 // Between generations it still holds the partitions of the last one.
@@ -658,6 +677,7 @@ func (m *Member) serve(ctx context.Context, cl *kafka.Client, gen *kafka.Generat
 		}
 	}
 	m.awaitReleases(releases)
+	m.settle() // before any partition is taken up: Hooks.Apply may wait for what Settled holds back
 	m.bal.setOwned(assigned, gen.ID)
 	m.mu.Lock()
 	m.generation, m.lastGen = gen.ID, gen.ID

@@ -289,10 +289,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	g.Go("register", d.registrar.run)
 	g.Go("outbox", d.outbox.run)
-	g.Go("confirm", d.confirm.run)
+	g.Go("confirm", d.afterShareSettled("the confirmer", d.confirm.run))
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
-	g.Go("reissue", d.reissue.run)
+	g.Go("reissue", d.afterShareSettled("the reissuer", d.reissue.run))
 	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
 	g.Go("watermarks", func(ctx context.Context) error { return d.watchTopic(ctx, ends) })

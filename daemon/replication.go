@@ -81,6 +81,11 @@ func (h replicaHost) Compute(ctx context.Context, prev *bnn.Model, inc *stream.I
 // of this replica's own step, and the input records its consumer found lost, when the entry is
 // its own.
 func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *bnn.Model, own replica.Step, cp *ledger.Checkpoint) error {
+	if next != nil {
+		if err := h.d.awaitShareSettled(ctx, "the follower's next posterior"); err != nil {
+			return err
+		}
+	}
 	s := stepOf(e, prev, next)
 	if o, ok := own.(*step); ok {
 		s.events = o.eventsOf(e.Seq)
@@ -92,6 +97,43 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 		h.d.hooks.FollowCommit(ctx, next.Version)
 	}
 	return h.d.commitStep(ctx, s, cp, time.Now())
+}
+
+// awaitShareSettled waits until the CE share has settled which of the partitions the ledger
+// kept from an earlier run this replica keeps (cluster.Share.Settled), or ctx ends; what says
+// what waits, in the INFO line logged when it has to. A re-certification, a confirmation or a
+// reissue before then would judge the ledger's copies of CEs another replica took over while
+// this one was away, and publish their changes again from a stale copy.
+func (d *Daemon) awaitShareSettled(ctx context.Context, what string) error {
+	if d.share == nil {
+		return nil
+	}
+	select {
+	case <-d.share.Settled():
+		return nil
+	default:
+	}
+	start := time.Now()
+	d.log.Info(what+" waits until the CE group's first generation has released the partitions kept from the last run that it gives to other replicas",
+		"component", "ceshare")
+	select {
+	case <-d.share.Settled():
+		d.log.Info(what+" goes on: the partitions kept from the last run that other replicas own are released", "component", "ceshare",
+			"waited", time.Since(start).Round(time.Millisecond))
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// afterShareSettled is run, started once the CE share has settled (awaitShareSettled).
+func (d *Daemon) afterShareSettled(what string, run func(ctx context.Context) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if d.awaitShareSettled(ctx, what) != nil {
+			return nil // stopped meanwhile
+		}
+		return run(ctx)
+	}
 }
 
 // Summary is what the posterior log's entry number seq records of s (replica.Step): with its
