@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -925,6 +926,70 @@ func TestMemberReleasesPartitionsHeldFromACrash(t *testing.T) {
 		}
 	}
 	waitReleased(t, r2.m, l, len(want), lost, "r2, once r3 joined")
+}
+
+// Settled is closed at once for a member that holds nothing from an earlier run; a member that
+// does stays unsettled while its first generation's releases of the partitions it gives to
+// others run (ReleaseWait set past them), and is settled before it acquires any partition: a
+// batch of requests may wait for what Settled holds back.
+func TestSettledOnceTheHeldPartitionsOthersOwnAreReleased(t *testing.T) {
+	_, conn := startBroker(t)
+	r1 := startReplica(t, memberConfig(conn, "r1"))
+	select {
+	case <-r1.m.Settled():
+	default:
+		t.Error("a member that holds nothing from an earlier run is not settled")
+	}
+	waitfor.Cond(t, 60*time.Second, "r1 owning every partition", func() bool { return ownership(r1) != nil })
+
+	cfg := memberConfig(conn, "r2")
+	cfg.ReleaseWait = time.Minute
+	l := newLedger()
+	for p := range testPartitions {
+		cfg.Held = append(cfg.Held, p)
+		l.next[p] = 0
+	}
+	gate := make(chan struct{})
+	l.release = func(ctx context.Context, _ int) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	var (
+		m         atomic.Pointer[Member]
+		unsettled atomic.Int32
+	)
+	l.acquire = func(int) {
+		select {
+		case <-m.Load().Settled():
+		default:
+			unsettled.Add(1)
+		}
+	}
+	r2 := startReplicaOn(t, cfg, l)
+	m.Store(r2.m)
+	waitfor.Cond(t, 60*time.Second, "r2's first generation releasing what r1 keeps", func() bool { return len(r2.m.Releasing()) > 0 })
+	select {
+	case <-r2.m.Settled():
+		t.Fatalf("r2 settled while it releases %v", r2.m.Releasing())
+	case <-time.After(500 * time.Millisecond):
+	}
+	if a := l.acquisitions(); len(a) > 0 {
+		t.Errorf("r2 acquired %v while it releases %v", a, r2.m.Releasing())
+	}
+	close(gate)
+	select {
+	case <-r2.m.Settled():
+	case <-time.After(30 * time.Second):
+		t.Fatal("r2 not settled within 30s of its releases' end")
+	}
+	waitfor.Cond(t, 60*time.Second, "r1 and r2 sharing the partitions", func() bool {
+		return ownership(r1, r2) != nil && len(r2.m.Owned()) > 0
+	})
+	if n := unsettled.Load(); n > 0 {
+		t.Errorf("r2 acquired %d partitions before it was settled", n)
+	}
 }
 
 // TestFetchFailuresWarnOncePerEpisode: failed fetches of a partition are said at WARN once they
