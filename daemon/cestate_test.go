@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -49,15 +48,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	data := daemontest.Bundled(t)
 	ids := daemontest.RegisterCEs(t, r1, data, 10, "")
 	// 32 benign rows labelled malignant (a drift), then clean records.
-	var drift [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(drift) < 32 {
-			drift = append(drift, daemontest.Record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
-		}
-	}
-	for i := range 96 {
-		drift = append(drift, daemontest.Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
-	}
+	drift := daemontest.FlippedThenClean(data, 32, 96)
 	r1.Produce(t, drift...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and every CE judged", func() bool {
 		return r1.Metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&

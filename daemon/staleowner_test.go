@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -54,15 +53,7 @@ func TestRestartedReplicaPublishesNothingForPartitionsItLost(t *testing.T) {
 	})
 
 	// 32 benign rows labelled malignant (a drift), then clean records, applied by r2.
-	var drift [][]byte
-	for i := range data.X {
-		if data.Y[i] == 1 && len(drift) < 32 {
-			drift = append(drift, daemontest.Record(fmt.Sprintf("flip%d", i), data.X[i], "malignant"))
-		}
-	}
-	for i := range 96 {
-		drift = append(drift, daemontest.Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
-	}
+	drift := daemontest.FlippedThenClean(data, 32, 96)
 	r2.Produce(t, drift...)
 	waitfor.Cond(t, 60*time.Second, "the drift applied and every CE judged at r2", func() bool {
 		return r2.Metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&

@@ -159,6 +159,16 @@ func Flipped(data *dataset.Set, n int) [][]byte {
 	return vals
 }
 
+// FlippedThenClean is Flipped(data, n), a drift, then the first clean rows of data correctly
+// labelled.
+func FlippedThenClean(data *dataset.Set, n, clean int) [][]byte {
+	vals := Flipped(data, n)
+	for i := range clean {
+		vals = append(vals, Record(fmt.Sprintf("clean%d", i), data.X[i], data.Y[i]))
+	}
+	return vals
+}
+
 // StoreCEs stores n CEs anchored to r's current posterior directly in its ledger (the API would
 // measure each one separately; this measures candidate rows once): x a malignant row, x_cf a row
 // the posterior puts in the <delta, epsilon>-set for "benign", cycling over the candidates.
