@@ -59,6 +59,22 @@ type Keyring struct {
 // ErrUnauthenticated is matched (errors.Is) by every error of Verify.
 var ErrUnauthenticated = errors.New("not authenticated by the cluster key")
 
+// UnknownKeyError is Verify's error for an authenticator under a key id the keyring does not
+// hold: a record of another cluster, a forger's, or one signed under a key removed from this
+// file while records signed with it are still read. It matches ErrUnauthenticated.
+type UnknownKeyError struct {
+	// ID is the authenticator's key id (clipped to 64 bytes).
+	ID     string
+	source string
+	ids    []string
+}
+
+func (e *UnknownKeyError) Error() string {
+	return fmt.Sprintf("%v: key id %q is not in %s (its keys: %s)", ErrUnauthenticated, e.ID, e.source, strings.Join(e.ids, ", "))
+}
+
+func (e *UnknownKeyError) Unwrap() error { return ErrUnauthenticated }
+
 // Load reads the key file at path. Its errors name the file (and line) and what to do: how to
 // make a key file, or, for one of too many keys, which keys to remove.
 func Load(path string) (*Keyring, error) {
@@ -201,7 +217,7 @@ func (k *Keyring) Verify(domain string, value, auth []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: key id %q is not in %s (its keys: %s)", ErrUnauthenticated, clip(id), k.source, strings.Join(k.IDs(), ", "))
+	return &UnknownKeyError{ID: clip(id), source: k.source, ids: k.IDs()}
 }
 
 // clip shortens a key id quoted in an error to 64 bytes (ident.Clip).
