@@ -59,8 +59,9 @@ func decodeMeasured(raw []byte) (Measured, error) {
 	return ce, nil
 }
 
-// Send puts registrations on the CE topic, one request each, with the request id and
-// fingerprint of reqs[i] (a random request id when it has none); errs[i] is ces[i]'s outcome,
+// Send puts registrations on the CE topic, one request each, with the request id of reqs[i]
+// scoped to the CE's partition (partitionRID; a random request id when it has none, written
+// back to reqs[i] either way) and its fingerprint; errs[i] is ces[i]'s outcome,
 // offsets[i] where its request landed in its partition.
 func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.RequestRef) (errs []error, offsets []int64) {
 	errs, offsets = make([]error, len(ces)), make([]int64, len(ces))
@@ -71,6 +72,8 @@ func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 		}
 		if reqs[i].RID == "" {
 			reqs[i].RID = newRID()
+		} else {
+			reqs[i].RID = s.partitionRID(reqs[i].RID, ce.ID)
 		}
 		raw, err := json.Marshal(Measured{X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: ce.AnchorVersion, P1: ce.P1,
 			Var1: ce.Var1, Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon})
@@ -105,6 +108,18 @@ func (s *Share) Send(ctx context.Context, ces []*ledger.CE, reqs []ledger.Reques
 
 // newRID is a random request id.
 func newRID() string { return rand.Text() }
+
+// partitionRID scopes a client's request id (an Idempotency-Key's, daemon's keyRequest) to the
+// partition of CE id. An owner decides a keyed request by the outcome it keeps under the request
+// id; scoped, that outcome is one of the same partition's requests, so the decision is the
+// partition's own, whichever partitions the owner holds. Without the scope, a key reused for CEs
+// of two partitions would be 422 at an owner of both and applied at two owners, and once both
+// partitions had one owner, the registration the other owner stored (answered 201) would be
+// taken there for a retry of the first when its partition is rebuilt: lost. A key reused within
+// one partition is the key reused (422), as on a single daemon.
+func (s *Share) partitionRID(rid, id string) string {
+	return fmt.Sprintf("%s.p%d", rid, ceshare.Partition(id, s.partitions))
+}
 
 // ErrPending: a registration or deletion was sent, and its owner has not applied it yet.
 var ErrPending = errors.New("accepted; its owner has not applied it yet")
@@ -317,15 +332,17 @@ type RequestOutcome struct {
 	Applied        int64          `json:"applied"`
 }
 
-// Forget sends a deletion of id as the request ref (a random request id when it has none) to
-// the CE topic and answers the outcome its owner recorded for it once the owner has applied the
-// partition past it: OutcomeDeleted when it deleted a CE, OutcomeAbsent when nothing was stored
-// under id at the request's offset; ErrPending when the owner has not applied it within
-// replication.register_wait. A keyed retry is sent again and skipped by the owner, which answers
+// Forget sends a deletion of id as the request ref (its request id scoped to id's partition,
+// partitionRID; a random one when it has none) to the CE topic and answers the outcome its
+// owner recorded for it once the owner has applied the partition past it: OutcomeDeleted when it
+// deleted a CE, OutcomeAbsent when nothing was stored under id at the request's offset;
+// ErrPending when the owner has not applied it within replication.register_wait. A keyed retry is sent again and skipped by the owner, which answers
 // the first attempt's outcome, so it deletes nothing registered since.
 func (s *Share) Forget(ctx context.Context, id string, ref ledger.RequestRef) (RequestOutcome, error) {
 	if ref.RID == "" {
 		ref.RID = newRID()
+	} else {
+		ref.RID = s.partitionRID(ref.RID, id)
 	}
 	sctx, cancel := context.WithTimeout(ctx, SendTimeout)
 	_, offset, err := s.prod.Send(sctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(),
