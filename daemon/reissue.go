@@ -144,11 +144,12 @@ func (r *reissuer) notify(changes []ledger.StatusChange) {
 
 // adopt takes the CEs a previous owner of their partition left waiting for a reissue (restored
 // with their states, ledger.CE.ReissuePendingSince), which the ledger holds as waiting from then
-// on: they are queued as far as the queue has room, the rest left for a sweep. With explain.reissue off,
-// none will be reissued here: run publishes the outcome of each as at a start (resume), a failure,
-// or counterfactual_reissued for one whose previous owner stored its replacement, from the
-// ledger (a CE deleted since gets none) and in turn with resume's (none gets two). adopt does not
-// wait for that: it is called as the share applies requests, and resume may ask the cluster.
+// on: they are queued as far as the queue has room, the rest left for a sweep. With
+// explain.reissue off, none will be reissued here: run publishes the outcome of each as at a
+// start (resume), a failure, or counterfactual_reissued for one whose previous owner stored its
+// replacement, from the ledger (a CE deleted since gets none) and in turn with resume's (none
+// gets two). adopt does not wait for that: it is called as the share applies requests, and
+// resume may ask the cluster.
 func (r *reissuer) adopt(ps []ledger.PendingReissue) {
 	if r == nil || len(ps) == 0 {
 		return
