@@ -237,17 +237,7 @@ func TestReissueResumeBoundsTheQueue(t *testing.T) {
 func TestReissueAnnouncesAStoredReplacement(t *testing.T) {
 	r, invalidated := heldAfterDrift(t, nil)
 	id := invalidated[len(invalidated)-1] // in the daemon's queue, behind the held one
-	old, err := r.D.ledger.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := r.D.current()
-	c := r.D.cfg.Certify
-	newID := ident.Reissue(id, m.Version)
-	if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
-		P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
-		t.Fatal(err)
-	}
+	newID := storeReplacement(t, r, id)
 	logs := &tooltest.Output{}
 	re := newReissuer(r.D, "invalidated", slog.New(slog.NewTextHandler(logs, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the hook holds a generation until then
@@ -284,16 +274,7 @@ func TestReissueResumeAnnouncesAStoredReplacement(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, invalidated := heldAfterDrift(t, nil)
 			id := invalidated[len(invalidated)-1]
-			old, err := r.D.ledger.Get(id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, c := r.D.current(), r.D.cfg.Certify
-			newID := ident.Reissue(id, m.Version)
-			if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
-				P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
-				t.Fatal(err)
-			}
+			newID := storeReplacement(t, r, id)
 			re := newReissuer(r.D, tc.rule, slog.New(slog.NewTextHandler(&tooltest.Output{}, nil))) // nothing takes from its queue
 			for i := range tc.fill {
 				re.queue <- fmt.Sprintf("filler-%d", i)
@@ -420,16 +401,7 @@ func TestReissueFindsAReplacementStoredAtAnotherReplica(t *testing.T) {
 func TestReissueOffAdoptsAsAtStart(t *testing.T) {
 	r, invalidated := heldAfterDrift(t, nil)
 	id := invalidated[len(invalidated)-1]
-	old, err := r.D.ledger.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, c := r.D.current(), r.D.cfg.Certify
-	newID := ident.Reissue(id, m.Version)
-	if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
-		P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
-		t.Fatal(err)
-	}
+	newID := storeReplacement(t, r, id)
 	waiting, err := r.D.ledger.PendingReissues("", 100)
 	if err != nil || len(waiting) != len(invalidated) {
 		t.Fatalf("waiting for a reissue: %+v (%v), want %v", waiting, err, invalidated)
@@ -457,4 +429,22 @@ func TestReissueOffAdoptsAsAtStart(t *testing.T) {
 		still, err := r.D.ledger.PendingReissues("", 100)
 		return err == nil && len(still) == 0
 	})
+}
+
+// storeReplacement stores in r's ledger a replacement of CE id, named as the reissuer names one
+// under the current posterior, as a run that stopped before announcing it leaves it; it returns
+// its id.
+func storeReplacement(t *testing.T, r *running, id string) string {
+	t.Helper()
+	old, err := r.D.ledger.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, c := r.D.current(), r.D.cfg.Certify
+	newID := ident.Reissue(id, m.Version)
+	if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: newID, X: old.X, XCF: old.XCF, Target: old.Target, AnchorVersion: m.Version,
+		P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
+		t.Fatal(err)
+	}
+	return newID
 }
