@@ -341,9 +341,10 @@ type Member struct {
 	checks      int64
 	held        []int // Held, until the first generation releases those it does not assign
 	// settled is closed once the first generation has released the Held partitions it gives
-	// to others (Settled).
-	settled    chan struct{}
-	settleOnce sync.Once
+	// to others, and replaced by an open one when the process was paused past its session
+	// (Settled); guarded by mu, with stamp, the last time the member looked (checkPause).
+	settled chan struct{}
+	stamp   time.Time
 }
 
 // NewMember checks cfg, creates the CE topic when it is missing (with cfg.Partitions
@@ -436,9 +437,90 @@ func (c *MemberConfig) dialer() (*kafka.Dialer, error) {
 // judged and published meanwhile: whoever re-certifies, confirms or reissues the store's CEs
 // waits for it, or it would publish stale changes of CEs it gives up. It is closed before
 // the generation takes up its partitions, so that nothing Hooks.Apply waits for waits for it.
-func (m *Member) Settled() <-chan struct{} { return m.settled }
+//
+// A process paused past its session (SIGSTOP, a stall of its VM) resumes with the partitions of
+// a generation the group may have ended meanwhile, and another member may have owned, judged
+// and published their CEs. The member stamps the time every pauseTick; when it finds a gap
+// longer than the session timeout less one heartbeat interval (the group may have evicted it),
+// here or at its next stamp, Settled returns an open channel again, closed once the next
+// generation released the partitions it does not give back, or once the member has seen its
+// generation go on for a session timeout after the pause (it was not evicted).
+func (m *Member) Settled() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checkPause(time.Now())
+	return m.settled
+}
 
-func (m *Member) settle() { m.settleOnce.Do(func() { close(m.settled) }) }
+// settle closes the open Settled channel.
+func (m *Member) settle() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.settleLocked()
+}
+
+func (m *Member) settleLocked() {
+	select {
+	case <-m.settled:
+	default:
+		close(m.settled)
+	}
+}
+
+// pauseTick is how often the member stamps the time to find a pause of its process.
+const pauseTick = 100 * time.Millisecond
+
+// checkPause stamps now, and reopens Settled when the last stamp is so old that the group may
+// have ended this member's generation meanwhile (Settled). It is called with m.mu held.
+func (m *Member) checkPause(now time.Time) {
+	last := m.stamp
+	m.stamp = now
+	gap := now.Sub(last)
+	if last.IsZero() || gap <= m.cfg.SessionTimeout-m.cfg.HeartbeatInterval {
+		return
+	}
+	select {
+	case <-m.settled:
+	default:
+		return // not settled yet: the generation to come settles it
+	}
+	m.settled = make(chan struct{})
+	gen := m.generation
+	m.log.Warn("this process was paused past the CE group's session: the group may have given its partitions to other members; "+
+		"the follower commits no posterior until the next generation released what it lost",
+		"paused", gap.Round(time.Millisecond), "session_timeout", m.cfg.SessionTimeout, "generation", gen, "partitions", slices.Sorted(maps.Keys(m.parts)))
+	if gen != 0 {
+		ch := m.settled
+		time.AfterFunc(m.cfg.SessionTimeout, func() { m.survived(ch, gen) })
+	}
+}
+
+// survived closes ch, the Settled channel a pause opened in generation gen, when that
+// generation is still this member's a session timeout later: the group did not evict it.
+func (m *Member) survived(ch chan struct{}, gen int32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.settled == ch && m.generation == gen {
+		m.log.Info("the CE generation went on after the pause: re-certification goes on", "generation", gen)
+		m.settleLocked()
+	}
+}
+
+// watchPauses stamps the time every pauseTick until ctx ends (checkPause).
+func (m *Member) watchPauses(ctx context.Context) {
+	tick := time.NewTicker(pauseTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		m.mu.Lock()
+		m.checkPause(time.Now())
+		m.mu.Unlock()
+	}
+}
 
 // Owned returns the partitions this member holds (acquired and not released), in order.
 // Between generations it still holds the partitions of the last one.
@@ -542,6 +624,7 @@ func (m *Member) Run(ctx context.Context) error {
 	}
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
+	go m.watchPauses(ctx)
 	dialer, err := m.cfg.dialer()
 	if err != nil {
 		return err
@@ -634,6 +717,7 @@ func (m *Member) next(ctx context.Context, cg *kafka.ConsumerGroup, ended time.T
 		m.lost++
 		m.mu.Unlock()
 		m.releaseAll(ctx, "no generation within the session timeout: the group evicted this member")
+		m.settle() // the store holds no partition of this member's any more
 		return cg.Next(ctx)
 	}
 	return gen, err

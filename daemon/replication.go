@@ -114,11 +114,11 @@ func (d *Daemon) awaitShareSettled(ctx context.Context, what string) error {
 	default:
 	}
 	start := time.Now()
-	d.log.Info(what+" waits until the CE group's first generation has released the partitions kept from the last run that it gives to other replicas",
-		"component", "ceshare")
+	d.log.Info(what+" waits until a CE group generation has released the partitions this replica holds that it gives to other replicas "+
+		"(kept from the last run, or owned before a pause of this process past its session)", "component", "ceshare")
 	select {
 	case <-d.share.Settled():
-		d.log.Info(what+" goes on: the partitions kept from the last run that other replicas own are released", "component", "ceshare",
+		d.log.Info(what+" goes on: the partitions this replica held that other replicas own are released", "component", "ceshare",
 			"waited", time.Since(start).Round(time.Millisecond))
 		return nil
 	case <-ctx.Done():

@@ -1,0 +1,83 @@
+package ceshare
+
+import (
+	"testing"
+	"time"
+)
+
+// A gap between two stamps longer than the session timeout less one heartbeat interval (the
+// group may have evicted the member) reopens Settled, once: a member not settled yet, or whose
+// stamps come on time, stays as it is.
+func TestCheckPauseReopensSettled(t *testing.T) {
+	const session, heartbeat = 3 * time.Second, 300 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		settled bool
+		gaps    []time.Duration // between stamps, after the first
+		want    bool            // Settled closed after the stamps
+	}{
+		{name: "stamps on time", settled: true, gaps: []time.Duration{pauseTick, pauseTick, 2 * time.Second}, want: true},
+		{name: "a gap of the session less one heartbeat", settled: true, gaps: []time.Duration{session - heartbeat}, want: true},
+		{name: "a gap past it", settled: true, gaps: []time.Duration{session - heartbeat + time.Millisecond}, want: false},
+		{name: "a pause, then stamps on time", settled: true, gaps: []time.Duration{time.Minute, pauseTick, pauseTick}, want: false},
+		{name: "a pause before the first generation settled", settled: false, gaps: []time.Duration{time.Minute}, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Member{cfg: MemberConfig{SessionTimeout: session, HeartbeatInterval: heartbeat}, log: testLog(t), settled: make(chan struct{})}
+			if tc.settled {
+				m.settle()
+			}
+			first := m.settled
+			now := time.Now()
+			m.checkPause(now)
+			for _, g := range tc.gaps {
+				now = now.Add(g)
+				m.checkPause(now)
+			}
+			select {
+			case <-m.settled:
+				if !tc.want {
+					t.Fatal("Settled is closed after the stamps")
+				}
+			default:
+				if tc.want {
+					t.Fatal("Settled is open after the stamps")
+				}
+			}
+			if !tc.want && tc.settled && m.settled == first {
+				t.Fatal("Settled returns the channel closed before the pause")
+			}
+		})
+	}
+}
+
+// After a pause, the next generation's start settles (serve), and so does the member's own
+// generation a session timeout later when it is still the member's (the group did not evict
+// it); a generation ended meanwhile settles nothing until the next one.
+func TestSurvivedGenerationSettles(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		now, then int32 // the member's generation at the pause and a session timeout later
+		want      bool
+	}{
+		{name: "the same generation", now: 4, then: 4, want: true},
+		{name: "the generation ended", now: 4, then: 0, want: false},
+		{name: "a later generation", now: 4, then: 6, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Member{log: testLog(t), settled: make(chan struct{}), generation: tc.then}
+			ch := m.settled
+			m.survived(ch, tc.now)
+			select {
+			case <-ch:
+				if !tc.want {
+					t.Fatal("settled")
+				}
+			default:
+				if tc.want {
+					t.Fatal("not settled")
+				}
+			}
+		})
+	}
+}
