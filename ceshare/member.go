@@ -345,6 +345,11 @@ type Member struct {
 	// (Settled); guarded by mu, with stamp, the last time the member looked (checkPause).
 	settled chan struct{}
 	stamp   time.Time
+	// pausedAt and pausedGen: when a pause reopened Settled within generation pausedGen (not 0),
+	// so that a stamp a session timeout later settles it if that generation is still this
+	// member's (survived); zero when no pause is followed.
+	pausedAt  time.Time
+	pausedGen int32
 }
 
 // NewMember checks cfg, creates the CE topic when it is missing (with cfg.Partitions
@@ -477,6 +482,7 @@ func (m *Member) checkPause(now time.Time) {
 	m.stamp = now
 	gap := now.Sub(last)
 	if last.IsZero() || gap <= m.cfg.SessionTimeout-m.cfg.HeartbeatInterval {
+		m.survived(now)
 		return
 	}
 	select {
@@ -489,21 +495,24 @@ func (m *Member) checkPause(now time.Time) {
 	m.log.Warn("this process was paused past the CE group's session: the group may have given its partitions to other members; "+
 		"the follower commits no posterior until the next generation released what it lost",
 		"paused", gap.Round(time.Millisecond), "session_timeout", m.cfg.SessionTimeout, "generation", gen, "partitions", slices.Sorted(maps.Keys(m.parts)))
+	m.pausedAt, m.pausedGen = time.Time{}, 0
 	if gen != 0 {
-		ch := m.settled
-		time.AfterFunc(m.cfg.SessionTimeout, func() { m.survived(ch, gen) })
+		m.pausedAt, m.pausedGen = now, gen
 	}
 }
 
-// survived closes ch, the Settled channel a pause opened in generation gen, when that
-// generation is still this member's a session timeout later: the group did not evict it.
-func (m *Member) survived(ch chan struct{}, gen int32) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.settled == ch && m.generation == gen {
-		m.log.Info("the CE generation went on after the pause: re-certification goes on", "generation", gen)
+// survived settles, at a stamp a session timeout after a pause that reopened Settled, when the
+// generation of the pause is still this member's: the group did not evict it. A generation
+// ended meanwhile leaves Settled to the next one (serve). It is called with m.mu held.
+func (m *Member) survived(now time.Time) {
+	if m.pausedAt.IsZero() || now.Sub(m.pausedAt) < m.cfg.SessionTimeout {
+		return
+	}
+	if m.generation == m.pausedGen {
+		m.log.Info("the CE generation went on after the pause: re-certification goes on", "generation", m.pausedGen)
 		m.settleLocked()
 	}
+	m.pausedAt, m.pausedGen = time.Time{}, 0
 }
 
 // watchPauses stamps the time every pauseTick until ctx ends (checkPause).

@@ -51,23 +51,37 @@ func TestCheckPauseReopensSettled(t *testing.T) {
 	}
 }
 
-// After a pause, the next generation's start settles (serve), and so does the member's own
-// generation a session timeout later when it is still the member's (the group did not evict
-// it); a generation ended meanwhile settles nothing until the next one.
+// After a pause, the next generation's start settles (serve), and so does a stamp a session
+// timeout later when the pause's generation is still the member's (the group did not evict it);
+// a generation ended meanwhile settles nothing until the next one, and no stamp before the
+// session timeout settles.
 func TestSurvivedGenerationSettles(t *testing.T) {
+	const session, heartbeat = 3 * time.Second, 300 * time.Millisecond
 	for _, tc := range []struct {
 		name      string
-		now, then int32 // the member's generation at the pause and a session timeout later
+		now, then int32         // the member's generation at the pause and at the later stamp
+		after     time.Duration // from the pause to the later stamp
 		want      bool
 	}{
-		{name: "the same generation", now: 4, then: 4, want: true},
-		{name: "the generation ended", now: 4, then: 0, want: false},
-		{name: "a later generation", now: 4, then: 6, want: false},
+		{name: "the same generation", now: 4, then: 4, after: session, want: true},
+		{name: "the same generation, too soon", now: 4, then: 4, after: session - pauseTick, want: false},
+		{name: "the generation ended", now: 4, then: 0, after: session, want: false},
+		{name: "a later generation", now: 4, then: 6, after: session, want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Member{log: testLog(t), settled: make(chan struct{}), generation: tc.then}
+			m := &Member{cfg: MemberConfig{SessionTimeout: session, HeartbeatInterval: heartbeat}, log: testLog(t),
+				settled: make(chan struct{}), generation: tc.now}
+			m.settle()
+			now := time.Now()
+			m.checkPause(now)
+			now = now.Add(time.Minute) // the pause
+			m.checkPause(now)
 			ch := m.settled
-			m.survived(ch, tc.now)
+			m.generation = tc.then
+			for end := now.Add(tc.after); now.Before(end); { // stamps on time until the later stamp
+				now = now.Add(min(pauseTick, end.Sub(now)))
+				m.checkPause(now)
+			}
 			select {
 			case <-ch:
 				if !tc.want {
