@@ -72,6 +72,10 @@ type confirmer struct {
 	measured  atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
 	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
+	// gate, when set, is waited for before each batch: a replica's share settled
+	// (Daemon.awaitShareSettled), so that no batch judges the stale copy of a CE another replica
+	// took over while this one was stopped or paused. An error (ctx ended) ends the round.
+	gate func(ctx context.Context) error
 }
 
 // confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
@@ -174,6 +178,9 @@ func (c *confirmer) run(ctx context.Context) error {
 // measured under a posterior close enough to be kept (ledger.Measurements).
 func (c *confirmer) round(ctx context.Context) error {
 	for ctx.Err() == nil {
+		if c.gate != nil && c.gate(ctx) != nil {
+			return nil
+		}
 		m := c.current()
 		if c.pool == nil || c.pool.Version() != m.Version && (c.stale || c.moved(m)) {
 			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at

@@ -216,3 +216,16 @@ func TestConfirmerFailsWhenItsLedgerCannotBeRead(t *testing.T) {
 		t.Fatalf("%d ERROR lines over %d failing rounds, want 1:\n%s", n, rounds, logs.String())
 	}
 }
+
+// A confirmer whose gate does not open (a replica whose share has not settled: its ledger may
+// hold stale copies of CEs another replica owns) measures nothing: the round ends before it
+// reads the posterior or the ledger.
+func TestConfirmerWaitsForItsGate(t *testing.T) {
+	asked := 0
+	c := newConfirmer(nil, func() *bnn.Model { t.Fatal("the round read the posterior past a closed gate"); return nil },
+		nil, nil, nil, slog.New(slog.DiscardHandler))
+	c.gate = func(ctx context.Context) error { asked++; return context.Canceled }
+	if err := c.round(context.Background()); err != nil || asked != 1 {
+		t.Fatalf("round = %v after asking the gate %d times; want nil after one", err, asked)
+	}
+}

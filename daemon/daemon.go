@@ -289,10 +289,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	g.Go("register", d.registrar.run)
 	g.Go("outbox", d.outbox.run)
-	g.Go("confirm", d.afterShareSettled("the confirmer", d.confirm.run))
+	g.Go("confirm", d.confirm.run)
 	g.Go("audit", d.auditSchedule)
 	g.Go("explain", d.exp.run)
-	g.Go("reissue", d.afterShareSettled("the reissuer", d.reissue.run))
+	g.Go("reissue", d.reissue.run)
 	g.Go("predict", d.batch.run)
 	g.Go("export", d.export.run)
 	g.Go("watermarks", func(ctx context.Context) error { return d.watchTopic(ctx, ends) })
@@ -468,6 +468,12 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	}, log.With("component", "confirm"))
 	for _, c := range d.confirm {
 		c.beforeRound = d.hooks.ConfirmRound
+	}
+	if cfg.Replication.Enabled {
+		d.reissue.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the reissuer") }
+		for _, c := range d.confirm {
+			c.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the confirmer") }
+		}
 	}
 	return nil
 }

@@ -43,6 +43,10 @@ type reissuer struct {
 	queue      chan string
 	log        *slog.Logger
 	sweepEvery time.Duration // how often run looks for waiting CEs not queued: reissueSweep
+	// gate, when set, is waited for before each resume, sweep and reissue: a replica's share
+	// settled (Daemon.awaitShareSettled), so that no stale copy of a CE another replica took
+	// over while this one was stopped or paused is reissued or failed. An error: ctx ended.
+	gate func(ctx context.Context) error
 	// wake asks run, with explain.reissue off, to publish the outcomes of the CEs waiting
 	// (resume): adopt's CEs, restored from a previous owner's states.
 	wake chan struct{}
@@ -284,12 +288,18 @@ func (r *reissuer) announceStored(ctx context.Context, ps []ledger.PendingReissu
 
 // run reissues queued CEs until ctx ends, sweeping the ledger every sweepEvery.
 func (r *reissuer) run(ctx context.Context) error {
+	if r.await(ctx) != nil {
+		return nil
+	}
 	r.resume(ctx)
 	for r.rule == 0 {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
+			if r.await(ctx) != nil {
+				return nil
+			}
 			r.resume(ctx)
 		}
 	}
@@ -300,12 +310,26 @@ func (r *reissuer) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if r.await(ctx) != nil {
+				return nil
+			}
 			r.sweep(ctx)
 		case id := <-r.queue:
 			r.taken(id)
+			if r.await(ctx) != nil {
+				return nil
+			}
 			r.reissue(ctx, id)
 		}
 	}
+}
+
+// await waits for gate, when set; its error is ctx's.
+func (r *reissuer) await(ctx context.Context) error {
+	if r.gate == nil {
+		return nil
+	}
+	return r.gate(ctx)
 }
 
 // sweep queues the CEs the ledger holds as waiting for a reissue that are not queued, in id

@@ -122,3 +122,14 @@ func TestReissueQueueFullByOne(t *testing.T) {
 		}
 	}
 }
+
+// A reissuer whose gate does not open does not read the ledger (run returns once the gate says
+// ctx ended): no CE of a stale copy is reissued or failed.
+func TestReissuerWaitsForItsGate(t *testing.T) {
+	r := newReissuer(nil, "invalidated", slog.New(slog.DiscardHandler)) // a nil daemon: any read of the ledger panics
+	asked := 0
+	r.gate = func(ctx context.Context) error { asked++; return context.Canceled }
+	if err := r.run(context.Background()); err != nil || asked != 1 {
+		t.Fatalf("run = %v after asking the gate %d times; want nil after one", err, asked)
+	}
+}

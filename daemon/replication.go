@@ -126,16 +126,6 @@ func (d *Daemon) awaitShareSettled(ctx context.Context, what string) error {
 	}
 }
 
-// afterShareSettled is run, started once the CE share has settled (awaitShareSettled).
-func (d *Daemon) afterShareSettled(what string, run func(ctx context.Context) error) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
-		if d.awaitShareSettled(ctx, what) != nil {
-			return nil // stopped meanwhile
-		}
-		return run(ctx)
-	}
-}
-
 // Summary is what the posterior log's entry number seq records of s (replica.Step): with its
 // events, each naming the entry and of at most maxLogEventBytes.
 func (s *step) Summary(seq uint64) replica.Summary {
