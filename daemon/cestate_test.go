@@ -147,7 +147,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 		if _, ok := was[e.ID]; !ok || e.Type != "status_changed" {
 			continue
 		}
-		switch daemontest.Header(m, ReplicaHeader) {
+		switch kafkatest.Header(m, ReplicaHeader) {
 		case "r1":
 			byR1++
 		case "r2":

@@ -113,7 +113,7 @@ func TestOutboxPublisherWaitsForTheBroker(t *testing.T) {
 
 	for i, msg := range readTopic(t, ctx, []string{addr}, len(stored)) {
 		want := stored[i]
-		if seq := daemontest.Header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
+		if seq := kafkatest.Header(msg, OutboxSeqHeader); seq != strconv.FormatUint(want.Seq, 10) || string(msg.Key) != want.Key {
 			t.Fatalf("event %d: key %q, %s %q; want %q, %d", i, msg.Key, OutboxSeqHeader, seq, want.Key, want.Seq)
 		}
 		var e Event
@@ -408,7 +408,7 @@ func TestOutboxEventTooLargeForItsTopic(t *testing.T) {
 		return err == nil && n == 0
 	})
 	for i, msg := range readTopic(t, ctx, b.Addrs(), len(stored)) {
-		if seq, want := daemontest.Header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
+		if seq, want := kafkatest.Header(msg, OutboxSeqHeader), stored[i]; seq != strconv.FormatUint(want.Seq, 10) {
 			t.Fatalf("event %d on the topic has %s %s, want %d: events out of order", i, OutboxSeqHeader, seq, want.Seq)
 		}
 	}

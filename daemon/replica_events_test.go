@@ -53,7 +53,7 @@ func TestEventsOfADeadWritersEntryArePublishedByTheNextClaimant(t *testing.T) {
 			}
 			own[e.LogEntry]++
 		}
-		if got := daemontest.Header(m, ReplicaHeader); got != "r1" {
+		if got := kafkatest.Header(m, ReplicaHeader); got != "r1" {
 			t.Errorf("an event of replica r1 carries %s %q", ReplicaHeader, got)
 		}
 	}

@@ -67,7 +67,7 @@ func TestRestartedReplicaPublishesNothingForPartitionsItLost(t *testing.T) {
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.Type == "status_changed" && daemontest.Header(m, ReplicaHeader) == "r2" &&
+		if e.Type == "status_changed" && kafkatest.Header(m, ReplicaHeader) == "r2" &&
 			slices.Contains(kept, ceshare.Partition(e.ID, r2.D.share.Partitions())) {
 			byR2++
 		}
@@ -107,7 +107,7 @@ func TestRestartedReplicaPublishesNothingForPartitionsItLost(t *testing.T) {
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.ID == "" || daemontest.Header(m, ReplicaHeader) != "r1" {
+		if e.ID == "" || kafkatest.Header(m, ReplicaHeader) != "r1" {
 			continue
 		}
 		if p := ceshare.Partition(e.ID, parts); !slices.Contains(gave, p) {

@@ -102,3 +102,13 @@ func Transport(t testing.TB) *kafka.Transport {
 	t.Cleanup(tr.CloseIdleConnections)
 	return tr
 }
+
+// Header is the value of a Kafka message's header key (empty if absent).
+func Header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

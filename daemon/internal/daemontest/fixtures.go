@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/cfguard/cfguard/assets"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
@@ -211,16 +209,6 @@ func EachCE(t testing.TB, l *ledger.Ledger, fn func(*ledger.CE)) {
 		}
 		after = page[len(page)-1].ID
 	}
-}
-
-// Header is the value of a Kafka message's header (empty if absent).
-func Header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 // AnySlice is x as a JSON array's elements.

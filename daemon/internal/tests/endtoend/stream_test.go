@@ -146,9 +146,9 @@ func TestDriftFlagsCounterfactualsAndPublishesEvents(t *testing.T) {
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			t.Fatal(err)
 		}
-		seq, err := strconv.ParseUint(daemontest.Header(m, daemon.OutboxSeqHeader), 10, 64)
+		seq, err := strconv.ParseUint(kafkatest.Header(m, daemon.OutboxSeqHeader), 10, 64)
 		if err != nil || seq <= lastSeq {
-			t.Fatalf("event %s: %s header %q after %d: want increasing sequence numbers", m.Value, daemon.OutboxSeqHeader, daemontest.Header(m, daemon.OutboxSeqHeader), lastSeq)
+			t.Fatalf("event %s: %s header %q after %d: want increasing sequence numbers", m.Value, daemon.OutboxSeqHeader, kafkatest.Header(m, daemon.OutboxSeqHeader), lastSeq)
 		}
 		lastSeq = seq
 		switch e.Type {

@@ -325,7 +325,7 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	root := t.TempDir()
 	data, model, modelDir := proc.TrainModel(t, root)
 	brokers := proc.StartClusterBroker(t)
-	reps := proc.StartReplicas(t, root, 3, brokers, modelDir, "update:\n  solver: adam\n  objective: prior\n  kl_weight: 0\n  memory_records: 0\n  learning_rate: 0.003\n")
+	reps := proc.StartReplicas(t, root, 3, brokers, modelDir, paperLearner)
 
 	const n = 24
 	registerRoundRobin(t, reps, data, model, n)

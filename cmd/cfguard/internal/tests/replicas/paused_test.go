@@ -1,8 +1,6 @@
 package replicas
 
 import (
-	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
-
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -11,9 +9,9 @@ import (
 	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/cmd/cfguard/internal/proc"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
-	"github.com/segmentio/kafka-go"
 )
 
 // paperLearner is the replicas' configuration of a learner that follows a drift within a few
@@ -51,21 +49,12 @@ func eventsSince(t *testing.T, brokers []string, from []int) ([]ceEvent, []int) 
 			if err := json.Unmarshal(m.Value, &e); err != nil {
 				t.Fatalf("events partition %d offset %d: %v", p, m.Offset, err)
 			}
-			e.Replica = header(m, "cfguard-replica")
+			e.Replica = kafkatest.Header(m, "cfguard-replica")
 			out = append(out, e)
 		}
 		next[p] = len(msgs)
 	}
 	return out, next
-}
-
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 // An owner paused past its session (SIGSTOP) while another replica takes over its partitions
