@@ -493,7 +493,7 @@ func (m *Member) checkPause(now time.Time) {
 	m.settled = make(chan struct{})
 	gen := m.generation
 	m.log.Warn("this process was paused past the CE group's session: the group may have given its partitions to other members; "+
-		"the follower commits no posterior until the next generation released what it lost",
+		"its store's CEs are judged again once the next generation released what it lost",
 		"paused", gap.Round(time.Millisecond), "session_timeout", m.cfg.SessionTimeout, "generation", gen, "partitions", slices.Sorted(maps.Keys(m.parts)))
 	m.pausedAt, m.pausedGen = time.Time{}, 0
 	if gen != 0 {

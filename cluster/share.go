@@ -226,9 +226,9 @@ func (s *Share) Member() *ceshare.Member { return s.member }
 // Settled is ceshare.Member.Settled: closed once the ledger holds no CE of a partition kept
 // from an earlier run that another replica owns, and open again after a pause of the process
 // past its session until the next generation released what it lost. Until then this
-// replica's follower commits no posterior, and at the start its confirmer and reissuer do not
-// start: each would judge the copies of CEs that another replica took over while this one was
-// away, and publish their status changes a second time, from a stale copy.
+// replica's follower commits no posterior, and its confirmer and reissuer start no batch or
+// reissue: each would judge the copies of CEs that another replica took over while this one
+// was away, and publish their status changes a second time, from a stale copy.
 func (s *Share) Settled() <-chan struct{} { return s.member.Settled() }
 
 // Close closes the producer and the directory.

@@ -191,13 +191,10 @@ func (d *Daemon) storedInClusterAll(ctx context.Context, left *time.Duration, rs
 // maxAsking bounds the owners' lookups of one bulk batch asked at once.
 const maxAsking = 16
 
-// held is the CE the ledger holds under id, nil when it holds none (or cannot read it).
-func (d *Daemon) held(id string) *ledger.CE {
-	ce, err := d.ledger.Get(id)
-	if err != nil {
-		return nil
-	}
-	return ce
+// taken reports whether the ledger holds a CE under id.
+func (d *Daemon) taken(id string) bool {
+	_, err := d.ledger.Get(id)
+	return err == nil
 }
 
 // storedNow is the answer to a registration that stored want: the CE as stored now, read back
@@ -522,15 +519,13 @@ func (d *Daemon) storeRegistrations(ctx context.Context, rs []registration, me *
 		t, cf, orig := targets[i], 2*k, 2*k+1
 		ce := &ledger.CE{ID: rs[i].id, X: rs[i].x, XCF: rs[i].xcf, Target: t, AnchorVersion: m.Version, P1: p.P(cf, t), Var1: p.V(cf, t),
 			Samples: d.cfg.Certify.Samples, Delta: d.cfg.Certify.Delta, Epsilon: d.cfg.Certify.Epsilon}
-		if d.rep == nil && rs[i].id != "" {
-			if cur := d.held(rs[i].id); cur != nil {
-				// The id is taken, and holds cur until the write (a single daemon's deletions
-				// hold d.mu). The write answers it as for any taken id (exists, 409, a key's
-				// earlier outcome) whatever this measurement says: a CE stored under an earlier
-				// posterior and sent again is not refused as if it were new.
-				ces, stored = append(ces, ce), append(stored, i)
-				continue
-			}
+		if d.rep == nil && rs[i].id != "" && d.taken(rs[i].id) {
+			// The id is taken, and stays so until the write (a single daemon's deletions hold
+			// d.mu). The write answers it as for any taken id (exists, 409, a key's earlier
+			// outcome) whatever this measurement says: a CE stored under an earlier posterior and
+			// sent again is not refused as if it were new.
+			ces, stored = append(ces, ce), append(stored, i)
+			continue
 		}
 		if p.Argmax(orig) == t {
 			out[i].err = fmt.Errorf("%w: x is already classified as %q", errNotCounterfactual, m.Classes[t])

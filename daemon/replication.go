@@ -100,10 +100,11 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 }
 
 // awaitShareSettled waits until the CE share has settled which of the partitions the ledger
-// kept from an earlier run this replica keeps (cluster.Share.Settled), or ctx ends; what says
-// what waits, in the INFO line logged when it has to. A re-certification, a confirmation or a
-// reissue before then would judge the ledger's copies of CEs another replica took over while
-// this one was away, and publish their changes again from a stale copy.
+// holds (kept from an earlier run, or owned before a pause of the process past its session)
+// this replica keeps (cluster.Share.Settled), or ctx ends; what says what waits, in the INFO
+// line logged when it has to. A re-certification, a confirmation or a reissue before then would
+// judge the ledger's copies of CEs another replica took over while this one was away, and
+// publish their changes again from a stale copy.
 func (d *Daemon) awaitShareSettled(ctx context.Context, what string) error {
 	if d.share == nil {
 		return nil

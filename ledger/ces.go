@@ -509,7 +509,10 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			}
 		}
 		if state != nil && state.ReissuePendingSince != nil {
-			if err := w.restoreReissue(id, *state.ReissuePendingSince); err != nil {
+			// It waits for a reissue since that version, as its previous owner left it: the new
+			// owner reissues it, or, with explain.reissue off, publishes why not. A status change
+			// of this transaction that makes it wait writes the entry again (markReissues runs after).
+			if err := w.putReissues([]PendingReissue{{ID: ce.ID, Version: *state.ReissuePendingSince}}); err != nil {
 				return err
 			}
 		}

@@ -45,12 +45,17 @@ func (w *writeTx) markReissues() error {
 		return nil
 	}
 	slices.SortStableFunc(marks, func(a, b PendingReissue) int { return strings.Compare(a.ID, b.ID) })
+	return w.putReissues(marks)
+}
+
+// putReissues writes the entries of ps, creating the bucket with the first.
+func (w *writeTx) putReissues(ps []PendingReissue) error {
 	b, err := w.tx.CreateBucketIfNotExists(bReissue)
 	if err != nil {
 		return err
 	}
-	for _, m := range marks {
-		if err := putSealed(b, []byte(m.ID), u64bytes(m.Version)); err != nil {
+	for _, p := range ps {
+		if err := putSealed(b, []byte(p.ID), u64bytes(p.Version)); err != nil {
 			return err
 		}
 	}
@@ -84,18 +89,6 @@ func (w *writeTx) settleReissues(done []PendingReissue) error {
 		}
 	}
 	return nil
-}
-
-// restoreReissue makes CE id wait for a reissue since version, as the state its previous owner
-// left says it did (CE.ReissuePendingSince): the new owner reissues it, or, with explain.reissue
-// off, publishes why not. A status change of the same transaction that makes it wait writes the
-// entry again, at its own version (markReissues runs after).
-func (w *writeTx) restoreReissue(id []byte, version uint64) error {
-	b, err := w.tx.CreateBucketIfNotExists(bReissue)
-	if err != nil {
-		return err
-	}
-	return putSealed(b, id, u64bytes(version))
 }
 
 // dropReissue deletes the entry of a deleted CE.
