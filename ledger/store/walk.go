@@ -198,6 +198,7 @@ func (g geometry) olderDamaged() error {
 // walkStats counts what the walk saw.
 type walkStats struct {
 	Pages, FreePages, Buckets, Keys int
+	InUse                           []uint64
 }
 
 // walker checks the page tree of data (the file up to the high-water mark).
@@ -250,6 +251,11 @@ func (w *walker) walk(m metaPage) (walkStats, error) {
 			return w.stats, Corruptf("bbolt page %d is neither in use nor on the freelist", id)
 		default:
 			w.stats.FreePages++
+		}
+	}
+	for id, r := range w.reach {
+		if r {
+			w.stats.InUse = append(w.stats.InUse, uint64(id))
 		}
 	}
 	return w.stats, nil
@@ -439,6 +445,10 @@ type Layout struct {
 	Freelist uint64
 	// Pages is the number of pages the tree reaches; FreePages the number of free ones.
 	Pages, FreePages int
+	// InUse lists, ascending, the ids of the pages that hold the transaction: the two meta pages,
+	// the freelist page when there is one, and the pages the tree reaches with their overflow
+	// pages. A byte anywhere else (a free page, or past the high-water mark) is not read.
+	InUse []uint64
 	// MetaDamaged says why the other meta page is invalid ("" when both are valid).
 	MetaDamaged string
 }
@@ -464,7 +474,7 @@ func Inspect(f *os.File) (Layout, error) {
 // layout describes g after a walk that counted st.
 func (g geometry) layout(st walkStats) Layout {
 	lo := Layout{Size: g.size, PageSize: g.pageSize, TxID: g.meta.txid, MetaPage: g.slot, Freelist: g.meta.freelist,
-		Pages: st.Pages, FreePages: st.FreePages}
+		Pages: st.Pages, FreePages: st.FreePages, InUse: st.InUse}
 	if !g.other.valid {
 		lo.MetaDamaged = fmt.Sprintf("meta page %d: %s", 1-g.slot, g.other.why)
 	}

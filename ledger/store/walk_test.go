@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,6 +89,10 @@ func TestInspect(t *testing.T) {
 	}
 	if hwm := ne.Uint64(data[lo.MetaPage*ps+16+40:]); uint64(2+lo.Pages+lo.FreePages) != hwm {
 		t.Fatalf("%d pages in use and %d free beside the 2 meta pages; the high-water mark is %d", lo.Pages, lo.FreePages, hwm)
+	}
+	root := ne.Uint64(data[lo.MetaPage*ps+16+16:])
+	if len(lo.InUse) != 2+lo.Pages || lo.InUse[0] != 0 || lo.InUse[1] != 1 || !slices.IsSorted(lo.InUse) || !slices.Contains(lo.InUse, root) {
+		t.Fatalf("InUse %v: want the 2 meta pages, the root %d and %d others, ascending", lo.InUse, root, lo.Pages-1)
 	}
 	newest, older := lo.MetaPage, 1-lo.MetaPage
 	flip := func(off int) []byte {
