@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
@@ -217,14 +218,40 @@ func (s *Share) askWith(ctx context.Context, c *http.Client, o ceshare.Owner, me
 	req.Header.Set(HeaderForwarded, s.id)
 	resp, err := c.Do(req)
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err)
+		return peerAnswer{}, s.unreachable(fmt.Errorf("%w: %s %s at %s (%s): %v", ErrPeer, method, path, o.Replica, o.URL, err))
 	}
 	defer resp.Body.Close()
 	b, err := readPeerBody(resp.Body)
 	if err != nil {
-		return peerAnswer{}, fmt.Errorf("%w: %s %s at %s (%s): %w", ErrPeer, method, path, o.Replica, o.URL, err)
+		err = fmt.Errorf("%w: %s %s at %s (%s): %w", ErrPeer, method, path, o.Replica, o.URL, err)
+		if !errors.Is(err, errAnswerTooLarge) { // the connection failed before the answer ended
+			err = s.unreachable(err)
+		}
+		return peerAnswer{}, err
 	}
 	return peerAnswer{code: resp.StatusCode, body: b, blocked: resp.Header.Get(HeaderBlocked) != ""}, nil
+}
+
+// UnreachableError is the ErrPeer of a replica that gave no answer: no connection, or one
+// refused or cut before its answer was read. A replica that stopped without leaving the CE group
+// (a SIGKILL, a lost host) keeps its partitions until the group's session timeout passes, and
+// their next owner answers once it has rebuilt them: RetryAfter is that timeout
+// (replication.session_timeout). A replica that refuses this one's connections (another CA, no
+// client certificate) gives the same error, with the refusal in it.
+type UnreachableError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("%v; if it stopped, the CE group gives its partitions to another replica within replication.session_timeout (%s): retry then", e.Err, e.RetryAfter)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// unreachable is err, the failure to hear from a peer, as an UnreachableError.
+func (s *Share) unreachable(err error) error {
+	return &UnreachableError{Err: err, RetryAfter: s.sessionTimeout}
 }
 
 // maxPeerAnswer bounds the body of a peer's answer that a replica reads.

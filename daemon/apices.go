@@ -565,9 +565,13 @@ func (a *api) handleAuditStatus(w http.ResponseWriter, r *http.Request) {
 // writeClusterAnswer writes v, or the error of a request that on replicas asks every owner of CE
 // partitions: 503 with Retry-After while a partition has no owner (a rebalance) or is being
 // rebuilt (a minute when it is blocked until an upgrade), 502 when a replica did not answer (the
-// error names it), else 500.
+// error names it; with Retry-After, the CE group's session timeout, when it could not be reached:
+// cluster.UnreachableError), else 500.
 func writeClusterAnswer(w http.ResponseWriter, v any, err error) {
+	var unreachable *cluster.UnreachableError
 	switch {
+	case errors.As(err, &unreachable):
+		retryLater(w, http.StatusBadGateway, unreachable.RetryAfter, err.Error())
 	case errors.Is(err, cluster.ErrBlocked):
 		w.Header().Set(cluster.HeaderBlocked, "true")
 		retryLater(w, http.StatusServiceUnavailable, time.Minute, err.Error())

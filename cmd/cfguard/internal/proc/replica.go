@@ -397,14 +397,20 @@ func StartReplicas(t *testing.T, root string, n int, brokers []string, modelDir 
 
 // GetCE reads GET /v1/counterfactuals/{id} at r.
 func (r *ReplicaProc) GetCE(id string) (int, []byte) {
+	code, b, _ := r.GetCEAnswer(id)
+	return code, b
+}
+
+// GetCEAnswer is GetCE with the answer's Retry-After header ("" when it has none).
+func (r *ReplicaProc) GetCEAnswer(id string) (code int, body []byte, retryAfter string) {
 	cl := http.Client{Timeout: 15 * time.Second}
 	resp, err := cl.Get("http://" + r.Child.Addr() + "/v1/counterfactuals/" + id)
 	if err != nil {
-		return 0, []byte(err.Error())
+		return 0, []byte(err.Error()), ""
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return resp.StatusCode, b, resp.Header.Get("Retry-After")
 }
 
 // VerifyLog runs `cfguard verify-log` on a replica's configuration and checks that every

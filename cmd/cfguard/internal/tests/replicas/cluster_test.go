@@ -342,17 +342,32 @@ func TestReplicaOwnerKilledDuringDrift(t *testing.T) {
 	killed := time.Now()
 	victim.Kill(t)
 	live := []*proc.ReplicaProc{reps[0], reps[2]}
+	// Until the killed owner's partitions have another owner, a read of its CEs says when to
+	// retry: 502 naming it while the group waits out its session, 503 while the next owner
+	// rebuilds them.
+	unanswered := map[int]int{}
 	waitfor.Cond(t, 3*proc.ReplicaSession+20*time.Second, "every CE readable at the live replicas", func() bool {
 		for _, r := range live {
 			for k := range n {
-				if code, _ := r.GetCE(fmt.Sprintf("ce-%d", k)); code != http.StatusOK {
-					return false
+				code, b, retry := r.GetCEAnswer(fmt.Sprintf("ce-%d", k))
+				if code == http.StatusOK {
+					continue
 				}
+				unanswered[code]++
+				switch {
+				case code != http.StatusBadGateway && code != http.StatusServiceUnavailable:
+					t.Fatalf("ce-%d at %s after %s's SIGKILL: %d %s, want 502 or 503 until its partitions move", k, r.ID, victim.ID, code, b)
+				case retry == "":
+					t.Fatalf("ce-%d at %s after %s's SIGKILL: %d without Retry-After: %s", k, r.ID, victim.ID, code, b)
+				case code == http.StatusBadGateway && !bytes.Contains(b, []byte(victim.ID)):
+					t.Fatalf("ce-%d at %s after %s's SIGKILL: 502 not naming it: %s", k, r.ID, victim.ID, b)
+				}
+				return false
 			}
 		}
 		return true
 	})
-	t.Logf("the killed owner's CEs answered again after %v", time.Since(killed).Round(time.Millisecond))
+	t.Logf("the killed owner's CEs answered again after %v (answers before, by code: %v)", time.Since(killed).Round(time.Millisecond), unanswered)
 	// Each CE keeps what the dead owner last wrote of it on the CE state topic: its anchor is that
 	// state's or a renewal's since, and its history holds that state's.
 	written := lastStatesOf(t, brokers, victim.ID)
