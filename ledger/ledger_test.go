@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +139,35 @@ func TestPutValidation(t *testing.T) {
 	// A rejected batch stores nothing: one CE is stored ("dup").
 	if n, err := l.Counts(); err != nil || sum(n) != 1 {
 		t.Errorf("counts after rejected puts: %v, %v", n, err)
+	}
+}
+
+// An id the ledger chooses is never one it refuses as existing: the CEs of one call share its
+// time, and the random bits of two of them (or of one and a CE stored at the same time) may
+// agree; a drawn id that is taken is drawn again. Here the clock stands still and the bits repeat.
+func TestPutDrawsATakenIDAgain(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, _ := openTest(t, Options{Policy: testPolicy(), Now: func() time.Time { return now }})
+	m := testModel(4)
+	install(t, l, m)
+	draws := []uint32{7, 7, 8, 7, 8, 9}
+	defer func(f func() uint32) { idBits = f }(idBits)
+	idBits = func() uint32 { d := draws[0]; draws = draws[1:]; return d }
+	rng := rand.New(rand.NewPCG(3, 3))
+	a, b := newCE(t, m, rng), newCE(t, m, rng)
+	if err := l.Put(bg, a, b); err != nil {
+		t.Fatalf("two CEs whose first draws agree: %v", err)
+	}
+	c := newCE(t, m, rng)
+	if err := l.Put(bg, c); err != nil {
+		t.Fatalf("a CE whose first two draws are the ids stored at the same time: %v", err)
+	}
+	prefix := fmt.Sprintf("%016x", uint64(now.UnixNano()))
+	if got := []string{a.ID, b.ID, c.ID}; !slices.Equal(got, []string{prefix + "00000007", prefix + "00000008", prefix + "00000009"}) {
+		t.Fatalf("ids %q, want the time %s with the bits 7, 8 and 9", got, prefix)
+	}
+	if n, err := l.Counts(); err != nil || sum(n) != 3 {
+		t.Fatalf("counts %v, %v; want 3 CEs stored", n, err)
 	}
 }
 
