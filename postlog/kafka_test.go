@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/cfguard/cfguard/broker"
 	"github.com/cfguard/cfguard/internal/clusterkey"
 	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/testnet"
 	"github.com/cfguard/cfguard/stream"
 )
 
@@ -180,15 +180,10 @@ func TestAppendIsReadBackAuthenticated(t *testing.T) {
 
 // Brokers that cannot be reached are named, with kafka.brokers and what to check.
 func TestOpenNamesUnreachableBrokers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testnet.Reserve(t).Addr() // refuses connections, and no other socket can take it
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err = OpenExisting(ctx, stream.ConnConfig{Brokers: []string{addr}}, "posterior", slog.New(slog.DiscardHandler))
+	_, err := OpenExisting(ctx, stream.ConnConfig{Brokers: []string{addr}}, "posterior", slog.New(slog.DiscardHandler))
 	want := "replication.posterior_topic posterior: metadata from kafka.brokers [" + addr + "]: "
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "check that the brokers kafka.brokers names are up and reachable") {
 		t.Errorf("OpenExisting with no broker listening: %v, want %q and what to check", err, want)
