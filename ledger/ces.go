@@ -28,13 +28,10 @@ func validID(id string) error {
 	return nil
 }
 
-// newID is time-ordered (so List pages in registration order) with 32 random bits.
-func newID(now time.Time) string {
-	return fmt.Sprintf("%016x%08x", uint64(now.UnixNano()), idBits())
+// newID is time-ordered (so List pages in registration order) with 32 random bits drawn by bits.
+func newID(now time.Time, bits func() uint32) string {
+	return fmt.Sprintf("%016x%08x", uint64(now.UnixNano()), bits())
 }
-
-// idBits draws the random bits of an id (tests draw from a sequence of their own).
-var idBits = rand.Uint32
 
 // validate checks a CE to be registered against the current posterior.
 func validate(ce *CE, m *bnn.Model) error {
@@ -352,7 +349,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 			// The CEs of one call share now, and two draws of 32 bits agree with a chance of
 			// 2^-32 per pair (a call of 200 CEs: 5e-6): an id taken is drawn again, so that
 			// an id the ledger chose is never refused as existing.
-			for ce.ID = newID(now); seen[ce.ID] || hdrs.Get([]byte(ce.ID)) != nil; ce.ID = newID(now) {
+			for ce.ID = newID(now, l.idBits); seen[ce.ID] || hdrs.Get([]byte(ce.ID)) != nil; ce.ID = newID(now, l.idBits) {
 			}
 		}
 		if seen[ce.ID] || hdrs.Get([]byte(ce.ID)) != nil {
@@ -884,4 +881,4 @@ func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, er
 
 // NewID returns a fresh CE id of the form Put gives a CE without one: time-ordered, with 32
 // random bits. A replica names a CE before it sends its registration to the CE's owner.
-func NewID() string { return newID(time.Now().UTC()) }
+func NewID() string { return newID(time.Now().UTC(), rand.Uint32) }

@@ -145,6 +145,8 @@ type Ledger struct {
 	opts Options
 	log  *slog.Logger
 	file *store.File // the bbolt file, its lock, its checks and its recovery from faults
+	// idBits draws the random bits of the ids Put gives CEs without one.
+	idBits func() uint32
 
 	// wmu serialises the ledger's own writers, so that Commit can hold it across
 	// re-certification and checkpoint, and Confirm and Audit can write short batches.

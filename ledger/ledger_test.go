@@ -151,8 +151,7 @@ func TestPutDrawsATakenIDAgain(t *testing.T) {
 	m := testModel(4)
 	install(t, l, m)
 	draws := []uint32{7, 7, 8, 7, 8, 9}
-	defer func(f func() uint32) { idBits = f }(idBits)
-	idBits = func() uint32 { d := draws[0]; draws = draws[1:]; return d }
+	l.idBits = func() uint32 { d := draws[0]; draws = draws[1:]; return d }
 	rng := rand.New(rand.NewPCG(3, 3))
 	a, b := newCE(t, m, rng), newCE(t, m, rng)
 	if err := l.Put(bg, a, b); err != nil {

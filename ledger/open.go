@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 
@@ -36,7 +37,7 @@ func Open(stateDir string, opts Options) (*Ledger, error) {
 	if err := atomicfile.MkdirAll(stateDir); err != nil {
 		return nil, fmt.Errorf("ledger: state dir: %w", err)
 	}
-	l := &Ledger{opts: opts, log: opts.Logger, models: map[uint64]*bnn.Model{}}
+	l := &Ledger{opts: opts, log: opts.Logger, models: map[uint64]*bnn.Model{}, idBits: rand.Uint32}
 	f, err := store.Open(stateDir, store.Options{
 		Init:         func(tx *bolt.Tx) error { return initSchema(tx, opts.Policy) },
 		SyncFreelist: opts.syncFreelist,
