@@ -203,6 +203,10 @@ type MemberConfig struct {
 	// generation starts; one it gives back that another replica claimed since is released and
 	// rebuilt from offset 0 with that replica's states. Default: none.
 	Held []int
+	// Now, when set, is the clock the member reads to find a pause of its process (Settled):
+	// a test moves it on past the session, as a pause does, while the process goes on.
+	// Default: time.Now.
+	Now func() time.Time
 
 	// dial, when set, replaces the member's dialing (tests cut a member off the broker).
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
@@ -453,8 +457,16 @@ func (c *MemberConfig) dialer() (*kafka.Dialer, error) {
 func (m *Member) Settled() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.checkPause(time.Now())
+	m.checkPause(m.now())
 	return m.settled
+}
+
+// now is the time checkPause stamps: MemberConfig.Now, else time.Now.
+func (m *Member) now() time.Time {
+	if m.cfg.Now != nil {
+		return m.cfg.Now()
+	}
+	return time.Now()
 }
 
 // settle closes the open Settled channel.
@@ -526,7 +538,7 @@ func (m *Member) watchPauses(ctx context.Context) {
 		case <-tick.C:
 		}
 		m.mu.Lock()
-		m.checkPause(time.Now())
+		m.checkPause(m.now())
 		m.mu.Unlock()
 	}
 }

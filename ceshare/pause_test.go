@@ -95,3 +95,23 @@ func TestSurvivedGenerationSettles(t *testing.T) {
 		})
 	}
 }
+
+// Settled reads MemberConfig.Now: a clock moved on past the session is a pause, as a process
+// stopped that long finds time.Now moved on.
+func TestSettledReadsTheConfiguredClock(t *testing.T) {
+	now := time.Now()
+	m := &Member{cfg: MemberConfig{SessionTimeout: 3 * time.Second, HeartbeatInterval: 300 * time.Millisecond, Now: func() time.Time { return now }},
+		log: testLog(t), settled: make(chan struct{})}
+	m.settle()
+	select {
+	case <-m.Settled():
+	default:
+		t.Fatal("Settled is open before the clock moved")
+	}
+	now = now.Add(time.Minute)
+	select {
+	case <-m.Settled():
+		t.Fatal("Settled is closed after the clock moved on a minute")
+	default:
+	}
+}

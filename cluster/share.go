@@ -57,6 +57,9 @@ type Config struct {
 	Logger       *slog.Logger
 	// OnGeneration is ceshare.MemberConfig.OnGeneration (tests).
 	OnGeneration func(ctx context.Context, generation int32, assigned []int)
+	// Now is ceshare.MemberConfig.Now: the clock the member reads to find a pause of this
+	// process (tests; nil: time.Now).
+	Now func() time.Time
 	// BeforeAwait, when set, is called when a batch of requests waits for the posterior version
 	// it needs, before it waits (tests).
 	BeforeAwait func(version uint64)
@@ -196,7 +199,7 @@ func NewShare(ctx context.Context, c Config) (*Share, error) {
 		OnSkip:            func(int, int64) { m.CESkipped.Inc() },
 		OnMalformedState:  func(int, int64) { m.CEStates.WithLabelValues(alerts.StateInvalid).Inc() },
 		OnFencedState:     func(int, int64) { m.CEStates.WithLabelValues(alerts.StateFenced).Inc() },
-		OnGeneration:      c.OnGeneration}, s, s.lg); err != nil {
+		OnGeneration:      c.OnGeneration, Now: c.Now}, s, s.lg); err != nil {
 		return nil, err
 	}
 	c.States.member.Store(s.member)

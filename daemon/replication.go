@@ -275,7 +275,8 @@ func (d *Daemon) joinShare(ctx, life context.Context) error {
 		stopWatching := context.AfterFunc(ctx, cancel)
 		d.share, err = cluster.NewShare(sctx, cluster.Config{Replication: rc, Group: ceshare.GroupOf(d.cfg.Kafka.GroupID), Token: d.cfg.HTTP.Token,
 			Samples: d.cfg.Certify.Samples, AdvertiseURL: adv, Conn: d.conn, Ledger: d.ledger, Replica: d.rep, States: d.states,
-			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.CEGeneration, BeforeAwait: d.hooks.ShareAwait})
+			Requests: d.requests, Host: shareHost{d}, Logger: d.log, OnGeneration: d.hooks.CEGeneration, Now: d.hooks.CEClock,
+			BeforeAwait: d.hooks.ShareAwait})
 		stopWatching()
 		if err != nil {
 			cancel()

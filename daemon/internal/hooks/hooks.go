@@ -22,6 +22,9 @@ type Set struct {
 	// CEGeneration is called with each CE group generation's assignment before this replica
 	// takes it up (ceshare.MemberConfig.OnGeneration).
 	CEGeneration func(ctx context.Context, generation int32, assigned []int)
+	// CEClock is the clock this replica's CE group member reads to find a pause of the process
+	// (ceshare.MemberConfig.Now): a test moves it on past the session, as a SIGSTOP would.
+	CEClock func() time.Time
 	// AuditBatchDone is called after each batch an audit writes, with the CEs evaluated so far:
 	// a test holds an audit between its batches there.
 	AuditBatchDone func(done, total int)
