@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
 )
@@ -152,6 +154,31 @@ func TestHoldsWholeBetweenGenerations(t *testing.T) {
 	}
 	if err := (*Share)(nil).Health(); err != nil {
 		t.Errorf("Health of a Share not joined = %v, want nil", err)
+	}
+}
+
+// An audit does not cover a share that has not settled (a pause of the process past its session,
+// or a start): CaughtUp says so before anything else it finds, since the partitions the member
+// holds may be another replica's; once settled, it says what HoldsWhole says.
+func TestCaughtUpNamesAnUnsettledShareFirst(t *testing.T) {
+	s := &Share{topic: "cfguard.ce", member: &ceshare.Member{}}
+	settled := make(chan struct{})
+	close(settled)
+	for _, tc := range []struct {
+		name    string
+		settled chan struct{}
+		want    string
+	}{
+		{name: "not settled", settled: make(chan struct{}), want: "paused past the session of the CE group of cfguard.ce"},
+		{name: "settled", settled: settled, want: "between two generations"},
+	} {
+		err := s.caughtUp(tc.settled)
+		if !errors.Is(err, ErrRebuilding) || !strings.Contains(fmt.Sprint(err), tc.want) {
+			t.Errorf("%s: caughtUp = %v, want ErrRebuilding saying %q", tc.name, err, tc.want)
+		}
+	}
+	if err := s.CaughtUp(context.Background(), 10*time.Millisecond); !errors.Is(err, ErrRebuilding) || !strings.Contains(err.Error(), "paused past") {
+		t.Errorf("CaughtUp of a member that never settled = %v, want ErrRebuilding saying it was paused past its session", err)
 	}
 }
 

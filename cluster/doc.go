@@ -13,7 +13,8 @@
 // A partition this replica was given is rebuilding until its requests were replayed to the
 // partition's end (ceshare.Member.Ready): a read of an id the ledger does not hold there is not a
 // 404 but ErrRebuilding (Local), and so is a list while any is (HoldsWhole; NotCaughtUp names
-// them); an audit waits until none is and no release runs (CaughtUp).
+// them); an audit waits until none is, no release runs and the member has settled after a start
+// or a pause of the process past its session (CaughtUp, ceshare.Member.Settled).
 //
 // A Share reaches the daemon it runs in through Host only: the posterior it serves, a lock
 // against posterior commits, retried ledger writes and measurements. docs/DESIGN.md describes

@@ -129,30 +129,53 @@ func (s *Share) NotCaughtUp() []int {
 	return ps
 }
 
-// CaughtUp waits until this replica holds every CE of its partitions (HoldsWhole) and no CE of
-// another's (no release runs: ceshare.Member.Releasing), at most wait; after that, or when ctx
-// ends, it returns why not (an ErrRebuilding); a blocked partition (ErrBlocked), which does not
-// pass while an audit waits, ends the wait at once. An audit waits so: it covers this replica's
-// share, no less and no more.
+// CaughtUp waits until the share has settled (Settled), this replica holds every CE of its
+// partitions (HoldsWhole) and no CE of another's (no release runs: ceshare.Member.Releasing), at
+// most wait; after that, or when ctx ends, it returns why not (an ErrRebuilding); a blocked
+// partition (ErrBlocked), which does not pass while an audit waits, ends the wait at once. An
+// audit waits so: it covers this replica's share, no less and no more. Until the share has
+// settled, the partitions the member holds may be another replica's: after a pause of this
+// process past its session, the member still holds the partitions of a generation it has not
+// seen end, ready and not blocked, while the group may have given them to others, which judged
+// and published their CEs meanwhile; an audit would re-anchor the stale copies and publish
+// their status changes and states again.
 func (s *Share) CaughtUp(ctx context.Context, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
 		applied := s.applied.wait()
-		err := s.HoldsWhole(nil)
-		if ps := s.member.Releasing(); err == nil && len(ps) > 0 {
-			err = fmt.Errorf("%w: partitions %v of %s still being released by this replica; retry", ErrRebuilding, ps, s.topic)
-		}
+		settled := s.member.Settled()
+		err := s.caughtUp(settled)
 		if err == nil || errors.Is(err, ErrBlocked) { // a block does not pass while the audit waits
 			return err
 		}
 		select {
 		case <-ctx.Done():
 			return err
+		case <-settled: // the next generation released what the member lost, or its own went on
 		case <-applied: // a partition catches up after an Apply, once the member saw its end
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// caughtUp is why an audit cannot cover this replica's share yet (CaughtUp), nil when it can;
+// settled is the member's Settled channel. An unsettled share comes first: until it settles,
+// the partitions the member holds, and any block among them, may be another replica's.
+func (s *Share) caughtUp(settled <-chan struct{}) error {
+	select {
+	case <-settled:
+	default:
+		return fmt.Errorf("%w: this replica was paused past the session of the CE group of %s, or has just started: the group "+
+			"may have given some of its partitions to other replicas; retry", ErrRebuilding, s.topic)
+	}
+	if err := s.HoldsWhole(nil); err != nil {
+		return err
+	}
+	if ps := s.member.Releasing(); len(ps) > 0 {
+		return fmt.Errorf("%w: partitions %v of %s still being released by this replica; retry", ErrRebuilding, ps, s.topic)
+	}
+	return nil
 }
 
 func (s *Share) rebuildingErr(p int) error {

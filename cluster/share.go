@@ -129,8 +129,9 @@ const AwaitOwner = 10 * time.Second
 // status), from the request to the end of its answer.
 const PeerTimeout = 10 * time.Second
 
-// AuditRebuildWait bounds how long an audit waits for this replica's partitions to be rebuilt
-// before it measures them (a rebuild of 10^6 CEs took 50 s: BENCHMARKS.md, Replicas).
+// AuditRebuildWait bounds how long an audit waits for this replica's partitions to be rebuilt,
+// and its share to settle (CaughtUp), before it measures them (a rebuild of 10^6 CEs took 50 s:
+// BENCHMARKS.md, Replicas).
 const AuditRebuildWait = 2 * time.Minute
 
 // OutcomeHold bounds how long an owner holds another replica's question for a request's
@@ -229,9 +230,10 @@ func (s *Share) Member() *ceshare.Member { return s.member }
 // Settled is ceshare.Member.Settled: closed once the ledger holds no CE of a partition kept
 // from an earlier run that another replica owns, and open again after a pause of the process
 // past its session until the next generation released what it lost. Until then this
-// replica's follower commits no posterior, and its confirmer and reissuer start no batch or
-// reissue: each would judge the copies of CEs that another replica took over while this one
-// was away, and publish their status changes a second time, from a stale copy.
+// replica's follower commits no posterior, its confirmer and reissuer start no batch or
+// reissue, and an audit does not start (CaughtUp): each would judge the copies of CEs that
+// another replica took over while this one was away, and publish their status changes a
+// second time, from a stale copy.
 func (s *Share) Settled() <-chan struct{} { return s.member.Settled() }
 
 // Close closes the producer and the directory.

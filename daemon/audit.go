@@ -129,7 +129,9 @@ func (d *Daemon) auditState(ctx context.Context, authorization string, forwarded
 // re-anchors the ones that are in the <delta, epsilon>-set there. One audit runs at a time.
 func (d *Daemon) runAudit(ctx context.Context, trigger string) (ledger.AuditReport, error) {
 	// On a replica, not over a share that is still being rebuilt: the audit would miss the CEs
-	// still to replay, and say it covered the share.
+	// still to replay, and say it covered the share. Nor over one that has not settled after a
+	// pause of the process past its session: it would re-anchor the copies of CEs another
+	// replica took over meanwhile, and publish their status changes and states again.
 	if d.share != nil {
 		if err := d.share.CaughtUp(ctx, cmp.Or(d.hooks.AuditRebuildWait, cluster.AuditRebuildWait)); err != nil {
 			return ledger.AuditReport{}, fmt.Errorf("audit: %w", err)
