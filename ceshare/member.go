@@ -443,9 +443,10 @@ func (c *MemberConfig) dialer() (*kafka.Dialer, error) {
 // releases of those it gives to others have ended, or ReleaseWait has passed (then the
 // releases still running go on, as every release does); at once when nothing is held. Until
 // then the store holds a stopped replica's copies of CEs that another replica may have owned,
-// judged and published meanwhile: whoever re-certifies, confirms or reissues the store's CEs
-// waits for it, or it would publish stale changes of CEs it gives up. It is closed before
-// the generation takes up its partitions, so that nothing Hooks.Apply waits for waits for it.
+// judged and published meanwhile: whoever re-certifies, confirms, reissues or audits the
+// store's CEs waits for it, or it would publish stale changes of CEs it gives up. It is closed
+// before the generation takes up its partitions, so that nothing Hooks.Apply waits for waits
+// for it.
 //
 // A process paused past its session (SIGSTOP, a stall of its VM) resumes with the partitions of
 // a generation the group may have ended meanwhile, and another member may have owned, judged
