@@ -112,7 +112,7 @@ func (b *GraphBuilder) Input(name string, data []float64, shape ...int) (*G.Node
 	if n == nil {
 		return nil, nil
 	}
-	b.inputs = append(b.inputs, boundInput{name: name, t: t, data: data, shape: slices.Clone(shape)})
+	b.inputs = append(b.inputs, boundInput{name: name, t: t, data: data, shape: slices.Clone(shape), strides: slices.Clone(t.Strides())})
 	return n, t
 }
 
@@ -122,10 +122,11 @@ func (b *GraphBuilder) Input(name string, data []float64, shape ...int) (*G.Node
 type Inputs []boundInput
 
 type boundInput struct {
-	name  string
-	t     *tensor.Dense
-	data  []float64
-	shape []int
+	name    string
+	t       *tensor.Dense
+	data    []float64
+	shape   []int
+	strides []int
 }
 
 // Inputs returns the inputs added so far.
@@ -149,13 +150,17 @@ func (in Inputs) Run(vm G.VM) error {
 // changed describes the inputs whose tensor's shape or storage differs from what it was made
 // with, "" when none. An input changed both ways is described both ways: a shape changed alone
 // is a reshape of the input's own tensor, a shape and storage changed together say the tensor was
-// rebuilt (another *Dense's data and shape written into it).
+// rebuilt (another *Dense's data and shape written into it). A changed shape comes with the
+// tensor's strides, which tell two shape changes apart: a reshape of the tensor sets both, while
+// a new shape beside the strides it was made with was written into the tensor's shape slice by
+// another holder of that slice (gorgonia.org/tensor hands the slices it is given back, through a
+// package-level pool, to whatever asks next).
 func (in Inputs) changed() string {
 	var out []string
 	for _, x := range in {
 		var what []string
 		if shape := []int(x.t.Shape()); !slices.Equal(shape, x.shape) {
-			what = append(what, fmt.Sprintf("has shape %v, made %v", shape, x.shape))
+			what = append(what, fmt.Sprintf("has shape %v and strides %v, made %v and %v", shape, x.t.Strides(), x.shape, x.strides))
 		}
 		if data, _ := x.t.Data().([]float64); len(data) != len(x.data) || len(data) > 0 && &data[0] != &x.data[0] {
 			what = append(what, fmt.Sprintf("holds other storage (%d float64 values, made with %d)", len(data), len(x.data)))

@@ -138,7 +138,7 @@ func TestInputsRunNamesAChangedInput(t *testing.T) {
 	if err == nil || errors.Unwrap(err) == nil {
 		t.Fatalf("a run with x reshaped: err = %v, want gorgonia's error wrapped", err)
 	}
-	if want := "(inputs changed during the run: x has shape [3 2], made [2 3])"; !strings.HasSuffix(err.Error(), want) {
+	if want := "(inputs changed during the run: x has shape [3 2] and strides [2 1], made [2 3] and [3 1])"; !strings.HasSuffix(err.Error(), want) {
 		t.Fatalf("a run with x reshaped: %v, want it to end %q", err, want)
 	}
 }
@@ -146,33 +146,39 @@ func TestInputsRunNamesAChangedInput(t *testing.T) {
 // TestInputsChanged: an input is named when its tensor has another shape, or holds storage other
 // than the slice it was made with (another array, or another length), and only then; an input
 // changed both ways says both (its tensor's shape alone changes on a reshape, its shape and
-// storage together when the tensor was rebuilt).
+// storage together when the tensor was rebuilt). A changed shape comes with the strides: a
+// reshape changes them too, a shape written into the tensor's own shape slice leaves them.
 func TestInputsChanged(t *testing.T) {
 	data := []float64{1, 2}
+	overwritten := tensor.New(tensor.WithBacking([]float64{1, 2, 3, 4}), tensor.WithShape(2, 2))
+	s := overwritten.Shape()
+	s[0], s[1] = 1, 4 // what another owner of the shape's slice writes
 	for _, tc := range []struct {
 		name string
 		in   boundInput
 		want string
 	}{
-		{"as made", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(2)), data: data, shape: []int{2}}, ""},
-		{"another shape", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}},
-			"a has shape [1 2], made [2]"},
-		{"another array, the same values", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2})), data: data, shape: []int{2}},
+		{"as made", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(2)), data: data, shape: []int{2}, strides: []int{1}}, ""},
+		{"another shape", boundInput{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}, strides: []int{1}},
+			"a has shape [1 2] and strides [2 1], made [2] and [1]"},
+		{"its shape slice written over", boundInput{name: "a", t: overwritten, data: overwritten.Data().([]float64), shape: []int{2, 2}, strides: []int{2, 1}},
+			"a has shape [1 4] and strides [2 1], made [2 2] and [2 1]"},
+		{"another array, the same values", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2})), data: data, shape: []int{2}, strides: []int{1}},
 			"a holds other storage (2 float64 values, made with 2)"},
-		{"another type", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float32{1, 2})), data: data, shape: []int{2}},
+		{"another type", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float32{1, 2})), data: data, shape: []int{2}, strides: []int{1}},
 			"a holds other storage (0 float64 values, made with 2)"},
-		{"another shape and another array", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2, 3}), tensor.WithShape(1, 3)), data: data, shape: []int{2}},
-			"a has shape [1 3], made [2], and holds other storage (3 float64 values, made with 2)"},
+		{"another shape and another array", boundInput{name: "a", t: tensor.New(tensor.WithBacking([]float64{1, 2, 3}), tensor.WithShape(1, 3)), data: data, shape: []int{2}, strides: []int{1}},
+			"a has shape [1 3] and strides [3 1], made [2] and [1], and holds other storage (3 float64 values, made with 2)"},
 	} {
 		if got := (Inputs{tc.in}).changed(); got != tc.want {
 			t.Errorf("%s: changed() = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 	two := Inputs{
-		{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}},
-		{name: "b", t: tensor.New(tensor.WithBacking([]float64{3}), tensor.WithShape(1)), data: []float64{3}, shape: []int{1}},
+		{name: "a", t: tensor.New(tensor.WithBacking(data), tensor.WithShape(1, 2)), data: data, shape: []int{2}, strides: []int{1}},
+		{name: "b", t: tensor.New(tensor.WithBacking([]float64{3}), tensor.WithShape(1)), data: []float64{3}, shape: []int{1}, strides: []int{1}},
 	}
-	if got, want := two.changed(), "a has shape [1 2], made [2]; b holds other storage (1 float64 values, made with 1)"; got != want {
+	if got, want := two.changed(), "a has shape [1 2] and strides [2 1], made [2] and [1]; b holds other storage (1 float64 values, made with 1)"; got != want {
 		t.Errorf("two changed: %q, want %q", got, want)
 	}
 }
