@@ -48,7 +48,8 @@ var ErrPeerBusy = errors.New("an audit is running at a replica")
 // for all of them. When one fails, the answer names it, and the replicas whose audits finished
 // (their audits are done: an audit is not undone); the error is classified by auditFailure
 // (ErrPeerBusy, ErrBlocked, ErrRebuilding or ErrPeer; a partition not rebuilt is one not rebuilt,
-// or a share not settled, within AuditRebuildWait: CaughtUp). own's error matches ErrPeerBusy when an audit is running here.
+// or a share not settled, within AuditRebuildWait: CaughtUp). own's error matches ErrPeerBusy
+// when an audit is running here.
 func (s *Share) Audit(ctx context.Context, authorization string, own func(ctx context.Context) (ledger.AuditReport, error)) (AuditAnswer, error) {
 	owners, err := s.dir.Owners(ctx)
 	if err != nil {
