@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -225,10 +224,9 @@ func (r *Replica) genesis(ctx context.Context) error {
 	}
 	defer rd.Close()
 	chain := postlog.NewChain(r.keys)
-	awaited := false          // a genesis was appended: read on until one is accepted
-	authentic, forged := 0, 0 // records below end that authenticate, and that do not
-	var unknownKeys []string  // key ids, not in this replica's file, of records below end
-	underUnknown := 0         // records below end signed under those key ids
+	awaited := false                   // a genesis was appended: read on until one is accepted
+	authentic, forged := 0, 0          // records below end that authenticate, and that do not
+	var unknown clusterkey.UnknownKeys // records below end signed under key ids not in this replica's file
 	for next := int64(0); ; {
 		if next >= end && !awaited && forged > 0 && authentic == 0 {
 			// A replica with another key would otherwise write a genesis of its own, accept it
@@ -238,7 +236,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 				"without the key (check the topic's ACLs: only the replicas' principal may write it; if the log holds no entry of this cluster, "+
 				"delete the topic and start the replicas again)", r.plog.Topic(), forged, r.keys.Source(), strings.Join(r.keys.IDs(), ", "))
 		}
-		if next >= end && !awaited && authentic > 0 && len(unknownKeys) > 0 {
+		if next >= end && !awaited && authentic > 0 && unknown.Records > 0 {
 			// Entries under this file's keys, and records under keys it does not hold: most
 			// likely the log's start is signed with a key rotated out of this file too early.
 			return fmt.Errorf("replication.posterior_topic %s holds %d entries that authenticate under replication.key_file %s (%s) and %d records "+
@@ -246,7 +244,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 				"file while the log holds entries signed with it), give this replica the cluster's key file with every key the log was "+
 				"signed with (docs/DEPLOY.md, \"The cluster key\"); if no replica holds them, the topic lost its start "+
 				"(docs/RUNBOOK.md, CfguardPosteriorLogStopped); nothing was written",
-				r.plog.Topic(), authentic, r.keys.Source(), strings.Join(r.keys.IDs(), ", "), underUnknown, strings.Join(unknownKeys, ", "))
+				r.plog.Topic(), authentic, r.keys.Source(), strings.Join(r.keys.IDs(), ", "), unknown.Records, &unknown)
 		}
 		if next >= end && !awaited && authentic > 0 {
 			// Entries of this cluster and no genesis: the log lost its start. A genesis of this
@@ -290,13 +288,7 @@ func (r *Replica) genesis(ctx context.Context) error {
 			r.unauthenticated(rec)
 			if rec.Offset < end {
 				forged++
-				var uk *clusterkey.UnknownKeyError
-				if errors.As(postlog.Authenticate(r.keys, rec), &uk) {
-					underUnknown++
-					if !slices.Contains(unknownKeys, uk.ID) && len(unknownKeys) < 8 {
-						unknownKeys = append(unknownKeys, uk.ID)
-					}
-				}
+				unknown.Add(postlog.Authenticate(r.keys, rec))
 			}
 			continue
 		}

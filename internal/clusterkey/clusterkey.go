@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/cfguard/cfguard/internal/ident"
@@ -74,6 +75,32 @@ func (e *UnknownKeyError) Error() string {
 }
 
 func (e *UnknownKeyError) Unwrap() error { return ErrUnauthenticated }
+
+// UnknownKeys tallies the failed authentications that are UnknownKeyErrors: how many records
+// were signed under key ids a keyring lacks, and the first few of those ids, for an error that
+// names them.
+type UnknownKeys struct {
+	Records int
+	ids     []string
+}
+
+// maxUnknownIDs bounds the key ids an UnknownKeys lists.
+const maxUnknownIDs = 8
+
+// Add counts err, an authentication's failure, when it is an UnknownKeyError.
+func (u *UnknownKeys) Add(err error) {
+	var uk *UnknownKeyError
+	if !errors.As(err, &uk) {
+		return
+	}
+	u.Records++
+	if !slices.Contains(u.ids, uk.ID) && len(u.ids) < maxUnknownIDs {
+		u.ids = append(u.ids, uk.ID)
+	}
+}
+
+// String lists the key ids counted, in the order first seen ("" when none).
+func (u *UnknownKeys) String() string { return strings.Join(u.ids, ", ") }
 
 // Load reads the key file at path. Its errors name the file (and line) and what to do: how to
 // make a key file, or, for one of too many keys, which keys to remove.

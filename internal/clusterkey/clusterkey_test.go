@@ -250,3 +250,24 @@ func TestExposed(t *testing.T) {
 		t.Error("a missing file is exposed")
 	}
 }
+
+// UnknownKeys counts the failures under key ids the keyring lacks, and only those, and lists
+// each id once, the first maxUnknownIDs of them in the order first seen.
+func TestUnknownKeysTallies(t *testing.T) {
+	k := mustParse(t, mustGenerate(t, "k1"))
+	other := mustParse(t, mustGenerate(t, "k1")) // the same id, another secret: a bad MAC, not an unknown key
+	var u UnknownKeys
+	for i := range maxUnknownIDs + 2 {
+		u.Add(k.Verify("d", []byte("v"), []byte(fmt.Sprintf("k%d:%s", i+2, strings.Repeat("ab", 32)))))
+		u.Add(k.Verify("d", []byte("v"), []byte(fmt.Sprintf("k2:%s", strings.Repeat("ab", 32)))))
+	}
+	u.Add(k.Verify("d", []byte("v"), other.Sign("d", []byte("v"))))
+	u.Add(errors.New("not an authentication failure"))
+	u.Add(nil)
+	if u.Records != 2*(maxUnknownIDs+2) {
+		t.Errorf("Records = %d, want %d", u.Records, 2*(maxUnknownIDs+2))
+	}
+	if want := "k2, k3, k4, k5, k6, k7, k8, k9"; u.String() != want {
+		t.Errorf("String() = %q, want %q", u.String(), want)
+	}
+}

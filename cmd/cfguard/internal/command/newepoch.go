@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -47,10 +46,8 @@ type logState struct {
 	genesisOffset     int64
 	stopped           error // why the chain stopped at chain.Stuck()
 	authentic, forged int
-	// unknownKeys are the key ids, not in the key file, of records that do not authenticate;
-	// underUnknown counts the records signed under them.
-	unknownKeys  []string
-	underUnknown int
+	// unknown counts the records signed under key ids not in the key file.
+	unknown clusterkey.UnknownKeys
 }
 
 // inputEnds are the input topic's end offsets as last asked. They only grow, so they are asked
@@ -103,13 +100,7 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 			return nil, err
 		case reason == postlog.Unauthenticated:
 			st.forged++
-			var uk *clusterkey.UnknownKeyError
-			if errors.As(postlog.Authenticate(keys, rec), &uk) {
-				st.underUnknown++
-				if !slices.Contains(st.unknownKeys, uk.ID) && len(st.unknownKeys) < 8 {
-					st.unknownKeys = append(st.unknownKeys, uk.ID)
-				}
-			}
+			st.unknown.Add(postlog.Authenticate(keys, rec))
 			continue
 		}
 		st.authentic++
@@ -236,11 +227,11 @@ func cmdNewEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case st.authentic == 0 && st.forged > 0:
 		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s (%s): this is not the cluster's key file; "+
 			"nothing was written", st.forged, plog.Topic(), keys.Source(), strings.Join(keys.IDs(), ", "))
-	case head == nil && len(st.unknownKeys) > 0:
+	case head == nil && st.unknown.Records > 0:
 		return fmt.Errorf("%s holds no genesis under the keys of replication.key_file %s (%s), and %d records signed under key ids it does not "+
 			"hold (%s): if those are the cluster's (a key rotated out of the file while the log holds entries signed with it), run new-epoch "+
 			"with the cluster's key file, holding every key the log was signed with; nothing was written",
-			plog.Topic(), keys.Source(), strings.Join(keys.IDs(), ", "), st.underUnknown, strings.Join(st.unknownKeys, ", "))
+			plog.Topic(), keys.Source(), strings.Join(keys.IDs(), ", "), st.unknown.Records, &st.unknown)
 	case head == nil:
 		return fmt.Errorf("%s holds no genesis: there is nothing to move past (start the replicas: the first writes the genesis); nothing was written", plog.Topic())
 	case st.chain.Stuck() == nil && !*force:

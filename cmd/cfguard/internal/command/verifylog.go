@@ -132,8 +132,8 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	chain := postlog.NewChain(keys)
 	var m *bnn.Model
 	progress := time.Now()
-	authenticIgnored := 0    // records that authenticate and that the chain did not accept
-	var unknownKeys []string // key ids, not in the key file, of records that do not authenticate
+	authenticIgnored := 0              // records that authenticate and that the chain did not accept
+	var unknown clusterkey.UnknownKeys // records signed under key ids not in the key file
 	for next := int64(0); next < end; {
 		rec, err := rd.Next(ctx)
 		if err != nil {
@@ -195,10 +195,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if reason == postlog.Unauthenticated {
 			err := postlog.Authenticate(keys, rec)
 			rep.Unauthenticated = append(rep.Unauthenticated, VerifyProblem{Offset: rec.Offset, Why: err.Error()})
-			var uk *clusterkey.UnknownKeyError
-			if errors.As(err, &uk) && !slices.Contains(unknownKeys, uk.ID) && len(unknownKeys) < 8 {
-				unknownKeys = append(unknownKeys, uk.ID)
-			}
+			unknown.Add(err)
 		} else if reason != postlog.Accepted {
 			authenticIgnored++
 		}
@@ -250,7 +247,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("no genesis of %s authenticates under the keys of replication.key_file %s (%s): %d of its records do (none accepted "+
 			"without a genesis), %d do not (key ids it does not hold: %s): give verify-log the cluster's key file, with every key the log "+
 			"was signed with", plog.Topic(), keys.Source(), strings.Join(keys.IDs(), ", "), authenticIgnored, len(rep.Unauthenticated),
-			strings.Join(unknownKeys, ", "))
+			&unknown)
 	}
 	if rep.Entries == 0 && len(rep.Unauthenticated) > 0 {
 		return fmt.Errorf("none of the %d records of %s authenticates under the keys of replication.key_file %s: give verify-log the cluster's key file",
