@@ -218,6 +218,7 @@ type putPlan struct {
 	current *bnn.Model
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
+	hist    map[uint64][]klPoint  // their KL histories (pastAnchorKL)
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
 	existed []keyedOutcome        // the outcomes of requests refused for an id that holds a CE
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
@@ -334,7 +335,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 		return nil, err
 	}
 	p := &putPlan{cur: c, ces: make([]*CE, 0, len(ces)), headers: make([]header, 0, len(ces)), errs: make([]error, len(ces)),
-		all: all, kl: map[uint64]float64{}, current: current, past: past, snap: map[uint64]bool{}}
+		all: all, kl: map[uint64]float64{}, current: current, past: past, snap: map[uint64]bool{}, hist: map[uint64][]klPoint{}}
 	seen := make(map[string]bool, len(ces))
 	hdrs := tx.Bucket(bHeaders)
 	for i, ce := range ces {
@@ -423,7 +424,11 @@ func (l *Ledger) putAnchorKL(tx *bolt.Tx, p *putPlan, v uint64) (float64, error)
 			if err != nil {
 				return 0, fmt.Errorf("%w: posterior version %d: %w", ErrInvalid, v, err)
 			}
-			p.kl[v], p.snap[v] = kl, true
+			hist, err := pastAnchorKL(p.past, v, p.cur.version, kl)
+			if err != nil {
+				return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+			}
+			p.kl[v], p.snap[v], p.hist[v] = kl, true, hist
 			return kl, nil
 		}
 		if a.klVersion != p.cur.version {
@@ -460,6 +465,9 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 		n := refs[v]
 		if p.snap[v] {
 			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
+				return err
+			}
+			if err := writeAnchorKL(tx, v, p.hist[v]); err != nil {
 				return err
 			}
 			n--
@@ -559,6 +567,9 @@ func (l *Ledger) ref(tx *bolt.Tx, c cur, v uint64, n int64, kl float64, now time
 			return err
 		}
 		a = anchorMeta{kl: kl, klVersion: c.version, created: now.UnixNano()}
+		if err := recordAnchorKL(tx, v, 0, c.version, kl, true); err != nil {
+			return err
+		}
 	}
 	if int64(a.refs)+n < 0 {
 		return corruptf("anchor %d would have %d references", v, int64(a.refs)+n)
@@ -584,15 +595,20 @@ func (l *Ledger) refSnapshot(tx *bolt.Tx, now cur, v uint64, kl float64, m *bnn.
 	if err := putSealed(tx.Bucket(bAnchorModels), u64bytes(v), blob); err != nil {
 		return err
 	}
+	if err := recordAnchorKL(tx, v, 0, now.version, kl, true); err != nil {
+		return err
+	}
 	return putAnchor(tx, v, anchorMeta{refs: 1, kl: kl, klVersion: now.version, created: at.UnixNano()})
 }
 
 // gcAnchors deletes every anchor no CE refers to, except the current posterior's.
 func (l *Ledger) gcAnchors(tx *bolt.Tx, currentVersion uint64) error {
 	var dead []uint64
+	newest := map[uint64]uint64{} // each dead anchor's KL version: its history's newest entry
 	err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
 		if a.refs == 0 && v != currentVersion {
 			dead = append(dead, v)
+			newest[v] = a.klVersion
 		}
 		return nil
 	})
@@ -604,6 +620,9 @@ func (l *Ledger) gcAnchors(tx *bolt.Tx, currentVersion uint64) error {
 			return err
 		}
 		if err := tx.Bucket(bAnchorModels).Delete(u64bytes(v)); err != nil {
+			return err
+		}
+		if err := dropAnchorKL(tx, v, newest[v]); err != nil {
 			return err
 		}
 		l.log.Debug("anchor posterior released", "version", v)
@@ -665,6 +684,15 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 		return nil, inRecord(err, "counterfactual %q: verdict", id)
 	}
 	ce.Decided, ce.RenewalPending, ce.VerdictPending = d.decided, d.renewalPending, d.verdictPending
+	if d.renewalPending {
+		a, _, err := readAnchor(tx, h.anchor)
+		if err != nil {
+			return nil, err
+		}
+		if since, ok := failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a); ok {
+			ce.RenewalPendingSince = &since
+		}
+	}
 	return ce, nil
 }
 

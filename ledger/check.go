@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,7 +18,8 @@ import (
 // status counts and anchor references against the CEs, every CE's status against its bounds
 // at its anchor's stored KL (certified iff they hold), the four indexes against the CEs (each
 // expected entry present, no other entry), the KL history, the outbox and the prequential
-// records against their meta sequence numbers, and the reissue entries' seals. It fills in
+// records against their meta sequence numbers, the reissue entries' seals, and the anchors' KL
+// histories against the anchors. It fills in
 // info. O(stored CEs); Verify runs it.
 func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := l.checkSmall(tx); err != nil {
@@ -57,6 +60,10 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	}
 	if err := checkReissues(tx); err != nil {
 		return err
+	}
+	if bad := anchorKLDamage(tx, anchors, c.version).anchors; len(bad) > 0 {
+		v := slices.Min(slices.Collect(maps.Keys(bad)))
+		return corruptf("%s history of anchor %d: %s", bAnchorKL, v, bad[v])
 	}
 	for _, key := range keptEvents() {
 		if err := verifyKept(tx, key); err != nil {

@@ -191,7 +191,7 @@ const (
 	refused     faultOutcome = "refused at Open"
 	readErr     faultOutcome = "error on read"
 	intact      faultOutcome = "intact"
-	quarantined faultOutcome = "quarantined or rebuilt at Open"
+	quarantined faultOutcome = "quarantined, rebuilt or deleted at Open"
 )
 
 // faultTrial installs data as a ledger in a fresh directory, opens it and reads everything.
@@ -229,8 +229,15 @@ func faultTrial(t *testing.T, what string, data []byte, ref string) (outcome fau
 	case err != nil:
 		checkCorruptError(t, err, path, what)
 		return readErr
-	case snap == ref && l.indexRepaired == 0:
+	case snap == ref && l.indexRepaired == 0 && l.klHistRepaired == 0:
 		return intact
+	case l.klHistRepaired > 0 && l.indexRepaired == 0:
+		// A deleted anchor KL history: the same data, less the lapse versions it gave.
+		checkInvariants(t, l)
+		since := regexp.MustCompile(`"renewal_pending_since":\d+,`)
+		if since.ReplaceAllString(snap, "") == since.ReplaceAllString(ref, "") {
+			return quarantined
+		}
 	case l.indexRepaired > 0:
 		// Rebuilt indexes: the same data, one generation later.
 		checkInvariants(t, l)

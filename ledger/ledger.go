@@ -158,6 +158,7 @@ type Ledger struct {
 	quarantined    int
 	runtimeDamaged map[string]bool
 	indexRepaired  int // damaged index entries Open found (and rebuilt)
+	klHistRepaired int // anchor KL histories Open found damaged or stale (and deleted)
 
 	// Decoded posteriors by version (current and anchors; immutable once stored).
 	cmu    sync.Mutex

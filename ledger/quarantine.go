@@ -123,6 +123,7 @@ type damage struct {
 	index   int               // damaged index entries
 	quality []qualityDropped  // damaged prequential records
 	reissue [][]byte          // CE ids whose reissue entry is damaged
+	klHist  klDamage          // damaged anchor KL histories, and entries no history reaches
 	records int               // values read
 }
 
@@ -151,7 +152,7 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
 		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "damaged_reissue_entries", len(d.reissue),
 		"took", time.Since(start))
-	l.indexRepaired = d.index
+	l.indexRepaired, l.klHistRepaired = d.index, len(d.klHist.anchors)+len(d.klHist.strays)
 	if len(d.quality) > 0 {
 		if err := l.dropQuality(d.quality); err != nil {
 			return err
@@ -159,6 +160,11 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 	}
 	if len(d.reissue) > 0 {
 		if err := l.repairReissues(d.reissue); err != nil {
+			return err
+		}
+	}
+	if l.klHistRepaired > 0 {
+		if err := l.repairAnchorKL(d.klHist); err != nil {
 			return err
 		}
 	}
@@ -275,6 +281,18 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 			return nil
 		})
 	}
+	anchors := map[uint64]anchorMeta{}
+	if err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
+		anchors[v] = a
+		return nil
+	}); err != nil {
+		return d, err
+	}
+	c, err := readCur(tx)
+	if err != nil {
+		return d, err
+	}
+	d.klHist = anchorKLDamage(tx, anchors, c.version)
 	for _, b := range indexBuckets {
 		if !indexes {
 			break

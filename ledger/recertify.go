@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -522,15 +523,22 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		}
 		return false, err
 	}
-	for v, a := range live {
+	for _, v := range slices.Sorted(maps.Keys(live)) {
+		a := live[v]
 		kl, ok := r.AnchorKL[v]
 		if !ok {
 			return false, fmt.Errorf("%w: anchor %d is not in the re-certification", ErrStale, v)
+		}
+		if err := recordAnchorKL(tx, v, a.klVersion, next.version, kl, false); err != nil {
+			return false, err
 		}
 		a.kl, a.klVersion = kl, next.version
 		if err := putAnchor(tx, v, a); err != nil {
 			return false, err
 		}
+	}
+	if err := pruneAnchorKL(tx, next.version); err != nil {
+		return false, err
 	}
 	for _, ch := range c.Changes {
 		ch.PosteriorVersion = next.version

@@ -47,6 +47,12 @@ type CE struct {
 	// its ceiling at KLFromAnchor): it waits for the confirmer, which renews it (a new anchor,
 	// still certified) or gives it a verdict (at_risk, invalidated).
 	RenewalPending bool `json:"renewal_pending,omitempty"`
+	// RenewalPendingSince is set with RenewalPending when the ledger knows since which posterior
+	// version the bound has failed: the version committed after the last one at which the
+	// anchor's KL let it hold, a scan of the anchor's KL history (anchor_kl), the same at every
+	// ledger that committed the same versions. It is absent when that history does not reach back
+	// to a version at which the bound held (an anchor taken over, or older than the history).
+	RenewalPendingSince *uint64 `json:"renewal_pending_since,omitempty"`
 	// VerdictBound is the confidence bound that decided the verdict of ConfirmedVersion
 	// (certify.VerdictBound: lower(p2) for at_risk, upper(p2) for invalidated, rounded to float32
 	// away from its side), nil when the evidence decided nothing. The verdict stays in force
