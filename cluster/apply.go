@@ -247,6 +247,7 @@ func (s *Share) applyOps(ctx context.Context, p int, ops []ledger.ShareOp, next 
 		s.lg.Warn("past posteriors not found in the posterior log: restored verdicts are measured again", "partition", p, "err", err)
 		past = nil
 	}
+	past = withRecent(past, s.rep, pastVersions(ops, s.host.Current().Version, live, stored))
 	for attempt := 0; ; attempt++ {
 		var need *ledger.AnchorsNeededError
 		err := s.host.Durably(ctx, func() error {
@@ -337,6 +338,25 @@ func pastVersions(ops []ledger.ShareOp, cur uint64, live map[uint64]bool, stored
 	}
 	slices.Sort(vs)
 	return vs
+}
+
+// withRecent adds to past the posteriors kept in memory from the oldest of anchors on, so that
+// the ledger gives each anchor it stores from a past posterior the KL history its previous owner
+// held over those versions (ledger.ApplyShare; renewal_pending_since then agrees across owners).
+// past is nil when the posterior log could not give the anchors: the registrations are then
+// measured again, and no history is needed.
+func withRecent(past map[uint64]*bnn.Model, rep interface {
+	Recent(from uint64) map[uint64]*bnn.Model
+}, anchors []uint64) map[uint64]*bnn.Model {
+	if past == nil || len(anchors) == 0 {
+		return past
+	}
+	for v, m := range rep.Recent(slices.Min(anchors)) {
+		if _, ok := past[v]; !ok {
+			past[v] = m
+		}
+	}
+	return past
 }
 
 // remeasure measures the CEs of ops[which] again under the current posterior (in Exclusive): a

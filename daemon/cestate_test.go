@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -204,4 +205,81 @@ func TestMovedCEKeepsItsReissue(t *testing.T) {
 	if want := "counterfactuals a previous owner left waiting for a reissue queued"; !strings.Contains(logs.String(), want) {
 		t.Errorf("r2's log does not say %q:\n%s", want, logs.String())
 	}
+}
+
+// A lapsed certificate says since which version its bound has failed (renewal_pending_since),
+// and its new owner says the same: the replica that takes its partition over computes the
+// anchor's KL history from the posteriors it keeps in memory, instead of starting it at the
+// take-over. Both replicas' confirmers are held, so that the certificates stay lapsed.
+func TestMovedLapsedCEKeepsItsLapseVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas and a drift: not with -short")
+	}
+	t.Parallel()
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	hold := func(o *Options) { o.Hooks.ConfirmRound = func(ctx context.Context) { <-ctx.Done() } }
+	start := func(id string) *running { // the default learner, which follows a drift over several versions
+		r := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), id, key) }, hold, nil)
+		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+		return r
+	}
+	r1 := start("r1")
+	data := daemontest.Bundled(t)
+	// CEs registered before and during a drift lapse at different versions.
+	var ids []string
+	drift := daemontest.FlippedThenClean(data, 320, 0)
+	for i, part := range [][][]byte{drift[:32], drift[32:]} {
+		ids = append(ids, daemontest.RegisterCEs(t, r1, data, 10, fmt.Sprint("p", i))...)
+		r1.Produce(t, part...)
+		applied := float64(32 + i*len(part))
+		waitfor.Cond(t, 60*time.Second, "the drift applied", func() bool {
+			return r1.Metric(t, "cfguard_records_total", "result", "applied") == applied
+		})
+	}
+	was := map[string]*ledger.CE{}
+	since := map[uint64]int{}
+	for _, id := range ids {
+		ce, err := r1.D.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		was[id] = ce
+		if ce.RenewalPending != (ce.RenewalPendingSince != nil) {
+			t.Fatalf("%s at r1: renewal_pending %v, renewal_pending_since %v: r1 held every anchor from its registration on",
+				id, ce.RenewalPending, ce.RenewalPendingSince)
+		}
+		if ce.RenewalPendingSince != nil {
+			since[*ce.RenewalPendingSince]++
+		}
+	}
+	t.Logf("at r1 (posterior version %d): lapse versions %v", r1.D.current().Version, since)
+	if len(since) < 2 {
+		t.Fatal("the drift lapsed certificates at fewer than two versions: this test shows little")
+	}
+
+	r2 := start("r2")
+	r1.Stop(t)
+	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
+		code, _ := r2.Get(t, "/readyz")
+		return r2.HeldCEs(t) == len(ids) && code == 200 && r2.D.current().Version == r1.D.current().Version
+	})
+	for _, id := range ids {
+		got, err := r2.D.ledger.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := was[id]
+		if got.RenewalPending != w.RenewalPending || !reflect.DeepEqual(got.RenewalPendingSince, w.RenewalPendingSince) {
+			t.Errorf("%s moved from r1 to r2: renewal_pending %v since %v at r1, %v since %v at r2", id,
+				w.RenewalPending, ptrString(w.RenewalPendingSince), got.RenewalPending, ptrString(got.RenewalPendingSince))
+		}
+	}
+}
+
+func ptrString(p *uint64) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprint(*p)
 }

@@ -24,6 +24,21 @@ func (r *Replica) remember(m *bnn.Model) {
 	}
 }
 
+// Recent returns the posteriors of versions from `from` on that are kept in memory (the last
+// recentPosteriors applied), without reading the log: what an anchor's KL history taken over
+// with a partition is computed from (ledger.ApplyShare).
+func (r *Replica) Recent(from uint64) map[uint64]*bnn.Model {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[uint64]*bnn.Model{}
+	for v, m := range r.recent {
+		if v >= from {
+			out[v] = m
+		}
+	}
+	return out
+}
+
 // Past returns the posteriors of the given versions, each at most the current one: the recent
 // ones from memory, the others by playing the posterior log. The play starts from the latest
 // place it knows at or before the lowest version asked for: where the last play stopped, or one
