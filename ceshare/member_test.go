@@ -1109,8 +1109,7 @@ func TestRequestsDeletedUnreadAreCountedLost(t *testing.T) {
 }
 
 // A question to the Directory whose context is already over fails without emptying the cache:
-// the next caller, within MinRefresh, gets the owner (before, it got the first caller's
-// context error for MinRefresh).
+// the next caller, within MinRefresh, gets the owner, not the first caller's context error.
 func TestDirectoryKeepsItsCacheForACallerThatGaveUp(t *testing.T) {
 	_, conn := startBroker(t)
 	r := startReplica(t, memberConfig(conn, "r1"))

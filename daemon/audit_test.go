@@ -19,9 +19,9 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// TestIngestContinuesDuringAnAudit: an audit no longer holds the daemon's lock, so increments
-// are applied while it runs (before, ingestion waited for the whole audit), and the audit still
-// evaluates every stored CE. The figures (ingest rate during an audit of 10^5 CEs over the rate
+// TestIngestContinuesDuringAnAudit: an audit does not hold the daemon's lock, so increments are
+// applied while it runs rather than after the whole audit, and the audit still evaluates every
+// stored CE. The figures (ingest rate during an audit of 10^5 CEs over the rate
 // without) are BenchmarkIngestDuringAudit's.
 func TestIngestContinuesDuringAnAudit(t *testing.T) {
 	const n = 2000

@@ -52,7 +52,7 @@ func TestFirstStartTrainsTheSharedModel(t *testing.T) {
 }
 
 // A saved VAE that does not load (its weights cut short, as a crash during its save or a full disk
-// leaves them) no longer stops the daemon: it is moved aside, byte for byte, and the VAE is
+// leaves them) does not stop the daemon: it is moved aside, byte for byte, and the VAE is
 // trained again, the same network as the shared one, with a log line that says why (at start,
 // not for a first explanation).
 func TestDamagedVAEIsMovedAsideAndTrainedAgain(t *testing.T) {

@@ -314,8 +314,8 @@ func liveIn(l *Ledger, n int, rng *rand.Rand) error {
 // of the mapped file (page cache, clean: the kernel reclaims them under pressure), and the
 // memory the Go runtime holds from the system (GoSys: at least the heap's peak), and, in a
 // second child, the same for the page-tree walk alone. It does so for the file with a synced
-// freelist opened as before, and for the same file without one, opened as the ledger opens it
-// now (bbolt then rebuilds the freelist by walking the tree).
+// freelist (bbolt reads its freelist page), and for the same file without one, as the ledger's
+// commits leave it (bbolt then rebuilds the freelist by walking the tree).
 //
 //	go test ./ledger -run '^$' -bench OpenRSS -benchtime 1x
 //	CFGUARD_BENCH_1M=1 go test ./ledger -run '^$' -bench OpenRSS -benchtime 1x -timeout 3h

@@ -159,9 +159,10 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 	}
 }
 
-// restartBound is how soon a restarted daemon must apply records again: the consumer-group
-// session timeout the daemon used to wait for (10 s), plus a few seconds for the process to
-// start, load its state and apply an increment.
+// restartBound is how soon a restarted daemon must apply records again: a consumer group's
+// session timeout (10 s), which a group member restarted after a kill would wait for and the
+// daemon, a consumer that joins no group, must not, plus a few seconds for the process to start,
+// load its state and apply an increment.
 const restartBound = 15 * time.Second
 
 // TestRestartAfterTwoQuickKills runs restart trials against an external broker (a kfake cluster
