@@ -654,10 +654,15 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 			"The confidence is for this explanation on its own: explanations measured under one posterior version share its draws, so no statement is joint over several.",
 		}}
 	case ce.Status == certify.Certified:
-		return statement{Headline: "No statement: the certificate has lapsed and waits to be measured again.", Kind: "open", Body: []string{
+		body := []string{
 			fmt.Sprintf("p1 = %s was measured under posterior version %d; under version %d, after what the posterior moved since (KL = %s), Theorem 1 %s, which no longer certifies it. Until the confirmer measures it under the current posterior (renewal pending), nothing is guaranteed.",
 				fmtNum(ce.P1), ce.AnchorVersion, version, fmtNum(ce.KLFromAnchor), keeps(ce.Bound)),
-		}}
+		}
+		if s := ce.RenewalPendingSince; s != nil {
+			body = append(body, fmt.Sprintf("Its bound has failed at every posterior version since version %d, the first at which the posterior had moved too far from version %d for it.",
+				*s, ce.AnchorVersion))
+		}
+		return statement{Headline: "No statement: the certificate has lapsed and waits to be measured again.", Kind: "open", Body: body}
 	case ce.Status == certify.AtRisk && ce.Decided:
 		return statement{Headline: "At risk: the target is still the most likely class, but the explanation is no longer certified.", Kind: "open", Body: []string{
 			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class at or above 1/2 with confidence %s, and that bound still carries to version %d.",

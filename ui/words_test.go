@@ -235,3 +235,28 @@ func TestCertificatePageSaysTheStatusItHas(t *testing.T) {
 		}
 	}
 }
+
+// A lapsed certificate whose lapse version is known says it, on its page and in its statement;
+// one whose lapse version is not known says no version.
+func TestLapsedCertificateSaysSinceWhen(t *testing.T) {
+	u := New(Config{}, nil)
+	since := uint64(7)
+	for _, tc := range []struct {
+		since *uint64
+		want  bool
+	}{{&since, true}, {nil, false}} {
+		ce := ledger.CE{ID: "ce-1", X: []float64{1}, XCF: []float64{2}, Status: certify.Certified, RenewalPending: true,
+			RenewalPendingSince: tc.since, AnchorVersion: 3, PosteriorVersion: 9}
+		rec := httptest.NewRecorder()
+		u.render(rec, http.StatusOK, "ce", u.cePage(&ce, &Snapshot{}, "t"))
+		page := rec.Body.String()
+		for _, s := range []string{"renewal pending since posterior version 7", "failed at every posterior version since version 7"} {
+			if strings.Contains(page, s) != tc.want {
+				t.Errorf("since %v: the page says %q: %v, want %v", tc.since, s, !tc.want, tc.want)
+			}
+		}
+		if !strings.Contains(page, "renewal pending") {
+			t.Errorf("since %v: the page does not say the renewal is pending", tc.since)
+		}
+	}
+}
