@@ -218,7 +218,6 @@ type putPlan struct {
 	current *bnn.Model
 	past    map[uint64]*bnn.Model // posteriors given by PutPast
 	snap    map[uint64]bool       // anchors to store from past
-	hist    map[uint64][]klPoint  // their KL histories (pastAnchorKL)
 	reqs    []RequestRef          // the request of each CE in ces (PutRequests), or none
 	existed []keyedOutcome        // the outcomes of requests refused for an id that holds a CE
 	states  []*CE                 // the previous owner's state of each CE in ces (ShareOp.State), or none
@@ -335,7 +334,7 @@ func (l *Ledger) judgePut(tx *bolt.Tx, ces []*CE, now time.Time, all bool, past 
 		return nil, err
 	}
 	p := &putPlan{cur: c, ces: make([]*CE, 0, len(ces)), headers: make([]header, 0, len(ces)), errs: make([]error, len(ces)),
-		all: all, kl: map[uint64]float64{}, current: current, past: past, snap: map[uint64]bool{}, hist: map[uint64][]klPoint{}}
+		all: all, kl: map[uint64]float64{}, current: current, past: past, snap: map[uint64]bool{}}
 	seen := make(map[string]bool, len(ces))
 	hdrs := tx.Bucket(bHeaders)
 	for i, ce := range ces {
@@ -424,11 +423,7 @@ func (l *Ledger) putAnchorKL(tx *bolt.Tx, p *putPlan, v uint64) (float64, error)
 			if err != nil {
 				return 0, fmt.Errorf("%w: posterior version %d: %w", ErrInvalid, v, err)
 			}
-			hist, err := pastAnchorKL(p.past, v, p.cur.version, kl)
-			if err != nil {
-				return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
-			}
-			p.kl[v], p.snap[v], p.hist[v] = kl, true, hist
+			p.kl[v], p.snap[v] = kl, true
 			return kl, nil
 		}
 		if a.klVersion != p.cur.version {
@@ -456,9 +451,11 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 	hdrs.FillPercent, bodies.FillPercent = 0.9, 0.9 // IDs are mostly appended in order
 	// The anchors first: a CE's count (lapsed or not) is judged at its anchor's stored KL.
 	refs := map[uint64]int64{}
+	certs := map[uint64][]certify.Certificate{} // under each anchor, for the KL histories of snapshots
 	for i := range p.headers {
 		if h := &p.headers[i]; h.status != certify.Uncertified {
 			refs[h.anchor]++
+			certs[h.anchor] = append(certs[h.anchor], h.certificate())
 		}
 	}
 	for _, v := range slices.Sorted(maps.Keys(refs)) {
@@ -467,7 +464,11 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
 				return err
 			}
-			if err := writeAnchorKL(tx, v, p.hist[v]); err != nil {
+			hist, err := pastAnchorKL(p.past, v, p.cur.version, p.kl[v], l.opts.Policy, certs[v])
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrInvalid, err)
+			}
+			if err := writeAnchorKL(tx, v, p.cur.version, hist); err != nil {
 				return err
 			}
 			n--
@@ -567,9 +568,6 @@ func (l *Ledger) ref(tx *bolt.Tx, c cur, v uint64, n int64, kl float64, now time
 			return err
 		}
 		a = anchorMeta{kl: kl, klVersion: c.version, created: now.UnixNano()}
-		if err := recordAnchorKL(tx, v, 0, c.version, kl, true); err != nil {
-			return err
-		}
 	}
 	if int64(a.refs)+n < 0 {
 		return corruptf("anchor %d would have %d references", v, int64(a.refs)+n)
@@ -595,20 +593,15 @@ func (l *Ledger) refSnapshot(tx *bolt.Tx, now cur, v uint64, kl float64, m *bnn.
 	if err := putSealed(tx.Bucket(bAnchorModels), u64bytes(v), blob); err != nil {
 		return err
 	}
-	if err := recordAnchorKL(tx, v, 0, now.version, kl, true); err != nil {
-		return err
-	}
 	return putAnchor(tx, v, anchorMeta{refs: 1, kl: kl, klVersion: now.version, created: at.UnixNano()})
 }
 
 // gcAnchors deletes every anchor no CE refers to, except the current posterior's.
 func (l *Ledger) gcAnchors(tx *bolt.Tx, currentVersion uint64) error {
 	var dead []uint64
-	newest := map[uint64]uint64{} // each dead anchor's KL version: its history's newest entry
 	err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
 		if a.refs == 0 && v != currentVersion {
 			dead = append(dead, v)
-			newest[v] = a.klVersion
 		}
 		return nil
 	})
@@ -622,7 +615,7 @@ func (l *Ledger) gcAnchors(tx *bolt.Tx, currentVersion uint64) error {
 		if err := tx.Bucket(bAnchorModels).Delete(u64bytes(v)); err != nil {
 			return err
 		}
-		if err := dropAnchorKL(tx, v, newest[v]); err != nil {
+		if err := dropAnchorKL(tx, v); err != nil {
 			return err
 		}
 		l.log.Debug("anchor posterior released", "version", v)
@@ -664,13 +657,20 @@ func (l *Ledger) Delete(id string) error {
 
 // load decodes the CE stored under id, with its derived bounds from the anchor's KL.
 func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
+	return l.loadWith(tx, id, rawHdr, nil)
+}
+
+// loadWith is load; reads, when not nil, keeps the anchors' KL histories read for the CEs of one
+// transaction (a list), so that each is decoded once.
+func (l *Ledger) loadWith(tx *bolt.Tx, id, rawHdr []byte, reads *klReads) (*CE, error) {
 	ce, h, err := loadStored(tx, id, rawHdr)
 	if err != nil {
 		return nil, err
 	}
+	var a anchorMeta
 	if h.status != certify.Uncertified {
-		a, ok, err := readAnchor(tx, h.anchor)
-		if err != nil {
+		var ok bool
+		if a, ok, err = readAnchor(tx, h.anchor); err != nil {
 			return nil, err
 		}
 		if !ok {
@@ -685,11 +685,7 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	}
 	ce.Decided, ce.RenewalPending, ce.VerdictPending = d.decided, d.renewalPending, d.verdictPending
 	if d.renewalPending {
-		a, _, err := readAnchor(tx, h.anchor)
-		if err != nil {
-			return nil, err
-		}
-		if since, ok := failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a); ok {
+		if since, ok := failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a, reads); ok {
 			ce.RenewalPendingSince = &since
 		}
 	}
@@ -872,6 +868,7 @@ func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, er
 			return err
 		}
 		c := tx.Bucket(bHeaders).Cursor()
+		reads := &klReads{}
 		k, v := c.First()
 		if after != "" {
 			k, v = c.Seek([]byte(after))
@@ -888,7 +885,7 @@ func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, er
 			if status != 0 && (len(p) < 2 || certify.Status(p[hStatus]) != status) {
 				continue
 			}
-			ce, err := l.load(tx, k, v)
+			ce, err := l.loadWith(tx, k, v, reads)
 			if errors.Is(err, ErrCorrupt) {
 				l.noteDamaged(k, err) // one damaged record does not take the list down
 				continue

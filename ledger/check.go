@@ -61,7 +61,7 @@ func (l *Ledger) checkAll(tx *bolt.Tx, info *Info) error {
 	if err := checkReissues(tx); err != nil {
 		return err
 	}
-	if bad := anchorKLDamage(tx, anchors, c.version).anchors; len(bad) > 0 {
+	if bad := anchorKLDamage(tx, anchors).anchors; len(bad) > 0 {
 		v := slices.Min(slices.Collect(maps.Keys(bad)))
 		return corruptf("%s history of anchor %d: %s", bAnchorKL, v, bad[v])
 	}

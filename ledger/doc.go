@@ -32,10 +32,9 @@
 //	ce_body        CE id -> x, x', created-at, the last MaxHistory status changes
 //	anchors        version -> references, KL(q_now || q_anchor) and the version it was computed at
 //	anchor_models  version -> the anchor posterior
-//	anchor_kl      posterior version | anchor version -> KL(q_posterior || q_anchor), the entry
-//	               before it and the version committed after that one: the strict suffix minima
-//	               of each live anchor's KL over the last 1024 versions, from which a lapsed
-//	               certificate's lapse version is read (optional; lapse.go)
+//	anchor_kl      per live anchor, what of its KL over the versions committed a lapsed
+//	               certificate's lapse version needs: the KL of each version before a lapse and
+//	               the least KL of the versions between (optional; lapse.go)
 //	kl_history     sequence -> one update: update KL, max anchor KL, outcome
 //	requests       request id -> the outcome of a CE-topic request an owner applied, or of a
 //	               registration sent with an Idempotency-Key (optional; requests.go)

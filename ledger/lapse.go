@@ -2,10 +2,8 @@ package ledger
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -16,448 +14,562 @@ import (
 	"github.com/cfguard/cfguard/certify"
 )
 
-// The anchor_kl bucket keeps, per live anchor a, a history of KL(q_v || q_a) over the posterior
-// versions v the ledger committed, so that the version at which a certificate's bound began to
-// fail is a walk of its anchor's history instead of a write per CE at every lapse.
+// The anchor_kl bucket keeps, per live anchor a, what of its KL(q_v || q_a) over the committed
+// posterior versions v the lapse versions of its certificates need, so that the version at which
+// a certificate's bound began to fail is read from its anchor, not written per CE at a lapse.
 //
 // A certificate's bound holds at KL k iff it holds at every smaller k (Theorems 1 and 2 only
-// widen their slack with KL), so a CE whose bound fails at the newest version has been failing
-// since the version committed after the last version at which its anchor's KL let it hold.
-// Only that last version matters, for any threshold, so the history keeps the strict suffix
-// minima of the anchor's KL: appending KL(q_v || q_a) deletes every entry whose KL is at or
-// above it, and what stays has KL rising with the version.
+// widen their slack with KL): a CE whose bound fails at the anchor's current KL has been failing
+// since the version after the last version at which the anchor's KL let it hold. The history
+// keeps, of the versions before the current one (the anchor's stored KL version, its tail):
 //
-//	key   posterior version v u64 | anchor version a u64
-//	value KL(q_v || q_a) f64 | the version of the entry before it in a's history u64 |
-//	      the version committed after that entry u64 | flags u8 (1: there is an entry before
-//	      it), sealed
+//   - an entry for version u when a certificate of the anchor lapsed at the version committed
+//     after u (re-certification finds every lapse: Report.lapsed), holding KL_u and that next
+//     version. For a CE under the anchor when it lapsed, u is the last version its bound held;
+//   - for the versions between two entries (or between the last entry and the tail), which are
+//     not kept, the smallest KL among them (the gap's minimum).
 //
-// Keys lead with the posterior version, so that a commit's writes (one entry per live anchor,
-// the entries it outdates, which are recent, and the entries that pass the horizon, which are
-// the oldest) fall on a few pages whatever the number of anchors. An anchor's history is read
-// from its newest entry, at the anchor's stored KL version (anchorMeta.klVersion), back through
-// each entry's predecessor. The version committed after an entry is kept in its successor,
-// since the entries between the two may be gone.
+// An entry whose KL is at or above the tail's is deleted, its KL and gap folded into the gap
+// after it: a certificate whose bound fails now cannot have held there. So entries' KLs rise
+// toward the tail.
 //
-// The history covers the last anchorKLHorizon posterior versions: a commit deletes the entries
-// of older versions (pruneAnchorKL), after which a CE whose bound fails at every entry kept has
-// no known lapse version (never a wrong one). A history is contiguous within the horizon: every
-// checkpoint that replaces the posterior records every live anchor's KL
-// (applyRecertification), after the anchor's previous version; an anchor whose newest entry is
-// not at its stored KL version (a build without the bucket moved it on) starts again.
+// A CE's lapse version is read from the tail back: the first entry at which its bound holds
+// gives the version after it, unless a gap passed on the way holds a KL at which the bound
+// holds (its last holding version is then one that is not kept: unknown). This is exact for a
+// CE that was under the anchor when it lapsed, and exact or unknown, never wrong, for one
+// stored under an anchor it had already lapsed under (a registration read late, a CE taken
+// over), whatever the versions kept for other CEs.
 //
-// The bucket is optional, like reissue: a ledger written by a build without it opens as it did,
-// its anchors' histories starting at their next KL. At Open, a history that does not decode or
-// breaks its order is deleted, as are entries no history reaches (repairAnchorKL): the CEs under
-// the anchor lose their lapse versions until their bounds hold again.
+//	key "m" (1 byte)                   the last version committed with the histories kept up
+//	                                   to date (a build without the bucket may commit others)
+//	key anchor a u64 (8 bytes)         a's head: the link of its tail
+//	key version u | anchor a (16 bytes) an entry: KL_u, and its link
+//	link  the version of the entry before (u64), the version after that entry (u64), the gap's
+//	      minimum (f64), flags u8 (1: there is an entry before, 2: the gap is not empty)
+//
+// Values are sealed. An anchor with no head has no versions before its tail, which is what a
+// new anchor has. A commit whose previous version is not the marker (a build without the bucket
+// committed in between) starts every history again at its tail.
+//
+// Cost: a commit reads each live anchor's head and writes it only when a certificate lapsed,
+// the gap's minimum fell, or entries were deleted; an entry per lapse version. Keys of entries
+// lead with the version, so the entries of one commit share a page.
+//
+// The bucket is optional, like reissue: a ledger written by a build without it opens as it
+// did. At Open, a damaged history is deleted, and so are heads and entries no stored anchor
+// reaches (repairAnchorKL): the CEs under the anchor lose their lapse versions (unknown) until
+// their bounds hold again.
 var bAnchorKL = []byte("anchor_kl")
 
-// anchorKLHorizon is how many posterior versions back the anchors' KL histories reach.
-const anchorKLHorizon = 1024
+var kAnchorKLMark = []byte("m")
 
-// klPoint is one entry of an anchor's KL history.
-type klPoint struct {
-	version uint64  // the posterior version
-	kl      float64 // KL(q_version || q_anchor)
-	next    uint64  // the version committed after it; 0 on the newest (in memory only)
-}
-
-// klEntry is a klPoint as stored: it names the entry before it, and that entry's next version.
-type klEntry struct {
-	kl       float64
-	prev     uint64 // the version of the entry before it, when hasPrev
-	prevNext uint64 // the version committed after that entry
+// klLink ties a tail or an entry to the entry before it, across the gap between them.
+type klLink struct {
+	prev     uint64  // the version of the entry before, when hasPrev
+	prevNext uint64  // the version committed after that entry
+	gapMin   float64 // the smallest KL of the versions between, when hasGap
 	hasPrev  bool
+	hasGap   bool
 }
 
-func anchorKLKey(version, anchor uint64) []byte {
-	return binary.BigEndian.AppendUint64(u64bytes(version), anchor)
+// fold puts a version at KL kl, not kept, into the gap.
+func (l *klLink) fold(kl float64) {
+	if !l.hasGap || kl < l.gapMin {
+		l.gapMin, l.hasGap = kl, true
+	}
 }
 
-func (e klEntry) encode() []byte {
-	v := binary.BigEndian.AppendUint64(nil, math.Float64bits(e.kl))
-	v = binary.BigEndian.AppendUint64(v, e.prev)
-	v = binary.BigEndian.AppendUint64(v, e.prevNext)
+func (l klLink) encode(v []byte) []byte {
+	v = binary.BigEndian.AppendUint64(v, l.prev)
+	v = binary.BigEndian.AppendUint64(v, l.prevNext)
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(l.gapMin))
 	flags := byte(0)
-	if e.hasPrev {
-		flags = 1
+	if l.hasPrev {
+		flags |= 1
+	}
+	if l.hasGap {
+		flags |= 2
 	}
 	return append(v, flags)
 }
 
-// decodeAnchorKL decodes a sealed entry with its key's versions; ok is false when the checksum,
-// key or values are wrong.
-func decodeAnchorKL(k, v []byte) (version, anchor uint64, e klEntry, ok bool) {
-	p, ok := unseal(k, v)
-	if !ok || len(k) != 16 || len(p) != 25 || p[24] > 1 {
-		return 0, 0, klEntry{}, false
+// decodeLink decodes 25 bytes; ok is false for values no link has.
+func decodeLink(p []byte) (klLink, bool) {
+	if len(p) != 25 || p[24] > 3 {
+		return klLink{}, false
 	}
-	version, anchor = binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[8:])
-	e = klEntry{kl: math.Float64frombits(binary.BigEndian.Uint64(p)), prev: binary.BigEndian.Uint64(p[8:]),
-		prevNext: binary.BigEndian.Uint64(p[16:]), hasPrev: p[24] == 1}
-	if !(e.kl >= 0) || math.IsInf(e.kl, 0) || e.hasPrev && !(e.prev < e.prevNext && e.prevNext <= version) {
-		return 0, 0, klEntry{}, false
+	l := klLink{prev: binary.BigEndian.Uint64(p), prevNext: binary.BigEndian.Uint64(p[8:]),
+		gapMin: math.Float64frombits(binary.BigEndian.Uint64(p[16:])), hasPrev: p[24]&1 != 0, hasGap: p[24]&2 != 0}
+	if l.hasPrev && l.prevNext <= l.prev || l.hasGap && !(l.gapMin >= 0 && !math.IsInf(l.gapMin, 0)) {
+		return klLink{}, false
 	}
-	return version, anchor, e, true
+	return l, true
 }
 
-// getAnchorKL reads anchor's entry at version; ok is false when there is none or it does not
-// decode.
-func getAnchorKL(b *bolt.Bucket, version, anchor uint64) (klEntry, bool) {
-	k := anchorKLKey(version, anchor)
-	v := b.Get(k)
-	if v == nil {
+// klEntry is a kept version: its KL and its link.
+type klEntry struct {
+	kl float64
+	klLink
+}
+
+func (e klEntry) encode() []byte {
+	return e.klLink.encode(binary.BigEndian.AppendUint64(nil, math.Float64bits(e.kl)))
+}
+
+func decodeEntry(p []byte) (klEntry, bool) {
+	if len(p) != 33 {
 		return klEntry{}, false
 	}
-	_, _, e, ok := decodeAnchorKL(k, v)
-	return e, ok
+	l, ok := decodeLink(p[8:])
+	e := klEntry{kl: math.Float64frombits(binary.BigEndian.Uint64(p)), klLink: l}
+	return e, ok && e.kl >= 0 && !math.IsInf(e.kl, 0)
 }
 
-// anchorKL reads anchor's history from its newest entry at version newest, oldest first (back
-// to the horizon); ok is false when the newest entry is missing or an entry does not decode.
-func anchorKL(tx *bolt.Tx, anchor, newest uint64) (pts []klPoint, ok bool) {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil {
-		return nil, false
-	}
-	v, next := newest, uint64(0)
-	for {
-		e, ok := getAnchorKL(b, v, anchor)
-		if !ok {
-			if len(pts) > 0 && b.Get(anchorKLKey(v, anchor)) == nil {
-				break // past the horizon
-			}
-			return nil, false
-		}
-		pts = append(pts, klPoint{version: v, kl: e.kl, next: next})
-		if !e.hasPrev {
-			break
-		}
-		v, next = e.prev, e.prevNext
-	}
-	slices.Reverse(pts)
-	return pts, true
+func headKey(anchor uint64) []byte { return u64bytes(anchor) }
+
+func entryKey(version, anchor uint64) []byte {
+	return binary.BigEndian.AppendUint64(u64bytes(version), anchor)
 }
 
-// appendKL is pts, a history (oldest first), after the posterior version `version` at KL kl was
-// committed: the newest entry learns its next version, every entry at or above kl goes, the new
-// entry is appended, and the entries past the horizon go. pts is not changed.
-func appendKL(pts []klPoint, version uint64, kl float64) []klPoint {
-	out := slices.Clone(pts)
-	if len(out) > 0 {
-		out[len(out)-1].next = version
-	}
-	for len(out) > 0 && out[len(out)-1].kl >= kl {
-		out = out[:len(out)-1]
-	}
-	out = append(out, klPoint{version: version, kl: kl})
-	for version >= anchorKLHorizon && out[0].version < version-anchorKLHorizon {
-		out = out[1:]
-	}
-	return out
+// klStore is where a history lives: the bucket, or memory (pastAnchorKL).
+type klStore interface {
+	head() (klLink, bool, error)
+	putHead(klLink) error
+	entry(version uint64) (klEntry, bool, error)
+	putEntry(version uint64, e klEntry) error
+	delEntry(version uint64) error
 }
 
-// recordAnchorKL appends KL(q_version || q_anchor) = kl to anchor's history, as appendKL does
-// (pruneAnchorKL drops what passes the horizon), reading and writing only the entries it
-// changes: the new one and those it outdates (recent). prev is the version the anchor's KL was
-// last recorded at (its newest entry); with fresh (a new anchor), or when there is no entry at
-// prev or it does not decode, the history starts again at this entry. The same version again (a
-// checkpoint that re-certifies the current posterior) changes nothing.
-func recordAnchorKL(tx *bolt.Tx, anchor, prev, version uint64, kl float64, fresh bool) error {
-	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
+// bucketKL is one anchor's history in the bucket.
+type bucketKL struct {
+	b      *bolt.Bucket
+	anchor uint64
+}
+
+func (s bucketKL) head() (klLink, bool, error) {
+	k := headKey(s.anchor)
+	raw := s.b.Get(k)
+	if raw == nil {
+		return klLink{}, false, nil
+	}
+	p, ok := unseal(k, raw)
+	l, ok2 := decodeLink(p)
+	if !ok || !ok2 {
+		return klLink{}, false, corruptf("%s head of anchor %d: checksum mismatch or not a head", bAnchorKL, s.anchor)
+	}
+	return l, true, nil
+}
+
+func (s bucketKL) putHead(l klLink) error { return putSealed(s.b, headKey(s.anchor), l.encode(nil)) }
+
+func (s bucketKL) entry(v uint64) (klEntry, bool, error) {
+	k := entryKey(v, s.anchor)
+	raw := s.b.Get(k)
+	if raw == nil {
+		return klEntry{}, false, nil
+	}
+	p, ok := unseal(k, raw)
+	e, ok2 := decodeEntry(p)
+	if !ok || !ok2 {
+		return klEntry{}, false, corruptf("%s entry of anchor %d at version %d: checksum mismatch or not an entry", bAnchorKL, s.anchor, v)
+	}
+	return e, true, nil
+}
+
+func (s bucketKL) putEntry(v uint64, e klEntry) error {
+	return putSealed(s.b, entryKey(v, s.anchor), e.encode())
+}
+
+func (s bucketKL) delEntry(v uint64) error { return s.b.Delete(entryKey(v, s.anchor)) }
+
+// memKL is a history in memory.
+type memKL struct {
+	h       klLink
+	entries map[uint64]klEntry
+}
+
+func (m *memKL) head() (klLink, bool, error) { return m.h, true, nil }
+func (m *memKL) putHead(l klLink) error      { m.h = l; return nil }
+func (m *memKL) delEntry(v uint64) error     { delete(m.entries, v); return nil }
+func (m *memKL) putEntry(v uint64, e klEntry) error {
+	m.entries[v] = e
+	return nil
+}
+func (m *memKL) entry(v uint64) (klEntry, bool, error) {
+	e, ok := m.entries[v]
+	return e, ok, nil
+}
+
+// advance records that the posterior version `version` was committed with the anchor at KL
+// kl, its tail having been tailKL at tailVersion; lapsed says a certificate of the anchor lapsed
+// at `version`. The old tail becomes an entry if so, or joins the gap; then the entries at or
+// above kl are deleted into the gap.
+func advance(s klStore, tailVersion uint64, tailKL float64, version uint64, kl float64, lapsed bool) error {
+	h, _, err := s.head()
 	if err != nil {
 		return err
 	}
-	if prev == version && !fresh {
-		return nil
-	}
-	key := anchorKLKey(version, anchor)
-	tail, ok := getAnchorKL(b, prev, anchor)
-	if fresh || !ok {
-		return putSealed(b, key, klEntry{kl: kl}.encode())
-	}
-	// Walk back over the entries the new one outdates (KL at or above kl): the one it stops at,
-	// if any, precedes the new entry, and the version after it is the one after the last entry
-	// dropped, or the new one.
-	e := klEntry{kl: kl, prev: prev, prevNext: version, hasPrev: true}
-	for cur := tail; e.hasPrev && cur.kl >= kl; {
-		if err := b.Delete(anchorKLKey(e.prev, anchor)); err != nil {
+	was := h
+	if lapsed {
+		if err := s.putEntry(tailVersion, klEntry{kl: tailKL, klLink: h}); err != nil {
 			return err
 		}
-		e.prev, e.prevNext, e.hasPrev = cur.prev, cur.prevNext, cur.hasPrev
-		if !e.hasPrev {
-			break
-		}
-		if cur, ok = getAnchorKL(b, e.prev, anchor); !ok {
-			e.hasPrev = false // past the horizon, or damaged: the history starts here
-			break
-		}
+		h = klLink{prev: tailVersion, prevNext: version, hasPrev: true}
+	} else {
+		h.fold(tailKL)
 	}
-	return putSealed(b, key, e.encode())
-}
-
-// pruneAnchorKL deletes the entries of every history from versions past the horizon of the
-// version now committed: the first keys of the bucket.
-func pruneAnchorKL(tx *bolt.Tx, version uint64) error {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil || version < anchorKLHorizon {
-		return nil
-	}
-	cut := u64bytes(version - anchorKLHorizon)
-	c := b.Cursor()
-	var old [][]byte
-	for k, _ := c.First(); k != nil && bytes.Compare(k, cut) < 0; k, _ = c.Next() {
-		old = append(old, bytes.Clone(k))
-	}
-	for _, k := range old {
-		if err := b.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// dropChain deletes the entries before e in anchor's history.
-func dropChain(b *bolt.Bucket, anchor uint64, e klEntry) error {
-	for e.hasPrev {
-		v := e.prev
-		var ok bool
-		e, ok = getAnchorKL(b, v, anchor)
-		if err := b.Delete(anchorKLKey(v, anchor)); err != nil {
-			return err
-		}
-		if !ok {
-			return nil // the rest, if any, is no history's: Open deletes it
-		}
-	}
-	return nil
-}
-
-// dropAnchorKL deletes anchor's history, whose newest entry is at version newest.
-func dropAnchorKL(tx *bolt.Tx, anchor, newest uint64) error {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil {
-		return nil
-	}
-	tail, ok := getAnchorKL(b, newest, anchor)
-	if err := b.Delete(anchorKLKey(newest, anchor)); err != nil || !ok {
-		return err
-	}
-	return dropChain(b, anchor, tail)
-}
-
-// writeAnchorKL writes pts (oldest first) as the history of a new anchor.
-func writeAnchorKL(tx *bolt.Tx, anchor uint64, pts []klPoint) error {
-	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
-	if err != nil {
-		return err
-	}
-	for i, p := range pts {
-		e := klEntry{kl: p.kl}
-		if i > 0 {
-			e.prev, e.prevNext, e.hasPrev = pts[i-1].version, pts[i-1].next, true
-		}
-		if err := putSealed(b, anchorKLKey(p.version, anchor), e.encode()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// pastAnchorKL is the history anchor v (the posterior past[v]) would have here had this ledger
-// held it all along, for a snapshot anchor stored at the current version cur at KL curKL (a CE
-// restored or registered under a past posterior): KL(q_u || q_v) for the versions u of past that
-// run without a gap from cur-1 down (with v itself, at KL 0, when they reach it), then cur.
-// Posterior versions run without gaps (update.Update makes prev.Version+1), so the history is
-// the one an owner that committed those versions holds, cut to the versions past has.
-func pastAnchorKL(past map[uint64]*bnn.Model, v, cur uint64, curKL float64) ([]klPoint, error) {
-	lo := cur
-	for lo > v+1 {
-		m, ok := past[lo-1]
-		if !ok || m == nil || m.Version != lo-1 {
-			break
-		}
-		lo--
-	}
-	var pts []klPoint
-	if lo == v+1 {
-		pts = appendKL(pts, v, 0)
-	}
-	for u := lo; u < cur; u++ {
-		kl, _, err := certify.KL(past[u], past[v])
+	for h.hasPrev {
+		e, ok, err := s.entry(h.prev)
 		if err != nil {
-			return nil, fmt.Errorf("KL of posterior %d from anchor %d: %w", u, v, err)
+			return err
 		}
-		pts = appendKL(pts, u, kl)
+		if !ok {
+			return corruptf("%s: the entry at version %d is missing", bAnchorKL, h.prev)
+		}
+		if e.kl < kl {
+			break
+		}
+		if err := s.delEntry(h.prev); err != nil {
+			return err
+		}
+		gap := h
+		h = e.klLink
+		h.fold(e.kl)
+		if gap.hasGap {
+			h.fold(gap.gapMin)
+		}
 	}
-	return appendKL(pts, cur, curKL), nil
+	if h == was {
+		return nil
+	}
+	return s.putHead(h)
 }
 
-// failingSince is the posterior version since which the bound of cert, under anchor a (its
-// stored KL at a.klVersion), has failed at every version the ledger committed: the version
-// committed after the last one at which the anchor's KL let it hold. ok is false when the bound
-// holds at a's stored KL, or when the history does not reach back to a version at which it held
-// (started after the lapse, or cut to its newest entries), or does not decode.
-func failingSince(tx *bolt.Tx, pol certify.Policy, cert certify.Certificate, anchor uint64, a anchorMeta) (uint64, bool) {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil {
+// klStep is one link of a history read from the tail back: the gap before what the link ties
+// to, then the entry it names (none at the history's start).
+type klStep struct {
+	gapMin   float64
+	hasGap   bool
+	kl       float64 // the entry's KL, when hasEntry
+	next     uint64  // the version committed after the entry
+	hasEntry bool
+}
+
+// readChain reads a history from its head back to its start.
+func readChain(s klStore) ([]klStep, error) {
+	h, ok, err := s.head()
+	if err != nil || !ok {
+		return nil, err
+	}
+	var steps []klStep
+	for {
+		st := klStep{gapMin: h.gapMin, hasGap: h.hasGap}
+		if !h.hasPrev {
+			return append(steps, st), nil
+		}
+		e, ok, err := s.entry(h.prev)
+		if err != nil || !ok {
+			if err == nil {
+				err = corruptf("%s: the entry at version %d is missing", bAnchorKL, h.prev)
+			}
+			return nil, err
+		}
+		st.kl, st.next, st.hasEntry = e.kl, h.prevNext, true
+		steps = append(steps, st)
+		h = e.klLink
+	}
+}
+
+// lapseVersion reads, from the tail back, the version since which a bound that holds at KL k
+// iff holds(k) has failed: the version after the first entry at which it holds. ok is false
+// when it holds at the tail, or when the version is not known: a gap passed on the way holds a
+// KL at which it holds (the last version it held at is not kept), or no entry does.
+func lapseVersion(chain []klStep, tailKL float64, holds func(kl float64) bool) (uint64, bool) {
+	if holds(tailKL) {
 		return 0, false
 	}
-	// Newest first, as lapsedSince reads them, stopping at the first entry at which it holds.
-	v, next, newest := a.klVersion, uint64(0), true
-	for {
-		e, ok := getAnchorKL(b, v, anchor)
+	for _, st := range chain {
 		switch {
-		case !ok: // damaged, or past the horizon
+		case st.hasGap && holds(st.gapMin), !st.hasEntry:
 			return 0, false
-		case pol.Bounds(cert, e.kl).Certified:
-			return next, !newest
-		case !e.hasPrev:
-			return 0, false
-		}
-		v, next, newest = e.prev, e.prevNext, false
-	}
-}
-
-// lapsedSince is the version since which a bound that holds at KL k iff holds(k) has failed, by
-// the history pts (oldest first): the next version of the last entry at which it holds. ok is
-// false when it holds at the newest entry, or at none.
-func lapsedSince(pts []klPoint, holds func(kl float64) bool) (uint64, bool) {
-	for i := len(pts) - 1; i >= 0; i-- {
-		if holds(pts[i].kl) {
-			if i == len(pts)-1 {
-				return 0, false
-			}
-			return pts[i].next, true
+		case holds(st.kl):
+			return st.next, true
 		}
 	}
 	return 0, false
 }
 
-// damagedEntry is historyDamage's reason for an entry that does not decode.
-const damagedEntry = "checksum mismatch or not an entry"
+// recordAnchorKL advances anchor's history (advance) in the bucket.
+func recordAnchorKL(tx *bolt.Tx, anchor, tailVersion uint64, tailKL float64, version uint64, kl float64, lapsed bool) error {
+	if tailVersion == version {
+		return nil // a checkpoint that re-certifies the current posterior
+	}
+	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
+	if err != nil {
+		return err
+	}
+	return advance(bucketKL{b, anchor}, tailVersion, tailKL, version, kl, lapsed)
+}
+
+// beginAnchorKL is called before a commit from posterior version old to next records the live
+// anchors' KL: when the last commit that kept the histories was not old's, every history starts
+// again at its tail. endAnchorKL records that next kept them.
+func beginAnchorKL(tx *bolt.Tx, old uint64) error {
+	b := tx.Bucket(bAnchorKL)
+	if b == nil {
+		return nil // the histories start at their tails
+	}
+	if raw := b.Get(kAnchorKLMark); raw != nil {
+		if p, ok := unseal(kAnchorKLMark, raw); ok && len(p) == 8 && binary.BigEndian.Uint64(p) == old {
+			return nil
+		}
+	}
+	return tx.DeleteBucket(bAnchorKL)
+}
+
+func endAnchorKL(tx *bolt.Tx, next uint64) error {
+	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
+	if err != nil {
+		return err
+	}
+	return putSealed(b, kAnchorKLMark, u64bytes(next))
+}
+
+// dropAnchorKL deletes anchor's history: its head, and the entries it reaches while they decode
+// (Open deletes any others as strays).
+func dropAnchorKL(tx *bolt.Tx, anchor uint64) error {
+	b := tx.Bucket(bAnchorKL)
+	if b == nil {
+		return nil
+	}
+	s := bucketKL{b, anchor}
+	h, _, err := s.head()
+	if err := b.Delete(headKey(anchor)); err != nil {
+		return err
+	}
+	for err == nil && h.hasPrev {
+		var e klEntry
+		var ok bool
+		if e, ok, err = s.entry(h.prev); err != nil || !ok {
+			break
+		}
+		if err := s.delEntry(h.prev); err != nil {
+			return err
+		}
+		h = e.klLink
+	}
+	return nil
+}
+
+// writeAnchorKL writes m as the history of a new anchor, at the current version cur.
+func writeAnchorKL(tx *bolt.Tx, anchor, cur uint64, m *memKL) error {
+	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
+	if err != nil {
+		return err
+	}
+	if b.Get(kAnchorKLMark) == nil { // the histories are kept from here on
+		if err := putSealed(b, kAnchorKLMark, u64bytes(cur)); err != nil {
+			return err
+		}
+	}
+	s := bucketKL{b, anchor}
+	for _, v := range slices.Sorted(maps.Keys(m.entries)) {
+		if err := s.putEntry(v, m.entries[v]); err != nil {
+			return err
+		}
+	}
+	if m.h == (klLink{}) {
+		return nil
+	}
+	return s.putHead(m.h)
+}
+
+// pastAnchorKL is the history anchor v (the posterior past[v]) would have here had this ledger
+// held it, with the certificates certs under it, over the versions of past that run without a
+// gap from cur-1 down (from v itself, at KL 0, when they reach it), for a snapshot anchor stored
+// at the current version cur at KL curKL (CEs restored or registered under a past posterior).
+// Posterior versions run without gaps (update.Update makes prev.Version+1). Its lapse versions
+// for those CEs are those of an owner that held them under the anchor, where past reaches back
+// far enough; unknown otherwise.
+func pastAnchorKL(past map[uint64]*bnn.Model, v, cur uint64, curKL float64, pol certify.Policy, certs []certify.Certificate) (*memKL, error) {
+	m := &memKL{entries: map[uint64]klEntry{}}
+	lo := cur
+	for lo > v+1 {
+		pm, ok := past[lo-1]
+		if !ok || pm == nil || pm.Version != lo-1 {
+			break
+		}
+		lo--
+	}
+	tv, tkl := lo, curKL // with no past posterior, the history starts at the tail
+	switch {
+	case lo == v+1:
+		tv, tkl = v, 0 // from the anchor itself
+	case lo < cur:
+		var err error
+		if tkl, _, err = certify.KL(past[lo], past[v]); err != nil {
+			return nil, fmt.Errorf("KL of posterior %d from anchor %d: %w", lo, v, err)
+		}
+	}
+	for u := tv + 1; u <= cur; u++ {
+		kl := curKL
+		if u < cur {
+			var err error
+			if kl, _, err = certify.KL(past[u], past[v]); err != nil {
+				return nil, fmt.Errorf("KL of posterior %d from anchor %d: %w", u, v, err)
+			}
+		}
+		lapsed := slices.ContainsFunc(certs, func(c certify.Certificate) bool {
+			return pol.Bounds(c, tkl).Certified && !pol.Bounds(c, kl).Certified
+		})
+		if err := advance(m, tv, tkl, u, kl, lapsed); err != nil {
+			return nil, err
+		}
+		tv, tkl = u, kl
+	}
+	return m, nil
+}
+
+// failingSince is the posterior version since which the bound of cert, under anchor a (its
+// stored KL), has failed at every version the ledger committed (lapseVersion); ok is false when
+// it holds, or the version is not known, or the history is damaged (Open deletes it). reads,
+// when not nil, keeps the histories one read transaction has read, for the next CEs of a list.
+func failingSince(tx *bolt.Tx, pol certify.Policy, cert certify.Certificate, anchor uint64, a anchorMeta, reads *klReads) (uint64, bool) {
+	holds := func(kl float64) bool { return pol.Bounds(cert, kl).Certified }
+	if holds(a.kl) {
+		return 0, false
+	}
+	var chain []klStep
+	if reads != nil {
+		if reads.chains == nil {
+			reads.chains, reads.b = map[uint64][]klStep{}, tx.Bucket(bAnchorKL)
+		}
+		var read bool
+		if chain, read = reads.chains[anchor]; !read && reads.b != nil {
+			chain, _ = readChain(bucketKL{reads.b, anchor}) // damaged: no chain, no version
+			reads.chains[anchor] = chain
+		}
+	} else if b := tx.Bucket(bAnchorKL); b != nil {
+		chain, _ = readChain(bucketKL{b, anchor})
+	}
+	return lapseVersion(chain, a.kl, holds)
+}
+
+// klReads are the anchors' histories one read transaction has read (a list reads the history of
+// an anchor once for all its CEs).
+type klReads struct {
+	b      *bolt.Bucket
+	chains map[uint64][]klStep
+}
 
 // klDamage is what anchorKLDamage found: the anchors whose history is damaged, with what is
-// wrong, and the keys of entries no history reaches (left by a history that started again).
+// wrong, and the keys of heads and entries no stored anchor's history reaches.
 type klDamage struct {
 	anchors map[uint64]string
 	strays  [][]byte
 }
 
-// anchorKLDamage checks every entry of the bucket and every stored anchor's history, as of the
-// current posterior version cur: each entry decodes, each history reached from its anchor's
-// stored KL version holds that KL, has KL rising and versions after their predecessors' next,
-// and reaches back to the horizon or to its first entry. Entries of no history, or of an anchor
-// not stored, are strays.
-func anchorKLDamage(tx *bolt.Tx, anchors map[uint64]anchorMeta, cur uint64) klDamage {
+// anchorKLDamage checks every stored anchor's history: its head and entries decode, each link
+// names an entry that is stored, entries' KLs rise toward the tail and stay below it, and every
+// entry's version comes after the version after the entry before it. Heads and entries no
+// stored anchor reaches, and keys of no kind, are strays.
+func anchorKLDamage(tx *bolt.Tx, anchors map[uint64]anchorMeta) klDamage {
 	d := klDamage{anchors: map[uint64]string{}}
 	b := tx.Bucket(bAnchorKL)
 	if b == nil {
 		return d
 	}
-	reached := map[string]bool{}
+	reached := map[string]bool{string(kAnchorKLMark): true}
 	for _, a := range slices.Sorted(maps.Keys(anchors)) {
-		horizon := uint64(0)
-		if cur >= anchorKLHorizon {
-			horizon = cur - anchorKLHorizon
-		}
-		if why := historyDamage(b, a, anchors[a], horizon, reached); why != "" {
+		if why := historyDamage(bucketKL{b, a}, anchors[a], reached); why != "" {
 			d.anchors[a] = why
 		}
 	}
-	var unreached [][]byte
-	b.ForEach(func(k, v []byte) error {
+	if raw := b.Get(kAnchorKLMark); raw != nil {
+		if p, ok := unseal(kAnchorKLMark, raw); !ok || len(p) != 8 {
+			delete(reached, string(kAnchorKLMark)) // a damaged marker: deleted, histories start again
+		}
+	}
+	b.ForEach(func(k, _ []byte) error {
 		if reached[string(k)] {
 			return nil
 		}
-		if _, a, _, ok := decodeAnchorKL(k, v); !ok && len(k) == 16 {
-			if _, stored := anchors[a]; stored {
-				d.anchors[a] = damagedEntry
-			}
+		a := uint64(math.MaxUint64)
+		switch len(k) {
+		case 8:
+			a = binary.BigEndian.Uint64(k)
+		case 16:
+			a = binary.BigEndian.Uint64(k[8:])
 		}
-		unreached = append(unreached, bytes.Clone(k))
+		if _, bad := d.anchors[a]; !bad {
+			d.strays = append(d.strays, bytes.Clone(k))
+		}
 		return nil
 	})
-	// The entries of a damaged history go with it; the others no history reaches are strays.
-	for _, k := range unreached {
-		if len(k) == 16 {
-			if _, bad := d.anchors[binary.BigEndian.Uint64(k[8:])]; bad {
-				continue
-			}
-		}
-		d.strays = append(d.strays, k)
-	}
 	return d
 }
 
-// historyDamage says what is wrong with anchor's history ("" when nothing, or when it has
-// none), marking the keys it reaches. An entry before horizon may be gone (pruneAnchorKL).
-func historyDamage(b *bolt.Bucket, anchor uint64, a anchorMeta, horizon uint64, reached map[string]bool) string {
-	k := anchorKLKey(a.klVersion, anchor)
-	raw := b.Get(k)
-	if raw == nil {
+// historyDamage says what is wrong with one anchor's history ("" when nothing), marking the
+// keys it reaches.
+func historyDamage(s bucketKL, a anchorMeta, reached map[string]bool) string {
+	h, ok, err := s.head()
+	if err != nil {
+		return err.Error()
+	}
+	if !ok {
 		return ""
 	}
-	_, _, tail, ok := decodeAnchorKL(k, raw)
-	switch {
-	case !ok:
-		return damagedEntry
-	case tail.kl != a.kl:
-		return fmt.Sprintf("its newest entry holds KL %v at version %d, the anchor KL %v", tail.kl, a.klVersion, a.kl)
-	}
-	e, v := tail, a.klVersion
-	for {
-		reached[string(anchorKLKey(v, anchor))] = true
-		if !e.hasPrev {
-			break
+	reached[string(headKey(s.anchor))] = true
+	upper := a.kl // entries' KLs stay below the tail's, and rise toward it
+	for h.hasPrev {
+		e, ok, err := s.entry(h.prev)
+		switch {
+		case err != nil:
+			return err.Error()
+		case !ok:
+			return fmt.Sprintf("the entry at version %d is missing", h.prev)
+		case e.kl >= upper:
+			return fmt.Sprintf("the entry at version %d holds KL %v, not below the next one's %v", h.prev, e.kl, upper)
+		case e.hasPrev && e.prevNext > h.prev:
+			return fmt.Sprintf("the entry at version %d comes before the version after the entry before it (%d)", h.prev, e.prevNext)
 		}
-		pk := anchorKLKey(e.prev, anchor)
-		pv := b.Get(pk)
-		if pv == nil && horizon > 0 && e.prev < horizon {
-			break // pruned
-		}
-		if pv == nil {
-			return fmt.Sprintf("the entry at version %d names one at version %d, which is missing", v, e.prev)
-		}
-		_, _, p, ok := decodeAnchorKL(pk, pv)
-		if !ok {
-			return damagedEntry
-		}
-		if p.kl >= e.kl || p.hasPrev && p.prevNext > e.prev {
-			return fmt.Sprintf("entries at versions %d and %d are out of order", e.prev, v)
-		}
-		v, e = e.prev, p
+		reached[string(entryKey(h.prev, s.anchor))] = true
+		upper, h = e.kl, e.klLink
 	}
 	return ""
 }
 
-// repairAnchorKL deletes the damaged histories and the stray entries Open's record check found,
-// naming each damaged anchor in an ERROR line and counting the strays in a WARN line (a history
-// that started again, or whose anchor a build without the bucket released). The CEs under a
-// damaged anchor lose their lapse versions until their bounds hold again; nothing else reads
-// the history.
+// repairAnchorKL deletes the damaged histories and the strays Open's record check found,
+// naming each damaged anchor in an ERROR line and counting the strays in a WARN line (heads and
+// entries of anchors a build without the bucket released, or of histories that started again).
+// The CEs under a damaged anchor lose their lapse versions until their bounds hold again;
+// nothing else reads the histories.
 func (l *Ledger) repairAnchorKL(d klDamage) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	var strays int
 	err := l.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bAnchorKL)
-		var keys [][]byte
+		keys := slices.Clone(d.strays)
 		b.ForEach(func(k, _ []byte) error {
-			if len(k) == 16 {
-				if _, bad := d.anchors[binary.BigEndian.Uint64(k[8:])]; bad {
-					keys = append(keys, bytes.Clone(k))
-				}
+			var a uint64
+			switch len(k) {
+			case 8:
+				a = binary.BigEndian.Uint64(k)
+			case 16:
+				a = binary.BigEndian.Uint64(k[8:])
+			default:
+				return nil
+			}
+			if _, bad := d.anchors[a]; bad {
+				keys = append(keys, bytes.Clone(k))
 			}
 			return nil
 		})
-		keys = append(keys, d.strays...)
 		for _, k := range keys {
 			if err := b.Delete(k); err != nil {
 				return err
 			}
 		}
-		strays = len(d.strays)
 		return nil
 	})
 	if err != nil {
@@ -468,9 +580,9 @@ func (l *Ledger) repairAnchorKL(d klDamage) error {
 			"(the lapsed certificates under it show no renewal_pending_since until their bounds hold again)",
 			"path", l.path, "bucket", string(bAnchorKL), "anchor", v, "reason", d.anchors[v])
 	}
-	if strays > 0 {
-		l.log.Log(context.Background(), slog.LevelWarn, "ledger: anchor KL entries that no history reaches were deleted",
-			"path", l.path, "bucket", string(bAnchorKL), "entries", strays)
+	if len(d.strays) > 0 {
+		l.log.Warn("ledger: anchor KL records that no stored anchor's history reaches were deleted",
+			"path", l.path, "bucket", string(bAnchorKL), "records", len(d.strays))
 	}
 	return nil
 }

@@ -288,11 +288,7 @@ func (l *Ledger) scanRecords(tx *bolt.Tx, start time.Time, indexes bool) (damage
 	}); err != nil {
 		return d, err
 	}
-	c, err := readCur(tx)
-	if err != nil {
-		return d, err
-	}
-	d.klHist = anchorKLDamage(tx, anchors, c.version)
+	d.klHist = anchorKLDamage(tx, anchors)
 	for _, b := range indexBuckets {
 		if !indexes {
 			break

@@ -49,6 +49,9 @@ type Report struct {
 	// were registered, deleted or changed since (ErrStale).
 	Generation uint64 `json:"generation"`
 	fp         [32]byte
+	// lapsed holds the anchors under which a certificate lapsed (their KL histories keep the
+	// version before: lapse.go).
+	lapsed map[uint64]bool
 }
 
 // Recertify re-judges every stored CE holding a certificate against the posterior `current`
@@ -80,7 +83,8 @@ func (l *Ledger) Recertify(ctx context.Context, current *bnn.Model) (Report, []S
 // checkpoint instead of encoding the posterior twice.
 func (l *Ledger) recertify(ctx context.Context, current *bnn.Model, blob []byte) (Report, []StatusChange, error) {
 	start := time.Now()
-	rep := Report{PosteriorVersion: current.Version, AnchorKL: map[uint64]float64{}, MinBound: 1, fp: fingerprint(blob)}
+	rep := Report{PosteriorVersion: current.Version, AnchorKL: map[uint64]float64{}, MinBound: 1, fp: fingerprint(blob),
+		lapsed: map[uint64]bool{}}
 	r := &recert{l: l, rep: &rep, now: l.opts.Now().UTC()}
 	var cnt counts
 	err := l.view(func(tx *bolt.Tx) error {
@@ -154,6 +158,7 @@ func (r *recert) anchor(tx *bolt.Tx, current *bnn.Model, v uint64, a anchorMeta)
 			return nil
 		case e.class == classCertified && was:
 			r.rep.Lapsed++ // not a status change: the confirmer renews or judges it
+			r.rep.lapsed[v] = true
 			return nil
 		case e.class == classCertified:
 			r.rep.Restored++
@@ -512,6 +517,9 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		if next != old && len(live) > 0 {
 			return false, fmt.Errorf("%w: posterior %d replaces %d while %d anchors hold certificates", ErrNotRecertified, next.version, old.version, len(live))
 		}
+		if next.version != old.version && tx.Bucket(bAnchorKL) != nil {
+			return false, endAnchorKL(tx, next.version) // no live anchor: nothing else to keep
+		}
 		return false, nil
 	}
 	if !next.ok || r.fp != next.sha {
@@ -523,13 +531,18 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		}
 		return false, err
 	}
+	if next.version != old.version {
+		if err := beginAnchorKL(tx, old.version); err != nil {
+			return false, err
+		}
+	}
 	for _, v := range slices.Sorted(maps.Keys(live)) {
 		a := live[v]
 		kl, ok := r.AnchorKL[v]
 		if !ok {
 			return false, fmt.Errorf("%w: anchor %d is not in the re-certification", ErrStale, v)
 		}
-		if err := recordAnchorKL(tx, v, a.klVersion, next.version, kl, false); err != nil {
+		if err := recordAnchorKL(tx, v, a.klVersion, a.kl, next.version, kl, r.lapsed[v]); err != nil {
 			return false, err
 		}
 		a.kl, a.klVersion = kl, next.version
@@ -537,8 +550,10 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 			return false, err
 		}
 	}
-	if err := pruneAnchorKL(tx, next.version); err != nil {
-		return false, err
+	if next.version != old.version {
+		if err := endAnchorKL(tx, next.version); err != nil {
+			return false, err
+		}
 	}
 	for _, ch := range c.Changes {
 		ch.PosteriorVersion = next.version
