@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -299,7 +300,9 @@ func lapseVersion(chain []klStep, tailKL float64, holds func(kl float64) bool) (
 	return 0, false
 }
 
-// recordAnchorKL advances anchor's history (advance) in the bucket.
+// recordAnchorKL advances anchor's history (advance) in the bucket. A history found damaged
+// (since Open checked it) starts again at the new tail: its lapse versions become unknown, and
+// the commit goes on.
 func recordAnchorKL(tx *bolt.Tx, anchor, tailVersion uint64, tailKL float64, version uint64, kl float64, lapsed bool) error {
 	if tailVersion == version {
 		return nil // a checkpoint that re-certifies the current posterior
@@ -308,7 +311,11 @@ func recordAnchorKL(tx *bolt.Tx, anchor, tailVersion uint64, tailKL float64, ver
 	if err != nil {
 		return err
 	}
-	return advance(bucketKL{b, anchor}, tailVersion, tailKL, version, kl, lapsed)
+	err = advance(bucketKL{b, anchor}, tailVersion, tailKL, version, kl, lapsed)
+	if errors.Is(err, ErrCorrupt) {
+		return dropAnchorKL(tx, anchor)
+	}
+	return err
 }
 
 // beginAnchorKL is called before a commit from posterior version old to next records the live

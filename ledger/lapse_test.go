@@ -475,3 +475,41 @@ func TestRecordAnchorKLKeepsWhatMemoryKeeps(t *testing.T) {
 		}
 	}
 }
+
+// A history damaged while the ledger runs does not stop the commits: the next commit starts it
+// again at its tail (its CEs' lapse versions become unknown), and Verify accepts the file after.
+func TestDamagedHistoryDoesNotStopCommits(t *testing.T) {
+	l, dir := openTest(t, Options{Policy: testPolicy()})
+	m0 := testModel(4)
+	install(t, l, m0)
+	rng := rand.New(rand.NewPCG(15, 15))
+	var ces []*CE
+	for range 10 {
+		ces = append(ces, newCE(t, m0, rng))
+	}
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	cur := drift(m0, -0.005) // every certificate lapses: an entry at m0's version
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := l.Get(ces[0].ID); got.RenewalPendingSince == nil {
+		t.Fatal("no lapse version before the damage: the test shows nothing")
+	}
+	damageValue(t, l, bAnchorKL, string(entryKey(m0.Version, m0.Version)))
+	if got, _ := l.Get(ces[0].ID); got.RenewalPendingSince != nil {
+		t.Fatalf("a lapse version %d read through a damaged entry", *got.RenewalPendingSince)
+	}
+	cur = drift(cur, 0.002) // KL falls: advancing walks the damaged entry
+	if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
+		t.Fatalf("a commit over a damaged history: %v", err)
+	}
+	if got, _ := l.Get(ces[0].ID); got.RenewalPendingSince != nil {
+		t.Fatalf("a lapse version %d after the history started again", *got.RenewalPendingSince)
+	}
+	l.Close()
+	if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+}
