@@ -112,6 +112,19 @@ func checkMemShape(t *testing.T, m *memKL, tail float64) {
 	}
 }
 
+// spreadCEs are n CEs under m whose certificates' bounds fail at KLs from 1e-3 to 0.1 (Theorem
+// 1: epsilon 1/4 leaves Theorem 2 no ceiling to pass), each in its delta-safe set.
+func spreadCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
+	var ces []*CE
+	for i := range n {
+		ce := newCE(t, m, rng)
+		ce.P1 = 0.62 + 0.37*float64(i)/float64(n-1)
+		ce.Delta, ce.Epsilon = 1-ce.P1+0.001, 0.25
+		ces = append(ces, ce)
+	}
+	return ces
+}
+
 // The lapse version a CE's read gives (renewal_pending_since) is the version after the last
 // posterior at which its own bound held, by KL(q_v || q_anchor) computed directly at every
 // version of a drift that goes and comes back; it is the same after a reopen, and Verify accepts
@@ -120,16 +133,7 @@ func TestRenewalPendingSinceIsTheVersionTheBoundFailed(t *testing.T) {
 	l, dir := openTest(t, Options{Policy: testPolicy()})
 	m0 := testModel(4)
 	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(12, 12))
-	var ces []*CE
-	for i := range 40 {
-		ce := newCE(t, m0, rng)
-		// Certificates whose bounds fail at KLs from 1e-3 to 0.1 (Theorem 1: epsilon 1/4 leaves
-		// Theorem 2 no ceiling to pass), each in its delta-safe set.
-		ce.P1 = 0.62 + 0.37*float64(i)/39
-		ce.Delta, ce.Epsilon = 1-ce.P1+0.001, 0.25
-		ces = append(ces, ce)
-	}
+	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(12, 12)), 40)
 	if err := l.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
@@ -330,14 +334,7 @@ func TestSnapshotAnchorGetsThePastHistory(t *testing.T) {
 	owner, _ := openTest(t, Options{Policy: testPolicy()})
 	m0 := testModel(4)
 	install(t, owner, m0)
-	rng := rand.New(rand.NewPCG(14, 14))
-	var ces []*CE
-	for i := range 30 {
-		ce := newCE(t, m0, rng)
-		ce.P1 = 0.62 + 0.37*float64(i)/29
-		ce.Delta, ce.Epsilon = 1-ce.P1+0.001, 0.25
-		ces = append(ces, ce)
-	}
+	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(14, 14)), 30)
 	if err := owner.Put(bg, ces...); err != nil {
 		t.Fatal(err)
 	}
