@@ -17,7 +17,8 @@ import (
 //
 //	status_changed   a stored counterfactual changed status (ID, From, To, KL from its anchor, Bound,
 //	                 VarBound, P2 when a measurement made the change, and whether the new status is
-//	                 decided: Decided, VerdictPending, RenewalPending)
+//	                 decided: Decided, VerdictPending, RenewalPending; LapsedSince when a verdict
+//	                 ends a lapsed certificate whose lapse version was known)
 //	kl_over_budget   a step's KL(q_new || q_prev) exceeded the budget (ParentVersion, KL, Budget,
 //	                 Policy, the increment's Labels; with on_breach clip, ClipFraction and ClippedKL)
 //	increment_held   on_breach: reject kept the posterior (KL); Records and Held carry the records for
@@ -54,11 +55,14 @@ type Event struct {
 	// Decided (status_changed only) is the CE's decided as the ledger's transaction that changed
 	// its status left it (ledger.CE.Decided: the new status is backed by a bound that holds under
 	// the current posterior); VerdictPending and RenewalPending say why it is not.
-	Decided        *bool   `json:"decided,omitempty"`
-	VerdictPending bool    `json:"verdict_pending,omitempty"`
-	RenewalPending bool    `json:"renewal_pending,omitempty"`
-	Budget         float64 `json:"budget,omitempty"`
-	Policy         string  `json:"policy,omitempty"`
+	Decided        *bool `json:"decided,omitempty"`
+	VerdictPending bool  `json:"verdict_pending,omitempty"`
+	RenewalPending bool  `json:"renewal_pending,omitempty"`
+	// LapsedSince (status_changed only) is, on a verdict that ends a lapsed certificate, the
+	// posterior version since which its bound had failed (ledger.StatusChange.LapsedSince).
+	LapsedSince *uint64 `json:"lapsed_since,omitempty"`
+	Budget      float64 `json:"budget,omitempty"`
+	Policy      string  `json:"policy,omitempty"`
 	// ClipFraction and ClippedKL: with on_breach clip, the fraction t of the step from the
 	// previous posterior to the converged one that was kept, and the KL of the clipped step.
 	ClipFraction *float64 `json:"clip_fraction,omitempty"`
@@ -93,7 +97,7 @@ func changeEvent(ch ledger.StatusChange) Event {
 	b, vb, decided, kl := ch.Bound, ch.VarBound, ch.Decided, ch.KL
 	return Event{Type: "status_changed", At: ch.At, ID: ch.ID, From: ch.From.String(), To: ch.To.String(),
 		PosteriorVersion: ch.PosteriorVersion, KL: &kl, Bound: &b, VarBound: &vb, P2: ch.P2,
-		Decided: &decided, VerdictPending: ch.VerdictPending, RenewalPending: ch.RenewalPending}
+		Decided: &decided, VerdictPending: ch.VerdictPending, RenewalPending: ch.RenewalPending, LapsedSince: ch.LapsedSince}
 }
 
 // encodeChange is the ledger's Options.EncodeChange: every status change the ledger writes is

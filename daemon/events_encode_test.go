@@ -38,6 +38,7 @@ func TestStatusChangedCarriesTheChange(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 8, time.UTC)
 	p2 := 0.7
 	yes, no := true, false
+	lapsed := uint64(11)
 	f := func(v float64) *float64 { return &v }
 	for _, tc := range []struct {
 		ch   ledger.StatusChange
@@ -49,6 +50,8 @@ func TestStatusChangedCarriesTheChange(t *testing.T) {
 			Event{Type: "status_changed", ID: "ce-2", From: certify.Certified.String(), To: certify.AtRisk.String(), PosteriorVersion: 9, KL: f(0.1), Bound: f(0.4), VarBound: f(0.02), Decided: &no, VerdictPending: true}},
 		{ledger.StatusChange{ID: "ce-3", At: at, From: certify.Certified, To: certify.AtRisk, PosteriorVersion: 10, KL: 0, Bound: 0.3, VarBound: 0.03, RenewalPending: true},
 			Event{Type: "status_changed", ID: "ce-3", From: certify.Certified.String(), To: certify.AtRisk.String(), PosteriorVersion: 10, KL: f(0), Bound: f(0.3), VarBound: f(0.03), Decided: &no, RenewalPending: true}},
+		{ledger.StatusChange{ID: "ce-4", At: at, From: certify.Certified, To: certify.Invalidated, PosteriorVersion: 12, KL: 0.2, Bound: 0.2, VarBound: 0.05, P2: &p2, Decided: true, LapsedSince: &lapsed},
+			Event{Type: "status_changed", ID: "ce-4", From: certify.Certified.String(), To: certify.Invalidated.String(), PosteriorVersion: 12, KL: f(0.2), Bound: f(0.2), VarBound: f(0.05), P2: f(0.7), Decided: &yes, LapsedSince: &lapsed}},
 	} {
 		oe := encodeChange(tc.ch)
 		got, _ := decodeEntry(t, oe)

@@ -718,8 +718,11 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 		return false, false, false, err
 	}
 	b := w.l.opts.Policy.Bounds(h.certificate(), kl)
-	return true, false, kept, w.recordChange(it.id, StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: kl,
-		Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P})
+	ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
+	if since, ok := failingSince(w.tx, w.l.opts.Policy, h.certificate(), h.anchor, a, nil); ok && h.status == certify.Certified {
+		ch.LapsedSince = &since
+	}
+	return true, false, kept, w.recordChange(it.id, ch)
 }
 
 // anchorKLAt is KL(q_s || q_anchor), the anchor's KL at the sampled posterior s, which a verdict's

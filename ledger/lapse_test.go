@@ -510,3 +510,51 @@ func TestDamagedHistoryDoesNotStopCommits(t *testing.T) {
 		t.Fatalf("Verify: %v", err)
 	}
 }
+
+// A verdict that ends a lapsed certificate names the version since which its bound had failed
+// (StatusChange.LapsedSince, for the status_changed event): the CE's renewal_pending_since before
+// the verdict, for CEs that lapsed at different versions before a drift gave them verdicts.
+func TestVerdictOnALapsedCertificateNamesItsLapseVersion(t *testing.T) {
+	l, _ := openTest(t, Options{Policy: testPolicy()})
+	m0 := testModel(4)
+	install(t, l, m0)
+	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 30)
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	cur := m0
+	for _, d := range []float64{-0.005, -0.004, -0.007, -4} { // lapses at several versions, then a drift
+		cur = drift(cur, d)
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := map[string]*uint64{}
+	for _, ce := range ces {
+		got, err := l.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[ce.ID] = got.RenewalPendingSince
+	}
+	verdicts, versions := 0, map[uint64]bool{}
+	for _, ch := range confirmAll(t, l, cur, 300, 1) {
+		if ch.From != certify.Certified || ch.To == certify.Certified {
+			if ch.LapsedSince != nil {
+				t.Fatalf("%s %v -> %v names a lapse version %d", ch.ID, ch.From, ch.To, *ch.LapsedSince)
+			}
+			continue
+		}
+		verdicts++
+		if want := before[ch.ID]; !reflect.DeepEqual(ch.LapsedSince, want) {
+			t.Fatalf("%s: the verdict names lapse version %s, the CE said %s before it", ch.ID, ptrU64(ch.LapsedSince), ptrU64(want))
+		}
+		if ch.LapsedSince != nil {
+			versions[*ch.LapsedSince] = true
+		}
+	}
+	t.Logf("%d verdicts on lapsed certificates, lapse versions %v", verdicts, versions)
+	if len(versions) < 2 {
+		t.Fatal("the verdicts must end certificates that lapsed at two versions or more for the test to mean anything")
+	}
+}

@@ -107,6 +107,11 @@ type StatusChange struct {
 	Decided        bool `json:"-"`
 	RenewalPending bool `json:"-"`
 	VerdictPending bool `json:"-"`
+	// LapsedSince is set on a verdict given to a certified CE whose certificate had lapsed, when
+	// the ledger knew since which version its bound had failed (the CE's RenewalPendingSince
+	// before the change): the versions since then served a lapsed certificate. Not kept in the
+	// history.
+	LapsedSince *uint64 `json:"-"`
 }
 
 // MaxHistory is how many status changes a CE keeps; older ones are dropped.
