@@ -80,6 +80,7 @@ func (l *klLink) fold(kl float64) {
 	}
 }
 
+// encode appends the link's 25 bytes to v.
 func (l klLink) encode(v []byte) []byte {
 	v = binary.BigEndian.AppendUint64(v, l.prev)
 	v = binary.BigEndian.AppendUint64(v, l.prevNext)
@@ -113,10 +114,12 @@ type klEntry struct {
 	klLink
 }
 
+// encode is the entry's 33 bytes: its KL, then its link.
 func (e klEntry) encode() []byte {
 	return e.klLink.encode(binary.BigEndian.AppendUint64(nil, math.Float64bits(e.kl)))
 }
 
+// decodeEntry decodes 33 bytes; ok is false for values no entry has.
 func decodeEntry(p []byte) (klEntry, bool) {
 	if len(p) != 33 {
 		return klEntry{}, false
@@ -126,6 +129,7 @@ func decodeEntry(p []byte) (klEntry, bool) {
 	return e, ok && e.kl >= 0 && !math.IsInf(e.kl, 0)
 }
 
+// headKey is the key of anchor's head; entryKey that of its entry at version.
 func headKey(anchor uint64) []byte { return u64bytes(anchor) }
 
 func entryKey(version, anchor uint64) []byte {
