@@ -719,8 +719,10 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	}
 	b := w.l.opts.Policy.Bounds(h.certificate(), kl)
 	ch := StatusChange{From: h.status, To: nh.status, PosteriorVersion: v, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper, P2: &e.P}
-	if since, ok := failingSince(w.tx, w.l.opts.Policy, h.certificate(), h.anchor, a, nil); ok && h.status == certify.Certified {
-		ch.LapsedSince = &since
+	if h.status == certify.Certified {
+		if since, ok := failingSince(w.tx, w.l.opts.Policy, h.certificate(), h.anchor, a, nil); ok {
+			ch.LapsedSince = &since
+		}
 	}
 	return true, false, kept, w.recordChange(it.id, ch)
 }

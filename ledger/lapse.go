@@ -304,55 +304,46 @@ func lapseVersion(chain []klStep, tailKL float64, holds func(kl float64) bool) (
 	return 0, false
 }
 
-// recordAnchorKL advances anchor's history (advance) in the bucket. A history found damaged
-// (since Open checked it) starts again at the new tail: its lapse versions become unknown, and
-// the commit goes on.
-func recordAnchorKL(tx *bolt.Tx, anchor, tailVersion uint64, tailKL float64, version uint64, kl float64, lapsed bool) error {
-	if tailVersion == version {
-		return nil // a checkpoint that re-certifies the current posterior
-	}
-	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
-	if err != nil {
-		return err
-	}
-	err = advance(bucketKL{b, anchor}, tailVersion, tailKL, version, kl, lapsed)
+// recordAnchorKL advances anchor's history (advance) in b, the bucket beginAnchorKL gave. A
+// history found damaged (since Open checked it) starts again at the new tail: its lapse versions
+// become unknown, and the commit goes on.
+func recordAnchorKL(b *bolt.Bucket, anchor, tailVersion uint64, tailKL float64, version uint64, kl float64, lapsed bool) error {
+	err := advance(bucketKL{b, anchor}, tailVersion, tailKL, version, kl, lapsed)
 	if errors.Is(err, ErrCorrupt) {
-		return dropAnchorKL(tx, anchor)
+		return dropHistory(b, anchor)
 	}
 	return err
 }
 
-// beginAnchorKL is called before a commit from posterior version old to next records the live
-// anchors' KL: when the last commit that kept the histories was not old's, every history starts
-// again at its tail. endAnchorKL records that next kept them.
-func beginAnchorKL(tx *bolt.Tx, old uint64) error {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil {
-		return nil // the histories start at their tails
-	}
-	if raw := b.Get(kAnchorKLMark); raw != nil {
-		if p, ok := unseal(kAnchorKLMark, raw); ok && len(p) == 8 && binary.BigEndian.Uint64(p) == old {
-			return nil
+// beginAnchorKL gives the bucket a commit from posterior version old to a new version records
+// the live anchors' KL in: when the last commit that kept the histories was not old's (a build
+// without the bucket committed since, or its marker is damaged), every history starts again at
+// its tail. endAnchorKL records that the new version kept them.
+func beginAnchorKL(tx *bolt.Tx, old uint64) (*bolt.Bucket, error) {
+	if b := tx.Bucket(bAnchorKL); b != nil {
+		if m, err := getU64(b, kAnchorKLMark, "anchor_kl marker"); err == nil && m == old && b.Get(kAnchorKLMark) != nil {
+			return b, nil
+		}
+		if err := tx.DeleteBucket(bAnchorKL); err != nil {
+			return nil, err
 		}
 	}
-	return tx.DeleteBucket(bAnchorKL)
+	return tx.CreateBucket(bAnchorKL)
 }
 
-func endAnchorKL(tx *bolt.Tx, next uint64) error {
-	b, err := tx.CreateBucketIfNotExists(bAnchorKL)
-	if err != nil {
-		return err
-	}
-	return putSealed(b, kAnchorKLMark, u64bytes(next))
-}
+func endAnchorKL(b *bolt.Bucket, next uint64) error { return putU64(b, kAnchorKLMark, next) }
 
-// dropAnchorKL deletes anchor's history: its head, and the entries it reaches while they decode
-// (Open deletes any others as strays).
+// dropAnchorKL deletes anchor's history (dropHistory), if the bucket exists.
 func dropAnchorKL(tx *bolt.Tx, anchor uint64) error {
-	b := tx.Bucket(bAnchorKL)
-	if b == nil {
-		return nil
+	if b := tx.Bucket(bAnchorKL); b != nil {
+		return dropHistory(b, anchor)
 	}
+	return nil
+}
+
+// dropHistory deletes anchor's history: its head, and the entries it reaches while they decode
+// (Open deletes any others as strays).
+func dropHistory(b *bolt.Bucket, anchor uint64) error {
 	s := bucketKL{b, anchor}
 	h, _, err := s.head()
 	if err := b.Delete(headKey(anchor)); err != nil {
@@ -379,7 +370,7 @@ func writeAnchorKL(tx *bolt.Tx, anchor, cur uint64, m *memKL) error {
 		return err
 	}
 	if b.Get(kAnchorKLMark) == nil { // the histories are kept from here on
-		if err := putSealed(b, kAnchorKLMark, u64bytes(cur)); err != nil {
+		if err := endAnchorKL(b, cur); err != nil {
 			return err
 		}
 	}
@@ -496,10 +487,8 @@ func anchorKLDamage(tx *bolt.Tx, anchors map[uint64]anchorMeta) klDamage {
 			d.anchors[a] = why
 		}
 	}
-	if raw := b.Get(kAnchorKLMark); raw != nil {
-		if p, ok := unseal(kAnchorKLMark, raw); !ok || len(p) != 8 {
-			delete(reached, string(kAnchorKLMark)) // a damaged marker: deleted, histories start again
-		}
+	if _, err := getU64(b, kAnchorKLMark, "anchor_kl marker"); err != nil {
+		delete(reached, string(kAnchorKLMark)) // a damaged marker: deleted, histories start again
 	}
 	b.ForEach(func(k, _ []byte) error {
 		if reached[string(k)] {

@@ -426,6 +426,10 @@ func TestRecordAnchorKLKeepsWhatMemoryKeeps(t *testing.T) {
 		anchor := uint64(trial * 3)
 		m := &memKL{entries: map[uint64]klEntry{}}
 		err := l.update(func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucketIfNotExists(bAnchorKL)
+			if err != nil {
+				return err
+			}
 			kl := 0.0
 			for v := anchor + 1; v < anchor+300; v++ {
 				prev := kl
@@ -434,10 +438,10 @@ func TestRecordAnchorKLKeepsWhatMemoryKeeps(t *testing.T) {
 				if err := advance(m, v-1, prev, v, kl, lapsed); err != nil {
 					return err
 				}
-				if err := recordAnchorKL(tx, anchor, v-1, prev, v, kl, lapsed); err != nil {
+				if err := recordAnchorKL(b, anchor, v-1, prev, v, kl, lapsed); err != nil {
 					return err
 				}
-				s := bucketKL{tx.Bucket(bAnchorKL), anchor}
+				s := bucketKL{b, anchor}
 				h, _, err := s.head()
 				if err != nil || h != m.h {
 					return fmt.Errorf("version %d: head %+v in the bucket (%v), %+v in memory", v, h, err, m.h)

@@ -517,8 +517,8 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		if next != old && len(live) > 0 {
 			return false, fmt.Errorf("%w: posterior %d replaces %d while %d anchors hold certificates", ErrNotRecertified, next.version, old.version, len(live))
 		}
-		if next.version != old.version && tx.Bucket(bAnchorKL) != nil {
-			return false, endAnchorKL(tx, next.version) // no live anchor: nothing else to keep
+		if b := tx.Bucket(bAnchorKL); next.version != old.version && b != nil {
+			return false, endAnchorKL(b, next.version) // no live anchor: nothing else to keep
 		}
 		return false, nil
 	}
@@ -531,8 +531,12 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		}
 		return false, err
 	}
+	// The anchors' KL histories move on with a new version (the same version re-certified again
+	// leaves them as they are).
+	var hist *bolt.Bucket
 	if next.version != old.version {
-		if err := beginAnchorKL(tx, old.version); err != nil {
+		var err error
+		if hist, err = beginAnchorKL(tx, old.version); err != nil {
 			return false, err
 		}
 	}
@@ -542,16 +546,18 @@ func (l *Ledger) applyRecertification(w *writeTx, c *Checkpoint, old, next cur) 
 		if !ok {
 			return false, fmt.Errorf("%w: anchor %d is not in the re-certification", ErrStale, v)
 		}
-		if err := recordAnchorKL(tx, v, a.klVersion, a.kl, next.version, kl, r.lapsed[v]); err != nil {
-			return false, err
+		if hist != nil {
+			if err := recordAnchorKL(hist, v, a.klVersion, a.kl, next.version, kl, r.lapsed[v]); err != nil {
+				return false, err
+			}
 		}
 		a.kl, a.klVersion = kl, next.version
 		if err := putAnchor(tx, v, a); err != nil {
 			return false, err
 		}
 	}
-	if next.version != old.version {
-		if err := endAnchorKL(tx, next.version); err != nil {
+	if hist != nil {
+		if err := endAnchorKL(hist, next.version); err != nil {
 			return false, err
 		}
 	}
