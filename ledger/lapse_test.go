@@ -112,6 +112,41 @@ func checkMemShape(t *testing.T, m *memKL, tail float64) {
 	}
 }
 
+// ledgerHolding opens a ledger whose posterior is m0 = testModel(4) and stores the CEs mk makes
+// under it.
+func ledgerHolding(t *testing.T, mk func(m0 *bnn.Model) []*CE) (*Ledger, string, *bnn.Model, []*CE) {
+	t.Helper()
+	l, dir := openTest(t, Options{Policy: testPolicy()})
+	m0 := testModel(4)
+	install(t, l, m0)
+	ces := mk(m0)
+	if err := l.Put(bg, ces...); err != nil {
+		t.Fatal(err)
+	}
+	return l, dir, m0, ces
+}
+
+// driftBy commits drift(·, d) from cur for each d in turn, and returns the last posterior.
+func driftBy(t *testing.T, l *Ledger, cur *bnn.Model, ds ...float64) *bnn.Model {
+	t.Helper()
+	for _, d := range ds {
+		cur = drift(cur, d)
+		if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cur
+}
+
+// plainCEs are n CEs under m as newCE makes them.
+func plainCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
+	var ces []*CE
+	for range n {
+		ces = append(ces, newCE(t, m, rng))
+	}
+	return ces
+}
+
 // spreadCEs are n CEs under m whose certificates' bounds fail at KLs from 1e-3 to 0.1 (Theorem
 // 1: epsilon 1/4 leaves Theorem 2 no ceiling to pass), each in its delta-safe set.
 func spreadCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
@@ -130,13 +165,7 @@ func spreadCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
 // version of a drift that goes and comes back; it is the same after a reopen, and Verify accepts
 // the file.
 func TestRenewalPendingSinceIsTheVersionTheBoundFailed(t *testing.T) {
-	l, dir := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(12, 12)), 40)
-	if err := l.Put(bg, ces...); err != nil {
-		t.Fatal(err)
-	}
+	l, dir, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(12, 12)), 40) })
 	pol := l.Policy()
 	steps := []float64{-0.005, -0.004, 0.003, -0.007, -0.003, 0.006, -0.012, -0.006, 0.002, -0.008, -0.006, -0.01}
 	kls := []float64{0} // by version - m0.Version
@@ -243,24 +272,8 @@ func TestDamagedAnchorKLHistoryIsDeletedAtOpen(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, dir := openTest(t, Options{Policy: testPolicy()})
-			m0 := testModel(4)
-			install(t, l, m0)
-			rng := rand.New(rand.NewPCG(13, 13))
-			var ces []*CE
-			for range 20 {
-				ces = append(ces, newCE(t, m0, rng))
-			}
-			if err := l.Put(bg, ces...); err != nil {
-				t.Fatal(err)
-			}
-			cur := m0
-			for range 4 {
-				cur = drift(cur, -0.005)
-				if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			l, dir, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return plainCEs(t, m0, rand.New(rand.NewPCG(13, 13)), 20) })
+			cur := driftBy(t, l, m0, -0.005, -0.005, -0.005, -0.005)
 			lapsed := 0
 			for _, ce := range ces {
 				if got, _ := l.Get(ce.ID); got.RenewalPendingSince != nil {
@@ -331,13 +344,7 @@ func logLine(logs, s string) string {
 // certificate has the lapse version a ledger that held it all along gives; with a gap, the same
 // or none.
 func TestSnapshotAnchorGetsThePastHistory(t *testing.T) {
-	owner, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, owner, m0)
-	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(14, 14)), 30)
-	if err := owner.Put(bg, ces...); err != nil {
-		t.Fatal(err)
-	}
+	owner, _, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(14, 14)), 30) })
 	past := map[uint64]*bnn.Model{m0.Version: m0}
 	cur := m0
 	for _, d := range []float64{-0.005, -0.004, 0.003, -0.007, -0.003, 0.006, -0.012, -0.006} {
@@ -480,21 +487,8 @@ func TestRecordAnchorKLKeepsWhatMemoryKeeps(t *testing.T) {
 // A history damaged while the ledger runs does not stop the commits: the next commit starts it
 // again at its tail (its CEs' lapse versions become unknown), and Verify accepts the file after.
 func TestDamagedHistoryDoesNotStopCommits(t *testing.T) {
-	l, dir := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	rng := rand.New(rand.NewPCG(15, 15))
-	var ces []*CE
-	for range 10 {
-		ces = append(ces, newCE(t, m0, rng))
-	}
-	if err := l.Put(bg, ces...); err != nil {
-		t.Fatal(err)
-	}
-	cur := drift(m0, -0.005) // every certificate lapses: an entry at m0's version
-	if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
-		t.Fatal(err)
-	}
+	l, dir, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return plainCEs(t, m0, rand.New(rand.NewPCG(15, 15)), 10) })
+	cur := driftBy(t, l, m0, -0.005) // every certificate lapses: an entry at m0's version
 	if got, _ := l.Get(ces[0].ID); got.RenewalPendingSince == nil {
 		t.Fatal("no lapse version before the damage: the test shows nothing")
 	}
@@ -519,20 +513,8 @@ func TestDamagedHistoryDoesNotStopCommits(t *testing.T) {
 // (StatusChange.LapsedSince, for the status_changed event): the CE's renewal_pending_since before
 // the verdict, for CEs that lapsed at different versions before a drift gave them verdicts.
 func TestVerdictOnALapsedCertificateNamesItsLapseVersion(t *testing.T) {
-	l, _ := openTest(t, Options{Policy: testPolicy()})
-	m0 := testModel(4)
-	install(t, l, m0)
-	ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 30)
-	if err := l.Put(bg, ces...); err != nil {
-		t.Fatal(err)
-	}
-	cur := m0
-	for _, d := range []float64{-0.005, -0.004, -0.007, -4} { // lapses at several versions, then a drift
-		cur = drift(cur, d)
-		if _, _, err := l.Commit(bg, &Checkpoint{Model: cur}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l, _, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 30) })
+	cur := driftBy(t, l, m0, -0.005, -0.004, -0.007, -4) // lapses at several versions, then a drift
 	before := map[string]*uint64{}
 	for _, ce := range ces {
 		got, err := l.Get(ce.ID)
