@@ -26,9 +26,18 @@ import (
 // none), and waits until it is ready.
 func startLearningReplica(t *testing.T, b *broker.Broker, id, keyFile string, opts func(o *Options)) *running {
 	t.Helper()
+	return startReadyReplica(t, b, id, keyFile, func(c *config.Config) { daemontest.PaperLearner(c, 3e-3) }, opts)
+}
+
+// startReadyReplica starts replica id of the cluster on b, its configuration changed by cfg and
+// its Options by opts (either nil: none), and waits until it is ready.
+func startReadyReplica(t *testing.T, b *broker.Broker, id, keyFile string, cfg func(c *config.Config), opts func(o *Options)) *running {
+	t.Helper()
 	r := startDaemonWith(t, func(c *config.Config) {
 		daemontest.ReplicaConfig(c, b.Addrs(), id, keyFile)
-		daemontest.PaperLearner(c, 3e-3)
+		if cfg != nil {
+			cfg(c)
+		}
 	}, opts, nil)
 	waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
 	return r
@@ -219,12 +228,8 @@ func TestMovedLapsedCEKeepsItsLapseVersion(t *testing.T) {
 	b := daemontest.StartCluster(t, 1)
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	hold := func(o *Options) { o.Hooks.ConfirmRound = func(ctx context.Context) { <-ctx.Done() } }
-	start := func(id string) *running { // the default learner, which follows a drift over several versions
-		r := startDaemonWith(t, func(c *config.Config) { daemontest.ReplicaConfig(c, b.Addrs(), id, key) }, hold, nil)
-		waitfor.Cond(t, 60*time.Second, id+" ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
-		return r
-	}
-	r1 := start("r1")
+	// The default learner, which follows a drift over several versions.
+	r1 := startReadyReplica(t, b, "r1", key, nil, hold)
 	data := daemontest.Bundled(t)
 	// CEs registered before and during a drift lapse at different versions.
 	var ids []string
@@ -258,7 +263,7 @@ func TestMovedLapsedCEKeepsItsLapseVersion(t *testing.T) {
 		t.Fatal("the drift lapsed certificates at fewer than two versions: this test shows little")
 	}
 
-	r2 := start("r2")
+	r2 := startReadyReplica(t, b, "r2", key, nil, hold)
 	r1.Stop(t)
 	waitfor.Cond(t, 60*time.Second, "r2 holding every CE, ready", func() bool {
 		code, _ := r2.Get(t, "/readyz")
