@@ -132,6 +132,9 @@ type confirmItem struct {
 	id  []byte
 	h   header
 	xcf []float64
+	// lapsedAt: picked by ConfirmLapsed, to be measured only while its lapse version is the
+	// version sampled.
+	lapsedAt bool
 }
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
@@ -155,15 +158,43 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 // disjoint CEs, each in its own batches, and together give every CE the measurement Confirm would
 // (a CE's estimate depends only on its own input and p's draws). More is about the lane's CEs.
 func (l *Ledger) ConfirmLane(ctx context.Context, p Predictor, max, lane, lanes int) (ConfirmReport, []StatusChange, error) {
+	return l.ConfirmLaneLeaving(ctx, p, max, lane, lanes, nil)
+}
+
+// ConfirmLaneLeaving is ConfirmLane that leaves out each lapsed certificate whose lapse version
+// u (CE.RenewalPendingSince) is known and for which leave(u) is true: those are for
+// ConfirmLapsed to measure under u. A nil leave leaves out none.
+func (l *Ledger) ConfirmLaneLeaving(ctx context.Context, p Predictor, max, lane, lanes int, leave func(lapsedAt uint64) bool) (ConfirmReport, []StatusChange, error) {
+	if max <= 0 {
+		return ConfirmReport{PosteriorVersion: p.Version()}, nil, fmt.Errorf("ledger: confirm: %w", invalidf("max = %d, want >= 1", max))
+	}
+	if lanes < 1 || lane < 0 || lane >= lanes {
+		return ConfirmReport{PosteriorVersion: p.Version()}, nil, fmt.Errorf("ledger: confirm: %w", invalidf("lane %d of %d, want 0 <= lane < lanes", lane, lanes))
+	}
+	return l.confirmPicked(ctx, p, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
+		return l.pickUnconfirmed(tx, c, v, max, lane, lanes, leave)
+	})
+}
+
+// ConfirmLapsed measures with p, as Confirm does, those of the CEs named by ids that are
+// certificates whose bound lapsed at p's version u: their lapse version (CE.RenewalPendingSince)
+// is u. The others (no longer stored, no longer lapsed, lapsed at another version or at one not
+// known) are left as they are and not counted. A certificate's first measurement after its lapse
+// is then a function of the log: the version its bound failed at, that version's posterior, and
+// the predictor's draws for it (a pool seeded by the version), not of when the confirmer got to
+// it. LapsedLane finds the ids.
+func (l *Ledger) ConfirmLapsed(ctx context.Context, p Predictor, ids [][]byte) (ConfirmReport, []StatusChange, error) {
+	return l.confirmPicked(ctx, p, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
+		return l.pickLapsedAt(tx, v, ids)
+	})
+}
+
+// confirmPicked measures with p the CEs pick chooses (in a read transaction, with the current
+// posterior c and p's version v) and writes what it found (Confirm).
+func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, pick func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error)) (ConfirmReport, []StatusChange, error) {
 	start := time.Now()
 	v := p.Version()
 	rep := ConfirmReport{PosteriorVersion: v}
-	if max <= 0 {
-		return rep, nil, fmt.Errorf("ledger: confirm: %w", invalidf("max = %d, want >= 1", max))
-	}
-	if lanes < 1 || lane < 0 || lane >= lanes {
-		return rep, nil, fmt.Errorf("ledger: confirm: %w", invalidf("lane %d of %d, want 0 <= lane < lanes", lane, lanes))
-	}
 	var (
 		items []confirmItem
 		qv    *bnn.Model // the posterior sampled: an anchor for renewals written after it is replaced
@@ -186,7 +217,7 @@ func (l *Ledger) ConfirmLane(ctx context.Context, p Predictor, max, lane, lanes 
 			}
 			qv = pp.Posterior()
 		}
-		if items, rep.More, err = l.pickUnconfirmed(tx, c, v, max, lane, lanes); err != nil || len(items) == 0 || qv != nil {
+		if items, rep.More, err = pick(tx, c, v); err != nil || len(items) == 0 || qv != nil {
 			return err
 		}
 		qv, err = l.model(tx, v)
@@ -285,18 +316,14 @@ func (l *Ledger) ConfirmLane(ctx context.Context, p Predictor, max, lane, lanes 
 }
 
 // pickUnconfirmed reads up to max CEs that wait for a measurement by a predictor of version v
-// (eachWaiting); more reports whether another follows.
-func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lanes int) (items []confirmItem, more bool, err error) {
-	bodies := tx.Bucket(bBodies)
+// (eachWaiting), leaving out the lapsed certificates whose lapse version u is known and for
+// which leave(u) is true (when leave is not nil); more reports whether another follows.
+func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lanes int, leave func(uint64) bool) (items []confirmItem, more bool, err error) {
+	var reads klReads
 	err = l.eachWaiting(tx, now, v, func(id []byte) (bool, error) {
 		if Lane(id, lanes) != lane {
 			return false, nil
 		}
-		if len(items) == max {
-			more = true
-			return true, nil
-		}
-		id = append([]byte(nil), id...)
 		h, ok, err := readHeader(tx, id)
 		pending := false
 		if err == nil && ok {
@@ -308,24 +335,126 @@ func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lane
 		if err != nil {
 			return true, err
 		}
-		raw, err := getSealed(bodies, id, "body")
-		if err == nil && raw == nil {
-			err = corruptf("body is missing")
+		if leave != nil && h.status == certify.Certified {
+			if u, ok, err := l.lapsedAt(tx, &h, &reads); err != nil || ok && leave(u) {
+				return err != nil, err
+			}
 		}
-		if err != nil {
-			return true, inRecord(err, "counterfactual %q", id)
+		if len(items) == max {
+			more = true
+			return true, nil
 		}
-		bd, err := decodeBody(raw, false)
-		if err != nil {
-			return true, inRecord(err, "counterfactual %q", id)
-		}
-		items = append(items, confirmItem{id: id, h: h, xcf: bd.xcf})
-		return false, nil
+		it, err := readItem(tx, id, h)
+		items = append(items, it)
+		return err != nil, err
 	})
 	if err != nil {
 		return nil, false, err
 	}
 	return items, more, nil
+}
+
+// readItem reads the body of the CE stored under id with header h, for a measurement.
+func readItem(tx *bolt.Tx, id []byte, h header) (confirmItem, error) {
+	id = append([]byte(nil), id...)
+	raw, err := getSealed(tx.Bucket(bBodies), id, "body")
+	if err == nil && raw == nil {
+		err = corruptf("body is missing")
+	}
+	if err != nil {
+		return confirmItem{}, inRecord(err, "counterfactual %q", id)
+	}
+	bd, err := decodeBody(raw, false)
+	if err != nil {
+		return confirmItem{}, inRecord(err, "counterfactual %q", id)
+	}
+	return confirmItem{id: id, h: h, xcf: bd.xcf}, nil
+}
+
+// lapsedAt is the lapse version of the certified CE h (failingSince at its anchor's stored KL);
+// ok is false when its bound holds or the version is not known.
+func (l *Ledger) lapsedAt(tx *bolt.Tx, h *header, reads *klReads) (u uint64, ok bool, err error) {
+	a, found, err := readAnchor(tx, h.anchor)
+	if err == nil && !found {
+		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	u, ok = failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a, reads)
+	return u, ok, nil
+}
+
+// pickLapsedAt reads those of ids that are lapsed certificates with lapse version v (ConfirmLapsed).
+func (l *Ledger) pickLapsedAt(tx *bolt.Tx, v uint64, ids [][]byte) ([]confirmItem, bool, error) {
+	var (
+		reads klReads
+		items []confirmItem
+	)
+	for _, id := range ids {
+		h, ok, err := readHeader(tx, id)
+		if err != nil {
+			return nil, false, err
+		}
+		if !ok || h.status != certify.Certified {
+			continue
+		}
+		if u, ok, err := l.lapsedAt(tx, &h, &reads); err != nil || !ok || u != v {
+			if err != nil {
+				return nil, false, err
+			}
+			continue
+		}
+		it, err := readItem(tx, id, h)
+		if err != nil {
+			return nil, false, err
+		}
+		it.lapsedAt = true
+		items = append(items, it)
+	}
+	return items, false, nil
+}
+
+// LapsedLane returns the ids of up to max lapsed certificates of lane (of lanes, Lane) whose
+// lapse version u (CE.RenewalPendingSince) is known and for which at(u) is true, grouped by u;
+// more reports whether others follow. It reads every lapsed certificate of the ledger once
+// (eachLapsed) and the history of each of their anchors once.
+func (l *Ledger) LapsedLane(max, lane, lanes int, at func(lapsedAt uint64) bool) (byVersion map[uint64][][]byte, more bool, err error) {
+	if max <= 0 || lanes < 1 || lane < 0 || lane >= lanes {
+		return nil, false, fmt.Errorf("ledger: lapsed: %w", invalidf("max %d, lane %d of %d, want max >= 1 and 0 <= lane < lanes", max, lane, lanes))
+	}
+	byVersion = map[uint64][][]byte{}
+	n := 0
+	err = l.view(func(tx *bolt.Tx) error {
+		var reads klReads
+		return eachLapsed(tx, l.opts.Policy, func(id []byte) error {
+			if Lane(id, lanes) != lane {
+				return nil
+			}
+			h, ok, err := readHeader(tx, id)
+			if err == nil && !ok {
+				err = corruptf("the indexes list counterfactual %q as lapsed, yet it is not stored", id)
+			}
+			if err != nil {
+				return err
+			}
+			u, ok, err := l.lapsedAt(tx, &h, &reads)
+			if err != nil || !ok || !at(u) {
+				return err
+			}
+			if n == max {
+				more = true
+				return errStop
+			}
+			byVersion[u] = append(byVersion[u], append([]byte(nil), id...))
+			n++
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("ledger: lapsed: %w", err)
+	}
+	return byVersion, more, nil
 }
 
 // countWaiting counts the CEs that wait for a measurement under the current posterior now
@@ -691,6 +820,11 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 		return false, false, false, err // its bound holds again
 	}
 	v := s.version
+	if it.lapsedAt {
+		if u, ok, err := w.l.lapsedAt(w.tx, &h, nil); err != nil || !ok || u != v {
+			return false, false, false, err // it held again, and lapsed at another version
+		}
+	}
 	e := certify.Evidence{P: pred.P(i, h.target), Var: pred.V(i, h.target), Samples: pred.S}
 	if renewable(&h, e, w.l.opts.VerdictAlpha, w.l.opts.Policy) {
 		holds, err := w.renew(it.id, &h, now, s, e)

@@ -544,3 +544,167 @@ func TestVerdictOnALapsedCertificateNamesItsLapseVersion(t *testing.T) {
 		t.Fatal("the verdicts must end certificates that lapsed at two versions or more for the test to mean anything")
 	}
 }
+
+// measureAtLapse gives every lapsed certificate of l under its first anchor (first, the anchor its
+// CEs were stored under) its measurement under the version it lapsed at (LapsedLane,
+// ConfirmLapsed), with the posteriors of past, S = 300 draws seeded by the version; it returns
+// how many were measured.
+func measureAtLapse(t *testing.T, l *Ledger, first uint64, past map[uint64]*bnn.Model) int {
+	t.Helper()
+	byVersion, more, err := l.LapsedLane(1000, 0, 1, func(u uint64) bool { return past[u] != nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if more {
+		t.Fatal("more than 1,000 lapsed certificates: the test holds fewer")
+	}
+	n := 0
+	for u, ids := range byVersion {
+		var own [][]byte
+		for _, id := range ids {
+			if ce, err := l.Get(string(id)); err != nil {
+				t.Fatal(err)
+			} else if ce.AnchorVersion == first {
+				own = append(own, id)
+			}
+		}
+		rep, _, err := l.ConfirmLapsed(bg, posteriorPredictor{NewModelPredictor(past[u], 300, u)}, own)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Picked != len(own) || rep.Confirmed != len(own) {
+			t.Fatalf("lapse version %d: %d certificates, %+v", u, len(own), rep)
+		}
+		n += rep.Confirmed
+	}
+	return n
+}
+
+// A lapsed certificate is measured under the version its bound lapsed at, whenever that is done:
+// a ledger whose certificates are measured after every commit and one whose certificates are
+// measured once, after the last, give every CE the same outcome (status, verdict version, anchor,
+// p1). Measured under the newest posterior instead, as the confirmer does with a CE whose lapse
+// version it does not know, the late ledger's outcomes differ.
+func TestLapsedCertificatesAreMeasuredAtTheirLapseVersion(t *testing.T) {
+	mk := func(m0 *bnn.Model) []*CE {
+		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
+		for i, ce := range ces {
+			ce.ID = fmt.Sprintf("ce-%02d", i) // the same CEs in every ledger
+		}
+		return ces
+	}
+	timely, _, m0, ces := ledgerHolding(t, mk)
+	late, _, _, _ := ledgerHolding(t, mk)
+	newest, _, _, _ := ledgerHolding(t, mk)
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	cur, measured := m0, 0
+	for _, d := range []float64{-0.005, -0.004, -0.007, -0.01, -0.03} {
+		prev := cur
+		cur = driftBy(t, timely, prev, d)
+		driftBy(t, late, prev, d)
+		driftBy(t, newest, prev, d)
+		past[cur.Version] = cur
+		measured += measureAtLapse(t, timely, m0.Version, past)
+	}
+	if got := measureAtLapse(t, late, m0.Version, past); got != measured {
+		t.Fatalf("the late ledger measured %d certificates, the timely one %d", got, measured)
+	}
+	confirmBatches(t, newest, cur, 300, cur.Version, 1000)
+	type outcome struct {
+		status    certify.Status
+		confirmed string
+		anchor    uint64
+		p1        float64
+	}
+	of := func(l *Ledger, id string) outcome {
+		ce, err := l.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return outcome{ce.Status, ptrU64(ce.ConfirmedVersion), ce.AnchorVersion, ce.P1}
+	}
+	versions, differ := map[string]bool{}, 0
+	for _, ce := range ces {
+		a, b := of(timely, ce.ID), of(late, ce.ID)
+		if a != b {
+			t.Fatalf("%s: measured after every commit %+v, once at the end %+v", ce.ID, a, b)
+		}
+		if a.status != certify.Certified {
+			versions[a.confirmed] = true
+		} else if a.anchor != m0.Version {
+			versions[fmt.Sprint(a.anchor)] = true
+		}
+		if of(newest, ce.ID) != a {
+			differ++
+		}
+	}
+	t.Logf("%d certificates measured at %d lapse versions; measured under the newest posterior, %d of %d outcomes differ", measured, len(versions), differ, len(ces))
+	if measured < 10 || len(versions) < 3 {
+		t.Fatal("the drift must lapse certificates at three versions or more for the test to mean anything")
+	}
+	if differ == 0 {
+		t.Fatal("measuring under the newest posterior gives the same outcomes: the test cannot tell the two apart")
+	}
+}
+
+// ConfirmLapsed measures only the certificates that lapsed at its predictor's version, and
+// ConfirmLaneLeaving leaves the lapsed certificates whose lapse version leave names to it and
+// picks the others.
+func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
+	l, _, m0, _ := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
+	cur := driftBy(t, l, m0, -0.005, -0.004, -0.007, -0.01, -0.03)
+	byVersion, _, err := l.LapsedLane(1000, 0, 1, func(uint64) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byVersion) < 2 {
+		t.Fatalf("lapse versions %v: the drift must lapse certificates at two versions or more", slices.Sorted(maps.Keys(byVersion)))
+	}
+	lapsed := 0
+	for _, ids := range byVersion {
+		lapsed += len(ids)
+	}
+	// ConfirmLapsed measures only the certificates that lapsed at its predictor's version.
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	for m := m0; m.Version < cur.Version; {
+		m = drift(m, []float64{-0.005, -0.004, -0.007, -0.01, -0.03}[m.Version])
+		past[m.Version] = m
+	}
+	us := slices.Sorted(maps.Keys(byVersion))
+	for _, tc := range []struct {
+		ids  [][]byte
+		want int
+	}{
+		{byVersion[us[0]], 0},
+		{slices.Concat(byVersion[us[0]], byVersion[us[1]]), len(byVersion[us[1]])},
+	} {
+		rep, _, err := l.ConfirmLapsed(bg, posteriorPredictor{NewModelPredictor(past[us[1]], 300, 1)}, tc.ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Picked != tc.want {
+			t.Fatalf("ConfirmLapsed at version %d of %d certificates picked %d, want the %d that lapsed at it", us[1], len(tc.ids), rep.Picked, tc.want)
+		}
+	}
+	p := NewModelPredictor(cur, 300, 1)
+	last := cur.Version
+	for _, tc := range []struct {
+		name  string
+		leave func(uint64) bool
+		want  int
+	}{
+		{"every version left", func(uint64) bool { return true }, 0},
+		{"the last version left", func(u uint64) bool { return u == last }, lapsed - len(byVersion[last])},
+		{"none left", nil, lapsed},
+	} {
+		l, _, m0, _ := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
+		driftBy(t, l, m0, -0.005, -0.004, -0.007, -0.01, -0.03)
+		rep, _, err := l.ConfirmLaneLeaving(bg, p, 1000, 0, 1, tc.leave)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Picked != tc.want {
+			t.Errorf("%s: picked %d of %d lapsed certificates, want %d", tc.name, rep.Picked, lapsed, tc.want)
+		}
+	}
+}
