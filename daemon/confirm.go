@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +34,8 @@ const confirmPoolSlack = 0.05
 // verdict batch that failed, for instance on a full disk, is retried then).
 const confirmPoll = 30 * time.Second
 
-// confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior,
+// confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior
+// (a lapsed certificate under the version its bound lapsed at, when that is near: measureLapsed),
 // in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
 // marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
 // ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
@@ -70,8 +73,13 @@ type confirmer struct {
 	lanes     int
 	poll      time.Duration // how often run looks without being woken: confirmPoll
 	measured  atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
+	atLapseN  atomic.Int64  // of those, the ones made under a lapse version (measureLapsed)
 	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
+	// past, when set, gives the posterior of a past version (nil when it is not kept): a lapsed
+	// certificate whose lapse version it gives is measured under that version
+	// (measureLapsed), not under the newest.
+	past func(v uint64) *bnn.Model
 	// gate, when set, is waited for before each batch: a replica's share settled
 	// (Daemon.awaitShareSettled), so that no batch judges the stale copy of a CE another replica
 	// took over while this one was stopped or paused. An error (ctx ended) ends the round.
@@ -177,6 +185,14 @@ func (c *confirmer) run(ctx context.Context) error {
 // of each costing a pool that is thrown away before it is used, and a batch's verdicts are
 // measured under a posterior close enough to be kept (ledger.Measurements).
 func (c *confirmer) round(ctx context.Context) error {
+	if c.past != nil {
+		if c.gate != nil && c.gate(ctx) != nil {
+			return nil
+		}
+		if err := c.measureLapsed(ctx); err != nil {
+			return err
+		}
+	}
 	for ctx.Err() == nil {
 		if c.gate != nil && c.gate(ctx) != nil {
 			return nil
@@ -200,20 +216,11 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pool, c.model = p, m
 		}
 		c.stale = false
-		rep, changes, err := c.l.ConfirmLane(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes)
+		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.leave(c.pool.Version(), m))
 		if err != nil {
 			return err
 		}
-		c.measured.Add(int64(rep.Confirmed))
-		c.metrics.AddRenewed(rep.Renewed)
-		c.metrics.AddMeasurements(rep.Measurements.Kept, rep.Measurements.Superseded, rep.Measurements.Discarded)
-		if len(changes) > 0 {
-			c.changed(changes)
-		}
-		if rep.Renewed > 0 || len(changes) > 0 {
-			c.log.Info("counterfactuals measured", "posterior_version", rep.PosteriorVersion, "renewed", rep.Renewed,
-				"status_changes", summarizeChanges(changes), "measured", rep.Confirmed, "took", rep.Duration.Round(time.Millisecond))
-		}
+		c.wrote(rep, changes, "")
 		if rep.Discarded {
 			if c.current().Version == c.pool.Version() {
 				return nil // the ledger is ahead of the daemon's posterior for a moment; woken after the swap
@@ -230,4 +237,117 @@ func (c *confirmer) round(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// confirmLapsedPick is how many lapsed certificates measureLapsed finds in one read of the
+// ledger's lapsed certificates (ledger.LapsedLane), which it then measures in batches of
+// c.batch per lapse version.
+const confirmLapsedPick = 16 * confirmBatch
+
+// atLapse says which lapse versions u measureLapsed measures under, while now is the newest
+// posterior: those whose posterior q_u past keeps and from which now has not moved past
+// confirmPoolSlack (the mean slack of KL(q_now || q_u), the rule by which round keeps an older
+// pool). Further, most verdicts measured under q_u would not carry to now and would be measured
+// again at once (ledger.Measurements: superseded); such a certificate is measured under the
+// newest posterior instead, as one whose lapse version is not known. nil without past.
+func (c *confirmer) atLapse(now *bnn.Model) func(lapsedAt uint64) bool {
+	if c.past == nil {
+		return nil
+	}
+	near := map[uint64]bool{}
+	return func(u uint64) bool {
+		ok, seen := near[u]
+		if !seen {
+			ok = c.near(u, now)
+			near[u] = ok
+		}
+		return ok
+	}
+}
+
+// near reports whether past keeps the posterior q_u and now has not moved past confirmPoolSlack
+// from it (atLapse).
+func (c *confirmer) near(u uint64, now *bnn.Model) bool {
+	q := c.past(u)
+	if q == nil {
+		return false
+	}
+	kl, _, err := certify.KL(now, q)
+	return err == nil && c.l.Policy().Slack(kl).Mean <= c.poolSlack
+}
+
+// leave says which lapsed certificates a batch measured under the pool's posterior (version v)
+// leaves to measureLapsed: those it measures (atLapse, with the newest posterior now), and those
+// that lapsed after v (a batch under v is no measurement of a bound that held at v). nil without
+// past.
+func (c *confirmer) leave(v uint64, now *bnn.Model) func(lapsedAt uint64) bool {
+	at := c.atLapse(now)
+	if at == nil {
+		return nil
+	}
+	return func(u uint64) bool { return u > v || at(u) }
+}
+
+// measureLapsed measures the lapsed certificates of its lane whose lapse version u is known and
+// near enough to the newest posterior (atLapse) under q_u with u's pool (ledger.ConfirmLapsed):
+// their first measurement after their bound failed is then a function of the log (the version,
+// its posterior, the pool's seed), the same at whichever replica and whenever within that reach
+// it is made. Versions are measured in ascending order, one pool each; a version's batches stop
+// once the newest posterior has moved past the slack from it while earlier ones were measured
+// (round then measures the rest under the newest).
+func (c *confirmer) measureLapsed(ctx context.Context) error {
+	for ctx.Err() == nil {
+		byVersion, more, err := c.l.LapsedLane(confirmLapsedPick, c.lane, c.lanes, c.atLapse(c.current()))
+		if err != nil {
+			return err
+		}
+		wrote := false
+		for _, u := range slices.Sorted(maps.Keys(byVersion)) {
+			m := c.past(u)
+			if m == nil || !c.near(u, c.current()) {
+				continue // no longer kept, or moved past: measured under the newest posterior (round)
+			}
+			pool, err := c.pools.get(m)
+			if err != nil {
+				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, u, err)
+			}
+			for ids := range slices.Chunk(byVersion[u], c.batch) {
+				if c.gate != nil && c.gate(ctx) != nil {
+					return nil
+				}
+				if !c.near(u, c.current()) {
+					break
+				}
+				rep, changes, err := c.l.ConfirmLapsed(ctx, backgroundPredictor{pool, m}, ids)
+				if err != nil {
+					return err
+				}
+				c.wrote(rep, changes, "the version their bound lapsed at")
+				c.atLapseN.Add(int64(rep.Confirmed))
+				wrote = wrote || rep.Confirmed > 0
+			}
+		}
+		if !more || !wrote {
+			return nil // the next read would find what this one found
+		}
+	}
+	return nil
+}
+
+// wrote counts and logs what one batch wrote, and hands its status changes on.
+func (c *confirmer) wrote(rep ledger.ConfirmReport, changes []ledger.StatusChange, how string) {
+	c.measured.Add(int64(rep.Confirmed))
+	c.metrics.AddRenewed(rep.Renewed)
+	c.metrics.AddMeasurements(rep.Measurements.Kept, rep.Measurements.Superseded, rep.Measurements.Discarded)
+	if len(changes) > 0 {
+		c.changed(changes)
+	}
+	if rep.Renewed > 0 || len(changes) > 0 {
+		args := []any{"posterior_version", rep.PosteriorVersion, "renewed", rep.Renewed,
+			"status_changes", summarizeChanges(changes), "measured", rep.Confirmed, "took", rep.Duration.Round(time.Millisecond)}
+		if how != "" {
+			args = append(args, "measured_at", how)
+		}
+		c.log.Info("counterfactuals measured", args...)
+	}
 }

@@ -32,7 +32,8 @@ import (
 //
 //	new       the daemon's confirmer: verdicts carried (certify.Carries), batches of
 //	          confirmBatch, a new pool before a batch once the newest posterior is past
-//	          confirmPoolSlack from the pool's
+//	          confirmPoolSlack from the pool's, a lapsed certificate measured under the version
+//	          it lapsed at while that is within confirmPoolSlack of the newest
 //	old       the confirmer before verdicts carried: every verdict measured again under each newer
 //	          posterior (ledger.Options.RemeasureVerdicts), batches of 1024, a pool kept until its
 //	          pass is done
@@ -46,6 +47,7 @@ import (
 //
 //	kept            kept / (kept + superseded + discarded)
 //	measured/CE     measurements per CE over the run
+//	at-lapse/CE     of those, the measurements under the version a certificate lapsed at
 //	catchup-s       from the last promotion until no CE waits for a measurement
 //	confirm-cpu-s   the process's CPU time over the run less that of the commits-only run
 //	cpu-ratio       old's confirm-cpu-s over new's
@@ -86,6 +88,7 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 			res[k].ms.Kept += r.ms.Kept
 			res[k].ms.Superseded += r.ms.Superseded
 			res[k].ms.Discarded += r.ms.Discarded
+			res[k].atLapse += r.atLapse
 		}
 	}
 	var cpu [3]float64
@@ -99,6 +102,9 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 		b.ReportMetric(float64(total)/float64(n*b.N), mode+"-measured/CE")
 		b.ReportMetric(r.catchup.Seconds()/float64(b.N), mode+"-catchup-s")
 		b.ReportMetric(cpu[k+1], mode+"-confirm-cpu-s")
+		if mode == "new" {
+			b.ReportMetric(float64(r.atLapse)/float64(n*b.N), mode+"-at-lapse/CE")
+		}
 	}
 	b.ReportMetric(cpu[2]/cpu[1], "cpu-ratio")
 }
@@ -107,6 +113,7 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 type driftRun struct {
 	cpu, catchup time.Duration
 	ms           ledger.Measurements
+	atLapse      int64 // measurements under the version a certificate lapsed at
 }
 
 // driftPosteriors computes the drift's posteriors: m0, one update on flipped labels, then
@@ -172,6 +179,14 @@ func confirmDrift(b *testing.B, set *dataset.Set, models []*bnn.Model, n int, cf
 		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
 	if mode == "old" {
 		c.batch, c.poolSlack = backgroundBatch, math.Inf(1)
+	} else {
+		// The daemon's confirmer has the posteriors it served (Daemon.served).
+		c.past = func(v uint64) *bnn.Model {
+			if v <= cur.Load().Version && v < uint64(len(models)) && models[v].Version == v {
+				return models[v]
+			}
+			return nil
+		}
 	}
 	done := make(chan struct{})
 	go func() {
@@ -214,6 +229,7 @@ func confirmDrift(b *testing.B, set *dataset.Set, models []*bnn.Model, n int, cf
 	}
 	r.ms = ledger.Measurements{Kept: measuredCount(b, reg, "kept"), Superseded: measuredCount(b, reg, "superseded"),
 		Discarded: measuredCount(b, reg, "discarded")}
+	r.atLapse = c.atLapseN.Load()
 	if cnt, err := l.Counts(); err == nil {
 		b.Logf("%s: drift and catch-up %v; statuses at the end %v", mode, time.Since(start).Round(time.Millisecond), cnt)
 	}

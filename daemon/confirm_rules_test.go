@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -227,5 +228,90 @@ func TestConfirmerWaitsForItsGate(t *testing.T) {
 	c.gate = func(ctx context.Context) error { asked++; return context.Canceled }
 	if err := c.round(context.Background()); err != nil || asked != 1 {
 		t.Fatalf("round = %v after asking the gate %d times; want nil after one", err, asked)
+	}
+}
+
+// A confirmer measures a lapsed certificate under the version its bound lapsed at when it keeps
+// that posterior and the newest has not moved past its pool slack from it, and under the newest
+// otherwise. A drift of eight versions lapses certificates at several of them; with every version
+// near (an infinite slack), each verdict is recorded at its CE's lapse version
+// (renewal_pending_since) and the verdicts span several versions; with none near (slack 0), every
+// verdict is recorded at the newest version.
+func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		slack float64
+		near  bool
+	}{
+		{"every version near", math.Inf(1), true},
+		{"no version near", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := openLedger(t)
+			rng := rand.New(rand.NewPCG(3, 4))
+			m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rng)
+			if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+				t.Fatal(err)
+			}
+			var ces []*ledger.CE
+			for i := range 60 {
+				p1 := 0.6 + 0.39*float64(i)/59
+				ces = append(ces, &ledger.CE{ID: fmt.Sprintf("ce-%02d", i), X: []float64{0, 0, 0}, XCF: []float64{rng.NormFloat64(), rng.NormFloat64(), rng.NormFloat64()},
+					Target: 1, AnchorVersion: m.Version, P1: p1, Var1: 0.001, Samples: 1000, Delta: 1 - p1 + 0.001, Epsilon: 0.25})
+			}
+			if err := l.Put(context.Background(), ces...); err != nil {
+				t.Fatal(err)
+			}
+			past := map[uint64]*bnn.Model{m.Version: m}
+			for range 8 {
+				next := m.Clone()
+				next.Version++
+				next.Last().BiasMu[1] -= 0.06 * math.Exp(next.Last().BiasLogSigma[1])
+				if _, _, err := l.Commit(context.Background(), &ledger.Checkpoint{Model: next}); err != nil {
+					t.Fatal(err)
+				}
+				m, past[next.Version] = next, next
+			}
+			since := map[string]uint64{}
+			for _, ce := range ces {
+				got, err := l.Get(ce.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.RenewalPendingSince != nil {
+					since[ce.ID] = *got.RenewalPendingSince
+				}
+			}
+			var changes []ledger.StatusChange
+			c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+				func(chs []ledger.StatusChange) { changes = append(changes, chs...) }, slog.New(slog.DiscardHandler))
+			c.past = func(v uint64) *bnn.Model { return past[v] }
+			c.poolSlack = tc.slack
+			if err := c.round(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			versions := map[uint64]int{}
+			for _, ch := range changes {
+				if ch.From != certify.Certified {
+					continue
+				}
+				want := m.Version
+				if tc.near {
+					want = since[ch.ID]
+				}
+				if ch.PosteriorVersion != want {
+					t.Errorf("%s (lapsed at %d): measured at %d, want %d", ch.ID, since[ch.ID], ch.PosteriorVersion, want)
+				}
+				versions[ch.PosteriorVersion]++
+			}
+			t.Logf("%d certificates lapsed; verdicts at versions %v", len(since), versions)
+			lapsedAt := map[uint64]bool{}
+			for _, u := range since {
+				lapsedAt[u] = true
+			}
+			if len(since) < 10 || len(lapsedAt) < 3 {
+				t.Fatalf("lapse versions %v: the drift must lapse certificates at three versions or more", since)
+			}
+		})
 	}
 }

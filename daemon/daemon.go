@@ -101,6 +101,9 @@ type Daemon struct {
 	mu  sync.Mutex
 	cur *bnn.Model // guarded by mu for writes; read with current()
 	rmu sync.RWMutex
+	// served keeps the last posteriors cur held, for the confirmer to measure a lapsed
+	// certificate under the version it lapsed at.
+	served *recent
 	// published pairs a promoted posterior with the checkpoint that stores it: apply holds it
 	// for writing from the ledger commit to the swap of cur, and a reader that reports ledger
 	// state beside the posterior holds it for reading (snapshot), so it sees both before or both
@@ -191,6 +194,7 @@ func (d *Daemon) metricsState() (alerts.State, error) {
 }
 
 func (d *Daemon) setCurrent(m *bnn.Model) {
+	d.served.add(m)
 	d.rmu.Lock()
 	d.cur = m
 	d.rmu.Unlock()
@@ -326,7 +330,7 @@ func newDaemon(opts Options) (*Daemon, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	d := &Daemon{cfg: cfg, log: log, reg: reg, metrics: alerts.NewMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
+	d := &Daemon{cfg: cfg, log: log, reg: reg, served: newRecent(recentPosteriors), metrics: alerts.NewMetrics(reg), budget: certify.KLBudget(cfg.Certify.Delta),
 		policy: certify.Policy{Mode: cfg.Certify.Mode, EpsilonMax: cfg.Certify.EpsilonMax, Hoeffding: cfg.Certify.HoeffdingAlpha > 0, Alpha: alphaOr(cfg.Certify.HoeffdingAlpha)},
 		ready:  make(chan struct{}), pools: &pools{samples: cfg.Certify.Samples, prec: cfg.Certify.Precision},
 		configPath: cmp.Or(opts.ConfigPath, "config.yaml"), acceptTopicReset: opts.AcceptTopicReset,
@@ -468,6 +472,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	}, log.With("component", "confirm"))
 	for _, c := range d.confirm {
 		c.beforeRound = d.hooks.ConfirmRound
+		c.past = d.served.at
 	}
 	if cfg.Replication.Enabled {
 		d.reissue.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the reissuer") }

@@ -1,0 +1,67 @@
+package daemon
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/cfguard/cfguard/bnn"
+)
+
+// recentPosteriors is how many of the last posteriors the daemon served it keeps in memory, for
+// the confirmer to measure a lapsed certificate under the version its bound lapsed at.
+const recentPosteriors = 256
+
+// recent keeps the last posteriors the daemon served, by version. A posterior is never changed
+// once served, and the learner changes only the last layer, so a kept posterior's layers that
+// equal those of the one kept before it share that one's arrays: the memory per version is about
+// one last layer, not one network. It is memory only: after a restart it holds the posteriors
+// served since. A nil recent keeps none.
+type recent struct {
+	mu   sync.Mutex
+	keep int
+	byV  map[uint64]*bnn.Model
+	last *bnn.Model // the last one kept
+}
+
+func newRecent(keep int) *recent { return &recent{keep: keep, byV: map[uint64]*bnn.Model{}} }
+
+// add keeps m, and forgets the versions keep or more below it.
+func (r *recent) add(m *bnn.Model) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last != nil && len(r.last.Layers) == len(m.Layers) {
+		c := *m
+		c.Layers = slices.Clone(m.Layers)
+		for i, l := range c.Layers {
+			if p := r.last.Layers[i]; sameLayer(l, p) {
+				c.Layers[i] = p
+			}
+		}
+		m = &c
+	}
+	r.byV[m.Version], r.last = m, m
+	for v := range r.byV {
+		if v+uint64(r.keep) <= m.Version {
+			delete(r.byV, v)
+		}
+	}
+}
+
+// sameLayer reports whether a and b hold the same parameters.
+func sameLayer(a, b bnn.Layer) bool {
+	return a.Name == b.Name && a.In == b.In && a.Out == b.Out && slices.Equal(a.WeightMu, b.WeightMu) &&
+		slices.Equal(a.WeightLogSigma, b.WeightLogSigma) && slices.Equal(a.BiasMu, b.BiasMu) && slices.Equal(a.BiasLogSigma, b.BiasLogSigma)
+}
+
+// at is the posterior of version v, nil when it is not kept.
+func (r *recent) at(v uint64) *bnn.Model {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byV[v]
+}
