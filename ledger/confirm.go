@@ -111,11 +111,13 @@ type ConfirmReport struct {
 //	            wait for another measurement under it. A verdict measured under the current
 //	            posterior, or under an older one from which it carries (certify.Carries at
 //	            KL(q_now || q_sampled)); or a renewal whose certificate holds at that KL.
-//	Superseded  written, but out of date at once: ingestion promoted a posterior while the batch
-//	            was sampled, and the verdict does not carry to it (it decided nothing, its margin
-//	            is smaller than the slack, or Options.RemeasureVerdicts), or the renewed
-//	            certificate already lapses there. The CE is measured again under a newer
-//	            posterior; the measurement still stood as of the posterior it was made under.
+//	Superseded  written, but out of date at once: the batch was sampled under an older posterior
+//	            (ingestion promoted one while it was sampled, or it was the certificates' lapse
+//	            version: ConfirmLapsed), and the verdict does not carry to the current one (it
+//	            decided nothing, its margin is smaller than the slack, or
+//	            Options.RemeasureVerdicts), or the renewed certificate already lapses there. The
+//	            CE is measured again under a newer posterior; the measurement still stood as of
+//	            the posterior it was made under.
 //	Discarded   never written: the batch was sampled under a posterior that was not the current
 //	            one, or the CE changed while it was sampled (deleted, re-anchored, measured).
 //
