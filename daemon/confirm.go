@@ -35,8 +35,8 @@ const confirmPoolSlack = 0.05
 const confirmPoll = 30 * time.Second
 
 // confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior
-// (a lapsed certificate under the version its bound lapsed at, when that is near: measureLapsed),
-// in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
+// (a CE due at a known version, such as the one a certificate lapsed at, under that version
+// when it is near: measureDue), in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
 // marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
 // ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
 // writer lock (each batch is written in one short transaction, its status changes going to the
@@ -56,29 +56,29 @@ const confirmPoll = 30 * time.Second
 // measurement (kept, superseded, discarded: ledger.Measurements) is counted in
 // cfguard_counterfactuals_measured_total.
 type confirmer struct {
-	l         *ledger.Ledger
-	current   func() *bnn.Model
-	pools     *pools // the version's shared draws (certify.samples in certify.precision)
-	metrics   *alerts.Metrics
-	changed   func([]ledger.StatusChange) // after a batch changed statuses: wake the outbox, reissue
-	log       *slog.Logger
-	wake      chan struct{}
-	pool      *bnn.Pool
-	model     *bnn.Model // the posterior pool was drawn from
-	stale     bool       // pool's pass is done while a newer posterior is current
-	batch     int        // CEs per batch: confirmBatch
-	poolSlack float64    // a new pool before a batch past this slack: confirmPoolSlack
-	failedAt  time.Time  // when the batches began to fail (zero while they work); logged once per episode
-	lane      int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
-	lanes     int
-	poll      time.Duration // how often run looks without being woken: confirmPoll
-	measured  atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
-	atLapseN  atomic.Int64  // of those, the ones made under a lapse version (measureLapsed)
+	l           *ledger.Ledger
+	current     func() *bnn.Model
+	pools       *pools // the version's shared draws (certify.samples in certify.precision)
+	metrics     *alerts.Metrics
+	changed     func([]ledger.StatusChange) // after a batch changed statuses: wake the outbox, reissue
+	log         *slog.Logger
+	wake        chan struct{}
+	pool        *bnn.Pool
+	model       *bnn.Model // the posterior pool was drawn from
+	stale       bool       // pool's pass is done while a newer posterior is current
+	batch       int        // CEs per batch: confirmBatch
+	poolSlack   float64    // a new pool before a batch past this slack: confirmPoolSlack
+	failedAt    time.Time  // when the batches began to fail (zero while they work); logged once per episode
+	lane        int        // the lane of lanes this confirmer measures (ledger.ConfirmLane)
+	lanes       int
+	poll        time.Duration // how often run looks without being woken: confirmPoll
+	measured    atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
+	dueMeasured atomic.Int64  // of those, the ones made under a due version (measureDue)
 	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
-	// past, when set, gives the posterior of a past version (nil when it is not kept): a lapsed
-	// certificate whose lapse version it gives is measured under that version
-	// (measureLapsed), not under the newest.
+	// past, when set, gives the posterior of a past version (nil when it is not kept): a CE
+	// due for a measurement at a version it gives is measured under that version (measureDue),
+	// not under the newest.
 	past func(v uint64) *bnn.Model
 	// gate, when set, is waited for before each batch: a replica's share settled
 	// (Daemon.awaitShareSettled), so that no batch judges the stale copy of a CE another replica
@@ -189,7 +189,7 @@ func (c *confirmer) round(ctx context.Context) error {
 		if c.gate != nil && c.gate(ctx) != nil {
 			return nil
 		}
-		if err := c.measureLapsed(ctx); err != nil {
+		if err := c.measureDue(ctx); err != nil {
 			return err
 		}
 	}
@@ -216,7 +216,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pool, c.model = p, m
 		}
 		c.stale = false
-		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.leave(c.pool.Version(), m))
+		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.past, c.leave(c.pool.Version(), m))
 		if err != nil {
 			return err
 		}
@@ -239,18 +239,18 @@ func (c *confirmer) round(ctx context.Context) error {
 	return nil
 }
 
-// confirmLapsedPick is how many lapsed certificates measureLapsed finds in one read of the
-// ledger's lapsed certificates (ledger.LapsedLane), which it then measures in batches of
-// c.batch per lapse version.
-const confirmLapsedPick = 16 * confirmBatch
+// confirmDuePick is how many CEs measureDue finds in one read of the ledger's waiting CEs
+// (ledger.DueLane), which it then measures in batches of c.batch per due version.
+const confirmDuePick = 16 * confirmBatch
 
-// atLapse says which lapse versions u measureLapsed measures under, while now is the newest
-// posterior: those whose posterior q_u past keeps and from which now has not moved past
-// confirmPoolSlack (the mean slack of KL(q_now || q_u), the rule by which round keeps an older
-// pool). Further, most verdicts measured under q_u would not carry to now and would be measured
-// again at once (ledger.Measurements: superseded); such a certificate is measured under the
-// newest posterior instead, as one whose lapse version is not known. nil without past.
-func (c *confirmer) atLapse(now *bnn.Model) func(lapsedAt uint64) bool {
+// atDue says which due versions u (ledger.DueLane: the version a certificate lapsed at, or a
+// verdict stopped carrying at) measureDue measures under, while now is the newest posterior:
+// those whose posterior q_u past keeps and from which now has not moved past confirmPoolSlack
+// (the mean slack of KL(q_now || q_u), the rule by which round keeps an older pool). Further,
+// most verdicts measured under q_u would not carry to now and would be measured again at once
+// (ledger.Measurements: superseded); such a CE is measured under the newest posterior instead, as
+// one whose due version is not known. nil without past.
+func (c *confirmer) atDue(now *bnn.Model) func(due uint64) bool {
 	if c.past == nil {
 		return nil
 	}
@@ -266,7 +266,7 @@ func (c *confirmer) atLapse(now *bnn.Model) func(lapsedAt uint64) bool {
 }
 
 // near reports whether past keeps the posterior q_u and now has not moved past confirmPoolSlack
-// from it (atLapse).
+// from it (atDue).
 func (c *confirmer) near(u uint64, now *bnn.Model) bool {
 	q := c.past(u)
 	if q == nil {
@@ -276,28 +276,30 @@ func (c *confirmer) near(u uint64, now *bnn.Model) bool {
 	return err == nil && c.l.Policy().Slack(kl).Mean <= c.poolSlack
 }
 
-// leave says which lapsed certificates a batch measured under the pool's posterior (version v)
-// leaves to measureLapsed: those it measures (atLapse, with the newest posterior now), and those
-// that lapsed after v (a batch under v is no measurement of a bound that held at v). nil without
-// past.
-func (c *confirmer) leave(v uint64, now *bnn.Model) func(lapsedAt uint64) bool {
-	at := c.atLapse(now)
+// leave says which CEs a batch measured under the pool's posterior (version v) leaves to
+// measureDue: those it measures (atDue, with the newest posterior now), and those due after v (a
+// batch under v measures a bound that still held at v, or a verdict that still carried). nil
+// without past.
+func (c *confirmer) leave(v uint64, now *bnn.Model) func(due uint64) bool {
+	at := c.atDue(now)
 	if at == nil {
 		return nil
 	}
 	return func(u uint64) bool { return u > v || at(u) }
 }
 
-// measureLapsed measures the lapsed certificates of its lane whose lapse version u is known and
-// near enough to the newest posterior (atLapse) under q_u with u's pool (ledger.ConfirmLapsed):
-// their first measurement after their bound failed is then a function of the log (the version,
-// its posterior, the pool's seed), the same at whichever replica and whenever within that reach
-// it is made. Versions are measured in ascending order, one pool each; a version's batches stop
-// once the newest posterior has moved past the slack from it while earlier ones were measured
-// (round then measures the rest under the newest).
-func (c *confirmer) measureLapsed(ctx context.Context) error {
+// measureDue measures the CEs of its lane whose due version u is known and near enough to the
+// newest posterior (atDue) under q_u with u's pool (ledger.ConfirmDue): a certificate under the
+// version its bound lapsed at, a verdict under the version it stopped carrying at. Their
+// measurements are then a function of the log (the version, its posterior, the pool's seed),
+// the same at whichever replica and whenever within that reach they are made, along whole chains
+// (a verdict measured at its due version that stops carrying later is due again then). Versions
+// are measured in ascending order, one pool each; a version's batches stop once the newest
+// posterior has moved past the slack from it while earlier ones were measured (round then
+// measures the rest under the newest).
+func (c *confirmer) measureDue(ctx context.Context) error {
 	for ctx.Err() == nil {
-		byVersion, more, err := c.l.LapsedLane(confirmLapsedPick, c.lane, c.lanes, c.atLapse(c.current()))
+		byVersion, _, err := c.l.DueLane(confirmDuePick, c.lane, c.lanes, c.past, c.atDue(c.current()))
 		if err != nil {
 			return err
 		}
@@ -318,18 +320,20 @@ func (c *confirmer) measureLapsed(ctx context.Context) error {
 				if !c.near(u, c.current()) {
 					break
 				}
-				rep, changes, err := c.l.ConfirmLapsed(ctx, backgroundPredictor{pool, m}, ids)
+				rep, changes, err := c.l.ConfirmDue(ctx, backgroundPredictor{pool, m}, ids, c.past)
 				if err != nil {
 					return err
 				}
-				c.wrote(rep, changes, "the version their bound lapsed at")
-				c.atLapseN.Add(int64(rep.Confirmed))
+				c.wrote(rep, changes, "the version they became due at")
+				c.dueMeasured.Add(int64(rep.Confirmed))
 				wrote = wrote || rep.Confirmed > 0
 			}
 		}
-		if !more || !wrote {
+		if !wrote {
 			return nil // the next read would find what this one found
 		}
+		// Again: the CEs past this read's confirmDuePick, and those its batches made due at a
+		// later version (a verdict that stops carrying by then, a renewal that lapses again).
 	}
 	return nil
 }

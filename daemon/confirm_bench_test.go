@@ -32,8 +32,8 @@ import (
 //
 //	new       the daemon's confirmer: verdicts carried (certify.Carries), batches of
 //	          confirmBatch, a new pool before a batch once the newest posterior is past
-//	          confirmPoolSlack from the pool's, a lapsed certificate measured under the version
-//	          it lapsed at while that is within confirmPoolSlack of the newest
+//	          confirmPoolSlack from the pool's, a CE due at a known version measured under it
+//	          while that is within confirmPoolSlack of the newest
 //	old       the confirmer before verdicts carried: every verdict measured again under each newer
 //	          posterior (ledger.Options.RemeasureVerdicts), batches of 1024, a pool kept until its
 //	          pass is done
@@ -47,7 +47,8 @@ import (
 //
 //	kept            kept / (kept + superseded + discarded)
 //	measured/CE     measurements per CE over the run
-//	at-lapse/CE     of those, the measurements under the version a certificate lapsed at
+//	at-due/CE       of those, the measurements under the version a CE became due at (a
+//	                certificate's lapse version, a verdict's version of no longer carrying)
 //	catchup-s       from the last promotion until no CE waits for a measurement
 //	confirm-cpu-s   the process's CPU time over the run less that of the commits-only run
 //	cpu-ratio       old's confirm-cpu-s over new's
@@ -88,7 +89,7 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 			res[k].ms.Kept += r.ms.Kept
 			res[k].ms.Superseded += r.ms.Superseded
 			res[k].ms.Discarded += r.ms.Discarded
-			res[k].atLapse += r.atLapse
+			res[k].atDue += r.atDue
 		}
 	}
 	var cpu [3]float64
@@ -103,7 +104,7 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 		b.ReportMetric(r.catchup.Seconds()/float64(b.N), mode+"-catchup-s")
 		b.ReportMetric(cpu[k+1], mode+"-confirm-cpu-s")
 		if mode == "new" {
-			b.ReportMetric(float64(r.atLapse)/float64(n*b.N), mode+"-at-lapse/CE")
+			b.ReportMetric(float64(r.atDue)/float64(n*b.N), mode+"-at-due/CE")
 		}
 	}
 	b.ReportMetric(cpu[2]/cpu[1], "cpu-ratio")
@@ -113,7 +114,7 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 type driftRun struct {
 	cpu, catchup time.Duration
 	ms           ledger.Measurements
-	atLapse      int64 // measurements under the version a certificate lapsed at
+	atDue        int64 // measurements under the version a CE became due at
 }
 
 // driftPosteriors computes the drift's posteriors: m0, one update on flipped labels, then
@@ -229,7 +230,7 @@ func confirmDrift(b *testing.B, set *dataset.Set, models []*bnn.Model, n int, cf
 	}
 	r.ms = ledger.Measurements{Kept: measuredCount(b, reg, "kept"), Superseded: measuredCount(b, reg, "superseded"),
 		Discarded: measuredCount(b, reg, "discarded")}
-	r.atLapse = c.atLapseN.Load()
+	r.atDue = c.dueMeasured.Load()
 	if cnt, err := l.Counts(); err == nil {
 		b.Logf("%s: drift and catch-up %v; statuses at the end %v", mode, time.Since(start).Round(time.Millisecond), cnt)
 	}

@@ -235,8 +235,9 @@ func TestConfirmerWaitsForItsGate(t *testing.T) {
 // that posterior and the newest has not moved past its pool slack from it, and under the newest
 // otherwise. A drift of eight versions lapses certificates at several of them; with every version
 // near (an infinite slack), each verdict is recorded at its CE's lapse version
-// (renewal_pending_since) and the verdicts span several versions; with none near (slack 0), every
-// verdict is recorded at the newest version.
+// (renewal_pending_since), the verdicts span several versions, and the verdicts that stop
+// carrying and the renewals that lapse again are measured again at the versions they became due
+// at; with none near (slack 0), every verdict is recorded at the newest version.
 func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -290,9 +291,10 @@ func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
 			if err := c.round(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			versions := map[uint64]int{}
+			versions, again := map[uint64]int{}, map[uint64]int{}
 			for _, ch := range changes {
 				if ch.From != certify.Certified {
+					again[ch.PosteriorVersion]++
 					continue
 				}
 				want := m.Version
@@ -304,7 +306,12 @@ func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
 				}
 				versions[ch.PosteriorVersion]++
 			}
-			t.Logf("%d certificates lapsed; verdicts at versions %v", len(since), versions)
+			t.Logf("%d certificates lapsed; verdicts at versions %v; verdicts changed again at versions %v; %d measurements, %d at a due version",
+				len(since), versions, again, c.measured.Load(), c.dueMeasured.Load())
+			if tc.near && c.dueMeasured.Load() <= int64(len(since)) {
+				t.Errorf("%d measurements at a due version for %d lapsed certificates: no verdict or renewal was measured again at the version it became due at",
+					c.dueMeasured.Load(), len(since))
+			}
 			lapsedAt := map[uint64]bool{}
 			for _, u := range since {
 				lapsedAt[u] = true

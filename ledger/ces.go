@@ -464,7 +464,7 @@ func (l *Ledger) writePut(tx *bolt.Tx, p *putPlan, now time.Time) error {
 			if err := l.refSnapshot(tx, p.cur, v, p.kl[v], p.past[v], now); err != nil {
 				return err
 			}
-			hist, err := pastAnchorKL(p.past, v, p.cur.version, p.kl[v], l.opts.Policy, certs[v])
+			hist, err := pastAnchorKL(p.past, v, p.cur.version, p.kl[v], l.opts.Policy, certs[v], false)
 			if err != nil {
 				return fmt.Errorf("%w: %w", ErrInvalid, err)
 			}

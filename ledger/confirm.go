@@ -113,7 +113,7 @@ type ConfirmReport struct {
 //	            KL(q_now || q_sampled)); or a renewal whose certificate holds at that KL.
 //	Superseded  written, but out of date at once: the batch was sampled under an older posterior
 //	            (ingestion promoted one while it was sampled, or it was the certificates' lapse
-//	            version: ConfirmLapsed), and the verdict does not carry to the current one (it
+//	            version: ConfirmDue), and the verdict does not carry to the current one (it
 //	            decided nothing, its margin is smaller than the slack, or
 //	            Options.RemeasureVerdicts), or the renewed certificate already lapses there. The
 //	            CE is measured again under a newer posterior; the measurement still stood as of
@@ -134,9 +134,9 @@ type confirmItem struct {
 	id  []byte
 	h   header
 	xcf []float64
-	// lapsedAt: picked by ConfirmLapsed, to be measured only while its lapse version is the
-	// version sampled.
-	lapsedAt bool
+	// due: picked by ConfirmDue, to be measured only while its lapse version is the version
+	// sampled (a verdict's due version cannot change while its header does not).
+	due bool
 }
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
@@ -160,40 +160,29 @@ func (l *Ledger) Confirm(ctx context.Context, p Predictor, max int) (ConfirmRepo
 // disjoint CEs, each in its own batches, and together give every CE the measurement Confirm would
 // (a CE's estimate depends only on its own input and p's draws). More is about the lane's CEs.
 func (l *Ledger) ConfirmLane(ctx context.Context, p Predictor, max, lane, lanes int) (ConfirmReport, []StatusChange, error) {
-	return l.ConfirmLaneLeaving(ctx, p, max, lane, lanes, nil)
+	return l.ConfirmLaneLeaving(ctx, p, max, lane, lanes, nil, nil)
 }
 
-// ConfirmLaneLeaving is ConfirmLane that leaves out each lapsed certificate whose lapse version
-// u (CE.RenewalPendingSince) is known and for which leave(u) is true: those are for
-// ConfirmLapsed to measure under u. A nil leave leaves out none.
-func (l *Ledger) ConfirmLaneLeaving(ctx context.Context, p Predictor, max, lane, lanes int, leave func(lapsedAt uint64) bool) (ConfirmReport, []StatusChange, error) {
+// ConfirmLaneLeaving is ConfirmLane that leaves out each CE whose due version u (DueLane) is
+// known and for which leave(u) is true: those are for ConfirmDue to measure under u. past gives
+// the posteriors the due versions of verdicts are computed from, and the history of an anchor
+// renewed under a past posterior (nil: none). A nil leave leaves out none.
+func (l *Ledger) ConfirmLaneLeaving(ctx context.Context, p Predictor, max, lane, lanes int, past Past, leave func(due uint64) bool) (ConfirmReport, []StatusChange, error) {
 	if max <= 0 {
 		return ConfirmReport{PosteriorVersion: p.Version()}, nil, fmt.Errorf("ledger: confirm: %w", invalidf("max = %d, want >= 1", max))
 	}
 	if lanes < 1 || lane < 0 || lane >= lanes {
 		return ConfirmReport{PosteriorVersion: p.Version()}, nil, fmt.Errorf("ledger: confirm: %w", invalidf("lane %d of %d, want 0 <= lane < lanes", lane, lanes))
 	}
-	return l.confirmPicked(ctx, p, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
-		return l.pickUnconfirmed(tx, c, v, max, lane, lanes, leave)
-	})
-}
-
-// ConfirmLapsed measures with p, as Confirm does, those of the CEs named by ids that are
-// certificates whose bound lapsed at p's version u: their lapse version (CE.RenewalPendingSince)
-// is u. The others (no longer stored, no longer lapsed, lapsed at another version or at one not
-// known) are left as they are and not counted. A certificate's first measurement after its lapse
-// is then a function of the log: the version its bound failed at, that version's posterior, and
-// the predictor's draws for it (a pool seeded by the version), not of when the confirmer got to
-// it. LapsedLane finds the ids.
-func (l *Ledger) ConfirmLapsed(ctx context.Context, p Predictor, ids [][]byte) (ConfirmReport, []StatusChange, error) {
-	return l.confirmPicked(ctx, p, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
-		return l.pickLapsedAt(tx, v, ids)
+	return l.confirmPicked(ctx, p, past, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
+		return l.pickUnconfirmed(tx, c, v, max, lane, lanes, past, leave)
 	})
 }
 
 // confirmPicked measures with p the CEs pick chooses (in a read transaction, with the current
-// posterior c and p's version v) and writes what it found (Confirm).
-func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, pick func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error)) (ConfirmReport, []StatusChange, error) {
+// posterior c and p's version v) and writes what it found (Confirm); past, when not nil, gives
+// the posteriors a new anchor's history is computed from (renew).
+func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, past Past, pick func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error)) (ConfirmReport, []StatusChange, error) {
 	start := time.Now()
 	v := p.Version()
 	rep := ConfirmReport{PosteriorVersion: v}
@@ -259,7 +248,7 @@ func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, pick func(tx *b
 		// are kept (a measurement is not wasted because versions move faster than batches),
 		// judged against KL(q_now || q_v) for renewals.
 		rep.Behind = c.version != v
-		s := sampled{version: v, model: qv}
+		s := sampled{version: v, model: qv, past: past}
 		if rep.Behind {
 			qNow, err := l.model(tx, c.version)
 			if err != nil {
@@ -318,10 +307,10 @@ func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, pick func(tx *b
 }
 
 // pickUnconfirmed reads up to max CEs that wait for a measurement by a predictor of version v
-// (eachWaiting), leaving out the lapsed certificates whose lapse version u is known and for
-// which leave(u) is true (when leave is not nil); more reports whether another follows.
-func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lanes int, leave func(uint64) bool) (items []confirmItem, more bool, err error) {
-	var reads klReads
+// (eachWaiting), leaving out those whose due version u is known and for which leave(u) is true
+// (when leave is not nil); more reports whether another follows.
+func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lanes int, past Past, leave func(uint64) bool) (items []confirmItem, more bool, err error) {
+	d := l.newDueReads(tx, now, past)
 	err = l.eachWaiting(tx, now, v, func(id []byte) (bool, error) {
 		if Lane(id, lanes) != lane {
 			return false, nil
@@ -337,8 +326,8 @@ func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lane
 		if err != nil {
 			return true, err
 		}
-		if leave != nil && h.status == certify.Certified {
-			if u, ok, err := l.lapsedAt(tx, &h, &reads); err != nil || ok && leave(u) {
+		if leave != nil {
+			if u, ok, err := d.dueAt(&h); err != nil || ok && leave(u) {
 				return err != nil, err
 			}
 		}
@@ -371,92 +360,6 @@ func readItem(tx *bolt.Tx, id []byte, h header) (confirmItem, error) {
 		return confirmItem{}, inRecord(err, "counterfactual %q", id)
 	}
 	return confirmItem{id: id, h: h, xcf: bd.xcf}, nil
-}
-
-// lapsedAt is the lapse version of the certified CE h (failingSince at its anchor's stored KL);
-// ok is false when its bound holds or the version is not known.
-func (l *Ledger) lapsedAt(tx *bolt.Tx, h *header, reads *klReads) (u uint64, ok bool, err error) {
-	a, found, err := readAnchor(tx, h.anchor)
-	if err == nil && !found {
-		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	u, ok = failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a, reads)
-	return u, ok, nil
-}
-
-// pickLapsedAt reads those of ids that are lapsed certificates with lapse version v (ConfirmLapsed).
-func (l *Ledger) pickLapsedAt(tx *bolt.Tx, v uint64, ids [][]byte) ([]confirmItem, bool, error) {
-	var (
-		reads klReads
-		items []confirmItem
-	)
-	for _, id := range ids {
-		h, ok, err := readHeader(tx, id)
-		if err != nil {
-			return nil, false, err
-		}
-		if !ok || h.status != certify.Certified {
-			continue
-		}
-		if u, ok, err := l.lapsedAt(tx, &h, &reads); err != nil || !ok || u != v {
-			if err != nil {
-				return nil, false, err
-			}
-			continue
-		}
-		it, err := readItem(tx, id, h)
-		if err != nil {
-			return nil, false, err
-		}
-		it.lapsedAt = true
-		items = append(items, it)
-	}
-	return items, false, nil
-}
-
-// LapsedLane returns the ids of up to max lapsed certificates of lane (of lanes, Lane) whose
-// lapse version u (CE.RenewalPendingSince) is known and for which at(u) is true, grouped by u;
-// more reports whether others follow. It reads every lapsed certificate of the ledger once
-// (eachLapsed) and the history of each of their anchors once.
-func (l *Ledger) LapsedLane(max, lane, lanes int, at func(lapsedAt uint64) bool) (byVersion map[uint64][][]byte, more bool, err error) {
-	if max <= 0 || lanes < 1 || lane < 0 || lane >= lanes {
-		return nil, false, fmt.Errorf("ledger: lapsed: %w", invalidf("max %d, lane %d of %d, want max >= 1 and 0 <= lane < lanes", max, lane, lanes))
-	}
-	byVersion = map[uint64][][]byte{}
-	n := 0
-	err = l.view(func(tx *bolt.Tx) error {
-		var reads klReads
-		return eachLapsed(tx, l.opts.Policy, func(id []byte) error {
-			if Lane(id, lanes) != lane {
-				return nil
-			}
-			h, ok, err := readHeader(tx, id)
-			if err == nil && !ok {
-				err = corruptf("the indexes list counterfactual %q as lapsed, yet it is not stored", id)
-			}
-			if err != nil {
-				return err
-			}
-			u, ok, err := l.lapsedAt(tx, &h, &reads)
-			if err != nil || !ok || !at(u) {
-				return err
-			}
-			if n == max {
-				more = true
-				return errStop
-			}
-			byVersion[u] = append(byVersion[u], append([]byte(nil), id...))
-			n++
-			return nil
-		})
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("ledger: lapsed: %w", err)
-	}
-	return byVersion, more, nil
 }
 
 // countWaiting counts the CEs that wait for a measurement under the current posterior now
@@ -802,6 +705,7 @@ type sampled struct {
 	version uint64
 	model   *bnn.Model
 	kl      float64
+	past    Past // the caller's past posteriors, nil when none (renew)
 }
 
 // kept reports whether a verdict h written from this batch is in force for the current
@@ -822,7 +726,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 		return false, false, false, err // its bound holds again
 	}
 	v := s.version
-	if it.lapsedAt {
+	if it.due && h.status == certify.Certified {
 		if u, ok, err := w.l.lapsedAt(w.tx, &h, nil); err != nil || !ok || u != v {
 			return false, false, false, err // it held again, and lapsed at another version
 		}
@@ -898,8 +802,24 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 	if err := w.l.ref(w.tx, now, h.anchor, -1, 0, w.now); err != nil {
 		return false, err
 	}
+	_, existed, err := readAnchor(w.tx, s.version)
+	if err != nil {
+		return false, err
+	}
 	if err := w.l.refSnapshot(w.tx, now, s.version, s.kl, s.model, w.now); err != nil {
 		return false, err
+	}
+	if !existed && s.version != now.version && s.past != nil {
+		// A new anchor under a past posterior: its history from the posteriors since, every
+		// version kept, so that the lapse version of a certificate renewed under it is the
+		// one an owner that renewed it at that version would read.
+		hist, err := pastAnchorKL(pastSince(s.past, s.version, now.version), s.version, now.version, s.kl, w.l.opts.Policy, nil, true)
+		if err != nil {
+			return false, err
+		}
+		if err := writeAnchorKL(w.tx, s.version, now.version, hist); err != nil {
+			return false, err
+		}
 	}
 	nh := *h
 	nh.anchor, nh.p1, nh.var1, nh.samples = s.version, e.P, e.Var, e.Samples

@@ -392,8 +392,10 @@ func writeAnchorKL(tx *bolt.Tx, anchor, cur uint64, m *memKL) error {
 // at the current version cur at KL curKL (CEs restored or registered under a past posterior).
 // Posterior versions run without gaps (update.Update makes prev.Version+1). Its lapse versions
 // for those CEs are those of an owner that held them under the anchor, where past reaches back
-// far enough; unknown otherwise.
-func pastAnchorKL(past map[uint64]*bnn.Model, v, cur uint64, curKL float64, pol certify.Policy, certs []certify.Certificate) (*memKL, error) {
+// far enough; unknown otherwise. With every set it keeps the KL of every version (as if a
+// certificate lapsed at each), so that the lapse version of any certificate under the anchor
+// is known.
+func pastAnchorKL(past map[uint64]*bnn.Model, v, cur uint64, curKL float64, pol certify.Policy, certs []certify.Certificate, every bool) (*memKL, error) {
 	m := &memKL{entries: map[uint64]klEntry{}}
 	lo := cur
 	for lo > v+1 {
@@ -421,7 +423,7 @@ func pastAnchorKL(past map[uint64]*bnn.Model, v, cur uint64, curKL float64, pol 
 				return nil, fmt.Errorf("KL of posterior %d from anchor %d: %w", u, v, err)
 			}
 		}
-		lapsed := slices.ContainsFunc(certs, func(c certify.Certificate) bool {
+		lapsed := every || slices.ContainsFunc(certs, func(c certify.Certificate) bool {
 			return pol.Bounds(c, tkl).Certified && !pol.Bounds(c, kl).Certified
 		})
 		if err := advance(m, tv, tkl, u, kl, lapsed); err != nil {

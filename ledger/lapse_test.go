@@ -545,47 +545,56 @@ func TestVerdictOnALapsedCertificateNamesItsLapseVersion(t *testing.T) {
 	}
 }
 
-// measureAtLapse gives every lapsed certificate of l under its first anchor (first, the anchor its
-// CEs were stored under) its measurement under the version it lapsed at (LapsedLane,
-// ConfirmLapsed), with the posteriors of past, S = 300 draws seeded by the version; it returns
-// how many were measured.
-func measureAtLapse(t *testing.T, l *Ledger, first uint64, past map[uint64]*bnn.Model) int {
+// measureDue gives every CE of l that is due for a measurement at a version past holds its
+// measurement under that version (DueLane, ConfirmDue), with S = 300 draws seeded by the
+// version, until none is due; it returns how many it measured, and how many of those were of an
+// at_risk or invalidated CE (a verdict measured again).
+func measureDue(t *testing.T, l *Ledger, past map[uint64]*bnn.Model) (n, again int) {
 	t.Helper()
-	byVersion, more, err := l.LapsedLane(1000, 0, 1, func(u uint64) bool { return past[u] != nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if more {
-		t.Fatal("more than 1,000 lapsed certificates: the test holds fewer")
-	}
-	n := 0
-	for u, ids := range byVersion {
-		var own [][]byte
-		for _, id := range ids {
-			if ce, err := l.Get(string(id)); err != nil {
-				t.Fatal(err)
-			} else if ce.AnchorVersion == first {
-				own = append(own, id)
-			}
-		}
-		rep, _, err := l.ConfirmLapsed(bg, posteriorPredictor{NewModelPredictor(past[u], 300, u)}, own)
+	for range 100 {
+		byVersion, more, err := l.DueLane(1000, 0, 1, pastOf(past), func(u uint64) bool { return past[u] != nil })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Picked != len(own) || rep.Confirmed != len(own) {
-			t.Fatalf("lapse version %d: %d certificates, %+v", u, len(own), rep)
+		if more {
+			t.Fatal("more than 1,000 CEs due: the test holds fewer")
 		}
-		n += rep.Confirmed
+		if len(byVersion) == 0 {
+			return n, again
+		}
+		for _, u := range slices.Sorted(maps.Keys(byVersion)) {
+			ids := byVersion[u]
+			for _, id := range ids {
+				if ce, err := l.Get(string(id)); err != nil {
+					t.Fatal(err)
+				} else if ce.Status != certify.Certified {
+					again++
+				}
+			}
+			rep, _, err := l.ConfirmDue(bg, posteriorPredictor{NewModelPredictor(past[u], 300, u)}, ids, pastOf(past))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Picked != len(ids) || rep.Confirmed != len(ids) {
+				t.Fatalf("due version %d: %d CEs, %+v", u, len(ids), rep)
+			}
+			n += rep.Confirmed
+		}
 	}
-	return n
+	t.Fatal("CEs still due after 100 rounds")
+	return n, again
 }
 
-// A lapsed certificate is measured under the version its bound lapsed at, whenever that is done:
-// a ledger whose certificates are measured after every commit and one whose certificates are
-// measured once, after the last, give every CE the same outcome (status, verdict version, anchor,
-// p1). Measured under the newest posterior instead, as the confirmer does with a CE whose lapse
-// version it does not know, the late ledger's outcomes differ.
-func TestLapsedCertificatesAreMeasuredAtTheirLapseVersion(t *testing.T) {
+// A CE due for a measurement (a certificate whose bound lapsed, a verdict that stopped carrying)
+// is measured under the version it became due at, whenever that is done: a ledger measured after
+// every commit and one measured once, after the last, make the same measurements and give every
+// CE the same outcome (status, verdict version, anchor, p1), along whole chains of them: a
+// certificate that lapses gets a verdict or a renewal at its lapse version, a verdict that stops
+// carrying is measured again at that version, a renewed certificate that lapses again is
+// measured at its new lapse version. Measured under the newest posterior instead, as the
+// confirmer does with a CE whose due version it does not know, the late ledger's outcomes
+// differ.
+func TestDueMeasurementsAreAFunctionOfTheLog(t *testing.T) {
 	mk := func(m0 *bnn.Model) []*CE {
 		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
 		for i, ce := range ces {
@@ -597,17 +606,18 @@ func TestLapsedCertificatesAreMeasuredAtTheirLapseVersion(t *testing.T) {
 	late, _, _, _ := ledgerHolding(t, mk)
 	newest, _, _, _ := ledgerHolding(t, mk)
 	past := map[uint64]*bnn.Model{m0.Version: m0}
-	cur, measured := m0, 0
-	for _, d := range []float64{-0.005, -0.004, -0.007, -0.01, -0.03} {
+	cur, measured, again := m0, 0, 0
+	for _, d := range []float64{-0.005, -0.004, -0.007, -0.01, -0.03, -0.05, -0.1, -0.2, -0.01, -0.005} {
 		prev := cur
 		cur = driftBy(t, timely, prev, d)
 		driftBy(t, late, prev, d)
 		driftBy(t, newest, prev, d)
 		past[cur.Version] = cur
-		measured += measureAtLapse(t, timely, m0.Version, past)
+		n, a := measureDue(t, timely, past)
+		measured, again = measured+n, again+a
 	}
-	if got := measureAtLapse(t, late, m0.Version, past); got != measured {
-		t.Fatalf("the late ledger measured %d certificates, the timely one %d", got, measured)
+	if n, a := measureDue(t, late, past); n != measured || a != again {
+		t.Fatalf("the late ledger made %d measurements, %d of verdicts; the timely one %d, %d", n, a, measured, again)
 	}
 	confirmBatches(t, newest, cur, 300, cur.Version, 1000)
 	type outcome struct {
@@ -623,37 +633,41 @@ func TestLapsedCertificatesAreMeasuredAtTheirLapseVersion(t *testing.T) {
 		}
 		return outcome{ce.Status, ptrU64(ce.ConfirmedVersion), ce.AnchorVersion, ce.P1}
 	}
-	versions, differ := map[string]bool{}, 0
+	differ := 0
 	for _, ce := range ces {
 		a, b := of(timely, ce.ID), of(late, ce.ID)
 		if a != b {
 			t.Fatalf("%s: measured after every commit %+v, once at the end %+v", ce.ID, a, b)
 		}
-		if a.status != certify.Certified {
-			versions[a.confirmed] = true
-		} else if a.anchor != m0.Version {
-			versions[fmt.Sprint(a.anchor)] = true
+		// Every decided verdict that stopped carrying was measured again at that version.
+		got, err := late.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.VerdictBound != nil && got.VerdictPending {
+			t.Errorf("%s: its verdict under version %s decided, does not carry to %d, and was not measured again", ce.ID, a.confirmed, cur.Version)
 		}
 		if of(newest, ce.ID) != a {
 			differ++
 		}
 	}
-	t.Logf("%d certificates measured at %d lapse versions; measured under the newest posterior, %d of %d outcomes differ", measured, len(versions), differ, len(ces))
-	if measured < 10 || len(versions) < 3 {
-		t.Fatal("the drift must lapse certificates at three versions or more for the test to mean anything")
+	t.Logf("%d measurements of %d CEs, %d of them of a verdict measured again; measured under the newest posterior, %d of %d outcomes differ",
+		measured, len(ces), again, differ, len(ces))
+	if measured < len(ces)+10 || again < 10 {
+		t.Fatal("the drift must take ten CEs or more through a second measurement, and ten verdicts, for the test to mean anything")
 	}
 	if differ == 0 {
 		t.Fatal("measuring under the newest posterior gives the same outcomes: the test cannot tell the two apart")
 	}
 }
 
-// ConfirmLapsed measures only the certificates that lapsed at its predictor's version, and
+// ConfirmDue measures only the certificates that lapsed at its predictor's version, and
 // ConfirmLaneLeaving leaves the lapsed certificates whose lapse version leave names to it and
 // picks the others.
 func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 	l, _, m0, _ := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
 	cur := driftBy(t, l, m0, -0.005, -0.004, -0.007, -0.01, -0.03)
-	byVersion, _, err := l.LapsedLane(1000, 0, 1, func(uint64) bool { return true })
+	byVersion, _, err := l.DueLane(1000, 0, 1, nil, func(uint64) bool { return true })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,7 +678,7 @@ func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 	for _, ids := range byVersion {
 		lapsed += len(ids)
 	}
-	// ConfirmLapsed measures only the certificates that lapsed at its predictor's version.
+	// ConfirmDue measures only the certificates that lapsed at its predictor's version.
 	past := map[uint64]*bnn.Model{m0.Version: m0}
 	for m := m0; m.Version < cur.Version; {
 		m = drift(m, []float64{-0.005, -0.004, -0.007, -0.01, -0.03}[m.Version])
@@ -678,12 +692,12 @@ func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 		{byVersion[us[0]], 0},
 		{slices.Concat(byVersion[us[0]], byVersion[us[1]]), len(byVersion[us[1]])},
 	} {
-		rep, _, err := l.ConfirmLapsed(bg, posteriorPredictor{NewModelPredictor(past[us[1]], 300, 1)}, tc.ids)
+		rep, _, err := l.ConfirmDue(bg, posteriorPredictor{NewModelPredictor(past[us[1]], 300, 1)}, tc.ids, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if rep.Picked != tc.want {
-			t.Fatalf("ConfirmLapsed at version %d of %d certificates picked %d, want the %d that lapsed at it", us[1], len(tc.ids), rep.Picked, tc.want)
+			t.Fatalf("ConfirmDue at version %d of %d certificates picked %d, want the %d that lapsed at it", us[1], len(tc.ids), rep.Picked, tc.want)
 		}
 	}
 	p := NewModelPredictor(cur, 300, 1)
@@ -699,7 +713,7 @@ func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 	} {
 		l, _, m0, _ := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
 		driftBy(t, l, m0, -0.005, -0.004, -0.007, -0.01, -0.03)
-		rep, _, err := l.ConfirmLaneLeaving(bg, p, 1000, 0, 1, tc.leave)
+		rep, _, err := l.ConfirmLaneLeaving(bg, p, 1000, 0, 1, nil, tc.leave)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -708,3 +722,6 @@ func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 		}
 	}
 }
+
+// pastOf is a Past over the posteriors of m.
+func pastOf(m map[uint64]*bnn.Model) Past { return func(v uint64) *bnn.Model { return m[v] } }
