@@ -170,7 +170,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 		measured: f.NewCounterVec(prometheus.CounterOpts{Name: NameMeasured,
 			Help: "Monte-Carlo measurements of counterfactuals by the confirmer, by result: kept (written and in force for the posterior current at the write), " +
-				"superseded (written, but measured under an older posterior than the current one, a newer one promoted meanwhile or a certificate's lapse version, and the verdict does not carry to it), discarded (not written)."},
+				"superseded (written, but measured under an older posterior than the current one, a newer one promoted meanwhile or the version the CE became due at, and the verdict does not carry to it), discarded (not written)."},
 			[]string{"result"}),
 	}
 	for _, r := range MeasurementResults() {

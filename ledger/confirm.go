@@ -112,8 +112,8 @@ type ConfirmReport struct {
 //	            posterior, or under an older one from which it carries (certify.Carries at
 //	            KL(q_now || q_sampled)); or a renewal whose certificate holds at that KL.
 //	Superseded  written, but out of date at once: the batch was sampled under an older posterior
-//	            (ingestion promoted one while it was sampled, or it was the certificates' lapse
-//	            version: ConfirmDue), and the verdict does not carry to the current one (it
+//	            (ingestion promoted one while it was sampled, or it was the version the CEs
+//	            became due at: ConfirmDue), and the verdict does not carry to the current one (it
 //	            decided nothing, its margin is smaller than the slack, or
 //	            Options.RemeasureVerdicts), or the renewed certificate already lapses there. The
 //	            CE is measured again under a newer posterior; the measurement still stood as of
