@@ -36,7 +36,7 @@ func (r *recent) add(m *bnn.Model) {
 		c := *m
 		c.Layers = slices.Clone(m.Layers)
 		for i, l := range c.Layers {
-			if p := r.last.Layers[i]; sameLayer(l, p) {
+			if p := r.last.Layers[i]; l.Name == p.Name && bnn.LayersEqual(&l, &p) {
 				c.Layers[i] = p
 			}
 		}
@@ -48,12 +48,6 @@ func (r *recent) add(m *bnn.Model) {
 			delete(r.byV, v)
 		}
 	}
-}
-
-// sameLayer reports whether a and b hold the same parameters.
-func sameLayer(a, b bnn.Layer) bool {
-	return a.Name == b.Name && a.In == b.In && a.Out == b.Out && slices.Equal(a.WeightMu, b.WeightMu) &&
-		slices.Equal(a.WeightLogSigma, b.WeightLogSigma) && slices.Equal(a.BiasMu, b.BiasMu) && slices.Equal(a.BiasLogSigma, b.BiasLogSigma)
 }
 
 // at is the posterior of version v, nil when it is not kept.

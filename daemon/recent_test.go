@@ -37,7 +37,7 @@ func TestRecentSharesUnchangedLayers(t *testing.T) {
 	r.add(m1)
 	got := r.at(m1.Version)
 	for i := range m1.Layers {
-		if !sameLayer(got.Layers[i], m1.Layers[i]) {
+		if !bnn.LayersEqual(&got.Layers[i], &m1.Layers[i]) {
 			t.Fatalf("layer %d of the kept posterior differs from the served one", i)
 		}
 	}
