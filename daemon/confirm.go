@@ -183,21 +183,28 @@ func (c *confirmer) run(ctx context.Context) error {
 // not carry to it (the mean slack of their KL over confirmPoolSlack): then a pool is drawn for
 // the newest one before the batch. Versions that come faster than batches are coalesced instead
 // of each costing a pool that is thrown away before it is used, and a batch's verdicts are
-// measured under a posterior close enough to be kept (ledger.Measurements).
+// measured under a posterior close enough to be kept (ledger.Measurements). With past, the CEs
+// measured under their due version (measureDue) are measured first, and again before a batch
+// once a batch left some out and a newer posterior is current, so that a CE that becomes due
+// during a long pass waits a batch, not the pass, and the round does not end with one its
+// batches left out (the waiting CEs are not read again per version while none is left out: a
+// read costs one walk of them).
 func (c *confirmer) round(ctx context.Context) error {
-	if c.past != nil {
-		if c.gate != nil && c.gate(ctx) != nil {
-			return nil
-		}
-		if err := c.measureDue(ctx); err != nil {
-			return err
-		}
-	}
+	var dueFor *bnn.Model // the newest posterior when measureDue last ran
+	left := false         // a batch left CEs out since (leave)
 	for ctx.Err() == nil {
 		if c.gate != nil && c.gate(ctx) != nil {
 			return nil
 		}
 		m := c.current()
+		if c.past != nil && (dueFor == nil || left && dueFor.Version != m.Version) {
+			if err := c.measureDue(ctx); err != nil {
+				return err
+			}
+			// m is not read again: a version promoted meanwhile is newer than dueFor, so that
+			// measureDue runs for it before the next batch once one leaves CEs out.
+			dueFor, left = m, false
+		}
 		if c.pool == nil || c.pool.Version() != m.Version && (c.stale || c.moved(m)) {
 			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at
 			// S = 1000 on the paper's network) would cost more than the commit that woke us.
@@ -216,7 +223,16 @@ func (c *confirmer) round(ctx context.Context) error {
 			c.pool, c.model = p, m
 		}
 		c.stale = false
-		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.past, c.leave(c.pool.Version(), m))
+		leave := c.leave(c.pool.Version(), m)
+		if leave != nil {
+			at := leave
+			leave = func(u uint64) bool {
+				l := at(u)
+				left = left || l
+				return l
+			}
+		}
+		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.past, leave)
 		if err != nil {
 			return err
 		}
@@ -232,6 +248,9 @@ func (c *confirmer) round(ctx context.Context) error {
 			if c.current().Version != c.pool.Version() {
 				c.stale = true // this pool's pass is done: measure again under the newest posterior
 				continue
+			}
+			if left && dueFor.Version != c.pool.Version() {
+				continue // what the pass left out became due at a version measureDue has not seen
 			}
 			return nil
 		}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,39 +249,21 @@ func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
 		{"no version near", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := openLedger(t)
-			rng := rand.New(rand.NewPCG(3, 4))
-			m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rng)
-			if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
-				t.Fatal(err)
-			}
-			var ces []*ledger.CE
-			for i := range 60 {
-				p1 := 0.6 + 0.39*float64(i)/59
-				ces = append(ces, &ledger.CE{ID: fmt.Sprintf("ce-%02d", i), X: []float64{0, 0, 0}, XCF: []float64{rng.NormFloat64(), rng.NormFloat64(), rng.NormFloat64()},
-					Target: 1, AnchorVersion: m.Version, P1: p1, Var1: 0.001, Samples: 1000, Delta: 1 - p1 + 0.001, Epsilon: 0.25})
-			}
-			if err := l.Put(context.Background(), ces...); err != nil {
-				t.Fatal(err)
-			}
+			l, m := lapsingLedger(t)
 			past := map[uint64]*bnn.Model{m.Version: m}
 			for range 8 {
-				next := m.Clone()
-				next.Version++
-				next.Last().BiasMu[1] -= 0.06 * math.Exp(next.Last().BiasLogSigma[1])
-				if _, _, err := l.Commit(context.Background(), &ledger.Checkpoint{Model: next}); err != nil {
-					t.Fatal(err)
-				}
-				m, past[next.Version] = next, next
+				m = driftStep(t, l, m)
+				past[m.Version] = m
 			}
 			since := map[string]uint64{}
-			for _, ce := range ces {
-				got, err := l.Get(ce.ID)
+			for i := range 60 {
+				id := fmt.Sprintf("ce-%02d", i)
+				got, err := l.Get(id)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if got.RenewalPendingSince != nil {
-					since[ce.ID] = *got.RenewalPendingSince
+					since[id] = *got.RenewalPendingSince
 				}
 			}
 			var changes []ledger.StatusChange
@@ -320,5 +303,142 @@ func TestConfirmerMeasuresALapsedCertificateAtItsLapseVersion(t *testing.T) {
 				t.Fatalf("lapse versions %v: the drift must lapse certificates at three versions or more", since)
 			}
 		})
+	}
+}
+
+// lapsingLedger is a ledger holding 60 certificates, ce-00 to ce-59, under m0, spread in p1 so
+// that a drift of the second class's bias lapses some of them at each version (driftStep).
+func lapsingLedger(t *testing.T) (*ledger.Ledger, *bnn.Model) {
+	t.Helper()
+	l := openLedger(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := bnn.New(3, []int{4}, []string{"a", "b"}, 0.1, rng)
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		t.Fatal(err)
+	}
+	var ces []*ledger.CE
+	for i := range 60 {
+		p1 := 0.6 + 0.39*float64(i)/59
+		ces = append(ces, &ledger.CE{ID: fmt.Sprintf("ce-%02d", i), X: []float64{0, 0, 0}, XCF: []float64{rng.NormFloat64(), rng.NormFloat64(), rng.NormFloat64()},
+			Target: 1, AnchorVersion: m.Version, P1: p1, Var1: 0.001, Samples: 1000, Delta: 1 - p1 + 0.001, Epsilon: 0.25})
+	}
+	if err := l.Put(context.Background(), ces...); err != nil {
+		t.Fatal(err)
+	}
+	return l, m
+}
+
+// driftStep commits the version after m, one step of lapsingLedger's drift, and returns it.
+func driftStep(t *testing.T, l *ledger.Ledger, m *bnn.Model) *bnn.Model {
+	t.Helper()
+	next := m.Clone()
+	next.Version++
+	next.Last().BiasMu[1] -= 0.06 * math.Exp(next.Last().BiasLogSigma[1])
+	if _, _, err := l.Commit(context.Background(), &ledger.Checkpoint{Model: next}); err != nil {
+		t.Fatal(err)
+	}
+	return next
+}
+
+// lapsedKept counts the lapsed certificates (and verdicts no longer carried) whose due version
+// past keeps, by that version.
+func lapsedKept(t *testing.T, l *ledger.Ledger, past map[uint64]*bnn.Model) map[uint64]int {
+	t.Helper()
+	byVersion, _, err := l.DueLane(1000, 0, 1, func(v uint64) *bnn.Model { return past[v] }, func(u uint64) bool { return past[u] != nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[uint64]int{}
+	for u, ids := range byVersion {
+		n[u] = len(ids)
+	}
+	return n
+}
+
+// A round ends with no lapsed certificate left that it would measure under its lapse version:
+// certificates that lapse at a version promoted while the round measures under an older pool
+// are measured under it within the round, as lapsed certificates are measured before the other
+// CEs that wait. Here the round's pass measures, one per batch, the certificates that lapsed at
+// a version the confirmer no longer keeps, and a version promoted after its first batch lapses
+// more.
+func TestConfirmerRoundMeasuresCertificatesThatLapseDuringIt(t *testing.T) {
+	l, m := lapsingLedger(t)
+	for range 3 {
+		m = driftStep(t, l, m)
+	}
+	past := map[uint64]*bnn.Model{m.Version: m} // the earlier versions are not kept (a restart)
+	if n := lapsedKept(t, l, map[uint64]*bnn.Model{m.Version - 1: m}); n[m.Version-1] < 2 {
+		t.Fatalf("lapse versions %v: the pass under the newest posterior needs two certificates or more", n)
+	}
+	var mu sync.Mutex
+	cur := func() *bnn.Model { mu.Lock(); defer mu.Unlock(); return m }
+	c := newConfirmer(l, cur, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
+	c.past = func(v uint64) *bnn.Model { mu.Lock(); defer mu.Unlock(); return past[v] }
+	c.poolSlack, c.batch = math.Inf(1), 1
+	promoted := false
+	c.gate = func(context.Context) error {
+		if c.pool != nil && !promoted { // after the pass's first batch
+			promoted = true
+			next := driftStep(t, l, cur())
+			mu.Lock()
+			m, past[next.Version] = next, next
+			mu.Unlock()
+		}
+		return nil
+	}
+	if err := c.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !promoted {
+		t.Fatal("no version was promoted during the round")
+	}
+	if n := lapsedKept(t, l, past); len(n) > 0 {
+		t.Errorf("the round ended with lapsed certificates it keeps the lapse version of, by version: %v", n)
+	}
+}
+
+// A round does not end with lapsed certificates its last batches left out because they lapsed
+// at a version promoted after measureDue last ran: here the version is promoted once the pass
+// has measured its last CE, before the round looks whether a newer posterior is current.
+func TestConfirmerRoundMeasuresCertificatesThatLapseAtItsEnd(t *testing.T) {
+	l, m := lapsingLedger(t)
+	for range 3 {
+		m = driftStep(t, l, m)
+	}
+	past := map[uint64]*bnn.Model{m.Version: m} // the earlier versions are not kept (a restart)
+	early := m.Version - 1
+	atEarly := func() int {
+		byVersion, _, err := l.DueLane(1000, 0, 1, nil, func(u uint64) bool { return u == early })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(byVersion[early])
+	}
+	if atEarly() == 0 {
+		t.Fatal("no certificate lapsed at the version before the newest: the pass has nothing to measure")
+	}
+	var c *confirmer
+	promoted := false
+	cur := func() *bnn.Model {
+		if c.pool != nil && !promoted && atEarly() == 0 { // the pass has measured its last CE
+			promoted = true
+			m = driftStep(t, l, m)
+			past[m.Version] = m
+		}
+		return m
+	}
+	c = newConfirmer(l, cur, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	c.poolSlack = math.Inf(1) // one batch a pass: the batch that leaves CEs out is the last
+	if err := c.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !promoted {
+		t.Fatal("no version was promoted during the round")
+	}
+	if n := lapsedKept(t, l, past); len(n) > 0 {
+		t.Errorf("the round ended with lapsed certificates it keeps the lapse version of, by version: %v", n)
 	}
 }
