@@ -21,17 +21,22 @@ type pools struct {
 	prec    bnn.Precision
 
 	mu    sync.Mutex
-	pool  *bnn.Pool // of the last version asked for
+	pool  *bnn.Pool // of the newest version asked for
+	older *bnn.Pool // of the last version asked for that was older than pool's
 	drawn int       // pools drawn so far (a test reads it)
 }
 
 // get returns the pool of m's version, drawing it on first use. Callers asking for the same
-// version wait for one draw; an older version than the cached one gets its own pool, uncached.
+// version wait for one draw. The newest version's pool is kept, and so is the last older one's:
+// the confirmer's lanes measure the CEs due at a past version at about the same time, and share
+// its pool instead of drawing it once each (at most two pools are held).
 func (p *pools) get(m *bnn.Model) (*bnn.Pool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pool != nil && p.pool.Version() == m.Version {
-		return p.pool, nil
+	for _, q := range []*bnn.Pool{p.pool, p.older} {
+		if q != nil && q.Version() == m.Version {
+			return q, nil
+		}
 	}
 	pool, err := bnn.NewPool(m, p.samples, m.Version^poolSeed, p.prec)
 	if err != nil {
@@ -40,6 +45,8 @@ func (p *pools) get(m *bnn.Model) (*bnn.Pool, error) {
 	p.drawn++
 	if p.pool == nil || m.Version > p.pool.Version() {
 		p.pool = pool
+	} else {
+		p.older = pool
 	}
 	return pool, nil
 }

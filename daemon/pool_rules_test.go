@@ -20,8 +20,8 @@ func smallModel(v uint64) *bnn.Model {
 }
 
 // The shared pool is drawn once per posterior version: asking again for the cached version draws
-// nothing, a newer version's pool replaces it, and an older version's pool is drawn for the one
-// caller without replacing the newer one. The same version always draws the same networks, in
+// nothing, a newer version's pool replaces it, and an older version's pool is drawn without
+// replacing the newer one and kept until another older version is asked for. The same version always draws the same networks, in
 // another pool cache too (a restart measures as before).
 func TestPoolsDrawOncePerVersionAndKeepTheNewest(t *testing.T) {
 	ps := &pools{samples: 8, prec: bnn.Float64}
@@ -48,6 +48,7 @@ func TestPoolsDrawOncePerVersionAndKeepTheNewest(t *testing.T) {
 		{"an older version", v4, nil, 2},
 		{"the cached version after an older one", v5, p5, 2},
 		{"a newer version", v6, nil, 3},
+		{"the older version again", v4, nil, 3},
 	} {
 		p := get(s.m)
 		if s.same != nil && p != s.same {
@@ -65,6 +66,12 @@ func TestPoolsDrawOncePerVersionAndKeepTheNewest(t *testing.T) {
 	}
 	if _, err := ps.get(v5); err != nil || ps.drawn != 4 {
 		t.Fatalf("version 5 after version 6: %d pools drawn (%v), want 4 (the newer one is kept)", ps.drawn, err)
+	}
+	if get(v5); ps.drawn != 4 {
+		t.Fatalf("version 5 again: %d pools drawn, want 4 (the last older one is kept)", ps.drawn)
+	}
+	if get(v4); ps.drawn != 5 {
+		t.Fatalf("version 4 after version 5: %d pools drawn, want 5 (one older pool is kept)", ps.drawn)
 	}
 
 	xs := [][]float64{{0.1, -0.2, 0.3}, {1, 2, 3}}
