@@ -87,9 +87,11 @@ func TestConfirmerLanesShareTheWork(t *testing.T) {
 
 // TestConfirmerCountsWhatBecameOfItsMeasurements: every measurement the confirmers write is
 // counted in cfguard_counterfactuals_measured_total under what became of it. The confirmers are
-// held until a drift is applied, so that no posterior comes while they measure: then every
-// measurement is kept (in force for the posterior current when it is written), none superseded
-// or discarded, and the kept count is the lanes' measurements.
+// held until a drift is applied, so that no posterior comes while they measure: then none is
+// discarded, and every measurement is kept (in force for the posterior current when it is
+// written) but those made under an older version a CE became due at (measureDue, when the newest
+// is near it), which are superseded when their verdict does not carry to the newest; kept and
+// superseded add up to the lanes' measurements.
 func TestConfirmerCountsWhatBecameOfItsMeasurements(t *testing.T) {
 	held := make(chan struct{})
 	var once sync.Once
@@ -112,22 +114,25 @@ func TestConfirmerCountsWhatBecameOfItsMeasurements(t *testing.T) {
 	release()
 	// A lane counts a batch just after the batch's write, which the gauges show at once: wait
 	// for both.
-	var measured int64
+	var measured, due int64
 	got := map[string]float64{}
 	waitfor.Cond(t, 2*time.Minute, "every CE measured and its measurement counted", func() bool {
 		if r.Metric(t, "cfguard_counterfactuals_unconfirmed") != 0 || r.Metric(t, "cfguard_counterfactuals_renewal_pending") != 0 {
 			return false
 		}
-		measured = 0
+		measured, due = 0, 0
 		for _, c := range r.D.confirm {
 			measured += c.measured.Load()
+			due += c.dueMeasured.Load()
 		}
 		for _, res := range alerts.MeasurementResults() {
 			got[res] = r.Metric(t, "cfguard_counterfactuals_measured_total", "result", res)
 		}
-		return measured > 0 && got["kept"] == float64(measured)
+		return measured > 0 && got["kept"]+got["superseded"] == float64(measured)
 	})
-	if got["superseded"] != 0 || got["discarded"] != 0 {
-		t.Fatalf("measurements counted %v, want all %d the confirmers wrote kept", got, measured)
+	t.Logf("%d measurements, %d of them under a due version: %v", measured, due, got)
+	if got["discarded"] != 0 || got["superseded"] > float64(due) {
+		t.Fatalf("measurements counted %v, want none discarded and none superseded but of the %d of %d the confirmers made under a due version",
+			got, due, measured)
 	}
 }
