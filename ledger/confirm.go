@@ -813,7 +813,10 @@ func (w *writeTx) renew(id []byte, h *header, now cur, s sampled, e certify.Evid
 		// A new anchor under a past posterior: its history from the posteriors since, every
 		// version kept, so that the lapse version of a certificate renewed under it is the
 		// one an owner that renewed it at that version would read.
-		hist, err := pastAnchorKL(pastSince(s.past, s.version, now.version), s.version, now.version, s.kl, w.l.opts.Policy, nil, true)
+		// The anchor's own posterior is the one sampled, whether or not past still holds it.
+		ps := pastSince(s.past, s.version, now.version)
+		ps[s.version] = s.model
+		hist, err := pastAnchorKL(ps, s.version, now.version, s.kl, w.l.opts.Policy, nil, true)
 		if err != nil {
 			return false, err
 		}
