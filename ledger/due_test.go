@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"bytes"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"path/filepath"
@@ -8,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
 )
 
 // A batch measured under a past version v renews certificates to a new anchor v, whose history
@@ -44,5 +47,121 @@ func TestRenewalUnderAPastVersionPastNoLongerHolds(t *testing.T) {
 	}
 	if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
 		t.Fatalf("Verify: %v", err)
+	}
+}
+
+// A certificate renewed under a past version gets its new anchor's history from the posteriors
+// since (pastAnchorKL over every version): Verify accepts the file, Open keeps every history (it
+// logs no damaged one and no stray record), and the commits after go on from it, so that every
+// certified CE's renewal_pending_since is, at each later version, the one its bound at every
+// version's KL from its anchor gives, or none, never another.
+func TestRenewalUnderAPastVersionKeepsAVerifiedHistory(t *testing.T) {
+	l, dir, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
+	pol := l.Policy()
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	cur := m0
+	for _, d := range []float64{-0.005, -0.004, -0.007, -0.01, -0.03, -0.02, -0.03, -0.04, -0.05} {
+		cur = driftBy(t, l, cur, d)
+		past[cur.Version] = cur
+	}
+	// The CEs due at the first version, measured after the last commit: renewals under a past
+	// version, whose new certificates lapse at the versions since.
+	byVersion, _, err := l.DueLane(1000, 0, 1, pastOf(past), func(u uint64) bool { return past[u] != nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := slices.Min(slices.Collect(maps.Keys(byVersion)))
+	if _, _, err := l.ConfirmDue(bg, posteriorPredictor{NewModelPredictor(past[first], 300, first)}, byVersion[first], pastOf(past)); err != nil {
+		t.Fatal(err)
+	}
+	anchors, err := l.Anchors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewedPast, pastAnchor := 0, map[uint64]bool{}
+	for _, a := range anchors {
+		if a.Version != m0.Version && a.Version < cur.Version && a.Refs > 0 {
+			renewedPast += a.Refs
+			pastAnchor[a.Version] = true
+		}
+	}
+	if renewedPast == 0 {
+		t.Fatal("no certificate was renewed under a past version: the test cannot tell anything")
+	}
+	exact, unknown, exactPast := 0, 0, 0 // exactPast: of a certificate under an anchor renewals under a past version made
+	check := func(l *Ledger) {
+		t.Helper()
+		for _, ce := range ces {
+			got, err := l.Get(ce.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status != certify.Certified {
+				continue
+			}
+			a := got.AnchorVersion
+			var kls []float64 // KL(q_x || q_a) for x = a, a+1, ..., cur
+			for x := a; x <= cur.Version; x++ {
+				kl, _, err := certify.KL(past[x], past[a])
+				if err != nil {
+					t.Fatal(err)
+				}
+				kls = append(kls, kl)
+			}
+			threshold := -1.0
+			for _, k := range kls {
+				if pol.Bounds(got.Certificate(), k).Certified {
+					threshold = max(threshold, k)
+				}
+			}
+			want, lapsed, known := bruteSince(kls, threshold)
+			switch {
+			case got.RenewalPending != lapsed:
+				t.Fatalf("version %d: %s (anchor %d) renewal_pending %v, its bound at every version says %v", cur.Version, ce.ID, a, got.RenewalPending, lapsed)
+			case !lapsed:
+			case got.RenewalPendingSince == nil:
+				unknown++
+			case !known || *got.RenewalPendingSince != a+want:
+				t.Fatalf("version %d: %s (anchor %d) renewal_pending_since %d, its bound at every version says %d (known %v)", cur.Version, ce.ID, a, *got.RenewalPendingSince, a+want, known)
+			default:
+				exact++
+				if pastAnchor[a] {
+					exactPast++
+				}
+			}
+		}
+	}
+	check(l)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
+		t.Fatalf("Verify after renewals under past versions: %v", err)
+	}
+	var logs bytes.Buffer
+	l, err = Open(dir, Options{Policy: testPolicy(), Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if logs.Len() > 0 {
+		t.Fatalf("Open after renewals under past versions logged:\n%s", logs.String())
+	}
+	check(l)
+	for _, d := range []float64{-0.004, 0.003, -0.006, -0.01, -0.02} {
+		cur = driftBy(t, l, cur, d)
+		past[cur.Version] = cur
+		check(l)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(filepath.Join(dir, FileName)); err != nil {
+		t.Fatalf("Verify after commits over histories written by renewals: %v", err)
+	}
+	t.Logf("%d certificates renewed under past versions; %d lapse versions read exact (%d under an anchor renewals under a past version made), %d unknown",
+		renewedPast, exact, exactPast, unknown)
+	if exactPast == 0 {
+		t.Fatal("no lapse version was read from a history a renewal under a past version wrote: the test cannot tell anything")
 	}
 }
