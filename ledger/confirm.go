@@ -134,8 +134,9 @@ type confirmItem struct {
 	id  []byte
 	h   header
 	xcf []float64
-	// due: picked by ConfirmDue, to be measured only while its lapse version is the version
-	// sampled (a verdict's due version cannot change while its header does not).
+	// due: picked by ConfirmDue at a certificate's lapse version read from its anchor's
+	// history, to be measured only while that is still the version sampled (the other due
+	// versions cannot change while the header does not: dueReads.dueAt).
 	due bool
 }
 
@@ -327,7 +328,7 @@ func (l *Ledger) pickUnconfirmed(tx *bolt.Tx, now cur, v uint64, max, lane, lane
 			return true, err
 		}
 		if leave != nil {
-			if u, ok, err := d.dueAt(&h); err != nil || ok && leave(u) {
+			if u, ok, _, err := d.dueAt(&h); err != nil || ok && leave(u) {
 				return err != nil, err
 			}
 		}

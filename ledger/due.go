@@ -16,10 +16,15 @@ import (
 type Past func(v uint64) *bnn.Model
 
 // A CE waiting for a measurement is due at a version that does not depend on when it is
-// measured:
+// measured: the first version after its last measurement at which what that measurement gave
+// it stopped holding.
 //
-//	a certified CE whose bound lapsed      its lapse version (CE.RenewalPendingSince): the
-//	                                       version after the last one at which its bound held
+//	a certified CE whose bound lapsed      the first version after its anchor a at which its
+//	                                       bound fails: min { x > a : Theorem 1 or 2 fails at
+//	                                       KL(q_x || q_a) }; when past does not hold every
+//	                                       posterior since a, its lapse version
+//	                                       (CE.RenewalPendingSince) from the anchor's history,
+//	                                       which is the same unless the bound held again between
 //	an at_risk or invalidated CE whose     the first version after its verdict's, cv, at which
 //	decided verdict no longer carries      certify.Carries fails: min { x > cv : the verdict
 //	                                       does not carry at the slack of KL(q_x || q_cv) }
@@ -38,20 +43,74 @@ type dueReads struct {
 	past   Past
 	reads  klReads
 	slacks map[uint64][]certify.Slack // verdict version cv -> slack of versions cv+1, cv+2, ...
+	kls    map[uint64][]float64       // anchor a -> KL of versions a+1, ..., now from it; nil when one is not held
 }
 
 func (l *Ledger) newDueReads(tx *bolt.Tx, now cur, past Past) *dueReads {
-	return &dueReads{l: l, tx: tx, now: now, past: past, slacks: map[uint64][]certify.Slack{}}
+	return &dueReads{l: l, tx: tx, now: now, past: past, slacks: map[uint64][]certify.Slack{}, kls: map[uint64][]float64{}}
 }
 
 // dueAt is the version at which h became due for a measurement; ok is false when h is not due
-// or the version is not known.
-func (d *dueReads) dueAt(h *header) (uint64, bool, error) {
-	if h.status == certify.Certified {
-		return d.l.lapsedAt(d.tx, h, &d.reads)
+// or the version is not known. byHistory says it is a certificate's lapse version read from its
+// anchor's history (past does not hold every posterior since its anchor), which a later commit
+// can change (its bound holds again, and fails at another version); the others cannot change
+// while h does not.
+func (d *dueReads) dueAt(h *header) (u uint64, ok, byHistory bool, err error) {
+	if h.status != certify.Certified {
+		u, ok = d.stoppedAt(h)
+		return u, ok, false, nil
 	}
-	u, ok := d.stoppedAt(h)
-	return u, ok, nil
+	if u, ok, known := d.failedFirst(h); known {
+		return u, ok, false, nil
+	}
+	u, ok, err = d.l.lapsedAt(d.tx, h, &d.reads)
+	return u, ok, true, err
+}
+
+// failedFirst is the first version after h's anchor at which its certificate's bound fails, from
+// the posteriors past gives (the anchor's through the current one); known is false when past
+// does not hold them all, ok is false when the bound holds at every one.
+func (d *dueReads) failedFirst(h *header) (u uint64, ok, known bool) {
+	kls, seen := d.kls[h.anchor]
+	if !seen {
+		kls = d.anchorKLs(h.anchor)
+		d.kls[h.anchor] = kls
+	}
+	if kls == nil && h.anchor < d.now.version {
+		return 0, false, false
+	}
+	cert := h.certificate()
+	for i, kl := range kls {
+		if !d.l.opts.Policy.Bounds(cert, kl).Certified {
+			return h.anchor + 1 + uint64(i), true, true
+		}
+	}
+	return 0, false, true
+}
+
+// anchorKLs is KL(q_x || q_a) for x = a+1, ..., now from the posteriors past gives, nil when past
+// does not hold one of them (or a, or is nil).
+func (d *dueReads) anchorKLs(a uint64) []float64 {
+	if d.past == nil {
+		return nil
+	}
+	qa := d.past(a)
+	if qa == nil {
+		return nil
+	}
+	var kls []float64
+	for x := a + 1; x <= d.now.version; x++ {
+		qx := d.past(x)
+		if qx == nil {
+			return nil
+		}
+		kl, _, err := certify.KL(qx, qa)
+		if err != nil {
+			return nil
+		}
+		kls = append(kls, kl)
+	}
+	return kls
 }
 
 // stoppedAt is the first version after h's verdict version at which its decided verdict does
@@ -129,7 +188,7 @@ func (l *Ledger) DueLane(max, lane, lanes int, past Past, at func(due uint64) bo
 			if err != nil {
 				return true, err
 			}
-			u, ok, err := d.dueAt(&h)
+			u, ok, _, err := d.dueAt(&h)
 			if err != nil || !ok || !at(u) {
 				return err != nil, err
 			}
@@ -175,17 +234,18 @@ func (l *Ledger) ConfirmDue(ctx context.Context, p Predictor, ids [][]byte, past
 				}
 				continue
 			}
-			if u, ok, err := d.dueAt(&h); err != nil || !ok || u != v {
-				if err != nil {
-					return nil, false, err
-				}
+			u, ok, byHistory, err := d.dueAt(&h)
+			if err != nil {
+				return nil, false, err
+			}
+			if !ok || u != v {
 				continue
 			}
 			it, err := readItem(tx, id, h)
 			if err != nil {
 				return nil, false, err
 			}
-			it.due = true
+			it.due = byHistory
 			items = append(items, it)
 		}
 		return items, false, nil

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -163,5 +164,73 @@ func TestRenewalUnderAPastVersionKeepsAVerifiedHistory(t *testing.T) {
 		renewedPast, exact, exactPast, unknown)
 	if exactPast == 0 {
 		t.Fatal("no lapse version was read from a history a renewal under a past version wrote: the test cannot tell anything")
+	}
+}
+
+// A certificate whose bound fails, holds again and fails again became due at the first version
+// its bound failed at: a ledger measured after every commit measures it there. For the
+// measurements to be a function of the log, a ledger measured once after the last commit must
+// measure it there too, not at its lapse version (the version after the last one its bound held
+// at, renewal_pending_since). The drift moves away from the anchor, comes back and moves away
+// again; past holds every version (all near), and both ledgers must reach the same outcomes.
+func TestDueVersionOfACertificateWhoseBoundCameBack(t *testing.T) {
+	mk := func(m0 *bnn.Model) []*CE {
+		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
+		for i, ce := range ces {
+			ce.ID = fmt.Sprintf("ce-%02d", i)
+		}
+		return ces
+	}
+	timely, _, m0, ces := ledgerHolding(t, mk)
+	late, _, _, _ := ledgerHolding(t, mk)
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	cur := m0
+	for _, d := range []float64{-0.03, 0.025, -0.03} {
+		prev := cur
+		cur = driftBy(t, timely, prev, d)
+		driftBy(t, late, prev, d)
+		past[cur.Version] = cur
+		measureDue(t, timely, past)
+	}
+	// The CEs whose bound failed first before their lapse version: it held again between.
+	came := 0
+	for _, ce := range ces {
+		b, err := late.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for v := m0.Version + 1; v <= cur.Version; v++ {
+			kl, _, err := certify.KL(past[v], m0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !late.Policy().Bounds(ce.Certificate(), kl).Certified {
+				if b.RenewalPendingSince != nil && v < *b.RenewalPendingSince {
+					came++
+				}
+				break
+			}
+		}
+	}
+	measureDue(t, late, past)
+	differ := 0
+	for _, ce := range ces {
+		a, err := timely.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := late.Get(ce.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.AnchorVersion != b.AnchorVersion || ptrU64(a.ConfirmedVersion) != ptrU64(b.ConfirmedVersion) || a.Status != b.Status {
+			differ++
+			t.Errorf("%s: measured after every commit: %v, anchor %d, verdict version %s; once after the last: %v, anchor %d, verdict version %s",
+				ce.ID, a.Status, a.AnchorVersion, ptrU64(a.ConfirmedVersion), b.Status, b.AnchorVersion, ptrU64(b.ConfirmedVersion))
+		}
+	}
+	t.Logf("%d of %d outcomes differ; the bounds of %d CEs failed, held again and failed again", differ, len(ces), came)
+	if came < 5 {
+		t.Fatal("the drift must bring five bounds or more back before they fail again for the test to mean anything")
 	}
 }
