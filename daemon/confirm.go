@@ -186,24 +186,31 @@ func (c *confirmer) run(ctx context.Context) error {
 // measured under a posterior close enough to be kept (ledger.Measurements). With past, the CEs
 // measured under their due version (measureDue) are measured first, and again before a batch
 // once a batch left some out and a newer posterior is current, so that a CE that becomes due
-// during a long pass waits a batch, not the pass, and the round does not end with one its
-// batches left out (the waiting CEs are not read again per version while none is left out: a
-// read costs one walk of them).
+// during a long pass does not wait for the whole pass, and the round does not end with one its
+// batches left out. A read of the waiting CEs costs one walk of them, so measureDue runs again
+// within a pass no sooner than confirmDueReadEvery times its last reads took: under fast
+// ingestion its reads cost a tenth of the pass at most, not one walk per batch.
 func (c *confirmer) round(ctx context.Context) error {
-	var dueFor *bnn.Model // the newest posterior when measureDue last ran
-	left := false         // a batch left CEs out since (leave)
+	var (
+		dueFor  *bnn.Model // the newest posterior when measureDue last ran
+		dueNext time.Time  // measureDue runs again within the pass no sooner than this
+		left    bool       // a batch left CEs out since (leave)
+		ending  bool       // the pass is done, with CEs left out that measureDue has not seen
+	)
 	for ctx.Err() == nil {
 		if c.gate != nil && c.gate(ctx) != nil {
 			return nil
 		}
 		m := c.current()
-		if c.past != nil && (dueFor == nil || left && dueFor.Version != m.Version) {
-			if err := c.measureDue(ctx); err != nil {
+		if c.past != nil && (dueFor == nil || left && dueFor.Version != m.Version && (ending || !time.Now().Before(dueNext))) {
+			read, err := c.measureDue(ctx)
+			if err != nil {
 				return err
 			}
 			// m is not read again: a version promoted meanwhile is newer than dueFor, so that
-			// measureDue runs for it before the next batch once one leaves CEs out.
-			dueFor, left = m, false
+			// measureDue runs for it once a batch leaves CEs out.
+			dueFor, left, ending = m, false, false
+			dueNext = time.Now().Add(confirmDueReadEvery * read)
 		}
 		if c.pool == nil || c.pool.Version() != m.Version && (c.stale || c.moved(m)) {
 			// With no CE waiting, nothing is drawn: the pool (S networks, 4.3 M normals at
@@ -250,13 +257,18 @@ func (c *confirmer) round(ctx context.Context) error {
 				continue
 			}
 			if left && dueFor.Version != c.pool.Version() {
-				continue // what the pass left out became due at a version measureDue has not seen
+				ending = true // what the pass left out became due at a version measureDue has not seen
+				continue
 			}
 			return nil
 		}
 	}
 	return nil
 }
+
+// confirmDueReadEvery bounds how often round runs measureDue again within a pass: no sooner
+// than this many times as long as its last reads of the waiting CEs took.
+const confirmDueReadEvery = 10
 
 // confirmDuePick is how many CEs measureDue finds in one read of the ledger's waiting CEs
 // (ledger.DueLane), which it then measures in batches of c.batch per due version.
@@ -309,18 +321,21 @@ func (c *confirmer) leave(v uint64, now *bnn.Model) func(due uint64) bool {
 
 // measureDue measures the CEs of its lane whose due version u is known and near enough to the
 // newest posterior (atDue) under q_u with u's pool (ledger.ConfirmDue): a certificate under the
-// version its bound lapsed at, a verdict under the version it stopped carrying at. Their
-// measurements are then a function of the log (the version, its posterior, the pool's seed),
-// the same at whichever replica and whenever within that reach they are made, along whole chains
-// (a verdict measured at its due version that stops carrying later is due again then). Versions
-// are measured in ascending order, one pool each; a version's batches stop once the newest
-// posterior has moved past the slack from it while earlier ones were measured (round then
-// measures the rest under the newest).
-func (c *confirmer) measureDue(ctx context.Context) error {
+// first version its bound failed at, a verdict under the first version it stopped carrying at.
+// The measurement of a CE that still waits when it is made is then a function of the log (the
+// version, its posterior, the pool's seed), the same at whichever replica and whenever within
+// that reach it is made, along whole chains (a verdict measured at its due version that stops
+// carrying later is due again then). Versions are measured in ascending order, one pool each; a
+// version's batches stop once the newest posterior has moved past the slack from it while
+// earlier ones were measured (round then measures the rest under the newest). read is how long
+// its reads of the waiting CEs took.
+func (c *confirmer) measureDue(ctx context.Context) (read time.Duration, err error) {
 	for ctx.Err() == nil {
+		start := time.Now()
 		byVersion, _, err := c.l.DueLane(confirmDuePick, c.lane, c.lanes, c.past, c.atDue(c.current()))
+		read += time.Since(start)
 		if err != nil {
-			return err
+			return read, err
 		}
 		wrote := false
 		for _, u := range slices.Sorted(maps.Keys(byVersion)) {
@@ -330,18 +345,18 @@ func (c *confirmer) measureDue(ctx context.Context) error {
 			}
 			pool, err := c.pools.get(m)
 			if err != nil {
-				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, u, err)
+				return read, fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, u, err)
 			}
 			for ids := range slices.Chunk(byVersion[u], c.batch) {
 				if c.gate != nil && c.gate(ctx) != nil {
-					return nil
+					return read, nil
 				}
 				if !c.near(u, c.current()) {
 					break
 				}
 				rep, changes, err := c.l.ConfirmDue(ctx, backgroundPredictor{pool, m}, ids, c.past)
 				if err != nil {
-					return err
+					return read, err
 				}
 				c.wrote(rep, changes, "the version they became due at")
 				c.dueMeasured.Add(int64(rep.Confirmed))
@@ -349,12 +364,12 @@ func (c *confirmer) measureDue(ctx context.Context) error {
 			}
 		}
 		if !wrote {
-			return nil // the next read would find what this one found
+			return read, nil // the next read would find what this one found
 		}
 		// Again: the CEs past this read's confirmDuePick, and those its batches made due at a
 		// later version (a verdict that stops carrying by then, a renewal that lapses again).
 	}
-	return nil
+	return read, nil
 }
 
 // wrote counts and logs what one batch wrote, and hands its status changes on.
