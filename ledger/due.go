@@ -210,12 +210,12 @@ func (l *Ledger) DueLane(max, lane, lanes int, past Past, at func(due uint64) bo
 // ConfirmDue measures with p, as Confirm does, those of the CEs named by ids whose due version
 // (DueLane) is p's version u, with past as DueLane was given it. The others (no longer stored,
 // no longer waiting, due at another version or at one not known) are left as they are and not
-// counted. A CE's measurement after its certificate lapsed or its verdict stopped carrying is
-// then a function of the log: the version, its posterior, and the predictor's draws for it (a
-// pool seeded by the version), not of when the confirmer got to it. A certificate renewed under
-// u, before the current version, gets the history of its new anchor from past (every version
-// from u on), so that its own lapse version is known as it would be had it been renewed when u
-// was current.
+// counted. The measurement of a CE that still waits, after its certificate lapsed or its
+// verdict stopped carrying, is then a function of the log: the version, its posterior, and the
+// predictor's draws for it (a pool seeded by the version), not of when the confirmer got to it.
+// A certificate renewed under u, before the current version, onto a new anchor gets that
+// anchor's history from past (every version from u on), so that its own lapse version is known
+// as it would be had it been renewed when u was current.
 func (l *Ledger) ConfirmDue(ctx context.Context, p Predictor, ids [][]byte, past Past) (ConfirmReport, []StatusChange, error) {
 	return l.confirmPicked(ctx, p, past, func(tx *bolt.Tx, c cur, v uint64) ([]confirmItem, bool, error) {
 		d := l.newDueReads(tx, c, past)
