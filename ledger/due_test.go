@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"bytes"
-	"fmt"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -174,31 +173,12 @@ func TestRenewalUnderAPastVersionKeepsAVerifiedHistory(t *testing.T) {
 // at, renewal_pending_since). The drift moves away from the anchor, comes back and moves away
 // again; past holds every version (all near), and both ledgers must reach the same outcomes.
 func TestDueVersionOfACertificateWhoseBoundCameBack(t *testing.T) {
-	mk := func(m0 *bnn.Model) []*CE {
-		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
-		for i, ce := range ces {
-			ce.ID = fmt.Sprintf("ce-%02d", i)
-		}
-		return ces
-	}
-	timely, _, m0, ces := ledgerHolding(t, mk)
-	late, _, _, _ := ledgerHolding(t, mk)
-	past := map[uint64]*bnn.Model{m0.Version: m0}
-	cur := m0
-	for _, d := range []float64{-0.03, 0.025, -0.03} {
-		prev := cur
-		cur = driftBy(t, timely, prev, d)
-		driftBy(t, late, prev, d)
-		past[cur.Version] = cur
-		measureDue(t, timely, past)
-	}
+	d := driveTwo(t, -0.03, 0.025, -0.03)
+	timely, late, m0, cur, ces, past := d.timely, d.late, d.m0, d.cur, d.ces, d.past
 	// The CEs whose bound failed first before their lapse version: it held again between.
 	came := 0
 	for _, ce := range ces {
-		b, err := late.Get(ce.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := getCE(t, late, ce.ID)
 		for v := m0.Version + 1; v <= cur.Version; v++ {
 			kl, _, err := certify.KL(past[v], m0)
 			if err != nil {
@@ -215,14 +195,7 @@ func TestDueVersionOfACertificateWhoseBoundCameBack(t *testing.T) {
 	measureDue(t, late, past)
 	differ := 0
 	for _, ce := range ces {
-		a, err := timely.Get(ce.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := late.Get(ce.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
+		a, b := getCE(t, timely, ce.ID), getCE(t, late, ce.ID)
 		if a.AnchorVersion != b.AnchorVersion || ptrU64(a.ConfirmedVersion) != ptrU64(b.ConfirmedVersion) || a.Status != b.Status {
 			differ++
 			t.Errorf("%s: measured after every commit: %v, anchor %d, verdict version %s; once after the last: %v, anchor %d, verdict version %s",

@@ -595,29 +595,17 @@ func measureDue(t *testing.T, l *Ledger, past map[uint64]*bnn.Model) (n, again i
 // confirmer does with a CE whose due version it does not know, the late ledger's outcomes
 // differ.
 func TestDueMeasurementsAreAFunctionOfTheLog(t *testing.T) {
-	mk := func(m0 *bnn.Model) []*CE {
-		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
-		for i, ce := range ces {
-			ce.ID = fmt.Sprintf("ce-%02d", i) // the same CEs in every ledger
+	d := driveTwo(t, -0.005, -0.004, -0.007, -0.01, -0.03, -0.05, -0.1, -0.2, -0.01, -0.005)
+	timely, late, m0, cur, ces, past := d.timely, d.late, d.m0, d.cur, d.ces, d.past
+	if n, a := measureDue(t, late, past); n != d.measured || a != d.again {
+		t.Fatalf("the late ledger made %d measurements, %d of verdicts; the timely one %d, %d", n, a, d.measured, d.again)
+	}
+	measured, again := d.measured, d.again
+	newest, _, _, _ := ledgerHolding(t, sameCEs(t))
+	for v := m0.Version + 1; v <= cur.Version; v++ {
+		if _, _, err := newest.Commit(bg, &Checkpoint{Model: past[v]}); err != nil {
+			t.Fatal(err)
 		}
-		return ces
-	}
-	timely, _, m0, ces := ledgerHolding(t, mk)
-	late, _, _, _ := ledgerHolding(t, mk)
-	newest, _, _, _ := ledgerHolding(t, mk)
-	past := map[uint64]*bnn.Model{m0.Version: m0}
-	cur, measured, again := m0, 0, 0
-	for _, d := range []float64{-0.005, -0.004, -0.007, -0.01, -0.03, -0.05, -0.1, -0.2, -0.01, -0.005} {
-		prev := cur
-		cur = driftBy(t, timely, prev, d)
-		driftBy(t, late, prev, d)
-		driftBy(t, newest, prev, d)
-		past[cur.Version] = cur
-		n, a := measureDue(t, timely, past)
-		measured, again = measured+n, again+a
-	}
-	if n, a := measureDue(t, late, past); n != measured || a != again {
-		t.Fatalf("the late ledger made %d measurements, %d of verdicts; the timely one %d, %d", n, a, measured, again)
 	}
 	confirmBatches(t, newest, cur, 300, cur.Version, 1000)
 	type outcome struct {
@@ -725,3 +713,55 @@ func TestConfirmLaneLeavesLapsedCertificatesToTheirVersion(t *testing.T) {
 
 // pastOf is a Past over the posteriors of m.
 func pastOf(m map[uint64]*bnn.Model) Past { return func(v uint64) *bnn.Model { return m[v] } }
+
+// sameCEs makes the 40 CEs of spreadCEs with ids of their own, ce-00 to ce-39, so that ledgers
+// that hold them hold the same CEs.
+func sameCEs(t *testing.T) func(m0 *bnn.Model) []*CE {
+	return func(m0 *bnn.Model) []*CE {
+		ces := spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40)
+		for i, ce := range ces {
+			ce.ID = fmt.Sprintf("ce-%02d", i)
+		}
+		return ces
+	}
+}
+
+// twoLedgers are two ledgers that hold the same CEs (sameCEs) and committed the same drift:
+// timely had every CE due at a version past holds measured after each commit (measureDue, which
+// made measured measurements, again of them of verdicts), late none yet.
+type twoLedgers struct {
+	timely, late    *Ledger
+	m0, cur         *bnn.Model
+	ces             []*CE
+	past            map[uint64]*bnn.Model
+	measured, again int
+}
+
+// driveTwo commits drift(·, d) from testModel(4) for each d in turn to two ledgers holding the
+// same CEs, measuring the timely one's due CEs after each commit.
+func driveTwo(t *testing.T, ds ...float64) twoLedgers {
+	t.Helper()
+	var d twoLedgers
+	d.timely, _, d.m0, d.ces = ledgerHolding(t, sameCEs(t))
+	d.late, _, _, _ = ledgerHolding(t, sameCEs(t))
+	d.past, d.cur = map[uint64]*bnn.Model{d.m0.Version: d.m0}, d.m0
+	for _, step := range ds {
+		prev := d.cur
+		d.cur = driftBy(t, d.timely, prev, step)
+		driftBy(t, d.late, prev, step)
+		d.past[d.cur.Version] = d.cur
+		n, a := measureDue(t, d.timely, d.past)
+		d.measured, d.again = d.measured+n, d.again+a
+	}
+	return d
+}
+
+// getCE is l.Get(id), failing the test on an error.
+func getCE(t *testing.T, l *Ledger, id string) *CE {
+	t.Helper()
+	ce, err := l.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ce
+}
