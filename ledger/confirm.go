@@ -134,10 +134,10 @@ type confirmItem struct {
 	id  []byte
 	h   header
 	xcf []float64
-	// due: picked by ConfirmDue at a certificate's lapse version read from its anchor's
-	// history, to be measured only while that is still the version sampled (the other due
-	// versions cannot change while the header does not: dueReads.dueAt).
-	due bool
+	// recheckLapse: picked by ConfirmDue at a certificate's lapse version read from its
+	// anchor's history, to be measured only while that is still the version sampled (the other
+	// due versions cannot change while the header does not: dueReads.dueAt).
+	recheckLapse bool
 }
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
@@ -727,7 +727,7 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 		return false, false, false, err // its bound holds again
 	}
 	v := s.version
-	if it.due && h.status == certify.Certified {
+	if it.recheckLapse && h.status == certify.Certified {
 		if u, ok, err := w.l.lapsedAt(w.tx, &h, nil); err != nil || !ok || u != v {
 			return false, false, false, err // it held again, and lapsed at another version
 		}

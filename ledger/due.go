@@ -149,10 +149,7 @@ func (d *dueReads) stoppedAt(h *header) (uint64, bool) {
 // lapsedAt is the lapse version of the certified CE h (failingSince at its anchor's stored KL);
 // ok is false when its bound holds or the version is not known.
 func (l *Ledger) lapsedAt(tx *bolt.Tx, h *header, reads *klReads) (u uint64, ok bool, err error) {
-	a, found, err := readAnchor(tx, h.anchor)
-	if err == nil && !found {
-		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
-	}
+	a, err := certifiedAnchor(tx, h)
 	if err != nil {
 		return 0, false, err
 	}
@@ -245,7 +242,7 @@ func (l *Ledger) ConfirmDue(ctx context.Context, p Predictor, ids [][]byte, past
 			if err != nil {
 				return nil, false, err
 			}
-			it.due = byHistory
+			it.recheckLapse = byHistory
 			items = append(items, it)
 		}
 		return items, false, nil

@@ -236,14 +236,20 @@ func (l *Ledger) lapsed(tx *bolt.Tx, h *header) (bool, error) {
 	if h.status != certify.Certified {
 		return false, nil
 	}
-	a, ok, err := readAnchor(tx, h.anchor)
-	if err == nil && !ok {
-		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
-	}
+	a, err := certifiedAnchor(tx, h)
 	if err != nil {
 		return false, err
 	}
 	return !l.opts.Policy.Bounds(h.certificate(), a.kl).Certified, nil
+}
+
+// certifiedAnchor reads the anchor of the certified CE h, which must be stored.
+func certifiedAnchor(tx *bolt.Tx, h *header) (anchorMeta, error) {
+	a, ok, err := readAnchor(tx, h.anchor)
+	if err == nil && !ok {
+		err = corruptf("a certified counterfactual refers to anchor %d, which is not stored", h.anchor)
+	}
+	return a, err
 }
 
 // pending reports whether h waits for a Monte-Carlo measurement: failing (at_risk,
