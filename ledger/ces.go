@@ -660,9 +660,11 @@ func (l *Ledger) load(tx *bolt.Tx, id, rawHdr []byte) (*CE, error) {
 	return l.loadWith(tx, id, rawHdr, nil)
 }
 
-// loadWith is load; reads, when not nil, keeps the anchors' KL histories read for the CEs of one
-// transaction (a list), so that each is decoded once.
-func (l *Ledger) loadWith(tx *bolt.Tx, id, rawHdr []byte, reads *klReads) (*CE, error) {
+// loadWith is load for a read the API answers; due, when not nil, keeps the anchors' KL
+// histories and the verdict versions' slacks read for the CEs of one transaction (a list), so
+// that each is computed once, and gives a verdict that stopped carrying its VerdictPendingSince
+// from the posteriors Options.Past holds.
+func (l *Ledger) loadWith(tx *bolt.Tx, id, rawHdr []byte, due *dueReads) (*CE, error) {
 	ce, h, err := loadStored(tx, id, rawHdr)
 	if err != nil {
 		return nil, err
@@ -684,9 +686,18 @@ func (l *Ledger) loadWith(tx *bolt.Tx, id, rawHdr []byte, reads *klReads) (*CE, 
 		return nil, inRecord(err, "counterfactual %q: verdict", id)
 	}
 	ce.Decided, ce.RenewalPending, ce.VerdictPending = d.decided, d.renewalPending, d.verdictPending
+	var reads *klReads
+	if due != nil {
+		reads = &due.reads
+	}
 	if d.renewalPending {
 		if since, ok := failingSince(tx, l.opts.Policy, h.certificate(), h.anchor, a, reads); ok {
 			ce.RenewalPendingSince = &since
+		}
+	}
+	if d.verdictPending && due != nil {
+		if since, ok := due.stoppedAt(&h); ok {
+			ce.VerdictPendingSince = &since
 		}
 	}
 	return ce, nil
@@ -818,7 +829,7 @@ func (l *Ledger) Get(id string) (*CE, error) {
 		if err != nil {
 			return err
 		}
-		if ce, err = l.load(tx, []byte(id), raw); err == nil {
+		if ce, err = l.loadWith(tx, []byte(id), raw, l.newDueReads(tx, c, l.opts.Past)); err == nil {
 			ce.PosteriorVersion = c.version
 		}
 		return err
@@ -868,7 +879,7 @@ func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, er
 			return err
 		}
 		c := tx.Bucket(bHeaders).Cursor()
-		reads := &klReads{}
+		due := l.newDueReads(tx, now, l.opts.Past)
 		k, v := c.First()
 		if after != "" {
 			k, v = c.Seek([]byte(after))
@@ -885,7 +896,7 @@ func (l *Ledger) list(status certify.Status, limit int, after string) ([]*CE, er
 			if status != 0 && (len(p) < 2 || certify.Status(p[hStatus]) != status) {
 				continue
 			}
-			ce, err := l.loadWith(tx, k, v, reads)
+			ce, err := l.loadWith(tx, k, v, due)
 			if errors.Is(err, ErrCorrupt) {
 				l.noteDamaged(k, err) // one damaged record does not take the list down
 				continue

@@ -207,3 +207,93 @@ func TestDueVersionOfACertificateWhoseBoundCameBack(t *testing.T) {
 		t.Fatal("the drift must bring five bounds or more back before they fail again for the test to mean anything")
 	}
 }
+
+// A verdict that no longer carries says since which version (verdict_pending_since): the first
+// version after its own at which certify.Carries fails at KL(q_x || q_cv), computed here directly
+// at every version of a drift that goes, comes back and goes on, read by Get and by List. It is
+// absent for a verdict that decided nothing, and when Options.Past does not hold a posterior since
+// the verdict's version.
+func TestVerdictPendingSinceIsTheVersionTheVerdictStoppedCarrying(t *testing.T) {
+	past := map[uint64]*bnn.Model{}
+	var forgotten uint64 // a version Past does not give, 0 for none
+	l, _ := openTest(t, Options{Policy: testPolicy(), Past: func(v uint64) *bnn.Model {
+		if v == forgotten {
+			return nil
+		}
+		return past[v]
+	}})
+	pol := l.Policy()
+	m0 := testModel(4)
+	install(t, l, m0)
+	past[m0.Version] = m0
+	if err := l.Put(bg, spreadCEs(t, m0, rand.New(rand.NewPCG(17, 17)), 40)...); err != nil {
+		t.Fatal(err)
+	}
+	// stopped is the first version after ce's verdict's at which it does not carry, 0 for none.
+	stopped := func(ce *CE, now uint64) uint64 {
+		cv := *ce.ConfirmedVersion
+		for x := cv + 1; x <= now; x++ {
+			kl, _, err := certify.KL(past[x], past[cv])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !certify.Carries(ce.Status, *ce.VerdictBound, pol.Slack(kl)) {
+				return x
+			}
+		}
+		return 0
+	}
+	var since, undecided, unknown int
+	check := func(now uint64) {
+		t.Helper()
+		listed, err := l.List(0, 1000, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ce := range listed {
+			for _, got := range []*CE{ce, getCE(t, l, ce.ID)} {
+				want := uint64(0)
+				if got.VerdictPending && got.VerdictBound != nil {
+					want = stopped(got, now)
+					if want == 0 {
+						t.Fatalf("%s at version %d: verdict pending, but its verdict carries to every version since %d", got.ID, now, *got.ConfirmedVersion)
+					}
+					if forgotten >= *got.ConfirmedVersion && forgotten <= want {
+						want = 0 // a posterior on the way is not at hand
+					}
+				}
+				switch {
+				case want == 0 && got.VerdictPendingSince != nil:
+					t.Errorf("%s at version %d (%v, verdict pending %v, bound %v): verdict pending since %d, want none",
+						got.ID, now, got.Status, got.VerdictPending, got.VerdictBound, *got.VerdictPendingSince)
+				case want != 0 && (got.VerdictPendingSince == nil || *got.VerdictPendingSince != want):
+					t.Errorf("%s at version %d: verdict pending since %s, want %d", got.ID, now, ptrU64(got.VerdictPendingSince), want)
+				}
+			}
+			switch {
+			case ce.VerdictPendingSince != nil:
+				since++
+			case ce.VerdictPending && ce.VerdictBound == nil:
+				undecided++
+			case ce.VerdictPending:
+				unknown++
+			}
+		}
+	}
+	cur := m0
+	for i, d := range []float64{-0.3, -0.1, 0.2, -0.3, -0.2, -0.4, 0.3, -0.5, -0.5} {
+		cur = driftBy(t, l, cur, d)
+		past[cur.Version] = cur
+		if i == 7 {
+			forgotten = cur.Version - 1
+		}
+		check(cur.Version)
+		if i%3 == 0 { // verdicts wait for a few versions between measurements
+			measureDue(t, l, past)
+		}
+	}
+	t.Logf("CE-versions: %d verdicts pending with their version, %d whose posteriors were not all at hand, %d undecided", since, unknown, undecided)
+	if since < 10 || unknown == 0 {
+		t.Fatal("the drift must leave ten verdicts pending with a version, and one whose version is not known, for the test to mean anything")
+	}
+}

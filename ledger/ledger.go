@@ -76,6 +76,11 @@ type Options struct {
 	// entry of StreamStates with an empty value, a tombstone. Nil: states are not put in the
 	// outbox.
 	EncodeState func(*CE) (OutboxEntry, error)
+	// Past, when set, gives the posteriors of past versions the caller holds (a daemon's last
+	// served ones): Get and List compute from them the version at which a decided verdict
+	// stopped carrying (CE.VerdictPendingSince). It is called from reads, concurrently, and must
+	// not read the ledger. Nil: that version is not given.
+	Past Past
 	// RequestWindow is how long the outcome of a request with a request id is kept
 	// (ApplyShare, PutRequests): a request that arrives again within it is not applied again.
 	// Default: DefaultRequestWindow.

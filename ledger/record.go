@@ -69,6 +69,13 @@ type CE struct {
 	// confirmer measures it again (one kept by hysteresis under the current posterior, at the next
 	// posterior), as RenewalPending is for certificates.
 	VerdictPending bool `json:"verdict_pending,omitempty"`
+	// VerdictPendingSince is set with VerdictPending on a CE whose decided verdict (VerdictBound)
+	// no longer carries, when the reader knows since which posterior version: the first version
+	// after ConfirmedVersion at which certify.Carries fails, computed from the posteriors of
+	// every version since ConfirmedVersion (Options.Past), the same at every ledger whose caller
+	// holds them. It is absent for a verdict that decided nothing (kept by hysteresis: it waits
+	// at every version) and when the caller does not hold one of those posteriors.
+	VerdictPendingSince *uint64 `json:"verdict_pending_since,omitempty"`
 	// ReissuePendingSince is set on a CE that waits for its replacement (explain.reissue): the
 	// posterior version of the status change that made it wait (PendingReissue). It goes with
 	// the CE's state to a new owner, which reissues it.
