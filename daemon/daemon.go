@@ -374,7 +374,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	d.ledger, err = ledger.Open(d.cfg.StateDir, ledger.Options{Policy: d.policy, Logger: d.log, EncodeChange: encodeChange, MCBatch: backgroundBatch,
 		Reissue:       parseReissueRule(d.cfg.Explain.Reissue).ledgerOption(),
 		RequestWindow: d.cfg.HTTP.IdempotencyWindow, EncodeState: encodeState, Origin: origin,
-		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.LedgerAfterCommit})
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, AfterCommit: d.hooks.LedgerAfterCommit, Past: d.served.at})
 	var refused *ledger.OriginError
 	if errors.As(err, &refused) {
 		return d.originRefused(refused.Have, refused.Want)

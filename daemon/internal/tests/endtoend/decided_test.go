@@ -3,6 +3,9 @@ package endtoend
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,4 +139,73 @@ func TestDriftStatusesSayWhatTheyKnow(t *testing.T) {
 	}
 	t.Logf("statuses %v, decided %v; %d status_changed events (%d undecided), %d compared with the ledger under version %d",
 		all, decided, seen, undecided, compared, v)
+}
+
+// TestVerdictThatStoppedCarryingSaysSinceWhen: a drift gives stored CEs verdicts; the confirmer
+// is then held, as a starved CPU holds it, while more flipped records move the posterior past
+// what those verdicts carry. Read through the API, every CE whose decided verdict no longer
+// carries says since which version (verdict_pending_since: after its confirmed_version, at most
+// the version it was read at), since the daemon served every posterior since it started; no
+// other CE says one. The ledger's tests check the version itself against the KL at every version
+// (ledger.TestVerdictPendingSinceIsTheVersionTheVerdictStoppedCarrying).
+func TestVerdictThatStoppedCarryingSaysSinceWhen(t *testing.T) {
+	var hold atomic.Bool
+	held := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release)
+	r := launch.With(t, func(c *config.Config) { daemontest.PaperLearner(c, 1e-3) }, func(o *daemon.Options) {
+		o.Hooks.ConfirmRound = func(ctx context.Context) {
+			if !hold.Load() {
+				return
+			}
+			select {
+			case <-held:
+			case <-ctx.Done():
+			}
+		}
+	}, nil)
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 8, "")
+	flipped := daemontest.Flipped(data, 192)
+	r.Produce(t, flipped[:64]...)
+	waitfor.Cond(t, 60*time.Second, "64 applied records, every CE judged or renewed under the last posterior", func() bool {
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 64 &&
+			r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 && r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0
+	})
+	hold.Store(true)
+	r.Produce(t, flipped[64:]...)
+	waitfor.Cond(t, 60*time.Second, "192 applied records", func() bool { return r.Metric(t, "cfguard_records_total", "result", "applied") == 192 })
+
+	var pending, undecided int
+	for _, id := range ids {
+		code, body := r.Get(t, "/v1/counterfactuals/"+id)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", id, code, body)
+		}
+		var ce ledger.CE
+		if err := json.Unmarshal(body, &ce); err != nil {
+			t.Fatal(err)
+		}
+		stopped := ce.VerdictPending && ce.VerdictBound != nil && ce.ConfirmedVersion != nil
+		switch s := ce.VerdictPendingSince; {
+		case stopped && s == nil:
+			t.Errorf("%s: %s, its verdict of version %d no longer carries to version %d, and it does not say since when: %s",
+				id, ce.Status, *ce.ConfirmedVersion, ce.PosteriorVersion, body)
+		case stopped && (*s <= *ce.ConfirmedVersion || *s > ce.PosteriorVersion):
+			t.Errorf("%s: verdict of version %d pending since %d, read at %d: want a version after the verdict's, at most the one read at",
+				id, *ce.ConfirmedVersion, *s, ce.PosteriorVersion)
+		case !stopped && s != nil:
+			t.Errorf("%s: %s, verdict pending %v, verdict bound %v: pending since %d, want none", id, ce.Status, ce.VerdictPending, ce.VerdictBound, *s)
+		}
+		if stopped {
+			pending++
+		} else if ce.VerdictPending {
+			undecided++
+		}
+	}
+	t.Logf("%d of %d CEs with a verdict that stopped carrying, %d with one that decided nothing", pending, len(ids), undecided)
+	if pending == 0 {
+		t.Fatal("no verdict stopped carrying: the test shows nothing")
+	}
 }
