@@ -670,22 +670,32 @@ func Statement(ce *ledger.CE, alpha float64) statement {
 			"It is not certified: an explanation that lost its certificate gets one again only when a measurement's lower confidence bound reaches 1 - delta plus one more Monte-Carlo margin, and its variance is at most epsilon, so that it does not go back and forth at the threshold (docs/MATHS.md, \"Renewal\").",
 		}}
 	case ce.Status == certify.AtRisk:
-		return statement{Headline: "No statement: this at-risk status is kept until a new measurement decides it.", Kind: "open", Body: []string{
+		return statement{Headline: "No statement: this at-risk status is kept until a new measurement decides it.", Kind: "open", Body: stoppedCarrying(ce, []string{
 			"Nothing is known about the probability of the target class under the current posterior: the status is kept by hysteresis, or its last verdict no longer carries, or a lapsed certificate has had no verdict yet. Do not read it as still valid.",
-		}}
+		})}
 	case ce.Status == certify.Invalidated && ce.Decided:
 		return statement{Headline: "This explanation no longer holds.", Kind: "fails", Body: []string{
 			fmt.Sprintf("A measurement under posterior version %s found the probability of the target class below 1/2 with confidence %s, and that bound still carries to version %d: the changed input no longer gets the target with probability 1/2 or more (with two classes, it gets the other class).",
 				confirmed(ce), conf, version),
 		}}
 	case ce.Status == certify.Invalidated:
-		return statement{Headline: "No statement: invalidated by an earlier measurement that no longer carries.", Kind: "open", Body: []string{
+		return statement{Headline: "No statement: invalidated by an earlier measurement that no longer carries.", Kind: "open", Body: stoppedCarrying(ce, []string{
 			"The verdict was kept, but it is not backed by a bound under the current posterior; it waits to be measured again. Treat the explanation as not valid.",
-		}}
+		})}
 	}
 	return statement{Headline: "Never certified: no guarantee applies.", Kind: "none", Body: []string{
 		fmt.Sprintf("It was stored outside the certified set (p1 = %s, variance %s against delta %s, epsilon %s).", fmtNum(ce.P1), fmtNum(ce.Var1), fmtNum(ce.Delta), fmtNum(ce.Epsilon)),
 	}}
+}
+
+// stoppedCarrying adds to body the version at which an undecided verdict stopped carrying, when
+// the CE says it (VerdictPendingSince).
+func stoppedCarrying(ce *ledger.CE, body []string) []string {
+	if s := ce.VerdictPendingSince; s != nil {
+		body = append(body, fmt.Sprintf("The verdict measured under posterior version %s has not carried since posterior version %d, the first at which the posterior had moved too far from version %s for its bound.",
+			confirmed(ce), *s, confirmed(ce)))
+	}
+	return body
 }
 
 // keeps says what Theorem 1's bound b keeps of the probability: nothing when it is not above 0.

@@ -260,3 +260,30 @@ func TestLapsedCertificateSaysSinceWhen(t *testing.T) {
 		}
 	}
 }
+
+// An undecided verdict whose version of stopping is known says it, on its page and in its
+// statement; one whose version is not known says no version.
+func TestVerdictThatStoppedCarryingSaysSinceWhen(t *testing.T) {
+	u := New(Config{}, nil)
+	since, cv, vb := uint64(7), uint64(4), 0.55
+	for _, status := range []certify.Status{certify.AtRisk, certify.Invalidated} {
+		for _, tc := range []struct {
+			since *uint64
+			want  bool
+		}{{&since, true}, {nil, false}} {
+			ce := ledger.CE{ID: "ce-1", X: []float64{1}, XCF: []float64{2}, Status: status, VerdictPending: true,
+				VerdictPendingSince: tc.since, VerdictBound: &vb, ConfirmedVersion: &cv, AnchorVersion: 3, PosteriorVersion: 9}
+			rec := httptest.NewRecorder()
+			u.render(rec, http.StatusOK, "ce", u.cePage(&ce, &Snapshot{}, "t"))
+			page := rec.Body.String()
+			for _, s := range []string{"verdict pending since posterior version 7", "has not carried since posterior version 7"} {
+				if strings.Contains(page, s) != tc.want {
+					t.Errorf("%s since %v: the page says %q: %v, want %v", status, tc.since, s, !tc.want, tc.want)
+				}
+			}
+			if !strings.Contains(page, "verdict pending") {
+				t.Errorf("%s since %v: the page does not say the verdict is pending", status, tc.since)
+			}
+		}
+	}
+}
