@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
@@ -75,5 +76,64 @@ func BenchmarkListLapsed(b *testing.B) {
 		if _, err := l.List(0, 1000, ""); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkListVerdictsPending lists 1,000 CEs whose verdicts, measured under a few versions of
+// a drift, no longer carry after 250 more versions: with the posteriors of every version held
+// (Options.Past, as the daemon holds its last 256) each verdict's verdict_pending_since is
+// computed (once per verdict version: KL(q_x || q_cv) for every version x since), without them
+// it is not. The ratio of the two is what the version costs a list.
+//
+//	go test -run '^$' -bench ListVerdictsPending ./ledger
+func BenchmarkListVerdictsPending(b *testing.B) {
+	for _, held := range []bool{true, false} {
+		b.Run(fmt.Sprintf("past=%v", held), func(b *testing.B) {
+			past := map[uint64]*bnn.Model{}
+			opts := Options{Policy: testPolicy()}
+			if held {
+				opts.Past = pastOf(past)
+			}
+			l, _ := openTest(b, opts)
+			cur := testModel(4)
+			install(b, l, cur)
+			past[cur.Version] = cur
+			if err := l.Put(bg, spreadCEs(b, cur, rand.New(rand.NewPCG(1, 2)), 1000)...); err != nil {
+				b.Fatal(err)
+			}
+			for _, d := range []float64{-0.3, -0.3, -0.3} {
+				cur = driftBy(b, l, cur, d)
+				past[cur.Version] = cur
+				measureDue(b, l, past)
+			}
+			for range 250 {
+				cur = driftBy(b, l, cur, -0.004)
+				past[cur.Version] = cur
+			}
+			ces, err := l.List(0, 1000, "")
+			if err != nil {
+				b.Fatal(err)
+			}
+			pending, since := 0, 0
+			for _, ce := range ces {
+				if ce.VerdictPending && ce.VerdictBound != nil {
+					pending++
+				}
+				if ce.VerdictPendingSince != nil {
+					since++
+				}
+			}
+			if pending < 100 || held != (since == pending) || !held && since != 0 {
+				b.Fatalf("%d of %d CEs with a verdict that stopped carrying, %d saying since when: want 100 or more, every one of them with the posteriors held, none without",
+					pending, len(ces), since)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if _, err := l.List(0, 1000, ""); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(pending), "pending-verdicts")
+		})
 	}
 }

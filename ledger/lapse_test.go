@@ -127,7 +127,7 @@ func ledgerHolding(t *testing.T, mk func(m0 *bnn.Model) []*CE) (*Ledger, string,
 }
 
 // driftBy commits drift(·, d) from cur for each d in turn, and returns the last posterior.
-func driftBy(t *testing.T, l *Ledger, cur *bnn.Model, ds ...float64) *bnn.Model {
+func driftBy(t testing.TB, l *Ledger, cur *bnn.Model, ds ...float64) *bnn.Model {
 	t.Helper()
 	for _, d := range ds {
 		cur = drift(cur, d)
@@ -149,7 +149,7 @@ func plainCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
 
 // spreadCEs are n CEs under m whose certificates' bounds fail at KLs from 1e-3 to 0.1 (Theorem
 // 1: epsilon 1/4 leaves Theorem 2 no ceiling to pass), each in its delta-safe set.
-func spreadCEs(t *testing.T, m *bnn.Model, rng *rand.Rand, n int) []*CE {
+func spreadCEs(t testing.TB, m *bnn.Model, rng *rand.Rand, n int) []*CE {
 	var ces []*CE
 	for i := range n {
 		ce := newCE(t, m, rng)
@@ -549,7 +549,7 @@ func TestVerdictOnALapsedCertificateNamesItsLapseVersion(t *testing.T) {
 // measurement under that version (DueLane, ConfirmDue), with S = 300 draws seeded by the
 // version, until none is due; it returns how many it measured, and how many of those were of an
 // at_risk or invalidated CE (a verdict measured again).
-func measureDue(t *testing.T, l *Ledger, past map[uint64]*bnn.Model) (n, again int) {
+func measureDue(t testing.TB, l *Ledger, past map[uint64]*bnn.Model) (n, again int) {
 	t.Helper()
 	for range 100 {
 		byVersion, more, err := l.DueLane(1000, 0, 1, pastOf(past), func(u uint64) bool { return past[u] != nil })
