@@ -61,6 +61,9 @@ func (r *Replica) Join(ctx context.Context, conn stream.ConnConfig) error {
 		r.chain, r.read = postlog.Resume(head, r.keys), head.Offset+1
 		r.host.SetCurrent(m)
 		r.remember(m)
+		r.mu.Lock()
+		r.resumed = true
+		r.mu.Unlock()
 		r.lg.Info("following the posterior log", "topic", r.plog.Topic(), "entry", head.Seq, "term", head.Term,
 			"posterior_version", head.Version, "posterior_sha256", head.PosteriorSHA256)
 		return nil

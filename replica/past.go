@@ -24,6 +24,51 @@ func (r *Replica) remember(m *bnn.Model) {
 	}
 }
 
+// Recall finds, by playing the posterior log, the posteriors of the recentPosteriors versions
+// before the current one that are not in memory, keeps them among the recent posteriors as if it
+// had applied them, and returns them: after Join resumed from the ledger's head (a restart), the
+// replica holds only the posteriors it applied since. It does nothing after a Join that followed
+// the log from its genesis, which applies, and keeps, every version. Versions the log does not
+// have (before a new epoch's genesis) are not in the answer; a version that became too old to
+// keep while the log was played is returned but not kept. The play costs what a bootstrap's does:
+// every entry from the log's first record.
+func (r *Replica) Recall(ctx context.Context) (map[uint64]*bnn.Model, error) {
+	r.mu.Lock()
+	resumed := r.resumed
+	r.mu.Unlock()
+	if !resumed {
+		return nil, nil
+	}
+	var cur uint64
+	if m := r.host.Current(); m != nil {
+		cur = m.Version
+	}
+	r.mu.Lock()
+	var want []uint64
+	for v := cur - min(cur, recentPosteriors-1); v < cur; v++ {
+		if _, ok := r.recent[v]; !ok {
+			want = append(want, v)
+		}
+	}
+	r.mu.Unlock()
+	if len(want) == 0 {
+		return nil, nil
+	}
+	got, err := r.Past(ctx, want)
+	if err != nil {
+		return nil, err
+	}
+	now := r.host.Current().Version
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for v, m := range got {
+		if _, ok := r.recent[v]; !ok && v+recentPosteriors > now {
+			r.recent[v] = m
+		}
+	}
+	return got, nil
+}
+
 // Recent returns the posteriors of versions from `from` on that are kept in memory (the last
 // recentPosteriors applied), without reading the log: what an anchor's KL history taken over
 // with a partition is computed from (ledger.ApplyShare).

@@ -65,6 +65,7 @@ type Replica struct {
 	pending    map[string]pendingStep // the updater's steps appended and not yet accepted, by entry hash
 	consumer   *stream.Consumer       // the updater's, while it is one
 	recent     map[uint64]*bnn.Model  // the last posteriors applied, by version (Past)
+	resumed    bool                   // Join resumed from the ledger's head: recent holds no version before it (Recall)
 	lag        int64                  // records of the log not read yet, as watchEnd last saw
 	ends       map[int]int64          // the input topic's end offsets as last asked (checkCoverage)
 
