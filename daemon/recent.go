@@ -50,6 +50,32 @@ func (r *recent) add(m *bnn.Model) {
 	}
 }
 
+// recall keeps m, a posterior served before the daemon started (found again in the posterior
+// log), unless it holds that version already or m is keep or more versions below the newest
+// it holds. Its layers that equal those of the kept version after it share that version's
+// arrays, as add's do with the one before.
+func (r *recent) recall(m *bnn.Model) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.byV[m.Version]; ok || r.last == nil || m.Version+uint64(r.keep) <= r.last.Version {
+		return
+	}
+	if next := r.byV[m.Version+1]; next != nil && len(next.Layers) == len(m.Layers) {
+		c := *m
+		c.Layers = slices.Clone(m.Layers)
+		for i, l := range c.Layers {
+			if n := next.Layers[i]; l.Name == n.Name && bnn.LayersEqual(&l, &n) {
+				c.Layers[i] = n
+			}
+		}
+		m = &c
+	}
+	r.byV[m.Version] = m
+}
+
 // at is the posterior of version v, nil when it is not kept.
 func (r *recent) at(v uint64) *bnn.Model {
 	if r == nil {
