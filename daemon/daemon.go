@@ -104,6 +104,9 @@ type Daemon struct {
 	// served keeps the last posteriors cur held, for the confirmer to measure a lapsed
 	// certificate under the version it lapsed at.
 	served *recent
+	// recalled is closed once a replica has recalled the posteriors it served before its start
+	// (recallServed), nil on a single node.
+	recalled chan struct{}
 	// published pairs a promoted posterior with the checkpoint that stores it: apply holds it
 	// for writing from the ledger commit to the swap of cur, and a reader that reports ledger
 	// state beside the posterior holds it for reading (snapshot), so it sees both before or both
@@ -286,6 +289,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if d.rep != nil {
 		close(d.ready)
 		g.Go("follow", d.rep.Follow)
+		g.Go("recall", d.recallServed)
 		g.Go("updater", d.rep.RunUpdaterGroup)
 		g.Go("ceshare", d.share.Run)
 	} else {
@@ -397,6 +401,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		if err != nil {
 			return err
 		}
+		d.recalled = make(chan struct{})
 		d.states.SetMetrics(d.rep.Metrics()) // its replica was named before the ledger opened, as replica.New names it
 		return nil
 	}
@@ -477,7 +482,12 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	if cfg.Replication.Enabled {
 		d.reissue.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the reissuer") }
 		for _, c := range d.confirm {
-			c.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the confirmer") }
+			c.gate = func(ctx context.Context) error {
+				if err := d.awaitShareSettled(ctx, "the confirmer"); err != nil {
+					return err
+				}
+				return d.awaitRecalled(ctx)
+			}
 		}
 	}
 	return nil

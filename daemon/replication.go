@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -97,6 +98,42 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 		h.d.hooks.FollowCommit(ctx, next.Version)
 	}
 	return h.d.commitStep(ctx, s, cp, time.Now())
+}
+
+// recallServed keeps again, among the posteriors the daemon holds (served), those of the
+// versions before its start, which a replica that resumed from its ledger finds in the posterior
+// log (replica.Replica.Recall), so that across a restart the confirmer measures a CE under the
+// version it became due at, as it did before. The confirmers wait for it (awaitRecalled). When
+// it fails, the confirmers go on with the posteriors served since the start, and measure a CE
+// that became due before it under the newest. It returns once ctx ends.
+func (d *Daemon) recallServed(ctx context.Context) error {
+	start := time.Now()
+	got, err := d.rep.Recall(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		d.log.Warn("could not recall the posteriors served before the start from the posterior log: a CE that became due "+
+			"at one of them is measured under the newest posterior", "err", err)
+	case len(got) > 0:
+		versions := slices.Sorted(maps.Keys(got))
+		for _, v := range slices.Backward(versions) { // newest first: each shares the unchanged layers of the one after it
+			d.served.recall(got[v])
+		}
+		d.log.Info("recalled the posteriors served before the start from the posterior log", "versions", len(versions),
+			"from", versions[0], "to", versions[len(versions)-1], "took", time.Since(start).Round(time.Millisecond))
+	}
+	close(d.recalled)
+	<-ctx.Done()
+	return nil
+}
+
+// awaitRecalled waits until recallServed is done, or ctx ends.
+func (d *Daemon) awaitRecalled(ctx context.Context) error {
+	select {
+	case <-d.recalled:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // awaitShareSettled waits until the CE share has settled which of the partitions the ledger
