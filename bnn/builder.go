@@ -2,6 +2,7 @@ package bnn
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -35,13 +36,16 @@ type GraphBuilder struct {
 	name   string
 	phase  string
 	err    error
-	roots  G.Nodes
+	reads  []reading
 	inputs Inputs
+	// box gives the place read i's node writes its value to (Compile): new(G.Value) unless a
+	// test sets another.
+	box func(i int) *G.Value
 }
 
 // NewGraphBuilder starts an empty graph; name prefixes every error.
 func NewGraphBuilder(name string) *GraphBuilder {
-	return &GraphBuilder{g: G.NewGraph(), name: name, phase: "inputs"}
+	return &GraphBuilder{g: G.NewGraph(), name: name, phase: "inputs", box: func(int) *G.Value { return new(G.Value) }}
 }
 
 // Phase names the nodes added from now on in errors ("inputs" until the first call).
@@ -134,8 +138,10 @@ func (b *GraphBuilder) Inputs() Inputs { return slices.Clone(b.inputs) }
 
 // Run runs vm once. When the run fails, the error also names every input whose tensor no longer
 // has the shape or the storage it was made with: a run that fails with its inputs as made is the
-// graph's error; one that fails with an input changed points at whatever changed it (gorgonia's
-// machine and its package-level pools of tensors and shapes, which every graph shares).
+// graph's error; one that fails with an input changed points at whatever changed it (a program
+// that writes another node's value into the input's place, as one compiled from two nodes taken
+// for one would: Compile; gorgonia's machine and its package-level pools of tensors and shapes,
+// which every graph shares).
 func (in Inputs) Run(vm G.VM) error {
 	err := vm.RunAll()
 	if err == nil {
@@ -317,19 +323,40 @@ func (b *GraphBuilder) Grad(y *G.Node, wrt ...*G.Node) G.Nodes {
 // Read makes n's value available in *into after every run, and makes n a root of the compiled
 // graph: Compile keeps only what the read values depend on.
 func (b *GraphBuilder) Read(n *G.Node, into *G.Value) {
-	if r := b.node("Read", func() (*G.Node, error) { return G.Read(n, into), nil }, n); r != nil {
-		b.roots = append(b.roots, r)
+	if b.node("Read", func() (*G.Node, error) { return n, nil }, n) != nil {
+		b.reads = append(b.reads, reading{src: n, into: into})
 	}
 }
 
+// reading is one value read after each run: gorgonia's read node of src writes it to box, and
+// the machine Compile returns copies it to into.
+type reading struct {
+	src       *G.Node
+	into, box *G.Value
+	node      *G.Node
+}
+
+// maxReadMoves is how many times Compile gives a read node another place before it gives up.
+const maxReadMoves = 8
+
 // Compile returns the first error recorded, or a tape machine over the part of the graph the Read
 // values depend on. The machine runs the whole computation on every RunAll.
+//
+// gorgonia's compiler numbers the values of a graph by a 32-bit hash of each node, and its
+// common-subexpression elimination takes two nodes with equal hashes for one without comparing
+// them, so two different nodes whose hashes are equal compile into a wrong program (a product that
+// finds an operand overwritten by another node's value, a panic). The hash of a read node includes
+// the address of the place it writes to, which differs from run to run: about once in 10^6
+// builds of a graph of a few hundred nodes, a read node's hash equals another node's. Compile
+// therefore checks that every node it compiles has a hash of its own, gives a read node whose hash
+// is shared another place (maxReadMoves times at most), and refuses a graph in which two other
+// nodes share one, naming them.
 func (b *GraphBuilder) Compile() (vm G.VM, err error) {
 	b.Phase("compile")
 	if b.err != nil {
 		return nil, b.err
 	}
-	if len(b.roots) == 0 {
+	if len(b.reads) == 0 {
 		return nil, fmt.Errorf("%s: compile: nothing is read", b.name)
 	}
 	defer func() {
@@ -337,5 +364,77 @@ func (b *GraphBuilder) Compile() (vm G.VM, err error) {
 			vm, err = nil, fmt.Errorf("%s: compile: gorgonia panicked: %v", b.name, r)
 		}
 	}()
-	return G.NewTapeMachine(b.g.SubgraphRoots(b.roots...)), nil
+	for i := range b.reads {
+		b.place(i)
+	}
+	for moves := 0; ; moves++ {
+		roots := make(G.Nodes, len(b.reads))
+		for i, r := range b.reads {
+			roots[i] = r.node
+		}
+		// Exact: a read node Compile replaced stays a parent of its value's node, and the
+		// discovering walk would bring it back (the graphs built here have no other statements).
+		sub := b.g.ExactSubgraphRoots(roots...)
+		clashes := sharedHashes(sub.AllNodes())
+		if len(clashes) == 0 {
+			return &readingVM{VM: G.NewTapeMachine(sub), reads: b.reads}, nil
+		}
+		moved := false
+		for i, r := range b.reads {
+			if clashes[r.node.Hashcode()] != nil && moves < maxReadMoves {
+				b.place(i)
+				moved = true
+			}
+		}
+		if !moved {
+			return nil, fmt.Errorf("%s: compile: gorgonia would take these nodes for one (their hashes are equal): %s", b.name, describeClashes(clashes))
+		}
+	}
+}
+
+// place gives read i a new place to write to, and the read node that writes there. A node it
+// replaces stays in the graph, outside what Compile compiles.
+func (b *GraphBuilder) place(i int) {
+	r := &b.reads[i]
+	r.box = b.box(i)
+	r.node = G.Read(r.src, r.box)
+}
+
+// sharedHashes groups the nodes whose hash another of them has, by hash.
+func sharedHashes(nodes G.Nodes) map[uint32]G.Nodes {
+	by := map[uint32]G.Nodes{}
+	for _, n := range nodes {
+		by[n.Hashcode()] = append(by[n.Hashcode()], n)
+	}
+	for h, ns := range by {
+		if len(ns) < 2 {
+			delete(by, h)
+		}
+	}
+	return by
+}
+
+func describeClashes(clashes map[uint32]G.Nodes) string {
+	var out []string
+	for _, h := range slices.Sorted(maps.Keys(clashes)) {
+		out = append(out, fmt.Sprintf("%v (hash %08x)", clashes[h], h))
+	}
+	return strings.Join(out, "; ")
+}
+
+// readingVM is a tape machine that copies the values its read nodes wrote to the places the
+// GraphBuilder's callers gave (Read) after each run.
+type readingVM struct {
+	G.VM
+	reads []reading
+}
+
+func (m *readingVM) RunAll() error {
+	if err := m.VM.RunAll(); err != nil {
+		return err
+	}
+	for _, r := range m.reads {
+		*r.into = *r.box
+	}
+	return nil
 }

@@ -24,5 +24,8 @@
 // are gonum's pure-Go BLAS by default, or OpenBLAS when built with -tags openblas (Backend says
 // which). Hot loops are plain Go, gonum and optionally OpenBLAS; gorgonia is used only where
 // gradients are needed, and every gorgonia graph (Graph here; explain's counterfactual objective
-// and its autoencoders' training losses) is built with GraphBuilder.
+// and its autoencoders' training losses) is built with GraphBuilder, whose Compile keeps every
+// compiled node's hash its own: gorgonia (v0.9.18) takes two nodes with equal 32-bit hashes for one
+// when it compiles, and a read node's hash depends on the address it writes to, so that, rarely, a
+// graph compiled without that check computed a wrong program.
 package bnn

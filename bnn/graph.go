@@ -139,12 +139,16 @@ func (cfg GraphConfig) Check(m *Model) (GraphConfig, error) {
 // are copied into the graph). See GraphConfig for the options. The graph is built in the phases
 // of the objective (see Graph): inputs, parameters, forward, kl, loss and gradient.
 func NewGraph(m *Model, cfg GraphConfig) (*Graph, error) {
+	return newGraph(m, cfg, NewGraphBuilder("graph"))
+}
+
+// newGraph is NewGraph on the builder b.
+func newGraph(m *Model, cfg GraphConfig, b *GraphBuilder) (*Graph, error) {
 	cfg, err := cfg.Check(m)
 	if err != nil {
 		return nil, fmt.Errorf("graph: %w", err)
 	}
 	gr := &Graph{cfg: cfg, classes: m.NumClasses()}
-	b := NewGraphBuilder("graph")
 	gr.inputs(b, m)
 	ln, wrt := gr.parameters(b, m)
 	nll, logp0 := gr.forward(b, m, ln)
