@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -295,5 +297,96 @@ func TestVerdictPendingSinceIsTheVersionTheVerdictStoppedCarrying(t *testing.T) 
 	t.Logf("CE-versions: %d verdicts pending with their version, %d whose posteriors were not all at hand, %d undecided", since, unknown, undecided)
 	if since < 10 || unknown == 0 {
 		t.Fatal("the drift must leave ten verdicts pending with a version, and one whose version is not known, for the test to mean anything")
+	}
+}
+
+// committingPredictor is a PosteriorPredictor that commits the posteriors next to l before it
+// draws: ingestion that promotes versions between a measurement's read and its write.
+type committingPredictor struct {
+	posteriorPredictor
+	l    *Ledger
+	next []*bnn.Model
+}
+
+func (p committingPredictor) Predict(ctx context.Context, X [][]float64) (*bnn.Predictive, error) {
+	for _, m := range p.next {
+		if _, _, err := p.l.Commit(ctx, &Checkpoint{Model: m}); err != nil {
+			return nil, err
+		}
+	}
+	return p.posteriorPredictor.Predict(ctx, X)
+}
+
+// A certificate due at its lapse version read from its anchor's history (past does not hold the
+// anchor's posterior) is written as measured there only if that is still its lapse version when
+// the measurement is written. The drift lapses certificates at version 1; while ConfirmDue draws
+// under it, version 2 brings some bounds back and version 3 fails them again: those lapsed at 3,
+// not 1, and are left for a measurement under 3 (skipped, unchanged, due at 3 after); those
+// whose bound failed at every version are measured under 1.
+func TestConfirmDueLeavesACertificateWhoseLapseVersionMoved(t *testing.T) {
+	l, _, m0, ces := ledgerHolding(t, func(m0 *bnn.Model) []*CE { return spreadCEs(t, m0, rand.New(rand.NewPCG(16, 16)), 40) })
+	m1 := driftBy(t, l, m0, -0.03)
+	m2 := drift(m1, 0.012)
+	m3 := drift(m2, -0.03)
+	byVersion, _, err := l.DueLane(1000, 0, 1, nil, func(uint64) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := byVersion[m1.Version]
+	if len(byVersion) != 1 || len(ids) == 0 {
+		t.Fatalf("due versions %v: want the certificates that lapsed at %d only", slices.Sorted(maps.Keys(byVersion)), m1.Version)
+	}
+	kl2, _, err := certify.KL(m2, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kl3, _, err := certify.KL(m3, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := l.Policy()
+	moved := map[string]bool{} // lapsed at 1, held at 2, failed at 3
+	for _, id := range ids {
+		cert := getCE(t, l, string(id)).Certificate()
+		if pol.Bounds(cert, kl2).Certified && !pol.Bounds(cert, kl3).Certified {
+			moved[string(id)] = true
+		}
+	}
+	if len(moved) < 5 || len(ids)-len(moved) < 5 {
+		t.Fatalf("of %d certificates due at %d, %d lapse again at %d: the drift must give five or more of both for the test to mean anything",
+			len(ids), m1.Version, len(moved), m3.Version)
+	}
+	t.Logf("%d certificates due at %d, %d of them lapse again at %d", len(ids), m1.Version, len(moved), m3.Version)
+	p := committingPredictor{posteriorPredictor{NewModelPredictor(m1, 300, m1.Version)}, l, []*bnn.Model{m2, m3}}
+	rep, _, err := l.ConfirmDue(bg, p, ids, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Picked != len(ids) || rep.Skipped != len(moved) || rep.Confirmed != len(ids)-len(moved) || !rep.Behind {
+		t.Fatalf("%+v: want %d picked, the %d whose lapse version moved to %d skipped, the others confirmed under %d",
+			rep, len(ids), len(moved), m3.Version, m1.Version)
+	}
+	for _, ce := range ces {
+		got := getCE(t, l, ce.ID)
+		measured := got.AnchorVersion != m0.Version || got.ConfirmedVersion != nil
+		switch {
+		case moved[ce.ID] && (measured || got.Status != certify.Certified || ptrU64(got.RenewalPendingSince) != fmt.Sprint(m3.Version)):
+			t.Errorf("%s lapsed again at %d: %v, anchor %d, verdict version %s, renewal_pending_since %s; want it left certified under %d, lapsed since %d",
+				ce.ID, m3.Version, got.Status, got.AnchorVersion, ptrU64(got.ConfirmedVersion), ptrU64(got.RenewalPendingSince), m0.Version, m3.Version)
+		case !moved[ce.ID] && slices.ContainsFunc(ids, func(id []byte) bool { return string(id) == ce.ID }) &&
+			got.AnchorVersion != m1.Version && ptrU64(got.ConfirmedVersion) != fmt.Sprint(m1.Version):
+			t.Errorf("%s lapsed at %d for good: anchor %d, verdict version %s; want it measured under %d",
+				ce.ID, m1.Version, got.AnchorVersion, ptrU64(got.ConfirmedVersion), m1.Version)
+		}
+	}
+	byVersion, _, err = l.DueLane(1000, 0, 1, nil, func(uint64) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range byVersion[m3.Version] {
+		delete(moved, string(id))
+	}
+	if len(moved) > 0 {
+		t.Fatalf("due at %d: %d CEs; %d of those whose lapse version moved there are not", m3.Version, len(byVersion[m3.Version]), len(moved))
 	}
 }
