@@ -74,6 +74,9 @@ type confirmer struct {
 	poll        time.Duration // how often run looks without being woken: confirmPoll
 	measured    atomic.Int64  // measurements written (ConfirmReport.Confirmed), for tests and logs
 	dueMeasured atomic.Int64  // of those, the ones made under a due version (measureDue)
+	batches     atomic.Int64  // round's batches (ConfirmLaneLeaving calls), for benchmarks
+	dueReads    atomic.Int64  // measureDue's reads of the waiting CEs (DueLane calls), for benchmarks
+	dueReadTime atomic.Int64  // the nanoseconds those reads took
 	// beforeRound, when set (hooks.ConfirmRound, by tests), is called before each round.
 	beforeRound func(ctx context.Context)
 	// past, when set, gives the posterior of a past version (nil when it is not kept): a CE
@@ -240,6 +243,7 @@ func (c *confirmer) round(ctx context.Context) error {
 			}
 		}
 		rep, changes, err := c.l.ConfirmLaneLeaving(ctx, backgroundPredictor{c.pool, c.model}, c.batch, c.lane, c.lanes, c.past, leave)
+		c.batches.Add(1)
 		if err != nil {
 			return err
 		}
@@ -333,7 +337,10 @@ func (c *confirmer) measureDue(ctx context.Context) (read time.Duration, err err
 	for ctx.Err() == nil {
 		start := time.Now()
 		byVersion, _, err := c.l.DueLane(confirmDuePick, c.lane, c.lanes, c.past, c.atDue(c.current()))
-		read += time.Since(start)
+		took := time.Since(start)
+		read += took
+		c.dueReads.Add(1)
+		c.dueReadTime.Add(int64(took))
 		if err != nil {
 			return read, err
 		}

@@ -49,6 +49,8 @@ import (
 //	measured/CE     measurements per CE over the run
 //	at-due/CE       of those, the measurements under the version a CE became due at (a
 //	                certificate's lapse version, a verdict's version of no longer carrying)
+//	due-reads/batch the due pass's reads of the waiting CEs (ledger.DueLane) per batch of the
+//	                pass under the pool's posterior (ledger.ConfirmLaneLeaving)
 //	catchup-s       from the last promotion until no CE waits for a measurement
 //	confirm-cpu-s   the process's CPU time over the run less that of the commits-only run
 //	cpu-ratio       old's confirm-cpu-s over new's
@@ -90,6 +92,9 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 			res[k].ms.Superseded += r.ms.Superseded
 			res[k].ms.Discarded += r.ms.Discarded
 			res[k].atDue += r.atDue
+			res[k].dueReads += r.dueReads
+			res[k].dueRead += r.dueRead
+			res[k].batches += r.batches
 		}
 	}
 	var cpu [3]float64
@@ -105,6 +110,8 @@ func BenchmarkConfirmUnderDrift(b *testing.B) {
 		b.ReportMetric(cpu[k+1], mode+"-confirm-cpu-s")
 		if mode == "new" {
 			b.ReportMetric(float64(r.atDue)/float64(n*b.N), mode+"-at-due/CE")
+			b.ReportMetric(float64(r.dueReads)/float64(max(r.batches, 1)), mode+"-due-reads/batch")
+			b.Logf("%s: %d reads of the due CEs took %v; %d batches", mode, r.dueReads, r.dueRead.Round(time.Millisecond), r.batches)
 		}
 	}
 	b.ReportMetric(cpu[2]/cpu[1], "cpu-ratio")
@@ -115,6 +122,9 @@ type driftRun struct {
 	cpu, catchup time.Duration
 	ms           ledger.Measurements
 	atDue        int64 // measurements under the version a CE became due at
+	dueReads     int64 // the due pass's reads of the waiting CEs
+	dueRead      time.Duration
+	batches      int64 // batches of the pass under the pool's posterior
 }
 
 // driftPosteriors computes the drift's posteriors: m0, one update on flipped labels, then
@@ -231,6 +241,7 @@ func confirmDrift(b *testing.B, set *dataset.Set, models []*bnn.Model, n int, cf
 	r.ms = ledger.Measurements{Kept: measuredCount(b, reg, "kept"), Superseded: measuredCount(b, reg, "superseded"),
 		Discarded: measuredCount(b, reg, "discarded")}
 	r.atDue = c.dueMeasured.Load()
+	r.dueReads, r.dueRead, r.batches = c.dueReads.Load(), time.Duration(c.dueReadTime.Load()), c.batches.Load()
 	if cnt, err := l.Counts(); err == nil {
 		b.Logf("%s: drift and catch-up %v; statuses at the end %v", mode, time.Since(start).Round(time.Millisecond), cnt)
 	}
