@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/atomicfile"
 	"github.com/cfguard/cfguard/ledger/store"
 )
 
@@ -82,6 +85,10 @@ type Info struct {
 	Anchors          int                    `json:"anchors"`
 	KLHistory        int                    `json:"kl_history"`
 	OutboxLen        int                    `json:"outbox_len"`
+	// Repaired is what Restore repaired in a backup whose records did not verify, before it
+	// installed it (nil otherwise): the CEs it quarantined and why, and the other damage Open
+	// repairs.
+	Repaired *Repairs `json:"repaired,omitempty"`
 }
 
 // Verify checks the ledger file at path without writing to it or taking more than a shared lock
@@ -145,19 +152,35 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 // verifies the copy, links it into place (a link, unlike a rename, fails if the target appeared
 // meanwhile), and fsyncs the directory. It returns what Verify found in the installed file.
 //
-// A src that does not verify (damaged, not a ledger) is refused with an error wrapping ErrCorrupt
-// that says what to do about such a backup, not what a damaged ledger needs; a backup of a newer
-// cfguard with one wrapping ErrNewerSchema.
+// A src whose only damage is damage Open repairs (a CE's record, an index entry, a prequential
+// record, a reissue entry, an anchor KL history, a kept KL event: see quarantine.go) is installed
+// as Open makes it (restoreRepaired): the damaged CEs quarantined with their raw bytes, and
+// Info.Repaired says what was repaired. src itself is never written to.
+//
+// A src that does not verify otherwise (damaged meta, anchors, posteriors, outbox or structure,
+// or not a ledger) is refused with an error wrapping ErrCorrupt that says what to do about such
+// a backup, not what a damaged ledger needs; a backup of a newer cfguard with one wrapping
+// ErrNewerSchema.
 func Restore(src, stateDir string) (Info, error) {
-	if _, err := Verify(src); err != nil {
+	if found, err := Verify(src); err != nil {
 		var ce *store.CorruptError
-		if errors.As(err, &ce) {
-			return Info{}, fmt.Errorf("ledger: restore: the backup %s cannot be restored: %w. Nothing was installed; the state directory %s "+
-				"is as it was. Restore another backup (cfguard restore %s --from BACKUP)",
-				store.ShellQuote(src), ce.Detail, store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder)
+		if !errors.As(err, &ce) {
+			return Info{}, fmt.Errorf("ledger: restore: %w", err)
 		}
-		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+		refused := fmt.Errorf("ledger: restore: the backup %s cannot be restored: %w. Nothing was installed; the state directory %s "+
+			"is as it was. Restore another backup (cfguard restore %s --from BACKUP)",
+			store.ShellQuote(src), ce.Detail, store.ShellQuote(stateDir), store.RecoveryConfigPlaceholder)
+		if found.Policy == "" { // the damage is not in the records Open repairs
+			return Info{}, refused
+		}
+		return restoreRepaired(src, stateDir, found.Policy, refused)
 	}
+	return installVerified(src, stateDir)
+}
+
+// installVerified installs the verified ledger file src (store.Install), returning what Verify
+// found in the installed file.
+func installVerified(src, stateDir string) (Info, error) {
 	var info Info
 	err := store.Install(src, stateDir, func(tmp string) (err error) {
 		info, err = Verify(tmp)
@@ -168,4 +191,82 @@ func Restore(src, stateDir string) (Info, error) {
 	}
 	info.Path = filepath.Join(stateDir, FileName)
 	return info, nil
+}
+
+// restoreRepaired installs what Open makes of the backup src, whose records did not verify: in a
+// temporary directory inside stateDir, Open repairs a copy of src under the backup's own policy
+// (the fingerprint policy, from its meta: under another one Open would re-judge every CE), and
+// the repaired copy, once it verifies, is installed as any backup is. The directory is removed
+// whatever happens, and stateDir too when this created it and nothing was installed. When Open
+// refuses the copy, or the repaired copy does not verify, the damage is not damage Open repairs:
+// the backup is refused with refused, the refusal of a backup that does not verify.
+func restoreRepaired(src, stateDir, policy string, refused error) (info Info, err error) {
+	pol, _, err := parsePolicyFingerprint(policy)
+	if err != nil {
+		return Info{}, refused
+	}
+	created, err := missingDirs(stateDir)
+	if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	if err := atomicfile.MkdirAll(stateDir); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			for _, d := range created { // deepest first; one that holds a file stays
+				if os.Remove(d) != nil {
+					break
+				}
+			}
+		}
+	}()
+	work, err := os.MkdirTemp(stateDir, FileName+".repair-*")
+	if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: %w", err)
+	}
+	defer os.RemoveAll(work)
+	repaired := filepath.Join(work, FileName)
+	if err := store.CopyFile(src, repaired); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: copy %s to %s: %w", src, repaired, err)
+	}
+	l, err := Open(work, Options{Policy: pol, Logger: slog.New(slog.DiscardHandler)})
+	if errors.Is(err, ErrCorrupt) {
+		return Info{}, refused
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: repairing a copy of %s in %s: %w. Nothing was installed", src, work, err)
+	}
+	rep := l.repairs
+	if err := l.Close(); err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: repairing a copy of %s in %s: %w. Nothing was installed", src, work, err)
+	}
+	if _, err := Verify(repaired); errors.Is(err, ErrCorrupt) {
+		return Info{}, refused
+	} else if err != nil {
+		return Info{}, fmt.Errorf("ledger: restore: verifying the repaired copy of %s: %w. Nothing was installed", src, err)
+	}
+	if info, err = installVerified(repaired, stateDir); err != nil {
+		return Info{}, err
+	}
+	info.Repaired = &rep
+	return info, nil
+}
+
+// missingDirs lists dir and those of its parents that do not exist, deepest first.
+func missingDirs(dir string) ([]string, error) {
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		_, err := os.Lstat(d)
+		if err == nil {
+			return missing, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			return missing, nil
+		}
+	}
 }

@@ -210,6 +210,7 @@ func (l *Ledger) checkKept() error {
 		if err != nil {
 			return corrupt(l.path, fmt.Errorf("ledger: deleting the damaged meta %s: %w", key, err))
 		}
+		l.repairs.KeptEvents = append(l.repairs.KeptEvents, string(key))
 		l.log.Error(fmt.Sprintf("ledger: the record of the last KL event (meta %s) is damaged; it was deleted, and the time "+
 			"of that event comes from the KL history alone", key), "path", l.path, "reason", bad)
 	}

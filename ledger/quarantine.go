@@ -39,6 +39,9 @@ import (
 //     cannot run without it, so Open refuses the file with a *CorruptError, as for structural
 //     damage.
 //
+// Restore installs a backup whose only damage is of the kinds above as Open makes it, under the
+// backup's own policy, and reports the repairs (Repairs, in Info.Repaired); it refuses any other.
+//
 // The check comes before the rebuild of the indexes for a changed policy (prepare), which then
 // happens in the quarantine's transaction: the rebuild judges the CEs left, never a damaged one.
 //
@@ -52,6 +55,31 @@ var bQuarantine = []byte("quarantine")
 
 // ErrQuarantined: the counterfactual was found damaged on disk and quarantined (see Damaged).
 var ErrQuarantined = errors.New("counterfactual damaged on disk and quarantined")
+
+// Repairs is what Open's record check repaired in a ledger file, the damage Open runs on:
+// Restore reports it for a backup it installed (Info.Repaired).
+type Repairs struct {
+	// Quarantined are the CEs whose record was damaged, moved to the quarantine bucket with
+	// their raw bytes, by id.
+	Quarantined []QuarantinedCE `json:"quarantined,omitempty"`
+	// IndexEntries is the number of damaged index entries; the indexes were rebuilt.
+	IndexEntries int `json:"index_entries,omitempty"`
+	// QualityRecords is the number of damaged prequential records deleted.
+	QualityRecords int `json:"quality_records,omitempty"`
+	// ReissueEntries is the number of damaged reissue entries written again.
+	ReissueEntries int `json:"reissue_entries,omitempty"`
+	// AnchorKLHistories is the number of damaged anchor KL histories deleted.
+	AnchorKLHistories int `json:"anchor_kl_histories,omitempty"`
+	// KeptEvents are the damaged records of the last KL events deleted (meta kl_breach,
+	// kl_failed).
+	KeptEvents []string `json:"kept_events,omitempty"`
+}
+
+// QuarantinedCE is a counterfactual Open found damaged and quarantined, and what is wrong.
+type QuarantinedCE struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
 
 // progressEvery is how often a long record check logs its progress.
 const progressEvery = 5 * time.Second
@@ -153,6 +181,8 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "damaged_reissue_entries", len(d.reissue),
 		"took", time.Since(start))
 	l.indexRepaired, l.klHistRepaired = d.index, len(d.klHist.anchors)+len(d.klHist.strays)
+	l.repairs.QualityRecords, l.repairs.ReissueEntries = len(d.quality), len(d.reissue)
+	l.repairs.AnchorKLHistories, l.repairs.IndexEntries = len(d.klHist.anchors), d.index
 	if len(d.quality) > 0 {
 		if err := l.dropQuality(d.quality); err != nil {
 			return err
@@ -324,6 +354,9 @@ func (l *Ledger) quarantine(d damage, rebuild bool) error {
 			err = fmt.Errorf("ledger: quarantining %d damaged counterfactuals: %w", len(ids), err)
 		}
 		return corrupt(l.path, err)
+	}
+	for _, id := range ids {
+		l.repairs.Quarantined = append(l.repairs.Quarantined, QuarantinedCE{ID: id, Reason: d.ces[id]})
 	}
 	if rebuild {
 		l.log.Info("ledger: indexes built", "path", l.path, "counterfactuals", n, "changed_status", changed, "took", time.Since(start))
