@@ -160,7 +160,46 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return namingConfig(err, *path)
 	}
+	if info.Repaired != nil {
+		reportRepaired(stderr, *from, info.Repaired)
+	}
 	return printJSON(stdout, info)
+}
+
+// maxRepairLines bounds the quarantined CEs reportRepaired names one per line; the JSON printed
+// names them all.
+const maxRepairLines = 100
+
+// reportRepaired says on w what cfguard restore repaired in the backup from before installing it
+// (ledger.Info.Repaired, printed in full under "repaired").
+func reportRepaired(w io.Writer, from string, r *ledger.Repairs) {
+	fmt.Fprintf(w, "cfguard restore: the backup %s has damaged records; the installed ledger holds what a start of cfguard makes of "+
+		"them (all under \"repaired\" in the output):\n", from)
+	for i, q := range r.Quarantined {
+		if i == maxRepairLines {
+			fmt.Fprintf(w, "  and %d more counterfactuals quarantined\n", len(r.Quarantined)-i)
+			break
+		}
+		fmt.Fprintf(w, "  counterfactual %q quarantined: %s\n", q.ID, q.Reason)
+	}
+	if len(r.Quarantined) > 0 {
+		fmt.Fprintf(w, "  a quarantined counterfactual answers 500 until it is deleted or registered again: register the %d again "+
+			"with their id (POST /v1/counterfactuals) or delete them (DELETE /v1/counterfactuals/{id})\n", len(r.Quarantined))
+	}
+	for _, o := range []struct {
+		n    int
+		what string
+	}{
+		{r.IndexEntries, "damaged index entries; the indexes were rebuilt"},
+		{r.QualityRecords, "damaged prequential records deleted; the scores go on from the records kept"},
+		{r.ReissueEntries, "damaged reissue entries written again, their counterfactuals still waiting"},
+		{r.AnchorKLHistories, "damaged anchor KL histories deleted; each starts again at the next update"},
+		{len(r.KeptEvents), "damaged records of the last KL events deleted (meta " + strings.Join(r.KeptEvents, ", ") + ")"},
+	} {
+		if o.n > 0 {
+			fmt.Fprintf(w, "  %d %s\n", o.n, o.what)
+		}
+	}
 }
 
 // daemonURL is the base URL of the daemon cfg configures: https:// when http.web_config_file

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +23,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/kafkatest"
 
 	"github.com/cfguard/cfguard/ledger"
@@ -341,5 +344,107 @@ func TestRestoreRefusalsNameTheConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state", ledger.FileName)); !os.IsNotExist(err) {
 		t.Errorf("a refused restore installed a ledger: %v", err)
+	}
+}
+
+// A backup whose only damage is a counterfactual's record is restored by cfguard restore as a
+// start of cfguard makes it: the CE quarantined, named with its reason in the JSON printed
+// (under "repaired") and on stderr with what to do about it; the other CEs are installed as they
+// were and the backup is not written to.
+func TestRestoreReportsQuarantinedCEs(t *testing.T) {
+	src := t.TempDir()
+	l, err := ledger.Open(src, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := bnn.New(3, []int{4}, []string{"no", "yes"}, 0.1, rand.New(rand.NewPCG(1, 2)))
+	if err := l.Checkpoint(&ledger.Checkpoint{Model: m}); err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var ces []*ledger.CE
+	for i := range 5 {
+		x := []float64{rng.Float64(), rng.Float64(), rng.Float64()}
+		xcf := []float64{rng.Float64(), rng.Float64(), rng.Float64()}
+		p, err := m.Predict([][]float64{xcf}, 200, uint64(i))
+		if err != nil {
+			l.Close()
+			t.Fatal(err)
+		}
+		ces = append(ces, &ledger.CE{ID: fmt.Sprintf("ce-%d", i), X: x, XCF: xcf, Target: 1, AnchorVersion: m.Version,
+			P1: p.P(0, 1), Var1: p.V(0, 1), Samples: 200, Delta: 0.05, Epsilon: 0.01})
+	}
+	if err := l.Put(context.Background(), ces...); err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One bit of ce-2's body flipped, through bbolt: the file's structure stays intact.
+	db, err := bolt.Open(filepath.Join(src, ledger.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("ce_body"))
+		v := bytes.Clone(b.Get([]byte("ce-2")))
+		v[len(v)/2] ^= 0x20
+		return b.Put([]byte("ce-2"), v)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	backup := filepath.Join(dir, "backup.db")
+	if err := store.CopyFile(filepath.Join(src, ledger.FileName), backup); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	state := filepath.Join(dir, "state")
+	if err := os.WriteFile(cfg, []byte("state_dir: "+state+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := proc.RunCLI(t, "restore", "--config", cfg, "--from", backup)
+	if code != 0 {
+		t.Fatalf("cfguard restore of a backup with a damaged CE body: exit %d: %s", code, stderr)
+	}
+	var info ledger.Info
+	if err := json.Unmarshal([]byte(stdout), &info); err != nil {
+		t.Fatalf("cfguard restore printed %q: %v", stdout, err)
+	}
+	want := []ledger.QuarantinedCE{{ID: "ce-2", Reason: "body checksum mismatch"}}
+	if info.Repaired == nil || fmt.Sprint(info.Repaired.Quarantined) != fmt.Sprint(want) || info.CEs != 4 {
+		t.Errorf("cfguard restore printed %s; want %d CEs and %+v quarantined under \"repaired\"", stdout, 4, want)
+	}
+	for _, s := range []string{backup, `counterfactual "ce-2" quarantined: body checksum mismatch`, "register the 1 again"} {
+		if !strings.Contains(stderr, s) {
+			t.Errorf("cfguard restore's stderr does not say %q: %s", s, stderr)
+		}
+	}
+	if after, _ := os.ReadFile(backup); !bytes.Equal(after, before) {
+		t.Error("cfguard restore wrote to the backup")
+	}
+	r, err := ledger.Open(state, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if n := r.Damaged(); n != 1 {
+		t.Errorf("the restored ledger's Damaged() = %d, want 1", n)
+	}
+	if _, err := r.Get("ce-2"); !errors.Is(err, ledger.ErrQuarantined) {
+		t.Errorf("Get(ce-2) on the restored ledger: %v, want ErrQuarantined", err)
+	}
+	for _, id := range []string{"ce-0", "ce-1", "ce-3", "ce-4"} {
+		if _, err := r.Get(id); err != nil {
+			t.Errorf("Get(%s) on the restored ledger: %v", id, err)
+		}
 	}
 }
