@@ -53,7 +53,7 @@ func Program() cli.Program {
 			{Name: "import-ces", Args: "--config FILE --from FILE.ndjson [--batch 1000] [--parallel 2] [--progress 5s] [--url URL] [--ca F] [--cert F --key F]",
 				Help: "load counterfactuals from NDJSON into a running daemon (POST /v1/counterfactuals:bulk), with progress", Run: cmdImportCEs},
 			{Name: "restore", Args: "--config FILE --from FILE",
-				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped)", Run: cmdRestore},
+				Help: "install a backup as state_dir's ledger (never over an existing one; the daemon must be stopped; damaged CE records are quarantined)", Run: cmdRestore},
 			{Name: "verify-log", Args: "--config FILE [--from SEQ] [--to SEQ]",
 				Help: "re-execute a replicated deployment's posterior log from its input records, entry by entry, and report every difference", Run: cmdVerifyLog},
 			{Name: "new-epoch", Args: "--config FILE [--force] [--head-from URL [--wait 60s]]",
