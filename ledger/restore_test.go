@@ -97,6 +97,15 @@ func TestRestoreQuarantinesDamagedCEs(t *testing.T) {
 	if _, err := Verify(info.Path); err != nil {
 		t.Fatalf("the restored ledger does not verify: %v", err)
 	}
+	// Restored again over the ledger just installed: refused as any restore over a ledger is,
+	// nothing of the repair left behind.
+	installed := fileHash(t, info.Path)
+	if _, err := Restore(backup, state); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("a second restore into %s: %v, want fs.ErrExist", state, err)
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 2 || fileHash(t, info.Path) != installed {
+		t.Errorf("a refused restore changed the state directory: %d entries", len(entries))
+	}
 	r, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -174,5 +183,28 @@ func TestRestoreRefusesDamageOpenDoesNotRepair(t *testing.T) {
 				t.Errorf("a refused restore left the state directory behind: %v", err)
 			}
 		})
+	}
+}
+
+// A backup whose only damage is an index entry is restored with its indexes rebuilt, no CE
+// quarantined, and the repair reported.
+func TestRestoreRebuildsDamagedIndexes(t *testing.T) {
+	backup, before := damagedBackup(t, func(l *Ledger) { damageValue(t, l, bIdxP1, firstKey(t, l, bIdxP1)) })
+	state := filepath.Join(t.TempDir(), "state")
+	info, err := Restore(backup, state)
+	if err != nil {
+		t.Fatalf("Restore of a backup with a damaged index entry: %v", err)
+	}
+	if r := info.Repaired; r == nil || r.IndexEntries != 1 || len(r.Quarantined) != 0 || info.CEs != len(before) {
+		t.Fatalf("Restore returned %+v, repaired %+v; want %d CEs, 1 index entry repaired, none quarantined", info, r, len(before))
+	}
+	r, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	checkInvariants(t, r)
+	if n := r.Damaged(); n != 0 {
+		t.Errorf("Damaged() = %d, want 0", n)
 	}
 }
