@@ -143,7 +143,9 @@
 //
 // Backup streams a consistent snapshot while writers continue; Verify checks a file (structure,
 // bbolt's tx.Check, every record and the invariants between them) without writing or locking it
-// exclusively; Restore verifies a backup and installs it, never over an existing ledger.
+// exclusively; Restore verifies a backup and installs it, never over an existing ledger. A backup
+// whose only damage is damage Open repairs is installed as Open makes it, under the backup's own
+// policy, and the repairs reported (Info.Repaired); it refuses any other.
 //
 // # Atomicity with the consumer
 //
