@@ -40,15 +40,15 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardCounterfactualsInvalidated", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="invalidated"}`]
-		return n > 0, fmt.Sprintf("%s counterfactuals are invalidated", count(n))
+		return n > 0, counted(n, "counterfactual is", "counterfactuals are") + " invalidated"
 	}, "/ui/counterfactuals?status=invalidated"},
 	{"CfguardCounterfactualsAtRisk", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g[`cfguard_counterfactuals{status="at_risk"}`]
-		return n > 0, fmt.Sprintf("%s counterfactuals are at risk (the alert waits for 30 minutes of it)", count(n))
+		return n > 0, counted(n, "counterfactual is", "counterfactuals are") + " at risk (the alert waits for 30 minutes of it)"
 	}, "/ui/counterfactuals?status=at_risk"},
 	{"CfguardRenewalBehind", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_renewal_pending"]
-		return n > 0, fmt.Sprintf("%s certificates wait for renewal (the alert waits for 30 minutes of it)", count(n))
+		return n > 0, counted(n, "certificate waits", "certificates wait") + " for renewal (the alert waits for 30 minutes of it)"
 	}, "/ui/counterfactuals?status=certified&decided=no"},
 	{"CfguardIngestStalled", func(g map[string]float64, now time.Time) (bool, string) {
 		if g["cfguard_replication_settings_differ"] > 0 {
@@ -72,7 +72,7 @@ var conditions = []condition{
 		}
 		last := "the last were applied at " + unix(g["cfguard_last_ingest_timestamp_seconds"])
 		if lag := g["cfguard_consumer_lag_records"]; lag > 0 {
-			return true, fmt.Sprintf("%s records wait; %s", count(lag), last)
+			return true, counted(lag, "record waits", "records wait") + "; " + last
 		}
 		if read, ok := since("cfguard_consumer_offsets_read_timestamp_seconds"); ok && float64(now.Unix())-read > 900 {
 			when := "were last read at " + unix(g["cfguard_consumer_offsets_read_timestamp_seconds"])
@@ -125,11 +125,11 @@ var conditions = []condition{
 	}, "/ui/"},
 	{"CfguardPosteriorLogBehind", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_posterior_log_lag_records"]
-		return n > 0, fmt.Sprintf("this replica is %s entries behind the posterior log (the alert waits for 20 minutes of it)", count(n))
+		return n > 0, "this replica is " + counted(n, "entry", "entries") + " behind the posterior log (the alert waits for 20 minutes of it)"
 	}, "/ui/"},
 	{"CfguardCounterfactualsNotCaughtUp", func(g map[string]float64, _ time.Time) (bool, string) {
 		n := g["cfguard_counterfactuals_partitions_rebuilding"]
-		says := fmt.Sprintf("%s CE partitions of this replica are not caught up (the alert fires after 15 to 20 minutes of it)", count(n))
+		says := counted(n, "CE partition of this replica is", "CE partitions of this replica are") + " not caught up (the alert fires after 15 to 20 minutes of it)"
 		if b := g["cfguard_counterfactuals_partitions_blocked"]; b > 0 {
 			says += fmt.Sprintf("; %s of them blocked at a request this build cannot read: upgrade this replica, or skip it (runbook)", count(b))
 		}
@@ -161,6 +161,15 @@ func unix(t float64) string {
 		return "never"
 	}
 	return time.Unix(int64(t), 0).UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+// counted is count(v) and then one, the singular (with its verb, as "counterfactual is"), when v
+// is exactly 1, else many: a page that says "1 counterfactuals" reads as a slip.
+func counted(v float64, one, many string) string {
+	if v == 1 {
+		return count(v) + " " + one
+	}
+	return count(v) + " " + many
 }
 
 // count prints a gauge that counts things as a whole number with thousands separated

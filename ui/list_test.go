@@ -97,6 +97,22 @@ func TestFilteredListSaysWhatItRead(t *testing.T) {
 	}
 }
 
+// A list of one CE says "1 counterfactual", not "1 counterfactuals".
+func TestListOfOneSaysOne(t *testing.T) {
+	l, m := smallLedger(t)
+	ce := &ledger.CE{ID: "ce-1", X: []float64{0, 0}, XCF: []float64{1, 1}, Target: 1,
+		AnchorVersion: m.Version, P1: 0.99, Var1: 0.001, Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+	if err := l.Put(context.Background(), ce); err != nil {
+		t.Fatal(err)
+	}
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, ledgerSource{l})
+	rec := httptest.NewRecorder()
+	u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/counterfactuals", nil))
+	if body := rec.Body.String(); rec.Code != 200 || !strings.Contains(body, "1 counterfactual on this page of 1 stored") {
+		t.Errorf("GET /ui/counterfactuals with one CE: %d; the caption does not say \"1 counterfactual on this page of 1 stored\":\n%s", rec.Code, body)
+	}
+}
+
 // labelled checks that the first row of body's table of class class labels each data cell with
 // its column's header (data-label, in the header's order), a row header (th scope="row") aside:
 // on a narrow screen the header row is hidden and each cell shows its label.

@@ -23,6 +23,8 @@ func TestIngestLagSaysWhatIsKnown(t *testing.T) {
 		{"read now", map[string]float64{"cfguard_consumer_lag_records": 5, "cfguard_consumer_offsets_read_timestamp_seconds": at(5 * time.Second)},
 			"5 records (end offsets read at " + unix(at(5*time.Second)) + "; records produced since are not counted)"},
 		{"no read time", map[string]float64{"cfguard_consumer_lag_records": 5}, "5 records"},
+		{"one record", map[string]float64{"cfguard_consumer_lag_records": 1, "cfguard_consumer_offsets_read_timestamp_seconds": at(5 * time.Second)},
+			"1 record (end offsets read at " + unix(at(5*time.Second)) + "; records produced since are not counted)"},
 		{"never read", map[string]float64{"cfguard_consumer_offsets_read_timestamp_seconds": 0}, "unknown: the input topic's offsets have not been read"},
 		{"read 10 minutes ago", map[string]float64{"cfguard_consumer_lag_records": 0, "cfguard_consumer_offsets_read_timestamp_seconds": at(10 * time.Minute)},
 			"0 records as read at " + unix(at(10*time.Minute)) + "; the offsets cannot be read since"},
@@ -120,7 +122,7 @@ func TestTimelineIsDrawnToScale(t *testing.T) {
 			"A KL below 1e-3 (0 included) is drawn on the lowest line",
 		}},
 		{"one update, below the floor", []ledger.KLEntry{{PosteriorVersion: 7, KL: 1e-9, Outcome: certify.OutcomeRejected}}, 0.1, []string{
-			`<desc id="tl-desc">1 updates proposed as versions 7 to 7; 0 over the budget of 0.1`,
+			`<desc id="tl-desc">1 update proposed as versions 7 to 7; 0 over the budget of 0.1`,
 			`<polyline class="update" points="384.0,200.0 "/>`,
 			`<circle class="point" cx="384.0" cy="200.0" r="2.5"><title>v7: KL 1e-09</title></circle>`,
 			"A KL below 1e-3 (0 included) is drawn on the lowest line",

@@ -189,6 +189,8 @@ var funcs = template.FuncMap{
 	"margin":   func(b float64) float64 { return b - 0.5 },
 	"valid":    valid,
 	"sub":      func(a, b int) int { return a - b },
+	// counted is a count and the word that agrees with it ("1 update", "2 updates").
+	"counted": func(n int, one, many string) string { return counted(float64(n), one, many) },
 	"time": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -279,9 +281,18 @@ func ingestLag(g map[string]float64, now time.Time) string {
 	case !ok:
 		return "unknown: the input topic's offsets have not been read"
 	case known && float64(now.Unix())-read > 60:
-		return strconv.FormatFloat(v, 'f', 0, 64) + " records as read at " + unix(read) + "; the offsets cannot be read since"
+		return records(v) + " as read at " + unix(read) + "; the offsets cannot be read since"
 	case known && read > 0:
-		return strconv.FormatFloat(v, 'f', 0, 64) + " records (end offsets read at " + unix(read) + "; records produced since are not counted)"
+		return records(v) + " (end offsets read at " + unix(read) + "; records produced since are not counted)"
+	}
+	return records(v)
+}
+
+// records is a count of records as the overview's ingest row prints it: no thousands separator,
+// "record" for one.
+func records(v float64) string {
+	if v == 1 {
+		return "1 record"
 	}
 	return strconv.FormatFloat(v, 'f', 0, 64) + " records"
 }

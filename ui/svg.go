@@ -60,8 +60,8 @@ func timeline(h []ledger.KLEntry, budget float64) template.HTML {
 	}
 	fmt.Fprintf(&b, `<svg class="timeline" viewBox="0 0 %g %g" role="img" aria-labelledby="tl-title tl-desc" xmlns="http://www.w3.org/2000/svg">`, tlWidth, tlHeight)
 	fmt.Fprintf(&b, `<title id="tl-title">Update KL per posterior version, log scale, against the budget</title>`)
-	fmt.Fprintf(&b, `<desc id="tl-desc">%d updates proposed as versions %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dotted, after each promoted update, the budget dashed.</desc>`,
-		len(h), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
+	fmt.Fprintf(&b, `<desc id="tl-desc">%s proposed as versions %d to %d; %d over the budget of %s (clipped ones included). The largest KL from a live anchor is drawn dotted, after each promoted update, the budget dashed.</desc>`,
+		counted(float64(len(h)), "update", "updates"), h[0].PosteriorVersion, h[len(h)-1].PosteriorVersion, over, fmtNum(budget))
 	// Axes and decade grid.
 	for d := lo; d <= hi; d++ {
 		yy := y(math.Pow(10, d))

@@ -34,6 +34,22 @@ func TestSafeNextStaysOnTheUI(t *testing.T) {
 	}
 }
 
+// A count of things is followed by the word that agrees with it: the singular for exactly one,
+// the plural for every other count, 0 and fractions included.
+func TestCountedAgreesWithItsNumber(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		want string
+	}{
+		{0, "0 counterfactuals are"}, {1, "1 counterfactual is"}, {2, "2 counterfactuals are"},
+		{1234, "1,234 counterfactuals are"}, {1.5, "1.5 counterfactuals are"},
+	} {
+		if got := counted(tc.v, "counterfactual is", "counterfactuals are"); got != tc.want {
+			t.Errorf("counted(%v) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+}
+
 func TestCountPrintsWholeNumbers(t *testing.T) {
 	for _, tc := range []struct {
 		v    float64
