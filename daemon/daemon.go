@@ -105,8 +105,11 @@ type Daemon struct {
 	// certificate under the version it lapsed at.
 	served *recent
 	// recalled is closed once a replica has recalled the posteriors it served before its start
-	// (recallServed), nil on a single node.
-	recalled chan struct{}
+	// (recallServed), nil on a single node; its confirmers wait for it until recallBy, and
+	// recallLate logs once that they stopped waiting.
+	recalled   chan struct{}
+	recallBy   time.Time
+	recallLate sync.Once
 	// published pairs a promoted posterior with the checkpoint that stores it: apply holds it
 	// for writing from the ledger commit to the swap of cur, and a reader that reports ledger
 	// state beside the posterior holds it for reading (snapshot), so it sees both before or both
@@ -401,7 +404,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 		if err != nil {
 			return err
 		}
-		d.recalled = make(chan struct{})
+		d.recalled, d.recallBy = make(chan struct{}), time.Now().Add(cmp.Or(d.hooks.RecallWait, recallWait))
 		d.states.SetMetrics(d.rep.Metrics()) // its replica was named before the ledger opened, as replica.New names it
 		return nil
 	}

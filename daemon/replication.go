@@ -103,11 +103,15 @@ func (h replicaHost) Commit(ctx context.Context, e *postlog.Entry, prev, next *b
 // recallServed keeps again, among the posteriors the daemon holds (served), those of the
 // versions before its start, which a replica that resumed from its ledger finds in the posterior
 // log (replica.Replica.Recall), so that across a restart the confirmer measures a CE under the
-// version it became due at, as it did before. The confirmers wait for it (awaitRecalled). When
-// it fails, the confirmers go on with the posteriors served since the start, and measure a CE
-// that became due before it under the newest. It returns once ctx ends.
+// version it became due at, as it did before. The confirmers wait for it (awaitRecalled), for
+// recallWait at most from the start. When it fails, or is not done by then, the confirmers go on
+// with the posteriors they hold, and measure a CE that became due at one they do not under the
+// newest. It returns once ctx ends.
 func (d *Daemon) recallServed(ctx context.Context) error {
 	start := time.Now()
+	if d.hooks.Recall != nil {
+		d.hooks.Recall(ctx)
+	}
 	got, err := d.rep.Recall(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:
@@ -126,14 +130,37 @@ func (d *Daemon) recallServed(ctx context.Context) error {
 	return nil
 }
 
-// awaitRecalled waits until recallServed is done, or ctx ends.
+// recallWait is how long after a replica's start its confirmers wait for recallServed at most:
+// the play of a long posterior log takes about 9 s of one core per 10^5 entries, and one from a
+// broker that does not answer takes until it does.
+const recallWait = time.Minute
+
+// awaitRecalled waits until recallServed is done, or recallWait (hooks.RecallWait) after the
+// daemon's start, or until ctx ends. The first confirmer that stops waiting because the recall
+// is not done logs it.
 func (d *Daemon) awaitRecalled(ctx context.Context) error {
 	select {
 	case <-d.recalled:
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
 	}
+	wait := time.Until(d.recallBy)
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-d.recalled:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	d.recallLate.Do(func() {
+		d.log.Warn("the confirmers go on before the posteriors served before the start are recalled from the posterior log: "+
+			"a CE that became due at one of them is measured under the newest until they are", "waited", cmp.Or(d.hooks.RecallWait, recallWait))
+	})
+	return nil
 }
 
 // awaitShareSettled waits until the CE share has settled which of the partitions the ledger

@@ -48,4 +48,10 @@ type Set struct {
 	LedgerFailureHold time.Duration
 	// LedgerAfterCommit is the ledger's ledger.Options.AfterCommit: a test fails its commits.
 	LedgerAfterCommit func() error
+	// Recall is called by a replica before it recalls the posteriors it served before its
+	// start: a test holds it there, as a long posterior log or a broker that does not answer
+	// would.
+	Recall func(ctx context.Context)
+	// RecallWait, when set, replaces recallWait (a test does not wait a minute).
+	RecallWait time.Duration
 }
