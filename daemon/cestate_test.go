@@ -57,14 +57,20 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	r1 := startLearningReplica(t, b, "r1", key, nil)
 	data := daemontest.Bundled(t)
 	ids := daemontest.RegisterCEs(t, r1, data, 10, "")
-	// 32 benign rows labelled malignant (a drift), then clean records.
+	// 32 benign rows labelled malignant (a drift), then clean records. Every CE is judged under
+	// the drifted posterior before the clean records come, so that r1 gives verdicts whenever its
+	// confirmer gets to them: measured only once the clean records have taken the posterior back,
+	// the certificates would be renewed, and no status would change.
 	drift := daemontest.FlippedThenClean(data, 32, 96)
-	r1.Produce(t, drift...)
-	waitfor.Cond(t, 60*time.Second, "the drift applied and every CE judged", func() bool {
-		return r1.Metric(t, "cfguard_records_total", "result", "applied") == float64(len(drift)) &&
-			r1.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-			r1.Metric(t, "cfguard_events_pending") == 0
-	})
+	for _, part := range [][][]byte{drift[:32], drift[32:]} {
+		want := r1.Metric(t, "cfguard_records_total", "result", "applied") + float64(len(part))
+		r1.Produce(t, part...)
+		waitfor.Cond(t, 60*time.Second, "the records applied and every CE judged", func() bool {
+			return r1.Metric(t, "cfguard_records_total", "result", "applied") == want &&
+				r1.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+				r1.Metric(t, "cfguard_events_pending") == 0
+		})
+	}
 	was := map[string]*ledger.CE{}
 	changed := 0
 	for _, id := range ids {
