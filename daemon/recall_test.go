@@ -30,14 +30,7 @@ func TestRestartedReplicaMeasuresAtVersionsServedBeforeItsStart(t *testing.T) {
 	if r.D.current().Version != s.last {
 		t.Fatalf("restarted at version %d, stopped at %d: the test needs no increment between", r.D.current().Version, s.last)
 	}
-	waitfor.Cond(t, 60*time.Second, "the posteriors served before the start recalled", func() bool {
-		select {
-		case <-r.D.recalled:
-			return true
-		default:
-			return false
-		}
-	})
+	waitfor.Cond(t, 60*time.Second, "the posteriors served before the start recalled", func() bool { return recalled(r) })
 	for v, m := range s.before {
 		got := r.D.served.at(v)
 		if got == nil {
@@ -86,20 +79,11 @@ func TestRestartedReplicaConfirmsWhenItsRecallIsLate(t *testing.T) {
 		}
 	})
 	s.measuredAt(t, r, func(uint64, float64) uint64 { return s.last })
-	select {
-	case <-r.D.recalled:
+	if recalled(r) {
 		t.Fatal("the recall was done while it was held")
-	default:
 	}
 	release()
-	waitfor.Cond(t, 60*time.Second, "the posteriors served before the start recalled", func() bool {
-		select {
-		case <-r.D.recalled:
-			return true
-		default:
-			return false
-		}
-	})
+	waitfor.Cond(t, 60*time.Second, "the posteriors served before the start recalled", func() bool { return recalled(r) })
 	for v := range s.before {
 		if r.D.served.at(v) == nil {
 			t.Fatalf("version %d, served before the restart, is not held after the late recall", v)
@@ -207,4 +191,14 @@ func (s *stoppedReplica) measuredAt(t *testing.T, r *running, want func(u uint64
 		}
 	}
 	return atLapse
+}
+
+// recalled says whether r's recall of the posteriors it served before its start is done.
+func recalled(r *running) bool {
+	select {
+	case <-r.D.recalled:
+		return true
+	default:
+		return false
+	}
 }
