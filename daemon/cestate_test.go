@@ -62,15 +62,7 @@ func TestMovedCEKeepsItsState(t *testing.T) {
 	// confirmer gets to them: measured only once the clean records have taken the posterior back,
 	// the certificates would be renewed, and no status would change.
 	drift := daemontest.FlippedThenClean(data, 32, 96)
-	for _, part := range [][][]byte{drift[:32], drift[32:]} {
-		want := r1.Metric(t, "cfguard_records_total", "result", "applied") + float64(len(part))
-		r1.Produce(t, part...)
-		waitfor.Cond(t, 60*time.Second, "the records applied and every CE judged", func() bool {
-			return r1.Metric(t, "cfguard_records_total", "result", "applied") == want &&
-				r1.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r1.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-				r1.Metric(t, "cfguard_events_pending") == 0
-		})
-	}
+	produceJudged(t, r1, drift[:32], drift[32:])
 	was := map[string]*ledger.CE{}
 	changed := 0
 	for _, id := range ids {
@@ -293,4 +285,19 @@ func ptrString(p *uint64) string {
 		return "-"
 	}
 	return fmt.Sprint(*p)
+}
+
+// produceJudged produces each part of records to r in turn, and waits after each until r applied
+// it, measured every CE that waits for a measurement, and published its events.
+func produceJudged(t *testing.T, r *running, parts ...[][]byte) {
+	t.Helper()
+	for _, part := range parts {
+		want := r.Metric(t, "cfguard_records_total", "result", "applied") + float64(len(part))
+		r.Produce(t, part...)
+		waitfor.Cond(t, 60*time.Second, "the records applied and every CE judged", func() bool {
+			return r.Metric(t, "cfguard_records_total", "result", "applied") == want &&
+				r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+				r.Metric(t, "cfguard_events_pending") == 0
+		})
+	}
 }

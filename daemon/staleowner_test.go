@@ -57,15 +57,7 @@ func TestRestartedReplicaPublishesNothingForPartitionsItLost(t *testing.T) {
 	// whenever its confirmer gets to them (measured only once the clean records have taken the
 	// posterior back, the certificates would be renewed, and no status would change).
 	drift := daemontest.FlippedThenClean(data, 32, 96)
-	for _, part := range [][][]byte{drift[:32], drift[32:]} {
-		want := r2.Metric(t, "cfguard_records_total", "result", "applied") + float64(len(part))
-		r2.Produce(t, part...)
-		waitfor.Cond(t, 60*time.Second, "the records applied and every CE judged at r2", func() bool {
-			return r2.Metric(t, "cfguard_records_total", "result", "applied") == want &&
-				r2.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 && r2.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
-				r2.Metric(t, "cfguard_events_pending") == 0
-		})
-	}
+	produceJudged(t, r2, drift[:32], drift[32:])
 	before := kafkatest.ReadPartition(t, b.Addrs(), "cfguard.events", 0)
 	byR2 := 0
 	for _, m := range before {
