@@ -229,16 +229,16 @@ func faultTrial(t *testing.T, what string, data []byte, ref string) (outcome fau
 	case err != nil:
 		checkCorruptError(t, err, path, what)
 		return readErr
-	case snap == ref && l.indexRepaired == 0 && l.klHistRepaired == 0:
+	case snap == ref && l.repairs.IndexEntries == 0 && l.repairs.AnchorKLHistories+l.repairs.AnchorKLStrays == 0:
 		return intact
-	case l.klHistRepaired > 0 && l.indexRepaired == 0:
+	case l.repairs.AnchorKLHistories+l.repairs.AnchorKLStrays > 0 && l.repairs.IndexEntries == 0:
 		// A deleted anchor KL history: the same data, less the lapse versions it gave.
 		checkInvariants(t, l)
 		since := regexp.MustCompile(`"renewal_pending_since":\d+,`)
 		if since.ReplaceAllString(snap, "") == since.ReplaceAllString(ref, "") {
 			return quarantined
 		}
-	case l.indexRepaired > 0:
+	case l.repairs.IndexEntries > 0:
 		// Rebuilt indexes: the same data, one generation later.
 		checkInvariants(t, l)
 		gen := regexp.MustCompile(`"generation":\d+`)

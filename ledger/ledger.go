@@ -162,8 +162,6 @@ type Ledger struct {
 	dmu            sync.Mutex
 	quarantined    int
 	runtimeDamaged map[string]bool
-	indexRepaired  int     // damaged index entries Open found (and rebuilt)
-	klHistRepaired int     // anchor KL histories Open found damaged or stale (and deleted)
 	repairs        Repairs // what Open's record check repaired (Restore reports it)
 
 	// Decoded posteriors by version (current and anchors; immutable once stored).

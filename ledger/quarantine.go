@@ -70,6 +70,9 @@ type Repairs struct {
 	ReissueEntries int `json:"reissue_entries,omitempty"`
 	// AnchorKLHistories is the number of damaged anchor KL histories deleted.
 	AnchorKLHistories int `json:"anchor_kl_histories,omitempty"`
+	// AnchorKLStrays is the number of anchor KL records no stored anchor's history reaches,
+	// deleted.
+	AnchorKLStrays int `json:"anchor_kl_strays,omitempty"`
 	// KeptEvents are the damaged records of the last KL events deleted (meta kl_breach,
 	// kl_failed).
 	KeptEvents []string `json:"kept_events,omitempty"`
@@ -180,9 +183,9 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 	l.log.Info("ledger: records checked", "path", l.path, "records", d.records, "damaged_counterfactuals", len(d.ces),
 		"damaged_index_entries", d.index, "damaged_quality_records", len(d.quality), "damaged_reissue_entries", len(d.reissue),
 		"took", time.Since(start))
-	l.indexRepaired, l.klHistRepaired = d.index, len(d.klHist.anchors)+len(d.klHist.strays)
 	l.repairs.QualityRecords, l.repairs.ReissueEntries = len(d.quality), len(d.reissue)
-	l.repairs.AnchorKLHistories, l.repairs.IndexEntries = len(d.klHist.anchors), d.index
+	l.repairs.AnchorKLHistories, l.repairs.AnchorKLStrays = len(d.klHist.anchors), len(d.klHist.strays)
+	l.repairs.IndexEntries = d.index
 	if len(d.quality) > 0 {
 		if err := l.dropQuality(d.quality); err != nil {
 			return err
@@ -193,7 +196,7 @@ func (l *Ledger) checkRecords(rebuild bool) error {
 			return err
 		}
 	}
-	if l.klHistRepaired > 0 {
+	if l.repairs.AnchorKLHistories+l.repairs.AnchorKLStrays > 0 {
 		if err := l.repairAnchorKL(d.klHist); err != nil {
 			return err
 		}

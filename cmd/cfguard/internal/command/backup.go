@@ -194,6 +194,7 @@ func reportRepaired(w io.Writer, from string, r *ledger.Repairs) {
 		{r.QualityRecords, "damaged prequential records deleted; the scores go on from the records kept"},
 		{r.ReissueEntries, "damaged reissue entries written again, their counterfactuals still waiting"},
 		{r.AnchorKLHistories, "damaged anchor KL histories deleted; each starts again at the next update"},
+		{r.AnchorKLStrays, "anchor KL records no anchor's history reaches deleted"},
 		{len(r.KeptEvents), "damaged records of the last KL events deleted (meta " + strings.Join(r.KeptEvents, ", ") + ")"},
 	} {
 		if o.n > 0 {
