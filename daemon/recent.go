@@ -32,16 +32,7 @@ func (r *recent) add(m *bnn.Model) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.last != nil && len(r.last.Layers) == len(m.Layers) {
-		c := *m
-		c.Layers = slices.Clone(m.Layers)
-		for i, l := range c.Layers {
-			if p := r.last.Layers[i]; l.Name == p.Name && bnn.LayersEqual(&l, &p) {
-				c.Layers[i] = p
-			}
-		}
-		m = &c
-	}
+	m = sharing(m, r.last)
 	r.byV[m.Version], r.last = m, m
 	for v := range r.byV {
 		if v+uint64(r.keep) <= m.Version {
@@ -63,17 +54,23 @@ func (r *recent) recall(m *bnn.Model) {
 	if _, ok := r.byV[m.Version]; ok || r.last == nil || m.Version+uint64(r.keep) <= r.last.Version {
 		return
 	}
-	if next := r.byV[m.Version+1]; next != nil && len(next.Layers) == len(m.Layers) {
-		c := *m
-		c.Layers = slices.Clone(m.Layers)
-		for i, l := range c.Layers {
-			if n := next.Layers[i]; l.Name == n.Name && bnn.LayersEqual(&l, &n) {
-				c.Layers[i] = n
-			}
-		}
-		m = &c
+	r.byV[m.Version] = sharing(m, r.byV[m.Version+1])
+}
+
+// sharing is m with each layer equal, bit for bit, to the same layer of kept (nil: none) replaced
+// by kept's, so that the two share its arrays.
+func sharing(m, kept *bnn.Model) *bnn.Model {
+	if kept == nil || len(kept.Layers) != len(m.Layers) {
+		return m
 	}
-	r.byV[m.Version] = m
+	c := *m
+	c.Layers = slices.Clone(m.Layers)
+	for i, l := range c.Layers {
+		if k := kept.Layers[i]; l.Name == k.Name && bnn.LayersEqual(&l, &k) {
+			c.Layers[i] = k
+		}
+	}
+	return &c
 }
 
 // at is the posterior of version v, nil when it is not kept.
