@@ -642,7 +642,7 @@ func (l *Ledger) Delete(id string) error {
 	var found deletedDamaged
 	err := l.update(func(tx *bolt.Tx) error {
 		found = deletedDamaged{}
-		res, _, err := l.deleteOne(tx, id, found)
+		res, _, err := l.deleteOne(tx, id, nil, found)
 		if err == nil && res == OutcomeAbsent {
 			err = fmt.Errorf("%w: %q", ErrNotFound, id)
 		}

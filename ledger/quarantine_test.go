@@ -275,7 +275,7 @@ func TestDeletingACEDamagedAfterOpen(t *testing.T) {
 	if off, _, _ := l.ShareOffset(0); off != 5 {
 		t.Fatalf("share offset %d after the batch, want 5", off)
 	}
-	o, err := l.DeleteRequest("y", RequestRef{RID: "d-y"})
+	o, err := l.DeleteRequest("y", RequestRef{RID: "d-y"}, nil)
 	if err != nil || o.Result != OutcomeDeleted {
 		t.Fatalf("DeleteRequest of a CE damaged since Open = %+v, %v; want deleted", o, err)
 	}

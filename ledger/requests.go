@@ -52,6 +52,9 @@ const (
 	OutcomeDeleted = "deleted"
 	// OutcomeAbsent: the deletion found no CE under the id.
 	OutcomeAbsent = "absent"
+	// OutcomeMismatch: the deletion named the registrations it deletes (ShareOp.IfMatch) and
+	// the CE stored under the id is none of them (Detail says which it is); nothing was deleted.
+	OutcomeMismatch = "mismatch"
 )
 
 // Outcome is what the ledger decided for one request, stored under its RID.
@@ -96,6 +99,10 @@ type ShareOp struct {
 	// Refuse, when set, refuses the registration with this detail without judging it (its CE
 	// could not be decoded).
 	Refuse string
+	// IfMatch is, for a deletion, the tags (CE.Tag, or AnyTag) of the registrations it may
+	// delete: a CE stored under the id with another tag is kept (OutcomeMismatch). Nil: the
+	// deletion deletes whatever the id holds.
+	IfMatch []string
 	// State is, for a registration, the CE as a previous owner of its partition left it (read
 	// from the CE state topic), nil for none: when it is a state of the registration's CE that
 	// holds (see the CE states above), the CE is stored with it; else as read. Its anchor
@@ -197,7 +204,7 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 	case op.Refuse != "":
 		o.Result, o.Detail = OutcomeRefused, op.Refuse
 	case op.CE == nil:
-		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, found)
+		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, op.IfMatch, found)
 	default:
 		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
 		if d, ok := found[op.ID]; ok && err == nil { // swept into the quarantine by a deletion before it
@@ -222,15 +229,32 @@ func (e *unknownAnchorError) Unwrap() error { return e.err }
 // deleteOne deletes CE id in tx: OutcomeDeleted, or OutcomeAbsent when nothing is stored under
 // id. A quarantined CE's damaged record is dropped. A CE whose header is found damaged here
 // (since Open) is deleted too: it is quarantined as Open would (quarantineDamaged, with any
-// other damaged header, which found gets) and its record dropped; detail then says so.
-func (l *Ledger) deleteOne(tx *bolt.Tx, id string, found deletedDamaged) (result, detail string, err error) {
+// other damaged header, which found gets) and its record dropped; detail then says so. With
+// ifMatch (not nil), only a CE whose tag (CE.Tag) it names is deleted; another, or one whose
+// record is damaged (its tag unknown) unless ifMatch holds AnyTag, is kept: OutcomeMismatch.
+func (l *Ledger) deleteOne(tx *bolt.Tx, id string, ifMatch []string, found deletedDamaged) (result, detail string, err error) {
 	key := []byte(id)
 	ok, err := l.readHeaderForDeletion(tx, key, found)
 	if err != nil {
 		return "", "", err
 	}
-	if _, q := quarantineReason(tx, key); !ok && !q {
+	_, q := quarantineReason(tx, key)
+	if !ok && !q {
 		return OutcomeAbsent, "", nil
+	}
+	if ifMatch != nil && !slices.Contains(ifMatch, AnyTag) {
+		var ce *CE
+		if ok {
+			ce, _, err = loadStored(tx, key, tx.Bucket(bHeaders).Get(key))
+		}
+		switch {
+		case !ok || err != nil:
+			return OutcomeMismatch, fmt.Sprintf("the record of %q is damaged on disk, so its registration's tag cannot be read: "+
+				"nothing was deleted; delete it without If-Match (or with If-Match: *)", id), nil
+		case !matchesTag(ifMatch, ce.Tag()):
+			return OutcomeMismatch, fmt.Sprintf("%q holds the registration tagged %q, which the deletion does not name "+
+				"(registered at %s): nothing was deleted", id, ce.Tag(), ce.CreatedAt.Format(time.RFC3339Nano)), nil
+		}
 	}
 	if err := l.deleteStored(tx, [][]byte{key}, true); err != nil {
 		return "", "", err
@@ -298,14 +322,16 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 }
 
 // DeleteRequest deletes CE id (a damaged record of it is dropped, see deleteOne), as the
-// request ref, in one transaction: a request whose RID has an outcome is not applied again, and
-// its stored outcome is returned with Duplicate set; any other request with an RID gets its
-// outcome (OutcomeDeleted, or OutcomeAbsent when nothing is stored under id; Partition -1)
+// request ref, in one transaction, when ifMatch is nil or names its tag (CE.Tag; AnyTag: any
+// // stored CE), else it keeps it (OutcomeMismatch). A request whose RID has an outcome is not
+// applied again, and its stored outcome is returned with Duplicate set; any other request with
+// an RID gets its outcome (OutcomeDeleted, OutcomeAbsent when nothing is stored under id, or
+// OutcomeMismatch; Partition -1)
 // stored under the RID for Options.RequestWindow. A request without an RID is applied and
 // nothing is stored for it. A single daemon's DELETE is this, with the request id of its
 // Idempotency-Key, so that a retry deletes nothing again: not a CE registered under the id after
 // the first attempt.
-func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
+func (l *Ledger) DeleteRequest(id string, ref RequestRef, ifMatch []string) (Outcome, error) {
 	now := l.opts.Now().UTC()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
@@ -328,7 +354,7 @@ func (l *Ledger) DeleteRequest(id string, ref RequestRef) (Outcome, error) {
 		}
 		o = Outcome{ID: id, Fingerprint: ref.Fingerprint, Partition: -1, At: now}
 		var err error
-		if o.Result, o.Detail, err = l.deleteOne(tx, id, found); err != nil || ref.RID == "" {
+		if o.Result, o.Detail, err = l.deleteOne(tx, id, ifMatch, found); err != nil || ref.RID == "" {
 			return err
 		}
 		if err := putOutcome(tx, ref.RID, o); err != nil {

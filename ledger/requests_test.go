@@ -528,7 +528,7 @@ func TestDeleteRequest(t *testing.T) {
 		t.Fatalf("PutEach = %v, %v", errs, err)
 	}
 	ref := RequestRef{RID: "d1", Fingerprint: "f-d1"}
-	o, err := l.DeleteRequest("a", ref)
+	o, err := l.DeleteRequest("a", ref, nil)
 	if err != nil || o.Result != OutcomeDeleted || o.Duplicate || o.ID != "a" || o.Partition != -1 {
 		t.Fatalf("DeleteRequest = %+v, %v; want deleted, not a duplicate", o, err)
 	}
@@ -542,7 +542,7 @@ func TestDeleteRequest(t *testing.T) {
 	if errs, err := l.PutEach(bg, []*CE{b}); err != nil || errs[0] != nil {
 		t.Fatalf("PutEach = %v, %v", errs, err)
 	}
-	o, err = l.DeleteRequest("a", ref)
+	o, err = l.DeleteRequest("a", ref, nil)
 	if err != nil || o.Result != OutcomeDeleted || !o.Duplicate || o.Fingerprint != "f-d1" {
 		t.Errorf("DeleteRequest again = %+v, %v; want the first outcome, a duplicate", o, err)
 	}
@@ -550,20 +550,20 @@ func TestDeleteRequest(t *testing.T) {
 		t.Errorf("the deletion again deleted the CE registered after it: %v, %v", got, err)
 	}
 	// Nothing stored under the id: absent.
-	o, err = l.DeleteRequest("none", RequestRef{RID: "d2"})
+	o, err = l.DeleteRequest("none", RequestRef{RID: "d2"}, nil)
 	if err != nil || o.Result != OutcomeAbsent || o.Duplicate {
 		t.Errorf("DeleteRequest of a missing id = %+v, %v; want absent", o, err)
 	}
 	// Without a request id: applied, no outcome stored.
-	o, err = l.DeleteRequest("a", RequestRef{})
+	o, err = l.DeleteRequest("a", RequestRef{}, nil)
 	if err != nil || o.Result != OutcomeDeleted {
 		t.Errorf("DeleteRequest without a request id = %+v, %v; want deleted", o, err)
 	}
-	if o, err = l.DeleteRequest("a", RequestRef{}); err != nil || o.Result != OutcomeAbsent {
+	if o, err = l.DeleteRequest("a", RequestRef{}, nil); err != nil || o.Result != OutcomeAbsent {
 		t.Errorf("DeleteRequest without a request id, again = %+v, %v; want absent", o, err)
 	}
 	l.opts.AfterCommit = func() error { return errors.New("injected fsync failure") }
-	if _, err := l.DeleteRequest("x", RequestRef{RID: "d3"}); !errors.Is(err, ErrWrite) {
+	if _, err := l.DeleteRequest("x", RequestRef{RID: "d3"}, nil); !errors.Is(err, ErrWrite) {
 		t.Errorf("failed write: %v, want ErrWrite", err)
 	}
 	l.opts.AfterCommit = nil
