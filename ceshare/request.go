@@ -60,6 +60,11 @@ type Request struct {
 	// (hex): a request whose RID was applied with another fingerprint is the key reused for
 	// another request, and is not applied.
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// IfMatch is, for a deletion sent with an If-Match header, the tags of the registrations it
+	// may delete (ledger.CE.Tag, or "*" for any): its owner keeps a CE stored with another tag.
+	// Absent: the deletion deletes whatever the id holds. A build that predates it blocks the
+	// partition at such a request rather than delete unconditionally.
+	IfMatch []string `json:"if_match,omitempty"`
 
 	// Offset is where the request was read in its partition (set by Member, not encoded).
 	Offset int64 `json:"-"`
@@ -78,6 +83,9 @@ type Request struct {
 // MaxRIDLen bounds a request's RID.
 const MaxRIDLen = 128
 
+// MaxIfMatch bounds how many tags a deletion's IfMatch names (each at most MaxRIDLen bytes).
+const MaxIfMatch = 16
+
 // Reasons a record of the CE topic is refused by Decode, as DecodeError.Reason. They label
 // MemberStats.Skipped (ReasonKey, ReasonPartition and ReasonUnauthenticated: a member skips only
 // those) and Blocked.Reason (the others).
@@ -90,6 +98,9 @@ const (
 	ReasonReplica = "replica" // Replica is empty
 	ReasonAt      = "at"      // At is missing
 	ReasonRID     = "rid"     // RID or Fingerprint is too long or holds bytes other than printable ASCII
+	// ReasonIfMatch: IfMatch on a registration, more than MaxIfMatch tags, or a tag that is
+	// empty, too long or holds bytes other than printable ASCII.
+	ReasonIfMatch = "if_match"
 	// ReasonPartition: the request's ID belongs to another partition (Partition): a request
 	// copied there, which its partition's owner would apply a second time, out of its order.
 	ReasonPartition = "partition"
@@ -100,7 +111,7 @@ const (
 
 // Reasons lists every DecodeError.Reason, so that counters can start at 0.
 func Reasons() []string {
-	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonRID, ReasonPartition, ReasonUnauthenticated}
+	return []string{ReasonJSON, ReasonKind, ReasonID, ReasonKey, ReasonCE, ReasonReplica, ReasonAt, ReasonRID, ReasonIfMatch, ReasonPartition, ReasonUnauthenticated}
 }
 
 // ErrDecode is matched (errors.Is) by every DecodeError.
@@ -186,6 +197,17 @@ func (r *Request) check() error {
 	for name, v := range map[string]string{"rid": r.RID, "fingerprint": r.Fingerprint} {
 		if !printable(v, MaxRIDLen) {
 			return &DecodeError{Reason: ReasonRID, Detail: fmt.Sprintf("%s %q: want at most %d printable ASCII bytes", name, clip([]byte(v)), MaxRIDLen)}
+		}
+	}
+	switch {
+	case r.IfMatch != nil && r.Kind != KindDelete:
+		return &DecodeError{Reason: ReasonIfMatch, Detail: "only a deletion names the registrations it applies to"}
+	case len(r.IfMatch) > MaxIfMatch:
+		return &DecodeError{Reason: ReasonIfMatch, Detail: fmt.Sprintf("%d tags: want at most %d", len(r.IfMatch), MaxIfMatch)}
+	}
+	for _, tag := range r.IfMatch {
+		if tag == "" || !printable(tag, MaxRIDLen) {
+			return &DecodeError{Reason: ReasonIfMatch, Detail: fmt.Sprintf("tag %q: want 1 to %d printable ASCII bytes", clip([]byte(tag)), MaxRIDLen)}
 		}
 	}
 	return nil

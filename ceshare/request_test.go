@@ -21,6 +21,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		{Kind: KindDelete, ID: "a.b:c_d-9", Replica: "replica-2", At: at},
 		{Kind: KindRegister, ID: "ce-2", CE: json.RawMessage(`{"x":[1]}`), Replica: "r1", At: at, RID: "key-0a1b", Fingerprint: "9f86d0"},
 		{Kind: KindDelete, ID: "ce-2", Replica: "r1", At: at, RID: "QF3ZJ7XK2M"},
+		{Kind: KindDelete, ID: "ce-3", Replica: "r1", At: at, IfMatch: []string{"0a1b", "*"}},
 	} {
 		key, value, err := Encode(r)
 		if err != nil {
@@ -60,6 +61,11 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 		{"rid with a space", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"rid":"a b"}`, ReasonRID},
 		{"rid too long", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"rid":"` + strings.Repeat("r", MaxRIDLen+1) + `"}`, ReasonRID},
 		{"fingerprint not ascii", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"fingerprint":"é"}`, ReasonRID},
+		{"register with if_match", "ce-1", `{"kind":"register","id":"ce-1","ce":{},"replica":"r","at":` + at + `,"if_match":["0a"]}`, ReasonIfMatch},
+		{"empty tag", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"if_match":[""]}`, ReasonIfMatch},
+		{"tag with a space", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"if_match":["a b"]}`, ReasonIfMatch},
+		{"tag too long", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"if_match":["` + strings.Repeat("t", MaxRIDLen+1) + `"]}`, ReasonIfMatch},
+		{"too many tags", "ce-1", `{"kind":"delete","id":"ce-1","replica":"r","at":` + at + `,"if_match":["t"` + strings.Repeat(`,"t"`, MaxIfMatch) + `]}`, ReasonIfMatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Decode([]byte(tc.key), []byte(tc.value))
@@ -105,6 +111,7 @@ func TestDecodeAcceptsTheEdgesOfItsRules(t *testing.T) {
 		{"rid of the first printable byte", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, RID: "!"}},
 		{"rid of the last printable byte", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, RID: "~"}},
 		{"deletion with a null CE", Request{Kind: KindDelete, ID: "ce-1", CE: json.RawMessage(`null`), Replica: "r", At: at}},
+		{"deletion naming MaxIfMatch tags of MaxRIDLen bytes", Request{Kind: KindDelete, ID: "ce-1", Replica: "r", At: at, IfMatch: slices.Repeat([]string{edge}, MaxIfMatch)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if len(tc.r.RID) > MaxRIDLen || len(tc.r.Fingerprint) > MaxRIDLen {

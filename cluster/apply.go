@@ -144,7 +144,7 @@ func (s *Share) Apply(ctx context.Context, p int, reqs []ceshare.Request, next i
 			}
 			continue
 		}
-		ops[i] = ledger.ShareOp{RID: r.RID, Fingerprint: r.Fingerprint, Offset: r.Offset, ID: r.ID}
+		ops[i] = ledger.ShareOp{RID: r.RID, Fingerprint: r.Fingerprint, Offset: r.Offset, ID: r.ID, IfMatch: r.IfMatch}
 		if r.Kind != ceshare.KindRegister {
 			continue
 		}

@@ -335,10 +335,12 @@ type RequestOutcome struct {
 // Forget sends a deletion of id as the request ref (its request id scoped to id's partition,
 // partitionRID; a random one when it has none) to the CE topic and answers the outcome its
 // owner recorded for it once the owner has applied the partition past it: OutcomeDeleted when it
-// deleted a CE, OutcomeAbsent when nothing was stored under id at the request's offset;
+// deleted a CE, OutcomeAbsent when nothing was stored under id at the request's offset,
+// OutcomeMismatch when ifMatch (not nil: the tags of the registrations it may delete, ledger.CE.Tag)
+// names none of the CE stored there;
 // ErrPending when the owner has not applied it within replication.register_wait. A keyed retry is sent again and skipped by the owner, which answers
 // the first attempt's outcome, so it deletes nothing registered since.
-func (s *Share) Forget(ctx context.Context, id string, ref ledger.RequestRef) (RequestOutcome, error) {
+func (s *Share) Forget(ctx context.Context, id string, ref ledger.RequestRef, ifMatch []string) (RequestOutcome, error) {
 	if ref.RID == "" {
 		ref.RID = newRID()
 	} else {
@@ -346,7 +348,7 @@ func (s *Share) Forget(ctx context.Context, id string, ref ledger.RequestRef) (R
 	}
 	sctx, cancel := context.WithTimeout(ctx, SendTimeout)
 	_, offset, err := s.prod.Send(sctx, ceshare.Request{Kind: ceshare.KindDelete, ID: id, Replica: s.id, At: time.Now().UTC(),
-		RID: ref.RID, Fingerprint: ref.Fingerprint})
+		RID: ref.RID, Fingerprint: ref.Fingerprint, IfMatch: ifMatch})
 	cancel()
 	if err != nil {
 		return RequestOutcome{}, fmt.Errorf("%w: the deletion could not be sent to the CE topic within %s, and may or may not be applied (a retry with an "+

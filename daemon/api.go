@@ -47,8 +47,9 @@ type core interface {
 	register(ctx context.Context, r registration) (*ledger.CE, error)
 	registerMany(ctx context.Context, rs []registration, lookups *time.Duration) ([]registered, error)
 	// forget deletes CE id as the request ref (its request id and fingerprint with an
-	// Idempotency-Key) and answers the outcome recorded for it (Daemon.forget).
-	forget(ctx context.Context, id string, ref ledger.RequestRef) error
+	// Idempotency-Key), when ifMatch (not nil: an If-Match header's tags) names its
+	// registration, and answers the outcome recorded for it (Daemon.forget).
+	forget(ctx context.Context, id string, ref ledger.RequestRef, ifMatch []string) error
 	// find returns a stored CE, from its owner on a replica; replica names who answered.
 	find(ctx context.Context, id, authorization string, forwarded bool) (ce *ledger.CE, replica string, err error)
 	// list returns limit CEs of status st (0: any) after the id after, in id order, and the

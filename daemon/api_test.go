@@ -191,7 +191,7 @@ type fakeCore struct {
 func (f *fakeCore) current() *bnn.Model                        { return f.m }
 func (f *fakeCore) snapshot(read func(*bnn.Model) error) error { return read(f.m) }
 func (f *fakeCore) posteriorFiles() (*posteriorFiles, error)   { return encodePosterior(f.m) }
-func (f *fakeCore) forget(context.Context, string, ledger.RequestRef) error {
+func (f *fakeCore) forget(context.Context, string, ledger.RequestRef, []string) error {
 	return ledger.ErrNotFound
 }
 func (f *fakeCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {

@@ -176,6 +176,7 @@ func (a *api) handleRegister(w http.ResponseWriter, r *http.Request) {
 		writeRegisterError(w, err)
 		return
 	}
+	setETag(w, ce)
 	writeJSON(w, http.StatusCreated, ce)
 }
 
@@ -401,6 +402,9 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, err.Error())
 		return
 	}
+	if err == nil {
+		setETag(w, ce)
+	}
 	writeClusterAnswer(w, ce, err) // 502 when the owner did not answer
 }
 
@@ -430,8 +434,9 @@ func (a *api) handleOutcome(w http.ResponseWriter, r *http.Request, id, rid stri
 
 // handleDelete deletes a CE and answers the outcome recorded for the deletion: 204 when it
 // deleted a CE, 404 when nothing was stored under the id at the deletion's point in the order
-// requests are applied (on a replica, its partition's order), 202 when a replica's owner has not
-// applied it in time. With an Idempotency-Key header the deletion is one request however often
+// requests are applied (on a replica, its partition's order), 412 when an If-Match header named
+// none of the registration stored there (kept), 202 when a replica's owner has not applied it in
+// time. With an Idempotency-Key header the deletion is one request however often
 // it is sent: a retry answers what the first attempt decided and deletes nothing again.
 func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if err := ident.Check(r.PathValue("id")); err != nil { // no CE can hold it
@@ -443,12 +448,21 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	ifMatch, err := parseIfMatch(r.Header.Values("If-Match"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	var ref ledger.RequestRef
 	if key != "" {
-		ref, _ = keyRequest(key, "", requestFingerprint(r.Method, r.URL.Path, nil))
+		var cond []byte // the same key with another If-Match is another request
+		if ifMatch != nil {
+			cond = []byte("If-Match: " + strings.Join(ifMatch, ", "))
+		}
+		ref, _ = keyRequest(key, "", requestFingerprint(r.Method, r.URL.Path, cond))
 	}
 	id := r.PathValue("id")
-	err = a.core.forget(r.Context(), id, ref)
+	err = a.core.forget(r.Context(), id, ref, ifMatch)
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
@@ -457,6 +471,8 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusAccepted, pendingBody(id, err))
 	case errors.Is(err, ledger.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, errPrecondition):
+		writeError(w, http.StatusPreconditionFailed, err.Error())
 	case errors.Is(err, errKeyReused):
 		writeError(w, http.StatusUnprocessableEntity, err.Error())
 	case errors.Is(err, ledger.ErrWrite), errors.Is(err, errStopping):

@@ -166,6 +166,8 @@ func answerDeletion(o ledger.Outcome, fingerprint string) error {
 	case ledger.OutcomeAbsent:
 		return fmt.Errorf("%w: no counterfactual was stored under %q when the deletion was applied (%s)", ledger.ErrNotFound, o.ID,
 			o.At.Format(time.RFC3339))
+	case ledger.OutcomeMismatch:
+		return fmt.Errorf("%w: %s (%s); GET it for its ETag", errPrecondition, o.Detail, o.At.Format(time.RFC3339))
 	}
 	return fmt.Errorf("the deletion of %q has outcome %q", o.ID, o.Result)
 }

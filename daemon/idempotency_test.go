@@ -59,8 +59,9 @@ func TestAnswerOutcome(t *testing.T) {
 }
 
 // TestAnswerDeletion holds the answer of a deletion to its request's outcome: none when it
-// deleted a CE, ledger.ErrNotFound when it found none, errKeyReused when the outcome is another
-// request's (another fingerprint).
+// deleted a CE, ledger.ErrNotFound when it found none, errPrecondition when its If-Match named
+// another registration than the stored one, errKeyReused when the outcome is another request's
+// (another fingerprint).
 func TestAnswerDeletion(t *testing.T) {
 	at := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
 	for _, c := range []struct {
@@ -73,6 +74,8 @@ func TestAnswerDeletion(t *testing.T) {
 		{"deleted", ledger.OutcomeDeleted, "f", "f", nil},
 		{"deleted, no key", ledger.OutcomeDeleted, "", "", nil},
 		{"absent", ledger.OutcomeAbsent, "f", "f", ledger.ErrNotFound},
+		{"mismatch", ledger.OutcomeMismatch, "f", "f", errPrecondition},
+		{"mismatch, the key used for another request", ledger.OutcomeMismatch, "f", "g", errKeyReused},
 		{"deleted, the key used for another request", ledger.OutcomeDeleted, "f", "g", errKeyReused},
 		{"absent, the key used for another request", ledger.OutcomeAbsent, "f", "g", errKeyReused},
 		{"a registration's outcome", ledger.OutcomeStored, "f", "f", nil},

@@ -238,10 +238,14 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		t.Errorf("GET /v1/backup: %d bytes, error trailer %q", len(backup), e)
 	}
 
+	_, h, _ := c.Send("GET", "/v1/counterfactuals/bulk-1", token, nil, "", 200)
+	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": `"00000000000000000000000000000000"`}, "", 412)
+	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": "0000"}, "", 400)
+	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": h.Get("ETag")}, "", 204)
 	c.Send("DELETE", "/v1/counterfactuals/ce-0", token, map[string]string{"Idempotency-Key": "del-0"}, "", 204)
 	c.Send("DELETE", "/v1/counterfactuals/ce-0", token, map[string]string{"Idempotency-Key": "del-0"}, "", 204) // a retry
-	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"Idempotency-Key": "del-0"}, "", 422)
-	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"Idempotency-Key": ""}, "", 400)
+	c.Send("DELETE", "/v1/counterfactuals/ce-1", token, map[string]string{"Idempotency-Key": "del-0"}, "", 422)
+	c.Send("DELETE", "/v1/counterfactuals/ce-1", token, map[string]string{"Idempotency-Key": ""}, "", 400)
 	c.Send("DELETE", "/v1/counterfactuals/ce-0", token, nil, "", 404)
 
 	for pattern := range routeTable() {

@@ -658,23 +658,24 @@ func checkRegistration(r registration, m *bnn.Model) error {
 // forget deletes CE id as the request ref (the request id and fingerprint of its
 // Idempotency-Key; none without one) and answers the outcome recorded for it (answerDeletion):
 // nil when it deleted a CE (its anchor is released when no CE refers to it any more),
-// ledger.ErrNotFound when nothing was stored under id when it was applied. A keyed deletion
+// ledger.ErrNotFound when nothing was stored under id when it was applied, errPrecondition
+// when ifMatch (not nil) names none of the registration stored there, which is kept. A keyed deletion
 // applied before is not applied again, and answers its first outcome: a retry does not delete a
 // CE registered under the id since. A replica sends the deletion to the CE's owner and answers
 // once the owner has applied it, in its partition's order (cluster.Share.Forget).
-func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef) error {
+func (d *Daemon) forget(ctx context.Context, id string, ref ledger.RequestRef, ifMatch []string) error {
 	if err := ident.Check(id); err != nil {
 		return fmt.Errorf("%w: %q: %v", ledger.ErrNotFound, id, err) // no CE is stored under an invalid id
 	}
 	if d.rep != nil {
-		o, err := d.share.Forget(ctx, id, ref)
+		o, err := d.share.Forget(ctx, id, ref, ifMatch)
 		if err != nil {
 			return err
 		}
 		return answerDeletion(o.Outcome, ref.Fingerprint)
 	}
 	d.mu.Lock()
-	o, err := d.ledger.DeleteRequest(id, ref)
+	o, err := d.ledger.DeleteRequest(id, ref, ifMatch)
 	d.mu.Unlock()
 	if errors.Is(err, ledger.ErrWrite) {
 		return fmt.Errorf("the ledger cannot be written now (see /readyz); nothing was deleted, retry later: %w", err)

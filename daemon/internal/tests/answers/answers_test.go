@@ -510,6 +510,49 @@ func TestDeletionAnswersAcrossReplicas(t *testing.T) {
 	if code, body := keyedDelete(t, reps[2], "keyed-other", "rdel-1"); code != http.StatusUnprocessableEntity && code != http.StatusNotFound {
 		t.Errorf("the key on another id: %d %s; want 422 or 404", code, body)
 	}
+
+	// A DELETE with If-Match deletes only the registration it names, wherever it is sent: A's
+	// deletion sent again after A was registered anew (the same CE, another registration) is
+	// 412 at its owner, and the new registration stays.
+	id = "if-match"
+	body, err := json.Marshal(ceFor(id, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	register := func(r *launch.Running) string {
+		t.Helper()
+		resp, msg := r.RawDo(t, "POST", "/v1/counterfactuals", string(body), nil)
+		if resp.StatusCode != http.StatusCreated || resp.Header.Get("ETag") == "" {
+			t.Fatalf("POST %s at %s: %d %s, ETag %q", id, r.Base, resp.StatusCode, msg, resp.Header.Get("ETag"))
+		}
+		return resp.Header.Get("ETag")
+	}
+	conditional := func(r *launch.Running, tag string) (int, string) {
+		resp, msg := r.RawDo(t, "DELETE", "/v1/counterfactuals/"+id, "", map[string]string{"If-Match": tag})
+		return resp.StatusCode, string(msg)
+	}
+	first := register(reps[0])
+	for _, r := range reps {
+		if resp, msg := r.RawDo(t, "GET", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusOK || resp.Header.Get("ETag") != first {
+			t.Fatalf("GET at %s: %d %s, ETag %q; want the 201's %s", r.Base, resp.StatusCode, msg, resp.Header.Get("ETag"), first)
+		}
+	}
+	if code, msg := conditional(reps[1], first); code != http.StatusNoContent {
+		t.Fatalf("DELETE If-Match the registration's ETag at r2: %d %s; want 204", code, msg)
+	}
+	again := register(reps[2])
+	if again == first {
+		t.Fatalf("the CE registered again has its first registration's ETag %s", first)
+	}
+	if code, msg := conditional(reps[0], first); code != http.StatusPreconditionFailed || !strings.Contains(msg, strings.Trim(again, `"`)) {
+		t.Errorf("the first DELETE again at r1: %d %s; want 412 naming %s", code, msg, again)
+	}
+	if stored := daemontest.Settled(t, b, reps, id); stored == nil || stored.Tag() != strings.Trim(again, `"`) {
+		t.Errorf("after the first DELETE again the owner stores %s; want the registration made since", describe(stored))
+	}
+	if code, msg := conditional(reps[1], again); code != http.StatusNoContent {
+		t.Errorf("DELETE If-Match the new registration's ETag: %d %s; want 204", code, msg)
+	}
 }
 
 // bulkAnswer is what POST /v1/counterfactuals:bulk answers, as these tests read it.

@@ -1,0 +1,77 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// A CE's ETag is its registration's tag (ledger.CE.Tag), quoted: GET /v1/counterfactuals/{id}
+// and a registration's 201 carry it, and DELETE with If-Match deletes the CE only while the id
+// holds a registration it names. A DELETE sent again without its Idempotency-Key after the id
+// was registered anew then keeps the new registration (412) instead of deleting it.
+
+// errPrecondition: a deletion's If-Match named none of the registration stored under its id
+// (ledger.OutcomeMismatch); answered 412.
+var errPrecondition = errors.New("precondition failed")
+
+// etag is ce's ETag header value: its tag as a strong entity tag.
+func etag(ce *ledger.CE) string { return `"` + ce.Tag() + `"` }
+
+// setETag sets ce's ETag on w (nothing for a nil ce).
+func setETag(w http.ResponseWriter, ce *ledger.CE) {
+	if ce != nil {
+		w.Header().Set("ETag", etag(ce))
+	}
+}
+
+// parseIfMatch reads the If-Match header fields of a request (RFC 9110, 13.1.1: "*", or a list
+// of entity tags): nil when there is none; ledger.AnyTag for "*"; else each tag's opaque
+// content, a weak tag kept with its W/ so that it matches nothing (If-Match compares strongly).
+// A field that is not of that form, or names more than ceshare.MaxIfMatch tags, or tags outside
+// printable ASCII or over ceshare.MaxRIDLen bytes, is an error naming it.
+func parseIfMatch(fields []string) ([]string, error) {
+	if len(fields) == 0 {
+		return nil, nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("If-Match %q: %s; send \"*\" or the ETag of GET /v1/counterfactuals/{id}, quoted", strings.Join(fields, ", "), why)
+	}
+	var tags []string
+	for _, f := range fields {
+		for _, el := range strings.Split(f, ",") {
+			el = strings.Trim(el, " \t")
+			switch {
+			case el == "":
+				continue // the list rule allows empty elements
+			case el == "*":
+				tags = append(tags, ledger.AnyTag)
+				continue
+			}
+			weak := strings.HasPrefix(el, "W/")
+			opaque := strings.TrimPrefix(el, "W/")
+			if len(opaque) < 2 || opaque[0] != '"' || opaque[len(opaque)-1] != '"' {
+				return nil, bad(fmt.Sprintf("%q is not an entity tag", el))
+			}
+			opaque = opaque[1 : len(opaque)-1]
+			if opaque == "" || len(opaque) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
+				return nil, bad(fmt.Sprintf("%q: a tag is 1 to %d printable ASCII characters, without quotes inside", el, ceshare.MaxRIDLen))
+			}
+			if weak {
+				opaque = "W/" + opaque
+			}
+			tags = append(tags, opaque)
+		}
+	}
+	switch {
+	case len(tags) == 0:
+		return nil, bad("no entity tag")
+	case len(tags) > ceshare.MaxIfMatch:
+		return nil, bad(fmt.Sprintf("%d entity tags, over %d", len(tags), ceshare.MaxIfMatch))
+	}
+	return tags, nil
+}

@@ -1,0 +1,107 @@
+package daemon
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// TestParseIfMatch holds what an If-Match header may be (RFC 9110, 13.1.1): "*", or a list of
+// entity tags, strong or weak (W/, kept so that it matches nothing), over one field or several;
+// anything else, and more than ceshare.MaxIfMatch tags, is an error naming the header.
+func TestParseIfMatch(t *testing.T) {
+	many := strings.TrimSuffix(strings.Repeat(`"t",`, ceshare.MaxIfMatch), ",")
+	for _, c := range []struct {
+		name   string
+		fields []string
+		want   []string // nil with ok: no condition
+		ok     bool
+	}{
+		{"no header", nil, nil, true},
+		{"one tag", []string{`"0a1b"`}, []string{"0a1b"}, true},
+		{"any", []string{"*"}, []string{ledger.AnyTag}, true},
+		{"a list", []string{`"a", W/"b" ,"c"`}, []string{"a", "W/b", "c"}, true},
+		{"two fields", []string{`"a"`, `"b"`}, []string{"a", "b"}, true},
+		{"empty elements", []string{` , "a",,`}, []string{"a"}, true},
+		{"MaxIfMatch tags", []string{many}, slices.Repeat([]string{"t"}, ceshare.MaxIfMatch), true},
+		{"a tag of MaxRIDLen bytes", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen) + `"`}, []string{strings.Repeat("!", ceshare.MaxRIDLen)}, true},
+		{"unquoted", []string{"0a1b"}, nil, false},
+		{"empty", []string{""}, nil, false},
+		{"only commas", []string{" , "}, nil, false},
+		{"an empty tag", []string{`""`}, nil, false},
+		{"a lone quote", []string{`"`}, nil, false},
+		{"a space inside", []string{`"a b"`}, nil, false},
+		{"a quote inside", []string{`"a"b"`}, nil, false},
+		{"UTF-8", []string{`"clé"`}, nil, false},
+		{"lower-case weak", []string{`w/"a"`}, nil, false},
+		{"too long", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen+1) + `"`}, nil, false},
+		{"too many", []string{many + `,"t"`}, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := parseIfMatch(c.fields)
+			switch {
+			case c.ok && (err != nil || !slices.Equal(got, c.want) || (got == nil) != (c.want == nil)):
+				t.Fatalf("parseIfMatch(%q) = %q, %v; want %q", c.fields, got, err, c.want)
+			case !c.ok && (err == nil || got != nil):
+				t.Fatalf("parseIfMatch(%q) = %q, %v; want an error", c.fields, got, err)
+			case !c.ok && !strings.Contains(err.Error(), "If-Match"):
+				t.Fatalf("parseIfMatch(%q): %v does not name the header", c.fields, err)
+			}
+		})
+	}
+}
+
+// A DELETE with If-Match deletes a CE only while its id holds the registration the client read
+// (its ETag, from the 201 or a GET): sent again after the CE was deleted and registered anew
+// (even the same x, x_cf and target), it is 412 and the new registration stays, where a DELETE
+// without it would delete that one. A keyed deletion with one If-Match and its key with another
+// are two requests (422); "*" deletes whatever is stored; nothing stored is 404; a header that
+// is no entity tag is 400.
+func TestDeleteIfMatchKeepsARegistrationMadeSince(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	body := `{"id":"ce-1","x":` + mustJSON(t, data.X[xs[0]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[0]]) + `,"target":"benign"}`
+	register := func() string {
+		t.Helper()
+		resp, b := r.RawDo(t, "POST", "/v1/counterfactuals", body, nil)
+		tag := resp.Header.Get("ETag")
+		if resp.StatusCode != http.StatusCreated || !strings.HasPrefix(tag, `"`) {
+			t.Fatalf("POST: %d %s, ETag %q; want 201 with an ETag", resp.StatusCode, b, tag)
+		}
+		if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/ce-1", "", nil); resp.Header.Get("ETag") != tag {
+			t.Fatalf("GET's ETag %q, the 201's %q: want one", resp.Header.Get("ETag"), tag)
+		}
+		return tag
+	}
+	del := func(header map[string]string, want int, says string) {
+		t.Helper()
+		resp, b := r.RawDo(t, "DELETE", "/v1/counterfactuals/ce-1", "", header)
+		if resp.StatusCode != want || !strings.Contains(string(b), says) {
+			t.Fatalf("DELETE with %q: %d %s; want %d saying %q", header, resp.StatusCode, b, want, says)
+		}
+	}
+	first := register()
+	del(map[string]string{"If-Match": `"00000000000000000000000000000000", W/` + first}, http.StatusPreconditionFailed, strings.Trim(first, `"`))
+	del(map[string]string{"If-Match": first}, http.StatusNoContent, "")
+	again := register()
+	if again == first {
+		t.Fatalf("the registration sent again has the first one's ETag %s", first)
+	}
+	// The first deletion sent again, with its If-Match: the registration made since stays.
+	del(map[string]string{"If-Match": first}, http.StatusPreconditionFailed, strings.Trim(again, `"`))
+	del(map[string]string{"If-Match": first, "Idempotency-Key": "k-1"}, http.StatusPreconditionFailed, "nothing was deleted")
+	del(map[string]string{"If-Match": first, "Idempotency-Key": "k-1"}, http.StatusPreconditionFailed, "nothing was deleted")
+	del(map[string]string{"Idempotency-Key": "k-1"}, http.StatusUnprocessableEntity, "another method, path or body")
+	if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/ce-1", "", nil); resp.StatusCode != http.StatusOK || resp.Header.Get("ETag") != again {
+		t.Fatalf("GET after the refused deletions: %d, ETag %q; want the registration made since, %s", resp.StatusCode, resp.Header.Get("ETag"), again)
+	}
+	del(map[string]string{"If-Match": "0a1b"}, http.StatusBadRequest, "If-Match")
+	del(map[string]string{"If-Match": "*"}, http.StatusNoContent, "")
+	del(map[string]string{"If-Match": first}, http.StatusNotFound, "no counterfactual")
+}
