@@ -26,7 +26,10 @@ const reissueQueue = 4096
 // one stops holding (explain.reissue): when a CE reaches the configured status (invalidated, or
 // at_risk and so also invalidated), it generates a new robust CE for the same x under the current
 // posterior with PSCE, in the background and within explain.concurrency, stores it under the id
-// "<old id>.r<posterior version>", and publishes counterfactual_reissued (id -> new_id) or
+// "<old id>.r<v>", v the posterior version of the status change that made it wait (not the
+// version generated under: every owner of the CE names the replacement of one wait alike, so a
+// previous owner that stores one while this one generates takes the name first, and this one
+// announces that one rather than store a second), and publishes counterfactual_reissued (id -> new_id) or
 // counterfactual_reissue_failed (with the error) through the ledger's outbox. The old CE is kept:
 // deleting it is the caller's decision.
 //
@@ -396,13 +399,23 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	// on meanwhile) may fall outside the set: generate again under the newer one, a few times.
 	for attempt := 1; ; attempt++ {
 		m = r.d.current()
-		ce, err = r.generate(ctx, m, old, id)
+		ce, err = r.generate(ctx, m, old, ident.Reissue(id, p.Version))
 		if err == nil || !errors.Is(err, errOutsideSet) || r.d.current().Version == m.Version || attempt == reissueAttempts {
 			break
 		}
 	}
 	if ctx.Err() != nil {
 		return
+	}
+	if errors.Is(err, ledger.ErrExists) {
+		// The name is taken: by the replacement another owner of the CE (the replica it moved
+		// from, still generating when it moved) stored after this one looked.
+		if had, serr := r.stored(ctx, old, p); serr == nil && had != nil {
+			r.log.Info("counterfactual reissued meanwhile by another run (the CE's previous owner): announcing its replacement, not this one",
+				"id", id, "new_id", had.ID)
+			r.announce(old, had, p)
+			return
+		}
 	}
 	if err != nil {
 		r.log.Warn("counterfactual not reissued", "id", id, "posterior_version", m.Version, "err", err)
@@ -461,9 +474,8 @@ func (r *reissuer) stored(ctx context.Context, old *ledger.CE, p ledger.PendingR
 // reissueAttempts bounds the generations of one replacement while the posterior moves.
 const reissueAttempts = 3
 
-// generate runs PSCE for old's x under m and registers the result under ident.Reissue(id, version).
-func (r *reissuer) generate(ctx context.Context, m *bnn.Model, old *ledger.CE, id string) (*ledger.CE, error) {
-	newID := ident.Reissue(id, m.Version)
+// generate runs PSCE for old's x under m and registers the result under newID.
+func (r *reissuer) generate(ctx context.Context, m *bnn.Model, old *ledger.CE, newID string) (*ledger.CE, error) {
 	gctx, cancel := context.WithTimeout(ctx, r.d.cfg.Explain.Timeout)
 	defer cancel()
 	res, err := r.d.exp.generate(gctx, m, old.X, old.Target, explain.MethodPSCE)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -447,4 +448,113 @@ func storeReplacement(t *testing.T, r *running, id string) string {
 		t.Fatal(err)
 	}
 	return newID
+}
+
+// A replacement is named after the version of the change that made its CE wait, not the
+// version it is generated under, so that two owners of the CE (the one it moved from, still
+// generating, and the one it moved to) name it alike: when the previous owner stores its
+// replacement after this one looked for it (the hook, between the look and the generation, while
+// the posterior has moved on since the change), this one's registration finds the name taken,
+// and it announces the stored replacement instead of storing a second. One replacement, one
+// counterfactual_reissued naming it.
+func TestReissueAnnouncesAReplacementStoredWhileItGenerated(t *testing.T) {
+	var race atomic.Pointer[func(id string)]
+	held := make(chan string, 1)
+	r := startDaemonWith(t, daemontest.WithSharedVAE(t, func(c *config.Config) {
+		daemontest.PaperLearner(c, 1e-3) // a mild drift, which leaves room for replacements
+		c.Explain.Reissue = "at_risk"
+		c.Explain.Concurrency = 1
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96
+	}), func(o *Options) {
+		o.Hooks.Reissue = func(ctx context.Context, id string) {
+			if f := race.Load(); f != nil {
+				(*f)(id)
+				return
+			}
+			select { // the daemon's own reissuer: held until the daemon stops
+			case held <- id:
+			default:
+			}
+			<-ctx.Done()
+		}
+	}, nil).WaitReady(t, "readyz", 20*time.Second)
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 6, "")
+	drift := daemontest.Flipped(data, 104)
+	r.Produce(t, drift[:96]...)
+	waitfor.Cond(t, 60*time.Second, "the drift applied and judged", func() bool {
+		return r.Metric(t, "cfguard_records_total", "result", "applied") == 96 && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0 &&
+			r.Metric(t, "cfguard_counterfactuals", "status", "at_risk")+r.Metric(t, "cfguard_counterfactuals", "status", "invalidated") > 0
+	})
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reissuer took no CE within 30 s")
+	}
+	since := r.D.current().Version
+	r.Produce(t, drift[96:]...) // the posterior moves on; the drift goes on, so no CE recovers
+	waitfor.Cond(t, 60*time.Second, "the posterior moved on, every CE judged", func() bool {
+		return r.D.current().Version > since && r.Metric(t, "cfguard_counterfactuals_renewal_pending") == 0 &&
+			r.Metric(t, "cfguard_counterfactuals_unconfirmed") == 0
+	})
+	var (
+		id string
+		p  ledger.PendingReissue
+	)
+	for _, c := range ids {
+		w, waits, err := r.D.ledger.PendingReissue(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ce, err := r.D.ledger.Get(c); err == nil && waits && ce.Status != certify.Certified && w.Version < r.D.current().Version {
+			id, p = c, w
+			break
+		}
+	}
+	if id == "" {
+		t.Fatal("no CE waits for its reissue since a version the posterior has left: this test shows nothing")
+	}
+	name := ident.Reissue(id, p.Version)
+	storeAt := func(got string) {
+		if got != id {
+			return
+		}
+		old, err := r.D.ledger.Get(id)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		c := r.D.cfg.Certify
+		if err := r.D.ledger.Put(context.Background(), &ledger.CE{ID: name, X: old.X, XCF: old.XCF, Target: old.Target,
+			AnchorVersion: r.D.current().Version, P1: 0.2, Var1: 0.01, Samples: c.Samples, Delta: c.Delta, Epsilon: c.Epsilon}); err != nil {
+			t.Error(err)
+		}
+	}
+	race.Store(&storeAt)
+	logs := &tooltest.Output{}
+	re := newReissuer(r.D, "at_risk", slog.New(slog.NewTextHandler(logs, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	re.reissue(ctx, id)
+	es := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, []string{id})[id]
+	if len(es) != 1 || es[0].Type != "counterfactual_reissued" || es[0].NewID != name {
+		t.Fatalf("outcomes of %s: %+v; want one counterfactual_reissued naming %s, stored while it generated\n%s", id, es, name, logs.String())
+	}
+	if !strings.Contains(logs.String(), "announcing its replacement, not this one") {
+		t.Errorf("the log does not say it announced the replacement stored meanwhile:\n%s", logs.String())
+	}
+	all, err := r.D.ledger.List(0, 1000, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := ident.ReissueStem(id) + ".r"
+	for _, ce := range all {
+		if strings.HasPrefix(ce.ID, prefix) && ce.ID != name {
+			t.Errorf("a second replacement of %s stored: %s", id, ce.ID)
+		}
+	}
+	if _, waits, err := r.D.ledger.PendingReissue(id); err != nil || waits {
+		t.Errorf("%s still waits for a reissue (%v)", id, err)
+	}
 }
