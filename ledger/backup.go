@@ -161,7 +161,19 @@ func verifyTx(tx *bolt.Tx, path string, info *Info) error {
 // or not a ledger) is refused with an error wrapping ErrCorrupt that says what to do about such
 // a backup, not what a damaged ledger needs; a backup of a newer cfguard with one wrapping
 // ErrNewerSchema.
-func Restore(src, stateDir string) (Info, error) {
+func Restore(src, stateDir string) (Info, error) { return RestoreWith(src, stateDir, RestoreOptions{}) }
+
+// RestoreOptions are Restore's callbacks (RestoreWith).
+type RestoreOptions struct {
+	// Repairing, when set, is called once the state directory is found free (no ledger in it,
+	// no process holding it) and before a src whose records did not verify is repaired: about a
+	// second per million CEs, so that a command can say what it is doing meanwhile. detail is
+	// what Verify found.
+	Repairing func(detail string)
+}
+
+// RestoreWith is Restore, telling opts what it does.
+func RestoreWith(src, stateDir string, opts RestoreOptions) (Info, error) {
 	if found, err := Verify(src); err != nil {
 		var ce *store.CorruptError
 		if !errors.As(err, &ce) {
@@ -173,7 +185,11 @@ func Restore(src, stateDir string) (Info, error) {
 		if found.Policy == "" { // the damage is not in the records Open repairs
 			return Info{}, refused
 		}
-		return restoreRepaired(src, stateDir, found.Policy, refused)
+		return restoreRepaired(src, stateDir, found.Policy, refused, func() { // once the state directory is found free
+			if opts.Repairing != nil {
+				opts.Repairing(store.Reason(ce.Detail))
+			}
+		})
 	}
 	return installVerified(src, stateDir)
 }
@@ -199,12 +215,18 @@ func installVerified(src, stateDir string) (Info, error) {
 // the repaired copy, once it verifies, is installed as any backup is. The directory is removed
 // whatever happens, and stateDir too when this created it and nothing was installed. When Open
 // refuses the copy, or the repaired copy does not verify, the damage is not damage Open repairs:
-// the backup is refused with refused, the refusal of a backup that does not verify.
-func restoreRepaired(src, stateDir, policy string, refused error) (info Info, err error) {
+// the backup is refused with refused, the refusal of a backup that does not verify. A state
+// directory Install would refuse (a ledger in it, a process holding it) is refused before the
+// repair, not after it; repairing is called just before the repair.
+func restoreRepaired(src, stateDir, policy string, refused error, repairing func()) (info Info, err error) {
 	pol, _, err := parsePolicyFingerprint(policy)
 	if err != nil {
 		return Info{}, refused
 	}
+	if err := store.Installable(stateDir); err != nil {
+		return Info{}, err
+	}
+	repairing()
 	created, err := missingDirs(stateDir)
 	if err != nil {
 		return Info{}, fmt.Errorf("ledger: restore: %w", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -206,5 +207,47 @@ func TestRestoreRebuildsDamagedIndexes(t *testing.T) {
 	checkInvariants(t, r)
 	if n := r.Damaged(); n != 0 {
 		t.Errorf("Damaged() = %d, want 0", n)
+	}
+}
+
+// A backup that needs a repair, aimed at a state directory Install refuses (a running ledger
+// holds it, or it holds a ledger), is refused as any restore there is, before the repair: the
+// Repairing callback is not called and nothing is made in the directory. Into a free one, it is
+// called once, with what Verify found, before the repaired copy is installed.
+func TestRestoreRefusesAnOccupiedStateDirBeforeRepairing(t *testing.T) {
+	backup, _ := damagedBackup(t, func(l *Ledger) { damageValue(t, l, bBodies, "rich-b-03") })
+	var said []string
+	opts := RestoreOptions{Repairing: func(detail string) { said = append(said, detail) }}
+	state := t.TempDir()
+	l, err := Open(state, Options{Policy: testPolicy(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := func() []string {
+		entries, _ := os.ReadDir(state)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	held := before()
+	if _, err := RestoreWith(backup, state, opts); !errors.Is(err, ErrLocked) || len(said) != 0 {
+		t.Errorf("a repairing restore into a running ledger's directory: %v, Repairing called %d times; want ErrLocked before any repair", err, len(said))
+	}
+	l.Close()
+	if _, err := RestoreWith(backup, state, opts); !errors.Is(err, fs.ErrExist) || !strings.Contains(err.Error(), "mv ") || len(said) != 0 {
+		t.Errorf("a repairing restore over a ledger: %v, Repairing called %d times; want fs.ErrExist saying to move it aside, before any repair", err, len(said))
+	}
+	if got := before(); !slices.Equal(got, held) {
+		t.Errorf("the refused restores left %v in the state directory, which held %v", got, held)
+	}
+	free := filepath.Join(t.TempDir(), "state")
+	info, err := RestoreWith(backup, free, opts)
+	if err != nil || info.Repaired == nil {
+		t.Fatalf("the restore into a free directory: %+v, %v", info, err)
+	}
+	if len(said) != 1 || !strings.Contains(said[0], "checksum") {
+		t.Errorf("Repairing was told %q, want once, what Verify found", said)
 	}
 }

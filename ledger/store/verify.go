@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	bolt "go.etcd.io/bbolt"
@@ -142,13 +143,7 @@ func Install(src, dir string, verify func(path string) error) error {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	defer lock.Close()
-	exists := func() error {
-		if _, err := os.Lstat(dst); err == nil {
-			return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
-				fs.ErrExist, dst, ShellQuote(dst), ShellQuote(AsideName(dst, ".old")))
-		}
-		return nil
-	}
+	exists := func() error { return occupied(dst) }
 	if err := exists(); err != nil {
 		return err
 	}
@@ -195,6 +190,41 @@ func Install(src, dir string, verify func(path string) error) error {
 		return fmt.Errorf("ledger: restore: sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// occupied is Install's refusal of dst when it exists.
+func occupied(dst string) error {
+	if _, err := os.Lstat(dst); err == nil {
+		return fmt.Errorf("ledger: restore: %w: %s already holds a ledger; Restore never replaces one. Move it aside first (mv %s %s)",
+			fs.ErrExist, dst, ShellQuote(dst), ShellQuote(AsideName(dst, ".old")))
+	}
+	return nil
+}
+
+// Installable is Install's refusal of dir as things stand (dir holds a ledger, or a running
+// process holds its lock), nil when Install would go on; it creates nothing. Install checks again:
+// a caller that does long work before Install (a repair) asks first, so that a restore that
+// cannot be installed is refused before that work rather than after it.
+func Installable(dir string) error {
+	dst := filepath.Join(dir, FileName)
+	pidPath := filepath.Join(dir, PIDFileName)
+	f, err := os.OpenFile(pidPath, os.O_RDWR, 0)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return occupied(dst)
+	case err != nil:
+		return fmt.Errorf("ledger: restore: lock file: %w", err)
+	}
+	defer f.Close() // releases the lock taken below
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			b := make([]byte, 32)
+			n, _ := f.ReadAt(b, 0)
+			return fmt.Errorf("ledger: restore: %w", lockedError(dst, pidPath, strings.TrimSpace(string(b[:n]))))
+		}
+		return fmt.Errorf("ledger: restore: lock %s: %w", pidPath, err)
+	}
+	return occupied(dst)
 }
 
 // CopyFile copies src to a new file dst (it must not exist) and fsyncs it.

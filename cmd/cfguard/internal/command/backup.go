@@ -156,7 +156,10 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	info, err := ledger.Restore(*from, cfg.StateDir)
+	info, err := ledger.RestoreWith(*from, cfg.StateDir, ledger.RestoreOptions{Repairing: func(detail string) {
+		fmt.Fprintf(stderr, "cfguard restore: the backup %s does not verify (%s); repairing a copy of it in %s as a start of cfguard "+
+			"would (about a second per million counterfactuals), then installing that\n", *from, detail, cfg.StateDir)
+	}})
 	if err != nil {
 		return namingConfig(err, *path)
 	}

@@ -423,7 +423,7 @@ func TestRestoreReportsQuarantinedCEs(t *testing.T) {
 	if info.Repaired == nil || fmt.Sprint(info.Repaired.Quarantined) != fmt.Sprint(want) || info.CEs != 4 {
 		t.Errorf("cfguard restore printed %s; want %d CEs and %+v quarantined under \"repaired\"", stdout, 4, want)
 	}
-	for _, s := range []string{backup, `counterfactual "ce-2" quarantined: body checksum mismatch`, "register the 1 again"} {
+	for _, s := range []string{backup, "does not verify", "repairing a copy of it in " + state, `counterfactual "ce-2" quarantined: body checksum mismatch`, "register the 1 again"} {
 		if !strings.Contains(stderr, s) {
 			t.Errorf("cfguard restore's stderr does not say %q: %s", s, stderr)
 		}
