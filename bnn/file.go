@@ -71,22 +71,15 @@ func Save(dir string, m *Model) error {
 // Encode serialises a valid model to the bytes of its two files: the JSON sidecar and the
 // safetensors weights (F64, so that a round trip is bit-exact). Decode inverts it.
 func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
-	if err := m.Validate(); err != nil {
+	tensors, err := fileTensors(m)
+	if err != nil {
 		return nil, nil, err
 	}
-	if m.Dropout > 0 {
-		return nil, nil, fmt.Errorf("%w: an MC Dropout network (dropout %v) has no posterior to save; model files hold BNNs only", ErrInvalidModel, m.Dropout)
-	}
-	tensors := map[string]safetensors.Tensor{}
 	sc := Sidecar{Format: modelFiles.Format, FormatVersion: FormatVersion, Activation: m.Activation.String(), Output: "log_softmax",
 		PriorSigma: m.PriorSigma, Scaler: m.Scaler, Features: m.Features, Classes: m.Classes, PosteriorVersion: m.Version,
 		Records: m.Records}
 	for _, l := range m.Layers {
 		sc.Layers = append(sc.Layers, LayerSchema{Name: l.Name, In: l.In, Out: l.Out})
-		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightMu}
-		tensors[l.Name+".weight_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightLogSigma}
-		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
-		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
 	}
 	if weights, sc.WeightsSHA256, err = modelFiles.EncodeWeights(tensors); err != nil {
 		return nil, nil, err
@@ -95,6 +88,36 @@ func Encode(m *Model) (sidecarJSON, weights []byte, err error) {
 		return nil, nil, err
 	}
 	return sidecarJSON, weights, nil
+}
+
+// WeightsSHA256 is the hex SHA-256 of the weights file Encode writes for m (its sidecar's
+// weights_sha256), without encoding the sidecar: a posterior's hash, computed for every entry a
+// replica plays from its log.
+func WeightsSHA256(m *Model) (string, error) {
+	tensors, err := fileTensors(m)
+	if err != nil {
+		return "", err
+	}
+	_, sum, err := modelFiles.EncodeWeights(tensors)
+	return sum, err
+}
+
+// fileTensors is a valid model's tensors as its weights file names them (torchbnn's keys).
+func fileTensors(m *Model) (map[string]safetensors.Tensor, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	if m.Dropout > 0 {
+		return nil, fmt.Errorf("%w: an MC Dropout network (dropout %v) has no posterior to save; model files hold BNNs only", ErrInvalidModel, m.Dropout)
+	}
+	tensors := map[string]safetensors.Tensor{}
+	for _, l := range m.Layers {
+		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightMu}
+		tensors[l.Name+".weight_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightLogSigma}
+		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
+		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
+	}
+	return tensors, nil
 }
 
 // Load reads a model directory written by Save (or by a torchbnn export with the same key names

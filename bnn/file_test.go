@@ -1,6 +1,8 @@
 package bnn
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math"
@@ -196,5 +198,45 @@ func TestSidecarActivationAndOutput(t *testing.T) {
 				t.Errorf("%s = %s: error %q does not mention %s", tc.field, tc.value, err, s)
 			}
 		}
+	}
+}
+
+// WeightsSHA256 is the SHA-256 of the weights file Encode writes and the weights_sha256 its
+// sidecar records, for every model Encode takes; one Encode refuses (an MC Dropout network, an
+// invalid model) it refuses too. A change of any weight changes it.
+func TestWeightsSHA256IsTheEncodedWeightsHash(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 9} {
+		m := smallModel(seed)
+		m.Version = seed
+		sc, w, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var side struct {
+			WeightsSHA256 string `json:"weights_sha256"`
+		}
+		if err := json.Unmarshal(sc, &side); err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(w)
+		got, err := WeightsSHA256(m)
+		if err != nil || got != hex.EncodeToString(sum[:]) || got != side.WeightsSHA256 {
+			t.Fatalf("seed %d: WeightsSHA256 = %q, %v; want the weights' hash %x, as the sidecar says (%s)", seed, got, err, sum, side.WeightsSHA256)
+		}
+		m.Last().BiasLogSigma[0] = math.Nextafter(m.Last().BiasLogSigma[0], 0)
+		if again, _ := WeightsSHA256(m); again == got {
+			t.Errorf("seed %d: one weight changed by an ulp, the same hash", seed)
+		}
+	}
+	m := smallModel(3)
+	m.Dropout = 0.1
+	_, _, encErr := Encode(m)
+	if _, err := WeightsSHA256(m); err == nil || encErr == nil || !errors.Is(err, ErrInvalidModel) {
+		t.Errorf("an MC Dropout network: WeightsSHA256 %v, Encode %v; want both refused", err, encErr)
+	}
+	m = smallModel(3)
+	m.Layers[0].WeightMu = m.Layers[0].WeightMu[:1]
+	if _, err := WeightsSHA256(m); err == nil {
+		t.Error("an invalid model: WeightsSHA256 took it")
 	}
 }

@@ -266,14 +266,7 @@ func isHexSHA256(s string) bool {
 func Hash(value []byte) [32]byte { return sha256.Sum256(value) }
 
 // PosteriorHash is the hex SHA-256 of m's weights as bnn.Encode writes them.
-func PosteriorHash(m *bnn.Model) (string, error) {
-	_, w, err := bnn.Encode(m)
-	if err != nil {
-		return "", err
-	}
-	s := sha256.Sum256(w)
-	return hex.EncodeToString(s[:]), nil
-}
+func PosteriorHash(m *bnn.Model) (string, error) { return bnn.WeightsSHA256(m) }
 
 // LastLayerOf copies m's last layer.
 func LastLayerOf(m *bnn.Model) *LastLayer {
