@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -146,4 +149,83 @@ func BenchmarkPastOfARebuild(b *testing.B) {
 	}
 	b.Run("anchors", func(b *testing.B) { rebuild(b, false) })
 	b.Run("anchors_and_verdicts", func(b *testing.B) { rebuild(b, true) })
+}
+
+// recallEntries is how many one-record increments the posterior log of BenchmarkRecall holds:
+// enough that the play's cost per record outweighs a reader's opening and closing, few enough
+// that a run of -count 10 takes about two minutes.
+const recallEntries = 3000
+
+// BenchmarkRecall measures Replica.Recall at a replica restarted from its ledger, whose posterior
+// log has recallEntries one-record increments: the play of the log from its first record that
+// finds the 255 versions before the current one. An op of recall is one Recall; before it, with
+// the timer stopped, the replica is started again on its state directory (its own recall held,
+// so that only the benchmark's plays the log) and the log is read plainly (plain_read's op), so
+// that recall/plain, the ratio of the two, is measured under the same load. plain_read is the
+// floor: a kafka-go reader of the same records, from the first to the head, that decodes nothing
+// and is closed, as the play's is. ns/entry is an op's time over the number of records in the log.
+func BenchmarkRecall(b *testing.B) {
+	r, _ := longLog(b, recallEntries, false)
+	cfg, records := *r.Config, r.D.Replica().Head().Offset+1
+	r.Stop(b)
+	ctx := context.Background()
+	plainRead := func(b *testing.B) time.Duration {
+		start := time.Now()
+		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Kafka.Brokers, Topic: cfg.Replication.PosteriorTopic, Partition: 0,
+			MinBytes: 1, MaxBytes: postlog.MaxRecordBytes + 64<<10, MaxWait: postlog.ReaderMaxWait})
+		for {
+			m, err := rd.FetchMessage(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if m.Offset == records-1 {
+				break
+			}
+		}
+		if err := rd.Close(); err != nil { // as Recall's play closes its reader
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	perEntry := func(b *testing.B, took time.Duration, ops int) {
+		b.ReportMetric(float64(took.Nanoseconds())/float64(int64(ops)*records), "ns/entry")
+	}
+	b.Run("recall", func(b *testing.B) {
+		var recall, plain time.Duration
+		ops := 0
+		for b.Loop() {
+			b.StopTimer()
+			rr := launch.With(b, func(c *config.Config) {
+				daemontest.ReplicaConfig(c, cfg.Kafka.Brokers, cfg.Replication.ReplicaID, cfg.Replication.KeyFile)
+				c.StateDir = cfg.StateDir
+				c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 1, 1
+			}, func(o *daemon.Options) {
+				o.Hooks.Recall = func(ctx context.Context) { <-ctx.Done() }
+			}, nil)
+			waitfor.Cond(b, 60*time.Second, "the restarted replica ready", func() bool { code, _ := rr.Get(b, "/readyz"); return code == 200 })
+			plain += plainRead(b)
+			b.StartTimer()
+			start := time.Now()
+			got, err := rr.D.Replica().Recall(ctx)
+			recall += time.Since(start)
+			b.StopTimer()
+			if err != nil || len(got) != 255 {
+				b.Fatalf("Recall: %d versions, %v; want 255", len(got), err)
+			}
+			rr.Stop(b)
+			ops++
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(recall)/float64(plain), "recall/plain")
+		perEntry(b, recall, ops)
+	})
+	b.Run("plain_read", func(b *testing.B) {
+		var took time.Duration
+		ops := 0
+		for b.Loop() {
+			took += plainRead(b)
+			ops++
+		}
+		perEntry(b, took, ops)
+	})
 }
