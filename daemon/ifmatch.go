@@ -31,9 +31,11 @@ func setETag(w http.ResponseWriter, ce *ledger.CE) {
 
 // parseIfMatch reads the If-Match header fields of a request (RFC 9110, 13.1.1: "*", or a list
 // of entity tags): nil when there is none; ledger.AnyTag for "*"; else each tag's opaque
-// content, a weak tag kept with its W/ so that it matches nothing (If-Match compares strongly).
-// A field that is not of that form, or names more than ceshare.MaxIfMatch tags, or tags outside
-// printable ASCII or over ceshare.MaxRIDLen bytes, is an error naming it.
+// content, a weak tag kept with its W/ so that it matches nothing (If-Match compares strongly),
+// and the entity tag "*" kept quoted, so that it is not the wildcard. A field that is not of
+// that form, or names more than ceshare.MaxIfMatch tags, or tags outside printable ASCII or
+// over ceshare.MaxRIDLen bytes as passed on (W/ included), is an error naming it: every list it
+// answers is one a replica can send (ceshare.Request.IfMatch).
 func parseIfMatch(fields []string) ([]string, error) {
 	if len(fields) == 0 {
 		return nil, nil
@@ -58,13 +60,19 @@ func parseIfMatch(fields []string) ([]string, error) {
 				return nil, bad(fmt.Sprintf("%q is not an entity tag", el))
 			}
 			opaque = opaque[1 : len(opaque)-1]
-			if opaque == "" || len(opaque) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
-				return nil, bad(fmt.Sprintf("%q: a tag is 1 to %d printable ASCII characters, without quotes inside", el, ceshare.MaxRIDLen))
+			tag := opaque
+			switch {
+			case weak:
+				tag = "W/" + opaque
+			case opaque == ledger.AnyTag:
+				tag = `"*"` // the entity tag "*", which is not the wildcard *: it matches nothing
 			}
-			if weak {
-				opaque = "W/" + opaque
+			// The bound is the request's (ceshare.Request.IfMatch), which a replica sends the tags in.
+			if opaque == "" || len(tag) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
+				return nil, bad(fmt.Sprintf("%q: a tag is 1 to %d printable ASCII characters (%d for a weak one), without quotes inside",
+					el, ceshare.MaxRIDLen, ceshare.MaxRIDLen-len("W/")))
 			}
-			tags = append(tags, opaque)
+			tags = append(tags, tag)
 		}
 	}
 	switch {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
@@ -30,6 +31,8 @@ func TestParseIfMatch(t *testing.T) {
 		{"empty elements", []string{` , "a",,`}, []string{"a"}, true},
 		{"MaxIfMatch tags", []string{many}, slices.Repeat([]string{"t"}, ceshare.MaxIfMatch), true},
 		{"a tag of MaxRIDLen bytes", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen) + `"`}, []string{strings.Repeat("!", ceshare.MaxRIDLen)}, true},
+		{"a weak tag of MaxRIDLen bytes with its W/", []string{`W/"` + strings.Repeat("!", ceshare.MaxRIDLen-2) + `"`}, []string{"W/" + strings.Repeat("!", ceshare.MaxRIDLen-2)}, true},
+		{"the entity tag \"*\", not the wildcard", []string{`"*"`, `W/"*"`}, []string{`"*"`, "W/*"}, true},
 		{"unquoted", []string{"0a1b"}, nil, false},
 		{"empty", []string{""}, nil, false},
 		{"only commas", []string{" , "}, nil, false},
@@ -40,6 +43,7 @@ func TestParseIfMatch(t *testing.T) {
 		{"UTF-8", []string{`"clé"`}, nil, false},
 		{"lower-case weak", []string{`w/"a"`}, nil, false},
 		{"too long", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen+1) + `"`}, nil, false},
+		{"a weak tag too long with its W/", []string{`W/"` + strings.Repeat("!", ceshare.MaxRIDLen-1) + `"`}, nil, false},
 		{"too many", []string{many + `,"t"`}, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -51,6 +55,10 @@ func TestParseIfMatch(t *testing.T) {
 				t.Fatalf("parseIfMatch(%q) = %q, %v; want an error", c.fields, got, err)
 			case !c.ok && !strings.Contains(err.Error(), "If-Match"):
 				t.Fatalf("parseIfMatch(%q): %v does not name the header", c.fields, err)
+			}
+			// A replica sends the tags on in the deletion's request: every list accepted fits it.
+			if _, _, err := ceshare.Encode(ceshare.Request{Kind: ceshare.KindDelete, ID: "ce-1", Replica: "r", At: time.Now(), IfMatch: got}); err != nil {
+				t.Errorf("parseIfMatch(%q) = %q, which a replica cannot send: %v", c.fields, got, err)
 			}
 		})
 	}
@@ -102,6 +110,7 @@ func TestDeleteIfMatchKeepsARegistrationMadeSince(t *testing.T) {
 		t.Fatalf("GET after the refused deletions: %d, ETag %q; want the registration made since, %s", resp.StatusCode, resp.Header.Get("ETag"), again)
 	}
 	del(map[string]string{"If-Match": "0a1b"}, http.StatusBadRequest, "If-Match")
+	del(map[string]string{"If-Match": `"*"`}, http.StatusPreconditionFailed, "nothing was deleted") // an entity tag, not the wildcard
 	del(map[string]string{"If-Match": "*"}, http.StatusNoContent, "")
 	del(map[string]string{"If-Match": first}, http.StatusNotFound, "no counterfactual")
 }
