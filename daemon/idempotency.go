@@ -118,7 +118,9 @@ func requestFingerprint(method, path string, body []byte) string {
 //
 // A registration that stored its CE answers the CE as stored now; if it was deleted since, the
 // answer is errDeletedSince (409), not the CE: a 201 would name a CE that is not there, and the
-// request is not applied again, so the client knows to register it anew, with a new key.
+// request is not applied again, so the client knows to register it anew, with a new key. A CE
+// registered under the id since, with the same x and x_cf, is another registration (another
+// tag, o.Tag: the 201's ETag would name it), and is not this request's CE either.
 func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerprint string) (*ledger.CE, error) {
 	if fingerprint != "" && o.Fingerprint != fingerprint {
 		return nil, fmt.Errorf("%w: the key was first used at %s for a request with another method, path or body; "+
@@ -126,12 +128,16 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 	}
 	switch o.Result {
 	case ledger.OutcomeStored, ledger.OutcomeSame:
-		if cur != nil && slices.Equal(cur.X, x) && slices.Equal(cur.XCF, xcf) {
+		same := cur != nil && slices.Equal(cur.X, x) && slices.Equal(cur.XCF, xcf)
+		if same && (o.Tag == "" || cur.Tag() == o.Tag) {
 			return cur, nil
 		}
 		again := "to register it again, send it with a new Idempotency-Key"
 		if fingerprint == "" {
 			again = "a later request deleted or replaced it; to register it again, send it again"
+		}
+		if same { // deleted, and registered again by another request
+			again = fmt.Sprintf("the id holds the same counterfactual registered again since, by another request (ETag %s)", etag(cur))
 		}
 		if o.Result == ledger.OutcomeSame {
 			return nil, fmt.Errorf("%w: counterfactual %q was stored already when this request was applied, at %s, and is not "+

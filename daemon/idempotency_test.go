@@ -20,6 +20,14 @@ func TestAnswerOutcome(t *testing.T) {
 	out := func(r string, fp string) ledger.Outcome {
 		return ledger.Outcome{ID: "a", Result: r, At: at, Fingerprint: fp, Detail: "x_cf has 3 features, want 2"}
 	}
+	// tagged is an outcome that names the registration it stored or found (ledger.Outcome.Tag);
+	// again is the same CE registered anew later, another registration.
+	tagged := func(r string, fp string) ledger.Outcome {
+		o := out(r, fp)
+		o.Tag = stored.Tag()
+		return o
+	}
+	again := &ledger.CE{ID: "a", X: x, XCF: xcf, CreatedAt: at.Add(time.Second)}
 	for _, c := range []struct {
 		name        string
 		o           ledger.Outcome
@@ -30,6 +38,11 @@ func TestAnswerOutcome(t *testing.T) {
 	}{
 		{"stored, still stored", out(ledger.OutcomeStored, ""), stored, "", nil, ""},
 		{"the same CE was stored", out(ledger.OutcomeSame, "f"), stored, "f", nil, ""},
+		{"stored, still stored, by its tag", tagged(ledger.OutcomeStored, "f"), stored, "f", nil, ""},
+		{"the same CE was stored, by its tag", tagged(ledger.OutcomeSame, "f"), stored, "f", nil, ""},
+		{"keyed, deleted and registered again since", tagged(ledger.OutcomeStored, "f"), again, "f", errDeletedSince, "registered again since, by another request (ETag " + etag(again)},
+		{"unkeyed, deleted and registered again since", tagged(ledger.OutcomeStored, ""), again, "", errDeletedSince, "registered again since"},
+		{"the same CE found, deleted and registered again since", tagged(ledger.OutcomeSame, "f"), again, "f", errFoundDeletedSince, "registered again since"},
 		{"keyed, deleted since", out(ledger.OutcomeStored, "f"), nil, "f", errDeletedSince, "with a new Idempotency-Key"},
 		{"keyed, replaced since", out(ledger.OutcomeStored, "f"), other, "f", errDeletedSince, "with a new Idempotency-Key"},
 		{"keyed, replaced since by another x", out(ledger.OutcomeStored, "f"), otherX, "f", errDeletedSince, "with a new Idempotency-Key"},

@@ -114,3 +114,34 @@ func TestDeleteIfMatchKeepsARegistrationMadeSince(t *testing.T) {
 	del(map[string]string{"If-Match": "*"}, http.StatusNoContent, "")
 	del(map[string]string{"If-Match": first}, http.StatusNotFound, "no counterfactual")
 }
+
+// A keyed registration's retry answers its own registration, never another: after its CE was
+// deleted and the same CE registered again by another request (another ETag), the retry is 409
+// naming that registration's ETag, not a 201 carrying it, whose If-Match would then delete the
+// other request's CE.
+func TestKeyedRetryDoesNotAnswerARegistrationMadeSince(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 1)
+	body := `{"id":"ce-1","x":` + mustJSON(t, data.X[xs[0]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[0]]) + `,"target":"benign"}`
+	keyed := map[string]string{"Idempotency-Key": "k-1"}
+	post := func(header map[string]string, want int) (string, string) {
+		t.Helper()
+		resp, b := r.RawDo(t, "POST", "/v1/counterfactuals", body, header)
+		if resp.StatusCode != want {
+			t.Fatalf("POST with %q: %d %s; want %d", header, resp.StatusCode, b, want)
+		}
+		return resp.Header.Get("ETag"), string(b)
+	}
+	first, _ := post(keyed, http.StatusCreated)
+	if again, _ := post(keyed, http.StatusCreated); again != first {
+		t.Fatalf("the keyed retry's ETag %s, the first answer's %s", again, first)
+	}
+	if resp, b := r.RawDo(t, "DELETE", "/v1/counterfactuals/ce-1", "", nil); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", resp.StatusCode, b)
+	}
+	other, _ := post(nil, http.StatusCreated)
+	if tag, msg := post(keyed, http.StatusConflict); tag != "" || !strings.Contains(msg, "registered again since") || !strings.Contains(msg, strings.Trim(other, `"`)) {
+		t.Errorf("the keyed retry after the CE was registered again: ETag %q, %s; want 409 naming the registration made since, %s", tag, msg, other)
+	}
+}

@@ -301,7 +301,7 @@ func (p *putPlan) requests(tx *bolt.Tx, given []*CE, reqs []RequestRef, now time
 
 // storedOutcome is the outcome of the registration ref that stores ce with header h at now.
 func storedOutcome(ce *CE, h *header, ref RequestRef, now time.Time) Outcome {
-	return Outcome{Result: OutcomeStored, ID: ce.ID, Status: h.status.String(), Fingerprint: ref.Fingerprint, Partition: -1, At: now}
+	return Outcome{Result: OutcomeStored, ID: ce.ID, Status: h.status.String(), Tag: ce.Tag(), Fingerprint: ref.Fingerprint, Partition: -1, At: now}
 }
 
 // name names CE i of a call in an error: by its index too when the call is all or none (Put),

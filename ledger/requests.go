@@ -65,6 +65,10 @@ type Outcome struct {
 	ID string `json:"id"`
 	// Status is the status the CE was stored with (OutcomeStored).
 	Status string `json:"status,omitempty"`
+	// Tag is the tag (CE.Tag) of the CE the registration stored (OutcomeStored) or found stored
+	// (OutcomeSame): a CE stored under the id later, deleted and registered again with the same
+	// x, x_cf and target, has another. Empty in an outcome stored by a build without it.
+	Tag string `json:"tag,omitempty"`
 	// Detail says why a CE was refused, or that a deleted CE's record was damaged on disk.
 	Detail string `json:"detail,omitempty"`
 	// Fingerprint is the request's (an Idempotency-Key's request hash), "" when it has none.
@@ -206,7 +210,7 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 	case op.CE == nil:
 		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, op.IfMatch, found)
 	default:
-		o.Result, o.Status, o.Detail, o.State, err = l.registerOne(tx, op.CE, op.State, now, past)
+		o.Result, o.Status, o.Detail, o.State, o.Tag, err = l.registerOne(tx, op.CE, op.State, now, past)
 		if d, ok := found[op.ID]; ok && err == nil { // swept into the quarantine by a deletion before it
 			if _, q := quarantineReason(tx, []byte(op.ID)); !q {
 				d.replaced = true
@@ -270,23 +274,23 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string, ifMatch []string, found delet
 // registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
 // owner's state when state is one that holds (restored says what became of a state given). A
 // CE refused for its anchor (or its state's) is an *unknownAnchorError; one refused for another
-// reason is OutcomeRefused.
-func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail, restored string, err error) {
+// reason is OutcomeRefused. tag is that of the CE stored (OutcomeStored) or found (OutcomeSame).
+func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail, restored, tag string, err error) {
 	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
 		have, err := l.load(tx, []byte(ce.ID), raw)
 		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
-			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), "", nil
+			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), "", "", nil
 		}
 		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
-			return OutcomeSame, have.Status.String(), "", "", nil
+			return OutcomeSame, have.Status.String(), "", "", have.Tag(), nil
 		}
-		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", nil
+		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", "", nil
 	}
 	put := ce
 	if state != nil {
 		c, err := readCur(tx)
 		if err != nil {
-			return "", "", "", "", err
+			return "", "", "", "", "", err
 		}
 		if err := l.checkState(state, ce, c.version); err != nil {
 			restored, state = "previous owner's state not used: "+err.Error(), nil
@@ -298,16 +302,16 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	}
 	plan, err := l.judgePut(tx, []*CE{put}, now, false, past)
 	if err != nil {
-		return "", "", "", "", err
+		return "", "", "", "", "", err
 	}
 	// Its state is written whether or not one came: a replica's CE state topic then holds every
 	// CE of the share, which restores those whose registration the CE topic no longer holds.
 	plan.stated = true
 	if e := plan.errs[0]; e != nil {
 		if errors.Is(e, ErrUnknownAnchor) {
-			return "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}
+			return "", "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}
 		}
-		return OutcomeRefused, "", e.Error(), restored, nil
+		return OutcomeRefused, "", e.Error(), restored, "", nil
 	}
 	h := &plan.headers[0]
 	if state != nil && h.status != certify.Uncertified {
@@ -316,9 +320,9 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 		restored = StateRestored
 	}
 	if err := l.writePut(tx, plan, now); err != nil {
-		return "", "", "", "", err
+		return "", "", "", "", "", err
 	}
-	return OutcomeStored, h.status.String(), "", restored, nil
+	return OutcomeStored, h.status.String(), "", restored, plan.ces[0].Tag(), nil
 }
 
 // DeleteRequest deletes CE id (a damaged record of it is dropped, see deleteOne), as the

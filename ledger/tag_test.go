@@ -158,3 +158,49 @@ func TestShareDeletionIfMatch(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+// A registration's outcome names the registration it stored, or found stored (its tag), so
+// that a retry of it tells that CE from the same CE deleted and registered again since: on a
+// single daemon (PutRequests) and at a share's owner (ApplyShare), with a creation time given
+// (a replica's request) or none (the ledger's clock).
+func TestRegistrationOutcomeNamesItsRegistration(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	l, _ := openTest(t, Options{Policy: testPolicy(), Now: func() time.Time { return now }})
+	m := testModel(4)
+	install(t, l, m)
+	rng := rand.New(rand.NewPCG(23, 23))
+	tagOf := func(id string) string {
+		t.Helper()
+		ce, err := l.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ce.Tag()
+	}
+	single := newCE(t, m, rng)
+	single.ID = "single"
+	if errs, err := l.PutRequests(bg, []*CE{single}, []RequestRef{{RID: "r-single"}}); err != nil || errs[0] != nil {
+		t.Fatalf("PutRequests = %v, %v", errs, err)
+	}
+	if o, ok, err := l.Outcome("r-single"); err != nil || !ok || o.Tag != tagOf("single") {
+		t.Errorf("PutRequests' outcome %+v, %v, %v; want the tag %s of the CE it stored", o, ok, err, tagOf("single"))
+	}
+	shared, unstamped := newCE(t, m, rng), newCE(t, m, rng)
+	shared.ID, shared.CreatedAt = "shared", now.Add(-time.Minute)
+	unstamped.ID = "unstamped"
+	again := *shared
+	again.CreatedAt = now // the same CE sent again later: found stored
+	outs, err := l.ApplyShare(0, []ShareOp{
+		{RID: "r-shared", Offset: 0, ID: "shared", CE: shared},
+		{RID: "r-unstamped", Offset: 1, ID: "unstamped", CE: unstamped},
+		{RID: "r-again", Offset: 2, ID: "shared", CE: &again},
+	}, 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct{ result, id string }{{OutcomeStored, "shared"}, {OutcomeStored, "unstamped"}, {OutcomeSame, "shared"}} {
+		if o := outs[i]; o.Result != want.result || o.Tag != tagOf(want.id) {
+			t.Errorf("ApplyShare's outcome %d = %+v; want %s with the tag %s of %s as stored", i, o, want.result, tagOf(want.id), want.id)
+		}
+	}
+}
