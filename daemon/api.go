@@ -145,8 +145,17 @@ func (a *api) endpoints() []endpoint {
 // http.max_body_bytes.
 func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
+	represented := map[string]bool{} // the paths a GET route serves
+	for _, e := range a.endpoints() {
+		if p, ok := strings.CutPrefix(e.pattern, "GET "); ok {
+			represented[p] = true
+		}
+	}
 	for _, e := range a.endpoints() {
 		var h http.Handler = e.handler
+		if _, p, _ := strings.Cut(e.pattern, " "); strings.HasPrefix(p, "/v1/") && !evaluatesIfMatch[e.pattern] {
+			h = conditional(h, represented[p])
+		}
 		if strings.Contains(e.pattern, " /v1/") && e.pattern != "GET /v1/counterfactuals" {
 			h = noQuery(h)
 		}

@@ -404,6 +404,16 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		setETag(w, ce)
+		ok, perr := ifMatchHolds(r.Header.Values("If-Match"), ce.Tag(), true)
+		switch {
+		case perr != nil:
+			writeError(w, http.StatusBadRequest, perr.Error())
+			return
+		case !ok:
+			writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: %q holds the registration tagged %q, which If-Match does not name",
+				errPrecondition, ce.ID, ce.Tag()))
+			return
+		}
 	}
 	writeClusterAnswer(w, ce, err) // 502 when the owner did not answer
 }

@@ -77,6 +77,15 @@ func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
 	h.Set(headerPosteriorVersion, strconv.FormatUint(pf.version, 10))
 	h.Set(headerWeightsSHA256, pf.weightsSHA256)
 	h.Set("Cache-Control", "no-cache")
+	switch ok, err := ifMatchHolds(r.Header.Values("If-Match"), strings.Trim(etag, `"`), true); {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	case !ok:
+		writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: the posterior's %s is %s now (version %d), which If-Match does not name",
+			errPrecondition, r.URL.Path, etag, pf.version))
+		return
+	}
 	if matchesETag(r.Header.Get("If-None-Match"), etag) {
 		w.WriteHeader(http.StatusNotModified)
 		return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/cfguard/cfguard/ceshare"
@@ -82,4 +83,57 @@ func parseIfMatch(fields []string) ([]string, error) {
 		return nil, bad(fmt.Sprintf("%d entity tags, over %d", len(tags), ceshare.MaxIfMatch))
 	}
 	return tags, nil
+}
+
+// ifMatchHolds evaluates a request's If-Match header fields (parseIfMatch; ok when there is
+// none) against a representation: tag its entity tag without quotes ("" for none), exists
+// whether the target has one. "*" holds when it exists; a list, when it names tag (strongly: a
+// weak tag never matches). err is parseIfMatch's, for a header that is not of that form.
+func ifMatchHolds(fields []string, tag string, exists bool) (ok bool, err error) {
+	tags, err := parseIfMatch(fields)
+	if err != nil || tags == nil {
+		return err == nil, err
+	}
+	if slices.Contains(tags, ledger.AnyTag) {
+		return exists, nil
+	}
+	return exists && tag != "" && slices.Contains(tags, tag), nil
+}
+
+// evaluatesIfMatch lists the routes whose handlers evaluate If-Match against their answer's ETag.
+var evaluatesIfMatch = map[string]bool{
+	"GET /v1/counterfactuals/{id}":    true,
+	"DELETE /v1/counterfactuals/{id}": true,
+	"GET /v1/model/posterior":         true,
+	"GET /v1/model/posterior/sidecar": true,
+}
+
+// conditional evaluates r's If-Match on a route that does not evaluate it itself (every /v1/
+// route but a CE's GET and DELETE and the posterior's): answers there carry no entity tag, so
+// no tag named matches, and "*" holds when the path has a representation (represented: a GET
+// route serves it), as RFC 9110 (13.1.1) says. A condition that fails is 412 and the request is
+// not performed: ignored, the header would let POST /v1/explain, :bulk or /v1/audit act on a
+// condition that does not hold. A header that is not of the form is 400.
+func conditional(h http.Handler, represented bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fields := r.Header.Values("If-Match")
+		if len(fields) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		ok, err := ifMatchHolds(fields, "", represented)
+		switch {
+		case err != nil:
+			writeError(w, http.StatusBadRequest, err.Error())
+		case !ok:
+			what := "no entity tag to match"
+			if !represented {
+				what = "no representation, so neither * nor an entity tag matches"
+			}
+			writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: If-Match %q: %s %s has %s; nothing was done (GET and DELETE "+
+				"/v1/counterfactuals/{id} evaluate If-Match against the CE's ETag)", errPrecondition, strings.Join(fields, ", "), r.Method, r.URL.Path, what))
+		default:
+			h.ServeHTTP(w, r)
+		}
+	})
 }

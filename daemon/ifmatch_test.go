@@ -145,3 +145,59 @@ func TestKeyedRetryDoesNotAnswerARegistrationMadeSince(t *testing.T) {
 		t.Errorf("the keyed retry after the CE was registered again: ETag %q, %s; want 409 naming the registration made since, %s", tag, msg, other)
 	}
 }
+
+// Every /v1/ route evaluates If-Match (RFC 9110, 13.1.1) rather than ignore it: a CE's GET
+// against its ETag and the posterior's against its body's; a route whose answers carry no
+// entity tag fails every tag (412, nothing done: a bulk line named is not stored), and "*" holds
+// where the path has a representation (a GET route: POST /v1/counterfactuals registers) and
+// fails where it has none (POST /v1/explain, :bulk). A header that is not "*" or entity tags is
+// 400 everywhere.
+func TestEveryRouteEvaluatesIfMatch(t *testing.T) {
+	r := startDaemon(t, nil)
+	data := daemontest.Bundled(t)
+	_, xs, cfs := daemontest.CandidatePairs(t, r.D.current(), data, 400, 2)
+	ce := func(id string, k int) string {
+		return `{"id":"` + id + `","x":` + mustJSON(t, data.X[xs[k]]) + `,"x_cf":` + mustJSON(t, data.X[cfs[k]]) + `,"target":"benign"}`
+	}
+	resp, b := r.RawDo(t, "POST", "/v1/counterfactuals", ce("ce-1", 0), nil)
+	tag := resp.Header.Get("ETag")
+	if resp.StatusCode != http.StatusCreated || tag == "" {
+		t.Fatalf("POST: %d %s", resp.StatusCode, b)
+	}
+	resp, _ = r.RawDo(t, "GET", "/v1/model/posterior/sidecar", "", nil)
+	sidecar := resp.Header.Get("ETag")
+	const other = `"00000000000000000000000000000000"`
+	for _, c := range []struct {
+		method, path, body, ifMatch string
+		want                        int
+	}{
+		{"GET", "/v1/counterfactuals/ce-1", "", tag, http.StatusOK},
+		{"GET", "/v1/counterfactuals/ce-1", "", "*", http.StatusOK},
+		{"GET", "/v1/counterfactuals/ce-1", "", other, http.StatusPreconditionFailed},
+		{"GET", "/v1/counterfactuals/ce-1", "", "W/" + tag, http.StatusPreconditionFailed},
+		{"GET", "/v1/counterfactuals/ce-1", "", "0a1b", http.StatusBadRequest},
+		{"GET", "/v1/counterfactuals/none", "", tag, http.StatusNotFound},
+		{"GET", "/v1/model/posterior/sidecar", "", sidecar, http.StatusOK},
+		{"GET", "/v1/model/posterior/sidecar", "", other, http.StatusPreconditionFailed},
+		{"GET", "/v1/model", "", "*", http.StatusOK},
+		{"GET", "/v1/model", "", other, http.StatusPreconditionFailed},
+		{"GET", "/v1/counterfactuals", "", other, http.StatusPreconditionFailed},
+		{"POST", "/v1/counterfactuals:bulk", ce("bulk-1", 1), tag, http.StatusPreconditionFailed},
+		{"POST", "/v1/counterfactuals:bulk", ce("bulk-1", 1), "*", http.StatusPreconditionFailed},
+		{"POST", "/v1/explain", `{"x":` + mustJSON(t, data.X[xs[1]]) + `,"id":"explained"}`, "*", http.StatusPreconditionFailed},
+		{"POST", "/v1/predict", `{"x":` + mustJSON(t, data.X[xs[1]]) + `}`, other, http.StatusPreconditionFailed},
+		{"POST", "/v1/counterfactuals", ce("ce-2", 1), other, http.StatusPreconditionFailed},
+		{"POST", "/v1/counterfactuals", ce("ce-2", 1), "0a1b", http.StatusBadRequest},
+		{"POST", "/v1/counterfactuals", ce("ce-2", 1), "*", http.StatusCreated},
+	} {
+		resp, b := r.RawDo(t, c.method, c.path, c.body, map[string]string{"If-Match": c.ifMatch})
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s with If-Match %s: %d %s; want %d", c.method, c.path, c.ifMatch, resp.StatusCode, b, c.want)
+		}
+	}
+	for _, id := range []string{"bulk-1", "explained"} {
+		if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s stored by a request whose If-Match failed: GET %d", id, resp.StatusCode)
+		}
+	}
+}

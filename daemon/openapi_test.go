@@ -239,6 +239,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	}
 
 	_, h, _ := c.Send("GET", "/v1/counterfactuals/bulk-1", token, nil, "", 200)
+	c.Send("GET", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": `"00000000000000000000000000000000"`}, "", 412)
 	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": `"00000000000000000000000000000000"`}, "", 412)
 	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": "0000"}, "", 400)
 	c.Send("DELETE", "/v1/counterfactuals/bulk-1", token, map[string]string{"If-Match": h.Get("ETag")}, "", 204)
