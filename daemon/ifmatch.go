@@ -33,8 +33,8 @@ func setETag(w http.ResponseWriter, ce *ledger.CE) {
 // parseIfMatch reads the If-Match header fields of a request (RFC 9110, 13.1.1: "*", or a list
 // of entity tags): nil when there is none; ledger.AnyTag for "*"; else each tag's opaque
 // content, a weak tag kept with its W/ so that it matches nothing (If-Match compares strongly),
-// and the entity tag "*" kept quoted, so that it is not the wildcard. A field that is not of
-// that form, or names more than ceshare.MaxIfMatch tags, or tags outside printable ASCII or
+// and the entity tags "*" and "" kept quoted, so that the first is not the wildcard and the
+// second not empty. A field that is not of that form (* beside entity tags is not), or names more than ceshare.MaxIfMatch tags, or tags outside printable ASCII or
 // over ceshare.MaxRIDLen bytes as passed on (W/ included), is an error naming it: every list it
 // answers is one a replica can send (ceshare.Request.IfMatch).
 func parseIfMatch(fields []string) ([]string, error) {
@@ -65,12 +65,14 @@ func parseIfMatch(fields []string) ([]string, error) {
 			switch {
 			case weak:
 				tag = "W/" + opaque
-			case opaque == ledger.AnyTag:
-				tag = `"*"` // the entity tag "*", which is not the wildcard *: it matches nothing
+			case opaque == ledger.AnyTag, opaque == "":
+				// The entity tag "*", which is not the wildcard *, and the empty one: kept quoted,
+				// they match nothing (a request's tag is not empty).
+				tag = `"` + opaque + `"`
 			}
 			// The bound is the request's (ceshare.Request.IfMatch), which a replica sends the tags in.
-			if opaque == "" || len(tag) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
-				return nil, bad(fmt.Sprintf("%q: a tag is 1 to %d printable ASCII characters (%d for a weak one), without quotes inside",
+			if len(tag) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
+				return nil, bad(fmt.Sprintf("%q: a tag is at most %d printable ASCII characters (%d for a weak one), without quotes inside",
 					el, ceshare.MaxRIDLen, ceshare.MaxRIDLen-len("W/")))
 			}
 			tags = append(tags, tag)
@@ -79,6 +81,8 @@ func parseIfMatch(fields []string) ([]string, error) {
 	switch {
 	case len(tags) == 0:
 		return nil, bad("no entity tag")
+	case len(tags) > 1 && slices.Contains(tags, ledger.AnyTag): // If-Match = "*" / #entity-tag
+		return nil, bad("* stands alone, without entity tags beside it")
 	case len(tags) > ceshare.MaxIfMatch:
 		return nil, bad(fmt.Sprintf("%d entity tags, over %d", len(tags), ceshare.MaxIfMatch))
 	}
