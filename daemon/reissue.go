@@ -395,11 +395,12 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 		ce *ledger.CE
 	)
 	start := time.Now()
+	newID := replacementID(old, p, r.d.current().Version)
 	// A replacement generated under one posterior and measured under the next (ingestion went
 	// on meanwhile) may fall outside the set: generate again under the newer one, a few times.
 	for attempt := 1; ; attempt++ {
 		m = r.d.current()
-		ce, err = r.generate(ctx, m, old, ident.Reissue(id, p.Version))
+		ce, err = r.generate(ctx, m, old, newID)
 		if err == nil || !errors.Is(err, errOutsideSet) || r.d.current().Version == m.Version || attempt == reissueAttempts {
 			break
 		}
@@ -426,6 +427,27 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	r.log.Info("counterfactual reissued", "id", id, "new_id", ce.ID, "status", ce.Status, "p1", ce.P1,
 		"posterior_version", ce.AnchorVersion, "took", time.Since(start).Round(time.Millisecond))
 	r.announce(old, ce, p)
+}
+
+// replacementID names the replacement of old for its wait p: ident.Reissue(old.ID, v), v the
+// posterior version of the change that made it wait, which every owner of the CE holds alike
+// (it travels with the CE's state). A wait read as version 0 (its reissue entry was damaged and
+// written again so, ledger.PendingReissue) is named after old's last change to a status other
+// than certified in its history (which travels too), else after current: a replacement named .r0 would follow no
+// change out of certified, and the web UI links a replacement only to a CE whose history left
+// certified by the version in its name.
+func replacementID(old *ledger.CE, p ledger.PendingReissue, current uint64) string {
+	v := p.Version
+	if v == 0 {
+		v = current
+		for _, h := range slices.Backward(old.History) {
+			if h.To != certify.Certified && h.From != h.To { // a change, not a renewal
+				v = h.PosteriorVersion
+				break
+			}
+		}
+	}
+	return ident.Reissue(old.ID, v)
 }
 
 // announce publishes counterfactual_reissued for old's replacement ce, settling p.

@@ -133,3 +133,30 @@ func TestReissuerWaitsForItsGate(t *testing.T) {
 		t.Fatalf("run = %v after asking the gate %d times; want nil after one", err, asked)
 	}
 }
+
+// A replacement is named after the version of its CE's wait, which every owner holds alike; a
+// wait read as version 0 (a damaged reissue entry written again) after the CE's last change out
+// of certified, which its history holds at every owner too and which the web UI links the
+// replacement by, else after the current version: never .r0, which the UI links to no CE.
+func TestReplacementID(t *testing.T) {
+	const C, A, I = certify.Certified, certify.AtRisk, certify.Invalidated
+	history := []ledger.StatusChange{{From: C, To: A, PosteriorVersion: 3}, {From: A, To: C, PosteriorVersion: 5},
+		{From: C, To: I, PosteriorVersion: 8}, {From: I, To: I, PosteriorVersion: 9}}
+	for _, c := range []struct {
+		name    string
+		version uint64
+		history []ledger.StatusChange
+		want    string
+	}{
+		{"the wait's version", 8, history, "a.r8"},
+		{"the wait's version, whatever the history", 7, nil, "a.r7"},
+		{"version 0: the last change out of certified", 0, history, "a.r8"},
+		{"version 0, only renewals", 0, []ledger.StatusChange{{From: C, To: C, PosteriorVersion: 4, Renewal: true}}, "a.r12"},
+		{"version 0, no history", 0, nil, "a.r12"},
+	} {
+		old := &ledger.CE{ID: "a", History: c.history}
+		if got := replacementID(old, ledger.PendingReissue{ID: "a", Version: c.version}, 12); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
