@@ -327,7 +327,7 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 
 // DeleteRequest deletes CE id (a damaged record of it is dropped, see deleteOne), as the
 // request ref, in one transaction, when ifMatch is nil or names its tag (CE.Tag; AnyTag: any
-// // stored CE), else it keeps it (OutcomeMismatch). A request whose RID has an outcome is not
+// stored CE), else it keeps it (OutcomeMismatch). A request whose RID has an outcome is not
 // applied again, and its stored outcome is returned with Duplicate set; any other request with
 // an RID gets its outcome (OutcomeDeleted, OutcomeAbsent when nothing is stored under id, or
 // OutcomeMismatch; Partition -1)
