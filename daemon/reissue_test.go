@@ -91,13 +91,7 @@ func heldAfterDrift(t *testing.T, mutate func(c *config.Config)) (*running, []st
 			mutate(c)
 		}
 	}), func(o *Options) {
-		o.Hooks.Reissue = func(ctx context.Context, id string) {
-			select {
-			case held <- id:
-			default:
-			}
-			<-ctx.Done()
-		}
+		o.Hooks.Reissue = holdReissues(held)
 	}, nil).WaitReady(t, "readyz", 20*time.Second)
 	data := daemontest.Bundled(t)
 	ids := daemontest.RegisterCEs(t, r, data, 6, "")
@@ -120,6 +114,18 @@ func heldAfterDrift(t *testing.T, mutate func(c *config.Config)) (*running, []st
 		}
 	}
 	return r, invalidated
+}
+
+// holdReissues is a hooks.Reissue that holds each generation until the daemon stops, and sends
+// the first CE it holds to held.
+func holdReissues(held chan<- string) func(ctx context.Context, id string) {
+	return func(ctx context.Context, id string) {
+		select {
+		case held <- id:
+		default:
+		}
+		<-ctx.Done()
+	}
 }
 
 // reissueOutcomes reads the events topic from its start until each of ids has a reissue outcome,
@@ -466,16 +472,13 @@ func TestReissueAnnouncesAReplacementStoredWhileItGenerated(t *testing.T) {
 		c.Explain.Concurrency = 1
 		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 96, 96
 	}), func(o *Options) {
+		hold := holdReissues(held)
 		o.Hooks.Reissue = func(ctx context.Context, id string) {
 			if f := race.Load(); f != nil {
 				(*f)(id)
 				return
 			}
-			select { // the daemon's own reissuer: held until the daemon stops
-			case held <- id:
-			default:
-			}
-			<-ctx.Done()
+			hold(ctx, id) // the daemon's own reissuer
 		}
 	}, nil).WaitReady(t, "readyz", 20*time.Second)
 	data := daemontest.Bundled(t)

@@ -122,12 +122,7 @@ func TestDeleteIfMatchDeletesOnlyTheRegistrationItNames(t *testing.T) {
 // place in the partition's order; a CE whose record is damaged on disk has no tag to compare,
 // so a deletion naming tags keeps it (mismatch, saying how to delete it), and one with * drops it.
 func TestShareDeletionIfMatch(t *testing.T) {
-	dir := t.TempDir()
-	l, err := Open(dir, Options{Policy: testPolicy(), Logger: quietLogger(), EncodeChange: encodeChangeJSON, EncodeState: encodeStateJSON})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, _ := openTest(t, Options{Policy: testPolicy()})
 	m := testModel(4)
 	install(t, l, m)
 	rng := rand.New(rand.NewPCG(5, 5))
