@@ -318,6 +318,9 @@ func TestPagesShowWhatTheAPIAnswers(t *testing.T) {
 	// Each CE's page and certificate say what the API says, in the words its status allows.
 	for _, ce := range all {
 		_, _, page := get(t, nil, d.Base+"/ui/counterfactuals/"+ce.ID)
+		if _, h, _ := get(t, nil, d.Base+"/v1/counterfactuals/"+ce.ID); !strings.HasPrefix(field(t, page, "tag"), h.Get("ETag")+":") || h.Get("ETag") == "" {
+			t.Errorf("%s: registration tag %q, the API's ETag %q", ce.ID, field(t, page, "tag"), h.Get("ETag"))
+		}
 		if got := field(t, page, "p1"); !strings.HasPrefix(got, num(ce.P1)+" from "+strconv.Itoa(ce.Samples)+" draws under posterior version "+strconv.FormatUint(ce.AnchorVersion, 10)) {
 			t.Errorf("%s: p1 %q, the API %v under %d", ce.ID, got, ce.P1, ce.AnchorVersion)
 		}
