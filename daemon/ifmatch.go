@@ -104,12 +104,14 @@ func ifMatchHolds(fields []string, tag string, exists bool) (ok bool, err error)
 	return exists && tag != "" && slices.Contains(tags, tag), nil
 }
 
-// evaluatesIfMatch lists the routes whose handlers evaluate If-Match against their answer's ETag.
-var evaluatesIfMatch = map[string]bool{
-	"GET /v1/counterfactuals/{id}":    true,
-	"DELETE /v1/counterfactuals/{id}": true,
-	"GET /v1/model/posterior":         true,
-	"GET /v1/model/posterior/sidecar": true,
+// evaluatesIfMatch says whether the handler of route pattern evaluates If-Match itself, against
+// its answer's ETag.
+func evaluatesIfMatch(pattern string) bool {
+	switch pattern {
+	case "GET /v1/counterfactuals/{id}", "DELETE /v1/counterfactuals/{id}", "GET /v1/model/posterior", "GET /v1/model/posterior/sidecar":
+		return true
+	}
+	return false
 }
 
 // conditional evaluates r's If-Match on a route that does not evaluate it itself (every /v1/
