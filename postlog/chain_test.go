@@ -392,6 +392,43 @@ func TestApplyIsBitExactAndChecked(t *testing.T) {
 	}
 }
 
+// ApplyHashing with one hasher along a log gives what Apply gives, entry after entry (the
+// hasher hashing the unchanged layers once), and refuses what Apply refuses: an entry whose last
+// layer does not hash to its posterior_sha256, also one that follows entries it hashed from the
+// kept prefix.
+func TestApplyHashingAlongALogIsApply(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	m0, err := g.Body.Model(g.PosteriorSHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h bnn.WeightsHasher
+	c1 := l.claim(gv, g, 1, "a/1")
+	pv, pe := l.value(c1), c1
+	plain, hashed := m0, m0
+	for i := range 12 {
+		e := l.increment(pv, pe, 1, "a/1", int64(10+i), 1e-3*float64(i+1))
+		want, err := e.Apply(plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.ApplyHashing(hashed, &h)
+		if err != nil || got.Version != want.Version || !bnn.LayersEqual(got.Last(), want.Last()) {
+			t.Fatalf("entry %d: ApplyHashing = version %v, %v; Apply gives version %d", e.Seq, got, err, want.Version)
+		}
+		plain, hashed, pv, pe = want, got, l.value(e), e
+	}
+	bad := l.increment(pv, pe, 1, "a/1", 30, 1e-3)
+	bad.LastLayer.BiasMu[0] += 1e-9
+	if _, err := bad.Apply(plain); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("Apply of a changed parameter: %v, want ErrMismatch", err)
+	}
+	if _, err := bad.ApplyHashing(hashed, &h); !errors.Is(err, ErrMismatch) {
+		t.Errorf("ApplyHashing of a changed parameter: %v, want ErrMismatch", err)
+	}
+}
+
 // Decode refuses what no kind of entry may hold, before the chain judges it.
 func TestDecodeRefusesMalformedEntries(t *testing.T) {
 	l, g := newTestLog(t)

@@ -305,19 +305,24 @@ func (b *Body) Model(want string) (*bnn.Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postlog: genesis body: %w", err)
 	}
-	return m, check(m, want)
+	return m, check(m, want, nil)
 }
 
 // Apply returns the posterior an increment (or a claim) leads to from prev, its parent's
 // posterior: prev itself when the version does not move, else prev with the recorded last layer
 // and the next version. The result is checked against the entry's posterior_sha256; prev is
 // never modified.
-func (e *Entry) Apply(prev *bnn.Model) (*bnn.Model, error) {
+func (e *Entry) Apply(prev *bnn.Model) (*bnn.Model, error) { return e.ApplyHashing(prev, nil) }
+
+// ApplyHashing is Apply, hashing the result with h (nil: PosteriorHash): a caller that applies a
+// log's entries one after another gives them one h, which hashes the layers the entries leave
+// unchanged once (bnn.WeightsHasher).
+func (e *Entry) ApplyHashing(prev *bnn.Model, h *bnn.WeightsHasher) (*bnn.Model, error) {
 	if prev.Version != e.ParentVersion {
 		return nil, fmt.Errorf("postlog: entry %d applies to version %d, the posterior is version %d", e.Seq, e.ParentVersion, prev.Version)
 	}
 	if e.Version == e.ParentVersion {
-		return prev, check(prev, e.PosteriorSHA256)
+		return prev, check(prev, e.PosteriorSHA256, h)
 	}
 	ll := e.LastLayer
 	last := prev.Last()
@@ -338,11 +343,20 @@ func (e *Entry) Apply(prev *bnn.Model) (*bnn.Model, error) {
 	if err := next.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: entry %d: %w", ErrMismatch, e.Seq, err)
 	}
-	return next, check(next, e.PosteriorSHA256)
+	return next, check(next, e.PosteriorSHA256, h)
 }
 
-func check(m *bnn.Model, want string) error {
-	got, err := PosteriorHash(m)
+// check compares m's hash (h's Sum, PosteriorHash without h) with want.
+func check(m *bnn.Model, want string, h *bnn.WeightsHasher) error {
+	var (
+		got string
+		err error
+	)
+	if h != nil {
+		got, err = h.Sum(m)
+	} else {
+		got, err = PosteriorHash(m)
+	}
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/internal/backoff"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
@@ -193,6 +194,14 @@ func (r *Replica) followFrom(ctx context.Context, from int64) error {
 	}
 }
 
+// applyEntry applies the increment e to prev (postlog.Entry.ApplyHashing) with the follower's
+// hasher, which hashes the layers the log's entries leave unchanged once.
+func (r *Replica) applyEntry(e *postlog.Entry, prev *bnn.Model) (*bnn.Model, error) {
+	r.hashMu.Lock()
+	defer r.hashMu.Unlock()
+	return e.ApplyHashing(prev, &r.hash)
+}
+
 // offer judges one record and applies it when accepted.
 func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 	r.mu.Lock()
@@ -285,7 +294,7 @@ func (r *Replica) offer(ctx context.Context, rec postlog.Record) error {
 		}
 	case postlog.Increment:
 		prev := r.host.Current()
-		next, err := e.Apply(prev)
+		next, err := r.applyEntry(e, prev)
 		if err != nil {
 			return err
 		}

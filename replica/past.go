@@ -255,7 +255,7 @@ func (r *Replica) replay(ctx context.Context, c *pastCursor, rec postlog.Record)
 		if e.Kind == postlog.Genesis {
 			m, err = e.Body.Model(e.PosteriorSHA256)
 		} else {
-			m, err = e.Apply(m)
+			m, err = e.ApplyHashing(m, &r.pastHash) // Past holds pastMu
 		}
 		if err != nil {
 			return fmt.Errorf("replaying the posterior log, entry %d: %w", e.Seq, err)

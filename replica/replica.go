@@ -101,9 +101,14 @@ type Replica struct {
 	// by mu (a lead of a generation kafka-go no longer tracks may overlap the next).
 	failedTerms int
 
-	pastMu   sync.Mutex  // one play of the log for Past at a time
-	pastAt   *pastCursor // where the last one stopped (pastMu)
-	pastKept keptCursors // where the last ones found versions (pastMu)
+	pastMu   sync.Mutex        // one play of the log for Past at a time
+	pastAt   *pastCursor       // where the last one stopped (pastMu)
+	pastKept keptCursors       // where the last ones found versions (pastMu)
+	pastHash bnn.WeightsHasher // hashes the posteriors a play applies (pastMu)
+
+	// hash hashes the posteriors the follower applies (applyEntry), guarded by hashMu.
+	hashMu sync.Mutex
+	hash   bnn.WeightsHasher
 }
 
 // acceptedWindow is how many recent accepted entries the follower remembers for read-back.

@@ -41,7 +41,8 @@ type EpochReport struct {
 // replica plays it.
 type logState struct {
 	chain             *postlog.Chain
-	model             *bnn.Model // the head's posterior, checked by hash
+	model             *bnn.Model        // the head's posterior, checked by hash
+	hash              bnn.WeightsHasher // hashes the posteriors the play applies
 	genesis           *postlog.Entry
 	genesisOffset     int64
 	stopped           error // why the chain stopped at chain.Stuck()
@@ -126,7 +127,7 @@ func playLog(ctx context.Context, plog *postlog.Log, keys *clusterkey.Keyring, e
 		case e.Kind == postlog.Genesis:
 			m, err = e.Body.Model(e.PosteriorSHA256)
 		default:
-			m, err = e.Apply(m)
+			m, err = e.ApplyHashing(m, &st.hash)
 		}
 		if err != nil {
 			// Every replica stops here too (a posterior that does not hash to its entry).

@@ -130,7 +130,10 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer v.close()
 	rep := VerifyReport{Ignored: map[string]int{}, Unauthenticated: []VerifyProblem{}, Stopped: []VerifyProblem{}, Settings: verifySettings{From: "file", DifferFromFile: []string{}}}
 	chain := postlog.NewChain(keys)
-	var m *bnn.Model
+	var (
+		m    *bnn.Model
+		hash bnn.WeightsHasher // hashes the posteriors the play applies, the unchanged layers once
+	)
 	progress := time.Now()
 	authenticIgnored := 0              // records that authenticate and that the chain did not accept
 	var unknown clusterkey.UnknownKeys // records signed under key ids not in the key file
@@ -178,7 +181,7 @@ func cmdVerifyLog(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			case e.Kind == postlog.Genesis:
 				next, err = e.Body.Model(e.PosteriorSHA256)
 			default:
-				next, err = e.Apply(m)
+				next, err = e.ApplyHashing(m, &hash)
 			}
 			if err != nil {
 				// Every replica stops here too, until a new epoch moves past it: the entry never
