@@ -131,7 +131,7 @@ func (d *Daemon) recallServed(ctx context.Context) error {
 }
 
 // recallWait is how long after a replica's start its confirmers wait for recallServed at most:
-// the play of a long posterior log takes about 31 s per 10^5 entries on two shared cores
+// the play of a long posterior log takes about 22 s per 10^5 entries on two shared cores
 // (BenchmarkRecall, docs/BENCHMARKS.md), and one from a broker that does not answer takes until
 // it does.
 const recallWait = time.Minute
