@@ -83,24 +83,8 @@ func (h *WeightsHasher) holds(m *Model) bool {
 	if l := m.Last(); l.Name != h.last.Name || l.In != h.last.In || l.Out != h.last.Out {
 		return false
 	}
-	for i, k := range h.body {
-		l := &m.Layers[i]
-		if l.Name != k.Name || l.In != k.In || l.Out != k.Out || !sameBits(l.WeightMu, k.WeightMu) ||
-			!sameBits(l.WeightLogSigma, k.WeightLogSigma) || !sameBits(l.BiasMu, k.BiasMu) || !sameBits(l.BiasLogSigma, k.BiasLogSigma) {
-			return false
-		}
-	}
-	return true
-}
-
-// sameBits reports whether a and b hold the same float64 bit patterns (0 and -0 differ, as their
-// encodings do).
-func sameBits(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float64bits(a[i]) != math.Float64bits(b[i]) {
+	for i := range h.body {
+		if l, k := &m.Layers[i], &h.body[i]; l.Name != k.Name || !LayersEqual(l, k) { // 0 and -0 differ, as their bytes do
 			return false
 		}
 	}
