@@ -102,14 +102,16 @@ func WeightsSHA256(m *Model) (string, error) {
 	return sum, err
 }
 
-// fileTensors is a valid model's tensors as its weights file names them (torchbnn's keys).
+// fileTensors is a valid model's tensors as its weights file names them (checkFile, tensorsOf).
 func fileTensors(m *Model) (map[string]safetensors.Tensor, error) {
-	if err := m.Validate(); err != nil {
+	if err := checkFile(m); err != nil {
 		return nil, err
 	}
-	if m.Dropout > 0 {
-		return nil, fmt.Errorf("%w: an MC Dropout network (dropout %v) has no posterior to save; model files hold BNNs only", ErrInvalidModel, m.Dropout)
-	}
+	return tensorsOf(m), nil
+}
+
+// tensorsOf is m's tensors as its weights file names them (torchbnn's keys), m not checked.
+func tensorsOf(m *Model) map[string]safetensors.Tensor {
 	tensors := map[string]safetensors.Tensor{}
 	for _, l := range m.Layers {
 		tensors[l.Name+".weight_mu"] = safetensors.Tensor{Shape: []int{l.Out, l.In}, Data: l.WeightMu}
@@ -117,7 +119,18 @@ func fileTensors(m *Model) (map[string]safetensors.Tensor, error) {
 		tensors[l.Name+".bias_mu"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasMu}
 		tensors[l.Name+".bias_log_sigma"] = safetensors.Tensor{Shape: []int{l.Out}, Data: l.BiasLogSigma}
 	}
-	return tensors, nil
+	return tensors
+}
+
+// checkFile refuses a model that has no model files: an invalid one, or an MC Dropout network.
+func checkFile(m *Model) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	if m.Dropout > 0 {
+		return fmt.Errorf("%w: an MC Dropout network (dropout %v) has no posterior to save; model files hold BNNs only", ErrInvalidModel, m.Dropout)
+	}
+	return nil
 }
 
 // Load reads a model directory written by Save (or by a torchbnn export with the same key names

@@ -27,8 +27,7 @@ type WeightsHasher struct {
 
 // Sum is WeightsSHA256(m).
 func (h *WeightsHasher) Sum(m *Model) (string, error) {
-	tensors, err := fileTensors(m)
-	if err != nil {
+	if err := checkFile(m); err != nil {
 		return "", err
 	}
 	if h.state != nil && h.holds(m) {
@@ -38,7 +37,7 @@ func (h *WeightsHasher) Sum(m *Model) (string, error) {
 			return hex.EncodeToString(d.Sum(nil)), nil
 		}
 	}
-	weights, sum, err := modelFiles.EncodeWeights(tensors)
+	weights, sum, err := modelFiles.EncodeWeights(tensorsOf(m))
 	if err != nil {
 		return "", err
 	}

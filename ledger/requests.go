@@ -255,7 +255,7 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string, ifMatch []string, found delet
 		case !ok || err != nil:
 			return OutcomeMismatch, fmt.Sprintf("the record of %q is damaged on disk, so its registration's tag cannot be read: "+
 				"nothing was deleted; delete it without If-Match (or with If-Match: *)", id), nil
-		case !matchesTag(ifMatch, ce.Tag()):
+		case !slices.Contains(ifMatch, ce.Tag()):
 			return OutcomeMismatch, fmt.Sprintf("%q holds the registration tagged %q, which the deletion does not name "+
 				"(registered at %s): nothing was deleted", id, ce.Tag(), ce.CreatedAt.Format(time.RFC3339Nano)), nil
 		}

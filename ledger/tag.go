@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"math"
-	"slices"
 )
 
 // Tag identifies the registration that stored the CE: the first 16 bytes, in hex, of the
@@ -36,8 +35,3 @@ func (c *CE) Tag() string {
 
 // AnyTag in a deletion's ifMatch matches whichever CE is stored (HTTP's If-Match: *).
 const AnyTag = "*"
-
-// matchesTag reports whether tag is in ifMatch, or ifMatch holds AnyTag.
-func matchesTag(ifMatch []string, tag string) bool {
-	return slices.Contains(ifMatch, AnyTag) || slices.Contains(ifMatch, tag)
-}

@@ -28,19 +28,29 @@ func lockStateDir(dir, path string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: lock file: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		b := make([]byte, 32)
-		n, _ := f.ReadAt(b, 0)
+	if err := flock(f, path, pidPath); err != nil {
 		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, lockedError(path, pidPath, strings.TrimSpace(string(b[:n])))
-		}
-		return nil, fmt.Errorf("ledger: lock %s: %w", pidPath, err)
+		return nil, err
 	}
 	if err := f.Truncate(0); err == nil {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// flock takes the exclusive flock of f, the lock file pidPath of the ledger path, without
+// waiting; when another holder has it, the error (ErrLocked) names the pid the file records.
+func flock(f *os.File, path, pidPath string) error {
+	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		b := make([]byte, 32)
+		n, _ := f.ReadAt(b, 0)
+		return lockedError(path, pidPath, strings.TrimSpace(string(b[:n])))
+	}
+	return fmt.Errorf("ledger: lock %s: %w", pidPath, err)
 }
 
 func lockedError(path, pidPath, holder string) error {

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	bolt "go.etcd.io/bbolt"
@@ -215,14 +214,9 @@ func Installable(dir string) error {
 	case err != nil:
 		return fmt.Errorf("ledger: restore: lock file: %w", err)
 	}
-	defer f.Close() // releases the lock taken below
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			b := make([]byte, 32)
-			n, _ := f.ReadAt(b, 0)
-			return fmt.Errorf("ledger: restore: %w", lockedError(dst, pidPath, strings.TrimSpace(string(b[:n]))))
-		}
-		return fmt.Errorf("ledger: restore: lock %s: %w", pidPath, err)
+	defer f.Close() // releases the lock flock takes
+	if err := flock(f, dst, pidPath); err != nil {
+		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	return occupied(dst)
 }
