@@ -458,18 +458,22 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	ifMatch, err := parseIfMatch(r.Header.Values("If-Match"))
+	cond, err := parseIfMatch(r.Header.Values("If-Match"))
+	var ifMatch []string // the registrations it may delete (nil: any)
+	if err == nil && cond != nil {
+		ifMatch, err = cond.ceTags()
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	var ref ledger.RequestRef
 	if key != "" {
-		var cond []byte // the same key with another If-Match is another request
+		var tags []byte // the same key with another If-Match is another request
 		if ifMatch != nil {
-			cond = []byte("If-Match: " + strings.Join(ifMatch, ", "))
+			tags = []byte("If-Match: " + strings.Join(ifMatch, ", "))
 		}
-		ref, _ = keyRequest(key, "", requestFingerprint(r.Method, r.URL.Path, cond))
+		ref, _ = keyRequest(key, "", requestFingerprint(r.Method, r.URL.Path, tags))
 	}
 	id := r.PathValue("id")
 	err = a.core.forget(r.Context(), id, ref, ifMatch)

@@ -30,78 +30,126 @@ func setETag(w http.ResponseWriter, ce *ledger.CE) {
 	}
 }
 
-// parseIfMatch reads the If-Match header fields of a request (RFC 9110, 13.1.1: "*", or a list
-// of entity tags): nil when there is none; ledger.AnyTag for "*"; else each tag's opaque
-// content, a weak tag kept with its W/ so that it matches nothing (If-Match compares strongly),
-// and the entity tags "*" and "" kept quoted, so that the first is not the wildcard and the
-// second not empty. A field that is not of that form (* beside entity tags is not), or names more than ceshare.MaxIfMatch tags, or tags outside printable ASCII or
-// over ceshare.MaxRIDLen bytes as passed on (W/ included), is an error naming it: every list it
-// answers is one a replica can send (ceshare.Request.IfMatch).
-func parseIfMatch(fields []string) ([]string, error) {
+// ifMatch is an If-Match header (RFC 9110, 13.1.1): "*", or a list of entity tags.
+type ifMatch struct {
+	any bool // "*": holds for any current representation
+	// strong are the opaque tags of the list's strong entity tags, without quotes, in the
+	// order sent. Its weak tags are not kept: If-Match compares strongly, so a weak tag matches
+	// nothing, and a list of weak tags alone holds for no representation.
+	strong []string
+}
+
+// parseIfMatch reads the If-Match header fields of a request: nil when there is none. A field
+// is a comma-separated list (empty elements allowed) of entity tags, W/"..." or "...", whose
+// opaque part is any bytes but DQUOTE, controls and space (etagc: %x21 / %x23-7E / %x80-FF),
+// commas included, or "*" alone. Anything else is an error naming the header: "*" beside
+// entity tags, an unquoted tag, a quote inside a tag, a lower-case w/.
+func parseIfMatch(fields []string) (*ifMatch, error) {
 	if len(fields) == 0 {
 		return nil, nil
 	}
 	bad := func(why string) error {
 		return fmt.Errorf("If-Match %q: %s; send \"*\" or the ETag of GET /v1/counterfactuals/{id}, quoted", strings.Join(fields, ", "), why)
 	}
-	var tags []string
+	m, n := &ifMatch{}, 0 // n counts the elements, "*" and weak tags included
 	for _, f := range fields {
-		for _, el := range strings.Split(f, ",") {
-			el = strings.Trim(el, " \t")
+		for rest := f; ; {
+			rest = strings.TrimLeft(rest, " \t,")
+			if rest == "" {
+				break
+			}
+			var el string
 			switch {
-			case el == "":
-				continue // the list rule allows empty elements
-			case el == "*":
-				tags = append(tags, ledger.AnyTag)
-				continue
+			case rest[0] == '*':
+				el, rest = "*", rest[1:]
+				m.any = true
+			case strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, `W/"`):
+				weak := rest[0] == 'W'
+				open := strings.IndexByte(rest, '"')
+				end := strings.IndexByte(rest[open+1:], '"')
+				if end < 0 {
+					return nil, bad(fmt.Sprintf("%q has no closing quote", rest))
+				}
+				el, rest = rest[:open+1+end+1], rest[open+1+end+1:]
+				opaque := el[open+1 : len(el)-1]
+				if i := strings.IndexFunc(opaque, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+					return nil, bad(fmt.Sprintf("%q: an entity tag holds no space or control character", el))
+				}
+				if !weak {
+					m.strong = append(m.strong, opaque)
+				}
+			default:
+				end := strings.IndexAny(rest, ", \t")
+				if end < 0 {
+					end = len(rest)
+				}
+				return nil, bad(fmt.Sprintf("%q is not an entity tag", rest[:end]))
 			}
-			weak := strings.HasPrefix(el, "W/")
-			opaque := strings.TrimPrefix(el, "W/")
-			if len(opaque) < 2 || opaque[0] != '"' || opaque[len(opaque)-1] != '"' {
-				return nil, bad(fmt.Sprintf("%q is not an entity tag", el))
+			n++
+			// An element ends at a comma, after optional white space.
+			if after := strings.TrimLeft(rest, " \t"); after != "" && after[0] != ',' {
+				return nil, bad(fmt.Sprintf("%q runs on after %q without a comma", after, el))
 			}
-			opaque = opaque[1 : len(opaque)-1]
-			tag := opaque
-			switch {
-			case weak:
-				tag = "W/" + opaque
-			case opaque == ledger.AnyTag, opaque == "":
-				// The entity tag "*", which is not the wildcard *, and the empty one: kept quoted,
-				// they match nothing (a request's tag is not empty).
-				tag = `"` + opaque + `"`
-			}
-			// The bound is the request's (ceshare.Request.IfMatch), which a replica sends the tags in.
-			if len(tag) > ceshare.MaxRIDLen || strings.ContainsFunc(opaque, func(r rune) bool { return r < 0x21 || r > 0x7e || r == '"' }) {
-				return nil, bad(fmt.Sprintf("%q: a tag is at most %d printable ASCII characters (%d for a weak one), without quotes inside",
-					el, ceshare.MaxRIDLen, ceshare.MaxRIDLen-len("W/")))
-			}
-			tags = append(tags, tag)
 		}
 	}
 	switch {
-	case len(tags) == 0:
+	case n == 0:
 		return nil, bad("no entity tag")
-	case len(tags) > 1 && slices.Contains(tags, ledger.AnyTag): // If-Match = "*" / #entity-tag
+	case m.any && n > 1: // If-Match = "*" / #entity-tag
 		return nil, bad("* stands alone, without entity tags beside it")
+	}
+	return m, nil
+}
+
+// holds says whether the condition holds for a representation: tag its entity tag without
+// quotes ("" for none), exists whether the target has one. "*" holds when it exists; a list,
+// when one of its strong tags is tag.
+func (m *ifMatch) holds(tag string, exists bool) bool {
+	if m.any {
+		return exists
+	}
+	return exists && tag != "" && slices.Contains(m.strong, tag)
+}
+
+// noTag stands in a deletion's tags (ceTags) for a list none of whose entity tags can be a
+// CE's: the empty entity tag, quoted, which no registration's tag equals.
+const noTag = `""`
+
+// ceTags are the tags a deletion conditioned by m passes on (ledger.DeleteRequest,
+// ceshare.Request.IfMatch): ledger.AnyTag for "*"; else the distinct strong tags that can be a
+// CE's tag (ledger.IsTag), sorted, so that the same tags in another order are the same request;
+// noTag when there is none, so that the deletion still deletes nothing. Tags that cannot be a
+// CE's tag match no CE and are dropped. More than ceshare.MaxIfMatch of them is an error.
+func (m *ifMatch) ceTags() ([]string, error) {
+	if m.any {
+		return []string{ledger.AnyTag}, nil
+	}
+	var tags []string
+	for _, t := range m.strong {
+		if ledger.IsTag(t) {
+			tags = append(tags, t)
+		}
+	}
+	slices.Sort(tags)
+	tags = slices.Compact(tags)
+	switch {
+	case len(tags) == 0:
+		return []string{noTag}, nil
 	case len(tags) > ceshare.MaxIfMatch:
-		return nil, bad(fmt.Sprintf("%d entity tags, over %d", len(tags), ceshare.MaxIfMatch))
+		return nil, fmt.Errorf("If-Match names %d registration tags: a deletion names at most %d", len(tags), ceshare.MaxIfMatch)
 	}
 	return tags, nil
 }
 
 // ifMatchHolds evaluates a request's If-Match header fields (parseIfMatch; ok when there is
-// none) against a representation: tag its entity tag without quotes ("" for none), exists
-// whether the target has one. "*" holds when it exists; a list, when it names tag (strongly: a
-// weak tag never matches). err is parseIfMatch's, for a header that is not of that form.
+// none) against a representation (ifMatch.holds). err is parseIfMatch's, for a header that is
+// not of that form.
 func ifMatchHolds(fields []string, tag string, exists bool) (ok bool, err error) {
-	tags, err := parseIfMatch(fields)
-	if err != nil || tags == nil {
+	m, err := parseIfMatch(fields)
+	if err != nil || m == nil {
 		return err == nil, err
 	}
-	if slices.Contains(tags, ledger.AnyTag) {
-		return exists, nil
-	}
-	return exists && tag != "" && slices.Contains(tags, tag), nil
+	return m.holds(tag, exists), nil
 }
 
 // evaluatesIfMatch says whether the handler of route pattern evaluates If-Match itself, against

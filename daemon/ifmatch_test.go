@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -13,55 +14,96 @@ import (
 )
 
 // TestParseIfMatch holds what an If-Match header may be (RFC 9110, 13.1.1): "*", or a list of
-// entity tags, strong or weak (W/, kept so that it matches nothing), over one field or several;
-// anything else, and more than ceshare.MaxIfMatch tags, is an error naming the header.
+// entity tags, strong or weak, over one field or several, whose opaque part may hold commas and
+// bytes past ASCII (obs-text); anything else is an error naming the header. Weak tags are
+// dropped: If-Match compares strongly.
 func TestParseIfMatch(t *testing.T) {
-	many := strings.TrimSuffix(strings.Repeat(`"t",`, ceshare.MaxIfMatch), ",")
+	long := strings.Repeat("!", 4*ceshare.MaxRIDLen)
 	for _, c := range []struct {
 		name   string
 		fields []string
-		want   []string // nil with ok: no condition
+		want   *ifMatch // nil with ok: no condition
 		ok     bool
 	}{
 		{"no header", nil, nil, true},
-		{"one tag", []string{`"0a1b"`}, []string{"0a1b"}, true},
-		{"any", []string{"*"}, []string{ledger.AnyTag}, true},
-		{"a list", []string{`"a", W/"b" ,"c"`}, []string{"a", "W/b", "c"}, true},
-		{"two fields", []string{`"a"`, `"b"`}, []string{"a", "b"}, true},
-		{"empty elements", []string{` , "a",,`}, []string{"a"}, true},
-		{"MaxIfMatch tags", []string{many}, slices.Repeat([]string{"t"}, ceshare.MaxIfMatch), true},
-		{"a tag of MaxRIDLen bytes", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen) + `"`}, []string{strings.Repeat("!", ceshare.MaxRIDLen)}, true},
-		{"a weak tag of MaxRIDLen bytes with its W/", []string{`W/"` + strings.Repeat("!", ceshare.MaxRIDLen-2) + `"`}, []string{"W/" + strings.Repeat("!", ceshare.MaxRIDLen-2)}, true},
-		{"the entity tag \"*\", not the wildcard", []string{`"*"`, `W/"*"`}, []string{`"*"`, "W/*"}, true},
+		{"one tag", []string{`"0a1b"`}, &ifMatch{strong: []string{"0a1b"}}, true},
+		{"any", []string{"*"}, &ifMatch{any: true}, true},
+		{"a list", []string{`"a", W/"b" ,"c"`}, &ifMatch{strong: []string{"a", "c"}}, true},
+		{"two fields", []string{`"a"`, `"b"`}, &ifMatch{strong: []string{"a", "b"}}, true},
+		{"empty elements", []string{` , "a",,`}, &ifMatch{strong: []string{"a"}}, true},
+		{"weak tags alone", []string{`W/"a"`, `W/"b"`}, &ifMatch{}, true},
+		{"a comma inside a tag", []string{`"a,b", "c"`}, &ifMatch{strong: []string{"a,b", "c"}}, true},
+		{"obs-text", []string{`"clé"`, "\"\xff\""}, &ifMatch{strong: []string{"clé", "\xff"}}, true},
+		{"a long tag", []string{`"` + long + `"`}, &ifMatch{strong: []string{long}}, true},
+		{"the entity tag \"*\", not the wildcard", []string{`"*"`, `W/"*"`}, &ifMatch{strong: []string{"*"}}, true},
+		{"an empty tag", []string{`""`, `W/""`}, &ifMatch{strong: []string{""}}, true},
 		{"unquoted", []string{"0a1b"}, nil, false},
 		{"empty", []string{""}, nil, false},
 		{"only commas", []string{" , "}, nil, false},
-		{"an empty tag", []string{`""`, `W/""`}, []string{`""`, "W/"}, true},
 		{"* beside a tag", []string{`*, "a"`}, nil, false},
 		{"* in a field of its own, beside a tag", []string{`"a"`, "*"}, nil, false},
 		{"* twice", []string{"*", "*"}, nil, false},
+		{"* running on", []string{"*a"}, nil, false},
 		{"a lone quote", []string{`"`}, nil, false},
+		{"an unclosed tag after a tag", []string{`"a", "b`}, nil, false},
 		{"a space inside", []string{`"a b"`}, nil, false},
+		{"a control inside", []string{"\"a\x7f\""}, nil, false},
 		{"a quote inside", []string{`"a"b"`}, nil, false},
-		{"UTF-8", []string{`"clé"`}, nil, false},
+		{"two tags without a comma", []string{`"a" "b"`}, nil, false},
 		{"lower-case weak", []string{`w/"a"`}, nil, false},
-		{"too long", []string{`"` + strings.Repeat("!", ceshare.MaxRIDLen+1) + `"`}, nil, false},
-		{"a weak tag too long with its W/", []string{`W/"` + strings.Repeat("!", ceshare.MaxRIDLen-1) + `"`}, nil, false},
-		{"too many", []string{many + `,"t"`}, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := parseIfMatch(c.fields)
 			switch {
-			case c.ok && (err != nil || !slices.Equal(got, c.want) || (got == nil) != (c.want == nil)):
-				t.Fatalf("parseIfMatch(%q) = %q, %v; want %q", c.fields, got, err, c.want)
+			case c.ok && (err != nil || (got == nil) != (c.want == nil) ||
+				got != nil && (got.any != c.want.any || !slices.Equal(got.strong, c.want.strong))):
+				t.Fatalf("parseIfMatch(%q) = %+v, %v; want %+v", c.fields, got, err, c.want)
 			case !c.ok && (err == nil || got != nil):
-				t.Fatalf("parseIfMatch(%q) = %q, %v; want an error", c.fields, got, err)
+				t.Fatalf("parseIfMatch(%q) = %+v, %v; want an error", c.fields, got, err)
 			case !c.ok && !strings.Contains(err.Error(), "If-Match"):
 				t.Fatalf("parseIfMatch(%q): %v does not name the header", c.fields, err)
 			}
-			// A replica sends the tags on in the deletion's request: every list accepted fits it.
+		})
+	}
+}
+
+// TestDeletionTags holds the tags a conditional deletion passes on: "*" alone, or the distinct
+// tags that can be a registration's, sorted (the same tags in another order are the same keyed
+// request), or one that matches no registration when none can; every list fits a replica's
+// request (ceshare.Request.IfMatch), and more than ceshare.MaxIfMatch registration tags is an
+// error naming the header.
+func TestDeletionTags(t *testing.T) {
+	tag := func(i int) string { return fmt.Sprintf("%032x", i) }
+	var many, quoted []string // in order, as tag sorts them
+	for i := range ceshare.MaxIfMatch + 1 {
+		many, quoted = append(many, tag(i)), append(quoted, `"`+tag(i)+`"`)
+	}
+	for _, c := range []struct {
+		name   string
+		fields []string
+		want   []string // nil: an error
+	}{
+		{"any", []string{"*"}, []string{ledger.AnyTag}},
+		{"sorted and distinct", []string{`"` + tag(2) + `", "` + tag(1) + `"`, `"` + tag(2) + `"`}, []string{tag(1), tag(2)}},
+		{"no registration's tag", []string{`"a,b", W/"` + tag(1) + `", "` + strings.ToUpper(tag(10)) + `", "clé", "*"`}, []string{noTag}},
+		{"a registration's tag beside others", []string{`"x", "` + tag(3) + `"`}, []string{tag(3)}},
+		{"MaxIfMatch tags", []string{strings.Join(quoted[:ceshare.MaxIfMatch], ",")}, many[:ceshare.MaxIfMatch]},
+		{"too many", []string{strings.Join(quoted, ",")}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := parseIfMatch(c.fields)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := m.ceTags()
+			switch {
+			case c.want == nil && (err == nil || !strings.Contains(err.Error(), "If-Match")):
+				t.Fatalf("ceTags(%q) = %q, %v; want an error naming If-Match", c.fields, got, err)
+			case c.want != nil && (err != nil || !slices.Equal(got, c.want)):
+				t.Fatalf("ceTags(%q) = %q, %v; want %q", c.fields, got, err, c.want)
+			}
 			if _, _, err := ceshare.Encode(ceshare.Request{Kind: ceshare.KindDelete, ID: "ce-1", Replica: "r", At: time.Now(), IfMatch: got}); err != nil {
-				t.Errorf("parseIfMatch(%q) = %q, which a replica cannot send: %v", c.fields, got, err)
+				t.Errorf("ceTags(%q) = %q, which a replica cannot send: %v", c.fields, got, err)
 			}
 		})
 	}
@@ -112,6 +154,13 @@ func TestDeleteIfMatchKeepsARegistrationMadeSince(t *testing.T) {
 	if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/ce-1", "", nil); resp.StatusCode != http.StatusOK || resp.Header.Get("ETag") != again {
 		t.Fatalf("GET after the refused deletions: %d, ETag %q; want the registration made since, %s", resp.StatusCode, resp.Header.Get("ETag"), again)
 	}
+	// A keyed deletion's tags are a set: the same key with them in another order, or with a tag
+	// beside them that names no registration, is the same request. A comma inside a tag is part
+	// of it (RFC 9110's etagc).
+	const unknown = `"00000000000000000000000000000000"`
+	del(map[string]string{"If-Match": first + `, W/"x", ` + unknown, "Idempotency-Key": "k-2"}, http.StatusPreconditionFailed, "nothing was deleted")
+	del(map[string]string{"If-Match": `"a,b", ` + unknown + ", " + first, "Idempotency-Key": "k-2"}, http.StatusPreconditionFailed, "nothing was deleted")
+	del(map[string]string{"If-Match": `"a,b"`}, http.StatusPreconditionFailed, "nothing was deleted")
 	del(map[string]string{"If-Match": "0a1b"}, http.StatusBadRequest, "If-Match")
 	del(map[string]string{"If-Match": `"*"`}, http.StatusPreconditionFailed, "nothing was deleted") // an entity tag, not the wildcard
 	del(map[string]string{"If-Match": "*"}, http.StatusNoContent, "")
@@ -178,6 +227,7 @@ func TestEveryRouteEvaluatesIfMatch(t *testing.T) {
 		{"GET", "/v1/counterfactuals/ce-1", "", "*", http.StatusOK},
 		{"GET", "/v1/counterfactuals/ce-1", "", other, http.StatusPreconditionFailed},
 		{"GET", "/v1/counterfactuals/ce-1", "", "W/" + tag, http.StatusPreconditionFailed},
+		{"GET", "/v1/counterfactuals/ce-1", "", `"a,b", ` + tag, http.StatusOK},
 		{"GET", "/v1/counterfactuals/ce-1", "", "0a1b", http.StatusBadRequest},
 		{"GET", "/v1/counterfactuals/none", "", tag, http.StatusNotFound},
 		{"GET", "/v1/model/posterior/sidecar", "", sidecar, http.StatusOK},

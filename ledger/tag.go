@@ -35,3 +35,17 @@ func (c *CE) Tag() string {
 
 // AnyTag in a deletion's ifMatch matches whichever CE is stored (HTTP's If-Match: *).
 const AnyTag = "*"
+
+// IsTag reports whether s has the form of a registration's tag (CE.Tag): 32 lower-case hex
+// digits. A string that has not names no registration.
+func IsTag(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}

@@ -19,8 +19,13 @@ func TestTagNamesTheRegistration(t *testing.T) {
 	at := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
 	base := CE{ID: "a", X: []float64{1, 2}, XCF: []float64{3, 4}, Target: 1, CreatedAt: at, Status: certify.Certified}
 	tag := base.Tag()
-	if len(tag) != 32 || strings.Trim(tag, "0123456789abcdef") != "" {
-		t.Fatalf("tag %q: want 32 hex digits", tag)
+	if len(tag) != 32 || strings.Trim(tag, "0123456789abcdef") != "" || !IsTag(tag) {
+		t.Fatalf("tag %q (IsTag %v): want 32 hex digits", tag, IsTag(tag))
+	}
+	for _, s := range []string{"", tag[1:], tag + "0", strings.ToUpper(tag), tag[:31] + "g", tag[:31] + `"`} {
+		if IsTag(s) {
+			t.Errorf("IsTag(%q) = true; want false", s)
+		}
 	}
 	var back CE
 	raw, err := json.Marshal(&base)
