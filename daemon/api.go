@@ -153,7 +153,7 @@ func (a *api) routes() http.Handler {
 	}
 	for _, e := range a.endpoints() {
 		var h http.Handler = e.handler
-		if _, p, _ := strings.Cut(e.pattern, " "); strings.HasPrefix(p, "/v1/") && !evaluatesIfMatch(e.pattern) {
+		if _, p, _ := strings.Cut(e.pattern, " "); strings.HasPrefix(p, "/v1/") && !evaluatesConditions(e.pattern) {
 			h = conditional(h, represented[p])
 		}
 		if strings.Contains(e.pattern, " /v1/") && e.pattern != "GET /v1/counterfactuals" {

@@ -150,7 +150,8 @@ func TestAPIAuthorizationRules(t *testing.T) {
 }
 
 // Both posterior files are served with Cache-Control no-cache, their content type and length;
-// If-None-Match matches the current ETag also weak, in a list, or as "*", and nothing else.
+// If-None-Match matches the current ETag also weak, in a list, or as "*", and nothing else; a
+// header that is not entity tags is 400, as If-Match's is.
 func TestPosteriorHeaderRules(t *testing.T) {
 	a := rulesAPI("", &rulesCore{}, &fakeState{})
 	for _, c := range []struct{ path, ctype string }{
@@ -172,7 +173,7 @@ func TestPosteriorHeaderRules(t *testing.T) {
 			{"*", 304},
 			{`"other", ` + etag, 304},
 			{`"other"`, 200},
-			{strings.Trim(etag, `"`), 200},
+			{strings.Trim(etag, `"`), 400},
 		} {
 			rec := serve(a, "GET", c.path, "", map[string]string{"If-None-Match": m.ifNoneMatch})
 			if rec.Code != m.want {

@@ -404,14 +404,9 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		setETag(w, ce)
-		ok, perr := ifMatchHolds(r.Header.Values("If-Match"), ce.Tag(), true)
-		switch {
-		case perr != nil:
-			writeError(w, http.StatusBadRequest, perr.Error())
-			return
-		case !ok:
-			writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: %q holds the registration tagged %q, which If-Match does not name",
-				errPrecondition, ce.ID, ce.Tag()))
+		if !preconditions(w, r, ce.Tag(), true, func() string {
+			return fmt.Sprintf("%q holds the registration tagged %q, which If-Match does not name", ce.ID, ce.Tag())
+		}) {
 			return
 		}
 	}
@@ -460,7 +455,12 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	cond, err := parseIfMatch(r.Header.Values("If-Match"))
 	var ifMatch []string // the registrations it may delete (nil: any)
-	if err == nil && cond != nil {
+	switch {
+	case err == nil && r.Header.Get("If-None-Match") != "":
+		// Decided where the CE is (its owner, in its partition's order), a condition must travel
+		// with the deletion: If-Match does, If-None-Match does not.
+		err = errors.New("If-None-Match is not evaluated on DELETE, so the deletion was not done; name the registration to delete with If-Match")
+	case err == nil && cond != nil:
 		ifMatch, err = cond.ceTags()
 	}
 	if err != nil {

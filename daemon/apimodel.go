@@ -77,34 +77,15 @@ func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
 	h.Set(headerPosteriorVersion, strconv.FormatUint(pf.version, 10))
 	h.Set(headerWeightsSHA256, pf.weightsSHA256)
 	h.Set("Cache-Control", "no-cache")
-	switch ok, err := ifMatchHolds(r.Header.Values("If-Match"), strings.Trim(etag, `"`), true); {
-	case err != nil:
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	case !ok:
-		writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: the posterior's %s is %s now (version %d), which If-Match does not name",
-			errPrecondition, r.URL.Path, etag, pf.version))
-		return
-	}
-	if matchesETag(r.Header.Get("If-None-Match"), etag) {
-		w.WriteHeader(http.StatusNotModified)
+	if !preconditions(w, r, strings.Trim(etag, `"`), true, func() string {
+		return fmt.Sprintf("the posterior's %s is %s now (version %d), which If-Match does not name", r.URL.Path, etag, pf.version)
+	}) {
 		return
 	}
 	h.Set("Content-Type", ctype)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
-}
-
-// matchesETag reports whether an If-None-Match header value lists etag (or is "*").
-func matchesETag(header, etag string) bool {
-	for _, v := range strings.Split(header, ",") {
-		v = strings.TrimPrefix(strings.TrimSpace(v), "W/")
-		if v == etag || v == "*" {
-			return true
-		}
-	}
-	return false
 }
 
 // predictRequest is one input (x) or a batch (xs).

@@ -11,10 +11,13 @@ import (
 	"github.com/cfguard/cfguard/ledger"
 )
 
-// A CE's ETag is its registration's tag (ledger.CE.Tag), quoted: GET /v1/counterfactuals/{id}
-// and a registration's 201 carry it, and DELETE with If-Match deletes the CE only while the id
-// holds a registration it names. A DELETE sent again without its Idempotency-Key after the id
-// was registered anew then keeps the new registration (412) instead of deleting it.
+// Conditional requests (RFC 9110, 13). A CE's ETag is its registration's tag (ledger.CE.Tag),
+// quoted: GET /v1/counterfactuals/{id} and a registration's 201 carry it, and DELETE with
+// If-Match deletes the CE only while the id holds a registration it names. A DELETE sent again
+// without its Idempotency-Key after the id was registered anew then keeps the new registration
+// (412) instead of deleting it. The posterior's routes carry the SHA-256 of their body. Every
+// /v1/ route evaluates If-Match and If-None-Match (preconditions), against its ETag or, where
+// its answers carry none, against no entity tag.
 
 // errPrecondition: a deletion's If-Match named none of the registration stored under its id
 // (ledger.OutcomeMismatch); answered 412.
@@ -30,28 +33,31 @@ func setETag(w http.ResponseWriter, ce *ledger.CE) {
 	}
 }
 
-// ifMatch is an If-Match header (RFC 9110, 13.1.1): "*", or a list of entity tags.
-type ifMatch struct {
-	any bool // "*": holds for any current representation
-	// strong are the opaque tags of the list's strong entity tags, without quotes, in the
-	// order sent. Its weak tags are not kept: If-Match compares strongly, so a weak tag matches
-	// nothing, and a list of weak tags alone holds for no representation.
-	strong []string
+// entityTags is an If-Match or If-None-Match header (RFC 9110, 13.1.1 and 13.1.2): "*", or a
+// list of entity tags.
+type entityTags struct {
+	any    bool     // "*": matches any current representation
+	strong []string // the opaque tags of its strong entity tags, without quotes, in the order sent
+	weak   []string // and of its weak ones (W/"..."), which only a weak comparison matches
 }
 
-// parseIfMatch reads the If-Match header fields of a request: nil when there is none. A field
-// is a comma-separated list (empty elements allowed) of entity tags, W/"..." or "...", whose
-// opaque part is any bytes but DQUOTE, controls and space (etagc: %x21 / %x23-7E / %x80-FF),
-// commas included, or "*" alone. Anything else is an error naming the header: "*" beside
-// entity tags, an unquoted tag, a quote inside a tag, a lower-case w/.
-func parseIfMatch(fields []string) (*ifMatch, error) {
+// parseIfMatch reads the If-Match header fields of a request (parseEntityTags).
+func parseIfMatch(fields []string) (*entityTags, error) { return parseEntityTags("If-Match", fields) }
+
+// parseEntityTags reads the fields of header name: nil when there is none. A field is a
+// comma-separated list (empty elements allowed) of entity tags, W/"..." or "...", whose opaque
+// part is any bytes but DQUOTE, controls and space (etagc: %x21 / %x23-7E / %x80-FF), commas
+// included, or "*" alone. Anything else is an error naming the header: "*" beside entity tags,
+// an unquoted tag, a quote inside a tag, a lower-case w/.
+func parseEntityTags(name string, fields []string) (*entityTags, error) {
 	if len(fields) == 0 {
 		return nil, nil
 	}
 	bad := func(why string) error {
-		return fmt.Errorf("If-Match %q: %s; send \"*\" or the ETag of GET /v1/counterfactuals/{id}, quoted", strings.Join(fields, ", "), why)
+		return fmt.Errorf("%s %q: %s; send \"*\" or entity tags, quoted, as ETag gives them (a CE's: GET /v1/counterfactuals/{id})",
+			name, strings.Join(fields, ", "), why)
 	}
-	m, n := &ifMatch{}, 0 // n counts the elements, "*" and weak tags included
+	m, n := &entityTags{}, 0 // n counts the elements, "*" included
 	for _, f := range fields {
 		for rest := f; ; {
 			rest = strings.TrimLeft(rest, " \t,")
@@ -64,7 +70,6 @@ func parseIfMatch(fields []string) (*ifMatch, error) {
 				el, rest = "*", rest[1:]
 				m.any = true
 			case strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, `W/"`):
-				weak := rest[0] == 'W'
 				open := strings.IndexByte(rest, '"')
 				end := strings.IndexByte(rest[open+1:], '"')
 				if end < 0 {
@@ -72,11 +77,13 @@ func parseIfMatch(fields []string) (*ifMatch, error) {
 				}
 				el, rest = rest[:open+1+end+1], rest[open+1+end+1:]
 				opaque := el[open+1 : len(el)-1]
-				if i := strings.IndexFunc(opaque, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+				if strings.ContainsFunc(opaque, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 					return nil, bad(fmt.Sprintf("%q: an entity tag holds no space or control character", el))
 				}
-				if !weak {
+				if open == 0 {
 					m.strong = append(m.strong, opaque)
+				} else {
+					m.weak = append(m.weak, opaque)
 				}
 			default:
 				end := strings.IndexAny(rest, ", \t")
@@ -95,20 +102,30 @@ func parseIfMatch(fields []string) (*ifMatch, error) {
 	switch {
 	case n == 0:
 		return nil, bad("no entity tag")
-	case m.any && n > 1: // If-Match = "*" / #entity-tag
+	case m.any && n > 1: // "*" / #entity-tag
 		return nil, bad("* stands alone, without entity tags beside it")
 	}
 	return m, nil
 }
 
-// holds says whether the condition holds for a representation: tag its entity tag without
-// quotes ("" for none), exists whether the target has one. "*" holds when it exists; a list,
-// when one of its strong tags is tag.
-func (m *ifMatch) holds(tag string, exists bool) bool {
+// holds is If-Match's condition for a representation: tag its entity tag without quotes (""
+// for none), exists whether the target has one. "*" holds when it exists; a list, when one of
+// its strong tags is tag (If-Match compares strongly: a weak tag matches nothing).
+func (m *entityTags) holds(tag string, exists bool) bool {
 	if m.any {
 		return exists
 	}
 	return exists && tag != "" && slices.Contains(m.strong, tag)
+}
+
+// matchesWeakly is If-None-Match's match (its condition is that there is none): "*" matches
+// when the representation exists; a list, when one of its tags, strong or weak, is tag (a weak
+// comparison).
+func (m *entityTags) matchesWeakly(tag string, exists bool) bool {
+	if m.any {
+		return exists
+	}
+	return exists && tag != "" && (slices.Contains(m.strong, tag) || slices.Contains(m.weak, tag))
 }
 
 // noTag stands in a deletion's tags (ceTags) for a list none of whose entity tags can be a
@@ -120,7 +137,7 @@ const noTag = `""`
 // CE's tag (ledger.IsTag), sorted, so that the same tags in another order are the same request;
 // noTag when there is none, so that the deletion still deletes nothing. Tags that cannot be a
 // CE's tag match no CE and are dropped. More than ceshare.MaxIfMatch of them is an error.
-func (m *ifMatch) ceTags() ([]string, error) {
+func (m *entityTags) ceTags() ([]string, error) {
 	if m.any {
 		return []string{ledger.AnyTag}, nil
 	}
@@ -141,20 +158,42 @@ func (m *ifMatch) ceTags() ([]string, error) {
 	return tags, nil
 }
 
-// ifMatchHolds evaluates a request's If-Match header fields (parseIfMatch; ok when there is
-// none) against a representation (ifMatch.holds). err is parseIfMatch's, for a header that is
-// not of that form.
-func ifMatchHolds(fields []string, tag string, exists bool) (ok bool, err error) {
-	m, err := parseIfMatch(fields)
-	if err != nil || m == nil {
-		return err == nil, err
+// preconditions evaluates r's If-Match and then its If-None-Match (RFC 9110, 13.2.2) against
+// the target's representation: tag its entity tag without quotes ("" for none), exists whether
+// it has one. It reports whether the method is to be performed; when not, it has answered: 400
+// for a header that is not "*" or entity tags, 412 for an If-Match that does not hold (failed
+// says why, after "precondition failed: "), and for an If-None-Match that matches, 304 to a
+// GET or HEAD (with the response's headers set so far, the ETag among them) and 412 to another
+// method.
+func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists bool, failed func() string) bool {
+	im, err := parseIfMatch(r.Header.Values("If-Match"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return false
 	}
-	return m.holds(tag, exists), nil
+	if im != nil && !im.holds(tag, exists) {
+		writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: %s", errPrecondition, failed()))
+		return false
+	}
+	inm, err := parseEntityTags("If-None-Match", r.Header.Values("If-None-Match"))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err.Error())
+		return false
+	case inm == nil || !inm.matchesWeakly(tag, exists):
+		return true
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+		w.WriteHeader(http.StatusNotModified)
+	default:
+		writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: If-None-Match %q matches %s %s's current representation; nothing was done",
+			errPrecondition, strings.Join(r.Header.Values("If-None-Match"), ", "), r.Method, r.URL.Path))
+	}
+	return false
 }
 
-// evaluatesIfMatch says whether the handler of route pattern evaluates If-Match itself, against
-// its answer's ETag.
-func evaluatesIfMatch(pattern string) bool {
+// evaluatesConditions says whether the handler of route pattern evaluates If-Match and
+// If-None-Match itself, against its answer's ETag.
+func evaluatesConditions(pattern string) bool {
 	switch pattern {
 	case "GET /v1/counterfactuals/{id}", "DELETE /v1/counterfactuals/{id}", "GET /v1/model/posterior", "GET /v1/model/posterior/sidecar":
 		return true
@@ -162,31 +201,24 @@ func evaluatesIfMatch(pattern string) bool {
 	return false
 }
 
-// conditional evaluates r's If-Match on a route that does not evaluate it itself (every /v1/
-// route but a CE's GET and DELETE and the posterior's): answers there carry no entity tag, so
-// no tag named matches, and "*" holds when the path has a representation (represented: a GET
-// route serves it), as RFC 9110 (13.1.1) says. A condition that fails is 412 and the request is
-// not performed: ignored, the header would let POST /v1/explain, :bulk or /v1/audit act on a
-// condition that does not hold. A header that is not of the form is 400.
+// conditional evaluates r's If-Match and If-None-Match on a route that does not evaluate them
+// itself (every /v1/ route but a CE's GET and DELETE and the posterior's): answers there carry
+// no entity tag, so no tag named matches, and "*" matches when the path has a representation
+// (represented: a GET route serves it), as RFC 9110 (13.1.1, 13.1.2) says. A condition that
+// fails is 412 (304 for a GET's If-None-Match: *) and the request is not performed: ignored,
+// If-Match would let POST /v1/explain, :bulk or /v1/audit act on a condition that does not hold.
+// A header that is not of the form is 400.
 func conditional(h http.Handler, represented bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fields := r.Header.Values("If-Match")
-		if len(fields) == 0 {
-			h.ServeHTTP(w, r)
-			return
-		}
-		ok, err := ifMatchHolds(fields, "", represented)
-		switch {
-		case err != nil:
-			writeError(w, http.StatusBadRequest, err.Error())
-		case !ok:
+		failed := func() string {
 			what := "no entity tag to match"
 			if !represented {
 				what = "no representation, so neither * nor an entity tag matches"
 			}
-			writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: If-Match %q: %s %s has %s; nothing was done (GET and DELETE "+
-				"/v1/counterfactuals/{id} evaluate If-Match against the CE's ETag)", errPrecondition, strings.Join(fields, ", "), r.Method, r.URL.Path, what))
-		default:
+			return fmt.Sprintf("If-Match %q: %s %s has %s; nothing was done (GET and DELETE /v1/counterfactuals/{id} evaluate "+
+				"If-Match against the CE's ETag)", strings.Join(r.Header.Values("If-Match"), ", "), r.Method, r.URL.Path, what)
+		}
+		if preconditions(w, r, "", represented, failed) {
 			h.ServeHTTP(w, r)
 		}
 	})

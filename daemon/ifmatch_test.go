@@ -15,28 +15,27 @@ import (
 
 // TestParseIfMatch holds what an If-Match header may be (RFC 9110, 13.1.1): "*", or a list of
 // entity tags, strong or weak, over one field or several, whose opaque part may hold commas and
-// bytes past ASCII (obs-text); anything else is an error naming the header. Weak tags are
-// dropped: If-Match compares strongly.
+// bytes past ASCII (obs-text); anything else is an error naming the header.
 func TestParseIfMatch(t *testing.T) {
 	long := strings.Repeat("!", 4*ceshare.MaxRIDLen)
 	for _, c := range []struct {
 		name   string
 		fields []string
-		want   *ifMatch // nil with ok: no condition
+		want   *entityTags // nil with ok: no condition
 		ok     bool
 	}{
 		{"no header", nil, nil, true},
-		{"one tag", []string{`"0a1b"`}, &ifMatch{strong: []string{"0a1b"}}, true},
-		{"any", []string{"*"}, &ifMatch{any: true}, true},
-		{"a list", []string{`"a", W/"b" ,"c"`}, &ifMatch{strong: []string{"a", "c"}}, true},
-		{"two fields", []string{`"a"`, `"b"`}, &ifMatch{strong: []string{"a", "b"}}, true},
-		{"empty elements", []string{` , "a",,`}, &ifMatch{strong: []string{"a"}}, true},
-		{"weak tags alone", []string{`W/"a"`, `W/"b"`}, &ifMatch{}, true},
-		{"a comma inside a tag", []string{`"a,b", "c"`}, &ifMatch{strong: []string{"a,b", "c"}}, true},
-		{"obs-text", []string{`"clé"`, "\"\xff\""}, &ifMatch{strong: []string{"clé", "\xff"}}, true},
-		{"a long tag", []string{`"` + long + `"`}, &ifMatch{strong: []string{long}}, true},
-		{"the entity tag \"*\", not the wildcard", []string{`"*"`, `W/"*"`}, &ifMatch{strong: []string{"*"}}, true},
-		{"an empty tag", []string{`""`, `W/""`}, &ifMatch{strong: []string{""}}, true},
+		{"one tag", []string{`"0a1b"`}, &entityTags{strong: []string{"0a1b"}}, true},
+		{"any", []string{"*"}, &entityTags{any: true}, true},
+		{"a list", []string{`"a", W/"b" ,"c"`}, &entityTags{strong: []string{"a", "c"}, weak: []string{"b"}}, true},
+		{"two fields", []string{`"a"`, `"b"`}, &entityTags{strong: []string{"a", "b"}}, true},
+		{"empty elements", []string{` , "a",,`}, &entityTags{strong: []string{"a"}}, true},
+		{"weak tags alone", []string{`W/"a"`, `W/"b"`}, &entityTags{weak: []string{"a", "b"}}, true},
+		{"a comma inside a tag", []string{`"a,b", "c"`}, &entityTags{strong: []string{"a,b", "c"}}, true},
+		{"obs-text", []string{`"clé"`, "\"\xff\""}, &entityTags{strong: []string{"clé", "\xff"}}, true},
+		{"a long tag", []string{`"` + long + `"`}, &entityTags{strong: []string{long}}, true},
+		{"the entity tag \"*\", not the wildcard", []string{`"*"`, `W/"*"`}, &entityTags{strong: []string{"*"}, weak: []string{"*"}}, true},
+		{"an empty tag", []string{`""`, `W/""`}, &entityTags{strong: []string{""}, weak: []string{""}}, true},
 		{"unquoted", []string{"0a1b"}, nil, false},
 		{"empty", []string{""}, nil, false},
 		{"only commas", []string{" , "}, nil, false},
@@ -56,7 +55,7 @@ func TestParseIfMatch(t *testing.T) {
 			got, err := parseIfMatch(c.fields)
 			switch {
 			case c.ok && (err != nil || (got == nil) != (c.want == nil) ||
-				got != nil && (got.any != c.want.any || !slices.Equal(got.strong, c.want.strong))):
+				got != nil && (got.any != c.want.any || !slices.Equal(got.strong, c.want.strong) || !slices.Equal(got.weak, c.want.weak))):
 				t.Fatalf("parseIfMatch(%q) = %+v, %v; want %+v", c.fields, got, err, c.want)
 			case !c.ok && (err == nil || got != nil):
 				t.Fatalf("parseIfMatch(%q) = %+v, %v; want an error", c.fields, got, err)
@@ -203,7 +202,7 @@ func TestKeyedRetryDoesNotAnswerARegistrationMadeSince(t *testing.T) {
 // entity tag fails every tag (412, nothing done: a bulk line named is not stored), and "*" holds
 // where the path has a representation (a GET route: POST /v1/counterfactuals registers) and
 // fails where it has none (POST /v1/explain, :bulk). A header that is not "*" or entity tags is
-// 400 everywhere.
+// 400 everywhere. So for If-None-Match.
 func TestEveryRouteEvaluatesIfMatch(t *testing.T) {
 	r := startDaemon(t, nil)
 	data := daemontest.Bundled(t)
@@ -248,7 +247,38 @@ func TestEveryRouteEvaluatesIfMatch(t *testing.T) {
 			t.Errorf("%s %s with If-Match %s: %d %s; want %d", c.method, c.path, c.ifMatch, resp.StatusCode, b, c.want)
 		}
 	}
-	for _, id := range []string{"bulk-1", "explained"} {
+	// If-None-Match (RFC 9110, 13.1.2) compares weakly: a GET whose tags name the CE's ETag is
+	// 304 with the ETag and no body; "*" matches any path with a representation, so a GET is
+	// 304 and another method 412 (nothing done); where the answers carry no entity tag no tag
+	// matches. DELETE does not carry it to the CE's owner: 400, nothing deleted.
+	for _, c := range []struct {
+		method, path, body, ifNoneMatch string
+		want                            int
+	}{
+		{"GET", "/v1/counterfactuals/ce-1", "", tag, http.StatusNotModified},
+		{"GET", "/v1/counterfactuals/ce-1", "", `"x", W/` + tag, http.StatusNotModified},
+		{"GET", "/v1/counterfactuals/ce-1", "", "*", http.StatusNotModified},
+		{"GET", "/v1/counterfactuals/ce-1", "", other, http.StatusOK},
+		{"GET", "/v1/counterfactuals/ce-1", "", "0a1b", http.StatusBadRequest},
+		{"GET", "/v1/model", "", "*", http.StatusNotModified},
+		{"GET", "/v1/model", "", tag, http.StatusOK},
+		{"POST", "/v1/counterfactuals", ce("ce-3", 1), "*", http.StatusPreconditionFailed},
+		{"POST", "/v1/explain", `{"x":` + mustJSON(t, data.X[xs[1]]) + `,"id":"explained"}`, "0a1b", http.StatusBadRequest},
+		{"DELETE", "/v1/counterfactuals/ce-1", "", other, http.StatusBadRequest},
+	} {
+		resp, b := r.RawDo(t, c.method, c.path, c.body, map[string]string{"If-None-Match": c.ifNoneMatch})
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s with If-None-Match %s: %d %s; want %d", c.method, c.path, c.ifNoneMatch, resp.StatusCode, b, c.want)
+		}
+		if resp.StatusCode == http.StatusNotModified && (len(b) != 0 || c.path == "/v1/counterfactuals/ce-1" && resp.Header.Get("ETag") != tag) {
+			t.Errorf("%s %s with If-None-Match %s: 304 with ETag %q and %d bytes; want the CE's ETag and no body",
+				c.method, c.path, c.ifNoneMatch, resp.Header.Get("ETag"), len(b))
+		}
+	}
+	if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/ce-1", "", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("ce-1 deleted by a DELETE with If-None-Match: GET %d", resp.StatusCode)
+	}
+	for _, id := range []string{"bulk-1", "explained", "ce-3"} {
 		if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/"+id, "", nil); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("%s stored by a request whose If-Match failed: GET %d", id, resp.StatusCode)
 		}
