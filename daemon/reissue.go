@@ -53,6 +53,9 @@ type reissuer struct {
 	// wake asks run, with explain.reissue off, to publish the outcomes of the CEs waiting
 	// (resume): adopt's CEs, restored from a previous owner's states.
 	wake chan struct{}
+	// page lists up to 16 stored CEs after the id after, as GET /v1/counterfactuals pages them
+	// (on a replica, the cluster's): where stored looks for a replacement. Daemon.list.
+	page func(ctx context.Context, after, authorization string) ([]*ledger.CE, error)
 
 	mu     sync.Mutex
 	queued map[string]bool // the ids in queue
@@ -94,8 +97,12 @@ func (w reissueRule) ledgerOption() func(ledger.StatusChange) bool {
 }
 
 func newReissuer(d *Daemon, status string, log *slog.Logger) *reissuer {
+	page := func(ctx context.Context, after, authorization string) ([]*ledger.CE, error) {
+		ces, _, err := d.list(ctx, 0, 16, after, authorization, false, nil)
+		return ces, err
+	}
 	return &reissuer{d: d, log: log, rule: parseReissueRule(status), queue: make(chan string, reissueQueue),
-		sweepEvery: reissueSweep, queued: map[string]bool{}, wake: make(chan struct{}, 1)}
+		sweepEvery: reissueSweep, queued: map[string]bool{}, wake: make(chan struct{}, 1), page: page}
 }
 
 // offer queues id unless it is queued already: added says it was queued now, ok that it is
@@ -411,7 +418,11 @@ func (r *reissuer) reissue(ctx context.Context, id string) {
 	if errors.Is(err, ledger.ErrExists) {
 		// The name is taken: by the replacement another owner of the CE (the replica it moved
 		// from, still generating when it moved) stored after this one looked.
-		if had, serr := r.stored(ctx, old, p); serr == nil && had != nil {
+		had, serr := r.stored(ctx, old, p)
+		if serr != nil {
+			return // the CE stays waiting: the next sweep looks again (stored logged why)
+		}
+		if had != nil {
 			r.log.Info("counterfactual reissued meanwhile by another run (the CE's previous owner): announcing its replacement, not this one",
 				"id", id, "new_id", had.ID)
 			r.announce(old, had, p)
@@ -471,7 +482,7 @@ func (r *reissuer) stored(ctx context.Context, old *ledger.CE, p ledger.PendingR
 	}
 	prefix := ident.ReissueStem(old.ID) + ".r"
 	for after := prefix; ; {
-		ces, _, err := r.d.list(ctx, 0, 16, after, auth, false, nil)
+		ces, err := r.page(ctx, after, auth)
 		if err != nil {
 			r.log.Error("looking for a stored replacement; the CE stays waiting for a reissue until the next sweep", "id", old.ID, "err", err)
 			return nil, err

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -462,7 +463,8 @@ func storeReplacement(t *testing.T, r *running, id string) string {
 // replacement after this one looked for it (the hook, between the look and the generation, while
 // the posterior has moved on since the change), this one's registration finds the name taken,
 // and it announces the stored replacement instead of storing a second. One replacement, one
-// counterfactual_reissued naming it.
+// counterfactual_reissued naming it. When the look for what took the name fails (a peer that
+// does not answer), the CE stays waiting for the next sweep rather than being reported failed.
 func TestReissueAnnouncesAReplacementStoredWhileItGenerated(t *testing.T) {
 	var race atomic.Pointer[func(id string)]
 	held := make(chan string, 1)
@@ -519,6 +521,7 @@ func TestReissueAnnouncesAReplacementStoredWhileItGenerated(t *testing.T) {
 		t.Fatal("no CE waits for its reissue since a version the posterior has left: this test shows nothing")
 	}
 	name := ident.Reissue(id, p.Version)
+	var lookupFails atomic.Bool // the look for a stored replacement fails (a peer that does not answer)
 	storeAt := func(got string) {
 		if got != id {
 			return
@@ -537,8 +540,32 @@ func TestReissueAnnouncesAReplacementStoredWhileItGenerated(t *testing.T) {
 	race.Store(&storeAt)
 	logs := &tooltest.Output{}
 	re := newReissuer(r.D, "at_risk", slog.New(slog.NewTextHandler(logs, nil)))
+	page := re.page
+	re.page = func(ctx context.Context, after, auth string) ([]*ledger.CE, error) {
+		if lookupFails.Load() {
+			return nil, errors.New("the peer did not answer")
+		}
+		return page(ctx, after, auth)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+
+	// The name found taken, and the look for what took it failing: the CE stays waiting for the
+	// next sweep (no counterfactual_reissue_failed: the first outcome read below is the reissue).
+	failing := func(got string) {
+		storeAt(got)
+		lookupFails.Store(true)
+	}
+	race.Store(&failing)
+	re.reissue(ctx, id)
+	if _, waits, err := r.D.ledger.PendingReissue(id); err != nil || !waits || !strings.Contains(logs.String(), "stays waiting") {
+		t.Fatalf("after a failed look for the replacement that took its name, %s waits %v (%v); want it waiting, logged\n%s", id, waits, err, logs.String())
+	}
+	if err := r.D.ledger.Delete(name); err != nil {
+		t.Fatal(err)
+	}
+	lookupFails.Store(false)
+	race.Store(&storeAt)
 	re.reissue(ctx, id)
 	es := reissueOutcomes(t, r.D.BrokerAddrs(), r.D.cfg.Kafka.EventsTopic, []string{id})[id]
 	if len(es) != 1 || es[0].Type != "counterfactual_reissued" || es[0].NewID != name {
