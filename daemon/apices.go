@@ -229,6 +229,9 @@ type bulkResult struct {
 	Status string `json:"status,omitempty"`
 	Code   int    `json:"code,omitempty"`
 	Error  string `json:"error,omitempty"`
+	// ETag is the stored CE's, as GET /v1/counterfactuals/{id} gives it (quoted), when the line
+	// stored it or found it stored and the answer holds it: what a DELETE's If-Match names.
+	ETag string `json:"etag,omitempty"`
 }
 
 // handleBulkRegister stores the counterfactuals of an NDJSON body, one registration request (as
@@ -302,18 +305,22 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			if cut == nil && (stops || errors.Is(o.err, errKeyReused)) {
 				cut, cutLine, cutFirst = o.err, res.Line, lo == 0 && k == 0
 			}
+			var same *ledger.CE // the CE stored under a refused line's id, when it is the line's
+			if errors.Is(o.err, ledger.ErrExists) {
+				same = a.storedSame(regs[lo+k])
+			}
 			switch {
 			case o.err == nil && o.exists:
-				res.ID, res.Status = o.ce.ID, "exists"
+				res.ID, res.Status, res.ETag = o.ce.ID, "exists", etag(o.ce)
 			case o.err == nil && o.ce.Status == 0:
 				// A replica sent it to its owner, which judges it: accepted, not yet stored.
 				res.ID, res.Status = o.ce.ID, "accepted"
 			case o.err == nil:
-				res.ID, res.Status = o.ce.ID, o.ce.Status.String()
+				res.ID, res.Status, res.ETag = o.ce.ID, o.ce.Status.String(), etag(o.ce)
 			case stops:
 				inDoubt++ // answered by the request's 503: it may be stored
-			case errors.Is(o.err, ledger.ErrExists) && a.sameAsStored(regs[lo+k]):
-				res.Status = "exists"
+			case same != nil:
+				res.Status, res.ETag = "exists", etag(same)
 			default:
 				res.Code, res.Error = registerStatus(o.err), ident.Clip(o.err.Error(), maxErrorMessage)
 				if res.Code >= 500 {
@@ -379,10 +386,14 @@ type bulkResponse struct {
 	Results  []bulkResult `json:"results"`
 }
 
-// sameAsStored reports whether the CE stored under r's id has r's x, x_cf and target.
-func (a *api) sameAsStored(r registration) bool {
+// storedSame is the CE stored in this replica's ledger under r's id when it has r's x, x_cf
+// and target, else nil.
+func (a *api) storedSame(r registration) *ledger.CE {
 	ce, err := a.state.Get(r.id)
-	return err == nil && r.is(ce, a.core.current().Classes)
+	if err != nil || !r.is(ce, a.core.current().Classes) {
+		return nil
+	}
+	return ce
 }
 
 func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
@@ -740,5 +751,6 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, code, map[string]any{"error": publicMessage(said + err.Error()), "result": res})
 		return
 	}
+	setETag(w, ce)
 	writeJSON(w, http.StatusCreated, map[string]any{"counterfactual": ce, "generation": res})
 }

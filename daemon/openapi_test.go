@@ -174,6 +174,21 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	if !strings.Contains(string(body), `"stored":1,"accepted":0,"exists":1,"refused":1`) {
 		t.Errorf("bulk: %s, want one stored, one exists, one refused", body)
 	}
+	// Each stored or found line carries its CE's ETag, as a GET of it does.
+	var bulkAnswer struct {
+		Results []struct{ ID, Status, ETag string }
+	}
+	if err := json.Unmarshal(body, &bulkAnswer); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range bulkAnswer.Results {
+		if res.ID == "" {
+			continue
+		}
+		if _, h, _ := c.Send("GET", "/v1/counterfactuals/"+res.ID, token, nil, "", 200); res.ETag == "" || res.ETag != h.Get("ETag") {
+			t.Errorf("bulk line %s (%s): etag %q, GET's ETag %q", res.ID, res.Status, res.ETag, h.Get("ETag"))
+		}
+	}
 	c.Send("POST", "/v1/counterfactuals:bulk", token, nil, strings.Repeat("{}\n", maxBulkLines+1), 400)
 	c.Send("POST", "/v1/counterfactuals:bulk", "", nil, bulk, 401)
 
@@ -217,7 +232,10 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 	c.Send("POST", "/v1/explain", token, nil, js(map[string]any{"x": data.X[0]}), 429)
 	release()
 	if !testing.Short() {
-		c.Send("POST", "/v1/explain", token, nil, js(map[string]any{"id": "psce-1", "x": data.X[xs[0]], "target": "benign"}), 201)
+		_, h, _ := c.Send("POST", "/v1/explain", token, nil, js(map[string]any{"id": "psce-1", "x": data.X[xs[0]], "target": "benign"}), 201)
+		if _, g, _ := c.Send("GET", "/v1/counterfactuals/psce-1", token, nil, "", 200); h.Get("ETag") == "" || h.Get("ETag") != g.Get("ETag") {
+			t.Errorf("explain's 201 ETag %q, the CE's GET %q", h.Get("ETag"), g.Get("ETag"))
+		}
 	}
 
 	// A backup: the ledger file, its outcome in the documented trailers.
