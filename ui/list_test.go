@@ -74,7 +74,7 @@ func TestFilteredListSaysWhatItRead(t *testing.T) {
 		switch {
 		case n == 0 && more != nil:
 			empty++
-			if !strings.Contains(body, "None of the 500 counterfactuals this page read matches. Counterfactuals remain unread") {
+			if !strings.Contains(body, "This page read 500 counterfactuals and none matches. Counterfactuals remain unread") {
 				t.Errorf("page %d (%s) is empty with a next page, and does not say what it read", pages, path)
 			}
 		case strings.Contains(body, "No counterfactual matches") && more != nil:
@@ -111,6 +111,38 @@ func TestListOfOneSaysOne(t *testing.T) {
 	if body := rec.Body.String(); rec.Code != 200 || !strings.Contains(body, "1 counterfactual on this page of 1 stored") {
 		t.Errorf("GET /ui/counterfactuals with one CE: %d; the caption does not say \"1 counterfactual on this page of 1 stored\":\n%s", rec.Code, body)
 	}
+}
+
+// A filtered page that read one CE (a replica's page may be short: its owners fill their part
+// of it) and found no match says "1 counterfactual", not "1 counterfactuals".
+func TestFilteredPageThatReadOneSaysOne(t *testing.T) {
+	l, m := smallLedger(t)
+	ce := &ledger.CE{ID: "ce-1", X: []float64{0, 0}, XCF: []float64{1, 1}, Target: 1,
+		AnchorVersion: m.Version, P1: 0.99, Var1: 0.001, Samples: 1000, Delta: 0.05, Epsilon: 0.01}
+	if err := l.Put(context.Background(), ce); err != nil {
+		t.Fatal(err)
+	}
+	u := ui.New(ui.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, shortPages{ledgerSource{l}})
+	rec := httptest.NewRecorder()
+	u.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/counterfactuals?target=malignant", nil))
+	if body := rec.Body.String(); rec.Code != 200 || !strings.Contains(body, "This page read 1 counterfactual and none matches") {
+		t.Errorf("GET a filtered page that read one CE: %d; it does not say \"This page read 1 counterfactual and none matches\":\n%s", rec.Code, body)
+	}
+}
+
+// shortPages is a source whose first page holds the first CE only and whose later pages are
+// empty, each with a cursor to go on from, as a replica's pages can be.
+type shortPages struct{ ledgerSource }
+
+func (s shortPages) List(ctx context.Context, st certify.Status, limit int, after string) ([]*ledger.CE, string, error) {
+	if after != "" {
+		return nil, after, nil
+	}
+	ces, _, err := s.ledgerSource.List(ctx, st, 1, after)
+	if err != nil || len(ces) == 0 {
+		return nil, "", err
+	}
+	return ces, ces[0].ID, nil
 }
 
 // labelled checks that the first row of body's table of class class labels each data cell with
