@@ -340,8 +340,9 @@ type Replication struct {
 	KeyFile string `yaml:"key_file"`
 	// RegisterWait is how long a registration or deletion accepted by this replica waits for the
 	// owner of its CE's partition to apply it before it is answered 202 (accepted, not applied
-	// yet: GET its Location later). 0 answers 202 at once; a wait must end at least
-	// RegisterSendMargin before http.write_timeout. Default: 10s.
+	// yet: GET its Location later), and how long a prediction with min_version waits for the
+	// daemon to apply that version (on a single daemon too). 0 answers 202 at once; a wait must
+	// end at least RegisterSendMargin before http.write_timeout. Default: 10s.
 	RegisterWait time.Duration `yaml:"register_wait"`
 	// SkipCERequests are requests of the CE topic that no build of the cluster reads (a newer
 	// build's, after the upgrade was rolled back; or one written wrongly), each named by its

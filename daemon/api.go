@@ -66,6 +66,9 @@ type core interface {
 	// auditState is GET /v1/audit's answer: this daemon's, or on a replica every replica's too.
 	auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error)
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
+	// awaitVersion returns the current posterior once its version is at least v, or the
+	// current one when ctx ends first.
+	awaitVersion(ctx context.Context, v uint64) *bnn.Model
 	readiness(ctx context.Context) error
 	// replication is GET /v1/model's replication block, nil for a single daemon.
 	replication(ctx context.Context) map[string]any
@@ -87,6 +90,9 @@ type apiConfig struct {
 	mode, onBreach         string
 	verdictAlpha           float64 // reported by the UI's certificates
 	reissue                bool    // explain.reissue is set: the UI links a CE's replacements
+	// versionWait bounds how long POST /v1/predict waits for the posterior its min_version names
+	// (replication.register_wait).
+	versionWait time.Duration
 }
 
 // api is cfguard's HTTP API. When http.token is set, every /v1/ endpoint needs

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -225,6 +226,7 @@ func (f *fakeCore) registerMany(_ context.Context, rs []registration, _ *time.Du
 func (f *fakeCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	return m.Predict(xs, 2, 1)
 }
+func (f *fakeCore) awaitVersion(context.Context, uint64) *bnn.Model { return f.m }
 
 func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
 	var a auditor
@@ -254,5 +256,74 @@ func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
 	api.routes().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/audit", nil))
 	if rec.Code != http.StatusConflict || rec.Header().Get("Retry-After") != "3" {
 		t.Fatalf("busy audit: %d Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+// A prediction with min_version is answered under that version or a later one: sent before the
+// daemon applied it, it waits for the increment that makes it (records produced after the
+// request), and answers under it; min_version at or below the current version answers at once;
+// one the daemon does not reach within replication.register_wait is 503 with Retry-After,
+// naming the version it serves, and nothing else is held meanwhile (an unconditioned
+// prediction is answered while it waits).
+func TestPredictWaitsForItsMinVersion(t *testing.T) {
+	r := startDaemon(t, func(c *config.Config) { c.Replication.RegisterWait = 50 * time.Second })
+	data := daemontest.Bundled(t)
+	predict := func(min uint64) (int, uint64, http.Header, string) {
+		t.Helper()
+		resp, body := r.RawDo(t, "POST", "/v1/predict", `{"x":`+mustJSON(t, data.X[0])+`,"min_version":`+strconv.FormatUint(min, 10)+`}`, nil)
+		var out struct {
+			PosteriorVersion uint64 `json:"posterior_version"`
+		}
+		if resp.StatusCode == http.StatusOK {
+			if err := json.Unmarshal(body, &out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, out.PosteriorVersion, resp.Header, string(body)
+	}
+	v0 := r.D.current().Version
+	if code, v, _, body := predict(v0); code != http.StatusOK || v != v0 {
+		t.Fatalf("min_version %d, the current version: %d %s; want 200 under %d", v0, code, body, v0)
+	}
+	type answer struct {
+		code int
+		v    uint64
+		body string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		code, v, _, body := predict(v0 + 1)
+		got <- answer{code, v, body}
+	}()
+	// Without records no version comes: the request is not answered, and an unconditioned one
+	// is answered meanwhile.
+	select {
+	case a := <-got:
+		t.Fatalf("answered before the daemon applied version %d: %d %s", v0+1, a.code, a.body)
+	case <-time.After(time.Second):
+	}
+	if code, body := r.Do(t, "POST", "/v1/predict", "", map[string]any{"x": data.X[0]}); code != http.StatusOK {
+		t.Fatalf("a prediction while another waits for its version: %d %s", code, body)
+	}
+	var recs [][]byte
+	for i := range 64 {
+		recs = append(recs, daemontest.Record(fmt.Sprintf("r%d", i), data.X[i], data.Y[i]))
+	}
+	r.Produce(t, recs...)
+	select {
+	case a := <-got:
+		if a.code != http.StatusOK || a.v < v0+1 {
+			t.Fatalf("min_version %d: %d under %d %s; want 200 under %d or later", v0+1, a.code, a.v, a.body, v0+1)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("no answer within 60 s of the records that make the version it waits for")
+	}
+
+	r2 := startDaemon(t, func(c *config.Config) { c.Replication.RegisterWait = 200 * time.Millisecond })
+	v := r2.D.current().Version
+	resp, body := r2.RawDo(t, "POST", "/v1/predict", `{"x":`+mustJSON(t, data.X[0])+`,"min_version":`+strconv.FormatUint(v+5, 10)+`}`, nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(string(body), fmt.Sprintf("serves posterior version %d", v)) {
+		t.Fatalf("min_version %d, never applied: %d Retry-After %q %s; want 503 naming version %d", v+5, resp.StatusCode, resp.Header.Get("Retry-After"), body, v)
 	}
 }

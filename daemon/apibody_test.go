@@ -50,7 +50,7 @@ func TestDecodeJSONIsStrict(t *testing.T) {
 		{"a key twice in an object for an array", `{"x":{"a":1,"a":2}}`, func() any { return new(predictRequest) }, `in "x": duplicate key "a"`},
 		{"a key twice after an array of strings", `{"xs":["s","t","s",{"a":1,"a":2}]}`, func() any { return new(predictRequest) }, `in "xs": duplicate key "a"`},
 		{"a key by case", `{"X":[1]}`, func() any { return new(predictRequest) }, `unknown field "X" (keys are case-sensitive: did you mean "x"?)`},
-		{"an unknown key", `{"z":1}`, func() any { return new(predictRequest) }, `unknown field "z" (fields: x, xs)`},
+		{"an unknown key", `{"z":1}`, func() any { return new(predictRequest) }, `unknown field "z" (fields: x, xs, min_version)`},
 		{"a key for no fields", `{"z":1}`, func() any { return new(struct{}) }, `unknown field "z" (this body takes no fields`},
 		{"null", `{"x":null}`, func() any { return new(predictRequest) }, `"x" is null`},
 		{"a null inside", `{"xs":[[1],[null]]}`, func() any { return new(predictRequest) }, `"xs" holds a null`},

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -92,6 +93,10 @@ func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
 type predictRequest struct {
 	X  []float64   `json:"x"`
 	XS [][]float64 `json:"xs"`
+	// MinVersion, when set, is the least posterior version the answer may be under: a client
+	// that read version v at one replica (a registration's anchor_version, a prediction's
+	// posterior_version) asks another for v or later.
+	MinVersion *uint64 `json:"min_version"`
 }
 
 // prediction is the predictive of one input under the current posterior.
@@ -109,8 +114,13 @@ const maxPredictBatch = 10000
 // under a second.
 const predictRetryAfter = time.Second
 
+// minVersionRetryAfter is the Retry-After of a prediction whose min_version this daemon has not
+// applied.
+const minVersionRetryAfter = time.Second
+
 // handlePredict answers p, Var and the class under the current posterior, with its version, for
-// model servers that delegate prediction.
+// model servers that delegate prediction. With min_version, under that version or a later one:
+// it waits up to replication.register_wait for this daemon to apply it, then answers 503.
 func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 	var req predictRequest
 	if err := decodeBody(r, &req); err != nil {
@@ -129,6 +139,19 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
 		return
 	}
+	// Waited for before admission: a waiting request holds no share of http.max_predict_inputs.
+	m := a.core.current()
+	if req.MinVersion != nil && m.Version < *req.MinVersion {
+		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.versionWait)
+		m = a.core.awaitVersion(ctx, *req.MinVersion)
+		cancel()
+		if m.Version < *req.MinVersion {
+			retryLater(w, http.StatusServiceUnavailable, minVersionRetryAfter, fmt.Sprintf("predict: min_version %d: this daemon serves posterior "+
+				"version %d and did not apply %d within %v (replication.register_wait); retry later, or send the request to the replica "+
+				"that served it", *req.MinVersion, m.Version, *req.MinVersion, a.cfg.versionWait))
+			return
+		}
+	}
 	release, ok := a.predict.acquire(len(xs))
 	if !ok {
 		retryLater(w, http.StatusTooManyRequests, predictRetryAfter,
@@ -136,7 +159,6 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	m := a.core.current()
 	for i, x := range xs {
 		name := fmt.Sprintf("xs[%d]", i)
 		if req.X != nil {

@@ -101,6 +101,8 @@ type Daemon struct {
 	mu  sync.Mutex
 	cur *bnn.Model // guarded by mu for writes; read with current()
 	rmu sync.RWMutex
+	// promoted is closed when cur changes, and replaced (under rmu): awaitVersion waits on it.
+	promoted chan struct{}
 	// served keeps the last posteriors cur held, for the confirmer to measure a lapsed
 	// certificate under the version it lapsed at.
 	served *recent
@@ -203,7 +205,29 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 	d.served.add(m)
 	d.rmu.Lock()
 	d.cur = m
+	if d.promoted != nil {
+		close(d.promoted)
+	}
+	d.promoted = make(chan struct{})
 	d.rmu.Unlock()
+}
+
+// awaitVersion returns the current posterior once its version is at least v, or the current
+// one when ctx ends first.
+func (d *Daemon) awaitVersion(ctx context.Context, v uint64) *bnn.Model {
+	for {
+		d.rmu.RLock()
+		m, promoted := d.cur, d.promoted
+		d.rmu.RUnlock()
+		if m.Version >= v || promoted == nil {
+			return m
+		}
+		select {
+		case <-promoted:
+		case <-ctx.Done():
+			return d.current()
+		}
+	}
 }
 
 // snapshot runs read with the current posterior while no promotion is between its checkpoint and
@@ -558,7 +582,7 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, loopback: loopbackListen(cfg.HTTP.Listen), budget: d.budget, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon, epsilonMax: cfg.Certify.EpsilonMax, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
-		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != ""},
+		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != "", versionWait: cfg.Replication.RegisterWait},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
 		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg, publishing: &d.publishing,
 		httpMetrics: hm}
