@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/cfguard/cfguard/ceshare"
+	"github.com/cfguard/cfguard/internal/ident"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -44,6 +45,9 @@ type entityTags struct {
 // parseIfMatch reads the If-Match header fields of a request (parseEntityTags).
 func parseIfMatch(fields []string) (*entityTags, error) { return parseEntityTags("If-Match", fields) }
 
+// maxQuoted bounds what of a header an error quotes (a header may be a megabyte long).
+const maxQuoted = 256
+
 // parseEntityTags reads the fields of header name: nil when there is none. A field is a
 // comma-separated list (empty elements allowed) of entity tags, W/"..." or "...", whose opaque
 // part is any bytes but DQUOTE, controls and space (etagc: %x21 / %x23-7E / %x80-FF), commas
@@ -55,7 +59,7 @@ func parseEntityTags(name string, fields []string) (*entityTags, error) {
 	}
 	bad := func(why string) error {
 		return fmt.Errorf("%s %q: %s; send \"*\" or entity tags, quoted, as ETag gives them (a CE's: GET /v1/counterfactuals/{id})",
-			name, strings.Join(fields, ", "), why)
+			name, ident.Clip(strings.Join(fields, ", "), maxQuoted), ident.Clip(why, maxQuoted))
 	}
 	m, n := &entityTags{}, 0 // n counts the elements, "*" included
 	for _, f := range fields {
@@ -186,7 +190,7 @@ func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists bo
 		w.WriteHeader(http.StatusNotModified)
 	default:
 		writeError(w, http.StatusPreconditionFailed, fmt.Sprintf("%v: If-None-Match %q matches %s %s's current representation; nothing was done",
-			errPrecondition, strings.Join(r.Header.Values("If-None-Match"), ", "), r.Method, r.URL.Path))
+			errPrecondition, ident.Clip(strings.Join(r.Header.Values("If-None-Match"), ", "), maxQuoted), r.Method, r.URL.Path))
 	}
 	return false
 }
@@ -216,7 +220,7 @@ func conditional(h http.Handler, represented bool) http.Handler {
 				what = "no representation, so neither * nor an entity tag matches"
 			}
 			return fmt.Sprintf("If-Match %q: %s %s has %s; nothing was done (GET and DELETE /v1/counterfactuals/{id} evaluate "+
-				"If-Match against the CE's ETag)", strings.Join(r.Header.Values("If-Match"), ", "), r.Method, r.URL.Path, what)
+				"If-Match against the CE's ETag)", ident.Clip(strings.Join(r.Header.Values("If-Match"), ", "), maxQuoted), r.Method, r.URL.Path, what)
 		}
 		if preconditions(w, r, "", represented, failed) {
 			h.ServeHTTP(w, r)

@@ -50,6 +50,7 @@ func TestParseIfMatch(t *testing.T) {
 		{"a quote inside", []string{`"a"b"`}, nil, false},
 		{"two tags without a comma", []string{`"a" "b"`}, nil, false},
 		{"lower-case weak", []string{`w/"a"`}, nil, false},
+		{"a megabyte unquoted", []string{strings.Repeat("x", 1<<20)}, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := parseIfMatch(c.fields)
@@ -61,6 +62,8 @@ func TestParseIfMatch(t *testing.T) {
 				t.Fatalf("parseIfMatch(%q) = %+v, %v; want an error", c.fields, got, err)
 			case !c.ok && !strings.Contains(err.Error(), "If-Match"):
 				t.Fatalf("parseIfMatch(%q): %v does not name the header", c.fields, err)
+			case !c.ok && len(err.Error()) > 1024:
+				t.Fatalf("parseIfMatch of %d bytes: an error of %d bytes; want the header clipped", len(strings.Join(c.fields, "")), len(err.Error()))
 			}
 		})
 	}
