@@ -36,8 +36,8 @@ const confirmPoll = 30 * time.Second
 
 // confirmer gives every CE whose bound fails a Monte-Carlo verdict under the current posterior
 // (a CE due at a known version, such as the one a certificate lapsed at, under that version
-// when it is near: measureDue), in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2) and
-// marks a CE whose bound fails at_risk at once; the confirmer then samples such CEs with
+// when it is near: measureDue), in the background. Re-certification at a commit only applies the bounds (Theorem 1 and 2):
+// a certificate whose bound fails stays certified, renewal pending; the confirmer then samples such CEs with
 // ledger.Confirm, in batches of confirmBatch, outside the daemon's lock and outside the ledger's
 // writer lock (each batch is written in one short transaction, its status changes going to the
 // outbox in it):
@@ -150,7 +150,9 @@ func (c *confirmer) notify() {
 }
 
 // run confirms until ctx ends. Failures are logged and retried at the next wake-up or poll;
-// they never stop the daemon (the CEs stay at_risk, which is the safe side).
+// they never stop the daemon. The CEs that wait keep their status: a lapsed certificate stays
+// certified with renewal pending (cfguard_counterfactuals_renewal_pending, CfguardRenewalBehind),
+// an at_risk or invalidated CE keeps its verdict, unconfirmed.
 func (c *confirmer) run(ctx context.Context) error {
 	t := time.NewTicker(c.poll)
 	defer t.Stop()
@@ -165,7 +167,8 @@ func (c *confirmer) run(ctx context.Context) error {
 		switch {
 		case err != nil && c.failedAt.IsZero():
 			c.failedAt = time.Now()
-			c.log.Error("confirming counterfactuals whose bound fails; they stay at_risk (unconfirmed) and are retried", "err", err)
+			c.log.Error("confirming counterfactuals failed: the CEs that wait for a measurement keep their status "+
+				"(a lapsed certificate stays certified with renewal_pending) and are retried", "err", err)
 		case err == nil && !c.failedAt.IsZero():
 			c.log.Info("confirming counterfactuals works again", "failed_for", time.Since(c.failedAt).Round(time.Millisecond))
 			c.failedAt = time.Time{}

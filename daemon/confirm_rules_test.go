@@ -217,6 +217,13 @@ func TestConfirmerFailsWhenItsLedgerCannotBeRead(t *testing.T) {
 	if n := strings.Count(logs.String(), "level=ERROR"); rounds < 5 || n != 1 {
 		t.Fatalf("%d ERROR lines over %d failing rounds, want 1:\n%s", n, rounds, logs.String())
 	}
+	// It is the line docs/RUNBOOK.md (CfguardRenewalBehind) points at, and it says what becomes
+	// of the CEs that wait: a lapsed certificate stays certified, renewal pending (a commit
+	// marks none at_risk: the confirmer's verdict alone does).
+	if line := logs.String(); !strings.Contains(line, `msg="confirming counterfactuals`) ||
+		!strings.Contains(line, "stays certified with renewal_pending") || strings.Contains(line, "stay at_risk") {
+		t.Errorf("the ERROR line does not say what becomes of the waiting CEs:\n%s", line)
+	}
 }
 
 // A confirmer whose gate does not open (a replica whose share has not settled: its ledger may
