@@ -287,3 +287,24 @@ func TestDamagedLedgerRecoveryCommandsWork(t *testing.T) {
 		t.Fatal("the damaged ledger was changed")
 	}
 }
+
+// A daemon process serves process_start_time_seconds, from which CfguardIngestStalled counts
+// the stall of a daemon that never ingested: the time the process started, between the test's
+// start of it and the first answer of its /metrics.
+func TestDaemonProcessServesItsStartTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a daemon process")
+	}
+	dir := t.TempDir()
+	before := float64(time.Now().Add(-time.Second).Unix()) // the metric counts whole seconds
+	c := proc.StartChild(t, embeddedConfig(t, dir, filepath.Join(dir, "state"), proc.AnyPort, proc.AnyPort, ""), proc.AnyPort)
+	c.WaitUp(t)
+	start := c.MetricValues("process_start_time_seconds")[0]
+	if after := float64(time.Now().Unix()); start < before || start > after {
+		t.Errorf("process_start_time_seconds %v; want the process's start, in [%v, %v]", start, before, after)
+	}
+	c.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := proc.ExitOf(t, c, 30*time.Second); code != 0 {
+		t.Fatalf("daemon exit %d; log:\n%s", code, c.Log.String())
+	}
+}
