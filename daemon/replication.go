@@ -22,6 +22,7 @@ import (
 	"github.com/cfguard/cfguard/postlog"
 	"github.com/cfguard/cfguard/replica"
 	"github.com/cfguard/cfguard/stream"
+	"github.com/cfguard/cfguard/ui"
 )
 
 // replicaHost is the daemon as package replica sees it (replica.Host): the posterior it serves,
@@ -271,9 +272,9 @@ func (d *Daemon) replication(ctx context.Context) map[string]any {
 
 // refuse is Run for a replica that does not join (its settings differ from the cluster's): it
 // joins no group, applies nothing and owns no CE, and serves only /healthz, /readyz (503 with
-// the refusal), and /metrics (cfguard_replication_settings_differ) until ctx ends, so that the
-// refusal is seen where operators look, without a restart loop. Every other route answers
-// 503 with the refusal.
+// the refusal), /metrics (cfguard_replication_settings_differ) and the web UI's refusal page and
+// runbook (ui.Refused, where the alert's links lead) until ctx ends, so that the refusal is seen
+// where operators look, without a restart loop. Every other route answers 503 with the refusal.
 func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, web *server, hm *alerts.HTTPMetrics, ready chan<- *Daemon) error {
 	d.rep.Refuse(refusal)
 	api := d.newAPI(hm).routes()
@@ -281,6 +282,7 @@ func (d *Daemon) refuse(ctx context.Context, refusal *replica.SettingsError, web
 	for _, pattern := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
 		mux.Handle(pattern, api)
 	}
+	mux.Handle("/ui/", ui.Refused(refusal.Error()))
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, refusal.Error())
 	})

@@ -312,6 +312,25 @@ func (u *UI) fail(w http.ResponseWriter, code int, err error) {
 	u.render(w, code, "error", page{Title: http.StatusText(code), Error: msg})
 }
 
+// Refused serves /ui/ on a replica that refused to join its cluster (its settings differ from
+// the cluster's): it has no state to show, so every page is a 503 that says why (why: the
+// refusal, as /readyz gives it) and what to do, with a link to the runbook's section of the
+// alert that fires (CfguardReplicaSettingsDiffer). The runbook page and the static files are
+// served, so that the alert's links lead somewhere. It shows nothing /readyz does not.
+func Refused(why string) http.Handler {
+	u := &UI{cfg: Config{Logger: slog.New(slog.DiscardHandler)}, pages: parsePages("refused", "runbook"), runbookHTML: mustRunbook()}
+	refused := func(w http.ResponseWriter, r *http.Request) {
+		u.render(w, http.StatusServiceUnavailable, "refused", page{Title: "Not joining the cluster", NoNav: true,
+			Error: "This replica refused to join its cluster, so it applies nothing and shows no counterfactual: " + why +
+				". Align its configuration file with the cluster's (or give it its own cluster) and restart it."})
+	}
+	m := newMux(refused)
+	m.HandleFunc("GET "+runbookPath, u.runbook)
+	m.HandleFunc("/", refused)
+	u.mux = m
+	return u
+}
+
 // Starting serves /ui/ while the daemon starts, before it has a state to show: every page is a
 // 503 with Retry-After: retryAfter seconds that says what the start does (phase's answer) and to
 // reload; the static files are served as always. It shows nothing /readyz does not.

@@ -667,3 +667,36 @@ func TestLoginFormOverTheBodyLimit(t *testing.T) {
 		})
 	}
 }
+
+// A replica that refused to join its cluster serves, at every page of the UI, a 503 that gives
+// the refusal and leads to the runbook's section of the alert that fires
+// (CfguardReplicaSettingsDiffer, whose ui_path is /ui/); that section is served, as is the
+// stylesheet. Every other page is the same 503: there is no state to show.
+func TestRefusedReplicaShowsWhyAndTheRunbook(t *testing.T) {
+	const why = "not joining the cluster: certify.delta: this replica 0.2, the cluster's log 0.05"
+	h := ui.Refused(why)
+	get := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec
+	}
+	var link string
+	for _, path := range []string{"/ui/", "/ui/counterfactuals", "/ui/counterfactuals/ce-1", "/ui/events", "/ui/nope"} {
+		rec := get(path)
+		body := rec.Body.String()
+		m := regexp.MustCompile(`href="(/ui/runbook#[^"]+)"`).FindStringSubmatch(body)
+		if rec.Code != http.StatusServiceUnavailable || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/html") ||
+			!strings.Contains(body, html.EscapeString(why)) || m == nil {
+			t.Fatalf("GET %s: %d %s, want a 503 page giving the refusal and linking the runbook\n%s", path, rec.Code, rec.Header().Get("Content-Type"), body)
+		}
+		link = m[1]
+	}
+	rec := get("/ui/runbook")
+	anchor := link[strings.Index(link, "#")+1:]
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), ` id="`+anchor+`"`) || anchor != "cfguardreplicasettingsdiffer" {
+		t.Errorf("GET /ui/runbook: %d; want the runbook, with the section %s links (CfguardReplicaSettingsDiffer's)", rec.Code, link)
+	}
+	if rec := get("/ui/static/style.css"); rec.Code != http.StatusOK {
+		t.Errorf("GET /ui/static/style.css: %d, want the stylesheet", rec.Code)
+	}
+}

@@ -42,7 +42,8 @@ func refusedWith(t *testing.T, r *launch.Running) string {
 // and certify.mode: tight, does not join: its /readyz, its log and
 // cfguard_replication_settings_differ name every differing key with both values and the
 // genesis's offset, it owns no CE partition and writes nothing to the log. A replica that
-// differs only in local keys joins, and a member restarted with an edited file refuses too.
+// differs only in local keys joins, and a member restarted with an edited file refuses too. The
+// web UI of a refused replica gives the refusal and serves the runbook.
 func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("several daemons: not with -short")
@@ -72,6 +73,14 @@ func TestReplicaSettingsMustMatchTheGenesis(t *testing.T) {
 	}
 	if code, _ := delta.Get(t, "/v1/model"); code != http.StatusServiceUnavailable {
 		t.Fatalf("GET /v1/model on a replica that did not join: %d, want 503", code)
+	}
+	// The alert's page (ui_path /ui/) says why, as a page, and its runbook section is served.
+	if code, b := delta.Get(t, "/ui/"); code != http.StatusServiceUnavailable || !strings.Contains(string(b), "refused to join its cluster") ||
+		!strings.Contains(string(b), "certify.delta: this replica 0.2") || !strings.Contains(string(b), `href="/ui/runbook#cfguardreplicasettingsdiffer"`) {
+		t.Fatalf("GET /ui/ on a replica that did not join: %d\n%s\nwant a page giving the refusal and linking the runbook", code, b)
+	}
+	if code, b := delta.Get(t, "/ui/runbook"); code != http.StatusOK || !strings.Contains(string(b), `id="cfguardreplicasettingsdiffer"`) {
+		t.Fatalf("GET /ui/runbook on a replica that did not join: %d", code)
 	}
 	// The runbook's commands for CfguardReplicaSettingsDiffer, as written, at that replica.
 	if runbooktest.Tools(t, true) {
