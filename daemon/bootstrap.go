@@ -71,7 +71,12 @@ func (d *Daemon) initialModel(ctx context.Context) (*bnn.Model, error) {
 		Progress: func(e bnn.EpochStats) {
 			d.log.Info("training", "epoch", e.Epoch, "loss", fmt.Sprintf("%.4f", e.Loss), "accuracy", fmt.Sprintf("%.3f", e.Accuracy))
 		}})
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
+		// A stop asked for while training (a first training on a large data set takes minutes):
+		// a clean stop, as while a replica waits for its brokers; the next start trains again.
+		return nil, fmt.Errorf("%w: training on %s (%v)", errStoppedAtStart, ds.Name, context.Cause(ctx))
+	case err != nil:
 		return nil, fmt.Errorf("training on %s: %w", ds.Name, err)
 	}
 	return m, nil

@@ -3,11 +3,14 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/config"
@@ -49,6 +52,40 @@ func TestFirstStartTrainsTheSharedModel(t *testing.T) {
 	if !bytes.Equal(js, jt) || !bytes.Equal(ws, wt) {
 		t.Fatalf("a first start trained another network than the shared model directory's:\n%s\n%s", jt, js)
 	}
+}
+
+// A stop asked for while the first start trains the bundled model (Ctrl-C, or Kubernetes' SIGTERM
+// during a long first training) is a clean stop, as one asked for while a replica waits for its
+// brokers: Run returns nil, so that cfguard run logs "cfguard stopped" and exits 0, and the next
+// start trains again.
+func TestStopWhileTrainingTheFirstModelIsClean(t *testing.T) {
+	c := config.Default()
+	c.StateDir = t.TempDir()
+	c.HTTP.Listen, c.Kafka.EmbeddedListen = "127.0.0.1:0", "127.0.0.1:0"
+	c.Audit.Schedule = ""
+	ctx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	// The stop comes as the training begins: the log line that announces it cancels ctx.
+	announced := writerFunc(func(p []byte) {
+		if bytes.Contains(p, []byte(`msg="training the bundled model (first start)"`)) {
+			stop(errors.New("interrupt signal received"))
+		}
+	})
+	err := Run(ctx, Options{Config: &c, Logger: slog.New(slog.NewTextHandler(announced, nil)), Registry: prometheus.NewRegistry()})
+	if ctx.Err() == nil {
+		t.Fatalf("Run returned before the training began: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("a stop during the first training: Run returned %v, want nil (a clean stop)", err)
+	}
+}
+
+// writerFunc is an io.Writer that hands each write to itself.
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) {
+	f(p)
+	return len(p), nil
 }
 
 // A saved VAE that does not load (its weights cut short, as a crash during its save or a full disk
