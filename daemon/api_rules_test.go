@@ -217,6 +217,74 @@ func TestPredictInputCountRules(t *testing.T) {
 	}
 }
 
+// idCore is a rulesCore whose find answers held (the CE the id's owner holds) or err: on a
+// replica, the owner of the id's partition, which may be another replica.
+type idCore struct {
+	rulesCore
+	held *ledger.CE
+	err  error
+}
+
+func (c *idCore) find(context.Context, string, string, bool) (*ledger.CE, string, error) {
+	return c.held, "r2", c.err
+}
+
+// heldState is a fakeState whose ledger holds ce under every id: on a replica, a copy of a share
+// it held before, or nothing of the id's partition.
+type heldState struct {
+	fakeState
+	ce *ledger.CE
+}
+
+func (s *heldState) Get(string) (*ledger.CE, error) {
+	if s.ce == nil {
+		return nil, ledger.ErrNotFound
+	}
+	return s.ce, nil
+}
+
+// POST /v1/explain with an id answers 409 before any generation when the id's owner holds a CE,
+// also on a replica that does not hold the id's partition, and goes on to generate when the
+// owner holds none (whatever this replica's ledger keeps) or cannot say now, for the
+// registration to judge the id. The only generation slot is taken here, so a request that goes
+// on is answered 429.
+func TestExplainIDTakenRules(t *testing.T) {
+	stored := &ledger.CE{ID: "ce-1"}
+	for _, c := range []struct {
+		name  string
+		held  *ledger.CE // the owner's answer
+		err   error      // the owner's error
+		local *ledger.CE // this replica's ledger
+		want  int
+	}{
+		{"held by the owner, another replica", stored, nil, nil, 409},
+		{"held here", stored, nil, stored, 409},
+		{"held by none", nil, ledger.ErrNotFound, nil, 429},
+		{"an old copy here, deleted since by the owner", nil, ledger.ErrNotFound, stored, 429},
+		{"damaged here", nil, ledger.ErrQuarantined, nil, 429},
+		{"a partition without an owner", nil, ceshare.ErrNoOwner, nil, 429},
+		{"a partition being rebuilt", nil, cluster.ErrRebuilding, nil, 429},
+		{"an owner that does not answer", nil, &cluster.UnreachableError{Err: errors.New("dial: refused"), RetryAfter: time.Second}, nil, 429},
+		{"a ledger that cannot be read", nil, errors.New("ledger: read: input/output error"), nil, 429},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := rulesAPI("", &rulesCore{}, &fakeState{})
+			a.core = &idCore{rulesCore: rulesCore{fakeCore: fakeCore{m: smallModel(4)}}, held: c.held, err: c.err}
+			a.state = &heldState{ce: c.local}
+			a.exp = &explainer{slots: newSlots(1)}
+			release, ok := a.exp.slots.acquire()
+			if !ok {
+				t.Fatal("no slot")
+			}
+			defer release()
+			rec := serve(a, "POST", "/v1/explain", `{"id":"ce-1","x":[0,0,0]}`, nil)
+			if rec.Code != c.want {
+				t.Fatalf("%d %s, want %d", rec.Code, rec.Body, c.want)
+			}
+		})
+	}
+}
+
 // GET /v1/model answers the configuration's figures and the newest 100 KL entries; /healthz and
 // /readyz answer their documented bodies, /readyz within 2 s of readiness; /ui is moved for good
 // to /ui/.

@@ -684,12 +684,16 @@ func (a *api) handleExplain(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		switch _, err := a.state.Get(id); {
-		case err == nil:
+		// On a replica the owner of the id's partition is asked, as a GET asks it: this replica's
+		// ledger holds its own share only (and may keep copies of a share it held before). When
+		// nothing is stored under the id, or the lookup fails (an owner that does not answer now,
+		// a partition being rebuilt, lookupBudget spent), the generation goes on and the
+		// registration judges the id, as it would have.
+		lookup, cancel := context.WithTimeout(r.Context(), lookupBudget)
+		_, _, err := a.core.find(lookup, id, r.Header.Get("Authorization"), false)
+		cancel()
+		if err == nil {
 			writeError(w, http.StatusConflict, fmt.Sprintf("counterfactual %q exists; DELETE it first or choose another id", id))
-			return
-		case !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrQuarantined):
-			writeError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
 	}
