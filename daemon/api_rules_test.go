@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ceshare"
 	"github.com/cfguard/cfguard/cluster"
@@ -282,6 +283,37 @@ func TestExplainIDTakenRules(t *testing.T) {
 				t.Fatalf("%d %s, want %d", rec.Code, rec.Body, c.want)
 			}
 		})
+	}
+}
+
+// waitingCore is a rulesCore that never applies the version a prediction waits for: its
+// awaitVersion returns the current posterior once ctx ends.
+type waitingCore struct{ rulesCore }
+
+func (c *waitingCore) awaitVersion(ctx context.Context, _ uint64) *bnn.Model {
+	<-ctx.Done()
+	return c.m
+}
+
+// A prediction whose min_version the daemon does not apply within replication.register_wait
+// is answered 503 with Retry-After also when the wait outlasts http.write_timeout (a single
+// daemon does not check register_wait against it): the write deadline is moved past the wait,
+// as POST /v1/explain moves it past explain.timeout, instead of cutting the answer.
+func TestPredictMinVersionWaitOutlastsWriteTimeout(t *testing.T) {
+	a := rulesAPI("", &rulesCore{}, &fakeState{})
+	a.core = &waitingCore{rulesCore{fakeCore: fakeCore{m: smallModel(4)}}}
+	a.cfg.writeTimeout, a.cfg.versionWait = 200*time.Millisecond, 600*time.Millisecond
+	srv := httptest.NewUnstartedServer(a.routes())
+	srv.Config.WriteTimeout = a.cfg.writeTimeout
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/predict", "application/json", strings.NewReader(`{"x":[0,0,0],"min_version":5}`))
+	if err != nil {
+		t.Fatalf("min_version 5, never applied, waited 600ms past a write timeout of 200ms: %v; want 503", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("min_version 5, never applied: %d Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
 

@@ -142,6 +142,10 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 	// Waited for before admission: a waiting request holds no share of http.max_predict_inputs.
 	m := a.core.current()
 	if req.MinVersion != nil && m.Version < *req.MinVersion {
+		// The wait may take replication.register_wait: the response gets that long on top of
+		// http.write_timeout, which a single daemon does not check the wait against (an error
+		// here means the writer has no deadline to extend).
+		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(a.cfg.versionWait + a.cfg.writeTimeout))
 		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.versionWait)
 		m = a.core.awaitVersion(ctx, *req.MinVersion)
 		cancel()
