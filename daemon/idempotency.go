@@ -123,7 +123,7 @@ func requestFingerprint(method, path string, body []byte) string {
 // tag, o.Tag: the 201's ETag would name it), and is not this request's CE either.
 func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerprint string) (*ledger.CE, error) {
 	if fingerprint != "" && o.Fingerprint != fingerprint {
-		return nil, fmt.Errorf("%w: the key was first used at %s for a request with another method, path or body; "+
+		return nil, fmt.Errorf("%w: the key was first used at %s for a request with another method, path, body or If-Match; "+
 			"send a new request with a new key", errKeyReused, o.At.Format(time.RFC3339))
 	}
 	switch o.Result {
@@ -163,7 +163,7 @@ func answerOutcome(o ledger.Outcome, cur *ledger.CE, x, xcf []float64, fingerpri
 // is stored there now. fingerprint is the request's ("" when it has no key).
 func answerDeletion(o ledger.Outcome, fingerprint string) error {
 	if o.Fingerprint != fingerprint {
-		return fmt.Errorf("%w: the key was first used at %s for a request with another method, path or body; "+
+		return fmt.Errorf("%w: the key was first used at %s for a request with another method, path, body or If-Match; "+
 			"send a new request with a new key", errKeyReused, o.At.Format(time.RFC3339))
 	}
 	switch o.Result {

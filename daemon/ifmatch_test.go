@@ -152,7 +152,7 @@ func TestDeleteIfMatchKeepsARegistrationMadeSince(t *testing.T) {
 	del(map[string]string{"If-Match": first}, http.StatusPreconditionFailed, strings.Trim(again, `"`))
 	del(map[string]string{"If-Match": first, "Idempotency-Key": "k-1"}, http.StatusPreconditionFailed, "nothing was deleted")
 	del(map[string]string{"If-Match": first, "Idempotency-Key": "k-1"}, http.StatusPreconditionFailed, "nothing was deleted")
-	del(map[string]string{"Idempotency-Key": "k-1"}, http.StatusUnprocessableEntity, "another method, path or body")
+	del(map[string]string{"Idempotency-Key": "k-1"}, http.StatusUnprocessableEntity, "another method, path, body or If-Match")
 	if resp, _ := r.RawDo(t, "GET", "/v1/counterfactuals/ce-1", "", nil); resp.StatusCode != http.StatusOK || resp.Header.Get("ETag") != again {
 		t.Fatalf("GET after the refused deletions: %d, ETag %q; want the registration made since, %s", resp.StatusCode, resp.Header.Get("ETag"), again)
 	}
