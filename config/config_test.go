@@ -219,6 +219,8 @@ func TestBadConfigsNameTheKey(t *testing.T) {
 		"suggestion":         {"kafka:\n  max_recods: 3\n", `did you mean "max_records"`},
 		"register wait past the write timeout": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  register_wait: 106s\n",
 			"replication.register_wait: 1m46s: must be 0 or more, and more than 15s below http.write_timeout (2m0s)"},
+		// A single daemon's predictions with min_version wait for it too.
+		"register wait on a single daemon": {"replication:\n  register_wait: -1s\n", "replication.register_wait (line 2): -1s: must be 0 or more"},
 		"peer tls pair": {"kafka:\n  brokers: [k.example:9092]\nreplication:\n  enabled: true\n  peer_tls:\n    cert_file: c.pem\n",
 			"replication.peer_tls.cert_file"},
 		"renamed key": {"update:\n  steps: 3\n", "update.steps (line 2): unknown key (renamed update.iterations)"},

@@ -304,12 +304,20 @@ func (c *Config) validate(lines map[string]int) error {
 }
 
 // validateReplication checks the replication keys; they are checked only when replication is
-// enabled, so that a single daemon's configuration is never refused for them; the items of
-// skip_ce_requests are checked apart (validateSkipCERequests).
+// enabled, so that a single daemon's configuration is never refused for them, but for
+// register_wait, which a single daemon's predictions with min_version wait for too; the items
+// of skip_ce_requests are checked apart (validateSkipCERequests).
 func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	r := c.Replication
 	if !r.Enabled {
+		if r.RegisterWait < 0 { // a prediction's wait moves the write deadline past itself
+			bad("replication.register_wait", r.RegisterWait, "must be 0 or more")
+		}
 		return
+	}
+	if r.RegisterWait < 0 || r.RegisterWait > 0 && r.RegisterWait >= c.HTTP.WriteTimeout-RegisterSendMargin { // no sum to overflow
+		bad("replication.register_wait", r.RegisterWait, fmt.Sprintf("must be 0 or more, and more than %v below http.write_timeout (%v): "+
+			"a request is measured and sent to the CE topic before it waits, and the write deadline would cut its answer", RegisterSendMargin, c.HTTP.WriteTimeout))
 	}
 	if c.Embedded() {
 		bad("replication.enabled", true, "replicas share a Kafka cluster: set kafka.brokers "+
@@ -359,10 +367,6 @@ func (c *Config) validateReplication(bad func(key string, v any, why string)) {
 	}
 	if r.HeartbeatInterval <= 0 || r.HeartbeatInterval >= r.SessionTimeout {
 		bad("replication.heartbeat_interval", r.HeartbeatInterval, "must be positive and below replication.session_timeout")
-	}
-	if r.RegisterWait < 0 || r.RegisterWait > 0 && r.RegisterWait >= c.HTTP.WriteTimeout-RegisterSendMargin { // no sum to overflow
-		bad("replication.register_wait", r.RegisterWait, fmt.Sprintf("must be 0 or more, and more than %v below http.write_timeout (%v): "+
-			"a request is measured and sent to the CE topic before it waits, and the write deadline would cut its answer", RegisterSendMargin, c.HTTP.WriteTimeout))
 	}
 	if (r.PeerTLS.CertFile == "") != (r.PeerTLS.KeyFile == "") {
 		bad("replication.peer_tls.cert_file", fmt.Sprintf("%q", r.PeerTLS.CertFile), "cert_file and key_file go together")
