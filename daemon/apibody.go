@@ -200,6 +200,10 @@ func jsonMessage(err error) string {
 // jsonKindOf names in JSON's terms what a Go type of the request bodies decodes from.
 func jsonKindOf(t reflect.Type) string {
 	switch t.Kind() {
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprintf("a whole number from 0 to %d", uint64(math.MaxUint64)>>(64-t.Bits()))
+	case reflect.Pointer:
+		return jsonKindOf(t.Elem())
 	case reflect.Float32, reflect.Float64:
 		return "a finite number of 64 bits (about ±1.8e308)"
 	case reflect.String:

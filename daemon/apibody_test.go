@@ -49,6 +49,8 @@ func TestDecodeJSONIsStrict(t *testing.T) {
 		{"a key twice", `{"x":[1],"x":[1]}`, func() any { return new(predictRequest) }, `duplicate key "x"`},
 		{"a key twice in an object for an array", `{"x":{"a":1,"a":2}}`, func() any { return new(predictRequest) }, `in "x": duplicate key "a"`},
 		{"a key twice after an array of strings", `{"xs":["s","t","s",{"a":1,"a":2}]}`, func() any { return new(predictRequest) }, `in "xs": duplicate key "a"`},
+		{"a negative version", `{"x":[1],"min_version":-1}`, func() any { return new(predictRequest) }, `field "min_version": number -1 is not a whole number from 0 to 18446744073709551615`},
+		{"a fractional version", `{"x":[1],"min_version":2.5}`, func() any { return new(predictRequest) }, `field "min_version": number 2.5 is not a whole number from 0`},
 		{"a key by case", `{"X":[1]}`, func() any { return new(predictRequest) }, `unknown field "X" (keys are case-sensitive: did you mean "x"?)`},
 		{"an unknown key", `{"z":1}`, func() any { return new(predictRequest) }, `unknown field "z" (fields: x, xs, min_version)`},
 		{"a key for no fields", `{"z":1}`, func() any { return new(struct{}) }, `unknown field "z" (this body takes no fields`},
