@@ -108,6 +108,11 @@ func (r *Replica) appendAndJudge(ctx context.Context, e *postlog.Entry) (bool, e
 	}
 }
 
+// joinWarnEvery is how many consecutive failed joins of the updater group log one WARN (the
+// first of them, then one in joinWarnEvery; the others at DEBUG): a join is retried every second,
+// and an error no retry fixes (a session timeout the broker refuses) would log a WARN a second.
+const joinWarnEvery = 30
+
 // RunUpdaterGroup is a member of <kafka.group_id>.updater for as long as ctx lasts. In each
 // generation that assigns it the log's partition, it is the updater (lead) until the generation
 // ends; otherwise it only heartbeats. Leaving the group (ctx's end, SIGTERM) hands the role over
@@ -129,14 +134,25 @@ func (r *Replica) RunUpdaterGroup(ctx context.Context) error {
 		return fmt.Errorf("updater group %s: %w", r.group, err)
 	}
 	defer cg.Close()
+	failures := 0 // consecutive failed joins: one WARN for the first and every joinWarnEvery-th
 	for {
 		gen, err := cg.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.lg.Warn("updater group: joining", "group", r.group, "err", stream.GroupJoinError(err, "replication.session_timeout", rc.SessionTimeout))
+			lg := r.lg.Debug
+			if failures%joinWarnEvery == 0 {
+				lg = r.lg.Warn
+			}
+			failures++
+			lg("updater group: joining", "group", r.group, "failures", failures,
+				"err", stream.GroupJoinError(err, "replication.session_timeout", rc.SessionTimeout))
 			continue
+		}
+		if failures > 0 {
+			r.lg.Info("updater group: joined", "group", r.group, "after_failures", failures)
+			failures = 0
 		}
 		assigned := false
 		for _, p := range gen.Assignments[rc.PosteriorTopic] {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/cfguard/cfguard/alerts"
+	"github.com/cfguard/cfguard/config"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest"
 	"github.com/cfguard/cfguard/daemon/internal/daemontest/launch"
 	"github.com/cfguard/cfguard/internal/waitfor"
@@ -85,5 +87,39 @@ func TestUpdaterGroupMembersClaimOnlyTheGenerationsTheyLed(t *testing.T) {
 		if len(members) > 1 {
 			t.Errorf("generation %d is named as led by %d members of the updater group: %v", gen, len(members), members)
 		}
+	}
+}
+
+// A replica whose replication.session_timeout the broker refuses fails every join of the updater
+// group, retried every second: it logs one WARN naming the key and the broker's floor, then one
+// in 30 attempts, not one a second (the broker counts the attempts).
+func TestUpdaterGroupJoinThatKeepsFailingWarnsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits through failed joins: not with -short")
+	}
+	t.Parallel()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "cfguard.records", "cfguard.records.dlq", "cfguard.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)    // after the replica's cleanup
+	var joins atomic.Int64 // JoinGroup requests of the updater group (kfake's floor refuses each: 6 s)
+	kc.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		if strings.HasSuffix(req.(*kmsg.JoinGroupRequest).Group, ".updater") {
+			joins.Add(1)
+		}
+		return nil, nil, false
+	})
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r := launch.With(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, kc.ListenAddrs(), "r-short", key)
+		c.Replication.SessionTimeout, c.Replication.HeartbeatInterval = time.Second, 300*time.Millisecond
+	}, nil, nil)
+	waitfor.Cond(t, 60*time.Second, "five refused joins of the updater group", func() bool { return joins.Load() >= 5 })
+	logs := r.Logs.String()
+	if n := strings.Count(logs, `level=WARN msg="updater group: joining"`); n != 1 ||
+		!strings.Contains(logs, "replication.session_timeout 1s is outside the broker's group.min.session.timeout.ms") {
+		t.Fatalf("%d WARN lines over %d refused joins, want 1 naming replication.session_timeout:\n%s", n, joins.Load(), logs)
 	}
 }
