@@ -19,6 +19,7 @@ func TestVerdictBound(t *testing.T) {
 	}{
 		{"at_risk decided", AtRisk, 0.7, 0.7 - m, true},
 		{"at_risk at the edge", AtRisk, 0.5 + m, 0.5 + m - m, true},
+		{"at_risk whose lower bound is just under 1/2", AtRisk, 0.5 + m - 1e-4, 0, false},
 		{"at_risk by hysteresis", AtRisk, 0.5, 0, false},
 		{"invalidated decided", Invalidated, 0.3, 0.3 + m, true},
 		{"invalidated by hysteresis", Invalidated, 0.5, 0, false},
