@@ -24,6 +24,7 @@ func TestVerdictBound(t *testing.T) {
 		{"invalidated decided", Invalidated, 0.3, 0.3 + m, true},
 		{"invalidated by hysteresis", Invalidated, 0.5, 0, false},
 		{"invalidated whose upper bound is 1/2", Invalidated, 0.5 - m, 0, false},
+		{"invalidated whose upper bound is just under 1/2", Invalidated, 0.5 - m - 1e-4, 0.5 - m - 1e-4 + m, true},
 		{"certified", Certified, 0.99, 0, false},
 	} {
 		b, ok := VerdictBound(c.s, e(c.p), alpha)
