@@ -70,11 +70,21 @@ func TestCarriesEdges(t *testing.T) {
 	}
 	// The margin is exact both ways, up to rounding: a verdict carries when the slack is under
 	// its margin and stops carrying when the slack passes it (an index sorted by the margin
-	// finds every verdict that stops carrying, and only those).
+	// finds every verdict that stops carrying, and only those). Besides a grid of slacks, each
+	// bound is tried at 1e-9 either side of its margin, so that a margin off by more than that
+	// fails.
 	for _, st := range []Status{AtRisk, Invalidated} {
 		for b := 0.0; b <= 1; b += 1.0 / 64 {
+			m := CarryMargin(st, b)
+			slacks := []float64{m - 1e-9, m + 1e-9}
 			for slack := 0.0; slack <= 0.6; slack += 1.0 / 128 {
-				carries, m := Carries(st, b, s(slack)), CarryMargin(st, b)
+				slacks = append(slacks, slack)
+			}
+			for _, slack := range slacks {
+				if slack < 0 {
+					continue
+				}
+				carries := Carries(st, b, s(slack))
 				if carries && slack > m+1e-15 || !carries && slack < m-1e-15 {
 					t.Errorf("%v with bound %v: Carries = %v at slack %v, but its margin is %v", st, b, carries, slack, m)
 				}
