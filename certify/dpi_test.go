@@ -33,7 +33,9 @@ func tinyPair(seed uint64, scale float64) (qNew, qOld *bnn.Model) {
 // estimate is exact. One weight and one bias: x = 5 standardises to (5 - 1)/2 = 2; the weight's
 // mean moves from 0.5 to 0.7 with sigma 0.1 and the bias is N(0, 0.1^2) in both, so
 // z ~ N(1.4, 0.05) against N(1.0, 0.05) and KL = 0.4^2 / (2 * 0.05) = 1.6. The parameter KL is
-// 0.2^2 / (2 * 0.01) = 2.
+// 0.2^2 / (2 * 0.01) = 2. When the weight's sigma also doubles (0.1 to 0.2), z ~ N(1.4, 0.17)
+// against N(1.0, 0.05): with r = 0.17 / 0.05 = 3.4 the KL is (r - 1 - ln r) / 2 + 1.6 =
+// 2.188112284188942 and the parameter KL (4 - 1 - ln 4) / 2 + 0.2^2 / (2 * 0.01) = 3.5 - ln 2.
 func TestConditionalKLHandComputed(t *testing.T) {
 	ls := math.Log(0.1)
 	old := &bnn.Model{Layers: []bnn.Layer{{Name: "fc1", In: 1, Out: 1, WeightMu: []float64{0.5}, WeightLogSigma: []float64{ls},
@@ -47,6 +49,14 @@ func TestConditionalKLHandComputed(t *testing.T) {
 	}
 	if math.Abs(e.Mean-1.6) > 1e-12 || e.Var > 1e-24 || math.Abs(e.ParamKL-2) > 1e-12 {
 		t.Fatalf("got mean %.15g var %g param KL %.15g, want 1.6, 0, 2", e.Mean, e.Var, e.ParamKL)
+	}
+	nu.Layers[0].WeightLogSigma[0] = math.Log(0.2)
+	e, err = EstimateConditionalKL(nu, old, []float64{5}, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, wantParam := 2.188112284188942, 3.5-math.Ln2; !(math.Abs(e.Mean-want) <= 1e-12 && e.Var <= 1e-24 && math.Abs(e.ParamKL-wantParam) <= 1e-12) {
+		t.Fatalf("sigma doubled: got mean %.15g var %g param KL %.15g, want %.15g, 0, %.15g", e.Mean, e.Var, e.ParamKL, want, wantParam)
 	}
 }
 
