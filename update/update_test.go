@@ -396,6 +396,11 @@ func TestInterpolateAndClip(t *testing.T) {
 		if k > budget || k < budget*(1-1e-6) {
 			t.Errorf("budget %.6g: clipped KL %.10g (t = %v), want just within", budget, k, tt)
 		}
+		// t is the largest within budget to 1e-12: the KL, non-decreasing along the path, passes
+		// the budget 1.5e-12 further on.
+		if past, _, err := certify.KL(Interpolate(m, next, tt+1.5e-12), m); err != nil || !(past > budget) {
+			t.Errorf("budget %.6g: KL %.17g at t = %v + 1.5e-12 (%v), want over the budget: t is not the largest to 1e-12", budget, past, tt, err)
+		}
 		if !(tt > 0 && tt < 1) || !bnn.SameBody(clipped, m) || clipped.Version != next.Version {
 			t.Errorf("budget %.6g: t = %v, body same %v, version %d", budget, tt, bnn.SameBody(clipped, m), clipped.Version)
 		}
@@ -433,11 +438,12 @@ func TestInterpolateAndClip(t *testing.T) {
 			t.Error("ClipToBudget of a next with a class more gave no error")
 		}
 	}()
+	// A zero budget keeps prev: KL(q_t || prev) > 0 for every t > 0 of this update.
 	zero, tt, err := ClipToBudget(m, next, 0)
-	if err != nil || tt > 1e-11 {
-		t.Errorf("zero budget: t = %v, err %v", tt, err)
-	} else if k, _, _ := certify.KL(zero, m); k != 0 && tt == 0 {
-		t.Errorf("zero budget: KL %v", k)
+	if err != nil || tt != 0 {
+		t.Errorf("zero budget: t = %v, err %v; want t = 0", tt, err)
+	} else if k, _, err := certify.KL(zero, m); err != nil || k != 0 {
+		t.Errorf("zero budget: KL %v (%v), want 0", k, err)
 	}
 	for _, b := range []float64{-1, math.NaN(), math.Inf(1)} {
 		if _, _, err := ClipToBudget(m, next, b); err == nil {
