@@ -373,6 +373,8 @@ func TestMinRenewableSamplesWhenNoCountCan(t *testing.T) {
 		{"negative alpha", 0.05, -0.01},
 		{"alpha NaN", 0.05, math.NaN()},
 		{"a count past the largest int", 1e-300, 0.01},
+		// 7 ln(200) / (3 delta) = 2^63 exactly: the count is float64(math.MaxInt), one past it.
+		{"a count of 2^63", 7 * math.Log(200) / (3 * math.Exp2(63)), 0.01},
 	} {
 		if got := MinRenewableSamples(c.delta, c.alpha); got != math.MaxInt {
 			t.Errorf("%s: MinRenewableSamples(%v, %v) = %d, want math.MaxInt", c.name, c.delta, c.alpha, got)
