@@ -152,9 +152,10 @@ func TestConvergedThreeClassesIsShiftInvariant(t *testing.T) {
 }
 
 // TestConvergedVerdictIsTheLargestMagnitude: minimize's verdict is max_i |g_i| < threshold, the
-// gradient's largest coordinate in magnitude whatever its sign: just below that magnitude, the
-// same search (same iterations) does not converge. Three and four classes after one to four
-// iterations give largest coordinates of both signs.
+// gradient's largest coordinate in magnitude whatever its sign: with a threshold just below that
+// magnitude the same search (same iterations) does not converge, and with one just above it
+// converges. Three and four classes after one to four iterations give largest coordinates of
+// both signs.
 func TestConvergedVerdictIsTheLargestMagnitude(t *testing.T) {
 	negative := 0
 	for _, classes := range []int{3, 4} {
@@ -186,8 +187,14 @@ func TestConvergedVerdictIsTheLargestMagnitude(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if again == n && ok {
+			if again != n {
+				t.Errorf("%d classes, %d iterations: the search with threshold %.4g took %d iterations, not %d: it ended elsewhere and the verdict is not compared", classes, iters, threshold, again, n)
+			} else if ok {
 				t.Errorf("%d classes, %d iterations: converged with largest |gradient| %.4g (coordinate %.4g) above the threshold %.4g", classes, iters, worst, signed, threshold)
+			}
+			// Just above that magnitude the search converges (there, or sooner).
+			if _, _, ok, err := c.minimize(context.Background(), 1.01*worst, iters); err != nil || !ok {
+				t.Errorf("%d classes, %d iterations: not converged (%v) with largest |gradient| %.4g below the threshold %.4g", classes, iters, err, worst, 1.01*worst)
 			}
 		}
 	}
