@@ -20,9 +20,8 @@ import (
 )
 
 // TestBrokerRestart stops the broker under a running consumer and starts it again on the
-// same address and data directory: Next rides out the outage (kafka-go reconnects, the group
-// is joined again) and delivers what is produced afterwards, without redelivering what was
-// committed before.
+// same address and data directory: Next rides out the outage (kafka-go reconnects) and delivers
+// exactly what is produced afterwards, without delivering again what it handed out before.
 func TestBrokerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("broker restart takes a few seconds")
