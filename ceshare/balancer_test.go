@@ -126,12 +126,18 @@ func TestAssignStickyLaterGenerationWins(t *testing.T) {
 	}
 	// Two members outside the cluster, claiming every partition at a later generation: one
 	// with unsigned data, one signed with another key. They get nothing, and change nothing.
-	unsigned, _ := json.Marshal(memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	unsigned, err := json.Marshal(memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
 	other, err := clusterkey.Parse([]byte("t1:"+strings.Repeat("a5", 32)), "another cluster's")
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, _ := encodeMemberData(other, memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	forged, err := encodeMemberData(other, memberData{Replica: "evil", URL: "http://evil.test", Owned: parts(6), Generation: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
 	members = append(members, kafka.GroupMember{ID: "x-unsigned", Topics: []string{"ce"}, UserData: unsigned},
 		kafka.GroupMember{ID: "x-forged", Topics: []string{"ce"}, UserData: forged})
 	var kp []kafka.Partition

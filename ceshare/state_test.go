@@ -89,9 +89,15 @@ func TestMemberHandsRegistrationsTheirStates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, forged, _ := EncodeState(st("a-4", 9, `{"s":"forged"}`))
-	_, forged5, _ := EncodeState(st("a-5", 9, `{"s":"forged"}`))
-	_, forged9, _ := EncodeState(st("a-9", 9, `{"s":"forged"}`))
+	encode := func(s State) []byte {
+		t.Helper()
+		_, v, err := EncodeState(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	forged, forged5, forged9 := encode(st("a-4", 9, `{"s":"forged"}`)), encode(st("a-5", 9, `{"s":"forged"}`)), encode(st("a-9", 9, `{"s":"forged"}`))
 	malformed := []byte(`{"id":"a-6","replica":"r1","generation":9,"ce":"not an object"}`)
 	writeRaw(t, conn,
 		kafka.Message{Key: []byte("a-4"), Value: forged, Headers: []kafka.Header{{Key: clusterkey.Header, Value: other.Sign(StateDomain, forged)}}},
