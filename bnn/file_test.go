@@ -19,6 +19,7 @@ func TestSaveLoadRoundTripIsBitExact(t *testing.T) {
 	m.Features = []string{"a", "b", "c"}
 	m.Version, m.Records = 12, 123.25
 	m.Layers[2].WeightMu[0] = math.Nextafter(0.1, 1) // a value float32 could not hold
+	m.Scaler.Mean[2], m.Scaler.Std[2] = math.Nextafter(0.5, 1), math.Nextafter(1, 2)
 	dir := t.TempDir()
 	if err := Save(dir, m); err != nil {
 		t.Fatal(err)
@@ -29,7 +30,8 @@ func TestSaveLoadRoundTripIsBitExact(t *testing.T) {
 	}
 	if !SameBody(m, got) || !LayersEqual(m.Last(), got.Last()) || got.Version != 12 ||
 		strings.Join(got.Classes, ",") != "no,yes,maybe" || strings.Join(got.Features, ",") != "a,b,c" ||
-		got.Scaler.Std[1] != 0.5 || got.PriorSigma != m.PriorSigma || got.Records != 123.25 {
+		!BitsEqual(got.Scaler.Mean, m.Scaler.Mean) || !BitsEqual(got.Scaler.Std, m.Scaler.Std) ||
+		got.PriorSigma != m.PriorSigma || got.Records != 123.25 || got.Activation != m.Activation {
 		t.Fatalf("round trip changed the model")
 	}
 	// The sidecar names the output as torchbnn's models give it: log-probabilities.
