@@ -202,7 +202,9 @@ func TestGraphObjectiveAndGradient(t *testing.T) {
 }
 
 // TestGraphWriteTo checks the round trip model -> graph -> model (weights transposed inside
-// the graph) and that non-finite values are refused without touching the model.
+// the graph): written into a model of the same shape and other values, a last-only graph sets
+// its last layer to the graph's model's, bit for bit, and leaves its body (not trainable) as it
+// was; and non-finite values are refused without touching the model.
 func TestGraphWriteTo(t *testing.T) {
 	m := perturbed(New(3, []int{4}, []string{"x", "y"}, 0.1, rand.New(rand.NewPCG(4, 4))), 5, 0.1)
 	gr, err := NewGraph(m, GraphConfig{Batch: 2, LastOnly: true})
@@ -210,13 +212,18 @@ func TestGraphWriteTo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer gr.Close()
-	out := m.Clone()
+	other := perturbed(m, 6, 0.1)
+	out := other.Clone()
 	if err := gr.WriteTo(out); err != nil {
 		t.Fatal(err)
 	}
-	for k := range m.Layers {
-		if !LayersEqual(&m.Layers[k], &out.Layers[k]) {
-			t.Errorf("layer %d changed in a round trip", k)
+	last := len(m.Layers) - 1
+	if !LayersEqual(&m.Layers[last], &out.Layers[last]) {
+		t.Error("the last layer written is not the graph's model's")
+	}
+	for k := range last {
+		if !LayersEqual(&other.Layers[k], &out.Layers[k]) {
+			t.Errorf("body layer %d, not trainable, was written", k)
 		}
 	}
 	if got := len(gr.Params()); got != 4 {
