@@ -20,7 +20,7 @@ func TestNewWarnsOfAKeyFileEveryUserMayRead(t *testing.T) {
 	for _, c := range []struct {
 		mode os.FileMode
 		warn bool
-	}{{0o600, false}, {0o440, false}, {0o644, true}, {0o606, true}} {
+	}{{0o600, false}, {0o440, false}, {0o644, true}, {0o606, true}, {0o602, true}} {
 		p := filepath.Join(t.TempDir(), "cluster.key")
 		if err := os.WriteFile(p, []byte("k1:"+strings.Repeat("5a", 32)+"\n"), 0o600); err != nil {
 			t.Fatal(err)
