@@ -11,6 +11,8 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -946,8 +948,9 @@ func TestCoveredFromNothing(t *testing.T) {
 	}
 }
 
-// TestStoredHead: a head round-trips through MarshalHead, and no stored bytes (a replica's
-// first start) is no head rather than an error; bytes that are not a head are an error.
+// TestStoredHead: a head round-trips through MarshalHead, every field of it, and no stored bytes
+// (a replica's first start) is no head rather than an error; bytes that are not a head are an
+// error.
 func TestStoredHead(t *testing.T) {
 	for _, b := range [][]byte{nil, {}} {
 		if h, err := UnmarshalHead(b); h != nil || err != nil {
@@ -957,16 +960,19 @@ func TestStoredHead(t *testing.T) {
 	if _, err := UnmarshalHead([]byte("{")); err == nil {
 		t.Error("UnmarshalHead of a cut value: no error")
 	}
-	in := &Head{Seq: 3, Hash: "ab", Offset: 7, Term: 2, Writer: "a/1", Version: 1, Covers: map[int]int64{0: 5}, Epoch: 1,
-		Unpublished: []Unpublished{{Seq: 3, Events: []Event{{Key: "k", Value: []byte(`{}`)}}}}, Marks: map[int]Mark{0: {Offset: 4}}}
+	in := &Head{Seq: 3, Hash: "ab", Offset: 7, Term: 2, Writer: "a/1", Version: 1, Covers: map[int]int64{0: 5, 2: 9},
+		PosteriorSHA256: "cd", GenesisOffset: 4, GenesisHash: "ef", Epoch: 1,
+		Unpublished: []Unpublished{{Seq: 3, Events: []Event{{Key: "k", Value: []byte(`{}`)}}}},
+		Marks:       map[int]Mark{0: {Offset: 4, Timestamp: 1700000000000, Sum: 0xfeed}}}
+	if v := reflect.ValueOf(*in); slices.ContainsFunc(reflect.VisibleFields(v.Type()), func(f reflect.StructField) bool { return v.FieldByIndex(f.Index).IsZero() }) {
+		t.Fatalf("the head %+v leaves a field at its zero value: the round trip would not show it kept", in)
+	}
 	b, err := MarshalHead(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := UnmarshalHead(b)
-	if err != nil || out.Seq != 3 || out.Hash != "ab" || out.Offset != 7 || out.Writer != "a/1" || out.Covers[0] != 5 || out.Epoch != 1 ||
-		len(out.Unpublished) != 1 || out.Marks[0].Offset != 4 {
-		t.Errorf("round trip: %+v, %v", out, err)
+	if out, err := UnmarshalHead(b); err != nil || !reflect.DeepEqual(out, in) {
+		t.Errorf("round trip: %+v, %v; want %+v", out, err, in)
 	}
 }
 
