@@ -124,7 +124,7 @@ func TestDetectorFalseAlarmsAndDelay(t *testing.T) {
 // S_t = S_{t-1} + x_t - mean_t - Delta goes -0.5, -1, 0.5, so the statistic S_t - min S is 0, 0, 1.5.
 // The third record alarms when Lambda is below 1.5 (not at 1.5: the statistic must exceed it) and
 // MinRecords at most 3; an alarm resets the
-// count, the mean and the walk, so that the next record (0) starts a new reference at -Delta.
+// count, the mean and both walks, so that the next record (0) starts a new reference at -Delta.
 func TestDetectorWalkByHand(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -144,7 +144,7 @@ func TestDetectorWalkByHand(t *testing.T) {
 			for i, x := range []float64{0, 0, 3} {
 				alarms := d.Observe(Batch{brier: []float64{x}})
 				if i+1 == tc.alarmAt {
-					if alarms != 1 || d.Changes != 1 || d.Count != 0 || d.Mean != 0 || d.Sum != 0 || d.Min != 0 {
+					if alarms != 1 || d.Changes != 1 || d.Count != 0 || d.Mean != 0 || d.Sum != 0 || d.Min != 0 || d.Fall != 0 || d.FallMin != 0 {
 						t.Fatalf("record %d: %d alarms, detector %+v; want one alarm and a reset", i+1, alarms, *d)
 					}
 					continue
@@ -159,6 +159,52 @@ func TestDetectorWalkByHand(t *testing.T) {
 			d.Observe(Batch{brier: []float64{0}})
 			if d.Count != 1 || d.Mean != 0 || d.Sum != -0.5 || d.Min != -0.5 || d.Statistic() != 0 {
 				t.Fatalf("the record after an alarm: %+v, want count 1, mean 0, walk and minimum -0.5", *d)
+			}
+		})
+	}
+}
+
+// TestDetectorFallWalkByHand pins the walk of falls, sum (mean_t - x_t - Delta), to hand-computed
+// values: with Delta 0.5 and Brier scores 3, 3, 0 the running means are 3, 3, 2 and the walk goes
+// -0.5, -1, 0.5, its height over its minimum 0, 0, 1.5 (the walk of rises goes -0.5, -1, -3.5 and
+// never climbs). The third record resets the detector without an alarm (an improvement) when
+// Lambda is below 1.5, not at 1.5 (the height must exceed it), and not during the warm-up; the
+// reset clears the count, the mean and both walks, so that the next record (0) starts a new
+// reference at -Delta.
+func TestDetectorFallWalkByHand(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		lambda     float64
+		minRecords int
+		resetAt    int // 0: none
+	}{
+		{"over lambda", 1.2, 2, 3},
+		{"at lambda", 1.5, 2, 0},
+		{"during the warm-up", 1.2, 4, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Detector{Delta: 0.5, Lambda: tc.lambda, MinRecords: tc.minRecords}
+			wantHeight := []float64{0, 0, 1.5}
+			for i, x := range []float64{3, 3, 0} {
+				if alarms := d.Observe(Batch{brier: []float64{x}}); alarms != 0 || d.Changes != 0 {
+					t.Fatalf("record %d: %d alarms (%d in all) from a fall of the scores", i+1, alarms, d.Changes)
+				}
+				if i+1 == tc.resetAt {
+					if d.Improvements != 1 || d.Count != 0 || d.Mean != 0 || d.Sum != 0 || d.Min != 0 || d.Fall != 0 || d.FallMin != 0 {
+						t.Fatalf("record %d: detector %+v; want one improvement and a reset", i+1, *d)
+					}
+					continue
+				}
+				if h := d.Fall - d.FallMin; d.Improvements != 0 || math.Abs(h-wantHeight[i]) > 1e-12 || d.Count != i+1 {
+					t.Fatalf("record %d: %d improvements, fall walk height %v, count %d; want none, %v, %d", i+1, d.Improvements, h, d.Count, wantHeight[i], i+1)
+				}
+			}
+			if tc.resetAt == 0 {
+				return
+			}
+			d.Observe(Batch{brier: []float64{0}})
+			if d.Count != 1 || d.Mean != 0 || d.Fall != -0.5 || d.FallMin != -0.5 || d.Sum != -0.5 || d.Min != -0.5 {
+				t.Fatalf("the record after an improvement: %+v, want count 1, mean 0, both walks and minima -0.5", *d)
 			}
 		})
 	}
@@ -237,16 +283,17 @@ func TestDetectorValidate(t *testing.T) {
 		t.Fatalf("the default detector: %v", d.Validate())
 	}
 	for name, change := range map[string]func(*Detector){
-		"delta 0":          func(d *Detector) { d.Delta = 0 },
-		"lambda 0":         func(d *Detector) { d.Lambda = 0 },
-		"negative count":   func(d *Detector) { d.Count = -1 },
-		"negative changes": func(d *Detector) { d.Changes = -1 },
-		"NaN sum":          func(d *Detector) { d.Sum = math.NaN() },
-		"infinite mean":    func(d *Detector) { d.Mean = math.Inf(1) },
-		"NaN delta":        func(d *Detector) { d.Delta = math.NaN() },
-		"infinite lambda":  func(d *Detector) { d.Lambda = math.Inf(1) },
-		"minimum -Inf":     func(d *Detector) { d.Min = math.Inf(-1) },
-		"negative warm-up": func(d *Detector) { d.MinRecords = -1 },
+		"delta 0":               func(d *Detector) { d.Delta = 0 },
+		"lambda 0":              func(d *Detector) { d.Lambda = 0 },
+		"negative count":        func(d *Detector) { d.Count = -1 },
+		"negative changes":      func(d *Detector) { d.Changes = -1 },
+		"negative improvements": func(d *Detector) { d.Improvements = -1 },
+		"NaN sum":               func(d *Detector) { d.Sum = math.NaN() },
+		"infinite mean":         func(d *Detector) { d.Mean = math.Inf(1) },
+		"NaN delta":             func(d *Detector) { d.Delta = math.NaN() },
+		"infinite lambda":       func(d *Detector) { d.Lambda = math.Inf(1) },
+		"minimum -Inf":          func(d *Detector) { d.Min = math.Inf(-1) },
+		"negative warm-up":      func(d *Detector) { d.MinRecords = -1 },
 	} {
 		d := NewDetector()
 		change(&d)
