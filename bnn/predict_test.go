@@ -186,6 +186,9 @@ func TestValidate(t *testing.T) {
 		"inf scaler mean":                func(m *Model) { m.Scaler.Mean[2] = math.Inf(1) },
 		"inf scaler std":                 func(m *Model) { m.Scaler.Std[0] = math.Inf(1) },
 		"long scaler std":                func(m *Model) { m.Scaler.Std = append(m.Scaler.Std, 1) },
+		"short scaler mean":              func(m *Model) { m.Scaler.Mean = m.Scaler.Mean[:2] },
+		"negative dropout":               func(m *Model) { m.Dropout = -0.1 },
+		"unknown activation":             func(m *Model) { m.Activation = 9 },
 		"chain, lengths agreeing": func(m *Model) {
 			l := &m.Layers[1]
 			l.In = 7
