@@ -462,6 +462,7 @@ func TestDecodeRefusesMalformedEntries(t *testing.T) {
 		{"a short genesis hash", inc, func(e *Entry) { e.Genesis = e.PosteriorSHA256[:63] }},
 		{"an upper-case genesis hash", c1, func(e *Entry) { e.Genesis = strings.ToUpper(inc.PosteriorSHA256) }},
 		{"a claim of an epoch naming no genesis", c1, func(e *Entry) { e.Epoch = 1 }},
+		{"an increment of an epoch naming no genesis", inc, func(e *Entry) { e.Epoch = 1 }},
 	} {
 		e := *tc.e
 		tc.edit(&e)
