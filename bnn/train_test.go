@@ -184,6 +184,11 @@ func TestTrainRejects(t *testing.T) {
 		{"no rows", context.Background(), nil, nil, bnn.TrainConfig{}, "no inputs", nil},
 		{"negative lr", context.Background(), s.X, s.Y, bnn.TrainConfig{LR: -1}, "learning rate", nil},
 		{"negative epochs", context.Background(), s.X, s.Y, bnn.TrainConfig{Epochs: -1}, "epochs", nil},
+		{"negative batch size", context.Background(), s.X, s.Y, bnn.TrainConfig{BatchSize: -1}, "batch size -1", nil},
+		{"negative KL weight", context.Background(), s.X, s.Y, bnn.TrainConfig{KLWeight: -1}, "KL weight -1", nil},
+		{"NaN KL weight", context.Background(), s.X, s.Y, bnn.TrainConfig{KLWeight: math.NaN()}, "KL weight NaN", nil},
+		{"negative prior sigma", context.Background(), s.X, s.Y, bnn.TrainConfig{PriorSigma: -0.1}, "prior sigma -0.1", nil},
+		{"a hidden layer of no units", context.Background(), s.X, s.Y, bnn.TrainConfig{Hidden: []int{4, 0}}, "hidden layer 1 has width 0", nil},
 		{"cancelled", cancelled, s.X, s.Y, bnn.TrainConfig{}, "", context.Canceled},
 		{"diverging", context.Background(), s.X, s.Y, bnn.TrainConfig{Epochs: 5, LR: 1e300}, "", bnn.ErrNonFinite},
 	} {
