@@ -341,6 +341,10 @@ func TestConsumerConfigRejected(t *testing.T) {
 		{"backlog below max records", func(c *ConsumerConfig) { c.MaxRecords, c.MaxRecordsBacklog = 100, 10 }, "MaxRecordsBacklog"},
 		{"retry bounds", func(c *ConsumerConfig) { c.RetryMin, c.RetryMax = time.Second, time.Millisecond }, "RetryMax"},
 		{"bad resume", func(c *ConsumerConfig) { c.Resume = map[int]int64{0: -1} }, "Resume"},
+		{"a negative partition resumed", func(c *ConsumerConfig) { c.Resume = map[int]int64{-1: 0} }, "Resume[-1] = 0"},
+		{"a mark at a negative offset", func(c *ConsumerConfig) {
+			c.Resume, c.ResumeMarks = map[int]int64{0: 5}, map[int]RecordMark{0: {Offset: -1}}
+		}, "ResumeMarks[0] at offset -1"},
 		{"a mark at the resume offset", func(c *ConsumerConfig) {
 			c.Resume, c.ResumeMarks = map[int]int64{0: 5}, map[int]RecordMark{0: {Offset: 5}}
 		}, "ResumeMarks[0] at offset 5"},
