@@ -2,6 +2,7 @@ package certify
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -499,5 +500,41 @@ func TestCertificateVarianceUpToTheUnbiasedMaximum(t *testing.T) {
 	}
 	if c := (Certificate{P1: 0.5, Var1: math.Nextafter(0.25, 1), Samples: 1, Delta: 0.05, Epsilon: 0.01}); c.Validate() == nil {
 		t.Errorf("one draw: V1 above 1/4 validated")
+	}
+}
+
+// TestCheckDeltaAndEpsilonAtTheirEnds: CheckDelta takes exactly (0, 1/2) and CheckEpsilon exactly
+// (0, 1/4], the float next to each end on the inside included and on the outside refused, NaN
+// refused; a refusal is a *RangeError naming the parameter, its value and the range.
+func TestCheckDeltaAndEpsilonAtTheirEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		check func(float64) error
+		v     float64
+		ok    bool
+		want  string
+	}{
+		{"delta", CheckDelta, 0, false, "(0, 0.5)"},
+		{"delta", CheckDelta, math.SmallestNonzeroFloat64, true, ""},
+		{"delta", CheckDelta, math.Nextafter(0.5, 0), true, ""},
+		{"delta", CheckDelta, 0.5, false, "(0, 0.5)"},
+		{"delta", CheckDelta, math.NaN(), false, "(0, 0.5)"},
+		{"epsilon", CheckEpsilon, 0, false, "(0, 0.25]"},
+		{"epsilon", CheckEpsilon, math.SmallestNonzeroFloat64, true, ""},
+		{"epsilon", CheckEpsilon, 0.25, true, ""},
+		{"epsilon", CheckEpsilon, math.Nextafter(0.25, 1), false, "(0, 0.25]"},
+		{"epsilon", CheckEpsilon, math.NaN(), false, "(0, 0.25]"},
+	} {
+		err := tc.check(tc.v)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s %v: %v, want accepted", tc.name, tc.v, err)
+			}
+			continue
+		}
+		var re *RangeError
+		if !errors.As(err, &re) || re.Name != tc.name || re.Want != tc.want || math.Float64bits(re.Value) != math.Float64bits(tc.v) {
+			t.Errorf("%s %v: %v (%+v), want a *RangeError of %s, its value, range %s", tc.name, tc.v, err, re, tc.name, tc.want)
+		}
 	}
 }
