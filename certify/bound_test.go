@@ -189,6 +189,12 @@ func TestBoundsAtTheirDomainsEdges(t *testing.T) {
 		{"KLBudgetForP1(0.55)", KLBudgetForP1(0.55), 0.05 * 0.05 / 2},
 		{"KLBudgetForP1(0.5)", KLBudgetForP1(0.5), 0},
 		{"KLBudgetForP1(0.45)", KLBudgetForP1(0.45), 0},
+		// Next to the ends: a p1 just below 1/2 has no budget, in either mode; delta = 0.4999 has
+		// its small one.
+		{"KLBudgetForP1(1/2 - ulp)", KLBudgetForP1(math.Nextafter(0.5, 0)), 0},
+		{"KLBudgetForP1(0.4999)", KLBudgetForP1(0.4999), 0},
+		{"KLBudgetForP1In(0.4999, tight)", KLBudgetForP1In(0.4999, Tight), 0},
+		{"KLBudget(0.4999)", KLBudget(0.4999), 0.0001 * 0.0001 / 2},
 		// One draw: p_hat - sqrt(ln(1/alpha) / 2); alpha = 1/2: 1 - sqrt(ln 2 / 2).
 		{"HoeffdingLower(1, 1, 0.5)", HoeffdingLower(1, 1, 0.5), 0.41129498874226267},
 		// No confidence (alpha outside (0, 1)) is no bound.
@@ -198,7 +204,8 @@ func TestBoundsAtTheirDomainsEdges(t *testing.T) {
 		{"HoeffdingLower(0.9, 10, -0)", HoeffdingLower(0.9, 10, math.Copysign(0, -1)), math.Inf(-1)},
 		{"HoeffdingLower(0.9, 10, NaN)", HoeffdingLower(0.9, 10, math.NaN()), math.Inf(-1)},
 	} {
-		if !(tc.got == tc.want || math.Abs(tc.got-tc.want) <= 1e-15) { // NaN fails both
+		// A want of 0 (no budget, no bound) is exact: a positive budget, however small, is wrong.
+		if !(tc.got == tc.want || tc.want != 0 && math.Abs(tc.got-tc.want) <= 1e-15) { // NaN fails both
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
