@@ -9,10 +9,10 @@ import (
 
 // A WeightsHasher's Sum is WeightsSHA256 for every model: along versions that change the last
 // layer only (hashed from the kept prefix: its state is not replaced), after a change of another
-// layer (by a value, or by 0 becoming -0, which encodes differently) or of the last layer's
-// shape (hashed whole, the prefix kept again), for a network whose last layer's tensors are not
-// the file's last (eleven layers: "fc11" sorts before "fc2"; nothing kept), and for the models
-// Encode refuses, which it refuses too.
+// layer (by a value, or by 0 becoming -0, which encodes differently), of the last layer's shape
+// alone, or of a layer's name (hashed whole, the prefix kept again), for a network whose last
+// layer's tensors are not the file's last (eleven layers: "fc11" sorts before "fc2"; nothing
+// kept), and for the models Encode refuses, which it refuses too.
 func TestWeightsHasherSumsAsWeightsSHA256(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	var h WeightsHasher
@@ -55,9 +55,15 @@ func TestWeightsHasherSumsAsWeightsSHA256(t *testing.T) {
 	}{
 		{"another first-layer weight", nil, func(m *Model) { m.Layers[0].WeightMu[3] += 1e-9 }},
 		{"0 made -0 in a hidden bias", func(m *Model) { m.Layers[1].BiasMu[0] = 0 }, func(m *Model) { m.Layers[1].BiasMu[0] = math.Copysign(0, -1) }},
-		{"another last-layer shape", nil, func(m *Model) {
-			*m = *New(30, DefaultHidden, []string{"a", "b", "c"}, 0.1, rand.New(rand.NewPCG(1, 1)))
+		{"another last-layer shape, the same body", nil, func(m *Model) {
+			l := m.Last()
+			wider := New(l.In, nil, []string{"a", "b", "c"}, 0.1, rand.New(rand.NewPCG(1, 1))).Layers[0]
+			wider.Name = l.Name
+			*l = wider
+			m.Classes = []string{"a", "b", "c"}
 		}},
+		{"a hidden layer renamed", nil, func(m *Model) { m.Layers[0].Name = "fc0" }},
+		{"the last layer renamed", nil, func(m *Model) { m.Last().Name = "fc9" }},
 	} {
 		if c.before != nil {
 			c.before(m)
