@@ -332,6 +332,7 @@ func TestConsumerConfigRejected(t *testing.T) {
 	}{
 		{"no brokers", func(c *ConsumerConfig) { c.Conn.Brokers = nil }, "Brokers"},
 		{"bad broker", func(c *ConsumerConfig) { c.Conn.Brokers = []string{"localhost"} }, "host:port"},
+		{"negative dial timeout", func(c *ConsumerConfig) { c.Conn.DialTimeout = -time.Second }, "DialTimeout -1s"},
 		{"no topic", func(c *ConsumerConfig) { c.Topic = "" }, "Topic"},
 		{"no group", func(c *ConsumerConfig) { c.GroupID = "" }, "GroupID"},
 		{"no dlq", func(c *ConsumerConfig) { c.DeadLetterTopic = "" }, "DeadLetterTopic"},
