@@ -40,7 +40,8 @@ func TestPickUpdater(t *testing.T) {
 }
 
 // AssignGroups gives the posterior topic's partition to the member pickUpdater names and an
-// empty assignment to every other member of the topic, reading each member's UserData.
+// empty assignment to every other member of the topic, reading each member's UserData; it
+// records, for assignedWithoutTopic, whether it found no partition of the topic.
 func TestUpdaterBalancerAssigns(t *testing.T) {
 	data := func(d updaterData) []byte {
 		b, err := json.Marshal(d)
@@ -56,17 +57,28 @@ func TestUpdaterBalancerAssigns(t *testing.T) {
 		t.Fatal(err)
 	}
 	members := []kafka.GroupMember{
+		{ID: "m-d", Topics: []string{"another"}}, // not of the topic, and before those that are
 		{ID: "m-a", Topics: []string{"log"}, UserData: data(updaterData{Led: 3})},
 		{ID: "m-b", Topics: []string{"log"}, UserData: mine},
 		{ID: "m-c", Topics: []string{"log"}, UserData: []byte("not json")},
-		{ID: "m-d", Topics: []string{"another"}},
 	}
 	got := b.AssignGroups(members, []kafka.Partition{{Topic: "log", ID: 0}, {Topic: "another", ID: 0}})
 	if len(got) != 3 || len(got["m-b"]["log"]) != 1 || len(got["m-a"]["log"]) != 0 || len(got["m-c"]["log"]) != 0 {
 		t.Fatalf("assignments %v, want the partition to m-b (led generation 9) and none to m-a, m-c", got)
 	}
+	if b.assignedWithoutTopic() {
+		t.Fatal("an assignment that found the topic's partition says it found none")
+	}
+	// An assignment without a partition of the topic (deleted) gives nobody the role and says
+	// so, once.
+	if got := b.AssignGroups(members, []kafka.Partition{{Topic: "another", ID: 0}}); len(got) != 3 || len(got["m-b"]["log"]) != 0 {
+		t.Fatalf("assignments without the topic's partition %v, want none for each of m-a, m-b, m-c", got)
+	}
+	if !b.assignedWithoutTopic() || b.assignedWithoutTopic() {
+		t.Fatal("an assignment without the topic's partition is not reported once")
+	}
 	b.steppedDown()
-	members[1].UserData, _ = b.UserData()
+	members[2].UserData, _ = b.UserData() // m-b's
 	if got := b.AssignGroups(members, []kafka.Partition{{Topic: "log", ID: 0}}); len(got["m-a"]["log"]) != 1 {
 		t.Fatalf("after m-b stepped down: %v, want the partition to m-a (led generation 3)", got)
 	}
