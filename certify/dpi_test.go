@@ -60,6 +60,30 @@ func TestConditionalKLHandComputed(t *testing.T) {
 	}
 }
 
+// TestConditionalKLThroughAPointMassBody: with a body whose parameters have sigma e^-60, h is the
+// forward pass of its means, so every draw, the first included, gives the same exact term. One
+// ReLU unit: x = 5 standardises to 2, h = relu(0.5 * 2 + 0) = 1; the last layer's weight mean
+// moves from 0.5 to 0.7 (sigma 0.1, bias N(0, 0.1^2)), so z ~ N(0.7, 0.02) against N(0.5, 0.02)
+// and KL = 0.2^2 / (2 * 0.02) = 1, from one draw as from three.
+func TestConditionalKLThroughAPointMassBody(t *testing.T) {
+	ls := math.Log(0.1)
+	old := &bnn.Model{Layers: []bnn.Layer{
+		{Name: "fc1", In: 1, Out: 1, WeightMu: []float64{0.5}, WeightLogSigma: []float64{-60}, BiasMu: []float64{0}, BiasLogSigma: []float64{-60}},
+		{Name: "fc2", In: 1, Out: 1, WeightMu: []float64{0.5}, WeightLogSigma: []float64{ls}, BiasMu: []float64{0}, BiasLogSigma: []float64{ls}},
+	}, Scaler: bnn.Scaler{Mean: []float64{1}, Std: []float64{2}}, Classes: []string{"only"}, PriorSigma: 0.1}
+	nu := old.Clone()
+	nu.Last().WeightMu[0] = 0.7
+	for _, draws := range []int{1, 3} {
+		e, err := EstimateConditionalKL(nu, old, []float64{5}, draws, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !(math.Abs(e.Mean-1) <= 1e-12 && e.Var <= 1e-24) {
+			t.Errorf("%d draws: mean %.15g, var %g; want 1, 0", draws, e.Mean, e.Var)
+		}
+	}
+}
+
 // TestConditionalKLMonteCarlo checks the estimate against an independent Monte-Carlo estimate of
 // KL(q_new(h, z) || q_old(h, z)): whole networks drawn from q_new with bnn's sampler (no local
 // reparameterisation), h computed by a plain forward pass, z = W h + b from the drawn last layer,
