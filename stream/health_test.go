@@ -91,7 +91,8 @@ func TestHealthFollowsTheBroker(t *testing.T) {
 // ends, with its duration, the failed attempts and the suppressed lines; the consumer reads on.
 func TestOutageLogsTwoLines(t *testing.T) { outageLines(t, 3*time.Second) }
 
-// TestOutageLogsTwoLines31s is a 31 s broker outage, which once wrote 601 WARN lines.
+// TestOutageLogsTwoLines31s is TestOutageLogsTwoLines over a 31 s broker outage: a WARN per failed
+// attempt would be hundreds of lines.
 func TestOutageLogsTwoLines31s(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 31 s broker outage")
