@@ -317,6 +317,27 @@ func TestPredictMinVersionWaitOutlastsWriteTimeout(t *testing.T) {
 	}
 }
 
+// A prediction with min_version whose inputs no posterior takes (the wrong number of features, a
+// value far out of the model's range) is 400 naming the input, as without min_version: it is not
+// held for replication.register_wait and then answered 503 with Retry-After, which would have
+// the client send again a request that no version answers.
+func TestPredictMinVersionChecksItsInputsFirst(t *testing.T) {
+	a := rulesAPI("", &rulesCore{}, &fakeState{})
+	a.core = &waitingCore{rulesCore{fakeCore: fakeCore{m: smallModel(4)}}}
+	a.cfg.versionWait = time.Second
+	for body, says := range map[string]string{
+		`{"x":[0,0],"min_version":5}`:                          "x has 2 features, the model takes 3",
+		`{"xs":[[0,0,0],[0,0,0,0]],"min_version":5}`:           "xs[1] has 4 features, the model takes 3",
+		`{"x":[0,1e300,0],"min_version":18446744073709551615}`: "x[1] = 1e+300",
+	} {
+		start := time.Now()
+		rec := serve(a, "POST", "/v1/predict", body, nil)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), says) {
+			t.Errorf("%s: %d %s after %v; want 400 saying %q", body, rec.Code, rec.Body, time.Since(start).Round(time.Millisecond), says)
+		}
+	}
+}
+
 // GET /v1/model answers the configuration's figures and the newest 100 KL entries; /healthz and
 // /readyz answer their documented bodies, /readyz within 2 s of readiness; /ui is moved for good
 // to /ui/.

@@ -139,8 +139,13 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
 		return
 	}
-	// Waited for before admission: a waiting request holds no share of http.max_predict_inputs.
+	// Checked before any wait: inputs no posterior takes are a 400, never a 503 to retry.
 	m := a.core.current()
+	if err := checkInputs(req, xs, m); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	// Waited for before admission: a waiting request holds no share of http.max_predict_inputs.
 	if req.MinVersion != nil && m.Version < *req.MinVersion {
 		// The wait may take replication.register_wait: the response gets that long on top of
 		// http.write_timeout, which a single daemon does not check the wait against (an error
@@ -155,6 +160,10 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 				"that served it", *req.MinVersion, m.Version, *req.MinVersion, a.cfg.versionWait))
 			return
 		}
+		if err := checkInputs(req, xs, m); err != nil { // under the posterior applied meanwhile
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
 	release, ok := a.predict.acquire(len(xs))
 	if !ok {
@@ -163,16 +172,6 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	for i, x := range xs {
-		name := fmt.Sprintf("xs[%d]", i)
-		if req.X != nil {
-			name = "x"
-		}
-		if err := checkVector(name, x, m); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
-	}
 	p, err := a.core.predict(r.Context(), m, xs)
 	if errors.Is(err, errPredictStopping) {
 		retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
@@ -194,6 +193,21 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		resp["predictions"] = out
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// checkInputs checks a prediction's inputs xs (req's x or xs) against m (checkVector), naming
+// the first that m does not take as the request does: x, or xs[i].
+func checkInputs(req predictRequest, xs [][]float64, m *bnn.Model) error {
+	for i, x := range xs {
+		name := fmt.Sprintf("xs[%d]", i)
+		if req.X != nil {
+			name = "x"
+		}
+		if err := checkVector(name, x, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // etagOf is a strong ETag for a body: its SHA-256 in hex, quoted.
