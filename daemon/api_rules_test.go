@@ -286,6 +286,45 @@ func TestExplainIDTakenRules(t *testing.T) {
 	}
 }
 
+// A CE's ETag names its registration, not its answer: the answer's status, bound and
+// posterior_version change with the posterior while the ETag stays. A GET whose If-None-Match
+// names the ETag of an earlier answer is therefore answered in full (200, the current status),
+// never 304, which would have a polling client or a cache keep the status it read first; "*"
+// (a CE is stored) is 304, and If-Match still compares the registration's tag.
+func TestCEGetIfNoneMatchAnswersTheCurrentState(t *testing.T) {
+	ce := &ledger.CE{ID: "ce-1", X: []float64{0, 0, 0}, XCF: []float64{1, 1, 1}, Target: 1, Status: certify.Certified,
+		PosteriorVersion: 4, CreatedAt: time.Unix(1700000000, 0).UTC()}
+	core := &idCore{rulesCore: rulesCore{fakeCore: fakeCore{m: smallModel(4)}}, held: ce}
+	a := rulesAPI("", &rulesCore{}, &fakeState{})
+	a.core = core
+	first := serve(a, "GET", "/v1/counterfactuals/ce-1", "", nil)
+	tag := first.Header().Get("ETag")
+	if first.Code != http.StatusOK || tag == "" || !strings.Contains(first.Body.String(), `"status":"certified"`) {
+		t.Fatalf("GET: %d ETag %q %s", first.Code, tag, first.Body)
+	}
+	later := *ce // the same registration, measured under a later posterior
+	later.Status, later.PosteriorVersion = certify.Invalidated, 9
+	core.held = &later
+	for _, c := range []struct {
+		header, value string
+		want          int
+	}{
+		{"If-None-Match", tag, http.StatusOK},
+		{"If-None-Match", "W/" + tag, http.StatusOK},
+		{"If-None-Match", "*", http.StatusNotModified},
+		{"If-Match", tag, http.StatusOK},
+		{"If-Match", `"00000000000000000000000000000000"`, http.StatusPreconditionFailed},
+	} {
+		rec := serve(a, "GET", "/v1/counterfactuals/ce-1", "", map[string]string{c.header: c.value})
+		if rec.Code != c.want || rec.Header().Get("ETag") != tag {
+			t.Errorf("GET with %s %s after the CE's status changed: %d ETag %q; want %d with the ETag %s", c.header, c.value, rec.Code, rec.Header().Get("ETag"), c.want, tag)
+		}
+		if rec.Code == http.StatusOK && !strings.Contains(rec.Body.String(), `"status":"invalidated"`) {
+			t.Errorf("GET with %s %s: %s; want the current status, invalidated", c.header, c.value, rec.Body)
+		}
+	}
+}
+
 // waitingCore is a rulesCore that never applies the version a prediction waits for: its
 // awaitVersion returns the current posterior once ctx ends.
 type waitingCore struct{ rulesCore }

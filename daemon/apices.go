@@ -415,7 +415,7 @@ func (a *api) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		setETag(w, ce)
-		if !preconditions(w, r, ce.Tag(), true, func() string {
+		if !preconditions(w, r, ce.Tag(), true, false, func() string {
 			return fmt.Sprintf("%q holds the registration tagged %q, which If-Match does not name", ce.ID, ce.Tag())
 		}) {
 			return

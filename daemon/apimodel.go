@@ -78,7 +78,7 @@ func (a *api) handlePosterior(w http.ResponseWriter, r *http.Request) {
 	h.Set(headerPosteriorVersion, strconv.FormatUint(pf.version, 10))
 	h.Set(headerWeightsSHA256, pf.weightsSHA256)
 	h.Set("Cache-Control", "no-cache")
-	if !preconditions(w, r, strings.Trim(etag, `"`), true, func() string {
+	if !preconditions(w, r, strings.Trim(etag, `"`), true, true, func() string {
 		return fmt.Sprintf("the posterior's %s is %s now (version %d), which If-Match does not name", r.URL.Path, etag, pf.version)
 	}) {
 		return

@@ -18,7 +18,8 @@ import (
 // without its Idempotency-Key after the id was registered anew then keeps the new registration
 // (412) instead of deleting it. The posterior's routes carry the SHA-256 of their body. Every
 // /v1/ route evaluates If-Match and If-None-Match (preconditions), against its ETag or, where
-// its answers carry none, against no entity tag.
+// its answers carry none, against no entity tag; a CE's If-None-Match matches only "*", its tag
+// not being a validator of the answer.
 
 // errPrecondition: a deletion's If-Match named none of the registration stored under its id
 // (ledger.OutcomeMismatch); answered 412.
@@ -164,12 +165,15 @@ func (m *entityTags) ceTags() ([]string, error) {
 
 // preconditions evaluates r's If-Match and then its If-None-Match (RFC 9110, 13.2.2) against
 // the target's representation: tag its entity tag without quotes ("" for none), exists whether
-// it has one. It reports whether the method is to be performed; when not, it has answered: 400
-// for a header that is not "*" or entity tags, 412 for an If-Match that does not hold (failed
-// says why, after "precondition failed: "), and for an If-None-Match that matches, 304 to a
-// GET or HEAD (with the response's headers set so far, the ETag among them) and 412 to another
-// method.
-func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists bool, failed func() string) bool {
+// it has one. validates says whether tag changes whenever the answer's body does (a validator,
+// RFC 9110 8.8.1: the posterior's SHA-256); a tag that does not (a CE's registration, whose
+// status and bound change under it) is compared by If-Match only, and If-None-Match matches it
+// only as "*": a 304 for it would have a client keep a body that no longer holds. It reports
+// whether the method is to be performed; when not, it has answered: 400 for a header that is not
+// "*" or entity tags, 412 for an If-Match that does not hold (failed says why, after
+// "precondition failed: "), and for an If-None-Match that matches, 304 to a GET or HEAD (with
+// the response's headers set so far, the ETag among them) and 412 to another method.
+func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists, validates bool, failed func() string) bool {
 	im, err := parseIfMatch(r.Header.Values("If-Match"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -180,6 +184,9 @@ func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists bo
 		return false
 	}
 	inm, err := parseEntityTags("If-None-Match", r.Header.Values("If-None-Match"))
+	if !validates {
+		tag = ""
+	}
 	switch {
 	case err != nil:
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -222,7 +229,7 @@ func conditional(h http.Handler, represented bool) http.Handler {
 			return fmt.Sprintf("If-Match %q: %s %s has %s; nothing was done (GET and DELETE /v1/counterfactuals/{id} evaluate "+
 				"If-Match against the CE's ETag)", ident.Clip(strings.Join(r.Header.Values("If-Match"), ", "), maxQuoted), r.Method, r.URL.Path, what)
 		}
-		if preconditions(w, r, "", represented, failed) {
+		if preconditions(w, r, "", represented, true, failed) {
 			h.ServeHTTP(w, r)
 		}
 	})
