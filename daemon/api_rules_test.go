@@ -325,6 +325,31 @@ func TestCEGetIfNoneMatchAnswersTheCurrentState(t *testing.T) {
 	}
 }
 
+// A list query that is refused (an unknown parameter, a bad status or limit) is 400 also with
+// an If-Match or If-None-Match that would fail: RFC 9110 (13.2.1) has a server ignore the
+// conditions of a request it would refuse without them, so the client learns what to fix. A
+// good query still evaluates them (412, 304).
+func TestListQueryIsCheckedBeforeConditions(t *testing.T) {
+	a := rulesAPI("", &rulesCore{}, &fakeState{})
+	const other = `"00000000000000000000000000000000"`
+	for _, c := range []struct {
+		query, header, value string
+		want                 int
+	}{
+		{"?statu=certified", "If-Match", other, http.StatusBadRequest},
+		{"?status=certifed", "If-Match", other, http.StatusBadRequest},
+		{"?limit=0", "If-None-Match", "*", http.StatusBadRequest},
+		{"?status=certified", "If-Match", other, http.StatusPreconditionFailed},
+		{"?limit=5", "If-None-Match", "*", http.StatusNotModified},
+		{"", "If-Match", "*", http.StatusOK},
+	} {
+		rec := serve(a, "GET", "/v1/counterfactuals"+c.query, "", map[string]string{c.header: c.value})
+		if rec.Code != c.want {
+			t.Errorf("GET /v1/counterfactuals%s with %s %s: %d %s; want %d", c.query, c.header, c.value, rec.Code, rec.Body, c.want)
+		}
+	}
+}
+
 // waitingCore is a rulesCore that never applies the version a prediction waits for: its
 // awaitVersion returns the current posterior once ctx ends.
 type waitingCore struct{ rulesCore }

@@ -546,6 +546,9 @@ func (a *api) handleList(w http.ResponseWriter, r *http.Request) {
 			expect = append(expect, p)
 		}
 	}
+	if !untaggedPreconditions(w, r, true) { // after the query: a refused query is 400 whatever the conditions
+		return
+	}
 	ces, next, err := a.core.list(r.Context(), st, limit, q.Get("after"), r.Header.Get("Authorization"), forwarded, expect)
 	if ces == nil {
 		ces = []*ledger.CE{}

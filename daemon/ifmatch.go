@@ -203,17 +203,20 @@ func preconditions(w http.ResponseWriter, r *http.Request, tag string, exists, v
 }
 
 // evaluatesConditions says whether the handler of route pattern evaluates If-Match and
-// If-None-Match itself, against its answer's ETag.
+// If-None-Match itself: against its answer's ETag, or (the list) after its query, which it
+// refuses first (RFC 9110, 13.2.1: a request refused without its conditions is refused with them).
 func evaluatesConditions(pattern string) bool {
 	switch pattern {
-	case "GET /v1/counterfactuals/{id}", "DELETE /v1/counterfactuals/{id}", "GET /v1/model/posterior", "GET /v1/model/posterior/sidecar":
+	case "GET /v1/counterfactuals/{id}", "DELETE /v1/counterfactuals/{id}", "GET /v1/model/posterior", "GET /v1/model/posterior/sidecar",
+		"GET /v1/counterfactuals":
 		return true
 	}
 	return false
 }
 
 // conditional evaluates r's If-Match and If-None-Match on a route that does not evaluate them
-// itself (every /v1/ route but a CE's GET and DELETE and the posterior's): answers there carry
+// itself (every /v1/ route but a CE's GET and DELETE, the posterior's and the list, which calls
+// untaggedPreconditions once its query passed): answers there carry
 // no entity tag, so no tag named matches, and "*" matches when the path has a representation
 // (represented: a GET route serves it), as RFC 9110 (13.1.1, 13.1.2) says. A condition that
 // fails is 412 (304 for a GET's If-None-Match: *) and the request is not performed: ignored,
@@ -221,16 +224,22 @@ func evaluatesConditions(pattern string) bool {
 // A header that is not of the form is 400.
 func conditional(h http.Handler, represented bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		failed := func() string {
-			what := "no entity tag to match"
-			if !represented {
-				what = "no representation, so neither * nor an entity tag matches"
-			}
-			return fmt.Sprintf("If-Match %q: %s %s has %s; nothing was done (GET and DELETE /v1/counterfactuals/{id} evaluate "+
-				"If-Match against the CE's ETag)", ident.Clip(strings.Join(r.Header.Values("If-Match"), ", "), maxQuoted), r.Method, r.URL.Path, what)
-		}
-		if preconditions(w, r, "", represented, true, failed) {
+		if untaggedPreconditions(w, r, represented) {
 			h.ServeHTTP(w, r)
 		}
 	})
+}
+
+// untaggedPreconditions is preconditions for a route whose answers carry no entity tag
+// (conditional; the list calls it once its query passed).
+func untaggedPreconditions(w http.ResponseWriter, r *http.Request, represented bool) bool {
+	failed := func() string {
+		what := "no entity tag to match"
+		if !represented {
+			what = "no representation, so neither * nor an entity tag matches"
+		}
+		return fmt.Sprintf("If-Match %q: %s %s has %s; nothing was done (GET and DELETE /v1/counterfactuals/{id} evaluate "+
+			"If-Match against the CE's ETag)", ident.Clip(strings.Join(r.Header.Values("If-Match"), ", "), maxQuoted), r.Method, r.URL.Path, what)
+	}
+	return preconditions(w, r, "", represented, true, failed)
 }
