@@ -93,6 +93,9 @@ type apiConfig struct {
 	// versionWait bounds how long POST /v1/predict waits for the posterior its min_version names
 	// (replication.register_wait).
 	versionWait time.Duration
+	// replicated is replication.enabled: this daemon's ledger holds its own share of the CEs
+	// (and may keep copies of a share it held before), so the owners, not it, say what an id holds.
+	replicated bool
 }
 
 // api is cfguard's HTTP API. When http.token is set, every /v1/ endpoint needs

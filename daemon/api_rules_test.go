@@ -26,9 +26,15 @@ import (
 type fakeState struct {
 	kl    int
 	asked int
+	ces   map[string]*ledger.CE // what Get finds
 }
 
-func (f *fakeState) Get(string) (*ledger.CE, error) { return nil, ledger.ErrNotFound }
+func (f *fakeState) Get(id string) (*ledger.CE, error) {
+	if ce, ok := f.ces[id]; ok {
+		return ce, nil
+	}
+	return nil, ledger.ErrNotFound
+}
 func (f *fakeState) List(certify.Status, int, string) ([]*ledger.CE, error) {
 	return nil, nil
 }
@@ -573,5 +579,30 @@ func TestBodyLimitRule(t *testing.T) {
 				t.Fatalf("a body of %d bytes: %d %s, want %d saying %q", len(body), rec.Code, rec.Body, c.want, c.says)
 			}
 		})
+	}
+}
+
+// A bulk line refused because its id is taken (ErrExists) is "exists", with the stored CE's
+// etag, when the CE stored there is the line's: on a single daemon, whose ledger says so. On a
+// replica the refusal is the owner's word that the id holds another CE, and the copy this
+// replica's ledger may keep of a share it held before is not read: the line keeps its 409.
+func TestBulkLineExistsOnlyByTheLedgerThatHoldsIt(t *testing.T) {
+	stored := &ledger.CE{ID: "b-1", X: []float64{1, 2, 3}, XCF: []float64{3, 2, 1}, Target: 1, CreatedAt: time.Unix(1e9, 0).UTC()}
+	line := `{"id":"b-1","x":[1,2,3],"x_cf":[3,2,1],"target":1}`
+	for _, replicated := range []bool{false, true} {
+		a := rulesAPI("", &rulesCore{}, &fakeState{ces: map[string]*ledger.CE{"b-1": stored}}) // registerMany: ErrExists
+		a.cfg.replicated = replicated
+		rec := serve(a, "POST", "/v1/counterfactuals:bulk", line+"\n", nil)
+		var out bulkResponse
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &out) != nil || len(out.Results) != 1 {
+			t.Fatalf("replicated %v: %d %s", replicated, rec.Code, rec.Body)
+		}
+		res := out.Results[0]
+		switch {
+		case !replicated && (res.Status != "exists" || res.ETag != etag(stored)):
+			t.Errorf("single daemon: %+v; want exists with the stored CE's etag %s", res, etag(stored))
+		case replicated && (res.Status != "" || res.ETag != "" || res.Code != http.StatusConflict):
+			t.Errorf("replica: %+v; want the owner's 409, no etag", res)
+		}
 	}
 }

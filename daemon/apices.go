@@ -305,8 +305,11 @@ func (a *api) handleBulkRegister(w http.ResponseWriter, r *http.Request) {
 			if cut == nil && (stops || errors.Is(o.err, errKeyReused)) {
 				cut, cutLine, cutFirst = o.err, res.Line, lo == 0 && k == 0
 			}
-			var same *ledger.CE // the CE stored under a refused line's id, when it is the line's
-			if errors.Is(o.err, ledger.ErrExists) {
+			// The CE stored under a refused line's id, when it is the line's. On a replica the
+			// owner has said so already (o.exists), and an ErrExists is its word that the id holds
+			// another CE: this replica's ledger may keep an old copy of it.
+			var same *ledger.CE
+			if errors.Is(o.err, ledger.ErrExists) && !a.cfg.replicated {
 				same = a.storedSame(regs[lo+k])
 			}
 			switch {

@@ -582,7 +582,8 @@ func (d *Daemon) newAPI(hm *alerts.HTTPMetrics) *api {
 	return &api{cfg: apiConfig{token: cfg.HTTP.Token, metricsToken: cfg.HTTP.MetricsToken, maxBodyBytes: cfg.HTTP.MaxBodyBytes,
 		writeTimeout: cfg.HTTP.WriteTimeout, explainTimeout: cfg.Explain.Timeout, loopback: loopbackListen(cfg.HTTP.Listen), budget: d.budget, delta: cfg.Certify.Delta,
 		epsilon: cfg.Certify.Epsilon, epsilonMax: cfg.Certify.EpsilonMax, mode: string(cfg.Certify.Mode), onBreach: string(cfg.Certify.OnBreach),
-		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != "", versionWait: cfg.Replication.RegisterWait},
+		verdictAlpha: cfg.Certify.VerdictAlpha, reissue: cfg.Explain.Reissue != "", versionWait: cfg.Replication.RegisterWait,
+		replicated: cfg.Replication.Enabled},
 		state: d.ledger, backup: d.ledger, core: d, exp: d.exp, predict: predict,
 		metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), log: d.log, gatherer: d.reg, publishing: &d.publishing,
 		httpMetrics: hm}
