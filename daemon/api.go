@@ -67,8 +67,8 @@ type core interface {
 	auditState(ctx context.Context, authorization string, forwarded bool) (auditStatus, error)
 	predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error)
 	// awaitVersion returns the current posterior once its version is at least v, or the
-	// current one when ctx ends first.
-	awaitVersion(ctx context.Context, v uint64) *bnn.Model
+	// current one when ctx ends first; errPredictStopping when the daemon stops meanwhile.
+	awaitVersion(ctx context.Context, v uint64) (*bnn.Model, error)
 	readiness(ctx context.Context) error
 	// replication is GET /v1/model's replication block, nil for a single daemon.
 	replication(ctx context.Context) map[string]any

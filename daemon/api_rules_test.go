@@ -360,9 +360,9 @@ func TestListQueryIsCheckedBeforeConditions(t *testing.T) {
 // awaitVersion returns the current posterior once ctx ends.
 type waitingCore struct{ rulesCore }
 
-func (c *waitingCore) awaitVersion(ctx context.Context, _ uint64) *bnn.Model {
+func (c *waitingCore) awaitVersion(ctx context.Context, _ uint64) (*bnn.Model, error) {
 	<-ctx.Done()
-	return c.m
+	return c.m, nil
 }
 
 // A prediction whose min_version the daemon does not apply within replication.register_wait

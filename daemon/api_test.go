@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -226,7 +227,7 @@ func (f *fakeCore) registerMany(_ context.Context, rs []registration, _ *time.Du
 func (f *fakeCore) predict(ctx context.Context, m *bnn.Model, xs [][]float64) (*bnn.Predictive, error) {
 	return m.Predict(xs, 2, 1)
 }
-func (f *fakeCore) awaitVersion(context.Context, uint64) *bnn.Model { return f.m }
+func (f *fakeCore) awaitVersion(context.Context, uint64) (*bnn.Model, error) { return f.m, nil }
 
 func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
 	var a auditor
@@ -268,16 +269,24 @@ func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
 func TestPredictWaitsForItsMinVersion(t *testing.T) {
 	r := startDaemon(t, func(c *config.Config) { c.Replication.RegisterWait = 50 * time.Second })
 	data := daemontest.Bundled(t)
+	x := mustJSON(t, data.X[0])
+	// predict sends a prediction with min_version min; it may run on another goroutine than the
+	// test's, so a failed request is an answer with code 0 and the error as its body.
 	predict := func(min uint64) (int, uint64, http.Header, string) {
-		t.Helper()
-		resp, body := r.RawDo(t, "POST", "/v1/predict", `{"x":`+mustJSON(t, data.X[0])+`,"min_version":`+strconv.FormatUint(min, 10)+`}`, nil)
+		resp, err := r.Client.Post(r.Base+"/v1/predict", "application/json", strings.NewReader(`{"x":`+x+`,"min_version":`+strconv.FormatUint(min, 10)+`}`))
+		if err != nil {
+			return 0, 0, nil, err.Error()
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return 0, 0, nil, err.Error()
+		}
 		var out struct {
 			PosteriorVersion uint64 `json:"posterior_version"`
 		}
-		if resp.StatusCode == http.StatusOK {
-			if err := json.Unmarshal(body, &out); err != nil {
-				t.Fatal(err)
-			}
+		if resp.StatusCode == http.StatusOK && json.Unmarshal(body, &out) != nil {
+			return 0, 0, nil, "an answer that is not JSON: " + string(body)
 		}
 		return resp.StatusCode, out.PosteriorVersion, resp.Header, string(body)
 	}
@@ -317,6 +326,23 @@ func TestPredictWaitsForItsMinVersion(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("no answer within 60 s of the records that make the version it waits for")
+	}
+
+	// A daemon that stops while a prediction waits answers it at once, 503 saying it stops,
+	// rather than holding its stop up for the rest of the wait (50 s here, past the 10 s the
+	// server gives its requests to end).
+	go func() {
+		code, v, _, body := predict(r.D.current().Version + 5)
+		got <- answer{code, v, body}
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("answered before the daemon reached version %d or stopped: %d %s", r.D.current().Version+5, a.code, a.body)
+	case <-time.After(time.Second):
+	}
+	r.Stop(t)
+	if a := <-got; a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "the daemon is stopping") {
+		t.Fatalf("a prediction waiting for its version when the daemon stops: %d %s; want 503 saying it stops", a.code, a.body)
 	}
 
 	r2 := startDaemon(t, func(c *config.Config) { c.Replication.RegisterWait = 200 * time.Millisecond })

@@ -152,8 +152,13 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		// here means the writer has no deadline to extend).
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(a.cfg.versionWait + a.cfg.writeTimeout))
 		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.versionWait)
-		m = a.core.awaitVersion(ctx, *req.MinVersion)
+		var err error
+		m, err = a.core.awaitVersion(ctx, *req.MinVersion)
 		cancel()
+		if err != nil { // the daemon stops
+			retryLater(w, http.StatusServiceUnavailable, writeRetryAfter, err.Error())
+			return
+		}
 		if m.Version < *req.MinVersion {
 			retryLater(w, http.StatusServiceUnavailable, minVersionRetryAfter, fmt.Sprintf("predict: min_version %d: this daemon serves posterior "+
 				"version %d and did not apply %d within %v (replication.register_wait); retry later, or send the request to the replica "+

@@ -213,19 +213,22 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 }
 
 // awaitVersion returns the current posterior once its version is at least v, or the current
-// one when ctx ends first.
-func (d *Daemon) awaitVersion(ctx context.Context, v uint64) *bnn.Model {
+// one when ctx ends first; errPredictStopping when the daemon stops meanwhile (its predictor
+// stops taking calls), so that a waiting prediction does not hold the stop up.
+func (d *Daemon) awaitVersion(ctx context.Context, v uint64) (*bnn.Model, error) {
 	for {
 		d.rmu.RLock()
 		m, promoted := d.cur, d.promoted
 		d.rmu.RUnlock()
 		if m.Version >= v || promoted == nil {
-			return m
+			return m, nil
 		}
 		select {
 		case <-promoted:
 		case <-ctx.Done():
-			return d.current()
+			return d.current(), nil
+		case <-d.batch.stopped:
+			return d.current(), errPredictStopping
 		}
 	}
 }
