@@ -470,7 +470,7 @@ func (a *api) handleDelete(w http.ResponseWriter, r *http.Request) {
 	cond, err := parseIfMatch(r.Header.Values("If-Match"))
 	var ifMatch []string // the registrations it may delete (nil: any)
 	switch {
-	case err == nil && r.Header.Get("If-None-Match") != "":
+	case err == nil && len(r.Header.Values("If-None-Match")) > 0:
 		// Decided where the CE is (its owner, in its partition's order), a condition must travel
 		// with the deletion: If-Match does, If-None-Match does not.
 		err = errors.New("If-None-Match is not evaluated on DELETE, so the deletion was not done; name the registration to delete with If-Match")

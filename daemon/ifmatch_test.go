@@ -269,6 +269,7 @@ func TestEveryRouteEvaluatesIfMatch(t *testing.T) {
 		{"POST", "/v1/counterfactuals", ce("ce-3", 1), "*", http.StatusPreconditionFailed},
 		{"POST", "/v1/explain", `{"x":` + mustJSON(t, data.X[xs[1]]) + `,"id":"explained"}`, "0a1b", http.StatusBadRequest},
 		{"DELETE", "/v1/counterfactuals/ce-1", "", other, http.StatusBadRequest},
+		{"DELETE", "/v1/counterfactuals/ce-1", "", "", http.StatusBadRequest}, // present, though empty
 	} {
 		resp, b := r.RawDo(t, c.method, c.path, c.body, map[string]string{"If-None-Match": c.ifNoneMatch})
 		if resp.StatusCode != c.want {
