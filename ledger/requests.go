@@ -210,7 +210,7 @@ func (l *Ledger) applyOp(tx *bolt.Tx, p int, op ShareOp, now time.Time, past map
 	case op.CE == nil:
 		o.Result, o.Detail, err = l.deleteOne(tx, op.ID, op.IfMatch, found)
 	default:
-		o.Result, o.Status, o.Detail, o.State, o.Tag, err = l.registerOne(tx, op.CE, op.State, now, past)
+		err = l.registerOne(tx, op.CE, op.State, now, past, &o)
 		if d, ok := found[op.ID]; ok && err == nil { // swept into the quarantine by a deletion before it
 			if _, q := quarantineReason(tx, []byte(op.ID)); !q {
 				d.replaced = true
@@ -272,28 +272,31 @@ func (l *Ledger) deleteOne(tx *bolt.Tx, id string, ifMatch []string, found delet
 }
 
 // registerOne judges and stores ce in tx, unless its id holds a CE already; with the previous
-// owner's state when state is one that holds (restored says what became of a state given). A
-// CE refused for its anchor (or its state's) is an *unknownAnchorError; one refused for another
-// reason is OutcomeRefused. tag is that of the CE stored (OutcomeStored) or found (OutcomeSame).
-func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model) (result, status, detail, restored, tag string, err error) {
+// owner's state when state is one that holds. It sets o's Result, and as they apply its Status,
+// Detail, State (what became of a state given) and Tag (that of the CE stored, OutcomeStored, or
+// found, OutcomeSame). A CE refused for its anchor (or its state's) is an *unknownAnchorError;
+// one refused for another reason is OutcomeRefused.
+func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map[uint64]*bnn.Model, o *Outcome) error {
 	if raw := tx.Bucket(bHeaders).Get([]byte(ce.ID)); raw != nil {
 		have, err := l.load(tx, []byte(ce.ID), raw)
-		if err != nil { // a damaged record holds the id: it is not replaced, nor does it stop the share
-			return OutcomeExists, "", fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err), "", "", nil
+		switch {
+		case err != nil: // a damaged record holds the id: it is not replaced, nor does it stop the share
+			o.Result, o.Detail = OutcomeExists, fmt.Sprintf("%q holds a damaged record: %v", ce.ID, err)
+		case have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF):
+			o.Result, o.Status, o.Tag = OutcomeSame, have.Status.String(), have.Tag()
+		default:
+			o.Result, o.Detail = OutcomeExists, fmt.Sprintf("%q holds another counterfactual", ce.ID)
 		}
-		if have.Target == ce.Target && slices.Equal(have.X, ce.X) && slices.Equal(have.XCF, ce.XCF) {
-			return OutcomeSame, have.Status.String(), "", "", have.Tag(), nil
-		}
-		return OutcomeExists, "", fmt.Sprintf("%q holds another counterfactual", ce.ID), "", "", nil
+		return nil
 	}
 	put := ce
 	if state != nil {
 		c, err := readCur(tx)
 		if err != nil {
-			return "", "", "", "", "", err
+			return err
 		}
 		if err := l.checkState(state, ce, c.version); err != nil {
-			restored, state = "previous owner's state not used: "+err.Error(), nil
+			o.State, state = "previous owner's state not used: "+err.Error(), nil
 		} else {
 			cp := *ce
 			cp.AnchorVersion, cp.P1, cp.Var1, cp.Samples = state.AnchorVersion, state.P1, state.Var1, state.Samples
@@ -302,27 +305,29 @@ func (l *Ledger) registerOne(tx *bolt.Tx, ce, state *CE, now time.Time, past map
 	}
 	plan, err := l.judgePut(tx, []*CE{put}, now, false, past)
 	if err != nil {
-		return "", "", "", "", "", err
+		return err
 	}
 	// Its state is written whether or not one came: a replica's CE state topic then holds every
 	// CE of the share, which restores those whose registration the CE topic no longer holds.
 	plan.stated = true
 	if e := plan.errs[0]; e != nil {
 		if errors.Is(e, ErrUnknownAnchor) {
-			return "", "", "", "", "", &unknownAnchorError{version: put.AnchorVersion, err: e}
+			return &unknownAnchorError{version: put.AnchorVersion, err: e}
 		}
-		return OutcomeRefused, "", e.Error(), restored, "", nil
+		o.Result, o.Detail = OutcomeRefused, e.Error()
+		return nil
 	}
 	h := &plan.headers[0]
 	if state != nil && h.status != certify.Uncertified {
 		l.restoreHeader(h, state, plan.kl[state.AnchorVersion], past)
 		plan.states = []*CE{state}
-		restored = StateRestored
+		o.State = StateRestored
 	}
 	if err := l.writePut(tx, plan, now); err != nil {
-		return "", "", "", "", "", err
+		return err
 	}
-	return OutcomeStored, h.status.String(), "", restored, plan.ces[0].Tag(), nil
+	o.Result, o.Status, o.Tag = OutcomeStored, h.status.String(), plan.ces[0].Tag()
+	return nil
 }
 
 // DeleteRequest deletes CE id (a damaged record of it is dropped, see deleteOne), as the
