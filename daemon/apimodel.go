@@ -139,7 +139,7 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("xs must hold 1..%d inputs, got %d", maxPredictBatch, len(xs)))
 		return
 	}
-	// Checked before any wait: inputs no posterior takes are a 400, never a 503 to retry.
+	// Checked before any wait: inputs the model does not take are a 400, never a 503 to retry.
 	m := a.core.current()
 	if err := checkInputs(req, xs, m); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -165,10 +165,8 @@ func (a *api) handlePredict(w http.ResponseWriter, r *http.Request) {
 				"that served it", *req.MinVersion, m.Version, *req.MinVersion, a.cfg.versionWait))
 			return
 		}
-		if err := checkInputs(req, xs, m); err != nil { // under the posterior applied meanwhile
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
+		// The inputs need no second check: versions differ in the last layer only, so the
+		// posterior applied meanwhile takes the inputs and scaler the first check read.
 	}
 	release, ok := a.predict.acquire(len(xs))
 	if !ok {
