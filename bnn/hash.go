@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
+	"maps"
 	"math"
 	"slices"
 )
@@ -37,24 +38,20 @@ func (h *WeightsHasher) Sum(m *Model) (string, error) {
 			return hex.EncodeToString(d.Sum(nil)), nil
 		}
 	}
-	weights, sum, err := modelFiles.EncodeWeights(tensorsOf(m))
+	tensors := tensorsOf(m)
+	weights, sum, err := modelFiles.EncodeWeights(tensors)
 	if err != nil {
 		return "", err
 	}
-	h.keep(m, weights)
+	h.keep(m, slices.Sorted(maps.Keys(tensors)), weights)
 	return sum, nil
 }
 
 // keep keeps the prefix of m's weights file before its last layer's tensors, when they are the
-// file's last; else nothing.
-func (h *WeightsHasher) keep(m *Model, weights []byte) {
+// file's last (names: the file's tensor names, in its order); else nothing.
+func (h *WeightsHasher) keep(m *Model, names []string, weights []byte) {
 	h.state, h.body = nil, nil
 	last := m.Last()
-	names := make([]string, 0, 4*len(m.Layers))
-	for _, l := range m.Layers {
-		names = append(names, l.Name+".weight_mu", l.Name+".weight_log_sigma", l.Name+".bias_mu", l.Name+".bias_log_sigma")
-	}
-	slices.Sort(names)
 	tail := []string{last.Name + ".bias_log_sigma", last.Name + ".bias_mu", last.Name + ".weight_log_sigma", last.Name + ".weight_mu"}
 	n := 8 * 2 * last.NumParams()
 	if !slices.Equal(names[len(names)-4:], tail) || n > len(weights) {
