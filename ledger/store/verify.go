@@ -142,8 +142,7 @@ func Install(src, dir string, verify func(path string) error) error {
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
 	defer lock.Close()
-	exists := func() error { return occupied(dst) }
-	if err := exists(); err != nil {
+	if err := occupied(dst); err != nil {
 		return err
 	}
 	tmp := fmt.Sprintf("%s.restore-%d", dst, os.Getpid())
@@ -176,12 +175,12 @@ func Install(src, dir string, verify func(path string) error) error {
 			return err
 		}
 	}
-	if err := exists(); err != nil {
+	if err := occupied(dst); err != nil {
 		return err
 	}
 	if err := os.Link(tmp, dst); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return exists()
+			return occupied(dst)
 		}
 		return fmt.Errorf("ledger: restore: %w", err)
 	}
