@@ -37,6 +37,83 @@ type Head struct {
 	// Marks are the latest mark of each input partition the chain's increments read
 	// (Entry.Marks): what the next updater checks before it reads on from Covers.
 	Marks map[int]Mark `json:"marks,omitempty"`
+	// Points are the versions the chain's increments marked as confirmation points
+	// (Entry.Point), ascending, the latest MaxPoints of them: every point after PointsAfter is
+	// here. PointsKept is false in heads stored before they were kept; the chain then keeps the
+	// points after that head's version.
+	Points      []uint64 `json:"points,omitempty"`
+	PointsAfter uint64   `json:"points_after,omitempty"`
+	PointsKept  bool     `json:"points_kept,omitempty"`
+}
+
+// MaxPoints bounds Head.Points: with a point every few versions, more versions than the
+// posteriors a replica keeps in memory.
+const MaxPoints = 256
+
+// PointsIn returns the confirmation points p with after < p <= through, ascending; known is
+// false when the head does not know every one of them (after is before PointsAfter).
+func (h *Head) PointsIn(after, through uint64) (points []uint64, known bool) {
+	if h == nil || !h.PointsKept || after < h.PointsAfter {
+		return nil, false
+	}
+	i, _ := slices.BinarySearch(h.Points, after+1)
+	for _, p := range h.Points[i:] {
+		if p > through {
+			break
+		}
+		points = append(points, p)
+	}
+	return points, true
+}
+
+// LatestPoint returns the latest confirmation point at or before through that the head keeps.
+func (h *Head) LatestPoint(through uint64) (uint64, bool) {
+	if h == nil {
+		return 0, false
+	}
+	i, found := slices.BinarySearch(h.Points, through)
+	if found {
+		return through, true
+	}
+	if i == 0 {
+		return 0, false
+	}
+	return h.Points[i-1], true
+}
+
+// IsPoint reports whether version v is a confirmation point the head keeps.
+func (h *Head) IsPoint(v uint64) bool {
+	_, found := slices.BinarySearch(h.pointList(), v)
+	return found
+}
+
+func (h *Head) pointList() []uint64 {
+	if h == nil {
+		return nil
+	}
+	return h.Points
+}
+
+// pointsAfter is the points of a head that follows h with the entry e: h's, with e's version
+// when e marks it (Entry.Point), the oldest going past MaxPoints.
+func pointsAfter(h *Head, next *Head, e *Entry) {
+	switch {
+	case h == nil:
+		next.PointsKept, next.PointsAfter = true, e.Version // a first genesis: no CE is due at it
+	case !h.PointsKept:
+		next.PointsKept, next.PointsAfter = true, h.Version
+	default:
+		next.PointsKept, next.PointsAfter, next.Points = true, h.PointsAfter, h.Points
+	}
+	if e.Kind != Increment || !e.Point || next.IsPoint(e.Version) {
+		return
+	}
+	ps := append(slices.Clone(next.Points), e.Version)
+	if len(ps) > MaxPoints {
+		next.PointsAfter = ps[0]
+		ps = ps[1:]
+	}
+	next.Points = ps
 }
 
 // Lineage sets the Genesis and Epoch of e, a claim or an increment to append on h, to those of the
@@ -163,6 +240,7 @@ func Resume(h *Head, keys *clusterkey.Keyring) *Chain {
 	c.Covers = maps.Clone(h.Covers)
 	c.Unpublished = slices.Clone(h.Unpublished)
 	c.Marks = maps.Clone(h.Marks)
+	c.Points = slices.Clone(h.Points)
 	return &Chain{head: &c, keys: keys}
 }
 
@@ -292,6 +370,7 @@ func (c *Chain) offer(offset int64, value []byte) (*Entry, Reason, error) {
 	if e.Kind != Genesis {
 		next.GenesisOffset, next.GenesisHash, next.Epoch = c.head.GenesisOffset, c.head.GenesisHash, c.head.Epoch
 	}
+	pointsAfter(c.head, next, e)
 	// A genesis opens no term: term 0 has no claimant, and nobody writes increments in it.
 	c.head = next
 	return e, Accepted, nil

@@ -964,7 +964,8 @@ func TestStoredHead(t *testing.T) {
 	in := &Head{Seq: 3, Hash: "ab", Offset: 7, Term: 2, Writer: "a/1", Version: 1, Covers: map[int]int64{0: 5, 2: 9},
 		PosteriorSHA256: "cd", GenesisOffset: 4, GenesisHash: "ef", Epoch: 1,
 		Unpublished: []Unpublished{{Seq: 3, Events: []Event{{Key: "k", Value: []byte(`{}`)}}}},
-		Marks:       map[int]Mark{0: {Offset: 4, Timestamp: 1700000000000, Sum: 0xfeed}}}
+		Marks:       map[int]Mark{0: {Offset: 4, Timestamp: 1700000000000, Sum: 0xfeed}},
+		Points:      []uint64{1}, PointsAfter: 1, PointsKept: true}
 	if v := reflect.ValueOf(*in); slices.ContainsFunc(reflect.VisibleFields(v.Type()), func(f reflect.StructField) bool { return v.FieldByIndex(f.Index).IsZero() }) {
 		t.Fatalf("the head %+v leaves a field at its zero value: the round trip would not show it kept", in)
 	}
@@ -981,10 +982,10 @@ func TestStoredHead(t *testing.T) {
 // (the caller's, as UnmarshalHead returned it) do not move it.
 func TestResumeCopiesTheHead(t *testing.T) {
 	h := &Head{Seq: 3, Hash: "ab", Term: 1, Writer: "a/1", Covers: map[int]int64{0: 5}, Marks: map[int]Mark{0: {Offset: 4}},
-		Unpublished: []Unpublished{{Seq: 3}}}
+		Unpublished: []Unpublished{{Seq: 3}}, Points: []uint64{2}, PointsKept: true}
 	c := Resume(h, testKeys())
-	h.Covers[0], h.Marks[0], h.Unpublished[0].Seq = 99, Mark{Offset: 99}, 99
-	if got := c.Head(); got.Covers[0] != 5 || got.Marks[0].Offset != 4 || got.Unpublished[0].Seq != 3 {
+	h.Covers[0], h.Marks[0], h.Unpublished[0].Seq, h.Points[0] = 99, Mark{Offset: 99}, 99, 99
+	if got := c.Head(); got.Covers[0] != 5 || got.Marks[0].Offset != 4 || got.Unpublished[0].Seq != 3 || got.Points[0] != 2 {
 		t.Errorf("the resumed head follows the caller's edits: %+v", got)
 	}
 }
@@ -1127,5 +1128,94 @@ func TestAHeadWithoutItsGenesisJudgesEntriesWithoutIt(t *testing.T) {
 		if h := f.Head(); h.GenesisHash != "" || h.Seq != 2 {
 			t.Errorf("the successor %s: head %+v, want entry 2 without a genesis", tc.name, h)
 		}
+	}
+}
+
+// TestHeadKeepsTheConfirmationPoints: the head keeps the versions increments mark as points
+// (Entry.Point), each once, the latest MaxPoints of them, and PointsIn tells which are known: every
+// point after the first genesis, after the oldest kept point once older ones went, and after the
+// version of a head stored before heads kept points.
+func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, l.value(c1))
+	if ps, known := c.Head().PointsIn(0, 10); !known || len(ps) != 0 {
+		t.Fatalf("after the genesis: PointsIn(0, 10) = %v, %t; want none, known", ps, known)
+	}
+	prev, pv := c1, l.value(c1)
+	offset := int64(2)
+	offer := func(e *Entry) {
+		t.Helper()
+		v := l.value(e)
+		if _, r, _ := c.Offer(signed(offset, v)); r != Accepted {
+			t.Fatalf("entry %d: %s", e.Seq, r)
+		}
+		offset++
+		prev, pv = e, v
+	}
+	// Versions 1..5: 2 and 4 marked by the increment that promotes them, 5 by one that does
+	// not move it, and 4 marked twice.
+	for v := uint64(1); v <= 5; v++ {
+		offer(edited(l.increment(pv, prev, 1, "a/1", int64(v), 0.01), func(e *Entry) { e.Point = v == 2 || v == 4 }))
+	}
+	h := c.Head()
+	mark := func() *Entry {
+		h := c.Head()
+		return &Entry{Format: Format, Kind: Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: 1, Writer: "a/1", Version: h.Version,
+			ParentVersion: h.Version, Covers: h.Covers, Outcome: Skipped, PosteriorSHA256: h.PosteriorSHA256, Point: true}
+	}
+	offer(mark())
+	offer(mark())
+	h = c.Head()
+	if want := []uint64{2, 4, 5}; !slices.Equal(h.Points, want) {
+		t.Fatalf("points %v; want %v", h.Points, want)
+	}
+	for _, tc := range []struct {
+		after, through uint64
+		want           []uint64
+	}{{0, 5, []uint64{2, 4, 5}}, {2, 5, []uint64{4, 5}}, {2, 3, nil}, {4, 4, nil}, {5, 9, nil}} {
+		if ps, known := h.PointsIn(tc.after, tc.through); !known || !slices.Equal(ps, tc.want) {
+			t.Errorf("PointsIn(%d, %d) = %v, %t; want %v, known", tc.after, tc.through, ps, known, tc.want)
+		}
+	}
+	for through, want := range map[uint64]uint64{3: 2, 4: 4, 9: 5} {
+		if p, ok := h.LatestPoint(through); !ok || p != want {
+			t.Errorf("LatestPoint(%d) = %d, %t; want %d", through, p, ok, want)
+		}
+	}
+	if _, ok := h.LatestPoint(1); ok {
+		t.Error("LatestPoint(1): a point before the first one")
+	}
+	// A head stored before heads kept points knows the points after its version only.
+	old := *h
+	old.Points, old.PointsAfter, old.PointsKept = nil, 0, false
+	if _, known := old.PointsIn(9, 10); known {
+		t.Error("a head that keeps no points says it knows them")
+	}
+	c = Resume(&old, testKeys())
+	offer(edited(l.increment(pv, prev, 1, "a/1", 6, 0.01), func(e *Entry) { e.Point = true }))
+	h = c.Head()
+	if _, known := h.PointsIn(4, 6); known {
+		t.Error("a resumed head without points knows the points before its version")
+	}
+	if ps, known := h.PointsIn(5, 6); !known || !slices.Equal(ps, []uint64{6}) {
+		t.Errorf("PointsIn(5, 6) = %v, %t; want [6], known", ps, known)
+	}
+	// Past MaxPoints, the oldest go, and the points at or before the oldest gone are unknown.
+	for range MaxPoints {
+		offer(edited(l.increment(pv, prev, 1, "a/1", offset, 0.001), func(e *Entry) { e.Point = true }))
+	}
+	h = c.Head()
+	// Points 6 .. 6+MaxPoints: the first went.
+	if len(h.Points) != MaxPoints || h.Points[0] != 7 || h.PointsAfter != 6 {
+		t.Fatalf("%d points from %d, after %d; want %d from 7, after 6", len(h.Points), h.Points[0], h.PointsAfter, MaxPoints)
+	}
+	if _, known := h.PointsIn(5, 8); known {
+		t.Error("PointsIn(5, 8) known after point 6 went")
+	}
+	if ps, known := h.PointsIn(6, 8); !known || !slices.Equal(ps, []uint64{7, 8}) {
+		t.Errorf("PointsIn(6, 8) = %v, %t; want [7 8], known", ps, known)
 	}
 }
