@@ -39,7 +39,7 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 	inc := &stream.Increment{NextOffsets: map[int]int64{0: 10}, DeadLettered: 2,
 		Gaps: []stream.Gap{{Partition: 0, From: 5, To: 6}}}
 
-	skipped, err := r.entryOf(head, summaryStep{Counters: map[string]int64{}}, inc)
+	skipped, err := r.entryOf(head, summaryStep{Counters: map[string]int64{}}, inc, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +57,9 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 	if c := skipped.Counts; c.DeadLettered != 2 || c.Lost != inc.Lost() || inc.Lost() == 0 || c.Applied != 0 {
 		t.Errorf("counts %+v, want 2 dead-lettered, %d lost, none applied", c, inc.Lost())
 	}
+	if !skipped.Point {
+		t.Error("the skipped step's entry does not mark the head's version a confirmation point")
+	}
 	if got, err := skipped.Apply(prev); err != nil || got != prev {
 		t.Errorf("a follower applying the skipped entry: %v, %v; want the posterior kept", got, err)
 	}
@@ -68,13 +71,30 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 	}
 	quality := json.RawMessage(`{"n":3}`)
 	promoted, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeClipped, KL: 0.01, Seed: 77, Next: next, Records: 3,
-		Counters: map[string]int64{"failed": 0, "held": 0}, Quality: quality}, inc)
+		Counters: map[string]int64{"failed": 0, "held": 0}, Quality: quality}, inc, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantSHA, err := postlog.PosteriorHash(next)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// An increment of no good records closes short of kafka.max_records: a point. A full one
+	// while the consumer holds more is not, within the stride.
+	full := &stream.Increment{Records: make([]stream.Record, cfg.Kafka.MaxRecords), NextOffsets: map[int]int64{0: 10}}
+	step := summaryStep{Outcome: certify.OutcomePromoted, Next: next, Records: cfg.Kafka.MaxRecords, Counters: map[string]int64{}}
+	for _, pc := range []struct {
+		inc      *stream.Increment
+		caughtUp bool
+		want     bool
+	}{{inc, false, true}, {full, false, false}, {full, true, true}} {
+		e, err := r.entryOf(head, step, pc.inc, pc.caughtUp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Point != pc.want {
+			t.Errorf("a promotion of %d records, caught up %t: point %t, want %t", len(pc.inc.Records), pc.caughtUp, e.Point, pc.want)
+		}
 	}
 	if e := promoted; e.Version != 5 || e.ParentVersion != 4 || e.Outcome != string(certify.OutcomeClipped) || e.KL != 0.01 || e.Seed != 77 ||
 		e.PosteriorSHA256 != wantSHA || e.Records != 40 || e.Counts.Applied != 3 || string(e.Quality) != string(quality) {
@@ -90,7 +110,7 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 
 	events := []postlog.Event{{Key: "kl_over_budget", Value: json.RawMessage(`{"type":"kl_over_budget"}`)},
 		{Key: "increment_held", Value: json.RawMessage(`{"type":"increment_held"}`)}}
-	held, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeRejected, KL: 0.3, Counters: map[string]int64{"held": 6}, Events: events}, inc)
+	held, err := r.entryOf(head, summaryStep{Outcome: certify.OutcomeRejected, KL: 0.3, Counters: map[string]int64{"held": 6}, Events: events}, inc, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,5 +121,34 @@ func TestEntryOfRecordsTheStep(t *testing.T) {
 	if len(held.Events) != 2 || held.Events[1].Key != "increment_held" || string(held.Events[1].Value) != `{"type":"increment_held"}` ||
 		held.EventsThrough != head.Seq {
 		t.Errorf("rejected step's entry carries events %v through %d; want the step's 2 through %d", held.Events, held.EventsThrough, head.Seq)
+	}
+}
+
+// TestMarksPoint: the updater marks a version a confirmation point when an entry leaves it as it
+// was or the consumer is caught up, and otherwise every confirmStride versions from the last
+// point; never a version that is one already.
+func TestMarksPoint(t *testing.T) {
+	withPoint := &postlog.Head{Version: 4, Points: []uint64{2, 4}, PointsKept: true}
+	pastPoint := &postlog.Head{Version: 5, Points: []uint64{2, 4}, PointsKept: true}
+	old := &postlog.Head{Version: 3} // stored before heads kept points
+	for _, tc := range []struct {
+		name     string
+		head     *postlog.Head
+		version  uint64
+		caughtUp bool
+		want     bool
+	}{
+		{"the same version, a point already", withPoint, 4, true, false},
+		{"the same version, not a point yet", pastPoint, 5, false, true},
+		{"a new version, caught up", pastPoint, 6, true, true},
+		{"a new version, behind, within the stride", pastPoint, 4 + confirmStride - 1, false, false},
+		{"a new version, behind, a stride from the last point", pastPoint, 4 + confirmStride, false, true},
+		{"a head without points, within the stride", old, confirmStride - 1, false, false},
+		{"a head without points, a stride from its start", old, confirmStride, false, true},
+	} {
+		e := &postlog.Entry{Version: tc.version}
+		if got := marksPoint(tc.head, e, tc.caughtUp); got != tc.want {
+			t.Errorf("%s: marksPoint = %t, want %t", tc.name, got, tc.want)
+		}
 	}
 }

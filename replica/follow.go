@@ -535,6 +535,15 @@ func (r *Replica) advance(next int64, c *postlog.Chain, halts int) {
 	r.changed = make(chan struct{})
 }
 
+// HeadAndChange returns the chain's head and a channel closed at the follower's next record,
+// read together, so that a caller that waits on it misses no change after the head it saw.
+func (r *Replica) HeadAndChange() (*postlog.Head, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := *r.chain.Head()
+	return &h, r.changed
+}
+
 // WaitChange waits for the follower's next record, or ctx's end.
 func (r *Replica) WaitChange(ctx context.Context) error {
 	r.mu.Lock()

@@ -388,6 +388,8 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		st := c.Stats()
+		caughtUp := st.Pending == 0 && st.Lag == 0
 		head := r.Head()
 		prev := r.host.Current()
 		if prev.Version != head.Version || head.Writer != r.writer || head.Hash != at {
@@ -401,7 +403,7 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		e, err := r.entryOf(head, s, inc)
+		e, err := r.entryOf(head, s, inc, caughtUp)
 		if err != nil {
 			return err
 		}
@@ -436,8 +438,9 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 	}
 }
 
-// entryOf is the log entry of step s on head.
-func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*postlog.Entry, error) {
+// entryOf is the log entry of step s on head; caughtUp says the consumer held no record past
+// inc when it handed inc out.
+func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment, caughtUp bool) (*postlog.Entry, error) {
 	sum := s.Summary(head.Seq + 1)
 	covers := maps.Clone(head.Covers)
 	if covers == nil {
@@ -472,5 +475,32 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment) (*p
 		e.Version, e.LastLayer, e.PosteriorSHA256, e.Records = sum.Next.Version, postlog.LastLayerOf(sum.Next), sha, sum.Next.Records
 		e.Counts.Applied = int64(sum.Records)
 	}
+	e.Point = marksPoint(head, e, caughtUp || len(inc.Records) < r.cfg.Kafka.MaxRecords)
 	return e, nil
+}
+
+// confirmStride is how many versions apart the updater marks confirmation points
+// (postlog.Entry.Point) while it works through a backlog: a CE that became due waits at most this
+// many versions for its measurement, and a chain of measurements through a drift costs one pool
+// of draws per point, not one per version.
+const confirmStride = 8
+
+// marksPoint reports whether the entry e, to append on head, marks the version it leaves as a
+// confirmation point: never one that is a point already; always when e leaves the version as it
+// was (nothing applied, or the update held), or when the consumer is caught up (e closes short
+// of kafka.max_records, or no record past it was fetched or known to the consumer: versions then
+// come at the pace of the input, and the last version before the input goes quiet is a point);
+// and otherwise once confirmStride versions passed since the last point.
+func marksPoint(head *postlog.Head, e *postlog.Entry, caughtUp bool) bool {
+	if head.IsPoint(e.Version) {
+		return false
+	}
+	if e.Version == head.Version || caughtUp {
+		return true
+	}
+	last, ok := head.LatestPoint(head.Version)
+	if !ok {
+		last = head.PointsAfter
+	}
+	return e.Version-last >= confirmStride
 }
