@@ -99,6 +99,10 @@ type ConfirmReport struct {
 	Behind bool `json:"behind"`
 	// More: CEs beyond this batch still lack a verdict at this version.
 	More bool `json:"more"`
+	// Inexact of the Confirmed were measured at a confirmation point (ConfirmAtPoint) and
+	// certified again at the current version although a point between had them wait, or with
+	// posteriors on the way not held: their statuses since may differ from another owner's.
+	Inexact int `json:"inexact,omitempty"`
 	// Measurements is what became of the Picked CEs' Monte-Carlo measurements.
 	Measurements Measurements  `json:"measurements"`
 	Duration     time.Duration `json:"duration_ns"`
@@ -138,6 +142,9 @@ type confirmItem struct {
 	// anchor's history, to be measured only while that is still the version sampled (the other
 	// due versions cannot change while the header does not: dueReads.dueAt).
 	recheckLapse bool
+	// points: picked by ConfirmAtPoint, to be measured only while it is still due at the
+	// version sampled (duePoint), not judged by whether it waits under the current posterior.
+	points Points
 }
 
 // Confirm measures up to max CEs that wait for a measurement under p's posterior version, which
@@ -289,7 +296,7 @@ func (l *Ledger) confirmPicked(ctx context.Context, p Predictor, past Past, pick
 		if rep.Confirmed > rep.Renewed {
 			l.carry.remember(qv) // the verdicts' posterior: their carry is judged from it
 		}
-		changes = w.changes
+		changes, rep.Inexact = w.changes, w.inexact
 		if rep.Renewed > 0 {
 			if err := l.gcAnchors(tx, c.version); err != nil {
 				return err
@@ -496,11 +503,17 @@ func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) 
 // (its front, up to the first that holds), then in idx_var's, those whose Theorem 2 bound fails
 // and whose Theorem 1 bound holds (the others were given already). O(lapsed CEs + anchors).
 func eachLapsed(tx *bolt.Tx, pol certify.Policy, fn func(id []byte) error) error {
+	return eachLapsedAt(tx, pol, func(_ uint64, a anchorMeta) float64 { return a.kl }, fn)
+}
+
+// eachLapsedAt is eachLapsed with the bounds of anchor v's CEs judged at klOf(v, a) rather than
+// at its stored KL.
+func eachLapsedAt(tx *bolt.Tx, pol certify.Policy, klOf func(v uint64, a anchorMeta) float64, fn func(id []byte) error) error {
 	err := forEachAnchor(tx, func(v uint64, a anchorMeta) error {
 		if a.refs == 0 {
 			return nil
 		}
-		s := pol.Slack(a.kl)
+		s := pol.Slack(klOf(v, a))
 		g := pol.Gate(s)
 		err := scanIndex(tx, bIdxP1, v, classCertified, math.Inf(-1), math.Inf(1), func(e idxEntry) error {
 			if g.Theorem1(e.terms.p1s) {
@@ -723,10 +736,17 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 	if err != nil || !ok || !sameState(&h, &it.h) {
 		return false, false, false, err
 	}
-	if pending, err := w.l.pending(w.tx, &h); err != nil || !pending {
+	v := s.version
+	if it.points != nil {
+		if s.past == nil {
+			return false, false, false, nil
+		}
+		if u, act, _, err := w.l.newPointReads(w.tx, now.version, s.past, it.points).duePoint(it.id, &h); err != nil || act != measureAt || u != v {
+			return false, false, false, err // no longer due at this point
+		}
+	} else if pending, err := w.l.pending(w.tx, &h); err != nil || !pending {
 		return false, false, false, err // its bound holds again
 	}
-	v := s.version
 	if it.recheckLapse && h.status == certify.Certified {
 		if u, ok, err := w.l.lapsedAt(w.tx, &h, nil); err != nil || !ok || u != v {
 			return false, false, false, err // it held again, and lapsed at another version
@@ -765,7 +785,45 @@ func (w *writeTx) confirm(it *confirmItem, now cur, s sampled, pred *bnn.Predict
 			ch.LapsedSince = &since
 		}
 	}
-	return true, false, kept, w.recordChange(it.id, ch)
+	if err := w.recordChange(it.id, ch); err != nil {
+		return false, false, false, err
+	}
+	if it.points != nil && nh.failing() && v < now.version && w.l.opts.Policy.Bounds(h.certificate(), a.kl).Certified {
+		// Measured at a point behind the current posterior, at which its bound holds again: a
+		// ledger that measured it in time certified it again at a commit since (Rejudge), and
+		// a failing CE's bound fails at its anchor's stored KL.
+		d := w.l.newPointReads(w.tx, now.version, s.past, it.points)
+		x, exact := d.certifiedAgainAt(&nh, v)
+		if !exact {
+			w.inexact++
+		}
+		return true, false, kept, w.recertifyAt(it.id, &nh, x, d)
+	}
+	return true, false, kept, nil
+}
+
+// recertifyAt certifies again the failing CE h at version x, at which its bound holds again,
+// with the status change a commit of x would have recorded.
+func (w *writeTx) recertifyAt(id []byte, h *header, x uint64, d *pointReads) error {
+	kl, ok := d.kl(x, h.anchor)
+	if !ok {
+		a, found, err := readAnchor(w.tx, h.anchor)
+		if err == nil && !found {
+			err = corruptf("counterfactual %q refers to anchor %d, which is not stored", id, h.anchor)
+		}
+		if err != nil {
+			return err
+		}
+		kl = a.kl // x is the current version (certifiedAgainAt)
+	}
+	nh := *h
+	nh.status, nh.updated = certify.Certified, w.now.UnixNano()
+	nh.unconfirm()
+	if err := w.putHeader(id, h, &nh); err != nil {
+		return err
+	}
+	b := w.l.opts.Policy.Bounds(nh.certificate(), kl)
+	return w.recordChange(id, StatusChange{From: h.status, To: certify.Certified, PosteriorVersion: x, KL: kl, Bound: b.ProbLower, VarBound: b.VarUpper})
 }
 
 // anchorKLAt is KL(q_s || q_anchor), the anchor's KL at the sampled posterior s, which a verdict's

@@ -209,6 +209,7 @@ type writeTx struct {
 	idx      [3][]idxOp
 	states   stateSet           // CEs whose state this transaction changed (Options.EncodeState)
 	klAt     map[uint64]float64 // anchor -> KL(q_sampled || q_anchor) of a confirmation behind (anchorKLAt)
+	inexact  int                // measurements at a point whose aftermath the posteriors held did not tell (ConfirmReport.Inexact)
 }
 
 // idxOp is one pending index change: put key (with val, the payload to seal) or delete it.

@@ -1,0 +1,238 @@
+package ledger
+
+import (
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+)
+
+// pointSet is a Points that knows every point: the versions it holds.
+type pointSet []uint64
+
+func (ps pointSet) PointsIn(after, through uint64) ([]uint64, bool) {
+	var out []uint64
+	for _, p := range ps {
+		if p > after && p <= through {
+			out = append(out, p)
+		}
+	}
+	return out, true
+}
+
+func (ps pointSet) LatestPoint(through uint64) (uint64, bool) {
+	var latest uint64
+	ok := false
+	for _, p := range ps {
+		if p <= through {
+			latest, ok = p, true
+		}
+	}
+	return latest, ok
+}
+
+// measureAtPoints does what a replica's confirmer does (DueAtPoints, then ConfirmAtPoint under
+// each point's posterior with draws seeded by the version, after CertifyAgainAtPoints) until no CE
+// is due at a point the ledger has reached. It returns the measurements written and those at an
+// inexact point.
+func measureAtPoints(t *testing.T, l *Ledger, past map[uint64]*bnn.Model, points Points) (measured, inexact int) {
+	t.Helper()
+	for range 100 {
+		due, err := l.DueAtPoints(1000, 0, 1, pastOf(past), points)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if due.More {
+			t.Fatal("more than 1,000 CEs due: the test holds fewer")
+		}
+		inexact += due.Inexact
+		changes, err := l.CertifyAgainAtPoints(bg, due.Again, pastOf(past), points)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wrote := len(changes)
+		measured -= len(changes)
+		for _, p := range slices.Sorted(maps.Keys(due.Measure)) {
+			rep, _, err := l.ConfirmAtPoint(bg, posteriorPredictor{NewModelPredictor(past[p], 300, p)}, due.Measure[p], pastOf(past), points)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wrote += rep.Confirmed
+			inexact += rep.Inexact
+		}
+		measured += wrote
+		if wrote == 0 {
+			return measured, inexact
+		}
+	}
+	t.Fatal("CEs still due after 100 reads")
+	return
+}
+
+// confirmEveryWaiting measures with Confirm, under q_p with p's draws, every CE that waits under the current
+// posterior p: what a ledger that is at version p when p becomes a point does.
+func confirmEveryWaiting(t *testing.T, l *Ledger, qp *bnn.Model) int {
+	t.Helper()
+	n := 0
+	for range 100 {
+		rep, _, err := l.Confirm(bg, posteriorPredictor{NewModelPredictor(qp, 300, qp.Version)}, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += rep.Confirmed
+		if rep.Confirmed == 0 || !rep.More {
+			return n
+		}
+	}
+	t.Fatal("CEs still waiting after 100 rounds")
+	return n
+}
+
+// timeline is a CE's statuses as its history says: each status change and renewal with the
+// version it was made at.
+func timeline(t *testing.T, l *Ledger, id string) string {
+	t.Helper()
+	ce := getCE(t, l, id)
+	s := ""
+	for _, h := range ce.History {
+		s += fmt.Sprintf(" %s>%s@%d", h.From, h.To, h.PosteriorVersion)
+	}
+	s += fmt.Sprintf(" now %s anchor %d", ce.Status, ce.AnchorVersion)
+	if ce.ConfirmedVersion != nil {
+		s += fmt.Sprintf(" verdict %d", *ce.ConfirmedVersion)
+	}
+	return s
+}
+
+// TestStatusesAtPointsAreAFunctionOfTheLog: with confirmation points, a CE's statuses do not
+// depend on when its owner measures it. Four ledgers hold the same CEs and commit the same drift,
+// which goes out and comes back (bounds fail, then hold again):
+//
+//	reference  at each point, Confirm under it every CE that waits (it is the current posterior)
+//	timely     after each commit, what a replica's confirmer does (DueAtPoints, ConfirmAtPoint)
+//	late       the same once, after the last commit
+//	handover   timely for the first half, then nothing until the end (a new owner that takes
+//	           over with a backlog)
+//
+// Every CE's history, each change and renewal with the version it was made at, is the same in
+// all four. When the drift ends back at the CEs' anchor, the late ledgers measure CEs whose bound
+// holds again at the current posterior: each is certified again at the first version at which
+// its bound held, as the reference's commit of that version did, and counted inexact when the
+// reference measured it again at a point before that (here those measurements decided nothing).
+func TestStatusesAtPointsAreAFunctionOfTheLog(t *testing.T) {
+	out := []float64{-0.01, -0.02, -0.03, -0.04, -0.05, -0.05, -0.06, -0.04, 0.02, 0.05, 0.06, 0.08, 0.07, 0.05, -0.03, -0.06, -0.08, -0.05, 0.04, 0.09}
+	for _, tc := range []struct {
+		name    string
+		ds      []float64
+		points  pointSet
+		inexact bool
+	}{
+		{"out and back", out, pointSet{2, 3, 6, 9, 10, 12, 15, 18, 19, 20}, false},
+		{"back to the anchor at the end", append(slices.Clone(out), 0.06), pointSet{2, 3, 6, 9, 10, 12, 15, 18, 19, 20, 21}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { statusesAtPoints(t, tc.ds, tc.points, tc.inexact) })
+	}
+}
+
+func statusesAtPoints(t *testing.T, ds []float64, points pointSet, wantInexact bool) {
+	ref, refDir, m0, ces := ledgerHolding(t, sameCEs(t))
+	timely, _, _, _ := ledgerHolding(t, sameCEs(t))
+	late, lateDir, _, _ := ledgerHolding(t, sameCEs(t))
+	handover, _, _, _ := ledgerHolding(t, sameCEs(t))
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	cur := m0
+	var counts struct{ ref, timely, late, handover, inexact int }
+	for i, d := range ds {
+		prev := cur
+		for _, l := range []*Ledger{ref, timely, late, handover} {
+			cur = driftBy(t, l, prev, d)
+		}
+		past[cur.Version] = cur
+		if slices.Contains(points, cur.Version) {
+			counts.ref += confirmEveryWaiting(t, ref, cur)
+		}
+		n, inex := measureAtPoints(t, timely, past, points)
+		counts.timely, counts.inexact = counts.timely+n, counts.inexact+inex
+		if i < len(ds)/2 {
+			n, inex = measureAtPoints(t, handover, past, points)
+			counts.handover, counts.inexact = counts.handover+n, counts.inexact+inex
+		}
+	}
+	n, inex := measureAtPoints(t, late, past, points)
+	counts.late, counts.inexact = n, counts.inexact+inex
+	n, inex = measureAtPoints(t, handover, past, points)
+	counts.handover, counts.inexact = counts.handover+n, counts.inexact+inex
+	if got := counts.inexact > 0; got != wantInexact {
+		t.Errorf("%d measurements counted inexact; want some: %t", counts.inexact, wantInexact)
+	}
+	changes, restored := 0, 0
+	for _, ce := range ces {
+		want := timeline(t, ref, ce.ID)
+		for name, l := range map[string]*Ledger{"timely": timely, "late": late, "handover": handover} {
+			if got := timeline(t, l, ce.ID); got != want {
+				t.Errorf("%s: %s:%s\nreference:%s", ce.ID, name, got, want)
+			}
+		}
+		for _, h := range getCE(t, ref, ce.ID).History {
+			if h.From != h.To {
+				changes++
+			}
+			if h.To == certify.Certified && h.From != certify.Certified && h.P2 == nil {
+				restored++
+			}
+		}
+	}
+	t.Logf("measurements: reference %d, timely %d, late %d, handover %d (%d inexact); %d status changes, %d certified again at a commit",
+		counts.ref, counts.timely, counts.late, counts.handover, counts.inexact, changes, restored)
+	if changes == 0 || restored == 0 || counts.late == 0 {
+		t.Fatalf("%d status changes, %d certified again at a commit, %d late measurements: the drift tells nothing", changes, restored, counts.late)
+	}
+	for _, f := range []struct {
+		l   *Ledger
+		dir string
+	}{{ref, refDir}, {late, lateDir}} {
+		if err := f.l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Verify(filepath.Join(f.dir, FileName)); err != nil {
+			t.Errorf("Verify: %v", err)
+		}
+	}
+}
+
+// TestCertifiedAgainAt: a failing CE measured under version 1, whose bound fails at versions 2 and
+// 3 and holds from 4 on, is certified again at 4; exactly so when no point before 4 has it wait
+// (its verdict decided nothing: it waits at every point), inexactly when point 3 does.
+func TestCertifiedAgainAt(t *testing.T) {
+	pol := testPolicy()
+	m0 := testModel(4)
+	past := map[uint64]*bnn.Model{0: m0}
+	cur := m0
+	for _, d := range []float64{-0.2, -0.2, 0, 0.4, 0} {
+		cur = drift(cur, d)
+		past[cur.Version] = cur
+	}
+	h := header{status: certify.AtRisk, confirmed: true, cv: 1, anchor: 0, p1: 0.9, var1: 0.01, samples: 1000, delta: 0.101, epsilon: 0.25, target: 1}
+	for v := uint64(2); v <= 5; v++ {
+		kl, _, err := certify.KL(past[v], m0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if holds := pol.Bounds(h.certificate(), kl).Certified; holds != (v >= 4) {
+			t.Fatalf("the bound holds at version %d (KL %v): %t; the test wants it from 4 on", v, kl, holds)
+		}
+	}
+	for _, tc := range []struct {
+		points pointSet
+		exact  bool
+	}{{pointSet{5}, true}, {pointSet{4}, true}, {pointSet{3, 5}, false}, {pointSet{2}, false}} {
+		d := &pointReads{l: &Ledger{opts: Options{Policy: pol}}, now: 5, past: pastOf(past), points: tc.points, kls: map[[2]uint64]float64{}}
+		if x, exact := d.certifiedAgainAt(&h, 1); x != 4 || exact != tc.exact {
+			t.Errorf("points %v: certified again at %d, exact %t; want 4, %t", tc.points, x, exact, tc.exact)
+		}
+	}
+}
