@@ -87,6 +87,14 @@ type confirmer struct {
 	// (Daemon.awaitShareSettled), so that no batch judges the stale copy of a CE another replica
 	// took over while this one was stopped or paused. An error (ctx ended) ends the round.
 	gate func(ctx context.Context) error
+	// points, when set (a replica: the posterior log's head), gives the log's confirmation
+	// points: CEs are then measured at points only, never under the newest posterior
+	// (pointRound), and past must be set too.
+	points func() ledger.Points
+	// inexact counts the measurements pointRound made at the latest point instead of the one
+	// a CE was due at, which the posteriors it holds did not tell.
+	inexact       atomic.Int64
+	inexactLogged time.Time // when pointRound last logged inexact measurements (once a minute at most)
 }
 
 // confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
@@ -197,6 +205,9 @@ func (c *confirmer) run(ctx context.Context) error {
 // within a pass no sooner than confirmDueReadEvery times its last reads took: under fast
 // ingestion its reads cost a tenth of the pass at most, not one walk per batch.
 func (c *confirmer) round(ctx context.Context) error {
+	if c.points != nil {
+		return c.pointRound(ctx)
+	}
 	var (
 		dueFor  *bnn.Model // the newest posterior when measureDue last ran
 		dueNext time.Time  // measureDue runs again within the pass no sooner than this
@@ -398,4 +409,73 @@ func (c *confirmer) wrote(rep ledger.ConfirmReport, changes []ledger.StatusChang
 		}
 		c.log.Info("counterfactuals measured", args...)
 	}
+}
+
+// pointRound measures the CEs of its lane that are due at a confirmation point of the log
+// (ledger.DueAtPoints), point by point in ascending order, each under its point's posterior with
+// that version's pool, until none is due at a point it has reached: a replica's round. A CE's
+// measurements, and so every status it takes, are then a function of the log, the same at
+// whichever owner and whenever it is measured (ledger.Points); a CE due at no point yet keeps
+// its status until the log marks one. A CE whose point the posteriors this replica holds (the
+// last 256) do not tell is measured at the latest point instead, and counted (inexact).
+func (c *confirmer) pointRound(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if c.gate != nil && c.gate(ctx) != nil {
+			return nil
+		}
+		start := time.Now()
+		points := c.points()
+		due, err := c.l.DueAtPoints(confirmDuePick, c.lane, c.lanes, c.past, points)
+		c.dueReads.Add(1)
+		c.dueReadTime.Add(int64(time.Since(start)))
+		if err != nil {
+			return err
+		}
+		if due.Inexact > 0 && time.Since(c.inexactLogged) >= time.Minute {
+			c.inexactLogged = time.Now()
+			c.log.Warn("counterfactuals measured at the latest confirmation point: the posteriors this replica holds (the "+
+				"last 256) do not tell the point they were due at, so their statuses may differ from another owner's",
+				"counterfactuals", due.Inexact, "measured_so_far", c.inexact.Load()+int64(due.Inexact))
+		}
+		changes, err := c.l.CertifyAgainAtPoints(ctx, due.Again, c.past, points)
+		if err != nil {
+			return err
+		}
+		if len(changes) > 0 {
+			c.changed(changes)
+			c.log.Info("counterfactuals certified again: their bound held again before a confirmation point measured them",
+				"status_changes", summarizeChanges(changes))
+		}
+		wrote := len(changes) > 0
+		byPoint := due.Measure
+		for _, p := range slices.Sorted(maps.Keys(byPoint)) {
+			m := c.past(p)
+			if m == nil {
+				continue // no longer held: found again, at the latest point, by the next read
+			}
+			pool, err := c.pools.get(m)
+			if err != nil {
+				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, p, err)
+			}
+			for ids := range slices.Chunk(byPoint[p], c.batch) {
+				if c.gate != nil && c.gate(ctx) != nil {
+					return nil
+				}
+				rep, changes, err := c.l.ConfirmAtPoint(ctx, backgroundPredictor{pool, m}, ids, c.past, points)
+				c.batches.Add(1)
+				if err != nil {
+					return err
+				}
+				c.wrote(rep, changes, "a confirmation point")
+				c.dueMeasured.Add(int64(rep.Confirmed))
+				c.inexact.Add(int64(rep.Inexact))
+				wrote = wrote || rep.Confirmed > 0
+			}
+		}
+		c.inexact.Add(int64(due.Inexact))
+		if !wrote {
+			return nil // the next read would find what this one found
+		}
+	}
+	return nil
 }

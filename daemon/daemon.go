@@ -320,6 +320,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		close(d.ready)
 		g.Go("follow", d.rep.Follow)
 		g.Go("recall", d.recallServed)
+		g.Go("points", d.wakeOnPoints)
 		g.Go("updater", d.rep.RunUpdaterGroup)
 		g.Go("ceshare", d.share.Run)
 	} else {
@@ -508,6 +509,9 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	for _, c := range d.confirm {
 		c.beforeRound = d.hooks.ConfirmRound
 		c.past = d.served.at
+		if d.rep != nil {
+			c.points = func() ledger.Points { return d.rep.Head() }
+		}
 	}
 	if cfg.Replication.Enabled {
 		d.reissue.gate = func(ctx context.Context) error { return d.awaitShareSettled(ctx, "the reissuer") }

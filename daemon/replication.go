@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -129,6 +130,26 @@ func (d *Daemon) recallServed(ctx context.Context) error {
 	close(d.recalled)
 	<-ctx.Done()
 	return nil
+}
+
+// wakeOnPoints wakes the confirmers whenever the posterior log marks a new confirmation point:
+// an increment of no records marks the version the replica already serves, and commits nothing
+// that would wake them. It returns once ctx ends.
+func (d *Daemon) wakeOnPoints(ctx context.Context) error {
+	head, changed := d.rep.HeadAndChange()
+	last, _ := head.LatestPoint(math.MaxUint64)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+		head, changed = d.rep.HeadAndChange()
+		if p, ok := head.LatestPoint(math.MaxUint64); ok && p != last {
+			last = p
+			d.confirm.notify()
+		}
+	}
 }
 
 // recallWait is how long after a replica's start its confirmers wait for recallServed at most:

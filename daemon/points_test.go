@@ -1,0 +1,243 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cfguard/cfguard/bnn"
+	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/config"
+	"github.com/cfguard/cfguard/daemon/internal/daemontest"
+	"github.com/cfguard/cfguard/internal/kafkatest"
+	"github.com/cfguard/cfguard/internal/waitfor"
+	"github.com/cfguard/cfguard/ledger"
+)
+
+// TestOwnersPublishTheStatusesOfTheLog: two replicas share the CE partitions; a drift of
+// flipped labels, in bursts that the log marks as points when each goes quiet, fails the CEs'
+// bounds. r1 measures its CEs as the points come; r2 measures none (its confirmer is held from
+// the drift's start) and stops halfway through, so that r1 takes over r2's CEs with every
+// measurement of theirs still to make, at points long passed. Every status change the
+// events topic holds, from either owner, is one that a reference computes from the posterior log
+// alone: a ledger that commits the log's posteriors version by version and, at each of its
+// confirmation points, measures every CE that waits under that point's posterior with that
+// version's draws (Confirm). Each CE's changes (from, to, version) are the same, in the same
+// order, none missing and none more (a change published by both owners counts once).
+func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two replicas through a drift: not with -short")
+	}
+	t.Parallel() // replicas mostly wait for their group and for each other
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	cfg := func(id string) func(c *config.Config) {
+		return func(c *config.Config) {
+			daemontest.ReplicaConfig(c, b.Addrs(), id, key)
+			daemontest.PaperLearner(c, 5e-4)
+			c.Certify.Samples = 400
+			c.Audit.Schedule = ""
+			c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32
+			c.Kafka.MaxWait = 300 * time.Millisecond
+		}
+	}
+	r1 := startDaemonWith(t, cfg("r1"), nil, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
+	var hold atomic.Bool // r2's confirmer waits while set
+	r2 := startDaemonWith(t, cfg("r2"), func(o *Options) {
+		o.Hooks.ConfirmRound = func(ctx context.Context) {
+			for hold.Load() && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}, nil)
+	parts := r1.D.Share().Partitions()
+	waitfor.Cond(t, 90*time.Second, "the CE partitions shared by r1 and r2", func() bool {
+		n1, n2 := len(r1.D.Share().Member().Owned()), len(r2.D.Share().Member().Owned())
+		return daemontest.ShareReady(r1) && daemontest.ShareReady(r2) && n1 > 0 && n2 > 0 && n1+n2 == parts
+	})
+	reps := []*running{r1, r2}
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r1, data, 40, "")
+	start := map[string]*ledger.CE{}
+	for _, id := range ids {
+		ce := daemontest.Settled(t, b, reps, id)
+		if ce == nil {
+			t.Fatalf("%s is stored at no owner", id)
+		}
+		start[id] = ce
+	}
+	v0 := r1.D.Posterior().Version
+	moved := map[string]bool{} // the CEs r2 owns
+	for _, id := range ids {
+		if ce, err := r2.D.Ledger().Get(id); err == nil && ce != nil {
+			moved[id] = true
+		}
+	}
+	if len(moved) == 0 || len(moved) == len(ids) {
+		t.Fatalf("r2 owns %d of the %d CEs: the handover would move none or all", len(moved), len(ids))
+	}
+
+	// The drift, in bursts of 64 records (two increments), each applied and marked a point
+	// before the next.
+	drift := daemontest.Flipped(data, 320)
+	applied := func(r *running) float64 { return r.Metric(t, "cfguard_records_total", "result", "applied") }
+	burst := func(from, to int) {
+		t.Helper()
+		for lo := from; lo < to; lo += 64 {
+			r1.Produce(t, drift[lo:lo+64]...)
+			waitfor.Cond(t, 60*time.Second, fmt.Sprintf("records to %d applied and marked a point", lo+64), func() bool {
+				h := r1.D.rep.Head()
+				return applied(r1) == float64(lo+64) && h.IsPoint(h.Version) && r1.D.Posterior().Version == h.Version
+			})
+		}
+	}
+	hold.Store(true)
+	burst(0, 192)
+	if n := r2.D.confirm[0].measured.Load(); n != 0 {
+		t.Fatalf("r2 measured %d CEs while held", n)
+	}
+	stoppedAt := r1.D.Posterior().Version
+	r2.Stop(t)
+	waitfor.Cond(t, 90*time.Second, "r1 owning every CE partition", func() bool {
+		return daemontest.ShareReady(r1) && len(r1.D.Share().Member().Owned()) == parts
+	})
+	burst(192, 320)
+	// Done: the log's head is a point, r1 serves it, and no CE is due at any point.
+	waitfor.Cond(t, 120*time.Second, "the drift applied, its last version a point, and nothing due at a point", func() bool {
+		if applied(r1) < 320 {
+			return false
+		}
+		head := r1.D.rep.Head()
+		if !head.IsPoint(head.Version) || r1.D.Posterior().Version != head.Version {
+			return false
+		}
+		due, err := r1.D.Ledger().DueAtPoints(1<<20, 0, 1, r1.D.served.at, head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(due.Measure) == 0 && len(due.Again) == 0 && r1.Metric(t, "cfguard_events_pending") == 0
+	})
+	head := r1.D.rep.Head()
+	points, known := head.PointsIn(v0, head.Version)
+	if !known {
+		t.Fatalf("r1's head does not know the points after version %d: %+v", v0, head)
+	}
+	if inexact := r1.D.confirm[0].inexact.Load(); inexact != 0 {
+		t.Errorf("r1 measured %d CEs at an inexact point", inexact)
+	}
+
+	want := referenceChanges(t, r1, start, v0, head.Version, points)
+	got := map[string][]string{}
+	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), r1.Config.Kafka.EventsTopic, 0) {
+		var e Event
+		if err := json.Unmarshal(m.Value, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type != "status_changed" || start[e.ID] == nil {
+			continue
+		}
+		c := fmt.Sprintf("%s>%s@%d", e.From, e.To, e.PosteriorVersion)
+		if !slices.Contains(got[e.ID], c) { // published by both owners: once
+			got[e.ID] = append(got[e.ID], c)
+		}
+	}
+	changes, ofMoved, early := 0, 0, 0
+	for _, id := range ids {
+		if !slices.Equal(got[id], want[id]) {
+			t.Errorf("%s: the owners published %v; the log gives %v", id, got[id], want[id])
+		}
+		changes += len(want[id])
+		if moved[id] {
+			ofMoved += len(want[id])
+			for _, c := range want[id] {
+				var v uint64
+				if _, err := fmt.Sscanf(c[strings.LastIndexByte(c, '@')+1:], "%d", &v); err == nil && v <= stoppedAt {
+					early++ // a change at a point r2 held back: r1 made it after the handover
+				}
+			}
+		}
+	}
+	t.Logf("versions %d to %d, points %v: %d status changes of %d CEs; %d of the %d CEs r2 owned, %d of them at points before it stopped",
+		v0, head.Version, points, changes, len(ids), ofMoved, len(moved), early)
+	if changes == 0 || early == 0 {
+		t.Fatalf("%d status changes, %d of CEs that moved at points before the handover: the drift tells nothing", changes, early)
+	}
+}
+
+// referenceChanges is every CE's status changes (from>to@version) that a ledger computes from the
+// posterior log alone: it stores the CEs as they were registered under version v0, commits the
+// posteriors of versions v0+1 to last (as r serves them), and at each point measures every CE
+// that waits under it with the version's draws (r's pools) until none does.
+func referenceChanges(t *testing.T, r *running, start map[string]*ledger.CE, v0, last uint64, points []uint64) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	d := r.D
+	l, err := ledger.Open(t.TempDir(), ledger.Options{Policy: d.policy, Logger: slog.New(slog.DiscardHandler), MCBatch: backgroundBatch,
+		VerdictAlpha: d.cfg.Certify.VerdictAlpha, AdmitByEvidence: true, Past: d.served.at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	at := func(v uint64) *bnn.Model {
+		m := d.served.at(v)
+		if m == nil {
+			t.Fatalf("r1 no longer holds the posterior of version %d", v)
+		}
+		return m
+	}
+	out := map[string][]string{}
+	record := func(changes []ledger.StatusChange) {
+		for _, c := range changes {
+			if c.From != c.To {
+				out[c.ID] = append(out[c.ID], fmt.Sprintf("%s>%s@%d", c.From, c.To, c.PosteriorVersion))
+			}
+		}
+	}
+	if _, _, err := l.Commit(ctx, &ledger.Checkpoint{Model: at(v0)}); err != nil {
+		t.Fatal(err)
+	}
+	var ces []*ledger.CE
+	for _, ce := range start {
+		if ce.AnchorVersion != v0 || ce.Status != certify.Certified {
+			t.Fatalf("%s registered %v under version %d, not certified under %d", ce.ID, ce.Status, ce.AnchorVersion, v0)
+		}
+		ces = append(ces, &ledger.CE{ID: ce.ID, X: ce.X, XCF: ce.XCF, Target: ce.Target, AnchorVersion: v0, P1: ce.P1, Var1: ce.Var1,
+			Samples: ce.Samples, Delta: ce.Delta, Epsilon: ce.Epsilon, CreatedAt: ce.CreatedAt})
+	}
+	if err := l.Put(ctx, ces...); err != nil {
+		t.Fatal(err)
+	}
+	for v := v0 + 1; v <= last; v++ {
+		q := at(v)
+		_, changes, err := l.Commit(ctx, &ledger.Checkpoint{Model: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		record(changes)
+		if !slices.Contains(points, v) {
+			continue
+		}
+		pool, err := d.pools.get(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 100 {
+			rep, changes, err := l.Confirm(ctx, backgroundPredictor{pool, q}, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			record(changes)
+			if rep.Confirmed == 0 || !rep.More {
+				break
+			}
+		}
+	}
+	return out
+}
