@@ -21,10 +21,10 @@ import (
 )
 
 // TestOwnersPublishTheStatusesOfTheLog: two replicas share the CE partitions; a drift of
-// flipped labels, in bursts that the log marks as points when each goes quiet, fails the CEs'
-// bounds. r1 measures its CEs as the points come; r2 measures none (its confirmer is held from
-// the drift's start) and stops halfway through, so that r1 takes over r2's CEs with every
-// measurement of theirs still to make, at points long passed. Every status change the
+// flipped labels, in bursts whose last version the log marks as a point, fails the CEs' bounds.
+// r1 measures its CEs as the points come; r2 measures its own at the first burst's points, then
+// measures nothing (its confirmers held) through two more bursts and stops, so that r1 takes over
+// r2's CEs with their measurements at those points still to make. Every status change the
 // events topic holds, from either owner, is one that a reference computes from the posterior log
 // alone: a ledger that commits the log's posteriors version by version and, at each of its
 // confirmation points, measures every CE that waits under that point's posterior with that
@@ -49,9 +49,17 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 	}
 	r1 := startDaemonWith(t, cfg("r1"), nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
-	var hold atomic.Bool // r2's confirmer waits while set
+	var (
+		hold atomic.Bool  // r2's confirmers wait before their next round while set
+		held atomic.Int32 // r2's confirmer lanes waiting
+	)
 	r2 := startDaemonWith(t, cfg("r2"), func(o *Options) {
 		o.Hooks.ConfirmRound = func(ctx context.Context) {
+			if !hold.Load() {
+				return
+			}
+			held.Add(1)
+			defer held.Add(-1)
 			for hold.Load() && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
@@ -98,9 +106,26 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 			})
 		}
 	}
+	measured := func(r *running) (n int64) {
+		for _, c := range r.D.confirm {
+			n += c.measured.Load()
+		}
+		return n
+	}
+	// The first burst measured by both owners; then r2's confirmers held, each parked before a
+	// round (woken so that none is within one), for two more bursts.
+	burst(0, 64)
+	waitfor.Cond(t, 60*time.Second, "r2's CEs measured at the first points", func() bool {
+		due, err := r2.D.Ledger().DueAtPoints(1<<20, 0, 1, r2.D.served.at, r2.D.rep.Head())
+		return err == nil && len(due.Measure) == 0 && len(due.Again) == 0 && r2.Metric(t, "cfguard_events_pending") == 0
+	})
+	heldFrom := r1.D.Posterior().Version
 	hold.Store(true)
-	burst(0, 192)
-	if n := r2.D.confirm[0].measured.Load(); n != 0 {
+	r2.D.confirm.notify()
+	waitfor.Cond(t, 30*time.Second, "r2's confirmers held", func() bool { return held.Load() == int32(len(r2.D.confirm)) })
+	before := measured(r2)
+	burst(64, 192)
+	if n := measured(r2) - before; n != 0 {
 		t.Fatalf("r2 measured %d CEs while held", n)
 	}
 	stoppedAt := r1.D.Posterior().Version
@@ -158,14 +183,14 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 			ofMoved += len(want[id])
 			for _, c := range want[id] {
 				var v uint64
-				if _, err := fmt.Sscanf(c[strings.LastIndexByte(c, '@')+1:], "%d", &v); err == nil && v <= stoppedAt {
+				if _, err := fmt.Sscanf(c[strings.LastIndexByte(c, '@')+1:], "%d", &v); err == nil && v > heldFrom && v <= stoppedAt {
 					early++ // a change at a point r2 held back: r1 made it after the handover
 				}
 			}
 		}
 	}
-	t.Logf("versions %d to %d, points %v: %d status changes of %d CEs; %d of the %d CEs r2 owned, %d of them at points before it stopped",
-		v0, head.Version, points, changes, len(ids), ofMoved, len(moved), early)
+	t.Logf("versions %d to %d, points %v: %d status changes of %d CEs; %d of the %d CEs r2 owned, %d of them at points r2 held back (%d to %d)",
+		v0, head.Version, points, changes, len(ids), ofMoved, len(moved), early, heldFrom+1, stoppedAt)
 	if changes == 0 || early == 0 {
 		t.Fatalf("%d status changes, %d of CEs that moved at points before the handover: the drift tells nothing", changes, early)
 	}
