@@ -48,6 +48,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	closeAuditBench()
 	closeAgingBench()
+	closeDueBench()
 	for _, f := range fixtures {
 		if f.l != nil {
 			f.l.Close()
