@@ -332,7 +332,7 @@ func (l *Ledger) eachCandidate(tx *bolt.Tx, now cur, d *pointReads, fn func(id [
 		return err
 	}
 	err = forEachAnchor(tx, func(v uint64, a anchorMeta) error {
-		if a.refs == 0 || v >= now.version {
+		if a.refs == 0 || v >= now.version || !holdsFailing(tx, v) {
 			return nil
 		}
 		m, ok := d.minKL(v)
@@ -493,4 +493,11 @@ func (l *Ledger) CertifyAgainAtPoints(ctx context.Context, ids [][]byte, past Pa
 		return nil, fmt.Errorf("ledger: certify again at points: %w", err)
 	}
 	return changes, nil
+}
+
+// holdsFailing reports whether anchor v holds an at_risk or invalidated CE (an idx_p1 entry of
+// the failing class): only then does eachCandidate compute its smallest KL, one per version.
+func holdsFailing(tx *bolt.Tx, v uint64) bool {
+	k, _ := tx.Bucket(bIdxP1).Cursor().Seek(idxKey(v, classFailing, math.Inf(-1), nil))
+	return len(k) >= idxPrefix && binary.BigEndian.Uint64(k) == v && k[8] == classFailing
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -233,6 +234,89 @@ func TestCertifiedAgainAt(t *testing.T) {
 		d := &pointReads{l: &Ledger{opts: Options{Policy: pol}}, now: 5, past: pastOf(past), points: tc.points, kls: map[[2]uint64]float64{}}
 		if x, exact := d.certifiedAgainAt(&h, 1); x != 4 || exact != tc.exact {
 			t.Errorf("points %v: certified again at %d, exact %t; want 4, %t", tc.points, x, exact, tc.exact)
+		}
+	}
+}
+
+// steadyPredictor predicts p(yes) = 0.8 with variance 0.01 from 1,000 draws for every input, under
+// the posterior m: a decided at_risk verdict whose carry margin no small KL takes away.
+type steadyPredictor struct{ m *bnn.Model }
+
+func (p steadyPredictor) Version() uint64       { return p.m.Version }
+func (p steadyPredictor) Posterior() *bnn.Model { return p.m }
+func (p steadyPredictor) Predict(_ context.Context, X [][]float64) (*bnn.Predictive, error) {
+	out := &bnn.Predictive{N: len(X), C: 2, S: 1000}
+	for range X {
+		out.Mean = append(out.Mean, 0.2, 0.8)
+		out.Var = append(out.Var, 0.01, 0.01)
+	}
+	return out, nil
+}
+
+// TestACarriedVerdictWhoseBoundHeldAgainIsCertifiedAgain: a certificate lapses at version 1,
+// holds again at 3 and lapses again at 4; points are 2 and 5. A ledger measuring at each point
+// as it comes makes it at_risk at 2 (a decided verdict that carries through 5), certifies it again
+// at the commit of 3, and makes it at_risk again at 5. A ledger that measures only after the last
+// commit finds the same: its verdict at 2 still carries at 5, so only the bound that held again at
+// 3 (the candidates of CEs certified again) brings it back to be measured at 5.
+func TestACarriedVerdictWhoseBoundHeldAgainIsCertifiedAgain(t *testing.T) {
+	pol := testPolicy()
+	m0 := testModel(4)
+	mk := func() *Ledger {
+		l, _ := openTest(t, Options{Policy: pol})
+		install(t, l, m0)
+		ce := &CE{ID: "ce", X: []float64{0.1, 0.2, 0.3}, XCF: []float64{0.3, 0.2, 0.1}, Target: 1, AnchorVersion: 0, P1: 0.9, Var1: 0.01,
+			Samples: 1000, Delta: 0.101, Epsilon: 0.25}
+		if err := l.Put(bg, ce); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ref, late := mk(), mk()
+	points := pointSet{2, 5}
+	past := map[uint64]*bnn.Model{0: m0}
+	cur := m0
+	for _, d := range []float64{-0.05, 0, 0.05, -0.05, 0} {
+		cur = driftBy(t, ref, cur, d)
+		driftBy(t, late, past[cur.Version-1], d)
+		past[cur.Version] = cur
+		if slices.Contains(points, cur.Version) {
+			if _, _, err := ref.Confirm(bg, steadyPredictor{cur}, 10); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cert := getCE(t, ref, "ce").Certificate()
+	for v := uint64(1); v <= 5; v++ {
+		kl, _, err := certify.KL(past[v], m0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if holds := pol.Bounds(cert, kl).Certified; holds != (v == 3) {
+			t.Fatalf("the bound holds at version %d: %t; the test wants it to hold at 3 alone", v, holds)
+		}
+	}
+	for range 10 {
+		due, err := late.DueAtPoints(10, 0, 1, pastOf(past), points)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := late.CertifyAgainAtPoints(bg, due.Again, pastOf(past), points); err != nil {
+			t.Fatal(err)
+		}
+		for p, ids := range due.Measure {
+			if _, _, err := late.ConfirmAtPoint(bg, steadyPredictor{past[p]}, ids, pastOf(past), points); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(due.Again)+len(due.Measure) == 0 {
+			break
+		}
+	}
+	want := " certified>at_risk@2 at_risk>certified@3 certified>at_risk@5 now at_risk anchor 0 verdict 5"
+	for name, l := range map[string]*Ledger{"reference": ref, "late": late} {
+		if got := timeline(t, l, "ce"); got != want {
+			t.Errorf("%s:%s\nwant:%s", name, got, want)
 		}
 	}
 }
