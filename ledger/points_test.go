@@ -320,3 +320,64 @@ func TestACarriedVerdictWhoseBoundHeldAgainIsCertifiedAgain(t *testing.T) {
 		}
 	}
 }
+
+// partlyKnown is a Points that knows the points after `after` only, as a head that kept the
+// latest few.
+type partlyKnown struct {
+	pointSet
+	after uint64
+}
+
+func (p partlyKnown) PointsIn(after, through uint64) ([]uint64, bool) {
+	if after < p.after {
+		return nil, false
+	}
+	return p.pointSet.PointsIn(after, through)
+}
+
+// TestDueAtTheLatestPointWhenThePointsAreNotKnown: a CE whose points since its last judgement are
+// not all known, or whose posteriors past does not hold, is due at the latest point whose
+// posterior past holds, and counted inexact; with none held, it is not due.
+func TestDueAtTheLatestPointWhenThePointsAreNotKnown(t *testing.T) {
+	l, _, m0, _ := ledgerHolding(t, sameCEs(t))
+	past := map[uint64]*bnn.Model{m0.Version: m0}
+	cur := m0
+	for _, d := range []float64{-0.05, -0.05, -0.05, -0.05} {
+		cur = driftBy(t, l, cur, d)
+		past[cur.Version] = cur
+	}
+	all := pointSet{2, 4}
+	exact, err := l.DueAtPoints(1000, 0, 1, pastOf(past), all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exact.Inexact != 0 || len(exact.Measure[2]) == 0 {
+		t.Fatalf("every point and posterior known: %d inexact, %d due at 2; want none inexact, some due at 2", exact.Inexact, len(exact.Measure[2]))
+	}
+	n := 0
+	for _, ids := range exact.Measure {
+		n += len(ids)
+	}
+	without := maps.Clone(past)
+	delete(without, 2)
+	only4 := map[uint64]*bnn.Model{4: past[4]}
+	for _, tc := range []struct {
+		name   string
+		points Points
+		past   map[uint64]*bnn.Model
+		due    int
+	}{
+		{"points known after 3 only", partlyKnown{all, 3}, past, n},
+		{"point 2's posterior not held", all, without, n},
+		{"only the latest point's posterior held", partlyKnown{all, 3}, only4, n},
+		{"no point's posterior held", partlyKnown{all, 3}, map[uint64]*bnn.Model{3: past[3]}, 0},
+	} {
+		due, err := l.DueAtPoints(1000, 0, 1, pastOf(tc.past), tc.points)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(due.Measure[4]); got != tc.due || due.Inexact != tc.due || len(due.Measure) > min(1, tc.due) {
+			t.Errorf("%s: %d due at 4 of %d due at %d points, %d inexact; want %d at 4, all inexact", tc.name, got, n, len(due.Measure), due.Inexact, tc.due)
+		}
+	}
+}
