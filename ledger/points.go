@@ -9,6 +9,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 )
 
@@ -75,13 +76,15 @@ func (d *pointReads) judged(id []byte, h *header) (uint64, error) {
 	return last, nil
 }
 
-// kl is KL(q_x || q_y) from the posteriors past holds; ok is false when it holds one of them not.
+// kl is KL(q_x || q_y), q_x from the posteriors past holds (x is a version a CE may be
+// measured at, under past's posterior), q_y from past or the ledger (posterior: y is a CE's
+// anchor or verdict version); ok is false when one of them is not held.
 func (d *pointReads) kl(x, y uint64) (float64, bool) {
 	k := [2]uint64{x, y}
 	v, seen := d.kls[k]
 	if !seen {
 		v = math.NaN()
-		if qx, qy := d.past(x), d.past(y); qx != nil && qy != nil {
+		if qx, qy := d.past(x), d.posterior(y); qx != nil && qy != nil {
 			if kl, _, err := certify.KL(qx, qy); err == nil {
 				v = kl
 			}
@@ -89,6 +92,21 @@ func (d *pointReads) kl(x, y uint64) (float64, bool) {
 		d.kls[k] = v
 	}
 	return v, !math.IsNaN(v)
+}
+
+// posterior is q_v: from past (a replica's last 256), else the one the ledger stores when v is
+// its current version or a live anchor, so that a CE anchored before the posteriors past holds
+// is judged at the points as one anchored within them. nil when neither holds it (a read
+// error counts as not held: the CE is then measured at the latest point, and counted inexact).
+func (d *pointReads) posterior(v uint64) *bnn.Model {
+	if m := d.past(v); m != nil {
+		return m
+	}
+	m, err := d.l.model(d.tx, v)
+	if err != nil {
+		return nil
+	}
+	return m
 }
 
 // maxKL is the largest KL(q_p || q_y) over the points p in (y, now]; ok is false when a point

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -378,6 +379,96 @@ func TestDueAtTheLatestPointWhenThePointsAreNotKnown(t *testing.T) {
 		}
 		if got := len(due.Measure[4]); got != tc.due || due.Inexact != tc.due || len(due.Measure) > min(1, tc.due) {
 			t.Errorf("%s: %d due at 4 of %d due at %d points, %d inexact; want %d at 4, all inexact", tc.name, got, n, len(due.Measure), due.Inexact, tc.due)
+		}
+	}
+}
+
+// TestPointsJudgeAtAnAnchorNoLongerInThePast: a CE whose anchor's posterior is no longer among
+// the recent ones the caller holds (past: a replica's last 256) is judged at the points with the
+// anchor's posterior the ledger stores, as when it held it: a replica whose CEs were registered
+// long ago measures them at the points they become due at, not at the latest one, and counts
+// nothing inexact.
+func TestPointsJudgeAtAnAnchorNoLongerInThePast(t *testing.T) {
+	ds := []float64{-0.01, -0.02, -0.03, -0.04, -0.05, -0.05, -0.06, -0.04, 0.02, 0.05, 0.06, 0.08, 0.07, 0.05, -0.03, -0.06, -0.08, -0.05, 0.04, 0.09}
+	points := pointSet{2, 3, 6, 9, 10, 12, 15, 18, 19, 20}
+	ref, _, m0, ces := ledgerHolding(t, sameCEs(t))
+	timely, _, _, _ := ledgerHolding(t, sameCEs(t))
+	past := map[uint64]*bnn.Model{} // without the anchor m0: evicted
+	cur, inexact := m0, 0
+	for _, d := range ds {
+		prev := cur
+		for _, l := range []*Ledger{ref, timely} {
+			cur = driftBy(t, l, prev, d)
+		}
+		past[cur.Version] = cur
+		if slices.Contains(points, cur.Version) {
+			confirmEveryWaiting(t, ref, cur)
+		}
+		_, inex := measureAtPoints(t, timely, past, points)
+		inexact += inex
+	}
+	if inexact != 0 {
+		t.Errorf("%d measurements counted inexact; want none: the ledger stores the anchor's posterior", inexact)
+	}
+	for _, ce := range ces {
+		if got, want := timeline(t, timely, ce.ID), timeline(t, ref, ce.ID); got != want {
+			t.Errorf("%s:%s\nreference:%s", ce.ID, got, want)
+		}
+	}
+}
+
+// TestPointsAreDueOnlyWherePastHoldsThePosterior: a CE is due for a measurement only at a point
+// whose posterior past holds (the caller measures under it), though the ledger stores others
+// (its anchors: here CEs registered at points): with past holding the last 3 versions, every CE
+// DueAtPoints finds is due at one of them.
+func TestPointsAreDueOnlyWherePastHoldsThePosterior(t *testing.T) {
+	ds := []float64{-0.01, -0.02, -0.03, -0.04, -0.05, -0.05, -0.06, -0.04, 0.02, 0.05, 0.06, 0.08, 0.07, 0.05, -0.03, -0.06, -0.08, -0.05, 0.04, 0.09}
+	points := pointSet{2, 3, 6, 9, 10, 12, 15, 18, 19, 20}
+	l, _, m0, _ := ledgerHolding(t, sameCEs(t))
+	cur := m0
+	past := map[uint64]*bnn.Model{}
+	for i, d := range ds {
+		cur = driftBy(t, l, cur, d)
+		past[cur.Version] = cur
+		delete(past, cur.Version-3)
+		if slices.Contains(points, cur.Version) && i%4 != 3 {
+			// A CE registered at a point the owner has not measured at: an anchor there.
+			ces := spreadCEs(t, cur, rand.New(rand.NewPCG(uint64(i), 7)), 3)
+			for j, ce := range ces {
+				ce.ID = fmt.Sprintf("registered-%d-%d", cur.Version, j)
+			}
+			if err := l.Put(bg, ces...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%4 != 3 {
+			continue // a lagging owner: CEs come due at points it no longer holds
+		}
+		for range 100 {
+			due, err := l.DueAtPoints(1000, 0, 1, pastOf(past), points)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for p := range due.Measure {
+				if past[p] == nil {
+					t.Fatalf("at version %d: %d CEs due at point %d, whose posterior past does not hold", cur.Version, len(due.Measure[p]), p)
+				}
+			}
+			changes, err := l.CertifyAgainAtPoints(bg, due.Again, pastOf(past), points)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wrote := len(changes)
+			for p, ids := range due.Measure {
+				rep, _, err := l.ConfirmAtPoint(bg, posteriorPredictor{NewModelPredictor(past[p], 300, p)}, ids, pastOf(past), points)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wrote += rep.Confirmed
+			}
+			if wrote == 0 {
+				break
+			}
 		}
 	}
 }
