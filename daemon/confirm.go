@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -88,8 +89,8 @@ type confirmer struct {
 	// took over while this one was stopped or paused. An error (ctx ended) ends the round.
 	gate func(ctx context.Context) error
 	// points, when set (a replica: the posterior log's head), gives the log's confirmation
-	// points: CEs are then measured at points only, never under the newest posterior
-	// (pointRound), and past must be set too.
+	// points: once the log marks one, CEs are measured at points only, never under the newest
+	// posterior (pointRound), and past must be set too.
 	points func() ledger.Points
 	// inexact counts the measurements pointRound made at the latest point instead of the one
 	// a CE was due at, which the posteriors it holds did not tell.
@@ -206,7 +207,12 @@ func (c *confirmer) run(ctx context.Context) error {
 // ingestion its reads cost a tenth of the pass at most, not one walk per batch.
 func (c *confirmer) round(ctx context.Context) error {
 	if c.points != nil {
-		return c.pointRound(ctx)
+		if _, marked := c.points().LatestPoint(math.MaxUint64); marked {
+			return c.pointRound(ctx)
+		}
+		// The log marks no point: its updater is of a build that does not mark them (a rolling
+		// upgrade). Measured under the newest posterior, as on a single node, rather than not
+		// at all until the log marks one.
 	}
 	var (
 		dueFor  *bnn.Model // the newest posterior when measureDue last ran

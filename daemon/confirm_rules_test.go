@@ -18,6 +18,7 @@ import (
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/postlog"
 )
 
 // TestConfirmerMovedPastThePoolSlack: a confirmer draws a new pool before a batch when the newest
@@ -452,5 +453,33 @@ func roundLeavesNoneDue(t *testing.T, c *confirmer, l *ledger.Ledger, past map[u
 	}
 	if n := lapsedKept(t, l, past); len(n) > 0 {
 		t.Errorf("the round ended with lapsed certificates it keeps the lapse version of, by version: %v", n)
+	}
+}
+
+// TestConfirmerMeasuresWhileTheLogMarksNoPoint: a replica whose posterior log marks no
+// confirmation point (its updater is of a build that does not mark them, during a rolling
+// upgrade) still measures its lapsed certificates, under the newest posterior as a single node
+// does, rather than none until the log marks one.
+func TestConfirmerMeasuresWhileTheLogMarksNoPoint(t *testing.T) {
+	l, m := lapsingLedger(t)
+	past := map[uint64]*bnn.Model{m.Version: m}
+	for range 4 {
+		m = driftStep(t, l, m)
+		past[m.Version] = m
+	}
+	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	head := &postlog.Head{Version: m.Version, PointsKept: true} // no point marked
+	c.points = func() ledger.Points { return head }
+	if err := c.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.measured.Load() == 0 || st.Pending != 0 {
+		t.Errorf("%d measurements, %d certificates still renewal_pending: a log without points stops the confirmer", c.measured.Load(), st.Pending)
 	}
 }
