@@ -34,6 +34,8 @@ type Points interface {
 	PointsIn(after, through uint64) (points []uint64, known bool)
 	// LatestPoint returns the latest known point at or before through.
 	LatestPoint(through uint64) (uint64, bool)
+	// KnownAfter is the version after which every point is known.
+	KnownAfter() uint64
 }
 
 // pointReads computes, in one transaction, the points CEs are due at (duePoint), each KL between
@@ -112,7 +114,7 @@ func (d *pointReads) posterior(v uint64) *bnn.Model {
 // maxKL is the largest KL(q_p || q_y) over the points p in (y, now]; ok is false when a point
 // on the way, or a posterior, is not known.
 func (d *pointReads) maxKL(y uint64) (float64, bool) {
-	ps, known := d.points.PointsIn(y, d.now)
+	ps, known := d.points.PointsIn(max(y, d.points.KnownAfter()), d.now)
 	if !known {
 		return 0, false
 	}
@@ -155,8 +157,13 @@ func (d *pointReads) duePoint(id []byte, h *header) (v uint64, act action, exact
 	return v, act, exact, nil
 }
 
-// dueAfter is duePoint for a CE last judged at version last.
+// dueAfter is duePoint for a CE last judged at version last. A CE last judged before the points
+// known (Points.KnownAfter: a head keeps the latest 256) is judged from them on: an owner that
+// kept within them judged it at the points before, and found it due at none (it would have been
+// judged since), so that a CE that stays certified or keeps its verdict for long is not measured
+// again because its points are forgotten.
 func (d *pointReads) dueAfter(h *header, last uint64) (v uint64, act action, exact bool) {
+	last = max(last, d.points.KnownAfter())
 	ps, known := d.points.PointsIn(last, d.now)
 	if !known {
 		return d.fallback(last)

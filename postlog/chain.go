@@ -66,6 +66,18 @@ func (h *Head) PointsIn(after, through uint64) (points []uint64, known bool) {
 	return points, true
 }
 
+// KnownAfter is the version after which the head knows every confirmation point: PointsAfter, or
+// the head's version when it keeps no points (a head stored before heads kept them).
+func (h *Head) KnownAfter() uint64 {
+	if h == nil || !h.PointsKept {
+		if h == nil {
+			return 0
+		}
+		return h.Version
+	}
+	return h.PointsAfter
+}
+
 // LatestPoint returns the latest confirmation point at or before through that the head keeps.
 func (h *Head) LatestPoint(through uint64) (uint64, bool) {
 	if h == nil {

@@ -1191,8 +1191,8 @@ func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
 	// A head stored before heads kept points knows the points after its version only.
 	old := *h
 	old.Points, old.PointsAfter, old.PointsKept = nil, 0, false
-	if _, known := old.PointsIn(9, 10); known {
-		t.Error("a head that keeps no points says it knows them")
+	if _, known := old.PointsIn(9, 10); known || old.KnownAfter() != old.Version {
+		t.Errorf("a head that keeps no points says it knows them, or after %d; want after its version %d", old.KnownAfter(), old.Version)
 	}
 	c = Resume(&old, testKeys())
 	offer(edited(l.increment(pv, prev, 1, "a/1", 6, 0.01), func(e *Entry) { e.Point = true }))
@@ -1212,8 +1212,8 @@ func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
 	if len(h.Points) != MaxPoints || h.Points[0] != 7 || h.PointsAfter != 6 {
 		t.Fatalf("%d points from %d, after %d; want %d from 7, after 6", len(h.Points), h.Points[0], h.PointsAfter, MaxPoints)
 	}
-	if _, known := h.PointsIn(5, 8); known {
-		t.Error("PointsIn(5, 8) known after point 6 went")
+	if _, known := h.PointsIn(5, 8); known || h.KnownAfter() != 6 {
+		t.Errorf("PointsIn(5, 8) known after point 6 went, or every point known after %d; want 6", h.KnownAfter())
 	}
 	if ps, known := h.PointsIn(6, 8); !known || !slices.Equal(ps, []uint64{7, 8}) {
 		t.Errorf("PointsIn(6, 8) = %v, %t; want [7 8], known", ps, known)
