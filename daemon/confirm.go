@@ -96,6 +96,11 @@ type confirmer struct {
 	// a CE was due at, which the posteriors it holds did not tell.
 	inexact       atomic.Int64
 	inexactLogged time.Time // when pointRound last logged inexact measurements (once a minute at most)
+	// through is the latest point at which pointRound last left nothing due, and behind says it
+	// logged that the head forgot points past it (once per episode).
+	through       uint64
+	workedThrough bool // through is set
+	behind        bool
 }
 
 // confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
@@ -431,6 +436,8 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 		}
 		start := time.Now()
 		points := c.points()
+		c.checkBehind(points)
+		latest, hasPoint := points.LatestPoint(math.MaxUint64)
 		due, err := c.l.DueAtPoints(confirmDuePick, c.lane, c.lanes, c.past, points)
 		c.dueReads.Add(1)
 		c.dueReadTime.Add(int64(time.Since(start)))
@@ -480,8 +487,28 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 		}
 		c.inexact.Add(int64(due.Inexact))
 		if !wrote {
+			if !due.More && hasPoint {
+				c.through, c.workedThrough = latest, true
+			}
 			return nil // the next read would find what this one found
 		}
 	}
 	return nil
+}
+
+// checkBehind logs, once per episode, that the log's head no longer knows the points after the
+// last one at which this confirmer left nothing due (it keeps the latest 256): the CEs due at the
+// points it forgot are judged from the points it keeps, as an owner that kept up judged them
+// (ledger.Points), so their statuses may differ from such an owner's.
+func (c *confirmer) checkBehind(points ledger.Points) {
+	after := points.KnownAfter()
+	switch {
+	case c.workedThrough && after > c.through && !c.behind:
+		c.behind = true
+		c.log.Warn("the confirmer fell behind the confirmation points the posterior log's head keeps: CEs due at the "+
+			"points it forgot are judged from the ones it keeps, and their statuses may differ from another owner's",
+			"worked_through", c.through, "points_known_after", after)
+	case c.behind && after <= c.through:
+		c.behind = false
+	}
 }

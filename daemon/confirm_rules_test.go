@@ -483,3 +483,31 @@ func TestConfirmerMeasuresWhileTheLogMarksNoPoint(t *testing.T) {
 		t.Errorf("%d measurements, %d certificates still renewal_pending: a log without points stops the confirmer", c.measured.Load(), st.Pending)
 	}
 }
+
+// TestConfirmerSaysWhenItFellBehindThePointsKept: a confirmer that left nothing due at point 2
+// and next reads a head that knows only the points after 5 (it keeps the latest 256) logs that
+// it fell behind them, once while it stays behind.
+func TestConfirmerSaysWhenItFellBehindThePointsKept(t *testing.T) {
+	l, m := lapsingLedger(t)
+	past := map[uint64]*bnn.Model{m.Version: m}
+	var logs bytes.Buffer
+	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.NewTextHandler(&logs, nil)))
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	for _, step := range []struct {
+		head   *postlog.Head
+		warned int
+	}{
+		{&postlog.Head{Version: m.Version + 2, Points: []uint64{m.Version + 2}, PointsKept: true}, 0},
+		{&postlog.Head{Version: m.Version + 7, Points: []uint64{m.Version + 6}, PointsAfter: m.Version + 5, PointsKept: true}, 1},
+		{&postlog.Head{Version: m.Version + 8, Points: []uint64{m.Version + 6, m.Version + 8}, PointsAfter: m.Version + 5, PointsKept: true}, 1},
+	} {
+		c.points = func() ledger.Points { return step.head }
+		if err := c.round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(logs.String(), "fell behind"); got != step.warned {
+			t.Fatalf("head %+v: %d lines saying the confirmer fell behind, want %d:\n%s", step.head, got, step.warned, logs.String())
+		}
+	}
+}
