@@ -388,8 +388,7 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		st := c.Stats()
-		caughtUp := st.Pending == 0 && st.Lag == 0
+		caughtUp := c.Stats().CaughtUp
 		head := r.Head()
 		prev := r.host.Current()
 		if prev.Version != head.Version || head.Writer != r.writer || head.Hash != at {

@@ -250,6 +250,11 @@ type Stats struct {
 	Retries int64
 	// Pending is the number of good records fetched and decoded but not handed out yet.
 	Pending int64
+	// CaughtUp: the consumer holds no record it has not handed out, and in every partition its
+	// fetch position is at the high watermark of its last fetch or refresh: no record past what
+	// it handed out is known to it. Transaction markers count as read (a fetch moves past them),
+	// where Lag counts them.
+	CaughtUp bool
 	// Partitions is the topic's partition count, as of the last metadata refresh.
 	Partitions int
 }
@@ -599,6 +604,10 @@ func (c *Consumer) Stats() Stats {
 		}
 	}
 	s.Pending = int64(c.buffered)
+	s.CaughtUp = c.buffered == 0 && c.deadAhead == 0
+	for _, ps := range c.parts {
+		s.CaughtUp = s.CaughtUp && ps.next >= ps.hwm
+	}
 	s.Partitions = c.nparts
 	c.mu.Unlock()
 	c.commitMu.Lock()
