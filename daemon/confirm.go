@@ -101,6 +101,11 @@ type confirmer struct {
 	through       uint64
 	workedThrough bool // through is set
 	behind        bool
+	// lastReadAt and lastRead are when pointRound's last read of the due CEs ended and how long
+	// it took; later wakes the confirmer when a read it put off is due (wakeAfter).
+	lastReadAt time.Time
+	lastRead   time.Duration
+	later      *time.Timer
 }
 
 // confirmers are the confirmer's lanes: audit.workers of them (default every core but one), each
@@ -170,6 +175,11 @@ func (c *confirmer) notify() {
 func (c *confirmer) run(ctx context.Context) error {
 	t := time.NewTicker(c.poll)
 	defer t.Stop()
+	defer func() {
+		if c.later != nil {
+			c.later.Stop()
+		}
+	}()
 	for {
 		if c.beforeRound != nil {
 			c.beforeRound(ctx)
@@ -430,7 +440,7 @@ func (c *confirmer) wrote(rep ledger.ConfirmReport, changes []ledger.StatusChang
 // its status until the log marks one. A CE whose point the posteriors this replica holds (the
 // last 256) do not tell is measured at the latest point instead, and counted (inexact).
 func (c *confirmer) pointRound(ctx context.Context) error {
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
 		if c.gate != nil && c.gate(ctx) != nil {
 			return nil
 		}
@@ -438,9 +448,19 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 		points := c.points()
 		c.checkBehind(points)
 		latest, hasPoint := points.LatestPoint(math.MaxUint64)
+		if first && c.workedThrough && latest == c.through {
+			// No point since the last read that left nothing due: commits between points make
+			// nothing due before the next one, but a share's registrations or restored states
+			// can. Read again no sooner than confirmDueReadEvery times the last read took.
+			if wait := confirmDueReadEvery*c.lastRead - time.Since(c.lastReadAt); wait > 0 {
+				c.wakeAfter(wait)
+				return nil
+			}
+		}
 		due, err := c.l.DueAtPoints(confirmDuePick, c.lane, c.lanes, c.past, points)
+		c.lastReadAt, c.lastRead = time.Now(), time.Since(start)
 		c.dueReads.Add(1)
-		c.dueReadTime.Add(int64(time.Since(start)))
+		c.dueReadTime.Add(int64(c.lastRead))
 		if err != nil {
 			return err
 		}
@@ -511,4 +531,13 @@ func (c *confirmer) checkBehind(points ledger.Points) {
 	case c.behind && after <= c.through:
 		c.behind = false
 	}
+}
+
+// wakeAfter wakes the confirmer after d (a read pointRound put off); a wake set before is moved.
+func (c *confirmer) wakeAfter(d time.Duration) {
+	if c.later == nil {
+		c.later = time.AfterFunc(d, c.notify)
+		return
+	}
+	c.later.Reset(d)
 }

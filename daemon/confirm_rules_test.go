@@ -17,6 +17,7 @@ import (
 	"github.com/cfguard/cfguard/alerts"
 	"github.com/cfguard/cfguard/bnn"
 	"github.com/cfguard/cfguard/certify"
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 	"github.com/cfguard/cfguard/postlog"
 )
@@ -509,5 +510,47 @@ func TestConfirmerSaysWhenItFellBehindThePointsKept(t *testing.T) {
 		if got := strings.Count(logs.String(), "fell behind"); got != step.warned {
 			t.Fatalf("head %+v: %d lines saying the confirmer fell behind, want %d:\n%s", step.head, got, step.warned, logs.String())
 		}
+	}
+}
+
+// TestPointRoundPutsOffAReadWithNoNewPoint: a round that finds no point since the last read that
+// left nothing due reads again no sooner than confirmDueReadEvery times that read took, and
+// wakes the confirmer then; a new point is read at once.
+func TestPointRoundPutsOffAReadWithNoNewPoint(t *testing.T) {
+	l, m := lapsingLedger(t)
+	past := map[uint64]*bnn.Model{m.Version: m}
+	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	head := &postlog.Head{Version: m.Version + 2, Points: []uint64{m.Version + 2}, PointsKept: true}
+	c.points = func() ledger.Points { return head }
+	round := func() int64 {
+		t.Helper()
+		before := c.dueReads.Load()
+		if err := c.round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return c.dueReads.Load() - before
+	}
+	if n := round(); n == 0 {
+		t.Fatal("the first round read nothing")
+	}
+	c.lastRead = 50 * time.Millisecond
+	if n := round(); n != 0 {
+		t.Fatalf("a round with no new point read %d times within confirmDueReadEvery times the last read", n)
+	}
+	waitfor.Cond(t, 10*time.Second, "the wake of the read put off", func() bool {
+		select {
+		case <-c.wake:
+			return true
+		default:
+			return false
+		}
+	})
+	c.later.Stop()
+	head = &postlog.Head{Version: m.Version + 3, Points: []uint64{m.Version + 2, m.Version + 3}, PointsKept: true}
+	c.lastReadAt = time.Now()
+	if n := round(); n == 0 {
+		t.Fatal("a round with a new point did not read")
 	}
 }
