@@ -491,6 +491,7 @@ func (d *Daemon) connectKafka(life context.Context, td *teardown) error {
 	}
 	d.outbox = newOutboxPublisher(d.ledger, d.pub, d.metrics, replicaID, log.With("component", "outbox"))
 	d.outbox.state = &d.publishing
+	d.outbox.before = d.hooks.OutboxPublish
 	if d.states != nil {
 		rc := cfg.Replication
 		w, err := ceshare.NewStateWriter(life, d.conn, ceshare.StateTopic(rc.CETopic), rc.CEPartitions, d.rep.Keys())

@@ -78,6 +78,9 @@ type outboxPublisher struct {
 	shrunk        bool
 	// state, when set, holds the failing attempts' state while they fail, nil while they work.
 	state *atomic.Pointer[ui.Publishing]
+	// before, when set (hooks.OutboxPublish, by tests), is called before each attempt; an
+	// error fails it.
+	before func(ctx context.Context) error
 }
 
 // outboxRegrow is how many attempts at a halved batch size work before the size doubles again
@@ -169,7 +172,10 @@ func (p *outboxPublisher) drain(ctx context.Context, after *uint64) error {
 		// (ledger's CE states), and the owner publishes none again.
 		batch, states := p.split(entries)
 		pctx, cancel := context.WithTimeout(ctx, outboxTimeout)
-		if len(batch) > 0 {
+		if p.before != nil {
+			err = p.before(pctx)
+		}
+		if err == nil && len(batch) > 0 {
 			err = p.sink.PublishBatch(pctx, batch)
 		}
 		if err == nil && len(states) > 0 {

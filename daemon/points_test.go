@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -30,11 +31,26 @@ import (
 // confirmation points, measures every CE that waits under that point's posterior with that
 // version's draws (Confirm). Each CE's changes (from, to, version) are the same, in the same
 // order, none missing and none more (a change published by both owners counts once).
+//
+// In the second run r2's confirmers measure through the two bursts, but its outbox publishes
+// nothing of them (every attempt fails, as a broker that refuses would), and r2 stops with those
+// changes unpublished, as an owner that dies between its commit and its publish: r1, restoring
+// the states r2 wrote before (a state goes only after its events), makes the same changes at the
+// same points and publishes them.
 func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two replicas through a drift: not with -short")
 	}
 	t.Parallel() // replicas mostly wait for their group and for each other
+	for _, hold := range []string{"confirmer", "events"} {
+		t.Run(hold+" held", func(t *testing.T) {
+			t.Parallel()
+			ownersPublishTheStatusesOfTheLog(t, hold == "events")
+		})
+	}
+}
+
+func ownersPublishTheStatusesOfTheLog(t *testing.T, holdEvents bool) {
 	b := daemontest.StartCluster(t, 1)
 	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
 	cfg := func(id string) func(c *config.Config) {
@@ -50,11 +66,20 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 	r1 := startDaemonWith(t, cfg("r1"), nil, nil)
 	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r1.Get(t, "/readyz"); return code == 200 })
 	var (
-		hold atomic.Bool  // r2's confirmers wait before their next round while set
+		hold atomic.Bool  // r2's confirmers wait before their next round while set, or its outbox fails
 		held atomic.Int32 // r2's confirmer lanes waiting
 	)
 	r2 := startDaemonWith(t, cfg("r2"), func(o *Options) {
+		o.Hooks.OutboxPublish = func(context.Context) error {
+			if holdEvents && hold.Load() {
+				return errors.New("held by the test")
+			}
+			return nil
+		}
 		o.Hooks.ConfirmRound = func(ctx context.Context) {
+			if holdEvents {
+				return
+			}
 			if !hold.Load() {
 				return
 			}
@@ -112,21 +137,32 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 		}
 		return n
 	}
-	// The first burst measured by both owners; then r2's confirmers held, each parked before a
-	// round (woken so that none is within one), for two more bursts.
+	nothingDue := func(r *running) bool {
+		due, err := r.D.Ledger().DueAtPoints(1<<20, 0, 1, r.D.served.at, r.D.rep.Head())
+		return err == nil && len(due.Measure) == 0 && len(due.Again) == 0
+	}
+	// The first burst measured and published by both owners; then, for two more bursts, r2's
+	// confirmers held, each parked before a round (woken so that none is within one), or its
+	// outbox failing.
 	burst(0, 64)
 	waitfor.Cond(t, 60*time.Second, "r2's CEs measured at the first points", func() bool {
-		due, err := r2.D.Ledger().DueAtPoints(1<<20, 0, 1, r2.D.served.at, r2.D.rep.Head())
-		return err == nil && len(due.Measure) == 0 && len(due.Again) == 0 && r2.Metric(t, "cfguard_events_pending") == 0
+		return nothingDue(r2) && r2.Metric(t, "cfguard_events_pending") == 0
 	})
 	heldFrom := r1.D.Posterior().Version
 	hold.Store(true)
-	r2.D.confirm.notify()
-	waitfor.Cond(t, 30*time.Second, "r2's confirmers held", func() bool { return held.Load() == int32(len(r2.D.confirm)) })
 	before := measured(r2)
+	if !holdEvents {
+		r2.D.confirm.notify()
+		waitfor.Cond(t, 30*time.Second, "r2's confirmers held", func() bool { return held.Load() == int32(len(r2.D.confirm)) })
+	}
 	burst(64, 192)
-	if n := measured(r2) - before; n != 0 {
+	if n := measured(r2) - before; !holdEvents && n != 0 {
 		t.Fatalf("r2 measured %d CEs while held", n)
+	}
+	if holdEvents {
+		waitfor.Cond(t, 60*time.Second, "r2's CEs measured at the points of the held bursts, unpublished", func() bool {
+			return nothingDue(r2) && measured(r2) > before && r2.Metric(t, "cfguard_events_pending") > 0
+		})
 	}
 	stoppedAt := r1.D.Posterior().Version
 	r2.Stop(t)
@@ -160,6 +196,7 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 
 	want := referenceChanges(t, r1, start, v0, head.Version, points)
 	got := map[string][]string{}
+	by := map[string][]string{} // change (id, from>to@version) -> the replicas that published it
 	for _, m := range kafkatest.ReadPartition(t, b.Addrs(), r1.Config.Kafka.EventsTopic, 0) {
 		var e Event
 		if err := json.Unmarshal(m.Value, &e); err != nil {
@@ -172,6 +209,7 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 		if !slices.Contains(got[e.ID], c) { // published by both owners: once
 			got[e.ID] = append(got[e.ID], c)
 		}
+		by[e.ID+" "+c] = append(by[e.ID+" "+c], kafkatest.Header(m, ReplicaHeader))
 	}
 	changes, ofMoved, early := 0, 0, 0
 	for _, id := range ids {
@@ -185,6 +223,9 @@ func TestOwnersPublishTheStatusesOfTheLog(t *testing.T) {
 				var v uint64
 				if _, err := fmt.Sscanf(c[strings.LastIndexByte(c, '@')+1:], "%d", &v); err == nil && v > heldFrom && v <= stoppedAt {
 					early++ // a change at a point r2 held back: r1 made it after the handover
+					if pub := by[id+" "+c]; !slices.Equal(pub, []string{"r1"}) {
+						t.Errorf("%s %s, held back by r2, published by %v; want r1 alone", id, c, pub)
+					}
 				}
 			}
 		}

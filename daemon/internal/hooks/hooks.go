@@ -19,6 +19,9 @@ type Set struct {
 	Registered func(id string)
 	// ConfirmRound is called by each confirmer lane before each of its rounds.
 	ConfirmRound func(ctx context.Context)
+	// OutboxPublish is called before each attempt of the outbox publisher: an error fails the
+	// attempt, as a broker that refuses it would (the entries stay in the outbox).
+	OutboxPublish func(ctx context.Context) error
 	// CEGeneration is called with each CE group generation's assignment before this replica
 	// takes it up (ceshare.MemberConfig.OnGeneration).
 	CEGeneration func(ctx context.Context, generation int32, assigned []int)
