@@ -1155,12 +1155,11 @@ func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
 		offset++
 		prev, pv = e, v
 	}
-	// Versions 1..5: 2 and 4 marked by the increment that promotes them, 5 by one that does
-	// not move it, and 4 marked twice.
+	// Versions 1..5: 2 and 4 marked by the increment that promotes them, 5 by two increments
+	// that do not move it (kept once).
 	for v := uint64(1); v <= 5; v++ {
 		offer(edited(l.increment(pv, prev, 1, "a/1", int64(v), 0.01), func(e *Entry) { e.Point = v == 2 || v == 4 }))
 	}
-	h := c.Head()
 	mark := func() *Entry {
 		h := c.Head()
 		return &Entry{Format: Format, Kind: Increment, Seq: h.Seq + 1, Parent: h.Hash, Term: 1, Writer: "a/1", Version: h.Version,
@@ -1168,7 +1167,7 @@ func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
 	}
 	offer(mark())
 	offer(mark())
-	h = c.Head()
+	h := c.Head()
 	if want := []uint64{2, 4, 5}; !slices.Equal(h.Points, want) {
 		t.Fatalf("points %v; want %v", h.Points, want)
 	}
