@@ -107,7 +107,7 @@ func (h *Head) pointList() []uint64 {
 }
 
 // pointsAfter is the points of a head that follows h with the entry e: h's, with e's version
-// when e marks it (Entry.Point), the oldest going past MaxPoints.
+// when e (an increment or a claim) marks it (Entry.Point), the oldest going past MaxPoints.
 func pointsAfter(h *Head, next *Head, e *Entry) {
 	switch {
 	case h == nil:
@@ -117,7 +117,7 @@ func pointsAfter(h *Head, next *Head, e *Entry) {
 	default:
 		next.PointsKept, next.PointsAfter, next.Points = true, h.PointsAfter, h.Points
 	}
-	if e.Kind != Increment || !e.Point || next.IsPoint(e.Version) {
+	if e.Kind == Genesis || !e.Point || next.IsPoint(e.Version) {
 		return
 	}
 	ps := append(slices.Clone(next.Points), e.Version)

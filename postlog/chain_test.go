@@ -1218,3 +1218,24 @@ func TestHeadKeepsTheConfirmationPoints(t *testing.T) {
 		t.Errorf("PointsIn(6, 8) = %v, %t; want [7 8], known", ps, known)
 	}
 }
+
+// TestAClaimMarksAPoint: a claim that marks the head's version a point (Entry.Point) adds it to
+// the head's points; a genesis that says so does not.
+func TestAClaimMarksAPoint(t *testing.T) {
+	l, g := newTestLog(t)
+	g.Point = true
+	gv := l.value(g)
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv)
+	if ps := c.Head().Points; len(ps) != 0 {
+		t.Fatalf("a genesis marked points %v", ps)
+	}
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1.Point = true
+	if _, r, _ := c.Offer(signed(1, l.value(c1))); r != Accepted {
+		t.Fatalf("the claim: %s", r)
+	}
+	if h := c.Head(); !h.IsPoint(h.Version) {
+		t.Errorf("after a claim that marks version %d, the head's points are %v", h.Version, h.Points)
+	}
+}

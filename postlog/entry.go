@@ -109,12 +109,11 @@ type Entry struct {
 	// this seq are in the outbox of their writer or of a later claimant: what its writer had
 	// applied (and so published) before it appended. It is below the entry's own seq.
 	EventsThrough uint64 `json:"events_through,omitempty"`
-	// Point is an increment's mark that the version it leaves is a confirmation point: the
-	// posterior under which replicas measure the CEs that became due since the point before
-	// (Head.PointsIn). The updater marks an increment that promotes a version every
-	// few versions, one that closes short of kafka.max_records, and one that leaves the
-	// version as it was when that version is not a point yet (an increment of no records
-	// when the input goes quiet after a version that is not one).
+	// Point is an increment's or a claim's mark that the version it leaves is a confirmation
+	// point: a posterior under which replicas measure the CEs that became due since the point
+	// before (Head.PointsIn). The updater marks an increment that closes while its consumer is
+	// caught up, one that leaves the version as it was, and otherwise every few versions; a
+	// claim marks the head's version when it is not one.
 	Point bool `json:"point,omitempty"`
 }
 

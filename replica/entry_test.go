@@ -152,3 +152,24 @@ func TestMarksPoint(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimOnMarksTheHeadsVersion: a claim marks the head's version a confirmation point when it
+// is not one (the last updater may have stopped after a version it did not mark), and continues
+// the head as a claim does.
+func TestClaimOnMarksTheHeadsVersion(t *testing.T) {
+	cfg := config.Default()
+	r := &Replica{cfg: &cfg, writer: "r2/00ff"}
+	for _, tc := range []struct {
+		head *postlog.Head
+		want bool
+	}{
+		{&postlog.Head{Seq: 7, Hash: "ab", Term: 2, Writer: "r1/1", Version: 9, Points: []uint64{8}, PointsKept: true}, true},
+		{&postlog.Head{Seq: 7, Hash: "ab", Term: 2, Writer: "r1/1", Version: 9, Points: []uint64{8, 9}, PointsKept: true}, false},
+	} {
+		c := r.claimOn(tc.head, 5)
+		if c.Kind != postlog.Claim || c.Seq != 8 || c.Parent != "ab" || c.Term != 3 || c.Writer != r.writer || c.Version != 9 ||
+			c.ParentVersion != 9 || c.Generation != 5 || c.Point != tc.want {
+			t.Errorf("claim on a head with points %v: %+v; want point %t", tc.head.Points, c, tc.want)
+		}
+	}
+}

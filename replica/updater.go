@@ -291,10 +291,7 @@ func (r *Replica) leadTerm(ctx context.Context, generation int32) (keep bool, fa
 		if head.Writer == r.writer {
 			break
 		}
-		claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
-			Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.cfg.Kafka.Topic,
-			PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation)}
-		head.Lineage(claim)
+		claim := r.claimOn(head, generation)
 		won, err := r.appendAndJudge(ctx, claim)
 		if err != nil {
 			if ctx.Err() == nil && r.isStopped() {
@@ -476,6 +473,17 @@ func (r *Replica) entryOf(head *postlog.Head, s Step, inc *stream.Increment, cau
 	}
 	e.Point = marksPoint(head, e, caughtUp || len(inc.Records) < r.cfg.Kafka.MaxRecords)
 	return e, nil
+}
+
+// claimOn is this replica's claim of the next term on head. It marks the head's version a
+// confirmation point when it is not one: the last updater may have stopped after a version it
+// did not mark (records were still to come), and with the input quiet no increment marks one.
+func (r *Replica) claimOn(head *postlog.Head, generation int32) *postlog.Entry {
+	claim := &postlog.Entry{Format: postlog.Format, Kind: postlog.Claim, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term + 1,
+		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, Covers: head.Covers, InputTopic: r.cfg.Kafka.Topic,
+		PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation), Point: !head.IsPoint(head.Version)}
+	head.Lineage(claim)
+	return claim
 }
 
 // confirmStride is how many versions apart the updater marks confirmation points
