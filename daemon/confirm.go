@@ -96,8 +96,12 @@ type confirmer struct {
 	// a CE was due at, which the posteriors it holds did not tell.
 	inexact       atomic.Int64
 	inexactLogged time.Time // when pointRound last logged inexact measurements (once a minute at most)
-	// through is the latest point at which pointRound last left nothing due, and behind says it
-	// logged that the head forgot points past it (once per episode).
+	// through is, as of pointRound's last read that found every CE of the lane due (and the
+	// measurements that followed it), the latest version through which each of them was judged
+	// at every point it was due at: the latest point when none was due, else the earliest point
+	// (or version certified again at) a CE was judged at, or one before a point whose CEs were
+	// not all measured. behind says it logged that the head forgot points past it (once per
+	// episode).
 	through       uint64
 	workedThrough bool // through is set
 	behind        bool
@@ -474,6 +478,10 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		through := latest
+		for _, ch := range changes {
+			through = min(through, ch.PosteriorVersion)
+		}
 		if len(changes) > 0 {
 			c.changed(changes)
 			c.log.Info("counterfactuals certified again: their bound held again before a confirmation point measured them",
@@ -484,6 +492,7 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 		for _, p := range slices.Sorted(maps.Keys(byPoint)) {
 			m := c.past(p)
 			if m == nil {
+				through = min(through, p-1)
 				continue // no longer held: found again, at the latest point, by the next read
 			}
 			pool, err := c.pools.get(m)
@@ -500,16 +509,21 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 					return err
 				}
 				c.wrote(rep, changes, "a confirmation point")
+				if rep.Confirmed < len(ids) {
+					through = min(through, p-1)
+				} else {
+					through = min(through, p)
+				}
 				c.dueMeasured.Add(int64(rep.Confirmed))
 				c.inexact.Add(int64(rep.Inexact))
 				wrote = wrote || rep.Confirmed > 0
 			}
 		}
 		c.inexact.Add(int64(due.Inexact))
+		if !due.More && hasPoint {
+			c.through, c.workedThrough = through, true
+		}
 		if !wrote {
-			if !due.More && hasPoint {
-				c.through, c.workedThrough = latest, true
-			}
 			return nil // the next read would find what this one found
 		}
 	}

@@ -554,3 +554,58 @@ func TestPointRoundPutsOffAReadWithNoNewPoint(t *testing.T) {
 		t.Fatal("a round with a new point did not read")
 	}
 }
+
+// TestConfirmerBusyWithinThePointsKeptSaysNothing: a confirmer whose round measures CEs at every
+// read through a drift, each read while the head still keeps the points its CEs are due at (here
+// the latest 2), has not fallen behind the points kept and logs nothing of it, though no read of
+// the round leaves nothing due.
+func TestConfirmerBusyWithinThePointsKeptSaysNothing(t *testing.T) {
+	l, m := lapsingLedger(t)
+	past := map[uint64]*bnn.Model{m.Version: m}
+	var logs bytes.Buffer
+	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, slog.New(slog.NewTextHandler(&logs, nil)))
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	m = driftStep(t, l, m)
+	past[m.Version] = m
+	// The head keeps the latest 2 points, one at every version after the first.
+	v1 := m.Version
+	headAt := func(v uint64) *postlog.Head {
+		h := &postlog.Head{Version: v, Points: []uint64{v}, PointsAfter: v1 - 1, PointsKept: true}
+		if v > v1 {
+			h.Points, h.PointsAfter = []uint64{v - 1, v}, max(v1, v-1)-1
+		}
+		return h
+	}
+	head := headAt(v1)
+	c.points = func() ledger.Points { return head }
+	if err := c.round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	const steps = 6
+	var reads, rounds int
+	c.points = func() ledger.Points {
+		// Each read of the round comes after the next version of the drift, a point.
+		if reads < steps {
+			m = driftStep(t, l, m)
+			past[m.Version] = m
+			head = headAt(m.Version)
+		}
+		reads++
+		return head
+	}
+	before := c.dueMeasured.Load()
+	for reads < steps {
+		if err := c.round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		rounds++
+	}
+	t.Logf("%d measurements in %d rounds, %d reads, %d inexact", c.dueMeasured.Load()-before, rounds, reads, c.inexact.Load())
+	if c.inexact.Load() != 0 {
+		t.Fatalf("%d inexact measurements: the drift outran the points kept", c.inexact.Load())
+	}
+	if got := strings.Count(logs.String(), "fell behind"); got != 0 {
+		t.Errorf("%d lines saying the confirmer fell behind, though it measured every CE at its point while the head kept it:\n%s", got, logs.String())
+	}
+}
