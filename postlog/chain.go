@@ -120,6 +120,12 @@ func pointsAfter(h *Head, next *Head, e *Entry) {
 	if e.Kind == Genesis || !e.Point || next.IsPoint(e.Version) {
 		return
 	}
+	if e.Version == next.PointsAfter && e.Version > 0 {
+		// The version after which the points are known is the one e marks (a head stored
+		// without points, or the first genesis, at e's version): the only version in
+		// (e.Version-1, e.Version] is a point, and so known.
+		next.PointsAfter = e.Version - 1
+	}
 	ps := append(slices.Clone(next.Points), e.Version)
 	if len(ps) > MaxPoints {
 		next.PointsAfter = ps[0]

@@ -1239,3 +1239,29 @@ func TestAClaimMarksAPoint(t *testing.T) {
 		t.Errorf("after a claim that marks version %d, the head's points are %v", h.Version, h.Points)
 	}
 }
+
+// TestAPointAtTheVersionOfAHeadStoredWithoutPointsIsKnown: on a head stored before heads kept
+// points, an entry that marks the head's own version (a claim, or an increment that leaves it)
+// makes it a point the head knows, as an increment that promotes the next version does: a CE due
+// at it is found there.
+func TestAPointAtTheVersionOfAHeadStoredWithoutPointsIsKnown(t *testing.T) {
+	l, g := newTestLog(t)
+	gv := l.value(g)
+	c1 := l.claim(gv, g, 1, "a/1")
+	c1v := l.value(c1)
+	i1 := l.increment(c1v, c1, 1, "a/1", 1, 0.01)
+	c := NewChain(testKeys())
+	acceptAll(t, c, gv, c1v, l.value(i1))
+	old := *c.Head()
+	old.Points, old.PointsAfter, old.PointsKept = nil, 0, false
+	c = Resume(&old, testKeys())
+	claim := l.claim(l.value(i1), i1, 2, "b/1")
+	claim.Point = true
+	if _, r, _ := c.Offer(signed(3, l.value(claim))); r != Accepted {
+		t.Fatalf("the claim: %s", r)
+	}
+	h := c.Head()
+	if ps, known := h.PointsIn(h.KnownAfter(), h.Version); !known || !slices.Equal(ps, []uint64{h.Version}) || !h.IsPoint(h.Version) {
+		t.Errorf("points %v after %d: PointsIn(KnownAfter, %d) = %v, %t; want [%d], known", h.Points, h.PointsAfter, h.Version, ps, known, h.Version)
+	}
+}
