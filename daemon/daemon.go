@@ -428,7 +428,7 @@ func (d *Daemon) openState(ctx context.Context, td *teardown) (err error) {
 	if d.cfg.Replication.Enabled {
 		// The posterior comes from the posterior log (Replica.Join), once Kafka is connected.
 		d.rep, err = replica.New(replica.Options{Config: d.cfg, ConfigPath: d.configPath, Registry: d.reg,
-			Logger: d.log, Host: replicaHost{d}, Ledger: d.ledger})
+			Logger: d.log, Host: replicaHost{d}, Ledger: d.ledger, CaughtUp: d.hooks.UpdaterCaughtUp})
 		if err != nil {
 			return err
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/cfguard/cfguard/internal/kafkatest"
 	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
+	"github.com/cfguard/cfguard/stream"
 )
 
 // TestOwnersPublishTheStatusesOfTheLog: two replicas share the CE partitions; a drift of
@@ -306,4 +307,58 @@ func referenceChanges(t *testing.T, r *running, start map[string]*ledger.CE, v0,
 		}
 	}
 	return out
+}
+
+// TestUpdaterMarksAQuietHeadAPoint: an updater whose increments close while its consumer seems
+// behind (a test says so, as a transaction marker fetched only after the increment closed would
+// make it) leaves a version that is not a point; once no record came for kafka.max_wait, it
+// appends an increment of no records that marks that version, and the CEs due there are measured.
+func TestUpdaterMarksAQuietHeadAPoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica through a drift: not with -short")
+	}
+	t.Parallel() // mostly waits for the group and kafka.max_wait
+	b := daemontest.StartCluster(t, 1)
+	key := daemontest.WriteKeyFile(t, daemontest.ClusterKey)
+	r := startDaemonWith(t, func(c *config.Config) {
+		daemontest.ReplicaConfig(c, b.Addrs(), "r1", key)
+		daemontest.PaperLearner(c, 1e-3)
+		c.Certify.Samples = 400
+		c.Audit.Schedule = ""
+		c.Kafka.MaxRecords, c.Kafka.MaxRecordsBacklog = 32, 32
+		c.Kafka.MaxWait = 300 * time.Millisecond
+	}, func(o *Options) {
+		o.Hooks.UpdaterCaughtUp = func(stream.Stats) bool { return false }
+	}, nil)
+	waitfor.Cond(t, 60*time.Second, "r1 ready", func() bool { code, _ := r.Get(t, "/readyz"); return code == 200 })
+	data := daemontest.Bundled(t)
+	ids := daemontest.RegisterCEs(t, r, data, 10, "")
+	r.Produce(t, daemontest.Flipped(data, 64)...) // two full increments: versions 1 and 2, neither marked
+	waitfor.Cond(t, 60*time.Second, "the head's version marked a point after the input went quiet", func() bool {
+		h := r.D.rep.Head()
+		return h.Version == 2 && h.IsPoint(2) && r.D.Posterior().Version == 2
+	})
+	h := r.D.rep.Head()
+	if h.IsPoint(1) {
+		t.Errorf("version 1 is a point: %v; the hook says no increment closed caught up", h.Points)
+	}
+	waitfor.Cond(t, 60*time.Second, "the CEs due at point 2 measured", func() bool {
+		due, err := r.D.Ledger().DueAtPoints(1<<20, 0, 1, r.D.served.at, r.D.rep.Head())
+		return err == nil && len(due.Measure) == 0 && len(due.Again) == 0
+	})
+	measuredAt2 := 0
+	for _, id := range ids {
+		ce, err := r.D.Ledger().Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range ce.History {
+			if c.PosteriorVersion == 2 {
+				measuredAt2++
+			}
+		}
+	}
+	if measuredAt2 == 0 {
+		t.Fatalf("no CE's history has a change at point 2: the drift tells nothing")
+	}
 }

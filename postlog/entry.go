@@ -112,8 +112,9 @@ type Entry struct {
 	// Point is an increment's or a claim's mark that the version it leaves is a confirmation
 	// point: a posterior under which replicas measure the CEs that became due since the point
 	// before (Head.PointsIn). The updater marks an increment that closes while its consumer is
-	// caught up, one that leaves the version as it was, and otherwise every few versions; a
-	// claim marks the head's version when it is not one.
+	// caught up, one that leaves the version as it was (an increment of no records, when the
+	// input went quiet after a version that is not a point, among them), and otherwise every
+	// few versions; a claim marks the head's version when it is not one.
 	Point bool `json:"point,omitempty"`
 }
 

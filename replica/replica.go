@@ -38,19 +38,20 @@ import (
 // Nothing here decides who writes by time or lease: the group says who should, the log's
 // acceptance rule says whose entries count.
 type Replica struct {
-	host       Host
-	ledger     Ledger
-	cfg        *config.Config
-	configPath string
-	conn       stream.ConnConfig // set by Join
-	plog       *postlog.Log
-	id         string // replication.replica_id, or the host name
-	writer     string // "<replica id>/<nonce>": a restarted replica is a new writer
-	group      string
-	bal        *updaterBalancer // the updater group's balancer: keeps the role where it is
-	lg         *slog.Logger
-	m          *alerts.ReplicaMetrics
-	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
+	incCaughtUp func(stream.Stats) bool // Options.CaughtUp
+	host        Host
+	ledger      Ledger
+	cfg         *config.Config
+	configPath  string
+	conn        stream.ConnConfig // set by Join
+	plog        *postlog.Log
+	id          string // replication.replica_id, or the host name
+	writer      string // "<replica id>/<nonce>": a restarted replica is a new writer
+	group       string
+	bal         *updaterBalancer // the updater group's balancer: keeps the role where it is
+	lg          *slog.Logger
+	m           *alerts.ReplicaMetrics
+	keys        *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
 
 	mu         sync.Mutex
 	chain      *postlog.Chain         // the follower's view; the ledger stores its head
@@ -124,6 +125,10 @@ type Options struct {
 	Logger     *slog.Logger
 	Host       Host
 	Ledger     Ledger
+	// CaughtUp, when set (by tests), replaces the updater's judgement that its consumer was
+	// caught up when an increment closed (stream.Stats.CaughtUp): a test says it was not, as a
+	// transaction marker fetched only after the increment closed would.
+	CaughtUp func(stream.Stats) bool
 }
 
 // ID is the id of a replica configured with replication.replica_id configured: that id, or the
@@ -158,7 +163,7 @@ func New(opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
+	r := &Replica{incCaughtUp: opts.CaughtUp, host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
 		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater", bal: &updaterBalancer{topic: cfg.Replication.PosteriorTopic},
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[string]pendingStep{},
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}

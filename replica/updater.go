@@ -381,11 +381,24 @@ func (r *Replica) ingestTerm(ctx context.Context) error {
 	// next: an increment on it would apply those records twice.
 	at := head.Hash
 	for {
-		inc, err := c.Next(ctx)
+		inc, err := r.nextIncrement(ctx, c, at)
+		if errors.Is(err, errQuiet) {
+			// No record for kafka.max_wait after a version of this updater's that is not a
+			// confirmation point: mark it one, so that the CEs due since the last point are
+			// measured now, not when records come again.
+			if at, err = r.appendPoint(ctx, at); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		caughtUp := c.Stats().CaughtUp
+		st := c.Stats()
+		caughtUp := st.CaughtUp
+		if r.incCaughtUp != nil {
+			caughtUp = r.incCaughtUp(st)
+		}
 		head := r.Head()
 		prev := r.host.Current()
 		if prev.Version != head.Version || head.Writer != r.writer || head.Hash != at {
@@ -484,6 +497,56 @@ func (r *Replica) claimOn(head *postlog.Head, generation int32) *postlog.Entry {
 		PosteriorSHA256: head.PosteriorSHA256, Build: buildString(), Generation: int(generation), Point: !head.IsPoint(head.Version)}
 	head.Lineage(claim)
 	return claim
+}
+
+// errQuiet: no record came for kafka.max_wait while the head, this updater's entry, left a
+// version that is not a confirmation point (nextIncrement).
+var errQuiet = errors.New("no record for kafka.max_wait after a version that is not a confirmation point")
+
+// nextIncrement is c.Next; while the head is this updater's entry at and leaves a version that
+// is not a confirmation point (its increment closed while the consumer seemed behind: a
+// transaction marker, or a batch compacted empty, fetched only after it), it waits kafka.max_wait
+// at most and returns errQuiet then. What Next had taken stays pending for the next call.
+func (r *Replica) nextIncrement(ctx context.Context, c *stream.Consumer, at string) (*stream.Increment, error) {
+	head := r.Head()
+	if head.Hash != at || head.IsPoint(head.Version) {
+		return c.Next(ctx)
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.Kafka.MaxWait)
+	defer cancel()
+	inc, err := c.Next(wctx)
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil, errQuiet
+	}
+	return inc, err
+}
+
+// appendPoint appends, on the head (this updater's entry at), an increment of no records that
+// marks the head's version a confirmation point, and returns its hash: errLost when the head is
+// no longer at, or another entry took its place.
+func (r *Replica) appendPoint(ctx context.Context, at string) (string, error) {
+	head := r.Head()
+	if head.Hash != at || head.Writer != r.writer {
+		return "", errLost
+	}
+	e := &postlog.Entry{Format: postlog.Format, Kind: postlog.Increment, Seq: head.Seq + 1, Parent: head.Hash, Term: head.Term,
+		Writer: r.writer, Version: head.Version, ParentVersion: head.Version, InputTopic: r.cfg.Kafka.Topic,
+		Covers: maps.Clone(head.Covers), Outcome: postlog.Skipped, PosteriorSHA256: head.PosteriorSHA256, Counts: &postlog.Counts{},
+		EventsThrough: head.Seq, Point: true}
+	head.Lineage(e)
+	v, err := e.Encode()
+	if err != nil {
+		return "", err
+	}
+	won, err := r.appendAndJudge(ctx, e)
+	if err != nil {
+		return "", err
+	}
+	if !won {
+		return "", errLost
+	}
+	r.lg.Info("updater: marked the head's version a confirmation point, the input quiet", "posterior_version", e.Version, "entry", e.Seq)
+	return hashHex(v), nil
 }
 
 // confirmStride is how many versions apart the updater marks confirmation points

@@ -9,6 +9,8 @@ package hooks
 import (
 	"context"
 	"time"
+
+	"github.com/cfguard/cfguard/stream"
 )
 
 // Set is the hooks of one daemon; nil callbacks are not called, zero durations are the daemon's
@@ -22,6 +24,9 @@ type Set struct {
 	// OutboxPublish is called before each attempt of the outbox publisher: an error fails the
 	// attempt, as a broker that refuses it would (the entries stay in the outbox).
 	OutboxPublish func(ctx context.Context) error
+	// UpdaterCaughtUp, when set, replaces a replica's updater's judgement that its consumer was
+	// caught up when an increment closed (replica.Options.CaughtUp).
+	UpdaterCaughtUp func(stream.Stats) bool
 	// CEGeneration is called with each CE group generation's assignment before this replica
 	// takes it up (ceshare.MemberConfig.OnGeneration).
 	CEGeneration func(ctx context.Context, generation int32, assigned []int)
