@@ -445,19 +445,10 @@ func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) 
 		return err
 	}
 	c := tx.Bucket(bIdxFail).Cursor()
-	k, val := c.First()
-	for ; k != nil; k, val = c.Next() {
-		if _, ok := unseal(k, val); !ok || len(k) < 8 {
-			return corruptf("idx_fail entry %x is damaged", k)
-		}
-		if p := binary.BigEndian.Uint64(k); p == carriedPrefix || p >= v+1 {
-			break
-		}
-		if stop, err := fn(k[8:]); stop || err != nil {
-			return err
-		}
+	if stop, err := eachUncarried(c, v+1, fn); stop || err != nil {
+		return err
 	}
-	for k, val = c.Seek(u64bytes(carriedPrefix)); k != nil; {
+	for k, val := c.Seek(u64bytes(carriedPrefix)); k != nil; {
 		if _, ok := unseal(k, val); !ok || len(k) < 24 {
 			return corruptf("idx_fail entry %x is damaged", k)
 		}
@@ -496,6 +487,24 @@ func (l *Ledger) eachWaiting(tx *bolt.Tx, now cur, v uint64, fn func(id []byte) 
 		k, val = c.Seek(next)
 	}
 	return nil
+}
+
+// eachUncarried calls fn, until it returns stop, with the id of each idx_fail entry of a failing
+// CE without a carried verdict whose key's first 8 bytes (its verdict version + 1, 0 for none:
+// failKey) are below `below`, in key order from c's first entry.
+func eachUncarried(c *bolt.Cursor, below uint64, fn func(id []byte) (stop bool, err error)) (stop bool, err error) {
+	for k, val := c.First(); k != nil; k, val = c.Next() {
+		if _, ok := unseal(k, val); !ok || len(k) < 8 {
+			return false, corruptf("idx_fail entry %x is damaged", k)
+		}
+		if p := binary.BigEndian.Uint64(k); p == carriedPrefix || p >= below {
+			return false, nil
+		}
+		if stop, err := fn(k[8:]); stop || err != nil {
+			return true, err
+		}
+	}
+	return false, nil
 }
 
 // eachLapsed calls fn with the id of every certified CE whose bound fails at its anchor's stored

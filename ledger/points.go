@@ -381,19 +381,10 @@ func (l *Ledger) eachCandidate(tx *bolt.Tx, now cur, d *pointReads, fn func(id [
 		return err
 	}
 	c := tx.Bucket(bIdxFail).Cursor()
-	k, val := c.First()
-	for ; k != nil; k, val = c.Next() {
-		if _, ok := unseal(k, val); !ok || len(k) < 8 {
-			return corruptf("idx_fail entry %x is damaged", k)
-		}
-		if binary.BigEndian.Uint64(k) == carriedPrefix {
-			break
-		}
-		if stop, err := fn(k[8:]); stop || err != nil {
-			return err
-		}
+	if stop, err := eachUncarried(c, carriedPrefix, fn); stop || err != nil {
+		return err
 	}
-	for k, val = c.Seek(u64bytes(carriedPrefix)); k != nil; {
+	for k, val := c.Seek(u64bytes(carriedPrefix)); k != nil; {
 		if _, ok := unseal(k, val); !ok || len(k) < 24 {
 			return corruptf("idx_fail entry %x is damaged", k)
 		}
