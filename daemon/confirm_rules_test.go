@@ -457,6 +457,15 @@ func roundLeavesNoneDue(t *testing.T, c *confirmer, l *ledger.Ledger, past map[u
 	}
 }
 
+// pointConfirmer is a confirmer of l whose current posterior is *m and whose past posteriors are
+// past's (a replica's, c.points to be set by the test), drawing 200 networks.
+func pointConfirmer(l *ledger.Ledger, m **bnn.Model, past map[uint64]*bnn.Model, log *slog.Logger) *confirmer {
+	c := newConfirmer(l, func() *bnn.Model { return *m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
+		func([]ledger.StatusChange) {}, log)
+	c.past = func(v uint64) *bnn.Model { return past[v] }
+	return c
+}
+
 // TestConfirmerMeasuresWhileTheLogMarksNoPoint: a replica whose posterior log marks no
 // confirmation point (its updater is of a build that does not mark them, during a rolling
 // upgrade) still measures its lapsed certificates, under the newest posterior as a single node
@@ -468,9 +477,7 @@ func TestConfirmerMeasuresWhileTheLogMarksNoPoint(t *testing.T) {
 		m = driftStep(t, l, m)
 		past[m.Version] = m
 	}
-	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
-		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
-	c.past = func(v uint64) *bnn.Model { return past[v] }
+	c := pointConfirmer(l, &m, past, slog.New(slog.DiscardHandler))
 	head := &postlog.Head{Version: m.Version, PointsKept: true} // no point marked
 	c.points = func() ledger.Points { return head }
 	if err := c.round(context.Background()); err != nil {
@@ -492,9 +499,7 @@ func TestConfirmerSaysWhenItFellBehindThePointsKept(t *testing.T) {
 	l, m := lapsingLedger(t)
 	past := map[uint64]*bnn.Model{m.Version: m}
 	var logs bytes.Buffer
-	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
-		func([]ledger.StatusChange) {}, slog.New(slog.NewTextHandler(&logs, nil)))
-	c.past = func(v uint64) *bnn.Model { return past[v] }
+	c := pointConfirmer(l, &m, past, slog.New(slog.NewTextHandler(&logs, nil)))
 	for _, step := range []struct {
 		head   *postlog.Head
 		warned int
@@ -519,9 +524,7 @@ func TestConfirmerSaysWhenItFellBehindThePointsKept(t *testing.T) {
 func TestPointRoundPutsOffAReadWithNoNewPoint(t *testing.T) {
 	l, m := lapsingLedger(t)
 	past := map[uint64]*bnn.Model{m.Version: m}
-	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
-		func([]ledger.StatusChange) {}, slog.New(slog.DiscardHandler))
-	c.past = func(v uint64) *bnn.Model { return past[v] }
+	c := pointConfirmer(l, &m, past, slog.New(slog.DiscardHandler))
 	head := &postlog.Head{Version: m.Version + 2, Points: []uint64{m.Version + 2}, PointsKept: true}
 	c.points = func() ledger.Points { return head }
 	round := func() int64 {
@@ -563,9 +566,7 @@ func TestConfirmerBusyWithinThePointsKeptSaysNothing(t *testing.T) {
 	l, m := lapsingLedger(t)
 	past := map[uint64]*bnn.Model{m.Version: m}
 	var logs bytes.Buffer
-	c := newConfirmer(l, func() *bnn.Model { return m }, &pools{samples: 200, prec: bnn.Float64}, alerts.NewMetrics(prometheus.NewRegistry()),
-		func([]ledger.StatusChange) {}, slog.New(slog.NewTextHandler(&logs, nil)))
-	c.past = func(v uint64) *bnn.Model { return past[v] }
+	c := pointConfirmer(l, &m, past, slog.New(slog.NewTextHandler(&logs, nil)))
 	m = driftStep(t, l, m)
 	past[m.Version] = m
 	// The head keeps the latest 2 points, one at every version after the first.
