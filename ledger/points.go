@@ -15,15 +15,17 @@ import (
 
 // Points are the confirmation points of a replicated posterior log (postlog.Head): the versions
 // under which the owners of CEs measure them. A CE is measured at points only, each time at the
-// first point after its last measurement at which it waits, judged at that point:
+// first point after its last judgement at which it waits, judged at that point:
 //
-//	last = the CE's anchor a (certified, or failing with no verdict), or its verdict's version cv
+//	last = the latest of its anchor a, its verdict's version cv and its history's last change,
+//	       and no earlier than Points.KnownAfter
 //	due  = min { p point, last < p <= now :
 //	             certified             Theorem 1 or 2 fails at KL(q_p || q_a)
 //	             verdict with a bound  it does not carry at the slack of KL(q_p || q_cv)
 //	             otherwise             (no verdict, or one that decided nothing) every p }
 //
-// and measured under q_p with p's draws. Which CE is measured when, and so every status it takes,
+// and measured under q_p with p's draws; a failing CE whose bound holds again at a version
+// before that is certified again there, as a commit's Rejudge would (duePoint). Which CE is measured when, and so every status it takes,
 // is then a function of the log (its points and posteriors), the same at every owner whenever it
 // gets to it, and the same as a ledger that committed the log version by version and measured
 // every waiting CE at each point (Confirm): a CE that waited at a version between two points and
@@ -340,19 +342,20 @@ func (d *pointReads) minKL(y uint64) (float64, bool) {
 // (every one of a version whose posterior is not held).
 func (l *Ledger) eachCandidate(tx *bolt.Tx, now cur, d *pointReads, fn func(id []byte) (stop bool, err error)) error {
 	stopped := false
-	err := eachLapsedAt(tx, l.opts.Policy, func(v uint64, a anchorMeta) float64 {
-		if m, ok := d.maxKL(v); ok {
-			return math.Max(a.kl, m)
-		}
-		return a.kl
-	}, func(id []byte) error {
+	visit := func(id []byte) error { // fn for the index scans, which end at errStop
 		stop, err := fn(id)
 		if stop && err == nil {
 			stopped = true
 			return errStop
 		}
 		return err
-	})
+	}
+	err := eachLapsedAt(tx, l.opts.Policy, func(v uint64, a anchorMeta) float64 {
+		if m, ok := d.maxKL(v); ok {
+			return math.Max(a.kl, m)
+		}
+		return a.kl
+	}, visit)
 	if stopped || err != nil {
 		return err
 	}
@@ -365,14 +368,7 @@ func (l *Ledger) eachCandidate(tx *bolt.Tx, now cur, d *pointReads, fn func(id [
 			return nil // its failing CEs are certified again at a commit's Rejudge only
 		}
 		lo := 0.5 + l.opts.Policy.Slack(m).Mean
-		return scanIndex(tx, bIdxP1, v, classFailing, lo-margin(lo), math.Inf(1), func(e idxEntry) error {
-			stop, err := fn(e.id)
-			if stop && err == nil {
-				stopped = true
-				return errStop
-			}
-			return err
-		})
+		return scanIndex(tx, bIdxP1, v, classFailing, lo-margin(lo), math.Inf(1), func(e idxEntry) error { return visit(e.id) })
 	})
 	if err == errStop {
 		err = nil
