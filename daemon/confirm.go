@@ -92,8 +92,10 @@ type confirmer struct {
 	// points: once the log marks one, CEs are measured at points only, never under the newest
 	// posterior (pointRound), and past must be set too.
 	points func() ledger.Points
-	// inexact counts the measurements pointRound made at the latest point instead of the one
-	// a CE was due at, which the posteriors it holds did not tell.
+	// inexact counts pointRound's measurements that may differ from another owner's: made at the
+	// latest point instead of the one a CE was due at, which the posteriors it holds did not
+	// tell (ledger.Due.Inexact), or certified again at once past a point at which the CE waited
+	// (ledger.ConfirmReport.Inexact).
 	inexact       atomic.Int64
 	inexactLogged time.Time // when pointRound last logged inexact measurements (once a minute at most)
 	// through is, as of pointRound's last read that found every CE of the lane due (and the
@@ -488,8 +490,7 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 				"status_changes", summarizeChanges(changes))
 		}
 		wrote := len(changes) > 0
-		byPoint := due.Measure
-		for _, p := range slices.Sorted(maps.Keys(byPoint)) {
+		for _, p := range slices.Sorted(maps.Keys(due.Measure)) {
 			m := c.past(p)
 			if m == nil {
 				through = min(through, p-1)
@@ -499,7 +500,7 @@ func (c *confirmer) pointRound(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("drawing %d networks from posterior version %d: %w", c.pools.samples, p, err)
 			}
-			for ids := range slices.Chunk(byPoint[p], c.batch) {
+			for ids := range slices.Chunk(due.Measure[p], c.batch) {
 				if c.gate != nil && c.gate(ctx) != nil {
 					return nil
 				}
