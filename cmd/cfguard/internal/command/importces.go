@@ -270,6 +270,16 @@ type importer struct {
 
 	mu                                             sync.Mutex
 	lines, stored, accepted, exists, refused, done int // done: lines answered or refused
+
+	sayMu sync.Mutex // the reader and the senders write lines to stderr: one at a time
+}
+
+// say writes one line to stderr. The reader and the senders call it at once; a writer such as
+// a strings.Builder is not safe for concurrent use, and even a file would interleave lines.
+func (imp *importer) say(format string, args ...any) {
+	imp.sayMu.Lock()
+	defer imp.sayMu.Unlock()
+	fmt.Fprintf(imp.stderr, format, args...)
 }
 
 func (imp *importer) read() {
@@ -284,7 +294,7 @@ func (imp *importer) refuse(line int, why string) {
 	defer imp.mu.Unlock()
 	imp.refused++
 	imp.done++
-	fmt.Fprintf(imp.stderr, "import-ces: line %d refused: %s\n", line, why)
+	imp.say("import-ces: line %d refused: %s\n", line, why)
 }
 
 func (imp *importer) summary() ImportSummary {
@@ -315,7 +325,7 @@ func (imp *importer) progress() {
 	if s.Accepted > 0 {
 		accepted = fmt.Sprintf(", %d accepted by replicas", s.Accepted)
 	}
-	fmt.Fprintf(imp.stderr, "import-ces: %d/%d lines (%.1f%%), %d stored%s, %d existing, %d refused, %.0f lines/s%s\n",
+	imp.say("import-ces: %d/%d lines (%.1f%%), %d stored%s, %d existing, %d refused, %.0f lines/s%s\n",
 		done, imp.total, 100*float64(done)/float64(max(imp.total, 1)), s.Stored, accepted, s.Exists, s.Refused, s.Rate, left)
 }
 
@@ -353,7 +363,7 @@ func (imp *importer) send(ctx context.Context, b bulkBatch) error {
 			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
 				wait = time.Duration(s) * time.Second
 			}
-			fmt.Fprintf(imp.stderr, "import-ces: lines %d-%d: %s, retrying in %v: %s\n", b.lines[0], b.lines[len(b.lines)-1], resp.Status, wait, strings.TrimSpace(string(body)))
+			imp.say("import-ces: lines %d-%d: %s, retrying in %v: %s\n", b.lines[0], b.lines[len(b.lines)-1], resp.Status, wait, strings.TrimSpace(string(body)))
 			select {
 			case <-time.After(wait):
 				continue
