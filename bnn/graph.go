@@ -346,13 +346,34 @@ func (gr *Graph) klQuad(b *GraphBuilder, m *Model, layer string, kb klBlock) *G.
 func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
 	switch a {
 	case ReLU:
-		return G.Rectify(n)
+		return Rectify(n)
 	case Tanh:
 		return G.Tanh(n)
 	case Sigmoid:
 		return G.Sigmoid(n)
 	}
 	return nil, fmt.Errorf("unknown activation %d", uint8(a))
+}
+
+// Rectify is max(x, 0), element-wise, built as gorgonia.Rectify builds it: x ⊙ [x ≥ 0], whose
+// derivative is [x ≥ 0]. It leaves out gorgonia.Rectify's graph-drawing group, whose counter is
+// a package variable that function increments unsynchronised: two graphs built at once (CEs
+// generated concurrently) race on it.
+func Rectify(x *G.Node) (*G.Node, error) {
+	var zero *G.Node
+	switch dt := x.Dtype(); dt {
+	case tensor.Float64:
+		zero = G.NewConstant(float64(0))
+	case tensor.Float32:
+		zero = G.NewConstant(float32(0))
+	default:
+		return nil, fmt.Errorf("rectify: dtype %v, want float64 or float32", dt)
+	}
+	gte, err := G.Gte(x, zero, true)
+	if err != nil {
+		return nil, err
+	}
+	return G.HadamardProd(x, gte)
 }
 
 // KL is KL(q || target) of the current parameters, summed over the trainable layers, computed in
