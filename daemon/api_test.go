@@ -267,7 +267,15 @@ func TestAuditWhileOneRunsIs409WithRetryAfter(t *testing.T) {
 // naming the version it serves, and nothing else is held meanwhile (an unconditioned
 // prediction is answered while it waits).
 func TestPredictWaitsForItsMinVersion(t *testing.T) {
-	r := startDaemon(t, func(c *config.Config) { c.Replication.RegisterWait = 50 * time.Second })
+	waiting := make(chan uint64, 2) // the min_version of each prediction that waits
+	r := startDaemonWith(t, func(c *config.Config) { c.Replication.RegisterWait = 50 * time.Second }, func(o *Options) {
+		o.Hooks.PredictAwait = func(v uint64) {
+			select {
+			case waiting <- v:
+			default:
+			}
+		}
+	}, nil)
 	data := daemontest.Bundled(t)
 	x := mustJSON(t, data.X[0])
 	// predict sends a prediction with min_version min; it may run on another goroutine than the
@@ -330,15 +338,22 @@ func TestPredictWaitsForItsMinVersion(t *testing.T) {
 
 	// A daemon that stops while a prediction waits answers it at once, 503 saying it stops,
 	// rather than holding its stop up for the rest of the wait (50 s here, past the 10 s the
-	// server gives its requests to end).
+	// server gives its requests to end). The stop comes once the prediction waits in the daemon:
+	// a request that has not reached it yet would find the daemon gone.
+	far := r.D.current().Version + 5
 	go func() {
-		code, v, _, body := predict(r.D.current().Version + 5)
+		code, v, _, body := predict(far)
 		got <- answer{code, v, body}
 	}()
-	select {
-	case a := <-got:
-		t.Fatalf("answered before the daemon reached version %d or stopped: %d %s", r.D.current().Version+5, a.code, a.body)
-	case <-time.After(time.Second):
+	for waits := false; !waits; {
+		select {
+		case a := <-got:
+			t.Fatalf("answered before the daemon reached version %d or stopped: %d %s", far, a.code, a.body)
+		case v := <-waiting:
+			waits = v == far
+		case <-time.After(time.Minute):
+			t.Fatalf("a prediction with min_version %d did not wait for its version within a minute", far)
+		}
 	}
 	r.Stop(t)
 	if a := <-got; a.code != http.StatusServiceUnavailable || !strings.Contains(a.body, "the daemon is stopping") {

@@ -216,12 +216,15 @@ func (d *Daemon) setCurrent(m *bnn.Model) {
 // one when ctx ends first; errPredictStopping when the daemon stops meanwhile (its predictor
 // stops taking calls), so that a waiting prediction does not hold the stop up.
 func (d *Daemon) awaitVersion(ctx context.Context, v uint64) (*bnn.Model, error) {
-	for {
+	for first := true; ; first = false {
 		d.rmu.RLock()
 		m, promoted := d.cur, d.promoted
 		d.rmu.RUnlock()
 		if m.Version >= v || promoted == nil {
 			return m, nil
+		}
+		if first && d.hooks.PredictAwait != nil {
+			d.hooks.PredictAwait(v)
 		}
 		select {
 		case <-promoted:

@@ -45,6 +45,10 @@ type Set struct {
 	// ShareAwait is called when a batch of CE requests waits for the posterior version it
 	// needs (cluster.Share.Apply), before it waits.
 	ShareAwait func(version uint64)
+	// PredictAwait is called when a prediction waits for the posterior version its
+	// min_version names, before its first wait: a test learns that the request is in the
+	// daemon, waiting.
+	PredictAwait func(version uint64)
 	// Reissue is called by the reissuer before it generates the replacement of CE id: a test
 	// holds it there, as a slow generation would, and stops the daemon with CEs still queued.
 	Reissue func(ctx context.Context, id string)
