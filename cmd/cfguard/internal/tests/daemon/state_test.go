@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cfguard/cfguard/internal/waitfor"
 	"github.com/cfguard/cfguard/ledger"
 )
 
@@ -299,7 +300,13 @@ func TestDaemonProcessServesItsStartTime(t *testing.T) {
 	before := float64(time.Now().Add(-time.Second).Unix()) // the metric counts whole seconds
 	c := proc.StartChild(t, embeddedConfig(t, dir, filepath.Join(dir, "state"), proc.AnyPort, proc.AnyPort, ""), proc.AnyPort)
 	c.WaitUp(t)
-	start := c.MetricValues("process_start_time_seconds")[0]
+	// MetricValues gives -1 for a scrape not answered within a second (a poll's timeout): a
+	// daemon that has just started may take longer to answer one on a busy machine.
+	var start float64
+	waitfor.Cond(t, 60*time.Second, "an answer of /metrics", func() bool {
+		start = c.MetricValues("process_start_time_seconds")[0]
+		return start >= 0
+	})
 	if after := float64(time.Now().Unix()); start < before || start > after {
 		t.Errorf("process_start_time_seconds %v; want the process's start, in [%v, %v]", start, before, after)
 	}
