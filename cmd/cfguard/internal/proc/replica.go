@@ -170,6 +170,21 @@ func (r *ReplicaProc) View() (ModelView, bool) {
 	return v, true
 }
 
+// WaitView is View for a test that needs the answer: it asks until r answers, failing the test
+// when r has not for 60 s. View gives up after 2 s, a poll's timeout; a replica holds GET
+// /v1/model while it commits an increment (the ledger's recertification and fsync), which on a
+// busy machine can take longer.
+func (r *ReplicaProc) WaitView(t *testing.T) ModelView {
+	t.Helper()
+	var v ModelView
+	waitfor.Cond(t, 60*time.Second, r.ID+" answering GET /v1/model", func() bool {
+		var ok bool
+		v, ok = r.View()
+		return ok
+	})
+	return v
+}
+
 // Signal sends sig to the replica's process.
 func (r *ReplicaProc) Signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()

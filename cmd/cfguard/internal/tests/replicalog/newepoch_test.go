@@ -267,11 +267,13 @@ func TestNewEpochRebuildsARecreatedLog(t *testing.T) {
 	})
 	produced += s.End(t)
 	for _, r := range c.Reps {
+		var v proc.ModelView
 		waitfor.Cond(t, 60*time.Second, r.ID+" stops on the reset log", func() bool {
-			v, ok := r.View()
+			var ok bool
+			v, ok = r.View()
 			return ok && strings.Contains(v.Replication.Stopped, "posterior log reset")
 		})
-		if v, _ := r.View(); v.Replication.Entry != before.Replication.Entry || v.Replication.SHA != before.Replication.SHA {
+		if v.Replication.Entry != before.Replication.Entry || v.Replication.SHA != before.Replication.SHA {
 			t.Fatalf("%s after the reset: entry %d (%s); want what it had, entry %d (%s)", r.ID, v.Replication.Entry, v.Replication.SHA,
 				before.Replication.Entry, before.Replication.SHA)
 		}

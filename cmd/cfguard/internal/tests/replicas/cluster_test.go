@@ -104,12 +104,9 @@ func TestReplicasAsProcesses(t *testing.T) {
 	// Meanwhile the others predict, under the last version each applied (a session's wait).
 	during := 0
 	for _, r := range others(u) {
-		before, ok := r.View()
-		if !ok {
-			t.Fatalf("%s does not answer GET /v1/model after the updater's SIGKILL", r.ID)
-		}
+		before := r.WaitView(t)
 		got := r.Predict(t, data.X[0])
-		after, _ := r.View()
+		after := r.WaitView(t)
 		if got < before.Version || got > after.Version {
 			t.Errorf("%s predicted under posterior version %d after the updater's SIGKILL, between views of versions %d and %d", r.ID, got, before.Version, after.Version)
 		}
@@ -222,9 +219,9 @@ func TestReplicasAsProcesses(t *testing.T) {
 		t.Errorf("an independent replay of the log ends at entry %d, posterior %s; the replicas are at %d, %s", last.Seq, last.PosteriorSHA256, v.Replication.Entry, v.Replication.SHA)
 	}
 	// The replicas' KL histories (version and KL of each update) are the same record for record.
-	h0, _ := reps[0].View()
+	h0 := reps[0].WaitView(t)
 	for _, r := range reps[1:] {
-		rv, _ := r.View()
+		rv := r.WaitView(t)
 		if !slices.EqualFunc(h0.KLHistory, rv.KLHistory, func(a, b json.RawMessage) bool { return klKey(a) == klKey(b) }) {
 			t.Errorf("%s's KL history differs from %s's", r.ID, reps[0].ID)
 		}
