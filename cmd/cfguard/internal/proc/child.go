@@ -154,6 +154,22 @@ func (c *Child) Applied() int64 {
 	return m.Applied
 }
 
+// AppliedAnswer is Applied for a test that needs the answer: it asks until the daemon answers,
+// failing the test (with the daemon's log) when the daemon exits or has not answered for 60 s.
+// Applied gives up after 1 s, a poll's timeout, which a daemon busy on a loaded machine can take
+// longer than.
+func (c *Child) AppliedAnswer(t *testing.T) int64 {
+	t.Helper()
+	n := int64(-1)
+	waitfor.Cond(t, 60*time.Second, "the daemon's answer to GET /v1/model", func() bool {
+		if n = c.Applied(); n < 0 && c.Exited() {
+			t.Fatalf("the daemon exited (%v); log:\n%s", c.Err, c.Log.String())
+		}
+		return n >= 0
+	})
+	return n
+}
+
 // StartBroker starts a Kafka-protocol broker on loopback, external to the daemons under test,
 // with the daemon's default topics (one partition each). It stops with the test.
 func StartBroker(t *testing.T) *broker.Broker {

@@ -137,7 +137,7 @@ func TestEmbeddedBrokerKeepsAcknowledgedRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	if got := c.Applied(); got != 0 {
+	if got := c.AppliedAnswer(t); got != 0 {
 		t.Fatalf("%d records applied before the kill; the test needs them pending", got)
 	}
 	c.Cmd.Process.Signal(syscall.SIGKILL) // right after the acknowledgement

@@ -66,7 +66,7 @@ func TestRunAcceptTopicResetConfirmsAReset(t *testing.T) {
 				t.Fatalf("readyz %q does not name %q", body, s)
 			}
 		}
-		if a := c.Applied(); a != n {
+		if a := c.AppliedAnswer(t); a != n {
 			t.Fatalf("%d records applied while ingest is stopped, want %d", a, n)
 		}
 	}
