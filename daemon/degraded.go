@@ -73,9 +73,12 @@ func (d *Daemon) durably(ctx context.Context, w heldWrite, write func() error) e
 		if !errors.Is(err, ledger.ErrWrite) {
 			return err
 		}
-		d.metrics.CheckpointFailed()
+		// The episode (what /readyz reads), then the metrics: one who sees the failure counted
+		// sees the daemon not ready.
 		wait := bo.Next()
-		if d.writeFail[w.kind].Fail(err, time.Now()) {
+		first := d.writeFail[w.kind].Fail(err, time.Now())
+		d.metrics.CheckpointFailed()
+		if first {
 			d.log.Error(w.what+" could not be written; "+w.held+", retrying with backoff until it succeeds",
 				"ledger", d.ledger.Path(), "err", err, "first_retry_in", wait.Round(time.Millisecond), "max_retry_interval", checkpointRetryMax)
 		}
