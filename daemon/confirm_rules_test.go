@@ -538,10 +538,21 @@ func TestPointRoundPutsOffAReadWithNoNewPoint(t *testing.T) {
 	if n := round(); n == 0 {
 		t.Fatal("the first round read nothing")
 	}
-	c.lastRead = 50 * time.Millisecond
+	// A last read of a minute puts the next off for ten: the round comes well within that on
+	// any schedule (after the first round's last read came a write transaction, an fsync).
+	c.lastRead = time.Minute
 	if n := round(); n != 0 {
 		t.Fatalf("a round with no new point read %d times within confirmDueReadEvery times the last read", n)
 	}
+	select {
+	case <-c.wake:
+		t.Fatal("the confirmer was woken at once, not when the read put off comes due")
+	default:
+	}
+	if c.later == nil || !c.later.Stop() {
+		t.Fatal("the round put its read off without setting a wake for it")
+	}
+	c.later.Reset(time.Millisecond) // the read put off comes due
 	waitfor.Cond(t, 10*time.Second, "the wake of the read put off", func() bool {
 		select {
 		case <-c.wake:
