@@ -142,27 +142,34 @@ func ownersPublishTheStatusesOfTheLog(t *testing.T, holdEvents bool) {
 		due, err := r.D.Ledger().DueAtPoints(1<<20, 0, 1, r.D.served.at, r.D.rep.Head())
 		return err == nil && len(due.Measure) == 0 && len(due.Again) == 0
 	}
+	// r has followed the log to r1's head and committed its version: nothing due at r's head is
+	// then nothing due at the log's points. r2 follows the log apart from r1, and while it has
+	// not yet committed a burst's versions nothing is due in its ledger either.
+	followed := func(r *running) bool {
+		h := r.D.rep.Head()
+		return h.Hash == r1.D.rep.Head().Hash && r.D.Posterior().Version == h.Version
+	}
 	// The first burst measured and published by both owners; then, for two more bursts, r2's
 	// confirmers held, each parked before a round (woken so that none is within one), or its
 	// outbox failing.
 	burst(0, 64)
-	waitfor.Cond(t, 60*time.Second, "r2's CEs measured at the first points", func() bool {
-		return nothingDue(r2) && r2.Metric(t, "cfguard_events_pending") == 0
+	waitfor.Cond(t, 60*time.Second, "r2 at the log's head, its CEs measured at the first points", func() bool {
+		return followed(r2) && nothingDue(r2) && r2.Metric(t, "cfguard_events_pending") == 0
 	})
 	heldFrom := r1.D.Posterior().Version
 	hold.Store(true)
-	before := measured(r2)
 	if !holdEvents {
 		r2.D.confirm.notify()
 		waitfor.Cond(t, 30*time.Second, "r2's confirmers held", func() bool { return held.Load() == int32(len(r2.D.confirm)) })
 	}
+	before := measured(r2) // r2's confirmers parked, or its outbox failing: what it measures next is held
 	burst(64, 192)
 	if n := measured(r2) - before; !holdEvents && n != 0 {
 		t.Fatalf("r2 measured %d CEs while held", n)
 	}
 	if holdEvents {
-		waitfor.Cond(t, 60*time.Second, "r2's CEs measured at the points of the held bursts, unpublished", func() bool {
-			return nothingDue(r2) && measured(r2) > before && r2.Metric(t, "cfguard_events_pending") > 0
+		waitfor.Cond(t, 60*time.Second, "r2 at the log's head, its CEs measured at the points of the held bursts, unpublished", func() bool {
+			return followed(r2) && nothingDue(r2) && measured(r2) > before && r2.Metric(t, "cfguard_events_pending") > 0
 		})
 	}
 	stoppedAt := r1.D.Posterior().Version
