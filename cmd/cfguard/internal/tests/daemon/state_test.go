@@ -295,7 +295,9 @@ func TestDaemonProcessServesItsStartTime(t *testing.T) {
 		t.Skip("starts a daemon process")
 	}
 	dir := t.TempDir()
-	before := float64(time.Now().Add(-time.Second).Unix()) // the metric counts whole seconds
+	// The metric is the boot time in whole seconds (/proc/stat's btime) plus the process's start
+	// in clock ticks since boot: up to a second before the true start, never after it.
+	before := float64(time.Now().Add(-time.Second).UnixNano()) / 1e9
 	c := proc.StartChild(t, embeddedConfig(t, dir, filepath.Join(dir, "state"), proc.AnyPort, proc.AnyPort, ""), proc.AnyPort)
 	c.WaitUp(t)
 	// MetricValues gives -1 for a scrape not answered within a second (a poll's timeout): a
@@ -305,7 +307,7 @@ func TestDaemonProcessServesItsStartTime(t *testing.T) {
 		start = c.MetricValues("process_start_time_seconds")[0]
 		return start >= 0
 	})
-	if after := float64(time.Now().Unix()); start < before || start > after {
+	if after := float64(time.Now().UnixNano()) / 1e9; start < before || start > after {
 		t.Errorf("process_start_time_seconds %v; want the process's start, in [%v, %v]", start, before, after)
 	}
 	c.Cmd.Process.Signal(syscall.SIGTERM)
