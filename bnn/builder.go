@@ -261,7 +261,7 @@ func (b *GraphBuilder) Square(x *G.Node) *G.Node {
 
 // Rectify is max(x, 0), element-wise.
 func (b *GraphBuilder) Rectify(x *G.Node) *G.Node {
-	return b.node("Rectify", func() (*G.Node, error) { return Rectify(x) }, x)
+	return b.node("Rectify", func() (*G.Node, error) { return rectify(x) }, x)
 }
 
 // Softplus is log(1 + exp(x)), element-wise.

@@ -346,7 +346,7 @@ func (gr *Graph) klQuad(b *GraphBuilder, m *Model, layer string, kb klBlock) *G.
 func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
 	switch a {
 	case ReLU:
-		return Rectify(n)
+		return rectify(n)
 	case Tanh:
 		return G.Tanh(n)
 	case Sigmoid:
@@ -355,11 +355,11 @@ func ActivationNode(a Activation, n *G.Node) (*G.Node, error) {
 	return nil, fmt.Errorf("unknown activation %d", uint8(a))
 }
 
-// Rectify is max(x, 0), element-wise, built as gorgonia.Rectify builds it: x ⊙ [x ≥ 0], whose
+// rectify is max(x, 0), element-wise, built as gorgonia.Rectify builds it: x ⊙ [x ≥ 0], whose
 // derivative is [x ≥ 0]. It leaves out gorgonia.Rectify's graph-drawing group, whose counter is
 // a package variable that function increments unsynchronised: two graphs built at once (CEs
 // generated concurrently) race on it.
-func Rectify(x *G.Node) (*G.Node, error) {
+func rectify(x *G.Node) (*G.Node, error) {
 	var zero *G.Node
 	switch dt := x.Dtype(); dt {
 	case tensor.Float64:

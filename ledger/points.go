@@ -25,11 +25,12 @@ import (
 //	             otherwise             (no verdict, or one that decided nothing) every p }
 //
 // and measured under q_p with p's draws; a failing CE whose bound holds again at a version
-// before that is certified again there, as a commit's Rejudge would (duePoint). Which CE is measured when, and so every status it takes,
-// is then a function of the log (its points and posteriors), the same at every owner whenever it
-// gets to it, and the same as a ledger that committed the log version by version and measured
-// every waiting CE at each point (Confirm): a CE that waited at a version between two points and
-// no longer waits at the next one is not measured by either.
+// before that is certified again there, as a commit's Rejudge would (duePoint). Which CE is
+// measured when, and so every status it takes, is then a function of the log (its points and
+// posteriors), the same at every owner whenever it gets to it, and the same as a ledger that
+// committed the log version by version and measured every waiting CE at each point (Confirm): a
+// CE that waited at a version between two points and no longer waits at the next one is not
+// measured by either.
 type Points interface {
 	// PointsIn returns the points p with after < p <= through, ascending; known is false when
 	// not every one of them is known.

@@ -69,10 +69,10 @@ func (h *Head) PointsIn(after, through uint64) (points []uint64, known bool) {
 // KnownAfter is the version after which the head knows every confirmation point: PointsAfter, or
 // the head's version when it keeps no points (a head stored before heads kept them).
 func (h *Head) KnownAfter() uint64 {
-	if h == nil || !h.PointsKept {
-		if h == nil {
-			return 0
-		}
+	switch {
+	case h == nil:
+		return 0
+	case !h.PointsKept:
 		return h.Version
 	}
 	return h.PointsAfter

@@ -38,20 +38,21 @@ import (
 // Nothing here decides who writes by time or lease: the group says who should, the log's
 // acceptance rule says whose entries count.
 type Replica struct {
-	incCaughtUp func(stream.Stats) bool // Options.CaughtUp
-	host        Host
-	ledger      Ledger
-	cfg         *config.Config
-	configPath  string
-	conn        stream.ConnConfig // set by Join
-	plog        *postlog.Log
-	id          string // replication.replica_id, or the host name
-	writer      string // "<replica id>/<nonce>": a restarted replica is a new writer
-	group       string
-	bal         *updaterBalancer // the updater group's balancer: keeps the role where it is
-	lg          *slog.Logger
-	m           *alerts.ReplicaMetrics
-	keys        *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
+	host       Host
+	ledger     Ledger
+	cfg        *config.Config
+	configPath string
+	conn       stream.ConnConfig // set by Join
+	plog       *postlog.Log
+	id         string // replication.replica_id, or the host name
+	writer     string // "<replica id>/<nonce>": a restarted replica is a new writer
+	group      string
+	bal        *updaterBalancer // the updater group's balancer: keeps the role where it is
+	lg         *slog.Logger
+	m          *alerts.ReplicaMetrics
+	keys       *clusterkey.Keyring // replication.key_file: signs what this replica writes, verifies what it reads
+	// incCaughtUp is Options.CaughtUp: nil but in tests.
+	incCaughtUp func(stream.Stats) bool
 
 	mu         sync.Mutex
 	chain      *postlog.Chain         // the follower's view; the ledger stores its head
@@ -163,7 +164,7 @@ func New(opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Replica{incCaughtUp: opts.CaughtUp, host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id,
+	r := &Replica{host: opts.Host, ledger: opts.Ledger, cfg: cfg, configPath: opts.ConfigPath, id: id, incCaughtUp: opts.CaughtUp,
 		writer: id + "/" + hex.EncodeToString(nonce), group: cfg.Kafka.GroupID + ".updater", bal: &updaterBalancer{topic: cfg.Replication.PosteriorTopic},
 		accepted: map[uint64]string{}, changed: make(chan struct{}), pending: map[string]pendingStep{},
 		recent: map[uint64]*bnn.Model{}, keys: keys, rewind: make(chan struct{}, 1)}
